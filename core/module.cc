@@ -1,0 +1,233 @@
+#include "core/module.h"
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace core {
+namespace internal {
+
+// The hooks of one module, keyed by a registration counter so iteration follows
+// registration order. Shared with HookHandles through weak pointers.
+struct HookLists {
+  uint64_t next_id = 1;
+  std::map<uint64_t, ForwardPreHook> forward_pre;
+  std::map<uint64_t, ForwardPostHook> forward_post;
+  std::map<uint64_t, BackwardPreHook> backward_pre;
+  std::map<uint64_t, BackwardPostHook> backward_post;
+
+  bool Erase(uint64_t id) {
+    return forward_pre.erase(id) + forward_post.erase(id) + backward_pre.erase(id) +
+               backward_post.erase(id) >
+           0;
+  }
+  bool Contains(uint64_t id) const {
+    return forward_pre.count(id) + forward_post.count(id) + backward_pre.count(id) +
+               backward_post.count(id) >
+           0;
+  }
+};
+
+}  // namespace internal
+
+namespace {
+
+// Hooks may remove themselves or others while running, so iterate over a copy.
+template <typename Map>
+std::vector<typename Map::mapped_type> Snapshot(const Map& hooks) {
+  std::vector<typename Map::mapped_type> out;
+  out.reserve(hooks.size());
+  for (const auto& [id, hook] : hooks) out.push_back(hook);
+  return out;
+}
+
+}  // namespace
+
+HookHandle::HookHandle(HookHandle&& other) noexcept
+    : lists_(std::move(other.lists_)), id_(other.id_) {
+  other.id_ = 0;
+}
+
+HookHandle& HookHandle::operator=(HookHandle&& other) noexcept {
+  if (this != &other) {
+    Remove();
+    lists_ = std::move(other.lists_);
+    id_ = other.id_;
+    other.id_ = 0;
+  }
+  return *this;
+}
+
+void HookHandle::Remove() {
+  if (std::shared_ptr<internal::HookLists> lists = lists_.lock()) lists->Erase(id_);
+  lists_.reset();
+  id_ = 0;
+}
+
+bool HookHandle::active() const {
+  std::shared_ptr<internal::HookLists> lists = lists_.lock();
+  return lists != nullptr && lists->Contains(id_);
+}
+
+Module::Module() : hooks_(std::make_shared<internal::HookLists>()) {}
+
+Module::~Module() {
+  for (auto& [name, child] : children_) {
+    if (child->parent_ == this) child->parent_ = nullptr;
+  }
+}
+
+absl::StatusOr<Tensor> Module::Forward(const Tensor& input) {
+  for (const auto& hook : Snapshot(hooks_->forward_pre)) {
+    absl::Status s = hook(*this, input);
+    if (!s.ok()) return s;
+  }
+  absl::StatusOr<Tensor> output = ForwardImpl(input);
+  if (!output.ok()) return output.status();
+  for (const auto& hook : Snapshot(hooks_->forward_post)) {
+    absl::Status s = hook(*this, input, *output);
+    if (!s.ok()) return s;
+  }
+  return output;
+}
+
+absl::StatusOr<Tensor> Module::Backward(const Tensor& grad_output) {
+  for (const auto& hook : Snapshot(hooks_->backward_pre)) {
+    absl::Status s = hook(*this, grad_output);
+    if (!s.ok()) return s;
+  }
+  absl::StatusOr<Tensor> grad_input = BackwardImpl(grad_output);
+  if (!grad_input.ok()) return grad_input.status();
+  for (const auto& hook : Snapshot(hooks_->backward_post)) {
+    absl::Status s = hook(*this, grad_output, *grad_input);
+    if (!s.ok()) return s;
+  }
+  return grad_input;
+}
+
+HookHandle Module::RegisterForwardPreHook(ForwardPreHook hook) {
+  const uint64_t id = hooks_->next_id++;
+  hooks_->forward_pre.emplace(id, std::move(hook));
+  return HookHandle(hooks_, id);
+}
+
+HookHandle Module::RegisterForwardPostHook(ForwardPostHook hook) {
+  const uint64_t id = hooks_->next_id++;
+  hooks_->forward_post.emplace(id, std::move(hook));
+  return HookHandle(hooks_, id);
+}
+
+HookHandle Module::RegisterBackwardPreHook(BackwardPreHook hook) {
+  const uint64_t id = hooks_->next_id++;
+  hooks_->backward_pre.emplace(id, std::move(hook));
+  return HookHandle(hooks_, id);
+}
+
+HookHandle Module::RegisterBackwardPostHook(BackwardPostHook hook) {
+  const uint64_t id = hooks_->next_id++;
+  hooks_->backward_post.emplace(id, std::move(hook));
+  return HookHandle(hooks_, id);
+}
+
+int Module::NumHooks() const {
+  return static_cast<int>(hooks_->forward_pre.size() + hooks_->forward_post.size() +
+                          hooks_->backward_pre.size() + hooks_->backward_post.size());
+}
+
+ParameterPtr Module::RegisterParameter(const std::string& name, Tensor data, bool requires_grad) {
+  return RegisterParameter(name, Parameter::Make(std::move(data), requires_grad));
+}
+
+ParameterPtr Module::RegisterParameter(const std::string& name, ParameterPtr parameter) {
+  own_parameters_.emplace_back(name, parameter);
+  return parameter;
+}
+
+void Module::AddChild(const std::string& name, std::shared_ptr<Module> module) {
+  if (module->parent_ == nullptr) {
+    module->parent_ = this;
+    module->name_in_parent_ = name;
+  }
+  children_.emplace_back(name, std::move(module));
+}
+
+namespace {
+
+void CollectParameters(const Module& module, const std::string& prefix,
+                       std::unordered_set<const Parameter*>* seen,
+                       std::unordered_set<const Module*>* visited,
+                       std::vector<NamedParameter>* out) {
+  if (!visited->insert(&module).second) return;
+  for (const auto& [name, p] : module.OwnParameters()) {
+    if (seen->insert(p.get()).second) out->emplace_back(prefix + name, p);
+  }
+  for (const auto& [name, child] : module.NamedChildren()) {
+    CollectParameters(*child, prefix + name + ".", seen, visited, out);
+  }
+}
+
+void CollectModules(const std::shared_ptr<Module>& module, const std::string& path,
+                    std::unordered_set<const Module*>* seen, std::vector<NamedModule>* out) {
+  if (!seen->insert(module.get()).second) return;
+  out->emplace_back(path, module);
+  for (const auto& [name, child] : module->NamedChildren()) {
+    CollectModules(child, path.empty() ? name : path + "." + name, seen, out);
+  }
+}
+
+}  // namespace
+
+std::vector<NamedParameter> Module::NamedParameters() const {
+  std::vector<NamedParameter> out;
+  std::unordered_set<const Parameter*> seen;
+  std::unordered_set<const Module*> visited;
+  CollectParameters(*this, "", &seen, &visited, &out);
+  return out;
+}
+
+std::vector<ParameterPtr> Module::Parameters() const {
+  std::vector<ParameterPtr> out;
+  for (auto& [name, p] : NamedParameters()) out.push_back(std::move(p));
+  return out;
+}
+
+std::vector<NamedModule> Module::NamedModules() {
+  std::vector<NamedModule> out;
+  std::unordered_set<const Module*> seen;
+  CollectModules(shared_from_this(), "", &seen, &out);
+  return out;
+}
+
+int64_t Module::NumParameterElements() const {
+  int64_t n = 0;
+  for (const auto& [name, p] : NamedParameters()) n += p->data.numel();
+  return n;
+}
+
+void Module::ZeroGrad(bool set_to_none) {
+  for (const auto& [name, p] : NamedParameters()) {
+    if (set_to_none) {
+      p->grad = Tensor();
+    } else {
+      p->grad.Zero();
+    }
+  }
+}
+
+std::string Module::Path() const {
+  std::vector<std::string> parts;
+  for (const Module* m = this; m->parent_ != nullptr; m = m->parent_) {
+    parts.push_back(m->name_in_parent_);
+  }
+  std::reverse(parts.begin(), parts.end());
+  return absl::StrJoin(parts, ".");
+}
+
+std::string Module::Describe() const {
+  const std::string path = Path();
+  return absl::StrCat(path.empty() ? "<root>" : path, " (", TypeName(), ")");
+}
+
+}  // namespace core

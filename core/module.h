@@ -1,0 +1,166 @@
+// Module: the base of every layer and model. A non-virtual Forward/Backward runs the
+// registered hooks around the protected virtual ForwardImpl/BackwardImpl, so code that
+// needs to act before or after a module computes (FSDP's all-gathers and
+// reduce-scatters) does so without changing the module or inserting a wrapper.
+//
+//   class Scale : public core::Module {
+//    public:
+//     Scale() { w_ = RegisterParameter("weight", core::Tensor::Zeros({1})); }
+//     std::string TypeName() const override { return "Scale"; }
+//    protected:
+//     absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
+//     absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_out) override;
+//    private:
+//     core::ParameterPtr w_;
+//   };
+//
+//   core::HookHandle h = module->RegisterForwardPreHook(
+//       [](core::Module& m, const core::Tensor& x) { return absl::OkStatus(); });
+//   // The hook is removed when `h` is destroyed or h.Remove() is called.
+//
+// Children are called through their public Forward/Backward so hooks fire at every
+// level. A module caches what its backward needs during forward: call Backward once
+// after each Forward, with the gradient of that Forward's output.
+#ifndef CORE_MODULE_H_
+#define CORE_MODULE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/parameter.h"
+#include "core/tensor.h"
+
+namespace core {
+
+class Module;
+
+using ForwardPreHook = std::function<absl::Status(Module& module, const Tensor& input)>;
+using ForwardPostHook =
+    std::function<absl::Status(Module& module, const Tensor& input, Tensor& output)>;
+using BackwardPreHook = std::function<absl::Status(Module& module, const Tensor& grad_output)>;
+using BackwardPostHook = std::function<absl::Status(Module& module, const Tensor& grad_output,
+                                                    Tensor& grad_input)>;
+
+namespace internal {
+struct HookLists;
+}  // namespace internal
+
+// Owns one registered hook; removes it when destroyed or on Remove(). Safe to destroy
+// after the module is gone. Movable, not copyable.
+class HookHandle {
+ public:
+  HookHandle() = default;
+  HookHandle(std::weak_ptr<internal::HookLists> lists, uint64_t id)
+      : lists_(std::move(lists)), id_(id) {}
+  ~HookHandle() { Remove(); }
+  HookHandle(HookHandle&& other) noexcept;
+  HookHandle& operator=(HookHandle&& other) noexcept;
+  HookHandle(const HookHandle&) = delete;
+  HookHandle& operator=(const HookHandle&) = delete;
+
+  // Unregisters the hook; a no-op when already removed.
+  void Remove();
+  // True while the hook is registered.
+  bool active() const;
+
+ private:
+  std::weak_ptr<internal::HookLists> lists_;
+  uint64_t id_ = 0;
+};
+
+using NamedParameter = std::pair<std::string, ParameterPtr>;
+using NamedModule = std::pair<std::string, std::shared_ptr<Module>>;
+
+class Module : public std::enable_shared_from_this<Module> {
+ public:
+  Module();
+  virtual ~Module();
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // Runs forward pre-hooks (registration order), ForwardImpl, then post-hooks, which
+  // may replace the output. The first error stops the chain and is returned.
+  absl::StatusOr<Tensor> Forward(const Tensor& input);
+
+  // Runs backward pre-hooks, BackwardImpl (which adds parameter gradients into
+  // Parameter::grad and returns the input gradient; undefined where the input has none,
+  // such as token ids), then post-hooks.
+  absl::StatusOr<Tensor> Backward(const Tensor& grad_output);
+
+  ABSL_MUST_USE_RESULT HookHandle RegisterForwardPreHook(ForwardPreHook hook);
+  ABSL_MUST_USE_RESULT HookHandle RegisterForwardPostHook(ForwardPostHook hook);
+  ABSL_MUST_USE_RESULT HookHandle RegisterBackwardPreHook(BackwardPreHook hook);
+  ABSL_MUST_USE_RESULT HookHandle RegisterBackwardPostHook(BackwardPostHook hook);
+
+  // Number of hooks of all kinds currently registered on this module (not children).
+  int NumHooks() const;
+
+  // "Linear", "TransformerBlock", ...
+  virtual std::string TypeName() const = 0;
+
+  // Every parameter of this module and its descendants, depth first in registration
+  // order (own parameters before children's), with dotted names such as
+  // "blocks.0.attn.qkv.weight". A parameter reachable twice (tied) is listed once,
+  // under the first name.
+  std::vector<NamedParameter> NamedParameters() const;
+  std::vector<ParameterPtr> Parameters() const;
+
+  // This module (name "") and every descendant, pre-order, each listed once.
+  std::vector<NamedModule> NamedModules();
+
+  // Direct children in registration order.
+  const std::vector<NamedModule>& NamedChildren() const { return children_; }
+
+  // Parameters registered on this module itself, in registration order.
+  const std::vector<NamedParameter>& OwnParameters() const { return own_parameters_; }
+
+  // Total elements of Parameters() (tied parameters counted once).
+  int64_t NumParameterElements() const;
+
+  // Zeroes every defined gradient in the subtree, or drops them if `set_to_none`.
+  void ZeroGrad(bool set_to_none = false);
+
+  // Dotted path from the outermost module that registered this one as a (grand)child,
+  // e.g. "blocks.1.attn"; "" for a module nobody registered. Used in error messages.
+  std::string Path() const;
+
+  // Path() for messages: the path, or "<root>" for the root, plus the type name.
+  std::string Describe() const;
+
+ protected:
+  virtual absl::StatusOr<Tensor> ForwardImpl(const Tensor& input) = 0;
+  virtual absl::StatusOr<Tensor> BackwardImpl(const Tensor& grad_output) = 0;
+
+  // Registers a parameter under `name` and returns it. Registering an existing
+  // Parameter object under a second name ties it (it appears once in NamedParameters).
+  ParameterPtr RegisterParameter(const std::string& name, Tensor data, bool requires_grad = true);
+  ParameterPtr RegisterParameter(const std::string& name, ParameterPtr parameter);
+
+  template <typename M>
+  std::shared_ptr<M> RegisterModule(const std::string& name, std::shared_ptr<M> module) {
+    AddChild(name, module);
+    return module;
+  }
+
+ private:
+  void AddChild(const std::string& name, std::shared_ptr<Module> module);
+
+  std::vector<NamedParameter> own_parameters_;
+  std::vector<NamedModule> children_;
+  // The module that registered this one first, and under which name; cleared when that
+  // parent is destroyed.
+  Module* parent_ = nullptr;
+  std::string name_in_parent_;
+  std::shared_ptr<internal::HookLists> hooks_;
+};
+
+}  // namespace core
+
+#endif  // CORE_MODULE_H_

@@ -1,0 +1,205 @@
+#include "core/module.h"
+
+#include <string>
+#include <vector>
+
+#include "core/status_macros.h"
+#include "gtest/gtest.h"
+
+namespace core {
+namespace {
+
+// y = w * x elementwise with a scalar weight; enough to exercise the Module machinery.
+class Scale : public Module {
+ public:
+  explicit Scale(float w) { w_ = RegisterParameter("weight", Tensor::FromVector({w}, {1}).value()); }
+  Scale(ParameterPtr shared) { w_ = RegisterParameter("weight", std::move(shared)); }
+  std::string TypeName() const override { return "Scale"; }
+  const ParameterPtr& weight() const { return w_; }
+
+ protected:
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override {
+    x_ = x;
+    Tensor y = Tensor::Empty(x.shape());
+    for (int64_t i = 0; i < x.numel(); ++i) y.data<float>()[i] = w_->data.data<float>()[0] * x.data<float>()[i];
+    return y;
+  }
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor& g) override {
+    RETURN_IF_ERROR(w_->EnsureGrad());
+    Tensor gx = Tensor::Empty(g.shape());
+    for (int64_t i = 0; i < g.numel(); ++i) {
+      w_->grad.data<float>()[0] += g.data<float>()[i] * x_.data<float>()[i];
+      gx.data<float>()[i] = g.data<float>()[i] * w_->data.data<float>()[0];
+    }
+    return gx;
+  }
+
+ private:
+  ParameterPtr w_;
+  Tensor x_;
+};
+
+// Two children applied in order, plus a bias-free parameter of its own.
+class Chain : public Module {
+ public:
+  Chain(std::shared_ptr<Module> a, std::shared_ptr<Module> b) {
+    own_ = RegisterParameter("gain", Tensor::FromVector({1.0f}, {1}).value());
+    a_ = RegisterModule("first", std::move(a));
+    b_ = RegisterModule("second", std::move(b));
+  }
+  std::string TypeName() const override { return "Chain"; }
+
+ protected:
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override {
+    ASSIGN_OR_RETURN(Tensor h, a_->Forward(x));
+    return b_->Forward(h);
+  }
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor& g) override {
+    ASSIGN_OR_RETURN(Tensor gh, b_->Backward(g));
+    return a_->Backward(gh);
+  }
+
+ private:
+  ParameterPtr own_;
+  std::shared_ptr<Module> a_, b_;
+};
+
+TEST(ModuleTest, NamedParametersDottedAndTiedListedOnce) {
+  auto a = std::make_shared<Scale>(2.0f);
+  auto b = std::make_shared<Scale>(a->weight());  // tied to a's weight
+  auto inner = std::make_shared<Chain>(a, b);
+  auto root = std::make_shared<Chain>(inner, std::make_shared<Scale>(3.0f));
+  std::vector<std::string> names;
+  for (const auto& [name, p] : root->NamedParameters()) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"gain", "first.gain", "first.first.weight",
+                                             "second.weight"}));
+  EXPECT_EQ(root->Parameters()[2], a->weight());
+  EXPECT_EQ(root->NumParameterElements(), 4);
+}
+
+TEST(ModuleTest, NamedModulesPreOrderWithPaths) {
+  auto a = std::make_shared<Scale>(2.0f);
+  auto inner = std::make_shared<Chain>(a, std::make_shared<Scale>(1.0f));
+  auto root = std::make_shared<Chain>(inner, std::make_shared<Scale>(3.0f));
+  std::vector<std::string> paths;
+  for (const auto& [path, m] : root->NamedModules()) paths.push_back(path + ":" + m->TypeName());
+  EXPECT_EQ(paths, (std::vector<std::string>{":Chain", "first:Chain", "first.first:Scale",
+                                             "first.second:Scale", "second:Scale"}));
+  EXPECT_EQ(a->Path(), "first.first");
+  EXPECT_EQ(a->Describe(), "first.first (Scale)");
+  EXPECT_EQ(root->Describe(), "<root> (Chain)");
+}
+
+TEST(ModuleTest, PathClearedWhenParentDestroyed) {
+  auto a = std::make_shared<Scale>(2.0f);
+  {
+    auto parent = std::make_shared<Chain>(a, std::make_shared<Scale>(1.0f));
+    EXPECT_EQ(a->Path(), "first");
+  }
+  EXPECT_EQ(a->Path(), "");
+}
+
+TEST(ModuleTest, HooksRunInOrderAroundImplAtEveryLevel) {
+  auto a = std::make_shared<Scale>(2.0f);
+  auto b = std::make_shared<Scale>(3.0f);
+  auto root = std::make_shared<Chain>(a, b);
+  std::vector<std::string> events;
+  auto record = [&events](std::string tag) {
+    return [&events, tag](Module& m, const Tensor&) {
+      events.push_back(tag + ":" + m.Path());
+      return absl::OkStatus();
+    };
+  };
+  std::vector<HookHandle> handles;
+  for (Module* m : {static_cast<Module*>(root.get()), static_cast<Module*>(a.get()),
+                    static_cast<Module*>(b.get())}) {
+    handles.push_back(m->RegisterForwardPreHook(record("fpre")));
+    handles.push_back(m->RegisterForwardPostHook(
+        [&events](Module& m, const Tensor&, Tensor&) {
+          events.push_back("fpost:" + m.Path());
+          return absl::OkStatus();
+        }));
+    handles.push_back(m->RegisterBackwardPreHook(record("bpre")));
+    handles.push_back(m->RegisterBackwardPostHook(
+        [&events](Module& m, const Tensor&, Tensor&) {
+          events.push_back("bpost:" + m.Path());
+          return absl::OkStatus();
+        }));
+  }
+  Tensor x = Tensor::FromVector({1.0f, 2.0f}, {2}).value();
+  Tensor y = root->Forward(x).value();
+  EXPECT_EQ(y.ToVector(), (std::vector<float>{6.0f, 12.0f}));
+  Tensor gx = root->Backward(Tensor::FromVector({1.0f, 1.0f}, {2}).value()).value();
+  EXPECT_EQ(gx.ToVector(), (std::vector<float>{6.0f, 6.0f}));
+  EXPECT_EQ(a->weight()->grad.ToVector(), (std::vector<float>{3.0f * 1 + 3.0f * 2}));
+  EXPECT_EQ(events, (std::vector<std::string>{
+                        "fpre:", "fpre:first", "fpost:first", "fpre:second", "fpost:second",
+                        "fpost:", "bpre:", "bpre:second", "bpost:second", "bpre:first",
+                        "bpost:first", "bpost:"}));
+}
+
+TEST(ModuleTest, HandleRemovesHookAndSurvivesModule) {
+  auto a = std::make_shared<Scale>(2.0f);
+  int calls = 0;
+  {
+    HookHandle h = a->RegisterForwardPreHook([&](Module&, const Tensor&) {
+      ++calls;
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(h.active());
+    EXPECT_EQ(a->NumHooks(), 1);
+    ASSERT_TRUE(a->Forward(Tensor::Zeros({1})).ok());
+  }
+  EXPECT_EQ(a->NumHooks(), 0);
+  ASSERT_TRUE(a->Forward(Tensor::Zeros({1})).ok());
+  EXPECT_EQ(calls, 1);
+
+  HookHandle moved;
+  {
+    HookHandle h = a->RegisterBackwardPreHook([](Module&, const Tensor&) { return absl::OkStatus(); });
+    moved = std::move(h);
+  }
+  EXPECT_TRUE(moved.active());
+  a.reset();                 // module destroyed first
+  EXPECT_FALSE(moved.active());
+  moved.Remove();            // and the handle is still safe to use
+}
+
+TEST(ModuleTest, HookErrorStopsForwardAndIsReturned) {
+  auto a = std::make_shared<Scale>(2.0f);
+  bool impl_ran_post = false;
+  HookHandle pre = a->RegisterForwardPreHook([](Module& m, const Tensor&) {
+    return absl::FailedPreconditionError("no group for " + m.Describe());
+  });
+  HookHandle post = a->RegisterForwardPostHook([&](Module&, const Tensor&, Tensor&) {
+    impl_ran_post = true;
+    return absl::OkStatus();
+  });
+  absl::StatusOr<Tensor> y = a->Forward(Tensor::Zeros({1}));
+  EXPECT_EQ(y.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(y.status().message().find("<root> (Scale)"), std::string::npos);
+  EXPECT_FALSE(impl_ran_post);
+}
+
+TEST(ModuleTest, PostHookMayReplaceOutput) {
+  auto a = std::make_shared<Scale>(2.0f);
+  HookHandle post = a->RegisterForwardPostHook([](Module&, const Tensor&, Tensor& out) {
+    out = Tensor::FromVector({42.0f}, {1}).value();
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(a->Forward(Tensor::Zeros({1})).value().ToVector(), std::vector<float>{42.0f});
+}
+
+TEST(ModuleTest, ZeroGrad) {
+  auto a = std::make_shared<Scale>(2.0f);
+  ASSERT_TRUE(a->Forward(Tensor::FromVector({1.0f}, {1}).value()).ok());
+  ASSERT_TRUE(a->Backward(Tensor::FromVector({1.0f}, {1}).value()).ok());
+  EXPECT_EQ(a->weight()->grad.ToVector(), std::vector<float>{1.0f});
+  a->ZeroGrad();
+  EXPECT_EQ(a->weight()->grad.ToVector(), std::vector<float>{0.0f});
+  a->ZeroGrad(/*set_to_none=*/true);
+  EXPECT_FALSE(a->weight()->grad.defined());
+}
+
+}  // namespace
+}  // namespace core

@@ -1,0 +1,152 @@
+// Tensor: a contiguous, typed window (offset + shape) onto shared Storage. Copying a
+// Tensor copies the handle, not the data; View() aliases and never allocates.
+//
+//   core::Tensor w = core::Tensor::Zeros({4, 3}, core::DType::kFloat32, core::MemoryTag::kParam);
+//   core::Tensor row = w.View(3, {3}).value();   // second row, same storage
+//   row.data<float>()[0] = 1.0f;                 // w[1][0] == 1
+//   w.SharesStorage(row);                        // true
+//
+// Tensors have no autograd; layers in nn/ implement their own backward. Element access
+// through data<T>() is for CPU tensors only.
+#ifndef CORE_TENSOR_H_
+#define CORE_TENSOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/allocator.h"
+#include "core/device.h"
+#include "core/dtype.h"
+
+namespace core {
+
+using Shape = std::vector<int64_t>;
+
+// Product of the dimensions (1 for a scalar shape {}).
+int64_t NumElements(const Shape& shape);
+
+// "[2, 3, 4]".
+std::string ShapeToString(const Shape& shape);
+
+// One block of device memory, freed through its allocator when the last Tensor
+// referring to it goes away.
+class Storage {
+ public:
+  // Allocates from Allocator::Current(device), counted under `tag`.
+  static absl::StatusOr<std::shared_ptr<Storage>> Allocate(int64_t nbytes, Device device,
+                                                           MemoryTag tag);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  int64_t nbytes() const { return nbytes_; }
+  Device device() const { return allocator_->device(); }
+  MemoryTag tag() const { return tag_; }
+
+ private:
+  Storage(void* data, int64_t nbytes, MemoryTag tag, std::shared_ptr<Allocator> allocator);
+
+  void* data_;
+  int64_t nbytes_;
+  MemoryTag tag_;
+  std::shared_ptr<Allocator> allocator_;
+};
+
+class Tensor {
+ public:
+  // An undefined tensor (no storage); defined() is false.
+  Tensor() = default;
+
+  // Allocates an uninitialised tensor. InvalidArgument for a negative dimension;
+  // ResourceExhausted when memory runs out.
+  static absl::StatusOr<Tensor> Allocate(const Shape& shape, DType dtype = DType::kFloat32,
+                                         MemoryTag tag = MemoryTag::kOther,
+                                         Device device = Device::Cpu());
+
+  // Like Allocate, for shapes the caller has already validated; aborts only if memory
+  // is exhausted.
+  static Tensor Empty(const Shape& shape, DType dtype = DType::kFloat32,
+                      MemoryTag tag = MemoryTag::kOther, Device device = Device::Cpu());
+  static Tensor Zeros(const Shape& shape, DType dtype = DType::kFloat32,
+                      MemoryTag tag = MemoryTag::kOther, Device device = Device::Cpu());
+
+  // CPU tensors holding a copy of `values`; InvalidArgument if the sizes differ.
+  static absl::StatusOr<Tensor> FromVector(absl::Span<const float> values, const Shape& shape,
+                                           MemoryTag tag = MemoryTag::kOther);
+  static absl::StatusOr<Tensor> FromInts(absl::Span<const int32_t> values, const Shape& shape,
+                                         MemoryTag tag = MemoryTag::kOther);
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
+  // Size of dimension `i`; negative `i` counts from the end.
+  int64_t size(int64_t i) const { return shape_[i < 0 ? i + dim() : i]; }
+  int64_t numel() const { return numel_; }
+  int64_t nbytes() const { return numel_ * DTypeSize(dtype_); }
+  DType dtype() const { return dtype_; }
+  Device device() const { return storage_ ? storage_->device() : Device::Cpu(); }
+  // Offset of the first element in its storage, in elements.
+  int64_t offset() const { return offset_; }
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
+
+  // Raw pointer to the first element (device memory for CUDA tensors).
+  void* raw_data() const;
+
+  // Typed pointer to the first element. T must match dtype(): float, BFloat16, int32_t.
+  template <typename T>
+  T* data() const {
+    return static_cast<T*>(raw_data());
+  }
+
+  // A tensor of `shape` starting `offset` elements after this one's first element, in
+  // the same storage. InvalidArgument if it would reach outside this tensor.
+  absl::StatusOr<Tensor> View(int64_t offset, const Shape& shape) const;
+
+  // The same elements under another shape of equal numel; aliases.
+  absl::StatusOr<Tensor> Reshape(const Shape& shape) const;
+
+  // The same elements as a 1-D tensor; aliases.
+  Tensor Flat() const;
+
+  // True when both are defined and use the same storage block.
+  bool SharesStorage(const Tensor& other) const;
+
+  // A copy into fresh storage (same shape, dtype and device), counted under `tag`.
+  Tensor Clone(MemoryTag tag) const;
+
+  // Converts into fresh CPU storage of `dtype` (fp32 <-> bf16; int32 only to itself).
+  absl::StatusOr<Tensor> ToDType(DType dtype, MemoryTag tag) const;
+
+  // Copies `src`'s elements into this tensor in place. Requires equal numel; converts
+  // between fp32 and bf16; copies across devices. InvalidArgument otherwise.
+  absl::Status CopyFrom(const Tensor& src) const;
+
+  // Sets every element to `value` (converted to the dtype).
+  void Fill(float value) const;
+  void Zero() const;
+
+  // Elements as floats (bf16 and int32 converted); CPU only.
+  std::vector<float> ToVector() const;
+
+  // "Tensor(float32, [2, 3], cpu)".
+  std::string ToString() const;
+
+ private:
+  Tensor(std::shared_ptr<Storage> storage, int64_t offset, Shape shape, DType dtype);
+
+  std::shared_ptr<Storage> storage_;
+  int64_t offset_ = 0;
+  Shape shape_;
+  int64_t numel_ = 0;
+  DType dtype_ = DType::kFloat32;
+};
+
+}  // namespace core
+
+#endif  // CORE_TENSOR_H_

@@ -1,0 +1,173 @@
+#include "core/tensor.h"
+
+#include <thread>
+
+#include "core/parameter.h"
+#include "gtest/gtest.h"
+
+namespace core {
+namespace {
+
+// Each test measures with its own allocator so that other allocations in the process
+// do not disturb the counts.
+class TensorTest : public ::testing::Test {
+ protected:
+  std::shared_ptr<Allocator> alloc_ = std::make_shared<Allocator>(Device::Cpu());
+  ScopedAllocator scope_{alloc_};
+};
+
+TEST_F(TensorTest, AllocationCountsBytesByTag) {
+  Tensor p = Tensor::Zeros({4, 8}, DType::kFloat32, MemoryTag::kParam);
+  Tensor g = Tensor::Zeros({16}, DType::kBFloat16, MemoryTag::kGrad);
+  MemoryStats s = alloc_->Stats();
+  EXPECT_EQ(s.current(MemoryTag::kParam), 4 * 8 * 4);
+  EXPECT_EQ(s.current(MemoryTag::kGrad), 16 * 2);
+  EXPECT_EQ(s.current(MemoryTag::kOptim), 0);
+  EXPECT_EQ(s.current_total, 128 + 32);
+  EXPECT_EQ(s.num_allocations, 2);
+  p = Tensor();
+  s = alloc_->Stats();
+  EXPECT_EQ(s.current(MemoryTag::kParam), 0);
+  EXPECT_EQ(s.peak(MemoryTag::kParam), 128);
+  EXPECT_EQ(s.peak_total, 160);
+}
+
+TEST_F(TensorTest, PeakTracksHighWaterAndResets) {
+  {
+    Tensor a = Tensor::Empty({1000}, DType::kFloat32, MemoryTag::kActivation);
+    Tensor b = Tensor::Empty({500}, DType::kFloat32, MemoryTag::kActivation);
+  }
+  Tensor c = Tensor::Empty({100}, DType::kFloat32, MemoryTag::kActivation);
+  MemoryStats s = alloc_->Stats();
+  EXPECT_EQ(s.peak(MemoryTag::kActivation), 6000);
+  EXPECT_EQ(s.current(MemoryTag::kActivation), 400);
+  alloc_->ResetPeaks();
+  EXPECT_EQ(alloc_->Stats().peak(MemoryTag::kActivation), 400);
+  EXPECT_EQ(alloc_->Stats().peak_total, 400);
+}
+
+TEST_F(TensorTest, ViewsAliasAndAllocateNothing) {
+  Tensor w = Tensor::Zeros({4, 3}, DType::kFloat32, MemoryTag::kParam);
+  const MemoryStats before = alloc_->Stats();
+  Tensor row = w.View(3, {3}).value();
+  Tensor flat = w.Flat();
+  Tensor reshaped = w.Reshape({2, 6}).value();
+  const MemoryStats after = alloc_->Stats();
+  EXPECT_EQ(after.current_total, before.current_total);
+  EXPECT_EQ(after.num_allocations, before.num_allocations);
+  EXPECT_TRUE(w.SharesStorage(row));
+  EXPECT_TRUE(flat.SharesStorage(reshaped));
+  row.data<float>()[0] = 7.0f;
+  EXPECT_EQ(w.data<float>()[3], 7.0f);
+  EXPECT_EQ(reshaped.data<float>()[3], 7.0f);
+  EXPECT_EQ(row.offset(), 3);
+  Tensor sub = row.View(1, {2}).value();
+  EXPECT_EQ(sub.offset(), 4);
+}
+
+TEST_F(TensorTest, ViewOutOfRangeIsAnError) {
+  Tensor w = Tensor::Zeros({4, 3});
+  EXPECT_EQ(w.View(10, {3}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(w.View(-1, {1}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(w.Reshape({5}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(w.View(12, {0}).ok());  // an empty view at the end is fine
+  EXPECT_EQ(Tensor().View(0, {1}).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(TensorTest, CloneIsIndependent) {
+  Tensor a = Tensor::FromVector({1, 2, 3}, {3}).value();
+  Tensor b = a.Clone(MemoryTag::kOther);
+  EXPECT_FALSE(a.SharesStorage(b));
+  b.data<float>()[0] = 9;
+  EXPECT_EQ(a.data<float>()[0], 1);
+}
+
+TEST_F(TensorTest, CopyFromConvertsBetweenFloatAndBFloat16) {
+  Tensor a = Tensor::FromVector({1.0f, -2.5f, 3.0f}, {3}).value();
+  Tensor h = Tensor::Zeros({3}, DType::kBFloat16);
+  ASSERT_TRUE(h.CopyFrom(a).ok());
+  EXPECT_EQ(h.ToVector(), (std::vector<float>{1.0f, -2.5f, 3.0f}));
+  Tensor back = h.ToDType(DType::kFloat32, MemoryTag::kOther).value();
+  EXPECT_EQ(back.ToVector(), a.ToVector());
+  EXPECT_EQ(Tensor::Zeros({2}).CopyFrom(a).code(), absl::StatusCode::kInvalidArgument);
+  Tensor i = Tensor::Zeros({3}, DType::kInt32);
+  EXPECT_EQ(i.CopyFrom(a).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(TensorTest, BadShapesAreErrorsNotCrashes) {
+  EXPECT_EQ(Tensor::Allocate({2, -1}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Tensor::Allocate({1 << 30, 1 << 30}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Tensor::FromVector({1, 2}, {3}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(TensorTest, ZeroSizedTensors) {
+  Tensor z = Tensor::Zeros({0, 5});
+  EXPECT_TRUE(z.defined());
+  EXPECT_EQ(z.numel(), 0);
+  EXPECT_TRUE(z.CopyFrom(Tensor::Zeros({0})).ok());
+  EXPECT_TRUE(z.ToVector().empty());
+}
+
+TEST_F(TensorTest, CudaTensorWithoutCudaIsUnavailable) {
+  absl::StatusOr<Tensor> t = Tensor::Allocate({4}, DType::kFloat32, MemoryTag::kOther,
+                                              Device::Cuda(0));
+#ifndef FSDP_WITH_CUDA
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kUnavailable);
+#else
+  (void)t;
+#endif
+}
+
+TEST(AllocatorTest, ScopedAllocatorsArePerThread) {
+  auto a = std::make_shared<Allocator>(Device::Cpu());
+  auto b = std::make_shared<Allocator>(Device::Cpu());
+  std::thread t1([&] {
+    ScopedAllocator s(a);
+    Tensor x = Tensor::Zeros({100}, DType::kFloat32, MemoryTag::kParam);
+  });
+  std::thread t2([&] {
+    ScopedAllocator s(b);
+    Tensor x = Tensor::Zeros({10}, DType::kFloat32, MemoryTag::kParam);
+  });
+  t1.join();
+  t2.join();
+  EXPECT_EQ(a->Stats().peak(MemoryTag::kParam), 400);
+  EXPECT_EQ(b->Stats().peak(MemoryTag::kParam), 40);
+  EXPECT_NE(Allocator::Current(Device::Cpu()), a);
+}
+
+TEST(AllocatorTest, StorageFreedAfterScopeEndsStillCountsOnItsAllocator) {
+  auto a = std::make_shared<Allocator>(Device::Cpu());
+  Tensor kept;
+  {
+    ScopedAllocator s(a);
+    kept = Tensor::Zeros({8}, DType::kFloat32, MemoryTag::kOptim);
+  }
+  EXPECT_EQ(a->Stats().current(MemoryTag::kOptim), 32);
+  kept = Tensor();
+  EXPECT_EQ(a->Stats().current(MemoryTag::kOptim), 0);
+}
+
+TEST(FormatBytesTest, Units) {
+  EXPECT_EQ(FormatBytes(512), "512B");
+  EXPECT_EQ(FormatBytes(1536), "1.50KiB");
+  EXPECT_EQ(FormatBytes(3 << 20), "3.00MiB");
+}
+
+TEST(ParameterTest, EnsureGradAllocatesZerosOnceAndChecksShape) {
+  auto alloc = std::make_shared<Allocator>(Device::Cpu());
+  ScopedAllocator s(alloc);
+  ParameterPtr p = Parameter::Make(Tensor::Zeros({2, 3}, DType::kFloat32, MemoryTag::kParam));
+  ASSERT_TRUE(p->EnsureGrad().ok());
+  EXPECT_EQ(p->grad.shape(), (Shape{2, 3}));
+  EXPECT_EQ(alloc->Stats().current(MemoryTag::kGrad), 24);
+  p->grad.data<float>()[0] = 1;
+  ASSERT_TRUE(p->EnsureGrad().ok());
+  EXPECT_EQ(p->grad.data<float>()[0], 1);  // kept
+  p->grad = Tensor::Zeros({5});
+  EXPECT_EQ(p->EnsureGrad().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace core

@@ -1,0 +1,37 @@
+"""cuda_library: compiles .cu files with nvcc for sm_80 and sm_90 into a cc_library.
+
+Bazel 4 has no offline rules_cuda; a genrule per .cu file runs the toolkit's nvcc and
+its object file goes into an ordinary cc_library. Use only behind select() on
+//:cuda, so that the default build needs no CUDA at all.
+"""
+
+NVCC = "/usr/local/cuda/bin/nvcc"
+NVCC_FLAGS = " ".join([
+    "-std=c++17",
+    "-O2",
+    "-Xcompiler -fPIC",
+    "-gencode arch=compute_80,code=sm_80",
+    "-gencode arch=compute_90,code=sm_90",
+    "-DFSDP_WITH_CUDA=1",
+])
+
+def cuda_library(name, srcs, hdrs = [], deps = [], **kwargs):
+    objs = []
+    for src in srcs:
+        obj = name + "_" + src.replace("/", "_").replace(".cu", ".o")
+        native.genrule(
+            name = obj + "_nvcc",
+            srcs = [src] + hdrs,
+            outs = [obj],
+            cmd = NVCC + " " + NVCC_FLAGS + " -I. -I$(GENDIR) -c $(location " + src + ") -o $@",
+            tags = ["local"],
+        )
+        objs.append(obj)
+    native.cc_library(
+        name = name,
+        srcs = objs,
+        hdrs = hdrs,
+        deps = deps + ["@cuda//:cudart"],
+        linkstatic = True,
+        **kwargs
+    )
