@@ -83,7 +83,9 @@ absl::StatusOr<void*> Allocator::Allocate(int64_t nbytes, MemoryTag tag) {
     cudaError_t err = cudaSetDevice(device_.index);
     if (err == cudaSuccess) err = cudaMalloc(&ptr, nbytes == 0 ? kAlignment : nbytes);
     if (err != cudaSuccess) {
-      return absl::ResourceExhaustedError(absl::StrCat(
+      const auto make_error = err == cudaErrorMemoryAllocation ? absl::ResourceExhaustedError
+                                                                : absl::UnavailableError;
+      return make_error(absl::StrCat(
           "cudaMalloc of ", FormatBytes(nbytes), " on ", device_.ToString(), " for tag ",
           MemoryTagName(tag), " failed: ", cudaGetErrorString(err)));
     }
