@@ -1,0 +1,202 @@
+#include "comm/file_store.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "comm/internal/store_util.h"
+
+namespace comm {
+namespace {
+
+std::string ErrnoText() { return std::strerror(errno); }
+
+absl::Status MakeDirs(const std::string& path) {
+  std::string partial;
+  for (size_t i = 0; i <= path.size(); ++i) {
+    if (i == path.size() || (path[i] == '/' && i > 0)) {
+      partial = path.substr(0, i);
+      if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+        return absl::InternalError(
+            absl::StrCat("FileStore: cannot create directory ", partial, ": ", ErrnoText()));
+      }
+    }
+  }
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::InternalError(absl::StrCat("FileStore: ", path, " is not a directory"));
+  }
+  return absl::OkStatus();
+}
+
+// Polls `ready` with backoff from 1 ms up to 50 ms until it is true or `timeout` passes.
+template <typename Fn>
+bool PollUntil(Fn ready, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration sleep = absl::Milliseconds(1);
+  while (true) {
+    if (ready()) return true;
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return false;
+    absl::SleepFor(std::min(sleep, left));
+    sleep = std::min(sleep * 2, absl::Milliseconds(50));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<FileStore>> FileStore::Open(const std::string& path) {
+  if (path.empty()) return absl::InvalidArgumentError("FileStore: empty directory path");
+  absl::Status made = MakeDirs(path);
+  if (!made.ok()) return made;
+  return std::shared_ptr<FileStore>(new FileStore(path));
+}
+
+std::string FileStore::KeyPath(absl::string_view key) const {
+  static constexpr char kHex[] = "0123456789abcdef";
+  // File names are limited to 255 bytes: a long key keeps a readable head and gets a
+  // 64-bit FNV-1a hash of the whole key (stable across processes and builds).
+  if (key.size() > 80) {
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+    std::string head;
+    for (unsigned char c : key.substr(0, 60)) head.push_back(std::isalnum(c) ? c : '_');
+    return absl::StrCat(path_, "/h_", head, "_", absl::Hex(h, absl::kZeroPad16));
+  }
+  std::string name = "k_";
+  for (unsigned char c : key) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.') {
+      name.push_back(static_cast<char>(c));
+    } else {
+      name.push_back('%');
+      name.push_back(kHex[c >> 4]);
+      name.push_back(kHex[c & 15]);
+    }
+  }
+  return absl::StrCat(path_, "/", name);
+}
+
+absl::Status FileStore::WriteAtomically(const std::string& file, absl::string_view value) {
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = absl::StrCat(path_, "/.tmp_", ::getpid(), "_",
+                                       std::hash<std::thread::id>()(std::this_thread::get_id()),
+                                       "_", counter.fetch_add(1));
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("FileStore: cannot create ", tmp, ": ", ErrnoText()));
+  }
+  size_t written = 0;
+  while (written < value.size()) {
+    const ssize_t n = ::write(fd, value.data() + written, value.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const std::string err = ErrnoText();
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return absl::InternalError(absl::StrCat("FileStore: cannot write ", tmp, ": ", err));
+    }
+    written += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), file.c_str()) != 0) {
+    const std::string err = ErrnoText();
+    ::unlink(tmp.c_str());
+    return absl::InternalError(absl::StrCat("FileStore: cannot rename into ", file, ": ", err));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> FileStore::ReadKey(absl::string_view key) const {
+  std::ifstream in(KeyPath(key), std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("FileStore: no key \"", key, "\""));
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  return buf.str();
+}
+
+absl::Status FileStore::Set(absl::string_view key, absl::string_view value) {
+  return WriteAtomically(KeyPath(key), value);
+}
+
+absl::StatusOr<std::string> FileStore::Get(absl::string_view key, absl::Duration timeout) {
+  absl::StatusOr<std::string> value;
+  const bool found = PollUntil(
+      [&] {
+        value = ReadKey(key);
+        return value.ok();
+      },
+      timeout);
+  if (!found) {
+    return internal::WaitTimedOut(absl::StrCat("FileStore ", path_), {std::string(key)}, timeout);
+  }
+  return value;
+}
+
+absl::StatusOr<int64_t> FileStore::Add(absl::string_view key, int64_t delta) {
+  const std::string lock_path = absl::StrCat(path_, "/.lock");
+  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::InternalError(
+        absl::StrCat("FileStore: cannot open ", lock_path, ": ", ErrnoText()));
+  }
+  absl::Cleanup close_fd = [fd] { ::close(fd); };
+  while (::flock(fd, LOCK_EX) != 0) {
+    if (errno != EINTR) {
+      return absl::InternalError(
+          absl::StrCat("FileStore: cannot lock ", lock_path, ": ", ErrnoText()));
+    }
+  }
+  absl::Cleanup unlock = [fd] { ::flock(fd, LOCK_UN); };
+  absl::StatusOr<std::string> current = ReadKey(key);
+  absl::StatusOr<int64_t> value = internal::AddToCounter(
+      absl::StrCat("FileStore ", path_), key, current.ok() ? &*current : nullptr, delta);
+  if (!value.ok()) return value.status();
+  absl::Status written = WriteAtomically(KeyPath(key), absl::StrCat(*value));
+  if (!written.ok()) return written;
+  return value;
+}
+
+absl::Status FileStore::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
+  auto all_present = [&] {
+    for (const std::string& k : keys) {
+      if (::access(KeyPath(k).c_str(), F_OK) != 0) return false;
+    }
+    return true;
+  };
+  if (PollUntil(all_present, timeout)) return absl::OkStatus();
+  std::vector<std::string> missing;
+  for (const std::string& k : keys) {
+    if (::access(KeyPath(k).c_str(), F_OK) != 0) missing.push_back(k);
+  }
+  return internal::WaitTimedOut(absl::StrCat("FileStore ", path_), missing, timeout);
+}
+
+absl::StatusOr<bool> FileStore::Check(const std::vector<std::string>& keys) {
+  for (const std::string& k : keys) {
+    if (::access(KeyPath(k).c_str(), F_OK) != 0) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<bool> FileStore::DeleteKey(absl::string_view key) {
+  if (::unlink(KeyPath(key).c_str()) == 0) return true;
+  if (errno == ENOENT) return false;
+  return absl::InternalError(
+      absl::StrCat("FileStore: cannot delete key \"", key, "\": ", ErrnoText()));
+}
+
+}  // namespace comm
