@@ -1,0 +1,466 @@
+#include "flatten/flat_parameter.h"
+
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/memory/memory.h"
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+
+namespace flatten {
+namespace {
+
+std::string PrefixFor(absl::string_view label) {
+  return label.empty() ? "FlatParameter: " : absl::StrCat("FlatParameter ", label, ": ");
+}
+
+// The same status with `prefix` in front of its message.
+absl::Status Annotate(const absl::Status& status, absl::string_view prefix) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
+}
+
+bool IsFloat(core::DType dtype) {
+  return dtype == core::DType::kFloat32 || dtype == core::DType::kBFloat16;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<FlatParameter>> FlatParameter::Flatten(
+    const std::vector<core::NamedParameter>& params, int world_size, int rank,
+    const FlattenOptions& options) {
+  const std::string prefix = PrefixFor(options.label);
+  RETURN_IF_ERROR(Annotate(CheckRank(rank, world_size), prefix));
+
+  auto flat = absl::WrapUnique(new FlatParameter());
+  flat->label_ = options.label;
+  flat->world_size_ = world_size;
+  flat->rank_ = rank;
+
+  // Validate everything and build the records before touching any parameter.
+  absl::flat_hash_map<std::string, const core::Parameter*> by_name;
+  absl::flat_hash_map<const core::Parameter*, std::string> first_name;
+  std::vector<int64_t> numels;
+  for (const auto& [name, p] : params) {
+    if (p == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(prefix, "parameter '", name, "' is null"));
+    }
+    auto [it, inserted] = by_name.emplace(name, p.get());
+    if (!inserted && it->second != p.get()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, "two different parameters are named '", name, "'; names must be unique"));
+    }
+    if (!first_name.emplace(p.get(), name).second) continue;  // tied: listed once
+    if (!p->data.defined()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, "parameter '", name, "' has undefined data"));
+    }
+    if (!IsFloat(p->data.dtype())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, "parameter '", name, "' is ", core::DTypeName(p->data.dtype()),
+                       "; a FlatParameter holds float32 or bfloat16"));
+    }
+    if (flat->params_.empty()) {
+      flat->dtype_ = p->data.dtype();
+      flat->device_ = p->data.device();
+    } else {
+      const std::string& first = flat->records_.front().name;
+      if (p->data.dtype() != flat->dtype_) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            prefix, "parameter '", name, "' is ", core::DTypeName(p->data.dtype()), " but '",
+            first, "' is ", core::DTypeName(flat->dtype_), "; a FlatParameter holds one dtype"));
+      }
+      if (p->data.device() != flat->device_) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            prefix, "parameter '", name, "' is on ", p->data.device().ToString(), " but '",
+            first, "' is on ", flat->device_.ToString(), "; a FlatParameter holds one device"));
+      }
+    }
+    ParamRecord record;
+    record.name = name;
+    record.shape = p->data.shape();
+    record.numel = p->data.numel();
+    record.requires_grad = p->requires_grad;
+    numels.push_back(record.numel);
+    flat->records_.push_back(std::move(record));
+    flat->params_.push_back(p);
+  }
+
+  absl::StatusOr<std::vector<int64_t>> offsets = FlatOffsets(numels);
+  RETURN_IF_ERROR(Annotate(offsets.status(), prefix));
+  flat->numel_ = 0;
+  for (int64_t n : numels) flat->numel_ += n;
+  absl::StatusOr<int64_t> padded = PaddedNumel(flat->numel_, world_size);
+  RETURN_IF_ERROR(Annotate(padded.status(), prefix));
+  flat->padded_numel_ = *padded;
+  flat->shard_numel_ = flat->padded_numel_ / world_size;
+  for (size_t i = 0; i < flat->records_.size(); ++i) {
+    ParamRecord& record = flat->records_[i];
+    record.offset = (*offsets)[i];
+    ASSIGN_OR_RETURN(record.shards,
+                     ShardSlices(record.offset, record.numel, flat->numel_, world_size));
+  }
+
+  // One allocation for the full buffer, one for the shard; copy each parameter in once.
+  const int64_t element_size = core::DTypeSize(flat->dtype_);
+  absl::StatusOr<core::Tensor> full =
+      core::Tensor::Allocate({flat->padded_numel_}, flat->dtype_, core::MemoryTag::kParam,
+                             flat->device_);
+  RETURN_IF_ERROR(Annotate(full.status(), prefix));
+  flat->full_ = *std::move(full);
+  for (size_t i = 0; i < flat->records_.size(); ++i) {
+    const ParamRecord& record = flat->records_[i];
+    if (record.numel == 0) continue;
+    ASSIGN_OR_RETURN(core::Tensor slot, flat->full_.View(record.offset, {record.numel}));
+    RETURN_IF_ERROR(Annotate(slot.CopyFrom(flat->params_[i]->data),
+                             absl::StrCat(prefix, "copying '", record.name, "': ")));
+    flat->bytes_copied_ += record.numel * element_size;
+  }
+  ASSIGN_OR_RETURN(core::Tensor padding,
+                   flat->full_.View(flat->numel_, {flat->padded_numel_ - flat->numel_}));
+  padding.Zero();
+  flat->full_filled_ = true;
+
+  absl::StatusOr<core::Tensor> shard =
+      core::Tensor::Allocate({flat->shard_numel_}, flat->dtype_, core::MemoryTag::kParam,
+                             flat->device_);
+  RETURN_IF_ERROR(Annotate(shard.status(), prefix));
+  flat->shard_ = *std::move(shard);
+  RETURN_IF_ERROR(flat->CopyFullToShard());
+
+  // Re-point: data at full-shape views, gradients dropped.
+  ASSIGN_OR_RETURN(std::vector<core::Tensor> views,
+                   flat->MakeViews(flat->full_, /*full_shape=*/true, /*skip_frozen=*/false));
+  for (size_t i = 0; i < flat->params_.size(); ++i) {
+    flat->params_[i]->data = std::move(views[i]);
+    flat->params_[i]->grad = core::Tensor();
+  }
+  return flat;
+}
+
+const ParamRecord* FlatParameter::FindRecord(absl::string_view name) const {
+  for (const ParamRecord& record : records_) {
+    if (record.name == name) return &record;
+  }
+  return nullptr;
+}
+
+std::string FlatParameter::Prefix() const { return PrefixFor(label_); }
+
+absl::Status FlatParameter::CheckManaged(absl::string_view op) const {
+  if (unflattened_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Prefix(), op, " after Unflatten: the parameters are no longer managed"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FlatParameter::CheckFloatDType(core::DType dtype, absl::string_view op) const {
+  if (!IsFloat(dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat(Prefix(), op, "(", core::DTypeName(dtype),
+                                                   "): the dtype must be float32 or bfloat16"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<core::Tensor>> FlatParameter::MakeViews(const core::Tensor& buffer,
+                                                                   bool full_shape,
+                                                                   bool skip_frozen) const {
+  std::vector<core::Tensor> views(records_.size());
+  for (size_t i = 0; i < records_.size(); ++i) {
+    const ParamRecord& record = records_[i];
+    if (skip_frozen && !record.requires_grad) continue;
+    const ShardSlice& slice = record.shards[rank_];
+    absl::StatusOr<core::Tensor> view =
+        full_shape ? buffer.View(record.offset, record.shape)
+                   : buffer.View(slice.shard_offset, {slice.numel()});
+    RETURN_IF_ERROR(Annotate(view.status(), absl::StrCat(Prefix(), "view of '", record.name,
+                                                         "': ")));
+    views[i] = *std::move(view);
+  }
+  return views;
+}
+
+absl::Status FlatParameter::CheckNotViewed(const core::Tensor& buffer, bool grads,
+                                           absl::string_view what,
+                                           absl::string_view remedy) const {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const core::Tensor& t = grads ? params_[i]->grad : params_[i]->data;
+    if (t.SharesStorage(buffer)) {
+      return absl::FailedPreconditionError(absl::StrCat(Prefix(), "cannot free the ", what,
+                                                        ": parameter '", records_[i].name,
+                                                        "' still views it; ", remedy));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// --- Full buffer ---
+
+absl::Status FlatParameter::AllocateFull(core::DType dtype) {
+  RETURN_IF_ERROR(CheckManaged("AllocateFull"));
+  RETURN_IF_ERROR(CheckFloatDType(dtype, "AllocateFull"));
+  if (full_.defined()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Prefix(), "AllocateFull: the full buffer is already allocated (",
+                     core::DTypeName(full_.dtype()), "); FreeFull it first"));
+  }
+  absl::StatusOr<core::Tensor> full =
+      core::Tensor::Allocate({padded_numel_}, dtype, core::MemoryTag::kParam, device_);
+  RETURN_IF_ERROR(Annotate(full.status(), Prefix()));
+  full_ = *std::move(full);
+  full_filled_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status FlatParameter::MarkFullFilled() {
+  RETURN_IF_ERROR(CheckManaged("MarkFullFilled"));
+  if (!full_.defined()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Prefix(), "MarkFullFilled: the full buffer is not allocated"));
+  }
+  full_filled_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status FlatParameter::FreeFull() {
+  RETURN_IF_ERROR(CheckManaged("FreeFull"));
+  if (!full_.defined()) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckNotViewed(full_, /*grads=*/false, "full buffer", "call ShardViews() first"));
+  full_ = core::Tensor();
+  full_filled_ = false;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<core::Tensor> FlatParameter::LocalChunkOfFull() const {
+  RETURN_IF_ERROR(CheckManaged("LocalChunkOfFull"));
+  if (!full_.defined()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Prefix(), "LocalChunkOfFull: the full buffer is not allocated"));
+  }
+  return full_.View(rank_ * shard_numel_, {shard_numel_});
+}
+
+absl::Status FlatParameter::CopyFullToShard() {
+  RETURN_IF_ERROR(CheckManaged("CopyFullToShard"));
+  if (!full_filled_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Prefix(), "CopyFullToShard: the full buffer is ",
+        full_.defined() ? "allocated but not marked filled (call MarkFullFilled after filling it)"
+                        : "not allocated"));
+  }
+  if (full_.dtype() != dtype_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Prefix(), "CopyFullToShard: the full buffer is ", core::DTypeName(full_.dtype()),
+        " but the shard is ", core::DTypeName(dtype_),
+        "; copying would overwrite the master values with rounded ones"));
+  }
+  ASSIGN_OR_RETURN(core::Tensor chunk, LocalChunkOfFull());
+  RETURN_IF_ERROR(Annotate(shard_.CopyFrom(chunk), Prefix()));
+  bytes_copied_ += shard_.nbytes();
+  return absl::OkStatus();
+}
+
+absl::Status FlatParameter::CopyShardToFull() {
+  RETURN_IF_ERROR(CheckManaged("CopyShardToFull"));
+  if (!full_.defined()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Prefix(), "CopyShardToFull: the full buffer is not allocated"));
+  }
+  ASSIGN_OR_RETURN(core::Tensor chunk, LocalChunkOfFull());
+  RETURN_IF_ERROR(Annotate(chunk.CopyFrom(shard_), Prefix()));
+  bytes_copied_ += chunk.nbytes();
+  if (world_size_ == 1) full_filled_ = true;
+  return absl::OkStatus();
+}
+
+// --- Parameter views ---
+
+absl::Status FlatParameter::FullViews() {
+  RETURN_IF_ERROR(CheckManaged("FullViews"));
+  if (!full_.defined()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Prefix(), "FullViews: the full buffer is not allocated; call AllocateFull and fill it "
+                  "first"));
+  }
+  ASSIGN_OR_RETURN(std::vector<core::Tensor> views,
+                   MakeViews(full_, /*full_shape=*/true, /*skip_frozen=*/false));
+  for (size_t i = 0; i < params_.size(); ++i) params_[i]->data = std::move(views[i]);
+  return absl::OkStatus();
+}
+
+absl::Status FlatParameter::ShardViews() {
+  RETURN_IF_ERROR(CheckManaged("ShardViews"));
+  ASSIGN_OR_RETURN(std::vector<core::Tensor> views,
+                   MakeViews(shard_, /*full_shape=*/false, /*skip_frozen=*/false));
+  for (size_t i = 0; i < params_.size(); ++i) params_[i]->data = std::move(views[i]);
+  return absl::OkStatus();
+}
+
+// --- Gradients ---
+
+absl::Status FlatParameter::AllocateFullGrad(core::DType dtype) {
+  RETURN_IF_ERROR(CheckManaged("AllocateFullGrad"));
+  RETURN_IF_ERROR(CheckFloatDType(dtype, "AllocateFullGrad"));
+  if (full_grad_.defined()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Prefix(), "AllocateFullGrad: the full gradient buffer is already allocated (",
+        core::DTypeName(full_grad_.dtype()), "); FreeFullGrad it first"));
+  }
+  absl::StatusOr<core::Tensor> grad =
+      core::Tensor::Allocate({padded_numel_}, dtype, core::MemoryTag::kGrad, device_);
+  RETURN_IF_ERROR(Annotate(grad.status(), Prefix()));
+  grad->Zero();
+  full_grad_ = *std::move(grad);
+  return absl::OkStatus();
+}
+
+absl::Status FlatParameter::FreeFullGrad() {
+  RETURN_IF_ERROR(CheckManaged("FreeFullGrad"));
+  if (!full_grad_.defined()) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckNotViewed(full_grad_, /*grads=*/true, "full gradient buffer",
+                                 "call ShardGradViews() or ClearGradViews() first"));
+  full_grad_ = core::Tensor();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<core::Tensor> FlatParameter::LocalChunkOfFullGrad() const {
+  RETURN_IF_ERROR(CheckManaged("LocalChunkOfFullGrad"));
+  if (!full_grad_.defined()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Prefix(), "LocalChunkOfFullGrad: the full gradient buffer is not allocated"));
+  }
+  return full_grad_.View(rank_ * shard_numel_, {shard_numel_});
+}
+
+absl::Status FlatParameter::AllocateShardGrad() {
+  RETURN_IF_ERROR(CheckManaged("AllocateShardGrad"));
+  if (shard_grad_.defined()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Prefix(), "AllocateShardGrad: the gradient shard is already allocated"));
+  }
+  absl::StatusOr<core::Tensor> grad =
+      core::Tensor::Allocate({shard_numel_}, dtype_, core::MemoryTag::kGrad, device_);
+  RETURN_IF_ERROR(Annotate(grad.status(), Prefix()));
+  grad->Zero();
+  shard_grad_ = *std::move(grad);
+  return absl::OkStatus();
+}
+
+absl::Status FlatParameter::FreeShardGrad() {
+  RETURN_IF_ERROR(CheckManaged("FreeShardGrad"));
+  if (!shard_grad_.defined()) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckNotViewed(shard_grad_, /*grads=*/true, "gradient shard",
+                                 "call FullGradViews() or ClearGradViews() first"));
+  shard_grad_ = core::Tensor();
+  return absl::OkStatus();
+}
+
+absl::Status FlatParameter::CopyFullGradToShardGrad() {
+  RETURN_IF_ERROR(CheckManaged("CopyFullGradToShardGrad"));
+  if (!shard_grad_.defined()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Prefix(), "CopyFullGradToShardGrad: the gradient shard is not allocated"));
+  }
+  ASSIGN_OR_RETURN(core::Tensor chunk, LocalChunkOfFullGrad());
+  RETURN_IF_ERROR(Annotate(shard_grad_.CopyFrom(chunk), Prefix()));
+  bytes_copied_ += shard_grad_.nbytes();
+  return absl::OkStatus();
+}
+
+absl::Status FlatParameter::FullGradViews() {
+  RETURN_IF_ERROR(CheckManaged("FullGradViews"));
+  if (!full_grad_.defined()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Prefix(), "FullGradViews: the full gradient buffer is not allocated; call "
+                  "AllocateFullGrad first"));
+  }
+  ASSIGN_OR_RETURN(std::vector<core::Tensor> views,
+                   MakeViews(full_grad_, /*full_shape=*/true, /*skip_frozen=*/true));
+  for (size_t i = 0; i < params_.size(); ++i) params_[i]->grad = std::move(views[i]);
+  return absl::OkStatus();
+}
+
+absl::Status FlatParameter::ShardGradViews() {
+  RETURN_IF_ERROR(CheckManaged("ShardGradViews"));
+  if (!shard_grad_.defined()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Prefix(), "ShardGradViews: the gradient shard is not allocated; call "
+                  "AllocateShardGrad first"));
+  }
+  ASSIGN_OR_RETURN(std::vector<core::Tensor> views,
+                   MakeViews(shard_grad_, /*full_shape=*/false, /*skip_frozen=*/true));
+  for (size_t i = 0; i < params_.size(); ++i) params_[i]->grad = std::move(views[i]);
+  return absl::OkStatus();
+}
+
+absl::Status FlatParameter::ClearGradViews() {
+  RETURN_IF_ERROR(CheckManaged("ClearGradViews"));
+  for (const core::ParameterPtr& p : params_) p->grad = core::Tensor();
+  return absl::OkStatus();
+}
+
+// --- Unflatten ---
+
+absl::Status FlatParameter::Unflatten() {
+  RETURN_IF_ERROR(CheckManaged("Unflatten"));
+  if (!full_.defined()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Prefix(), "Unflatten needs the full values, but the full buffer is not allocated; "
+                  "call AllocateFull(", core::DTypeName(dtype_),
+                  "), gather every rank's shard into it and call MarkFullFilled() first"));
+  }
+  if (!full_filled_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Prefix(), "Unflatten needs the full values, but the full buffer was allocated and "
+                  "not marked filled; gather every rank's shard into it and call "
+                  "MarkFullFilled() first"));
+  }
+  if (full_.dtype() != dtype_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Prefix(), "Unflatten: the full buffer is ", core::DTypeName(full_.dtype()),
+        " but the parameters are ", core::DTypeName(dtype_),
+        "; unflattening from it would lose precision; gather the shards into a ",
+        core::DTypeName(dtype_), " full buffer instead"));
+  }
+  // Allocate and fill everything first, so that an error changes nothing.
+  const int64_t element_size = core::DTypeSize(dtype_);
+  std::vector<core::Tensor> data(records_.size());
+  std::vector<core::Tensor> grads(records_.size());
+  int64_t copied = 0;
+  for (size_t i = 0; i < records_.size(); ++i) {
+    const ParamRecord& record = records_[i];
+    const std::string where = absl::StrCat(Prefix(), "Unflatten '", record.name, "': ");
+    absl::StatusOr<core::Tensor> own =
+        core::Tensor::Allocate(record.shape, dtype_, core::MemoryTag::kParam, device_);
+    RETURN_IF_ERROR(Annotate(own.status(), where));
+    ASSIGN_OR_RETURN(core::Tensor view, full_.View(record.offset, {record.numel}));
+    RETURN_IF_ERROR(Annotate(own->CopyFrom(view), where));
+    copied += record.numel * element_size;
+    data[i] = *std::move(own);
+    if (full_grad_.defined() && record.requires_grad) {
+      absl::StatusOr<core::Tensor> grad =
+          core::Tensor::Allocate(record.shape, dtype_, core::MemoryTag::kGrad, device_);
+      RETURN_IF_ERROR(Annotate(grad.status(), where));
+      ASSIGN_OR_RETURN(core::Tensor grad_view, full_grad_.View(record.offset, {record.numel}));
+      RETURN_IF_ERROR(Annotate(grad->CopyFrom(grad_view), where));
+      copied += record.numel * element_size;
+      grads[i] = *std::move(grad);
+    }
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i]->data = std::move(data[i]);
+    params_[i]->grad = std::move(grads[i]);
+  }
+  bytes_copied_ += copied;
+  params_.clear();
+  full_ = core::Tensor();
+  full_filled_ = false;
+  shard_ = core::Tensor();
+  full_grad_ = core::Tensor();
+  shard_grad_ = core::Tensor();
+  unflattened_ = true;
+  return absl::OkStatus();
+}
+
+}  // namespace flatten
