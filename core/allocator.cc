@@ -95,7 +95,7 @@ absl::StatusOr<void*> Allocator::Allocate(int64_t nbytes, MemoryTag tag) {
         ": this build has no CUDA support; build with --config=cuda"));
 #endif
   }
-  Count(nbytes, tag);
+  Count(nbytes, tag, +1);
   return ptr;
 }
 
@@ -109,15 +109,15 @@ void Allocator::Free(void* ptr, int64_t nbytes, MemoryTag tag) {
     cudaFree(ptr);
 #endif
   }
-  Count(-nbytes, tag);
+  Count(-nbytes, tag, -1);
 }
 
-void Allocator::Count(int64_t delta, MemoryTag tag) {
+void Allocator::Count(int64_t delta, MemoryTag tag, int blocks) {
   absl::MutexLock lock(&mu_);
   const int t = static_cast<int>(tag);
   stats_.current_by_tag[t] += delta;
   stats_.current_total += delta;
-  stats_.num_allocations += delta >= 0 ? 1 : -1;
+  stats_.num_allocations += blocks;
   if (stats_.current_by_tag[t] > stats_.peak_by_tag[t]) {
     stats_.peak_by_tag[t] = stats_.current_by_tag[t];
   }

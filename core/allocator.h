@@ -81,7 +81,8 @@ class Allocator {
   static std::shared_ptr<Allocator> Current(Device device);
 
  private:
-  void Count(int64_t delta, MemoryTag tag);
+  // Adds `delta` bytes under `tag` and `blocks` (+1 or -1) live blocks.
+  void Count(int64_t delta, MemoryTag tag, int blocks);
 
   const Device device_;
   mutable absl::Mutex mu_;

@@ -103,6 +103,11 @@ TEST_F(TensorTest, BadShapesAreErrorsNotCrashes) {
 }
 
 TEST_F(TensorTest, ZeroSizedTensors) {
+  {
+    Tensor empty = Tensor::Zeros({0});
+    EXPECT_EQ(alloc_->Stats().num_allocations, 1);
+  }
+  EXPECT_EQ(alloc_->Stats().num_allocations, 0);
   Tensor z = Tensor::Zeros({0, 5});
   EXPECT_TRUE(z.defined());
   EXPECT_EQ(z.numel(), 0);
