@@ -1,0 +1,22 @@
+# The two set-up commands of README.md. Each installs what is missing first.
+#   make demo   the main job: trains a small GPT on the synthetic language (CPU)
+#   make test   the whole test suite
+
+BAZEL ?= bazel
+DEMO_ARGS ?=
+
+.PHONY: demo test setup sanitize
+
+setup:
+	@bash tools/setup.sh
+
+demo: setup
+	$(BAZEL) run //integration:main_job -- $(DEMO_ARGS)
+
+test: setup
+	$(BAZEL) test //...
+
+# The unit tests under AddressSanitizer and UndefinedBehaviorSanitizer.
+sanitize: setup
+	$(BAZEL) test --config=asan //core/... //nn/... //optim/... //data/... //flatten/...
+	$(BAZEL) test --config=ubsan //core/... //nn/... //optim/... //data/... //flatten/...
