@@ -1,0 +1,397 @@
+#include "comm/gloo_process_group.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "comm/internal/gloo_store_adapter.h"
+#include "comm/internal/reduce.h"
+#include "comm/internal/socket.h"
+#include "comm/prefix_store.h"
+#include "glog/logging.h"
+
+namespace comm {
+namespace {
+
+std::chrono::milliseconds ToMillis(absl::Duration d) {
+  return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
+}
+
+// Gloo's timeout messages ("Timed out waiting ...", "Read timeout ...", "Connect
+// timeout ...", "Application timeout caused pair closure").
+bool IsGlooTimeout(absl::string_view what) {
+  return absl::StrContains(what, "Timed out") || absl::StrContains(what, "timeout") ||
+         absl::StrContains(what, "Timeout");
+}
+
+uint8_t* Bytes(const core::Tensor& t) { return static_cast<uint8_t*>(t.raw_data()); }
+
+}  // namespace
+
+GlooProcessGroup::GlooProcessGroup(std::shared_ptr<Store> store, int rank, int size,
+                                   GlooOptions options)
+    : store_(std::move(store)), rank_(rank), size_(size), options_(std::move(options)) {}
+
+absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
+    std::shared_ptr<Store> store, int rank, int size, const GlooOptions& options) {
+  if (store == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GlooProcessGroup::Create('", options.name, "'): store is null"));
+  }
+  return Join(std::make_shared<PrefixStore>(std::move(store), options.name), rank, size, options);
+}
+
+absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::Join(
+    std::shared_ptr<Store> store, int rank, int size, const GlooOptions& options) {
+  const std::string who =
+      absl::StrCat("gloo group '", options.name, "' (rank ", rank, " of ", size, ")");
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": rank must be in [0, size) and size at least 1"));
+  }
+  if (options.rendezvous_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": GlooOptions.rendezvous_timeout must be positive"));
+  }
+  // Gloo dereferences a failed getaddrinfo result (a crash, not an error), so resolve
+  // and test-bind the address here and hand gloo a dotted quad.
+  absl::StatusOr<sockaddr_in> addr = internal::ResolveIPv4(options.hostname, 0);
+  if (!addr.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": GlooOptions.hostname: ", addr.status().message()));
+  }
+  const std::string ip = internal::IPv4ToString(*addr);
+  if (absl::StatusOr<internal::Fd> probe = internal::Listen(ip, 0, 1); !probe.ok()) {
+    return absl::UnavailableError(absl::StrCat(who, ": GlooOptions.hostname \"", options.hostname,
+                                               "\" is not a local address: ",
+                                               probe.status().message()));
+  }
+  std::shared_ptr<GlooProcessGroup> group(new GlooProcessGroup(store, rank, size, options));
+  group->allocator_ = core::Allocator::Current(core::Device::Cpu());
+  const absl::Time start = absl::Now();
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = ip;
+    group->device_ = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(ToMillis(options.rendezvous_timeout));
+    internal::GlooStoreAdapter adapter(store, options.rendezvous_timeout);
+    context->connectFullMesh(adapter, group->device_);
+    group->context_ = std::move(context);
+  } catch (const internal::StoreError& e) {
+    return absl::Status(e.status().code(),
+                        absl::StrCat(who, ": rendezvous failed after ",
+                                     absl::FormatDuration(absl::Now() - start),
+                                     " (rendezvous_timeout ",
+                                     absl::FormatDuration(options.rendezvous_timeout),
+                                     "); missing ranks are the numbers after the group name: ",
+                                     e.status().message()));
+  } catch (const std::exception& e) {
+    const bool timeout = IsGlooTimeout(e.what());
+    return absl::Status(
+        timeout ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kUnavailable,
+        absl::StrCat(who, ": connecting to the peers on ", options.hostname,
+                     " failed (rendezvous_timeout ",
+                     absl::FormatDuration(options.rendezvous_timeout), "): ", e.what()));
+  }
+  group->worker_ = std::thread([g = group.get()] { g->WorkerLoop(); });
+  VLOG(1) << group->Describe() << ": connected on " << options.hostname;
+  return group;
+}
+
+GlooProcessGroup::~GlooProcessGroup() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (worker_.joinable()) worker_.join();
+  context_.reset();
+  device_.reset();
+}
+
+std::string GlooProcessGroup::DescribeOp(CollectiveKind kind, uint64_t seq) const {
+  return absl::StrCat(CollectiveKindName(kind), " #", seq, " on ", Describe());
+}
+
+absl::Status GlooProcessGroup::CheckUsable(CollectiveKind kind) const {
+  absl::MutexLock lock(&mu_);
+  if (!broken_.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(CollectiveKindName(kind), " on ", Describe(),
+                     ": the group is broken by an earlier failure: ", broken_.message()));
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<Work> GlooProcessGroup::Enqueue(CollectiveKind kind, absl::Duration timeout,
+                                                Traffic traffic, RunFn run) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t seq = next_seq_++;
+  auto work = std::make_shared<CompletionWork>(DescribeOp(kind, seq));
+  queue_.push_back(
+      Op{kind, work, absl::Now() + timeout, timeout, seq, traffic, std::move(run)});
+  return work;
+}
+
+void GlooProcessGroup::WorkerLoop() {
+  core::ScopedAllocator scope(allocator_);
+  while (true) {
+    Op op;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !queue_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) {
+        for (Op& pending : queue_) {
+          pending.work->Complete(absl::FailedPreconditionError(
+              absl::StrCat(pending.work->Describe(), ": the group was destroyed first")));
+        }
+        queue_.clear();
+        return;
+      }
+      op = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    absl::Status status = CheckUsable(op.kind);
+    const bool was_usable = status.ok();
+    if (status.ok()) status = RunOp(op);
+    if (status.ok()) {
+      stats_.Record(op.kind, op.traffic);
+    } else if (was_usable) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (broken_.ok()) broken_ = status;
+      }
+      // Peers may be blocked receiving from this rank; closing the connections makes
+      // them fail now instead of at their deadlines (gloo signals a closed pair at once).
+      try {
+        context_->closeConnections();
+      } catch (const std::exception& e) {
+        LOG(WARNING) << Describe() << ": closing connections after a failure: " << e.what();
+      }
+    }
+    op.work->Complete(std::move(status));
+  }
+}
+
+absl::Status GlooProcessGroup::RunOp(Op& op) {
+  const std::string what = op.work->Describe();
+  const absl::Duration left = op.deadline - absl::Now();
+  if (left <= absl::ZeroDuration()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        what, " did not start within its timeout of ", absl::FormatDuration(op.timeout),
+        " (earlier collectives of the group took the time)"));
+  }
+  try {
+    absl::Status s = op.run(static_cast<uint32_t>(op.seq), ToMillis(left));
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+    return absl::OkStatus();
+  } catch (const gloo::IoException& e) {
+    if (IsGlooTimeout(e.what())) {
+      return absl::DeadlineExceededError(absl::StrCat(what, " did not finish within its timeout of ",
+                                                      absl::FormatDuration(op.timeout), ": ",
+                                                      e.what()));
+    }
+    return absl::UnavailableError(absl::StrCat(
+        what, " failed: a peer closed its connection or died: ", e.what()));
+  } catch (const gloo::EnforceNotMet& e) {
+    return absl::InternalError(absl::StrCat(what, ": gloo check failed: ", e.what()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(what, ": ", e.what()));
+  }
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllGather(
+    const core::Tensor& input, const core::Tensor& output, const AllGatherOptions& options) {
+  constexpr CollectiveKind kind = CollectiveKind::kAllGather;
+  if (auto s = ValidateAllGather(*this, input, output, options); !s.ok()) return s;
+  if (auto s = ValidateDevice(*this, kind, {&input, &output}, core::Device::Cpu()); !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckUsable(kind); !s.ok()) return s;
+  const bool in_place = input.SharesStorage(output) && input.numel() > 0 &&
+                        input.offset() == output.offset() + rank_ * input.numel();
+  const int n = size_;
+  const int rank = rank_;
+  auto context = context_;
+  return Enqueue(kind, options.timeout, ExpectedTraffic(kind, output.nbytes(), n, rank_),
+                 [=](uint32_t tag, std::chrono::milliseconds left) -> absl::Status {
+                   if (input.numel() == 0) return absl::OkStatus();
+                   if (n == 1 || in_place) {
+                     if (!in_place) std::memcpy(Bytes(output), Bytes(input), input.nbytes());
+                     if (n == 1) return absl::OkStatus();
+                   }
+                   gloo::AllgatherOptions o(context);
+                   if (!in_place) o.setInput<uint8_t>(Bytes(input), input.nbytes());
+                   o.setOutput<uint8_t>(Bytes(output), output.nbytes());
+                   o.setTag(tag);
+                   o.setTimeout(left);
+                   gloo::allgather(o);
+                   (void)rank;
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::ReduceScatter(
+    const core::Tensor& input, const core::Tensor& output, const ReduceScatterOptions& options) {
+  constexpr CollectiveKind kind = CollectiveKind::kReduceScatter;
+  if (auto s = ValidateReduceScatter(*this, input, output, options); !s.ok()) return s;
+  if (auto s = ValidateDevice(*this, kind, {&input, &output}, core::Device::Cpu()); !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckUsable(kind); !s.ok()) return s;
+  const int n = size_;
+  const int rank = rank_;
+  const ReduceOp op = options.reduce_op;
+  auto context = context_;
+  // Each rank sends chunk j of its input to rank j (an all-to-all, S(n-1)/n bytes each
+  // way), then reduces the n chunks it received in rank order, in fp32 for bf16.
+  return Enqueue(kind, options.timeout, ExpectedTraffic(kind, input.nbytes(), n, rank_),
+                 [=](uint32_t tag, std::chrono::milliseconds left) -> absl::Status {
+                   const int64_t k = output.numel();
+                   if (k == 0) return absl::OkStatus();
+                   if (n == 1) {
+                     if (!output.SharesStorage(input) || output.offset() != input.offset()) {
+                       std::memcpy(Bytes(output), Bytes(input), input.nbytes());
+                     }
+                     return absl::OkStatus();
+                   }
+                   absl::StatusOr<core::Tensor> received =
+                       core::Tensor::Allocate({n * k}, input.dtype(), core::MemoryTag::kComm);
+                   if (!received.ok()) return received.status();
+                   gloo::AlltoallOptions o(context);
+                   o.setInput<uint8_t>(Bytes(input), input.nbytes());
+                   o.setOutput<uint8_t>(Bytes(*received), received->nbytes());
+                   o.setTag(tag);
+                   o.setTimeout(left);
+                   gloo::alltoall(o);
+                   internal::ReduceChunks(input.dtype(), op, received->raw_data(), n, k,
+                                          output.raw_data());
+                   (void)rank;
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllReduce(
+    const core::Tensor& tensor, const AllReduceOptions& options) {
+  constexpr CollectiveKind kind = CollectiveKind::kAllReduce;
+  if (auto s = ValidateAllReduce(*this, tensor, options); !s.ok()) return s;
+  if (auto s = ValidateDevice(*this, kind, {&tensor}, core::Device::Cpu()); !s.ok()) return s;
+  if (auto s = CheckUsable(kind); !s.ok()) return s;
+  const int n = size_;
+  const ReduceOp op = options.reduce_op;
+  auto context = context_;
+  return Enqueue(
+      kind, options.timeout, ExpectedTraffic(kind, tensor.nbytes(), n, rank_),
+      [=](uint32_t tag, std::chrono::milliseconds left) -> absl::Status {
+        if (tensor.numel() == 0 || n == 1) return absl::OkStatus();
+        // bf16 is reduced in an fp32 copy and rounded back once.
+        core::Tensor buf = tensor;
+        if (tensor.dtype() == core::DType::kBFloat16) {
+          absl::StatusOr<core::Tensor> wide =
+              tensor.ToDType(core::DType::kFloat32, core::MemoryTag::kComm);
+          if (!wide.ok()) return wide.status();
+          buf = *std::move(wide);
+        }
+        const core::DType dtype = buf.dtype();
+        const ReduceOp pair_op = op == ReduceOp::kMax ? ReduceOp::kMax : ReduceOp::kSum;
+        gloo::AllreduceOptions o(context);
+        if (dtype == core::DType::kInt32) {
+          o.setOutput<int32_t>(buf.data<int32_t>(), buf.numel());
+        } else {
+          o.setOutput<float>(buf.data<float>(), buf.numel());
+        }
+        o.setReduceFunction([dtype, pair_op](void* c, const void* a, const void* b, size_t count) {
+          internal::ReducePair(dtype, pair_op, c, a, b, count);
+        });
+        o.setTag(tag);
+        o.setTimeout(left);
+        gloo::allreduce(o);
+        if (op == ReduceOp::kAverage) internal::DivideInPlace(buf.data<float>(), buf.numel(), n);
+        if (!buf.SharesStorage(tensor)) return tensor.CopyFrom(buf);
+        return absl::OkStatus();
+      });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Broadcast(
+    const core::Tensor& tensor, const BroadcastOptions& options) {
+  constexpr CollectiveKind kind = CollectiveKind::kBroadcast;
+  if (auto s = ValidateBroadcast(*this, tensor, options); !s.ok()) return s;
+  if (auto s = ValidateDevice(*this, kind, {&tensor}, core::Device::Cpu()); !s.ok()) return s;
+  if (auto s = CheckUsable(kind); !s.ok()) return s;
+  const int n = size_;
+  const int root = options.root;
+  auto context = context_;
+  return Enqueue(kind, options.timeout,
+                 ExpectedTraffic(kind, tensor.nbytes(), n, rank_, options.root),
+                 [=](uint32_t tag, std::chrono::milliseconds left) -> absl::Status {
+                   if (tensor.numel() == 0 || n == 1) return absl::OkStatus();
+                   gloo::BroadcastOptions o(context);
+                   o.setOutput<uint8_t>(Bytes(tensor), tensor.nbytes());
+                   o.setRoot(root);
+                   o.setTag(tag);
+                   o.setTimeout(left);
+                   gloo::broadcast(o);
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Barrier(const BarrierOptions& options) {
+  constexpr CollectiveKind kind = CollectiveKind::kBarrier;
+  if (auto s = ValidateBarrier(*this, options); !s.ok()) return s;
+  if (auto s = CheckUsable(kind); !s.ok()) return s;
+  const int n = size_;
+  auto context = context_;
+  return Enqueue(kind, options.timeout, Traffic{},
+                 [=](uint32_t tag, std::chrono::milliseconds left) -> absl::Status {
+                   if (n == 1) return absl::OkStatus();
+                   gloo::BarrierOptions o(context);
+                   o.setTag(tag);
+                   o.setTimeout(left);
+                   gloo::barrier(o);
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<ProcessGroup>> GlooProcessGroup::NewSubgroup(
+    const std::vector<int>& ranks, const SubgroupOptions& options) {
+  if (auto s = ValidateSubgroupRanks(*this, ranks); !s.ok()) return s;
+  int index = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    index = next_subgroup_++;
+  }
+  const std::string key_name = absl::StrCat("sub", index);
+  auto it = std::find(ranks.begin(), ranks.end(), rank_);
+  if (it == ranks.end()) {
+    return absl::NotFoundError(absl::StrCat("NewSubgroup([", absl::StrJoin(ranks, ", "), "]) on ",
+                                            Describe(), ": rank ", rank_,
+                                            " is not a member of this subgroup"));
+  }
+  GlooOptions sub = options_;
+  sub.name = options.name.empty() ? absl::StrCat(options_.name, "/", key_name) : options.name;
+  sub.rendezvous_timeout = options.timeout;
+  absl::StatusOr<std::shared_ptr<GlooProcessGroup>> group =
+      Join(std::make_shared<PrefixStore>(store_, key_name), static_cast<int>(it - ranks.begin()),
+           static_cast<int>(ranks.size()), sub);
+  if (!group.ok()) return group.status();
+  return std::shared_ptr<ProcessGroup>(*std::move(group));
+}
+
+}  // namespace comm

@@ -1,0 +1,152 @@
+// GlooProcessGroup: the CPU backend of ProcessGroup, on Debian's libgloo over TCP.
+//
+//   auto store = std::make_shared<comm::HashStore>();   // or TcpStore across processes
+//   comm::GlooOptions opts;                             // name "world", 127.0.0.1
+//   ASSIGN_OR_RETURN(std::shared_ptr<comm::GlooProcessGroup> group,
+//                    comm::GlooProcessGroup::Create(store, rank, world_size, opts));
+//   ASSIGN_OR_RETURN(auto work, group->AllReduce(t, comm::AllReduceOptions{}));
+//   RETURN_IF_ERROR(work->Wait(absl::Seconds(60)));
+//
+// Create() meets the other ranks through the store (keys under "<name>/") and connects
+// a full mesh of TCP pairs; it blocks until all `size` ranks have joined, or returns
+// DeadlineExceeded after options.rendezvous_timeout naming the ranks that did not.
+// Collectives take CPU tensors and run one at a time, in issue order, on the group's
+// worker thread (which counts its temporaries under the allocator that was current on
+// the thread that called Create, tag kComm).
+//
+// All the rules in comm/process_group.h hold, in particular NOTE [Same order on all
+// ranks]: every rank issues the same collectives in the same order. Gloo's own errors
+// (its exceptions) come back as absl::Status: a timeout as DeadlineExceeded, a peer
+// that closed its connection or died as Unavailable. A failed collective breaks the
+// group and closes its connections at once, so peers blocked on this rank fail too
+// instead of waiting out their own deadlines.
+//
+// Destroying the group cancels collectives that have not started (FailedPrecondition),
+// waits for the one running (bounded by its timeout), then closes the connections,
+// which makes peers still waiting on this rank fail fast.
+#ifndef COMM_GLOO_PROCESS_GROUP_H_
+#define COMM_GLOO_PROCESS_GROUP_H_
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "comm/process_group.h"
+#include "comm/store.h"
+#include "core/allocator.h"
+
+namespace gloo {
+class Context;
+namespace transport {
+class Device;
+}  // namespace transport
+}  // namespace gloo
+
+namespace comm {
+
+struct GlooOptions {
+  // Name of the group; its store keys live under "<name>/". Must be fresh in the store.
+  std::string name = "world";
+  // The local address the transport binds to and tells peers: loopback for ranks on
+  // one machine, this host's address on the peers' network otherwise (InitFromEnv picks
+  // the address that routes to MASTER_ADDR).
+  std::string hostname = "127.0.0.1";
+  // How long Create waits for the other ranks.
+  absl::Duration rendezvous_timeout = absl::Seconds(60);
+};
+
+class GlooProcessGroup : public ProcessGroup {
+ public:
+  // Joins the group as `rank` of `size`, meeting the others through `store`.
+  // InvalidArgument for a bad rank/size or a null store; DeadlineExceeded when the
+  // others do not all arrive within options.rendezvous_timeout; Unavailable when the
+  // transport cannot bind options.hostname or reach a peer.
+  static absl::StatusOr<std::shared_ptr<GlooProcessGroup>> Create(std::shared_ptr<Store> store,
+                                                                  int rank, int size,
+                                                                  const GlooOptions& options);
+  ~GlooProcessGroup() override;
+  GlooProcessGroup(const GlooProcessGroup&) = delete;
+  GlooProcessGroup& operator=(const GlooProcessGroup&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend_name() const override { return "gloo"; }
+  std::string name() const override { return options_.name; }
+  // The address this rank's transport listens on.
+  const std::string& hostname() const { return options_.hostname; }
+
+  absl::StatusOr<std::shared_ptr<Work>> AllGather(const core::Tensor& input,
+                                                  const core::Tensor& output,
+                                                  const AllGatherOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> ReduceScatter(
+      const core::Tensor& input, const core::Tensor& output,
+      const ReduceScatterOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> AllReduce(const core::Tensor& tensor,
+                                                  const AllReduceOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> Broadcast(const core::Tensor& tensor,
+                                                  const BroadcastOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> Barrier(const BarrierOptions& options) override;
+
+  CommStats Stats() const override { return stats_.Snapshot(); }
+  void ResetStats() override { stats_.Reset(); }
+
+  absl::StatusOr<std::shared_ptr<ProcessGroup>> NewSubgroup(
+      const std::vector<int>& ranks, const SubgroupOptions& options) override;
+
+ private:
+  // One queued collective. `run` gets its tag and the time left before its deadline.
+  struct Op {
+    CollectiveKind kind;
+    std::shared_ptr<CompletionWork> work;
+    absl::Time deadline;
+    absl::Duration timeout;
+    uint64_t seq;
+    Traffic traffic;
+    std::function<absl::Status(uint32_t tag, std::chrono::milliseconds left)> run;
+  };
+  using RunFn = std::function<absl::Status(uint32_t, std::chrono::milliseconds)>;
+
+  // `store` is the group's own namespace (already prefixed); `options.name` is only
+  // the name shown in messages.
+  GlooProcessGroup(std::shared_ptr<Store> store, int rank, int size, GlooOptions options);
+  static absl::StatusOr<std::shared_ptr<GlooProcessGroup>> Join(std::shared_ptr<Store> store,
+                                                                int rank, int size,
+                                                                const GlooOptions& options);
+
+  // Queues `run` as the next collective of `kind`, to finish within `timeout`.
+  std::shared_ptr<Work> Enqueue(CollectiveKind kind, absl::Duration timeout, Traffic traffic,
+                                RunFn run);
+  // An error right away if the group is broken.
+  absl::Status CheckUsable(CollectiveKind kind) const;
+  void WorkerLoop();
+  absl::Status RunOp(Op& op);
+  std::string DescribeOp(CollectiveKind kind, uint64_t seq) const;
+
+  const std::shared_ptr<Store> store_;
+  const int rank_;
+  const int size_;
+  const GlooOptions options_;
+  std::shared_ptr<core::Allocator> allocator_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::Context> context_;
+  StatsRecorder stats_;
+
+  mutable absl::Mutex mu_;
+  std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  int next_subgroup_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // The first failure; once set, the group is broken.
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  std::thread worker_;
+};
+
+}  // namespace comm
+
+#endif  // COMM_GLOO_PROCESS_GROUP_H_

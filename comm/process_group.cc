@@ -1,0 +1,268 @@
+#include "comm/process_group.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace comm {
+namespace {
+
+// floor(bytes * (n - 1) / n) without overflow.
+int64_t ScaledShare(int64_t bytes, int n) {
+  return (bytes / n) * (n - 1) + ((bytes % n) * (n - 1)) / n;
+}
+
+std::string Desc(const core::Tensor& t) {
+  return absl::StrCat(t.numel(), " ", core::DTypeName(t.dtype()), " elements ",
+                      core::ShapeToString(t.shape()));
+}
+
+absl::Status Invalid(const ProcessGroup& group, CollectiveKind kind, absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(CollectiveKindName(kind), " on ", group.Describe(), ": ", what));
+}
+
+// Byte range [begin, end) of `t` within its storage.
+std::pair<int64_t, int64_t> ByteRange(const core::Tensor& t) {
+  const int64_t begin = t.offset() * core::DTypeSize(t.dtype());
+  return {begin, begin + t.nbytes()};
+}
+
+bool Overlap(const core::Tensor& a, const core::Tensor& b) {
+  if (!a.SharesStorage(b) || a.numel() == 0 || b.numel() == 0) return false;
+  const auto [a0, a1] = ByteRange(a);
+  const auto [b0, b1] = ByteRange(b);
+  return a0 < b1 && b0 < a1;
+}
+
+// Whether `part` is exactly chunk `index` (of part.numel() elements) of `whole`.
+bool IsChunk(const core::Tensor& part, const core::Tensor& whole, int index) {
+  return part.SharesStorage(whole) && part.dtype() == whole.dtype() &&
+         part.offset() == whole.offset() + index * part.numel();
+}
+
+absl::Status CheckDefined(const ProcessGroup& group, CollectiveKind kind,
+                          const core::Tensor& t, absl::string_view role) {
+  if (!t.defined()) return Invalid(group, kind, absl::StrCat(role, " tensor is undefined"));
+  return absl::OkStatus();
+}
+
+absl::Status CheckTimeout(const ProcessGroup& group, CollectiveKind kind, absl::Duration t) {
+  if (t <= absl::ZeroDuration()) {
+    return Invalid(group, kind,
+                   absl::StrCat("options.timeout must be positive, got ", absl::FormatDuration(t)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckReducible(const ProcessGroup& group, CollectiveKind kind, core::DType dtype,
+                            ReduceOp op) {
+  if (dtype == core::DType::kInt32 && op == ReduceOp::kAverage) {
+    return Invalid(group, kind, "options.reduce_op average is not defined for int32 tensors");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAverage:
+      return "average";
+    case ReduceOp::kMax:
+      return "max";
+  }
+  return "unknown";
+}
+
+std::string CollectiveKindName(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllGather:
+      return "AllGather";
+    case CollectiveKind::kReduceScatter:
+      return "ReduceScatter";
+    case CollectiveKind::kAllReduce:
+      return "AllReduce";
+    case CollectiveKind::kBroadcast:
+      return "Broadcast";
+    case CollectiveKind::kBarrier:
+      return "Barrier";
+  }
+  return "unknown";
+}
+
+CollectiveStats CommStats::Total() const {
+  CollectiveStats t;
+  for (const CollectiveStats& s : by_kind) {
+    t.calls += s.calls;
+    t.bytes_sent += s.bytes_sent;
+    t.bytes_received += s.bytes_received;
+  }
+  return t;
+}
+
+std::string CommStats::ToString() const {
+  std::vector<std::string> parts;
+  for (int k = 0; k < kNumCollectiveKinds; ++k) {
+    const CollectiveStats& s = by_kind[k];
+    if (s.calls == 0) continue;
+    parts.push_back(absl::StrCat(CollectiveKindName(static_cast<CollectiveKind>(k)), ": ",
+                                 s.calls, " calls, ", core::FormatBytes(s.bytes_sent), " sent, ",
+                                 core::FormatBytes(s.bytes_received), " received"));
+  }
+  return parts.empty() ? "no collectives" : absl::StrJoin(parts, "; ");
+}
+
+Traffic ExpectedTraffic(CollectiveKind kind, int64_t bytes, int size, int rank, int root) {
+  Traffic t;
+  if (size <= 1) return t;
+  switch (kind) {
+    case CollectiveKind::kAllGather:
+    case CollectiveKind::kReduceScatter:
+      t.sent = t.received = ScaledShare(bytes, size);
+      break;
+    case CollectiveKind::kAllReduce:
+      t.sent = t.received = ScaledShare(2 * bytes, size);
+      break;
+    case CollectiveKind::kBroadcast:
+      t.received = rank == root ? 0 : bytes;
+      t.sent = rank == (root - 1 + size) % size ? 0 : bytes;
+      break;
+    case CollectiveKind::kBarrier:
+      break;
+  }
+  return t;
+}
+
+void StatsRecorder::Record(CollectiveKind kind, const Traffic& traffic) {
+  absl::MutexLock lock(&mu_);
+  CollectiveStats& s = stats_.by_kind[static_cast<int>(kind)];
+  ++s.calls;
+  s.bytes_sent += traffic.sent;
+  s.bytes_received += traffic.received;
+}
+
+CommStats StatsRecorder::Snapshot() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+void StatsRecorder::Reset() {
+  absl::MutexLock lock(&mu_);
+  stats_ = CommStats();
+}
+
+std::string ProcessGroup::Describe() const {
+  return absl::StrCat(backend_name(), " group '", name(), "' (rank ", rank(), " of ", size(), ")");
+}
+
+absl::Status ValidateAllGather(const ProcessGroup& group, const core::Tensor& input,
+                               const core::Tensor& output, const AllGatherOptions& options) {
+  constexpr CollectiveKind kind = CollectiveKind::kAllGather;
+  if (auto s = CheckDefined(group, kind, input, "input"); !s.ok()) return s;
+  if (auto s = CheckDefined(group, kind, output, "output"); !s.ok()) return s;
+  if (auto s = CheckTimeout(group, kind, options.timeout); !s.ok()) return s;
+  if (input.dtype() != output.dtype()) {
+    return Invalid(group, kind, absl::StrCat("input has ", Desc(input), " but output has ",
+                                             Desc(output), "; dtypes must match"));
+  }
+  if (output.numel() != input.numel() * group.size()) {
+    return Invalid(group, kind,
+                   absl::StrCat("output has ", Desc(output), " but needs input numel ",
+                                input.numel(), " x ", group.size(), " ranks = ",
+                                input.numel() * group.size()));
+  }
+  if (Overlap(input, output) && !IsChunk(input, output, group.rank())) {
+    return Invalid(group, kind,
+                   absl::StrCat("input overlaps output but is not its own slot (elements [",
+                                group.rank() * input.numel(), ", ",
+                                (group.rank() + 1) * input.numel(), ") of the output)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateReduceScatter(const ProcessGroup& group, const core::Tensor& input,
+                                   const core::Tensor& output,
+                                   const ReduceScatterOptions& options) {
+  constexpr CollectiveKind kind = CollectiveKind::kReduceScatter;
+  if (auto s = CheckDefined(group, kind, input, "input"); !s.ok()) return s;
+  if (auto s = CheckDefined(group, kind, output, "output"); !s.ok()) return s;
+  if (auto s = CheckTimeout(group, kind, options.timeout); !s.ok()) return s;
+  if (input.dtype() != output.dtype()) {
+    return Invalid(group, kind, absl::StrCat("input has ", Desc(input), " but output has ",
+                                             Desc(output), "; dtypes must match"));
+  }
+  if (input.numel() != output.numel() * group.size()) {
+    return Invalid(group, kind,
+                   absl::StrCat("input has ", Desc(input), " but needs output numel ",
+                                output.numel(), " x ", group.size(), " ranks = ",
+                                output.numel() * group.size()));
+  }
+  if (Overlap(input, output) && !IsChunk(output, input, group.rank())) {
+    return Invalid(group, kind,
+                   absl::StrCat("output overlaps input but is not its own chunk (elements [",
+                                group.rank() * output.numel(), ", ",
+                                (group.rank() + 1) * output.numel(), ") of the input)"));
+  }
+  return CheckReducible(group, kind, input.dtype(), options.reduce_op);
+}
+
+absl::Status ValidateAllReduce(const ProcessGroup& group, const core::Tensor& tensor,
+                               const AllReduceOptions& options) {
+  constexpr CollectiveKind kind = CollectiveKind::kAllReduce;
+  if (auto s = CheckDefined(group, kind, tensor, "the"); !s.ok()) return s;
+  if (auto s = CheckTimeout(group, kind, options.timeout); !s.ok()) return s;
+  return CheckReducible(group, kind, tensor.dtype(), options.reduce_op);
+}
+
+absl::Status ValidateBroadcast(const ProcessGroup& group, const core::Tensor& tensor,
+                               const BroadcastOptions& options) {
+  constexpr CollectiveKind kind = CollectiveKind::kBroadcast;
+  if (auto s = CheckDefined(group, kind, tensor, "the"); !s.ok()) return s;
+  if (auto s = CheckTimeout(group, kind, options.timeout); !s.ok()) return s;
+  if (options.root < 0 || options.root >= group.size()) {
+    return Invalid(group, kind,
+                   absl::StrCat("options.root ", options.root, " is not a rank in [0, ",
+                                group.size(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateBarrier(const ProcessGroup& group, const BarrierOptions& options) {
+  return CheckTimeout(group, CollectiveKind::kBarrier, options.timeout);
+}
+
+absl::Status ValidateSubgroupRanks(const ProcessGroup& group, const std::vector<int>& ranks) {
+  const std::string prefix =
+      absl::StrCat("NewSubgroup([", absl::StrJoin(ranks, ", "), "]) on ", group.Describe(), ": ");
+  if (ranks.empty()) return absl::InvalidArgumentError(prefix + "the rank list is empty");
+  std::set<int> seen;
+  for (int r : ranks) {
+    if (r < 0 || r >= group.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, "rank ", r, " is not in [0, ", group.size(), ")"));
+    }
+    if (!seen.insert(r).second) {
+      return absl::InvalidArgumentError(absl::StrCat(prefix, "rank ", r, " is listed twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateDevice(const ProcessGroup& group, CollectiveKind kind,
+                            const std::vector<const core::Tensor*>& tensors,
+                            core::Device device) {
+  for (const core::Tensor* t : tensors) {
+    if (t->defined() && t->device() != device) {
+      return Invalid(group, kind,
+                     absl::StrCat("a tensor is on ", t->device().ToString(), " but ",
+                                  group.backend_name(), " works on ", device.ToString()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace comm

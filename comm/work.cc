@@ -1,0 +1,38 @@
+#include "comm/work.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace comm {
+
+std::shared_ptr<CompletionWork> CompletionWork::Done(absl::Status status,
+                                                     std::string description) {
+  auto work = std::make_shared<CompletionWork>(std::move(description));
+  work->Complete(std::move(status));
+  return work;
+}
+
+void CompletionWork::Complete(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  if (done_) return;
+  done_ = true;
+  status_ = std::move(status);
+}
+
+bool CompletionWork::IsCompleted() const {
+  absl::MutexLock lock(&mu_);
+  return done_;
+}
+
+absl::Status CompletionWork::Wait(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  if (!mu_.AwaitWithTimeout(absl::Condition(&done_), timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat("Wait(", absl::FormatDuration(timeout),
+                                                    ") on ", description_,
+                                                    ": still running when the wait ended"));
+  }
+  return status_;
+}
+
+}  // namespace comm

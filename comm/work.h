@@ -1,0 +1,72 @@
+// Work: the handle an asynchronous collective returns. The collective runs in the
+// background (on the group's worker thread for gloo, on the group's CUDA stream for
+// NCCL); the caller checks or waits on the handle.
+//
+//   ASSIGN_OR_RETURN(std::shared_ptr<comm::Work> work,
+//                    group->AllReduce(grad, comm::AllReduceOptions{}));
+//   ... overlap other work ...
+//   RETURN_IF_ERROR(work->Wait(absl::Seconds(60)));
+//
+// Contract (after c10d's Work.hpp):
+// - IsCompleted() never blocks; true once the collective finished, with or without error.
+// - Wait(timeout) blocks until the collective finishes or `timeout` passes, and returns
+//   the collective's status. If it is still running at the timeout, Wait returns
+//   DeadlineExceeded and the collective carries on (it has its own deadline from its
+//   options); Wait may be called again.
+// - Tensors passed to the collective must stay untouched until it completes.
+// Collectives must be issued in the same order on all ranks (NOTE [Same order on all
+// ranks] in comm/store.h); Work handles may be waited on in any order.
+#ifndef COMM_WORK_H_
+#define COMM_WORK_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace comm {
+
+class Work {
+ public:
+  virtual ~Work() = default;
+
+  // Whether the collective has finished (successfully or not). Never blocks.
+  virtual bool IsCompleted() const = 0;
+
+  // The collective's status once it finishes; DeadlineExceeded naming the collective
+  // if it is still running after `timeout`.
+  virtual absl::Status Wait(absl::Duration timeout) = 0;
+
+  // What the work is, for messages: "AllGather #3 on gloo group 'world' (rank 1 of 4)".
+  virtual std::string Describe() const = 0;
+};
+
+// A Work finished by someone calling Complete(status), typically a worker thread.
+// Backends that run collectives on host threads use it, and so can fakes in tests.
+class CompletionWork : public Work {
+ public:
+  explicit CompletionWork(std::string description) : description_(std::move(description)) {}
+
+  // A Work that is already complete with `status`.
+  static std::shared_ptr<CompletionWork> Done(absl::Status status, std::string description);
+
+  // Finishes the work; only the first call counts. Wakes every waiter.
+  void Complete(absl::Status status);
+
+  bool IsCompleted() const override;
+  absl::Status Wait(absl::Duration timeout) override;
+  std::string Describe() const override { return description_; }
+
+ private:
+  const std::string description_;
+  mutable absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace comm
+
+#endif  // COMM_WORK_H_
