@@ -1,0 +1,60 @@
+// CausalSelfAttention: GPT-2 / nanoGPT multi-head self-attention with a causal mask.
+//
+//   auto attn = std::make_shared<nn::CausalSelfAttention>(/*n_embd=*/64, /*n_head=*/4);
+//   ASSIGN_OR_RETURN(core::Tensor y, attn->Forward(x));   // x [B, T, 64] -> [B, T, 64]
+//
+// qkv = x Wqkv^T + bqkv is [B, T, 3C], read as q = qkv[..., 0:C], k = qkv[..., C:2C],
+// v = qkv[..., 2C:3C] (nanoGPT's c_attn split), each split into n_head heads of
+// hd = C / n_head consecutive columns. Per batch and head,
+//   att = softmax((q k^T) / sqrt(hd) with entries (t, s > t) set to -inf), y_h = att v,
+// the heads are concatenated back to [B, T, C] and projected: out = y Wproj^T + bproj.
+// The output at position t depends only on inputs at positions <= t.
+#ifndef NN_ATTENTION_H_
+#define NN_ATTENTION_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/module.h"
+#include "core/tensor.h"
+#include "nn/linear.h"
+
+namespace nn {
+
+class CausalSelfAttention : public core::Module {
+ public:
+  // Children "qkv" = Linear(C, 3C) and "proj" = Linear(C, C), seeded from `seed`
+  // through DeriveSeed(seed, 0) and DeriveSeed(seed, 1). If n_embd or n_head is not
+  // positive or n_embd % n_head != 0, every Forward returns InvalidArgument naming it.
+  CausalSelfAttention(int64_t n_embd, int64_t n_head, uint64_t seed = 0);
+
+  std::string TypeName() const override { return "CausalSelfAttention"; }
+
+  const std::shared_ptr<Linear>& qkv() const { return qkv_; }
+  const std::shared_ptr<Linear>& proj() const { return proj_; }
+  int64_t n_embd() const { return n_embd_; }
+  int64_t n_head() const { return n_head_; }
+
+ protected:
+  // x: fp32 [B, T, C] -> [B, T, C].
+  absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
+  // Returns dL/dx; qkv and proj add their parameter gradients.
+  absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
+
+ private:
+  int64_t n_embd_ = 0;
+  int64_t n_head_ = 0;
+  std::string config_error_;
+  std::shared_ptr<Linear> qkv_;
+  std::shared_ptr<Linear> proj_;
+  // Cached by Forward, released by Backward: qkv's output [B, T, 3C] and the attention
+  // probabilities [B, n_head, T, T] (zero above the diagonal).
+  core::Tensor qkv_out_;
+  core::Tensor att_;
+};
+
+}  // namespace nn
+
+#endif  // NN_ATTENTION_H_

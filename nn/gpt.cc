@@ -1,0 +1,132 @@
+#include "nn/gpt.h"
+
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "core/random.h"
+#include "core/status_macros.h"
+#include "nn/internal/validate.h"
+#include "nn/ops.h"
+#include "nn/transformer.h"
+
+namespace nn {
+
+absl::StatusOr<std::shared_ptr<Gpt>> Gpt::Create(const GptConfig& config) {
+  const std::pair<const char*, int64_t> sizes[] = {{"vocab_size", config.vocab_size},
+                                                   {"block_size", config.block_size},
+                                                   {"n_embd", config.n_embd},
+                                                   {"n_layer", config.n_layer},
+                                                   {"n_head", config.n_head}};
+  for (const auto& [name, value] : sizes) {
+    if (value <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GptConfig.", name, " must be positive, got ", value));
+    }
+  }
+  if (config.n_embd % config.n_head != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("GptConfig.n_embd (", config.n_embd,
+                                                   ") must be divisible by GptConfig.n_head (",
+                                                   config.n_head, ")"));
+  }
+  std::shared_ptr<Gpt> gpt(new Gpt(config));
+  gpt->InitializeWeights();
+  return gpt;
+}
+
+Gpt::Gpt(const GptConfig& config) : config_(config) {
+  const int64_t C = config.n_embd;
+  wte_ = RegisterModule(
+      "wte", std::make_shared<Embedding>(config.vocab_size, C, DeriveSeed(config.seed, 0)));
+  wpe_ = RegisterModule(
+      "wpe", std::make_shared<Embedding>(config.block_size, C, DeriveSeed(config.seed, 1)));
+  std::vector<std::shared_ptr<core::Module>> blocks;
+  for (int64_t l = 0; l < config.n_layer; ++l) {
+    blocks.push_back(std::make_shared<TransformerBlock>(
+        C, config.n_head, DeriveSeed(config.seed, 2 + static_cast<uint64_t>(l))));
+  }
+  blocks_ = RegisterModule("blocks", Sequential::Make(std::move(blocks)));
+  ln_f_ = RegisterModule("ln_f", std::make_shared<LayerNorm>(C));
+  lm_head_ = RegisterModule("lm_head", Linear::Tied(wte_->weight(), /*bias=*/false));
+}
+
+void Gpt::InitializeWeights() {
+  const float kStd = 0.02f;
+  const float proj_std = kStd / std::sqrt(2.0f * static_cast<float>(config_.n_layer));
+  for (const auto& [path, module] : NamedModules()) {
+    if (module.get() == lm_head_.get()) continue;  // tied: initialised as wte
+    if (auto* emb = dynamic_cast<Embedding*>(module.get())) {
+      core::Rng rng(emb->seed());
+      FillNormal(emb->weight()->data, 0.0f, kStd, &rng);
+    } else if (auto* linear = dynamic_cast<Linear*>(module.get())) {
+      core::Rng rng(linear->seed());
+      const bool is_proj = absl::EndsWith(path, ".proj");
+      FillNormal(linear->weight()->data, 0.0f, is_proj ? proj_std : kStd, &rng);
+      if (linear->bias()) linear->bias()->data.Zero();
+    }
+  }
+}
+
+absl::StatusOr<core::Tensor> Gpt::ForwardImpl(const core::Tensor& tokens) {
+  RETURN_IF_ERROR(internal::CheckTensor(*this, tokens, core::DType::kInt32, "input tokens"));
+  if (tokens.dim() != 2) {
+    return internal::ModuleError(*this, absl::StrCat("input tokens must be [B, T], got ",
+                                                     core::ShapeToString(tokens.shape())));
+  }
+  const int64_t B = tokens.size(0), T = tokens.size(1), C = config_.n_embd;
+  if (T > config_.block_size) {
+    return internal::ModuleError(
+        *this,
+        absl::StrCat("sequence length ", T, " of input ", core::ShapeToString(tokens.shape()),
+                     " exceeds GptConfig.block_size ", config_.block_size));
+  }
+  ASSIGN_OR_RETURN(core::Tensor positions,
+                   core::Tensor::Allocate({T}, core::DType::kInt32, core::MemoryTag::kActivation));
+  for (int64_t t = 0; t < T; ++t) positions.data<int32_t>()[t] = static_cast<int32_t>(t);
+  ASSIGN_OR_RETURN(core::Tensor tok, wte_->Forward(tokens));
+  ASSIGN_OR_RETURN(core::Tensor pos, wpe_->Forward(positions));
+  if (tok.shape() != core::Shape{B, T, C} || pos.shape() != core::Shape{T, C}) {
+    return internal::ModuleError(
+        *this, absl::StrCat("embeddings have shapes ", tok.ToString(), " and ", pos.ToString()));
+  }
+  ASSIGN_OR_RETURN(core::Tensor x, internal::NewActivation({B, T, C}));
+  for (int64_t b = 0; b < B; ++b) {
+    const float* tb = tok.data<float>() + b * T * C;
+    float* xb = x.data<float>() + b * T * C;
+    const float* p = pos.data<float>();
+    for (int64_t i = 0; i < T * C; ++i) xb[i] = tb[i] + p[i];
+  }
+  ASSIGN_OR_RETURN(x, blocks_->Forward(x));
+  ASSIGN_OR_RETURN(x, ln_f_->Forward(x));
+  ASSIGN_OR_RETURN(core::Tensor logits, lm_head_->Forward(x));
+  token_shape_ = tokens.shape();
+  return logits;
+}
+
+absl::StatusOr<core::Tensor> Gpt::BackwardImpl(const core::Tensor& grad_output) {
+  const bool have_cache = !token_shape_.empty();
+  RETURN_IF_ERROR(internal::CheckGradOutput(
+      *this, have_cache,
+      have_cache ? core::Shape{token_shape_[0], token_shape_[1], config_.vocab_size}
+                 : core::Shape{},
+      grad_output));
+  const int64_t B = token_shape_[0], T = token_shape_[1], C = config_.n_embd;
+  ASSIGN_OR_RETURN(core::Tensor g, lm_head_->Backward(grad_output));
+  ASSIGN_OR_RETURN(g, ln_f_->Backward(g));
+  ASSIGN_OR_RETURN(g, blocks_->Backward(g));
+  if (g.shape() != core::Shape{B, T, C}) {
+    return internal::ModuleError(*this, absl::StrCat("blocks returned gradient ", g.ToString()));
+  }
+  // x = tok + pos broadcast over the batch: pos's gradient is g summed over b.
+  ASSIGN_OR_RETURN(core::Tensor gpos, internal::NewActivation({T, C}));
+  gpos.Zero();
+  AccumulateColumnSums(B, T * C, g.data<float>(), gpos.data<float>());
+  RETURN_IF_ERROR(wpe_->Backward(gpos).status());
+  RETURN_IF_ERROR(wte_->Backward(g).status());
+  token_shape_.clear();
+  return core::Tensor();
+}
+
+}  // namespace nn

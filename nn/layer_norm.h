@@ -1,0 +1,53 @@
+// LayerNorm over the last dimension, as torch.nn.LayerNorm(dim, eps) with an affine
+// weight and bias: y = (x - mean) / sqrt(var + eps) * weight + bias, where var is the
+// biased (divide by dim) variance.
+//
+//   auto ln = std::make_shared<nn::LayerNorm>(768);       // weight 1, bias 0, eps 1e-5
+//   ASSIGN_OR_RETURN(core::Tensor y, ln->Forward(x));    // x [..., 768] -> same shape
+#ifndef NN_LAYER_NORM_H_
+#define NN_LAYER_NORM_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/module.h"
+#include "core/parameter.h"
+#include "core/tensor.h"
+
+namespace nn {
+
+class LayerNorm : public core::Module {
+ public:
+  // Parameters "weight" [dim] (ones) and "bias" [dim] (zeros). A non-positive `dim` or a
+  // negative or non-finite `eps` makes every Forward return InvalidArgument naming it.
+  explicit LayerNorm(int64_t dim, float eps = 1e-5f);
+
+  std::string TypeName() const override { return "LayerNorm"; }
+
+  const core::ParameterPtr& weight() const { return weight_; }
+  const core::ParameterPtr& bias() const { return bias_; }
+  int64_t dim() const { return dim_; }
+  float eps() const { return eps_; }
+
+ protected:
+  // x: fp32 [..., dim] -> same shape.
+  absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
+  // Returns dL/dx and adds dL/dweight, dL/dbias into the parameters' grads.
+  absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
+
+ private:
+  int64_t dim_ = 0;
+  float eps_ = 0.0f;
+  std::string config_error_;
+  core::ParameterPtr weight_;
+  core::ParameterPtr bias_;
+  // Cached by Forward, released by Backward: the normalised input and 1/std per row.
+  core::Tensor xhat_;
+  std::vector<float> rstd_;
+};
+
+}  // namespace nn
+
+#endif  // NN_LAYER_NORM_H_

@@ -1,0 +1,70 @@
+// Linear: y = x W^T + b on the last dimension, as torch.nn.Linear.
+//
+//   auto fc = std::make_shared<nn::Linear>(/*in=*/64, /*out=*/256, /*bias=*/true, /*seed=*/7);
+//   ASSIGN_OR_RETURN(core::Tensor y, fc->Forward(x));        // x [..., 64] -> y [..., 256]
+//   ASSIGN_OR_RETURN(core::Tensor gx, fc->Backward(grad_y));  // adds into weight()->grad
+//
+//   // A head that reuses an embedding's weight [V, C] (weight tying, as GPT-2):
+//   auto lm_head = nn::Linear::Tied(wte->weight(), /*bias=*/false);   // [..., C] -> [..., V]
+#ifndef NN_LINEAR_H_
+#define NN_LINEAR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/module.h"
+#include "core/parameter.h"
+#include "core/tensor.h"
+
+namespace nn {
+
+class Linear : public core::Module {
+ public:
+  // Parameters "weight" [out, in] and, if `bias`, "bias" [out], both drawn from
+  // U(-1/sqrt(in), 1/sqrt(in)) (PyTorch's default init), weight first in row-major order
+  // then bias, from core::Rng(seed). A non-positive `in` or `out` makes every Forward
+  // return InvalidArgument naming it.
+  Linear(int64_t in_features, int64_t out_features, bool bias = true, uint64_t seed = 0);
+
+  // A Linear whose "weight" is `weight` itself (the same Parameter object, so gradients
+  // from every user accumulate into one grad), with in/out taken from its [out, in]
+  // shape. A bias, if requested, starts at zero. A null or non-2-D weight makes every
+  // Forward return InvalidArgument.
+  static std::shared_ptr<Linear> Tied(core::ParameterPtr weight, bool bias);
+
+  std::string TypeName() const override { return "Linear"; }
+
+  // The weight Parameter ([out, in]).
+  const core::ParameterPtr& weight() const { return weight_; }
+  // The bias Parameter ([out]), or nullptr without a bias.
+  const core::ParameterPtr& bias() const { return bias_; }
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+  // The seed the constructor initialised from (0 for Tied).
+  uint64_t seed() const { return seed_; }
+
+ protected:
+  // x: fp32 [..., in] (at least 1-D) -> [..., out].
+  absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
+  // grad_output: [..., out] -> grad_input [..., in]; adds dL/dW and dL/db into the
+  // parameters' grads (those with requires_grad).
+  absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
+
+ private:
+  struct TiedTag {};
+  Linear(TiedTag, core::ParameterPtr weight, bool bias);
+
+  int64_t in_ = 0;
+  int64_t out_ = 0;
+  uint64_t seed_ = 0;
+  std::string config_error_;  // empty when the constructor arguments were valid
+  core::ParameterPtr weight_;
+  core::ParameterPtr bias_;
+  core::Tensor input_;  // cached by Forward, released by Backward
+};
+
+}  // namespace nn
+
+#endif  // NN_LINEAR_H_

@@ -1,0 +1,35 @@
+// Losses with their gradients, as PyTorch's reduction='mean' definitions.
+//
+//   ASSIGN_OR_RETURN(nn::LossResult r, nn::CrossEntropyLoss(logits, targets));
+//   LOG(INFO) << "loss " << r.loss;
+//   ASSIGN_OR_RETURN(core::Tensor unused, model->Backward(r.grad));   // r.grad: dloss/dlogits
+#ifndef NN_LOSSES_H_
+#define NN_LOSSES_H_
+
+#include "absl/status/statusor.h"
+#include "core/tensor.h"
+
+namespace nn {
+
+struct LossResult {
+  float loss = 0.0f;
+  // d loss / d input, the shape of the loss's first argument (fp32, tag kActivation).
+  core::Tensor grad;
+};
+
+// mean((pred - target)^2) over all elements (torch.nn.functional.mse_loss); grad is
+// 2 (pred - target) / numel. InvalidArgument unless both are non-empty fp32 CPU tensors
+// of the same shape.
+absl::StatusOr<LossResult> MseLoss(const core::Tensor& pred, const core::Tensor& target);
+
+// mean over tokens of -log softmax(logits)[target] (torch.nn.functional.cross_entropy
+// on logits.view(-1, V)), computed with the max-subtracted log-sum-exp in double; grad
+// is (softmax(logits) - onehot(target)) / num_tokens. logits: fp32 [..., V]; targets:
+// int32 with logits' leading shape, each in [0, V). InvalidArgument naming the shapes or
+// the first bad target otherwise, or when there are no tokens.
+absl::StatusOr<LossResult> CrossEntropyLoss(const core::Tensor& logits,
+                                            const core::Tensor& targets);
+
+}  // namespace nn
+
+#endif  // NN_LOSSES_H_

@@ -1,0 +1,119 @@
+#include "nn/losses.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nn/testing/gradcheck.h"
+
+namespace nn {
+namespace {
+
+using ::testing::HasSubstr;
+
+core::Tensor Ids(std::vector<int32_t> v, core::Shape s) {
+  return core::Tensor::FromInts(v, s).value();
+}
+
+TEST(CrossEntropyTest, UniformLogitsGiveLogV) {
+  const int64_t V = 7;
+  const core::Tensor logits = core::Tensor::Zeros({2, 3, V});
+  absl::StatusOr<LossResult> r = CrossEntropyLoss(logits, Ids({0, 1, 2, 3, 4, 6}, {2, 3}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  // log 7 = 1.9459; the loss is rounded once to fp32 (ulp ~1.2e-7).
+  EXPECT_NEAR(r->loss, std::log(7.0), 1e-6);
+  // Gradient (1/V - onehot) / N with N = 6 tokens.
+  const std::vector<float> g = r->grad.ToVector();
+  EXPECT_NEAR(g[0], (1.0 / 7 - 1) / 6, 1e-7);
+  EXPECT_NEAR(g[1], 1.0 / 7 / 6, 1e-7);
+  EXPECT_EQ(r->grad.shape(), logits.shape());
+}
+
+TEST(CrossEntropyTest, MatchesHandComputedValueAndIsStable) {
+  // -log softmax([1, 2, 3])[2] = log(e + e^2 + e^3) - 3 = 0.40760596.
+  absl::StatusOr<LossResult> r =
+      CrossEntropyLoss(core::Tensor::FromVector({1, 2, 3}, {1, 3}).value(), Ids({2}, {1}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NEAR(r->loss, std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0)) - 3.0, 1e-6);
+  // Large logits overflow a naive exp; the max-subtracted form gives -log sigmoid(-1000)
+  // = 1000 for the wrong class and ~0 for the right one.
+  r = CrossEntropyLoss(core::Tensor::FromVector({1000, 0, 1000, 0}, {2, 2}).value(),
+                       Ids({1, 0}, {2}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NEAR(r->loss, 500.0, 1e-3);  // (1000 + 0) / 2, fp32 at 500 has ulp 3e-5
+  for (float v : r->grad.ToVector()) EXPECT_TRUE(std::isfinite(v));
+}
+
+TEST(CrossEntropyTest, GradientMatchesFiniteDifferences) {
+  const core::Tensor logits = gradcheck::RandomTensor({3, 2, 5}, 4, 2.0f);
+  const core::Tensor targets = Ids({0, 4, 2, 2, 1, 3}, {3, 2});
+  absl::StatusOr<LossResult> r = CrossEntropyLoss(logits, targets);
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto f = [&targets](const core::Tensor& x) -> absl::StatusOr<double> {
+    absl::StatusOr<LossResult> l = CrossEntropyLoss(x, targets);
+    if (!l.ok()) return l.status();
+    return static_cast<double>(l->loss);
+  };
+  // The loss (~2) is returned in fp32: rounding 1.2e-7 / eps 1e-2 ~ 1e-5 of noise; the
+  // gradients are <= 1/6. atol 1e-4 is 10x the noise and ~1% of a typical entry.
+  gradcheck::Options o;
+  o.atol = 1e-4;
+  absl::StatusOr<gradcheck::Report> rep = gradcheck::CheckFunction(f, logits, r->grad, "logits", o);
+  ASSERT_TRUE(rep.ok()) << rep.status();
+  EXPECT_TRUE(rep->ok()) << rep->ToString();
+  EXPECT_EQ(rep->num_checked, 30);
+}
+
+TEST(CrossEntropyTest, BadArgumentsAreNamed) {
+  absl::StatusOr<LossResult> r = CrossEntropyLoss(core::Tensor::Zeros({2, 3}), Ids({0, 3}, {2}));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("target 3"));
+  r = CrossEntropyLoss(core::Tensor::Zeros({2, 3}), Ids({0, 1, 2}, {3}));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("[2, 3]"));
+  r = CrossEntropyLoss(core::Tensor::Zeros({2, 3}), core::Tensor::Zeros({2}));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("int32"));
+}
+
+TEST(MseTest, MatchesHandComputedValueAndGradient) {
+  // diffs [1, -2, 0, 3]: mean of squares (1 + 4 + 0 + 9) / 4 = 3.5; grad 2 d / 4.
+  absl::StatusOr<LossResult> r = MseLoss(core::Tensor::FromVector({2, 0, 1, 4}, {2, 2}).value(),
+                                         core::Tensor::FromVector({1, 2, 1, 1}, {2, 2}).value());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->loss, 3.5f);
+  EXPECT_EQ(r->grad.ToVector(), (std::vector<float>{0.5f, -1.0f, 0.0f, 1.5f}));
+  EXPECT_EQ(r->grad.shape(), (core::Shape{2, 2}));
+}
+
+TEST(MseTest, GradientMatchesFiniteDifferences) {
+  const core::Tensor pred = gradcheck::RandomTensor({4, 3}, 1);
+  const core::Tensor target = gradcheck::RandomTensor({4, 3}, 2);
+  absl::StatusOr<LossResult> r = MseLoss(pred, target);
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto f = [&target](const core::Tensor& x) -> absl::StatusOr<double> {
+    absl::StatusOr<LossResult> l = MseLoss(x, target);
+    if (!l.ok()) return l.status();
+    return static_cast<double>(l->loss);
+  };
+  // Quadratic: central differences are exact but for fp32 rounding of the loss (~2e-7
+  // / eps ~ 2e-5); atol 1e-4 as for cross-entropy.
+  gradcheck::Options o;
+  o.atol = 1e-4;
+  absl::StatusOr<gradcheck::Report> rep = gradcheck::CheckFunction(f, pred, r->grad, "pred", o);
+  ASSERT_TRUE(rep.ok()) << rep.status();
+  EXPECT_TRUE(rep->ok()) << rep->ToString();
+}
+
+TEST(MseTest, BadArgumentsAreNamed) {
+  absl::StatusOr<LossResult> r = MseLoss(core::Tensor::Zeros({2, 2}), core::Tensor::Zeros({4}));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("MseLoss"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("[2, 2]"));
+  r = MseLoss(core::Tensor::Zeros({0}), core::Tensor::Zeros({0}));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace nn

@@ -1,0 +1,72 @@
+// CPU fp32 math shared by the nn/ layers: a row-major GEMM over OpenBLAS, a few
+// elementwise and reduction helpers, and random fills for initialisation.
+//
+//   // y[R, out] = x[R, in] * W[out, in]^T, then gW[out, in] += g[R, out]^T * x[R, in]
+//   nn::Gemm(false, true, R, out, in, 1.0f, x, w, 0.0f, y);
+//   nn::Gemm(true, false, out, in, R, 1.0f, g, x, 1.0f, gw);
+//
+// Layers act on the last dimension of their input and treat every leading dimension
+// as a row: RowsOf({B, T, C}) == B * T. Core tensors are contiguous, so a tensor is a
+// dense row-major matrix [RowsOf(shape), shape.back()].
+//
+// The pointer functions trust their arguments (sizes >= 0, buffers large enough); the
+// layers validate tensors before calling them.
+#ifndef NN_OPS_H_
+#define NN_OPS_H_
+
+#include <cstdint>
+
+#include "core/random.h"
+#include "core/tensor.h"
+
+namespace nn {
+
+// C = alpha * op(A) * op(B) + beta * C, all row-major fp32, where op(A) is [m, k],
+// op(B) is [k, n] and C is [m, n]. op(X) is X^T when the trans flag is set, so A is
+// stored [k, m] when trans_a (likewise B [n, k] when trans_b). lda/ldb/ldc are the row
+// strides of the matrices as stored (>= their stored column count), which lets callers
+// address column blocks, e.g. one attention head inside a [T, 3C] buffer. With
+// beta == 1 the product is added to C (gradient accumulation); with beta == 0 C's old
+// contents are ignored, even NaN. Any of m, n, k may be 0 (k == 0 scales C by beta).
+void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// Gemm on densely stored matrices (each row stride equals its stored column count).
+void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          const float* b, float beta, float* c);
+
+// Product of all dimensions but the last (1 for a 1-D shape, 0 for a scalar {}): the
+// number of rows a layer acting on the last dimension sees.
+int64_t RowsOf(const core::Shape& shape);
+
+// `shape` with its last dimension replaced by `last` (appended for a scalar shape).
+core::Shape WithLastDim(core::Shape shape, int64_t last);
+
+// y[i] += alpha * x[i] for i < n.
+void Axpy(int64_t n, float alpha, const float* x, float* y);
+
+// out[r, j] += bias[j] for every row r of the [rows, cols] matrix `out`.
+void AddRowVector(int64_t rows, int64_t cols, const float* bias, float* out);
+
+// acc[j] += sum over r of x[r, j], summed in double; `x` is [rows, cols].
+void AccumulateColumnSums(int64_t rows, int64_t cols, const float* x, float* acc);
+
+// sum_i x[i] * w[i] in double.
+double DotDouble(int64_t n, const float* x, const float* w);
+
+// GELU, tanh form (PyTorch's approximate='tanh'):
+// 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))), and its derivative.
+float GeluTanh(float x);
+float GeluTanhGrad(float x);
+
+// Fills an fp32 CPU tensor, in element order, with draws from `rng`.
+void FillUniform(const core::Tensor& t, float lo, float hi, core::Rng* rng);
+void FillNormal(const core::Tensor& t, float mean, float stddev, core::Rng* rng);
+
+// A derived seed: stream `stream` of Rng(seed), so children of a layer get
+// independent, reproducible initialisations.
+uint64_t DeriveSeed(uint64_t seed, uint64_t stream);
+
+}  // namespace nn
+
+#endif  // NN_OPS_H_

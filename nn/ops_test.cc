@@ -1,0 +1,160 @@
+#include "nn/ops.h"
+
+#include <cmath>
+#include <vector>
+
+#include "core/random.h"
+#include "gtest/gtest.h"
+
+namespace nn {
+namespace {
+
+// Element (i, j) of a row-major matrix with row stride ld, optionally transposed.
+float At(const std::vector<float>& m, int64_t ld, bool trans, int64_t i, int64_t j) {
+  return trans ? m[j * ld + i] : m[i * ld + j];
+}
+
+std::vector<float> RandomVector(int64_t n, uint64_t seed) {
+  core::Rng rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = rng.Normal(0.0f, 1.0f);
+  return v;
+}
+
+// Sums of up to 7 products of N(0,1) values (|terms| mostly < 10) in fp32 differ from
+// the double reference by a few ulp of the largest partial sum: 1e-4 absolute is ~100x
+// that, yet far below any indexing or transpose mistake (which gives O(1) errors).
+constexpr float kGemmTol = 1e-4f;
+
+TEST(GemmTest, AllTransposeCombinationsMatchNaiveProductWithBeta) {
+  const int64_t m = 3, n = 4, k = 5;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const std::vector<float> a = RandomVector(m * k, 1);
+      const std::vector<float> b = RandomVector(k * n, 2);
+      const std::vector<float> c0 = RandomVector(m * n, 3);
+      std::vector<float> c = c0;
+      const float alpha = 0.5f, beta = 2.0f;
+      Gemm(ta, tb, m, n, k, alpha, a.data(), b.data(), beta, c.data());
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          double ref = 0.0;
+          for (int64_t p = 0; p < k; ++p) {
+            ref += static_cast<double>(At(a, ta ? m : k, ta, i, p)) * At(b, tb ? k : n, tb, p, j);
+          }
+          ref = alpha * ref + beta * c0[i * n + j];
+          EXPECT_NEAR(c[i * n + j], ref, kGemmTol)
+              << "ta=" << ta << " tb=" << tb << " " << i << "," << j;
+        }
+      }
+    }
+  }
+}
+
+TEST(GemmTest, BetaZeroIgnoresGarbageAndStridesAddressBlocks) {
+  // A is the column block [2, 5) of a [3, 7] buffer; C is the block [1, 3) of [3, 4].
+  const int64_t m = 3, n = 2, k = 3;
+  const std::vector<float> abuf = RandomVector(3 * 7, 4);
+  const std::vector<float> b = RandomVector(k * n, 5);
+  std::vector<float> cbuf(3 * 4, std::nanf(""));
+  Gemm(false, false, m, n, k, 1.0f, abuf.data() + 2, 7, b.data(), n, 0.0f, cbuf.data() + 1, 4);
+  for (int64_t i = 0; i < m; ++i) {
+    EXPECT_TRUE(std::isnan(cbuf[i * 4 + 0]));  // outside the block: untouched
+    EXPECT_TRUE(std::isnan(cbuf[i * 4 + 3]));
+    for (int64_t j = 0; j < n; ++j) {
+      double ref = 0.0;
+      for (int64_t p = 0; p < k; ++p) ref += abuf[i * 7 + 2 + p] * b[p * n + j];
+      EXPECT_NEAR(cbuf[i * 4 + 1 + j], ref, kGemmTol);
+    }
+  }
+}
+
+TEST(GemmTest, EmptyInnerDimensionScalesByBeta) {
+  std::vector<float> c = {1.0f, 2.0f};
+  Gemm(false, false, 1, 2, 0, 1.0f, nullptr, nullptr, 3.0f, c.data());
+  EXPECT_EQ(c, (std::vector<float>{3.0f, 6.0f}));
+  Gemm(false, false, 1, 2, 0, 1.0f, nullptr, nullptr, 0.0f, c.data());
+  EXPECT_EQ(c, (std::vector<float>{0.0f, 0.0f}));
+}
+
+TEST(OpsTest, RowsAndLastDim) {
+  EXPECT_EQ(RowsOf({2, 3, 4}), 6);
+  EXPECT_EQ(RowsOf({5}), 1);
+  EXPECT_EQ(RowsOf({}), 0);
+  EXPECT_EQ(RowsOf({0, 4}), 0);
+  EXPECT_EQ(WithLastDim({2, 3, 4}, 7), (core::Shape{2, 3, 7}));
+  EXPECT_EQ(WithLastDim({}, 7), (core::Shape{7}));
+}
+
+TEST(OpsTest, RowVectorAndColumnSums) {
+  std::vector<float> x = {1, 2, 3, 4, 5, 6};  // [2, 3]
+  const std::vector<float> bias = {10, 20, 30};
+  AddRowVector(2, 3, bias.data(), x.data());
+  EXPECT_EQ(x, (std::vector<float>{11, 22, 33, 14, 25, 36}));
+  std::vector<float> acc = {1, 1, 1};
+  AccumulateColumnSums(2, 3, x.data(), acc.data());
+  EXPECT_EQ(acc, (std::vector<float>{1 + 11 + 14, 1 + 22 + 25, 1 + 33 + 36}));
+  std::vector<float> y = {1, 1, 1};
+  Axpy(3, 2.0f, bias.data(), y.data());
+  EXPECT_EQ(y, (std::vector<float>{21, 41, 61}));
+  EXPECT_DOUBLE_EQ(DotDouble(3, bias.data(), bias.data()), 100.0 + 400.0 + 900.0);
+}
+
+TEST(OpsTest, GeluTanhMatchesPyTorchValues) {
+  // torch.nn.functional.gelu(x, approximate='tanh') for x = 1, -1, 2, 0.5, from the
+  // defining formula evaluated in double: 0.8411919906, -0.1588080094, 1.9545976941,
+  // 0.3457140098. fp32 evaluation agrees to a few ulp; 1e-6 allows that.
+  EXPECT_EQ(GeluTanh(0.0f), 0.0f);
+  EXPECT_NEAR(GeluTanh(1.0f), 0.8411919906, 1e-6);
+  EXPECT_NEAR(GeluTanh(-1.0f), -0.1588080094, 1e-6);
+  EXPECT_NEAR(GeluTanh(2.0f), 1.9545976941, 1e-6);
+  EXPECT_NEAR(GeluTanh(0.5f), 0.3457140098, 1e-6);
+}
+
+TEST(OpsTest, GeluTanhGradMatchesDoubleFiniteDifference) {
+  auto gelu = [](double x) {
+    return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+  };
+  for (double x = -4.0; x <= 4.0; x += 0.37) {
+    // Central difference in double with h = 1e-5: truncation ~h^2 * |f'''| < 1e-9,
+    // rounding ~1e-16 / h = 1e-11; the fp32 derivative itself is good to ~1e-7, so 1e-6
+    // is the fp32 tolerance.
+    const double h = 1e-5;
+    const double fd = (gelu(x + h) - gelu(x - h)) / (2 * h);
+    EXPECT_NEAR(GeluTanhGrad(static_cast<float>(x)), fd, 1e-6) << "x=" << x;
+  }
+}
+
+TEST(OpsTest, FillsAreDeterministicAndDistributed) {
+  core::Tensor a = core::Tensor::Empty({10000});
+  core::Tensor b = core::Tensor::Empty({10000});
+  core::Rng r1(3), r2(3);
+  FillUniform(a, -2.0f, 2.0f, &r1);
+  FillUniform(b, -2.0f, 2.0f, &r2);
+  EXPECT_EQ(a.ToVector(), b.ToVector());
+  double sum = 0.0;
+  for (float v : a.ToVector()) {
+    ASSERT_GE(v, -2.0f);
+    ASSERT_LT(v, 2.0f);
+    sum += v;
+  }
+  // Mean of 10^4 U(-2, 2) draws has std 4/sqrt(12)/100 ~ 0.0115; 0.06 is 5 sigma.
+  EXPECT_NEAR(sum / 10000, 0.0, 0.06);
+  core::Rng r3(4);
+  FillNormal(a, 1.0f, 0.5f, &r3);
+  double s = 0.0, s2 = 0.0;
+  for (float v : a.ToVector()) {
+    s += v;
+    s2 += static_cast<double>(v) * v;
+  }
+  const double mean = s / 10000, stddev = std::sqrt(s2 / 10000 - mean * mean);
+  // Standard errors: mean 0.005, std 0.0035; 5 sigma bounds.
+  EXPECT_NEAR(mean, 1.0, 0.025);
+  EXPECT_NEAR(stddev, 0.5, 0.018);
+  EXPECT_NE(DeriveSeed(1, 0), DeriveSeed(1, 1));
+  EXPECT_NE(DeriveSeed(1, 0), DeriveSeed(2, 0));
+  EXPECT_EQ(DeriveSeed(5, 3), DeriveSeed(5, 3));
+}
+
+}  // namespace
+}  // namespace nn

@@ -1,0 +1,79 @@
+// The GPT-2 transformer block and its MLP.
+//
+//   auto block = std::make_shared<nn::TransformerBlock>(/*n_embd=*/64, /*n_head=*/4, /*seed=*/3);
+//   ASSIGN_OR_RETURN(core::Tensor y, block->Forward(x));   // x [B, T, 64] -> [B, T, 64]
+//
+// Mlp:              y = proj(gelu(fc(x))), fc = Linear(C, 4C), proj = Linear(4C, C).
+// TransformerBlock: pre-LN with residuals, h = x + attn(ln_1(x)); y = h + mlp(ln_2(h)).
+#ifndef NN_TRANSFORMER_H_
+#define NN_TRANSFORMER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/module.h"
+#include "core/tensor.h"
+#include "nn/activations.h"
+#include "nn/attention.h"
+#include "nn/layer_norm.h"
+#include "nn/linear.h"
+
+namespace nn {
+
+class Mlp : public core::Module {
+ public:
+  // Children "fc" Linear(C, 4C) seeded DeriveSeed(seed, 0), "gelu" GELU, "proj"
+  // Linear(4C, C) seeded DeriveSeed(seed, 1). A non-positive n_embd makes every
+  // Forward return InvalidArgument.
+  explicit Mlp(int64_t n_embd, uint64_t seed = 0);
+
+  std::string TypeName() const override { return "Mlp"; }
+
+  const std::shared_ptr<Linear>& fc() const { return fc_; }
+  const std::shared_ptr<GELU>& gelu() const { return gelu_; }
+  const std::shared_ptr<Linear>& proj() const { return proj_; }
+
+ protected:
+  // x: fp32 [..., C] -> [..., C].
+  absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
+  absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
+
+ private:
+  std::string config_error_;
+  std::shared_ptr<Linear> fc_;
+  std::shared_ptr<GELU> gelu_;
+  std::shared_ptr<Linear> proj_;
+};
+
+class TransformerBlock : public core::Module {
+ public:
+  // Children in order "ln_1" LayerNorm(C), "attn" CausalSelfAttention(C, n_head) seeded
+  // DeriveSeed(seed, 0), "ln_2" LayerNorm(C), "mlp" Mlp(C) seeded DeriveSeed(seed, 1).
+  // Invalid sizes are reported by the children on Forward.
+  TransformerBlock(int64_t n_embd, int64_t n_head, uint64_t seed = 0);
+
+  std::string TypeName() const override { return "TransformerBlock"; }
+
+  const std::shared_ptr<LayerNorm>& ln_1() const { return ln_1_; }
+  const std::shared_ptr<CausalSelfAttention>& attn() const { return attn_; }
+  const std::shared_ptr<LayerNorm>& ln_2() const { return ln_2_; }
+  const std::shared_ptr<Mlp>& mlp() const { return mlp_; }
+
+ protected:
+  // x: fp32 [B, T, C] -> [B, T, C].
+  absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
+  absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
+
+ private:
+  std::shared_ptr<LayerNorm> ln_1_;
+  std::shared_ptr<CausalSelfAttention> attn_;
+  std::shared_ptr<LayerNorm> ln_2_;
+  std::shared_ptr<Mlp> mlp_;
+  core::Shape input_shape_;  // of the cached Forward; empty when none
+};
+
+}  // namespace nn
+
+#endif  // NN_TRANSFORMER_H_
