@@ -1,0 +1,106 @@
+#include "policy/examples/path_glob_policy.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/status_macros.h"
+#include "policy/registry.h"
+
+namespace policy {
+namespace examples {
+
+bool PathGlobMatch(absl::string_view pattern, absl::string_view path) {
+  if (pattern.empty()) return path.empty();
+  if (pattern.substr(0, 2) == "**") {
+    const absl::string_view rest = pattern.substr(2);
+    for (size_t skip = 0; skip <= path.size(); ++skip) {
+      if (PathGlobMatch(rest, path.substr(skip))) return true;
+    }
+    return false;
+  }
+  if (pattern.front() == '*') {
+    const absl::string_view rest = pattern.substr(1);
+    for (size_t skip = 0; skip <= path.size(); ++skip) {
+      if (PathGlobMatch(rest, path.substr(skip))) return true;
+      if (skip < path.size() && path[skip] == '.') break;  // '*' stays inside a component
+    }
+    return false;
+  }
+  if (path.empty()) return false;
+  if (pattern.front() == '?' ? path.front() == '.' : pattern.front() != path.front()) return false;
+  return PathGlobMatch(pattern.substr(1), path.substr(1));
+}
+
+namespace {
+
+class PathGlobPolicy : public WrapPolicy {
+ public:
+  explicit PathGlobPolicy(PathGlobOptions options) : options_(std::move(options)) {}
+
+  bool ShouldWrap(const core::Module& /*module*/, const WrapContext& context) const override {
+    bool matched = false;
+    for (const std::string& pattern : options_.patterns) {
+      matched = matched || PathGlobMatch(pattern, context.path);
+    }
+    if (!matched) return false;
+    if (options_.every == 1) return true;
+    const size_t dot = context.path.rfind('.');
+    const std::string last = dot == std::string::npos ? context.path : context.path.substr(dot + 1);
+    int64_t index = 0;
+    return absl::SimpleAtoi(last, &index) && index >= 0 && index % options_.every == 0;
+  }
+
+  std::string Name() const override {
+    return absl::StrCat("path_glob(", absl::StrJoin(options_.patterns, ", "),
+                        options_.every > 1 ? absl::StrCat("; every ", options_.every) : "", ")");
+  }
+
+  std::string Explain(const core::Module& /*module*/, const WrapContext& context) const override {
+    return absl::StrCat("path_glob: ", context.path, " matches ",
+                        absl::StrJoin(options_.patterns, " or "),
+                        options_.every > 1 ? absl::StrCat(", index divisible by ", options_.every)
+                                           : "");
+  }
+
+  absl::Status Validate() const override {
+    if (options_.patterns.empty()) {
+      return absl::InvalidArgumentError("path_glob: parameter 'pattern' needs at least one glob");
+    }
+    if (options_.every < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("path_glob: parameter 'every' must be >= 1, got ", options_.every));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  PathGlobOptions options_;
+};
+
+absl::StatusOr<WrapPolicyPtr> MakePathGlob(const PolicyParams& params) {
+  RETURN_IF_ERROR(params.CheckKeys({"pattern", "every"}));
+  PathGlobOptions options;
+  options.patterns = params.GetList("pattern");
+  ASSIGN_OR_RETURN(options.every, params.GetInt64("every", 1));
+  WrapPolicyPtr policy = PathGlob(std::move(options));
+  absl::Status valid = policy->Validate();
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(params.context(), ": ", valid.message()));
+  }
+  return policy;
+}
+
+// Linking this library in is all it takes to make "path_glob" available by name.
+POLICY_REGISTER_WRAP_POLICY("path_glob", MakePathGlob);
+
+}  // namespace
+
+WrapPolicyPtr PathGlob(PathGlobOptions options) {
+  return std::make_shared<PathGlobPolicy>(std::move(options));
+}
+
+}  // namespace examples
+}  // namespace policy

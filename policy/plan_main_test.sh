@@ -1,0 +1,65 @@
+#!/bin/bash
+# plan_main end to end: a table on success, exit status 2 and a message for bad flags.
+set -u
+BIN="${TEST_SRCDIR}/${TEST_WORKSPACE}/policy/plan_main"
+TMP="${TEST_TMPDIR:-/tmp}"
+failures=0
+
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# expect_status STATUS NEEDLE ARGS...: runs plan_main with ARGS, checks the exit status
+# and that stdout+stderr contain NEEDLE.
+expect_status() {
+  local want="$1" needle="$2"
+  shift 2
+  local out status
+  out="$(timeout 60 "$BIN" "$@" 2>&1)"
+  status=$?
+  if [[ "$status" != "$want" ]]; then
+    fail "plan_main $*: exit status $status, want $want; output:"$'\n'"$out"
+  elif [[ "$out" != *"$needle"* ]]; then
+    fail "plan_main $*: output lacks '$needle':"$'\n'"$out"
+  fi
+}
+
+SMALL=(--model=gpt --vocab_size=64 --block_size=32 --n_embd=64 --n_layer=2 --n_head=4)
+
+expect_status 0 "Wrap plan: 3 units, world size 8" "${SMALL[@]}" --world_size=8 \
+  --policy=module_types --module_types=TransformerBlock
+expect_status 0 "ZeRO-3 formula, Psi = padded numel" "${SMALL[@]}" --policy=never
+expect_status 0 "units {" "${SMALL[@]}" --policy=always --print_proto
+expect_status 0 "Model: MLP(8-16-4), 212 parameters" --model=mlp --mlp_sizes=8,16,4 \
+  --policy size_based --min_num_params 100 --world_size 2
+# The example rule is linked into the CLI, so it is selectable by name.
+expect_status 0 "path_glob: blocks.0 matches blocks.*" "${SMALL[@]}" --policy=path_glob \
+  --policy_params='pattern=blocks.*;every=2'
+
+cat > "$TMP/policy.txt" <<'CONFIG'
+any_of { name: "module_types" param { key: "types" value: "Mlp" } }
+any_of { name: "size_based" param { key: "min_num_params" value: "1000000" } }
+ignored_modules: "wpe"
+CONFIG
+expect_status 0 "Ignored: wpe.weight" "${SMALL[@]}" --policy_config="$TMP/policy.txt"
+printf 'name: "always"\nbogus: 1\n' > "$TMP/bad.txt"
+expect_status 2 "line 2, column 6" "${SMALL[@]}" --policy_config="$TMP/bad.txt"
+
+# Bad flags: exit status 2 and a message naming the problem, never a crash.
+expect_status 2 "unknown flag --bogus" "${SMALL[@]}" --policy=never --bogus=1
+expect_status 2 "bad value for --world_size" "${SMALL[@]}" --policy=never --world_size=eight
+expect_status 2 "--world_size must be >= 1" "${SMALL[@]}" --policy=never --world_size=0
+expect_status 2 "--model must be gpt or mlp" --model=cnn --policy=never
+expect_status 2 "unknown wrap policy 'nope'; known policies: always, module_types, never, path_glob, size_based" \
+  "${SMALL[@]}" --policy=nope
+expect_status 2 "give a policy" "${SMALL[@]}"
+expect_status 2 "--mlp_sizes: 'x' is not an integer" --model=mlp --mlp_sizes=8,x --policy=never
+expect_status 2 "--min_num_params: 'lots' is not an integer" "${SMALL[@]}" --policy=size_based \
+  --min_num_params=lots
+expect_status 2 "GptConfig.n_head" "${SMALL[@]}" --n_head=3 --policy=never
+expect_status 2 "unexpected argument 'stray'" "${SMALL[@]}" --policy=never stray
+expect_status 2 "--world_size needs a value" "${SMALL[@]}" --policy=never --world_size
+
+if [[ "$failures" != 0 ]]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "all plan_main checks passed"

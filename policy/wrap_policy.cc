@@ -1,0 +1,237 @@
+#include "policy/wrap_policy.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace policy {
+
+std::string WrapPolicy::Explain(const core::Module& /*module*/,
+                                const WrapContext& /*context*/) const {
+  return Name();
+}
+
+namespace {
+
+bool Contains(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+std::string ListToString(const std::vector<std::string>& names) {
+  return absl::StrCat("[", absl::StrJoin(names, ", "), "]");
+}
+
+class SizeBasedPolicy : public WrapPolicy {
+ public:
+  explicit SizeBasedPolicy(SizeBasedOptions options) : options_(std::move(options)) {}
+
+  bool ShouldWrap(const core::Module& /*module*/, const WrapContext& context) const override {
+    if (context.unwrapped_subtree_numel < options_.min_num_params) return false;
+    if (Contains(options_.excluded_types, context.type_name)) return false;
+    for (const std::string& ancestor : context.ancestor_types) {
+      if (Contains(options_.force_leaf_types, ancestor)) return false;
+    }
+    return true;
+  }
+
+  std::string Name() const override {
+    std::string name = absl::StrCat("size_based(min_num_params=", options_.min_num_params);
+    if (!options_.excluded_types.empty()) {
+      absl::StrAppend(&name, ", excluded_types=", ListToString(options_.excluded_types));
+    }
+    if (!options_.force_leaf_types.empty()) {
+      absl::StrAppend(&name, ", force_leaf_types=", ListToString(options_.force_leaf_types));
+    }
+    return name + ")";
+  }
+
+  std::string Explain(const core::Module& /*module*/, const WrapContext& context) const override {
+    return absl::StrCat("size_based: ", context.unwrapped_subtree_numel,
+                        " unwrapped >= min_num_params ", options_.min_num_params);
+  }
+
+  absl::Status Validate() const override {
+    if (options_.min_num_params < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "size_based: min_num_params must be >= 0, got ", options_.min_num_params));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  SizeBasedOptions options_;
+};
+
+class ModuleTypesPolicy : public WrapPolicy {
+ public:
+  explicit ModuleTypesPolicy(std::vector<std::string> types) : types_(std::move(types)) {}
+
+  bool ShouldWrap(const core::Module& /*module*/, const WrapContext& context) const override {
+    return Contains(types_, context.type_name);
+  }
+  std::string Name() const override {
+    return absl::StrCat("module_types(", absl::StrJoin(types_, ", "), ")");
+  }
+  std::string Explain(const core::Module& /*module*/, const WrapContext& context) const override {
+    return absl::StrCat("module_types: type ", context.type_name);
+  }
+
+ private:
+  std::vector<std::string> types_;
+};
+
+class ConstantPolicy : public WrapPolicy {
+ public:
+  explicit ConstantPolicy(bool value) : value_(value) {}
+  bool ShouldWrap(const core::Module&, const WrapContext&) const override { return value_; }
+  std::string Name() const override { return value_ ? "always" : "never"; }
+
+ private:
+  bool value_;
+};
+
+class LambdaPolicy : public WrapPolicy {
+ public:
+  LambdaPolicy(WrapPredicate predicate, std::string name)
+      : predicate_(std::move(predicate)), name_(std::move(name)) {}
+  bool ShouldWrap(const core::Module& module, const WrapContext& context) const override {
+    return predicate_ && predicate_(module, context);
+  }
+  std::string Name() const override { return name_; }
+  absl::Status Validate() const override {
+    if (!predicate_) {
+      return absl::InvalidArgumentError(absl::StrCat("lambda policy '", name_,
+                                                     "': the predicate is empty"));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  WrapPredicate predicate_;
+  std::string name_;
+};
+
+// Shared by Or and And: the children, their names and validation.
+class CombinatorPolicy : public WrapPolicy {
+ public:
+  CombinatorPolicy(std::string op, std::vector<WrapPolicyPtr> children)
+      : op_(std::move(op)), children_(std::move(children)) {}
+
+  std::string Name() const override {
+    std::vector<std::string> names;
+    for (const WrapPolicyPtr& child : children_) names.push_back(child ? child->Name() : "null");
+    return absl::StrCat(op_, "(", absl::StrJoin(names, ", "), ")");
+  }
+
+  absl::Status Validate() const override {
+    for (size_t i = 0; i < children_.size(); ++i) {
+      if (children_[i] == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(op_, ": policy ", i, " of ", children_.size(), " is null"));
+      }
+      absl::Status s = children_[i]->Validate();
+      if (!s.ok()) {
+        return absl::Status(s.code(), absl::StrCat(op_, "[", i, "]: ", s.message()));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ protected:
+  std::string op_;
+  std::vector<WrapPolicyPtr> children_;
+};
+
+class OrPolicy : public CombinatorPolicy {
+ public:
+  explicit OrPolicy(std::vector<WrapPolicyPtr> children)
+      : CombinatorPolicy("or", std::move(children)) {}
+
+  bool ShouldWrap(const core::Module& module, const WrapContext& context) const override {
+    for (const WrapPolicyPtr& child : children_) {
+      if (child && child->ShouldWrap(module, context)) return true;
+    }
+    return false;
+  }
+  std::string Explain(const core::Module& module, const WrapContext& context) const override {
+    for (const WrapPolicyPtr& child : children_) {
+      if (child && child->ShouldWrap(module, context)) return child->Explain(module, context);
+    }
+    return Name();
+  }
+};
+
+class AndPolicy : public CombinatorPolicy {
+ public:
+  explicit AndPolicy(std::vector<WrapPolicyPtr> children)
+      : CombinatorPolicy("and", std::move(children)) {}
+
+  bool ShouldWrap(const core::Module& module, const WrapContext& context) const override {
+    for (const WrapPolicyPtr& child : children_) {
+      if (!child || !child->ShouldWrap(module, context)) return false;
+    }
+    return true;
+  }
+  std::string Explain(const core::Module& module, const WrapContext& context) const override {
+    std::vector<std::string> parts;
+    for (const WrapPolicyPtr& child : children_) {
+      if (child) parts.push_back(child->Explain(module, context));
+    }
+    return absl::StrCat("and(", absl::StrJoin(parts, "; "), ")");
+  }
+};
+
+class NotPolicy : public WrapPolicy {
+ public:
+  explicit NotPolicy(WrapPolicyPtr child) : child_(std::move(child)) {}
+
+  bool ShouldWrap(const core::Module& module, const WrapContext& context) const override {
+    return child_ && !child_->ShouldWrap(module, context);
+  }
+  std::string Name() const override {
+    return absl::StrCat("not(", child_ ? child_->Name() : "null", ")");
+  }
+  absl::Status Validate() const override {
+    if (child_ == nullptr) return absl::InvalidArgumentError("not: the policy is null");
+    absl::Status s = child_->Validate();
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("not: ", s.message()));
+    return absl::OkStatus();
+  }
+
+ private:
+  WrapPolicyPtr child_;
+};
+
+}  // namespace
+
+WrapPolicyPtr SizeBased(SizeBasedOptions options) {
+  return std::make_shared<SizeBasedPolicy>(std::move(options));
+}
+
+WrapPolicyPtr ModuleTypes(std::vector<std::string> type_names) {
+  return std::make_shared<ModuleTypesPolicy>(std::move(type_names));
+}
+
+WrapPolicyPtr Always() { return std::make_shared<ConstantPolicy>(true); }
+
+WrapPolicyPtr Never() { return std::make_shared<ConstantPolicy>(false); }
+
+WrapPolicyPtr Lambda(WrapPredicate predicate, std::string name) {
+  return std::make_shared<LambdaPolicy>(std::move(predicate), std::move(name));
+}
+
+WrapPolicyPtr Or(std::vector<WrapPolicyPtr> policies) {
+  return std::make_shared<OrPolicy>(std::move(policies));
+}
+
+WrapPolicyPtr And(std::vector<WrapPolicyPtr> policies) {
+  return std::make_shared<AndPolicy>(std::move(policies));
+}
+
+WrapPolicyPtr Not(WrapPolicyPtr policy) { return std::make_shared<NotPolicy>(std::move(policy)); }
+
+}  // namespace policy
