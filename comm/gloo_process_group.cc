@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "comm/internal/gloo_store_adapter.h"
 #include "comm/internal/reduce.h"
+#include "comm/internal/sigpipe.h"
 #include "comm/internal/socket.h"
 #include "comm/prefix_store.h"
 #include "glog/logging.h"
@@ -80,6 +81,9 @@ absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::Join(
                                                "\" is not a local address: ",
                                                probe.status().message()));
   }
+  // NOTE in comm/internal/sigpipe.h: gloo's threads (the device's event loop, started
+  // here, and our worker, started below) inherit a mask with SIGPIPE blocked.
+  internal::ScopedBlockSigpipe block_sigpipe;
   std::shared_ptr<GlooProcessGroup> group(new GlooProcessGroup(store, rank, size, options));
   group->allocator_ = core::Allocator::Current(core::Device::Cpu());
   const absl::Time start = absl::Now();
@@ -98,7 +102,7 @@ absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::Join(
                                      absl::FormatDuration(absl::Now() - start),
                                      " (rendezvous_timeout ",
                                      absl::FormatDuration(options.rendezvous_timeout),
-                                     "); missing ranks are the numbers after the group name: ",
+                                     "); keys named below are the ranks that did not join: ",
                                      e.status().message()));
   } catch (const std::exception& e) {
     const bool timeout = IsGlooTimeout(e.what());
@@ -148,6 +152,7 @@ std::shared_ptr<Work> GlooProcessGroup::Enqueue(CollectiveKind kind, absl::Durat
 }
 
 void GlooProcessGroup::WorkerLoop() {
+  internal::BlockSigpipeForThisThread();
   core::ScopedAllocator scope(allocator_);
   while (true) {
     Op op;

@@ -21,6 +21,9 @@
 // group and closes its connections at once, so peers blocked on this rank fail too
 // instead of waiting out their own deadlines.
 //
+// Gloo's sockets raise SIGPIPE when a peer dies; the group's threads block it, so it
+// becomes an error, never a killed process (comm/internal/sigpipe.h).
+//
 // Destroying the group cancels collectives that have not started (FailedPrecondition),
 // waits for the one running (bounded by its timeout), then closes the connections,
 // which makes peers still waiting on this rank fail fast.

@@ -1,0 +1,156 @@
+#include "comm/init_from_env.h"
+
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "comm/internal/socket.h"
+#include "core/cuda_device.h"
+#include "core/tensor.h"
+#include "gtest/gtest.h"
+
+namespace comm {
+namespace {
+
+std::function<std::optional<std::string>(const std::string&)> Env(
+    std::map<std::string, std::string> vars) {
+  return [vars](const std::string& name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+TEST(ParseLaunchEnvTest, ReadsTheTorchrunVariables) {
+  auto env = ParseLaunchEnv(Env({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
+                                 {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "node0"},
+                                 {"MASTER_PORT", "29500"}}));
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->rank, 5);
+  EXPECT_EQ(env->world_size, 8);
+  EXPECT_EQ(env->local_rank, 1);
+  EXPECT_EQ(env->local_world_size, 4);
+  EXPECT_EQ(env->master_addr, "node0");
+  EXPECT_EQ(env->master_port, 29500);
+}
+
+TEST(ParseLaunchEnvTest, LocalVariablesDefaultToOneHost) {
+  auto env = ParseLaunchEnv(Env({{"RANK", "2"}, {"WORLD_SIZE", "3"}, {"MASTER_ADDR", "h"},
+                                 {"MASTER_PORT", "1"}}));
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->local_rank, 2);
+  EXPECT_EQ(env->local_world_size, 3);
+}
+
+TEST(ParseLaunchEnvTest, ErrorsNameTheVariable) {
+  const std::map<std::string, std::string> good = {
+      {"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"}};
+  struct Case {
+    std::string var, value;  // value "" means: unset it
+  };
+  for (const Case& c : std::vector<Case>{{"RANK", ""},
+                                         {"RANK", "2"},
+                                         {"RANK", "x"},
+                                         {"WORLD_SIZE", "0"},
+                                         {"MASTER_ADDR", ""},
+                                         {"MASTER_PORT", "65536"},
+                                         {"LOCAL_RANK", "-1"}}) {
+    auto vars = good;
+    if (c.value.empty()) {
+      vars.erase(c.var);
+    } else {
+      vars[c.var] = c.value;
+    }
+    auto env = ParseLaunchEnv(Env(vars));
+    EXPECT_EQ(env.status().code(), absl::StatusCode::kInvalidArgument) << c.var << "=" << c.value;
+    EXPECT_NE(env.status().message().find(c.var), std::string::npos) << env.status();
+  }
+}
+
+TEST(ParseBackendTest, Names) {
+  EXPECT_EQ(ParseBackend("gloo").value(), Backend::kGloo);
+  EXPECT_EQ(ParseBackend("nccl").value(), Backend::kNccl);
+  EXPECT_EQ(ParseBackend("auto").value(), Backend::kAuto);
+  EXPECT_EQ(ParseBackend("mpi").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BackendName(Backend::kNccl), "nccl");
+}
+
+LaunchEnv EnvFor(int rank, int world, int port) {
+  LaunchEnv env;
+  env.rank = rank;
+  env.world_size = world;
+  env.local_rank = rank;
+  env.local_world_size = world;
+  env.master_addr = "127.0.0.1";
+  env.master_port = port;
+  return env;
+}
+
+TEST(InitFromLaunchEnvTest, RanksMeetOverTcpStoreAndAllReduce) {
+  const int port = internal::PickFreePort().value();
+  constexpr int kWorld = 3;
+  std::vector<absl::Status> results(kWorld);
+  std::vector<std::thread> threads;
+  for (int r = kWorld - 1; r >= 0; --r) {  // rank 0 (the server) starts last
+    threads.emplace_back([&, r] {
+      InitOptions o;
+      o.backend = Backend::kGloo;
+      o.timeout = absl::Seconds(20);
+      absl::StatusOr<Distributed> d = InitFromLaunchEnv(EnvFor(r, kWorld, port), o);
+      if (!d.ok()) {
+        results[r] = d.status();
+        return;
+      }
+      EXPECT_EQ(d->group->rank(), r);
+      EXPECT_EQ(d->group->size(), kWorld);
+      EXPECT_EQ(d->group->backend_name(), "gloo");
+      EXPECT_TRUE(d->device.is_cpu());
+      core::Tensor t = core::Tensor::Zeros({4});
+      t.Fill(static_cast<float>(r + 1));
+      auto work = d->group->AllReduce(t, AllReduceOptions{});
+      results[r] = work.ok() ? (*work)->Wait(absl::Seconds(20)) : work.status();
+      if (results[r].ok()) EXPECT_EQ(t.ToVector()[3], 1 + 2 + 3);
+      // Everyone finishes before rank 0's store server goes away.
+      auto bar = d->group->Barrier(BarrierOptions{});
+      if (results[r].ok()) results[r] = bar.ok() ? (*bar)->Wait(absl::Seconds(20)) : bar.status();
+    });
+    if (r == kWorld - 1) absl::SleepFor(absl::Milliseconds(200));
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+}
+
+TEST(InitFromLaunchEnvTest, NcclWithoutAGpuIsFailedPreconditionNotAFallback) {
+  if (core::CudaDeviceCount().ok()) GTEST_SKIP() << "a GPU is present; nothing to refuse";
+  InitOptions o;
+  o.backend = Backend::kNccl;
+  auto d = InitFromLaunchEnv(EnvFor(0, 1, internal::PickFreePort().value()), o);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition) << d.status();
+  EXPECT_NE(d.status().message().find("nccl"), std::string::npos) << d.status();
+}
+
+TEST(InitFromLaunchEnvTest, AutoPicksGlooWithoutAGpu) {
+  if (core::CudaDeviceCount().ok()) GTEST_SKIP() << "a GPU is present; auto picks nccl";
+  InitOptions o;
+  o.timeout = absl::Seconds(10);
+  auto d = InitFromLaunchEnv(EnvFor(0, 1, internal::PickFreePort().value()), o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->backend, Backend::kGloo);
+  EXPECT_EQ(d->group->backend_name(), "gloo");
+}
+
+TEST(InitFromLaunchEnvTest, MissingServerIsDeadlineExceededWithinTheTimeout) {
+  InitOptions o;
+  o.backend = Backend::kGloo;
+  o.timeout = absl::Milliseconds(500);
+  const absl::Time start = absl::Now();
+  auto d = InitFromLaunchEnv(EnvFor(1, 2, internal::PickFreePort().value()), o);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kDeadlineExceeded) << d.status();
+  EXPECT_NE(d.status().message().find("rank 1 of 2"), std::string::npos) << d.status();
+  // 500 ms of retries plus at most one 1 s backoff step, with slack for load.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+}  // namespace
+}  // namespace comm
