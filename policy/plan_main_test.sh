@@ -43,6 +43,25 @@ expect_status 0 "Ignored: wpe.weight" "${SMALL[@]}" --policy_config="$TMP/policy
 printf 'name: "always"\nbogus: 1\n' > "$TMP/bad.txt"
 expect_status 2 "line 2, column 6" "${SMALL[@]}" --policy_config="$TMP/bad.txt"
 
+# A 12-layer Gpt at world size 8 (sizes with padding: 121,300 elements per block and
+# 56,700 in the root, neither a multiple of 8): the printed per-rank totals equal the
+# ZeRO-3 formula with padded Psi, column by column.
+out="$(timeout 60 "$BIN" --model=gpt --vocab_size=501 --block_size=64 --n_embd=100 --n_layer=12 \
+  --n_head=4 --world_size=8 --policy=module_types --module_types=TransformerBlock 2>&1)"
+plan_row="$(grep -F "plan (sum over units)" <<<"$out" | sed 's/.*units)//' | tr -s ' ')"
+formula_row="$(grep -F "ZeRO-3 formula, Psi = padded numel" <<<"$out" | sed 's/.*numel//' | tr -s ' ')"
+unpadded_row="$(grep -F "Psi = numel (no padding)" <<<"$out" | sed 's/.*padding)//' | tr -s ' ')"
+if [[ -z "$plan_row" || "$plan_row" != "$formula_row" ]]; then
+  fail "12-layer Gpt: plan row '$plan_row' != formula row '$formula_row':"$'\n'"$out"
+fi
+# 12 * 121,304 + 56,704 = 1,512,352 padded elements; 16 B each over 8 ranks = 3,024,704 B.
+if [[ "$plan_row" != " 1,512,352 2.88 3,024,704 2.88 3,024,704" ]]; then
+  fail "12-layer Gpt: unexpected plan row '$plan_row'"
+fi
+if [[ "$unpadded_row" == "$plan_row" ]]; then
+  fail "12-layer Gpt: the unpadded formula should differ by the padding: '$unpadded_row'"
+fi
+
 # Bad flags: exit status 2 and a message naming the problem, never a crash.
 expect_status 2 "unknown flag --bogus" "${SMALL[@]}" --policy=never --bogus=1
 expect_status 2 "bad value for --world_size" "${SMALL[@]}" --policy=never --world_size=eight
