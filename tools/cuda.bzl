@@ -2,7 +2,9 @@
 
 Bazel 4 has no offline rules_cuda; a genrule per .cu file runs the toolkit's nvcc and
 its object file goes into an ordinary cc_library. Use only behind select() on
-//:cuda, so that the default build needs no CUDA at all.
+//:cuda, so that the default build needs no CUDA at all. The targets are tagged
+"manual" so that `//...` leaves them out; they are built only when a --config=cuda
+target depends on them.
 """
 
 NVCC = "/usr/local/cuda/bin/nvcc"
@@ -24,7 +26,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], **kwargs):
             srcs = [src] + hdrs,
             outs = [obj],
             cmd = NVCC + " " + NVCC_FLAGS + " -I. -I$(GENDIR) -c $(location " + src + ") -o $@",
-            tags = ["local"],
+            tags = ["local", "manual"],
         )
         objs.append(obj)
     native.cc_library(
@@ -33,5 +35,6 @@ def cuda_library(name, srcs, hdrs = [], deps = [], **kwargs):
         hdrs = hdrs,
         deps = deps + ["@cuda//:cudart"],
         linkstatic = True,
+        tags = kwargs.pop("tags", []) + ["manual"],
         **kwargs
     )
