@@ -1,0 +1,328 @@
+// collectives_bench: algorithm and bus bandwidth of every collective per size, with the
+// nccl-tests definitions, plus this machine's memcpy bandwidth measured in the same run
+// as the CPU-side limit. JSON on stdout.
+//
+//   bazel run -c opt //bench:collectives_bench -- --backend=gloo --nproc=2
+//   bazel run --config=cuda //bench:collectives_bench -- --backend=nccl --nproc=1
+//   launch --nproc=4 -- collectives_bench --from_env        # one rank per process
+//
+// Definitions (nccl-tests, doc/PERFORMANCE.md), with S the size in bytes:
+//   all_gather: S = output bytes (n x input),  busbw = algbw * (n-1)/n
+//   reduce_scatter: S = input bytes (n x output), busbw = algbw * (n-1)/n
+//   all_reduce: S = tensor bytes, busbw = algbw * 2(n-1)/n
+//   broadcast: S = tensor bytes, busbw = algbw
+//   algbw = S / time, time = mean over iterations of the slowest rank, in GB/s (1e9).
+// Ranks run as threads of this process by default (the gloo ones over loopback TCP),
+// each with its own group over one HashStore. memcpy_GBps is bytes copied per second
+// by one thread; with gloo on one host every byte a rank receives is also copied at
+// least once, so busbw stays below it.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "comm/gloo_process_group.h"
+#include "comm/hash_store.h"
+#include "comm/init_from_env.h"
+#include "comm/process_group.h"
+#include "core/cuda_device.h"
+#include "core/status_macros.h"
+#include "core/tensor.h"
+#include "nlohmann/json.hpp"
+
+#ifdef FSDP_WITH_CUDA
+#include "comm/nccl_process_group.h"
+#endif
+
+namespace {
+
+struct Flags {
+  std::string backend = "gloo";
+  int nproc = 2;
+  bool from_env = false;
+  int64_t min_bytes = 4 << 10;
+  int64_t max_bytes = 64 << 20;
+  int64_t step = 4;
+  std::vector<std::string> ops = {"all_gather", "reduce_scatter", "all_reduce", "broadcast"};
+  // Bytes each (op, size) should move, which sets its iteration count (2 to 100).
+  int64_t target_bytes = 256 << 20;
+  int warmup = 1;
+  absl::Duration timeout = absl::Seconds(120);
+};
+
+absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const size_t eq = a.find('=');
+    const std::string name = a.substr(0, eq);
+    std::string value = eq == std::string::npos ? "" : a.substr(eq + 1);
+    if (eq == std::string::npos && name != "--from_env" && i + 1 < argc) value = argv[++i];
+    int64_t n = 0;
+    const bool num = absl::SimpleAtoi(value, &n);
+    if (name == "--backend") {
+      f.backend = value;
+    } else if (name == "--nproc" && num && n >= 1) {
+      f.nproc = static_cast<int>(n);
+    } else if (name == "--from_env") {
+      f.from_env = value.empty() || value == "true" || value == "1";
+    } else if (name == "--min_bytes" && num && n >= 4) {
+      f.min_bytes = n;
+    } else if (name == "--max_bytes" && num && n >= 4) {
+      f.max_bytes = n;
+    } else if (name == "--step" && num && n >= 2) {
+      f.step = n;
+    } else if (name == "--target_bytes" && num && n > 0) {
+      f.target_bytes = n;
+    } else if (name == "--warmup" && num && n >= 0) {
+      f.warmup = static_cast<int>(n);
+    } else if (name == "--ops") {
+      f.ops = absl::StrSplit(value, ',', absl::SkipEmpty());
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "collectives_bench: bad flag or value \"", a,
+          "\" (flags: --backend=gloo|nccl --nproc=N --from_env --min_bytes --max_bytes --step "
+          "--ops=all_gather,reduce_scatter,all_reduce,broadcast --target_bytes --warmup)"));
+    }
+  }
+  if (f.backend != "gloo" && f.backend != "nccl") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("collectives_bench: --backend must be gloo or nccl, got ", f.backend));
+  }
+  for (const std::string& op : f.ops) {
+    if (op != "all_gather" && op != "reduce_scatter" && op != "all_reduce" && op != "broadcast") {
+      return absl::InvalidArgumentError(absl::StrCat("collectives_bench: unknown op ", op));
+    }
+  }
+  return f;
+}
+
+double BusFactor(const std::string& op, int n) {
+  if (op == "all_reduce") return 2.0 * (n - 1) / n;
+  if (op == "broadcast") return 1.0;
+  return static_cast<double>(n - 1) / n;
+}
+
+// Bytes copied per second by one thread (best of 5 copies of 64 MiB, pages touched
+// first so page faults are not timed).
+double MeasureMemcpyGBps(int64_t* bytes_out) {
+  const size_t bytes = size_t{64} << 20;
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, bytes / s / 1e9);
+    a[i] = b[bytes - 1 - i];  // keep the copies observable
+  }
+  *bytes_out = static_cast<int64_t>(bytes);
+  return best;
+}
+
+struct Row {
+  std::string op;
+  int64_t bytes = 0;
+  int64_t count = 0;
+  int iters = 0;
+  double seconds = 0;  // mean per iteration, slowest rank
+};
+
+absl::Status Finish(absl::StatusOr<std::shared_ptr<comm::Work>> work, absl::Duration timeout) {
+  if (!work.ok()) return work.status();
+  return (*work)->Wait(timeout);
+}
+
+// Runs the whole sweep on one rank; rank 0 fills `rows`.
+absl::Status RunRank(comm::ProcessGroup& g, core::Device device, const Flags& f,
+                     std::vector<Row>* rows) {
+  const int n = g.size();
+  const core::MemoryTag tag = core::MemoryTag::kComm;
+  for (const std::string& op : f.ops) {
+    for (int64_t s = f.min_bytes; s <= f.max_bytes; s *= f.step) {
+      // Elements: a multiple of n so the sharded ops split evenly.
+      const int64_t count = std::max<int64_t>(n, (s / 4) / n * n);
+      const int64_t bytes = count * 4;
+      const int iters =
+          static_cast<int>(std::clamp<int64_t>(f.target_bytes / std::max<int64_t>(bytes, 1), 2, 100));
+      ASSIGN_OR_RETURN(core::Tensor full, core::Tensor::Allocate({count}, core::DType::kFloat32, tag, device));
+      ASSIGN_OR_RETURN(core::Tensor part,
+                       core::Tensor::Allocate({count / n}, core::DType::kFloat32, tag, device));
+      full.Fill(1.0f);
+      part.Fill(1.0f);
+      auto issue = [&]() -> absl::StatusOr<std::shared_ptr<comm::Work>> {
+        if (op == "all_gather") {
+          comm::AllGatherOptions o;
+          o.timeout = f.timeout;
+          return g.AllGather(part, full, o);
+        }
+        if (op == "reduce_scatter") {
+          comm::ReduceScatterOptions o;
+          o.timeout = f.timeout;
+          return g.ReduceScatter(full, part, o);
+        }
+        if (op == "all_reduce") {
+          comm::AllReduceOptions o;
+          o.timeout = f.timeout;
+          return g.AllReduce(full, o);
+        }
+        comm::BroadcastOptions o;
+        o.timeout = f.timeout;
+        return g.Broadcast(full, o);
+      };
+      for (int i = 0; i < f.warmup; ++i) RETURN_IF_ERROR(Finish(issue(), f.timeout));
+      RETURN_IF_ERROR(Finish(g.Barrier(comm::BarrierOptions{}), f.timeout));
+      const auto t0 = std::chrono::steady_clock::now();
+      std::vector<std::shared_ptr<comm::Work>> works;
+      for (int i = 0; i < iters; ++i) {
+        ASSIGN_OR_RETURN(auto w, issue());
+        works.push_back(std::move(w));
+      }
+      for (auto& w : works) RETURN_IF_ERROR(w->Wait(f.timeout));
+      const double mine =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+      // The slowest rank's time, via a max all-reduce (on the group's device).
+      ASSIGN_OR_RETURN(core::Tensor t, core::Tensor::Allocate({1}, core::DType::kFloat32, tag, device));
+      t.Fill(static_cast<float>(mine));
+      comm::AllReduceOptions max;
+      max.reduce_op = comm::ReduceOp::kMax;
+      RETURN_IF_ERROR(Finish(g.AllReduce(t, max), f.timeout));
+      core::Tensor host = core::Tensor::Zeros({1});
+      RETURN_IF_ERROR(host.CopyFrom(t));
+      if (g.rank() == 0) rows->push_back(Row{op, bytes, count, iters, host.ToVector()[0]});
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<comm::ProcessGroup>> MakeThreadGroup(
+    const Flags& f, std::shared_ptr<comm::Store> store, int rank, core::Device* device) {
+  if (f.backend == "gloo") {
+    comm::GlooOptions o;
+    o.rendezvous_timeout = absl::Seconds(60);
+    ASSIGN_OR_RETURN(auto g, comm::GlooProcessGroup::Create(store, rank, f.nproc, o));
+    return std::shared_ptr<comm::ProcessGroup>(g);
+  }
+#ifdef FSDP_WITH_CUDA
+  ASSIGN_OR_RETURN(int gpus, core::CudaDeviceCount());
+  if (f.nproc > gpus) {
+    return absl::InvalidArgumentError(absl::StrCat("--nproc=", f.nproc, " NCCL ranks need ",
+                                                   f.nproc, " GPUs; this machine has ", gpus));
+  }
+  *device = core::Device::Cuda(rank);
+  comm::NcclOptions o;
+  ASSIGN_OR_RETURN(auto g, comm::NcclProcessGroup::Create(store, rank, f.nproc, *device, o));
+  return std::shared_ptr<comm::ProcessGroup>(g);
+#else
+  (void)device;
+  return absl::FailedPreconditionError(
+      "--backend=nccl needs a build with --config=cuda (bazel run --config=cuda ...)");
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::StatusOr<Flags> flags = ParseFlags(argc, argv);
+  if (!flags.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
+    return 2;
+  }
+  const Flags& f = *flags;
+  int64_t memcpy_bytes = 0;
+  const double memcpy_gbps = MeasureMemcpyGBps(&memcpy_bytes);
+
+  std::vector<Row> rows;
+  absl::Mutex mu;
+  absl::Status first_error;
+  int world = f.nproc;
+  int my_rank = 0;
+  std::string device_name = "cpu";
+  if (f.from_env) {
+    comm::InitOptions o;
+    o.backend = f.backend == "nccl" ? comm::Backend::kNccl : comm::Backend::kGloo;
+    absl::StatusOr<comm::Distributed> d = comm::InitFromEnv(o);
+    if (!d.ok()) {
+      std::fprintf(stderr, "collectives_bench: %s\n", d.status().ToString().c_str());
+      return 1;
+    }
+    world = d->group->size();
+    my_rank = d->group->rank();
+    device_name = d->device.ToString();
+    first_error = RunRank(*d->group, d->device, f, &rows);
+    if (first_error.ok()) {
+      first_error = Finish(d->group->Barrier(comm::BarrierOptions{}), f.timeout);
+    }
+  } else {
+    auto store = std::make_shared<comm::HashStore>();
+    std::vector<std::thread> threads;
+    for (int r = 0; r < f.nproc; ++r) {
+      threads.emplace_back([&, r] {
+        // Each rank counts its own buffers, as separate processes would.
+        core::ScopedAllocator scope(std::make_shared<core::Allocator>(core::Device::Cpu()));
+        core::Device device = core::Device::Cpu();
+        absl::StatusOr<std::shared_ptr<comm::ProcessGroup>> g =
+            MakeThreadGroup(f, store, r, &device);
+        absl::Status s = g.ok() ? RunRank(**g, device, f, &rows) : g.status();
+        if (s.ok() && r == 0) {
+          absl::MutexLock lock(&mu);
+          device_name = device.ToString();
+        }
+        if (g.ok() && s.ok()) s = Finish((*g)->Barrier(comm::BarrierOptions{}), f.timeout);
+        absl::MutexLock lock(&mu);
+        if (!s.ok() && first_error.ok()) {
+          first_error = absl::Status(s.code(), absl::StrCat("rank ", r, ": ", s.message()));
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  if (!first_error.ok()) {
+    std::fprintf(stderr, "collectives_bench: %s\n", first_error.ToString().c_str());
+    return 1;
+  }
+  if (my_rank != 0) return 0;
+
+  nlohmann::json out;
+  out["benchmark"] = "collectives";
+  out["backend"] = f.backend;
+  out["nproc"] = world;
+  out["ranks_as"] = f.from_env ? "processes" : "threads";
+  out["device"] = device_name;
+  out["dtype"] = "float32";
+  out["definitions"] =
+      "nccl-tests: algbw = S/time (GB/s = 1e9 B/s); busbw = algbw*(n-1)/n for all_gather "
+      "(S = output) and reduce_scatter (S = input), algbw*2(n-1)/n for all_reduce, algbw for "
+      "broadcast; time = mean per iteration of the slowest rank";
+  out["memcpy"] = {{"bytes", memcpy_bytes},
+                   {"GBps", memcpy_gbps},
+                   {"what", "host memcpy by one thread, best of 5, measured in this run: the "
+                            "CPU-side limit for a rank's busbw"}};
+  if (world == 1) out["note"] = "one rank: busbw is 0 by definition; algbw is a local copy";
+  nlohmann::json results = nlohmann::json::array();
+  for (const Row& r : rows) {
+    const double algbw = r.bytes / r.seconds / 1e9;
+    const double busbw = algbw * BusFactor(r.op, world);
+    results.push_back({{"op", r.op},
+                       {"bytes", r.bytes},
+                       {"count", r.count},
+                       {"iters", r.iters},
+                       {"time_us", r.seconds * 1e6},
+                       {"algbw_GBps", algbw},
+                       {"busbw_GBps", busbw},
+                       {"busbw_over_memcpy", busbw / memcpy_gbps}});
+  }
+  out["results"] = results;
+  std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
