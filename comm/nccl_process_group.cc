@@ -1,0 +1,512 @@
+#include "comm/nccl_process_group.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "comm/cuda/convert.h"
+#include "comm/prefix_store.h"
+#include "core/status_macros.h"
+#include "core/tensor.h"
+#include "glog/logging.h"
+
+namespace comm {
+namespace internal {
+
+// The communicator and the state its Works share with the group. Every NCCL call on
+// `comm` is made under `mu` (NCCL communicators are not thread-safe).
+struct NcclComm {
+  absl::Mutex mu;
+  ncclComm_t comm ABSL_GUARDED_BY(mu) = nullptr;
+  absl::Status broken ABSL_GUARDED_BY(mu);
+  StatsRecorder stats;
+
+  // Records the first failure and aborts the communicator (which makes NCCL kernels
+  // still waiting on peers return).
+  void Break(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
+    BreakLocked(why);
+  }
+  void BreakLocked(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (broken.ok()) broken = why;
+    if (comm != nullptr) {
+      ncclCommAbort(comm);
+      comm = nullptr;
+    }
+  }
+  // NCCL's asynchronous error, if any.
+  absl::Status AsyncError() ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
+    if (!broken.ok()) return broken;
+    if (comm == nullptr) return absl::FailedPreconditionError("communicator destroyed");
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comm, &state);
+    if (state != ncclSuccess && state != ncclInProgress) {
+      return absl::InternalError(absl::StrCat("NCCL asynchronous error: ", ncclGetErrorString(state),
+                                              " ", ncclGetLastError(comm)));
+    }
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace internal
+
+namespace {
+
+absl::Status CudaStatus(cudaError_t err, absl::string_view what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(err)));
+}
+
+// Finishes an NCCL call made on a non-blocking communicator: ncclInProgress means the
+// call is still being enqueued; wait for that (not for the collective) until `deadline`.
+absl::Status NcclStatus(ncclResult_t r, ncclComm_t comm, absl::Time deadline,
+                        absl::string_view what) {
+  while (r == ncclInProgress) {
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(what, ": NCCL still in progress at the deadline"));
+    }
+    absl::SleepFor(absl::Microseconds(100));
+    ncclCommGetAsyncError(comm, &r);
+  }
+  if (r == ncclSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", ncclGetErrorString(r), " ",
+                                          comm != nullptr ? ncclGetLastError(comm) : ""));
+}
+
+ncclDataType_t NcclType(core::DType dtype) {
+  switch (dtype) {
+    case core::DType::kFloat32:
+      return ncclFloat32;
+    case core::DType::kBFloat16:
+      return ncclBfloat16;
+    case core::DType::kInt32:
+      return ncclInt32;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t NcclOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAverage:
+      return ncclAvg;
+    case ReduceOp::kMax:
+      return ncclMax;
+  }
+  return ncclSum;
+}
+
+absl::Status ConvertStatus(int err, absl::string_view what) {
+  return CudaStatus(static_cast<cudaError_t>(err), what);
+}
+
+// A collective queued on the group's stream; done when its event fires.
+class NcclWork : public Work {
+ public:
+  NcclWork(std::string description, std::shared_ptr<internal::NcclComm> comm, cudaEvent_t done,
+           absl::Time deadline, absl::Duration timeout, CollectiveKind kind, Traffic traffic,
+           std::vector<core::Tensor> keep)
+      : description_(std::move(description)),
+        comm_(std::move(comm)),
+        event_(done),
+        deadline_(deadline),
+        timeout_(timeout),
+        kind_(kind),
+        traffic_(traffic),
+        keep_(std::move(keep)) {}
+  ~NcclWork() override {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+  }
+
+  bool IsCompleted() const override { return Poll(); }
+
+  absl::Status Wait(absl::Duration timeout) override {
+    const absl::Time end = absl::Now() + timeout;
+    absl::Duration sleep = absl::Microseconds(20);
+    while (!Poll()) {
+      if (absl::Now() >= end) {
+        return absl::DeadlineExceededError(absl::StrCat("Wait(", absl::FormatDuration(timeout),
+                                                        ") on ", description_,
+                                                        ": still running when the wait ended"));
+      }
+      absl::SleepFor(std::min(sleep, end - absl::Now()));
+      sleep = std::min(sleep * 2, absl::Milliseconds(1));
+    }
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+
+  std::string Describe() const override { return description_; }
+
+ private:
+  bool Poll() const {
+    absl::MutexLock lock(&mu_);
+    if (done_) return true;
+    const cudaError_t q = cudaEventQuery(event_);
+    if (q == cudaSuccess) {
+      Finish(absl::OkStatus());
+      comm_->stats.Record(kind_, traffic_);
+      return true;
+    }
+    if (q != cudaErrorNotReady) {
+      const absl::Status s = CudaStatus(q, description_);
+      comm_->Break(s);
+      Finish(s);
+      return true;
+    }
+    absl::Status async = comm_->AsyncError();
+    if (!async.ok()) {
+      const absl::Status s(async.code(), absl::StrCat(description_, ": ", async.message()));
+      comm_->Break(s);
+      Finish(s);
+      return true;
+    }
+    if (absl::Now() > deadline_) {
+      const absl::Status s = absl::DeadlineExceededError(
+          absl::StrCat(description_, " did not finish within its timeout of ",
+                       absl::FormatDuration(timeout_), "; the communicator was aborted"));
+      comm_->Break(s);
+      Finish(s);
+      return true;
+    }
+    return false;
+  }
+
+  void Finish(absl::Status s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    done_ = true;
+    status_ = std::move(s);
+    keep_.clear();
+  }
+
+  const std::string description_;
+  const std::shared_ptr<internal::NcclComm> comm_;
+  cudaEvent_t event_;
+  const absl::Time deadline_;
+  const absl::Duration timeout_;
+  const CollectiveKind kind_;
+  const Traffic traffic_;
+  mutable absl::Mutex mu_;
+  mutable bool done_ ABSL_GUARDED_BY(mu_) = false;
+  mutable absl::Status status_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<core::Tensor> keep_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+NcclProcessGroup::NcclProcessGroup(std::shared_ptr<Store> store, int rank, int size,
+                                   core::Device device, NcclOptions options)
+    : store_(std::move(store)),
+      rank_(rank),
+      size_(size),
+      device_(device),
+      options_(std::move(options)),
+      comm_(std::make_shared<internal::NcclComm>()) {}
+
+absl::StatusOr<std::shared_ptr<NcclProcessGroup>> NcclProcessGroup::Create(
+    std::shared_ptr<Store> store, int rank, int size, core::Device device,
+    const NcclOptions& options) {
+  if (store == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NcclProcessGroup::Create('", options.name, "'): store is null"));
+  }
+  return Join(std::make_shared<PrefixStore>(std::move(store), options.name), rank, size, device,
+              options);
+}
+
+absl::StatusOr<std::shared_ptr<NcclProcessGroup>> NcclProcessGroup::Join(
+    std::shared_ptr<Store> store, int rank, int size, core::Device device,
+    const NcclOptions& options) {
+  const std::string who =
+      absl::StrCat("nccl group '", options.name, "' (rank ", rank, " of ", size, ")");
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": rank must be in [0, size) and size at least 1"));
+  }
+  if (!device.is_cuda()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": NCCL needs a CUDA device, got ", device.ToString()));
+  }
+  if (auto s = CudaStatus(cudaSetDevice(device.index), absl::StrCat(who, ": cudaSetDevice"));
+      !s.ok()) {
+    return s;
+  }
+  const absl::Time deadline = absl::Now() + options.init_timeout;
+  ncclUniqueId id;
+  if (rank == 0) {
+    if (auto s = NcclStatus(ncclGetUniqueId(&id), nullptr, deadline,
+                            absl::StrCat(who, ": ncclGetUniqueId"));
+        !s.ok()) {
+      return s;
+    }
+    if (auto s = store->Set("nccl_unique_id", absl::string_view(id.internal, sizeof(id.internal)));
+        !s.ok()) {
+      return s;
+    }
+  } else {
+    absl::StatusOr<std::string> got = store->Get("nccl_unique_id", options.init_timeout);
+    if (!got.ok()) {
+      return absl::Status(got.status().code(),
+                          absl::StrCat(who, ": waiting for rank 0's NCCL id: ", got.status().message()));
+    }
+    if (got->size() != sizeof(id.internal)) {
+      return absl::InternalError(absl::StrCat(who, ": NCCL id has ", got->size(), " bytes, not ",
+                                              sizeof(id.internal)));
+    }
+    std::memcpy(id.internal, got->data(), sizeof(id.internal));
+  }
+  std::shared_ptr<NcclProcessGroup> group(new NcclProcessGroup(store, rank, size, device, options));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // so that a missing peer is a timeout we control, not a hang
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  while (r == ncclInProgress && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+    ncclCommGetAsyncError(comm, &r);
+  }
+  if (r == ncclInProgress) {
+    ncclCommAbort(comm);
+    return absl::DeadlineExceededError(absl::StrCat(
+        who, ": the peers did not all join within init_timeout ",
+        absl::FormatDuration(options.init_timeout)));
+  }
+  if (r != ncclSuccess) {
+    const std::string last = comm != nullptr ? ncclGetLastError(comm) : "";
+    if (comm != nullptr) ncclCommAbort(comm);
+    return absl::UnavailableError(
+        absl::StrCat(who, ": ncclCommInitRankConfig failed: ", ncclGetErrorString(r), " ", last));
+  }
+  {
+    absl::MutexLock lock(&group->comm_->mu);
+    group->comm_->comm = comm;
+  }
+  if (auto s = CudaStatus(cudaStreamCreateWithFlags(&group->stream_, cudaStreamNonBlocking),
+                          absl::StrCat(who, ": cudaStreamCreate"));
+      !s.ok()) {
+    return s;
+  }
+  VLOG(1) << who << ": NCCL communicator ready on " << device.ToString();
+  return group;
+}
+
+NcclProcessGroup::~NcclProcessGroup() {
+  cudaSetDevice(device_.index);
+  if (stream_ != nullptr) {
+    // Let queued collectives finish (bounded: a peer that is gone would block them).
+    const absl::Time end = absl::Now() + absl::Seconds(30);
+    while (cudaStreamQuery(stream_) == cudaErrorNotReady && absl::Now() < end) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    if (cudaStreamQuery(stream_) == cudaErrorNotReady) {
+      comm_->Break(absl::AbortedError(absl::StrCat(Describe(), " destroyed with work pending")));
+    }
+  }
+  {
+    absl::MutexLock lock(&comm_->mu);
+    if (comm_->comm != nullptr) {
+      ncclCommDestroy(comm_->comm);
+      comm_->comm = nullptr;
+    }
+    if (comm_->broken.ok()) {
+      comm_->broken = absl::FailedPreconditionError(absl::StrCat(Describe(), " was destroyed"));
+    }
+  }
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Issue(CollectiveKind kind,
+                                                              absl::Duration timeout,
+                                                              Traffic traffic,
+                                                              std::vector<core::Tensor> keep,
+                                                              const LaunchFn& launch) {
+  absl::MutexLock order(&mu_);
+  const uint64_t seq = next_seq_++;
+  const std::string what = absl::StrCat(CollectiveKindName(kind), " #", seq, " on ", Describe());
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&comm_->mu);
+  if (!comm_->broken.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": the group is broken by an earlier failure: ", comm_->broken.message()));
+  }
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_.index), what));
+  // Order after everything already queued on the legacy default stream.
+  cudaEvent_t ready = nullptr;
+  RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), what));
+  cudaError_t err = cudaEventRecord(ready, 0);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(stream_, ready, 0);
+  cudaEventDestroy(ready);
+  RETURN_IF_ERROR(CudaStatus(err, what));
+  absl::Status launched = launch(comm_->comm, stream_);
+  if (!launched.ok()) {
+    const absl::Status s(launched.code(), absl::StrCat(what, ": ", launched.message()));
+    comm_->BreakLocked(s);
+    return s;
+  }
+  (void)deadline;
+  cudaEvent_t done = nullptr;
+  RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), what));
+  if (auto s = CudaStatus(cudaEventRecord(done, stream_), what); !s.ok()) {
+    cudaEventDestroy(done);
+    return s;
+  }
+  return std::shared_ptr<Work>(std::make_shared<NcclWork>(what, comm_, done, deadline, timeout,
+                                                          kind, traffic, std::move(keep)));
+}
+
+absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllGather(const core::Tensor& input,
+                                                                  const core::Tensor& output,
+                                                                  const AllGatherOptions& options) {
+  constexpr CollectiveKind kind = CollectiveKind::kAllGather;
+  RETURN_IF_ERROR(ValidateAllGather(*this, input, output, options));
+  RETURN_IF_ERROR(ValidateDevice(*this, kind, {&input, &output}, device_));
+  const absl::Time deadline = absl::Now() + options.timeout;
+  return Issue(kind, options.timeout, ExpectedTraffic(kind, output.nbytes(), size_, rank_),
+               {input, output}, [&](ncclComm_t comm, cudaStream_t stream) -> absl::Status {
+                 if (input.numel() == 0) return absl::OkStatus();
+                 return NcclStatus(ncclAllGather(input.raw_data(), output.raw_data(),
+                                                 input.nbytes(), ncclUint8, comm, stream),
+                                   comm, deadline, "ncclAllGather");
+               });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::ReduceScatter(
+    const core::Tensor& input, const core::Tensor& output, const ReduceScatterOptions& options) {
+  constexpr CollectiveKind kind = CollectiveKind::kReduceScatter;
+  RETURN_IF_ERROR(ValidateReduceScatter(*this, input, output, options));
+  RETURN_IF_ERROR(ValidateDevice(*this, kind, {&input, &output}, device_));
+  const absl::Time deadline = absl::Now() + options.timeout;
+  const int64_t k = output.numel();
+  std::vector<core::Tensor> keep = {input, output};
+  core::Tensor wide_in, wide_out;
+  const bool bf16 = input.dtype() == core::DType::kBFloat16;
+  if (bf16 && k > 0) {
+    ASSIGN_OR_RETURN(wide_in, core::Tensor::Allocate({input.numel()}, core::DType::kFloat32,
+                                                     core::MemoryTag::kComm, device_));
+    ASSIGN_OR_RETURN(wide_out, core::Tensor::Allocate({k}, core::DType::kFloat32,
+                                                      core::MemoryTag::kComm, device_));
+    keep.push_back(wide_in);
+    keep.push_back(wide_out);
+  }
+  return Issue(kind, options.timeout, ExpectedTraffic(kind, input.nbytes(), size_, rank_),
+               std::move(keep), [&](ncclComm_t comm, cudaStream_t stream) -> absl::Status {
+                 if (k == 0) return absl::OkStatus();
+                 if (!bf16) {
+                   return NcclStatus(
+                       ncclReduceScatter(input.raw_data(), output.raw_data(), k,
+                                         NcclType(input.dtype()), NcclOp(options.reduce_op), comm,
+                                         stream),
+                       comm, deadline, "ncclReduceScatter");
+                 }
+                 RETURN_IF_ERROR(ConvertStatus(
+                     cuda::Bf16ToFloat(input.raw_data(), wide_in.data<float>(), input.numel(), stream),
+                     "bf16 -> fp32"));
+                 RETURN_IF_ERROR(NcclStatus(
+                     ncclReduceScatter(wide_in.raw_data(), wide_out.raw_data(), k, ncclFloat32,
+                                       NcclOp(options.reduce_op), comm, stream),
+                     comm, deadline, "ncclReduceScatter"));
+                 return ConvertStatus(
+                     cuda::FloatToBf16(wide_out.data<float>(), output.raw_data(), k, stream),
+                     "fp32 -> bf16");
+               });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllReduce(const core::Tensor& tensor,
+                                                                  const AllReduceOptions& options) {
+  constexpr CollectiveKind kind = CollectiveKind::kAllReduce;
+  RETURN_IF_ERROR(ValidateAllReduce(*this, tensor, options));
+  RETURN_IF_ERROR(ValidateDevice(*this, kind, {&tensor}, device_));
+  const absl::Time deadline = absl::Now() + options.timeout;
+  const int64_t n = tensor.numel();
+  std::vector<core::Tensor> keep = {tensor};
+  core::Tensor wide;
+  const bool bf16 = tensor.dtype() == core::DType::kBFloat16;
+  if (bf16 && n > 0) {
+    ASSIGN_OR_RETURN(wide, core::Tensor::Allocate({n}, core::DType::kFloat32,
+                                                  core::MemoryTag::kComm, device_));
+    keep.push_back(wide);
+  }
+  return Issue(kind, options.timeout, ExpectedTraffic(kind, tensor.nbytes(), size_, rank_),
+               std::move(keep), [&](ncclComm_t comm, cudaStream_t stream) -> absl::Status {
+                 if (n == 0) return absl::OkStatus();
+                 if (!bf16) {
+                   return NcclStatus(ncclAllReduce(tensor.raw_data(), tensor.raw_data(), n,
+                                                   NcclType(tensor.dtype()),
+                                                   NcclOp(options.reduce_op), comm, stream),
+                                     comm, deadline, "ncclAllReduce");
+                 }
+                 RETURN_IF_ERROR(ConvertStatus(
+                     cuda::Bf16ToFloat(tensor.raw_data(), wide.data<float>(), n, stream),
+                     "bf16 -> fp32"));
+                 RETURN_IF_ERROR(NcclStatus(ncclAllReduce(wide.raw_data(), wide.raw_data(), n,
+                                                          ncclFloat32, NcclOp(options.reduce_op),
+                                                          comm, stream),
+                                            comm, deadline, "ncclAllReduce"));
+                 return ConvertStatus(cuda::FloatToBf16(wide.data<float>(), tensor.raw_data(), n, stream),
+                                      "fp32 -> bf16");
+               });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Broadcast(const core::Tensor& tensor,
+                                                                  const BroadcastOptions& options) {
+  constexpr CollectiveKind kind = CollectiveKind::kBroadcast;
+  RETURN_IF_ERROR(ValidateBroadcast(*this, tensor, options));
+  RETURN_IF_ERROR(ValidateDevice(*this, kind, {&tensor}, device_));
+  const absl::Time deadline = absl::Now() + options.timeout;
+  return Issue(kind, options.timeout,
+               ExpectedTraffic(kind, tensor.nbytes(), size_, rank_, options.root), {tensor},
+               [&](ncclComm_t comm, cudaStream_t stream) -> absl::Status {
+                 if (tensor.numel() == 0) return absl::OkStatus();
+                 return NcclStatus(ncclBroadcast(tensor.raw_data(), tensor.raw_data(),
+                                                 tensor.nbytes(), ncclUint8, options.root, comm,
+                                                 stream),
+                                   comm, deadline, "ncclBroadcast");
+               });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Barrier(const BarrierOptions& options) {
+  constexpr CollectiveKind kind = CollectiveKind::kBarrier;
+  RETURN_IF_ERROR(ValidateBarrier(*this, options));
+  const absl::Time deadline = absl::Now() + options.timeout;
+  ASSIGN_OR_RETURN(core::Tensor token, core::Tensor::Allocate({1}, core::DType::kInt32,
+                                                              core::MemoryTag::kComm, device_));
+  return Issue(kind, options.timeout, Traffic{}, {token},
+               [&](ncclComm_t comm, cudaStream_t stream) -> absl::Status {
+                 return NcclStatus(ncclAllReduce(token.raw_data(), token.raw_data(), 1, ncclInt32,
+                                                 ncclSum, comm, stream),
+                                   comm, deadline, "ncclAllReduce (barrier)");
+               });
+}
+
+CommStats NcclProcessGroup::Stats() const { return comm_->stats.Snapshot(); }
+
+void NcclProcessGroup::ResetStats() { comm_->stats.Reset(); }
+
+absl::StatusOr<std::shared_ptr<ProcessGroup>> NcclProcessGroup::NewSubgroup(
+    const std::vector<int>& ranks, const SubgroupOptions& options) {
+  RETURN_IF_ERROR(ValidateSubgroupRanks(*this, ranks));
+  int index = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    index = next_subgroup_++;
+  }
+  const std::string key_name = absl::StrCat("sub", index);
+  auto it = std::find(ranks.begin(), ranks.end(), rank_);
+  if (it == ranks.end()) {
+    return absl::NotFoundError(absl::StrCat("NewSubgroup([", absl::StrJoin(ranks, ", "), "]) on ",
+                                            Describe(), ": rank ", rank_,
+                                            " is not a member of this subgroup"));
+  }
+  NcclOptions sub = options_;
+  sub.name = options.name.empty() ? absl::StrCat(options_.name, "/", key_name) : options.name;
+  sub.init_timeout = options.timeout;
+  ASSIGN_OR_RETURN(auto group, Join(std::make_shared<PrefixStore>(store_, key_name),
+                                    static_cast<int>(it - ranks.begin()),
+                                    static_cast<int>(ranks.size()), device_, sub));
+  return std::shared_ptr<ProcessGroup>(std::move(group));
+}
+
+}  // namespace comm

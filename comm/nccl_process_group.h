@@ -1,0 +1,129 @@
+// NcclProcessGroup: the GPU backend of ProcessGroup, on NCCL. Built only under
+// --config=cuda (without it this header declares nothing).
+//
+//   comm::NcclOptions opts;
+//   ASSIGN_OR_RETURN(auto group, comm::NcclProcessGroup::Create(
+//                                    store, rank, world_size, core::Device::Cuda(local_rank), opts));
+//   ASSIGN_OR_RETURN(auto work, group->AllReduce(cuda_tensor, comm::AllReduceOptions{}));
+//   RETURN_IF_ERROR(work->Wait(absl::Seconds(60)));
+//
+// Create() exchanges the NCCL unique id through the store (rank 0 writes it under
+// "<name>/nccl_unique_id") and initialises a non-blocking communicator, so a rank that
+// never arrives gives DeadlineExceeded after options.init_timeout instead of a hang.
+// Collectives take CUDA tensors on the group's device and run on the group's own CUDA
+// stream: each first waits (through an event) for the work already queued on the
+// legacy default stream, where core's kernels and copies run, so it sees their results;
+// its Work records an event when it is done. Wait() blocks the host until that event
+// has fired. A Work's deadline (its options' timeout, from issue) is enforced when it is
+// waited on or polled: past it, the communicator is aborted, the group is broken and
+// the Work completes with DeadlineExceeded; NCCL's own asynchronous errors do the same.
+// bf16 reductions run on fp32 copies (kComm) and round back once.
+//
+// All the rules in comm/process_group.h hold, in particular NOTE [Same order on all
+// ranks]: every rank issues the same collectives in the same order. Byte counters
+// follow NOTE [Byte counters] and count a collective once its Work has been seen to
+// succeed (Wait or IsCompleted). One group per GPU: NCCL refuses two ranks of one
+// communicator on the same device.
+#ifndef COMM_NCCL_PROCESS_GROUP_H_
+#define COMM_NCCL_PROCESS_GROUP_H_
+
+#ifdef FSDP_WITH_CUDA
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "comm/process_group.h"
+#include "comm/store.h"
+#include "core/device.h"
+
+namespace comm {
+
+struct NcclOptions {
+  // Name of the group; its store keys live under "<name>/". Must be fresh in the store.
+  std::string name = "world";
+  // How long Create waits for the unique id and for the communicator to come up.
+  absl::Duration init_timeout = absl::Seconds(60);
+};
+
+namespace internal {
+struct NcclComm;
+}  // namespace internal
+
+class NcclProcessGroup : public ProcessGroup {
+ public:
+  // Joins the group as `rank` of `size` on CUDA `device`. InvalidArgument for a bad
+  // rank/size/device or a null store; DeadlineExceeded when the id or the peers do not
+  // arrive in time; Internal/Unavailable for CUDA or NCCL failures, with their text.
+  static absl::StatusOr<std::shared_ptr<NcclProcessGroup>> Create(std::shared_ptr<Store> store,
+                                                                  int rank, int size,
+                                                                  core::Device device,
+                                                                  const NcclOptions& options);
+  ~NcclProcessGroup() override;
+  NcclProcessGroup(const NcclProcessGroup&) = delete;
+  NcclProcessGroup& operator=(const NcclProcessGroup&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend_name() const override { return "nccl"; }
+  std::string name() const override { return options_.name; }
+  core::Device device() const { return device_; }
+  // The stream the collectives run on.
+  cudaStream_t stream() const { return stream_; }
+
+  absl::StatusOr<std::shared_ptr<Work>> AllGather(const core::Tensor& input,
+                                                  const core::Tensor& output,
+                                                  const AllGatherOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> ReduceScatter(
+      const core::Tensor& input, const core::Tensor& output,
+      const ReduceScatterOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> AllReduce(const core::Tensor& tensor,
+                                                  const AllReduceOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> Broadcast(const core::Tensor& tensor,
+                                                  const BroadcastOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> Barrier(const BarrierOptions& options) override;
+
+  CommStats Stats() const override;
+  void ResetStats() override;
+
+  absl::StatusOr<std::shared_ptr<ProcessGroup>> NewSubgroup(
+      const std::vector<int>& ranks, const SubgroupOptions& options) override;
+
+ private:
+  NcclProcessGroup(std::shared_ptr<Store> store, int rank, int size, core::Device device,
+                   NcclOptions options);
+  static absl::StatusOr<std::shared_ptr<NcclProcessGroup>> Join(std::shared_ptr<Store> store,
+                                                                int rank, int size,
+                                                                core::Device device,
+                                                                const NcclOptions& options);
+
+  // Issues the NCCL calls `launch` makes on the group's stream after the compute
+  // stream's pending work, and returns the Work that completes after them. `keep`
+  // holds temporaries alive until then.
+  using LaunchFn = std::function<absl::Status(ncclComm_t comm, cudaStream_t stream)>;
+  absl::StatusOr<std::shared_ptr<Work>> Issue(CollectiveKind kind, absl::Duration timeout,
+                                              Traffic traffic, std::vector<core::Tensor> keep,
+                                              const LaunchFn& launch);
+
+  const std::shared_ptr<Store> store_;
+  const int rank_;
+  const int size_;
+  const core::Device device_;
+  const NcclOptions options_;
+  std::shared_ptr<internal::NcclComm> comm_;
+  cudaStream_t stream_ = nullptr;
+
+  absl::Mutex mu_;  // serialises issuing (NCCL calls on one communicator)
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  int next_subgroup_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace comm
+
+#endif  // FSDP_WITH_CUDA
+#endif  // COMM_NCCL_PROCESS_GROUP_H_

@@ -1,0 +1,172 @@
+// Tests of the NCCL backend. Tagged "gpu": they need --config=cuda and a usable GPU,
+// and skip (saying why) otherwise. On one GPU a communicator has one rank, so these
+// check the single-rank semantics, bf16 handling, ordering with the compute stream,
+// counters and argument checks; with two or more GPUs a 2-rank test runs too.
+// Multi-rank behaviour in general is covered on the CPU by the gloo tests.
+//
+// Values are small integers, exact in fp32 and bf16, so results compare with EXPECT_EQ.
+#include "core/cuda_device.h"
+#include "gtest/gtest.h"
+
+#ifdef FSDP_WITH_CUDA
+#include <thread>
+
+#include "comm/hash_store.h"
+#include "comm/nccl_process_group.h"
+#include "core/tensor.h"
+#endif
+
+namespace comm {
+namespace {
+
+#ifndef FSDP_WITH_CUDA
+
+TEST(NcclProcessGroupTest, NeedsACudaBuild) {
+  EXPECT_FALSE(core::BuiltWithCuda());
+  GTEST_SKIP() << "built without CUDA (--config=cuda): the NCCL backend is not compiled in";
+}
+
+#else
+
+using core::DType;
+using core::Tensor;
+
+constexpr absl::Duration kTimeout = absl::Seconds(60);
+
+class NcclTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<int> n = core::CudaDeviceCount();
+    if (!n.ok()) GTEST_SKIP() << n.status();
+    gpus_ = *n;
+    auto g = NcclProcessGroup::Create(std::make_shared<HashStore>(), 0, 1, core::Device::Cuda(0),
+                                      NcclOptions{});
+    ASSERT_TRUE(g.ok()) << g.status();
+    group_ = *g;
+  }
+
+  Tensor OnGpu(const std::vector<float>& values, DType dtype) {
+    Tensor host = Tensor::FromVector(values, {static_cast<int64_t>(values.size())}).value();
+    Tensor h = host.ToDType(dtype, core::MemoryTag::kOther).value();
+    Tensor d = Tensor::Allocate(h.shape(), dtype, core::MemoryTag::kOther, core::Device::Cuda(0)).value();
+    EXPECT_TRUE(d.CopyFrom(h).ok());
+    return d;
+  }
+
+  std::vector<float> ToHost(const Tensor& d) {
+    Tensor h = Tensor::Zeros(d.shape(), d.dtype());
+    EXPECT_TRUE(h.CopyFrom(d).ok());
+    return h.ToVector();
+  }
+
+  int gpus_ = 0;
+  std::shared_ptr<NcclProcessGroup> group_;
+};
+
+TEST_F(NcclTest, SingleRankCollectivesKeepOrCopyTheData) {
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    Tensor in = OnGpu({1, 2, 3}, dtype);
+    Tensor out = OnGpu({0, 0, 0}, dtype);
+    ASSERT_TRUE(group_->AllGather(in, out, AllGatherOptions{}).value()->Wait(kTimeout).ok());
+    EXPECT_EQ(ToHost(out), (std::vector<float>{1, 2, 3}));
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
+      Tensor t = OnGpu({4, 5, 6, 7}, dtype);
+      AllReduceOptions ar;
+      ar.reduce_op = op;
+      ASSERT_TRUE(group_->AllReduce(t, ar).value()->Wait(kTimeout).ok());
+      EXPECT_EQ(ToHost(t), (std::vector<float>{4, 5, 6, 7})) << ReduceOpName(op);
+      Tensor rs_out = OnGpu({0, 0, 0, 0}, dtype);
+      ReduceScatterOptions rs;
+      rs.reduce_op = op;
+      ASSERT_TRUE(group_->ReduceScatter(t, rs_out, rs).value()->Wait(kTimeout).ok());
+      EXPECT_EQ(ToHost(rs_out), (std::vector<float>{4, 5, 6, 7})) << ReduceOpName(op);
+    }
+    Tensor b = OnGpu({9, 8}, dtype);
+    ASSERT_TRUE(group_->Broadcast(b, BroadcastOptions{}).value()->Wait(kTimeout).ok());
+    EXPECT_EQ(ToHost(b), (std::vector<float>{9, 8}));
+  }
+  ASSERT_TRUE(group_->Barrier(BarrierOptions{}).value()->Wait(kTimeout).ok());
+}
+
+TEST_F(NcclTest, ZeroLengthAndInPlaceWork) {
+  Tensor empty = OnGpu({}, DType::kFloat32);
+  ASSERT_TRUE(group_->AllReduce(empty, AllReduceOptions{}).value()->Wait(kTimeout).ok());
+  Tensor out = OnGpu({5, 6}, DType::kFloat32);
+  Tensor slot = out.View(0, {2}).value();
+  ASSERT_TRUE(group_->AllGather(slot, out, AllGatherOptions{}).value()->Wait(kTimeout).ok());
+  EXPECT_EQ(ToHost(out), (std::vector<float>{5, 6}));
+  EXPECT_EQ(group_->Stats().of(CollectiveKind::kAllReduce).calls, 1);
+}
+
+TEST_F(NcclTest, SeesComputeStreamWritesIssuedBeforeIt) {
+  // Fill runs on the legacy default stream; the collective must wait for it.
+  Tensor t = Tensor::Allocate({1 << 22}, DType::kFloat32, core::MemoryTag::kOther,
+                              core::Device::Cuda(0)).value();
+  t.Fill(3.0f);
+  ASSERT_TRUE(group_->AllReduce(t, AllReduceOptions{}).value()->Wait(kTimeout).ok());
+  EXPECT_EQ(ToHost(t.View((1 << 22) - 1, {1}).value())[0], 3.0f);
+}
+
+TEST_F(NcclTest, RejectsCpuTensorsAndBadShapes) {
+  Tensor cpu = Tensor::Zeros({4});
+  auto w = group_->AllReduce(cpu, AllReduceOptions{});
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument) << w.status();
+  EXPECT_NE(w.status().message().find("cuda:0"), std::string::npos) << w.status();
+  Tensor a = OnGpu({1, 2}, DType::kFloat32);
+  Tensor b = OnGpu({1, 2, 3}, DType::kFloat32);
+  EXPECT_EQ(group_->AllGather(a, b, AllGatherOptions{}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(NcclTest, CountersFollowTheFormulasAtOneRank) {
+  group_->ResetStats();
+  Tensor t = OnGpu({1, 2, 3, 4}, DType::kFloat32);
+  ASSERT_TRUE(group_->AllReduce(t, AllReduceOptions{}).value()->Wait(kTimeout).ok());
+  const CollectiveStats s = group_->Stats().of(CollectiveKind::kAllReduce);
+  EXPECT_EQ(s.calls, 1);
+  EXPECT_EQ(s.bytes_sent, 0);  // one rank moves nothing
+}
+
+TEST_F(NcclTest, TwoRanksOnTwoGpus) {
+  if (gpus_ < 2) GTEST_SKIP() << "needs two GPUs; this machine has " << gpus_;
+  auto store = std::make_shared<HashStore>();
+  std::vector<absl::Status> results(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      NcclOptions o;
+      o.name = "pair";
+      auto g = NcclProcessGroup::Create(store, r, 2, core::Device::Cuda(r), o);
+      if (!g.ok()) {
+        results[r] = g.status();
+        return;
+      }
+      Tensor t = Tensor::Allocate({8}, DType::kBFloat16, core::MemoryTag::kOther,
+                                  core::Device::Cuda(r)).value();
+      t.Fill(static_cast<float>(r + 1));
+      auto w = (*g)->AllReduce(t, AllReduceOptions{});
+      results[r] = w.ok() ? (*w)->Wait(kTimeout) : w.status();
+      Tensor h = Tensor::Zeros({8}, DType::kBFloat16);
+      if (results[r].ok()) results[r] = h.CopyFrom(t);
+      if (results[r].ok() && h.ToVector()[7] != 3.0f) results[r] = absl::InternalError("sum");
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(results[r].ok()) << results[r];
+}
+
+TEST_F(NcclTest, MissingPeerIsDeadlineExceededNotAHang) {
+  NcclOptions o;
+  o.name = "lonely";
+  o.init_timeout = absl::Seconds(1);
+  const absl::Time start = absl::Now();
+  // Rank 1 of 2 waits for rank 0's id, which nobody writes.
+  auto g = NcclProcessGroup::Create(std::make_shared<HashStore>(), 1, 2, core::Device::Cuda(0), o);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kDeadlineExceeded) << g.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+#endif  // FSDP_WITH_CUDA
+
+}  // namespace
+}  // namespace comm
