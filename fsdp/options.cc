@@ -1,0 +1,116 @@
+#include "fsdp/options.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace fsdp {
+namespace {
+
+std::string PolicyName(const policy::WrapPolicyPtr& p) {
+  return p == nullptr ? policy::Never()->Name() : p->Name();
+}
+
+std::string Bool(bool b) { return b ? "true" : "false"; }
+
+}  // namespace
+
+std::string ShardingStrategyName(ShardingStrategy strategy) {
+  switch (strategy) {
+    case ShardingStrategy::kFullShard:
+      return "FULL_SHARD";
+    case ShardingStrategy::kShardGradOp:
+      return "SHARD_GRAD_OP";
+    case ShardingStrategy::kNoShard:
+      return "NO_SHARD";
+    case ShardingStrategy::kHybridShard:
+      return "HYBRID_SHARD";
+  }
+  return "UNKNOWN";
+}
+
+absl::Status FullyShardOptions::Validate(int group_size) const {
+  if (policy != nullptr) {
+    absl::Status s = policy->Validate();
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("FullyShardOptions.policy (", policy->Name(), "): ", s.message()));
+    }
+  }
+  if (strategy == ShardingStrategy::kHybridShard) {
+    if (hybrid_shard_size < 1 || group_size % hybrid_shard_size != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "FullyShardOptions.hybrid_shard_size is ", hybrid_shard_size,
+          "; HYBRID_SHARD needs a positive shard group size that divides the group size ",
+          group_size));
+    }
+  } else if (hybrid_shard_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("FullyShardOptions.hybrid_shard_size is ", hybrid_shard_size, " but the "
+                     "strategy is ", ShardingStrategyName(strategy),
+                     "; it applies to HYBRID_SHARD only (leave it 0)"));
+  }
+  for (const auto& [dtype, name] :
+       {std::pair<core::DType, const char*>{mixed_precision.param_dtype, "param_dtype"},
+        {mixed_precision.reduce_dtype, "reduce_dtype"}}) {
+    if (dtype != core::DType::kFloat32 && dtype != core::DType::kBFloat16) {
+      return absl::InvalidArgumentError(absl::StrCat("FullyShardOptions.mixed_precision.", name,
+                                                     " is ", core::DTypeName(dtype),
+                                                     "; it must be float32 or bfloat16"));
+    }
+  }
+  if (limit_all_gathers < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("FullyShardOptions.limit_all_gathers is ",
+                                                   limit_all_gathers, "; it must be >= 0"));
+  }
+  if (timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("FullyShardOptions.timeout is ",
+                                                   absl::FormatDuration(timeout),
+                                                   "; it must be positive"));
+  }
+  return absl::OkStatus();
+}
+
+std::string FirstDifferingOption(const FullyShardOptions& a, const FullyShardOptions& b) {
+  if (PolicyName(a.policy) != PolicyName(b.policy)) {
+    return absl::StrCat("policy: ", PolicyName(a.policy), " vs ", PolicyName(b.policy));
+  }
+  if (a.strategy != b.strategy) {
+    return absl::StrCat("strategy: ", ShardingStrategyName(a.strategy), " vs ",
+                        ShardingStrategyName(b.strategy));
+  }
+  if (a.hybrid_shard_size != b.hybrid_shard_size) {
+    return absl::StrCat("hybrid_shard_size: ", a.hybrid_shard_size, " vs ", b.hybrid_shard_size);
+  }
+  if (a.mixed_precision.param_dtype != b.mixed_precision.param_dtype) {
+    return absl::StrCat("mixed_precision.param_dtype: ",
+                        core::DTypeName(a.mixed_precision.param_dtype), " vs ",
+                        core::DTypeName(b.mixed_precision.param_dtype));
+  }
+  if (a.mixed_precision.reduce_dtype != b.mixed_precision.reduce_dtype) {
+    return absl::StrCat("mixed_precision.reduce_dtype: ",
+                        core::DTypeName(a.mixed_precision.reduce_dtype), " vs ",
+                        core::DTypeName(b.mixed_precision.reduce_dtype));
+  }
+  if (a.backward_prefetch != b.backward_prefetch) {
+    return absl::StrCat("backward_prefetch: ", Bool(a.backward_prefetch), " vs ",
+                        Bool(b.backward_prefetch));
+  }
+  if (a.forward_prefetch != b.forward_prefetch) {
+    return absl::StrCat("forward_prefetch: ", Bool(a.forward_prefetch), " vs ",
+                        Bool(b.forward_prefetch));
+  }
+  if (a.limit_all_gathers != b.limit_all_gathers) {
+    return absl::StrCat("limit_all_gathers: ", a.limit_all_gathers, " vs ", b.limit_all_gathers);
+  }
+  if (a.ignored_paths != b.ignored_paths) {
+    return absl::StrCat("ignored_paths: [", absl::StrJoin(a.ignored_paths, ", "), "] vs [",
+                        absl::StrJoin(b.ignored_paths, ", "), "]");
+  }
+  if (a.timeout != b.timeout) {
+    return absl::StrCat("timeout: ", absl::FormatDuration(a.timeout), " vs ",
+                        absl::FormatDuration(b.timeout));
+  }
+  return "";
+}
+
+}  // namespace fsdp

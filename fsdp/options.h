@@ -1,0 +1,103 @@
+// Options of fsdp::FullyShard: sharding strategy, mixed precision, prefetch, the wrap
+// policy, and the comparison the registry uses to decide whether a repeated wrap asks
+// for the same thing.
+//
+//   fsdp::FullyShardOptions options;
+//   options.policy = policy::ModuleTypes({"TransformerBlock"});
+//   options.strategy = fsdp::ShardingStrategy::kHybridShard;
+//   options.hybrid_shard_size = 2;                      // shard in pairs, replicate across
+//   options.mixed_precision.param_dtype = core::DType::kBFloat16;
+//   RETURN_IF_ERROR(options.Validate(group->size()));
+//   std::string diff = fsdp::FirstDifferingOption(options, other);  // "" when equal
+#ifndef FSDP_OPTIONS_H_
+#define FSDP_OPTIONS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "core/dtype.h"
+#include "policy/wrap_policy.h"
+
+namespace fsdp {
+
+// How a unit's parameters, gradients and optimizer state are split over the group.
+enum class ShardingStrategy {
+  // ZeRO-3: parameters sharded; all-gathered before forward and again before backward,
+  // resharded after each; gradients reduce-scattered.
+  kFullShard,
+  // ZeRO-2: like kFullShard but the parameters stay unsharded from forward to the end of
+  // backward (no second all-gather).
+  kShardGradOp,
+  // DDP: every rank holds everything; gradients all-reduced (average).
+  kNoShard,
+  // kFullShard within groups of FullyShardOptions::hybrid_shard_size consecutive ranks,
+  // gradient shards all-reduced (average) across those groups.
+  kHybridShard,
+};
+
+// "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD" (PyTorch's names).
+std::string ShardingStrategyName(ShardingStrategy strategy);
+
+// NOTE [Mixed precision]: the local shard stays float32 and is the master copy the
+// optimizer steps. With param_dtype bf16, an unshard rounds the shard to bf16 and
+// all-gathers bf16 (half the bytes); the layers then see the bf16 values widened to
+// float32, because nn/ computes in float32 only and Debian's OpenBLAS 0.3.21 has no bf16
+// GEMM (no cblas_sbgemm): "bf16 compute" on the CPU here means bf16-rounded operands
+// with float32 arithmetic and accumulation, which is what a bf16 GEMM with an fp32
+// accumulator computes as well, up to the rounding of its output. With reduce_dtype
+// bf16, the float32 full gradient is rounded to bf16 and reduce-scattered in bf16 (the
+// gloo backend accumulates bf16 reductions in float32 and rounds once), then widened
+// and added into the float32 gradient shard.
+struct MixedPrecision {
+  // Dtype of the unsharded compute copy: kFloat32 (off) or kBFloat16.
+  core::DType param_dtype = core::DType::kFloat32;
+  // Dtype gradients are reduced in: kFloat32 (off) or kBFloat16.
+  core::DType reduce_dtype = core::DType::kFloat32;
+
+  bool enabled() const {
+    return param_dtype != core::DType::kFloat32 || reduce_dtype != core::DType::kFloat32;
+  }
+};
+
+struct FullyShardOptions {
+  // Which modules below the wrapped one become units (NOTE [Bottom-up application] in
+  // policy/plan.h); the wrapped module itself is always one. Null means
+  // policy::Never(): one unit for the whole module.
+  policy::WrapPolicyPtr policy;
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  // kHybridShard only: ranks per shard group; must divide the group size. Ranks
+  // [k h, (k + 1) h) form shard group k; ranks with the same index in their shard group
+  // form a replicate group.
+  int hybrid_shard_size = 0;
+  MixedPrecision mixed_precision;
+  // NOTE [Prefetch]: with backward_prefetch, a unit's backward pre-hook, after issuing
+  // its own all-gather, issues the all-gathers of the units that follow it in backward
+  // order (the reverse of the order their forwards finished in); with forward_prefetch,
+  // a unit's forward pre-hook does the same for the units that followed it in the
+  // previous forward. Either stops once `limit_all_gathers` units are unsharded or
+  // unsharding ahead, that is, not currently computing (0 disables prefetching).
+  bool backward_prefetch = true;
+  bool forward_prefetch = false;
+  int limit_all_gathers = 2;
+  // Dotted paths (from the wrapped module) of modules whose parameters FSDP leaves
+  // alone: not flattened, not sharded, and their gradients are NOT synchronised across
+  // ranks (as PyTorch's ignored_modules). Their descendants are ignored too.
+  std::vector<std::string> ignored_paths;
+  // Deadline of every collective FSDP issues and of every wait on one.
+  absl::Duration timeout = absl::Minutes(5);
+
+  // OK when the options are usable on a group of `group_size` ranks; InvalidArgument
+  // naming the option ("FullyShardOptions.hybrid_shard_size", ...) otherwise.
+  absl::Status Validate(int group_size) const;
+};
+
+// "" when `a` and `b` ask for the same wrap; otherwise the name of the first option that
+// differs and both values, e.g. "strategy: FULL_SHARD vs NO_SHARD". Policies compare by
+// WrapPolicy::Name() (which carries their options), a null policy as Never()'s name.
+std::string FirstDifferingOption(const FullyShardOptions& a, const FullyShardOptions& b);
+
+}  // namespace fsdp
+
+#endif  // FSDP_OPTIONS_H_

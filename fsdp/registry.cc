@@ -1,0 +1,190 @@
+#include "fsdp/registry.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+
+namespace fsdp {
+
+WrapperRegistry::WrapperRegistry() : runtime_(std::make_shared<Runtime>()) {}
+
+WrapperRegistry::~WrapperRegistry() = default;
+
+WrapperRegistry::Entry* WrapperRegistry::Lookup(const core::Module& module) {
+  auto it = entries_.find(&module);
+  if (it == entries_.end()) return nullptr;
+  std::shared_ptr<core::Module> live = it->second.module.lock();
+  if (live == nullptr || live.get() != &module) {
+    entries_.erase(it);
+    return nullptr;
+  }
+  if (it->second.unit != nullptr && it->second.unit->state() == UnitState::kReleased) {
+    it->second.unit.reset();
+  }
+  return &it->second;
+}
+
+void WrapperRegistry::Sweep() {
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->second.module.expired()) {
+      it = entries_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+int WrapperRegistry::NumUnits() {
+  Sweep();
+  int n = 0;
+  for (const auto& [ptr, entry] : entries_) {
+    if (entry.unit != nullptr && entry.unit->state() != UnitState::kReleased) ++n;
+  }
+  return n;
+}
+
+std::shared_ptr<Unit> WrapperRegistry::FindUnit(const core::Module& module) {
+  Entry* e = Lookup(module);
+  return e == nullptr ? nullptr : e->unit;
+}
+
+std::shared_ptr<FullyShardHandle> WrapperRegistry::FindHandle(const core::Module& module) {
+  Entry* e = Lookup(module);
+  if (e == nullptr || e->handle == nullptr) return nullptr;
+  if (e->handle->released()) {
+    e->handle.reset();
+    return nullptr;
+  }
+  return e->handle;
+}
+
+std::shared_ptr<Unit> WrapperRegistry::OwningUnit(core::Module& module) {
+  Sweep();
+  std::shared_ptr<Unit> best;
+  size_t best_size = 0;
+  for (const auto& [ptr, entry] : entries_) {
+    if (ptr == &module || entry.unit == nullptr ||
+        entry.unit->state() == UnitState::kReleased) {
+      continue;
+    }
+    std::shared_ptr<core::Module> root = entry.module.lock();
+    if (root == nullptr) continue;
+    const std::vector<core::NamedModule> subtree = root->NamedModules();
+    bool contains = false;
+    for (const auto& [path, m] : subtree) contains = contains || m.get() == &module;
+    if (contains && (best == nullptr || subtree.size() < best_size)) {
+      best = entry.unit;
+      best_size = subtree.size();
+    }
+  }
+  return best;
+}
+
+std::vector<std::shared_ptr<Unit>> WrapperRegistry::UnitsIn(core::Module& module) {
+  std::vector<std::shared_ptr<Unit>> out;
+  for (const auto& [path, m] : module.NamedModules()) {
+    if (std::shared_ptr<Unit> u = FindUnit(*m)) out.push_back(std::move(u));
+  }
+  return out;
+}
+
+absl::StatusOr<UnitGroups> WrapperRegistry::GroupsFor(
+    const std::shared_ptr<comm::ProcessGroup>& group, const FullyShardOptions& options) {
+  const int n = group->size();
+  const int rank = group->rank();
+  int shard_size = n;
+  switch (options.strategy) {
+    case ShardingStrategy::kFullShard:
+    case ShardingStrategy::kShardGradOp:
+      shard_size = n;
+      break;
+    case ShardingStrategy::kNoShard:
+      shard_size = 1;
+      break;
+    case ShardingStrategy::kHybridShard:
+      shard_size = options.hybrid_shard_size;
+      break;
+  }
+  UnitGroups out;
+  out.world = group;
+  out.shard_size = shard_size;
+  out.shard_rank = rank % shard_size;
+  if (shard_size == n) {
+    if (n > 1) out.shard = group;
+    return out;
+  }
+  if (shard_size == 1) {
+    if (n > 1) out.replicate = group;
+    return out;
+  }
+  const auto key = std::make_pair(static_cast<const comm::ProcessGroup*>(group.get()), shard_size);
+  auto it = group_cache_.find(key);
+  if (it != group_cache_.end()) {
+    if (it->second.parent.lock() == group) return it->second.groups;
+    group_cache_.erase(it);
+  }
+  comm::SubgroupOptions sub;
+  sub.timeout = options.timeout;
+  // Shard groups: consecutive ranks; then replicate groups: equal index in each.
+  for (int k = 0; k < n / shard_size; ++k) {
+    std::vector<int> ranks;
+    for (int i = 0; i < shard_size; ++i) ranks.push_back(k * shard_size + i);
+    absl::StatusOr<std::shared_ptr<comm::ProcessGroup>> g = group->NewSubgroup(ranks, sub);
+    if (g.ok()) {
+      out.shard = *std::move(g);
+    } else if (!absl::IsNotFound(g.status())) {
+      return absl::Status(g.status().code(),
+                          absl::StrCat("HYBRID_SHARD shard group ", k, ": ", g.status().message()));
+    }
+  }
+  for (int j = 0; j < shard_size; ++j) {
+    std::vector<int> ranks;
+    for (int k = 0; k < n / shard_size; ++k) ranks.push_back(k * shard_size + j);
+    absl::StatusOr<std::shared_ptr<comm::ProcessGroup>> g = group->NewSubgroup(ranks, sub);
+    if (g.ok()) {
+      out.replicate = *std::move(g);
+    } else if (!absl::IsNotFound(g.status())) {
+      return absl::Status(g.status().code(), absl::StrCat("HYBRID_SHARD replicate group ", j,
+                                                          ": ", g.status().message()));
+    }
+  }
+  group_cache_[key] = CachedGroups{group, out};
+  return out;
+}
+
+void WrapperRegistry::AddUnit(const std::shared_ptr<core::Module>& module,
+                              std::shared_ptr<Unit> unit) {
+  Entry& e = entries_[module.get()];
+  e.module = module;
+  e.unit = std::move(unit);
+}
+
+void WrapperRegistry::SetHandle(const std::shared_ptr<core::Module>& module,
+                                std::shared_ptr<FullyShardHandle> handle) {
+  Entry& e = entries_[module.get()];
+  e.module = module;
+  e.handle = std::move(handle);
+}
+
+void WrapperRegistry::Remove(const core::Module& module) { entries_.erase(&module); }
+
+void WrapperRegistry::DropUnusedGroups() {
+  Sweep();
+  for (auto it = group_cache_.begin(); it != group_cache_.end();) {
+    bool used = false;
+    for (const auto& [ptr, entry] : entries_) {
+      if (entry.unit != nullptr && entry.unit->state() != UnitState::kReleased &&
+          entry.unit->groups().shard == it->second.groups.shard) {
+        used = true;
+      }
+    }
+    if (used && !it->second.parent.expired()) {
+      ++it;
+    } else {
+      it = group_cache_.erase(it);
+    }
+  }
+}
+
+}  // namespace fsdp

@@ -1,0 +1,90 @@
+// Test-only: the Gpt training runs the fsdp tests compare: a single-process unwrapped
+// reference and the same training on one rank of a thread-rank group under FullyShard.
+//
+//   fsdp::testing::GptTrainingSetup setup = fsdp::testing::TinySetup();
+//   ASSIGN_OR_RETURN(fsdp::testing::TrainingRun reference, fsdp::testing::TrainUnwrapped(setup));
+//   absl::Status s = comm::testing::RunThreadRanks(4, [&](comm::testing::RankContext& ctx) {
+//     ASSIGN_OR_RETURN(auto run, fsdp::testing::TrainFullyShardedRank(ctx, setup, options));
+//     return fsdp::testing::CompareRuns(reference, run, 1e-5, 1e-6);
+//   });
+//
+// Both runs see the same global batches (data::MarkovLanguage batch `step`); a rank
+// trains on its data::RankSampler rows with the loss averaged over them, so the
+// averaged reduce-scatter gives the gradient of the global-batch mean loss.
+#ifndef FSDP_TESTING_GPT_TRAINING_H_
+#define FSDP_TESTING_GPT_TRAINING_H_
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "comm/testing/thread_ranks.h"
+#include "data/markov_language.h"
+#include "fsdp/options.h"
+#include "fsdp/registry.h"
+#include "nn/gpt.h"
+#include "optim/adamw.h"
+
+namespace fsdp {
+namespace testing {
+
+struct GptTrainingSetup {
+  nn::GptConfig gpt;
+  data::MarkovLanguageOptions language;
+  // Rows of every global batch; a multiple of every world size tested (12: N = 1..4).
+  int global_batch = 12;
+  int seq_len = 8;
+  int steps = 20;
+  optim::AdamWOptions adamw;
+};
+
+// A Gpt of 2 blocks, width 16, 2 heads, vocabulary 16, context 8 (about 7k parameters),
+// AdamW lr 1e-2, eps 1e-5 (NOTE [AdamW eps in parity runs] in the .cc): small enough for 16 four-rank runs in seconds, large enough that every
+// unit holds parameters on every rank.
+GptTrainingSetup TinySetup();
+
+struct TrainingRun {
+  // Loss of the global batch at each step (on a rank: the mean of the ranks' local
+  // losses, all-reduced).
+  std::vector<double> losses;
+  // Final full parameters by NamedParameters() name.
+  std::vector<std::pair<std::string, std::vector<float>>> params;
+};
+
+// The language, the model and the batch of a step, shared by both runs.
+absl::StatusOr<data::MarkovLanguage> MakeLanguage(const GptTrainingSetup& setup);
+absl::StatusOr<std::shared_ptr<nn::Gpt>> MakeGpt(const GptTrainingSetup& setup);
+// The policy the parity tests use: one unit per TransformerBlock, plus the root.
+FullyShardOptions PerBlockOptions(ShardingStrategy strategy, int hybrid_shard_size = 0);
+
+// One forward/backward on `batch` (grads accumulate; no optimizer step); returns the
+// loss, the mean over the batch's tokens.
+absl::StatusOr<double> ForwardBackward(core::Module& model, const data::TokenBatch& batch);
+
+// Single process, no FSDP.
+absl::StatusOr<TrainingRun> TrainUnwrapped(const GptTrainingSetup& setup);
+
+// On one rank: builds the same Gpt, FullyShards it with `options` (a fresh registry),
+// trains with AdamW on the rank's slices, then Releases it to read the full parameters.
+absl::StatusOr<TrainingRun> TrainFullyShardedRank(comm::testing::RankContext& ctx,
+                                                  const GptTrainingSetup& setup,
+                                                  const FullyShardOptions& options);
+
+// The values of a module's parameters by name (full-shape data read as floats).
+std::vector<std::pair<std::string, std::vector<float>>> ParameterValues(const core::Module& m);
+
+// OK when `actual` matches `expected` elementwise within |a - e| <= atol + rtol |e|
+// (losses and parameters, same names in the same order); otherwise Internal naming the
+// first mismatch (step, or parameter and index) with both values. When OK and
+// `worst_ratio` is set, stores the largest |a - e| / (atol + rtol |e|) (how much of the
+// tolerance the run used).
+absl::Status CompareRuns(const TrainingRun& expected, const TrainingRun& actual, double rtol,
+                         double atol, double* worst_ratio = nullptr);
+
+}  // namespace testing
+}  // namespace fsdp
+
+#endif  // FSDP_TESTING_GPT_TRAINING_H_

@@ -1,0 +1,294 @@
+#include "fsdp/unit.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+
+namespace fsdp {
+namespace {
+
+// Adds `src` (fp32 or bf16, same numel) into the fp32 tensor `dst`.
+void AddInto(const core::Tensor& dst, const core::Tensor& src) {
+  float* d = dst.data<float>();
+  const int64_t n = dst.numel();
+  if (src.dtype() == core::DType::kFloat32) {
+    const float* s = src.data<float>();
+    for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+  } else {
+    const core::BFloat16* s = src.data<core::BFloat16>();
+    for (int64_t i = 0; i < n; ++i) d[i] += s[i].ToFloat();
+  }
+}
+
+}  // namespace
+
+std::string UnitStateName(UnitState state) {
+  switch (state) {
+    case UnitState::kSharded:
+      return "sharded";
+    case UnitState::kUnsharding:
+      return "unsharding";
+    case UnitState::kUnsharded:
+      return "unsharded";
+    case UnitState::kFailed:
+      return "failed";
+    case UnitState::kReleased:
+      return "released";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<std::shared_ptr<Unit>> Unit::Create(const std::shared_ptr<core::Module>& module,
+                                                   std::unique_ptr<flatten::FlatParameter> flat,
+                                                   UnitGroups groups,
+                                                   const FullyShardOptions& options) {
+  if (module == nullptr || flat == nullptr) {
+    return absl::InvalidArgumentError("fsdp::Unit::Create: null module or FlatParameter");
+  }
+  if (flat->world_size() != groups.shard_size || flat->rank() != groups.shard_rank) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fsdp unit ", module->Describe(), ": FlatParameter is rank ", flat->rank(), " of ",
+        flat->world_size(), " but the shard group is rank ", groups.shard_rank, " of ",
+        groups.shard_size));
+  }
+  std::shared_ptr<Unit> unit(new Unit());
+  unit->label_ = module->Describe();
+  unit->module_ = module;
+  unit->module_ptr_ = module.get();
+  unit->flat_ = std::move(flat);
+  unit->groups_ = std::move(groups);
+  unit->options_ = options;
+  RETURN_IF_ERROR(unit->flat_->ShardViews());
+  RETURN_IF_ERROR(unit->flat_->FreeFull());
+  unit->state_ = UnitState::kSharded;
+  return unit;
+}
+
+Unit::~Unit() { hooks_.clear(); }
+
+bool Unit::reshard_after_forward() const {
+  return options_.strategy == ShardingStrategy::kFullShard ||
+         options_.strategy == ShardingStrategy::kHybridShard;
+}
+
+absl::Status Unit::CheckUsable(const std::string& what) const {
+  if (state_ == UnitState::kFailed) {
+    return absl::FailedPreconditionError(absl::StrCat("fsdp unit ", label_, ": cannot ", what,
+                                                      " after an earlier error: ",
+                                                      failure_.message()));
+  }
+  if (state_ == UnitState::kReleased) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("fsdp unit ", label_, ": cannot ", what, ": the unit was released"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Unit::CheckState(UnitState expected, const std::string& what) const {
+  RETURN_IF_ERROR(CheckUsable(what));
+  if (state_ != expected) {
+    return absl::FailedPreconditionError(absl::StrCat("fsdp unit ", label_, ": ", what,
+                                                      " needs state ", UnitStateName(expected),
+                                                      " but the unit is ",
+                                                      UnitStateName(state_)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Unit::Fail(const absl::Status& status) {
+  failure_ = absl::Status(status.code(), absl::StrCat("fsdp unit ", label_, ": ", status.message()));
+  state_ = UnitState::kFailed;
+  return failure_;
+}
+
+absl::Status Unit::IssueUnshard(bool full_precision) {
+  RETURN_IF_ERROR(CheckState(UnitState::kSharded, "unshard"));
+  const core::DType dtype =
+      full_precision ? core::DType::kFloat32 : options_.mixed_precision.param_dtype;
+  full_exact_ = dtype == core::DType::kFloat32;
+  if (full_exact_) {
+    if (absl::Status s = flat_->AllocateFull(core::DType::kFloat32); !s.ok()) return Fail(s);
+    gather_input_ = flat_->shard();
+    gather_output_ = flat_->full();
+  } else {
+    absl::StatusOr<core::Tensor> in = flat_->shard().ToDType(dtype, core::MemoryTag::kComm);
+    if (!in.ok()) return Fail(in.status());
+    absl::StatusOr<core::Tensor> out = core::Tensor::Allocate(
+        {flat_->padded_numel()}, dtype, core::MemoryTag::kParam, flat_->device());
+    if (!out.ok()) return Fail(out.status());
+    gather_input_ = *std::move(in);
+    gather_output_ = *std::move(out);
+  }
+  if (groups_.shard != nullptr) {
+    comm::AllGatherOptions ag;
+    ag.timeout = options_.timeout;
+    absl::StatusOr<std::shared_ptr<comm::Work>> work =
+        groups_.shard->AllGather(gather_input_, gather_output_, ag);
+    if (!work.ok()) return Fail(work.status());
+    gather_work_ = *std::move(work);
+  } else if (absl::Status s = gather_output_.CopyFrom(gather_input_); !s.ok()) {
+    return Fail(s);
+  }
+  state_ = UnitState::kUnsharding;
+  return absl::OkStatus();
+}
+
+absl::Status Unit::FinishUnshard() {
+  RETURN_IF_ERROR(CheckState(UnitState::kUnsharding, "finish unsharding"));
+  if (gather_work_ != nullptr) {
+    if (absl::Status s = gather_work_->Wait(options_.timeout); !s.ok()) return Fail(s);
+    gather_work_.reset();
+  }
+  if (!full_exact_) {
+    if (absl::Status s = flat_->AllocateFull(core::DType::kFloat32); !s.ok()) return Fail(s);
+    if (absl::Status s = flat_->full().CopyFrom(gather_output_); !s.ok()) return Fail(s);
+  }
+  gather_input_ = core::Tensor();
+  gather_output_ = core::Tensor();
+  if (absl::Status s = flat_->MarkFullFilled(); !s.ok()) return Fail(s);
+  if (absl::Status s = flat_->FullViews(); !s.ok()) return Fail(s);
+  state_ = UnitState::kUnsharded;
+  return absl::OkStatus();
+}
+
+absl::Status Unit::Reshard() {
+  if (state_ == UnitState::kUnsharding) RETURN_IF_ERROR(FinishUnshard());
+  RETURN_IF_ERROR(CheckState(UnitState::kUnsharded, "reshard"));
+  if (absl::Status s = flat_->ShardViews(); !s.ok()) return Fail(s);
+  if (absl::Status s = flat_->FreeFull(); !s.ok()) return Fail(s);
+  state_ = UnitState::kSharded;
+  full_exact_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status Unit::WriteBackLocalChunk() {
+  RETURN_IF_ERROR(CheckState(UnitState::kUnsharded, "write back"));
+  if (!full_exact_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fsdp unit ", label_, ": cannot write back from a ",
+        core::DTypeName(options_.mixed_precision.param_dtype),
+        " unshard; it would overwrite the float32 master shard with rounded values"));
+  }
+  if (absl::Status s = flat_->CopyFullToShard(); !s.ok()) return Fail(s);
+  return absl::OkStatus();
+}
+
+absl::Status Unit::PrepareGradients() {
+  RETURN_IF_ERROR(CheckState(UnitState::kUnsharded, "prepare gradients"));
+  if (!flat_->full_grad().defined()) {
+    // A new accumulation: keep what the gradient shard holds for parameters whose grad
+    // still views it, and restart the others (their grad was dropped) from zero.
+    if (!flat_->shard_grad().defined()) {
+      if (absl::Status s = flat_->AllocateShardGrad(); !s.ok()) return Fail(s);
+    } else {
+      const core::Tensor& shard_grad = flat_->shard_grad();
+      for (size_t i = 0; i < flat_->records().size(); ++i) {
+        const flatten::ParamRecord& record = flat_->records()[i];
+        if (!record.requires_grad) continue;
+        if (flat_->params()[i]->grad.SharesStorage(shard_grad)) continue;
+        const flatten::ShardSlice& slice = record.shards[flat_->rank()];
+        absl::StatusOr<core::Tensor> part = shard_grad.View(slice.shard_offset, {slice.numel()});
+        if (!part.ok()) return Fail(part.status());
+        part->Zero();
+      }
+    }
+    if (absl::Status s = flat_->AllocateFullGrad(core::DType::kFloat32); !s.ok()) return Fail(s);
+  }
+  if (absl::Status s = flat_->FullGradViews(); !s.ok()) return Fail(s);
+  return absl::OkStatus();
+}
+
+absl::Status Unit::ReduceGradients() {
+  RETURN_IF_ERROR(CheckState(UnitState::kUnsharded, "reduce gradients"));
+  if (!flat_->full_grad().defined()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fsdp unit ", label_, ": reduce gradients without a full gradient buffer (did the "
+        "backward pre-hook run?)"));
+  }
+  if (reduce_pending_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("fsdp unit ", label_, ": a reduction is already pending"));
+  }
+  if (no_sync_) return absl::OkStatus();  // keep accumulating locally
+  const core::DType dtype = options_.mixed_precision.reduce_dtype;
+  if (dtype == core::DType::kFloat32) {
+    reduce_input_ = flat_->full_grad();
+  } else {
+    absl::StatusOr<core::Tensor> in = flat_->full_grad().ToDType(dtype, core::MemoryTag::kComm);
+    if (!in.ok()) return Fail(in.status());
+    reduce_input_ = *std::move(in);
+  }
+  if (groups_.shard != nullptr) {
+    absl::StatusOr<core::Tensor> out = core::Tensor::Allocate(
+        {flat_->shard_numel()}, dtype, core::MemoryTag::kComm, flat_->device());
+    if (!out.ok()) return Fail(out.status());
+    reduce_output_ = *std::move(out);
+    comm::ReduceScatterOptions rs;
+    rs.reduce_op = comm::ReduceOp::kAverage;
+    rs.timeout = options_.timeout;
+    absl::StatusOr<std::shared_ptr<comm::Work>> work =
+        groups_.shard->ReduceScatter(reduce_input_, reduce_output_, rs);
+    if (!work.ok()) return Fail(work.status());
+    reduce_work_ = *std::move(work);
+  } else {
+    reduce_output_ = reduce_input_;  // one-rank shard group: the chunk is everything
+  }
+  reduce_pending_ = true;
+  if (absl::Status s = flat_->ShardGradViews(); !s.ok()) return Fail(s);
+  if (absl::Status s = flat_->FreeFullGrad(); !s.ok()) return Fail(s);
+  return absl::OkStatus();
+}
+
+absl::Status Unit::FinishReduction() {
+  if (!reduce_pending_) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckUsable("finish a gradient reduction"));
+  if (reduce_work_ != nullptr) {
+    if (absl::Status s = reduce_work_->Wait(options_.timeout); !s.ok()) return Fail(s);
+    reduce_work_.reset();
+  }
+  if (groups_.replicate != nullptr) {
+    comm::AllReduceOptions ar;
+    ar.reduce_op = comm::ReduceOp::kAverage;
+    ar.timeout = options_.timeout;
+    absl::StatusOr<std::shared_ptr<comm::Work>> work =
+        groups_.replicate->AllReduce(reduce_output_, ar);
+    if (!work.ok()) return Fail(work.status());
+    if (absl::Status s = (*work)->Wait(options_.timeout); !s.ok()) return Fail(s);
+  }
+  AddInto(flat_->shard_grad(), reduce_output_);
+  reduce_input_ = core::Tensor();
+  reduce_output_ = core::Tensor();
+  reduce_pending_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status Unit::DropGradients() {
+  RETURN_IF_ERROR(CheckUsable("drop gradients"));
+  if (reduce_pending_) RETURN_IF_ERROR(FinishReduction());
+  if (absl::Status s = flat_->ClearGradViews(); !s.ok()) return Fail(s);
+  if (absl::Status s = flat_->FreeFullGrad(); !s.ok()) return Fail(s);
+  if (absl::Status s = flat_->FreeShardGrad(); !s.ok()) return Fail(s);
+  return absl::OkStatus();
+}
+
+absl::Status Unit::Release() {
+  RETURN_IF_ERROR(CheckUsable("release"));
+  if (summoned_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fsdp unit ", label_, ": cannot release inside SummonFullParams; close it first"));
+  }
+  RETURN_IF_ERROR(DropGradients());
+  if (state_ == UnitState::kUnsharding) RETURN_IF_ERROR(FinishUnshard());
+  if (state_ == UnitState::kUnsharded && !full_exact_) RETURN_IF_ERROR(Reshard());
+  if (state_ == UnitState::kSharded) {
+    RETURN_IF_ERROR(IssueUnshard(/*full_precision=*/true));
+    RETURN_IF_ERROR(FinishUnshard());
+  }
+  if (absl::Status s = flat_->Unflatten(); !s.ok()) return Fail(s);
+  hooks_.clear();
+  state_ = UnitState::kReleased;
+  return absl::OkStatus();
+}
+
+}  // namespace fsdp

@@ -1,0 +1,192 @@
+// Unit: one FSDP unit on one rank: a FlatParameter over the parameters of a module
+// subtree, the groups it talks over, and the state machine that moves its parameters
+// between the sharded steady state and the unsharded compute state. FullyShard creates
+// units and fsdp::Runtime drives them from module hooks; this header is what they share,
+// and what tests read (state(), flat()).
+//
+//   // Inside a forward pre-hook (simplified):
+//   RETURN_IF_ERROR(unit.IssueUnshard(/*full_precision=*/false));  // kSharded -> kUnsharding
+//   RETURN_IF_ERROR(unit.FinishUnshard());                         // -> kUnsharded
+//   ... ForwardImpl uses full-shape Parameter::data ...
+//   RETURN_IF_ERROR(unit.Reshard());                               // -> kSharded
+//
+// NOTE [Unit states]: kSharded (each managed Parameter::data is its 1-D slice of the
+// local shard; no full buffer) -> IssueUnshard -> kUnsharding (an all-gather into the
+// full buffer is in flight) -> FinishUnshard -> kUnsharded (data are full-shape views of
+// the full buffer) -> Reshard -> kSharded. Every transition checks its starting state
+// and returns FailedPrecondition naming the unit and both states otherwise. A
+// collective or buffer error moves the unit to kFailed, where every later call returns
+// FailedPrecondition quoting the first error (the in-flight buffers are kept so a
+// late-finishing collective never writes into freed memory). Release moves it to
+// kReleased: the parameters are plain again and the unit manages nothing.
+//
+// NOTE [Gradient reduction]: PrepareGradients (backward pre-hook) points every trainable
+// parameter's grad at a zeroed full-shape view of a float32 full gradient buffer that
+// the layers accumulate into; ReduceGradients (backward post-hook) issues the average
+// reduce-scatter of that buffer over the shard group (in reduce_dtype) and re-points the
+// grads at their 1-D slices of the float32 gradient shard; FinishReduction waits, then
+// (HYBRID_SHARD, NO_SHARD) all-reduces the result (average) over the replicate group,
+// and adds it into the gradient shard. Adding means gradients accumulate across
+// backwards as they would without FSDP, until the optimizer zeroes them; a parameter
+// whose grad was dropped (ZeroGrad(set_to_none)) restarts from zero. Under NoSync
+// (no_sync()), ReduceGradients keeps the unreduced full gradient buffer instead, grads
+// stay full-shape views of it and later backwards add into it; the first backward
+// outside NoSync reduces the accumulated sum.
+//
+// Not thread-safe: a unit is used by its rank's thread only.
+#ifndef FSDP_UNIT_H_
+#define FSDP_UNIT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "comm/process_group.h"
+#include "comm/work.h"
+#include "core/module.h"
+#include "core/tensor.h"
+#include "flatten/flat_parameter.h"
+#include "fsdp/options.h"
+
+namespace fsdp {
+
+enum class UnitState { kSharded, kUnsharding, kUnsharded, kFailed, kReleased };
+
+// "sharded", "unsharding", "unsharded", "failed", "released".
+std::string UnitStateName(UnitState state);
+
+// The groups a unit communicates over. For FULL_SHARD and SHARD_GRAD_OP the shard group
+// is the whole group; for NO_SHARD each rank is its own shard group and the replicate
+// group is the whole group; HYBRID_SHARD has both. A group of one rank is null: nothing
+// to exchange.
+struct UnitGroups {
+  // The group FullyShard was given.
+  std::shared_ptr<comm::ProcessGroup> world;
+  std::shared_ptr<comm::ProcessGroup> shard;      // null when shard_size == 1
+  std::shared_ptr<comm::ProcessGroup> replicate;  // null when there is one replica
+  int shard_size = 1;
+  int shard_rank = 0;
+};
+
+class Unit {
+ public:
+  // Takes `flat` as Flatten left it (every parameter viewing the filled full buffer) and
+  // moves it to kSharded (ShardViews, FreeFull). `module` is the unit's root; the unit
+  // keeps a weak reference only. FailedPrecondition if the FlatParameter's world size
+  // or rank disagree with the groups.
+  static absl::StatusOr<std::shared_ptr<Unit>> Create(const std::shared_ptr<core::Module>& module,
+                                                      std::unique_ptr<flatten::FlatParameter> flat,
+                                                      UnitGroups groups,
+                                                      const FullyShardOptions& options);
+  ~Unit();
+  Unit(const Unit&) = delete;
+  Unit& operator=(const Unit&) = delete;
+
+  // The root module's Describe() at wrap time, e.g. "blocks.0 (TransformerBlock)".
+  const std::string& label() const { return label_; }
+  // The root module, or null once it is destroyed.
+  std::shared_ptr<core::Module> module() const { return module_.lock(); }
+  // The root module's address, for identity comparisons (may dangle once destroyed).
+  const core::Module* module_ptr() const { return module_ptr_; }
+  UnitState state() const { return state_; }
+  // The first error when state() is kFailed.
+  const absl::Status& failure() const { return failure_; }
+  const FullyShardOptions& options() const { return options_; }
+  const UnitGroups& groups() const { return groups_; }
+  const flatten::FlatParameter& flat() const { return *flat_; }
+  // True when the unit reshards after its forward (FULL_SHARD, HYBRID_SHARD).
+  bool reshard_after_forward() const;
+  // True when the full buffer holds the exact float32 values of the shards (an
+  // unshard with full_precision, or without mixed precision).
+  bool full_is_exact() const { return state_ == UnitState::kUnsharded && full_exact_; }
+  // True while a reduction issued by ReduceGradients has not been finished.
+  bool reduction_pending() const { return reduce_pending_; }
+
+  // --- Parameters (NOTE [Unit states]) ---
+  // kSharded -> kUnsharding: allocates the full buffer and issues the all-gather of the
+  // shards (in param_dtype, or float32 when `full_precision`); with a one-rank shard
+  // group, copies the shard instead.
+  absl::Status IssueUnshard(bool full_precision);
+  // kUnsharding -> kUnsharded: waits for the all-gather (options().timeout), widens a
+  // bf16 gather to float32 and points every Parameter::data at its full-shape view.
+  absl::Status FinishUnshard();
+  // kUnsharded -> kSharded (finishing an in-flight unshard first): points every
+  // Parameter::data at its 1-D shard slice and frees the full buffer.
+  absl::Status Reshard();
+  // Copies the local chunk of the (exact) full buffer into the shard, keeping changes
+  // made to the full-shape views. FailedPrecondition unless full_is_exact().
+  absl::Status WriteBackLocalChunk();
+
+  // --- Gradients (NOTE [Gradient reduction]) ---
+  // Requires kUnsharded. Points trainable grads at the full gradient buffer (allocated
+  // zeroed unless NoSync kept one).
+  absl::Status PrepareGradients();
+  // Requires kUnsharded and a full gradient buffer. Issues the reduction (or, under
+  // no_sync(), keeps the buffer) and points grads at the gradient shard.
+  absl::Status ReduceGradients();
+  // Completes a pending reduction into the gradient shard; OK when none is pending.
+  absl::Status FinishReduction();
+  // Drops the full gradient buffer and every grad view (Release, error recovery).
+  absl::Status DropGradients();
+
+  // Under NoSync: backward keeps unreduced full gradients (NOTE [Gradient reduction]).
+  bool no_sync() const { return no_sync_; }
+  void set_no_sync(bool no_sync) { no_sync_ = no_sync; }
+
+  // SummonFullParams marks the units it holds unsharded; hooks refuse to run meanwhile.
+  bool summoned() const { return summoned_; }
+  void set_summoned(bool summoned) { summoned_ = summoned; }
+
+  // Keeps the module hooks the runtime registered; destroyed with the unit.
+  void set_hooks(std::vector<core::HookHandle> hooks) { hooks_ = std::move(hooks); }
+  void RemoveHooks() { hooks_.clear(); }
+  size_t num_hooks() const { return hooks_.size(); }
+
+  // Gives every parameter its own full-shape storage with the current values (one
+  // all-gather when sharded), drops gradients, removes the hooks and moves to
+  // kReleased. Requires kSharded or kUnsharded and no pending reduction.
+  absl::Status Release();
+
+  // OK unless kFailed or kReleased; otherwise FailedPrecondition naming the unit and
+  // `what` was attempted.
+  absl::Status CheckUsable(const std::string& what) const;
+
+ private:
+  Unit() = default;
+  // Moves to kFailed with `status` (annotated with the label) and returns it.
+  absl::Status Fail(const absl::Status& status);
+  absl::Status CheckState(UnitState expected, const std::string& what) const;
+
+  std::string label_;
+  std::weak_ptr<core::Module> module_;
+  const core::Module* module_ptr_ = nullptr;
+  std::unique_ptr<flatten::FlatParameter> flat_;
+  UnitGroups groups_;
+  FullyShardOptions options_;
+  UnitState state_ = UnitState::kSharded;
+  absl::Status failure_;
+
+  // In-flight all-gather: its work and the tensors it reads and writes.
+  std::shared_ptr<comm::Work> gather_work_;
+  core::Tensor gather_input_;
+  core::Tensor gather_output_;
+  bool full_exact_ = false;
+
+  // Pending reduction: its work, its input (which keeps the full gradient alive) and
+  // output (the reduced gradient chunk).
+  bool reduce_pending_ = false;
+  std::shared_ptr<comm::Work> reduce_work_;
+  core::Tensor reduce_input_;
+  core::Tensor reduce_output_;
+
+  bool no_sync_ = false;
+  bool summoned_ = false;
+  std::vector<core::HookHandle> hooks_;
+};
+
+}  // namespace fsdp
+
+#endif  // FSDP_UNIT_H_

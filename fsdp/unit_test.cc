@@ -1,0 +1,137 @@
+// The unit state machine on its own (no hooks): every transition, its preconditions and
+// their messages, and the failed state.
+#include "fsdp/unit.h"
+
+#include <memory>
+
+#include "absl/strings/match.h"
+#include "comm/testing/thread_ranks.h"
+#include "core/status_macros.h"
+#include "gtest/gtest.h"
+#include "nn/linear.h"
+
+namespace fsdp {
+namespace {
+
+absl::StatusOr<std::shared_ptr<Unit>> MakeUnit(comm::testing::RankContext& ctx,
+                                               const std::shared_ptr<nn::Linear>& fc,
+                                               FullyShardOptions options = {}) {
+  ASSIGN_OR_RETURN(auto flat, flatten::FlatParameter::Flatten(fc->NamedParameters(),
+                                                               ctx.world_size, ctx.rank));
+  UnitGroups groups;
+  groups.world = ctx.group;
+  groups.shard = ctx.world_size > 1 ? ctx.group : nullptr;
+  groups.shard_size = ctx.world_size;
+  groups.shard_rank = ctx.rank;
+  options.timeout = absl::Seconds(20);
+  return Unit::Create(fc, std::move(flat), groups, options);
+}
+
+TEST(UnitTest, TransitionsMoveViewsBetweenShardAndFull) {
+  absl::Status s = comm::testing::RunThreadRanks(2, [](comm::testing::RankContext& ctx)
+                                                        -> absl::Status {
+    auto fc = std::make_shared<nn::Linear>(3, 4, true, 9);
+    const std::vector<float> w = fc->weight()->data.ToVector();
+    ASSIGN_OR_RETURN(std::shared_ptr<Unit> unit, MakeUnit(ctx, fc));
+    EXPECT_EQ(unit->label(), "<root> (Linear)");
+    EXPECT_EQ(unit->state(), UnitState::kSharded);
+    EXPECT_EQ(fc->weight()->data.dim(), 1);
+    EXPECT_FALSE(unit->flat().full().defined());
+
+    // Preconditions: nothing to finish, nothing to reshard.
+    absl::Status bad = unit->FinishUnshard();
+    EXPECT_EQ(bad.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(absl::StrContains(bad.message(),
+                                  "<root> (Linear): finish unsharding needs state unsharding but "
+                                  "the unit is sharded")) << bad;
+    bad = unit->Reshard();
+    EXPECT_TRUE(absl::StrContains(bad.message(), "reshard needs state unsharded")) << bad;
+    EXPECT_TRUE(absl::StrContains(unit->PrepareGradients().message(),
+                                  "prepare gradients needs state unsharded"));
+
+    RETURN_IF_ERROR(unit->IssueUnshard(false));
+    EXPECT_EQ(unit->state(), UnitState::kUnsharding);
+    EXPECT_TRUE(absl::StrContains(unit->IssueUnshard(false).message(),
+                                  "unshard needs state sharded but the unit is unsharding"));
+    RETURN_IF_ERROR(unit->FinishUnshard());
+    EXPECT_EQ(unit->state(), UnitState::kUnsharded);
+    EXPECT_TRUE(unit->full_is_exact());
+    EXPECT_EQ(fc->weight()->data.shape(), (core::Shape{4, 3}));
+    EXPECT_EQ(fc->weight()->data.ToVector(), w);  // the all-gather restored every rank's part
+
+    EXPECT_TRUE(absl::StrContains(unit->ReduceGradients().message(),
+                                  "without a full gradient buffer"));
+    RETURN_IF_ERROR(unit->PrepareGradients());
+    EXPECT_EQ(fc->weight()->grad.shape(), (core::Shape{4, 3}));
+    fc->weight()->grad.Fill(static_cast<float>(ctx.rank + 1));  // average: 1.5
+    RETURN_IF_ERROR(unit->ReduceGradients());
+    EXPECT_TRUE(unit->reduction_pending());
+    EXPECT_EQ(fc->weight()->grad.dim(), 1);
+    RETURN_IF_ERROR(unit->FinishReduction());
+    for (float g : fc->weight()->grad.ToVector()) EXPECT_EQ(g, 1.5f);
+    RETURN_IF_ERROR(unit->Reshard());
+    EXPECT_EQ(unit->state(), UnitState::kSharded);
+    EXPECT_EQ(fc->weight()->data.dim(), 1);
+    EXPECT_FALSE(unit->flat().full().defined());
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(UnitTest, ACollectiveErrorMovesTheUnitToFailedForGood) {
+  // A one-rank "shard group" that is really a group of two: the all-gather sizes do not
+  // fit, the collective refuses, and the unit must report that from then on.
+  absl::Status s = comm::testing::RunThreadRanks(2, [](comm::testing::RankContext& ctx)
+                                                        -> absl::Status {
+    auto fc = std::make_shared<nn::Linear>(3, 4, true, 9);
+    ASSIGN_OR_RETURN(auto flat, flatten::FlatParameter::Flatten(fc->NamedParameters(), 1, 0));
+    UnitGroups groups;
+    groups.world = ctx.group;
+    groups.shard = ctx.group;  // inconsistent on purpose: size 2 group, 1-rank layout
+    groups.shard_size = 1;
+    groups.shard_rank = 0;
+    ASSIGN_OR_RETURN(std::shared_ptr<Unit> unit, Unit::Create(fc, std::move(flat), groups, {}));
+    absl::Status first = unit->IssueUnshard(false);
+    EXPECT_EQ(first.code(), absl::StatusCode::kInvalidArgument) << first;
+    EXPECT_EQ(unit->state(), UnitState::kFailed);
+    absl::Status later = unit->Reshard();
+    EXPECT_EQ(later.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(absl::StrContains(later.message(), "fsdp unit <root> (Linear): cannot reshard "
+                                                   "after an earlier error")) << later;
+    EXPECT_TRUE(absl::StrContains(unit->IssueUnshard(false).message(), "earlier error"));
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(UnitTest, MixedPrecisionUnshardIsRoundedAndCannotWriteBack) {
+  absl::Status s = comm::testing::RunThreadRanks(2, [](comm::testing::RankContext& ctx)
+                                                        -> absl::Status {
+    auto fc = std::make_shared<nn::Linear>(3, 4, true, 9);
+    const std::vector<float> w = fc->weight()->data.ToVector();
+    FullyShardOptions options;
+    options.mixed_precision.param_dtype = core::DType::kBFloat16;
+    ASSIGN_OR_RETURN(std::shared_ptr<Unit> unit, MakeUnit(ctx, fc, options));
+    RETURN_IF_ERROR(unit->IssueUnshard(false));
+    RETURN_IF_ERROR(unit->FinishUnshard());
+    EXPECT_FALSE(unit->full_is_exact());
+    EXPECT_EQ(fc->weight()->data.dtype(), core::DType::kFloat32);  // widened for nn/
+    const std::vector<float> got = fc->weight()->data.ToVector();
+    for (size_t i = 0; i < w.size(); ++i) {
+      EXPECT_EQ(got[i], core::BFloat16::FromFloat(w[i]).ToFloat()) << i;
+    }
+    absl::Status wb = unit->WriteBackLocalChunk();
+    EXPECT_EQ(wb.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(absl::StrContains(wb.message(), "float32 master")) << wb;
+    RETURN_IF_ERROR(unit->Reshard());
+    // The exact unshard gives back the unrounded master values.
+    RETURN_IF_ERROR(unit->IssueUnshard(true));
+    RETURN_IF_ERROR(unit->FinishUnshard());
+    EXPECT_EQ(fc->weight()->data.ToVector(), w);
+    return unit->Reshard();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+}  // namespace
+}  // namespace fsdp
