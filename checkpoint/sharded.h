@@ -1,0 +1,198 @@
+// Sharded checkpoints: every rank writes the tensor slices it holds into its own data
+// file of one checkpoint directory, and any number of ranks (any world size) loads it
+// back, each reading only the byte ranges it asks for.
+//
+//   // Saving (collective: every rank calls it, in the same order, with its slices).
+//   std::vector<checkpoint::TensorSlice> local;
+//   local.push_back({"fc.weight", {4, 5}, core::DType::kFloat32, begin, end, shard_view});
+//   local.push_back(checkpoint::FullSlice("optim.step", step_tensor));  // replicated
+//   checkpoint::SaveOptions options;
+//   options.step = 1000;
+//   RETURN_IF_ERROR(checkpoint::Save("/ckpt/step-1000", local, options, group.get()));
+//
+//   // Loading at another world size: plan from the metadata, then read.
+//   ASSIGN_OR_RETURN(checkpoint::CheckpointInfo info, checkpoint::ReadMetadata(dir));
+//   core::Tensor mine = core::Tensor::Empty({end - begin});
+//   ASSIGN_OR_RETURN(checkpoint::LoadStats stats,
+//                    checkpoint::Load(dir, {{"fc.weight", begin, end, mine}}));
+//
+// Layout (checkpoint/checkpoint.proto): `<dir>/metadata.pb` lists each tensor's name,
+// full shape, dtype and chunks (file, flat element range, byte range, CRC32C per
+// block); `<dir>/rank-RRRRR-of-WWWWW.bin` holds rank R's chunks back to back as raw
+// little-endian elements.
+//
+// NOTE [Checkpoint commit]: Save builds the whole directory under a fresh temporary
+// name beside it, `<dir>.tmp-<16 hex digits>` (created with mkdir, so two saves never
+// share one), every rank fsyncs its file, rank 0 writes and fsyncs metadata.pb, then
+// rank 0 swaps the temporary directory into `<dir>` (renameat2 RENAME_EXCHANGE where
+// the filesystem has it, else rename the old one aside first) and deletes the old one.
+// A crash at any point leaves at `<dir>` either the previous complete checkpoint or the
+// new complete one, plus temporaries that CleanUpInterruptedSaves deletes. (Only on a
+// filesystem without RENAME_EXCHANGE is there a window, between two renames, where
+// `<dir>` is missing and the previous checkpoint sits complete at `<dir>.old-<hex>`, where
+// CleanUpInterruptedSaves puts it back.)
+// All ranks must see one shared filesystem at `dir`.
+//
+// NOTE [Replicated slices]: several ranks may hold the same elements of a tensor
+// (NO_SHARD parameters, step counters: every rank has the full range). Each element is
+// written once, by the lowest rank that holds it; the copies are assumed equal and
+// are not compared. Together the ranks must hold every element of every tensor.
+#ifndef CHECKPOINT_SHARDED_H_
+#define CHECKPOINT_SHARDED_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "comm/process_group.h"
+#include "core/allocator.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace checkpoint {
+
+// Version written into metadata.pb; ReadMetadata refuses others.
+inline constexpr int kFormatVersion = 1;
+// Name of the metadata file inside a checkpoint directory.
+inline constexpr char kMetadataFileName[] = "metadata.pb";
+// Default checksum block (SaveOptions::block_bytes).
+inline constexpr int64_t kDefaultBlockBytes = int64_t{1} << 20;
+
+// The part of one tensor a rank holds: elements [begin, end) of the tensor `name` of
+// full shape `shape`, flattened row-major. `data` holds exactly end - begin elements
+// (any shape of that numel, read flat; any device). The checkpoint stores the elements
+// as `dtype`; `data` may be fp32 or bf16 when `dtype` is the other (it is converted),
+// int32 only for int32. An empty range (begin == end) is allowed and writes nothing.
+struct TensorSlice {
+  std::string name;
+  core::Shape shape;
+  core::DType dtype = core::DType::kFloat32;
+  int64_t begin = 0;
+  int64_t end = 0;
+  core::Tensor data;
+};
+
+// A slice covering all of `tensor` (its shape, dtype and every element): for tensors
+// every rank holds in full.
+TensorSlice FullSlice(std::string name, const core::Tensor& tensor);
+
+// Test hook: where Save stops as if the process had crashed, leaving whatever it wrote.
+enum class SimulatedCrash {
+  kNone,
+  // After every data file is written, before metadata.pb.
+  kBeforeMetadata,
+  // With the temporary directory complete, before it is moved into place.
+  kBeforeRename,
+  // With the new checkpoint in place, before the previous one is deleted.
+  kAfterRename,
+};
+
+struct SaveOptions {
+  // Recorded in the metadata (CheckpointInfo::step, user_metadata); rank 0's values
+  // are the ones kept.
+  int64_t step = 0;
+  std::map<std::string, std::string> user_metadata;
+  // Checksum block size in bytes: a reader verifies (and reads) whole blocks, so this
+  // bounds how much more than the requested bytes a load reads. Must be > 0.
+  int64_t block_bytes = kDefaultBlockBytes;
+  // Deadline of each collective step of Save.
+  absl::Duration timeout = comm::kDefaultCollectiveTimeout;
+  // Test hook; Save returns Aborted naming the crash point when it is not kNone.
+  SimulatedCrash simulate_crash = SimulatedCrash::kNone;
+};
+
+// Writes the union of every rank's `local` slices as the checkpoint `dir` (see NOTE
+// [Checkpoint commit] and NOTE [Replicated slices]); missing parent directories are
+// created, an existing checkpoint at `dir` is replaced. Collective over `group`: every
+// rank calls it, in the same order relative to the group's other collectives; with
+// group == nullptr it is a world of one. Every rank returns the same status: OK once
+// the checkpoint is in place, otherwise the first failing rank's error, prefixed
+// "rank <r>: ". InvalidArgument naming the tensor for a slice whose range, data size or
+// dtype does not fit, a name listed twice by one rank, ranks disagreeing on a tensor's
+// shape or dtype, or elements no rank holds (naming the range). On any error `dir` is
+// untouched.
+absl::Status Save(const std::string& dir, const std::vector<TensorSlice>& local,
+                  const SaveOptions& options = SaveOptions(),
+                  comm::ProcessGroup* group = nullptr);
+
+// One tensor of a checkpoint.
+struct TensorInfo {
+  std::string name;
+  core::Shape shape;
+  core::DType dtype = core::DType::kFloat32;
+  int64_t numel() const { return core::NumElements(shape); }
+};
+
+// What ReadMetadata tells about a checkpoint, to plan loads.
+struct CheckpointInfo {
+  int format_version = 0;
+  int world_size = 0;
+  int64_t step = 0;
+  std::map<std::string, std::string> user_metadata;
+  // In save order (rank 0's slices first).
+  std::vector<TensorInfo> tensors;
+
+  // The tensor named `name`, or nullptr.
+  const TensorInfo* Find(const std::string& name) const;
+};
+
+// Reads and validates `<dir>/metadata.pb`. NotFound naming the directory when it has
+// none; DataLoss naming the file when it does not parse or contradicts itself (chunks
+// that overlap, leave gaps or do not match their byte lengths, unsafe file names);
+// FailedPrecondition for another format version.
+absl::StatusOr<CheckpointInfo> ReadMetadata(const std::string& dir);
+
+// Fill `destination` with elements [begin, end) of the flattened tensor `name`.
+// `destination` is defined, has end - begin elements (any shape) on any device, and is
+// fp32 or bf16 for a stored fp32 or bf16 tensor (converted, rounding to nearest even
+// for fp32 -> bf16), int32 for int32.
+struct LoadRequest {
+  std::string name;
+  int64_t begin = 0;
+  int64_t end = 0;
+  core::Tensor destination;
+};
+
+// What a Load read.
+struct LoadStats {
+  // Bytes read from data files (metadata.pb not counted): the checksum blocks
+  // overlapping the requested ranges, and nothing else.
+  int64_t bytes_read = 0;
+  // Checksum blocks read and verified.
+  int64_t blocks_verified = 0;
+  // Distinct data files opened.
+  int64_t files_opened = 0;
+};
+
+// Serves `requests` from the checkpoint `dir`, reading (pread) only the checksum blocks
+// that overlap them and verifying each block's CRC32C before using it. Not collective:
+// each rank loads what it needs. Errors (the destinations may be partly written):
+// NotFound naming the tensor when the checkpoint lacks it (or the directory when it has
+// no metadata); InvalidArgument naming the tensor and the sizes for a range outside the
+// tensor, a destination of the wrong numel, an undefined one, or an impossible dtype
+// conversion; DataLoss naming the data file and the tensor for a missing or truncated
+// file, and also the byte range for a checksum mismatch.
+absl::StatusOr<LoadStats> Load(const std::string& dir, const std::vector<LoadRequest>& requests);
+
+// Loads whole tensors, with their full shapes and stored dtypes, into fresh CPU memory
+// counted under `tag`: those named in `names`, in that order, or every tensor in
+// metadata order when `names` is empty. Errors as ReadMetadata and Load.
+absl::StatusOr<std::vector<std::pair<std::string, core::Tensor>>> LoadFull(
+    const std::string& dir, const std::vector<std::string>& names = {},
+    core::MemoryTag tag = core::MemoryTag::kOther);
+
+// Tidies what interrupted Saves left beside `dir`: deletes every `<dir>.tmp-*` and
+// `<dir>.old-*` directory and returns how many it deleted. If `<dir>` itself is missing
+// (a crash between the two renames of NOTE [Checkpoint commit]), the newest `.old-*`
+// that ReadMetadata accepts is first renamed back to `<dir>` (and not counted). Call it
+// only while no Save to `dir` is running: it would delete that save's work.
+absl::StatusOr<int> CleanUpInterruptedSaves(const std::string& dir);
+
+}  // namespace checkpoint
+
+#endif  // CHECKPOINT_SHARDED_H_
