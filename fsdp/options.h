@@ -76,8 +76,10 @@ struct FullyShardOptions {
   // its own all-gather, issues the all-gathers of the units that follow it in backward
   // order (the reverse of the order their forwards finished in); with forward_prefetch,
   // a unit's forward pre-hook does the same for the units that followed it in the
-  // previous forward. Either stops once `limit_all_gathers` units are unsharded or
-  // unsharding ahead, that is, not currently computing (0 disables prefetching).
+  // previous forward. Either stops once `limit_all_gathers` units (of the registry) are
+  // unsharded or unsharding ahead, that is, not currently computing (0 disables
+  // prefetching). The memory this costs is spelled out in comm_memory_test.cc
+  // (NOTE [FULL_SHARD memory bound]).
   bool backward_prefetch = true;
   bool forward_prefetch = false;
   int limit_all_gathers = 2;

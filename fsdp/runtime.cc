@@ -61,6 +61,10 @@ absl::Status Runtime::Attach(const std::shared_ptr<Unit>& unit) {
         return call(&Runtime::BackwardPost);
       }));
   unit->set_hooks(std::move(hooks));
+  attached_.erase(std::remove_if(attached_.begin(), attached_.end(),
+                                 [](const std::weak_ptr<Unit>& u) { return u.expired(); }),
+                  attached_.end());
+  attached_.push_back(unit);
   return absl::OkStatus();
 }
 
@@ -86,12 +90,9 @@ bool Runtime::IsActive(const Unit* unit) const {
 
 int Runtime::NumAhead() const {
   int n = 0;
-  std::vector<const Unit*> seen;
-  for (const auto& weak : forward_order_) {
+  for (const auto& weak : attached_) {
     std::shared_ptr<Unit> u = weak.lock();
     if (u == nullptr || IsActive(u.get()) || u->summoned()) continue;
-    if (std::find(seen.begin(), seen.end(), u.get()) != seen.end()) continue;
-    seen.push_back(u.get());
     if (u->state() == UnitState::kUnsharding || u->state() == UnitState::kUnsharded) ++n;
   }
   return n;

@@ -86,8 +86,7 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   // are unsharded or unsharding ahead; `*cursor` moves past `current`'s entry.
   absl::Status Prefetch(const Unit& current, const std::vector<std::weak_ptr<Unit>>& order,
                         size_t* cursor);
-  // Units in states kUnsharding/kUnsharded that are not computing (among this
-  // iteration's units).
+  // Attached units in states kUnsharding/kUnsharded that are not computing.
   int NumAhead() const;
   bool IsActive(const Unit* unit) const;
   // Cleans up a pass an error interrupted (see the header comment).
@@ -95,6 +94,7 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   // Ends a backward: waits for reductions and reshards whatever is left unsharded.
   absl::Status EndBackward();
 
+  std::vector<std::weak_ptr<Unit>> attached_;    // every unit Attach()ed
   std::vector<std::shared_ptr<Unit>> active_;  // computing now, outermost first
   bool in_backward_ = false;
   // Units in the order their forward pre-hooks ran this iteration and the last one.
