@@ -171,7 +171,7 @@ TEST(SafetensorsTest, RoundTripIsBitExact) {
 
 // The bytes safetensors.torch.save_file writes for
 //   {"linear.weight": torch.tensor([[1.0, -2.5], [0.5, 3.0]]),
-//    "step": torch.tensor([7], dtype=torch.int32),
+//    "steps": torch.tensor([7], dtype=torch.int32),
 //    "emb": torch.tensor([1.0, -0.5, 2.0], dtype=torch.bfloat16)}, metadata={"format": "pt"}:
 // the reference serializer orders tensors by dtype (F32, I32, BF16 here: descending in
 // its Dtype enum) then name, writes compact JSON with "__metadata__" first and each
@@ -181,7 +181,7 @@ TEST(SafetensorsTest, ReadsAFileAsPyTorchWritesIt) {
   const std::string header =
       R"({"__metadata__":{"format":"pt"},)"
       R"("linear.weight":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},)"
-      R"("step":{"dtype":"I32","shape":[1],"data_offsets":[16,20]},)"
+      R"("steps":{"dtype":"I32","shape":[1],"data_offsets":[16,20]},)"
       R"("emb":{"dtype":"BF16","shape":[3],"data_offsets":[20,26]}})";
   const std::string buffer = std::string(
       "\x00\x00\x80\x3f"   // 1.0f
@@ -193,7 +193,9 @@ TEST(SafetensorsTest, ReadsAFileAsPyTorchWritesIt) {
       "\x00\xbf"           // bf16 -0.5
       "\x00\x40",          // bf16 2.0
       26);
+  ASSERT_EQ(header.size() % 8, 1u);  // so the file has 7 bytes of space padding
   const std::string bytes = File(header, buffer);
+  ASSERT_EQ(bytes.substr(8 + header.size(), 7), std::string(7, ' '));
   WriteAll(path, bytes);
   absl::StatusOr<SafetensorsFile> file = ImportSafetensors(path);
   ASSERT_TRUE(file.ok()) << file.status();
@@ -202,7 +204,7 @@ TEST(SafetensorsTest, ReadsAFileAsPyTorchWritesIt) {
   EXPECT_EQ(file->tensors[0].first, "linear.weight");
   EXPECT_EQ(file->tensors[0].second.shape(), (core::Shape{2, 2}));
   EXPECT_EQ(file->tensors[0].second.ToVector(), (std::vector<float>{1.0f, -2.5f, 0.5f, 3.0f}));
-  EXPECT_EQ(file->tensors[1].first, "step");
+  EXPECT_EQ(file->tensors[1].first, "steps");
   EXPECT_EQ(file->tensors[1].second.dtype(), DType::kInt32);
   EXPECT_EQ(file->tensors[1].second.data<int32_t>()[0], 7);
   EXPECT_EQ(file->tensors[2].first, "emb");

@@ -43,7 +43,21 @@ absl::StatusOr<data::MarkovLanguage> MakeLanguage(const GptTrainingSetup& setup)
 }
 
 absl::StatusOr<std::shared_ptr<nn::Gpt>> MakeGpt(const GptTrainingSetup& setup) {
-  return nn::Gpt::Create(setup.gpt);
+  ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, nn::Gpt::Create(setup.gpt));
+  for (const std::string& name : setup.frozen) {
+    bool found = false;
+    for (const auto& [n, p] : gpt->NamedParameters()) {
+      if (n == name) {
+        p->requires_grad = false;
+        found = true;
+      }
+    }
+    if (!found) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GptTrainingSetup.frozen: no parameter '", name, "'"));
+    }
+  }
+  return gpt;
 }
 
 FullyShardOptions PerBlockOptions(ShardingStrategy strategy, int hybrid_shard_size) {

@@ -39,6 +39,8 @@ struct GptTrainingSetup {
   int seq_len = 8;
   int steps = 20;
   optim::AdamWOptions adamw;
+  // Parameters (NamedParameters() names) MakeGpt marks requires_grad = false.
+  std::vector<std::string> frozen;
 };
 
 // A Gpt of 2 blocks, width 16, 2 heads, vocabulary 16, context 8 (about 7k parameters),
@@ -56,6 +58,7 @@ struct TrainingRun {
 
 // The language, the model and the batch of a step, shared by both runs.
 absl::StatusOr<data::MarkovLanguage> MakeLanguage(const GptTrainingSetup& setup);
+// InvalidArgument naming a `frozen` entry that is not a parameter.
 absl::StatusOr<std::shared_ptr<nn::Gpt>> MakeGpt(const GptTrainingSetup& setup);
 // The policy the parity tests use: one unit per TransformerBlock, plus the root.
 FullyShardOptions PerBlockOptions(ShardingStrategy strategy, int hybrid_shard_size = 0);
