@@ -194,6 +194,17 @@ absl::Status Unit::WriteBackLocalChunk() {
   return absl::OkStatus();
 }
 
+absl::Status Unit::WriteShard(int64_t shard_offset, const core::Tensor& values) {
+  RETURN_IF_ERROR(CheckState(UnitState::kSharded, "write the shard"));
+  if (shard_offset < 0 || shard_offset + values.numel() > flat_->shard_numel()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fsdp unit ", label_, ": writing ", values.numel(), " elements at shard offset ",
+        shard_offset, " would leave the shard of ", flat_->shard_numel(), " elements"));
+  }
+  ASSIGN_OR_RETURN(core::Tensor dst, flat_->shard().View(shard_offset, {values.numel()}));
+  return dst.CopyFrom(values.Flat());
+}
+
 absl::Status Unit::PrepareGradients() {
   RETURN_IF_ERROR(CheckState(UnitState::kUnsharded, "prepare gradients"));
   if (!flat_->full_grad().defined()) {

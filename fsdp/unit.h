@@ -120,6 +120,11 @@ class Unit {
   // made to the full-shape views. FailedPrecondition unless full_is_exact().
   absl::Status WriteBackLocalChunk();
 
+  // Copies `values` (fp32 or bf16, converted) into the shard from element
+  // `shard_offset` on (state dict loading). Requires kSharded (so no full copy goes
+  // stale); InvalidArgument if it would reach outside the shard.
+  absl::Status WriteShard(int64_t shard_offset, const core::Tensor& values);
+
   // --- Gradients (NOTE [Gradient reduction]) ---
   // Requires kUnsharded. Points trainable grads at the full gradient buffer (allocated
   // zeroed unless NoSync kept one).
