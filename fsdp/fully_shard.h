@@ -20,7 +20,10 @@
 // module->Parameters(), built before or after wrapping, steps exactly the local shard
 // (NOTE [Optimizer and shards] in optim/optimizer.h: one that stepped before wrapping
 // refuses with FailedPrecondition naming the parameter). Inside a unit's forward and
-// backward its parameters are full-shape views of the gathered buffer. See
+// backward its parameters are full-shape views of the gathered buffer. (That holds after
+// every backward; after a forward with no backward, as in evaluation, it holds for
+// FULL_SHARD and HYBRID_SHARD, while SHARD_GRAD_OP and NO_SHARD keep the units unsharded
+// for the backward they expect: FullyShardHandle::Reshard() restores the slices.) See
 // NOTE [Unit states] (unit.h), NOTE [Root unit] (runtime.h), NOTE [Prefetch] and
 // NOTE [Mixed precision] (options.h) and NOTE [Registry reuse] (registry.h).
 //

@@ -236,5 +236,62 @@ TEST(FullyShardTest, NullArgumentsAndBadOptionsAreInvalidArgument) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// A collective that fails inside a hook comes out of Forward as a status; the unit is
+// failed from then on and later calls say so, naming it, instead of crashing or
+// hanging. Rank 1 wraps (a collective) and leaves; rank 0's forward all-gather then
+// times out.
+TEST(FullyShardErrorTest, ACollectiveFailureMakesLaterCallsFailedPrecondition) {
+  absl::Status s = comm::testing::RunThreadRanks(2, [](comm::testing::RankContext& ctx)
+                                                        -> absl::Status {
+    std::shared_ptr<nn::Linear> inner;
+    auto module = SeedModel(&inner);
+    WrapperRegistry registry;
+    FullyShardOptions options;
+    options.timeout = absl::Seconds(1);
+    ASSIGN_OR_RETURN(auto handle, FullyShard(module, ctx.group, options, &registry));
+    if (ctx.rank == 1) return absl::OkStatus();
+    absl::Status first = module->Forward(Input()).status();
+    EXPECT_FALSE(first.ok());
+    EXPECT_TRUE(absl::StrContains(first.message(), "fsdp unit <root> (Sequential)")) << first;
+    EXPECT_EQ(handle->root_unit()->state(), UnitState::kFailed);
+    for (int i = 0; i < 2; ++i) {
+      absl::Status later = module->Forward(Input()).status();
+      EXPECT_EQ(later.code(), absl::StatusCode::kFailedPrecondition) << later;
+      EXPECT_TRUE(absl::StrContains(later.message(),
+                                    "fsdp unit <root> (Sequential): cannot run forward after an "
+                                    "earlier error")) << later;
+    }
+    EXPECT_EQ(Release(*module, &registry).code(), absl::StatusCode::kFailedPrecondition);
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// A layer error in the middle of a forward leaves the root unit computing; the next
+// forward cleans up and gives the same result as a forward that never failed.
+TEST(FullyShardErrorTest, AForwardInterruptedByALayerErrorIsCleanedUpByTheNext) {
+  absl::Status s = comm::testing::RunThreadRanks(2, [](comm::testing::RankContext& ctx)
+                                                        -> absl::Status {
+    std::shared_ptr<nn::Linear> inner;
+    auto module = SeedModel(&inner);
+    WrapperRegistry registry;
+    ASSIGN_OR_RETURN(auto handle, FullyShard(module, ctx.group, {}, &registry));
+    ASSIGN_OR_RETURN(core::Tensor expected, module->Forward(Input()));
+    core::Tensor bad = core::Tensor::Zeros({4, 3});  // the first Linear wants 5 features
+    absl::Status st = module->Forward(bad).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_FALSE(registry.runtime().idle());
+    ASSIGN_OR_RETURN(core::Tensor again, module->Forward(Input()));
+    EXPECT_EQ(again.ToVector(), expected.ToVector());
+    EXPECT_TRUE(registry.runtime().idle());
+    EXPECT_EQ(handle->root_unit()->state(), UnitState::kSharded);
+    // And training still works end to end.
+    ASSIGN_OR_RETURN(nn::LossResult loss, nn::MseLoss(again, Input()));
+    RETURN_IF_ERROR(module->Backward(loss.grad).status());
+    return Release(*module, &registry);
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 }  // namespace
 }  // namespace fsdp
