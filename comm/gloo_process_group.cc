@@ -164,6 +164,7 @@ void GlooProcessGroup::WorkerLoop() {
       mu_.Await(absl::Condition(&ready));
       if (stopping_) {
         for (Op& pending : queue_) {
+          pending.run = nullptr;  // drop the tensors before waiters wake
           pending.work->Complete(absl::FailedPreconditionError(
               absl::StrCat(pending.work->Describe(), ": the group was destroyed first")));
         }
@@ -191,6 +192,9 @@ void GlooProcessGroup::WorkerLoop() {
         LOG(WARNING) << Describe() << ": closing connections after a failure: " << e.what();
       }
     }
+    // Drop the closure, and with it the collective's tensor references, before waking
+    // the waiters: a caller that frees its buffers after Wait() must see them freed.
+    op.run = nullptr;
     op.work->Complete(std::move(status));
   }
 }
