@@ -1,6 +1,5 @@
 #include "fsdp/unit.h"
 
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -21,20 +20,6 @@ void AddInto(const core::Tensor& dst, const core::Tensor& src) {
     const core::BFloat16* s = src.data<core::BFloat16>();
     for (int64_t i = 0; i < n; ++i) d[i] += s[i].ToFloat();
   }
-}
-
-// NOTE [Collective references]: comm::GlooProcessGroup completes a Work before its
-// worker thread destroys the queued operation, whose closure holds copies of the
-// tensors; on a busy machine the worker can be descheduled in between, so a buffer FSDP
-// frees right after Wait() would stay allocated for a while and the memory figures
-// would depend on thread scheduling. After each wait, FSDP therefore yields until the
-// storage of every buffer it is about to free is referenced by no more than the `ours`
-// handles it holds itself (bounded: at most one second, then it carries on; only
-// the accounting is affected). Remove once comm drops the operation before Complete().
-void AwaitCollectiveReleased(const core::Tensor& t, long ours) {
-  if (!t.defined()) return;
-  const absl::Time deadline = absl::Now() + absl::Seconds(1);
-  while (t.storage().use_count() > ours && absl::Now() < deadline) std::this_thread::yield();
 }
 
 }  // namespace
@@ -155,10 +140,6 @@ absl::Status Unit::FinishUnshard() {
   if (gather_work_ != nullptr) {
     if (absl::Status s = gather_work_->Wait(options_.timeout); !s.ok()) return Fail(s);
     gather_work_.reset();
-    // NOTE [Collective references]: the exact full buffer is also held by the
-    // FlatParameter (2 handles); a bf16 gather's buffers only by us (1 each).
-    AwaitCollectiveReleased(gather_output_, full_exact_ ? 2 : 1);
-    if (!full_exact_) AwaitCollectiveReleased(gather_input_, 1);
   }
   if (!full_exact_) {
     if (absl::Status s = flat_->AllocateFull(core::DType::kFloat32); !s.ok()) return Fail(s);
@@ -277,10 +258,6 @@ absl::Status Unit::FinishReduction() {
   if (reduce_work_ != nullptr) {
     if (absl::Status s = reduce_work_->Wait(options_.timeout); !s.ok()) return Fail(s);
     reduce_work_.reset();
-    // NOTE [Collective references]: by now the FlatParameter and the grads have let go
-    // of the full gradient; only our handles remain.
-    AwaitCollectiveReleased(reduce_input_, 1);
-    AwaitCollectiveReleased(reduce_output_, 1);
   }
   if (groups_.replicate != nullptr) {
     comm::AllReduceOptions ar;
@@ -290,7 +267,6 @@ absl::Status Unit::FinishReduction() {
         groups_.replicate->AllReduce(reduce_output_, ar);
     if (!work.ok()) return Fail(work.status());
     if (absl::Status s = (*work)->Wait(options_.timeout); !s.ok()) return Fail(s);
-    AwaitCollectiveReleased(reduce_output_, reduce_output_.SharesStorage(reduce_input_) ? 2 : 1);
   }
   AddInto(flat_->shard_grad(), reduce_output_);
   reduce_input_ = core::Tensor();
