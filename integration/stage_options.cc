@@ -1,0 +1,161 @@
+#include "integration/stage_options.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "core/dtype.h"
+#include "core/status_macros.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "policy/config.h"
+
+namespace integration {
+namespace {
+
+// Keeps the first error protobuf's text parser reports (line and column 0-based there).
+class FirstError : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (!has_error_) {
+      has_error_ = true;
+      text_ = absl::StrCat("line ", line + 1, ", column ", column + 1, ": ", message);
+    }
+  }
+  bool has_error() const { return has_error_; }
+  const std::string& text() const { return text_; }
+
+ private:
+  bool has_error_ = false;
+  std::string text_;
+};
+
+absl::Status Prefixed(const absl::Status& status, absl::string_view prefix) {
+  return absl::Status(status.code(), absl::StrCat(prefix, ": ", status.message()));
+}
+
+absl::StatusOr<core::DType> ParseFloatDType(const std::string& name, absl::string_view field) {
+  if (name == "float32") return core::DType::kFloat32;
+  if (name == "bfloat16") return core::DType::kBFloat16;
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": '", name, "' is not a dtype; use \"float32\" or \"bfloat16\""));
+}
+
+}  // namespace
+
+absl::StatusOr<fsdp::ShardingStrategy> ParseShardingStrategy(absl::string_view name) {
+  for (fsdp::ShardingStrategy s :
+       {fsdp::ShardingStrategy::kFullShard, fsdp::ShardingStrategy::kShardGradOp,
+        fsdp::ShardingStrategy::kNoShard, fsdp::ShardingStrategy::kHybridShard}) {
+    if (fsdp::ShardingStrategyName(s) == name) return s;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown sharding strategy '", name,
+      "'; use FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD"));
+}
+
+absl::Status StageOptions::Validate(int world_size) const {
+  if (world_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("world size ", world_size, " must be >= 1"));
+  }
+  RETURN_IF_ERROR(wrap.Validate(world_size));
+  if (fit_steps <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StageOptions.fit_steps = ", fit_steps, ": must be > 0"));
+  }
+  const std::pair<const char*, int> batches[] = {{"train_batch_size", train_batch_size},
+                                                 {"eval_batch_size", eval_batch_size}};
+  for (const auto& [name, value] : batches) {
+    if (value <= 0 || value % world_size != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StageOptions.", name, " = ", value,
+                       ": must be a positive multiple of the world size ", world_size,
+                       " (every rank runs an equal share of each global batch)"));
+    }
+  }
+  if (eval_batches <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StageOptions.eval_batches = ", eval_batches, ": must be > 0"));
+  }
+  if (log_every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StageOptions.log_every = ", log_every, ": must be >= 0"));
+  }
+  if (!(max_grad_norm >= 0) || !std::isfinite(max_grad_norm)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "StageOptions.max_grad_norm = ", max_grad_norm, ": must be finite and >= 0"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config) {
+  StageOptions options;
+  if (config.has_policy()) {
+    absl::StatusOr<policy::ConfiguredPolicy> built = policy::BuildPolicy(config.policy());
+    if (!built.ok()) return Prefixed(built.status(), "StageConfig.policy");
+    options.wrap.policy = built->policy;
+    options.wrap.ignored_paths = built->ignored_paths;
+  }
+  if (config.has_strategy()) {
+    absl::StatusOr<fsdp::ShardingStrategy> s = ParseShardingStrategy(config.strategy());
+    if (!s.ok()) return Prefixed(s.status(), "StageConfig.strategy");
+    options.wrap.strategy = *s;
+  }
+  if (config.has_hybrid_shard_size()) options.wrap.hybrid_shard_size = config.hybrid_shard_size();
+  if (config.mixed_precision().has_param_dtype()) {
+    ASSIGN_OR_RETURN(options.wrap.mixed_precision.param_dtype,
+                     ParseFloatDType(config.mixed_precision().param_dtype(),
+                                     "StageConfig.mixed_precision.param_dtype"));
+  }
+  if (config.mixed_precision().has_reduce_dtype()) {
+    ASSIGN_OR_RETURN(options.wrap.mixed_precision.reduce_dtype,
+                     ParseFloatDType(config.mixed_precision().reduce_dtype(),
+                                     "StageConfig.mixed_precision.reduce_dtype"));
+  }
+  if (config.has_fit_steps()) options.fit_steps = config.fit_steps();
+  if (config.has_train_batch_size()) options.train_batch_size = config.train_batch_size();
+  if (config.has_eval_batch_size()) options.eval_batch_size = config.eval_batch_size();
+  if (config.has_eval_batches()) options.eval_batches = config.eval_batches();
+  if (config.has_log_every()) options.log_every = config.log_every();
+  if (config.has_checkpoint_dir()) options.checkpoint_dir = config.checkpoint_dir();
+  if (config.has_release_after_fit()) options.release_after_fit = config.release_after_fit();
+  if (config.has_max_grad_norm()) options.max_grad_norm = config.max_grad_norm();
+  if (config.has_collective_timeout_s()) {
+    const double s = config.collective_timeout_s();
+    if (!(s > 0) || !std::isfinite(s)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "StageConfig.collective_timeout_s = ", s, ": must be a finite number of seconds > 0"));
+    }
+    options.wrap.timeout = absl::Seconds(s);
+  }
+  return options;
+}
+
+absl::StatusOr<StageOptions> ParseStageOptions(absl::string_view text) {
+  StageConfig config;
+  FirstError errors;
+  google::protobuf::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  const bool ok = parser.ParseFromString(std::string(text), &config);
+  if (!ok || errors.has_error()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "StageConfig: ", errors.has_error() ? errors.text() : "text format parse failed"));
+  }
+  return StageOptionsFromProto(config);
+}
+
+absl::StatusOr<StageOptions> ReadStageOptionsFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read stage config file '", path, "'"));
+  std::stringstream contents;
+  contents << in.rdbuf();
+  absl::StatusOr<StageOptions> options = ParseStageOptions(contents.str());
+  if (!options.ok()) return Prefixed(options.status(), path);
+  return options;
+}
+
+}  // namespace integration

@@ -1,0 +1,70 @@
+// StageOptions: what integration::StageRunner's stages do (wrapping, steps, batch sizes,
+// logging, checkpointing), as a struct or parsed from a text-format StageConfig
+// (integration/stage.proto).
+//
+//   ASSIGN_OR_RETURN(integration::StageOptions options, integration::ParseStageOptions(R"pb(
+//     policy { name: "module_types" param { key: "types" value: "TransformerBlock" } }
+//     strategy: "SHARD_GRAD_OP"
+//     fit_steps: 200
+//   )pb"));
+//   RETURN_IF_ERROR(options.Validate(group->size()));
+#ifndef INTEGRATION_STAGE_OPTIONS_H_
+#define INTEGRATION_STAGE_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "fsdp/options.h"
+#include "integration/stage.pb.h"
+
+namespace integration {
+
+struct StageOptions {
+  // How every stage wraps the model (policy, strategy, mixed precision, prefetch,
+  // collective timeout). All stages use these same options, so a stage after another
+  // gets the registry's existing units back.
+  fsdp::FullyShardOptions wrap;
+  // Optimizer steps of one Fit (> 0).
+  int64_t fit_steps = 100;
+  // Rows of every global batch (> 0, multiples of the world size): each rank runs its
+  // data::RankSampler share.
+  int train_batch_size = 16;
+  int eval_batch_size = 16;
+  // Batches of one Validate, Test or Predict (> 0).
+  int eval_batches = 8;
+  // A progress line on rank 0 every this many fit steps, and after the last (>= 0; 0:
+  // only after the last).
+  int64_t log_every = 25;
+  // When non-empty, Fit ends by saving a checkpoint (model and optimizer) here.
+  std::string checkpoint_dir;
+  // Fit ends by releasing the model: a plain module with its trained full weights.
+  bool release_after_fit = false;
+  // When > 0, the global gradient norm is clipped to this before each step.
+  double max_grad_norm = 0;
+
+  // OK when usable on `world_size` ranks; InvalidArgument naming the option
+  // ("StageOptions.train_batch_size", "FullyShardOptions.hybrid_shard_size", ...).
+  absl::Status Validate(int world_size) const;
+};
+
+// Options from a StageConfig: set fields replace the defaults above. The policy is built
+// from the policy registry (policy/config.h). InvalidArgument naming the field
+// ("StageConfig.strategy", ...) for a bad value; NotFound for an unknown policy name.
+absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config);
+
+// The same from text format; syntax errors say "StageConfig: line L, column C".
+absl::StatusOr<StageOptions> ParseStageOptions(absl::string_view text);
+
+// ParseStageOptions of a file's contents; NotFound / errors name the file.
+absl::StatusOr<StageOptions> ReadStageOptionsFile(const std::string& path);
+
+// "FULL_SHARD" -> kFullShard, ... (ShardingStrategyName's inverse); InvalidArgument
+// listing the names otherwise.
+absl::StatusOr<fsdp::ShardingStrategy> ParseShardingStrategy(absl::string_view name);
+
+}  // namespace integration
+
+#endif  // INTEGRATION_STAGE_OPTIONS_H_

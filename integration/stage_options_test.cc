@@ -1,0 +1,135 @@
+#include "integration/stage_options.h"
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace integration {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(StageOptionsTest, EmptyConfigKeepsTheStructDefaults) {
+  absl::StatusOr<StageOptions> parsed = ParseStageOptions("");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const StageOptions defaults;
+  EXPECT_EQ(parsed->fit_steps, defaults.fit_steps);
+  EXPECT_EQ(parsed->train_batch_size, defaults.train_batch_size);
+  EXPECT_EQ(parsed->eval_batch_size, defaults.eval_batch_size);
+  EXPECT_EQ(parsed->eval_batches, defaults.eval_batches);
+  EXPECT_EQ(parsed->log_every, defaults.log_every);
+  EXPECT_EQ(parsed->checkpoint_dir, defaults.checkpoint_dir);
+  EXPECT_EQ(parsed->release_after_fit, defaults.release_after_fit);
+  EXPECT_EQ(fsdp::FirstDifferingOption(parsed->wrap, defaults.wrap), "");
+}
+
+TEST(StageOptionsTest, EveryFieldIsRead) {
+  absl::StatusOr<StageOptions> parsed = ParseStageOptions(R"pb(
+    policy { name: "module_types" param { key: "types" value: "TransformerBlock" } ignored_modules: "wpe" }
+    strategy: "HYBRID_SHARD"
+    hybrid_shard_size: 2
+    mixed_precision { param_dtype: "bfloat16" reduce_dtype: "bfloat16" }
+    fit_steps: 7
+    train_batch_size: 8
+    eval_batch_size: 4
+    eval_batches: 3
+    log_every: 0
+    checkpoint_dir: "/tmp/x"
+    release_after_fit: true
+    collective_timeout_s: 12.5
+    max_grad_norm: 1.5
+  )pb");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->wrap.strategy, fsdp::ShardingStrategy::kHybridShard);
+  EXPECT_EQ(parsed->wrap.hybrid_shard_size, 2);
+  EXPECT_EQ(parsed->wrap.mixed_precision.param_dtype, core::DType::kBFloat16);
+  EXPECT_EQ(parsed->wrap.mixed_precision.reduce_dtype, core::DType::kBFloat16);
+  ASSERT_NE(parsed->wrap.policy, nullptr);
+  EXPECT_THAT(parsed->wrap.policy->Name(), HasSubstr("TransformerBlock"));
+  EXPECT_EQ(parsed->wrap.ignored_paths, std::vector<std::string>{"wpe"});
+  EXPECT_EQ(parsed->fit_steps, 7);
+  EXPECT_EQ(parsed->train_batch_size, 8);
+  EXPECT_EQ(parsed->eval_batch_size, 4);
+  EXPECT_EQ(parsed->eval_batches, 3);
+  EXPECT_EQ(parsed->log_every, 0);
+  EXPECT_EQ(parsed->checkpoint_dir, "/tmp/x");
+  EXPECT_TRUE(parsed->release_after_fit);
+  EXPECT_EQ(parsed->wrap.timeout, absl::Milliseconds(12500));
+  EXPECT_EQ(parsed->max_grad_norm, 1.5);
+  EXPECT_TRUE(parsed->Validate(4).ok());
+}
+
+TEST(StageOptionsTest, SyntaxErrorsGiveLineAndColumn) {
+  absl::StatusOr<StageOptions> parsed = ParseStageOptions("fit_steps: 3\nfit_stepz: 4\n");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(parsed.status().message(), HasSubstr("StageConfig: line 2"));
+  EXPECT_THAT(parsed.status().message(), HasSubstr("fit_stepz"));
+}
+
+TEST(StageOptionsTest, BadValuesNameTheField) {
+  struct Case {
+    const char* text;
+    absl::StatusCode code;
+    const char* field;
+  };
+  const Case cases[] = {
+      {"strategy: \"ZERO3\"", absl::StatusCode::kInvalidArgument, "StageConfig.strategy"},
+      {"mixed_precision { param_dtype: \"fp16\" }", absl::StatusCode::kInvalidArgument,
+       "StageConfig.mixed_precision.param_dtype"},
+      {"collective_timeout_s: -1", absl::StatusCode::kInvalidArgument,
+       "StageConfig.collective_timeout_s"},
+      {"policy { name: \"no_such_policy\" }", absl::StatusCode::kNotFound, "StageConfig.policy"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<StageOptions> parsed = ParseStageOptions(c.text);
+    ASSERT_FALSE(parsed.ok()) << c.text;
+    EXPECT_EQ(parsed.status().code(), c.code) << parsed.status();
+    EXPECT_THAT(parsed.status().message(), HasSubstr(c.field)) << parsed.status();
+  }
+}
+
+TEST(StageOptionsTest, ValidateNamesTheOption) {
+  StageOptions options;
+  options.train_batch_size = 6;
+  absl::Status s = options.Validate(4);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("StageOptions.train_batch_size = 6"));
+  EXPECT_THAT(s.message(), HasSubstr("world size 4"));
+
+  options = StageOptions();
+  options.fit_steps = 0;
+  EXPECT_THAT(options.Validate(1).message(), HasSubstr("StageOptions.fit_steps"));
+  options = StageOptions();
+  options.eval_batches = 0;
+  EXPECT_THAT(options.Validate(1).message(), HasSubstr("StageOptions.eval_batches"));
+  options = StageOptions();
+  options.wrap.strategy = fsdp::ShardingStrategy::kHybridShard;
+  options.wrap.hybrid_shard_size = 3;
+  EXPECT_THAT(options.Validate(4).message(), HasSubstr("hybrid_shard_size"));
+}
+
+TEST(StageOptionsTest, ReadsAFileAndNamesItInErrors) {
+  const std::string path = ::testing::TempDir() + "/stage_config.txtpb";
+  {
+    std::ofstream out(path);
+    out << "fit_steps: 42\nlog_every: \"x\"\n";
+  }
+  absl::StatusOr<StageOptions> bad = ReadStageOptionsFile(path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr(path));
+  {
+    std::ofstream out(path);
+    out << "fit_steps: 42\n";
+  }
+  absl::StatusOr<StageOptions> good = ReadStageOptionsFile(path);
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(good->fit_steps, 42);
+  EXPECT_EQ(ReadStageOptionsFile(path + ".missing").status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace integration

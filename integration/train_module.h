@@ -1,0 +1,103 @@
+// TrainModule: what a user hands integration::StageRunner: the model, how to run one
+// training step and one evaluation step on this rank's share of a batch, and which
+// optimizer to build. The runner does everything distributed around it (wrapping,
+// gradient reduction through FSDP, optimizer steps, loss averaging over ranks,
+// checkpoints), so a TrainModule is written as for one process.
+//
+//   class MyModule : public integration::TrainModule {
+//    public:
+//     std::shared_ptr<core::Module> model() override { return net_; }
+//     absl::StatusOr<integration::StepOutput> TrainingStep(
+//         const integration::StepContext& ctx) override {
+//       ASSIGN_OR_RETURN(Batch local, MyRows(ctx.step, ctx.batch_size, ctx.rank, ctx.world_size));
+//       ASSIGN_OR_RETURN(core::Tensor out, net_->Forward(local.x));
+//       ASSIGN_OR_RETURN(nn::LossResult loss, nn::MseLoss(out, local.y));
+//       RETURN_IF_ERROR(net_->Backward(loss.grad).status());
+//       return integration::StepOutput{loss.loss, local.rows};
+//     }
+//     ... EvaluationStep (forward only), ConfigureOptimizer ...
+//   };
+#ifndef INTEGRATION_TRAIN_MODULE_H_
+#define INTEGRATION_TRAIN_MODULE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/module.h"
+#include "core/tensor.h"
+#include "optim/optimizer.h"
+
+namespace integration {
+
+enum class Stage { kFit, kValidate, kTest, kPredict };
+
+// "fit", "validate", "test", "predict".
+std::string StageName(Stage stage);
+
+// Which batch a step is about, and which share of it this rank runs.
+struct StepContext {
+  Stage stage = Stage::kFit;
+  // Fit: the global training step, 0-based, which continues across Fit calls and
+  // checkpoints (use it as the training batch's index so resumed training sees the
+  // batches uninterrupted training would). Other stages: the batch's index within the
+  // stage, 0 .. StageOptions::eval_batches - 1.
+  int64_t step = 0;
+  int rank = 0;
+  int world_size = 1;
+  // Rows of the global batch (a multiple of world_size); this rank runs the rows
+  // data::RankSampler(rank, world_size) gives it.
+  int batch_size = 0;
+};
+
+// What a training or evaluation step reports.
+struct StepOutput {
+  // The mean loss over this rank's share of the batch.
+  double loss = 0;
+  // How many items (tokens, samples) that mean is over: its weight in the mean over
+  // ranks, and what throughput is counted in. > 0.
+  int64_t count = 0;
+};
+
+class TrainModule {
+ public:
+  virtual ~TrainModule() = default;
+
+  // The model every stage wraps: the same object on every call.
+  virtual std::shared_ptr<core::Module> model() = 0;
+
+  // Forward and backward of this rank's share of training batch ctx.step. Gradients
+  // accumulate into the parameters; the runner zeroes them before, FSDP reduces them
+  // during backward, and the runner steps the optimizer after. The loss must be the mean
+  // over this rank's rows, so that FSDP's averaged reduction gives the gradient of the
+  // global batch's mean.
+  virtual absl::StatusOr<StepOutput> TrainingStep(const StepContext& ctx) = 0;
+
+  // Forward only (no backward, no gradients) of batch ctx.step of ctx.stage
+  // (kValidate or kTest: use different held-out data for the two).
+  virtual absl::StatusOr<StepOutput> EvaluationStep(const StepContext& ctx) = 0;
+
+  // Forward only: this rank's predictions for batch ctx.step of kPredict. The default
+  // returns Unimplemented.
+  virtual absl::StatusOr<core::Tensor> PredictStep(const StepContext& ctx);
+
+  // The optimizer Fit steps, over `params` (model()->NamedParameters() after wrapping,
+  // so each parameter's data is this rank's shard). Called once per model: later Fits
+  // and checkpoint loads keep using (and restoring) the same optimizer.
+  virtual absl::StatusOr<std::unique_ptr<optim::Optimizer>> ConfigureOptimizer(
+      std::vector<core::NamedParameter> params) = 0;
+
+  // The learning rate of global step `step`, set on the optimizer before that step;
+  // nullopt (the default) leaves the optimizer's rate alone.
+  virtual std::optional<double> LearningRate(int64_t step) {
+    (void)step;
+    return std::nullopt;
+  }
+};
+
+}  // namespace integration
+
+#endif  // INTEGRATION_TRAIN_MODULE_H_
