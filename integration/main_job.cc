@@ -1,105 +1,565 @@
-// The main job (README: `make demo`): trains a small GPT on the synthetic Markov language
-// with AdamW on the CPU, prints progress, and ends with the evaluation loss beside the
-// language's entropy floor, then one JSON line with the figures.
+// The main job (README: `make demo`): trains a GPT on the synthetic Markov language over
+// N ranks with FSDP, tests it in the same run through the shared wrapper registry (and
+// prints what the registry reused), saves a sharded checkpoint, releases the model,
+// exports it as safetensors and tests the plain module, then prints a summary table,
+// writes SVG charts, and ends with one JSON line of the figures.
 //
-//   bazel run //integration:main_job -- --steps=300 --n_layer=2
+//   bazel run //integration:main_job                          # 2 local CPU ranks
+//   bazel run //integration:main_job -- --world_size=4 --strategy=SHARD_GRAD_OP
+//   bazel run //integration:main_job -- --stages=test --resume_from=out/main_job/checkpoint
+//
+// Run without RANK in the environment, it starts --world_size copies of itself through
+// the local launcher (comm/launcher.h) and, once they succeed, prints the summary rank 0
+// left in --output_dir. Run by a launcher that sets RANK, WORLD_SIZE, MASTER_ADDR and
+// MASTER_PORT (ours, torchrun-style cluster launchers, several machines), it is one
+// rank of that job and rank 0 prints the summary itself.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "checkpoint/safetensors.h"
+#include "comm/init_from_env.h"
+#include "comm/launcher.h"
 #include "core/allocator.h"
-#include "integration/gpt_training.h"
+#include "core/status_macros.h"
+#include "integration/charts/svg_chart.h"
+#include "integration/gpt_module.h"
+#include "integration/stage_options.h"
+#include "integration/stage_runner.h"
 #include "nlohmann/json.hpp"
+#include "policy/wrap_policy.h"
 
+ABSL_FLAG(int, world_size, 2, "ranks to start on this machine (ignored under a launcher)");
+ABSL_FLAG(std::string, backend, "gloo", "collective backend: gloo, nccl or auto");
+ABSL_FLAG(std::string, device, "cpu", "where the model computes: cpu (cuda: see README)");
+ABSL_FLAG(std::string, stages, "fit,test",
+          "comma-separated stages to run in order: fit, validate, test, predict");
+ABSL_FLAG(std::string, resume_from, "",
+          "checkpoint directory to load first (any world size); with fit in --stages the "
+          "optimizer state and step are restored and training continues");
+ABSL_FLAG(std::string, output_dir, "",
+          "where the checkpoint, safetensors file, charts and summary go (default: out/main_job "
+          "in the workspace under bazel run, else ./out/main_job)");
+ABSL_FLAG(std::string, checkpoint_dir, "", "where fit saves its checkpoint (default <output_dir>/checkpoint)");
+ABSL_FLAG(std::string, safetensors_path, "",
+          "where the released model goes (default <output_dir>/model.safetensors)");
+ABSL_FLAG(bool, release, true,
+          "release the model at the end, export it as safetensors and test the plain module");
+ABSL_FLAG(std::string, stage_config, "",
+          "text-format StageConfig file (integration/stage.proto); its set fields override the flags");
+ABSL_FLAG(std::string, strategy, "FULL_SHARD", "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD");
+ABSL_FLAG(int, hybrid_shard_size, 0, "HYBRID_SHARD: ranks per shard group");
+ABSL_FLAG(std::string, param_dtype, "float32", "mixed precision compute copy: float32 or bfloat16");
 ABSL_FLAG(int64_t, steps, 300, "training steps");
-ABSL_FLAG(int, batch_size, 16, "sequences per step");
+ABSL_FLAG(int, batch_size, 16, "sequences per global training batch (a multiple of the world size)");
+ABSL_FLAG(int, eval_batch_size, 16, "sequences per global evaluation batch");
+ABSL_FLAG(int, eval_batches, 8, "batches of each validate / test / predict stage");
 ABSL_FLAG(int, seq_len, 32, "tokens per sequence (at most --block_size)");
 ABSL_FLAG(int64_t, vocab_size, 64, "vocabulary of the language and the model");
 ABSL_FLAG(int64_t, block_size, 32, "model context length");
 ABSL_FLAG(int64_t, n_embd, 64, "model width");
-ABSL_FLAG(int64_t, n_layer, 2, "transformer blocks");
+ABSL_FLAG(int64_t, n_layer, 2, "transformer blocks (one FSDP unit each)");
 ABSL_FLAG(int64_t, n_head, 4, "attention heads");
-ABSL_FLAG(int, order, 1, "Markov order of the language (next token depends on this many)");
+ABSL_FLAG(int, order, 1, "Markov order of the language");
 ABSL_FLAG(double, lr, 1e-2, "AdamW peak learning rate");
 ABSL_FLAG(double, weight_decay, 0.0, "AdamW decoupled weight decay");
+ABSL_FLAG(int64_t, warmup_steps, 20, "linear learning-rate warm-up steps");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the model initialisation and of the language");
 ABSL_FLAG(int64_t, log_every, 25, "progress line every this many steps");
-ABSL_FLAG(int, eval_batches, 8, "unseen batches for the evaluation loss");
+ABSL_FLAG(double, timeout_s, 300, "deadline of every collective and of joining the job");
 
 namespace {
 
-nlohmann::json MemoryJson(const core::MemoryStats& s) {
+constexpr char kLaunchedByParent[] = "FSDP_MAIN_JOB_PARENT";
+constexpr char kSummaryFile[] = "summary.json";
+
+std::string DefaultOutputDir() {
+  const char* workspace = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+  return workspace != nullptr ? absl::StrCat(workspace, "/out/main_job") : "out/main_job";
+}
+
+// Relative paths in flags are relative to the directory `bazel run` was started in (the
+// workspace), not to the binary's runfiles directory.
+std::string Resolve(const std::string& path) {
+  const char* workspace = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+  if (path.empty() || path[0] == '/' || workspace == nullptr) return path;
+  return absl::StrCat(workspace, "/", path);
+}
+
+std::string OutputDir() {
+  const std::string flag = absl::GetFlag(FLAGS_output_dir);
+  return flag.empty() ? DefaultOutputDir() : Resolve(flag);
+}
+
+absl::Status MakeDirs(const std::string& path) {
+  std::error_code error;
+  std::filesystem::create_directories(path, error);
+  if (error) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("--output_dir: cannot create '", path, "': ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
+nlohmann::json MemoryJson(const integration::RankMemory& m) {
   nlohmann::json j;
   for (int t = 0; t < core::kNumMemoryTags; ++t) {
-    j[core::MemoryTagName(static_cast<core::MemoryTag>(t))] = s.peak_by_tag[t];
+    j[core::MemoryTagName(static_cast<core::MemoryTag>(t))] = m.peak_by_tag[t];
   }
-  j["total"] = s.peak_total;
+  j["total"] = m.peak_total;
   return j;
+}
+
+// Peaks over several stages, rank by rank.
+void MaxInto(const std::vector<integration::RankMemory>& stage,
+             std::vector<integration::RankMemory>* run) {
+  if (run->size() < stage.size()) run->resize(stage.size());
+  for (size_t r = 0; r < stage.size(); ++r) {
+    for (int t = 0; t < core::kNumMemoryTags; ++t) {
+      (*run)[r].peak_by_tag[t] = std::max((*run)[r].peak_by_tag[t], stage[r].peak_by_tag[t]);
+    }
+    (*run)[r].peak_total = std::max((*run)[r].peak_total, stage[r].peak_total);
+  }
+}
+
+std::string WrapLine(const integration::WrapReport& w) {
+  if (w.skipped) return "not wrapped";
+  if (w.reused) {
+    return absl::StrFormat("reused the existing wrap: units reused %d of %d, parameter bytes "
+                           "copied on re-wrap %d",
+                           w.units_reused, w.units, w.param_bytes_copied);
+  }
+  return absl::StrFormat("wrapped fresh: %d units (%d kept from earlier wraps), %s of "
+                         "parameters copied into shards",
+                         w.units, w.units_reused, core::FormatBytes(w.param_bytes_copied));
+}
+
+// The summary table, from the summary JSON (so the launching parent prints the same one).
+std::string SummaryTable(const nlohmann::json& s) {
+  std::ostringstream out;
+  auto row = [&](const std::string& name, const std::string& value) {
+    out << absl::StrFormat("  %-34s %s\n", name, value);
+  };
+  auto number = [&](const char* key, const char* format) -> std::string {
+    if (!s.contains(key) || s[key].is_null()) return "-";
+    return absl::StrFormat(format, s[key].get<double>());
+  };
+  out << "\nsummary\n";
+  row("world size / backend / strategy",
+      absl::StrCat(s["world_size"].get<int>(), " / ", s["backend"].get<std::string>(), " / ",
+                   s["strategy"].get<std::string>()));
+  row("model parameters", absl::StrCat(s["model_parameters"].get<int64_t>()));
+  row("stages", s["stages"].get<std::string>());
+  row("global steps", absl::StrCat(s["global_step"].get<int64_t>()));
+  row("final train loss", number("final_train_loss", "%.4f"));
+  row("test loss (wrapped)", number("test_loss", "%.4f"));
+  row("test loss (released plain module)", number("released_test_loss", "%.4f"));
+  row("entropy floor", number("entropy_floor", "%.4f"));
+  row("test loss over floor", number("test_loss_over_floor", "%.4f"));
+  row("units reused by the test stage", absl::StrCat(s["units_reused"].get<int>()));
+  row("param bytes copied on re-wrap", absl::StrCat(s["param_bytes_copied_on_rewrap"].get<int64_t>()));
+  row("fresh wraps (registry)", absl::StrCat(s["fresh_wraps"].get<int64_t>()));
+  row("tokens/s (fit, all ranks)", number("tokens_per_second", "%.0f"));
+  const auto& peaks = s["peak_bytes_per_rank"];
+  for (size_t r = 0; r < peaks.size(); ++r) {
+    std::string line;
+    for (auto it = peaks[r].begin(); it != peaks[r].end(); ++it) {
+      if (it.key() == "total") continue;
+      if (it.value().get<int64_t>() == 0) continue;
+      absl::StrAppend(&line, it.key(), "=", core::FormatBytes(it.value().get<int64_t>()), " ");
+    }
+    absl::StrAppend(&line, "total=", core::FormatBytes(peaks[r]["total"].get<int64_t>()));
+    row(absl::StrCat("peak memory rank ", r), line);
+  }
+  row("checkpoint", s["checkpoint_dir"].is_null() ? "-" : s["checkpoint_dir"].get<std::string>());
+  row("safetensors", s["safetensors_path"].is_null() ? "-" : s["safetensors_path"].get<std::string>());
+  for (const char* chart : {"loss_chart", "memory_chart"}) {
+    if (s.contains(chart) && !s[chart].is_null()) row(chart, s[chart].get<std::string>());
+  }
+  return out.str();
+}
+
+// The summary without the per-step losses (those stay in summary.json).
+nlohmann::json LastLine(nlohmann::json summary) {
+  summary.erase("fit_losses");
+  return summary;
+}
+
+absl::Status WriteCharts(const std::string& dir, const std::vector<std::pair<double, double>>& losses,
+                         double floor, const std::vector<integration::RankMemory>& memory,
+                         nlohmann::json* summary) {
+  using integration::charts::BarGroup;
+  using integration::charts::Series;
+  if (!losses.empty()) {
+    integration::charts::LineChartOptions options;
+    options.title = "Training loss (global batch mean)";
+    options.x_label = "global step";
+    options.y_label = "cross-entropy (nats/token)";
+    options.lines.push_back({"entropy floor", floor});
+    ASSIGN_OR_RETURN(std::string svg,
+                     integration::charts::LineChart({Series{"train loss", losses}}, options));
+    const std::string path = dir + "/loss.svg";
+    RETURN_IF_ERROR(integration::charts::WriteTextFile(path, svg));
+    (*summary)["loss_chart"] = path;
+  }
+  std::vector<BarGroup> groups;
+  for (size_t r = 0; r < memory.size(); ++r) {
+    BarGroup g;
+    g.label = absl::StrCat("rank ", r);
+    for (int t = 0; t < core::kNumMemoryTags; ++t) {
+      g.bars.push_back({core::MemoryTagName(static_cast<core::MemoryTag>(t)),
+                        static_cast<double>(memory[r].peak_by_tag[t])});
+    }
+    groups.push_back(std::move(g));
+  }
+  integration::charts::BarChartOptions options;
+  options.title = "Peak memory per rank by tag (whole run)";
+  options.y_label = "bytes";
+  options.bytes = true;
+  ASSIGN_OR_RETURN(std::string svg, integration::charts::GroupedBarChart(groups, options));
+  const std::string path = dir + "/memory.svg";
+  RETURN_IF_ERROR(integration::charts::WriteTextFile(path, svg));
+  (*summary)["memory_chart"] = path;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<integration::Stage>> ParseStages(const std::string& text) {
+  std::vector<integration::Stage> stages;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    bool found = false;
+    for (integration::Stage s : {integration::Stage::kFit, integration::Stage::kValidate,
+                                 integration::Stage::kTest, integration::Stage::kPredict}) {
+      if (integration::StageName(s) == part) {
+        stages.push_back(s);
+        found = true;
+      }
+    }
+    if (!found) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--stages: unknown stage '", part, "'; use fit, validate, test, predict"));
+    }
+  }
+  return stages;
+}
+
+// One rank of the job.
+absl::Status RunRank() {
+  if (absl::GetFlag(FLAGS_device) != "cpu") {
+    return absl::UnimplementedError(absl::StrCat(
+        "--device=", absl::GetFlag(FLAGS_device),
+        ": the nn/ layers have CPU kernels only, so the model computes on the CPU (--device=cpu);"
+        " comm's NCCL backend and cuBLAS are built with --config=cuda but nothing runs the "
+        "layers on a GPU yet"));
+  }
+  comm::InitOptions init;
+  ASSIGN_OR_RETURN(init.backend, comm::ParseBackend(absl::GetFlag(FLAGS_backend)));
+  if (init.backend == comm::Backend::kAuto) init.backend = comm::Backend::kGloo;  // CPU model
+  if (init.backend == comm::Backend::kNccl) {
+    return absl::UnimplementedError(
+        "--backend=nccl: NCCL reduces GPU buffers, and the model computes on the CPU "
+        "(--device=cpu); use --backend=gloo");
+  }
+  init.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  ASSIGN_OR_RETURN(comm::Distributed dist, comm::InitFromEnv(init));
+  const int rank = dist.group->rank();
+  const int world = dist.group->size();
+  if (rank == 0) RETURN_IF_ERROR(MakeDirs(OutputDir()));
+  auto say = [&](const std::string& line) {
+    if (rank == 0) {
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+    }
+  };
+
+  integration::GptModuleOptions model_options;
+  model_options.model.vocab_size = absl::GetFlag(FLAGS_vocab_size);
+  model_options.model.block_size = absl::GetFlag(FLAGS_block_size);
+  model_options.model.n_embd = absl::GetFlag(FLAGS_n_embd);
+  model_options.model.n_layer = absl::GetFlag(FLAGS_n_layer);
+  model_options.model.n_head = absl::GetFlag(FLAGS_n_head);
+  model_options.model.seed = absl::GetFlag(FLAGS_seed);
+  model_options.language.order = absl::GetFlag(FLAGS_order);
+  model_options.language.seed = absl::GetFlag(FLAGS_seed) + 1;
+  model_options.seq_len = absl::GetFlag(FLAGS_seq_len);
+  model_options.adamw.lr = absl::GetFlag(FLAGS_lr);
+  model_options.adamw.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  model_options.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+  ASSIGN_OR_RETURN(std::unique_ptr<integration::GptTrainModule> module,
+                   integration::GptTrainModule::Create(model_options));
+  const std::map<std::string, core::Shape> full_shapes =
+      checkpoint::ParameterShapes(*module->model());
+
+  const std::string output_dir = OutputDir();
+  const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir).empty()
+                                         ? output_dir + "/checkpoint"
+                                         : Resolve(absl::GetFlag(FLAGS_checkpoint_dir));
+  const std::string safetensors_path = absl::GetFlag(FLAGS_safetensors_path).empty()
+                                           ? output_dir + "/model.safetensors"
+                                           : Resolve(absl::GetFlag(FLAGS_safetensors_path));
+  ASSIGN_OR_RETURN(std::vector<integration::Stage> stages,
+                   ParseStages(absl::GetFlag(FLAGS_stages)));
+  const bool fits = std::find(stages.begin(), stages.end(), integration::Stage::kFit) != stages.end();
+
+  integration::StageOptions options;
+  options.wrap.policy = policy::ModuleTypes({"TransformerBlock"});
+  {
+    absl::StatusOr<fsdp::ShardingStrategy> strategy =
+        integration::ParseShardingStrategy(absl::GetFlag(FLAGS_strategy));
+    if (!strategy.ok()) return absl::InvalidArgumentError(absl::StrCat("--strategy: ", strategy.status().message()));
+    options.wrap.strategy = *strategy;
+  }
+  options.wrap.hybrid_shard_size = absl::GetFlag(FLAGS_hybrid_shard_size);
+  ASSIGN_OR_RETURN(options.wrap.mixed_precision.param_dtype,
+                   core::ParseDType(absl::GetFlag(FLAGS_param_dtype)));
+  options.wrap.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  options.fit_steps = absl::GetFlag(FLAGS_steps);
+  options.train_batch_size = absl::GetFlag(FLAGS_batch_size);
+  options.eval_batch_size = absl::GetFlag(FLAGS_eval_batch_size);
+  options.eval_batches = absl::GetFlag(FLAGS_eval_batches);
+  options.log_every = absl::GetFlag(FLAGS_log_every);
+  options.checkpoint_dir = checkpoint_dir;
+  if (!absl::GetFlag(FLAGS_stage_config).empty()) {
+    ASSIGN_OR_RETURN(options,
+                     integration::ReadStageOptionsFile(Resolve(absl::GetFlag(FLAGS_stage_config)), options));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<integration::StageRunner> runner,
+                   integration::StageRunner::Create(dist.group, options));
+  runner->set_progress_callback([&](const integration::Progress& p) {
+    say(integration::FormatProgress(p));
+  });
+
+  say(absl::StrFormat(
+      "main job: GPT (vocab %d, context %d, width %d, %d layers, %d heads, %d parameters) on a "
+      "Markov language of order %d; %d ranks (%s, %s), %s, stages %s",
+      model_options.model.vocab_size, model_options.model.block_size, model_options.model.n_embd,
+      model_options.model.n_layer, model_options.model.n_head,
+      module->model()->NumParameterElements(), model_options.language.order, world,
+      dist.group->backend_name(), dist.device.ToString(),
+      fsdp::ShardingStrategyName(options.wrap.strategy), absl::GetFlag(FLAGS_stages)));
+
+  nlohmann::json summary;
+  summary["world_size"] = world;
+  summary["backend"] = dist.group->backend_name();
+  summary["strategy"] = fsdp::ShardingStrategyName(options.wrap.strategy);
+  summary["stages"] = absl::GetFlag(FLAGS_stages);
+  summary["model_parameters"] = module->model()->NumParameterElements();
+  summary["entropy_floor"] = module->EntropyFloor();
+  summary["final_train_loss"] = nullptr;
+  summary["test_loss"] = nullptr;
+  summary["validate_loss"] = nullptr;
+  summary["released_test_loss"] = nullptr;
+  summary["checkpoint_dir"] = nullptr;
+  summary["safetensors_path"] = nullptr;
+  summary["resumed_from"] = nullptr;
+  summary["units_reused"] = 0;
+  summary["param_bytes_copied_on_rewrap"] = 0;
+  std::vector<integration::RankMemory> run_memory;
+  std::vector<std::pair<double, double>> loss_points;
+  nlohmann::json fit_losses = nlohmann::json::array();
+  int64_t bytes_copied_on_rewrap = 0;
+  double tokens_per_second = 0;
+
+  if (!absl::GetFlag(FLAGS_resume_from).empty()) {
+    const std::string from = Resolve(absl::GetFlag(FLAGS_resume_from));
+    ASSIGN_OR_RETURN(integration::LoadedCheckpoint loaded,
+                     runner->LoadCheckpoint(*module, from, /*optimizer=*/fits));
+    say(absl::StrFormat("loaded checkpoint %s (saved at step %d by %d ranks%s); this rank read %s",
+                        from, loaded.step, loaded.saved_world_size,
+                        fits ? ", with optimizer state" : "", core::FormatBytes(loaded.bytes_read)));
+    summary["resumed_from"] = from;
+    summary["resumed_step"] = loaded.step;
+  }
+
+  for (integration::Stage stage : stages) {
+    switch (stage) {
+      case integration::Stage::kFit: {
+        say(absl::StrFormat("fit: %d steps of %d x %d tokens from global step %d",
+                            options.fit_steps, options.train_batch_size, model_options.seq_len,
+                            runner->GlobalStep(*module)));
+        ASSIGN_OR_RETURN(integration::FitResult fit, runner->Fit(*module));
+        say(absl::StrCat("fit: ", WrapLine(fit.report.wrap)));
+        if (fit.report.wrap.reused) bytes_copied_on_rewrap += fit.report.wrap.param_bytes_copied;
+        for (size_t i = 0; i < fit.losses.size(); ++i) {
+          loss_points.push_back({static_cast<double>(fit.first_step + i + 1), fit.losses[i]});
+          fit_losses.push_back(fit.losses[i]);
+        }
+        summary["final_train_loss"] = fit.final_loss;
+        tokens_per_second = fit.items_per_second;
+        MaxInto(fit.report.memory, &run_memory);
+        if (!fit.checkpoint_dir.empty()) {
+          say(absl::StrCat("fit: saved checkpoint ", fit.checkpoint_dir, " (model and optimizer, step ",
+                           fit.global_step, ")"));
+          summary["checkpoint_dir"] = fit.checkpoint_dir;
+        }
+        break;
+      }
+      case integration::Stage::kValidate:
+      case integration::Stage::kTest: {
+        ASSIGN_OR_RETURN(integration::EvalResult eval, stage == integration::Stage::kTest
+                                                           ? runner->Test(*module)
+                                                           : runner->Validate(*module));
+        say(absl::StrFormat("%s: loss %.4f over %d tokens; %s", integration::StageName(stage),
+                            eval.loss, eval.count, WrapLine(eval.report.wrap)));
+        if (eval.report.wrap.reused) bytes_copied_on_rewrap += eval.report.wrap.param_bytes_copied;
+        summary[integration::StageName(stage) + "_loss"] = eval.loss;
+        if (stage == integration::Stage::kTest) {
+          summary["units_reused"] = eval.report.wrap.units_reused;
+          summary["test_wrap_reused"] = eval.report.wrap.reused;
+        }
+        MaxInto(eval.report.memory, &run_memory);
+        break;
+      }
+      case integration::Stage::kPredict: {
+        ASSIGN_OR_RETURN(integration::PredictResult predicted, runner->Predict(*module));
+        std::string first;
+        if (!predicted.outputs.empty()) {
+          const core::Tensor& ids = predicted.outputs[0];
+          for (int64_t t = 0; t < std::min<int64_t>(ids.size(-1), 16); ++t) {
+            absl::StrAppend(&first, t > 0 ? " " : "", ids.data<int32_t>()[t]);
+          }
+        }
+        say(absl::StrCat("predict: ", predicted.outputs.size(), " batches; rank 0's first row: ",
+                         first, " ...; ", WrapLine(predicted.report.wrap)));
+        if (predicted.report.wrap.reused) {
+          bytes_copied_on_rewrap += predicted.report.wrap.param_bytes_copied;
+        }
+        MaxInto(predicted.report.memory, &run_memory);
+        break;
+      }
+    }
+  }
+  summary["param_bytes_copied_on_rewrap"] = bytes_copied_on_rewrap;
+  summary["fresh_wraps"] = runner->registry().counters().wraps;
+  summary["global_step"] = runner->GlobalStep(*module);
+  summary["tokens_per_second"] = tokens_per_second;
+
+  if (absl::GetFlag(FLAGS_release)) {
+    RETURN_IF_ERROR(runner->Release(*module));
+    if (rank == 0) {
+      RETURN_IF_ERROR(checkpoint::ExportSafetensors(
+          safetensors_path, *module->model(),
+          {{"format", "pt"}, {"global_step", absl::StrCat(runner->GlobalStep(*module))}},
+          full_shapes));
+    }
+    summary["safetensors_path"] = safetensors_path;
+    integration::EvalOptions plain;
+    plain.wrap = false;
+    ASSIGN_OR_RETURN(integration::EvalResult released, runner->Test(*module, plain));
+    say(absl::StrFormat("released: plain module (no units, no process group needed), wrote %s; "
+                        "test loss %.4f",
+                        safetensors_path, released.loss));
+    summary["released_test_loss"] = released.loss;
+    MaxInto(released.report.memory, &run_memory);
+  }
+
+  if (rank == 0) {
+    if (!summary["test_loss"].is_null()) {
+      summary["test_loss_over_floor"] =
+          summary["test_loss"].get<double>() / module->EntropyFloor();
+    }
+    nlohmann::json peaks = nlohmann::json::array();
+    for (const integration::RankMemory& m : run_memory) peaks.push_back(MemoryJson(m));
+    summary["peak_bytes_per_rank"] = peaks;
+    RETURN_IF_ERROR(WriteCharts(output_dir, loss_points, module->EntropyFloor(), run_memory,
+                                &summary));
+    summary["fit_losses"] = fit_losses;
+    RETURN_IF_ERROR(integration::charts::WriteTextFile(
+        absl::StrCat(output_dir, "/", kSummaryFile), summary.dump(2) + "\n"));
+    if (std::getenv(kLaunchedByParent) == nullptr) {
+      std::printf("%s", SummaryTable(summary).c_str());
+      std::cout << LastLine(summary).dump() << std::endl;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Starts --world_size ranks of this binary through the local launcher, then prints the
+// summary rank 0 wrote.
+int LaunchLocalRanks(int argc, char** argv) {
+  const std::string output_dir = OutputDir();
+  if (absl::Status s = MakeDirs(output_dir); !s.ok()) {
+    std::fprintf(stderr, "main job: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  const std::string summary_path = absl::StrCat(output_dir, "/", kSummaryFile);
+  std::remove(summary_path.c_str());
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) {
+    std::fprintf(stderr, "main job: cannot find its own binary: %s\n", std::strerror(errno));
+    return 1;
+  }
+  self[n] = '\0';
+  comm::LaunchOptions launch;
+  launch.nproc = absl::GetFlag(FLAGS_world_size);
+  if (launch.nproc < 1) {
+    std::fprintf(stderr, "main job: --world_size=%d must be >= 1\n", launch.nproc);
+    return 1;
+  }
+  launch.command.push_back(self);
+  for (int i = 1; i < argc; ++i) launch.command.push_back(argv[i]);
+  // Every rank writes into the same output directory: make the default explicit so it
+  // does not depend on each rank's working directory.
+  launch.command.push_back(absl::StrCat("--output_dir=", output_dir));
+  ::setenv(kLaunchedByParent, "1", 1);
+  std::printf("main job: starting %d local ranks (comm/launcher.h); output in %s\n", launch.nproc,
+              output_dir.c_str());
+  std::fflush(stdout);
+  const int rc = comm::Launch(launch);
+  if (rc != 0) {
+    std::fprintf(stderr, "main job: the ranks failed (exit status %d); see their output above\n", rc);
+    return rc;
+  }
+  std::ifstream in(summary_path);
+  if (!in) {
+    std::fprintf(stderr, "main job: rank 0 wrote no summary at %s\n", summary_path.c_str());
+    return 1;
+  }
+  nlohmann::json summary;
+  try {
+    in >> summary;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "main job: cannot parse %s: %s\n", summary_path.c_str(), e.what());
+    return 1;
+  }
+  std::printf("%s", SummaryTable(summary).c_str());
+  std::cout << LastLine(summary).dump() << std::endl;
+  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Trains a small GPT on a synthetic language (see README.md).");
+  absl::SetProgramUsageMessage(
+      "Trains, tests, checkpoints and releases a GPT with FSDP over local ranks (README.md).");
   absl::ParseCommandLine(argc, argv);
-
-  integration::GptTrainingOptions options;
-  options.steps = absl::GetFlag(FLAGS_steps);
-  options.batch_size = absl::GetFlag(FLAGS_batch_size);
-  options.seq_len = absl::GetFlag(FLAGS_seq_len);
-  options.model.vocab_size = absl::GetFlag(FLAGS_vocab_size);
-  options.model.block_size = absl::GetFlag(FLAGS_block_size);
-  options.model.n_embd = absl::GetFlag(FLAGS_n_embd);
-  options.model.n_layer = absl::GetFlag(FLAGS_n_layer);
-  options.model.n_head = absl::GetFlag(FLAGS_n_head);
-  options.model.seed = absl::GetFlag(FLAGS_seed);
-  options.language.order = absl::GetFlag(FLAGS_order);
-  options.language.seed = absl::GetFlag(FLAGS_seed) + 1;
-  options.adamw.lr = absl::GetFlag(FLAGS_lr);
-  options.adamw.weight_decay = absl::GetFlag(FLAGS_weight_decay);
-  options.log_every = absl::GetFlag(FLAGS_log_every);
-  options.eval_batches = absl::GetFlag(FLAGS_eval_batches);
-
-  std::printf("main job: GPT (vocab %lld, context %lld, width %lld, %lld layers, %lld heads) on a "
-              "Markov language of order %d, %lld AdamW steps of %d x %d tokens, 1 process (CPU)\n",
-              static_cast<long long>(options.model.vocab_size),
-              static_cast<long long>(options.model.block_size),
-              static_cast<long long>(options.model.n_embd),
-              static_cast<long long>(options.model.n_layer),
-              static_cast<long long>(options.model.n_head), options.language.order,
-              static_cast<long long>(options.steps), options.batch_size, options.seq_len);
-  std::fflush(stdout);
-
-  absl::StatusOr<integration::GptTrainingResult> result =
-      integration::TrainGpt(options, [](const integration::TrainingProgress& p) {
-        std::printf("%s\n", integration::FormatProgress(p).c_str());
-        std::fflush(stdout);
-      });
-  if (!result.ok()) {
-    std::fprintf(stderr, "main job failed: %s\n", result.status().ToString().c_str());
+  if (std::getenv("RANK") == nullptr) return LaunchLocalRanks(argc, argv);
+  const absl::Status status = RunRank();
+  if (!status.ok()) {
+    std::fprintf(stderr, "main job (rank %s) failed: %s\n", std::getenv("RANK"),
+                 status.ToString().c_str());
     return 1;
   }
-  const double gap = result->eval_loss / result->entropy_floor - 1.0;
-  std::printf("\nfinal train loss %.4f | eval loss %.4f | entropy floor %.4f (%+.1f%%) | "
-              "log V %.4f | %.0f tokens/s\n",
-              result->final_train_loss, result->eval_loss, result->entropy_floor, 100 * gap,
-              result->log_vocab, result->tokens_per_second);
-  std::printf("peak memory by tag: %s\n", result->memory.PeakSummary().c_str());
-
-  nlohmann::json summary;
-  summary["world_size"] = 1;
-  summary["steps"] = options.steps;
-  summary["final_train_loss"] = result->final_train_loss;
-  summary["eval_loss"] = result->eval_loss;
-  summary["entropy_floor"] = result->entropy_floor;
-  summary["log_vocab"] = result->log_vocab;
-  summary["eval_loss_over_floor"] = result->eval_loss / result->entropy_floor;
-  summary["tokens_per_second"] = result->tokens_per_second;
-  summary["peak_bytes"] = MemoryJson(result->memory);
-  std::cout << summary.dump() << std::endl;
   return 0;
 }

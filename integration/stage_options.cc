@@ -92,8 +92,9 @@ absl::Status StageOptions::Validate(int world_size) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config) {
-  StageOptions options;
+absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config,
+                                                  const StageOptions& base) {
+  StageOptions options = base;
   if (config.has_policy()) {
     absl::StatusOr<policy::ConfiguredPolicy> built = policy::BuildPolicy(config.policy());
     if (!built.ok()) return Prefixed(built.status(), "StageConfig.policy");
@@ -135,7 +136,8 @@ absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config) {
   return options;
 }
 
-absl::StatusOr<StageOptions> ParseStageOptions(absl::string_view text) {
+absl::StatusOr<StageOptions> ParseStageOptions(absl::string_view text,
+                                              const StageOptions& base) {
   StageConfig config;
   FirstError errors;
   google::protobuf::TextFormat::Parser parser;
@@ -145,15 +147,16 @@ absl::StatusOr<StageOptions> ParseStageOptions(absl::string_view text) {
     return absl::InvalidArgumentError(absl::StrCat(
         "StageConfig: ", errors.has_error() ? errors.text() : "text format parse failed"));
   }
-  return StageOptionsFromProto(config);
+  return StageOptionsFromProto(config, base);
 }
 
-absl::StatusOr<StageOptions> ReadStageOptionsFile(const std::string& path) {
+absl::StatusOr<StageOptions> ReadStageOptionsFile(const std::string& path,
+                                                 const StageOptions& base) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read stage config file '", path, "'"));
   std::stringstream contents;
   contents << in.rdbuf();
-  absl::StatusOr<StageOptions> options = ParseStageOptions(contents.str());
+  absl::StatusOr<StageOptions> options = ParseStageOptions(contents.str(), base);
   if (!options.ok()) return Prefixed(options.status(), path);
   return options;
 }

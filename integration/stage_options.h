@@ -50,16 +50,20 @@ struct StageOptions {
   absl::Status Validate(int world_size) const;
 };
 
-// Options from a StageConfig: set fields replace the defaults above. The policy is built
+// Options from a StageConfig: set fields replace those of `base` (by default the
+// defaults above). The policy is built
 // from the policy registry (policy/config.h). InvalidArgument naming the field
 // ("StageConfig.strategy", ...) for a bad value; NotFound for an unknown policy name.
-absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config);
+absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config,
+                                                  const StageOptions& base = StageOptions());
 
 // The same from text format; syntax errors say "StageConfig: line L, column C".
-absl::StatusOr<StageOptions> ParseStageOptions(absl::string_view text);
+absl::StatusOr<StageOptions> ParseStageOptions(absl::string_view text,
+                                              const StageOptions& base = StageOptions());
 
 // ParseStageOptions of a file's contents; NotFound / errors name the file.
-absl::StatusOr<StageOptions> ReadStageOptionsFile(const std::string& path);
+absl::StatusOr<StageOptions> ReadStageOptionsFile(const std::string& path,
+                                                 const StageOptions& base = StageOptions());
 
 // "FULL_SHARD" -> kFullShard, ... (ShardingStrategyName's inverse); InvalidArgument
 // listing the names otherwise.

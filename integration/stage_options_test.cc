@@ -62,6 +62,16 @@ TEST(StageOptionsTest, EveryFieldIsRead) {
   EXPECT_TRUE(parsed->Validate(4).ok());
 }
 
+TEST(StageOptionsTest, UnsetFieldsKeepTheGivenBase) {
+  StageOptions base;
+  base.fit_steps = 11;
+  base.checkpoint_dir = "/base";
+  absl::StatusOr<StageOptions> parsed = ParseStageOptions("checkpoint_dir: \"/x\"", base);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->fit_steps, 11);
+  EXPECT_EQ(parsed->checkpoint_dir, "/x");
+}
+
 TEST(StageOptionsTest, SyntaxErrorsGiveLineAndColumn) {
   absl::StatusOr<StageOptions> parsed = ParseStageOptions("fit_steps: 3\nfit_stepz: 4\n");
   ASSERT_FALSE(parsed.ok());

@@ -1,0 +1,105 @@
+#include "integration/gpt_module.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "data/sampler.h"
+#include "nn/losses.h"
+
+namespace integration {
+
+absl::StatusOr<std::unique_ptr<GptTrainModule>> GptTrainModule::Create(
+    const GptModuleOptions& options) {
+  if (options.seq_len <= 0 || options.seq_len > options.model.block_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GptModuleOptions.seq_len = ", options.seq_len, ": must be in [1, ",
+                     "GptConfig.block_size = ", options.model.block_size, "]"));
+  }
+  if (options.warmup_steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GptModuleOptions.warmup_steps = ", options.warmup_steps, ": must be >= 0"));
+  }
+  data::MarkovLanguageOptions language_options = options.language;
+  language_options.vocab_size = static_cast<int>(options.model.vocab_size);
+  ASSIGN_OR_RETURN(data::MarkovLanguage language, data::MarkovLanguage::Create(language_options));
+  ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, nn::Gpt::Create(options.model));
+  // Check the AdamW options now rather than at the first Fit.
+  RETURN_IF_ERROR(optim::AdamW::Create(std::vector<core::ParameterPtr>{}, options.adamw).status());
+  return std::unique_ptr<GptTrainModule>(
+      new GptTrainModule(options, std::move(language), std::move(gpt)));
+}
+
+GptTrainModule::GptTrainModule(GptModuleOptions options, data::MarkovLanguage language,
+                               std::shared_ptr<nn::Gpt> gpt)
+    : options_(std::move(options)), language_(std::move(language)), gpt_(std::move(gpt)) {}
+
+int64_t GptTrainModule::BatchIndex(const StepContext& ctx) {
+  switch (ctx.stage) {
+    case Stage::kFit:
+      return ctx.step;
+    case Stage::kValidate:
+      return kValidateBatchOffset + ctx.step;
+    case Stage::kTest:
+    case Stage::kPredict:
+      return kTestBatchOffset + ctx.step;
+  }
+  return ctx.step;
+}
+
+absl::StatusOr<data::TokenBatch> GptTrainModule::LocalBatch(int64_t index,
+                                                            const StepContext& ctx) const {
+  ASSIGN_OR_RETURN(data::TokenBatch global,
+                   language_.Batch(index, ctx.batch_size, options_.seq_len));
+  ASSIGN_OR_RETURN(data::RankSampler sampler, data::RankSampler::Create(ctx.rank, ctx.world_size));
+  return sampler.Local(global);
+}
+
+absl::StatusOr<StepOutput> GptTrainModule::TrainingStep(const StepContext& ctx) {
+  ASSIGN_OR_RETURN(data::TokenBatch batch, LocalBatch(BatchIndex(ctx), ctx));
+  ASSIGN_OR_RETURN(core::Tensor logits, gpt_->Forward(batch.inputs));
+  ASSIGN_OR_RETURN(nn::LossResult loss, nn::CrossEntropyLoss(logits, batch.targets));
+  RETURN_IF_ERROR(gpt_->Backward(loss.grad).status());
+  return StepOutput{loss.loss, batch.targets.numel()};
+}
+
+absl::StatusOr<StepOutput> GptTrainModule::EvaluationStep(const StepContext& ctx) {
+  ASSIGN_OR_RETURN(data::TokenBatch batch, LocalBatch(BatchIndex(ctx), ctx));
+  ASSIGN_OR_RETURN(core::Tensor logits, gpt_->Forward(batch.inputs));
+  ASSIGN_OR_RETURN(nn::LossResult loss, nn::CrossEntropyLoss(logits, batch.targets));
+  return StepOutput{loss.loss, batch.targets.numel()};
+}
+
+absl::StatusOr<core::Tensor> GptTrainModule::PredictStep(const StepContext& ctx) {
+  ASSIGN_OR_RETURN(data::TokenBatch batch, LocalBatch(BatchIndex(ctx), ctx));
+  ASSIGN_OR_RETURN(core::Tensor logits, gpt_->Forward(batch.inputs));
+  const int64_t vocab = logits.size(-1);
+  const int64_t positions = logits.numel() / vocab;
+  ASSIGN_OR_RETURN(core::Tensor ids, core::Tensor::Allocate(batch.inputs.shape(),
+                                                            core::DType::kInt32));
+  const float* l = logits.data<float>();
+  int32_t* out = ids.data<int32_t>();
+  for (int64_t p = 0; p < positions; ++p) {
+    const float* row = l + p * vocab;
+    out[p] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+  }
+  return ids;
+}
+
+absl::StatusOr<std::unique_ptr<optim::Optimizer>> GptTrainModule::ConfigureOptimizer(
+    std::vector<core::NamedParameter> params) {
+  ASSIGN_OR_RETURN(std::unique_ptr<optim::AdamW> adamw,
+                   optim::AdamW::Create(std::move(params), options_.adamw));
+  return std::unique_ptr<optim::Optimizer>(std::move(adamw));
+}
+
+std::optional<double> GptTrainModule::LearningRate(int64_t step) {
+  const double warmup =
+      options_.warmup_steps > 0
+          ? std::min(1.0, static_cast<double>(step + 1) / options_.warmup_steps)
+          : 1.0;
+  return options_.adamw.lr * warmup;
+}
+
+}  // namespace integration

@@ -1,0 +1,88 @@
+// GptTrainModule: the TrainModule of the main job and of the end-to-end tests: an
+// nn::Gpt learning the synthetic Markov language (data/markov_language.h) with AdamW and
+// a linear learning-rate warm-up.
+//
+//   integration::GptModuleOptions options;     // small GPT on a vocabulary of 64
+//   ASSIGN_OR_RETURN(auto module, integration::GptTrainModule::Create(options));
+//   ASSIGN_OR_RETURN(auto fit, runner->Fit(*module));
+//   ASSIGN_OR_RETURN(auto test, runner->Test(*module));
+//   // test.loss approaches module->EntropyFloor() as the model learns
+//
+// Training step s uses language batch s (so training resumed at step s sees what
+// uninterrupted training would); validation uses batches from kValidateBatchOffset on and
+// testing from kTestBatchOffset on, which training never reaches. Every rank builds the
+// whole global batch (cheap: sampling) and runs its data::RankSampler rows.
+#ifndef INTEGRATION_GPT_MODULE_H_
+#define INTEGRATION_GPT_MODULE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "data/markov_language.h"
+#include "integration/train_module.h"
+#include "nn/gpt.h"
+#include "optim/adamw.h"
+
+namespace integration {
+
+inline constexpr int64_t kValidateBatchOffset = int64_t{1} << 40;
+inline constexpr int64_t kTestBatchOffset = int64_t{1} << 41;
+
+struct GptModuleOptions {
+  nn::GptConfig model;                   // vocab_size is also the language's
+  data::MarkovLanguageOptions language;  // vocab_size is taken from model.vocab_size
+  int seq_len = 32;                      // 0 < seq_len <= model.block_size
+  optim::AdamWOptions adamw = DefaultAdamW();
+  int64_t warmup_steps = 20;             // linear warm-up over the first global steps, >= 0
+
+  static optim::AdamWOptions DefaultAdamW() {
+    optim::AdamWOptions o;
+    o.lr = 1e-2;
+    o.weight_decay = 0.0;
+    return o;
+  }
+};
+
+class GptTrainModule : public TrainModule {
+ public:
+  // InvalidArgument naming the option ("GptModuleOptions.seq_len", "GptConfig.n_head",
+  // MarkovLanguageOptions...) for bad options.
+  static absl::StatusOr<std::unique_ptr<GptTrainModule>> Create(const GptModuleOptions& options);
+
+  std::shared_ptr<core::Module> model() override { return gpt_; }
+  // Cross-entropy of the rank's rows of language batch ctx.step; count = its tokens.
+  absl::StatusOr<StepOutput> TrainingStep(const StepContext& ctx) override;
+  absl::StatusOr<StepOutput> EvaluationStep(const StepContext& ctx) override;
+  // The most likely next token at every position of the rank's rows (int32 [rows, T]).
+  absl::StatusOr<core::Tensor> PredictStep(const StepContext& ctx) override;
+  // AdamW with GptModuleOptions::adamw.
+  absl::StatusOr<std::unique_ptr<optim::Optimizer>> ConfigureOptimizer(
+      std::vector<core::NamedParameter> params) override;
+  // adamw.lr * min(1, (step + 1) / warmup_steps).
+  std::optional<double> LearningRate(int64_t step) override;
+
+  const std::shared_ptr<nn::Gpt>& gpt() const { return gpt_; }
+  const data::MarkovLanguage& language() const { return language_; }
+  const GptModuleOptions& options() const { return options_; }
+  // MarkovLanguage::LossFloor(seq_len): the best test loss any model can reach.
+  double EntropyFloor() const { return language_.LossFloor(options_.seq_len); }
+
+ private:
+  GptTrainModule(GptModuleOptions options, data::MarkovLanguage language,
+                 std::shared_ptr<nn::Gpt> gpt);
+  // This rank's rows of language batch `index`.
+  absl::StatusOr<data::TokenBatch> LocalBatch(int64_t index, const StepContext& ctx) const;
+  // The batch index a stage's step reads.
+  static int64_t BatchIndex(const StepContext& ctx);
+
+  GptModuleOptions options_;
+  data::MarkovLanguage language_;
+  std::shared_ptr<nn::Gpt> gpt_;
+};
+
+}  // namespace integration
+
+#endif  // INTEGRATION_GPT_MODULE_H_

@@ -1,0 +1,337 @@
+// End-to-end tests of the stage APIs with real processes: the main job starts its ranks
+// through the local launcher (or is started by //comm:launch), and the stages run in
+// separate jobs share nothing but the checkpoint directory.
+//
+//   fit + test in one run      -> the test stage reuses the fit's units, copies nothing,
+//                                 and the released plain module gives the same loss;
+//   test alone from checkpoint -> a fresh wrap, the same test loss (world size 2);
+//   test at world size 1 and 4 -> the same test loss within fp32 tolerance;
+//   fit 20 + resume 20         -> the same losses and weights as fit 40;
+//   safetensors of the run     -> round-trips, header as published, equal to the checkpoint;
+//   a corrupted / truncated checkpoint file -> refused, naming the file and the tensor.
+//
+// The runs share one small model (2 blocks, width 32) so that each takes seconds.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/sharded.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace integration {
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;     // stdout and stderr together
+  nlohmann::json summary;  // the last line, parsed (null when it is not JSON)
+};
+
+std::string Runfile(const std::string& path) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  return absl::StrCat(srcdir ? srcdir : ".", "/fsdp/", path);
+}
+
+std::string TempDir() {
+  const char* t = std::getenv("TEST_TMPDIR");
+  return t ? t : "/tmp";
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The flags every run shares: a small model, 8-row batches (divisible by 1, 2 and 4).
+std::vector<std::string> ModelFlags() {
+  return {"--vocab_size=32", "--block_size=16", "--seq_len=16",     "--n_embd=32",
+          "--n_layer=2",     "--n_head=2",      "--batch_size=8",   "--eval_batch_size=8",
+          "--eval_batches=4", "--log_every=10", "--warmup_steps=5", "--lr=1e-2",
+          "--timeout_s=60"};
+}
+
+// Runs `argv` with a deadline; the last output line that holds a JSON object is parsed
+// (a "[rank 0] " prefix, as //comm:launch writes it, is skipped).
+RunResult RunCommand(std::vector<std::string> argv, absl::Duration timeout = absl::Seconds(240)) {
+  RunResult result;
+  const std::string log = absl::StrCat(TempDir(), "/run-", ::getpid(), "-", absl::ToUnixNanos(absl::Now()), ".log");
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::unsetenv("RANK");
+    std::vector<char*> args;
+    for (std::string& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(126);
+  }
+  int status = 0;
+  const absl::Time deadline = absl::Now() + timeout;
+  bool done = false;
+  while (absl::Now() < deadline) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      done = true;
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  if (!done) {
+    ::kill(pid, SIGTERM);  // the launcher forwards it to the ranks
+    absl::SleepFor(absl::Seconds(6));
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    result.output = ReadFile(log) + "\n<killed: timeout>";
+    return result;
+  }
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  result.output = ReadFile(log);
+  std::vector<std::string> lines = absl::StrSplit(result.output, '\n', absl::SkipEmpty());
+  if (!lines.empty()) {
+    std::string last = lines.back();
+    if (last.rfind("[rank ", 0) == 0) last = last.substr(last.find("] ") + 2);
+    result.summary = nlohmann::json::parse(last, nullptr, /*allow_exceptions=*/false);
+    if (result.summary.is_discarded()) result.summary = nullptr;
+  }
+  return result;
+}
+
+RunResult MainJob(int world_size, const std::string& out, std::vector<std::string> extra) {
+  std::vector<std::string> argv = {Runfile("integration/main_job"),
+                                   absl::StrCat("--world_size=", world_size),
+                                   absl::StrCat("--output_dir=", out)};
+  for (const std::string& f : ModelFlags()) argv.push_back(f);
+  for (const std::string& f : extra) argv.push_back(f);
+  return RunCommand(argv);
+}
+
+// |a - b| <= rtol |b|, for losses computed with other batch splits. Each rank's loss is a
+// float32 mean over its tokens; a different split changes how those float32 sums group
+// (and the GEMM shapes), so results differ by a few float32 roundings (~1e-7 relative
+// each) of a loss near 2: 1e-5 leaves a wide margin while any real difference in the
+// weights (a wrong shard, a missed update) changes the loss far more.
+constexpr double kCrossWorldRtol = 1e-5;
+
+double Num(const nlohmann::json& j, const char* key) { return j.at(key).get<double>(); }
+
+// Shared by the tests: one fit+test run at world size 2, done once.
+class MainJobTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    base_ = TempDir() + "/fit";
+    fit_ = new RunResult(MainJob(2, base_, {"--stages=fit,test", "--steps=40"}));
+  }
+  static void TearDownTestSuite() { delete fit_; }
+
+  void SetUp() override {
+    ASSERT_EQ(fit_->exit_code, 0) << fit_->output;
+    ASSERT_TRUE(fit_->summary.is_object()) << fit_->output;
+  }
+
+  static std::string base_;
+  static RunResult* fit_;
+};
+std::string MainJobTest::base_;
+RunResult* MainJobTest::fit_ = nullptr;
+
+TEST_F(MainJobTest, FitThenTestReusesTheUnitsAndTheReleasedModuleAgrees) {
+  const nlohmann::json& s = fit_->summary;
+  EXPECT_EQ(s["world_size"], 2);
+  EXPECT_EQ(s["units_reused"], 3) << "2 TransformerBlocks + the root";
+  EXPECT_EQ(s["test_wrap_reused"], true);
+  EXPECT_EQ(s["param_bytes_copied_on_rewrap"], 0);
+  EXPECT_EQ(s["fresh_wraps"], 1);
+  EXPECT_EQ(s["global_step"], 40);
+  // The released plain module computes with the same values: only the storage differs.
+  EXPECT_NEAR(Num(s, "released_test_loss"), Num(s, "test_loss"), 1e-6 * Num(s, "test_loss"));
+  // It learnt: well below log V and falling.
+  EXPECT_LT(Num(s, "test_loss"), std::log(32.0) - 0.5);
+  nlohmann::json file = nlohmann::json::parse(ReadFile(base_ + "/summary.json"));
+  const auto& losses = file["fit_losses"];
+  ASSERT_EQ(losses.size(), 40u);
+  EXPECT_LT(losses[39].get<double>(), losses[0].get<double>() - 0.5);
+  for (const char* key : {"world_size", "final_train_loss", "test_loss", "released_test_loss",
+                          "entropy_floor", "units_reused", "param_bytes_copied_on_rewrap",
+                          "peak_bytes_per_rank", "checkpoint_dir", "safetensors_path"}) {
+    EXPECT_TRUE(s.contains(key)) << key;
+  }
+  ASSERT_EQ(s["peak_bytes_per_rank"].size(), 2u);
+  EXPECT_GT(s["peak_bytes_per_rank"][1]["param"].get<int64_t>(), 0);
+  // The progress lines and the charts.
+  EXPECT_NE(fit_->output.find("step    10/40"), std::string::npos) << fit_->output;
+  const std::string loss_svg = ReadFile(base_ + "/loss.svg");
+  EXPECT_NE(loss_svg.find("<svg"), std::string::npos);
+  EXPECT_NE(loss_svg.find("entropy floor"), std::string::npos);
+  EXPECT_NE(ReadFile(base_ + "/memory.svg").find("rank 1"), std::string::npos);
+}
+
+TEST_F(MainJobTest, TestAloneFromTheCheckpointWrapsFreshAndGetsTheSameLoss) {
+  RunResult alone = MainJob(2, TempDir() + "/alone",
+                            {"--stages=test", "--resume_from=" + base_ + "/checkpoint",
+                             "--release=false"});
+  ASSERT_EQ(alone.exit_code, 0) << alone.output;
+  EXPECT_EQ(alone.summary["fresh_wraps"], 1);
+  EXPECT_EQ(alone.summary["global_step"], 40);
+  // Same world size and layout, same values: the same arithmetic, so exactly equal.
+  EXPECT_EQ(Num(alone.summary, "test_loss"), Num(fit_->summary, "test_loss"));
+}
+
+TEST_F(MainJobTest, TestAtWorldSizesOneAndFourFromTheWorldSizeTwoCheckpoint) {
+  RunResult one = MainJob(1, TempDir() + "/ws1",
+                          {"--stages=test", "--resume_from=" + base_ + "/checkpoint"});
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_EQ(one.summary["world_size"], 1);
+  EXPECT_NEAR(Num(one.summary, "test_loss"), Num(fit_->summary, "test_loss"),
+              kCrossWorldRtol * Num(fit_->summary, "test_loss"));
+
+  // World size 4 started by the stand-alone launcher: the job sees RANK and friends, and
+  // rank 0 prints the summary itself.
+  std::vector<std::string> argv = {Runfile("comm/launch"), "--nproc=4", "--",
+                                   Runfile("integration/main_job"),
+                                   "--output_dir=" + TempDir() + "/ws4", "--stages=test",
+                                   "--resume_from=" + base_ + "/checkpoint"};
+  for (const std::string& f : ModelFlags()) argv.push_back(f);
+  RunResult four = RunCommand(argv);
+  ASSERT_EQ(four.exit_code, 0) << four.output;
+  EXPECT_EQ(four.summary["world_size"], 4) << four.output;
+  EXPECT_NEAR(Num(four.summary, "test_loss"), Num(fit_->summary, "test_loss"),
+              kCrossWorldRtol * Num(fit_->summary, "test_loss"));
+  EXPECT_NEAR(Num(four.summary, "released_test_loss"), Num(fit_->summary, "test_loss"),
+              kCrossWorldRtol * Num(fit_->summary, "test_loss"));
+}
+
+TEST_F(MainJobTest, ResumedTrainingEqualsUninterruptedTraining) {
+  const std::string first = TempDir() + "/first20";
+  RunResult a = MainJob(2, first, {"--stages=fit", "--steps=20", "--release=false"});
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  RunResult b = MainJob(2, TempDir() + "/next20",
+                        {"--stages=fit,test", "--steps=20", "--resume_from=" + first + "/checkpoint"});
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_EQ(b.summary["global_step"], 40);
+  // Same batches (indexed by the global step), learning rates, optimizer state and
+  // arithmetic as the uninterrupted run: the losses and the final loss are identical.
+  nlohmann::json straight = nlohmann::json::parse(ReadFile(base_ + "/summary.json"))["fit_losses"];
+  nlohmann::json resumed =
+      nlohmann::json::parse(ReadFile(TempDir() + "/next20/summary.json"))["fit_losses"];
+  ASSERT_EQ(resumed.size(), 20u);
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(resumed[i].get<double>(), straight[20 + i].get<double>()) << "step " << 21 + i;
+  }
+  EXPECT_EQ(Num(b.summary, "test_loss"), Num(fit_->summary, "test_loss"));
+  // And the same weights, byte for byte.
+  absl::StatusOr<checkpoint::SafetensorsFile> x =
+      checkpoint::ImportSafetensors(base_ + "/model.safetensors");
+  absl::StatusOr<checkpoint::SafetensorsFile> y =
+      checkpoint::ImportSafetensors(TempDir() + "/next20/model.safetensors");
+  ASSERT_TRUE(x.ok() && y.ok()) << x.status() << y.status();
+  ASSERT_EQ(x->tensors.size(), y->tensors.size());
+  for (size_t i = 0; i < x->tensors.size(); ++i) {
+    EXPECT_EQ(x->tensors[i].second.ToVector(), y->tensors[i].second.ToVector())
+        << x->tensors[i].first;
+  }
+}
+
+TEST_F(MainJobTest, SafetensorsRoundTripsFollowsTheFormatAndMatchesTheCheckpoint) {
+  const std::string path = base_ + "/model.safetensors";
+  EXPECT_EQ(fit_->summary["safetensors_path"], path);
+  const std::string bytes = ReadFile(path);
+  ASSERT_GE(bytes.size(), 8u);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
+  ASSERT_LE(8 + n, bytes.size());
+  EXPECT_EQ((8 + n) % 8, 0u) << "header padded to 8 bytes";
+  nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n));
+  EXPECT_EQ(header["__metadata__"]["format"], "pt");
+  // Offsets tile the buffer in file order; F32 elements, shapes as the model's.
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    EXPECT_EQ(it.value()["dtype"], "F32") << it.key();
+    int64_t numel = 1;
+    for (const auto& d : it.value()["shape"]) numel *= d.get<int64_t>();
+    const int64_t b = it.value()["data_offsets"][0], e = it.value()["data_offsets"][1];
+    EXPECT_EQ(e - b, numel * 4) << it.key();
+    ranges.push_back({b, e});
+  }
+  std::sort(ranges.begin(), ranges.end());
+  int64_t at = 0;
+  for (const auto& [b, e] : ranges) {
+    EXPECT_EQ(b, at);
+    at = e;
+  }
+  EXPECT_EQ(static_cast<uint64_t>(at), bytes.size() - 8 - n);
+
+  absl::StatusOr<checkpoint::SafetensorsFile> file = checkpoint::ImportSafetensors(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_NE(file->Find("wte.weight"), nullptr);
+  EXPECT_NE(file->Find("blocks.1.mlp.fc.weight"), nullptr);
+  // The released weights are those the checkpoint holds (the same trained step).
+  for (const auto& [name, tensor] : file->tensors) {
+    absl::StatusOr<std::vector<std::pair<std::string, core::Tensor>>> saved =
+        checkpoint::LoadFull(base_ + "/checkpoint", {"model/" + name});
+    ASSERT_TRUE(saved.ok()) << saved.status();
+    EXPECT_EQ((*saved)[0].second.shape(), tensor.shape()) << name;
+    EXPECT_EQ((*saved)[0].second.ToVector(), tensor.ToVector()) << name;
+  }
+}
+
+// Copies the fit's checkpoint and damages the data file holding a model tensor's bytes.
+std::string DamagedCopy(const std::string& from, const std::string& to, bool truncate,
+                        std::string* file_name) {
+  std::filesystem::remove_all(to);
+  std::filesystem::copy(from, to, std::filesystem::copy_options::recursive);
+  absl::StatusOr<checkpoint::CheckpointInfo> info = checkpoint::ReadMetadata(to);
+  EXPECT_TRUE(info.ok()) << info.status();
+  // The last rank's file: it holds the second half of wte.weight's elements.
+  *file_name = absl::StrCat("rank-00001-of-00002.bin");
+  const std::string path = to + "/" + *file_name;
+  if (truncate) {
+    EXPECT_EQ(::truncate(path.c_str(), 0), 0);
+  } else {
+    std::string bytes = ReadFile(path);
+    for (size_t i = 0; i < bytes.size(); i += 64) bytes[i] ^= 0x5a;  // every checksum block
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  }
+  return to;
+}
+
+TEST_F(MainJobTest, CorruptedOrTruncatedCheckpointIsRefusedNamingFileAndTensor) {
+  for (bool truncate : {false, true}) {
+    std::string file;
+    const std::string dir = DamagedCopy(base_ + "/checkpoint",
+                                        TempDir() + (truncate ? "/truncated" : "/corrupted"),
+                                        truncate, &file);
+    RunResult r = MainJob(2, TempDir() + "/damaged",
+                          {"--stages=test", "--resume_from=" + dir, "--release=false"});
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("DATA_LOSS"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(file), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("model/"), std::string::npos) << "names the tensor: " << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace integration

@@ -1,0 +1,393 @@
+#include "integration/stage_runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/status_macros.h"
+#include "fsdp/fully_shard.h"
+#include "fsdp/grad_utils.h"
+#include "glog/logging.h"
+
+namespace integration {
+namespace {
+
+double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int64_t CommBytes(const comm::ProcessGroup& group) {
+  const comm::CollectiveStats total = group.Stats().Total();
+  return total.bytes_sent + total.bytes_received;
+}
+
+std::string RankPeaks(const RankMemory& m) {
+  std::vector<std::string> parts;
+  for (int t = 0; t < core::kNumMemoryTags; ++t) {
+    if (m.peak_by_tag[t] == 0) continue;
+    parts.push_back(absl::StrCat(core::MemoryTagName(static_cast<core::MemoryTag>(t)), "=",
+                                 core::FormatBytes(m.peak_by_tag[t])));
+  }
+  parts.push_back(absl::StrCat("total=", core::FormatBytes(m.peak_total)));
+  return absl::StrJoin(parts, " ");
+}
+
+absl::Status Annotate(const absl::Status& status, absl::string_view what) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
+}
+
+}  // namespace
+
+std::string FormatProgress(const Progress& p) {
+  std::vector<std::string> ranks;
+  for (size_t r = 0; r < p.memory.size(); ++r) {
+    ranks.push_back(absl::StrCat("r", r, " ", RankPeaks(p.memory[r])));
+  }
+  return absl::StrFormat("step %5d/%d (global %d)  loss %.4f  tokens/s %8.0f  peak %s", p.step,
+                         p.steps, p.global_step, p.loss, p.items_per_second,
+                         absl::StrJoin(ranks, " | "));
+}
+
+absl::StatusOr<std::unique_ptr<StageRunner>> StageRunner::Create(
+    std::shared_ptr<comm::ProcessGroup> group, StageOptions options) {
+  if (group == nullptr) {
+    return absl::InvalidArgumentError("StageRunner::Create: the process group is null");
+  }
+  RETURN_IF_ERROR(options.Validate(group->size()));
+  return std::unique_ptr<StageRunner>(new StageRunner(std::move(group), std::move(options)));
+}
+
+StageRunner::StageRunner(std::shared_ptr<comm::ProcessGroup> group, StageOptions options)
+    : group_(std::move(group)), options_(std::move(options)) {}
+
+absl::StatusOr<std::shared_ptr<core::Module>> StageRunner::ModelOf(TrainModule& module) {
+  std::shared_ptr<core::Module> model = module.model();
+  if (model == nullptr) {
+    return absl::InvalidArgumentError("StageRunner: TrainModule::model() returned null");
+  }
+  return model;
+}
+
+StageRunner::ModelState& StageRunner::StateOf(const std::shared_ptr<core::Module>& model) {
+  ModelState& state = states_[model.get()];
+  if (state.model.lock() != model) {
+    // A new model (or a destroyed one's address reused): start over.
+    state = ModelState();
+    state.model = model;
+  }
+  return state;
+}
+
+absl::StatusOr<WrapReport> StageRunner::Wrap(TrainModule& module) {
+  ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, ModelOf(module));
+  const fsdp::RegistryCounters before = registry_.counters();
+  ASSIGN_OR_RETURN(std::shared_ptr<fsdp::FullyShardHandle> handle,
+                   fsdp::FullyShard(model, group_, options_.wrap, &registry_));
+  const fsdp::RegistryCounters after = registry_.counters();
+  WrapReport report;
+  report.reused = after.reuses > before.reuses;
+  report.units = static_cast<int>(handle->units().size());
+  report.units_created = static_cast<int>(after.units_created - before.units_created);
+  report.units_reused = report.units - report.units_created;
+  report.param_bytes_copied = after.param_bytes_copied - before.param_bytes_copied;
+  VLOG(1) << "StageRunner: " << (report.reused ? "reused" : "wrapped") << " "
+          << model->Describe() << ": " << report.units << " units (" << report.units_reused
+          << " reused), " << report.param_bytes_copied << " parameter bytes copied";
+  return report;
+}
+
+absl::Status StageRunner::EnsureOptimizer(TrainModule& module, ModelState& state,
+                                          const std::shared_ptr<core::Module>& model) {
+  if (state.optimizer != nullptr) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<optim::Optimizer>> made =
+      module.ConfigureOptimizer(model->NamedParameters());
+  if (!made.ok()) {
+    return Annotate(made.status(),
+                    absl::StrCat("TrainModule::ConfigureOptimizer for ", model->Describe()));
+  }
+  if (*made == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TrainModule::ConfigureOptimizer for ", model->Describe(), " returned null"));
+  }
+  state.optimizer = *std::move(made);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::vector<double>>> StageRunner::AllGatherDoubles(
+    const std::vector<double>& mine) {
+  // Each double travels as its 64 bits in two int32 elements, so the values arrive
+  // exactly (the group reduces nothing).
+  const int64_t n = static_cast<int64_t>(mine.size());
+  ASSIGN_OR_RETURN(core::Tensor in, core::Tensor::Allocate({2 * n}, core::DType::kInt32));
+  if (n > 0) std::memcpy(in.raw_data(), mine.data(), n * sizeof(double));
+  ASSIGN_OR_RETURN(core::Tensor out, core::Tensor::Allocate({2 * n * group_->size()},
+                                                            core::DType::kInt32));
+  comm::AllGatherOptions gather;
+  gather.timeout = options_.wrap.timeout;
+  ASSIGN_OR_RETURN(std::shared_ptr<comm::Work> work, group_->AllGather(in, out, gather));
+  RETURN_IF_ERROR(work->Wait(options_.wrap.timeout));
+  std::vector<std::vector<double>> all(group_->size(), std::vector<double>(n));
+  for (int r = 0; r < group_->size(); ++r) {
+    if (n > 0) {
+      std::memcpy(all[r].data(), out.data<int32_t>() + 2 * n * r, n * sizeof(double));
+    }
+  }
+  return all;
+}
+
+absl::StatusOr<std::vector<RankMemory>> StageRunner::GatherMemory() {
+  const core::MemoryStats s = core::Allocator::Current(core::Device::Cpu())->Stats();
+  std::vector<double> mine;
+  for (int t = 0; t < core::kNumMemoryTags; ++t) mine.push_back(s.peak_by_tag[t]);
+  for (int t = 0; t < core::kNumMemoryTags; ++t) mine.push_back(s.current_by_tag[t]);
+  mine.push_back(s.peak_total);
+  ASSIGN_OR_RETURN(std::vector<std::vector<double>> all, AllGatherDoubles(mine));
+  std::vector<RankMemory> out(all.size());
+  for (size_t r = 0; r < all.size(); ++r) {
+    for (int t = 0; t < core::kNumMemoryTags; ++t) {
+      out[r].peak_by_tag[t] = static_cast<int64_t>(all[r][t]);
+      out[r].current_by_tag[t] = static_cast<int64_t>(all[r][core::kNumMemoryTags + t]);
+    }
+    out[r].peak_total = static_cast<int64_t>(all[r][2 * core::kNumMemoryTags]);
+  }
+  return out;
+}
+
+absl::StatusOr<StageReport> StageRunner::BeginStage(Stage stage, TrainModule& module,
+                                                    bool wrap) {
+  StageReport report;
+  report.stage = stage;
+  if (wrap) {
+    absl::StatusOr<WrapReport> wrapped = Wrap(module);
+    if (!wrapped.ok()) return Annotate(wrapped.status(), StageName(stage));
+    report.wrap = *wrapped;
+  } else {
+    report.wrap.skipped = true;
+  }
+  core::Allocator::Current(core::Device::Cpu())->ResetPeaks();
+  stage_start_comm_bytes_ = CommBytes(*group_);
+  stage_start_seconds_ = NowSeconds();
+  return report;
+}
+
+absl::Status StageRunner::EndStage(const std::shared_ptr<core::Module>& model,
+                                   StageReport& report) {
+  if (std::shared_ptr<fsdp::FullyShardHandle> handle = registry_.FindHandle(*model)) {
+    RETURN_IF_ERROR(handle->Reshard());
+  }
+  report.seconds = NowSeconds() - stage_start_seconds_;
+  ASSIGN_OR_RETURN(report.memory, GatherMemory());
+  report.comm_bytes = CommBytes(*group_) - stage_start_comm_bytes_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
+  ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, ModelOf(module));
+  const int64_t num_steps = steps > 0 ? steps : options_.fit_steps;
+  FitResult result;
+  ASSIGN_OR_RETURN(result.report, BeginStage(Stage::kFit, module, /*wrap=*/true));
+  ModelState& state = StateOf(model);
+  RETURN_IF_ERROR(EnsureOptimizer(module, state, model));
+  optim::Optimizer& optimizer = *state.optimizer;
+
+  result.first_step = state.global_step;
+  double last_report_time = NowSeconds();
+  double items_since_report = 0;
+  double items_total = 0;
+  for (int64_t i = 0; i < num_steps; ++i) {
+    StepContext ctx;
+    ctx.stage = Stage::kFit;
+    ctx.step = state.global_step;
+    ctx.rank = group_->rank();
+    ctx.world_size = group_->size();
+    ctx.batch_size = options_.train_batch_size;
+    if (std::optional<double> lr = module.LearningRate(ctx.step)) optimizer.set_lr(*lr);
+    optimizer.ZeroGrad();
+    absl::StatusOr<StepOutput> out = module.TrainingStep(ctx);
+    if (!out.ok()) {
+      return Annotate(out.status(), absl::StrCat("fit: TrainingStep at step ", ctx.step));
+    }
+    if (options_.max_grad_norm > 0) {
+      RETURN_IF_ERROR(
+          fsdp::ClipGradNorm(*model, &registry_, options_.max_grad_norm).status());
+    }
+    RETURN_IF_ERROR(Annotate(optimizer.Step(), absl::StrCat("fit: optimizer step ", ctx.step)));
+    ASSIGN_OR_RETURN(std::vector<std::vector<double>> all,
+                     AllGatherDoubles({out->loss * out->count, static_cast<double>(out->count)}));
+    double weighted = 0, count = 0;
+    for (const auto& r : all) {
+      weighted += r[0];
+      count += r[1];
+    }
+    const double loss = count > 0 ? weighted / count : NAN;
+    if (!std::isfinite(loss)) {
+      return absl::InternalError(absl::StrCat("fit: the loss of ", model->Describe(), " is ",
+                                              loss, " at global step ", ctx.step + 1,
+                                              " (training diverged; lower the learning rate)"));
+    }
+    result.losses.push_back(loss);
+    ++state.global_step;
+    items_since_report += count;
+    items_total += count;
+
+    const int64_t done = i + 1;
+    if ((options_.log_every > 0 && done % options_.log_every == 0) || done == num_steps) {
+      Progress p;
+      p.step = done;
+      p.steps = num_steps;
+      p.global_step = state.global_step;
+      p.loss = loss;
+      const double now = NowSeconds();
+      p.items_per_second = items_since_report / std::max(1e-9, now - last_report_time);
+      ASSIGN_OR_RETURN(p.memory, GatherMemory());
+      if (group_->rank() == 0) {
+        if (progress_callback_) {
+          progress_callback_(p);
+        } else {
+          LOG(INFO) << FormatProgress(p);
+        }
+      }
+      last_report_time = NowSeconds();
+      items_since_report = 0;
+    }
+  }
+  result.global_step = state.global_step;
+  const size_t tail = std::min<size_t>(10, result.losses.size());
+  double sum = 0;
+  for (size_t i = result.losses.size() - tail; i < result.losses.size(); ++i) {
+    sum += result.losses[i];
+  }
+  result.final_loss = tail > 0 ? sum / tail : 0;
+  RETURN_IF_ERROR(EndStage(model, result.report));
+  result.items_per_second = items_total / std::max(1e-9, result.report.seconds);
+
+  if (!options_.checkpoint_dir.empty()) {
+    RETURN_IF_ERROR(SaveCheckpoint(module, options_.checkpoint_dir));
+    result.checkpoint_dir = options_.checkpoint_dir;
+  }
+  if (options_.release_after_fit) {
+    RETURN_IF_ERROR(Release(module));
+    result.released = true;
+  }
+  return result;
+}
+
+absl::StatusOr<EvalResult> StageRunner::Evaluate(Stage stage, TrainModule& module,
+                                                 const EvalOptions& eval_options) {
+  ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, ModelOf(module));
+  EvalResult result;
+  ASSIGN_OR_RETURN(result.report, BeginStage(stage, module, eval_options.wrap));
+  double weighted = 0, count = 0;
+  for (int b = 0; b < options_.eval_batches; ++b) {
+    StepContext ctx;
+    ctx.stage = stage;
+    ctx.step = b;
+    ctx.rank = group_->rank();
+    ctx.world_size = group_->size();
+    ctx.batch_size = options_.eval_batch_size;
+    absl::StatusOr<StepOutput> out = module.EvaluationStep(ctx);
+    if (!out.ok()) {
+      return Annotate(out.status(),
+                      absl::StrCat(StageName(stage), ": EvaluationStep of batch ", b));
+    }
+    weighted += out->loss * out->count;
+    count += out->count;
+  }
+  // Each rank's sums travel exactly and are added in rank order, so the result does not
+  // depend on the reduction order of the backend.
+  ASSIGN_OR_RETURN(std::vector<std::vector<double>> all, AllGatherDoubles({weighted, count}));
+  double total_weighted = 0, total_count = 0;
+  for (const auto& r : all) {
+    total_weighted += r[0];
+    total_count += r[1];
+  }
+  result.loss = total_count > 0 ? total_weighted / total_count : NAN;
+  result.count = static_cast<int64_t>(total_count);
+  result.batches = options_.eval_batches;
+  RETURN_IF_ERROR(EndStage(model, result.report));
+  return result;
+}
+
+absl::StatusOr<EvalResult> StageRunner::Validate(TrainModule& module,
+                                                 const EvalOptions& options) {
+  return Evaluate(Stage::kValidate, module, options);
+}
+
+absl::StatusOr<EvalResult> StageRunner::Test(TrainModule& module, const EvalOptions& options) {
+  return Evaluate(Stage::kTest, module, options);
+}
+
+absl::StatusOr<PredictResult> StageRunner::Predict(TrainModule& module,
+                                                   const EvalOptions& eval_options) {
+  ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, ModelOf(module));
+  PredictResult result;
+  ASSIGN_OR_RETURN(result.report, BeginStage(Stage::kPredict, module, eval_options.wrap));
+  for (int b = 0; b < options_.eval_batches; ++b) {
+    StepContext ctx;
+    ctx.stage = Stage::kPredict;
+    ctx.step = b;
+    ctx.rank = group_->rank();
+    ctx.world_size = group_->size();
+    ctx.batch_size = options_.eval_batch_size;
+    absl::StatusOr<core::Tensor> out = module.PredictStep(ctx);
+    if (!out.ok()) {
+      return Annotate(out.status(), absl::StrCat("predict: PredictStep of batch ", b));
+    }
+    result.outputs.push_back(*std::move(out));
+  }
+  RETURN_IF_ERROR(EndStage(model, result.report));
+  return result;
+}
+
+absl::Status StageRunner::SaveCheckpoint(TrainModule& module, const std::string& dir,
+                                         checkpoint::SimulatedCrash simulate_crash) {
+  ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, ModelOf(module));
+  ModelState& state = StateOf(model);
+  TrainingCheckpointOptions options;
+  options.step = state.global_step;
+  options.timeout = options_.wrap.timeout;
+  options.simulate_crash = simulate_crash;
+  return Annotate(SaveTrainingCheckpoint(dir, *model, &registry_, state.optimizer.get(),
+                                         group_.get(), options),
+                  absl::StrCat("saving checkpoint '", dir, "'"));
+}
+
+absl::StatusOr<LoadedCheckpoint> StageRunner::LoadCheckpoint(TrainModule& module,
+                                                             const std::string& dir,
+                                                             bool optimizer) {
+  ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, ModelOf(module));
+  RETURN_IF_ERROR(Wrap(module).status());
+  ModelState& state = StateOf(model);
+  if (optimizer) RETURN_IF_ERROR(EnsureOptimizer(module, state, model));
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadTrainingCheckpoint(
+      dir, *model, &registry_, optimizer ? state.optimizer.get() : nullptr);
+  if (!loaded.ok()) {
+    return Annotate(loaded.status(), absl::StrCat("loading checkpoint '", dir, "'"));
+  }
+  state.global_step = loaded->step;
+  return loaded;
+}
+
+absl::Status StageRunner::Release(TrainModule& module) {
+  ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, ModelOf(module));
+  return fsdp::Release(*model, &registry_);
+}
+
+int64_t StageRunner::GlobalStep(TrainModule& module) {
+  std::shared_ptr<core::Module> model = module.model();
+  return model ? StateOf(model).global_step : 0;
+}
+
+optim::Optimizer* StageRunner::optimizer(TrainModule& module) {
+  std::shared_ptr<core::Module> model = module.model();
+  return model ? StateOf(model).optimizer.get() : nullptr;
+}
+
+}  // namespace integration

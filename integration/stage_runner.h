@@ -1,0 +1,228 @@
+// StageRunner: the train / validate / test / predict stages of a TrainModule over one
+// process group, all wrapping through one fsdp::WrapperRegistry. A stage after another
+// gets the existing FSDP units back (no re-flatten, no parameter byte copied); a stage
+// run alone (another process, or after Release) wraps fresh with the same options and
+// computes the same results.
+//
+//   ASSIGN_OR_RETURN(comm::Distributed dist, comm::InitFromEnv({}));
+//   integration::StageOptions options;
+//   options.wrap.policy = policy::ModuleTypes({"TransformerBlock"});
+//   options.checkpoint_dir = "/ckpt/run";
+//   ASSIGN_OR_RETURN(auto runner, integration::StageRunner::Create(dist.group, options));
+//   ASSIGN_OR_RETURN(integration::FitResult fit, runner->Fit(module));    // wraps, trains, saves
+//   ASSIGN_OR_RETURN(integration::EvalResult test, runner->Test(module)); // reuses the units
+//   // test.report.wrap.units_reused == units, test.report.wrap.param_bytes_copied == 0
+//   RETURN_IF_ERROR(runner->Release(module));  // module is the plain trained model
+//
+//   // Another process, any world size:
+//   ASSIGN_OR_RETURN(auto loaded, runner->LoadCheckpoint(module, "/ckpt/run", /*optimizer=*/false));
+//   ASSIGN_OR_RETURN(integration::EvalResult again, runner->Test(module));  // same loss
+//
+// The runner keeps, per model, the optimizer (made by TrainModule::ConfigureOptimizer at
+// the first Fit or optimizer load) and the global step, so a later Fit continues
+// training with its optimizer state. Evaluation stages run forwards only: they allocate
+// no gradients and no optimizer state. Units the user wrapped by hand through the
+// runner's registry() before the first stage are kept as they are.
+//
+// Every call is a collective over the group: call it on every rank in the same order.
+// Losses are averaged over ranks weighted by StepOutput::count. Memory figures are of
+// each rank's current CPU allocator (core::Allocator::Current), whose peaks every stage
+// resets when it starts. Not thread-safe: one runner per rank, used by that rank's thread.
+#ifndef INTEGRATION_STAGE_RUNNER_H_
+#define INTEGRATION_STAGE_RUNNER_H_
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "comm/process_group.h"
+#include "core/allocator.h"
+#include "core/module.h"
+#include "core/tensor.h"
+#include "fsdp/registry.h"
+#include "integration/checkpointing/training_checkpoint.h"
+#include "integration/stage_options.h"
+#include "integration/train_module.h"
+#include "optim/optimizer.h"
+
+namespace integration {
+
+// One rank's allocator figures.
+struct RankMemory {
+  std::array<int64_t, core::kNumMemoryTags> peak_by_tag{};
+  std::array<int64_t, core::kNumMemoryTags> current_by_tag{};
+  int64_t peak_total = 0;
+};
+
+// What a stage's wrap did.
+struct WrapReport {
+  // The registry answered with the existing wrap of the model (a reuse).
+  bool reused = false;
+  // Units the wrap manages, and how many of them existed before this stage (reused: all
+  // of them; a fresh wrap: those the user wrapped by hand) or were created by it.
+  int units = 0;
+  int units_reused = 0;
+  int units_created = 0;
+  // Parameter bytes this stage's wrap copied (0 for a reuse).
+  int64_t param_bytes_copied = 0;
+  // Wrapping was skipped (EvalOptions::wrap false).
+  bool skipped = false;
+};
+
+struct StageReport {
+  Stage stage = Stage::kFit;
+  WrapReport wrap;
+  double seconds = 0;
+  // Per rank (index = rank): peaks during the stage, current at its end.
+  std::vector<RankMemory> memory;
+  // Bytes this rank's group moved during the stage (sent + received, all collectives).
+  int64_t comm_bytes = 0;
+};
+
+struct FitResult {
+  StageReport report;
+  // The global mean loss of every step this Fit took, in order.
+  std::vector<double> losses;
+  // Global step before the first and after the last step of this Fit.
+  int64_t first_step = 0;
+  int64_t global_step = 0;
+  // Mean of the last min(10, steps) entries of `losses`.
+  double final_loss = 0;
+  // Sum over ranks of StepOutput::count per second of the stage.
+  double items_per_second = 0;
+  // Where the checkpoint went ("" when StageOptions::checkpoint_dir is empty).
+  std::string checkpoint_dir;
+  bool released = false;
+};
+
+struct EvalResult {
+  StageReport report;
+  // Global mean loss over the stage's batches, weighted by StepOutput::count.
+  double loss = 0;
+  int64_t count = 0;
+  int batches = 0;
+};
+
+struct PredictResult {
+  StageReport report;
+  // This rank's PredictStep outputs, batch by batch.
+  std::vector<core::Tensor> outputs;
+};
+
+// A progress report of Fit, every StageOptions::log_every steps and after the last.
+struct Progress {
+  int64_t step = 0;         // steps taken in this Fit (1-based)
+  int64_t steps = 0;        // steps this Fit takes
+  int64_t global_step = 0;  // global steps taken, over all Fits
+  double loss = 0;          // this step's global mean loss
+  double items_per_second = 0;  // since the previous report, all ranks together
+  std::vector<RankMemory> memory;  // per rank, peaks since the stage began
+};
+
+// "step   25/300 (global 25)  loss 2.3141  tokens/s 41234  peak r0 param=... | r1 ...".
+std::string FormatProgress(const Progress& progress);
+
+struct EvalOptions {
+  // Wrap the model through the registry first (the default). False evaluates the model
+  // as it is, e.g. a released plain module (every rank still runs its share of each
+  // batch and the losses are averaged over the group).
+  bool wrap = true;
+};
+
+class StageRunner {
+ public:
+  // InvalidArgument for a null group or options invalid on its size (naming the option).
+  static absl::StatusOr<std::unique_ptr<StageRunner>> Create(
+      std::shared_ptr<comm::ProcessGroup> group, StageOptions options);
+
+  // Wraps, then trains StageOptions::fit_steps steps (or `steps` when > 0) from the
+  // model's global step, reporting progress, then saves a checkpoint to
+  // StageOptions::checkpoint_dir if set and releases the model if release_after_fit.
+  // Internal naming the step when the loss is not finite; other errors as the
+  // TrainModule, FSDP or the optimizer return them.
+  absl::StatusOr<FitResult> Fit(TrainModule& module, int64_t steps = 0);
+
+  // Forward-only stages over StageOptions::eval_batches batches of eval_batch_size rows.
+  absl::StatusOr<EvalResult> Validate(TrainModule& module, const EvalOptions& options = {});
+  absl::StatusOr<EvalResult> Test(TrainModule& module, const EvalOptions& options = {});
+  absl::StatusOr<PredictResult> Predict(TrainModule& module, const EvalOptions& options = {});
+
+  // Wraps the model (as a stage would) and returns what the wrap did.
+  absl::StatusOr<WrapReport> Wrap(TrainModule& module);
+
+  // Saves the model and, if Fit made one, its optimizer state, tagged with the global
+  // step (integration/checkpointing/training_checkpoint.h). The model must be wrapped or
+  // plain; a collective.
+  absl::Status SaveCheckpoint(TrainModule& module, const std::string& dir,
+                              checkpoint::SimulatedCrash simulate_crash =
+                                  checkpoint::SimulatedCrash::kNone);
+
+  // Wraps the model, then loads `dir` (saved at any world size) into it and sets the
+  // model's global step to the checkpoint's; with `optimizer`, also the optimizer state
+  // (making the optimizer first if needed), so a following Fit continues the saved run.
+  absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(TrainModule& module, const std::string& dir,
+                                                  bool optimizer);
+
+  // fsdp::Release of the model: a plain module with its trained full weights. The
+  // optimizer and global step are kept for a later Fit (which wraps again the same way).
+  absl::Status Release(TrainModule& module);
+
+  // The global step of the module's model (0 before any Fit or load).
+  int64_t GlobalStep(TrainModule& module);
+  // The optimizer Fit uses for the module's model, or null before the first.
+  optim::Optimizer* optimizer(TrainModule& module);
+
+  // Called on rank 0 with every progress report; by default a LOG(INFO) of
+  // FormatProgress. Every rank takes part in gathering the figures either way.
+  void set_progress_callback(std::function<void(const Progress&)> callback) {
+    progress_callback_ = std::move(callback);
+  }
+
+  fsdp::WrapperRegistry& registry() { return registry_; }
+  const std::shared_ptr<comm::ProcessGroup>& group() const { return group_; }
+  const StageOptions& options() const { return options_; }
+
+ private:
+  struct ModelState {
+    std::weak_ptr<core::Module> model;
+    std::unique_ptr<optim::Optimizer> optimizer;
+    int64_t global_step = 0;
+  };
+
+  StageRunner(std::shared_ptr<comm::ProcessGroup> group, StageOptions options);
+
+  // The module's model, or InvalidArgument when it is null.
+  absl::StatusOr<std::shared_ptr<core::Module>> ModelOf(TrainModule& module);
+  ModelState& StateOf(const std::shared_ptr<core::Module>& model);
+  absl::Status EnsureOptimizer(TrainModule& module, ModelState& state,
+                               const std::shared_ptr<core::Module>& model);
+  // Forward-only loop of Validate and Test.
+  absl::StatusOr<EvalResult> Evaluate(Stage stage, TrainModule& module,
+                                      const EvalOptions& options);
+  // Wrap (or not), reset peaks; the stage's report so far.
+  absl::StatusOr<StageReport> BeginStage(Stage stage, TrainModule& module, bool wrap);
+  // Reshards units an evaluation forward left unsharded, gathers memory, fills timings.
+  absl::Status EndStage(const std::shared_ptr<core::Module>& model, StageReport& report);
+  // Every rank's values, in rank order (an all-gather; exact).
+  absl::StatusOr<std::vector<std::vector<double>>> AllGatherDoubles(
+      const std::vector<double>& mine);
+  absl::StatusOr<std::vector<RankMemory>> GatherMemory();
+
+  std::shared_ptr<comm::ProcessGroup> group_;
+  StageOptions options_;
+  fsdp::WrapperRegistry registry_;
+  std::map<const core::Module*, ModelState> states_;
+  std::function<void(const Progress&)> progress_callback_;
+  int64_t stage_start_comm_bytes_ = 0;
+  double stage_start_seconds_ = 0;
+};
+
+}  // namespace integration
+
+#endif  // INTEGRATION_STAGE_RUNNER_H_
