@@ -1,0 +1,244 @@
+// Training checkpoints through the StageRunner, over thread ranks: a checkpoint saved
+// at N = 2 loads at N = 1, 3 and 4 (and into a plain module) with the same weights and
+// optimizer state; each rank reads only its part; a crash before the rename leaves the
+// previous checkpoint loadable; bad input is refused naming the parameter.
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/sharded.h"
+#include "comm/testing/thread_ranks.h"
+#include "core/status_macros.h"
+#include "fsdp/fsdp.h"
+#include "gtest/gtest.h"
+#include "integration/checkpointing/training_checkpoint.h"
+#include "integration/gpt_module.h"
+#include "integration/stage_runner.h"
+#include "policy/wrap_policy.h"
+
+namespace integration {
+namespace {
+
+// Vocabulary 24 and width 24 make parameter sizes that 3 does not divide evenly, so
+// N = 3 exercises padded shards.
+GptModuleOptions SmallGpt() {
+  GptModuleOptions o;
+  o.model.vocab_size = 24;
+  o.model.block_size = 8;
+  o.model.n_embd = 24;
+  o.model.n_layer = 2;
+  o.model.n_head = 2;
+  o.model.seed = 5;
+  o.language.seed = 6;
+  o.seq_len = 8;
+  o.warmup_steps = 2;
+  return o;
+}
+
+// Batches of 12 rows: divisible by 1, 2, 3 and 4.
+StageOptions Stages() {
+  StageOptions o;
+  o.wrap.policy = policy::ModuleTypes({"TransformerBlock"});
+  o.fit_steps = 4;
+  o.train_batch_size = 12;
+  o.eval_batch_size = 12;
+  o.eval_batches = 2;
+  o.log_every = 0;
+  return o;
+}
+
+std::string Dir(const std::string& name) { return ::testing::TempDir() + "/" + name; }
+
+absl::Status RunRanks(int n, const comm::testing::RankFunction& fn) {
+  comm::testing::ThreadRanksOptions options;
+  options.timeout = absl::Seconds(120);
+  return comm::testing::RunThreadRanks(n, fn, options);
+}
+
+absl::Status Check(bool condition, const std::string& what) {
+  return condition ? absl::OkStatus() : absl::InternalError(what);
+}
+
+#define ASSERT_OK(expr)                            \
+  do {                                             \
+    const absl::Status _s = (expr);                \
+    ASSERT_TRUE(_s.ok()) << #expr << ": " << _s;   \
+  } while (0)
+
+// Full values of every model parameter and optimizer state tensor of a checkpoint.
+std::map<std::string, std::vector<float>> Contents(const std::string& dir) {
+  std::map<std::string, std::vector<float>> out;
+  absl::StatusOr<std::vector<std::pair<std::string, core::Tensor>>> all = checkpoint::LoadFull(dir);
+  EXPECT_TRUE(all.ok()) << all.status();
+  if (all.ok()) {
+    for (const auto& [name, t] : *all) out[name] = t.ToVector();
+  }
+  return out;
+}
+
+// Fits 4 steps at N = 2 and saves "<name>"; returns its test loss.
+double FitAndSave(const std::string& name) {
+  double loss = 0;
+  absl::Status s = RunRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+    ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(SmallGpt()));
+    StageOptions o = Stages();
+    o.checkpoint_dir = Dir(name);
+    ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, o));
+    RETURN_IF_ERROR(runner->Fit(*module).status());
+    ASSIGN_OR_RETURN(EvalResult test, runner->Test(*module));
+    if (ctx.rank == 0) loss = test.loss;
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  return loss;
+}
+
+TEST(StageCheckpointTest, LoadsAtAnyWorldSizeWithTheSameWeightsAndOptimizerState) {
+  const double saved_loss = FitAndSave("n2");
+  const std::map<std::string, std::vector<float>> saved = Contents(Dir("n2"));
+  ASSERT_TRUE(saved.count("model/wte.weight") && saved.count("optim/wte.weight/exp_avg_sq"));
+  for (int n : {1, 3, 4}) {
+    SCOPED_TRACE(absl::StrCat("N = ", n));
+    std::vector<int64_t> bytes_read(n);
+    ASSERT_OK(RunRanks(n, [&](comm::testing::RankContext& ctx) -> absl::Status {
+      ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(SmallGpt()));
+      ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, Stages()));
+      ASSIGN_OR_RETURN(LoadedCheckpoint loaded,
+                       runner->LoadCheckpoint(*module, Dir("n2"), /*optimizer=*/true));
+      RETURN_IF_ERROR(Check(loaded.step == 4 && loaded.saved_world_size == 2 &&
+                                loaded.has_optimizer_state && loaded.optimizer_type == "AdamW",
+                            "checkpoint info"));
+      bytes_read[ctx.rank] = loaded.bytes_read;
+      RETURN_IF_ERROR(Check(runner->GlobalStep(*module) == 4, "global step restored"));
+      RETURN_IF_ERROR(Check(runner->optimizer(*module)->step_count() == 4, "step count restored"));
+      // Saving again at N gives the same tensors: model and optimizer state made it
+      // through the resharding element for element.
+      RETURN_IF_ERROR(runner->SaveCheckpoint(*module, Dir(absl::StrCat("resaved", n))));
+      ASSIGN_OR_RETURN(EvalResult test, runner->Test(*module));
+      // A different batch split changes float32 summation order (see main_job_e2e_test).
+      return Check(std::abs(test.loss - saved_loss) <= 1e-5 * saved_loss,
+                   absl::StrCat("test loss ", test.loss, " vs ", saved_loss));
+    }));
+    EXPECT_EQ(Contents(Dir(absl::StrCat("resaved", n))), saved);
+    // Each rank reads its share plus at most one partial checksum block per chunk
+    // boundary; with N >= 3, well under the whole data.
+    int64_t total_bytes = 0;
+    for (const auto& [name, values] : saved) total_bytes += 4 * values.size();
+    for (int r = 0; r < n && n >= 3; ++r) {
+      EXPECT_LT(bytes_read[r], total_bytes) << "rank " << r;
+    }
+  }
+}
+
+TEST(StageCheckpointTest, LoadsIntoAPlainModule) {
+  FitAndSave("plain");
+  absl::StatusOr<std::unique_ptr<GptTrainModule>> module = GptTrainModule::Create(SmallGpt());
+  ASSERT_TRUE(module.ok());
+  fsdp::WrapperRegistry registry;
+  absl::StatusOr<LoadedCheckpoint> loaded =
+      LoadTrainingCheckpoint(Dir("plain"), *(*module)->model(), &registry);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const std::map<std::string, std::vector<float>> saved = Contents(Dir("plain"));
+  for (const auto& [name, p] : (*module)->model()->NamedParameters()) {
+    EXPECT_EQ(p->data.ToVector(), saved.at("model/" + name)) << name;
+  }
+}
+
+TEST(StageCheckpointTest, CrashBeforeRenameLeavesThePreviousCheckpointLoadable) {
+  const double first_loss = FitAndSave("crash");
+  const std::map<std::string, std::vector<float>> first = Contents(Dir("crash"));
+  ASSERT_OK(RunRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+    ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(SmallGpt()));
+    ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, Stages()));
+    RETURN_IF_ERROR(runner->LoadCheckpoint(*module, Dir("crash"), true).status());
+    RETURN_IF_ERROR(runner->Fit(*module).status());  // newer weights
+    absl::Status crashed = runner->SaveCheckpoint(*module, Dir("crash"),
+                                                  checkpoint::SimulatedCrash::kBeforeRename);
+    return Check(crashed.code() == absl::StatusCode::kAborted, crashed.ToString());
+  }));
+  EXPECT_EQ(Contents(Dir("crash")), first);
+  ASSERT_OK(RunRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+    ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(SmallGpt()));
+    ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, Stages()));
+    ASSIGN_OR_RETURN(LoadedCheckpoint loaded, runner->LoadCheckpoint(*module, Dir("crash"), false));
+    ASSIGN_OR_RETURN(EvalResult test, runner->Test(*module));
+    return Check(loaded.step == 4 && test.loss == first_loss,
+                 absl::StrCat("step ", loaded.step, " loss ", test.loss, " vs ", first_loss));
+  }));
+  absl::StatusOr<int> cleaned = checkpoint::CleanUpInterruptedSaves(Dir("crash"));
+  ASSERT_TRUE(cleaned.ok()) << cleaned.status();
+  EXPECT_EQ(*cleaned, 1) << "the interrupted save's temporary directory";
+}
+
+TEST(StageCheckpointTest, CorruptedDataIsRefusedNamingTheFileAndTensor) {
+  FitAndSave("corrupt");
+  absl::StatusOr<checkpoint::CheckpointInfo> info = checkpoint::ReadMetadata(Dir("corrupt"));
+  ASSERT_TRUE(info.ok()) << info.status();
+  const std::string file = Dir("corrupt") + "/rank-00000-of-00002.bin";
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    char c;
+    f.seekg(0);
+    f.get(c);
+    f.seekp(0);
+    f.put(static_cast<char>(c ^ 0x01));
+  }
+  absl::StatusOr<std::unique_ptr<GptTrainModule>> module = GptTrainModule::Create(SmallGpt());
+  ASSERT_TRUE(module.ok());
+  const std::vector<float> before = (*module)->model()->NamedParameters()[0].second->data.ToVector();
+  fsdp::WrapperRegistry registry;
+  absl::StatusOr<LoadedCheckpoint> loaded =
+      LoadTrainingCheckpoint(Dir("corrupt"), *(*module)->model(), &registry);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss);
+  const std::string message(loaded.status().message());
+  EXPECT_NE(message.find("rank-00000-of-00002.bin"), std::string::npos) << message;
+  // Rank 0's file starts with the first tensor rank 0 saved: the first parameter.
+  EXPECT_NE(message.find("model/wte.weight"), std::string::npos) << message;
+  EXPECT_EQ((*module)->model()->NamedParameters()[0].second->data.ToVector(), before)
+      << "nothing written on failure";
+}
+
+TEST(StageCheckpointTest, ErrorsNameTheParameterOrTheMissingState) {
+  // Saved without an optimizer: model-only loads work, optimizer loads are refused.
+  ASSERT_OK(RunRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+    ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(SmallGpt()));
+    ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, Stages()));
+    RETURN_IF_ERROR(runner->Wrap(*module).status());
+    return runner->SaveCheckpoint(*module, Dir("no_optim"));
+  }));
+  absl::StatusOr<LoadedCheckpoint> info = ReadTrainingCheckpointInfo(Dir("no_optim"));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_FALSE(info->has_optimizer_state);
+  ASSERT_OK(RunRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+    ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(SmallGpt()));
+    ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, Stages()));
+    absl::Status s = runner->LoadCheckpoint(*module, Dir("no_optim"), true).status();
+    return Check(s.code() == absl::StatusCode::kFailedPrecondition &&
+                     s.ToString().find("no optimizer state") != std::string::npos,
+                 s.ToString());
+  }));
+  // A model with another shape: InvalidArgument naming the parameter, nothing changed.
+  GptModuleOptions wider = SmallGpt();
+  wider.model.n_embd = 32;
+  absl::StatusOr<std::unique_ptr<GptTrainModule>> other = GptTrainModule::Create(wider);
+  ASSERT_TRUE(other.ok());
+  fsdp::WrapperRegistry registry;
+  absl::Status s = LoadTrainingCheckpoint(Dir("no_optim"), *(*other)->model(), &registry).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.ToString().find("'wte.weight'"), std::string::npos) << s;
+  // Reserved metadata keys.
+  absl::StatusOr<std::unique_ptr<GptTrainModule>> m = GptTrainModule::Create(SmallGpt());
+  TrainingCheckpointOptions reserved;
+  reserved.user_metadata["fsdp.mine"] = "x";
+  s = SaveTrainingCheckpoint(Dir("reserved"), *(*m)->model(), &registry, nullptr, nullptr, reserved);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_FALSE(std::filesystem::exists(Dir("reserved")));
+}
+
+}  // namespace
+}  // namespace integration
