@@ -209,6 +209,7 @@ nlohmann::json LastLine(nlohmann::json summary) {
 absl::Status WriteCharts(const std::string& dir, const std::vector<std::pair<double, double>>& losses,
                          double floor, const std::vector<integration::RankMemory>& memory,
                          nlohmann::json* summary) {
+  const nlohmann::json& test = (*summary)["test_loss"];
   using integration::charts::BarGroup;
   using integration::charts::Series;
   if (!losses.empty()) {
@@ -216,7 +217,10 @@ absl::Status WriteCharts(const std::string& dir, const std::vector<std::pair<dou
     options.title = "Training loss (global batch mean)";
     options.x_label = "global step";
     options.y_label = "cross-entropy (nats/token)";
-    options.lines.push_back({"entropy floor", floor});
+    options.lines.push_back({absl::StrFormat("entropy floor %.3f", floor), floor});
+    if (test.is_number()) {
+      options.lines.push_back({absl::StrFormat("test loss %.3f", test.get<double>()), test.get<double>()});
+    }
     ASSIGN_OR_RETURN(std::string svg,
                      integration::charts::LineChart({Series{"train loss", losses}}, options));
     const std::string path = dir + "/loss.svg";
@@ -515,6 +519,16 @@ int LaunchLocalRanks(int argc, char** argv) {
   launch.nproc = absl::GetFlag(FLAGS_world_size);
   if (launch.nproc < 1) {
     std::fprintf(stderr, "main job: --world_size=%d must be >= 1\n", launch.nproc);
+    return 1;
+  }
+  // Refuse what can be checked without the ranks before starting them.
+  if (absl::Status s = ParseStages(absl::GetFlag(FLAGS_stages)).status(); !s.ok()) {
+    std::fprintf(stderr, "main job: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  if (absl::Status s = integration::ParseShardingStrategy(absl::GetFlag(FLAGS_strategy)).status();
+      !s.ok()) {
+    std::fprintf(stderr, "main job: --strategy: %s\n", s.ToString().c_str());
     return 1;
   }
   launch.command.push_back(self);

@@ -388,7 +388,9 @@ absl::StatusOr<std::string> LineChart(const std::vector<Series>& series,
 
   std::vector<std::string> names;
   for (const Series& s : series) names.push_back(s.name);
-  const LegendLayout legend = PlanLegend(names, options.width);
+  std::vector<std::string> legend_names = names;
+  for (const HorizontalLine& line : options.lines) legend_names.push_back(line.label);
+  const LegendLayout legend = PlanLegend(legend_names, options.width);
   const PlotArea area{70, 40, options.width - 16 - legend.width, options.height - 50.0};
 
   std::string svg;
@@ -416,15 +418,15 @@ absl::StatusOr<std::string> LineChart(const std::vector<Series>& series,
   }
   AppendYLabel(svg, area, options.y_label);
 
-  for (const HorizontalLine& line : options.lines) {
-    const double y = py(line.y);
+  // Reference lines are told apart by their dash pattern; their labels go in the legend
+  // column, where they cannot cover the data.
+  auto dashes = [](size_t i) { return i == 0 ? "6,4" : (i == 1 ? "2,3" : "10,3,2,3"); };
+  for (size_t i = 0; i < options.lines.size(); ++i) {
+    const double y = py(options.lines[i].y);
     absl::StrAppend(&svg, "<line class=\"reference-line\" x1=\"", Px(area.left), "\" y1=\"",
                     Px(y), "\" x2=\"", Px(area.right), "\" y2=\"", Px(y),
-                    "\" stroke=\"#555555\" stroke-width=\"1.5\" stroke-dasharray=\"6,4\"/>\n");
-    absl::StrAppend(&svg, "<text class=\"reference-label\" x=\"", Px(area.right - 4),
-                    "\" y=\"", Px(y - 4), "\" text-anchor=\"end\" fill=\"#555555\">",
-                    Escape(line.label, static_cast<int>(area.width() / kCharWidth)),
-                    "</text>\n");
+                    "\" stroke=\"#555555\" stroke-width=\"1.5\" stroke-dasharray=\"", dashes(i),
+                    "\"/>\n");
   }
 
   for (size_t i = 0; i < series.size(); ++i) {
@@ -450,6 +452,17 @@ absl::StatusOr<std::string> LineChart(const std::vector<Series>& series,
   }
   AppendLegend(svg, names, area.right + 12, area.top + 8, legend.max_chars,
                /*swatch_is_line=*/true);
+  for (size_t i = 0; i < options.lines.size(); ++i) {
+    const double x = area.right + 12;
+    const double cy = area.top + 8 + 18.0 * (series.size() + i);
+    absl::StrAppend(&svg, "<line x1=\"", Px(x), "\" y1=\"", Px(cy), "\" x2=\"", Px(x + 18),
+                    "\" y2=\"", Px(cy), "\" stroke=\"#555555\" stroke-width=\"1.5\" stroke-dasharray=\"",
+                    dashes(i), "\"/>\n");
+    absl::StrAppend(&svg, "<text class=\"reference-label\" x=\"", Px(x + 24), "\" y=\"",
+                    Px(cy + 4), "\" fill=\"#555555\">",
+                    Escape(options.lines[i].label, legend.max_chars), "<title>",
+                    Escape(options.lines[i].label), "</title></text>\n");
+  }
   svg += "</svg>\n";
   return svg;
 }

@@ -410,6 +410,9 @@ TEST(LineChartTest, ReferenceLinesWidenTheRangeAndSitAtTheirValue) {
   EXPECT_NEAR(Num(line->Attr("y1")), area.y + area.h, kPrintTolerance);
   std::vector<std::pair<double, double>> p = Points(*FindAll(*doc, "polyline", "series")[0]);
   EXPECT_NEAR(p[0].second, area.y + area.h / 2, kPrintTolerance);
+  // Its label is in the legend column, right of the plot, where it covers no data.
+  const Element* label = FindAll(*doc, "text", "reference-label")[0];
+  EXPECT_GT(Num(label->Attr("x")), area.x + area.w);
 }
 
 TEST(LineChartTest, EscapesMarkupInAllCallerText) {
