@@ -18,56 +18,21 @@
 #include "integration/checkpointing/training_checkpoint.h"
 #include "integration/gpt_module.h"
 #include "integration/stage_runner.h"
+#include "integration/testing/stage_testing.h"
 #include "policy/wrap_policy.h"
 
 namespace integration {
 namespace {
 
-// Vocabulary 24 and width 24 make parameter sizes that 3 does not divide evenly, so
-// N = 3 exercises padded shards.
-GptModuleOptions SmallGpt() {
-  GptModuleOptions o;
-  o.model.vocab_size = 24;
-  o.model.block_size = 8;
-  o.model.n_embd = 24;
-  o.model.n_layer = 2;
-  o.model.n_head = 2;
-  o.model.seed = 5;
-  o.language.seed = 6;
-  o.seq_len = 8;
-  o.warmup_steps = 2;
-  return o;
-}
+using testing::Check;
+using testing::RunRanks;
 
-// Batches of 12 rows: divisible by 1, 2, 3 and 4.
-StageOptions Stages() {
-  StageOptions o;
-  o.wrap.policy = policy::ModuleTypes({"TransformerBlock"});
-  o.fit_steps = 4;
-  o.train_batch_size = 12;
-  o.eval_batch_size = 12;
-  o.eval_batches = 2;
-  o.log_every = 0;
-  return o;
-}
+// Vocabulary 24 and width 24 make parameter sizes that 3 does not divide evenly, so
+// N = 3 exercises padded shards; batches of 12 rows divide by 1, 2, 3 and 4.
+GptModuleOptions SmallGpt() { return testing::TinyGpt(24, 24, 5); }
+StageOptions Stages() { return testing::TinyStages(12, 4); }
 
 std::string Dir(const std::string& name) { return ::testing::TempDir() + "/" + name; }
-
-absl::Status RunRanks(int n, const comm::testing::RankFunction& fn) {
-  comm::testing::ThreadRanksOptions options;
-  options.timeout = absl::Seconds(120);
-  return comm::testing::RunThreadRanks(n, fn, options);
-}
-
-absl::Status Check(bool condition, const std::string& what) {
-  return condition ? absl::OkStatus() : absl::InternalError(what);
-}
-
-#define ASSERT_OK(expr)                            \
-  do {                                             \
-    const absl::Status _s = (expr);                \
-    ASSERT_TRUE(_s.ok()) << #expr << ": " << _s;   \
-  } while (0)
 
 // Full values of every model parameter and optimizer state tensor of a checkpoint.
 std::map<std::string, std::vector<float>> Contents(const std::string& dir) {
@@ -104,7 +69,7 @@ TEST(StageCheckpointTest, LoadsAtAnyWorldSizeWithTheSameWeightsAndOptimizerState
   for (int n : {1, 3, 4}) {
     SCOPED_TRACE(absl::StrCat("N = ", n));
     std::vector<int64_t> bytes_read(n);
-    ASSERT_OK(RunRanks(n, [&](comm::testing::RankContext& ctx) -> absl::Status {
+    INTEGRATION_ASSERT_OK(RunRanks(n, [&](comm::testing::RankContext& ctx) -> absl::Status {
       ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(SmallGpt()));
       ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, Stages()));
       ASSIGN_OR_RETURN(LoadedCheckpoint loaded,
@@ -151,7 +116,7 @@ TEST(StageCheckpointTest, LoadsIntoAPlainModule) {
 TEST(StageCheckpointTest, CrashBeforeRenameLeavesThePreviousCheckpointLoadable) {
   const double first_loss = FitAndSave("crash");
   const std::map<std::string, std::vector<float>> first = Contents(Dir("crash"));
-  ASSERT_OK(RunRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+  INTEGRATION_ASSERT_OK(RunRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
     ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(SmallGpt()));
     ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, Stages()));
     RETURN_IF_ERROR(runner->LoadCheckpoint(*module, Dir("crash"), true).status());
@@ -161,7 +126,7 @@ TEST(StageCheckpointTest, CrashBeforeRenameLeavesThePreviousCheckpointLoadable) 
     return Check(crashed.code() == absl::StatusCode::kAborted, crashed.ToString());
   }));
   EXPECT_EQ(Contents(Dir("crash")), first);
-  ASSERT_OK(RunRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+  INTEGRATION_ASSERT_OK(RunRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
     ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(SmallGpt()));
     ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, Stages()));
     ASSIGN_OR_RETURN(LoadedCheckpoint loaded, runner->LoadCheckpoint(*module, Dir("crash"), false));
@@ -205,7 +170,7 @@ TEST(StageCheckpointTest, CorruptedDataIsRefusedNamingTheFileAndTensor) {
 
 TEST(StageCheckpointTest, ErrorsNameTheParameterOrTheMissingState) {
   // Saved without an optimizer: model-only loads work, optimizer loads are refused.
-  ASSERT_OK(RunRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+  INTEGRATION_ASSERT_OK(RunRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
     ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(SmallGpt()));
     ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, Stages()));
     RETURN_IF_ERROR(runner->Wrap(*module).status());
@@ -214,7 +179,7 @@ TEST(StageCheckpointTest, ErrorsNameTheParameterOrTheMissingState) {
   absl::StatusOr<LoadedCheckpoint> info = ReadTrainingCheckpointInfo(Dir("no_optim"));
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_FALSE(info->has_optimizer_state);
-  ASSERT_OK(RunRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+  INTEGRATION_ASSERT_OK(RunRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
     ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(SmallGpt()));
     ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, Stages()));
     absl::Status s = runner->LoadCheckpoint(*module, Dir("no_optim"), true).status();

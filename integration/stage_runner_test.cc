@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "integration/gpt_module.h"
+#include "integration/testing/stage_testing.h"
 #include "policy/wrap_policy.h"
 
 namespace integration {
@@ -22,51 +23,15 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// A Gpt of 2 blocks, width 16, vocabulary 16, 8 positions: every unit holds elements on
-// every rank at N <= 4, and a step takes milliseconds.
-GptModuleOptions TinyGpt() {
-  GptModuleOptions o;
-  o.model.vocab_size = 16;
-  o.model.block_size = 8;
-  o.model.n_embd = 16;
-  o.model.n_layer = 2;
-  o.model.n_head = 2;
-  o.model.seed = 3;
-  o.language.seed = 4;
-  o.seq_len = 8;
-  o.warmup_steps = 2;
-  return o;
-}
+using testing::Check;
+using testing::RunRanks;
 
-StageOptions TinyStages() {
-  StageOptions o;
-  o.wrap.policy = policy::ModuleTypes({"TransformerBlock"});
-  o.fit_steps = 6;
-  o.train_batch_size = 4;
-  o.eval_batch_size = 4;
-  o.eval_batches = 2;
-  o.log_every = 3;
-  return o;
-}
-
-#define ASSERT_OK(expr)                        \
-  do {                                         \
-    const absl::Status _s = (expr);            \
-    ASSERT_TRUE(_s.ok()) << #expr << ": " << _s; \
-  } while (0)
-
-absl::Status RunRanks(int n, const comm::testing::RankFunction& fn) {
-  comm::testing::ThreadRanksOptions options;
-  options.timeout = absl::Seconds(120);
-  return comm::testing::RunThreadRanks(n, fn, options);
-}
-
-absl::Status Check(bool condition, const std::string& what) {
-  return condition ? absl::OkStatus() : absl::InternalError(what);
-}
+// Width 16, vocabulary 16: every unit holds elements on every rank at N <= 4.
+GptModuleOptions TinyGpt() { return testing::TinyGpt(16, 16, 3); }
+StageOptions TinyStages() { return testing::TinyStages(4, 6, 3); }
 
 TEST(StageRunnerTest, TestAfterFitReusesTheUnitsAndATestAloneMatchesIt) {
-  ASSERT_OK(RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status {
+  INTEGRATION_ASSERT_OK(RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status {
     ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(TinyGpt()));
     ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, TinyStages()));
     ASSIGN_OR_RETURN(FitResult fit, runner->Fit(*module));
@@ -99,7 +64,7 @@ TEST(StageRunnerTest, TestAfterFitReusesTheUnitsAndATestAloneMatchesIt) {
 }
 
 TEST(StageRunnerTest, EvaluationStagesAllocateNoGradientsOrOptimizerState) {
-  ASSERT_OK(RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status {
+  INTEGRATION_ASSERT_OK(RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status {
     ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(TinyGpt()));
     ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, TinyStages()));
     for (Stage stage : {Stage::kValidate, Stage::kTest}) {
@@ -134,7 +99,7 @@ TEST(StageRunnerTest, EvaluationStagesAllocateNoGradientsOrOptimizerState) {
 }
 
 TEST(StageRunnerTest, HandWrappedUnitsAreKept) {
-  ASSERT_OK(RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status {
+  INTEGRATION_ASSERT_OK(RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status {
     ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(TinyGpt()));
     ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, TinyStages()));
     const std::shared_ptr<core::Module>& block0 = (*module->gpt()->blocks())[0];
@@ -152,7 +117,7 @@ TEST(StageRunnerTest, HandWrappedUnitsAreKept) {
 }
 
 TEST(StageRunnerTest, ContinuedFitEqualsOneLongerFit) {
-  ASSERT_OK(RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status {
+  INTEGRATION_ASSERT_OK(RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status {
     ASSIGN_OR_RETURN(auto a, GptTrainModule::Create(TinyGpt()));
     ASSIGN_OR_RETURN(auto runner_a, StageRunner::Create(ctx.group, TinyStages()));
     ASSIGN_OR_RETURN(FitResult first, runner_a->Fit(*a, 3));
@@ -182,7 +147,7 @@ TEST(StageRunnerTest, ContinuedFitEqualsOneLongerFit) {
 }
 
 TEST(StageRunnerTest, ReleaseLeavesTheTrainedPlainModuleWithItsParameters) {
-  ASSERT_OK(RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status {
+  INTEGRATION_ASSERT_OK(RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status {
     ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(TinyGpt()));
     const std::vector<core::ParameterPtr> before = module->model()->Parameters();
     ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, TinyStages()));
@@ -207,7 +172,7 @@ TEST(StageRunnerTest, ReleaseLeavesTheTrainedPlainModuleWithItsParameters) {
 }
 
 TEST(StageRunnerTest, ProgressReportsEveryKStepsOnRankZeroWithEveryRanksMemory) {
-  ASSERT_OK(RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status {
+  INTEGRATION_ASSERT_OK(RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status {
     ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(TinyGpt()));
     ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, TinyStages()));
     std::vector<Progress> seen;
@@ -232,7 +197,7 @@ TEST(StageRunnerTest, ProgressReportsEveryKStepsOnRankZeroWithEveryRanksMemory) 
 TEST(StageRunnerTest, ErrorsNameTheStepOrOption) {
   EXPECT_EQ(StageRunner::Create(nullptr, TinyStages()).status().code(),
             absl::StatusCode::kInvalidArgument);
-  ASSERT_OK(RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status {
+  INTEGRATION_ASSERT_OK(RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status {
     StageOptions odd = TinyStages();
     odd.train_batch_size = 3;
     absl::Status s = StageRunner::Create(ctx.group, odd).status();
