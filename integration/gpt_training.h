@@ -1,5 +1,7 @@
-// Single-process GPT training on the synthetic Markov language: the reference run that
-// distributed training is compared against, and the body of the main job.
+// Single-process GPT training on the synthetic Markov language, with no FSDP and no
+// process group: the reference run that distributed training is compared against (its
+// learning test, gpt_training_test, bounds the loss the main job's default model reaches).
+// The main job itself runs integration::StageRunner over GptTrainModule (gpt_module.h).
 //
 //   integration::GptTrainingOptions options;   // small GPT, 300 AdamW steps
 //   options.steps = 400;
