@@ -200,6 +200,25 @@ TEST_F(MainJobTest, TestAloneFromTheCheckpointWrapsFreshAndGetsTheSameLoss) {
   EXPECT_EQ(Num(alone.summary, "test_loss"), Num(fit_->summary, "test_loss"));
 }
 
+TEST_F(MainJobTest, StageConfigFileSetsTheStagesOptions) {
+  // A text-format StageConfig overrides the flags: the test stage runs under
+  // SHARD_GRAD_OP over the FULL_SHARD run's checkpoint, on the same weights and the same
+  // batch split, so the loss is the same to the last bit.
+  const std::string config = TempDir() + "/stage_config.txtpb";
+  std::ofstream(config) << "strategy: \"SHARD_GRAD_OP\"\neval_batches: 4\n";
+  RunResult r = MainJob(2, TempDir() + "/configured",
+                        {"--stages=test", "--resume_from=" + base_ + "/checkpoint",
+                         "--stage_config=" + config, "--strategy=NO_SHARD"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.summary["strategy"], "SHARD_GRAD_OP");
+  EXPECT_EQ(Num(r.summary, "test_loss"), Num(fit_->summary, "test_loss"));
+  // A config with an error is refused naming the field, before any rank trains.
+  std::ofstream(config) << "strategy: \"ZERO3\"\n";
+  RunResult bad = MainJob(2, TempDir() + "/configured", {"--stages=test", "--stage_config=" + config});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("StageConfig.strategy"), std::string::npos) << bad.output;
+}
+
 TEST_F(MainJobTest, TestAtWorldSizesOneAndFourFromTheWorldSizeTwoCheckpoint) {
   RunResult one = MainJob(1, TempDir() + "/ws1",
                           {"--stages=test", "--resume_from=" + base_ + "/checkpoint"});
