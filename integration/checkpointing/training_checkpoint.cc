@@ -49,6 +49,8 @@ absl::Status SaveTrainingCheckpoint(const std::string& dir, core::Module& model,
           "' uses the reserved prefix \"fsdp.\""));
     }
   }
+  fsdp::WrapperRegistry no_units;  // a plain module: every parameter whole
+  if (registry == nullptr) registry = &no_units;
   ASSIGN_OR_RETURN(std::vector<fsdp::ShardedTensor> parts, fsdp::ShardedStateDict(model, registry));
   std::map<std::string, const fsdp::ShardedTensor*> part_of;
   std::vector<checkpoint::TensorSlice> slices;
@@ -163,6 +165,8 @@ absl::StatusOr<LoadedCheckpoint> LoadTrainingCheckpoint(const std::string& dir,
     }
   }
   // The current layout, and a check of every parameter before anything is read.
+  fsdp::WrapperRegistry no_units;  // a plain module: every parameter whole
+  if (registry == nullptr) registry = &no_units;
   ASSIGN_OR_RETURN(std::vector<fsdp::ShardedTensor> parts, fsdp::ShardedStateDict(model, registry));
   std::vector<checkpoint::LoadRequest> requests;
   for (fsdp::ShardedTensor& t : parts) {

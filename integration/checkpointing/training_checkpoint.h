@@ -44,19 +44,19 @@ struct TrainingCheckpointOptions {
   int64_t block_bytes = 0;                            // checksum block (SaveOptions::block_bytes); 0: default
 };
 
-// Writes a checkpoint directory `dir` of `model` (wrapped through `registry`, or plain:
-// a module with no units saves its full parameters) and, when `optimizer` is non-null,
-// its state. Collective over `group` (nullptr: a world of one); every rank passes its own
-// model/optimizer. Tensor names: "model/<NamedParameters() name>" with the parameter's
-// full shape, each rank writing the range it holds (fsdp::ShardedStateDict); for every
-// optimizer state tensor "optim/<NamedParameters() name>/<state name>" (exp_avg, ...)
-// with the same full shape and range as its parameter. Optimizer parameters are matched
-// to model parameters by Parameter object identity (the optimizer's own names may differ);
-// an optimizer parameter that is not one of the model's is InvalidArgument naming it.
-// step_count, per-parameter step counts and the optimizer's TypeName() go into the
-// metadata (user_metadata keys "fsdp.*", e.g. JSON via nlohmann), as do `options.step`
-// and `options.user_metadata`. Everything checkpoint::Save promises holds (atomic
-// commit, previous checkpoint intact on failure).
+// Writes a checkpoint directory `dir` of `model` (wrapped through `registry`, or plain: a
+// module with no units, or registry == nullptr, saves its full parameters) and, when
+// `optimizer` is non-null, its state. Collective over `group` (nullptr: a world of one);
+// every rank passes its own model/optimizer. Tensor names: "model/<NamedParameters()
+// name>" with the parameter's full shape, each rank writing the range it holds
+// (fsdp::ShardedStateDict); for every optimizer state tensor "optim/<NamedParameters()
+// name>/<state name>" (exp_avg, ...) with the same full shape and range as its parameter.
+// Optimizer parameters are matched to model parameters by Parameter object identity (the
+// optimizer's own names may differ); an optimizer parameter that is not one of the model's
+// is InvalidArgument naming it. step_count, per-parameter step counts and the optimizer's
+// TypeName() go into the metadata (user_metadata keys "fsdp.*", e.g. JSON via nlohmann),
+// as do `options.step` and `options.user_metadata`. Everything checkpoint::Save promises
+// holds (atomic commit, previous checkpoint intact on failure).
 absl::Status SaveTrainingCheckpoint(const std::string& dir, core::Module& model,
                                     fsdp::WrapperRegistry* registry,
                                     const optim::Optimizer* optimizer,
@@ -75,16 +75,16 @@ struct LoadedCheckpoint {
 // Reads what a checkpoint holds without loading tensors (ReadMetadata + the fsdp.* keys).
 absl::StatusOr<LoadedCheckpoint> ReadTrainingCheckpointInfo(const std::string& dir);
 
-// Loads `dir` into `model` as it is laid out now (wrapped at ANY world size and strategy, or
-// plain), each rank reading only the element ranges it holds (checkpoint::Load with one
-// LoadRequest per tensor range; take the current layout from fsdp::ShardedStateDict, fill
-// the parts, then fsdp::LoadShardedStateDict). When `optimizer` is non-null, also its
-// state (OptimizerState with this rank's slices; parameters with no saved state start
-// fresh), and FailedPrecondition when the checkpoint has no optimizer state or one of
-// another TypeName(). Not collective. Errors name the tensor/parameter: NotFound for a
-// model parameter the checkpoint lacks, InvalidArgument for a shape mismatch (both before
-// writing anything to the model), and checkpoint::Load's DataLoss (naming the data file and
-// the tensor) for truncated/corrupted files.
+// Loads `dir` into `model` as it is laid out now (wrapped at ANY world size and strategy,
+// or plain: no units, or registry == nullptr), each rank reading only the element ranges
+// it holds (checkpoint::Load with one LoadRequest per tensor range; take the current
+// layout from fsdp::ShardedStateDict, fill the parts, then fsdp::LoadShardedStateDict).
+// When `optimizer` is non-null, also its state (OptimizerState with this rank's slices;
+// parameters with no saved state start fresh), and FailedPrecondition when the checkpoint
+// has no optimizer state or one of another TypeName(). Not collective. Errors name the
+// tensor/parameter: NotFound for a model parameter the checkpoint lacks, InvalidArgument
+// for a shape mismatch (both before writing anything to the model), and checkpoint::Load's
+// DataLoss (naming the data file and the tensor) for truncated/corrupted files.
 absl::StatusOr<LoadedCheckpoint> LoadTrainingCheckpoint(const std::string& dir,
                                                         core::Module& model,
                                                         fsdp::WrapperRegistry* registry,
