@@ -1,5 +1,6 @@
 #include "integration/checkpointing/training_checkpoint.h"
 
+#include <algorithm>
 #include <map>
 #include <utility>
 #include <vector>
@@ -125,7 +126,10 @@ absl::StatusOr<LoadedCheckpoint> InfoFrom(const checkpoint::CheckpointInfo& info
     if (key == kOptimizerKey) {
       nlohmann::json j = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
       if (j.is_discarded() || !j.is_object() || !j.contains("type") || !j["type"].is_string() ||
-          !j.contains("step_count") || !j.contains("param_steps") || !j["param_steps"].is_object()) {
+          !j.contains("step_count") || !j["step_count"].is_number_integer() ||
+          !j.contains("param_steps") || !j["param_steps"].is_object() ||
+          std::any_of(j["param_steps"].begin(), j["param_steps"].end(),
+                      [](const nlohmann::json& n) { return !n.is_number_integer(); })) {
         return absl::DataLossError(absl::StrCat("checkpoint '", dir, "': metadata key ", kOptimizerKey,
                                                 " is not a valid optimizer record"));
       }

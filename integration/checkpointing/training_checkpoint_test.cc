@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <string>
@@ -354,6 +355,8 @@ TEST(TrainingCheckpointTest, EachRankReadsOnlyItsPart) {
     EXPECT_LE(read[r], requested[r] + slack) << "rank " << r;
     // Well below the whole: a quarter share plus slack stays under half here.
     EXPECT_LT(read[r], total / 2) << "rank " << r << " read " << read[r] << " of " << total;
+    std::cout << "rank " << r << " of 4: read " << read[r] << " bytes, asked " << requested[r]
+              << " in " << requests[r] << " ranges, of " << total << "\n";
   }
   // FULL_SHARD holds each element on exactly one rank: the requests partition the data.
   EXPECT_EQ(requested[0] + requested[1] + requested[2] + requested[3], total);
