@@ -147,6 +147,14 @@ absl::StatusOr<std::shared_ptr<FullyShardHandle>> FullyShard(
         prefix, "the module is already inside unit ", owner->label(),
         "; wrap that unit's root instead, or Release it first"));
   }
+  for (const auto& [name, m] : module->NamedModules()) {
+    if (registry->HeldByAnotherRegistry(*m)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          prefix, m->Describe(), " is already a unit root of another WrapperRegistry; wrap "
+          "through that registry (keep one per rank for every stage), or Release it there "
+          "first"));
+    }
+  }
 
   // Units already below `module` stay as they are.
   std::vector<std::shared_ptr<Unit>> existing = registry->UnitsIn(*module);

@@ -1,15 +1,55 @@
 #include "fsdp/registry.h"
 
+#include <map>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "core/status_macros.h"
 
 namespace fsdp {
+namespace {
+
+// NOTE [One registry per module]: which registry holds each unit root, process-wide, so
+// a wrap through another registry is refused instead of wrapping a wrapped module.
+struct Claim {
+  std::weak_ptr<core::Module> module;
+  const WrapperRegistry* registry = nullptr;
+};
+
+absl::Mutex& ClaimsMutex() {
+  static absl::Mutex* mu = new absl::Mutex;
+  return *mu;
+}
+
+std::map<const core::Module*, Claim>& Claims() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ClaimsMutex()) {
+  static auto* claims = new std::map<const core::Module*, Claim>;
+  return *claims;
+}
+
+}  // namespace
 
 WrapperRegistry::WrapperRegistry() : runtime_(std::make_shared<Runtime>()) {}
 
-WrapperRegistry::~WrapperRegistry() = default;
+WrapperRegistry::~WrapperRegistry() {
+  absl::MutexLock lock(&ClaimsMutex());
+  for (auto it = Claims().begin(); it != Claims().end();) {
+    it = it->second.registry == this ? Claims().erase(it) : std::next(it);
+  }
+}
+
+bool WrapperRegistry::HeldByAnotherRegistry(const core::Module& module) const {
+  absl::MutexLock lock(&ClaimsMutex());
+  auto it = Claims().find(&module);
+  if (it == Claims().end()) return false;
+  std::shared_ptr<core::Module> live = it->second.module.lock();
+  if (live == nullptr || live.get() != &module) {
+    Claims().erase(it);  // the module was destroyed
+    return false;
+  }
+  return it->second.registry != this;
+}
 
 WrapperRegistry::Entry* WrapperRegistry::Lookup(const core::Module& module) {
   auto it = entries_.find(&module);
@@ -158,6 +198,8 @@ void WrapperRegistry::AddUnit(const std::shared_ptr<core::Module>& module,
   Entry& e = entries_[module.get()];
   e.module = module;
   e.unit = std::move(unit);
+  absl::MutexLock lock(&ClaimsMutex());
+  Claims()[module.get()] = Claim{module, this};
 }
 
 void WrapperRegistry::SetHandle(const std::shared_ptr<core::Module>& module,
@@ -167,7 +209,12 @@ void WrapperRegistry::SetHandle(const std::shared_ptr<core::Module>& module,
   e.handle = std::move(handle);
 }
 
-void WrapperRegistry::Remove(const core::Module& module) { entries_.erase(&module); }
+void WrapperRegistry::Remove(const core::Module& module) {
+  entries_.erase(&module);
+  absl::MutexLock lock(&ClaimsMutex());
+  auto it = Claims().find(&module);
+  if (it != Claims().end() && it->second.registry == this) Claims().erase(it);
+}
 
 void WrapperRegistry::DropUnusedGroups() {
   Sweep();

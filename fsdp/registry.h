@@ -22,7 +22,11 @@
 //   - a module inside another unit: FailedPrecondition naming the owning unit;
 //   - after Release: the entries are gone, so a wrap is fresh;
 //   - ranks that disagree on the plan: FailedPrecondition on every rank, before any
-//     sharding (see fully_shard.h).
+//     sharding (see fully_shard.h);
+//   - a module whose subtree holds a unit root of ANOTHER live registry:
+//     FailedPrecondition naming that module (NOTE [One registry per module] in
+//     registry.cc): a stage that made a registry of its own would otherwise wrap a
+//     wrapped module. Keep one registry per rank for every stage.
 // "The same group" means the same ProcessGroup object: a group with the same name made
 // again is a different connection, and units keep talking over the one they were made
 // with.
@@ -88,6 +92,9 @@ class WrapperRegistry {
   // Units rooted in `module`'s subtree (itself included), in module.NamedModules()
   // order, which is the same on every rank.
   std::vector<std::shared_ptr<Unit>> UnitsIn(core::Module& module);
+
+  // True when `module` is a unit root of another live registry (process-wide).
+  bool HeldByAnotherRegistry(const core::Module& module) const;
 
   // The per-rank execution state every unit of this registry shares.
   Runtime& runtime() { return *runtime_; }

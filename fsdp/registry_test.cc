@@ -208,6 +208,44 @@ TEST(RegistryTableTest, WrapAfterReleaseIsFresh) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// Row 7: a module already wrapped through another registry (a stage that made a registry
+// of its own): refused naming the unit root, nothing sharded; after a Release there, or
+// once that registry is gone, the wrap goes through.
+TEST(RegistryTableTest, WrapThroughAnotherRegistryIsRefusedNamingTheUnit) {
+  absl::Status s = comm::testing::RunThreadRanks(2, [](comm::testing::RankContext& ctx)
+                                                        -> absl::Status {
+    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(testing::TinySetup()));
+    auto fit_registry = std::make_unique<WrapperRegistry>();
+    RETURN_IF_ERROR(FullyShard(gpt, ctx.group, PerBlock(), fit_registry.get()).status());
+    WrapperRegistry test_registry;
+    absl::Status again = FullyShard(gpt, ctx.group, PerBlock(), &test_registry).status();
+    EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+    EXPECT_TRUE(absl::StrContains(again.message(), "another WrapperRegistry")) << again;
+    EXPECT_TRUE(absl::StrContains(again.message(), "<root>")) << again;
+    // A subtree holding one of its units is refused too, naming that unit's root.
+    const std::shared_ptr<core::Module>& block = (*gpt->blocks())[1];
+    absl::Status inner = FullyShard(block, ctx.group, PerBlock(), &test_registry).status();
+    EXPECT_TRUE(absl::StrContains(inner.message(), "blocks.1")) << inner;
+    EXPECT_EQ(test_registry.NumUnits(), 0);
+    EXPECT_EQ(test_registry.counters().param_bytes_copied, 0);
+    // Released there, it wraps here.
+    RETURN_IF_ERROR(Release(*gpt, fit_registry.get()));
+    RETURN_IF_ERROR(FullyShard(gpt, ctx.group, PerBlock(), &test_registry).status());
+    EXPECT_EQ(test_registry.NumUnits(), 3);
+    // And a destroyed registry holds nothing.
+    RETURN_IF_ERROR(Release(*gpt, &test_registry));
+    ASSIGN_OR_RETURN(auto other, testing::MakeGpt(testing::TinySetup()));
+    RETURN_IF_ERROR(FullyShard(other, ctx.group, PerBlock(), fit_registry.get()).status());
+    EXPECT_FALSE(test_registry.HeldByAnotherRegistry(*gpt));
+    EXPECT_TRUE(test_registry.HeldByAnotherRegistry(*other));
+    RETURN_IF_ERROR(Release(*other, fit_registry.get()));
+    fit_registry.reset();
+    EXPECT_FALSE(test_registry.HeldByAnotherRegistry(*other));
+    return absl::OkStatus();
+  }, ShortRun());
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 // Row 6: ranks disagree on the plan: FailedPrecondition on every rank before any
 // sharding, naming the first differing unit; never a hang.
 TEST(RegistryTableTest, RanksThatDisagreeOnThePlanAllFailBeforeSharding) {

@@ -194,6 +194,21 @@ TEST(StageRunnerTest, ProgressReportsEveryKStepsOnRankZeroWithEveryRanksMemory) 
   }));
 }
 
+TEST(StageRunnerTest, ASecondRunnerWithItsOwnRegistryIsRefusedUntilTheFirstReleases) {
+  INTEGRATION_ASSERT_OK(RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status {
+    ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(TinyGpt()));
+    ASSIGN_OR_RETURN(auto fit_runner, StageRunner::Create(ctx.group, TinyStages()));
+    ASSIGN_OR_RETURN(auto test_runner, StageRunner::Create(ctx.group, TinyStages()));
+    RETURN_IF_ERROR(fit_runner->Fit(*module, 2).status());
+    absl::Status s = test_runner->Test(*module).status();
+    RETURN_IF_ERROR(Check(s.code() == absl::StatusCode::kFailedPrecondition &&
+                              s.message().find("another WrapperRegistry") != absl::string_view::npos,
+                          s.ToString()));
+    RETURN_IF_ERROR(fit_runner->Release(*module));
+    return test_runner->Test(*module).status();
+  }));
+}
+
 TEST(StageRunnerTest, ErrorsNameTheStepOrOption) {
   EXPECT_EQ(StageRunner::Create(nullptr, TinyStages()).status().code(),
             absl::StatusCode::kInvalidArgument);
