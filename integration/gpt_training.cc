@@ -57,41 +57,44 @@ absl::StatusOr<GptTrainingResult> TrainGpt(
     const GptTrainingOptions& options,
     const std::function<void(const TrainingProgress&)>& on_progress) {
   RETURN_IF_ERROR(Validate(options));
-  data::MarkovLanguageOptions language_options = options.language;
-  language_options.vocab_size = static_cast<int>(options.model.vocab_size);
-  ASSIGN_OR_RETURN(data::MarkovLanguage language, data::MarkovLanguage::Create(language_options));
+  // The same module the StageRunner trains, stepped here in one process with no FSDP.
+  GptModuleOptions module_options;
+  module_options.model = options.model;
+  module_options.language = options.language;
+  module_options.seq_len = options.seq_len;
+  module_options.adamw = options.adamw;
+  module_options.warmup_steps = options.warmup_steps;
+  ASSIGN_OR_RETURN(std::unique_ptr<GptTrainModule> module, GptTrainModule::Create(module_options));
+  const data::MarkovLanguage& language = module->language();
 
   std::shared_ptr<core::Allocator> cpu = core::Allocator::Current(core::Device::Cpu());
   cpu->ResetPeaks();
 
   GptTrainingResult result;
-  ASSIGN_OR_RETURN(result.model, nn::Gpt::Create(options.model));
+  result.model = module->gpt();
   nn::Gpt& model = *result.model;
-  ASSIGN_OR_RETURN(std::unique_ptr<optim::AdamW> adamw,
-                   optim::AdamW::Create(model.NamedParameters(), options.adamw));
+  ASSIGN_OR_RETURN(std::unique_ptr<optim::Optimizer> adamw,
+                   module->ConfigureOptimizer(model.NamedParameters()));
 
   const int64_t tokens_per_step = int64_t{options.batch_size} * options.seq_len;
   auto start = std::chrono::steady_clock::now();
   auto last_report = start;
   int64_t last_report_step = 0;
   for (int64_t step = 0; step < options.steps; ++step) {
-    const double warmup =
-        options.warmup_steps > 0
-            ? std::min(1.0, static_cast<double>(step + 1) / options.warmup_steps)
-            : 1.0;
-    adamw->set_lr(options.adamw.lr * warmup);
-    ASSIGN_OR_RETURN(data::TokenBatch batch,
-                     language.Batch(step, options.batch_size, options.seq_len));
+    adamw->set_lr(*module->LearningRate(step));
     adamw->ZeroGrad();
-    ASSIGN_OR_RETURN(core::Tensor logits, model.Forward(batch.inputs));
-    ASSIGN_OR_RETURN(nn::LossResult loss, nn::CrossEntropyLoss(logits, batch.targets));
-    RETURN_IF_ERROR(model.Backward(loss.grad).status());
+    StepContext ctx;
+    ctx.stage = Stage::kFit;
+    ctx.step = step;
+    ctx.batch_size = options.batch_size;
+    ASSIGN_OR_RETURN(StepOutput out, module->TrainingStep(ctx));
     RETURN_IF_ERROR(adamw->Step());
-    if (!std::isfinite(loss.loss)) {
-      return absl::InternalError(absl::StrCat("training diverged: loss is ", loss.loss,
+    const float loss = static_cast<float>(out.loss);
+    if (!std::isfinite(loss)) {
+      return absl::InternalError(absl::StrCat("training diverged: loss is ", loss,
                                               " at step ", step + 1, " (lower --lr)"));
     }
-    result.losses.push_back(loss.loss);
+    result.losses.push_back(loss);
 
     const int64_t done = step + 1;
     if (on_progress && ((options.log_every > 0 && done % options.log_every == 0) ||
@@ -100,7 +103,7 @@ absl::StatusOr<GptTrainingResult> TrainGpt(
       TrainingProgress p;
       p.step = done;
       p.steps = options.steps;
-      p.loss = loss.loss;
+      p.loss = loss;
       p.tokens_per_second = (done - last_report_step) * tokens_per_step /
                             std::max(1e-9, Seconds(last_report, now));
       p.memory = cpu->Stats();

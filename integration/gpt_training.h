@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "core/allocator.h"
 #include "data/markov_language.h"
+#include "integration/gpt_module.h"
 #include "nn/gpt.h"
 #include "optim/adamw.h"
 
@@ -44,12 +45,7 @@ struct GptTrainingOptions {
   int64_t log_every = 25;               // progress every this many steps; 0 never
   int eval_batches = 8;                 // batches of batch_size for the evaluation loss, > 0
 
-  static optim::AdamWOptions DefaultAdamW() {
-    optim::AdamWOptions o;
-    o.lr = 1e-2;
-    o.weight_decay = 0.0;
-    return o;
-  }
+  static optim::AdamWOptions DefaultAdamW() { return GptModuleOptions::DefaultAdamW(); }
 };
 
 // What the progress callback receives every log_every steps and after the last step.

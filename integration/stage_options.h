@@ -36,7 +36,9 @@ struct StageOptions {
   // Batches of one Validate, Test or Predict (> 0).
   int eval_batches = 8;
   // A progress line on rank 0 every this many fit steps, and after the last (>= 0; 0:
-  // only after the last).
+  // only after the last). Step losses are averaged over ranks at these reports (one
+  // all-gather for all steps since the previous one), so a loss that is not finite is
+  // reported, naming its step, at the next report.
   int64_t log_every = 25;
   // When non-empty, Fit ends by saving a checkpoint (model and optimizer) here.
   std::string checkpoint_dir;

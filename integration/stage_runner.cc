@@ -199,8 +199,8 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
 
   result.first_step = state.global_step;
   double last_report_time = NowSeconds();
-  double items_since_report = 0;
   double items_total = 0;
+  std::vector<double> pending;  // (loss x count, count) of each step since the last report
   for (int64_t i = 0; i < num_steps; ++i) {
     StepContext ctx;
     ctx.stage = Stage::kFit;
@@ -219,31 +219,40 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
           fsdp::ClipGradNorm(*model, &registry_, options_.max_grad_norm).status());
     }
     RETURN_IF_ERROR(Annotate(optimizer.Step(), absl::StrCat("fit: optimizer step ", ctx.step)));
-    ASSIGN_OR_RETURN(std::vector<std::vector<double>> all,
-                     AllGatherDoubles({out->loss * out->count, static_cast<double>(out->count)}));
-    double weighted = 0, count = 0;
-    for (const auto& r : all) {
-      weighted += r[0];
-      count += r[1];
-    }
-    const double loss = count > 0 ? weighted / count : NAN;
-    if (!std::isfinite(loss)) {
-      return absl::InternalError(absl::StrCat("fit: the loss of ", model->Describe(), " is ",
-                                              loss, " at global step ", ctx.step + 1,
-                                              " (training diverged; lower the learning rate)"));
-    }
-    result.losses.push_back(loss);
+    // Each rank's (loss x count, count) waits for the next report, where one all-gather
+    // averages every step since the last one: no collective of its own per step.
+    pending.push_back(out->loss * out->count);
+    pending.push_back(static_cast<double>(out->count));
     ++state.global_step;
-    items_since_report += count;
-    items_total += count;
 
     const int64_t done = i + 1;
     if ((options_.log_every > 0 && done % options_.log_every == 0) || done == num_steps) {
+      ASSIGN_OR_RETURN(std::vector<std::vector<double>> all, AllGatherDoubles(pending));
+      const int64_t first = state.global_step - static_cast<int64_t>(pending.size() / 2);
+      double items_since_report = 0;
+      for (size_t k = 0; k < pending.size(); k += 2) {
+        double weighted = 0, count = 0;
+        for (const auto& r : all) {
+          weighted += r[k];
+          count += r[k + 1];
+        }
+        const double loss = count > 0 ? weighted / count : NAN;
+        if (!std::isfinite(loss)) {
+          return absl::InternalError(absl::StrCat(
+              "fit: the loss of ", model->Describe(), " is ", loss, " at global step ",
+              first + static_cast<int64_t>(k / 2) + 1,
+              " (training diverged; lower the learning rate)"));
+        }
+        result.losses.push_back(loss);
+        items_since_report += count;
+      }
+      items_total += items_since_report;
+      pending.clear();
       Progress p;
       p.step = done;
       p.steps = num_steps;
       p.global_step = state.global_step;
-      p.loss = loss;
+      p.loss = result.losses.back();
       const double now = NowSeconds();
       p.items_per_second = items_since_report / std::max(1e-9, now - last_report_time);
       ASSIGN_OR_RETURN(p.memory, GatherMemory());
@@ -255,7 +264,6 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
         }
       }
       last_report_time = NowSeconds();
-      items_since_report = 0;
     }
   }
   result.global_step = state.global_step;
