@@ -380,25 +380,19 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Barrier(const BarrierOpt
 
 absl::StatusOr<std::shared_ptr<ProcessGroup>> GlooProcessGroup::NewSubgroup(
     const std::vector<int>& ranks, const SubgroupOptions& options) {
-  if (auto s = ValidateSubgroupRanks(*this, ranks); !s.ok()) return s;
   int index = 0;
   {
     absl::MutexLock lock(&mu_);
     index = next_subgroup_++;
   }
-  const std::string key_name = absl::StrCat("sub", index);
-  auto it = std::find(ranks.begin(), ranks.end(), rank_);
-  if (it == ranks.end()) {
-    return absl::NotFoundError(absl::StrCat("NewSubgroup([", absl::StrJoin(ranks, ", "), "]) on ",
-                                            Describe(), ": rank ", rank_,
-                                            " is not a member of this subgroup"));
-  }
+  absl::StatusOr<SubgroupPlacement> place = PlaceInSubgroup(*this, ranks, index);
+  if (!place.ok()) return place.status();
   GlooOptions sub = options_;
-  sub.name = options.name.empty() ? absl::StrCat(options_.name, "/", key_name) : options.name;
+  sub.name = options.name.empty() ? absl::StrCat(options_.name, "/", place->key_prefix)
+                                  : options.name;
   sub.rendezvous_timeout = options.timeout;
   absl::StatusOr<std::shared_ptr<GlooProcessGroup>> group =
-      Join(std::make_shared<PrefixStore>(store_, key_name), static_cast<int>(it - ranks.begin()),
-           static_cast<int>(ranks.size()), sub);
+      Join(std::make_shared<PrefixStore>(store_, place->key_prefix), place->rank, place->size, sub);
   if (!group.ok()) return group.status();
   return std::shared_ptr<ProcessGroup>(*std::move(group));
 }

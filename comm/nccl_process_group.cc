@@ -487,25 +487,18 @@ void NcclProcessGroup::ResetStats() { comm_->stats.Reset(); }
 
 absl::StatusOr<std::shared_ptr<ProcessGroup>> NcclProcessGroup::NewSubgroup(
     const std::vector<int>& ranks, const SubgroupOptions& options) {
-  RETURN_IF_ERROR(ValidateSubgroupRanks(*this, ranks));
   int index = 0;
   {
     absl::MutexLock lock(&mu_);
     index = next_subgroup_++;
   }
-  const std::string key_name = absl::StrCat("sub", index);
-  auto it = std::find(ranks.begin(), ranks.end(), rank_);
-  if (it == ranks.end()) {
-    return absl::NotFoundError(absl::StrCat("NewSubgroup([", absl::StrJoin(ranks, ", "), "]) on ",
-                                            Describe(), ": rank ", rank_,
-                                            " is not a member of this subgroup"));
-  }
+  ASSIGN_OR_RETURN(SubgroupPlacement place, PlaceInSubgroup(*this, ranks, index));
   NcclOptions sub = options_;
-  sub.name = options.name.empty() ? absl::StrCat(options_.name, "/", key_name) : options.name;
+  sub.name = options.name.empty() ? absl::StrCat(options_.name, "/", place.key_prefix)
+                                  : options.name;
   sub.init_timeout = options.timeout;
-  ASSIGN_OR_RETURN(auto group, Join(std::make_shared<PrefixStore>(store_, key_name),
-                                    static_cast<int>(it - ranks.begin()),
-                                    static_cast<int>(ranks.size()), device_, sub));
+  ASSIGN_OR_RETURN(auto group, Join(std::make_shared<PrefixStore>(store_, place.key_prefix),
+                                    place.rank, place.size, device_, sub));
   return std::shared_ptr<ProcessGroup>(std::move(group));
 }
 

@@ -1,5 +1,6 @@
 #include "comm/process_group.h"
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -250,6 +251,22 @@ absl::Status ValidateSubgroupRanks(const ProcessGroup& group, const std::vector<
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<SubgroupPlacement> PlaceInSubgroup(const ProcessGroup& group,
+                                                  const std::vector<int>& ranks, int index) {
+  if (absl::Status s = ValidateSubgroupRanks(group, ranks); !s.ok()) return s;
+  auto it = std::find(ranks.begin(), ranks.end(), group.rank());
+  if (it == ranks.end()) {
+    return absl::NotFoundError(absl::StrCat("NewSubgroup([", absl::StrJoin(ranks, ", "), "]) on ",
+                                            group.Describe(), ": rank ", group.rank(),
+                                            " is not a member of this subgroup"));
+  }
+  SubgroupPlacement placement;
+  placement.key_prefix = absl::StrCat("sub", index);
+  placement.rank = static_cast<int>(it - ranks.begin());
+  placement.size = static_cast<int>(ranks.size());
+  return placement;
 }
 
 absl::Status ValidateDevice(const ProcessGroup& group, CollectiveKind kind,

@@ -214,6 +214,18 @@ absl::Status ValidateBroadcast(const ProcessGroup& group, const core::Tensor& te
 absl::Status ValidateBarrier(const ProcessGroup& group, const BarrierOptions& options);
 // Checks a NewSubgroup rank list against `group`.
 absl::Status ValidateSubgroupRanks(const ProcessGroup& group, const std::vector<int>& ranks);
+
+// Where this rank stands in the `index`-th subgroup `ranks` of `group` (what every
+// backend's NewSubgroup needs before it joins): the store prefix the subgroup's keys go
+// under ("sub<index>"), this rank's index in `ranks` and the subgroup's size.
+struct SubgroupPlacement {
+  std::string key_prefix;
+  int rank = 0;
+  int size = 0;
+};
+// ValidateSubgroupRanks, then NotFound naming the rank when group.rank() is not in `ranks`.
+absl::StatusOr<SubgroupPlacement> PlaceInSubgroup(const ProcessGroup& group,
+                                                  const std::vector<int>& ranks, int index);
 // InvalidArgument unless every tensor in `tensors` is on `device`.
 absl::Status ValidateDevice(const ProcessGroup& group, CollectiveKind kind,
                             const std::vector<const core::Tensor*>& tensors,
