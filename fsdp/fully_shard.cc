@@ -253,13 +253,9 @@ absl::StatusOr<std::shared_ptr<FullyShardHandle>> FullyShard(
 absl::Status Release(core::Module& module, WrapperRegistry* registry) {
   const std::string prefix = absl::StrCat("Release(", module.Describe(), "): ");
   if (registry == nullptr) return absl::InvalidArgumentError(prefix + "the registry is null");
-  RETURN_IF_ERROR(registry->runtime().CheckIdle(prefix + "cannot release"));
-  if (std::shared_ptr<Unit> owner = registry->OwningUnit(module)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        prefix, "the module is inside unit ", owner->label(),
-        "; release that unit's root (or an ancestor) instead"));
-  }
-  std::vector<std::shared_ptr<Unit>> units = registry->UnitsIn(module);
+  ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Unit>> units,
+                   registry->UnitsForOperation(module, prefix, "cannot release",
+                                               "release that unit's root (or an ancestor) instead"));
   if (units.empty()) {
     return absl::NotFoundError(prefix + "no FSDP unit is rooted in this module's subtree");
   }

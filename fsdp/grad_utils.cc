@@ -15,12 +15,7 @@ absl::StatusOr<std::vector<std::shared_ptr<Unit>>> UnitsFor(core::Module& module
                                                             WrapperRegistry* registry,
                                                             const std::string& prefix) {
   if (registry == nullptr) return absl::InvalidArgumentError(prefix + "the registry is null");
-  RETURN_IF_ERROR(registry->runtime().CheckIdle(prefix + "not allowed"));
-  if (std::shared_ptr<Unit> owner = registry->OwningUnit(module)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        prefix, "the module is inside unit ", owner->label(), "; use that unit's root"));
-  }
-  return registry->UnitsIn(module);
+  return registry->UnitsForOperation(module, prefix, "not allowed", "use that unit's root");
 }
 
 double SumOfSquares(const core::Tensor& t) {

@@ -99,6 +99,17 @@ std::shared_ptr<FullyShardHandle> WrapperRegistry::FindHandle(const core::Module
   return e->handle;
 }
 
+absl::StatusOr<std::vector<std::shared_ptr<Unit>>> WrapperRegistry::UnitsForOperation(
+    core::Module& module, const std::string& prefix, const std::string& idle_what,
+    const std::string& inside_hint) {
+  RETURN_IF_ERROR(runtime_->CheckIdle(prefix + idle_what));
+  if (std::shared_ptr<Unit> owner = OwningUnit(module)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(prefix, "the module is inside unit ", owner->label(), "; ", inside_hint));
+  }
+  return UnitsIn(module);
+}
+
 std::shared_ptr<Unit> WrapperRegistry::OwningUnit(core::Module& module) {
   Sweep();
   std::shared_ptr<Unit> best;

@@ -93,6 +93,15 @@ class WrapperRegistry {
   // order, which is the same on every rank.
   std::vector<std::shared_ptr<Unit>> UnitsIn(core::Module& module);
 
+  // The checks every operation on a wrapped subtree (Release, SummonFullParams, state
+  // dicts, NoSync, ClipGradNorm) makes first, then UnitsIn(module): FailedPrecondition
+  // "<prefix><idle_what> ..." while a forward or backward is in progress, and
+  // "<prefix>the module is inside unit <label>; <inside_hint>" when `module` is inside a
+  // unit it is not the root of.
+  absl::StatusOr<std::vector<std::shared_ptr<Unit>>> UnitsForOperation(
+      core::Module& module, const std::string& prefix, const std::string& idle_what,
+      const std::string& inside_hint);
+
   // True when `module` is a unit root of another live registry (process-wide).
   bool HeldByAnotherRegistry(const core::Module& module) const;
 

@@ -21,13 +21,10 @@ absl::StatusOr<std::map<const core::Parameter*, Location>> Locate(core::Module& 
                                                                    WrapperRegistry* registry,
                                                                    const std::string& prefix) {
   if (registry == nullptr) return absl::InvalidArgumentError(prefix + "the registry is null");
-  RETURN_IF_ERROR(registry->runtime().CheckIdle(prefix + "not allowed"));
-  if (std::shared_ptr<Unit> owner = registry->OwningUnit(module)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        prefix, "the module is inside unit ", owner->label(), "; use that unit's root"));
-  }
+  ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Unit>> units,
+                   registry->UnitsForOperation(module, prefix, "not allowed", "use that unit's root"));
   std::map<const core::Parameter*, Location> out;
-  for (const auto& u : registry->UnitsIn(module)) {
+  for (const auto& u : units) {
     RETURN_IF_ERROR(u->CheckUsable("use a state dict"));
     if (u->summoned()) {
       return absl::FailedPreconditionError(

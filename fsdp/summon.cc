@@ -43,12 +43,9 @@ absl::StatusOr<std::unique_ptr<FullParamsScope>> SummonFullParams(core::Module& 
         prefix + "SummonOptions.writeback cannot be combined with SummonOptions.rank0_only: "
                  "ranks other than 0 hold no full values to write back");
   }
-  RETURN_IF_ERROR(registry->runtime().CheckIdle(prefix + "cannot summon"));
-  if (std::shared_ptr<Unit> owner = registry->OwningUnit(module)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        prefix, "the module is inside unit ", owner->label(), "; summon that unit's root"));
-  }
-  std::vector<std::shared_ptr<Unit>> units = registry->UnitsIn(module);
+  ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Unit>> units,
+                   registry->UnitsForOperation(module, prefix, "cannot summon",
+                                               "summon that unit's root"));
   for (const auto& u : units) {
     RETURN_IF_ERROR(u->CheckUsable("summon full parameters"));
     if (u->summoned()) {
