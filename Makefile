@@ -1,5 +1,5 @@
 # The two set-up commands of README.md. Each installs what is missing first.
-#   make demo   the main job: trains a small GPT on the synthetic language (CPU)
+#   make demo   the main job: fit, test, checkpoint and release a small GPT on 2 local CPU ranks
 #   make test   the whole test suite
 
 BAZEL ?= bazel
