@@ -43,7 +43,9 @@ TEST(AgreementTest, OneRanksErrorReachesEveryRankNamingIt) {
         << results[r];
     // The failing rank holds the root cause; the others a secondary naming rank 2.
     EXPECT_EQ(IsSecondary(results[r]), r != 2) << results[r];
-    if (r != 2) EXPECT_EQ(CulpritRanks(results[r]), std::vector<int>{2});
+    if (r != 2) {
+      EXPECT_EQ(CulpritRanks(results[r]), std::vector<int>{2});
+    }
   }
 }
 
