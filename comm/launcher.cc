@@ -9,7 +9,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,7 +20,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "comm/failure.h"
 #include "comm/internal/socket.h"
 
 extern char** environ;
@@ -72,6 +77,10 @@ struct Rank {
   pid_t pid = -1;
   bool running = false;
   int status = 0;
+  // Stopped by a signal (SIGSTOP, SIGTSTP, ...) at some point while running: 0 if never.
+  int stopped_by = 0;
+  // SIGTERM/SIGKILL sent by the launcher while it was still running.
+  bool stopped_by_launcher = false;
   Stream out, err;
 };
 
@@ -109,9 +118,29 @@ void Drain(int rank, Stream& s) {
   }
 }
 
-std::vector<std::string> ChildEnvironment(const LaunchOptions& o, int rank) {
+// A fresh random job secret (32 hex digits), or "" when /dev/urandom cannot be read.
+std::string NewJobSecret() {
+  unsigned char bytes[16];
+  FILE* f = std::fopen("/dev/urandom", "rb");
+  if (f == nullptr) return "";
+  const size_t n = std::fread(bytes, 1, sizeof(bytes), f);
+  std::fclose(f);
+  if (n != sizeof(bytes)) return "";
+  std::string hex;
+  for (unsigned char b : bytes) absl::StrAppendFormat(&hex, "%02x", b);
+  return hex;
+}
+
+std::string ErrorFileOf(const std::string& dir, int rank) {
+  return absl::StrCat(dir, "/rank-", rank, ".json");
+}
+
+std::vector<std::string> ChildEnvironment(const LaunchOptions& o, int rank,
+                                          const std::string& secret,
+                                          const std::string& error_dir) {
   static const char* kOurs[] = {"RANK=",        "WORLD_SIZE=",  "LOCAL_RANK=",
-                                "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT="};
+                                "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=",
+                                "FSDP_JOB_SECRET=", "FSDP_ERROR_FILE="};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     bool ours = false;
@@ -124,6 +153,8 @@ std::vector<std::string> ChildEnvironment(const LaunchOptions& o, int rank) {
   env.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", o.nproc));
   env.push_back(absl::StrCat("MASTER_ADDR=", o.master_addr));
   env.push_back(absl::StrCat("MASTER_PORT=", o.master_port));
+  if (!secret.empty()) env.push_back(absl::StrCat(kJobSecretEnv, "=", secret));
+  if (!error_dir.empty()) env.push_back(absl::StrCat(kErrorFileEnv, "=", ErrorFileOf(error_dir, rank)));
   return env;
 }
 
@@ -136,9 +167,80 @@ std::vector<char*> CStrings(std::vector<std::string>& v) {
 
 void SignalAll(std::vector<Rank>& ranks, int sig) {
   for (Rank& r : ranks) {
-    if (r.running) ::kill(-r.pid, sig);  // the rank's whole process group
+    if (!r.running) continue;
+    ::kill(-r.pid, sig);  // the rank's whole process group
+    r.stopped_by_launcher = true;
   }
 }
+
+std::string FormatTime(int64_t unix_ns) {
+  return absl::FormatTime("%H:%M:%E6S", absl::FromUnixNanos(unix_ns), absl::LocalTimeZone());
+}
+
+std::string RecordLine(const FailureRecord& r) {
+  return absl::StrCat("rank ", r.rank, " at ", FormatTime(r.time_unix_ns), ": ",
+                      absl::StatusCodeToString(static_cast<absl::StatusCode>(r.code)), ": ",
+                      r.message);
+}
+
+// How a rank that recorded no error ended, for a root-cause line.
+std::string DescribeSilentRank(const Rank& r) {
+  if (r.stopped_by != 0) {
+    return absl::StrCat("it was stopped by signal ", r.stopped_by, " (", ::strsignal(r.stopped_by),
+                        ") and hung (ended: ", DescribeExit(r.status),
+                        r.stopped_by_launcher ? ", sent by the launcher)" : ")");
+  }
+  if (r.stopped_by_launcher && WIFSIGNALED(r.status)) {
+    return absl::StrCat("it hung: the other ranks waited for it in vain (ended: ",
+                        DescribeExit(r.status), ", sent by the launcher)");
+  }
+  return absl::StrCat("it recorded no error (ended: ", DescribeExit(r.status), ")");
+}
+
+}  // namespace
+
+std::vector<std::string> ReportFailures(const std::vector<FailureRecord>& records,
+                                        const std::vector<std::string>& silent_ranks,
+                                        int* root_rank) {
+  std::vector<const FailureRecord*> roots, secondaries;
+  for (const FailureRecord& r : records) (r.secondary ? secondaries : roots).push_back(&r);
+  auto by_time = [](const FailureRecord* a, const FailureRecord* b) {
+    return a->time_unix_ns != b->time_unix_ns ? a->time_unix_ns < b->time_unix_ns : a->rank < b->rank;
+  };
+  std::sort(roots.begin(), roots.end(), by_time);
+  std::sort(secondaries.begin(), secondaries.end(), by_time);
+  std::vector<std::string> lines;
+  *root_rank = -1;
+  if (!roots.empty()) {
+    *root_rank = roots[0]->rank;
+    lines.push_back(absl::StrCat("root cause: ", RecordLine(*roots[0])));
+    for (size_t i = 1; i < roots.size(); ++i) {
+      lines.push_back(absl::StrCat("also failed: ", RecordLine(*roots[i])));
+    }
+  } else {
+    // Nobody recorded a root cause: blame the rank the secondary errors name most.
+    std::map<int, int> votes;
+    for (const FailureRecord* r : secondaries) {
+      for (int c : r->culprit_ranks) ++votes[c];
+    }
+    int best = -1, best_votes = 0;
+    for (const auto& [rank, n] : votes) {
+      if (n > best_votes) best = rank, best_votes = n;
+    }
+    if (best >= 0) {
+      *root_rank = best;
+      const std::string how = best < static_cast<int>(silent_ranks.size()) ? silent_ranks[best] : "";
+      lines.push_back(absl::StrCat("root cause: rank ", best, ", named by the other ranks' errors",
+                                   how.empty() ? "" : absl::StrCat(": ", how)));
+    }
+  }
+  for (const FailureRecord* r : secondaries) {
+    lines.push_back(absl::StrCat("secondary: ", RecordLine(*r)));
+  }
+  return lines;
+}
+
+namespace {
 
 }  // namespace
 
@@ -214,6 +316,27 @@ int Launch(const LaunchOptions& in) {
     }
     o.master_port = *port;
   }
+  std::string secret;
+  if (const char* given = std::getenv(kJobSecretEnv); given != nullptr && *given != '\0') {
+    secret = given;
+  } else {
+    secret = NewJobSecret();
+    if (secret.empty()) {
+      say("cannot read /dev/urandom for the job secret");
+      return 1;
+    }
+  }
+  std::string error_dir;
+  {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/fsdp-launch-XXXXXX");
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      say(absl::StrCat("cannot create a directory for the ranks' error files (", pattern,
+                       "): ", std::strerror(errno)));
+      return 1;
+    }
+    error_dir = pattern;
+  }
   if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
     say("pipe2 failed");
     return 1;
@@ -240,7 +363,7 @@ int Launch(const LaunchOptions& in) {
       start_failed = true;
       break;
     }
-    std::vector<std::string> env_strings = ChildEnvironment(o, r);
+    std::vector<std::string> env_strings = ChildEnvironment(o, r, secret, error_dir);
     std::vector<char*> envp = CStrings(env_strings);
     const pid_t pid = ::fork();
     if (pid == 0) {
@@ -337,7 +460,11 @@ int Launch(const LaunchOptions& in) {
     for (int r = 0; r < o.nproc; ++r) {
       if (!ranks[r].running) continue;
       int status = 0;
-      if (::waitpid(ranks[r].pid, &status, WNOHANG) != ranks[r].pid) continue;
+      if (::waitpid(ranks[r].pid, &status, WNOHANG | WUNTRACED) != ranks[r].pid) continue;
+      if (WIFSTOPPED(status)) {
+        ranks[r].stopped_by = WSTOPSIG(status);
+        continue;
+      }
       ranks[r].running = false;
       ranks[r].status = status;
       if (Failed(status) && failed_rank < 0 && interrupt == 0 && !start_failed) {
@@ -374,6 +501,21 @@ int Launch(const LaunchOptions& in) {
   ::close(g_signal_pipe[1]);
   g_signal_pipe[0] = g_signal_pipe[1] = -1;
 
+  // The ranks' error files: the root cause first, then the secondary errors.
+  std::vector<FailureRecord> records;
+  std::vector<std::string> silent(o.nproc);
+  for (int r = 0; r < o.nproc; ++r) {
+    absl::StatusOr<FailureRecord> record = ReadFailureRecord(ErrorFileOf(error_dir, r));
+    if (record.ok()) {
+      record->rank = r;
+      records.push_back(*std::move(record));
+    } else if (ranks[r].pid > 0) {
+      silent[r] = DescribeSilentRank(ranks[r]);
+    }
+    ::unlink(ErrorFileOf(error_dir, r).c_str());
+  }
+  ::rmdir(error_dir.c_str());
+
   if (failed_rank >= 0 || interrupt != 0) {
     std::vector<std::string> others;
     for (int r = 0; r < o.nproc; ++r) {
@@ -384,9 +526,15 @@ int Launch(const LaunchOptions& in) {
     if (!others.empty()) say(absl::StrCat("then: ", absl::StrJoin(others, ", ")));
   }
   if (failed_rank >= 0) {
-    const int code = ExitCodeOf(ranks[failed_rank].status);
-    say(absl::StrCat("job failed: rank ", failed_rank, " ", DescribeExit(ranks[failed_rank].status),
-                     "; exit status ", code));
+    int root = -1;
+    for (const std::string& line : ReportFailures(records, silent, &root)) say(line);
+    if (root < 0 || root >= o.nproc) root = failed_rank;
+    const int code = Failed(ranks[root].status) && !ranks[root].stopped_by_launcher
+                         ? ExitCodeOf(ranks[root].status)
+                         : ExitCodeOf(ranks[failed_rank].status);
+    say(absl::StrCat("job failed: root cause rank ", root, " (", DescribeExit(ranks[root].status),
+                     "); first rank to exit: rank ", failed_rank, " (",
+                     DescribeExit(ranks[failed_rank].status), "); exit status ", code));
     return code;
   }
   if (interrupt != 0) return 128 + interrupt;

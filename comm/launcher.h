@@ -9,10 +9,24 @@
 // --master_port), which is what comm::InitFromEnv reads. Every line a rank writes to
 // stdout or stderr comes out on the launcher's stdout or stderr as "[rank r] line".
 //
+// Each rank also gets FSDP_JOB_SECRET (the launcher's own, when set, else a fresh random
+// one per job: the rendezvous store admits only clients that prove it) and
+// FSDP_ERROR_FILE, where the rank records its failure before tearing anything down
+// (comm/failure.h, RecordFailure).
+//
 // Failure handling: the first rank to exit with a non-zero status or by a signal is
 // reported ("launch: rank 1 failed: killed by signal 9 (Killed)"); the other ranks get
-// SIGTERM, then SIGKILL after the grace period; the launcher exits with that rank's
-// status (its exit code, or 128 + signal). SIGINT and SIGTERM sent to the launcher are
+// SIGTERM, then SIGKILL after the grace period. Once all have ended, the launcher reads
+// the error files and reports the root cause first, then the secondary errors (those
+// caused by another rank's failure):
+//   launch: root cause: rank 1 at 10:01:02.345678: DATA_LOSS: ... rank-00001-of-00002.bin ...
+//   launch: secondary: rank 0 at 10:01:02.346001: DATA_LOSS: secondary (caused by rank 1): ...
+//   launch: job failed: root cause rank 1 (exited with code 1); first rank to exit: ...
+// The root cause is the earliest error that is not secondary; when no rank recorded one
+// (a rank hung or was killed), it is the rank the secondary errors name, with how it
+// ended ("stopped by signal 19 ... and hung"). The launcher exits with the root-cause
+// rank's status when that rank failed by itself, else with the first failed rank's
+// (its exit code, or 128 + signal). SIGINT and SIGTERM sent to the launcher are
 // forwarded to every rank, and the launcher then exits with 128 + that signal.
 // Each rank runs in its own process group (signals reach its children too) and is
 // killed if the launcher itself dies.
@@ -24,8 +38,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "comm/failure.h"
 
 namespace comm {
+
+// Environment variable holding the job secret of the rendezvous store.
+inline constexpr char kJobSecretEnv[] = "FSDP_JOB_SECRET";
 
 struct LaunchOptions {
   // Number of ranks to start (--nproc).
@@ -51,6 +69,15 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
 // Runs the job and returns the launcher's exit status (see the top of this file).
 // Returns 1 with a message on stderr_fd if the job cannot be started at all.
 int Launch(const LaunchOptions& options);
+
+// The report lines of a failed job (without the "launch: " prefix): "root cause: ..."
+// first (the earliest record that is not secondary, or else the rank the secondary
+// records name most, described by silent_ranks[rank]: how a rank that recorded nothing
+// ended), then "also failed: ..." for later root causes, then "secondary: ..." in time
+// order. *root_rank is the root-cause rank, or -1 when nothing names one.
+std::vector<std::string> ReportFailures(const std::vector<FailureRecord>& records,
+                                        const std::vector<std::string>& silent_ranks,
+                                        int* root_rank);
 
 }  // namespace comm
 

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -90,7 +91,7 @@ TEST(LaunchTest, FailingRankStopsTheOthersAndGivesItsExitCode) {
   Captured c = RunLaunch(o, "if [ $RANK = 1 ]; then echo bye; exit 7; fi; exec sleep 30");
   EXPECT_EQ(c.exit_code, 7);
   EXPECT_TRUE(Contains(c.err, "rank 1 failed: exited with code 7")) << c.err;
-  EXPECT_TRUE(Contains(c.err, "job failed: rank 1")) << c.err;
+  EXPECT_TRUE(Contains(c.err, "job failed: root cause rank 1")) << c.err;
   EXPECT_TRUE(Contains(c.out, "[rank 1] bye")) << c.out;
   // The sleeping ranks were stopped by SIGTERM, not waited for (30 s).
   EXPECT_LT(c.took, absl::Seconds(10));
@@ -171,6 +172,99 @@ TEST(LaunchTest, ForwardsSigtermToEveryRank) {
   EXPECT_TRUE(Contains(text, "[rank 0] got TERM")) << text;
   EXPECT_TRUE(Contains(text, "[rank 1] got TERM")) << text;
   EXPECT_TRUE(Contains(text, "forwarding it to every rank")) << text;
+}
+
+// A shell snippet that writes a failure record to $FSDP_ERROR_FILE.
+std::string WriteRecord(int code, const std::string& message, bool secondary,
+                        const std::string& culprits) {
+  return absl::StrCat(
+      "printf '{\"rank\":%s,\"time_unix_ns\":%s,\"code\":", code, ",\"message\":\"", message,
+      "\",\"secondary\":", secondary ? "true" : "false", ",\"culprit_ranks\":[", culprits,
+      "]}' $RANK $(date +%s%N) > $FSDP_ERROR_FILE; ");
+}
+
+TEST(LaunchTest, RootCauseIsReportedFirstEvenWhenItsRankIsTheLastToExit) {
+  LaunchOptions o;
+  o.nproc = 3;
+  o.grace_period = absl::Seconds(5);
+  // Rank 1 records the root cause, then is slow to print and exit (an injected delay);
+  // rank 0 fails at once with a secondary error naming rank 1 and is reaped first.
+  Captured c = RunLaunch(
+      o, absl::StrCat("if [ $RANK = 1 ]; then ",
+                      WriteRecord(15, "rank-00001-of-00003.bin: checksum mismatch", false, ""),
+                      "sleep 30; echo late; exit 1; fi; "
+                      "if [ $RANK = 0 ]; then sleep 0.3; ",
+                      WriteRecord(14, "secondary (caused by rank 1): peer closed", true, "1"),
+                      "exit 2; fi; exec sleep 30"));
+  EXPECT_EQ(c.exit_code, 2) << c.err;  // rank 1 was stopped by the launcher: rank 0's status
+  const size_t root = c.err.find("root cause: rank 1 at ");
+  const size_t secondary = c.err.find("secondary: rank 0 at ");
+  ASSERT_NE(root, std::string::npos) << c.err;
+  ASSERT_NE(secondary, std::string::npos) << c.err;
+  EXPECT_LT(root, secondary) << c.err;
+  EXPECT_TRUE(Contains(c.err, "DATA_LOSS: rank-00001-of-00003.bin: checksum mismatch")) << c.err;
+  EXPECT_TRUE(Contains(c.err, "job failed: root cause rank 1")) << c.err;
+  EXPECT_FALSE(Contains(c.out, "late")) << c.out;
+  EXPECT_LT(c.took, absl::Seconds(10));
+}
+
+TEST(LaunchTest, AStoppedRankNamedByTheSurvivorsIsTheRootCause) {
+  LaunchOptions o;
+  o.nproc = 3;
+  o.grace_period = absl::Milliseconds(500);
+  Captured c = RunLaunch(
+      o, absl::StrCat("if [ $RANK = 1 ]; then kill -STOP $$; exit 0; fi; "
+                      "if [ $RANK = 2 ]; then exec sleep 30; fi; sleep 0.5; ",
+                      WriteRecord(4, "all_gather #3 timed out: rank 1 did not arrive", true, "1"),
+                      "exit 1"));
+  EXPECT_EQ(c.exit_code, 1) << c.err;
+  EXPECT_TRUE(Contains(c.err, "root cause: rank 1, named by the other ranks' errors: it was "
+                              "stopped by signal 19"))
+      << c.err;
+  EXPECT_TRUE(Contains(c.err, "secondary: rank 0 at ")) << c.err;
+  EXPECT_TRUE(Contains(c.err, "job failed: root cause rank 1")) << c.err;
+  EXPECT_LT(c.took, absl::Seconds(10));
+}
+
+TEST(LaunchTest, EveryRankGetsTheSameFreshJobSecretUnlessOneIsGiven) {
+  LaunchOptions o;
+  o.nproc = 2;
+  ::unsetenv(kJobSecretEnv);
+  Captured a = RunLaunch(o, "echo secret=$FSDP_JOB_SECRET");
+  Captured b = RunLaunch(o, "echo secret=$FSDP_JOB_SECRET");
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  auto secret_of = [](const std::string& out, int rank) {
+    const std::string key = absl::StrCat("[rank ", rank, "] secret=");
+    const size_t at = out.find(key);
+    if (at == std::string::npos) return std::string();
+    return out.substr(at + key.size(), out.find('\n', at) - at - key.size());
+  };
+  EXPECT_EQ(secret_of(a.out, 0).size(), 32u) << a.out;
+  EXPECT_EQ(secret_of(a.out, 0), secret_of(a.out, 1)) << a.out;
+  EXPECT_NE(secret_of(a.out, 0), secret_of(b.out, 0)) << "a fresh secret per job";
+  ::setenv(kJobSecretEnv, "given-by-the-scheduler", 1);
+  Captured g = RunLaunch(o, "echo secret=$FSDP_JOB_SECRET");
+  ::unsetenv(kJobSecretEnv);
+  EXPECT_EQ(secret_of(g.out, 1), "given-by-the-scheduler") << g.out;
+}
+
+TEST(ReportFailuresTest, OrdersRootCausesByTimeThenSecondaries) {
+  FailureRecord late_root{2, 300, 13, "later", false, {}};
+  FailureRecord early_root{1, 200, 15, "first", false, {}};
+  FailureRecord secondary{0, 100, 14, "peer closed", true, {1}};
+  int root = -2;
+  std::vector<std::string> lines =
+      ReportFailures({late_root, secondary, early_root}, {"", "", ""}, &root);
+  EXPECT_EQ(root, 1);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_TRUE(absl::StartsWith(lines[0], "root cause: rank 1 at ")) << lines[0];
+  EXPECT_TRUE(Contains(lines[0], "DATA_LOSS: first")) << lines[0];
+  EXPECT_TRUE(absl::StartsWith(lines[1], "also failed: rank 2 at ")) << lines[1];
+  EXPECT_TRUE(absl::StartsWith(lines[2], "secondary: rank 0 at ")) << lines[2];
+  // No root cause recorded and no culprit named: nothing to blame.
+  lines = ReportFailures({FailureRecord{0, 1, 14, "x", true, {}}}, {"", ""}, &root);
+  EXPECT_EQ(root, -1);
+  ASSERT_EQ(lines.size(), 1u);
 }
 
 TEST(ParseLaunchArgsTest, ReadsFlagsAndTheCommand) {
