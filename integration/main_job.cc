@@ -13,6 +13,7 @@
 // left in --output_dir. Run by a launcher that sets RANK, WORLD_SIZE, MASTER_ADDR and
 // MASTER_PORT (ours, torchrun-style cluster launchers, several machines), it is one
 // rank of that job and rank 0 prints the summary itself.
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +26,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -34,11 +36,15 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "checkpoint/safetensors.h"
+#include "comm/agreement.h"
+#include "comm/failure.h"
 #include "comm/init_from_env.h"
 #include "comm/launcher.h"
 #include "core/allocator.h"
@@ -87,7 +93,15 @@ ABSL_FLAG(double, weight_decay, 0.0, "AdamW decoupled weight decay");
 ABSL_FLAG(int64_t, warmup_steps, 20, "linear learning-rate warm-up steps");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the model initialisation and of the language");
 ABSL_FLAG(int64_t, log_every, 25, "progress line every this many steps");
-ABSL_FLAG(double, timeout_s, 300, "deadline of every collective and of joining the job");
+ABSL_FLAG(double, timeout_s, 300,
+          "deadline in seconds of every collective and of joining the job, in (0, 604800]");
+ABSL_FLAG(std::string, testonly_fault, "",
+          "test hook, <kill|stop|exit|error>@<rank>:<step>: at that training step (1-based, "
+          "counted in this run) that rank SIGKILLs itself, SIGSTOPs itself, exits with code 3 "
+          "without a word, or fails the step with an error");
+ABSL_FLAG(int, testonly_failure_print_delay_ms, 0,
+          "test hook: a rank whose own error is the root cause waits this long after "
+          "recording it (FSDP_ERROR_FILE) before printing it and exiting");
 
 namespace {
 
@@ -248,6 +262,84 @@ absl::Status WriteCharts(const std::string& dir, const std::vector<std::pair<dou
   return absl::OkStatus();
 }
 
+// --timeout_s as a duration: collectives must not hang, so "no timeout" is not offered.
+absl::StatusOr<absl::Duration> TimeoutFlag() {
+  const double seconds = absl::GetFlag(FLAGS_timeout_s);
+  constexpr double kMaxSeconds = 7 * 24 * 3600;
+  if (!(seconds > 0) || !(seconds <= kMaxSeconds)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--timeout_s=", seconds, ": must be a number of seconds in (0, ", kMaxSeconds,
+        "] (7 days); there is no \"no timeout\": a collective that cannot finish must fail"));
+  }
+  return absl::Seconds(seconds);
+}
+
+// The --testonly_fault hook: a TrainModule that passes everything to the real one and
+// misbehaves at one training step on one rank, for the fault-injection tests.
+class FaultInjector : public integration::TrainModule {
+ public:
+  static absl::StatusOr<std::unique_ptr<FaultInjector>> Parse(const std::string& spec, int rank,
+                                                              integration::TrainModule* inner) {
+    std::vector<std::string> parts = absl::StrSplit(spec, absl::ByAnyChar("@:"));
+    int fault_rank = 0;
+    int64_t step = 0;
+    if (parts.size() != 3 ||
+        (parts[0] != "kill" && parts[0] != "stop" && parts[0] != "exit" && parts[0] != "error") ||
+        !absl::SimpleAtoi(parts[1], &fault_rank) || !absl::SimpleAtoi(parts[2], &step) || step < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--testonly_fault=", spec, ": expected <kill|stop|exit|error>@<rank>:<step>, step >= 1"));
+    }
+    return std::unique_ptr<FaultInjector>(
+        new FaultInjector(inner, parts[0], fault_rank == rank ? step : -1));
+  }
+
+  std::shared_ptr<core::Module> model() override { return inner_->model(); }
+  absl::StatusOr<integration::StepOutput> TrainingStep(const integration::StepContext& ctx) override {
+    if (++steps_ == fault_step_) {
+      if (action_ == "kill") ::raise(SIGKILL);
+      if (action_ == "stop") ::raise(SIGSTOP);
+      if (action_ == "exit") ::_exit(3);
+      return absl::InternalError(absl::StrCat("--testonly_fault: injected error at step ", steps_));
+    }
+    return inner_->TrainingStep(ctx);
+  }
+  absl::StatusOr<integration::StepOutput> EvaluationStep(const integration::StepContext& ctx) override {
+    return inner_->EvaluationStep(ctx);
+  }
+  absl::StatusOr<core::Tensor> PredictStep(const integration::StepContext& ctx) override {
+    return inner_->PredictStep(ctx);
+  }
+  absl::StatusOr<std::unique_ptr<optim::Optimizer>> ConfigureOptimizer(
+      std::vector<core::NamedParameter> params) override {
+    return inner_->ConfigureOptimizer(std::move(params));
+  }
+  std::optional<double> LearningRate(int64_t step) override { return inner_->LearningRate(step); }
+
+ private:
+  FaultInjector(integration::TrainModule* inner, std::string action, int64_t fault_step)
+      : inner_(inner), action_(std::move(action)), fault_step_(fault_step) {}
+  integration::TrainModule* inner_;
+  std::string action_;
+  int64_t fault_step_;  // -1: not on this rank
+  int64_t steps_ = 0;
+};
+
+bool g_failure_reported = false;
+
+// Records this rank's failure in its error file (comm/failure.h), then prints it, while
+// the process group is still alive: a peer that fails because of this rank finds the
+// root cause on disk even if this process is stopped right after.
+void ReportFailure(const absl::Status& status, int rank) {
+  if (g_failure_reported) return;
+  g_failure_reported = true;
+  comm::RecordFailure(status, rank).IgnoreError();
+  const int delay_ms = absl::GetFlag(FLAGS_testonly_failure_print_delay_ms);
+  if (delay_ms > 0 && !comm::IsSecondary(status)) absl::SleepFor(absl::Milliseconds(delay_ms));
+  std::fprintf(stderr, "main job (rank %d) failed: %s: %s\n", rank,
+               absl::StatusCodeToString(status.code()).c_str(), std::string(status.message()).c_str());
+  std::fflush(stderr);
+}
+
 absl::StatusOr<std::vector<integration::Stage>> ParseStages(const std::string& text) {
   std::vector<integration::Stage> stages;
   for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
@@ -267,6 +359,8 @@ absl::StatusOr<std::vector<integration::Stage>> ParseStages(const std::string& t
   return stages;
 }
 
+absl::Status RunJob(comm::Distributed& dist, absl::Duration timeout);
+
 // One rank of the job.
 absl::Status RunRank() {
   if (absl::GetFlag(FLAGS_device) != "cpu") {
@@ -284,11 +378,19 @@ absl::Status RunRank() {
         "--backend=nccl: NCCL reduces GPU buffers, and the model computes on the CPU "
         "(--device=cpu); use --backend=gloo");
   }
-  init.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  ASSIGN_OR_RETURN(const absl::Duration timeout, TimeoutFlag());
+  init.timeout = timeout;
   ASSIGN_OR_RETURN(comm::Distributed dist, comm::InitFromEnv(init));
+  const absl::Status status = RunJob(dist, timeout);
+  // Report while the process group is alive (see ReportFailure).
+  if (!status.ok()) ReportFailure(status, dist.group->rank());
+  return status;
+}
+
+// The job on one rank, once it has joined the group.
+absl::Status RunJob(comm::Distributed& dist, absl::Duration timeout) {
   const int rank = dist.group->rank();
   const int world = dist.group->size();
-  if (rank == 0) RETURN_IF_ERROR(MakeDirs(OutputDir()));
   auto say = [&](const std::string& line) {
     if (rank == 0) {
       std::printf("%s\n", line.c_str());
@@ -297,58 +399,71 @@ absl::Status RunRank() {
   };
 
   integration::GptModuleOptions model_options;
-  model_options.model.vocab_size = absl::GetFlag(FLAGS_vocab_size);
-  model_options.model.block_size = absl::GetFlag(FLAGS_block_size);
-  model_options.model.n_embd = absl::GetFlag(FLAGS_n_embd);
-  model_options.model.n_layer = absl::GetFlag(FLAGS_n_layer);
-  model_options.model.n_head = absl::GetFlag(FLAGS_n_head);
-  model_options.model.seed = absl::GetFlag(FLAGS_seed);
-  model_options.language.order = absl::GetFlag(FLAGS_order);
-  model_options.language.seed = absl::GetFlag(FLAGS_seed) + 1;
-  model_options.seq_len = absl::GetFlag(FLAGS_seq_len);
-  model_options.adamw.lr = absl::GetFlag(FLAGS_lr);
-  model_options.adamw.weight_decay = absl::GetFlag(FLAGS_weight_decay);
-  model_options.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
-  ASSIGN_OR_RETURN(std::unique_ptr<integration::GptTrainModule> module,
-                   integration::GptTrainModule::Create(model_options));
-  const std::map<std::string, core::Shape> full_shapes =
-      checkpoint::ParameterShapes(*module->model());
-
+  std::unique_ptr<integration::GptTrainModule> module;
+  std::map<std::string, core::Shape> full_shapes;
   const std::string output_dir = OutputDir();
-  const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir).empty()
-                                         ? output_dir + "/checkpoint"
-                                         : Resolve(absl::GetFlag(FLAGS_checkpoint_dir));
-  const std::string safetensors_path = absl::GetFlag(FLAGS_safetensors_path).empty()
-                                           ? output_dir + "/model.safetensors"
-                                           : Resolve(absl::GetFlag(FLAGS_safetensors_path));
-  ASSIGN_OR_RETURN(std::vector<integration::Stage> stages,
-                   ParseStages(absl::GetFlag(FLAGS_stages)));
-  const bool fits = std::find(stages.begin(), stages.end(), integration::Stage::kFit) != stages.end();
-
+  std::string checkpoint_dir, safetensors_path;
+  std::vector<integration::Stage> stages;
   integration::StageOptions options;
-  options.wrap.policy = policy::ModuleTypes({"TransformerBlock"});
-  {
+  std::unique_ptr<FaultInjector> fault;
+  // Setting up can fail on some ranks only (a configuration file one host cannot read):
+  // every rank learns the outcome before the first collective, and all fail alike.
+  const absl::Status setup = [&]() -> absl::Status {
+    if (rank == 0) RETURN_IF_ERROR(MakeDirs(output_dir));
+    model_options.model.vocab_size = absl::GetFlag(FLAGS_vocab_size);
+    model_options.model.block_size = absl::GetFlag(FLAGS_block_size);
+    model_options.model.n_embd = absl::GetFlag(FLAGS_n_embd);
+    model_options.model.n_layer = absl::GetFlag(FLAGS_n_layer);
+    model_options.model.n_head = absl::GetFlag(FLAGS_n_head);
+    model_options.model.seed = absl::GetFlag(FLAGS_seed);
+    model_options.language.order = absl::GetFlag(FLAGS_order);
+    model_options.language.seed = absl::GetFlag(FLAGS_seed) + 1;
+    model_options.seq_len = absl::GetFlag(FLAGS_seq_len);
+    model_options.adamw.lr = absl::GetFlag(FLAGS_lr);
+    model_options.adamw.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+    model_options.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+    ASSIGN_OR_RETURN(module, integration::GptTrainModule::Create(model_options));
+    if (!absl::GetFlag(FLAGS_testonly_fault).empty()) {
+      ASSIGN_OR_RETURN(fault, FaultInjector::Parse(absl::GetFlag(FLAGS_testonly_fault), rank,
+                                                   module.get()));
+    }
+    full_shapes = checkpoint::ParameterShapes(*module->model());
+    checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir).empty()
+                         ? output_dir + "/checkpoint"
+                         : Resolve(absl::GetFlag(FLAGS_checkpoint_dir));
+    safetensors_path = absl::GetFlag(FLAGS_safetensors_path).empty()
+                           ? output_dir + "/model.safetensors"
+                           : Resolve(absl::GetFlag(FLAGS_safetensors_path));
+    ASSIGN_OR_RETURN(stages, ParseStages(absl::GetFlag(FLAGS_stages)));
+    options.wrap.policy = policy::ModuleTypes({"TransformerBlock"});
     absl::StatusOr<fsdp::ShardingStrategy> strategy =
         integration::ParseShardingStrategy(absl::GetFlag(FLAGS_strategy));
-    if (!strategy.ok()) return absl::InvalidArgumentError(absl::StrCat("--strategy: ", strategy.status().message()));
+    if (!strategy.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--strategy: ", strategy.status().message()));
+    }
     options.wrap.strategy = *strategy;
-  }
-  options.wrap.hybrid_shard_size = absl::GetFlag(FLAGS_hybrid_shard_size);
-  ASSIGN_OR_RETURN(options.wrap.mixed_precision.param_dtype,
-                   core::ParseDType(absl::GetFlag(FLAGS_param_dtype)));
-  options.wrap.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
-  options.fit_steps = absl::GetFlag(FLAGS_steps);
-  options.train_batch_size = absl::GetFlag(FLAGS_batch_size);
-  options.eval_batch_size = absl::GetFlag(FLAGS_eval_batch_size);
-  options.eval_batches = absl::GetFlag(FLAGS_eval_batches);
-  options.log_every = absl::GetFlag(FLAGS_log_every);
-  options.checkpoint_dir = checkpoint_dir;
-  if (!absl::GetFlag(FLAGS_stage_config).empty()) {
-    ASSIGN_OR_RETURN(options,
-                     integration::ReadStageOptionsFile(Resolve(absl::GetFlag(FLAGS_stage_config)), options));
-  }
+    options.wrap.hybrid_shard_size = absl::GetFlag(FLAGS_hybrid_shard_size);
+    ASSIGN_OR_RETURN(options.wrap.mixed_precision.param_dtype,
+                     core::ParseDType(absl::GetFlag(FLAGS_param_dtype)));
+    options.wrap.timeout = timeout;
+    options.fit_steps = absl::GetFlag(FLAGS_steps);
+    options.train_batch_size = absl::GetFlag(FLAGS_batch_size);
+    options.eval_batch_size = absl::GetFlag(FLAGS_eval_batch_size);
+    options.eval_batches = absl::GetFlag(FLAGS_eval_batches);
+    options.log_every = absl::GetFlag(FLAGS_log_every);
+    options.checkpoint_dir = checkpoint_dir;
+    if (!absl::GetFlag(FLAGS_stage_config).empty()) {
+      ASSIGN_OR_RETURN(options, integration::ReadStageOptionsFile(
+                                    Resolve(absl::GetFlag(FLAGS_stage_config)), options));
+    }
+    return absl::OkStatus();
+  }();
+  RETURN_IF_ERROR(comm::AgreeOnStatus(dist.group.get(), setup, "main job setup", timeout));
+  const bool fits = std::find(stages.begin(), stages.end(), integration::Stage::kFit) != stages.end();
   ASSIGN_OR_RETURN(std::unique_ptr<integration::StageRunner> runner,
                    integration::StageRunner::Create(dist.group, options));
+  integration::TrainModule& trained =
+      fault != nullptr ? static_cast<integration::TrainModule&>(*fault) : *module;
   runner->set_progress_callback([&](const integration::Progress& p) {
     say(integration::FormatProgress(p));
   });
@@ -387,7 +502,7 @@ absl::Status RunRank() {
   if (!absl::GetFlag(FLAGS_resume_from).empty()) {
     const std::string from = Resolve(absl::GetFlag(FLAGS_resume_from));
     ASSIGN_OR_RETURN(integration::LoadedCheckpoint loaded,
-                     runner->LoadCheckpoint(*module, from, /*optimizer=*/fits));
+                     runner->LoadCheckpoint(trained, from, /*optimizer=*/fits));
     say(absl::StrFormat("loaded checkpoint %s (saved at step %d by %d ranks%s); this rank read %s",
                         from, loaded.step, loaded.saved_world_size,
                         fits ? ", with optimizer state" : "", core::FormatBytes(loaded.bytes_read)));
@@ -400,8 +515,8 @@ absl::Status RunRank() {
       case integration::Stage::kFit: {
         say(absl::StrFormat("fit: %d steps of %d x %d tokens from global step %d",
                             options.fit_steps, options.train_batch_size, model_options.seq_len,
-                            runner->GlobalStep(*module)));
-        ASSIGN_OR_RETURN(integration::FitResult fit, runner->Fit(*module));
+                            runner->GlobalStep(trained)));
+        ASSIGN_OR_RETURN(integration::FitResult fit, runner->Fit(trained));
         say(absl::StrCat("fit: ", WrapLine(fit.report.wrap)));
         if (fit.report.wrap.reused) bytes_copied_on_rewrap += fit.report.wrap.param_bytes_copied;
         for (size_t i = 0; i < fit.losses.size(); ++i) {
@@ -421,8 +536,8 @@ absl::Status RunRank() {
       case integration::Stage::kValidate:
       case integration::Stage::kTest: {
         ASSIGN_OR_RETURN(integration::EvalResult eval, stage == integration::Stage::kTest
-                                                           ? runner->Test(*module)
-                                                           : runner->Validate(*module));
+                                                           ? runner->Test(trained)
+                                                           : runner->Validate(trained));
         say(absl::StrFormat("%s: loss %.4f over %d tokens; %s", integration::StageName(stage),
                             eval.loss, eval.count, WrapLine(eval.report.wrap)));
         if (eval.report.wrap.reused) bytes_copied_on_rewrap += eval.report.wrap.param_bytes_copied;
@@ -435,7 +550,7 @@ absl::Status RunRank() {
         break;
       }
       case integration::Stage::kPredict: {
-        ASSIGN_OR_RETURN(integration::PredictResult predicted, runner->Predict(*module));
+        ASSIGN_OR_RETURN(integration::PredictResult predicted, runner->Predict(trained));
         std::string first;
         if (!predicted.outputs.empty()) {
           const core::Tensor& ids = predicted.outputs[0];
@@ -455,21 +570,21 @@ absl::Status RunRank() {
   }
   summary["param_bytes_copied_on_rewrap"] = bytes_copied_on_rewrap;
   summary["fresh_wraps"] = runner->registry().counters().wraps;
-  summary["global_step"] = runner->GlobalStep(*module);
+  summary["global_step"] = runner->GlobalStep(trained);
   summary["tokens_per_second"] = tokens_per_second;
 
   if (absl::GetFlag(FLAGS_release)) {
-    RETURN_IF_ERROR(runner->Release(*module));
+    RETURN_IF_ERROR(runner->Release(trained));
     if (rank == 0) {
       RETURN_IF_ERROR(checkpoint::ExportSafetensors(
           safetensors_path, *module->model(),
-          {{"format", "pt"}, {"global_step", absl::StrCat(runner->GlobalStep(*module))}},
+          {{"format", "pt"}, {"global_step", absl::StrCat(runner->GlobalStep(trained))}},
           full_shapes));
     }
     summary["safetensors_path"] = safetensors_path;
     integration::EvalOptions plain;
     plain.wrap = false;
-    ASSIGN_OR_RETURN(integration::EvalResult released, runner->Test(*module, plain));
+    ASSIGN_OR_RETURN(integration::EvalResult released, runner->Test(trained, plain));
     say(absl::StrFormat("released: plain module (no units, no process group needed), wrote %s; "
                         "test loss %.4f",
                         safetensors_path, released.loss));
@@ -531,6 +646,10 @@ int LaunchLocalRanks(int argc, char** argv) {
     std::fprintf(stderr, "main job: --strategy: %s\n", s.ToString().c_str());
     return 1;
   }
+  if (absl::Status s = TimeoutFlag().status(); !s.ok()) {
+    std::fprintf(stderr, "main job: %s\n", s.ToString().c_str());
+    return 1;
+  }
   launch.command.push_back(self);
   for (int i = 1; i < argc; ++i) launch.command.push_back(argv[i]);
   // Every rank writes into the same output directory: make the default explicit so it
@@ -571,8 +690,9 @@ int main(int argc, char** argv) {
   if (std::getenv("RANK") == nullptr) return LaunchLocalRanks(argc, argv);
   const absl::Status status = RunRank();
   if (!status.ok()) {
-    std::fprintf(stderr, "main job (rank %s) failed: %s\n", std::getenv("RANK"),
-                 status.ToString().c_str());
+    int rank = -1;
+    if (!absl::SimpleAtoi(std::getenv("RANK"), &rank)) rank = -1;
+    ReportFailure(status, rank);  // when it failed before joining the group
     return 1;
   }
   return 0;

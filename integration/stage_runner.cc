@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "comm/agreement.h"
 #include "core/status_macros.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/grad_utils.h"
@@ -60,7 +61,9 @@ absl::StatusOr<std::unique_ptr<StageRunner>> StageRunner::Create(
   if (group == nullptr) {
     return absl::InvalidArgumentError("StageRunner::Create: the process group is null");
   }
-  RETURN_IF_ERROR(options.Validate(group->size()));
+  // Ranks may have read their options from different files: agree on their validity.
+  RETURN_IF_ERROR(comm::AgreeOnStatus(group.get(), options.Validate(group->size()),
+                                      "StageRunner::Create", options.wrap.timeout));
   return std::unique_ptr<StageRunner>(new StageRunner(std::move(group), std::move(options)));
 }
 
@@ -376,9 +379,12 @@ absl::StatusOr<LoadedCheckpoint> StageRunner::LoadCheckpoint(TrainModule& module
   if (optimizer) RETURN_IF_ERROR(EnsureOptimizer(module, state, model));
   absl::StatusOr<LoadedCheckpoint> loaded = LoadTrainingCheckpoint(
       dir, *model, &registry_, optimizer ? state.optimizer.get() : nullptr);
-  if (!loaded.ok()) {
-    return Annotate(loaded.status(), absl::StrCat("loading checkpoint '", dir, "'"));
-  }
+  // A damaged file fails only the ranks that read it: every rank learns the outcome
+  // before the next collective, and all return the failing rank's error.
+  RETURN_IF_ERROR(comm::AgreeOnStatus(
+      group_.get(),
+      Annotate(loaded.status(), absl::StrCat("loading checkpoint '", dir, "'")),
+      absl::StrCat("loading checkpoint '", dir, "'"), options_.wrap.timeout));
   state.global_step = loaded->step;
   return loaded;
 }

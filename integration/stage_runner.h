@@ -138,6 +138,8 @@ struct EvalOptions {
 class StageRunner {
  public:
   // InvalidArgument for a null group or options invalid on its size (naming the option).
+  // Collective over `group` (every rank calls it): a rank whose options are invalid
+  // fails every rank, with its error prefixed "rank <r>: ".
   static absl::StatusOr<std::unique_ptr<StageRunner>> Create(
       std::shared_ptr<comm::ProcessGroup> group, StageOptions options);
 
@@ -166,6 +168,8 @@ class StageRunner {
   // Wraps the model, then loads `dir` (saved at any world size) into it and sets the
   // model's global step to the checkpoint's; with `optimizer`, also the optimizer state
   // (making the optimizer first if needed), so a following Fit continues the saved run.
+  // Collective: a rank that cannot load (a damaged or missing file) fails every rank with
+  // its error ("rank <r>: ..."), before any rank goes on to another collective.
   absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(TrainModule& module, const std::string& dir,
                                                   bool optimizer);
 
