@@ -37,108 +37,18 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/sharded.h"
 #include "gtest/gtest.h"
+#include "integration/testing/e2e_harness.h"
 #include "nlohmann/json.hpp"
 
 namespace integration {
 namespace {
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;     // stdout and stderr together
-  nlohmann::json summary;  // the last line, parsed (null when it is not JSON)
-};
-
-std::string Runfile(const std::string& path) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  return absl::StrCat(srcdir ? srcdir : ".", "/fsdp/", path);
-}
-
-std::string TempDir() {
-  const char* t = std::getenv("TEST_TMPDIR");
-  return t ? t : "/tmp";
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// The flags every run shares: a small model, 8-row batches (divisible by 1, 2 and 4).
-std::vector<std::string> ModelFlags() {
-  return {"--vocab_size=32", "--block_size=16", "--seq_len=16",     "--n_embd=32",
-          "--n_layer=2",     "--n_head=2",      "--batch_size=8",   "--eval_batch_size=8",
-          "--eval_batches=4", "--log_every=10", "--warmup_steps=5", "--lr=1e-2",
-          "--timeout_s=60"};
-}
-
-// Runs `argv` with a deadline; the last output line that holds a JSON object is parsed
-// (a "[rank 0] " prefix, as //comm:launch writes it, is skipped).
-RunResult RunCommand(std::vector<std::string> argv, absl::Duration timeout = absl::Seconds(240)) {
-  RunResult result;
-  const std::string log = absl::StrCat(TempDir(), "/run-", ::getpid(), "-", absl::ToUnixNanos(absl::Now()), ".log");
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    ::unsetenv("RANK");
-    std::vector<char*> args;
-    for (std::string& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    ::_exit(126);
-  }
-  int status = 0;
-  const absl::Time deadline = absl::Now() + timeout;
-  bool done = false;
-  while (absl::Now() < deadline) {
-    if (::waitpid(pid, &status, WNOHANG) == pid) {
-      done = true;
-      break;
-    }
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  if (!done) {
-    ::kill(pid, SIGTERM);  // the launcher forwards it to the ranks
-    absl::SleepFor(absl::Seconds(6));
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, &status, 0);
-    result.output = ReadFile(log) + "\n<killed: timeout>";
-    return result;
-  }
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  result.output = ReadFile(log);
-  std::vector<std::string> lines = absl::StrSplit(result.output, '\n', absl::SkipEmpty());
-  if (!lines.empty()) {
-    std::string last = lines.back();
-    if (last.rfind("[rank ", 0) == 0) last = last.substr(last.find("] ") + 2);
-    result.summary = nlohmann::json::parse(last, nullptr, /*allow_exceptions=*/false);
-    if (result.summary.is_discarded()) result.summary = nullptr;
-  }
-  return result;
-}
-
-// The launcher picks a free port for rank 0's store, and another process may take it
-// before rank 0 binds it; such a run is repeated (once) rather than failed.
-RunResult RunRetryingPortRace(const std::vector<std::string>& argv) {
-  RunResult r = RunCommand(argv);
-  if (r.exit_code != 0 && r.output.find("ddress already in use") != std::string::npos) {
-    std::printf("retrying after a port race: %s\n", argv[0].c_str());
-    r = RunCommand(argv);
-  }
-  return r;
-}
-
-RunResult MainJob(int world_size, const std::string& out, std::vector<std::string> extra) {
-  std::vector<std::string> argv = {Runfile("integration/main_job"),
-                                   absl::StrCat("--world_size=", world_size),
-                                   absl::StrCat("--output_dir=", out)};
-  for (const std::string& f : ModelFlags()) argv.push_back(f);
-  for (const std::string& f : extra) argv.push_back(f);
-  return RunRetryingPortRace(argv);
-}
+using testing::MainJob;
+using testing::ReadFile;
+using testing::RunResult;
+using testing::RunRetryingPortRace;
+using testing::Runfile;
+using testing::TempDir;
 
 // |a - b| <= rtol |b|, for losses computed with other batch splits. Each rank's loss is a
 // float32 mean over its tokens; a different split changes how those float32 sums group
@@ -244,7 +154,7 @@ TEST_F(MainJobTest, TestAtWorldSizesOneAndFourFromTheWorldSizeTwoCheckpoint) {
                                    Runfile("integration/main_job"),
                                    "--output_dir=" + TempDir() + "/ws4", "--stages=test",
                                    "--resume_from=" + base_ + "/checkpoint"};
-  for (const std::string& f : ModelFlags()) argv.push_back(f);
+  for (const std::string& f : testing::SmallModelFlags()) argv.push_back(f);
   RunResult four = RunRetryingPortRace(argv);
   ASSERT_EQ(four.exit_code, 0) << four.output;
   EXPECT_EQ(four.summary["world_size"], 4) << four.output;
