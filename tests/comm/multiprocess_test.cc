@@ -99,7 +99,7 @@ TEST(FaultsAcrossProcesses, RankThatNeverJoinsGivesDeadlineExceededWithinTheTime
         << r.output;
   }
   EXPECT_TRUE(Has(r, "DEADLINE_EXCEEDED")) << r.output;
-  EXPECT_TRUE(Has(r, "launch: job failed: rank ")) << r.output;
+  EXPECT_TRUE(Has(r, "launch: job failed: root cause rank ")) << r.output;
   EXPECT_TRUE(Has(r, "exited with code 3")) << r.output;
   // 2 s timeout, plus process start-up and the never-joiner's SIGTERM; 20 s is slack.
   EXPECT_LT(r.took, absl::Seconds(20)) << r.output;
@@ -110,7 +110,7 @@ TEST(FaultsAcrossProcesses, RankKilledMidRunMakesTheOthersFailAndTheLauncherName
   EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.output;
   EXPECT_TRUE(Has(r, "[rank 1] worker 1: dying now")) << r.output;
   EXPECT_TRUE(Has(r, "launch: rank 1 failed: killed by signal 9")) << r.output;
-  EXPECT_TRUE(Has(r, "launch: job failed: rank 1 killed by signal 9")) << r.output;
+  EXPECT_TRUE(Has(r, "launch: job failed: root cause rank 1 (killed by signal 9")) << r.output;
   for (int rank : {0, 2, 3}) {
     EXPECT_TRUE(Has(r, absl::StrCat("[rank ", rank, "] worker ", rank, ": collective 2 failed")))
         << r.output;
