@@ -292,6 +292,8 @@ TEST_F(MainJobTest, CorruptedOrTruncatedCheckpointIsRefusedNamingFileAndTensor) 
     EXPECT_NE(r.output.find("DATA_LOSS"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find(file), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("model/"), std::string::npos) << "names the tensor: " << r.output;
+    // The launcher names the rank that read the damaged file as the root cause.
+    EXPECT_NE(r.output.find("launch: root cause: rank 1 at "), std::string::npos) << r.output;
   }
 }
 
