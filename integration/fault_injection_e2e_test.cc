@@ -14,8 +14,20 @@
 //   --n_layer=0, a binary or directory  INVALID_ARGUMENT naming the option or the file
 //     --stage_config, bad --timeout_s
 //   disk full while saving (tmpfs)      the error names the file; no temporary left
+//   hostile clients of rank 0's store   none: the job finishes with the undisturbed run's
+//     (connect/close storms, idle          losses, and rank 0's memory stays within 64 MiB
+//     connections announcing huge          of rank 1's (both printed)
+//     frames, random bytes, no secret)
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <random>
+#include <thread>
 
 #include <filesystem>
 #include <fstream>
@@ -23,9 +35,13 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "integration/testing/e2e_harness.h"
+#include "nlohmann/json.hpp"
 
 namespace integration {
 namespace {
@@ -204,6 +220,126 @@ TEST_F(FaultInjectionTest, DiskFullWhileSavingNamesTheFileAndLeavesNoTemporary) 
   EXPECT_TRUE(Has(root, "No space left on device")) << r.output;
   EXPECT_TRUE(Has(root, mnt + "/out/checkpoint")) << root;
   EXPECT_TRUE(ProcessesMentioning("--output_dir=" + mnt + "/out").empty());
+}
+
+// A free TCP port on 127.0.0.1 (bound, then released).
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t n = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+int Connect(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The resident memory in bytes of the process with RANK=<rank> in its environment and
+// `marker` on its command line, or -1.
+int64_t RankRss(const std::string& marker, int rank) {
+  for (int pid : ProcessesMentioning(marker)) {
+    std::string env = ReadFile(absl::StrCat("/proc/", pid, "/environ"));
+    for (char& c : env) {
+      if (c == '\0') c = '\n';
+    }
+    if (("\n" + env).find(absl::StrCat("\nRANK=", rank, "\n")) == std::string::npos) continue;
+    for (absl::string_view line : absl::StrSplit(ReadFile(absl::StrCat("/proc/", pid, "/status")), '\n')) {
+      if (!absl::ConsumePrefix(&line, "VmRSS:")) continue;
+      int64_t kib = 0;
+      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(absl::StripSuffix(
+                               absl::StripAsciiWhitespace(line), "kB")),
+                           &kib)) {
+        return kib * 1024;
+      }
+    }
+  }
+  return -1;
+}
+
+TEST_F(FaultInjectionTest, HostileStoreClientsDoNotDisturbTheJob) {
+  const int port = FreePort();
+  const std::string out = TempDir() + "/hostile";
+  std::vector<std::string> argv = {testing::Runfile("comm/launch"), "--nproc=2",
+                                   absl::StrCat("--master_port=", port), "--",
+                                   testing::Runfile("integration/main_job"),
+                                   "--output_dir=" + out, "--stages=fit,test", "--steps=20",
+                                   "--release=false"};
+  for (const std::string& f : testing::SmallModelFlags()) argv.push_back(f);
+  argv.push_back("--eval_batches=400");  // a longer test stage, for a longer attack
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> cycles{0}, idle{0}, garbage{0}, max_rss0{0}, max_rss1{0};
+  std::thread attacker([&] {
+    std::mt19937 rng(7);
+    std::vector<int> held;
+    while (!done.load()) {
+      max_rss0 = std::max<int64_t>(max_rss0, RankRss("--output_dir=" + out, 0));
+      max_rss1 = std::max<int64_t>(max_rss1, RankRss("--output_dir=" + out, 1));
+      // Idle connections announcing a huge frame, held until the job ends.
+      while (held.size() < 200) {
+        const int fd = Connect(port);
+        if (fd < 0) break;
+        const unsigned char huge[8] = {0xff, 0xff, 0xff, 0x03, 0, 0, 0, 0};
+        (void)!::write(fd, huge, sizeof(huge));
+        held.push_back(fd);
+        ++idle;
+      }
+      // Random bytes from clients that know no secret.
+      for (int i = 0; i < 5; ++i) {
+        const int fd = Connect(port);
+        if (fd < 0) break;
+        std::string bytes(200, '\0');
+        for (char& c : bytes) c = static_cast<char>(rng());
+        (void)!::write(fd, bytes.data(), bytes.size());
+        ::close(fd);
+        ++garbage;
+      }
+      // Connect/close storm.
+      for (int i = 0; i < 200; ++i) {
+        const int fd = Connect(port);
+        if (fd < 0) {
+          absl::SleepFor(absl::Milliseconds(5));
+          break;
+        }
+        ::close(fd);
+        ++cycles;
+      }
+    }
+    for (int fd : held) ::close(fd);
+  });
+  RunResult r = testing::RunCommand(argv);
+  done = true;
+  attacker.join();
+  std::printf("hostile store clients: %lld connect/close cycles, %lld idle connections announcing "
+              "64 MiB frames, %lld random-byte clients; peak RSS rank 0 (serves the store) %.1f MiB, "
+              "rank 1 %.1f MiB\n",
+              static_cast<long long>(cycles.load()), static_cast<long long>(idle.load()),
+              static_cast<long long>(garbage.load()), max_rss0.load() / 1048576.0,
+              max_rss1.load() / 1048576.0);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_GT(cycles.load(), 1000);
+  EXPECT_EQ(idle.load(), 200);
+  EXPECT_GT(garbage.load(), 0);
+  // The attack did not change the numbers.
+  nlohmann::json base = nlohmann::json::parse(ReadFile(base_ + "/summary.json"));
+  EXPECT_EQ(r.summary["final_train_loss"], base["final_train_loss"]) << r.output;
+  if (max_rss0.load() > 0 && max_rss1.load() > 0) {
+    EXPECT_LT(max_rss0.load() - max_rss1.load(), int64_t{64} << 20);
+  }
+  EXPECT_TRUE(ProcessesMentioning("--output_dir=" + out).empty());
 }
 
 }  // namespace
