@@ -15,11 +15,29 @@
 // the thread that called Create, tag kComm).
 //
 // All the rules in comm/process_group.h hold, in particular NOTE [Same order on all
-// ranks]: every rank issues the same collectives in the same order. Gloo's own errors
-// (its exceptions) come back as absl::Status: a timeout as DeadlineExceeded, a peer
-// that closed its connection or died as Unavailable. A failed collective breaks the
-// group and closes its connections at once, so peers blocked on this rank fail too
-// instead of waiting out their own deadlines.
+// ranks]: every rank issues the same collectives in the same order. No exception from
+// gloo escapes: its errors come back as absl::Status naming the group, the collective
+// and, where it can be known, the rank to blame:
+// - a timeout is DeadlineExceeded naming the ranks that had not arrived at the
+//   collective: "AllGather #17 on gloo group 'world' (rank 0 of 3) timed out after 1m:
+//   rank 1 did not arrive (last at collective #16); ranks 0, 2 did";
+// - a peer that closed its connection or died is Unavailable naming it by rank:
+//   "... rank 1 (127.0.0.1:41234) closed its connection: its group was destroyed";
+// both are secondary errors (comm/failure.h) with those ranks as culprits. NOTE [Who
+// is to blame] in the .cc says how: each rank records in the store the number of the
+// last collective it started (one small Set per collective, written by a background
+// thread so a slow store never delays a collective), and a rank whose group fails
+// records why before it closes its connections. A failing collective reads these back
+// within GlooOptions.store_probe_timeout; when the store does not answer, the error
+// says so ("the store at 127.0.0.1:29500 (served by rank 0) does not answer ...").
+// A failed collective breaks the group and closes its connections at once, so peers
+// blocked on this rank fail too instead of waiting out their own deadlines.
+//
+// Rendezvous values are checked before gloo parses them: bytes that cannot be a
+// rank's gloo address or host name give DataLoss naming the key and the rank it claims
+// to be; an address that is well formed but leads elsewhere gives an error within
+// rendezvous_timeout, because every rank checks with each peer, through the store, that
+// their connection joins the two of them.
 //
 // Gloo's sockets raise SIGPIPE when a peer dies; the group's threads block it, so it
 // becomes an error, never a killed process (comm/internal/sigpipe.h).
@@ -40,6 +58,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "comm/internal/gloo_address.h"
+#include "comm/internal/store_agent.h"
 #include "comm/process_group.h"
 #include "comm/store.h"
 #include "core/allocator.h"
@@ -62,6 +82,13 @@ struct GlooOptions {
   std::string hostname = "127.0.0.1";
   // How long Create waits for the other ranks.
   absl::Duration rendezvous_timeout = absl::Seconds(60);
+  // How long a failing collective waits for the store when it finds out which ranks
+  // did not arrive or why a peer closed its connection.
+  absl::Duration store_probe_timeout = absl::Seconds(2);
+  // The rank of this group whose process serves the store (0 for a TcpStore started by
+  // InitFromEnv), or -1 if none or unknown. When the store stops answering, a failing
+  // collective names this rank as the likely culprit.
+  int store_server_rank = -1;
 };
 
 class GlooProcessGroup : public ProcessGroup {
@@ -125,10 +152,20 @@ class GlooProcessGroup : public ProcessGroup {
   // Queues `run` as the next collective of `kind`, to finish within `timeout`.
   std::shared_ptr<Work> Enqueue(CollectiveKind kind, absl::Duration timeout, Traffic traffic,
                                 RunFn run);
+  // NOTE [Connection check] in the .cc: each pair joins this rank to the rank meant.
+  absl::Status CheckConnections(absl::Time deadline, const std::string& key_prefix);
   // An error right away if the group is broken.
   absl::Status CheckUsable(CollectiveKind kind) const;
   void WorkerLoop();
   absl::Status RunOp(Op& op);
+  // The status of `op`, which failed in gloo with `gloo_error` (a timeout or not),
+  // naming the ranks to blame (NOTE [Who is to blame]).
+  absl::Status Diagnose(const Op& op, bool timeout, const std::string& gloo_error);
+  // "the store at host:port (served by rank 0) does not answer (...): ..." for `error`.
+  std::string StoreSilent(const absl::Status& error) const;
+  // Writes this rank's broken record (`status`, or "destroyed" when OK), waiting at most
+  // options_.store_probe_timeout.
+  void RecordBroken(const absl::Status& status);
   std::string DescribeOp(CollectiveKind kind, uint64_t seq) const;
 
   const std::shared_ptr<Store> store_;
@@ -138,6 +175,12 @@ class GlooProcessGroup : public ProcessGroup {
   std::shared_ptr<core::Allocator> allocator_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
+  // Which rank each peer address in gloo's messages belongs to; set in Join.
+  internal::PeerDirectory peers_;
+  // "the store at 127.0.0.1:29500" or "the store"; set in Join.
+  std::string store_name_;
+  // Talks to store_ in the background; null in a group of one.
+  std::unique_ptr<internal::StoreAgent> agent_;
   StatsRecorder stats_;
 
   mutable absl::Mutex mu_;
