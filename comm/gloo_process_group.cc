@@ -236,14 +236,14 @@ absl::Status GlooProcessGroup::CheckConnections(absl::Time deadline,
       }
     }
     if (missing.empty()) return s;
+    const bool one = missing.size() == 1;
     return absl::DeadlineExceededError(absl::StrCat(
         internal::RanksPhrase(missing), " did not confirm ",
-        missing.size() == 1 ? "its connections" : "their connections", " within ",
-        absl::FormatDuration(wait), ": ", missing.size() == 1 ? "it" : "they",
-        " failed to connect, or the address key", missing.size() == 1 ? " " : "s ",
-        absl::StrJoin(their_keys, ", "),
-        " did not come from ", missing.size() == 1 ? "it" : "them",
-        " (forged), so a connection went elsewhere (NOTE [Connection check])"));
+        one ? "its connections" : "their connections", " by the rendezvous deadline (",
+        "rendezvous_timeout ", absl::FormatDuration(options_.rendezvous_timeout), "): ",
+        one ? "it" : "they", " failed to connect, or the address key", one ? " " : "s ",
+        absl::StrJoin(their_keys, ", "), " did not come from ", one ? "it" : "them",
+        " (forged), so a connection went elsewhere"));
   }
   for (const auto& [r, unused] : local_ends) {
     absl::StatusOr<std::string> published = store_->Get(internal::ConnKey(r), wait);

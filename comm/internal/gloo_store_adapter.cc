@@ -45,7 +45,7 @@ void GlooStoreAdapter::Check(const std::string& key, const std::string& value) {
   }
   if (s.ok()) return;
   throw StoreError(absl::Status(
-      s.code(), absl::StrCat("key '", key_prefix_, key, "' (", what, ") ", s.message(),
+      s.code(), absl::StrCat("key '", key_prefix_, key, "' (", what, "): ", s.message(),
                              ": it was not written by rank ", owner,
                              "'s gloo (corrupt, or forged by another process)")));
 }

@@ -79,9 +79,8 @@ absl::Status StoreAgent::Call(std::function<absl::Status(Store&)> fn, absl::Dura
                                  }});
   }
   if (!result->done.WaitForNotificationWithTimeout(timeout)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "no answer within ", absl::FormatDuration(timeout),
-        " (it may be waiting on an earlier request that has not come back)"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("no answer within ", absl::FormatDuration(timeout)));
   }
   return result->status;
 }

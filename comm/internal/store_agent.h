@@ -49,8 +49,9 @@ class StoreAgent {
   void Post(std::string key, std::string value);
 
   // Runs `fn` on the agent thread after the work queued before it, and returns its
-  // status; DeadlineExceeded saying the store does not answer when `fn` has not finished
-  // within `timeout` (it may still run later: capture only by value or shared_ptr).
+  // status; DeadlineExceeded ("no answer within 2s") when `fn` has not finished within
+  // `timeout`, counting the wait for earlier work (it may still run later: capture only
+  // by value or shared_ptr).
   absl::Status Call(std::function<absl::Status(Store&)> fn, absl::Duration timeout);
 
  private:
