@@ -398,14 +398,22 @@ void GlooProcessGroup::RecordBroken(const absl::Status& status) {
   std::string key = internal::BrokenKey(rank_);
   std::string value =
       status.ok() ? internal::EncodeDestroyedRecord() : internal::EncodeBrokenRecord(status);
+  const absl::Duration wait = status.ok()
+                                  ? std::min(options_.store_probe_timeout, kDestroyRecordWait)
+                                  : options_.store_probe_timeout;
   absl::Status s = agent_->Call(
       [key = std::move(key), value = std::move(value)](Store& store) {
         return store.Set(key, value);
       },
-      options_.store_probe_timeout);
-  if (!s.ok()) {
-    LOG(WARNING) << Describe() << ": could not record in " << store_name_ << " why "
-                 << (status.ok() ? "the group closes" : "the group failed") << ": " << s;
+      wait);
+  if (s.ok()) return;
+  if (status.ok()) {
+    // Usual at the end of a job whose store server (rank 0) has already exited.
+    VLOG(1) << Describe() << ": could not record in " << store_name_
+            << " that the group closes: " << s;
+  } else {
+    LOG(WARNING) << Describe() << ": could not record in " << store_name_
+                 << " why the group failed: " << s;
   }
 }
 

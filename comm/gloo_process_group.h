@@ -164,8 +164,11 @@ class GlooProcessGroup : public ProcessGroup {
   // "the store at host:port (served by rank 0) does not answer (...): ..." for `error`.
   std::string StoreSilent(const absl::Status& error) const;
   // Writes this rank's broken record (`status`, or "destroyed" when OK), waiting at most
-  // options_.store_probe_timeout.
+  // options_.store_probe_timeout (and at most kDestroyRecordWait for "destroyed").
   void RecordBroken(const absl::Status& status);
+  // At the end of a job the store's server may be gone before the other ranks destroy
+  // their groups; they should not wait long to say so.
+  static constexpr absl::Duration kDestroyRecordWait = absl::Milliseconds(500);
   std::string DescribeOp(CollectiveKind kind, uint64_t seq) const;
 
   const std::shared_ptr<Store> store_;

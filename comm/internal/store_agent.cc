@@ -103,7 +103,12 @@ void StoreAgent::Loop(std::shared_ptr<State> state) {
       continue;
     }
     absl::Status s = state->store->Set(item.key, item.value);
-    if (!s.ok() && !state->warned) {
+    bool stopping = false;
+    {
+      absl::MutexLock lock(&state->mu);
+      stopping = state->stopping;  // the owner may be gone, and the process exiting
+    }
+    if (!s.ok() && !stopping && !state->warned) {
       state->warned = true;
       LOG(WARNING) << state->name << ": recording \"" << item.key
                    << "\" in the store failed (later failures are not logged): " << s;
