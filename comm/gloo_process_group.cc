@@ -12,16 +12,12 @@
 
 #include <algorithm>
 #include <cstring>
-#include <map>
-#include <optional>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "comm/failure.h"
-#include "comm/internal/gloo_diagnosis.h"
+#include "comm/internal/gloo_blame.h"
 #include "comm/internal/gloo_store_adapter.h"
 #include "comm/internal/reduce.h"
 #include "comm/internal/sigpipe.h"
@@ -30,32 +26,7 @@
 #include "comm/tcp_store.h"
 #include "glog/logging.h"
 
-// NOTE [Who is to blame]: gloo's errors name addresses, not ranks, and a timeout names
-// nobody. So that a failing collective can say which rank caused it:
-// - Progress. Before it runs collective #n, each rank's worker posts
-//   Set("progress/<rank>", n) to the group's StoreAgent, a background thread (one
-//   small store op per collective, coalesced when the store lags, never waited for).
-//   At a timeout the worker reads every rank's progress back (bounded by
-//   store_probe_timeout): ranks below n had not arrived.
-// - Broken records. A rank whose group fails writes Set("broken/<rank>", why) before it
-//   closes its connections (bounded too); a group destroyed while healthy writes
-//   "destroyed". A rank that sees a peer close its connection maps the address in
-//   gloo's message to the rank (PeerDirectory, filled at rendezvous from gloo's pairs)
-//   and reads that rank's record: a peer that timed out waiting for others passes the
-//   timeout on (DeadlineExceeded naming the ranks that did not arrive); one that failed
-//   because of other ranks passes its culprits on; one that was destroyed, failed on
-//   its own or left no record (its process died) is the culprit itself.
-// All such errors are MarkSecondary with the culprits found (none when unknown).
-//
-// NOTE [Connection check]: gloo's TCP pairs have no handshake: a rank connects to
-// whatever address the store holds for its peer, so a forged address could connect it
-// to another process, and the group would seem to work until the first collective.
-// After connectFullMesh every rank publishes the local end of each of its pairs
-// ("conn/<rank>") and waits, until the rendezvous deadline, for every peer's record.
-// A peer publishes only once all its own pairs connected, which a peer whose partner
-// went elsewhere never does, so a misdirected connection fails the rendezvous at the
-// deadline naming that peer. The records also give each rank the address its peers'
-// ends have, which is what gloo names in its errors (PeerDirectory).
+// NOTE [Who is to blame] and NOTE [Connection check] are in comm/internal/gloo_blame.h.
 
 namespace comm {
 namespace {
@@ -146,7 +117,6 @@ absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::Join(
   internal::ScopedBlockSigpipe block_sigpipe;
   std::shared_ptr<GlooProcessGroup> group(new GlooProcessGroup(store, rank, size, options));
   group->allocator_ = core::Allocator::Current(core::Device::Cpu());
-  group->store_name_ = StoreName(store.get());
   const std::string key_prefix = KeyPrefix(store.get());
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + options.rendezvous_timeout;
@@ -190,73 +160,26 @@ absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::Join(
     return absl::InternalError(
         absl::StrCat(who, ": rendezvous: gloo threw something that is not an exception"));
   }
-  group->peers_ = adapter.listening();
   if (size > 1) {
-    if (absl::Status s = group->CheckConnections(deadline, key_prefix); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat(who, ": rendezvous: ", s.message()));
+    absl::StatusOr<internal::PeerDirectory> peers =
+        internal::ConfirmConnections(*store, *group->context_, rank, size, deadline,
+                                     options.rendezvous_timeout, key_prefix, adapter.listening());
+    if (!peers.ok()) {
+      return absl::Status(peers.status().code(),
+                          absl::StrCat(who, ": rendezvous: ", peers.status().message()));
     }
-    group->agent_ = std::make_unique<internal::StoreAgent>(store, who);
+    internal::BlameOptions blame;
+    blame.rank = rank;
+    blame.size = size;
+    blame.group = who;
+    blame.store_name = StoreName(store.get());
+    blame.store_server_rank = options.store_server_rank;
+    blame.probe_timeout = options.store_probe_timeout;
+    group->blame_ = std::make_unique<internal::GlooBlame>(store, blame, *std::move(peers));
   }
   group->worker_ = std::thread([g = group.get()] { g->WorkerLoop(); });
   VLOG(1) << group->Describe() << ": connected on " << options.hostname;
   return group;
-}
-
-absl::Status GlooProcessGroup::CheckConnections(absl::Time deadline,
-                                                const std::string& key_prefix) {
-  std::map<int, internal::PeerAddress> local_ends;
-  try {
-    for (int r = 0; r < size_; ++r) {
-      if (r != rank_) local_ends[r] = internal::LocalEnd(context_->getPair(r).get());
-    }
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("reading gloo's pairs: ", e.what()));
-  } catch (...) {
-    return absl::InternalError("reading gloo's pairs: gloo threw");
-  }
-  if (absl::Status s =
-          store_->Set(internal::ConnKey(rank_), internal::EncodeConnections(local_ends));
-      !s.ok()) {
-    return s;
-  }
-  // Peers publish right after their own connectFullMesh; allow a little past the
-  // deadline if ours took all of it.
-  const absl::Duration wait =
-      std::max(deadline - absl::Now(), options_.rendezvous_timeout / 10);
-  std::vector<std::string> keys;
-  for (const auto& [r, unused] : local_ends) keys.push_back(internal::ConnKey(r));
-  if (absl::Status s = store_->Wait(keys, wait); !s.ok()) {
-    std::vector<int> missing;
-    std::vector<std::string> their_keys;
-    for (const auto& [r, unused] : local_ends) {
-      absl::StatusOr<bool> present = store_->Check({internal::ConnKey(r)});
-      if (present.ok() && !*present) {
-        missing.push_back(r);
-        their_keys.push_back(absl::StrCat("'", key_prefix, r, "'"));
-      }
-    }
-    if (missing.empty()) return s;
-    const bool one = missing.size() == 1;
-    return absl::DeadlineExceededError(absl::StrCat(
-        internal::RanksPhrase(missing), " did not confirm ",
-        one ? "its connections" : "their connections", " by the rendezvous deadline (",
-        "rendezvous_timeout ", absl::FormatDuration(options_.rendezvous_timeout), "): ",
-        one ? "it" : "they", " failed to connect, or the address key", one ? " " : "s ",
-        absl::StrJoin(their_keys, ", "), " did not come from ", one ? "it" : "them",
-        " (forged), so a connection went elsewhere"));
-  }
-  for (const auto& [r, unused] : local_ends) {
-    absl::StatusOr<std::string> published = store_->Get(internal::ConnKey(r), wait);
-    if (!published.ok()) return published.status();
-    absl::StatusOr<internal::PeerAddress> theirs =
-        internal::FindConnection(*published, r, rank_);
-    if (!theirs.ok()) {
-      return absl::DataLossError(absl::StrCat("key '", key_prefix, internal::ConnKey(r), "': ",
-                                              theirs.status().message()));
-    }
-    peers_.Add(*theirs, r);
-  }
-  return absl::OkStatus();
 }
 
 GlooProcessGroup::~GlooProcessGroup() {
@@ -271,10 +194,10 @@ GlooProcessGroup::~GlooProcessGroup() {
     broken = !broken_.ok();
   }
   // Tell the peers why this rank's connections close (NOTE [Who is to blame]).
-  if (context_ != nullptr && !broken) RecordBroken(absl::OkStatus());
+  if (blame_ != nullptr && !broken) blame_->RecordDestroyed();
   context_.reset();
   device_.reset();
-  agent_.reset();
+  blame_.reset();
 }
 
 std::string GlooProcessGroup::DescribeOp(CollectiveKind kind, uint64_t seq) const {
@@ -328,7 +251,7 @@ void GlooProcessGroup::WorkerLoop() {
     const bool was_usable = status.ok();
     if (status.ok()) {
       // NOTE [Who is to blame]: this rank has arrived at collective #seq.
-      if (agent_ != nullptr) agent_->Post(internal::ProgressKey(rank_), absl::StrCat(op.seq));
+      if (blame_ != nullptr) blame_->Arrived(op.seq);
       status = RunOp(op);
     }
     if (status.ok()) {
@@ -338,7 +261,7 @@ void GlooProcessGroup::WorkerLoop() {
         absl::MutexLock lock(&mu_);
         if (broken_.ok()) broken_ = status;
       }
-      RecordBroken(status);
+      if (blame_ != nullptr) blame_->RecordFailure(status);
       // Peers may be blocked receiving from this rank; closing the connections makes
       // them fail now instead of at their deadlines (gloo signals a closed pair at once).
       try {
@@ -369,7 +292,13 @@ absl::Status GlooProcessGroup::RunOp(Op& op) {
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
     return absl::OkStatus();
   } catch (const gloo::IoException& e) {
-    return Diagnose(op, IsGlooTimeout(e.what()), e.what());
+    const bool timeout = IsGlooTimeout(e.what());
+    if (blame_ != nullptr) {
+      return blame_->Diagnose(what, op.seq, op.timeout, timeout, e.what());
+    }
+    return absl::Status(
+        timeout ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kUnavailable,
+        absl::StrCat(what, " failed: ", e.what()));
   } catch (const gloo::EnforceNotMet& e) {
     return absl::InternalError(absl::StrCat(what, ": gloo check failed: ", e.what()));
   } catch (const std::exception& e) {
@@ -378,173 +307,6 @@ absl::Status GlooProcessGroup::RunOp(Op& op) {
     return absl::InternalError(
         absl::StrCat(what, ": gloo threw something that is not an exception"));
   }
-}
-
-std::string GlooProcessGroup::StoreSilent(const absl::Status& error) const {
-  const int server = options_.store_server_rank;
-  std::string out = store_name_;
-  if (server >= 0) absl::StrAppend(&out, " (served by rank ", server, ")");
-  absl::StrAppend(&out, " does not answer (", error.message(), "): ");
-  if (server >= 0 && server != rank_) {
-    absl::StrAppend(&out, "rank ", server, " is gone or stopped");
-  } else {
-    absl::StrAppend(&out, "the process serving it is gone or stopped");
-  }
-  return out;
-}
-
-void GlooProcessGroup::RecordBroken(const absl::Status& status) {
-  if (agent_ == nullptr) return;
-  std::string key = internal::BrokenKey(rank_);
-  std::string value =
-      status.ok() ? internal::EncodeDestroyedRecord() : internal::EncodeBrokenRecord(status);
-  const absl::Duration wait = status.ok()
-                                  ? std::min(options_.store_probe_timeout, kDestroyRecordWait)
-                                  : options_.store_probe_timeout;
-  absl::Status s = agent_->Call(
-      [key = std::move(key), value = std::move(value)](Store& store) {
-        return store.Set(key, value);
-      },
-      wait);
-  if (s.ok()) return;
-  if (status.ok()) {
-    // Usual at the end of a job whose store server (rank 0) has already exited.
-    VLOG(1) << Describe() << ": could not record in " << store_name_
-            << " that the group closes: " << s;
-  } else {
-    LOG(WARNING) << Describe() << ": could not record in " << store_name_
-                 << " why the group failed: " << s;
-  }
-}
-
-absl::Status GlooProcessGroup::Diagnose(const Op& op, bool timeout,
-                                        const std::string& gloo_error) {
-  const std::string what = op.work->Describe();
-  const std::string gloo_note = absl::StrCat(" [gloo: ", gloo_error, "]");
-  std::string peer_address;
-  const int peer = timeout ? -1 : peers_.RankIn(gloo_error, &peer_address);
-
-  // Read every rank's progress and, after a closed connection, the peer's record;
-  // all within store_probe_timeout (the record may come a little after the close).
-  struct Probe {
-    std::vector<std::optional<int64_t>> progress;
-    std::optional<internal::BrokenRecord> record;
-  };
-  auto probe = std::make_shared<Probe>();
-  probe->progress.resize(size_);
-  absl::Status store_status = absl::UnavailableError("no store agent");
-  if (agent_ != nullptr) {
-    const int size = size_;
-    const int self = rank_;
-    const absl::Duration record_wait = options_.store_probe_timeout / 2;
-    store_status = agent_->Call(
-        [probe, size, self, peer, record_wait](Store& store) -> absl::Status {
-          for (int r = 0; r < size; ++r) {
-            if (r == self) continue;
-            absl::StatusOr<bool> present = store.Check({internal::ProgressKey(r)});
-            if (!present.ok()) return present.status();
-            if (!*present) continue;
-            absl::StatusOr<std::string> v =
-                store.Get(internal::ProgressKey(r), absl::ZeroDuration());
-            if (!v.ok()) return v.status();
-            probe->progress[r] = internal::ParseProgress(*v);
-          }
-          if (peer >= 0) {
-            absl::StatusOr<std::string> v = store.Get(internal::BrokenKey(peer), record_wait);
-            if (v.ok()) {
-              absl::StatusOr<internal::BrokenRecord> record = internal::DecodeBrokenRecord(*v);
-              if (record.ok()) probe->record = *std::move(record);
-            } else if (v.status().code() != absl::StatusCode::kDeadlineExceeded) {
-              return v.status();
-            }
-          }
-          return absl::OkStatus();
-        },
-        options_.store_probe_timeout);
-  }
-  // Only read `probe` once the call has finished: after a timeout it may still run.
-  std::vector<std::optional<int64_t>> progress(size_);
-  std::optional<internal::BrokenRecord> record;
-  if (store_status.ok()) {
-    progress = probe->progress;
-    record = probe->record;
-  }
-  progress[rank_] = static_cast<int64_t>(op.seq);
-  std::vector<int> server_culprit;
-  if (options_.store_server_rank >= 0 && options_.store_server_rank != rank_) {
-    server_culprit.push_back(options_.store_server_rank);
-  }
-
-  if (timeout) {
-    const std::string head =
-        absl::StrCat(what, " timed out after ", absl::FormatDuration(op.timeout), ": ");
-    if (!store_status.ok()) {
-      return MarkSecondary(
-          absl::DeadlineExceededError(absl::StrCat(head, "cannot tell which ranks did not arrive: ",
-                                                   StoreSilent(store_status), gloo_note)),
-          server_culprit);
-    }
-    internal::ArrivalReport arrival = internal::DescribeArrival(op.seq, progress);
-    return MarkSecondary(absl::DeadlineExceededError(absl::StrCat(head, arrival.text, gloo_note)),
-                         arrival.missing);
-  }
-
-  const std::string head = absl::StrCat(what, " failed: ");
-  if (peer < 0) {
-    return MarkSecondary(
-        absl::UnavailableError(absl::StrCat(
-            head, "a peer closed its connection or failed, and its address is not one of the "
-                  "group's ranks",
-            gloo_note)),
-        {});
-  }
-  const std::string who = absl::StrCat("rank ", peer, " (", peer_address, ")");
-  if (!store_status.ok()) {
-    return MarkSecondary(absl::UnavailableError(absl::StrCat(
-                             head, who, " closed its connection; why is unknown, as ",
-                             StoreSilent(store_status), gloo_note)),
-                         {peer});
-  }
-  const std::string peer_last =
-      progress[peer].has_value() ? absl::StrCat("last at collective #", *progress[peer])
-                                 : "no collective yet";
-  if (!record.has_value()) {
-    return MarkSecondary(
-        absl::UnavailableError(absl::StrCat(
-            head, who, " closed its connection without recording why within ",
-            absl::FormatDuration(options_.store_probe_timeout / 2),
-            ": its process exited or was killed (", peer_last, ")", gloo_note)),
-        {peer});
-  }
-  if (record->destroyed) {
-    return MarkSecondary(absl::UnavailableError(absl::StrCat(
-                             head, who, " closed its connection: its group was destroyed (",
-                             peer_last, ")", gloo_note)),
-                         {peer});
-  }
-  if (record->code == absl::StatusCode::kDeadlineExceeded) {
-    // The peer gave up waiting; whoever it waited for has not arrived here either.
-    internal::ArrivalReport arrival = internal::DescribeArrival(op.seq, progress);
-    std::vector<int> culprits = arrival.missing;
-    if (culprits.empty()) culprits = record->secondary ? record->culprits : std::vector<int>{peer};
-    return MarkSecondary(
-        absl::DeadlineExceededError(absl::StrCat(
-            head, who, " timed out and closed its connection: ", arrival.text,
-            " (rank ", peer, ": ", record->message, ")", gloo_note)),
-        culprits);
-  }
-  if (record->secondary) {
-    return MarkSecondary(absl::UnavailableError(absl::StrCat(
-                             head, who, " closed its connection after a failure caused by ",
-                             record->culprits.empty() ? "another rank"
-                                                      : internal::RanksPhrase(record->culprits),
-                             ": ", record->message, gloo_note)),
-                         record->culprits);
-  }
-  return MarkSecondary(absl::UnavailableError(absl::StrCat(
-                           head, who, " closed its connection after failing: ", record->message,
-                           gloo_note)),
-                       {peer});
 }
 
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllGather(

@@ -23,11 +23,11 @@
 //   rank 1 did not arrive (last at collective #16); ranks 0, 2 did";
 // - a peer that closed its connection or died is Unavailable naming it by rank:
 //   "... rank 1 (127.0.0.1:41234) closed its connection: its group was destroyed";
-// both are secondary errors (comm/failure.h) with those ranks as culprits. NOTE [Who
-// is to blame] in the .cc says how: each rank records in the store the number of the
-// last collective it started (one small Set per collective, written by a background
-// thread so a slow store never delays a collective), and a rank whose group fails
-// records why before it closes its connections. A failing collective reads these back
+// both are secondary errors (comm/failure.h) with those ranks as culprits. How (NOTE
+// [Who is to blame] in comm/internal/gloo_blame.h): each rank records in the store the
+// number of the last collective it started (one small Set per collective, written by a
+// background thread so a slow store never delays a collective), and a rank whose group
+// fails records why before it closes its connections. A failing collective reads these back
 // within GlooOptions.store_probe_timeout; when the store does not answer, the error
 // says so ("the store at 127.0.0.1:29500 (served by rank 0) does not answer ...").
 // A failed collective breaks the group and closes its connections at once, so peers
@@ -58,8 +58,6 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "comm/internal/gloo_address.h"
-#include "comm/internal/store_agent.h"
 #include "comm/process_group.h"
 #include "comm/store.h"
 #include "core/allocator.h"
@@ -72,6 +70,9 @@ class Device;
 }  // namespace gloo
 
 namespace comm {
+namespace internal {
+class GlooBlame;
+}  // namespace internal
 
 struct GlooOptions {
   // Name of the group; its store keys live under "<name>/". Must be fresh in the store.
@@ -152,23 +153,10 @@ class GlooProcessGroup : public ProcessGroup {
   // Queues `run` as the next collective of `kind`, to finish within `timeout`.
   std::shared_ptr<Work> Enqueue(CollectiveKind kind, absl::Duration timeout, Traffic traffic,
                                 RunFn run);
-  // NOTE [Connection check] in the .cc: each pair joins this rank to the rank meant.
-  absl::Status CheckConnections(absl::Time deadline, const std::string& key_prefix);
   // An error right away if the group is broken.
   absl::Status CheckUsable(CollectiveKind kind) const;
   void WorkerLoop();
   absl::Status RunOp(Op& op);
-  // The status of `op`, which failed in gloo with `gloo_error` (a timeout or not),
-  // naming the ranks to blame (NOTE [Who is to blame]).
-  absl::Status Diagnose(const Op& op, bool timeout, const std::string& gloo_error);
-  // "the store at host:port (served by rank 0) does not answer (...): ..." for `error`.
-  std::string StoreSilent(const absl::Status& error) const;
-  // Writes this rank's broken record (`status`, or "destroyed" when OK), waiting at most
-  // options_.store_probe_timeout (and at most kDestroyRecordWait for "destroyed").
-  void RecordBroken(const absl::Status& status);
-  // At the end of a job the store's server may be gone before the other ranks destroy
-  // their groups; they should not wait long to say so.
-  static constexpr absl::Duration kDestroyRecordWait = absl::Milliseconds(500);
   std::string DescribeOp(CollectiveKind kind, uint64_t seq) const;
 
   const std::shared_ptr<Store> store_;
@@ -178,12 +166,9 @@ class GlooProcessGroup : public ProcessGroup {
   std::shared_ptr<core::Allocator> allocator_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
-  // Which rank each peer address in gloo's messages belongs to; set in Join.
-  internal::PeerDirectory peers_;
-  // "the store at 127.0.0.1:29500" or "the store"; set in Join.
-  std::string store_name_;
-  // Talks to store_ in the background; null in a group of one.
-  std::unique_ptr<internal::StoreAgent> agent_;
+  // Names the ranks to blame for a failure (NOTE [Who is to blame]); null in a group
+  // of one.
+  std::unique_ptr<internal::GlooBlame> blame_;
   StatsRecorder stats_;
 
   mutable absl::Mutex mu_;
