@@ -95,9 +95,11 @@ struct GlooOptions {
 class GlooProcessGroup : public ProcessGroup {
  public:
   // Joins the group as `rank` of `size`, meeting the others through `store`.
-  // InvalidArgument for a bad rank/size or a null store; DeadlineExceeded when the
-  // others do not all arrive within options.rendezvous_timeout; Unavailable when the
-  // transport cannot bind options.hostname or reach a peer.
+  // InvalidArgument for a bad rank/size, option or a null store; DeadlineExceeded when
+  // the others do not all arrive (or confirm their connections) within
+  // options.rendezvous_timeout; Unavailable when the transport cannot bind
+  // options.hostname or reach a peer (naming it); DataLoss naming the key and the rank
+  // when a rendezvous value cannot be what that rank's gloo wrote.
   static absl::StatusOr<std::shared_ptr<GlooProcessGroup>> Create(std::shared_ptr<Store> store,
                                                                   int rank, int size,
                                                                   const GlooOptions& options);
@@ -127,6 +129,8 @@ class GlooProcessGroup : public ProcessGroup {
   CommStats Stats() const override { return stats_.Snapshot(); }
   void ResetStats() override { stats_.Reset(); }
 
+  // The subgroup's GlooOptions are this group's, with name and rendezvous_timeout from
+  // `options` and store_server_rank renumbered into the subgroup (-1 if not a member).
   absl::StatusOr<std::shared_ptr<ProcessGroup>> NewSubgroup(
       const std::vector<int>& ranks, const SubgroupOptions& options) override;
 
