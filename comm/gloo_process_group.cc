@@ -16,14 +16,17 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "comm/internal/gloo_blame.h"
 #include "comm/internal/gloo_store_adapter.h"
 #include "comm/internal/reduce.h"
 #include "comm/internal/sigpipe.h"
 #include "comm/internal/socket.h"
 #include "comm/prefix_store.h"
+#include "comm/tcp_store.h"
 #include "glog/logging.h"
+
+// NOTE [Who is to blame] and NOTE [Connection check] are in comm/internal/gloo_blame.h.
 
 namespace comm {
 namespace {
@@ -40,6 +43,25 @@ bool IsGlooTimeout(absl::string_view what) {
 }
 
 uint8_t* Bytes(const core::Tensor& t) { return static_cast<uint8_t*>(t.raw_data()); }
+
+// What `store` puts before a key, for messages: "world/" for PrefixStore(base, "world").
+std::string KeyPrefix(const Store* store) {
+  std::string prefix;
+  while (const auto* p = dynamic_cast<const PrefixStore*>(store)) {
+    prefix = absl::StrCat(p->prefix(), "/", prefix);
+    store = p->base().get();
+  }
+  return prefix;
+}
+
+// "the store at 127.0.0.1:29500" for a TcpStore under any PrefixStores, else "the store".
+std::string StoreName(const Store* store) {
+  while (const auto* p = dynamic_cast<const PrefixStore*>(store)) store = p->base().get();
+  if (const auto* tcp = dynamic_cast<const TcpStore*>(store)) {
+    return absl::StrCat("the store at ", tcp->host(), ":", tcp->port());
+  }
+  return "the store";
+}
 
 }  // namespace
 
@@ -68,6 +90,15 @@ absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::Join(
     return absl::InvalidArgumentError(
         absl::StrCat(who, ": GlooOptions.rendezvous_timeout must be positive"));
   }
+  if (options.store_probe_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": GlooOptions.store_probe_timeout must be positive"));
+  }
+  if (options.store_server_rank < -1 || options.store_server_rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": GlooOptions.store_server_rank ",
+                                                   options.store_server_rank,
+                                                   " is neither -1 nor a rank of the group"));
+  }
   // Gloo dereferences a failed getaddrinfo result (a crash, not an error), so resolve
   // and test-bind the address here and hand gloo a dotted quad.
   absl::StatusOr<sockaddr_in> addr = internal::ResolveIPv4(options.hostname, 0);
@@ -86,17 +117,25 @@ absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::Join(
   internal::ScopedBlockSigpipe block_sigpipe;
   std::shared_ptr<GlooProcessGroup> group(new GlooProcessGroup(store, rank, size, options));
   group->allocator_ = core::Allocator::Current(core::Device::Cpu());
+  const std::string key_prefix = KeyPrefix(store.get());
   const absl::Time start = absl::Now();
+  const absl::Time deadline = start + options.rendezvous_timeout;
+  internal::GlooStoreAdapter adapter(store, rank, size, deadline, key_prefix);
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = ip;
     group->device_ = gloo::transport::tcp::CreateDevice(attr);
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    context->setTimeout(ToMillis(options.rendezvous_timeout));
-    internal::GlooStoreAdapter adapter(store, options.rendezvous_timeout);
+    // A pair waits up to 5 times the context timeout for its peer to connect; keep
+    // that within rendezvous_timeout (collectives pass their own timeouts).
+    context->setTimeout(ToMillis(options.rendezvous_timeout / 5));
     context->connectFullMesh(adapter, group->device_);
     group->context_ = std::move(context);
   } catch (const internal::StoreError& e) {
+    if (e.status().code() != absl::StatusCode::kDeadlineExceeded) {
+      return absl::Status(e.status().code(),
+                          absl::StrCat(who, ": rendezvous: ", e.status().message()));
+    }
     return absl::Status(e.status().code(),
                         absl::StrCat(who, ": rendezvous failed after ",
                                      absl::FormatDuration(absl::Now() - start),
@@ -105,12 +144,38 @@ absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::Join(
                                      "); keys named below are the ranks that did not join: ",
                                      e.status().message()));
   } catch (const std::exception& e) {
-    const bool timeout = IsGlooTimeout(e.what());
+    std::string address;
+    const int peer = adapter.listening().RankIn(e.what(), &address);
+    const std::string target =
+        peer < 0 ? "the peers"
+                 : absl::StrCat("rank ", peer, " at ", address, " (the address in key '",
+                                key_prefix, peer, "')");
     return absl::Status(
-        timeout ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kUnavailable,
-        absl::StrCat(who, ": connecting to the peers on ", options.hostname,
+        IsGlooTimeout(e.what()) ? absl::StatusCode::kDeadlineExceeded
+                                : absl::StatusCode::kUnavailable,
+        absl::StrCat(who, ": connecting to ", target, " from ", options.hostname,
                      " failed (rendezvous_timeout ",
                      absl::FormatDuration(options.rendezvous_timeout), "): ", e.what()));
+  } catch (...) {
+    return absl::InternalError(
+        absl::StrCat(who, ": rendezvous: gloo threw something that is not an exception"));
+  }
+  if (size > 1) {
+    absl::StatusOr<internal::PeerDirectory> peers =
+        internal::ConfirmConnections(*store, *group->context_, rank, size, deadline,
+                                     options.rendezvous_timeout, key_prefix, adapter.listening());
+    if (!peers.ok()) {
+      return absl::Status(peers.status().code(),
+                          absl::StrCat(who, ": rendezvous: ", peers.status().message()));
+    }
+    internal::BlameOptions blame;
+    blame.rank = rank;
+    blame.size = size;
+    blame.group = who;
+    blame.store_name = StoreName(store.get());
+    blame.store_server_rank = options.store_server_rank;
+    blame.probe_timeout = options.store_probe_timeout;
+    group->blame_ = std::make_unique<internal::GlooBlame>(store, blame, *std::move(peers));
   }
   group->worker_ = std::thread([g = group.get()] { g->WorkerLoop(); });
   VLOG(1) << group->Describe() << ": connected on " << options.hostname;
@@ -123,8 +188,16 @@ GlooProcessGroup::~GlooProcessGroup() {
     stopping_ = true;
   }
   if (worker_.joinable()) worker_.join();
+  bool broken = false;
+  {
+    absl::MutexLock lock(&mu_);
+    broken = !broken_.ok();
+  }
+  // Tell the peers why this rank's connections close (NOTE [Who is to blame]).
+  if (blame_ != nullptr && !broken) blame_->RecordDestroyed();
   context_.reset();
   device_.reset();
+  blame_.reset();
 }
 
 std::string GlooProcessGroup::DescribeOp(CollectiveKind kind, uint64_t seq) const {
@@ -176,7 +249,11 @@ void GlooProcessGroup::WorkerLoop() {
     }
     absl::Status status = CheckUsable(op.kind);
     const bool was_usable = status.ok();
-    if (status.ok()) status = RunOp(op);
+    if (status.ok()) {
+      // NOTE [Who is to blame]: this rank has arrived at collective #seq.
+      if (blame_ != nullptr) blame_->Arrived(op.seq);
+      status = RunOp(op);
+    }
     if (status.ok()) {
       stats_.Record(op.kind, op.traffic);
     } else if (was_usable) {
@@ -184,12 +261,15 @@ void GlooProcessGroup::WorkerLoop() {
         absl::MutexLock lock(&mu_);
         if (broken_.ok()) broken_ = status;
       }
+      if (blame_ != nullptr) blame_->RecordFailure(status);
       // Peers may be blocked receiving from this rank; closing the connections makes
       // them fail now instead of at their deadlines (gloo signals a closed pair at once).
       try {
         context_->closeConnections();
       } catch (const std::exception& e) {
         LOG(WARNING) << Describe() << ": closing connections after a failure: " << e.what();
+      } catch (...) {
+        LOG(WARNING) << Describe() << ": closing connections after a failure threw";
       }
     }
     // Drop the closure, and with it the collective's tensor references, before waking
@@ -212,17 +292,20 @@ absl::Status GlooProcessGroup::RunOp(Op& op) {
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
     return absl::OkStatus();
   } catch (const gloo::IoException& e) {
-    if (IsGlooTimeout(e.what())) {
-      return absl::DeadlineExceededError(absl::StrCat(what, " did not finish within its timeout of ",
-                                                      absl::FormatDuration(op.timeout), ": ",
-                                                      e.what()));
+    const bool timeout = IsGlooTimeout(e.what());
+    if (blame_ != nullptr) {
+      return blame_->Diagnose(what, op.seq, op.timeout, timeout, e.what());
     }
-    return absl::UnavailableError(absl::StrCat(
-        what, " failed: a peer closed its connection or died: ", e.what()));
+    return absl::Status(
+        timeout ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kUnavailable,
+        absl::StrCat(what, " failed: ", e.what()));
   } catch (const gloo::EnforceNotMet& e) {
     return absl::InternalError(absl::StrCat(what, ": gloo check failed: ", e.what()));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat(what, ": ", e.what()));
+  } catch (...) {
+    return absl::InternalError(
+        absl::StrCat(what, ": gloo threw something that is not an exception"));
   }
 }
 
@@ -391,6 +474,8 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> GlooProcessGroup::NewSubgroup(
   sub.name = options.name.empty() ? absl::StrCat(options_.name, "/", place->key_prefix)
                                   : options.name;
   sub.rendezvous_timeout = options.timeout;
+  auto server = std::find(ranks.begin(), ranks.end(), options_.store_server_rank);
+  sub.store_server_rank = server == ranks.end() ? -1 : static_cast<int>(server - ranks.begin());
   absl::StatusOr<std::shared_ptr<GlooProcessGroup>> group =
       Join(std::make_shared<PrefixStore>(store_, place->key_prefix), place->rank, place->size, sub);
   if (!group.ok()) return group.status();

@@ -15,11 +15,29 @@
 // the thread that called Create, tag kComm).
 //
 // All the rules in comm/process_group.h hold, in particular NOTE [Same order on all
-// ranks]: every rank issues the same collectives in the same order. Gloo's own errors
-// (its exceptions) come back as absl::Status: a timeout as DeadlineExceeded, a peer
-// that closed its connection or died as Unavailable. A failed collective breaks the
-// group and closes its connections at once, so peers blocked on this rank fail too
-// instead of waiting out their own deadlines.
+// ranks]: every rank issues the same collectives in the same order. No exception from
+// gloo escapes: its errors come back as absl::Status naming the group, the collective
+// and, where it can be known, the rank to blame:
+// - a timeout is DeadlineExceeded naming the ranks that had not arrived at the
+//   collective: "AllGather #17 on gloo group 'world' (rank 0 of 3) timed out after 1m:
+//   rank 1 did not arrive (last at collective #16); ranks 0, 2 did";
+// - a peer that closed its connection or died is Unavailable naming it by rank:
+//   "... rank 1 (127.0.0.1:41234) closed its connection: its group was destroyed";
+// both are secondary errors (comm/failure.h) with those ranks as culprits. How (NOTE
+// [Who is to blame] in comm/internal/gloo_blame.h): each rank records in the store the
+// number of the last collective it started (one small Set per collective, written by a
+// background thread so a slow store never delays a collective), and a rank whose group
+// fails records why before it closes its connections. A failing collective reads these back
+// within GlooOptions.store_probe_timeout; when the store does not answer, the error
+// says so ("the store at 127.0.0.1:29500 (served by rank 0) does not answer ...").
+// A failed collective breaks the group and closes its connections at once, so peers
+// blocked on this rank fail too instead of waiting out their own deadlines.
+//
+// Rendezvous values are checked before gloo parses them: bytes that cannot be a
+// rank's gloo address or host name give DataLoss naming the key and the rank it claims
+// to be; an address that is well formed but leads elsewhere gives an error within
+// rendezvous_timeout, because every rank checks with each peer, through the store, that
+// their connection joins the two of them.
 //
 // Gloo's sockets raise SIGPIPE when a peer dies; the group's threads block it, so it
 // becomes an error, never a killed process (comm/internal/sigpipe.h).
@@ -52,6 +70,9 @@ class Device;
 }  // namespace gloo
 
 namespace comm {
+namespace internal {
+class GlooBlame;
+}  // namespace internal
 
 struct GlooOptions {
   // Name of the group; its store keys live under "<name>/". Must be fresh in the store.
@@ -62,14 +83,23 @@ struct GlooOptions {
   std::string hostname = "127.0.0.1";
   // How long Create waits for the other ranks.
   absl::Duration rendezvous_timeout = absl::Seconds(60);
+  // How long a failing collective waits for the store when it finds out which ranks
+  // did not arrive or why a peer closed its connection.
+  absl::Duration store_probe_timeout = absl::Seconds(2);
+  // The rank of this group whose process serves the store (0 for a TcpStore started by
+  // InitFromEnv), or -1 if none or unknown. When the store stops answering, a failing
+  // collective names this rank as the likely culprit.
+  int store_server_rank = -1;
 };
 
 class GlooProcessGroup : public ProcessGroup {
  public:
   // Joins the group as `rank` of `size`, meeting the others through `store`.
-  // InvalidArgument for a bad rank/size or a null store; DeadlineExceeded when the
-  // others do not all arrive within options.rendezvous_timeout; Unavailable when the
-  // transport cannot bind options.hostname or reach a peer.
+  // InvalidArgument for a bad rank/size, option or a null store; DeadlineExceeded when
+  // the others do not all arrive (or confirm their connections) within
+  // options.rendezvous_timeout; Unavailable when the transport cannot bind
+  // options.hostname or reach a peer (naming it); DataLoss naming the key and the rank
+  // when a rendezvous value cannot be what that rank's gloo wrote.
   static absl::StatusOr<std::shared_ptr<GlooProcessGroup>> Create(std::shared_ptr<Store> store,
                                                                   int rank, int size,
                                                                   const GlooOptions& options);
@@ -99,6 +129,8 @@ class GlooProcessGroup : public ProcessGroup {
   CommStats Stats() const override { return stats_.Snapshot(); }
   void ResetStats() override { stats_.Reset(); }
 
+  // The subgroup's GlooOptions are this group's, with name and rendezvous_timeout from
+  // `options` and store_server_rank renumbered into the subgroup (-1 if not a member).
   absl::StatusOr<std::shared_ptr<ProcessGroup>> NewSubgroup(
       const std::vector<int>& ranks, const SubgroupOptions& options) override;
 
@@ -138,6 +170,9 @@ class GlooProcessGroup : public ProcessGroup {
   std::shared_ptr<core::Allocator> allocator_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
+  // Names the ranks to blame for a failure (NOTE [Who is to blame]); null in a group
+  // of one.
+  std::unique_ptr<internal::GlooBlame> blame_;
   StatsRecorder stats_;
 
   mutable absl::Mutex mu_;

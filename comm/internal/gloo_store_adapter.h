@@ -1,6 +1,16 @@
-// Lets gloo's rendezvous (gloo::rendezvous::Context::connectFullMesh) use our Store.
-// Gloo reports failure by exception, so errors from our Store are thrown as
-// StoreError, which carries the original absl::Status for the caller to recover.
+// Lets gloo's rendezvous (gloo::rendezvous::Context::connectFullMesh) use our Store,
+// and checks every value gloo reads before gloo parses it.
+//
+//   internal::GlooStoreAdapter adapter(store, rank, size, absl::Now() + timeout, "world/");
+//   context->connectFullMesh(adapter, device);   // may throw StoreError
+//   adapter.listening();                          // peers' listening addresses, by rank
+//
+// Gloo reports failure by exception, so errors are thrown as StoreError, which carries
+// an absl::Status for the caller to recover: the store's own error (DeadlineExceeded
+// naming the missing keys when a rank does not join by the deadline), or DataLoss naming
+// the key and the rank it claims to be when a value cannot be what that rank's gloo
+// wrote (NOTE [Gloo TCP addresses] in comm/internal/gloo_address.h), so that random or
+// truncated bytes never reach gloo's parser.
 #ifndef COMM_INTERNAL_GLOO_STORE_ADAPTER_H_
 #define COMM_INTERNAL_GLOO_STORE_ADAPTER_H_
 
@@ -14,12 +24,13 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "comm/internal/gloo_address.h"
 #include "comm/store.h"
 
 namespace comm {
 namespace internal {
 
-// An error from our Store, thrown through gloo.
+// An error from our Store or a value check, thrown through gloo.
 class StoreError : public std::runtime_error {
  public:
   explicit StoreError(absl::Status status)
@@ -32,19 +43,37 @@ class StoreError : public std::runtime_error {
 
 class GlooStoreAdapter : public gloo::rendezvous::Store {
  public:
-  // Waits that gloo starts without a timeout of their own use `timeout`.
-  GlooStoreAdapter(std::shared_ptr<comm::Store> store, absl::Duration timeout)
-      : store_(std::move(store)), timeout_(timeout) {}
+  // For rank `rank` of `size`; every wait and get gives up at `deadline`. `key_prefix`
+  // ("world/") is what `store` puts before its keys, for messages only.
+  GlooStoreAdapter(std::shared_ptr<comm::Store> store, int rank, int size, absl::Time deadline,
+                   std::string key_prefix)
+      : store_(std::move(store)),
+        rank_(rank),
+        size_(size),
+        deadline_(deadline),
+        key_prefix_(std::move(key_prefix)) {}
 
   void set(const std::string& key, const std::vector<char>& data) override;
   std::vector<char> get(const std::string& key) override;
   void wait(const std::vector<std::string>& keys) override;
+  // Gloo's own timeout is ignored: waits end at the adapter's deadline.
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& timeout) override;
 
+  // The address each peer listens on for its pair with this rank, as read so far.
+  const PeerDirectory& listening() const { return listening_; }
+
  private:
+  absl::Duration Left() const;
+  // Throws StoreError(DataLoss) unless `value` of `key` is well formed.
+  void Check(const std::string& key, const std::string& value);
+
   std::shared_ptr<comm::Store> store_;
-  absl::Duration timeout_;
+  const int rank_;
+  const int size_;
+  const absl::Time deadline_;
+  const std::string key_prefix_;
+  PeerDirectory listening_;
 };
 
 }  // namespace internal
