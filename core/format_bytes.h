@@ -9,8 +9,8 @@
 
 namespace core {
 
-// Formats a byte count as "512B", "1.50KiB", "3.25MiB", "1.00GiB" (GiB above that, so
-// "4096.00GiB"); negative counts as "-" and the magnitude.
+// Formats a byte count as "512B", "1.50KiB", "3.25MiB", "1.00GiB", "256.00TiB" (TiB
+// above that); negative counts as "-" and the magnitude.
 std::string FormatBytes(int64_t bytes);
 
 }  // namespace core

@@ -208,7 +208,9 @@ TEST(AllocatorTest, StorageFreedAfterScopeEndsStillCountsOnItsAllocator) {
 
 TEST(FormatBytesTest, Units) {
   EXPECT_EQ(FormatBytes(-1536), "-1.50KiB");
-  EXPECT_EQ(FormatBytes(int64_t{1} << 40), "1024.00GiB");
+  EXPECT_EQ(FormatBytes((int64_t{1} << 40) - (int64_t{1} << 29)), "1023.50GiB");
+  EXPECT_EQ(FormatBytes(int64_t{1} << 48), "256.00TiB");
+  EXPECT_EQ(FormatBytes(std::numeric_limits<int64_t>::min()), "-8388608.00TiB");
   EXPECT_EQ(FormatBytes(512), "512B");
   EXPECT_EQ(FormatBytes(1536), "1.50KiB");
   EXPECT_EQ(FormatBytes(3 << 20), "3.00MiB");
