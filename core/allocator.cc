@@ -1,12 +1,15 @@
 #include "core/allocator.h"
 
+#include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <map>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/host_memory.h"
 
 #ifdef FSDP_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -45,14 +48,6 @@ std::string MemoryTagName(MemoryTag tag) {
   return "unknown";
 }
 
-std::string FormatBytes(int64_t bytes) {
-  const double b = static_cast<double>(bytes);
-  if (bytes < 1024) return absl::StrCat(bytes, "B");
-  if (bytes < (int64_t{1} << 20)) return absl::StrFormat("%.2fKiB", b / 1024);
-  if (bytes < (int64_t{1} << 30)) return absl::StrFormat("%.2fMiB", b / (1 << 20));
-  return absl::StrFormat("%.2fGiB", b / (1 << 30));
-}
-
 std::string MemoryStats::PeakSummary() const {
   std::string out;
   for (int t = 0; t < kNumMemoryTags; ++t) {
@@ -63,39 +58,76 @@ std::string MemoryStats::PeakSummary() const {
   return out;
 }
 
-Allocator::Allocator(Device device) : device_(device) {}
+Allocator::Allocator(Device device) : device_(device) {
+  if (device_.is_cpu()) limit_ = HostMemoryCapacityBytes();
+}
+
+int64_t Allocator::limit() const {
+  absl::MutexLock lock(&mu_);
+  return limit_;
+}
+
+void Allocator::SetLimit(int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  limit_ = bytes > 0 ? bytes : 0;
+}
 
 absl::StatusOr<void*> Allocator::Allocate(int64_t nbytes, MemoryTag tag) {
   if (nbytes < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("allocation of a negative size (", nbytes, " bytes) on ", device_.ToString()));
+    return absl::InvalidArgumentError(absl::StrCat("allocation of a negative size (", nbytes,
+                                                   " bytes) for tag ", MemoryTagName(tag),
+                                                   " on ", device_.ToString()));
+  }
+  // Built only for an error message: this is the path of every tensor allocation.
+  const auto what = [&] {
+    return absl::StrCat(FormatBytes(nbytes), " (", nbytes, " bytes) for tag ",
+                        MemoryTagName(tag), " on ", device_.ToString());
+  };
+  // Reserve the bytes against the limit before asking the system, so that concurrent
+  // allocations cannot both pass the check; the counters change only on success.
+  {
+    absl::MutexLock lock(&mu_);
+    const int64_t in_use = stats_.current_total + reserved_;
+    if (limit_ > 0 && nbytes > limit_ - in_use) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cannot allocate ", what(), ": ", FormatBytes(in_use),
+          " already in use and the limit is ", FormatBytes(limit_), " (", limit_,
+          " bytes; for the CPU the host's RAM + swap or cgroup limit), short by ",
+          FormatBytes(nbytes - (limit_ - in_use))));
+    }
+    reserved_ += nbytes;
   }
   void* ptr = nullptr;
+  absl::Status failed;
   if (device_.is_cpu()) {
-    const int64_t rounded = ((nbytes + kAlignment - 1) / kAlignment) * kAlignment;
-    ptr = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
+    // Round up to the alignment without overflowing (nbytes <= INT64_MAX).
+    const int64_t rounded =
+        nbytes > INT64_MAX - kAlignment ? -1 : ((nbytes + kAlignment - 1) / kAlignment) * kAlignment;
+    if (rounded >= 0) ptr = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
     if (ptr == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "out of host memory allocating ", FormatBytes(nbytes), " for tag ", MemoryTagName(tag)));
+      failed = absl::ResourceExhaustedError(absl::StrCat("out of host memory allocating ", what()));
     }
   } else {
 #ifdef FSDP_WITH_CUDA
     cudaError_t err = cudaSetDevice(device_.index);
     if (err == cudaSuccess) err = cudaMalloc(&ptr, nbytes == 0 ? kAlignment : nbytes);
     if (err != cudaSuccess) {
+      ptr = nullptr;
       const auto make_error = err == cudaErrorMemoryAllocation ? absl::ResourceExhaustedError
                                                                 : absl::UnavailableError;
-      return make_error(absl::StrCat(
-          "cudaMalloc of ", FormatBytes(nbytes), " on ", device_.ToString(), " for tag ",
-          MemoryTagName(tag), " failed: ", cudaGetErrorString(err)));
+      failed = make_error(absl::StrCat("cudaMalloc of ", what(), " failed: ",
+                                       cudaGetErrorString(err)));
     }
 #else
-    return absl::UnavailableError(absl::StrCat(
+    failed = absl::UnavailableError(absl::StrCat(
         "cannot allocate on ", device_.ToString(),
         ": this build has no CUDA support; build with --config=cuda"));
 #endif
   }
-  Count(nbytes, tag, +1);
+  absl::MutexLock lock(&mu_);
+  reserved_ -= nbytes;
+  if (!failed.ok()) return failed;
+  CountLocked(nbytes, tag, +1);
   return ptr;
 }
 
@@ -114,6 +146,10 @@ void Allocator::Free(void* ptr, int64_t nbytes, MemoryTag tag) {
 
 void Allocator::Count(int64_t delta, MemoryTag tag, int blocks) {
   absl::MutexLock lock(&mu_);
+  CountLocked(delta, tag, blocks);
+}
+
+void Allocator::CountLocked(int64_t delta, MemoryTag tag, int blocks) {
   const int t = static_cast<int>(tag);
   stats_.current_by_tag[t] += delta;
   stats_.current_total += delta;

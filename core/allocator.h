@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "core/device.h"
+#include "core/format_bytes.h"  // FormatBytes, for the users of this header
 
 namespace core {
 
@@ -49,9 +50,6 @@ struct MemoryStats {
   std::string PeakSummary() const;
 };
 
-// Formats a byte count as "512B", "1.50KiB", "3.25MiB", "1.00GiB".
-std::string FormatBytes(int64_t bytes);
-
 class Allocator {
  public:
   explicit Allocator(Device device);
@@ -61,9 +59,20 @@ class Allocator {
   Device device() const { return device_; }
 
   // Allocates `nbytes` (64-byte aligned; 0 gives a non-null unique block) and counts
-  // them under `tag`. ResourceExhausted when the device has no memory left;
-  // Unavailable for a CUDA device when the build has no CUDA.
+  // them under `tag`. ResourceExhausted, naming the size, the tag and the device, when
+  // the device has no memory left or the block would take this allocator's bytes in use
+  // past limit(); InvalidArgument for a negative size; Unavailable for a CUDA device
+  // when the build has no CUDA. Never aborts.
   absl::StatusOr<void*> Allocate(int64_t nbytes, MemoryTag tag);
+
+  // The most bytes this allocator lets be in use at once (all tags), or 0 for no limit
+  // of its own. A CPU allocator starts with the host's capacity (core/host_memory.h:
+  // RAM + swap, or the cgroup limit when smaller), since a larger block could only be
+  // granted by overcommit and would end in the OOM killer; a CUDA allocator starts with
+  // none (cudaMalloc reports exhaustion itself).
+  int64_t limit() const;
+  // Replaces limit(); `bytes` <= 0 removes it. Blocks already allocated stay.
+  void SetLimit(int64_t bytes);
 
   // Returns a block from Allocate with the same size and tag.
   void Free(void* ptr, int64_t nbytes, MemoryTag tag);
@@ -83,10 +92,14 @@ class Allocator {
  private:
   // Adds `delta` bytes under `tag` and `blocks` (+1 or -1) live blocks.
   void Count(int64_t delta, MemoryTag tag, int blocks);
+  void CountLocked(int64_t delta, MemoryTag tag, int blocks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Device device_;
   mutable absl::Mutex mu_;
   MemoryStats stats_ ABSL_GUARDED_BY(mu_);
+  int64_t limit_ ABSL_GUARDED_BY(mu_) = 0;
+  // Bytes of allocations between their limit check and their system call.
+  int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Makes `allocator` the current one for its device on this thread until destroyed.

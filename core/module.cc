@@ -34,6 +34,11 @@ struct HookLists {
 
 namespace {
 
+// `error` (a module's recorded construction error) prefixed with the module.
+absl::Status OwnConstructionError(const Module& module, const absl::Status& error) {
+  return absl::Status(error.code(), absl::StrCat(module.Describe(), ": ", error.message()));
+}
+
 // Hooks may remove themselves or others while running, so iterate over a copy.
 template <typename Map>
 std::vector<typename Map::mapped_type> Snapshot(const Map& hooks) {
@@ -80,6 +85,7 @@ Module::~Module() {
 }
 
 absl::StatusOr<Tensor> Module::Forward(const Tensor& input) {
+  if (!construction_error_.ok()) return OwnConstructionError(*this, construction_error_);
   for (const auto& hook : Snapshot(hooks_->forward_pre)) {
     absl::Status s = hook(*this, input);
     if (!s.ok()) return s;
@@ -94,6 +100,7 @@ absl::StatusOr<Tensor> Module::Forward(const Tensor& input) {
 }
 
 absl::StatusOr<Tensor> Module::Backward(const Tensor& grad_output) {
+  if (!construction_error_.ok()) return OwnConstructionError(*this, construction_error_);
   for (const auto& hook : Snapshot(hooks_->backward_pre)) {
     absl::Status s = hook(*this, grad_output);
     if (!s.ok()) return s;
@@ -143,6 +150,35 @@ ParameterPtr Module::RegisterParameter(const std::string& name, Tensor data, boo
 ParameterPtr Module::RegisterParameter(const std::string& name, ParameterPtr parameter) {
   own_parameters_.emplace_back(name, parameter);
   return parameter;
+}
+
+ParameterPtr Module::AllocateParameter(const std::string& name, const Shape& shape, DType dtype,
+                                       bool requires_grad) {
+  absl::StatusOr<Tensor> data = Tensor::Allocate(shape, dtype, MemoryTag::kParam);
+  if (data.ok()) return RegisterParameter(name, *std::move(data), requires_grad);
+  if (construction_error_.ok()) {
+    construction_error_ = absl::Status(
+        data.status().code(), absl::StrCat("parameter '", name, "': ", data.status().message()));
+  }
+  // Zero bytes: cannot fail, whatever the allocator's limit.
+  return RegisterParameter(name, Tensor::Empty(Shape(shape.size(), 0), dtype, MemoryTag::kParam),
+                           requires_grad);
+}
+
+absl::Status Module::ConstructionStatus() const {
+  // Iterative pre-order walk: modules may be shared (listed once) and deep.
+  std::unordered_set<const Module*> seen;
+  std::vector<const Module*> stack = {this};
+  while (!stack.empty()) {
+    const Module* m = stack.back();
+    stack.pop_back();
+    if (!seen.insert(m).second) continue;
+    if (!m->construction_error_.ok()) return OwnConstructionError(*m, m->construction_error_);
+    for (auto it = m->children_.rbegin(); it != m->children_.rend(); ++it) {
+      stack.push_back(it->second.get());
+    }
+  }
+  return absl::OkStatus();
 }
 
 void Module::AddChild(const std::string& name, std::shared_ptr<Module> module) {

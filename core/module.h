@@ -134,6 +134,13 @@ class Module : public std::enable_shared_from_this<Module> {
   // Path() for messages: the path, or "<root>" for the root, plus the type name.
   std::string Describe() const;
 
+  // OK, or the first parameter allocation that failed while this module or a
+  // descendant (pre-order) was constructed (AllocateParameter), as ResourceExhausted
+  // (or the allocator's code) "<Describe()>: parameter '<name>': <why>". Code that builds
+  // a model from user-given sizes checks it once after construction; a module holding
+  // such an error also fails every Forward and Backward with it.
+  absl::Status ConstructionStatus() const;
+
  protected:
   virtual absl::StatusOr<Tensor> ForwardImpl(const Tensor& input) = 0;
   virtual absl::StatusOr<Tensor> BackwardImpl(const Tensor& grad_output) = 0;
@@ -142,6 +149,15 @@ class Module : public std::enable_shared_from_this<Module> {
   // Parameter object under a second name ties it (it appears once in NamedParameters).
   ParameterPtr RegisterParameter(const std::string& name, Tensor data, bool requires_grad = true);
   ParameterPtr RegisterParameter(const std::string& name, ParameterPtr parameter);
+
+  // Registers parameter `name` as a new uninitialised CPU tensor of `shape` (tag
+  // kParam), for constructors that size parameters from user input and cannot return
+  // an error. When Tensor::Allocate fails (the size overflows, exceeds the allocator's
+  // limit or memory runs out) it registers an empty tensor of the same rank (every
+  // dimension 0) instead, records the error for ConstructionStatus() and makes this
+  // module's Forward and Backward return it. Never aborts.
+  ParameterPtr AllocateParameter(const std::string& name, const Shape& shape,
+                                 DType dtype = DType::kFloat32, bool requires_grad = true);
 
   template <typename M>
   std::shared_ptr<M> RegisterModule(const std::string& name, std::shared_ptr<M> module) {
@@ -159,6 +175,8 @@ class Module : public std::enable_shared_from_this<Module> {
   Module* parent_ = nullptr;
   std::string name_in_parent_;
   std::shared_ptr<internal::HookLists> hooks_;
+  // The first failed AllocateParameter ("parameter 'w': ..."), without the module prefix.
+  absl::Status construction_error_;
 };
 
 }  // namespace core

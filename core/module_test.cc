@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "gtest/gtest.h"
 
@@ -63,6 +64,47 @@ class Chain : public Module {
   ParameterPtr own_;
   std::shared_ptr<Module> a_, b_;
 };
+
+// A layer sized from "user input": a table of `rows` x 4 floats.
+class Table : public Module {
+ public:
+  explicit Table(int64_t rows) { w_ = AllocateParameter("table", {rows, 4}); }
+  std::string TypeName() const override { return "Table"; }
+  const ParameterPtr& table() const { return w_; }
+
+ protected:
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override { return x; }
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor& g) override { return g; }
+
+ private:
+  ParameterPtr w_;
+};
+
+TEST(ModuleTest, AllocateParameterRecordsFailureInsteadOfAborting) {
+  auto ok = std::make_shared<Table>(3);
+  EXPECT_TRUE(ok->ConstructionStatus().ok());
+  EXPECT_EQ(ok->table()->data.shape(), (Shape{3, 4}));
+
+  // 2^61 rows x 4 floats overflows the byte count; 2^40 rows exceed any host.
+  for (int64_t rows : {int64_t{1} << 61, int64_t{1} << 40}) {
+    auto huge = std::make_shared<Table>(rows);
+    auto model = std::make_shared<Chain>(std::make_shared<Scale>(2.0f), huge);
+    const absl::Status status = model->ConstructionStatus();
+    EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+    // Names the module by its path and the parameter.
+    EXPECT_NE(status.message().find("second (Table): parameter 'table'"), std::string::npos)
+        << status;
+    EXPECT_NE(status.message().find(absl::StrCat("[", rows, ", 4]")), std::string::npos)
+        << status;
+    // The placeholder has the parameter's rank and no elements.
+    EXPECT_EQ(huge->table()->data.shape(), (Shape{0, 0}));
+    // The module refuses to run with the same error; the parent fails through it.
+    const Tensor x = Tensor::FromVector({1.0f}, {1}).value();
+    EXPECT_EQ(huge->Forward(x).status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_EQ(huge->Backward(x).status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_EQ(model->Forward(x).status().code(), absl::StatusCode::kResourceExhausted);
+  }
+}
 
 TEST(ModuleTest, NamedParametersDottedAndTiedListedOnce) {
   auto a = std::make_shared<Scale>(2.0f);

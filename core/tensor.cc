@@ -1,6 +1,7 @@
 #include "core/tensor.h"
 
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,7 +18,9 @@ namespace core {
 
 int64_t NumElements(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) {
+    if (__builtin_mul_overflow(n, d, &n)) return std::numeric_limits<int64_t>::max();
+  }
   return n;
 }
 
@@ -47,26 +50,50 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, int64_t offset, Shape shape, DT
 
 absl::StatusOr<Tensor> Tensor::Allocate(const Shape& shape, DType dtype, MemoryTag tag,
                                         Device device) {
-  int64_t numel = 1;
+  const auto describe = [&] {
+    return absl::StrCat("tensor ", ShapeToString(shape), " of ", DTypeName(dtype), " for tag ",
+                        MemoryTagName(tag), " on ", device.ToString());
+  };
+  // numel and bytes with overflow checks: a shape from a config or a file may be huge.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  bool empty = false;
   for (int64_t d : shape) {
     if (d < 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("tensor shape ", ShapeToString(shape), " has a negative dimension"));
+          absl::StrCat("cannot allocate ", describe(), ": negative dimension ", d));
     }
-    if (d != 0 && numel > (int64_t{1} << 50) / d) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor shape ", ShapeToString(shape), " is too large"));
+    empty = empty || d == 0;
+  }
+  int64_t numel = empty ? 0 : 1;
+  bool overflow = false;
+  for (int64_t d : shape) {
+    if (empty || overflow) break;
+    if (numel > kMax / d) {
+      overflow = true;
+    } else {
+      numel *= d;
     }
-    numel *= d;
+  }
+  const int64_t element = DTypeSize(dtype);
+  if (overflow || numel > kMax / element) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot allocate ", describe(), ": its size in bytes exceeds 2^63 (",
+        absl::StrJoin(shape, " x "), " x ", element, " bytes)"));
   }
   absl::StatusOr<std::shared_ptr<Storage>> storage =
-      Storage::Allocate(numel * DTypeSize(dtype), device, tag);
-  if (!storage.ok()) return storage.status();
+      Storage::Allocate(numel * element, device, tag);
+  if (!storage.ok()) {
+    return absl::Status(storage.status().code(),
+                        absl::StrCat("cannot allocate ", describe(), " (", numel * element,
+                                     " bytes): ", storage.status().message()));
+  }
   return Tensor(*std::move(storage), 0, shape, dtype);
 }
 
 Tensor Tensor::Empty(const Shape& shape, DType dtype, MemoryTag tag, Device device) {
   absl::StatusOr<Tensor> t = Allocate(shape, dtype, tag, device);
+  // The documented abort of the infallible API; sizes from user input go through
+  // Allocate (or Module::RegisterParameter's StatusOr overload) instead.
   CHECK(t.ok()) << t.status();
   return *std::move(t);
 }
@@ -110,16 +137,16 @@ void* Tensor::raw_data() const {
 
 absl::StatusOr<Tensor> Tensor::View(int64_t offset, const Shape& shape) const {
   if (!defined()) return absl::FailedPreconditionError("View of an undefined tensor");
-  const int64_t n = NumElements(shape);
   for (int64_t d : shape) {
     if (d < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("View shape ", ShapeToString(shape), " has a negative dimension"));
     }
   }
-  if (offset < 0 || offset + n > numel_) {
+  const int64_t n = NumElements(shape);  // saturates rather than overflowing
+  if (offset < 0 || offset > numel_ || n > numel_ - offset) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "View [", offset, ", ", offset + n, ") with shape ", ShapeToString(shape),
+        "View of ", n, " elements at offset ", offset, " with shape ", ShapeToString(shape),
         " reaches outside a tensor of ", numel_, " elements ", ShapeToString(shape_)));
   }
   return Tensor(storage_, offset_ + offset, shape, dtype_);

@@ -27,7 +27,8 @@ namespace core {
 
 using Shape = std::vector<int64_t>;
 
-// Product of the dimensions (1 for a scalar shape {}).
+// Product of the dimensions (1 for a scalar shape {}); INT64_MAX when the product does
+// not fit in an int64 (never undefined behaviour, whatever the shape).
 int64_t NumElements(const Shape& shape);
 
 // "[2, 3, 4]".
@@ -63,14 +64,18 @@ class Tensor {
   // An undefined tensor (no storage); defined() is false.
   Tensor() = default;
 
-  // Allocates an uninitialised tensor. InvalidArgument for a negative dimension;
-  // ResourceExhausted when memory runs out.
+  // Allocates an uninitialised tensor: the fallible path, for any size that comes from
+  // user input (configs, flags, files). Never aborts. InvalidArgument for a negative
+  // dimension; ResourceExhausted when the byte count overflows int64, exceeds the
+  // allocator's limit (Allocator::limit(): on the CPU the host's capacity) or the device
+  // has no memory left. Messages name the shape, dtype, tag, device and byte count.
   static absl::StatusOr<Tensor> Allocate(const Shape& shape, DType dtype = DType::kFloat32,
                                          MemoryTag tag = MemoryTag::kOther,
                                          Device device = Device::Cpu());
 
-  // Like Allocate, for shapes the caller has already validated; aborts only if memory
-  // is exhausted.
+  // Like Allocate, for shapes the caller has already validated and knows to be small
+  // (internal buffers); aborts with Allocate's message if it fails. Sizes from user
+  // input go through Allocate.
   static Tensor Empty(const Shape& shape, DType dtype = DType::kFloat32,
                       MemoryTag tag = MemoryTag::kOther, Device device = Device::Cpu());
   static Tensor Zeros(const Shape& shape, DType dtype = DType::kFloat32,

@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include <limits>
+#include <string>
 #include <thread>
 
 #include "core/cuda_device.h"
@@ -97,9 +99,61 @@ TEST_F(TensorTest, CopyFromConvertsBetweenFloatAndBFloat16) {
 
 TEST_F(TensorTest, BadShapesAreErrorsNotCrashes) {
   EXPECT_EQ(Tensor::Allocate({2, -1}).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Tensor::Allocate({1 << 30, 1 << 30}).status().code(),
-            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Tensor::FromVector({1, 2}, {3}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(alloc_->Stats().num_allocations, 0);
+}
+
+TEST_F(TensorTest, OverflowingSizesAreResourceExhaustedNamingShapeTagAndBytes) {
+  // 2^31 * 2^31 elements fit an int64, but not times 4 bytes; 2^62 * 4 overflows too;
+  // and three 2^31 dimensions overflow the element count itself.
+  const Shape shapes[] = {{int64_t{1} << 31, int64_t{1} << 31},
+                          {int64_t{1} << 62},
+                          {int64_t{1} << 31, int64_t{1} << 31, int64_t{1} << 31}};
+  for (const Shape& shape : shapes) {
+    absl::StatusOr<Tensor> t = Tensor::Allocate(shape, DType::kFloat32, MemoryTag::kParam);
+    ASSERT_FALSE(t.ok()) << ShapeToString(shape);
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kResourceExhausted) << t.status();
+    EXPECT_NE(t.status().message().find(ShapeToString(shape)), std::string::npos) << t.status();
+    EXPECT_NE(t.status().message().find("tag param"), std::string::npos) << t.status();
+    EXPECT_NE(t.status().message().find("exceeds 2^63"), std::string::npos) << t.status();
+  }
+  // A zero dimension makes any shape empty, however large the others.
+  absl::StatusOr<Tensor> empty = Tensor::Allocate({int64_t{1} << 62, 0, int64_t{1} << 62});
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->numel(), 0);
+  EXPECT_EQ(NumElements({int64_t{1} << 62, 8}), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(alloc_->Stats().peak_total, 0);
+}
+
+TEST_F(TensorTest, AllocationsBeyondTheHostAreResourceExhaustedWithoutTouchingMemory) {
+  // 2^40 x 64 floats = 256 TiB: more than any host here, so the CPU allocator's default
+  // limit (RAM + swap, or the cgroup limit) refuses it before asking the system.
+  ASSERT_GT(alloc_->limit(), 0);
+  absl::StatusOr<Tensor> t =
+      Tensor::Allocate({int64_t{1} << 40, 64}, DType::kFloat32, MemoryTag::kParam);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kResourceExhausted) << t.status();
+  EXPECT_NE(t.status().message().find("[1099511627776, 64]"), std::string::npos) << t.status();
+  EXPECT_NE(t.status().message().find("281474976710656 bytes"), std::string::npos) << t.status();
+  EXPECT_NE(t.status().message().find("tag param"), std::string::npos) << t.status();
+  EXPECT_EQ(alloc_->Stats().peak_total, 0);
+}
+
+TEST_F(TensorTest, AllocatorLimitRefusesWhatWouldNotFitAndCountsOnlySuccesses) {
+  alloc_->SetLimit(1000);
+  Tensor a = Tensor::Empty({200}, DType::kFloat32, MemoryTag::kParam);  // 800 bytes
+  absl::StatusOr<Tensor> b = Tensor::Allocate({51}, DType::kFloat32, MemoryTag::kGrad);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(b.status().message().find("tag grad"), std::string::npos) << b.status();
+  EXPECT_NE(b.status().message().find("short by 4B"), std::string::npos) << b.status();
+  // The refused block left no trace in the counters.
+  EXPECT_EQ(alloc_->Stats().peak_total, 800);
+  EXPECT_EQ(alloc_->Stats().num_allocations, 1);
+  EXPECT_TRUE(Tensor::Allocate({50}, DType::kFloat32, MemoryTag::kGrad).ok());
+  alloc_->SetLimit(0);
+  EXPECT_EQ(alloc_->limit(), 0);
+  EXPECT_TRUE(Tensor::Allocate({1000}, DType::kFloat32, MemoryTag::kGrad).ok());
 }
 
 TEST_F(TensorTest, ZeroSizedTensors) {
@@ -153,6 +207,10 @@ TEST(AllocatorTest, StorageFreedAfterScopeEndsStillCountsOnItsAllocator) {
 }
 
 TEST(FormatBytesTest, Units) {
+  EXPECT_EQ(FormatBytes(-1536), "-1.50KiB");
+  EXPECT_EQ(FormatBytes((int64_t{1} << 40) - (int64_t{1} << 29)), "1023.50GiB");
+  EXPECT_EQ(FormatBytes(int64_t{1} << 48), "256.00TiB");
+  EXPECT_EQ(FormatBytes(std::numeric_limits<int64_t>::min()), "-8388608.00TiB");
   EXPECT_EQ(FormatBytes(512), "512B");
   EXPECT_EQ(FormatBytes(1536), "1.50KiB");
   EXPECT_EQ(FormatBytes(3 << 20), "3.00MiB");

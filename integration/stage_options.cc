@@ -1,8 +1,6 @@
 #include "integration/stage_options.h"
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +8,8 @@
 #include "absl/time/time.h"
 #include "core/dtype.h"
 #include "core/status_macros.h"
+#include "core/text_file.h"
+#include "core/timeout.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "policy/config.h"
@@ -28,6 +28,8 @@ class FirstError : public google::protobuf::io::ErrorCollector {
   }
   bool has_error() const { return has_error_; }
   const std::string& text() const { return text_; }
+  // True when the first error is the parser's recursion limit.
+  bool too_deep() const { return text_.find("recursion limit") != std::string::npos; }
 
  private:
   bool has_error_ = false;
@@ -126,12 +128,9 @@ absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config,
   if (config.has_release_after_fit()) options.release_after_fit = config.release_after_fit();
   if (config.has_max_grad_norm()) options.max_grad_norm = config.max_grad_norm();
   if (config.has_collective_timeout_s()) {
-    const double s = config.collective_timeout_s();
-    if (!(s > 0) || !std::isfinite(s)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "StageConfig.collective_timeout_s = ", s, ": must be a finite number of seconds > 0"));
-    }
-    options.wrap.timeout = absl::Seconds(s);
+    ASSIGN_OR_RETURN(options.wrap.timeout,
+                     core::TimeoutFromSeconds(config.collective_timeout_s(),
+                                              "StageConfig.collective_timeout_s"));
   }
   return options;
 }
@@ -142,21 +141,22 @@ absl::StatusOr<StageOptions> ParseStageOptions(absl::string_view text,
   FirstError errors;
   google::protobuf::TextFormat::Parser parser;
   parser.RecordErrorsTo(&errors);
+  // StageConfig.policy is one level down: allow the policy's full depth below it, and
+  // no more (unbounded, a deeply nested config overflows the parser's stack).
+  parser.SetRecursionLimit(policy::kPolicyParseRecursionLimit + 1);
   const bool ok = parser.ParseFromString(std::string(text), &config);
   if (!ok || errors.has_error()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "StageConfig: ", errors.has_error() ? errors.text() : "text format parse failed"));
+        "StageConfig: ", errors.has_error() ? errors.text() : "text format parse failed",
+        errors.too_deep() ? policy::PolicyDepthHint() : ""));
   }
   return StageOptionsFromProto(config, base);
 }
 
 absl::StatusOr<StageOptions> ReadStageOptionsFile(const std::string& path,
                                                  const StageOptions& base) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read stage config file '", path, "'"));
-  std::stringstream contents;
-  contents << in.rdbuf();
-  absl::StatusOr<StageOptions> options = ParseStageOptions(contents.str(), base);
+  ASSIGN_OR_RETURN(std::string contents, core::ReadTextFile(path, "stage config"));
+  absl::StatusOr<StageOptions> options = ParseStageOptions(contents, base);
   if (!options.ok()) return Prefixed(options.status(), path);
   return options;
 }

@@ -55,15 +55,20 @@ struct StageOptions {
 // Options from a StageConfig: set fields replace those of `base` (by default the
 // defaults above). The policy is built
 // from the policy registry (policy/config.h). InvalidArgument naming the field
-// ("StageConfig.strategy", ...) for a bad value; NotFound for an unknown policy name.
+// ("StageConfig.strategy", ...) for a bad value, including a collective_timeout_s
+// outside core::TimeoutFromSeconds's range (1 ms to 7 days; NOTE [Timeout range] in
+// core/timeout.h); NotFound for an unknown policy name.
 absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config,
                                                   const StageOptions& base = StageOptions());
 
-// The same from text format; syntax errors say "StageConfig: line L, column C".
+// The same from text format; syntax errors say "StageConfig: line L, column C" (nesting
+// deeper than policy::kMaxPolicyDepth included). Never crashes, whatever the bytes.
 absl::StatusOr<StageOptions> ParseStageOptions(absl::string_view text,
                                               const StageOptions& base = StageOptions());
 
-// ParseStageOptions of a file's contents; NotFound / errors name the file.
+// ParseStageOptions of a file's contents; errors name the file: NotFound when it does
+// not exist, InvalidArgument when it is a directory, unreadable or not text
+// (core/text_file.h) — never silently the defaults.
 absl::StatusOr<StageOptions> ReadStageOptionsFile(const std::string& path,
                                                  const StageOptions& base = StageOptions());
 

@@ -4,7 +4,9 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "policy/config.h"
 #include "gtest/gtest.h"
 
 namespace integration {
@@ -139,6 +141,67 @@ TEST(StageOptionsTest, ReadsAFileAndNamesItInErrors) {
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_EQ(good->fit_steps, 42);
   EXPECT_EQ(ReadStageOptionsFile(path + ".missing").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(StageOptionsTest, DeeplyNestedPolicyIsASyntaxErrorNotACrash) {
+  std::string text = "fit_steps: 3\npolicy { ";
+  for (int i = 0; i < 10000; ++i) text += "negate { ";
+  text += "name: \"always\"";
+  for (int i = 0; i < 10000; ++i) text += " }";
+  text += " }\n";
+  absl::StatusOr<StageOptions> parsed = ParseStageOptions(text);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(parsed.status().message(), HasSubstr("StageConfig: line 2, column "));
+  EXPECT_THAT(parsed.status().message(), HasSubstr("nest at most 64 levels"));
+}
+
+TEST(StageOptionsTest, PolicyNestedUpToTheLimitIsAccepted) {
+  std::string text = "policy { ";
+  for (int i = 0; i < policy::kMaxPolicyDepth; ++i) text += "negate { ";
+  text += "name: \"module_types\" param { key: \"types\" value: \"TransformerBlock\" }";
+  for (int i = 0; i < policy::kMaxPolicyDepth; ++i) text += " }";
+  text += " }";
+  absl::StatusOr<StageOptions> parsed = ParseStageOptions(text);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_NE(parsed->wrap.policy, nullptr);
+}
+
+TEST(StageOptionsTest, TimeoutsOutsideTheRangeAreRejectedWithTheRange) {
+  // inf and 1e10 used to overflow into an immediate timeout; nan, 0 and negatives
+  // have no meaning. There is no "no timeout".
+  for (const char* value : {"inf", "-inf", "nan", "0", "-3", "1e10", "604801", "1e-9"}) {
+    absl::StatusOr<StageOptions> parsed =
+        ParseStageOptions(absl::StrCat("collective_timeout_s: ", value));
+    ASSERT_FALSE(parsed.ok()) << value;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << value;
+    EXPECT_THAT(parsed.status().message(), HasSubstr("StageConfig.collective_timeout_s = "));
+    EXPECT_THAT(parsed.status().message(), HasSubstr("[0.001, 604800]"));
+  }
+  absl::StatusOr<StageOptions> week = ParseStageOptions("collective_timeout_s: 604800");
+  ASSERT_TRUE(week.ok()) << week.status();
+  EXPECT_EQ(week->wrap.timeout, absl::Hours(24 * 7));
+}
+
+TEST(StageOptionsTest, DirectoryOrBinaryStageConfigIsInvalidArgumentNamingThePath) {
+  // A directory used to read as an empty config: every default, exit status 0.
+  const std::string dir = ::testing::TempDir();
+  absl::StatusOr<StageOptions> parsed = ReadStageOptionsFile(dir);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(parsed.status().message(), HasSubstr("stage config file '" + dir + "'"));
+  EXPECT_THAT(parsed.status().message(), HasSubstr("is a directory"));
+
+  const std::string binary = dir + "/stage_config.bin";
+  {
+    std::ofstream out(binary, std::ios::binary);
+    out << std::string("\x28\x07\x00\x01\xfe", 5);
+  }
+  parsed = ReadStageOptionsFile(binary);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(parsed.status().message(), HasSubstr(binary));
+  EXPECT_THAT(parsed.status().message(), HasSubstr("not a text file"));
 }
 
 }  // namespace

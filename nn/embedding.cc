@@ -16,9 +16,10 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, uint64_t see
   config_error_ =
       internal::FirstError({internal::PositiveOrMessage("num_embeddings", num_embeddings),
                             internal::PositiveOrMessage("embedding_dim", embedding_dim)});
-  weight_ = RegisterParameter(
-      "weight", core::Tensor::Empty({std::max<int64_t>(num_, 0), std::max<int64_t>(dim_, 0)},
-                                    core::DType::kFloat32, core::MemoryTag::kParam));
+  // Sized from user input: an allocation failure is recorded, not fatal
+  // (core::Module::AllocateParameter, ConstructionStatus()).
+  weight_ = AllocateParameter("weight",
+                              {std::max<int64_t>(num_, 0), std::max<int64_t>(dim_, 0)});
   core::Rng rng(seed);
   FillNormal(weight_->data, 0.0f, 1.0f, &rng);
 }

@@ -17,6 +17,17 @@ core::Tensor Ids(std::vector<int32_t> v, core::Shape s) {
   return core::Tensor::FromInts(v, s).value();
 }
 
+TEST(EmbeddingTest, TableTooLargeToAllocateIsReportedNotFatal) {
+  // 2^40 x 1024 floats: the constructor cannot return an error, so it records it.
+  auto wte = std::make_shared<Embedding>(int64_t{1} << 40, 1024);
+  absl::Status status = wte->ConstructionStatus();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("(Embedding): parameter 'weight'"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("[1099511627776, 1024]"));
+  absl::StatusOr<core::Tensor> y = wte->Forward(Ids({0}, {1}));
+  EXPECT_EQ(y.status().code(), absl::StatusCode::kResourceExhausted) << y.status();
+}
+
 TEST(EmbeddingTest, ForwardLooksUpRowsForAnyShape) {
   Embedding emb(4, 3, 1);
   const std::vector<float> table = emb.weight()->data.ToVector();

@@ -1,11 +1,14 @@
 #include "nn/gpt.h"
 
 #include <cmath>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/allocator.h"
 #include "core/random.h"
 #include "core/status_macros.h"
 #include "nn/internal/validate.h"
@@ -13,6 +16,58 @@
 #include "nn/transformer.h"
 
 namespace nn {
+
+namespace {
+
+// a * b and a + b, or nullopt on int64 overflow (sizes come from user configs).
+std::optional<int64_t> Mul(std::optional<int64_t> a, std::optional<int64_t> b) {
+  int64_t out;
+  if (!a || !b || __builtin_mul_overflow(*a, *b, &out)) return std::nullopt;
+  return out;
+}
+std::optional<int64_t> Add(std::optional<int64_t> a, std::optional<int64_t> b) {
+  int64_t out;
+  if (!a || !b || __builtin_add_overflow(*a, *b, &out)) return std::nullopt;
+  return out;
+}
+
+}  // namespace
+
+absl::Status Gpt::CheckParametersFit(const GptConfig& config) {
+  const int64_t C = config.n_embd;
+  // Elements: wte V*C, wpe T*C, each block 12*C*C + 13*C (ln_1, qkv, proj, ln_2, fc,
+  // proj), ln_f 2*C; fp32.
+  const std::optional<int64_t> wte = Mul(config.vocab_size, C);
+  const std::optional<int64_t> wpe = Mul(config.block_size, C);
+  const std::optional<int64_t> block = Add(Mul(Mul(12, C), C), Mul(13, C));
+  const std::optional<int64_t> bytes =
+      Mul(Add(Add(Add(wte, wpe), Mul(config.n_layer, block)), Mul(2, C)), 4);
+  const std::string what = absl::StrCat(
+      "GptConfig (vocab_size=", config.vocab_size, ", block_size=", config.block_size,
+      ", n_embd=", C, ", n_layer=", config.n_layer, ")");
+  if (!bytes.has_value()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": the parameters' size in bytes overflows int64 (wte.weight alone is [",
+        config.vocab_size, ", ", C, "])"));
+  }
+  std::shared_ptr<core::Allocator> allocator = core::Allocator::Current(core::Device::Cpu());
+  const int64_t limit = allocator->limit();
+  const int64_t in_use = allocator->Stats().current_total;
+  if (limit > 0 && *bytes > limit - in_use) {
+    // Name the largest tensor, which is where the size comes from.
+    const bool wte_largest = wte.value_or(0) >= wpe.value_or(0) && wte.value_or(0) >= block.value_or(0);
+    const std::string largest =
+        wte_largest ? absl::StrCat("wte.weight [", config.vocab_size, ", ", C, "] alone is ",
+                                   core::FormatBytes(Mul(wte, 4).value_or(0)))
+                    : absl::StrCat("each of the ", config.n_layer, " blocks is ",
+                                   core::FormatBytes(Mul(block, 4).value_or(0)));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": the parameters need ", core::FormatBytes(*bytes), " (", *bytes, " bytes; ",
+        largest, "), more than the CPU allocator can hold: limit ", core::FormatBytes(limit),
+        " with ", core::FormatBytes(in_use), " in use"));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::shared_ptr<Gpt>> Gpt::Create(const GptConfig& config) {
   const std::pair<const char*, int64_t> sizes[] = {{"vocab_size", config.vocab_size},
@@ -31,7 +86,13 @@ absl::StatusOr<std::shared_ptr<Gpt>> Gpt::Create(const GptConfig& config) {
                                                    ") must be divisible by GptConfig.n_head (",
                                                    config.n_head, ")"));
   }
+  RETURN_IF_ERROR(CheckParametersFit(config));
   std::shared_ptr<Gpt> gpt(new Gpt(config));
+  // A backstop for the check above: a parameter that still could not be allocated.
+  absl::Status allocated = gpt->ConstructionStatus();
+  if (!allocated.ok()) {
+    return absl::Status(allocated.code(), absl::StrCat("Gpt: ", allocated.message()));
+  }
   gpt->InitializeWeights();
   return gpt;
 }

@@ -48,7 +48,11 @@ struct GptConfig {
 class Gpt : public core::Module {
  public:
   // A freshly initialised model. InvalidArgument naming the option (e.g.
-  // "GptConfig.n_head") unless every size is positive and n_embd % n_head == 0.
+  // "GptConfig.n_head") unless every size is positive and n_embd % n_head == 0;
+  // ResourceExhausted naming the sizes and the largest tensor (e.g. "wte.weight") when
+  // the parameters' bytes overflow int64 or exceed what the current CPU allocator may
+  // still hold (core::Allocator::limit()), or naming the module and parameter when an
+  // allocation fails. Never aborts on sizes.
   static absl::StatusOr<std::shared_ptr<Gpt>> Create(const GptConfig& config);
 
   std::string TypeName() const override { return "Gpt"; }
@@ -71,6 +75,8 @@ class Gpt : public core::Module {
   absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
 
  private:
+  // OK when the parameters of `config` fit the current CPU allocator (see Create).
+  static absl::Status CheckParametersFit(const GptConfig& config);
   explicit Gpt(const GptConfig& config);
   void InitializeWeights();
 

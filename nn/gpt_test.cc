@@ -70,6 +70,39 @@ TEST(GptTest, CreateValidatesTheConfigNamingTheOption) {
   }
 }
 
+TEST(GptTest, ModelsThatCannotBeAllocatedAreResourceExhaustedNamingTheTensor) {
+  // vocab 2^40: wte alone is 2^40 x 64 floats = 256 TiB, more than any host.
+  GptConfig huge_vocab;
+  huge_vocab.vocab_size = int64_t{1} << 40;
+  absl::StatusOr<std::shared_ptr<Gpt>> gpt = Gpt::Create(huge_vocab);
+  EXPECT_EQ(gpt.status().code(), absl::StatusCode::kResourceExhausted) << gpt.status();
+  EXPECT_THAT(std::string(gpt.status().message()), HasSubstr("wte.weight [1099511627776, 64]"));
+  EXPECT_THAT(std::string(gpt.status().message()), HasSubstr("256.00TiB"));
+
+  // Sizes whose parameter bytes overflow int64.
+  GptConfig overflow;
+  overflow.vocab_size = int64_t{1} << 60;
+  overflow.n_embd = int64_t{1} << 20;
+  overflow.n_head = 1;
+  gpt = Gpt::Create(overflow);
+  EXPECT_EQ(gpt.status().code(), absl::StatusCode::kResourceExhausted) << gpt.status();
+  EXPECT_THAT(std::string(gpt.status().message()), HasSubstr("overflows int64"));
+
+  // Many small blocks add up: a CPU allocator with a 1 MiB limit refuses a model whose
+  // parameters need more, before building any of it.
+  auto small = std::make_shared<core::Allocator>(core::Device::Cpu());
+  small->SetLimit(1 << 20);
+  core::ScopedAllocator scope(small);
+  GptConfig deep;
+  deep.n_layer = 1000;  // 1000 x 49,984 floats = 190 MiB
+  gpt = Gpt::Create(deep);
+  EXPECT_EQ(gpt.status().code(), absl::StatusCode::kResourceExhausted) << gpt.status();
+  EXPECT_THAT(std::string(gpt.status().message()), HasSubstr("each of the 1000 blocks"));
+  EXPECT_EQ(small->Stats().peak_total, 0);
+  // The default model (about 106k parameters, 415 KiB) still fits under that limit.
+  EXPECT_TRUE(Gpt::Create(GptConfig()).ok());
+}
+
 TEST(GptTest, ParameterNamesOrderAndTying) {
   std::shared_ptr<Gpt> gpt = MakeGpt(GptConfig{});
   ASSERT_NE(gpt, nullptr);

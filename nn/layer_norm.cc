@@ -16,11 +16,10 @@ LayerNorm::LayerNorm(int64_t dim, float eps) : dim_(dim), eps_(eps) {
     config_error_ = absl::StrCat("eps must be finite and >= 0, got ", eps);
   }
   const int64_t n = std::max<int64_t>(dim, 0);
-  weight_ = RegisterParameter(
-      "weight", core::Tensor::Empty({n}, core::DType::kFloat32, core::MemoryTag::kParam));
+  weight_ = AllocateParameter("weight", {n});
   weight_->data.Fill(1.0f);
-  bias_ = RegisterParameter(
-      "bias", core::Tensor::Zeros({n}, core::DType::kFloat32, core::MemoryTag::kParam));
+  bias_ = AllocateParameter("bias", {n});
+  bias_->data.Zero();
 }
 
 absl::StatusOr<core::Tensor> LayerNorm::ForwardImpl(const core::Tensor& x) {

@@ -19,12 +19,10 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, uint64_t se
   // Invalid sizes still get (empty) parameters so the object is well formed.
   const int64_t in = std::max<int64_t>(in_features, 0);
   const int64_t out = std::max<int64_t>(out_features, 0);
-  weight_ = RegisterParameter(
-      "weight", core::Tensor::Empty({out, in}, core::DType::kFloat32, core::MemoryTag::kParam));
-  if (bias) {
-    bias_ = RegisterParameter(
-        "bias", core::Tensor::Empty({out}, core::DType::kFloat32, core::MemoryTag::kParam));
-  }
+  // Sized from user input: an allocation failure is recorded, not fatal
+  // (core::Module::AllocateParameter, ConstructionStatus()).
+  weight_ = AllocateParameter("weight", {out, in});
+  if (bias) bias_ = AllocateParameter("bias", {out});
   core::Rng rng(seed);
   const float bound = in > 0 ? 1.0f / std::sqrt(static_cast<float>(in)) : 0.0f;
   FillUniform(weight_->data, -bound, bound, &rng);
@@ -45,8 +43,8 @@ Linear::Linear(TiedTag, core::ParameterPtr weight, bool bias) {
   }
   weight_ = RegisterParameter("weight", std::move(weight));
   if (bias) {
-    bias_ = RegisterParameter(
-        "bias", core::Tensor::Zeros({out_}, core::DType::kFloat32, core::MemoryTag::kParam));
+    bias_ = AllocateParameter("bias", {out_});
+    bias_->data.Zero();
   }
 }
 

@@ -1,7 +1,5 @@
 #include "policy/config.h"
 
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -9,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/status_macros.h"
+#include "core/text_file.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 
@@ -29,6 +28,10 @@ class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
   void AddWarning(int, google::protobuf::io::ColumnNumber, const std::string&) override {}
 
   bool has_error() const { return has_error_; }
+  // True when the first error is the parser's recursion limit.
+  bool too_deep() const {
+    return has_error_ && message_.find("recursion limit") != std::string::npos;
+  }
   std::string Describe() const {
     return absl::StrCat("line ", line_ + 1, ", column ", column_ + 1, ": ", message_);
   }
@@ -40,13 +43,30 @@ class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
   std::string message_;
 };
 
+}  // namespace
+
+std::string PolicyDepthHint() {
+  return absl::StrCat(" (policy expressions may nest at most ", kMaxPolicyDepth,
+                      " levels of any_of / all_of / negate)");
+}
+
+namespace {
+
 absl::Status Prefixed(const absl::Status& s, absl::string_view prefix) {
   return absl::Status(s.code(), absl::StrCat(prefix, ": ", s.message()));
 }
 
+// Builds the expression `config` found at `where`, `depth` levels below the top. The
+// recursion is bounded: deeper than kMaxPolicyDepth is an error before recursing.
 absl::StatusOr<WrapPolicyPtr> BuildExpression(const WrapPolicyConfig& config,
-                                              const std::string& where, bool top_level,
+                                              const std::string& where, int depth,
                                               const PolicyRegistry& registry) {
+  const bool top_level = depth == 0;
+  if (depth > kMaxPolicyDepth) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": policy expressions nest more than ", kMaxPolicyDepth,
+                     " levels deep (any_of / all_of / negate)"));
+  }
   std::vector<std::string> set;
   if (!config.name().empty()) set.push_back("name");
   if (config.any_of_size() > 0) set.push_back("any_of");
@@ -89,8 +109,8 @@ absl::StatusOr<WrapPolicyPtr> BuildExpression(const WrapPolicyConfig& config,
     return made;
   }
   if (config.has_negate()) {
-    ASSIGN_OR_RETURN(WrapPolicyPtr inner, BuildExpression(config.negate(), where + ".negate",
-                                                          /*top_level=*/false, registry));
+    ASSIGN_OR_RETURN(WrapPolicyPtr inner,
+                     BuildExpression(config.negate(), where + ".negate", depth + 1, registry));
     return Not(std::move(inner));
   }
   const bool is_or = config.any_of_size() > 0;
@@ -100,7 +120,7 @@ absl::StatusOr<WrapPolicyPtr> BuildExpression(const WrapPolicyConfig& config,
     ASSIGN_OR_RETURN(WrapPolicyPtr child,
                      BuildExpression(children.Get(i),
                                      absl::StrCat(where, is_or ? ".any_of[" : ".all_of[", i, "]"),
-                                     /*top_level=*/false, registry));
+                                     depth + 1, registry));
     built.push_back(std::move(child));
   }
   return is_or ? Or(std::move(built)) : And(std::move(built));
@@ -113,21 +133,22 @@ absl::StatusOr<WrapPolicyConfig> ParseWrapPolicyConfig(absl::string_view text) {
   FirstErrorCollector errors;
   google::protobuf::TextFormat::Parser parser;
   parser.RecordErrorsTo(&errors);
+  // Without a limit the parser recurses once per nested message: `negate {` ten
+  // thousand times overflows the stack.
+  parser.SetRecursionLimit(kPolicyParseRecursionLimit);
   const bool ok = parser.ParseFromString(std::string(text), &config);
   if (!ok || errors.has_error()) {
     return absl::InvalidArgumentError(
         absl::StrCat("WrapPolicyConfig: ",
-                     errors.has_error() ? errors.Describe() : "text format parse failed"));
+                     errors.has_error() ? errors.Describe() : "text format parse failed",
+                     errors.too_deep() ? PolicyDepthHint() : ""));
   }
   return config;
 }
 
 absl::StatusOr<WrapPolicyConfig> ReadWrapPolicyConfigFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read policy config file '", path, "'"));
-  std::stringstream contents;
-  contents << in.rdbuf();
-  absl::StatusOr<WrapPolicyConfig> config = ParseWrapPolicyConfig(contents.str());
+  ASSIGN_OR_RETURN(std::string contents, core::ReadTextFile(path, "policy config"));
+  absl::StatusOr<WrapPolicyConfig> config = ParseWrapPolicyConfig(contents);
   if (!config.ok()) return Prefixed(config.status(), path);
   return config;
 }
@@ -135,8 +156,7 @@ absl::StatusOr<WrapPolicyConfig> ReadWrapPolicyConfigFile(const std::string& pat
 absl::StatusOr<ConfiguredPolicy> BuildPolicy(const WrapPolicyConfig& config,
                                              const PolicyRegistry& registry) {
   ConfiguredPolicy out;
-  ASSIGN_OR_RETURN(out.policy, BuildExpression(config, "WrapPolicyConfig", /*top_level=*/true,
-                                               registry));
+  ASSIGN_OR_RETURN(out.policy, BuildExpression(config, "WrapPolicyConfig", /*depth=*/0, registry));
   for (int i = 0; i < config.ignored_modules_size(); ++i) {
     if (config.ignored_modules(i).empty()) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -30,6 +30,21 @@
 
 namespace policy {
 
+// How deeply policy expressions may nest: an any_of / all_of / negate chain at most this
+// many levels below the top. Deeper text is a syntax error (the protobuf parser stops
+// at this depth instead of recursing into a stack overflow) and a deeper proto built in
+// code is InvalidArgument from BuildPolicy naming the path where it went too deep.
+inline constexpr int kMaxPolicyDepth = 64;
+
+// The protobuf text parser's recursion limit that allows kMaxPolicyDepth levels of
+// expressions plus a `param { }` in the innermost; a message that embeds a
+// WrapPolicyConfig `k` levels down uses kPolicyParseRecursionLimit + k.
+inline constexpr int kPolicyParseRecursionLimit = kMaxPolicyDepth + 1;
+
+// " (policy expressions may nest at most 64 levels of any_of / all_of / negate)": what
+// parsers of messages embedding a WrapPolicyConfig append to a recursion-limit error.
+std::string PolicyDepthHint();
+
 // What a config selects: the policy and the module paths to ignore.
 struct ConfiguredPolicy {
   WrapPolicyPtr policy;
@@ -37,17 +52,20 @@ struct ConfiguredPolicy {
 };
 
 // Parses text format. InvalidArgument "WrapPolicyConfig: line L, column C: <what>" for
-// the first syntax error (unknown fields included); no semantic checks.
+// the first syntax error (unknown fields, and nesting deeper than kMaxPolicyDepth,
+// included); no semantic checks. Never crashes, whatever the bytes.
 absl::StatusOr<WrapPolicyConfig> ParseWrapPolicyConfig(absl::string_view text);
 
 // ParseWrapPolicyConfig on a file's contents; the message starts with the file name.
-// NotFound when the file cannot be read.
+// NotFound when the file does not exist; InvalidArgument naming the file when it is a
+// directory, unreadable, or not text (core/text_file.h).
 absl::StatusOr<WrapPolicyConfig> ReadWrapPolicyConfigFile(const std::string& path);
 
 // Checks `config` and builds its policy with `registry`'s factories. InvalidArgument
 // (naming the option) unless every expression sets exactly one of name / any_of /
-// all_of / negate, params appear only beside a name, and ignored_modules only at the
-// top; errors from the registry and factories carry the option's path.
+// all_of / negate, params appear only beside a name, ignored_modules only at the top,
+// and no expression is nested more than kMaxPolicyDepth levels deep; errors from the
+// registry and factories carry the option's path.
 absl::StatusOr<ConfiguredPolicy> BuildPolicy(
     const WrapPolicyConfig& config, const PolicyRegistry& registry = PolicyRegistry::Global());
 

@@ -1,5 +1,6 @@
 #include "policy/config.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -166,6 +167,81 @@ TEST(ConfigTest, FilesPrefixErrorsWithTheirName) {
   absl::StatusOr<ConfiguredPolicy> built = BuildPolicy(*c);
   ASSERT_TRUE(built.ok()) << built.status();
   EXPECT_EQ(built->policy->Name(), "module_types(A, B)");
+}
+
+// `depth` nested negates around `inner`, in text format.
+std::string NestedNegates(int depth, const std::string& inner) {
+  std::string text;
+  for (int i = 0; i < depth; ++i) text += "negate { ";
+  text += inner;
+  for (int i = 0; i < depth; ++i) text += " }";
+  return text;
+}
+
+TEST(ConfigTest, DeeplyNestedTextIsASyntaxErrorNotAStackOverflow) {
+  // Without the parser's recursion limit this overflows the stack (SIGSEGV).
+  const std::string text = NestedNegates(10000, "name: \"always\"");
+  absl::StatusOr<WrapPolicyConfig> c = ParseWrapPolicyConfig(text);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+  EXPECT_TRUE(Has(c.status().message(), "WrapPolicyConfig: line 1, column ")) << c.status();
+  EXPECT_TRUE(Has(c.status().message(), "nest at most 64 levels")) << c.status();
+  // Unbalanced (never closed) nesting too.
+  EXPECT_EQ(ParseWrapPolicyConfig(std::string(100000, '{')).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::string open;
+  for (int i = 0; i < 100000; ++i) open += "all_of {";
+  EXPECT_EQ(ParseWrapPolicyConfig(open).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ConfigTest, NestingUpToTheLimitParsesAndBuilds) {
+  // kMaxPolicyDepth negates with a parameterised policy innermost: the deepest allowed.
+  const std::string inner = "name: \"module_types\" param { key: \"types\" value: \"A\" }";
+  absl::StatusOr<ConfiguredPolicy> c = BuildPolicyFromText(NestedNegates(kMaxPolicyDepth, inner));
+  ASSERT_TRUE(c.ok()) << c.status();
+  // An even number of negations: wraps exactly what module_types(A) wraps.
+  auto m = TestModule::Make("X");
+  EXPECT_TRUE(c->policy->ShouldWrap(*m, Ctx("A", 1)));
+  EXPECT_FALSE(c->policy->ShouldWrap(*m, Ctx("B", 1)));
+  // One more level is refused.
+  absl::StatusOr<WrapPolicyConfig> deeper =
+      ParseWrapPolicyConfig(NestedNegates(kMaxPolicyDepth + 1, inner));
+  EXPECT_EQ(deeper.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ConfigTest, BuildPolicyCapsTheDepthOfProtosBuiltInCode) {
+  // A proto built in code never went through the parser's limit.
+  WrapPolicyConfig config;
+  WrapPolicyConfig* at = &config;
+  for (int i = 0; i < 1000; ++i) at = at->add_any_of()->mutable_negate();
+  at->set_name("always");
+  absl::StatusOr<ConfiguredPolicy> c = BuildPolicy(config);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+  EXPECT_TRUE(Has(c.status().message(), "WrapPolicyConfig.any_of[0].negate.any_of[0].negate"))
+      << c.status();
+  EXPECT_TRUE(Has(c.status().message(), ": policy expressions nest more than 64 levels deep"))
+      << c.status();
+  // The error is reported where the limit is crossed: 65 levels down, not 2000.
+  const std::string message(c.status().message());
+  const size_t levels = std::count(message.begin(), message.end(), '.');
+  EXPECT_EQ(levels, static_cast<size_t>(kMaxPolicyDepth + 1)) << message;
+}
+
+TEST(ConfigTest, DirectoriesAndBinaryFilesAreInvalidArgumentNamingThePath) {
+  const std::string dir = std::string(getenv("TEST_TMPDIR"));
+  absl::StatusOr<WrapPolicyConfig> c = ReadWrapPolicyConfigFile(dir);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+  EXPECT_TRUE(Has(c.status().message(), "policy config file '" + dir + "' is a directory"))
+      << c.status();
+
+  const std::string binary = dir + "/policy.bin";
+  {
+    std::ofstream out(binary, std::ios::binary);
+    out << std::string("\x0a\x06always\x00\xff", 10);
+  }
+  c = ReadWrapPolicyConfigFile(binary);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+  EXPECT_TRUE(Has(c.status().message(), binary)) << c.status();
+  EXPECT_TRUE(Has(c.status().message(), "not a text file")) << c.status();
 }
 
 }  // namespace

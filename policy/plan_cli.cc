@@ -102,7 +102,15 @@ absl::StatusOr<std::shared_ptr<core::Module>> BuildCliModel(const PlanCliOptions
       layers.push_back(std::make_shared<nn::Linear>(options.mlp_sizes[i], options.mlp_sizes[i + 1],
                                                     /*bias=*/true, /*seed=*/i));
     }
-    return std::shared_ptr<core::Module>(nn::Sequential::Make(std::move(layers)));
+    std::shared_ptr<core::Module> mlp = nn::Sequential::Make(std::move(layers));
+    // Linear cannot return errors: a layer too large to allocate is recorded instead.
+    absl::Status allocated = mlp->ConstructionStatus();
+    if (!allocated.ok()) {
+      return absl::Status(allocated.code(),
+                          absl::StrCat("--mlp_sizes=", absl::StrJoin(options.mlp_sizes, ","),
+                                       ": ", allocated.message()));
+    }
+    return mlp;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("--model must be gpt or mlp, got '", options.model, "'"));

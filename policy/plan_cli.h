@@ -60,7 +60,9 @@ struct PlanCliOptions {
   bool print_proto = false;
 };
 
-// The model `options` describes, freshly initialised. InvalidArgument naming the flag.
+// The model `options` describes, freshly initialised. InvalidArgument naming the flag;
+// ResourceExhausted naming the flag and the tensor when its parameters cannot be
+// allocated (their size overflows or exceeds the host's memory).
 absl::StatusOr<std::shared_ptr<core::Module>> BuildCliModel(const PlanCliOptions& options);
 
 // "Gpt(vocab_size=50257, block_size=1024, n_embd=768, n_layer=12, n_head=12)" or

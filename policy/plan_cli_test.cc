@@ -62,6 +62,24 @@ TEST(PlanCliTest, PolicyParamsReachAnyRegisteredPolicy) {
       << *out;
 }
 
+TEST(PlanCliTest, ModelsTooLargeToAllocateAreResourceExhaustedNotAborts) {
+  PlanCliOptions gpt = SmallGpt();
+  gpt.gpt.vocab_size = int64_t{1} << 40;  // wte alone: 2^40 x 64 floats = 256 TiB
+  absl::StatusOr<std::string> out = RunPlanCli(gpt);
+  ASSERT_EQ(out.status().code(), absl::StatusCode::kResourceExhausted) << out.status();
+  EXPECT_TRUE(Has(out.status().message(), "--model=gpt")) << out.status();
+  EXPECT_TRUE(Has(out.status().message(), "wte.weight [1099511627776, 64]")) << out.status();
+
+  PlanCliOptions mlp = SmallGpt();
+  mlp.model = "mlp";
+  mlp.mlp_sizes = {8, int64_t{1} << 62, 4};  // Linear(8, 2^62): bytes overflow
+  out = RunPlanCli(mlp);
+  ASSERT_EQ(out.status().code(), absl::StatusCode::kResourceExhausted) << out.status();
+  EXPECT_TRUE(Has(out.status().message(), "--mlp_sizes=8,4611686018427387904,4: 0 (Linear): "
+                                          "parameter 'weight'"))
+      << out.status();
+}
+
 TEST(PlanCliTest, BadOptionsNameTheFlag) {
   struct Case {
     std::function<void(PlanCliOptions*)> edit;

@@ -77,6 +77,19 @@ expect_status 2 "GptConfig.n_head" "${SMALL[@]}" --n_head=3 --policy=never
 expect_status 2 "unexpected argument 'stray'" "${SMALL[@]}" --policy=never stray
 expect_status 2 "--world_size needs a value" "${SMALL[@]}" --policy=never --world_size
 
+# Bad input files and sizes: an error naming the problem, never a crash or a silent default.
+expect_status 2 "policy config file '$TMP' is a directory" "${SMALL[@]}" --policy_config="$TMP"
+printf 'name: "always"\n\x00\xff' > "$TMP/binary.txt"
+expect_status 2 "is not a text file" "${SMALL[@]}" --policy_config="$TMP/binary.txt"
+# negate { x 10,000 used to overflow the parser's stack (SIGSEGV).
+{ for ((i = 0; i < 10000; ++i)); do printf 'negate { '; done
+  printf 'name: "always"'
+  for ((i = 0; i < 10000; ++i)); do printf ' }'; done; } > "$TMP/deep.txt"
+expect_status 2 "nest at most 64 levels" "${SMALL[@]}" --policy_config="$TMP/deep.txt"
+# A model that cannot be allocated: exit status 1 and the tensor named, not an abort.
+expect_status 1 "wte.weight [1099511627776, 64]" --model=gpt --vocab_size=1099511627776 \
+  --block_size=32 --n_embd=64 --n_layer=2 --n_head=4 --policy=never
+
 if [[ "$failures" != 0 ]]; then
   echo "$failures check(s) failed"
   exit 1

@@ -2,6 +2,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -13,25 +14,50 @@ namespace policy {
 namespace examples {
 
 bool PathGlobMatch(absl::string_view pattern, absl::string_view path) {
-  if (pattern.empty()) return path.empty();
-  if (pattern.substr(0, 2) == "**") {
-    const absl::string_view rest = pattern.substr(2);
-    for (size_t skip = 0; skip <= path.size(); ++skip) {
-      if (PathGlobMatch(rest, path.substr(skip))) return true;
+  // Patterns come from config files: match with a table over (pattern token, path
+  // position) in O(|pattern| * |path|) time and no recursion, so that a long pattern or
+  // one full of "**" cannot exhaust the stack or take exponential time.
+  enum class Kind { kAny, kStar, kOne, kChar };
+  struct Token {
+    Kind kind;
+    char c;
+  };
+  std::vector<Token> tokens;
+  for (size_t i = 0; i < pattern.size();) {
+    if (pattern.substr(i, 2) == "**") {
+      tokens.push_back({Kind::kAny, 0});
+      i += 2;
+    } else {
+      const char c = pattern[i++];
+      tokens.push_back({c == '*' ? Kind::kStar : c == '?' ? Kind::kOne : Kind::kChar, c});
     }
-    return false;
   }
-  if (pattern.front() == '*') {
-    const absl::string_view rest = pattern.substr(1);
-    for (size_t skip = 0; skip <= path.size(); ++skip) {
-      if (PathGlobMatch(rest, path.substr(skip))) return true;
-      if (skip < path.size() && path[skip] == '.') break;  // '*' stays inside a component
+  const size_t n = path.size();
+  // next[j]: tokens after the current one match path[j:]; row for "no tokens left" first.
+  std::vector<char> next(n + 1, 0), current(n + 1, 0);
+  next[n] = 1;
+  for (size_t t = tokens.size(); t-- > 0;) {
+    const Token& token = tokens[t];
+    for (size_t j = n + 1; j-- > 0;) {
+      const bool more = j < n;
+      switch (token.kind) {
+        case Kind::kAny:
+          current[j] = next[j] || (more && current[j + 1]);
+          break;
+        case Kind::kStar:
+          current[j] = next[j] || (more && path[j] != '.' && current[j + 1]);
+          break;
+        case Kind::kOne:
+          current[j] = more && path[j] != '.' && next[j + 1];
+          break;
+        case Kind::kChar:
+          current[j] = more && path[j] == token.c && next[j + 1];
+          break;
+      }
     }
-    return false;
+    std::swap(next, current);
   }
-  if (path.empty()) return false;
-  if (pattern.front() == '?' ? path.front() == '.' : pattern.front() != path.front()) return false;
-  return PathGlobMatch(pattern.substr(1), path.substr(1));
+  return next[0] != 0;
 }
 
 namespace {

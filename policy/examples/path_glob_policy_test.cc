@@ -45,6 +45,64 @@ TEST(PathGlobMatchTest, StarStaysInAComponentDoubleStarDoesNot) {
   EXPECT_FALSE(PathGlobMatch("wte", "wpe"));
 }
 
+// The definition by cases, recursively: the reference for small inputs.
+bool ReferenceMatch(absl::string_view pattern, absl::string_view path) {
+  if (pattern.empty()) return path.empty();
+  if (pattern.substr(0, 2) == "**") {
+    for (size_t skip = 0; skip <= path.size(); ++skip) {
+      if (ReferenceMatch(pattern.substr(2), path.substr(skip))) return true;
+    }
+    return false;
+  }
+  if (pattern.front() == '*') {
+    for (size_t skip = 0; skip <= path.size(); ++skip) {
+      if (ReferenceMatch(pattern.substr(1), path.substr(skip))) return true;
+      if (skip < path.size() && path[skip] == '.') break;
+    }
+    return false;
+  }
+  if (path.empty()) return false;
+  if (pattern.front() == '?' ? path.front() == '.' : pattern.front() != path.front()) return false;
+  return ReferenceMatch(pattern.substr(1), path.substr(1));
+}
+
+TEST(PathGlobMatchTest, AgreesWithTheDefinitionOnEveryShortPatternAndPath) {
+  // Every pattern of up to 4 symbols over {*, ?, ., a} against every path of up to 4
+  // characters over {., a, b}.
+  const std::string pattern_alphabet = "*?.a";
+  const std::string path_alphabet = ".ab";
+  auto all = [](const std::string& alphabet, int max_len) {
+    std::vector<std::string> out = {""};
+    for (size_t begin = 0, len = 1; len <= static_cast<size_t>(max_len); ++len) {
+      const size_t end = out.size();
+      for (size_t i = begin; i < end; ++i) {
+        for (char c : alphabet) out.push_back(out[i] + c);
+      }
+      begin = end;
+    }
+    return out;
+  };
+  int compared = 0;
+  for (const std::string& pattern : all(pattern_alphabet, 4)) {
+    for (const std::string& path : all(path_alphabet, 4)) {
+      ASSERT_EQ(PathGlobMatch(pattern, path), ReferenceMatch(pattern, path))
+          << "pattern '" << pattern << "' path '" << path << "'";
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 341 * 121);
+}
+
+TEST(PathGlobMatchTest, HugeAndStarHeavyPatternsNeitherOverflowNorExplode) {
+  // A million-character pattern (the recursive matcher recursed once per character)
+  // and fifty "**" before a mismatch (exponential for the recursive matcher).
+  EXPECT_FALSE(PathGlobMatch(std::string(1 << 20, '?'), "blocks.0"));
+  EXPECT_TRUE(PathGlobMatch("blocks.0" + std::string(1 << 20, '*'), "blocks.0"));
+  std::string stars;
+  for (int i = 0; i < 50; ++i) stars += "**a";
+  EXPECT_FALSE(PathGlobMatch(stars + "z", std::string(200, 'a')));
+}
+
 TEST(PathGlobPolicyTest, RegisteredByLinkingAlone) {
   EXPECT_TRUE(PolicyRegistry::Global().Contains("path_glob"));
   EXPECT_TRUE(PolicyRegistry::Global().CheckRegistrations().ok());

@@ -1,0 +1,104 @@
+#include "core/text_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace core {
+namespace {
+
+// Length of the UTF-8 sequence `lead` starts (0 for a byte that cannot start one) and
+// the smallest code point it may encode (to reject overlong forms).
+int SequenceLength(unsigned char lead) {
+  if (lead < 0x80) return 1;
+  if (lead >= 0xc2 && lead <= 0xdf) return 2;
+  if (lead >= 0xe0 && lead <= 0xef) return 3;
+  if (lead >= 0xf0 && lead <= 0xf4) return 4;
+  return 0;
+}
+
+}  // namespace
+
+int64_t FirstNonTextByte(absl::string_view text) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(text.data());
+  const int64_t n = static_cast<int64_t>(text.size());
+  int64_t i = 0;
+  while (i < n) {
+    const unsigned char lead = bytes[i];
+    if (lead == 0) return i;
+    const int len = SequenceLength(lead);
+    if (len == 0 || i + len > n) return i;
+    uint32_t cp = len == 1 ? lead : (lead & (0xff >> (len + 1)));
+    for (int k = 1; k < len; ++k) {
+      if ((bytes[i + k] & 0xc0) != 0x80) return i;
+      cp = (cp << 6) | (bytes[i + k] & 0x3f);
+    }
+    const bool overlong = (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000);
+    const bool surrogate = cp >= 0xd800 && cp <= 0xdfff;
+    if (overlong || surrogate || cp > 0x10ffff) return i;
+    i += len;
+  }
+  return -1;
+}
+
+absl::StatusOr<std::string> ReadTextFile(const std::string& path, absl::string_view what,
+                                         int64_t max_bytes) {
+  const std::string name = absl::StrCat(what, " file '", path, "'");
+  if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " file: empty path"));
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    const std::string reason = std::strerror(err);
+    if (err == ENOENT) return absl::NotFoundError(absl::StrCat("cannot read ", name, ": ", reason));
+    return absl::InvalidArgumentError(absl::StrCat("cannot read ", name, ": ", reason));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " is a directory; give the path of a text file"));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " is not a regular file; give the path of a text file"));
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read ", name, ": ", std::strerror(errno)));
+  }
+  std::string contents;
+  char buffer[1 << 16];
+  while (true) {
+    const ssize_t got = ::read(fd, buffer, sizeof(buffer));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      const std::string reason = std::strerror(errno);
+      ::close(fd);
+      return absl::InvalidArgumentError(absl::StrCat("cannot read ", name, ": ", reason));
+    }
+    if (got == 0) break;
+    if (static_cast<int64_t>(contents.size()) + got > max_bytes) {
+      ::close(fd);
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " is larger than ", max_bytes, " bytes; is it the right file?"));
+    }
+    contents.append(buffer, static_cast<size_t>(got));
+  }
+  ::close(fd);
+  const int64_t bad = FirstNonTextByte(contents);
+  if (bad >= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s is not a text file (byte 0x%02x at offset %d is %s)", name,
+        static_cast<unsigned char>(contents[bad]), bad,
+        contents[bad] == '\0' ? "a NUL" : "not valid UTF-8"));
+  }
+  return contents;
+}
+
+}  // namespace core

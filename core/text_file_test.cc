@@ -1,0 +1,99 @@
+#include "core/text_file.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace core {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string WriteFile(const std::string& name, const std::string& contents) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream out(path, std::ios::binary);
+  out << contents;
+  return path;
+}
+
+TEST(ReadTextFileTest, ReadsTextIncludingUtf8) {
+  const std::string text = "fit_steps: 3\n# caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\n";
+  absl::StatusOr<std::string> read = ReadTextFile(WriteFile("good.txt", text), "stage config");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, text);
+  EXPECT_EQ(ReadTextFile(WriteFile("empty.txt", ""), "stage config").value(), "");
+}
+
+TEST(ReadTextFileTest, MissingFileIsNotFoundNamingIt) {
+  const std::string path = ::testing::TempDir() + "/no_such_file.txt";
+  absl::StatusOr<std::string> read = ReadTextFile(path, "stage config");
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(read.status().message(), HasSubstr("stage config file '" + path + "'"));
+}
+
+TEST(ReadTextFileTest, DirectoryIsInvalidArgumentNamingIt) {
+  const std::string dir = ::testing::TempDir();
+  absl::StatusOr<std::string> read = ReadTextFile(dir, "policy config");
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(read.status().message(), HasSubstr("policy config file '" + dir + "'"));
+  EXPECT_THAT(read.status().message(), HasSubstr("is a directory"));
+}
+
+TEST(ReadTextFileTest, BinaryFilesAreInvalidArgumentWithTheOffset) {
+  const std::string nul = WriteFile("nul.bin", std::string("abc\0def", 7));
+  absl::StatusOr<std::string> read = ReadTextFile(nul, "stage config");
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(read.status().message(), HasSubstr(nul));
+  EXPECT_THAT(read.status().message(), HasSubstr("not a text file (byte 0x00 at offset 3"));
+
+  const std::string latin1 = WriteFile("latin1.bin", "ok\nfit\xe9 \n");
+  read = ReadTextFile(latin1, "stage config");
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(read.status().message(), HasSubstr("byte 0xe9 at offset 6 is not valid UTF-8"));
+}
+
+TEST(ReadTextFileTest, OversizedFileIsInvalidArgument) {
+  const std::string path = WriteFile("big.txt", std::string(100, 'a'));
+  EXPECT_TRUE(ReadTextFile(path, "x", /*max_bytes=*/100).ok());
+  absl::StatusOr<std::string> read = ReadTextFile(path, "x", /*max_bytes=*/99);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(read.status().message(), HasSubstr("larger than 99 bytes"));
+}
+
+TEST(ReadTextFileTest, UnreadablePathsAreInvalidArgument) {
+  // A path through a regular file (ENOTDIR): it exists in no sense, but it is not
+  // "missing" either; and a FIFO, which is not a regular file (reading it could block).
+  const std::string file = WriteFile("plain.txt", "x");
+  absl::StatusOr<std::string> read = ReadTextFile(file + "/inner", "stage config");
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(read.status().message(), HasSubstr(file + "/inner"));
+
+  const std::string fifo = ::testing::TempDir() + "/config.fifo";
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  read = ReadTextFile(fifo, "stage config");
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(read.status().message(), HasSubstr("is not a regular file"));
+  ::unlink(fifo.c_str());
+}
+
+TEST(FirstNonTextByteTest, FindsTheFirstBadByte) {
+  EXPECT_EQ(FirstNonTextByte(""), -1);
+  EXPECT_EQ(FirstNonTextByte("plain ascii\n\t"), -1);
+  EXPECT_EQ(FirstNonTextByte("\xc3\xa9"), -1);                 // U+00E9
+  EXPECT_EQ(FirstNonTextByte("a\xc3"), 1);                     // truncated sequence
+  EXPECT_EQ(FirstNonTextByte("ab\xc0\xaf"), 2);                // overlong '/'
+  EXPECT_EQ(FirstNonTextByte("\xe0\x80\xaf"), 0);              // overlong 3-byte
+  EXPECT_EQ(FirstNonTextByte("x\xed\xa0\x80"), 1);             // surrogate U+D800
+  EXPECT_EQ(FirstNonTextByte("\xf4\x90\x80\x80"), 0);          // above U+10FFFF
+  EXPECT_EQ(FirstNonTextByte("ok\x80"), 2);                    // stray continuation
+  EXPECT_EQ(FirstNonTextByte(absl::string_view("a\0b", 3)), 1);
+}
+
+}  // namespace
+}  // namespace core

@@ -1,0 +1,197 @@
+#include "integration/memory_estimate.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "core/format_bytes.h"
+#include "core/host_memory.h"
+
+namespace integration {
+namespace {
+
+// int64 arithmetic that remembers whether any step overflowed.
+class Checked {
+ public:
+  int64_t Mul(int64_t a, int64_t b) {
+    int64_t out = 0;
+    if (__builtin_mul_overflow(a, b, &out)) overflow_ = true;
+    return overflow_ ? 0 : out;
+  }
+  int64_t Add(int64_t a, int64_t b) {
+    int64_t out = 0;
+    if (__builtin_add_overflow(a, b, &out)) overflow_ = true;
+    return overflow_ ? 0 : out;
+  }
+  bool overflow() const { return overflow_; }
+
+ private:
+  bool overflow_ = false;
+};
+
+absl::Status Bad(absl::string_view field, int64_t value, absl::string_view rule) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("MemoryEstimateInput.", field, " = ", value, ": ", rule));
+}
+
+absl::Status Validate(const MemoryEstimateInput& in) {
+  if (in.world_size < 1) return Bad("world_size", in.world_size, "must be >= 1");
+  if (in.local_ranks < 1 || in.local_ranks > in.world_size) {
+    return Bad("local_ranks", in.local_ranks,
+               absl::StrCat("must be in [1, world_size = ", in.world_size, "]"));
+  }
+  if (in.strategy == fsdp::ShardingStrategy::kHybridShard &&
+      (in.hybrid_shard_size < 1 || in.world_size % in.hybrid_shard_size != 0)) {
+    return Bad("hybrid_shard_size", in.hybrid_shard_size,
+               absl::StrCat("HYBRID_SHARD needs a positive divisor of world_size = ",
+                            in.world_size));
+  }
+  if (in.param_dtype != core::DType::kFloat32 && in.param_dtype != core::DType::kBFloat16) {
+    return absl::InvalidArgumentError(absl::StrCat("MemoryEstimateInput.param_dtype = ",
+                                                   core::DTypeName(in.param_dtype),
+                                                   ": must be float32 or bfloat16"));
+  }
+  const ModelSizes& m = in.model;
+  if (m.num_params < 0) return Bad("model.num_params", m.num_params, "must be >= 0");
+  if (m.ignored_params < 0) return Bad("model.ignored_params", m.ignored_params, "must be >= 0");
+  if (m.largest_unit_params < 0 || m.largest_unit_params > m.num_params) {
+    return Bad("model.largest_unit_params", m.largest_unit_params,
+               absl::StrCat("must be in [0, model.num_params = ", m.num_params, "]"));
+  }
+  if (m.num_units < (m.num_params > 0 ? 1 : 0)) {
+    return Bad("model.num_units", m.num_units, "must be >= 1 when there are parameters");
+  }
+  if (in.activations.has_value()) {
+    const GptActivationShape& a = *in.activations;
+    const std::pair<const char*, int64_t> dims[] = {
+        {"batch_rows", a.batch_rows}, {"seq_len", a.seq_len},  {"n_embd", a.n_embd},
+        {"n_layer", a.n_layer},       {"n_head", a.n_head},    {"vocab_size", a.vocab_size}};
+    for (const auto& [name, value] : dims) {
+      if (value < 0) return Bad(absl::StrCat("activations.", name), value, "must be >= 0");
+    }
+  }
+  return absl::OkStatus();
+}
+
+int ShardGroupSize(const MemoryEstimateInput& in) {
+  switch (in.strategy) {
+    case fsdp::ShardingStrategy::kNoShard:
+      return 1;
+    case fsdp::ShardingStrategy::kHybridShard:
+      return in.hybrid_shard_size;
+    default:
+      return in.world_size;
+  }
+}
+
+}  // namespace
+
+ModelSizes ModelSizesFromPlan(const policy::WrapPlan& plan) {
+  ModelSizes sizes;
+  sizes.num_params = plan.totals().numel();
+  sizes.ignored_params = plan.totals().ignored_numel();
+  sizes.num_units = plan.units_size();
+  for (const policy::WrapUnit& unit : plan.units()) {
+    sizes.largest_unit_params = std::max(sizes.largest_unit_params, unit.numel());
+  }
+  return sizes;
+}
+
+ModelSizes ModelSizesOfModule(const core::Module& model) {
+  ModelSizes sizes;
+  sizes.num_params = model.NumParameterElements();
+  sizes.largest_unit_params = sizes.num_params;
+  sizes.num_units = 1;
+  return sizes;
+}
+
+GptActivationShape GptActivations(const nn::GptConfig& config, int64_t batch_rows,
+                                  int64_t seq_len) {
+  GptActivationShape shape;
+  shape.batch_rows = batch_rows;
+  shape.seq_len = seq_len;
+  shape.n_embd = config.n_embd;
+  shape.n_layer = config.n_layer;
+  shape.n_head = config.n_head;
+  shape.vocab_size = config.vocab_size;
+  return shape;
+}
+
+std::string MemoryEstimate::Describe() const {
+  std::string out = absl::StrCat(
+      "per rank ", core::FormatBytes(per_rank_bytes), " = max(init ",
+      core::FormatBytes(init_bytes), ", model state ", core::FormatBytes(model_state_bytes),
+      " + gathered ", core::FormatBytes(gathered_bytes), " + activations ",
+      core::FormatBytes(activation_bytes), ")");
+  if (local_ranks > 1) {
+    absl::StrAppend(&out, "; x ", local_ranks, " ranks on this host = ",
+                    core::FormatBytes(per_host_bytes));
+  }
+  return out;
+}
+
+absl::StatusOr<MemoryEstimate> EstimateMemory(const MemoryEstimateInput& input) {
+  if (absl::Status s = Validate(input); !s.ok()) return s;
+  Checked c;
+  const ModelSizes& m = input.model;
+  const int64_t g = ShardGroupSize(input);
+  const int64_t compute = core::DTypeSize(input.param_dtype);
+  const int64_t shard = c.Add((m.num_params + g - 1) / g, m.num_units);
+  const int64_t largest_unit = m.largest_unit_params > 0 ? c.Add(m.largest_unit_params, g - 1) : 0;
+
+  MemoryEstimate e;
+  e.model_state_bytes = c.Add(c.Mul(16, shard), c.Mul(16, m.ignored_params));
+  switch (input.strategy) {
+    case fsdp::ShardingStrategy::kFullShard:
+    case fsdp::ShardingStrategy::kHybridShard:
+      e.gathered_bytes = c.Mul(c.Add(c.Mul(2, compute), 4), largest_unit);
+      break;
+    case fsdp::ShardingStrategy::kShardGradOp:
+      e.gathered_bytes = c.Add(c.Mul(compute, m.num_params), c.Mul(4, largest_unit));
+      break;
+    case fsdp::ShardingStrategy::kNoShard:
+      e.gathered_bytes = compute == 4 ? 0 : c.Mul(compute, m.num_params);
+      break;
+  }
+  if (input.activations.has_value()) {
+    const GptActivationShape& a = *input.activations;
+    const int64_t per_layer = c.Add(c.Mul(16, a.n_embd), c.Mul(a.n_head, a.seq_len));
+    const int64_t per_token =
+        c.Add(c.Add(c.Mul(a.n_layer, per_layer), c.Mul(4, a.n_embd)), c.Mul(3, a.vocab_size));
+    e.activation_bytes = c.Mul(4, c.Mul(c.Mul(a.batch_rows, a.seq_len), per_token));
+  }
+  e.init_bytes = c.Mul(4, c.Add(c.Add(m.num_params, m.ignored_params), largest_unit));
+  const int64_t training = c.Add(c.Add(e.model_state_bytes, e.gathered_bytes), e.activation_bytes);
+  e.per_rank_bytes = std::max(e.init_bytes, training);
+  e.local_ranks = input.local_ranks;
+  e.per_host_bytes = c.Mul(e.per_rank_bytes, input.local_ranks);
+  if (c.overflow()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the memory estimate overflows int64 (more than 8 EiB per host) for ", m.num_params,
+        " parameters on ", input.world_size, " ranks", input.activations.has_value()
+            ? absl::StrCat(" with activations of ", input.activations->batch_rows, " x ",
+                           input.activations->seq_len, " tokens")
+            : std::string()));
+  }
+  return e;
+}
+
+absl::Status CheckFitsInMemory(const MemoryEstimate& estimate, int64_t available_bytes,
+                               absl::string_view available_source) {
+  if (estimate.per_host_bytes <= available_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the run does not fit in this host's memory: it needs an estimated ",
+      core::FormatBytes(estimate.per_host_bytes), " (", estimate.per_host_bytes, " bytes; ",
+      estimate.Describe(), ") but ", core::FormatBytes(available_bytes), " (", available_bytes,
+      " bytes) are available (", available_source, "); short by ",
+      core::FormatBytes(estimate.per_host_bytes - available_bytes),
+      ". Use more ranks or hosts, FULL_SHARD, bf16 mixed precision, or a smaller batch or "
+      "model"));
+}
+
+absl::Status CheckFitsInHostMemory(const MemoryEstimate& estimate) {
+  absl::StatusOr<core::HostMemoryInfo> info = core::ReadHostMemoryInfo();
+  if (!info.ok()) return info.status();
+  return CheckFitsInMemory(estimate, info->Available(), info->Describe());
+}
+
+}  // namespace integration

@@ -1,0 +1,140 @@
+// Per-rank memory estimate of an FSDP training run, checked against the memory this
+// host has, so that a model that cannot fit fails up front with a message naming the
+// estimate, the available memory and the shortfall, instead of being OOM-killed
+// without a word.
+//
+//   integration::MemoryEstimateInput input;
+//   input.model = integration::ModelSizesFromPlan(plan);   // or ModelSizesOfModule(*model)
+//   input.world_size = group->size();
+//   input.local_ranks = ranks_on_this_host;
+//   input.strategy = options.wrap.strategy;
+//   input.hybrid_shard_size = options.wrap.hybrid_shard_size;
+//   input.param_dtype = options.wrap.mixed_precision.param_dtype;
+//   input.activations = integration::GptActivations(gpt_config, rows_per_rank, seq_len);
+//   ASSIGN_OR_RETURN(integration::MemoryEstimate estimate, integration::EstimateMemory(input));
+//   RETURN_IF_ERROR(integration::CheckFitsInHostMemory(estimate));
+//
+// NOTE [Memory estimate]: bytes per rank, with G the shard group size (FULL_SHARD and
+// SHARD_GRAD_OP: world size; HYBRID_SHARD: hybrid_shard_size; NO_SHARD: 1), P the
+// managed parameter elements in U units, S = ceil(P / G) + U the shard elements (each
+// unit padded to a multiple of G adds at most one element per rank), Lu = the largest
+// unit's elements + G - 1 (padded), c = bytes per element of the compute dtype (4
+// fp32, 2 bf16) and I the ignored (unmanaged, replicated) elements:
+//   model state   16 S + 16 I        fp32 shard 4 S + gradient shard 4 S + AdamW 8 S, as
+//                                    ZeRO-3's 16 Psi / N (policy/plan.proto NOTE [Plan
+//                                    memory accounting]); ignored parameters in full.
+//   gathered      FULL/HYBRID_SHARD: (2 c + 4) Lu — the computing unit and one prefetched
+//                 unit gathered, plus one unit's unsharded fp32 gradient;
+//                 SHARD_GRAD_OP: c P + 4 Lu (parameters stay gathered from forward to
+//                 backward); NO_SHARD: c P when c != 4 (the compute copy), else 0.
+//   activations   GPT (nn/gpt.h, fp32 on the CPU, every layer's cache kept for
+//                 backward): 4 B T (L (16 C + H T) + 4 C + 3 V) — per layer the cached
+//                 LayerNorm, Linear and GELU inputs (16 C per token) and the attention
+//                 probabilities (H T per token); then ln_f and lm_head inputs and the
+//                 logits, their gradient and the softmax (3 V per token). B is the rows
+//                 of this rank's batch, T the sequence length.
+//   init          4 P + 4 I + 4 Lu   every rank builds the full fp32 model before
+//                                    sharding it, plus one unit's flat buffer.
+//   per rank      max(init, model state + gathered + activations);
+//   per host      per rank x local_ranks (the ranks sharing this host's memory).
+// It is an estimate: allocator rounding, communication buffers and the runtime are not
+// in it, so CheckFitsInMemory passing is necessary, not sufficient.
+#ifndef INTEGRATION_MEMORY_ESTIMATE_H_
+#define INTEGRATION_MEMORY_ESTIMATE_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/dtype.h"
+#include "core/module.h"
+#include "fsdp/options.h"
+#include "nn/gpt.h"
+#include "policy/plan.pb.h"
+
+namespace integration {
+
+// The model's parameter counts, in elements.
+struct ModelSizes {
+  // Managed parameters (tied counted once), all units together.
+  int64_t num_params = 0;
+  // Elements of the largest FSDP unit; <= num_params.
+  int64_t largest_unit_params = 0;
+  // FSDP units (>= 1 when num_params > 0).
+  int64_t num_units = 1;
+  // Ignored parameters: unmanaged, held in full (with gradients and AdamW state) by
+  // every rank.
+  int64_t ignored_params = 0;
+};
+
+// Sizes from a wrap plan (policy/plan.h): its units and totals.
+ModelSizes ModelSizesFromPlan(const policy::WrapPlan& plan);
+
+// Sizes of `model` wrapped as one unit (no policy).
+ModelSizes ModelSizesOfModule(const core::Module& model);
+
+// The shape of a GPT's activations on one rank.
+struct GptActivationShape {
+  int64_t batch_rows = 0;  // B: rows of this rank's batch
+  int64_t seq_len = 0;     // T
+  int64_t n_embd = 0;      // C
+  int64_t n_layer = 0;     // L
+  int64_t n_head = 0;      // H
+  int64_t vocab_size = 0;  // V
+};
+
+// The activation shape of `config` for `batch_rows` rows of `seq_len` tokens.
+GptActivationShape GptActivations(const nn::GptConfig& config, int64_t batch_rows,
+                                  int64_t seq_len);
+
+struct MemoryEstimateInput {
+  ModelSizes model;
+  int world_size = 1;
+  // Ranks whose memory comes from this host (1 ..= world_size).
+  int local_ranks = 1;
+  fsdp::ShardingStrategy strategy = fsdp::ShardingStrategy::kFullShard;
+  // HYBRID_SHARD only: ranks per shard group (divides world_size).
+  int hybrid_shard_size = 0;
+  // The compute dtype of gathered parameters (FullyShardOptions.mixed_precision).
+  core::DType param_dtype = core::DType::kFloat32;
+  // Unset: activations are not estimated (0).
+  std::optional<GptActivationShape> activations;
+};
+
+// Bytes, per NOTE [Memory estimate].
+struct MemoryEstimate {
+  int64_t model_state_bytes = 0;
+  int64_t gathered_bytes = 0;
+  int64_t activation_bytes = 0;
+  int64_t init_bytes = 0;
+  int64_t per_rank_bytes = 0;
+  int local_ranks = 1;
+  int64_t per_host_bytes = 0;
+
+  // "per rank 1.20GiB = max(init 400.00MiB, model state 800.00MiB + gathered
+  // 100.00MiB + activations 328.00MiB); x 4 ranks on this host = 4.80GiB".
+  std::string Describe() const;
+};
+
+// The estimate of `input`. InvalidArgument naming the field ("MemoryEstimateInput.
+// world_size", "...activations.seq_len", ...) for a negative or inconsistent size;
+// ResourceExhausted when the figure overflows int64 (it cannot fit anywhere).
+absl::StatusOr<MemoryEstimate> EstimateMemory(const MemoryEstimateInput& input);
+
+// OK when estimate.per_host_bytes <= available_bytes; otherwise ResourceExhausted
+// naming the estimate (Describe()), the available memory (from `available_source`,
+// e.g. "MemAvailable 21.00GiB of MemTotal 23.50GiB") and the shortfall.
+absl::Status CheckFitsInMemory(const MemoryEstimate& estimate, int64_t available_bytes,
+                               absl::string_view available_source);
+
+// CheckFitsInMemory against this host now: core::ReadHostMemoryInfo's Available()
+// (/proc/meminfo MemAvailable, or less under a cgroup memory limit). The error of
+// reading /proc/meminfo when that fails.
+absl::Status CheckFitsInHostMemory(const MemoryEstimate& estimate);
+
+}  // namespace integration
+
+#endif  // INTEGRATION_MEMORY_ESTIMATE_H_

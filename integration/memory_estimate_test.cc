@@ -1,0 +1,211 @@
+#include "integration/memory_estimate.h"
+
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/allocator.h"
+#include "core/tensor.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nn/gpt.h"
+#include "nn/losses.h"
+#include "policy/plan.h"
+#include "policy/wrap_policy.h"
+
+namespace integration {
+namespace {
+
+using ::testing::HasSubstr;
+
+MemoryEstimateInput OneMillionParams(fsdp::ShardingStrategy strategy) {
+  MemoryEstimateInput in;
+  in.model.num_params = 1000000;
+  in.model.largest_unit_params = 100000;
+  in.model.num_units = 10;
+  in.world_size = 8;
+  in.strategy = strategy;
+  return in;
+}
+
+TEST(MemoryEstimateTest, FullShardFollowsTheStatedFormula) {
+  MemoryEstimateInput in = OneMillionParams(fsdp::ShardingStrategy::kFullShard);
+  absl::StatusOr<MemoryEstimate> e = EstimateMemory(in);
+  ASSERT_TRUE(e.ok()) << e.status();
+  const int64_t shard = 1000000 / 8 + 10;  // S = ceil(P / G) + U
+  const int64_t lu = 100000 + 7;           // largest unit, padded
+  EXPECT_EQ(e->model_state_bytes, 16 * shard);
+  EXPECT_EQ(e->gathered_bytes, (2 * 4 + 4) * lu);
+  EXPECT_EQ(e->activation_bytes, 0);
+  EXPECT_EQ(e->init_bytes, 4 * (1000000 + lu));
+  EXPECT_EQ(e->per_rank_bytes, 4 * (1000000 + lu));  // building the full model dominates
+  EXPECT_EQ(e->per_host_bytes, e->per_rank_bytes);
+
+  // bf16 compute halves the gathered copies, not the fp32 state.
+  in.param_dtype = core::DType::kBFloat16;
+  e = EstimateMemory(in);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->model_state_bytes, 16 * shard);
+  EXPECT_EQ(e->gathered_bytes, (2 * 2 + 4) * lu);
+}
+
+TEST(MemoryEstimateTest, StrategiesDifferAsStated) {
+  absl::StatusOr<MemoryEstimate> grad_op =
+      EstimateMemory(OneMillionParams(fsdp::ShardingStrategy::kShardGradOp));
+  ASSERT_TRUE(grad_op.ok()) << grad_op.status();
+  EXPECT_EQ(grad_op->model_state_bytes, 16 * (1000000 / 8 + 10));
+  EXPECT_EQ(grad_op->gathered_bytes, 4 * 1000000 + 4 * (100000 + 7));
+
+  absl::StatusOr<MemoryEstimate> no_shard =
+      EstimateMemory(OneMillionParams(fsdp::ShardingStrategy::kNoShard));
+  ASSERT_TRUE(no_shard.ok()) << no_shard.status();
+  EXPECT_EQ(no_shard->model_state_bytes, 16 * (1000000 + 10));  // G = 1
+  EXPECT_EQ(no_shard->gathered_bytes, 0);
+  EXPECT_EQ(no_shard->per_rank_bytes, no_shard->model_state_bytes);
+
+  MemoryEstimateInput hybrid = OneMillionParams(fsdp::ShardingStrategy::kHybridShard);
+  hybrid.hybrid_shard_size = 2;
+  absl::StatusOr<MemoryEstimate> h = EstimateMemory(hybrid);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->model_state_bytes, 16 * (1000000 / 2 + 10));
+  EXPECT_EQ(h->gathered_bytes, 12 * (100000 + 1));
+}
+
+TEST(MemoryEstimateTest, LocalRanksMultiplyThePerHostFigure) {
+  MemoryEstimateInput in = OneMillionParams(fsdp::ShardingStrategy::kFullShard);
+  in.local_ranks = 4;
+  absl::StatusOr<MemoryEstimate> e = EstimateMemory(in);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->per_host_bytes, 4 * e->per_rank_bytes);
+  EXPECT_THAT(e->Describe(), HasSubstr("x 4 ranks on this host"));
+}
+
+TEST(MemoryEstimateTest, ModelStateMatchesThePlansZeroThreeFigure) {
+  nn::GptConfig config;  // vocab 64, context 32, width 64, 2 layers, 4 heads
+  absl::StatusOr<std::shared_ptr<nn::Gpt>> gpt = nn::Gpt::Create(config);
+  ASSERT_TRUE(gpt.ok()) << gpt.status();
+  absl::StatusOr<policy::WrapPlan> plan =
+      policy::Plan(**gpt, *policy::ModuleTypes({"TransformerBlock"}), /*world_size=*/4);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  MemoryEstimateInput in;
+  in.model = ModelSizesFromPlan(*plan);
+  EXPECT_EQ(in.model.num_params, (*gpt)->NumParameterElements());
+  EXPECT_EQ(in.model.num_units, 3);
+  in.world_size = 4;
+  absl::StatusOr<MemoryEstimate> e = EstimateMemory(in);
+  ASSERT_TRUE(e.ok()) << e.status();
+  // The plan pads each unit exactly; the estimate's bound is at most 16 B per unit above.
+  const int64_t plan_bytes = plan->totals().per_rank_fp32_bytes();
+  EXPECT_GE(e->model_state_bytes, plan_bytes);
+  EXPECT_LE(e->model_state_bytes, plan_bytes + 16 * in.model.num_units);
+}
+
+TEST(MemoryEstimateTest, GptActivationEstimateBoundsTheMeasuredPeak) {
+  nn::GptConfig config;
+  config.vocab_size = 96;
+  config.block_size = 32;
+  config.n_embd = 32;
+  config.n_layer = 3;
+  config.n_head = 4;
+  const int64_t rows = 4, seq = 32;
+  auto allocator = std::make_shared<core::Allocator>(core::Device::Cpu());
+  core::ScopedAllocator scope(allocator);
+  absl::StatusOr<std::shared_ptr<nn::Gpt>> gpt = nn::Gpt::Create(config);
+  ASSERT_TRUE(gpt.ok()) << gpt.status();
+  std::vector<int32_t> ids(rows * seq);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7) % 96);
+  core::Tensor tokens = core::Tensor::FromInts(ids, {rows, seq}).value();
+  core::Tensor targets = core::Tensor::FromInts(ids, {rows, seq}).value();
+  allocator->ResetPeaks();
+  const int64_t before = allocator->Stats().current(core::MemoryTag::kActivation);
+  {
+    absl::StatusOr<core::Tensor> logits = (*gpt)->Forward(tokens);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    absl::StatusOr<nn::LossResult> loss = nn::CrossEntropyLoss(*logits, targets);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    ASSERT_TRUE((*gpt)->Backward(loss->grad).ok());
+  }
+  const int64_t measured = allocator->Stats().peak(core::MemoryTag::kActivation) - before;
+
+  MemoryEstimateInput in;
+  in.model = ModelSizesOfModule(**gpt);
+  in.activations = GptActivations(config, rows, seq);
+  absl::StatusOr<MemoryEstimate> e = EstimateMemory(in);
+  ASSERT_TRUE(e.ok()) << e.status();
+  // The stated formula: 4 B T (L (16 C + H T) + 4 C + 3 V).
+  EXPECT_EQ(e->activation_bytes, 4 * rows * seq * (3 * (16 * 32 + 4 * seq) + 4 * 32 + 3 * 96));
+  // An estimate, but a faithful one: never below the real peak, and not wildly above.
+  EXPECT_GE(e->activation_bytes, measured) << "measured " << measured;
+  EXPECT_LE(e->activation_bytes, 2 * measured) << "measured " << measured;
+}
+
+TEST(MemoryEstimateTest, BadInputsNameTheField) {
+  struct Case {
+    std::function<void(MemoryEstimateInput*)> edit;
+    const char* field;
+  };
+  const Case cases[] = {
+      {[](MemoryEstimateInput* in) { in->world_size = 0; }, "MemoryEstimateInput.world_size = 0"},
+      {[](MemoryEstimateInput* in) { in->local_ranks = 9; }, "MemoryEstimateInput.local_ranks = 9"},
+      {[](MemoryEstimateInput* in) { in->model.num_params = -1; }, "model.num_params = -1"},
+      {[](MemoryEstimateInput* in) { in->model.largest_unit_params = 2000000; },
+       "model.largest_unit_params = 2000000"},
+      {[](MemoryEstimateInput* in) {
+         in->strategy = fsdp::ShardingStrategy::kHybridShard;
+         in->hybrid_shard_size = 3;
+       },
+       "hybrid_shard_size = 3"},
+      {[](MemoryEstimateInput* in) {
+         in->activations = GptActivationShape();
+         in->activations->seq_len = -5;
+       },
+       "activations.seq_len = -5"},
+  };
+  for (const Case& c : cases) {
+    MemoryEstimateInput in = OneMillionParams(fsdp::ShardingStrategy::kFullShard);
+    c.edit(&in);
+    absl::StatusOr<MemoryEstimate> e = EstimateMemory(in);
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_THAT(e.status().message(), HasSubstr(c.field));
+  }
+}
+
+TEST(MemoryEstimateTest, OverflowingSizesAreResourceExhausted) {
+  MemoryEstimateInput in = OneMillionParams(fsdp::ShardingStrategy::kFullShard);
+  in.model.num_params = int64_t{1} << 62;
+  in.model.largest_unit_params = int64_t{1} << 62;
+  absl::StatusOr<MemoryEstimate> e = EstimateMemory(in);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kResourceExhausted) << e.status();
+  EXPECT_THAT(e.status().message(), HasSubstr("overflows"));
+}
+
+TEST(CheckFitsInMemoryTest, ComparesThePerHostFigureWithTheAvailableMemory) {
+  MemoryEstimate e;
+  e.model_state_bytes = 3 << 20;
+  e.per_rank_bytes = 3 << 20;
+  e.local_ranks = 2;
+  e.per_host_bytes = 6 << 20;
+  EXPECT_TRUE(CheckFitsInMemory(e, 6 << 20, "test").ok());
+  EXPECT_TRUE(CheckFitsInMemory(e, 7 << 20, "test").ok());
+  absl::Status s = CheckFitsInMemory(e, 4 << 20, "MemAvailable 4.00MiB (injected)");
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.message(), HasSubstr("needs an estimated 6.00MiB (6291456 bytes"));
+  EXPECT_THAT(s.message(), HasSubstr("x 2 ranks on this host"));
+  EXPECT_THAT(s.message(), HasSubstr("4.00MiB (4194304 bytes) are available"));
+  EXPECT_THAT(s.message(), HasSubstr("MemAvailable 4.00MiB (injected)"));
+  EXPECT_THAT(s.message(), HasSubstr("short by 2.00MiB"));
+}
+
+TEST(CheckFitsInMemoryTest, TheRealHostFitsATinyRunButNotAPetabyte) {
+  MemoryEstimate tiny;
+  tiny.per_rank_bytes = tiny.per_host_bytes = 1 << 20;
+  EXPECT_TRUE(CheckFitsInHostMemory(tiny).ok());
+  MemoryEstimate huge;
+  huge.per_rank_bytes = huge.per_host_bytes = int64_t{1} << 50;
+  absl::Status s = CheckFitsInHostMemory(huge);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.message(), HasSubstr("MemAvailable"));
+}
+
+}  // namespace
+}  // namespace integration
