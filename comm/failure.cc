@@ -10,7 +10,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -43,19 +45,44 @@ absl::Status MarkSecondary(absl::Status status, const std::vector<int>& culprit_
   return out;
 }
 
-bool IsSecondary(const absl::Status& status) {
-  return status.GetPayload(kSecondaryPayload).has_value();
-}
+namespace {
 
-std::vector<int> CulpritRanks(const absl::Status& status) {
+// The culprit list of a secondary error: from its payload, or else from the message
+// marker, which survives callers that annotate an error into a new status (keeping the
+// message but not the payloads). nullopt when the error is not secondary.
+absl::optional<std::vector<int>> Culprits(const absl::Status& status) {
+  std::string list;
+  if (absl::optional<absl::Cord> payload = status.GetPayload(kSecondaryPayload)) {
+    list = std::string(*payload);
+  } else {
+    absl::string_view m = status.message();
+    const size_t at = m.find(kSecondaryPrefix);
+    if (at == absl::string_view::npos) return absl::nullopt;
+    m.remove_prefix(at + sizeof(kSecondaryPrefix) - 1);
+    const size_t end = m.find("): ");
+    if (end == absl::string_view::npos) return absl::nullopt;
+    m = m.substr(0, end);
+    if (!absl::ConsumePrefix(&m, "ranks ") && !absl::ConsumePrefix(&m, "rank ")) {
+      return std::vector<int>();  // "another rank"
+    }
+    list = absl::StrReplaceAll(m, {{" ", ""}});
+  }
   std::vector<int> ranks;
-  absl::optional<absl::Cord> payload = status.GetPayload(kSecondaryPayload);
-  if (!payload.has_value()) return ranks;
-  for (absl::string_view part : absl::StrSplit(std::string(*payload), ',', absl::SkipEmpty())) {
+  for (absl::string_view part : absl::StrSplit(list, ',', absl::SkipEmpty())) {
     int r = 0;
     if (absl::SimpleAtoi(part, &r)) ranks.push_back(r);
   }
   return ranks;
+}
+
+}  // namespace
+
+bool IsSecondary(const absl::Status& status) {
+  return !status.ok() && Culprits(status).has_value();
+}
+
+std::vector<int> CulpritRanks(const absl::Status& status) {
+  return Culprits(status).value_or(std::vector<int>());
 }
 
 std::string FailureRecord::ToJson() const {

@@ -35,6 +35,8 @@ inline constexpr char kErrorFileEnv[] = "FSDP_ERROR_FILE";
 // `status` (not OK) marked as caused by `culprit_ranks` (may be empty: caused by another
 // rank, unknown which). Its message gets the prefix "secondary (caused by rank r): " once.
 absl::Status MarkSecondary(absl::Status status, const std::vector<int>& culprit_ranks);
+// Also true for an error whose message holds a secondary error's text: callers that
+// annotate an error into a new status ("fsdp unit ...: <error>") keep it secondary.
 bool IsSecondary(const absl::Status& status);
 // The culprit ranks of a secondary error; empty otherwise.
 std::vector<int> CulpritRanks(const absl::Status& status);

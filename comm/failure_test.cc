@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+
 #include "gtest/gtest.h"
 
 namespace comm {
@@ -21,6 +23,19 @@ TEST(FailureTest, MarkSecondaryNamesTheCulpritsAndKeepsTheCode) {
   EXPECT_FALSE(IsSecondary(absl::DataLossError("x")));
   EXPECT_TRUE(CulpritRanks(absl::DataLossError("x")).empty());
   EXPECT_TRUE(MarkSecondary(absl::OkStatus(), {1}).ok());
+}
+
+TEST(FailureTest, AnAnnotatedSecondaryErrorStaysSecondary) {
+  absl::Status s = MarkSecondary(absl::DeadlineExceededError("AllGather #41 timed out"), {1, 2});
+  // A caller prefixes the message into a new status and so drops the payload.
+  absl::Status annotated(s.code(), absl::StrCat("fsdp unit <root> (Gpt): ", s.message()));
+  EXPECT_TRUE(IsSecondary(annotated));
+  EXPECT_EQ(CulpritRanks(annotated), (std::vector<int>{1, 2}));
+  absl::Status unknown = MarkSecondary(absl::UnavailableError("peer closed"), {});
+  absl::Status annotated_unknown(unknown.code(), absl::StrCat("fit: ", unknown.message()));
+  EXPECT_TRUE(IsSecondary(annotated_unknown));
+  EXPECT_TRUE(CulpritRanks(annotated_unknown).empty());
+  EXPECT_FALSE(IsSecondary(absl::UnavailableError("a secondary cause of nothing")));
 }
 
 TEST(FailureTest, RecordRoundTripsAndARootCauseIsNeverReplaced) {

@@ -175,7 +175,7 @@ absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::Join(
     blame.store_name = StoreName(store.get());
     blame.store_server_rank = options.store_server_rank;
     blame.probe_timeout = options.store_probe_timeout;
-    group->blame_ = std::make_unique<internal::GlooBlame>(store, blame, *std::move(peers));
+    group->blame_ = std::make_shared<internal::GlooBlame>(store, blame, *std::move(peers));
   }
   group->worker_ = std::thread([g = group.get()] { g->WorkerLoop(); });
   VLOG(1) << group->Describe() << ": connected on " << options.hostname;
@@ -219,6 +219,18 @@ std::shared_ptr<Work> GlooProcessGroup::Enqueue(CollectiveKind kind, absl::Durat
   absl::MutexLock lock(&mu_);
   const uint64_t seq = next_seq_++;
   auto work = std::make_shared<CompletionWork>(DescribeOp(kind, seq));
+  if (blame_ != nullptr) {
+    // A caller's Wait that ends first names the ranks that did not arrive, as the
+    // collective's own deadline would (NOTE [Who is to blame]).
+    std::weak_ptr<internal::GlooBlame> blame = blame_;
+    work->SetTimeoutDiagnosis([blame, seq, timeout](const std::string& what) {
+      constexpr char kRunning[] = "still running when the wait ended";
+      if (std::shared_ptr<internal::GlooBlame> b = blame.lock()) {
+        return b->Diagnose(what, seq, timeout, /*gloo_timeout=*/true, kRunning);
+      }
+      return absl::DeadlineExceededError(absl::StrCat(what, ": ", kRunning));
+    });
+  }
   queue_.push_back(
       Op{kind, work, absl::Now() + timeout, timeout, seq, traffic, std::move(run)});
   return work;

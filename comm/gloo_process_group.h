@@ -172,7 +172,7 @@ class GlooProcessGroup : public ProcessGroup {
   std::shared_ptr<gloo::Context> context_;
   // Names the ranks to blame for a failure (NOTE [Who is to blame]); null in a group
   // of one.
-  std::unique_ptr<internal::GlooBlame> blame_;
+  std::shared_ptr<internal::GlooBlame> blame_;  // shared with Works' timeout diagnoses
   StatsRecorder stats_;
 
   mutable absl::Mutex mu_;

@@ -600,6 +600,34 @@ TEST(GlooBlameTest, RankThatNeverArrivesIsNamedByTheOthers) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+TEST(GlooBlameTest, AWaitThatEndsBeforeTheCollectivesDeadlineAlsoNamesTheMissingRank) {
+  auto done = std::make_shared<std::atomic<int>>(0);
+  absl::Status s = RunThreadRanks(3, [done](RankContext& ctx) -> absl::Status {
+    Tensor t = Tensor::Zeros({16});
+    RETURN_IF_ERROR(Finish(ctx.group->AllReduce(t, AllReduceOptions{}).value()));  // #0
+    if (ctx.rank == 1) {  // never issues #1
+      AwaitCount(done, 2);
+      return absl::OkStatus();
+    }
+    AllReduceOptions opts;
+    opts.timeout = absl::Seconds(30);  // the caller gives up long before the collective
+    ASSIGN_OR_RETURN(auto work, ctx.group->AllReduce(t, opts));
+    const absl::Time start = absl::Now();
+    absl::Status got = work->Wait(absl::Seconds(1));
+    const absl::Duration took = absl::Now() - start;
+    ++*done;
+    EXPECT_EQ(got.code(), absl::StatusCode::kDeadlineExceeded) << got;
+    EXPECT_NE(got.message().find("Wait(1s) on AllReduce #1"), std::string::npos) << got;
+    EXPECT_NE(got.message().find("rank 1 did not arrive (last at collective #0)"),
+              std::string::npos)
+        << got;
+    EXPECT_EQ(CulpritRanks(got), std::vector<int>{1}) << got;
+    EXPECT_LT(took, absl::Seconds(8)) << got;
+    return absl::OkStatus();
+  }, Options());
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 TEST(GlooBlameTest, PeerThatDestroysItsGroupIsNamedByRank) {
   absl::Status s = RunThreadRanks(3, [](RankContext& ctx) -> absl::Status {
     Tensor t = Tensor::Zeros({1000});

@@ -25,14 +25,23 @@ bool CompletionWork::IsCompleted() const {
   return done_;
 }
 
-absl::Status CompletionWork::Wait(absl::Duration timeout) {
+void CompletionWork::SetTimeoutDiagnosis(
+    std::function<absl::Status(const std::string& what)> diagnose) {
   absl::MutexLock lock(&mu_);
-  if (!mu_.AwaitWithTimeout(absl::Condition(&done_), timeout)) {
-    return absl::DeadlineExceededError(absl::StrCat("Wait(", absl::FormatDuration(timeout),
-                                                    ") on ", description_,
-                                                    ": still running when the wait ended"));
+  diagnose_ = std::move(diagnose);
+}
+
+absl::Status CompletionWork::Wait(absl::Duration timeout) {
+  std::function<absl::Status(const std::string&)> diagnose;
+  {
+    absl::MutexLock lock(&mu_);
+    if (mu_.AwaitWithTimeout(absl::Condition(&done_), timeout)) return status_;
+    diagnose = diagnose_;
   }
-  return status_;
+  const std::string what =
+      absl::StrCat("Wait(", absl::FormatDuration(timeout), ") on ", description_);
+  if (diagnose) return diagnose(what);
+  return absl::DeadlineExceededError(absl::StrCat(what, ": still running when the wait ended"));
 }
 
 }  // namespace comm

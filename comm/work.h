@@ -19,6 +19,7 @@
 #ifndef COMM_WORK_H_
 #define COMM_WORK_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -56,6 +57,12 @@ class CompletionWork : public Work {
   // Finishes the work; only the first call counts. Wakes every waiter.
   void Complete(absl::Status status);
 
+  // What Wait returns when its timeout passes first: `diagnose("Wait(<timeout>) on
+  // <description>")`, e.g. an error naming the ranks that did not arrive (which may take
+  // the diagnosis a moment longer than the timeout). Without one, DeadlineExceeded
+  // "...: still running when the wait ended". Set it before handing the work out.
+  void SetTimeoutDiagnosis(std::function<absl::Status(const std::string& what)> diagnose);
+
   bool IsCompleted() const override;
   absl::Status Wait(absl::Duration timeout) override;
   std::string Describe() const override { return description_; }
@@ -65,6 +72,7 @@ class CompletionWork : public Work {
   mutable absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::function<absl::Status(const std::string&)> diagnose_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace comm
