@@ -13,6 +13,8 @@
 //   rank fails a step with an error     that rank's error; the survivor's is secondary
 //   --n_layer=0, a binary or directory  INVALID_ARGUMENT naming the option or the file
 //     --stage_config, bad --timeout_s
+//   a run too big for this host         RESOURCE_EXHAUSTED naming the estimate and the
+//                                       shortfall, before training
 //   disk full while saving (tmpfs)      the error names the file; no temporary left
 //   hostile clients of rank 0's store   none: the job finishes with the undisturbed run's
 //     (connect/close storms, idle          losses, and rank 0's memory stays within 64 MiB
@@ -177,12 +179,16 @@ TEST_F(FaultInjectionTest, BadConfigurationIsRefusedNamingTheOptionOrFile) {
   }
   struct Case {
     std::vector<std::string> flags;
-    std::string expected;  // in the root-cause line
+    std::string code;      // in the root-cause line
+    std::string expected;  // in the root-cause line too
   };
   const std::vector<Case> cases = {
-      {{"--n_layer=0"}, "n_layer"},
-      {{"--stage_config=" + binary}, binary},
-      {{"--stage_config=" + TempDir()}, TempDir()},
+      {{"--n_layer=0"}, "INVALID_ARGUMENT", "n_layer"},
+      {{"--stage_config=" + binary}, "INVALID_ARGUMENT", binary},
+      {{"--stage_config=" + TempDir()}, "INVALID_ARGUMENT", TempDir()},
+      // About 270 GB of activations per host: refused before training, naming the shortfall.
+      {{"--n_embd=512", "--block_size=4096", "--seq_len=4096", "--batch_size=512"},
+       "RESOURCE_EXHAUSTED", "short by"},
   };
   int i = 0;
   for (const Case& c : cases) {
@@ -190,7 +196,7 @@ TEST_F(FaultInjectionTest, BadConfigurationIsRefusedNamingTheOptionOrFile) {
     RunResult r = Run(absl::StrCat("config-", i++), c.flags);
     EXPECT_EQ(r.exit_code, 1) << r.output;
     const std::string root = RootCauseLine(r.output);
-    EXPECT_TRUE(Has(root, "INVALID_ARGUMENT")) << r.output;
+    EXPECT_TRUE(Has(root, c.code)) << r.output;
     EXPECT_TRUE(Has(root, c.expected)) << root;
   }
   // Refused by the main job before any rank starts.

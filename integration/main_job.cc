@@ -48,12 +48,15 @@
 #include "comm/init_from_env.h"
 #include "comm/launcher.h"
 #include "core/allocator.h"
+#include "core/timeout.h"
 #include "core/status_macros.h"
 #include "integration/charts/svg_chart.h"
 #include "integration/gpt_module.h"
+#include "integration/memory_estimate.h"
 #include "integration/stage_options.h"
 #include "integration/stage_runner.h"
 #include "nlohmann/json.hpp"
+#include "policy/plan.h"
 #include "policy/wrap_policy.h"
 
 ABSL_FLAG(int, world_size, 2, "ranks to start on this machine (ignored under a launcher)");
@@ -94,7 +97,8 @@ ABSL_FLAG(int64_t, warmup_steps, 20, "linear learning-rate warm-up steps");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the model initialisation and of the language");
 ABSL_FLAG(int64_t, log_every, 25, "progress line every this many steps");
 ABSL_FLAG(double, timeout_s, 300,
-          "deadline in seconds of every collective and of joining the job, in (0, 604800]");
+          "deadline in seconds of every collective and of joining the job, in [0.001, 604800] "
+          "(core/timeout.h: there is no \"no timeout\")");
 ABSL_FLAG(std::string, testonly_fault, "",
           "test hook, <kill|stop|exit|error>@<rank>:<step>: at that training step (1-based, "
           "counted in this run) that rank SIGKILLs itself, SIGSTOPs itself, exits with code 3 "
@@ -262,18 +266,6 @@ absl::Status WriteCharts(const std::string& dir, const std::vector<std::pair<dou
   return absl::OkStatus();
 }
 
-// --timeout_s as a duration: collectives must not hang, so "no timeout" is not offered.
-absl::StatusOr<absl::Duration> TimeoutFlag() {
-  const double seconds = absl::GetFlag(FLAGS_timeout_s);
-  constexpr double kMaxSeconds = 7 * 24 * 3600;
-  if (!(seconds > 0) || !(seconds <= kMaxSeconds)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--timeout_s=", seconds, ": must be a number of seconds in (0, ", kMaxSeconds,
-        "] (7 days); there is no \"no timeout\": a collective that cannot finish must fail"));
-  }
-  return absl::Seconds(seconds);
-}
-
 // The --testonly_fault hook: a TrainModule that passes everything to the real one and
 // misbehaves at one training step on one rank, for the fault-injection tests.
 class FaultInjector : public integration::TrainModule {
@@ -323,6 +315,14 @@ class FaultInjector : public integration::TrainModule {
   int64_t fault_step_;  // -1: not on this rank
   int64_t steps_ = 0;
 };
+
+// Ranks of this job on this host: LOCAL_WORLD_SIZE when a launcher sets it.
+int LocalRanks(int world) {
+  int n = 0;
+  const char* env = std::getenv("LOCAL_WORLD_SIZE");
+  if (env != nullptr && absl::SimpleAtoi(env, &n) && n >= 1 && n <= world) return n;
+  return world;
+}
 
 bool g_failure_reported = false;
 
@@ -378,7 +378,8 @@ absl::Status RunRank() {
         "--backend=nccl: NCCL reduces GPU buffers, and the model computes on the CPU "
         "(--device=cpu); use --backend=gloo");
   }
-  ASSIGN_OR_RETURN(const absl::Duration timeout, TimeoutFlag());
+  ASSIGN_OR_RETURN(const absl::Duration timeout,
+                   core::TimeoutFromSeconds(absl::GetFlag(FLAGS_timeout_s), "--timeout_s"));
   init.timeout = timeout;
   ASSIGN_OR_RETURN(comm::Distributed dist, comm::InitFromEnv(init));
   const absl::Status status = RunJob(dist, timeout);
@@ -456,6 +457,23 @@ absl::Status RunJob(comm::Distributed& dist, absl::Duration timeout) {
       ASSIGN_OR_RETURN(options, integration::ReadStageOptionsFile(
                                     Resolve(absl::GetFlag(FLAGS_stage_config)), options));
     }
+    // Refuse a run this host's memory cannot hold before training starts, naming the
+    // shortfall, rather than be OOM-killed without a word.
+    integration::MemoryEstimateInput need;
+    const std::shared_ptr<const policy::WrapPolicy> wrap_policy =
+        options.wrap.policy != nullptr ? options.wrap.policy : policy::Never();
+    ASSIGN_OR_RETURN(policy::WrapPlan plan, policy::Plan(*module->model(), *wrap_policy, world));
+    need.model = integration::ModelSizesFromPlan(plan);
+    need.world_size = world;
+    need.local_ranks = LocalRanks(world);
+    need.strategy = options.wrap.strategy;
+    need.hybrid_shard_size = options.wrap.hybrid_shard_size;
+    need.param_dtype = options.wrap.mixed_precision.param_dtype;
+    need.activations = integration::GptActivations(
+        model_options.model, std::max(options.train_batch_size, options.eval_batch_size) / world,
+        model_options.seq_len);
+    ASSIGN_OR_RETURN(integration::MemoryEstimate estimate, integration::EstimateMemory(need));
+    RETURN_IF_ERROR(integration::CheckFitsInHostMemory(estimate));
     return absl::OkStatus();
   }();
   RETURN_IF_ERROR(comm::AgreeOnStatus(dist.group.get(), setup, "main job setup", timeout));
@@ -646,7 +664,7 @@ int LaunchLocalRanks(int argc, char** argv) {
     std::fprintf(stderr, "main job: --strategy: %s\n", s.ToString().c_str());
     return 1;
   }
-  if (absl::Status s = TimeoutFlag().status(); !s.ok()) {
+  if (absl::Status s = core::TimeoutFromSeconds(absl::GetFlag(FLAGS_timeout_s), "--timeout_s").status(); !s.ok()) {
     std::fprintf(stderr, "main job: %s\n", s.ToString().c_str());
     return 1;
   }
