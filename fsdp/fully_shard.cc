@@ -14,6 +14,7 @@
 #include "comm/agreement.h"
 #include "core/status_macros.h"
 #include "flatten/flat_parameter.h"
+#include "fsdp/internal/unit_agreement.h"
 #include "fsdp/internal/wrap_fault.h"
 #include "fsdp/unit.h"
 #include "policy/plan.h"
@@ -347,6 +348,26 @@ absl::Status ShardNewUnits(const std::shared_ptr<core::Module>& module,
   return absl::OkStatus();
 }
 
+// Release's checks on this rank; the units to release.
+absl::StatusOr<std::vector<std::shared_ptr<Unit>>> CheckReleasable(core::Module& module,
+                                                                  WrapperRegistry* registry,
+                                                                  const std::string& prefix) {
+  ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Unit>> units,
+                   registry->UnitsForOperation(module, prefix, "cannot release",
+                                               "release that unit's root (or an ancestor) instead"));
+  if (units.empty()) {
+    return absl::NotFoundError(prefix + "no FSDP unit is rooted in this module's subtree");
+  }
+  for (const auto& u : units) {
+    if (u->summoned()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          prefix, "unit ", u->label(), " is inside SummonFullParams; close it first"));
+    }
+    RETURN_IF_ERROR(Annotate(u->CheckUsable("release"), prefix));
+  }
+  return units;
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<FullyShardHandle>> FullyShard(
@@ -392,19 +413,13 @@ absl::StatusOr<std::shared_ptr<FullyShardHandle>> FullyShard(
 absl::Status Release(core::Module& module, WrapperRegistry* registry) {
   const std::string prefix = absl::StrCat("Release(", module.Describe(), "): ");
   if (registry == nullptr) return absl::InvalidArgumentError(prefix + "the registry is null");
-  ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Unit>> units,
-                   registry->UnitsForOperation(module, prefix, "cannot release",
-                                               "release that unit's root (or an ancestor) instead"));
-  if (units.empty()) {
-    return absl::NotFoundError(prefix + "no FSDP unit is rooted in this module's subtree");
-  }
-  for (const auto& u : units) {
-    if (u->summoned()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          prefix, "unit ", u->label(), " is inside SummonFullParams; close it first"));
-    }
-    RETURN_IF_ERROR(Annotate(u->CheckUsable("release"), prefix));
-  }
+  // Checks on this rank, then every rank agrees (NOTE [Agree before acting] in
+  // fsdp/internal/unit_agreement.h) before the gathers.
+  absl::StatusOr<std::vector<std::shared_ptr<Unit>>> checked =
+      CheckReleasable(module, registry, prefix);
+  RETURN_IF_ERROR(internal::AgreeAcrossUnitGroups(
+      module, registry, checked.status(), absl::StrCat("Release(", module.Describe(), ")")));
+  const std::vector<std::shared_ptr<Unit>>& units = *checked;
   RETURN_IF_ERROR(Annotate(registry->runtime().FinishAllReductions(), prefix));
   // Every unit gathers (a collective), even after another failed, so ranks stay in step.
   absl::Status status;
