@@ -76,7 +76,10 @@ absl::StatusOr<std::shared_ptr<FullyShardHandle>> FullyShard(
 // Afterwards the module needs no process group; wrapping it again is a fresh wrap.
 // A collective over each unit's shard group. NotFound when no unit is rooted in the
 // subtree; FailedPrecondition when `module` is inside a unit it is not the root of,
-// while a forward or backward is in progress, or inside SummonFullParams.
+// while a forward or backward is in progress, inside SummonFullParams, or for a failed
+// unit. The ranks agree on those checks before gathering (NOTE [Agree before acting] in
+// fsdp/internal/unit_agreement.h): a check that fails on some ranks only fails every
+// rank with "rank <r>: <its error>", and nothing is released.
 absl::Status Release(core::Module& module, WrapperRegistry* registry);
 
 }  // namespace fsdp
