@@ -2,16 +2,22 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "comm/agreement.h"
 #include "core/status_macros.h"
 #include "flatten/flat_parameter.h"
-#include "policy/plan.h"
+#include "fsdp/internal/unit_agreement.h"
+#include "fsdp/internal/wrap_fault.h"
 #include "fsdp/unit.h"
+#include "policy/plan.h"
 
 namespace fsdp {
 namespace {
@@ -102,18 +108,102 @@ absl::Status CheckPlansAgree(const policy::WrapPlan& plan, comm::ProcessGroup& g
       ". Nothing was sharded; every rank must wrap the same model with the same policy"));
 }
 
-}  // namespace
+// NOTE [Wrap rollback]: FullyShard works in two phases, and every rank agrees on the
+// outcome of each (comm::AgreeOnStatus) before going on, so a failure on one rank
+// reaches every rank as the same error, "rank r: ...", instead of leaving the others
+// blocked in the next collective.
+//   Phase 1 only reads: it checks the arguments and the registry and plans the units
+// (CheckAndPlan). The ranks agree on its status, then on the plan (CheckPlansAgree).
+//   Phase 2 changes the module, one new unit at a time in plan order: flatten, create
+// the unit (which shards), attach its hooks, register it (internal::WrapStep). A
+// WrapUndo records every change, starting with each affected Parameter's data, grad
+// and requires_grad as they were. The ranks agree on its status; on any error (on any
+// rank, or in the agreement itself) every rank rolls back: registry entries and claims
+// removed, hooks removed, the new units destroyed and every Parameter pointed back at
+// its original tensors (so the same storage and values, and its gradient). The module
+// is then exactly as before and a later FullyShard is a fresh wrap.
+//   The price is memory: the original parameter storage lives until the wrap is agreed,
+// next to the shards made so far and one unit's full buffer (units are flattened and
+// sharded one at a time, so the full buffers never coexist).
+// A re-wrap answered from the registry (NOTE [Registry reuse]) communicates nothing.
+class WrapUndo {
+ public:
+  explicit WrapUndo(WrapperRegistry* registry) : registry_(registry) {}
+  WrapUndo(const WrapUndo&) = delete;
+  WrapUndo& operator=(const WrapUndo&) = delete;
+  // Rolls back unless Commit() was called.
+  ~WrapUndo() { Rollback(); }
 
-absl::StatusOr<std::shared_ptr<FullyShardHandle>> FullyShard(
-    const std::shared_ptr<core::Module>& module, const std::shared_ptr<comm::ProcessGroup>& group,
-    const FullyShardOptions& options, WrapperRegistry* registry) {
-  if (module == nullptr) return absl::InvalidArgumentError("FullyShard: the module is null");
-  const std::string prefix = Prefix(*module);
-  if (group == nullptr) return absl::InvalidArgumentError(prefix + "the process group is null");
+  // Records the state of `params` (each Parameter object once) before they change.
+  void SaveParameters(const std::vector<core::NamedParameter>& params) {
+    for (const auto& [name, p] : params) {
+      if (!seen_.insert(p.get()).second) continue;
+      saved_.push_back(Saved{p, p->data, p->grad, p->requires_grad});
+    }
+  }
+  // A unit was created (its hooks, if attached, go with it).
+  void Created(std::shared_ptr<Unit> unit) { units_.push_back(std::move(unit)); }
+  // A registry entry (and claim) was added for `module`.
+  void Registered(const core::Module* module) { registered_.push_back(module); }
+
+  // Keeps every change; the original storage is released.
+  void Commit() {
+    done_ = true;
+    saved_.clear();
+    units_.clear();
+    registered_.clear();
+  }
+
+  // Undoes every recorded change, newest first. Idempotent.
+  void Rollback() {
+    if (done_) return;
+    done_ = true;
+    for (auto it = registered_.rbegin(); it != registered_.rend(); ++it) registry_->Remove(**it);
+    for (const auto& u : units_) u->RemoveHooks();
+    units_.clear();  // destroys the units and their FlatParameters
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+      it->param->data = it->data;
+      it->param->grad = it->grad;
+      it->param->requires_grad = it->requires_grad;
+    }
+    saved_.clear();
+    registry_->DropUnusedGroups();  // subgroups made for the failed wrap
+  }
+
+ private:
+  struct Saved {
+    core::ParameterPtr param;
+    core::Tensor data;
+    core::Tensor grad;
+    bool requires_grad = true;
+  };
+  WrapperRegistry* registry_;
+  bool done_ = false;
+  std::set<const core::Parameter*> seen_;
+  std::vector<Saved> saved_;
+  std::vector<std::shared_ptr<Unit>> units_;
+  std::vector<const core::Module*> registered_;
+};
+
+// What phase 1 decided on this rank: a handle from the registry, or a plan.
+struct LocalPlan {
+  std::shared_ptr<FullyShardHandle> reused;  // set: the answer, nothing more to do
+  std::vector<std::shared_ptr<Unit>> existing;
+  policy::WrapPlan plan;
+};
+
+// Phase 1 (NOTE [Wrap rollback]): argument, option and registry checks, then the plan.
+// Changes nothing, except that a reuse gets its handle (and is counted).
+absl::StatusOr<LocalPlan> CheckAndPlan(const std::shared_ptr<core::Module>& module,
+                                       const std::shared_ptr<comm::ProcessGroup>& group,
+                                       const FullyShardOptions& options,
+                                       WrapperRegistry* registry, const std::string& prefix) {
+  if (module == nullptr) return absl::InvalidArgumentError(prefix + "the module is null");
   if (registry == nullptr) return absl::InvalidArgumentError(prefix + "the registry is null");
   RETURN_IF_ERROR(Annotate(options.Validate(group->size()), prefix));
   RETURN_IF_ERROR(registry->runtime().CheckIdle(prefix + "cannot wrap"));
 
+  LocalPlan out;
   // A unit root wrapped again (NOTE [Registry reuse]).
   if (std::shared_ptr<Unit> unit = registry->FindUnit(*module)) {
     std::shared_ptr<FullyShardHandle> handle = registry->FindHandle(*module);
@@ -140,7 +230,8 @@ absl::StatusOr<std::shared_ptr<FullyShardHandle>> FullyShard(
       registry->SetHandle(module, handle);
     }
     ++registry->mutable_counters().reuses;
-    return handle;
+    out.reused = std::move(handle);
+    return out;
   }
   if (std::shared_ptr<Unit> owner = registry->OwningUnit(*module)) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -157,102 +248,110 @@ absl::StatusOr<std::shared_ptr<FullyShardHandle>> FullyShard(
   }
 
   // Units already below `module` stay as they are.
-  std::vector<std::shared_ptr<Unit>> existing = registry->UnitsIn(*module);
+  out.existing = registry->UnitsIn(*module);
   policy::PlanOptions plan_options;
   plan_options.ignored_paths = options.ignored_paths;
-  for (const auto& u : existing) {
+  for (const auto& u : out.existing) {
     policy::ExistingUnit e;
     e.module = u->module_ptr();
     e.params = u->flat().params();
     plan_options.existing_units.push_back(std::move(e));
   }
-  ASSIGN_OR_RETURN(UnitGroups groups, registry->GroupsFor(group, options));
   const policy::WrapPolicyPtr wrap_policy =
       options.policy != nullptr ? options.policy : policy::Never();
-  absl::StatusOr<policy::WrapPlan> plan =
-      policy::Plan(*module, *wrap_policy, groups.shard_size, plan_options);
+  absl::StatusOr<policy::WrapPlan> plan = policy::Plan(
+      *module, *wrap_policy, ShardGroupSize(options, group->size()), plan_options);
   RETURN_IF_ERROR(Annotate(plan.status(), prefix));
-  RETURN_IF_ERROR(CheckPlansAgree(*plan, *group, options.timeout, prefix));
+  out.plan = *std::move(plan);
+  return out;
+}
 
-  // Flatten every new unit first; roll back (unflatten) if any fails, so an error leaves
-  // every parameter as it was.
+// What phase 2 made on this rank.
+struct Sharded {
+  std::vector<std::shared_ptr<Unit>> units;  // every unit of the plan, in plan order
+  int created = 0;
+  int64_t bytes_copied = 0;
+};
+
+// "<prefix>unit <label> (<step>): <message>" for an injected fault.
+absl::Status CheckFault(int index, internal::WrapStep step, const std::string& label,
+                        const std::string& prefix) {
+  absl::Status s = internal::CheckWrapFault(index, step);
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(prefix, "unit ", label, " (",
+                                             internal::WrapStepName(step), "): ", s.message()));
+}
+
+// Phase 2 (NOTE [Wrap rollback]) on this rank, every change recorded in `undo`.
+absl::Status ShardNewUnits(const std::shared_ptr<core::Module>& module,
+                           const std::shared_ptr<comm::ProcessGroup>& group,
+                           const FullyShardOptions& options, const LocalPlan& local,
+                           WrapperRegistry* registry, const std::string& prefix,
+                           WrapUndo* undo, Sharded* out) {
+  absl::StatusOr<UnitGroups> groups = registry->GroupsFor(group, options);
+  RETURN_IF_ERROR(Annotate(groups.status(), prefix));
   std::map<std::string, std::shared_ptr<core::Module>> modules;
   for (auto& [path, m] : module->NamedModules()) modules.emplace(path, m);
   std::map<std::string, core::ParameterPtr> params;
   for (auto& [name, p] : module->NamedParameters()) params.emplace(name, p);
-  struct NewUnit {
-    std::shared_ptr<core::Module> module;
-    std::unique_ptr<flatten::FlatParameter> flat;
-  };
-  std::vector<NewUnit> fresh;
-  std::vector<int> plan_slot;  // per plan unit: index into `fresh`, or -1 when existing
-  auto rollback = [&fresh]() {
-    for (NewUnit& u : fresh) (void)u.flat->Unflatten();
-  };
-  for (const policy::WrapUnit& wu : plan->units()) {
-    if (wu.existing()) {
-      plan_slot.push_back(-1);
-      continue;
-    }
+  std::map<const core::Module*, std::shared_ptr<Unit>> existing_by_module;
+  for (const auto& u : local.existing) existing_by_module[u->module_ptr()] = u;
+
+  for (const policy::WrapUnit& wu : local.plan.units()) {
     auto m = modules.find(wu.path());
     if (m == modules.end()) {
-      rollback();
       return absl::InternalError(absl::StrCat(prefix, "the plan names module '", wu.path(),
                                               "', which is not in the tree"));
     }
+    if (wu.existing()) {
+      auto e = existing_by_module.find(m->second.get());
+      if (e == existing_by_module.end()) {
+        return absl::InternalError(absl::StrCat(prefix, "the plan keeps module '", wu.path(),
+                                                "' as an existing unit, but it is none"));
+      }
+      out->units.push_back(e->second);
+      continue;
+    }
+    const int index = out->created;
+    const std::string label = m->second->Describe();
     std::vector<core::NamedParameter> unit_params;
     for (const std::string& name : wu.param_names()) {
       auto p = params.find(name);
       if (p == params.end()) {
-        rollback();
         return absl::InternalError(
             absl::StrCat(prefix, "the plan names parameter '", name, "', which is not in the tree"));
       }
       unit_params.emplace_back(name, p->second);
     }
+    undo->SaveParameters(unit_params);
     flatten::FlattenOptions flatten_options;
-    flatten_options.label = m->second->Describe();
+    flatten_options.label = label;
     absl::StatusOr<std::unique_ptr<flatten::FlatParameter>> flat = flatten::FlatParameter::Flatten(
-        unit_params, groups.shard_size, groups.shard_rank, flatten_options);
-    if (!flat.ok()) {
-      rollback();
-      return Annotate(flat.status(), prefix);
-    }
-    plan_slot.push_back(static_cast<int>(fresh.size()));
-    fresh.push_back(NewUnit{m->second, *std::move(flat)});
+        unit_params, groups->shard_size, groups->shard_rank, flatten_options);
+    RETURN_IF_ERROR(Annotate(flat.status(), prefix));
+    RETURN_IF_ERROR(CheckFault(index, internal::WrapStep::kFlatten, label, prefix));
+    const int64_t copied = (*flat)->bytes_copied();
+    absl::StatusOr<std::shared_ptr<Unit>> unit =
+        Unit::Create(m->second, *std::move(flat), *groups, options);
+    RETURN_IF_ERROR(Annotate(unit.status(), prefix));
+    undo->Created(*unit);
+    RETURN_IF_ERROR(CheckFault(index, internal::WrapStep::kCreateUnit, label, prefix));
+    RETURN_IF_ERROR(Annotate(registry->shared_runtime()->Attach(*unit), prefix));
+    RETURN_IF_ERROR(CheckFault(index, internal::WrapStep::kAttachHooks, label, prefix));
+    registry->AddUnit(m->second, *unit);
+    undo->Registered(m->second.get());
+    RETURN_IF_ERROR(CheckFault(index, internal::WrapStep::kRegister, label, prefix));
+    ++out->created;
+    out->bytes_copied += copied;
+    out->units.push_back(*std::move(unit));
   }
-
-  // Shard, hook and register, bottom-up in plan order.
-  std::vector<std::shared_ptr<Unit>> units;
-  std::map<const core::Module*, std::shared_ptr<Unit>> existing_by_module;
-  for (const auto& u : existing) existing_by_module[u->module_ptr()] = u;
-  for (int i = 0; i < plan->units_size(); ++i) {
-    if (plan_slot[i] < 0) {
-      const std::string& path = plan->units(i).path();
-      units.push_back(existing_by_module.at(modules.at(path).get()));
-      continue;
-    }
-    NewUnit& nu = fresh[plan_slot[i]];
-    const int64_t copied = nu.flat->bytes_copied();
-    ASSIGN_OR_RETURN(std::shared_ptr<Unit> unit,
-                     Unit::Create(nu.module, std::move(nu.flat), groups, options));
-    RETURN_IF_ERROR(registry->shared_runtime()->Attach(unit));
-    registry->AddUnit(nu.module, unit);
-    RegistryCounters& c = registry->mutable_counters();
-    ++c.units_created;
-    c.param_bytes_copied += copied;
-    units.push_back(std::move(unit));
-  }
-  auto handle = std::make_shared<FullyShardHandle>(module, group, options, std::move(units),
-                                                   registry->shared_runtime());
-  registry->SetHandle(module, handle);
-  ++registry->mutable_counters().wraps;
-  return handle;
+  return absl::OkStatus();
 }
 
-absl::Status Release(core::Module& module, WrapperRegistry* registry) {
-  const std::string prefix = absl::StrCat("Release(", module.Describe(), "): ");
-  if (registry == nullptr) return absl::InvalidArgumentError(prefix + "the registry is null");
+// Release's checks on this rank; the units to release.
+absl::StatusOr<std::vector<std::shared_ptr<Unit>>> CheckReleasable(core::Module& module,
+                                                                  WrapperRegistry* registry,
+                                                                  const std::string& prefix) {
   ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Unit>> units,
                    registry->UnitsForOperation(module, prefix, "cannot release",
                                                "release that unit's root (or an ancestor) instead"));
@@ -266,6 +365,61 @@ absl::Status Release(core::Module& module, WrapperRegistry* registry) {
     }
     RETURN_IF_ERROR(Annotate(u->CheckUsable("release"), prefix));
   }
+  return units;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<FullyShardHandle>> FullyShard(
+    const std::shared_ptr<core::Module>& module, const std::shared_ptr<comm::ProcessGroup>& group,
+    const FullyShardOptions& options, WrapperRegistry* registry) {
+  const std::string prefix = module != nullptr ? Prefix(*module) : "FullyShard: ";
+  if (group == nullptr) return absl::InvalidArgumentError(prefix + "the process group is null");
+  // The agreements' deadline, usable even when the options are not.
+  const absl::Duration timeout =
+      options.timeout > absl::ZeroDuration() ? options.timeout : comm::kDefaultCollectiveTimeout;
+  const std::string what = prefix.substr(0, prefix.size() - 2);  // without ": "
+
+  // Phase 1: check and plan on every rank, then agree (NOTE [Wrap rollback]).
+  absl::StatusOr<LocalPlan> local = CheckAndPlan(module, group, options, registry, prefix);
+  if (local.ok() && local->reused != nullptr) return local->reused;
+  RETURN_IF_ERROR(comm::AgreeOnStatus(group.get(), local.status(),
+                                      absl::StrCat(what, ", checking and planning"), timeout));
+  RETURN_IF_ERROR(CheckPlansAgree(local->plan, *group, timeout, prefix));
+
+  // Phase 2: shard, hook and register, bottom-up in plan order; agree; roll back on error.
+  WrapUndo undo(registry);
+  Sharded sharded;
+  const absl::Status mine =
+      ShardNewUnits(module, group, options, *local, registry, prefix, &undo, &sharded);
+  const absl::Status agreed =
+      comm::AgreeOnStatus(group.get(), mine, absl::StrCat(what, ", sharding"), timeout);
+  if (!agreed.ok()) {
+    undo.Rollback();
+    return agreed;
+  }
+  undo.Commit();
+  RegistryCounters& c = registry->mutable_counters();
+  c.units_created += sharded.created;
+  c.param_bytes_copied += sharded.bytes_copied;
+  auto handle = std::make_shared<FullyShardHandle>(module, group, options,
+                                                   std::move(sharded.units),
+                                                   registry->shared_runtime());
+  registry->SetHandle(module, handle);
+  ++c.wraps;
+  return handle;
+}
+
+absl::Status Release(core::Module& module, WrapperRegistry* registry) {
+  const std::string prefix = absl::StrCat("Release(", module.Describe(), "): ");
+  if (registry == nullptr) return absl::InvalidArgumentError(prefix + "the registry is null");
+  // Checks on this rank, then every rank agrees (NOTE [Agree before acting] in
+  // fsdp/internal/unit_agreement.h) before the gathers.
+  absl::StatusOr<std::vector<std::shared_ptr<Unit>>> checked =
+      CheckReleasable(module, registry, prefix);
+  RETURN_IF_ERROR(internal::AgreeAcrossUnitGroups(
+      module, registry, checked.status(), absl::StrCat("Release(", module.Describe(), ")")));
+  const std::vector<std::shared_ptr<Unit>>& units = *checked;
   RETURN_IF_ERROR(Annotate(registry->runtime().FinishAllReductions(), prefix));
   // Every unit gathers (a collective), even after another failed, so ranks stay in step.
   absl::Status status;

@@ -52,14 +52,20 @@ namespace fsdp {
 // registry below `module` kept as they are), checks that every rank computed the same
 // plan, then, bottom-up, flattens each new unit's parameters into a FlatParameter, keeps
 // the rank's shard, installs the unit's hooks and records it in `registry`. Repeated
-// wraps follow NOTE [Registry reuse].
+// wraps follow NOTE [Registry reuse]; a re-wrap answered from the registry communicates
+// nothing, so every rank must re-wrap alike.
 //
 // Errors: InvalidArgument for a null argument or invalid options (naming the option),
 // or what policy::Plan or flatten::FlatParameter::Flatten reject; FailedPrecondition
-// for the registry rules and for ranks that disagree on the plan (on every rank, naming
-// the first differing unit, before anything is sharded); collective errors
-// (DeadlineExceeded, Unavailable) as the group reports them. On error nothing is
-// sharded.
+// for the registry rules and for ranks that disagree on the plan (naming the first
+// differing unit); collective errors (DeadlineExceeded, Unavailable) as the group
+// reports them. Every rank returns the same error (NOTE [Wrap rollback] in
+// fully_shard.cc): a failure on some ranks only (a check, the plan, or any step of
+// the sharding) reaches every rank as "rank <r>: <that rank's error>" (same code;
+// comm::AgreeOnStatus), except a null `group`, which is returned at once. On error
+// nothing is sharded, on any rank: the module's Parameter objects hold their original
+// tensors (storage, values, gradients) again, no hook and no registry entry of this
+// call remains, and a later FullyShard is a fresh wrap.
 absl::StatusOr<std::shared_ptr<FullyShardHandle>> FullyShard(
     const std::shared_ptr<core::Module>& module, const std::shared_ptr<comm::ProcessGroup>& group,
     const FullyShardOptions& options, WrapperRegistry* registry);
@@ -70,7 +76,10 @@ absl::StatusOr<std::shared_ptr<FullyShardHandle>> FullyShard(
 // Afterwards the module needs no process group; wrapping it again is a fresh wrap.
 // A collective over each unit's shard group. NotFound when no unit is rooted in the
 // subtree; FailedPrecondition when `module` is inside a unit it is not the root of,
-// while a forward or backward is in progress, or inside SummonFullParams.
+// while a forward or backward is in progress, inside SummonFullParams, or for a failed
+// unit. The ranks agree on those checks before gathering (NOTE [Agree before acting] in
+// fsdp/internal/unit_agreement.h): a check that fails on some ranks only fails every
+// rank with "rank <r>: <its error>", and nothing is released.
 absl::Status Release(core::Module& module, WrapperRegistry* registry);
 
 }  // namespace fsdp

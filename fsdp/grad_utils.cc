@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "fsdp/internal/unit_agreement.h"
 
 namespace fsdp {
 namespace {
@@ -28,6 +29,22 @@ double SumOfSquares(const core::Tensor& t) {
 void Scale(const core::Tensor& t, float factor) {
   float* p = t.data<float>();
   for (int64_t i = 0; i < t.numel(); ++i) p[i] *= factor;
+}
+
+// ClipGradNorm's checks on this rank; the units whose gradients it clips.
+absl::StatusOr<std::vector<std::shared_ptr<Unit>>> CheckClippable(core::Module& module,
+                                                                 WrapperRegistry* registry,
+                                                                 const std::string& prefix) {
+  ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Unit>> units, UnitsFor(module, registry, prefix));
+  for (const auto& u : units) {
+    RETURN_IF_ERROR(u->CheckUsable("clip gradients"));
+    if (u->flat().full_grad().defined()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          prefix, "unit ", u->label(), " holds unreduced gradients (NoSync); run a backward "
+          "outside NoSync first"));
+    }
+  }
+  return units;
 }
 
 }  // namespace
@@ -57,7 +74,13 @@ absl::StatusOr<double> ClipGradNorm(core::Module& module, WrapperRegistry* regis
     return absl::InvalidArgumentError(
         absl::StrCat(prefix, "max_norm is ", max_norm, "; it must be positive and finite"));
   }
-  ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Unit>> units, UnitsFor(module, registry, prefix));
+  // Checks on this rank, then every rank agrees (NOTE [Agree before acting] in
+  // fsdp/internal/unit_agreement.h) before the all-gathers.
+  absl::StatusOr<std::vector<std::shared_ptr<Unit>>> checked =
+      CheckClippable(module, registry, prefix);
+  RETURN_IF_ERROR(internal::AgreeAcrossUnitGroups(
+      module, registry, checked.status(), absl::StrCat("ClipGradNorm(", module.Describe(), ")")));
+  const std::vector<std::shared_ptr<Unit>>& units = *checked;
   RETURN_IF_ERROR(registry->runtime().FinishAllReductions());
   std::set<const core::Parameter*> managed;
   // Per shard group (in the units' order, the same on every rank), this rank's sum.
@@ -65,12 +88,6 @@ absl::StatusOr<double> ClipGradNorm(core::Module& module, WrapperRegistry* regis
   double local = 0;  // one-rank shard groups and unmanaged parameters
   std::vector<core::Tensor> grads;
   for (const auto& u : units) {
-    RETURN_IF_ERROR(u->CheckUsable("clip gradients"));
-    if (u->flat().full_grad().defined()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          prefix, "unit ", u->label(), " holds unreduced gradients (NoSync); run a backward "
-          "outside NoSync first"));
-    }
     double sum = 0;
     for (const core::ParameterPtr& p : u->flat().params()) {
       managed.insert(p.get());

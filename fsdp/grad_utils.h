@@ -57,8 +57,11 @@ absl::StatusOr<std::unique_ptr<NoSyncScope>> NoSync(core::Module& module,
 // distinct shard group: call it on every rank. InvalidArgument for a null registry or a
 // max_norm that is not positive and finite; FailedPrecondition while a forward or
 // backward is in progress, inside NoSync before the accumulated gradients are reduced,
-// or when `module` is inside a unit it is not the root of. Parameters of ignored
-// modules are not synchronised, so their local squares may differ between ranks.
+// or when `module` is inside a unit it is not the root of. Those checks run on each
+// rank and the ranks agree on them first (NOTE [Agree before acting] in
+// fsdp/internal/unit_agreement.h): a check that fails on some ranks only fails every
+// rank with "rank <r>: <its error>". Parameters of ignored modules are not
+// synchronised, so their local squares may differ between ranks.
 absl::StatusOr<double> ClipGradNorm(core::Module& module, WrapperRegistry* registry,
                                     double max_norm);
 

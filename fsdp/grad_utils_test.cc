@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "comm/testing/thread_ranks.h"
 #include "core/status_macros.h"
 #include "data/sampler.h"
@@ -250,6 +252,45 @@ TEST(FrozenParametersTest, FrozenParametersInsideUnitsStayAndTheRestMatchesTheRe
     return absl::OkStatus();
   });
   EXPECT_TRUE(s.ok()) << s;
+}
+
+// NOTE [Agree before acting]: after a backward under NoSync on both ranks, rank 0 drops
+// its unreduced gradients and rank 1 keeps them; ClipGradNorm's check fails on rank 1
+// only, and every rank returns rank 1's error within seconds instead of rank 0 waiting
+// in the norm's all-gather.
+TEST(ClipGradNormAgreementTest, ACheckFailingOnOneRankFailsEveryRankNamingIt) {
+  constexpr int kWorld = 2;
+  std::vector<absl::Status> errors(kWorld);
+  const absl::Time start = absl::Now();
+  absl::Status s = comm::testing::RunThreadRanks(kWorld, [&](comm::testing::RankContext& ctx)
+                                                             -> absl::Status {
+    const testing::GptTrainingSetup setup = testing::TinySetup();
+    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
+    WrapperRegistry registry;
+    ASSIGN_OR_RETURN(auto handle,
+                     FullyShard(gpt, ctx.group, testing::PerBlockOptions(ShardingStrategy::kFullShard),
+                                &registry));
+    ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
+    ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(0, 2, setup.seq_len));
+    {
+      ASSIGN_OR_RETURN(auto no_sync, NoSync(*gpt, &registry));
+      RETURN_IF_ERROR(testing::ForwardBackward(*gpt, batch).status());
+    }
+    if (ctx.rank == 0) {
+      for (const auto& unit : handle->units()) RETURN_IF_ERROR(unit->DropGradients());
+    }
+    errors[ctx.rank] = ClipGradNorm(*gpt, &registry, 1.0).status();
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // the collectives' timeout is 30 s
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(errors[r].code(), absl::StatusCode::kFailedPrecondition) << errors[r];
+    EXPECT_TRUE(absl::StrContains(errors[r].message(), "rank 1: ClipGradNorm(<root> (Gpt)): unit "))
+        << "rank " << r << ": " << errors[r];
+    EXPECT_TRUE(absl::StrContains(errors[r].message(), "holds unreduced gradients"))
+        << errors[r];
+  }
 }
 
 }  // namespace

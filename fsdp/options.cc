@@ -70,6 +70,19 @@ absl::Status FullyShardOptions::Validate(int group_size) const {
   return absl::OkStatus();
 }
 
+int ShardGroupSize(const FullyShardOptions& options, int group_size) {
+  switch (options.strategy) {
+    case ShardingStrategy::kFullShard:
+    case ShardingStrategy::kShardGradOp:
+      return group_size;
+    case ShardingStrategy::kNoShard:
+      return 1;
+    case ShardingStrategy::kHybridShard:
+      return options.hybrid_shard_size;
+  }
+  return group_size;
+}
+
 std::string FirstDifferingOption(const FullyShardOptions& a, const FullyShardOptions& b) {
   if (PolicyName(a.policy) != PolicyName(b.policy)) {
     return absl::StrCat("policy: ", PolicyName(a.policy), " vs ", PolicyName(b.policy));

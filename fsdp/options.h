@@ -95,6 +95,12 @@ struct FullyShardOptions {
   absl::Status Validate(int group_size) const;
 };
 
+// The number of ranks each unit's parameters are split over (UnitGroups::shard_size)
+// when `options` wrap over a group of `group_size` ranks: the whole group for
+// FULL_SHARD and SHARD_GRAD_OP, 1 for NO_SHARD, hybrid_shard_size for HYBRID_SHARD.
+// Meaningful once options.Validate(group_size) is OK.
+int ShardGroupSize(const FullyShardOptions& options, int group_size);
+
 // "" when `a` and `b` ask for the same wrap; otherwise the name of the first option that
 // differs and both values, e.g. "strategy: FULL_SHARD vs NO_SHARD". Policies compare by
 // WrapPolicy::Name() (which carries their options), a null policy as Never()'s name.

@@ -32,6 +32,26 @@ int Find(const std::vector<std::string>& events, const std::string& event, int f
   return -1;
 }
 
+// Success when both events were recorded and the first occurrence of `first` comes
+// before that of `second`. A missing event is a failure of its own (naming it), never a
+// position of -1 that an order comparison would accept.
+::testing::AssertionResult Before(const std::vector<std::string>& events,
+                                  const std::string& first, const std::string& second) {
+  const int a = Find(events, first);
+  const int b = Find(events, second);
+  if (a < 0 || b < 0) {
+    return ::testing::AssertionFailure()
+           << "event '" << (a < 0 ? first : second) << "' never happened; events:\n"
+           << absl::StrJoin(events, "\n");
+  }
+  if (a >= b) {
+    return ::testing::AssertionFailure() << "'" << first << "' (at " << a << ") is not before '"
+                                         << second << "' (at " << b << "); events:\n"
+                                         << absl::StrJoin(events, "\n");
+  }
+  return ::testing::AssertionSuccess();
+}
+
 // Runs one training step (forward + backward) of a 4-block Gpt on 2 ranks and returns
 // rank 0's events of the `iteration`-th step (0-based), from its first forward event on.
 std::vector<std::string> RecordStep(const FullyShardOptions& options, int iterations = 1) {
@@ -58,32 +78,44 @@ std::vector<std::string> RecordStep(const FullyShardOptions& options, int iterat
   return out;
 }
 
-// The events of the backward only (from the root's backward all-gather on).
+// The events of the backward only (after the root's reshard ending the forward); empty,
+// with a failure, when that reshard never happened.
 std::vector<std::string> BackwardPart(const std::vector<std::string>& events) {
   const int fwd_end = Find(events, absl::StrCat("reshard ", kRoot));
   EXPECT_GE(fwd_end, 0) << absl::StrJoin(events, "\n");
+  if (fwd_end < 0) return {};
   return std::vector<std::string>(events.begin() + fwd_end + 1, events.end());
 }
 
-// The events of the forward only (up to the root's reshard).
+// The events of the forward only (up to the root's reshard); empty, with a failure,
+// when that reshard never happened.
 std::vector<std::string> ForwardPart(const std::vector<std::string>& events) {
   const int fwd_end = Find(events, absl::StrCat("reshard ", kRoot));
   EXPECT_GE(fwd_end, 0) << absl::StrJoin(events, "\n");
+  if (fwd_end < 0) return {};
   return std::vector<std::string>(events.begin(), events.begin() + fwd_end + 1);
 }
 
 // Largest number of units whose all-gather was issued while their computation had not
-// yet begun (counted at each computation start).
+// yet begun (counted at each computation start). Every one of the 5 units (the root and
+// 4 blocks) must begin computing exactly once, or the count would mean nothing: a
+// failure otherwise.
 int MaxAhead(const std::vector<std::string>& events, const std::string& begin_prefix) {
   std::set<std::string> issued;
+  std::set<std::string> begun;
   int max_ahead = 0;
   for (const std::string& e : events) {
     if (absl::StartsWith(e, "allgather_issued ")) issued.insert(e.substr(17));
     if (absl::StartsWith(e, begin_prefix)) {
-      issued.erase(e.substr(begin_prefix.size()));
+      const std::string unit = e.substr(begin_prefix.size());
+      EXPECT_TRUE(begun.insert(unit).second) << unit << " began twice";
+      issued.erase(unit);
       max_ahead = std::max(max_ahead, static_cast<int>(issued.size()));
     }
   }
+  const std::set<std::string> all = {kRoot, Block(0), Block(1), Block(2), Block(3)};
+  EXPECT_EQ(begun, all) << "'" << begin_prefix << "' events: not every unit computed:\n"
+                        << absl::StrJoin(events, "\n");
   return max_ahead;
 }
 
@@ -92,12 +124,9 @@ TEST(PrefetchTest, BackwardPrefetchIssuesTheNextAllGatherBeforeTheCurrentCompute
   const std::vector<std::string> bwd = BackwardPart(RecordStep(options));
   const std::vector<std::string> order = {kRoot, Block(3), Block(2), Block(1), Block(0)};
   for (size_t i = 0; i + 1 < order.size(); ++i) {
-    const int issued_next = Find(bwd, "allgather_issued " + order[i + 1]);
-    const int compute = Find(bwd, "backward_compute_begin " + order[i]);
-    ASSERT_GE(issued_next, 0) << absl::StrJoin(bwd, "\n");
-    ASSERT_GE(compute, 0);
-    EXPECT_LT(issued_next, compute) << order[i + 1] << " not prefetched before " << order[i]
-                                    << "'s backward:\n" << absl::StrJoin(bwd, "\n");
+    EXPECT_TRUE(Before(bwd, "allgather_issued " + order[i + 1],
+                       "backward_compute_begin " + order[i]))
+        << order[i + 1] << " not prefetched before " << order[i] << "'s backward";
   }
   // Exactly limit_all_gathers (2) units run ahead at the busiest moment, never more.
   EXPECT_EQ(MaxAhead(bwd, "backward_compute_begin "), 2) << absl::StrJoin(bwd, "\n");
@@ -108,9 +137,8 @@ TEST(PrefetchTest, WithoutBackwardPrefetchTheAllGatherWaitsForTheUnitsOwnBackwar
   options.backward_prefetch = false;
   const std::vector<std::string> bwd = BackwardPart(RecordStep(options));
   for (int b = 3; b >= 1; --b) {
-    const int issued_next = Find(bwd, "allgather_issued " + Block(b - 1));
-    const int compute = Find(bwd, "backward_compute_begin " + Block(b));
-    EXPECT_GT(issued_next, compute) << absl::StrJoin(bwd, "\n");
+    EXPECT_TRUE(Before(bwd, "backward_compute_begin " + Block(b),
+                       "allgather_issued " + Block(b - 1)));
   }
   EXPECT_EQ(MaxAhead(bwd, "backward_compute_begin "), 0);
 }
@@ -121,9 +149,9 @@ TEST(PrefetchTest, LimitAllGathersBoundsTheUnitsAhead) {
   const std::vector<std::string> bwd = BackwardPart(RecordStep(options));
   EXPECT_EQ(MaxAhead(bwd, "backward_compute_begin "), 1) << absl::StrJoin(bwd, "\n");
   // blocks.2 is prefetched before blocks.3 computes, blocks.1 only after.
-  const int compute3 = Find(bwd, "backward_compute_begin " + Block(3));
-  EXPECT_LT(Find(bwd, "allgather_issued " + Block(2)), compute3);
-  EXPECT_GT(Find(bwd, "allgather_issued " + Block(1)), compute3);
+  const std::string compute3 = "backward_compute_begin " + Block(3);
+  EXPECT_TRUE(Before(bwd, "allgather_issued " + Block(2), compute3));
+  EXPECT_TRUE(Before(bwd, compute3, "allgather_issued " + Block(1)));
   options.limit_all_gathers = 0;
   EXPECT_EQ(MaxAhead(BackwardPart(RecordStep(options)), "backward_compute_begin "), 0);
 }
@@ -134,35 +162,28 @@ TEST(PrefetchTest, ForwardPrefetchFollowsThePreviousForwardsOrder) {
   // The first forward has no recorded order; the second prefetches blocks.0 and
   // blocks.1 from the root's pre-hook, before the root computes.
   const std::vector<std::string> second = RecordStep(options, /*iterations=*/2);
-  const int root_compute = Find(second, std::string("forward_compute_begin ") + kRoot);
-  ASSERT_GE(root_compute, 0);
-  EXPECT_LT(Find(second, "allgather_issued " + Block(0)), root_compute)
-      << absl::StrJoin(second, "\n");
-  EXPECT_LT(Find(second, "allgather_issued " + Block(1)), root_compute);
-  EXPECT_GT(Find(second, "allgather_issued " + Block(2)), root_compute);  // limit 2
+  const std::string root_compute = std::string("forward_compute_begin ") + kRoot;
+  EXPECT_TRUE(Before(second, "allgather_issued " + Block(0), root_compute));
+  EXPECT_TRUE(Before(second, "allgather_issued " + Block(1), root_compute));
+  EXPECT_TRUE(Before(second, root_compute, "allgather_issued " + Block(2)));  // limit 2
   EXPECT_EQ(MaxAhead(ForwardPart(second), "forward_compute_begin "), 2) << absl::StrJoin(second, "\n");
 
   options.forward_prefetch = false;
   const std::vector<std::string> plain = RecordStep(options, 2);
-  EXPECT_GT(Find(plain, "allgather_issued " + Block(0)),
-            Find(plain, std::string("forward_compute_begin ") + kRoot));
+  EXPECT_TRUE(Before(plain, root_compute, "allgather_issued " + Block(0)));
 }
 
 TEST(PrefetchTest, ReduceScatterOverlapsTheNextUnitsBackward) {
   const std::vector<std::string> bwd =
       BackwardPart(RecordStep(testing::PerBlockOptions(ShardingStrategy::kFullShard)));
   for (int b = 3; b >= 1; --b) {
-    const int issued = Find(bwd, "reduce_issued " + Block(b));
-    const int next_compute = Find(bwd, "backward_compute_begin " + Block(b - 1));
-    const int done = Find(bwd, "reduce_done " + Block(b));
-    ASSERT_GE(issued, 0) << absl::StrJoin(bwd, "\n");
-    EXPECT_LT(issued, next_compute);
-    EXPECT_GT(done, next_compute) << absl::StrJoin(bwd, "\n");
+    const std::string next_compute = "backward_compute_begin " + Block(b - 1);
+    EXPECT_TRUE(Before(bwd, "reduce_issued " + Block(b), next_compute));
+    EXPECT_TRUE(Before(bwd, next_compute, "reduce_done " + Block(b)));
   }
   // The root waits for every reduction before the backward ends.
-  const int end = Find(bwd, "backward_end");
-  for (int b = 0; b < 4; ++b) EXPECT_LT(Find(bwd, "reduce_done " + Block(b)), end);
-  EXPECT_LT(Find(bwd, std::string("reduce_done ") + kRoot), end);
+  for (int b = 0; b < 4; ++b) EXPECT_TRUE(Before(bwd, "reduce_done " + Block(b), "backward_end"));
+  EXPECT_TRUE(Before(bwd, std::string("reduce_done ") + kRoot, "backward_end"));
 }
 
 }  // namespace

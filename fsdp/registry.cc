@@ -144,19 +144,7 @@ absl::StatusOr<UnitGroups> WrapperRegistry::GroupsFor(
     const std::shared_ptr<comm::ProcessGroup>& group, const FullyShardOptions& options) {
   const int n = group->size();
   const int rank = group->rank();
-  int shard_size = n;
-  switch (options.strategy) {
-    case ShardingStrategy::kFullShard:
-    case ShardingStrategy::kShardGradOp:
-      shard_size = n;
-      break;
-    case ShardingStrategy::kNoShard:
-      shard_size = 1;
-      break;
-    case ShardingStrategy::kHybridShard:
-      shard_size = options.hybrid_shard_size;
-      break;
-  }
+  const int shard_size = ShardGroupSize(options, n);
   UnitGroups out;
   out.world = group;
   out.shard_size = shard_size;

@@ -1,11 +1,15 @@
 #include "fsdp/state_dict.h"
 
 #include <map>
+#include <memory>
 #include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "fsdp/internal/unit_agreement.h"
 #include "fsdp/summon.h"
 
 namespace fsdp {
@@ -133,49 +137,82 @@ absl::StatusOr<std::vector<ShardedTensor>> ShardedStateDict(core::Module& module
   return out;
 }
 
-absl::Status LoadFullStateDict(core::Module& module, WrapperRegistry* registry,
-                               const StateDict& dict) {
-  const std::string prefix = absl::StrCat("LoadFullStateDict(", module.Describe(), "): ");
-  ASSIGN_OR_RETURN(auto where, Locate(module, registry, prefix));
+namespace {
+
+// One value a load copies: into an unmanaged parameter whole (`param`), or into a
+// unit's shard from `shard_offset` on (`unit`).
+struct Write {
+  core::Parameter* param = nullptr;
+  std::shared_ptr<Unit> unit;
+  int64_t shard_offset = 0;
+  core::Tensor values;
+};
+
+struct LoadPlan {
+  std::map<const core::Parameter*, Location> where;
+  std::vector<Write> writes;
+};
+
+// The write of `values` (a parameter's elements [begin, end), or all of an unmanaged
+// one) for `p`; none when this rank holds no element of it.
+void AddWrite(const std::map<const core::Parameter*, Location>& where, const core::ParameterPtr& p,
+              core::Tensor values, std::vector<Write>* writes) {
+  auto it = where.find(p.get());
+  if (it == where.end()) {
+    writes->push_back(Write{p.get(), nullptr, 0, std::move(values)});
+    return;
+  }
+  const Unit& unit = *it->second.unit;
+  const flatten::ShardSlice& slice = it->second.record->shards[unit.groups().shard_rank];
+  if (slice.empty()) return;
+  writes->push_back(Write{nullptr, it->second.unit, slice.shard_offset, std::move(values)});
+}
+
+// Validates a full dict against this rank's module and plans its writes.
+absl::StatusOr<LoadPlan> PlanFullLoad(core::Module& module, WrapperRegistry* registry,
+                                      const StateDict& dict, const std::string& prefix) {
+  LoadPlan plan;
+  ASSIGN_OR_RETURN(plan.where, Locate(module, registry, prefix));
   const std::vector<core::NamedParameter> params = module.NamedParameters();
   using Entry = std::pair<std::string, core::Tensor>;
   ASSIGN_OR_RETURN(auto index,
                    Index<Entry>(dict, params, [](const Entry& e) -> const std::string& {
                      return e.first;
                    }, prefix));
-  // Validate everything before writing anything.
   for (const auto& [name, p] : params) {
     const core::Tensor& v = index.at(name)->second;
-    auto it = where.find(p.get());
-    const core::Shape& shape = it == where.end() ? p->data.shape() : it->second.record->shape;
+    auto it = plan.where.find(p.get());
+    const core::Shape& shape =
+        it == plan.where.end() ? p->data.shape() : it->second.record->shape;
     if (!v.defined() || v.shape() != shape ||
         (v.dtype() != core::DType::kFloat32 && v.dtype() != core::DType::kBFloat16)) {
       return absl::InvalidArgumentError(absl::StrCat(
           prefix, "key '", name, "' holds ", v.defined() ? v.ToString() : "an undefined tensor",
           " but the parameter is float32 ", core::ShapeToString(shape)));
     }
-  }
-  RETURN_IF_ERROR(ReshardAll(where));
-  for (const auto& [name, p] : params) {
-    const core::Tensor& v = index.at(name)->second;
-    auto it = where.find(p.get());
-    if (it == where.end()) {
-      RETURN_IF_ERROR(p->data.CopyFrom(v));
-      continue;
+    core::Tensor values = v;
+    if (it != plan.where.end()) {
+      const Unit& unit = *it->second.unit;
+      const flatten::ShardSlice& slice = it->second.record->shards[unit.groups().shard_rank];
+      if (slice.empty()) continue;
+      absl::StatusOr<core::Tensor> part = v.Flat().View(slice.begin, {slice.numel()});
+      if (!part.ok()) {
+        return absl::Status(part.status().code(),
+                            absl::StrCat(prefix, "key '", name, "': ", part.status().message()));
+      }
+      values = *std::move(part);
     }
-    const Unit& unit = *it->second.unit;
-    const flatten::ShardSlice& slice = it->second.record->shards[unit.groups().shard_rank];
-    if (slice.empty()) continue;
-    ASSIGN_OR_RETURN(core::Tensor part, v.Flat().View(slice.begin, {slice.numel()}));
-    RETURN_IF_ERROR(it->second.unit->WriteShard(slice.shard_offset, part));
+    AddWrite(plan.where, p, std::move(values), &plan.writes);
   }
-  return absl::OkStatus();
+  return plan;
 }
 
-absl::Status LoadShardedStateDict(core::Module& module, WrapperRegistry* registry,
-                                  const std::vector<ShardedTensor>& dict) {
-  const std::string prefix = absl::StrCat("LoadShardedStateDict(", module.Describe(), "): ");
-  ASSIGN_OR_RETURN(auto where, Locate(module, registry, prefix));
+// Validates this rank's sharded dict against its module and plans its writes.
+absl::StatusOr<LoadPlan> PlanShardedLoad(core::Module& module, WrapperRegistry* registry,
+                                         const std::vector<ShardedTensor>& dict,
+                                         const std::string& prefix) {
+  LoadPlan plan;
+  ASSIGN_OR_RETURN(plan.where, Locate(module, registry, prefix));
   const std::vector<core::NamedParameter> params = module.NamedParameters();
   ASSIGN_OR_RETURN(auto index,
                    Index<ShardedTensor>(dict, params, [](const ShardedTensor& e)
@@ -183,11 +220,11 @@ absl::Status LoadShardedStateDict(core::Module& module, WrapperRegistry* registr
                                         prefix));
   for (const auto& [name, p] : params) {
     const ShardedTensor& t = *index.at(name);
-    auto it = where.find(p.get());
+    auto it = plan.where.find(p.get());
     core::Shape shape = p->data.shape();
     int64_t begin = 0, end = p->data.numel();
     int shard_rank = 0, shard_size = 1;
-    if (it != where.end()) {
+    if (it != plan.where.end()) {
       const Unit& unit = *it->second.unit;
       const flatten::ShardSlice& slice = it->second.record->shards[unit.groups().shard_rank];
       shape = it->second.record->shape;
@@ -209,26 +246,54 @@ absl::Status LoadShardedStateDict(core::Module& module, WrapperRegistry* registr
           begin, ", ", end, ") on shard rank ", shard_rank, " of ", shard_size,
           "; a different layout: load a full state dict instead"));
     }
-    if (!t.local.defined() || t.local.numel() != end - begin) {
+    if (!t.local.defined() || t.local.numel() != end - begin ||
+        (t.local.dtype() != core::DType::kFloat32 && t.local.dtype() != core::DType::kBFloat16)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          prefix, "key '", name, "' holds ", t.local.defined() ? t.local.numel() : 0,
-          " values for the ", end - begin, " elements [", begin, ", ", end, ")"));
+          prefix, "key '", name, "' holds ", t.local.defined() ? t.local.ToString() : "no values",
+          " for the ", end - begin, " float32 elements [", begin, ", ", end, ")"));
     }
+    AddWrite(plan.where, p, t.local, &plan.writes);
   }
-  RETURN_IF_ERROR(ReshardAll(where));
-  for (const auto& [name, p] : params) {
-    const ShardedTensor& t = *index.at(name);
-    auto it = where.find(p.get());
-    if (it == where.end()) {
-      RETURN_IF_ERROR(p->data.CopyFrom(t.local));
-      continue;
-    }
-    const Unit& unit = *it->second.unit;
-    const flatten::ShardSlice& slice = it->second.record->shards[unit.groups().shard_rank];
-    if (slice.empty()) continue;
-    RETURN_IF_ERROR(it->second.unit->WriteShard(slice.shard_offset, t.local));
+  return plan;
+}
+
+// Reshards and copies every planned value into this rank's parameters and shards.
+absl::Status ApplyLoad(const LoadPlan& plan, const std::string& prefix) {
+  RETURN_IF_ERROR(ReshardAll(plan.where));
+  for (const Write& w : plan.writes) {
+    absl::Status s = w.unit != nullptr ? w.unit->WriteShard(w.shard_offset, w.values)
+                                       : w.param->data.CopyFrom(w.values);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
   }
   return absl::OkStatus();
+}
+
+// Validate, agree, write, agree (NOTE [Agree before acting] in
+// fsdp/internal/unit_agreement.h): every rank returns the same outcome, and nothing is
+// written anywhere unless every rank's dict fits.
+absl::Status Load(core::Module& module, WrapperRegistry* registry,
+                  const absl::StatusOr<LoadPlan>& plan, const std::string& what,
+                  const std::string& prefix) {
+  RETURN_IF_ERROR(internal::AgreeAcrossUnitGroups(module, registry, plan.status(),
+                                                  absl::StrCat(what, ", validating")));
+  return internal::AgreeAcrossUnitGroups(module, registry, ApplyLoad(*plan, prefix),
+                                         absl::StrCat(what, ", writing"));
+}
+
+}  // namespace
+
+absl::Status LoadFullStateDict(core::Module& module, WrapperRegistry* registry,
+                               const StateDict& dict) {
+  const std::string what = absl::StrCat("LoadFullStateDict(", module.Describe(), ")");
+  const std::string prefix = what + ": ";
+  return Load(module, registry, PlanFullLoad(module, registry, dict, prefix), what, prefix);
+}
+
+absl::Status LoadShardedStateDict(core::Module& module, WrapperRegistry* registry,
+                                  const std::vector<ShardedTensor>& dict) {
+  const std::string what = absl::StrCat("LoadShardedStateDict(", module.Describe(), ")");
+  const std::string prefix = what + ": ";
+  return Load(module, registry, PlanShardedLoad(module, registry, dict, prefix), what, prefix);
 }
 
 }  // namespace fsdp

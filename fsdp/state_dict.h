@@ -13,9 +13,14 @@
 //   RETURN_IF_ERROR(fsdp::LoadShardedStateDict(*model, &registry, mine));  // same layout
 //
 // Names are those of module.NamedParameters() (tied parameters once, under their first
-// name); values are float32 copies in storage of their own (tag kOther). Loading never
-// communicates: every rank copies the part of each value its shard holds. All calls
-// need the module idle (no forward or backward in progress, no SummonFullParams).
+// name); values are float32 copies in storage of their own (tag kOther). Loading moves
+// no tensor between ranks: every rank copies the part of each value its shard holds.
+// But whether a dict fits is decided on each rank, so a load is a collective over the
+// groups of the module's units (call it on every rank): every rank validates its dict,
+// then the ranks agree (NOTE [Agree before acting] in fsdp/internal/unit_agreement.h)
+// before anything is written, and again after writing, so all ranks return the same
+// outcome. All calls need the module idle (no forward or backward in progress, no
+// SummonFullParams).
 #ifndef FSDP_STATE_DICT_H_
 #define FSDP_STATE_DICT_H_
 
@@ -79,14 +84,17 @@ absl::StatusOr<std::vector<ShardedTensor>> ShardedStateDict(core::Module& module
 // parameter into its shard, and unmanaged parameters whole. Every parameter must be
 // present exactly once with its full shape; InvalidArgument naming the key for a
 // missing, unexpected or repeated key or a wrong shape, before anything is written.
-// Units left unsharded after an evaluation forward are resharded first.
+// An error on any rank is every rank's error, "rank <r>: <its error>" (same code), and
+// then no rank writes anything. Units left unsharded after an evaluation forward are
+// resharded first.
 absl::Status LoadFullStateDict(core::Module& module, WrapperRegistry* registry,
                                const StateDict& dict);
 
 // Loads this rank's parts saved by ShardedStateDict under the same layout (same wrap,
 // world size and rank). InvalidArgument naming the key as LoadFullStateDict, and when
 // a part's full shape, range or shard rank/size differ from this rank's (load a full
-// state dict to change the layout).
+// state dict to change the layout). As LoadFullStateDict, an error on any rank is
+// every rank's, and then nothing is written anywhere.
 absl::Status LoadShardedStateDict(core::Module& module, WrapperRegistry* registry,
                                   const std::vector<ShardedTensor>& dict);
 

@@ -10,6 +10,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "comm/testing/thread_ranks.h"
 #include "core/status_macros.h"
 #include "data/sampler.h"
@@ -231,6 +233,55 @@ TEST(StateDictErrorsTest, BadKeysShapesAndLayoutsChangeNothing) {
     return absl::OkStatus();
   });
   EXPECT_TRUE(s.ok()) << s;
+}
+
+// NOTE [Agree before acting]: a dict that fits on rank 0 but not on rank 1 fails every
+// rank with rank 1's error, within seconds, and writes nothing on any rank.
+TEST(StateDictAgreementTest, ALoadThatFailsOnOneRankFailsEveryRankAndWritesNothing) {
+  testing::GptTrainingSetup setup = testing::TinySetup();
+  constexpr int kWorld = 2;
+  std::vector<absl::Status> full_errors(kWorld), sharded_errors(kWorld);
+  const absl::Time start = absl::Now();
+  absl::Status s = comm::testing::RunThreadRanks(kWorld, [&](comm::testing::RankContext& ctx)
+                                                             -> absl::Status {
+    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
+    WrapperRegistry registry;
+    ASSIGN_OR_RETURN(auto handle,
+                     FullyShard(gpt, ctx.group, testing::PerBlockOptions(ShardingStrategy::kFullShard),
+                                &registry));
+    ASSIGN_OR_RETURN(StateDict good, FullStateDict(*gpt, &registry));
+    ASSIGN_OR_RETURN(std::vector<ShardedTensor> parts, ShardedStateDict(*gpt, &registry));
+
+    // Full: rank 0's dict is valid (zeros), rank 1's lacks a key.
+    StateDict zeros;
+    for (const auto& [name, t] : good) zeros.emplace_back(name, core::Tensor::Zeros(t.shape()));
+    if (ctx.rank == 1) zeros.erase(zeros.begin() + 3);
+    full_errors[ctx.rank] = LoadFullStateDict(*gpt, &registry, zeros);
+
+    // Sharded: rank 0's parts are its own (zeroed), rank 1's claim another layout.
+    for (ShardedTensor& t : parts) t.local.Zero();
+    if (ctx.rank == 1) parts[0].shard_rank = 0;
+    sharded_errors[ctx.rank] = LoadShardedStateDict(*gpt, &registry, parts);
+
+    // No rank wrote anything: the zeros never landed, on rank 0 either.
+    ASSIGN_OR_RETURN(StateDict now, FullStateDict(*gpt, &registry));
+    EXPECT_EQ(ToValues(now), ToValues(good)) << "rank " << ctx.rank;
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // the collectives' timeout is 30 s
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(full_errors[r].code(), absl::StatusCode::kInvalidArgument) << full_errors[r];
+    EXPECT_TRUE(absl::StrContains(
+        full_errors[r].message(),
+        "rank 1: LoadFullStateDict(<root> (Gpt)): missing key 'blocks.0.ln_1.bias'"))
+        << "rank " << r << ": " << full_errors[r];
+    EXPECT_EQ(sharded_errors[r].code(), absl::StatusCode::kInvalidArgument) << sharded_errors[r];
+    EXPECT_TRUE(absl::StrContains(sharded_errors[r].message(),
+                                  "rank 1: LoadShardedStateDict(<root> (Gpt)): key 'wte.weight' "
+                                  "was saved as elements"))
+        << "rank " << r << ": " << sharded_errors[r];
+  }
 }
 
 }  // namespace

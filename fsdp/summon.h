@@ -66,7 +66,10 @@ class FullParamsScope {
 // the module's parameters are plain already). InvalidArgument for a null registry or
 // writeback with rank0_only; FailedPrecondition while a forward or backward is in
 // progress, when `module` is inside a unit it is not the root of, when a unit is
-// already summoned or failed; collective errors as the group reports them.
+// already summoned or failed; collective errors as the group reports them. Those
+// checks run on each rank and the ranks agree on them before gathering (NOTE [Agree
+// before acting] in fsdp/internal/unit_agreement.h): a check that fails on some ranks
+// only fails every rank with "rank <r>: <its error>", and nothing is gathered.
 absl::StatusOr<std::unique_ptr<FullParamsScope>> SummonFullParams(core::Module& module,
                                                                   WrapperRegistry* registry,
                                                                   const SummonOptions& options = {});

@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "comm/testing/thread_ranks.h"
 #include "core/status_macros.h"
 #include "fsdp/fully_shard.h"
@@ -212,6 +214,53 @@ TEST(ReleaseTest, TrainedWeightsInIndependentStorageAndNoGroupNeeded) {
     EXPECT_EQ(logits->ToVector(), out[r].logits) << "rank " << r;
   }
   EXPECT_EQ(out[0].summoned, out[1].summoned);
+}
+
+// NOTE [Agree before acting]: with a scope still open on rank 1 only, a second
+// SummonFullParams and a Release fail there; every rank returns rank 1's error within
+// seconds (no rank gathers or releases), and both work once the scope is closed.
+TEST(SummonReleaseAgreementTest, ACheckFailingOnOneRankFailsEveryRankNamingIt) {
+  constexpr int kWorld = 2;
+  std::vector<absl::Status> summon_errors(kWorld), release_errors(kWorld);
+  const absl::Time start = absl::Now();
+  absl::Status s = comm::testing::RunThreadRanks(kWorld, [&](comm::testing::RankContext& ctx)
+                                                             -> absl::Status {
+    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(testing::TinySetup()));
+    const auto initial = ParameterValues(*gpt);
+    WrapperRegistry registry;
+    ASSIGN_OR_RETURN(auto handle,
+                     FullyShard(gpt, ctx.group, testing::PerBlockOptions(ShardingStrategy::kFullShard),
+                                &registry));
+    ASSIGN_OR_RETURN(auto scope, SummonFullParams(*gpt, &registry, {/*writeback=*/false}));
+    if (ctx.rank == 0) RETURN_IF_ERROR(scope->Close());
+    summon_errors[ctx.rank] = SummonFullParams(*gpt, &registry, {/*writeback=*/false}).status();
+    release_errors[ctx.rank] = Release(*gpt, &registry);
+    EXPECT_EQ(registry.NumUnits(), 3) << "rank " << ctx.rank << " released";
+    RETURN_IF_ERROR(scope->Close());
+    // In step again: both operations work on every rank.
+    {
+      ASSIGN_OR_RETURN(auto again, SummonFullParams(*gpt, &registry, {/*writeback=*/false}));
+      EXPECT_EQ(ParameterValues(*gpt), initial);
+    }
+    RETURN_IF_ERROR(Release(*gpt, &registry));
+    EXPECT_EQ(ParameterValues(*gpt), initial);
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // the collectives' timeout is 30 s
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(summon_errors[r].code(), absl::StatusCode::kFailedPrecondition) << summon_errors[r];
+    EXPECT_TRUE(absl::StrContains(summon_errors[r].message(),
+                                  "rank 1: SummonFullParams(<root> (Gpt)): unit "))
+        << "rank " << r << ": " << summon_errors[r];
+    EXPECT_TRUE(absl::StrContains(summon_errors[r].message(), "already inside SummonFullParams"))
+        << summon_errors[r];
+    EXPECT_EQ(release_errors[r].code(), absl::StatusCode::kFailedPrecondition) << release_errors[r];
+    EXPECT_TRUE(absl::StrContains(release_errors[r].message(), "rank 1: Release(<root> (Gpt)): unit "))
+        << "rank " << r << ": " << release_errors[r];
+    EXPECT_TRUE(absl::StrContains(release_errors[r].message(), "is inside SummonFullParams"))
+        << release_errors[r];
+  }
 }
 
 }  // namespace

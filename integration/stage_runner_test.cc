@@ -4,7 +4,9 @@
 // the trained plain module with its original Parameter objects.
 #include "integration/stage_runner.h"
 
+#include <cmath>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -116,12 +118,29 @@ TEST(StageRunnerTest, HandWrappedUnitsAreKept) {
   }));
 }
 
+// Two full state dicts hold the same parameters: the same non-zero number of entries,
+// the same names in the same order, equal values.
+absl::Status CheckSameParameters(const fsdp::StateDict& a, const fsdp::StateDict& b) {
+  RETURN_IF_ERROR(Check(!a.empty() && a.size() == b.size(),
+                        absl::StrCat("state dicts of ", a.size(), " and ", b.size(),
+                                     " parameters")));
+  for (size_t i = 0; i < a.size(); ++i) {
+    RETURN_IF_ERROR(Check(a[i].first == b[i].first,
+                          absl::StrCat("parameter ", i, ": ", a[i].first, " vs ", b[i].first)));
+    const std::vector<float> va = a[i].second.ToVector();
+    RETURN_IF_ERROR(Check(!va.empty() && va == b[i].second.ToVector(),
+                          absl::StrCat("parameter ", a[i].first, " differs")));
+  }
+  return absl::OkStatus();
+}
+
 TEST(StageRunnerTest, ContinuedFitEqualsOneLongerFit) {
   INTEGRATION_ASSERT_OK(RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status {
     ASSIGN_OR_RETURN(auto a, GptTrainModule::Create(TinyGpt()));
     ASSIGN_OR_RETURN(auto runner_a, StageRunner::Create(ctx.group, TinyStages()));
     ASSIGN_OR_RETURN(FitResult first, runner_a->Fit(*a, 3));
     optim::Optimizer* optimizer = runner_a->optimizer(*a);
+    ASSIGN_OR_RETURN(fsdp::StateDict at_three, fsdp::FullStateDict(*a->model(), &runner_a->registry()));
     ASSIGN_OR_RETURN(EvalResult between, runner_a->Validate(*a));  // a stage in between
     ASSIGN_OR_RETURN(FitResult second, runner_a->Fit(*a, 3));
     RETURN_IF_ERROR(Check(runner_a->optimizer(*a) == optimizer && optimizer->step_count() == 6,
@@ -134,14 +153,28 @@ TEST(StageRunnerTest, ContinuedFitEqualsOneLongerFit) {
     std::vector<double> continued = first.losses;
     continued.insert(continued.end(), second.losses.begin(), second.losses.end());
     // Same batches, same learning rates, same optimizer state, same arithmetic: exact.
-    RETURN_IF_ERROR(Check(continued == straight.losses, "losses differ"));
+    RETURN_IF_ERROR(Check(continued.size() == 6 && continued == straight.losses, "losses differ"));
     ASSIGN_OR_RETURN(fsdp::StateDict pa, fsdp::FullStateDict(*a->model(), &runner_a->registry()));
     ASSIGN_OR_RETURN(fsdp::StateDict pb, fsdp::FullStateDict(*b->model(), &runner_b->registry()));
-    for (size_t i = 0; i < pa.size(); ++i) {
-      RETURN_IF_ERROR(Check(pa[i].second.ToVector() == pb[i].second.ToVector(),
-                            absl::StrCat("parameter ", pa[i].first, " differs")));
-    }
-    (void)between;
+    RETURN_IF_ERROR(CheckSameParameters(pa, pb));
+
+    // The validation in between evaluated the weights after 3 steps: the same weights in
+    // a fresh model, validated by a fresh runner (same world size and layout, so the
+    // same arithmetic), give exactly its loss over the same number of tokens.
+    RETURN_IF_ERROR(Check(std::isfinite(between.loss) && between.loss > 0,
+                          absl::StrCat("validation loss ", between.loss)));
+    RETURN_IF_ERROR(Check(between.batches == 2 && between.count == 2 * 4 * 8,
+                          absl::StrCat("validated ", between.batches, " batches, ",
+                                       between.count, " tokens; expected 2 batches of 4 rows "
+                                       "of 8 tokens")));
+    ASSIGN_OR_RETURN(auto c, GptTrainModule::Create(TinyGpt()));
+    ASSIGN_OR_RETURN(auto runner_c, StageRunner::Create(ctx.group, TinyStages()));
+    RETURN_IF_ERROR(runner_c->Wrap(*c).status());
+    RETURN_IF_ERROR(fsdp::LoadFullStateDict(*c->model(), &runner_c->registry(), at_three));
+    ASSIGN_OR_RETURN(EvalResult again, runner_c->Validate(*c));
+    RETURN_IF_ERROR(Check(again.count == between.count && again.loss == between.loss,
+                          absl::StrCat("validation at step 3: ", between.loss, " in between vs ",
+                                       again.loss, " alone")));
     return absl::OkStatus();
   }));
 }
@@ -166,7 +199,9 @@ TEST(StageRunnerTest, ReleaseLeavesTheTrainedPlainModuleWithItsParameters) {
     // A Fit after Release wraps fresh and continues from the trained weights.
     ASSIGN_OR_RETURN(FitResult more, runner->Fit(*module, 2));
     RETURN_IF_ERROR(Check(!more.report.wrap.reused && more.first_step == 6, "fresh wrap, step 6"));
-    RETURN_IF_ERROR(Check(more.losses[0] < fit.losses[0], "continued from trained weights"));
+    RETURN_IF_ERROR(Check(more.losses.size() == 2 && !fit.losses.empty() &&
+                              more.losses[0] < fit.losses[0],
+                          "continued from trained weights"));
     return absl::OkStatus();
   }));
 }
@@ -182,7 +217,8 @@ TEST(StageRunnerTest, ProgressReportsEveryKStepsOnRankZeroWithEveryRanksMemory) 
     RETURN_IF_ERROR(Check(seen.size() == 3 && seen[0].step == 3 && seen[1].step == 6 &&
                               seen[2].step == 7,
                           absl::StrCat("reports: ", seen.size())));
-    RETURN_IF_ERROR(Check(seen[2].loss == fit.losses.back(), "the step's loss"));
+    RETURN_IF_ERROR(Check(fit.losses.size() == 7 && seen[2].loss == fit.losses.back(),
+                          "the step's loss"));
     RETURN_IF_ERROR(Check(seen[0].memory.size() == 2 &&
                               seen[0].memory[1].peak_by_tag[static_cast<int>(core::MemoryTag::kParam)] > 0,
                           "every rank's memory"));

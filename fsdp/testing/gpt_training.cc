@@ -103,12 +103,20 @@ absl::StatusOr<TrainingRun> TrainUnwrapped(const GptTrainingSetup& setup) {
 absl::StatusOr<TrainingRun> TrainFullyShardedRank(comm::testing::RankContext& ctx,
                                                   const GptTrainingSetup& setup,
                                                   const FullyShardOptions& options) {
-  ASSIGN_OR_RETURN(data::MarkovLanguage language, MakeLanguage(setup));
-  ASSIGN_OR_RETURN(data::RankSampler sampler, data::RankSampler::Create(ctx.rank, ctx.world_size));
   ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, MakeGpt(setup));
   WrapperRegistry registry;
+  return TrainFullyShardedModel(ctx, setup, options, gpt, &registry);
+}
+
+absl::StatusOr<TrainingRun> TrainFullyShardedModel(comm::testing::RankContext& ctx,
+                                                   const GptTrainingSetup& setup,
+                                                   const FullyShardOptions& options,
+                                                   const std::shared_ptr<nn::Gpt>& gpt,
+                                                   WrapperRegistry* registry) {
+  ASSIGN_OR_RETURN(data::MarkovLanguage language, MakeLanguage(setup));
+  ASSIGN_OR_RETURN(data::RankSampler sampler, data::RankSampler::Create(ctx.rank, ctx.world_size));
   ASSIGN_OR_RETURN(std::shared_ptr<FullyShardHandle> handle,
-                   FullyShard(gpt, ctx.group, options, &registry));
+                   FullyShard(gpt, ctx.group, options, registry));
   ASSIGN_OR_RETURN(std::unique_ptr<optim::AdamW> adamw,
                    optim::AdamW::Create(gpt->NamedParameters(), setup.adamw));
   TrainingRun run;
@@ -128,7 +136,7 @@ absl::StatusOr<TrainingRun> TrainFullyShardedRank(comm::testing::RankContext& ct
     RETURN_IF_ERROR(work->Wait(absl::Seconds(30)));
     run.losses.push_back(t.data<float>()[0]);
   }
-  RETURN_IF_ERROR(Release(*gpt, &registry));
+  RETURN_IF_ERROR(Release(*gpt, registry));
   run.params = ParameterValues(*gpt);
   return run;
 }

@@ -76,6 +76,15 @@ absl::StatusOr<TrainingRun> TrainFullyShardedRank(comm::testing::RankContext& ct
                                                   const GptTrainingSetup& setup,
                                                   const FullyShardOptions& options);
 
+// The same for a model the caller made (plain, as MakeGpt(setup) returns it) through a
+// registry the caller keeps: FullyShards `gpt` with `options` via `registry`, trains,
+// Releases. Fails with FullyShard's error if the wrap fails.
+absl::StatusOr<TrainingRun> TrainFullyShardedModel(comm::testing::RankContext& ctx,
+                                                   const GptTrainingSetup& setup,
+                                                   const FullyShardOptions& options,
+                                                   const std::shared_ptr<nn::Gpt>& gpt,
+                                                   WrapperRegistry* registry);
+
 // The values of a module's parameters by name (full-shape data read as floats).
 std::vector<std::pair<std::string, std::vector<float>>> ParameterValues(const core::Module& m);
 
