@@ -1,5 +1,6 @@
 #include "comm/internal/tcp_store_server.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
@@ -609,6 +610,11 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
   }
   absl::StatusOr<int> port = BoundPort(listen->get());
   if (!port.ok()) return port.status();
+  // Non-blocking, so that accepting until EAGAIN never stalls the loop.
+  const int fl = ::fcntl(listen->get(), F_GETFL, 0);
+  if (fl < 0 || ::fcntl(listen->get(), F_SETFL, fl | O_NONBLOCK) != 0) {
+    return absl::InternalError(absl::StrCat(where, ": fcntl: ", std::strerror(errno)));
+  }
   Fd epoll(::epoll_create1(EPOLL_CLOEXEC));
   Fd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!epoll.valid() || !wake.valid()) {
