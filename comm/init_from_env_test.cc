@@ -122,7 +122,9 @@ TEST(InitFromLaunchEnvTest, RanksMeetOverTcpStoreAndAllReduce) {
       t.Fill(static_cast<float>(r + 1));
       auto work = d->group->AllReduce(t, AllReduceOptions{});
       results[r] = work.ok() ? (*work)->Wait(absl::Seconds(20)) : work.status();
-      if (results[r].ok()) EXPECT_EQ(t.ToVector()[3], 1 + 2 + 3);
+      if (results[r].ok()) {
+        EXPECT_EQ(t.ToVector()[3], 1 + 2 + 3);
+      }
       // Everyone finishes before rank 0's store server goes away.
       auto bar = d->group->Barrier(BarrierOptions{});
       if (results[r].ok()) results[r] = bar.ok() ? (*bar)->Wait(absl::Seconds(20)) : bar.status();
