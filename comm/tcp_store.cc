@@ -59,7 +59,8 @@ absl::StatusOr<std::shared_ptr<TcpStore>> TcpStore::Create(const TcpStoreOptions
     if (options.max_connections < 1) {
       return absl::InvalidArgumentError(absl::StrCat(
           "TcpStoreOptions.max_connections must be >= 1 (the server's own store connects "
-          "too); got ", options.max_connections));
+          "too); got ",
+          options.max_connections));
     }
     if (options.max_buffered_bytes < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -138,10 +139,9 @@ absl::Status TcpStore::Connect(absl::Duration timeout) {
     absl::SleepFor(std::min(backoff, left));
     backoff = std::min(backoff * 2, absl::Seconds(1));
   }
-  return absl::DeadlineExceededError(absl::StrCat("TcpStore: could not reach the server at ",
-                                                  options_.host, ":", port_, " within ",
-                                                  absl::FormatDuration(timeout), ": ",
-                                                  last.message()));
+  return absl::DeadlineExceededError(
+      absl::StrCat("TcpStore: could not reach the server at ", options_.host, ":", port_,
+                   " within ", absl::FormatDuration(timeout), ": ", last.message()));
 }
 
 absl::Status TcpStore::Handshake(int fd, absl::Time deadline) const {
@@ -159,16 +159,18 @@ absl::Status TcpStore::Handshake(int fd, absl::Time deadline) const {
   if (!hello->auth_required) {
     if (!options_.secret.empty()) {
       // Talking on would hand this rank's data to a server that may not be the job's.
-      return absl::PermissionDeniedError(absl::StrCat(
-          where, ": authentication failed: the job secret (FSDP_JOB_SECRET) does not match: "
-                 "this process has one but the server does not ask for it"));
+      return absl::PermissionDeniedError(
+          absl::StrCat(where,
+                       ": authentication failed: the job secret (FSDP_JOB_SECRET) does not match: "
+                       "this process has one but the server does not ask for it"));
     }
     return absl::OkStatus();
   }
   if (options_.secret.empty()) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        where, ": authentication failed: the job secret (FSDP_JOB_SECRET) does not match: "
-               "the server requires one and this process has none"));
+    return absl::PermissionDeniedError(
+        absl::StrCat(where,
+                     ": authentication failed: the job secret (FSDP_JOB_SECRET) does not match: "
+                     "the server requires one and this process has none"));
   }
   absl::StatusOr<std::string> client_nonce = RandomBytes(internal::kStoreNonceBytes);
   if (!client_nonce.ok()) {
@@ -182,8 +184,8 @@ absl::Status TcpStore::Handshake(int fd, absl::Time deadline) const {
       sent.ok() ? internal::RecvFrame(fd, kMaxHandshakeReplyBytes, deadline)
                 : absl::StatusOr<std::string>(sent);
   if (!answer.ok()) {
-    return absl::UnavailableError(absl::StrCat(where, ": authentication interrupted: ",
-                                               answer.status().message()));
+    return absl::UnavailableError(
+        absl::StrCat(where, ": authentication interrupted: ", answer.status().message()));
   }
   absl::StatusOr<internal::Reply> reply = internal::ParseReply(*answer);
   if (!reply.ok()) {
@@ -199,18 +201,20 @@ absl::Status TcpStore::Handshake(int fd, absl::Time deadline) const {
   }
   if (!internal::ConstantTimeEquals(
           reply->body, internal::ServerProof(options_.secret, hello->nonce, *client_nonce))) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        where, ": authentication failed: the job secret (FSDP_JOB_SECRET) does not match: "
-               "the server could not prove it knows this process's secret"));
+    return absl::PermissionDeniedError(
+        absl::StrCat(where,
+                     ": authentication failed: the job secret (FSDP_JOB_SECRET) does not match: "
+                     "the server could not prove it knows this process's secret"));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> TcpStore::Call(absl::string_view request, absl::Duration wait) {
   if (request.size() > MaxFrame(options_)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "TcpStore: request of ", request.size(), " bytes exceeds the message limit (max_value_bytes ",
-        options_.max_value_bytes, " + ", internal::kStoreFrameOverhead, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("TcpStore: request of ", request.size(),
+                     " bytes exceeds the message limit (max_value_bytes ", options_.max_value_bytes,
+                     " + ", internal::kStoreFrameOverhead, ")"));
   }
   absl::MutexLock lock(&mu_);
   if (!conn_.valid()) {
@@ -286,8 +290,8 @@ absl::StatusOr<int64_t> TcpStore::Add(absl::string_view key, int64_t delta) {
   if (!body.ok()) return body.status();
   absl::StatusOr<int64_t> value = internal::ParseI64(*body);
   if (!value.ok()) {
-    return absl::InternalError(absl::StrCat(Where(), ": malformed Add(\"", key,
-                                            "\") reply: ", value.status().message()));
+    return absl::InternalError(
+        absl::StrCat(Where(), ": malformed Add(\"", key, "\") reply: ", value.status().message()));
   }
   return *value;
 }

@@ -113,7 +113,8 @@ class CheckingClient {
       }
       if (!verdict.ok()) {
         absl::MutexLock lock(&mu_);
-        first_error_ = absl::Status(verdict.code(), absl::StrCat("round ", i, ": ", verdict.message()));
+        first_error_ =
+            absl::Status(verdict.code(), absl::StrCat("round ", i, ": ", verdict.message()));
         return;
       }
       rounds_.store(i + 1);
@@ -198,19 +199,21 @@ TEST(TcpStoreStressTest, StalledConnectionsAnnouncingHugeMessagesCostNoMemoryAnd
   const int open_during = server->ServerConnectionCount();
   const int64_t rss_during = RssKb();
   constexpr int64_t kBoundKb = 32 << 10;
-  std::printf("%d connections announced %u bytes each in %s; server connections open: %d; "
-              "RSS: %lld KiB before, %lld KiB while they stall (bound: growth < %lld KiB)\n",
-              kStalled, announced, absl::FormatDuration(announcing).c_str(), open_during,
-              static_cast<long long>(rss_before), static_cast<long long>(rss_during),
-              static_cast<long long>(kBoundKb));
+  std::printf(
+      "%d connections announced %u bytes each in %s; server connections open: %d; "
+      "RSS: %lld KiB before, %lld KiB while they stall (bound: growth < %lld KiB)\n",
+      kStalled, announced, absl::FormatDuration(announcing).c_str(), open_during,
+      static_cast<long long>(rss_before), static_cast<long long>(rss_during),
+      static_cast<long long>(kBoundKb));
   EXPECT_LT(rss_during - rss_before, kBoundKb);
 
   int dropped = 0;
   for (RawStoreClient& raw : stalled) dropped += raw.ClosedByServerWithin(absl::Seconds(10));
   const absl::Duration all_dropped = absl::Now() - first_announced;
-  std::printf("%d of %d stalled connections dropped by %s after the first announcement "
-              "(partial_message_timeout 1s)\n",
-              dropped, kStalled, absl::FormatDuration(all_dropped).c_str());
+  std::printf(
+      "%d of %d stalled connections dropped by %s after the first announcement "
+      "(partial_message_timeout 1s)\n",
+      dropped, kStalled, absl::FormatDuration(all_dropped).c_str());
   EXPECT_EQ(dropped, kStalled);
   EXPECT_GE(all_dropped, absl::Milliseconds(950)) << "dropped before the deadline";
   EXPECT_TRUE(ConnectionsSettleAt(*server, 2, absl::Seconds(10)))

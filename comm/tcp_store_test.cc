@@ -156,8 +156,7 @@ TEST(TcpStoreTest, ServerRefusesAnOversizedFrameFromARawClient) {
   absl::StatusOr<Reply> reply = raw.Receive(absl::Seconds(10));
   ASSERT_TRUE(reply.ok()) << reply.status();
   EXPECT_EQ(reply->status.code(), absl::StatusCode::kInvalidArgument) << reply->status;
-  EXPECT_NE(reply->status.message().find("exceeds the limit"), std::string::npos)
-      << reply->status;
+  EXPECT_NE(reply->status.message().find("exceeds the limit"), std::string::npos) << reply->status;
   EXPECT_NE(reply->status.message().find("max_value_bytes"), std::string::npos) << reply->status;
   EXPECT_TRUE(raw.ClosedByServerWithin(absl::Seconds(10)));
   EXPECT_TRUE(store->Set("still", "serving").ok());
@@ -282,7 +281,8 @@ TEST(TcpStoreAuthTest, RandomBytesFromUnauthenticatedClientsNeverHurtTheServer) 
   auto good = Client(server->port(), kSecret).value();
   std::mt19937 rng(1234);
   for (int round = 0; round < 50; ++round) {
-    RawStoreClient raw = RawStoreClient::Connect(server->port(), /*read_greeting=*/round % 2).value();
+    RawStoreClient raw =
+        RawStoreClient::Connect(server->port(), /*read_greeting=*/round % 2).value();
     std::string junk(1 + rng() % 400, '\0');
     for (char& c : junk) c = static_cast<char>(rng());
     (void)raw.SendRaw(junk);  // the server may hang up before all of it is sent
@@ -397,8 +397,7 @@ TEST(TcpStoreTest, PartialMessagesBeyondTheMemoryBudgetAreRefused) {
   absl::StatusOr<Reply> reply = big.Receive(absl::Seconds(10));
   ASSERT_TRUE(reply.ok()) << reply.status();
   EXPECT_EQ(reply->status.code(), absl::StatusCode::kResourceExhausted) << reply->status;
-  EXPECT_NE(reply->status.message().find("max_buffered_bytes"), std::string::npos)
-      << reply->status;
+  EXPECT_NE(reply->status.message().find("max_buffered_bytes"), std::string::npos) << reply->status;
   EXPECT_TRUE(big.ClosedByServerWithin(absl::Seconds(10)));
   // A message under the budget still goes through, and the budget was given back.
   EXPECT_TRUE(server->Set("fits", std::string(40000, 'y')).ok());
@@ -435,8 +434,8 @@ TEST(TcpStoreTest, BlockedGetsWaitWithoutAThreadEachAndAllWakeOnSet) {
   EXPECT_NE(timed_out->status.message().find("never"), std::string::npos) << timed_out->status;
 
   const int threads_waiting = ThreadCount();
-  std::printf("threads: %d before %d blocked Gets, %d while they wait\n", threads_before,
-              kWaiters, threads_waiting);
+  std::printf("threads: %d before %d blocked Gets, %d while they wait\n", threads_before, kWaiters,
+              threads_waiting);
   EXPECT_EQ(threads_waiting, threads_before) << "the server started threads for waiters";
   ASSERT_TRUE(server->Set("late", "finally").ok());
   for (int i = 0; i < kWaiters; ++i) {
@@ -457,8 +456,7 @@ TEST(TcpStoreTest, OptionsOutOfRangeAreInvalidArgumentNamingThem) {
   opts.max_connections = 8;
   opts.partial_message_timeout = absl::ZeroDuration();
   s = TcpStore::Create(opts);
-  EXPECT_NE(s.status().message().find("partial_message_timeout"), std::string::npos)
-      << s.status();
+  EXPECT_NE(s.status().message().find("partial_message_timeout"), std::string::npos) << s.status();
 }
 
 }  // namespace

@@ -21,8 +21,7 @@ absl::StatusOr<RawStoreClient> RawStoreClient::Connect(int port, bool read_greet
   if (!fd.ok()) return fd.status();
   RawStoreClient client(*std::move(fd));
   if (!read_greeting) return client;
-  absl::StatusOr<std::string> greeting =
-      RecvFrame(client.fd(), kStoreMaxHandshakeBytes, deadline);
+  absl::StatusOr<std::string> greeting = RecvFrame(client.fd(), kStoreMaxHandshakeBytes, deadline);
   if (!greeting.ok()) return greeting.status();
   absl::StatusOr<Hello> hello = ParseHello(*greeting);
   if (!hello.ok()) return hello.status();

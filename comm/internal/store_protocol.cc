@@ -85,12 +85,12 @@ class Reader {
 };
 
 absl::Status Malformed(StoreOp op, absl::string_view what, size_t payload_bytes) {
-  return absl::InvalidArgumentError(absl::StrCat("malformed ", StoreOpName(op), " request (",
-                                                 payload_bytes, " bytes): ", what));
+  return absl::InvalidArgumentError(
+      absl::StrCat("malformed ", StoreOpName(op), " request (", payload_bytes, " bytes): ", what));
 }
 
-std::string Proof(absl::string_view label, absl::string_view secret,
-                  absl::string_view server_nonce, absl::string_view client_nonce) {
+std::string Proof(absl::string_view label, absl::string_view secret, absl::string_view server_nonce,
+                  absl::string_view client_nonce) {
   return HmacSha256(secret, absl::StrCat(label, server_nonce, client_nonce));
 }
 
@@ -100,7 +100,8 @@ absl::StatusOr<size_t> FrameAssembler::Consume(absl::string_view data) {
   size_t used = 0;
   if (header_len_ < 4) {
     const size_t take = std::min(data.size(), 4 - header_len_);
-    for (size_t i = 0; i < take; ++i) header_[header_len_ + i] = static_cast<unsigned char>(data[i]);
+    for (size_t i = 0; i < take; ++i)
+      header_[header_len_ + i] = static_cast<unsigned char>(data[i]);
     header_len_ += take;
     used += take;
     data.remove_prefix(take);
@@ -108,9 +109,8 @@ absl::StatusOr<size_t> FrameAssembler::Consume(absl::string_view data) {
     body_len_ = size_t{header_[0]} | (size_t{header_[1]} << 8) | (size_t{header_[2]} << 16) |
                 (size_t{header_[3]} << 24);
     if (body_len_ > max_frame_bytes_) {
-      return absl::InvalidArgumentError(absl::StrCat("message of ", body_len_,
-                                                     " bytes exceeds the limit of ",
-                                                     max_frame_bytes_, " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "message of ", body_len_, " bytes exceeds the limit of ", max_frame_bytes_, " bytes"));
     }
   }
   const size_t take = std::min(data.size(), body_len_ - body_.size());
@@ -276,10 +276,9 @@ absl::StatusOr<Request> ParseRequest(absl::string_view payload) {
       int64_t count = 0;
       if (!r.I64(&count)) return Malformed(req.op, "no key count", n);
       if (count < 0 || count > kStoreMaxKeysPerRequest) {
-        return Malformed(req.op,
-                         absl::StrCat("key count ", count, " is outside [0, ",
-                                      kStoreMaxKeysPerRequest, "]"),
-                         n);
+        return Malformed(
+            req.op,
+            absl::StrCat("key count ", count, " is outside [0, ", kStoreMaxKeysPerRequest, "]"), n);
       }
       // Each key takes at least its 4-byte length, so a count the payload cannot hold is
       // refused before anything is allocated for it.

@@ -24,14 +24,14 @@ inline absl::StatusOr<int64_t> AddToCounter(absl::string_view store_name, absl::
                                             const std::string* current, int64_t delta) {
   int64_t value = 0;
   if (current != nullptr && !current->empty() && !absl::SimpleAtoi(*current, &value)) {
-    return absl::InvalidArgumentError(absl::StrCat(store_name, ": Add(\"", key,
-                                                   "\") on a key that holds a non-integer value"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(store_name, ": Add(\"", key, "\") on a key that holds a non-integer value"));
   }
   int64_t sum = 0;
   if (__builtin_add_overflow(value, delta, &sum)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        store_name, ": Add(\"", key, "\", ", delta, ") overflows: the counter holds ", value,
-        " and the sum is outside the int64 range"));
+    return absl::InvalidArgumentError(absl::StrCat(store_name, ": Add(\"", key, "\", ", delta,
+                                                   ") overflows: the counter holds ", value,
+                                                   " and the sum is outside the int64 range"));
   }
   return sum;
 }

@@ -104,7 +104,7 @@ class TcpStoreServer::Loop {
     size_t out_pos = 0;
     std::string server_nonce;
     std::optional<PendingWait> wait;
-    std::set<std::string> missing;  // keys of `wait` not seen set yet
+    std::set<std::string> missing;                       // keys of `wait` not seen set yet
     absl::Time in_deadline = absl::InfiniteFuture();     // partial message / handshake
     absl::Time out_deadline = absl::InfiniteFuture();    // reply the client does not read
     absl::Time close_deadline = absl::InfiniteFuture();  // end of kClosing
@@ -165,8 +165,8 @@ class TcpStoreServer::Loop {
 void TcpStoreServer::Loop::Run() {
   std::vector<epoll_event> events(256);
   while (!stop_.load()) {
-    const int n = ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()),
-                               TimeoutMillis());
+    const int n =
+        ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()), TimeoutMillis());
     if (n < 0) {
       if (errno == EINTR) continue;
       LOG(ERROR) << where_ << ": epoll_wait failed (" << std::strerror(errno)
@@ -218,9 +218,8 @@ int TcpStoreServer::Loop::TimeoutMillis() const {
   const absl::Duration left = next - absl::Now();
   if (left <= absl::ZeroDuration()) return 0;
   // Rounded up, so the loop does not spin in the last fraction of a millisecond.
-  return static_cast<int>(
-      std::min<int64_t>(absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))),
-                        int64_t{1} << 30));
+  return static_cast<int>(std::min<int64_t>(
+      absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), int64_t{1} << 30));
 }
 
 void TcpStoreServer::Loop::PauseAccepting(absl::Time now) {
@@ -262,8 +261,8 @@ void TcpStoreServer::Loop::AddConn(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   const bool auth = !options_.secret.empty();
   const uint64_t id = next_id_++;
-  auto owned = std::make_unique<Conn>(id, fd,
-                                      auth ? kStoreMaxHandshakeBytes : options_.max_frame_bytes);
+  auto owned =
+      std::make_unique<Conn>(id, fd, auth ? kStoreMaxHandshakeBytes : options_.max_frame_bytes);
   Conn& c = *owned;
   c.peer = PeerName(fd);
   c.events = EPOLLIN | EPOLLRDHUP;
@@ -334,17 +333,17 @@ bool TcpStoreServer::Loop::OnReadable(Conn& c, uint32_t events) {
     absl::StatusOr<size_t> used = c.in.Consume(absl::string_view(chunk_.get(), n));
     if (!used.ok()) {
       if (c.phase == Phase::kHandshake) {
-        return Refuse(c, absl::PermissionDeniedError(absl::StrCat(
-                             Where(c), ": authentication failed: the job secret "
-                                       "(FSDP_JOB_SECRET) does not match")));
+        return Refuse(
+            c, absl::PermissionDeniedError(absl::StrCat(Where(c),
+                                                        ": authentication failed: the job secret "
+                                                        "(FSDP_JOB_SECRET) does not match")));
       }
       return Refuse(c, absl::InvalidArgumentError(absl::StrCat(
                            Where(c), ": ", used.status().message(),
                            " (TcpStoreOptions.max_value_bytes plus room for the key)")));
     }
     if (body) buffered_ += n;
-    if (c.phase == Phase::kReady && c.in.InProgress() &&
-        c.in_deadline == absl::InfiniteFuture()) {
+    if (c.phase == Phase::kReady && c.in.InProgress() && c.in_deadline == absl::InfiniteFuture()) {
       c.in_deadline = absl::Now() + options_.partial_message_timeout;
     }
     if (c.in.HasFrame()) {
@@ -422,22 +421,23 @@ bool TcpStoreServer::Loop::HandleFrame(Conn& c, const std::string& frame) {
   if (c.phase == Phase::kHandshake) return HandleAuth(c, frame);
   absl::StatusOr<Request> req = ParseRequest(frame);
   if (!req.ok()) {
-    return Reply(c, absl::InvalidArgumentError(absl::StrCat(Where(c), ": ", req.status().message())));
+    return Reply(c,
+                 absl::InvalidArgumentError(absl::StrCat(Where(c), ": ", req.status().message())));
   }
   return Execute(c, *req);
 }
 
 bool TcpStoreServer::Loop::HandleAuth(Conn& c, const std::string& frame) {
   absl::StatusOr<AuthProof> proof = ParseAuthProof(frame);
-  if (!proof.ok() ||
-      !ConstantTimeEquals(proof->mac,
-                          ClientProof(options_.secret, c.server_nonce, proof->client_nonce))) {
+  if (!proof.ok() || !ConstantTimeEquals(proof->mac, ClientProof(options_.secret, c.server_nonce,
+                                                                 proof->client_nonce))) {
     LOG_EVERY_N(WARNING, 100) << Where(c)
                               << ": a client failed to prove it knows the job secret "
                                  "(FSDP_JOB_SECRET); closed its connection";
-    return Refuse(c, absl::PermissionDeniedError(absl::StrCat(
-                         Where(c), ": authentication failed: the job secret (FSDP_JOB_SECRET) "
-                                   "does not match")));
+    return Refuse(c, absl::PermissionDeniedError(
+                         absl::StrCat(Where(c),
+                                      ": authentication failed: the job secret (FSDP_JOB_SECRET) "
+                                      "does not match")));
   }
   c.phase = Phase::kReady;
   c.in_deadline = absl::InfiniteFuture();
@@ -460,8 +460,8 @@ bool TcpStoreServer::Loop::Execute(Conn& c, Request& req) {
     }
     case StoreOp::kAdd: {
       auto it = map_.find(req.key);
-      absl::StatusOr<int64_t> sum = AddToCounter(
-          "TcpStore", req.key, it == map_.end() ? nullptr : &it->second, req.delta);
+      absl::StatusOr<int64_t> sum =
+          AddToCounter("TcpStore", req.key, it == map_.end() ? nullptr : &it->second, req.delta);
       if (!sum.ok()) return Reply(c, sum.status());
       map_[req.key] = absl::StrCat(*sum);
       KeySet(req.key);
@@ -618,8 +618,8 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
   Fd epoll(::epoll_create1(EPOLL_CLOEXEC));
   Fd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!epoll.valid() || !wake.valid()) {
-    return absl::InternalError(absl::StrCat(where, ": cannot create epoll/eventfd: ",
-                                            std::strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat(where, ": cannot create epoll/eventfd: ", std::strerror(errno)));
   }
   epoll_event ev{};
   ev.events = EPOLLIN;
