@@ -64,6 +64,7 @@ absl::StatusOr<LaunchEnv> ParseLaunchEnv(
   absl::StatusOr<int> port = ReadInt(lookup, "MASTER_PORT", std::nullopt, 1, 65535);
   if (!port.ok()) return port.status();
   env.master_port = *port;
+  env.job_secret = lookup("FSDP_JOB_SECRET").value_or("");
   return env;
 }
 
@@ -122,6 +123,7 @@ absl::StatusOr<Distributed> InitFromLaunchEnv(const LaunchEnv& env, const InitOp
   store_options.port = env.master_port;
   store_options.is_server = env.rank == 0;
   store_options.connect_timeout = options.timeout;
+  store_options.secret = env.job_secret;
   absl::StatusOr<std::shared_ptr<TcpStore>> store = TcpStore::Create(store_options);
   if (!store.ok()) {
     return absl::Status(store.status().code(), absl::StrCat(who, ": ", store.status().message()));

@@ -6,9 +6,13 @@
 //   // dist.device: cuda:LOCAL_RANK for nccl, cpu for gloo
 //
 // Variables: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (required); LOCAL_RANK and
-// LOCAL_WORLD_SIZE (optional, defaulting to RANK and WORLD_SIZE, i.e. one host).
+// LOCAL_WORLD_SIZE (optional, defaulting to RANK and WORLD_SIZE, i.e. one host);
+// FSDP_JOB_SECRET (optional; our launcher sets one per job).
 // Rank 0 serves a TcpStore on MASTER_ADDR:MASTER_PORT (bound to that address); every
 // rank connects to it, retrying until options.timeout, so ranks may start in any order.
+// With FSDP_JOB_SECRET set, the store admits only processes that know it (a rank with
+// another secret fails with PermissionDenied); unset, anyone reaching the port can use
+// the store, as with torchrun.
 //
 // Backend: kAuto picks nccl on cuda:LOCAL_RANK when the build has CUDA and a device is
 // usable, gloo on the CPU otherwise, and logs the choice. Asking for nccl where it is
@@ -43,6 +47,8 @@ struct LaunchEnv {
   int local_world_size = 1;
   std::string master_addr;
   int master_port = 0;
+  // FSDP_JOB_SECRET; empty when unset. Passed to the TcpStore (TcpStoreOptions.secret).
+  std::string job_secret;
 };
 
 // Reads the variables through `lookup` (nullopt when unset). InvalidArgument naming

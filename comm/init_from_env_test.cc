@@ -6,6 +6,7 @@
 
 #include "absl/time/clock.h"
 #include "comm/internal/socket.h"
+#include "comm/tcp_store.h"
 #include "core/cuda_device.h"
 #include "core/tensor.h"
 #include "gtest/gtest.h"
@@ -33,6 +34,15 @@ TEST(ParseLaunchEnvTest, ReadsTheTorchrunVariables) {
   EXPECT_EQ(env->local_world_size, 4);
   EXPECT_EQ(env->master_addr, "node0");
   EXPECT_EQ(env->master_port, 29500);
+}
+
+TEST(ParseLaunchEnvTest, ReadsTheJobSecretWhenSet) {
+  const std::map<std::string, std::string> base = {
+      {"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"}};
+  EXPECT_EQ(ParseLaunchEnv(Env(base)).value().job_secret, "");
+  auto with = base;
+  with["FSDP_JOB_SECRET"] = "s3cret";
+  EXPECT_EQ(ParseLaunchEnv(Env(with)).value().job_secret, "s3cret");
 }
 
 TEST(ParseLaunchEnvTest, LocalVariablesDefaultToOneHost) {
@@ -76,8 +86,9 @@ TEST(ParseBackendTest, Names) {
   EXPECT_EQ(BackendName(Backend::kNccl), "nccl");
 }
 
-LaunchEnv EnvFor(int rank, int world, int port) {
+LaunchEnv EnvFor(int rank, int world, int port, const std::string& secret = "") {
   LaunchEnv env;
+  env.job_secret = secret;
   env.rank = rank;
   env.world_size = world;
   env.local_rank = rank;
@@ -97,7 +108,8 @@ TEST(InitFromLaunchEnvTest, RanksMeetOverTcpStoreAndAllReduce) {
       InitOptions o;
       o.backend = Backend::kGloo;
       o.timeout = absl::Seconds(20);
-      absl::StatusOr<Distributed> d = InitFromLaunchEnv(EnvFor(r, kWorld, port), o);
+      absl::StatusOr<Distributed> d =
+          InitFromLaunchEnv(EnvFor(r, kWorld, port, "job secret"), o);
       if (!d.ok()) {
         results[r] = d.status();
         return;
@@ -110,7 +122,9 @@ TEST(InitFromLaunchEnvTest, RanksMeetOverTcpStoreAndAllReduce) {
       t.Fill(static_cast<float>(r + 1));
       auto work = d->group->AllReduce(t, AllReduceOptions{});
       results[r] = work.ok() ? (*work)->Wait(absl::Seconds(20)) : work.status();
-      if (results[r].ok()) EXPECT_EQ(t.ToVector()[3], 1 + 2 + 3);
+      if (results[r].ok()) {
+        EXPECT_EQ(t.ToVector()[3], 1 + 2 + 3);
+      }
       // Everyone finishes before rank 0's store server goes away.
       auto bar = d->group->Barrier(BarrierOptions{});
       if (results[r].ok()) results[r] = bar.ok() ? (*bar)->Wait(absl::Seconds(20)) : bar.status();
@@ -119,6 +133,24 @@ TEST(InitFromLaunchEnvTest, RanksMeetOverTcpStoreAndAllReduce) {
   }
   for (auto& t : threads) t.join();
   for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+}
+
+TEST(InitFromLaunchEnvTest, ARankWithAnotherJobSecretIsPermissionDeniedAtOnce) {
+  TcpStoreOptions server;
+  server.is_server = true;
+  server.secret = "the job's secret";
+  std::shared_ptr<TcpStore> store = TcpStore::Create(server).value();
+  for (const std::string& secret : {std::string("another secret"), std::string()}) {
+    InitOptions o;
+    o.backend = Backend::kGloo;
+    o.timeout = absl::Seconds(20);
+    const absl::Time start = absl::Now();
+    auto d = InitFromLaunchEnv(EnvFor(1, 2, store->port(), secret), o);
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kPermissionDenied) << d.status();
+    EXPECT_NE(d.status().message().find("rank 1 of 2"), std::string::npos) << d.status();
+    EXPECT_NE(d.status().message().find("FSDP_JOB_SECRET"), std::string::npos) << d.status();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "retried instead of refusing";
+  }
 }
 
 TEST(InitFromLaunchEnvTest, NcclWithoutAGpuIsFailedPreconditionNotAFallback) {

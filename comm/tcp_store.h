@@ -5,6 +5,7 @@
 //   opts.host = master_addr;          // the server binds here; clients connect here
 //   opts.port = master_port;          // 0 on the server: pick a free port
 //   opts.is_server = (rank == 0);
+//   opts.secret = job_secret;         // FSDP_JOB_SECRET; the same on every rank
 //   ASSIGN_OR_RETURN(auto store, comm::TcpStore::Create(opts));
 //   RETURN_IF_ERROR(store->Set("0", address));
 //
@@ -14,6 +15,18 @@
 // start in any order. Every message is bounded: keys by kMaxKeyBytes, values by
 // `max_value_bytes`; bigger ones are refused with InvalidArgument on either side.
 // Blocking calls (Get, Wait) wait on the server, never longer than their timeout.
+//
+// Authentication: with a `secret`, client and server prove to each other that they know
+// it (HMAC-SHA256 challenge-response, comm/internal/store_protocol.h) before any
+// request; a client with no secret or another one gets PermissionDenied ("TcpStore
+// host:port: authentication failed: the job secret (FSDP_JOB_SECRET) does not match")
+// and can neither read nor change anything. Without a secret anyone who reaches the
+// port can (the server logs a warning once).
+//
+// The server is one event-loop thread with bounded resources, whatever clients do
+// (NOTE [TcpStore server bounds] in comm/internal/tcp_store_server.h): at most
+// `max_connections` connections, `max_buffered_bytes` of partial messages, and
+// `partial_message_timeout` to finish a message once it has started.
 //
 // The server lives as long as the TcpStore object that started it: destroy the
 // server's store last. Thread-safe; requests from one TcpStore are serialised on its
@@ -33,6 +46,9 @@
 #include "comm/store.h"
 
 namespace comm {
+namespace internal {
+class TcpStoreServer;
+}  // namespace internal
 
 struct TcpStoreOptions {
   // Address of the server. The server binds to it; loopback by default.
@@ -41,12 +57,25 @@ struct TcpStoreOptions {
   int port = 0;
   // Whether this process runs the server (and then also talks to it as a client).
   bool is_server = false;
+  // The job secret (FSDP_JOB_SECRET), the same on the server and every client. Empty:
+  // no authentication, as torchrun-style launches without a secret expect.
+  std::string secret;
   // How long a client keeps retrying to reach the server.
   absl::Duration connect_timeout = absl::Seconds(60);
   // How long a request that does not wait (Set, Add, Check, DeleteKey) may take.
   absl::Duration request_timeout = absl::Seconds(60);
   // Largest value accepted, in bytes.
   int64_t max_value_bytes = int64_t{64} << 20;
+  // Server only: most connections open at once (a rank keeps one for the job); more are
+  // closed as soon as they are accepted. The process's descriptor limit applies too.
+  int max_connections = 1024;
+  // Server only: most bytes of partial messages held for all connections together
+  // (memory held is at most twice this); a message that would pass it is refused with
+  // ResourceExhausted and its connection closed.
+  int64_t max_buffered_bytes = int64_t{512} << 20;
+  // Server only: a message, a reply or the authentication that has started but not
+  // finished within this drops the connection. Idle connections are kept.
+  absl::Duration partial_message_timeout = absl::Seconds(30);
 };
 
 class TcpStore : public Store {
@@ -58,6 +87,8 @@ class TcpStore : public Store {
 
   // Starts the server if `options.is_server`, then connects to it (retrying until
   // connect_timeout: DeadlineExceeded naming host:port and the last error).
+  // PermissionDenied, at once, when the secrets do not match; InvalidArgument naming the
+  // option when one is out of range.
   static absl::StatusOr<std::shared_ptr<TcpStore>> Create(const TcpStoreOptions& options);
   ~TcpStore() override;
 
@@ -72,19 +103,25 @@ class TcpStore : public Store {
   absl::StatusOr<bool> Check(const std::vector<std::string>& keys) override;
   absl::StatusOr<bool> DeleteKey(absl::string_view key) override;
 
-  class Server;
+  // Server only (0 elsewhere): connections the server has open right now, this
+  // store's own included. For tests and diagnostics.
+  int ServerConnectionCount() const;
 
  private:
   explicit TcpStore(const TcpStoreOptions& options);
 
   absl::Status Connect(absl::Duration timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads the server's greeting on `fd` and, with a secret, authenticates both ways.
+  absl::Status Handshake(int fd, absl::Time deadline) const;
   // Sends one request and returns the response body after its status.
   absl::StatusOr<std::string> Call(absl::string_view request, absl::Duration wait);
   absl::Status CheckKey(absl::string_view key) const;
+  // "TcpStore host:port".
+  std::string Where() const;
 
   TcpStoreOptions options_;
   int port_ = 0;
-  std::unique_ptr<Server> server_;
+  std::unique_ptr<internal::TcpStoreServer> server_;
   absl::Mutex mu_;
   internal::Fd conn_ ABSL_GUARDED_BY(mu_);
 };

@@ -212,9 +212,15 @@ absl::StatusOr<std::string> RecvFrame(int fd, size_t max_bytes, absl::Time deadl
     return absl::InvalidArgumentError(
         absl::StrCat("message of ", len, " bytes exceeds the limit of ", max_bytes, " bytes"));
   }
-  std::string out(len, '\0');
-  s = RecvAll(fd, out.data(), len, deadline);
-  if (!s.ok()) return s;
+  // Grow with what arrives (at most doubling), so a header alone costs no memory.
+  std::string out;
+  while (out.size() < len) {
+    const size_t chunk = std::min(len - out.size(), std::max<size_t>(out.size(), 64 * 1024));
+    const size_t old = out.size();
+    out.resize(old + chunk);
+    s = RecvAll(fd, out.data() + old, chunk, deadline);
+    if (!s.ok()) return s;
+  }
   return out;
 }
 

@@ -69,7 +69,7 @@ absl::Status RecvAll(int fd, void* data, size_t n, absl::Time deadline);
 absl::Status SendFrame(int fd, absl::string_view payload, absl::Time deadline);
 
 // Reads one frame; InvalidArgument (without reading the body) when its length is over
-// `max_bytes`.
+// `max_bytes`. Memory grows with the bytes that arrive, not with the announced length.
 absl::StatusOr<std::string> RecvFrame(int fd, size_t max_bytes, absl::Time deadline);
 
 // The local IPv4 address the kernel would use to reach `peer_host` (found with a UDP

@@ -18,14 +18,22 @@ namespace comm {
 namespace internal {
 
 // The counter stored under `key` ("" or absent counts as 0) plus `delta`, as Add keeps it.
+// InvalidArgument naming the key when it holds a non-integer, and naming the key, the
+// value and the delta when the sum leaves the int64 range (never wraps).
 inline absl::StatusOr<int64_t> AddToCounter(absl::string_view store_name, absl::string_view key,
                                             const std::string* current, int64_t delta) {
   int64_t value = 0;
   if (current != nullptr && !current->empty() && !absl::SimpleAtoi(*current, &value)) {
-    return absl::InvalidArgumentError(absl::StrCat(store_name, ": Add(\"", key,
-                                                   "\") on a key that holds a non-integer value"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(store_name, ": Add(\"", key, "\") on a key that holds a non-integer value"));
   }
-  return value + delta;
+  int64_t sum = 0;
+  if (__builtin_add_overflow(value, delta, &sum)) {
+    return absl::InvalidArgumentError(absl::StrCat(store_name, ": Add(\"", key, "\", ", delta,
+                                                   ") overflows: the counter holds ", value,
+                                                   " and the sum is outside the int64 range"));
+  }
+  return sum;
 }
 
 inline absl::Status WaitTimedOut(absl::string_view store_name,
