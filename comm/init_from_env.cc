@@ -64,7 +64,7 @@ absl::StatusOr<LaunchEnv> ParseLaunchEnv(
   absl::StatusOr<int> port = ReadInt(lookup, "MASTER_PORT", std::nullopt, 1, 65535);
   if (!port.ok()) return port.status();
   env.master_port = *port;
-  env.job_secret = lookup("FSDP_JOB_SECRET").value_or("");
+  env.job_secret = lookup(kJobSecretEnv).value_or("");
   return env;
 }
 
@@ -134,6 +134,7 @@ absl::StatusOr<Distributed> InitFromLaunchEnv(const LaunchEnv& env, const InitOp
     GlooOptions gloo;
     gloo.name = options.group_name;
     gloo.rendezvous_timeout = options.timeout;
+    gloo.store_server_rank = 0;  // rank 0 serves the TcpStore
     gloo.hostname = options.gloo_hostname;
     if (gloo.hostname.empty()) {
       absl::StatusOr<std::string> local = internal::LocalAddressFor(env.master_addr);

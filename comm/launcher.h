@@ -39,11 +39,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "comm/failure.h"
+#include "comm/store.h"
 
 namespace comm {
-
-// Environment variable holding the job secret of the rendezvous store.
-inline constexpr char kJobSecretEnv[] = "FSDP_JOB_SECRET";
 
 struct LaunchOptions {
   // Number of ranks to start (--nproc).

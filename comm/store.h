@@ -31,6 +31,10 @@
 
 namespace comm {
 
+// Environment variable holding the job secret every client of a job's TcpStore proves
+// (comm/tcp_store.h); comm::Launch sets it for its ranks, a cluster scheduler may too.
+inline constexpr char kJobSecretEnv[] = "FSDP_JOB_SECRET";
+
 class Store {
  public:
   virtual ~Store() = default;
