@@ -53,6 +53,9 @@ class Loader {
   absl::Status Serve(const LoadRequest& request);
   // Opens (and checks the size of) every data file tensor `i` has chunks in.
   absl::Status OpenFilesOf(int i);
+  // For a message about data file `file` cut at `size` bytes: " (it ends inside tensor
+  // ...)" naming the chunk holding byte `size`, or "".
+  std::string CutAt(const std::string& file, int64_t size) const;
   // Opens data file `name` (checking its size) if it is not open yet.
   absl::Status CheckFile(const std::string& name) { return File(name, "").status(); }
   // Reads and verifies every block of tensor `i`, using nothing.
@@ -97,7 +100,7 @@ absl::StatusOr<const internal::FileReader*> Loader::File(const std::string& name
     return absl::DataLossError(absl::StrCat(
         "data file '", path, "'", of, " is ",
         *size < recorded ? "truncated" : "longer than recorded", ": it has ", *size,
-        " bytes, the checkpoint metadata records ", recorded));
+        " bytes, the checkpoint metadata records ", recorded, CutAt(name, *size)));
   }
   auto owned = std::make_unique<internal::FileReader>(*std::move(reader));
   const internal::FileReader* raw = owned.get();
@@ -142,6 +145,19 @@ absl::Status Loader::ReadChunkPart(const TensorProto& t, core::DType dtype, cons
   internal::ConvertElements(buffer_.data() + (want_begin - read_begin), dtype, out, out_dtype,
                             end - begin);
   return absl::OkStatus();
+}
+
+std::string Loader::CutAt(const std::string& file, int64_t size) const {
+  for (const TensorProto& t : index_.proto.tensors()) {
+    for (const ChunkProto& c : t.chunks()) {
+      if (c.file() == file && c.byte_offset() <= size && size < c.byte_offset() + c.byte_length()) {
+        return absl::StrCat(" (it ends inside tensor '", t.name(), "', elements [", c.begin(), ", ",
+                            c.end(), ") at bytes [", c.byte_offset(), ", ",
+                            c.byte_offset() + c.byte_length(), "))");
+      }
+    }
+  }
+  return "";
 }
 
 absl::Status Loader::OpenFilesOf(int i) {

@@ -555,6 +555,8 @@ TEST(ShardedTest, TruncatedFileIsRefusedNamingFileAndTensor) {
   EXPECT_THAT(std::string(st.status().message()), HasSubstr(dir + "/" + file));
   EXPECT_THAT(std::string(st.status().message()), HasSubstr(absl::StrCat("'", early_tensor, "'")));
   EXPECT_THAT(std::string(st.status().message()), HasSubstr(absl::StrCat("has ", cut, " bytes")));
+  EXPECT_THAT(std::string(st.status().message()),
+              HasSubstr(absl::StrCat("ends inside tensor '", last_tensor, "'")));
   // Rank 0's file is intact: its tensors still load.
   Tensor emb = Tensor::Empty({14}, DType::kBFloat16);
   EXPECT_TRUE(Load(dir, {{"emb", 0, 7, emb.View(0, {7}).value()}}).ok());

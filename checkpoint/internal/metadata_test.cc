@@ -4,7 +4,9 @@
 #include "checkpoint/internal/metadata.h"
 
 #include <cstdint>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -192,6 +194,19 @@ TEST(MetadataTest, UntrustedSizesAreCheckedNamingTheField) {
     EXPECT_TRUE(absl::IsDataLoss(index.status())) << c.name << ": " << index.status();
     EXPECT_THAT(std::string(index.status().message()), HasSubstr(kPath)) << c.name;
     EXPECT_THAT(std::string(index.status().message()), HasSubstr(c.expect)) << c.name;
+  }
+}
+
+// The fuzz target's seeds (testdata/metadata_fuzz_corpus/, written by hand to the
+// format) are valid checkpoints' metadata, so fuzzing starts past the checksums.
+TEST(MetadataTest, FuzzSeedsAreValidMetadata) {
+  for (const char* name : {"two_ranks_metadata.pb", "one_rank_metadata.pb"}) {
+    const std::string path = std::string("checkpoint/testdata/metadata_fuzz_corpus/") + name;
+    std::ifstream f(path, std::ios::binary);
+    ASSERT_TRUE(f.good()) << path;
+    const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    absl::StatusOr<MetadataIndex> index = ParseMetadataFile(bytes, "seed", path);
+    EXPECT_TRUE(index.ok()) << index.status();
   }
 }
 
