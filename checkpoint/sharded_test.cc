@@ -1,31 +1,26 @@
+// Tests of checkpoint::Save / Load / LoadFull / CleanUpInterruptedSaves: round trips
+// across world sizes, replicated slices, dtypes, crashes and the atomic commit, damaged
+// files and bad requests. The checksum coverage and the save lock have their own file
+// (sharded_integrity_test.cc).
 #include "checkpoint/sharded.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
-#include <iterator>
 #include <map>
 #include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "checkpoint/checkpoint.pb.h"
-#include "checkpoint/internal/metadata.h"
+#include "checkpoint/testing/sharded_model.h"
 #include "comm/testing/thread_ranks.h"
-#include "core/random.h"
-#include "core/status_macros.h"
 #include "core/tensor.h"
 #include "flatten/shard_math.h"
 #include "gmock/gmock.h"
@@ -37,175 +32,19 @@ namespace {
 using ::testing::HasSubstr;
 using core::DType;
 using core::Tensor;
-
-// ---------------------------------------------------------------------------------
-// A model's worth of tensors, sharded the way FSDP shards them: each unit's tensors are
-// concatenated, padded to a multiple of the world size and chunked (flatten's shard
-// math); a few tensors are replicated (every rank holds them in full).
-
-struct Spec {
-  std::string name;
-  core::Shape shape;
-  DType dtype;
-};
-
-struct Model {
-  // Units of flat-sharded tensors (one dtype per unit, as in a FlatParameter).
-  std::vector<std::vector<Spec>> units;
-  std::vector<Spec> replicated;
-  // The full value of every tensor.
-  std::map<std::string, Tensor> full;
-};
-
-uint64_t Fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-// Deterministic contents derived from the name and `version`.
-Tensor MakeFull(const Spec& spec, int version) {
-  Tensor t = Tensor::Empty(spec.shape, spec.dtype);
-  core::Rng rng(Fnv1a(spec.name) + static_cast<uint64_t>(version));
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    const float v = rng.Normal(0.0f, 1.0f);
-    if (spec.dtype == DType::kFloat32) t.data<float>()[i] = v;
-    if (spec.dtype == DType::kBFloat16) t.data<core::BFloat16>()[i] = core::BFloat16::FromFloat(v);
-    if (spec.dtype == DType::kInt32) t.data<int32_t>()[i] = static_cast<int32_t>(rng.NextU64() % 100000);
-  }
-  return t;
-}
-
-Model MakeModel(int version = 0) {
-  Model m;
-  m.units = {
-      {{"blocks.0.w", {5, 3}, DType::kFloat32},
-       {"blocks.0.b", {3}, DType::kFloat32},
-       {"blocks.0.empty", {0, 4}, DType::kFloat32},
-       {"blocks.1.w", {4, 4}, DType::kFloat32},
-       {"blocks.1.scalar", {}, DType::kFloat32}},
-      {{"emb", {7, 2}, DType::kBFloat16}},
-  };
-  m.replicated = {{"optim.step", {1}, DType::kInt32}, {"norm.weight", {6}, DType::kFloat32}};
-  for (const auto& unit : m.units) {
-    for (const Spec& s : unit) m.full[s.name] = MakeFull(s, version);
-  }
-  for (const Spec& s : m.replicated) m.full[s.name] = MakeFull(s, version);
-  return m;
-}
-
-// The [begin, end) ranges rank `rank` of `world` holds, per tensor name.
-std::map<std::string, flatten::ShardSlice> RankRanges(const Model& m, int world, int rank) {
-  std::map<std::string, flatten::ShardSlice> out;
-  for (const auto& unit : m.units) {
-    std::vector<int64_t> numels;
-    for (const Spec& s : unit) numels.push_back(core::NumElements(s.shape));
-    const std::vector<int64_t> offsets = flatten::FlatOffsets(numels).value();
-    int64_t total = 0;
-    for (int64_t n : numels) total += n;
-    for (size_t i = 0; i < unit.size(); ++i) {
-      out[unit[i].name] =
-          flatten::IntersectRankChunk(offsets[i], numels[i], total, world, rank).value();
-    }
-  }
-  for (const Spec& s : m.replicated) {
-    out[s.name] = flatten::ShardSlice{0, core::NumElements(s.shape), 0};
-  }
-  return out;
-}
-
-// This rank's slices, each holding its own copy of its elements (as a sharded model
-// would).
-std::vector<TensorSlice> RankSlices(const Model& m, int world, int rank) {
-  std::vector<TensorSlice> out;
-  const auto ranges = RankRanges(m, world, rank);
-  auto add = [&](const Spec& s) {
-    const flatten::ShardSlice r = ranges.at(s.name);
-    Tensor view = m.full.at(s.name).Flat().View(r.begin, {r.numel()}).value();
-    out.push_back({s.name, s.shape, s.dtype, r.begin, r.end, view.Clone(core::MemoryTag::kParam)});
-  };
-  for (const auto& unit : m.units) {
-    for (const Spec& s : unit) add(s);
-  }
-  for (const Spec& s : m.replicated) add(s);
-  return out;
-}
-
-bool SameBytes(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.numel() == b.numel() &&
-         std::memcmp(a.raw_data(), b.raw_data(), static_cast<size_t>(a.nbytes())) == 0;
-}
-
-std::string TestRoot(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/sharded_", name);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
-std::vector<std::string> Entries(const std::string& dir) {
-  std::vector<std::string> out;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) out.push_back(e.path().filename());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-absl::Status SaveAt(int world, const std::string& dir, const Model& m,
-                    const SaveOptions& options = SaveOptions()) {
-  return comm::testing::RunThreadRanks(world, [=](comm::testing::RankContext& ctx) {
-    return Save(dir, RankSlices(m, world, ctx.rank), options, ctx.group.get());
-  });
-}
-
-// Every rank of `world` loads its own ranges and checks them bit for bit.
-absl::Status LoadAndCheckAt(int world, const std::string& dir, const Model& m) {
-  comm::testing::ThreadRanksOptions opts;
-  opts.create_group = false;  // loading is not collective
-  return comm::testing::RunThreadRanks(
-      world,
-      [=](comm::testing::RankContext& ctx) -> absl::Status {
-        ASSIGN_OR_RETURN(CheckpointInfo info, ReadMetadata(dir));
-        const auto ranges = RankRanges(m, world, ctx.rank);
-        std::vector<LoadRequest> requests;
-        std::vector<Tensor> expected;
-        for (const TensorInfo& t : info.tensors) {
-          const flatten::ShardSlice r = ranges.at(t.name);
-          requests.push_back({t.name, r.begin, r.end, Tensor::Empty({r.numel()}, t.dtype)});
-          expected.push_back(m.full.at(t.name).Flat().View(r.begin, {r.numel()}).value());
-        }
-        RETURN_IF_ERROR(Load(dir, requests).status());
-        for (size_t i = 0; i < requests.size(); ++i) {
-          if (!SameBytes(requests[i].destination, expected[i])) {
-            return absl::InternalError(absl::StrCat("rank ", ctx.rank, " of ", world, ": tensor '",
-                                                    requests[i].name, "' differs"));
-          }
-        }
-        return absl::OkStatus();
-      },
-      opts);
-}
-
-std::string ReadBytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
-
-void WriteBytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-}
-
-CheckpointMetadata ReadProto(const std::string& dir) {
-  const std::string path = dir + "/metadata.pb";
-  absl::StatusOr<CheckpointMetadata> meta = internal::DecodeMetadataFile(ReadBytes(path), path);
-  EXPECT_TRUE(meta.ok()) << meta.status();
-  return meta.ok() ? *meta : CheckpointMetadata();
-}
-
-// Writes `meta` as `dir`'s metadata.pb with valid checksums (a forged checkpoint).
-void WriteProto(const std::string& dir, const CheckpointMetadata& meta) {
-  WriteBytes(dir + "/metadata.pb", internal::EncodeMetadataFile(meta));
-}
+using testing::Entries;
+using testing::LoadAndCheckAt;
+using testing::MakeFull;
+using testing::MakeModel;
+using testing::Model;
+using testing::RankSlices;
+using testing::ReadBytes;
+using testing::ReadProto;
+using testing::SameBytes;
+using testing::SaveAt;
+using testing::TestRoot;
+using testing::WriteBytes;
+using testing::WriteProto;
 
 // ---------------------------------------------------------------------------------
 
@@ -628,7 +467,7 @@ TEST(ShardedTest, MetadataErrors) {
   EXPECT_THAT(std::string(info.status().message()), HasSubstr(dir + "/metadata.pb"));
   // An intact header of a later version: FailedPrecondition naming it.
   meta.set_format_version(kFormatVersion + 1);
-  WriteBytes(dir + "/metadata.pb", internal::EncodeMetadataFile(meta));
+  WriteProto(dir, meta);  // with valid checksums
   info = ReadMetadata(dir);
   EXPECT_TRUE(absl::IsFailedPrecondition(info.status())) << info.status();
   EXPECT_THAT(std::string(info.status().message()),
@@ -786,226 +625,6 @@ TEST(ShardedTest, LoaderReadsOnlyTheBlocksItNeeds) {
     EXPECT_EQ(st->files_opened, (r.begin < 500) + (r.end > 500));
     EXPECT_TRUE(SameBytes(dest, big.View(r.begin, {r.end - r.begin}).value()));
   }
-}
-
-// ---------------------------------------------------------------------------------
-// NOTE [Checksum coverage]: every bit of every file is checked before use.
-
-// The names of the tensors with a chunk holding byte `offset` of data file `file`.
-std::vector<std::string> TensorsAtByte(const CheckpointMetadata& meta, const std::string& file,
-                                       int64_t offset) {
-  std::vector<std::string> out;
-  for (const auto& t : meta.tensors()) {
-    for (const auto& c : t.chunks()) {
-      if (c.file() == file && offset >= c.byte_offset() && offset < c.byte_offset() + c.byte_length()) {
-        out.push_back(t.name());
-      }
-    }
-  }
-  return out;
-}
-
-// Flips EVERY bit of a real metadata.pb (a two-rank checkpoint of the test model, with
-// user metadata and a record) in turn: each flip must be refused with DataLoss naming
-// the file, by ReadMetadata and by Load alike. Zero silent loads.
-TEST(ShardedTest, EveryMetadataBitFlipIsRefusedAsDataLossNamingTheFile) {
-  const std::string dir = TestRoot("meta_flips") + "/ckpt";
-  const Model m = MakeModel(2);
-  SaveOptions options;
-  options.step = 60;
-  options.block_bytes = 32;
-  options.user_metadata = {{"run", "alpha"}};
-  options.records = {{"test.record", std::string("\x00\x01\xff binary", 10)}};
-  ASSERT_TRUE(SaveAt(2, dir, m, options).ok());
-  const std::string path = dir + "/metadata.pb";
-  const std::string original = ReadBytes(path);
-  ASSERT_GT(original.size(), 200u);
-  int refused = 0, silent = 0;
-  const int fd = ::open(path.c_str(), O_WRONLY);
-  ASSERT_GE(fd, 0);
-  for (size_t byte = 0; byte < original.size(); ++byte) {
-    for (int bit = 0; bit < 8; ++bit) {
-      const char flipped = static_cast<char>(original[byte] ^ (1 << bit));
-      ASSERT_EQ(::pwrite(fd, &flipped, 1, static_cast<off_t>(byte)), 1);
-      absl::StatusOr<CheckpointInfo> info = ReadMetadata(dir);
-      absl::StatusOr<LoadStats> load = Load(dir, {{"emb", 0, 14, Tensor::Empty({14}, DType::kBFloat16)}});
-      const bool ok = absl::IsDataLoss(info.status()) && absl::IsDataLoss(load.status()) &&
-                      absl::StrContains(info.status().message(), path) &&
-                      absl::StrContains(load.status().message(), path);
-      if (ok) {
-        ++refused;
-      } else {
-        ++silent;
-        ADD_FAILURE() << "flip of bit " << bit << " of byte " << byte << ": ReadMetadata "
-                      << info.status() << ", Load " << load.status();
-        if (silent > 5) FAIL() << "giving up";
-      }
-    }
-    ASSERT_EQ(::pwrite(fd, &original[byte], 1, static_cast<off_t>(byte)), 1);
-  }
-  ::close(fd);
-  std::cout << "metadata.pb of " << original.size() << " bytes: " << refused << " of "
-            << original.size() * 8 << " single-bit flips refused as DataLoss, " << silent
-            << " loaded" << std::endl;
-  EXPECT_EQ(refused, static_cast<int>(original.size() * 8));
-  EXPECT_EQ(silent, 0);
-  WriteBytes(path, original);
-  EXPECT_TRUE(ReadMetadata(dir).ok());
-  EXPECT_EQ(ReadMetadata(dir)->step, 60);
-  EXPECT_EQ(ReadMetadata(dir)->records.at("test.record"), options.records.at("test.record"));
-}
-
-// Every truncation of metadata.pb, and an appended byte, is DataLoss naming the file.
-TEST(ShardedTest, TruncatedOrExtendedMetadataIsRefused) {
-  const std::string dir = TestRoot("meta_truncate") + "/ckpt";
-  ASSERT_TRUE(SaveAt(2, dir, MakeModel(3)).ok());
-  const std::string path = dir + "/metadata.pb";
-  const std::string original = ReadBytes(path);
-  for (size_t n = 0; n < original.size(); ++n) {
-    WriteBytes(path, original.substr(0, n));
-    absl::StatusOr<CheckpointInfo> info = ReadMetadata(dir);
-    ASSERT_TRUE(absl::IsDataLoss(info.status())) << n << " bytes: " << info.status();
-    ASSERT_THAT(std::string(info.status().message()), HasSubstr(path)) << n;
-  }
-  WriteBytes(path, original + "x");
-  absl::StatusOr<CheckpointInfo> info = ReadMetadata(dir);
-  EXPECT_TRUE(absl::IsDataLoss(info.status())) << info.status();
-  EXPECT_THAT(std::string(info.status().message()), HasSubstr(path));
-}
-
-// Flips 200 bits spread over each data file: every load of a tensor holding the damaged
-// byte is DataLoss naming the file and the tensor, and so is VerifyCheckpoint; after
-// the byte is restored everything loads again.
-TEST(ShardedTest, DataFileBitFlipsAreRefusedForEveryTensorTheyTouch) {
-  const std::string dir = TestRoot("data_flips") + "/ckpt";
-  const Model m = MakeModel(4);
-  SaveOptions options;
-  options.block_bytes = 24;
-  ASSERT_TRUE(SaveAt(2, dir, m, options).ok());
-  const CheckpointMetadata meta = ReadProto(dir);
-  int flips = 0;
-  for (const auto& f : meta.files()) {
-    const std::string path = dir + "/" + f.name();
-    const std::string original = ReadBytes(path);
-    ASSERT_EQ(static_cast<int64_t>(original.size()), f.size_bytes());
-    ASSERT_GT(original.size(), 0u);
-    constexpr int kFlips = 200;
-    for (int k = 0; k < kFlips; ++k) {
-      const int64_t offset = static_cast<int64_t>(k * original.size() / kFlips);
-      const int bit = k % 8;
-      std::string flipped = original;
-      flipped[offset] = static_cast<char>(flipped[offset] ^ (1 << bit));
-      WriteBytes(path, flipped);
-      const std::vector<std::string> owners = TensorsAtByte(meta, f.name(), offset);
-      ASSERT_EQ(owners.size(), 1u) << "byte " << offset << " of " << f.name()
-                                   << " must belong to exactly one chunk";
-      absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> loaded = LoadFull(dir, owners);
-      ASSERT_TRUE(absl::IsDataLoss(loaded.status()))
-          << f.name() << " byte " << offset << " bit " << bit << ": " << loaded.status();
-      EXPECT_THAT(std::string(loaded.status().message()), HasSubstr(path));
-      EXPECT_THAT(std::string(loaded.status().message()), HasSubstr("'" + owners[0] + "'"));
-      absl::StatusOr<LoadStats> verified = VerifyCheckpoint(dir);
-      ASSERT_TRUE(absl::IsDataLoss(verified.status())) << verified.status();
-      EXPECT_THAT(std::string(verified.status().message()), HasSubstr(path));
-      ++flips;
-    }
-    WriteBytes(path, original);
-  }
-  std::cout << flips << " data file bit flips, each refused" << std::endl;
-  absl::StatusOr<LoadStats> verified = VerifyCheckpoint(dir);
-  ASSERT_TRUE(verified.ok()) << verified.status();
-  int64_t total = 0;
-  for (const auto& f : meta.files()) total += f.size_bytes();
-  EXPECT_GE(verified->bytes_read, total) << "every byte of every data file read";
-  EXPECT_TRUE(LoadAndCheckAt(2, dir, m).ok());
-}
-
-// ---------------------------------------------------------------------------------
-// NOTE [Save lock]: interrupted saves are tidied by the next one.
-
-class CrashThenSaveTest : public ::testing::TestWithParam<SimulatedCrash> {};
-
-TEST_P(CrashThenSaveTest, NextSaveLeavesNoTemporaries) {
-  const std::string root = TestRoot(absl::StrCat("crash_then_save_", static_cast<int>(GetParam())));
-  const std::string dir = root + "/ckpt";
-  const Model v1 = MakeModel(1), v2 = MakeModel(2), v3 = MakeModel(3);
-  ASSERT_TRUE(SaveAt(2, dir, v1).ok());
-  SaveOptions crash;
-  crash.simulate_crash = GetParam();
-  EXPECT_TRUE(absl::IsAborted(SaveAt(2, dir, v2, crash)));
-  EXPECT_EQ(Entries(root).size(), 2u) << "the crashed save's temporary directory";
-  // A second crash leaves a second one; the next save deletes both.
-  EXPECT_TRUE(absl::IsAborted(SaveAt(2, dir, v2, crash)));
-  EXPECT_EQ(Entries(root).size(), 2u) << "the first temporary was deleted by the second save";
-  ASSERT_TRUE(SaveAt(2, dir, v3).ok());
-  EXPECT_EQ(Entries(root), std::vector<std::string>{"ckpt"});
-  EXPECT_TRUE(LoadAndCheckAt(1, dir, v3).ok());
-}
-
-INSTANTIATE_TEST_SUITE_P(Points, CrashThenSaveTest,
-                         ::testing::Values(SimulatedCrash::kBeforeMetadata,
-                                           SimulatedCrash::kBeforeRename,
-                                           SimulatedCrash::kAfterRename));
-
-// With `<dir>` missing and the previous checkpoint moved aside (the rename-aside
-// window), the next Save restores it first and then replaces it, leaving nothing else.
-TEST(ShardedTest, SaveAfterCrashInTheRenameWindowLeavesOnlyTheNewCheckpoint) {
-  const std::string root = TestRoot("save_after_aside");
-  const std::string dir = root + "/ckpt";
-  ASSERT_TRUE(Save(dir, RankSlices(MakeModel(1), 1, 0)).ok());
-  std::filesystem::rename(dir, dir + ".old-0123456789abcdef");
-  std::filesystem::create_directories(dir + ".tmp-fedcba9876543210");
-  const Model m = MakeModel(6);
-  ASSERT_TRUE(Save(dir, RankSlices(m, 1, 0)).ok());
-  EXPECT_EQ(Entries(root), std::vector<std::string>{"ckpt"});
-  EXPECT_TRUE(LoadAndCheckAt(1, dir, m).ok());
-}
-
-// While someone holds `<dir>.lock`, CleanUpInterruptedSaves deletes nothing and Save
-// gives up after half its timeout, naming the lock; neither leaves anything behind.
-TEST(ShardedTest, HeldLockStopsCleanUpAndSave) {
-  const std::string root = TestRoot("held_lock");
-  const std::string dir = root + "/ckpt";
-  const Model m = MakeModel(1);
-  ASSERT_TRUE(Save(dir, RankSlices(m, 1, 0)).ok());
-  std::filesystem::create_directories(dir + ".tmp-0000000000000001");
-  const int fd = ::open((dir + ".lock").c_str(), O_RDWR | O_CREAT, 0644);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
-  absl::StatusOr<int> cleaned = CleanUpInterruptedSaves(dir);
-  EXPECT_TRUE(absl::IsFailedPrecondition(cleaned.status())) << cleaned.status();
-  EXPECT_THAT(std::string(cleaned.status().message()), HasSubstr(dir + ".lock"));
-  SaveOptions quick;
-  quick.timeout = absl::Milliseconds(400);
-  absl::Status s = Save(dir, RankSlices(MakeModel(2), 1, 0), quick);
-  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr(dir + ".lock"));
-  EXPECT_TRUE(std::filesystem::exists(dir + ".tmp-0000000000000001")) << "nothing deleted";
-  ::close(fd);  // releases the lock (the file stays: the holder did not remove it)
-  cleaned = CleanUpInterruptedSaves(dir);
-  ASSERT_TRUE(cleaned.ok()) << cleaned.status();
-  EXPECT_EQ(*cleaned, 1);
-  EXPECT_EQ(Entries(root), std::vector<std::string>{"ckpt"}) << "the lock file is removed too";
-  EXPECT_TRUE(LoadAndCheckAt(1, dir, m).ok());
-}
-
-// A save whose exchange fails (rank 1 never joins, so rank 0's all-gather times out)
-// deletes its own temporary directory.
-TEST(ShardedTest, FailedExchangeDeletesItsTemporaryDirectory) {
-  const std::string root = TestRoot("failed_exchange");
-  const std::string dir = root + "/ckpt";
-  const Model m = MakeModel(1);
-  absl::Status rank0 = absl::OkStatus();
-  absl::Status s = comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx) {
-    if (ctx.rank == 1) return absl::OkStatus();  // never calls Save
-    SaveOptions quick;
-    quick.timeout = absl::Seconds(1);
-    rank0 = Save(dir, RankSlices(m, 2, 0), quick, ctx.group.get());
-    return absl::OkStatus();
-  });
-  ASSERT_TRUE(s.ok()) << s;
-  EXPECT_FALSE(rank0.ok());
-  EXPECT_TRUE(Entries(root).empty()) << "left: " << absl::StrJoin(Entries(root), ", ");
 }
 
 }  // namespace
