@@ -97,9 +97,11 @@ struct LoadedCheckpoint {
   // saved model's structure (ModelStructure.fingerprint).
   std::map<std::string, std::string> model_config;
   std::string structure_fingerprint;
-  // LoadMode::kPartial only (empty after a strict load): every structure difference
-  // found (StructureDifferences' messages), the checkpoint tensors not loaded, and the
-  // model parameters left as they were (their optimizer state, if any, starts fresh).
+  // LoadMode::kPartial only (empty after a strict load): every difference found
+  // (StructureDifferences' messages, and optimizer parameters without a record entry or
+  // entries for parameters the optimizer does not manage), the checkpoint tensors not
+  // loaded (optim/ ones only when an optimizer was given), and the model parameters left
+  // as they were (their optimizer state, if any, starts fresh).
   std::vector<std::string> structure_differences;
   std::vector<std::string> skipped_tensors;
   std::vector<std::string> unloaded_parameters;
