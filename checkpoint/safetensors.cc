@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <set>
 #include <utility>
 #include <vector>
@@ -223,14 +224,44 @@ absl::StatusOr<Entry> ParseEntry(const std::string& name, const Json& v, const s
 
 }  // namespace
 
-absl::StatusOr<SafetensorsFile> ImportSafetensors(const std::string& path, core::MemoryTag tag) {
-  const std::string where = absl::StrCat("ImportSafetensors(", Quoted(path), ")");
-  absl::StatusOr<internal::FileReader> opened = internal::FileReader::Open(path);
-  if (!opened.ok()) {
-    return absl::Status(opened.status().code(), absl::StrCat(where, ": ", opened.status().message()));
+namespace {
+
+// Where a safetensors file's bytes come from: a file, or memory.
+class ByteSource {
+ public:
+  virtual ~ByteSource() = default;
+  // Reads up to `n` bytes at `offset`; fewer only at the end.
+  virtual absl::StatusOr<size_t> ReadAt(int64_t offset, size_t n, void* out) const = 0;
+};
+
+class FileSource : public ByteSource {
+ public:
+  explicit FileSource(const internal::FileReader& file) : file_(file) {}
+  absl::StatusOr<size_t> ReadAt(int64_t offset, size_t n, void* out) const override {
+    return file_.ReadAt(offset, n, out);
   }
-  const internal::FileReader& file = *opened;
-  ASSIGN_OR_RETURN(const int64_t file_size, file.Size());
+
+ private:
+  const internal::FileReader& file_;
+};
+
+class MemorySource : public ByteSource {
+ public:
+  explicit MemorySource(absl::string_view bytes) : bytes_(bytes) {}
+  absl::StatusOr<size_t> ReadAt(int64_t offset, size_t n, void* out) const override {
+    if (offset < 0 || static_cast<uint64_t>(offset) >= bytes_.size()) return size_t{0};
+    const size_t got = std::min(n, bytes_.size() - static_cast<size_t>(offset));
+    if (got > 0) std::memcpy(out, bytes_.data() + offset, got);
+    return got;
+  }
+
+ private:
+  absl::string_view bytes_;
+};
+
+// ImportSafetensors over any source of `file_size` bytes; `where` opens every message.
+absl::StatusOr<SafetensorsFile> ParseSource(const ByteSource& file, const int64_t file_size,
+                                            const std::string& where, core::MemoryTag tag) {
   unsigned char length[8];
   ASSIGN_OR_RETURN(size_t got, file.ReadAt(0, 8, length));
   if (got < 8) {
@@ -346,6 +377,28 @@ absl::StatusOr<SafetensorsFile> ImportSafetensors(const std::string& path, core:
     out.tensors.emplace_back(e.name, *std::move(t));
   }
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<SafetensorsFile> ImportSafetensors(const std::string& path, core::MemoryTag tag) {
+  const std::string where = absl::StrCat("ImportSafetensors(", Quoted(path), ")");
+  absl::StatusOr<internal::FileReader> opened = internal::FileReader::Open(path);
+  if (!opened.ok()) {
+    return absl::Status(opened.status().code(), absl::StrCat(where, ": ", opened.status().message()));
+  }
+  absl::StatusOr<int64_t> size = opened->Size();
+  if (!size.ok()) return absl::Status(size.status().code(), absl::StrCat(where, ": ", size.status().message()));
+  return ParseSource(FileSource(*opened), *size, where, tag);
+}
+
+absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::string_view bytes, const std::string& name,
+                                                 core::MemoryTag tag) {
+  const std::string where = absl::StrCat("ParseSafetensors(", Quoted(name), ")");
+  if (bytes.size() > static_cast<size_t>(std::numeric_limits<int64_t>::max())) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": too many bytes"));
+  }
+  return ParseSource(MemorySource(bytes), static_cast<int64_t>(bytes.size()), where, tag);
 }
 
 absl::Status ImportSafetensorsInto(const std::string& path, core::Module& module, bool strict) {

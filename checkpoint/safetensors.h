@@ -6,6 +6,7 @@
 //                                                 {{"format", "pt"}}));
 //   ASSIGN_OR_RETURN(checkpoint::SafetensorsFile file,
 //                    checkpoint::ImportSafetensors("/out/model.safetensors"));
+//   // or, from bytes already in memory: checkpoint::ParseSafetensors(bytes)
 //   for (const auto& [name, tensor] : file.tensors) ...   // names as in NamedParameters()
 //
 // NOTE [Safetensors layout], as published (github.com/huggingface/safetensors):
@@ -92,6 +93,12 @@ struct SafetensorsFile {
 // when the file is shorter than its header says; NotFound when it does not exist.
 absl::StatusOr<SafetensorsFile> ImportSafetensors(const std::string& path,
                                                   core::MemoryTag tag = core::MemoryTag::kOther);
+
+// ImportSafetensors of a whole file held in memory: the same checks, errors and result,
+// with `name` standing for the file in messages. Never reads outside `bytes`.
+absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::string_view bytes,
+                                                 const std::string& name = "<memory>",
+                                                 core::MemoryTag tag = core::MemoryTag::kOther);
 
 // Copies the tensors of a safetensors file into module.NamedParameters() by name,
 // converting fp32 <-> bf16 if the dtypes differ. NotFound naming the parameter and the

@@ -169,6 +169,42 @@ TEST(SafetensorsTest, RoundTripIsBitExact) {
   EXPECT_EQ(ReadAll(path), File("{}", ""));
 }
 
+// ParseSafetensors reads the same bytes from memory as ImportSafetensors from a file,
+// and refuses the same damage with the same codes.
+TEST(SafetensorsTest, ParseFromMemoryMatchesImportFromFile) {
+  const std::string path = TestDir("memory") + "/m.safetensors";
+  const NamedTensors tensors = SampleTensors();
+  ASSERT_TRUE(ExportSafetensors(path, tensors, {{"a", "1"}}).ok());
+  const std::string bytes = ReadAll(path);
+  absl::StatusOr<SafetensorsFile> from_file = ImportSafetensors(path);
+  absl::StatusOr<SafetensorsFile> from_memory = ParseSafetensors(bytes, "m");
+  ASSERT_TRUE(from_file.ok()) << from_file.status();
+  ASSERT_TRUE(from_memory.ok()) << from_memory.status();
+  EXPECT_EQ(from_memory->metadata, from_file->metadata);
+  ASSERT_EQ(from_memory->tensors.size(), tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    EXPECT_EQ(from_memory->tensors[i].first, tensors[i].first);
+    EXPECT_EQ(Bytes(from_memory->tensors[i].second), Bytes(tensors[i].second)) << tensors[i].first;
+  }
+  for (size_t cut : {size_t{0}, size_t{7}, size_t{12}, bytes.size() - 1}) {
+    absl::StatusOr<SafetensorsFile> cut_file = ParseSafetensors(bytes.substr(0, cut), "m");
+    EXPECT_FALSE(cut_file.ok()) << cut;
+    EXPECT_THAT(std::string(cut_file.status().message()), ::testing::HasSubstr("'m'")) << cut;
+    WriteAll(path, bytes.substr(0, cut));
+    EXPECT_EQ(ImportSafetensors(path).status().code(), cut_file.status().code()) << cut;
+  }
+}
+
+// The fuzz target's seed (testdata/safetensors_fuzz_corpus/model.safetensors, written by
+// hand to the published layout) is a valid file with every supported dtype.
+TEST(SafetensorsTest, FuzzSeedIsAValidFile) {
+  absl::StatusOr<SafetensorsFile> file =
+      ImportSafetensors("checkpoint/testdata/safetensors_fuzz_corpus/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->tensors.size(), 5u);
+  EXPECT_EQ(file->metadata.at("format"), "pt");
+}
+
 // The bytes safetensors.torch.save_file writes for
 //   {"linear.weight": torch.tensor([[1.0, -2.5], [0.5, 3.0]]),
 //    "steps": torch.tensor([7], dtype=torch.int32),

@@ -18,8 +18,10 @@
 //
 // Layout (checkpoint/checkpoint.proto): `<dir>/metadata.pb` lists each tensor's name,
 // full shape, dtype and chunks (file, flat element range, byte range, CRC32C per
-// block); `<dir>/rank-RRRRR-of-WWWWW.bin` holds rank R's chunks back to back as raw
-// little-endian elements.
+// block) behind a checksummed header; `<dir>/rank-RRRRR-of-WWWWW.bin` holds rank R's
+// chunks back to back as raw little-endian elements. Every byte of every file is
+// covered by a checksum that is verified before the byte is used (NOTE [Checksum
+// coverage] in checkpoint.proto).
 //
 // NOTE [Checkpoint commit]: Save builds the whole directory under a fresh temporary
 // name beside it, `<dir>.tmp-<16 hex digits>` (created with mkdir, so two saves never
@@ -27,11 +29,18 @@
 // rank 0 swaps the temporary directory into `<dir>` (renameat2 RENAME_EXCHANGE where
 // the filesystem has it, else rename the old one aside first) and deletes the old one.
 // A crash at any point leaves at `<dir>` either the previous complete checkpoint or the
-// new complete one, plus temporaries that CleanUpInterruptedSaves deletes. (Only on a
+// new complete one, plus temporaries that the next Save (or CleanUpInterruptedSaves)
+// deletes. (Only on a
 // filesystem without RENAME_EXCHANGE is there a window, between two renames, where
 // `<dir>` is missing and the previous checkpoint sits complete at `<dir>.old-<hex>`, where
-// CleanUpInterruptedSaves puts it back.)
+// the next Save or CleanUpInterruptedSaves puts it back.)
 // All ranks must see one shared filesystem at `dir`.
+//
+// NOTE [Save lock]: rank 0 holds an exclusive flock on `<dir>.lock` (beside `<dir>`,
+// removed when released) for the whole of Save, and CleanUpInterruptedSaves takes it
+// too. So while rank 0 holds it no other Save to `dir` is running, and every
+// `<dir>.tmp-*` / `<dir>.old-*` is the leftover of an interrupted one: Save deletes
+// them before it writes (a dead process's flock is released by the kernel).
 //
 // NOTE [Replicated slices]: several ranks may hold the same elements of a tensor
 // (NO_SHARD parameters, step counters: every rank has the full range). Each element is
@@ -50,18 +59,14 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "comm/process_group.h"
+#include "checkpoint/format.h"
 #include "core/allocator.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
 
 namespace checkpoint {
 
-// Version written into metadata.pb; ReadMetadata refuses others.
-inline constexpr int kFormatVersion = 1;
-// Name of the metadata file inside a checkpoint directory.
-inline constexpr char kMetadataFileName[] = "metadata.pb";
-// Default checksum block (SaveOptions::block_bytes).
-inline constexpr int64_t kDefaultBlockBytes = int64_t{1} << 20;
+// kFormatVersion, kMetadataFileName, kDefaultBlockBytes, kMaxBlockBytes: checkpoint/format.h.
 
 // The part of one tensor a rank holds: elements [begin, end) of the tensor `name` of
 // full shape `shape`, flattened row-major. `data` holds exactly end - begin elements
@@ -97,10 +102,15 @@ struct SaveOptions {
   // are the ones kept.
   int64_t step = 0;
   std::map<std::string, std::string> user_metadata;
+  // Typed records of the layers above: name -> serialized protobuf message (any bytes),
+  // kept under the metadata checksum (CheckpointMetadata.records); rank 0's are kept.
+  std::map<std::string, std::string> records;
   // Checksum block size in bytes: a reader verifies (and reads) whole blocks, so this
-  // bounds how much more than the requested bytes a load reads. Must be > 0.
+  // bounds how much more than the requested bytes a load reads. In
+  // [1, kMaxBlockBytes].
   int64_t block_bytes = kDefaultBlockBytes;
-  // Deadline of each collective step of Save.
+  // Deadline of each collective step of Save. Rank 0 waits at most half of it for
+  // NOTE [Save lock].
   absl::Duration timeout = comm::kDefaultCollectiveTimeout;
   // Test hook; Save returns Aborted naming the crash point when it is not kNone.
   SimulatedCrash simulate_crash = SimulatedCrash::kNone;
@@ -114,8 +124,12 @@ struct SaveOptions {
 // the checkpoint is in place, otherwise the first failing rank's error, prefixed
 // "rank <r>: ". InvalidArgument naming the tensor for a slice whose range, data size or
 // dtype does not fit, a name listed twice by one rank, ranks disagreeing on a tensor's
-// shape or dtype, or elements no rank holds (naming the range). On any error `dir` is
-// untouched.
+// shape or dtype, or elements no rank holds (naming the range); InvalidArgument naming
+// SaveOptions.block_bytes outside [1, kMaxBlockBytes]; DeadlineExceeded naming
+// `<dir>.lock` when another Save to `dir` holds it past timeout / 2. Before writing,
+// rank 0 deletes what interrupted saves left beside `dir` (NOTE [Save lock]). On any
+// error `dir` is untouched and this save's temporary directory is deleted (unless a
+// SimulatedCrash kept it, or rank 0 itself died).
 absl::Status Save(const std::string& dir, const std::vector<TensorSlice>& local,
                   const SaveOptions& options = SaveOptions(),
                   comm::ProcessGroup* group = nullptr);
@@ -134,6 +148,8 @@ struct CheckpointInfo {
   int world_size = 0;
   int64_t step = 0;
   std::map<std::string, std::string> user_metadata;
+  // SaveOptions::records as saved.
+  std::map<std::string, std::string> records;
   // In save order (rank 0's slices first).
   std::vector<TensorInfo> tensors;
 
@@ -141,10 +157,13 @@ struct CheckpointInfo {
   const TensorInfo* Find(const std::string& name) const;
 };
 
-// Reads and validates `<dir>/metadata.pb`. NotFound naming the directory when it has
-// none; DataLoss naming the file when it does not parse or contradicts itself (chunks
-// that overlap, leave gaps or do not match their byte lengths, unsafe file names);
-// FailedPrecondition for another format version.
+// Reads, verifies (header and body checksums) and validates `<dir>/metadata.pb`.
+// NotFound naming the directory when it has none; DataLoss naming the file (and the
+// field) when it is damaged (any checksum mismatch, truncation), does not parse or
+// contradicts itself (see internal::IndexMetadata: chunks that overlap, leave gaps or do
+// not match their byte lengths, data file bytes outside every chunk, sizes whose
+// arithmetic would overflow); FailedPrecondition naming the version for another format
+// version (including version 1, which had no checksums).
 absl::StatusOr<CheckpointInfo> ReadMetadata(const std::string& dir);
 
 // Fill `destination` with elements [begin, end) of the flattened tensor `name`.
@@ -175,8 +194,9 @@ struct LoadStats {
 // NotFound naming the tensor when the checkpoint lacks it (or the directory when it has
 // no metadata); InvalidArgument naming the tensor and the sizes for a range outside the
 // tensor, a destination of the wrong numel, an undefined one, or an impossible dtype
-// conversion; DataLoss naming the data file and the tensor for a missing or truncated
-// file, and also the byte range for a checksum mismatch.
+// conversion; DataLoss naming the data file and the tensor for a missing file, one whose
+// size differs from the size the metadata records (truncated or extended: checked
+// before any of it is read), and also the byte range for a checksum mismatch.
 absl::StatusOr<LoadStats> Load(const std::string& dir, const std::vector<LoadRequest>& requests);
 
 // Loads whole tensors, with their full shapes and stored dtypes, into fresh CPU memory
@@ -186,11 +206,18 @@ absl::StatusOr<std::vector<std::pair<std::string, core::Tensor>>> LoadFull(
     const std::string& dir, const std::vector<std::string>& names = {},
     core::MemoryTag tag = core::MemoryTag::kOther);
 
+// Reads and verifies every byte of every data file of `dir` against its block
+// checksums, and each file's size against the metadata: what Load of every tensor in
+// full would check, without converting anything. Errors as ReadMetadata and Load.
+absl::StatusOr<LoadStats> VerifyCheckpoint(const std::string& dir);
+
 // Tidies what interrupted Saves left beside `dir`: deletes every `<dir>.tmp-*` and
 // `<dir>.old-*` directory and returns how many it deleted. If `<dir>` itself is missing
 // (a crash between the two renames of NOTE [Checkpoint commit]), the newest `.old-*`
-// that ReadMetadata accepts is first renamed back to `<dir>` (and not counted). Call it
-// only while no Save to `dir` is running: it would delete that save's work.
+// that ReadMetadata accepts is first renamed back to `<dir>` (and not counted). Save
+// does the same itself; this is for tidying without saving. FailedPrecondition naming
+// `<dir>.lock` while a Save to `dir` is running (NOTE [Save lock]); nothing is deleted
+// then.
 absl::StatusOr<int> CleanUpInterruptedSaves(const std::string& dir);
 
 }  // namespace checkpoint

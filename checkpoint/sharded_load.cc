@@ -1,6 +1,7 @@
-// checkpoint::ReadMetadata, Load and LoadFull (sharded.h): each request reads, with
-// pread, only the checksum blocks that overlap it, verifies them, and converts the
-// elements into the destination.
+// checkpoint::ReadMetadata, Load, LoadFull and VerifyCheckpoint (sharded.h): each
+// request reads, with pread, only the checksum blocks that overlap it, verifies them,
+// and converts the elements into the destination. A data file's size is checked
+// against the metadata when it is opened, before any of it is used.
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -34,6 +35,7 @@ absl::StatusOr<CheckpointInfo> ReadMetadata(const std::string& dir_in) {
   info.world_size = index.proto.world_size();
   info.step = index.proto.step();
   for (const auto& [k, v] : index.proto.user_metadata()) info.user_metadata[k] = v;
+  for (const auto& [k, v] : index.proto.records()) info.records[k] = v;
   for (int i = 0; i < index.proto.tensors_size(); ++i) {
     info.tensors.push_back({index.proto.tensors(i).name(), index.shapes[i], index.dtypes[i]});
   }
@@ -49,6 +51,15 @@ class Loader {
   explicit Loader(const internal::MetadataIndex& index) : index_(index) {}
 
   absl::Status Serve(const LoadRequest& request);
+  // Opens (and checks the size of) every data file tensor `i` has chunks in.
+  absl::Status OpenFilesOf(int i);
+  // For a message about data file `file` cut at `size` bytes: " (it ends inside tensor
+  // ...)" naming the chunk holding byte `size`, or "".
+  std::string CutAt(const std::string& file, int64_t size) const;
+  // Opens data file `name` (checking its size) if it is not open yet.
+  absl::Status CheckFile(const std::string& name) { return File(name, "").status(); }
+  // Reads and verifies every block of tensor `i`, using nothing.
+  absl::Status VerifyTensor(int i);
   const LoadStats& stats() const { return stats_; }
 
  private:
@@ -62,6 +73,7 @@ class Loader {
   const internal::MetadataIndex& index_;
   std::map<std::string, std::unique_ptr<internal::FileReader>> files_;
   std::vector<char> buffer_;
+  std::vector<char> scratch_;
   LoadStats stats_;
 };
 
@@ -70,12 +82,26 @@ absl::StatusOr<const internal::FileReader*> Loader::File(const std::string& name
   auto it = files_.find(name);
   if (it != files_.end()) return it->second.get();
   const std::string path = internal::JoinPath(index_.dir, name);
+  const std::string of = tensor.empty() ? "" : absl::StrCat(" of tensor '", tensor, "'");
   absl::StatusOr<internal::FileReader> reader = internal::FileReader::Open(path);
   if (!reader.ok()) {
-    return absl::DataLossError(absl::StrCat("data file '", path, "' of tensor '", tensor,
-                                            "' cannot be opened: ", reader.status().message()));
+    return absl::DataLossError(absl::StrCat("data file '", path, "'", of,
+                                            " cannot be opened: ", reader.status().message()));
   }
   ++stats_.files_opened;
+  // NOTE [Checksum coverage]: the file must be exactly the size the metadata records.
+  absl::StatusOr<int64_t> size = reader->Size();
+  if (!size.ok()) {
+    return absl::DataLossError(absl::StrCat("data file '", path, "'", of, ": ",
+                                            size.status().message()));
+  }
+  const int64_t recorded = index_.file_sizes.at(name);
+  if (*size != recorded) {
+    return absl::DataLossError(absl::StrCat(
+        "data file '", path, "'", of, " is ",
+        *size < recorded ? "truncated" : "longer than recorded", ": it has ", *size,
+        " bytes, the checkpoint metadata records ", recorded, CutAt(name, *size)));
+  }
   auto owned = std::make_unique<internal::FileReader>(*std::move(reader));
   const internal::FileReader* raw = owned.get();
   files_.emplace(name, std::move(owned));
@@ -118,6 +144,41 @@ absl::Status Loader::ReadChunkPart(const TensorProto& t, core::DType dtype, cons
   }
   internal::ConvertElements(buffer_.data() + (want_begin - read_begin), dtype, out, out_dtype,
                             end - begin);
+  return absl::OkStatus();
+}
+
+std::string Loader::CutAt(const std::string& file, int64_t size) const {
+  for (const TensorProto& t : index_.proto.tensors()) {
+    for (const ChunkProto& c : t.chunks()) {
+      if (c.file() == file && c.byte_offset() <= size && size < c.byte_offset() + c.byte_length()) {
+        return absl::StrCat(" (it ends inside tensor '", t.name(), "', elements [", c.begin(), ", ",
+                            c.end(), ") at bytes [", c.byte_offset(), ", ",
+                            c.byte_offset() + c.byte_length(), "))");
+      }
+    }
+  }
+  return "";
+}
+
+absl::Status Loader::OpenFilesOf(int i) {
+  const TensorProto& t = index_.proto.tensors(i);
+  for (const ChunkProto& c : t.chunks()) RETURN_IF_ERROR(File(c.file(), t.name()).status());
+  return absl::OkStatus();
+}
+
+absl::Status Loader::VerifyTensor(int i) {
+  const TensorProto& t = index_.proto.tensors(i);
+  const core::DType dtype = index_.dtypes[i];
+  for (const ChunkProto& c : t.chunks()) {
+    // Block by block, so memory stays at one block.
+    const int64_t es = core::DTypeSize(dtype);
+    const int64_t per_block = std::max<int64_t>(1, index_.proto.block_bytes() / es);
+    for (int64_t b = c.begin(); b < c.end(); b += per_block) {
+      const int64_t e = std::min(c.end(), b + per_block);
+      scratch_.resize(static_cast<size_t>((e - b) * es));
+      RETURN_IF_ERROR(ReadChunkPart(t, dtype, c, b, e, scratch_.data(), dtype));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -210,12 +271,24 @@ absl::StatusOr<std::vector<std::pair<std::string, core::Tensor>>> LoadFull(
   std::vector<std::pair<std::string, core::Tensor>> out;
   Loader loader(index);
   for (int i : which) {
+    // Damaged files are refused before memory is allocated for what they claim to hold.
+    RETURN_IF_ERROR(loader.OpenFilesOf(i));
     ASSIGN_OR_RETURN(core::Tensor t, core::Tensor::Allocate(index.shapes[i], index.dtypes[i], tag));
     LoadRequest r{index.proto.tensors(i).name(), 0, index.numels[i], t};
     RETURN_IF_ERROR(loader.Serve(r));
     out.emplace_back(r.name, std::move(t));
   }
   return out;
+}
+
+absl::StatusOr<LoadStats> VerifyCheckpoint(const std::string& dir_in) {
+  ASSIGN_OR_RETURN(const std::string dir,
+                   internal::NormalizeDirectory(dir_in, "checkpoint::VerifyCheckpoint"));
+  ASSIGN_OR_RETURN(internal::MetadataIndex index, internal::ReadMetadataIndex(dir));
+  Loader loader(index);
+  for (const DataFileProto& f : index.proto.files()) RETURN_IF_ERROR(loader.CheckFile(f.name()));
+  for (int i = 0; i < index.proto.tensors_size(); ++i) RETURN_IF_ERROR(loader.VerifyTensor(i));
+  return loader.stats();
 }
 
 }  // namespace checkpoint

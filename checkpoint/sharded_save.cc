@@ -1,13 +1,15 @@
 // checkpoint::Save and CleanUpInterruptedSaves (sharded.h). NOTE [Checkpoint commit]
-// describes the protocol; the three exchanges below are all-gathers of serialized
-// messages (internal/save_exchange.proto), so every rank learns every other rank's
-// errors and all of them return the same status.
+// describes the protocol and NOTE [Save lock] the clean-up; the three exchanges below
+// are all-gathers of serialized messages (internal/save_exchange.proto, through
+// comm::AllGatherBytes), so every rank learns every other rank's errors and all of them
+// return the same status.
 #include <dirent.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -21,6 +23,7 @@
 #include "checkpoint/internal/metadata.h"
 #include "checkpoint/internal/save_exchange.pb.h"
 #include "checkpoint/sharded.h"
+#include "comm/agreement.h"
 #include "core/status_macros.h"
 
 namespace checkpoint {
@@ -65,51 +68,11 @@ absl::Status FirstError(const std::vector<Message>& messages) {
   return absl::OkStatus();
 }
 
-// Every rank's `bytes`, in rank order: two all-gathers (lengths, then the bytes padded
-// to the longest, packed into int32 words). A world of one (group == nullptr) has only
-// its own.
-absl::StatusOr<std::vector<std::string>> AllGatherBytes(comm::ProcessGroup* group,
-                                                        const std::string& bytes,
-                                                        absl::Duration timeout) {
-  if (group == nullptr || group->size() == 1) return std::vector<std::string>{bytes};
-  if (bytes.size() > static_cast<size_t>(INT32_MAX)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint::Save: a rank's description is ", bytes.size(),
-                     " bytes, more than 2^31 - 1"));
-  }
-  const int n = group->size();
-  comm::AllGatherOptions options;
-  options.timeout = timeout;
-  core::Tensor length = core::Tensor::Empty({1}, core::DType::kInt32, core::MemoryTag::kComm);
-  length.data<int32_t>()[0] = static_cast<int32_t>(bytes.size());
-  core::Tensor lengths = core::Tensor::Empty({n}, core::DType::kInt32, core::MemoryTag::kComm);
-  ASSIGN_OR_RETURN(auto work, group->AllGather(length, lengths, options));
-  RETURN_IF_ERROR(work->Wait(timeout));
-  int64_t longest = 0;
-  for (int r = 0; r < n; ++r) {
-    const int32_t len = lengths.data<int32_t>()[r];
-    if (len < 0) return absl::InternalError(absl::StrCat("rank ", r, " sent length ", len));
-    longest = std::max<int64_t>(longest, len);
-  }
-  const int64_t words = (longest + 3) / 4;
-  core::Tensor mine = core::Tensor::Zeros({words}, core::DType::kInt32, core::MemoryTag::kComm);
-  if (!bytes.empty()) std::memcpy(mine.raw_data(), bytes.data(), bytes.size());
-  core::Tensor all = core::Tensor::Empty({n * words}, core::DType::kInt32, core::MemoryTag::kComm);
-  ASSIGN_OR_RETURN(work, group->AllGather(mine, all, options));
-  RETURN_IF_ERROR(work->Wait(timeout));
-  std::vector<std::string> out(n);
-  const char* base = static_cast<const char*>(all.raw_data());
-  for (int r = 0; r < n; ++r) {
-    out[r].assign(base + r * words * 4, static_cast<size_t>(lengths.data<int32_t>()[r]));
-  }
-  return out;
-}
-
 template <typename Message>
 absl::StatusOr<std::vector<Message>> Exchange(comm::ProcessGroup* group, const Message& mine,
                                               absl::Duration timeout) {
   ASSIGN_OR_RETURN(std::vector<std::string> all,
-                   AllGatherBytes(group, mine.SerializeAsString(), timeout));
+                   comm::AllGatherBytes(group, mine.SerializeAsString(), timeout));
   std::vector<Message> out(all.size());
   for (size_t r = 0; r < all.size(); ++r) {
     if (!out[r].ParseFromString(all[r])) {
@@ -322,6 +285,7 @@ absl::Status Commit(const std::string& dir, const std::string& temp_dir, const P
   meta.set_world_size(world);
   meta.set_step(options.step);
   for (const auto& [k, v] : options.user_metadata) (*meta.mutable_user_metadata())[k] = v;
+  for (const auto& [k, v] : options.records) (*meta.mutable_records())[k] = v;
   meta.set_block_bytes(options.block_bytes);
   std::vector<std::vector<ChunkProto>> chunks(plan.tensors.size());
   for (const WrittenMessage& w : written) {
@@ -354,7 +318,7 @@ absl::Status Commit(const std::string& dir, const std::string& temp_dir, const P
                                               check.status().message()));
     }
   }
-  const std::string bytes = meta.SerializeAsString();
+  const std::string bytes = internal::EncodeMetadataFile(meta);
   ASSIGN_OR_RETURN(internal::FileWriter writer, internal::FileWriter::Create(meta_path));
   RETURN_IF_ERROR(writer.Append(bytes.data(), bytes.size()));
   RETURN_IF_ERROR(writer.SyncAndClose());
@@ -369,131 +333,19 @@ absl::Status Commit(const std::string& dir, const std::string& temp_dir, const P
   return internal::CommitDirectory(temp_dir, dir, internal::CommitMode::kAtomicExchange, after_swap);
 }
 
-// Rank 0, before anything is written: the parent exists, `dir` is absent, an empty
-// directory or a checkpoint (never someone's other data), and a fresh temporary
-// directory for this save.
-absl::StatusOr<std::string> Prepare(const std::string& dir) {
-  RETURN_IF_ERROR(internal::MakeDirectories(internal::ParentDirectory(dir)));
-  struct stat st;
-  if (::lstat(dir.c_str(), &st) == 0) {
-    if (!S_ISDIR(st.st_mode)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint::Save: '", dir, "' exists and is not a directory; refusing to replace it"));
-    }
-    if (!internal::PathExists(internal::JoinPath(dir, kMetadataFileName))) {
-      DIR* d = ::opendir(dir.c_str());
-      bool empty = true;
-      if (d != nullptr) {
-        while (dirent* e = ::readdir(d)) {
-          if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) empty = false;
-        }
-        ::closedir(d);
-      }
-      if (!empty) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "checkpoint::Save: '", dir, "' exists, is not empty and has no ", kMetadataFileName,
-            ", so it is not a checkpoint; refusing to replace it"));
-      }
-    }
-  }
-  return internal::MakeUniqueDirectory(absl::StrCat(dir, ".tmp-"));
-}
+std::string LockPath(const std::string& dir) { return absl::StrCat(dir, ".lock"); }
 
-}  // namespace
-
-absl::Status Save(const std::string& dir_in, const std::vector<TensorSlice>& local,
-                  const SaveOptions& options, comm::ProcessGroup* group) {
-  const int rank = group == nullptr ? 0 : group->rank();
-  const int world = group == nullptr ? 1 : group->size();
-  // Argument errors every rank can see on its own come first (no collective yet is
-  // fine: every rank sees the same options and returns the same error).
-  ASSIGN_OR_RETURN(const std::string dir, internal::NormalizeDirectory(dir_in, "checkpoint::Save"));
-  if (options.block_bytes <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint::Save to '", dir,
-                                                   "': SaveOptions.block_bytes is ",
-                                                   options.block_bytes, "; it must be > 0"));
-  }
-
-  // Phase 1: validate locally, rank 0 prepares the temporary directory; exchange.
-  PlanMessage mine;
-  absl::Status local_status = ValidateLocal(dir, local);
-  if (local_status.ok() && rank == 0) {
-    absl::StatusOr<std::string> temp = Prepare(dir);
-    if (temp.ok()) {
-      mine.set_temp_dir(*temp);
-    } else {
-      local_status = temp.status();
-    }
-  }
-  if (local_status.ok()) {
-    for (const TensorSlice& s : local) {
-      SliceDescription* d = mine.add_slices();
-      d->set_name(s.name);
-      for (int64_t x : s.shape) d->add_shape(x);
-      d->set_dtype(core::DTypeName(s.dtype));
-      d->set_begin(s.begin);
-      d->set_end(s.end);
-    }
-  } else {
-    SetError(local_status, &mine);
-  }
-  ASSIGN_OR_RETURN(std::vector<PlanMessage> plans, Exchange(group, mine, options.timeout));
-  const std::string temp_dir = plans[0].temp_dir();
-  auto cleanup = [&] {
-    if (rank == 0 && !temp_dir.empty()) internal::RemoveRecursively(temp_dir).IgnoreError();
-  };
-  absl::Status status = FirstError(plans);
-  absl::StatusOr<Plan> plan = absl::InternalError("unset");
-  if (status.ok()) {
-    plan = MergePlans(dir, plans);
-    status = plan.status();
-  }
-  if (!status.ok()) {
-    cleanup();
-    return status;
-  }
-
-  // Phase 2: every rank writes and fsyncs its data file; exchange the chunk lists.
-  absl::StatusOr<WrittenMessage> written =
-      WriteDataFile(temp_dir, rank, world, local, *plan, options.block_bytes);
-  WrittenMessage written_mine;
-  if (written.ok()) {
-    written_mine = *std::move(written);
-  } else {
-    SetError(written.status(), &written_mine);
-  }
-  ASSIGN_OR_RETURN(std::vector<WrittenMessage> all_written,
-                   Exchange(group, written_mine, options.timeout));
-  status = FirstError(all_written);
-  if (!status.ok()) {
-    cleanup();
-    return status;
-  }
-
-  // Phase 3: rank 0 writes metadata.pb and commits; everyone learns the result (this
-  // exchange is also the barrier that keeps ranks from returning early).
-  CommitMessage commit;
-  if (rank == 0) {
-    absl::Status s = Commit(dir, temp_dir, *plan, all_written, options, world);
-    if (!s.ok()) {
-      if (options.simulate_crash == SimulatedCrash::kNone) cleanup();
-      SetError(s, &commit);
-    }
-  }
-  ASSIGN_OR_RETURN(std::vector<CommitMessage> commits, Exchange(group, commit, options.timeout));
-  return FirstError(commits);
-}
-
-absl::StatusOr<int> CleanUpInterruptedSaves(const std::string& dir_in) {
-  ASSIGN_OR_RETURN(const std::string dir,
-                   internal::NormalizeDirectory(dir_in, "checkpoint::CleanUpInterruptedSaves"));
+// Deletes the `<dir>.tmp-*` and `<dir>.old-*` siblings of `dir`, first restoring the
+// newest complete `.old-*` as `dir` when `dir` is missing; returns how many it deleted.
+// The caller holds `<dir>.lock` (NOTE [Save lock]).
+absl::StatusOr<int> RemoveInterruptedSaves(const std::string& dir, const char* caller) {
   const std::string parent = internal::ParentDirectory(dir);
   const std::string base = dir.substr(dir.rfind('/') == std::string::npos ? 0 : dir.rfind('/') + 1);
   std::vector<std::string> temps, olds;
   DIR* d = ::opendir(parent.c_str());
   if (d == nullptr) {
-    return absl::NotFoundError(absl::StrCat("checkpoint::CleanUpInterruptedSaves: cannot open '",
-                                            parent, "': ", std::strerror(errno)));
+    return absl::NotFoundError(absl::StrCat(caller, ": cannot open '", parent, "': ",
+                                            std::strerror(errno)));
   }
   while (dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
@@ -523,11 +375,176 @@ absl::StatusOr<int> CleanUpInterruptedSaves(const std::string& dir_in) {
   int removed = 0;
   for (const auto* list : {&temps, &olds}) {
     for (const std::string& p : *list) {
-      RETURN_IF_ERROR(internal::RemoveRecursively(p));
+      absl::Status s = internal::RemoveRecursively(p);
+      if (!s.ok()) {
+        return absl::Status(s.code(), absl::StrCat(caller, ": cannot delete the interrupted save '",
+                                                   p, "': ", s.message()));
+      }
       ++removed;
     }
   }
   return removed;
+}
+
+// What rank 0 holds for the duration of a Save.
+struct Prepared {
+  internal::FileLock lock;
+  std::string temp_dir;
+};
+
+// Rank 0, before anything is written: the parent exists, NOTE [Save lock] is taken and
+// interrupted saves are tidied, `dir` is absent, an empty directory or a checkpoint
+// (never someone's other data), and a fresh temporary directory for this save exists.
+absl::StatusOr<Prepared> Prepare(const std::string& dir, absl::Duration lock_wait) {
+  RETURN_IF_ERROR(internal::MakeDirectories(internal::ParentDirectory(dir)));
+  absl::StatusOr<internal::FileLock> lock = internal::FileLock::Acquire(LockPath(dir), lock_wait);
+  if (!lock.ok()) {
+    return absl::Status(lock.status().code(),
+                        absl::StrCat("checkpoint::Save to '", dir, "': another save to it is "
+                                     "running: ", lock.status().message()));
+  }
+  RETURN_IF_ERROR(RemoveInterruptedSaves(dir, "checkpoint::Save").status());
+  struct stat st;
+  if (::lstat(dir.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint::Save: '", dir, "' exists and is not a directory; refusing to replace it"));
+    }
+    if (!internal::PathExists(internal::JoinPath(dir, kMetadataFileName))) {
+      DIR* d = ::opendir(dir.c_str());
+      bool empty = true;
+      if (d != nullptr) {
+        while (dirent* e = ::readdir(d)) {
+          if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) empty = false;
+        }
+        ::closedir(d);
+      }
+      if (!empty) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint::Save: '", dir, "' exists, is not empty and has no ", kMetadataFileName,
+            ", so it is not a checkpoint; refusing to replace it"));
+      }
+    }
+  }
+  ASSIGN_OR_RETURN(std::string temp, internal::MakeUniqueDirectory(absl::StrCat(dir, ".tmp-")));
+  return Prepared{*std::move(lock), std::move(temp)};
+}
+
+}  // namespace
+
+absl::Status Save(const std::string& dir_in, const std::vector<TensorSlice>& local,
+                  const SaveOptions& options, comm::ProcessGroup* group) {
+  const int rank = group == nullptr ? 0 : group->rank();
+  const int world = group == nullptr ? 1 : group->size();
+  // Argument errors every rank can see on its own come first (no collective yet is
+  // fine: every rank sees the same options and returns the same error).
+  ASSIGN_OR_RETURN(const std::string dir, internal::NormalizeDirectory(dir_in, "checkpoint::Save"));
+  if (options.block_bytes <= 0 || options.block_bytes > kMaxBlockBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint::Save to '", dir,
+                                                   "': SaveOptions.block_bytes is ",
+                                                   options.block_bytes, "; it must be in [1, ",
+                                                   kMaxBlockBytes, "]"));
+  }
+
+  // Phase 1: validate locally, rank 0 takes the lock, tidies and prepares the temporary
+  // directory; exchange. Rank 0 keeps the lock until Save returns.
+  PlanMessage mine;
+  std::optional<Prepared> prepared;
+  absl::Status local_status = ValidateLocal(dir, local);
+  if (local_status.ok() && rank == 0) {
+    absl::StatusOr<Prepared> p = Prepare(dir, options.timeout / 2);
+    if (p.ok()) {
+      prepared.emplace(*std::move(p));
+      mine.set_temp_dir(prepared->temp_dir);
+    } else {
+      local_status = p.status();
+    }
+  }
+  // Rank 0 deletes its temporary directory on every error except a simulated crash.
+  auto cleanup = [&] {
+    if (prepared.has_value()) internal::RemoveRecursively(prepared->temp_dir).IgnoreError();
+  };
+  if (local_status.ok()) {
+    for (const TensorSlice& s : local) {
+      SliceDescription* d = mine.add_slices();
+      d->set_name(s.name);
+      for (int64_t x : s.shape) d->add_shape(x);
+      d->set_dtype(core::DTypeName(s.dtype));
+      d->set_begin(s.begin);
+      d->set_end(s.end);
+    }
+  } else {
+    SetError(local_status, &mine);
+  }
+  absl::StatusOr<std::vector<PlanMessage>> plans = Exchange(group, mine, options.timeout);
+  if (!plans.ok()) {
+    cleanup();
+    return plans.status();
+  }
+  const std::string temp_dir = (*plans)[0].temp_dir();
+  absl::Status status = FirstError(*plans);
+  absl::StatusOr<Plan> plan = absl::InternalError("unset");
+  if (status.ok()) {
+    plan = MergePlans(dir, *plans);
+    status = plan.status();
+  }
+  if (!status.ok()) {
+    cleanup();
+    return status;
+  }
+
+  // Phase 2: every rank writes and fsyncs its data file; exchange the chunk lists.
+  absl::StatusOr<WrittenMessage> written =
+      WriteDataFile(temp_dir, rank, world, local, *plan, options.block_bytes);
+  WrittenMessage written_mine;
+  if (written.ok()) {
+    written_mine = *std::move(written);
+  } else {
+    SetError(written.status(), &written_mine);
+  }
+  absl::StatusOr<std::vector<WrittenMessage>> all_written =
+      Exchange(group, written_mine, options.timeout);
+  if (!all_written.ok()) {
+    cleanup();
+    return all_written.status();
+  }
+  status = FirstError(*all_written);
+  if (!status.ok()) {
+    cleanup();
+    return status;
+  }
+
+  // Phase 3: rank 0 writes metadata.pb and commits; everyone learns the result (this
+  // exchange is also the barrier that keeps ranks from returning early). Once committed,
+  // the temporary name is gone (or names the previous checkpoint, already deleted).
+  CommitMessage commit;
+  if (rank == 0) {
+    absl::Status s = Commit(dir, temp_dir, *plan, *all_written, options, world);
+    if (!s.ok()) {
+      if (options.simulate_crash == SimulatedCrash::kNone) cleanup();
+      SetError(s, &commit);
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<CommitMessage> commits, Exchange(group, commit, options.timeout));
+  return FirstError(commits);
+}
+
+absl::StatusOr<int> CleanUpInterruptedSaves(const std::string& dir_in) {
+  constexpr char kCaller[] = "checkpoint::CleanUpInterruptedSaves";
+  ASSIGN_OR_RETURN(const std::string dir, internal::NormalizeDirectory(dir_in, kCaller));
+  const std::string parent = internal::ParentDirectory(dir);
+  if (!internal::PathExists(parent)) {
+    return absl::NotFoundError(absl::StrCat(kCaller, ": the parent directory '", parent,
+                                            "' of '", dir, "' does not exist"));
+  }
+  absl::StatusOr<internal::FileLock> lock =
+      internal::FileLock::Acquire(LockPath(dir), absl::ZeroDuration());
+  if (!lock.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        kCaller, "('", dir, "'): a save to it is running, so nothing is deleted: ",
+        lock.status().message()));
+  }
+  return RemoveInterruptedSaves(dir, kCaller);
 }
 
 }  // namespace checkpoint

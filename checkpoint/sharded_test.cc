@@ -1,14 +1,15 @@
+// Tests of checkpoint::Save / Load / LoadFull / CleanUpInterruptedSaves: round trips
+// across world sizes, replicated slices, dtypes, crashes and the atomic commit, damaged
+// files and bad requests. The checksum coverage and the save lock have their own file
+// (sharded_integrity_test.cc).
 #include "checkpoint/sharded.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <string>
 #include <thread>
@@ -18,9 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "checkpoint/checkpoint.pb.h"
+#include "checkpoint/testing/sharded_model.h"
 #include "comm/testing/thread_ranks.h"
-#include "core/random.h"
-#include "core/status_macros.h"
 #include "core/tensor.h"
 #include "flatten/shard_math.h"
 #include "gmock/gmock.h"
@@ -32,154 +32,19 @@ namespace {
 using ::testing::HasSubstr;
 using core::DType;
 using core::Tensor;
-
-// ---------------------------------------------------------------------------------
-// A model's worth of tensors, sharded the way FSDP shards them: each unit's tensors are
-// concatenated, padded to a multiple of the world size and chunked (flatten's shard
-// math); a few tensors are replicated (every rank holds them in full).
-
-struct Spec {
-  std::string name;
-  core::Shape shape;
-  DType dtype;
-};
-
-struct Model {
-  // Units of flat-sharded tensors (one dtype per unit, as in a FlatParameter).
-  std::vector<std::vector<Spec>> units;
-  std::vector<Spec> replicated;
-  // The full value of every tensor.
-  std::map<std::string, Tensor> full;
-};
-
-uint64_t Fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-// Deterministic contents derived from the name and `version`.
-Tensor MakeFull(const Spec& spec, int version) {
-  Tensor t = Tensor::Empty(spec.shape, spec.dtype);
-  core::Rng rng(Fnv1a(spec.name) + static_cast<uint64_t>(version));
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    const float v = rng.Normal(0.0f, 1.0f);
-    if (spec.dtype == DType::kFloat32) t.data<float>()[i] = v;
-    if (spec.dtype == DType::kBFloat16) t.data<core::BFloat16>()[i] = core::BFloat16::FromFloat(v);
-    if (spec.dtype == DType::kInt32) t.data<int32_t>()[i] = static_cast<int32_t>(rng.NextU64() % 100000);
-  }
-  return t;
-}
-
-Model MakeModel(int version = 0) {
-  Model m;
-  m.units = {
-      {{"blocks.0.w", {5, 3}, DType::kFloat32},
-       {"blocks.0.b", {3}, DType::kFloat32},
-       {"blocks.0.empty", {0, 4}, DType::kFloat32},
-       {"blocks.1.w", {4, 4}, DType::kFloat32},
-       {"blocks.1.scalar", {}, DType::kFloat32}},
-      {{"emb", {7, 2}, DType::kBFloat16}},
-  };
-  m.replicated = {{"optim.step", {1}, DType::kInt32}, {"norm.weight", {6}, DType::kFloat32}};
-  for (const auto& unit : m.units) {
-    for (const Spec& s : unit) m.full[s.name] = MakeFull(s, version);
-  }
-  for (const Spec& s : m.replicated) m.full[s.name] = MakeFull(s, version);
-  return m;
-}
-
-// The [begin, end) ranges rank `rank` of `world` holds, per tensor name.
-std::map<std::string, flatten::ShardSlice> RankRanges(const Model& m, int world, int rank) {
-  std::map<std::string, flatten::ShardSlice> out;
-  for (const auto& unit : m.units) {
-    std::vector<int64_t> numels;
-    for (const Spec& s : unit) numels.push_back(core::NumElements(s.shape));
-    const std::vector<int64_t> offsets = flatten::FlatOffsets(numels).value();
-    int64_t total = 0;
-    for (int64_t n : numels) total += n;
-    for (size_t i = 0; i < unit.size(); ++i) {
-      out[unit[i].name] =
-          flatten::IntersectRankChunk(offsets[i], numels[i], total, world, rank).value();
-    }
-  }
-  for (const Spec& s : m.replicated) {
-    out[s.name] = flatten::ShardSlice{0, core::NumElements(s.shape), 0};
-  }
-  return out;
-}
-
-// This rank's slices, each holding its own copy of its elements (as a sharded model
-// would).
-std::vector<TensorSlice> RankSlices(const Model& m, int world, int rank) {
-  std::vector<TensorSlice> out;
-  const auto ranges = RankRanges(m, world, rank);
-  auto add = [&](const Spec& s) {
-    const flatten::ShardSlice r = ranges.at(s.name);
-    Tensor view = m.full.at(s.name).Flat().View(r.begin, {r.numel()}).value();
-    out.push_back({s.name, s.shape, s.dtype, r.begin, r.end, view.Clone(core::MemoryTag::kParam)});
-  };
-  for (const auto& unit : m.units) {
-    for (const Spec& s : unit) add(s);
-  }
-  for (const Spec& s : m.replicated) add(s);
-  return out;
-}
-
-bool SameBytes(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.numel() == b.numel() &&
-         std::memcmp(a.raw_data(), b.raw_data(), static_cast<size_t>(a.nbytes())) == 0;
-}
-
-std::string TestRoot(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/sharded_", name);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
-std::vector<std::string> Entries(const std::string& dir) {
-  std::vector<std::string> out;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) out.push_back(e.path().filename());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-absl::Status SaveAt(int world, const std::string& dir, const Model& m,
-                    const SaveOptions& options = SaveOptions()) {
-  return comm::testing::RunThreadRanks(world, [=](comm::testing::RankContext& ctx) {
-    return Save(dir, RankSlices(m, world, ctx.rank), options, ctx.group.get());
-  });
-}
-
-// Every rank of `world` loads its own ranges and checks them bit for bit.
-absl::Status LoadAndCheckAt(int world, const std::string& dir, const Model& m) {
-  comm::testing::ThreadRanksOptions opts;
-  opts.create_group = false;  // loading is not collective
-  return comm::testing::RunThreadRanks(
-      world,
-      [=](comm::testing::RankContext& ctx) -> absl::Status {
-        ASSIGN_OR_RETURN(CheckpointInfo info, ReadMetadata(dir));
-        const auto ranges = RankRanges(m, world, ctx.rank);
-        std::vector<LoadRequest> requests;
-        std::vector<Tensor> expected;
-        for (const TensorInfo& t : info.tensors) {
-          const flatten::ShardSlice r = ranges.at(t.name);
-          requests.push_back({t.name, r.begin, r.end, Tensor::Empty({r.numel()}, t.dtype)});
-          expected.push_back(m.full.at(t.name).Flat().View(r.begin, {r.numel()}).value());
-        }
-        RETURN_IF_ERROR(Load(dir, requests).status());
-        for (size_t i = 0; i < requests.size(); ++i) {
-          if (!SameBytes(requests[i].destination, expected[i])) {
-            return absl::InternalError(absl::StrCat("rank ", ctx.rank, " of ", world, ": tensor '",
-                                                    requests[i].name, "' differs"));
-          }
-        }
-        return absl::OkStatus();
-      },
-      opts);
-}
+using testing::Entries;
+using testing::LoadAndCheckAt;
+using testing::MakeFull;
+using testing::MakeModel;
+using testing::Model;
+using testing::RankSlices;
+using testing::ReadBytes;
+using testing::ReadProto;
+using testing::SameBytes;
+using testing::SaveAt;
+using testing::TestRoot;
+using testing::WriteBytes;
+using testing::WriteProto;
 
 // ---------------------------------------------------------------------------------
 
@@ -260,13 +125,7 @@ TEST(ShardedTest, ReplicatedElementsAreWrittenOnceByTheLowestRank) {
     return Save(dir, slices, SaveOptions(), ctx.group.get());
   });
   ASSERT_TRUE(s.ok()) << s;
-  CheckpointMetadata meta;
-  std::string bytes;
-  {
-    std::ifstream f(dir + "/metadata.pb", std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(f), {});
-  }
-  ASSERT_TRUE(meta.ParseFromString(bytes));
+  const CheckpointMetadata meta = ReadProto(dir);
   std::map<std::string, std::vector<std::tuple<std::string, int64_t, int64_t>>> chunks;
   int64_t total_bytes = 0;
   for (const auto& t : meta.tensors()) {
@@ -439,14 +298,6 @@ TEST(ShardedTest, RefusesToReplaceADirectoryThatIsNotACheckpoint) {
 // ---------------------------------------------------------------------------------
 // Damaged files and bad requests.
 
-CheckpointMetadata ReadProto(const std::string& dir) {
-  std::ifstream f(dir + "/metadata.pb", std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  CheckpointMetadata meta;
-  EXPECT_TRUE(meta.ParseFromString(bytes));
-  return meta;
-}
-
 const ChunkProto* FindChunk(const CheckpointMetadata& meta, const std::string& tensor,
                             const std::string& file) {
   for (const auto& t : meta.tensors()) {
@@ -535,10 +386,32 @@ TEST(ShardedTest, TruncatedFileIsRefusedNamingFileAndTensor) {
   EXPECT_THAT(msg, HasSubstr(dir + "/" + file));
   EXPECT_THAT(msg, HasSubstr(absl::StrCat("'", last_tensor, "'")));
   EXPECT_THAT(msg, HasSubstr("truncated"));
-  // A chunk wholly before the cut still loads.
-  Tensor ok = Tensor::Empty({early->end() - early->begin()}, m.full.at(early_tensor).dtype());
-  st = Load(dir, {{early_tensor, early->begin(), early->end(), ok}});
-  EXPECT_TRUE(st.ok()) << st.status();
+  // NOTE [Checksum coverage]: the file's size is checked before any of it is used, so
+  // even a chunk wholly before the cut is refused, naming the file and the tensor.
+  Tensor early_dest = Tensor::Empty({early->end() - early->begin()}, m.full.at(early_tensor).dtype());
+  st = Load(dir, {{early_tensor, early->begin(), early->end(), early_dest}});
+  ASSERT_TRUE(absl::IsDataLoss(st.status())) << st.status();
+  EXPECT_THAT(std::string(st.status().message()), HasSubstr(dir + "/" + file));
+  EXPECT_THAT(std::string(st.status().message()), HasSubstr(absl::StrCat("'", early_tensor, "'")));
+  EXPECT_THAT(std::string(st.status().message()), HasSubstr(absl::StrCat("has ", cut, " bytes")));
+  EXPECT_THAT(std::string(st.status().message()),
+              HasSubstr(absl::StrCat("ends inside tensor '", last_tensor, "'")));
+  // Rank 0's file is intact: its tensors still load.
+  Tensor emb = Tensor::Empty({14}, DType::kBFloat16);
+  EXPECT_TRUE(Load(dir, {{"emb", 0, 7, emb.View(0, {7}).value()}}).ok());
+  absl::StatusOr<LoadStats> verified = VerifyCheckpoint(dir);
+  EXPECT_TRUE(absl::IsDataLoss(verified.status())) << verified.status();
+  EXPECT_THAT(std::string(verified.status().message()), HasSubstr(dir + "/" + file));
+
+  // A file longer than recorded is refused too.
+  {
+    std::ofstream f(dir + "/rank-00000-of-00002.bin", std::ios::binary | std::ios::app);
+    f << '\0';
+  }
+  st = Load(dir, {{"emb", 0, 7, emb.View(0, {7}).value()}});
+  ASSERT_TRUE(absl::IsDataLoss(st.status())) << st.status();
+  EXPECT_THAT(std::string(st.status().message()), HasSubstr("rank-00000-of-00002.bin"));
+  EXPECT_THAT(std::string(st.status().message()), HasSubstr("longer than recorded"));
 
   // A missing data file is refused the same way.
   std::filesystem::remove(dir + "/" + file);
@@ -566,17 +439,39 @@ TEST(ShardedTest, MetadataErrors) {
   ASSERT_TRUE(Save(dir, {FullSlice("a", Tensor::Zeros({4}))}).ok());
   CheckpointMetadata meta = ReadProto(dir);
   meta.mutable_tensors(0)->mutable_chunks(0)->set_byte_length(12);
-  { std::ofstream(dir + "/metadata.pb", std::ios::binary | std::ios::trunc) << meta.SerializeAsString(); }
+  WriteProto(dir, meta);
   info = ReadMetadata(dir);
   EXPECT_TRUE(absl::IsDataLoss(info.status())) << info.status();
   EXPECT_THAT(std::string(info.status().message()), HasSubstr("'a'"));
+  EXPECT_THAT(std::string(info.status().message()), HasSubstr("byte_length"));
 
   // An unsafe file name.
   meta = ReadProto(dir);
   meta.mutable_tensors(0)->mutable_chunks(0)->set_byte_length(16);
   meta.mutable_tensors(0)->mutable_chunks(0)->set_file("../escape.bin");
-  { std::ofstream(dir + "/metadata.pb", std::ios::binary | std::ios::trunc) << meta.SerializeAsString(); }
+  WriteProto(dir, meta);
   EXPECT_TRUE(absl::IsDataLoss(ReadMetadata(dir).status()));
+  meta.mutable_tensors(0)->mutable_chunks(0)->set_file("rank-00000-of-00001.bin");
+  meta.mutable_files(0)->set_name("../escape.bin");
+  WriteProto(dir, meta);
+  EXPECT_TRUE(absl::IsDataLoss(ReadMetadata(dir).status()));
+
+  // Format version 1: a bare CheckpointMetadata with no header. Refused, naming the
+  // version, as FailedPrecondition (not damage: a format this build does not read).
+  meta = ReadProto(dir);
+  meta.set_format_version(1);
+  WriteBytes(dir + "/metadata.pb", meta.SerializeAsString());
+  info = ReadMetadata(dir);
+  EXPECT_TRUE(absl::IsFailedPrecondition(info.status())) << info.status();
+  EXPECT_THAT(std::string(info.status().message()), HasSubstr("format version 1"));
+  EXPECT_THAT(std::string(info.status().message()), HasSubstr(dir + "/metadata.pb"));
+  // An intact header of a later version: FailedPrecondition naming it.
+  meta.set_format_version(kFormatVersion + 1);
+  WriteProto(dir, meta);  // with valid checksums
+  info = ReadMetadata(dir);
+  EXPECT_TRUE(absl::IsFailedPrecondition(info.status())) << info.status();
+  EXPECT_THAT(std::string(info.status().message()),
+              HasSubstr(absl::StrCat("format version ", kFormatVersion + 1)));
 }
 
 TEST(ShardedTest, BadRequestsNameTensorAndSizes) {

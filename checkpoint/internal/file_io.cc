@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -147,6 +148,57 @@ absl::StatusOr<int64_t> FileReader::Size() const {
   struct stat st;
   if (::fstat(fd_, &st) != 0) return ErrnoError(errno, "cannot stat", path_);
   return static_cast<int64_t>(st.st_size);
+}
+
+absl::StatusOr<FileLock> FileLock::Acquire(const std::string& path, absl::Duration wait) {
+  const absl::Time deadline = absl::Now() + wait;
+  while (true) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return ErrnoError(errno, "cannot open lock file", path);
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      // The previous holder removes the file before releasing it: make sure `path` still
+      // names the file locked here, else try again with the current one.
+      struct stat held, named;
+      if (::fstat(fd, &held) == 0 && ::stat(path.c_str(), &named) == 0 &&
+          held.st_dev == named.st_dev && held.st_ino == named.st_ino) {
+        return FileLock(fd, path);
+      }
+      ::close(fd);
+      continue;
+    }
+    const int err = errno;
+    ::close(fd);
+    if (err != EWOULDBLOCK && err != EINTR) return ErrnoError(err, "cannot lock", path);
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "lock file '", path, "' is held by another process or thread (waited ",
+          absl::FormatDuration(wait > absl::ZeroDuration() ? wait : absl::ZeroDuration()), ")"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+FileLock::FileLock(FileLock&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) {
+  other.fd_ = -1;
+}
+
+FileLock& FileLock::operator=(FileLock&& other) noexcept {
+  if (this != &other) {
+    Release();
+    fd_ = other.fd_;
+    path_ = std::move(other.path_);
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+FileLock::~FileLock() { Release(); }
+
+void FileLock::Release() {
+  if (fd_ < 0) return;
+  ::unlink(path_.c_str());  // while still held: see Acquire
+  ::close(fd_);
+  fd_ = -1;
 }
 
 absl::StatusOr<std::string> ReadFileToString(const std::string& path) {

@@ -1,6 +1,7 @@
 // POSIX file helpers for checkpoint/: writing with fsync, positioned reads that report
-// short reads, directory fsync and removal, unique temporary names, and the atomic
-// directory swap Save commits with. Every error names the path.
+// short reads, directory fsync and removal, unique temporary names, the atomic
+// directory swap Save commits with, and the lock file Save holds. Every error names the
+// path.
 //
 //   ASSIGN_OR_RETURN(auto w, checkpoint::internal::FileWriter::Create(path + ".tmp"));
 //   RETURN_IF_ERROR(w.Append(bytes.data(), bytes.size()));
@@ -17,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace checkpoint {
 namespace internal {
@@ -67,6 +69,33 @@ class FileReader {
 
  private:
   FileReader(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  int fd_ = -1;
+  std::string path_;
+};
+
+// An exclusive advisory lock (flock) on a lock file, held from Acquire until
+// destruction, which removes the file and then releases the lock. Excludes other
+// holders in this and other processes on the same host, and across hosts where the
+// filesystem implements flock; a holder that dies releases it with its process.
+// Movable.
+class FileLock {
+ public:
+  // Creates `path` if needed and locks it, retrying every few milliseconds until `wait`
+  // has passed (wait <= 0: a single try). DeadlineExceeded naming the path when another
+  // holder keeps it; other errors by errno. Never returns a lock on a file that another
+  // holder has already removed (it checks the path still names the locked file).
+  static absl::StatusOr<FileLock> Acquire(const std::string& path, absl::Duration wait);
+  FileLock(FileLock&& other) noexcept;
+  FileLock& operator=(FileLock&& other) noexcept;
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+  ~FileLock();
+
+  const std::string& path() const { return path_; }
+
+ private:
+  FileLock(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  void Release();
   int fd_ = -1;
   std::string path_;
 };

@@ -1,5 +1,7 @@
 #include "checkpoint/internal/file_io.h"
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <set>
@@ -157,6 +159,50 @@ TEST_P(CommitTest, FailingHookKeepsNewInPlaceAndOldUndeleted) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, CommitTest,
                          ::testing::Values(CommitMode::kAtomicExchange, CommitMode::kRenameAside));
+
+// FileLock: one holder at a time; the file is gone once released; a waiter gets it.
+TEST(FileLockTest, ExcludesOtherHoldersAndRemovesTheFileOnRelease) {
+  const std::string dir = TestDir("lock");
+  const std::string path = dir + "/ckpt.lock";
+  {
+    absl::StatusOr<FileLock> held = FileLock::Acquire(path, absl::ZeroDuration());
+    ASSERT_TRUE(held.ok()) << held.status();
+    EXPECT_TRUE(PathExists(path));
+    absl::StatusOr<FileLock> other = FileLock::Acquire(path, absl::Milliseconds(50));
+    EXPECT_TRUE(absl::IsDeadlineExceeded(other.status())) << other.status();
+    EXPECT_NE(std::string(other.status().message()).find(path), std::string::npos)
+        << other.status();
+  }
+  EXPECT_FALSE(PathExists(path));
+  absl::StatusOr<FileLock> again = FileLock::Acquire(path, absl::ZeroDuration());
+  EXPECT_TRUE(again.ok()) << again.status();
+}
+
+// Many threads taking turns, each holding the lock briefly: never two at once, even
+// though every release removes the file others are waiting on.
+TEST(FileLockTest, ThreadsNeverHoldItTogether) {
+  const std::string path = TestDir("lock_threads") + "/x.lock";
+  std::atomic<int> inside{0};
+  std::atomic<int> overlaps{0};
+  std::atomic<int> acquired{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 25; ++i) {
+        absl::StatusOr<FileLock> lock = FileLock::Acquire(path, absl::Seconds(20));
+        if (!lock.ok()) continue;
+        ++acquired;
+        if (inside.fetch_add(1) != 0) ++overlaps;
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        inside.fetch_sub(1);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(acquired.load(), 100);
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_FALSE(PathExists(path));
+}
 
 }  // namespace
 }  // namespace internal

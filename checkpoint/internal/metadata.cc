@@ -1,13 +1,16 @@
 #include "checkpoint/internal/metadata.h"
 
+#include <algorithm>
 #include <cstring>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/internal/file_io.h"
-#include "checkpoint/sharded.h"
+#include "checkpoint/crc32c.h"
+#include "checkpoint/format.h"
 #include "core/status_macros.h"
 
 namespace checkpoint {
@@ -85,12 +88,100 @@ int MetadataIndex::Find(const std::string& name) const {
 
 namespace {
 
-bool SafeFileName(const std::string& name) {
-  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
-         name.find('\0') == std::string::npos;
+void PutLe(uint64_t v, int bytes, std::string* out) {
+  for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 
+uint64_t GetLe(absl::string_view bytes, size_t at, int n) {
+  uint64_t v = 0;
+  for (int i = 0; i < n; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[at + i])) << (8 * i);
+  return v;
+}
+
+// True for the metadata.pb of format version 1: a bare CheckpointMetadata, which
+// serializes format_version (field 1, varint 1) first.
+bool IsVersionOneFile(absl::string_view bytes) {
+  if (bytes.size() < 2 || bytes[0] != '\x08' || bytes[1] != '\x01') return false;
+  CheckpointMetadata legacy;
+  return legacy.ParseFromArray(bytes.data(), static_cast<int>(std::min<size_t>(bytes.size(), INT32_MAX))) &&
+         legacy.format_version() == 1;
+}
+
+// One chunk's byte range in its file, for the whole-file coverage check.
+struct Extent {
+  int64_t offset;
+  int64_t length;
+  int tensor;
+  int chunk;
+};
+
 }  // namespace
+
+std::string EncodeMetadataFile(const CheckpointMetadata& meta) {
+  const std::string body = meta.SerializeAsString();
+  std::string out(kMetadataMagic, kMetadataMagicBytes);
+  PutLe(static_cast<uint32_t>(meta.format_version()), 4, &out);
+  PutLe(body.size(), 8, &out);
+  PutLe(Crc32c(body.data(), body.size()), 4, &out);
+  PutLe(Crc32c(out.data(), out.size()), 4, &out);
+  out += body;
+  return out;
+}
+
+absl::StatusOr<CheckpointMetadata> DecodeMetadataFile(absl::string_view bytes,
+                                                      const std::string& path) {
+  auto loss = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat("checkpoint metadata '", path, "': ", what));
+  };
+  if (bytes.size() < kMetadataMagicBytes ||
+      std::memcmp(bytes.data(), kMetadataMagic, kMetadataMagicBytes) != 0) {
+    if (IsVersionOneFile(bytes)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint metadata '", path, "' has format version 1, which has no checksums; this "
+          "build reads only version ", kFormatVersion, " and does not convert old checkpoints "
+          "(none are meant to be kept): save the checkpoint again with this build"));
+    }
+    return loss(absl::StrCat(bytes.size(), " bytes that do not start with the magic \"",
+                             kMetadataMagic, "\" (damaged, or not a checkpoint's metadata)"));
+  }
+  if (bytes.size() < kMetadataHeaderBytes) {
+    return loss(absl::StrCat("truncated: ", bytes.size(), " bytes, shorter than the ",
+                             kMetadataHeaderBytes, "-byte header"));
+  }
+  const uint32_t header_crc = static_cast<uint32_t>(GetLe(bytes, 24, 4));
+  if (Crc32c(bytes.data(), 24) != header_crc) {
+    return loss("header checksum mismatch (the header is damaged)");
+  }
+  const uint32_t version = static_cast<uint32_t>(GetLe(bytes, 8, 4));
+  if (version != static_cast<uint32_t>(kFormatVersion)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint metadata '", path, "' has format version ", version, "; this build reads only "
+        "version ", kFormatVersion));
+  }
+  const uint64_t length = GetLe(bytes, 12, 8);
+  const uint64_t available = bytes.size() - kMetadataHeaderBytes;
+  if (length != available) {
+    return loss(length > available
+                    ? absl::StrCat("truncated: the header announces ", length, " body bytes but ",
+                                   available, " follow it")
+                    : absl::StrCat(available - length, " bytes follow the ", length,
+                                   "-byte body the header announces"));
+  }
+  const absl::string_view body = bytes.substr(kMetadataHeaderBytes);
+  if (Crc32c(body.data(), body.size()) != static_cast<uint32_t>(GetLe(bytes, 20, 4))) {
+    return loss(absl::StrCat("body checksum mismatch (", body.size(), " bytes are damaged)"));
+  }
+  CheckpointMetadata proto;
+  if (body.size() > static_cast<size_t>(INT32_MAX) ||
+      !proto.ParseFromArray(body.data(), static_cast<int>(body.size()))) {
+    return loss(absl::StrCat("the ", body.size(), "-byte body does not parse as a CheckpointMetadata"));
+  }
+  if (proto.format_version() != kFormatVersion) {
+    return loss(absl::StrCat("field format_version is ", proto.format_version(),
+                             " but the header says ", version));
+  }
+  return proto;
+}
 
 absl::StatusOr<MetadataIndex> IndexMetadata(CheckpointMetadata proto, const std::string& dir,
                                             const std::string& path) {
@@ -100,51 +191,86 @@ absl::StatusOr<MetadataIndex> IndexMetadata(CheckpointMetadata proto, const std:
   if (proto.format_version() != kFormatVersion) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint metadata '", path, "' has format version ",
-                     proto.format_version(), "; this build reads version ",
-                     kFormatVersion));
+                     proto.format_version(), "; this build reads only version ", kFormatVersion));
   }
-  if (proto.world_size() < 1) return loss(absl::StrCat("world size ", proto.world_size()));
-  if (proto.block_bytes() <= 0) return loss(absl::StrCat("block size ", proto.block_bytes()));
-  std::set<std::string> files;
-  for (const DataFileProto& f : proto.files()) {
-    if (!SafeFileName(f.name())) return loss(absl::StrCat("unsafe data file name '", f.name(), "'"));
-    files.insert(f.name());
+  constexpr int kMaxWorldSize = 99999;  // DataFileName's five digits
+  if (proto.world_size() < 1 || proto.world_size() > kMaxWorldSize) {
+    return loss(absl::StrCat("field world_size is ", proto.world_size(), ", not in [1, ",
+                             kMaxWorldSize, "]"));
   }
-
+  const int64_t block = proto.block_bytes();
+  if (block <= 0 || block > kMaxBlockBytes) {
+    return loss(absl::StrCat("field block_bytes is ", block, ", not in [1, ", kMaxBlockBytes, "]"));
+  }
+  const int world = proto.world_size();
+  if (proto.files_size() != world) {
+    return loss(absl::StrCat("field files lists ", proto.files_size(), " data files for world_size ",
+                             world));
+  }
   MetadataIndex index;
   index.dir = dir;
-  const int64_t block = proto.block_bytes();
+  std::map<std::string, int> file_index;
+  for (int r = 0; r < world; ++r) {
+    const DataFileProto& f = proto.files(r);
+    const std::string expected = DataFileName(r, world);
+    if (f.name() != expected || f.rank() != r) {
+      return loss(absl::StrCat("files[", r, "] is '", f.name(), "' of rank ", f.rank(),
+                               "; expected '", expected, "' of rank ", r));
+    }
+    if (f.size_bytes() < 0) {
+      return loss(absl::StrCat("data file '", f.name(), "': field size_bytes is ", f.size_bytes()));
+    }
+    index.file_sizes[f.name()] = f.size_bytes();
+    file_index[f.name()] = r;
+  }
+
+  std::vector<std::vector<Extent>> extents(world);
   for (int i = 0; i < proto.tensors_size(); ++i) {
     const TensorProto& t = proto.tensors(i);
     const std::string what = absl::StrCat("tensor '", t.name(), "'");
     if (t.name().empty()) return loss(absl::StrCat("tensor #", i, " has no name"));
     if (!index.by_name.emplace(t.name(), i).second) return loss(absl::StrCat(what, " is listed twice"));
     absl::StatusOr<core::DType> dtype = core::ParseDType(t.dtype());
-    if (!dtype.ok()) return loss(absl::StrCat(what, ": ", dtype.status().message()));
+    if (!dtype.ok()) return loss(absl::StrCat(what, ": field dtype: ", dtype.status().message()));
     core::Shape shape(t.shape().begin(), t.shape().end());
-    absl::StatusOr<int64_t> numel = CheckedNumel(shape, what);
+    absl::StatusOr<int64_t> numel = CheckedNumel(shape, absl::StrCat(what, ": field shape"));
     if (!numel.ok()) return loss(std::string(numel.status().message()));
     const int64_t es = core::DTypeSize(*dtype);
     int64_t next = 0;
-    for (const ChunkProto& c : t.chunks()) {
-      const std::string cw = absl::StrCat(what, " chunk [", c.begin(), ", ", c.end(), ") in '",
-                                          c.file(), "'");
-      if (!SafeFileName(c.file())) return loss(absl::StrCat(cw, ": unsafe data file name"));
-      if (!files.count(c.file())) return loss(absl::StrCat(cw, ": file not listed"));
-      if (c.begin() != next || c.end() < c.begin() || c.end() > *numel) {
-        return loss(absl::StrCat(cw, ": chunks must tile [0, ", *numel, ") in order; expected one "
-                                 "starting at ", next));
+    for (int k = 0; k < t.chunks_size(); ++k) {
+      const ChunkProto& c = t.chunks(k);
+      const std::string cw = absl::StrCat(what, " chunk #", k, " [", c.begin(), ", ", c.end(),
+                                          ") in '", c.file(), "'");
+      auto f = file_index.find(c.file());
+      if (f == file_index.end()) return loss(absl::StrCat(cw, ": field file names no listed data file"));
+      if (c.begin() != next) {
+        return loss(absl::StrCat(cw, ": field begin: chunks must tile [0, ", *numel,
+                                 ") in order; expected one starting at ", next));
       }
-      if (c.byte_offset() < 0 || c.byte_length() != (c.end() - c.begin()) * es) {
-        return loss(absl::StrCat(cw, ": byte range at ", c.byte_offset(), " of length ",
-                                 c.byte_length(), " does not hold ", c.end() - c.begin(), " ",
-                                 core::DTypeName(*dtype), " elements"));
+      // begin == next is in [0, numel], so end - begin cannot overflow once end is too.
+      if (c.end() <= c.begin() || c.end() > *numel) {
+        return loss(absl::StrCat(cw, ": field end is not in [", c.begin() + 1, ", ", *numel, "]"));
       }
-      const int64_t blocks = (c.byte_length() + block - 1) / block;
+      // At most 2^50 elements of at most 4 bytes: no overflow.
+      const int64_t bytes = (c.end() - c.begin()) * es;
+      if (c.byte_length() != bytes) {
+        return loss(absl::StrCat(cw, ": field byte_length is ", c.byte_length(), ", not the ", bytes,
+                                 " bytes of ", c.end() - c.begin(), " ", core::DTypeName(*dtype),
+                                 " elements"));
+      }
+      const int64_t file_size = proto.files(f->second).size_bytes();
+      // byte_offset + byte_length <= file_size, written so that it cannot overflow.
+      if (c.byte_offset() < 0 || c.byte_offset() > file_size - c.byte_length()) {
+        return loss(absl::StrCat(cw, ": field byte_offset ", c.byte_offset(), " with byte_length ",
+                                 c.byte_length(), " does not lie within the file's ", file_size,
+                                 " bytes"));
+      }
+      const int64_t blocks = c.byte_length() / block + (c.byte_length() % block != 0);
       if (c.block_crc32c_size() != blocks) {
-        return loss(absl::StrCat(cw, ": ", c.block_crc32c_size(), " checksums for ", blocks,
-                                 " blocks of ", block, " bytes"));
+        return loss(absl::StrCat(cw, ": field block_crc32c has ", c.block_crc32c_size(),
+                                 " checksums for ", blocks, " blocks of ", block, " bytes"));
       }
+      extents[f->second].push_back({c.byte_offset(), c.byte_length(), i, k});
       next = c.end();
     }
     if (next != *numel) {
@@ -155,8 +281,40 @@ absl::StatusOr<MetadataIndex> IndexMetadata(CheckpointMetadata proto, const std:
     index.shapes.push_back(std::move(shape));
     index.numels.push_back(*numel);
   }
+  // Whole-file coverage: each file is exactly its chunks, back to back.
+  for (int r = 0; r < world; ++r) {
+    std::vector<Extent>& e = extents[r];
+    std::sort(e.begin(), e.end(), [](const Extent& a, const Extent& b) {
+      return std::tie(a.offset, a.length) < std::tie(b.offset, b.length);
+    });
+    const DataFileProto& f = proto.files(r);
+    int64_t at = 0;
+    for (size_t k = 0; k < e.size(); ++k) {
+      const std::string owner = absl::StrCat("chunk #", e[k].chunk, " of tensor '",
+                                             proto.tensors(e[k].tensor).name(), "'");
+      if (e[k].offset < at) {
+        return loss(absl::StrCat("data file '", f.name(), "': ", owner, " at byte ", e[k].offset,
+                                 " overlaps the chunk before it, which ends at ", at));
+      }
+      if (e[k].offset > at) {
+        return loss(absl::StrCat("data file '", f.name(), "': bytes [", at, ", ", e[k].offset,
+                                 ") belong to no chunk (before ", owner, ")"));
+      }
+      at = e[k].offset + e[k].length;  // <= size_bytes, checked above
+    }
+    if (at != f.size_bytes()) {
+      return loss(absl::StrCat("data file '", f.name(), "': bytes [", at, ", ", f.size_bytes(),
+                               ") of its field size_bytes ", f.size_bytes(), " belong to no chunk"));
+    }
+  }
   index.proto = std::move(proto);
   return index;
+}
+
+absl::StatusOr<MetadataIndex> ParseMetadataFile(absl::string_view bytes, const std::string& dir,
+                                                const std::string& path) {
+  ASSIGN_OR_RETURN(CheckpointMetadata proto, DecodeMetadataFile(bytes, path));
+  return IndexMetadata(std::move(proto), dir, path);
 }
 
 absl::StatusOr<MetadataIndex> ReadMetadataIndex(const std::string& dir) {
@@ -167,13 +325,7 @@ absl::StatusOr<MetadataIndex> ReadMetadataIndex(const std::string& dir) {
                                             "' does not exist"));
   }
   if (!bytes.ok()) return bytes.status();
-  CheckpointMetadata proto;
-  if (!proto.ParseFromString(*bytes)) {
-    return absl::DataLossError(absl::StrCat("checkpoint metadata '", path,
-                                            "' does not parse as a CheckpointMetadata (",
-                                            bytes->size(), " bytes)"));
-  }
-  return IndexMetadata(std::move(proto), dir, path);
+  return ParseMetadataFile(*bytes, dir, path);
 }
 
 }  // namespace internal

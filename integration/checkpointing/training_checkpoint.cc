@@ -2,23 +2,24 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/status_macros.h"
 #include "fsdp/state_dict.h"
-#include "nlohmann/json.hpp"
+#include "integration/checkpointing/model_structure.h"
+#include "integration/checkpointing/training_checkpoint.pb.h"
 
 namespace integration {
 namespace {
 
-constexpr char kModelPrefix[] = "model/";
 constexpr char kOptimPrefix[] = "optim/";
-constexpr char kOptimizerKey[] = "fsdp.optimizer";
 
-std::string ModelKey(const std::string& param) { return absl::StrCat(kModelPrefix, param); }
+std::string ModelKey(const std::string& param) { return absl::StrCat(kModelTensorPrefix, param); }
 std::string OptimKey(const std::string& param, const std::string& state) {
   return absl::StrCat(kOptimPrefix, param, "/", state);
 }
@@ -34,6 +35,15 @@ absl::Status Annotate(const absl::Status& status, const std::string& what) {
   if (status.ok()) return status;
   return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
 }
+
+std::vector<std::pair<std::string, core::Shape>> FullShapes(
+    const std::vector<fsdp::ShardedTensor>& parts) {
+  std::vector<std::pair<std::string, core::Shape>> out;
+  for (const fsdp::ShardedTensor& t : parts) out.emplace_back(t.name, t.full_shape);
+  return out;
+}
+
+core::Shape ShapeOf(const ParameterRecord& p) { return core::Shape(p.shape().begin(), p.shape().end()); }
 
 }  // namespace
 
@@ -65,6 +75,9 @@ absl::Status SaveTrainingCheckpoint(const std::string& dir, core::Module& model,
   save.timeout = options.timeout;
   save.simulate_crash = options.simulate_crash;
   if (options.block_bytes > 0) save.block_bytes = options.block_bytes;
+  TrainingRecord record;
+  record.set_version(kTrainingRecordVersion);
+  *record.mutable_model() = DescribeModel(model, FullShapes(parts), options.model_config);
   if (optimizer != nullptr) {
     const std::map<const core::Parameter*, std::string> names = NamesByIdentity(model);
     std::map<std::string, std::string> model_name_of;  // optimizer name -> model name
@@ -78,10 +91,12 @@ absl::Status SaveTrainingCheckpoint(const std::string& dir, core::Module& model,
       model_name_of[opt_name] = it->second;
     }
     const optim::OptimizerState state = optimizer->State();
+    const std::vector<std::string> state_names = optimizer->StateNames();
+    std::map<std::string, std::set<std::string>> saved_states;  // optimizer name -> state names
     // State keys are "<optimizer name>.<state name>".
     for (const auto& [key, tensor] : state.tensors) {
       bool matched = false;
-      for (const std::string& state_name : optimizer->StateNames()) {
+      for (const std::string& state_name : state_names) {
         const std::string suffix = "." + state_name;
         if (!absl::EndsWith(key, suffix)) continue;
         const std::string opt_name = key.substr(0, key.size() - suffix.size());
@@ -96,6 +111,7 @@ absl::Status SaveTrainingCheckpoint(const std::string& dir, core::Module& model,
         }
         slices.push_back({OptimKey(m->second, state_name), part.full_shape, core::DType::kFloat32,
                           part.begin, part.end, tensor});
+        saved_states[opt_name].insert(state_name);
         matched = true;
         break;
       }
@@ -104,42 +120,153 @@ absl::Status SaveTrainingCheckpoint(const std::string& dir, core::Module& model,
                                                 "' matches no parameter and state name"));
       }
     }
-    nlohmann::json j;
-    j["type"] = optimizer->TypeName();
-    j["step_count"] = state.step_count;
-    nlohmann::json steps = nlohmann::json::object();
-    for (const auto& [opt_name, n] : state.param_steps) steps[model_name_of.at(opt_name)] = n;
-    j["param_steps"] = steps;
-    save.user_metadata[kOptimizerKey] = j.dump();
+    std::map<std::string, int64_t> steps;
+    for (const auto& [opt_name, n] : state.param_steps) steps[opt_name] = n;
+    OptimizerRecord* o = record.mutable_optimizer();
+    o->set_type(optimizer->TypeName());
+    o->set_step_count(state.step_count);
+    for (const std::string& s : state_names) o->add_state_names(s);
+    // One entry per managed parameter, never-stepped ones included (steps = 0), so a
+    // load can tell "never stepped" from "missing".
+    for (const auto& [opt_name, p] : optimizer->named_parameters()) {
+      ParameterOptimizerRecord* e = o->add_parameters();
+      e->set_parameter(model_name_of.at(opt_name));
+      auto it = steps.find(opt_name);
+      e->set_steps(it == steps.end() ? 0 : it->second);
+      const std::set<std::string>& have = saved_states[opt_name];
+      const bool complete = e->steps() > 0 ? have.size() == state_names.size() : have.empty();
+      if (!complete) {
+        return absl::InternalError(absl::StrCat(
+            where, ": the ", optimizer->TypeName(), " parameter '", opt_name, "' has taken ",
+            e->steps(), " steps but has state tensors [", absl::StrJoin(have, ", "), "]"));
+      }
+      if (e->steps() > 0) {
+        for (const std::string& s : state_names) e->add_state(s);
+      }
+    }
   }
+  save.records[kTrainingRecordKey] = record.SerializeAsString();
   return Annotate(checkpoint::Save(dir, slices, save, group), where);
 }
 
 namespace {
 
-absl::StatusOr<LoadedCheckpoint> InfoFrom(const checkpoint::CheckpointInfo& info,
-                                          nlohmann::json* optimizer_json, const std::string& dir) {
+// The training record of a checkpoint, checked against its tensors (see
+// LoadTrainingCheckpoint for the errors).
+absl::StatusOr<TrainingRecord> ReadRecord(const checkpoint::CheckpointInfo& info,
+                                          const std::string& dir) {
+  const std::string where = absl::StrCat("checkpoint '", dir, "'");
+  auto loss = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat(where, ": training record: ", what));
+  };
+  auto it = info.records.find(kTrainingRecordKey);
+  if (it == info.records.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, " has no training record (metadata record \"", kTrainingRecordKey,
+        "\"): it was not written by SaveTrainingCheckpoint"));
+  }
+  TrainingRecord record;
+  if (!record.ParseFromString(it->second)) return loss("does not parse as a TrainingRecord");
+  if (record.version() != kTrainingRecordVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(where, ": training record version ",
+                                                      record.version(), "; this build reads ",
+                                                      kTrainingRecordVersion));
+  }
+  // The model's parameters are exactly the model/ tensors.
+  std::map<std::string, const ParameterRecord*> params;
+  for (const ParameterRecord& p : record.model().parameters()) {
+    if (!params.emplace(p.name(), &p).second) {
+      return loss(absl::StrCat("parameter '", p.name(), "' is listed twice"));
+    }
+    const checkpoint::TensorInfo* t = info.Find(ModelKey(p.name()));
+    if (t == nullptr) {
+      return loss(absl::StrCat("parameter '", p.name(), "' has no tensor ", ModelKey(p.name())));
+    }
+    if (t->shape != ShapeOf(p)) {
+      return loss(absl::StrCat("parameter '", p.name(), "' is ", core::ShapeToString(ShapeOf(p)),
+                               " but tensor ", t->name, " is ", core::ShapeToString(t->shape)));
+    }
+  }
+  if (StructureFingerprint(record.model()) != record.model().fingerprint()) {
+    return loss(absl::StrCat("the model structure's fingerprint ", record.model().fingerprint(),
+                             " does not match the structure (", StructureFingerprint(record.model()),
+                             ")"));
+  }
+  for (const checkpoint::TensorInfo& t : info.tensors) {
+    if (absl::StartsWith(t.name, kModelTensorPrefix)) {
+      if (!params.count(t.name.substr(std::string(kModelTensorPrefix).size()))) {
+        return loss(absl::StrCat("tensor ", t.name, " is not a parameter of the recorded model"));
+      }
+    } else if (!absl::StartsWith(t.name, kOptimPrefix)) {
+      return loss(absl::StrCat("tensor '", t.name, "' is neither model/ nor optim/"));
+    }
+  }
+  // Optimizer entries: each names a parameter, lists exactly its state tensors, and
+  // every optim/ tensor belongs to one.
+  std::set<std::string> listed;
+  if (record.has_optimizer()) {
+    const OptimizerRecord& o = record.optimizer();
+    if (o.type().empty()) return loss("the optimizer has no type");
+    if (o.step_count() < 0) return loss(absl::StrCat("the optimizer's step_count is ", o.step_count()));
+    std::set<std::string> names;
+    for (const std::string& s : o.state_names()) {
+      if (s.empty() || s.find('/') != std::string::npos || !names.insert(s).second) {
+        return loss(absl::StrCat("the optimizer's state name '", s, "' is empty, has a '/' or is repeated"));
+      }
+    }
+    std::set<std::string> entries;
+    for (const ParameterOptimizerRecord& e : o.parameters()) {
+      const std::string what = absl::StrCat("optimizer entry '", e.parameter(), "'");
+      if (!entries.insert(e.parameter()).second) return loss(absl::StrCat(what, " is listed twice"));
+      auto p = params.find(e.parameter());
+      if (p == params.end()) {
+        return loss(absl::StrCat(what, " names no parameter of the checkpoint (no tensor ",
+                                 ModelKey(e.parameter()), ")"));
+      }
+      if (e.steps() < 0 || e.steps() > o.step_count()) {
+        return loss(absl::StrCat(what, " has taken ", e.steps(), " steps, not in [0, step_count ",
+                                 o.step_count(), "]"));
+      }
+      const std::vector<std::string> state(e.state().begin(), e.state().end());
+      const std::vector<std::string> expected =
+          e.steps() == 0 ? std::vector<std::string>{}
+                         : std::vector<std::string>(o.state_names().begin(), o.state_names().end());
+      if (state != expected) {
+        return loss(absl::StrCat(what, " (", e.steps(), " steps) lists state [", absl::StrJoin(state, ", "),
+                                 "], expected [", absl::StrJoin(expected, ", "), "]"));
+      }
+      for (const std::string& s : state) {
+        const std::string key = OptimKey(e.parameter(), s);
+        const checkpoint::TensorInfo* t = info.Find(key);
+        if (t == nullptr) return loss(absl::StrCat(what, ": its state tensor ", key, " is missing"));
+        if (t->shape != ShapeOf(*p->second)) {
+          return loss(absl::StrCat(what, ": its state tensor ", key, " is ", core::ShapeToString(t->shape),
+                                   ", not the parameter's ", core::ShapeToString(ShapeOf(*p->second))));
+        }
+        listed.insert(key);
+      }
+    }
+  }
+  for (const checkpoint::TensorInfo& t : info.tensors) {
+    if (absl::StartsWith(t.name, kOptimPrefix) && !listed.count(t.name)) {
+      return loss(absl::StrCat("tensor ", t.name, " belongs to no entry of the ",
+                               record.has_optimizer() ? "optimizer record" : "record (it has no optimizer)"));
+    }
+  }
+  return record;
+}
+
+LoadedCheckpoint InfoFrom(const checkpoint::CheckpointInfo& info, const TrainingRecord& record) {
   LoadedCheckpoint out;
   out.step = info.step;
   out.saved_world_size = info.world_size;
+  out.has_optimizer_state = record.has_optimizer();
+  out.optimizer_type = record.has_optimizer() ? record.optimizer().type() : "";
   for (const auto& [key, value] : info.user_metadata) {
-    if (key == kOptimizerKey) {
-      nlohmann::json j = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
-      if (j.is_discarded() || !j.is_object() || !j.contains("type") || !j["type"].is_string() ||
-          !j.contains("step_count") || !j["step_count"].is_number_integer() ||
-          !j.contains("param_steps") || !j["param_steps"].is_object() ||
-          std::any_of(j["param_steps"].begin(), j["param_steps"].end(),
-                      [](const nlohmann::json& n) { return !n.is_number_integer(); })) {
-        return absl::DataLossError(absl::StrCat("checkpoint '", dir, "': metadata key ", kOptimizerKey,
-                                                " is not a valid optimizer record"));
-      }
-      out.has_optimizer_state = true;
-      out.optimizer_type = j["type"].get<std::string>();
-      if (optimizer_json != nullptr) *optimizer_json = std::move(j);
-    } else if (!absl::StartsWith(key, "fsdp.")) {
-      out.user_metadata[key] = value;
-    }
+    if (!absl::StartsWith(key, "fsdp.")) out.user_metadata[key] = value;
   }
+  for (const ConfigEntry& e : record.model().config()) out.model_config[e.key()] = e.value();
+  out.structure_fingerprint = record.model().fingerprint();
   return out;
 }
 
@@ -147,17 +274,29 @@ absl::StatusOr<LoadedCheckpoint> InfoFrom(const checkpoint::CheckpointInfo& info
 
 absl::StatusOr<LoadedCheckpoint> ReadTrainingCheckpointInfo(const std::string& dir) {
   ASSIGN_OR_RETURN(checkpoint::CheckpointInfo info, checkpoint::ReadMetadata(dir));
-  return InfoFrom(info, nullptr, dir);
+  ASSIGN_OR_RETURN(TrainingRecord record, ReadRecord(info, dir));
+  return InfoFrom(info, record);
 }
 
 absl::StatusOr<LoadedCheckpoint> LoadTrainingCheckpoint(const std::string& dir,
                                                         core::Module& model,
                                                         fsdp::WrapperRegistry* registry,
                                                         optim::Optimizer* optimizer) {
+  return LoadTrainingCheckpoint(dir, model, registry, optimizer, TrainingLoadOptions());
+}
+
+absl::StatusOr<LoadedCheckpoint> LoadTrainingCheckpoint(const std::string& dir,
+                                                        core::Module& model,
+                                                        fsdp::WrapperRegistry* registry,
+                                                        optim::Optimizer* optimizer,
+                                                        const TrainingLoadOptions& options) {
   const std::string where = absl::StrCat("LoadTrainingCheckpoint('", dir, "', ", model.Describe(), ")");
+  const bool strict = options.mode == LoadMode::kStrict;
   ASSIGN_OR_RETURN(checkpoint::CheckpointInfo info, checkpoint::ReadMetadata(dir));
-  nlohmann::json optimizer_json;
-  ASSIGN_OR_RETURN(LoadedCheckpoint out, InfoFrom(info, &optimizer_json, dir));
+  absl::StatusOr<TrainingRecord> read = ReadRecord(info, dir);
+  if (!read.ok()) return Annotate(read.status(), where);
+  const TrainingRecord& record = *read;
+  LoadedCheckpoint out = InfoFrom(info, record);
   if (optimizer != nullptr) {
     if (!out.has_optimizer_state) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -167,36 +306,57 @@ absl::StatusOr<LoadedCheckpoint> LoadTrainingCheckpoint(const std::string& dir,
       return absl::FailedPreconditionError(absl::StrCat(
           where, ": the checkpoint holds ", out.optimizer_type, " state, not ", optimizer->TypeName()));
     }
+    const std::vector<std::string> names = optimizer->StateNames();
+    const std::vector<std::string> saved(record.optimizer().state_names().begin(),
+                                         record.optimizer().state_names().end());
+    if (names != saved) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          where, ": the checkpoint's ", out.optimizer_type, " state has tensors [",
+          absl::StrJoin(saved, ", "), "] per parameter, this one keeps [", absl::StrJoin(names, ", "), "]"));
+    }
   }
-  // The current layout, and a check of every parameter before anything is read.
+  // The current layout and structure, compared with the checkpoint's before anything is read.
   fsdp::WrapperRegistry no_units;  // a plain module: every parameter whole
   if (registry == nullptr) registry = &no_units;
   ASSIGN_OR_RETURN(std::vector<fsdp::ShardedTensor> parts, fsdp::ShardedStateDict(model, registry));
-  std::vector<checkpoint::LoadRequest> requests;
-  for (fsdp::ShardedTensor& t : parts) {
-    const checkpoint::TensorInfo* saved = info.Find(ModelKey(t.name));
-    if (saved == nullptr) {
-      return absl::NotFoundError(absl::StrCat(where, ": parameter '", t.name,
-                                              "' is not in the checkpoint (no tensor '",
-                                              ModelKey(t.name), "')"));
-    }
-    if (saved->shape != t.full_shape) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": parameter '", t.name, "' is ", core::ShapeToString(t.full_shape),
-          " but the checkpoint's '", saved->name, "' is ", core::ShapeToString(saved->shape)));
-    }
-    requests.push_back({saved->name, t.begin, t.end, t.local});
+  const ModelStructure current = DescribeModel(model, FullShapes(parts), options.model_config);
+  std::vector<std::string> differences =
+      StructureDifferences(record.model(), current, !options.model_config.empty());
+  if (strict && !differences.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, ": the checkpoint's model differs from this one: ", differences.front(),
+        differences.size() > 1 ? absl::StrCat(" (and ", differences.size() - 1, " more differences)") : "",
+        "; LoadMode::kPartial loads only what both have"));
   }
-  // Optimizer state: this rank's slice of every saved state tensor of each parameter.
+  std::map<std::string, const ParameterRecord*> saved_params;
+  for (const ParameterRecord& p : record.model().parameters()) saved_params[p.name()] = &p;
+  std::vector<checkpoint::LoadRequest> requests;
+  std::set<std::string> loaded;  // model parameters read from the checkpoint
+  for (fsdp::ShardedTensor& t : parts) {
+    auto it = saved_params.find(t.name);
+    if (it == saved_params.end() || ShapeOf(*it->second) != t.full_shape) {
+      out.unloaded_parameters.push_back(t.name);  // kPartial only: strict refused above
+      continue;
+    }
+    requests.push_back({ModelKey(t.name), t.begin, t.end, t.local});
+    loaded.insert(t.name);
+  }
+  std::set<std::string> requested;  // checkpoint tensors read
+  for (const checkpoint::LoadRequest& r : requests) requested.insert(r.name);
+
+  // Optimizer state: this rank's slice of every state tensor of each parameter.
   optim::OptimizerState state;
   if (optimizer != nullptr) {
+    const OptimizerRecord& o = record.optimizer();
     std::map<const core::Parameter*, const fsdp::ShardedTensor*> part_by_param;
     {
       size_t i = 0;
       for (const auto& [name, p] : model.NamedParameters()) part_by_param[p.get()] = &parts[i++];
     }
-    state.step_count = optimizer_json["step_count"].get<int64_t>();
-    const nlohmann::json& steps = optimizer_json["param_steps"];
+    std::map<std::string, const ParameterOptimizerRecord*> entries;
+    for (const ParameterOptimizerRecord& e : o.parameters()) entries[e.parameter()] = &e;
+    std::set<std::string> managed;  // model names of the parameters the optimizer manages
+    state.step_count = o.step_count();
     for (const auto& [opt_name, p] : optimizer->named_parameters()) {
       auto it = part_by_param.find(p.get());
       if (it == part_by_param.end()) {
@@ -205,20 +365,47 @@ absl::StatusOr<LoadedCheckpoint> LoadTrainingCheckpoint(const std::string& dir,
             "' is not a parameter of ", model.Describe()));
       }
       const fsdp::ShardedTensor& part = *it->second;
-      if (!steps.contains(part.name)) continue;  // never stepped: starts fresh
-      state.param_steps.push_back({opt_name, steps[part.name].get<int64_t>()});
-      for (const std::string& state_name : optimizer->StateNames()) {
-        const std::string key = OptimKey(part.name, state_name);
-        const checkpoint::TensorInfo* saved = info.Find(key);
-        if (saved == nullptr || saved->shape != part.full_shape) {
-          return absl::DataLossError(absl::StrCat(where, ": optimizer state '", key,
-                                                  saved ? "' has the wrong shape" : "' is missing"));
+      managed.insert(part.name);
+      auto e = entries.find(part.name);
+      if (e == entries.end()) {
+        const std::string message = absl::StrCat(
+            "the ", optimizer->TypeName(), " parameter '", opt_name, "' (model parameter '", part.name,
+            "') has no entry in the checkpoint's optimizer record (the saved optimizer did not manage it)");
+        if (strict) {
+          return absl::FailedPreconditionError(
+              absl::StrCat(where, ": ", message, "; refusing to start its state fresh"));
         }
+        differences.push_back(absl::StrCat(message, "; its state starts fresh"));
+        continue;
+      }
+      if (!loaded.count(part.name)) continue;  // kPartial: the parameter itself was not loaded
+      if (e->second->steps() == 0) continue;   // recorded as never stepped: starts fresh
+      state.param_steps.push_back({opt_name, e->second->steps()});
+      for (const std::string& state_name : e->second->state()) {
+        const std::string key = OptimKey(part.name, state_name);
         ASSIGN_OR_RETURN(core::Tensor slice, core::Tensor::Allocate({part.end - part.begin},
                                                                     core::DType::kFloat32,
                                                                     core::MemoryTag::kOptim));
         requests.push_back({key, part.begin, part.end, slice});
+        requested.insert(key);
         state.tensors.push_back({absl::StrCat(opt_name, ".", state_name), slice});
+      }
+    }
+    for (const ParameterOptimizerRecord& e : o.parameters()) {
+      if (managed.count(e.parameter())) continue;
+      const std::string message = absl::StrCat("the checkpoint has ", o.type(), " state for parameter '",
+                                               e.parameter(), "', which this ", optimizer->TypeName(),
+                                               " does not manage");
+      if (strict) return absl::FailedPreconditionError(absl::StrCat(where, ": ", message));
+      differences.push_back(message);
+    }
+  }
+  if (!strict) {
+    out.structure_differences = std::move(differences);
+    for (const checkpoint::TensorInfo& t : info.tensors) {
+      const bool optim = absl::StartsWith(t.name, kOptimPrefix);
+      if (!requested.count(t.name) && (!optim || optimizer != nullptr)) {
+        out.skipped_tensors.push_back(t.name);
       }
     }
   }

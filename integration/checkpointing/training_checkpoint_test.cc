@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -22,6 +23,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "checkpoint/checkpoint.pb.h"
+#include "checkpoint/internal/metadata.h"
 #include "checkpoint/sharded.h"
 #include "comm/testing/thread_ranks.h"
 #include "core/status_macros.h"
@@ -31,6 +34,7 @@
 #include "fsdp/testing/gpt_training.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "integration/checkpointing/training_checkpoint.pb.h"
 #include "nn/gpt.h"
 #include "optim/adamw.h"
 #include "optim/sgd.h"
@@ -466,8 +470,8 @@ TEST(TrainingCheckpointTest, CorruptedOrTruncatedDataIsDataLossNamingFileAndTens
   }
 }
 
-// 6a. A model parameter the checkpoint lacks is NotFound naming it, a shape mismatch is
-// InvalidArgument naming the parameter; neither writes to the model.
+// 6a. A model parameter the checkpoint lacks and a shape mismatch are FailedPrecondition
+// (another structure) naming the parameter; neither writes to the model.
 TEST(TrainingCheckpointTest, MissingOrMisshapedParameterIsRefusedBeforeWriting) {
   absl::StatusOr<std::shared_ptr<nn::Gpt>> gpt = fsdp::testing::MakeGpt(TinyRun());
   ASSERT_TRUE(gpt.ok()) << gpt.status();
@@ -485,9 +489,10 @@ TEST(TrainingCheckpointTest, MissingOrMisshapedParameterIsRefusedBeforeWriting) 
   Values before = PlainValues(**deeper);
   absl::StatusOr<LoadedCheckpoint> loaded = LoadTrainingCheckpoint(dir, **deeper, nullptr);
   ASSERT_FALSE(loaded.ok());
-  EXPECT_TRUE(absl::IsNotFound(loaded.status())) << loaded.status();
-  EXPECT_THAT(std::string(loaded.status().message()), HasSubstr("'" + missing + "'"));
-  absl::Status unchanged = Same(before, PlainValues(**deeper), "model after NotFound");
+  EXPECT_TRUE(absl::IsFailedPrecondition(loaded.status())) << loaded.status();
+  EXPECT_THAT(std::string(loaded.status().message()),
+              HasSubstr("model has parameter '" + missing + "' that the checkpoint lacks"));
+  absl::Status unchanged = Same(before, PlainValues(**deeper), "model after a refused load");
   EXPECT_TRUE(unchanged.ok()) << unchanged;
 
   absl::StatusOr<std::shared_ptr<nn::Gpt>> wider = OtherGpt(2, /*n_embd=*/24);
@@ -502,9 +507,9 @@ TEST(TrainingCheckpointTest, MissingOrMisshapedParameterIsRefusedBeforeWriting) 
   before = PlainValues(**wider);
   loaded = LoadTrainingCheckpoint(dir, **wider, nullptr);
   ASSERT_FALSE(loaded.ok());
-  EXPECT_TRUE(absl::IsInvalidArgument(loaded.status())) << loaded.status();
-  EXPECT_THAT(std::string(loaded.status().message()), HasSubstr("'" + misshaped + "'"));
-  unchanged = Same(before, PlainValues(**wider), "model after InvalidArgument");
+  EXPECT_TRUE(absl::IsFailedPrecondition(loaded.status())) << loaded.status();
+  EXPECT_THAT(std::string(loaded.status().message()), HasSubstr("parameter '" + misshaped + "'"));
+  unchanged = Same(before, PlainValues(**wider), "model after a refused load");
   EXPECT_TRUE(unchanged.ok()) << unchanged;
 }
 
@@ -566,6 +571,265 @@ TEST(TrainingCheckpointTest, HybridShardAtFourLoadsAsFullShardAtTwo) {
   ASSERT_TRUE(saved.ok()) << saved.status();
   absl::Status s = LoadAndCompare(dir, *saved, 2, FullShard(), 4, Dir("hybrid_resaved"));
   EXPECT_TRUE(s.ok()) << s;
+}
+
+// ---------------------------------------------------------------------------------
+// The training record: structure and optimizer, validated in full.
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// The TrainingRecord of checkpoint `dir`.
+absl::StatusOr<TrainingRecord> RecordOf(const std::string& dir) {
+  const std::string path = dir + "/metadata.pb";
+  ASSIGN_OR_RETURN(checkpoint::CheckpointMetadata meta,
+                   checkpoint::internal::DecodeMetadataFile(ReadFile(path), path));
+  TrainingRecord record;
+  if (!record.ParseFromString(meta.records().at(kTrainingRecordKey))) {
+    return absl::InternalError("the record does not parse");
+  }
+  return record;
+}
+
+// Copies checkpoint `from` to `to` with its record edited by `edit`, re-encoding the
+// metadata with valid checksums: a forged (or buggy) record, not a damaged file.
+absl::Status CopyWithRecord(const std::string& from, const std::string& to,
+                            const std::function<void(TrainingRecord&)>& edit) {
+  std::filesystem::remove_all(to);
+  std::filesystem::copy(from, to, std::filesystem::copy_options::recursive);
+  const std::string path = to + "/metadata.pb";
+  ASSIGN_OR_RETURN(checkpoint::CheckpointMetadata meta,
+                   checkpoint::internal::DecodeMetadataFile(ReadFile(path), path));
+  TrainingRecord record;
+  if (!record.ParseFromString(meta.records().at(kTrainingRecordKey))) {
+    return absl::InternalError("the record does not parse");
+  }
+  edit(record);
+  (*meta.mutable_records())[kTrainingRecordKey] = record.SerializeAsString();
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << checkpoint::internal::EncodeMetadataFile(meta);
+  return absl::OkStatus();
+}
+
+// 7. A 2-layer checkpoint into a 1-layer model: refused, naming the first tensor the
+// model lacks, with nothing written; with LoadMode::kPartial the shared parameters load
+// bitwise and everything skipped is reported.
+TEST(TrainingCheckpointTest, TwoLayerCheckpointIntoOneLayerModelIsRefusedUnlessPartial) {
+  absl::StatusOr<std::shared_ptr<nn::Gpt>> gpt = fsdp::testing::MakeGpt(TinyRun());
+  ASSERT_TRUE(gpt.ok()) << gpt.status();
+  const std::string dir = Dir("two_into_one");
+  ASSERT_TRUE(SavePlain(dir, **gpt).ok());
+  const Values saved = PlainValues(**gpt);
+  absl::StatusOr<std::shared_ptr<nn::Gpt>> shallow = OtherGpt(/*n_layer=*/1);
+  ASSERT_TRUE(shallow.ok()) << shallow.status();
+  const Values before = PlainValues(**shallow);
+
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadTrainingCheckpoint(dir, **shallow, nullptr);
+  ASSERT_TRUE(absl::IsFailedPrecondition(loaded.status())) << loaded.status();
+  EXPECT_THAT(std::string(loaded.status().message()), HasSubstr("checkpoint has tensor model/blocks.1."));
+  EXPECT_THAT(std::string(loaded.status().message()), HasSubstr("that the model lacks"));
+  absl::Status unchanged = Same(before, PlainValues(**shallow), "model after a refused load");
+  EXPECT_TRUE(unchanged.ok()) << unchanged;
+
+  TrainingLoadOptions partial;
+  partial.mode = LoadMode::kPartial;
+  loaded = LoadTrainingCheckpoint(dir, **shallow, nullptr, nullptr, partial);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  Values expected;  // the saved values of the parameters the shallow model has
+  std::vector<std::string> skipped;
+  for (const auto& [name, v] : saved) {
+    if (before.count(name)) {
+      expected[name] = v;
+    } else {
+      skipped.push_back("model/" + name);
+    }
+  }
+  ASSERT_EQ(expected.size(), before.size()) << "every shallow parameter is in the checkpoint";
+  absl::Status same = Same(expected, PlainValues(**shallow), "partially loaded model");
+  EXPECT_TRUE(same.ok()) << same;
+  std::vector<std::string> reported = loaded->skipped_tensors;
+  std::sort(reported.begin(), reported.end());
+  EXPECT_EQ(reported, skipped);
+  EXPECT_TRUE(loaded->unloaded_parameters.empty());
+  EXPECT_THAT(loaded->structure_differences,
+              ::testing::Contains("module <root> (Gpt): n_layer: checkpoint 2, model 1"));
+}
+
+// 8. n_head changes no shape, yet a checkpoint of an n_head = 2 model does not load into
+// an n_head = 4 one: the structure records each module's configuration, and the caller's
+// model_config is compared when the load gives one.
+TEST(TrainingCheckpointTest, NHeadIsRecordedAndCompared) {
+  const fsdp::testing::GptTrainingSetup setup = TinyRun();
+  ASSERT_EQ(setup.gpt.n_head, 2);
+  absl::StatusOr<std::shared_ptr<nn::Gpt>> gpt = fsdp::testing::MakeGpt(setup);
+  ASSERT_TRUE(gpt.ok()) << gpt.status();
+  const std::string dir = Dir("n_head");
+  TrainingCheckpointOptions o;
+  o.model_config = {{"n_head", "2"}, {"n_layer", "2"}};
+  ASSERT_TRUE(SaveTrainingCheckpoint(dir, **gpt, nullptr, nullptr, nullptr, o).ok());
+  absl::StatusOr<LoadedCheckpoint> info = ReadTrainingCheckpointInfo(dir);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->model_config, o.model_config);
+  EXPECT_EQ(info->structure_fingerprint.size(), 16u);
+
+  fsdp::testing::GptTrainingSetup four = setup;
+  four.gpt.n_head = 4;
+  absl::StatusOr<std::shared_ptr<nn::Gpt>> other = fsdp::testing::MakeGpt(four);
+  ASSERT_TRUE(other.ok()) << other.status();
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadTrainingCheckpoint(dir, **other, nullptr);
+  ASSERT_TRUE(absl::IsFailedPrecondition(loaded.status())) << loaded.status();
+  EXPECT_THAT(std::string(loaded.status().message()),
+              HasSubstr("module <root> (Gpt): n_head: checkpoint 2, model 4"));
+  TrainingLoadOptions expect;
+  expect.model_config = {{"n_head", "4"}, {"n_layer", "2"}};
+  loaded = LoadTrainingCheckpoint(dir, **other, nullptr, nullptr, expect);
+  ASSERT_TRUE(absl::IsFailedPrecondition(loaded.status())) << loaded.status();
+  EXPECT_THAT(std::string(loaded.status().message()), HasSubstr("model_config n_head: checkpoint 2, model 4"));
+
+  // The same structure and configuration loads, and gives the same fingerprint.
+  absl::StatusOr<std::shared_ptr<nn::Gpt>> same = OtherGpt();
+  ASSERT_TRUE(same.ok()) << same.status();
+  expect.model_config = o.model_config;
+  loaded = LoadTrainingCheckpoint(dir, **same, nullptr, nullptr, expect);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->structure_fingerprint, info->structure_fingerprint);
+  EXPECT_TRUE(loaded->structure_differences.empty());
+}
+
+// 9. The optimizer record is checked entry by entry against the checkpoint's tensors: a
+// renamed, missing or extra entry, impossible steps, or state reset to "never stepped"
+// while its tensors remain, is DataLoss naming it, and nothing is loaded.
+TEST(TrainingCheckpointTest, OptimizerRecordEntriesAreValidatedInFull) {
+  absl::StatusOr<std::unique_ptr<Trainer>> t = MakeTrainer(TinyRun(), nullptr, nullptr);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE(Train(**t, 0, 2).ok());
+  const std::string dir = Dir("optim_record");
+  TrainingCheckpointOptions o;
+  o.step = 2;
+  ASSERT_TRUE(SaveTrainingCheckpoint(dir, *(*t)->gpt, nullptr, (*t)->adamw.get(), nullptr, o).ok());
+  absl::StatusOr<TrainingRecord> record = RecordOf(dir);
+  ASSERT_TRUE(record.ok()) << record.status();
+  ASSERT_TRUE(record->has_optimizer());
+  const OptimizerRecord& opt = record->optimizer();
+  EXPECT_EQ(opt.type(), "AdamW");
+  EXPECT_EQ(opt.step_count(), 2);
+  ASSERT_EQ(opt.parameters_size(), static_cast<int>((*t)->gpt->NamedParameters().size()));
+  const std::string first = opt.parameters(0).parameter();
+  EXPECT_EQ(opt.parameters(0).steps(), 2);
+
+  struct Case {
+    std::string name;
+    std::function<void(TrainingRecord&)> edit;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {"renamed entry",
+       [&](TrainingRecord& r) { r.mutable_optimizer()->mutable_parameters(0)->set_parameter(first + "X"); },
+       "optimizer entry '" + first + "X' names no parameter"},
+      {"missing entry",
+       [&](TrainingRecord& r) {
+         auto* ps = r.mutable_optimizer()->mutable_parameters();
+         ps->erase(ps->begin());
+       },
+       "tensor optim/" + first + "/exp_avg belongs to no entry"},
+      {"extra entry",
+       [&](TrainingRecord& r) {
+         ParameterOptimizerRecord* e = r.mutable_optimizer()->add_parameters();
+         e->set_parameter("nope.weight");
+         e->set_steps(1);
+       },
+       "optimizer entry 'nope.weight' names no parameter"},
+      {"steps above step_count",
+       [&](TrainingRecord& r) { r.mutable_optimizer()->mutable_parameters(0)->set_steps(3); },
+       "optimizer entry '" + first + "' has taken 3 steps"},
+      {"reset to never stepped",
+       [&](TrainingRecord& r) {
+         r.mutable_optimizer()->mutable_parameters(0)->set_steps(0);
+         r.mutable_optimizer()->mutable_parameters(0)->clear_state();
+       },
+       "tensor optim/" + first + "/exp_avg belongs to no entry"},
+      {"state list",
+       [&](TrainingRecord& r) { r.mutable_optimizer()->mutable_parameters(0)->mutable_state()->RemoveLast(); },
+       "lists state [exp_avg], expected [exp_avg, exp_avg_sq]"},
+      {"structure edited, fingerprint not",
+       [&](TrainingRecord& r) { r.mutable_model()->mutable_modules(0)->set_type_name("NotGpt"); },
+       "fingerprint"},
+  };
+  for (const Case& c : cases) {
+    const std::string forged = Dir("optim_record_forged");
+    ASSERT_TRUE(CopyWithRecord(dir, forged, c.edit).ok()) << c.name;
+    absl::StatusOr<std::unique_ptr<Trainer>> fresh = MakeTrainer(TinyRun(), nullptr, nullptr);
+    ASSERT_TRUE(fresh.ok()) << fresh.status();
+    const Values before = PlainValues(*(*fresh)->gpt);
+    absl::StatusOr<LoadedCheckpoint> loaded =
+        LoadTrainingCheckpoint(forged, *(*fresh)->gpt, nullptr, (*fresh)->adamw.get());
+    EXPECT_TRUE(absl::IsDataLoss(loaded.status())) << c.name << ": " << loaded.status();
+    EXPECT_THAT(std::string(loaded.status().message()), HasSubstr(c.expect)) << c.name;
+    EXPECT_TRUE(Same(before, PlainValues(*(*fresh)->gpt), c.name).ok()) << c.name;
+    EXPECT_EQ((*fresh)->adamw->step_count(), 0) << c.name;
+    EXPECT_TRUE(absl::IsDataLoss(ReadTrainingCheckpointInfo(forged).status())) << c.name;
+  }
+}
+
+// 10. A parameter that never stepped is recorded explicitly (steps = 0) and starts fresh;
+// an optimizer parameter the record has no entry for is refused rather than reset, and
+// so is an entry for a parameter the optimizer does not manage (kPartial reports both).
+TEST(TrainingCheckpointTest, NeverSteppedIsExplicitAndNothingIsSilentlyReset) {
+  absl::StatusOr<std::unique_ptr<Trainer>> t = MakeTrainer(TinyRun(), nullptr, nullptr);
+  ASSERT_TRUE(t.ok()) << t.status();
+  const auto params = (*t)->gpt->NamedParameters();
+  const std::string frozen = params.back().first;
+  params.back().second->requires_grad = false;  // the optimizer skips it: never steps
+  ASSERT_TRUE(Train(**t, 0, 2).ok());
+  const Counters counters = CountersOf(*(*t)->adamw);
+  ASSERT_EQ(counters.param_steps.count(frozen), 0u);
+  const std::string dir = Dir("never_stepped");
+  ASSERT_TRUE(SaveTrainingCheckpoint(dir, *(*t)->gpt, nullptr, (*t)->adamw.get(), nullptr).ok());
+  absl::StatusOr<TrainingRecord> record = RecordOf(dir);
+  ASSERT_TRUE(record.ok()) << record.status();
+  const ParameterOptimizerRecord& last = *record->optimizer().parameters().rbegin();
+  EXPECT_EQ(last.parameter(), frozen);
+  EXPECT_EQ(last.steps(), 0);
+  EXPECT_EQ(last.state_size(), 0);
+
+  absl::StatusOr<std::unique_ptr<Trainer>> fresh = MakeTrainer(TinyRun(), nullptr, nullptr);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  absl::StatusOr<LoadedCheckpoint> loaded =
+      LoadTrainingCheckpoint(dir, *(*fresh)->gpt, nullptr, (*fresh)->adamw.get());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_TRUE(CountersOf(*(*fresh)->adamw) == counters);
+
+  // The record lacks the frozen parameter's entry (its optimizer never managed it).
+  const std::string lacking = Dir("never_stepped_lacking");
+  ASSERT_TRUE(CopyWithRecord(dir, lacking, [](TrainingRecord& r) {
+                r.mutable_optimizer()->mutable_parameters()->RemoveLast();
+              }).ok());
+  fresh = MakeTrainer(TinyRun(), nullptr, nullptr);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  loaded = LoadTrainingCheckpoint(lacking, *(*fresh)->gpt, nullptr, (*fresh)->adamw.get());
+  ASSERT_TRUE(absl::IsFailedPrecondition(loaded.status())) << loaded.status();
+  EXPECT_THAT(std::string(loaded.status().message()), HasSubstr("'" + frozen + "'"));
+  EXPECT_THAT(std::string(loaded.status().message()), HasSubstr("refusing to start its state fresh"));
+  EXPECT_EQ((*fresh)->adamw->step_count(), 0);
+  TrainingLoadOptions partial;
+  partial.mode = LoadMode::kPartial;
+  loaded = LoadTrainingCheckpoint(lacking, *(*fresh)->gpt, nullptr, (*fresh)->adamw.get(), partial);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->structure_differences.size(), 1u);
+  EXPECT_THAT(loaded->structure_differences[0], HasSubstr("'" + frozen + "'"));
+  EXPECT_TRUE(CountersOf(*(*fresh)->adamw) == counters);
+
+  // An optimizer that does not manage a parameter the record has state for.
+  std::vector<core::NamedParameter> fewer((*t)->gpt->NamedParameters());
+  const std::string dropped = fewer.front().first;
+  fewer.erase(fewer.begin());
+  absl::StatusOr<std::unique_ptr<optim::AdamW>> partial_adamw = optim::AdamW::Create(fewer, TinyRun().adamw);
+  ASSERT_TRUE(partial_adamw.ok()) << partial_adamw.status();
+  loaded = LoadTrainingCheckpoint(dir, *(*t)->gpt, nullptr, partial_adamw->get());
+  ASSERT_TRUE(absl::IsFailedPrecondition(loaded.status())) << loaded.status();
+  EXPECT_THAT(std::string(loaded.status().message()),
+              HasSubstr("state for parameter '" + dropped + "', which this AdamW does not manage"));
 }
 
 }  // namespace
