@@ -336,7 +336,7 @@ TEST_F(FaultInjectionTest, HostileStoreClientsDoNotDisturbTheJob) {
               static_cast<long long>(garbage.load()), max_rss0.load() / 1048576.0,
               max_rss1.load() / 1048576.0);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_GT(cycles.load(), 1000);
+  EXPECT_GT(cycles.load(), 100);  // the attack ran during the job (the count depends on its speed)
   EXPECT_EQ(idle.load(), 200);
   EXPECT_GT(garbage.load(), 0);
   // The attack did not change the numbers.

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/status_macros.h"
+#include "fsdp/internal/unit_agreement.h"
 #include "fsdp/state_dict.h"
 #include "integration/checkpointing/model_structure.h"
 #include "integration/checkpointing/training_checkpoint.pb.h"
@@ -409,8 +410,12 @@ absl::StatusOr<LoadedCheckpoint> LoadTrainingCheckpoint(const std::string& dir,
       }
     }
   }
-  ASSIGN_OR_RETURN(checkpoint::LoadStats stats, checkpoint::Load(dir, requests));
-  out.bytes_read = stats.bytes_read;
+  // Reading fails on the ranks whose bytes are damaged only; LoadShardedStateDict is
+  // collective over the units' groups, so every rank learns the outcome first
+  // (fsdp NOTE [Agree before acting]).
+  absl::StatusOr<checkpoint::LoadStats> stats = checkpoint::Load(dir, requests);
+  RETURN_IF_ERROR(fsdp::internal::AgreeAcrossUnitGroups(model, registry, stats.status(), where));
+  out.bytes_read = stats->bytes_read;
   RETURN_IF_ERROR(Annotate(fsdp::LoadShardedStateDict(model, registry, parts), where));
   if (optimizer != nullptr) RETURN_IF_ERROR(Annotate(optimizer->LoadState(state), where));
   return out;
