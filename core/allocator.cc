@@ -1,6 +1,7 @@
 #include "core/allocator.h"
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <map>
@@ -9,10 +10,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/cuda/caching_allocator.h"
 #include "core/host_memory.h"
 
 #ifdef FSDP_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "core/cuda_status.h"
 #endif
 
 namespace core {
@@ -55,12 +59,40 @@ std::string MemoryStats::PeakSummary() const {
                     FormatBytes(peak_by_tag[t]), " ");
   }
   absl::StrAppend(&out, "total=", FormatBytes(peak_total));
+  if (peak_reserved_bytes > 0) {
+    absl::StrAppend(&out, " reserved=", FormatBytes(peak_reserved_bytes));
+  }
   return out;
 }
 
-Allocator::Allocator(Device device) : device_(device) {
+Allocator::Allocator(Device device)
+    : device_(device),
+      pool_(device.is_cpu() ? nullptr
+                            : std::make_unique<BlockPool>(cuda::NewCudaSegmentSource(device))) {
   if (device_.is_cpu()) limit_ = HostMemoryCapacityBytes();
 }
+
+Allocator::Allocator(Device device, std::unique_ptr<SegmentSource> source)
+    : device_(device), pool_(std::make_unique<BlockPool>(std::move(source))) {}
+
+Allocator::Allocator(Device device, HostKind host_kind)
+    : device_(device), host_kind_(host_kind) {
+  limit_ = HostMemoryCapacityBytes();
+}
+
+bool Allocator::UsePinned() const {
+  if (host_kind_ != HostKind::kPinned) return false;
+  absl::call_once(pinned_once_, [this] {
+#ifdef FSDP_WITH_CUDA
+    int n = 0;
+    use_pinned_ = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+    if (!use_pinned_) cuda::ClearLastError();
+#endif
+  });
+  return use_pinned_;
+}
+
+bool Allocator::pinned() const { return UsePinned(); }
 
 int64_t Allocator::limit() const {
   absl::MutexLock lock(&mu_);
@@ -99,7 +131,25 @@ absl::StatusOr<void*> Allocator::Allocate(int64_t nbytes, MemoryTag tag) {
   }
   void* ptr = nullptr;
   absl::Status failed;
-  if (device_.is_cpu()) {
+  if (pool_ != nullptr) {
+    absl::StatusOr<void*> block = pool_->Allocate(nbytes);
+    if (block.ok()) {
+      ptr = *block;
+    } else {
+      failed = absl::Status(block.status().code(),
+                            absl::StrCat("cannot allocate ", what(), ": ", block.status().message()));
+    }
+  } else if (UsePinned()) {
+#ifdef FSDP_WITH_CUDA
+    const cudaError_t err =
+        cudaHostAlloc(&ptr, nbytes == 0 ? kAlignment : nbytes, cudaHostAllocPortable);
+    if (err != cudaSuccess) {
+      ptr = nullptr;
+      cuda::ClearLastError();
+      failed = cuda::StatusFromCuda(err, absl::StrCat("cudaHostAlloc (pinned) of ", what()));
+    }
+#endif
+  } else if (device_.is_cpu()) {
     // Round up to the alignment without overflowing (nbytes <= INT64_MAX).
     const int64_t rounded =
         nbytes > INT64_MAX - kAlignment ? -1 : ((nbytes + kAlignment - 1) / kAlignment) * kAlignment;
@@ -108,21 +158,8 @@ absl::StatusOr<void*> Allocator::Allocate(int64_t nbytes, MemoryTag tag) {
       failed = absl::ResourceExhaustedError(absl::StrCat("out of host memory allocating ", what()));
     }
   } else {
-#ifdef FSDP_WITH_CUDA
-    cudaError_t err = cudaSetDevice(device_.index);
-    if (err == cudaSuccess) err = cudaMalloc(&ptr, nbytes == 0 ? kAlignment : nbytes);
-    if (err != cudaSuccess) {
-      ptr = nullptr;
-      const auto make_error = err == cudaErrorMemoryAllocation ? absl::ResourceExhaustedError
-                                                                : absl::UnavailableError;
-      failed = make_error(absl::StrCat("cudaMalloc of ", what(), " failed: ",
-                                       cudaGetErrorString(err)));
-    }
-#else
-    failed = absl::UnavailableError(absl::StrCat(
-        "cannot allocate on ", device_.ToString(),
-        ": this build has no CUDA support; build with --config=cuda"));
-#endif
+    failed = absl::InternalError(
+        absl::StrCat("cannot allocate ", what(), ": a device allocator without a pool"));
   }
   absl::MutexLock lock(&mu_);
   reserved_ -= nbytes;
@@ -133,13 +170,20 @@ absl::StatusOr<void*> Allocator::Allocate(int64_t nbytes, MemoryTag tag) {
 
 void Allocator::Free(void* ptr, int64_t nbytes, MemoryTag tag) {
   if (ptr == nullptr) return;
-  if (device_.is_cpu()) {
-    std::free(ptr);
-  } else {
+  if (pool_ != nullptr) {
+    const absl::Status freed = pool_->Free(ptr);
+    if (!freed.ok()) {
+      // A caller's bug (double free); the counters stay as they are.
+      std::fprintf(stderr, "Allocator::Free of %s for tag %s: %s\n", FormatBytes(nbytes).c_str(),
+                   MemoryTagName(tag).c_str(), std::string(freed.message()).c_str());
+      return;
+    }
+  } else if (UsePinned()) {
 #ifdef FSDP_WITH_CUDA
-    cudaSetDevice(device_.index);
-    cudaFree(ptr);
+    if (cudaFreeHost(ptr) != cudaSuccess) cuda::ClearLastError();
 #endif
+  } else {
+    std::free(ptr);
   }
   Count(-nbytes, tag, -1);
 }
@@ -161,14 +205,38 @@ void Allocator::CountLocked(int64_t delta, MemoryTag tag, int blocks) {
 }
 
 MemoryStats Allocator::Stats() const {
-  absl::MutexLock lock(&mu_);
-  return stats_;
+  MemoryStats out;
+  {
+    absl::MutexLock lock(&mu_);
+    out = stats_;
+  }
+  if (pool_ != nullptr) {
+    const BlockPoolStats p = pool_->Stats();
+    out.reserved_bytes = p.reserved_bytes;
+    out.peak_reserved_bytes = p.peak_reserved_bytes;
+    out.num_device_mallocs = p.num_segment_allocs;
+    out.num_device_frees = p.num_segment_frees;
+    out.num_oom_retries = p.num_oom_retries;
+  }
+  return out;
 }
 
 void Allocator::ResetPeaks() {
-  absl::MutexLock lock(&mu_);
-  stats_.peak_by_tag = stats_.current_by_tag;
-  stats_.peak_total = stats_.current_total;
+  {
+    absl::MutexLock lock(&mu_);
+    stats_.peak_by_tag = stats_.current_by_tag;
+    stats_.peak_total = stats_.current_total;
+  }
+  if (pool_ != nullptr) pool_->ResetPeaks();
+}
+
+int64_t Allocator::EmptyCache() { return pool_ != nullptr ? pool_->EmptyCache() : 0; }
+
+std::shared_ptr<Allocator> Allocator::PinnedHost() {
+  // Leaked on purpose, like Default's.
+  static auto* pinned = new std::shared_ptr<Allocator>(
+      new Allocator(Device::Cpu(), HostKind::kPinned));
+  return *pinned;
 }
 
 std::shared_ptr<Allocator> Allocator::Default(Device device) {

@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/bf16_hd.h"
+#include "core/cuda_status.h"
 #include "glog/logging.h"
 
 #ifdef FSDP_WITH_CUDA
@@ -33,7 +35,11 @@ Storage::Storage(void* data, int64_t nbytes, MemoryTag tag, std::shared_ptr<Allo
 
 absl::StatusOr<std::shared_ptr<Storage>> Storage::Allocate(int64_t nbytes, Device device,
                                                            MemoryTag tag) {
-  std::shared_ptr<Allocator> allocator = Allocator::Current(device);
+  return AllocateFrom(Allocator::Current(device), nbytes, tag);
+}
+
+absl::StatusOr<std::shared_ptr<Storage>> Storage::AllocateFrom(
+    std::shared_ptr<Allocator> allocator, int64_t nbytes, MemoryTag tag) {
   absl::StatusOr<void*> ptr = allocator->Allocate(nbytes, tag);
   if (!ptr.ok()) return ptr.status();
   return std::shared_ptr<Storage>(new Storage(*ptr, nbytes, tag, std::move(allocator)));
@@ -48,11 +54,16 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, int64_t offset, Shape shape, DT
       numel_(NumElements(shape_)),
       dtype_(dtype) {}
 
-absl::StatusOr<Tensor> Tensor::Allocate(const Shape& shape, DType dtype, MemoryTag tag,
-                                        Device device) {
+namespace {
+
+// Tensor::Allocate on `allocator` (null: Allocator::Current(device)).
+absl::StatusOr<std::shared_ptr<Storage>> AllocateTensorStorage(
+    const Shape& shape, DType dtype, MemoryTag tag, Device device,
+    std::shared_ptr<Allocator> allocator, int64_t* numel_out) {
   const auto describe = [&] {
     return absl::StrCat("tensor ", ShapeToString(shape), " of ", DTypeName(dtype), " for tag ",
-                        MemoryTagName(tag), " on ", device.ToString());
+                        MemoryTagName(tag), " on ", device.ToString(),
+                        allocator != nullptr && allocator->pinned() ? " (pinned)" : "");
   };
   // numel and bytes with overflow checks: a shape from a config or a file may be huge.
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
@@ -81,13 +92,63 @@ absl::StatusOr<Tensor> Tensor::Allocate(const Shape& shape, DType dtype, MemoryT
         absl::StrJoin(shape, " x "), " x ", element, " bytes)"));
   }
   absl::StatusOr<std::shared_ptr<Storage>> storage =
-      Storage::Allocate(numel * element, device, tag);
+      allocator != nullptr ? Storage::AllocateFrom(std::move(allocator), numel * element, tag)
+                           : Storage::Allocate(numel * element, device, tag);
   if (!storage.ok()) {
     return absl::Status(storage.status().code(),
                         absl::StrCat("cannot allocate ", describe(), " (", numel * element,
                                      " bytes): ", storage.status().message()));
   }
+  *numel_out = numel;
+  return storage;
+}
+
+}  // namespace
+
+absl::StatusOr<Tensor> Tensor::Allocate(const Shape& shape, DType dtype, MemoryTag tag,
+                                        Device device) {
+  int64_t numel = 0;
+  absl::StatusOr<std::shared_ptr<Storage>> storage =
+      AllocateTensorStorage(shape, dtype, tag, device, nullptr, &numel);
+  if (!storage.ok()) return storage.status();
   return Tensor(*std::move(storage), 0, shape, dtype);
+}
+
+absl::StatusOr<Tensor> Tensor::AllocatePinned(const Shape& shape, DType dtype, MemoryTag tag) {
+  int64_t numel = 0;
+  absl::StatusOr<std::shared_ptr<Storage>> storage = AllocateTensorStorage(
+      shape, dtype, tag, Device::Cpu(), Allocator::PinnedHost(), &numel);
+  if (!storage.ok()) return storage.status();
+  return Tensor(*std::move(storage), 0, shape, dtype);
+}
+
+absl::StatusOr<Tensor> Tensor::FromStorage(std::shared_ptr<Storage> storage, int64_t byte_offset,
+                                           const Shape& shape, DType dtype) {
+  if (storage == nullptr) return absl::InvalidArgumentError("FromStorage: no storage");
+  const int64_t element = DTypeSize(dtype);
+  const auto describe = [&] {
+    return absl::StrCat("a ", DTypeName(dtype), " tensor ", ShapeToString(shape), " at byte ",
+                        byte_offset, " of a ", storage->nbytes(), "-byte storage on ",
+                        storage->device().ToString());
+  };
+  if (byte_offset < 0 || byte_offset % element != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot place ", describe(), ": the offset must be a non-negative multiple of ",
+        element));
+  }
+  for (int64_t d : shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot place ", describe(), ": negative dimension ", d));
+    }
+  }
+  const int64_t numel = NumElements(shape);  // saturates
+  const int64_t room = byte_offset > storage->nbytes() ? -1 : (storage->nbytes() - byte_offset) / element;
+  if (room < 0 || numel > room) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot place ", describe(), ": it reaches past the storage"));
+  }
+  return Tensor(std::move(storage), byte_offset / element, shape, dtype);
 }
 
 Tensor Tensor::Empty(const Shape& shape, DType dtype, MemoryTag tag, Device device) {
@@ -175,6 +236,11 @@ Tensor Tensor::Clone(MemoryTag tag) const {
 }
 
 absl::StatusOr<Tensor> Tensor::ToDType(DType dtype, MemoryTag tag) const {
+  if (!defined()) return absl::FailedPreconditionError("ToDType of an undefined tensor");
+  if (dtype != dtype_ && (dtype == DType::kInt32 || dtype_ == DType::kInt32)) {
+    return absl::InvalidArgumentError(absl::StrCat("ToDType cannot convert ", ToString(),
+                                                   " to ", DTypeName(dtype)));
+  }
   absl::StatusOr<Tensor> out = Allocate(shape_, dtype, tag, device());
   if (!out.ok()) return out.status();
   absl::Status s = out->CopyFrom(*this);
@@ -182,61 +248,147 @@ absl::StatusOr<Tensor> Tensor::ToDType(DType dtype, MemoryTag tag) const {
   return out;
 }
 
+absl::StatusOr<Tensor> Tensor::To(Device device, MemoryTag tag) const {
+  if (!defined()) return absl::FailedPreconditionError("To() of an undefined tensor");
+  absl::StatusOr<Tensor> out = Allocate(shape_, dtype_, tag, device);
+  if (!out.ok()) return out.status();
+  absl::Status s = out->CopyFrom(*this);
+  if (!s.ok()) return s;
+  return out;
+}
+
+namespace {
+
+// Element conversion on the host with the FSDP_HD bodies the CUDA kernels use.
+void ConvertOnHost(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n) {
+  if (src_dtype == DType::kFloat32 && dst_dtype == DType::kBFloat16) {
+    const float* s = static_cast<const float*>(src);
+    uint16_t* d = static_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) d[i] = FloatToBf16Bits(s[i]);
+  } else {  // bf16 -> fp32, the only other conversion
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+    float* d = static_cast<float*>(dst);
+    for (int64_t i = 0; i < n; ++i) d[i] = Bf16BitsToFloat(s[i]);
+  }
+}
+
+#ifdef FSDP_WITH_CUDA
+// Copies `nbytes` between any two places, at least one on a device. Into the host: done
+// on return. Into a device: queued on that device's compute stream.
+absl::Status CopyBytes(void* dst, Device dst_device, const void* src, Device src_device,
+                       int64_t nbytes, const std::string& what) {
+  if (dst_device.is_cpu()) {
+    // Device -> host: cudaMemcpy on the source's legacy stream runs after its queued
+    // work and returns when the data is on the host.
+    if (absl::Status s = cuda::SetDevice(src_device); !s.ok()) return s;
+    return cuda::StatusFromCuda(cudaMemcpy(dst, src, nbytes, cudaMemcpyDeviceToHost),
+                                absl::StrCat("cudaMemcpy device -> host for ", what));
+  }
+  if (absl::Status s = cuda::SetDevice(dst_device); !s.ok()) return s;
+  if (src_device.is_cpu()) {
+    // Host -> device: cudaMemcpy returns once the source may be reused (staged or, from
+    // pinned memory, copied); the data lands before later compute-stream work.
+    return cuda::StatusFromCuda(cudaMemcpy(dst, src, nbytes, cudaMemcpyHostToDevice),
+                                absl::StrCat("cudaMemcpy host -> device for ", what));
+  }
+  if (src_device != dst_device) {
+    // Another device's compute stream is not ordered with this one: let it finish.
+    if (absl::Status s = cuda::Synchronize(src_device); !s.ok()) return s;
+    if (absl::Status s = cuda::SetDevice(dst_device); !s.ok()) return s;
+  }
+  return cuda::StatusFromCuda(
+      cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, cuda::ComputeStream()),
+      absl::StrCat("cudaMemcpyAsync device -> device for ", what));
+}
+#endif  // FSDP_WITH_CUDA
+
+}  // namespace
+
 absl::Status Tensor::CopyFrom(const Tensor& src) const {
   if (!defined() || !src.defined()) {
     return absl::FailedPreconditionError("CopyFrom with an undefined tensor");
   }
+  const auto what = [&] { return absl::StrCat(src.ToString(), " -> ", ToString()); };
   if (src.numel() != numel_) {
     return absl::InvalidArgumentError(absl::StrCat("CopyFrom: source has ", src.numel(),
                                                    " elements ", ShapeToString(src.shape()),
                                                    ", destination ", numel_, " ",
                                                    ShapeToString(shape_)));
   }
+  const bool convert = src.dtype() != dtype_;
+  if (convert && (src.dtype() == DType::kInt32 || dtype_ == DType::kInt32)) {
+    return absl::InvalidArgumentError(absl::StrCat("CopyFrom cannot convert ",
+                                                   DTypeName(src.dtype()), " to ",
+                                                   DTypeName(dtype_), " (", what(), ")"));
+  }
   if (numel_ == 0) return absl::OkStatus();
-  if (src.dtype() == dtype_) {
-    if (device().is_cpu() && src.device().is_cpu()) {
+  const bool host_only = device().is_cpu() && src.device().is_cpu();
+  if (host_only) {
+    if (convert) {
+      ConvertOnHost(src.raw_data(), src.dtype(), raw_data(), dtype_, numel_);
+    } else {
       std::memmove(raw_data(), src.raw_data(), nbytes());
-      return absl::OkStatus();
     }
+    return absl::OkStatus();
+  }
 #ifdef FSDP_WITH_CUDA
-    cudaError_t err = cudaMemcpy(raw_data(), src.raw_data(), nbytes(), cudaMemcpyDefault);
-    if (err != cudaSuccess) {
-      return absl::InternalError(absl::StrCat("cudaMemcpy ", src.device().ToString(), " -> ",
-                                              device().ToString(),
-                                              " failed: ", cudaGetErrorString(err)));
+  if (!convert) {
+    return CopyBytes(raw_data(), device(), src.raw_data(), src.device(), nbytes(), what());
+  }
+  if (device().is_cpu()) {
+    // Device -> host with conversion: bring the source's bytes over, convert on the host.
+    absl::StatusOr<Tensor> staged = Allocate({numel_}, src.dtype(), MemoryTag::kOther);
+    if (!staged.ok()) return staged.status();
+    if (absl::Status s = CopyBytes(staged->raw_data(), Device::Cpu(), src.raw_data(),
+                                   src.device(), src.nbytes(), what());
+        !s.ok()) {
+      return s;
     }
+    ConvertOnHost(staged->raw_data(), src.dtype(), raw_data(), dtype_, numel_);
     return absl::OkStatus();
+  }
+  if (src.device().is_cpu()) {
+    // Host -> device with conversion: convert on the host, copy the result's bytes.
+    absl::StatusOr<Tensor> staged = Allocate({numel_}, dtype_, MemoryTag::kOther);
+    if (!staged.ok()) return staged.status();
+    ConvertOnHost(src.raw_data(), src.dtype(), staged->raw_data(), dtype_, numel_);
+    return CopyBytes(raw_data(), device(), staged->raw_data(), Device::Cpu(), nbytes(), what());
+  }
+  // Device -> device with conversion: a kernel on the destination's device, reading a
+  // same-device copy of the source when it lives elsewhere.
+  Tensor input = src;
+  if (src.device() != device()) {
+    absl::StatusOr<Tensor> moved = src.To(device(), MemoryTag::kOther);
+    if (!moved.ok()) return moved.status();
+    input = *std::move(moved);
+  }
+  if (absl::Status s = cuda::SetDevice(device()); !s.ok()) return s;
+  absl::Status launched =
+      dtype_ == DType::kBFloat16
+          ? cuda::ConvertFloatToBf16(input.data<float>(), static_cast<uint16_t*>(raw_data()),
+                                     numel_)
+          : cuda::ConvertBf16ToFloat(static_cast<const uint16_t*>(input.raw_data()),
+                                     data<float>(), numel_);
+  if (!launched.ok()) {
+    return absl::Status(launched.code(), absl::StrCat(what(), ": ", launched.message()));
+  }
+  return absl::OkStatus();
 #else
-    return absl::UnavailableError("CopyFrom on a CUDA tensor in a build without CUDA");
+  return absl::UnavailableError(absl::StrCat("cannot copy ", what(),
+                                             ": this build has no CUDA support; build with "
+                                             "--config=cuda"));
 #endif
-  }
-  if (!device().is_cpu() || !src.device().is_cpu()) {
-    return absl::UnimplementedError(absl::StrCat("dtype conversion on ", device().ToString(),
-                                                 " is not supported; convert on the CPU"));
-  }
-  if (src.dtype() == DType::kFloat32 && dtype_ == DType::kBFloat16) {
-    const float* s = src.data<float>();
-    BFloat16* d = data<BFloat16>();
-    for (int64_t i = 0; i < numel_; ++i) d[i] = BFloat16::FromFloat(s[i]);
-    return absl::OkStatus();
-  }
-  if (src.dtype() == DType::kBFloat16 && dtype_ == DType::kFloat32) {
-    const BFloat16* s = src.data<BFloat16>();
-    float* d = data<float>();
-    for (int64_t i = 0; i < numel_; ++i) d[i] = s[i].ToFloat();
-    return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(absl::StrCat("CopyFrom cannot convert ",
-                                                 DTypeName(src.dtype()), " to ",
-                                                 DTypeName(dtype_)));
 }
 
 void Tensor::Fill(float value) const {
   if (!defined() || numel_ == 0) return;
   if (!device().is_cpu()) {
 #ifdef FSDP_WITH_CUDA
-    const absl::Status filled = cuda::Fill(raw_data(), numel_, dtype_, value);
-    CHECK(filled.ok()) << filled;
+    absl::Status filled = cuda::SetDevice(device());
+    if (filled.ok()) filled = cuda::Fill(raw_data(), numel_, dtype_, value);
+    CHECK(filled.ok()) << "Fill of " << ToString() << ": " << filled;
+#else
+    LOG(FATAL) << "Fill of " << ToString() << ": this build has no CUDA support";
 #endif
     return;
   }
@@ -247,7 +399,8 @@ void Tensor::Fill(float value) const {
       break;
     }
     case DType::kBFloat16: {
-      const BFloat16 h = BFloat16::FromFloat(value);
+      BFloat16 h;
+      h.bits = FloatToBf16Bits(value);
       BFloat16* d = data<BFloat16>();
       for (int64_t i = 0; i < numel_; ++i) d[i] = h;
       break;
@@ -264,21 +417,35 @@ void Tensor::Zero() const {
   if (!defined() || numel_ == 0) return;
   if (device().is_cpu()) {
     std::memset(raw_data(), 0, nbytes());
-  } else {
-    Fill(0.0f);
+    return;
   }
+#ifdef FSDP_WITH_CUDA
+  absl::Status zeroed = cuda::SetDevice(device());
+  if (zeroed.ok()) {
+    zeroed = cuda::StatusFromCuda(
+        cudaMemsetAsync(raw_data(), 0, nbytes(), cuda::ComputeStream()), "cudaMemsetAsync");
+  }
+  CHECK(zeroed.ok()) << "Zero of " << ToString() << ": " << zeroed;
+#else
+  LOG(FATAL) << "Zero of " << ToString() << ": this build has no CUDA support";
+#endif
 }
 
 std::vector<float> Tensor::ToVector() const {
+  if (defined() && !device().is_cpu()) {
+    absl::StatusOr<Tensor> host = To(Device::Cpu(), MemoryTag::kOther);
+    CHECK(host.ok()) << "ToVector of " << ToString() << ": " << host.status();
+    return host->ToVector();
+  }
   std::vector<float> out(numel_);
-  if (!defined() || !device().is_cpu()) return out;
+  if (!defined()) return out;
   for (int64_t i = 0; i < numel_; ++i) {
     switch (dtype_) {
       case DType::kFloat32:
         out[i] = data<float>()[i];
         break;
       case DType::kBFloat16:
-        out[i] = data<BFloat16>()[i].ToFloat();
+        out[i] = Bf16BitsToFloat(data<BFloat16>()[i].bits);
         break;
       case DType::kInt32:
         out[i] = static_cast<float>(data<int32_t>()[i]);

@@ -8,6 +8,17 @@
 //
 // Tensors have no autograd; layers in nn/ implement their own backward. Element access
 // through data<T>() is for CPU tensors only.
+//
+// CUDA tensors (Device::Cuda(i), built with --config=cuda) live in the caching allocator's
+// blocks (core/allocator.h). Their operations run on the compute stream (NOTE [Compute
+// stream] in core/cuda_status.h): Fill, Zero, Clone, ToDType and device-to-device CopyFrom
+// only queue work and return; CopyFrom into a CPU tensor, ToVector and anything that
+// reads the host side wait for the data.
+//
+//   core::Tensor h = core::Tensor::FromVector({1, 2, 3}, {3}).value();
+//   core::Tensor d = h.To(core::Device::Cuda(0), core::MemoryTag::kParam).value();
+//   core::Tensor b = d.ToDType(core::DType::kBFloat16, core::MemoryTag::kParam).value();
+//   std::vector<float> back = b.ToVector();  // {1, 2, 3}, copied to the host
 #ifndef CORE_TENSOR_H_
 #define CORE_TENSOR_H_
 
@@ -41,6 +52,9 @@ class Storage {
   // Allocates from Allocator::Current(device), counted under `tag`.
   static absl::StatusOr<std::shared_ptr<Storage>> Allocate(int64_t nbytes, Device device,
                                                            MemoryTag tag);
+  // Allocates from `allocator` (e.g. Allocator::PinnedHost()), counted under `tag`.
+  static absl::StatusOr<std::shared_ptr<Storage>> AllocateFrom(
+      std::shared_ptr<Allocator> allocator, int64_t nbytes, MemoryTag tag);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -49,6 +63,8 @@ class Storage {
   int64_t nbytes() const { return nbytes_; }
   Device device() const { return allocator_->device(); }
   MemoryTag tag() const { return tag_; }
+  // True for page-locked host memory (from Allocator::PinnedHost() where it pins).
+  bool pinned() const { return allocator_->pinned(); }
 
  private:
   Storage(void* data, int64_t nbytes, MemoryTag tag, std::shared_ptr<Allocator> allocator);
@@ -80,6 +96,19 @@ class Tensor {
                       MemoryTag tag = MemoryTag::kOther, Device device = Device::Cpu());
   static Tensor Zeros(const Shape& shape, DType dtype = DType::kFloat32,
                       MemoryTag tag = MemoryTag::kOther, Device device = Device::Cpu());
+
+  // Like Allocate, on the CPU in page-locked memory from Allocator::PinnedHost() (ordinary
+  // host memory where the build or the machine cannot pin; see Storage::pinned()): the
+  // staging buffer of fast host <-> device copies. Counted on the pinned allocator.
+  static absl::StatusOr<Tensor> AllocatePinned(const Shape& shape, DType dtype = DType::kFloat32,
+                                               MemoryTag tag = MemoryTag::kOther);
+
+  // A tensor of `shape` and `dtype` over `storage`, starting `byte_offset` bytes in.
+  // InvalidArgument when the offset is negative or not a multiple of the element size,
+  // a dimension is negative, or the tensor would reach past the storage.
+  static absl::StatusOr<Tensor> FromStorage(std::shared_ptr<Storage> storage,
+                                            int64_t byte_offset, const Shape& shape,
+                                            DType dtype);
 
   // CPU tensors holding a copy of `values`; InvalidArgument if the sizes differ.
   static absl::StatusOr<Tensor> FromVector(absl::Span<const float> values, const Shape& shape,
@@ -122,24 +151,41 @@ class Tensor {
   // True when both are defined and use the same storage block.
   bool SharesStorage(const Tensor& other) const;
 
-  // A copy into fresh storage (same shape, dtype and device), counted under `tag`.
+  // A copy into fresh storage (same shape, dtype and device), counted under `tag`;
+  // asynchronous on a CUDA device. Aborts if the allocation or the copy fails (use
+  // To(device(), tag) for the fallible form).
   Tensor Clone(MemoryTag tag) const;
 
-  // Converts into fresh CPU storage of `dtype` (fp32 <-> bf16; int32 only to itself).
+  // Converts into fresh storage of `dtype` on the same device (fp32 <-> bf16, rounding to
+  // nearest even with core::FloatToBf16Bits; any dtype to itself), counted under `tag`.
+  // On a CUDA device the conversion is a kernel on the compute stream. InvalidArgument
+  // for int32 <-> float conversions; allocation errors as Allocate.
   absl::StatusOr<Tensor> ToDType(DType dtype, MemoryTag tag) const;
 
-  // Copies `src`'s elements into this tensor in place. Requires equal numel; converts
-  // between fp32 and bf16; copies across devices. InvalidArgument otherwise.
+  // A copy on `device` (same shape and dtype) in fresh storage counted under `tag`.
+  absl::StatusOr<Tensor> To(Device device, MemoryTag tag) const;
+
+  // Copies `src`'s elements into this tensor in place: requires equal numel; converts
+  // between fp32 and bf16 (as ToDType); copies between any two devices (host <-> device,
+  // device <-> device). A copy into a CPU tensor has finished when this returns; a copy
+  // into a CUDA tensor is queued on the compute stream of its device (the source may be
+  // reused at once). FailedPrecondition for an undefined tensor, InvalidArgument for a
+  // size or dtype mismatch, Unavailable for a CUDA tensor in a build without CUDA, the
+  // CUDA error otherwise; messages name both tensors.
   absl::Status CopyFrom(const Tensor& src) const;
 
-  // Sets every element to `value` (converted to the dtype).
+  // Sets every element to `value` (converted to the dtype); on a CUDA device a kernel
+  // queued on the compute stream, without waiting. Aborts if CUDA refuses the launch.
   void Fill(float value) const;
+  // Fill(0), as a memset.
   void Zero() const;
 
-  // Elements as floats (bf16 and int32 converted); CPU only.
+  // Elements as floats (bf16 and int32 converted). A CUDA tensor is copied to the host
+  // (waiting for its pending work); aborts if that copy fails.
   std::vector<float> ToVector() const;
 
-  // "Tensor(float32, [2, 3], cpu)".
+  // "Tensor(float32, [2, 3], cpu)" (shape and place only: no element is read, so it
+  // never waits for a device).
   std::string ToString() const;
 
  private:

@@ -1,4 +1,7 @@
-// CUDA kernels used by core (built only under --config=cuda).
+// CUDA kernels used by core (built only under --config=cuda). Every launch goes to the
+// compute stream (NOTE [Compute stream] in core/cuda_status.h) of the current device and
+// is asynchronous: an OK status means the launch was accepted; errors of the kernel
+// itself surface at the next synchronizing call. Callers make the device current first.
 #ifndef CORE_CUDA_KERNELS_H_
 #define CORE_CUDA_KERNELS_H_
 
@@ -10,8 +13,15 @@
 namespace core {
 namespace cuda {
 
-// Sets `n` elements of `dtype` at device pointer `ptr` to `value`, synchronously.
+// Sets `n` elements of `dtype` at device pointer `ptr` to `value` (converted to the dtype
+// as on the host: bf16 rounds to nearest even, int32 truncates).
 absl::Status Fill(void* ptr, int64_t n, DType dtype, float value);
+
+// dst[i] = bf16(src[i]) for i < n, with core::FloatToBf16Bits (core/bf16_hd.h).
+absl::Status ConvertFloatToBf16(const float* src, uint16_t* dst, int64_t n);
+
+// dst[i] = float(src[i]) for i < n, with core::Bf16BitsToFloat.
+absl::Status ConvertBf16ToFloat(const uint16_t* src, float* dst, int64_t n);
 
 }  // namespace cuda
 }  // namespace core

@@ -1,0 +1,60 @@
+// fp32 <-> bf16 conversion written once for the host and the device (FSDP_HD): the CPU
+// loops of Tensor::CopyFrom / ToDType and the CUDA conversion kernels both call these,
+// so CPU tests check the math the GPU runs. Any kernel body (nn, optim) may use them.
+//
+//   uint16_t h = core::FloatToBf16Bits(1.0f / 3.0f);   // 0x3eab, rounded to nearest even
+//   float f = core::Bf16BitsToFloat(h);                // 0.333984375
+//
+// The results equal core::BFloat16::FromFloat / ToFloat (core/dtype.h) bit for bit.
+#ifndef CORE_BF16_HD_H_
+#define CORE_BF16_HD_H_
+
+#include <cstdint>
+#include <cstring>
+
+#include "core/hd.h"
+
+namespace core {
+
+// The bits of an IEEE fp32, and back.
+FSDP_HD inline uint32_t FloatToBits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+#endif
+}
+
+FSDP_HD inline float BitsToFloat(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+#endif
+}
+
+// The bf16 nearest to `f`, ties to even (as PyTorch and CUDA's __float2bfloat16_rn);
+// infinities stay infinities, a value that rounds past the largest bf16 becomes an
+// infinity, subnormals round like any other value (no flush to zero), and a NaN becomes
+// a quiet NaN with the same sign and top payload bits.
+FSDP_HD inline uint16_t FloatToBf16Bits(float f) {
+  const uint32_t u = FloatToBits(f);
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0) {
+    return static_cast<uint16_t>((u >> 16) | 0x0040u);  // quiet NaN
+  }
+  const uint32_t rounding_bias = 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>((u + rounding_bias) >> 16);
+}
+
+// The fp32 with the same value as bf16 `bits` (exact).
+FSDP_HD inline float Bf16BitsToFloat(uint16_t bits) {
+  return BitsToFloat(static_cast<uint32_t>(bits) << 16);
+}
+
+}  // namespace core
+
+#endif  // CORE_BF16_HD_H_
