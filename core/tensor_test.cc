@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <thread>
@@ -174,6 +175,63 @@ TEST_F(TensorTest, CudaTensorWithoutAGpuIsUnavailable) {
   absl::StatusOr<Tensor> t = Tensor::Allocate({4}, DType::kFloat32, MemoryTag::kOther,
                                               Device::Cuda(0));
   EXPECT_EQ(t.status().code(), absl::StatusCode::kUnavailable) << t.status();
+}
+
+TEST_F(TensorTest, ToCopiesToAnotherPlaceAndToDTypeRefusesInt32Conversions) {
+  Tensor a = Tensor::FromVector({1.0f, 2.0f, 1.0f / 3.0f}, {3}).value();
+  Tensor b = a.To(Device::Cpu(), MemoryTag::kGrad).value();
+  EXPECT_FALSE(b.SharesStorage(a));
+  EXPECT_EQ(b.ToVector(), a.ToVector());
+  EXPECT_EQ(alloc_->Stats().current(MemoryTag::kGrad), 12);
+  Tensor h = a.ToDType(DType::kBFloat16, MemoryTag::kOther).value();
+  EXPECT_EQ(h.ToVector(), (std::vector<float>{1.0f, 2.0f, 0.333984375f}));
+  EXPECT_EQ(h.ToDType(DType::kBFloat16, MemoryTag::kOther).value().ToVector(), h.ToVector());
+  absl::Status to_int = a.ToDType(DType::kInt32, MemoryTag::kOther).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(to_int)) << to_int;
+  Tensor ints = Tensor::FromInts({1, 2, 3}, {3}).value();
+  absl::Status from_int = a.CopyFrom(ints);
+  EXPECT_TRUE(absl::IsInvalidArgument(from_int)) << from_int;
+  EXPECT_NE(from_int.message().find("int32"), std::string::npos) << from_int;
+  EXPECT_EQ(a.ToVector()[0], 1.0f) << "a refused copy must not write";
+  EXPECT_TRUE(absl::IsFailedPrecondition(Tensor().To(Device::Cpu(), MemoryTag::kOther).status()));
+}
+
+TEST_F(TensorTest, FromStoragePlacesTypedViewsInsideTheStorage) {
+  Tensor a = Tensor::Zeros({4}, DType::kFloat32);
+  Tensor second_half = Tensor::FromStorage(a.storage(), 8, {2}, DType::kFloat32).value();
+  second_half.Fill(3.0f);
+  EXPECT_EQ(a.ToVector(), (std::vector<float>{0, 0, 3, 3}));
+  EXPECT_TRUE(second_half.SharesStorage(a));
+  Tensor as_bf16 = Tensor::FromStorage(a.storage(), 2, {7}, DType::kBFloat16).value();
+  EXPECT_EQ(as_bf16.numel(), 7);
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      Tensor::FromStorage(a.storage(), 2, {1}, DType::kFloat32).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      Tensor::FromStorage(a.storage(), 0, {5}, DType::kFloat32).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      Tensor::FromStorage(a.storage(), 20, {}, DType::kFloat32).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(Tensor::FromStorage(nullptr, 0, {}, DType::kInt32).status()));
+}
+
+TEST(DeviceTensorWithoutCudaTest, CopiesToADeviceTensorAreUnavailableInACpuBuild) {
+  if (BuiltWithCuda()) GTEST_SKIP() << "built with CUDA";
+  // A caching allocator labelled cuda:0 whose memory is host memory: lets a CPU build
+  // hold a "device" tensor and check that nothing treats it as host memory.
+  struct HostSource : SegmentSource {
+    absl::StatusOr<void*> Allocate(int64_t n) override { return std::aligned_alloc(512, n); }
+    void Free(void* p, int64_t) override { std::free(p); }
+    std::string Describe() const override { return "host-backed cuda:0"; }
+  };
+  auto alloc = std::make_shared<Allocator>(Device::Cuda(0), std::make_unique<HostSource>());
+  ScopedAllocator scope(alloc);
+  Tensor d = Tensor::Empty({4}, DType::kFloat32, MemoryTag::kOther, Device::Cuda(0));
+  Tensor h = Tensor::FromVector({1, 2, 3, 4}, {4}).value();
+  absl::Status s = d.CopyFrom(h);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("cuda:0"), std::string::npos) << s;
+  EXPECT_EQ(h.CopyFrom(d).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(d.To(Device::Cpu(), MemoryTag::kOther).status().code(),
+            absl::StatusCode::kUnavailable);
 }
 
 TEST(AllocatorTest, ScopedAllocatorsArePerThread) {
