@@ -27,9 +27,12 @@
 // because all compute work runs on one stream, the compute stream (NOTE [Compute stream]
 // in core/cuda_status.h), and so does the next user of the block: whatever the new owner
 // queues runs after everything the old owner queued. Work on another stream (comm's NCCL
-// stream) must keep the tensors it reads or writes alive until that work has finished
+// stream) must (1) keep the tensors it reads or writes alive until that work has finished
 // (comm's Work holds them until its CUDA event has fired), so their blocks reach the pool
-// only when no other stream can still touch them. Segments go back to the driver only
+// only when no other stream can still touch them, and (2) wait, before it starts, for an
+// event recorded on the compute stream when it is issued (comm's NCCL group does), so it
+// cannot write into a reused block while compute work queued by the block's previous
+// owner may still read it. Segments go back to the driver only
 // through cudaFree (EmptyCache, an out-of-memory retry, the allocator's destruction),
 // which waits for the device's queued work.
 #ifndef CORE_ALLOCATOR_H_

@@ -2,7 +2,9 @@
 
 #include <cstdlib>
 #include <map>
+#include <iterator>
 #include <memory>
+#include <random>
 #include <set>
 #include <thread>
 #include <vector>
@@ -242,6 +244,50 @@ TEST_F(BlockPoolTest, DestructorReturnsFreeSegments) {
   EXPECT_EQ(c_->allocs, 2);
   EXPECT_EQ(c_->frees, 2);
   EXPECT_EQ(c_->live_bytes, 0);
+}
+
+TEST_F(BlockPoolTest, RandomSequenceKeepsInvariantsAndMergesEverythingBack) {
+  auto pool = MakePool();
+  std::mt19937 rng(12345);
+  std::map<char*, int64_t> live;  // pointer -> requested bytes
+  for (int op = 0; op < 5000; ++op) {
+    if (live.empty() || rng() % 5 < 3) {
+      // Sizes from bytes to tens of MiB, small ones more often.
+      const int64_t n = static_cast<int64_t>(rng() % 4 == 0 ? rng() % (30 * kMiB)
+                                                              : rng() % (64 * kKiB));
+      char* p = static_cast<char*>(pool->Allocate(n).value());
+      ASSERT_GE(pool->BlockSize(p).value(), n);
+      live[p] = n;
+    } else {
+      auto it = live.begin();
+      std::advance(it, rng() % live.size());
+      ASSERT_TRUE(pool->Free(it->first).ok());
+      live.erase(it);
+    }
+    if (op % 250 == 0) {
+      // Live blocks are disjoint; the counters add up.
+      int64_t allocated = 0;
+      char* end = nullptr;
+      for (auto& [p, n] : live) {
+        ASSERT_GE(p, end) << "overlapping blocks at op " << op;
+        const int64_t size = pool->BlockSize(p).value();
+        end = p + size;
+        allocated += size;
+      }
+      const BlockPoolStats s = pool->Stats();
+      ASSERT_EQ(s.allocated_bytes, allocated);
+      ASSERT_EQ(s.num_blocks, static_cast<int64_t>(live.size()));
+      ASSERT_EQ(s.reserved_bytes, c_->live_bytes);
+      ASSERT_LE(s.allocated_bytes, s.reserved_bytes);
+    }
+  }
+  for (auto& [p, n] : live) ASSERT_TRUE(pool->Free(p).ok());
+  // Every segment merged back into one free block, so EmptyCache returns all of them.
+  const int64_t reserved = pool->Stats().reserved_bytes;
+  EXPECT_EQ(pool->EmptyCache(), reserved);
+  EXPECT_EQ(pool->Stats().reserved_bytes, 0);
+  EXPECT_EQ(c_->live_bytes, 0);
+  EXPECT_EQ(c_->frees, c_->allocs);
 }
 
 TEST_F(BlockPoolTest, ConcurrentUseKeepsBlocksDisjoint) {

@@ -28,6 +28,9 @@
 #if defined(FSDP_WITH_CUDA) || defined(__CUDACC__)
 #include <cuda_runtime_api.h>
 
+#include <string>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #endif
 

@@ -380,17 +380,21 @@ absl::Status Tensor::CopyFrom(const Tensor& src) const {
 #endif
 }
 
-void Tensor::Fill(float value) const {
-  if (!defined() || numel_ == 0) return;
+absl::Status Tensor::TryFill(float value) const {
+  if (!defined() || numel_ == 0) return absl::OkStatus();
   if (!device().is_cpu()) {
 #ifdef FSDP_WITH_CUDA
     absl::Status filled = cuda::SetDevice(device());
     if (filled.ok()) filled = cuda::Fill(raw_data(), numel_, dtype_, value);
-    CHECK(filled.ok()) << "Fill of " << ToString() << ": " << filled;
+    if (!filled.ok()) {
+      return absl::Status(filled.code(),
+                          absl::StrCat("Fill of ", ToString(), ": ", filled.message()));
+    }
+    return absl::OkStatus();
 #else
-    LOG(FATAL) << "Fill of " << ToString() << ": this build has no CUDA support";
+    return absl::UnavailableError(
+        absl::StrCat("Fill of ", ToString(), ": this build has no CUDA support"));
 #endif
-    return;
   }
   switch (dtype_) {
     case DType::kFloat32: {
@@ -411,24 +415,37 @@ void Tensor::Fill(float value) const {
       break;
     }
   }
+  return absl::OkStatus();
 }
 
-void Tensor::Zero() const {
-  if (!defined() || numel_ == 0) return;
+absl::Status Tensor::TryZero() const {
+  if (!defined() || numel_ == 0) return absl::OkStatus();
   if (device().is_cpu()) {
     std::memset(raw_data(), 0, nbytes());
-    return;
+    return absl::OkStatus();
   }
 #ifdef FSDP_WITH_CUDA
   absl::Status zeroed = cuda::SetDevice(device());
   if (zeroed.ok()) {
     zeroed = cuda::StatusFromCuda(
-        cudaMemsetAsync(raw_data(), 0, nbytes(), cuda::ComputeStream()), "cudaMemsetAsync");
+        cudaMemsetAsync(raw_data(), 0, nbytes(), cuda::ComputeStream()),
+        absl::StrCat("Zero of ", ToString(), ": cudaMemsetAsync"));
   }
-  CHECK(zeroed.ok()) << "Zero of " << ToString() << ": " << zeroed;
+  return zeroed;
 #else
-  LOG(FATAL) << "Zero of " << ToString() << ": this build has no CUDA support";
+  return absl::UnavailableError(
+      absl::StrCat("Zero of ", ToString(), ": this build has no CUDA support"));
 #endif
+}
+
+void Tensor::Fill(float value) const {
+  const absl::Status s = TryFill(value);
+  CHECK(s.ok()) << s;
+}
+
+void Tensor::Zero() const {
+  const absl::Status s = TryZero();
+  CHECK(s.ok()) << s;
 }
 
 std::vector<float> Tensor::ToVector() const {

@@ -174,10 +174,15 @@ class Tensor {
   // CUDA error otherwise; messages name both tensors.
   absl::Status CopyFrom(const Tensor& src) const;
 
-  // Sets every element to `value` (converted to the dtype); on a CUDA device a kernel
-  // queued on the compute stream, without waiting. Aborts if CUDA refuses the launch.
+  // Sets every element to `value` (converted to the dtype: bf16 rounds to nearest even,
+  // int32 truncates); on a CUDA device a kernel queued on the compute stream, without
+  // waiting. Returns the CUDA error (naming the tensor) if the launch is refused, or
+  // Unavailable for a CUDA tensor in a build without CUDA; OK for an undefined tensor.
+  absl::Status TryFill(float value) const;
+  // TryFill(0), as a memset (cudaMemsetAsync on the compute stream for a CUDA tensor).
+  absl::Status TryZero() const;
+  // TryFill / TryZero for tensors whose device is known to work; abort on an error.
   void Fill(float value) const;
-  // Fill(0), as a memset.
   void Zero() const;
 
   // Elements as floats (bf16 and int32 converted). A CUDA tensor is copied to the host

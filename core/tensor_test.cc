@@ -232,6 +232,14 @@ TEST(DeviceTensorWithoutCudaTest, CopiesToADeviceTensorAreUnavailableInACpuBuild
   EXPECT_EQ(h.CopyFrom(d).code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(d.To(Device::Cpu(), MemoryTag::kOther).status().code(),
             absl::StatusCode::kUnavailable);
+  absl::Status fill = d.TryFill(1.0f);
+  EXPECT_EQ(fill.code(), absl::StatusCode::kUnavailable) << fill;
+  EXPECT_NE(fill.message().find("cuda:0"), std::string::npos) << fill;
+  EXPECT_EQ(d.TryZero().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(h.TryFill(2.0f).ok());
+  EXPECT_EQ(h.ToVector(), std::vector<float>(4, 2.0f));
+  EXPECT_TRUE(h.TryZero().ok());
+  EXPECT_EQ(h.ToVector(), std::vector<float>(4, 0.0f));
 }
 
 TEST(AllocatorTest, ScopedAllocatorsArePerThread) {
