@@ -2,7 +2,7 @@
 // counts current and peak bytes by tag. Tests and benchmarks read these counters; memory
 // claims in this repo are measured here, never estimated.
 //
-//   core::Allocator& cpu = core::Allocator::Current(core::Device::Cpu());
+//   core::Allocator& cpu = *core::Allocator::Current(core::Device::Cpu());
 //   cpu.ResetPeaks();
 //   ... run a training step ...
 //   int64_t peak_params = cpu.Stats().peak(core::MemoryTag::kParam);
@@ -32,9 +32,9 @@
 // only when no other stream can still touch them, and (2) wait, before it starts, for an
 // event recorded on the compute stream when it is issued (comm's NCCL group does), so it
 // cannot write into a reused block while compute work queued by the block's previous
-// owner may still read it. Segments go back to the driver only
-// through cudaFree (EmptyCache, an out-of-memory retry, the allocator's destruction),
-// which waits for the device's queued work.
+// owner may still read it. Segments go back to the driver only through cudaFree
+// (EmptyCache, an out-of-memory retry, the allocator's destruction), which waits for the
+// device's queued work.
 #ifndef CORE_ALLOCATOR_H_
 #define CORE_ALLOCATOR_H_
 
