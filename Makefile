@@ -1,6 +1,6 @@
 # The two set-up commands of README.md. Each installs what is missing first.
 #   make demo   the main job: fit, test, checkpoint and release a small GPT on 2 local CPU ranks
-#   make test   the whole test suite
+#   make test   the whole test suite, then the consumer workspace examples/consumer
 
 BAZEL ?= bazel
 DEMO_ARGS ?=
@@ -15,6 +15,7 @@ demo: setup
 
 test: setup
 	$(BAZEL) test //...
+	cd examples/consumer && $(BAZEL) test //...
 
 # The unit tests under AddressSanitizer and UndefinedBehaviorSanitizer.
 sanitize: setup

@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "core/text_file.h"
 #include "nlohmann/json.hpp"
 
 namespace comm {
@@ -132,31 +133,9 @@ absl::Status RecordFailure(const absl::Status& status, int rank) {
   record.secondary = secondary;
   record.culprit_ranks = CulpritRanks(status);
   const std::string text = record.ToJson() + "\n";
-  const std::string temp = absl::StrCat(path, ".tmp-", ::getpid());
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::InternalError(absl::StrCat(kErrorFileEnv, "=", path, ": cannot create '", temp,
-                                            "': ", std::strerror(errno)));
-  }
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(temp.c_str());
-      return absl::InternalError(absl::StrCat(kErrorFileEnv, "=", path, ": cannot write: ",
-                                              std::strerror(err)));
-    }
-    done += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  if (::rename(temp.c_str(), path) != 0) {
-    const int err = errno;
-    ::unlink(temp.c_str());
-    return absl::InternalError(absl::StrCat(kErrorFileEnv, "=", path, ": cannot rename: ",
-                                            std::strerror(err)));
+  if (absl::Status written = core::WriteFileAtomically(path, text); !written.ok()) {
+    return absl::Status(written.code(),
+                        absl::StrCat(kErrorFileEnv, "=", path, ": ", written.message()));
   }
   g_any_recorded = true;
   if (!secondary) g_root_recorded = true;

@@ -111,8 +111,11 @@ absl::StatusOr<Distributed> InitFromLaunchEnv(const LaunchEnv& env, const InitOp
   dist.backend = options.backend;
   if (dist.backend == Backend::kAuto) {
     dist.backend = gpus.ok() ? Backend::kNccl : Backend::kGloo;
-    LOG(INFO) << who << ": backend auto -> " << BackendName(dist.backend)
-              << (gpus.ok() ? "" : absl::StrCat(" (", gpus.status().message(), ")"));
+    // Logged only once the program has set up glog: the library writes no log line
+    // before its caller's logging exists (glog would warn and write to stderr).
+    LOG_IF(INFO, google::IsGoogleLoggingInitialized())
+        << who << ": backend auto -> " << BackendName(dist.backend)
+        << (gpus.ok() ? "" : absl::StrCat(" (", gpus.status().message(), ")"));
   }
   if (dist.backend == Backend::kNccl) {
     dist.device = core::Device::Cuda(env.local_rank % *gpus);

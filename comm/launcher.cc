@@ -8,16 +8,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
@@ -240,65 +241,56 @@ std::vector<std::string> ReportFailures(const std::vector<FailureRecord>& record
   return lines;
 }
 
-namespace {
-
-}  // namespace
-
-absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args) {
+absl::StatusOr<LaunchOptions> MakeLaunchOptions(int nproc, std::string master_addr,
+                                                int master_port, double grace_period_s,
+                                                std::vector<std::string> command) {
   LaunchOptions o;
-  size_t i = 0;
-  for (; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--") {
-      ++i;
-      break;
-    }
-    std::string flag = a, value;
-    const size_t eq = a.find('=');
-    if (eq != std::string::npos) {
-      flag = a.substr(0, eq);
-      value = a.substr(eq + 1);
-    } else if (i + 1 < args.size()) {
-      value = args[++i];
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("launch: ", a, " needs a value"));
-    }
-    int64_t number = 0;
-    const bool numeric = absl::SimpleAtoi(value, &number);
-    if (flag == "--nproc") {
-      if (!numeric || number < 1 || number > 4096) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("launch: --nproc must be an integer in [1, 4096], got \"", value, "\""));
-      }
-      o.nproc = static_cast<int>(number);
-    } else if (flag == "--master_port") {
-      if (!numeric || number < 0 || number > 65535) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "launch: --master_port must be an integer in [0, 65535], got \"", value, "\""));
-      }
-      o.master_port = static_cast<int>(number);
-    } else if (flag == "--master_addr") {
-      if (value.empty()) return absl::InvalidArgumentError("launch: --master_addr is empty");
-      o.master_addr = value;
-    } else if (flag == "--grace_period_s") {
-      double seconds = 0;
-      if (!absl::SimpleAtod(value, &seconds) || seconds < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "launch: --grace_period_s must be a non-negative number, got \"", value, "\""));
-      }
-      o.grace_period = absl::Seconds(seconds);
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "launch: unknown flag ", flag,
-          " (flags: --nproc, --master_addr, --master_port, --grace_period_s; then -- program)"));
-    }
+  if (nproc < 1 || nproc > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("launch: --nproc must be an integer in [1, 4096], got ", nproc));
   }
-  o.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
-  if (o.command.empty()) {
+  o.nproc = nproc;
+  if (master_port < 0 || master_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "launch: --master_port must be an integer in [0, 65535], got ", master_port));
+  }
+  o.master_port = master_port;
+  if (master_addr.empty()) return absl::InvalidArgumentError("launch: --master_addr is empty");
+  o.master_addr = std::move(master_addr);
+  if (!(grace_period_s >= 0) || !std::isfinite(grace_period_s)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "launch: --grace_period_s must be a non-negative number, got ", grace_period_s));
+  }
+  o.grace_period = absl::Seconds(grace_period_s);
+  if (command.empty()) {
     return absl::InvalidArgumentError(
         "launch: no program given; usage: launch --nproc=N -- program args...");
   }
+  o.command = std::move(command);
   return o;
+}
+
+bool IsLaunchedRank() { return std::getenv("RANK") != nullptr; }
+
+absl::StatusOr<int> RunLocalRanks(int nproc, const std::vector<std::string>& args,
+                                  LaunchOptions options) {
+  if (nproc < 1 || nproc > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RunLocalRanks: the number of ranks must be in [1, 4096], got ", nproc));
+  }
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) {
+    return absl::NotFoundError(absl::StrCat(
+        "RunLocalRanks: cannot read /proc/self/exe (the running program): ",
+        std::strerror(errno)));
+  }
+  self[n] = '\0';
+  options.nproc = nproc;
+  options.command.clear();
+  options.command.push_back(self);
+  options.command.insert(options.command.end(), args.begin(), args.end());
+  return Launch(options);
 }
 
 int Launch(const LaunchOptions& in) {

@@ -1,8 +1,23 @@
 // The local launcher: starts N ranks of a program on this machine with the environment
 // torchrun sets, prefixes their output with the rank, forwards signals, and stops the
-// job when one rank fails. The `launch` binary (launch_main.cc) is a thin wrapper:
+// job when one rank fails. The `launch` binary (launch_main.cc, absl flags) is a thin
+// wrapper:
 //
 //   bazel run //comm:launch -- --nproc=4 -- path/to/trainer --steps=100
+//
+// A trainer can also start its own ranks: run without RANK in the environment, it
+// re-executes itself N times through the launcher (RunLocalRanks) and each copy is one
+// rank:
+//
+//   int main(int argc, char** argv) {
+//     absl::ParseCommandLine(argc, argv);
+//     if (!comm::IsLaunchedRank()) {
+//       absl::StatusOr<int> rc = comm::RunLocalRanks(2, {argv + 1, argv + argc});
+//       return rc.ok() ? *rc : 1;
+//     }
+//     ASSIGN_OR_RETURN(comm::Distributed dist, comm::InitFromEnv({}));  // one rank
+//     ...
+//   }
 //
 // Each rank gets RANK, WORLD_SIZE (= nproc), LOCAL_RANK (= RANK), LOCAL_WORLD_SIZE,
 // MASTER_ADDR (127.0.0.1 unless --master_addr) and MASTER_PORT (a free port unless
@@ -59,14 +74,33 @@ struct LaunchOptions {
   int stderr_fd = 2;
 };
 
-// Parses `launch [--nproc=N] [--master_addr=A] [--master_port=P] [--grace_period_s=S]
-// -- program args...` (flags also as "--flag value"). InvalidArgument naming the flag
-// for a bad value, an unknown flag, or a missing command.
-absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args);
+// The options of `launch --nproc=N --master_addr=A --master_port=P --grace_period_s=S
+// -- program args...` once its flags are parsed (launch_main.cc parses them with absl
+// flags). InvalidArgument naming the flag for a value out of range (--nproc outside
+// [1, 4096], --master_port outside [0, 65535], an empty --master_addr, a negative or
+// non-finite --grace_period_s) or naming the missing program.
+absl::StatusOr<LaunchOptions> MakeLaunchOptions(int nproc, std::string master_addr,
+                                                int master_port, double grace_period_s,
+                                                std::vector<std::string> command);
 
 // Runs the job and returns the launcher's exit status (see the top of this file).
 // Returns 1 with a message on stderr_fd if the job cannot be started at all.
 int Launch(const LaunchOptions& options);
+
+// True when this process is one rank of a launched job: RANK is set in its
+// environment (by this launcher, torchrun-style launchers or a cluster's).
+bool IsLaunchedRank();
+
+// Starts `nproc` ranks of the running program itself (/proc/self/exe) with arguments
+// `args` (without the program name) through Launch, on this machine, and returns the
+// launcher's exit status once every rank has ended (0 when all succeeded). Each rank
+// sees the environment Launch gives (RANK, WORLD_SIZE, ...), so IsLaunchedRank() is
+// true there. `options` supplies everything but nproc and command (output fds, master
+// address and port, grace period). InvalidArgument for nproc outside [1, 4096];
+// NotFound when /proc/self/exe cannot be read. Call it before starting threads that
+// must not be forked around (it forks and execs only, so this is just a precaution).
+absl::StatusOr<int> RunLocalRanks(int nproc, const std::vector<std::string>& args,
+                                  LaunchOptions options = {});
 
 // The report lines of a failed job (without the "launch: " prefix): "root cause: ..."
 // first (the earliest record that is not secondary, or else the rank the secondary

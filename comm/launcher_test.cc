@@ -1,6 +1,7 @@
 #include "comm/launcher.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -57,6 +59,37 @@ Captured RunLaunch(LaunchOptions o, const std::string& script) {
 
 bool Contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
+}
+
+// The launch binary: comm/BUILD passes its runfiles path (relative to the test's working
+// directory, whatever the repository is called) in LAUNCH_BINARY.
+std::string LaunchBinary() {
+  const char* path = std::getenv("LAUNCH_BINARY");
+  return path != nullptr ? path : "";
+}
+
+// Runs the launch binary with `args`; its exit status and stdout + stderr.
+Captured RunLaunchBinary(const std::vector<std::string>& args) {
+  const std::string out_path = TempPath("binary_out");
+  Captured c;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    std::string launch = LaunchBinary();
+    std::vector<std::string> all = args;
+    std::vector<char*> argv = {launch.data()};
+    for (std::string& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(126);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  c.out = ReadFile(out_path);
+  return c;
 }
 
 TEST(LaunchTest, SetsTheTorchrunEnvironmentAndPrefixesEveryLine) {
@@ -133,9 +166,8 @@ TEST(LaunchTest, ProgramThatCannotBeExecutedFailsWith127) {
 }
 
 TEST(LaunchTest, ForwardsSigtermToEveryRank) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  ASSERT_NE(srcdir, nullptr);
-  const std::string launch = absl::StrCat(srcdir, "/fsdp/comm/launch");
+  const std::string launch = LaunchBinary();
+  ASSERT_FALSE(launch.empty()) << "LAUNCH_BINARY is not set (comm/BUILD sets it)";
   const std::string out_path = TempPath("fwd_out");
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
@@ -267,26 +299,92 @@ TEST(ReportFailuresTest, OrdersRootCausesByTimeThenSecondaries) {
   ASSERT_EQ(lines.size(), 1u);
 }
 
-TEST(ParseLaunchArgsTest, ReadsFlagsAndTheCommand) {
-  auto o = ParseLaunchArgs({"--nproc=4", "--master_port", "29500", "--grace_period_s=0.5", "--",
-                            "prog", "--flag", "x"});
+TEST(MakeLaunchOptionsTest, KeepsValidValues) {
+  auto o = MakeLaunchOptions(4, "10.0.0.1", 29500, 0.5, {"prog", "--flag", "x"});
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->nproc, 4);
+  EXPECT_EQ(o->master_addr, "10.0.0.1");
   EXPECT_EQ(o->master_port, 29500);
   EXPECT_EQ(o->grace_period, absl::Milliseconds(500));
   EXPECT_EQ(o->command, (std::vector<std::string>{"prog", "--flag", "x"}));
 }
 
-TEST(ParseLaunchArgsTest, BadInputNamesTheFlag) {
-  auto no_cmd = ParseLaunchArgs({"--nproc=2"});
+TEST(MakeLaunchOptionsTest, BadValuesNameTheFlag) {
+  auto no_cmd = MakeLaunchOptions(2, "127.0.0.1", 0, 5, {});
   EXPECT_EQ(no_cmd.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(std::string(no_cmd.status().message()), "no program"));
-  auto zero = ParseLaunchArgs({"--nproc=0", "--", "x"});
+  auto zero = MakeLaunchOptions(0, "127.0.0.1", 0, 5, {"x"});
   EXPECT_TRUE(Contains(std::string(zero.status().message()), "--nproc")) << zero.status();
-  auto port = ParseLaunchArgs({"--master_port=70000", "--", "x"});
+  auto port = MakeLaunchOptions(2, "127.0.0.1", 70000, 5, {"x"});
   EXPECT_TRUE(Contains(std::string(port.status().message()), "--master_port")) << port.status();
-  auto unknown = ParseLaunchArgs({"--nnodes=2", "--", "x"});
-  EXPECT_TRUE(Contains(std::string(unknown.status().message()), "--nnodes")) << unknown.status();
+  auto addr = MakeLaunchOptions(2, "", 0, 5, {"x"});
+  EXPECT_TRUE(Contains(std::string(addr.status().message()), "--master_addr")) << addr.status();
+  auto grace = MakeLaunchOptions(2, "127.0.0.1", 0, -1, {"x"});
+  EXPECT_TRUE(Contains(std::string(grace.status().message()), "--grace_period_s"))
+      << grace.status();
+}
+
+// The launch binary parses its flags with absl: both "--flag=value" and "--flag value",
+// everything after "--" untouched, unknown flags and bad values refused.
+TEST(LaunchBinaryTest, ParsesFlagsAndPassesTheCommandThrough) {
+  ASSERT_FALSE(LaunchBinary().empty()) << "LAUNCH_BINARY is not set (comm/BUILD sets it)";
+  Captured ok = RunLaunchBinary({"--nproc", "2", "--master_port=0", "--", "/bin/sh", "-c",
+                                 "echo \"r$RANK of $WORLD_SIZE\"", "--nproc=7"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.out;
+  EXPECT_TRUE(Contains(ok.out, "[rank 0] r0 of 2")) << ok.out;
+  EXPECT_TRUE(Contains(ok.out, "[rank 1] r1 of 2")) << ok.out;
+
+  Captured unknown = RunLaunchBinary({"--nnodes=2", "--", "/bin/true"});
+  EXPECT_NE(unknown.exit_code, 0) << unknown.out;
+  EXPECT_TRUE(Contains(unknown.out, "nnodes")) << unknown.out;
+
+  Captured not_a_number = RunLaunchBinary({"--nproc=two", "--", "/bin/true"});
+  EXPECT_NE(not_a_number.exit_code, 0) << not_a_number.out;
+  EXPECT_TRUE(Contains(not_a_number.out, "nproc")) << not_a_number.out;
+
+  Captured out_of_range = RunLaunchBinary({"--nproc=0", "--", "/bin/true"});
+  EXPECT_EQ(out_of_range.exit_code, 2) << out_of_range.out;
+  EXPECT_TRUE(Contains(out_of_range.out, "--nproc must be an integer in [1, 4096]"))
+      << out_of_range.out;
+
+  Captured no_program = RunLaunchBinary({"--nproc=2"});
+  EXPECT_EQ(no_program.exit_code, 2) << no_program.out;
+  EXPECT_TRUE(Contains(no_program.out, "no program given")) << no_program.out;
+}
+
+// RunLocalRanks re-executes this test binary as 3 ranks; each rank (RANK set) runs only
+// this test, sees IsLaunchedRank() and writes what it got.
+TEST(RunLocalRanksTest, StartsNCopiesOfThisProgramAsRanks) {
+  if (IsLaunchedRank()) {
+    const char* dir = std::getenv("RUN_LOCAL_RANKS_TEST_DIR");
+    ASSERT_NE(dir, nullptr);
+    std::ofstream out(absl::StrCat(dir, "/rank-", std::getenv("RANK")));
+    out << std::getenv("RANK") << " " << std::getenv("WORLD_SIZE") << " "
+        << (std::getenv(kJobSecretEnv) != nullptr ? "secret" : "no-secret");
+    return;
+  }
+  const std::string dir = TempPath("run_local_ranks");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  ::setenv("RUN_LOCAL_RANKS_TEST_DIR", dir.c_str(), 1);
+  LaunchOptions options;
+  const std::string out_path = TempPath("run_local_ranks_out");
+  const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  options.stdout_fd = out;
+  options.stderr_fd = out;
+  absl::StatusOr<int> rc =
+      RunLocalRanks(3, {"--gtest_filter=RunLocalRanksTest.StartsNCopiesOfThisProgramAsRanks"},
+                    options);
+  ::close(out);
+  ::unsetenv("RUN_LOCAL_RANKS_TEST_DIR");
+  ASSERT_TRUE(rc.ok()) << rc.status();
+  EXPECT_EQ(*rc, 0) << ReadFile(out_path);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(ReadFile(absl::StrCat(dir, "/rank-", r)), absl::StrCat(r, " 3 secret"));
+  }
+  // Every line the ranks wrote came back prefixed with their rank.
+  EXPECT_TRUE(Contains(ReadFile(out_path), "[rank 2] ")) << ReadFile(out_path);
+
+  EXPECT_EQ(RunLocalRanks(0, {}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

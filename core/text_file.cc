@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -99,6 +100,50 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path, absl::string_v
         contents[bad] == '\0' ? "a NUL" : "not valid UTF-8"));
   }
   return contents;
+}
+
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {
+  if (path.empty()) return absl::InvalidArgumentError("WriteFileAtomically: the path is empty");
+  static std::atomic<int64_t> counter{0};
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid(), ".", counter++);
+  auto error = [&](int err, absl::string_view what, const std::string& file) {
+    char buf[256];
+    // GNU strerror_r returns the message (which may not be `buf`).
+    const char* msg = strerror_r(err, buf, sizeof(buf));
+    return absl::Status(absl::ErrnoToStatusCode(err),
+                        absl::StrCat("WriteFileAtomically(", path, "): ", what, " ", file, ": ", msg));
+  };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return error(errno, "cannot create temporary file", tmp);
+  size_t written = 0;
+  while (written < contents.size()) {
+    const ssize_t n = ::write(fd, contents.data() + written, contents.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return error(err, "cannot write temporary file", tmp);
+    }
+    written += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return error(err, "cannot flush temporary file", tmp);
+  }
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return error(err, "cannot close temporary file", tmp);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return error(err, "cannot rename temporary file onto", path);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace core

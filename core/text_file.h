@@ -1,16 +1,19 @@
 // Reading a small text file that a user named (a config file given by a flag), with
 // the mistakes that would otherwise pass silently turned into errors: a directory, an
 // unreadable file, a binary file or a huge file is an error naming the path, never an
-// empty or garbled text.
+// empty or garbled text. And the one atomic file write of the library: readers see the
+// old file or the complete new one, never a half-written one.
 //
 //   ASSIGN_OR_RETURN(std::string text,
 //                    core::ReadTextFile(path, "stage config"));   // "stage config file '...'"
+//   RETURN_IF_ERROR(core::WriteFileAtomically("/out/summary.json", text));
 #ifndef CORE_TEXT_FILE_H_
 #define CORE_TEXT_FILE_H_
 
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -30,6 +33,15 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path, absl::string_v
 // The offset of the first byte that makes `text` not text (a NUL, or a byte that is not
 // part of a well-formed UTF-8 sequence), or -1 when it is all text.
 int64_t FirstNonTextByte(absl::string_view text);
+
+// Writes `contents` (any bytes) to `path` through a temporary file in the same directory
+// (created exclusively, written, fsync'ed, closed) and a rename onto `path`, so readers
+// see either the old file or the complete new one, never part of it; on failure the
+// temporary file is removed and `path` is untouched. InvalidArgument for an empty path;
+// otherwise the errno's canonical code (NotFound for a missing directory, ...) with a
+// message "WriteFileAtomically(<path>): <what failed> <file>: <strerror>" naming the path
+// and, where that is the one that failed, the temporary file.
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
 
 }  // namespace core
 

@@ -3,7 +3,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -93,6 +95,29 @@ TEST(FirstNonTextByteTest, FindsTheFirstBadByte) {
   EXPECT_EQ(FirstNonTextByte("\xf4\x90\x80\x80"), 0);          // above U+10FFFF
   EXPECT_EQ(FirstNonTextByte("ok\x80"), 2);                    // stray continuation
   EXPECT_EQ(FirstNonTextByte(absl::string_view("a\0b", 3)), 1);
+}
+
+TEST(WriteFileAtomicallyTest, WritesAnyBytesAndLeavesNoTemporaryFile) {
+  std::string dir = ::testing::TempDir() + "/atomic.XXXXXX";
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const std::string path = dir + "/summary.json";
+  ASSERT_TRUE(WriteFileAtomically(path, "first").ok());
+  const std::string binary("second\0version", 14);
+  ASSERT_TRUE(WriteFileAtomically(path, binary).ok());
+  std::ifstream in(path, std::ios::binary);
+  const std::string read((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(read, binary);
+  // Only the file itself is left: the temporary went by rename.
+  ASSERT_EQ(::unlink(path.c_str()), 0);
+  EXPECT_EQ(::rmdir(dir.c_str()), 0) << "the directory still holds a temporary file";
+}
+
+TEST(WriteFileAtomicallyTest, ErrorsNameThePath) {
+  const std::string path = ::testing::TempDir() + "/no/such/dir/summary.json";
+  absl::Status s = WriteFileAtomically(path, "x");
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr(path));
+  EXPECT_EQ(WriteFileAtomically("", "x").code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -10,6 +10,11 @@ std::string PolicyName(const policy::WrapPolicyPtr& p) {
   return p == nullptr ? policy::Never()->Name() : p->Name();
 }
 
+// What the policy decides (WrapPolicy::Identity), not only what it is called.
+std::string PolicyIdentity(const policy::WrapPolicyPtr& p) {
+  return p == nullptr ? policy::Never()->Identity() : p->Identity();
+}
+
 std::string Bool(bool b) { return b ? "true" : "false"; }
 
 }  // namespace
@@ -84,7 +89,12 @@ int ShardGroupSize(const FullyShardOptions& options, int group_size) {
 }
 
 std::string FirstDifferingOption(const FullyShardOptions& a, const FullyShardOptions& b) {
-  if (PolicyName(a.policy) != PolicyName(b.policy)) {
+  if (PolicyIdentity(a.policy) != PolicyIdentity(b.policy)) {
+    if (PolicyName(a.policy) == PolicyName(b.policy)) {
+      return absl::StrCat("policy: another policy named '", PolicyName(a.policy),
+                          "' (policies compare by what they decide, WrapPolicy::Identity(): ",
+                          PolicyIdentity(a.policy), " vs ", PolicyIdentity(b.policy), ")");
+    }
     return absl::StrCat("policy: ", PolicyName(a.policy), " vs ", PolicyName(b.policy));
   }
   if (a.strategy != b.strategy) {

@@ -103,7 +103,8 @@ int ShardGroupSize(const FullyShardOptions& options, int group_size);
 
 // "" when `a` and `b` ask for the same wrap; otherwise the name of the first option that
 // differs and both values, e.g. "strategy: FULL_SHARD vs NO_SHARD". Policies compare by
-// WrapPolicy::Name() (which carries their options), a null policy as Never()'s name.
+// WrapPolicy::Identity() (what they decide: two Lambda() policies never compare equal,
+// whatever their names), a null policy as Never(); the message names them by Name().
 std::string FirstDifferingOption(const FullyShardOptions& a, const FullyShardOptions& b);
 
 }  // namespace fsdp

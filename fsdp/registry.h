@@ -14,9 +14,11 @@
 // every lookup). FullyShard applies these rules (DESIGN.md's table):
 //   - a unit root wrapped again with equal options (FirstDifferingOption == "") and the
 //     same group object: the existing handle; nothing allocated, no parameter byte
-//     copied; counted in `reuses`;
-//   - a unit root wrapped again with other options, or another group object:
-//     FailedPrecondition naming the module and the first differing option;
+//     copied; counted in `reuses`. Policies are equal when their
+//     WrapPolicy::Identity() is (what they decide), never by Name() alone;
+//   - a unit root wrapped again with other options (another policy under the same name
+//     included: a second policy::Lambda is never equal to the first), or another group
+//     object: FailedPrecondition naming the module and the first differing option;
 //   - a module whose descendants are units: those units are kept as children (the
 //     planner's existing units) and the policy sees only unmanaged subtrees;
 //   - a module inside another unit: FailedPrecondition naming the owning unit;
@@ -26,7 +28,9 @@
 //   - a module whose subtree holds a unit root of ANOTHER live registry:
 //     FailedPrecondition naming that module (NOTE [One registry per module] in
 //     registry.cc): a stage that made a registry of its own would otherwise wrap a
-//     wrapped module. Keep one registry per rank for every stage.
+//     wrapped module. Keep one registry per rank for every stage: stage objects share
+//     it as a std::shared_ptr<WrapperRegistry> (integration::StageRunner::Create takes
+//     one), so separate fit and test runners reuse the same units.
 // "The same group" means the same ProcessGroup object: a group with the same name made
 // again is a different connection, and units keep talking over the one they were made
 // with.

@@ -104,6 +104,59 @@ TEST(RegistryTableTest, RewrapWithDifferentOptionsNamesModuleAndOption) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// Row 2, policies: a re-wrap compares what the policy decides (WrapPolicy::Identity),
+// not its name. A different lambda under the same name (the default "lambda") is
+// refused naming the policy, never answered with the old handle; the very same policy
+// object, or an equal built-in made again, is a reuse with nothing copied.
+TEST(RegistryTableTest, RewrapWithAnotherPolicyOfTheSameNameIsRefusedNamingIt) {
+  absl::Status s = comm::testing::RunThreadRanks(2, [](comm::testing::RankContext& ctx)
+                                                        -> absl::Status {
+    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(testing::TinySetup()));
+    WrapperRegistry registry;
+    FullyShardOptions blocks = PerBlock();
+    blocks.policy = policy::Lambda([](const core::Module&, const policy::WrapContext& c) {
+      return c.type_name == "TransformerBlock";
+    });
+    ASSIGN_OR_RETURN(auto first, FullyShard(gpt, ctx.group, blocks, &registry));
+    EXPECT_EQ(first->units().size(), 3u);
+    const RegistryCounters c = registry.counters();
+
+    // Same name, another decision: wrap nothing below the root.
+    FullyShardOptions nothing = PerBlock();
+    nothing.policy = policy::Lambda([](const core::Module&, const policy::WrapContext&) {
+      return false;
+    });
+    EXPECT_EQ(nothing.policy->Name(), blocks.policy->Name());
+    absl::Status st = FullyShard(gpt, ctx.group, nothing, &registry).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+    EXPECT_TRUE(absl::StrContains(st.message(), "FullyShard(<root> (Gpt))")) << st;
+    EXPECT_TRUE(absl::StrContains(st.message(), "another policy named 'lambda'")) << st;
+
+    // Same name AND the same predicate, made again: still another policy (a predicate
+    // cannot be compared), so never silently the old handle either.
+    FullyShardOptions same_predicate = PerBlock();
+    same_predicate.policy = policy::Lambda([](const core::Module&, const policy::WrapContext& c) {
+      return c.type_name == "TransformerBlock";
+    });
+    st = FullyShard(gpt, ctx.group, same_predicate, &registry).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+    EXPECT_EQ(registry.counters().reuses, c.reuses);
+
+    // The very same policy object: the existing handle, nothing copied.
+    ASSIGN_OR_RETURN(auto again, FullyShard(gpt, ctx.group, blocks, &registry));
+    EXPECT_EQ(again, first);
+    EXPECT_EQ(registry.counters().reuses, c.reuses + 1);
+    EXPECT_EQ(registry.counters().param_bytes_copied, c.param_bytes_copied);
+
+    // After Release, the new lambda gets its own plan: one unit, the root.
+    RETURN_IF_ERROR(Release(*gpt, &registry));
+    ASSIGN_OR_RETURN(auto fresh, FullyShard(gpt, ctx.group, nothing, &registry));
+    EXPECT_EQ(fresh->units().size(), 1u);
+    return absl::OkStatus();
+  }, ShortRun());
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 // Row 3: a module whose descendants are units: those units are kept as children and the
 // policy is asked only about unmanaged subtrees.
 TEST(RegistryTableTest, WrapAroundExistingUnitsKeepsThemAndHidesThemFromThePolicy) {

@@ -63,6 +63,8 @@ class GptTrainModule : public TrainModule {
       std::vector<core::NamedParameter> params) override;
   // adamw.lr * min(1, (step + 1) / warmup_steps).
   std::optional<double> LearningRate(int64_t step) override;
+  // StepOutput::count is the number of target tokens.
+  std::string CountUnit() const override { return "tokens"; }
 
   const std::shared_ptr<nn::Gpt>& gpt() const { return gpt_; }
   const data::MarkovLanguage& language() const { return language_; }

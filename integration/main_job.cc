@@ -641,13 +641,6 @@ int LaunchLocalRanks(int argc, char** argv) {
   }
   const std::string summary_path = absl::StrCat(output_dir, "/", kSummaryFile);
   std::remove(summary_path.c_str());
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0) {
-    std::fprintf(stderr, "main job: cannot find its own binary: %s\n", std::strerror(errno));
-    return 1;
-  }
-  self[n] = '\0';
   comm::LaunchOptions launch;
   launch.nproc = absl::GetFlag(FLAGS_world_size);
   if (launch.nproc < 1) {
@@ -668,16 +661,20 @@ int LaunchLocalRanks(int argc, char** argv) {
     std::fprintf(stderr, "main job: %s\n", s.ToString().c_str());
     return 1;
   }
-  launch.command.push_back(self);
-  for (int i = 1; i < argc; ++i) launch.command.push_back(argv[i]);
+  std::vector<std::string> args(argv + 1, argv + argc);
   // Every rank writes into the same output directory: make the default explicit so it
   // does not depend on each rank's working directory.
-  launch.command.push_back(absl::StrCat("--output_dir=", output_dir));
+  args.push_back(absl::StrCat("--output_dir=", output_dir));
   ::setenv(kLaunchedByParent, "1", 1);
   std::printf("main job: starting %d local ranks (comm/launcher.h); output in %s\n", launch.nproc,
               output_dir.c_str());
   std::fflush(stdout);
-  const int rc = comm::Launch(launch);
+  absl::StatusOr<int> launched = comm::RunLocalRanks(launch.nproc, args);
+  if (!launched.ok()) {
+    std::fprintf(stderr, "main job: %s\n", launched.status().ToString().c_str());
+    return 1;
+  }
+  const int rc = *launched;
   if (rc != 0) {
     std::fprintf(stderr, "main job: the ranks failed (exit status %d); see their output above\n", rc);
     return rc;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -51,24 +52,29 @@ std::string FormatProgress(const Progress& p) {
   for (size_t r = 0; r < p.memory.size(); ++r) {
     ranks.push_back(absl::StrCat("r", r, " ", RankPeaks(p.memory[r])));
   }
-  return absl::StrFormat("step %5d/%d (global %d)  loss %.4f  tokens/s %8.0f  peak %s", p.step,
-                         p.steps, p.global_step, p.loss, p.items_per_second,
+  return absl::StrFormat("step %5d/%d (global %d)  loss %.4f  %s/s %8.0f  peak %s", p.step,
+                         p.steps, p.global_step, p.loss,
+                         p.count_unit.empty() ? "items" : p.count_unit, p.items_per_second,
                          absl::StrJoin(ranks, " | "));
 }
 
 absl::StatusOr<std::unique_ptr<StageRunner>> StageRunner::Create(
-    std::shared_ptr<comm::ProcessGroup> group, StageOptions options) {
+    std::shared_ptr<comm::ProcessGroup> group, StageOptions options,
+    std::shared_ptr<fsdp::WrapperRegistry> registry) {
   if (group == nullptr) {
     return absl::InvalidArgumentError("StageRunner::Create: the process group is null");
   }
   // Ranks may have read their options from different files: agree on their validity.
   RETURN_IF_ERROR(comm::AgreeOnStatus(group.get(), options.Validate(group->size()),
                                       "StageRunner::Create", options.wrap.timeout));
-  return std::unique_ptr<StageRunner>(new StageRunner(std::move(group), std::move(options)));
+  if (registry == nullptr) registry = std::make_shared<fsdp::WrapperRegistry>();
+  return std::unique_ptr<StageRunner>(
+      new StageRunner(std::move(group), std::move(options), std::move(registry)));
 }
 
-StageRunner::StageRunner(std::shared_ptr<comm::ProcessGroup> group, StageOptions options)
-    : group_(std::move(group)), options_(std::move(options)) {}
+StageRunner::StageRunner(std::shared_ptr<comm::ProcessGroup> group, StageOptions options,
+                         std::shared_ptr<fsdp::WrapperRegistry> registry)
+    : group_(std::move(group)), options_(std::move(options)), registry_(std::move(registry)) {}
 
 absl::StatusOr<std::shared_ptr<core::Module>> StageRunner::ModelOf(TrainModule& module) {
   std::shared_ptr<core::Module> model = module.model();
@@ -90,10 +96,10 @@ StageRunner::ModelState& StageRunner::StateOf(const std::shared_ptr<core::Module
 
 absl::StatusOr<WrapReport> StageRunner::Wrap(TrainModule& module) {
   ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, ModelOf(module));
-  const fsdp::RegistryCounters before = registry_.counters();
+  const fsdp::RegistryCounters before = registry_->counters();
   ASSIGN_OR_RETURN(std::shared_ptr<fsdp::FullyShardHandle> handle,
-                   fsdp::FullyShard(model, group_, options_.wrap, &registry_));
-  const fsdp::RegistryCounters after = registry_.counters();
+                   fsdp::FullyShard(model, group_, options_.wrap, registry_.get()));
+  const fsdp::RegistryCounters after = registry_->counters();
   WrapReport report;
   report.reused = after.reuses > before.reuses;
   report.units = static_cast<int>(handle->units().size());
@@ -182,7 +188,7 @@ absl::StatusOr<StageReport> StageRunner::BeginStage(Stage stage, TrainModule& mo
 
 absl::Status StageRunner::EndStage(const std::shared_ptr<core::Module>& model,
                                    StageReport& report) {
-  if (std::shared_ptr<fsdp::FullyShardHandle> handle = registry_.FindHandle(*model)) {
+  if (std::shared_ptr<fsdp::FullyShardHandle> handle = registry_->FindHandle(*model)) {
     RETURN_IF_ERROR(handle->Reshard());
   }
   report.seconds = NowSeconds() - stage_start_seconds_;
@@ -219,7 +225,7 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
     }
     if (options_.max_grad_norm > 0) {
       RETURN_IF_ERROR(
-          fsdp::ClipGradNorm(*model, &registry_, options_.max_grad_norm).status());
+          fsdp::ClipGradNorm(*model, registry_.get(), options_.max_grad_norm).status());
     }
     RETURN_IF_ERROR(Annotate(optimizer.Step(), absl::StrCat("fit: optimizer step ", ctx.step)));
     // Each rank's (loss x count, count) waits for the next report, where one all-gather
@@ -256,14 +262,18 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
       p.steps = num_steps;
       p.global_step = state.global_step;
       p.loss = result.losses.back();
+      p.count_unit = module.CountUnit();
       const double now = NowSeconds();
       p.items_per_second = items_since_report / std::max(1e-9, now - last_report_time);
       ASSIGN_OR_RETURN(p.memory, GatherMemory());
       if (group_->rank() == 0) {
         if (progress_callback_) {
           progress_callback_(p);
-        } else {
+        } else if (google::IsGoogleLoggingInitialized()) {
           LOG(INFO) << FormatProgress(p);
+        } else {
+          std::printf("%s\n", FormatProgress(p).c_str());
+          std::fflush(stdout);
         }
       }
       last_report_time = NowSeconds();
@@ -365,7 +375,7 @@ absl::Status StageRunner::SaveCheckpoint(TrainModule& module, const std::string&
   options.step = state.global_step;
   options.timeout = options_.wrap.timeout;
   options.simulate_crash = simulate_crash;
-  return Annotate(SaveTrainingCheckpoint(dir, *model, &registry_, state.optimizer.get(),
+  return Annotate(SaveTrainingCheckpoint(dir, *model, registry_.get(), state.optimizer.get(),
                                          group_.get(), options),
                   absl::StrCat("saving checkpoint '", dir, "'"));
 }
@@ -378,7 +388,7 @@ absl::StatusOr<LoadedCheckpoint> StageRunner::LoadCheckpoint(TrainModule& module
   ModelState& state = StateOf(model);
   if (optimizer) RETURN_IF_ERROR(EnsureOptimizer(module, state, model));
   absl::StatusOr<LoadedCheckpoint> loaded = LoadTrainingCheckpoint(
-      dir, *model, &registry_, optimizer ? state.optimizer.get() : nullptr);
+      dir, *model, registry_.get(), optimizer ? state.optimizer.get() : nullptr);
   // A damaged file fails only the ranks that read it: every rank learns the outcome
   // before the next collective, and all return the failing rank's error.
   RETURN_IF_ERROR(comm::AgreeOnStatus(
@@ -391,7 +401,7 @@ absl::StatusOr<LoadedCheckpoint> StageRunner::LoadCheckpoint(TrainModule& module
 
 absl::Status StageRunner::Release(TrainModule& module) {
   ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, ModelOf(module));
-  return fsdp::Release(*model, &registry_);
+  return fsdp::Release(*model, registry_.get());
 }
 
 int64_t StageRunner::GlobalStep(TrainModule& module) {

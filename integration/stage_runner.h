@@ -18,6 +18,23 @@
 //   ASSIGN_OR_RETURN(auto loaded, runner->LoadCheckpoint(module, "/ckpt/run", /*optimizer=*/false));
 //   ASSIGN_OR_RETURN(integration::EvalResult again, runner->Test(module));  // same loss
 //
+// Separate stage objects (Lightning's Trainer(...).fit(m), then another
+// Trainer(...).test(m)) share one registry: create each over the same
+// std::shared_ptr<fsdp::WrapperRegistry> and the same group object, and the second
+// reuses the first one's units (0 parameter bytes copied):
+//
+//   auto registry = std::make_shared<fsdp::WrapperRegistry>();
+//   ASSIGN_OR_RETURN(auto fitter, integration::StageRunner::Create(dist.group, fit_options, registry));
+//   ASSIGN_OR_RETURN(auto tester, integration::StageRunner::Create(dist.group, test_options, registry));
+//   RETURN_IF_ERROR(fitter->Fit(module).status());
+//   ASSIGN_OR_RETURN(integration::EvalResult test, tester->Test(module));
+//   // test.report.wrap.reused, units_reused == units, param_bytes_copied == 0
+//
+// The wrap options (StageOptions::wrap) of runners sharing a registry must ask for the
+// same wrap; a runner whose options differ gets FailedPrecondition naming the first
+// differing option (NOTE [Registry reuse] in fsdp/registry.h). Each runner keeps its own
+// optimizer and global step per model.
+//
 // The runner keeps, per model, the optimizer (made by TrainModule::ConfigureOptimizer at
 // the first Fit or optimizer load) and the global step, so a later Fit continues
 // training with its optimizer state. Evaluation stages run forwards only: they allocate
@@ -27,7 +44,8 @@
 // Every call is a collective over the group: call it on every rank in the same order.
 // Losses are averaged over ranks weighted by StepOutput::count. Memory figures are of
 // each rank's current CPU allocator (core::Allocator::Current), whose peaks every stage
-// resets when it starts. Not thread-safe: one runner per rank, used by that rank's thread.
+// resets when it starts. Not thread-safe: a runner (and its registry, shared or not)
+// belongs to one rank and is used by that rank's thread.
 #ifndef INTEGRATION_STAGE_RUNNER_H_
 #define INTEGRATION_STAGE_RUNNER_H_
 
@@ -122,10 +140,13 @@ struct Progress {
   int64_t global_step = 0;  // global steps taken, over all Fits
   double loss = 0;          // this step's global mean loss
   double items_per_second = 0;  // since the previous report, all ranks together
+  // What the items are (TrainModule::CountUnit(): "samples", "tokens", ...).
+  std::string count_unit = "samples";
   std::vector<RankMemory> memory;  // per rank, peaks since the stage began
 };
 
-// "step   25/300 (global 25)  loss 2.3141  tokens/s 41234  peak r0 param=... | r1 ...".
+// "step   25/300 (global 25)  loss 2.3141  tokens/s 41234  peak r0 param=... | r1 ...",
+// with progress.count_unit before "/s" ("samples/s" for a model without tokens).
 std::string FormatProgress(const Progress& progress);
 
 struct EvalOptions {
@@ -139,9 +160,12 @@ class StageRunner {
  public:
   // InvalidArgument for a null group or options invalid on its size (naming the option).
   // Collective over `group` (every rank calls it): a rank whose options are invalid
-  // fails every rank, with its error prefixed "rank <r>: ".
+  // fails every rank, with its error prefixed "rank <r>: ". Every stage wraps through
+  // `registry`: pass the same one (and the same group object) to runners that must
+  // reuse each other's units; null (the default) gives the runner a registry of its own.
   static absl::StatusOr<std::unique_ptr<StageRunner>> Create(
-      std::shared_ptr<comm::ProcessGroup> group, StageOptions options);
+      std::shared_ptr<comm::ProcessGroup> group, StageOptions options,
+      std::shared_ptr<fsdp::WrapperRegistry> registry = nullptr);
 
   // Wraps, then trains StageOptions::fit_steps steps (or `steps` when > 0) from the
   // model's global step, reporting progress, then saves a checkpoint to
@@ -182,13 +206,17 @@ class StageRunner {
   // The optimizer Fit uses for the module's model, or null before the first.
   optim::Optimizer* optimizer(TrainModule& module);
 
-  // Called on rank 0 with every progress report; by default a LOG(INFO) of
-  // FormatProgress. Every rank takes part in gathering the figures either way.
+  // Called on rank 0 with every progress report; by default FormatProgress as a
+  // LOG(INFO) once the program has initialised glog, else as a line on stdout (the
+  // library never logs before the caller has set up logging). Every rank takes part in
+  // gathering the figures either way.
   void set_progress_callback(std::function<void(const Progress&)> callback) {
     progress_callback_ = std::move(callback);
   }
 
-  fsdp::WrapperRegistry& registry() { return registry_; }
+  fsdp::WrapperRegistry& registry() { return *registry_; }
+  // The registry, to create another runner over it.
+  const std::shared_ptr<fsdp::WrapperRegistry>& shared_registry() const { return registry_; }
   const std::shared_ptr<comm::ProcessGroup>& group() const { return group_; }
   const StageOptions& options() const { return options_; }
 
@@ -199,7 +227,8 @@ class StageRunner {
     int64_t global_step = 0;
   };
 
-  StageRunner(std::shared_ptr<comm::ProcessGroup> group, StageOptions options);
+  StageRunner(std::shared_ptr<comm::ProcessGroup> group, StageOptions options,
+              std::shared_ptr<fsdp::WrapperRegistry> registry);
 
   // The module's model, or InvalidArgument when it is null.
   absl::StatusOr<std::shared_ptr<core::Module>> ModelOf(TrainModule& module);
@@ -220,7 +249,7 @@ class StageRunner {
 
   std::shared_ptr<comm::ProcessGroup> group_;
   StageOptions options_;
-  fsdp::WrapperRegistry registry_;
+  std::shared_ptr<fsdp::WrapperRegistry> registry_;  // never null
   std::map<const core::Module*, ModelState> states_;
   std::function<void(const Progress&)> progress_callback_;
   int64_t stage_start_comm_bytes_ = 0;

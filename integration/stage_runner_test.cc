@@ -245,6 +245,50 @@ TEST(StageRunnerTest, ASecondRunnerWithItsOwnRegistryIsRefusedUntilTheFirstRelea
   }));
 }
 
+// Lightning's Trainer(...).fit(m) then another Trainer(...).test(m): two runners
+// created over one shared registry (and the same group) reuse the units.
+TEST(StageRunnerTest, TwoRunnersOverOneSharedRegistryReuseTheUnitsWithoutCopies) {
+  INTEGRATION_ASSERT_OK(RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status {
+    ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(TinyGpt()));
+    auto registry = std::make_shared<fsdp::WrapperRegistry>();
+    ASSIGN_OR_RETURN(auto fit_runner, StageRunner::Create(ctx.group, TinyStages(), registry));
+    ASSIGN_OR_RETURN(FitResult fit, fit_runner->Fit(*module, 2));
+    RETURN_IF_ERROR(Check(fit.report.wrap.units_created == 3 &&
+                              fit.report.wrap.param_bytes_copied > 0,
+                          "the fit runner wraps fresh"));
+    // Options built again (an equal policy object, not the same one): still the same wrap.
+    ASSIGN_OR_RETURN(auto test_runner,
+                     StageRunner::Create(ctx.group, TinyStages(), fit_runner->shared_registry()));
+    RETURN_IF_ERROR(Check(&test_runner->registry() == registry.get(), "one registry"));
+    ASSIGN_OR_RETURN(EvalResult test, test_runner->Test(*module));
+    RETURN_IF_ERROR(Check(test.report.wrap.reused && test.report.wrap.units == 3 &&
+                              test.report.wrap.units_reused == 3 &&
+                              test.report.wrap.units_created == 0,
+                          absl::StrCat("units reused ", test.report.wrap.units_reused, " of ",
+                                       test.report.wrap.units)));
+    RETURN_IF_ERROR(Check(test.report.wrap.param_bytes_copied == 0,
+                          absl::StrCat("bytes copied ", test.report.wrap.param_bytes_copied)));
+    RETURN_IF_ERROR(Check(registry->counters().wraps == 1 && registry->counters().reuses == 1,
+                          "one wrap and one reuse in the shared registry"));
+    // Either runner releases: the module is plain for both.
+    RETURN_IF_ERROR(test_runner->Release(*module));
+    return Check(registry->NumUnits() == 0, "released");
+  }));
+}
+
+TEST(StageRunnerTest, ProgressLinesNameWhatTheModuleCounts) {
+  Progress p;
+  p.step = 1;
+  p.steps = 2;
+  p.items_per_second = 10;
+  EXPECT_THAT(FormatProgress(p), HasSubstr("samples/s"));  // the default: no tokens
+  p.count_unit = "tokens";
+  EXPECT_THAT(FormatProgress(p), HasSubstr("tokens/s"));
+  auto module = GptTrainModule::Create(TinyGpt());
+  ASSERT_TRUE(module.ok()) << module.status();
+  EXPECT_EQ((*module)->CountUnit(), "tokens");
+}
+
 TEST(StageRunnerTest, ErrorsNameTheStepOrOption) {
   EXPECT_EQ(StageRunner::Create(nullptr, TinyStages()).status().code(),
             absl::StatusCode::kInvalidArgument);

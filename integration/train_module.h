@@ -90,6 +90,10 @@ class TrainModule {
   virtual absl::StatusOr<std::unique_ptr<optim::Optimizer>> ConfigureOptimizer(
       std::vector<core::NamedParameter> params) = 0;
 
+  // What StepOutput::count counts, plural, for progress lines ("samples/s",
+  // "tokens/s"). The default is "samples".
+  virtual std::string CountUnit() const { return "samples"; }
+
   // The learning rate of global step `step`, set on the optimizer before that step;
   // nullopt (the default) leaves the optimizer's rate alone.
   virtual std::optional<double> LearningRate(int64_t step) {

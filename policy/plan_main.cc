@@ -7,17 +7,17 @@
 //       --policy=size_based --min_num_params=1000000 --world_size=4 --print_proto
 //   bazel run //policy:plan_main -- --policy_config=/path/to/policy.txt
 //
-// Exit status: 0 on success, 2 for bad flags or a bad policy (with a message on stderr),
-// 1 for any other failure.
+// Exit status: 0 on success; 1 with absl's message for a flag absl cannot parse (unknown
+// flag, a value that is not of the flag's type, a missing value); 2 for flag values that
+// parse but are invalid, a stray argument or a bad policy (with a message on stderr
+// naming the flag); 1 for any other failure.
 #include <cstdint>
 #include <iostream>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -46,50 +46,6 @@ ABSL_FLAG(bool, print_proto, false, "also print the WrapPlan in protobuf text fo
 namespace {
 
 constexpr int kBadUsage = 2;
-
-// Checks every argument before absl parses them, so that an unknown flag, a malformed
-// value or a stray positional argument gives exit status 2 with a clear message
-// (absl::ParseCommandLine would exit with 1).
-bool CheckArguments(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--") break;
-    if (arg.size() < 2 || arg[0] != '-') {
-      std::cerr << "plan_main: unexpected argument '" << arg << "' (flags look like --name=value)\n";
-      return false;
-    }
-    std::string body = arg.substr(arg[1] == '-' ? 2 : 1);
-    std::string name = body;
-    std::optional<std::string> value;
-    if (const size_t eq = body.find('='); eq != std::string::npos) {
-      name = body.substr(0, eq);
-      value = body.substr(eq + 1);
-    }
-    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
-    if (flag == nullptr && !value && name.rfind("no", 0) == 0) {
-      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
-      if (negated != nullptr && negated->IsOfType<bool>()) continue;
-    }
-    if (flag == nullptr) {
-      std::cerr << "plan_main: unknown flag --" << name << " (see --help)\n";
-      return false;
-    }
-    if (!value) {
-      if (flag->IsOfType<bool>()) continue;
-      if (i + 1 >= argc) {
-        std::cerr << "plan_main: --" << name << " needs a value\n";
-        return false;
-      }
-      value = argv[++i];
-    }
-    std::string error;
-    if (!flag->ParseFrom(*value, &error)) {
-      std::cerr << "plan_main: bad value for --" << name << ": " << error << "\n";
-      return false;
-    }
-  }
-  return true;
-}
 
 absl::StatusOr<policy::PlanCliOptions> OptionsFromFlags() {
   policy::PlanCliOptions o;
@@ -137,8 +93,14 @@ int main(int argc, char** argv) {
       "Prints the FSDP wrap plan of a Gpt or MLP configuration for a world size.\n"
       "  plan_main --model=gpt --n_layer=12 --world_size=8 --policy=module_types "
       "--module_types=TransformerBlock");
-  if (!CheckArguments(argc, argv)) return kBadUsage;
-  absl::ParseCommandLine(argc, argv);
+  // absl refuses unknown flags, values that do not parse and flags missing their value
+  // (its message, exit status 1); what it accepts is checked below (exit status 2).
+  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    std::cerr << "plan_main: unexpected argument '" << positional[1]
+              << "' (flags look like --name=value)\n";
+    return kBadUsage;
+  }
   absl::StatusOr<policy::PlanCliOptions> options = OptionsFromFlags();
   if (!options.ok()) {
     std::cerr << "plan_main: " << options.status().message() << "\n";

@@ -1,7 +1,9 @@
 #!/bin/bash
-# plan_main end to end: a table on success, exit status 2 and a message for bad flags.
+# plan_main end to end: a table on success, exit status 2 and a message for bad flag
+# values (1 and absl's message for flags absl cannot parse).
+#   plan_main_test.sh <plan_main>   (its runfiles path: policy/BUILD passes $(rootpath))
 set -u
-BIN="${TEST_SRCDIR}/${TEST_WORKSPACE}/policy/plan_main"
+BIN="${1:?usage: plan_main_test.sh <plan_main>}"
 TMP="${TEST_TMPDIR:-/tmp}"
 failures=0
 
@@ -62,9 +64,11 @@ if [[ "$unpadded_row" == "$plan_row" ]]; then
   fail "12-layer Gpt: the unpadded formula should differ by the padding: '$unpadded_row'"
 fi
 
-# Bad flags: exit status 2 and a message naming the problem, never a crash.
-expect_status 2 "unknown flag --bogus" "${SMALL[@]}" --policy=never --bogus=1
-expect_status 2 "bad value for --world_size" "${SMALL[@]}" --policy=never --world_size=eight
+# Bad flags: a message naming the problem, never a crash: absl's parser refuses what it
+# cannot parse (status 1), plan_main what parses but is invalid (status 2).
+expect_status 1 "Unknown command line flag 'bogus'" "${SMALL[@]}" --policy=never --bogus=1
+expect_status 1 "Illegal value 'eight' specified for flag 'world_size'" "${SMALL[@]}" \
+  --policy=never --world_size=eight
 expect_status 2 "--world_size must be >= 1" "${SMALL[@]}" --policy=never --world_size=0
 expect_status 2 "--model must be gpt or mlp" --model=cnn --policy=never
 expect_status 2 "unknown wrap policy 'nope'; known policies: always, module_types, never, path_glob, size_based" \
@@ -75,7 +79,8 @@ expect_status 2 "--min_num_params: 'lots' is not an integer" "${SMALL[@]}" --pol
   --min_num_params=lots
 expect_status 2 "GptConfig.n_head" "${SMALL[@]}" --n_head=3 --policy=never
 expect_status 2 "unexpected argument 'stray'" "${SMALL[@]}" --policy=never stray
-expect_status 2 "--world_size needs a value" "${SMALL[@]}" --policy=never --world_size
+expect_status 1 "Missing the value for the flag 'world_size'" "${SMALL[@]}" --policy=never \
+  --world_size
 
 # Bad input files and sizes: an error naming the problem, never a crash or a silent default.
 expect_status 2 "policy config file '$TMP' is a directory" "${SMALL[@]}" --policy_config="$TMP"

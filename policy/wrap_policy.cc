@@ -1,6 +1,8 @@
 #include "policy/wrap_policy.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +15,10 @@ namespace policy {
 std::string WrapPolicy::Explain(const core::Module& /*module*/,
                                 const WrapContext& /*context*/) const {
   return Name();
+}
+
+std::string WrapPolicy::Identity() const {
+  return absl::StrCat(Name(), "@", absl::Hex(reinterpret_cast<uintptr_t>(this)));
 }
 
 namespace {
@@ -48,6 +54,7 @@ class SizeBasedPolicy : public WrapPolicy {
     }
     return name + ")";
   }
+  std::string Identity() const override { return Name(); }
 
   std::string Explain(const core::Module& /*module*/, const WrapContext& context) const override {
     return absl::StrCat("size_based: ", context.unwrapped_subtree_numel,
@@ -76,6 +83,7 @@ class ModuleTypesPolicy : public WrapPolicy {
   std::string Name() const override {
     return absl::StrCat("module_types(", absl::StrJoin(types_, ", "), ")");
   }
+  std::string Identity() const override { return Name(); }
   std::string Explain(const core::Module& /*module*/, const WrapContext& context) const override {
     return absl::StrCat("module_types: type ", context.type_name);
   }
@@ -89,6 +97,7 @@ class ConstantPolicy : public WrapPolicy {
   explicit ConstantPolicy(bool value) : value_(value) {}
   bool ShouldWrap(const core::Module&, const WrapContext&) const override { return value_; }
   std::string Name() const override { return value_ ? "always" : "never"; }
+  std::string Identity() const override { return Name(); }
 
  private:
   bool value_;
@@ -97,11 +106,14 @@ class ConstantPolicy : public WrapPolicy {
 class LambdaPolicy : public WrapPolicy {
  public:
   LambdaPolicy(WrapPredicate predicate, std::string name)
-      : predicate_(std::move(predicate)), name_(std::move(name)) {}
+      : predicate_(std::move(predicate)), name_(std::move(name)), serial_(NextSerial()) {}
   bool ShouldWrap(const core::Module& module, const WrapContext& context) const override {
     return predicate_ && predicate_(module, context);
   }
   std::string Name() const override { return name_; }
+  // A serial number per Lambda() call, never reused (an address could be, once the
+  // policy is gone).
+  std::string Identity() const override { return absl::StrCat(name_, "#lambda", serial_); }
   absl::Status Validate() const override {
     if (!predicate_) {
       return absl::InvalidArgumentError(absl::StrCat("lambda policy '", name_,
@@ -111,8 +123,14 @@ class LambdaPolicy : public WrapPolicy {
   }
 
  private:
+  static int64_t NextSerial() {
+    static std::atomic<int64_t> next{1};
+    return next.fetch_add(1);
+  }
+
   WrapPredicate predicate_;
   std::string name_;
+  int64_t serial_;
 };
 
 // Shared by Or and And: the children, their names and validation.
@@ -125,6 +143,12 @@ class CombinatorPolicy : public WrapPolicy {
     std::vector<std::string> names;
     for (const WrapPolicyPtr& child : children_) names.push_back(child ? child->Name() : "null");
     return absl::StrCat(op_, "(", absl::StrJoin(names, ", "), ")");
+  }
+
+  std::string Identity() const override {
+    std::vector<std::string> ids;
+    for (const WrapPolicyPtr& child : children_) ids.push_back(child ? child->Identity() : "null");
+    return absl::StrCat(op_, "(", absl::StrJoin(ids, ", "), ")");
   }
 
   absl::Status Validate() const override {
@@ -194,6 +218,9 @@ class NotPolicy : public WrapPolicy {
   }
   std::string Name() const override {
     return absl::StrCat("not(", child_ ? child_->Name() : "null", ")");
+  }
+  std::string Identity() const override {
+    return absl::StrCat("not(", child_ ? child_->Identity() : "null", ")");
   }
   absl::Status Validate() const override {
     if (child_ == nullptr) return absl::InvalidArgumentError("not: the policy is null");

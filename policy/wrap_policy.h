@@ -65,6 +65,16 @@ class WrapPolicy {
   // "size_based(min_num_params=100000)". Recorded in the plan.
   virtual std::string Name() const = 0;
 
+  // What the policy decides, as a string: two policies with equal Identity() give the
+  // same ShouldWrap answer for every module and context. fsdp compares identities when
+  // a unit root is wrapped again (fsdp::FirstDifferingOption), so a re-wrap never
+  // keeps units another policy planned. The default is Name() plus this object's
+  // address: only the very same object is equal to it, whatever it is called. A policy
+  // whose Name() carries every option ShouldWrap reads (the built-ins, path_glob)
+  // returns Name(), so that equal policies built twice (e.g. from one config per stage)
+  // compare equal. Lambda() policies are unique per Lambda() call.
+  virtual std::string Identity() const;
+
   // Why ShouldWrap returned true for this module, for the plan's `reason` field, e.g.
   // "size_based: 7087872 unwrapped >= min_num_params 100000". Defaults to Name().
   virtual std::string Explain(const core::Module& module, const WrapContext& context) const;
@@ -103,7 +113,9 @@ WrapPolicyPtr Never();
 using WrapPredicate = std::function<bool(const core::Module&, const WrapContext&)>;
 
 // Wraps when `predicate` returns true; `name` is what Name() and Explain() report.
-// Validate() fails for an empty predicate.
+// Validate() fails for an empty predicate. Its Identity() is unique to this call (a
+// predicate cannot be compared): two Lambda() policies never compare equal, even with
+// the same name and predicate; the same returned object always does.
 WrapPolicyPtr Lambda(WrapPredicate predicate, std::string name = "lambda");
 
 // Wraps when any of `policies` does (none: never). Explain() names the first that did.

@@ -151,5 +151,47 @@ TEST(CombinatorTest, NullOrInvalidChildrenFailValidation) {
   EXPECT_NE(s.message().find("and[1]: not: size_based: min_num_params"), std::string::npos) << s;
 }
 
+TEST(IdentityTest, ComparesWhatThePolicyDecidesNotItsName) {
+  // Built-ins: equal options, equal identity, however often they are made.
+  EXPECT_EQ(ModuleTypes({"Block"})->Identity(), ModuleTypes({"Block"})->Identity());
+  EXPECT_NE(ModuleTypes({"Block"})->Identity(), ModuleTypes({"Mlp"})->Identity());
+  SizeBasedOptions small, big;
+  small.min_num_params = 10;
+  big.min_num_params = 1000;
+  EXPECT_EQ(SizeBased(small)->Identity(), SizeBased(small)->Identity());
+  EXPECT_NE(SizeBased(small)->Identity(), SizeBased(big)->Identity());
+  EXPECT_EQ(Always()->Identity(), Always()->Identity());
+  EXPECT_NE(Always()->Identity(), Never()->Identity());
+  // Lambdas: one identity per Lambda() call, whatever the name.
+  WrapPredicate yes = [](const core::Module&, const WrapContext&) { return true; };
+  WrapPolicyPtr a = Lambda(yes);
+  WrapPolicyPtr b = Lambda(yes);
+  EXPECT_EQ(a->Name(), b->Name());
+  EXPECT_NE(a->Identity(), b->Identity());
+  EXPECT_EQ(a->Identity(), a->Identity());
+  // Combinators compare their children's identities.
+  EXPECT_EQ(Or({ModuleTypes({"Block"}), Never()})->Identity(),
+            Or({ModuleTypes({"Block"}), Never()})->Identity());
+  EXPECT_NE(Or({a})->Identity(), Or({b})->Identity());
+  EXPECT_EQ(Or({a})->Name(), Or({b})->Name());
+  EXPECT_NE(Not(a)->Identity(), Not(b)->Identity());
+  EXPECT_NE(And({a, Always()})->Identity(), And({b, Always()})->Identity());
+}
+
+// A policy that does not override Identity() equals only itself: the conservative
+// default for a custom policy whose name might not carry all it decides on.
+class NamedOnly : public WrapPolicy {
+ public:
+  bool ShouldWrap(const core::Module&, const WrapContext&) const override { return true; }
+  std::string Name() const override { return "named_only"; }
+};
+
+TEST(IdentityTest, TheDefaultIsTheObjectItself) {
+  NamedOnly one, two;
+  EXPECT_EQ(one.Identity(), one.Identity());
+  EXPECT_NE(one.Identity(), two.Identity());
+  EXPECT_NE(one.Identity().find("named_only"), std::string::npos) << one.Identity();
+}
+
 }  // namespace
 }  // namespace policy

@@ -1,6 +1,6 @@
-"""Declares every external repository the fsdp targets need, offline.
+"""Declares the external repositories the fsdp targets need, offline.
 
-A workspace that depends on fsdp calls this from its WORKSPACE, before anything else:
+A workspace that depends on fsdp calls this from its WORKSPACE (examples/consumer does):
 
     local_repository(name = "fsdp", path = "/path/to/this/repo")
     load("@fsdp//tools:deps.bzl", "fsdp_dependencies")
@@ -10,7 +10,32 @@ It defines the offline stand-ins Bazel 4 would otherwise download (rules_cc, rul
 remote_coverage_tools, platforms), protobuf over the system protoc, the system libraries
 from Debian's packages (tools/setup.sh installs them) and the CUDA toolkit at
 /usr/local/cuda (used only under --config=cuda).
+
+Each repository is declared only when the workspace has not declared one of that name
+already (Bazel's `maybe`), so a consumer may define its own first, before this call; it
+must then offer the targets fsdp's BUILD files use (FSDP_REPOSITORIES below lists the
+repositories and the versions fsdp is built and tested with; README.md, "Depending on
+fsdp", says the same).
 """
+
+load("@bazel_tools//tools/build_defs/repo:utils.bzl", "maybe")
+
+# Every repository fsdp_dependencies() may declare, with what fsdp expects of it.
+FSDP_REPOSITORIES = {
+    "rules_cc": "offline stand-in re-exporting the native C++ rules (cc/defs.bzl)",
+    "rules_java": "offline stand-in re-exporting the native Java rules (java/defs.bzl)",
+    "remote_coverage_tools": "offline stand-in (empty coverage filegroups)",
+    "platforms": "Debian's bazel-platforms 0.0.2 (/usr/share/bazel/tools/platforms)",
+    "com_google_protobuf": "protobuf 3.21 (Debian's protobuf-compiler, libprotobuf-dev)",
+    "com_google_absl": "Abseil 20220623 (libabsl-dev), targets //:status, //:strings, ...",
+    "com_github_google_glog": "glog 0.6 (libgoogle-glog-dev), target //:glog",
+    "com_google_googletest": "GoogleTest 1.12 (libgtest-dev), //:gtest, //:gtest_main",
+    "com_github_google_benchmark": "Google Benchmark 1.7 (libbenchmark-dev)",
+    "gloo": "Gloo 2022-05-18 snapshot (libgloo-dev), TCP transport",
+    "openblas": "OpenBLAS 0.3.21 (libopenblas-dev)",
+    "nlohmann_json": "nlohmann-json 3.11 (nlohmann-json3-dev)",
+    "cuda": "CUDA 13 at /usr/local/cuda (cudart, cuBLAS, NCCL 2.28); --config=cuda only",
+}
 
 def _files_repo_impl(ctx):
     for path, content in ctx.attr.files.items():
@@ -79,21 +104,25 @@ _SYSTEM_LIBRARIES = {
 }
 
 def fsdp_dependencies():
-    """Defines the external repositories; call it first in the WORKSPACE."""
-    _files_repo(
+    """Defines the external repositories the workspace has not defined yet; call it in the WORKSPACE."""
+    maybe(
+        _files_repo,
         name = "rules_cc",
         files = {"WORKSPACE": "", "BUILD": "", "cc/BUILD": "", "cc/defs.bzl": _RULES_CC_DEFS},
     )
-    _files_repo(
+    maybe(
+        _files_repo,
         name = "rules_java",
         files = {"WORKSPACE": "", "BUILD": "", "java/BUILD": "", "java/defs.bzl": _RULES_JAVA_DEFS},
     )
-    _files_repo(
+    maybe(
+        _files_repo,
         name = "remote_coverage_tools",
         files = {"WORKSPACE": "", "BUILD": _COVERAGE_BUILD},
     )
-    native.local_repository(name = "platforms", path = "/usr/share/bazel/tools/platforms")
-    _files_repo(
+    maybe(native.local_repository, name = "platforms", path = "/usr/share/bazel/tools/platforms")
+    maybe(
+        _files_repo,
         name = "com_google_protobuf",
         files = {
             "WORKSPACE": "",
@@ -102,12 +131,14 @@ def fsdp_dependencies():
         },
     )
     for name, folder in _SYSTEM_LIBRARIES.items():
-        native.new_local_repository(
+        maybe(
+            native.new_local_repository,
             name = name,
             path = "/usr",
             build_file = str(Label("//third_party/%s:%s.BUILD" % (folder, folder))),
         )
-    native.new_local_repository(
+    maybe(
+        native.new_local_repository,
         name = "cuda",
         path = "/usr/local/cuda",
         build_file = str(Label("//third_party/cuda:cuda.BUILD")),

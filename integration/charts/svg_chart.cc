@@ -1,13 +1,8 @@
 #include "integration/charts/svg_chart.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
-#include <string.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -15,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "core/text_file.h"
 
 namespace integration::charts {
 namespace {
@@ -590,47 +586,7 @@ absl::StatusOr<std::string> GroupedBarChart(const std::vector<BarGroup>& groups,
 // ---- Files ----------------------------------------------------------------------------
 
 absl::Status WriteTextFile(const std::string& path, const std::string& contents) {
-  if (path.empty()) return absl::InvalidArgumentError("WriteTextFile: path is empty");
-  static std::atomic<int64_t> counter{0};
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid(), ".", counter++);
-  auto error = [&](int err, absl::string_view what, const std::string& file) {
-    char buf[256];
-    // GNU strerror_r returns the message (which may not be `buf`).
-    const char* msg = strerror_r(err, buf, sizeof(buf));
-    return absl::Status(absl::ErrnoToStatusCode(err),
-                        absl::StrCat("WriteTextFile(", path, "): ", what, " ", file, ": ", msg));
-  };
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return error(errno, "cannot create temporary file", tmp);
-  size_t written = 0;
-  while (written < contents.size()) {
-    const ssize_t n = write(fd, contents.data() + written, contents.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      close(fd);
-      unlink(tmp.c_str());
-      return error(err, "cannot write temporary file", tmp);
-    }
-    written += static_cast<size_t>(n);
-  }
-  if (fsync(fd) != 0) {
-    const int err = errno;
-    close(fd);
-    unlink(tmp.c_str());
-    return error(err, "cannot flush temporary file", tmp);
-  }
-  if (close(fd) != 0) {
-    const int err = errno;
-    unlink(tmp.c_str());
-    return error(err, "cannot close temporary file", tmp);
-  }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    unlink(tmp.c_str());
-    return error(err, "cannot rename temporary file onto", path);
-  }
-  return absl::OkStatus();
+  return core::WriteFileAtomically(path, contents);
 }
 
 }  // namespace integration::charts

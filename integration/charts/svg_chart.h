@@ -88,9 +88,10 @@ struct BarChartOptions {
 absl::StatusOr<std::string> GroupedBarChart(const std::vector<BarGroup>& groups,
                                             const BarChartOptions& options);
 
-// Writes `contents` to `path` through a temporary file in the same directory and a
-// rename, so readers see either the old file or the complete new one, never half of it.
-// Errors name the path (and the temporary file where that is the one that failed).
+// core::WriteFileAtomically (core/text_file.h): writes `contents` to `path` through a
+// temporary file in the same directory and a rename, so readers see either the old file
+// or the complete new one, never half of it. Errors name the path (and the temporary
+// file where that is the one that failed).
 absl::Status WriteTextFile(const std::string& path, const std::string& contents);
 
 // The tick positions an axis over [lo, hi] gets: every multiple of `step` inside the

@@ -20,9 +20,28 @@ namespace integration {
 namespace testing {
 
 std::string Runfile(const std::string& path) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
+  // The runfiles tree has one directory per repository. This repository's is the main
+  // workspace's (TEST_WORKSPACE) when its own tests run, and another one when a
+  // workspace that depends on it runs them: try the main one, then each, so no
+  // repository name is assumed.
+  const char* srcdir_env = std::getenv("TEST_SRCDIR");
+  const std::string srcdir = srcdir_env ? srcdir_env : ".";
   const char* workspace = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "fsdp", "/", path);
+  const std::string main = absl::StrCat(srcdir, "/", workspace ? workspace : "", "/", path);
+  if (::access(main.c_str(), F_OK) == 0) return main;
+  if (DIR* dir = ::opendir(srcdir.c_str())) {
+    while (dirent* e = ::readdir(dir)) {
+      const std::string name = e->d_name;
+      if (name == "." || name == "..") continue;
+      const std::string candidate = absl::StrCat(srcdir, "/", name, "/", path);
+      if (::access(candidate.c_str(), F_OK) == 0) {
+        ::closedir(dir);
+        return candidate;
+      }
+    }
+    ::closedir(dir);
+  }
+  return main;
 }
 
 std::string TempDir() {

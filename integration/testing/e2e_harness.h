@@ -25,7 +25,8 @@ struct RunResult {
   nlohmann::json summary;  // the last line, parsed (null when it is not JSON)
 };
 
-// `path` (relative to the workspace root) in the test's runfiles.
+// `path` (relative to this repository's root) in the test's runfiles, whatever the
+// repository is called (its own workspace, or @<name> in a workspace depending on it).
 std::string Runfile(const std::string& path);
 // $TEST_TMPDIR, or /tmp.
 std::string TempDir();

@@ -84,6 +84,9 @@ class PathGlobPolicy : public WrapPolicy {
                         options_.every > 1 ? absl::StrCat("; every ", options_.every) : "", ")");
   }
 
+  // Name() carries every option ShouldWrap reads.
+  std::string Identity() const override { return Name(); }
+
   std::string Explain(const core::Module& /*module*/, const WrapContext& context) const override {
     return absl::StrCat("path_glob: ", context.path, " matches ",
                         absl::StrJoin(options_.patterns, " or "),

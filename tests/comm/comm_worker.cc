@@ -17,15 +17,20 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "comm/gloo_process_group.h"
 #include "comm/init_from_env.h"
 #include "core/status_macros.h"
 #include "core/tensor.h"
+
+ABSL_FLAG(std::string, mode, "collectives", "the scenario: collectives, never_join or die");
+ABSL_FLAG(double, timeout_s, 20, "InitFromEnv's timeout, seconds (> 0)");
 
 namespace {
 
@@ -97,17 +102,22 @@ absl::Status RunCollectives(comm::ProcessGroup& g) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string mode = "collectives";
-  double timeout_s = 20;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (absl::StartsWith(a, "--mode=")) {
-      mode = a.substr(7);
-    } else if (absl::StartsWith(a, "--timeout_s=") && absl::SimpleAtod(a.substr(12), &timeout_s)) {
-    } else {
-      std::fprintf(stderr, "comm_worker: unknown argument %s\n", a.c_str());
-      return 2;
-    }
+  absl::SetProgramUsageMessage("A rank of the multi-process comm tests: comm_worker --mode=MODE");
+  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    std::fprintf(stderr, "comm_worker: unexpected argument %s\n", positional[1]);
+    return 2;
+  }
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  const double timeout_s = absl::GetFlag(FLAGS_timeout_s);
+  if (mode != "collectives" && mode != "never_join" && mode != "die") {
+    std::fprintf(stderr, "comm_worker: unknown --mode=%s (collectives, never_join, die)\n",
+                 mode.c_str());
+    return 2;
+  }
+  if (!(timeout_s > 0)) {
+    std::fprintf(stderr, "comm_worker: --timeout_s must be > 0, got %g\n", timeout_s);
+    return 2;
   }
   absl::StatusOr<comm::LaunchEnv> env = comm::ReadLaunchEnv();
   if (!env.ok()) {

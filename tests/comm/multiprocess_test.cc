@@ -25,16 +25,19 @@ struct Result {
   absl::Duration took;
 };
 
-std::string Runfile(const std::string& path) {
-  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/fsdp/", path);
+// A binary of this test's data: tests/comm/BUILD passes its runfiles path (relative to
+// the working directory, whatever this repository is called) in the variable `env_var`.
+std::string Runfile(const char* env_var) {
+  const char* path = std::getenv(env_var);
+  return path != nullptr ? path : absl::StrCat("<", env_var, " unset>");
 }
 
 Result Launch(int nproc, const std::vector<std::string>& worker_args, absl::Duration deadline) {
   static int counter = 0;
   const std::string out_path =
       absl::StrCat(std::getenv("TEST_TMPDIR"), "/launch_", ::getpid(), "_", counter++);
-  std::vector<std::string> args = {Runfile("comm/launch"), absl::StrCat("--nproc=", nproc),
-                                   "--grace_period_s=10", "--", Runfile("tests/comm/comm_worker")};
+  std::vector<std::string> args = {Runfile("LAUNCH_BINARY"), absl::StrCat("--nproc=", nproc),
+                                   "--grace_period_s=10", "--", Runfile("COMM_WORKER_BINARY")};
   args.insert(args.end(), worker_args.begin(), worker_args.end());
   const absl::Time start = absl::Now();
   const pid_t pid = ::fork();
@@ -118,6 +121,18 @@ TEST(FaultsAcrossProcesses, RankKilledMidRunMakesTheOthersFailAndTheLauncherName
   EXPECT_FALSE(Has(r, "no failure seen")) << r.output;
   // Survivors notice the closed connections at once (the collective timeout is 20 s).
   EXPECT_LT(r.took, absl::Seconds(15)) << r.output;
+}
+
+TEST(WorkerFlags, BadFlagsAreRefusedBeforeJoining) {
+  Result unknown_mode = Launch(1, {"--mode=bogus"}, absl::Seconds(30));
+  EXPECT_EQ(unknown_mode.exit_code, 2) << unknown_mode.output;
+  EXPECT_TRUE(Has(unknown_mode, "unknown --mode=bogus")) << unknown_mode.output;
+  Result unknown_flag = Launch(1, {"--nodes=2"}, absl::Seconds(30));
+  EXPECT_NE(unknown_flag.exit_code, 0) << unknown_flag.output;
+  EXPECT_TRUE(Has(unknown_flag, "nodes")) << unknown_flag.output;
+  Result bad_timeout = Launch(1, {"--timeout_s=abc"}, absl::Seconds(30));
+  EXPECT_NE(bad_timeout.exit_code, 0) << bad_timeout.output;
+  EXPECT_TRUE(Has(bad_timeout, "timeout_s")) << bad_timeout.output;
 }
 
 }  // namespace
