@@ -503,7 +503,9 @@ if command -v "$PYTHON" >/dev/null 2>&1 && summary_line=$(summary_py 2>"$WORK/su
   exit 1
 fi
 # No Python (or the summary failed): the step statuses only.
-line="{\"gpu_run_summary\":1,\"ok\":false,\"error\":\"summary not assembled ($PYTHON: $(tr -d '"\\\n' <"$WORK/summary.err" 2>/dev/null | tail -c 300))\",\"steps\":{"
+why="$PYTHON not found"
+[ -s "$WORK/summary.err" ] && why="$PYTHON: $(tail -c 300 "$WORK/summary.err" | tr -d '"\\\n\t')"
+line="{\"gpu_run_summary\":1,\"ok\":false,\"error\":\"summary not assembled ($why)\",\"steps\":{"
 sep=""
 for f in "$WORK"/steps/*; do
   [ -f "$f" ] || continue
