@@ -1,11 +1,13 @@
 # The two set-up commands of README.md. Each installs what is missing first.
 #   make demo   the main job: fit, test, checkpoint and release a small GPT on 2 local CPU ranks
-#   make test   the whole test suite
+#   make test   the whole test suite (and, where nvcc is installed, the CUDA build)
+#   make gpu_bundle   the archive for a GPU machine (tools/gpu_bundle.sh)
 
 BAZEL ?= bazel
+NVCC ?= /usr/local/cuda/bin/nvcc
 DEMO_ARGS ?=
 
-.PHONY: demo test setup sanitize
+.PHONY: demo test setup sanitize gpu_bundle
 
 setup:
 	@bash tools/setup.sh
@@ -13,10 +15,22 @@ setup:
 demo: setup
 	$(BAZEL) run //integration:main_job -- $(DEMO_ARGS)
 
+# The CUDA build (compile and link only: no GPU here) runs when the toolkit is present; it
+# goes to bazel-out/k8-fastbuild-cuda (.bazelrc), so the CPU outputs stay cached.
 test: setup
+	@if [ -x $(NVCC) ]; then \
+	  echo "make test: bazel build --config=cuda //... (the CUDA code compiles and links)"; \
+	  $(BAZEL) build --config=cuda //...; \
+	else \
+	  echo "make test: SKIPPED bazel build --config=cuda //...: $(NVCC) not found"; \
+	fi
 	$(BAZEL) test //...
 
 # The unit tests under AddressSanitizer and UndefinedBehaviorSanitizer.
 sanitize: setup
 	$(BAZEL) test --config=asan //core/... //nn/... //optim/... //data/... //flatten/... //policy/... //comm/... //fsdp/... //checkpoint/... //integration/...
 	$(BAZEL) test --config=ubsan //core/... //nn/... //optim/... //data/... //flatten/... //policy/... //comm/... //fsdp/... //checkpoint/... //integration/...
+
+# Everything the GPU acceptance run needs, in out/gpu_bundle.tar.xz (tools/gpu_bundle.sh).
+gpu_bundle: setup
+	bash tools/gpu_bundle.sh

@@ -159,6 +159,7 @@ for b in "${BINARIES[@]+"${BINARIES[@]}"}"; do
   fi
   missing=$(grep -E "not found" <<<"$out" || true)
   if [ -n "$missing" ]; then
+    sed "s|^[[:space:]]*|$name: |" <<<"$missing" >>"$WORK/ldd_missing.txt"
     say "ldd $name: MISSING:"
     echo "$missing"
   else
@@ -472,6 +473,7 @@ summary = {
             "glibc": read(os.path.join(W, "ldd_version.txt")).strip(),
             "libraries": libs,
             "ld_library_path": read(os.path.join(W, "ld_library_path.txt")).strip(),
+            "ldd_missing": [l for l in read(os.path.join(W, "ldd_missing.txt")).splitlines() if l],
             "compat_libstdcxx": read(os.path.join(W, "compat.txt")).strip() == "1",
             "bundle": read(os.path.join(B, "MANIFEST.txt")).splitlines()[:1]},
     "seconds": int(time.time()) - int(os.environ["START"]),

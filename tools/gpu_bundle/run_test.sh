@@ -168,6 +168,7 @@ py_check "bench: ok with its best algbw" "$S" 's["nccl_bench"]["ok"] and s["nccl
 py_check "steps ours, bench, pytorch ok" "$S" 'all(s["steps"][k]["ok"] for k in ("ours", "bench", "pytorch"))'
 py_check "environment: GPU and driver" "$S" 's["env"]["gpu"] == "NVIDIA H200" and s["env"]["driver"] == "580.95.05"'
 py_check "overall ok is false" "$S" 's["ok"] is False'
+py_check "no library missing for the (script) binaries" "$S" 's["env"]["ldd_missing"] == []'
 for f in summary.json run.log ldd.txt gpu_tests.log nccl_bench.json main_job.log main_job_summary.json pytorch_fsdp2.log; do
   check "\$OUT/$f copied" [ -s "$T/out/$f" ]
 done
