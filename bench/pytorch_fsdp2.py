@@ -14,7 +14,7 @@ MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) under --param_dtype=bf
 The optimizer is torch.optim.AdamW(fused=True) (falls back to foreach, and says so in the
 JSON, if this PyTorch cannot run the fused kernel on sharded parameters). Data: uniform
 random tokens drawn on the device (the cost of the step does not depend on the data).
-The first --warmup steps are not timed.
+The first --warmup steps (at least one) are not timed.
 
   python3 bench/pytorch_fsdp2.py                        # one process, GPT-2 124M, 1 GPU
   python3 bench/pytorch_fsdp2.py --batch_size=16 --steps=20 --warmup=5
@@ -169,7 +169,10 @@ def main(argv=None):
     import torch.distributed as dist
     import torch.nn as nn
     import torch.nn.functional as F
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    except ImportError:  # PyTorch before 2.6 kept FSDP2 here
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
 
     if not torch.cuda.is_available():
         print(json.dumps({"ok": False, "error": "pytorch_fsdp2: torch.cuda.is_available() is False"}))
@@ -207,14 +210,17 @@ def main(argv=None):
         fully_shard(block, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
 
+    def make_adamw(fused):
+        kind = {"fused": True} if fused else {"foreach": True}
+        return torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
+                                 betas=(0.9, 0.999), eps=1e-8, **kind)
+
     optimizer_impl = "fused"
     try:
-        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
-                                betas=(0.9, 0.999), eps=1e-8, fused=True)
+        opt = make_adamw(True)
     except (RuntimeError, ValueError, TypeError) as e:
         optimizer_impl = f"foreach (fused refused: {e})"
-        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
-                                betas=(0.9, 0.999), eps=1e-8, foreach=True)
+        opt = make_adamw(False)
 
     gen = torch.Generator(device=device)
     gen.manual_seed(args.seed * 1000 + rank)
@@ -229,10 +235,20 @@ def main(argv=None):
         return loss
 
     losses = []
-    for i in range(args.warmup):
-        loss = step()
-        if i == 0 and optimizer_impl == "fused":
-            torch.cuda.synchronize()  # a fused-kernel error surfaces here
+    # The first step, untimed even with --warmup=0: a fused AdamW this PyTorch cannot run on
+    # sharded parameters fails here, and the foreach one replaces it.
+    try:
+        step()
+        torch.cuda.synchronize()
+    except (RuntimeError, NotImplementedError) as e:
+        if optimizer_impl != "fused":
+            raise
+        optimizer_impl = f"foreach (fused failed: {str(e).splitlines()[0][:200]})"
+        opt.zero_grad(set_to_none=True)
+        opt = make_adamw(False)
+        step()
+    for _ in range(max(0, args.warmup - 1)):
+        step()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats(device)
     dist.barrier()
