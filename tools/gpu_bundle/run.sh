@@ -28,8 +28,9 @@
 # Settings (environment): STEPS (our timed steps, default 30), PT_STEPS (20) and PT_WARMUP
 # (5) for PyTorch, BATCH (sequences per step, 16), LOG_EVERY (5), PYTHON (python3),
 # CUDA_HOME, FSDP_CUDA_LIB_DIRS, FSDP_PREFER_WHEEL=1 (wheel libraries before the toolkit's),
-# TEST_TIMEOUT_S (per test binary, 120), TESTS_BUDGET_S (all tests, 240), BENCH_TIMEOUT_S
-# (90), OURS_TIMEOUT_S (180), PT_TIMEOUT_S (180), OURS_EXTRA_ARGS (more main-job flags),
+# TEST_TIMEOUT_S (per test binary, 120), TESTS_BUDGET_S (all tests, 200), BENCH_TIMEOUT_S
+# (60), OURS_TIMEOUT_S (150), PT_TIMEOUT_S (150), RUN_BUDGET_S (the whole run, 540: each
+# step's limit is cut so the summary still comes before it), OURS_EXTRA_ARGS (more flags),
 # SKIP=tests,bench,ours,pytorch (steps to leave out), PEAK_TFLOPS (for the MFU estimate).
 # Exit status: 0 when every step that ran passed, 1 otherwise.
 set -u
@@ -45,10 +46,11 @@ PT_WARMUP=${PT_WARMUP:-5}
 BATCH=${BATCH:-16}
 LOG_EVERY=${LOG_EVERY:-5}
 TEST_TIMEOUT_S=${TEST_TIMEOUT_S:-120}
-TESTS_BUDGET_S=${TESTS_BUDGET_S:-240}
-BENCH_TIMEOUT_S=${BENCH_TIMEOUT_S:-90}
-OURS_TIMEOUT_S=${OURS_TIMEOUT_S:-180}
-PT_TIMEOUT_S=${PT_TIMEOUT_S:-180}
+TESTS_BUDGET_S=${TESTS_BUDGET_S:-200}
+BENCH_TIMEOUT_S=${BENCH_TIMEOUT_S:-60}
+OURS_TIMEOUT_S=${OURS_TIMEOUT_S:-150}
+PT_TIMEOUT_S=${PT_TIMEOUT_S:-150}
+RUN_BUDGET_S=${RUN_BUDGET_S:-540}
 SKIP=${SKIP:-}
 # GPT-2 124M.
 MODEL_V=50304 MODEL_T=1024 MODEL_C=768 MODEL_L=12 MODEL_H=12
@@ -167,11 +169,26 @@ for b in "${BINARIES[@]+"${BINARIES[@]}"}"; do
   fi
 done
 
-# run_step <name> <timeout_s> <log> <command...>: runs it with our libraries, records it.
+# cap <seconds>: the seconds a step may take, cut to what RUN_BUDGET_S leaves (less 15 s
+# for the summary); 0 when too little is left.
+cap() {
+  local left=$((RUN_BUDGET_S - ($(date +%s) - START) - 15))
+  [ "$left" -ge 10 ] || { echo 0; return; }
+  echo $(($1 < left ? $1 : left))
+}
+
+# run_step <name> <timeout_s> <log> <command...>: runs it with our libraries (the timeout
+# cut by cap), records it.
 run_step() {
-  local name=$1 limit=$2 log=$3
+  local name=$1 limit log=$3
+  limit=$(cap "$2")
   shift 3
   local t0 rc note=""
+  if [ "$limit" = 0 ]; then
+    record "$name" -1 0 "not run: the run's budget of ${RUN_BUDGET_S} s is spent"
+    say "$name: not run (RUN_BUDGET_S=${RUN_BUDGET_S} spent)"
+    return 1
+  fi
   t0=$(date +%s)
   LD_LIBRARY_PATH="$LD_PATH" timeout -k 10 "$limit" "$@" >"$log" 2>&1
   rc=$?
@@ -247,17 +264,20 @@ fi
 # ---- 4. PyTorch FSDP2 --------------------------------------------------------------------
 if skipped pytorch; then
   say "pytorch fsdp2: skipped (SKIP)"
+elif [ "$(cap "$PT_TIMEOUT_S")" = 0 ]; then
+  record pytorch -1 0 "not run: the run's budget of ${RUN_BUDGET_S} s is spent"
 elif command -v "$PYTHON" >/dev/null 2>&1; then
   # Not with our LD_LIBRARY_PATH: PyTorch finds its own libraries.
   t0=$(date +%s)
-  timeout -k 10 "$PT_TIMEOUT_S" "$PYTHON" "$BUNDLE/bench/pytorch_fsdp2.py" \
+  PT_LIMIT=$(cap "$PT_TIMEOUT_S")
+  timeout -k 10 "$PT_LIMIT" "$PYTHON" "$BUNDLE/bench/pytorch_fsdp2.py" \
     --vocab_size=$MODEL_V --block_size=$MODEL_T --seq_len=$MODEL_T --n_embd=$MODEL_C \
     --n_layer=$MODEL_L --n_head=$MODEL_H --batch_size="$BATCH" --steps="$PT_STEPS" \
     --warmup="$PT_WARMUP" --param_dtype=bfloat16 \
     ${PEAK_TFLOPS:+--peak_tflops="$PEAK_TFLOPS"} >"$WORK/pytorch_fsdp2.log" 2>&1
   rc=$?
   note=""
-  [ $rc = 124 ] || [ $rc = 137 ] && note="timed out after ${PT_TIMEOUT_S} s"
+  [ $rc = 124 ] || [ $rc = 137 ] && note="timed out after ${PT_LIMIT} s"
   record pytorch "$rc" "$(($(date +%s) - t0))" "$note"
   if [ $rc = 0 ]; then say "pytorch fsdp2: ok"; else
     say "pytorch fsdp2: FAILED rc=$rc $note; last lines:"
@@ -320,7 +340,7 @@ def step_error(name, log):
 # gtest: count test cases by their result lines; a binary that failed without a FAILED
 # case (crash, timeout, bad exit) counts as one failure named after the binary.
 passed = failed = skipped = 0
-failed_names, binaries = [], {}
+failed_names, not_run, binaries = [], [], {}
 ok_re = re.compile(r"^\[\s+OK\s+\] (\S+) \(\d+ ms\)")
 fail_re = re.compile(r"^\[\s+FAILED\s+\] (\S+)(?:, where .*)? \(\d+ ms\)")
 skip_re = re.compile(r"^\[\s+SKIPPED\s+\] (\S+) \(\d+ ms\)")
@@ -329,6 +349,9 @@ for name, s in steps.items():
     if not name.startswith("test:"):
         continue
     binary = name[5:]
+    if s["rc"] == -1:
+        not_run.append(binary)
+        continue
     text = read(os.path.join(W, "tests", binary + ".log"))
     p = f = k = 0
     started, finished = [], set()
@@ -455,7 +478,8 @@ summary = {
     "gpu_run_summary": 1,
     "ok": all_ok,
     "gpu_tests": {"passed": passed, "failed": failed, "skipped": skipped,
-                  "failed_names": failed_names, "binaries": binaries},
+                  "failed_names": failed_names, "not_run": not_run,
+                  "binaries": binaries},
     "tokens_per_s": {"ours": ours["tokens_per_s"], "pytorch_fsdp2": pt.get("tokens_per_s")},
     "tokens_per_s_ratio": ratio,
     "mfu": ours["mfu"] if ours["mfu"] is not None else ours["mfu_estimate"],

@@ -187,7 +187,17 @@ py_check "FSDP_PREFER_WHEEL=1: libcudart from the wheel" "$T/summary2.json" \
   's["env"]["libraries"]["libcudart.so.13"] == "'"$T"'/site/nvidia/cu13/lib/libcudart.so.13"'
 py_check "skipped bench is not run" "$T/summary2.json" '"bench" not in s["steps"] and s["ok"] is True'
 
-# ---- 3. a library nowhere; no Python for the summary ------------------------------------
+# ---- 3. the run's budget spent before any step -----------------------------------------
+set +e
+RUN_BUDGET_S=20 SKIP=bench RUN_WORK=$T/work_budget "$B/run.sh" >"$T/stdout_budget" 2>&1
+rc=$?
+set -e
+check "budget spent: exit 1" [ "$rc" = 1 ]
+tail -n 1 "$T/stdout_budget" >"$T/summary_budget.json"
+py_check "budget spent: steps recorded as not run, tests as not run (not failed)" "$T/summary_budget.json" \
+  's["steps"]["ours"]["rc"] == -1 and s["steps"]["pytorch"]["rc"] == -1 and s["gpu_tests"]["not_run"] == ["a_test"] and s["gpu_tests"]["failed"] == 0 and s["ok"] is False'
+
+# ---- 4. a library nowhere; no Python for the summary ------------------------------------
 echo libfsdp_nowhere.so.7 >>"$B/lib/cuda_sonames.txt"
 set +e
 PYTHON=/nonexistent/python3 SKIP=tests,bench,pytorch RUN_WORK=$T/work3 "$B/run.sh" >"$T/stdout3" 2>&1
