@@ -289,7 +289,7 @@ fi
 
 # ---- summary -----------------------------------------------------------------------------
 export WORK BUNDLE STEPS PT_STEPS PT_WARMUP BATCH MODEL_V MODEL_T MODEL_C MODEL_L MODEL_H START
-export PEAK_TFLOPS=${PEAK_TFLOPS:-0}
+export PEAK_TFLOPS=${PEAK_TFLOPS:-0} SKIP
 summary_py() {
   "$PYTHON" - <<'PY'
 import glob, json, os, re, statistics, subprocess, time
@@ -328,13 +328,15 @@ for path in sorted(glob.glob(os.path.join(W, "steps", "*"))):
         "seconds": int(lines[1]) if len(lines) > 1 and lines[1].isdigit() else None,
         "note": lines[2] if len(lines) > 2 and lines[2] else None}
 
+SKIPPED = [x for x in os.environ.get("SKIP", "").split(",") if x]
+
 def step_error(name, log):
     s = steps.get(name)
     if s is None:
-        return "not run"
+        return "skipped (SKIP)" if name in SKIPPED else "not run"
     if s["ok"]:
         return None
-    tail = [l for l in read(log).splitlines() if l.strip()][-3:]
+    tail = [l.strip()[:300] for l in read(log).splitlines() if l.strip()][-3:]
     return "; ".join(x for x in [f"rc={s['rc']}", s["note"]] + tail if x)
 
 # gtest: count test cases by their result lines; a binary that failed without a FAILED
