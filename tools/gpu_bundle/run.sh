@@ -452,6 +452,11 @@ ours.update({
     "device": (summ or {}).get("device"),
     "final_train_loss": (summ or {}).get("final_train_loss"),
     "steps": int(os.environ["STEPS"]),
+    # The job's own figures on memory (its bound), throughput, FLOPs and the device.
+    "summary": {k: v for k, v in (summ or {}).items()
+                if isinstance(v, (int, float, str, type(None))) and
+                any(w in k for w in ("memory", "bound", "mfu", "tokens", "flop", "device",
+                                     "backend", "step", "world"))},
 })
 
 pt = {"ok": steps.get("pytorch", {}).get("ok", False),

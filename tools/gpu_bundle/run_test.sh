@@ -111,7 +111,8 @@ echo "step    15/20 (global 15)  loss 7.0000  tokens/s     1200  peak r0 1 MiB"
 echo "step    20/20 (global 20)  loss 6.0000  tokens/s     1300  peak r0 1 MiB"
 cat >"$out/summary.json" <<J
 {"world_size": 1, "device": "cuda", "tokens_per_second": 800.0, "mfu": 0.55,
- "peak_device_memory_bytes": 123456, "final_train_loss": 6.5}
+ "peak_device_memory_bytes": 123456, "final_train_loss": 6.5,
+ "fsdp_memory_bound_bytes": 120000, "fit_losses": [9, 8, 7]}
 J
 echo '{"world_size": 1, "tokens_per_second": 800.0}'
 EOF
@@ -162,6 +163,8 @@ py_check "ours: whole-fit tokens/s kept (800)" "$S" 's["ours"]["tokens_per_s_who
 py_check "pytorch tokens/s 1000 and ratio 1.2" "$S" \
   's["tokens_per_s"]["pytorch_fsdp2"] == 1000.0 and abs(s["tokens_per_s_ratio"] - 1.2) < 1e-12'
 py_check "mfu and peak memory from our summary" "$S" 's["mfu"] == 0.55 and s["peak_device_memory_bytes"] == 123456'
+py_check "our summary's memory bound passed through, not its losses" "$S" \
+  's["ours"]["summary"]["fsdp_memory_bound_bytes"] == 120000 and "fit_losses" not in s["ours"]["summary"]'
 py_check "mfu estimate: 6N + 12LTC flops per token at 989 TFLOP/s" "$S" \
   'abs(s["ours"]["mfu_estimate"] - s["config"]["flops_per_token"] * 1200 / 989e12) < 1e-15 and s["config"]["model_parameters"] == 124475904'
 py_check "bench: ok with its best algbw" "$S" 's["nccl_bench"]["ok"] and s["nccl_bench"]["best"]["all_gather"]["algbw_GBps"] == 2.5'
