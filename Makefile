@@ -1,11 +1,14 @@
 # The two set-up commands of README.md. Each installs what is missing first.
 #   make demo   the main job: fit, test, checkpoint and release a small GPT on 2 local CPU ranks
-#   make test   the whole test suite, then the consumer workspace examples/consumer
+#   make test   the whole test suite: the CUDA build where nvcc is installed, every test,
+#               then the consumer workspace examples/consumer
+#   make gpu_bundle   the archive for a GPU machine (tools/gpu_bundle.sh)
 
 BAZEL ?= bazel
+NVCC ?= /usr/local/cuda/bin/nvcc
 DEMO_ARGS ?=
 
-.PHONY: demo test setup sanitize
+.PHONY: demo test setup sanitize gpu_bundle
 
 setup:
 	@bash tools/setup.sh
@@ -13,7 +16,15 @@ setup:
 demo: setup
 	$(BAZEL) run //integration:main_job -- $(DEMO_ARGS)
 
+# The CUDA build (compile and link only: no GPU here) runs when the toolkit is present; it
+# goes to bazel-out/k8-fastbuild-cuda (.bazelrc), so the CPU outputs stay cached.
 test: setup
+	@if [ -x $(NVCC) ]; then \
+	  echo "make test: bazel build --config=cuda //... (the CUDA code compiles and links)"; \
+	  $(BAZEL) build --config=cuda //...; \
+	else \
+	  echo "make test: SKIPPED bazel build --config=cuda //...: $(NVCC) not found"; \
+	fi
 	$(BAZEL) test //...
 	cd examples/consumer && $(BAZEL) test //...
 
@@ -21,3 +32,7 @@ test: setup
 sanitize: setup
 	$(BAZEL) test --config=asan //core/... //nn/... //optim/... //data/... //flatten/... //policy/... //comm/... //fsdp/... //checkpoint/... //integration/...
 	$(BAZEL) test --config=ubsan //core/... //nn/... //optim/... //data/... //flatten/... //policy/... //comm/... //fsdp/... //checkpoint/... //integration/...
+
+# Everything the GPU acceptance run needs, in out/gpu_bundle.tar.xz (tools/gpu_bundle.sh).
+gpu_bundle: setup
+	bash tools/gpu_bundle.sh

@@ -9,8 +9,12 @@
 #   tools/gpu_check.sh                 # from anywhere in the repo
 #   OUT=/some/dir tools/gpu_check.sh   # where nccl_bench.json and the logs go
 #
+# Without Bazel (the GPU machines lent here have none) it runs the bundle instead when
+# out/gpu_bundle.tar.xz is present (tools/gpu_bundle.sh makes it; run.sh inside it runs the
+# gpu tests, the NCCL benchmark and our job against PyTorch FSDP2, and prints one JSON line).
+#
 # Exit status: 0 when every step passed (or there is no GPU), 1 when a step failed,
-# 2 when the machine lacks what the script needs (bazel).
+# 2 when the machine lacks what the script needs (bazel, or the bundle).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 OUT_DIR=${OUT:-$PWD/gpu_check_out}
@@ -32,7 +36,17 @@ if [ "${GPU_CHECK_FORCE:-0}" != 1 ]; then
   say "GPUs:"
   echo "$gpus"
 fi
-command -v bazel >/dev/null 2>&1 || { say "FAILED: bazel is not installed"; exit 2; }
+if ! command -v bazel >/dev/null 2>&1; then
+  if [ -f out/gpu_bundle.tar.xz ]; then
+    dir=$(mktemp -d /tmp/gpu_check_bundle.XXXXXX)
+    say "bazel is not installed: running the bundle out/gpu_bundle.tar.xz from $dir"
+    tar -xJf out/gpu_bundle.tar.xz -C "$dir" || { say "FAILED: cannot extract out/gpu_bundle.tar.xz"; exit 2; }
+    OUT="$OUT_DIR" "$dir/gpu_bundle/run.sh"
+    exit $?
+  fi
+  say "FAILED: bazel is not installed and there is no out/gpu_bundle.tar.xz (tools/gpu_bundle.sh)"
+  exit 2
+fi
 mkdir -p "$OUT_DIR"
 start=$(date +%s)
 failed=0

@@ -1,0 +1,552 @@
+#!/usr/bin/env bash
+# run.sh: the GPU acceptance check, run from inside the bundle tools/gpu_bundle.sh makes,
+# on a machine with NVIDIA GPUs, a driver, the CUDA runtime libraries and Python with
+# PyTorch (no Bazel, no network needed).
+#
+#   tar xJf gpu_bundle.tar.xz -C /tmp && /tmp/gpu_bundle/run.sh
+#   OUT=/some/dir STEPS=30 BATCH=16 /tmp/gpu_bundle/run.sh
+#
+# What it does, in order, each step under `timeout` (a failing step is recorded and the
+# script goes on):
+#   0. finds libcudart / libcublas / libcublasLt / libnccl (the sonames our binaries need,
+#      lib/cuda_sonames.txt) in $FSDP_CUDA_LIB_DIRS, then the CUDA toolkit ($CUDA_HOME,
+#      default /usr/local/cuda), then the nvidia-* wheels of $PYTHON (site-packages
+#      nvidia/*/lib), then ldconfig's cache; sets LD_LIBRARY_PATH to the bundle's lib/
+#      (Debian libraries; lib/compat's libstdc++/libgcc_s only if this machine's are too
+#      old) and those directories; prints nvidia-smi -L, ldd --version and ldd of the binaries.
+#   1. every gpu-tagged test binary in bin/tests (gtest), counting passed/failed/skipped;
+#   2. bin/collectives_bench --backend=nccl over the GPUs (JSON);
+#   3. our main job on GPT-2 124M (V=50304 T=1024 C=768 L=12 H=12) in bf16 on 1 GPU
+#      (--device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16);
+#   4. bench/pytorch_fsdp2.py on the same model and batch;
+#   then prints ONE JSON line, last: gpu tests passed/failed/skipped and failing names,
+#   tokens/s of each side and their ratio (ours / PyTorch), our MFU and peak device memory,
+#   each step's status, and the environment (GPU, driver, library paths used).
+# Logs and the JSON go to the work directory ($RUN_WORK, default a new /tmp/gpu_run.*) and,
+# when $OUT is set, are copied there (at most 8 files, each cut to its last 16 MiB).
+#
+# Settings (environment): STEPS (our timed steps, default 30), PT_STEPS (20) and PT_WARMUP
+# (5) for PyTorch, BATCH (sequences per step, 16), LOG_EVERY (5), PYTHON (python3),
+# CUDA_HOME, FSDP_CUDA_LIB_DIRS, FSDP_PREFER_WHEEL=1 (wheel libraries before the toolkit's),
+# TEST_TIMEOUT_S (per test binary, 120), TESTS_BUDGET_S (all tests, 200), BENCH_TIMEOUT_S
+# (60), OURS_TIMEOUT_S (150), PT_TIMEOUT_S (150), RUN_BUDGET_S (the whole run, 540: each
+# step's limit is cut so the summary still comes before it), OURS_EXTRA_ARGS (more flags),
+# SKIP=tests,bench,ours,pytorch (steps to leave out), PEAK_TFLOPS (for the MFU estimate).
+# Exit status: 0 when every step that ran passed, 1 otherwise.
+set -u
+
+BUNDLE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+WORK=${RUN_WORK:-$(mktemp -d /tmp/gpu_run.XXXXXX)}
+mkdir -p "$WORK/steps" "$WORK/tests"
+PYTHON=${PYTHON:-python3}
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+STEPS=${STEPS:-30}
+PT_STEPS=${PT_STEPS:-20}
+PT_WARMUP=${PT_WARMUP:-5}
+BATCH=${BATCH:-16}
+LOG_EVERY=${LOG_EVERY:-5}
+TEST_TIMEOUT_S=${TEST_TIMEOUT_S:-120}
+TESTS_BUDGET_S=${TESTS_BUDGET_S:-200}
+BENCH_TIMEOUT_S=${BENCH_TIMEOUT_S:-60}
+OURS_TIMEOUT_S=${OURS_TIMEOUT_S:-150}
+PT_TIMEOUT_S=${PT_TIMEOUT_S:-150}
+RUN_BUDGET_S=${RUN_BUDGET_S:-540}
+SKIP=${SKIP:-}
+# GPT-2 124M.
+MODEL_V=50304 MODEL_T=1024 MODEL_C=768 MODEL_L=12 MODEL_H=12
+
+START=$(date +%s)
+say() { echo "run.sh: $*" | tee -a "$WORK/run.log"; }
+skipped() { case ",$SKIP," in *",$1,"*) return 0 ;; esac; return 1; }
+# record <step> <rc> <seconds> [note]: what the summary reads back.
+record() {
+  printf '%s\n%s\n%s\n' "$2" "$3" "${4:-}" >"$WORK/steps/$1"
+}
+
+say "bundle $BUNDLE, work directory $WORK"
+[ -f "$BUNDLE/MANIFEST.txt" ] && head -3 "$BUNDLE/MANIFEST.txt" | sed 's/^/run.sh: /'
+
+# ---- 0. environment and libraries -------------------------------------------------------
+say "nvidia-smi -L:"
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi -L 2>&1 | tee "$WORK/nvidia_smi.txt"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
+    >"$WORK/gpu_query.txt" 2>&1
+  NGPU=$(grep -c '^GPU' "$WORK/nvidia_smi.txt" || true)
+else
+  echo "nvidia-smi not found" | tee "$WORK/nvidia_smi.txt"
+  : >"$WORK/gpu_query.txt"
+  NGPU=0
+fi
+say "ldd --version:"
+ldd --version 2>&1 | head -1 | tee "$WORK/ldd_version.txt"
+
+# Directories that may hold the CUDA libraries, in the order they are tried.
+candidate_dirs() {
+  local d
+  if [ -n "${FSDP_CUDA_LIB_DIRS:-}" ]; then tr ':' '\n' <<<"$FSDP_CUDA_LIB_DIRS"; fi
+  local toolkit=("$CUDA_HOME/lib64" "$CUDA_HOME/targets/x86_64-linux/lib" "$CUDA_HOME/lib")
+  local wheel=()
+  if command -v "$PYTHON" >/dev/null 2>&1; then
+    local roots
+    roots=$("$PYTHON" -c 'import nvidia; print("\n".join(nvidia.__path__))' 2>/dev/null || true)
+    while IFS= read -r d; do
+      [ -n "$d" ] || continue
+      for lib in "$d"/*/lib; do [ -d "$lib" ] && wheel+=("$lib"); done
+    done <<<"$roots"
+  fi
+  if [ "${FSDP_PREFER_WHEEL:-0}" = 1 ]; then
+    printf '%s\n' "${wheel[@]+"${wheel[@]}"}" "${toolkit[@]}"
+  else
+    printf '%s\n' "${toolkit[@]}" "${wheel[@]+"${wheel[@]}"}"
+  fi
+  if command -v ldconfig >/dev/null 2>&1; then
+    ldconfig -p 2>/dev/null | sed -n 's/.* => \(.*\)\/[^/]*$/\1/p' | sort -u
+  fi
+}
+
+SONAMES=(libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2)
+if [ -s "$BUNDLE/lib/cuda_sonames.txt" ]; then
+  mapfile -t SONAMES <"$BUNDLE/lib/cuda_sonames.txt"
+fi
+mapfile -t CANDIDATES < <(candidate_dirs | awk 'NF && !seen[$0]++')
+LIB_DIRS=()
+: >"$WORK/cuda_libs.txt"
+for so in "${SONAMES[@]}"; do
+  [ -n "$so" ] || continue
+  found=""
+  for d in "${CANDIDATES[@]}"; do
+    if [ -e "$d/$so" ]; then found="$d"; break; fi
+  done
+  if [ -n "$found" ]; then
+    echo "$so $found/$so" >>"$WORK/cuda_libs.txt"
+    case " ${LIB_DIRS[*]+"${LIB_DIRS[*]}"} " in *" $found "*) ;; *) LIB_DIRS+=("$found") ;; esac
+    say "found $so in $found"
+  else
+    echo "$so NOT_FOUND" >>"$WORK/cuda_libs.txt"
+    say "NOT FOUND: $so (searched: ${CANDIDATES[*]+"${CANDIDATES[*]}"})"
+  fi
+done
+
+LD_PATH="$BUNDLE/lib"
+for d in "${LIB_DIRS[@]+"${LIB_DIRS[@]}"}"; do LD_PATH="$LD_PATH:$d"; done
+[ -n "${LD_LIBRARY_PATH:-}" ] && LD_PATH="$LD_PATH:$LD_LIBRARY_PATH"
+
+BINARIES=()
+for f in "$BUNDLE"/bin/* "$BUNDLE"/bin/tests/*; do
+  [ -f "$f" ] && [ -x "$f" ] && BINARIES+=("$f")
+done
+# Debian's libstdc++ / libgcc_s only when this machine's lack a version our binaries need.
+COMPAT=0
+if [ -d "$BUNDLE/lib/compat" ] && [ ${#BINARIES[@]} -gt 0 ]; then
+  if LD_LIBRARY_PATH="$LD_PATH" ldd "${BINARIES[@]}" 2>&1 |
+      grep -E "version .(GLIBCXX|CXXABI|GCC)_[0-9.]+. not found" >/dev/null; then
+    LD_PATH="$BUNDLE/lib:$BUNDLE/lib/compat:${LD_PATH#"$BUNDLE/lib:"}"
+    COMPAT=1
+    say "this machine's libstdc++/libgcc_s are older than Debian 12's: using lib/compat"
+  fi
+fi
+echo "$COMPAT" >"$WORK/compat.txt"
+echo "$LD_PATH" >"$WORK/ld_library_path.txt"
+say "LD_LIBRARY_PATH=$LD_PATH"
+
+: >"$WORK/ldd.txt"
+for b in "${BINARIES[@]+"${BINARIES[@]}"}"; do
+  name=${b#"$BUNDLE/"}
+  out=$(LD_LIBRARY_PATH="$LD_PATH" ldd "$b" 2>&1)
+  printf '== ldd %s\n%s\n' "$name" "$out" >>"$WORK/ldd.txt"
+  if [ "$name" = bin/main_job ]; then
+    say "ldd $name:"
+    echo "$out"
+  fi
+  missing=$(grep -E "not found" <<<"$out" || true)
+  if [ -n "$missing" ]; then
+    sed "s|^[[:space:]]*|$name: |" <<<"$missing" >>"$WORK/ldd_missing.txt"
+    say "ldd $name: MISSING:"
+    echo "$missing"
+  else
+    say "ldd $name: $(grep -c '=>' <<<"$out") libraries, none missing"
+  fi
+done
+
+# cap <seconds>: the seconds a step may take, cut to what RUN_BUDGET_S leaves (less 15 s
+# for the summary); 0 when too little is left.
+cap() {
+  local left=$((RUN_BUDGET_S - ($(date +%s) - START) - 15))
+  [ "$left" -ge 10 ] || { echo 0; return; }
+  echo $(($1 < left ? $1 : left))
+}
+
+# run_step <name> <timeout_s> <log> <command...>: runs it with our libraries (the timeout
+# cut by cap), records it.
+run_step() {
+  local name=$1 limit log=$3
+  limit=$(cap "$2")
+  shift 3
+  local t0 rc note=""
+  if [ "$limit" = 0 ]; then
+    record "$name" -1 0 "not run: the run's budget of ${RUN_BUDGET_S} s is spent"
+    say "$name: not run (RUN_BUDGET_S=${RUN_BUDGET_S} spent)"
+    return 1
+  fi
+  t0=$(date +%s)
+  LD_LIBRARY_PATH="$LD_PATH" timeout -k 10 "$limit" "$@" >"$log" 2>&1
+  rc=$?
+  [ $rc = 124 ] || [ $rc = 137 ] && note="timed out after ${limit} s"
+  record "$name" "$rc" "$(($(date +%s) - t0))" "$note"
+  if [ $rc = 0 ]; then
+    say "$name: ok ($(($(date +%s) - t0)) s)"
+  else
+    say "$name: FAILED rc=$rc ${note} (log $log); last lines:"
+    tail -n 8 "$log"
+  fi
+  return $rc
+}
+
+# ---- 1. gpu tests ------------------------------------------------------------------------
+if skipped tests; then
+  say "gpu tests: skipped (SKIP)"
+else
+  tests_start=$(date +%s)
+  ran=0
+  for t in "$BUNDLE"/bin/tests/*; do
+    [ -f "$t" ] && [ -x "$t" ] || continue
+    name=$(basename "$t")
+    left=$((TESTS_BUDGET_S - ($(date +%s) - tests_start)))
+    if [ $left -le 5 ]; then
+      say "gpu test $name: not run (the tests' budget of ${TESTS_BUDGET_S} s is spent)"
+      record "test:$name" "-1" 0 "not run: tests budget spent"
+      continue
+    fi
+    limit=$((left < TEST_TIMEOUT_S ? left : TEST_TIMEOUT_S))
+    tmp="$WORK/tests/$name.tmp"
+    mkdir -p "$tmp"
+    runfiles=""
+    [ -d "$t.runfiles" ] && runfiles="$t.runfiles"
+    TEST_TMPDIR="$tmp" TEST_SRCDIR="${runfiles:-$tmp}" RUNFILES_DIR="${runfiles:-$tmp}" \
+      TEST_WORKSPACE=fsdp run_step "test:$name" "$limit" "$WORK/tests/$name.log" "$t" \
+      --gtest_color=no
+    ran=$((ran + 1))
+  done
+  say "gpu tests: $ran binaries run"
+fi
+
+# ---- 2. NCCL collectives benchmark -------------------------------------------------------
+if skipped bench; then
+  say "collectives bench: skipped (SKIP)"
+elif [ -x "$BUNDLE/bin/collectives_bench" ]; then
+  nproc=$NGPU
+  [ "$nproc" -ge 1 ] || nproc=1
+  [ "$nproc" -le 8 ] || nproc=8
+  run_step bench "$BENCH_TIMEOUT_S" "$WORK/nccl_bench.log" "$BUNDLE/bin/collectives_bench" \
+    --backend=nccl --nproc="$nproc" --max_bytes=$((1 << 30))
+else
+  record bench 127 0 "bin/collectives_bench is not in the bundle"
+fi
+
+# ---- 3. our main job ---------------------------------------------------------------------
+if skipped ours; then
+  say "main job: skipped (SKIP)"
+elif [ -x "$BUNDLE/bin/main_job" ]; then
+  rm -rf "$WORK/main_job"
+  # shellcheck disable=SC2086
+  run_step ours "$OURS_TIMEOUT_S" "$WORK/main_job.log" "$BUNDLE/bin/main_job" \
+    --device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16 \
+    --vocab_size=$MODEL_V --block_size=$MODEL_T --seq_len=$MODEL_T --n_embd=$MODEL_C \
+    --n_layer=$MODEL_L --n_head=$MODEL_H --batch_size="$BATCH" --steps="$STEPS" \
+    --log_every="$LOG_EVERY" --stages=fit --release=false --output_dir="$WORK/main_job" \
+    ${OURS_EXTRA_ARGS:-}
+  [ -f "$WORK/main_job/summary.json" ] && cp "$WORK/main_job/summary.json" "$WORK/main_job_summary.json"
+else
+  record ours 127 0 "bin/main_job is not in the bundle"
+fi
+
+# ---- 4. PyTorch FSDP2 --------------------------------------------------------------------
+if skipped pytorch; then
+  say "pytorch fsdp2: skipped (SKIP)"
+elif [ "$(cap "$PT_TIMEOUT_S")" = 0 ]; then
+  record pytorch -1 0 "not run: the run's budget of ${RUN_BUDGET_S} s is spent"
+elif command -v "$PYTHON" >/dev/null 2>&1; then
+  # Not with our LD_LIBRARY_PATH: PyTorch finds its own libraries.
+  t0=$(date +%s)
+  PT_LIMIT=$(cap "$PT_TIMEOUT_S")
+  timeout -k 10 "$PT_LIMIT" "$PYTHON" "$BUNDLE/bench/pytorch_fsdp2.py" \
+    --vocab_size=$MODEL_V --block_size=$MODEL_T --seq_len=$MODEL_T --n_embd=$MODEL_C \
+    --n_layer=$MODEL_L --n_head=$MODEL_H --batch_size="$BATCH" --steps="$PT_STEPS" \
+    --warmup="$PT_WARMUP" --param_dtype=bfloat16 \
+    ${PEAK_TFLOPS:+--peak_tflops="$PEAK_TFLOPS"} >"$WORK/pytorch_fsdp2.log" 2>&1
+  rc=$?
+  note=""
+  [ $rc = 124 ] || [ $rc = 137 ] && note="timed out after ${PT_LIMIT} s"
+  record pytorch "$rc" "$(($(date +%s) - t0))" "$note"
+  if [ $rc = 0 ]; then say "pytorch fsdp2: ok"; else
+    say "pytorch fsdp2: FAILED rc=$rc $note; last lines:"
+    tail -n 8 "$WORK/pytorch_fsdp2.log"
+  fi
+else
+  record pytorch 127 0 "$PYTHON not found"
+fi
+
+# ---- summary -----------------------------------------------------------------------------
+export WORK BUNDLE STEPS PT_STEPS PT_WARMUP BATCH MODEL_V MODEL_T MODEL_C MODEL_L MODEL_H START
+export PEAK_TFLOPS=${PEAK_TFLOPS:-0} SKIP
+summary_py() {
+  "$PYTHON" - <<'PY'
+import glob, json, os, re, statistics, subprocess, time
+
+W = os.environ["WORK"]
+B = os.environ["BUNDLE"]
+
+def read(path, default=""):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return default
+
+def last_json(text):
+    """The last line of text that parses as a JSON object, or the whole text as JSON."""
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                pass
+    try:
+        v = json.loads(text)
+        return v if isinstance(v, dict) else None
+    except ValueError:
+        return None
+
+steps = {}
+for path in sorted(glob.glob(os.path.join(W, "steps", "*"))):
+    lines = read(path).split("\n")
+    rc = int(lines[0]) if lines and lines[0].lstrip("-").isdigit() else None
+    steps[os.path.basename(path)] = {
+        "ok": rc == 0, "rc": rc,
+        "seconds": int(lines[1]) if len(lines) > 1 and lines[1].isdigit() else None,
+        "note": lines[2] if len(lines) > 2 and lines[2] else None}
+
+SKIPPED = [x for x in os.environ.get("SKIP", "").split(",") if x]
+
+def step_error(name, log):
+    s = steps.get(name)
+    if s is None:
+        return "skipped (SKIP)" if name in SKIPPED else "not run"
+    if s["ok"]:
+        return None
+    tail = [l.strip()[:300] for l in read(log).splitlines() if l.strip()][-3:]
+    return "; ".join(x for x in [f"rc={s['rc']}", s["note"]] + tail if x)
+
+# gtest: count test cases by their result lines; a binary that failed without a FAILED
+# case (crash, timeout, bad exit) counts as one failure named after the binary.
+passed = failed = skipped = 0
+failed_names, not_run, binaries = [], [], {}
+ok_re = re.compile(r"^\[\s+OK\s+\] (\S+) \(\d+ ms\)")
+fail_re = re.compile(r"^\[\s+FAILED\s+\] (\S+)(?:, where .*)? \(\d+ ms\)")
+skip_re = re.compile(r"^\[\s+SKIPPED\s+\] (\S+) \(\d+ ms\)")
+run_re = re.compile(r"^\[\s+RUN\s+\] (\S+)")
+for name, s in steps.items():
+    if not name.startswith("test:"):
+        continue
+    binary = name[5:]
+    if s["rc"] == -1:
+        not_run.append(binary)
+        continue
+    text = read(os.path.join(W, "tests", binary + ".log"))
+    p = f = k = 0
+    started, finished = [], set()
+    for line in text.splitlines():
+        m = run_re.match(line)
+        if m:
+            started.append(m.group(1)); continue
+        m = ok_re.match(line)
+        if m:
+            p += 1; finished.add(m.group(1)); continue
+        m = fail_re.match(line)
+        if m:
+            f += 1; finished.add(m.group(1)); failed_names.append(f"{binary}:{m.group(1)}"); continue
+        m = skip_re.match(line)
+        if m:
+            k += 1; finished.add(m.group(1))
+    unfinished = [t for t in started if t not in finished]
+    for t in unfinished:
+        f += 1
+        failed_names.append(f"{binary}:{t} (did not finish: {s['note'] or 'rc=' + str(s['rc'])})")
+    if not s["ok"] and f == 0:
+        f += 1
+        failed_names.append(f"{binary} ({s['note'] or 'rc=' + str(s['rc'])})")
+    passed, failed, skipped = passed + p, failed + f, skipped + k
+    binaries[binary] = {"ok": s["ok"] and f == 0, "passed": p, "failed": f, "skipped": k,
+                        "seconds": s["seconds"]}
+
+# NCCL benchmark: the best bus bandwidth per op.
+bench = {"ok": steps.get("bench", {}).get("ok", False), "error": step_error("bench", os.path.join(W, "nccl_bench.log"))}
+bj = None
+text = read(os.path.join(W, "nccl_bench.log"))
+# Its JSON (indented, so it opens with a line "{") among log lines on stderr.
+m = re.search(r"^\{$", text, re.M)
+if m:
+    try:
+        bj, _ = json.JSONDecoder().raw_decode(text[m.start():])
+    except ValueError:
+        bj = None
+if isinstance(bj, dict):
+    with open(os.path.join(W, "nccl_bench.json"), "w") as out:
+        json.dump(bj, out, indent=1)
+    best = {}
+    for r in bj.get("results", []):
+        op = r.get("op")
+        for key in ("busbw_GBps", "algbw_GBps"):
+            v = r.get(key)
+            if isinstance(v, (int, float)):
+                best.setdefault(op, {})[key] = max(best.get(op, {}).get(key, 0), v)
+    bench.update({"nproc": bj.get("nproc"), "best": best})
+
+cfg = {k: int(os.environ[k]) for k in ("MODEL_V", "MODEL_T", "MODEL_C", "MODEL_L", "MODEL_H", "BATCH")}
+L, T, C, V = cfg["MODEL_L"], cfg["MODEL_T"], cfg["MODEL_C"], cfg["MODEL_V"]
+# Parameters of the GPT (tied lm_head): wte, wpe, per block 12 C^2 + 13 C, ln_f.
+n_params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+flops_per_token = 6.0 * n_params + 12.0 * L * T * C  # nanoGPT's estimate_mfu
+
+gpu_query = read(os.path.join(W, "gpu_query.txt")).strip().splitlines()
+gpu_name = gpu_query[0].split(",")[0].strip() if gpu_query else None
+driver = gpu_query[0].split(",")[1].strip() if gpu_query and "," in gpu_query[0] else None
+peak = float(os.environ.get("PEAK_TFLOPS") or 0)
+if peak <= 0 and gpu_name:
+    for key, v in (("H200", 989.0), ("H100", 989.0), ("GH200", 989.0), ("A100", 312.0),
+                   ("B200", 2250.0), ("L40S", 362.0)):
+        if key in gpu_name:
+            peak = v
+            break
+
+def est_mfu(tps, world=1):
+    if not tps or peak <= 0:
+        return None
+    return flops_per_token * tps / world / (peak * 1e12)
+
+# Ours: summary.json of the run; steady tokens/s from the progress lines (intervals after
+# the first, which holds the warm-up: allocator, cuBLASLt heuristics, NCCL set-up).
+ours = {"ok": steps.get("ours", {}).get("ok", False),
+        "error": step_error("ours", os.path.join(W, "main_job.log"))}
+log = read(os.path.join(W, "main_job.log"))
+summ = None
+try:
+    summ = json.loads(read(os.path.join(W, "main_job_summary.json")))
+except ValueError:
+    summ = None
+if not isinstance(summ, dict):
+    summ = last_json(log)
+rates = [float(m.group(1)) for m in re.finditer(r"step\s+\d+/\d+.*?tokens/s\s+([0-9.eE+]+)", log)]
+steady = statistics.median(rates[1:]) if len(rates) > 1 else None
+reported = summ.get("tokens_per_second") if isinstance(summ, dict) else None
+world = (summ or {}).get("world_size", 1) or 1
+ours.update({
+    "tokens_per_s": steady if steady else reported,
+    "tokens_per_s_basis": "median of progress intervals after the first" if steady else "whole fit stage",
+    "tokens_per_s_whole_fit": reported,
+    "mfu": (summ or {}).get("mfu"),
+    "mfu_estimate": est_mfu(steady if steady else reported, world),
+    "peak_device_memory_bytes": (summ or {}).get("peak_device_memory_bytes"),
+    "device": (summ or {}).get("device"),
+    "final_train_loss": (summ or {}).get("final_train_loss"),
+    "steps": int(os.environ["STEPS"]),
+    # The job's own figures on memory (its bound), throughput, FLOPs and the device.
+    "summary": {k: v for k, v in (summ or {}).items()
+                if isinstance(v, (int, float, str, type(None))) and
+                any(w in k for w in ("memory", "bound", "mfu", "tokens", "flop", "device",
+                                     "backend", "step", "world"))},
+})
+
+pt = {"ok": steps.get("pytorch", {}).get("ok", False),
+      "error": step_error("pytorch", os.path.join(W, "pytorch_fsdp2.log"))}
+pj = last_json(read(os.path.join(W, "pytorch_fsdp2.log"))) or {}
+if pj.get("ok") is False and not pt["error"]:
+    pt["error"] = pj.get("error")
+for key in ("tokens_per_s", "mfu", "peak_device_memory_bytes", "step_s_median", "torch",
+            "cuda", "nccl", "final_loss"):
+    pt[key] = pj.get(key)
+pt["optimizer"] = (pj.get("config") or {}).get("optimizer")
+pt["steps"], pt["warmup"] = int(os.environ["PT_STEPS"]), int(os.environ["PT_WARMUP"])
+
+ratio = None
+if ours["tokens_per_s"] and pt.get("tokens_per_s"):
+    ratio = ours["tokens_per_s"] / pt["tokens_per_s"]
+
+libs = {}
+for line in read(os.path.join(W, "cuda_libs.txt")).splitlines():
+    parts = line.split(" ", 1)
+    if len(parts) == 2:
+        libs[parts[0]] = None if parts[1] == "NOT_FOUND" else parts[1]
+
+all_ok = all(s["ok"] for s in steps.values()) and bool(steps)
+summary = {
+    "gpu_run_summary": 1,
+    "ok": all_ok,
+    "gpu_tests": {"passed": passed, "failed": failed, "skipped": skipped,
+                  "failed_names": failed_names, "not_run": not_run,
+                  "binaries": binaries},
+    "tokens_per_s": {"ours": ours["tokens_per_s"], "pytorch_fsdp2": pt.get("tokens_per_s")},
+    "tokens_per_s_ratio": ratio,
+    "tokens_per_s_ratio_is": "ours / pytorch_fsdp2 (target >= 1.0)",
+    "mfu": ours["mfu"] if ours["mfu"] is not None else ours["mfu_estimate"],
+    "peak_device_memory_bytes": ours["peak_device_memory_bytes"],
+    "ours": ours,
+    "pytorch_fsdp2": pt,
+    "nccl_bench": bench,
+    "config": {"vocab_size": V, "block_size": T, "seq_len": T, "n_embd": C, "n_layer": L,
+               "n_head": cfg["MODEL_H"], "batch_size": cfg["BATCH"], "param_dtype": "bfloat16",
+               "model_parameters": n_params, "flops_per_token": flops_per_token,
+               "peak_tflops_assumed": peak or None},
+    "steps": {k: v for k, v in steps.items() if not k.startswith("test:")},
+    "env": {"gpu": gpu_name, "driver": driver,
+            "gpus": [l for l in read(os.path.join(W, "nvidia_smi.txt")).splitlines() if l.startswith("GPU")],
+            "glibc": read(os.path.join(W, "ldd_version.txt")).strip(),
+            "libraries": libs,
+            "ld_library_path": read(os.path.join(W, "ld_library_path.txt")).strip(),
+            "ldd_missing": [l for l in read(os.path.join(W, "ldd_missing.txt")).splitlines() if l],
+            "compat_libstdcxx": read(os.path.join(W, "compat.txt")).strip() == "1",
+            "bundle": read(os.path.join(B, "MANIFEST.txt")).splitlines()[:1]},
+    "seconds": int(time.time()) - int(os.environ["START"]),
+    "work_dir": W,
+}
+with open(os.path.join(W, "summary.json"), "w") as out:
+    json.dump(summary, out, indent=1)
+print(json.dumps(summary, separators=(",", ":")))
+PY
+}
+
+# Logs to $OUT (at most 8 files; each cut to its last 16 MiB).
+copy_out() {
+  [ -n "${OUT:-}" ] || return 0
+  mkdir -p "$OUT" || return 0
+  cat "$WORK"/tests/*.log >"$WORK/gpu_tests.log" 2>/dev/null || : >"$WORK/gpu_tests.log"
+  local f
+  for f in summary.json run.log ldd.txt gpu_tests.log nccl_bench.json main_job.log \
+      main_job_summary.json pytorch_fsdp2.log; do
+    [ -f "$WORK/$f" ] && tail -c $((16 << 20)) "$WORK/$f" >"$OUT/$f"
+  done
+}
+
+say "done in $(($(date +%s) - START)) s; summary:"
+if command -v "$PYTHON" >/dev/null 2>&1 && summary_line=$(summary_py 2>"$WORK/summary.err"); then
+  copy_out
+  echo "$summary_line"
+  case "$summary_line" in '{"gpu_run_summary":1,"ok":true'*) exit 0 ;; esac
+  exit 1
+fi
+# No Python (or the summary failed): the step statuses only.
+why="$PYTHON not found"
+[ -s "$WORK/summary.err" ] && why="$PYTHON: $(tail -c 300 "$WORK/summary.err" | tr -d '"\\\n\t')"
+line="{\"gpu_run_summary\":1,\"ok\":false,\"error\":\"summary not assembled ($why)\",\"steps\":{"
+sep=""
+for f in "$WORK"/steps/*; do
+  [ -f "$f" ] || continue
+  line="$line$sep\"$(basename "$f")\":$(head -1 "$f")"
+  sep=","
+done
+echo "$line}}" >"$WORK/summary.json"
+copy_out
+cat "$WORK/summary.json"
+exit 1

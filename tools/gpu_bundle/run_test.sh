@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# Test of the bundle's run.sh without a GPU: a fake bundle (gtest-like test scripts, a fake
+# main job, benchmark and PyTorch script, a fake nvidia-smi, fake CUDA toolkit and wheel
+# library directories) checks its library discovery, its gtest counting, its timeouts, the
+# JSON it assembles, the files it copies to $OUT, and its summary without Python.
+set -euo pipefail
+
+RUN_SH=${1:-tools/gpu_bundle/run.sh}
+[ -f "$RUN_SH" ] || { echo "run.sh not found at $RUN_SH"; exit 1; }
+T=$(mktemp -d "${TEST_TMPDIR:-/tmp}/run_test.XXXXXX")
+failures=0
+check() {  # check <description> <command...>
+  local what=$1
+  shift
+  if "$@"; then echo "PASS: $what"; else echo "FAIL: $what"; failures=$((failures + 1)); fi
+}
+
+# ---- the fake bundle -------------------------------------------------------------------
+B=$T/bundle
+mkdir -p "$B/bin/tests" "$B/lib/compat" "$B/bench" "$T/fakebin" "$T/cuda/lib64" \
+  "$T/site/nvidia/nccl/lib" "$T/site/nvidia/cu13/lib"
+cp "$RUN_SH" "$B/run.sh"
+chmod +x "$B/run.sh"
+printf 'libcudart.so.13\nlibcublas.so.13\nlibcublasLt.so.13\nlibnccl.so.2\n' >"$B/lib/cuda_sonames.txt"
+echo "gpu_bundle test-commit" >"$B/MANIFEST.txt"
+# The toolkit has cudart and cuBLAS but no NCCL; the wheels have NCCL and another cudart.
+touch "$T/cuda/lib64/libcudart.so.13" "$T/cuda/lib64/libcublas.so.13" "$T/cuda/lib64/libcublasLt.so.13"
+touch "$T/site/nvidia/nccl/lib/libnccl.so.2" "$T/site/nvidia/cu13/lib/libcudart.so.13"
+
+cat >"$T/fakebin/nvidia-smi" <<'EOF'
+#!/bin/sh
+case "$1" in
+  -L) echo "GPU 0: NVIDIA H200 (UUID: GPU-fake)" ;;
+  *) echo "NVIDIA H200, 580.95.05, 143771 MiB" ;;
+esac
+EOF
+
+cat >"$B/bin/tests/a_test" <<'EOF'
+#!/bin/sh
+# Passes two cases and skips one; checks what run.sh gives a test.
+[ -d "$TEST_TMPDIR" ] || { echo "no TEST_TMPDIR"; exit 1; }
+case "$LD_LIBRARY_PATH" in *"/bundle/lib:"*) ;; *) echo "bad LD_LIBRARY_PATH"; exit 1 ;; esac
+echo "[==========] Running 3 tests from 1 test suite."
+echo "[ RUN      ] A.one"
+echo "[       OK ] A.one (3 ms)"
+echo "[ RUN      ] A.two"
+echo "[       OK ] A.two (0 ms)"
+echo "[ RUN      ] A.gpu"
+echo "a_test.cc:9: Skipped"
+echo "no CUDA device"
+echo "[  SKIPPED ] A.gpu (0 ms)"
+echo "[  PASSED  ] 2 tests."
+EOF
+cat >"$B/bin/tests/b_test" <<'EOF'
+#!/bin/sh
+echo "[ RUN      ] B.ok"
+echo "[       OK ] B.ok (1 ms)"
+echo "[ RUN      ] B.fails"
+echo "b_test.cc:3: Failure"
+echo "[  FAILED  ] B.fails (2 ms)"
+echo "[ RUN      ] Param/B.typed/0"
+echo "[  FAILED  ] Param/B.typed/0, where GetParam() = 4 (0 ms)"
+echo "[  FAILED  ] 2 tests, listed below:"
+echo "[  FAILED  ] B.fails"
+exit 1
+EOF
+cat >"$B/bin/tests/c_test" <<'EOF'
+#!/bin/sh
+echo "[ RUN      ] C.fine"
+echo "[       OK ] C.fine (1 ms)"
+echo "[ RUN      ] C.crashes"
+kill -ABRT $$
+EOF
+cat >"$B/bin/tests/d_test" <<'EOF'
+#!/bin/sh
+echo "[ RUN      ] D.hangs"
+sleep 30
+EOF
+
+cat >"$B/bin/collectives_bench" <<'EOF'
+#!/bin/sh
+echo "I1203 rank 0: {not json} starting" >&2
+cat <<'J'
+{
+  "benchmark": "collectives",
+  "nproc": 1,
+  "results": [
+    {"op": "all_gather", "bytes": 4096, "algbw_GBps": 1.5, "busbw_GBps": 0.0},
+    {"op": "all_gather", "bytes": 8192, "algbw_GBps": 2.5, "busbw_GBps": 0.0}
+  ]
+}
+J
+EOF
+
+cat >"$B/bin/main_job" <<'EOF'
+#!/bin/sh
+# Checks the flags run.sh passes, prints progress lines, writes summary.json.
+out=""
+for a in "$@"; do
+  case "$a" in --output_dir=*) out=${a#--output_dir=} ;; esac
+done
+for want in --device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16 \
+    --vocab_size=50304 --block_size=1024 --seq_len=1024 --n_embd=768 --n_layer=12 \
+    --n_head=12 --batch_size=4 --steps=20; do
+  case " $* " in *" $want "*) ;; *) echo "main_job: missing flag $want in: $*"; exit 2 ;; esac
+done
+mkdir -p "$out"
+echo "step     5/20 (global 5)  loss 9.0000  tokens/s      100  peak r0 1 MiB"
+echo "step    10/20 (global 10)  loss 8.0000  tokens/s     1100  peak r0 1 MiB"
+echo "step    15/20 (global 15)  loss 7.0000  tokens/s     1200  peak r0 1 MiB"
+echo "step    20/20 (global 20)  loss 6.0000  tokens/s     1300  peak r0 1 MiB"
+cat >"$out/summary.json" <<J
+{"world_size": 1, "device": "cuda", "tokens_per_second": 800.0, "mfu": 0.55,
+ "peak_device_memory_bytes": 123456, "final_train_loss": 6.5,
+ "fsdp_memory_bound_bytes": 120000, "fit_losses": [9, 8, 7]}
+J
+echo '{"world_size": 1, "tokens_per_second": 800.0}'
+EOF
+
+cat >"$B/bench/pytorch_fsdp2.py" <<'EOF'
+import json, sys
+args = dict(a.lstrip("-").split("=", 1) for a in sys.argv[1:])
+assert args["batch_size"] == "4" and args["vocab_size"] == "50304" and args["param_dtype"] == "bfloat16", args
+print("some warning from torch")
+print(json.dumps({"ok": True, "tokens_per_s": 1000.0, "mfu": 0.4,
+                  "peak_device_memory_bytes": 999, "config": {"optimizer": "AdamW fused"}}))
+EOF
+chmod +x "$T/fakebin/"* "$B/bin/"* "$B/bin/tests/"*
+
+export PATH="$T/fakebin:$PATH" PYTHONPATH="$T/site" CUDA_HOME="$T/cuda"
+export BATCH=4 STEPS=20 TEST_TIMEOUT_S=2
+
+# ---- 1. a full run ----------------------------------------------------------------------
+set +e
+OUT=$T/out RUN_WORK=$T/work1 "$B/run.sh" >"$T/stdout1" 2>&1
+rc=$?
+set -e
+cat "$T/stdout1"
+check "run.sh exits 1 when a step failed" [ "$rc" = 1 ]
+tail -n 1 "$T/stdout1" >"$T/summary1.json"
+check "the last line is the JSON summary" python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$T/summary1.json"
+
+py_check() {  # py_check <description> <summary file> <python expression over s>
+  check "$1" python3 -c "import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if ($3) else 1)" "$2"
+}
+S=$T/summary1.json
+py_check "gpu tests: 4 passed (A.one A.two B.ok C.fine)" "$S" 's["gpu_tests"]["passed"] == 4'
+py_check "gpu tests: 1 skipped" "$S" 's["gpu_tests"]["skipped"] == 1'
+py_check "gpu tests: 4 failed (B.fails, B.typed/0, C.crashes, D.hangs)" "$S" 's["gpu_tests"]["failed"] == 4'
+py_check "failing names: B.fails and the parameterised one" "$S" \
+  '"b_test:B.fails" in s["gpu_tests"]["failed_names"] and "b_test:Param/B.typed/0" in s["gpu_tests"]["failed_names"]'
+py_check "failing names: the crashed and the timed-out cases" "$S" \
+  'any(n.startswith("c_test:C.crashes (did not finish") for n in s["gpu_tests"]["failed_names"]) and any(n.startswith("d_test:D.hangs (did not finish: timed out") for n in s["gpu_tests"]["failed_names"])'
+py_check "a_test binary ok, b_test not" "$S" 's["gpu_tests"]["binaries"]["a_test"]["ok"] and not s["gpu_tests"]["binaries"]["b_test"]["ok"]'
+py_check "libcudart from the toolkit (before the wheel)" "$S" \
+  's["env"]["libraries"]["libcudart.so.13"] == "'"$T"'/cuda/lib64/libcudart.so.13"'
+py_check "libnccl from the wheel (the toolkit has none)" "$S" \
+  's["env"]["libraries"]["libnccl.so.2"] == "'"$T"'/site/nvidia/nccl/lib/libnccl.so.2"'
+py_check "LD_LIBRARY_PATH: bundle lib, toolkit, wheel" "$S" \
+  's["env"]["ld_library_path"].startswith("'"$B"'/lib:'"$T"'/cuda/lib64:'"$T"'/site/nvidia/nccl/lib")'
+py_check "ours: steady tokens/s = median of intervals after the first (1200)" "$S" 's["tokens_per_s"]["ours"] == 1200.0'
+py_check "ours: whole-fit tokens/s kept (800)" "$S" 's["ours"]["tokens_per_s_whole_fit"] == 800.0'
+py_check "pytorch tokens/s 1000 and ratio 1.2" "$S" \
+  's["tokens_per_s"]["pytorch_fsdp2"] == 1000.0 and abs(s["tokens_per_s_ratio"] - 1.2) < 1e-12'
+py_check "mfu and peak memory from our summary" "$S" 's["mfu"] == 0.55 and s["peak_device_memory_bytes"] == 123456'
+py_check "our summary's memory bound passed through, not its losses" "$S" \
+  's["ours"]["summary"]["fsdp_memory_bound_bytes"] == 120000 and "fit_losses" not in s["ours"]["summary"]'
+py_check "mfu estimate: 6N + 12LTC flops per token at 989 TFLOP/s" "$S" \
+  'abs(s["ours"]["mfu_estimate"] - s["config"]["flops_per_token"] * 1200 / 989e12) < 1e-15 and s["config"]["model_parameters"] == 124475904'
+py_check "bench: ok with its best algbw" "$S" 's["nccl_bench"]["ok"] and s["nccl_bench"]["best"]["all_gather"]["algbw_GBps"] == 2.5'
+py_check "steps ours, bench, pytorch ok" "$S" 'all(s["steps"][k]["ok"] for k in ("ours", "bench", "pytorch"))'
+py_check "environment: GPU and driver" "$S" 's["env"]["gpu"] == "NVIDIA H200" and s["env"]["driver"] == "580.95.05"'
+py_check "overall ok is false" "$S" 's["ok"] is False'
+py_check "no library missing for the (script) binaries" "$S" 's["env"]["ldd_missing"] == []'
+for f in summary.json run.log ldd.txt gpu_tests.log nccl_bench.json main_job.log main_job_summary.json pytorch_fsdp2.log; do
+  check "\$OUT/$f copied" [ -s "$T/out/$f" ]
+done
+check "at most 8 files in \$OUT" [ "$(ls "$T/out" | wc -l)" -le 8 ]
+check "stdout prints nvidia-smi -L and ldd --version" grep -q "GPU 0: NVIDIA H200" "$T/stdout1"
+
+# ---- 2. wheel libraries first, failing tests left out: exit 0 --------------------------
+rm "$B/bin/tests/b_test" "$B/bin/tests/c_test" "$B/bin/tests/d_test"
+set +e
+FSDP_PREFER_WHEEL=1 SKIP=bench RUN_WORK=$T/work2 "$B/run.sh" >"$T/stdout2" 2>&1
+rc=$?
+set -e
+check "run.sh exits 0 when every step that ran passed" [ "$rc" = 0 ]
+tail -n 1 "$T/stdout2" >"$T/summary2.json"
+py_check "FSDP_PREFER_WHEEL=1: libcudart from the wheel" "$T/summary2.json" \
+  's["env"]["libraries"]["libcudart.so.13"] == "'"$T"'/site/nvidia/cu13/lib/libcudart.so.13"'
+py_check "skipped bench is not run" "$T/summary2.json" \
+  '"bench" not in s["steps"] and s["nccl_bench"]["error"] == "skipped (SKIP)" and s["ok"] is True'
+
+# ---- 3. the run's budget spent before any step -----------------------------------------
+set +e
+RUN_BUDGET_S=20 SKIP=bench RUN_WORK=$T/work_budget "$B/run.sh" >"$T/stdout_budget" 2>&1
+rc=$?
+set -e
+check "budget spent: exit 1" [ "$rc" = 1 ]
+tail -n 1 "$T/stdout_budget" >"$T/summary_budget.json"
+py_check "budget spent: steps recorded as not run, tests as not run (not failed)" "$T/summary_budget.json" \
+  's["steps"]["ours"]["rc"] == -1 and s["steps"]["pytorch"]["rc"] == -1 and s["gpu_tests"]["not_run"] == ["a_test"] and s["gpu_tests"]["failed"] == 0 and s["ok"] is False'
+
+# ---- 4. a library nowhere; no Python for the summary ------------------------------------
+echo libfsdp_nowhere.so.7 >>"$B/lib/cuda_sonames.txt"
+set +e
+PYTHON=/nonexistent/python3 SKIP=tests,bench,pytorch RUN_WORK=$T/work3 "$B/run.sh" >"$T/stdout3" 2>&1
+rc=$?
+set -e
+cat "$T/stdout3"
+check "without Python: exit 1" [ "$rc" = 1 ]
+check "a missing library is reported" grep -q "NOT FOUND: libfsdp_nowhere.so.7" "$T/stdout3"
+tail -n 1 "$T/stdout3" >"$T/summary3.json"
+py_check "without Python: a JSON line with the step statuses" "$T/summary3.json" \
+  's["ok"] is False and s["steps"]["ours"] == 0'
+
+echo "$failures failed"
+[ "$failures" = 0 ]
