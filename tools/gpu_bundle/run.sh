@@ -426,8 +426,10 @@ def est_mfu(tps, world=1):
         return None
     return flops_per_token * tps / world / (peak * 1e12)
 
-# Ours: summary.json of the run; steady tokens/s from the progress lines (intervals after
-# the first, which holds the warm-up: allocator, cuBLASLt heuristics, NCCL set-up).
+# Ours: summary.json of the run. Tokens/s after the warm-up: the job's own figure
+# (tokens_per_second_after_warmup) where it reports one, else the median of its progress
+# intervals after the first (which holds the warm-up: allocator, cuBLASLt heuristics, NCCL
+# set-up), else the whole fit stage.
 ours = {"ok": steps.get("ours", {}).get("ok", False),
         "error": step_error("ours", os.path.join(W, "main_job.log"))}
 log = read(os.path.join(W, "main_job.log"))
@@ -438,25 +440,46 @@ except ValueError:
     summ = None
 if not isinstance(summ, dict):
     summ = last_json(log)
+summ = summ or {}
+
+def number(v):
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
 rates = [float(m.group(1)) for m in re.finditer(r"step\s+\d+/\d+.*?tokens/s\s+([0-9.eE+]+)", log)]
-steady = statistics.median(rates[1:]) if len(rates) > 1 else None
-reported = summ.get("tokens_per_second") if isinstance(summ, dict) else None
-world = (summ or {}).get("world_size", 1) or 1
+after_warmup = number(summ.get("tokens_per_second_after_warmup"))
+if after_warmup:
+    tps, basis = after_warmup, (f"the job's tokens_per_second_after_warmup "
+                                f"({summ.get('warmup_steps_excluded')} warm-up steps excluded)")
+elif len(rates) > 1:
+    tps, basis = statistics.median(rates[1:]), "median of the progress intervals after the first"
+else:
+    tps, basis = number(summ.get("tokens_per_second")), "whole fit stage"
+world = number(summ.get("world_size")) or 1
+mem_peaks = summ.get("peak_device_memory_bytes")
+mem_list = [p for p in mem_peaks if number(p) is not None] if isinstance(mem_peaks, list) else None
+mem_peak = max(mem_list) if mem_list else number(mem_peaks)
+
+def simple(v):
+    if isinstance(v, list):
+        return all(isinstance(x, (int, float, str, type(None))) for x in v)
+    return isinstance(v, (int, float, str, type(None), dict))
+
 ours.update({
-    "tokens_per_s": steady if steady else reported,
-    "tokens_per_s_basis": "median of progress intervals after the first" if steady else "whole fit stage",
-    "tokens_per_s_whole_fit": reported,
-    "mfu": (summ or {}).get("mfu"),
-    "mfu_estimate": est_mfu(steady if steady else reported, world),
-    "peak_device_memory_bytes": (summ or {}).get("peak_device_memory_bytes"),
-    "device": (summ or {}).get("device"),
-    "final_train_loss": (summ or {}).get("final_train_loss"),
+    "tokens_per_s": tps,
+    "tokens_per_s_basis": basis,
+    "tokens_per_s_whole_fit": number(summ.get("tokens_per_second")),
+    "mfu": number(summ.get("mfu")),
+    "mfu_estimate": est_mfu(tps, world),
+    "peak_device_memory_bytes": mem_peak,
+    "peak_device_memory_bytes_per_rank": mem_list,
+    "device": summ.get("device"),
+    "final_train_loss": summ.get("final_train_loss"),
     "steps": int(os.environ["STEPS"]),
     # The job's own figures on memory (its bound), throughput, FLOPs and the device.
-    "summary": {k: v for k, v in (summ or {}).items()
-                if isinstance(v, (int, float, str, type(None))) and
-                any(w in k for w in ("memory", "bound", "mfu", "tokens", "flop", "device",
-                                     "backend", "step", "world"))},
+    "summary": {k: v for k, v in summ.items()
+                if simple(v) and any(w in k for w in ("memory", "bound", "mfu", "tokens", "flop",
+                                                      "device", "backend", "step", "world",
+                                                      "vocab", "peak"))},
 })
 
 pt = {"ok": steps.get("pytorch", {}).get("ok", False),
