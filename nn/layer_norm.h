@@ -45,7 +45,7 @@ class LayerNorm : public core::Module {
   core::ParameterPtr bias_;
   // Cached by Forward, released by Backward: the normalised input and 1/std per row.
   core::Tensor xhat_;
-  std::vector<float> rstd_;
+  core::Tensor rstd_;  // [rows], fp32, on the input's device
 };
 
 }  // namespace nn
