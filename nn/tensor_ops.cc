@@ -251,6 +251,7 @@ absl::Status GeluForward(absl::string_view what, const Tensor& x, const Tensor& 
   }
   const float* in = F32(x);
   float* out = MutF32(y);
+#pragma omp simd
   for (int64_t i = 0; i < n; ++i) out[i] = k::GeluTanhForward(in[i]);
   return absl::OkStatus();
 }
@@ -271,6 +272,7 @@ absl::Status GeluBackward(absl::string_view what, const Tensor& x, const Tensor&
   const float* in = F32(x);
   const float* g = F32(gy);
   float* out = MutF32(gx);
+#pragma omp simd
   for (int64_t i = 0; i < n; ++i) out[i] = k::GeluTanhBackward(in[i], g[i]);
   return absl::OkStatus();
 }

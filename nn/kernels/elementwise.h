@@ -18,17 +18,19 @@ namespace kernels {
 constexpr float kGeluSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluCoeff = 0.044715f;
 
-// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), PyTorch's approximate='tanh'.
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), PyTorch's approximate='tanh', with
+// tanh from FastTanh (nn/kernels/math.h): within 1e-6 * (1 + |x|) of the exact form
+// (nn/kernels_test.cc), about three times faster than libm's tanhf on the CPU.
 FSDP_HD inline float GeluTanhForward(float x) {
   const float inner = kGeluSqrt2OverPi * (x + kGeluCoeff * x * x * x);
-  return 0.5f * x * (1.0f + Tanh(inner));
+  return 0.5f * x * (1.0f + FastTanh(inner));
 }
 
 // d GeluTanhForward / dx at x.
 FSDP_HD inline float GeluTanhDerivative(float x) {
   const float x2 = x * x;
   const float inner = kGeluSqrt2OverPi * (x + kGeluCoeff * x2 * x);
-  const float t = Tanh(inner);
+  const float t = FastTanh(inner);
   const float d_inner = kGeluSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * x2);
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * d_inner;
 }
