@@ -358,6 +358,7 @@ absl::Status BiasAdd(absl::string_view what, const Tensor& x, const Tensor& bias
     for (int64_t r = 0; r < rows; ++r) {
       const float* xr = in + r * cols;
       float* orow = o + r * cols;
+#pragma omp simd
       for (int64_t j = 0; j < cols; ++j) orow[j] = k::BiasAdd(xr[j], b, j);
     }
   });
@@ -450,7 +451,10 @@ absl::Status LayerNormForward(absl::string_view what, const Tensor& x, const Ten
       pr[r] = static_cast<float>(inv);
       float* hr = ph + r * cols;
       float* yr = py + r * cols;
-      for (int64_t j = 0; j < cols; ++j) yr[j] = k::LayerNormApply(xr[j], mean, inv, wp, bp, j, &hr[j]);
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) {
+        yr[j] = k::LayerNormApply(xr[j], mean, inv, wp, bp, j, &hr[j]);
+      }
     }
   });
   return absl::OkStatus();
@@ -519,6 +523,7 @@ absl::Status LayerNormBackward(absl::string_view what, const Tensor& g, const Te
       const double mean_gh_h = sum_gh_h / cols;
       const double rs = pr[r];
       float* o = out + r * cols;
+#pragma omp simd
       for (int64_t j = 0; j < cols; ++j) {
         o[j] = k::LayerNormBackwardInput(gr[j], wp, j, hr[j], rs, mean_gh, mean_gh_h);
       }

@@ -84,6 +84,7 @@ absl::Status AdamW::Step() {
           " but this build has no CUDA support"));
 #endif
     }
+#pragma omp simd
     for (int64_t j = 0; j < n; ++j) nn::kernels::AdamWUpdate(&w[j], &m[j], &v[j], grad[j], s);
   }
 #ifdef FSDP_WITH_CUDA

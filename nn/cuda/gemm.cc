@@ -3,6 +3,9 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include <array>
+#include <cstdint>
+#include <map>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -105,6 +108,25 @@ absl::Status MakeLayout(cublasLtMatrixLayout_t* layout, cudaDataType_t type, int
 
 bool FitsInt32(int64_t v) { return v >= 0 && v <= std::numeric_limits<int32_t>::max(); }
 
+// The alignment in bytes (a power of two, at most 256) every matrix of a batch starts at:
+// the lowest set bit of the address and, for batches, of the batch stride in bytes.
+// cuBLASLt assumes 256 unless told, and would pick kernels that fault on head offsets.
+uint32_t AlignmentOf(const void* ptr, int64_t stride_elements, int64_t element_bytes,
+                     int64_t batch) {
+  uint64_t bits = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(ptr)) | 256u;
+  if (batch > 1) bits |= static_cast<uint64_t>(stride_elements * element_bytes);
+  return static_cast<uint32_t>(bits & (~bits + 1));
+}
+
+// The algorithm cuBLASLt's heuristic picked for one problem (shapes, layouts, types and
+// alignments), so steady-state steps skip the heuristic query.
+using AlgoKey = std::array<int64_t, 16>;
+
+std::map<AlgoKey, cublasLtMatmulAlgo_t>& AlgoCache() {
+  static auto* cache = new std::map<AlgoKey, cublasLtMatmulAlgo_t>;
+  return *cache;
+}
+
 }  // namespace
 
 absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t m, int64_t n,
@@ -156,18 +178,51 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
       cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                            &ws_bytes, sizeof(ws_bytes)),
       where));
-  cublasLtMatmulHeuristicResult_t heuristic = {};
-  int found = 0;
-  RETURN_IF_ERROR(StatusFromCublas(
-      cublasLtMatmulAlgoGetHeuristic(ctx->handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heuristic,
-                                     &found),
-      where));
-  if (found < 1) {
-    return absl::InternalError(absl::StrCat(where, ": cuBLASLt found no algorithm"));
+  const int64_t in_bytes = a.bf16 ? 2 : 4;
+  const uint32_t align_first = AlignmentOf(b.ptr, b.stride, in_bytes, batch);
+  const uint32_t align_second = AlignmentOf(a.ptr, a.stride, in_bytes, batch);
+  const uint32_t align_c = AlignmentOf(c.ptr, c.stride, 4, batch);
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_first},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_second},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}};
+  for (const auto& [attribute, bytes] : alignments) {
+    RETURN_IF_ERROR(StatusFromCublas(
+        cublasLtMatmulPreferenceSetAttribute(d.pref, attribute, &bytes, sizeof(bytes)), where));
+  }
+  const AlgoKey key = {device,       trans_a ? 1 : 0, trans_b ? 1 : 0, a.bf16 ? 1 : 0,
+                       batch,        m,               n,               k,
+                       a.ld,         b.ld,            c.ld,            a.stride,
+                       b.stride,     c.stride,        align_first | (int64_t{align_second} << 16),
+                       align_c};
+  cublasLtMatmulAlgo_t algo;
+  bool cached = false;
+  {
+    std::lock_guard<std::mutex> lock(ContextMutex());
+    auto it = AlgoCache().find(key);
+    if (it != AlgoCache().end()) {
+      algo = it->second;
+      cached = true;
+    }
+  }
+  if (!cached) {
+    cublasLtMatmulHeuristicResult_t heuristic = {};
+    int found = 0;
+    RETURN_IF_ERROR(StatusFromCublas(
+        cublasLtMatmulAlgoGetHeuristic(ctx->handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1,
+                                       &heuristic, &found),
+        where));
+    if (found < 1) {
+      return absl::InternalError(absl::StrCat(where, ": cuBLASLt found no algorithm"));
+    }
+    algo = heuristic.algo;
+    std::lock_guard<std::mutex> lock(ContextMutex());
+    AlgoCache()[key] = algo;
   }
   RETURN_IF_ERROR(StatusFromCublas(
       cublasLtMatmul(ctx->handle, d.op, &alpha, b.ptr, d.a, a.ptr, d.b, &beta, c.ptr, d.c,
-                     const_cast<void*>(c.ptr), d.c, &heuristic.algo, ctx->workspace,
+                     const_cast<void*>(c.ptr), d.c, &algo, ctx->workspace,
                      static_cast<size_t>(ctx->workspace_bytes), /*stream=*/0),
       where));
   return absl::OkStatus();
