@@ -36,7 +36,9 @@ TEST(KernelsTest, Bf16ConversionMatchesCoreBFloat16BitForBit) {
     } else {
       EXPECT_EQ(back, h.ToFloat()) << v;
       // Round to nearest: within half a bf16 ulp (2^-8 relative) of the input.
-      if (std::isfinite(v)) EXPECT_LE(std::abs(back - v), std::abs(v) * 0x1p-8f) << v;
+      if (std::isfinite(v)) {
+        EXPECT_LE(std::abs(back - v), std::abs(v) * 0x1p-8f) << v;
+      }
     }
   }
   const uint16_t w[] = {FloatToBf16(2.5f)};
