@@ -1,5 +1,6 @@
 // Elementwise activations without parameters: GELU (tanh form, as
-// torch.nn.GELU(approximate='tanh') and GPT-2) and ReLU. Both accept fp32 of any shape.
+// torch.nn.GELU(approximate='tanh') and GPT-2) and ReLU. Both accept fp32 of any shape on
+// any device (the output and gradients stay there).
 //
 //   auto gelu = std::make_shared<nn::GELU>();
 //   ASSIGN_OR_RETURN(core::Tensor y, gelu->Forward(x));   // same shape as x

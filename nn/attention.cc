@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "nn/internal/validate.h"
 #include "nn/ops.h"
+#include "nn/tensor_ops.h"
 
 namespace nn {
 
@@ -24,6 +26,32 @@ CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, uint64_
   proj_ = RegisterModule("proj", std::make_shared<Linear>(c, c, true, DeriveSeed(seed, 1)));
 }
 
+namespace {
+
+// Head h of batch element b inside a [B, T, width] buffer, starting at column `col`:
+// a batch (over heads) of [T, hd] matrices with row stride `width`, head stride hd.
+MatrixRef Heads(const core::Tensor& t, int64_t b, int64_t T, int64_t width, int64_t col,
+                int64_t hd) {
+  MatrixRef r;
+  r.tensor = t;
+  r.offset = b * T * width + col;
+  r.ld = width;
+  r.batch_stride = hd;
+  return r;
+}
+
+// The [T, T] matrices of `heads` consecutive heads starting at head `first`.
+MatrixRef Squares(const core::Tensor& t, int64_t first, int64_t T) {
+  MatrixRef r;
+  r.tensor = t;
+  r.offset = first * T * T;
+  r.ld = T;
+  r.batch_stride = T * T;
+  return r;
+}
+
+}  // namespace
+
 absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardImpl(const core::Tensor& x) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
   RETURN_IF_ERROR(internal::CheckTensor(*this, x, core::DType::kFloat32, "input"));
@@ -33,35 +61,37 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardImpl(const core::Tensor
   }
   const int64_t B = x.size(0), T = x.size(1), C = n_embd_, H = n_head_, hd = C / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const core::Device device = x.device();
+  const std::string what = internal::What(*this);
   ASSIGN_OR_RETURN(core::Tensor qkv, qkv_->Forward(x));
-  ASSIGN_OR_RETURN(core::Tensor att, internal::NewActivation({B, H, T, T}));
-  ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation({B, T, C}));
+  ASSIGN_OR_RETURN(core::Tensor att, internal::NewActivation({B, H, T, T}, device));
+  ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation({B, T, C}, device));
   for (int64_t b = 0; b < B; ++b) {
-    const float* base = qkv.data<float>() + b * T * 3 * C;
-    for (int64_t h = 0; h < H; ++h) {
-      const float* q = base + h * hd;
-      const float* k = base + C + h * hd;
-      const float* v = base + 2 * C + h * hd;
-      float* p = att.data<float>() + (b * H + h) * T * T;
-      // Scores for every (t, s); entries above the diagonal are overwritten below.
-      Gemm(false, true, T, T, hd, scale, q, 3 * C, k, 3 * C, 0.0f, p, T);
-      for (int64_t t = 0; t < T; ++t) {
-        float* row = p + t * T;
-        float max = row[0];
-        for (int64_t s = 1; s <= t; ++s) max = std::max(max, row[s]);
-        double sum = 0.0;
-        for (int64_t s = 0; s <= t; ++s) {
-          row[s] = std::exp(row[s] - max);
-          sum += row[s];
-        }
-        const float inv = static_cast<float>(1.0 / sum);
-        for (int64_t s = 0; s <= t; ++s) row[s] *= inv;
-        for (int64_t s = t + 1; s < T; ++s) row[s] = 0.0f;
-      }
-      // y_h = att v, written into columns [h*hd, (h+1)*hd) of y.
-      Gemm(false, false, T, hd, T, 1.0f, p, T, v, 3 * C, 0.0f, y.data<float>() + b * T * C + h * hd,
-           C);
-    }
+    // Scores of every head, q k^T * scale; entries above the diagonal are masked below.
+    GemmArgs scores;
+    scores.trans_b = true;
+    scores.batch = H;
+    scores.m = T;
+    scores.n = T;
+    scores.k = hd;
+    scores.alpha = scale;
+    scores.a = Heads(qkv, b, T, 3 * C, 0, hd);
+    scores.b = Heads(qkv, b, T, 3 * C, C, hd);
+    scores.c = Squares(att, b * H, T);
+    RETURN_IF_ERROR(MatMul(what, scores));
+  }
+  RETURN_IF_ERROR(CausalSoftmaxForward(what, att, T));
+  for (int64_t b = 0; b < B; ++b) {
+    // y_h = att v, written into columns [h*hd, (h+1)*hd) of y.
+    GemmArgs av;
+    av.batch = H;
+    av.m = T;
+    av.n = hd;
+    av.k = T;
+    av.a = Squares(att, b * H, T);
+    av.b = Heads(qkv, b, T, 3 * C, 2 * C, hd);
+    av.c = Heads(y, b, T, C, 0, hd);
+    RETURN_IF_ERROR(MatMul(what, av));
   }
   ASSIGN_OR_RETURN(core::Tensor out, proj_->Forward(y));
   qkv_out_ = std::move(qkv);
@@ -75,39 +105,57 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::BackwardImpl(const core::Tenso
       *this, have_cache,
       have_cache ? core::Shape{qkv_out_.size(0), qkv_out_.size(1), n_embd_} : core::Shape{},
       grad_output));
+  const core::Device device = qkv_out_.device();
+  RETURN_IF_ERROR(internal::CheckDevice(*this, grad_output, "grad_output", device, "the input"));
   const int64_t B = qkv_out_.size(0), T = qkv_out_.size(1), C = n_embd_, H = n_head_, hd = C / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const std::string what = internal::What(*this);
   ASSIGN_OR_RETURN(core::Tensor gy, proj_->Backward(grad_output));
-  ASSIGN_OR_RETURN(core::Tensor gqkv, internal::NewActivation({B, T, 3 * C}));
-  std::vector<float> gatt(static_cast<size_t>(T * T));
+  ASSIGN_OR_RETURN(core::Tensor gqkv, internal::NewActivation({B, T, 3 * C}, device));
+  // dL/datt of one batch element's heads, reused across the batch.
+  ASSIGN_OR_RETURN(core::Tensor gatt, internal::NewActivation({H, T, T}, device));
   for (int64_t b = 0; b < B; ++b) {
-    const float* base = qkv_out_.data<float>() + b * T * 3 * C;
-    float* gbase = gqkv.data<float>() + b * T * 3 * C;
-    const float* gyb = gy.data<float>() + b * T * C;
-    for (int64_t h = 0; h < H; ++h) {
-      const float* q = base + h * hd;
-      const float* k = base + C + h * hd;
-      const float* v = base + 2 * C + h * hd;
-      const float* p = att_.data<float>() + (b * H + h) * T * T;
-      const float* gyh = gyb + h * hd;
-      // dL/dv = att^T gy_h.
-      Gemm(true, false, T, hd, T, 1.0f, p, T, gyh, C, 0.0f, gbase + 2 * C + h * hd, 3 * C);
-      // dL/datt = gy_h v^T.
-      Gemm(false, true, T, T, hd, 1.0f, gyh, C, v, 3 * C, 0.0f, gatt.data(), T);
-      // Softmax backward per row, times the score scale: ds = scale * p (da - <da, p>).
-      // Masked entries have p == 0 and so get no gradient.
-      for (int64_t t = 0; t < T; ++t) {
-        const float* pr = p + t * T;
-        float* gr = gatt.data() + t * T;
-        double dot = 0.0;
-        for (int64_t s = 0; s <= t; ++s) dot += static_cast<double>(gr[s]) * pr[s];
-        for (int64_t s = 0; s <= t; ++s) gr[s] = scale * pr[s] * (gr[s] - static_cast<float>(dot));
-        for (int64_t s = t + 1; s < T; ++s) gr[s] = 0.0f;
-      }
-      // dL/dq = ds k, dL/dk = ds^T q.
-      Gemm(false, false, T, hd, T, 1.0f, gatt.data(), T, k, 3 * C, 0.0f, gbase + h * hd, 3 * C);
-      Gemm(true, false, T, hd, T, 1.0f, gatt.data(), T, q, 3 * C, 0.0f, gbase + C + h * hd, 3 * C);
-    }
+    // dL/dv = att^T gy_h.
+    GemmArgs dv;
+    dv.trans_a = true;
+    dv.batch = H;
+    dv.m = T;
+    dv.n = hd;
+    dv.k = T;
+    dv.a = Squares(att_, b * H, T);
+    dv.b = Heads(gy, b, T, C, 0, hd);
+    dv.c = Heads(gqkv, b, T, 3 * C, 2 * C, hd);
+    RETURN_IF_ERROR(MatMul(what, dv));
+    // dL/datt = gy_h v^T.
+    GemmArgs da;
+    da.trans_b = true;
+    da.batch = H;
+    da.m = T;
+    da.n = T;
+    da.k = hd;
+    da.a = Heads(gy, b, T, C, 0, hd);
+    da.b = Heads(qkv_out_, b, T, 3 * C, 2 * C, hd);
+    da.c = Squares(gatt, 0, T);
+    RETURN_IF_ERROR(MatMul(what, da));
+    // Softmax backward per row, times the score scale: ds = scale * p (da - <da, p>).
+    // Masked entries have p == 0 and so get no gradient.
+    ASSIGN_OR_RETURN(core::Tensor p, att_.View(b * H * T * T, {H * T * T}));
+    RETURN_IF_ERROR(CausalSoftmaxBackward(what, p, gatt, T, scale));
+    // dL/dq = ds k, dL/dk = ds^T q.
+    GemmArgs dq;
+    dq.batch = H;
+    dq.m = T;
+    dq.n = hd;
+    dq.k = T;
+    dq.a = Squares(gatt, 0, T);
+    dq.b = Heads(qkv_out_, b, T, 3 * C, C, hd);
+    dq.c = Heads(gqkv, b, T, 3 * C, 0, hd);
+    RETURN_IF_ERROR(MatMul(what, dq));
+    GemmArgs dk = dq;
+    dk.trans_a = true;
+    dk.b = Heads(qkv_out_, b, T, 3 * C, 0, hd);
+    dk.c = Heads(gqkv, b, T, 3 * C, C, hd);
+    RETURN_IF_ERROR(MatMul(what, dk));
   }
   qkv_out_ = core::Tensor();
   att_ = core::Tensor();

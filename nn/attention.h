@@ -38,7 +38,9 @@ class CausalSelfAttention : public core::Module {
   int64_t n_head() const { return n_head_; }
 
  protected:
-  // x: fp32 [B, T, C] -> [B, T, C].
+  // x: fp32 [B, T, C] on the parameters' device -> [B, T, C]. On CUDA the per-head
+  // products are cuBLASLt strided-batched GEMMs (one per batch element and product) and
+  // the causal softmax a fused kernel.
   absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
   // Returns dL/dx; qkv and proj add their parameter gradients.
   absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;

@@ -8,6 +8,7 @@
 #include "core/status_macros.h"
 #include "nn/internal/validate.h"
 #include "nn/ops.h"
+#include "nn/tensor_ops.h"
 
 namespace nn {
 
@@ -27,26 +28,39 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, uint64_t see
 absl::StatusOr<core::Tensor> Embedding::ForwardImpl(const core::Tensor& ids) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
   RETURN_IF_ERROR(internal::CheckTensor(*this, ids, core::DType::kInt32, "input ids"));
-  RETURN_IF_ERROR(internal::CheckParameter(*this, *weight_, "weight", {num_, dim_}));
-  const int32_t* id = ids.data<int32_t>();
-  for (int64_t i = 0; i < ids.numel(); ++i) {
+  // The weight's device decides where the lookup runs; ids may be on the CPU or there.
+  const core::Device device =
+      weight_->data.defined() ? weight_->data.device() : core::Device::Cpu();
+  RETURN_IF_ERROR(internal::CheckParameter(*this, *weight_, "weight", {num_, dim_}, device));
+  if (!ids.device().is_cpu() && ids.device() != device) {
+    return internal::CheckDevice(*this, ids, "input ids", device, "the weight");
+  }
+  // The ids are checked on the host (one copy back when they live on a device), and a
+  // private copy is kept on the weight's device: Backward indexes with these ids, so a
+  // caller reusing its id buffer must not be able to send it out of bounds.
+  core::Tensor host_ids = ids;
+  if (!ids.device().is_cpu()) {
+    ASSIGN_OR_RETURN(host_ids, core::Tensor::Allocate(ids.shape(), core::DType::kInt32,
+                                                      core::MemoryTag::kActivation));
+    RETURN_IF_ERROR(host_ids.CopyFrom(ids));
+  }
+  const int32_t* id = host_ids.data<int32_t>();
+  for (int64_t i = 0; i < host_ids.numel(); ++i) {
     if (id[i] < 0 || id[i] >= num_) {
       return internal::ModuleError(
           *this, absl::StrCat("id ", id[i], " at flat position ", i, " of input ",
                               core::ShapeToString(ids.shape()), " is outside [0, ", num_, ")"));
     }
   }
+  ASSIGN_OR_RETURN(core::Tensor cached, core::Tensor::Allocate(ids.shape(), core::DType::kInt32,
+                                                               core::MemoryTag::kActivation,
+                                                               device));
+  RETURN_IF_ERROR(cached.CopyFrom(host_ids));
   core::Shape out_shape = ids.shape();
   out_shape.push_back(dim_);
-  ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation(out_shape));
-  const float* table = weight_->data.data<float>();
-  float* out = y.data<float>();
-  for (int64_t i = 0; i < ids.numel(); ++i) {
-    std::memcpy(out + i * dim_, table + static_cast<int64_t>(id[i]) * dim_, sizeof(float) * dim_);
-  }
-  // A private copy: Backward indexes with these ids, so a caller reusing its id buffer
-  // must not be able to send it out of bounds.
-  ids_ = ids.Clone(core::MemoryTag::kActivation);
+  ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation(out_shape, device));
+  RETURN_IF_ERROR(EmbeddingForward(internal::What(*this), weight_->data, cached, y));
+  ids_ = std::move(cached);
   return y;
 }
 
@@ -54,13 +68,11 @@ absl::StatusOr<core::Tensor> Embedding::BackwardImpl(const core::Tensor& grad_ou
   core::Shape out_shape = ids_.shape();
   out_shape.push_back(dim_);
   RETURN_IF_ERROR(internal::CheckGradOutput(*this, ids_.defined(), out_shape, grad_output));
-  ASSIGN_OR_RETURN(float* gw, internal::GradBuffer(*this, *weight_, "weight"));
-  if (gw != nullptr) {
-    const int32_t* id = ids_.data<int32_t>();
-    const float* g = grad_output.data<float>();
-    for (int64_t i = 0; i < ids_.numel(); ++i) {
-      Axpy(dim_, 1.0f, g + i * dim_, gw + static_cast<int64_t>(id[i]) * dim_);
-    }
+  RETURN_IF_ERROR(
+      internal::CheckDevice(*this, grad_output, "grad_output", ids_.device(), "the weight"));
+  ASSIGN_OR_RETURN(core::Tensor gw, internal::GradTensor(*this, *weight_, "weight"));
+  if (gw.defined()) {
+    RETURN_IF_ERROR(EmbeddingBackward(internal::What(*this), ids_, grad_output, gw));
   }
   ids_ = core::Tensor();
   return core::Tensor();

@@ -35,7 +35,9 @@ class Embedding : public core::Module {
 
  protected:
   // ids: int32 of any shape, each in [0, num) (InvalidArgument naming the first bad id
-  // and its position otherwise) -> fp32 [..., dim].
+  // and its position otherwise) -> fp32 [..., dim] on the weight's device. The ids may
+  // be on the CPU or on the weight's device (they are checked on the host: one copy back
+  // from a device); the weight may be fp32 or bf16.
   absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& ids) override;
   // grad_output [..., dim]: adds each row into the weight row of its id (repeated ids
   // accumulate); returns an undefined Tensor.

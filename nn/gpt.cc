@@ -13,6 +13,7 @@
 #include "core/status_macros.h"
 #include "nn/internal/validate.h"
 #include "nn/ops.h"
+#include "nn/tensor_ops.h"
 #include "nn/transformer.h"
 
 namespace nn {
@@ -143,6 +144,7 @@ absl::StatusOr<core::Tensor> Gpt::ForwardImpl(const core::Tensor& tokens) {
         absl::StrCat("sequence length ", T, " of input ", core::ShapeToString(tokens.shape()),
                      " exceeds GptConfig.block_size ", config_.block_size));
   }
+  // Positions are made on the host; wpe copies them to its weight's device.
   ASSIGN_OR_RETURN(core::Tensor positions,
                    core::Tensor::Allocate({T}, core::DType::kInt32, core::MemoryTag::kActivation));
   for (int64_t t = 0; t < T; ++t) positions.data<int32_t>()[t] = static_cast<int32_t>(t);
@@ -152,13 +154,10 @@ absl::StatusOr<core::Tensor> Gpt::ForwardImpl(const core::Tensor& tokens) {
     return internal::ModuleError(
         *this, absl::StrCat("embeddings have shapes ", tok.ToString(), " and ", pos.ToString()));
   }
-  ASSIGN_OR_RETURN(core::Tensor x, internal::NewActivation({B, T, C}));
-  for (int64_t b = 0; b < B; ++b) {
-    const float* tb = tok.data<float>() + b * T * C;
-    float* xb = x.data<float>() + b * T * C;
-    const float* p = pos.data<float>();
-    for (int64_t i = 0; i < T * C; ++i) xb[i] = tb[i] + p[i];
-  }
+  RETURN_IF_ERROR(internal::CheckDevice(*this, pos, "wpe's output", tok.device(), "wte's output"));
+  // x[b] = tok[b] + pos: pos, flat, is a row vector over the [B, T * C] matrix tok.
+  ASSIGN_OR_RETURN(core::Tensor x, internal::NewActivation({B, T, C}, tok.device()));
+  RETURN_IF_ERROR(BiasAdd(internal::What(*this), tok, pos, x));
   ASSIGN_OR_RETURN(x, blocks_->Forward(x));
   ASSIGN_OR_RETURN(x, ln_f_->Forward(x));
   ASSIGN_OR_RETURN(core::Tensor logits, lm_head_->Forward(x));
@@ -181,9 +180,9 @@ absl::StatusOr<core::Tensor> Gpt::BackwardImpl(const core::Tensor& grad_output) 
     return internal::ModuleError(*this, absl::StrCat("blocks returned gradient ", g.ToString()));
   }
   // x = tok + pos broadcast over the batch: pos's gradient is g summed over b.
-  ASSIGN_OR_RETURN(core::Tensor gpos, internal::NewActivation({T, C}));
-  gpos.Zero();
-  AccumulateColumnSums(B, T * C, g.data<float>(), gpos.data<float>());
+  ASSIGN_OR_RETURN(core::Tensor gpos, internal::NewActivation({T, C}, g.device()));
+  RETURN_IF_ERROR(ZeroTensor(internal::What(*this), gpos));
+  RETURN_IF_ERROR(AccumulateColumnSums(internal::What(*this), g, core::Tensor(), gpos));
   RETURN_IF_ERROR(wpe_->Backward(gpos).status());
   RETURN_IF_ERROR(wte_->Backward(g).status());
   token_shape_.clear();

@@ -67,7 +67,8 @@ class Gpt : public core::Module {
   const std::shared_ptr<Linear>& lm_head() const { return lm_head_; }
 
  protected:
-  // tokens: int32 [B, T] with T <= block_size and ids in [0, vocab_size) (otherwise
+  // tokens: int32 [B, T] (on the CPU or the parameters' device; the logits are on the
+  // parameters' device) with T <= block_size and ids in [0, vocab_size) (otherwise
   // InvalidArgument naming this module, or "wte" for a bad id) -> logits [B, T, V].
   absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& tokens) override;
   // grad_output: [B, T, V]. Adds every parameter's gradient (the tied weight receives

@@ -7,6 +7,7 @@
 #include "core/status_macros.h"
 #include "nn/internal/validate.h"
 #include "nn/ops.h"
+#include "nn/tensor_ops.h"
 
 namespace nn {
 
@@ -25,30 +26,20 @@ LayerNorm::LayerNorm(int64_t dim, float eps) : dim_(dim), eps_(eps) {
 absl::StatusOr<core::Tensor> LayerNorm::ForwardImpl(const core::Tensor& x) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
   RETURN_IF_ERROR(internal::CheckLastDim(*this, x, dim_, "input"));
-  RETURN_IF_ERROR(internal::CheckParameter(*this, *weight_, "weight", {dim_}));
-  RETURN_IF_ERROR(internal::CheckParameter(*this, *bias_, "bias", {dim_}));
-  const int64_t rows = RowsOf(x.shape());
-  ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation(x.shape()));
-  ASSIGN_OR_RETURN(core::Tensor xhat, internal::NewActivation(x.shape()));
-  std::vector<float> rstd(static_cast<size_t>(rows));
-  const float* w = weight_->data.data<float>();
-  const float* b = bias_->data.data<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x.data<float>() + r * dim_;
-    double sum = 0.0;
-    for (int64_t j = 0; j < dim_; ++j) sum += xr[j];
-    const double mean = sum / dim_;
-    double sq = 0.0;
-    for (int64_t j = 0; j < dim_; ++j) sq += (xr[j] - mean) * (xr[j] - mean);
-    const double inv = 1.0 / std::sqrt(sq / dim_ + static_cast<double>(eps_));
-    rstd[r] = static_cast<float>(inv);
-    float* hr = xhat.data<float>() + r * dim_;
-    float* yr = y.data<float>() + r * dim_;
-    for (int64_t j = 0; j < dim_; ++j) {
-      hr[j] = static_cast<float>((xr[j] - mean) * inv);
-      yr[j] = hr[j] * w[j] + b[j];
-    }
+  const core::Device device = x.device();
+  RETURN_IF_ERROR(internal::CheckParameter(*this, *weight_, "weight", {dim_}, device));
+  RETURN_IF_ERROR(internal::CheckParameter(*this, *bias_, "bias", {dim_}, device));
+  if (weight_->data.dtype() != bias_->data.dtype()) {
+    return internal::ModuleError(*this, absl::StrCat("weight ", weight_->data.ToString(),
+                                                     " and bias ", bias_->data.ToString(),
+                                                     " must have one dtype"));
   }
+  const int64_t rows = RowsOf(x.shape());
+  ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation(x.shape(), device));
+  ASSIGN_OR_RETURN(core::Tensor xhat, internal::NewActivation(x.shape(), device));
+  ASSIGN_OR_RETURN(core::Tensor rstd, internal::NewActivation({rows}, device));
+  RETURN_IF_ERROR(LayerNormForward(internal::What(*this), x, weight_->data, bias_->data, eps_, y,
+                                   xhat, rstd));
   xhat_ = std::move(xhat);
   rstd_ = std::move(rstd);
   return y;
@@ -56,49 +47,17 @@ absl::StatusOr<core::Tensor> LayerNorm::ForwardImpl(const core::Tensor& x) {
 
 absl::StatusOr<core::Tensor> LayerNorm::BackwardImpl(const core::Tensor& grad_output) {
   RETURN_IF_ERROR(internal::CheckGradOutput(*this, xhat_.defined(), xhat_.shape(), grad_output));
-  RETURN_IF_ERROR(internal::CheckParameter(*this, *weight_, "weight", {dim_}));
-  const int64_t rows = RowsOf(xhat_.shape());
-  const float* g = grad_output.data<float>();
-  const float* xhat = xhat_.data<float>();
-  const float* w = weight_->data.data<float>();
-  ASSIGN_OR_RETURN(core::Tensor gx, internal::NewActivation(xhat_.shape()));
+  const core::Device device = xhat_.device();
+  RETURN_IF_ERROR(internal::CheckDevice(*this, grad_output, "grad_output", device, "the input"));
+  RETURN_IF_ERROR(internal::CheckParameter(*this, *weight_, "weight", {dim_}, device));
+  ASSIGN_OR_RETURN(core::Tensor gx, internal::NewActivation(xhat_.shape(), device));
+  ASSIGN_OR_RETURN(core::Tensor gw, internal::GradTensor(*this, *weight_, "weight"));
+  ASSIGN_OR_RETURN(core::Tensor gb, internal::GradTensor(*this, *bias_, "bias"));
   // With gh = g * weight: dL/dx = rstd * (gh - mean(gh) - xhat * mean(gh * xhat)).
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* gr = g + r * dim_;
-    const float* hr = xhat + r * dim_;
-    double sum_gh = 0.0, sum_gh_h = 0.0;
-    for (int64_t j = 0; j < dim_; ++j) {
-      const double gh = static_cast<double>(gr[j]) * w[j];
-      sum_gh += gh;
-      sum_gh_h += gh * hr[j];
-    }
-    const double mean_gh = sum_gh / dim_;
-    const double mean_gh_h = sum_gh_h / dim_;
-    float* out = gx.data<float>() + r * dim_;
-    for (int64_t j = 0; j < dim_; ++j) {
-      const double gh = static_cast<double>(gr[j]) * w[j];
-      out[j] = static_cast<float>(rstd_[r] * (gh - mean_gh - hr[j] * mean_gh_h));
-    }
-  }
-  ASSIGN_OR_RETURN(float* gw, internal::GradBuffer(*this, *weight_, "weight"));
-  ASSIGN_OR_RETURN(float* gb, internal::GradBuffer(*this, *bias_, "bias"));
-  if (gw != nullptr || gb != nullptr) {
-    std::vector<double> sw(static_cast<size_t>(dim_), 0.0), sb(static_cast<size_t>(dim_), 0.0);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* gr = g + r * dim_;
-      const float* hr = xhat + r * dim_;
-      for (int64_t j = 0; j < dim_; ++j) {
-        sw[j] += static_cast<double>(gr[j]) * hr[j];
-        sb[j] += gr[j];
-      }
-    }
-    for (int64_t j = 0; j < dim_; ++j) {
-      if (gw != nullptr) gw[j] = static_cast<float>(gw[j] + sw[j]);
-      if (gb != nullptr) gb[j] = static_cast<float>(gb[j] + sb[j]);
-    }
-  }
+  RETURN_IF_ERROR(LayerNormBackward(internal::What(*this), grad_output, xhat_, rstd_,
+                                    weight_->data, gx, gw, gb));
   xhat_ = core::Tensor();
-  rstd_.clear();
+  rstd_ = core::Tensor();
   return gx;
 }
 

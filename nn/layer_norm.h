@@ -32,7 +32,7 @@ class LayerNorm : public core::Module {
   float eps() const { return eps_; }
 
  protected:
-  // x: fp32 [..., dim] -> same shape.
+  // x: fp32 [..., dim] on the parameters' device (fp32 or bf16) -> same shape there.
   absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
   // Returns dL/dx and adds dL/dweight, dL/dbias into the parameters' grads.
   absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
@@ -45,7 +45,7 @@ class LayerNorm : public core::Module {
   core::ParameterPtr bias_;
   // Cached by Forward, released by Backward: the normalised input and 1/std per row.
   core::Tensor xhat_;
-  std::vector<float> rstd_;
+  core::Tensor rstd_;  // [rows], fp32, on the input's device
 };
 
 }  // namespace nn

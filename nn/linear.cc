@@ -9,6 +9,7 @@
 #include "core/status_macros.h"
 #include "nn/internal/validate.h"
 #include "nn/ops.h"
+#include "nn/tensor_ops.h"
 
 namespace nn {
 
@@ -55,13 +56,22 @@ std::shared_ptr<Linear> Linear::Tied(core::ParameterPtr weight, bool bias) {
 absl::StatusOr<core::Tensor> Linear::ForwardImpl(const core::Tensor& x) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
   RETURN_IF_ERROR(internal::CheckLastDim(*this, x, in_, "input"));
-  RETURN_IF_ERROR(internal::CheckParameter(*this, *weight_, "weight", {out_, in_}));
-  if (bias_) RETURN_IF_ERROR(internal::CheckParameter(*this, *bias_, "bias", {out_}));
+  const core::Device device = x.device();
+  RETURN_IF_ERROR(internal::CheckParameter(*this, *weight_, "weight", {out_, in_}, device));
+  if (bias_) RETURN_IF_ERROR(internal::CheckParameter(*this, *bias_, "bias", {out_}, device));
   const int64_t rows = RowsOf(x.shape());
-  ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation(WithLastDim(x.shape(), out_)));
-  Gemm(false, true, rows, out_, in_, 1.0f, x.data<float>(), weight_->data.data<float>(), 0.0f,
-       y.data<float>());
-  if (bias_) AddRowVector(rows, out_, bias_->data.data<float>(), y.data<float>());
+  ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation(WithLastDim(x.shape(), out_), device));
+  // y = x W^T.
+  GemmArgs g;
+  g.trans_b = true;
+  g.m = rows;
+  g.n = out_;
+  g.k = in_;
+  g.a.tensor = x;
+  g.b.tensor = weight_->data;
+  g.c.tensor = y;
+  RETURN_IF_ERROR(MatMul(internal::What(*this), g));
+  if (bias_) RETURN_IF_ERROR(BiasAdd(internal::What(*this), y, bias_->data, y));
   input_ = x;
   return y;
 }
@@ -69,19 +79,40 @@ absl::StatusOr<core::Tensor> Linear::ForwardImpl(const core::Tensor& x) {
 absl::StatusOr<core::Tensor> Linear::BackwardImpl(const core::Tensor& grad_output) {
   RETURN_IF_ERROR(internal::CheckGradOutput(*this, input_.defined(),
                                             WithLastDim(input_.shape(), out_), grad_output));
-  RETURN_IF_ERROR(internal::CheckParameter(*this, *weight_, "weight", {out_, in_}));
+  const core::Device device = input_.device();
+  RETURN_IF_ERROR(internal::CheckDevice(*this, grad_output, "grad_output", device, "the input"));
+  RETURN_IF_ERROR(internal::CheckParameter(*this, *weight_, "weight", {out_, in_}, device));
   const int64_t rows = RowsOf(input_.shape());
-  const float* g = grad_output.data<float>();
-  ASSIGN_OR_RETURN(core::Tensor gx, internal::NewActivation(input_.shape()));
+  ASSIGN_OR_RETURN(core::Tensor gx, internal::NewActivation(input_.shape(), device));
   // dL/dx = g W.
-  Gemm(false, false, rows, in_, out_, 1.0f, g, weight_->data.data<float>(), 0.0f, gx.data<float>());
+  GemmArgs dx;
+  dx.m = rows;
+  dx.n = in_;
+  dx.k = out_;
+  dx.a.tensor = grad_output;
+  dx.b.tensor = weight_->data;
+  dx.c.tensor = gx;
+  RETURN_IF_ERROR(MatMul(internal::What(*this), dx));
   // dL/dW += g^T x.
-  ASSIGN_OR_RETURN(float* gw, internal::GradBuffer(*this, *weight_, "weight"));
-  if (gw != nullptr) Gemm(true, false, out_, in_, rows, 1.0f, g, input_.data<float>(), 1.0f, gw);
+  ASSIGN_OR_RETURN(core::Tensor gw, internal::GradTensor(*this, *weight_, "weight"));
+  if (gw.defined()) {
+    GemmArgs dw;
+    dw.trans_a = true;
+    dw.m = out_;
+    dw.n = in_;
+    dw.k = rows;
+    dw.beta = 1.0f;
+    dw.a.tensor = grad_output;
+    dw.b.tensor = input_;
+    dw.c.tensor = gw;
+    RETURN_IF_ERROR(MatMul(internal::What(*this), dw));
+  }
   if (bias_) {
     // dL/db += sum over rows of g.
-    ASSIGN_OR_RETURN(float* gb, internal::GradBuffer(*this, *bias_, "bias"));
-    if (gb != nullptr) AccumulateColumnSums(rows, out_, g, gb);
+    ASSIGN_OR_RETURN(core::Tensor gb, internal::GradTensor(*this, *bias_, "bias"));
+    if (gb.defined()) {
+      RETURN_IF_ERROR(AccumulateColumnSums(internal::What(*this), grad_output, core::Tensor(), gb));
+    }
   }
   input_ = core::Tensor();
   return gx;

@@ -46,7 +46,9 @@ class Linear : public core::Module {
   uint64_t seed() const { return seed_; }
 
  protected:
-  // x: fp32 [..., in] (at least 1-D) -> [..., out].
+  // x: fp32 [..., in] (at least 1-D) on the parameters' device -> [..., out] there. The
+  // weight and bias may be fp32 or bf16 (see NOTE [Device dispatch] in nn/tensor_ops.h);
+  // an input on another device is InvalidArgument naming both devices.
   absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
   // grad_output: [..., out] -> grad_input [..., in]; adds dL/dW and dL/db into the
   // parameters' grads (those with requires_grad).

@@ -7,44 +7,62 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "core/status_macros.h"
+#include "nn/tensor_ops.h"
 
 namespace nn {
 namespace {
 
-absl::Status CheckCpu(absl::string_view loss, absl::string_view what, const core::Tensor& t,
-                      core::DType dtype) {
-  if (!t.defined() || !t.device().is_cpu() || t.dtype() != dtype) {
+absl::Status CheckType(absl::string_view loss, absl::string_view what, const core::Tensor& t,
+                       core::DType dtype) {
+  if (!t.defined() || t.dtype() != dtype) {
     return absl::InvalidArgumentError(
-        absl::StrCat(loss, ": ", what, " must be a ", core::DTypeName(dtype), " CPU tensor, got ",
+        absl::StrCat(loss, ": ", what, " must be a ", core::DTypeName(dtype), " tensor, got ",
                      t.defined() ? t.ToString() : std::string("undefined")));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<core::Tensor> NewGrad(const core::Shape& shape) {
-  return core::Tensor::Allocate(shape, core::DType::kFloat32, core::MemoryTag::kActivation);
+absl::StatusOr<core::Tensor> NewGrad(const core::Shape& shape, const core::Device& device) {
+  return core::Tensor::Allocate(shape, core::DType::kFloat32, core::MemoryTag::kActivation,
+                                device);
+}
+
+// `t` itself when on the CPU, else a host copy (synchronises with the device).
+absl::StatusOr<core::Tensor> OnHost(const core::Tensor& t) {
+  if (t.device().is_cpu()) return t;
+  ASSIGN_OR_RETURN(core::Tensor host,
+                   core::Tensor::Allocate(t.shape(), t.dtype(), core::MemoryTag::kActivation));
+  RETURN_IF_ERROR(host.CopyFrom(t));
+  return host;
 }
 
 }  // namespace
 
 absl::StatusOr<LossResult> MseLoss(const core::Tensor& pred, const core::Tensor& target) {
-  RETURN_IF_ERROR(CheckCpu("MseLoss", "pred", pred, core::DType::kFloat32));
-  RETURN_IF_ERROR(CheckCpu("MseLoss", "target", target, core::DType::kFloat32));
+  RETURN_IF_ERROR(CheckType("MseLoss", "pred", pred, core::DType::kFloat32));
+  RETURN_IF_ERROR(CheckType("MseLoss", "target", target, core::DType::kFloat32));
   if (pred.shape() != target.shape()) {
     return absl::InvalidArgumentError(
         absl::StrCat("MseLoss: pred ", core::ShapeToString(pred.shape()), " and target ",
                      core::ShapeToString(target.shape()), " differ in shape"));
+  }
+  if (pred.device() != target.device()) {
+    return absl::InvalidArgumentError(absl::StrCat("MseLoss: pred is on ",
+                                                   pred.device().ToString(), " but target on ",
+                                                   target.device().ToString()));
   }
   const int64_t n = pred.numel();
   if (n == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("MseLoss: pred ", core::ShapeToString(pred.shape()), " is empty"));
   }
-  LossResult r;
-  ASSIGN_OR_RETURN(r.grad, NewGrad(pred.shape()));
-  const float* p = pred.data<float>();
-  const float* t = target.data<float>();
-  float* g = r.grad.data<float>();
+  // Computed on the host (a small loss; device tensors are copied there and back).
+  ASSIGN_OR_RETURN(core::Tensor hp, OnHost(pred));
+  ASSIGN_OR_RETURN(core::Tensor ht, OnHost(target));
+  ASSIGN_OR_RETURN(core::Tensor grad, NewGrad(pred.shape(), core::Device::Cpu()));
+  const float* p = hp.data<float>();
+  const float* t = ht.data<float>();
+  float* g = grad.data<float>();
   double sum = 0.0;
   const double scale = 2.0 / static_cast<double>(n);
   for (int64_t i = 0; i < n; ++i) {
@@ -52,14 +70,21 @@ absl::StatusOr<LossResult> MseLoss(const core::Tensor& pred, const core::Tensor&
     sum += d * d;
     g[i] = static_cast<float>(scale * d);
   }
+  LossResult r;
   r.loss = static_cast<float>(sum / static_cast<double>(n));
+  if (pred.device().is_cpu()) {
+    r.grad = std::move(grad);
+  } else {
+    ASSIGN_OR_RETURN(r.grad, NewGrad(pred.shape(), pred.device()));
+    RETURN_IF_ERROR(r.grad.CopyFrom(grad));
+  }
   return r;
 }
 
 absl::StatusOr<LossResult> CrossEntropyLoss(const core::Tensor& logits,
                                             const core::Tensor& targets) {
-  RETURN_IF_ERROR(CheckCpu("CrossEntropyLoss", "logits", logits, core::DType::kFloat32));
-  RETURN_IF_ERROR(CheckCpu("CrossEntropyLoss", "targets", targets, core::DType::kInt32));
+  RETURN_IF_ERROR(CheckType("CrossEntropyLoss", "logits", logits, core::DType::kFloat32));
+  RETURN_IF_ERROR(CheckType("CrossEntropyLoss", "targets", targets, core::DType::kInt32));
   const core::Shape& ls = logits.shape();
   const core::Shape leading(ls.begin(), ls.empty() ? ls.end() : ls.end() - 1);
   if (ls.empty() || targets.shape() != leading) {
@@ -69,13 +94,21 @@ absl::StatusOr<LossResult> CrossEntropyLoss(const core::Tensor& logits,
                                                    " of the leading shape, got targets ",
                                                    core::ShapeToString(targets.shape())));
   }
+  const core::Device device = logits.device();
+  if (!targets.device().is_cpu() && targets.device() != device) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CrossEntropyLoss: targets are on ", targets.device().ToString(), " but logits on ",
+        device.ToString(), "; targets must be on the CPU or the logits' device"));
+  }
   const int64_t V = ls.back();
   const int64_t n = targets.numel();
   if (n == 0 || V == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "CrossEntropyLoss: logits ", core::ShapeToString(ls), " has no tokens or classes"));
   }
-  const int32_t* tg = targets.data<int32_t>();
+  // Targets are checked on the host (copied back when they live on a device).
+  ASSIGN_OR_RETURN(core::Tensor host_targets, OnHost(targets));
+  const int32_t* tg = host_targets.data<int32_t>();
   for (int64_t i = 0; i < n; ++i) {
     if (tg[i] < 0 || tg[i] >= V) {
       return absl::InvalidArgumentError(
@@ -83,24 +116,18 @@ absl::StatusOr<LossResult> CrossEntropyLoss(const core::Tensor& logits,
                        core::ShapeToString(targets.shape()), " is outside [0, ", V, ")"));
     }
   }
-  LossResult r;
-  ASSIGN_OR_RETURN(r.grad, NewGrad(ls));
-  const double inv_n = 1.0 / static_cast<double>(n);
-  double total = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float* row = logits.data<float>() + i * V;
-    float* grow = r.grad.data<float>() + i * V;
-    const double max = *std::max_element(row, row + V);
-    double sum = 0.0;
-    for (int64_t j = 0; j < V; ++j) sum += std::exp(static_cast<double>(row[j]) - max);
-    const double log_sum = std::log(sum);
-    total += log_sum + max - row[tg[i]];
-    for (int64_t j = 0; j < V; ++j) {
-      const double p = std::exp(static_cast<double>(row[j]) - max - log_sum);
-      grow[j] = static_cast<float>((p - (j == tg[i] ? 1.0 : 0.0)) * inv_n);
-    }
+  core::Tensor device_targets = targets;
+  if (targets.device() != device) {
+    ASSIGN_OR_RETURN(device_targets,
+                     core::Tensor::Allocate(targets.shape(), core::DType::kInt32,
+                                            core::MemoryTag::kActivation, device));
+    RETURN_IF_ERROR(device_targets.CopyFrom(targets));
   }
-  r.loss = static_cast<float>(total * inv_n);
+  LossResult r;
+  ASSIGN_OR_RETURN(r.grad, NewGrad(ls, device));
+  ASSIGN_OR_RETURN(double loss, CrossEntropyForwardBackward("CrossEntropyLoss", logits,
+                                                            device_targets, r.grad));
+  r.loss = static_cast<float>(loss);
   return r;
 }
 

@@ -18,15 +18,19 @@ struct LossResult {
 };
 
 // mean((pred - target)^2) over all elements (torch.nn.functional.mse_loss); grad is
-// 2 (pred - target) / numel. InvalidArgument unless both are non-empty fp32 CPU tensors
-// of the same shape.
+// 2 (pred - target) / numel. InvalidArgument unless both are non-empty fp32 tensors of the
+// same shape on one device. Computed on the host (device tensors are copied there and the
+// gradient back to their device).
 absl::StatusOr<LossResult> MseLoss(const core::Tensor& pred, const core::Tensor& target);
 
 // mean over tokens of -log softmax(logits)[target] (torch.nn.functional.cross_entropy
 // on logits.view(-1, V)), computed with the max-subtracted log-sum-exp in double; grad
 // is (softmax(logits) - onehot(target)) / num_tokens. logits: fp32 [..., V]; targets:
 // int32 with logits' leading shape, each in [0, V). InvalidArgument naming the shapes or
-// the first bad target otherwise, or when there are no tokens.
+// the first bad target otherwise, or when there are no tokens. On CUDA (logits on a
+// device; targets there or on the CPU) the rows run on the device with fp32 exponentials
+// and double sums; the loss comes back to the host (one synchronisation) and grad stays
+// on the logits' device.
 absl::StatusOr<LossResult> CrossEntropyLoss(const core::Tensor& logits,
                                             const core::Tensor& targets);
 

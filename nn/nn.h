@@ -17,6 +17,8 @@
 #include "nn/losses.h"
 #include "nn/ops.h"
 #include "nn/sequential.h"
+#include "nn/tensor_ops.h"
+#include "nn/to_device.h"
 #include "nn/transformer.h"
 
 #endif  // NN_NN_H_

@@ -6,11 +6,12 @@
 #include "core/status_macros.h"
 #include "nn/internal/validate.h"
 #include "nn/ops.h"
+#include "nn/tensor_ops.h"
 
 namespace nn {
 namespace {
 
-// a + b into a fresh activation (a residual connection of `m`).
+// a + b into a fresh activation on their device (a residual connection of `m`).
 absl::StatusOr<core::Tensor> Add(const core::Module& m, const core::Tensor& a,
                                  const core::Tensor& b) {
   if (a.shape() != b.shape() || a.dtype() != core::DType::kFloat32 ||
@@ -18,11 +19,9 @@ absl::StatusOr<core::Tensor> Add(const core::Module& m, const core::Tensor& a,
     return internal::ModuleError(
         m, absl::StrCat("residual operands differ: ", a.ToString(), " and ", b.ToString()));
   }
-  ASSIGN_OR_RETURN(core::Tensor out, internal::NewActivation(a.shape()));
-  const float* pa = a.data<float>();
-  const float* pb = b.data<float>();
-  float* po = out.data<float>();
-  for (int64_t i = 0; i < out.numel(); ++i) po[i] = pa[i] + pb[i];
+  RETURN_IF_ERROR(internal::CheckDevice(m, b, "residual operand", a.device(), "the other"));
+  ASSIGN_OR_RETURN(core::Tensor out, internal::NewActivation(a.shape(), a.device()));
+  RETURN_IF_ERROR(AddTensors(internal::What(m), a, b, out));
   return out;
 }
 

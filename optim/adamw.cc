@@ -1,10 +1,17 @@
 #include "optim/adamw.h"
 
 #include <cmath>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "nn/kernels/optim.h"
+
+#ifdef FSDP_WITH_CUDA
+#include "optim/cuda/fused.h"
+#include "optim/cuda/launch.h"
+#endif
 
 namespace optim {
 namespace {
@@ -22,12 +29,6 @@ absl::Status CheckOptions(const AdamWOptions& o) {
     return bad("weight_decay", o.weight_decay, "a finite number >= 0");
   }
   return absl::OkStatus();
-}
-
-// torch.lerp's formula for float: exact at both ends of the weight range.
-inline float Lerp(float start, float end, float weight) {
-  return weight < 0.5f ? start + weight * (end - start)
-                       : end - (end - start) * (1.0f - weight);
 }
 
 }  // namespace
@@ -49,38 +50,49 @@ absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(std::vector<core::NamedPara
 
 absl::Status AdamW::Step() {
   ASSIGN_OR_RETURN(std::vector<size_t> active, BeginStep());
-  const double lr_d = lr();
-  const double beta1 = options_.beta1;
-  const double beta2 = options_.beta2;
-  // Scalars computed in double and applied in float, as PyTorch's single-tensor AdamW
-  // applies Python-float scalars to float32 tensors.
-  const float decay = static_cast<float>(1.0 - lr_d * options_.weight_decay);
-  const float one_minus_beta1 = static_cast<float>(1.0 - beta1);
-  const float beta2_f = static_cast<float>(beta2);
-  const float one_minus_beta2 = static_cast<float>(1.0 - beta2);
-  const float eps = static_cast<float>(options_.eps);
+#ifdef FSDP_WITH_CUDA
+  // CUDA parameters, grouped by device: one fused launch per device.
+  std::map<int, std::vector<cuda::AdamWSegment>> on_device;
+#endif
   for (size_t i : active) {
     const core::Parameter& p = param(i);
     ParamState& st = state(i);
-    const double t = static_cast<double>(st.steps);
-    const double bias_correction1 = 1.0 - std::pow(beta1, t);
-    const double bias_correction2 = 1.0 - std::pow(beta2, t);
-    const float neg_step_size = static_cast<float>(-lr_d / bias_correction1);
-    const float bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+    // Scalars computed in double and applied in float, as PyTorch's single-tensor AdamW
+    // applies Python-float scalars to float32 tensors.
+    const nn::kernels::AdamWScalars s =
+        nn::kernels::MakeAdamWScalars(lr(), options_.beta1, options_.beta2, options_.eps,
+                                      options_.weight_decay, st.steps);
     float* w = p.data.data<float>();
     const float* grad = p.grad.data<float>();
     float* m = st.tensors[0].data<float>();
     float* v = st.tensors[1].data<float>();
     const int64_t n = p.data.numel();
-    for (int64_t j = 0; j < n; ++j) {
-      const float g = grad[j];
-      w[j] = w[j] * decay;
-      m[j] = Lerp(m[j], g, one_minus_beta1);
-      v[j] = v[j] * beta2_f + one_minus_beta2 * g * g;  // addcmul_ order
-      const float denom = std::sqrt(v[j]) / bias_correction2_sqrt + eps;
-      w[j] = w[j] + neg_step_size * m[j] / denom;  // addcdiv_ order
+    if (p.data.device().is_cuda()) {
+#ifdef FSDP_WITH_CUDA
+      cuda::AdamWSegment seg;
+      seg.w = w;
+      seg.g = grad;
+      seg.m = m;
+      seg.v = v;
+      seg.n = n;
+      seg.s = s;
+      on_device[p.data.device().index].push_back(seg);
+      continue;
+#else
+      return absl::FailedPreconditionError(absl::StrCat(
+          "AdamW: parameter '", param_name(i), "' is on ", p.data.device().ToString(),
+          " but this build has no CUDA support"));
+#endif
     }
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) nn::kernels::AdamWUpdate(&w[j], &m[j], &v[j], grad[j], s);
   }
+#ifdef FSDP_WITH_CUDA
+  for (auto& [index, segments] : on_device) {
+    RETURN_IF_ERROR(cuda::LaunchSegments(core::Device::Cuda(index), std::move(segments),
+                                         &cuda::FusedAdamW, "AdamW"));
+  }
+#endif
   return absl::OkStatus();
 }
 

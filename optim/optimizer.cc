@@ -85,10 +85,10 @@ absl::StatusOr<std::vector<size_t>> Optimizer::BeginStep() {
       return absl::FailedPreconditionError(
           absl::StrCat(type, ": parameter '", name, "' has a gradient but no data"));
     }
-    if (!data.device().is_cpu() || !grad.device().is_cpu()) {
-      return absl::UnimplementedError(absl::StrCat(
-          type, ": parameter '", name, "' is on ", data.device().ToString(), " (grad on ",
-          grad.device().ToString(), "); this optimizer steps CPU tensors only"));
+    if (data.device() != grad.device()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          type, ": parameter '", name, "' has data on ", data.device().ToString(),
+          " but its gradient on ", grad.device().ToString(), "; both must be on one device"));
     }
     if (data.dtype() != DType::kFloat32 || grad.dtype() != DType::kFloat32) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -122,8 +122,8 @@ absl::StatusOr<std::vector<size_t>> Optimizer::BeginStep() {
     if (states_[i].steps > 0) continue;
     const Tensor& data = params_[i].second->data;
     for (size_t s = 0; s < names.size(); ++s) {
-      ASSIGN_OR_RETURN(Tensor t,
-                       Tensor::Allocate(data.shape(), DType::kFloat32, MemoryTag::kOptim));
+      ASSIGN_OR_RETURN(Tensor t, Tensor::Allocate(data.shape(), DType::kFloat32,
+                                                  MemoryTag::kOptim, data.device()));
       t.Zero();
       fresh[k].push_back(std::move(t));
     }
@@ -221,8 +221,25 @@ absl::Status Optimizer::LoadState(const OptimizerState& state) {
           core::ShapeToString(data.shape()), " (load state into an optimizer over parameters "
           "of the same layout, e.g. after wrapping with the same world size)"));
     }
-    ASSIGN_OR_RETURN(Tensor t, Tensor::Allocate(data.shape(), DType::kFloat32, MemoryTag::kOptim));
-    absl::Status copied = t.CopyFrom(src);
+    ASSIGN_OR_RETURN(Tensor t, Tensor::Allocate(data.shape(), DType::kFloat32, MemoryTag::kOptim,
+                                                data.device()));
+    // Convert to fp32 on the host first when the state lives on a device (dtype
+    // conversion is a host operation; a device bf16 source is brought back first).
+    Tensor source = src;
+    if (src.dtype() != DType::kFloat32 && !(data.device().is_cpu() && src.device().is_cpu())) {
+      Tensor host = src;
+      if (!src.device().is_cpu()) {
+        ASSIGN_OR_RETURN(host, Tensor::Allocate(src.shape(), src.dtype(), MemoryTag::kOptim));
+        RETURN_IF_ERROR(host.CopyFrom(src));
+      }
+      absl::StatusOr<Tensor> wide = host.ToDType(DType::kFloat32, MemoryTag::kOptim);
+      if (!wide.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(type, ": LoadState: state tensor '", key,
+                                                       "': ", wide.status().message()));
+      }
+      source = *std::move(wide);
+    }
+    absl::Status copied = t.CopyFrom(source);
     if (!copied.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(type, ": LoadState: state tensor '", key,
                                                      "': ", copied.message()));

@@ -61,8 +61,11 @@ class Optimizer {
   // All checks run before anything is modified, so on error no parameter or state has
   // changed. FailedPrecondition naming the parameter when its grad numel differs from
   // its data numel, or when its data numel differs from its state's (NOTE [Optimizer and
-  // shards]); InvalidArgument for an lr() that is negative or not finite, or for a
-  // parameter that is not float32; Unimplemented for a parameter off the CPU.
+  // shards]); InvalidArgument for an lr() that is negative or not finite, for a
+  // parameter that is not float32, or for one whose data and grad are on different
+  // devices. Parameters may live on the CPU or on CUDA devices (state tensors are
+  // allocated beside the data); on CUDA all parameters of one device are updated by one
+  // fused kernel launch on the compute stream, asynchronously.
   virtual absl::Status Step() = 0;
 
   // "SGD" or "AdamW"; used in error messages.

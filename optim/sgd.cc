@@ -1,10 +1,17 @@
 #include "optim/sgd.h"
 
 #include <cmath>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "nn/kernels/optim.h"
+
+#ifdef FSDP_WITH_CUDA
+#include "optim/cuda/fused.h"
+#include "optim/cuda/launch.h"
+#endif
 
 namespace optim {
 namespace {
@@ -55,31 +62,54 @@ std::vector<std::string> SGD::StateNames() const {
 absl::Status SGD::Step() {
   ASSIGN_OR_RETURN(std::vector<size_t> active, BeginStep());
   // Scalars in float, as PyTorch applies Python-float scalars to float32 tensors.
-  const float lr_f = static_cast<float>(lr());
-  const float wd = static_cast<float>(options_.weight_decay);
-  const float momentum = static_cast<float>(options_.momentum);
-  const float one_minus_dampening = static_cast<float>(1.0 - options_.dampening);
-  const bool use_wd = options_.weight_decay != 0;
-  const bool use_momentum = options_.momentum != 0;
-  const bool nesterov = options_.nesterov;
+  nn::kernels::SgdScalars scalars;
+  scalars.lr = static_cast<float>(lr());
+  scalars.weight_decay = static_cast<float>(options_.weight_decay);
+  scalars.momentum = static_cast<float>(options_.momentum);
+  scalars.one_minus_dampening = static_cast<float>(1.0 - options_.dampening);
+  scalars.use_weight_decay = options_.weight_decay != 0;
+  scalars.use_momentum = options_.momentum != 0;
+  scalars.nesterov = options_.nesterov;
+#ifdef FSDP_WITH_CUDA
+  // CUDA parameters, grouped by device: one fused launch per device.
+  std::map<int, std::vector<cuda::SgdSegment>> on_device;
+#endif
   for (size_t i : active) {
     const core::Parameter& p = param(i);
     ParamState& st = state(i);
+    nn::kernels::SgdScalars s = scalars;
+    s.first_step = st.steps == 1;
     float* w = p.data.data<float>();
     const float* grad = p.grad.data<float>();
-    float* buf = use_momentum ? st.tensors[0].data<float>() : nullptr;
-    const bool first = st.steps == 1;
+    float* buf = s.use_momentum ? st.tensors[0].data<float>() : nullptr;
     const int64_t n = p.data.numel();
+    if (p.data.device().is_cuda()) {
+#ifdef FSDP_WITH_CUDA
+      cuda::SgdSegment seg;
+      seg.w = w;
+      seg.g = grad;
+      seg.buf = buf;
+      seg.n = n;
+      seg.s = s;
+      on_device[p.data.device().index].push_back(seg);
+      continue;
+#else
+      return absl::FailedPreconditionError(absl::StrCat(
+          "SGD: parameter '", param_name(i), "' is on ", p.data.device().ToString(),
+          " but this build has no CUDA support"));
+#endif
+    }
+    float unused = 0.0f;
     for (int64_t j = 0; j < n; ++j) {
-      float g = grad[j];
-      if (use_wd) g = g + wd * w[j];
-      if (use_momentum) {
-        buf[j] = first ? g : buf[j] * momentum + one_minus_dampening * g;
-        g = nesterov ? g + momentum * buf[j] : buf[j];
-      }
-      w[j] = w[j] - lr_f * g;
+      nn::kernels::SgdUpdate(&w[j], buf != nullptr ? &buf[j] : &unused, grad[j], s);
     }
   }
+#ifdef FSDP_WITH_CUDA
+  for (auto& [index, segments] : on_device) {
+    RETURN_IF_ERROR(cuda::LaunchSegments(core::Device::Cuda(index), std::move(segments),
+                                         &cuda::FusedSgd, "SGD"));
+  }
+#endif
   return absl::OkStatus();
 }
 

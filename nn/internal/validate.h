@@ -1,4 +1,5 @@
-// Private to nn/: argument checks shared by the layers. Each returns InvalidArgument
+// Private to nn/: argument checks shared by the layers (any device; see NOTE [Device
+// dispatch] in nn/tensor_ops.h). Each returns InvalidArgument
 // (or FailedPrecondition for call-order mistakes) whose message starts with the
 // module's Describe(), e.g. "blocks.0.attn.qkv (Linear): input must have last
 // dimension 32, got [4, 16]".
@@ -15,6 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "core/module.h"
 #include "core/tensor.h"
+#include "nn/tensor_ops.h"
 
 namespace nn {
 namespace internal {
@@ -24,19 +26,27 @@ inline absl::Status ModuleError(const core::Module& m, absl::string_view message
   return absl::InvalidArgumentError(absl::StrCat(m.Describe(), ": ", message));
 }
 
-// OK if `t` is a defined CPU tensor of `dtype`; `what` names it ("input", "grad_output").
+// OK if `t` is a defined tensor of `dtype` (on any device); `what` names it ("input",
+// "grad_output").
 inline absl::Status CheckTensor(const core::Module& m, const core::Tensor& t, core::DType dtype,
                                 absl::string_view what) {
   if (!t.defined()) return ModuleError(m, absl::StrCat(what, " is undefined"));
-  if (!t.device().is_cpu()) {
-    return ModuleError(m, absl::StrCat(what, " ", t.ToString(),
-                                       " is not on the CPU; nn layers compute on the CPU"));
-  }
   if (t.dtype() != dtype) {
     return ModuleError(
         m, absl::StrCat(what, " must be ", core::DTypeName(dtype), ", got ", t.ToString()));
   }
   return absl::OkStatus();
+}
+
+// InvalidArgument naming both devices unless `t` is on `device` (the device of the
+// tensor named `other`, usually the input).
+inline absl::Status CheckDevice(const core::Module& m, const core::Tensor& t,
+                                absl::string_view what, const core::Device& device,
+                                absl::string_view other) {
+  if (t.device() == device) return absl::OkStatus();
+  return ModuleError(m, absl::StrCat(what, " ", t.ToString(), " is on ", t.device().ToString(),
+                                     " but ", other, " is on ", device.ToString(),
+                                     "; move the module and its inputs to one device"));
 }
 
 // CheckTensor plus: at least one dimension and last dimension == `last`.
@@ -51,7 +61,7 @@ inline absl::Status CheckLastDim(const core::Module& m, const core::Tensor& t, i
   return absl::OkStatus();
 }
 
-// OK if `grad_output` is fp32 on the CPU with the shape of the output of the cached
+// OK if `grad_output` is fp32 with the shape of the output of the cached
 // forward; FailedPrecondition if there is no cached forward (`have_cache` false).
 inline absl::Status CheckGradOutput(const core::Module& m, bool have_cache,
                                     const core::Shape& output_shape,
@@ -83,45 +93,71 @@ inline std::string FirstError(std::initializer_list<std::string> messages) {
   return std::string();
 }
 
-// An uninitialised fp32 CPU tensor for activations or gradients (tag kActivation);
-// ResourceExhausted when memory runs out.
-inline absl::StatusOr<core::Tensor> NewActivation(const core::Shape& shape) {
-  return core::Tensor::Allocate(shape, core::DType::kFloat32, core::MemoryTag::kActivation);
+// An uninitialised fp32 tensor on `device` for activations or gradients (tag
+// kActivation); ResourceExhausted when memory runs out.
+inline absl::StatusOr<core::Tensor> NewActivation(const core::Shape& shape,
+                                                  const core::Device& device = core::Device::Cpu()) {
+  return core::Tensor::Allocate(shape, core::DType::kFloat32, core::MemoryTag::kActivation,
+                                device);
 }
 
-// OK if parameter `name` holds an fp32 CPU tensor of exactly `shape`. A parameter whose
-// data is some other shape (say a 1-D shard left in place by FSDP) gives
-// FailedPrecondition rather than a read out of bounds.
+// OK if parameter `name` holds an fp32 or bf16 tensor of exactly `shape` on `device` (the
+// input's). A parameter whose data is some other shape (say a 1-D shard left in place by
+// FSDP) gives FailedPrecondition rather than a read out of bounds; one on another device
+// gives InvalidArgument naming both devices.
 inline absl::Status CheckParameter(const core::Module& m, const core::Parameter& p,
-                                   absl::string_view name, const core::Shape& shape) {
-  if (!p.data.defined() || !p.data.device().is_cpu() || p.data.dtype() != core::DType::kFloat32 ||
+                                   absl::string_view name, const core::Shape& shape,
+                                   const core::Device& device = core::Device::Cpu()) {
+  if (!p.data.defined() ||
+      (p.data.dtype() != core::DType::kFloat32 && p.data.dtype() != core::DType::kBFloat16) ||
       p.data.shape() != shape) {
     return absl::FailedPreconditionError(
         absl::StrCat(m.Describe(), ": parameter '", name,
-                     "' must be a float32 CPU tensor of shape ", core::ShapeToString(shape),
+                     "' must be a float32 or bfloat16 tensor of shape ", core::ShapeToString(shape),
                      ", got ", p.data.defined() ? p.data.ToString() : std::string("undefined"),
                      " (is it still sharded?)"));
+  }
+  if (p.data.device() != device) {
+    return ModuleError(m, absl::StrCat("parameter '", name, "' ", p.data.ToString(), " is on ",
+                                       p.data.device().ToString(), " but the input is on ",
+                                       device.ToString(),
+                                       "; move the module (nn::ToDevice) or the input"));
   }
   return absl::OkStatus();
 }
 
-// The fp32 gradient buffer of `p` to add into (allocated as zeros on first use), or
-// nullptr when p.requires_grad is false.
-inline absl::StatusOr<float*> GradBuffer(const core::Module& m, core::Parameter& p,
-                                         absl::string_view name) {
-  if (!p.requires_grad) return static_cast<float*>(nullptr);
-  absl::Status s = p.EnsureGrad();
-  if (!s.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(m.Describe(), ": parameter '", name, "': ", s.message()));
+// The fp32 gradient of `p` to add into, on its data's device, with the shape of `p.data`
+// (allocated as zeros on first use; fp32 even when the data is bf16), or an undefined
+// tensor when p.requires_grad is false. FailedPrecondition when an existing grad is not
+// fp32 or has another numel; InvalidArgument when it is on another device than the data.
+inline absl::StatusOr<core::Tensor> GradTensor(const core::Module& m, core::Parameter& p,
+                                               absl::string_view name) {
+  if (!p.requires_grad) return core::Tensor();
+  const std::string prefix = absl::StrCat(m.Describe(), ": parameter '", name, "'");
+  if (!p.grad.defined()) {
+    absl::StatusOr<core::Tensor> g = core::Tensor::Allocate(
+        p.data.shape(), core::DType::kFloat32, core::MemoryTag::kGrad, p.data.device());
+    if (!g.ok()) return absl::Status(g.status().code(), absl::StrCat(prefix, ": ", g.status().message()));
+    absl::Status zeroed = ZeroTensor(prefix, *g);
+    if (!zeroed.ok()) return zeroed;
+    p.grad = *std::move(g);
   }
-  if (!p.grad.device().is_cpu() || p.grad.dtype() != core::DType::kFloat32) {
+  if (p.grad.dtype() != core::DType::kFloat32 || p.grad.numel() != p.data.numel()) {
     return absl::FailedPreconditionError(
-        absl::StrCat(m.Describe(), ": parameter '", name,
-                     "' gradient must be a float32 CPU tensor, got ", p.grad.ToString()));
+        absl::StrCat(prefix, " gradient must be a float32 tensor of ", p.data.numel(),
+                     " elements, got ", p.grad.ToString()));
   }
-  return p.grad.data<float>();
+  if (p.grad.device() != p.data.device()) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, " has data on ",
+                                                   p.data.device().ToString(), " but grad on ",
+                                                   p.grad.device().ToString()));
+  }
+  if (p.grad.shape() == p.data.shape()) return p.grad;
+  return p.grad.Reshape(p.data.shape());
 }
+
+// Describe() of `m` for messages of the tensor ops (nn/tensor_ops.h).
+inline std::string What(const core::Module& m) { return m.Describe(); }
 
 }  // namespace internal
 }  // namespace nn

@@ -1,0 +1,232 @@
+#include "nn/cuda/gemm.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/device.h"
+#include "core/status_macros.h"
+#include "core/tensor.h"
+#include "nn/cuda/status.h"
+
+namespace nn {
+namespace cuda {
+namespace {
+
+constexpr int kMaxDevices = 64;
+constexpr int64_t kWorkspaceBytes = int64_t{32} << 20;
+
+struct DeviceContext {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  int64_t workspace_bytes = 0;
+};
+
+std::mutex& ContextMutex() {
+  static std::mutex* mu = new std::mutex;
+  return *mu;
+}
+
+DeviceContext* Contexts() {
+  static DeviceContext* contexts = new DeviceContext[kMaxDevices];
+  return contexts;
+}
+
+// The handle and workspace of `device`, created on first use. They live until the
+// process exits (no teardown ordering problems with the CUDA runtime).
+absl::StatusOr<DeviceContext*> Context(int device) {
+  if (device < 0 || device >= kMaxDevices) {
+    return absl::InvalidArgumentError(absl::StrCat("cuBLASLt: device index ", device,
+                                                   " outside [0, ", kMaxDevices, ")"));
+  }
+  std::lock_guard<std::mutex> lock(ContextMutex());
+  DeviceContext* ctx = &Contexts()[device];
+  if (ctx->handle != nullptr) return ctx;
+  RETURN_IF_ERROR(StatusFromCuda(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")")));
+  // The workspace comes from core's allocator (tag kOther) so it is counted with the
+  // rest of the device memory; the Tensor is leaked on purpose to keep it alive.
+  absl::StatusOr<core::Tensor> ws =
+      core::Tensor::Allocate({kWorkspaceBytes / 4}, core::DType::kInt32, core::MemoryTag::kOther,
+                             core::Device::Cuda(device));
+  if (!ws.ok()) {
+    return absl::Status(ws.status().code(),
+                        absl::StrCat("cuBLASLt workspace on cuda:", device, ": ",
+                                     ws.status().message()));
+  }
+  cublasLtHandle_t handle = nullptr;
+  RETURN_IF_ERROR(StatusFromCublas(cublasLtCreate(&handle),
+                                   absl::StrCat("cublasLtCreate on cuda:", device)));
+  auto* keep = new core::Tensor(*std::move(ws));
+  ctx->workspace = keep->raw_data();
+  ctx->workspace_bytes = kWorkspaceBytes;
+  ctx->handle = handle;
+  return ctx;
+}
+
+// Destroys the cuBLASLt descriptors it holds when it goes out of scope.
+struct Descriptors {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~Descriptors() {
+    if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
+    if (c != nullptr) cublasLtMatrixLayoutDestroy(c);
+    if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
+    if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
+    if (op != nullptr) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+// A column-major layout rows x cols with leading dimension ld, batched.
+absl::Status MakeLayout(cublasLtMatrixLayout_t* layout, cudaDataType_t type, int64_t rows,
+                        int64_t cols, int64_t ld, int32_t batch, int64_t stride,
+                        absl::string_view what) {
+  RETURN_IF_ERROR(StatusFromCublas(
+      cublasLtMatrixLayoutCreate(layout, type, static_cast<uint64_t>(rows),
+                                 static_cast<uint64_t>(cols), ld),
+      what));
+  if (batch > 1) {
+    RETURN_IF_ERROR(StatusFromCublas(
+        cublasLtMatrixLayoutSetAttribute(*layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch,
+                                         sizeof(batch)),
+        what));
+    RETURN_IF_ERROR(StatusFromCublas(
+        cublasLtMatrixLayoutSetAttribute(*layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                         &stride, sizeof(stride)),
+        what));
+  }
+  return absl::OkStatus();
+}
+
+bool FitsInt32(int64_t v) { return v >= 0 && v <= std::numeric_limits<int32_t>::max(); }
+
+// The alignment in bytes (a power of two, at most 256) every matrix of a batch starts at:
+// the lowest set bit of the address and, for batches, of the batch stride in bytes.
+// cuBLASLt assumes 256 unless told, and would pick kernels that fault on head offsets.
+uint32_t AlignmentOf(const void* ptr, int64_t stride_elements, int64_t element_bytes,
+                     int64_t batch) {
+  uint64_t bits = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(ptr)) | 256u;
+  if (batch > 1) bits |= static_cast<uint64_t>(stride_elements * element_bytes);
+  return static_cast<uint32_t>(bits & (~bits + 1));
+}
+
+// The algorithm cuBLASLt's heuristic picked for one problem (shapes, layouts, types and
+// alignments), so steady-state steps skip the heuristic query.
+using AlgoKey = std::array<int64_t, 16>;
+
+std::map<AlgoKey, cublasLtMatmulAlgo_t>& AlgoCache() {
+  static auto* cache = new std::map<AlgoKey, cublasLtMatmulAlgo_t>;
+  return *cache;
+}
+
+}  // namespace
+
+absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t m, int64_t n,
+                  int64_t k, float alpha, const GemmOperand& a, const GemmOperand& b, float beta,
+                  const GemmOperand& c, absl::string_view what) {
+  const std::string where = absl::StrCat(what, ": cuBLASLt GEMM [", m, " x ", k, "] x [", k,
+                                         " x ", n, "] batch ", batch, " on cuda:", device);
+  if (a.bf16 != b.bf16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": operands must both be fp32 or both bf16"));
+  }
+  if (c.bf16) return absl::InvalidArgumentError(absl::StrCat(where, ": C must be fp32"));
+  if (batch < 1 || m < 1 || n < 1 || k < 1 || !FitsInt32(batch) || !FitsInt32(m) ||
+      !FitsInt32(n) || !FitsInt32(k) || !FitsInt32(a.ld) || !FitsInt32(b.ld) ||
+      !FitsInt32(c.ld)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": sizes must be in [1, 2^31) (lda ", a.ld, ", ldb ", b.ld, ", ldc ",
+                     c.ld, ")"));
+  }
+  ASSIGN_OR_RETURN(DeviceContext * ctx, Context(device));
+  RETURN_IF_ERROR(StatusFromCuda(cudaSetDevice(device), where));
+
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's first
+  // operand is our B, its second our A, and its output C^T [n x m] with ld ldc.
+  const cudaDataType_t in_type = a.bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cublasOperation_t op_first = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_second = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int32_t batch32 = static_cast<int32_t>(batch);
+  Descriptors d;
+  RETURN_IF_ERROR(
+      StatusFromCublas(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), where));
+  RETURN_IF_ERROR(StatusFromCublas(
+      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
+                                     sizeof(op_first)),
+      where));
+  RETURN_IF_ERROR(StatusFromCublas(
+      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
+                                     sizeof(op_second)),
+      where));
+  // Our B stored row-major [k, n] (or [n, k] when trans_b) is column-major [n, k] ([k, n]).
+  RETURN_IF_ERROR(MakeLayout(&d.a, in_type, trans_b ? k : n, trans_b ? n : k, b.ld, batch32,
+                             b.stride, where));
+  RETURN_IF_ERROR(MakeLayout(&d.b, in_type, trans_a ? m : k, trans_a ? k : m, a.ld, batch32,
+                             a.stride, where));
+  RETURN_IF_ERROR(MakeLayout(&d.c, CUDA_R_32F, n, m, c.ld, batch32, c.stride, where));
+  RETURN_IF_ERROR(StatusFromCublas(cublasLtMatmulPreferenceCreate(&d.pref), where));
+  const uint64_t ws_bytes = static_cast<uint64_t>(ctx->workspace_bytes);
+  RETURN_IF_ERROR(StatusFromCublas(
+      cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &ws_bytes, sizeof(ws_bytes)),
+      where));
+  const int64_t in_bytes = a.bf16 ? 2 : 4;
+  const uint32_t align_first = AlignmentOf(b.ptr, b.stride, in_bytes, batch);
+  const uint32_t align_second = AlignmentOf(a.ptr, a.stride, in_bytes, batch);
+  const uint32_t align_c = AlignmentOf(c.ptr, c.stride, 4, batch);
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_first},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_second},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}};
+  for (const auto& [attribute, bytes] : alignments) {
+    RETURN_IF_ERROR(StatusFromCublas(
+        cublasLtMatmulPreferenceSetAttribute(d.pref, attribute, &bytes, sizeof(bytes)), where));
+  }
+  const AlgoKey key = {device,       trans_a ? 1 : 0, trans_b ? 1 : 0, a.bf16 ? 1 : 0,
+                       batch,        m,               n,               k,
+                       a.ld,         b.ld,            c.ld,            a.stride,
+                       b.stride,     c.stride,        align_first | (int64_t{align_second} << 16),
+                       align_c};
+  cublasLtMatmulAlgo_t algo;
+  bool cached = false;
+  {
+    std::lock_guard<std::mutex> lock(ContextMutex());
+    auto it = AlgoCache().find(key);
+    if (it != AlgoCache().end()) {
+      algo = it->second;
+      cached = true;
+    }
+  }
+  if (!cached) {
+    cublasLtMatmulHeuristicResult_t heuristic = {};
+    int found = 0;
+    RETURN_IF_ERROR(StatusFromCublas(
+        cublasLtMatmulAlgoGetHeuristic(ctx->handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1,
+                                       &heuristic, &found),
+        where));
+    if (found < 1) {
+      return absl::InternalError(absl::StrCat(where, ": cuBLASLt found no algorithm"));
+    }
+    algo = heuristic.algo;
+    std::lock_guard<std::mutex> lock(ContextMutex());
+    AlgoCache()[key] = algo;
+  }
+  RETURN_IF_ERROR(StatusFromCublas(
+      cublasLtMatmul(ctx->handle, d.op, &alpha, b.ptr, d.a, a.ptr, d.b, &beta, c.ptr, d.c,
+                     const_cast<void*>(c.ptr), d.c, &algo, ctx->workspace,
+                     static_cast<size_t>(ctx->workspace_bytes), /*stream=*/0),
+      where));
+  return absl::OkStatus();
+}
+
+}  // namespace cuda
+}  // namespace nn

@@ -1,0 +1,39 @@
+// cuBLASLt GEMM on the compute stream (only under --config=cuda), row-major, strided
+// batched. One cuBLASLt handle and one 32 MiB workspace per device, created on first use
+// and kept for the life of the process.
+//
+//   nn::cuda::GemmOperand a{x_ptr, /*bf16=*/false, /*ld=*/in, /*stride=*/0};
+//   RETURN_IF_ERROR(nn::cuda::Gemm(0, false, true, 1, R, out, in, 1.0f, a, w, 0.0f, c,
+//                                  "fc (Linear) forward"));
+#ifndef NN_CUDA_GEMM_H_
+#define NN_CUDA_GEMM_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace nn {
+namespace cuda {
+
+// A row-major device matrix (batch): element (r, c) of matrix i at ptr + i*stride + r*ld + c.
+struct GemmOperand {
+  const void* ptr = nullptr;
+  bool bf16 = false;  // bf16 (uint16_t bits) or fp32; C is always fp32
+  int64_t ld = 0;
+  int64_t stride = 0;
+};
+
+// C_i = alpha op(A_i) op(B_i) + beta C_i for i < batch on CUDA device `device`, with
+// nn::Gemm's conventions (nn/ops.h). A and B must both be fp32 (CUBLAS_COMPUTE_32F,
+// TF32 off) or both bf16 (fp32 accumulation, fp32 C); InvalidArgument otherwise.
+// Requires m, n, k, batch >= 1 and batch, m, n, k, ld within cuBLASLt's int32 limits.
+// Asynchronous; errors name `what`.
+absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t m, int64_t n,
+                  int64_t k, float alpha, const GemmOperand& a, const GemmOperand& b, float beta,
+                  const GemmOperand& c, absl::string_view what);
+
+}  // namespace cuda
+}  // namespace nn
+
+#endif  // NN_CUDA_GEMM_H_

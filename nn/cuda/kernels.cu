@@ -1,0 +1,427 @@
+// CUDA launchers of the nn/kernels bodies; see nn/cuda/kernels.h. Elementwise bodies run
+// in grid-stride kernels, row-wise bodies with one warp (or one block) per row and
+// shuffle reductions. Indexing is int64 throughout.
+#include "nn/cuda/kernels.h"
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "nn/kernels/elementwise.h"
+#include "nn/kernels/math.h"
+#include "nn/kernels/rowwise.h"
+
+namespace nn {
+namespace cuda {
+namespace {
+
+namespace k = ::nn::kernels;
+
+constexpr int kThreads = 256;
+constexpr int kWarpsPerBlock = kThreads / 32;
+constexpr int64_t kMaxBlocks = 65536;
+
+// Blocks for a grid-stride loop over n elements (n >= 1).
+unsigned int GridFor(int64_t n) {
+  int64_t blocks = (n + kThreads - 1) / kThreads;
+  if (blocks > kMaxBlocks) blocks = kMaxBlocks;
+  if (blocks < 1) blocks = 1;
+  return static_cast<unsigned int>(blocks);
+}
+
+// Blocks for one warp per row.
+unsigned int GridForRows(int64_t rows) {
+  return static_cast<unsigned int>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
+
+__device__ __forceinline__ int64_t GlobalIndex() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t GlobalStride() {
+  return static_cast<int64_t>(blockDim.x) * gridDim.x;
+}
+
+template <typename T>
+__device__ __forceinline__ T WarpSum(T v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  }
+  return v;
+}
+
+// Sum (or max) over the block; every thread gets the result. `scratch` holds one value
+// per warp (blockDim.x <= 1024).
+template <typename T>
+__device__ T BlockSum(T v, T* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warps = (blockDim.x + 31) >> 5;
+  v = WarpSum(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  T total = 0;
+  for (int w = 0; w < warps; ++w) total += scratch[w];
+  return total;
+}
+
+__device__ float BlockMax(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warps = (blockDim.x + 31) >> 5;
+  v = WarpMax(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float m = scratch[0];
+  for (int w = 1; w < warps; ++w) m = fmaxf(m, scratch[w]);
+  return m;
+}
+
+// ---- Elementwise.
+
+__global__ void GeluForwardKernel(const float* x, float* y, int64_t n) {
+  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) y[i] = k::GeluTanhForward(x[i]);
+}
+
+__global__ void GeluBackwardKernel(const float* x, const float* gy, float* gx, int64_t n) {
+  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) {
+    gx[i] = k::GeluTanhBackward(x[i], gy[i]);
+  }
+}
+
+__global__ void ReluForwardKernel(const float* x, float* y, int64_t n) {
+  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) y[i] = k::ReluForward(x[i]);
+}
+
+__global__ void ReluBackwardKernel(const float* y, const float* gy, float* gx, int64_t n) {
+  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) gx[i] = k::ReluBackward(y[i], gy[i]);
+}
+
+__global__ void AddKernel(const float* a, const float* b, float* out, int64_t n) {
+  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) out[i] = k::Add(a[i], b[i]);
+}
+
+template <typename W>
+__global__ void BiasAddKernel(const float* x, const W* bias, float* out, int64_t rows,
+                              int64_t cols) {
+  const int64_t n = rows * cols;
+  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) {
+    out[i] = k::BiasAdd(x[i], bias, i % cols);
+  }
+}
+
+__global__ void RoundToBf16Kernel(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) y[i] = k::FloatToBf16(x[i]);
+}
+
+__global__ void ScaleMatricesKernel(float* c, int64_t batch, int64_t rows, int64_t cols,
+                                    int64_t ld, int64_t stride, float beta) {
+  const int64_t n = batch * rows * cols;
+  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) {
+    const int64_t b = i / (rows * cols), r = (i / cols) % rows, j = i % cols;
+    float* p = c + b * stride + r * ld + j;
+    *p = beta == 0.0f ? 0.0f : beta * *p;
+  }
+}
+
+template <typename W>
+__global__ void EmbeddingForwardKernel(const int32_t* ids, int64_t n_ids, const W* table,
+                                       int64_t num, int64_t dim, float* y) {
+  const int64_t n = n_ids * dim;
+  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) {
+    const int32_t id = ids[i / dim];
+    y[i] = k::EmbeddingIdValid(id, num) ? k::EmbeddingGather(table, id, dim, i % dim) : 0.0f;
+  }
+}
+
+__global__ void EmbeddingBackwardKernel(const int32_t* ids, int64_t n_ids, const float* g,
+                                        int64_t num, int64_t dim, float* gw) {
+  const int64_t n = n_ids * dim;
+  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) {
+    const int32_t id = ids[i / dim];
+    if (k::EmbeddingIdValid(id, num)) atomicAdd(gw + static_cast<int64_t>(id) * dim + i % dim, g[i]);
+  }
+}
+
+// ---- Column sums: block (32, 8) covers 32 columns; lanes y split the rows, then a
+// fixed-order tree in shared memory, so the result is deterministic.
+__global__ void ColumnSumsKernel(const float* x, const float* y, float* acc, int64_t rows,
+                                 int64_t cols) {
+  __shared__ float partial[8][33];
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  float s = 0.0f;
+  if (col < cols) {
+    for (int64_t r = threadIdx.y; r < rows; r += 8) {
+      const int64_t i = r * cols + col;
+      s += y != nullptr ? x[i] * y[i] : x[i];
+    }
+  }
+  partial[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    float total = 0.0f;
+    for (int l = 0; l < 8; ++l) total += partial[l][threadIdx.x];
+    acc[col] += total;
+  }
+}
+
+// ---- LayerNorm, one warp per row.
+
+template <typename W>
+__global__ void LayerNormForwardKernel(const float* x, const W* w, const W* b, float eps,
+                                       float* y, float* xhat, float* rstd, int64_t rows,
+                                       int64_t cols) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const float* xr = x + row * cols;
+  float sum = 0.0f;
+  for (int64_t j = lane; j < cols; j += 32) sum += xr[j];
+  const float mean = WarpSum(sum) / static_cast<float>(cols);
+  float sq = 0.0f;
+  for (int64_t j = lane; j < cols; j += 32) {
+    const float d = xr[j] - mean;
+    sq += d * d;
+  }
+  const float var = WarpSum(sq) / static_cast<float>(cols);
+  const float r = k::LayerNormRstd(var, eps);
+  float* yr = y + row * cols;
+  float* hr = xhat + row * cols;
+  for (int64_t j = lane; j < cols; j += 32) yr[j] = k::LayerNormApply(xr[j], mean, r, w, b, j, &hr[j]);
+  if (lane == 0) rstd[row] = r;
+}
+
+template <typename W>
+__global__ void LayerNormBackwardInputKernel(const float* g, const float* xhat, const float* rstd,
+                                             const W* w, float* gx, int64_t rows, int64_t cols) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const float* gr = g + row * cols;
+  const float* hr = xhat + row * cols;
+  float sum_gh = 0.0f, sum_gh_h = 0.0f;
+  for (int64_t j = lane; j < cols; j += 32) {
+    const float gh = k::LayerNormGradHat<float>(gr[j], w, j);
+    sum_gh += gh;
+    sum_gh_h += gh * hr[j];
+  }
+  const float mean_gh = WarpSum(sum_gh) / static_cast<float>(cols);
+  const float mean_gh_h = WarpSum(sum_gh_h) / static_cast<float>(cols);
+  const float r = rstd[row];
+  float* out = gx + row * cols;
+  for (int64_t j = lane; j < cols; j += 32) {
+    out[j] = k::LayerNormBackwardInput<float>(gr[j], w, j, hr[j], r, mean_gh, mean_gh_h);
+  }
+}
+
+// ---- Causal softmax, one warp per row of T scores; row r is query t = r % T.
+
+__global__ void CausalSoftmaxForwardKernel(float* scores, int64_t rows, int64_t T) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const int64_t t = row % T;
+  float* p = scores + row * T;
+  float m = -INFINITY;
+  for (int64_t s = lane; s <= t; s += 32) m = fmaxf(m, p[s]);
+  m = WarpMax(m);
+  float sum = 0.0f;
+  for (int64_t s = lane; s <= t; s += 32) {
+    const float e = k::SoftmaxExp(p[s], m);
+    p[s] = e;
+    sum += e;
+  }
+  const float inv = 1.0f / WarpSum(sum);
+  for (int64_t s = lane; s < T; s += 32) {
+    p[s] = k::CausalMasked(t, s) ? 0.0f : k::SoftmaxNormalize(p[s], inv);
+  }
+}
+
+__global__ void CausalSoftmaxBackwardKernel(const float* p, float* g, int64_t rows, int64_t T,
+                                            float scale) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const int64_t t = row % T;
+  const float* pr = p + row * T;
+  float* gr = g + row * T;
+  float dot = 0.0f;
+  for (int64_t s = lane; s <= t; s += 32) dot += gr[s] * pr[s];
+  dot = WarpSum(dot);
+  for (int64_t s = lane; s < T; s += 32) {
+    gr[s] = k::CausalMasked(t, s) ? 0.0f : k::SoftmaxBackward(pr[s], gr[s], dot, scale);
+  }
+}
+
+// ---- Cross-entropy, one block per row of V logits.
+
+__global__ void CrossEntropyKernel(const float* logits, const int32_t* targets, int64_t rows,
+                                   int64_t V, double inv_n, float* grad, double* row_loss) {
+  __shared__ float fscratch[32];
+  __shared__ double dscratch[32];
+  const int64_t row = blockIdx.x;
+  if (row >= rows) return;
+  const float* x = logits + row * V;
+  float* gr = grad + row * V;
+  const int32_t target = targets[row];
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, x[j]);
+  m = BlockMax(m, fscratch);
+  double sum = 0.0;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) sum += k::CrossEntropyExp<float>(x[j], m);
+  sum = BlockSum(sum, dscratch);
+  const double log_sum = log(sum);
+  const bool valid = target >= 0 && target < V;
+  if (threadIdx.x == 0) {
+    row_loss[row] = valid ? k::CrossEntropyRowLoss<double>(sum, static_cast<double>(m), x[target])
+                          : 0.0;
+  }
+  const float log_sum_f = static_cast<float>(log_sum);
+  const float inv_n_f = static_cast<float>(inv_n);
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    gr[j] = k::CrossEntropyGrad<float>(x[j], m, log_sum_f, j == target, inv_n_f);
+  }
+}
+
+}  // namespace
+
+cudaError_t GeluForward(const float* x, float* y, int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  GeluForwardKernel<<<GridFor(n), kThreads>>>(x, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t GeluBackward(const float* x, const float* gy, float* gx, int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  GeluBackwardKernel<<<GridFor(n), kThreads>>>(x, gy, gx, n);
+  return cudaGetLastError();
+}
+
+cudaError_t ReluForward(const float* x, float* y, int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  ReluForwardKernel<<<GridFor(n), kThreads>>>(x, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t ReluBackward(const float* y, const float* gy, float* gx, int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  ReluBackwardKernel<<<GridFor(n), kThreads>>>(y, gy, gx, n);
+  return cudaGetLastError();
+}
+
+cudaError_t Add(const float* a, const float* b, float* out, int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  AddKernel<<<GridFor(n), kThreads>>>(a, b, out, n);
+  return cudaGetLastError();
+}
+
+cudaError_t BiasAdd(const float* x, const void* bias, bool bf16, float* out, int64_t rows,
+                    int64_t cols) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  if (bf16) {
+    BiasAddKernel<<<GridFor(rows * cols), kThreads>>>(x, static_cast<const uint16_t*>(bias), out,
+                                                      rows, cols);
+  } else {
+    BiasAddKernel<<<GridFor(rows * cols), kThreads>>>(x, static_cast<const float*>(bias), out,
+                                                      rows, cols);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t ColumnSums(const float* x, const float* y, float* acc, int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  const dim3 block(32, 8);
+  const dim3 grid(static_cast<unsigned int>((cols + 31) / 32));
+  ColumnSumsKernel<<<grid, block>>>(x, y, acc, rows, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps,
+                             float* y, float* xhat, float* rstd, int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  if (bf16) {
+    LayerNormForwardKernel<<<GridForRows(rows), kThreads>>>(
+        x, static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(b), eps, y, xhat, rstd,
+        rows, cols);
+  } else {
+    LayerNormForwardKernel<<<GridForRows(rows), kThreads>>>(
+        x, static_cast<const float*>(w), static_cast<const float*>(b), eps, y, xhat, rstd, rows,
+        cols);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LayerNormBackwardInput(const float* g, const float* xhat, const float* rstd,
+                                   const void* w, bool bf16, float* gx, int64_t rows,
+                                   int64_t cols) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  if (bf16) {
+    LayerNormBackwardInputKernel<<<GridForRows(rows), kThreads>>>(
+        g, xhat, rstd, static_cast<const uint16_t*>(w), gx, rows, cols);
+  } else {
+    LayerNormBackwardInputKernel<<<GridForRows(rows), kThreads>>>(
+        g, xhat, rstd, static_cast<const float*>(w), gx, rows, cols);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t CausalSoftmaxForward(float* scores, int64_t rows, int64_t T) {
+  if (rows <= 0 || T <= 0) return cudaSuccess;
+  CausalSoftmaxForwardKernel<<<GridForRows(rows), kThreads>>>(scores, rows, T);
+  return cudaGetLastError();
+}
+
+cudaError_t CausalSoftmaxBackward(const float* p, float* g, int64_t rows, int64_t T, float scale) {
+  if (rows <= 0 || T <= 0) return cudaSuccess;
+  CausalSoftmaxBackwardKernel<<<GridForRows(rows), kThreads>>>(p, g, rows, T, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t EmbeddingForward(const int32_t* ids, int64_t n_ids, const void* table, bool bf16,
+                             int64_t num, int64_t dim, float* y) {
+  if (n_ids <= 0 || dim <= 0) return cudaSuccess;
+  if (bf16) {
+    EmbeddingForwardKernel<<<GridFor(n_ids * dim), kThreads>>>(
+        ids, n_ids, static_cast<const uint16_t*>(table), num, dim, y);
+  } else {
+    EmbeddingForwardKernel<<<GridFor(n_ids * dim), kThreads>>>(
+        ids, n_ids, static_cast<const float*>(table), num, dim, y);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t EmbeddingBackward(const int32_t* ids, int64_t n_ids, const float* g, int64_t num,
+                              int64_t dim, float* gw) {
+  if (n_ids <= 0 || dim <= 0) return cudaSuccess;
+  EmbeddingBackwardKernel<<<GridFor(n_ids * dim), kThreads>>>(ids, n_ids, g, num, dim, gw);
+  return cudaGetLastError();
+}
+
+cudaError_t CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V,
+                         double inv_n, float* grad, double* row_loss) {
+  if (rows <= 0 || V <= 0) return cudaSuccess;
+  if (rows > 0x7fffffff) return cudaErrorInvalidValue;
+  CrossEntropyKernel<<<static_cast<unsigned int>(rows), 512>>>(logits, targets, rows, V, inv_n,
+                                                                grad, row_loss);
+  return cudaGetLastError();
+}
+
+cudaError_t ScaleMatrices(float* c, int64_t batch, int64_t rows, int64_t cols, int64_t ld,
+                          int64_t stride, float beta) {
+  if (batch <= 0 || rows <= 0 || cols <= 0) return cudaSuccess;
+  ScaleMatricesKernel<<<GridFor(batch * rows * cols), kThreads>>>(c, batch, rows, cols, ld, stride,
+                                                                  beta);
+  return cudaGetLastError();
+}
+
+cudaError_t RoundToBf16(const float* x, uint16_t* y, int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  RoundToBf16Kernel<<<GridFor(n), kThreads>>>(x, y, n);
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace nn

@@ -1,0 +1,59 @@
+// CUDA launchers of the nn/kernels bodies (built only under --config=cuda, compiled by
+// nvcc in kernels.cu). Raw device pointers; every launch goes to the compute stream (the
+// legacy default stream) and returns the launch's error (cudaGetLastError), never
+// synchronising. Callers (nn/tensor_ops.cc) validate sizes and pointers first and turn
+// the error into an absl::Status naming the tensor.
+//
+//   cudaError_t err = nn::cuda::GeluForward(x, y, n);
+//   if (err != cudaSuccess) return nn::cuda::StatusFromCuda(err, "GeluForward of ...");
+//
+// `bf16` arguments say whether a `const void*` weight holds bf16 (uint16_t bits) or fp32.
+#ifndef NN_CUDA_KERNELS_H_
+#define NN_CUDA_KERNELS_H_
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+namespace nn {
+namespace cuda {
+
+cudaError_t GeluForward(const float* x, float* y, int64_t n);
+cudaError_t GeluBackward(const float* x, const float* gy, float* gx, int64_t n);
+cudaError_t ReluForward(const float* x, float* y, int64_t n);
+cudaError_t ReluBackward(const float* y, const float* gy, float* gx, int64_t n);
+cudaError_t Add(const float* a, const float* b, float* out, int64_t n);
+// out[r, j] = x[r, j] + bias[j] for a [rows, cols] matrix.
+cudaError_t BiasAdd(const float* x, const void* bias, bool bf16, float* out, int64_t rows,
+                    int64_t cols);
+// acc[j] += sum_r x[r, j] * (y ? y[r, j] : 1), one deterministic tree sum per column.
+cudaError_t ColumnSums(const float* x, const float* y, float* acc, int64_t rows, int64_t cols);
+// One warp per row of x [rows, cols]: y, xhat [rows, cols], rstd [rows].
+cudaError_t LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps,
+                             float* y, float* xhat, float* rstd, int64_t rows, int64_t cols);
+// One warp per row: gx from g, xhat, rstd and w.
+cudaError_t LayerNormBackwardInput(const float* g, const float* xhat, const float* rstd,
+                                   const void* w, bool bf16, float* gx, int64_t rows,
+                                   int64_t cols);
+// One warp per row of T scores; row r is query r % T.
+cudaError_t CausalSoftmaxForward(float* scores, int64_t rows, int64_t T);
+cudaError_t CausalSoftmaxBackward(const float* p, float* g, int64_t rows, int64_t T, float scale);
+// y[i, :] = table[ids[i], :]; ids outside [0, num) give zero rows (callers reject them).
+cudaError_t EmbeddingForward(const int32_t* ids, int64_t n_ids, const void* table, bool bf16,
+                             int64_t num, int64_t dim, float* y);
+// gw[ids[i], :] += g[i, :] with atomic adds; ids outside [0, num) are skipped.
+cudaError_t EmbeddingBackward(const int32_t* ids, int64_t n_ids, const float* g, int64_t num,
+                              int64_t dim, float* gw);
+// One block per row of logits [rows, V]: grad [rows, V] and row_loss [rows] (double).
+cudaError_t CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V,
+                         double inv_n, float* grad, double* row_loss);
+// c_i[r, j] = beta * c_i[r, j] (0 when beta == 0, even over NaN) for the `batch` row-major
+// [rows, cols] matrices at c + i * stride with row stride ld: a GEMM with k == 0.
+cudaError_t ScaleMatrices(float* c, int64_t batch, int64_t rows, int64_t cols, int64_t ld,
+                          int64_t stride, float beta);
+// y[i] = bf16(x[i]) (round to nearest even).
+cudaError_t RoundToBf16(const float* x, uint16_t* y, int64_t n);
+
+}  // namespace cuda
+}  // namespace nn
+
+#endif  // NN_CUDA_KERNELS_H_

@@ -1,0 +1,401 @@
+// GPU tests (tag "gpu"): every CUDA layer, the cuBLASLt GEMM and the losses against the
+// CPU reference. Skipped, with the reason, where no CUDA device is usable (builds
+// without --config=cuda, machines without a driver or GPU).
+//
+// Tolerances. fp32: the 2-norm of (CUDA - CPU) within 1e-5 of the CPU result's 2-norm
+// (both are fp32 computations that differ only in summation order, ~1e-7 * sqrt(K)).
+// bf16 weights: the CPU reference runs the same bf16 weights widened exactly, so the only
+// extra error on CUDA is the rounding of the fp32 activation operand of each GEMM to bf16,
+// relative error at most u = 2^-8 per element; a length-K dot product then errs by at
+// most u * sum_k |a_k| |b_k|, which the tests compute on the CPU and use elementwise.
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/cuda_device.h"
+#include "core/random.h"
+#include "core/tensor.h"
+#include "gtest/gtest.h"
+#include "nn/activations.h"
+#include "nn/attention.h"
+#include "nn/embedding.h"
+#include "nn/gpt.h"
+#include "nn/layer_norm.h"
+#include "nn/linear.h"
+#include "nn/losses.h"
+#include "nn/ops.h"
+#include "nn/tensor_ops.h"
+#include "nn/to_device.h"
+#include "nn/transformer.h"
+
+namespace nn {
+namespace {
+
+constexpr double kFp32Rel = 1e-5;
+constexpr double kBf16Unit = 1.0 / 256.0;  // 2^-8
+
+#define SKIP_WITHOUT_GPU()                                                      \
+  do {                                                                          \
+    absl::StatusOr<int> n = core::CudaDeviceCount();                            \
+    if (!n.ok()) GTEST_SKIP() << "no usable CUDA device: " << n.status();       \
+    if (*n == 0) GTEST_SKIP() << "no usable CUDA device: CudaDeviceCount() is 0"; \
+  } while (0)
+
+const core::Device kGpu = core::Device::Cuda(0);
+
+core::Tensor To(const core::Tensor& t, const core::Device& d) {
+  core::Tensor out = core::Tensor::Empty(t.shape(), t.dtype(), core::MemoryTag::kOther, d);
+  const absl::Status s = out.CopyFrom(t);
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+std::vector<float> Host(const core::Tensor& t) {
+  return t.device().is_cpu() ? t.ToVector() : To(t, core::Device::Cpu()).ToVector();
+}
+
+core::Tensor Normal(const core::Shape& shape, uint64_t seed, float stddev = 1.0f) {
+  core::Tensor t = core::Tensor::Empty(shape);
+  core::Rng rng(seed);
+  FillNormal(t, 0.0f, stddev, &rng);
+  return t;
+}
+
+core::Tensor Ids(const core::Shape& shape, int64_t num, uint64_t seed) {
+  core::Tensor t = core::Tensor::Zeros(shape, core::DType::kInt32);
+  core::Rng rng(seed);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    t.data<int32_t>()[i] = static_cast<int32_t>(rng.NextU64() % static_cast<uint64_t>(num));
+  }
+  return t;
+}
+
+// ||got - want||_2 / ||want||_2 (absolute when want is 0).
+double RelErr(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double d = 0, w = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    d += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+    w += static_cast<double>(want[i]) * want[i];
+  }
+  return w > 0 ? std::sqrt(d / w) : std::sqrt(d);
+}
+
+// Runs `cpu` and `gpu` (made alike) forward on `x` and backward on a fixed random
+// gradient; expects outputs, input gradients and every parameter gradient to agree
+// within `rel` in the 2-norm.
+void CompareModules(core::Module& cpu, core::Module& gpu, const core::Tensor& x, double rel) {
+  ASSERT_TRUE(ToDevice(gpu, kGpu).ok());
+  absl::StatusOr<core::Tensor> y_cpu = cpu.Forward(x);
+  absl::StatusOr<core::Tensor> y_gpu = gpu.Forward(To(x, kGpu));
+  ASSERT_TRUE(y_cpu.ok()) << y_cpu.status();
+  ASSERT_TRUE(y_gpu.ok()) << y_gpu.status();
+  EXPECT_TRUE(y_gpu->device() == kGpu) << y_gpu->ToString();
+  EXPECT_LE(RelErr(Host(*y_gpu), y_cpu->ToVector()), rel) << cpu.Describe() << " forward";
+  const core::Tensor gy = Normal(y_cpu->shape(), 99);
+  absl::StatusOr<core::Tensor> gx_cpu = cpu.Backward(gy);
+  absl::StatusOr<core::Tensor> gx_gpu = gpu.Backward(To(gy, kGpu));
+  ASSERT_TRUE(gx_cpu.ok()) << gx_cpu.status();
+  ASSERT_TRUE(gx_gpu.ok()) << gx_gpu.status();
+  ASSERT_EQ(gx_cpu->defined(), gx_gpu->defined());
+  if (gx_cpu->defined()) {
+    EXPECT_LE(RelErr(Host(*gx_gpu), gx_cpu->ToVector()), rel) << cpu.Describe() << " grad input";
+  }
+  const auto pc = cpu.NamedParameters();
+  const auto pg = gpu.NamedParameters();
+  ASSERT_EQ(pc.size(), pg.size());
+  for (size_t i = 0; i < pc.size(); ++i) {
+    ASSERT_TRUE(pg[i].second->grad.defined()) << pg[i].first;
+    EXPECT_TRUE(pg[i].second->grad.device() == kGpu) << pg[i].first;
+    EXPECT_LE(RelErr(Host(pg[i].second->grad), pc[i].second->grad.ToVector()), rel)
+        << cpu.Describe() << " grad of " << pc[i].first;
+  }
+}
+
+// ---- GEMM.
+
+struct GemmCase {
+  bool ta, tb;
+};
+
+class CudaGemmTest : public ::testing::TestWithParam<GemmCase> {};
+
+// A, B, C with odd sizes, row strides wider than the matrices, offsets and a batch of 3,
+// on both devices; CUDA's fp32 result must match OpenBLAS's.
+TEST_P(CudaGemmTest, Fp32MatchesCpuForEveryTransposeWithOddSizesStridesAndBatches) {
+  SKIP_WITHOUT_GPU();
+  const GemmCase c = GetParam();
+  const int64_t batch = 3, m = 37, n = 19, k = 53;
+  const int64_t ra = c.ta ? k : m, ca = c.ta ? m : k, rb = c.tb ? n : k, cb = c.tb ? k : n;
+  const int64_t lda = ca + 5, ldb = cb + 3, ldc = n + 7;
+  const int64_t sa = ra * lda + 11, sb = rb * ldb + 2, sc = m * ldc + 1;
+  const core::Tensor a = Normal({4 + batch * sa}, 1), b = Normal({3 + batch * sb}, 2);
+  const core::Tensor c_cpu = Normal({batch * sc}, 3);
+  const core::Tensor c_gpu = To(c_cpu, kGpu);
+  GemmArgs args;
+  args.trans_a = c.ta;
+  args.trans_b = c.tb;
+  args.batch = batch;
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.alpha = 0.75f;
+  args.beta = 0.5f;
+  args.a = {a, 4, lda, sa};
+  args.b = {b, 3, ldb, sb};
+  args.c = {c_cpu, 0, ldc, sc};
+  ASSERT_TRUE(MatMul("cpu", args).ok());
+  args.a.tensor = To(a, kGpu);
+  args.b.tensor = To(b, kGpu);
+  args.c.tensor = c_gpu;
+  const absl::Status s = MatMul("gpu", args);
+  ASSERT_TRUE(s.ok()) << s;
+  // Elements outside the matrices (padding) must be untouched, inside within 1e-5.
+  EXPECT_LE(RelErr(Host(c_gpu), c_cpu.ToVector()), kFp32Rel);
+}
+
+// bf16 x bf16 and fp32 x bf16 (the activation rounded to bf16 on the device): equal to
+// the CPU product of the same bf16 values, up to fp32 summation order.
+TEST_P(CudaGemmTest, Bf16AndMixedOperandsMatchTheCpuProductOfTheRoundedValues) {
+  SKIP_WITHOUT_GPU();
+  const GemmCase c = GetParam();
+  const int64_t m = 33, n = 17, k = 65;
+  const core::Tensor a = Normal({m * k}, 4), b = Normal({k * n}, 5);
+  const core::Tensor a16 = a.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
+  const core::Tensor b16 = b.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
+  GemmArgs args;
+  args.trans_a = c.ta;
+  args.trans_b = c.tb;
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  const core::Tensor want = core::Tensor::Zeros({m * n});
+  args.a.tensor = a16;
+  args.b.tensor = b16;
+  args.c.tensor = want;
+  ASSERT_TRUE(MatMul("cpu", args).ok());  // bf16 widened exactly
+  for (bool mixed : {false, true}) {
+    const core::Tensor got = core::Tensor::Zeros({m * n}, core::DType::kFloat32,
+                                                 core::MemoryTag::kOther, kGpu);
+    args.a.tensor = To(mixed ? a : a16, kGpu);  // mixed: fp32 activation, rounded on device
+    args.b.tensor = To(b16, kGpu);
+    args.c.tensor = got;
+    const absl::Status s = MatMul("gpu", args);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_LE(RelErr(Host(got), want.ToVector()), kFp32Rel) << (mixed ? "mixed" : "bf16");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTransposes, CudaGemmTest,
+                         ::testing::Values(GemmCase{false, false}, GemmCase{false, true},
+                                           GemmCase{true, false}, GemmCase{true, true}));
+
+// ---- Layers, fp32.
+
+TEST(CudaLayersTest, LinearMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  Linear cpu(45, 23, true, 7), gpu(45, 23, true, 7);
+  CompareModules(cpu, gpu, Normal({3, 5, 45}, 8), kFp32Rel);
+}
+
+TEST(CudaLayersTest, LayerNormMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  LayerNorm cpu(67), gpu(67);
+  // Non-trivial affine parameters.
+  for (LayerNorm* ln : {&cpu, &gpu}) {
+    core::Rng rng(5);
+    FillNormal(ln->weight()->data, 1.0f, 0.5f, &rng);
+    FillNormal(ln->bias()->data, 0.0f, 0.5f, &rng);
+  }
+  CompareModules(cpu, gpu, Normal({4, 9, 67}, 9, 2.0f), kFp32Rel);
+}
+
+TEST(CudaLayersTest, GeluAndReluMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  GELU gc, gg;
+  CompareModules(gc, gg, Normal({1000}, 10, 3.0f), kFp32Rel);
+  ReLU rc, rg;
+  CompareModules(rc, rg, Normal({7, 11}, 11), kFp32Rel);
+}
+
+TEST(CudaLayersTest, EmbeddingMatchesCpuWithRepeatedIds) {
+  SKIP_WITHOUT_GPU();
+  Embedding cpu(13, 37, 3), gpu(13, 37, 3);
+  // 60 ids over 13 rows: rows repeat, so the scatter-add accumulates.
+  CompareModules(cpu, gpu, Ids({4, 15}, 13, 12), kFp32Rel);
+}
+
+TEST(CudaLayersTest, CausalSelfAttentionMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  CausalSelfAttention cpu(24, 4, 5), gpu(24, 4, 5);
+  CompareModules(cpu, gpu, Normal({3, 37, 24}, 13), kFp32Rel);
+}
+
+TEST(CudaLayersTest, TransformerBlockMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  TransformerBlock cpu(32, 4, 6), gpu(32, 4, 6);
+  CompareModules(cpu, gpu, Normal({2, 19, 32}, 14), kFp32Rel);
+}
+
+TEST(CudaLayersTest, GptWithCrossEntropyMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  GptConfig config;
+  config.vocab_size = 61;
+  config.block_size = 24;
+  config.n_embd = 32;
+  config.n_layer = 2;
+  config.n_head = 4;
+  config.seed = 9;
+  std::shared_ptr<Gpt> cpu = Gpt::Create(config).value();
+  std::shared_ptr<Gpt> gpu = Gpt::Create(config).value();
+  ASSERT_TRUE(ToDevice(*gpu, kGpu).ok());
+  const core::Tensor tokens = Ids({3, 24}, 61, 15), targets = Ids({3, 24}, 61, 16);
+  absl::StatusOr<core::Tensor> y_cpu = cpu->Forward(tokens);
+  absl::StatusOr<core::Tensor> y_gpu = gpu->Forward(tokens);  // CPU tokens, CUDA model
+  ASSERT_TRUE(y_cpu.ok()) << y_cpu.status();
+  ASSERT_TRUE(y_gpu.ok()) << y_gpu.status();
+  EXPECT_LE(RelErr(Host(*y_gpu), y_cpu->ToVector()), kFp32Rel);
+  absl::StatusOr<LossResult> l_cpu = CrossEntropyLoss(*y_cpu, targets);
+  absl::StatusOr<LossResult> l_gpu = CrossEntropyLoss(*y_gpu, To(targets, kGpu));
+  ASSERT_TRUE(l_cpu.ok()) << l_cpu.status();
+  ASSERT_TRUE(l_gpu.ok()) << l_gpu.status();
+  EXPECT_NEAR(l_gpu->loss, l_cpu->loss, kFp32Rel * std::abs(l_cpu->loss));
+  EXPECT_TRUE(l_gpu->grad.device() == kGpu);
+  EXPECT_LE(RelErr(Host(l_gpu->grad), l_cpu->grad.ToVector()), kFp32Rel);
+  ASSERT_TRUE(cpu->Backward(l_cpu->grad).ok());
+  ASSERT_TRUE(gpu->Backward(l_gpu->grad).ok());
+  const auto pc = cpu->NamedParameters();
+  const auto pg = gpu->NamedParameters();
+  for (size_t i = 0; i < pc.size(); ++i) {
+    EXPECT_LE(RelErr(Host(pg[i].second->grad), pc[i].second->grad.ToVector()), kFp32Rel)
+        << pc[i].first;
+  }
+}
+
+TEST(CudaLayersTest, MismatchedDevicesAreInvalidArgumentNamingBoth) {
+  SKIP_WITHOUT_GPU();
+  Linear fc(4, 3);
+  ASSERT_TRUE(ToDevice(fc, kGpu).ok());
+  absl::StatusOr<core::Tensor> y = fc.Forward(Normal({2, 4}, 1));  // CPU input
+  EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(y.status().message()).find("cuda:0"), std::string::npos);
+  EXPECT_NE(std::string(y.status().message()).find("cpu"), std::string::npos);
+}
+
+// ---- bf16 weights.
+
+// Linear with bf16 weights on CUDA against the CPU layer with the same bf16 weights:
+// every element within u * (|x| |W|^T) (forward) and u * (|g| |W|) (input gradient) plus
+// fp32 slack; the weight gradient is an fp32 GEMM (1e-5).
+TEST(CudaLayersTest, LinearWithBf16WeightsWithinTheDerivedRoundingBound) {
+  SKIP_WITHOUT_GPU();
+  const int64_t R = 40, in = 96, out = 48;
+  Linear cpu(in, out, true, 21), gpu(in, out, true, 21);
+  ASSERT_TRUE(ConvertParameters(cpu, core::DType::kBFloat16).ok());
+  ASSERT_TRUE(ConvertParameters(gpu, core::DType::kBFloat16).ok());
+  ASSERT_TRUE(ToDevice(gpu, kGpu).ok());
+  const core::Tensor x = Normal({R, in}, 22);
+  absl::StatusOr<core::Tensor> y_cpu = cpu.Forward(x);
+  absl::StatusOr<core::Tensor> y_gpu = gpu.Forward(To(x, kGpu));
+  ASSERT_TRUE(y_cpu.ok() && y_gpu.ok()) << y_gpu.status();
+  const std::vector<float> w = cpu.weight()->data.ToVector();  // [out, in], widened
+  const std::vector<float> xs = x.ToVector(), yc = y_cpu->ToVector(), yg = Host(*y_gpu);
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t o = 0; o < out; ++o) {
+      double mag = 0;
+      for (int64_t i = 0; i < in; ++i) mag += std::abs(xs[r * in + i] * w[o * in + i]);
+      const double bound = kBf16Unit * mag + 1e-5 * (mag + std::abs(yc[r * out + o]));
+      ASSERT_LE(std::abs(yg[r * out + o] - yc[r * out + o]), bound) << r << ", " << o;
+    }
+  }
+  const core::Tensor g = Normal({R, out}, 23);
+  absl::StatusOr<core::Tensor> gx_cpu = cpu.Backward(g);
+  absl::StatusOr<core::Tensor> gx_gpu = gpu.Backward(To(g, kGpu));
+  ASSERT_TRUE(gx_cpu.ok() && gx_gpu.ok()) << gx_gpu.status();
+  const std::vector<float> gs = g.ToVector(), gc = gx_cpu->ToVector(), gg = Host(*gx_gpu);
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t i = 0; i < in; ++i) {
+      double mag = 0;
+      for (int64_t o = 0; o < out; ++o) mag += std::abs(gs[r * out + o] * w[o * in + i]);
+      const double bound = kBf16Unit * mag + 1e-5 * (mag + std::abs(gc[r * in + i]));
+      ASSERT_LE(std::abs(gg[r * in + i] - gc[r * in + i]), bound) << r << ", " << i;
+    }
+  }
+  EXPECT_EQ(gpu.weight()->grad.dtype(), core::DType::kFloat32);
+  EXPECT_LE(RelErr(Host(gpu.weight()->grad), cpu.weight()->grad.ToVector()), kFp32Rel);
+  EXPECT_LE(RelErr(Host(gpu.bias()->grad), cpu.bias()->grad.ToVector()), kFp32Rel);
+}
+
+// LayerNorm and Embedding read bf16 weights exactly (no GEMM): fp32 tolerance holds.
+TEST(CudaLayersTest, LayerNormAndEmbeddingWithBf16WeightsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  LayerNorm lc(40), lg(40);
+  for (LayerNorm* ln : {&lc, &lg}) {
+    core::Rng rng(2);
+    FillNormal(ln->weight()->data, 1.0f, 0.5f, &rng);
+    ASSERT_TRUE(ConvertParameters(*ln, core::DType::kBFloat16).ok());
+  }
+  CompareModules(lc, lg, Normal({6, 40}, 3), kFp32Rel);
+  Embedding ec(9, 16, 4), eg(9, 16, 4);
+  ASSERT_TRUE(ConvertParameters(ec, core::DType::kBFloat16).ok());
+  ASSERT_TRUE(ConvertParameters(eg, core::DType::kBFloat16).ok());
+  CompareModules(ec, eg, Ids({5, 4}, 9, 5), kFp32Rel);
+}
+
+// A whole bf16 Gpt: each logit passes through 1 + 4 * n_layer GEMMs with a rounded
+// activation operand (qkv, proj, fc, proj per block, lm_head); each adds at most u
+// relative (attention GEMMs are fp32), so the loss, an average of smooth functions of the
+// logits, stays within (1 + 4 L) u of the CPU's relative to its magnitude.
+TEST(CudaLayersTest, Bf16GptLossWithinTheDerivedRoundingBound) {
+  SKIP_WITHOUT_GPU();
+  GptConfig config;
+  config.vocab_size = 97;
+  config.block_size = 16;
+  config.n_embd = 64;
+  config.n_layer = 2;
+  config.n_head = 4;
+  std::shared_ptr<Gpt> cpu = Gpt::Create(config).value();
+  std::shared_ptr<Gpt> gpu = Gpt::Create(config).value();
+  ASSERT_TRUE(ConvertParameters(*cpu, core::DType::kBFloat16).ok());
+  ASSERT_TRUE(ConvertParameters(*gpu, core::DType::kBFloat16).ok());
+  ASSERT_TRUE(ToDevice(*gpu, kGpu).ok());
+  const core::Tensor tokens = Ids({4, 16}, 97, 30), targets = Ids({4, 16}, 97, 31);
+  absl::StatusOr<core::Tensor> y_cpu = cpu->Forward(tokens);
+  absl::StatusOr<core::Tensor> y_gpu = gpu->Forward(tokens);
+  ASSERT_TRUE(y_cpu.ok() && y_gpu.ok()) << y_gpu.status();
+  const double bound = (1 + 4 * config.n_layer) * kBf16Unit;
+  EXPECT_LE(RelErr(Host(*y_gpu), y_cpu->ToVector()), bound);
+  absl::StatusOr<LossResult> l_cpu = CrossEntropyLoss(*y_cpu, targets);
+  absl::StatusOr<LossResult> l_gpu = CrossEntropyLoss(*y_gpu, targets);
+  ASSERT_TRUE(l_cpu.ok() && l_gpu.ok());
+  EXPECT_NEAR(l_gpu->loss, l_cpu->loss, bound * std::abs(l_cpu->loss));
+  ASSERT_TRUE(gpu->Backward(l_gpu->grad).ok());
+  for (const auto& [name, p] : gpu->NamedParameters()) {
+    EXPECT_EQ(p->grad.dtype(), core::DType::kFloat32) << name;
+  }
+}
+
+TEST(CudaLossesTest, CrossEntropyAndMseMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  const core::Tensor logits = Normal({5, 7, 301}, 40, 3.0f);
+  const core::Tensor targets = Ids({5, 7}, 301, 41);
+  absl::StatusOr<LossResult> c = CrossEntropyLoss(logits, targets);
+  absl::StatusOr<LossResult> g = CrossEntropyLoss(To(logits, kGpu), targets);
+  ASSERT_TRUE(c.ok() && g.ok()) << g.status();
+  EXPECT_NEAR(g->loss, c->loss, 1e-6 * std::abs(c->loss));
+  EXPECT_LE(RelErr(Host(g->grad), c->grad.ToVector()), kFp32Rel);
+  absl::StatusOr<LossResult> bad = CrossEntropyLoss(To(logits, kGpu), Ids({5, 7}, 400, 1));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+
+  const core::Tensor pred = Normal({3, 4}, 42), target = Normal({3, 4}, 43);
+  absl::StatusOr<LossResult> mc = MseLoss(pred, target);
+  absl::StatusOr<LossResult> mg = MseLoss(To(pred, kGpu), To(target, kGpu));
+  ASSERT_TRUE(mc.ok() && mg.ok()) << mg.status();
+  EXPECT_EQ(mg->loss, mc->loss);
+  EXPECT_TRUE(mg->grad.device() == kGpu);
+  EXPECT_EQ(Host(mg->grad), mc->grad.ToVector());
+}
+
+}  // namespace
+}  // namespace nn

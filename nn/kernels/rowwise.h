@@ -1,0 +1,97 @@
+// Row-wise kernel bodies: LayerNorm, the causal masked softmax of attention and the
+// cross-entropy row. A row's reductions (sums, maxima, dot products) are done by the
+// launcher, a loop on the CPU and warp/block shuffles on CUDA; the bodies below take the
+// reduced quantities as arguments and compute one element. `Acc` is the type the
+// launcher reduced in (double on the CPU, float or double on CUDA).
+//
+//   // LayerNorm forward of one row x[0..C):
+//   double mean = sum(x) / C, var = sum((x - mean)^2) / C;
+//   double rstd = nn::kernels::LayerNormRstd(var, double{eps});
+//   for (j...) y[j] = nn::kernels::LayerNormApply(x[j], mean, rstd, w, b, j, &xhat[j]);
+#ifndef NN_KERNELS_ROWWISE_H_
+#define NN_KERNELS_ROWWISE_H_
+
+#include <stdint.h>
+
+#include "core/hd.h"
+#include "nn/kernels/math.h"
+
+namespace nn {
+namespace kernels {
+
+// ---- LayerNorm: y = (x - mean) * rstd * w + b over the last dimension.
+
+// 1 / sqrt(var + eps), var the biased variance of the row.
+template <typename Acc>
+FSDP_HD inline Acc LayerNormRstd(Acc var, Acc eps) {
+  return Acc(1) / Sqrt(var + eps);
+}
+
+// Element j: stores xhat = (x - mean) * rstd (rounded to float) in *xhat and returns
+// xhat * w[j] + b[j] (w, b fp32 or bf16).
+template <typename Acc, typename W>
+FSDP_HD inline float LayerNormApply(float x, Acc mean, Acc rstd, const W* w, const W* b, int64_t j,
+                                    float* xhat) {
+  const float h = static_cast<float>((x - mean) * rstd);
+  *xhat = h;
+  return h * Load(w, j) + Load(b, j);
+}
+
+// gh = g * w[j], the row's first backward term; the launcher reduces mean(gh) and
+// mean(gh * xhat) over the row.
+template <typename Acc, typename W>
+FSDP_HD inline Acc LayerNormGradHat(float g, const W* w, int64_t j) {
+  return static_cast<Acc>(g) * Load(w, j);
+}
+
+// dL/dx of element j: rstd * (gh - mean(gh) - xhat * mean(gh * xhat)).
+template <typename Acc, typename W>
+FSDP_HD inline float LayerNormBackwardInput(float g, const W* w, int64_t j, float xhat, Acc rstd,
+                                            Acc mean_gh, Acc mean_gh_xhat) {
+  const Acc gh = LayerNormGradHat<Acc>(g, w, j);
+  return static_cast<float>(rstd * (gh - mean_gh - xhat * mean_gh_xhat));
+}
+
+// ---- Causal softmax of one attention row t over s in [0, t] (entries s > t are masked).
+
+// exp(score - max), max the row's largest unmasked score.
+FSDP_HD inline float SoftmaxExp(float score, float max) { return Exp(score - max); }
+
+// The probability from exp(score - max) and inv = 1 / (sum of the row's exps).
+FSDP_HD inline float SoftmaxNormalize(float e, float inv) { return e * inv; }
+
+// True when column s of row t is masked (s > t): its probability and gradient are 0.
+FSDP_HD inline bool CausalMasked(int64_t t, int64_t s) { return s > t; }
+
+// dL/dscore = scale * p * (g - dot), g = dL/dp and dot = sum_s g_s p_s over the row;
+// `scale` is the factor the scores were multiplied by (1 / sqrt(head_dim)).
+template <typename Acc>
+FSDP_HD inline float SoftmaxBackward(float p, float g, Acc dot, float scale) {
+  return scale * p * (g - static_cast<float>(dot));
+}
+
+// ---- Cross-entropy of one row of logits x[0..V) with target class `target`.
+
+// exp(x - max), the term the launcher sums (max = the row's largest logit).
+template <typename Acc>
+FSDP_HD inline Acc CrossEntropyExp(float x, Acc max) {
+  return Exp(static_cast<Acc>(x) - max);
+}
+
+// The row's loss -log softmax(x)[target] = log(sum exp(x - max)) + max - x[target].
+template <typename Acc>
+FSDP_HD inline Acc CrossEntropyRowLoss(Acc sum_exp, Acc max, float x_target) {
+  return Log(sum_exp) + max - static_cast<Acc>(x_target);
+}
+
+// d mean-loss / d x_j = (softmax(x)_j - [j == target]) * inv_n, inv_n = 1 / tokens.
+template <typename Acc>
+FSDP_HD inline float CrossEntropyGrad(float x, Acc max, Acc log_sum, bool is_target, Acc inv_n) {
+  const Acc p = Exp(static_cast<Acc>(x) - max - log_sum);
+  return static_cast<float>((p - (is_target ? Acc(1) : Acc(0))) * inv_n);
+}
+
+}  // namespace kernels
+}  // namespace nn
+
+#endif  // NN_KERNELS_ROWWISE_H_

@@ -1,0 +1,135 @@
+// Device- and dtype-aware tensor operations behind the nn/ layers: each dispatches on
+// its tensors' device, running a CPU loop over the nn/kernels bodies or the CUDA kernels
+// of nn/cuda (builds with --config=cuda), so a layer is written once for both devices.
+//
+//   // y[R, out] = x[R, in] W^T with W fp32 or bf16, on x's device:
+//   nn::GemmArgs g;
+//   g.trans_b = true;
+//   g.m = R; g.n = out; g.k = in;
+//   g.a.tensor = x; g.b.tensor = w; g.c.tensor = y;
+//   RETURN_IF_ERROR(nn::MatMul("fc (Linear)", g));
+//   RETURN_IF_ERROR(nn::GeluForward("mlp.gelu (GELU)", y, h));
+//
+// NOTE [Device dispatch]
+// Every tensor passed to one call must be defined and on one device (CPU or one CUDA
+// device); activations, activation gradients and parameter gradients are fp32; weights
+// (GEMM operands, LayerNorm/bias/embedding tables) may be fp32 or bf16 (bf16 is widened
+// exactly to fp32 for the math; on CUDA, a GEMM whose operands mix fp32 and bf16 rounds
+// the fp32 one to bf16 first and runs bf16 x bf16 -> fp32 with fp32 accumulation). A
+// violation is InvalidArgument naming `what` (the caller: a module's Describe() or a
+// loss), the tensor and both devices; nothing runs then. CUDA work is queued on the
+// compute stream (the legacy default stream) and is asynchronous unless noted; a CUDA
+// failure is Internal naming the operation and `what`. In a build without CUDA, CUDA
+// tensors give FailedPrecondition.
+#ifndef NN_TENSOR_OPS_H_
+#define NN_TENSOR_OPS_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/tensor.h"
+
+namespace nn {
+
+// One matrix, or a batch of equally spaced matrices, stored row-major inside a tensor.
+struct MatrixRef {
+  core::Tensor tensor;
+  int64_t offset = 0;        // elements from tensor's first element to matrix 0's first
+  int64_t ld = 0;            // row stride as stored; 0 means dense (its stored columns)
+  int64_t batch_stride = 0;  // elements from matrix i's first element to matrix i+1's
+};
+
+// C_i = alpha * op(A_i) * op(B_i) + beta * C_i for i < batch, as nn::Gemm (nn/ops.h):
+// op(A) is [m, k] (A stored [k, m] when trans_a), op(B) is [k, n], C is [m, n]. A and B
+// are fp32 or bf16, C fp32; beta == 0 ignores C's old contents. Every matrix must lie
+// inside its tensor (InvalidArgument otherwise). On CUDA: cuBLASLt, fp32 x fp32 with
+// CUBLAS_COMPUTE_32F (TF32 off), bf16 x bf16 -> fp32 with fp32 accumulation.
+struct GemmArgs {
+  bool trans_a = false;
+  bool trans_b = false;
+  int64_t batch = 1;
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  float alpha = 1.0f;
+  float beta = 0.0f;
+  MatrixRef a;
+  MatrixRef b;
+  MatrixRef c;
+};
+absl::Status MatMul(absl::string_view what, const GemmArgs& args);
+
+// y = GELU(x) (tanh form), elementwise; x and y fp32 of equal numel (y may be x).
+absl::Status GeluForward(absl::string_view what, const core::Tensor& x, const core::Tensor& y);
+// gx = gy * GELU'(x); all fp32 of equal numel.
+absl::Status GeluBackward(absl::string_view what, const core::Tensor& x, const core::Tensor& gy,
+                          const core::Tensor& gx);
+
+// y = max(x, 0); gx = gy where y > 0, else 0.
+absl::Status ReluForward(absl::string_view what, const core::Tensor& x, const core::Tensor& y);
+absl::Status ReluBackward(absl::string_view what, const core::Tensor& y, const core::Tensor& gy,
+                          const core::Tensor& gx);
+
+// out = a + b elementwise; fp32 of equal numel (out may alias a or b).
+absl::Status AddTensors(absl::string_view what, const core::Tensor& a, const core::Tensor& b,
+                        const core::Tensor& out);
+
+// out[r, j] = x[r, j] + bias[j], x and out fp32 viewed as [numel / bias.numel(),
+// bias.numel()] (out may be x); bias fp32 or bf16. InvalidArgument unless bias.numel()
+// divides x.numel().
+absl::Status BiasAdd(absl::string_view what, const core::Tensor& x, const core::Tensor& bias,
+                     const core::Tensor& out);
+
+// acc[j] += sum over rows r of x[r, j] (times y[r, j] when y is defined), with x (and y)
+// fp32 viewed as [numel / acc.numel(), acc.numel()]; acc fp32. Sums are double on the CPU
+// and fp32 tree sums on CUDA, added to acc once.
+absl::Status AccumulateColumnSums(absl::string_view what, const core::Tensor& x,
+                                  const core::Tensor& y, const core::Tensor& acc);
+
+// LayerNorm over the last dimension C = w.numel() of x ([rows, C]): y = xhat * w + b with
+// xhat = (x - mean) * rstd, rstd = 1 / sqrt(var + eps). Writes y and xhat (fp32, x's
+// numel) and rstd (fp32, `rows` elements) for the backward. w, b fp32 or bf16.
+absl::Status LayerNormForward(absl::string_view what, const core::Tensor& x,
+                              const core::Tensor& w, const core::Tensor& b, float eps,
+                              const core::Tensor& y, const core::Tensor& xhat,
+                              const core::Tensor& rstd);
+// gx = rstd * (g w - mean(g w) - xhat mean(g w xhat)) per row; gw += sum_r g xhat and
+// gb += sum_r g when they are defined (fp32, C elements).
+absl::Status LayerNormBackward(absl::string_view what, const core::Tensor& g,
+                               const core::Tensor& xhat, const core::Tensor& rstd,
+                               const core::Tensor& w, const core::Tensor& gx,
+                               const core::Tensor& gw, const core::Tensor& gb);
+
+// In place on `scores`, fp32 viewed as rows of T: row r is query t = r % T; entries
+// s > t become 0 and entries s <= t softmax(scores[0..t]).
+absl::Status CausalSoftmaxForward(absl::string_view what, const core::Tensor& scores, int64_t T);
+// In place on `g` (dL/dp, viewed like `p`): g = scale * p * (g - <g, p>) per row, 0 for
+// the masked entries.
+absl::Status CausalSoftmaxBackward(absl::string_view what, const core::Tensor& p,
+                                   const core::Tensor& g, int64_t T, float scale);
+
+// y[i, :] = table[ids[i], :], table [num, dim] fp32 or bf16, ids int32 (each in [0, num),
+// checked by the caller), y fp32 [ids.numel(), dim].
+absl::Status EmbeddingForward(absl::string_view what, const core::Tensor& table,
+                              const core::Tensor& ids, const core::Tensor& y);
+// gw[ids[i], :] += g[i, :] (gw fp32 [num, dim]). On CUDA the adds are atomic, so their
+// order (and the last bits of a row used twice) may vary from run to run.
+absl::Status EmbeddingBackward(absl::string_view what, const core::Tensor& ids,
+                               const core::Tensor& g, const core::Tensor& gw);
+
+// Cross-entropy rows of logits [n, V] (fp32) with targets (int32, n, each in [0, V),
+// checked by the caller): writes grad = (softmax - onehot) / n (fp32 [n, V]) and returns
+// the mean loss, on the host (one synchronisation on CUDA).
+absl::StatusOr<double> CrossEntropyForwardBackward(absl::string_view what,
+                                                   const core::Tensor& logits,
+                                                   const core::Tensor& targets,
+                                                   const core::Tensor& grad);
+
+// Sets every element of `t` to zero (asynchronously on CUDA).
+absl::Status ZeroTensor(absl::string_view what, const core::Tensor& t);
+
+}  // namespace nn
+
+#endif  // NN_TENSOR_OPS_H_
