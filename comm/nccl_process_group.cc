@@ -383,11 +383,44 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Issue(CollectiveKind kin
   return std::shared_ptr<Work>(std::make_shared<NcclWork>(std::move(op)));
 }
 
+bool NcclProcessGroup::OnHost(const std::vector<const core::Tensor*>& tensors) {
+  for (const core::Tensor* t : tensors) {
+    if (!t->device().is_cpu()) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Staged(
+    const std::vector<core::Tensor>& host, absl::Duration timeout,
+    const std::function<absl::StatusOr<std::shared_ptr<Work>>(const std::vector<core::Tensor>&)>&
+        issue) {
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_.index),
+                             absl::StrCat(Describe(), ": cudaSetDevice")));
+  std::vector<core::Tensor> dev;
+  for (const core::Tensor& h : host) {
+    ASSIGN_OR_RETURN(core::Tensor d, core::Tensor::Allocate(h.shape(), h.dtype(),
+                                                            core::MemoryTag::kComm, device_));
+    if (h.numel() > 0) RETURN_IF_ERROR(d.CopyFrom(h));
+    dev.push_back(std::move(d));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<Work> work, issue(dev));
+  absl::Status status = work->WaitHost(timeout);
+  for (size_t i = 0; status.ok() && i < host.size(); ++i) {
+    if (host[i].numel() > 0) status = host[i].CopyFrom(dev[i]);
+  }
+  return std::shared_ptr<Work>(CompletionWork::Done(status, work->Describe()));
+}
+
 absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllGather(const core::Tensor& input,
                                                                   const core::Tensor& output,
                                                                   const AllGatherOptions& options) {
   constexpr CollectiveKind kind = CollectiveKind::kAllGather;
   RETURN_IF_ERROR(ValidateAllGather(*this, input, output, options));
+  if (OnHost({&input, &output})) {
+    return Staged({input, output}, options.timeout, [&](const std::vector<core::Tensor>& d) {
+      return AllGather(d[0], d[1], options);
+    });
+  }
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&input, &output}, device_));
   const absl::Time deadline = absl::Now() + options.timeout;
   return Issue(kind, options.timeout, ExpectedTraffic(kind, output.nbytes(), size_, rank_),
@@ -403,6 +436,11 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::ReduceScatter(
     const core::Tensor& input, const core::Tensor& output, const ReduceScatterOptions& options) {
   constexpr CollectiveKind kind = CollectiveKind::kReduceScatter;
   RETURN_IF_ERROR(ValidateReduceScatter(*this, input, output, options));
+  if (OnHost({&input, &output})) {
+    return Staged({input, output}, options.timeout, [&](const std::vector<core::Tensor>& d) {
+      return ReduceScatter(d[0], d[1], options);
+    });
+  }
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&input, &output}, device_));
   const absl::Time deadline = absl::Now() + options.timeout;
   const int64_t k = output.numel();
@@ -444,6 +482,11 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllReduce(const core::Te
                                                                   const AllReduceOptions& options) {
   constexpr CollectiveKind kind = CollectiveKind::kAllReduce;
   RETURN_IF_ERROR(ValidateAllReduce(*this, tensor, options));
+  if (OnHost({&tensor})) {
+    return Staged({tensor}, options.timeout, [&](const std::vector<core::Tensor>& d) {
+      return AllReduce(d[0], options);
+    });
+  }
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&tensor}, device_));
   const absl::Time deadline = absl::Now() + options.timeout;
   const int64_t n = tensor.numel();
@@ -480,6 +523,11 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Broadcast(const core::Te
                                                                   const BroadcastOptions& options) {
   constexpr CollectiveKind kind = CollectiveKind::kBroadcast;
   RETURN_IF_ERROR(ValidateBroadcast(*this, tensor, options));
+  if (OnHost({&tensor})) {
+    return Staged({tensor}, options.timeout, [&](const std::vector<core::Tensor>& d) {
+      return Broadcast(d[0], options);
+    });
+  }
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&tensor}, device_));
   const absl::Time deadline = absl::Now() + options.timeout;
   return Issue(kind, options.timeout,

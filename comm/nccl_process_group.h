@@ -22,6 +22,11 @@
 // synchronise with it. Work::WaitHost blocks the host until the watchdog has seen the
 // collective finish and returns its final status.
 //
+// Host tensors: a collective whose tensors are all CPU tensors (the small host-side
+// exchanges of agreements, plan fingerprints, loss averages) is staged through fresh
+// device buffers of the group's device and is complete, results copied back, when the
+// call returns. Mixing CPU and CUDA tensors in one collective is InvalidArgument.
+//
 // Watchdog: a thread per group (comm/internal/watchdog.h) polls every collective's
 // event and NCCL's asynchronous error, and enforces each collective's deadline (its
 // options' timeout, from issue) even when nobody waits: past it, the communicator is
@@ -45,6 +50,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -121,6 +127,15 @@ class NcclProcessGroup : public ProcessGroup {
   // stream's pending work, and returns the Work that completes after them. `keep`
   // holds temporaries alive until then.
   using LaunchFn = std::function<absl::Status(ncclComm_t comm, cudaStream_t stream)>;
+  // True when every tensor is a CPU tensor (the staged path).
+  static bool OnHost(const std::vector<const core::Tensor*>& tensors);
+  // The staged path: copies `host` to fresh device tensors, issues the collective on
+  // them, waits for it on the host and copies the results back; the returned Work is
+  // complete.
+  absl::StatusOr<std::shared_ptr<Work>> Staged(
+      const std::vector<core::Tensor>& host, absl::Duration timeout,
+      const std::function<absl::StatusOr<std::shared_ptr<Work>>(
+          const std::vector<core::Tensor>&)>& issue);
   absl::StatusOr<std::shared_ptr<Work>> Issue(CollectiveKind kind, absl::Duration timeout,
                                               Traffic traffic, std::vector<core::Tensor> keep,
                                               const LaunchFn& launch);

@@ -107,11 +107,23 @@ TEST_F(NcclTest, SeesComputeStreamWritesIssuedBeforeIt) {
   EXPECT_EQ(ToHost(t.View((1 << 22) - 1, {1}).value())[0], 3.0f);
 }
 
-TEST_F(NcclTest, RejectsCpuTensorsAndBadShapes) {
-  Tensor cpu = Tensor::Zeros({4});
+TEST_F(NcclTest, StagesHostTensorsAndRejectsMixedDevicesAndBadShapes) {
+  // All-CPU collectives are staged through the device and complete on return.
+  Tensor cpu = Tensor::FromVector({1, 2, 3, 4}, {4}).value();
   auto w = group_->AllReduce(cpu, AllReduceOptions{});
-  EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument) << w.status();
-  EXPECT_NE(w.status().message().find("cuda:0"), std::string::npos) << w.status();
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_TRUE((*w)->IsCompleted());
+  EXPECT_TRUE((*w)->Wait(kTimeout).ok());
+  EXPECT_EQ(cpu.ToVector(), (std::vector<float>{1, 2, 3, 4}));
+  Tensor ints_in = Tensor::FromInts({7, 8}, {2}).value();
+  Tensor ints_out = Tensor::Zeros({2}, DType::kInt32);
+  ASSERT_TRUE(group_->AllGather(ints_in, ints_out, AllGatherOptions{}).value()->Wait(kTimeout).ok());
+  EXPECT_EQ(ints_out.ToVector(), (std::vector<float>{7, 8}));
+  // A CPU tensor with a CUDA one is refused, naming the device.
+  Tensor gpu = OnGpu({0, 0}, DType::kFloat32);
+  auto mixed = group_->AllGather(Tensor::FromVector({1, 2}, {2}).value(), gpu, AllGatherOptions{});
+  EXPECT_EQ(mixed.status().code(), absl::StatusCode::kInvalidArgument) << mixed.status();
+  EXPECT_NE(mixed.status().message().find("cuda:0"), std::string::npos) << mixed.status();
   Tensor a = OnGpu({1, 2}, DType::kFloat32);
   Tensor b = OnGpu({1, 2, 3}, DType::kFloat32);
   EXPECT_EQ(group_->AllGather(a, b, AllGatherOptions{}).status().code(),
