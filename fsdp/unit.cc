@@ -178,7 +178,15 @@ absl::Status Unit::WriteShard(int64_t shard_offset, const core::Tensor& values) 
         shard_offset, " would leave the shard of ", flat_->shard_numel(), " elements"));
   }
   ASSIGN_OR_RETURN(core::Tensor dst, flat_->shard().View(shard_offset, {values.numel()}));
-  return dst.CopyFrom(values.Flat());
+  core::Tensor src = values.Flat();
+  if (src.dtype() != dst.dtype()) {
+    if (src.device() == dst.device()) return internal::ConvertInto(dst, src, "fsdp unit " + label_);
+    if (src.device().is_cpu()) {
+      // Convert on the host, then one copy to the device.
+      ASSIGN_OR_RETURN(src, src.ToDType(dst.dtype(), core::MemoryTag::kOther));
+    }
+  }
+  return dst.CopyFrom(src);
 }
 
 absl::Status Unit::PrepareGradients() {
