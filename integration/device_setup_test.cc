@@ -85,7 +85,9 @@ TEST(ChooseDeviceTest, ThisBuildsProbeIsConsistent) {
   const DeviceAvailability a = DeviceAvailability::Probe();
   EXPECT_EQ(a.built_with_cuda, core::BuiltWithCuda());
   auto c = ChooseDeviceAndBackend("cuda", "auto", 0, a);
-  if (!a.built_with_cuda) EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
+  if (!a.built_with_cuda) {
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
+  }
 }
 
 TEST(MoveModuleTest, KeepsTheParameterObjectsAndValues) {

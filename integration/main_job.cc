@@ -803,6 +803,15 @@ int LaunchLocalRanks(int argc, char** argv) {
     std::fprintf(stderr, "main job: %s\n", s.ToString().c_str());
     return 1;
   }
+  // --device / --backend: the parent checks what it can (the build, the GPUs, one per
+  // local rank) so a refusal comes once, before any rank starts.
+  if (absl::StatusOr<integration::DeviceChoice> choice = integration::ChooseDeviceAndBackend(
+          absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_backend), launch.nproc - 1,
+          integration::DeviceAvailability::Probe());
+      !choice.ok()) {
+    std::fprintf(stderr, "main job: %s\n", choice.status().ToString().c_str());
+    return 1;
+  }
   launch.command.push_back(self);
   for (int i = 1; i < argc; ++i) launch.command.push_back(argv[i]);
   // Every rank writes into the same output directory: make the default explicit so it
