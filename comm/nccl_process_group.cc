@@ -109,9 +109,9 @@ absl::Status ConvertStatus(int err, absl::string_view what) {
 
 // What a collective's Work and the watchdog share: the event recorded after the NCCL
 // calls on the group's stream, the outcome, and the tensors the device still uses.
-struct NcclOp {
-  NcclOp(std::string what, core::Device dev) : description(std::move(what)), device(dev) {}
-  ~NcclOp() {
+struct PendingCollective {
+  PendingCollective(std::string what, core::Device dev) : description(std::move(what)), device(dev) {}
+  ~PendingCollective() {
     // Destroying an event with pending waits is allowed: CUDA releases it once they end.
     if (event != nullptr) cudaEventDestroy(event);
   }
@@ -128,7 +128,7 @@ struct NcclOp {
 // [Watchdog] in comm/internal/watchdog.h); Wait orders the compute stream after it.
 class NcclWork : public Work {
  public:
-  explicit NcclWork(std::shared_ptr<NcclOp> op) : op_(std::move(op)) {}
+  explicit NcclWork(std::shared_ptr<PendingCollective> op) : op_(std::move(op)) {}
 
   bool IsCompleted() const override {
     absl::MutexLock lock(&op_->mu);
@@ -159,11 +159,11 @@ class NcclWork : public Work {
   std::string Describe() const override { return op_->description; }
 
  private:
-  const std::shared_ptr<NcclOp> op_;
+  const std::shared_ptr<PendingCollective> op_;
 };
 
 // The watchdog's view of `op` (NOTE [Watchdog]).
-internal::WatchedOp WatchNcclOp(const std::shared_ptr<NcclOp>& op,
+internal::WatchedOp WatchCollective(const std::shared_ptr<PendingCollective>& op,
                                 const std::shared_ptr<internal::NcclComm>& comm,
                                 absl::Duration timeout, CollectiveKind kind, Traffic traffic) {
   internal::WatchedOp w;
@@ -372,14 +372,14 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Issue(CollectiveKind kin
     return s;
   }
   (void)deadline;  // the watchdog counts the timeout from here too
-  auto op = std::make_shared<NcclOp>(what, device_);
+  auto op = std::make_shared<PendingCollective>(what, device_);
   RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&op->event, cudaEventDisableTiming), what));
   RETURN_IF_ERROR(CudaStatus(cudaEventRecord(op->event, stream_), what));
   {
     absl::MutexLock op_lock(&op->mu);
     op->keep = std::move(keep);
   }
-  watchdog_->Add(WatchNcclOp(op, comm_, timeout, kind, traffic));
+  watchdog_->Add(WatchCollective(op, comm_, timeout, kind, traffic));
   return std::shared_ptr<Work>(std::make_shared<NcclWork>(std::move(op)));
 }
 
