@@ -45,11 +45,6 @@ absl::StatusOr<DeviceChoice> ChooseDeviceAndBackend(absl::string_view device_fla
         "--device=", device_flag,
         ": expected cpu or cuda (each rank uses cuda:LOCAL_RANK, one GPU per local rank)"));
   }
-  if (*backend == comm::Backend::kGloo) {
-    return absl::FailedPreconditionError(
-        "--device=cuda --backend=gloo: gloo reduces host buffers and the model's tensors are "
-        "on the GPU; use --backend=nccl (or auto)");
-  }
   if (!available.built_with_cuda) {
     return absl::FailedPreconditionError(
         "--device=cuda: this binary was built without CUDA; build it with "
@@ -61,6 +56,11 @@ absl::StatusOr<DeviceChoice> ChooseDeviceAndBackend(absl::string_view device_fla
   }
   if (*available.gpus <= 0) {
     return absl::UnavailableError("--device=cuda: no usable GPU: the CUDA runtime sees 0 devices");
+  }
+  if (*backend == comm::Backend::kGloo) {
+    return absl::FailedPreconditionError(
+        "--device=cuda --backend=gloo: gloo reduces host buffers and the model's tensors are "
+        "on the GPU; use --backend=nccl (or auto)");
   }
   if (local_rank < 0 || local_rank >= *available.gpus) {
     return absl::FailedPreconditionError(absl::StrCat(

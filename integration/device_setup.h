@@ -14,8 +14,10 @@
 //   cpu,  nccl        -> FailedPrecondition (NCCL reduces GPU buffers)
 //   cuda, nccl|auto   -> cuda:LOCAL_RANK over nccl
 //   cuda, gloo        -> FailedPrecondition (gloo reduces host buffers)
+// checked in this order for cuda (whatever the backend):
 //   cuda in a build without CUDA -> FailedPrecondition naming --config=cuda;
 //   cuda with no usable GPU      -> Unavailable with the runtime's reason;
+// then the backend (gloo refused), then:
 //   LOCAL_RANK >= visible GPUs   -> FailedPrecondition (one GPU per local rank).
 #ifndef INTEGRATION_DEVICE_SETUP_H_
 #define INTEGRATION_DEVICE_SETUP_H_

@@ -41,7 +41,8 @@ TEST(ChooseDeviceTest, CpuWithNcclIsRefused) {
 }
 
 TEST(ChooseDeviceTest, CudaInABuildWithoutCudaSaysHowToBuild) {
-  for (const char* backend : {"nccl", "auto"}) {
+  // Whatever the backend: the build is the first thing to fix.
+  for (const char* backend : {"nccl", "auto", "gloo"}) {
     auto c = ChooseDeviceAndBackend("cuda", backend, 0, CpuBuild());
     EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition) << c.status();
     EXPECT_NE(c.status().message().find("--config=cuda"), std::string::npos) << c.status();

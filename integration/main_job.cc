@@ -62,7 +62,7 @@
 #include "policy/wrap_policy.h"
 
 ABSL_FLAG(int, world_size, 2, "ranks to start on this machine (ignored under a launcher)");
-ABSL_FLAG(std::string, backend, "gloo",
+ABSL_FLAG(std::string, backend, "auto",
           "collective backend: gloo, nccl or auto (nccl on --device=cuda, gloo on the CPU)");
 ABSL_FLAG(std::string, device, "cpu",
           "where the model computes: cpu, or cuda (rank r uses cuda:LOCAL_RANK; needs a "
@@ -687,7 +687,8 @@ absl::Status RunJob(comm::Distributed& dist, absl::Duration timeout) {
   summary["peak_device_memory_bytes"] = nullptr;
   {
     nlohmann::json mfu;
-    const int64_t n_params = module->model()->NumParameterElements();
+    // The unsharded count (while wrapped, parameters are local slices).
+    const int64_t n_params = summary["model_parameters"].get<int64_t>();
     const double flops_per_token =
         integration::GptFlopsPerToken(n_params, model_options.model.n_layer, model_options.seq_len,
                                       model_options.model.n_embd);
