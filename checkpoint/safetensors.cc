@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/internal/file_io.h"
+#include "checkpoint/internal/host_staging.h"
 #include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -68,8 +69,9 @@ absl::Status ExportSafetensors(const std::string& path, const NamedTensors& tens
     header[kMetadataKey] = std::move(m);
   }
   std::set<std::string> names;
-  // CPU copies where a tensor lives elsewhere; the others are written in place.
-  std::vector<core::Tensor> data;
+  // Host bytes of each tensor: CPU tensors in place, device tensors through pinned
+  // buffers (internal/host_staging.h); the file does not record the device.
+  std::vector<internal::HostBytes> data;
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
     const std::string what = absl::StrCat(where, ": tensor ", Quoted(name));
@@ -79,12 +81,7 @@ absl::Status ExportSafetensors(const std::string& path, const NamedTensors& tens
     }
     if (!names.insert(name).second) return absl::InvalidArgumentError(absl::StrCat(what, " is listed twice"));
     if (!t.defined()) return absl::InvalidArgumentError(absl::StrCat(what, " is undefined"));
-    core::Tensor cpu = t;
-    if (!t.device().is_cpu()) {
-      absl::StatusOr<core::Tensor> c = t.ToDType(t.dtype(), core::MemoryTag::kOther);
-      if (!c.ok()) return absl::Status(c.status().code(), absl::StrCat(what, ": ", c.status().message()));
-      cpu = *std::move(c);
-    }
+    ASSIGN_OR_RETURN(internal::HostBytes cpu, internal::HostBytes::Of(t, t.dtype(), what));
     const uint64_t n = static_cast<uint64_t>(cpu.nbytes());
     Json entry = Json::object();
     entry["dtype"] = SafetensorsDTypeName(t.dtype());
@@ -113,7 +110,9 @@ absl::Status ExportSafetensors(const std::string& path, const NamedTensors& tens
     ASSIGN_OR_RETURN(internal::FileWriter w, internal::FileWriter::Create(temp));
     RETURN_IF_ERROR(w.Append(length, sizeof(length)));
     RETURN_IF_ERROR(w.Append(text.data(), text.size()));
-    for (const core::Tensor& t : data) RETURN_IF_ERROR(w.Append(t.raw_data(), static_cast<size_t>(t.nbytes())));
+    for (const internal::HostBytes& t : data) {
+      RETURN_IF_ERROR(w.Append(t.data(), static_cast<size_t>(t.nbytes())));
+    }
     RETURN_IF_ERROR(w.SyncAndClose());
     return internal::RenameAndSync(temp, path);
   }();
@@ -439,8 +438,10 @@ absl::Status ImportSafetensorsInto(const std::string& path, core::Module& module
     }
   }
   for (const auto& [name, p] : params) {
-    absl::Status s = p->data.CopyFrom(*by_name.at(name));
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(where, ": parameter ", Quoted(name), ": ", s.message()));
+    // A device parameter is filled through a pinned buffer (internal/host_staging.h).
+    absl::Status s = internal::CopyHostToTensor(p->data, *by_name.at(name),
+                                                absl::StrCat(where, ": parameter ", Quoted(name)));
+    if (!s.ok()) return s;
   }
   return absl::OkStatus();
 }

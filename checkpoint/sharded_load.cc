@@ -13,6 +13,7 @@
 #include "checkpoint/checkpoint.pb.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/internal/file_io.h"
+#include "checkpoint/internal/host_staging.h"
 #include "checkpoint/internal/metadata.h"
 #include "checkpoint/sharded.h"
 #include "core/status_macros.h"
@@ -236,8 +237,8 @@ absl::Status Loader::Serve(const LoadRequest& r) {
     RETURN_IF_ERROR(ReadChunkPart(t, dtype, *it, b, e, out + (b - r.begin) * out_es, out_dtype));
   }
   if (!r.destination.device().is_cpu()) {
-    absl::Status s = r.destination.CopyFrom(target);
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+    // Through a pinned buffer (internal/host_staging.h).
+    RETURN_IF_ERROR(internal::CopyHostToTensor(r.destination, target, what));
   }
   return absl::OkStatus();
 }

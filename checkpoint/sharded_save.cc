@@ -20,6 +20,7 @@
 #include "checkpoint/checkpoint.pb.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/internal/file_io.h"
+#include "checkpoint/internal/host_staging.h"
 #include "checkpoint/internal/metadata.h"
 #include "checkpoint/internal/save_exchange.pb.h"
 #include "checkpoint/sharded.h"
@@ -225,18 +226,12 @@ absl::StatusOr<WrittenMessage> WriteDataFile(const std::string& temp_dir, int ra
     const PlannedTensor& t = plan.tensors[plan.by_name.at(s.name)];
     const auto pieces = PiecesToWrite(t, rank, s.begin, s.end);
     if (pieces.empty()) continue;
-    core::Tensor src = s.data;
-    if (!src.device().is_cpu() || src.dtype() != s.dtype) {
-      absl::StatusOr<core::Tensor> converted = s.data.ToDType(s.dtype, core::MemoryTag::kOther);
-      if (!converted.ok()) {
-        return absl::Status(converted.status().code(),
-                            absl::StrCat("checkpoint::Save: tensor '", s.name, "': ",
-                                         converted.status().message()));
-      }
-      src = *std::move(converted);
-    }
+    // Device tensors come through a pinned host buffer (internal/host_staging.h).
+    ASSIGN_OR_RETURN(internal::HostBytes src,
+                     internal::HostBytes::Of(s.data, s.dtype,
+                                             absl::StrCat("checkpoint::Save: tensor '", s.name, "'")));
     const int64_t es = core::DTypeSize(s.dtype);
-    const char* base = static_cast<const char*>(src.raw_data());
+    const char* base = static_cast<const char*>(src.data());
     TensorProto* tp = out.add_tensors();
     tp->set_name(s.name);
     for (const auto& [b, e] : pieces) {

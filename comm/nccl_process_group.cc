@@ -8,6 +8,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "comm/cuda/convert.h"
+#include "comm/failure.h"
+#include "comm/internal/watchdog.h"
 #include "comm/prefix_store.h"
 #include "core/status_macros.h"
 #include "core/tensor.h"
@@ -105,96 +107,105 @@ absl::Status ConvertStatus(int err, absl::string_view what) {
   return CudaStatus(static_cast<cudaError_t>(err), what);
 }
 
-// A collective queued on the group's stream; done when its event fires.
+// What a collective's Work and the watchdog share: the event recorded after the NCCL
+// calls on the group's stream, the outcome, and the tensors the device still uses.
+struct PendingCollective {
+  PendingCollective(std::string what, core::Device dev) : description(std::move(what)), device(dev) {}
+  ~PendingCollective() {
+    // Destroying an event with pending waits is allowed: CUDA releases it once they end.
+    if (event != nullptr) cudaEventDestroy(event);
+  }
+  const std::string description;
+  const core::Device device;
+  cudaEvent_t event = nullptr;
+  absl::Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
+  std::vector<core::Tensor> keep ABSL_GUARDED_BY(mu);
+};
+
+// A collective queued on the group's stream. The group's watchdog completes it (NOTE
+// [Watchdog] in comm/internal/watchdog.h); Wait orders the compute stream after it.
 class NcclWork : public Work {
  public:
-  NcclWork(std::string description, std::shared_ptr<internal::NcclComm> comm, cudaEvent_t done,
-           absl::Time deadline, absl::Duration timeout, CollectiveKind kind, Traffic traffic,
-           std::vector<core::Tensor> keep)
-      : description_(std::move(description)),
-        comm_(std::move(comm)),
-        event_(done),
-        deadline_(deadline),
-        timeout_(timeout),
-        kind_(kind),
-        traffic_(traffic),
-        keep_(std::move(keep)) {}
-  ~NcclWork() override {
-    if (event_ != nullptr) cudaEventDestroy(event_);
+  explicit NcclWork(std::shared_ptr<PendingCollective> op) : op_(std::move(op)) {}
+
+  bool IsCompleted() const override {
+    absl::MutexLock lock(&op_->mu);
+    return op_->done;
   }
 
-  bool IsCompleted() const override { return Poll(); }
-
-  absl::Status Wait(absl::Duration timeout) override {
-    const absl::Time end = absl::Now() + timeout;
-    absl::Duration sleep = absl::Microseconds(20);
-    while (!Poll()) {
-      if (absl::Now() >= end) {
-        return absl::DeadlineExceededError(absl::StrCat("Wait(", absl::FormatDuration(timeout),
-                                                        ") on ", description_,
-                                                        ": still running when the wait ended"));
-      }
-      absl::SleepFor(std::min(sleep, end - absl::Now()));
-      sleep = std::min(sleep * 2, absl::Milliseconds(1));
+  // Stream-ordered (comm/work.h): the legacy default stream waits for the event.
+  absl::Status Wait(absl::Duration /*timeout*/) override {
+    {
+      absl::MutexLock lock(&op_->mu);
+      if (op_->done) return op_->status;  // finished: nothing left to order after
     }
-    absl::MutexLock lock(&mu_);
-    return status_;
+    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(op_->device.index),
+                               absl::StrCat("Wait on ", op_->description, ": cudaSetDevice")));
+    return CudaStatus(cudaStreamWaitEvent(cudaStreamLegacy, op_->event, 0),
+                      absl::StrCat("Wait on ", op_->description,
+                                   ": cudaStreamWaitEvent(compute stream)"));
   }
 
-  std::string Describe() const override { return description_; }
+  absl::Status WaitHost(absl::Duration timeout) override {
+    absl::MutexLock lock(&op_->mu);
+    if (op_->mu.AwaitWithTimeout(absl::Condition(&op_->done), timeout)) return op_->status;
+    return absl::DeadlineExceededError(absl::StrCat("WaitHost(", absl::FormatDuration(timeout),
+                                                    ") on ", op_->description,
+                                                    ": still running when the wait ended"));
+  }
+
+  std::string Describe() const override { return op_->description; }
 
  private:
-  bool Poll() const {
-    absl::MutexLock lock(&mu_);
-    if (done_) return true;
-    const cudaError_t q = cudaEventQuery(event_);
-    if (q == cudaSuccess) {
-      Finish(absl::OkStatus());
-      comm_->stats.Record(kind_, traffic_);
-      return true;
-    }
-    if (q != cudaErrorNotReady) {
-      const absl::Status s = CudaStatus(q, description_);
-      comm_->Break(s);
-      Finish(s);
-      return true;
-    }
-    absl::Status async = comm_->AsyncError();
-    if (!async.ok()) {
-      const absl::Status s(async.code(), absl::StrCat(description_, ": ", async.message()));
-      comm_->Break(s);
-      Finish(s);
-      return true;
-    }
-    if (absl::Now() > deadline_) {
-      const absl::Status s = absl::DeadlineExceededError(
-          absl::StrCat(description_, " did not finish within its timeout of ",
-                       absl::FormatDuration(timeout_), "; the communicator was aborted"));
-      comm_->Break(s);
-      Finish(s);
-      return true;
-    }
-    return false;
-  }
-
-  void Finish(absl::Status s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    done_ = true;
-    status_ = std::move(s);
-    keep_.clear();
-  }
-
-  const std::string description_;
-  const std::shared_ptr<internal::NcclComm> comm_;
-  cudaEvent_t event_;
-  const absl::Time deadline_;
-  const absl::Duration timeout_;
-  const CollectiveKind kind_;
-  const Traffic traffic_;
-  mutable absl::Mutex mu_;
-  mutable bool done_ ABSL_GUARDED_BY(mu_) = false;
-  mutable absl::Status status_ ABSL_GUARDED_BY(mu_);
-  mutable std::vector<core::Tensor> keep_ ABSL_GUARDED_BY(mu_);
+  const std::shared_ptr<PendingCollective> op_;
 };
+
+// The watchdog's view of `op` (NOTE [Watchdog]).
+internal::WatchedOp WatchCollective(const std::shared_ptr<PendingCollective>& op,
+                                const std::shared_ptr<internal::NcclComm>& comm,
+                                absl::Duration timeout, CollectiveKind kind, Traffic traffic) {
+  internal::WatchedOp w;
+  w.description = op->description;
+  w.timeout = timeout;
+  w.poll = [op, comm]() -> std::optional<absl::Status> {
+    {
+      // After an abort the event fires although the collective did not run: a broken
+      // group fails every collective not yet seen to succeed.
+      absl::MutexLock lock(&comm->mu);
+      if (!comm->broken.ok()) {
+        return absl::Status(comm->broken.code(),
+                            absl::StrCat(op->description, ": the group broke: ",
+                                         comm->broken.message()));
+      }
+    }
+    const cudaError_t q = cudaEventQuery(op->event);
+    if (q == cudaSuccess) return absl::OkStatus();
+    if (q != cudaErrorNotReady) return CudaStatus(q, op->description);
+    absl::Status async = comm->AsyncError();
+    if (!async.ok()) {
+      return absl::Status(async.code(), absl::StrCat(op->description, ": ", async.message()));
+    }
+    return std::nullopt;
+  };
+  w.device_done = [op] { return cudaEventQuery(op->event) != cudaErrorNotReady; };
+  w.complete = [op, comm, kind, traffic](const absl::Status& s) {
+    if (s.ok()) comm->stats.Record(kind, traffic);  // before waiters can read Stats()
+    absl::MutexLock lock(&op->mu);
+    op->done = true;
+    op->status = s;
+  };
+  w.release = [op] {
+    std::vector<core::Tensor> keep;
+    {
+      absl::MutexLock lock(&op->mu);
+      keep.swap(op->keep);
+    }
+    // The tensors go back to the allocator here, after the event fired.
+  };
+  return w;
+}
 
 }  // namespace
 
@@ -215,12 +226,12 @@ absl::StatusOr<std::shared_ptr<NcclProcessGroup>> NcclProcessGroup::Create(
         absl::StrCat("NcclProcessGroup::Create('", options.name, "'): store is null"));
   }
   return Join(std::make_shared<PrefixStore>(std::move(store), options.name), rank, size, device,
-              options);
+              options, /*failure_rank=*/rank);
 }
 
 absl::StatusOr<std::shared_ptr<NcclProcessGroup>> NcclProcessGroup::Join(
     std::shared_ptr<Store> store, int rank, int size, core::Device device,
-    const NcclOptions& options) {
+    const NcclOptions& options, int failure_rank) {
   const std::string who =
       absl::StrCat("nccl group '", options.name, "' (rank ", rank, " of ", size, ")");
   if (size < 1 || rank < 0 || rank >= size) {
@@ -289,6 +300,16 @@ absl::StatusOr<std::shared_ptr<NcclProcessGroup>> NcclProcessGroup::Join(
       !s.ok()) {
     return s;
   }
+  group->failure_rank_ = failure_rank;
+  internal::Watchdog::Options dog;
+  std::shared_ptr<internal::NcclComm> shared = group->comm_;
+  dog.on_failure = [shared, failure_rank](const absl::Status& s) {
+    shared->Break(s);  // aborts the communicator: NCCL kernels waiting on peers return
+    RecordFailure(s, failure_rank).IgnoreError();
+  };
+  const int index = device.index;
+  dog.thread_init = [index] { cudaSetDevice(index); };
+  group->watchdog_ = std::make_unique<internal::Watchdog>(std::move(dog));
   VLOG(1) << who << ": NCCL communicator ready on " << device.ToString();
   return group;
 }
@@ -304,6 +325,10 @@ NcclProcessGroup::~NcclProcessGroup() {
     if (cudaStreamQuery(stream_) == cudaErrorNotReady) {
       comm_->Break(absl::AbortedError(absl::StrCat(Describe(), " destroyed with work pending")));
     }
+  }
+  if (watchdog_ != nullptr) {
+    watchdog_->PollOnce();  // completes what finished; the rest ends Aborted
+    watchdog_.reset();
   }
   {
     absl::MutexLock lock(&comm_->mu);
@@ -336,7 +361,7 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Issue(CollectiveKind kin
   // Order after everything already queued on the legacy default stream.
   cudaEvent_t ready = nullptr;
   RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), what));
-  cudaError_t err = cudaEventRecord(ready, 0);
+  cudaError_t err = cudaEventRecord(ready, cudaStreamLegacy);
   if (err == cudaSuccess) err = cudaStreamWaitEvent(stream_, ready, 0);
   cudaEventDestroy(ready);
   RETURN_IF_ERROR(CudaStatus(err, what));
@@ -346,15 +371,44 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Issue(CollectiveKind kin
     comm_->BreakLocked(s);
     return s;
   }
-  (void)deadline;
-  cudaEvent_t done = nullptr;
-  RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), what));
-  if (auto s = CudaStatus(cudaEventRecord(done, stream_), what); !s.ok()) {
-    cudaEventDestroy(done);
-    return s;
+  (void)deadline;  // the watchdog counts the timeout from here too
+  auto op = std::make_shared<PendingCollective>(what, device_);
+  RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&op->event, cudaEventDisableTiming), what));
+  RETURN_IF_ERROR(CudaStatus(cudaEventRecord(op->event, stream_), what));
+  {
+    absl::MutexLock op_lock(&op->mu);
+    op->keep = std::move(keep);
   }
-  return std::shared_ptr<Work>(std::make_shared<NcclWork>(what, comm_, done, deadline, timeout,
-                                                          kind, traffic, std::move(keep)));
+  watchdog_->Add(WatchCollective(op, comm_, timeout, kind, traffic));
+  return std::shared_ptr<Work>(std::make_shared<NcclWork>(std::move(op)));
+}
+
+bool NcclProcessGroup::OnHost(const std::vector<const core::Tensor*>& tensors) {
+  for (const core::Tensor* t : tensors) {
+    if (!t->device().is_cpu()) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Staged(
+    const std::vector<core::Tensor>& host, absl::Duration timeout,
+    const std::function<absl::StatusOr<std::shared_ptr<Work>>(const std::vector<core::Tensor>&)>&
+        issue) {
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_.index),
+                             absl::StrCat(Describe(), ": cudaSetDevice")));
+  std::vector<core::Tensor> dev;
+  for (const core::Tensor& h : host) {
+    ASSIGN_OR_RETURN(core::Tensor d, core::Tensor::Allocate(h.shape(), h.dtype(),
+                                                            core::MemoryTag::kComm, device_));
+    if (h.numel() > 0) RETURN_IF_ERROR(d.CopyFrom(h));
+    dev.push_back(std::move(d));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<Work> work, issue(dev));
+  absl::Status status = work->WaitHost(timeout);
+  for (size_t i = 0; status.ok() && i < host.size(); ++i) {
+    if (host[i].numel() > 0) status = host[i].CopyFrom(dev[i]);
+  }
+  return std::shared_ptr<Work>(CompletionWork::Done(status, work->Describe()));
 }
 
 absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllGather(const core::Tensor& input,
@@ -362,6 +416,11 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllGather(const core::Te
                                                                   const AllGatherOptions& options) {
   constexpr CollectiveKind kind = CollectiveKind::kAllGather;
   RETURN_IF_ERROR(ValidateAllGather(*this, input, output, options));
+  if (OnHost({&input, &output})) {
+    return Staged({input, output}, options.timeout, [&](const std::vector<core::Tensor>& d) {
+      return AllGather(d[0], d[1], options);
+    });
+  }
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&input, &output}, device_));
   const absl::Time deadline = absl::Now() + options.timeout;
   return Issue(kind, options.timeout, ExpectedTraffic(kind, output.nbytes(), size_, rank_),
@@ -377,6 +436,11 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::ReduceScatter(
     const core::Tensor& input, const core::Tensor& output, const ReduceScatterOptions& options) {
   constexpr CollectiveKind kind = CollectiveKind::kReduceScatter;
   RETURN_IF_ERROR(ValidateReduceScatter(*this, input, output, options));
+  if (OnHost({&input, &output})) {
+    return Staged({input, output}, options.timeout, [&](const std::vector<core::Tensor>& d) {
+      return ReduceScatter(d[0], d[1], options);
+    });
+  }
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&input, &output}, device_));
   const absl::Time deadline = absl::Now() + options.timeout;
   const int64_t k = output.numel();
@@ -418,6 +482,11 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllReduce(const core::Te
                                                                   const AllReduceOptions& options) {
   constexpr CollectiveKind kind = CollectiveKind::kAllReduce;
   RETURN_IF_ERROR(ValidateAllReduce(*this, tensor, options));
+  if (OnHost({&tensor})) {
+    return Staged({tensor}, options.timeout, [&](const std::vector<core::Tensor>& d) {
+      return AllReduce(d[0], options);
+    });
+  }
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&tensor}, device_));
   const absl::Time deadline = absl::Now() + options.timeout;
   const int64_t n = tensor.numel();
@@ -454,6 +523,11 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Broadcast(const core::Te
                                                                   const BroadcastOptions& options) {
   constexpr CollectiveKind kind = CollectiveKind::kBroadcast;
   RETURN_IF_ERROR(ValidateBroadcast(*this, tensor, options));
+  if (OnHost({&tensor})) {
+    return Staged({tensor}, options.timeout, [&](const std::vector<core::Tensor>& d) {
+      return Broadcast(d[0], options);
+    });
+  }
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&tensor}, device_));
   const absl::Time deadline = absl::Now() + options.timeout;
   return Issue(kind, options.timeout,
@@ -498,7 +572,7 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> NcclProcessGroup::NewSubgroup(
                                   : options.name;
   sub.init_timeout = options.timeout;
   ASSIGN_OR_RETURN(auto group, Join(std::make_shared<PrefixStore>(store_, place.key_prefix),
-                                    place.rank, place.size, device_, sub));
+                                    place.rank, place.size, device_, sub, failure_rank_));
   return std::shared_ptr<ProcessGroup>(std::move(group));
 }
 

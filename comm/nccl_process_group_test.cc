@@ -93,7 +93,7 @@ TEST_F(NcclTest, ZeroLengthAndInPlaceWork) {
   ASSERT_TRUE(group_->AllReduce(empty, AllReduceOptions{}).value()->Wait(kTimeout).ok());
   Tensor out = OnGpu({5, 6}, DType::kFloat32);
   Tensor slot = out.View(0, {2}).value();
-  ASSERT_TRUE(group_->AllGather(slot, out, AllGatherOptions{}).value()->Wait(kTimeout).ok());
+  ASSERT_TRUE(group_->AllGather(slot, out, AllGatherOptions{}).value()->WaitHost(kTimeout).ok());
   EXPECT_EQ(ToHost(out), (std::vector<float>{5, 6}));
   EXPECT_EQ(group_->Stats().of(CollectiveKind::kAllReduce).calls, 1);
 }
@@ -107,11 +107,23 @@ TEST_F(NcclTest, SeesComputeStreamWritesIssuedBeforeIt) {
   EXPECT_EQ(ToHost(t.View((1 << 22) - 1, {1}).value())[0], 3.0f);
 }
 
-TEST_F(NcclTest, RejectsCpuTensorsAndBadShapes) {
-  Tensor cpu = Tensor::Zeros({4});
+TEST_F(NcclTest, StagesHostTensorsAndRejectsMixedDevicesAndBadShapes) {
+  // All-CPU collectives are staged through the device and complete on return.
+  Tensor cpu = Tensor::FromVector({1, 2, 3, 4}, {4}).value();
   auto w = group_->AllReduce(cpu, AllReduceOptions{});
-  EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument) << w.status();
-  EXPECT_NE(w.status().message().find("cuda:0"), std::string::npos) << w.status();
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_TRUE((*w)->IsCompleted());
+  EXPECT_TRUE((*w)->Wait(kTimeout).ok());
+  EXPECT_EQ(cpu.ToVector(), (std::vector<float>{1, 2, 3, 4}));
+  Tensor ints_in = Tensor::FromInts({7, 8}, {2}).value();
+  Tensor ints_out = Tensor::Zeros({2}, DType::kInt32);
+  ASSERT_TRUE(group_->AllGather(ints_in, ints_out, AllGatherOptions{}).value()->Wait(kTimeout).ok());
+  EXPECT_EQ(ints_out.ToVector(), (std::vector<float>{7, 8}));
+  // A CPU tensor with a CUDA one is refused, naming the device.
+  Tensor gpu = OnGpu({0, 0}, DType::kFloat32);
+  auto mixed = group_->AllGather(Tensor::FromVector({1, 2}, {2}).value(), gpu, AllGatherOptions{});
+  EXPECT_EQ(mixed.status().code(), absl::StatusCode::kInvalidArgument) << mixed.status();
+  EXPECT_NE(mixed.status().message().find("cuda:0"), std::string::npos) << mixed.status();
   Tensor a = OnGpu({1, 2}, DType::kFloat32);
   Tensor b = OnGpu({1, 2, 3}, DType::kFloat32);
   EXPECT_EQ(group_->AllGather(a, b, AllGatherOptions{}).status().code(),
@@ -121,7 +133,8 @@ TEST_F(NcclTest, RejectsCpuTensorsAndBadShapes) {
 TEST_F(NcclTest, CountersFollowTheFormulasAtOneRank) {
   group_->ResetStats();
   Tensor t = OnGpu({1, 2, 3, 4}, DType::kFloat32);
-  ASSERT_TRUE(group_->AllReduce(t, AllReduceOptions{}).value()->Wait(kTimeout).ok());
+  // Counted once the watchdog has seen it succeed: WaitHost returns after that.
+  ASSERT_TRUE(group_->AllReduce(t, AllReduceOptions{}).value()->WaitHost(kTimeout).ok());
   const CollectiveStats s = group_->Stats().of(CollectiveKind::kAllReduce);
   EXPECT_EQ(s.calls, 1);
   EXPECT_EQ(s.bytes_sent, 0);  // one rank moves nothing
@@ -153,6 +166,74 @@ TEST_F(NcclTest, TwoRanksOnTwoGpus) {
   }
   for (auto& t : threads) t.join();
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(results[r].ok()) << results[r];
+}
+
+TEST_F(NcclTest, WaitOrdersTheComputeStreamAndWaitHostCompletesTheWork) {
+  // A large reduction: Wait returns without blocking the host, and a kernel queued on
+  // the compute stream after it (Fill of a slice) runs after the collective, so the
+  // fill is what the host reads back, not the reduction's result.
+  Tensor t = Tensor::Allocate({1 << 24}, DType::kFloat32, core::MemoryTag::kOther,
+                              core::Device::Cuda(0)).value();
+  t.Fill(1.0f);
+  auto work = group_->AllReduce(t, AllReduceOptions{}).value();
+  ASSERT_TRUE(work->Wait(kTimeout).ok());
+  t.View(0, {1}).value().Fill(7.0f);
+  EXPECT_EQ(ToHost(t.View(0, {1}).value())[0], 7.0f);
+  EXPECT_EQ(ToHost(t.View((1 << 24) - 1, {1}).value())[0], 1.0f);
+  ASSERT_TRUE(work->WaitHost(kTimeout).ok());
+  EXPECT_TRUE(work->IsCompleted());
+}
+
+TEST_F(NcclTest, WatchdogFailsACollectiveThatNeverCompletesWithoutAnyoneWaiting) {
+  if (gpus_ < 2) {
+    GTEST_SKIP() << "needs two GPUs (a 2-rank group where rank 1 never issues); this machine "
+                    "has "
+                 << gpus_;
+  }
+  auto store = std::make_shared<HashStore>();
+  std::vector<std::shared_ptr<NcclProcessGroup>> groups(2);
+  std::vector<absl::Status> created(2);
+  {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        NcclOptions o;
+        o.name = "stuck";
+        auto g = NcclProcessGroup::Create(store, r, 2, core::Device::Cuda(r), o);
+        created[r] = g.status();
+        if (g.ok()) groups[r] = *g;
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  ASSERT_TRUE(created[0].ok()) << created[0];
+  ASSERT_TRUE(created[1].ok()) << created[1];
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  Tensor t = Tensor::Allocate({1024}, DType::kFloat32, core::MemoryTag::kOther,
+                              core::Device::Cuda(0)).value();
+  t.Fill(1.0f);
+  AllReduceOptions ar;
+  ar.timeout = absl::Seconds(1);
+  const absl::Time start = absl::Now();
+  auto work = groups[0]->AllReduce(t, ar).value();  // rank 1 never issues its part
+  // Nobody waits: the watchdog completes the work on its own at the deadline.
+  while (!work->IsCompleted() && absl::Now() - start < absl::Seconds(30)) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(work->IsCompleted()) << "the watchdog did not fire within 30s";
+  EXPECT_GE(absl::Now() - start, absl::Seconds(1));
+  const absl::Status s = work->WaitHost(kTimeout);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(s.message().find("AllReduce #0"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("'stuck'"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("1s"), std::string::npos) << s;
+  EXPECT_EQ(work->Wait(kTimeout).code(), absl::StatusCode::kDeadlineExceeded);
+  // The group is broken: the next collective fails at once, quoting the first error.
+  auto next = groups[0]->AllReduce(t, ar);
+  ASSERT_FALSE(next.ok());
+  EXPECT_EQ(next.status().code(), absl::StatusCode::kFailedPrecondition) << next.status();
+  EXPECT_NE(next.status().message().find("AllReduce #0"), std::string::npos) << next.status();
+  EXPECT_EQ(groups[0]->Stats().of(CollectiveKind::kAllReduce).calls, 0);
 }
 
 TEST_F(NcclTest, MissingPeerIsDeadlineExceededNotAHang) {

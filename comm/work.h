@@ -9,10 +9,21 @@
 //
 // Contract (after c10d's Work.hpp):
 // - IsCompleted() never blocks; true once the collective finished, with or without error.
-// - Wait(timeout) blocks until the collective finishes or `timeout` passes, and returns
-//   the collective's status. If it is still running at the timeout, Wait returns
-//   DeadlineExceeded and the collective carries on (it has its own deadline from its
-//   options); Wait may be called again.
+// - Wait(timeout) makes the collective's results ready for what the caller does next,
+//   and returns its status:
+//   * host backends (gloo): blocks until the collective finishes or `timeout` passes;
+//   * CUDA backends (NCCL): orders the compute stream (the legacy default stream, where
+//     core/nn kernels and device copies run) after the collective and returns at once,
+//     without blocking the host, unless the work has already failed (then its error).
+//     Results are ready for any later work on the compute stream; host reads of them
+//     (Tensor::ToVector, CopyFrom into a CPU tensor) synchronise with that stream and
+//     so see them. A failure found later (the watchdog's deadline, a peer's error)
+//     breaks the group: the next collective fails with it.
+//   If it is still running at the timeout, a blocking Wait returns DeadlineExceeded and
+//   the collective carries on (it has its own deadline from its options); Wait may be
+//   called again.
+// - WaitHost(timeout) always blocks the host until the collective finishes (or
+//   `timeout`), and returns its final status; byte counters include it afterwards.
 // - Tensors passed to the collective must stay untouched until it completes.
 // Collectives must be issued in the same order on all ranks (NOTE [Same order on all
 // ranks] in comm/store.h); Work handles may be waited on in any order.
@@ -37,9 +48,13 @@ class Work {
   // Whether the collective has finished (successfully or not). Never blocks.
   virtual bool IsCompleted() const = 0;
 
-  // The collective's status once it finishes; DeadlineExceeded naming the collective
-  // if it is still running after `timeout`.
+  // See the contract above: blocking on host backends, stream-ordered on CUDA ones.
+  // DeadlineExceeded naming the collective if a blocking wait outlasts `timeout`.
   virtual absl::Status Wait(absl::Duration timeout) = 0;
+
+  // Blocks the host until the collective finished (or `timeout`: DeadlineExceeded
+  // naming it) and returns its final status. Host backends: the same as Wait.
+  virtual absl::Status WaitHost(absl::Duration timeout) { return Wait(timeout); }
 
   // What the work is, for messages: "AllGather #3 on gloo group 'world' (rank 1 of 4)".
   virtual std::string Describe() const = 0;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "fsdp/device_ops.h"
 #include "fsdp/internal/unit_agreement.h"
 
 namespace fsdp {
@@ -17,18 +18,6 @@ absl::StatusOr<std::vector<std::shared_ptr<Unit>>> UnitsFor(core::Module& module
                                                             const std::string& prefix) {
   if (registry == nullptr) return absl::InvalidArgumentError(prefix + "the registry is null");
   return registry->UnitsForOperation(module, prefix, "not allowed", "use that unit's root");
-}
-
-double SumOfSquares(const core::Tensor& t) {
-  double s = 0;
-  const float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) s += static_cast<double>(p[i]) * p[i];
-  return s;
-}
-
-void Scale(const core::Tensor& t, float factor) {
-  float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] *= factor;
 }
 
 // ClipGradNorm's checks on this rank; the units whose gradients it clips.
@@ -92,7 +81,8 @@ absl::StatusOr<double> ClipGradNorm(core::Module& module, WrapperRegistry* regis
     for (const core::ParameterPtr& p : u->flat().params()) {
       managed.insert(p.get());
       if (!p->grad.defined()) continue;
-      sum += SumOfSquares(p->grad);
+      ASSIGN_OR_RETURN(double sq, internal::SumOfSquares(p->grad, prefix + "gradient of " + u->label()));
+      sum += sq;
       grads.push_back(p->grad);
     }
     const std::shared_ptr<comm::ProcessGroup>& g = u->groups().shard;
@@ -111,13 +101,15 @@ absl::StatusOr<double> ClipGradNorm(core::Module& module, WrapperRegistry* regis
   }
   for (const auto& [name, p] : module.NamedParameters()) {
     if (managed.count(p.get()) || !p->grad.defined()) continue;
-    local += SumOfSquares(p->grad);
+    ASSIGN_OR_RETURN(double sq, internal::SumOfSquares(p->grad, prefix + "gradient of '" + name + "'"));
+    local += sq;
     grads.push_back(p->grad);
   }
   double total = local;
   for (const auto& [group, sum] : sums) {
     // All-gather each rank's sum as two floats (high and low part, ~1e-14 relative) and
-    // add them in rank order in double, so every rank gets the same total.
+    // add them in rank order in double, so every rank gets the same total. Host tensors:
+    // an NCCL group stages them through its device.
     const float hi = static_cast<float>(sum);
     const float lo = static_cast<float>(sum - static_cast<double>(hi));
     ASSIGN_OR_RETURN(core::Tensor in, core::Tensor::FromVector({hi, lo}, {2}, core::MemoryTag::kComm));
@@ -134,7 +126,9 @@ absl::StatusOr<double> ClipGradNorm(core::Module& module, WrapperRegistry* regis
   const double norm = std::sqrt(total);
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {
-    for (const core::Tensor& g : grads) Scale(g, static_cast<float>(coef));
+    for (const core::Tensor& g : grads) {
+      RETURN_IF_ERROR(internal::Scale(g, static_cast<float>(coef), prefix + "clipping"));
+    }
   }
   return norm;
 }

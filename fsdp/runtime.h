@@ -21,6 +21,15 @@
 // costs one more all-gather of the root unit per step and keeps its memory at the
 // sharded size between forward and backward).
 //
+// Overlap (NOTE [Device streams] in unit.h): the next unit's all-gather is issued (in
+// the pre-hook, per the recorded order) before the current unit's FinishUnshard, so on
+// a CUDA device it runs on the NCCL stream while the compute stream works; a unit's
+// reduce-scatter is issued when its backward ends and finished when the next unit's
+// backward ends (at most one reduction in flight, which bounds the full gradient
+// buffers alive) or at the end of the backward. On CUDA those finishes are stream-ordered
+// waits, so the host never blocks on them and the reduce-scatter overlaps the next
+// unit's backward compute.
+//
 // Events (recorded only while set_record_events(true)), each "<event> <unit label>":
 //   allgather_issued, forward_compute_begin, reshard, backward_compute_begin,
 //   reduce_issued, reduce_done, plus "backward_end" (no label) when a backward ends and

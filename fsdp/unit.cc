@@ -5,25 +5,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/status_macros.h"
+#include "fsdp/device_ops.h"
 
 namespace fsdp {
-namespace {
-
-// Adds `src` (fp32 or bf16, same numel) into the fp32 tensor `dst`.
-void AddInto(const core::Tensor& dst, const core::Tensor& src) {
-  float* d = dst.data<float>();
-  const int64_t n = dst.numel();
-  if (src.dtype() == core::DType::kFloat32) {
-    const float* s = src.data<float>();
-    for (int64_t i = 0; i < n; ++i) d[i] += s[i];
-  } else {
-    const core::BFloat16* s = src.data<core::BFloat16>();
-    for (int64_t i = 0; i < n; ++i) d[i] += s[i].ToFloat();
-  }
-}
-
-}  // namespace
-
 std::string UnitStateName(UnitState state) {
   switch (state) {
     case UnitState::kSharded:
@@ -108,12 +92,22 @@ absl::Status Unit::IssueUnshard(bool full_precision) {
   const core::DType dtype =
       full_precision ? core::DType::kFloat32 : options_.mixed_precision.param_dtype;
   full_exact_ = dtype == core::DType::kFloat32;
-  if (full_exact_) {
-    if (absl::Status s = flat_->AllocateFull(core::DType::kFloat32); !s.ok()) return Fail(s);
-    gather_input_ = flat_->shard();
+  if (full_exact_ || flat_->device().is_cuda()) {
+    // NOTE [Mixed precision on the device]: on CUDA the gathered param_dtype buffer is
+    // the full buffer itself; the layers compute with its bf16 views.
+    if (absl::Status s = flat_->AllocateFull(dtype); !s.ok()) return Fail(s);
     gather_output_ = flat_->full();
+    if (full_exact_) {
+      gather_input_ = flat_->shard();
+    } else {
+      absl::StatusOr<core::Tensor> in =
+          internal::Convert(flat_->shard(), dtype, core::MemoryTag::kComm, "fsdp unit " + label_);
+      if (!in.ok()) return Fail(in.status());
+      gather_input_ = *std::move(in);
+    }
   } else {
-    absl::StatusOr<core::Tensor> in = flat_->shard().ToDType(dtype, core::MemoryTag::kComm);
+    absl::StatusOr<core::Tensor> in =
+        internal::Convert(flat_->shard(), dtype, core::MemoryTag::kComm, "fsdp unit " + label_);
     if (!in.ok()) return Fail(in.status());
     absl::StatusOr<core::Tensor> out = core::Tensor::Allocate(
         {flat_->padded_numel()}, dtype, core::MemoryTag::kParam, flat_->device());
@@ -141,7 +135,8 @@ absl::Status Unit::FinishUnshard() {
     if (absl::Status s = gather_work_->Wait(options_.timeout); !s.ok()) return Fail(s);
     gather_work_.reset();
   }
-  if (!full_exact_) {
+  if (!full_exact_ && !gather_output_.SharesStorage(flat_->full())) {
+    // The CPU layers compute in float32: widen the gathered copy (exact).
     if (absl::Status s = flat_->AllocateFull(core::DType::kFloat32); !s.ok()) return Fail(s);
     if (absl::Status s = flat_->full().CopyFrom(gather_output_); !s.ok()) return Fail(s);
   }
@@ -183,7 +178,15 @@ absl::Status Unit::WriteShard(int64_t shard_offset, const core::Tensor& values) 
         shard_offset, " would leave the shard of ", flat_->shard_numel(), " elements"));
   }
   ASSIGN_OR_RETURN(core::Tensor dst, flat_->shard().View(shard_offset, {values.numel()}));
-  return dst.CopyFrom(values.Flat());
+  core::Tensor src = values.Flat();
+  if (src.dtype() != dst.dtype()) {
+    if (src.device() == dst.device()) return internal::ConvertInto(dst, src, "fsdp unit " + label_);
+    if (src.device().is_cpu()) {
+      // Convert on the host, then one copy to the device.
+      ASSIGN_OR_RETURN(src, src.ToDType(dst.dtype(), core::MemoryTag::kOther));
+    }
+  }
+  return dst.CopyFrom(src);
 }
 
 absl::Status Unit::PrepareGradients() {
@@ -227,7 +230,8 @@ absl::Status Unit::ReduceGradients() {
   if (dtype == core::DType::kFloat32) {
     reduce_input_ = flat_->full_grad();
   } else {
-    absl::StatusOr<core::Tensor> in = flat_->full_grad().ToDType(dtype, core::MemoryTag::kComm);
+    absl::StatusOr<core::Tensor> in =
+        internal::Convert(flat_->full_grad(), dtype, core::MemoryTag::kComm, "fsdp unit " + label_);
     if (!in.ok()) return Fail(in.status());
     reduce_input_ = *std::move(in);
   }
@@ -268,7 +272,10 @@ absl::Status Unit::FinishReduction() {
     if (!work.ok()) return Fail(work.status());
     if (absl::Status s = (*work)->Wait(options_.timeout); !s.ok()) return Fail(s);
   }
-  AddInto(flat_->shard_grad(), reduce_output_);
+  if (absl::Status s = internal::AddInto(flat_->shard_grad(), reduce_output_, "fsdp unit " + label_);
+      !s.ok()) {
+    return Fail(s);
+  }
   reduce_input_ = core::Tensor();
   reduce_output_ = core::Tensor();
   reduce_pending_ = false;

@@ -33,6 +33,22 @@
 // stay full-shape views of it and later backwards add into it; the first backward
 // outside NoSync reduces the accumulated sum.
 //
+// NOTE [Mixed precision on the device]: the unit's buffers live on the FlatParameter's
+// device (the module's). With param_dtype bf16 on a CUDA device, the all-gather writes
+// straight into a bf16 full buffer and Parameter::data are bf16 views of it during
+// forward and backward (no float32 widening; the CUDA layers take bf16 weights), while
+// gradients stay float32 (the full gradient buffer, the gradient shard) and the shard
+// stays the float32 master. On the CPU a bf16 gather is widened into a float32 full
+// buffer (exact), as the CPU layers compute in float32.
+//
+// NOTE [Device streams]: on a CUDA device the collectives' Wait is stream-ordered
+// (comm/work.h): FinishUnshard and FinishReduction return without blocking the host
+// and the kernels queued after them on the compute stream see the results. So an
+// all-gather issued ahead (prefetch) overlaps the compute queued before its Wait, and
+// a reduce-scatter issued by ReduceGradients overlaps whatever the compute stream does
+// until FinishReduction. The NCCL group's watchdog keeps the collectives' buffers alive
+// until the device is done with them, so dropping a Unit's references early is safe.
+//
 // Not thread-safe: a unit is used by its rank's thread only.
 #ifndef FSDP_UNIT_H_
 #define FSDP_UNIT_H_
@@ -110,8 +126,9 @@ class Unit {
   // shards (in param_dtype, or float32 when `full_precision`); with a one-rank shard
   // group, copies the shard instead.
   absl::Status IssueUnshard(bool full_precision);
-  // kUnsharding -> kUnsharded: waits for the all-gather (options().timeout), widens a
-  // bf16 gather to float32 and points every Parameter::data at its full-shape view.
+  // kUnsharding -> kUnsharded: waits for the all-gather (options().timeout; on CUDA a
+  // stream-ordered wait), widens a bf16 gather to float32 on the CPU (NOTE [Mixed
+  // precision on the device]) and points every Parameter::data at its full-shape view.
   absl::Status FinishUnshard();
   // kUnsharded -> kSharded (finishing an in-flight unshard first): points every
   // Parameter::data at its 1-D shard slice and frees the full buffer.

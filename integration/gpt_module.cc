@@ -6,9 +6,22 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "data/sampler.h"
+#include "integration/device_setup.h"
 #include "nn/losses.h"
 
 namespace integration {
+
+int64_t LanguageVocabFor(int64_t model_vocab, int order) {
+  // V^k <= 2^20 and V^(k+1) <= 2^24 (data/markov_language.h), without overflow.
+  auto fits = [order](int64_t v) {
+    if (order < 1 || v < 1) return true;  // Create reports the bad option itself
+    double contexts = 1;
+    for (int i = 0; i < order; ++i) contexts *= static_cast<double>(v);
+    return contexts <= double{1 << 20} && contexts * static_cast<double>(v) <= double{1 << 24};
+  };
+  if (fits(model_vocab)) return model_vocab;
+  return std::min<int64_t>(model_vocab, kCappedLanguageVocab);
+}
 
 absl::StatusOr<std::unique_ptr<GptTrainModule>> GptTrainModule::Create(
     const GptModuleOptions& options) {
@@ -22,9 +35,11 @@ absl::StatusOr<std::unique_ptr<GptTrainModule>> GptTrainModule::Create(
         "GptModuleOptions.warmup_steps = ", options.warmup_steps, ": must be >= 0"));
   }
   data::MarkovLanguageOptions language_options = options.language;
-  language_options.vocab_size = static_cast<int>(options.model.vocab_size);
+  language_options.vocab_size =
+      static_cast<int>(LanguageVocabFor(options.model.vocab_size, language_options.order));
   ASSIGN_OR_RETURN(data::MarkovLanguage language, data::MarkovLanguage::Create(language_options));
   ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, nn::Gpt::Create(options.model));
+  if (!options.device.is_cpu()) RETURN_IF_ERROR(MoveModuleToDevice(*gpt, options.device));
   // Check the AdamW options now rather than at the first Fit.
   RETURN_IF_ERROR(optim::AdamW::Create(std::vector<core::ParameterPtr>{}, options.adamw).status());
   return std::unique_ptr<GptTrainModule>(
@@ -53,7 +68,12 @@ absl::StatusOr<data::TokenBatch> GptTrainModule::LocalBatch(int64_t index,
   ASSIGN_OR_RETURN(data::TokenBatch global,
                    language_.Batch(index, ctx.batch_size, options_.seq_len));
   ASSIGN_OR_RETURN(data::RankSampler sampler, data::RankSampler::Create(ctx.rank, ctx.world_size));
-  return sampler.Local(global);
+  ASSIGN_OR_RETURN(data::TokenBatch local, sampler.Local(global));
+  if (!options_.device.is_cpu()) {
+    ASSIGN_OR_RETURN(local.inputs, OnDevice(local.inputs, options_.device));
+    ASSIGN_OR_RETURN(local.targets, OnDevice(local.targets, options_.device));
+  }
+  return local;
 }
 
 absl::StatusOr<StepOutput> GptTrainModule::TrainingStep(const StepContext& ctx) {
@@ -74,6 +94,9 @@ absl::StatusOr<StepOutput> GptTrainModule::EvaluationStep(const StepContext& ctx
 absl::StatusOr<core::Tensor> GptTrainModule::PredictStep(const StepContext& ctx) {
   ASSIGN_OR_RETURN(data::TokenBatch batch, LocalBatch(BatchIndex(ctx), ctx));
   ASSIGN_OR_RETURN(core::Tensor logits, gpt_->Forward(batch.inputs));
+  if (!logits.device().is_cpu()) {
+    ASSIGN_OR_RETURN(logits, OnDevice(logits, core::Device::Cpu()));
+  }
   const int64_t vocab = logits.size(-1);
   const int64_t positions = logits.numel() / vocab;
   ASSIGN_OR_RETURN(core::Tensor ids, core::Tensor::Allocate(batch.inputs.shape(),

@@ -11,7 +11,8 @@
 // Training step s uses language batch s (so training resumed at step s sees what
 // uninterrupted training would); validation uses batches from kValidateBatchOffset on and
 // testing from kTestBatchOffset on, which training never reaches. Every rank builds the
-// whole global batch (cheap: sampling) and runs its data::RankSampler rows.
+// whole global batch (cheap: sampling) and runs its data::RankSampler rows, copied to
+// options.device (int32 tokens).
 #ifndef INTEGRATION_GPT_MODULE_H_
 #define INTEGRATION_GPT_MODULE_H_
 
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/device.h"
 #include "data/markov_language.h"
 #include "integration/train_module.h"
 #include "nn/gpt.h"
@@ -31,12 +33,29 @@ namespace integration {
 inline constexpr int64_t kValidateBatchOffset = int64_t{1} << 40;
 inline constexpr int64_t kTestBatchOffset = int64_t{1} << 41;
 
+// NOTE [Language vocabulary]: the Markov language's transition table is dense, V^(k+1)
+// probabilities (data/markov_language.h caps it at 2^24), so a model vocabulary like
+// GPT-2's 50304 cannot be the language's. When model.vocab_size is too large for the
+// table at the language's order, the language uses the first kCappedLanguageVocab token
+// ids only (the model still predicts over its full vocabulary and learns to give the
+// rest no mass); the loss floor is that language's. The main job prints it.
+inline constexpr int kCappedLanguageVocab = 128;
+
+// The language vocabulary for a model vocabulary and a Markov order (see NOTE
+// [Language vocabulary]): model_vocab when the table allows it, else
+// min(model_vocab, kCappedLanguageVocab).
+int64_t LanguageVocabFor(int64_t model_vocab, int order);
+
 struct GptModuleOptions {
-  nn::GptConfig model;                   // vocab_size is also the language's
+  nn::GptConfig model;                   // vocab_size is also the language's (NOTE
+                                         // [Language vocabulary])
   data::MarkovLanguageOptions language;  // vocab_size is taken from model.vocab_size
   int seq_len = 32;                      // 0 < seq_len <= model.block_size
   optim::AdamWOptions adamw = DefaultAdamW();
   int64_t warmup_steps = 20;             // linear warm-up over the first global steps, >= 0
+  // Where the model computes: it is built on the CPU (the same deterministic init
+  // everywhere) and moved there, keeping its Parameter objects; batches follow.
+  core::Device device = core::Device::Cpu();
 
   static optim::AdamWOptions DefaultAdamW() {
     optim::AdamWOptions o;

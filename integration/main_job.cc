@@ -48,9 +48,11 @@
 #include "comm/init_from_env.h"
 #include "comm/launcher.h"
 #include "core/allocator.h"
+#include "core/cuda_device.h"
 #include "core/timeout.h"
 #include "core/status_macros.h"
 #include "integration/charts/svg_chart.h"
+#include "integration/device_setup.h"
 #include "integration/gpt_module.h"
 #include "integration/memory_estimate.h"
 #include "integration/stage_options.h"
@@ -60,8 +62,11 @@
 #include "policy/wrap_policy.h"
 
 ABSL_FLAG(int, world_size, 2, "ranks to start on this machine (ignored under a launcher)");
-ABSL_FLAG(std::string, backend, "gloo", "collective backend: gloo, nccl or auto");
-ABSL_FLAG(std::string, device, "cpu", "where the model computes: cpu (cuda: see README)");
+ABSL_FLAG(std::string, backend, "auto",
+          "collective backend: gloo, nccl or auto (nccl on --device=cuda, gloo on the CPU)");
+ABSL_FLAG(std::string, device, "cpu",
+          "where the model computes: cpu, or cuda (rank r uses cuda:LOCAL_RANK; needs a "
+          "--config=cuda build and --backend=nccl or auto)");
 ABSL_FLAG(std::string, stages, "fit,test",
           "comma-separated stages to run in order: fit, validate, test, predict");
 ABSL_FLAG(std::string, resume_from, "",
@@ -199,6 +204,22 @@ std::string SummaryTable(const nlohmann::json& s) {
   row("param bytes copied on re-wrap", absl::StrCat(s["param_bytes_copied_on_rewrap"].get<int64_t>()));
   row("fresh wraps (registry)", absl::StrCat(s["fresh_wraps"].get<int64_t>()));
   row("tokens/s (fit, all ranks)", number("tokens_per_second", "%.0f"));
+  if (s.contains("tokens_per_second_after_warmup")) {
+    row(absl::StrCat("tokens/s after ",
+                     s.contains("warmup_steps_excluded") ? s["warmup_steps_excluded"].get<int64_t>() : 0,
+                     " warm-up steps"),
+        number("tokens_per_second_after_warmup", "%.0f"));
+  }
+  if (s.contains("device")) row("device", s["device"].get<std::string>());
+  if (s.contains("mfu") && !s["mfu"].is_null()) {
+    row("MFU (bf16 dense peak)", absl::StrFormat("%.1f%%", 100 * s["mfu"].get<double>()));
+  }
+  if (s.contains("peak_device_memory_bytes") && s["peak_device_memory_bytes"].is_array()) {
+    const auto& dev = s["peak_device_memory_bytes"];
+    for (size_t r = 0; r < dev.size(); ++r) {
+      row(absl::StrCat("peak device memory rank ", r), core::FormatBytes(dev[r].get<int64_t>()));
+    }
+  }
   const auto& peaks = s["peak_bytes_per_rank"];
   for (size_t r = 0; r < peaks.size(); ++r) {
     std::string line;
@@ -316,6 +337,53 @@ class FaultInjector : public integration::TrainModule {
   int64_t steps_ = 0;
 };
 
+// Times the training steps (integration::ThroughputMeter) of the module it forwards to.
+class TimedTrainModule : public integration::TrainModule {
+ public:
+  TimedTrainModule(integration::TrainModule* inner, integration::ThroughputMeter* meter)
+      : inner_(inner), meter_(meter) {}
+  std::shared_ptr<core::Module> model() override { return inner_->model(); }
+  absl::StatusOr<integration::StepOutput> TrainingStep(const integration::StepContext& ctx) override {
+    meter_->StepStarted(absl::Now());
+    return inner_->TrainingStep(ctx);
+  }
+  absl::StatusOr<integration::StepOutput> EvaluationStep(const integration::StepContext& ctx) override {
+    return inner_->EvaluationStep(ctx);
+  }
+  absl::StatusOr<core::Tensor> PredictStep(const integration::StepContext& ctx) override {
+    return inner_->PredictStep(ctx);
+  }
+  absl::StatusOr<std::unique_ptr<optim::Optimizer>> ConfigureOptimizer(
+      std::vector<core::NamedParameter> params) override {
+    return inner_->ConfigureOptimizer(std::move(params));
+  }
+  std::optional<double> LearningRate(int64_t step) override { return inner_->LearningRate(step); }
+
+ private:
+  integration::TrainModule* inner_;
+  integration::ThroughputMeter* meter_;
+};
+
+// Every rank's peak bytes on its CUDA device (core's CUDA allocator counters), in rank
+// order; an empty list on the CPU.
+absl::StatusOr<std::vector<int64_t>> GatherDevicePeaks(comm::ProcessGroup* group,
+                                                       core::Device device,
+                                                       absl::Duration timeout) {
+  std::vector<int64_t> peaks;
+  if (!device.is_cuda()) return peaks;
+  const int64_t mine = core::Allocator::Current(device)->Stats().peak_total;
+  ASSIGN_OR_RETURN(std::vector<std::string> all,
+                   comm::AllGatherBytes(group, absl::StrCat(mine), timeout));
+  for (const std::string& text : all) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(text, &v)) {
+      return absl::InternalError(absl::StrCat("peak device memory: a rank sent '", text, "'"));
+    }
+    peaks.push_back(v);
+  }
+  return peaks;
+}
+
 // Ranks of this job on this host: LOCAL_WORLD_SIZE when a launcher sets it.
 int LocalRanks(int world) {
   int n = 0;
@@ -363,25 +431,22 @@ absl::Status RunJob(comm::Distributed& dist, absl::Duration timeout);
 
 // One rank of the job.
 absl::Status RunRank() {
-  if (absl::GetFlag(FLAGS_device) != "cpu") {
-    return absl::UnimplementedError(absl::StrCat(
-        "--device=", absl::GetFlag(FLAGS_device),
-        ": the nn/ layers have CPU kernels only, so the model computes on the CPU (--device=cpu);"
-        " comm's NCCL backend and cuBLAS are built with --config=cuda but nothing runs the "
-        "layers on a GPU yet"));
-  }
+  ASSIGN_OR_RETURN(const comm::LaunchEnv env, comm::ReadLaunchEnv());
+  ASSIGN_OR_RETURN(const integration::DeviceChoice choice,
+                   integration::ChooseDeviceAndBackend(
+                       absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_backend), env.local_rank,
+                       integration::DeviceAvailability::Probe()));
   comm::InitOptions init;
-  ASSIGN_OR_RETURN(init.backend, comm::ParseBackend(absl::GetFlag(FLAGS_backend)));
-  if (init.backend == comm::Backend::kAuto) init.backend = comm::Backend::kGloo;  // CPU model
-  if (init.backend == comm::Backend::kNccl) {
-    return absl::UnimplementedError(
-        "--backend=nccl: NCCL reduces GPU buffers, and the model computes on the CPU "
-        "(--device=cpu); use --backend=gloo");
-  }
+  init.backend = choice.backend;
   ASSIGN_OR_RETURN(const absl::Duration timeout,
                    core::TimeoutFromSeconds(absl::GetFlag(FLAGS_timeout_s), "--timeout_s"));
   init.timeout = timeout;
-  ASSIGN_OR_RETURN(comm::Distributed dist, comm::InitFromEnv(init));
+  ASSIGN_OR_RETURN(comm::Distributed dist, comm::InitFromLaunchEnv(env, init));
+  if (dist.device != choice.device) {
+    return absl::InternalError(absl::StrCat("--device=", absl::GetFlag(FLAGS_device), ": rank ",
+                                            env.rank, " chose ", choice.device.ToString(),
+                                            " but its group runs on ", dist.device.ToString()));
+  }
   const absl::Status status = RunJob(dist, timeout);
   // Report while the process group is alive (see ReportFailure).
   if (!status.ok()) ReportFailure(status, dist.group->rank());
@@ -423,6 +488,7 @@ absl::Status RunJob(comm::Distributed& dist, absl::Duration timeout) {
     model_options.adamw.lr = absl::GetFlag(FLAGS_lr);
     model_options.adamw.weight_decay = absl::GetFlag(FLAGS_weight_decay);
     model_options.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+    model_options.device = dist.device;
     ASSIGN_OR_RETURN(module, integration::GptTrainModule::Create(model_options));
     if (!absl::GetFlag(FLAGS_testonly_fault).empty()) {
       ASSIGN_OR_RETURN(fault, FaultInjector::Parse(absl::GetFlag(FLAGS_testonly_fault), rank,
@@ -469,19 +535,32 @@ absl::Status RunJob(comm::Distributed& dist, absl::Duration timeout) {
     need.strategy = options.wrap.strategy;
     need.hybrid_shard_size = options.wrap.hybrid_shard_size;
     need.param_dtype = options.wrap.mixed_precision.param_dtype;
+    need.device = dist.device;
     need.activations = integration::GptActivations(
         model_options.model, std::max(options.train_batch_size, options.eval_batch_size) / world,
         model_options.seq_len);
     ASSIGN_OR_RETURN(integration::MemoryEstimate estimate, integration::EstimateMemory(need));
     RETURN_IF_ERROR(integration::CheckFitsInHostMemory(estimate));
+    if (dist.device.is_cuda()) {
+      ASSIGN_OR_RETURN(integration::DeviceMemoryInfo info,
+                       integration::ReadDeviceMemoryInfo(dist.device));
+      RETURN_IF_ERROR(integration::CheckFitsInDeviceMemory(
+          estimate, info.free_bytes,
+          absl::StrCat("free on ", dist.device.ToString(), " ",
+                       core::FormatBytes(info.free_bytes), " of ",
+                       core::FormatBytes(info.total_bytes))));
+    }
     return absl::OkStatus();
   }();
   RETURN_IF_ERROR(comm::AgreeOnStatus(dist.group.get(), setup, "main job setup", timeout));
   const bool fits = std::find(stages.begin(), stages.end(), integration::Stage::kFit) != stages.end();
   ASSIGN_OR_RETURN(std::unique_ptr<integration::StageRunner> runner,
                    integration::StageRunner::Create(dist.group, options));
-  integration::TrainModule& trained =
-      fault != nullptr ? static_cast<integration::TrainModule&>(*fault) : *module;
+  integration::ThroughputMeter meter(options.fit_steps);
+  TimedTrainModule timed(
+      fault != nullptr ? static_cast<integration::TrainModule*>(fault.get()) : module.get(),
+      &meter);
+  integration::TrainModule& trained = timed;
   runner->set_progress_callback([&](const integration::Progress& p) {
     say(integration::FormatProgress(p));
   });
@@ -494,10 +573,18 @@ absl::Status RunJob(comm::Distributed& dist, absl::Duration timeout) {
       module->model()->NumParameterElements(), model_options.language.order, world,
       dist.group->backend_name(), dist.device.ToString(),
       fsdp::ShardingStrategyName(options.wrap.strategy), absl::GetFlag(FLAGS_stages)));
+  if (module->language().vocab_size() != model_options.model.vocab_size) {
+    say(absl::StrFormat("main job: the Markov language uses token ids 0..%d of the model's %d "
+                        "(its transition table is dense; NOTE [Language vocabulary] in "
+                        "integration/gpt_module.h)",
+                        module->language().vocab_size() - 1, model_options.model.vocab_size));
+  }
 
   nlohmann::json summary;
   summary["world_size"] = world;
   summary["backend"] = dist.group->backend_name();
+  summary["device"] = dist.device.is_cuda() ? "cuda" : "cpu";
+  summary["language_vocab_size"] = module->language().vocab_size();
   summary["strategy"] = fsdp::ShardingStrategyName(options.wrap.strategy);
   summary["stages"] = absl::GetFlag(FLAGS_stages);
   summary["model_parameters"] = module->model()->NumParameterElements();
@@ -590,6 +677,55 @@ absl::Status RunJob(comm::Distributed& dist, absl::Duration timeout) {
   summary["fresh_wraps"] = runner->registry().counters().wraps;
   summary["global_step"] = runner->GlobalStep(trained);
   summary["tokens_per_second"] = tokens_per_second;
+  // Throughput after the warm-up and MFU (NOTE in integration/device_setup.h).
+  const int64_t tokens_per_step =
+      static_cast<int64_t>(options.train_batch_size) * model_options.seq_len;
+  const std::optional<double> steady = meter.TokensPerSecond(tokens_per_step);
+  summary["warmup_steps_excluded"] = meter.warmup_steps();
+  summary["tokens_per_second_after_warmup"] = steady.has_value() ? nlohmann::json(*steady) : nlohmann::json();
+  summary["mfu"] = nullptr;
+  summary["peak_device_memory_bytes"] = nullptr;
+  {
+    nlohmann::json mfu;
+    // The unsharded count (while wrapped, parameters are local slices).
+    const int64_t n_params = summary["model_parameters"].get<int64_t>();
+    const double flops_per_token =
+        integration::GptFlopsPerToken(n_params, model_options.model.n_layer, model_options.seq_len,
+                                      model_options.model.n_embd);
+    mfu["formula"] = "(6 N + 12 L T C) x tokens_per_second_after_warmup / (world_size x peak_flops)";
+    mfu["N"] = n_params;
+    mfu["L"] = model_options.model.n_layer;
+    mfu["T"] = model_options.seq_len;
+    mfu["C"] = model_options.model.n_embd;
+    mfu["flops_per_token"] = flops_per_token;
+    mfu["peak_flops_per_device"] = nullptr;
+    if (dist.device.is_cuda()) {
+      absl::StatusOr<std::string> name = core::CudaDeviceName(dist.device.index);
+      mfu["device_name"] = name.ok() ? *name : std::string(name.status().message());
+      const std::optional<double> peak =
+          name.ok() ? integration::PeakBf16FlopsFromName(*name) : std::nullopt;
+      if (peak.has_value()) {
+        mfu["peak_flops_per_device"] = *peak;
+        if (steady.has_value()) {
+          summary["mfu"] = flops_per_token * *steady / (static_cast<double>(world) * *peak);
+        }
+      }
+    }
+    summary["mfu_inputs"] = mfu;
+    if (rank == 0 && dist.device.is_cuda()) {
+      say(absl::StrFormat("throughput: %s tokens/s after %d warm-up steps; model FLOPs per token "
+                          "6 N + 12 L T C = 6 x %d + 12 x %d x %d x %d = %.4g; MFU %s",
+                          steady.has_value() ? absl::StrFormat("%.0f", *steady) : "-",
+                          meter.warmup_steps(), n_params, model_options.model.n_layer,
+                          model_options.seq_len, model_options.model.n_embd, flops_per_token,
+                          summary["mfu"].is_null()
+                              ? "- (unknown device peak or no steady-state steps)"
+                              : absl::StrFormat("%.1f%%", 100 * summary["mfu"].get<double>())));
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<int64_t> device_peaks,
+                   GatherDevicePeaks(dist.group.get(), dist.device, timeout));
+  if (!device_peaks.empty()) summary["peak_device_memory_bytes"] = device_peaks;
 
   if (absl::GetFlag(FLAGS_release)) {
     RETURN_IF_ERROR(runner->Release(trained));
@@ -659,6 +795,15 @@ int LaunchLocalRanks(int argc, char** argv) {
   }
   if (absl::Status s = core::TimeoutFromSeconds(absl::GetFlag(FLAGS_timeout_s), "--timeout_s").status(); !s.ok()) {
     std::fprintf(stderr, "main job: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  // --device / --backend: the parent checks what it can (the build, the GPUs, one per
+  // local rank) so a refusal comes once, before any rank starts.
+  if (absl::StatusOr<integration::DeviceChoice> choice = integration::ChooseDeviceAndBackend(
+          absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_backend), launch.nproc - 1,
+          integration::DeviceAvailability::Probe());
+      !choice.ok()) {
+    std::fprintf(stderr, "main job: %s\n", choice.status().ToString().c_str());
     return 1;
   }
   std::vector<std::string> args(argv + 1, argv + argc);

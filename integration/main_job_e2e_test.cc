@@ -95,6 +95,15 @@ TEST_F(MainJobTest, FitThenTestReusesTheUnitsAndTheReleasedModuleAgrees) {
   const auto& losses = file["fit_losses"];
   ASSERT_EQ(losses.size(), 40u);
   EXPECT_LT(losses[39].get<double>(), losses[0].get<double>() - 0.5);
+  // The device fields: a CPU run has no device memory and no MFU; the throughput after
+  // the warm-up (min(5, 40 / 10) = 4 steps) is measured.
+  EXPECT_EQ(s["device"], "cpu");
+  EXPECT_TRUE(s["mfu"].is_null());
+  EXPECT_TRUE(s["peak_device_memory_bytes"].is_null());
+  EXPECT_EQ(s["warmup_steps_excluded"], 4);
+  EXPECT_GT(Num(s, "tokens_per_second_after_warmup"), 0);
+  EXPECT_EQ(s["mfu_inputs"]["L"], 2);
+  EXPECT_GT(s["mfu_inputs"]["flops_per_token"].get<double>(), 6.0 * s["model_parameters"].get<double>());
   for (const char* key : {"world_size", "final_train_loss", "test_loss", "released_test_loss",
                           "entropy_floor", "units_reused", "param_bytes_copied_on_rewrap",
                           "peak_bytes_per_rank", "checkpoint_dir", "safetensors_path"}) {
@@ -295,6 +304,22 @@ TEST_F(MainJobTest, CorruptedOrTruncatedCheckpointIsRefusedNamingFileAndTensor) 
     // The launcher names the rank that read the damaged file as the root cause.
     EXPECT_NE(r.output.find("launch: root cause: rank 1 at "), std::string::npos) << r.output;
   }
+}
+
+// --device=cuda is refused up front, naming the reason, where it cannot run: a build
+// without CUDA (how to build it) or no usable GPU; --device=cpu --backend=nccl too.
+TEST(MainJobDeviceTest, RefusesCudaWhereItCannotRunAndNcclOnTheCpu) {
+  RunResult cuda = MainJob(1, TempDir() + "/cuda", {"--device=cuda", "--steps=2"});
+  if (cuda.exit_code == 0) {
+    EXPECT_EQ(cuda.summary["device"], "cuda") << cuda.output;  // a CUDA build on a GPU
+  } else {
+    EXPECT_TRUE(cuda.output.find("--config=cuda") != std::string::npos ||
+                cuda.output.find("no usable GPU") != std::string::npos)
+        << cuda.output;
+  }
+  RunResult nccl = MainJob(1, TempDir() + "/nccl", {"--backend=nccl", "--steps=2"});
+  EXPECT_NE(nccl.exit_code, 0);
+  EXPECT_NE(nccl.output.find("--device=cpu --backend=nccl"), std::string::npos) << nccl.output;
 }
 
 }  // namespace

@@ -122,7 +122,11 @@ std::string MemoryEstimate::Describe() const {
       core::FormatBytes(init_bytes), ", model state ", core::FormatBytes(model_state_bytes),
       " + gathered ", core::FormatBytes(gathered_bytes), " + activations ",
       core::FormatBytes(activation_bytes), ")");
-  if (local_ranks > 1) {
+  if (device.is_cuda()) {
+    absl::StrAppend(&out, " on ", device.ToString(), "; the host holds each rank's CPU-built "
+                    "model, ", core::FormatBytes(per_host_bytes), " for ", local_ranks,
+                    local_ranks == 1 ? " rank" : " ranks");
+  } else if (local_ranks > 1) {
     absl::StrAppend(&out, "; x ", local_ranks, " ranks on this host = ",
                     core::FormatBytes(per_host_bytes));
   }
@@ -163,7 +167,17 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const MemoryEstimateInput& input) 
   const int64_t training = c.Add(c.Add(e.model_state_bytes, e.gathered_bytes), e.activation_bytes);
   e.per_rank_bytes = std::max(e.init_bytes, training);
   e.local_ranks = input.local_ranks;
-  e.per_host_bytes = c.Mul(e.per_rank_bytes, input.local_ranks);
+  e.device = input.device;
+  if (input.device.is_cuda()) {
+    // NOTE [Memory estimate on a device]: the model is built on the host and moved to
+    // the device whole before sharding, so the device holds max(init, training) and the
+    // host only each rank's CPU-built model (4 P + 4 I).
+    e.per_device_bytes = e.per_rank_bytes;
+    e.per_host_bytes =
+        c.Mul(c.Mul(4, c.Add(m.num_params, m.ignored_params)), input.local_ranks);
+  } else {
+    e.per_host_bytes = c.Mul(e.per_rank_bytes, input.local_ranks);
+  }
   if (c.overflow()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the memory estimate overflows int64 (more than 8 EiB per host) for ", m.num_params,
@@ -186,6 +200,20 @@ absl::Status CheckFitsInMemory(const MemoryEstimate& estimate, int64_t available
       core::FormatBytes(estimate.per_host_bytes - available_bytes),
       ". Use more ranks or hosts, FULL_SHARD, bf16 mixed precision, or a smaller batch or "
       "model"));
+}
+
+absl::Status CheckFitsInDeviceMemory(const MemoryEstimate& estimate, int64_t available_bytes,
+                                     absl::string_view available_source) {
+  if (!estimate.device.is_cuda() || estimate.per_device_bytes <= available_bytes) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the run does not fit in ", estimate.device.ToString(), "'s memory: it needs an estimated ",
+      core::FormatBytes(estimate.per_device_bytes), " (", estimate.per_device_bytes, " bytes; ",
+      estimate.Describe(), ") but ", core::FormatBytes(available_bytes), " (", available_bytes,
+      " bytes) are free (", available_source, "); short by ",
+      core::FormatBytes(estimate.per_device_bytes - available_bytes),
+      ". Use more GPUs, FULL_SHARD, bf16 mixed precision, or a smaller batch or model"));
 }
 
 absl::Status CheckFitsInHostMemory(const MemoryEstimate& estimate) {

@@ -37,6 +37,8 @@
 //                                    sharding it, plus one unit's flat buffer.
 //   per rank      max(init, model state + gathered + activations);
 //   per host      per rank x local_ranks (the ranks sharing this host's memory).
+// On a CUDA device the per-rank figure is the device's (bf16 compute copies are not
+// widened there: c = 2) and the host holds only each rank's CPU-built model, 4 P + 4 I.
 // It is an estimate: allocator rounding, communication buffers and the runtime are not
 // in it, so CheckFitsInMemory passing is necessary, not sufficient.
 #ifndef INTEGRATION_MEMORY_ESTIMATE_H_
@@ -49,6 +51,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/device.h"
 #include "core/dtype.h"
 #include "core/module.h"
 #include "fsdp/options.h"
@@ -102,6 +105,10 @@ struct MemoryEstimateInput {
   core::DType param_dtype = core::DType::kFloat32;
   // Unset: activations are not estimated (0).
   std::optional<GptActivationShape> activations;
+  // Where the ranks compute (NOTE [Memory estimate on a device] in memory_estimate.cc):
+  // on a CUDA device the per-rank figure is device memory, and the host holds only each
+  // rank's CPU-built model.
+  core::Device device = core::Device::Cpu();
 };
 
 // Bytes, per NOTE [Memory estimate].
@@ -112,7 +119,12 @@ struct MemoryEstimate {
   int64_t init_bytes = 0;
   int64_t per_rank_bytes = 0;
   int local_ranks = 1;
+  // Host bytes: per_rank_bytes x local_ranks on the CPU; on a CUDA device the CPU-built
+  // models only, 4 (P + I) x local_ranks.
   int64_t per_host_bytes = 0;
+  core::Device device = core::Device::Cpu();
+  // On a CUDA device: per_rank_bytes, held in each rank's device memory; 0 on the CPU.
+  int64_t per_device_bytes = 0;
 
   // "per rank 1.20GiB = max(init 400.00MiB, model state 800.00MiB + gathered
   // 100.00MiB + activations 328.00MiB); x 4 ranks on this host = 4.80GiB".
@@ -129,6 +141,12 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const MemoryEstimateInput& input);
 // e.g. "MemAvailable 21.00GiB of MemTotal 23.50GiB") and the shortfall.
 absl::Status CheckFitsInMemory(const MemoryEstimate& estimate, int64_t available_bytes,
                                absl::string_view available_source);
+
+// On a CUDA device: OK when estimate.per_device_bytes <= available_bytes (free device
+// memory, described by `available_source`), otherwise ResourceExhausted naming the
+// device, the estimate and the shortfall. OK on the CPU (nothing to check).
+absl::Status CheckFitsInDeviceMemory(const MemoryEstimate& estimate, int64_t available_bytes,
+                                     absl::string_view available_source);
 
 // CheckFitsInMemory against this host now: core::ReadHostMemoryInfo's Available()
 // (/proc/meminfo MemAvailable, or less under a cgroup memory limit). The error of

@@ -179,6 +179,26 @@ TEST(MemoryEstimateTest, OverflowingSizesAreResourceExhausted) {
   EXPECT_THAT(e.status().message(), HasSubstr("overflows"));
 }
 
+TEST(MemoryEstimateTest, OnACudaDeviceTheRankFigureIsDeviceMemoryAndTheHostHoldsTheCpuModel) {
+  MemoryEstimateInput in = OneMillionParams(fsdp::ShardingStrategy::kFullShard);
+  in.local_ranks = 4;
+  const MemoryEstimate cpu = EstimateMemory(in).value();
+  in.device = core::Device::Cuda(0);
+  const MemoryEstimate gpu = EstimateMemory(in).value();
+  EXPECT_EQ(gpu.per_rank_bytes, cpu.per_rank_bytes);
+  EXPECT_EQ(gpu.per_device_bytes, gpu.per_rank_bytes);
+  EXPECT_EQ(cpu.per_device_bytes, 0);
+  // The host: 4 bytes per parameter per local rank (the CPU-built fp32 model).
+  EXPECT_EQ(gpu.per_host_bytes, 4 * (in.model.num_params + in.model.ignored_params) * 4);
+  EXPECT_THAT(gpu.Describe(), HasSubstr("on cuda:0"));
+  EXPECT_TRUE(CheckFitsInDeviceMemory(gpu, gpu.per_device_bytes, "test").ok());
+  absl::Status s = CheckFitsInDeviceMemory(gpu, gpu.per_device_bytes - 1, "free 1 byte less");
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.message(), HasSubstr("cuda:0"));
+  EXPECT_THAT(s.message(), HasSubstr("short by 1B"));
+  EXPECT_TRUE(CheckFitsInDeviceMemory(cpu, 0, "cpu: nothing to check").ok());
+}
+
 TEST(CheckFitsInMemoryTest, ComparesThePerHostFigureWithTheAvailableMemory) {
   MemoryEstimate e;
   e.model_state_bytes = 3 << 20;

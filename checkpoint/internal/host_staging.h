@@ -1,0 +1,80 @@
+// Moving checkpoint bytes between device tensors and files through page-locked
+// ("pinned") host buffers. Checkpoint files do not record the device: a checkpoint or
+// safetensors file written from CUDA tensors is byte-identical to one written from CPU
+// tensors, and either loads into either.
+//
+//   ASSIGN_OR_RETURN(checkpoint::internal::HostBytes bytes,
+//                    checkpoint::internal::HostBytes::Of(tensor, core::DType::kFloat32, what));
+//   RETURN_IF_ERROR(writer.Append(bytes.data(), bytes.nbytes()));
+//   ...
+//   RETURN_IF_ERROR(checkpoint::internal::CopyHostToTensor(destination, cpu_values, what));
+//
+// CPU tensors never touch CUDA (the CPU build has none); CUDA tensors are copied with
+// cudaMemcpy into or out of a PinnedBuffer (cudaMallocHost), which also synchronises
+// with the compute stream, so values queued by earlier kernels are what is written.
+#ifndef CHECKPOINT_INTERNAL_HOST_STAGING_H_
+#define CHECKPOINT_INTERNAL_HOST_STAGING_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace checkpoint {
+namespace internal {
+
+// Page-locked host memory (cudaMallocHost), freed on destruction. Unavailable in a
+// build without CUDA; ResourceExhausted (naming `what` and the size) when it cannot be
+// had.
+class PinnedBuffer {
+ public:
+  static absl::StatusOr<std::unique_ptr<PinnedBuffer>> Allocate(int64_t nbytes,
+                                                                const std::string& what);
+  ~PinnedBuffer();
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  void* data() const { return data_; }
+  int64_t nbytes() const { return nbytes_; }
+
+ private:
+  PinnedBuffer(void* data, int64_t nbytes) : data_(data), nbytes_(nbytes) {}
+  void* data_;
+  int64_t nbytes_;
+};
+
+// Converts `n` elements from `src` (`src_dtype`) to `dst` (`dst_dtype`) on the host:
+// equal dtypes copy, fp32 <-> bf16 convert (round to nearest even). InvalidArgument for
+// int32 with another dtype.
+absl::Status ConvertHostElements(const void* src, core::DType src_dtype, void* dst,
+                                 core::DType dst_dtype, int64_t n, const std::string& what);
+
+// A tensor's elements as host bytes of `dtype`: a CPU tensor of that dtype in place,
+// another CPU tensor converted into a CPU copy, a CUDA tensor copied into a pinned
+// buffer (and converted there when the dtype differs). Keeps what it points at alive.
+class HostBytes {
+ public:
+  static absl::StatusOr<HostBytes> Of(const core::Tensor& t, core::DType dtype,
+                                      const std::string& what);
+  const void* data() const { return data_; }
+  int64_t nbytes() const { return nbytes_; }
+
+ private:
+  core::Tensor cpu_;
+  std::shared_ptr<PinnedBuffer> pinned_;
+  const void* data_ = nullptr;
+  int64_t nbytes_ = 0;
+};
+
+// Copies the CPU tensor `src` into `dst` (same numel), converting fp32 <-> bf16: a CPU
+// `dst` directly, a CUDA `dst` through a pinned buffer. The error names `what`.
+absl::Status CopyHostToTensor(const core::Tensor& dst, const core::Tensor& src,
+                              const std::string& what);
+
+}  // namespace internal
+}  // namespace checkpoint
+
+#endif  // CHECKPOINT_INTERNAL_HOST_STAGING_H_

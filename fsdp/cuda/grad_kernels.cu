@@ -1,0 +1,110 @@
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "fsdp/cuda/grad_kernels.h"
+#include "fsdp/cuda/grad_math.h"
+
+namespace fsdp {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxBlocks = 1024;  // also the partial sums SumOfSquares keeps
+
+int Blocks(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(b < kMaxBlocks ? (b < 1 ? 1 : b) : kMaxBlocks);
+}
+
+__global__ void AddIntoKernel(float* dst, const float* src, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = internal::AddTerm(dst[i], src[i]);
+  }
+}
+
+__global__ void AddIntoBf16Kernel(float* dst, const uint16_t* src, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = internal::AddTerm(dst[i], internal::Bf16BitsToFloat(src[i]));
+  }
+}
+
+__global__ void ScaleKernel(float* dst, int64_t n, float factor) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = internal::ScaleTerm(dst[i], factor);
+  }
+}
+
+// Block b writes the sum of its grid-stride elements' squares to partial[b]; a tree
+// in shared memory keeps the order fixed.
+__global__ void SquaresKernel(const float* x, int64_t n, double* partial) {
+  __shared__ double tree[kThreads];
+  double s = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    s += internal::SquareTerm(x[i]);
+  }
+  tree[threadIdx.x] = s;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) tree[threadIdx.x] += tree[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = tree[0];
+}
+
+// One block adds `count` partial sums into partial[0], in a fixed order.
+__global__ void SumPartialsKernel(double* partial, int count) {
+  __shared__ double tree[kThreads];
+  double s = 0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) s += partial[i];
+  tree[threadIdx.x] = s;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) tree[threadIdx.x] += tree[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[0] = tree[0];
+}
+
+}  // namespace
+
+int AddInto(float* dst, const void* src, bool src_bf16, int64_t n) {
+  if (n <= 0) return 0;
+  if (src_bf16) {
+    AddIntoBf16Kernel<<<Blocks(n), kThreads, 0, cudaStreamLegacy>>>(
+        dst, static_cast<const uint16_t*>(src), n);
+  } else {
+    AddIntoKernel<<<Blocks(n), kThreads, 0, cudaStreamLegacy>>>(
+        dst, static_cast<const float*>(src), n);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+int Scale(float* dst, int64_t n, float factor) {
+  if (n <= 0) return 0;
+  ScaleKernel<<<Blocks(n), kThreads, 0, cudaStreamLegacy>>>(dst, n, factor);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int SumOfSquares(const float* x, int64_t n, double* scratch, double* result) {
+  *result = 0;
+  if (n <= 0) return 0;
+  const int blocks = Blocks(n);
+  static_assert(kMaxBlocks <= kSumScratchDoubles, "scratch too small");
+  SquaresKernel<<<blocks, kThreads, 0, cudaStreamLegacy>>>(x, n, scratch);
+  SumPartialsKernel<<<1, kThreads, 0, cudaStreamLegacy>>>(scratch, blocks);
+  cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) {
+    err = cudaMemcpyAsync(result, scratch, sizeof(double), cudaMemcpyDeviceToHost,
+                          cudaStreamLegacy);
+  }
+  if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamLegacy);
+  return static_cast<int>(err);
+}
+
+}  // namespace cuda
+}  // namespace fsdp

@@ -1,0 +1,153 @@
+#include "fsdp/device_ops.h"
+
+#include <cstdint>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "fsdp/cuda/grad_math.h"
+
+#ifdef FSDP_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "comm/cuda/convert.h"
+#include "fsdp/cuda/grad_kernels.h"
+#endif
+
+namespace fsdp {
+namespace internal {
+namespace {
+
+absl::Status CheckFp32(const core::Tensor& t, const std::string& what, const char* op) {
+  if (!t.defined() || t.dtype() != core::DType::kFloat32) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", op, " needs a float32 tensor, got ",
+                                                   t.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+#ifdef FSDP_WITH_CUDA
+absl::Status Cuda(int err, const std::string& what, const char* op, const core::Tensor& t) {
+  if (err == 0) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", op, " on ", t.ToString(), " failed: ",
+                                          cudaGetErrorString(static_cast<cudaError_t>(err))));
+}
+absl::Status SetDevice(const core::Tensor& t, const std::string& what) {
+  return Cuda(cudaSetDevice(t.device().index), what, "cudaSetDevice", t);
+}
+#else
+absl::Status NoCuda(const core::Tensor& t, const std::string& what, const char* op) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", op, " on ", t.ToString(),
+                                             " needs a build with --config=cuda"));
+}
+#endif
+
+}  // namespace
+
+absl::Status AddInto(const core::Tensor& dst, const core::Tensor& src, const std::string& what) {
+  RETURN_IF_ERROR(CheckFp32(dst, what, "AddInto"));
+  if (!src.defined() || src.numel() != dst.numel() || src.device() != dst.device() ||
+      src.dtype() == core::DType::kInt32) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": AddInto of ", src.ToString(),
+                                                   " into ", dst.ToString()));
+  }
+  const int64_t n = dst.numel();
+  if (dst.device().is_cpu()) {
+    float* d = dst.data<float>();
+    if (src.dtype() == core::DType::kFloat32) {
+      const float* s = src.data<float>();
+      for (int64_t i = 0; i < n; ++i) d[i] = AddTerm(d[i], s[i]);
+    } else {
+      const uint16_t* s = static_cast<const uint16_t*>(src.raw_data());
+      for (int64_t i = 0; i < n; ++i) d[i] = AddTerm(d[i], Bf16BitsToFloat(s[i]));
+    }
+    return absl::OkStatus();
+  }
+#ifdef FSDP_WITH_CUDA
+  RETURN_IF_ERROR(SetDevice(dst, what));
+  return Cuda(cuda::AddInto(dst.data<float>(), src.raw_data(),
+                            src.dtype() == core::DType::kBFloat16, n),
+              what, "AddInto", dst);
+#else
+  return NoCuda(dst, what, "AddInto");
+#endif
+}
+
+absl::Status ConvertInto(const core::Tensor& dst, const core::Tensor& src,
+                         const std::string& what) {
+  if (!dst.defined() || !src.defined() || dst.numel() != src.numel() ||
+      dst.device() != src.device()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": cannot convert ", src.ToString(), " into ", dst.ToString()));
+  }
+  if (dst.device().is_cpu() || dst.dtype() == src.dtype()) {
+    absl::Status s = dst.CopyFrom(src);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+    return absl::OkStatus();
+  }
+#ifdef FSDP_WITH_CUDA
+  RETURN_IF_ERROR(SetDevice(dst, what));
+  const int64_t n = dst.numel();
+  if (src.dtype() == core::DType::kFloat32 && dst.dtype() == core::DType::kBFloat16) {
+    return Cuda(comm::cuda::FloatToBf16(src.data<float>(), dst.raw_data(), n, cudaStreamLegacy),
+                what, "fp32 -> bf16", src);
+  }
+  if (src.dtype() == core::DType::kBFloat16 && dst.dtype() == core::DType::kFloat32) {
+    return Cuda(comm::cuda::Bf16ToFloat(src.raw_data(), dst.data<float>(), n, cudaStreamLegacy),
+                what, "bf16 -> fp32", src);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": cannot convert ", src.ToString(), " into ", dst.ToString()));
+#else
+  return NoCuda(dst, what, "dtype conversion");
+#endif
+}
+
+absl::StatusOr<core::Tensor> Convert(const core::Tensor& src, core::DType dtype,
+                                     core::MemoryTag tag, const std::string& what) {
+  ASSIGN_OR_RETURN(core::Tensor out,
+                   core::Tensor::Allocate({src.numel()}, dtype, tag, src.device()));
+  RETURN_IF_ERROR(ConvertInto(out, src, what));
+  return out;
+}
+
+absl::StatusOr<double> SumOfSquares(const core::Tensor& t, const std::string& what) {
+  RETURN_IF_ERROR(CheckFp32(t, what, "SumOfSquares"));
+  if (t.device().is_cpu()) {
+    double s = 0;
+    const float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) s += SquareTerm(p[i]);
+    return s;
+  }
+#ifdef FSDP_WITH_CUDA
+  RETURN_IF_ERROR(SetDevice(t, what));
+  ASSIGN_OR_RETURN(core::Tensor scratch,
+                   core::Tensor::Allocate({2 * cuda::kSumScratchDoubles}, core::DType::kFloat32,
+                                          core::MemoryTag::kOther, t.device()));
+  double result = 0;
+  RETURN_IF_ERROR(Cuda(cuda::SumOfSquares(t.data<float>(), t.numel(),
+                                          static_cast<double*>(scratch.raw_data()), &result),
+                       what, "SumOfSquares", t));
+  return result;
+#else
+  return NoCuda(t, what, "SumOfSquares");
+#endif
+}
+
+absl::Status Scale(const core::Tensor& t, float factor, const std::string& what) {
+  RETURN_IF_ERROR(CheckFp32(t, what, "Scale"));
+  if (t.device().is_cpu()) {
+    float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = ScaleTerm(p[i], factor);
+    return absl::OkStatus();
+  }
+#ifdef FSDP_WITH_CUDA
+  RETURN_IF_ERROR(SetDevice(t, what));
+  return Cuda(cuda::Scale(t.data<float>(), t.numel(), factor), what, "Scale", t);
+#else
+  return NoCuda(t, what, "Scale");
+#endif
+}
+
+}  // namespace internal
+}  // namespace fsdp

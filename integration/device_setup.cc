@@ -1,0 +1,165 @@
+#include "integration/device_setup.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "core/cuda_device.h"
+#include "core/status_macros.h"
+
+#ifdef FSDP_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace integration {
+
+DeviceAvailability DeviceAvailability::Probe() {
+  DeviceAvailability a;
+  a.built_with_cuda = core::BuiltWithCuda();
+  a.gpus = core::CudaDeviceCount();
+  return a;
+}
+
+absl::StatusOr<DeviceChoice> ChooseDeviceAndBackend(absl::string_view device_flag,
+                                                    absl::string_view backend_flag,
+                                                    int local_rank,
+                                                    const DeviceAvailability& available) {
+  absl::StatusOr<comm::Backend> backend = comm::ParseBackend(backend_flag);
+  if (!backend.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--backend: ", backend.status().message()));
+  }
+  DeviceChoice choice;
+  if (device_flag == "cpu") {
+    if (*backend == comm::Backend::kNccl) {
+      return absl::FailedPreconditionError(
+          "--device=cpu --backend=nccl: NCCL reduces GPU buffers and the model computes on the "
+          "CPU; use --backend=gloo (or auto), or --device=cuda");
+    }
+    choice.backend = comm::Backend::kGloo;
+    return choice;
+  }
+  if (device_flag != "cuda") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device=", device_flag,
+        ": expected cpu or cuda (each rank uses cuda:LOCAL_RANK, one GPU per local rank)"));
+  }
+  if (!available.built_with_cuda) {
+    return absl::FailedPreconditionError(
+        "--device=cuda: this binary was built without CUDA; build it with "
+        "`bazel build --config=cuda //integration:main_job` (or use --device=cpu)");
+  }
+  if (!available.gpus.ok()) {
+    return absl::UnavailableError(absl::StrCat("--device=cuda: no usable GPU: ",
+                                               available.gpus.status().message()));
+  }
+  if (*available.gpus <= 0) {
+    return absl::UnavailableError("--device=cuda: no usable GPU: the CUDA runtime sees 0 devices");
+  }
+  if (*backend == comm::Backend::kGloo) {
+    return absl::FailedPreconditionError(
+        "--device=cuda --backend=gloo: gloo reduces host buffers and the model's tensors are "
+        "on the GPU; use --backend=nccl (or auto)");
+  }
+  if (local_rank < 0 || local_rank >= *available.gpus) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--device=cuda: LOCAL_RANK ", local_rank, " needs GPU ", local_rank, " but ",
+        *available.gpus, " GPU(s) are visible; start at most one rank per GPU on each host"));
+  }
+  choice.device = core::Device::Cuda(local_rank);
+  choice.backend = comm::Backend::kNccl;
+  return choice;
+}
+
+absl::StatusOr<core::Tensor> OnDevice(const core::Tensor& t, core::Device device) {
+  if (!t.defined() || t.device() == device) return t;
+  ASSIGN_OR_RETURN(core::Tensor out,
+                   core::Tensor::Allocate(t.shape(), t.dtype(), t.storage()->tag(), device));
+  RETURN_IF_ERROR(out.CopyFrom(t));
+  return out;
+}
+
+absl::Status MoveModuleToDevice(core::Module& module, core::Device device) {
+  for (const auto& [name, p] : module.NamedParameters()) {
+    absl::StatusOr<core::Tensor> data = OnDevice(p->data, device);
+    if (!data.ok()) {
+      return absl::Status(data.status().code(),
+                          absl::StrCat("moving parameter '", name, "' of ", module.Describe(),
+                                       " to ", device.ToString(), ": ", data.status().message()));
+    }
+    absl::StatusOr<core::Tensor> grad = OnDevice(p->grad, device);
+    if (!grad.ok()) {
+      return absl::Status(grad.status().code(),
+                          absl::StrCat("moving the gradient of '", name, "' of ",
+                                       module.Describe(), " to ", device.ToString(), ": ",
+                                       grad.status().message()));
+    }
+    p->data = *std::move(data);
+    p->grad = *std::move(grad);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DeviceMemoryInfo> ReadDeviceMemoryInfo(core::Device device) {
+  if (!device.is_cuda()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReadDeviceMemoryInfo: ", device.ToString(), " is not a CUDA device"));
+  }
+#ifdef FSDP_WITH_CUDA
+  cudaError_t err = cudaSetDevice(device.index);
+  size_t free_bytes = 0, total_bytes = 0;
+  if (err == cudaSuccess) err = cudaMemGetInfo(&free_bytes, &total_bytes);
+  if (err != cudaSuccess) {
+    return absl::UnavailableError(absl::StrCat("cudaMemGetInfo on ", device.ToString(), ": ",
+                                               cudaGetErrorString(err)));
+  }
+  DeviceMemoryInfo info;
+  info.free_bytes = static_cast<int64_t>(free_bytes);
+  info.total_bytes = static_cast<int64_t>(total_bytes);
+  return info;
+#else
+  return absl::UnavailableError(absl::StrCat("ReadDeviceMemoryInfo(", device.ToString(),
+                                             "): built without CUDA (--config=cuda)"));
+#endif
+}
+
+double GptFlopsPerToken(int64_t num_params, int64_t n_layer, int64_t seq_len, int64_t n_embd) {
+  return 6.0 * static_cast<double>(num_params) +
+         12.0 * static_cast<double>(n_layer) * static_cast<double>(seq_len) *
+             static_cast<double>(n_embd);
+}
+
+std::optional<double> PeakBf16FlopsFromName(absl::string_view device_name) {
+  const std::string name = absl::AsciiStrToLower(device_name);
+  // Dense (no sparsity) bf16 tensor-core peaks from the vendors' data sheets.
+  if (absl::StrContains(name, "h200")) return 989e12;
+  if (absl::StrContains(name, "h100")) {
+    return absl::StrContains(name, "pcie") ? 756e12 : 989e12;
+  }
+  if (absl::StrContains(name, "a100")) return 312e12;
+  if (absl::StrContains(name, "l40s")) return 362e12;
+  if (absl::StrContains(name, "a10g")) return 70e12;
+  return std::nullopt;
+}
+
+ThroughputMeter::ThroughputMeter(int64_t total_steps)
+    : warmup_(std::min<int64_t>(5, std::max<int64_t>(0, total_steps) / 10)) {}
+
+void ThroughputMeter::StepStarted(absl::Time now) { starts_.push_back(now); }
+
+int64_t ThroughputMeter::measured_steps() const {
+  // Starts of steps warmup_+1 .. n: intervals between consecutive ones.
+  const int64_t starts_after_warmup = static_cast<int64_t>(starts_.size()) - warmup_;
+  return std::max<int64_t>(0, starts_after_warmup - 1);
+}
+
+std::optional<double> ThroughputMeter::TokensPerSecond(int64_t tokens_per_step) const {
+  const int64_t n = measured_steps();
+  if (n <= 0) return std::nullopt;
+  const double seconds = absl::ToDoubleSeconds(starts_.back() - starts_[warmup_]);
+  if (seconds <= 0) return std::nullopt;
+  return static_cast<double>(tokens_per_step) * static_cast<double>(n) / seconds;
+}
+
+}  // namespace integration
