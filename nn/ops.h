@@ -1,5 +1,7 @@
-// CPU fp32 math shared by the nn/ layers: a row-major GEMM over OpenBLAS, a few
-// elementwise and reduction helpers, and random fills for initialisation.
+// CPU fp32 math on raw pointers: a row-major GEMM over OpenBLAS, a few elementwise and
+// reduction helpers, and random fills for initialisation. The layers compute through the
+// device- and dtype-aware nn/tensor_ops.h (whose CPU side uses Gemm below); these
+// pointer functions stay for CPU callers.
 //
 //   // y[R, out] = x[R, in] * W[out, in]^T, then gW[out, in] += g[R, out]^T * x[R, in]
 //   nn::Gemm(false, true, R, out, in, 1.0f, x, w, 0.0f, y);

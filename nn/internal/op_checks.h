@@ -1,0 +1,126 @@
+// Private to nn/: the argument checks and CUDA plumbing shared by the tensor ops
+// (nn/tensor_ops.cc, nn/matmul.cc). Messages start with the caller's `what`.
+//
+//   RETURN_IF_ERROR(internal::CheckDevices(what, {{"input", &x}, {"output", &y}}));
+//   if (x.device().is_cuda()) NN_ON_CUDA(x.device(), what, "GELU", cuda::GeluForward(...));
+#ifndef NN_INTERNAL_OP_CHECKS_H_
+#define NN_INTERNAL_OP_CHECKS_H_
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "core/dtype.h"
+#include "core/status_macros.h"
+#include "core/tensor.h"
+
+#ifdef FSDP_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "nn/cuda/status.h"
+#endif
+
+namespace nn {
+namespace internal {
+
+using core::DType;
+using core::Tensor;
+
+struct Arg {
+  const char* name;
+  const Tensor* tensor;
+};
+
+inline std::string Describe(const Tensor& t) {
+  return t.defined() ? t.ToString() : std::string("undefined");
+}
+
+// OK when every tensor in `args` is defined and on the device of the first.
+inline absl::Status CheckDevices(absl::string_view what, std::initializer_list<Arg> args) {
+  const Arg* first = nullptr;
+  for (const Arg& a : args) {
+    if (!a.tensor->defined()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", a.name, " is undefined"));
+    }
+    if (first == nullptr) {
+      first = &a;
+    } else if (a.tensor->device() != first->tensor->device()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": ", a.name, " ", a.tensor->ToString(), " is on ",
+          a.tensor->device().ToString(), " but ", first->name, " ", first->tensor->ToString(),
+          " is on ", first->tensor->device().ToString(), "; all operands must share a device"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status CheckDType(absl::string_view what, const char* name, const Tensor& t, DType dtype) {
+  if (t.dtype() != dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", name, " must be ",
+                                                   core::DTypeName(dtype), ", got ", Describe(t)));
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status CheckWeightDType(absl::string_view what, const char* name, const Tensor& t) {
+  if (t.dtype() != DType::kFloat32 && t.dtype() != DType::kBFloat16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", name, " must be float32 or bfloat16, got ", Describe(t)));
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status CheckNumel(absl::string_view what, const char* name, const Tensor& t, int64_t numel) {
+  if (t.numel() != numel) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", name, " must have ", numel,
+                                                   " elements, got ", Describe(t)));
+  }
+  return absl::OkStatus();
+}
+
+inline bool IsBf16(const Tensor& t) { return t.dtype() == DType::kBFloat16; }
+
+// Calls f(const float*) or f(const uint16_t*) on a weight's elements.
+template <typename F>
+void WithWeight(const Tensor& t, F&& f) {
+  if (IsBf16(t)) {
+    f(static_cast<const uint16_t*>(t.raw_data()));
+  } else {
+    f(static_cast<const float*>(t.raw_data()));
+  }
+}
+
+#ifdef FSDP_WITH_CUDA
+inline absl::Status UseDevice(const core::Device& d, absl::string_view what) {
+  return ::nn::cuda::StatusFromCuda(cudaSetDevice(d.index),
+                              absl::StrCat(what, ": cudaSetDevice(", d.index, ")"));
+}
+inline absl::Status Launched(cudaError_t err, absl::string_view what, absl::string_view op) {
+  return ::nn::cuda::StatusFromCuda(err, absl::StrCat(what, ": CUDA ", op));
+}
+// Runs a CUDA launcher returning cudaError_t on `device` and returns its status (from
+// the enclosing function); without CUDA, returns FailedPrecondition.
+#define NN_ON_CUDA(device, what, op, call)                    \
+  do {                                                        \
+    RETURN_IF_ERROR(::nn::internal::UseDevice(device, what)); \
+    return ::nn::internal::Launched((call), what, op);        \
+  } while (0)
+#else
+inline absl::Status NoCuda(const core::Device& d, absl::string_view what) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, ": tensors are on ", d.ToString(), " but this build has no CUDA support; build with "
+      "--config=cuda"));
+}
+#define NN_ON_CUDA(device, what, op, call) return ::nn::internal::NoCuda(device, what)
+#endif
+
+inline const float* F32(const Tensor& t) { return static_cast<const float*>(t.raw_data()); }
+inline float* MutF32(const Tensor& t) { return static_cast<float*>(t.raw_data()); }
+
+}  // namespace internal
+}  // namespace nn
+
+#endif  // NN_INTERNAL_OP_CHECKS_H_

@@ -1,0 +1,163 @@
+// MatMul of nn/tensor_ops.h: OpenBLAS per matrix on the CPU, cuBLASLt on CUDA.
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "nn/internal/op_checks.h"
+#include "nn/kernels/math.h"
+#include "nn/ops.h"
+#include "nn/tensor_ops.h"
+
+#ifdef FSDP_WITH_CUDA
+#include "nn/cuda/gemm.h"
+#include "nn/cuda/kernels.h"
+#endif
+
+namespace nn {
+namespace {
+
+namespace k = ::nn::kernels;
+using core::DType;
+using core::Tensor;
+using internal::Arg;
+using internal::CheckDevices;
+using internal::CheckDType;
+using internal::CheckNumel;
+using internal::CheckWeightDType;
+using internal::F32;
+using internal::IsBf16;
+using internal::MutF32;
+using internal::WithWeight;
+#ifdef FSDP_WITH_CUDA
+using internal::Launched;
+using internal::UseDevice;
+#else
+using internal::NoCuda;
+#endif
+
+// ---- MatMul helpers.
+
+struct Stored {
+  int64_t rows, cols, ld;
+};
+
+// The stored shape of an operand and its row stride (ld 0 means dense).
+Stored StoredShape(bool trans, int64_t rows, int64_t cols, int64_t ld) {
+  Stored s{trans ? cols : rows, trans ? rows : cols, ld};
+  if (s.ld == 0) s.ld = std::max<int64_t>(s.cols, 1);
+  return s;
+}
+
+// Number of elements from the operand's first element to one past its last, or an error
+// when it does not lie inside its tensor.
+absl::StatusOr<int64_t> CheckExtent(absl::string_view what, const char* name, const MatrixRef& r,
+                                    const Stored& s, int64_t batch) {
+  if (r.offset < 0 || r.batch_stride < 0 || s.ld < s.cols) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": GEMM operand ", name, " has offset ", r.offset, ", row stride ",
+                     s.ld, " (< ", s.cols, " columns?) and batch stride ", r.batch_stride));
+  }
+  if (batch == 0 || s.rows == 0 || s.cols == 0) return int64_t{0};
+  const __int128 span = static_cast<__int128>(batch - 1) * r.batch_stride +
+                        static_cast<__int128>(s.rows - 1) * s.ld + s.cols;
+  if (static_cast<__int128>(r.offset) + span > r.tensor.numel()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": GEMM operand ", name, " (", batch, " x [", s.rows, ", ", s.cols, "], row stride ",
+        s.ld, ", batch stride ", r.batch_stride, ", offset ", r.offset, ") reaches outside ",
+        r.tensor.ToString()));
+  }
+  return static_cast<int64_t>(span);
+}
+
+// A widened fp32 copy of elements [offset, offset + span) of a bf16 CPU tensor.
+std::vector<float> WidenSpan(const Tensor& t, int64_t offset, int64_t span) {
+  std::vector<float> out(static_cast<size_t>(span));
+  const uint16_t* p = static_cast<const uint16_t*>(t.raw_data()) + offset;
+  for (int64_t i = 0; i < span; ++i) out[i] = k::Bf16ToFloat(p[i]);
+  return out;
+}
+
+
+}  // namespace
+
+absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
+  RETURN_IF_ERROR(CheckDevices(what, {{"A", &g.a.tensor}, {"B", &g.b.tensor}, {"C", &g.c.tensor}}));
+  RETURN_IF_ERROR(CheckWeightDType(what, "GEMM operand A", g.a.tensor));
+  RETURN_IF_ERROR(CheckWeightDType(what, "GEMM operand B", g.b.tensor));
+  RETURN_IF_ERROR(CheckDType(what, "GEMM output C", g.c.tensor, DType::kFloat32));
+  if (g.batch < 0 || g.m < 0 || g.n < 0 || g.k < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": GEMM sizes must be >= 0, got batch ",
+                                                   g.batch, " m ", g.m, " n ", g.n, " k ", g.k));
+  }
+  const Stored sa = StoredShape(g.trans_a, g.m, g.k, g.a.ld);
+  const Stored sb = StoredShape(g.trans_b, g.k, g.n, g.b.ld);
+  const Stored sc = StoredShape(false, g.m, g.n, g.c.ld);
+  ASSIGN_OR_RETURN(int64_t span_a, CheckExtent(what, "A", g.a, sa, g.batch));
+  ASSIGN_OR_RETURN(int64_t span_b, CheckExtent(what, "B", g.b, sb, g.batch));
+  RETURN_IF_ERROR(CheckExtent(what, "C", g.c, sc, g.batch).status());
+  if (g.batch == 0 || g.m == 0 || g.n == 0) return absl::OkStatus();
+  const core::Device device = g.c.tensor.device();
+
+  if (device.is_cuda()) {
+#ifdef FSDP_WITH_CUDA
+    RETURN_IF_ERROR(UseDevice(device, what));
+    float* c = MutF32(g.c.tensor) + g.c.offset;
+    if (g.k == 0) {
+      return Launched(cuda::ScaleMatrices(c, g.batch, g.m, g.n, sc.ld, g.c.batch_stride, g.beta),
+                      what, "GEMM with k == 0 (scale C)");
+    }
+    const int64_t esize_a = core::DTypeSize(g.a.tensor.dtype());
+    const int64_t esize_b = core::DTypeSize(g.b.tensor.dtype());
+    cuda::GemmOperand a{static_cast<const char*>(g.a.tensor.raw_data()) + g.a.offset * esize_a,
+                        IsBf16(g.a.tensor), sa.ld, g.a.batch_stride};
+    cuda::GemmOperand b{static_cast<const char*>(g.b.tensor.raw_data()) + g.b.offset * esize_b,
+                        IsBf16(g.b.tensor), sb.ld, g.b.batch_stride};
+    cuda::GemmOperand cc{c, false, sc.ld, g.c.batch_stride};
+    // Mixed fp32 x bf16: round the fp32 operand to bf16 (same layout) first. The scratch
+    // is released on return; the caching allocator orders its reuse on this stream.
+    Tensor scratch;
+    if (a.bf16 != b.bf16) {
+      cuda::GemmOperand& f32 = a.bf16 ? b : a;
+      const int64_t span = a.bf16 ? span_b : span_a;
+      ASSIGN_OR_RETURN(scratch, Tensor::Allocate({span}, DType::kBFloat16,
+                                                 core::MemoryTag::kActivation, device));
+      RETURN_IF_ERROR(Launched(cuda::RoundToBf16(static_cast<const float*>(f32.ptr),
+                                                 static_cast<uint16_t*>(scratch.raw_data()), span),
+                               what, "round GEMM operand to bf16"));
+      f32.ptr = scratch.raw_data();
+      f32.bf16 = true;
+    }
+    return cuda::Gemm(device.index, g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k, g.alpha, a, b,
+                      g.beta, cc, what);
+#else
+    return NoCuda(device, what);
+#endif
+  }
+
+  // CPU: OpenBLAS sgemm per matrix of the batch; bf16 operands are widened exactly.
+  std::vector<float> wide_a, wide_b;
+  const float* a = nullptr;
+  const float* b = nullptr;
+  if (IsBf16(g.a.tensor)) {
+    wide_a = WidenSpan(g.a.tensor, g.a.offset, span_a);
+    a = wide_a.data();
+  } else {
+    a = F32(g.a.tensor) + g.a.offset;
+  }
+  if (IsBf16(g.b.tensor)) {
+    wide_b = WidenSpan(g.b.tensor, g.b.offset, span_b);
+    b = wide_b.data();
+  } else {
+    b = F32(g.b.tensor) + g.b.offset;
+  }
+  float* c = MutF32(g.c.tensor) + g.c.offset;
+  for (int64_t i = 0; i < g.batch; ++i) {
+    Gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, a + i * g.a.batch_stride, sa.ld,
+         b + i * g.b.batch_stride, sb.ld, g.beta, c + i * g.c.batch_stride, sc.ld);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace nn
