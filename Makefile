@@ -13,8 +13,11 @@ DEMO_ARGS ?=
 setup:
 	@bash tools/setup.sh
 
+# --device=cuda in DEMO_ARGS builds the CUDA paths (--config=cuda).
+DEMO_BAZEL_FLAGS ?= $(if $(findstring --device=cuda,$(DEMO_ARGS)),--config=cuda,)
+
 demo: setup
-	$(BAZEL) run //integration:main_job -- $(DEMO_ARGS)
+	$(BAZEL) run $(DEMO_BAZEL_FLAGS) //integration:main_job -- $(DEMO_ARGS)
 
 # The CUDA build (compile and link only: no GPU here) runs when the toolkit is present; it
 # goes to bazel-out/k8-fastbuild-cuda (.bazelrc), so the CPU outputs stay cached.
