@@ -5,9 +5,8 @@
 #   bash bench/cpu/setup.sh gemm    # the GEMM libraries Debian ships, unpacked (not installed)
 #
 # torch: a virtual environment at $FSDP_BENCH_CACHE/torch-venv (default
-#   ~/.cache/fsdp_bench) with torch from PyPI installed with --no-deps plus its pure-Python
-#   dependencies: the default Linux wheel would otherwise pull several GB of CUDA packages
-#   (nvidia-*, cuda-toolkit, triton) that a CPU run never loads. Checks `import torch`.
+#   ~/.cache/fsdp_bench) with torch from PyPI (FSDP_BENCH_TORCH_VERSION, default 2.15.0) and
+#   the dependencies it declares (see setup_torch for why not fewer). Checks `import torch`.
 # gemm: `apt-get download` + `dpkg -x` of OpenBLAS (openmp variant; the pthread one is what
 #   the build links), BLIS 0.9 (serial, pthread, openmp), oneDNN 2.6, libxsmm 1.17 and Eigen
 #   3.4 into $FSDP_BENCH_CACHE/gemm_libs. Unpacked rather than installed on purpose: installing
@@ -27,12 +26,15 @@ setup_torch() {
     return 0
   fi
   mkdir -p "$CACHE"
-  echo "setup: creating $venv with torch==$TORCH_VERSION (CPU use; --no-deps: about 540 MB download)" >&2
+  echo "setup: creating $venv with torch==$TORCH_VERSION from PyPI (several GB, minutes)" >&2
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --no-deps "torch==$TORCH_VERSION"
-  # torch's own pure-Python requirements (its METADATA), without the CUDA ones.
-  "$venv/bin/pip" install -q filelock "typing-extensions>=4.13.0" "setuptools>=77.0.3" \
-      "sympy>=1.13.3" "networkx>=2.5.1" jinja2 "fsspec>=0.8.5" numpy
+  # The smallest install that imports. PyPI has no CPU-only Linux wheel (download.pytorch.org,
+  # which has one, is not reachable from these machines), and `--no-deps` is not enough:
+  # torch._C links libcudart, cuBLAS, cuDNN, NCCL, cuFile, cuSPARSELt and NVSHMEM at import
+  # even when nothing runs on a GPU, and a system CUDA toolkit of another version does not
+  # satisfy it (torch 2.15 wants NCCL >= 2.30: undefined symbol ncclCommResume with 2.28).
+  # So the wheel with its declared dependencies; nothing else.
+  "$venv/bin/pip" install -q "torch==$TORCH_VERSION"
   "$venv/bin/python" -c "import torch, torch.distributed as d; assert d.is_gloo_available(); print('setup: torch', torch.__version__, 'imports; gloo available')" >&2
 }
 
