@@ -10,8 +10,10 @@ side uses.
 
 Pairs: our FULL_SHARD vs PyTorch FSDP2, our NO_SHARD vs DDP, our SHARD_GRAD_OP vs FSDP1
 SHARD_GRAD_OP. Both sides: --world_size ranks x --threads intra-op threads, fp32 AdamW,
-the same global batch and sequence length; tokens/s over every step of the fit (wrapping,
-checkpointing and start-up excluded on both sides).
+the same global batch and sequence length; tokens/s over the steps of the fit (start-up,
+wrapping and checkpointing excluded on both sides; PyTorch's first step, where FSDP
+initialises lazily, excluded too: bench/cpu/torch_gpt.py). The PyTorch ranks start once
+and serve every run (torch_gpt.TorchRanks); each of our runs is one main_job.
 """
 
 import argparse
@@ -70,18 +72,10 @@ def run_ours(args, c, strategy, steps, run_index):
             "load_before": before, "load_after": load()}
 
 
-def run_theirs(args, c, strategy, steps):
-    cmd = [args.torch_python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_gpt.py"),
-           f"--strategy={strategy}", f"--world_size={args.world_size}", f"--threads={args.threads}",
-           f"--vocab_size={c['V']}", f"--block_size={c['T']}", f"--n_embd={c['C']}",
-           f"--n_layer={c['L']}", f"--n_head={c['H']}", f"--batch_size={c['B']}",
-           f"--steps={steps}"]
+def run_theirs(ranks, c, strategy, steps):
     before = load()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout_s)
-    if proc.returncode != 0:
-        raise RuntimeError(f"PyTorch {strategy} {label(c)} failed (exit {proc.returncode}): "
-                           f"{' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    r = ranks.run(strategy=strategy, vocab_size=c["V"], block_size=c["T"], n_embd=c["C"],
+                  n_layer=c["L"], n_head=c["H"], batch_size=c["B"], steps=steps)
     r["load_before"] = before
     r["load_after"] = load()
     return r
@@ -126,6 +120,8 @@ def main():
     p.add_argument("--steps", type=int, default=0,
                    help="training steps of every run (default: per config, %s)"
                         % [c["steps"] for c in CONFIGS])
+    p.add_argument("--steps_scale", type=float, default=1.0,
+                   help="multiplies the per-config default steps (e.g. 0.5 on a loaded machine)")
     p.add_argument("--runs", type=int, default=3, help="runs of each side (median reported)")
     p.add_argument("--world_size", type=int, default=2)
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
@@ -134,7 +130,7 @@ def main():
                    help="our strategies to run (each against its PyTorch counterpart)")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: first config, FULL_SHARD vs FSDP2, 1 run, 20 steps")
-    p.add_argument("--run_timeout_s", type=float, default=900)
+    p.add_argument("--run_timeout_s", type=float, default=900, help="limit of one run of ours")
     args = p.parse_args()
     if args.quick:
         args.configs, args.pairs, args.runs = "0", "FULL_SHARD", 1
@@ -158,14 +154,17 @@ def main():
     }
     mismatch = False
     t0 = time.time()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from torch_gpt import TorchRanks  # no torch import here: the ranks import it, once
+    ranks = TorchRanks(args.torch_python, args.world_size, args.threads)
     for c in configs:
-        steps = args.steps or c["steps"]
+        steps = args.steps or max(3, round(c["steps"] * args.steps_scale))
         per_strategy = {}
         for ours_name, theirs_name in pairs:
             ours, theirs = [], []
             for i in range(args.runs):
                 ours.append(run_ours(args, c, ours_name, steps, i))
-                theirs.append(run_theirs(args, c, theirs_name, steps))
+                theirs.append(run_theirs(ranks, c, theirs_name, steps))
                 print(f"[bench] {label(c)} {ours_name} {ours[-1]['tokens_per_second']:.0f} vs "
                       f"{theirs_name} {theirs[-1]['tokens_per_second']:.0f} tokens/s "
                       f"(load {load()[0]})", file=sys.stderr, flush=True)
@@ -192,6 +191,9 @@ def main():
                          "peak_bytes_per_rank_by_tag": peaks},
                 "pytorch": {"strategy": theirs_name, "tokens_per_second_median": t,
                             "tokens_per_second_runs": [r["tokens_per_second"] for r in theirs],
+                            "tokens_per_second_incl_first_step_runs": [
+                                r["tokens_per_second_incl_first_step"] for r in theirs],
+                            "first_step_seconds_runs": [r["first_step_seconds"] for r in theirs],
                             "model_parameters": params_theirs,
                             "peak_rss_bytes_per_rank": max(
                                 (r["peak_rss_bytes_per_rank"] for r in theirs),
@@ -204,6 +206,7 @@ def main():
         if "FULL_SHARD" in per_strategy and "NO_SHARD" in per_strategy:
             doc.setdefault("full_shard_step_time_over_no_shard", {})[label(c)] = (
                 per_strategy["NO_SHARD"] / per_strategy["FULL_SHARD"])
+    ranks.close()
     doc["load_average_end"] = load()
     doc["wall_seconds"] = round(time.time() - t0, 1)
     print(json.dumps(doc, indent=2))

@@ -14,9 +14,13 @@ Strategies: FSDP2 (fully_shard on each block, then the root), DDP, FSDP1_SHARD_G
 (FullyShardedDataParallel, SHARD_GRAD_OP, one unit per block plus the root) and NONE (one
 process, no wrapper: a sanity check).
 
-Timing matches StageRunner::Fit (integration/stage_runner.cc): from after wrapping and
-creating the optimizer to the end of the last step (a barrier), every step included; tokens
-= global batch x sequence length per step.
+Started once, the ranks serve several trials (TorchRanks, used by run_bench.py), so the
+seconds to a minute `import torch` takes on a loaded machine are paid once per benchmark.
+Timing as StageRunner::Fit (integration/stage_runner.cc) times ours: from after wrapping and
+creating the optimizer to the end of the last step (a barrier), tokens = global batch x
+sequence length per step; except that tokens_per_second leaves out the first step, where
+FSDP2 and FSDP1 run their lazy initialisation (the counterpart of our wrap, which is not
+timed); tokens_per_second_incl_first_step keeps it. Our first step stays in our figure.
 """
 
 import argparse
@@ -94,20 +98,34 @@ def build_model(torch, nn, F, args):
     return Gpt, Block
 
 
-def run_rank(rank, args, port, result_path):
+def _peak_rss_reset():
+    # Resets VmHWM (Linux >= 4.0: "5" to clear_refs), so each trial reports its own peak.
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _peak_rss_bytes():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def trial(args, rank, world):
+    """Builds, wraps and trains the GPT of args on this rank; returns its figures."""
+    import gc
     import torch
     import torch.distributed as dist
     import torch.nn as nn
     import torch.nn.functional as F
 
-    torch.set_num_threads(args.threads)
-    torch.set_num_interop_threads(1)
+    gc.collect()
+    _peak_rss_reset()
     torch.manual_seed(args.seed)
-    world = args.world_size
-    if args.strategy != "NONE":
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(port)
-        dist.init_process_group("gloo", rank=rank, world_size=world)
     Gpt, Block = build_model(torch, nn, F, args)
     model = Gpt()
     for m in model.modules():  # GPT-2 style init (speed-irrelevant; keeps the loss sane)
@@ -134,15 +152,14 @@ def run_rank(rank, args, port, result_path):
             auto_wrap_policy=ModuleWrapPolicy({Block}), use_orig_params=False,
             device_id=torch.device("cpu"))  # without it FSDP1 insists on an accelerator
     elif args.strategy != "NONE":
-        raise SystemExit(f"torch_gpt.py: --strategy={args.strategy}: use FSDP2, DDP, "
-                         "FSDP1_SHARD_GRAD_OP or NONE")
+        raise ValueError(f"--strategy={args.strategy}: use FSDP2, DDP, FSDP1_SHARD_GRAD_OP or NONE")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, foreach=False)
 
     local_batch = args.batch_size // world
     g = torch.Generator().manual_seed(args.seed * 1000 + rank)
     batches = [torch.randint(0, args.vocab_size, (local_batch, args.seq_len + 1), generator=g)
                for _ in range(min(args.steps, 8))]
-    if args.strategy != "NONE":
+    if world > 1:
         dist.barrier()
     start = time.perf_counter()
     first_step_seconds = None
@@ -158,17 +175,116 @@ def run_rank(rank, args, port, result_path):
         loss.backward()
         opt.step()
     final_loss = float(loss.detach())
-    if args.strategy != "NONE":
+    if world > 1:
         dist.barrier()
     seconds = time.perf_counter() - start
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    record = {"rank": rank, "seconds": seconds, "first_step_seconds": first_step_seconds, "n_params": n_params, "final_loss": final_loss,
-              "peak_rss_bytes": peak_rss, "torch_version": torch.__version__,
+    record = {"rank": rank, "seconds": seconds, "first_step_seconds": first_step_seconds or 0.0,
+              "n_params": n_params, "final_loss": final_loss,
+              "peak_rss_bytes": _peak_rss_bytes(), "torch_version": torch.__version__,
               "blas": _blas_info(torch)}
-    with open(f"{result_path}.{rank}", "w") as f:
-        json.dump(record, f)
-    if args.strategy != "NONE":
+    del model, opt, batches, loss
+    return record
+
+
+def serve_rank(args):
+    """One rank: joins the group once, then runs one trial per JSON line on stdin (fields
+    override the flags) and answers each with a RESULT line on stdout, until EOF."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(args.threads)
+    torch.set_num_interop_threads(1)
+    world = args.world_size
+    if world > 1:
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(args.port)
+        dist.init_process_group("gloo", rank=args.rank, world_size=world)
+    print("READY", flush=True)
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        t = argparse.Namespace(**{**vars(args), **json.loads(line)})
+        if t.seq_len == 0:
+            t.seq_len = t.block_size
+        try:
+            record = trial(t, args.rank, world)
+        except Exception as e:  # reported to the parent, which fails the benchmark
+            record = {"rank": args.rank, "error": f"{type(e).__name__}: {e}"}
+        print("RESULT " + json.dumps(record), flush=True)
+    if world > 1:
         dist.destroy_process_group()
+
+
+class TorchRanks:
+    """The PyTorch ranks, started once (importing torch takes seconds to a minute on a
+    loaded machine) and reused for every trial; usable without torch in the caller.
+
+        ranks = TorchRanks(python, world_size=2, threads=1)
+        result = ranks.run(strategy="FSDP2", vocab_size=64, block_size=32, n_embd=64,
+                           n_layer=2, n_head=4, batch_size=16, steps=50)
+        ranks.close()
+    """
+
+    def __init__(self, python, world_size=2, threads=1):
+        import subprocess
+        self.world_size = world_size
+        port = free_port()
+        self.procs = [subprocess.Popen(
+            [python, os.path.abspath(__file__), "--serve", f"--rank={r}", f"--port={port}",
+             f"--world_size={world_size}", f"--threads={threads}"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            for r in range(world_size)]
+        for p in self.procs:
+            self._expect(p, "READY")
+
+    def _expect(self, p, prefix):
+        while True:
+            line = p.stdout.readline()
+            if not line:
+                raise RuntimeError(f"torch_gpt.py: a rank exited (status {p.wait()}) "
+                                   f"before answering {prefix}")
+            if line.startswith(prefix):
+                return line[len(prefix):].strip()
+
+    def run(self, **fields):
+        fields.setdefault("seq_len", 0)
+        for p in self.procs:
+            p.stdin.write(json.dumps(fields) + "\n")
+            p.stdin.flush()
+        ranks = [json.loads(self._expect(p, "RESULT")) for p in self.procs]
+        for r in ranks:
+            if "error" in r:
+                raise RuntimeError(f"torch_gpt.py rank {r['rank']}: {r['error']}")
+        seq_len = fields["seq_len"] or fields["block_size"]
+        seconds = max(r["seconds"] for r in ranks)
+        first = max(r["first_step_seconds"] for r in ranks)
+        tokens_per_step = fields["batch_size"] * seq_len
+        steps = fields["steps"]
+        return {
+            "side": "pytorch",
+            "torch_version": ranks[0]["torch_version"],
+            "strategy": fields["strategy"],
+            "world_size": self.world_size,
+            "steps": fields["steps"],
+            # Without the first step: FSDP2 and FSDP1 initialise lazily in the first forward
+            # (seconds), the counterpart of our wrap, which StageRunner::Fit does not time.
+            "tokens_per_second": ((steps - 1) * tokens_per_step / (seconds - first)
+                                  if steps > 1 and seconds > first else steps * tokens_per_step / seconds),
+            "tokens_per_second_incl_first_step": steps * tokens_per_step / seconds,
+            "seconds": seconds,
+            "first_step_seconds": first,
+            "model_parameters": ranks[0]["n_params"],
+            "final_loss": ranks[0]["final_loss"],
+            "peak_rss_bytes_per_rank": [r["peak_rss_bytes"] for r in ranks],
+            "blas": ranks[0]["blas"],
+        }
+
+    def close(self):
+        for p in self.procs:
+            p.stdin.close()
+        for p in self.procs:
+            p.wait()
 
 
 def free_port():
@@ -192,54 +308,29 @@ def main():
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--result", default="", help="per-rank result file prefix (default: a temp)")
-    p.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.seq_len == 0:
-        args.seq_len = args.block_size
+    if args.serve:
+        serve_rank(args)
+        return 0
     if args.strategy == "NONE":
         args.world_size = 1
     if args.batch_size % args.world_size != 0:
         raise SystemExit(f"torch_gpt.py: --batch_size={args.batch_size} is not a multiple of "
                          f"--world_size={args.world_size}")
-    if args.rank >= 0:  # one rank, started by the parent below
-        run_rank(args.rank, args, args.port, args.result)
-        return 0
-    import subprocess
-    import tempfile
-
-    # The parent only starts the ranks (it never imports torch: one import fewer).
-    result = args.result or os.path.join(tempfile.mkdtemp(prefix="torch_gpt_"), "rank")
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:],
-                               f"--rank={r}", f"--port={port}", f"--result={result}"])
-             for r in range(args.world_size)]
-    codes = [p.wait() for p in procs]
-    if any(codes):
-        raise SystemExit(f"torch_gpt.py: ranks exited with {codes}")
-    ranks = []
-    for r in range(args.world_size):
-        with open(f"{result}.{r}") as f:
-            ranks.append(json.load(f))
-    seconds = max(r["seconds"] for r in ranks)
-    tokens = args.steps * args.batch_size * args.seq_len
-    out = {
-        "side": "pytorch",
-        "torch_version": ranks[0]["torch_version"],
-        "strategy": args.strategy,
-        "world_size": args.world_size,
-        "threads_per_rank": args.threads,
-        "steps": args.steps,
-        "tokens_per_second": tokens / seconds,
-        "seconds": seconds,
-        "model_parameters": ranks[0]["n_params"],
-        "final_loss": ranks[0]["final_loss"],
-        "peak_rss_bytes_per_rank": [r["peak_rss_bytes"] for r in ranks],
-        "first_step_seconds": max(r["first_step_seconds"] or 0 for r in ranks),
-        "blas": ranks[0]["blas"],
-    }
-    print(json.dumps(out))
+    ranks = TorchRanks(sys.executable, args.world_size, args.threads)
+    try:
+        fields = {k: getattr(args, k) for k in (
+            "strategy", "vocab_size", "block_size", "seq_len", "n_embd", "n_layer", "n_head",
+            "batch_size", "steps", "lr", "seed")}
+        out = ranks.run(**fields)
+        out["threads_per_rank"] = args.threads
+        print(json.dumps(out))
+    finally:
+        ranks.close()
+    return 0
 
 
 def _blas_info(torch):
