@@ -39,11 +39,13 @@ setup_torch() {
 }
 
 GEMM_PACKAGES=(libopenblas0-openmp libopenblas-openmp-dev libblis4-serial libblis4-pthread
-               libblis4-openmp libblis-dev libdnnl2 libdnnl-dev libxsmm-dev libeigen3-dev)
+               libblis4-openmp libblis-dev libdnnl2 libdnnl-dev libxsmm-dev libeigen3-dev
+               ocl-icd-libopencl1)  # libdnnl.so.2 needs libOpenCL.so.1 to load
 
 setup_gemm() {
   local root="$CACHE/gemm_libs"
-  if [ -f "$root/.done" ]; then
+  local stamp="$root/.done-$(echo "${GEMM_PACKAGES[*]}" | md5sum | cut -c1-8)"
+  if [ -f "$stamp" ]; then
     echo "setup: GEMM libraries ready in $root" >&2
     return 0
   fi
@@ -54,7 +56,7 @@ setup_gemm() {
     return 1
   }
   for f in "$debs"/*.deb; do dpkg -x "$f" "$root"; done
-  touch "$root/.done"
+  touch "$stamp"
   echo "setup: unpacked ${#GEMM_PACKAGES[@]} packages into $root" >&2
 }
 
