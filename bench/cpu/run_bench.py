@@ -3,7 +3,8 @@
 Run through bench/cpu/run.sh, which builds //integration:main_job with -c opt and the
 PyTorch virtual environment first. For each GPT config and strategy pair it alternates runs
 (ours, theirs, ours, ...), takes the median tokens/s of each side and prints one JSON
-document: tokens/s, the ratio ours / theirs, peak memory by tag (ours, from main_job's
+document (and, after every strategy pair, what is done so far in <--out>/partial.json):
+tokens/s, the ratio ours / theirs, peak memory by tag (ours, from main_job's
 summary.json) and peak RSS (theirs), parameter counts (checked equal: the script exits 1
 if they differ), the load average before and after every run, and the GEMM library each
 side uses.
@@ -203,6 +204,9 @@ def main():
                 "load_average_per_run": [[r["load_before"], r["load_after"]]
                                          for pair in zip(ours, theirs) for r in pair],
             })
+            # What is done so far, in case the run is cut short (a long run on a loaded machine).
+            with open(os.path.join(args.out, "partial.json"), "w") as f:
+                json.dump(doc, f, indent=2)
         if "FULL_SHARD" in per_strategy and "NO_SHARD" in per_strategy:
             doc.setdefault("full_shard_step_time_over_no_shard", {})[label(c)] = (
                 per_strategy["NO_SHARD"] / per_strategy["FULL_SHARD"])
