@@ -4,8 +4,7 @@
 // thread count is set to 1 through each library's own API). Prints one JSON document.
 //
 //   bash bench/cpu/gemm.sh          # unpacks the libraries, builds the shims, runs this
-//   bazel run -c opt //bench/cpu:gemm_bench -- \
-//       --lib=openblas-pthread:cblas:/usr/lib/x86_64-linux-gnu/libopenblas.so.0
+//   bazel run -c opt //bench/cpu:gemm_bench -- --lib=openblas:cblas:/usr/lib/x86_64-linux-gnu/libopenblas.so.0
 //
 // Each --lib=NAME:KIND:PATH is loaded with dlopen (so libraries that are not installed, only
 // unpacked, can be measured, and several BLAS libraries exporting the same symbols do not
@@ -386,6 +385,10 @@ int main(int argc, char** argv) {
   nlohmann::json results = nlohmann::json::array();
   // Per library: flops and seconds weighted by how often a training step runs each shape.
   std::vector<double> step_seconds(libs.size(), 0.0), step_flops(libs.size(), 0.0);
+  // The same per config: config label -> per library.
+  std::vector<std::string> config_labels;
+  std::vector<std::vector<double>> config_seconds;
+  std::vector<double> config_flops;
   std::vector<double> worst_error(libs.size(), 0.0);
   std::vector<int> failures(libs.size(), 0);
   for (const Shape& s : shapes) {
@@ -398,6 +401,12 @@ int main(int argc, char** argv) {
     double ref_max = 0;
     for (double r : ref) ref_max = std::max(ref_max, std::fabs(r));
     const double flops = 2.0 * s.m * s.n * s.k;
+    if (config_labels.empty() || config_labels.back() != s.config) {
+      config_labels.push_back(s.config);
+      config_seconds.emplace_back(libs.size(), 0.0);
+      config_flops.push_back(0.0);
+    }
+    config_flops.back() += flops * s.calls_per_step;
     for (size_t li = 0; li < libs.size(); ++li) {
       const Library& lib = libs[li];
       if (!lib.error.empty()) continue;
@@ -447,6 +456,7 @@ int main(int argc, char** argv) {
       r["gflops_wall_clock"] = flops / best_wall / 1e9;
       const double gflops = flops / best / 1e9;
       step_seconds[li] += best * s.calls_per_step;
+      config_seconds.back()[li] += best * s.calls_per_step;
       step_flops[li] += flops * s.calls_per_step;
       r["gflops"] = gflops;
       r["fraction_of_peak"] = peak > 0 ? gflops / peak : 0.0;
@@ -457,45 +467,65 @@ int main(int argc, char** argv) {
   }
   out["results"] = results;
 
+  // Per library: GFLOP/s of each config's step (its linears' GEMMs weighted by calls per
+  // step), its speed-up over the first --lib (the one the build links) per config, and the
+  // geometric mean of those speed-ups, so that each config counts once whatever its size.
   nlohmann::json summary = nlohmann::json::array();
-  int best_lib = -1;
+  std::vector<double> geomean(libs.size(), 0.0);
   for (size_t li = 0; li < libs.size(); ++li) {
     if (!libs[li].error.empty() || step_seconds[li] <= 0) continue;
-    const double g = step_flops[li] / step_seconds[li] / 1e9;
+    nlohmann::json per_config = nlohmann::json::object();
+    double log_sum = 0;
+    int n = 0;
+    for (size_t c = 0; c < config_labels.size(); ++c) {
+      const double sec = config_seconds[c][li];
+      nlohmann::json j = {{"gflops", config_flops[c] / sec / 1e9}, {"seconds_per_step", sec}};
+      if (libs[0].error.empty() && config_seconds[c][0] > 0) {
+        const double speedup = config_seconds[c][0] / sec;
+        j["speedup_vs_" + libs[0].name] = speedup;
+        log_sum += std::log(speedup);
+        ++n;
+      }
+      per_config[config_labels[c]] = j;
+    }
+    geomean[li] = n > 0 ? std::exp(log_sum / n) : 0.0;
     summary.push_back({{"library", libs[li].name},
-                       {"step_weighted_gflops", g},
-                       {"linear_gemm_seconds_per_step_all_configs", step_seconds[li]},
+                       {"per_config", per_config},
+                       {"geomean_speedup_vs_" + libs[0].name, geomean[li]},
+                       {"step_weighted_gflops_all_configs", step_flops[li] / step_seconds[li] / 1e9},
                        {"worst_max_rel_error", worst_error[li]},
                        {"incorrect_or_failed_shapes", failures[li]}});
-    if (failures[li] == 0 && (best_lib < 0 || step_seconds[li] < step_seconds[best_lib])) {
-      best_lib = static_cast<int>(li);
-    }
   }
-  std::sort(summary.begin(), summary.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
-    return a["step_weighted_gflops"].get<double>() > b["step_weighted_gflops"].get<double>();
+  std::sort(summary.begin(), summary.end(), [&](const nlohmann::json& a, const nlohmann::json& b) {
+    const std::string key = "geomean_speedup_vs_" + libs[0].name;
+    return a[key].get<double>() > b[key].get<double>();
   });
   out["summary"] = summary;
   {
     double l[3];
     if (getloadavg(l, 3) == 3) out["load_average_end"] = {l[0], l[1], l[2]};
   }
-  if (best_lib >= 0) {
-    nlohmann::json w = {{"library", libs[best_lib].name}};
-    // Against the as-built library (the first --lib by convention) and the runner-up.
-    const double base = step_seconds[0] > 0 ? step_seconds[0] : 0;
-    if (base > 0) w["speedup_vs_" + libs[0].name] = base / step_seconds[best_lib];
-    double second = 0;
-    for (size_t li = 0; li < libs.size(); ++li) {
-      if (static_cast<int>(li) == best_lib || failures[li] != 0 || step_seconds[li] <= 0) continue;
-      if (second == 0 || step_seconds[li] < second) {
-        second = step_seconds[li];
-        w["runner_up"] = libs[li].name;
-      }
+  int best_lib = -1, second_lib = -1;
+  for (size_t li = 0; li < libs.size(); ++li) {
+    if (geomean[li] <= 0 || failures[li] != 0) continue;
+    if (best_lib < 0 || geomean[li] > geomean[best_lib]) {
+      second_lib = best_lib;
+      best_lib = static_cast<int>(li);
+    } else if (second_lib < 0 || geomean[li] > geomean[second_lib]) {
+      second_lib = static_cast<int>(li);
     }
-    if (second > 0) w["speedup_vs_runner_up"] = second / step_seconds[best_lib];
+  }
+  if (best_lib >= 0) {
+    nlohmann::json w = {{"library", libs[best_lib].name},
+                        {"geomean_speedup_vs_" + libs[0].name, geomean[best_lib]}};
+    if (second_lib >= 0) {
+      w["runner_up"] = libs[second_lib].name;
+      w["geomean_speedup_vs_runner_up"] = geomean[best_lib] / geomean[second_lib];
+    }
     w["criterion"] =
-        "least total time of the linears' GEMMs of one training step per rank, summed over the "
-        "configs (each shape weighted by its calls per step), among libraries correct on every shape";
+        "highest geometric mean over the configs of the speed-up of one training step's linear "
+        "GEMMs (shapes weighted by calls per step) over the first --lib, among libraries "
+        "correct on every shape";
     out["winner"] = w;
   }
   std::cout << out.dump(2) << std::endl;
