@@ -25,6 +25,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -44,6 +47,18 @@
 #include "comm/nccl_process_group.h"
 #endif
 
+ABSL_FLAG(std::string, backend, "gloo", "gloo or nccl (nccl needs --config=cuda)");
+ABSL_FLAG(int, nproc, 2, "ranks as threads in this process (ignored with --from_env)");
+ABSL_FLAG(bool, from_env, false, "join the job described by RANK, WORLD_SIZE, ... (a launcher)");
+ABSL_FLAG(int64_t, min_bytes, 4 << 10, "smallest message, bytes per rank (>= 4)");
+ABSL_FLAG(int64_t, max_bytes, 64 << 20, "largest message, bytes per rank (>= 4)");
+ABSL_FLAG(int64_t, step, 4, "factor between successive sizes (>= 2)");
+ABSL_FLAG(std::string, ops, "all_gather,reduce_scatter,all_reduce,broadcast",
+          "comma-separated collectives to measure");
+ABSL_FLAG(int64_t, target_bytes, 256 << 20,
+          "bytes each (op, size) should move; sets its iteration count (2 to 100)");
+ABSL_FLAG(int, warmup, 1, "untimed iterations per (op, size) (>= 0)");
+
 namespace {
 
 struct Flags {
@@ -60,40 +75,27 @@ struct Flags {
   absl::Duration timeout = absl::Seconds(120);
 };
 
-absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
+absl::StatusOr<Flags> ParseFlags() {
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const size_t eq = a.find('=');
-    const std::string name = a.substr(0, eq);
-    std::string value = eq == std::string::npos ? "" : a.substr(eq + 1);
-    if (eq == std::string::npos && name != "--from_env" && i + 1 < argc) value = argv[++i];
-    int64_t n = 0;
-    const bool num = absl::SimpleAtoi(value, &n);
-    if (name == "--backend") {
-      f.backend = value;
-    } else if (name == "--nproc" && num && n >= 1) {
-      f.nproc = static_cast<int>(n);
-    } else if (name == "--from_env") {
-      f.from_env = value.empty() || value == "true" || value == "1";
-    } else if (name == "--min_bytes" && num && n >= 4) {
-      f.min_bytes = n;
-    } else if (name == "--max_bytes" && num && n >= 4) {
-      f.max_bytes = n;
-    } else if (name == "--step" && num && n >= 2) {
-      f.step = n;
-    } else if (name == "--target_bytes" && num && n > 0) {
-      f.target_bytes = n;
-    } else if (name == "--warmup" && num && n >= 0) {
-      f.warmup = static_cast<int>(n);
-    } else if (name == "--ops") {
-      f.ops = absl::StrSplit(value, ',', absl::SkipEmpty());
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "collectives_bench: bad flag or value \"", a,
-          "\" (flags: --backend=gloo|nccl --nproc=N --from_env --min_bytes --max_bytes --step "
-          "--ops=all_gather,reduce_scatter,all_reduce,broadcast --target_bytes --warmup)"));
-    }
+  f.backend = absl::GetFlag(FLAGS_backend);
+  f.nproc = absl::GetFlag(FLAGS_nproc);
+  f.from_env = absl::GetFlag(FLAGS_from_env);
+  f.min_bytes = absl::GetFlag(FLAGS_min_bytes);
+  f.max_bytes = absl::GetFlag(FLAGS_max_bytes);
+  f.step = absl::GetFlag(FLAGS_step);
+  f.target_bytes = absl::GetFlag(FLAGS_target_bytes);
+  f.warmup = absl::GetFlag(FLAGS_warmup);
+  f.ops = absl::StrSplit(absl::GetFlag(FLAGS_ops), ',', absl::SkipEmpty());
+  const auto at_least = [](const char* name, int64_t value, int64_t min) -> absl::Status {
+    if (value >= min) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("collectives_bench: --", name, "=", value, " must be >= ", min));
+  };
+  for (const absl::Status& s :
+       {at_least("nproc", f.nproc, 1), at_least("min_bytes", f.min_bytes, 4),
+        at_least("max_bytes", f.max_bytes, 4), at_least("step", f.step, 2),
+        at_least("target_bytes", f.target_bytes, 1), at_least("warmup", f.warmup, 0)}) {
+    if (!s.ok()) return s;
   }
   if (f.backend != "gloo" && f.backend != "nccl") {
     return absl::InvalidArgumentError(
@@ -233,7 +235,10 @@ absl::StatusOr<std::shared_ptr<comm::ProcessGroup>> MakeThreadGroup(
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::StatusOr<Flags> flags = ParseFlags(argc, argv);
+  absl::SetProgramUsageMessage(
+      "Collectives bandwidth (algbw/busbw per op and size) as JSON; see the file's header.");
+  absl::ParseCommandLine(argc, argv);
+  absl::StatusOr<Flags> flags = ParseFlags();
   if (!flags.ok()) {
     std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
     return 2;
