@@ -28,6 +28,7 @@ using core::DType;
 using core::Tensor;
 using internal::Arg;
 using internal::CheckDevices;
+using internal::CheckElementwiseF32;
 using internal::CheckDType;
 using internal::CheckNumel;
 using internal::CheckWeightDType;
@@ -45,10 +46,7 @@ using internal::NoCuda;
 }  // namespace
 
 absl::Status GeluForward(absl::string_view what, const Tensor& x, const Tensor& y) {
-  RETURN_IF_ERROR(CheckDevices(what, {{"input", &x}, {"output", &y}}));
-  RETURN_IF_ERROR(CheckDType(what, "input", x, DType::kFloat32));
-  RETURN_IF_ERROR(CheckDType(what, "output", y, DType::kFloat32));
-  RETURN_IF_ERROR(CheckNumel(what, "output", y, x.numel()));
+  RETURN_IF_ERROR(CheckElementwiseF32(what, {{"input", &x}, {"output", &y}}));
   const int64_t n = x.numel();
   if (x.device().is_cuda()) {
     NN_ON_CUDA(x.device(), what, "GELU forward", cuda::GeluForward(F32(x), MutF32(y), n));
@@ -62,12 +60,8 @@ absl::Status GeluForward(absl::string_view what, const Tensor& x, const Tensor& 
 
 absl::Status GeluBackward(absl::string_view what, const Tensor& x, const Tensor& gy,
                           const Tensor& gx) {
-  RETURN_IF_ERROR(CheckDevices(what, {{"input", &x}, {"grad_output", &gy}, {"grad_input", &gx}}));
-  RETURN_IF_ERROR(CheckDType(what, "input", x, DType::kFloat32));
-  RETURN_IF_ERROR(CheckDType(what, "grad_output", gy, DType::kFloat32));
-  RETURN_IF_ERROR(CheckDType(what, "grad_input", gx, DType::kFloat32));
-  RETURN_IF_ERROR(CheckNumel(what, "grad_output", gy, x.numel()));
-  RETURN_IF_ERROR(CheckNumel(what, "grad_input", gx, x.numel()));
+  RETURN_IF_ERROR(CheckElementwiseF32(
+      what, {{"input", &x}, {"grad_output", &gy}, {"grad_input", &gx}}));
   const int64_t n = x.numel();
   if (x.device().is_cuda()) {
     NN_ON_CUDA(x.device(), what, "GELU backward",
@@ -82,10 +76,7 @@ absl::Status GeluBackward(absl::string_view what, const Tensor& x, const Tensor&
 }
 
 absl::Status ReluForward(absl::string_view what, const Tensor& x, const Tensor& y) {
-  RETURN_IF_ERROR(CheckDevices(what, {{"input", &x}, {"output", &y}}));
-  RETURN_IF_ERROR(CheckDType(what, "input", x, DType::kFloat32));
-  RETURN_IF_ERROR(CheckDType(what, "output", y, DType::kFloat32));
-  RETURN_IF_ERROR(CheckNumel(what, "output", y, x.numel()));
+  RETURN_IF_ERROR(CheckElementwiseF32(what, {{"input", &x}, {"output", &y}}));
   const int64_t n = x.numel();
   if (x.device().is_cuda()) {
     NN_ON_CUDA(x.device(), what, "ReLU forward", cuda::ReluForward(F32(x), MutF32(y), n));
@@ -99,12 +90,8 @@ absl::Status ReluForward(absl::string_view what, const Tensor& x, const Tensor& 
 
 absl::Status ReluBackward(absl::string_view what, const Tensor& y, const Tensor& gy,
                           const Tensor& gx) {
-  RETURN_IF_ERROR(CheckDevices(what, {{"output", &y}, {"grad_output", &gy}, {"grad_input", &gx}}));
-  RETURN_IF_ERROR(CheckDType(what, "output", y, DType::kFloat32));
-  RETURN_IF_ERROR(CheckDType(what, "grad_output", gy, DType::kFloat32));
-  RETURN_IF_ERROR(CheckDType(what, "grad_input", gx, DType::kFloat32));
-  RETURN_IF_ERROR(CheckNumel(what, "grad_output", gy, y.numel()));
-  RETURN_IF_ERROR(CheckNumel(what, "grad_input", gx, y.numel()));
+  RETURN_IF_ERROR(CheckElementwiseF32(
+      what, {{"output", &y}, {"grad_output", &gy}, {"grad_input", &gx}}));
   const int64_t n = y.numel();
   if (y.device().is_cuda()) {
     NN_ON_CUDA(y.device(), what, "ReLU backward",
@@ -120,13 +107,8 @@ absl::Status ReluBackward(absl::string_view what, const Tensor& y, const Tensor&
 
 absl::Status AddTensors(absl::string_view what, const Tensor& a, const Tensor& b,
                         const Tensor& out) {
-  RETURN_IF_ERROR(CheckDevices(what, {{"first operand", &a}, {"second operand", &b},
-                                      {"sum", &out}}));
-  RETURN_IF_ERROR(CheckDType(what, "first operand", a, DType::kFloat32));
-  RETURN_IF_ERROR(CheckDType(what, "second operand", b, DType::kFloat32));
-  RETURN_IF_ERROR(CheckDType(what, "sum", out, DType::kFloat32));
-  RETURN_IF_ERROR(CheckNumel(what, "second operand", b, a.numel()));
-  RETURN_IF_ERROR(CheckNumel(what, "sum", out, a.numel()));
+  RETURN_IF_ERROR(CheckElementwiseF32(
+      what, {{"first operand", &a}, {"second operand", &b}, {"sum", &out}}));
   const int64_t n = a.numel();
   if (a.device().is_cuda()) {
     NN_ON_CUDA(a.device(), what, "add", cuda::Add(F32(a), F32(b), MutF32(out), n));

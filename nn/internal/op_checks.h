@@ -81,6 +81,20 @@ inline absl::Status CheckNumel(absl::string_view what, const char* name, const T
   return absl::OkStatus();
 }
 
+// The checks of an elementwise op: every tensor in `args` defined and on one device
+// (CheckDevices), float32, and with as many elements as the first.
+inline absl::Status CheckElementwiseF32(absl::string_view what, std::initializer_list<Arg> args) {
+  if (absl::Status s = CheckDevices(what, args); !s.ok()) return s;
+  for (const Arg& a : args) {
+    if (absl::Status s = CheckDType(what, a.name, *a.tensor, DType::kFloat32); !s.ok()) return s;
+  }
+  const int64_t numel = args.begin()->tensor->numel();
+  for (const Arg& a : args) {
+    if (absl::Status s = CheckNumel(what, a.name, *a.tensor, numel); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 inline bool IsBf16(const Tensor& t) { return t.dtype() == DType::kBFloat16; }
 
 // Calls f(const float*) or f(const uint16_t*) on a weight's elements.
