@@ -7,8 +7,11 @@
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/common/logging.h>
+#include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 
 #include <algorithm>
 #include <cstring>
@@ -360,36 +363,111 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::ReduceScatter(
     return s;
   }
   if (auto s = CheckUsable(kind); !s.ok()) return s;
-  const int n = size_;
-  const int rank = rank_;
   const ReduceOp op = options.reduce_op;
-  auto context = context_;
-  // Each rank sends chunk j of its input to rank j (an all-to-all, S(n-1)/n bytes each
-  // way), then reduces the n chunks it received in rank order, in fp32 for bf16.
-  return Enqueue(kind, options.timeout, ExpectedTraffic(kind, input.nbytes(), n, rank_),
-                 [=](uint32_t tag, std::chrono::milliseconds left) -> absl::Status {
-                   const int64_t k = output.numel();
-                   if (k == 0) return absl::OkStatus();
-                   if (n == 1) {
-                     if (!output.SharesStorage(input) || output.offset() != input.offset()) {
-                       std::memcpy(Bytes(output), Bytes(input), input.nbytes());
-                     }
-                     return absl::OkStatus();
-                   }
-                   absl::StatusOr<core::Tensor> received =
-                       core::Tensor::Allocate({n * k}, input.dtype(), core::MemoryTag::kComm);
-                   if (!received.ok()) return received.status();
-                   gloo::AlltoallOptions o(context);
-                   o.setInput<uint8_t>(Bytes(input), input.nbytes());
-                   o.setOutput<uint8_t>(Bytes(*received), received->nbytes());
-                   o.setTag(tag);
-                   o.setTimeout(left);
-                   gloo::alltoall(o);
-                   internal::ReduceChunks(input.dtype(), op, received->raw_data(), n, k,
-                                          output.raw_data());
-                   (void)rank;
-                   return absl::OkStatus();
+  return Enqueue(kind, options.timeout, ExpectedTraffic(kind, input.nbytes(), size_, rank_),
+                 [this, input, output, op](uint32_t tag, std::chrono::milliseconds left) {
+                   return RunReduceScatter(input, output, op, tag, left);
                  });
+}
+
+// NOTE [Pipelined reduce-scatter]: chunk j of every rank's input goes to rank j, in
+// pieces of at most kReduceScatterPieceBytes, each piece on its own slot. A rank posts
+// all its sends at once and receives each peer's pieces into a ring of two piece-sized
+// scratch buffers per peer (kept by the group, so nothing is allocated per call, and
+// bounded whatever the unit size). Piece p is reduced, in rank order as ReduceChunks
+// does (identical bits on every rank), as soon as every peer's piece p is in, while
+// piece p + 1 is still arriving; then its scratch takes piece p + 2.
+absl::Status GlooProcessGroup::RunReduceScatter(const core::Tensor& input,
+                                                const core::Tensor& output, ReduceOp op,
+                                                uint32_t tag, std::chrono::milliseconds left) {
+  const int n = size_;
+  const int64_t k = output.numel();
+  if (k == 0) return absl::OkStatus();
+  if (n == 1) {
+    if (!output.SharesStorage(input) || output.offset() != input.offset()) {
+      std::memcpy(Bytes(output), Bytes(input), input.nbytes());
+    }
+    return absl::OkStatus();
+  }
+  const size_t esize = static_cast<size_t>(core::DTypeSize(input.dtype()));
+  const int64_t piece = std::max<int64_t>(
+      1, std::min<int64_t>(k, kReduceScatterPieceBytes / static_cast<int64_t>(esize)));
+  const int64_t pieces = (k + piece - 1) / piece;
+  if (pieces > (int64_t{1} << 24)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reduce-scatter of ", k, " elements per rank needs ", pieces, " pieces, more than 2^24"));
+  }
+  const size_t piece_bytes = static_cast<size_t>(piece) * esize;
+  // Scratch: peer slot q (the q-th rank other than this one) x ring entry r.
+  const int64_t scratch_bytes = static_cast<int64_t>(n - 1) * 2 * piece_bytes;
+  if (!reduce_scatter_scratch_.defined() || reduce_scatter_scratch_.nbytes() < scratch_bytes) {
+    reduce_scatter_scratch_ = core::Tensor();
+    absl::StatusOr<core::Tensor> scratch = core::Tensor::Allocate(
+        {(scratch_bytes + 3) / 4}, core::DType::kFloat32, core::MemoryTag::kComm);
+    if (!scratch.ok()) return scratch.status();
+    reduce_scatter_scratch_ = *std::move(scratch);
+  }
+  uint8_t* scratch = Bytes(reduce_scatter_scratch_);
+  const auto peer_slot = [this](int j) { return j < rank_ ? j : j - 1; };
+  const auto ring = [&](int j, int64_t p) {
+    return scratch + (static_cast<size_t>(peer_slot(j)) * 2 + static_cast<size_t>(p % 2)) *
+                         piece_bytes;
+  };
+  const uint64_t base = gloo::Slot::build(gloo::kAlltoallSlotPrefix, tag);
+  const auto deadline = std::chrono::steady_clock::now() + left;
+  const auto remaining = [&] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(
+                        deadline - std::chrono::steady_clock::now()));
+  };
+  const auto piece_len = [&](int64_t p) { return std::min(piece, k - p * piece); };
+
+  std::unique_ptr<gloo::transport::UnboundBuffer> in =
+      context_->createUnboundBuffer(Bytes(input), input.nbytes());
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs;  // [peer slot][ring]
+  bufs.reserve(static_cast<size_t>(n - 1) * 2);
+  for (int q = 0; q < n - 1; ++q) {
+    for (int r = 0; r < 2; ++r) {
+      bufs.push_back(context_->createUnboundBuffer(
+          scratch + (static_cast<size_t>(q) * 2 + r) * piece_bytes, piece_bytes));
+    }
+  }
+  const auto buf = [&](int j, int64_t p) {
+    return bufs[static_cast<size_t>(peer_slot(j)) * 2 + static_cast<size_t>(p % 2)].get();
+  };
+  const auto post_recv = [&](int64_t p) {
+    for (int j = 0; j < n; ++j) {
+      if (j != rank_) buf(j, p)->recv(j, base + p, 0, piece_len(p) * esize);
+    }
+  };
+  for (int64_t p = 0; p < pieces; ++p) {
+    for (int i = 1; i < n; ++i) {
+      const int j = (rank_ + i) % n;
+      in->send(j, base + p, (static_cast<size_t>(j) * k + p * piece) * esize,
+               piece_len(p) * esize);
+    }
+  }
+  post_recv(0);
+  if (pieces > 1) post_recv(1);
+  std::vector<const void*> chunks(static_cast<size_t>(n));
+  const uint8_t* own = Bytes(input) + static_cast<size_t>(rank_) * k * esize;
+  for (int64_t p = 0; p < pieces; ++p) {
+    for (int j = 0; j < n; ++j) {
+      if (j == rank_) {
+        chunks[j] = own + p * piece * esize;
+      } else {
+        if (!buf(j, p)->waitRecv(remaining())) return absl::AbortedError("receive aborted");
+        chunks[j] = ring(j, p);
+      }
+    }
+    internal::ReduceChunkList(input.dtype(), op, chunks.data(), n, piece_len(p),
+                              Bytes(output) + p * piece * esize);
+    if (p + 2 < pieces) post_recv(p + 2);
+  }
+  for (int64_t i = 0; i < pieces * (n - 1); ++i) {
+    if (!in->waitSend(remaining())) return absl::AbortedError("send aborted");
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllReduce(
@@ -421,9 +499,16 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllReduce(
         } else {
           o.setOutput<float>(buf.data<float>(), buf.numel());
         }
-        o.setReduceFunction([dtype, pair_op](void* c, const void* a, const void* b, size_t count) {
-          internal::ReducePair(dtype, pair_op, c, a, b, count);
-        });
+        if (dtype == core::DType::kFloat32 && pair_op == ReduceOp::kSum) {
+          // gloo's own fp32 sum (c = a + b, the same bits as ReducePair).
+          o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
+              &gloo::sum<float>));
+        } else {
+          o.setReduceFunction(
+              [dtype, pair_op](void* c, const void* a, const void* b, size_t count) {
+                internal::ReducePair(dtype, pair_op, c, a, b, count);
+              });
+        }
         o.setTag(tag);
         o.setTimeout(left);
         gloo::allreduce(o);

@@ -129,6 +129,12 @@ class GlooProcessGroup : public ProcessGroup {
   CommStats Stats() const override { return stats_.Snapshot(); }
   void ResetStats() override { stats_.Reset(); }
 
+  // ReduceScatter moves each chunk in pieces of at most this many bytes and reduces a
+  // piece while the next arrives (NOTE [Pipelined reduce-scatter] in the .cc); the group
+  // keeps 2 (size - 1) piece-sized receive buffers (tag kComm) from its first
+  // reduce-scatter on.
+  static constexpr int64_t kReduceScatterPieceBytes = int64_t{1} << 20;
+
   // The subgroup's GlooOptions are this group's, with name and rendezvous_timeout from
   // `options` and store_server_rank renumbered into the subgroup (-1 if not a member).
   absl::StatusOr<std::shared_ptr<ProcessGroup>> NewSubgroup(
@@ -161,6 +167,9 @@ class GlooProcessGroup : public ProcessGroup {
   absl::Status CheckUsable(CollectiveKind kind) const;
   void WorkerLoop();
   absl::Status RunOp(Op& op);
+  // The body of ReduceScatter, on the worker thread.
+  absl::Status RunReduceScatter(const core::Tensor& input, const core::Tensor& output,
+                                ReduceOp op, uint32_t tag, std::chrono::milliseconds left);
   std::string DescribeOp(CollectiveKind kind, uint64_t seq) const;
 
   const std::shared_ptr<Store> store_;
@@ -174,6 +183,8 @@ class GlooProcessGroup : public ProcessGroup {
   // of one.
   std::shared_ptr<internal::GlooBlame> blame_;  // shared with Works' timeout diagnoses
   StatsRecorder stats_;
+  // ReduceScatter's receive ring; used only by the worker thread.
+  core::Tensor reduce_scatter_scratch_;
 
   mutable absl::Mutex mu_;
   std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);

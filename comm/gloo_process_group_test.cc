@@ -14,6 +14,7 @@
 #include <netinet/in.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -173,6 +174,50 @@ TEST_P(CollectivesTest, ReduceScatterSumAverageMax) {
                   << " in_place=" << in_place;
             }
           }
+        }
+      }
+    }
+    return absl::OkStatus();
+  }, Options());
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// Chunks of several pieces (NOTE [Pipelined reduce-scatter]): the result has the bits of
+// combining the ranks' chunks in rank order, in place or not, and the group receives
+// into a fixed ring of 2 (n - 1) pieces instead of an n x chunk buffer per call.
+TEST_P(CollectivesTest, ReduceScatterOfSeveralPiecesInRankOrderWithABoundedRing) {
+  absl::Status s = RunThreadRanks(n(), [&](RankContext& ctx) -> absl::Status {
+    const int n = ctx.world_size;
+    const int64_t piece_f32 = GlooProcessGroup::kReduceScatterPieceBytes / 4;
+    const auto value = [](int rank, int64_t j) {
+      return static_cast<float>(std::sin(0.001 * static_cast<double>(j) + rank) * (rank + 1.3));
+    };
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+      for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+        for (bool in_place : {false, true}) {
+          const int64_t k = 2 * piece_f32 + 12345;  // 3 fp32 pieces, 2 bf16 pieces
+          Tensor in = Filled(n * k, dtype, [&](int64_t j) { return value(ctx.rank, j); });
+          Tensor out = in_place ? in.View(ctx.rank * k, {k}).value() : Tensor::Zeros({k}, dtype);
+          ctx.allocator->ResetPeaks();
+          ReduceScatterOptions opts;
+          opts.reduce_op = op;
+          ASSIGN_OR_RETURN(auto work, ctx.group->ReduceScatter(in, out, opts));
+          RETURN_IF_ERROR(Finish(work));
+          const int64_t ring = 2 * (n - 1) * GlooProcessGroup::kReduceScatterPieceBytes;
+          EXPECT_LE(ctx.allocator->Stats().peak(core::MemoryTag::kComm), ring);
+          EXPECT_EQ(ctx.allocator->Stats().current(core::MemoryTag::kComm),
+                    ctx.allocator->Stats().peak(core::MemoryTag::kComm))
+              << "the ring is kept for the next call, nothing else";
+          int64_t wrong = 0;
+          for (int64_t i = 0; i < k; ++i) {
+            const int64_t j = ctx.rank * k + i;
+            float acc = Stored(dtype, value(0, j));
+            for (int r = 1; r < n; ++r) acc += Stored(dtype, value(r, j));
+            if (op == ReduceOp::kAverage) acc /= static_cast<float>(n);
+            if (At(out, i) != Stored(dtype, acc)) ++wrong;
+          }
+          EXPECT_EQ(wrong, 0) << DTypeName(dtype) << " " << ReduceOpName(op)
+                              << " in_place=" << in_place;
         }
       }
     }

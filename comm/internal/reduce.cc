@@ -1,48 +1,75 @@
 #include "comm/internal/reduce.h"
 
 #include <algorithm>
+#include <vector>
 
 namespace comm {
 namespace internal {
 namespace {
 
+// Combines chunk j into the accumulator, element by element: contiguous loops the compiler
+// vectorises, while each element still combines the chunks in the order j = 0, 1, ...
+template <typename Acc, typename T, typename Load>
+void Combine(ReduceOp op, const T* chunk, int64_t k, Acc* acc, Load load) {
+  if (op == ReduceOp::kMax) {
+    for (int64_t i = 0; i < k; ++i) acc[i] = std::max(acc[i], static_cast<Acc>(load(chunk[i])));
+  } else {
+    for (int64_t i = 0; i < k; ++i) acc[i] += static_cast<Acc>(load(chunk[i]));
+  }
+}
+
+// Block by block through a stack accumulator (nothing allocated per call): every chunk's
+// block is read before the block of `out` is written, so `out` may be one of the chunks.
 template <typename T, typename Acc, typename Load, typename StoreFn>
-void ReduceChunksT(ReduceOp op, const T* chunks, int n, int64_t k, T* out, Load load,
-                   StoreFn store) {
-  for (int64_t i = 0; i < k; ++i) {
-    Acc acc = load(chunks[i]);
+void ReduceListT(ReduceOp op, const void* const* chunks, int n, int64_t k, void* out_bytes,
+                 Load load, StoreFn store) {
+  constexpr int64_t kBlock = 2048;
+  Acc acc[kBlock];
+  T* out = static_cast<T*>(out_bytes);
+  for (int64_t begin = 0; begin < k; begin += kBlock) {
+    const int64_t len = std::min(kBlock, k - begin);
+    const T* first = static_cast<const T*>(chunks[0]) + begin;
+    for (int64_t i = 0; i < len; ++i) acc[i] = static_cast<Acc>(load(first[i]));
     for (int j = 1; j < n; ++j) {
-      const Acc v = load(chunks[j * k + i]);
-      acc = op == ReduceOp::kMax ? std::max(acc, v) : acc + v;
+      Combine(op, static_cast<const T*>(chunks[j]) + begin, len, acc, load);
     }
-    if (op == ReduceOp::kAverage) acc = acc / static_cast<Acc>(n);
-    out[i] = store(acc);
+    if (op == ReduceOp::kAverage) {
+      const Acc d = static_cast<Acc>(n);
+      for (int64_t i = 0; i < len; ++i) acc[i] = acc[i] / d;
+    }
+    for (int64_t i = 0; i < len; ++i) out[begin + i] = store(acc[i]);
   }
 }
 
 }  // namespace
 
-void ReduceChunks(core::DType dtype, ReduceOp op, const void* chunks, int n, int64_t k,
-                  void* out) {
+void ReduceChunkList(core::DType dtype, ReduceOp op, const void* const* chunks, int n, int64_t k,
+                     void* out) {
   switch (dtype) {
-    case core::DType::kFloat32:
-      ReduceChunksT<float, float>(
-          op, static_cast<const float*>(chunks), n, k, static_cast<float*>(out),
-          [](float v) { return v; }, [](float v) { return v; });
+    case core::DType::kFloat32: {
+      const auto same = [](float v) { return v; };
+      ReduceListT<float, float>(op, chunks, n, k, out, same, same);
       break;
+    }
     case core::DType::kBFloat16:
-      ReduceChunksT<core::BFloat16, float>(
-          op, static_cast<const core::BFloat16*>(chunks), n, k, static_cast<core::BFloat16*>(out),
-          [](core::BFloat16 v) { return v.ToFloat(); },
+      ReduceListT<core::BFloat16, float>(
+          op, chunks, n, k, out, [](core::BFloat16 v) { return v.ToFloat(); },
           [](float v) { return core::BFloat16::FromFloat(v); });
       break;
     case core::DType::kInt32:
-      ReduceChunksT<int32_t, int64_t>(
-          op, static_cast<const int32_t*>(chunks), n, k, static_cast<int32_t*>(out),
-          [](int32_t v) { return static_cast<int64_t>(v); },
+      ReduceListT<int32_t, int64_t>(
+          op, chunks, n, k, out, [](int32_t v) { return static_cast<int64_t>(v); },
           [](int64_t v) { return static_cast<int32_t>(v); });
       break;
   }
+}
+
+void ReduceChunks(core::DType dtype, ReduceOp op, const void* chunks, int n, int64_t k,
+                  void* out) {
+  std::vector<const void*> list(static_cast<size_t>(n));
+  const int64_t bytes = k * core::DTypeSize(dtype);
+  for (int j = 0; j < n; ++j) list[j] = static_cast<const char*>(chunks) + j * bytes;
+  ReduceChunkList(dtype, op, list.data(), n, k, out);
 }
 
 void ReducePair(core::DType dtype, ReduceOp op, void* c, const void* a, const void* b,

@@ -17,6 +17,12 @@ namespace internal {
 void ReduceChunks(core::DType dtype, ReduceOp op, const void* chunks, int n, int64_t k,
                   void* out);
 
+// The same with chunk j at chunks[j] (k elements each) instead of contiguous. `out` may
+// be one of the chunks (in-place: element i of every chunk is read before out[i] is
+// written), but must not partly overlap one.
+void ReduceChunkList(core::DType dtype, ReduceOp op, const void* const* chunks, int n, int64_t k,
+                     void* out);
+
 // Elementwise c = a op b over `count` elements of `dtype` (sum or max), as gloo's
 // allreduce calls it. bf16 is not handled here (the backend reduces bf16 in fp32).
 void ReducePair(core::DType dtype, ReduceOp op, void* c, const void* a, const void* b,
