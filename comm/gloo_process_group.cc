@@ -267,7 +267,9 @@ void GlooProcessGroup::WorkerLoop() {
     if (status.ok()) {
       // NOTE [Who is to blame]: this rank has arrived at collective #seq.
       if (blame_ != nullptr) blame_->Arrived(op.seq);
+      const absl::Time started = absl::Now();
       status = RunOp(op);
+      op.work->SetRunTime(absl::Now() - started);
     }
     if (status.ok()) {
       stats_.Record(op.kind, op.traffic);

@@ -20,6 +20,17 @@ void CompletionWork::Complete(absl::Status status) {
   status_ = std::move(status);
 }
 
+void CompletionWork::SetRunTime(absl::Duration run_time) {
+  absl::MutexLock lock(&mu_);
+  run_time_ = run_time;
+}
+
+std::optional<absl::Duration> CompletionWork::RunTime() const {
+  absl::MutexLock lock(&mu_);
+  if (!done_) return std::nullopt;
+  return run_time_;
+}
+
 bool CompletionWork::IsCompleted() const {
   absl::MutexLock lock(&mu_);
   return done_;

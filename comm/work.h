@@ -32,6 +32,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -58,6 +59,12 @@ class Work {
 
   // What the work is, for messages: "AllGather #3 on gloo group 'world' (rank 1 of 4)".
   virtual std::string Describe() const = 0;
+  // How long the collective itself ran (from its start on the backend to its end, not
+  // counting time queued behind earlier collectives), once it has completed; nullopt
+  // while it runs or when the backend does not measure it (NCCL). With the host time a
+  // caller spent blocked in Wait, it tells how much of the collective overlapped the
+  // caller's work (fsdp::CommTiming).
+  virtual std::optional<absl::Duration> RunTime() const { return std::nullopt; }
 };
 
 // A Work finished by someone calling Complete(status), typically a worker thread.
@@ -81,6 +88,9 @@ class CompletionWork : public Work {
   bool IsCompleted() const override;
   absl::Status Wait(absl::Duration timeout) override;
   std::string Describe() const override { return description_; }
+  // Set by the backend before Complete(); RunTime() returns it once completed.
+  void SetRunTime(absl::Duration run_time);
+  std::optional<absl::Duration> RunTime() const override;
 
  private:
   const std::string description_;
@@ -88,6 +98,7 @@ class CompletionWork : public Work {
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   std::function<absl::Status(const std::string&)> diagnose_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Duration> run_time_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace comm

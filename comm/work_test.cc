@@ -34,5 +34,17 @@ TEST(CompletionWorkTest, DoneIsAlreadyComplete) {
   EXPECT_EQ(work->Describe(), "noop");
 }
 
+TEST(CompletionWorkTest, RunTimeIsKnownOnlyOnceCompleted) {
+  CompletionWork work("AllGather #1");
+  EXPECT_FALSE(work.RunTime().has_value());
+  work.SetRunTime(absl::Milliseconds(7));
+  EXPECT_FALSE(work.RunTime().has_value()) << "still running";
+  work.Complete(absl::OkStatus());
+  ASSERT_TRUE(work.RunTime().has_value());
+  EXPECT_EQ(*work.RunTime(), absl::Milliseconds(7));
+  EXPECT_FALSE(CompletionWork::Done(absl::OkStatus(), "x")->RunTime().has_value())
+      << "a backend that does not measure leaves it unknown";
+}
+
 }  // namespace
 }  // namespace comm

@@ -186,5 +186,56 @@ TEST(PrefetchTest, ReduceScatterOverlapsTheNextUnitsBackward) {
   EXPECT_TRUE(Before(bwd, std::string("reduce_done ") + kRoot, "backward_end"));
 }
 
+// NOTE [Comm overlap]: each all-gather and reduce-scatter a unit waits on is counted once
+// with the gloo backend's measured run time. One FULL_SHARD step of the 5-unit Gpt
+// gathers every unit twice (forward, then backward: every unit, the root included,
+// reshards after its forward) and reduces every unit once.
+TEST(CommTimingTest, CountsEveryWaitedCollectiveWithItsRunTime) {
+  testing::GptTrainingSetup setup = testing::TinySetup();
+  setup.gpt.n_layer = 4;
+  std::vector<CommTiming> timings(2);
+  absl::Status s = comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx)
+                                                        -> absl::Status {
+    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
+    ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
+    WrapperRegistry registry;
+    ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, testing::PerBlockOptions(ShardingStrategy::kFullShard),
+                                                 &registry));
+    ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(0, 4, setup.seq_len));
+    RETURN_IF_ERROR(testing::ForwardBackward(*gpt, batch).status());
+    const CommTiming first = registry.runtime().comm_timing();
+    registry.runtime().ResetCommTiming();
+    if (registry.runtime().comm_timing().all_gathers != 0) {
+      return absl::InternalError("ResetCommTiming left counts");
+    }
+    RETURN_IF_ERROR(testing::ForwardBackward(*gpt, batch).status());
+    timings[ctx.rank] = registry.runtime().comm_timing();
+    if (first.all_gathers != timings[ctx.rank].all_gathers) {
+      return absl::InternalError(absl::StrCat("steps differ: ", first.all_gathers, " vs ",
+                                              timings[ctx.rank].all_gathers, " all-gathers"));
+    }
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  for (const CommTiming& t : timings) {
+    EXPECT_EQ(t.all_gathers, 10);
+    EXPECT_EQ(t.reductions, 5);
+    EXPECT_GT(t.all_gather_run, absl::ZeroDuration());
+    EXPECT_GT(t.reduce_run, absl::ZeroDuration());
+    EXPECT_GE(t.all_gather_wait, absl::ZeroDuration());
+    const double hidden = CommTiming::Hidden(t.all_gather_run, t.all_gather_wait);
+    EXPECT_GE(hidden, 0.0);
+    EXPECT_LE(hidden, 1.0);
+  }
+}
+
+TEST(CommTimingTest, HiddenIsTheShareOfRunTimeNotWaitedFor) {
+  EXPECT_DOUBLE_EQ(CommTiming::Hidden(absl::Milliseconds(10), absl::Milliseconds(2)), 0.8);
+  EXPECT_DOUBLE_EQ(CommTiming::Hidden(absl::Milliseconds(10), absl::ZeroDuration()), 1.0);
+  // A wait longer than the run (queued behind earlier collectives) hides nothing.
+  EXPECT_DOUBLE_EQ(CommTiming::Hidden(absl::Milliseconds(1), absl::Milliseconds(5)), 0.0);
+  EXPECT_DOUBLE_EQ(CommTiming::Hidden(absl::ZeroDuration(), absl::Milliseconds(1)), 0.0);
+}
+
 }  // namespace
 }  // namespace fsdp

@@ -225,6 +225,20 @@ absl::Status Runtime::BackwardPost(const std::shared_ptr<Unit>& unit) {
   return absl::OkStatus();
 }
 
+CommTiming Runtime::comm_timing() const {
+  CommTiming total;
+  for (const std::weak_ptr<Unit>& weak : attached_) {
+    if (std::shared_ptr<Unit> unit = weak.lock()) total += unit->comm_timing();
+  }
+  return total;
+}
+
+void Runtime::ResetCommTiming() {
+  for (const std::weak_ptr<Unit>& weak : attached_) {
+    if (std::shared_ptr<Unit> unit = weak.lock()) unit->ResetCommTiming();
+  }
+}
+
 absl::Status Runtime::FinishAllReductions() {
   absl::Status first;
   while (!pending_reductions_.empty()) {

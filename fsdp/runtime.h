@@ -75,6 +75,10 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   // Waits for every pending reduction; the first error is returned after trying all.
   absl::Status FinishAllReductions();
 
+  // NOTE [Comm overlap] (unit.h): the sum over the attached units still alive.
+  CommTiming comm_timing() const;
+  void ResetCommTiming();
+
   // The event log (see the header comment).
   void set_record_events(bool record) { record_events_ = record; }
   bool record_events() const { return record_events_; }

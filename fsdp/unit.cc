@@ -1,5 +1,7 @@
 #include "fsdp/unit.h"
 
+#include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +10,22 @@
 #include "fsdp/device_ops.h"
 
 namespace fsdp {
+
+CommTiming& CommTiming::operator+=(const CommTiming& other) {
+  all_gathers += other.all_gathers;
+  all_gather_run += other.all_gather_run;
+  all_gather_wait += other.all_gather_wait;
+  reductions += other.reductions;
+  reduce_run += other.reduce_run;
+  reduce_wait += other.reduce_wait;
+  return *this;
+}
+
+double CommTiming::Hidden(absl::Duration run, absl::Duration wait) {
+  if (run <= absl::ZeroDuration()) return 0.0;
+  const double hidden = 1.0 - absl::FDivDuration(wait, run);
+  return std::min(1.0, std::max(0.0, hidden));
+}
 std::string UnitStateName(UnitState state) {
   switch (state) {
     case UnitState::kSharded:
@@ -132,7 +150,13 @@ absl::Status Unit::IssueUnshard(bool full_precision) {
 absl::Status Unit::FinishUnshard() {
   RETURN_IF_ERROR(CheckState(UnitState::kUnsharding, "finish unsharding"));
   if (gather_work_ != nullptr) {
+    const absl::Time wait_start = absl::Now();
     if (absl::Status s = gather_work_->Wait(options_.timeout); !s.ok()) return Fail(s);
+    if (const std::optional<absl::Duration> run = gather_work_->RunTime(); run.has_value()) {
+      ++comm_timing_.all_gathers;
+      comm_timing_.all_gather_run += *run;
+      comm_timing_.all_gather_wait += absl::Now() - wait_start;
+    }
     gather_work_.reset();
   }
   if (!full_exact_ && !gather_output_.SharesStorage(flat_->full())) {
@@ -260,7 +284,13 @@ absl::Status Unit::FinishReduction() {
   if (!reduce_pending_) return absl::OkStatus();
   RETURN_IF_ERROR(CheckUsable("finish a gradient reduction"));
   if (reduce_work_ != nullptr) {
+    const absl::Time wait_start = absl::Now();
     if (absl::Status s = reduce_work_->Wait(options_.timeout); !s.ok()) return Fail(s);
+    if (const std::optional<absl::Duration> run = reduce_work_->RunTime(); run.has_value()) {
+      ++comm_timing_.reductions;
+      comm_timing_.reduce_run += *run;
+      comm_timing_.reduce_wait += absl::Now() - wait_start;
+    }
     reduce_work_.reset();
   }
   if (groups_.replicate != nullptr) {

@@ -60,6 +60,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "comm/process_group.h"
 #include "comm/work.h"
 #include "core/module.h"
@@ -85,6 +86,25 @@ struct UnitGroups {
   std::shared_ptr<comm::ProcessGroup> replicate;  // null when there is one replica
   int shard_size = 1;
   int shard_rank = 0;
+};
+
+// NOTE [Comm overlap]: how much of a unit's collectives ran while its rank computed. For
+// each all-gather and reduce-scatter it waited on, a unit adds the collective's own run
+// time (comm::Work::RunTime) and the host time its Wait blocked; hidden = 1 - wait / run
+// is the part that overlapped other work (prefetch, NOTE [Prefetch] in options.h;
+// reductions finished one unit later). Collectives whose backend does not measure run
+// time (NCCL: its waits are stream-ordered) are not counted.
+struct CommTiming {
+  int64_t all_gathers = 0;
+  absl::Duration all_gather_run;
+  absl::Duration all_gather_wait;
+  int64_t reductions = 0;
+  absl::Duration reduce_run;
+  absl::Duration reduce_wait;
+
+  CommTiming& operator+=(const CommTiming& other);
+  // 1 - wait / run clamped to [0, 1]; 0 when nothing was measured.
+  static double Hidden(absl::Duration run, absl::Duration wait);
 };
 
 class Unit {
@@ -120,6 +140,9 @@ class Unit {
   bool full_is_exact() const { return state_ == UnitState::kUnsharded && full_exact_; }
   // True while a reduction issued by ReduceGradients has not been finished.
   bool reduction_pending() const { return reduce_pending_; }
+  // NOTE [Comm overlap]: this unit's collectives since it was created (or the last reset).
+  const CommTiming& comm_timing() const { return comm_timing_; }
+  void ResetCommTiming() { comm_timing_ = CommTiming(); }
 
   // --- Parameters (NOTE [Unit states]) ---
   // kSharded -> kUnsharding: allocates the full buffer and issues the all-gather of the
@@ -192,6 +215,7 @@ class Unit {
   absl::Status failure_;
 
   // In-flight all-gather: its work and the tensors it reads and writes.
+  CommTiming comm_timing_;
   std::shared_ptr<comm::Work> gather_work_;
   core::Tensor gather_input_;
   core::Tensor gather_output_;

@@ -51,6 +51,8 @@
 #include "core/cuda_device.h"
 #include "core/timeout.h"
 #include "core/status_macros.h"
+#include "fsdp/runtime.h"
+#include "fsdp/unit.h"
 #include "integration/charts/svg_chart.h"
 #include "integration/device_setup.h"
 #include "integration/gpt_module.h"
@@ -84,6 +86,9 @@ ABSL_FLAG(std::string, stage_config, "",
           "text-format StageConfig file (integration/stage.proto); its set fields override the flags");
 ABSL_FLAG(std::string, strategy, "FULL_SHARD", "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD");
 ABSL_FLAG(int, hybrid_shard_size, 0, "HYBRID_SHARD: ranks per shard group");
+ABSL_FLAG(bool, forward_prefetch, false,
+          "issue the next unit's all-gather when a unit's forward starts (FSDP's "
+          "forward_prefetch; its backward_prefetch is always on)");
 ABSL_FLAG(std::string, param_dtype, "float32", "mixed precision compute copy: float32 or bfloat16");
 ABSL_FLAG(int64_t, steps, 300, "training steps");
 ABSL_FLAG(int, batch_size, 16, "sequences per global training batch (a multiple of the world size)");
@@ -510,6 +515,7 @@ absl::Status RunJob(comm::Distributed& dist, absl::Duration timeout) {
     }
     options.wrap.strategy = *strategy;
     options.wrap.hybrid_shard_size = absl::GetFlag(FLAGS_hybrid_shard_size);
+    options.wrap.forward_prefetch = absl::GetFlag(FLAGS_forward_prefetch);
     ASSIGN_OR_RETURN(options.wrap.mixed_precision.param_dtype,
                      core::ParseDType(absl::GetFlag(FLAGS_param_dtype)));
     options.wrap.timeout = timeout;
@@ -621,8 +627,37 @@ absl::Status RunJob(comm::Distributed& dist, absl::Duration timeout) {
         say(absl::StrFormat("fit: %d steps of %d x %d tokens from global step %d",
                             options.fit_steps, options.train_batch_size, model_options.seq_len,
                             runner->GlobalStep(trained)));
+        runner->registry().runtime().ResetCommTiming();
         ASSIGN_OR_RETURN(integration::FitResult fit, runner->Fit(trained));
         say(absl::StrCat("fit: ", WrapLine(fit.report.wrap)));
+        {
+          // NOTE [Comm overlap] in fsdp/unit.h: this rank's collectives during the fit.
+          const fsdp::CommTiming c = runner->registry().runtime().comm_timing();
+          nlohmann::json overlap;
+          overlap["all_gathers"] = c.all_gathers;
+          overlap["all_gather_seconds"] = absl::ToDoubleSeconds(c.all_gather_run);
+          overlap["all_gather_wait_seconds"] = absl::ToDoubleSeconds(c.all_gather_wait);
+          overlap["all_gather_hidden"] = fsdp::CommTiming::Hidden(c.all_gather_run, c.all_gather_wait);
+          overlap["reductions"] = c.reductions;
+          overlap["reduce_seconds"] = absl::ToDoubleSeconds(c.reduce_run);
+          overlap["reduce_wait_seconds"] = absl::ToDoubleSeconds(c.reduce_wait);
+          overlap["reduce_hidden"] = fsdp::CommTiming::Hidden(c.reduce_run, c.reduce_wait);
+          overlap["what"] =
+              "rank 0's all-gathers and reduce-scatters during the fit: seconds they ran "
+              "(gloo; not measured on NCCL), seconds the rank blocked waiting for them, and "
+              "hidden = 1 - wait / run, the part that overlapped compute";
+          summary["comm_overlap"] = overlap;
+          if (c.all_gathers + c.reductions > 0) {
+            say(absl::StrFormat(
+                "fit: comm overlap: %d all-gathers ran %.3f s, waited %.3f s (%.0f%% hidden); "
+                "%d reduce-scatters ran %.3f s, waited %.3f s (%.0f%% hidden)",
+                c.all_gathers, absl::ToDoubleSeconds(c.all_gather_run),
+                absl::ToDoubleSeconds(c.all_gather_wait),
+                100 * fsdp::CommTiming::Hidden(c.all_gather_run, c.all_gather_wait), c.reductions,
+                absl::ToDoubleSeconds(c.reduce_run), absl::ToDoubleSeconds(c.reduce_wait),
+                100 * fsdp::CommTiming::Hidden(c.reduce_run, c.reduce_wait)));
+          }
+        }
         if (fit.report.wrap.reused) bytes_copied_on_rewrap += fit.report.wrap.param_bytes_copied;
         for (size_t i = 0; i < fit.losses.size(); ++i) {
           loss_points.push_back({static_cast<double>(fit.first_step + i + 1), fit.losses[i]});
