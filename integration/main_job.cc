@@ -647,6 +647,17 @@ absl::Status RunJob(comm::Distributed& dist, absl::Duration timeout) {
               "(gloo; not measured on NCCL), seconds the rank blocked waiting for them, and "
               "hidden = 1 - wait / run, the part that overlapped compute";
           summary["comm_overlap"] = overlap;
+          // The units' sizes, for memory bounds computed from them (bench/cpu).
+          nlohmann::json units = nlohmann::json::array();
+          if (std::shared_ptr<core::Module> model = trained.model()) {
+            for (const std::shared_ptr<fsdp::Unit>& u : runner->registry().UnitsIn(*model)) {
+              units.push_back({{"label", u->label()},
+                               {"numel", u->flat().numel()},
+                               {"padded_numel", u->flat().padded_numel()}});
+            }
+          }
+          summary["fsdp_units"] = units;
+          summary["limit_all_gathers"] = options.wrap.limit_all_gathers;
           if (c.all_gathers + c.reductions > 0) {
             say(absl::StrFormat(
                 "fit: comm overlap: %d all-gathers ran %.3f s, waited %.3f s (%.0f%% hidden); "
