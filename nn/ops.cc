@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "oneapi/dnnl/dnnl.h"
 #include "oneapi/dnnl/dnnl_debug.h"
 
@@ -61,8 +62,10 @@ absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
 
 std::string GemmLibrary() {
   const dnnl_version_t* v = dnnl_version();
-  return absl::StrCat("oneDNN ", v->major, ".", v->minor, ".", v->patch, " (isa ",
-                      dnnl_cpu_isa2str(dnnl_get_effective_cpu_isa()), ")");
+  // dnnl_cpu_isa2str names e.g. "cpu_isa_avx2"; the prefix says nothing.
+  absl::string_view isa = dnnl_cpu_isa2str(dnnl_get_effective_cpu_isa());
+  absl::ConsumePrefix(&isa, "cpu_isa_");
+  return absl::StrCat("oneDNN ", v->major, ".", v->minor, ".", v->patch, " (isa ", isa, ")");
 }
 
 absl::Status SetIntraOpThreads(int n) {
