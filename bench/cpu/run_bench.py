@@ -158,8 +158,8 @@ def run_scaling(args, c, steps, ranks, scaling_ranks, results):
             entry["ours"][key] = {"tokens_per_second_median": statistics.median(o),
                                   "tokens_per_second_runs": o}
             entry["pytorch"][key] = {"tokens_per_second_median": statistics.median(t),
-                                     "tokens_per_second_runs": t,
-                                     "load_average_per_run": loads}
+                                     "tokens_per_second_runs": t}
+            entry.setdefault("load_average_per_run", {})[key] = loads
         o_med = entry["ours"][key]["tokens_per_second_median"]
         t_med = entry["pytorch"][key]["tokens_per_second_median"]
         entry["ratio_ours_over_pytorch"][key] = o_med / t_med if t_med > 0 else None
