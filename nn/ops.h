@@ -34,9 +34,10 @@ namespace nn {
 // address column blocks, e.g. one attention head inside a [T, 3C] buffer. With
 // beta == 1 the product is added to C (gradient accumulation); with beta == 0 C's old
 // contents are ignored, even NaN (C is written, never read). Any of m, n, k may be 0
-// (k == 0 scales C by beta without reading A or B). Runs on IntraOpThreads() threads; the
-// result may differ in the last bits between thread counts (oneDNN may split K), never
-// between two runs with the same count. Returns an error naming the shape and strides
+// (k == 0 scales C by beta without reading A or B). Runs on up to IntraOpThreads()
+// threads (oneDNN uses fewer on small shapes); the result may differ in the last bits
+// between thread counts (oneDNN may split K: ops_test measured it), never between two
+// runs with the same count. Returns an error naming the shape and strides
 // when oneDNN refuses the call (e.g. a row stride smaller than its row); C is then
 // unspecified.
 absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
