@@ -15,6 +15,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -156,6 +157,12 @@ std::vector<std::string> ChildEnvironment(const LaunchOptions& o, int rank,
   env.push_back(absl::StrCat("MASTER_PORT=", o.master_port));
   if (!secret.empty()) env.push_back(absl::StrCat(kJobSecretEnv, "=", secret));
   if (!error_dir.empty()) env.push_back(absl::StrCat(kErrorFileEnv, "=", ErrorFileOf(error_dir, rank)));
+  // Intra-op threads (OpenMP: oneDNN's GEMMs, the library's loops): the hardware threads
+  // shared by the ranks, as torchrun does, unless the caller chose a count (kept above).
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+    const int hardware = static_cast<int>(std::thread::hardware_concurrency());
+    env.push_back(absl::StrCat("OMP_NUM_THREADS=", std::max(1, hardware / std::max(1, o.nproc))));
+  }
   return env;
 }
 

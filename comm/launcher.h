@@ -28,6 +28,9 @@
 // one per job: the rendezvous store admits only clients that prove it) and
 // FSDP_ERROR_FILE, where the rank records its failure before tearing anything down
 // (comm/failure.h, RecordFailure).
+// When the launcher's own environment does not set OMP_NUM_THREADS, each rank gets
+// OMP_NUM_THREADS = max(1, hardware threads / nproc), so N ranks of an OpenMP program
+// do not oversubscribe the machine; a value the caller set is passed on unchanged.
 //
 // Failure handling: the first rank to exit with a non-zero status or by a signal is
 // reported ("launch: rank 1 failed: killed by signal 9 (Killed)"); the other ranks get

@@ -6,10 +6,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -114,6 +116,31 @@ TEST(LaunchTest, SetsTheTorchrunEnvironmentAndPrefixesEveryLine) {
   EXPECT_NE(port, "0");
   for (int r = 0; r < 3; ++r) {
     EXPECT_TRUE(Contains(c.out, absl::StrCat("127.0.0.1 ", port, "\n"))) << c.out;
+  }
+}
+
+TEST(LaunchTest, RanksGetHardwareThreadsOverNprocUnlessOmpNumThreadsIsSet) {
+  const char* saved = std::getenv("OMP_NUM_THREADS");
+  const std::string saved_value = saved != nullptr ? saved : "";
+  LaunchOptions o;
+  o.nproc = 2;
+  const std::string script = "echo \"omp=$OMP_NUM_THREADS\"";
+  ASSERT_EQ(::unsetenv("OMP_NUM_THREADS"), 0);
+  Captured unset = RunLaunch(o, script);
+  ASSERT_EQ(::setenv("OMP_NUM_THREADS", "5", 1), 0);
+  Captured set = RunLaunch(o, script);
+  if (saved != nullptr) {
+    ::setenv("OMP_NUM_THREADS", saved_value.c_str(), 1);
+  } else {
+    ::unsetenv("OMP_NUM_THREADS");
+  }
+  EXPECT_EQ(unset.exit_code, 0) << unset.err;
+  EXPECT_EQ(set.exit_code, 0) << set.err;
+  const int expected = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / 2);
+  for (int r = 0; r < 2; ++r) {
+    const std::string p = absl::StrCat("[rank ", r, "] ");
+    EXPECT_TRUE(Contains(unset.out, p + absl::StrCat("omp=", expected, "\n"))) << unset.out;
+    EXPECT_TRUE(Contains(set.out, p + "omp=5\n")) << set.out;
   }
 }
 

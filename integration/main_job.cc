@@ -29,6 +29,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -60,6 +61,7 @@
 #include "integration/stage_options.h"
 #include "integration/stage_runner.h"
 #include "nlohmann/json.hpp"
+#include "nn/ops.h"
 #include "policy/plan.h"
 #include "policy/wrap_policy.h"
 
@@ -105,6 +107,9 @@ ABSL_FLAG(double, lr, 1e-2, "AdamW peak learning rate");
 ABSL_FLAG(double, weight_decay, 0.0, "AdamW decoupled weight decay");
 ABSL_FLAG(int64_t, warmup_steps, 20, "linear learning-rate warm-up steps");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the model initialisation and of the language");
+ABSL_FLAG(int, intra_op_threads, 0,
+          "threads each rank's GEMMs and OpenMP loops use (nn::SetIntraOpThreads); 0 = auto: "
+          "OMP_NUM_THREADS when set, else max(1, hardware threads / ranks on this host)");
 ABSL_FLAG(int64_t, log_every, 25, "progress line every this many steps");
 ABSL_FLAG(double, timeout_s, 300,
           "deadline in seconds of every collective and of joining the job, in [0.001, 604800] "
@@ -197,6 +202,10 @@ std::string SummaryTable(const nlohmann::json& s) {
   row("world size / backend / strategy",
       absl::StrCat(s["world_size"].get<int>(), " / ", s["backend"].get<std::string>(), " / ",
                    s["strategy"].get<std::string>()));
+  if (s.contains("intra_op_threads")) {
+    row("intra-op threads per rank / GEMM",
+        absl::StrCat(s["intra_op_threads"].get<int>(), " / ", s["gemm_library"].get<std::string>()));
+  }
   row("model parameters", absl::StrCat(s["model_parameters"].get<int64_t>()));
   row("stages", s["stages"].get<std::string>());
   row("global steps", absl::StrCat(s["global_step"].get<int64_t>()));
@@ -397,6 +406,23 @@ int LocalRanks(int world) {
   return world;
 }
 
+// The intra-op thread count of each rank: --intra_op_threads, or when it is 0, the
+// environment's OMP_NUM_THREADS (a launcher's or the user's choice), else the hardware
+// threads shared by the ranks on this host.
+absl::StatusOr<int> IntraOpThreadsFor(int world) {
+  const int flag = absl::GetFlag(FLAGS_intra_op_threads);
+  if (flag < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--intra_op_threads=", flag, ": must be >= 1, or 0 for auto"));
+  }
+  if (flag > 0) return flag;
+  int n = 0;
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  if (env != nullptr && absl::SimpleAtoi(env, &n) && n >= 1) return n;
+  const int hardware = static_cast<int>(std::thread::hardware_concurrency());
+  return std::max(1, hardware / LocalRanks(world));
+}
+
 bool g_failure_reported = false;
 
 // Records this rank's failure in its error file (comm/failure.h), then prints it, while
@@ -477,10 +503,13 @@ absl::Status RunJob(comm::Distributed& dist, absl::Duration timeout) {
   std::vector<integration::Stage> stages;
   integration::StageOptions options;
   std::unique_ptr<FaultInjector> fault;
+  int intra_op_threads = 0;
   // Setting up can fail on some ranks only (a configuration file one host cannot read):
   // every rank learns the outcome before the first collective, and all fail alike.
   const absl::Status setup = [&]() -> absl::Status {
     if (rank == 0) RETURN_IF_ERROR(MakeDirs(output_dir));
+    ASSIGN_OR_RETURN(intra_op_threads, IntraOpThreadsFor(world));
+    RETURN_IF_ERROR(nn::SetIntraOpThreads(intra_op_threads));
     model_options.model.vocab_size = absl::GetFlag(FLAGS_vocab_size);
     model_options.model.block_size = absl::GetFlag(FLAGS_block_size);
     model_options.model.n_embd = absl::GetFlag(FLAGS_n_embd);
@@ -573,12 +602,14 @@ absl::Status RunJob(comm::Distributed& dist, absl::Duration timeout) {
 
   say(absl::StrFormat(
       "main job: GPT (vocab %d, context %d, width %d, %d layers, %d heads, %d parameters) on a "
-      "Markov language of order %d; %d ranks (%s, %s), %s, stages %s",
+      "Markov language of order %d; %d ranks (%s, %s), %s, stages %s; %d intra-op threads per "
+      "rank, GEMM %s",
       model_options.model.vocab_size, model_options.model.block_size, model_options.model.n_embd,
       model_options.model.n_layer, model_options.model.n_head,
       module->model()->NumParameterElements(), model_options.language.order, world,
       dist.group->backend_name(), dist.device.ToString(),
-      fsdp::ShardingStrategyName(options.wrap.strategy), absl::GetFlag(FLAGS_stages)));
+      fsdp::ShardingStrategyName(options.wrap.strategy), absl::GetFlag(FLAGS_stages),
+      intra_op_threads, nn::GemmLibrary()));
   if (module->language().vocab_size() != model_options.model.vocab_size) {
     say(absl::StrFormat("main job: the Markov language uses token ids 0..%d of the model's %d "
                         "(its transition table is dense; NOTE [Language vocabulary] in "
@@ -588,6 +619,8 @@ absl::Status RunJob(comm::Distributed& dist, absl::Duration timeout) {
 
   nlohmann::json summary;
   summary["world_size"] = world;
+  summary["intra_op_threads"] = intra_op_threads;
+  summary["gemm_library"] = nn::GemmLibrary();
   summary["backend"] = dist.group->backend_name();
   summary["device"] = dist.device.is_cuda() ? "cuda" : "cpu";
   summary["language_vocab_size"] = module->language().vocab_size();
@@ -837,6 +870,11 @@ int LaunchLocalRanks(int argc, char** argv) {
   if (absl::Status s = integration::ParseShardingStrategy(absl::GetFlag(FLAGS_strategy)).status();
       !s.ok()) {
     std::fprintf(stderr, "main job: --strategy: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  if (absl::GetFlag(FLAGS_intra_op_threads) < 0) {
+    std::fprintf(stderr, "main job: --intra_op_threads=%d must be >= 1, or 0 for auto\n",
+                 absl::GetFlag(FLAGS_intra_op_threads));
     return 1;
   }
   if (absl::Status s = core::TimeoutFromSeconds(absl::GetFlag(FLAGS_timeout_s), "--timeout_s").status(); !s.ok()) {

@@ -1,4 +1,4 @@
-// MatMul of nn/tensor_ops.h: OpenBLAS per matrix on the CPU, cuBLASLt on CUDA.
+// MatMul of nn/tensor_ops.h: oneDNN (nn::Gemm) per matrix on the CPU, cuBLASLt on CUDA.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -136,7 +136,7 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
 #endif
   }
 
-  // CPU: OpenBLAS sgemm per matrix of the batch; bf16 operands are widened exactly.
+  // CPU: oneDNN sgemm per matrix of the batch; bf16 operands are widened exactly.
   std::vector<float> wide_a, wide_b;
   const float* a = nullptr;
   const float* b = nullptr;
@@ -154,8 +154,13 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
   }
   float* c = MutF32(g.c.tensor) + g.c.offset;
   for (int64_t i = 0; i < g.batch; ++i) {
-    Gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, a + i * g.a.batch_stride, sa.ld,
-         b + i * g.b.batch_stride, sb.ld, g.beta, c + i * g.c.batch_stride, sc.ld);
+    const absl::Status status =
+        Gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, a + i * g.a.batch_stride, sa.ld,
+             b + i * g.b.batch_stride, sb.ld, g.beta, c + i * g.c.batch_stride, sc.ld);
+    if (!status.ok()) {
+      return absl::Status(status.code(), absl::StrCat(what, ": matrix ", i, " of ", g.batch,
+                                                      ": ", status.message()));
+    }
   }
   return absl::OkStatus();
 }

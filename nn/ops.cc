@@ -1,43 +1,86 @@
 #include "nn/ops.h"
 
-#include <cblas.h>
+#include <omp.h>
 
+#include <atomic>
 #include <cmath>
 #include <vector>
 
-namespace nn {
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "oneapi/dnnl/dnnl.h"
+#include "oneapi/dnnl/dnnl_debug.h"
 
-void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
+namespace nn {
+namespace {
+
+// The count SetIntraOpThreads set (0: never set, OpenMP's default). OpenMP's thread count
+// is an attribute of each calling thread, so Gemm brings its caller's count in line.
+std::atomic<int> g_intra_op_threads{0};
+
+void UseIntraOpThreads() {
+  const int want = g_intra_op_threads.load(std::memory_order_relaxed);
+  if (want > 0 && omp_get_max_threads() != want) omp_set_num_threads(want);
+}
+
+}  // namespace
+
+absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                  int64_t ldc) {
+  if (m == 0 || n == 0) return absl::OkStatus();
   if (k == 0) {
-    // BLAS would do this too, but some implementations read A/B anyway; be explicit.
+    // C = beta * C without touching A or B (BLAS libraries differ in what they read here).
     for (int64_t i = 0; i < m; ++i) {
       float* row = c + i * ldc;
       for (int64_t j = 0; j < n; ++j) row[j] = beta == 0.0f ? 0.0f : beta * row[j];
     }
-    return;
+    return absl::OkStatus();
   }
-  if (beta == 0.0f) {
-    // BLAS treats beta == 0 as "ignore C", but make that explicit for NaN garbage in
-    // freshly allocated outputs.
-    for (int64_t i = 0; i < m; ++i) {
-      float* row = c + i * ldc;
-      for (int64_t j = 0; j < n; ++j) row[j] = 0.0f;
-    }
+  // No zero-fill before beta == 0: oneDNN writes C without reading it then (ops_test
+  // checks this with C full of NaN).
+  UseIntraOpThreads();
+  const dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha,
+                                          a, lda, b, ldb, beta, c, ldc);
+  if (status != dnnl_success) {
+    return absl::InternalError(absl::StrCat(
+        "nn::Gemm: oneDNN dnnl_sgemm failed (", dnnl_status2str(status), ") on C[", m, ", ", n,
+        "] = ", alpha, " * A", trans_a ? "^T" : "", "[", m, ", ", k, "] * B", trans_b ? "^T" : "",
+        "[", k, ", ", n, "] + ", beta, " * C with row strides lda ", lda, ", ldb ", ldb, ", ldc ",
+        ldc));
   }
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
-              static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
-              static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+  return absl::OkStatus();
 }
 
-void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-          const float* b, float beta, float* c) {
+absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                  const float* a, const float* b, float beta, float* c) {
   const int64_t lda = trans_a ? m : k;
   const int64_t ldb = trans_b ? k : n;
-  Gemm(trans_a, trans_b, m, n, k, alpha, a, lda > 0 ? lda : 1, b, ldb > 0 ? ldb : 1, beta, c,
-       n > 0 ? n : 1);
+  return Gemm(trans_a, trans_b, m, n, k, alpha, a, lda > 0 ? lda : 1, b, ldb > 0 ? ldb : 1, beta,
+              c, n > 0 ? n : 1);
+}
+
+std::string GemmLibrary() {
+  const dnnl_version_t* v = dnnl_version();
+  // dnnl_cpu_isa2str names e.g. "cpu_isa_avx2"; the prefix says nothing.
+  absl::string_view isa = dnnl_cpu_isa2str(dnnl_get_effective_cpu_isa());
+  absl::ConsumePrefix(&isa, "cpu_isa_");
+  return absl::StrCat("oneDNN ", v->major, ".", v->minor, ".", v->patch, " (isa ", isa, ")");
+}
+
+absl::Status SetIntraOpThreads(int n) {
+  if (n < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nn::SetIntraOpThreads: intra-op threads must be >= 1, got ", n));
+  }
+  g_intra_op_threads.store(n, std::memory_order_relaxed);
+  omp_set_num_threads(n);
+  return absl::OkStatus();
+}
+
+int IntraOpThreads() {
+  const int set = g_intra_op_threads.load(std::memory_order_relaxed);
+  return set > 0 ? set : omp_get_max_threads();
 }
 
 int64_t RowsOf(const core::Shape& shape) {

@@ -1,11 +1,13 @@
-// CPU fp32 math on raw pointers: a row-major GEMM over OpenBLAS, a few elementwise and
-// reduction helpers, and random fills for initialisation. The layers compute through the
-// device- and dtype-aware nn/tensor_ops.h (whose CPU side uses Gemm below); these
-// pointer functions stay for CPU callers.
+// CPU fp32 math on raw pointers: a row-major GEMM over oneDNN (dnnl_sgemm), the intra-op
+// thread count of the process, a few elementwise and reduction helpers, and random fills
+// for initialisation. The layers compute through the device- and dtype-aware
+// nn/tensor_ops.h (whose CPU side uses Gemm below); these pointer functions stay for CPU
+// callers.
 //
+//   RETURN_IF_ERROR(nn::SetIntraOpThreads(2));  // GEMMs and OpenMP loops use 2 threads
 //   // y[R, out] = x[R, in] * W[out, in]^T, then gW[out, in] += g[R, out]^T * x[R, in]
-//   nn::Gemm(false, true, R, out, in, 1.0f, x, w, 0.0f, y);
-//   nn::Gemm(true, false, out, in, R, 1.0f, g, x, 1.0f, gw);
+//   RETURN_IF_ERROR(nn::Gemm(false, true, R, out, in, 1.0f, x, w, 0.0f, y));
+//   RETURN_IF_ERROR(nn::Gemm(true, false, out, in, R, 1.0f, g, x, 1.0f, gw));
 //
 // Layers act on the last dimension of their input and treat every leading dimension
 // as a row: RowsOf({B, T, C}) == B * T. Core tensors are contiguous, so a tensor is a
@@ -17,7 +19,9 @@
 #define NN_OPS_H_
 
 #include <cstdint>
+#include <string>
 
+#include "absl/status/status.h"
 #include "core/random.h"
 #include "core/tensor.h"
 
@@ -29,13 +33,35 @@ namespace nn {
 // strides of the matrices as stored (>= their stored column count), which lets callers
 // address column blocks, e.g. one attention head inside a [T, 3C] buffer. With
 // beta == 1 the product is added to C (gradient accumulation); with beta == 0 C's old
-// contents are ignored, even NaN. Any of m, n, k may be 0 (k == 0 scales C by beta).
-void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+// contents are ignored, even NaN (C is written, never read). Any of m, n, k may be 0
+// (k == 0 scales C by beta without reading A or B). Runs on up to IntraOpThreads()
+// threads (oneDNN uses fewer on small shapes); the result may differ in the last bits
+// between thread counts (oneDNN may split K: ops_test measured it), never between two
+// runs with the same count. Returns an error naming the shape and strides
+// when oneDNN refuses the call (e.g. a row stride smaller than its row); C is then
+// unspecified.
+absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                  int64_t ldc);
 
 // Gemm on densely stored matrices (each row stride equals its stored column count).
-void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-          const float* b, float beta, float* c);
+absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                  const float* a, const float* b, float beta, float* c);
+
+// The GEMM library and the instruction set it chose on this CPU at run time, e.g.
+// "oneDNN 2.6.3 (isa avx2)" (the ISA is the most capable one oneDNN may use here).
+std::string GemmLibrary();
+
+// Sets the number of threads every later Gemm in this process, on any thread, runs on,
+// and calls omp_set_num_threads(n) for the calling thread's OpenMP loops. OpenMP loops of
+// the library that may run on other threads ask for the count explicitly:
+// `#pragma omp parallel for num_threads(nn::IntraOpThreads())`. n must be >= 1, else
+// InvalidArgument naming the value (and nothing changes). Thread-safe.
+absl::Status SetIntraOpThreads(int n);
+
+// The count SetIntraOpThreads last set; before any call, OpenMP's default for this
+// thread (OMP_NUM_THREADS, else the number of hardware threads). Always >= 1.
+int IntraOpThreads();
 
 // Product of all dimensions but the last (1 for a 1-D shape, 0 for a scalar {}): the
 // number of rows a layer acting on the last dimension sees.

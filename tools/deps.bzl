@@ -32,7 +32,7 @@ FSDP_REPOSITORIES = {
     "com_google_googletest": "GoogleTest 1.12 (libgtest-dev), //:gtest, //:gtest_main",
     "com_github_google_benchmark": "Google Benchmark 1.7 (libbenchmark-dev)",
     "gloo": "Gloo 2022-05-18 snapshot (libgloo-dev), TCP transport",
-    "openblas": "OpenBLAS 0.3.21 (libopenblas-dev)",
+    "onednn": "oneDNN 2.6.3 (libdnnl-dev), //:onednn (dnnl_sgemm) and //:openmp (libgomp)",
     "nlohmann_json": "nlohmann-json 3.11 (nlohmann-json3-dev)",
     "cuda": "CUDA 13 at /usr/local/cuda (cudart, cuBLAS, NCCL 2.28); --config=cuda only",
 }
@@ -99,7 +99,7 @@ _SYSTEM_LIBRARIES = {
     "com_google_googletest": "gtest",
     "com_github_google_benchmark": "benchmark",
     "gloo": "gloo",
-    "openblas": "openblas",
+    "onednn": "onednn",
     "nlohmann_json": "nlohmann_json",
 }
 

@@ -19,7 +19,7 @@ PACKAGES=(
   libgmock-dev
   libbenchmark-dev
   libgloo-dev
-  libopenblas-dev
+  libdnnl-dev          # oneDNN 2.6: CPU GEMM (dnnl_sgemm); pulls libdnnl2, libgomp1, an OpenCL ICD loader
   nlohmann-json3-dev
   iproute2             # network namespaces for the multi-host test
 )

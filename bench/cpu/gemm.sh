@@ -27,7 +27,9 @@ build_shim() {  # out src flags...
 build_shim "$SHIMS/eigen_x86_64.so" bench/cpu/eigen_shim.cc -O2 -I"$ROOT/usr/include/eigen3"
 build_shim "$SHIMS/eigen_avx2_fma.so" bench/cpu/eigen_shim.cc -O2 -mavx2 -mfma -I"$ROOT/usr/include/eigen3"
 build_shim "$SHIMS/xsmm.so" bench/cpu/xsmm_shim.cc -O2 -I"$ROOT/usr/include" \
-  -Wl,--whole-archive "$ROOT/usr/lib/libxsmm.a" -Wl,--no-whole-archive -lopenblas -lpthread -ldl -lm
+  -Wl,--whole-archive "$ROOT/usr/lib/libxsmm.a" -Wl,--no-whole-archive \
+  -L"$LIB/openblas-pthread" -Wl,-rpath,"$LIB/openblas-pthread" -Wl,-rpath,"$LIB" -lopenblas \
+  -lpthread -ldl -lm
 
 bazel build -c opt //bench/cpu:gemm_bench >&2
 
@@ -38,15 +40,19 @@ for a in "$@"; do
 done
 if [ "$quick" = 1 ]; then args=(--configs="64,32,64,2,4,16" --min_seconds=0.03 "${args[@]}"); fi
 
-# The first --lib is the one the library links today (gemm_bench's "speedup_vs_" baseline).
+# The first --lib is the one the library links today (gemm_bench's "speedup_vs_" baseline):
+# oneDNN, installed by tools/setup.sh (libdnnl-dev). The OpenBLAS the library linked until
+# issue 12 is the openblas-pthread one (unpacked here, like the others).
 exec bazel-bin/bench/cpu/gemm_bench \
   --preload="$LIB/libOpenCL.so.1" \
-  --lib=openblas-pthread:cblas:/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \
+  --preload="$LIB/libquadmath.so.0" \
+  --preload="$LIB/libgfortran.so.5" \
+  --lib=onednn:dnnl:/usr/lib/x86_64-linux-gnu/libdnnl.so.2 \
+  --lib=openblas-pthread:cblas:"$LIB/openblas-pthread/libopenblas.so.0" \
   --lib=openblas-openmp:cblas:"$LIB/openblas-openmp/libopenblas.so.0" \
   --lib=blis-serial:cblas:"$LIB/blis-serial/libblis.so.4" \
   --lib=blis-pthread:cblas:"$LIB/blis-pthread/libblis.so.4" \
   --lib=blis-openmp:cblas:"$LIB/blis-openmp/libblis.so.4" \
-  --lib=onednn:dnnl:"$LIB/libdnnl.so.2" \
   --lib=libxsmm:shim:"$SHIMS/xsmm.so" \
   --lib=eigen-x86_64:shim:"$SHIMS/eigen_x86_64.so" \
   --lib=eigen-avx2-fma:shim:"$SHIMS/eigen_avx2_fma.so" \

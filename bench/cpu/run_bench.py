@@ -7,7 +7,7 @@ document (and, after every strategy pair, what is done so far in <--out>/partial
 tokens/s, the ratio ours / theirs, peak memory by tag (ours, from main_job's
 summary.json) and peak RSS (theirs), parameter counts (checked equal: the script exits 1
 if they differ), the load average before and after every run, and the GEMM library each
-side uses.
+side uses (ours: main_job's summary, e.g. "oneDNN 2.6.3 (isa avx2)").
 
 Pairs: our FULL_SHARD vs PyTorch FSDP2, our NO_SHARD vs DDP, our SHARD_GRAD_OP vs FSDP1
 SHARD_GRAD_OP. Both sides: --world_size ranks x --threads intra-op threads, fp32 AdamW,
@@ -15,6 +15,11 @@ the same global batch and sequence length; tokens/s over the steps of the fit (s
 wrapping and checkpointing excluded on both sides; PyTorch's first step, where FSDP
 initialises lazily, excluded too: bench/cpu/torch_gpt.py). The PyTorch ranks start once
 and serve every run (torch_gpt.TorchRanks); each of our runs is one main_job.
+
+Scaling (issue 12 item 4; --scaling=false skips it): for each config, FULL_SHARD vs FSDP2
+on 1 rank x 2 intra-op threads and on 2 ranks x 1 thread (the latter taken from the main
+results when they ran exactly that), printed as "scaling": tokens/s of each layout, the
+ratio 1x2 / 2x1 on each side and ours / PyTorch for each layout.
 """
 
 import argparse
@@ -44,30 +49,38 @@ def label(c):
 
 
 def thread_env(threads):
-    # Our ranks' intra-op threads are OpenBLAS's (the library has no thread option yet,
-    # issue 12 item 4): one thread per rank as torch.set_num_threads(1) on the other side.
+    # main_job gets --intra_op_threads=N (nn::SetIntraOpThreads: oneDNN's GEMMs and the
+    # library's OpenMP loops); OMP_NUM_THREADS says the same to anything else OpenMP, as
+    # torch.set_num_threads(N) on the other side.
     env = dict(os.environ)
-    env["OPENBLAS_NUM_THREADS"] = str(threads)
     env["OMP_NUM_THREADS"] = str(threads)
     return env
 
 
-def run_ours(args, c, strategy, steps, run_index):
-    out_dir = os.path.join(args.out, f"ours_{c['V']}_{c['T']}_{c['C']}_{strategy}_{run_index}")
-    cmd = [args.main_job, f"--world_size={args.world_size}", f"--strategy={strategy}",
+def run_ours(args, c, strategy, steps, run_index, world_size=None, threads=None):
+    world_size = world_size or args.world_size
+    threads = threads or args.threads
+    out_dir = os.path.join(args.out, f"ours_{c['V']}_{c['T']}_{c['C']}_{strategy}_"
+                                     f"{world_size}x{threads}_{run_index}")
+    cmd = [args.main_job, f"--world_size={world_size}", f"--intra_op_threads={threads}",
+           f"--strategy={strategy}",
            "--stages=fit", "--release=false", f"--steps={steps}", f"--batch_size={c['B']}",
            f"--seq_len={c['T']}", f"--block_size={c['T']}", f"--vocab_size={c['V']}",
            f"--n_embd={c['C']}", f"--n_layer={c['L']}", f"--n_head={c['H']}",
            f"--log_every={steps}", f"--output_dir={out_dir}"]
     before = load()
-    proc = subprocess.run(cmd, env=thread_env(args.threads), capture_output=True, text=True,
+    proc = subprocess.run(cmd, env=thread_env(threads), capture_output=True, text=True,
                           timeout=args.run_timeout_s)
     if proc.returncode != 0:
         raise RuntimeError(f"ours {strategy} {label(c)} failed (exit {proc.returncode}): "
                            f"{' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     with open(os.path.join(out_dir, "summary.json")) as f:
         s = json.load(f)
+    if s.get("intra_op_threads") != threads:
+        raise RuntimeError(f"ours {strategy} {label(c)}: main_job ran {s.get('intra_op_threads')} "
+                           f"intra-op threads, asked for {threads}")
     return {"tokens_per_second": s["tokens_per_second"],
+            "gemm_library": s.get("gemm_library"),
             "model_parameters": s["model_parameters"],
             "peak_bytes_per_rank": s["peak_bytes_per_rank"],
             "load_before": before, "load_after": load()}
@@ -83,14 +96,14 @@ def run_theirs(ranks, c, strategy, steps):
 
 
 def our_gemm_library(main_job):
-    """The BLAS main_job links (ldd) and, for OpenBLAS, the kernels it picks on this CPU."""
+    """The GEMM libraries main_job links (ldd) and, for OpenBLAS, the kernels it picks."""
     info = {}
     try:
         ldd = subprocess.run(["ldd", main_job], capture_output=True, text=True).stdout
     except OSError as e:
         return {"error": str(e)}
     for line in ldd.splitlines():
-        m = re.match(r"\s*(\S*(?:blas|blis|dnnl|xsmm|mkl)\S*)\s+=>\s+(\S+)", line)
+        m = re.match(r"\s*(\S*(?:blas|blis|dnnl|xsmm|mkl|gomp)\S*)\s+=>\s+(\S+)", line)
         if m:
             path = os.path.realpath(m.group(2))
             info[m.group(1)] = path
@@ -103,6 +116,58 @@ def our_gemm_library(main_job):
             except OSError as e:
                 info["load_error"] = str(e)
     return info
+
+
+SCALING_LAYOUTS = [(1, 2), (2, 1)]  # (ranks, intra-op threads per rank)
+
+
+def run_scaling(args, c, steps, ranks, scaling_ranks, results):
+    """FULL_SHARD vs FSDP2 of config c on each layout of SCALING_LAYOUTS, runs interleaved."""
+    from torch_gpt import TorchRanks
+    entry = {"config": label(c), "steps": steps, "strategy": ["FULL_SHARD", "FSDP2"],
+             "ours": {}, "pytorch": {}, "ratio_ours_over_pytorch": {}}
+    for world, threads in SCALING_LAYOUTS:
+        key = f"{world}x{threads}"
+        reuse = [r for r in results if r["config"] == label(c) and r["steps"] == steps
+                 and r["ours"]["strategy"] == "FULL_SHARD"]
+        if reuse and (world, threads) == (args.world_size, args.threads):
+            o = reuse[0]["ours"]["tokens_per_second_runs"]
+            t = reuse[0]["pytorch"]["tokens_per_second_runs"]
+            entry["ours"][key] = {"tokens_per_second_median": statistics.median(o),
+                                  "tokens_per_second_runs": o, "from": "results"}
+            entry["pytorch"][key] = {"tokens_per_second_median": statistics.median(t),
+                                     "tokens_per_second_runs": t, "from": "results"}
+        else:
+            if (world, threads) == (args.world_size, args.threads):
+                theirs_ranks = ranks
+            else:
+                if (world, threads) not in scaling_ranks:
+                    scaling_ranks[(world, threads)] = TorchRanks(args.torch_python, world, threads)
+                theirs_ranks = scaling_ranks[(world, threads)]
+            ours, theirs, loads = [], [], []
+            for i in range(args.runs):
+                ours.append(run_ours(args, c, "FULL_SHARD", steps, i, world, threads))
+                theirs.append(run_theirs(theirs_ranks, c, "FSDP2", steps))
+                loads += [[r["load_before"], r["load_after"]] for r in (ours[-1], theirs[-1])]
+                print(f"[bench] scaling {label(c)} {key}: FULL_SHARD "
+                      f"{ours[-1]['tokens_per_second']:.0f} vs FSDP2 "
+                      f"{theirs[-1]['tokens_per_second']:.0f} tokens/s (load {load()[0]})",
+                      file=sys.stderr, flush=True)
+            o = [r["tokens_per_second"] for r in ours]
+            t = [r["tokens_per_second"] for r in theirs]
+            entry["ours"][key] = {"tokens_per_second_median": statistics.median(o),
+                                  "tokens_per_second_runs": o}
+            entry["pytorch"][key] = {"tokens_per_second_median": statistics.median(t),
+                                     "tokens_per_second_runs": t}
+            entry.setdefault("load_average_per_run", {})[key] = loads
+        o_med = entry["ours"][key]["tokens_per_second_median"]
+        t_med = entry["pytorch"][key]["tokens_per_second_median"]
+        entry["ratio_ours_over_pytorch"][key] = o_med / t_med if t_med > 0 else None
+    for side in ("ours", "pytorch"):
+        one, two = (entry[side][f"{w}x{t}"]["tokens_per_second_median"]
+                    for w, t in SCALING_LAYOUTS)
+        entry[side]["ratio_1x2_over_2x1"] = one / two if two > 0 else None
+    return entry
 
 
 def cpu_model():
@@ -125,7 +190,12 @@ def main():
                    help="multiplies the per-config default steps (e.g. 0.5 on a loaded machine)")
     p.add_argument("--runs", type=int, default=3, help="runs of each side (median reported)")
     p.add_argument("--world_size", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
+    p.add_argument("--threads", type=int, default=1,
+                   help="intra-op threads per rank (main_job --intra_op_threads, "
+                        "torch.set_num_threads)")
+    p.add_argument("--scaling", default="true", choices=["true", "false"],
+                   help="also run FULL_SHARD vs FSDP2 on 1 rank x 2 threads and 2 ranks x 1 "
+                        "thread per config (the JSON's 'scaling')")
     p.add_argument("--configs", default="0,1,2", help="indices into the config table")
     p.add_argument("--pairs", default="FULL_SHARD,NO_SHARD,SHARD_GRAD_OP",
                    help="our strategies to run (each against its PyTorch counterpart)")
@@ -147,9 +217,9 @@ def main():
         "world_size": args.world_size,
         "threads_per_rank": args.threads,
         "runs_per_side": args.runs,
-        "our_thread_env": {"OPENBLAS_NUM_THREADS": str(args.threads),
-                           "OMP_NUM_THREADS": str(args.threads)},
-        "gemm_library": {"ours": our_gemm_library(args.main_job)},
+        "our_thread_flags": {"--intra_op_threads": args.threads,
+                             "OMP_NUM_THREADS": str(args.threads)},
+        "gemm_library": {"ours": {"linked": our_gemm_library(args.main_job)}},
         "load_average_start": load(),
         "results": [],
     }
@@ -158,6 +228,7 @@ def main():
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from torch_gpt import TorchRanks  # no torch import here: the ranks import it, once
     ranks = TorchRanks(args.torch_python, args.world_size, args.threads)
+    scaling_ranks = {}  # (world_size, threads) -> TorchRanks of the scaling section
     for c in configs:
         steps = args.steps or max(3, round(c["steps"] * args.steps_scale))
         per_strategy = {}
@@ -175,6 +246,7 @@ def main():
             equal = params_ours == params_theirs
             mismatch |= not equal
             doc["gemm_library"].setdefault("pytorch", theirs[0].get("blas"))
+            doc["gemm_library"]["ours"].setdefault("library", ours[0]["gemm_library"])
             doc.setdefault("torch_version", theirs[0].get("torch_version"))
             # Peak bytes by tag per rank over the runs (the same each run, bar noise).
             peaks = ours[0]["peak_bytes_per_rank"]
@@ -210,7 +282,14 @@ def main():
         if "FULL_SHARD" in per_strategy and "NO_SHARD" in per_strategy:
             doc.setdefault("full_shard_step_time_over_no_shard", {})[label(c)] = (
                 per_strategy["NO_SHARD"] / per_strategy["FULL_SHARD"])
+        if args.scaling == "true":
+            doc.setdefault("scaling", []).append(
+                run_scaling(args, c, steps, ranks, scaling_ranks, doc["results"]))
+            with open(os.path.join(args.out, "partial.json"), "w") as f:
+                json.dump(doc, f, indent=2)
     ranks.close()
+    for r in scaling_ranks.values():
+        r.close()
     doc["load_average_end"] = load()
     doc["wall_seconds"] = round(time.time() - t0, 1)
     print(json.dumps(doc, indent=2))

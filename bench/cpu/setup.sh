@@ -7,9 +7,10 @@
 # torch: a virtual environment at $FSDP_BENCH_CACHE/torch-venv (default
 #   ~/.cache/fsdp_bench) with torch from PyPI (FSDP_BENCH_TORCH_VERSION, default 2.15.0) and
 #   the dependencies it declares (see setup_torch for why not fewer). Checks `import torch`.
-# gemm: `apt-get download` + `dpkg -x` of OpenBLAS (openmp variant; the pthread one is what
-#   the build links), BLIS 0.9 (serial, pthread, openmp), oneDNN 2.6, libxsmm 1.17 and Eigen
-#   3.4 into $FSDP_BENCH_CACHE/gemm_libs. Unpacked rather than installed on purpose: installing
+# gemm: `apt-get download` + `dpkg -x` of OpenBLAS 0.3.21 (pthread and openmp variants, with
+#   the libgfortran they load), BLIS 0.9 (serial, pthread, openmp), oneDNN 2.6 (the build
+#   links the installed libdnnl-dev), libxsmm 1.17 and Eigen 3.4 into
+#   $FSDP_BENCH_CACHE/gemm_libs. Unpacked rather than installed on purpose: installing
 #   libblis4-* or libopenblas0-openmp re-points the libblas.so.3 / libopenblas.so.0
 #   alternatives every other build on the machine links against.
 # Idempotent: a second run only checks (about a second).
@@ -38,8 +39,10 @@ setup_torch() {
   "$venv/bin/python" -c "import torch, torch.distributed as d; assert d.is_gloo_available(); print('setup: torch', torch.__version__, 'imports; gloo available')" >&2
 }
 
-GEMM_PACKAGES=(libopenblas0-openmp libopenblas-openmp-dev libblis4-serial libblis4-pthread
-               libblis4-openmp libblis-dev libdnnl2 libdnnl-dev libxsmm-dev libeigen3-dev
+GEMM_PACKAGES=(libopenblas0-pthread libopenblas-pthread-dev libopenblas0-openmp
+               libopenblas-openmp-dev libgfortran5 libquadmath0  # OpenBLAS needs libgfortran
+               libblis4-serial libblis4-pthread libblis4-openmp libblis-dev libdnnl2 libdnnl-dev
+               libxsmm-dev libeigen3-dev
                ocl-icd-libopencl1)  # libdnnl.so.2 needs libOpenCL.so.1 to load
 
 setup_gemm() {

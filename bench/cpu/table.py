@@ -3,7 +3,9 @@
     python3 bench/cpu/table.py out/bench_cpu/result.json [more.json ...]
 
 One row per config: median tokens/s of each side and the ratio ours / PyTorch for each
-strategy pair found, then the load average the runs saw.
+strategy pair found, then the load average the runs saw. When the documents have a
+"scaling" section, a second table: FULL_SHARD vs FSDP2 on 1 rank x 2 threads and on
+2 ranks x 1 thread, with the ratios.
 """
 import json
 import sys
@@ -11,13 +13,30 @@ import sys
 PAIRS = [("FULL_SHARD", "FSDP2"), ("NO_SHARD", "DDP"), ("SHARD_GRAD_OP", "FSDP1 SHARD_GRAD_OP")]
 
 
+def scaling_table(entries):
+    print()
+    print("| config (V T C L H B) | ours 1x2 | ours 2x1 | ours 1x2/2x1 | PyTorch 1x2 | "
+          "PyTorch 2x1 | PyTorch 1x2/2x1 | ours/PyTorch 1x2 | ours/PyTorch 2x1 |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for e in entries:
+        o, t, r = e["ours"], e["pytorch"], e["ratio_ours_over_pytorch"]
+        print(f"| {e['config']} | {o['1x2']['tokens_per_second_median']:,.0f} |"
+              f" {o['2x1']['tokens_per_second_median']:,.0f} | {o['ratio_1x2_over_2x1']:.2f} |"
+              f" {t['1x2']['tokens_per_second_median']:,.0f} |"
+              f" {t['2x1']['tokens_per_second_median']:,.0f} | {t['ratio_1x2_over_2x1']:.2f} |"
+              f" {r['1x2']:.2f} | {r['2x1']:.2f} |")
+
+
 def main(paths):
     rows = {}
+    scaling = {}
     for path in paths:
         with open(path) as f:
             doc = json.load(f)
         for r in doc["results"]:
             rows.setdefault(r["config"], {})[r["ours"]["strategy"]] = r
+        for e in doc.get("scaling", []):
+            scaling[e["config"]] = e
     header = "| config (V T C L H B) |"
     sep = "|---|"
     for ours, theirs in PAIRS:
@@ -41,6 +60,8 @@ def main(paths):
             loads += [b[0] for pair in r["load_average_per_run"] for b in pair]
         line += f" {min(loads):.1f}-{max(loads):.1f} |" if loads else " - |"
         print(line)
+    if scaling:
+        scaling_table(scaling.values())
 
 
 if __name__ == "__main__":

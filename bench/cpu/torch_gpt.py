@@ -195,10 +195,11 @@ def serve_rank(args):
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
     world = args.world_size
-    if world > 1:
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(args.port)
-        dist.init_process_group("gloo", rank=args.rank, world_size=world)
+    # Also with one rank: fully_shard and DDP need a process group (the scaling section of
+    # run_bench.py runs FSDP2 on 1 rank x 2 threads).
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(args.port)
+    dist.init_process_group("gloo", rank=args.rank, world_size=world)
     print("READY", flush=True)
     for line in sys.stdin:
         line = line.strip()
@@ -212,8 +213,7 @@ def serve_rank(args):
         except Exception as e:  # reported to the parent, which fails the benchmark
             record = {"rank": args.rank, "error": f"{type(e).__name__}: {e}"}
         print("RESULT " + json.dumps(record), flush=True)
-    if world > 1:
-        dist.destroy_process_group()
+    dist.destroy_process_group()
 
 
 class TorchRanks:

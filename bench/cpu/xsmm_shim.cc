@@ -1,7 +1,7 @@
 // libxsmm 1.17 behind the bench/cpu GEMM shim interface (gemm_bench.cc, KIND shim), built by
 // bench/cpu/gemm.sh against Debian's static libxsmm.a. libxsmm_sgemm JIT-compiles a kernel
 // for the CPU it runs on when m*n*k <= LIBXSMM_MAX_MNK (64^3 in Debian's build) and hands
-// larger products to the BLAS linked beside it (here the system OpenBLAS, -lopenblas):
+// larger products to the BLAS linked beside it (here the OpenBLAS gemm.sh unpacks, -lopenblas):
 // bench_info names the JIT target and that threshold so the JSON says which path each
 // shape took. Single-threaded (libxsmm.a, not libxsmmext).
 #include <cstdint>
