@@ -43,8 +43,8 @@ std::string ShardingStrategyName(ShardingStrategy strategy);
 // NOTE [Mixed precision]: the local shard stays float32 and is the master copy the
 // optimizer steps. With param_dtype bf16, an unshard rounds the shard to bf16 and
 // all-gathers bf16 (half the bytes); the layers then see the bf16 values widened to
-// float32, because nn/ computes in float32 only and Debian's OpenBLAS 0.3.21 has no bf16
-// GEMM (no cblas_sbgemm): "bf16 compute" on the CPU here means bf16-rounded operands
+// float32, because nn/ computes in float32 only on the CPU (its GEMM is oneDNN's fp32
+// dnnl_sgemm): "bf16 compute" on the CPU here means bf16-rounded operands
 // with float32 arithmetic and accumulation, which is what a bf16 GEMM with an fp32
 // accumulator computes as well, up to the rounding of its output. With reduce_dtype
 // bf16, the float32 full gradient is rounded to bf16 and reduce-scattered in bf16 (the
