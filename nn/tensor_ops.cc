@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "nn/internal/op_checks.h"
+#include "nn/kernels/cpu.h"
 #include "nn/kernels/elementwise.h"
 #include "nn/kernels/math.h"
 #include "nn/kernels/rowwise.h"
@@ -43,7 +45,230 @@ using internal::UseDevice;
 using internal::NoCuda;
 #endif
 
+// ---- CPU loops. Each is compiled per ISA (FSDP_CPU_CLONES, nn/kernels/cpu.h) and written
+// so GCC vectorises it: raw restrict pointers, `omp simd`, bodies from nn/kernels inlined,
+// reductions in float lanes (double lanes where a test needs double accuracy). Elementwise
+// results are bit-identical to the scalar body in every clone.
+
+FSDP_CPU_CLONES void GeluForwardLoop(const float* FSDP_RESTRICT x, float* FSDP_RESTRICT y,
+                                     int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = k::GeluTanhForward(x[i]);
+}
+
+FSDP_CPU_CLONES void GeluBackwardLoop(const float* FSDP_RESTRICT x, const float* FSDP_RESTRICT g,
+                                      float* FSDP_RESTRICT gx, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) gx[i] = k::GeluTanhBackward(x[i], g[i]);
+}
+
+FSDP_CPU_CLONES void ReluForwardLoop(const float* FSDP_RESTRICT x, float* FSDP_RESTRICT y,
+                                     int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = k::ReluForward(x[i]);
+}
+
+FSDP_CPU_CLONES void ReluBackwardLoop(const float* FSDP_RESTRICT y, const float* FSDP_RESTRICT g,
+                                      float* FSDP_RESTRICT gx, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) gx[i] = k::ReluBackward(y[i], g[i]);
+}
+
+// out may alias a or b (in-place residual adds): no restrict.
+FSDP_CPU_CLONES void AddLoop(const float* a, const float* b, float* out, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = k::Add(a[i], b[i]);
+}
+
+// out may alias x (in-place bias add).
+template <typename W>
+FSDP_CPU_INLINE void BiasAddRows(const float* x, const W* FSDP_RESTRICT bias, float* out,
+                                 int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float* orow = out + r * cols;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) orow[j] = k::BiasAdd(xr[j], bias, j);
+  }
+}
+FSDP_CPU_CLONES void BiasAddLoop(const float* x, const float* bias, float* out, int64_t rows,
+                                 int64_t cols) {
+  BiasAddRows(x, bias, out, rows, cols);
+}
+FSDP_CPU_CLONES void BiasAddLoop(const float* x, const uint16_t* bias, float* out, int64_t rows,
+                                 int64_t cols) {
+  BiasAddRows(x, bias, out, rows, cols);
+}
+
+// sums[j] += sum_r x[r, j] * (y ? y[r, j] : 1), double accumulators, columns in lanes.
+FSDP_CPU_CLONES void ColumnSumsLoop(const float* FSDP_RESTRICT x, const float* FSDP_RESTRICT y,
+                                    double* FSDP_RESTRICT sums, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    if (y != nullptr) {
+      const float* yr = y + r * cols;
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) sums[j] += static_cast<double>(xr[j]) * yr[j];
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) sums[j] += static_cast<double>(xr[j]);
+    }
+  }
+}
+
+template <typename W>
+FSDP_CPU_INLINE void LayerNormRows(const float* FSDP_RESTRICT x, const W* FSDP_RESTRICT w,
+                                   const W* FSDP_RESTRICT b, float eps, float* FSDP_RESTRICT y,
+                                   float* FSDP_RESTRICT xhat, float* FSDP_RESTRICT rstd,
+                                   int64_t rows, int64_t cols) {
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < cols; ++j) sum += xr[j];
+    const float mean = sum * inv_cols;
+    float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
+    for (int64_t j = 0; j < cols; ++j) {
+      const float d = xr[j] - mean;
+      sq += d * d;
+    }
+    const float inv = k::LayerNormRstd(sq * inv_cols, eps);
+    rstd[r] = inv;
+    float* hr = xhat + r * cols;
+    float* yr = y + r * cols;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) yr[j] = k::LayerNormApply(xr[j], mean, inv, w, b, j, &hr[j]);
+  }
+}
+FSDP_CPU_CLONES void LayerNormLoop(const float* x, const float* w, const float* b, float eps,
+                                   float* y, float* xhat, float* rstd, int64_t rows, int64_t cols) {
+  LayerNormRows(x, w, b, eps, y, xhat, rstd, rows, cols);
+}
+FSDP_CPU_CLONES void LayerNormLoop(const float* x, const uint16_t* w, const uint16_t* b, float eps,
+                                   float* y, float* xhat, float* rstd, int64_t rows, int64_t cols) {
+  LayerNormRows(x, w, b, eps, y, xhat, rstd, rows, cols);
+}
+
+template <typename W>
+FSDP_CPU_INLINE void LayerNormBackwardRows(const float* FSDP_RESTRICT g,
+                                           const float* FSDP_RESTRICT xhat,
+                                           const float* FSDP_RESTRICT rstd,
+                                           const W* FSDP_RESTRICT w, float* FSDP_RESTRICT gx,
+                                           int64_t rows, int64_t cols) {
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* gr = g + r * cols;
+    const float* hr = xhat + r * cols;
+    float sum_gh = 0.0f, sum_gh_h = 0.0f;
+#pragma omp simd reduction(+ : sum_gh, sum_gh_h)
+    for (int64_t j = 0; j < cols; ++j) {
+      const float gh = k::LayerNormGradHat<float>(gr[j], w, j);
+      sum_gh += gh;
+      sum_gh_h += gh * hr[j];
+    }
+    const float mean_gh = sum_gh * inv_cols;
+    const float mean_gh_h = sum_gh_h * inv_cols;
+    const float rs = rstd[r];
+    float* o = gx + r * cols;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) {
+      o[j] = k::LayerNormBackwardInput(gr[j], w, j, hr[j], rs, mean_gh, mean_gh_h);
+    }
+  }
+}
+FSDP_CPU_CLONES void LayerNormBackwardLoop(const float* g, const float* xhat, const float* rstd,
+                                           const float* w, float* gx, int64_t rows, int64_t cols) {
+  LayerNormBackwardRows(g, xhat, rstd, w, gx, rows, cols);
+}
+FSDP_CPU_CLONES void LayerNormBackwardLoop(const float* g, const float* xhat, const float* rstd,
+                                           const uint16_t* w, float* gx, int64_t rows,
+                                           int64_t cols) {
+  LayerNormBackwardRows(g, xhat, rstd, w, gx, rows, cols);
+}
+
+// Rows r of [rows, T] scores, row r attending to s <= r % T; in place.
+FSDP_CPU_CLONES void CausalSoftmaxLoop(float* FSDP_RESTRICT p, int64_t rows, int64_t T) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = r % T;
+    float* row = p + r * T;
+    float max = row[0];
+#pragma omp simd reduction(max : max)
+    for (int64_t s = 1; s <= t; ++s) max = max > row[s] ? max : row[s];
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t s = 0; s <= t; ++s) {
+      const float e = k::SoftmaxExp(row[s], max);
+      row[s] = e;
+      sum += e;
+    }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int64_t s = 0; s < T; ++s) {
+      row[s] = k::CausalMasked(t, s) ? 0.0f : k::SoftmaxNormalize(row[s], inv);
+    }
+  }
+}
+
+FSDP_CPU_CLONES void CausalSoftmaxBackwardLoop(const float* FSDP_RESTRICT p,
+                                               float* FSDP_RESTRICT g, int64_t rows, int64_t T,
+                                               float scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = r % T;
+    const float* pr = p + r * T;
+    float* gr = g + r * T;
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t s = 0; s <= t; ++s) dot += gr[s] * pr[s];
+#pragma omp simd
+    for (int64_t s = 0; s < T; ++s) {
+      gr[s] = k::CausalMasked(t, s) ? 0.0f : k::SoftmaxBackward(pr[s], gr[s], dot, scale);
+    }
+  }
+}
+
+// Cross-entropy rows in double lanes (the loss is checked to 1e-12); returns the summed
+// row losses.
+FSDP_CPU_CLONES double CrossEntropyLoop(const float* FSDP_RESTRICT x,
+                                        const int32_t* FSDP_RESTRICT targets,
+                                        float* FSDP_RESTRICT grad, int64_t n, int64_t V,
+                                        double inv_n) {
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = x + i * V;
+    float* grow = grad + i * V;
+    float maxf = row[0];
+#pragma omp simd reduction(max : maxf)
+    for (int64_t j = 1; j < V; ++j) maxf = maxf > row[j] ? maxf : row[j];
+    const double max = maxf;
+    double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < V; ++j) sum += k::CrossEntropyExp(row[j], max);
+    const double log_sum = k::Log(sum);
+    const int64_t tg = targets[i];
+    total += k::CrossEntropyRowLoss(sum, max, row[tg]);
+#pragma omp simd
+    for (int64_t j = 0; j < V; ++j) {
+      grow[j] = k::CrossEntropyGrad(row[j], max, log_sum, j == tg, inv_n);
+    }
+  }
+  return total;
+}
+
 }  // namespace
+
+namespace {
+// Resolved by the same CPU-feature dispatch as the FSDP_CPU_CLONES loops.
+#if FSDP_CPU_HAS_CLONES
+__attribute__((target("default"))) const char* LoopIsa() { return "default"; }
+__attribute__((target("arch=x86-64-v3"))) const char* LoopIsa() { return "x86-64-v3"; }
+#else
+const char* LoopIsa() { return "default"; }
+#endif
+}  // namespace
+
+const char* CpuLoopIsa() { return LoopIsa(); }
 
 absl::Status GeluForward(absl::string_view what, const Tensor& x, const Tensor& y) {
   RETURN_IF_ERROR(CheckElementwiseF32(what, {{"input", &x}, {"output", &y}}));
@@ -51,10 +276,7 @@ absl::Status GeluForward(absl::string_view what, const Tensor& x, const Tensor& 
   if (x.device().is_cuda()) {
     NN_ON_CUDA(x.device(), what, "GELU forward", cuda::GeluForward(F32(x), MutF32(y), n));
   }
-  const float* in = F32(x);
-  float* out = MutF32(y);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) out[i] = k::GeluTanhForward(in[i]);
+  GeluForwardLoop(F32(x), MutF32(y), n);
   return absl::OkStatus();
 }
 
@@ -67,11 +289,7 @@ absl::Status GeluBackward(absl::string_view what, const Tensor& x, const Tensor&
     NN_ON_CUDA(x.device(), what, "GELU backward",
                cuda::GeluBackward(F32(x), F32(gy), MutF32(gx), n));
   }
-  const float* in = F32(x);
-  const float* g = F32(gy);
-  float* out = MutF32(gx);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) out[i] = k::GeluTanhBackward(in[i], g[i]);
+  GeluBackwardLoop(F32(x), F32(gy), MutF32(gx), n);
   return absl::OkStatus();
 }
 
@@ -81,10 +299,7 @@ absl::Status ReluForward(absl::string_view what, const Tensor& x, const Tensor& 
   if (x.device().is_cuda()) {
     NN_ON_CUDA(x.device(), what, "ReLU forward", cuda::ReluForward(F32(x), MutF32(y), n));
   }
-  const float* in = F32(x);
-  float* out = MutF32(y);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) out[i] = k::ReluForward(in[i]);
+  ReluForwardLoop(F32(x), MutF32(y), n);
   return absl::OkStatus();
 }
 
@@ -97,11 +312,7 @@ absl::Status ReluBackward(absl::string_view what, const Tensor& y, const Tensor&
     NN_ON_CUDA(y.device(), what, "ReLU backward",
                cuda::ReluBackward(F32(y), F32(gy), MutF32(gx), n));
   }
-  const float* out = F32(y);
-  const float* g = F32(gy);
-  float* gi = MutF32(gx);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) gi[i] = k::ReluBackward(out[i], g[i]);
+  ReluBackwardLoop(F32(y), F32(gy), MutF32(gx), n);
   return absl::OkStatus();
 }
 
@@ -113,11 +324,7 @@ absl::Status AddTensors(absl::string_view what, const Tensor& a, const Tensor& b
   if (a.device().is_cuda()) {
     NN_ON_CUDA(a.device(), what, "add", cuda::Add(F32(a), F32(b), MutF32(out), n));
   }
-  const float* pa = F32(a);
-  const float* pb = F32(b);
-  float* po = MutF32(out);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) po[i] = k::Add(pa[i], pb[i]);
+  AddLoop(F32(a), F32(b), MutF32(out), n);
   return absl::OkStatus();
 }
 
@@ -138,16 +345,7 @@ absl::Status BiasAdd(absl::string_view what, const Tensor& x, const Tensor& bias
     NN_ON_CUDA(x.device(), what, "bias add",
                cuda::BiasAdd(F32(x), bias.raw_data(), IsBf16(bias), MutF32(out), rows, cols));
   }
-  const float* in = F32(x);
-  float* o = MutF32(out);
-  WithWeight(bias, [&](const auto* b) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = in + r * cols;
-      float* orow = o + r * cols;
-#pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) orow[j] = k::BiasAdd(xr[j], b, j);
-    }
-  });
+  WithWeight(bias, [&](const auto* b) { BiasAddLoop(F32(x), b, MutF32(out), rows, cols); });
   return absl::OkStatus();
 }
 
@@ -176,15 +374,7 @@ absl::Status AccumulateColumnSums(absl::string_view what, const Tensor& x, const
   const float* py = y.defined() ? F32(y) : nullptr;
   float* pacc = MutF32(acc);
   std::vector<double> sums(static_cast<size_t>(cols), 0.0);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = px + r * cols;
-    if (py != nullptr) {
-      const float* yr = py + r * cols;
-      for (int64_t j = 0; j < cols; ++j) sums[j] += static_cast<double>(xr[j]) * yr[j];
-    } else {
-      for (int64_t j = 0; j < cols; ++j) sums[j] += xr[j];
-    }
-  }
+  ColumnSumsLoop(px, py, sums.data(), rows, cols);
   for (int64_t j = 0; j < cols; ++j) pacc[j] = static_cast<float>(pacc[j] + sums[j]);
   return absl::OkStatus();
 }
@@ -225,23 +415,7 @@ absl::Status LayerNormForward(absl::string_view what, const Tensor& x, const Ten
   float* pr = MutF32(rstd);
   WithWeight(w, [&](const auto* wp) {
     using W = std::remove_const_t<std::remove_pointer_t<decltype(wp)>>;
-    const W* bp = static_cast<const W*>(b.raw_data());
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = px + r * cols;
-      double sum = 0.0;
-      for (int64_t j = 0; j < cols; ++j) sum += xr[j];
-      const double mean = sum / cols;
-      double sq = 0.0;
-      for (int64_t j = 0; j < cols; ++j) sq += (xr[j] - mean) * (xr[j] - mean);
-      const double inv = k::LayerNormRstd(sq / cols, static_cast<double>(eps));
-      pr[r] = static_cast<float>(inv);
-      float* hr = ph + r * cols;
-      float* yr = py + r * cols;
-#pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) {
-        yr[j] = k::LayerNormApply(xr[j], mean, inv, wp, bp, j, &hr[j]);
-      }
-    }
+    LayerNormLoop(px, wp, static_cast<const W*>(b.raw_data()), eps, py, ph, pr, rows, cols);
   });
   return absl::OkStatus();
 }
@@ -295,42 +469,14 @@ absl::Status LayerNormBackward(absl::string_view what, const Tensor& g, const Te
   const float* ph = F32(xhat);
   const float* pr = F32(rstd);
   float* out = MutF32(gx);
-  WithWeight(w, [&](const auto* wp) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* gr = pg + r * cols;
-      const float* hr = ph + r * cols;
-      double sum_gh = 0.0, sum_gh_h = 0.0;
-      for (int64_t j = 0; j < cols; ++j) {
-        const double gh = k::LayerNormGradHat<double>(gr[j], wp, j);
-        sum_gh += gh;
-        sum_gh_h += gh * hr[j];
-      }
-      const double mean_gh = sum_gh / cols;
-      const double mean_gh_h = sum_gh_h / cols;
-      const double rs = pr[r];
-      float* o = out + r * cols;
-#pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) {
-        o[j] = k::LayerNormBackwardInput(gr[j], wp, j, hr[j], rs, mean_gh, mean_gh_h);
-      }
-    }
-  });
-  if (gw.defined() || gb.defined()) {
-    std::vector<double> sw(static_cast<size_t>(cols), 0.0), sb(static_cast<size_t>(cols), 0.0);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* gr = pg + r * cols;
-      const float* hr = ph + r * cols;
-      for (int64_t j = 0; j < cols; ++j) {
-        sw[j] += static_cast<double>(gr[j]) * hr[j];
-        sb[j] += gr[j];
-      }
-    }
-    float* pgw = gw.defined() ? MutF32(gw) : nullptr;
-    float* pgb = gb.defined() ? MutF32(gb) : nullptr;
-    for (int64_t j = 0; j < cols; ++j) {
-      if (pgw != nullptr) pgw[j] = static_cast<float>(pgw[j] + sw[j]);
-      if (pgb != nullptr) pgb[j] = static_cast<float>(pgb[j] + sb[j]);
-    }
+  WithWeight(w, [&](const auto* wp) { LayerNormBackwardLoop(pg, ph, pr, wp, out, rows, cols); });
+  std::vector<double> sums(static_cast<size_t>(cols));
+  for (auto [acc, factor] : {std::pair<const Tensor*, const float*>{&gw, ph}, {&gb, nullptr}}) {
+    if (!acc->defined()) continue;
+    std::fill(sums.begin(), sums.end(), 0.0);
+    ColumnSumsLoop(pg, factor, sums.data(), rows, cols);
+    float* pacc = MutF32(*acc);
+    for (int64_t j = 0; j < cols; ++j) pacc[j] = static_cast<float>(pacc[j] + sums[j]);
   }
   return absl::OkStatus();
 }
@@ -347,22 +493,7 @@ absl::Status CausalSoftmaxForward(absl::string_view what, const Tensor& scores, 
     NN_ON_CUDA(scores.device(), what, "causal softmax forward",
                cuda::CausalSoftmaxForward(MutF32(scores), rows, T));
   }
-  float* p = MutF32(scores);
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t t = r % T;
-    float* row = p + r * T;
-    float max = row[0];
-    for (int64_t s = 1; s <= t; ++s) max = std::max(max, row[s]);
-    double sum = 0.0;
-    for (int64_t s = 0; s <= t; ++s) {
-      row[s] = k::SoftmaxExp(row[s], max);
-      sum += row[s];
-    }
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int64_t s = 0; s < T; ++s) {
-      row[s] = k::CausalMasked(t, s) ? 0.0f : k::SoftmaxNormalize(row[s], inv);
-    }
-  }
+  CausalSoftmaxLoop(MutF32(scores), rows, T);
   return absl::OkStatus();
 }
 
@@ -381,18 +512,7 @@ absl::Status CausalSoftmaxBackward(absl::string_view what, const Tensor& p, cons
     NN_ON_CUDA(p.device(), what, "causal softmax backward",
                cuda::CausalSoftmaxBackward(F32(p), MutF32(g), rows, T, scale));
   }
-  const float* pp = F32(p);
-  float* pg = MutF32(g);
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t t = r % T;
-    const float* pr = pp + r * T;
-    float* gr = pg + r * T;
-    double dot = 0.0;
-    for (int64_t s = 0; s <= t; ++s) dot += static_cast<double>(gr[s]) * pr[s];
-    for (int64_t s = 0; s < T; ++s) {
-      gr[s] = k::CausalMasked(t, s) ? 0.0f : k::SoftmaxBackward(pr[s], gr[s], dot, scale);
-    }
-  }
+  CausalSoftmaxBackwardLoop(F32(p), MutF32(g), rows, T, scale);
   return absl::OkStatus();
 }
 
@@ -494,22 +614,8 @@ absl::StatusOr<double> CrossEntropyForwardBackward(absl::string_view what, const
     return NoCuda(logits.device(), what);
 #endif
   }
-  const int32_t* tg = targets.data<int32_t>();
-  const float* px = F32(logits);
-  float* pg = MutF32(grad);
-  double total = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float* row = px + i * V;
-    float* grow = pg + i * V;
-    const double max = *std::max_element(row, row + V);
-    double sum = 0.0;
-    for (int64_t j = 0; j < V; ++j) sum += k::CrossEntropyExp(row[j], max);
-    const double log_sum = k::Log(sum);
-    total += k::CrossEntropyRowLoss(sum, max, row[tg[i]]);
-    for (int64_t j = 0; j < V; ++j) {
-      grow[j] = k::CrossEntropyGrad(row[j], max, log_sum, j == tg[i], inv_n);
-    }
-  }
+  const double total =
+      CrossEntropyLoop(F32(logits), targets.data<int32_t>(), MutF32(grad), n, V, inv_n);
   return total * inv_n;
 }
 

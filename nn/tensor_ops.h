@@ -130,6 +130,11 @@ absl::StatusOr<double> CrossEntropyForwardBackward(absl::string_view what,
 // Sets every element of `t` to zero (asynchronously on CUDA).
 absl::Status ZeroTensor(absl::string_view what, const core::Tensor& t);
 
+// The instruction set of the CPU loops' clones picked for this CPU at load time:
+// "x86-64-v3" (AVX2 + FMA, 8 floats per operation) or "default" (the baseline x86-64
+// build: SSE2, or any build that is not GCC on x86-64 Linux). See nn/kernels/cpu.h.
+const char* CpuLoopIsa();
+
 }  // namespace nn
 
 #endif  // NN_TENSOR_OPS_H_
