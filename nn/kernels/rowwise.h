@@ -55,7 +55,7 @@ FSDP_HD inline float LayerNormBackwardInput(float g, const W* w, int64_t j, floa
 
 // ---- Causal softmax of one attention row t over s in [0, t] (entries s > t are masked).
 
-// exp(score - max), max the row's largest unmasked score (FastExp: within 3e-7 relative).
+// exp(score - max), max the row's largest unmasked score (FastExp: within 1.5e-7 relative).
 FSDP_HD inline float SoftmaxExp(float score, float max) { return FastExp(score - max); }
 
 // The probability from exp(score - max) and inv = 1 / (sum of the row's exps).
@@ -74,7 +74,7 @@ FSDP_HD inline float SoftmaxBackward(float p, float g, Acc dot, float scale) {
 // ---- Cross-entropy of one row of logits x[0..V) with target class `target`.
 
 // exp(x - max), the term the launcher sums (max = the row's largest logit); FastExp, within
-// 3e-7 (float) or 4e-16 (double) relative of exp.
+// 1.5e-7 (float) or 3e-16 (double) relative of exp.
 template <typename Acc>
 FSDP_HD inline Acc CrossEntropyExp(float x, Acc max) {
   return FastExp(static_cast<Acc>(x) - max);
