@@ -100,13 +100,15 @@ FSDP_CPU_CLONES void BiasAddLoop(const float* x, const uint16_t* bias, float* ou
   BiasAddRows(x, bias, out, rows, cols);
 }
 
-// sums[j] += sum_r x[r, j] * (y ? y[r, j] : 1), double accumulators, columns in lanes.
+// sums[j] += sum_r x[r, j] * (y ? y[r, j] : 1) for j < cols, rows `ld` apart; double
+// accumulators, columns in lanes, rows added in order.
 FSDP_CPU_CLONES void ColumnSumsLoop(const float* FSDP_RESTRICT x, const float* FSDP_RESTRICT y,
-                                    double* FSDP_RESTRICT sums, int64_t rows, int64_t cols) {
+                                    double* FSDP_RESTRICT sums, int64_t rows, int64_t cols,
+                                    int64_t ld) {
   for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * cols;
+    const float* xr = x + r * ld;
     if (y != nullptr) {
-      const float* yr = y + r * cols;
+      const float* yr = y + r * ld;
 #pragma omp simd
       for (int64_t j = 0; j < cols; ++j) sums[j] += static_cast<double>(xr[j]) * yr[j];
     } else {
@@ -188,9 +190,10 @@ FSDP_CPU_CLONES void LayerNormBackwardLoop(const float* g, const float* xhat, co
   LayerNormBackwardRows(g, xhat, rstd, w, gx, rows, cols);
 }
 
-// Rows r of [rows, T] scores, row r attending to s <= r % T; in place.
-FSDP_CPU_CLONES void CausalSoftmaxLoop(float* FSDP_RESTRICT p, int64_t rows, int64_t T) {
-  for (int64_t r = 0; r < rows; ++r) {
+// Rows [first, end) of [rows, T] scores, row r attending to s <= r % T; in place.
+FSDP_CPU_CLONES void CausalSoftmaxLoop(float* FSDP_RESTRICT p, int64_t first, int64_t end,
+                                       int64_t T) {
+  for (int64_t r = first; r < end; ++r) {
     const int64_t t = r % T;
     float* row = p + r * T;
     float max = row[0];
@@ -212,9 +215,9 @@ FSDP_CPU_CLONES void CausalSoftmaxLoop(float* FSDP_RESTRICT p, int64_t rows, int
 }
 
 FSDP_CPU_CLONES void CausalSoftmaxBackwardLoop(const float* FSDP_RESTRICT p,
-                                               float* FSDP_RESTRICT g, int64_t rows, int64_t T,
-                                               float scale) {
-  for (int64_t r = 0; r < rows; ++r) {
+                                               float* FSDP_RESTRICT g, int64_t first,
+                                               int64_t end, int64_t T, float scale) {
+  for (int64_t r = first; r < end; ++r) {
     const int64_t t = r % T;
     const float* pr = p + r * T;
     float* gr = g + r * T;
@@ -228,14 +231,13 @@ FSDP_CPU_CLONES void CausalSoftmaxBackwardLoop(const float* FSDP_RESTRICT p,
   }
 }
 
-// Cross-entropy rows in double lanes (the loss is checked to 1e-12); returns the summed
-// row losses.
-FSDP_CPU_CLONES double CrossEntropyLoop(const float* FSDP_RESTRICT x,
-                                        const int32_t* FSDP_RESTRICT targets,
-                                        float* FSDP_RESTRICT grad, int64_t n, int64_t V,
-                                        double inv_n) {
-  double total = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
+// Cross-entropy rows [first, end) in double lanes (the loss is checked to 1e-12); stores
+// each row's loss in row_loss[i].
+FSDP_CPU_CLONES void CrossEntropyLoop(const float* FSDP_RESTRICT x,
+                                      const int32_t* FSDP_RESTRICT targets,
+                                      float* FSDP_RESTRICT grad, double* FSDP_RESTRICT row_loss,
+                                      int64_t first, int64_t end, int64_t V, double inv_n) {
+  for (int64_t i = first; i < end; ++i) {
     const float* row = x + i * V;
     float* grow = grad + i * V;
     float maxf = row[0];
@@ -247,13 +249,23 @@ FSDP_CPU_CLONES double CrossEntropyLoop(const float* FSDP_RESTRICT x,
     for (int64_t j = 0; j < V; ++j) sum += k::CrossEntropyExp(row[j], max);
     const double log_sum = k::Log(sum);
     const int64_t tg = targets[i];
-    total += k::CrossEntropyRowLoss(sum, max, row[tg]);
+    row_loss[i] = k::CrossEntropyRowLoss(sum, max, row[tg]);
 #pragma omp simd
     for (int64_t j = 0; j < V; ++j) {
       grow[j] = k::CrossEntropyGrad(row[j], max, log_sum, j == tg, inv_n);
     }
   }
-  return total;
+}
+
+// Elementwise chunks start on 64-byte lines (16 floats).
+constexpr int64_t kAlign = 16;
+
+// ColumnSumsLoop with the columns split over threads (each column's rows still in order).
+void ParallelColumnSums(const float* x, const float* y, double* sums, int64_t rows,
+                        int64_t cols) {
+  k::ParallelChunks(cols, rows * cols, kAlign, [&](int64_t s, int64_t e) {
+    ColumnSumsLoop(x + s, y != nullptr ? y + s : nullptr, sums + s, rows, e - s, cols);
+  });
 }
 
 }  // namespace
@@ -276,7 +288,9 @@ absl::Status GeluForward(absl::string_view what, const Tensor& x, const Tensor& 
   if (x.device().is_cuda()) {
     NN_ON_CUDA(x.device(), what, "GELU forward", cuda::GeluForward(F32(x), MutF32(y), n));
   }
-  GeluForwardLoop(F32(x), MutF32(y), n);
+  const float* in = F32(x);
+  float* out = MutF32(y);
+  k::ParallelChunks(n, n, kAlign, [&](int64_t b, int64_t e) { GeluForwardLoop(in + b, out + b, e - b); });
   return absl::OkStatus();
 }
 
@@ -289,7 +303,11 @@ absl::Status GeluBackward(absl::string_view what, const Tensor& x, const Tensor&
     NN_ON_CUDA(x.device(), what, "GELU backward",
                cuda::GeluBackward(F32(x), F32(gy), MutF32(gx), n));
   }
-  GeluBackwardLoop(F32(x), F32(gy), MutF32(gx), n);
+  const float* in = F32(x);
+  const float* g = F32(gy);
+  float* out = MutF32(gx);
+  k::ParallelChunks(n, n, kAlign,
+                    [&](int64_t b, int64_t e) { GeluBackwardLoop(in + b, g + b, out + b, e - b); });
   return absl::OkStatus();
 }
 
@@ -299,7 +317,9 @@ absl::Status ReluForward(absl::string_view what, const Tensor& x, const Tensor& 
   if (x.device().is_cuda()) {
     NN_ON_CUDA(x.device(), what, "ReLU forward", cuda::ReluForward(F32(x), MutF32(y), n));
   }
-  ReluForwardLoop(F32(x), MutF32(y), n);
+  const float* in = F32(x);
+  float* out = MutF32(y);
+  k::ParallelChunks(n, n, kAlign, [&](int64_t b, int64_t e) { ReluForwardLoop(in + b, out + b, e - b); });
   return absl::OkStatus();
 }
 
@@ -312,7 +332,11 @@ absl::Status ReluBackward(absl::string_view what, const Tensor& y, const Tensor&
     NN_ON_CUDA(y.device(), what, "ReLU backward",
                cuda::ReluBackward(F32(y), F32(gy), MutF32(gx), n));
   }
-  ReluBackwardLoop(F32(y), F32(gy), MutF32(gx), n);
+  const float* out = F32(y);
+  const float* g = F32(gy);
+  float* gi = MutF32(gx);
+  k::ParallelChunks(n, n, kAlign,
+                    [&](int64_t b, int64_t e) { ReluBackwardLoop(out + b, g + b, gi + b, e - b); });
   return absl::OkStatus();
 }
 
@@ -324,7 +348,10 @@ absl::Status AddTensors(absl::string_view what, const Tensor& a, const Tensor& b
   if (a.device().is_cuda()) {
     NN_ON_CUDA(a.device(), what, "add", cuda::Add(F32(a), F32(b), MutF32(out), n));
   }
-  AddLoop(F32(a), F32(b), MutF32(out), n);
+  const float* pa = F32(a);
+  const float* pb = F32(b);
+  float* po = MutF32(out);
+  k::ParallelChunks(n, n, kAlign, [&](int64_t s, int64_t e) { AddLoop(pa + s, pb + s, po + s, e - s); });
   return absl::OkStatus();
 }
 
@@ -345,7 +372,13 @@ absl::Status BiasAdd(absl::string_view what, const Tensor& x, const Tensor& bias
     NN_ON_CUDA(x.device(), what, "bias add",
                cuda::BiasAdd(F32(x), bias.raw_data(), IsBf16(bias), MutF32(out), rows, cols));
   }
-  WithWeight(bias, [&](const auto* b) { BiasAddLoop(F32(x), b, MutF32(out), rows, cols); });
+  const float* in = F32(x);
+  float* o = MutF32(out);
+  WithWeight(bias, [&](const auto* b) {
+    k::ParallelChunks(rows, rows * cols, 1, [&](int64_t s, int64_t e) {
+      BiasAddLoop(in + s * cols, b, o + s * cols, e - s, cols);
+    });
+  });
   return absl::OkStatus();
 }
 
@@ -374,7 +407,7 @@ absl::Status AccumulateColumnSums(absl::string_view what, const Tensor& x, const
   const float* py = y.defined() ? F32(y) : nullptr;
   float* pacc = MutF32(acc);
   std::vector<double> sums(static_cast<size_t>(cols), 0.0);
-  ColumnSumsLoop(px, py, sums.data(), rows, cols);
+  ParallelColumnSums(px, py, sums.data(), rows, cols);
   for (int64_t j = 0; j < cols; ++j) pacc[j] = static_cast<float>(pacc[j] + sums[j]);
   return absl::OkStatus();
 }
@@ -415,7 +448,10 @@ absl::Status LayerNormForward(absl::string_view what, const Tensor& x, const Ten
   float* pr = MutF32(rstd);
   WithWeight(w, [&](const auto* wp) {
     using W = std::remove_const_t<std::remove_pointer_t<decltype(wp)>>;
-    LayerNormLoop(px, wp, static_cast<const W*>(b.raw_data()), eps, py, ph, pr, rows, cols);
+    const W* bp = static_cast<const W*>(b.raw_data());
+    k::ParallelChunks(rows, rows * cols, 1, [&](int64_t s, int64_t e) {
+      LayerNormLoop(px + s * cols, wp, bp, eps, py + s * cols, ph + s * cols, pr + s, e - s, cols);
+    });
   });
   return absl::OkStatus();
 }
@@ -469,12 +505,16 @@ absl::Status LayerNormBackward(absl::string_view what, const Tensor& g, const Te
   const float* ph = F32(xhat);
   const float* pr = F32(rstd);
   float* out = MutF32(gx);
-  WithWeight(w, [&](const auto* wp) { LayerNormBackwardLoop(pg, ph, pr, wp, out, rows, cols); });
+  WithWeight(w, [&](const auto* wp) {
+    k::ParallelChunks(rows, rows * cols, 1, [&](int64_t s, int64_t e) {
+      LayerNormBackwardLoop(pg + s * cols, ph + s * cols, pr + s, wp, out + s * cols, e - s, cols);
+    });
+  });
   std::vector<double> sums(static_cast<size_t>(cols));
   for (auto [acc, factor] : {std::pair<const Tensor*, const float*>{&gw, ph}, {&gb, nullptr}}) {
     if (!acc->defined()) continue;
     std::fill(sums.begin(), sums.end(), 0.0);
-    ColumnSumsLoop(pg, factor, sums.data(), rows, cols);
+    ParallelColumnSums(pg, factor, sums.data(), rows, cols);
     float* pacc = MutF32(*acc);
     for (int64_t j = 0; j < cols; ++j) pacc[j] = static_cast<float>(pacc[j] + sums[j]);
   }
@@ -493,7 +533,8 @@ absl::Status CausalSoftmaxForward(absl::string_view what, const Tensor& scores, 
     NN_ON_CUDA(scores.device(), what, "causal softmax forward",
                cuda::CausalSoftmaxForward(MutF32(scores), rows, T));
   }
-  CausalSoftmaxLoop(MutF32(scores), rows, T);
+  float* p = MutF32(scores);
+  k::ParallelChunks(rows, rows * T, 1, [&](int64_t s, int64_t e) { CausalSoftmaxLoop(p, s, e, T); });
   return absl::OkStatus();
 }
 
@@ -512,7 +553,10 @@ absl::Status CausalSoftmaxBackward(absl::string_view what, const Tensor& p, cons
     NN_ON_CUDA(p.device(), what, "causal softmax backward",
                cuda::CausalSoftmaxBackward(F32(p), MutF32(g), rows, T, scale));
   }
-  CausalSoftmaxBackwardLoop(F32(p), MutF32(g), rows, T, scale);
+  const float* pp = F32(p);
+  float* pg = MutF32(g);
+  k::ParallelChunks(rows, rows * T, 1,
+                    [&](int64_t s, int64_t e) { CausalSoftmaxBackwardLoop(pp, pg, s, e, T, scale); });
   return absl::OkStatus();
 }
 
@@ -614,8 +658,15 @@ absl::StatusOr<double> CrossEntropyForwardBackward(absl::string_view what, const
     return NoCuda(logits.device(), what);
 #endif
   }
-  const double total =
-      CrossEntropyLoop(F32(logits), targets.data<int32_t>(), MutF32(grad), n, V, inv_n);
+  const float* px = F32(logits);
+  const int32_t* tg = targets.data<int32_t>();
+  float* pg = MutF32(grad);
+  std::vector<double> row_loss(static_cast<size_t>(n));
+  k::ParallelChunks(n, n * V, 1, [&](int64_t s, int64_t e) {
+    CrossEntropyLoop(px, tg, pg, row_loss.data(), s, e, V, inv_n);
+  });
+  double total = 0.0;  // in row order, whatever the thread count
+  for (double l : row_loss) total += l;
   return total * inv_n;
 }
 

@@ -3,6 +3,8 @@
 // ops' defining properties. The CUDA side is compared with these in cuda_layers_test.
 #include "nn/tensor_ops.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -418,6 +420,63 @@ TEST(CpuLoopsTest, CrossEntropyMatchesADoubleReferenceAtEveryVocabularySize) {
     }
     EXPECT_NEAR(*loss, ref / n, 1e-12);
   }
+}
+
+// Rows and elements split over OpenMP threads (calls of >= 64K elements): results are bit
+// for bit the same for 1, 2 and 3 threads.
+TEST(CpuLoopsTest, ResultsAreBitIdenticalForAnyThreadCount) {
+  const int saved = omp_get_max_threads();
+  auto run = [](int threads) {
+    omp_set_num_threads(threads);
+    std::vector<std::vector<float>> out;
+    const int64_t n = 70001, rows = 301, cols = 257, T = 64, srows = 1100, V = 333, ce_rows = 200;
+    const core::Tensor x = Normal(n, 1), g = Normal(n, 2);
+    core::Tensor y = core::Tensor::Empty({n});
+    EXPECT_TRUE(GeluForward("t", x, y).ok());
+    out.push_back(y.ToVector());
+    EXPECT_TRUE(GeluBackward("t", x, g, y).ok());
+    out.push_back(y.ToVector());
+    EXPECT_TRUE(AddTensors("t", x, g, y).ok());
+    out.push_back(y.ToVector());
+    const core::Tensor a = Normal(rows * cols, 3), ga = Normal(rows * cols, 4);
+    const core::Tensor w = Normal(cols, 5), b = Normal(cols, 6);
+    core::Tensor ya = core::Tensor::Empty({rows * cols}), h = core::Tensor::Empty({rows * cols});
+    core::Tensor rstd = core::Tensor::Empty({rows}), gx = core::Tensor::Empty({rows * cols});
+    core::Tensor gw = core::Tensor::Zeros({cols}), gb = core::Tensor::Zeros({cols});
+    EXPECT_TRUE(BiasAdd("t", a, b, ya).ok());
+    out.push_back(ya.ToVector());
+    EXPECT_TRUE(LayerNormForward("t", a, w, b, 1e-5f, ya, h, rstd).ok());
+    out.push_back(ya.ToVector());
+    out.push_back(rstd.ToVector());
+    EXPECT_TRUE(LayerNormBackward("t", ga, h, rstd, w, gx, gw, gb).ok());
+    out.push_back(gx.ToVector());
+    out.push_back(gw.ToVector());
+    out.push_back(gb.ToVector());
+    const core::Tensor s = Normal(srows * T, 7), gs = Normal(srows * T, 8);
+    EXPECT_TRUE(CausalSoftmaxForward("t", s, T).ok());
+    out.push_back(s.ToVector());
+    EXPECT_TRUE(CausalSoftmaxBackward("t", s, gs, T, 0.125f).ok());
+    out.push_back(gs.ToVector());
+    const core::Tensor logits = Normal(ce_rows * V, 9), grad = core::Tensor::Empty({ce_rows * V});
+    std::vector<int32_t> tg(ce_rows);
+    for (int64_t i = 0; i < ce_rows; ++i) tg[i] = static_cast<int32_t>((i * 11) % V);
+    const absl::StatusOr<double> loss =
+        CrossEntropyForwardBackward("t", logits, core::Tensor::FromInts(tg, {ce_rows}).value(),
+                                    grad);
+    EXPECT_TRUE(loss.ok());
+    out.push_back(grad.ToVector());
+    out.push_back({static_cast<float>(*loss), static_cast<float>(*loss - static_cast<float>(*loss))});
+    return out;
+  };
+  const std::vector<std::vector<float>> one = run(1);
+  for (int threads : {2, 3}) {
+    const std::vector<std::vector<float>> many = run(threads);
+    ASSERT_EQ(many.size(), one.size());
+    for (size_t i = 0; i < one.size(); ++i) {
+      EXPECT_EQ(many[i], one[i]) << "output " << i << " with " << threads << " threads";
+    }
+  }
+  omp_set_num_threads(saved);
 }
 
 }  // namespace

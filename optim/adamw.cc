@@ -94,7 +94,10 @@ absl::Status AdamW::Step() {
           " but this build has no CUDA support"));
 #endif
     }
-    AdamWLoop(w, m, v, grad, n, s);
+    // Elements are independent: chunks on 64-byte lines over the intra-op threads.
+    nn::kernels::ParallelChunks(n, n, 16, [&](int64_t b, int64_t e) {
+      AdamWLoop(w + b, m + b, v + b, grad + b, e - b, s);
+    });
   }
 #ifdef FSDP_WITH_CUDA
   for (auto& [index, segments] : on_device) {

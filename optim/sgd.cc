@@ -144,7 +144,9 @@ absl::Status SGD::Step() {
           " but this build has no CUDA support"));
 #endif
     }
-    SgdLoop(w, buf, grad, n, s);
+    nn::kernels::ParallelChunks(n, n, 16, [&](int64_t b, int64_t e) {
+      SgdLoop(w + b, buf != nullptr ? buf + b : nullptr, grad + b, e - b, s);
+    });
   }
 #ifdef FSDP_WITH_CUDA
   for (auto& [index, segments] : on_device) {

@@ -14,11 +14,19 @@
 // -fno-math-errno -ffp-contract=off, so the clones vectorise (selects instead of branches, no
 // libm calls) and every clone computes each element bit for bit like the scalar body (no
 // FMA contraction); only reductions (row sums) may differ between clones, by rounding.
+// Launchers split independent rows or elements over threads with ParallelChunks (below),
+// outside the clones (GCC outlines an OpenMP region before it makes the clones).
 #ifndef NN_KERNELS_CPU_H_
 #define NN_KERNELS_CPU_H_
 
 #if defined(__CUDACC__)
 #error "nn/kernels/cpu.h is for host-compiled CPU loops only"
+#endif
+
+#include <stdint.h>
+
+#if defined(_OPENMP)
+#include <omp.h>
 #endif
 
 // GCC on x86-64 Linux (ifunc): an x86-64-v3 clone and the default one, picked once at load
@@ -40,5 +48,46 @@
 #define FSDP_CPU_INLINE inline
 #define FSDP_RESTRICT
 #endif
+
+namespace nn {
+namespace kernels {
+
+// ---- Parallel chunks: independent rows or elements split over an OpenMP team.
+
+// Below this many elements touched a call stays on the calling thread (a team costs a few
+// microseconds to start).
+constexpr int64_t kParallelMinWork = int64_t{1} << 16;
+
+// Calls f(begin, end) on contiguous chunks that cover [0, n) exactly once: one chunk per
+// thread of an OpenMP team of omp_get_max_threads() threads (the count nn::SetIntraOpThreads /
+// OMP_NUM_THREADS set) when `work` >= kParallelMinWork and the target is built with -fopenmp,
+// else f(0, n) on the caller. Chunk bounds are multiples of `align` (besides n). A caller whose
+// units (rows, columns, elements) are independent gets bit-identical results for any thread
+// count. f must not throw.
+template <typename F>
+inline void ParallelChunks(int64_t n, int64_t work, int64_t align, const F& f) {
+#if defined(_OPENMP)
+  const int64_t threads = work >= kParallelMinWork ? omp_get_max_threads() : 1;
+  const int64_t units = (n + align - 1) / align;
+  if (threads > 1 && units > 1) {
+    const int team = static_cast<int>(units < threads ? units : threads);
+#pragma omp parallel num_threads(team)
+    {
+      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+      const int64_t b = units * t / nt * align, e = units * (t + 1) / nt * align;
+      const int64_t begin = b < n ? b : n, end = e < n ? e : n;
+      if (begin < end) f(begin, end);
+    }
+    return;
+  }
+#else
+  (void)work;
+  (void)align;
+#endif
+  f(int64_t{0}, n);
+}
+
+}  // namespace kernels
+}  // namespace nn
 
 #endif  // NN_KERNELS_CPU_H_
