@@ -4,9 +4,13 @@
 // baseline x86-64 with -fopenmp-simd, reproduced below) and of the current dispatched loops
 // ("after"), at the sizes of the GPT config 512 128 256 6 8 8 (V T C L H B). Time is this
 // thread's CPU time (CLOCK_THREAD_CPUTIME_ID), the best of several repetitions, so other
-// processes on the machine disturb it little. Prints one JSON object.
+// processes on the machine disturb it little; these run on 1 thread. Then, for the
+// dispatched loops, wall-clock elements per second on 1 and 2 OpenMP threads (rows and
+// elements split by ParallelChunks; wall time, so a busy machine shows less scaling).
+// Prints one JSON object.
 //
 //   bazel run -c opt //nn:kernels_bench
+#include <omp.h>
 #include <time.h>
 
 #include <algorithm>
@@ -37,22 +41,42 @@ double ThreadSeconds() {
   return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
-// Best per-call thread CPU seconds of fn over 5 repetitions of >= 50 ms each.
-double Time(const std::function<void()>& fn) {
+double WallSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+// Best per-call seconds of fn (by `clock`) over 5 repetitions of >= 50 ms each.
+double TimeBy(double (*clock)(), const std::function<void()>& fn) {
   fn();  // warm up (page faults, caches)
   double best = 1e30;
   for (int rep = 0; rep < 5; ++rep) {
     int calls = 0;
-    const double t0 = ThreadSeconds();
+    const double t0 = clock();
     double t = t0;
     do {
       fn();
       ++calls;
-      t = ThreadSeconds();
+      t = clock();
     } while (t - t0 < 0.05);
     best = std::min(best, (t - t0) / calls);
   }
   return best;
+}
+
+// Thread CPU seconds on one thread.
+double Time(const std::function<void()>& fn) {
+  omp_set_num_threads(1);
+  return TimeBy(&ThreadSeconds, fn);
+}
+
+// Wall seconds on `threads` OpenMP threads.
+double WallTime(int threads, const std::function<void()>& fn) {
+  omp_set_num_threads(threads);
+  const double t = TimeBy(&WallSeconds, fn);
+  omp_set_num_threads(1);
+  return t;
 }
 
 core::Tensor Normal(int64_t n, uint64_t seed, float scale = 1.0f) {
@@ -213,7 +237,18 @@ struct Result {
   std::string name;
   int64_t elements;
   double before_s, after_s;
+  double wall1_s = 0, wall2_s = 0;
 };
+
+// Thread CPU time of before and after, then wall time of after on 1 and 2 threads.
+Result Measure(const std::string& name, int64_t elements, const std::function<void()>& before,
+               const std::function<void()>& after, double overhead_s = 0,
+               double wall_overhead_s = 0) {
+  Result r{name, elements, Time(before) - overhead_s, Time(after) - overhead_s};
+  r.wall1_s = WallTime(1, after) - wall_overhead_s;
+  r.wall2_s = WallTime(2, after) - wall_overhead_s;
+  return r;
+}
 
 void Check(const absl::Status& s) {
   if (!s.ok()) {
@@ -230,20 +265,23 @@ int main() {
   std::vector<Result> results;
   volatile double sink = 0;
 
-  {  // GELU over the MLP's hidden activations.
+  {  // GELU, bias add and bias gradient over the MLP's hidden activations.
     const int64_t n = rows * hidden;
     core::Tensor x = Normal(n, 1, 2.0f), g = Normal(n, 2), y = core::Tensor::Empty({n});
-    results.push_back({"gelu_forward", n, Time([&] { OldGeluForward(P(x), P(y), n); }),
-                       Time([&] { Check(nn::GeluForward("bench", x, y)); })});
-    results.push_back({"gelu_backward", n, Time([&] { OldGeluBackward(P(x), P(g), P(y), n); }),
-                       Time([&] { Check(nn::GeluBackward("bench", x, g, y)); })});
+    results.push_back(Measure(
+        "gelu_forward", n, [&] { OldGeluForward(P(x), P(y), n); },
+        [&] { Check(nn::GeluForward("bench", x, y)); }));
+    results.push_back(Measure(
+        "gelu_backward", n, [&] { OldGeluBackward(P(x), P(g), P(y), n); },
+        [&] { Check(nn::GeluBackward("bench", x, g, y)); }));
     core::Tensor bias = Normal(hidden, 3);
-    results.push_back({"bias_add", n, Time([&] { OldBiasAdd(P(x), P(bias), P(y), rows, hidden); }),
-                       Time([&] { Check(nn::BiasAdd("bench", x, bias, y)); })});
+    results.push_back(Measure(
+        "bias_add", n, [&] { OldBiasAdd(P(x), P(bias), P(y), rows, hidden); },
+        [&] { Check(nn::BiasAdd("bench", x, bias, y)); }));
     core::Tensor acc = core::Tensor::Zeros({hidden});
-    results.push_back(
-        {"column_sums", n, Time([&] { OldColumnSums(P(x), P(g), P(acc), rows, hidden); }),
-         Time([&] { Check(nn::AccumulateColumnSums("bench", x, g, acc)); })});
+    results.push_back(Measure(
+        "column_sums", n, [&] { OldColumnSums(P(x), P(g), P(acc), rows, hidden); },
+        [&] { Check(nn::AccumulateColumnSums("bench", x, g, acc)); }));
   }
   {  // Residual add and LayerNorm over [rows, C].
     const int64_t n = rows * C;
@@ -252,36 +290,34 @@ int main() {
     core::Tensor rstd = core::Tensor::Empty({rows});
     core::Tensor w = Normal(C, 6), b = Normal(C, 7);
     core::Tensor gw = core::Tensor::Zeros({C}), gb = core::Tensor::Zeros({C});
-    results.push_back({"residual_add", n, Time([&] { OldAdd(P(x), P(g), P(y), n); }),
-                       Time([&] { Check(nn::AddTensors("bench", x, g, y)); })});
-    results.push_back(
-        {"layer_norm_forward", n,
-         Time([&] { OldLayerNorm(P(x), P(w), P(b), 1e-5f, P(y), P(h), P(rstd), rows, C); }),
-         Time([&] { Check(nn::LayerNormForward("bench", x, w, b, 1e-5f, y, h, rstd)); })});
-    results.push_back(
-        {"layer_norm_backward", n,
-         Time([&] {
-           OldLayerNormBackward(P(g), P(h), P(rstd), P(w), P(gx), P(gw), P(gb), rows, C);
-         }),
-         Time([&] { Check(nn::LayerNormBackward("bench", g, h, rstd, w, gx, gw, gb)); })});
+    results.push_back(Measure(
+        "residual_add", n, [&] { OldAdd(P(x), P(g), P(y), n); },
+        [&] { Check(nn::AddTensors("bench", x, g, y)); }));
+    results.push_back(Measure(
+        "layer_norm_forward", n,
+        [&] { OldLayerNorm(P(x), P(w), P(b), 1e-5f, P(y), P(h), P(rstd), rows, C); },
+        [&] { Check(nn::LayerNormForward("bench", x, w, b, 1e-5f, y, h, rstd)); }));
+    results.push_back(Measure(
+        "layer_norm_backward", n,
+        [&] { OldLayerNormBackward(P(g), P(h), P(rstd), P(w), P(gx), P(gw), P(gb), rows, C); },
+        [&] { Check(nn::LayerNormBackward("bench", g, h, rstd, w, gx, gw, gb)); }));
   }
-  {  // Causal softmax over [B, H, T, T]; each call overwrites its input, so it is refreshed.
+  {  // Causal softmax over [B, H, T, T]. Each call overwrites its input, so every timed call
+     // first restores it; the copy's own time is subtracted.
     const int64_t srows = B * H * T, n = srows * T;
     core::Tensor s0 = Normal(n, 8, 3.0f), s = core::Tensor::Empty({n});
     core::Tensor g0 = Normal(n, 9), g = core::Tensor::Empty({n});
     auto refresh = [&] { std::copy(P(s0), P(s0) + n, P(s)); };
-    const double copy_s = Time(refresh);
-    results.push_back({"causal_softmax_forward", n,
-                       Time([&] { refresh(); OldSoftmax(P(s), srows, T); }) - copy_s,
-                       Time([&] { refresh(); Check(nn::CausalSoftmaxForward("bench", s, T)); }) -
-                           copy_s});
+    results.push_back(Measure(
+        "causal_softmax_forward", n, [&] { refresh(); OldSoftmax(P(s), srows, T); },
+        [&] { refresh(); Check(nn::CausalSoftmaxForward("bench", s, T)); }, Time(refresh),
+        WallTime(1, refresh)));
     auto refresh_g = [&] { std::copy(P(g0), P(g0) + n, P(g)); };
-    const double copy_g = Time(refresh_g);
-    results.push_back(
-        {"causal_softmax_backward", n,
-         Time([&] { refresh_g(); OldSoftmaxBackward(P(s), P(g), srows, T, 0.125f); }) - copy_g,
-         Time([&] { refresh_g(); Check(nn::CausalSoftmaxBackward("bench", s, g, T, 0.125f)); }) -
-             copy_g});
+    results.push_back(Measure(
+        "causal_softmax_backward", n,
+        [&] { refresh_g(); OldSoftmaxBackward(P(s), P(g), srows, T, 0.125f); },
+        [&] { refresh_g(); Check(nn::CausalSoftmaxBackward("bench", s, g, T, 0.125f)); },
+        Time(refresh_g), WallTime(1, refresh_g)));
   }
   {  // Cross-entropy over [rows, V].
     const int64_t n = rows * V;
@@ -289,15 +325,15 @@ int main() {
     std::vector<int32_t> tg(rows);
     for (int64_t i = 0; i < rows; ++i) tg[i] = static_cast<int32_t>((i * 37) % V);
     core::Tensor targets = core::Tensor::FromInts(tg, {rows}).value();
-    results.push_back(
-        {"cross_entropy", n,
-         Time([&] { sink = sink + OldCrossEntropy(P(logits), tg.data(), P(grad), rows, V); }),
-         Time([&] {
-           absl::StatusOr<double> l = nn::CrossEntropyForwardBackward("bench", logits, targets,
-                                                                      grad);
-           Check(l.status());
-           sink = sink + *l;
-         })});
+    results.push_back(Measure(
+        "cross_entropy", n,
+        [&] { sink = sink + OldCrossEntropy(P(logits), tg.data(), P(grad), rows, V); },
+        [&] {
+          absl::StatusOr<double> l = nn::CrossEntropyForwardBackward("bench", logits, targets,
+                                                                     grad);
+          Check(l.status());
+          sink = sink + *l;
+        }));
   }
   {  // AdamW over one rank's flat shard of the 4.9M-parameter model (2 ranks).
     const int64_t n = 4902912 / 2;
@@ -310,21 +346,23 @@ int main() {
     optim::AdamWOptions o;
     o.lr = 1e-3;
     std::unique_ptr<optim::AdamW> opt = optim::AdamW::Create({param}, o).value();
-    results.push_back({"adamw", n, Time([&] { OldAdamW(P(w), P(m), P(v), P(g), n, s); }),
-                       Time([&] { Check(opt->Step()); })});
+    results.push_back(Measure(
+        "adamw", n, [&] { OldAdamW(P(w), P(m), P(v), P(g), n, s); },
+        [&] { Check(opt->Step()); }));
   }
 
   std::printf("{\n  \"isa\": \"%s\",\n  \"config\": \"512 128 256 6 8 8\",\n"
-              "  \"unit\": \"elements per second of thread CPU time (best of 5)\",\n"
+              "  \"before_after_unit\": \"elements/s of thread CPU time on 1 thread, best of 5\",\n"
+              "  \"wall_unit\": \"elements/s of wall time of the dispatched loops, best of 5\",\n"
               "  \"kernels\": [\n",
               nn::CpuLoopIsa());
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     std::printf("    {\"name\": \"%s\", \"elements\": %lld, \"before\": %.4g, \"after\": %.4g, "
-                "\"speedup\": %.2f}%s\n",
+                "\"speedup\": %.2f, \"wall_1_thread\": %.4g, \"wall_2_threads\": %.4g}%s\n",
                 r.name.c_str(), static_cast<long long>(r.elements), r.elements / r.before_s,
-                r.elements / r.after_s, r.before_s / r.after_s,
-                i + 1 < results.size() ? "," : "");
+                r.elements / r.after_s, r.before_s / r.after_s, r.elements / r.wall1_s,
+                r.elements / r.wall2_s, i + 1 < results.size() ? "," : "");
   }
   std::printf("  ]\n}\n");
   return 0;
