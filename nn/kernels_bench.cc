@@ -138,7 +138,8 @@ void OldLayerNorm(const float* px, const float* wp, const float* bp, float eps, 
     float* hr = ph + r * cols;
     float* yr = py + r * cols;
 #pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) yr[j] = k::LayerNormApply(xr[j], mean, inv, wp, bp, j, &hr[j]);
+    for (int64_t j = 0; j < cols; ++j)
+      yr[j] = k::LayerNormApply(xr[j], mean, inv, wp, bp, j, &hr[j]);
   }
 }
 

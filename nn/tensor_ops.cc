@@ -16,6 +16,10 @@
 #include "nn/kernels/rowwise.h"
 #include "nn/ops.h"
 
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
 #ifdef FSDP_WITH_CUDA
 #include <cuda_runtime_api.h>
 
@@ -263,7 +267,7 @@ constexpr int64_t kAlign = 16;
 // ColumnSumsLoop with the columns split over threads (each column's rows still in order).
 void ParallelColumnSums(const float* x, const float* y, double* sums, int64_t rows,
                         int64_t cols) {
-  k::ParallelChunks(cols, rows * cols, kAlign, [&](int64_t s, int64_t e) {
+  k::ParallelChunks(CpuLoopThreads(), cols, rows * cols, kAlign, [&](int64_t s, int64_t e) {
     ColumnSumsLoop(x + s, y != nullptr ? y + s : nullptr, sums + s, rows, e - s, cols);
   });
 }
@@ -282,6 +286,14 @@ const char* LoopIsa() { return "default"; }
 
 const char* CpuLoopIsa() { return LoopIsa(); }
 
+int CpuLoopThreads() {
+#if defined(_OPENMP)
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
 absl::Status GeluForward(absl::string_view what, const Tensor& x, const Tensor& y) {
   RETURN_IF_ERROR(CheckElementwiseF32(what, {{"input", &x}, {"output", &y}}));
   const int64_t n = x.numel();
@@ -290,7 +302,8 @@ absl::Status GeluForward(absl::string_view what, const Tensor& x, const Tensor& 
   }
   const float* in = F32(x);
   float* out = MutF32(y);
-  k::ParallelChunks(n, n, kAlign, [&](int64_t b, int64_t e) { GeluForwardLoop(in + b, out + b, e - b); });
+  k::ParallelChunks(CpuLoopThreads(), n, n, kAlign,
+                    [&](int64_t b, int64_t e) { GeluForwardLoop(in + b, out + b, e - b); });
   return absl::OkStatus();
 }
 
@@ -306,7 +319,7 @@ absl::Status GeluBackward(absl::string_view what, const Tensor& x, const Tensor&
   const float* in = F32(x);
   const float* g = F32(gy);
   float* out = MutF32(gx);
-  k::ParallelChunks(n, n, kAlign,
+  k::ParallelChunks(CpuLoopThreads(), n, n, kAlign,
                     [&](int64_t b, int64_t e) { GeluBackwardLoop(in + b, g + b, out + b, e - b); });
   return absl::OkStatus();
 }
@@ -319,7 +332,8 @@ absl::Status ReluForward(absl::string_view what, const Tensor& x, const Tensor& 
   }
   const float* in = F32(x);
   float* out = MutF32(y);
-  k::ParallelChunks(n, n, kAlign, [&](int64_t b, int64_t e) { ReluForwardLoop(in + b, out + b, e - b); });
+  k::ParallelChunks(CpuLoopThreads(), n, n, kAlign,
+                    [&](int64_t b, int64_t e) { ReluForwardLoop(in + b, out + b, e - b); });
   return absl::OkStatus();
 }
 
@@ -335,7 +349,7 @@ absl::Status ReluBackward(absl::string_view what, const Tensor& y, const Tensor&
   const float* out = F32(y);
   const float* g = F32(gy);
   float* gi = MutF32(gx);
-  k::ParallelChunks(n, n, kAlign,
+  k::ParallelChunks(CpuLoopThreads(), n, n, kAlign,
                     [&](int64_t b, int64_t e) { ReluBackwardLoop(out + b, g + b, gi + b, e - b); });
   return absl::OkStatus();
 }
@@ -351,7 +365,8 @@ absl::Status AddTensors(absl::string_view what, const Tensor& a, const Tensor& b
   const float* pa = F32(a);
   const float* pb = F32(b);
   float* po = MutF32(out);
-  k::ParallelChunks(n, n, kAlign, [&](int64_t s, int64_t e) { AddLoop(pa + s, pb + s, po + s, e - s); });
+  k::ParallelChunks(CpuLoopThreads(), n, n, kAlign,
+                    [&](int64_t s, int64_t e) { AddLoop(pa + s, pb + s, po + s, e - s); });
   return absl::OkStatus();
 }
 
@@ -375,7 +390,7 @@ absl::Status BiasAdd(absl::string_view what, const Tensor& x, const Tensor& bias
   const float* in = F32(x);
   float* o = MutF32(out);
   WithWeight(bias, [&](const auto* b) {
-    k::ParallelChunks(rows, rows * cols, 1, [&](int64_t s, int64_t e) {
+    k::ParallelChunks(CpuLoopThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
       BiasAddLoop(in + s * cols, b, o + s * cols, e - s, cols);
     });
   });
@@ -449,7 +464,7 @@ absl::Status LayerNormForward(absl::string_view what, const Tensor& x, const Ten
   WithWeight(w, [&](const auto* wp) {
     using W = std::remove_const_t<std::remove_pointer_t<decltype(wp)>>;
     const W* bp = static_cast<const W*>(b.raw_data());
-    k::ParallelChunks(rows, rows * cols, 1, [&](int64_t s, int64_t e) {
+    k::ParallelChunks(CpuLoopThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
       LayerNormLoop(px + s * cols, wp, bp, eps, py + s * cols, ph + s * cols, pr + s, e - s, cols);
     });
   });
@@ -506,7 +521,7 @@ absl::Status LayerNormBackward(absl::string_view what, const Tensor& g, const Te
   const float* pr = F32(rstd);
   float* out = MutF32(gx);
   WithWeight(w, [&](const auto* wp) {
-    k::ParallelChunks(rows, rows * cols, 1, [&](int64_t s, int64_t e) {
+    k::ParallelChunks(CpuLoopThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
       LayerNormBackwardLoop(pg + s * cols, ph + s * cols, pr + s, wp, out + s * cols, e - s, cols);
     });
   });
@@ -534,7 +549,8 @@ absl::Status CausalSoftmaxForward(absl::string_view what, const Tensor& scores, 
                cuda::CausalSoftmaxForward(MutF32(scores), rows, T));
   }
   float* p = MutF32(scores);
-  k::ParallelChunks(rows, rows * T, 1, [&](int64_t s, int64_t e) { CausalSoftmaxLoop(p, s, e, T); });
+  k::ParallelChunks(CpuLoopThreads(), rows, rows * T, 1,
+                    [&](int64_t s, int64_t e) { CausalSoftmaxLoop(p, s, e, T); });
   return absl::OkStatus();
 }
 
@@ -555,8 +571,9 @@ absl::Status CausalSoftmaxBackward(absl::string_view what, const Tensor& p, cons
   }
   const float* pp = F32(p);
   float* pg = MutF32(g);
-  k::ParallelChunks(rows, rows * T, 1,
-                    [&](int64_t s, int64_t e) { CausalSoftmaxBackwardLoop(pp, pg, s, e, T, scale); });
+  k::ParallelChunks(CpuLoopThreads(), rows, rows * T, 1, [&](int64_t s, int64_t e) {
+    CausalSoftmaxBackwardLoop(pp, pg, s, e, T, scale);
+  });
   return absl::OkStatus();
 }
 
@@ -662,7 +679,7 @@ absl::StatusOr<double> CrossEntropyForwardBackward(absl::string_view what, const
   const int32_t* tg = targets.data<int32_t>();
   float* pg = MutF32(grad);
   std::vector<double> row_loss(static_cast<size_t>(n));
-  k::ParallelChunks(n, n * V, 1, [&](int64_t s, int64_t e) {
+  k::ParallelChunks(CpuLoopThreads(), n, n * V, 1, [&](int64_t s, int64_t e) {
     CrossEntropyLoop(px, tg, pg, row_loss.data(), s, e, V, inv_n);
   });
   double total = 0.0;  // in row order, whatever the thread count

@@ -135,6 +135,14 @@ absl::Status ZeroTensor(absl::string_view what, const core::Tensor& t);
 // build: SSE2, or any build that is not GCC on x86-64 Linux). See nn/kernels/cpu.h.
 const char* CpuLoopIsa();
 
+// The number of threads the CPU loops above (and optim's AdamW/SGD) split a call of >= 64K
+// elements over: OpenMP's omp_get_max_threads() for the calling thread, i.e. what
+// omp_set_num_threads / OMP_NUM_THREADS set, else the number of hardware threads. Results do
+// not depend on it (only independent rows, columns or elements are split). Several ranks on
+// one host should set it (OMP_NUM_THREADS) so that ranks x threads <= cores: idle OpenMP
+// threads spin and slow down the other ranks.
+int CpuLoopThreads();
+
 }  // namespace nn
 
 #endif  // NN_TENSOR_OPS_H_

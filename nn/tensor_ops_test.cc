@@ -465,7 +465,8 @@ TEST(CpuLoopsTest, ResultsAreBitIdenticalForAnyThreadCount) {
                                     grad);
     EXPECT_TRUE(loss.ok());
     out.push_back(grad.ToVector());
-    out.push_back({static_cast<float>(*loss), static_cast<float>(*loss - static_cast<float>(*loss))});
+    out.push_back(
+        {static_cast<float>(*loss), static_cast<float>(*loss - static_cast<float>(*loss))});
     return out;
   };
   const std::vector<std::vector<float>> one = run(1);

@@ -59,17 +59,16 @@ namespace kernels {
 constexpr int64_t kParallelMinWork = int64_t{1} << 16;
 
 // Calls f(begin, end) on contiguous chunks that cover [0, n) exactly once: one chunk per
-// thread of an OpenMP team of omp_get_max_threads() threads (the count nn::SetIntraOpThreads /
-// OMP_NUM_THREADS set) when `work` >= kParallelMinWork and the target is built with -fopenmp,
-// else f(0, n) on the caller. Chunk bounds are multiples of `align` (besides n). A caller whose
-// units (rows, columns, elements) are independent gets bit-identical results for any thread
-// count. f must not throw.
+// thread of an OpenMP team of up to `threads` threads (nn::CpuLoopThreads()) when `work`
+// (elements touched) >= kParallelMinWork and the target is built with -fopenmp, else f(0, n)
+// on the caller. Chunk bounds are multiples of `align` (besides n). A caller whose units
+// (rows, columns, elements) are independent gets bit-identical results for any thread count.
+// f must not throw.
 template <typename F>
-inline void ParallelChunks(int64_t n, int64_t work, int64_t align, const F& f) {
+inline void ParallelChunks(int threads, int64_t n, int64_t work, int64_t align, const F& f) {
 #if defined(_OPENMP)
-  const int64_t threads = work >= kParallelMinWork ? omp_get_max_threads() : 1;
   const int64_t units = (n + align - 1) / align;
-  if (threads > 1 && units > 1) {
+  if (threads > 1 && work >= kParallelMinWork && units > 1) {
     const int team = static_cast<int>(units < threads ? units : threads);
 #pragma omp parallel num_threads(team)
     {
@@ -81,6 +80,7 @@ inline void ParallelChunks(int64_t n, int64_t work, int64_t align, const F& f) {
     return;
   }
 #else
+  (void)threads;
   (void)work;
   (void)align;
 #endif
