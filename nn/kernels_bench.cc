@@ -10,13 +10,13 @@
 // Prints one JSON object.
 //
 //   bazel run -c opt //nn:kernels_bench
-#include <omp.h>
 #include <time.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -34,6 +34,13 @@
 namespace {
 
 namespace k = ::nn::kernels;
+
+void Check(const absl::Status& s) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "kernels_bench: %s\n", std::string(s.message()).c_str());
+    std::exit(1);
+  }
+}
 
 double ThreadSeconds() {
   timespec ts;
@@ -67,15 +74,15 @@ double TimeBy(double (*clock)(), const std::function<void()>& fn) {
 
 // Thread CPU seconds on one thread.
 double Time(const std::function<void()>& fn) {
-  omp_set_num_threads(1);
+  Check(nn::SetCpuLoopThreads(1));
   return TimeBy(&ThreadSeconds, fn);
 }
 
 // Wall seconds on `threads` OpenMP threads.
 double WallTime(int threads, const std::function<void()>& fn) {
-  omp_set_num_threads(threads);
+  Check(nn::SetCpuLoopThreads(threads));
   const double t = TimeBy(&WallSeconds, fn);
-  omp_set_num_threads(1);
+  Check(nn::SetCpuLoopThreads(1));
   return t;
 }
 
@@ -249,13 +256,6 @@ Result Measure(const std::string& name, int64_t elements, const std::function<vo
   r.wall1_s = WallTime(1, after) - wall_overhead_s;
   r.wall2_s = WallTime(2, after) - wall_overhead_s;
   return r;
-}
-
-void Check(const absl::Status& s) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "kernels_bench: %s\n", std::string(s.message()).c_str());
-    std::exit(1);
-  }
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "nn/tensor_ops.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -286,12 +288,28 @@ const char* LoopIsa() { return "default"; }
 
 const char* CpuLoopIsa() { return LoopIsa(); }
 
+namespace {
+// The count SetCpuLoopThreads set; 0 before any call.
+std::atomic<int> g_cpu_loop_threads{0};
+}  // namespace
+
+absl::Status SetCpuLoopThreads(int n) {
+  if (n < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nn::SetCpuLoopThreads: the CPU loops' thread count must be >= 1, got ", n));
+  }
+  g_cpu_loop_threads.store(n, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
 int CpuLoopThreads() {
+  const int set = g_cpu_loop_threads.load(std::memory_order_relaxed);
+  if (set > 0) return set;
 #if defined(_OPENMP)
-  return omp_get_max_threads();
-#else
-  return 1;
+  static const bool kFromEnvironment = std::getenv("OMP_NUM_THREADS") != nullptr;
+  if (kFromEnvironment) return std::max(1, omp_get_max_threads());
 #endif
+  return 1;
 }
 
 absl::Status GeluForward(absl::string_view what, const Tensor& x, const Tensor& y) {

@@ -3,8 +3,6 @@
 // ops' defining properties. The CUDA side is compared with these in cuda_layers_test.
 #include "nn/tensor_ops.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -425,9 +423,9 @@ TEST(CpuLoopsTest, CrossEntropyMatchesADoubleReferenceAtEveryVocabularySize) {
 // Rows and elements split over OpenMP threads (calls of >= 64K elements): results are bit
 // for bit the same for 1, 2 and 3 threads.
 TEST(CpuLoopsTest, ResultsAreBitIdenticalForAnyThreadCount) {
-  const int saved = omp_get_max_threads();
+  const int saved = CpuLoopThreads();
   auto run = [](int threads) {
-    omp_set_num_threads(threads);
+    EXPECT_TRUE(SetCpuLoopThreads(threads).ok());
     std::vector<std::vector<float>> out;
     const int64_t n = 70001, rows = 301, cols = 257, T = 64, srows = 1100, V = 333, ce_rows = 200;
     const core::Tensor x = Normal(n, 1), g = Normal(n, 2);
@@ -477,7 +475,15 @@ TEST(CpuLoopsTest, ResultsAreBitIdenticalForAnyThreadCount) {
       EXPECT_EQ(many[i], one[i]) << "output " << i << " with " << threads << " threads";
     }
   }
-  omp_set_num_threads(saved);
+  ASSERT_TRUE(SetCpuLoopThreads(saved).ok());
+}
+
+TEST(CpuLoopsTest, ThreadCountBelowOneIsRefusedNamingIt) {
+  const int before = CpuLoopThreads();
+  const absl::Status s = SetCpuLoopThreads(0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("got 0"));
+  EXPECT_EQ(CpuLoopThreads(), before);
 }
 
 }  // namespace

@@ -1,7 +1,5 @@
 #include "optim/adamw.h"
 
-#include <omp.h>
-
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -11,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nn/kernels/optim.h"
+#include "nn/tensor_ops.h"
 
 namespace optim {
 namespace {
@@ -318,9 +317,9 @@ TEST(AdamWTest, CpuLoopMatchesTheScalarBodyBitForBitOnAnyThreadCount) {
                                       options.weight_decay, t);
     for (int64_t i = 0; i < n; ++i) nn::kernels::AdamWUpdate(&w[i], &m[i], &v[i], g[i], s);
   }
-  const int saved = omp_get_max_threads();
+  const int saved = nn::CpuLoopThreads();
   for (int threads : {1, 3}) {
-    omp_set_num_threads(threads);
+    ASSERT_TRUE(nn::SetCpuLoopThreads(threads).ok());
     ParameterPtr p = MakeParam(w0);
     std::unique_ptr<AdamW> opt = MakeAdamW({p}, options);
     for (int t = 1; t <= 3; ++t) {
@@ -332,7 +331,7 @@ TEST(AdamWTest, CpuLoopMatchesTheScalarBodyBitForBitOnAnyThreadCount) {
       ASSERT_EQ(got[i], w[i]) << "element " << i << " with " << threads << " threads";
     }
   }
-  omp_set_num_threads(saved);
+  ASSERT_TRUE(nn::SetCpuLoopThreads(saved).ok());
 }
 
 }  // namespace
