@@ -10,10 +10,11 @@
 //   }
 //
 // Rules for a loop marked FSDP_CPU_CLONES (checked by nn/kernels_test.cc and
-// nn/tensor_ops_test.cc): its target is compiled with -fopenmp-simd -fno-trapping-math
-// -fno-math-errno -ffp-contract=off, so the clones vectorise (selects instead of branches, no
-// libm calls) and every clone computes each element bit for bit like the scalar body (no
-// FMA contraction); only reductions (row sums) may differ between clones, by rounding.
+// nn/tensor_ops_test.cc): its target is compiled with -fopenmp (or -fopenmp-simd)
+// -fno-trapping-math -fno-math-errno -ffp-contract=off, so the clones vectorise (selects
+// instead of branches, no libm calls) and every clone computes each element bit for bit
+// like the scalar body (no FMA contraction); only reductions (row sums) may differ between
+// clones, by rounding.
 // Launchers split independent rows or elements over threads with ParallelChunks (below),
 // outside the clones (GCC outlines an OpenMP region before it makes the clones).
 #ifndef NN_KERNELS_CPU_H_
