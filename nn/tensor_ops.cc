@@ -266,12 +266,11 @@ FSDP_CPU_CLONES void CrossEntropyLoop(const float* FSDP_RESTRICT x,
 // Elementwise chunks start on 64-byte lines (16 floats).
 constexpr int64_t kAlign = 16;
 
-// ColumnSumsLoop with the columns split over threads (each column's rows still in order).
-void ParallelColumnSums(const float* x, const float* y, double* sums, int64_t rows,
-                        int64_t cols) {
-  k::ParallelChunks(CpuLoopThreads(), cols, rows * cols, kAlign, [&](int64_t s, int64_t e) {
-    ColumnSumsLoop(x + s, y != nullptr ? y + s : nullptr, sums + s, rows, e - s, cols);
-  });
+// ColumnSumsLoop over all columns on the calling thread: it streams its inputs once at
+// memory speed, and splitting it over two threads measured no faster (kernels_bench) while
+// the team's start made LayerNorm's backward slower.
+void ColumnSums(const float* x, const float* y, double* sums, int64_t rows, int64_t cols) {
+  ColumnSumsLoop(x, y, sums, rows, cols, cols);
 }
 
 }  // namespace
@@ -440,7 +439,7 @@ absl::Status AccumulateColumnSums(absl::string_view what, const Tensor& x, const
   const float* py = y.defined() ? F32(y) : nullptr;
   float* pacc = MutF32(acc);
   std::vector<double> sums(static_cast<size_t>(cols), 0.0);
-  ParallelColumnSums(px, py, sums.data(), rows, cols);
+  ColumnSums(px, py, sums.data(), rows, cols);
   for (int64_t j = 0; j < cols; ++j) pacc[j] = static_cast<float>(pacc[j] + sums[j]);
   return absl::OkStatus();
 }
@@ -547,7 +546,7 @@ absl::Status LayerNormBackward(absl::string_view what, const Tensor& g, const Te
   for (auto [acc, factor] : {std::pair<const Tensor*, const float*>{&gw, ph}, {&gb, nullptr}}) {
     if (!acc->defined()) continue;
     std::fill(sums.begin(), sums.end(), 0.0);
-    ParallelColumnSums(pg, factor, sums.data(), rows, cols);
+    ColumnSums(pg, factor, sums.data(), rows, cols);
     float* pacc = MutF32(*acc);
     for (int64_t j = 0; j < cols; ++j) pacc[j] = static_cast<float>(pacc[j] + sums[j]);
   }
