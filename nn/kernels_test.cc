@@ -1,6 +1,7 @@
 // CPU tests of the FSDP_HD kernel bodies (nn/kernels) against straightforward references
 // written out here in double: the same functions run on the GPU, so these pin down the
 // math both devices compute.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -87,6 +88,33 @@ TEST(KernelsTest, FastTanhAndGeluStayWithinTheirErrorBoundOfTheExactForm) {
   EXPECT_EQ(FastTanh(1e-5f), 1e-5f);
   EXPECT_NEAR(FastTanh(100.0f), 1.0f, 1e-6);
   EXPECT_NEAR(FastTanh(-100.0f), -1.0f, 1e-6);
+}
+
+// FastExp against expl (long double) densely over each type's whole normal range, the
+// bounds math.h states; then its ends: underflow to 0, overflow to +inf, NaN stays NaN.
+TEST(KernelsTest, FastExpStaysWithinItsStatedRelativeErrorOfExp) {
+  double worst_f = 0, worst_d = 0;
+  for (double xd = -87.33; xd <= 88.37; xd += 1.0 / 4096) {
+    const float x = static_cast<float>(xd);
+    const long double ref = std::exp(static_cast<long double>(x));
+    worst_f = std::max(worst_f, static_cast<double>(std::fabs((FastExp(x) - ref) / ref)));
+  }
+  for (double x = -708.39; x <= 709.08; x += 1.0 / 512) {
+    const long double ref = std::exp(static_cast<long double>(x));
+    worst_d = std::max(worst_d, static_cast<double>(std::fabs((FastExp(x) - ref) / ref)));
+  }
+  EXPECT_LE(worst_f, 1.5e-7);
+  EXPECT_LE(worst_d, 3e-16);
+  EXPECT_EQ(FastExp(0.0f), 1.0f);
+  EXPECT_EQ(FastExp(0.0), 1.0);
+  EXPECT_EQ(FastExp(-100.0f), 0.0f);
+  EXPECT_EQ(FastExp(-INFINITY), 0.0f);
+  EXPECT_EQ(FastExp(89.0f), INFINITY);
+  EXPECT_EQ(FastExp(INFINITY), INFINITY);
+  EXPECT_TRUE(std::isnan(FastExp(NAN)));
+  EXPECT_EQ(FastExp(-1000.0), 0.0);
+  EXPECT_EQ(FastExp(710.0), static_cast<double>(INFINITY));
+  EXPECT_TRUE(std::isnan(FastExp(static_cast<double>(NAN))));
 }
 
 TEST(KernelsTest, ReluAddBiasAndEmbeddingElements) {

@@ -1,18 +1,26 @@
 #include "nn/tensor_ops.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "nn/internal/op_checks.h"
+#include "nn/kernels/cpu.h"
 #include "nn/kernels/elementwise.h"
 #include "nn/kernels/math.h"
 #include "nn/kernels/rowwise.h"
 #include "nn/ops.h"
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 #ifdef FSDP_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -43,7 +51,265 @@ using internal::UseDevice;
 using internal::NoCuda;
 #endif
 
+// ---- CPU loops. Each is compiled per ISA (FSDP_CPU_CLONES, nn/kernels/cpu.h) and written
+// so GCC vectorises it: raw restrict pointers, `omp simd`, bodies from nn/kernels inlined,
+// reductions in float lanes (double lanes where a test needs double accuracy). Elementwise
+// results are bit-identical to the scalar body in every clone.
+
+FSDP_CPU_CLONES void GeluForwardLoop(const float* FSDP_RESTRICT x, float* FSDP_RESTRICT y,
+                                     int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = k::GeluTanhForward(x[i]);
+}
+
+FSDP_CPU_CLONES void GeluBackwardLoop(const float* FSDP_RESTRICT x, const float* FSDP_RESTRICT g,
+                                      float* FSDP_RESTRICT gx, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) gx[i] = k::GeluTanhBackward(x[i], g[i]);
+}
+
+FSDP_CPU_CLONES void ReluForwardLoop(const float* FSDP_RESTRICT x, float* FSDP_RESTRICT y,
+                                     int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = k::ReluForward(x[i]);
+}
+
+FSDP_CPU_CLONES void ReluBackwardLoop(const float* FSDP_RESTRICT y, const float* FSDP_RESTRICT g,
+                                      float* FSDP_RESTRICT gx, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) gx[i] = k::ReluBackward(y[i], g[i]);
+}
+
+// out may alias a or b (in-place residual adds): no restrict.
+FSDP_CPU_CLONES void AddLoop(const float* a, const float* b, float* out, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = k::Add(a[i], b[i]);
+}
+
+// out may alias x (in-place bias add).
+template <typename W>
+FSDP_CPU_INLINE void BiasAddRows(const float* x, const W* FSDP_RESTRICT bias, float* out,
+                                 int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float* orow = out + r * cols;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) orow[j] = k::BiasAdd(xr[j], bias, j);
+  }
+}
+FSDP_CPU_CLONES void BiasAddLoop(const float* x, const float* bias, float* out, int64_t rows,
+                                 int64_t cols) {
+  BiasAddRows(x, bias, out, rows, cols);
+}
+FSDP_CPU_CLONES void BiasAddLoop(const float* x, const uint16_t* bias, float* out, int64_t rows,
+                                 int64_t cols) {
+  BiasAddRows(x, bias, out, rows, cols);
+}
+
+// sums[j] += sum_r x[r, j] * (y ? y[r, j] : 1) for j < cols, rows `ld` apart; double
+// accumulators, columns in lanes, rows added in order.
+FSDP_CPU_CLONES void ColumnSumsLoop(const float* FSDP_RESTRICT x, const float* FSDP_RESTRICT y,
+                                    double* FSDP_RESTRICT sums, int64_t rows, int64_t cols,
+                                    int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * ld;
+    if (y != nullptr) {
+      const float* yr = y + r * ld;
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) sums[j] += static_cast<double>(xr[j]) * yr[j];
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) sums[j] += static_cast<double>(xr[j]);
+    }
+  }
+}
+
+template <typename W>
+FSDP_CPU_INLINE void LayerNormRows(const float* FSDP_RESTRICT x, const W* FSDP_RESTRICT w,
+                                   const W* FSDP_RESTRICT b, float eps, float* FSDP_RESTRICT y,
+                                   float* FSDP_RESTRICT xhat, float* FSDP_RESTRICT rstd,
+                                   int64_t rows, int64_t cols) {
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < cols; ++j) sum += xr[j];
+    const float mean = sum * inv_cols;
+    float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
+    for (int64_t j = 0; j < cols; ++j) {
+      const float d = xr[j] - mean;
+      sq += d * d;
+    }
+    const float inv = k::LayerNormRstd(sq * inv_cols, eps);
+    rstd[r] = inv;
+    float* hr = xhat + r * cols;
+    float* yr = y + r * cols;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) yr[j] = k::LayerNormApply(xr[j], mean, inv, w, b, j, &hr[j]);
+  }
+}
+FSDP_CPU_CLONES void LayerNormLoop(const float* x, const float* w, const float* b, float eps,
+                                   float* y, float* xhat, float* rstd, int64_t rows, int64_t cols) {
+  LayerNormRows(x, w, b, eps, y, xhat, rstd, rows, cols);
+}
+FSDP_CPU_CLONES void LayerNormLoop(const float* x, const uint16_t* w, const uint16_t* b, float eps,
+                                   float* y, float* xhat, float* rstd, int64_t rows, int64_t cols) {
+  LayerNormRows(x, w, b, eps, y, xhat, rstd, rows, cols);
+}
+
+template <typename W>
+FSDP_CPU_INLINE void LayerNormBackwardRows(const float* FSDP_RESTRICT g,
+                                           const float* FSDP_RESTRICT xhat,
+                                           const float* FSDP_RESTRICT rstd,
+                                           const W* FSDP_RESTRICT w, float* FSDP_RESTRICT gx,
+                                           int64_t rows, int64_t cols) {
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* gr = g + r * cols;
+    const float* hr = xhat + r * cols;
+    float sum_gh = 0.0f, sum_gh_h = 0.0f;
+#pragma omp simd reduction(+ : sum_gh, sum_gh_h)
+    for (int64_t j = 0; j < cols; ++j) {
+      const float gh = k::LayerNormGradHat<float>(gr[j], w, j);
+      sum_gh += gh;
+      sum_gh_h += gh * hr[j];
+    }
+    const float mean_gh = sum_gh * inv_cols;
+    const float mean_gh_h = sum_gh_h * inv_cols;
+    const float rs = rstd[r];
+    float* o = gx + r * cols;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) {
+      o[j] = k::LayerNormBackwardInput(gr[j], w, j, hr[j], rs, mean_gh, mean_gh_h);
+    }
+  }
+}
+FSDP_CPU_CLONES void LayerNormBackwardLoop(const float* g, const float* xhat, const float* rstd,
+                                           const float* w, float* gx, int64_t rows, int64_t cols) {
+  LayerNormBackwardRows(g, xhat, rstd, w, gx, rows, cols);
+}
+FSDP_CPU_CLONES void LayerNormBackwardLoop(const float* g, const float* xhat, const float* rstd,
+                                           const uint16_t* w, float* gx, int64_t rows,
+                                           int64_t cols) {
+  LayerNormBackwardRows(g, xhat, rstd, w, gx, rows, cols);
+}
+
+// Rows [first, end) of [rows, T] scores, row r attending to s <= r % T; in place.
+FSDP_CPU_CLONES void CausalSoftmaxLoop(float* FSDP_RESTRICT p, int64_t first, int64_t end,
+                                       int64_t T) {
+  for (int64_t r = first; r < end; ++r) {
+    const int64_t t = r % T;
+    float* row = p + r * T;
+    float max = row[0];
+#pragma omp simd reduction(max : max)
+    for (int64_t s = 1; s <= t; ++s) max = max > row[s] ? max : row[s];
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t s = 0; s <= t; ++s) {
+      const float e = k::SoftmaxExp(row[s], max);
+      row[s] = e;
+      sum += e;
+    }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int64_t s = 0; s < T; ++s) {
+      row[s] = k::CausalMasked(t, s) ? 0.0f : k::SoftmaxNormalize(row[s], inv);
+    }
+  }
+}
+
+FSDP_CPU_CLONES void CausalSoftmaxBackwardLoop(const float* FSDP_RESTRICT p,
+                                               float* FSDP_RESTRICT g, int64_t first,
+                                               int64_t end, int64_t T, float scale) {
+  for (int64_t r = first; r < end; ++r) {
+    const int64_t t = r % T;
+    const float* pr = p + r * T;
+    float* gr = g + r * T;
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t s = 0; s <= t; ++s) dot += gr[s] * pr[s];
+#pragma omp simd
+    for (int64_t s = 0; s < T; ++s) {
+      gr[s] = k::CausalMasked(t, s) ? 0.0f : k::SoftmaxBackward(pr[s], gr[s], dot, scale);
+    }
+  }
+}
+
+// Cross-entropy rows [first, end) in double lanes (the loss is checked to 1e-12); stores
+// each row's loss in row_loss[i].
+FSDP_CPU_CLONES void CrossEntropyLoop(const float* FSDP_RESTRICT x,
+                                      const int32_t* FSDP_RESTRICT targets,
+                                      float* FSDP_RESTRICT grad, double* FSDP_RESTRICT row_loss,
+                                      int64_t first, int64_t end, int64_t V, double inv_n) {
+  for (int64_t i = first; i < end; ++i) {
+    const float* row = x + i * V;
+    float* grow = grad + i * V;
+    float maxf = row[0];
+#pragma omp simd reduction(max : maxf)
+    for (int64_t j = 1; j < V; ++j) maxf = maxf > row[j] ? maxf : row[j];
+    const double max = maxf;
+    double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < V; ++j) sum += k::CrossEntropyExp(row[j], max);
+    const double log_sum = k::Log(sum);
+    const int64_t tg = targets[i];
+    row_loss[i] = k::CrossEntropyRowLoss(sum, max, row[tg]);
+#pragma omp simd
+    for (int64_t j = 0; j < V; ++j) {
+      grow[j] = k::CrossEntropyGrad(row[j], max, log_sum, j == tg, inv_n);
+    }
+  }
+}
+
+// Elementwise chunks start on 64-byte lines (16 floats).
+constexpr int64_t kAlign = 16;
+
+// ColumnSumsLoop over all columns on the calling thread: it streams its inputs once at
+// memory speed, and splitting it over two threads measured no faster (kernels_bench) while
+// the team's start made LayerNorm's backward slower.
+void ColumnSums(const float* x, const float* y, double* sums, int64_t rows, int64_t cols) {
+  ColumnSumsLoop(x, y, sums, rows, cols, cols);
+}
+
 }  // namespace
+
+namespace {
+// Resolved by the same CPU-feature dispatch as the FSDP_CPU_CLONES loops.
+#if FSDP_CPU_HAS_CLONES
+__attribute__((target("default"))) const char* LoopIsa() { return "default"; }
+__attribute__((target("arch=x86-64-v3"))) const char* LoopIsa() { return "x86-64-v3"; }
+#else
+const char* LoopIsa() { return "default"; }
+#endif
+}  // namespace
+
+const char* CpuLoopIsa() { return LoopIsa(); }
+
+namespace {
+// The count SetCpuLoopThreads set; 0 before any call.
+std::atomic<int> g_cpu_loop_threads{0};
+}  // namespace
+
+absl::Status SetCpuLoopThreads(int n) {
+  if (n < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nn::SetCpuLoopThreads: the CPU loops' thread count must be >= 1, got ", n));
+  }
+  g_cpu_loop_threads.store(n, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+int CpuLoopThreads() {
+  const int set = g_cpu_loop_threads.load(std::memory_order_relaxed);
+  if (set > 0) return set;
+#if defined(_OPENMP)
+  static const bool kFromEnvironment = std::getenv("OMP_NUM_THREADS") != nullptr;
+  if (kFromEnvironment) return std::max(1, omp_get_max_threads());
+#endif
+  return 1;
+}
 
 absl::Status GeluForward(absl::string_view what, const Tensor& x, const Tensor& y) {
   RETURN_IF_ERROR(CheckElementwiseF32(what, {{"input", &x}, {"output", &y}}));
@@ -53,8 +319,8 @@ absl::Status GeluForward(absl::string_view what, const Tensor& x, const Tensor& 
   }
   const float* in = F32(x);
   float* out = MutF32(y);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) out[i] = k::GeluTanhForward(in[i]);
+  k::ParallelChunks(CpuLoopThreads(), n, n, kAlign,
+                    [&](int64_t b, int64_t e) { GeluForwardLoop(in + b, out + b, e - b); });
   return absl::OkStatus();
 }
 
@@ -70,8 +336,8 @@ absl::Status GeluBackward(absl::string_view what, const Tensor& x, const Tensor&
   const float* in = F32(x);
   const float* g = F32(gy);
   float* out = MutF32(gx);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) out[i] = k::GeluTanhBackward(in[i], g[i]);
+  k::ParallelChunks(CpuLoopThreads(), n, n, kAlign,
+                    [&](int64_t b, int64_t e) { GeluBackwardLoop(in + b, g + b, out + b, e - b); });
   return absl::OkStatus();
 }
 
@@ -83,8 +349,8 @@ absl::Status ReluForward(absl::string_view what, const Tensor& x, const Tensor& 
   }
   const float* in = F32(x);
   float* out = MutF32(y);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) out[i] = k::ReluForward(in[i]);
+  k::ParallelChunks(CpuLoopThreads(), n, n, kAlign,
+                    [&](int64_t b, int64_t e) { ReluForwardLoop(in + b, out + b, e - b); });
   return absl::OkStatus();
 }
 
@@ -100,8 +366,8 @@ absl::Status ReluBackward(absl::string_view what, const Tensor& y, const Tensor&
   const float* out = F32(y);
   const float* g = F32(gy);
   float* gi = MutF32(gx);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) gi[i] = k::ReluBackward(out[i], g[i]);
+  k::ParallelChunks(CpuLoopThreads(), n, n, kAlign,
+                    [&](int64_t b, int64_t e) { ReluBackwardLoop(out + b, g + b, gi + b, e - b); });
   return absl::OkStatus();
 }
 
@@ -116,8 +382,8 @@ absl::Status AddTensors(absl::string_view what, const Tensor& a, const Tensor& b
   const float* pa = F32(a);
   const float* pb = F32(b);
   float* po = MutF32(out);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) po[i] = k::Add(pa[i], pb[i]);
+  k::ParallelChunks(CpuLoopThreads(), n, n, kAlign,
+                    [&](int64_t s, int64_t e) { AddLoop(pa + s, pb + s, po + s, e - s); });
   return absl::OkStatus();
 }
 
@@ -141,12 +407,9 @@ absl::Status BiasAdd(absl::string_view what, const Tensor& x, const Tensor& bias
   const float* in = F32(x);
   float* o = MutF32(out);
   WithWeight(bias, [&](const auto* b) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = in + r * cols;
-      float* orow = o + r * cols;
-#pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) orow[j] = k::BiasAdd(xr[j], b, j);
-    }
+    k::ParallelChunks(CpuLoopThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
+      BiasAddLoop(in + s * cols, b, o + s * cols, e - s, cols);
+    });
   });
   return absl::OkStatus();
 }
@@ -176,15 +439,7 @@ absl::Status AccumulateColumnSums(absl::string_view what, const Tensor& x, const
   const float* py = y.defined() ? F32(y) : nullptr;
   float* pacc = MutF32(acc);
   std::vector<double> sums(static_cast<size_t>(cols), 0.0);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = px + r * cols;
-    if (py != nullptr) {
-      const float* yr = py + r * cols;
-      for (int64_t j = 0; j < cols; ++j) sums[j] += static_cast<double>(xr[j]) * yr[j];
-    } else {
-      for (int64_t j = 0; j < cols; ++j) sums[j] += xr[j];
-    }
-  }
+  ColumnSums(px, py, sums.data(), rows, cols);
   for (int64_t j = 0; j < cols; ++j) pacc[j] = static_cast<float>(pacc[j] + sums[j]);
   return absl::OkStatus();
 }
@@ -226,22 +481,9 @@ absl::Status LayerNormForward(absl::string_view what, const Tensor& x, const Ten
   WithWeight(w, [&](const auto* wp) {
     using W = std::remove_const_t<std::remove_pointer_t<decltype(wp)>>;
     const W* bp = static_cast<const W*>(b.raw_data());
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = px + r * cols;
-      double sum = 0.0;
-      for (int64_t j = 0; j < cols; ++j) sum += xr[j];
-      const double mean = sum / cols;
-      double sq = 0.0;
-      for (int64_t j = 0; j < cols; ++j) sq += (xr[j] - mean) * (xr[j] - mean);
-      const double inv = k::LayerNormRstd(sq / cols, static_cast<double>(eps));
-      pr[r] = static_cast<float>(inv);
-      float* hr = ph + r * cols;
-      float* yr = py + r * cols;
-#pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) {
-        yr[j] = k::LayerNormApply(xr[j], mean, inv, wp, bp, j, &hr[j]);
-      }
-    }
+    k::ParallelChunks(CpuLoopThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
+      LayerNormLoop(px + s * cols, wp, bp, eps, py + s * cols, ph + s * cols, pr + s, e - s, cols);
+    });
   });
   return absl::OkStatus();
 }
@@ -296,41 +538,17 @@ absl::Status LayerNormBackward(absl::string_view what, const Tensor& g, const Te
   const float* pr = F32(rstd);
   float* out = MutF32(gx);
   WithWeight(w, [&](const auto* wp) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* gr = pg + r * cols;
-      const float* hr = ph + r * cols;
-      double sum_gh = 0.0, sum_gh_h = 0.0;
-      for (int64_t j = 0; j < cols; ++j) {
-        const double gh = k::LayerNormGradHat<double>(gr[j], wp, j);
-        sum_gh += gh;
-        sum_gh_h += gh * hr[j];
-      }
-      const double mean_gh = sum_gh / cols;
-      const double mean_gh_h = sum_gh_h / cols;
-      const double rs = pr[r];
-      float* o = out + r * cols;
-#pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) {
-        o[j] = k::LayerNormBackwardInput(gr[j], wp, j, hr[j], rs, mean_gh, mean_gh_h);
-      }
-    }
+    k::ParallelChunks(CpuLoopThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
+      LayerNormBackwardLoop(pg + s * cols, ph + s * cols, pr + s, wp, out + s * cols, e - s, cols);
+    });
   });
-  if (gw.defined() || gb.defined()) {
-    std::vector<double> sw(static_cast<size_t>(cols), 0.0), sb(static_cast<size_t>(cols), 0.0);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* gr = pg + r * cols;
-      const float* hr = ph + r * cols;
-      for (int64_t j = 0; j < cols; ++j) {
-        sw[j] += static_cast<double>(gr[j]) * hr[j];
-        sb[j] += gr[j];
-      }
-    }
-    float* pgw = gw.defined() ? MutF32(gw) : nullptr;
-    float* pgb = gb.defined() ? MutF32(gb) : nullptr;
-    for (int64_t j = 0; j < cols; ++j) {
-      if (pgw != nullptr) pgw[j] = static_cast<float>(pgw[j] + sw[j]);
-      if (pgb != nullptr) pgb[j] = static_cast<float>(pgb[j] + sb[j]);
-    }
+  std::vector<double> sums(static_cast<size_t>(cols));
+  for (auto [acc, factor] : {std::pair<const Tensor*, const float*>{&gw, ph}, {&gb, nullptr}}) {
+    if (!acc->defined()) continue;
+    std::fill(sums.begin(), sums.end(), 0.0);
+    ColumnSums(pg, factor, sums.data(), rows, cols);
+    float* pacc = MutF32(*acc);
+    for (int64_t j = 0; j < cols; ++j) pacc[j] = static_cast<float>(pacc[j] + sums[j]);
   }
   return absl::OkStatus();
 }
@@ -348,21 +566,8 @@ absl::Status CausalSoftmaxForward(absl::string_view what, const Tensor& scores, 
                cuda::CausalSoftmaxForward(MutF32(scores), rows, T));
   }
   float* p = MutF32(scores);
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t t = r % T;
-    float* row = p + r * T;
-    float max = row[0];
-    for (int64_t s = 1; s <= t; ++s) max = std::max(max, row[s]);
-    double sum = 0.0;
-    for (int64_t s = 0; s <= t; ++s) {
-      row[s] = k::SoftmaxExp(row[s], max);
-      sum += row[s];
-    }
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int64_t s = 0; s < T; ++s) {
-      row[s] = k::CausalMasked(t, s) ? 0.0f : k::SoftmaxNormalize(row[s], inv);
-    }
-  }
+  k::ParallelChunks(CpuLoopThreads(), rows, rows * T, 1,
+                    [&](int64_t s, int64_t e) { CausalSoftmaxLoop(p, s, e, T); });
   return absl::OkStatus();
 }
 
@@ -383,16 +588,9 @@ absl::Status CausalSoftmaxBackward(absl::string_view what, const Tensor& p, cons
   }
   const float* pp = F32(p);
   float* pg = MutF32(g);
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t t = r % T;
-    const float* pr = pp + r * T;
-    float* gr = pg + r * T;
-    double dot = 0.0;
-    for (int64_t s = 0; s <= t; ++s) dot += static_cast<double>(gr[s]) * pr[s];
-    for (int64_t s = 0; s < T; ++s) {
-      gr[s] = k::CausalMasked(t, s) ? 0.0f : k::SoftmaxBackward(pr[s], gr[s], dot, scale);
-    }
-  }
+  k::ParallelChunks(CpuLoopThreads(), rows, rows * T, 1, [&](int64_t s, int64_t e) {
+    CausalSoftmaxBackwardLoop(pp, pg, s, e, T, scale);
+  });
   return absl::OkStatus();
 }
 
@@ -494,22 +692,15 @@ absl::StatusOr<double> CrossEntropyForwardBackward(absl::string_view what, const
     return NoCuda(logits.device(), what);
 #endif
   }
-  const int32_t* tg = targets.data<int32_t>();
   const float* px = F32(logits);
+  const int32_t* tg = targets.data<int32_t>();
   float* pg = MutF32(grad);
-  double total = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float* row = px + i * V;
-    float* grow = pg + i * V;
-    const double max = *std::max_element(row, row + V);
-    double sum = 0.0;
-    for (int64_t j = 0; j < V; ++j) sum += k::CrossEntropyExp(row[j], max);
-    const double log_sum = k::Log(sum);
-    total += k::CrossEntropyRowLoss(sum, max, row[tg[i]]);
-    for (int64_t j = 0; j < V; ++j) {
-      grow[j] = k::CrossEntropyGrad(row[j], max, log_sum, j == tg[i], inv_n);
-    }
-  }
+  std::vector<double> row_loss(static_cast<size_t>(n));
+  k::ParallelChunks(CpuLoopThreads(), n, n * V, 1, [&](int64_t s, int64_t e) {
+    CrossEntropyLoop(px, tg, pg, row_loss.data(), s, e, V, inv_n);
+  });
+  double total = 0.0;  // in row order, whatever the thread count
+  for (double l : row_loss) total += l;
   return total * inv_n;
 }
 

@@ -130,6 +130,25 @@ absl::StatusOr<double> CrossEntropyForwardBackward(absl::string_view what,
 // Sets every element of `t` to zero (asynchronously on CUDA).
 absl::Status ZeroTensor(absl::string_view what, const core::Tensor& t);
 
+// The instruction set of the CPU loops' clones picked for this CPU at load time:
+// "x86-64-v3" (AVX2 + FMA, 8 floats per operation) or "default" (the baseline x86-64
+// build: SSE2, or any build that is not GCC on x86-64 Linux). See nn/kernels/cpu.h.
+const char* CpuLoopIsa();
+
+// Sets the number of threads the CPU loops above (and optim's AdamW/SGD) split a call of
+// >= 64K elements over, for every thread of the process (an OpenMP team of n; 1 runs each
+// call on its caller). n must be >= 1, else InvalidArgument naming the value (nothing
+// changes). Results do not depend on it: only independent rows, columns or elements are
+// split. nn::SetIntraOpThreads is the place to call it from. Thread-safe.
+absl::Status SetCpuLoopThreads(int n);
+
+// The count SetCpuLoopThreads last set; before any call, omp_get_max_threads() of the
+// calling thread when the environment sets OMP_NUM_THREADS, else 1. Never OpenMP's
+// all-cores default by itself: several ranks on one host would each start a team, and idle
+// OpenMP threads spin (measured: 2 ranks x 2 threads on 2 cores ran a GPT step 2.2x
+// slower). Always >= 1.
+int CpuLoopThreads();
+
 }  // namespace nn
 
 #endif  // NN_TENSOR_OPS_H_

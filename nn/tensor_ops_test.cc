@@ -3,6 +3,7 @@
 // ops' defining properties. The CUDA side is compared with these in cuda_layers_test.
 #include "nn/tensor_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -10,6 +11,8 @@
 #include "core/random.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nn/kernels/cpu.h"
+#include "nn/kernels/elementwise.h"
 #include "nn/ops.h"
 
 namespace nn {
@@ -187,6 +190,300 @@ TEST(TensorOpsTest, ZeroAndEmbeddingScatter) {
   core::Tensor gw2 = core::Tensor::Zeros({3, 2});
   ASSERT_TRUE(EmbeddingBackward("t", ids, gy, gw2).ok());
   EXPECT_EQ(gw2.ToVector(), (std::vector<float>{2, 2, 0, 0, 4, 4}));
+}
+
+// ---- The vectorised CPU loops (FSDP_CPU_CLONES) against the scalar bodies and double
+// references, at lengths around the vector widths (4 and 8 floats, 2 and 4 doubles).
+
+const int64_t kLengths[] = {1, 3, 7, 8, 9, 16, 31, 33, 256, 1001};
+
+// The loops run the clone this CPU supports: x86-64-v3 (AVX2 + FMA) on this machine.
+TEST(CpuLoopsTest, TheCloneForThisCpuIsSelected) {
+#if FSDP_CPU_HAS_CLONES
+  const bool v3 = __builtin_cpu_supports("x86-64-v3");
+  EXPECT_STREQ(CpuLoopIsa(), v3 ? "x86-64-v3" : "default");
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("movbe")) {
+    EXPECT_STREQ(CpuLoopIsa(), "x86-64-v3");
+  }
+#else
+  EXPECT_STREQ(CpuLoopIsa(), "default");
+#endif
+}
+
+// Elementwise loops compute every element bit for bit as the scalar body does (no FMA
+// contraction, no reassociation), at every length.
+TEST(CpuLoopsTest, ElementwiseLoopsMatchTheScalarBodiesBitForBit) {
+  namespace k = ::nn::kernels;
+  for (int64_t n : kLengths) {
+    SCOPED_TRACE(n);
+    const core::Tensor x = Normal(n, 10 + n), g = Normal(n, 20 + n);
+    // Spread GELU's input over its whole range (tails and the clamp of FastTanh).
+    float* px = x.data<float>();
+    for (int64_t i = 0; i < n; ++i) px[i] *= 4.0f;
+    const std::vector<float> xv = x.ToVector(), gv = g.ToVector();
+    core::Tensor y = core::Tensor::Empty({n});
+    ASSERT_TRUE(GeluForward("t", x, y).ok());
+    std::vector<float> out = y.ToVector();
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(out[i], k::GeluTanhForward(xv[i])) << "gelu " << i;
+      const double xd = xv[i];
+      const double exact =
+          0.5 * xd * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (xd + 0.044715 * xd * xd * xd)));
+      ASSERT_NEAR(out[i], exact, 1e-6 * (1.0 + std::abs(xd))) << "gelu vs exact " << i;
+    }
+    ASSERT_TRUE(GeluBackward("t", x, g, y).ok());
+    out = y.ToVector();
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], k::GeluTanhBackward(xv[i], gv[i])) << i;
+    ASSERT_TRUE(ReluForward("t", x, y).ok());
+    out = y.ToVector();
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], xv[i] > 0 ? xv[i] : 0.0f) << i;
+    ASSERT_TRUE(ReluBackward("t", x, g, y).ok());
+    out = y.ToVector();
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], xv[i] > 0 ? gv[i] : 0.0f) << i;
+    ASSERT_TRUE(AddTensors("t", x, g, y).ok());
+    out = y.ToVector();
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], xv[i] + gv[i]) << i;
+    // In place, as the residual adds run.
+    ASSERT_TRUE(AddTensors("t", y, g, y).ok());
+    const std::vector<float> twice = y.ToVector();
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(twice[i], out[i] + gv[i]) << i;
+  }
+}
+
+TEST(CpuLoopsTest, BiasAddMatchesTheScalarBodyForFp32AndBf16Bias) {
+  for (int64_t cols : kLengths) {
+    SCOPED_TRACE(cols);
+    const int64_t rows = 3;
+    const core::Tensor x = Normal(rows * cols, 30 + cols), b = Normal(cols, 40 + cols);
+    const core::Tensor b16 = b.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
+    const std::vector<float> xv = x.ToVector();
+    for (const core::Tensor* bias : {&b, &b16}) {
+      const std::vector<float> bv =
+          bias->ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value().ToVector();
+      core::Tensor y = core::Tensor::Empty({rows * cols});
+      ASSERT_TRUE(BiasAdd("t", x, *bias, y).ok());
+      const std::vector<float> out = y.ToVector();
+      for (int64_t i = 0; i < rows * cols; ++i) ASSERT_EQ(out[i], xv[i] + bv[i % cols]) << i;
+    }
+  }
+}
+
+TEST(CpuLoopsTest, ColumnSumsMatchADoubleReference) {
+  for (int64_t cols : kLengths) {
+    SCOPED_TRACE(cols);
+    const int64_t rows = 37;
+    const core::Tensor x = Normal(rows * cols, 50 + cols), y = Normal(rows * cols, 60 + cols);
+    const std::vector<float> xv = x.ToVector(), yv = y.ToVector();
+    core::Tensor plain = core::Tensor::Zeros({cols}), product = core::Tensor::Zeros({cols});
+    ASSERT_TRUE(AccumulateColumnSums("t", x, core::Tensor(), plain).ok());
+    ASSERT_TRUE(AccumulateColumnSums("t", x, y, product).ok());
+    const std::vector<float> p = plain.ToVector(), q = product.ToVector();
+    for (int64_t j = 0; j < cols; ++j) {
+      double sp = 0, sq = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        sp += xv[r * cols + j];
+        sq += static_cast<double>(xv[r * cols + j]) * yv[r * cols + j];
+      }
+      // Double accumulation rounded once to float.
+      EXPECT_EQ(p[j], static_cast<float>(sp)) << j;
+      EXPECT_EQ(q[j], static_cast<float>(sq)) << j;
+    }
+  }
+}
+
+TEST(CpuLoopsTest, LayerNormForwardAndBackwardMatchADoubleReference) {
+  const float eps = 1e-5f;
+  for (int64_t cols : kLengths) {
+    for (core::DType wdt : {core::DType::kFloat32, core::DType::kBFloat16}) {
+      SCOPED_TRACE(testing::Message() << cols << " " << core::DTypeName(wdt));
+      const int64_t rows = 5;
+      const core::Tensor x = Normal(rows * cols, 70 + cols);
+      float* px = x.data<float>();
+      for (int64_t i = 0; i < rows * cols; ++i) px[i] = 3.0f + 2.0f * px[i];  // mean 3
+      const core::Tensor w = Normal(cols, 80 + cols).ToDType(wdt, core::MemoryTag::kOther).value();
+      const core::Tensor b = Normal(cols, 90 + cols).ToDType(wdt, core::MemoryTag::kOther).value();
+      const std::vector<float> wv =
+          w.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value().ToVector();
+      const std::vector<float> bv =
+          b.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value().ToVector();
+      core::Tensor y = core::Tensor::Empty({rows * cols}), h = core::Tensor::Empty({rows * cols});
+      core::Tensor rstd = core::Tensor::Empty({rows});
+      ASSERT_TRUE(LayerNormForward("t", x, w, b, eps, y, h, rstd).ok());
+      const core::Tensor g = Normal(rows * cols, 100 + cols);
+      core::Tensor gx = core::Tensor::Empty({rows * cols});
+      core::Tensor gw = core::Tensor::Zeros({cols}), gb = core::Tensor::Zeros({cols});
+      ASSERT_TRUE(LayerNormBackward("t", g, h, rstd, w, gx, gw, gb).ok());
+      const std::vector<float> xv = x.ToVector(), yv = y.ToVector(), hv = h.ToVector(),
+                               rv = rstd.ToVector(), gv = g.ToVector(), gxv = gx.ToVector(),
+                               gwv = gw.ToVector(), gbv = gb.ToVector();
+      std::vector<double> gw_ref(cols, 0.0), gb_ref(cols, 0.0);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* xr = &xv[r * cols];
+        double mean = 0, var = 0;
+        for (int64_t j = 0; j < cols; ++j) mean += xr[j];
+        mean /= cols;
+        for (int64_t j = 0; j < cols; ++j) var += (xr[j] - mean) * (xr[j] - mean);
+        var /= cols;
+        const double rs = 1.0 / std::sqrt(var + eps);
+        ASSERT_NEAR(rv[r], rs, 2e-6 * rs) << r;
+        std::vector<double> xhat(cols), gh(cols);
+        double mean_gh = 0, mean_gh_h = 0;
+        for (int64_t j = 0; j < cols; ++j) {
+          xhat[j] = (xr[j] - mean) * rs;
+          ASSERT_NEAR(hv[r * cols + j], xhat[j], 2e-6 * (1 + std::abs(xhat[j]))) << j;
+          const double yref = xhat[j] * wv[j] + bv[j];
+          ASSERT_NEAR(yv[r * cols + j], yref, 4e-6 * (1 + std::abs(yref))) << j;
+          gh[j] = static_cast<double>(gv[r * cols + j]) * wv[j];
+          mean_gh += gh[j] / cols;
+          mean_gh_h += gh[j] * xhat[j] / cols;
+          gw_ref[j] += gv[r * cols + j] * xhat[j];
+          gb_ref[j] += gv[r * cols + j];
+        }
+        for (int64_t j = 0; j < cols; ++j) {
+          const double ref = rs * (gh[j] - mean_gh - xhat[j] * mean_gh_h);
+          ASSERT_NEAR(gxv[r * cols + j], ref, 4e-6 * (1 + std::abs(ref))) << j;
+        }
+      }
+      for (int64_t j = 0; j < cols; ++j) {
+        EXPECT_NEAR(gwv[j], gw_ref[j], 4e-6 * (1 + std::abs(gw_ref[j]))) << j;
+        EXPECT_NEAR(gbv[j], gb_ref[j], 1e-6 * (1 + std::abs(gb_ref[j]))) << j;
+      }
+    }
+  }
+}
+
+TEST(CpuLoopsTest, CausalSoftmaxForwardAndBackwardMatchADoubleReference) {
+  for (int64_t T : kLengths) {
+    if (T > 256) continue;
+    SCOPED_TRACE(T);
+    const int64_t rows = 2 * T;
+    const core::Tensor scores = Normal(rows * T, 110 + T);
+    float* ps = scores.data<float>();
+    for (int64_t i = 0; i < rows * T; ++i) ps[i] *= 3.0f;
+    const std::vector<float> sv = scores.ToVector();
+    ASSERT_TRUE(CausalSoftmaxForward("t", scores, T).ok());
+    const std::vector<float> p = scores.ToVector();
+    const core::Tensor g = Normal(rows * T, 120 + T);
+    const std::vector<float> gv = g.ToVector();
+    const float scale = 0.125f;
+    ASSERT_TRUE(CausalSoftmaxBackward("t", scores, g, T, scale).ok());
+    const std::vector<float> gs = g.ToVector();
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t t = r % T;
+      double max = sv[r * T];
+      for (int64_t s = 0; s <= t; ++s) max = std::max<double>(max, sv[r * T + s]);
+      double sum = 0;
+      for (int64_t s = 0; s <= t; ++s) sum += std::exp(sv[r * T + s] - max);
+      double dot = 0;
+      for (int64_t s = 0; s <= t; ++s) dot += gv[r * T + s] * std::exp(sv[r * T + s] - max) / sum;
+      for (int64_t s = 0; s < T; ++s) {
+        if (s > t) {
+          ASSERT_EQ(p[r * T + s], 0.0f);
+          ASSERT_EQ(gs[r * T + s], 0.0f);
+          continue;
+        }
+        const double pref = std::exp(sv[r * T + s] - max) / sum;
+        ASSERT_NEAR(p[r * T + s], pref, 1e-6 * pref + 1e-9) << r << " " << s;
+        const double gref = scale * pref * (gv[r * T + s] - dot);
+        ASSERT_NEAR(gs[r * T + s], gref, 2e-6 * (pref + std::abs(gref)) + 1e-9) << r << " " << s;
+      }
+    }
+  }
+}
+
+TEST(CpuLoopsTest, CrossEntropyMatchesADoubleReferenceAtEveryVocabularySize) {
+  for (int64_t V : kLengths) {
+    SCOPED_TRACE(V);
+    const int64_t n = 5;
+    const core::Tensor logits = Normal(n * V, 130 + V);
+    float* pl = logits.data<float>();
+    for (int64_t i = 0; i < n * V; ++i) pl[i] *= 4.0f;
+    std::vector<int32_t> tgi(n);
+    for (int64_t i = 0; i < n; ++i) tgi[i] = static_cast<int32_t>((i * 7 + 3) % V);
+    const core::Tensor targets = core::Tensor::FromInts(tgi, {n}).value();
+    const core::Tensor grad = core::Tensor::Empty({n * V});
+    absl::StatusOr<double> loss = CrossEntropyForwardBackward("t", logits, targets, grad);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    const std::vector<float> x = logits.ToVector(), gr = grad.ToVector();
+    double ref = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      double z = 0;
+      for (int64_t j = 0; j < V; ++j) z += std::exp(static_cast<double>(x[i * V + j]));
+      ref += std::log(z) - x[i * V + tgi[i]];
+      for (int64_t j = 0; j < V; ++j) {
+        const double gref = (std::exp(static_cast<double>(x[i * V + j])) / z - (j == tgi[i])) / n;
+        ASSERT_NEAR(gr[i * V + j], gref, 1e-7) << i << " " << j;
+      }
+    }
+    EXPECT_NEAR(*loss, ref / n, 1e-12);
+  }
+}
+
+// Rows and elements split over OpenMP threads (calls of >= 64K elements): results are bit
+// for bit the same for 1, 2 and 3 threads.
+TEST(CpuLoopsTest, ResultsAreBitIdenticalForAnyThreadCount) {
+  const int saved = CpuLoopThreads();
+  auto run = [](int threads) {
+    EXPECT_TRUE(SetCpuLoopThreads(threads).ok());
+    std::vector<std::vector<float>> out;
+    const int64_t n = 70001, rows = 301, cols = 257, T = 64, srows = 1100, V = 333, ce_rows = 200;
+    const core::Tensor x = Normal(n, 1), g = Normal(n, 2);
+    core::Tensor y = core::Tensor::Empty({n});
+    EXPECT_TRUE(GeluForward("t", x, y).ok());
+    out.push_back(y.ToVector());
+    EXPECT_TRUE(GeluBackward("t", x, g, y).ok());
+    out.push_back(y.ToVector());
+    EXPECT_TRUE(AddTensors("t", x, g, y).ok());
+    out.push_back(y.ToVector());
+    const core::Tensor a = Normal(rows * cols, 3), ga = Normal(rows * cols, 4);
+    const core::Tensor w = Normal(cols, 5), b = Normal(cols, 6);
+    core::Tensor ya = core::Tensor::Empty({rows * cols}), h = core::Tensor::Empty({rows * cols});
+    core::Tensor rstd = core::Tensor::Empty({rows}), gx = core::Tensor::Empty({rows * cols});
+    core::Tensor gw = core::Tensor::Zeros({cols}), gb = core::Tensor::Zeros({cols});
+    EXPECT_TRUE(BiasAdd("t", a, b, ya).ok());
+    out.push_back(ya.ToVector());
+    EXPECT_TRUE(LayerNormForward("t", a, w, b, 1e-5f, ya, h, rstd).ok());
+    out.push_back(ya.ToVector());
+    out.push_back(rstd.ToVector());
+    EXPECT_TRUE(LayerNormBackward("t", ga, h, rstd, w, gx, gw, gb).ok());
+    out.push_back(gx.ToVector());
+    out.push_back(gw.ToVector());
+    out.push_back(gb.ToVector());
+    const core::Tensor s = Normal(srows * T, 7), gs = Normal(srows * T, 8);
+    EXPECT_TRUE(CausalSoftmaxForward("t", s, T).ok());
+    out.push_back(s.ToVector());
+    EXPECT_TRUE(CausalSoftmaxBackward("t", s, gs, T, 0.125f).ok());
+    out.push_back(gs.ToVector());
+    const core::Tensor logits = Normal(ce_rows * V, 9), grad = core::Tensor::Empty({ce_rows * V});
+    std::vector<int32_t> tg(ce_rows);
+    for (int64_t i = 0; i < ce_rows; ++i) tg[i] = static_cast<int32_t>((i * 11) % V);
+    const absl::StatusOr<double> loss =
+        CrossEntropyForwardBackward("t", logits, core::Tensor::FromInts(tg, {ce_rows}).value(),
+                                    grad);
+    EXPECT_TRUE(loss.ok());
+    out.push_back(grad.ToVector());
+    out.push_back(
+        {static_cast<float>(*loss), static_cast<float>(*loss - static_cast<float>(*loss))});
+    return out;
+  };
+  const std::vector<std::vector<float>> one = run(1);
+  for (int threads : {2, 3}) {
+    const std::vector<std::vector<float>> many = run(threads);
+    ASSERT_EQ(many.size(), one.size());
+    for (size_t i = 0; i < one.size(); ++i) {
+      EXPECT_EQ(many[i], one[i]) << "output " << i << " with " << threads << " threads";
+    }
+  }
+  ASSERT_TRUE(SetCpuLoopThreads(saved).ok());
+}
+
+TEST(CpuLoopsTest, ThreadCountBelowOneIsRefusedNamingIt) {
+  const int before = CpuLoopThreads();
+  const absl::Status s = SetCpuLoopThreads(0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("got 0"));
+  EXPECT_EQ(CpuLoopThreads(), before);
 }
 
 }  // namespace

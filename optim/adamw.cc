@@ -6,7 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "nn/kernels/cpu.h"
 #include "nn/kernels/optim.h"
+#include "nn/tensor_ops.h"
 
 #ifdef FSDP_WITH_CUDA
 #include "optim/cuda/fused.h"
@@ -15,6 +17,15 @@
 
 namespace optim {
 namespace {
+
+// The CPU update of one flat parameter, per ISA (nn/kernels/cpu.h); each element bit for bit
+// as nn::kernels::AdamWUpdate computes it alone.
+FSDP_CPU_CLONES void AdamWLoop(float* FSDP_RESTRICT w, float* FSDP_RESTRICT m,
+                               float* FSDP_RESTRICT v, const float* FSDP_RESTRICT g, int64_t n,
+                               nn::kernels::AdamWScalars s) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) nn::kernels::AdamWUpdate(&w[j], &m[j], &v[j], g[j], s);
+}
 
 absl::Status CheckOptions(const AdamWOptions& o) {
   auto bad = [](const char* option, double value, const char* rule) {
@@ -84,8 +95,10 @@ absl::Status AdamW::Step() {
           " but this build has no CUDA support"));
 #endif
     }
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) nn::kernels::AdamWUpdate(&w[j], &m[j], &v[j], grad[j], s);
+    // Elements are independent: chunks on 64-byte lines over the intra-op threads.
+    nn::kernels::ParallelChunks(nn::CpuLoopThreads(), n, n, 16, [&](int64_t b, int64_t e) {
+      AdamWLoop(w + b, m + b, v + b, grad + b, e - b, s);
+    });
   }
 #ifdef FSDP_WITH_CUDA
   for (auto& [index, segments] : on_device) {

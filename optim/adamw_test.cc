@@ -8,6 +8,8 @@
 #include "core/tensor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nn/kernels/optim.h"
+#include "nn/tensor_ops.h"
 
 namespace optim {
 namespace {
@@ -292,6 +294,44 @@ TEST(AdamWTest, RejectsBadOptionsNamingTheOption) {
   edge.beta2 = 0.0;
   edge.weight_decay = 0.0;
   EXPECT_TRUE(AdamW::Create(std::vector<ParameterPtr>{MakeParam({1})}, edge).ok());
+}
+
+// The vectorised, thread-split CPU loop (FSDP_CPU_CLONES, ParallelChunks) updates every
+// element bit for bit as the scalar body nn::kernels::AdamWUpdate does, on 1 and 3 threads,
+// at a length that is not a multiple of any vector width.
+TEST(AdamWTest, CpuLoopMatchesTheScalarBodyBitForBitOnAnyThreadCount) {
+  const int64_t n = 100003;
+  std::vector<float> w0(n), g(n);
+  for (int64_t i = 0; i < n; ++i) {
+    w0[i] = std::sin(0.37f * i);
+    g[i] = std::cos(0.91f * i) * (i % 7 == 0 ? 1e-3f : 1.0f);
+  }
+  AdamWOptions options;
+  options.lr = 0.01;
+  options.weight_decay = 0.1;
+  // Scalar reference: three steps through the shared body.
+  std::vector<float> w = w0, m(n, 0.0f), v(n, 0.0f);
+  for (int t = 1; t <= 3; ++t) {
+    const nn::kernels::AdamWScalars s =
+        nn::kernels::MakeAdamWScalars(options.lr, options.beta1, options.beta2, options.eps,
+                                      options.weight_decay, t);
+    for (int64_t i = 0; i < n; ++i) nn::kernels::AdamWUpdate(&w[i], &m[i], &v[i], g[i], s);
+  }
+  const int saved = nn::CpuLoopThreads();
+  for (int threads : {1, 3}) {
+    ASSERT_TRUE(nn::SetCpuLoopThreads(threads).ok());
+    ParameterPtr p = MakeParam(w0);
+    std::unique_ptr<AdamW> opt = MakeAdamW({p}, options);
+    for (int t = 1; t <= 3; ++t) {
+      SetGrad(p, g);
+      ASSERT_TRUE(opt->Step().ok());
+    }
+    const std::vector<float> got = p->data.ToVector();
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(got[i], w[i]) << "element " << i << " with " << threads << " threads";
+    }
+  }
+  ASSERT_TRUE(nn::SetCpuLoopThreads(saved).ok());
 }
 
 }  // namespace

@@ -1,12 +1,15 @@
 #include "optim/sgd.h"
 
 #include <cmath>
+#include <cstddef>
 #include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "nn/kernels/cpu.h"
 #include "nn/kernels/optim.h"
+#include "nn/tensor_ops.h"
 
 #ifdef FSDP_WITH_CUDA
 #include "optim/cuda/fused.h"
@@ -15,6 +18,49 @@
 
 namespace optim {
 namespace {
+
+// The CPU update of one parameter with the step's flags fixed at compile time, so the loop
+// has no branches on them (GCC does not vectorise a select on a loop-invariant bool) and
+// the buffer store is unconditional or absent; each element bit for bit as
+// nn::kernels::SgdUpdate computes it alone.
+template <bool kWeightDecay, bool kMomentum, bool kNesterov, bool kFirstStep>
+FSDP_CPU_INLINE void SgdRows(float* FSDP_RESTRICT w, float* FSDP_RESTRICT buf,
+                             const float* FSDP_RESTRICT g, int64_t n,
+                             const nn::kernels::SgdScalars& scalars) {
+  nn::kernels::SgdScalars s = scalars;
+  s.use_weight_decay = kWeightDecay;
+  s.use_momentum = kMomentum;
+  s.nesterov = kNesterov;
+  s.first_step = kFirstStep;
+  float unused = 0.0f;
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) {
+    nn::kernels::SgdUpdate(&w[j], kMomentum ? &buf[j] : &unused, g[j], s);
+  }
+}
+
+// Picks the SgdRows instance of s's four flags, one flag per level.
+template <bool... kFixed>
+FSDP_CPU_INLINE void SgdDispatch(float* w, float* buf, const float* g, int64_t n,
+                                 const nn::kernels::SgdScalars& s) {
+  constexpr size_t kDone = sizeof...(kFixed);
+  if constexpr (kDone == 4) {
+    SgdRows<kFixed...>(w, buf, g, n, s);
+  } else {
+    const bool flags[4] = {s.use_weight_decay, s.use_momentum, s.nesterov, s.first_step};
+    if (flags[kDone]) {
+      SgdDispatch<kFixed..., true>(w, buf, g, n, s);
+    } else {
+      SgdDispatch<kFixed..., false>(w, buf, g, n, s);
+    }
+  }
+}
+
+// Per ISA (nn/kernels/cpu.h); buf is null without momentum.
+FSDP_CPU_CLONES void SgdLoop(float* w, float* buf, const float* g, int64_t n,
+                             nn::kernels::SgdScalars s) {
+  SgdDispatch<>(w, buf, g, n, s);
+}
 
 absl::Status CheckOptions(const SgdOptions& o) {
   auto bad = [](const char* option, double value, const char* rule) {
@@ -99,10 +145,9 @@ absl::Status SGD::Step() {
           " but this build has no CUDA support"));
 #endif
     }
-    float unused = 0.0f;
-    for (int64_t j = 0; j < n; ++j) {
-      nn::kernels::SgdUpdate(&w[j], buf != nullptr ? &buf[j] : &unused, grad[j], s);
-    }
+    nn::kernels::ParallelChunks(nn::CpuLoopThreads(), n, n, 16, [&](int64_t b, int64_t e) {
+      SgdLoop(w + b, buf != nullptr ? buf + b : nullptr, grad + b, e - b, s);
+    });
   }
 #ifdef FSDP_WITH_CUDA
   for (auto& [index, segments] : on_device) {

@@ -1,0 +1,94 @@
+// CPU-only helpers for the loops that run the nn/kernels bodies on the host (nn/tensor_ops.cc,
+// optim/): run-time ISA dispatch by GCC function multiversioning, so one generic x86-64
+// binary runs an AVX2+FMA (x86-64-v3) build of each hot loop on CPUs that have it and the
+// baseline (SSE2) build elsewhere. Not for nvcc: CUDA code never includes this header.
+//
+//   FSDP_CPU_CLONES void GeluLoop(const float* FSDP_RESTRICT x, float* FSDP_RESTRICT y,
+//                                 int64_t n) {
+//   #pragma omp simd
+//     for (int64_t i = 0; i < n; ++i) y[i] = nn::kernels::GeluTanhForward(x[i]);
+//   }
+//
+// Rules for a loop marked FSDP_CPU_CLONES (checked by nn/kernels_test.cc and
+// nn/tensor_ops_test.cc): its target is compiled with -fopenmp (or -fopenmp-simd)
+// -fno-trapping-math -fno-math-errno -ffp-contract=off, so the clones vectorise (selects
+// instead of branches, no libm calls) and every clone computes each element bit for bit
+// like the scalar body (no FMA contraction); only reductions (row sums) may differ between
+// clones, by rounding.
+// Launchers split independent rows or elements over threads with ParallelChunks (below),
+// outside the clones (GCC outlines an OpenMP region before it makes the clones).
+#ifndef NN_KERNELS_CPU_H_
+#define NN_KERNELS_CPU_H_
+
+#if defined(__CUDACC__)
+#error "nn/kernels/cpu.h is for host-compiled CPU loops only"
+#endif
+
+#include <stdint.h>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+// GCC on x86-64 Linux (ifunc): an x86-64-v3 clone and the default one, picked once at load
+// time by the CPU's features. Elsewhere (clang's fuzz builds, other architectures): one
+// plain function.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define FSDP_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define FSDP_CPU_HAS_CLONES 1
+#else
+#define FSDP_CPU_CLONES
+#define FSDP_CPU_HAS_CLONES 0
+#endif
+
+// Inlined into every clone that calls it (so the clone's ISA applies to its body).
+#if defined(__GNUC__)
+#define FSDP_CPU_INLINE inline __attribute__((always_inline))
+#define FSDP_RESTRICT __restrict__
+#else
+#define FSDP_CPU_INLINE inline
+#define FSDP_RESTRICT
+#endif
+
+namespace nn {
+namespace kernels {
+
+// ---- Parallel chunks: independent rows or elements split over an OpenMP team.
+
+// Below this many elements touched a call stays on the calling thread (a team costs a few
+// microseconds to start).
+constexpr int64_t kParallelMinWork = int64_t{1} << 16;
+
+// Calls f(begin, end) on contiguous chunks that cover [0, n) exactly once: one chunk per
+// thread of an OpenMP team of up to `threads` threads (nn::CpuLoopThreads()) when `work`
+// (elements touched) >= kParallelMinWork and the target is built with -fopenmp, else f(0, n)
+// on the caller. Chunk bounds are multiples of `align` (besides n). A caller whose units
+// (rows, columns, elements) are independent gets bit-identical results for any thread count.
+// f must not throw.
+template <typename F>
+inline void ParallelChunks(int threads, int64_t n, int64_t work, int64_t align, const F& f) {
+#if defined(_OPENMP)
+  const int64_t units = (n + align - 1) / align;
+  if (threads > 1 && work >= kParallelMinWork && units > 1) {
+    const int team = static_cast<int>(units < threads ? units : threads);
+#pragma omp parallel num_threads(team)
+    {
+      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+      const int64_t b = units * t / nt * align, e = units * (t + 1) / nt * align;
+      const int64_t begin = b < n ? b : n, end = e < n ? e : n;
+      if (begin < end) f(begin, end);
+    }
+    return;
+  }
+#else
+  (void)threads;
+  (void)work;
+  (void)align;
+#endif
+  f(int64_t{0}, n);
+}
+
+}  // namespace kernels
+}  // namespace nn
+
+#endif  // NN_KERNELS_CPU_H_

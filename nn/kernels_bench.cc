@@ -1,0 +1,370 @@
+// Microbenchmark of the CPU element and row kernels (nn/tensor_ops.h, optim's AdamW): for
+// each kernel, elements per second of the previous scalar loops ("before": the loops as
+// they were before FSDP_CPU_CLONES, with double row reductions and libm exp, compiled for
+// baseline x86-64 with -fopenmp-simd, reproduced below) and of the current dispatched loops
+// ("after"), at the sizes of the GPT config 512 128 256 6 8 8 (V T C L H B). Time is this
+// thread's CPU time (CLOCK_THREAD_CPUTIME_ID), the best of several repetitions, so other
+// processes on the machine disturb it little; these run on 1 thread. Then, for the
+// dispatched loops, wall-clock elements per second on 1 and 2 OpenMP threads (rows and
+// elements split by ParallelChunks; wall time, so a busy machine shows less scaling).
+// Prints one JSON object.
+//
+//   bazel run -c opt //nn:kernels_bench
+#include <time.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/random.h"
+#include "core/tensor.h"
+#include "nn/kernels/elementwise.h"
+#include "nn/kernels/optim.h"
+#include "nn/kernels/rowwise.h"
+#include "nn/ops.h"
+#include "nn/tensor_ops.h"
+#include "optim/adamw.h"
+
+namespace {
+
+namespace k = ::nn::kernels;
+
+void Check(const absl::Status& s) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "kernels_bench: %s\n", std::string(s.message()).c_str());
+    std::exit(1);
+  }
+}
+
+double ThreadSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+double WallSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+// Best per-call seconds of fn (by `clock`) over 5 repetitions of >= 50 ms each.
+double TimeBy(double (*clock)(), const std::function<void()>& fn) {
+  fn();  // warm up (page faults, caches)
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    int calls = 0;
+    const double t0 = clock();
+    double t = t0;
+    do {
+      fn();
+      ++calls;
+      t = clock();
+    } while (t - t0 < 0.05);
+    best = std::min(best, (t - t0) / calls);
+  }
+  return best;
+}
+
+// Thread CPU seconds on one thread.
+double Time(const std::function<void()>& fn) {
+  Check(nn::SetCpuLoopThreads(1));
+  return TimeBy(&ThreadSeconds, fn);
+}
+
+// Wall seconds on `threads` OpenMP threads.
+double WallTime(int threads, const std::function<void()>& fn) {
+  Check(nn::SetCpuLoopThreads(threads));
+  const double t = TimeBy(&WallSeconds, fn);
+  Check(nn::SetCpuLoopThreads(1));
+  return t;
+}
+
+core::Tensor Normal(int64_t n, uint64_t seed, float scale = 1.0f) {
+  core::Tensor t = core::Tensor::Empty({n});
+  core::Rng rng(seed);
+  nn::FillNormal(t, 0.0f, scale, &rng);
+  return t;
+}
+
+float* P(const core::Tensor& t) { return t.data<float>(); }
+
+// ---- The loops before this change (scalar reductions in double, libm exp).
+
+void OldGeluForward(const float* in, float* out, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = k::GeluTanhForward(in[i]);
+}
+
+void OldGeluBackward(const float* in, const float* g, float* out, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = k::GeluTanhBackward(in[i], g[i]);
+}
+
+void OldAdd(const float* a, const float* b, float* o, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) o[i] = k::Add(a[i], b[i]);
+}
+
+void OldBiasAdd(const float* in, const float* b, float* o, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = in + r * cols;
+    float* orow = o + r * cols;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) orow[j] = k::BiasAdd(xr[j], b, j);
+  }
+}
+
+void OldColumnSums(const float* px, const float* py, float* pacc, int64_t rows, int64_t cols) {
+  std::vector<double> sums(static_cast<size_t>(cols), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = px + r * cols;
+    const float* yr = py + r * cols;
+    for (int64_t j = 0; j < cols; ++j) sums[j] += static_cast<double>(xr[j]) * yr[j];
+  }
+  for (int64_t j = 0; j < cols; ++j) pacc[j] = static_cast<float>(pacc[j] + sums[j]);
+}
+
+void OldLayerNorm(const float* px, const float* wp, const float* bp, float eps, float* py,
+                  float* ph, float* pr, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = px + r * cols;
+    double sum = 0.0;
+    for (int64_t j = 0; j < cols; ++j) sum += xr[j];
+    const double mean = sum / cols;
+    double sq = 0.0;
+    for (int64_t j = 0; j < cols; ++j) sq += (xr[j] - mean) * (xr[j] - mean);
+    const double inv = k::LayerNormRstd(sq / cols, static_cast<double>(eps));
+    pr[r] = static_cast<float>(inv);
+    float* hr = ph + r * cols;
+    float* yr = py + r * cols;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j)
+      yr[j] = k::LayerNormApply(xr[j], mean, inv, wp, bp, j, &hr[j]);
+  }
+}
+
+void OldLayerNormBackward(const float* pg, const float* ph, const float* pr, const float* wp,
+                          float* out, float* pgw, float* pgb, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* gr = pg + r * cols;
+    const float* hr = ph + r * cols;
+    double sum_gh = 0.0, sum_gh_h = 0.0;
+    for (int64_t j = 0; j < cols; ++j) {
+      const double gh = k::LayerNormGradHat<double>(gr[j], wp, j);
+      sum_gh += gh;
+      sum_gh_h += gh * hr[j];
+    }
+    const double mean_gh = sum_gh / cols;
+    const double mean_gh_h = sum_gh_h / cols;
+    const double rs = pr[r];
+    float* o = out + r * cols;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) {
+      o[j] = k::LayerNormBackwardInput(gr[j], wp, j, hr[j], rs, mean_gh, mean_gh_h);
+    }
+  }
+  std::vector<double> sw(static_cast<size_t>(cols), 0.0), sb(static_cast<size_t>(cols), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* gr = pg + r * cols;
+    const float* hr = ph + r * cols;
+    for (int64_t j = 0; j < cols; ++j) {
+      sw[j] += static_cast<double>(gr[j]) * hr[j];
+      sb[j] += gr[j];
+    }
+  }
+  for (int64_t j = 0; j < cols; ++j) {
+    pgw[j] = static_cast<float>(pgw[j] + sw[j]);
+    pgb[j] = static_cast<float>(pgb[j] + sb[j]);
+  }
+}
+
+void OldSoftmax(float* p, int64_t rows, int64_t T) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = r % T;
+    float* row = p + r * T;
+    float max = row[0];
+    for (int64_t s = 1; s <= t; ++s) max = std::max(max, row[s]);
+    double sum = 0.0;
+    for (int64_t s = 0; s <= t; ++s) {
+      row[s] = expf(row[s] - max);
+      sum += row[s];
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t s = 0; s < T; ++s) {
+      row[s] = k::CausalMasked(t, s) ? 0.0f : k::SoftmaxNormalize(row[s], inv);
+    }
+  }
+}
+
+void OldSoftmaxBackward(const float* pp, float* pg, int64_t rows, int64_t T, float scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = r % T;
+    const float* pr = pp + r * T;
+    float* gr = pg + r * T;
+    double dot = 0.0;
+    for (int64_t s = 0; s <= t; ++s) dot += static_cast<double>(gr[s]) * pr[s];
+    for (int64_t s = 0; s < T; ++s) {
+      gr[s] = k::CausalMasked(t, s) ? 0.0f : k::SoftmaxBackward(pr[s], gr[s], dot, scale);
+    }
+  }
+}
+
+double OldCrossEntropy(const float* px, const int32_t* tg, float* pg, int64_t n, int64_t V) {
+  const double inv_n = 1.0 / n;
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = px + i * V;
+    float* grow = pg + i * V;
+    const double max = *std::max_element(row, row + V);
+    double sum = 0.0;
+    for (int64_t j = 0; j < V; ++j) sum += std::exp(static_cast<double>(row[j]) - max);
+    const double log_sum = std::log(sum);
+    total += log_sum + max - row[tg[i]];
+    for (int64_t j = 0; j < V; ++j) {
+      const double p = std::exp(static_cast<double>(row[j]) - max - log_sum);
+      grow[j] = static_cast<float>((p - (j == tg[i] ? 1.0 : 0.0)) * inv_n);
+    }
+  }
+  return total * inv_n;
+}
+
+void OldAdamW(float* w, float* m, float* v, const float* g, int64_t n,
+              const k::AdamWScalars& s) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) k::AdamWUpdate(&w[j], &m[j], &v[j], g[j], s);
+}
+
+struct Result {
+  std::string name;
+  int64_t elements;
+  double before_s, after_s;
+  double wall1_s = 0, wall2_s = 0;
+};
+
+// Thread CPU time of before and after, then wall time of after on 1 and 2 threads.
+Result Measure(const std::string& name, int64_t elements, const std::function<void()>& before,
+               const std::function<void()>& after, double overhead_s = 0,
+               double wall_overhead_s = 0) {
+  Result r{name, elements, Time(before) - overhead_s, Time(after) - overhead_s};
+  r.wall1_s = WallTime(1, after) - wall_overhead_s;
+  r.wall2_s = WallTime(2, after) - wall_overhead_s;
+  return r;
+}
+
+}  // namespace
+
+int main() {
+  const int64_t B = 8, T = 128, C = 256, H = 8, V = 512, hidden = 4 * C;
+  const int64_t rows = B * T;
+  std::vector<Result> results;
+  volatile double sink = 0;
+
+  {  // GELU, bias add and bias gradient over the MLP's hidden activations.
+    const int64_t n = rows * hidden;
+    core::Tensor x = Normal(n, 1, 2.0f), g = Normal(n, 2), y = core::Tensor::Empty({n});
+    results.push_back(Measure(
+        "gelu_forward", n, [&] { OldGeluForward(P(x), P(y), n); },
+        [&] { Check(nn::GeluForward("bench", x, y)); }));
+    results.push_back(Measure(
+        "gelu_backward", n, [&] { OldGeluBackward(P(x), P(g), P(y), n); },
+        [&] { Check(nn::GeluBackward("bench", x, g, y)); }));
+    core::Tensor bias = Normal(hidden, 3);
+    results.push_back(Measure(
+        "bias_add", n, [&] { OldBiasAdd(P(x), P(bias), P(y), rows, hidden); },
+        [&] { Check(nn::BiasAdd("bench", x, bias, y)); }));
+    core::Tensor acc = core::Tensor::Zeros({hidden});
+    results.push_back(Measure(
+        "column_sums", n, [&] { OldColumnSums(P(x), P(g), P(acc), rows, hidden); },
+        [&] { Check(nn::AccumulateColumnSums("bench", x, g, acc)); }));
+  }
+  {  // Residual add and LayerNorm over [rows, C].
+    const int64_t n = rows * C;
+    core::Tensor x = Normal(n, 4), g = Normal(n, 5), y = core::Tensor::Empty({n});
+    core::Tensor h = core::Tensor::Empty({n}), gx = core::Tensor::Empty({n});
+    core::Tensor rstd = core::Tensor::Empty({rows});
+    core::Tensor w = Normal(C, 6), b = Normal(C, 7);
+    core::Tensor gw = core::Tensor::Zeros({C}), gb = core::Tensor::Zeros({C});
+    results.push_back(Measure(
+        "residual_add", n, [&] { OldAdd(P(x), P(g), P(y), n); },
+        [&] { Check(nn::AddTensors("bench", x, g, y)); }));
+    results.push_back(Measure(
+        "layer_norm_forward", n,
+        [&] { OldLayerNorm(P(x), P(w), P(b), 1e-5f, P(y), P(h), P(rstd), rows, C); },
+        [&] { Check(nn::LayerNormForward("bench", x, w, b, 1e-5f, y, h, rstd)); }));
+    results.push_back(Measure(
+        "layer_norm_backward", n,
+        [&] { OldLayerNormBackward(P(g), P(h), P(rstd), P(w), P(gx), P(gw), P(gb), rows, C); },
+        [&] { Check(nn::LayerNormBackward("bench", g, h, rstd, w, gx, gw, gb)); }));
+  }
+  {  // Causal softmax over [B, H, T, T]. Each call overwrites its input, so every timed call
+     // first restores it; the copy's own time is subtracted.
+    const int64_t srows = B * H * T, n = srows * T;
+    core::Tensor s0 = Normal(n, 8, 3.0f), s = core::Tensor::Empty({n});
+    core::Tensor g0 = Normal(n, 9), g = core::Tensor::Empty({n});
+    auto refresh = [&] { std::copy(P(s0), P(s0) + n, P(s)); };
+    results.push_back(Measure(
+        "causal_softmax_forward", n, [&] { refresh(); OldSoftmax(P(s), srows, T); },
+        [&] { refresh(); Check(nn::CausalSoftmaxForward("bench", s, T)); }, Time(refresh),
+        WallTime(1, refresh)));
+    auto refresh_g = [&] { std::copy(P(g0), P(g0) + n, P(g)); };
+    results.push_back(Measure(
+        "causal_softmax_backward", n,
+        [&] { refresh_g(); OldSoftmaxBackward(P(s), P(g), srows, T, 0.125f); },
+        [&] { refresh_g(); Check(nn::CausalSoftmaxBackward("bench", s, g, T, 0.125f)); },
+        Time(refresh_g), WallTime(1, refresh_g)));
+  }
+  {  // Cross-entropy over [rows, V].
+    const int64_t n = rows * V;
+    core::Tensor logits = Normal(n, 10, 2.0f), grad = core::Tensor::Empty({n});
+    std::vector<int32_t> tg(rows);
+    for (int64_t i = 0; i < rows; ++i) tg[i] = static_cast<int32_t>((i * 37) % V);
+    core::Tensor targets = core::Tensor::FromInts(tg, {rows}).value();
+    results.push_back(Measure(
+        "cross_entropy", n,
+        [&] { sink = sink + OldCrossEntropy(P(logits), tg.data(), P(grad), rows, V); },
+        [&] {
+          absl::StatusOr<double> l = nn::CrossEntropyForwardBackward("bench", logits, targets,
+                                                                     grad);
+          Check(l.status());
+          sink = sink + *l;
+        }));
+  }
+  {  // AdamW over one rank's flat shard of the 4.9M-parameter model (2 ranks).
+    const int64_t n = 4902912 / 2;
+    core::Tensor w = Normal(n, 11), g = Normal(n, 12);
+    core::Tensor m = core::Tensor::Zeros({n}), v = core::Tensor::Zeros({n});
+    const k::AdamWScalars s = k::MakeAdamWScalars(1e-3, 0.9, 0.999, 1e-8, 0.01, 3);
+    auto param = std::make_shared<core::Parameter>();
+    param->data = Normal(n, 11);
+    param->grad = Normal(n, 12);
+    optim::AdamWOptions o;
+    o.lr = 1e-3;
+    std::unique_ptr<optim::AdamW> opt = optim::AdamW::Create({param}, o).value();
+    results.push_back(Measure(
+        "adamw", n, [&] { OldAdamW(P(w), P(m), P(v), P(g), n, s); },
+        [&] { Check(opt->Step()); }));
+  }
+
+  std::printf("{\n  \"isa\": \"%s\",\n  \"config\": \"512 128 256 6 8 8\",\n"
+              "  \"before_after_unit\": \"elements/s of thread CPU time on 1 thread, best of 5\",\n"
+              "  \"wall_unit\": \"elements/s of wall time of the dispatched loops, best of 5\",\n"
+              "  \"kernels\": [\n",
+              nn::CpuLoopIsa());
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    std::printf("    {\"name\": \"%s\", \"elements\": %lld, \"before\": %.4g, \"after\": %.4g, "
+                "\"speedup\": %.2f, \"wall_1_thread\": %.4g, \"wall_2_threads\": %.4g}%s\n",
+                r.name.c_str(), static_cast<long long>(r.elements), r.elements / r.before_s,
+                r.elements / r.after_s, r.before_s / r.after_s, r.elements / r.wall1_s,
+                r.elements / r.wall2_s, i + 1 < results.size() ? "," : "");
+  }
+  std::printf("  ]\n}\n");
+  return 0;
+}
