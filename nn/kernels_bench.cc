@@ -74,15 +74,15 @@ double TimeBy(double (*clock)(), const std::function<void()>& fn) {
 
 // Thread CPU seconds on one thread.
 double Time(const std::function<void()>& fn) {
-  Check(nn::SetCpuLoopThreads(1));
+  Check(nn::SetIntraOpThreads(1));
   return TimeBy(&ThreadSeconds, fn);
 }
 
 // Wall seconds on `threads` OpenMP threads.
 double WallTime(int threads, const std::function<void()>& fn) {
-  Check(nn::SetCpuLoopThreads(threads));
+  Check(nn::SetIntraOpThreads(threads));
   const double t = TimeBy(&WallSeconds, fn);
-  Check(nn::SetCpuLoopThreads(1));
+  Check(nn::SetIntraOpThreads(1));
   return t;
 }
 

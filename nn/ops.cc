@@ -2,7 +2,9 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cmath>
 #include <vector>
 
@@ -19,8 +21,8 @@ namespace {
 std::atomic<int> g_intra_op_threads{0};
 
 void UseIntraOpThreads() {
-  const int want = g_intra_op_threads.load(std::memory_order_relaxed);
-  if (want > 0 && omp_get_max_threads() != want) omp_set_num_threads(want);
+  const int want = IntraOpThreads();
+  if (omp_get_max_threads() != want) omp_set_num_threads(want);
 }
 
 }  // namespace
@@ -80,7 +82,10 @@ absl::Status SetIntraOpThreads(int n) {
 
 int IntraOpThreads() {
   const int set = g_intra_op_threads.load(std::memory_order_relaxed);
-  return set > 0 ? set : omp_get_max_threads();
+  if (set > 0) return set;
+  static const bool kFromEnvironment = std::getenv("OMP_NUM_THREADS") != nullptr;
+  if (kFromEnvironment) return std::max(1, omp_get_max_threads());
+  return 1;
 }
 
 int64_t RowsOf(const core::Shape& shape) {

@@ -52,15 +52,17 @@ absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
 // "oneDNN 2.6.3 (isa avx2)" (the ISA is the most capable one oneDNN may use here).
 std::string GemmLibrary();
 
-// Sets the number of threads every later Gemm in this process, on any thread, runs on,
-// and calls omp_set_num_threads(n) for the calling thread's OpenMP loops. OpenMP loops of
-// the library that may run on other threads ask for the count explicitly:
-// `#pragma omp parallel for num_threads(nn::IntraOpThreads())`. n must be >= 1, else
-// InvalidArgument naming the value (and nothing changes). Thread-safe.
+// Sets the number of threads every later Gemm and every CPU loop of nn/ and optim/
+// (nn/tensor_ops.h) runs on, on any thread of the process, and calls
+// omp_set_num_threads(n) for the calling thread. n must be >= 1, else InvalidArgument
+// naming the value (and nothing changes). Thread-safe.
 absl::Status SetIntraOpThreads(int n);
 
-// The count SetIntraOpThreads last set; before any call, OpenMP's default for this
-// thread (OMP_NUM_THREADS, else the number of hardware threads). Always >= 1.
+// The count SetIntraOpThreads last set; before any call, OMP_NUM_THREADS when the
+// environment sets it (comm's local launcher sets it to hardware threads / ranks for each
+// rank it starts), else 1. Never OpenMP's all-cores default by itself: several ranks on
+// one host would each start a team, and idle OpenMP threads spin (measured: 2 ranks x 2
+// threads on 2 cores ran a GPT step 2.2x slower). Always >= 1.
 int IntraOpThreads();
 
 // Product of all dimensions but the last (1 for a 1-D shape, 0 for a scalar {}): the

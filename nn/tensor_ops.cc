@@ -287,29 +287,6 @@ const char* LoopIsa() { return "default"; }
 
 const char* CpuLoopIsa() { return LoopIsa(); }
 
-namespace {
-// The count SetCpuLoopThreads set; 0 before any call.
-std::atomic<int> g_cpu_loop_threads{0};
-}  // namespace
-
-absl::Status SetCpuLoopThreads(int n) {
-  if (n < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("nn::SetCpuLoopThreads: the CPU loops' thread count must be >= 1, got ", n));
-  }
-  g_cpu_loop_threads.store(n, std::memory_order_relaxed);
-  return absl::OkStatus();
-}
-
-int CpuLoopThreads() {
-  const int set = g_cpu_loop_threads.load(std::memory_order_relaxed);
-  if (set > 0) return set;
-#if defined(_OPENMP)
-  static const bool kFromEnvironment = std::getenv("OMP_NUM_THREADS") != nullptr;
-  if (kFromEnvironment) return std::max(1, omp_get_max_threads());
-#endif
-  return 1;
-}
 
 absl::Status GeluForward(absl::string_view what, const Tensor& x, const Tensor& y) {
   RETURN_IF_ERROR(CheckElementwiseF32(what, {{"input", &x}, {"output", &y}}));
@@ -319,7 +296,7 @@ absl::Status GeluForward(absl::string_view what, const Tensor& x, const Tensor& 
   }
   const float* in = F32(x);
   float* out = MutF32(y);
-  k::ParallelChunks(CpuLoopThreads(), n, n, kAlign,
+  k::ParallelChunks(IntraOpThreads(), n, n, kAlign,
                     [&](int64_t b, int64_t e) { GeluForwardLoop(in + b, out + b, e - b); });
   return absl::OkStatus();
 }
@@ -336,7 +313,7 @@ absl::Status GeluBackward(absl::string_view what, const Tensor& x, const Tensor&
   const float* in = F32(x);
   const float* g = F32(gy);
   float* out = MutF32(gx);
-  k::ParallelChunks(CpuLoopThreads(), n, n, kAlign,
+  k::ParallelChunks(IntraOpThreads(), n, n, kAlign,
                     [&](int64_t b, int64_t e) { GeluBackwardLoop(in + b, g + b, out + b, e - b); });
   return absl::OkStatus();
 }
@@ -349,7 +326,7 @@ absl::Status ReluForward(absl::string_view what, const Tensor& x, const Tensor& 
   }
   const float* in = F32(x);
   float* out = MutF32(y);
-  k::ParallelChunks(CpuLoopThreads(), n, n, kAlign,
+  k::ParallelChunks(IntraOpThreads(), n, n, kAlign,
                     [&](int64_t b, int64_t e) { ReluForwardLoop(in + b, out + b, e - b); });
   return absl::OkStatus();
 }
@@ -366,7 +343,7 @@ absl::Status ReluBackward(absl::string_view what, const Tensor& y, const Tensor&
   const float* out = F32(y);
   const float* g = F32(gy);
   float* gi = MutF32(gx);
-  k::ParallelChunks(CpuLoopThreads(), n, n, kAlign,
+  k::ParallelChunks(IntraOpThreads(), n, n, kAlign,
                     [&](int64_t b, int64_t e) { ReluBackwardLoop(out + b, g + b, gi + b, e - b); });
   return absl::OkStatus();
 }
@@ -382,7 +359,7 @@ absl::Status AddTensors(absl::string_view what, const Tensor& a, const Tensor& b
   const float* pa = F32(a);
   const float* pb = F32(b);
   float* po = MutF32(out);
-  k::ParallelChunks(CpuLoopThreads(), n, n, kAlign,
+  k::ParallelChunks(IntraOpThreads(), n, n, kAlign,
                     [&](int64_t s, int64_t e) { AddLoop(pa + s, pb + s, po + s, e - s); });
   return absl::OkStatus();
 }
@@ -407,7 +384,7 @@ absl::Status BiasAdd(absl::string_view what, const Tensor& x, const Tensor& bias
   const float* in = F32(x);
   float* o = MutF32(out);
   WithWeight(bias, [&](const auto* b) {
-    k::ParallelChunks(CpuLoopThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
+    k::ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
       BiasAddLoop(in + s * cols, b, o + s * cols, e - s, cols);
     });
   });
@@ -481,7 +458,7 @@ absl::Status LayerNormForward(absl::string_view what, const Tensor& x, const Ten
   WithWeight(w, [&](const auto* wp) {
     using W = std::remove_const_t<std::remove_pointer_t<decltype(wp)>>;
     const W* bp = static_cast<const W*>(b.raw_data());
-    k::ParallelChunks(CpuLoopThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
+    k::ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
       LayerNormLoop(px + s * cols, wp, bp, eps, py + s * cols, ph + s * cols, pr + s, e - s, cols);
     });
   });
@@ -538,7 +515,7 @@ absl::Status LayerNormBackward(absl::string_view what, const Tensor& g, const Te
   const float* pr = F32(rstd);
   float* out = MutF32(gx);
   WithWeight(w, [&](const auto* wp) {
-    k::ParallelChunks(CpuLoopThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
+    k::ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
       LayerNormBackwardLoop(pg + s * cols, ph + s * cols, pr + s, wp, out + s * cols, e - s, cols);
     });
   });
@@ -566,7 +543,7 @@ absl::Status CausalSoftmaxForward(absl::string_view what, const Tensor& scores, 
                cuda::CausalSoftmaxForward(MutF32(scores), rows, T));
   }
   float* p = MutF32(scores);
-  k::ParallelChunks(CpuLoopThreads(), rows, rows * T, 1,
+  k::ParallelChunks(IntraOpThreads(), rows, rows * T, 1,
                     [&](int64_t s, int64_t e) { CausalSoftmaxLoop(p, s, e, T); });
   return absl::OkStatus();
 }
@@ -588,7 +565,7 @@ absl::Status CausalSoftmaxBackward(absl::string_view what, const Tensor& p, cons
   }
   const float* pp = F32(p);
   float* pg = MutF32(g);
-  k::ParallelChunks(CpuLoopThreads(), rows, rows * T, 1, [&](int64_t s, int64_t e) {
+  k::ParallelChunks(IntraOpThreads(), rows, rows * T, 1, [&](int64_t s, int64_t e) {
     CausalSoftmaxBackwardLoop(pp, pg, s, e, T, scale);
   });
   return absl::OkStatus();
@@ -696,7 +673,7 @@ absl::StatusOr<double> CrossEntropyForwardBackward(absl::string_view what, const
   const int32_t* tg = targets.data<int32_t>();
   float* pg = MutF32(grad);
   std::vector<double> row_loss(static_cast<size_t>(n));
-  k::ParallelChunks(CpuLoopThreads(), n, n * V, 1, [&](int64_t s, int64_t e) {
+  k::ParallelChunks(IntraOpThreads(), n, n * V, 1, [&](int64_t s, int64_t e) {
     CrossEntropyLoop(px, tg, pg, row_loss.data(), s, e, V, inv_n);
   });
   double total = 0.0;  // in row order, whatever the thread count

@@ -135,19 +135,10 @@ absl::Status ZeroTensor(absl::string_view what, const core::Tensor& t);
 // build: SSE2, or any build that is not GCC on x86-64 Linux). See nn/kernels/cpu.h.
 const char* CpuLoopIsa();
 
-// Sets the number of threads the CPU loops above (and optim's AdamW/SGD) split a call of
-// >= 64K elements over, for every thread of the process (an OpenMP team of n; 1 runs each
-// call on its caller). n must be >= 1, else InvalidArgument naming the value (nothing
-// changes). Results do not depend on it: only independent rows, columns or elements are
-// split. nn::SetIntraOpThreads is the place to call it from. Thread-safe.
-absl::Status SetCpuLoopThreads(int n);
-
-// The count SetCpuLoopThreads last set; before any call, omp_get_max_threads() of the
-// calling thread when the environment sets OMP_NUM_THREADS, else 1. Never OpenMP's
-// all-cores default by itself: several ranks on one host would each start a team, and idle
-// OpenMP threads spin (measured: 2 ranks x 2 threads on 2 cores ran a GPT step 2.2x
-// slower). Always >= 1.
-int CpuLoopThreads();
+// The CPU loops above (and optim's AdamW/SGD) split a call of >= 64K elements over an
+// OpenMP team of nn::IntraOpThreads() threads (nn/ops.h; 1 runs each call on its caller).
+// Results do not depend on the count: only independent rows, columns or elements are
+// split.
 
 }  // namespace nn
 

@@ -423,9 +423,9 @@ TEST(CpuLoopsTest, CrossEntropyMatchesADoubleReferenceAtEveryVocabularySize) {
 // Rows and elements split over OpenMP threads (calls of >= 64K elements): results are bit
 // for bit the same for 1, 2 and 3 threads.
 TEST(CpuLoopsTest, ResultsAreBitIdenticalForAnyThreadCount) {
-  const int saved = CpuLoopThreads();
+  const int saved = IntraOpThreads();
   auto run = [](int threads) {
-    EXPECT_TRUE(SetCpuLoopThreads(threads).ok());
+    EXPECT_TRUE(SetIntraOpThreads(threads).ok());
     std::vector<std::vector<float>> out;
     const int64_t n = 70001, rows = 301, cols = 257, T = 64, srows = 1100, V = 333, ce_rows = 200;
     const core::Tensor x = Normal(n, 1), g = Normal(n, 2);
@@ -475,16 +475,9 @@ TEST(CpuLoopsTest, ResultsAreBitIdenticalForAnyThreadCount) {
       EXPECT_EQ(many[i], one[i]) << "output " << i << " with " << threads << " threads";
     }
   }
-  ASSERT_TRUE(SetCpuLoopThreads(saved).ok());
+  ASSERT_TRUE(SetIntraOpThreads(saved).ok());
 }
 
-TEST(CpuLoopsTest, ThreadCountBelowOneIsRefusedNamingIt) {
-  const int before = CpuLoopThreads();
-  const absl::Status s = SetCpuLoopThreads(0);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("got 0"));
-  EXPECT_EQ(CpuLoopThreads(), before);
-}
 
 }  // namespace
 }  // namespace nn

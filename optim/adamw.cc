@@ -8,6 +8,7 @@
 #include "core/status_macros.h"
 #include "nn/kernels/cpu.h"
 #include "nn/kernels/optim.h"
+#include "nn/ops.h"
 #include "nn/tensor_ops.h"
 
 #ifdef FSDP_WITH_CUDA
@@ -96,7 +97,7 @@ absl::Status AdamW::Step() {
 #endif
     }
     // Elements are independent: chunks on 64-byte lines over the intra-op threads.
-    nn::kernels::ParallelChunks(nn::CpuLoopThreads(), n, n, 16, [&](int64_t b, int64_t e) {
+    nn::kernels::ParallelChunks(nn::IntraOpThreads(), n, n, 16, [&](int64_t b, int64_t e) {
       AdamWLoop(w + b, m + b, v + b, grad + b, e - b, s);
     });
   }

@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nn/kernels/optim.h"
+#include "nn/ops.h"
 #include "nn/tensor_ops.h"
 
 namespace optim {
@@ -317,9 +318,9 @@ TEST(AdamWTest, CpuLoopMatchesTheScalarBodyBitForBitOnAnyThreadCount) {
                                       options.weight_decay, t);
     for (int64_t i = 0; i < n; ++i) nn::kernels::AdamWUpdate(&w[i], &m[i], &v[i], g[i], s);
   }
-  const int saved = nn::CpuLoopThreads();
+  const int saved = nn::IntraOpThreads();
   for (int threads : {1, 3}) {
-    ASSERT_TRUE(nn::SetCpuLoopThreads(threads).ok());
+    ASSERT_TRUE(nn::SetIntraOpThreads(threads).ok());
     ParameterPtr p = MakeParam(w0);
     std::unique_ptr<AdamW> opt = MakeAdamW({p}, options);
     for (int t = 1; t <= 3; ++t) {
@@ -331,7 +332,7 @@ TEST(AdamWTest, CpuLoopMatchesTheScalarBodyBitForBitOnAnyThreadCount) {
       ASSERT_EQ(got[i], w[i]) << "element " << i << " with " << threads << " threads";
     }
   }
-  ASSERT_TRUE(nn::SetCpuLoopThreads(saved).ok());
+  ASSERT_TRUE(nn::SetIntraOpThreads(saved).ok());
 }
 
 }  // namespace

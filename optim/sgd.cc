@@ -9,6 +9,7 @@
 #include "core/status_macros.h"
 #include "nn/kernels/cpu.h"
 #include "nn/kernels/optim.h"
+#include "nn/ops.h"
 #include "nn/tensor_ops.h"
 
 #ifdef FSDP_WITH_CUDA
@@ -145,7 +146,7 @@ absl::Status SGD::Step() {
           " but this build has no CUDA support"));
 #endif
     }
-    nn::kernels::ParallelChunks(nn::CpuLoopThreads(), n, n, 16, [&](int64_t b, int64_t e) {
+    nn::kernels::ParallelChunks(nn::IntraOpThreads(), n, n, 16, [&](int64_t b, int64_t e) {
       SgdLoop(w + b, buf != nullptr ? buf + b : nullptr, grad + b, e - b, s);
     });
   }
