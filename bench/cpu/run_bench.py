@@ -32,6 +32,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from memory_bound import memory_check  # noqa: E402
+
 CONFIGS = [  # V T C L H B, and the default steps of one run
     {"V": 64, "T": 32, "C": 64, "L": 2, "H": 4, "B": 16, "steps": 150},
     {"V": 256, "T": 64, "C": 128, "L": 4, "H": 4, "B": 16, "steps": 40},
@@ -81,6 +84,8 @@ def run_ours(args, c, strategy, steps, run_index, world_size=None, threads=None)
                            f"intra-op threads, asked for {threads}")
     return {"tokens_per_second": s["tokens_per_second"],
             "gemm_library": s.get("gemm_library"),
+            "memory_check": memory_check(s) if strategy == "FULL_SHARD" else None,
+            "comm_overlap": s.get("comm_overlap"),
             "model_parameters": s["model_parameters"],
             "peak_bytes_per_rank": s["peak_bytes_per_rank"],
             "load_before": before, "load_after": load()}
@@ -261,7 +266,9 @@ def main():
                 "ours": {"strategy": ours_name, "tokens_per_second_median": o,
                          "tokens_per_second_runs": [r["tokens_per_second"] for r in ours],
                          "model_parameters": params_ours,
-                         "peak_bytes_per_rank_by_tag": peaks},
+                         "peak_bytes_per_rank_by_tag": peaks,
+                         "memory_check": ours[-1]["memory_check"],
+                         "comm_overlap_runs": [r["comm_overlap"] for r in ours]},
                 "pytorch": {"strategy": theirs_name, "tokens_per_second_median": t,
                             "tokens_per_second_runs": [r["tokens_per_second"] for r in theirs],
                             "tokens_per_second_incl_first_step_runs": [

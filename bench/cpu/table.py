@@ -62,6 +62,34 @@ def main(paths):
         print(line)
     if scaling:
         scaling_table(scaling.values())
+    targets_table(rows)
+
+
+def targets_table(rows):
+    """FULL_SHARD's step time over NO_SHARD's, and FULL_SHARD's peak memory against bounds."""
+    lines = []
+    for config, by in rows.items():
+        fs, ns = by.get("FULL_SHARD"), by.get("NO_SHARD")
+        step = (ns["ours"]["tokens_per_second_median"] / fs["ours"]["tokens_per_second_median"]
+                if fs and ns else None)
+        mem = (fs or {}).get("ours", {}).get("memory_check")
+        overlap = [o for o in (fs or {}).get("ours", {}).get("comm_overlap_runs", []) if o]
+        hidden = (sum(o["all_gather_hidden"] for o in overlap) / len(overlap)) if overlap else None
+        lines.append(
+            f"| {config} | {step:.3f} |" if step else f"| {config} | - |")
+        if mem:
+            lines[-1] += (f" {mem['measured_param_grad_optim_bytes']:,} |"
+                          f" {mem['measured_over_issue_bound']:.2f} |"
+                          f" {mem['measured_over_fsdp_bound']:.3f} |")
+        else:
+            lines[-1] += " - | - | - |"
+        lines[-1] += f" {hidden:.0%} |" if hidden is not None else " - |"
+    print()
+    print("| config (V T C L H B) | FULL_SHARD / NO_SHARD step time | peak param+grad+optim "
+          "bytes per rank | over 16 Psi/N + 4 P_max | over the FSDP bound | all-gather hidden |")
+    print("|---|---|---|---|---|---|")
+    for line in lines:
+        print(line)
 
 
 if __name__ == "__main__":
