@@ -53,8 +53,8 @@ using internal::NoCuda;
 
 // ---- CPU loops. Each is compiled per ISA (FSDP_CPU_CLONES, nn/kernels/cpu.h) and written
 // so GCC vectorises it: raw restrict pointers, `omp simd`, bodies from nn/kernels inlined,
-// reductions in float lanes (double lanes where a test needs double accuracy). Elementwise
-// results are bit-identical to the scalar body in every clone.
+// row sums through k::LaneSum in 8 float lanes (4 double lanes where a test needs double
+// accuracy), in a fixed order. Every result, sums included, has the same bits in every clone.
 
 FSDP_CPU_CLONES void GeluForwardLoop(const float* FSDP_RESTRICT x, float* FSDP_RESTRICT y,
                                      int64_t n) {
@@ -132,16 +132,12 @@ FSDP_CPU_INLINE void LayerNormRows(const float* FSDP_RESTRICT x, const W* FSDP_R
   const float inv_cols = 1.0f / static_cast<float>(cols);
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < cols; ++j) sum += xr[j];
+    const float sum = k::LaneSum<float>(cols, [&](int64_t j) { return xr[j]; });
     const float mean = sum * inv_cols;
-    float sq = 0.0f;
-#pragma omp simd reduction(+ : sq)
-    for (int64_t j = 0; j < cols; ++j) {
+    const float sq = k::LaneSum<float>(cols, [&](int64_t j) {
       const float d = xr[j] - mean;
-      sq += d * d;
-    }
+      return d * d;
+    });
     const float inv = k::LayerNormRstd(sq * inv_cols, eps);
     rstd[r] = inv;
     float* hr = xhat + r * cols;
@@ -169,13 +165,10 @@ FSDP_CPU_INLINE void LayerNormBackwardRows(const float* FSDP_RESTRICT g,
   for (int64_t r = 0; r < rows; ++r) {
     const float* gr = g + r * cols;
     const float* hr = xhat + r * cols;
-    float sum_gh = 0.0f, sum_gh_h = 0.0f;
-#pragma omp simd reduction(+ : sum_gh, sum_gh_h)
-    for (int64_t j = 0; j < cols; ++j) {
-      const float gh = k::LayerNormGradHat<float>(gr[j], w, j);
-      sum_gh += gh;
-      sum_gh_h += gh * hr[j];
-    }
+    const float sum_gh =
+        k::LaneSum<float>(cols, [&](int64_t j) { return k::LayerNormGradHat<float>(gr[j], w, j); });
+    const float sum_gh_h = k::LaneSum<float>(
+        cols, [&](int64_t j) { return k::LayerNormGradHat<float>(gr[j], w, j) * hr[j]; });
     const float mean_gh = sum_gh * inv_cols;
     const float mean_gh_h = sum_gh_h * inv_cols;
     const float rs = rstd[r];
@@ -205,13 +198,9 @@ FSDP_CPU_CLONES void CausalSoftmaxLoop(float* FSDP_RESTRICT p, int64_t first, in
     float max = row[0];
 #pragma omp simd reduction(max : max)
     for (int64_t s = 1; s <= t; ++s) max = max > row[s] ? max : row[s];
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t s = 0; s <= t; ++s) {
-      const float e = k::SoftmaxExp(row[s], max);
-      row[s] = e;
-      sum += e;
-    }
+#pragma omp simd
+    for (int64_t s = 0; s <= t; ++s) row[s] = k::SoftmaxExp(row[s], max);
+    const float sum = k::LaneSum<float>(t + 1, [&](int64_t s) { return row[s]; });
     const float inv = 1.0f / sum;
 #pragma omp simd
     for (int64_t s = 0; s < T; ++s) {
@@ -227,9 +216,7 @@ FSDP_CPU_CLONES void CausalSoftmaxBackwardLoop(const float* FSDP_RESTRICT p,
     const int64_t t = r % T;
     const float* pr = p + r * T;
     float* gr = g + r * T;
-    float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-    for (int64_t s = 0; s <= t; ++s) dot += gr[s] * pr[s];
+    const float dot = k::LaneSum<float>(t + 1, [&](int64_t s) { return gr[s] * pr[s]; });
 #pragma omp simd
     for (int64_t s = 0; s < T; ++s) {
       gr[s] = k::CausalMasked(t, s) ? 0.0f : k::SoftmaxBackward(pr[s], gr[s], dot, scale);
@@ -250,9 +237,8 @@ FSDP_CPU_CLONES void CrossEntropyLoop(const float* FSDP_RESTRICT x,
 #pragma omp simd reduction(max : maxf)
     for (int64_t j = 1; j < V; ++j) maxf = maxf > row[j] ? maxf : row[j];
     const double max = maxf;
-    double sum = 0.0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < V; ++j) sum += k::CrossEntropyExp(row[j], max);
+    const double sum =
+        k::LaneSum<double>(V, [&](int64_t j) { return k::CrossEntropyExp(row[j], max); });
     const double log_sum = k::Log(sum);
     const int64_t tg = targets[i];
     row_loss[i] = k::CrossEntropyRowLoss(sum, max, row[tg]);

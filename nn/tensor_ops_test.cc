@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -422,6 +423,31 @@ TEST(CpuLoopsTest, CrossEntropyMatchesADoubleReferenceAtEveryVocabularySize) {
 
 // Rows and elements split over OpenMP threads (calls of >= 64K elements): results are bit
 // for bit the same for 1, 2 and 3 threads.
+// LaneSum's order is the code's: lane l sums j = l, l + 8, ... and the lanes combine
+// pairwise, so the result has the same bits whether the compiler vectorised it or not
+// (clones, -O levels, sanitizers). A plain scalar loop in that order must match exactly.
+TEST(CpuLoopsTest, LaneSumHasTheBitsOfItsFixedLaneOrder) {
+  std::vector<float> x(1003);
+  std::vector<double> xd(1003);
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)) * 1e3 + 1e-3 * i);
+    xd[i] = std::cos(0.11 * static_cast<double>(i)) * 1e8 + i;
+  }
+  for (int64_t n : {0, 1, 7, 8, 9, 31, 1003}) {
+    float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t j = 0; j < n; ++j) lanes[j % 8] += x[j];
+    const float want =
+        ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+    const float got = kernels::LaneSum<float>(n, [&](int64_t j) { return x[j]; });
+    EXPECT_EQ(std::memcmp(&got, &want, sizeof(float)), 0) << "n " << n << ": " << got << " vs " << want;
+    double dl[4] = {0, 0, 0, 0};
+    for (int64_t j = 0; j < n; ++j) dl[j % 4] += xd[j];
+    const double dwant = (dl[0] + dl[2]) + (dl[1] + dl[3]);
+    const double dgot = kernels::LaneSum<double>(n, [&](int64_t j) { return xd[j]; });
+    EXPECT_EQ(std::memcmp(&dgot, &dwant, sizeof(double)), 0) << "n " << n;
+  }
+}
+
 TEST(CpuLoopsTest, ResultsAreBitIdenticalForAnyThreadCount) {
   const int saved = IntraOpThreads();
   auto run = [](int threads) {

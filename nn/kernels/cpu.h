@@ -13,8 +13,8 @@
 // nn/tensor_ops_test.cc): its target is compiled with -fopenmp (or -fopenmp-simd)
 // -fno-trapping-math -fno-math-errno -ffp-contract=off, so the clones vectorise (selects
 // instead of branches, no libm calls) and every clone computes each element bit for bit
-// like the scalar body (no FMA contraction); only reductions (row sums) may differ between
-// clones, by rounding.
+// like the scalar body (no FMA contraction). Row sums go through LaneSum (below), whose
+// fixed lane order gives the same bits in every clone and at every optimisation level.
 // Launchers split independent rows or elements over threads with ParallelChunks (below),
 // outside the clones (GCC outlines an OpenMP region before it makes the clones).
 #ifndef NN_KERNELS_CPU_H_
@@ -52,6 +52,29 @@
 
 namespace nn {
 namespace kernels {
+
+// ---- LaneSum: sum of f(j) for j in [0, n) in kLanes accumulators of type T: lane l adds
+// the terms j = l, l + kLanes, ... in order, and the lanes are combined pairwise at the end.
+// The order is fixed by the code, not by the vectoriser, so every clone (AVX2: one
+// register of lanes; SSE2: two; unvectorised, e.g. -O1 under the sanitizers) gives the
+// same bits, on any CPU. 8 lanes of float or 4 of double fill one AVX2 register.
+template <typename T, typename F>
+FSDP_CPU_INLINE T LaneSum(int64_t n, F f) {
+  constexpr int kLanes = sizeof(T) == 4 ? 8 : 4;
+  T acc[kLanes];
+  for (int l = 0; l < kLanes; ++l) acc[l] = T(0);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+#pragma omp simd
+    for (int l = 0; l < kLanes; ++l) acc[l] += f(j + l);
+  }
+  for (int l = 0; j + l < n; ++l) acc[l] += f(j + l);
+  if constexpr (kLanes == 8) {
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+  } else {
+    return (acc[0] + acc[2]) + (acc[1] + acc[3]);
+  }
+}
 
 // ---- Parallel chunks: independent rows or elements split over an OpenMP team.
 
