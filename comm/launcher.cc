@@ -32,6 +32,10 @@ extern char** environ;
 namespace comm {
 namespace {
 
+// How long the other ranks may take to end by themselves after the first rank failed,
+// before they get SIGTERM (NOTE in launcher.h, "Failure handling").
+constexpr absl::Duration kFailureSettle = absl::Seconds(2);
+
 // Written by the signal handler, read by the event loop (the self-pipe trick).
 int g_signal_pipe[2] = {-1, -1};
 
@@ -408,6 +412,10 @@ int Launch(const LaunchOptions& in) {
     kill_at = absl::Now() + o.grace_period;
   }
   absl::Time drain_until = absl::InfiniteFuture();
+  // After the first failure, the other ranks get a moment to end by themselves (ranks
+  // that agreed on the error record it and exit; under load that can take a while)
+  // before SIGTERM.
+  absl::Time term_at = absl::InfiniteFuture();
   while (true) {
     int running = 0;
     for (const Rank& r : ranks) running += r.running ? 1 : 0;
@@ -426,7 +434,7 @@ int Launch(const LaunchOptions& in) {
       }
     }
     if (running == 0 && (streams.empty() || absl::Now() >= drain_until)) break;
-    absl::Time wake = std::min(kill_at, drain_until);
+    absl::Time wake = std::min({kill_at, drain_until, term_at});
     int timeout_ms = -1;
     if (wake != absl::InfiniteFuture()) {
       timeout_ms = static_cast<int>(
@@ -470,9 +478,13 @@ int Launch(const LaunchOptions& in) {
         failed_rank = r;
         say(absl::StrCat("rank ", r, " failed: ", DescribeExit(status),
                          "; stopping the other ranks"));
-        SignalAll(ranks, SIGTERM);
-        kill_at = absl::Now() + o.grace_period;
+        term_at = absl::Now() + std::min(o.grace_period, kFailureSettle);
       }
+    }
+    if (absl::Now() >= term_at) {
+      SignalAll(ranks, SIGTERM);
+      kill_at = std::min(kill_at, absl::Now() + o.grace_period);
+      term_at = absl::InfiniteFuture();
     }
     if (absl::Now() >= kill_at) {
       bool any = false;

@@ -33,8 +33,9 @@
 // do not oversubscribe the machine; a value the caller set is passed on unchanged.
 //
 // Failure handling: the first rank to exit with a non-zero status or by a signal is
-// reported ("launch: rank 1 failed: killed by signal 9 (Killed)"); the other ranks get
-// SIGTERM, then SIGKILL after the grace period. Once all have ended, the launcher reads
+// reported ("launch: rank 1 failed: killed by signal 9 (Killed)"); the other ranks may end
+// by themselves for up to 2 s (or the grace period, if shorter: ranks that agreed on the
+// error record it and exit), then get SIGTERM, then SIGKILL after the grace period. Once all have ended, the launcher reads
 // the error files and reports the root cause first, then the secondary errors (those
 // caused by another rank's failure):
 //   launch: root cause: rank 1 at 10:01:02.345678: DATA_LOSS: ... rank-00001-of-00002.bin ...
