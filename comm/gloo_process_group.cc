@@ -376,7 +376,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::ReduceScatter(
 // pieces of at most kReduceScatterPieceBytes, each piece on its own slot. A rank posts
 // all its sends at once and receives each peer's pieces into a ring of two piece-sized
 // scratch buffers per peer (kept by the group, so nothing is allocated per call, and
-// bounded whatever the unit size). Piece p is reduced, in rank order as ReduceChunks
+// bounded whatever the unit size). Piece p is reduced, in rank order as ReduceChunkList
 // does (identical bits on every rank), as soon as every peer's piece p is in, while
 // piece p + 1 is still arriving; then its scratch takes piece p + 2.
 absl::Status GlooProcessGroup::RunReduceScatter(const core::Tensor& input,
@@ -411,10 +411,6 @@ absl::Status GlooProcessGroup::RunReduceScatter(const core::Tensor& input,
   }
   uint8_t* scratch = Bytes(reduce_scatter_scratch_);
   const auto peer_slot = [this](int j) { return j < rank_ ? j : j - 1; };
-  const auto ring = [&](int j, int64_t p) {
-    return scratch + (static_cast<size_t>(peer_slot(j)) * 2 + static_cast<size_t>(p % 2)) *
-                         piece_bytes;
-  };
   const uint64_t base = gloo::Slot::build(gloo::kAlltoallSlotPrefix, tag);
   const auto deadline = std::chrono::steady_clock::now() + left;
   const auto remaining = [&] {
@@ -459,7 +455,7 @@ absl::Status GlooProcessGroup::RunReduceScatter(const core::Tensor& input,
         chunks[j] = own + p * piece * esize;
       } else {
         if (!buf(j, p)->waitRecv(remaining())) return absl::AbortedError("receive aborted");
-        chunks[j] = ring(j, p);
+        chunks[j] = buf(j, p)->ptr;
       }
     }
     internal::ReduceChunkList(input.dtype(), op, chunks.data(), n, piece_len(p),

@@ -1,7 +1,6 @@
 #include "comm/internal/reduce.h"
 
 #include <algorithm>
-#include <vector>
 
 namespace comm {
 namespace internal {
@@ -62,14 +61,6 @@ void ReduceChunkList(core::DType dtype, ReduceOp op, const void* const* chunks, 
           [](int64_t v) { return static_cast<int32_t>(v); });
       break;
   }
-}
-
-void ReduceChunks(core::DType dtype, ReduceOp op, const void* chunks, int n, int64_t k,
-                  void* out) {
-  std::vector<const void*> list(static_cast<size_t>(n));
-  const int64_t bytes = k * core::DTypeSize(dtype);
-  for (int j = 0; j < n; ++j) list[j] = static_cast<const char*>(chunks) + j * bytes;
-  ReduceChunkList(dtype, op, list.data(), n, k, out);
 }
 
 void ReducePair(core::DType dtype, ReduceOp op, void* c, const void* a, const void* b,

@@ -11,17 +11,12 @@
 namespace comm {
 namespace internal {
 
-// out[i] = op over j in [0, n) of chunks[j * k + i], for i in [0, k), combining the
-// chunks in order j = 0, 1, ... (so every rank that runs it gets identical bits).
-// Average divides the sum by n. `out` must not overlap `chunks`.
-void ReduceChunks(core::DType dtype, ReduceOp op, const void* chunks, int n, int64_t k,
-                  void* out);
-
-// The same with chunk j at chunks[j] (k elements each) instead of contiguous. `out` may
-// be one of the chunks (in-place: element i of every chunk is read before out[i] is
-// written), but must not partly overlap one.
-void ReduceChunkList(core::DType dtype, ReduceOp op, const void* const* chunks, int n, int64_t k,
-                     void* out);
+// out[i] = op over j in [0, n) of chunks[j][i] (k elements each), for i in [0, k),
+// combining the chunks in order j = 0, 1, ... (so every rank that runs it gets identical
+// bits); Average divides the sum by n. `out` may be one of the chunks (in place: element
+// i of every chunk is read before out[i] is written), but must not partly overlap one.
+void ReduceChunkList(core::DType dtype, ReduceOp op, const void* const* chunks, int n,
+                     int64_t k, void* out);
 
 // Elementwise c = a op b over `count` elements of `dtype` (sum or max), as gloo's
 // allreduce calls it. bf16 is not handled here (the backend reduces bf16 in fp32).
