@@ -23,7 +23,7 @@ LayerNorm::LayerNorm(int64_t dim, float eps) : dim_(dim), eps_(eps) {
   bias_->data.Zero();
 }
 
-absl::StatusOr<core::Tensor> LayerNorm::ForwardImpl(const core::Tensor& x) {
+absl::Status LayerNorm::CheckForward(const core::Tensor& x) const {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
   RETURN_IF_ERROR(internal::CheckLastDim(*this, x, dim_, "input"));
   const core::Device device = x.device();
@@ -34,6 +34,12 @@ absl::StatusOr<core::Tensor> LayerNorm::ForwardImpl(const core::Tensor& x) {
                                                      " and bias ", bias_->data.ToString(),
                                                      " must have one dtype"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<core::Tensor> LayerNorm::ForwardImpl(const core::Tensor& x) {
+  RETURN_IF_ERROR(CheckForward(x));
+  const core::Device device = x.device();
   const int64_t rows = RowsOf(x.shape());
   ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation(x.shape(), device));
   ASSIGN_OR_RETURN(core::Tensor xhat, internal::NewActivation(x.shape(), device));
@@ -45,17 +51,64 @@ absl::StatusOr<core::Tensor> LayerNorm::ForwardImpl(const core::Tensor& x) {
   return y;
 }
 
+absl::StatusOr<core::Tensor> LayerNorm::ForwardAdd(const core::Tensor& a, const core::Tensor& b,
+                                                   core::Tensor* sum) {
+  if (a.shape() != b.shape() || a.dtype() != core::DType::kFloat32 ||
+      b.dtype() != core::DType::kFloat32) {
+    return internal::ModuleError(
+        *this, absl::StrCat("residual operands differ: ", a.ToString(), " and ", b.ToString()));
+  }
+  RETURN_IF_ERROR(internal::CheckDevice(*this, b, "residual operand", a.device(), "the other"));
+  RETURN_IF_ERROR(CheckForward(a));
+  const core::Device device = a.device();
+  const int64_t rows = RowsOf(a.shape());
+  ASSIGN_OR_RETURN(core::Tensor h, internal::NewActivation(a.shape(), device));
+  ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation(a.shape(), device));
+  ASSIGN_OR_RETURN(core::Tensor xhat, internal::NewActivation(a.shape(), device));
+  ASSIGN_OR_RETURN(core::Tensor rstd, internal::NewActivation({rows}, device));
+  RETURN_IF_ERROR(AddLayerNormForward(internal::What(*this), a, b, weight_->data, bias_->data,
+                                      eps_, h, y, xhat, rstd));
+  xhat_ = std::move(xhat);
+  rstd_ = std::move(rstd);
+  *sum = std::move(h);
+  return y;
+}
+
 absl::StatusOr<core::Tensor> LayerNorm::BackwardImpl(const core::Tensor& grad_output) {
+  return RunBackward(grad_output, core::Tensor());
+}
+
+absl::StatusOr<core::Tensor> LayerNorm::BackwardAdd(const core::Tensor& grad_output,
+                                                    const core::Tensor& residual) {
+  if (!residual.defined()) return internal::ModuleError(*this, "residual is undefined");
+  return RunBackward(grad_output, residual);
+}
+
+absl::StatusOr<core::Tensor> LayerNorm::RunBackward(const core::Tensor& grad_output,
+                                                    const core::Tensor& residual) {
   RETURN_IF_ERROR(internal::CheckGradOutput(*this, xhat_.defined(), xhat_.shape(), grad_output));
   const core::Device device = xhat_.device();
   RETURN_IF_ERROR(internal::CheckDevice(*this, grad_output, "grad_output", device, "the input"));
   RETURN_IF_ERROR(internal::CheckParameter(*this, *weight_, "weight", {dim_}, device));
+  if (residual.defined()) {
+    if (residual.shape() != grad_output.shape() || residual.dtype() != core::DType::kFloat32) {
+      return internal::ModuleError(*this, absl::StrCat("residual ", residual.ToString(),
+                                                       " must be fp32 like grad_output ",
+                                                       grad_output.ToString()));
+    }
+    RETURN_IF_ERROR(internal::CheckDevice(*this, residual, "residual", device, "the input"));
+  }
   ASSIGN_OR_RETURN(core::Tensor gx, internal::NewActivation(xhat_.shape(), device));
   ASSIGN_OR_RETURN(core::Tensor gw, internal::GradTensor(*this, *weight_, "weight"));
   ASSIGN_OR_RETURN(core::Tensor gb, internal::GradTensor(*this, *bias_, "bias"));
   // With gh = g * weight: dL/dx = rstd * (gh - mean(gh) - xhat * mean(gh * xhat)).
-  RETURN_IF_ERROR(LayerNormBackward(internal::What(*this), grad_output, xhat_, rstd_,
-                                    weight_->data, gx, gw, gb));
+  if (residual.defined()) {
+    RETURN_IF_ERROR(LayerNormBackwardAdd(internal::What(*this), grad_output, xhat_, rstd_,
+                                         weight_->data, residual, gx, gw, gb));
+  } else {
+    RETURN_IF_ERROR(LayerNormBackward(internal::What(*this), grad_output, xhat_, rstd_,
+                                      weight_->data, gx, gw, gb));
+  }
   xhat_ = core::Tensor();
   rstd_ = core::Tensor();
   return gx;

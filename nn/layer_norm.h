@@ -31,6 +31,17 @@ class LayerNorm : public core::Module {
   int64_t dim() const { return dim_; }
   float eps() const { return eps_; }
 
+  // For a parent that fuses a residual add with this LayerNorm (NOTE [Fused layers],
+  // nn/transformer.h), and only when nn::internal::Fusable(*this): these run no hooks.
+  // ForwardAdd(a, b, &sum) sets `sum` to a + b (a new activation; a and b of one shape
+  // and device, else InvalidArgument) and returns what Forward(sum) returns, with its
+  // checks and cache. BackwardAdd(g, residual) returns residual + Backward(g) (residual
+  // fp32 of g's shape on its device), adding the same parameter gradients.
+  absl::StatusOr<core::Tensor> ForwardAdd(const core::Tensor& a, const core::Tensor& b,
+                                          core::Tensor* sum);
+  absl::StatusOr<core::Tensor> BackwardAdd(const core::Tensor& grad_output,
+                                           const core::Tensor& residual);
+
  protected:
   // x: fp32 [..., dim] on the parameters' device (fp32 or bf16) -> same shape there.
   absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
@@ -38,6 +49,12 @@ class LayerNorm : public core::Module {
   absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
 
  private:
+  // Forward's checks of x and the parameters.
+  absl::Status CheckForward(const core::Tensor& x) const;
+  // Backward (residual undefined) or BackwardAdd.
+  absl::StatusOr<core::Tensor> RunBackward(const core::Tensor& grad_output,
+                                           const core::Tensor& residual);
+
   int64_t dim_ = 0;
   float eps_ = 0.0f;
   std::string config_error_;

@@ -53,7 +53,7 @@ std::shared_ptr<Linear> Linear::Tied(core::ParameterPtr weight, bool bias) {
   return std::shared_ptr<Linear>(new Linear(TiedTag{}, std::move(weight), bias));
 }
 
-absl::StatusOr<core::Tensor> Linear::ForwardImpl(const core::Tensor& x) {
+absl::StatusOr<core::Tensor> Linear::ForwardWithoutBias(const core::Tensor& x) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
   RETURN_IF_ERROR(internal::CheckLastDim(*this, x, in_, "input"));
   const core::Device device = x.device();
@@ -71,12 +71,17 @@ absl::StatusOr<core::Tensor> Linear::ForwardImpl(const core::Tensor& x) {
   g.b.tensor = weight_->data;
   g.c.tensor = y;
   RETURN_IF_ERROR(MatMul(internal::What(*this), g));
-  if (bias_) RETURN_IF_ERROR(BiasAdd(internal::What(*this), y, bias_->data, y));
   input_ = x;
   return y;
 }
 
-absl::StatusOr<core::Tensor> Linear::BackwardImpl(const core::Tensor& grad_output) {
+absl::StatusOr<core::Tensor> Linear::ForwardImpl(const core::Tensor& x) {
+  ASSIGN_OR_RETURN(core::Tensor y, ForwardWithoutBias(x));
+  if (bias_) RETURN_IF_ERROR(BiasAdd(internal::What(*this), y, bias_->data, y));
+  return y;
+}
+
+absl::StatusOr<core::Tensor> Linear::BackwardWithoutBias(const core::Tensor& grad_output) {
   RETURN_IF_ERROR(internal::CheckGradOutput(*this, input_.defined(),
                                             WithLastDim(input_.shape(), out_), grad_output));
   const core::Device device = input_.device();
@@ -107,6 +112,12 @@ absl::StatusOr<core::Tensor> Linear::BackwardImpl(const core::Tensor& grad_outpu
     dw.c.tensor = gw;
     RETURN_IF_ERROR(MatMul(internal::What(*this), dw));
   }
+  input_ = core::Tensor();
+  return gx;
+}
+
+absl::StatusOr<core::Tensor> Linear::BackwardImpl(const core::Tensor& grad_output) {
+  ASSIGN_OR_RETURN(core::Tensor gx, BackwardWithoutBias(grad_output));
   if (bias_) {
     // dL/db += sum over rows of g.
     ASSIGN_OR_RETURN(core::Tensor gb, internal::GradTensor(*this, *bias_, "bias"));
@@ -114,7 +125,6 @@ absl::StatusOr<core::Tensor> Linear::BackwardImpl(const core::Tensor& grad_outpu
       RETURN_IF_ERROR(AccumulateColumnSums(internal::What(*this), grad_output, core::Tensor(), gb));
     }
   }
-  input_ = core::Tensor();
   return gx;
 }
 

@@ -45,6 +45,14 @@ class Linear : public core::Module {
   // The seed the constructor initialised from (0 for Tied).
   uint64_t seed() const { return seed_; }
 
+  // For a parent that adds the bias itself, fused with the op that follows
+  // (NOTE [Fused layers], nn/transformer.h), and only when nn::internal::Fusable(*this):
+  // these run no hooks. ForwardWithoutBias(x) is Forward(x) minus the bias (y = x W^T,
+  // with every check and cache of Forward); BackwardWithoutBias(g) is Backward(g)
+  // minus dL/db, which the caller accumulates.
+  absl::StatusOr<core::Tensor> ForwardWithoutBias(const core::Tensor& x);
+  absl::StatusOr<core::Tensor> BackwardWithoutBias(const core::Tensor& grad_output);
+
  protected:
   // x: fp32 [..., in] (at least 1-D) on the parameters' device -> [..., out] there. The
   // weight and bias may be fp32 or bf16 (see NOTE [Device dispatch] in nn/tensor_ops.h);

@@ -106,6 +106,57 @@ FSDP_CPU_CLONES void BiasAddLoop(const float* x, const uint16_t* bias, float* ou
   BiasAddRows(x, bias, out, rows, cols);
 }
 
+// pre = x + bias, y = GELU(pre) (NOTE [Fused ops]; pre may be x).
+template <typename W>
+FSDP_CPU_INLINE void BiasGeluRows(const float* x, const W* FSDP_RESTRICT bias, float* pre,
+                                  float* FSDP_RESTRICT y, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float* pr = pre + r * cols;
+    float* yr = y + r * cols;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) {
+      const float p = k::BiasAdd(xr[j], bias, j);
+      pr[j] = p;
+      yr[j] = k::GeluTanhForward(p);
+    }
+  }
+}
+FSDP_CPU_CLONES void BiasGeluLoop(const float* x, const float* bias, float* pre, float* y,
+                                  int64_t rows, int64_t cols) {
+  BiasGeluRows(x, bias, pre, y, rows, cols);
+}
+FSDP_CPU_CLONES void BiasGeluLoop(const float* x, const uint16_t* bias, float* pre, float* y,
+                                  int64_t rows, int64_t cols) {
+  BiasGeluRows(x, bias, pre, y, rows, cols);
+}
+
+// gx = gy * GELU'(pre) for columns [0, cols) of `rows` rows `ld` apart, and, with `sums`
+// non-null, sums[j] += gx[r, j] for each row in order: ColumnSumsLoop's additions, in its
+// order (NOTE [Fused ops]).
+FSDP_CPU_CLONES void GeluBackwardColumnSumsLoop(const float* FSDP_RESTRICT pre,
+                                                const float* FSDP_RESTRICT g,
+                                                float* FSDP_RESTRICT gx,
+                                                double* FSDP_RESTRICT sums, int64_t rows,
+                                                int64_t cols, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* pr = pre + r * ld;
+    const float* gr = g + r * ld;
+    float* o = gx + r * ld;
+    if (sums != nullptr) {
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) {
+        const float v = k::GeluTanhBackward(pr[j], gr[j]);
+        o[j] = v;
+        sums[j] += static_cast<double>(v);
+      }
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) o[j] = k::GeluTanhBackward(pr[j], gr[j]);
+    }
+  }
+}
+
 // sums[j] += sum_r x[r, j] * (y ? y[r, j] : 1) for j < cols, rows `ld` apart; double
 // accumulators, columns in lanes, rows added in order.
 FSDP_CPU_CLONES void ColumnSumsLoop(const float* FSDP_RESTRICT x, const float* FSDP_RESTRICT y,
@@ -124,43 +175,63 @@ FSDP_CPU_CLONES void ColumnSumsLoop(const float* FSDP_RESTRICT x, const float* F
   }
 }
 
+// One row of LayerNorm: y, xhat from x; returns rstd.
 template <typename W>
-FSDP_CPU_INLINE void LayerNormRows(const float* FSDP_RESTRICT x, const W* FSDP_RESTRICT w,
-                                   const W* FSDP_RESTRICT b, float eps, float* FSDP_RESTRICT y,
-                                   float* FSDP_RESTRICT xhat, float* FSDP_RESTRICT rstd,
-                                   int64_t rows, int64_t cols) {
+FSDP_CPU_INLINE float LayerNormRow(const float* FSDP_RESTRICT xr, const W* FSDP_RESTRICT w,
+                                   const W* FSDP_RESTRICT b, float eps, float* FSDP_RESTRICT yr,
+                                   float* FSDP_RESTRICT hr, int64_t cols) {
   const float inv_cols = 1.0f / static_cast<float>(cols);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * cols;
-    const float sum = k::LaneSum<float>(cols, [&](int64_t j) { return xr[j]; });
-    const float mean = sum * inv_cols;
-    const float sq = k::LaneSum<float>(cols, [&](int64_t j) {
-      const float d = xr[j] - mean;
-      return d * d;
-    });
-    const float inv = k::LayerNormRstd(sq * inv_cols, eps);
-    rstd[r] = inv;
-    float* hr = xhat + r * cols;
-    float* yr = y + r * cols;
+  const float sum = k::LaneSum<float>(cols, [&](int64_t j) { return xr[j]; });
+  const float mean = sum * inv_cols;
+  const float sq = k::LaneSum<float>(cols, [&](int64_t j) {
+    const float d = xr[j] - mean;
+    return d * d;
+  });
+  const float inv = k::LayerNormRstd(sq * inv_cols, eps);
 #pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) yr[j] = k::LayerNormApply(xr[j], mean, inv, w, b, j, &hr[j]);
-  }
-}
-FSDP_CPU_CLONES void LayerNormLoop(const float* x, const float* w, const float* b, float eps,
-                                   float* y, float* xhat, float* rstd, int64_t rows, int64_t cols) {
-  LayerNormRows(x, w, b, eps, y, xhat, rstd, rows, cols);
-}
-FSDP_CPU_CLONES void LayerNormLoop(const float* x, const uint16_t* w, const uint16_t* b, float eps,
-                                   float* y, float* xhat, float* rstd, int64_t rows, int64_t cols) {
-  LayerNormRows(x, w, b, eps, y, xhat, rstd, rows, cols);
+  for (int64_t j = 0; j < cols; ++j) yr[j] = k::LayerNormApply(xr[j], mean, inv, w, b, j, &hr[j]);
+  return inv;
 }
 
+// LayerNorm of `rows` rows of x; with `add` non-null, of x + add, written to `sum` first
+// (NOTE [Fused ops]; sum may be x or add).
+template <typename W>
+FSDP_CPU_INLINE void LayerNormRows(const float* x, const float* add, float* sum,
+                                   const W* FSDP_RESTRICT w, const W* FSDP_RESTRICT b, float eps,
+                                   float* FSDP_RESTRICT y, float* FSDP_RESTRICT xhat,
+                                   float* FSDP_RESTRICT rstd, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    if (add != nullptr) {
+      const float* ar = add + r * cols;
+      float* sr = sum + r * cols;
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) sr[j] = k::Add(xr[j], ar[j]);
+      xr = sr;
+    }
+    rstd[r] = LayerNormRow(xr, w, b, eps, y + r * cols, xhat + r * cols, cols);
+  }
+}
+FSDP_CPU_CLONES void LayerNormLoop(const float* x, const float* add, float* sum, const float* w,
+                                   const float* b, float eps, float* y, float* xhat, float* rstd,
+                                   int64_t rows, int64_t cols) {
+  LayerNormRows(x, add, sum, w, b, eps, y, xhat, rstd, rows, cols);
+}
+FSDP_CPU_CLONES void LayerNormLoop(const float* x, const float* add, float* sum,
+                                   const uint16_t* w, const uint16_t* b, float eps, float* y,
+                                   float* xhat, float* rstd, int64_t rows, int64_t cols) {
+  LayerNormRows(x, add, sum, w, b, eps, y, xhat, rstd, rows, cols);
+}
+
+// LayerNorm's input gradient for `rows` rows; with `residual` non-null, residual + it
+// (NOTE [Fused ops]).
 template <typename W>
 FSDP_CPU_INLINE void LayerNormBackwardRows(const float* FSDP_RESTRICT g,
                                            const float* FSDP_RESTRICT xhat,
                                            const float* FSDP_RESTRICT rstd,
-                                           const W* FSDP_RESTRICT w, float* FSDP_RESTRICT gx,
-                                           int64_t rows, int64_t cols) {
+                                           const W* FSDP_RESTRICT w,
+                                           const float* FSDP_RESTRICT residual,
+                                           float* FSDP_RESTRICT gx, int64_t rows, int64_t cols) {
   const float inv_cols = 1.0f / static_cast<float>(cols);
   for (int64_t r = 0; r < rows; ++r) {
     const float* gr = g + r * cols;
@@ -173,20 +244,29 @@ FSDP_CPU_INLINE void LayerNormBackwardRows(const float* FSDP_RESTRICT g,
     const float mean_gh_h = sum_gh_h * inv_cols;
     const float rs = rstd[r];
     float* o = gx + r * cols;
+    if (residual != nullptr) {
+      const float* res = residual + r * cols;
 #pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) {
-      o[j] = k::LayerNormBackwardInput(gr[j], w, j, hr[j], rs, mean_gh, mean_gh_h);
+      for (int64_t j = 0; j < cols; ++j) {
+        o[j] = k::Add(res[j], k::LayerNormBackwardInput(gr[j], w, j, hr[j], rs, mean_gh, mean_gh_h));
+      }
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) {
+        o[j] = k::LayerNormBackwardInput(gr[j], w, j, hr[j], rs, mean_gh, mean_gh_h);
+      }
     }
   }
 }
 FSDP_CPU_CLONES void LayerNormBackwardLoop(const float* g, const float* xhat, const float* rstd,
-                                           const float* w, float* gx, int64_t rows, int64_t cols) {
-  LayerNormBackwardRows(g, xhat, rstd, w, gx, rows, cols);
+                                           const float* w, const float* residual, float* gx,
+                                           int64_t rows, int64_t cols) {
+  LayerNormBackwardRows(g, xhat, rstd, w, residual, gx, rows, cols);
 }
 FSDP_CPU_CLONES void LayerNormBackwardLoop(const float* g, const float* xhat, const float* rstd,
-                                           const uint16_t* w, float* gx, int64_t rows,
-                                           int64_t cols) {
-  LayerNormBackwardRows(g, xhat, rstd, w, gx, rows, cols);
+                                           const uint16_t* w, const float* residual, float* gx,
+                                           int64_t rows, int64_t cols) {
+  LayerNormBackwardRows(g, xhat, rstd, w, residual, gx, rows, cols);
 }
 
 // Rows [first, end) of [rows, T] scores, row r attending to s <= r % T; in place.
@@ -257,6 +337,17 @@ constexpr int64_t kAlign = 16;
 // the team's start made LayerNorm's backward slower.
 void ColumnSums(const float* x, const float* y, double* sums, int64_t rows, int64_t cols) {
   ColumnSumsLoop(x, y, sums, rows, cols, cols);
+}
+
+// InvalidArgument unless `a` and `b` (both defined) start at different addresses. The
+// fused ops' callers pass whole tensors, so distinct starts mean no overlap.
+absl::Status CheckDistinct(absl::string_view what, const char* a_name, const Tensor& a,
+                           const char* b_name, const Tensor& b) {
+  if (a.raw_data() == b.raw_data() && a.numel() > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", a_name, " and ", b_name, " must be different tensors"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -350,8 +441,11 @@ absl::Status AddTensors(absl::string_view what, const Tensor& a, const Tensor& b
   return absl::OkStatus();
 }
 
-absl::Status BiasAdd(absl::string_view what, const Tensor& x, const Tensor& bias,
-                     const Tensor& out) {
+namespace {
+
+// BiasAdd's argument checks; the number of rows.
+absl::StatusOr<int64_t> CheckBiasAdd(absl::string_view what, const Tensor& x, const Tensor& bias,
+                                     const Tensor& out) {
   RETURN_IF_ERROR(CheckDevices(what, {{"input", &x}, {"bias", &bias}, {"output", &out}}));
   RETURN_IF_ERROR(CheckDType(what, "input", x, DType::kFloat32));
   RETURN_IF_ERROR(CheckWeightDType(what, "bias", bias));
@@ -362,7 +456,15 @@ absl::Status BiasAdd(absl::string_view what, const Tensor& x, const Tensor& bias
     return absl::InvalidArgumentError(absl::StrCat(what, ": bias ", bias.ToString(),
                                                    " does not tile input ", x.ToString()));
   }
-  const int64_t rows = x.numel() / cols;
+  return x.numel() / cols;
+}
+
+}  // namespace
+
+absl::Status BiasAdd(absl::string_view what, const Tensor& x, const Tensor& bias,
+                     const Tensor& out) {
+  ASSIGN_OR_RETURN(const int64_t rows, CheckBiasAdd(what, x, bias, out));
+  const int64_t cols = bias.numel();
   if (x.device().is_cuda()) {
     NN_ON_CUDA(x.device(), what, "bias add",
                cuda::BiasAdd(F32(x), bias.raw_data(), IsBf16(bias), MutF32(out), rows, cols));
@@ -377,8 +479,33 @@ absl::Status BiasAdd(absl::string_view what, const Tensor& x, const Tensor& bias
   return absl::OkStatus();
 }
 
-absl::Status AccumulateColumnSums(absl::string_view what, const Tensor& x, const Tensor& y,
-                                  const Tensor& acc) {
+absl::Status BiasGeluForward(absl::string_view what, const Tensor& x, const Tensor& bias,
+                             const Tensor& pre, const Tensor& y) {
+  ASSIGN_OR_RETURN(const int64_t rows, CheckBiasAdd(what, x, bias, pre));
+  RETURN_IF_ERROR(CheckElementwiseF32(what, {{"pre-activation", &pre}, {"output", &y}}));
+  RETURN_IF_ERROR(CheckDistinct(what, "output", y, "input", x));
+  RETURN_IF_ERROR(CheckDistinct(what, "output", y, "pre-activation", pre));
+  if (x.device().is_cuda()) {
+    RETURN_IF_ERROR(BiasAdd(what, x, bias, pre));
+    return GeluForward(what, pre, y);
+  }
+  const int64_t cols = bias.numel();
+  const float* in = F32(x);
+  float* p = MutF32(pre);
+  float* o = MutF32(y);
+  WithWeight(bias, [&](const auto* b) {
+    k::ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
+      BiasGeluLoop(in + s * cols, b, p + s * cols, o + s * cols, e - s, cols);
+    });
+  });
+  return absl::OkStatus();
+}
+
+namespace {
+
+// AccumulateColumnSums's argument checks (y optional); the number of rows.
+absl::StatusOr<int64_t> CheckColumnSums(absl::string_view what, const Tensor& x, const Tensor& y,
+                                        const Tensor& acc) {
   if (y.defined()) {
     RETURN_IF_ERROR(CheckDevices(what, {{"input", &x}, {"second factor", &y}, {"sums", &acc}}));
     RETURN_IF_ERROR(CheckDType(what, "second factor", y, DType::kFloat32));
@@ -393,7 +520,49 @@ absl::Status AccumulateColumnSums(absl::string_view what, const Tensor& x, const
     return absl::InvalidArgumentError(absl::StrCat(what, ": sums ", acc.ToString(),
                                                    " do not tile input ", x.ToString()));
   }
-  const int64_t rows = x.numel() / cols;
+  return x.numel() / cols;
+}
+
+}  // namespace
+
+absl::Status GeluBackwardBiasGrad(absl::string_view what, const Tensor& pre, const Tensor& gy,
+                                  const Tensor& gx, const Tensor& gb) {
+  RETURN_IF_ERROR(CheckElementwiseF32(
+      what, {{"pre-activation", &pre}, {"grad_output", &gy}, {"grad_input", &gx}}));
+  RETURN_IF_ERROR(CheckDistinct(what, "grad_input", gx, "pre-activation", pre));
+  RETURN_IF_ERROR(CheckDistinct(what, "grad_input", gx, "grad_output", gy));
+  int64_t rows = 1;
+  int64_t cols = gx.numel();
+  if (gb.defined()) {
+    ASSIGN_OR_RETURN(rows, CheckColumnSums(what, gx, Tensor(), gb));
+    cols = gb.numel();
+  }
+  if (pre.device().is_cuda()) {
+    RETURN_IF_ERROR(GeluBackward(what, pre, gy, gx));
+    if (!gb.defined()) return absl::OkStatus();
+    return AccumulateColumnSums(what, gx, Tensor(), gb);
+  }
+  const float* pp = F32(pre);
+  const float* pg = F32(gy);
+  float* out = MutF32(gx);
+  std::vector<double> sums(gb.defined() ? static_cast<size_t>(cols) : 0, 0.0);
+  double* ps = gb.defined() ? sums.data() : nullptr;
+  // Threads take column ranges, so each column's sum adds its rows in order, as one thread.
+  k::ParallelChunks(IntraOpThreads(), cols, rows * cols, kAlign, [&](int64_t s, int64_t e) {
+    GeluBackwardColumnSumsLoop(pp + s, pg + s, out + s, ps != nullptr ? ps + s : nullptr, rows,
+                               e - s, cols);
+  });
+  if (gb.defined()) {
+    float* pacc = MutF32(gb);
+    for (int64_t j = 0; j < cols; ++j) pacc[j] = static_cast<float>(pacc[j] + sums[j]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AccumulateColumnSums(absl::string_view what, const Tensor& x, const Tensor& y,
+                                  const Tensor& acc) {
+  ASSIGN_OR_RETURN(const int64_t rows, CheckColumnSums(what, x, y, acc));
+  const int64_t cols = acc.numel();
   if (x.device().is_cuda()) {
     NN_ON_CUDA(x.device(), what, "column sums",
                cuda::ColumnSums(F32(x), y.defined() ? F32(y) : nullptr, MutF32(acc), rows, cols));
@@ -407,9 +576,12 @@ absl::Status AccumulateColumnSums(absl::string_view what, const Tensor& x, const
   return absl::OkStatus();
 }
 
-absl::Status LayerNormForward(absl::string_view what, const Tensor& x, const Tensor& w,
-                              const Tensor& b, float eps, const Tensor& y, const Tensor& xhat,
-                              const Tensor& rstd) {
+namespace {
+
+// LayerNormForward's argument checks; the number of rows.
+absl::StatusOr<int64_t> CheckLayerNormForward(absl::string_view what, const Tensor& x,
+                                              const Tensor& w, const Tensor& b, const Tensor& y,
+                                              const Tensor& xhat, const Tensor& rstd) {
   RETURN_IF_ERROR(CheckDevices(what, {{"input", &x}, {"weight", &w}, {"bias", &b}, {"output", &y},
                                       {"normalised input", &xhat}, {"rstd", &rstd}}));
   RETURN_IF_ERROR(CheckDType(what, "input", x, DType::kFloat32));
@@ -432,12 +604,14 @@ absl::Status LayerNormForward(absl::string_view what, const Tensor& x, const Ten
   RETURN_IF_ERROR(CheckNumel(what, "output", y, x.numel()));
   RETURN_IF_ERROR(CheckNumel(what, "normalised input", xhat, x.numel()));
   RETURN_IF_ERROR(CheckNumel(what, "rstd", rstd, rows));
-  if (x.device().is_cuda()) {
-    NN_ON_CUDA(x.device(), what, "LayerNorm forward",
-               cuda::LayerNormForward(F32(x), w.raw_data(), b.raw_data(), IsBf16(w), eps,
-                                      MutF32(y), MutF32(xhat), MutF32(rstd), rows, cols));
-  }
-  const float* px = F32(x);
+  return rows;
+}
+
+// LayerNorm on the CPU of x, or of x + add written to sum when add is non-null.
+void LayerNormForwardCpu(const float* x, const float* add, float* sum, const Tensor& w,
+                         const Tensor& b, float eps, const Tensor& y, const Tensor& xhat,
+                         const Tensor& rstd, int64_t rows) {
+  const int64_t cols = w.numel();
   float* py = MutF32(y);
   float* ph = MutF32(xhat);
   float* pr = MutF32(rstd);
@@ -445,15 +619,18 @@ absl::Status LayerNormForward(absl::string_view what, const Tensor& x, const Ten
     using W = std::remove_const_t<std::remove_pointer_t<decltype(wp)>>;
     const W* bp = static_cast<const W*>(b.raw_data());
     k::ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
-      LayerNormLoop(px + s * cols, wp, bp, eps, py + s * cols, ph + s * cols, pr + s, e - s, cols);
+      const int64_t o = s * cols;
+      LayerNormLoop(x + o, add != nullptr ? add + o : nullptr, sum != nullptr ? sum + o : nullptr,
+                    wp, bp, eps, py + o, ph + o, pr + s, e - s, cols);
     });
   });
-  return absl::OkStatus();
 }
 
-absl::Status LayerNormBackward(absl::string_view what, const Tensor& g, const Tensor& xhat,
-                               const Tensor& rstd, const Tensor& w, const Tensor& gx,
-                               const Tensor& gw, const Tensor& gb) {
+// LayerNormBackward's argument checks; the number of rows.
+absl::StatusOr<int64_t> CheckLayerNormBackward(absl::string_view what, const Tensor& g,
+                                               const Tensor& xhat, const Tensor& rstd,
+                                               const Tensor& w, const Tensor& gx,
+                                               const Tensor& gw, const Tensor& gb) {
   RETURN_IF_ERROR(CheckDevices(what, {{"grad_output", &g}, {"normalised input", &xhat},
                                       {"rstd", &rstd}, {"weight", &w}, {"grad_input", &gx}}));
   RETURN_IF_ERROR(CheckDType(what, "grad_output", g, DType::kFloat32));
@@ -476,8 +653,81 @@ absl::Status LayerNormBackward(absl::string_view what, const Tensor& g, const Te
     RETURN_IF_ERROR(CheckDType(what, a.name, *a.tensor, DType::kFloat32));
     RETURN_IF_ERROR(CheckNumel(what, a.name, *a.tensor, cols));
   }
+  return rows;
+}
+
+
+}  // namespace
+
+absl::Status LayerNormForward(absl::string_view what, const Tensor& x, const Tensor& w,
+                              const Tensor& b, float eps, const Tensor& y, const Tensor& xhat,
+                              const Tensor& rstd) {
+  ASSIGN_OR_RETURN(const int64_t rows, CheckLayerNormForward(what, x, w, b, y, xhat, rstd));
+  if (x.device().is_cuda()) {
+    NN_ON_CUDA(x.device(), what, "LayerNorm forward",
+               cuda::LayerNormForward(F32(x), w.raw_data(), b.raw_data(), IsBf16(w), eps,
+                                      MutF32(y), MutF32(xhat), MutF32(rstd), rows, w.numel()));
+  }
+  LayerNormForwardCpu(F32(x), nullptr, nullptr, w, b, eps, y, xhat, rstd, rows);
+  return absl::OkStatus();
+}
+
+absl::Status AddLayerNormForward(absl::string_view what, const Tensor& a, const Tensor& b,
+                                 const Tensor& w, const Tensor& bias, float eps, const Tensor& h,
+                                 const Tensor& y, const Tensor& xhat, const Tensor& rstd) {
+  RETURN_IF_ERROR(CheckElementwiseF32(
+      what, {{"first operand", &a}, {"second operand", &b}, {"sum", &h}}));
+  ASSIGN_OR_RETURN(const int64_t rows, CheckLayerNormForward(what, h, w, bias, y, xhat, rstd));
+  for (const Arg& out : {Arg{"output", &y}, Arg{"normalised input", &xhat}}) {
+    for (const Arg& in : {Arg{"first operand", &a}, Arg{"second operand", &b}, Arg{"sum", &h}}) {
+      RETURN_IF_ERROR(CheckDistinct(what, out.name, *out.tensor, in.name, *in.tensor));
+    }
+  }
+  if (a.device().is_cuda()) {
+    RETURN_IF_ERROR(AddTensors(what, a, b, h));
+    return LayerNormForward(what, h, w, bias, eps, y, xhat, rstd);
+  }
+  LayerNormForwardCpu(F32(a), F32(b), MutF32(h), w, bias, eps, y, xhat, rstd, rows);
+  return absl::OkStatus();
+}
+
+namespace {
+
+// LayerNormBackward on the CPU; with `residual` non-null, gx = residual + the gradient.
+void LayerNormBackwardCpu(const Tensor& g, const Tensor& xhat, const Tensor& rstd,
+                          const Tensor& w, const float* residual, const Tensor& gx,
+                          const Tensor& gw, const Tensor& gb, int64_t rows) {
+  const int64_t cols = w.numel();
+  const float* pg = F32(g);
+  const float* ph = F32(xhat);
+  const float* pr = F32(rstd);
+  float* out = MutF32(gx);
+  WithWeight(w, [&](const auto* wp) {
+    k::ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
+      const int64_t o = s * cols;
+      LayerNormBackwardLoop(pg + o, ph + o, pr + s, wp, residual != nullptr ? residual + o : nullptr,
+                            out + o, e - s, cols);
+    });
+  });
+  std::vector<double> sums(static_cast<size_t>(cols));
+  for (auto [acc, factor] : {std::pair<const Tensor*, const float*>{&gw, ph}, {&gb, nullptr}}) {
+    if (!acc->defined()) continue;
+    std::fill(sums.begin(), sums.end(), 0.0);
+    ColumnSums(pg, factor, sums.data(), rows, cols);
+    float* pacc = MutF32(*acc);
+    for (int64_t j = 0; j < cols; ++j) pacc[j] = static_cast<float>(pacc[j] + sums[j]);
+  }
+}
+
+}  // namespace
+
+absl::Status LayerNormBackward(absl::string_view what, const Tensor& g, const Tensor& xhat,
+                               const Tensor& rstd, const Tensor& w, const Tensor& gx,
+                               const Tensor& gw, const Tensor& gb) {
+  ASSIGN_OR_RETURN(const int64_t rows, CheckLayerNormBackward(what, g, xhat, rstd, w, gx, gw, gb));
   if (g.device().is_cuda()) {
 #ifdef FSDP_WITH_CUDA
+    const int64_t cols = w.numel();
     RETURN_IF_ERROR(UseDevice(g.device(), what));
     RETURN_IF_ERROR(Launched(cuda::LayerNormBackwardInput(F32(g), F32(xhat), F32(rstd),
                                                           w.raw_data(), IsBf16(w), MutF32(gx),
@@ -496,23 +746,21 @@ absl::Status LayerNormBackward(absl::string_view what, const Tensor& g, const Te
     return NoCuda(g.device(), what);
 #endif
   }
-  const float* pg = F32(g);
-  const float* ph = F32(xhat);
-  const float* pr = F32(rstd);
-  float* out = MutF32(gx);
-  WithWeight(w, [&](const auto* wp) {
-    k::ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
-      LayerNormBackwardLoop(pg + s * cols, ph + s * cols, pr + s, wp, out + s * cols, e - s, cols);
-    });
-  });
-  std::vector<double> sums(static_cast<size_t>(cols));
-  for (auto [acc, factor] : {std::pair<const Tensor*, const float*>{&gw, ph}, {&gb, nullptr}}) {
-    if (!acc->defined()) continue;
-    std::fill(sums.begin(), sums.end(), 0.0);
-    ColumnSums(pg, factor, sums.data(), rows, cols);
-    float* pacc = MutF32(*acc);
-    for (int64_t j = 0; j < cols; ++j) pacc[j] = static_cast<float>(pacc[j] + sums[j]);
+  LayerNormBackwardCpu(g, xhat, rstd, w, nullptr, gx, gw, gb, rows);
+  return absl::OkStatus();
+}
+
+absl::Status LayerNormBackwardAdd(absl::string_view what, const Tensor& g, const Tensor& xhat,
+                                  const Tensor& rstd, const Tensor& w, const Tensor& residual,
+                                  const Tensor& gx, const Tensor& gw, const Tensor& gb) {
+  ASSIGN_OR_RETURN(const int64_t rows, CheckLayerNormBackward(what, g, xhat, rstd, w, gx, gw, gb));
+  RETURN_IF_ERROR(CheckElementwiseF32(what, {{"grad_output", &g}, {"residual", &residual}}));
+  RETURN_IF_ERROR(CheckDistinct(what, "grad_input", gx, "residual", residual));
+  if (g.device().is_cuda()) {
+    RETURN_IF_ERROR(LayerNormBackward(what, g, xhat, rstd, w, gx, gw, gb));
+    return AddTensors(what, residual, gx, gx);
   }
+  LayerNormBackwardCpu(g, xhat, rstd, w, F32(residual), gx, gw, gb, rows);
   return absl::OkStatus();
 }
 

@@ -102,6 +102,39 @@ absl::Status LayerNormBackward(absl::string_view what, const core::Tensor& g,
                                const core::Tensor& w, const core::Tensor& gx,
                                const core::Tensor& gw, const core::Tensor& gb);
 
+// NOTE [Fused ops]: each op below gives, bit for bit, what the unfused ops it names give
+// one after the other, with the same argument rules. On the CPU it makes one pass over
+// memory where they make two (a row is still in cache for the second step), so it reads
+// one tensor fewer; on CUDA it runs the unfused kernels one after the other. The layers
+// call them through NOTE [Fused layers] (nn/transformer.h).
+
+// pre = x + bias (rows as BiasAdd; pre may be x), then y = GELU(pre): BiasAdd(x, bias,
+// pre) then GeluForward(pre, y). y must not overlap x or pre.
+absl::Status BiasGeluForward(absl::string_view what, const core::Tensor& x,
+                             const core::Tensor& bias, const core::Tensor& pre,
+                             const core::Tensor& y);
+// gx = gy * GELU'(pre), then, when gb is defined, gb += the column sums of gx viewed as
+// [numel / gb.numel(), gb.numel()]: GeluBackward(pre, gy, gx) then
+// AccumulateColumnSums(gx, {}, gb). gx must not overlap pre or gy.
+absl::Status GeluBackwardBiasGrad(absl::string_view what, const core::Tensor& pre,
+                                  const core::Tensor& gy, const core::Tensor& gx,
+                                  const core::Tensor& gb);
+// h = a + b, then LayerNorm of h: AddTensors(a, b, h) then LayerNormForward(h, w, bias,
+// eps, y, xhat, rstd). h may be a or b; y, xhat and rstd must not overlap the others.
+absl::Status AddLayerNormForward(absl::string_view what, const core::Tensor& a,
+                                 const core::Tensor& b, const core::Tensor& w,
+                                 const core::Tensor& bias, float eps, const core::Tensor& h,
+                                 const core::Tensor& y, const core::Tensor& xhat,
+                                 const core::Tensor& rstd);
+// LayerNormBackward(g, xhat, rstd, w, gx, gw, gb), then gx = residual + gx (AddTensors):
+// the gradient of a LayerNorm whose input also feeds a residual connection. residual
+// (fp32, g's numel) must not overlap gx.
+absl::Status LayerNormBackwardAdd(absl::string_view what, const core::Tensor& g,
+                                  const core::Tensor& xhat, const core::Tensor& rstd,
+                                  const core::Tensor& w, const core::Tensor& residual,
+                                  const core::Tensor& gx, const core::Tensor& gw,
+                                  const core::Tensor& gb);
+
 // In place on `scores`, fp32 viewed as rows of T: row r is query t = r % T; entries
 // s > t become 0 and entries s <= t softmax(scores[0..t]).
 absl::Status CausalSoftmaxForward(absl::string_view what, const core::Tensor& scores, int64_t T);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/random.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -448,6 +449,114 @@ TEST(CpuLoopsTest, LaneSumHasTheBitsOfItsFixedLaneOrder) {
   }
 }
 
+// The bits of every element, so -0.0 and 0.0 differ.
+std::vector<uint32_t> Bits(const core::Tensor& t) {
+  const std::vector<float> v = t.ToVector();
+  std::vector<uint32_t> bits(v.size());
+  std::memcpy(bits.data(), v.data(), v.size() * sizeof(float));
+  return bits;
+}
+
+// NOTE [Fused ops]: each fused op against the unfused ops it names, run one after the
+// other on copies of the same inputs, for fp32 and bf16 weights, row lengths that are and
+// are not a multiple of 8 lanes, and in place where the op allows it.
+TEST(FusedOpsTest, EachGivesTheBitsOfTheUnfusedOps) {
+  for (int64_t cols : {1, 8, 37, 256}) {
+    for (core::DType wtype : {core::DType::kFloat32, core::DType::kBFloat16}) {
+      SCOPED_TRACE(absl::StrCat("cols ", cols, " ", core::DTypeName(wtype)));
+      const int64_t rows = 19, n = rows * cols;
+      auto weight = [&](uint64_t seed) {
+        return Normal(cols, seed).ToDType(wtype, core::MemoryTag::kOther).value();
+      };
+      const core::Tensor bias = weight(1), w = weight(2), lb = weight(3);
+      const core::Tensor x = Normal(n, 4), a = Normal(n, 5), g = Normal(n, 6);
+      auto empty = [&](int64_t k) { return core::Tensor::Empty({k}); };
+
+      // BiasGeluForward, into a separate pre-activation and in place over its input.
+      core::Tensor pre_ref = empty(n), y_ref = empty(n);
+      ASSERT_TRUE(BiasAdd("t", x, bias, pre_ref).ok());
+      ASSERT_TRUE(GeluForward("t", pre_ref, y_ref).ok());
+      core::Tensor pre = empty(n), y = empty(n);
+      ASSERT_TRUE(BiasGeluForward("t", x, bias, pre, y).ok());
+      EXPECT_EQ(Bits(pre), Bits(pre_ref));
+      EXPECT_EQ(Bits(y), Bits(y_ref));
+      core::Tensor inplace = x.Clone(core::MemoryTag::kOther);
+      ASSERT_TRUE(BiasGeluForward("t", inplace, bias, inplace, y).ok());
+      EXPECT_EQ(Bits(inplace), Bits(pre_ref));
+      EXPECT_EQ(Bits(y), Bits(y_ref));
+
+      // GeluBackwardBiasGrad, with and without the bias gradient; gb starts non-zero.
+      core::Tensor gx_ref = empty(n), gb_ref = Normal(cols, 7);
+      ASSERT_TRUE(GeluBackward("t", pre_ref, g, gx_ref).ok());
+      ASSERT_TRUE(AccumulateColumnSums("t", gx_ref, core::Tensor(), gb_ref).ok());
+      core::Tensor gx = empty(n), gb = Normal(cols, 7);
+      ASSERT_TRUE(GeluBackwardBiasGrad("t", pre_ref, g, gx, gb).ok());
+      EXPECT_EQ(Bits(gx), Bits(gx_ref));
+      EXPECT_EQ(Bits(gb), Bits(gb_ref));
+      core::Tensor gx_only = empty(n);
+      ASSERT_TRUE(GeluBackwardBiasGrad("t", pre_ref, g, gx_only, core::Tensor()).ok());
+      EXPECT_EQ(Bits(gx_only), Bits(gx_ref));
+
+      // AddLayerNormForward, into a separate sum and in place over either operand.
+      core::Tensor h_ref = empty(n), ln_ref = empty(n), xhat_ref = empty(n), rstd_ref = empty(rows);
+      ASSERT_TRUE(AddTensors("t", x, a, h_ref).ok());
+      ASSERT_TRUE(LayerNormForward("t", h_ref, w, lb, 1e-5f, ln_ref, xhat_ref, rstd_ref).ok());
+      for (int where = 0; where < 3; ++where) {
+        SCOPED_TRACE(absl::StrCat("sum into ", where == 0 ? "a new tensor" : where == 1 ? "a" : "b"));
+        core::Tensor ca = x.Clone(core::MemoryTag::kOther);
+        core::Tensor cb = a.Clone(core::MemoryTag::kOther);
+        core::Tensor h = where == 0 ? empty(n) : where == 1 ? ca : cb;
+        core::Tensor ln = empty(n), xhat = empty(n), rstd = empty(rows);
+        ASSERT_TRUE(AddLayerNormForward("t", ca, cb, w, lb, 1e-5f, h, ln, xhat, rstd).ok());
+        EXPECT_EQ(Bits(h), Bits(h_ref));
+        EXPECT_EQ(Bits(ln), Bits(ln_ref));
+        EXPECT_EQ(Bits(xhat), Bits(xhat_ref));
+        EXPECT_EQ(Bits(rstd), Bits(rstd_ref));
+      }
+
+      // LayerNormBackwardAdd: the LayerNorm gradient plus a residual, parameter grads too.
+      core::Tensor lgx_ref = empty(n), gw_ref = Normal(cols, 8), glb_ref = Normal(cols, 9);
+      ASSERT_TRUE(LayerNormBackward("t", g, xhat_ref, rstd_ref, w, lgx_ref, gw_ref, glb_ref).ok());
+      ASSERT_TRUE(AddTensors("t", a, lgx_ref, lgx_ref).ok());
+      core::Tensor lgx = empty(n), gw = Normal(cols, 8), glb = Normal(cols, 9);
+      ASSERT_TRUE(LayerNormBackwardAdd("t", g, xhat_ref, rstd_ref, w, a, lgx, gw, glb).ok());
+      EXPECT_EQ(Bits(lgx), Bits(lgx_ref));
+      EXPECT_EQ(Bits(gw), Bits(gw_ref));
+      EXPECT_EQ(Bits(glb), Bits(glb_ref));
+    }
+  }
+}
+
+TEST(FusedOpsTest, BadArgumentsAreInvalidArgumentAndWriteNothing) {
+  const int64_t rows = 4, cols = 6, n = rows * cols;
+  const core::Tensor x = Normal(n, 1), bias = Normal(cols, 2), g = Normal(n, 3);
+  core::Tensor y = core::Tensor::Zeros({n});
+  // The output may not be the input: the loop would read what it just wrote.
+  absl::Status s = BiasGeluForward("fc + gelu", x, bias, x, x);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("fc + gelu: output and input"));
+  s = BiasGeluForward("fc + gelu", x, Normal(5, 4), y, core::Tensor::Zeros({n}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("does not tile"));
+  EXPECT_EQ(y.ToVector(), std::vector<float>(n, 0.0f));
+  s = GeluBackwardBiasGrad("fc + gelu", x, g, y, core::Tensor::Zeros({5}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(y.ToVector(), std::vector<float>(n, 0.0f));
+  s = GeluBackwardBiasGrad("fc + gelu", x, g, g, core::Tensor());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("grad_input and grad_output"));
+  const core::Tensor w = Normal(cols, 5), lb = Normal(cols, 6);
+  core::Tensor h = core::Tensor::Zeros({n}), xhat = core::Tensor::Zeros({n});
+  s = AddLayerNormForward("ln_2", x, g, w, lb, 1e-5f, h, x, xhat, core::Tensor::Zeros({rows}));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("ln_2: output and first operand"));
+  s = AddLayerNormForward("ln_2", x, Normal(n - 1, 7), w, lb, 1e-5f, h, y, xhat,
+                          core::Tensor::Zeros({rows}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(h.ToVector(), std::vector<float>(n, 0.0f));
+  s = LayerNormBackwardAdd("ln_2", g, xhat, core::Tensor::Zeros({rows}), w, y, y, core::Tensor(),
+                           core::Tensor());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("ln_2: grad_input and residual"));
+}
+
 TEST(CpuLoopsTest, ResultsAreBitIdenticalForAnyThreadCount) {
   const int saved = IntraOpThreads();
   auto run = [](int threads) {
@@ -476,6 +585,20 @@ TEST(CpuLoopsTest, ResultsAreBitIdenticalForAnyThreadCount) {
     out.push_back(gx.ToVector());
     out.push_back(gw.ToVector());
     out.push_back(gb.ToVector());
+    core::Tensor pre = core::Tensor::Empty({rows * cols}), sum = core::Tensor::Empty({rows * cols});
+    EXPECT_TRUE(BiasGeluForward("t", a, b, pre, ya).ok());
+    out.push_back(pre.ToVector());
+    out.push_back(ya.ToVector());
+    EXPECT_TRUE(GeluBackwardBiasGrad("t", pre, ga, gx, gb).ok());
+    out.push_back(gx.ToVector());
+    out.push_back(gb.ToVector());
+    EXPECT_TRUE(AddLayerNormForward("t", a, ga, w, b, 1e-5f, sum, ya, h, rstd).ok());
+    out.push_back(sum.ToVector());
+    out.push_back(ya.ToVector());
+    out.push_back(rstd.ToVector());
+    EXPECT_TRUE(LayerNormBackwardAdd("t", ga, h, rstd, w, a, gx, gw, gb).ok());
+    out.push_back(gx.ToVector());
+    out.push_back(gw.ToVector());
     const core::Tensor s = Normal(srows * T, 7), gs = Normal(srows * T, 8);
     EXPECT_TRUE(CausalSoftmaxForward("t", s, T).ok());
     out.push_back(s.ToVector());

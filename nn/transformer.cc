@@ -37,15 +37,41 @@ Mlp::Mlp(int64_t n_embd, uint64_t seed) {
 
 absl::StatusOr<core::Tensor> Mlp::ForwardImpl(const core::Tensor& x) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
-  ASSIGN_OR_RETURN(core::Tensor h, fc_->Forward(x));
-  ASSIGN_OR_RETURN(h, gelu_->Forward(h));
+  pre_ = core::Tensor();
+  if (fc_->bias() == nullptr || !internal::Fusable(*fc_) || !internal::Fusable(*gelu_)) {
+    ASSIGN_OR_RETURN(core::Tensor h, fc_->Forward(x));
+    ASSIGN_OR_RETURN(h, gelu_->Forward(h));
+    return proj_->Forward(h);
+  }
+  // NOTE [Fused layers]: fc without its bias, then bias + GELU in one pass.
+  ASSIGN_OR_RETURN(core::Tensor pre, fc_->ForwardWithoutBias(x));
+  ASSIGN_OR_RETURN(core::Tensor h, internal::NewActivation(pre.shape(), pre.device()));
+  RETURN_IF_ERROR(BiasGeluForward(FusedWhat(), pre, fc_->bias()->data, pre, h));
+  pre_ = std::move(pre);
   return proj_->Forward(h);
 }
 
 absl::StatusOr<core::Tensor> Mlp::BackwardImpl(const core::Tensor& grad_output) {
+  if (!pre_.defined()) {
+    ASSIGN_OR_RETURN(core::Tensor g, proj_->Backward(grad_output));
+    ASSIGN_OR_RETURN(g, gelu_->Backward(g));
+    return fc_->Backward(g);
+  }
+  if (!internal::Fusable(*fc_) || !internal::Fusable(*gelu_)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        FusedWhat(), ": hooks were registered between Forward and Backward; the Forward ran "
+        "fused without them (NOTE [Fused layers]), so register hooks before Forward"));
+  }
   ASSIGN_OR_RETURN(core::Tensor g, proj_->Backward(grad_output));
-  ASSIGN_OR_RETURN(g, gelu_->Backward(g));
-  return fc_->Backward(g);
+  ASSIGN_OR_RETURN(core::Tensor gb, internal::GradTensor(*fc_, *fc_->bias(), "bias"));
+  ASSIGN_OR_RETURN(core::Tensor gpre, internal::NewActivation(pre_.shape(), pre_.device()));
+  RETURN_IF_ERROR(GeluBackwardBiasGrad(FusedWhat(), pre_, g, gpre, gb));
+  pre_ = core::Tensor();
+  return fc_->BackwardWithoutBias(gpre);
+}
+
+std::string Mlp::FusedWhat() const {
+  return absl::StrCat(fc_->Describe(), " + ", gelu_->Describe());
 }
 
 TransformerBlock::TransformerBlock(int64_t n_embd, int64_t n_head, uint64_t seed) {
@@ -59,26 +85,45 @@ TransformerBlock::TransformerBlock(int64_t n_embd, int64_t n_head, uint64_t seed
 absl::StatusOr<core::Tensor> TransformerBlock::ForwardImpl(const core::Tensor& x) {
   ASSIGN_OR_RETURN(core::Tensor a, ln_1_->Forward(x));
   ASSIGN_OR_RETURN(a, attn_->Forward(a));
-  ASSIGN_OR_RETURN(core::Tensor h, Add(*this, x, a));
-  ASSIGN_OR_RETURN(core::Tensor m, ln_2_->Forward(h));
+  core::Tensor h;
+  core::Tensor m;
+  if (internal::Fusable(*ln_2_)) {
+    // NOTE [Fused layers]: h = x + a and ln_2(h) in one pass.
+    ASSIGN_OR_RETURN(m, ln_2_->ForwardAdd(x, a, &h));
+  } else {
+    ASSIGN_OR_RETURN(h, Add(*this, x, a));
+    ASSIGN_OR_RETURN(m, ln_2_->Forward(h));
+  }
   ASSIGN_OR_RETURN(m, mlp_->Forward(m));
   ASSIGN_OR_RETURN(core::Tensor y, Add(*this, h, m));
   input_shape_ = x.shape();
   return y;
 }
 
+namespace {
+
+// residual + ln.Backward(g), fused when `ln` is Fusable (NOTE [Fused layers]).
+absl::StatusOr<core::Tensor> LayerNormBackwardPlus(const core::Module& block, LayerNorm& ln,
+                                                   const core::Tensor& g,
+                                                   const core::Tensor& residual) {
+  if (internal::Fusable(ln)) return ln.BackwardAdd(g, residual);
+  ASSIGN_OR_RETURN(core::Tensor gl, ln.Backward(g));
+  return Add(block, residual, gl);
+}
+
+}  // namespace
+
 absl::StatusOr<core::Tensor> TransformerBlock::BackwardImpl(const core::Tensor& grad_output) {
   RETURN_IF_ERROR(
       internal::CheckGradOutput(*this, !input_shape_.empty(), input_shape_, grad_output));
   // y = h + mlp(ln_2(h)): dL/dh = g + ln_2'(mlp'(g)).
   ASSIGN_OR_RETURN(core::Tensor gm, mlp_->Backward(grad_output));
-  ASSIGN_OR_RETURN(gm, ln_2_->Backward(gm));
-  ASSIGN_OR_RETURN(core::Tensor gh, Add(*this, grad_output, gm));
+  ASSIGN_OR_RETURN(core::Tensor gh, LayerNormBackwardPlus(*this, *ln_2_, gm, grad_output));
   // h = x + attn(ln_1(x)): dL/dx = gh + ln_1'(attn'(gh)).
   ASSIGN_OR_RETURN(core::Tensor ga, attn_->Backward(gh));
-  ASSIGN_OR_RETURN(ga, ln_1_->Backward(ga));
+  ASSIGN_OR_RETURN(core::Tensor gx, LayerNormBackwardPlus(*this, *ln_1_, ga, gh));
   input_shape_.clear();
-  return Add(*this, gh, ga);
+  return gx;
 }
 
 }  // namespace nn

@@ -5,6 +5,22 @@
 //
 // Mlp:              y = proj(gelu(fc(x))), fc = Linear(C, 4C), proj = Linear(4C, C).
 // TransformerBlock: pre-LN with residuals, h = x + attn(ln_1(x)); y = h + mlp(ln_2(h)).
+//
+// NOTE [Fused layers]: where a pass over memory can be saved, a parent runs two steps as
+// one fused op (NOTE [Fused ops], nn/tensor_ops.h) instead of calling a child's public
+// Forward / Backward, but only while nn::internal::Fusable(child) holds: the child has
+// no hooks and constructed cleanly, so nothing can tell the difference. The results,
+// parameter gradients included, are the same bits either way (transformer_test checks
+// it by hooking the children). Fused here:
+// - Mlp: fc's bias add with the GELU (forward), GELU's backward with fc's bias gradient
+//   (backward), when fc and gelu are both Fusable at Forward. A Backward after a fused
+//   Forward needs them still Fusable (a hook added in between is FailedPrecondition,
+//   since gelu never saw the Forward its hook would report).
+// - TransformerBlock: the residual add h = x + a with ln_2 (forward), and each
+//   LayerNorm's backward with the residual add that follows it (backward), decided per
+//   call by whether ln_2 / ln_1 are Fusable.
+// FSDP hooks wrapped units only, so children of a wrapped block stay Fusable; a policy
+// that wraps fc or a LayerNorm on its own gets the unfused path, hooks and all.
 #ifndef NN_TRANSFORMER_H_
 #define NN_TRANSFORMER_H_
 
@@ -41,10 +57,16 @@ class Mlp : public core::Module {
   absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
 
  private:
+  // "mlp.fc (Linear) + mlp.gelu (GELU)", for the fused ops' messages.
+  std::string FusedWhat() const;
+
   std::string config_error_;
   std::shared_ptr<Linear> fc_;
   std::shared_ptr<GELU> gelu_;
   std::shared_ptr<Linear> proj_;
+  // fc's output plus bias, cached by a fused Forward (NOTE [Fused layers]); undefined
+  // after an unfused one and after Backward.
+  core::Tensor pre_;
 };
 
 class TransformerBlock : public core::Module {

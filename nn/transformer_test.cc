@@ -1,5 +1,7 @@
 #include "nn/transformer.h"
 
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -93,6 +95,107 @@ TEST(TransformerBlockTest, BackwardMatchesFiniteDifferences) {
   EXPECT_TRUE(r->ok()) << r->ToString();
   EXPECT_EQ(r->num_checked, 48 + block.NumParameterElements());
   EXPECT_GT(r->max_abs_numeric, 0.5);
+}
+
+// A forward pre-hook that does nothing but count: registering it makes `m` not Fusable.
+core::HookHandle CountingHook(core::Module& m, int* calls) {
+  return m.RegisterForwardPreHook([calls](core::Module&, const core::Tensor&) {
+    ++*calls;
+    return absl::OkStatus();
+  });
+}
+
+// The output, the input gradient and every parameter gradient of one Forward + Backward.
+std::vector<std::vector<uint32_t>> StepBits(core::Module& m, const core::Tensor& x,
+                                            const core::Tensor& gy) {
+  std::vector<std::vector<uint32_t>> out;
+  auto bits = [&](const core::Tensor& t) {
+    const std::vector<float> v = t.ToVector();
+    std::vector<uint32_t> b(v.size());
+    std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
+    out.push_back(b);
+  };
+  m.ZeroGrad(/*set_to_none=*/true);
+  absl::StatusOr<core::Tensor> y = m.Forward(x);
+  EXPECT_TRUE(y.ok()) << y.status();
+  if (!y.ok()) return out;
+  bits(*y);
+  absl::StatusOr<core::Tensor> gx = m.Backward(gy);
+  EXPECT_TRUE(gx.ok()) << gx.status();
+  if (!gx.ok()) return out;
+  bits(*gx);
+  for (const auto& [name, p] : m.NamedParameters()) bits(p->grad);
+  return out;
+}
+
+// NOTE [Fused layers]: with no hooks on the children the Mlp and the block run fused
+// ops; a hook on the fused children makes them call the children instead, and fire the
+// hooks. Both give the same bits: outputs, input gradients, parameter gradients.
+TEST(FusedLayersTest, MlpGivesTheSameBitsFusedAndThroughItsChildren) {
+  Mlp mlp(16, 1);
+  gradcheck::RandomizeParameters(mlp, 2, 0.0f, 0.5f);
+  const core::Tensor x = gradcheck::RandomTensor({2, 5, 16}, 3);
+  const core::Tensor gy = gradcheck::RandomTensor({2, 5, 16}, 4);
+  const auto fused = StepBits(mlp, x, gy);
+  ASSERT_EQ(fused.size(), 2u + 4u);
+  // The fused Forward bypassed gelu: it has no Forward for a Backward to follow.
+  ASSERT_TRUE(mlp.Forward(x).ok());
+  EXPECT_EQ(mlp.gelu()->Backward(gy).status().code(), absl::StatusCode::kFailedPrecondition);
+  for (const char* hooked : {"fc", "gelu"}) {
+    SCOPED_TRACE(hooked);
+    int calls = 0;
+    core::HookHandle h =
+        CountingHook(std::string(hooked) == "fc" ? static_cast<core::Module&>(*mlp.fc())
+                                                 : static_cast<core::Module&>(*mlp.gelu()),
+                     &calls);
+    EXPECT_EQ(StepBits(mlp, x, gy), fused);
+    EXPECT_EQ(calls, 1) << "the hooked child's Forward ran";
+  }
+  int calls = 0;
+  {
+    core::HookHandle h = CountingHook(*mlp.gelu(), &calls);
+    ASSERT_TRUE(mlp.Forward(x).ok());
+  }
+  EXPECT_EQ(calls, 1);
+  // The hook is gone again: the next step is fused and still the same bits.
+  EXPECT_EQ(StepBits(mlp, x, gy), fused);
+  EXPECT_EQ(calls, 1) << "no hook left to fire";
+}
+
+TEST(FusedLayersTest, BlockGivesTheSameBitsFusedAndThroughItsChildren) {
+  TransformerBlock block(16, 4, 1);
+  gradcheck::RandomizeParameters(block, 2, 0.0f, 0.5f);
+  const core::Tensor x = gradcheck::RandomTensor({2, 6, 16}, 3);
+  const core::Tensor gy = gradcheck::RandomTensor({2, 6, 16}, 4);
+  const auto fused = StepBits(block, x, gy);
+  ASSERT_EQ(fused.size(), 2u + 12u);
+  ASSERT_TRUE(block.Forward(x).ok());
+  EXPECT_EQ(block.mlp()->gelu()->Backward(gy).status().code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "the block's Mlp ran fused";
+  int calls = 0;
+  core::HookHandle h1 = CountingHook(*block.ln_1(), &calls);
+  core::HookHandle h2 = CountingHook(*block.ln_2(), &calls);
+  core::HookHandle h3 = CountingHook(*block.mlp()->gelu(), &calls);
+  EXPECT_EQ(StepBits(block, x, gy), fused);
+  EXPECT_EQ(calls, 3);
+}
+
+TEST(FusedLayersTest, AHookAddedBetweenAFusedForwardAndItsBackwardIsRefused) {
+  Mlp mlp(8, 1);
+  const core::Tensor x = gradcheck::RandomTensor({3, 8}, 3);
+  ASSERT_TRUE(mlp.Forward(x).ok());
+  int calls = 0;
+  core::HookHandle h = CountingHook(*mlp.gelu(), &calls);
+  absl::StatusOr<core::Tensor> gx = mlp.Backward(gradcheck::RandomTensor({3, 8}, 4));
+  EXPECT_EQ(gx.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(gx.status().message()),
+              HasSubstr("fc (Linear) + gelu (GELU): hooks were registered between Forward and "
+                        "Backward"));
+  // With the hook in place from the start, Forward and Backward run through the children.
+  ASSERT_TRUE(mlp.Forward(x).ok());
+  EXPECT_TRUE(mlp.Backward(gradcheck::RandomTensor({3, 8}, 4)).ok());
+  EXPECT_EQ(calls, 1);
 }
 
 TEST(TransformerBlockTest, BadShapesNameTheFailingChild) {

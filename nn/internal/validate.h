@@ -159,6 +159,14 @@ inline absl::StatusOr<core::Tensor> GradTensor(const core::Module& m, core::Para
 // Describe() of `m` for messages of the tensor ops (nn/tensor_ops.h).
 inline std::string What(const core::Module& m) { return m.Describe(); }
 
+// NOTE [Fused layers] (nn/transformer.h): whether a parent may run `m`'s work inside a
+// fused op instead of calling m.Forward / m.Backward. Only when nothing could tell the
+// difference: `m` has no hooks (Module::Forward runs nothing else around ForwardImpl)
+// and constructed cleanly (else its Forward returns that error).
+inline bool Fusable(const core::Module& m) {
+  return m.NumHooks() == 0 && m.ConstructionStatus().ok();
+}
+
 }  // namespace internal
 }  // namespace nn
 
