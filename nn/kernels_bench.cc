@@ -7,6 +7,8 @@
 // processes on the machine disturb it little; these run on 1 thread. Then, for the
 // dispatched loops, wall-clock elements per second on 1 and 2 OpenMP threads (rows and
 // elements split by ParallelChunks; wall time, so a busy machine shows less scaling).
+// The "fused_*" entries compare the fused ops (NOTE [Fused ops], nn/tensor_ops.h), as
+// "after", with the two dispatched ops they replace run one after the other, as "before".
 // Prints one JSON object.
 //
 //   bazel run -c opt //nn:kernels_bench
@@ -302,6 +304,46 @@ int main() {
         "layer_norm_backward", n,
         [&] { OldLayerNormBackward(P(g), P(h), P(rstd), P(w), P(gx), P(gw), P(gb), rows, C); },
         [&] { Check(nn::LayerNormBackward("bench", g, h, rstd, w, gx, gw, gb)); }));
+  }
+  {  // The fused ops against the two ops each replaces, at the MLP's and the residual's sizes.
+    const int64_t n = rows * hidden;
+    core::Tensor x = Normal(n, 13, 2.0f), g = Normal(n, 14);
+    core::Tensor pre = core::Tensor::Empty({n}), y = core::Tensor::Empty({n});
+    core::Tensor bias = Normal(hidden, 15), gb = core::Tensor::Zeros({hidden});
+    results.push_back(Measure(
+        "fused_bias_gelu_forward", n,
+        [&] {
+          Check(nn::BiasAdd("bench", x, bias, pre));
+          Check(nn::GeluForward("bench", pre, y));
+        },
+        [&] { Check(nn::BiasGeluForward("bench", x, bias, pre, y)); }));
+    results.push_back(Measure(
+        "fused_gelu_backward_bias_grad", n,
+        [&] {
+          Check(nn::GeluBackward("bench", x, g, y));
+          Check(nn::AccumulateColumnSums("bench", y, core::Tensor(), gb));
+        },
+        [&] { Check(nn::GeluBackwardBiasGrad("bench", x, g, y, gb)); }));
+    const int64_t m = rows * C;
+    core::Tensor a = Normal(m, 16), b = Normal(m, 17), h = core::Tensor::Empty({m});
+    core::Tensor ln = core::Tensor::Empty({m}), xhat = core::Tensor::Empty({m});
+    core::Tensor gx = core::Tensor::Empty({m}), rstd = core::Tensor::Empty({rows});
+    core::Tensor w = Normal(C, 18), lb = Normal(C, 19);
+    core::Tensor gw = core::Tensor::Zeros({C}), glb = core::Tensor::Zeros({C});
+    results.push_back(Measure(
+        "fused_residual_layer_norm_forward", m,
+        [&] {
+          Check(nn::AddTensors("bench", a, b, h));
+          Check(nn::LayerNormForward("bench", h, w, lb, 1e-5f, ln, xhat, rstd));
+        },
+        [&] { Check(nn::AddLayerNormForward("bench", a, b, w, lb, 1e-5f, h, ln, xhat, rstd)); }));
+    results.push_back(Measure(
+        "fused_layer_norm_backward_residual", m,
+        [&] {
+          Check(nn::LayerNormBackward("bench", b, xhat, rstd, w, gx, gw, glb));
+          Check(nn::AddTensors("bench", a, gx, gx));
+        },
+        [&] { Check(nn::LayerNormBackwardAdd("bench", b, xhat, rstd, w, a, gx, gw, glb)); }));
   }
   {  // Causal softmax over [B, H, T, T]. Each call overwrites its input, so every timed call
      // first restores it; the copy's own time is subtracted.

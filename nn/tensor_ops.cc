@@ -143,16 +143,12 @@ FSDP_CPU_CLONES void GeluBackwardColumnSumsLoop(const float* FSDP_RESTRICT pre,
     const float* pr = pre + r * ld;
     const float* gr = g + r * ld;
     float* o = gx + r * ld;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) o[j] = k::GeluTanhBackward(pr[j], gr[j]);
     if (sums != nullptr) {
+      // The row just written is still in L1.
 #pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) {
-        const float v = k::GeluTanhBackward(pr[j], gr[j]);
-        o[j] = v;
-        sums[j] += static_cast<double>(v);
-      }
-    } else {
-#pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) o[j] = k::GeluTanhBackward(pr[j], gr[j]);
+      for (int64_t j = 0; j < cols; ++j) sums[j] += static_cast<double>(o[j]);
     }
   }
 }
