@@ -63,6 +63,8 @@ ABSL_FLAG(std::string, ops, "all_gather,reduce_scatter,all_reduce,broadcast",
 ABSL_FLAG(int64_t, target_bytes, 256 << 20,
           "bytes each (op, size) should move; sets its iteration count (2 to 100)");
 ABSL_FLAG(int, warmup, 1, "untimed iterations per (op, size) (>= 0)");
+ABSL_FLAG(int64_t, shm_slot_bytes, comm::ShmOptions().slot_bytes,
+          "--backend=shm with ranks as threads: ShmOptions.slot_bytes");
 
 namespace {
 
@@ -77,6 +79,7 @@ struct Flags {
   // Bytes each (op, size) should move, which sets its iteration count (2 to 100).
   int64_t target_bytes = 256 << 20;
   int warmup = 1;
+  int64_t shm_slot_bytes = comm::ShmOptions().slot_bytes;
   absl::Duration timeout = absl::Seconds(120);
 };
 
@@ -90,6 +93,7 @@ absl::StatusOr<Flags> ParseFlags() {
   f.step = absl::GetFlag(FLAGS_step);
   f.target_bytes = absl::GetFlag(FLAGS_target_bytes);
   f.warmup = absl::GetFlag(FLAGS_warmup);
+  f.shm_slot_bytes = absl::GetFlag(FLAGS_shm_slot_bytes);
   f.ops = absl::StrSplit(absl::GetFlag(FLAGS_ops), ',', absl::SkipEmpty());
   const auto at_least = [](const char* name, int64_t value, int64_t min) -> absl::Status {
     if (value >= min) return absl::OkStatus();
@@ -223,6 +227,7 @@ absl::StatusOr<std::shared_ptr<comm::ProcessGroup>> MakeThreadGroup(
   if (f.backend == "shm") {
     comm::ShmOptions o;
     o.rendezvous_timeout = absl::Seconds(60);
+    o.slot_bytes = f.shm_slot_bytes;
     ASSIGN_OR_RETURN(auto g, comm::ShmProcessGroup::Create(store, rank, f.nproc, o));
     return std::shared_ptr<comm::ProcessGroup>(g);
   }

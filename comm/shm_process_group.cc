@@ -1,7 +1,10 @@
 #include "comm/shm_process_group.h"
 
 #include <fcntl.h>
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#define FSDP_SHM_X86 1
+#endif
 #include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
@@ -121,6 +124,12 @@ void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, absl::Duration ti
 
 std::string ErrnoText(int err) { return std::strerror(err); }
 
+inline void CpuRelax() {
+#ifdef FSDP_SHM_X86
+  _mm_pause();
+#endif
+}
+
 // Whether process `pid` has exited (gone, or a zombie not yet reaped).
 bool ProcessDead(int32_t pid) {
   if (pid <= 0 || pid == getpid()) return false;
@@ -180,6 +189,124 @@ using internal::ShmSegment;
 namespace {
 
 uint8_t* Bytes(const core::Tensor& t) { return static_cast<uint8_t*>(t.raw_data()); }
+
+// NOTE [Streaming copies]: pieces copied out of a slot into a large destination (a
+// collective writing at least kStreamingBytes) use non-temporal stores: the destination
+// is not read back soon, and ordinary stores would first read every line of it from
+// memory (read for ownership), costing as much as the copy. Slots themselves are filled
+// with ordinary stores so the readers find them in cache. StreamFence() ends a
+// collective's streaming stores (they are weakly ordered).
+constexpr int64_t kStreamingBytes = int64_t{4} << 20;
+
+void CopyOut(void* dst_v, const void* src_v, size_t n, bool streaming) {
+#ifdef FSDP_SHM_X86
+  if (streaming && n >= 256) {
+    auto* dst = static_cast<uint8_t*>(dst_v);
+    const auto* src = static_cast<const uint8_t*>(src_v);
+    const size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
+    std::memcpy(dst, src, head);
+    size_t i = head;
+    for (; i + 64 <= n; i += 64) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+      const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+    }
+    std::memcpy(dst + i, src + i, n - i);
+    return;
+  }
+#endif
+  (void)streaming;
+  std::memcpy(dst_v, src_v, n);
+}
+
+// Copies `src` into `slot` (ordinary stores) and into `dst` (streaming or not) in one
+// pass over `src`, for an all-gather's own piece.
+void CopyTwice(void* slot_v, void* dst_v, const void* src_v, size_t n, bool streaming) {
+#ifdef FSDP_SHM_X86
+  auto* dst = static_cast<uint8_t*>(dst_v);
+  if (streaming && n >= 256 && (reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
+    auto* slot = static_cast<uint8_t*>(slot_v);
+    const auto* src = static_cast<const uint8_t*>(src_v);
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+      const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(slot + i), a);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(slot + i + 16), b);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(slot + i + 32), c);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(slot + i + 48), d);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+    }
+    std::memcpy(slot + i, src + i, n - i);
+    std::memcpy(dst + i, src + i, n - i);
+    return;
+  }
+#endif
+  std::memcpy(slot_v, src_v, n);
+  CopyOut(dst_v, src_v, n, streaming);
+}
+
+// out[i] = chunks[0][i] op chunks[1][i] op ... (rank order; average divides the sum by
+// n) for fp32, with streaming stores: the same operations, in the same order, as
+// internal::ReduceChunkList, so the same bits. `out` may be one of the chunks. False
+// when it cannot (not x86, or `out` not 16-byte aligned): then the caller goes through
+// ReduceChunkList.
+bool StreamReduceFloat(ReduceOp op, const void* const* chunks, int n, int64_t len, void* out_v) {
+#ifdef FSDP_SHM_X86
+  auto* out = static_cast<float*>(out_v);
+  if ((reinterpret_cast<uintptr_t>(out) & 15) != 0) return false;
+  const __m128 divisor = _mm_set1_ps(static_cast<float>(n));
+  const auto at = [&](int j, int64_t i) { return static_cast<const float*>(chunks[j]) + i; };
+  int64_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    __m128 a = _mm_loadu_ps(at(0, i));
+    __m128 b = _mm_loadu_ps(at(0, i + 4));
+    for (int j = 1; j < n; ++j) {
+      const __m128 x = _mm_loadu_ps(at(j, i));
+      const __m128 y = _mm_loadu_ps(at(j, i + 4));
+      if (op == ReduceOp::kMax) {
+        // std::max(acc, v) == (acc < v ? v : acc) == maxps(v, acc), NaNs included.
+        a = _mm_max_ps(x, a);
+        b = _mm_max_ps(y, b);
+      } else {
+        a = _mm_add_ps(a, x);
+        b = _mm_add_ps(b, y);
+      }
+    }
+    if (op == ReduceOp::kAverage) {
+      a = _mm_div_ps(a, divisor);
+      b = _mm_div_ps(b, divisor);
+    }
+    _mm_stream_ps(out + i, a);
+    _mm_stream_ps(out + i + 4, b);
+  }
+  if (i < len) {
+    std::vector<const void*> rest(static_cast<size_t>(n));
+    for (int j = 0; j < n; ++j) rest[j] = at(j, i);
+    internal::ReduceChunkList(core::DType::kFloat32, op, rest.data(), n, len - i, out + i);
+  }
+  return true;
+#else
+  (void)op, (void)chunks, (void)n, (void)len, (void)out_v;
+  return false;
+#endif
+}
+
+void StreamFence() {
+#ifdef FSDP_SHM_X86
+  _mm_sfence();
+#endif
+}
 
 std::string RandomHex() {
   static std::atomic<uint64_t> counter{0};
@@ -251,7 +378,7 @@ class ShmProcessGroup::Stepper {
     };
     for (int i = 0; i < internal::kSpins; ++i) {
       if (!lagging(nullptr)) return absl::OkStatus();
-      _mm_pause();
+      internal::CpuRelax();
     }
     for (int i = 0; i < internal::kYields; ++i) {
       if (!lagging(nullptr)) return absl::OkStatus();
@@ -647,22 +774,27 @@ absl::Status ShmProcessGroup::RunAllGather(const core::Tensor& input, const core
   }
   const int64_t piece = options_.slot_bytes;
   const int64_t pieces = (bytes + piece - 1) / piece;
+  const bool streaming = output.nbytes() >= kStreamingBytes;
   Stepper st(this, what, deadline, timeout);
   for (int64_t i = 0; i < pieces; ++i) {
     const uint64_t s = step_ + static_cast<uint64_t>(i);
     const int64_t off = i * piece;
     const size_t len = static_cast<size_t>(std::min(piece, bytes - off));
     if (absl::Status w = st.BeginWrite(s); !w.ok()) return w;
-    std::memcpy(segment_->slot(rank_, s), in + off, len);
+    if (in_place) {
+      std::memcpy(segment_->slot(rank_, s), in + off, len);
+    } else {
+      CopyTwice(segment_->slot(rank_, s), out + rank_ * bytes + off, in + off, len, streaming);
+    }
     st.Publish(s);
-    if (!in_place) std::memcpy(out + rank_ * bytes + off, in + off, len);
     for (int d = 1; d < n; ++d) {
       const int p = (rank_ + d) % n;
       if (absl::Status w = st.WaitPublished(s, p); !w.ok()) return w;
-      std::memcpy(out + p * bytes + off, segment_->slot(p, s), len);
+      CopyOut(out + p * bytes + off, segment_->slot(p, s), len, streaming);
     }
     st.Consumed(s);
   }
+  StreamFence();
   step_ += static_cast<uint64_t>(pieces);
   return absl::OkStatus();
 }
@@ -686,6 +818,7 @@ absl::Status ShmProcessGroup::RunReduceScatter(const core::Tensor& input,
   const int64_t sub = SubSlotBytes(options_.slot_bytes, n);
   const int64_t piece = sub / esize;  // elements per destination and step
   const int64_t pieces = (k + piece - 1) / piece;
+  const bool streaming = output.nbytes() >= kStreamingBytes;
   std::vector<const void*> chunks(static_cast<size_t>(n));
   Stepper st(this, what, deadline, timeout);
   for (int64_t i = 0; i < pieces; ++i) {
@@ -704,10 +837,39 @@ absl::Status ShmProcessGroup::RunReduceScatter(const core::Tensor& input,
       chunks[j] = j == rank_ ? static_cast<const void*>(in + (rank_ * k + off) * esize)
                              : static_cast<const void*>(segment_->slot(j, s) + rank_ * sub);
     }
-    internal::ReduceChunkList(input.dtype(), op, chunks.data(), n, len, out + off * esize);
+    if (absl::Status r = ReducePiece(input.dtype(), op, chunks.data(), len, out + off * esize,
+                                     streaming);
+        !r.ok()) {
+      return r;
+    }
     st.Consumed(s);
   }
+  StreamFence();
   step_ += static_cast<uint64_t>(pieces);
+  return absl::OkStatus();
+}
+
+absl::Status ShmProcessGroup::ReducePiece(core::DType dtype, ReduceOp op,
+                                          const void* const* chunks, int64_t len, uint8_t* out,
+                                          bool streaming) {
+  const int64_t bytes = len * core::DTypeSize(dtype);
+  if (!streaming) {
+    internal::ReduceChunkList(dtype, op, chunks, size_, len, out);
+    return absl::OkStatus();
+  }
+  if (dtype == core::DType::kFloat32 && StreamReduceFloat(op, chunks, size_, len, out)) {
+    return absl::OkStatus();
+  }
+  if (!reduce_scratch_.defined() || reduce_scratch_.nbytes() < bytes) {
+    reduce_scratch_ = core::Tensor();
+    absl::StatusOr<core::Tensor> scratch = core::Tensor::Allocate(
+        {(SubSlotBytes(options_.slot_bytes, size_) + 3) / 4}, core::DType::kFloat32,
+        core::MemoryTag::kComm);
+    if (!scratch.ok()) return scratch.status();
+    reduce_scratch_ = *std::move(scratch);
+  }
+  internal::ReduceChunkList(dtype, op, chunks, size_, len, reduce_scratch_.raw_data());
+  CopyOut(out, reduce_scratch_.raw_data(), static_cast<size_t>(bytes), true);
   return absl::OkStatus();
 }
 
@@ -728,6 +890,7 @@ absl::Status ShmProcessGroup::RunAllReduce(const core::Tensor& tensor, ReduceOp 
   const auto count = [&](int q) { return base + (q < rem ? 1 : 0); };
   const int64_t longest = base + (rem > 0 ? 1 : 0);
   Stepper st(this, what, deadline, timeout);
+  const bool streaming = tensor.nbytes() >= kStreamingBytes;
   // Reduce-scatter phase.
   const int64_t sub = SubSlotBytes(options_.slot_bytes, n);
   const int64_t piece = sub / esize;
@@ -751,7 +914,10 @@ absl::Status ShmProcessGroup::RunAllReduce(const core::Tensor& tensor, ReduceOp 
       chunks[j] = j == rank_ ? static_cast<const void*>(own)
                              : static_cast<const void*>(segment_->slot(j, s) + rank_ * sub);
     }
-    internal::ReduceChunkList(tensor.dtype(), op, chunks.data(), n, len, own);
+    if (absl::Status r = ReducePiece(tensor.dtype(), op, chunks.data(), len, own, streaming);
+        !r.ok()) {
+      return r;
+    }
     st.Consumed(s);
   }
   step_ += static_cast<uint64_t>(pieces);
@@ -770,11 +936,12 @@ absl::Status ShmProcessGroup::RunAllReduce(const core::Tensor& tensor, ReduceOp 
       const int p = (rank_ + d) % n;
       if (absl::Status w = st.WaitPublished(s, p); !w.ok()) return w;
       const int64_t plen = Clip(count(p) - off, 0, gpiece);
-      std::memcpy(t + (begin(p) + off) * esize, segment_->slot(p, s),
-                  static_cast<size_t>(plen * esize));
+      CopyOut(t + (begin(p) + off) * esize, segment_->slot(p, s),
+              static_cast<size_t>(plen * esize), streaming);
     }
     st.Consumed(s);
   }
+  StreamFence();
   step_ += static_cast<uint64_t>(gpieces);
   return absl::OkStatus();
 }
@@ -787,6 +954,7 @@ absl::Status ShmProcessGroup::RunBroadcast(const core::Tensor& tensor, int root,
   uint8_t* t = Bytes(tensor);
   const int64_t piece = options_.slot_bytes;
   const int64_t pieces = (bytes + piece - 1) / piece;
+  const bool streaming = bytes >= kStreamingBytes;
   Stepper st(this, what, deadline, timeout);
   for (int64_t i = 0; i < pieces; ++i) {
     const uint64_t s = step_ + static_cast<uint64_t>(i);
@@ -799,10 +967,11 @@ absl::Status ShmProcessGroup::RunBroadcast(const core::Tensor& tensor, int root,
     } else {
       st.Publish(s);
       if (absl::Status w = st.WaitPublished(s, root); !w.ok()) return w;
-      std::memcpy(t + off, segment_->slot(root, s), len);
+      CopyOut(t + off, segment_->slot(root, s), len, streaming);
     }
     st.Consumed(s);
   }
+  StreamFence();
   step_ += static_cast<uint64_t>(pieces);
   return absl::OkStatus();
 }

@@ -2,7 +2,7 @@
 // through one POSIX shared-memory segment instead of sockets.
 //
 //   auto store = std::make_shared<comm::HashStore>();   // or a TcpStore across processes
-//   comm::ShmOptions opts;                              // name "world", 1 MiB slots
+//   comm::ShmOptions opts;                              // name "world", 256 KiB slots
 //   ASSIGN_OR_RETURN(std::shared_ptr<comm::ShmProcessGroup> group,
 //                    comm::ShmProcessGroup::Create(store, rank, world_size, opts));
 //   ASSIGN_OR_RETURN(auto work, group->AllGather(shard, full, comm::AllGatherOptions{}));
@@ -69,7 +69,7 @@ struct ShmOptions {
   absl::Duration rendezvous_timeout = absl::Seconds(60);
   // Bytes of one slot (each rank has two); the piece size of every collective. A
   // multiple of 64 in [4 KiB, 1 GiB]; all ranks must pass the same value.
-  int64_t slot_bytes = int64_t{1} << 20;
+  int64_t slot_bytes = int64_t{256} << 10;
   // How often a waiting rank checks that the peers it waits on are still alive.
   absl::Duration liveness_interval = absl::Milliseconds(100);
 };
@@ -151,6 +151,10 @@ class ShmProcessGroup : public ProcessGroup {
   absl::Status RunBroadcast(const core::Tensor& tensor, int root, const std::string& what,
                             absl::Time deadline, absl::Duration timeout);
   absl::Status RunBarrier(const std::string& what, absl::Time deadline, absl::Duration timeout);
+  // Reduces `len` elements of `chunks` (rank order) into `out`; with `streaming`, through
+  // reduce_scratch_ and non-temporal stores.
+  absl::Status ReducePiece(core::DType dtype, ReduceOp op, const void* const* chunks,
+                           int64_t len, uint8_t* out, bool streaming);
 
   const std::shared_ptr<Store> store_;
   const int rank_;
@@ -161,6 +165,9 @@ class ShmProcessGroup : public ProcessGroup {
   StatsRecorder stats_;
   // Steps this rank has completed (NOTE [Shm protocol]); used only by the worker thread.
   uint64_t step_ = 0;
+  // Where large reductions land before they stream out (NOTE [Streaming copies]); one
+  // sub-slot, allocated on first use (tag kComm); used only by the worker thread.
+  core::Tensor reduce_scratch_;
 
   mutable absl::Mutex mu_;
   std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);

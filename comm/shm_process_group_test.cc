@@ -354,6 +354,81 @@ TEST_P(ShmCollectivesTest, SubgroupsReduceAmongTheirMembersOnly) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// Outputs of at least 4 MiB go through the streaming (non-temporal) copies and the
+// fp32 streaming reduction (NOTE [Streaming copies]); the same checks at that size, with
+// the default slot size.
+TEST_P(ShmCollectivesTest, LargeCollectivesStreamAndKeepTheBits) {
+  const int n = this->n();
+  absl::Status s = RunThreadRanks(n, [&](RankContext& ctx) -> absl::Status {
+    const int rank = ctx.rank;
+    ShmOptions o = Shm();
+    o.slot_bytes = ShmOptions().slot_bytes;
+    ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, rank, n, o));
+    ProcessGroup& gloo = *ctx.group;
+    // Per-rank elements: a reduce-scatter output of more than 4 MiB in fp32, and an odd
+    // count so pieces end in a remainder.
+    const int64_t k = (int64_t{4} << 20) / 4 + 1027;
+    int call = 1000;
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      ++call;
+      {
+        Tensor in = Filled(k, dtype, [&](int64_t i) { return Inexact(rank, call, i); });
+        Tensor out_shm = Tensor::Zeros({n * k}, dtype);
+        Tensor out_gloo = Tensor::Zeros({n * k}, dtype);
+        RETURN_IF_ERROR(Finish(shm->AllGather(in, out_shm, AllGatherOptions{})));
+        RETURN_IF_ERROR(Finish(gloo.AllGather(in, out_gloo, AllGatherOptions{})));
+        EXPECT_OR_RETURN(SameBytes(out_shm, out_gloo), "large AllGather " << core::DTypeName(dtype));
+        Tensor own = out_shm.View(rank * k, {k}).value();
+        EXPECT_OR_RETURN(SameBytes(own, in), "large AllGather own block");
+      }
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
+        ++call;
+        Tensor in = Filled(n * k, dtype, [&](int64_t i) { return Inexact(rank, call, i); });
+        Tensor out_shm = Tensor::Zeros({k}, dtype);
+        Tensor out_gloo = Tensor::Zeros({k}, dtype);
+        ReduceScatterOptions rs;
+        rs.reduce_op = op;
+        RETURN_IF_ERROR(Finish(shm->ReduceScatter(in, out_shm, rs)));
+        RETURN_IF_ERROR(Finish(gloo.ReduceScatter(in, out_gloo, rs)));
+        EXPECT_OR_RETURN(SameBytes(out_shm, out_gloo),
+                         "large ReduceScatter " << core::DTypeName(dtype) << " "
+                                                << ReduceOpName(op));
+        // Spot checks against the rank-order reference.
+        for (int64_t i : {int64_t{0}, k / 3, k - 1}) {
+          std::vector<float> values;
+          for (int r = 0; r < n; ++r) {
+            values.push_back(At(Filled(1, dtype,
+                                       [&](int64_t) { return Inexact(r, call, rank * k + i); }),
+                                0));
+          }
+          EXPECT_OR_RETURN(ElementBytes(out_shm, i) == Reduce(dtype, op, values),
+                           "large ReduceScatter element " << i);
+        }
+        // All-reduce of the same input (integer-valued, so gloo's order gives the same
+        // bits) over a size that does not divide by n.
+        ++call;
+        Tensor t_shm = Filled(n * k + 1, dtype, [&](int64_t i) { return Exact(rank, call, i); });
+        Tensor t_gloo = Copy(t_shm);
+        AllReduceOptions ar;
+        ar.reduce_op = op;
+        RETURN_IF_ERROR(Finish(shm->AllReduce(t_shm, ar)));
+        RETURN_IF_ERROR(Finish(gloo.AllReduce(t_gloo, ar)));
+        EXPECT_OR_RETURN(SameBytes(t_shm, t_gloo),
+                         "large AllReduce " << core::DTypeName(dtype) << " " << ReduceOpName(op));
+      }
+      ++call;
+      Tensor b_shm = Filled(n * k, dtype, [&](int64_t i) { return Inexact(rank, call, i); });
+      BroadcastOptions bo;
+      bo.root = n - 1;
+      RETURN_IF_ERROR(Finish(shm->Broadcast(b_shm, bo)));
+      Tensor want = Filled(n * k, dtype, [&](int64_t i) { return Inexact(n - 1, call, i); });
+      EXPECT_OR_RETURN(SameBytes(b_shm, want), "large Broadcast");
+    }
+    return absl::OkStatus();
+  }, Options());
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, ShmCollectivesTest, ::testing::Values(2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return absl::StrCat("N", info.param);
