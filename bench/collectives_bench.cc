@@ -65,6 +65,8 @@ ABSL_FLAG(int64_t, target_bytes, 256 << 20,
 ABSL_FLAG(int, warmup, 1, "untimed iterations per (op, size) (>= 0)");
 ABSL_FLAG(int64_t, shm_slot_bytes, comm::ShmOptions().slot_bytes,
           "--backend=shm with ranks as threads: ShmOptions.slot_bytes");
+ABSL_FLAG(int64_t, shm_spin_us, absl::ToInt64Microseconds(comm::ShmOptions().spin_time),
+          "--backend=shm with ranks as threads: ShmOptions.spin_time, microseconds");
 
 namespace {
 
@@ -80,6 +82,7 @@ struct Flags {
   int64_t target_bytes = 256 << 20;
   int warmup = 1;
   int64_t shm_slot_bytes = comm::ShmOptions().slot_bytes;
+  int64_t shm_spin_us = absl::ToInt64Microseconds(comm::ShmOptions().spin_time);
   absl::Duration timeout = absl::Seconds(120);
 };
 
@@ -94,6 +97,7 @@ absl::StatusOr<Flags> ParseFlags() {
   f.target_bytes = absl::GetFlag(FLAGS_target_bytes);
   f.warmup = absl::GetFlag(FLAGS_warmup);
   f.shm_slot_bytes = absl::GetFlag(FLAGS_shm_slot_bytes);
+  f.shm_spin_us = absl::GetFlag(FLAGS_shm_spin_us);
   f.ops = absl::StrSplit(absl::GetFlag(FLAGS_ops), ',', absl::SkipEmpty());
   const auto at_least = [](const char* name, int64_t value, int64_t min) -> absl::Status {
     if (value >= min) return absl::OkStatus();
@@ -228,6 +232,7 @@ absl::StatusOr<std::shared_ptr<comm::ProcessGroup>> MakeThreadGroup(
     comm::ShmOptions o;
     o.rendezvous_timeout = absl::Seconds(60);
     o.slot_bytes = f.shm_slot_bytes;
+    o.spin_time = absl::Microseconds(f.shm_spin_us);
     ASSIGN_OR_RETURN(auto g, comm::ShmProcessGroup::Create(store, rank, f.nproc, o));
     return std::shared_ptr<comm::ProcessGroup>(g);
   }

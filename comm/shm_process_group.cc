@@ -67,7 +67,6 @@ constexpr uint32_t kVersion = 1;
 constexpr int64_t kHeaderBytes = 64;
 constexpr int64_t kPageBytes = 4096;
 constexpr int kSpins = 64;
-constexpr int kYields = 4;
 constexpr absl::Duration kMaxSleep = absl::Milliseconds(20);
 
 enum RankState : uint32_t { kActive = 0, kFailed = 1, kDestroyed = 2 };
@@ -380,9 +379,17 @@ class ShmProcessGroup::Stepper {
       if (!lagging(nullptr)) return absl::OkStatus();
       internal::CpuRelax();
     }
-    for (int i = 0; i < internal::kYields; ++i) {
-      if (!lagging(nullptr)) return absl::OkStatus();
-      sched_yield();
+    // Then yield for up to spin_time (NOTE [Waiting]): a peer on this core gets it.
+    if (g_->options_.spin_time > absl::ZeroDuration()) {
+      const absl::Time until = absl::Now() + g_->options_.spin_time;
+      while (true) {
+        for (int i = 0; i < internal::kSpins; ++i) {
+          if (!lagging(nullptr)) return absl::OkStatus();
+          internal::CpuRelax();
+        }
+        if (absl::Now() >= until) break;
+        sched_yield();
+      }
     }
     RankControl& me = seg_.ctl[self_];
     while (true) {

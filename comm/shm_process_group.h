@@ -70,6 +70,9 @@ struct ShmOptions {
   // Bytes of one slot (each rank has two); the piece size of every collective. A
   // multiple of 64 in [4 KiB, 1 GiB]; all ranks must pass the same value.
   int64_t slot_bytes = int64_t{256} << 10;
+  // How long a waiting rank polls (pausing, yielding its core between polls) before it
+  // sleeps on the futex (NOTE [Waiting] in the .cc). Zero: sleep after a few pauses.
+  absl::Duration spin_time = absl::Microseconds(5);
   // How often a waiting rank checks that the peers it waits on are still alive.
   absl::Duration liveness_interval = absl::Milliseconds(100);
 };
