@@ -189,10 +189,10 @@ namespace {
 
 uint8_t* Bytes(const core::Tensor& t) { return static_cast<uint8_t*>(t.raw_data()); }
 
-// NOTE [Streaming copies]: pieces copied out of a slot into a large destination (a
-// collective writing at least kStreamingBytes) use non-temporal stores: the destination
-// is not read back soon, and ordinary stores would first read every line of it from
-// memory (read for ownership), costing as much as the copy. Slots themselves are filled
+// NOTE [Streaming copies]: in a large collective (its largest tensor has at least
+// kStreamingBytes, more than the caches keep for long), pieces copied or reduced into the
+// destination use non-temporal stores: it is not read back soon, and ordinary stores
+// would first read every line of it from memory (read for ownership). Slots themselves are filled
 // with ordinary stores so the readers find them in cache. StreamFence() ends a
 // collective's streaming stores (they are weakly ordered).
 constexpr int64_t kStreamingBytes = int64_t{4} << 20;
@@ -825,7 +825,7 @@ absl::Status ShmProcessGroup::RunReduceScatter(const core::Tensor& input,
   const int64_t sub = SubSlotBytes(options_.slot_bytes, n);
   const int64_t piece = sub / esize;  // elements per destination and step
   const int64_t pieces = (k + piece - 1) / piece;
-  const bool streaming = output.nbytes() >= kStreamingBytes;
+  const bool streaming = input.nbytes() >= kStreamingBytes;  // the bytes it streams through
   std::vector<const void*> chunks(static_cast<size_t>(n));
   Stepper st(this, what, deadline, timeout);
   for (int64_t i = 0; i < pieces; ++i) {
