@@ -577,44 +577,52 @@ absl::StatusOr<std::shared_ptr<ShmProcessGroup>> ShmProcessGroup::Join(
                                               "\", not a segment name rank 0 would write"));
     }
     seg->name = *name;
-    const int fd = shm_open(seg->name.c_str(), O_RDWR, 0);
-    if (fd < 0) {
+    // Maps the segment; an error is also recorded for rank 0 (NOTE [Attach errors]).
+    const auto attach = [&]() -> absl::Status {
+      const int fd = shm_open(seg->name.c_str(), O_RDWR, 0);
+      if (fd < 0) {
+        const int err = errno;
+        return absl::UnavailableError(absl::StrCat(
+            who, ": cannot open shared-memory segment ", seg->name, " made by rank 0: ",
+            internal::ErrnoText(err), " (the shm backend needs all ranks on one host)"));
+      }
+      struct stat st;
+      if (fstat(fd, &st) != 0 || st.st_size != layout.total_bytes) {
+        close(fd);
+        UnlinkQuietly(seg->name);
+        return absl::FailedPreconditionError(absl::StrCat(
+            who, ": segment ", seg->name, " made by rank 0 has ", st.st_size, " bytes, but ",
+            layout.total_bytes, " are expected for ", size, " ranks of slot_bytes ",
+            options.slot_bytes, "; do all ranks pass the same size and ShmOptions.slot_bytes?"));
+      }
+      seg->base = mmap(nullptr, static_cast<size_t>(layout.total_bytes), PROT_READ | PROT_WRITE,
+                       MAP_SHARED, fd, 0);
       const int err = errno;
-      return absl::UnavailableError(absl::StrCat(
-          who, ": cannot open shared-memory segment ", seg->name, " made by rank 0: ",
-          internal::ErrnoText(err), " (the shm backend needs all ranks on one host)"));
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || st.st_size != layout.total_bytes) {
       close(fd);
-      UnlinkQuietly(seg->name);
-      return absl::FailedPreconditionError(absl::StrCat(
-          who, ": segment ", seg->name, " made by rank 0 has ", st.st_size, " bytes, but ",
-          layout.total_bytes, " are expected for ", size, " ranks of slot_bytes ",
-          options.slot_bytes, "; do all ranks pass the same size and ShmOptions.slot_bytes?"));
-    }
-    seg->base = mmap(nullptr, static_cast<size_t>(layout.total_bytes), PROT_READ | PROT_WRITE,
-                     MAP_SHARED, fd, 0);
-    const int err = errno;
-    close(fd);
-    if (seg->base == MAP_FAILED) {
-      UnlinkQuietly(seg->name);
-      return absl::ResourceExhaustedError(absl::StrCat(who, ": cannot map segment ", seg->name,
-                                                       " of ", layout.total_bytes,
-                                                       " bytes: ", internal::ErrnoText(err)));
-    }
-    seg->bytes = static_cast<size_t>(layout.total_bytes);
-    const auto* header = static_cast<const internal::SegmentHeader*>(seg->base);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (header->magic != internal::kMagic || header->version != internal::kVersion ||
-        header->size != size || header->slot_bytes != options.slot_bytes ||
-        header->total_bytes != layout.total_bytes || header->data_offset != layout.data_offset) {
-      UnlinkQuietly(seg->name);
-      return absl::FailedPreconditionError(absl::StrCat(
-          who, ": segment ", seg->name, " has header version ", header->version, ", size ",
-          header->size, ", slot_bytes ", header->slot_bytes, " (magic ",
-          header->magic == internal::kMagic ? "ok" : "wrong", "); this rank expects version ",
-          internal::kVersion, ", size ", size, ", slot_bytes ", options.slot_bytes));
+      if (seg->base == MAP_FAILED) {
+        UnlinkQuietly(seg->name);
+        return absl::ResourceExhaustedError(absl::StrCat(who, ": cannot map segment ", seg->name,
+                                                         " of ", layout.total_bytes,
+                                                         " bytes: ", internal::ErrnoText(err)));
+      }
+      seg->bytes = static_cast<size_t>(layout.total_bytes);
+      const auto* header = static_cast<const internal::SegmentHeader*>(seg->base);
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (header->magic != internal::kMagic || header->version != internal::kVersion ||
+          header->size != size || header->slot_bytes != options.slot_bytes ||
+          header->total_bytes != layout.total_bytes || header->data_offset != layout.data_offset) {
+        UnlinkQuietly(seg->name);
+        return absl::FailedPreconditionError(absl::StrCat(
+            who, ": segment ", seg->name, " has header version ", header->version, ", size ",
+            header->size, ", slot_bytes ", header->slot_bytes, " (magic ",
+            header->magic == internal::kMagic ? "ok" : "wrong", "); this rank expects version ",
+            internal::kVersion, ", size ", size, ", slot_bytes ", options.slot_bytes));
+      }
+      return absl::OkStatus();
+    };
+    if (absl::Status s = attach(); !s.ok()) {
+      (void)store->Set(absl::StrCat("attached/", rank), absl::StrCat("error: ", s.ToString()));
+      return s;
     }
   }
   seg->header = static_cast<internal::SegmentHeader*>(seg->base);
@@ -634,6 +642,25 @@ absl::StatusOr<std::shared_ptr<ShmProcessGroup>> ShmProcessGroup::Join(
     absl::Status attached = keys.empty() ? absl::OkStatus() : store->Wait(keys, left());
     // Everyone has mapped it (or will not): the name is no longer needed.
     UnlinkQuietly(seg->name);
+    // NOTE [Attach errors]: a rank that found the segment but could not map it (another
+    // host, another size or slot_bytes) says why under its "attached/<rank>" key; rank 0
+    // fails at once, naming it, and tells the other ranks through "ready".
+    std::vector<int> failed;
+    std::vector<std::string> reasons;
+    for (int r = 1; attached.ok() && r < size; ++r) {
+      absl::StatusOr<std::string> v = store->Get(absl::StrCat("attached/", r), left());
+      if (v.ok() && absl::StartsWith(*v, "error: ")) {
+        failed.push_back(r);
+        reasons.push_back(absl::StrCat("rank ", r, ": ", v->substr(7)));
+      }
+    }
+    if (!failed.empty()) {
+      const std::string why = absl::StrCat("ranks ", absl::StrJoin(failed, ", "),
+                                           " could not attach to segment ", seg->name, ": ",
+                                           absl::StrJoin(reasons, "; "));
+      (void)store->Set("ready", absl::StrCat("error: ", why));
+      return MarkSecondary(absl::FailedPreconditionError(absl::StrCat(who, ": ", why)), failed);
+    }
     if (!attached.ok()) {
       std::vector<int> missing;
       for (int r = 1; r < size; ++r) {
@@ -651,18 +678,24 @@ absl::StatusOr<std::shared_ptr<ShmProcessGroup>> ShmProcessGroup::Join(
       return absl::Status(s.code(), absl::StrCat(who, ": rendezvous: ", s.message()));
     }
   } else {
-    if (absl::Status s = store->Set(absl::StrCat("attached/", rank), absl::StrCat(getpid()));
+    if (absl::Status s = store->Set(absl::StrCat("attached/", rank), absl::StrCat("ok ", getpid()));
         !s.ok()) {
       UnlinkQuietly(seg->name);
       return absl::Status(s.code(), absl::StrCat(who, ": rendezvous: ", s.message()));
     }
-    if (absl::StatusOr<std::string> ready = store->Get("ready", left()); !ready.ok()) {
+    absl::StatusOr<std::string> ready = store->Get("ready", left());
+    if (!ready.ok()) {
       UnlinkQuietly(seg->name);
       return absl::Status(ready.status().code(),
                           absl::StrCat(who, ": rank 0 did not see every rank attach within ",
                                        "rendezvous_timeout ",
                                        absl::FormatDuration(options.rendezvous_timeout), ": ",
                                        ready.status().message()));
+    }
+    if (absl::StartsWith(*ready, "error: ")) {
+      return MarkSecondary(absl::FailedPreconditionError(absl::StrCat(
+                               who, ": rank 0 gave up the rendezvous: ", ready->substr(7))),
+                           {});
     }
   }
   group->segment_ = std::move(seg);

@@ -84,7 +84,9 @@ class ShmProcessGroup : public ProcessGroup {
   // the ranks that did not arrive within options.rendezvous_timeout; ResourceExhausted
   // naming the segment and its bytes when /dev/shm cannot hold it; FailedPrecondition
   // when the segment rank 0 made does not match this rank's size or slot_bytes;
-  // Unavailable when the segment cannot be created or opened (e.g. another host).
+  // Unavailable when the segment cannot be created or opened (e.g. another host). A rank
+  // that cannot attach tells rank 0 through the store, and every rank then fails at once
+  // (FailedPrecondition naming that rank), not at the rendezvous timeout.
   static absl::StatusOr<std::shared_ptr<ShmProcessGroup>> Create(std::shared_ptr<Store> store,
                                                                  int rank, int size,
                                                                  const ShmOptions& options);

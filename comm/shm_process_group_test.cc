@@ -527,19 +527,26 @@ TEST(ShmCreateTest, BadArgumentsAreInvalidArgument) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST(ShmCreateTest, MismatchedSlotBytesIsFailedPreconditionNamingIt) {
+TEST(ShmCreateTest, MismatchedSlotBytesFailsEveryRankAtOnceNamingIt) {
   ThreadRanksOptions opts = Options();
   opts.create_group = false;
-  absl::Status s = RunThreadRanks(2, [](RankContext& ctx) -> absl::Status {
+  absl::Status s = RunThreadRanks(3, [](RankContext& ctx) -> absl::Status {
     ShmOptions o = Shm();
-    o.rendezvous_timeout = absl::Seconds(2);
+    o.rendezvous_timeout = absl::Seconds(30);
     if (ctx.rank == 1) o.slot_bytes = 2 * kSlot;
-    auto g = ShmProcessGroup::Create(ctx.store, ctx.rank, 2, o);
-    if (ctx.rank == 1) {
-      EXPECT_EQ(g.status().code(), absl::StatusCode::kFailedPrecondition) << g.status();
-      EXPECT_NE(g.status().message().find("slot_bytes"), std::string::npos) << g.status();
-    } else {
-      EXPECT_FALSE(g.ok());  // rank 1 never attaches
+    const absl::Time start = absl::Now();
+    auto g = ShmProcessGroup::Create(ctx.store, ctx.rank, 3, o);
+    // Rank 1's error reaches the others through the store, long before the 30 s timeout.
+    EXPECT_LT(absl::Now() - start, absl::Seconds(15)) << g.status();
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kFailedPrecondition) << g.status();
+    EXPECT_NE(g.status().message().find("slot_bytes"), std::string::npos) << g.status();
+    if (ctx.rank == 0) {
+      EXPECT_NE(g.status().message().find("ranks 1 could not attach"), std::string::npos)
+          << g.status();
+      EXPECT_EQ(CulpritRanks(g.status()), std::vector<int>{1}) << g.status();
+    }
+    if (ctx.rank == 2) {
+      EXPECT_NE(g.status().message().find("rank 0 gave up"), std::string::npos) << g.status();
     }
     return absl::OkStatus();
   }, opts);
