@@ -25,7 +25,6 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -48,15 +47,19 @@
 // and never overwrites a slot a peer has not finished with. Counters are written only by
 // their rank; every store is followed by a wake-up of the peers that sleep (below).
 //
-// NOTE [Waiting]: a waiting rank spins for a few microseconds, yields a few times, then
-// sleeps on its futex word `wake` (FUTEX_WAIT on a MAP_SHARED page, so not the _PRIVATE
-// variant: the waker may be another process). Race-free wake-ups, Dekker style with
+// NOTE [Waiting]: a waiting rank polls for ShmOptions.spin_time (5 us by default),
+// pausing and yielding its core between polls, then sleeps on its futex word `wake`
+// (FUTEX_WAIT on a MAP_SHARED page, so not the _PRIVATE variant: the waker may be
+// another process). Race-free wake-ups, Dekker style with
 // sequentially consistent atomics: the waiter reads `wake`, sets `sleeping`, re-checks
 // its condition and only then sleeps on the value read; a publisher stores its counter,
 // then reads the peer's `sleeping` and, when set, bumps the peer's `wake` and calls
 // FUTEX_WAKE. Either the waiter sees the new counter, or the publisher sees `sleeping`
 // and the bump makes the FUTEX_WAIT return at once. Sleeps are capped (kMaxSleep) so
-// the deadline and the peers' liveness are re-checked regularly.
+// the deadline and the peers' liveness are re-checked regularly. Besides its counters a
+// rank's control block has its pid and a state (active, failed, destroyed) that a rank
+// sets when a collective of its fails or its group goes away, with a wake-up of every
+// rank: a peer waiting on it then fails at once instead of at its deadline.
 
 namespace comm {
 namespace internal {
@@ -163,6 +166,7 @@ struct ShmSegment {
   }
   // Wakes peers of `self` that sleep (NOTE [Waiting]).
   void NotifyPeers(int self) const {
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // the counter before `sleeping`
     for (int p = 0; p < size; ++p) {
       if (p == self) continue;
       if (ctl[p].sleeping.load(std::memory_order_seq_cst) != 0) {
@@ -192,9 +196,9 @@ uint8_t* Bytes(const core::Tensor& t) { return static_cast<uint8_t*>(t.raw_data(
 // NOTE [Streaming copies]: in a large collective (its largest tensor has at least
 // kStreamingBytes, more than the caches keep for long), pieces copied or reduced into the
 // destination use non-temporal stores: it is not read back soon, and ordinary stores
-// would first read every line of it from memory (read for ownership). Slots themselves are filled
-// with ordinary stores so the readers find them in cache. StreamFence() ends a
-// collective's streaming stores (they are weakly ordered).
+// would first read every line of it from memory (read for ownership). Slots themselves
+// are filled with ordinary stores so the readers find them in cache. StreamFence() ends
+// a collective's streaming stores (they are weakly ordered).
 constexpr int64_t kStreamingBytes = int64_t{4} << 20;
 
 void CopyOut(void* dst_v, const void* src_v, size_t n, bool streaming) {
@@ -395,6 +399,8 @@ class ShmProcessGroup::Stepper {
     while (true) {
       const uint32_t wake = me.wake.load(std::memory_order_seq_cst);
       me.sleeping.store(1, std::memory_order_seq_cst);
+      // The store above before the counter loads below (NOTE [Waiting]).
+      std::atomic_thread_fence(std::memory_order_seq_cst);
       std::vector<int> late;
       if (!lagging(&late)) {
         me.sleeping.store(0, std::memory_order_relaxed);

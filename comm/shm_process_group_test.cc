@@ -207,7 +207,8 @@ absl::Status RunMatrix(int rank, int n, ProcessGroup& shm, ProcessGroup& gloo) {
           const std::string c = Case("ReduceScatter", dtype, op, k, in_place);
           Tensor in_shm = Filled(n * k, dtype, [&](int64_t i) { return Inexact(rank, call, i); });
           Tensor in_gloo = Copy(in_shm);
-          Tensor out_shm = in_place ? in_shm.View(rank * k, {k}).value() : Tensor::Zeros({k}, dtype);
+          Tensor out_shm =
+              in_place ? in_shm.View(rank * k, {k}).value() : Tensor::Zeros({k}, dtype);
           Tensor out_gloo =
               in_place ? in_gloo.View(rank * k, {k}).value() : Tensor::Zeros({k}, dtype);
           ReduceScatterOptions o;
@@ -377,7 +378,8 @@ TEST_P(ShmCollectivesTest, LargeCollectivesStreamAndKeepTheBits) {
         Tensor out_gloo = Tensor::Zeros({n * k}, dtype);
         RETURN_IF_ERROR(Finish(shm->AllGather(in, out_shm, AllGatherOptions{})));
         RETURN_IF_ERROR(Finish(gloo.AllGather(in, out_gloo, AllGatherOptions{})));
-        EXPECT_OR_RETURN(SameBytes(out_shm, out_gloo), "large AllGather " << core::DTypeName(dtype));
+        EXPECT_OR_RETURN(SameBytes(out_shm, out_gloo),
+                         "large AllGather " << core::DTypeName(dtype));
         Tensor own = out_shm.View(rank * k, {k}).value();
         EXPECT_OR_RETURN(SameBytes(own, in), "large AllGather own block");
       }
@@ -561,7 +563,8 @@ TEST(ShmValidationTest, BadArgumentsAreInvalidArgumentNamingCollectiveAndGroup) 
     ProcessGroup& g = *shm;
     auto expect_invalid = [&](absl::StatusOr<std::shared_ptr<Work>> w, const std::string& kind,
                               const std::string& detail) {
-      EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument) << kind << ": " << w.status();
+      EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument)
+          << kind << ": " << w.status();
       EXPECT_NE(w.status().message().find(kind), std::string::npos) << w.status();
       EXPECT_NE(w.status().message().find("shm group 'world'"), std::string::npos) << w.status();
       EXPECT_NE(w.status().message().find(detail), std::string::npos) << w.status();

@@ -1,7 +1,8 @@
 // Real processes through the launcher (comm:launch), meeting over TcpStore and running
 // gloo: the happy path at N = 2 and 4, a rank that never joins, and a rank killed
-// mid-run; the happy path and the killed rank again over shm (shared memory). Every run has a hard deadline; a launcher still running after it is killed
-// and the test fails rather than hangs.
+// mid-run; the happy path and the killed rank again over shm (shared memory). Every run
+// has a hard deadline; a launcher still running after it is killed and the test fails
+// rather than hangs.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
