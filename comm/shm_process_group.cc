@@ -595,7 +595,6 @@ absl::StatusOr<std::shared_ptr<ShmProcessGroup>> ShmProcessGroup::Join(
       struct stat st;
       if (fstat(fd, &st) != 0 || st.st_size != layout.total_bytes) {
         close(fd);
-        UnlinkQuietly(seg->name);
         return absl::FailedPreconditionError(absl::StrCat(
             who, ": segment ", seg->name, " made by rank 0 has ", st.st_size, " bytes, but ",
             layout.total_bytes, " are expected for ", size, " ranks of slot_bytes ",
@@ -606,7 +605,6 @@ absl::StatusOr<std::shared_ptr<ShmProcessGroup>> ShmProcessGroup::Join(
       const int err = errno;
       close(fd);
       if (seg->base == MAP_FAILED) {
-        UnlinkQuietly(seg->name);
         return absl::ResourceExhaustedError(absl::StrCat(who, ": cannot map segment ", seg->name,
                                                          " of ", layout.total_bytes,
                                                          " bytes: ", internal::ErrnoText(err)));
@@ -617,7 +615,6 @@ absl::StatusOr<std::shared_ptr<ShmProcessGroup>> ShmProcessGroup::Join(
       if (header->magic != internal::kMagic || header->version != internal::kVersion ||
           header->size != size || header->slot_bytes != options.slot_bytes ||
           header->total_bytes != layout.total_bytes || header->data_offset != layout.data_offset) {
-        UnlinkQuietly(seg->name);
         return absl::FailedPreconditionError(absl::StrCat(
             who, ": segment ", seg->name, " has header version ", header->version, ", size ",
             header->size, ", slot_bytes ", header->slot_bytes, " (magic ",
@@ -686,11 +683,13 @@ absl::StatusOr<std::shared_ptr<ShmProcessGroup>> ShmProcessGroup::Join(
   } else {
     if (absl::Status s = store->Set(absl::StrCat("attached/", rank), absl::StrCat("ok ", getpid()));
         !s.ok()) {
-      UnlinkQuietly(seg->name);
       return absl::Status(s.code(), absl::StrCat(who, ": rendezvous: ", s.message()));
     }
     absl::StatusOr<std::string> ready = store->Get("ready", left());
     if (!ready.ok()) {
+      // Rank 0 unlinks the name once every rank attached or failed; if it is gone, this
+      // rank does, so nothing stays in /dev/shm. (Ranks never unlink on their other
+      // errors: a peer may still have to open it.)
       UnlinkQuietly(seg->name);
       return absl::Status(ready.status().code(),
                           absl::StrCat(who, ": rank 0 did not see every rank attach within ",

@@ -12,6 +12,7 @@
 #include "comm/shm_process_group.h"
 
 #include <dirent.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -455,12 +456,14 @@ TEST(ShmSingleRankTest, AGroupOfOneCopiesAndMovesNothing) {
   EXPECT_EQ((*shm)->Stats().of(CollectiveKind::kAllGather).calls, 1);
 }
 
-// Entries of /dev/shm whose name starts with the backend's prefix.
+// Entries of /dev/shm that segments of this process would have: the backend's prefix
+// and this pid (other test processes may run at the same time).
 std::set<std::string> ShmEntries() {
   std::set<std::string> names;
+  const std::string mine = absl::StrCat(kShmSegmentPrefix, getpid(), "_");
   if (DIR* d = opendir("/dev/shm")) {
     while (dirent* e = readdir(d)) {
-      if (absl::StartsWith(e->d_name, kShmSegmentPrefix)) names.insert(e->d_name);
+      if (absl::StartsWith(e->d_name, mine)) names.insert(e->d_name);
     }
     closedir(d);
   }
