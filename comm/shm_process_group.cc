@@ -966,6 +966,7 @@ absl::Status ShmProcessGroup::RunAllReduce(const core::Tensor& tensor, ReduceOp 
     st.Consumed(s);
   }
   step_ += static_cast<uint64_t>(pieces);
+  StreamFence();  // the reduced chunk is read back below
   // All-gather phase, in whole-slot pieces.
   const int64_t gpiece = options_.slot_bytes / esize;
   const int64_t gpieces = (longest + gpiece - 1) / gpiece;

@@ -24,9 +24,9 @@
 // All the rules in comm/process_group.h hold. Waiting for a peer spins for a few
 // microseconds, then sleeps on a futex in the segment (no core is burnt on a
 // descheduled peer). Failures:
-// - a collective past its deadline is DeadlineExceeded naming the collective, the group,
-//   the timeout and the ranks that had not arrived (a secondary error, comm/failure.h,
-//   with those ranks as culprits);
+// - a collective still waiting for a peer at its deadline is DeadlineExceeded naming the
+//   collective, the group, the timeout and the ranks that had not arrived (a secondary
+//   error, comm/failure.h, with those ranks as culprits);
 // - a peer process that died (checked every ShmOptions.liveness_interval while waiting),
 //   a peer whose group failed or was destroyed while this rank waits on it: Unavailable
 //   naming its rank and pid, at once, not after the timeout (secondary, culprit that rank);
