@@ -3,6 +3,7 @@
 // as the CPU-side limit. JSON on stdout.
 //
 //   bazel run -c opt //bench:collectives_bench -- --backend=gloo --nproc=2
+//   bazel run -c opt //bench:collectives_bench -- --backend=shm --nproc=2
 //   bazel run --config=cuda //bench:collectives_bench -- --backend=nccl --nproc=1
 //   launch --nproc=4 -- collectives_bench --from_env        # one rank per process
 //
@@ -12,10 +13,12 @@
 //   all_reduce: S = tensor bytes, busbw = algbw * 2(n-1)/n
 //   broadcast: S = tensor bytes, busbw = algbw
 //   algbw = S / time, time = mean over iterations of the slowest rank, in GB/s (1e9).
-// Ranks run as threads of this process by default (the gloo ones over loopback TCP),
-// each with its own group over one HashStore. memcpy_GBps is bytes copied per second
-// by one thread; with gloo on one host every byte a rank receives is also copied at
-// least once, so busbw stays below it.
+// Ranks run as threads of this process by default (the gloo ones over loopback TCP, the
+// shm ones through a shared-memory segment), each with its own group over one HashStore.
+// memcpy_GBps is bytes copied per second by one thread; with gloo on one host every
+// byte a rank receives is also copied at least once, so busbw stays below it; shm copies
+// each byte into a slot and out of it (busbw_over_memcpy, per op and size, says how close
+// a backend comes).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -38,6 +41,7 @@
 #include "comm/hash_store.h"
 #include "comm/init_from_env.h"
 #include "comm/process_group.h"
+#include "comm/shm_process_group.h"
 #include "core/cuda_device.h"
 #include "core/status_macros.h"
 #include "core/tensor.h"
@@ -47,7 +51,8 @@
 #include "comm/nccl_process_group.h"
 #endif
 
-ABSL_FLAG(std::string, backend, "gloo", "gloo or nccl (nccl needs --config=cuda)");
+ABSL_FLAG(std::string, backend, "gloo",
+          "gloo, shm (shared memory, ranks on one host) or nccl (needs --config=cuda)");
 ABSL_FLAG(int, nproc, 2, "ranks as threads in this process (ignored with --from_env)");
 ABSL_FLAG(bool, from_env, false, "join the job described by RANK, WORLD_SIZE, ... (a launcher)");
 ABSL_FLAG(int64_t, min_bytes, 4 << 10, "smallest message, bytes per rank (>= 4)");
@@ -58,6 +63,10 @@ ABSL_FLAG(std::string, ops, "all_gather,reduce_scatter,all_reduce,broadcast",
 ABSL_FLAG(int64_t, target_bytes, 256 << 20,
           "bytes each (op, size) should move; sets its iteration count (2 to 100)");
 ABSL_FLAG(int, warmup, 1, "untimed iterations per (op, size) (>= 0)");
+ABSL_FLAG(int64_t, shm_slot_bytes, comm::ShmOptions().slot_bytes,
+          "--backend=shm with ranks as threads: ShmOptions.slot_bytes");
+ABSL_FLAG(int64_t, shm_spin_us, absl::ToInt64Microseconds(comm::ShmOptions().spin_time),
+          "--backend=shm with ranks as threads: ShmOptions.spin_time, microseconds");
 
 namespace {
 
@@ -72,6 +81,8 @@ struct Flags {
   // Bytes each (op, size) should move, which sets its iteration count (2 to 100).
   int64_t target_bytes = 256 << 20;
   int warmup = 1;
+  int64_t shm_slot_bytes = comm::ShmOptions().slot_bytes;
+  int64_t shm_spin_us = absl::ToInt64Microseconds(comm::ShmOptions().spin_time);
   absl::Duration timeout = absl::Seconds(120);
 };
 
@@ -85,6 +96,8 @@ absl::StatusOr<Flags> ParseFlags() {
   f.step = absl::GetFlag(FLAGS_step);
   f.target_bytes = absl::GetFlag(FLAGS_target_bytes);
   f.warmup = absl::GetFlag(FLAGS_warmup);
+  f.shm_slot_bytes = absl::GetFlag(FLAGS_shm_slot_bytes);
+  f.shm_spin_us = absl::GetFlag(FLAGS_shm_spin_us);
   f.ops = absl::StrSplit(absl::GetFlag(FLAGS_ops), ',', absl::SkipEmpty());
   const auto at_least = [](const char* name, int64_t value, int64_t min) -> absl::Status {
     if (value >= min) return absl::OkStatus();
@@ -97,9 +110,9 @@ absl::StatusOr<Flags> ParseFlags() {
         at_least("target_bytes", f.target_bytes, 1), at_least("warmup", f.warmup, 0)}) {
     if (!s.ok()) return s;
   }
-  if (f.backend != "gloo" && f.backend != "nccl") {
+  if (f.backend != "gloo" && f.backend != "nccl" && f.backend != "shm") {
     return absl::InvalidArgumentError(
-        absl::StrCat("collectives_bench: --backend must be gloo or nccl, got ", f.backend));
+        absl::StrCat("collectives_bench: --backend must be gloo, shm or nccl, got ", f.backend));
   }
   for (const std::string& op : f.ops) {
     if (op != "all_gather" && op != "reduce_scatter" && op != "all_reduce" && op != "broadcast") {
@@ -215,6 +228,14 @@ absl::StatusOr<std::shared_ptr<comm::ProcessGroup>> MakeThreadGroup(
     ASSIGN_OR_RETURN(auto g, comm::GlooProcessGroup::Create(store, rank, f.nproc, o));
     return std::shared_ptr<comm::ProcessGroup>(g);
   }
+  if (f.backend == "shm") {
+    comm::ShmOptions o;
+    o.rendezvous_timeout = absl::Seconds(60);
+    o.slot_bytes = f.shm_slot_bytes;
+    o.spin_time = absl::Microseconds(f.shm_spin_us);
+    ASSIGN_OR_RETURN(auto g, comm::ShmProcessGroup::Create(store, rank, f.nproc, o));
+    return std::shared_ptr<comm::ProcessGroup>(g);
+  }
 #ifdef FSDP_WITH_CUDA
   ASSIGN_OR_RETURN(int gpus, core::CudaDeviceCount());
   if (f.nproc > gpus) {
@@ -255,7 +276,9 @@ int main(int argc, char** argv) {
   std::string device_name = "cpu";
   if (f.from_env) {
     comm::InitOptions o;
-    o.backend = f.backend == "nccl" ? comm::Backend::kNccl : comm::Backend::kGloo;
+    o.backend = f.backend == "nccl"  ? comm::Backend::kNccl
+                : f.backend == "shm" ? comm::Backend::kShm
+                                     : comm::Backend::kGloo;
     absl::StatusOr<comm::Distributed> d = comm::InitFromEnv(o);
     if (!d.ok()) {
       std::fprintf(stderr, "collectives_bench: %s\n", d.status().ToString().c_str());

@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "comm/gloo_process_group.h"
+#include "comm/shm_process_group.h"
 #include "comm/internal/socket.h"
 #include "comm/tcp_store.h"
 #include "core/cuda_device.h"
@@ -80,8 +81,9 @@ absl::StatusOr<Backend> ParseBackend(absl::string_view name) {
   if (name == "auto") return Backend::kAuto;
   if (name == "gloo") return Backend::kGloo;
   if (name == "nccl") return Backend::kNccl;
+  if (name == "shm") return Backend::kShm;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown backend \"", name, "\"; expected auto, gloo or nccl"));
+      absl::StrCat("unknown backend \"", name, "\"; expected auto, gloo, nccl or shm"));
 }
 
 std::string BackendName(Backend backend) {
@@ -92,6 +94,8 @@ std::string BackendName(Backend backend) {
       return "gloo";
     case Backend::kNccl:
       return "nccl";
+    case Backend::kShm:
+      return "shm";
   }
   return "unknown";
 }
@@ -119,6 +123,12 @@ absl::StatusOr<Distributed> InitFromLaunchEnv(const LaunchEnv& env, const InitOp
   }
   if (dist.backend == Backend::kNccl) {
     dist.device = core::Device::Cuda(env.local_rank % *gpus);
+  }
+  if (dist.backend == Backend::kShm && env.local_world_size != env.world_size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, ": backend shm needs every rank on one host, but LOCAL_WORLD_SIZE is ",
+        env.local_world_size, " and WORLD_SIZE is ", env.world_size,
+        "; use gloo across hosts"));
   }
 
   TcpStoreOptions store_options;
@@ -151,6 +161,16 @@ absl::StatusOr<Distributed> InitFromLaunchEnv(const LaunchEnv& env, const InitOp
     }
     absl::StatusOr<std::shared_ptr<GlooProcessGroup>> group =
         GlooProcessGroup::Create(dist.store, env.rank, env.world_size, gloo);
+    if (!group.ok()) return group.status();
+    dist.group = *std::move(group);
+    return dist;
+  }
+  if (dist.backend == Backend::kShm) {
+    ShmOptions shm;
+    shm.name = options.group_name;
+    shm.rendezvous_timeout = options.timeout;
+    absl::StatusOr<std::shared_ptr<ShmProcessGroup>> group =
+        ShmProcessGroup::Create(dist.store, env.rank, env.world_size, shm);
     if (!group.ok()) return group.status();
     dist.group = *std::move(group);
     return dist;

@@ -20,6 +20,10 @@
 // the local address that routes to MASTER_ADDR (127.0.0.1 when MASTER_ADDR is
 // loopback), so ranks on several hosts find each other with no further setting.
 //
+// kShm (never picked by kAuto) is the shared-memory CPU backend (comm/shm_process_group.h):
+// it needs every rank on one host, so it is FailedPrecondition naming LOCAL_WORLD_SIZE
+// and WORLD_SIZE unless they are equal; its device is the CPU.
+//
 // Like every comm entry point, all ranks must call it (NOTE [Same order on all ranks],
 // comm/store.h). Keep the returned store alive as long as the group: on rank 0 it is
 // the server the other ranks' stores talk to.
@@ -59,9 +63,9 @@ absl::StatusOr<LaunchEnv> ParseLaunchEnv(
 // ParseLaunchEnv over this process's environment.
 absl::StatusOr<LaunchEnv> ReadLaunchEnv();
 
-enum class Backend { kAuto, kGloo, kNccl };
+enum class Backend { kAuto, kGloo, kNccl, kShm };
 
-// "auto", "gloo", "nccl" (and back); InvalidArgument for anything else.
+// "auto", "gloo", "nccl", "shm" (and back); InvalidArgument for anything else.
 absl::StatusOr<Backend> ParseBackend(absl::string_view name);
 std::string BackendName(Backend backend);
 
@@ -79,7 +83,7 @@ struct InitOptions {
 struct Distributed {
   LaunchEnv env;
   Backend backend = Backend::kGloo;
-  // Where this rank's collectives run: cpu for gloo, cuda:i for nccl.
+  // Where this rank's collectives run: cpu for gloo and shm, cuda:i for nccl.
   core::Device device = core::Device::Cpu();
   std::shared_ptr<Store> store;
   std::shared_ptr<ProcessGroup> group;

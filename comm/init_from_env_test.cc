@@ -83,7 +83,10 @@ TEST(ParseBackendTest, Names) {
   EXPECT_EQ(ParseBackend("nccl").value(), Backend::kNccl);
   EXPECT_EQ(ParseBackend("auto").value(), Backend::kAuto);
   EXPECT_EQ(ParseBackend("mpi").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseBackend("shm").value(), Backend::kShm);
   EXPECT_EQ(BackendName(Backend::kNccl), "nccl");
+  EXPECT_EQ(BackendName(Backend::kShm), "shm");
+  EXPECT_NE(ParseBackend("mpi").status().message().find("shm"), std::string::npos);
 }
 
 LaunchEnv EnvFor(int rank, int world, int port, const std::string& secret = "") {
@@ -98,7 +101,8 @@ LaunchEnv EnvFor(int rank, int world, int port, const std::string& secret = "") 
   return env;
 }
 
-TEST(InitFromLaunchEnvTest, RanksMeetOverTcpStoreAndAllReduce) {
+// Three rank threads join through InitFromLaunchEnv with `backend` and all-reduce.
+void MeetAndAllReduce(Backend backend) {
   const int port = internal::PickFreePort().value();
   constexpr int kWorld = 3;
   std::vector<absl::Status> results(kWorld);
@@ -106,7 +110,7 @@ TEST(InitFromLaunchEnvTest, RanksMeetOverTcpStoreAndAllReduce) {
   for (int r = kWorld - 1; r >= 0; --r) {  // rank 0 (the server) starts last
     threads.emplace_back([&, r] {
       InitOptions o;
-      o.backend = Backend::kGloo;
+      o.backend = backend;
       o.timeout = absl::Seconds(20);
       absl::StatusOr<Distributed> d =
           InitFromLaunchEnv(EnvFor(r, kWorld, port, "job secret"), o);
@@ -116,7 +120,8 @@ TEST(InitFromLaunchEnvTest, RanksMeetOverTcpStoreAndAllReduce) {
       }
       EXPECT_EQ(d->group->rank(), r);
       EXPECT_EQ(d->group->size(), kWorld);
-      EXPECT_EQ(d->group->backend_name(), "gloo");
+      EXPECT_EQ(d->backend, backend);
+      EXPECT_EQ(d->group->backend_name(), BackendName(backend));
       EXPECT_TRUE(d->device.is_cpu());
       core::Tensor t = core::Tensor::Zeros({4});
       t.Fill(static_cast<float>(r + 1));
@@ -133,6 +138,26 @@ TEST(InitFromLaunchEnvTest, RanksMeetOverTcpStoreAndAllReduce) {
   }
   for (auto& t : threads) t.join();
   for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+}
+
+TEST(InitFromLaunchEnvTest, RanksMeetOverTcpStoreAndAllReduce) { MeetAndAllReduce(Backend::kGloo); }
+
+TEST(InitFromLaunchEnvTest, ShmRanksMeetOverTcpStoreAndAllReduce) {
+  MeetAndAllReduce(Backend::kShm);
+}
+
+TEST(InitFromLaunchEnvTest, ShmAcrossHostsIsFailedPreconditionNamingTheSizes) {
+  InitOptions o;
+  o.backend = Backend::kShm;
+  o.timeout = absl::Seconds(2);
+  LaunchEnv env = EnvFor(0, 4, internal::PickFreePort().value());
+  env.local_world_size = 2;  // two hosts of two ranks
+  const absl::Time start = absl::Now();
+  auto d = InitFromLaunchEnv(env, o);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition) << d.status();
+  EXPECT_NE(d.status().message().find("LOCAL_WORLD_SIZE is 2"), std::string::npos) << d.status();
+  EXPECT_NE(d.status().message().find("WORLD_SIZE is 4"), std::string::npos) << d.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << "refused only after waiting";
 }
 
 TEST(InitFromLaunchEnvTest, ARankWithAnotherJobSecretIsPermissionDeniedAtOnce) {

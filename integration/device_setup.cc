@@ -37,7 +37,8 @@ absl::StatusOr<DeviceChoice> ChooseDeviceAndBackend(absl::string_view device_fla
           "--device=cpu --backend=nccl: NCCL reduces GPU buffers and the model computes on the "
           "CPU; use --backend=gloo (or auto), or --device=cuda");
     }
-    choice.backend = comm::Backend::kGloo;
+    choice.backend =
+        *backend == comm::Backend::kShm ? comm::Backend::kShm : comm::Backend::kGloo;
     return choice;
   }
   if (device_flag != "cuda") {
@@ -61,6 +62,11 @@ absl::StatusOr<DeviceChoice> ChooseDeviceAndBackend(absl::string_view device_fla
     return absl::FailedPreconditionError(
         "--device=cuda --backend=gloo: gloo reduces host buffers and the model's tensors are "
         "on the GPU; use --backend=nccl (or auto)");
+  }
+  if (*backend == comm::Backend::kShm) {
+    return absl::FailedPreconditionError(
+        "--device=cuda --backend=shm: shm reduces host buffers through shared memory and the "
+        "model's tensors are on the GPU; use --backend=nccl (or auto)");
   }
   if (local_rank < 0 || local_rank >= *available.gpus) {
     return absl::FailedPreconditionError(absl::StrCat(

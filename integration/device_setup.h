@@ -11,13 +11,14 @@
 //
 // The rules (--device, --backend):
 //   cpu,  gloo|auto   -> cpu over gloo
+//   cpu,  shm         -> cpu over shared memory (all ranks on one host; InitFromEnv checks)
 //   cpu,  nccl        -> FailedPrecondition (NCCL reduces GPU buffers)
 //   cuda, nccl|auto   -> cuda:LOCAL_RANK over nccl
-//   cuda, gloo        -> FailedPrecondition (gloo reduces host buffers)
+//   cuda, gloo|shm    -> FailedPrecondition (gloo and shm reduce host buffers)
 // checked in this order for cuda (whatever the backend):
 //   cuda in a build without CUDA -> FailedPrecondition naming --config=cuda;
 //   cuda with no usable GPU      -> Unavailable with the runtime's reason;
-// then the backend (gloo refused), then:
+// then the backend (gloo and shm refused), then:
 //   LOCAL_RANK >= visible GPUs   -> FailedPrecondition (one GPU per local rank).
 #ifndef INTEGRATION_DEVICE_SETUP_H_
 #define INTEGRATION_DEVICE_SETUP_H_

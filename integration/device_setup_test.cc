@@ -34,6 +34,20 @@ TEST(ChooseDeviceTest, CpuTakesGlooAndAutoMeansGloo) {
   }
 }
 
+TEST(ChooseDeviceTest, CpuTakesShmWhenAskedFor) {
+  auto c = ChooseDeviceAndBackend("cpu", "shm", 0, CpuBuild());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->device.is_cpu());
+  EXPECT_EQ(c->backend, comm::Backend::kShm);
+}
+
+TEST(ChooseDeviceTest, CudaWithShmIsRefusedLikeGloo) {
+  auto c = ChooseDeviceAndBackend("cuda", "shm", 0, Gpus(2));
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition) << c.status();
+  EXPECT_NE(c.status().message().find("--backend=shm"), std::string::npos) << c.status();
+  EXPECT_NE(c.status().message().find("host buffers"), std::string::npos) << c.status();
+}
+
 TEST(ChooseDeviceTest, CpuWithNcclIsRefused) {
   auto c = ChooseDeviceAndBackend("cpu", "nccl", 0, Gpus(8));
   EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);

@@ -67,7 +67,8 @@
 
 ABSL_FLAG(int, world_size, 2, "ranks to start on this machine (ignored under a launcher)");
 ABSL_FLAG(std::string, backend, "auto",
-          "collective backend: gloo, nccl or auto (nccl on --device=cuda, gloo on the CPU)");
+          "collective backend: gloo, nccl, shm or auto (nccl on --device=cuda, gloo on the "
+          "CPU; shm: shared memory between CPU ranks on one host)");
 ABSL_FLAG(std::string, device, "cpu",
           "where the model computes: cpu, or cuda (rank r uses cuda:LOCAL_RANK; needs a "
           "--config=cuda build and --backend=nccl or auto)");

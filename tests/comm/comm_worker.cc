@@ -1,7 +1,9 @@
 // A rank program for the multi-process comm tests: joins the job from the launcher's
-// environment (comm::InitFromEnv over TcpStore, gloo) and runs one scenario.
+// environment (comm::InitFromEnv over TcpStore; gloo, or shm with --backend=shm) and
+// runs one scenario.
 //
 //   launch --nproc=4 -- comm_worker --mode=collectives
+//   launch --nproc=4 -- comm_worker --mode=die --backend=shm
 //
 // Modes:
 //   collectives  every collective with checked results; prints "ok" and exits 0.
@@ -26,11 +28,13 @@
 #include "absl/time/clock.h"
 #include "comm/gloo_process_group.h"
 #include "comm/init_from_env.h"
+#include "comm/shm_process_group.h"
 #include "core/status_macros.h"
 #include "core/tensor.h"
 
 ABSL_FLAG(std::string, mode, "collectives", "the scenario: collectives, never_join or die");
 ABSL_FLAG(double, timeout_s, 20, "InitFromEnv's timeout, seconds (> 0)");
+ABSL_FLAG(std::string, backend, "gloo", "the collective backend: gloo or shm");
 
 namespace {
 
@@ -115,6 +119,12 @@ int main(int argc, char** argv) {
                  mode.c_str());
     return 2;
   }
+  const std::string backend_name = absl::GetFlag(FLAGS_backend);
+  if (backend_name != "gloo" && backend_name != "shm") {
+    std::fprintf(stderr, "comm_worker: unknown --backend=%s (gloo, shm)\n",
+                 backend_name.c_str());
+    return 2;
+  }
   if (!(timeout_s > 0)) {
     std::fprintf(stderr, "comm_worker: --timeout_s must be > 0, got %g\n", timeout_s);
     return 2;
@@ -133,7 +143,7 @@ int main(int argc, char** argv) {
   if (mode != "collectives") ::signal(SIGTERM, SIG_IGN);
 
   comm::InitOptions options;
-  options.backend = comm::Backend::kGloo;
+  options.backend = backend_name == "shm" ? comm::Backend::kShm : comm::Backend::kGloo;
   options.timeout = absl::Seconds(timeout_s);
   const absl::Time start = absl::Now();
   absl::StatusOr<comm::Distributed> dist = comm::InitFromLaunchEnv(*env, options);
@@ -143,8 +153,11 @@ int main(int argc, char** argv) {
     return 3;
   }
   auto* gloo = dynamic_cast<comm::GlooProcessGroup*>(dist->group.get());
+  auto* shm = dynamic_cast<comm::ShmProcessGroup*>(dist->group.get());
   Say(rank, absl::StrCat("joined ", dist->group->Describe(), " on ",
-                         gloo != nullptr ? gloo->hostname() : "?"));
+                         gloo != nullptr  ? gloo->hostname()
+                         : shm != nullptr ? shm->segment_name()
+                                          : "?"));
   if (mode == "collectives") {
     absl::Status s = RunCollectives(*dist->group);
     if (!s.ok()) {

@@ -1,7 +1,8 @@
 // Real processes through the launcher (comm:launch), meeting over TcpStore and running
 // gloo: the happy path at N = 2 and 4, a rank that never joins, and a rank killed
-// mid-run. Every run has a hard deadline; a launcher still running after it is killed
-// and the test fails rather than hangs.
+// mid-run; the happy path and the killed rank again over shm (shared memory). Every run
+// has a hard deadline; a launcher still running after it is killed and the test fails
+// rather than hangs.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -73,24 +75,30 @@ Result Launch(int nproc, const std::vector<std::string>& worker_args, absl::Dura
 
 bool Has(const Result& r, const std::string& s) { return r.output.find(s) != std::string::npos; }
 
-class CollectivesAcrossProcesses : public ::testing::TestWithParam<int> {};
+// (backend, number of ranks).
+class CollectivesAcrossProcesses
+    : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(CollectivesAcrossProcesses, EveryRankChecksEveryCollective) {
-  const int n = GetParam();
-  Result r = Launch(n, {"--mode=collectives"}, absl::Seconds(45));
+  const std::string backend = std::get<0>(GetParam());
+  const int n = std::get<1>(GetParam());
+  Result r = Launch(n, {"--mode=collectives", absl::StrCat("--backend=", backend)},
+                    absl::Seconds(45));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   for (int rank = 0; rank < n; ++rank) {
-    EXPECT_TRUE(Has(r, absl::StrCat("[rank ", rank, "] worker ", rank, ": joined gloo group 'world' (rank ",
-                                    rank, " of ", n, ")")))
+    EXPECT_TRUE(Has(r, absl::StrCat("[rank ", rank, "] worker ", rank, ": joined ", backend,
+                                    " group 'world' (rank ", rank, " of ", n, ")")))
         << r.output;
     EXPECT_TRUE(Has(r, absl::StrCat("[rank ", rank, "] worker ", rank, ": ok"))) << r.output;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesAcrossProcesses, ::testing::Values(2, 4),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return absl::StrCat("N", info.param);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Ranks, CollectivesAcrossProcesses,
+    ::testing::Combine(::testing::Values("gloo", "shm"), ::testing::Values(2, 4)),
+    [](const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
+      return absl::StrCat(std::get<0>(info.param), "N", std::get<1>(info.param));
+    });
 
 TEST(FaultsAcrossProcesses, RankThatNeverJoinsGivesDeadlineExceededWithinTheTimeout) {
   // Ranks 0 and 1 wait 2 s for rank 2, which sleeps instead of joining.
@@ -120,6 +128,24 @@ TEST(FaultsAcrossProcesses, RankKilledMidRunMakesTheOthersFailAndTheLauncherName
   }
   EXPECT_FALSE(Has(r, "no failure seen")) << r.output;
   // Survivors notice the closed connections at once (the collective timeout is 20 s).
+  EXPECT_LT(r.took, absl::Seconds(15)) << r.output;
+}
+
+TEST(FaultsAcrossProcesses, ShmRankKilledMidRunMakesTheOthersFailFastNamingIt) {
+  Result r = Launch(4, {"--mode=die", "--backend=shm"}, absl::Seconds(45));
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.output;
+  EXPECT_TRUE(Has(r, "[rank 1] worker 1: dying now")) << r.output;
+  EXPECT_TRUE(Has(r, "launch: job failed: root cause rank 1 (killed by signal 9")) << r.output;
+  for (int rank : {0, 2, 3}) {
+    EXPECT_TRUE(Has(r, absl::StrCat("[rank ", rank, "] worker ", rank, ": collective 2 failed")))
+        << r.output;
+  }
+  // At least one survivor found rank 1's process gone (the others may see that
+  // survivor's failure first); none waited for the 20 s collective timeout.
+  EXPECT_TRUE(Has(r, "rank 1 (pid ")) << r.output;
+  EXPECT_TRUE(Has(r, "exited while this rank waited on it")) << r.output;
+  EXPECT_FALSE(Has(r, "DEADLINE_EXCEEDED")) << r.output;
+  EXPECT_FALSE(Has(r, "no failure seen")) << r.output;
   EXPECT_LT(r.took, absl::Seconds(15)) << r.output;
 }
 

@@ -1,0 +1,707 @@
+// Thread-rank tests of the shared-memory backend: every collective at N = 2, 3, 4 over
+// fp32/bf16/int32, sum/average/max, sizes 0, 1, 7 and several slots plus a remainder,
+// in place and not, checked against values computed here and bitwise against
+// GlooProcessGroup run on the same inputs in the same rank threads; timeouts, peers
+// that leave, bad arguments, Create's checks, /dev/shm hygiene and byte counters.
+//
+// Inputs of the reductions are not small integers: fp32 sums depend on the order, so
+// the expected values (accumulated here in rank order, bf16 in fp32 rounded once) and
+// the bitwise comparison with gloo's reduce-scatter check the order too. Gloo's
+// all-reduce adds in its own (ring) order, so it is compared with ours on integer
+// inputs, where every order gives the same bits.
+#include "comm/shm_process_group.h"
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "comm/failure.h"
+#include "comm/hash_store.h"
+#include "comm/testing/thread_ranks.h"
+#include "core/block_pool.h"
+#include "core/status_macros.h"
+#include "gtest/gtest.h"
+
+namespace comm {
+namespace {
+
+using ::comm::testing::RankContext;
+using ::comm::testing::RunThreadRanks;
+using ::comm::testing::ThreadRanksOptions;
+using core::BFloat16;
+using core::DType;
+using core::Tensor;
+
+constexpr absl::Duration kTimeout = absl::Seconds(20);
+// Small slots, so "several slots" stays small: 4 KiB.
+constexpr int64_t kSlot = 4096;
+
+ThreadRanksOptions Options() {
+  ThreadRanksOptions o;
+  o.timeout = absl::Seconds(120);
+  o.gloo.rendezvous_timeout = absl::Seconds(20);
+  return o;
+}
+
+ShmOptions Shm(const std::string& name = "shm") {
+  ShmOptions o;
+  o.name = name;
+  o.slot_bytes = kSlot;
+  o.rendezvous_timeout = absl::Seconds(20);
+  return o;
+}
+
+absl::Status Finish(absl::StatusOr<std::shared_ptr<Work>> work) {
+  if (!work.ok()) return work.status();
+  return (*work)->Wait(kTimeout);
+}
+
+// Not exactly representable sums: thirds and sevenths of varying magnitude.
+float Inexact(int rank, int call, int64_t i) {
+  const int v = static_cast<int>((rank * 7919 + call * 131 + i * 104729) % 2003) - 1001;
+  return static_cast<float>(v) / (rank % 2 == 0 ? 3.0f : 7.0f) * (1.0f + 0.25f * (i % 5));
+}
+// Small integers: sums are exact in any order (in bf16 too, below 256 per rank).
+float Exact(int rank, int call, int64_t i) {
+  return static_cast<float>(static_cast<int>((rank * 37 + call * 11 + i * 13) % 61) - 30);
+}
+
+Tensor Filled(int64_t n, DType dtype, const std::function<float(int64_t)>& f) {
+  Tensor t = Tensor::Empty({n}, dtype);
+  for (int64_t i = 0; i < n; ++i) {
+    switch (dtype) {
+      case DType::kFloat32:
+        t.data<float>()[i] = f(i);
+        break;
+      case DType::kBFloat16:
+        t.data<BFloat16>()[i] = BFloat16::FromFloat(f(i));
+        break;
+      case DType::kInt32:
+        t.data<int32_t>()[i] = static_cast<int32_t>(f(i) * 3.0f);
+        break;
+    }
+  }
+  return t;
+}
+
+Tensor Copy(const Tensor& t) {
+  Tensor c = Tensor::Empty(t.shape(), t.dtype());
+  if (t.nbytes() > 0) std::memcpy(c.raw_data(), t.raw_data(), static_cast<size_t>(t.nbytes()));
+  return c;
+}
+
+// The element as stored, widened to float (int32 values here stay below 2^24).
+float At(const Tensor& t, int64_t i) {
+  switch (t.dtype()) {
+    case DType::kFloat32:
+      return t.data<float>()[i];
+    case DType::kBFloat16:
+      return t.data<BFloat16>()[i].ToFloat();
+    case DType::kInt32:
+      return static_cast<float>(t.data<int32_t>()[i]);
+  }
+  return 0;
+}
+
+// Reduction of `values` (one per rank, as stored) in rank order, as the contract says:
+// fp32 accumulation for fp32 and bf16 (bf16 rounded once at the end), int64 for int32.
+// Returns the bytes of the result element.
+std::string Reduce(DType dtype, ReduceOp op, const std::vector<float>& values) {
+  std::string bytes(static_cast<size_t>(core::DTypeSize(dtype)), '\0');
+  if (dtype == DType::kInt32) {
+    int64_t acc = static_cast<int64_t>(values[0]);
+    for (size_t j = 1; j < values.size(); ++j) {
+      const auto v = static_cast<int64_t>(values[j]);
+      acc = op == ReduceOp::kMax ? std::max(acc, v) : acc + v;
+    }
+    const auto r = static_cast<int32_t>(acc);
+    std::memcpy(bytes.data(), &r, sizeof(r));
+    return bytes;
+  }
+  float acc = values[0];
+  for (size_t j = 1; j < values.size(); ++j) {
+    acc = op == ReduceOp::kMax ? std::max(acc, values[j]) : acc + values[j];
+  }
+  if (op == ReduceOp::kAverage) acc = acc / static_cast<float>(values.size());
+  if (dtype == DType::kBFloat16) {
+    const BFloat16 h = BFloat16::FromFloat(acc);
+    std::memcpy(bytes.data(), &h, sizeof(h));
+  } else {
+    std::memcpy(bytes.data(), &acc, sizeof(acc));
+  }
+  return bytes;
+}
+
+std::string ElementBytes(const Tensor& t, int64_t i) {
+  const int64_t e = core::DTypeSize(t.dtype());
+  return std::string(static_cast<const char*>(t.raw_data()) + i * e, static_cast<size_t>(e));
+}
+
+bool SameBytes(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() &&
+         (a.nbytes() == 0 || std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0);
+}
+
+// In a rank function: records a failure and ends the rank (its peers then fail fast).
+#define EXPECT_OR_RETURN(cond, msg)                               \
+  do {                                                            \
+    if (!(cond)) {                                                \
+      ADD_FAILURE() << #cond << ": " << msg;                      \
+      return absl::InternalError(absl::StrCat("check failed: ", #cond)); \
+    }                                                             \
+  } while (0)
+
+std::string Case(const char* what, DType dtype, ReduceOp op, int64_t k, bool flag) {
+  return absl::StrCat(what, " ", core::DTypeName(dtype), " ", ReduceOpName(op), " k=", k,
+                      " flag=", flag);
+}
+
+// Every collective, both backends, every case; `shm` and `gloo` are this rank's groups.
+absl::Status RunMatrix(int rank, int n, ProcessGroup& shm, ProcessGroup& gloo) {
+  const int64_t several = 3 * kSlot / 4 + 123;  // fp32 elements: 3 slots and a remainder
+  const std::vector<int64_t> sizes = {0, 1, 7, several};
+  int call = 0;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kInt32}) {
+    for (int64_t k : sizes) {
+      // AllGather: out of place and in place.
+      for (bool in_place : {false, true}) {
+        ++call;
+        const std::string c = Case("AllGather", dtype, ReduceOp::kSum, k, in_place);
+        Tensor in = Filled(k, dtype, [&](int64_t i) { return Inexact(rank, call, i); });
+        Tensor out_shm = Filled(n * k, dtype, [](int64_t) { return -1.0f; });
+        Tensor out_gloo = Copy(out_shm);
+        Tensor in_shm = in;
+        Tensor in_gloo = in;
+        if (in_place) {
+          in_shm = out_shm.View(rank * k, {k}).value();
+          in_gloo = out_gloo.View(rank * k, {k}).value();
+          std::memcpy(in_shm.raw_data(), in.raw_data(), in.nbytes());
+          std::memcpy(in_gloo.raw_data(), in.raw_data(), in.nbytes());
+        }
+        RETURN_IF_ERROR(Finish(shm.AllGather(in_shm, out_shm, AllGatherOptions{})));
+        RETURN_IF_ERROR(Finish(gloo.AllGather(in_gloo, out_gloo, AllGatherOptions{})));
+        EXPECT_OR_RETURN(SameBytes(out_shm, out_gloo), c);
+        for (int r = 0; r < n; ++r) {
+          Tensor theirs = Filled(k, dtype, [&](int64_t i) { return Inexact(r, call, i); });
+          for (int64_t i = 0; i < k; ++i) {
+            EXPECT_OR_RETURN(ElementBytes(out_shm, r * k + i) == ElementBytes(theirs, i),
+                             c << " rank " << r << " element " << i);
+          }
+        }
+      }
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
+        if (dtype == DType::kInt32 && op == ReduceOp::kAverage) continue;
+        // ReduceScatter: out of place and in place (output is the own chunk of input).
+        for (bool in_place : {false, true}) {
+          ++call;
+          const std::string c = Case("ReduceScatter", dtype, op, k, in_place);
+          Tensor in_shm = Filled(n * k, dtype, [&](int64_t i) { return Inexact(rank, call, i); });
+          Tensor in_gloo = Copy(in_shm);
+          Tensor out_shm =
+              in_place ? in_shm.View(rank * k, {k}).value() : Tensor::Zeros({k}, dtype);
+          Tensor out_gloo =
+              in_place ? in_gloo.View(rank * k, {k}).value() : Tensor::Zeros({k}, dtype);
+          ReduceScatterOptions o;
+          o.reduce_op = op;
+          RETURN_IF_ERROR(Finish(shm.ReduceScatter(in_shm, out_shm, o)));
+          RETURN_IF_ERROR(Finish(gloo.ReduceScatter(in_gloo, out_gloo, o)));
+          EXPECT_OR_RETURN(SameBytes(out_shm, out_gloo), c);
+          std::vector<Tensor> inputs;
+          for (int r = 0; r < n; ++r) {
+            inputs.push_back(
+                Filled(n * k, dtype, [&](int64_t i) { return Inexact(r, call, i); }));
+          }
+          for (int64_t i = 0; i < k; ++i) {
+            std::vector<float> values;
+            for (int r = 0; r < n; ++r) values.push_back(At(inputs[r], rank * k + i));
+            EXPECT_OR_RETURN(ElementBytes(out_shm, i) == Reduce(dtype, op, values),
+                             c << " element " << i << " got " << At(out_shm, i));
+          }
+        }
+        // AllReduce: inexact inputs against the rank-order value; exact ones against gloo.
+        for (bool exact : {false, true}) {
+          ++call;
+          const std::string c = Case("AllReduce", dtype, op, k, exact);
+          const auto f = exact ? Exact : Inexact;
+          Tensor t_shm = Filled(k, dtype, [&](int64_t i) { return f(rank, call, i); });
+          Tensor t_gloo = Copy(t_shm);
+          AllReduceOptions o;
+          o.reduce_op = op;
+          RETURN_IF_ERROR(Finish(shm.AllReduce(t_shm, o)));
+          if (exact) {
+            RETURN_IF_ERROR(Finish(gloo.AllReduce(t_gloo, o)));
+            EXPECT_OR_RETURN(SameBytes(t_shm, t_gloo), c);
+          }
+          std::vector<Tensor> inputs;
+          for (int r = 0; r < n; ++r) {
+            inputs.push_back(Filled(k, dtype, [&](int64_t i) { return f(r, call, i); }));
+          }
+          for (int64_t i = 0; i < k; ++i) {
+            std::vector<float> values;
+            for (int r = 0; r < n; ++r) values.push_back(At(inputs[r], i));
+            EXPECT_OR_RETURN(ElementBytes(t_shm, i) == Reduce(dtype, op, values),
+                             c << " element " << i << " got " << At(t_shm, i));
+          }
+        }
+      }
+      // Broadcast from the first and the last rank.
+      for (int root : {0, n - 1}) {
+        ++call;
+        const std::string c = Case("Broadcast", dtype, ReduceOp::kSum, k, root != 0);
+        Tensor t_shm = Filled(k, dtype, [&](int64_t i) { return Inexact(rank, call, i); });
+        Tensor t_gloo = Copy(t_shm);
+        BroadcastOptions o;
+        o.root = root;
+        RETURN_IF_ERROR(Finish(shm.Broadcast(t_shm, o)));
+        RETURN_IF_ERROR(Finish(gloo.Broadcast(t_gloo, o)));
+        EXPECT_OR_RETURN(SameBytes(t_shm, t_gloo), c);
+        Tensor want = Filled(k, dtype, [&](int64_t i) { return Inexact(root, call, i); });
+        EXPECT_OR_RETURN(SameBytes(t_shm, want), c);
+      }
+    }
+  }
+  RETURN_IF_ERROR(Finish(shm.Barrier(BarrierOptions{})));
+  return absl::OkStatus();
+}
+
+class ShmCollectivesTest : public ::testing::TestWithParam<int> {
+ protected:
+  int n() const { return GetParam(); }
+};
+
+TEST_P(ShmCollectivesTest, EveryCollectiveMatchesTheReferenceAndGlooBitwise) {
+  const int n = this->n();
+  absl::Status s = RunThreadRanks(n, [&](RankContext& ctx) -> absl::Status {
+    ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, ctx.rank, n, Shm()));
+    EXPECT_EQ(shm->backend_name(), "shm");
+    EXPECT_EQ(shm->rank(), ctx.rank);
+    EXPECT_EQ(shm->size(), n);
+    return RunMatrix(ctx.rank, n, *shm, *ctx.group);
+  }, Options());
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST_P(ShmCollectivesTest, ByteCountersEqualExpectedTraffic) {
+  const int n = this->n();
+  absl::Status s = RunThreadRanks(n, [&](RankContext& ctx) -> absl::Status {
+    ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, ctx.rank, n, Shm()));
+    const int64_t k = 3000;
+    Tensor in = Tensor::Zeros({k});
+    Tensor full = Tensor::Zeros({n * k});
+    RETURN_IF_ERROR(Finish(shm->AllGather(in, full, AllGatherOptions{})));
+    RETURN_IF_ERROR(Finish(shm->ReduceScatter(full, in, ReduceScatterOptions{})));
+    Tensor odd = Tensor::Zeros({1001}, DType::kBFloat16);
+    RETURN_IF_ERROR(Finish(shm->AllReduce(odd, AllReduceOptions{})));
+    BroadcastOptions b;
+    b.root = n - 1;
+    RETURN_IF_ERROR(Finish(shm->Broadcast(odd, b)));
+    RETURN_IF_ERROR(Finish(shm->Barrier(BarrierOptions{})));
+    const CommStats stats = shm->Stats();
+    const auto expect = [&](CollectiveKind kind, const Traffic& t) {
+      EXPECT_EQ(stats.of(kind).calls, 1) << CollectiveKindName(kind);
+      EXPECT_EQ(stats.of(kind).bytes_sent, t.sent) << CollectiveKindName(kind);
+      EXPECT_EQ(stats.of(kind).bytes_received, t.received) << CollectiveKindName(kind);
+    };
+    expect(CollectiveKind::kAllGather,
+           ExpectedTraffic(CollectiveKind::kAllGather, full.nbytes(), n, ctx.rank));
+    expect(CollectiveKind::kReduceScatter,
+           ExpectedTraffic(CollectiveKind::kReduceScatter, full.nbytes(), n, ctx.rank));
+    expect(CollectiveKind::kAllReduce,
+           ExpectedTraffic(CollectiveKind::kAllReduce, odd.nbytes(), n, ctx.rank));
+    expect(CollectiveKind::kBroadcast,
+           ExpectedTraffic(CollectiveKind::kBroadcast, odd.nbytes(), n, ctx.rank, n - 1));
+    expect(CollectiveKind::kBarrier, Traffic{});
+    shm->ResetStats();
+    EXPECT_EQ(shm->Stats().Total().calls, 0);
+    return absl::OkStatus();
+  }, Options());
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST_P(ShmCollectivesTest, SubgroupsReduceAmongTheirMembersOnly) {
+  const int n = this->n();
+  ThreadRanksOptions opts = Options();
+  opts.create_group = false;
+  absl::Status s = RunThreadRanks(n, [&](RankContext& ctx) -> absl::Status {
+    ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, ctx.rank, n, Shm()));
+    // Even ranks and odd ranks.
+    std::vector<int> even, odd;
+    for (int r = 0; r < n; ++r) (r % 2 == 0 ? even : odd).push_back(r);
+    auto mine = shm->NewSubgroup(even, SubgroupOptions{});
+    auto other = shm->NewSubgroup(odd, SubgroupOptions{});
+    if (ctx.rank % 2 == 1) std::swap(mine, other);
+    EXPECT_EQ(other.status().code(), absl::StatusCode::kNotFound) << other.status();
+    RETURN_IF_ERROR(mine.status());
+    std::shared_ptr<ProcessGroup> sub = *mine;
+    EXPECT_EQ(sub->backend_name(), "shm");
+    Tensor t = Tensor::Zeros({5000});
+    t.Fill(static_cast<float>(ctx.rank + 1));
+    RETURN_IF_ERROR(Finish(sub->AllReduce(t, AllReduceOptions{})));
+    float want = 0;
+    for (int r = ctx.rank % 2; r < n; r += 2) want += static_cast<float>(r + 1);
+    for (int64_t i = 0; i < t.numel(); i += 777) EXPECT_EQ(t.data<float>()[i], want) << i;
+    return absl::OkStatus();
+  }, opts);
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// Outputs of at least 4 MiB go through the streaming (non-temporal) copies and the
+// fp32 streaming reduction (NOTE [Streaming copies]); the same checks at that size, with
+// the default slot size.
+TEST_P(ShmCollectivesTest, LargeCollectivesStreamAndKeepTheBits) {
+  const int n = this->n();
+  absl::Status s = RunThreadRanks(n, [&](RankContext& ctx) -> absl::Status {
+    const int rank = ctx.rank;
+    ShmOptions o = Shm();
+    o.slot_bytes = ShmOptions().slot_bytes;
+    ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, rank, n, o));
+    ProcessGroup& gloo = *ctx.group;
+    // Per-rank elements: a reduce-scatter output of more than 4 MiB in fp32, and an odd
+    // count so pieces end in a remainder.
+    const int64_t k = (int64_t{4} << 20) / 4 + 1027;
+    int call = 1000;
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      ++call;
+      {
+        Tensor in = Filled(k, dtype, [&](int64_t i) { return Inexact(rank, call, i); });
+        Tensor out_shm = Tensor::Zeros({n * k}, dtype);
+        Tensor out_gloo = Tensor::Zeros({n * k}, dtype);
+        RETURN_IF_ERROR(Finish(shm->AllGather(in, out_shm, AllGatherOptions{})));
+        RETURN_IF_ERROR(Finish(gloo.AllGather(in, out_gloo, AllGatherOptions{})));
+        EXPECT_OR_RETURN(SameBytes(out_shm, out_gloo),
+                         "large AllGather " << core::DTypeName(dtype));
+        Tensor own = out_shm.View(rank * k, {k}).value();
+        EXPECT_OR_RETURN(SameBytes(own, in), "large AllGather own block");
+      }
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
+        ++call;
+        Tensor in = Filled(n * k, dtype, [&](int64_t i) { return Inexact(rank, call, i); });
+        Tensor out_shm = Tensor::Zeros({k}, dtype);
+        Tensor out_gloo = Tensor::Zeros({k}, dtype);
+        ReduceScatterOptions rs;
+        rs.reduce_op = op;
+        RETURN_IF_ERROR(Finish(shm->ReduceScatter(in, out_shm, rs)));
+        RETURN_IF_ERROR(Finish(gloo.ReduceScatter(in, out_gloo, rs)));
+        EXPECT_OR_RETURN(SameBytes(out_shm, out_gloo),
+                         "large ReduceScatter " << core::DTypeName(dtype) << " "
+                                                << ReduceOpName(op));
+        // Spot checks against the rank-order reference.
+        for (int64_t i : {int64_t{0}, k / 3, k - 1}) {
+          std::vector<float> values;
+          for (int r = 0; r < n; ++r) {
+            values.push_back(At(Filled(1, dtype,
+                                       [&](int64_t) { return Inexact(r, call, rank * k + i); }),
+                                0));
+          }
+          EXPECT_OR_RETURN(ElementBytes(out_shm, i) == Reduce(dtype, op, values),
+                           "large ReduceScatter element " << i);
+        }
+        // All-reduce of the same input (integer-valued, so gloo's order gives the same
+        // bits) over a size that does not divide by n.
+        ++call;
+        Tensor t_shm = Filled(n * k + 1, dtype, [&](int64_t i) { return Exact(rank, call, i); });
+        Tensor t_gloo = Copy(t_shm);
+        AllReduceOptions ar;
+        ar.reduce_op = op;
+        RETURN_IF_ERROR(Finish(shm->AllReduce(t_shm, ar)));
+        RETURN_IF_ERROR(Finish(gloo.AllReduce(t_gloo, ar)));
+        EXPECT_OR_RETURN(SameBytes(t_shm, t_gloo),
+                         "large AllReduce " << core::DTypeName(dtype) << " " << ReduceOpName(op));
+      }
+      ++call;
+      Tensor b_shm = Filled(n * k, dtype, [&](int64_t i) { return Inexact(rank, call, i); });
+      BroadcastOptions bo;
+      bo.root = n - 1;
+      RETURN_IF_ERROR(Finish(shm->Broadcast(b_shm, bo)));
+      Tensor want = Filled(n * k, dtype, [&](int64_t i) { return Inexact(n - 1, call, i); });
+      EXPECT_OR_RETURN(SameBytes(b_shm, want), "large Broadcast");
+    }
+    return absl::OkStatus();
+  }, Options());
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ShmCollectivesTest, ::testing::Values(2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return absl::StrCat("N", info.param);
+                         });
+
+TEST(ShmSingleRankTest, AGroupOfOneCopiesAndMovesNothing) {
+  auto shm = ShmProcessGroup::Create(std::make_shared<HashStore>(), 0, 1, Shm());
+  ASSERT_TRUE(shm.ok()) << shm.status();
+  Tensor in = Tensor::FromVector({1, 2, 3}, {3}).value();
+  Tensor out = Tensor::Zeros({3});
+  ASSERT_TRUE(Finish((*shm)->AllGather(in, out, AllGatherOptions{})).ok());
+  EXPECT_EQ(out.ToVector(), (std::vector<float>{1, 2, 3}));
+  Tensor rs = Tensor::Zeros({3});
+  ReduceScatterOptions avg;
+  avg.reduce_op = ReduceOp::kAverage;
+  ASSERT_TRUE(Finish((*shm)->ReduceScatter(in, rs, avg)).ok());
+  EXPECT_EQ(rs.ToVector(), (std::vector<float>{1, 2, 3}));
+  ASSERT_TRUE(Finish((*shm)->AllReduce(in, AllReduceOptions{})).ok());
+  EXPECT_EQ(in.ToVector(), (std::vector<float>{1, 2, 3}));
+  ASSERT_TRUE(Finish((*shm)->Barrier(BarrierOptions{})).ok());
+  EXPECT_EQ((*shm)->Stats().Total().bytes_sent, 0);
+  EXPECT_EQ((*shm)->Stats().of(CollectiveKind::kAllGather).calls, 1);
+}
+
+// Entries of /dev/shm that segments of this process would have: the backend's prefix
+// and this pid (other test processes may run at the same time).
+std::set<std::string> ShmEntries() {
+  std::set<std::string> names;
+  const std::string mine = absl::StrCat(kShmSegmentPrefix, getpid(), "_");
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) {
+      if (absl::StartsWith(e->d_name, mine)) names.insert(e->d_name);
+    }
+    closedir(d);
+  }
+  return names;
+}
+
+TEST(ShmCreateTest, NoSegmentIsLeftInDevShmOnceCreateReturns) {
+  auto names = std::make_shared<std::vector<std::string>>(3);
+  absl::Status s = RunThreadRanks(3, [names](RankContext& ctx) -> absl::Status {
+    ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, ctx.rank, 3, Shm()));
+    (*names)[ctx.rank] = shm->segment_name();
+    // Every rank returns from Create after rank 0 unlinked the name.
+    EXPECT_EQ(ShmEntries().count(shm->segment_name().substr(1)), 0u) << shm->segment_name();
+    RETURN_IF_ERROR(Finish(shm->Barrier(BarrierOptions{})));
+    return absl::OkStatus();
+  }, [] {
+    ThreadRanksOptions o = Options();
+    o.create_group = false;
+    return o;
+  }());
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ((*names)[0], (*names)[1]);
+  EXPECT_EQ((*names)[0], (*names)[2]);
+  EXPECT_TRUE(absl::StartsWith((*names)[0], absl::StrCat("/", kShmSegmentPrefix)));
+  EXPECT_EQ(ShmEntries().count((*names)[0].substr(1)), 0u);
+}
+
+TEST(ShmCreateTest, RankThatNeverJoinsIsDeadlineExceededAndLeavesNoSegment) {
+  const std::set<std::string> before = ShmEntries();
+  auto store = std::make_shared<HashStore>();
+  ShmOptions o = Shm();
+  o.rendezvous_timeout = absl::Milliseconds(300);
+  const absl::Time start = absl::Now();
+  auto g = ShmProcessGroup::Create(store, 0, 2, o);  // rank 1 never comes
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kDeadlineExceeded) << g.status();
+  EXPECT_NE(g.status().message().find("shm group 'shm' (rank 0 of 2)"), std::string::npos)
+      << g.status();
+  EXPECT_NE(g.status().message().find("ranks 1 did not attach"), std::string::npos)
+      << g.status();
+  EXPECT_EQ(ShmEntries(), before);
+  // And a rank whose rank 0 never comes.
+  auto lone = ShmProcessGroup::Create(std::make_shared<HashStore>(), 1, 2, o);
+  EXPECT_EQ(lone.status().code(), absl::StatusCode::kDeadlineExceeded) << lone.status();
+  EXPECT_NE(lone.status().message().find("rank 0"), std::string::npos) << lone.status();
+}
+
+TEST(ShmCreateTest, BadArgumentsAreInvalidArgument) {
+  auto store = std::make_shared<HashStore>();
+  const auto code = [](const absl::StatusOr<std::shared_ptr<ShmProcessGroup>>& g) {
+    return g.status().code();
+  };
+  EXPECT_EQ(code(ShmProcessGroup::Create(nullptr, 0, 1, Shm())),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(ShmProcessGroup::Create(store, 2, 2, Shm())), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(ShmProcessGroup::Create(store, -1, 2, Shm())), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(ShmProcessGroup::Create(store, 0, 0, Shm())), absl::StatusCode::kInvalidArgument);
+  ShmOptions odd = Shm();
+  odd.slot_bytes = 5000;
+  auto g = ShmProcessGroup::Create(store, 0, 1, odd);
+  EXPECT_EQ(code(g), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(g.status().message().find("slot_bytes"), std::string::npos) << g.status();
+  ShmOptions no_time = Shm();
+  no_time.rendezvous_timeout = absl::ZeroDuration();
+  EXPECT_EQ(code(ShmProcessGroup::Create(store, 0, 1, no_time)),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ShmCreateTest, MismatchedSlotBytesFailsEveryRankAtOnceNamingIt) {
+  ThreadRanksOptions opts = Options();
+  opts.create_group = false;
+  absl::Status s = RunThreadRanks(3, [](RankContext& ctx) -> absl::Status {
+    ShmOptions o = Shm();
+    o.rendezvous_timeout = absl::Seconds(30);
+    if (ctx.rank == 1) o.slot_bytes = 2 * kSlot;
+    const absl::Time start = absl::Now();
+    auto g = ShmProcessGroup::Create(ctx.store, ctx.rank, 3, o);
+    // Rank 1's error reaches the others through the store, long before the 30 s timeout.
+    EXPECT_LT(absl::Now() - start, absl::Seconds(15)) << g.status();
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kFailedPrecondition) << g.status();
+    EXPECT_NE(g.status().message().find("slot_bytes"), std::string::npos) << g.status();
+    if (ctx.rank == 0) {
+      EXPECT_NE(g.status().message().find("ranks 1 could not attach"), std::string::npos)
+          << g.status();
+      EXPECT_EQ(CulpritRanks(g.status()), std::vector<int>{1}) << g.status();
+    }
+    if (ctx.rank == 2) {
+      EXPECT_NE(g.status().message().find("rank 0 gave up"), std::string::npos) << g.status();
+    }
+    return absl::OkStatus();
+  }, opts);
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(ShmValidationTest, BadArgumentsAreInvalidArgumentNamingCollectiveAndGroup) {
+  ThreadRanksOptions opts = Options();
+  opts.create_group = false;
+  absl::Status s = RunThreadRanks(2, [&](RankContext& ctx) -> absl::Status {
+    ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, ctx.rank, 2, Shm("world")));
+    ProcessGroup& g = *shm;
+    auto expect_invalid = [&](absl::StatusOr<std::shared_ptr<Work>> w, const std::string& kind,
+                              const std::string& detail) {
+      EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument)
+          << kind << ": " << w.status();
+      EXPECT_NE(w.status().message().find(kind), std::string::npos) << w.status();
+      EXPECT_NE(w.status().message().find("shm group 'world'"), std::string::npos) << w.status();
+      EXPECT_NE(w.status().message().find(detail), std::string::npos) << w.status();
+    };
+    Tensor in = Tensor::Zeros({3});
+    expect_invalid(g.AllGather(in, Tensor::Zeros({5}), AllGatherOptions{}), "AllGather", "5");
+    Tensor out = Tensor::Zeros({6});
+    expect_invalid(g.AllGather(out.View(ctx.rank == 0 ? 3 : 0, {3}).value(), out,
+                               AllGatherOptions{}),
+                   "AllGather", "overlaps");
+    expect_invalid(g.ReduceScatter(Tensor::Zeros({7}), in, ReduceScatterOptions{}),
+                   "ReduceScatter", "7");
+    ReduceScatterOptions avg;
+    avg.reduce_op = ReduceOp::kAverage;
+    expect_invalid(g.ReduceScatter(Tensor::Zeros({6}, DType::kInt32),
+                                   Tensor::Zeros({3}, DType::kInt32), avg),
+                   "ReduceScatter", "average");
+    BroadcastOptions bad_root;
+    bad_root.root = 2;
+    expect_invalid(g.Broadcast(in, bad_root), "Broadcast", "root 2");
+    BarrierOptions no_time;
+    no_time.timeout = absl::ZeroDuration();
+    expect_invalid(g.Barrier(no_time), "Barrier", "timeout");
+    // A tensor on cuda:0 (host memory labelled cuda:0, so this runs in a CPU build).
+    struct HostSource : core::SegmentSource {
+      absl::StatusOr<void*> Allocate(int64_t n) override { return std::aligned_alloc(512, n); }
+      void Free(void* p, int64_t) override { std::free(p); }
+      std::string Describe() const override { return "host-backed cuda:0"; }
+    };
+    auto cuda = std::make_shared<core::Allocator>(core::Device::Cuda(0),
+                                                  std::make_unique<HostSource>());
+    Tensor d;
+    {
+      core::ScopedAllocator scope(cuda);
+      d = Tensor::Empty({6}, DType::kFloat32, core::MemoryTag::kOther, core::Device::Cuda(0));
+    }
+    expect_invalid(g.AllReduce(d, AllReduceOptions{}), "AllReduce", "cuda:0");
+    expect_invalid(g.AllGather(in, d, AllGatherOptions{}), "AllGather", "cuda:0");
+    d = Tensor();
+    // Nothing was sent, so the group still works.
+    RETURN_IF_ERROR(Finish(g.AllReduce(in, AllReduceOptions{})));
+    return absl::OkStatus();
+  }, opts);
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(ShmFaultTest, CollectiveARankNeverIssuesTimesOutAndBreaksTheGroup) {
+  ThreadRanksOptions opts = Options();
+  opts.create_group = false;
+  absl::Status s = RunThreadRanks(3, [&](RankContext& ctx) -> absl::Status {
+    ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, ctx.rank, 3, Shm("world")));
+    if (ctx.rank == 2) {
+      // Never issues the collective; keeps its group until the others are done.
+      return ctx.store->Wait({"done/0", "done/1"}, absl::Seconds(60));
+    }
+    AllGatherOptions o;
+    o.timeout = absl::Milliseconds(300);
+    Tensor in = Tensor::Zeros({5000});
+    Tensor out = Tensor::Zeros({15000});
+    const absl::Time start = absl::Now();
+    ASSIGN_OR_RETURN(auto work, shm->AllGather(in, out, o));
+    absl::Status got = work->Wait(kTimeout);
+    const absl::Duration took = absl::Now() - start;
+    EXPECT_EQ(got.code(), absl::StatusCode::kDeadlineExceeded) << got;
+    EXPECT_NE(got.message().find("AllGather"), std::string::npos) << got;
+    EXPECT_NE(got.message().find("shm group 'world'"), std::string::npos) << got;
+    EXPECT_NE(got.message().find("300ms"), std::string::npos) << got;
+    EXPECT_NE(got.message().find("rank 2"), std::string::npos) << got;
+    EXPECT_TRUE(IsSecondary(got)) << got;
+    EXPECT_EQ(CulpritRanks(got), std::vector<int>{2}) << got;
+    EXPECT_GE(took, absl::Milliseconds(250));
+    EXPECT_LT(took, absl::Seconds(20));
+    absl::StatusOr<std::shared_ptr<Work>> after = shm->Barrier(BarrierOptions{});
+    EXPECT_EQ(after.status().code(), absl::StatusCode::kFailedPrecondition) << after.status();
+    EXPECT_NE(after.status().message().find(std::string(got.message())), std::string::npos)
+        << after.status();
+    return ctx.store->Set(absl::StrCat("done/", ctx.rank), "1");
+  }, opts);
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(ShmFaultTest, PeerThatDestroysItsGroupMakesTheOthersFailFastNamingIt) {
+  ThreadRanksOptions opts = Options();
+  opts.create_group = false;
+  absl::Status s = RunThreadRanks(3, [&](RankContext& ctx) -> absl::Status {
+    ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, ctx.rank, 3, Shm("world")));
+    Tensor t = Tensor::Zeros({3000});
+    for (int i = 0; i < 3; ++i) RETURN_IF_ERROR(Finish(shm->AllReduce(t, AllReduceOptions{})));
+    if (ctx.rank == 1) {
+      shm.reset();  // leaves the group
+      return absl::OkStatus();
+    }
+    AllReduceOptions o;
+    o.timeout = absl::Seconds(30);
+    const absl::Time start = absl::Now();
+    ASSIGN_OR_RETURN(auto work, shm->AllReduce(t, o));
+    absl::Status got = work->Wait(absl::Seconds(40));
+    EXPECT_EQ(got.code(), absl::StatusCode::kUnavailable) << got;
+    // Noticed at once, not at the 30 s deadline (10 s: slack for a loaded machine).
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << got;
+    EXPECT_NE(got.message().find("AllReduce"), std::string::npos) << got;
+    EXPECT_NE(got.message().find("rank 1"), std::string::npos) << got;
+    EXPECT_EQ(CulpritRanks(got), std::vector<int>{1}) << got;
+    return absl::OkStatus();
+  }, opts);
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(ShmWaitTest, AWaitingRankSleepsInsteadOfSpinning) {
+  // Rank 1 issues its all-reduce 500 ms after rank 0: rank 0's worker must not burn
+  // that time on the CPU (NOTE [Waiting]). Process CPU time covers all threads, so
+  // measure it around the wait, with rank 1's thread idle (sleeping) meanwhile.
+  ThreadRanksOptions opts = Options();
+  opts.create_group = false;
+  absl::Status s = RunThreadRanks(2, [&](RankContext& ctx) -> absl::Status {
+    ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, ctx.rank, 2, Shm("world")));
+    Tensor t = Tensor::Zeros({100});
+    RETURN_IF_ERROR(Finish(shm->Barrier(BarrierOptions{})));
+    if (ctx.rank == 1) {
+      absl::SleepFor(absl::Milliseconds(500));
+      return Finish(shm->AllReduce(t, AllReduceOptions{}));
+    }
+    const clock_t cpu0 = clock();
+    const absl::Time start = absl::Now();
+    RETURN_IF_ERROR(Finish(shm->AllReduce(t, AllReduceOptions{})));
+    const double cpu_s = static_cast<double>(clock() - cpu0) / CLOCKS_PER_SEC;
+    const absl::Duration wall = absl::Now() - start;
+    EXPECT_GE(wall, absl::Milliseconds(400));
+    // A spinning waiter would use about as much CPU as wall time.
+    EXPECT_LT(cpu_s, 0.25 * absl::ToDoubleSeconds(wall)) << "cpu " << cpu_s << " s";
+    return absl::OkStatus();
+  }, opts);
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+}  // namespace
+}  // namespace comm
