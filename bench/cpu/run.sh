@@ -3,7 +3,8 @@
 # (bench/cpu/README.md). From a fresh clone, after tools/setup.sh:
 #
 #   bash bench/cpu/run.sh             # full: 3 configs x 3 strategy pairs x 3 runs a side,
-#                                     # then 1 rank x 2 threads vs 2 x 1 (--scaling=false: not)
+#                                     # then FULL_SHARD over gloo vs shm (--backends=false: not)
+#                                     # and 1 rank x 2 threads vs 2 x 1 (--scaling=false: not)
 #   bash bench/cpu/run.sh --quick     # smoke test: first config, FULL_SHARD vs FSDP2, 1 run
 #   bash bench/cpu/run.sh --steps=30 --runs=5 --configs=2 --pairs=NO_SHARD
 #

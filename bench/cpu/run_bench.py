@@ -16,6 +16,10 @@ wrapping and checkpointing excluded on both sides; PyTorch's first step, where F
 initialises lazily, excluded too: bench/cpu/torch_gpt.py). The PyTorch ranks start once
 and serve every run (torch_gpt.TorchRanks); each of our runs is one main_job.
 
+Backends (--backends=false skips it): for each config, our FULL_SHARD over gloo (the
+default) and over shared memory (--backend=shm), runs interleaved, printed as "backends":
+tokens/s of each, the ratio shm / gloo and shm over PyTorch FSDP2's median from the results.
+
 Scaling (issue 12 item 4; --scaling=false skips it): for each config, FULL_SHARD vs FSDP2
 on 1 rank x 2 intra-op threads and on 2 ranks x 1 thread (the latter taken from the main
 results when they ran exactly that), printed as "scaling": tokens/s of each layout, the
@@ -60,13 +64,14 @@ def thread_env(threads):
     return env
 
 
-def run_ours(args, c, strategy, steps, run_index, world_size=None, threads=None):
+def run_ours(args, c, strategy, steps, run_index, world_size=None, threads=None,
+             backend="auto"):
     world_size = world_size or args.world_size
     threads = threads or args.threads
     out_dir = os.path.join(args.out, f"ours_{c['V']}_{c['T']}_{c['C']}_{strategy}_"
-                                     f"{world_size}x{threads}_{run_index}")
+                                     f"{world_size}x{threads}_{backend}_{run_index}")
     cmd = [args.main_job, f"--world_size={world_size}", f"--intra_op_threads={threads}",
-           f"--strategy={strategy}",
+           f"--strategy={strategy}", f"--backend={backend}",
            "--stages=fit", "--release=false", f"--steps={steps}", f"--batch_size={c['B']}",
            f"--seq_len={c['T']}", f"--block_size={c['T']}", f"--vocab_size={c['V']}",
            f"--n_embd={c['C']}", f"--n_layer={c['L']}", f"--n_head={c['H']}",
@@ -82,7 +87,7 @@ def run_ours(args, c, strategy, steps, run_index, world_size=None, threads=None)
     if s.get("intra_op_threads") != threads:
         raise RuntimeError(f"ours {strategy} {label(c)}: main_job ran {s.get('intra_op_threads')} "
                            f"intra-op threads, asked for {threads}")
-    return {"tokens_per_second": s["tokens_per_second"],
+    return {"tokens_per_second": s["tokens_per_second"], "backend": s.get("backend"),
             "gemm_library": s.get("gemm_library"),
             "memory_check": memory_check(s) if strategy == "FULL_SHARD" else None,
             "comm_overlap": s.get("comm_overlap"),
@@ -175,6 +180,35 @@ def run_scaling(args, c, steps, ranks, scaling_ranks, results):
     return entry
 
 
+def run_backends(args, c, steps, results):
+    """Our FULL_SHARD of config c over gloo and over shm, runs interleaved."""
+    gloo, shm = [], []
+    for i in range(args.runs):
+        gloo.append(run_ours(args, c, "FULL_SHARD", steps, i, backend="gloo"))
+        shm.append(run_ours(args, c, "FULL_SHARD", steps, i, backend="shm"))
+        if gloo[-1]["backend"] != "gloo" or shm[-1]["backend"] != "shm":
+            raise RuntimeError(f"backends {label(c)}: main_job ran {gloo[-1]['backend']} and "
+                               f"{shm[-1]['backend']}, asked for gloo and shm")
+        print(f"[bench] backends {label(c)}: FULL_SHARD gloo {gloo[-1]['tokens_per_second']:.0f}"
+              f" vs shm {shm[-1]['tokens_per_second']:.0f} tokens/s (load {load()[0]})",
+              file=sys.stderr, flush=True)
+    g = statistics.median(r["tokens_per_second"] for r in gloo)
+    m = statistics.median(r["tokens_per_second"] for r in shm)
+    fsdp2 = [r["pytorch"]["tokens_per_second_median"] for r in results
+             if r["config"] == label(c) and r["steps"] == steps
+             and r["pytorch"]["strategy"] == "FSDP2"]
+    return {"config": label(c), "steps": steps, "strategy": "FULL_SHARD",
+            "gloo_tokens_per_second_median": g,
+            "gloo_tokens_per_second_runs": [r["tokens_per_second"] for r in gloo],
+            "shm_tokens_per_second_median": m,
+            "shm_tokens_per_second_runs": [r["tokens_per_second"] for r in shm],
+            "ratio_shm_over_gloo": m / g if g > 0 else None,
+            "ratio_shm_over_pytorch_fsdp2": m / fsdp2[0] if fsdp2 and fsdp2[0] > 0 else None,
+            "comm_overlap_shm_runs": [r["comm_overlap"] for r in shm],
+            "load_average_per_run": [[r["load_before"], r["load_after"]]
+                                     for pair in zip(gloo, shm) for r in pair]}
+
+
 def cpu_model():
     with open("/proc/cpuinfo") as f:
         text = f.read()
@@ -201,6 +235,9 @@ def main():
     p.add_argument("--scaling", default="true", choices=["true", "false"],
                    help="also run FULL_SHARD vs FSDP2 on 1 rank x 2 threads and 2 ranks x 1 "
                         "thread per config (the JSON's 'scaling')")
+    p.add_argument("--backends", default="true", choices=["true", "false"],
+                   help="also run our FULL_SHARD over gloo and over shm, interleaved, per "
+                        "config (the JSON's 'backends')")
     p.add_argument("--configs", default="0,1,2", help="indices into the config table")
     p.add_argument("--pairs", default="FULL_SHARD,NO_SHARD,SHARD_GRAD_OP",
                    help="our strategies to run (each against its PyTorch counterpart)")
@@ -289,6 +326,8 @@ def main():
         if "FULL_SHARD" in per_strategy and "NO_SHARD" in per_strategy:
             doc.setdefault("full_shard_step_time_over_no_shard", {})[label(c)] = (
                 per_strategy["NO_SHARD"] / per_strategy["FULL_SHARD"])
+        if args.backends == "true":
+            doc.setdefault("backends", []).append(run_backends(args, c, steps, doc["results"]))
         if args.scaling == "true":
             doc.setdefault("scaling", []).append(
                 run_scaling(args, c, steps, ranks, scaling_ranks, doc["results"]))

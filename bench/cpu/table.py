@@ -5,7 +5,9 @@
 One row per config: median tokens/s of each side and the ratio ours / PyTorch for each
 strategy pair found, then the load average the runs saw. When the documents have a
 "scaling" section, a second table: FULL_SHARD vs FSDP2 on 1 rank x 2 threads and on
-2 ranks x 1 thread, with the ratios.
+2 ranks x 1 thread, with the ratios. With a "backends" section, a table of our FULL_SHARD
+over gloo and over shm. Last, the targets: FULL_SHARD's step time over NO_SHARD's and its
+peak memory against the two bounds.
 """
 import json
 import sys
@@ -27,9 +29,26 @@ def scaling_table(entries):
               f" {r['1x2']:.2f} | {r['2x1']:.2f} |")
 
 
+def backends_table(entries):
+    print()
+    print("| config (V T C L H B) | ours FULL_SHARD gloo | ours FULL_SHARD shm | shm / gloo | "
+          "shm / PyTorch FSDP2 | all-gather hidden (shm) |")
+    print("|---|---|---|---|---|---|")
+    for e in entries:
+        overlap = [o for o in e.get("comm_overlap_shm_runs", []) if o]
+        hidden = (sum(o["all_gather_hidden"] for o in overlap) / len(overlap)) if overlap else None
+        vs = e.get("ratio_shm_over_pytorch_fsdp2")
+        vs_text = f"{vs:.2f}" if vs is not None else "-"
+        hidden_text = f"{hidden:.0%}" if hidden is not None else "-"
+        print(f"| {e['config']} | {e['gloo_tokens_per_second_median']:,.0f} |"
+              f" {e['shm_tokens_per_second_median']:,.0f} | {e['ratio_shm_over_gloo']:.2f} |"
+              f" {vs_text} | {hidden_text} |")
+
+
 def main(paths):
     rows = {}
     scaling = {}
+    backends = {}
     for path in paths:
         with open(path) as f:
             doc = json.load(f)
@@ -37,6 +56,8 @@ def main(paths):
             rows.setdefault(r["config"], {})[r["ours"]["strategy"]] = r
         for e in doc.get("scaling", []):
             scaling[e["config"]] = e
+        for e in doc.get("backends", []):
+            backends[e["config"]] = e
     header = "| config (V T C L H B) |"
     sep = "|---|"
     for ours, theirs in PAIRS:
@@ -62,6 +83,8 @@ def main(paths):
         print(line)
     if scaling:
         scaling_table(scaling.values())
+    if backends:
+        backends_table(backends.values())
     targets_table(rows)
 
 
