@@ -1131,7 +1131,8 @@ absl::Status ShmProcessGroup::ReducePiece(core::DType dtype, ReduceOp op,
   if (!reduce_scratch_.defined() || reduce_scratch_.nbytes() < bytes) {
     reduce_scratch_ = core::Tensor();
     absl::StatusOr<core::Tensor> scratch = core::Tensor::Allocate(
-        {(SubSlotBytes(options_.slot_bytes, size_) + 3) / 4}, core::DType::kFloat32,
+        {(std::max(bytes, SubSlotBytes(options_.slot_bytes, size_)) + 3) / 4},
+        core::DType::kFloat32,
         core::MemoryTag::kComm);
     if (!scratch.ok()) return scratch.status();
     reduce_scratch_ = *std::move(scratch);
