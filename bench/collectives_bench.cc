@@ -17,8 +17,9 @@
 // shm ones through a shared-memory segment), each with its own group over one HashStore.
 // memcpy_GBps is bytes copied per second by one thread; with gloo on one host every
 // byte a rank receives is also copied at least once, so busbw stays below it; shm copies
-// each byte into a slot and out of it (busbw_over_memcpy, per op and size, says how close
-// a backend comes).
+// each byte into a slot and out of it with --shm_transport=slots, once (process_vm_readv
+// from the owner) with cma, the default where allowed (busbw_over_memcpy, per op and size,
+// says how close a backend comes).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -67,6 +68,11 @@ ABSL_FLAG(int64_t, shm_slot_bytes, comm::ShmOptions().slot_bytes,
           "--backend=shm with ranks as threads: ShmOptions.slot_bytes");
 ABSL_FLAG(int64_t, shm_spin_us, absl::ToInt64Microseconds(comm::ShmOptions().spin_time),
           "--backend=shm with ranks as threads: ShmOptions.spin_time, microseconds");
+ABSL_FLAG(std::string, shm_transport, "auto",
+          "--backend=shm: ShmOptions.transport, auto, slots or cma (with --from_env: a group of "
+          "that transport made beside the launcher's)");
+ABSL_FLAG(int64_t, shm_cma_min_bytes, comm::ShmOptions().cma_min_bytes,
+          "--backend=shm: ShmOptions.cma_min_bytes");
 
 namespace {
 
@@ -83,6 +89,8 @@ struct Flags {
   int warmup = 1;
   int64_t shm_slot_bytes = comm::ShmOptions().slot_bytes;
   int64_t shm_spin_us = absl::ToInt64Microseconds(comm::ShmOptions().spin_time);
+  comm::ShmTransport shm_transport = comm::ShmTransport::kAuto;
+  int64_t shm_cma_min_bytes = comm::ShmOptions().cma_min_bytes;
   absl::Duration timeout = absl::Seconds(120);
 };
 
@@ -98,6 +106,18 @@ absl::StatusOr<Flags> ParseFlags() {
   f.warmup = absl::GetFlag(FLAGS_warmup);
   f.shm_slot_bytes = absl::GetFlag(FLAGS_shm_slot_bytes);
   f.shm_spin_us = absl::GetFlag(FLAGS_shm_spin_us);
+  f.shm_cma_min_bytes = absl::GetFlag(FLAGS_shm_cma_min_bytes);
+  const std::string transport = absl::GetFlag(FLAGS_shm_transport);
+  if (transport == "auto") {
+    f.shm_transport = comm::ShmTransport::kAuto;
+  } else if (transport == "slots") {
+    f.shm_transport = comm::ShmTransport::kSlots;
+  } else if (transport == "cma") {
+    f.shm_transport = comm::ShmTransport::kCrossMemoryAttach;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "collectives_bench: --shm_transport must be auto, slots or cma, got ", transport));
+  }
   f.ops = absl::StrSplit(absl::GetFlag(FLAGS_ops), ',', absl::SkipEmpty());
   const auto at_least = [](const char* name, int64_t value, int64_t min) -> absl::Status {
     if (value >= min) return absl::OkStatus();
@@ -233,6 +253,8 @@ absl::StatusOr<std::shared_ptr<comm::ProcessGroup>> MakeThreadGroup(
     o.rendezvous_timeout = absl::Seconds(60);
     o.slot_bytes = f.shm_slot_bytes;
     o.spin_time = absl::Microseconds(f.shm_spin_us);
+    o.transport = f.shm_transport;
+    o.cma_min_bytes = f.shm_cma_min_bytes;
     ASSIGN_OR_RETURN(auto g, comm::ShmProcessGroup::Create(store, rank, f.nproc, o));
     return std::shared_ptr<comm::ProcessGroup>(g);
   }
@@ -274,6 +296,7 @@ int main(int argc, char** argv) {
   int world = f.nproc;
   int my_rank = 0;
   std::string device_name = "cpu";
+  std::string shm_transport_name;  // what the shm groups use
   if (f.from_env) {
     comm::InitOptions o;
     o.backend = f.backend == "nccl"  ? comm::Backend::kNccl
@@ -287,7 +310,25 @@ int main(int argc, char** argv) {
     world = d->group->size();
     my_rank = d->group->rank();
     device_name = d->device.ToString();
-    first_error = RunRank(*d->group, d->device, f, &rows);
+    std::shared_ptr<comm::ProcessGroup> group = d->group;
+    if (f.backend == "shm") {
+      // A group with the shm flags, beside the launcher's default one.
+      comm::ShmOptions o;
+      o.name = "bench_shm";
+      o.slot_bytes = f.shm_slot_bytes;
+      o.spin_time = absl::Microseconds(f.shm_spin_us);
+      o.transport = f.shm_transport;
+      o.cma_min_bytes = f.shm_cma_min_bytes;
+      absl::StatusOr<std::shared_ptr<comm::ShmProcessGroup>> g =
+          comm::ShmProcessGroup::Create(d->store, my_rank, world, o);
+      if (!g.ok()) {
+        std::fprintf(stderr, "collectives_bench: %s\n", g.status().ToString().c_str());
+        return 1;
+      }
+      shm_transport_name = (*g)->transport_name();
+      group = *g;
+    }
+    first_error = RunRank(*group, d->device, f, &rows);
     if (first_error.ok()) {
       first_error = Finish(d->group->Barrier(comm::BarrierOptions{}), f.timeout);
     }
@@ -305,6 +346,9 @@ int main(int argc, char** argv) {
         if (s.ok() && r == 0) {
           absl::MutexLock lock(&mu);
           device_name = device.ToString();
+          if (auto* shm = dynamic_cast<comm::ShmProcessGroup*>(g->get())) {
+            shm_transport_name = shm->transport_name();
+          }
         }
         if (g.ok() && s.ok()) s = Finish((*g)->Barrier(comm::BarrierOptions{}), f.timeout);
         absl::MutexLock lock(&mu);
@@ -327,6 +371,7 @@ int main(int argc, char** argv) {
   out["nproc"] = world;
   out["ranks_as"] = f.from_env ? "processes" : "threads";
   out["device"] = device_name;
+  if (f.backend == "shm") out["shm_transport"] = shm_transport_name;
   out["dtype"] = "float32";
   out["definitions"] =
       "nccl-tests: algbw = S/time (GB/s = 1e9 B/s); busbw = algbw*(n-1)/n for all_gather "

@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -26,7 +27,9 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "comm/failure.h"
 #include "comm/internal/reduce.h"
@@ -60,6 +63,29 @@
 // rank's control block has its pid and a state (active, failed, destroyed) that a rank
 // sets when a collective of its fails or its group goes away, with a wake-up of every
 // rank: a peer waiting on it then fails at once instead of at its deadline.
+//
+// NOTE [CMA transport]: with cross-memory attach a collective's bulk data does not go
+// through the slots: a rank stores, in its control block, the address (in its own
+// process) and byte length of the buffer its peers read (`buffer`, `buffer_bytes`), then
+// publishes the step; a peer that sees the step reads the address and copies straight
+// from the owner's process with process_vm_readv (retrying partial counts). Each CMA
+// collective is one step (all-reduce: two), and every owner waits at its end until each
+// peer's `consumed` counter says it has finished reading (WaitConsumed): only then may
+// its caller reuse the tensor, and only then does it overwrite `buffer` for the next
+// collective. The counters keep counting steps, so slot and CMA collectives mix freely
+// (the choice is a function of the sizes, the same on every rank).
+//   all-gather: publish the input; copy it to the own block of the output; read each
+//     peer's input into its block of the output.
+//   reduce-scatter: publish the input; for each piece of the own chunk (cma_piece_bytes_
+//     per peer, so the pieces of all peers stay in L2) read it from each peer into
+//     scratch, then reduce all ranks' pieces in rank order into the output (the same
+//     code, so the same bits, as the slots).
+//   all-reduce: publish the tensor; reduce-scatter the own chunk in place as above; then
+//     publish step s + 1 (the own chunk is final) and read each peer's chunk from it
+//     once it published s + 1 (it has then also finished reading this rank's chunks).
+//   broadcast: the root publishes the tensor, the others read it.
+// A probe at Create (ChooseTransport) reads a word of every peer; the store carries
+// every rank's result so all ranks choose the same transport.
 
 namespace comm {
 namespace internal {
@@ -92,7 +118,10 @@ struct alignas(64) RankControl {
   std::atomic<uint64_t> consumed;
   std::atomic<int32_t> pid;
   std::atomic<uint32_t> state;
-  char pad0[64 - 24];
+  // The buffer peers read in a CMA step (NOTE [CMA transport]): address, bytes.
+  std::atomic<uint64_t> buffer;
+  std::atomic<int64_t> buffer_bytes;
+  char pad0[64 - 40];
   std::atomic<uint32_t> wake;
   std::atomic<uint32_t> sleeping;
   char pad1[64 - 8];
@@ -130,6 +159,20 @@ inline void CpuRelax() {
 #ifdef FSDP_SHM_X86
   _mm_pause();
 #endif
+}
+
+// The word every process publishes for the peers' process_vm_readv probe.
+alignas(64) const uint64_t kProbeWord = 0x45424f5250414d43ull;  // "CMAPROBE"
+
+// Reads rank `pid`'s probe word at `addr`: 0, or the errno (EIO for a wrong value).
+int ProbeRead(int32_t pid, uint64_t addr) {
+  uint64_t got = 0;
+  iovec local{&got, sizeof(got)};
+  iovec remote{reinterpret_cast<void*>(static_cast<uintptr_t>(addr)), sizeof(got)};
+  const ssize_t r = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+  if (r < 0) return errno;
+  if (r != static_cast<ssize_t>(sizeof(got)) || got != kProbeWord) return EIO;
+  return 0;
 }
 
 // Whether process `pid` has exited (gone, or a zombie not yet reaped).
@@ -363,6 +406,50 @@ class ShmProcessGroup::Stepper {
     seg_.NotifyPeers(self_);
   }
 
+  // CMA (NOTE [CMA transport]): step 2 with the buffer the peers read in step s.
+  void PublishBuffer(uint64_t s, const void* buffer, int64_t bytes) {
+    seg_.ctl[self_].buffer.store(reinterpret_cast<uintptr_t>(buffer), std::memory_order_relaxed);
+    seg_.ctl[self_].buffer_bytes.store(bytes, std::memory_order_relaxed);
+    Publish(s);  // seq_cst: a peer that sees the step sees the buffer
+  }
+  // CMA: the owner's last wait, until every peer has finished reading step s.
+  absl::Status WaitConsumed(uint64_t s) {
+    return WaitFor(&RankControl::consumed, s + 1, -1, "finish reading this rank's buffer at step",
+                   s);
+  }
+  // CMA: after WaitPublished(s, p), copies `len` bytes at offset `off` of the buffer p
+  // published (`expect_bytes` long) into `dst` with process_vm_readv.
+  absl::Status ReadPeer(int p, int64_t expect_bytes, int64_t off, void* dst, int64_t len) {
+    const RankControl& c = seg_.ctl[p];
+    const uint64_t base = c.buffer.load(std::memory_order_relaxed);
+    const int64_t bytes = c.buffer_bytes.load(std::memory_order_relaxed);
+    if (bytes != expect_bytes) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what_, ": ", RankName(p), " published a buffer of ", bytes, " bytes, this rank expects ",
+          expect_bytes, " (do all ranks pass the same shapes?)"));
+    }
+    const int32_t pid = c.pid.load(std::memory_order_relaxed);
+    int64_t done = 0;
+    while (done < len) {
+      iovec local{static_cast<uint8_t*>(dst) + done, static_cast<size_t>(len - done)};
+      iovec remote{reinterpret_cast<void*>(static_cast<uintptr_t>(base + off + done)),
+                   static_cast<size_t>(len - done)};
+      const ssize_t r = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+      if (r > 0) {
+        done += r;  // a partial count: read the rest
+        continue;
+      }
+      const int err = r < 0 ? errno : EIO;
+      if (err == EINTR) continue;
+      if (err == ESRCH) return PeerGone(p, "exited (process_vm_readv: no such process)");
+      return absl::InternalError(absl::StrCat(
+          what_, ": process_vm_readv of ", len - done, " bytes at offset ", off + done,
+          " of the buffer of ", RankName(p), " (", bytes, " bytes at 0x",
+          absl::Hex(base), ") failed: ", r < 0 ? internal::ErrnoText(err) : "no progress"));
+    }
+    return absl::OkStatus();
+  }
+
  private:
   // Waits until field >= target on `peer` (or every peer when -1).
   absl::Status WaitFor(std::atomic<uint64_t> RankControl::*field, uint64_t target, int peer,
@@ -434,7 +521,7 @@ class ShmProcessGroup::Stepper {
     }
   }
 
-  std::string RankName(int p) const {
+  std::string RankName(int p) const {  // "rank 1 (pid 1234)"
     return absl::StrCat("rank ", p, " (pid ", seg_.ctl[p].pid.load(std::memory_order_relaxed),
                         ")");
   }
@@ -632,6 +719,9 @@ absl::StatusOr<std::shared_ptr<ShmProcessGroup>> ShmProcessGroup::Join(
   seg->ctl = reinterpret_cast<RankControl*>(static_cast<uint8_t*>(seg->base) +
                                             internal::kHeaderBytes);
   seg->data = static_cast<uint8_t*>(seg->base) + layout.data_offset;
+  seg->ctl[rank].buffer.store(reinterpret_cast<uintptr_t>(&internal::kProbeWord),
+                              std::memory_order_seq_cst);
+  seg->ctl[rank].buffer_bytes.store(sizeof(internal::kProbeWord), std::memory_order_seq_cst);
   seg->ctl[rank].pid.store(getpid(), std::memory_order_seq_cst);
 
   if (rank == 0) {
@@ -704,9 +794,138 @@ absl::StatusOr<std::shared_ptr<ShmProcessGroup>> ShmProcessGroup::Join(
     }
   }
   group->segment_ = std::move(seg);
+  if (absl::Status s = group->ChooseTransport(*store, who, deadline); !s.ok()) return s;
   group->worker_ = std::thread([g = group.get()] { g->WorkerLoop(); });
-  VLOG(1) << group->Describe() << ": attached to " << group->segment_->name;
+  VLOG(1) << group->Describe() << ": attached to " << group->segment_->name << ", transport "
+          << group->transport_name();
   return group;
+}
+
+const char* ShmTransportName(ShmTransport transport) {
+  switch (transport) {
+    case ShmTransport::kAuto:
+      return "auto";
+    case ShmTransport::kSlots:
+      return "slots";
+    case ShmTransport::kCrossMemoryAttach:
+      return "cma";
+  }
+  return "?";
+}
+
+absl::Status ShmProcessGroup::ChooseTransport(Store& store, const std::string& who,
+                                              absl::Time deadline) {
+  const auto left = [&] { return std::max(absl::Milliseconds(1), deadline - absl::Now()); };
+  const int n = size_;
+  const int64_t per_peer = options_.slot_bytes / std::max(1, n - 1) / 64 * 64;
+  cma_piece_bytes_ = std::max<int64_t>(64, per_peer);
+  // This rank's probe: every peer's word (its own in a group of one; thread ranks share
+  // a pid, and reading one's own process works too).
+  int err = 0;
+  int bad_peer = -1;
+  if (options_.transport != ShmTransport::kSlots) {
+    if (options_.probe_override) {
+      err = options_.probe_override();
+    } else {
+      for (int p = 0; p < n && err == 0; ++p) {
+        if (p == rank_ && n > 1) continue;
+        const RankControl& c = segment_->ctl[p];
+        err = internal::ProbeRead(c.pid.load(std::memory_order_seq_cst),
+                                  c.buffer.load(std::memory_order_seq_cst));
+        if (err != 0) bad_peer = p;
+      }
+    }
+  }
+  if (absl::Status s = store.Set(absl::StrCat("transport/", rank_),
+                                 absl::StrCat(ShmTransportName(options_.transport), " ", err,
+                                              " ", bad_peer));
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(who, ": publishing the transport probe: ",
+                                               s.message()));
+  }
+  std::vector<std::string> keys;
+  for (int r = 0; r < n; ++r) keys.push_back(absl::StrCat("transport/", r));
+  if (absl::Status s = store.Wait(keys, left()); !s.ok()) {
+    std::vector<int> missing;
+    for (int r = 0; r < n; ++r) {
+      absl::StatusOr<bool> there = store.Check({keys[r]});
+      if (there.ok() && !*there) missing.push_back(r);
+    }
+    return absl::Status(s.code(), absl::StrCat(who, ": ranks ", absl::StrJoin(missing, ", "),
+                                               " did not publish their transport probe within ",
+                                               "rendezvous_timeout ",
+                                               absl::FormatDuration(options_.rendezvous_timeout),
+                                               ": ", s.message()));
+  }
+  // Every rank reads the same n values, so every rank decides the same.
+  std::string failure;  // the first rank that cannot read a peer
+  std::vector<std::string> mismatch;
+  for (int r = 0; r < n; ++r) {
+    absl::StatusOr<std::string> v = store.Get(keys[r], left());
+    if (!v.ok()) {
+      return absl::Status(v.status().code(),
+                          absl::StrCat(who, ": reading rank ", r, "'s transport probe: ",
+                                       v.status().message()));
+    }
+    std::vector<std::string> parts = absl::StrSplit(*v, ' ');
+    int r_err = 0;
+    int r_peer = -1;
+    if (parts.size() != 3 || !absl::SimpleAtoi(parts[1], &r_err) ||
+        !absl::SimpleAtoi(parts[2], &r_peer)) {
+      return absl::DataLossError(absl::StrCat(who, ": key '", options_.name, "/", keys[r],
+                                              "' holds \"", absl::CEscape(*v),
+                                              "\", not a transport probe"));
+    }
+    if (parts[0] != ShmTransportName(options_.transport)) {
+      mismatch.push_back(absl::StrCat("rank ", r, " passes ", parts[0]));
+    }
+    if (r_err != 0 && failure.empty()) {
+      failure = absl::StrCat(
+          "rank ", r, " cannot process_vm_readv ",
+          r_peer >= 0 ? absl::StrCat("rank ", r_peer, " (pid ",
+                                     segment_->ctl[r_peer].pid.load(std::memory_order_relaxed),
+                                     ")")
+                      : std::string("its peers"),
+          ": ", internal::ErrnoText(r_err), " (errno ", r_err, ")");
+    }
+  }
+  if (!mismatch.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, ": ShmOptions.transport must be the same on every rank; this rank passes ",
+        ShmTransportName(options_.transport), ", ", absl::StrJoin(mismatch, ", ")));
+  }
+  switch (options_.transport) {
+    case ShmTransport::kSlots:
+      cma_ = false;
+      break;
+    case ShmTransport::kCrossMemoryAttach:
+      if (!failure.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            who, ": ShmOptions.transport is cma (cross-memory attach), but ", failure,
+            "; use kAuto or kSlots, or allow ptrace access (Yama ptrace_scope, seccomp)"));
+      }
+      cma_ = true;
+      break;
+    case ShmTransport::kAuto:
+      cma_ = failure.empty();
+      if (!cma_ && rank_ == 0) {
+        LOG(INFO) << who << ": cross-memory attach unavailable (" << failure
+                  << "); using the shared-memory slots";
+      }
+      break;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint8_t*> ShmProcessGroup::CmaScratch() {
+  const int64_t bytes = cma_piece_bytes_ * (size_ - 1);
+  if (!cma_scratch_.defined()) {
+    absl::StatusOr<core::Tensor> scratch = core::Tensor::Allocate(
+        {(bytes + 3) / 4}, core::DType::kFloat32, core::MemoryTag::kComm);
+    if (!scratch.ok()) return scratch.status();
+    cma_scratch_ = *std::move(scratch);
+  }
+  return static_cast<uint8_t*>(cma_scratch_.raw_data());
 }
 
 ShmProcessGroup::~ShmProcessGroup() {
@@ -806,6 +1025,7 @@ int64_t Clip(int64_t v, int64_t lo, int64_t hi) { return std::max(lo, std::min(v
 absl::Status ShmProcessGroup::RunAllGather(const core::Tensor& input, const core::Tensor& output,
                                            const std::string& what, absl::Time deadline,
                                            absl::Duration timeout) {
+  if (UseCma(input.nbytes())) return RunAllGatherCma(input, output, what, deadline, timeout);
   const int n = size_;
   const int64_t bytes = input.nbytes();
   const bool in_place = input.SharesStorage(output) && input.numel() > 0 &&
@@ -848,6 +1068,9 @@ absl::Status ShmProcessGroup::RunReduceScatter(const core::Tensor& input,
                                                const core::Tensor& output, ReduceOp op,
                                                const std::string& what, absl::Time deadline,
                                                absl::Duration timeout) {
+  if (UseCma(input.nbytes())) {
+    return RunReduceScatterCma(input, output, op, what, deadline, timeout);
+  }
   const int n = size_;
   const int64_t k = output.numel();
   if (k == 0) return absl::OkStatus();
@@ -908,7 +1131,8 @@ absl::Status ShmProcessGroup::ReducePiece(core::DType dtype, ReduceOp op,
   if (!reduce_scratch_.defined() || reduce_scratch_.nbytes() < bytes) {
     reduce_scratch_ = core::Tensor();
     absl::StatusOr<core::Tensor> scratch = core::Tensor::Allocate(
-        {(SubSlotBytes(options_.slot_bytes, size_) + 3) / 4}, core::DType::kFloat32,
+        {(std::max(bytes, SubSlotBytes(options_.slot_bytes, size_)) + 3) / 4},
+        core::DType::kFloat32,
         core::MemoryTag::kComm);
     if (!scratch.ok()) return scratch.status();
     reduce_scratch_ = *std::move(scratch);
@@ -924,6 +1148,7 @@ absl::Status ShmProcessGroup::ReducePiece(core::DType dtype, ReduceOp op,
 absl::Status ShmProcessGroup::RunAllReduce(const core::Tensor& tensor, ReduceOp op,
                                            const std::string& what, absl::Time deadline,
                                            absl::Duration timeout) {
+  if (UseCma(tensor.nbytes())) return RunAllReduceCma(tensor, op, what, deadline, timeout);
   const int n = size_;
   const int64_t m = tensor.numel();
   if (m == 0 || n == 1) return absl::OkStatus();
@@ -995,6 +1220,7 @@ absl::Status ShmProcessGroup::RunAllReduce(const core::Tensor& tensor, ReduceOp 
 absl::Status ShmProcessGroup::RunBroadcast(const core::Tensor& tensor, int root,
                                            const std::string& what, absl::Time deadline,
                                            absl::Duration timeout) {
+  if (UseCma(tensor.nbytes())) return RunBroadcastCma(tensor, root, what, deadline, timeout);
   const int64_t bytes = tensor.nbytes();
   if (bytes == 0 || size_ == 1) return absl::OkStatus();
   uint8_t* t = Bytes(tensor);
@@ -1019,6 +1245,156 @@ absl::Status ShmProcessGroup::RunBroadcast(const core::Tensor& tensor, int root,
   }
   StreamFence();
   step_ += static_cast<uint64_t>(pieces);
+  return absl::OkStatus();
+}
+
+absl::Status ShmProcessGroup::RunAllGatherCma(const core::Tensor& input,
+                                              const core::Tensor& output,
+                                              const std::string& what, absl::Time deadline,
+                                              absl::Duration timeout) {
+  const int n = size_;
+  const int64_t bytes = input.nbytes();
+  const bool in_place = input.SharesStorage(output) &&
+                        input.offset() == output.offset() + rank_ * input.numel();
+  const uint8_t* in = Bytes(input);
+  uint8_t* out = Bytes(output);
+  const bool streaming = output.nbytes() >= kStreamingBytes;
+  Stepper st(this, what, deadline, timeout);
+  const uint64_t s = step_;
+  st.PublishBuffer(s, in, bytes);
+  if (!in_place) CopyOut(out + rank_ * bytes, in, static_cast<size_t>(bytes), streaming);
+  for (int d = 1; d < n; ++d) {
+    const int p = (rank_ + d) % n;
+    if (absl::Status w = st.WaitPublished(s, p); !w.ok()) return w;
+    if (absl::Status r = st.ReadPeer(p, bytes, 0, out + p * bytes, bytes); !r.ok()) return r;
+  }
+  StreamFence();
+  st.Consumed(s);
+  if (absl::Status w = st.WaitConsumed(s); !w.ok()) return w;
+  step_ += 1;
+  return absl::OkStatus();
+}
+
+absl::Status ShmProcessGroup::RunReduceScatterCma(const core::Tensor& input,
+                                                  const core::Tensor& output, ReduceOp op,
+                                                  const std::string& what, absl::Time deadline,
+                                                  absl::Duration timeout) {
+  const int n = size_;
+  const int64_t k = output.numel();
+  const uint8_t* in = Bytes(input);
+  uint8_t* out = Bytes(output);
+  const int64_t esize = core::DTypeSize(input.dtype());
+  const int64_t in_bytes = input.nbytes();
+  const bool streaming = in_bytes >= kStreamingBytes;
+  absl::StatusOr<uint8_t*> scratch = CmaScratch();
+  if (!scratch.ok()) return scratch.status();
+  const int64_t piece = cma_piece_bytes_ / esize;  // elements per peer and read
+  std::vector<const void*> chunks(static_cast<size_t>(n));
+  Stepper st(this, what, deadline, timeout);
+  const uint64_t s = step_;
+  st.PublishBuffer(s, in, in_bytes);
+  if (absl::Status w = st.WaitPublished(s, -1); !w.ok()) return w;
+  for (int64_t off = 0; off < k; off += piece) {
+    const int64_t len = std::min(piece, k - off);
+    const int64_t at = (rank_ * k + off) * esize;
+    for (int j = 0, slot = 0; j < n; ++j) {
+      if (j == rank_) {
+        chunks[j] = in + at;
+        continue;
+      }
+      uint8_t* dst = *scratch + (slot++) * cma_piece_bytes_;
+      if (absl::Status r = st.ReadPeer(j, in_bytes, at, dst, len * esize); !r.ok()) return r;
+      chunks[j] = dst;
+    }
+    if (absl::Status r = ReducePiece(input.dtype(), op, chunks.data(), len, out + off * esize,
+                                     streaming);
+        !r.ok()) {
+      return r;
+    }
+  }
+  StreamFence();
+  st.Consumed(s);
+  if (absl::Status w = st.WaitConsumed(s); !w.ok()) return w;
+  step_ += 1;
+  return absl::OkStatus();
+}
+
+absl::Status ShmProcessGroup::RunAllReduceCma(const core::Tensor& tensor, ReduceOp op,
+                                              const std::string& what, absl::Time deadline,
+                                              absl::Duration timeout) {
+  const int n = size_;
+  const int64_t m = tensor.numel();
+  uint8_t* t = Bytes(tensor);
+  const int64_t esize = core::DTypeSize(tensor.dtype());
+  const int64_t t_bytes = tensor.nbytes();
+  const int64_t base = m / n;
+  const int64_t rem = m % n;
+  const auto begin = [&](int q) { return q * base + std::min<int64_t>(q, rem); };
+  const auto count = [&](int q) { return base + (q < rem ? 1 : 0); };
+  const bool streaming = t_bytes >= kStreamingBytes;
+  absl::StatusOr<uint8_t*> scratch = CmaScratch();
+  if (!scratch.ok()) return scratch.status();
+  const int64_t piece = cma_piece_bytes_ / esize;
+  std::vector<const void*> chunks(static_cast<size_t>(n));
+  Stepper st(this, what, deadline, timeout);
+  const uint64_t s = step_;
+  // Reduce-scatter of the own chunk, in place (peers read only their own chunks of it).
+  st.PublishBuffer(s, t, t_bytes);
+  if (absl::Status w = st.WaitPublished(s, -1); !w.ok()) return w;
+  const int64_t mine = count(rank_);
+  for (int64_t off = 0; off < mine; off += piece) {
+    const int64_t len = std::min(piece, mine - off);
+    const int64_t at = (begin(rank_) + off) * esize;
+    for (int j = 0, slot = 0; j < n; ++j) {
+      if (j == rank_) {
+        chunks[j] = t + at;
+        continue;
+      }
+      uint8_t* dst = *scratch + (slot++) * cma_piece_bytes_;
+      if (absl::Status r = st.ReadPeer(j, t_bytes, at, dst, len * esize); !r.ok()) return r;
+      chunks[j] = dst;
+    }
+    if (absl::Status r = ReducePiece(tensor.dtype(), op, chunks.data(), len, t + at, streaming);
+        !r.ok()) {
+      return r;
+    }
+  }
+  StreamFence();  // the reduced chunk is read by the peers next
+  // All-gather: step s + 1 says this rank's chunk is final and that it has finished
+  // reading the peers' chunks, so a peer may overwrite them once it sees it.
+  st.Publish(s + 1);
+  for (int d = 1; d < n; ++d) {
+    const int p = (rank_ + d) % n;
+    if (absl::Status w = st.WaitPublished(s + 1, p); !w.ok()) return w;
+    const int64_t at = begin(p) * esize;
+    if (absl::Status r = st.ReadPeer(p, t_bytes, at, t + at, count(p) * esize); !r.ok()) {
+      return r;
+    }
+  }
+  st.Consumed(s + 1);
+  if (absl::Status w = st.WaitConsumed(s + 1); !w.ok()) return w;
+  step_ += 2;
+  return absl::OkStatus();
+}
+
+absl::Status ShmProcessGroup::RunBroadcastCma(const core::Tensor& tensor, int root,
+                                              const std::string& what, absl::Time deadline,
+                                              absl::Duration timeout) {
+  const int64_t bytes = tensor.nbytes();
+  uint8_t* t = Bytes(tensor);
+  Stepper st(this, what, deadline, timeout);
+  const uint64_t s = step_;
+  if (rank_ == root) {
+    st.PublishBuffer(s, t, bytes);
+    st.Consumed(s);
+    if (absl::Status w = st.WaitConsumed(s); !w.ok()) return w;
+  } else {
+    st.Publish(s);
+    if (absl::Status w = st.WaitPublished(s, root); !w.ok()) return w;
+    if (absl::Status r = st.ReadPeer(root, bytes, 0, t, bytes); !r.ok()) return r;
+    st.Consumed(s);
+  }
+  step_ += 1;
   return absl::OkStatus();
 }
 

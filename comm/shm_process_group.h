@@ -16,10 +16,21 @@
 // only after that. All ranks must be processes (or threads) of one host.
 //
 // Collectives take CPU tensors and run one at a time, in issue order, on the group's
-// worker thread (NOTE [Shm protocol] in the .cc): tensors move in slot-sized pieces
-// through two slots per rank. Reductions combine the ranks in rank order 0, 1, ..., n-1
-// (bf16 in fp32, rounded once), so ReduceScatter gives the same bits as
-// GlooProcessGroup's; AllReduce is that reduce-scatter followed by an all-gather.
+// worker thread (NOTE [Shm protocol] in the .cc). Two transports move the bulk data:
+// - "slots": tensors move in slot-sized pieces through two slots per rank (each byte is
+//   copied twice: owner -> slot, slot -> peer);
+// - "cma" (Linux cross-memory attach, NOTE [CMA transport]): each rank publishes the
+//   address and length of the buffer its peers need in its control block, and the peers
+//   copy straight out of its process with process_vm_readv (one copy per byte); the
+//   owner returns only once every peer has finished reading. Messages below
+//   ShmOptions.cma_min_bytes (64 KiB) keep using the slots, which need no system call.
+// ShmOptions.transport picks one; kAuto (the default) probes at Create and uses "cma"
+// when every rank can read every peer (all ranks agree through the store), else the
+// slots, saying why once in the log (e.g. EPERM under Yama ptrace_scope >= 1 or a
+// seccomp profile, ENOSYS). transport_name() says which one the group uses.
+// Reductions combine the ranks in rank order 0, 1, ..., n-1 (bf16 in fp32, rounded once)
+// with either transport, so ReduceScatter gives the same bits as GlooProcessGroup's;
+// AllReduce is that reduce-scatter followed by an all-gather.
 //
 // All the rules in comm/process_group.h hold. Waiting for a peer spins for a few
 // microseconds, then sleeps on a futex in the segment (no core is burnt on a
@@ -30,6 +41,9 @@
 // - a peer process that died (checked every ShmOptions.liveness_interval while waiting),
 //   a peer whose group failed or was destroyed while this rank waits on it: Unavailable
 //   naming its rank and pid, at once, not after the timeout (secondary, culprit that rank);
+//   with "cma", a peer process that dies while being read (ESRCH) is the same error;
+// - a process_vm_readv that fails otherwise (EFAULT: a peer published a bad buffer) is
+//   Internal naming the collective, the peer and the errno;
 // either breaks the group: later collectives fail at once with FailedPrecondition
 // quoting the first error, and the peers waiting on this rank fail fast too.
 //
@@ -62,6 +76,21 @@ struct ShmSegment;
 // The prefix of every segment name in /dev/shm ("/fsdp_shm_<pid>_<random>").
 inline constexpr char kShmSegmentPrefix[] = "fsdp_shm_";
 
+// How a ShmProcessGroup moves bulk data (see the top of this file).
+enum class ShmTransport {
+  // "cma" when every rank can process_vm_readv every peer (probed at Create), else
+  // "slots" (the reason is logged once).
+  kAuto,
+  // Always the slots.
+  kSlots,
+  // Always cross-memory attach: Create is FailedPrecondition naming the rank, the peer
+  // and the errno when some rank cannot read some peer; never a silent fallback.
+  kCrossMemoryAttach,
+};
+
+// "auto", "slots", "cma".
+const char* ShmTransportName(ShmTransport transport);
+
 struct ShmOptions {
   // Name of the group; its store keys live under "<name>/". Must be fresh in the store.
   std::string name = "world";
@@ -75,6 +104,18 @@ struct ShmOptions {
   absl::Duration spin_time = absl::Microseconds(5);
   // How often a waiting rank checks that the peers it waits on are still alive.
   absl::Duration liveness_interval = absl::Milliseconds(100);
+  // Which transport moves the bulk data. All ranks must pass the same value (else
+  // Create is FailedPrecondition naming the ranks).
+  ShmTransport transport = ShmTransport::kAuto;
+  // With "cma": a collective whose per-call size (all-gather: input bytes; reduce-scatter:
+  // input bytes; all-reduce, broadcast: tensor bytes) is below this goes through the
+  // slots (a small copy costs less than a system call and a round trip). >= 0; all ranks
+  // must pass the same value.
+  int64_t cma_min_bytes = int64_t{64} << 10;
+  // For tests only: when set, Create calls it instead of probing the peers with
+  // process_vm_readv, and publishes its result (0: every peer readable, else an errno)
+  // as this rank's probe.
+  std::function<int()> probe_override;
 };
 
 class ShmProcessGroup : public ProcessGroup {
@@ -100,6 +141,8 @@ class ShmProcessGroup : public ProcessGroup {
   std::string name() const override { return options_.name; }
   // The segment's name as created in /dev/shm (unlinked once Create returned).
   const std::string& segment_name() const;
+  // The transport the group uses: "cma" or "slots" (the same on every rank).
+  std::string transport_name() const { return cma_ ? "cma" : "slots"; }
 
   absl::StatusOr<std::shared_ptr<Work>> AllGather(const core::Tensor& input,
                                                   const core::Tensor& output,
@@ -156,6 +199,27 @@ class ShmProcessGroup : public ProcessGroup {
   absl::Status RunBroadcast(const core::Tensor& tensor, int root, const std::string& what,
                             absl::Time deadline, absl::Duration timeout);
   absl::Status RunBarrier(const std::string& what, absl::Time deadline, absl::Duration timeout);
+  // The same collectives over cross-memory attach (NOTE [CMA transport]).
+  absl::Status RunAllGatherCma(const core::Tensor& input, const core::Tensor& output,
+                               const std::string& what, absl::Time deadline,
+                               absl::Duration timeout);
+  absl::Status RunReduceScatterCma(const core::Tensor& input, const core::Tensor& output,
+                                   ReduceOp op, const std::string& what, absl::Time deadline,
+                                   absl::Duration timeout);
+  absl::Status RunAllReduceCma(const core::Tensor& tensor, ReduceOp op, const std::string& what,
+                               absl::Time deadline, absl::Duration timeout);
+  absl::Status RunBroadcastCma(const core::Tensor& tensor, int root, const std::string& what,
+                               absl::Time deadline, absl::Duration timeout);
+  // Whether a collective of `bytes` (the size ShmOptions.cma_min_bytes talks about) uses
+  // cross-memory attach; the same on every rank.
+  bool UseCma(int64_t bytes) const {
+    return cma_ && size_ > 1 && bytes > 0 && bytes >= options_.cma_min_bytes;
+  }
+  // Probes process_vm_readv of every peer and agrees with the others on the transport
+  // (sets cma_); in Join, before the worker starts.
+  absl::Status ChooseTransport(Store& store, const std::string& who, absl::Time deadline);
+  // Scratch of the CMA reduce-scatter: (n - 1) pieces of cma_piece_bytes_.
+  absl::StatusOr<uint8_t*> CmaScratch();
   // Reduces `len` elements of `chunks` (rank order) into `out`; with `streaming`, through
   // reduce_scratch_ and non-temporal stores.
   absl::Status ReducePiece(core::DType dtype, ReduceOp op, const void* const* chunks,
@@ -173,6 +237,11 @@ class ShmProcessGroup : public ProcessGroup {
   // Where large reductions land before they stream out (NOTE [Streaming copies]); one
   // sub-slot, allocated on first use (tag kComm); used only by the worker thread.
   core::Tensor reduce_scratch_;
+  // Whether bulk data goes through cross-memory attach; set in Join, then constant.
+  bool cma_ = false;
+  // Bytes of one peer's piece in a CMA reduction (the pieces of all peers fit in L2).
+  int64_t cma_piece_bytes_ = 0;
+  core::Tensor cma_scratch_;
 
   mutable absl::Mutex mu_;
   std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);

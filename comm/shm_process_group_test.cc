@@ -2,7 +2,10 @@
 // fp32/bf16/int32, sum/average/max, sizes 0, 1, 7 and several slots plus a remainder,
 // in place and not, checked against values computed here and bitwise against
 // GlooProcessGroup run on the same inputs in the same rank threads; timeouts, peers
-// that leave, bad arguments, Create's checks, /dev/shm hygiene and byte counters.
+// that leave, bad arguments, Create's checks, /dev/shm hygiene and byte counters. The
+// collective and failure tests run over both transports, the slots and cross-memory
+// attach (the latter with cma_min_bytes 0, so every size goes through process_vm_readv);
+// the transport choice (probe agreement, forced cma, mismatches) has its own tests.
 //
 // Inputs of the reductions are not small integers: fp32 sums depend on the order, so
 // the expected values (accumulated here in rank order, bf16 in fp32 rounded once) and
@@ -21,6 +24,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -54,12 +58,19 @@ ThreadRanksOptions Options() {
   return o;
 }
 
-ShmOptions Shm(const std::string& name = "shm") {
+ShmOptions Shm(const std::string& name = "shm", ShmTransport transport = ShmTransport::kAuto) {
   ShmOptions o;
   o.name = name;
   o.slot_bytes = kSlot;
   o.rendezvous_timeout = absl::Seconds(20);
+  o.transport = transport;
+  // Forced cma: every size through process_vm_readv, so the small cases test it too.
+  if (transport == ShmTransport::kCrossMemoryAttach) o.cma_min_bytes = 0;
   return o;
+}
+
+std::string TransportParamName(ShmTransport t) {
+  return t == ShmTransport::kSlots ? "Slots" : t == ShmTransport::kAuto ? "Auto" : "Cma";
 }
 
 absl::Status Finish(absl::StatusOr<std::shared_ptr<Work>> work) {
@@ -275,15 +286,21 @@ absl::Status RunMatrix(int rank, int n, ProcessGroup& shm, ProcessGroup& gloo) {
   return absl::OkStatus();
 }
 
-class ShmCollectivesTest : public ::testing::TestWithParam<int> {
+class ShmCollectivesTest : public ::testing::TestWithParam<std::tuple<int, ShmTransport>> {
  protected:
-  int n() const { return GetParam(); }
+  int n() const { return std::get<0>(GetParam()); }
+  ShmTransport transport() const { return std::get<1>(GetParam()); }
+  ShmOptions Shm() const { return comm::Shm("shm", transport()); }
+  std::string want_transport() const {
+    return transport() == ShmTransport::kSlots ? "slots" : "cma";
+  }
 };
 
 TEST_P(ShmCollectivesTest, EveryCollectiveMatchesTheReferenceAndGlooBitwise) {
   const int n = this->n();
   absl::Status s = RunThreadRanks(n, [&](RankContext& ctx) -> absl::Status {
     ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, ctx.rank, n, Shm()));
+    EXPECT_EQ(shm->transport_name(), want_transport());
     EXPECT_EQ(shm->backend_name(), "shm");
     EXPECT_EQ(shm->rank(), ctx.rank);
     EXPECT_EQ(shm->size(), n);
@@ -432,10 +449,14 @@ TEST_P(ShmCollectivesTest, LargeCollectivesStreamAndKeepTheBits) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, ShmCollectivesTest, ::testing::Values(2, 3, 4),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return absl::StrCat("N", info.param);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    RanksAndTransports, ShmCollectivesTest,
+    ::testing::Combine(::testing::Values(2, 3, 4),
+                       ::testing::Values(ShmTransport::kSlots, ShmTransport::kCrossMemoryAttach)),
+    [](const ::testing::TestParamInfo<std::tuple<int, ShmTransport>>& info) {
+      return absl::StrCat("N", std::get<0>(info.param), "_",
+                          TransportParamName(std::get<1>(info.param)));
+    });
 
 TEST(ShmSingleRankTest, AGroupOfOneCopiesAndMovesNothing) {
   auto shm = ShmProcessGroup::Create(std::make_shared<HashStore>(), 0, 1, Shm());
@@ -614,11 +635,14 @@ TEST(ShmValidationTest, BadArgumentsAreInvalidArgumentNamingCollectiveAndGroup) 
   EXPECT_TRUE(s.ok()) << s;
 }
 
-TEST(ShmFaultTest, CollectiveARankNeverIssuesTimesOutAndBreaksTheGroup) {
+class ShmFaultTest : public ::testing::TestWithParam<ShmTransport> {};
+
+TEST_P(ShmFaultTest, CollectiveARankNeverIssuesTimesOutAndBreaksTheGroup) {
   ThreadRanksOptions opts = Options();
   opts.create_group = false;
   absl::Status s = RunThreadRanks(3, [&](RankContext& ctx) -> absl::Status {
-    ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, ctx.rank, 3, Shm("world")));
+    ASSIGN_OR_RETURN(auto shm,
+                     ShmProcessGroup::Create(ctx.store, ctx.rank, 3, Shm("world", GetParam())));
     if (ctx.rank == 2) {
       // Never issues the collective; keeps its group until the others are done.
       return ctx.store->Wait({"done/0", "done/1"}, absl::Seconds(60));
@@ -649,11 +673,12 @@ TEST(ShmFaultTest, CollectiveARankNeverIssuesTimesOutAndBreaksTheGroup) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
-TEST(ShmFaultTest, PeerThatDestroysItsGroupMakesTheOthersFailFastNamingIt) {
+TEST_P(ShmFaultTest, PeerThatDestroysItsGroupMakesTheOthersFailFastNamingIt) {
   ThreadRanksOptions opts = Options();
   opts.create_group = false;
   absl::Status s = RunThreadRanks(3, [&](RankContext& ctx) -> absl::Status {
-    ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, ctx.rank, 3, Shm("world")));
+    ASSIGN_OR_RETURN(auto shm,
+                     ShmProcessGroup::Create(ctx.store, ctx.rank, 3, Shm("world", GetParam())));
     Tensor t = Tensor::Zeros({3000});
     for (int i = 0; i < 3; ++i) RETURN_IF_ERROR(Finish(shm->AllReduce(t, AllReduceOptions{})));
     if (ctx.rank == 1) {
@@ -674,6 +699,105 @@ TEST(ShmFaultTest, PeerThatDestroysItsGroupMakesTheOthersFailFastNamingIt) {
     return absl::OkStatus();
   }, opts);
   EXPECT_TRUE(s.ok()) << s;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ShmFaultTest,
+                         ::testing::Values(ShmTransport::kSlots, ShmTransport::kCrossMemoryAttach),
+                         [](const ::testing::TestParamInfo<ShmTransport>& info) {
+                           return TransportParamName(info.param);
+                         });
+
+// Runs Create on `n` thread ranks with options(rank); the statuses/transports by rank.
+struct CreateResults {
+  std::vector<absl::Status> status;
+  std::vector<std::string> transport;
+};
+CreateResults CreateOnRanks(int n, const std::function<ShmOptions(int rank)>& options,
+                            const std::function<absl::Status(ShmProcessGroup&)>& then = nullptr) {
+  auto out = std::make_shared<CreateResults>();
+  out->status.resize(n);
+  out->transport.resize(n);
+  ThreadRanksOptions opts = Options();
+  opts.create_group = false;
+  absl::Status s = RunThreadRanks(n, [&, out](RankContext& ctx) -> absl::Status {
+    auto g = ShmProcessGroup::Create(ctx.store, ctx.rank, n, options(ctx.rank));
+    out->status[ctx.rank] = g.status();
+    if (!g.ok()) return absl::OkStatus();
+    out->transport[ctx.rank] = (*g)->transport_name();
+    return then ? then(**g) : absl::OkStatus();
+  }, opts);
+  EXPECT_TRUE(s.ok()) << s;
+  return *out;
+}
+
+TEST(ShmTransportTest, AutoPicksCmaHereAndSlotsWhenAsked) {
+  // This machine allows process_vm_readv (no Yama), between threads of one process too.
+  for (int n : {1, 2}) {
+    CreateResults r = CreateOnRanks(n, [](int) { return Shm(); });
+    for (int rank = 0; rank < n; ++rank) {
+      ASSERT_TRUE(r.status[rank].ok()) << r.status[rank];
+      EXPECT_EQ(r.transport[rank], "cma") << "n=" << n << " rank " << rank;
+    }
+  }
+  CreateResults r = CreateOnRanks(2, [](int) { return Shm("shm", ShmTransport::kSlots); });
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(r.status[rank].ok()) << r.status[rank];
+    EXPECT_EQ(r.transport[rank], "slots");
+  }
+}
+
+TEST(ShmTransportTest, OneRankFailingTheProbeMakesEveryRankUseSlots) {
+  // Rank 1 reports EPERM (as under Yama ptrace_scope=1); all three agree on the slots,
+  // and the group still reduces correctly (300 KiB: above cma_min_bytes).
+  CreateResults r = CreateOnRanks(
+      3,
+      [](int rank) {
+        ShmOptions o = Shm();
+        if (rank == 1) o.probe_override = [] { return EPERM; };
+        return o;
+      },
+      [](ShmProcessGroup& g) -> absl::Status {
+        Tensor t = Tensor::Zeros({75000});
+        t.Fill(static_cast<float>(g.rank() + 1));
+        RETURN_IF_ERROR(Finish(g.AllReduce(t, AllReduceOptions{})));
+        for (int64_t i = 0; i < t.numel(); i += 997) {
+          EXPECT_OR_RETURN(t.data<float>()[i] == 6.0f, "element " << i);
+        }
+        return absl::OkStatus();
+      });
+  for (int rank = 0; rank < 3; ++rank) {
+    ASSERT_TRUE(r.status[rank].ok()) << r.status[rank];
+    EXPECT_EQ(r.transport[rank], "slots") << "rank " << rank;
+  }
+}
+
+TEST(ShmTransportTest, ForcedCmaThatARankCannotUseFailsEveryRankNamingItsErrno) {
+  CreateResults r = CreateOnRanks(3, [](int rank) {
+    ShmOptions o = Shm("shm", ShmTransport::kCrossMemoryAttach);
+    if (rank == 2) o.probe_override = [] { return EPERM; };
+    return o;
+  });
+  for (int rank = 0; rank < 3; ++rank) {
+    const absl::Status& s = r.status[rank];
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find("rank 2 cannot process_vm_readv"), std::string::npos) << s;
+    EXPECT_NE(s.message().find(std::strerror(EPERM)), std::string::npos) << s;
+    EXPECT_NE(s.message().find("transport"), std::string::npos) << s;
+  }
+}
+
+TEST(ShmTransportTest, RanksPassingDifferentTransportsFailNamingThem) {
+  CreateResults r = CreateOnRanks(2, [](int rank) {
+    return Shm("shm", rank == 1 ? ShmTransport::kSlots : ShmTransport::kAuto);
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    const absl::Status& s = r.status[rank];
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find("ShmOptions.transport"), std::string::npos) << s;
+    EXPECT_NE(s.message().find(rank == 0 ? "rank 1 passes slots" : "rank 0 passes auto"),
+              std::string::npos)
+        << s;
+  }
 }
 
 TEST(ShmWaitTest, AWaitingRankSleepsInsteadOfSpinning) {

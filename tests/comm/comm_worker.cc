@@ -168,7 +168,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "die") {
-    core::Tensor t = core::Tensor::Zeros({1000});
+    // 256 KiB: above ShmOptions.cma_min_bytes, so shm moves it by cross-memory attach.
+    core::Tensor t = core::Tensor::Zeros({int64_t{1} << 16});
     for (int i = 0; i < 50; ++i) {
       if (rank == 1 && i == 2) {
         Say(rank, "dying now");
