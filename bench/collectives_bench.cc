@@ -18,8 +18,8 @@
 // memcpy_GBps is bytes copied per second by one thread; with gloo on one host every
 // byte a rank receives is also copied at least once, so busbw stays below it; shm copies
 // each byte into a slot and out of it with --shm_transport=slots, once (process_vm_readv
-// from the owner) with cma, the default where allowed (busbw_over_memcpy, per op and size,
-// says how close a backend comes).
+// from the owner) with --shm_transport=cma (busbw_over_memcpy, per op and size, says how
+// close a backend comes).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -68,7 +68,7 @@ ABSL_FLAG(int64_t, shm_slot_bytes, comm::ShmOptions().slot_bytes,
           "--backend=shm with ranks as threads: ShmOptions.slot_bytes");
 ABSL_FLAG(int64_t, shm_spin_us, absl::ToInt64Microseconds(comm::ShmOptions().spin_time),
           "--backend=shm with ranks as threads: ShmOptions.spin_time, microseconds");
-ABSL_FLAG(std::string, shm_transport, "auto",
+ABSL_FLAG(std::string, shm_transport, "slots",
           "--backend=shm: ShmOptions.transport, auto, slots or cma (with --from_env: a group of "
           "that transport made beside the launcher's)");
 ABSL_FLAG(int64_t, shm_cma_min_bytes, comm::ShmOptions().cma_min_bytes,

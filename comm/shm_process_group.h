@@ -24,10 +24,14 @@
 //   copy straight out of its process with process_vm_readv (one copy per byte); the
 //   owner returns only once every peer has finished reading. Messages below
 //   ShmOptions.cma_min_bytes (64 KiB) keep using the slots, which need no system call.
-// ShmOptions.transport picks one; kAuto (the default) probes at Create and uses "cma"
-// when every rank can read every peer (all ranks agree through the store), else the
-// slots, saying why once in the log (e.g. EPERM under Yama ptrace_scope >= 1 or a
-// seccomp profile, ENOSYS). transport_name() says which one the group uses.
+// ShmOptions.transport picks one: kSlots (the default: on the 2-vCPU machine this was
+// built on, quiet, the slots moved 4-16 MiB at 1.1-1.6x cma's busbw, since
+// process_vm_readv copies there at only 0.45-0.7 of memcpy), kCrossMemoryAttach, or
+// kAuto, which probes at Create and uses "cma" when every rank can read every peer (all
+// ranks agree through the store), else the slots, saying why once in the log (e.g. EPERM
+// under Yama ptrace_scope >= 1 or a seccomp profile, ENOSYS). Measure both on a new
+// host with bench/collectives_bench --shm_transport. transport_name() says which one
+// the group uses.
 // Reductions combine the ranks in rank order 0, 1, ..., n-1 (bf16 in fp32, rounded once)
 // with either transport, so ReduceScatter gives the same bits as GlooProcessGroup's;
 // AllReduce is that reduce-scatter followed by an all-gather.
@@ -106,7 +110,7 @@ struct ShmOptions {
   absl::Duration liveness_interval = absl::Milliseconds(100);
   // Which transport moves the bulk data. All ranks must pass the same value (else
   // Create is FailedPrecondition naming the ranks).
-  ShmTransport transport = ShmTransport::kAuto;
+  ShmTransport transport = ShmTransport::kSlots;
   // With "cma": a collective whose per-call size (all-gather: input bytes; reduce-scatter:
   // input bytes; all-reduce, broadcast: tensor bytes) is below this goes through the
   // slots (a small copy costs less than a system call and a round trip). >= 0; all ranks
