@@ -1020,6 +1020,16 @@ int64_t SubSlotBytes(int64_t slot_bytes, int n) { return slot_bytes / n / 64 * 6
 
 int64_t Clip(int64_t v, int64_t lo, int64_t hi) { return std::max(lo, std::min(v, hi)); }
 
+// All-reduce's chunks: m elements over n ranks, the first m % n chunks one element longer.
+struct ChunkSplit {
+  ChunkSplit(int64_t m, int n) : base(m / n), rem(m % n) {}
+  int64_t begin(int q) const { return q * base + std::min<int64_t>(q, rem); }
+  int64_t count(int q) const { return base + (q < rem ? 1 : 0); }
+  int64_t longest() const { return base + (rem > 0 ? 1 : 0); }
+  int64_t base;
+  int64_t rem;
+};
+
 }  // namespace
 
 absl::Status ShmProcessGroup::RunAllGather(const core::Tensor& input, const core::Tensor& output,
@@ -1154,11 +1164,10 @@ absl::Status ShmProcessGroup::RunAllReduce(const core::Tensor& tensor, ReduceOp 
   if (m == 0 || n == 1) return absl::OkStatus();
   uint8_t* t = Bytes(tensor);
   const int64_t esize = core::DTypeSize(tensor.dtype());
-  const int64_t base = m / n;
-  const int64_t rem = m % n;
-  const auto begin = [&](int q) { return q * base + std::min<int64_t>(q, rem); };
-  const auto count = [&](int q) { return base + (q < rem ? 1 : 0); };
-  const int64_t longest = base + (rem > 0 ? 1 : 0);
+  const ChunkSplit split(m, n);
+  const auto begin = [&](int q) { return split.begin(q); };
+  const auto count = [&](int q) { return split.count(q); };
+  const int64_t longest = split.longest();
   Stepper st(this, what, deadline, timeout);
   const bool streaming = tensor.nbytes() >= kStreamingBytes;
   // Reduce-scatter phase.
@@ -1248,6 +1257,34 @@ absl::Status ShmProcessGroup::RunBroadcast(const core::Tensor& tensor, int root,
   return absl::OkStatus();
 }
 
+absl::Status ShmProcessGroup::ReduceFromPeersCma(Stepper& st, core::DType dtype, ReduceOp op,
+                                                 const uint8_t* own, int64_t buf_bytes,
+                                                 int64_t at, int64_t elems, uint8_t* out,
+                                                 uint8_t* scratch, bool streaming) {
+  const int n = size_;
+  const int64_t esize = core::DTypeSize(dtype);
+  const int64_t piece = cma_piece_bytes_ / esize;  // elements per peer and read
+  std::vector<const void*> chunks(static_cast<size_t>(n));
+  for (int64_t off = 0; off < elems; off += piece) {
+    const int64_t len = std::min(piece, elems - off);
+    const int64_t from = at + off * esize;
+    for (int j = 0, slot = 0; j < n; ++j) {
+      if (j == rank_) {
+        chunks[j] = own + from;
+        continue;
+      }
+      uint8_t* dst = scratch + (slot++) * cma_piece_bytes_;
+      if (absl::Status r = st.ReadPeer(j, buf_bytes, from, dst, len * esize); !r.ok()) return r;
+      chunks[j] = dst;
+    }
+    if (absl::Status r = ReducePiece(dtype, op, chunks.data(), len, out + off * esize, streaming);
+        !r.ok()) {
+      return r;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ShmProcessGroup::RunAllGatherCma(const core::Tensor& input,
                                               const core::Tensor& output,
                                               const std::string& what, absl::Time deadline,
@@ -1279,7 +1316,6 @@ absl::Status ShmProcessGroup::RunReduceScatterCma(const core::Tensor& input,
                                                   const core::Tensor& output, ReduceOp op,
                                                   const std::string& what, absl::Time deadline,
                                                   absl::Duration timeout) {
-  const int n = size_;
   const int64_t k = output.numel();
   const uint8_t* in = Bytes(input);
   uint8_t* out = Bytes(output);
@@ -1288,29 +1324,14 @@ absl::Status ShmProcessGroup::RunReduceScatterCma(const core::Tensor& input,
   const bool streaming = in_bytes >= kStreamingBytes;
   absl::StatusOr<uint8_t*> scratch = CmaScratch();
   if (!scratch.ok()) return scratch.status();
-  const int64_t piece = cma_piece_bytes_ / esize;  // elements per peer and read
-  std::vector<const void*> chunks(static_cast<size_t>(n));
   Stepper st(this, what, deadline, timeout);
   const uint64_t s = step_;
   st.PublishBuffer(s, in, in_bytes);
   if (absl::Status w = st.WaitPublished(s, -1); !w.ok()) return w;
-  for (int64_t off = 0; off < k; off += piece) {
-    const int64_t len = std::min(piece, k - off);
-    const int64_t at = (rank_ * k + off) * esize;
-    for (int j = 0, slot = 0; j < n; ++j) {
-      if (j == rank_) {
-        chunks[j] = in + at;
-        continue;
-      }
-      uint8_t* dst = *scratch + (slot++) * cma_piece_bytes_;
-      if (absl::Status r = st.ReadPeer(j, in_bytes, at, dst, len * esize); !r.ok()) return r;
-      chunks[j] = dst;
-    }
-    if (absl::Status r = ReducePiece(input.dtype(), op, chunks.data(), len, out + off * esize,
-                                     streaming);
-        !r.ok()) {
-      return r;
-    }
+  if (absl::Status r = ReduceFromPeersCma(st, input.dtype(), op, in, in_bytes, rank_ * k * esize,
+                                          k, out, *scratch, streaming);
+      !r.ok()) {
+    return r;
   }
   StreamFence();
   st.Consumed(s);
@@ -1327,37 +1348,22 @@ absl::Status ShmProcessGroup::RunAllReduceCma(const core::Tensor& tensor, Reduce
   uint8_t* t = Bytes(tensor);
   const int64_t esize = core::DTypeSize(tensor.dtype());
   const int64_t t_bytes = tensor.nbytes();
-  const int64_t base = m / n;
-  const int64_t rem = m % n;
-  const auto begin = [&](int q) { return q * base + std::min<int64_t>(q, rem); };
-  const auto count = [&](int q) { return base + (q < rem ? 1 : 0); };
+  const ChunkSplit split(m, n);
+  const auto begin = [&](int q) { return split.begin(q); };
+  const auto count = [&](int q) { return split.count(q); };
   const bool streaming = t_bytes >= kStreamingBytes;
   absl::StatusOr<uint8_t*> scratch = CmaScratch();
   if (!scratch.ok()) return scratch.status();
-  const int64_t piece = cma_piece_bytes_ / esize;
-  std::vector<const void*> chunks(static_cast<size_t>(n));
   Stepper st(this, what, deadline, timeout);
   const uint64_t s = step_;
   // Reduce-scatter of the own chunk, in place (peers read only their own chunks of it).
   st.PublishBuffer(s, t, t_bytes);
   if (absl::Status w = st.WaitPublished(s, -1); !w.ok()) return w;
-  const int64_t mine = count(rank_);
-  for (int64_t off = 0; off < mine; off += piece) {
-    const int64_t len = std::min(piece, mine - off);
-    const int64_t at = (begin(rank_) + off) * esize;
-    for (int j = 0, slot = 0; j < n; ++j) {
-      if (j == rank_) {
-        chunks[j] = t + at;
-        continue;
-      }
-      uint8_t* dst = *scratch + (slot++) * cma_piece_bytes_;
-      if (absl::Status r = st.ReadPeer(j, t_bytes, at, dst, len * esize); !r.ok()) return r;
-      chunks[j] = dst;
-    }
-    if (absl::Status r = ReducePiece(tensor.dtype(), op, chunks.data(), len, t + at, streaming);
-        !r.ok()) {
-      return r;
-    }
+  const int64_t at = begin(rank_) * esize;
+  if (absl::Status r = ReduceFromPeersCma(st, tensor.dtype(), op, t, t_bytes, at, count(rank_),
+                                          t + at, *scratch, streaming);
+      !r.ok()) {
+    return r;
   }
   StreamFence();  // the reduced chunk is read by the peers next
   // All-gather: step s + 1 says this rank's chunk is final and that it has finished

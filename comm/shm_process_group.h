@@ -214,6 +214,13 @@ class ShmProcessGroup : public ProcessGroup {
                                absl::Time deadline, absl::Duration timeout);
   absl::Status RunBroadcastCma(const core::Tensor& tensor, int root, const std::string& what,
                                absl::Time deadline, absl::Duration timeout);
+  // Reduces `elems` elements at byte `at` of every rank's published buffer (`buf_bytes`
+  // long; this rank's is `own`) into `out` in rank order, reading the peers' pieces into
+  // `scratch` (CmaScratch); the reduce-scatter part of both CMA reductions.
+  absl::Status ReduceFromPeersCma(Stepper& st, core::DType dtype, ReduceOp op,
+                                  const uint8_t* own, int64_t buf_bytes, int64_t at,
+                                  int64_t elems, uint8_t* out, uint8_t* scratch,
+                                  bool streaming);
   // Whether a collective of `bytes` (the size ShmOptions.cma_min_bytes talks about) uses
   // cross-memory attach; the same on every rank.
   bool UseCma(int64_t bytes) const {
