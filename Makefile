@@ -19,14 +19,20 @@ DEMO_BAZEL_FLAGS ?= $(if $(findstring --device=cuda,$(DEMO_ARGS)),--config=cuda,
 demo: setup
 	$(BAZEL) run $(DEMO_BAZEL_FLAGS) //integration:main_job -- $(DEMO_ARGS)
 
-# The CUDA build (compile and link only: no GPU here) runs when the toolkit is present; it
-# goes to bazel-out/k8-fastbuild-cuda (.bazelrc), so the CPU outputs stay cached.
+# The CUDA build (compile and link only: no GPU here) runs when the toolkit is present. It
+# builds what --config=cuda changes: every library and binary, and the tests tagged gpu (the
+# only tests with CUDA code; the others compile the same sources in both builds and run in
+# the CPU build). Objects whose command line --config=cuda leaves alone are shared with the
+# CPU build (.bazelrc), so they are compiled once.
+CUDA_BUILD_QUERY = let all = //... in (kind("cc_library|cc_binary", $$all) + attr(tags, "\bgpu\b", tests($$all))) except attr(tags, "\bmanual\b", $$all)
+
 test: setup
 	@if [ -x $(NVCC) ]; then \
-	  echo "make test: bazel build --config=cuda //... (the CUDA code compiles and links)"; \
-	  $(BAZEL) build --config=cuda //...; \
+	  echo "make test: bazel build --config=cuda (every library and binary and the gpu tests: the CUDA code compiles and links)"; \
+	  targets=$$($(BAZEL) query --noshow_progress '$(CUDA_BUILD_QUERY)') && \
+	  $(BAZEL) build --config=cuda $$targets; \
 	else \
-	  echo "make test: SKIPPED bazel build --config=cuda //...: $(NVCC) not found"; \
+	  echo "make test: SKIPPED bazel build --config=cuda: $(NVCC) not found"; \
 	fi
 	$(BAZEL) test //...
 	cd examples/consumer && $(BAZEL) test //...
