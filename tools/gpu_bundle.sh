@@ -21,8 +21,8 @@
 #                             lib/cuda_sonames.txt the CUDA libraries run.sh must find there
 #   MANIFEST.txt              commit, build flags, glibc versions needed, file sizes
 # The binaries link our code statically (--dynamic_mode=off), so nothing from bazel-bin's
-# _solib is needed. The build goes to bazel-out/k8-opt-cuda and creates no bazel-* links,
-# so it disturbs neither the CPU build nor `make test`'s CUDA build.
+# _solib is needed. The build goes to bazel-out/k8-opt (shared with -c opt CPU builds, whose
+# outputs the disk cache keeps) and creates no bazel-* links, so `make test` is undisturbed.
 #
 # --check extracts the archive to a temporary directory and fails unless: it is at most the
 # size limit; it holds run.sh, the script, main_job, collectives_bench and lib/; every
