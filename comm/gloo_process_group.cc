@@ -26,7 +26,6 @@
 #include "comm/internal/sigpipe.h"
 #include "comm/internal/socket.h"
 #include "comm/prefix_store.h"
-#include "comm/tcp_store.h"
 #include "glog/logging.h"
 
 // NOTE [Who is to blame] and NOTE [Connection check] are in comm/internal/gloo_blame.h.
@@ -55,15 +54,6 @@ std::string KeyPrefix(const Store* store) {
     store = p->base().get();
   }
   return prefix;
-}
-
-// "the store at 127.0.0.1:29500" for a TcpStore under any PrefixStores, else "the store".
-std::string StoreName(const Store* store) {
-  while (const auto* p = dynamic_cast<const PrefixStore*>(store)) store = p->base().get();
-  if (const auto* tcp = dynamic_cast<const TcpStore*>(store)) {
-    return absl::StrCat("the store at ", tcp->host(), ":", tcp->port());
-  }
-  return "the store";
 }
 
 }  // namespace
@@ -175,7 +165,7 @@ absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::Join(
     blame.rank = rank;
     blame.size = size;
     blame.group = who;
-    blame.store_name = StoreName(store.get());
+    blame.store_name = store->Describe();
     blame.store_server_rank = options.store_server_rank;
     blame.probe_timeout = options.store_probe_timeout;
     group->blame_ = std::make_shared<internal::GlooBlame>(store, blame, *std::move(peers));
