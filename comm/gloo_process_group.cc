@@ -324,15 +324,8 @@ absl::Status GlooProcessGroup::RunReduceScatter(const core::Tensor& input,
   }
   const size_t piece_bytes = static_cast<size_t>(piece) * esize;
   // Scratch: peer slot q (the q-th rank other than this one) x ring entry r.
-  const int64_t scratch_bytes = static_cast<int64_t>(n - 1) * 2 * piece_bytes;
-  if (!reduce_scatter_scratch_.defined() || reduce_scatter_scratch_.nbytes() < scratch_bytes) {
-    reduce_scatter_scratch_ = core::Tensor();
-    absl::StatusOr<core::Tensor> scratch = core::Tensor::Allocate(
-        {(scratch_bytes + 3) / 4}, core::DType::kFloat32, core::MemoryTag::kComm);
-    if (!scratch.ok()) return scratch.status();
-    reduce_scatter_scratch_ = *std::move(scratch);
-  }
-  uint8_t* scratch = Bytes(reduce_scatter_scratch_);
+  ASSIGN_OR_RETURN(uint8_t* scratch,
+                   ReduceScatterScratch(static_cast<int64_t>(n - 1) * 2 * piece_bytes));
   const auto peer_slot = [this](int j) { return j < rank() ? j : j - 1; };
   const uint64_t base = gloo::Slot::build(gloo::kAlltoallSlotPrefix, tag);
   const auto deadline = std::chrono::steady_clock::now() + left;
@@ -389,6 +382,17 @@ absl::Status GlooProcessGroup::RunReduceScatter(const core::Tensor& input,
     if (!in->waitSend(remaining())) return absl::AbortedError("send aborted");
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<uint8_t*> GlooProcessGroup::ReduceScatterScratch(int64_t bytes) {
+  if (!reduce_scatter_scratch_.defined() || reduce_scatter_scratch_.nbytes() < bytes) {
+    reduce_scatter_scratch_ = core::Tensor();
+    absl::StatusOr<core::Tensor> scratch = core::Tensor::Allocate(
+        {(bytes + 3) / 4}, core::DType::kFloat32, core::MemoryTag::kComm);
+    if (!scratch.ok()) return scratch.status();
+    reduce_scatter_scratch_ = *std::move(scratch);
+  }
+  return Bytes(reduce_scatter_scratch_);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllReduce(

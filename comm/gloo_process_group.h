@@ -155,6 +155,8 @@ class GlooProcessGroup : public internal::BackendGroup {
   // The body of ReduceScatter, on the worker thread.
   absl::Status RunReduceScatter(const core::Tensor& input, const core::Tensor& output,
                                 ReduceOp op, uint32_t tag, std::chrono::milliseconds left);
+  // reduce_scatter_scratch_, grown to at least `bytes` (tag kComm).
+  absl::StatusOr<uint8_t*> ReduceScatterScratch(int64_t bytes);
 
   const GlooOptions options_;
   std::shared_ptr<gloo::transport::Device> device_;

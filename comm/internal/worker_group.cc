@@ -73,6 +73,17 @@ void CollectiveWorker::Stop() {
     stopping_ = true;
   }
   if (thread_.joinable()) thread_.join();
+  absl::MutexLock lock(&mu_);
+  CancelQueued();  // when the thread never started
+}
+
+void CollectiveWorker::CancelQueued() {
+  for (Entry& pending : queue_) {
+    pending.run = nullptr;  // drop the tensors before waiters wake
+    pending.work->Complete(absl::FailedPreconditionError(
+        absl::StrCat(pending.work->Describe(), ": the group was destroyed first")));
+  }
+  queue_.clear();
 }
 
 absl::Status CollectiveWorker::CheckUsable(CollectiveKind kind) const {
@@ -117,12 +128,7 @@ void CollectiveWorker::Loop() {
       };
       mu_.Await(absl::Condition(&ready));
       if (stopping_) {
-        for (Entry& pending : queue_) {
-          pending.run = nullptr;  // drop the tensors before waiters wake
-          pending.work->Complete(absl::FailedPreconditionError(
-              absl::StrCat(pending.work->Describe(), ": the group was destroyed first")));
-        }
-        queue_.clear();
+        CancelQueued();
         return;
       }
       entry = std::move(queue_.front());

@@ -175,6 +175,8 @@ class CollectiveWorker {
   };
 
   void Loop();
+  // Completes every queued collective with FailedPrecondition and empties the queue.
+  void CancelQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs one collective and completes its Work.
   void RunOne(Entry& entry);
 
