@@ -25,12 +25,23 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "comm/failure.h"
+#include "comm/internal/rank_process.h"
 #include "comm/internal/socket.h"
 
 extern char** environ;
 
 namespace comm {
 namespace {
+
+using internal::CStrings;
+using internal::DescribeExit;
+using internal::Drain;
+using internal::ExitCodeOf;
+using internal::Failed;
+using internal::LaunchedRank;
+using internal::RankStream;
+using internal::SignalAll;
+using internal::WriteAll;
 
 // How long the other ranks may take to end by themselves after the first rank failed,
 // before they get SIGTERM (NOTE in launcher.h, "Failure handling").
@@ -44,84 +55,6 @@ void OnSignal(int sig) {
   const unsigned char b = static_cast<unsigned char>(sig);
   (void)!::write(g_signal_pipe[1], &b, 1);
   errno = saved;
-}
-
-void WriteAll(int fd, absl::string_view text) {
-  while (!text.empty()) {
-    const ssize_t n = ::write(fd, text.data(), text.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    text.remove_prefix(static_cast<size_t>(n));
-  }
-}
-
-std::string DescribeExit(int status) {
-  if (WIFEXITED(status)) return absl::StrCat("exited with code ", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    const int sig = WTERMSIG(status);
-    return absl::StrCat("killed by signal ", sig, " (", ::strsignal(sig), ")");
-  }
-  return absl::StrCat("ended with wait status ", status);
-}
-
-int ExitCodeOf(int status) {
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
-}
-
-bool Failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
-
-// One output stream of one rank, split into lines.
-struct Stream {
-  int fd = -1;       // read end; -1 once at EOF
-  int out_fd = 1;    // where prefixed lines go
-  std::string pending;
-};
-
-struct Rank {
-  pid_t pid = -1;
-  bool running = false;
-  int status = 0;
-  // Stopped by a signal (SIGSTOP, SIGTSTP, ...) at some point while running: 0 if never.
-  int stopped_by = 0;
-  // SIGTERM/SIGKILL sent by the launcher while it was still running.
-  bool stopped_by_launcher = false;
-  Stream out, err;
-};
-
-void Emit(int rank, Stream& s, bool flush_partial) {
-  const std::string prefix = absl::StrCat("[rank ", rank, "] ");
-  size_t start = 0;
-  while (true) {
-    const size_t nl = s.pending.find('\n', start);
-    if (nl == std::string::npos) break;
-    WriteAll(s.out_fd, absl::StrCat(prefix, absl::string_view(s.pending).substr(start, nl + 1 - start)));
-    start = nl + 1;
-  }
-  s.pending.erase(0, start);
-  if (flush_partial && !s.pending.empty()) {
-    WriteAll(s.out_fd, absl::StrCat(prefix, s.pending, "\n"));
-    s.pending.clear();
-  }
-}
-
-// Reads what is available; closes the stream at EOF.
-void Drain(int rank, Stream& s) {
-  char buf[65536];
-  while (s.fd >= 0) {
-    const ssize_t n = ::read(s.fd, buf, sizeof(buf));
-    if (n > 0) {
-      s.pending.append(buf, static_cast<size_t>(n));
-      Emit(rank, s, false);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    Emit(rank, s, true);
-    ::close(s.fd);
-    s.fd = -1;
-  }
 }
 
 // A fresh random job secret (32 hex digits), or "" when /dev/urandom cannot be read.
@@ -170,21 +103,6 @@ std::vector<std::string> ChildEnvironment(const LaunchOptions& o, int rank,
   return env;
 }
 
-std::vector<char*> CStrings(std::vector<std::string>& v) {
-  std::vector<char*> out;
-  for (std::string& s : v) out.push_back(s.data());
-  out.push_back(nullptr);
-  return out;
-}
-
-void SignalAll(std::vector<Rank>& ranks, int sig) {
-  for (Rank& r : ranks) {
-    if (!r.running) continue;
-    ::kill(-r.pid, sig);  // the rank's whole process group
-    r.stopped_by_launcher = true;
-  }
-}
-
 std::string FormatTime(int64_t unix_ns) {
   return absl::FormatTime("%H:%M:%E6S", absl::FromUnixNanos(unix_ns), absl::LocalTimeZone());
 }
@@ -196,7 +114,7 @@ std::string RecordLine(const FailureRecord& r) {
 }
 
 // How a rank that recorded no error ended, for a root-cause line.
-std::string DescribeSilentRank(const Rank& r) {
+std::string DescribeSilentRank(const LaunchedRank& r) {
   if (r.stopped_by != 0) {
     return absl::StrCat("it was stopped by signal ", r.stopped_by, " (", ::strsignal(r.stopped_by),
                         ") and hung (ended: ", DescribeExit(r.status),
@@ -346,7 +264,7 @@ class Job {
   LaunchOptions o_;
   std::string secret_;
   std::string error_dir_;
-  std::vector<Rank> ranks_;
+  std::vector<LaunchedRank> ranks_;
   struct sigaction old_int_ {}, old_term_ {}, old_chld_ {};
   int exit_code_ = 0;
   bool start_failed_ = false;
@@ -444,11 +362,11 @@ bool Job::StartRank(int r, std::vector<char*>& argv, pid_t launcher_pid) {
     return false;
   }
   ::setpgid(pid, pid);  // also from here, so signals sent right away reach its group
-  Rank& rank = ranks_[r];
+  LaunchedRank& rank = ranks_[r];
   rank.pid = pid;
   rank.running = true;
-  rank.out = Stream{out[0], o_.stdout_fd, ""};
-  rank.err = Stream{err[0], o_.stderr_fd, ""};
+  rank.out = RankStream{out[0], o_.stdout_fd, ""};
+  rank.err = RankStream{err[0], o_.stderr_fd, ""};
   ::fcntl(out[0], F_SETFL, O_NONBLOCK);
   ::fcntl(err[0], F_SETFL, O_NONBLOCK);
   return true;
@@ -475,15 +393,15 @@ void Job::Supervise() {
 
 bool Job::SuperviseOnce() {
   int running = 0;
-  for (const Rank& r : ranks_) running += r.running ? 1 : 0;
+  for (const LaunchedRank& r : ranks_) running += r.running ? 1 : 0;
   if (running == 0 && drain_until_ == absl::InfiniteFuture()) {
     // Give grandchildren that still hold a pipe a moment, then stop reading.
     drain_until_ = absl::Now() + absl::Seconds(1);
   }
   std::vector<pollfd> fds = {{g_signal_pipe[0], POLLIN, 0}};
-  std::vector<std::pair<int, Stream*>> streams;
+  std::vector<std::pair<int, RankStream*>> streams;
   for (int r = 0; r < o_.nproc; ++r) {
-    for (Stream* s : {&ranks_[r].out, &ranks_[r].err}) {
+    for (RankStream* s : {&ranks_[r].out, &ranks_[r].err}) {
       if (s->fd >= 0) {
         fds.push_back({s->fd, POLLIN, 0});
         streams.push_back({r, s});
@@ -555,7 +473,7 @@ void Job::Escalate() {
   }
   if (absl::Now() >= kill_at_) {
     bool any = false;
-    for (const Rank& r : ranks_) any = any || r.running;
+    for (const LaunchedRank& r : ranks_) any = any || r.running;
     if (any) {
       Say(absl::StrCat("ranks still running ", absl::FormatDuration(o_.grace_period),
                        " after SIGTERM; sending SIGKILL"));
@@ -566,8 +484,8 @@ void Job::Escalate() {
 }
 
 void Job::Cleanup() {
-  for (Rank& r : ranks_) {
-    for (Stream* s : {&r.out, &r.err}) {
+  for (LaunchedRank& r : ranks_) {
+    for (RankStream* s : {&r.out, &r.err}) {
       if (s->fd >= 0) {
         ::close(s->fd);
         s->fd = -1;
@@ -615,7 +533,7 @@ int Job::Finish() {
     int root = -1;
     for (const std::string& line : ReportFailures(records, silent, &root)) Say(line);
     if (root < 0 || root >= o_.nproc) root = failed_rank_;
-    const Rank& first = ranks_[failed_rank_];
+    const LaunchedRank& first = ranks_[failed_rank_];
     const int code = Failed(ranks_[root].status) && !ranks_[root].stopped_by_launcher
                          ? ExitCodeOf(ranks_[root].status)
                          : ExitCodeOf(first.status);
