@@ -95,10 +95,14 @@ absl::StatusOr<std::shared_ptr<ShmProcessGroup>> ShmProcessGroup::Join(
   std::shared_ptr<ShmProcessGroup> group(new ShmProcessGroup(store, rank, size, options));
   ASSIGN_OR_RETURN(std::unique_ptr<internal::ShmSegment> segment,
                    internal::JoinShmSegment(*store, rank, size, options, who, deadline));
-  ASSIGN_OR_RETURN(const bool cma, internal::ChooseShmTransport(*store, *segment, rank, size,
-                                                                options, who, deadline));
+  absl::StatusOr<bool> cma =
+      internal::ChooseShmTransport(*store, *segment, rank, size, options, who, deadline);
+  if (!cma.ok()) {
+    segment->MarkDestroyed(rank);  // peers already past the probe fail fast on this rank
+    return cma.status();
+  }
   group->collectives_ = std::make_unique<internal::ShmCollectives>(std::move(segment), rank,
-                                                                    size, options, cma);
+                                                                    size, options, *cma);
   group->worker_.Start();
   VLOG(1) << group->Describe() << ": attached to " << group->segment_name() << ", transport "
           << group->transport_name();
