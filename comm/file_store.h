@@ -36,6 +36,8 @@ class FileStore : public Store {
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
   absl::StatusOr<bool> Check(const std::vector<std::string>& keys) override;
   absl::StatusOr<bool> DeleteKey(absl::string_view key) override;
+  // "the store in <path>".
+  std::string Describe() const override { return absl::StrCat("the store in ", path_); }
 
  private:
   explicit FileStore(std::string path) : path_(std::move(path)) {}

@@ -25,8 +25,9 @@
 #include "comm/internal/reduce.h"
 #include "comm/internal/sigpipe.h"
 #include "comm/internal/socket.h"
+#include "comm/internal/worker_group.h"
 #include "comm/prefix_store.h"
-#include "comm/tcp_store.h"
+#include "core/status_macros.h"
 #include "glog/logging.h"
 
 // NOTE [Who is to blame] and NOTE [Connection check] are in comm/internal/gloo_blame.h.
@@ -57,46 +58,29 @@ std::string KeyPrefix(const Store* store) {
   return prefix;
 }
 
-// "the store at 127.0.0.1:29500" for a TcpStore under any PrefixStores, else "the store".
-std::string StoreName(const Store* store) {
-  while (const auto* p = dynamic_cast<const PrefixStore*>(store)) store = p->base().get();
-  if (const auto* tcp = dynamic_cast<const TcpStore*>(store)) {
-    return absl::StrCat("the store at ", tcp->host(), ":", tcp->port());
-  }
-  return "the store";
-}
-
 }  // namespace
 
 GlooProcessGroup::GlooProcessGroup(std::shared_ptr<Store> store, int rank, int size,
                                    GlooOptions options)
-    : store_(std::move(store)), rank_(rank), size_(size), options_(std::move(options)) {}
+    : BackendGroup(std::move(store), rank, size, options.name),
+      options_(std::move(options)),
+      worker_(this, &stats(), WorkerHooks()) {}
 
 absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
     std::shared_ptr<Store> store, int rank, int size, const GlooOptions& options) {
-  if (store == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("GlooProcessGroup::Create('", options.name, "'): store is null"));
-  }
-  return Join(std::make_shared<PrefixStore>(std::move(store), options.name), rank, size, options);
+  ASSIGN_OR_RETURN(std::shared_ptr<Store> scoped,
+                   internal::GroupStore(std::move(store), "GlooProcessGroup", options.name));
+  return Join(std::move(scoped), rank, size, options);
 }
 
 absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::Join(
     std::shared_ptr<Store> store, int rank, int size, const GlooOptions& options) {
-  const std::string who =
-      absl::StrCat("gloo group '", options.name, "' (rank ", rank, " of ", size, ")");
-  if (size < 1 || rank < 0 || rank >= size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(who, ": rank must be in [0, size) and size at least 1"));
-  }
-  if (options.rendezvous_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(who, ": GlooOptions.rendezvous_timeout must be positive"));
-  }
-  if (options.store_probe_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(who, ": GlooOptions.store_probe_timeout must be positive"));
-  }
+  const std::string who = internal::JoinWho("gloo", options.name, rank, size);
+  RETURN_IF_ERROR(internal::CheckRankAndSize(who, rank, size));
+  RETURN_IF_ERROR(internal::CheckPositive(who, "GlooOptions.rendezvous_timeout",
+                                          options.rendezvous_timeout));
+  RETURN_IF_ERROR(internal::CheckPositive(who, "GlooOptions.store_probe_timeout",
+                                          options.store_probe_timeout));
   if (options.store_server_rank < -1 || options.store_server_rank >= size) {
     return absl::InvalidArgumentError(absl::StrCat(who, ": GlooOptions.store_server_rank ",
                                                    options.store_server_rank,
@@ -118,22 +102,31 @@ absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::Join(
   // NOTE in comm/internal/sigpipe.h: gloo's threads (the device's event loop, started
   // here, and our worker, started below) inherit a mask with SIGPIPE blocked.
   internal::ScopedBlockSigpipe block_sigpipe;
-  std::shared_ptr<GlooProcessGroup> group(new GlooProcessGroup(store, rank, size, options));
-  group->allocator_ = core::Allocator::Current(core::Device::Cpu());
-  const std::string key_prefix = KeyPrefix(store.get());
+  std::shared_ptr<GlooProcessGroup> group(
+      new GlooProcessGroup(std::move(store), rank, size, options));
+  RETURN_IF_ERROR(group->Connect(who, ip));
+  group->worker_.Start();
+  VLOG(1) << group->Describe() << ": connected on " << options.hostname;
+  return group;
+}
+
+absl::Status GlooProcessGroup::Connect(const std::string& who, const std::string& ip) {
+  const int rank = this->rank();
+  const int size = this->size();
+  const std::string key_prefix = KeyPrefix(store().get());
   const absl::Time start = absl::Now();
-  const absl::Time deadline = start + options.rendezvous_timeout;
-  internal::GlooStoreAdapter adapter(store, rank, size, deadline, key_prefix);
+  const absl::Time deadline = start + options_.rendezvous_timeout;
+  internal::GlooStoreAdapter adapter(store(), rank, size, deadline, key_prefix);
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = ip;
-    group->device_ = gloo::transport::tcp::CreateDevice(attr);
+    device_ = gloo::transport::tcp::CreateDevice(attr);
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     // A pair waits up to 5 times the context timeout for its peer to connect; keep
     // that within rendezvous_timeout (collectives pass their own timeouts).
-    context->setTimeout(ToMillis(options.rendezvous_timeout / 5));
-    context->connectFullMesh(adapter, group->device_);
-    group->context_ = std::move(context);
+    context->setTimeout(ToMillis(options_.rendezvous_timeout / 5));
+    context->connectFullMesh(adapter, device_);
+    context_ = std::move(context);
   } catch (const internal::StoreError& e) {
     if (e.status().code() != absl::StatusCode::kDeadlineExceeded) {
       return absl::Status(e.status().code(),
@@ -143,7 +136,7 @@ absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::Join(
                         absl::StrCat(who, ": rendezvous failed after ",
                                      absl::FormatDuration(absl::Now() - start),
                                      " (rendezvous_timeout ",
-                                     absl::FormatDuration(options.rendezvous_timeout),
+                                     absl::FormatDuration(options_.rendezvous_timeout),
                                      "); keys named below are the ranks that did not join: ",
                                      e.status().message()));
   } catch (const std::exception& e) {
@@ -156,156 +149,88 @@ absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::Join(
     return absl::Status(
         IsGlooTimeout(e.what()) ? absl::StatusCode::kDeadlineExceeded
                                 : absl::StatusCode::kUnavailable,
-        absl::StrCat(who, ": connecting to ", target, " from ", options.hostname,
+        absl::StrCat(who, ": connecting to ", target, " from ", options_.hostname,
                      " failed (rendezvous_timeout ",
-                     absl::FormatDuration(options.rendezvous_timeout), "): ", e.what()));
+                     absl::FormatDuration(options_.rendezvous_timeout), "): ", e.what()));
   } catch (...) {
     return absl::InternalError(
         absl::StrCat(who, ": rendezvous: gloo threw something that is not an exception"));
   }
-  if (size > 1) {
-    absl::StatusOr<internal::PeerDirectory> peers =
-        internal::ConfirmConnections(*store, *group->context_, rank, size, deadline,
-                                     options.rendezvous_timeout, key_prefix, adapter.listening());
-    if (!peers.ok()) {
-      return absl::Status(peers.status().code(),
-                          absl::StrCat(who, ": rendezvous: ", peers.status().message()));
-    }
-    internal::BlameOptions blame;
-    blame.rank = rank;
-    blame.size = size;
-    blame.group = who;
-    blame.store_name = StoreName(store.get());
-    blame.store_server_rank = options.store_server_rank;
-    blame.probe_timeout = options.store_probe_timeout;
-    group->blame_ = std::make_shared<internal::GlooBlame>(store, blame, *std::move(peers));
+  if (size == 1) return absl::OkStatus();
+  absl::StatusOr<internal::PeerDirectory> peers =
+      internal::ConfirmConnections(*store(), *context_, rank, size, deadline,
+                                   options_.rendezvous_timeout, key_prefix, adapter.listening());
+  if (!peers.ok()) {
+    return absl::Status(peers.status().code(),
+                        absl::StrCat(who, ": rendezvous: ", peers.status().message()));
   }
-  group->worker_ = std::thread([g = group.get()] { g->WorkerLoop(); });
-  VLOG(1) << group->Describe() << ": connected on " << options.hostname;
-  return group;
+  internal::BlameOptions blame;
+  blame.rank = rank;
+  blame.size = size;
+  blame.group = who;
+  blame.store_name = store()->Describe();
+  blame.store_server_rank = options_.store_server_rank;
+  blame.probe_timeout = options_.store_probe_timeout;
+  blame_ = std::make_shared<internal::GlooBlame>(store(), blame, *std::move(peers));
+  return absl::OkStatus();
 }
 
 GlooProcessGroup::~GlooProcessGroup() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  if (worker_.joinable()) worker_.join();
-  bool broken = false;
-  {
-    absl::MutexLock lock(&mu_);
-    broken = !broken_.ok();
-  }
+  worker_.Stop();
   // Tell the peers why this rank's connections close (NOTE [Who is to blame]).
-  if (blame_ != nullptr && !broken) blame_->RecordDestroyed();
+  if (blame_ != nullptr && !worker_.broken()) blame_->RecordDestroyed();
   context_.reset();
   device_.reset();
   blame_.reset();
 }
 
-std::string GlooProcessGroup::DescribeOp(CollectiveKind kind, uint64_t seq) const {
-  return absl::StrCat(CollectiveKindName(kind), " #", seq, " on ", Describe());
-}
-
-absl::Status GlooProcessGroup::CheckUsable(CollectiveKind kind) const {
-  absl::MutexLock lock(&mu_);
-  if (!broken_.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(CollectiveKindName(kind), " on ", Describe(),
-                     ": the group is broken by an earlier failure: ", broken_.message()));
-  }
-  return absl::OkStatus();
-}
-
-std::shared_ptr<Work> GlooProcessGroup::Enqueue(CollectiveKind kind, absl::Duration timeout,
-                                                Traffic traffic, RunFn run) {
-  absl::MutexLock lock(&mu_);
-  const uint64_t seq = next_seq_++;
-  auto work = std::make_shared<CompletionWork>(DescribeOp(kind, seq));
-  if (blame_ != nullptr) {
+internal::CollectiveWorker::Hooks GlooProcessGroup::WorkerHooks() {
+  internal::CollectiveWorker::Hooks hooks;
+  hooks.thread_init = [] { internal::BlockSigpipeForThisThread(); };
+  hooks.on_enqueue = [this](CompletionWork& work, const internal::QueuedOp& op) {
+    if (blame_ == nullptr) return;
     // A caller's Wait that ends first names the ranks that did not arrive, as the
     // collective's own deadline would (NOTE [Who is to blame]).
     std::weak_ptr<internal::GlooBlame> blame = blame_;
-    work->SetTimeoutDiagnosis([blame, seq, timeout](const std::string& what) {
+    work.SetTimeoutDiagnosis([blame, seq = op.seq, timeout = op.timeout](const std::string& what) {
       constexpr char kRunning[] = "still running when the wait ended";
       if (std::shared_ptr<internal::GlooBlame> b = blame.lock()) {
         return b->Diagnose(what, seq, timeout, /*gloo_timeout=*/true, kRunning);
       }
       return absl::DeadlineExceededError(absl::StrCat(what, ": ", kRunning));
     });
-  }
-  queue_.push_back(
-      Op{kind, work, absl::Now() + timeout, timeout, seq, traffic, std::move(run)});
-  return work;
+  };
+  // NOTE [Who is to blame]: this rank has arrived at collective #seq.
+  hooks.on_start = [this](const internal::QueuedOp& op) {
+    if (blame_ != nullptr) blame_->Arrived(op.seq);
+  };
+  hooks.on_break = [this](const absl::Status& failure) {
+    if (blame_ != nullptr) blame_->RecordFailure(failure);
+    // Peers may be blocked receiving from this rank; closing the connections makes
+    // them fail now instead of at their deadlines (gloo signals a closed pair at once).
+    try {
+      context_->closeConnections();
+    } catch (const std::exception& e) {
+      LOG(WARNING) << Describe() << ": closing connections after a failure: " << e.what();
+    } catch (...) {
+      LOG(WARNING) << Describe() << ": closing connections after a failure threw";
+    }
+  };
+  return hooks;
 }
 
-void GlooProcessGroup::WorkerLoop() {
-  internal::BlockSigpipeForThisThread();
-  core::ScopedAllocator scope(allocator_);
-  while (true) {
-    Op op;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !queue_.empty();
-      };
-      mu_.Await(absl::Condition(&ready));
-      if (stopping_) {
-        for (Op& pending : queue_) {
-          pending.run = nullptr;  // drop the tensors before waiters wake
-          pending.work->Complete(absl::FailedPreconditionError(
-              absl::StrCat(pending.work->Describe(), ": the group was destroyed first")));
-        }
-        queue_.clear();
-        return;
-      }
-      op = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    absl::Status status = CheckUsable(op.kind);
-    const bool was_usable = status.ok();
-    if (status.ok()) {
-      // NOTE [Who is to blame]: this rank has arrived at collective #seq.
-      if (blame_ != nullptr) blame_->Arrived(op.seq);
-      const absl::Time started = absl::Now();
-      status = RunOp(op);
-      op.work->SetRunTime(absl::Now() - started);
-    }
-    if (status.ok()) {
-      stats_.Record(op.kind, op.traffic);
-    } else if (was_usable) {
-      {
-        absl::MutexLock lock(&mu_);
-        if (broken_.ok()) broken_ = status;
-      }
-      if (blame_ != nullptr) blame_->RecordFailure(status);
-      // Peers may be blocked receiving from this rank; closing the connections makes
-      // them fail now instead of at their deadlines (gloo signals a closed pair at once).
-      try {
-        context_->closeConnections();
-      } catch (const std::exception& e) {
-        LOG(WARNING) << Describe() << ": closing connections after a failure: " << e.what();
-      } catch (...) {
-        LOG(WARNING) << Describe() << ": closing connections after a failure threw";
-      }
-    }
-    // Drop the closure, and with it the collective's tensor references, before waking
-    // the waiters: a caller that frees its buffers after Wait() must see them freed.
-    op.run = nullptr;
-    op.work->Complete(std::move(status));
-  }
+std::shared_ptr<Work> GlooProcessGroup::Enqueue(CollectiveKind kind, absl::Duration timeout,
+                                                Traffic traffic, RunFn run) {
+  return worker_.Enqueue(kind, timeout, traffic,
+                         [this, run = std::move(run)](const internal::QueuedOp& op) {
+                           return RunOp(op, run);
+                         });
 }
 
-absl::Status GlooProcessGroup::RunOp(Op& op) {
-  const std::string what = op.work->Describe();
-  const absl::Duration left = op.deadline - absl::Now();
-  if (left <= absl::ZeroDuration()) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        what, " did not start within its timeout of ", absl::FormatDuration(op.timeout),
-        " (earlier collectives of the group took the time)"));
-  }
+absl::Status GlooProcessGroup::RunOp(const internal::QueuedOp& op, const RunFn& run) {
+  const std::string& what = op.what;
   try {
-    absl::Status s = op.run(static_cast<uint32_t>(op.seq), ToMillis(left));
+    absl::Status s = run(static_cast<uint32_t>(op.seq), ToMillis(op.deadline - absl::Now()));
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
     return absl::OkStatus();
   } catch (const gloo::IoException& e) {
@@ -333,13 +258,12 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllGather(
   if (auto s = ValidateDevice(*this, kind, {&input, &output}, core::Device::Cpu()); !s.ok()) {
     return s;
   }
-  if (auto s = CheckUsable(kind); !s.ok()) return s;
+  if (auto s = worker_.CheckUsable(kind); !s.ok()) return s;
   const bool in_place = input.SharesStorage(output) && input.numel() > 0 &&
-                        input.offset() == output.offset() + rank_ * input.numel();
-  const int n = size_;
-  const int rank = rank_;
+                        input.offset() == output.offset() + rank() * input.numel();
+  const int n = size();
   auto context = context_;
-  return Enqueue(kind, options.timeout, ExpectedTraffic(kind, output.nbytes(), n, rank_),
+  return Enqueue(kind, options.timeout, ExpectedTraffic(kind, output.nbytes(), n, rank()),
                  [=](uint32_t tag, std::chrono::milliseconds left) -> absl::Status {
                    if (input.numel() == 0) return absl::OkStatus();
                    if (n == 1 || in_place) {
@@ -352,7 +276,6 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllGather(
                    o.setTag(tag);
                    o.setTimeout(left);
                    gloo::allgather(o);
-                   (void)rank;
                    return absl::OkStatus();
                  });
 }
@@ -364,9 +287,9 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::ReduceScatter(
   if (auto s = ValidateDevice(*this, kind, {&input, &output}, core::Device::Cpu()); !s.ok()) {
     return s;
   }
-  if (auto s = CheckUsable(kind); !s.ok()) return s;
+  if (auto s = worker_.CheckUsable(kind); !s.ok()) return s;
   const ReduceOp op = options.reduce_op;
-  return Enqueue(kind, options.timeout, ExpectedTraffic(kind, input.nbytes(), size_, rank_),
+  return Enqueue(kind, options.timeout, ExpectedTraffic(kind, input.nbytes(), size(), rank()),
                  [this, input, output, op](uint32_t tag, std::chrono::milliseconds left) {
                    return RunReduceScatter(input, output, op, tag, left);
                  });
@@ -382,7 +305,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::ReduceScatter(
 absl::Status GlooProcessGroup::RunReduceScatter(const core::Tensor& input,
                                                 const core::Tensor& output, ReduceOp op,
                                                 uint32_t tag, std::chrono::milliseconds left) {
-  const int n = size_;
+  const int n = size();
   const int64_t k = output.numel();
   if (k == 0) return absl::OkStatus();
   if (n == 1) {
@@ -401,16 +324,9 @@ absl::Status GlooProcessGroup::RunReduceScatter(const core::Tensor& input,
   }
   const size_t piece_bytes = static_cast<size_t>(piece) * esize;
   // Scratch: peer slot q (the q-th rank other than this one) x ring entry r.
-  const int64_t scratch_bytes = static_cast<int64_t>(n - 1) * 2 * piece_bytes;
-  if (!reduce_scatter_scratch_.defined() || reduce_scatter_scratch_.nbytes() < scratch_bytes) {
-    reduce_scatter_scratch_ = core::Tensor();
-    absl::StatusOr<core::Tensor> scratch = core::Tensor::Allocate(
-        {(scratch_bytes + 3) / 4}, core::DType::kFloat32, core::MemoryTag::kComm);
-    if (!scratch.ok()) return scratch.status();
-    reduce_scatter_scratch_ = *std::move(scratch);
-  }
-  uint8_t* scratch = Bytes(reduce_scatter_scratch_);
-  const auto peer_slot = [this](int j) { return j < rank_ ? j : j - 1; };
+  ASSIGN_OR_RETURN(uint8_t* scratch,
+                   ReduceScatterScratch(static_cast<int64_t>(n - 1) * 2 * piece_bytes));
+  const auto peer_slot = [this](int j) { return j < rank() ? j : j - 1; };
   const uint64_t base = gloo::Slot::build(gloo::kAlltoallSlotPrefix, tag);
   const auto deadline = std::chrono::steady_clock::now() + left;
   const auto remaining = [&] {
@@ -435,12 +351,12 @@ absl::Status GlooProcessGroup::RunReduceScatter(const core::Tensor& input,
   };
   const auto post_recv = [&](int64_t p) {
     for (int j = 0; j < n; ++j) {
-      if (j != rank_) buf(j, p)->recv(j, base + p, 0, piece_len(p) * esize);
+      if (j != rank()) buf(j, p)->recv(j, base + p, 0, piece_len(p) * esize);
     }
   };
   for (int64_t p = 0; p < pieces; ++p) {
     for (int i = 1; i < n; ++i) {
-      const int j = (rank_ + i) % n;
+      const int j = (rank() + i) % n;
       in->send(j, base + p, (static_cast<size_t>(j) * k + p * piece) * esize,
                piece_len(p) * esize);
     }
@@ -448,10 +364,10 @@ absl::Status GlooProcessGroup::RunReduceScatter(const core::Tensor& input,
   post_recv(0);
   if (pieces > 1) post_recv(1);
   std::vector<const void*> chunks(static_cast<size_t>(n));
-  const uint8_t* own = Bytes(input) + static_cast<size_t>(rank_) * k * esize;
+  const uint8_t* own = Bytes(input) + static_cast<size_t>(rank()) * k * esize;
   for (int64_t p = 0; p < pieces; ++p) {
     for (int j = 0; j < n; ++j) {
-      if (j == rank_) {
+      if (j == rank()) {
         chunks[j] = own + p * piece * esize;
       } else {
         if (!buf(j, p)->waitRecv(remaining())) return absl::AbortedError("receive aborted");
@@ -468,17 +384,28 @@ absl::Status GlooProcessGroup::RunReduceScatter(const core::Tensor& input,
   return absl::OkStatus();
 }
 
+absl::StatusOr<uint8_t*> GlooProcessGroup::ReduceScatterScratch(int64_t bytes) {
+  if (!reduce_scatter_scratch_.defined() || reduce_scatter_scratch_.nbytes() < bytes) {
+    reduce_scatter_scratch_ = core::Tensor();
+    absl::StatusOr<core::Tensor> scratch = core::Tensor::Allocate(
+        {(bytes + 3) / 4}, core::DType::kFloat32, core::MemoryTag::kComm);
+    if (!scratch.ok()) return scratch.status();
+    reduce_scatter_scratch_ = *std::move(scratch);
+  }
+  return Bytes(reduce_scatter_scratch_);
+}
+
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllReduce(
     const core::Tensor& tensor, const AllReduceOptions& options) {
   constexpr CollectiveKind kind = CollectiveKind::kAllReduce;
   if (auto s = ValidateAllReduce(*this, tensor, options); !s.ok()) return s;
   if (auto s = ValidateDevice(*this, kind, {&tensor}, core::Device::Cpu()); !s.ok()) return s;
-  if (auto s = CheckUsable(kind); !s.ok()) return s;
-  const int n = size_;
+  if (auto s = worker_.CheckUsable(kind); !s.ok()) return s;
+  const int n = size();
   const ReduceOp op = options.reduce_op;
   auto context = context_;
   return Enqueue(
-      kind, options.timeout, ExpectedTraffic(kind, tensor.nbytes(), n, rank_),
+      kind, options.timeout, ExpectedTraffic(kind, tensor.nbytes(), n, rank()),
       [=](uint32_t tag, std::chrono::milliseconds left) -> absl::Status {
         if (tensor.numel() == 0 || n == 1) return absl::OkStatus();
         // bf16 is reduced in an fp32 copy and rounded back once.
@@ -521,12 +448,12 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Broadcast(
   constexpr CollectiveKind kind = CollectiveKind::kBroadcast;
   if (auto s = ValidateBroadcast(*this, tensor, options); !s.ok()) return s;
   if (auto s = ValidateDevice(*this, kind, {&tensor}, core::Device::Cpu()); !s.ok()) return s;
-  if (auto s = CheckUsable(kind); !s.ok()) return s;
-  const int n = size_;
+  if (auto s = worker_.CheckUsable(kind); !s.ok()) return s;
+  const int n = size();
   const int root = options.root;
   auto context = context_;
   return Enqueue(kind, options.timeout,
-                 ExpectedTraffic(kind, tensor.nbytes(), n, rank_, options.root),
+                 ExpectedTraffic(kind, tensor.nbytes(), n, rank(), options.root),
                  [=](uint32_t tag, std::chrono::milliseconds left) -> absl::Status {
                    if (tensor.numel() == 0 || n == 1) return absl::OkStatus();
                    gloo::BroadcastOptions o(context);
@@ -542,8 +469,8 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Broadcast(
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Barrier(const BarrierOptions& options) {
   constexpr CollectiveKind kind = CollectiveKind::kBarrier;
   if (auto s = ValidateBarrier(*this, options); !s.ok()) return s;
-  if (auto s = CheckUsable(kind); !s.ok()) return s;
-  const int n = size_;
+  if (auto s = worker_.CheckUsable(kind); !s.ok()) return s;
+  const int n = size();
   auto context = context_;
   return Enqueue(kind, options.timeout, Traffic{},
                  [=](uint32_t tag, std::chrono::milliseconds left) -> absl::Status {
@@ -558,23 +485,15 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Barrier(const BarrierOpt
 
 absl::StatusOr<std::shared_ptr<ProcessGroup>> GlooProcessGroup::NewSubgroup(
     const std::vector<int>& ranks, const SubgroupOptions& options) {
-  int index = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    index = next_subgroup_++;
-  }
-  absl::StatusOr<SubgroupPlacement> place = PlaceInSubgroup(*this, ranks, index);
-  if (!place.ok()) return place.status();
+  ASSIGN_OR_RETURN(SubgroupPlacement place, PlaceNextSubgroup(ranks));
   GlooOptions sub = options_;
-  sub.name = options.name.empty() ? absl::StrCat(options_.name, "/", place->key_prefix)
-                                  : options.name;
+  sub.name = SubgroupName(options, place);
   sub.rendezvous_timeout = options.timeout;
   auto server = std::find(ranks.begin(), ranks.end(), options_.store_server_rank);
   sub.store_server_rank = server == ranks.end() ? -1 : static_cast<int>(server - ranks.begin());
-  absl::StatusOr<std::shared_ptr<GlooProcessGroup>> group =
-      Join(std::make_shared<PrefixStore>(store_, place->key_prefix), place->rank, place->size, sub);
-  if (!group.ok()) return group.status();
-  return std::shared_ptr<ProcessGroup>(*std::move(group));
+  ASSIGN_OR_RETURN(std::shared_ptr<GlooProcessGroup> group,
+                   Join(SubgroupStore(place), place.rank, place.size, sub));
+  return std::shared_ptr<ProcessGroup>(std::move(group));
 }
 
 }  // namespace comm

@@ -49,18 +49,14 @@
 #define COMM_GLOO_PROCESS_GROUP_H_
 
 #include <chrono>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "comm/internal/worker_group.h"
 #include "comm/process_group.h"
 #include "comm/store.h"
-#include "core/allocator.h"
 
 namespace gloo {
 class Context;
@@ -92,7 +88,7 @@ struct GlooOptions {
   int store_server_rank = -1;
 };
 
-class GlooProcessGroup : public ProcessGroup {
+class GlooProcessGroup : public internal::BackendGroup {
  public:
   // Joins the group as `rank` of `size`, meeting the others through `store`.
   // InvalidArgument for a bad rank/size, option or a null store; DeadlineExceeded when
@@ -107,10 +103,7 @@ class GlooProcessGroup : public ProcessGroup {
   GlooProcessGroup(const GlooProcessGroup&) = delete;
   GlooProcessGroup& operator=(const GlooProcessGroup&) = delete;
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
   std::string backend_name() const override { return "gloo"; }
-  std::string name() const override { return options_.name; }
   // The address this rank's transport listens on.
   const std::string& hostname() const { return options_.hostname; }
 
@@ -126,9 +119,6 @@ class GlooProcessGroup : public ProcessGroup {
                                                   const BroadcastOptions& options) override;
   absl::StatusOr<std::shared_ptr<Work>> Barrier(const BarrierOptions& options) override;
 
-  CommStats Stats() const override { return stats_.Snapshot(); }
-  void ResetStats() override { stats_.Reset(); }
-
   // ReduceScatter moves each chunk in pieces of at most this many bytes and reduces a
   // piece while the next arrives (NOTE [Pipelined reduce-scatter] in the .cc); the group
   // keeps 2 (size - 1) piece-sized receive buffers (tag kComm) from its first
@@ -141,17 +131,9 @@ class GlooProcessGroup : public ProcessGroup {
       const std::vector<int>& ranks, const SubgroupOptions& options) override;
 
  private:
-  // One queued collective. `run` gets its tag and the time left before its deadline.
-  struct Op {
-    CollectiveKind kind;
-    std::shared_ptr<CompletionWork> work;
-    absl::Time deadline;
-    absl::Duration timeout;
-    uint64_t seq;
-    Traffic traffic;
-    std::function<absl::Status(uint32_t tag, std::chrono::milliseconds left)> run;
-  };
-  using RunFn = std::function<absl::Status(uint32_t, std::chrono::milliseconds)>;
+  // A collective's gloo calls: `tag` is its sequence number, `left` the time left
+  // before its deadline.
+  using RunFn = std::function<absl::Status(uint32_t tag, std::chrono::milliseconds left)>;
 
   // `store` is the group's own namespace (already prefixed); `options.name` is only
   // the name shown in messages.
@@ -160,40 +142,32 @@ class GlooProcessGroup : public ProcessGroup {
                                                                 int rank, int size,
                                                                 const GlooOptions& options);
 
+  // The worker's hooks: NOTE [Who is to blame] and the fast failure of the peers.
+  internal::CollectiveWorker::Hooks WorkerHooks();
+  // The rendezvous: connects the full mesh through the store, from `ip`, and confirms
+  // it; `who` names the group in its errors.
+  absl::Status Connect(const std::string& who, const std::string& ip);
   // Queues `run` as the next collective of `kind`, to finish within `timeout`.
   std::shared_ptr<Work> Enqueue(CollectiveKind kind, absl::Duration timeout, Traffic traffic,
                                 RunFn run);
-  // An error right away if the group is broken.
-  absl::Status CheckUsable(CollectiveKind kind) const;
-  void WorkerLoop();
-  absl::Status RunOp(Op& op);
+  // Runs `run` for `op` on the worker thread; gloo's exceptions become its status.
+  absl::Status RunOp(const internal::QueuedOp& op, const RunFn& run);
   // The body of ReduceScatter, on the worker thread.
   absl::Status RunReduceScatter(const core::Tensor& input, const core::Tensor& output,
                                 ReduceOp op, uint32_t tag, std::chrono::milliseconds left);
-  std::string DescribeOp(CollectiveKind kind, uint64_t seq) const;
+  // reduce_scatter_scratch_, grown to at least `bytes` (tag kComm).
+  absl::StatusOr<uint8_t*> ReduceScatterScratch(int64_t bytes);
 
-  const std::shared_ptr<Store> store_;
-  const int rank_;
-  const int size_;
   const GlooOptions options_;
-  std::shared_ptr<core::Allocator> allocator_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
   // Names the ranks to blame for a failure (NOTE [Who is to blame]); null in a group
   // of one.
   std::shared_ptr<internal::GlooBlame> blame_;  // shared with Works' timeout diagnoses
-  StatsRecorder stats_;
   // ReduceScatter's receive ring; used only by the worker thread.
   core::Tensor reduce_scatter_scratch_;
-
-  mutable absl::Mutex mu_;
-  std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  int next_subgroup_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // The first failure; once set, the group is broken.
-  absl::Status broken_ ABSL_GUARDED_BY(mu_);
-  std::thread worker_;
+  // Runs the collectives in issue order; stopped first in the destructor.
+  internal::CollectiveWorker worker_;
 };
 
 }  // namespace comm

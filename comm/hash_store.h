@@ -32,6 +32,8 @@ class HashStore : public Store {
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
   absl::StatusOr<bool> Check(const std::vector<std::string>& keys) override;
   absl::StatusOr<bool> DeleteKey(absl::string_view key) override;
+  // "the in-process store".
+  std::string Describe() const override { return "the in-process store"; }
 
   // Number of keys held; for tests.
   int64_t NumKeys() const;

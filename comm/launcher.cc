@@ -25,12 +25,23 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "comm/failure.h"
+#include "comm/internal/rank_process.h"
 #include "comm/internal/socket.h"
 
 extern char** environ;
 
 namespace comm {
 namespace {
+
+using internal::CStrings;
+using internal::DescribeExit;
+using internal::Drain;
+using internal::ExitCodeOf;
+using internal::Failed;
+using internal::LaunchedRank;
+using internal::RankStream;
+using internal::SignalAll;
+using internal::WriteAll;
 
 // How long the other ranks may take to end by themselves after the first rank failed,
 // before they get SIGTERM (NOTE in launcher.h, "Failure handling").
@@ -44,84 +55,6 @@ void OnSignal(int sig) {
   const unsigned char b = static_cast<unsigned char>(sig);
   (void)!::write(g_signal_pipe[1], &b, 1);
   errno = saved;
-}
-
-void WriteAll(int fd, absl::string_view text) {
-  while (!text.empty()) {
-    const ssize_t n = ::write(fd, text.data(), text.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    text.remove_prefix(static_cast<size_t>(n));
-  }
-}
-
-std::string DescribeExit(int status) {
-  if (WIFEXITED(status)) return absl::StrCat("exited with code ", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    const int sig = WTERMSIG(status);
-    return absl::StrCat("killed by signal ", sig, " (", ::strsignal(sig), ")");
-  }
-  return absl::StrCat("ended with wait status ", status);
-}
-
-int ExitCodeOf(int status) {
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
-}
-
-bool Failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
-
-// One output stream of one rank, split into lines.
-struct Stream {
-  int fd = -1;       // read end; -1 once at EOF
-  int out_fd = 1;    // where prefixed lines go
-  std::string pending;
-};
-
-struct Rank {
-  pid_t pid = -1;
-  bool running = false;
-  int status = 0;
-  // Stopped by a signal (SIGSTOP, SIGTSTP, ...) at some point while running: 0 if never.
-  int stopped_by = 0;
-  // SIGTERM/SIGKILL sent by the launcher while it was still running.
-  bool stopped_by_launcher = false;
-  Stream out, err;
-};
-
-void Emit(int rank, Stream& s, bool flush_partial) {
-  const std::string prefix = absl::StrCat("[rank ", rank, "] ");
-  size_t start = 0;
-  while (true) {
-    const size_t nl = s.pending.find('\n', start);
-    if (nl == std::string::npos) break;
-    WriteAll(s.out_fd, absl::StrCat(prefix, absl::string_view(s.pending).substr(start, nl + 1 - start)));
-    start = nl + 1;
-  }
-  s.pending.erase(0, start);
-  if (flush_partial && !s.pending.empty()) {
-    WriteAll(s.out_fd, absl::StrCat(prefix, s.pending, "\n"));
-    s.pending.clear();
-  }
-}
-
-// Reads what is available; closes the stream at EOF.
-void Drain(int rank, Stream& s) {
-  char buf[65536];
-  while (s.fd >= 0) {
-    const ssize_t n = ::read(s.fd, buf, sizeof(buf));
-    if (n > 0) {
-      s.pending.append(buf, static_cast<size_t>(n));
-      Emit(rank, s, false);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    Emit(rank, s, true);
-    ::close(s.fd);
-    s.fd = -1;
-  }
 }
 
 // A fresh random job secret (32 hex digits), or "" when /dev/urandom cannot be read.
@@ -170,21 +103,6 @@ std::vector<std::string> ChildEnvironment(const LaunchOptions& o, int rank,
   return env;
 }
 
-std::vector<char*> CStrings(std::vector<std::string>& v) {
-  std::vector<char*> out;
-  for (std::string& s : v) out.push_back(s.data());
-  out.push_back(nullptr);
-  return out;
-}
-
-void SignalAll(std::vector<Rank>& ranks, int sig) {
-  for (Rank& r : ranks) {
-    if (!r.running) continue;
-    ::kill(-r.pid, sig);  // the rank's whole process group
-    r.stopped_by_launcher = true;
-  }
-}
-
 std::string FormatTime(int64_t unix_ns) {
   return absl::FormatTime("%H:%M:%E6S", absl::FromUnixNanos(unix_ns), absl::LocalTimeZone());
 }
@@ -196,7 +114,7 @@ std::string RecordLine(const FailureRecord& r) {
 }
 
 // How a rank that recorded no error ended, for a root-cause line.
-std::string DescribeSilentRank(const Rank& r) {
+std::string DescribeSilentRank(const LaunchedRank& r) {
   if (r.stopped_by != 0) {
     return absl::StrCat("it was stopped by signal ", r.stopped_by, " (", ::strsignal(r.stopped_by),
                         ") and hung (ended: ", DescribeExit(r.status),
@@ -304,252 +222,339 @@ absl::StatusOr<int> RunLocalRanks(int nproc, const std::vector<std::string>& arg
   return Launch(options);
 }
 
-int Launch(const LaunchOptions& in) {
-  LaunchOptions o = in;
-  auto say = [&](absl::string_view text) { WriteAll(o.stderr_fd, absl::StrCat("launch: ", text, "\n")); };
-  if (o.nproc < 1 || o.command.empty()) {
-    say("nothing to run (nproc < 1 or no command)");
-    return 1;
+namespace {
+
+// One job of Launch: its options, its ranks, and what the event loop has seen so far.
+class Job {
+ public:
+  explicit Job(const LaunchOptions& options) : o_(options) {}
+
+  // The port, the job secret and the error-file directory; false (said why) if not.
+  bool Prepare();
+  // Installs the self-pipe signal handlers; false (said why) if the pipe fails.
+  bool InstallSignalHandlers();
+  // Starts every rank; after a failure, stops those already started.
+  void StartRanks();
+  // Forwards the ranks' output, signals and failures until every rank has exited and
+  // its output is drained.
+  void Supervise();
+  // Closes the ranks' streams and restores the signal handlers.
+  void Cleanup();
+  // Reads the ranks' error files, says what happened and returns the exit status.
+  int Finish();
+
+ private:
+  void Say(absl::string_view text) const {
+    WriteAll(o_.stderr_fd, absl::StrCat("launch: ", text, "\n"));
   }
-  if (o.master_port == 0) {
-    absl::StatusOr<int> port = internal::PickFreePort(o.master_addr);
+  // Forks and executes rank `r`; false (said why) if it cannot be started.
+  bool StartRank(int r, std::vector<char*>& argv, pid_t launcher_pid);
+  // One round of the event loop; false once the loop is over.
+  bool SuperviseOnce();
+  // Forwards the signals the handler wrote to the self-pipe.
+  void HandleSignals();
+  // Reaps the ranks that have exited (only our own children, by pid).
+  void ReapRanks();
+  // SIGTERM at term_at_, SIGKILL at kill_at_.
+  void Escalate();
+  // The ranks' error files (root cause first, then the secondary errors); `silent`
+  // gets what is known of each rank that wrote none. Removes the files.
+  std::vector<FailureRecord> ReadErrorFiles(std::vector<std::string>* silent);
+
+  LaunchOptions o_;
+  std::string secret_;
+  std::string error_dir_;
+  std::vector<LaunchedRank> ranks_;
+  struct sigaction old_int_ {}, old_term_ {}, old_chld_ {};
+  int exit_code_ = 0;
+  bool start_failed_ = false;
+  int failed_rank_ = -1;
+  int interrupt_ = 0;
+  absl::Time kill_at_ = absl::InfiniteFuture();
+  absl::Time drain_until_ = absl::InfiniteFuture();
+  // After the first failure, the other ranks get a moment to end by themselves (ranks
+  // that agreed on the error record it and exit; under load that can take a while)
+  // before SIGTERM.
+  absl::Time term_at_ = absl::InfiniteFuture();
+};
+
+bool Job::Prepare() {
+  if (o_.nproc < 1 || o_.command.empty()) {
+    Say("nothing to run (nproc < 1 or no command)");
+    return false;
+  }
+  ranks_.resize(o_.nproc);
+  if (o_.master_port == 0) {
+    absl::StatusOr<int> port = internal::PickFreePort(o_.master_addr);
     if (!port.ok()) {
-      say(absl::StrCat("cannot pick a free port on ", o.master_addr, ": ", port.status().message()));
-      return 1;
+      Say(absl::StrCat("cannot pick a free port on ", o_.master_addr, ": ",
+                       port.status().message()));
+      return false;
     }
-    o.master_port = *port;
+    o_.master_port = *port;
   }
-  std::string secret;
   if (const char* given = std::getenv(kJobSecretEnv); given != nullptr && *given != '\0') {
-    secret = given;
+    secret_ = given;
   } else {
-    secret = NewJobSecret();
-    if (secret.empty()) {
-      say("cannot read /dev/urandom for the job secret");
-      return 1;
+    secret_ = NewJobSecret();
+    if (secret_.empty()) {
+      Say("cannot read /dev/urandom for the job secret");
+      return false;
     }
   }
-  std::string error_dir;
-  {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/fsdp-launch-XXXXXX");
-    if (::mkdtemp(pattern.data()) == nullptr) {
-      say(absl::StrCat("cannot create a directory for the ranks' error files (", pattern,
-                       "): ", std::strerror(errno)));
-      return 1;
-    }
-    error_dir = pattern;
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern =
+      absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/fsdp-launch-XXXXXX");
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    Say(absl::StrCat("cannot create a directory for the ranks' error files (", pattern,
+                     "): ", std::strerror(errno)));
+    return false;
   }
+  error_dir_ = pattern;
+  return true;
+}
+
+bool Job::InstallSignalHandlers() {
   if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
-    say("pipe2 failed");
-    return 1;
+    Say("pipe2 failed");
+    return false;
   }
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-  struct sigaction old_int {}, old_term {}, old_chld {};
-  ::sigaction(SIGINT, &sa, &old_int);
-  ::sigaction(SIGTERM, &sa, &old_term);
-  ::sigaction(SIGCHLD, &sa, &old_chld);
+  ::sigaction(SIGINT, &sa, &old_int_);
+  ::sigaction(SIGTERM, &sa, &old_term_);
+  ::sigaction(SIGCHLD, &sa, &old_chld_);
+  return true;
+}
 
-  std::vector<std::string> argv_strings = o.command;
+bool Job::StartRank(int r, std::vector<char*>& argv, pid_t launcher_pid) {
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+    Say("pipe2 failed");
+    return false;
+  }
+  std::vector<std::string> env_strings = ChildEnvironment(o_, r, secret_, error_dir_);
+  std::vector<char*> envp = CStrings(env_strings);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != launcher_pid) ::_exit(1);  // the launcher died already
+    ::signal(SIGINT, SIG_DFL);
+    ::signal(SIGTERM, SIG_DFL);
+    ::signal(SIGCHLD, SIG_DFL);
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    ::execvpe(argv[0], argv.data(), envp.data());
+    const std::string msg =
+        absl::StrCat("launch: cannot execute ", argv[0], ": ", std::strerror(errno), "\n");
+    (void)!::write(2, msg.data(), msg.size());
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  ::close(err[1]);
+  if (pid < 0) {
+    ::close(out[0]);
+    ::close(err[0]);
+    Say(absl::StrCat("fork failed: ", std::strerror(errno)));
+    return false;
+  }
+  ::setpgid(pid, pid);  // also from here, so signals sent right away reach its group
+  LaunchedRank& rank = ranks_[r];
+  rank.pid = pid;
+  rank.running = true;
+  rank.out = RankStream{out[0], o_.stdout_fd, ""};
+  rank.err = RankStream{err[0], o_.stderr_fd, ""};
+  ::fcntl(out[0], F_SETFL, O_NONBLOCK);
+  ::fcntl(err[0], F_SETFL, O_NONBLOCK);
+  return true;
+}
+
+void Job::StartRanks() {
+  std::vector<std::string> argv_strings = o_.command;
   std::vector<char*> argv = CStrings(argv_strings);
   const pid_t launcher_pid = ::getpid();
-  std::vector<Rank> ranks(o.nproc);
-  int exit_code = 0;
-  bool start_failed = false;
-  for (int r = 0; r < o.nproc && !start_failed; ++r) {
-    int out[2], err[2];
-    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
-      say("pipe2 failed");
-      start_failed = true;
-      break;
-    }
-    std::vector<std::string> env_strings = ChildEnvironment(o, r, secret, error_dir);
-    std::vector<char*> envp = CStrings(env_strings);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::setpgid(0, 0);
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != launcher_pid) ::_exit(1);  // the launcher died already
-      ::signal(SIGINT, SIG_DFL);
-      ::signal(SIGTERM, SIG_DFL);
-      ::signal(SIGCHLD, SIG_DFL);
-      ::dup2(out[1], 1);
-      ::dup2(err[1], 2);
-      ::execvpe(argv[0], argv.data(), envp.data());
-      const std::string msg =
-          absl::StrCat("launch: cannot execute ", argv[0], ": ", std::strerror(errno), "\n");
-      (void)!::write(2, msg.data(), msg.size());
-      ::_exit(127);
-    }
-    ::close(out[1]);
-    ::close(err[1]);
-    if (pid < 0) {
-      ::close(out[0]);
-      ::close(err[0]);
-      say(absl::StrCat("fork failed: ", std::strerror(errno)));
-      start_failed = true;
-      break;
-    }
-    ::setpgid(pid, pid);  // also from here, so signals sent right away reach its group
-    Rank& rank = ranks[r];
-    rank.pid = pid;
-    rank.running = true;
-    rank.out = Stream{out[0], o.stdout_fd, ""};
-    rank.err = Stream{err[0], o.stderr_fd, ""};
-    ::fcntl(out[0], F_SETFL, O_NONBLOCK);
-    ::fcntl(err[0], F_SETFL, O_NONBLOCK);
+  for (int r = 0; r < o_.nproc && !start_failed_; ++r) {
+    start_failed_ = !StartRank(r, argv, launcher_pid);
   }
+  if (start_failed_) {
+    exit_code_ = 1;
+    SignalAll(ranks_, SIGTERM);
+    kill_at_ = absl::Now() + o_.grace_period;
+  }
+}
 
-  int failed_rank = -1;
-  int interrupt = 0;
-  absl::Time kill_at = absl::InfiniteFuture();
-  if (start_failed) {
-    exit_code = 1;
-    SignalAll(ranks, SIGTERM);
-    kill_at = absl::Now() + o.grace_period;
+void Job::Supervise() {
+  while (SuperviseOnce()) {
   }
-  absl::Time drain_until = absl::InfiniteFuture();
-  // After the first failure, the other ranks get a moment to end by themselves (ranks
-  // that agreed on the error record it and exit; under load that can take a while)
-  // before SIGTERM.
-  absl::Time term_at = absl::InfiniteFuture();
-  while (true) {
-    int running = 0;
-    for (const Rank& r : ranks) running += r.running ? 1 : 0;
-    if (running == 0 && drain_until == absl::InfiniteFuture()) {
-      // Give grandchildren that still hold a pipe a moment, then stop reading.
-      drain_until = absl::Now() + absl::Seconds(1);
-    }
-    std::vector<pollfd> fds = {{g_signal_pipe[0], POLLIN, 0}};
-    std::vector<std::pair<int, Stream*>> streams;
-    for (int r = 0; r < o.nproc; ++r) {
-      for (Stream* s : {&ranks[r].out, &ranks[r].err}) {
-        if (s->fd >= 0) {
-          fds.push_back({s->fd, POLLIN, 0});
-          streams.push_back({r, s});
-        }
+}
+
+bool Job::SuperviseOnce() {
+  int running = 0;
+  for (const LaunchedRank& r : ranks_) running += r.running ? 1 : 0;
+  if (running == 0 && drain_until_ == absl::InfiniteFuture()) {
+    // Give grandchildren that still hold a pipe a moment, then stop reading.
+    drain_until_ = absl::Now() + absl::Seconds(1);
+  }
+  std::vector<pollfd> fds = {{g_signal_pipe[0], POLLIN, 0}};
+  std::vector<std::pair<int, RankStream*>> streams;
+  for (int r = 0; r < o_.nproc; ++r) {
+    for (RankStream* s : {&ranks_[r].out, &ranks_[r].err}) {
+      if (s->fd >= 0) {
+        fds.push_back({s->fd, POLLIN, 0});
+        streams.push_back({r, s});
       }
-    }
-    if (running == 0 && (streams.empty() || absl::Now() >= drain_until)) break;
-    absl::Time wake = std::min({kill_at, drain_until, term_at});
-    int timeout_ms = -1;
-    if (wake != absl::InfiniteFuture()) {
-      timeout_ms = static_cast<int>(
-          std::max<int64_t>(0, absl::ToInt64Milliseconds(wake - absl::Now()) + 1));
-    }
-    const int ready = ::poll(fds.data(), fds.size(), timeout_ms);
-    if (ready < 0 && errno != EINTR) {
-      say(absl::StrCat("poll failed: ", std::strerror(errno)));
-      SignalAll(ranks, SIGKILL);
-      exit_code = 1;
-      break;
-    }
-    for (size_t i = 0; i < streams.size(); ++i) {
-      if (fds[i + 1].revents != 0) Drain(streams[i].first, *streams[i].second);
-    }
-    if (fds[0].revents != 0) {
-      unsigned char sig;
-      while (::read(g_signal_pipe[0], &sig, 1) == 1) {
-        if (sig == SIGCHLD) continue;  // reaped below in any case
-        if (interrupt == 0) {
-          interrupt = sig;
-          say(absl::StrCat("received signal ", static_cast<int>(sig), " (", ::strsignal(sig),
-                           "); forwarding it to every rank"));
-          SignalAll(ranks, sig);
-          kill_at = std::min(kill_at, absl::Now() + o.grace_period);
-        }
-      }
-    }
-    // Reap the ranks that have exited (only our own children, by pid).
-    for (int r = 0; r < o.nproc; ++r) {
-      if (!ranks[r].running) continue;
-      int status = 0;
-      if (::waitpid(ranks[r].pid, &status, WNOHANG | WUNTRACED) != ranks[r].pid) continue;
-      if (WIFSTOPPED(status)) {
-        ranks[r].stopped_by = WSTOPSIG(status);
-        continue;
-      }
-      ranks[r].running = false;
-      ranks[r].status = status;
-      if (Failed(status) && failed_rank < 0 && interrupt == 0 && !start_failed) {
-        failed_rank = r;
-        say(absl::StrCat("rank ", r, " failed: ", DescribeExit(status),
-                         "; stopping the other ranks"));
-        term_at = absl::Now() + std::min(o.grace_period, kFailureSettle);
-      }
-    }
-    if (absl::Now() >= term_at) {
-      SignalAll(ranks, SIGTERM);
-      kill_at = std::min(kill_at, absl::Now() + o.grace_period);
-      term_at = absl::InfiniteFuture();
-    }
-    if (absl::Now() >= kill_at) {
-      bool any = false;
-      for (const Rank& r : ranks) any = any || r.running;
-      if (any) {
-        say(absl::StrCat("ranks still running ", absl::FormatDuration(o.grace_period),
-                         " after SIGTERM; sending SIGKILL"));
-        SignalAll(ranks, SIGKILL);
-      }
-      kill_at = absl::InfiniteFuture();
     }
   }
-  for (Rank& r : ranks) {
-    for (Stream* s : {&r.out, &r.err}) {
+  if (running == 0 && (streams.empty() || absl::Now() >= drain_until_)) return false;
+  absl::Time wake = std::min({kill_at_, drain_until_, term_at_});
+  int timeout_ms = -1;
+  if (wake != absl::InfiniteFuture()) {
+    timeout_ms = static_cast<int>(
+        std::max<int64_t>(0, absl::ToInt64Milliseconds(wake - absl::Now()) + 1));
+  }
+  const int ready = ::poll(fds.data(), fds.size(), timeout_ms);
+  if (ready < 0 && errno != EINTR) {
+    Say(absl::StrCat("poll failed: ", std::strerror(errno)));
+    SignalAll(ranks_, SIGKILL);
+    exit_code_ = 1;
+    return false;
+  }
+  for (size_t i = 0; i < streams.size(); ++i) {
+    if (fds[i + 1].revents != 0) Drain(streams[i].first, *streams[i].second);
+  }
+  if (fds[0].revents != 0) HandleSignals();
+  ReapRanks();
+  Escalate();
+  return true;
+}
+
+void Job::HandleSignals() {
+  unsigned char sig;
+  while (::read(g_signal_pipe[0], &sig, 1) == 1) {
+    if (sig == SIGCHLD) continue;  // reaped below in any case
+    if (interrupt_ == 0) {
+      interrupt_ = sig;
+      Say(absl::StrCat("received signal ", static_cast<int>(sig), " (", ::strsignal(sig),
+                       "); forwarding it to every rank"));
+      SignalAll(ranks_, sig);
+      kill_at_ = std::min(kill_at_, absl::Now() + o_.grace_period);
+    }
+  }
+}
+
+void Job::ReapRanks() {
+  for (int r = 0; r < o_.nproc; ++r) {
+    if (!ranks_[r].running) continue;
+    int status = 0;
+    if (::waitpid(ranks_[r].pid, &status, WNOHANG | WUNTRACED) != ranks_[r].pid) continue;
+    if (WIFSTOPPED(status)) {
+      ranks_[r].stopped_by = WSTOPSIG(status);
+      continue;
+    }
+    ranks_[r].running = false;
+    ranks_[r].status = status;
+    if (Failed(status) && failed_rank_ < 0 && interrupt_ == 0 && !start_failed_) {
+      failed_rank_ = r;
+      Say(absl::StrCat("rank ", r, " failed: ", DescribeExit(status),
+                       "; stopping the other ranks"));
+      term_at_ = absl::Now() + std::min(o_.grace_period, kFailureSettle);
+    }
+  }
+}
+
+void Job::Escalate() {
+  if (absl::Now() >= term_at_) {
+    SignalAll(ranks_, SIGTERM);
+    kill_at_ = std::min(kill_at_, absl::Now() + o_.grace_period);
+    term_at_ = absl::InfiniteFuture();
+  }
+  if (absl::Now() >= kill_at_) {
+    bool any = false;
+    for (const LaunchedRank& r : ranks_) any = any || r.running;
+    if (any) {
+      Say(absl::StrCat("ranks still running ", absl::FormatDuration(o_.grace_period),
+                       " after SIGTERM; sending SIGKILL"));
+      SignalAll(ranks_, SIGKILL);
+    }
+    kill_at_ = absl::InfiniteFuture();
+  }
+}
+
+void Job::Cleanup() {
+  for (LaunchedRank& r : ranks_) {
+    for (RankStream* s : {&r.out, &r.err}) {
       if (s->fd >= 0) {
         ::close(s->fd);
         s->fd = -1;
       }
     }
   }
-  ::sigaction(SIGINT, &old_int, nullptr);
-  ::sigaction(SIGTERM, &old_term, nullptr);
-  ::sigaction(SIGCHLD, &old_chld, nullptr);
+  ::sigaction(SIGINT, &old_int_, nullptr);
+  ::sigaction(SIGTERM, &old_term_, nullptr);
+  ::sigaction(SIGCHLD, &old_chld_, nullptr);
   ::close(g_signal_pipe[0]);
   ::close(g_signal_pipe[1]);
   g_signal_pipe[0] = g_signal_pipe[1] = -1;
+}
 
-  // The ranks' error files: the root cause first, then the secondary errors.
+std::vector<FailureRecord> Job::ReadErrorFiles(std::vector<std::string>* silent) {
   std::vector<FailureRecord> records;
-  std::vector<std::string> silent(o.nproc);
-  for (int r = 0; r < o.nproc; ++r) {
-    absl::StatusOr<FailureRecord> record = ReadFailureRecord(ErrorFileOf(error_dir, r));
+  silent->assign(o_.nproc, "");
+  for (int r = 0; r < o_.nproc; ++r) {
+    absl::StatusOr<FailureRecord> record = ReadFailureRecord(ErrorFileOf(error_dir_, r));
     if (record.ok()) {
       record->rank = r;
       records.push_back(*std::move(record));
-    } else if (ranks[r].pid > 0) {
-      silent[r] = DescribeSilentRank(ranks[r]);
+    } else if (ranks_[r].pid > 0) {
+      (*silent)[r] = DescribeSilentRank(ranks_[r]);
     }
-    ::unlink(ErrorFileOf(error_dir, r).c_str());
+    ::unlink(ErrorFileOf(error_dir_, r).c_str());
   }
-  ::rmdir(error_dir.c_str());
+  ::rmdir(error_dir_.c_str());
+  return records;
+}
 
-  if (failed_rank >= 0 || interrupt != 0) {
+int Job::Finish() {
+  std::vector<std::string> silent;
+  const std::vector<FailureRecord> records = ReadErrorFiles(&silent);
+  if (failed_rank_ >= 0 || interrupt_ != 0) {
     std::vector<std::string> others;
-    for (int r = 0; r < o.nproc; ++r) {
-      if (r != failed_rank && ranks[r].pid > 0) {
-        others.push_back(absl::StrCat("rank ", r, " ", DescribeExit(ranks[r].status)));
+    for (int r = 0; r < o_.nproc; ++r) {
+      if (r != failed_rank_ && ranks_[r].pid > 0) {
+        others.push_back(absl::StrCat("rank ", r, " ", DescribeExit(ranks_[r].status)));
       }
     }
-    if (!others.empty()) say(absl::StrCat("then: ", absl::StrJoin(others, ", ")));
+    if (!others.empty()) Say(absl::StrCat("then: ", absl::StrJoin(others, ", ")));
   }
-  if (failed_rank >= 0) {
+  if (failed_rank_ >= 0) {
     int root = -1;
-    for (const std::string& line : ReportFailures(records, silent, &root)) say(line);
-    if (root < 0 || root >= o.nproc) root = failed_rank;
-    const int code = Failed(ranks[root].status) && !ranks[root].stopped_by_launcher
-                         ? ExitCodeOf(ranks[root].status)
-                         : ExitCodeOf(ranks[failed_rank].status);
-    say(absl::StrCat("job failed: root cause rank ", root, " (", DescribeExit(ranks[root].status),
-                     "); first rank to exit: rank ", failed_rank, " (",
-                     DescribeExit(ranks[failed_rank].status), "); exit status ", code));
+    for (const std::string& line : ReportFailures(records, silent, &root)) Say(line);
+    if (root < 0 || root >= o_.nproc) root = failed_rank_;
+    const LaunchedRank& first = ranks_[failed_rank_];
+    const int code = Failed(ranks_[root].status) && !ranks_[root].stopped_by_launcher
+                         ? ExitCodeOf(ranks_[root].status)
+                         : ExitCodeOf(first.status);
+    Say(absl::StrCat("job failed: root cause rank ", root, " (",
+                     DescribeExit(ranks_[root].status), "); first rank to exit: rank ",
+                     failed_rank_, " (", DescribeExit(first.status), "); exit status ", code));
     return code;
   }
-  if (interrupt != 0) return 128 + interrupt;
-  return exit_code;
+  if (interrupt_ != 0) return 128 + interrupt_;
+  return exit_code_;
+}
+
+}  // namespace
+
+int Launch(const LaunchOptions& options) {
+  Job job(options);
+  if (!job.Prepare() || !job.InstallSignalHandlers()) return 1;
+  job.StartRanks();
+  job.Supervise();
+  job.Cleanup();
+  return job.Finish();
 }
 
 }  // namespace comm

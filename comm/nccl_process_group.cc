@@ -24,7 +24,6 @@ struct NcclComm {
   absl::Mutex mu;
   ncclComm_t comm ABSL_GUARDED_BY(mu) = nullptr;
   absl::Status broken ABSL_GUARDED_BY(mu);
-  StatsRecorder stats;
 
   // Records the first failure and aborts the communicator (which makes NCCL kernels
   // still waiting on peers return).
@@ -163,9 +162,12 @@ class NcclWork : public Work {
 };
 
 // The watchdog's view of `op` (NOTE [Watchdog]).
+// `stats` counts the collective when it succeeds; the watchdog, which calls `complete`,
+// ends before the group (and its counters) goes away.
 internal::WatchedOp WatchCollective(const std::shared_ptr<PendingCollective>& op,
-                                const std::shared_ptr<internal::NcclComm>& comm,
-                                absl::Duration timeout, CollectiveKind kind, Traffic traffic) {
+                                    const std::shared_ptr<internal::NcclComm>& comm,
+                                    StatsRecorder* stats, absl::Duration timeout,
+                                    CollectiveKind kind, Traffic traffic) {
   internal::WatchedOp w;
   w.description = op->description;
   w.timeout = timeout;
@@ -190,8 +192,8 @@ internal::WatchedOp WatchCollective(const std::shared_ptr<PendingCollective>& op
     return std::nullopt;
   };
   w.device_done = [op] { return cudaEventQuery(op->event) != cudaErrorNotReady; };
-  w.complete = [op, comm, kind, traffic](const absl::Status& s) {
-    if (s.ok()) comm->stats.Record(kind, traffic);  // before waiters can read Stats()
+  w.complete = [op, stats, kind, traffic](const absl::Status& s) {
+    if (s.ok()) stats->Record(kind, traffic);  // before waiters can read Stats()
     absl::MutexLock lock(&op->mu);
     op->done = true;
     op->status = s;
@@ -207,13 +209,36 @@ internal::WatchedOp WatchCollective(const std::shared_ptr<PendingCollective>& op
   return w;
 }
 
+// Rank 0 makes the communicator's unique id and writes it under "nccl_unique_id"; the
+// others read it, waiting up to options.init_timeout.
+absl::StatusOr<ncclUniqueId> ExchangeUniqueId(Store& store, int rank, const std::string& who,
+                                              const NcclOptions& options, absl::Time deadline) {
+  ncclUniqueId id;
+  if (rank == 0) {
+    RETURN_IF_ERROR(NcclStatus(ncclGetUniqueId(&id), nullptr, deadline,
+                               absl::StrCat(who, ": ncclGetUniqueId")));
+    RETURN_IF_ERROR(
+        store.Set("nccl_unique_id", absl::string_view(id.internal, sizeof(id.internal))));
+    return id;
+  }
+  absl::StatusOr<std::string> got = store.Get("nccl_unique_id", options.init_timeout);
+  if (!got.ok()) {
+    return absl::Status(got.status().code(), absl::StrCat(who, ": waiting for rank 0's NCCL id: ",
+                                                          got.status().message()));
+  }
+  if (got->size() != sizeof(id.internal)) {
+    return absl::InternalError(absl::StrCat(who, ": NCCL id has ", got->size(), " bytes, not ",
+                                            sizeof(id.internal)));
+  }
+  std::memcpy(id.internal, got->data(), sizeof(id.internal));
+  return id;
+}
+
 }  // namespace
 
 NcclProcessGroup::NcclProcessGroup(std::shared_ptr<Store> store, int rank, int size,
                                    core::Device device, NcclOptions options)
-    : store_(std::move(store)),
-      rank_(rank),
-      size_(size),
+    : BackendGroup(std::move(store), rank, size, options.name),
       device_(device),
       options_(std::move(options)),
       comm_(std::make_shared<internal::NcclComm>()) {}
@@ -221,85 +246,26 @@ NcclProcessGroup::NcclProcessGroup(std::shared_ptr<Store> store, int rank, int s
 absl::StatusOr<std::shared_ptr<NcclProcessGroup>> NcclProcessGroup::Create(
     std::shared_ptr<Store> store, int rank, int size, core::Device device,
     const NcclOptions& options) {
-  if (store == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("NcclProcessGroup::Create('", options.name, "'): store is null"));
-  }
-  return Join(std::make_shared<PrefixStore>(std::move(store), options.name), rank, size, device,
-              options, /*failure_rank=*/rank);
+  ASSIGN_OR_RETURN(std::shared_ptr<Store> scoped,
+                   internal::GroupStore(std::move(store), "NcclProcessGroup", options.name));
+  return Join(std::move(scoped), rank, size, device, options, /*failure_rank=*/rank);
 }
 
 absl::StatusOr<std::shared_ptr<NcclProcessGroup>> NcclProcessGroup::Join(
     std::shared_ptr<Store> store, int rank, int size, core::Device device,
     const NcclOptions& options, int failure_rank) {
-  const std::string who =
-      absl::StrCat("nccl group '", options.name, "' (rank ", rank, " of ", size, ")");
-  if (size < 1 || rank < 0 || rank >= size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(who, ": rank must be in [0, size) and size at least 1"));
-  }
+  const std::string who = internal::JoinWho("nccl", options.name, rank, size);
+  RETURN_IF_ERROR(internal::CheckRankAndSize(who, rank, size));
   if (!device.is_cuda()) {
     return absl::InvalidArgumentError(
         absl::StrCat(who, ": NCCL needs a CUDA device, got ", device.ToString()));
   }
-  if (auto s = CudaStatus(cudaSetDevice(device.index), absl::StrCat(who, ": cudaSetDevice"));
-      !s.ok()) {
-    return s;
-  }
-  const absl::Time deadline = absl::Now() + options.init_timeout;
-  ncclUniqueId id;
-  if (rank == 0) {
-    if (auto s = NcclStatus(ncclGetUniqueId(&id), nullptr, deadline,
-                            absl::StrCat(who, ": ncclGetUniqueId"));
-        !s.ok()) {
-      return s;
-    }
-    if (auto s = store->Set("nccl_unique_id", absl::string_view(id.internal, sizeof(id.internal)));
-        !s.ok()) {
-      return s;
-    }
-  } else {
-    absl::StatusOr<std::string> got = store->Get("nccl_unique_id", options.init_timeout);
-    if (!got.ok()) {
-      return absl::Status(got.status().code(),
-                          absl::StrCat(who, ": waiting for rank 0's NCCL id: ", got.status().message()));
-    }
-    if (got->size() != sizeof(id.internal)) {
-      return absl::InternalError(absl::StrCat(who, ": NCCL id has ", got->size(), " bytes, not ",
-                                              sizeof(id.internal)));
-    }
-    std::memcpy(id.internal, got->data(), sizeof(id.internal));
-  }
-  std::shared_ptr<NcclProcessGroup> group(new NcclProcessGroup(store, rank, size, device, options));
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;  // so that a missing peer is a timeout we control, not a hang
-  ncclComm_t comm = nullptr;
-  ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
-  while (r == ncclInProgress && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-    ncclCommGetAsyncError(comm, &r);
-  }
-  if (r == ncclInProgress) {
-    ncclCommAbort(comm);
-    return absl::DeadlineExceededError(absl::StrCat(
-        who, ": the peers did not all join within init_timeout ",
-        absl::FormatDuration(options.init_timeout)));
-  }
-  if (r != ncclSuccess) {
-    const std::string last = comm != nullptr ? ncclGetLastError(comm) : "";
-    if (comm != nullptr) ncclCommAbort(comm);
-    return absl::UnavailableError(
-        absl::StrCat(who, ": ncclCommInitRankConfig failed: ", ncclGetErrorString(r), " ", last));
-  }
-  {
-    absl::MutexLock lock(&group->comm_->mu);
-    group->comm_->comm = comm;
-  }
-  if (auto s = CudaStatus(cudaStreamCreateWithFlags(&group->stream_, cudaStreamNonBlocking),
-                          absl::StrCat(who, ": cudaStreamCreate"));
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device.index), absl::StrCat(who, ": cudaSetDevice")));
+  std::shared_ptr<NcclProcessGroup> group(
+      new NcclProcessGroup(std::move(store), rank, size, device, options));
+  RETURN_IF_ERROR(group->InitCommunicator(who));
+  RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&group->stream_, cudaStreamNonBlocking),
+                             absl::StrCat(who, ": cudaStreamCreate")));
   group->failure_rank_ = failure_rank;
   internal::Watchdog::Options dog;
   std::shared_ptr<internal::NcclComm> shared = group->comm_;
@@ -312,6 +278,34 @@ absl::StatusOr<std::shared_ptr<NcclProcessGroup>> NcclProcessGroup::Join(
   group->watchdog_ = std::make_unique<internal::Watchdog>(std::move(dog));
   VLOG(1) << who << ": NCCL communicator ready on " << device.ToString();
   return group;
+}
+
+absl::Status NcclProcessGroup::InitCommunicator(const std::string& who) {
+  const absl::Time deadline = absl::Now() + options_.init_timeout;
+  ASSIGN_OR_RETURN(ncclUniqueId id, ExchangeUniqueId(*store(), rank(), who, options_, deadline));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // so that a missing peer is a timeout we control, not a hang
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, size(), id, rank(), &config);
+  while (r == ncclInProgress && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+    ncclCommGetAsyncError(comm, &r);
+  }
+  if (r == ncclInProgress) {
+    ncclCommAbort(comm);
+    return absl::DeadlineExceededError(absl::StrCat(
+        who, ": the peers did not all join within init_timeout ",
+        absl::FormatDuration(options_.init_timeout)));
+  }
+  if (r != ncclSuccess) {
+    const std::string last = comm != nullptr ? ncclGetLastError(comm) : "";
+    if (comm != nullptr) ncclCommAbort(comm);
+    return absl::UnavailableError(
+        absl::StrCat(who, ": ncclCommInitRankConfig failed: ", ncclGetErrorString(r), " ", last));
+  }
+  absl::MutexLock lock(&comm_->mu);
+  comm_->comm = comm;
+  return absl::OkStatus();
 }
 
 NcclProcessGroup::~NcclProcessGroup() {
@@ -379,7 +373,7 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Issue(CollectiveKind kin
     absl::MutexLock op_lock(&op->mu);
     op->keep = std::move(keep);
   }
-  watchdog_->Add(WatchCollective(op, comm_, timeout, kind, traffic));
+  watchdog_->Add(WatchCollective(op, comm_, &stats(), timeout, kind, traffic));
   return std::shared_ptr<Work>(std::make_shared<NcclWork>(std::move(op)));
 }
 
@@ -423,7 +417,7 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllGather(const core::Te
   }
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&input, &output}, device_));
   const absl::Time deadline = absl::Now() + options.timeout;
-  return Issue(kind, options.timeout, ExpectedTraffic(kind, output.nbytes(), size_, rank_),
+  return Issue(kind, options.timeout, ExpectedTraffic(kind, output.nbytes(), size(), rank()),
                {input, output}, [&](ncclComm_t comm, cudaStream_t stream) -> absl::Status {
                  if (input.numel() == 0) return absl::OkStatus();
                  return NcclStatus(ncclAllGather(input.raw_data(), output.raw_data(),
@@ -455,7 +449,7 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::ReduceScatter(
     keep.push_back(wide_in);
     keep.push_back(wide_out);
   }
-  return Issue(kind, options.timeout, ExpectedTraffic(kind, input.nbytes(), size_, rank_),
+  return Issue(kind, options.timeout, ExpectedTraffic(kind, input.nbytes(), size(), rank()),
                std::move(keep), [&](ncclComm_t comm, cudaStream_t stream) -> absl::Status {
                  if (k == 0) return absl::OkStatus();
                  if (!bf16) {
@@ -498,7 +492,7 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllReduce(const core::Te
                                                   core::MemoryTag::kComm, device_));
     keep.push_back(wide);
   }
-  return Issue(kind, options.timeout, ExpectedTraffic(kind, tensor.nbytes(), size_, rank_),
+  return Issue(kind, options.timeout, ExpectedTraffic(kind, tensor.nbytes(), size(), rank()),
                std::move(keep), [&](ncclComm_t comm, cudaStream_t stream) -> absl::Status {
                  if (n == 0) return absl::OkStatus();
                  if (!bf16) {
@@ -531,7 +525,7 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Broadcast(const core::Te
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&tensor}, device_));
   const absl::Time deadline = absl::Now() + options.timeout;
   return Issue(kind, options.timeout,
-               ExpectedTraffic(kind, tensor.nbytes(), size_, rank_, options.root), {tensor},
+               ExpectedTraffic(kind, tensor.nbytes(), size(), rank(), options.root), {tensor},
                [&](ncclComm_t comm, cudaStream_t stream) -> absl::Status {
                  if (tensor.numel() == 0) return absl::OkStatus();
                  return NcclStatus(ncclBroadcast(tensor.raw_data(), tensor.raw_data(),
@@ -555,24 +549,14 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Barrier(const BarrierOpt
                });
 }
 
-CommStats NcclProcessGroup::Stats() const { return comm_->stats.Snapshot(); }
-
-void NcclProcessGroup::ResetStats() { comm_->stats.Reset(); }
-
 absl::StatusOr<std::shared_ptr<ProcessGroup>> NcclProcessGroup::NewSubgroup(
     const std::vector<int>& ranks, const SubgroupOptions& options) {
-  int index = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    index = next_subgroup_++;
-  }
-  ASSIGN_OR_RETURN(SubgroupPlacement place, PlaceInSubgroup(*this, ranks, index));
+  ASSIGN_OR_RETURN(SubgroupPlacement place, PlaceNextSubgroup(ranks));
   NcclOptions sub = options_;
-  sub.name = options.name.empty() ? absl::StrCat(options_.name, "/", place.key_prefix)
-                                  : options.name;
+  sub.name = SubgroupName(options, place);
   sub.init_timeout = options.timeout;
-  ASSIGN_OR_RETURN(auto group, Join(std::make_shared<PrefixStore>(store_, place.key_prefix),
-                                    place.rank, place.size, device_, sub, failure_rank_));
+  ASSIGN_OR_RETURN(auto group, Join(SubgroupStore(place), place.rank, place.size, device_, sub,
+                                    failure_rank_));
   return std::shared_ptr<ProcessGroup>(std::move(group));
 }
 

@@ -57,6 +57,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "comm/internal/worker_group.h"
 #include "comm/process_group.h"
 #include "comm/store.h"
 #include "core/device.h"
@@ -75,7 +76,7 @@ struct NcclComm;
 class Watchdog;
 }  // namespace internal
 
-class NcclProcessGroup : public ProcessGroup {
+class NcclProcessGroup : public internal::BackendGroup {
  public:
   // Joins the group as `rank` of `size` on CUDA `device`. InvalidArgument for a bad
   // rank/size/device or a null store; DeadlineExceeded when the id or the peers do not
@@ -88,10 +89,7 @@ class NcclProcessGroup : public ProcessGroup {
   NcclProcessGroup(const NcclProcessGroup&) = delete;
   NcclProcessGroup& operator=(const NcclProcessGroup&) = delete;
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
   std::string backend_name() const override { return "nccl"; }
-  std::string name() const override { return options_.name; }
   core::Device device() const { return device_; }
   // The stream the collectives run on.
   cudaStream_t stream() const { return stream_; }
@@ -107,9 +105,6 @@ class NcclProcessGroup : public ProcessGroup {
   absl::StatusOr<std::shared_ptr<Work>> Broadcast(const core::Tensor& tensor,
                                                   const BroadcastOptions& options) override;
   absl::StatusOr<std::shared_ptr<Work>> Barrier(const BarrierOptions& options) override;
-
-  CommStats Stats() const override;
-  void ResetStats() override;
 
   absl::StatusOr<std::shared_ptr<ProcessGroup>> NewSubgroup(
       const std::vector<int>& ranks, const SubgroupOptions& options) override;
@@ -140,9 +135,10 @@ class NcclProcessGroup : public ProcessGroup {
                                               Traffic traffic, std::vector<core::Tensor> keep,
                                               const LaunchFn& launch);
 
-  const std::shared_ptr<Store> store_;
-  const int rank_;
-  const int size_;
+  // Creates the communicator (rank 0's unique id through the store) within
+  // options_.init_timeout; `who` names the group in errors.
+  absl::Status InitCommunicator(const std::string& who);
+
   const core::Device device_;
   const NcclOptions options_;
   std::shared_ptr<internal::NcclComm> comm_;
@@ -155,7 +151,6 @@ class NcclProcessGroup : public ProcessGroup {
 
   absl::Mutex mu_;  // serialises issuing (NCCL calls on one communicator)
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  int next_subgroup_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace comm

@@ -34,6 +34,9 @@ class PrefixStore : public Store {
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
   absl::StatusOr<bool> Check(const std::vector<std::string>& keys) override;
   absl::StatusOr<bool> DeleteKey(absl::string_view key) override;
+  // The base's Describe(): the prefix names no other place, and messages that name a
+  // key give it with its prefix.
+  std::string Describe() const override { return base_->Describe(); }
 
  private:
   std::string Full(absl::string_view key) const;

@@ -16,10 +16,12 @@
 // only after that. All ranks must be processes (or threads) of one host.
 //
 // Collectives take CPU tensors and run one at a time, in issue order, on the group's
-// worker thread (NOTE [Shm protocol] in the .cc). Two transports move the bulk data:
+// worker thread (NOTE [Shm protocol] in comm/internal/shm_segment.cc). Two transports
+// move the bulk data:
 // - "slots": tensors move in slot-sized pieces through two slots per rank (each byte is
 //   copied twice: owner -> slot, slot -> peer);
-// - "cma" (Linux cross-memory attach, NOTE [CMA transport]): each rank publishes the
+// - "cma" (Linux cross-memory attach, NOTE [CMA transport] in
+//   comm/internal/shm_collectives.cc): each rank publishes the
 //   address and length of the buffer its peers need in its control block, and the peers
 //   copy straight out of its process with process_vm_readv (one copy per byte); the
 //   owner returns only once every peer has finished reading. Messages below
@@ -59,22 +61,18 @@
 #include <sys/types.h>
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "comm/internal/worker_group.h"
 #include "comm/process_group.h"
 #include "comm/store.h"
-#include "core/allocator.h"
 
 namespace comm {
 namespace internal {
-struct ShmSegment;
+class ShmCollectives;
 }  // namespace internal
 
 // The prefix of every segment name in /dev/shm ("/fsdp_shm_<pid>_<random>").
@@ -104,7 +102,8 @@ struct ShmOptions {
   // multiple of 64 in [4 KiB, 1 GiB]; all ranks must pass the same value.
   int64_t slot_bytes = int64_t{256} << 10;
   // How long a waiting rank polls (pausing, yielding its core between polls) before it
-  // sleeps on the futex (NOTE [Waiting] in the .cc). Zero: sleep after a few pauses.
+  // sleeps on the futex (NOTE [Waiting] in comm/internal/shm_segment.cc). Zero: sleep
+  // after a few pauses.
   absl::Duration spin_time = absl::Microseconds(5);
   // How often a waiting rank checks that the peers it waits on are still alive.
   absl::Duration liveness_interval = absl::Milliseconds(100);
@@ -122,7 +121,7 @@ struct ShmOptions {
   std::function<int()> probe_override;
 };
 
-class ShmProcessGroup : public ProcessGroup {
+class ShmProcessGroup : public internal::BackendGroup {
  public:
   // Joins the group as `rank` of `size`, meeting the others through `store`.
   // InvalidArgument for a bad rank/size/option or a null store; DeadlineExceeded naming
@@ -139,14 +138,11 @@ class ShmProcessGroup : public ProcessGroup {
   ShmProcessGroup(const ShmProcessGroup&) = delete;
   ShmProcessGroup& operator=(const ShmProcessGroup&) = delete;
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
   std::string backend_name() const override { return "shm"; }
-  std::string name() const override { return options_.name; }
   // The segment's name as created in /dev/shm (unlinked once Create returned).
   const std::string& segment_name() const;
   // The transport the group uses: "cma" or "slots" (the same on every rank).
-  std::string transport_name() const { return cma_ ? "cma" : "slots"; }
+  std::string transport_name() const;
 
   absl::StatusOr<std::shared_ptr<Work>> AllGather(const core::Tensor& input,
                                                   const core::Tensor& output,
@@ -160,107 +156,28 @@ class ShmProcessGroup : public ProcessGroup {
                                                   const BroadcastOptions& options) override;
   absl::StatusOr<std::shared_ptr<Work>> Barrier(const BarrierOptions& options) override;
 
-  CommStats Stats() const override { return stats_.Snapshot(); }
-  void ResetStats() override { stats_.Reset(); }
-
   // A new segment for the subgroup, under the subgroup's key prefix; its ShmOptions are
   // this group's with name and rendezvous_timeout from `options`.
   absl::StatusOr<std::shared_ptr<ProcessGroup>> NewSubgroup(
       const std::vector<int>& ranks, const SubgroupOptions& options) override;
 
  private:
-  // One queued collective; `run` gets its description and deadline.
-  using RunFn = std::function<absl::Status(const std::string& what, absl::Time deadline)>;
-  struct Op {
-    CollectiveKind kind;
-    std::shared_ptr<CompletionWork> work;
-    absl::Time deadline;
-    absl::Duration timeout;
-    uint64_t seq;
-    Traffic traffic;
-    RunFn run;
-  };
-  class Stepper;
-
   ShmProcessGroup(std::shared_ptr<Store> store, int rank, int size, ShmOptions options);
   static absl::StatusOr<std::shared_ptr<ShmProcessGroup>> Join(std::shared_ptr<Store> store,
                                                                int rank, int size,
                                                                const ShmOptions& options);
+  // Queues `run` (a body of collectives_) as the next collective of `kind`, once the
+  // arguments have been checked.
+  absl::StatusOr<std::shared_ptr<Work>> Enqueue(CollectiveKind kind, absl::Duration timeout,
+                                                Traffic traffic,
+                                                internal::CollectiveWorker::RunFn run);
 
-  std::shared_ptr<Work> Enqueue(CollectiveKind kind, absl::Duration timeout, Traffic traffic,
-                                RunFn run);
-  absl::Status CheckUsable(CollectiveKind kind) const;
-  void WorkerLoop();
-
-  // The collectives' bodies, on the worker thread.
-  absl::Status RunAllGather(const core::Tensor& input, const core::Tensor& output,
-                            const std::string& what, absl::Time deadline, absl::Duration timeout);
-  absl::Status RunReduceScatter(const core::Tensor& input, const core::Tensor& output,
-                                ReduceOp op, const std::string& what, absl::Time deadline,
-                                absl::Duration timeout);
-  absl::Status RunAllReduce(const core::Tensor& tensor, ReduceOp op, const std::string& what,
-                            absl::Time deadline, absl::Duration timeout);
-  absl::Status RunBroadcast(const core::Tensor& tensor, int root, const std::string& what,
-                            absl::Time deadline, absl::Duration timeout);
-  absl::Status RunBarrier(const std::string& what, absl::Time deadline, absl::Duration timeout);
-  // The same collectives over cross-memory attach (NOTE [CMA transport]).
-  absl::Status RunAllGatherCma(const core::Tensor& input, const core::Tensor& output,
-                               const std::string& what, absl::Time deadline,
-                               absl::Duration timeout);
-  absl::Status RunReduceScatterCma(const core::Tensor& input, const core::Tensor& output,
-                                   ReduceOp op, const std::string& what, absl::Time deadline,
-                                   absl::Duration timeout);
-  absl::Status RunAllReduceCma(const core::Tensor& tensor, ReduceOp op, const std::string& what,
-                               absl::Time deadline, absl::Duration timeout);
-  absl::Status RunBroadcastCma(const core::Tensor& tensor, int root, const std::string& what,
-                               absl::Time deadline, absl::Duration timeout);
-  // Reduces `elems` elements at byte `at` of every rank's published buffer (`buf_bytes`
-  // long; this rank's is `own`) into `out` in rank order, reading the peers' pieces into
-  // `scratch` (CmaScratch); the reduce-scatter part of both CMA reductions.
-  absl::Status ReduceFromPeersCma(Stepper& st, core::DType dtype, ReduceOp op,
-                                  const uint8_t* own, int64_t buf_bytes, int64_t at,
-                                  int64_t elems, uint8_t* out, uint8_t* scratch,
-                                  bool streaming);
-  // Whether a collective of `bytes` (the size ShmOptions.cma_min_bytes talks about) uses
-  // cross-memory attach; the same on every rank.
-  bool UseCma(int64_t bytes) const {
-    return cma_ && size_ > 1 && bytes > 0 && bytes >= options_.cma_min_bytes;
-  }
-  // Probes process_vm_readv of every peer and agrees with the others on the transport
-  // (sets cma_); in Join, before the worker starts.
-  absl::Status ChooseTransport(Store& store, const std::string& who, absl::Time deadline);
-  // Scratch of the CMA reduce-scatter: (n - 1) pieces of cma_piece_bytes_.
-  absl::StatusOr<uint8_t*> CmaScratch();
-  // Reduces `len` elements of `chunks` (rank order) into `out`; with `streaming`, through
-  // reduce_scratch_ and non-temporal stores.
-  absl::Status ReducePiece(core::DType dtype, ReduceOp op, const void* const* chunks,
-                           int64_t len, uint8_t* out, bool streaming);
-
-  const std::shared_ptr<Store> store_;
-  const int rank_;
-  const int size_;
   const ShmOptions options_;
-  std::shared_ptr<core::Allocator> allocator_;
-  std::unique_ptr<internal::ShmSegment> segment_;
-  StatsRecorder stats_;
-  // Steps this rank has completed (NOTE [Shm protocol]); used only by the worker thread.
-  uint64_t step_ = 0;
-  // Where large reductions land before they stream out (NOTE [Streaming copies]); one
-  // sub-slot, allocated on first use (tag kComm); used only by the worker thread.
-  core::Tensor reduce_scratch_;
-  // Whether bulk data goes through cross-memory attach; set in Join, then constant.
-  bool cma_ = false;
-  // Bytes of one peer's piece in a CMA reduction (the pieces of all peers fit in L2).
-  int64_t cma_piece_bytes_ = 0;
-  core::Tensor cma_scratch_;
-
-  mutable absl::Mutex mu_;
-  std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  int next_subgroup_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status broken_ ABSL_GUARDED_BY(mu_);
-  std::thread worker_;
+  // The segment and the collectives' bodies (comm/internal/shm_collectives.h); set in
+  // Join, before the worker starts; used only by the worker thread after that.
+  std::unique_ptr<internal::ShmCollectives> collectives_;
+  // Runs the collectives in issue order; stopped first in the destructor.
+  internal::CollectiveWorker worker_;
 };
 
 }  // namespace comm

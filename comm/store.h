@@ -62,6 +62,12 @@ class Store {
     return absl::UnimplementedError(
         absl::StrCat("DeleteKey(\"", key, "\") is not supported by this store"));
   }
+
+  // How messages about this store name it: a noun phrase saying where its data lives,
+  // "the store at 127.0.0.1:29500" (TcpStore), "the store in /tmp/job42" (FileStore),
+  // "the in-process store" (HashStore). A view of another store (PrefixStore) names
+  // that store. The default, for stores that do not say, is "the store". Never blocks.
+  virtual std::string Describe() const { return "the store"; }
 };
 
 }  // namespace comm

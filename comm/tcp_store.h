@@ -102,6 +102,10 @@ class TcpStore : public Store {
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
   absl::StatusOr<bool> Check(const std::vector<std::string>& keys) override;
   absl::StatusOr<bool> DeleteKey(absl::string_view key) override;
+  // "the store at <host>:<port>" (the server's address, as clients reach it).
+  std::string Describe() const override {
+    return absl::StrCat("the store at ", options_.host, ":", port_);
+  }
 
   // Server only (0 elsewhere): connections the server has open right now, this
   // store's own included. For tests and diagnostics.

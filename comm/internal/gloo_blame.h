@@ -77,7 +77,7 @@ struct BlameOptions {
   int size = 0;
   // "gloo group 'world' (rank 0 of 3)", for log lines.
   std::string group;
-  // "the store at 127.0.0.1:29500" or "the store".
+  // The store's Describe(): "the store at 127.0.0.1:29500", "the store".
   std::string store_name;
   // GlooOptions.store_server_rank and .store_probe_timeout.
   int store_server_rank = -1;
