@@ -49,8 +49,6 @@ class ForwardingTrainModule : public TrainModule {
   std::string CountUnit() const override;
   std::optional<double> LearningRate(int64_t step) override;
 
-  TrainModule& inner() const { return *inner_; }
-
  private:
   TrainModule* inner_;
 };

@@ -87,7 +87,6 @@ void ExpectForwardsEverything(TrainModule& wrapper, RecordingTrainModule& inner)
 TEST(ForwardingTrainModuleTest, ForwardsEveryCallToTheInnerModule) {
   RecordingTrainModule inner;
   PlainWrapper wrapper(&inner);
-  EXPECT_EQ(&wrapper.inner(), &inner);
   ExpectForwardsEverything(wrapper, inner);
 }
 
