@@ -73,15 +73,18 @@ nlohmann::json CommOverlapJson(const fsdp::CommTiming& timing);
 // The summary's "fsdp_units": label, numel and padded numel of each unit of `model`.
 nlohmann::json UnitsJson(core::Module& model, fsdp::WrapperRegistry& registry);
 
-// The model-FLOPs utilisation inputs and result (NOTE in integration/device_setup.h) of a
-// GPT training run at `tokens_per_second_after_warmup`: sets the summary's "mfu" (null
-// unless the device's peak is known) and "mfu_inputs"; returns the model FLOPs per token.
+// What the model FLOPs per token of a GPT depend on (integration::GptFlopsPerToken).
 struct MfuModel {
-  int64_t parameters = 0;
+  int64_t parameters = 0;  // unsharded
   int64_t n_layer = 0;
   int64_t seq_len = 0;
   int64_t n_embd = 0;
 };
+
+// The model-FLOPs utilisation inputs and result (NOTE in integration/device_setup.h) of a
+// GPT training run at `tokens_per_second_after_warmup` on `world_size` devices: sets the
+// summary's "mfu" (null unless the device's peak and the throughput are known) and
+// "mfu_inputs"; returns the model FLOPs per token.
 double AddMfu(const MfuModel& model, core::Device device, int world_size,
               std::optional<double> tokens_per_second_after_warmup, nlohmann::json* summary);
 
