@@ -1,15 +1,19 @@
 // GptTrainModule with a GPT-2-sized vocabulary: NOTE [Language vocabulary] caps the
 // Markov language's vocabulary so its dense transition table stays small, and the
-// module is created quickly.
+// module is created quickly; bad options are refused naming the option. (That the
+// module learns is gpt_learning_test.)
 #include "integration/gpt_module.h"
 
 #include <algorithm>
 
 #include "absl/time/clock.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace integration {
 namespace {
+
+using ::testing::HasSubstr;
 
 TEST(LanguageVocabTest, KeepsVocabulariesTheTableAllowsAndCapsTheRest) {
   EXPECT_EQ(LanguageVocabFor(64, 1), 64);
@@ -40,6 +44,18 @@ TEST(GptTrainModuleTest, Gpt2VocabularyCreatesQuicklyWithTheCappedLanguage) {
   const std::vector<float> tokens = batch->inputs.ToVector();
   EXPECT_LT(*std::max_element(tokens.begin(), tokens.end()), kCappedLanguageVocab);
   EXPECT_GT((*module)->EntropyFloor(), 0);
+}
+
+TEST(GptTrainModuleTest, BadOptionsNameTheOption) {
+  GptModuleOptions options;
+  options.seq_len = 64;  // longer than block_size 32
+  absl::Status s = GptTrainModule::Create(options).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("GptModuleOptions.seq_len"));
+  options = GptModuleOptions();
+  options.warmup_steps = -1;
+  EXPECT_THAT(GptTrainModule::Create(options).status().message(),
+              HasSubstr("GptModuleOptions.warmup_steps"));
 }
 
 }  // namespace

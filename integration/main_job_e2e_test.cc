@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -113,6 +114,15 @@ TEST_F(MainJobTest, FitThenTestReusesTheUnitsAndTheReleasedModuleAgrees) {
   EXPECT_GT(s["peak_bytes_per_rank"][1]["param"].get<int64_t>(), 0);
   // The progress lines and the charts.
   EXPECT_NE(fit_->output.find("step    10/40"), std::string::npos) << fit_->output;
+  // The GPT counts tokens, and the main job's TrainModule wrappers pass that on: every
+  // progress line gives tokens/s (not TrainModule's default "samples/s").
+  int progress_lines = 0;
+  for (absl::string_view line : absl::StrSplit(fit_->output, '\n')) {
+    if (!absl::StrContains(line, " (global ")) continue;
+    ++progress_lines;
+    EXPECT_TRUE(absl::StrContains(line, "  tokens/s ")) << line;
+  }
+  EXPECT_EQ(progress_lines, 4) << fit_->output;  // steps 10, 20, 30, 40
   const std::string loss_svg = ReadFile(base_ + "/loss.svg");
   EXPECT_NE(loss_svg.find("<svg"), std::string::npos);
   EXPECT_NE(loss_svg.find("entropy floor"), std::string::npos);

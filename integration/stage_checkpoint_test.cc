@@ -14,6 +14,7 @@
 #include "comm/testing/thread_ranks.h"
 #include "core/status_macros.h"
 #include "fsdp/fsdp.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "integration/checkpointing/training_checkpoint.h"
 #include "integration/gpt_module.h"
@@ -24,7 +25,8 @@
 namespace integration {
 namespace {
 
-using testing::Check;
+using ::testing::HasSubstr;
+
 using testing::RunRanks;
 
 // Vocabulary 24 and width 24 make parameter sizes that 3 does not divide evenly, so
@@ -74,19 +76,21 @@ TEST(StageCheckpointTest, LoadsAtAnyWorldSizeWithTheSameWeightsAndOptimizerState
       ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, Stages()));
       ASSIGN_OR_RETURN(LoadedCheckpoint loaded,
                        runner->LoadCheckpoint(*module, Dir("n2"), /*optimizer=*/true));
-      RETURN_IF_ERROR(Check(loaded.step == 4 && loaded.saved_world_size == 2 &&
-                                loaded.has_optimizer_state && loaded.optimizer_type == "AdamW",
-                            "checkpoint info"));
+      EXPECT_EQ(loaded.step, 4);
+      EXPECT_EQ(loaded.saved_world_size, 2);
+      EXPECT_TRUE(loaded.has_optimizer_state);
+      EXPECT_EQ(loaded.optimizer_type, "AdamW");
       bytes_read[ctx.rank] = loaded.bytes_read;
-      RETURN_IF_ERROR(Check(runner->GlobalStep(*module) == 4, "global step restored"));
-      RETURN_IF_ERROR(Check(runner->optimizer(*module)->step_count() == 4, "step count restored"));
+      EXPECT_EQ(runner->GlobalStep(*module), 4) << "global step restored";
+      EXPECT_EQ(runner->optimizer(*module)->step_count(), 4) << "step count restored";
       // Saving again at N gives the same tensors: model and optimizer state made it
       // through the resharding element for element.
       RETURN_IF_ERROR(runner->SaveCheckpoint(*module, Dir(absl::StrCat("resaved", n))));
       ASSIGN_OR_RETURN(EvalResult test, runner->Test(*module));
       // A different batch split changes float32 summation order (see main_job_e2e_test).
-      return Check(std::abs(test.loss - saved_loss) <= 1e-5 * saved_loss,
-                   absl::StrCat("test loss ", test.loss, " vs ", saved_loss));
+      EXPECT_LE(std::abs(test.loss - saved_loss), 1e-5 * saved_loss)
+          << "test loss " << test.loss << " vs " << saved_loss;
+      return absl::OkStatus();
     }));
     EXPECT_EQ(Contents(Dir(absl::StrCat("resaved", n))), saved);
     // Each rank reads its share plus at most one partial checksum block per chunk
@@ -123,7 +127,8 @@ TEST(StageCheckpointTest, CrashBeforeRenameLeavesThePreviousCheckpointLoadable) 
     RETURN_IF_ERROR(runner->Fit(*module).status());  // newer weights
     absl::Status crashed = runner->SaveCheckpoint(*module, Dir("crash"),
                                                   checkpoint::SimulatedCrash::kBeforeRename);
-    return Check(crashed.code() == absl::StatusCode::kAborted, crashed.ToString());
+    EXPECT_EQ(crashed.code(), absl::StatusCode::kAborted) << crashed;
+    return absl::OkStatus();
   }));
   EXPECT_EQ(Contents(Dir("crash")), first);
   INTEGRATION_ASSERT_OK(RunRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
@@ -131,8 +136,9 @@ TEST(StageCheckpointTest, CrashBeforeRenameLeavesThePreviousCheckpointLoadable) 
     ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, Stages()));
     ASSIGN_OR_RETURN(LoadedCheckpoint loaded, runner->LoadCheckpoint(*module, Dir("crash"), false));
     ASSIGN_OR_RETURN(EvalResult test, runner->Test(*module));
-    return Check(loaded.step == 4 && test.loss == first_loss,
-                 absl::StrCat("step ", loaded.step, " loss ", test.loss, " vs ", first_loss));
+    EXPECT_EQ(loaded.step, 4);
+    EXPECT_EQ(test.loss, first_loss);
+    return absl::OkStatus();
   }));
   absl::StatusOr<int> cleaned = checkpoint::CleanUpInterruptedSaves(Dir("crash"));
   ASSERT_TRUE(cleaned.ok()) << cleaned.status();
@@ -183,9 +189,9 @@ TEST(StageCheckpointTest, ErrorsNameTheParameterOrTheMissingState) {
     ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(SmallGpt()));
     ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, Stages()));
     absl::Status s = runner->LoadCheckpoint(*module, Dir("no_optim"), true).status();
-    return Check(s.code() == absl::StatusCode::kFailedPrecondition &&
-                     s.ToString().find("no optimizer state") != std::string::npos,
-                 s.ToString());
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(s.ToString(), HasSubstr("no optimizer state"));
+    return absl::OkStatus();
   }));
   // A model with another shape: FailedPrecondition (another structure) naming the parameter.
   GptModuleOptions wider = SmallGpt();

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "comm/process_group.h"
 #include "core/status_macros.h"
 #include "data/sampler.h"
 #include "fsdp/fully_shard.h"
@@ -82,20 +84,56 @@ std::vector<std::pair<std::string, std::vector<float>>> ParameterValues(const co
   return out;
 }
 
+namespace {
+
+// NOTE [Parity training loop]: the one training loop of the fsdp tests' runs, unwrapped
+// and FullyShard-ed alike. It is test-only and separate from integration::StageRunner::Fit
+// (the library's training loop, which the main job runs) on purpose: fsdp is a floor
+// below integration, and the parity tests compare FSDP against a loop that shares no
+// code with the runner, so a runner bug cannot sit on both sides of the comparison.
+//
+// `setup.steps` AdamW steps over the language's global batches; with a `sampler` (and
+// its `group`), on this rank's rows, the step's loss averaged over the ranks.
+absl::StatusOr<std::vector<double>> TrainSteps(const GptTrainingSetup& setup,
+                                               const data::MarkovLanguage& language,
+                                               const data::RankSampler* sampler,
+                                               comm::ProcessGroup* group, core::Module& model,
+                                               optim::AdamW& adamw) {
+  std::vector<double> losses;
+  for (int step = 0; step < setup.steps; ++step) {
+    ASSIGN_OR_RETURN(data::TokenBatch global,
+                     language.Batch(step, setup.global_batch, setup.seq_len));
+    data::TokenBatch local;
+    if (sampler != nullptr) {
+      ASSIGN_OR_RETURN(local, sampler->Local(global));
+    }
+    adamw.ZeroGrad();
+    ASSIGN_OR_RETURN(double loss, ForwardBackward(model, sampler != nullptr ? local : global));
+    RETURN_IF_ERROR(adamw.Step());
+    if (group != nullptr) {
+      // The global loss: the mean of equal-sized local means.
+      ASSIGN_OR_RETURN(core::Tensor t, core::Tensor::FromVector({static_cast<float>(loss)}, {1}));
+      comm::AllReduceOptions ar;
+      ar.reduce_op = comm::ReduceOp::kAverage;
+      ASSIGN_OR_RETURN(std::shared_ptr<comm::Work> work, group->AllReduce(t, ar));
+      RETURN_IF_ERROR(work->Wait(absl::Seconds(30)));
+      loss = t.data<float>()[0];
+    }
+    losses.push_back(loss);
+  }
+  return losses;
+}
+
+}  // namespace
+
 absl::StatusOr<TrainingRun> TrainUnwrapped(const GptTrainingSetup& setup) {
   ASSIGN_OR_RETURN(data::MarkovLanguage language, MakeLanguage(setup));
   ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, MakeGpt(setup));
   ASSIGN_OR_RETURN(std::unique_ptr<optim::AdamW> adamw,
                    optim::AdamW::Create(gpt->NamedParameters(), setup.adamw));
   TrainingRun run;
-  for (int step = 0; step < setup.steps; ++step) {
-    ASSIGN_OR_RETURN(data::TokenBatch batch,
-                     language.Batch(step, setup.global_batch, setup.seq_len));
-    adamw->ZeroGrad();
-    ASSIGN_OR_RETURN(double loss, ForwardBackward(*gpt, batch));
-    RETURN_IF_ERROR(adamw->Step());
-    run.losses.push_back(loss);
-  }
+  ASSIGN_OR_RETURN(run.losses, TrainSteps(setup, language, /*sampler=*/nullptr,
+                                          /*group=*/nullptr, *gpt, *adamw));
   run.params = ParameterValues(*gpt);
   return run;
 }
@@ -120,22 +158,7 @@ absl::StatusOr<TrainingRun> TrainFullyShardedModel(comm::testing::RankContext& c
   ASSIGN_OR_RETURN(std::unique_ptr<optim::AdamW> adamw,
                    optim::AdamW::Create(gpt->NamedParameters(), setup.adamw));
   TrainingRun run;
-  for (int step = 0; step < setup.steps; ++step) {
-    ASSIGN_OR_RETURN(data::TokenBatch global,
-                     language.Batch(step, setup.global_batch, setup.seq_len));
-    ASSIGN_OR_RETURN(data::TokenBatch local, sampler.Local(global));
-    adamw->ZeroGrad();
-    ASSIGN_OR_RETURN(double loss, ForwardBackward(*gpt, local));
-    RETURN_IF_ERROR(adamw->Step());
-    // The global loss: the mean of equal-sized local means.
-    ASSIGN_OR_RETURN(core::Tensor t,
-                     core::Tensor::FromVector({static_cast<float>(loss)}, {1}));
-    comm::AllReduceOptions ar;
-    ar.reduce_op = comm::ReduceOp::kAverage;
-    ASSIGN_OR_RETURN(std::shared_ptr<comm::Work> work, ctx.group->AllReduce(t, ar));
-    RETURN_IF_ERROR(work->Wait(absl::Seconds(30)));
-    run.losses.push_back(t.data<float>()[0]);
-  }
+  ASSIGN_OR_RETURN(run.losses, TrainSteps(setup, language, &sampler, ctx.group.get(), *gpt, *adamw));
   RETURN_IF_ERROR(Release(*gpt, registry));
   run.params = ParameterValues(*gpt);
   return run;

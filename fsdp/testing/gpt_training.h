@@ -10,7 +10,9 @@
 //
 // Both runs see the same global batches (data::MarkovLanguage batch `step`); a rank
 // trains on its data::RankSampler rows with the loss averaged over them, so the
-// averaged reduce-scatter gives the gradient of the global-batch mean loss.
+// averaged reduce-scatter gives the gradient of the global-batch mean loss. Both go
+// through one training loop, test-only and apart from integration::StageRunner::Fit on
+// purpose (NOTE [Parity training loop] in the .cc).
 #ifndef FSDP_TESTING_GPT_TRAINING_H_
 #define FSDP_TESTING_GPT_TRAINING_H_
 

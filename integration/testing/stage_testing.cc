@@ -37,8 +37,10 @@ absl::Status RunRanks(int n, const comm::testing::RankFunction& fn) {
   return comm::testing::RunThreadRanks(n, fn, options);
 }
 
-absl::Status Check(bool condition, const std::string& what) {
-  return condition ? absl::OkStatus() : absl::InternalError(what);
+absl::Status NoFailuresYet() {
+  return ::testing::Test::HasFailure()
+             ? absl::InternalError("a gtest assertion failed (reported above)")
+             : absl::OkStatus();
 }
 
 }  // namespace testing

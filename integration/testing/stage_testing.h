@@ -7,8 +7,15 @@
 //     ASSIGN_OR_RETURN(auto runner, integration::StageRunner::Create(
 //                                       ctx.group, integration::testing::TinyStages(4, 6)));
 //     ...
-//     return integration::testing::Check(fit.losses.size() == 6, "six steps");
+//     ASSIGN_OR_RETURN(integration::FitResult fit, runner->Fit(*module));
+//     EXPECT_EQ(fit.losses.size(), 6u);
+//     RETURN_IF_ERROR(integration::testing::NoFailuresYet());  // as an ASSERT_* would
+//     EXPECT_LT(fit.losses[5], fit.losses[0]);
+//     return absl::OkStatus();
 //   }));
+//
+// Rank functions return a Status, so they check with EXPECT_* (gtest assertions are
+// thread-safe and print the values) and stop early through NoFailuresYet().
 #ifndef INTEGRATION_TESTING_STAGE_TESTING_H_
 #define INTEGRATION_TESTING_STAGE_TESTING_H_
 
@@ -36,9 +43,10 @@ StageOptions TinyStages(int rows, int64_t fit_steps, int64_t log_every = 0);
 // RunThreadRanks with a 120 s deadline for the whole run.
 absl::Status RunRanks(int n, const comm::testing::RankFunction& fn);
 
-// OK when `condition` holds, otherwise Internal(`what`): for checks inside rank
-// functions, which return a Status.
-absl::Status Check(bool condition, const std::string& what);
+// OK while no assertion of the running test has failed (on any thread), otherwise
+// Internal: a rank function returns it where a failed EXPECT_* would make the rest
+// unsafe (an index past the end) or meaningless, as an ASSERT_* ends a test body.
+absl::Status NoFailuresYet();
 
 }  // namespace testing
 }  // namespace integration

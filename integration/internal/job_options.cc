@@ -1,0 +1,253 @@
+#include "integration/internal/job_options.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <system_error>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "core/dtype.h"
+#include "core/status_macros.h"
+#include "core/timeout.h"
+#include "integration/device_setup.h"
+#include "policy/wrap_policy.h"
+
+ABSL_FLAG(int, world_size, 2, "ranks to start on this machine (ignored under a launcher)");
+ABSL_FLAG(std::string, backend, "auto",
+          "collective backend: gloo, nccl, shm or auto (nccl on --device=cuda, gloo on the "
+          "CPU; shm: shared memory between CPU ranks on one host)");
+ABSL_FLAG(std::string, device, "cpu",
+          "where the model computes: cpu, or cuda (rank r uses cuda:LOCAL_RANK; needs a "
+          "--config=cuda build and --backend=nccl or auto)");
+ABSL_FLAG(std::string, stages, "fit,test",
+          "comma-separated stages to run in order: fit, validate, test, predict");
+ABSL_FLAG(std::string, resume_from, "",
+          "checkpoint directory to load first (any world size); with fit in --stages the "
+          "optimizer state and step are restored and training continues");
+ABSL_FLAG(std::string, output_dir, "",
+          "where the checkpoint, safetensors file, charts and summary go (default: out/main_job "
+          "in the workspace under bazel run, else ./out/main_job)");
+ABSL_FLAG(std::string, checkpoint_dir, "", "where fit saves its checkpoint (default <output_dir>/checkpoint)");
+ABSL_FLAG(std::string, safetensors_path, "",
+          "where the released model goes (default <output_dir>/model.safetensors)");
+ABSL_FLAG(bool, release, true,
+          "release the model at the end, export it as safetensors and test the plain module");
+ABSL_FLAG(std::string, stage_config, "",
+          "text-format StageConfig file (integration/stage.proto); its set fields override the flags");
+ABSL_FLAG(std::string, strategy, "FULL_SHARD", "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD");
+ABSL_FLAG(int, hybrid_shard_size, 0, "HYBRID_SHARD: ranks per shard group");
+ABSL_FLAG(bool, forward_prefetch, false,
+          "issue the next unit's all-gather when a unit's forward starts (FSDP's "
+          "forward_prefetch; its backward_prefetch is always on)");
+ABSL_FLAG(std::string, param_dtype, "float32", "mixed precision compute copy: float32 or bfloat16");
+ABSL_FLAG(int64_t, steps, 300, "training steps");
+ABSL_FLAG(int, batch_size, 16, "sequences per global training batch (a multiple of the world size)");
+ABSL_FLAG(int, eval_batch_size, 16, "sequences per global evaluation batch");
+ABSL_FLAG(int, eval_batches, 8, "batches of each validate / test / predict stage");
+ABSL_FLAG(int, seq_len, 32, "tokens per sequence (at most --block_size)");
+ABSL_FLAG(int64_t, vocab_size, 64, "vocabulary of the language and the model");
+ABSL_FLAG(int64_t, block_size, 32, "model context length");
+ABSL_FLAG(int64_t, n_embd, 64, "model width");
+ABSL_FLAG(int64_t, n_layer, 2, "transformer blocks (one FSDP unit each)");
+ABSL_FLAG(int64_t, n_head, 4, "attention heads");
+ABSL_FLAG(int, order, 1, "Markov order of the language");
+ABSL_FLAG(double, lr, 1e-2, "AdamW peak learning rate");
+ABSL_FLAG(double, weight_decay, 0.0, "AdamW decoupled weight decay");
+ABSL_FLAG(int64_t, warmup_steps, 20, "linear learning-rate warm-up steps");
+ABSL_FLAG(uint64_t, seed, 0, "seed of the model initialisation and of the language");
+ABSL_FLAG(int, intra_op_threads, 0,
+          "threads each rank's GEMMs and OpenMP loops use (nn::SetIntraOpThreads); 0 = auto: "
+          "OMP_NUM_THREADS when set, else max(1, hardware threads / ranks on this host)");
+ABSL_FLAG(int64_t, log_every, 25, "progress line every this many steps");
+ABSL_FLAG(double, timeout_s, 300,
+          "deadline in seconds of every collective and of joining the job, in [0.001, 604800] "
+          "(core/timeout.h: there is no \"no timeout\")");
+ABSL_FLAG(std::string, testonly_fault, "",
+          "test hook, <kill|stop|exit|error>@<rank>:<step>: at that training step (1-based, "
+          "counted in this run) that rank SIGKILLs itself, SIGSTOPs itself, exits with code 3 "
+          "without a word, or fails the step with an error");
+ABSL_FLAG(int, testonly_failure_print_delay_ms, 0,
+          "test hook: a rank whose own error is the root cause waits this long after "
+          "recording it (FSDP_ERROR_FILE) before printing it and exiting");
+
+namespace integration {
+namespace internal {
+namespace {
+
+// NOTE [Paths under bazel run]: relative paths in flags are relative to the directory
+// `bazel run` was started in (the workspace), not to the binary's runfiles directory;
+// the default output directory is out/main_job there (else ./out/main_job).
+std::string Resolve(const std::string& path) {
+  const char* workspace = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+  if (path.empty() || path[0] == '/' || workspace == nullptr) return path;
+  return absl::StrCat(workspace, "/", path);
+}
+
+std::string DefaultOutputDir() {
+  const char* workspace = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+  return workspace != nullptr ? absl::StrCat(workspace, "/out/main_job") : "out/main_job";
+}
+
+// `flag` resolved, or `fallback` when the flag is empty.
+std::string PathOr(const std::string& flag, const std::string& fallback) {
+  return flag.empty() ? fallback : Resolve(flag);
+}
+
+GptModuleOptions ModelOptionsFromFlags() {
+  GptModuleOptions o;
+  o.model.vocab_size = absl::GetFlag(FLAGS_vocab_size);
+  o.model.block_size = absl::GetFlag(FLAGS_block_size);
+  o.model.n_embd = absl::GetFlag(FLAGS_n_embd);
+  o.model.n_layer = absl::GetFlag(FLAGS_n_layer);
+  o.model.n_head = absl::GetFlag(FLAGS_n_head);
+  o.model.seed = absl::GetFlag(FLAGS_seed);
+  o.language.order = absl::GetFlag(FLAGS_order);
+  o.language.seed = absl::GetFlag(FLAGS_seed) + 1;
+  o.seq_len = absl::GetFlag(FLAGS_seq_len);
+  o.adamw.lr = absl::GetFlag(FLAGS_lr);
+  o.adamw.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  o.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+  return o;
+}
+
+}  // namespace
+
+JobOptions JobOptionsFromFlags() {
+  JobOptions job;
+  job.world_size = absl::GetFlag(FLAGS_world_size);
+  job.backend = absl::GetFlag(FLAGS_backend);
+  job.device = absl::GetFlag(FLAGS_device);
+  job.stages = absl::GetFlag(FLAGS_stages);
+  job.resume_from = Resolve(absl::GetFlag(FLAGS_resume_from));
+  job.output_dir = PathOr(absl::GetFlag(FLAGS_output_dir), DefaultOutputDir());
+  job.checkpoint_dir = PathOr(absl::GetFlag(FLAGS_checkpoint_dir), job.output_dir + "/checkpoint");
+  job.safetensors_path =
+      PathOr(absl::GetFlag(FLAGS_safetensors_path), job.output_dir + "/model.safetensors");
+  job.release = absl::GetFlag(FLAGS_release);
+  job.stage_config = Resolve(absl::GetFlag(FLAGS_stage_config));
+  job.strategy = absl::GetFlag(FLAGS_strategy);
+  job.hybrid_shard_size = absl::GetFlag(FLAGS_hybrid_shard_size);
+  job.forward_prefetch = absl::GetFlag(FLAGS_forward_prefetch);
+  job.param_dtype = absl::GetFlag(FLAGS_param_dtype);
+  job.steps = absl::GetFlag(FLAGS_steps);
+  job.batch_size = absl::GetFlag(FLAGS_batch_size);
+  job.eval_batch_size = absl::GetFlag(FLAGS_eval_batch_size);
+  job.eval_batches = absl::GetFlag(FLAGS_eval_batches);
+  job.log_every = absl::GetFlag(FLAGS_log_every);
+  job.model = ModelOptionsFromFlags();
+  job.intra_op_threads = absl::GetFlag(FLAGS_intra_op_threads);
+  job.timeout_s = absl::GetFlag(FLAGS_timeout_s);
+  job.testonly_fault = absl::GetFlag(FLAGS_testonly_fault);
+  job.testonly_failure_print_delay_ms = absl::GetFlag(FLAGS_testonly_failure_print_delay_ms);
+  return job;
+}
+
+absl::Status MakeOutputDir(const JobOptions& job) {
+  std::error_code error;
+  std::filesystem::create_directories(job.output_dir, error);
+  if (error) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("--output_dir: cannot create '", job.output_dir, "': ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckBeforeLaunch(const JobOptions& job) {
+  // The messages are the lines the parent has always printed: a check's status in full.
+  auto refuse = [](const absl::Status& s, const std::string& prefix = "") {
+    return absl::Status(s.code(), absl::StrCat(prefix, s.ToString()));
+  };
+  if (job.world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--world_size=", job.world_size, " must be >= 1"));
+  }
+  if (absl::Status s = ParseStages(job.stages).status(); !s.ok()) return refuse(s);
+  if (absl::Status s = ParseShardingStrategy(job.strategy).status(); !s.ok()) {
+    return refuse(s, "--strategy: ");
+  }
+  if (job.intra_op_threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--intra_op_threads=", job.intra_op_threads, " must be >= 1, or 0 for auto"));
+  }
+  if (absl::Status s = core::TimeoutFromSeconds(job.timeout_s, "--timeout_s").status(); !s.ok()) {
+    return refuse(s);
+  }
+  // --device / --backend: what the parent can check (the build, the GPUs, one per local
+  // rank).
+  if (absl::Status s = ChooseDeviceAndBackend(job.device, job.backend, job.world_size - 1,
+                                              DeviceAvailability::Probe())
+                           .status();
+      !s.ok()) {
+    return refuse(s);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<Stage>> ParseStages(const std::string& text) {
+  std::vector<Stage> stages;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    bool found = false;
+    for (Stage s : {Stage::kFit, Stage::kValidate, Stage::kTest, Stage::kPredict}) {
+      if (StageName(s) == part) {
+        stages.push_back(s);
+        found = true;
+      }
+    }
+    if (!found) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--stages: unknown stage '", part, "'; use fit, validate, test, predict"));
+    }
+  }
+  return stages;
+}
+
+int LocalRanks(int world) {
+  int n = 0;
+  const char* env = std::getenv("LOCAL_WORLD_SIZE");
+  if (env != nullptr && absl::SimpleAtoi(env, &n) && n >= 1 && n <= world) return n;
+  return world;
+}
+
+absl::StatusOr<int> IntraOpThreads(const JobOptions& job, int world) {
+  if (job.intra_op_threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--intra_op_threads=", job.intra_op_threads, ": must be >= 1, or 0 for auto"));
+  }
+  if (job.intra_op_threads > 0) return job.intra_op_threads;
+  int n = 0;
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  if (env != nullptr && absl::SimpleAtoi(env, &n) && n >= 1) return n;
+  const int hardware = static_cast<int>(std::thread::hardware_concurrency());
+  return std::max(1, hardware / LocalRanks(world));
+}
+
+absl::StatusOr<StageOptions> StageOptionsFor(const JobOptions& job, absl::Duration timeout) {
+  StageOptions options;
+  options.wrap.policy = policy::ModuleTypes({"TransformerBlock"});
+  absl::StatusOr<fsdp::ShardingStrategy> strategy = ParseShardingStrategy(job.strategy);
+  if (!strategy.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--strategy: ", strategy.status().message()));
+  }
+  options.wrap.strategy = *strategy;
+  options.wrap.hybrid_shard_size = job.hybrid_shard_size;
+  options.wrap.forward_prefetch = job.forward_prefetch;
+  ASSIGN_OR_RETURN(options.wrap.mixed_precision.param_dtype, core::ParseDType(job.param_dtype));
+  options.wrap.timeout = timeout;
+  options.fit_steps = job.steps;
+  options.train_batch_size = job.batch_size;
+  options.eval_batch_size = job.eval_batch_size;
+  options.eval_batches = job.eval_batches;
+  options.log_every = job.log_every;
+  options.checkpoint_dir = job.checkpoint_dir;
+  if (!job.stage_config.empty()) {
+    ASSIGN_OR_RETURN(options, ReadStageOptionsFile(job.stage_config, options));
+  }
+  return options;
+}
+
+}  // namespace internal
+}  // namespace integration

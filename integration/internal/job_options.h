@@ -1,0 +1,91 @@
+// The main job's command line (integration/main_job.cc) as a typed struct: the flags are
+// defined here, read once into JobOptions, and turned into the options of the layers the
+// job drives (GptModuleOptions, StageOptions) by the functions below. Every error names
+// the flag.
+//
+//   absl::ParseCommandLine(argc, argv);
+//   const integration::internal::JobOptions job = integration::internal::JobOptionsFromFlags();
+//   RETURN_IF_ERROR(integration::internal::CheckBeforeLaunch(job));   // the parent's checks
+//   ASSIGN_OR_RETURN(std::vector<integration::Stage> stages,
+//                    integration::internal::ParseStages(job.stages));
+#ifndef INTEGRATION_INTERNAL_JOB_OPTIONS_H_
+#define INTEGRATION_INTERNAL_JOB_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "integration/gpt_module.h"
+#include "integration/stage_options.h"
+#include "integration/train_module.h"
+
+namespace integration {
+namespace internal {
+
+// The flags, with the paths resolved (NOTE [Paths under bazel run] in the .cc).
+struct JobOptions {
+  int world_size = 0;         // --world_size: local ranks to start (not under a launcher)
+  std::string backend;        // --backend
+  std::string device;         // --device
+  std::string stages;         // --stages as given (ParseStages reads it)
+  std::string resume_from;    // --resume_from; "" for none
+  std::string output_dir;     // --output_dir, or out/main_job
+  std::string checkpoint_dir;    // --checkpoint_dir, or <output_dir>/checkpoint
+  std::string safetensors_path;  // --safetensors_path, or <output_dir>/model.safetensors
+  bool release = true;        // --release
+  std::string stage_config;   // --stage_config; "" for none
+  // The wrap and the stages (StageOptionsFor).
+  std::string strategy;
+  int hybrid_shard_size = 0;
+  bool forward_prefetch = false;
+  std::string param_dtype;
+  int64_t steps = 0;
+  int batch_size = 0;
+  int eval_batch_size = 0;
+  int eval_batches = 0;
+  int64_t log_every = 0;
+  // The model, the language and the optimizer; `model.device` is the CPU (each rank sets
+  // its own).
+  GptModuleOptions model;
+  int intra_op_threads = 0;   // --intra_op_threads; 0 = auto (IntraOpThreads)
+  double timeout_s = 0;       // --timeout_s (core::TimeoutFromSeconds checks it)
+  std::string testonly_fault;
+  int testonly_failure_print_delay_ms = 0;
+};
+
+// The flags as parsed by absl::ParseCommandLine. Never fails: the checks come later, where
+// their errors are reported (CheckBeforeLaunch, ParseStages, StageOptionsFor, ...).
+JobOptions JobOptionsFromFlags();
+
+// Creates job.output_dir and its parents; PermissionDenied naming --output_dir.
+absl::Status MakeOutputDir(const JobOptions& job);
+
+// The checks the launching parent makes before it starts any rank (world size, stages,
+// strategy, intra-op threads, timeout, device and backend), so a refusal comes once: the
+// first failure, with the message the parent prints after "main job: ".
+absl::Status CheckBeforeLaunch(const JobOptions& job);
+
+// "fit,test" -> {kFit, kTest}; InvalidArgument naming --stages for an unknown stage.
+absl::StatusOr<std::vector<Stage>> ParseStages(const std::string& text);
+
+// Ranks of this job on this host: LOCAL_WORLD_SIZE when a launcher sets it, else `world`.
+int LocalRanks(int world);
+
+// The intra-op thread count of each rank: --intra_op_threads, or when it is 0, the
+// environment's OMP_NUM_THREADS (a launcher's or the user's choice), else the hardware
+// threads shared by the ranks on this host. InvalidArgument when the flag is negative.
+absl::StatusOr<int> IntraOpThreads(const JobOptions& job, int world);
+
+// The stages' options: one FSDP unit per TransformerBlock, --strategy and the other wrap
+// flags, the batch and step flags, `checkpoint_dir`, then the fields --stage_config sets
+// (read here, so this can fail on some ranks only). InvalidArgument naming the flag, or
+// ReadStageOptionsFile's error.
+absl::StatusOr<StageOptions> StageOptionsFor(const JobOptions& job, absl::Duration timeout);
+
+}  // namespace internal
+}  // namespace integration
+
+#endif  // INTEGRATION_INTERNAL_JOB_OPTIONS_H_

@@ -1,0 +1,59 @@
+// What one rank of the main job (integration/main_job.cc) sets up before its first
+// collective: the GPT module on the rank's device, the --testonly_fault hook, the stages
+// and their options, the intra-op threads, and the check that this host can hold the run.
+//
+//   absl::StatusOr<integration::internal::JobSetup> setup =
+//       integration::internal::SetUpRank(job, dist, timeout);
+//   // Setting up can fail on some ranks only: agree before the first collective.
+//   RETURN_IF_ERROR(comm::AgreeOnStatus(dist.group.get(), setup.status(), "main job setup", timeout));
+#ifndef INTEGRATION_INTERNAL_JOB_SETUP_H_
+#define INTEGRATION_INTERNAL_JOB_SETUP_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "comm/init_from_env.h"
+#include "core/tensor.h"
+#include "integration/gpt_module.h"
+#include "integration/internal/job_options.h"
+#include "integration/internal/job_train_modules.h"
+#include "integration/stage_options.h"
+#include "integration/train_module.h"
+
+namespace integration {
+namespace internal {
+
+struct JobSetup {
+  GptModuleOptions model_options;  // job.model on the rank's device
+  std::unique_ptr<GptTrainModule> module;
+  std::unique_ptr<FaultInjector> fault;  // null without --testonly_fault
+  // The model's full parameter shapes, for the safetensors export after release.
+  std::map<std::string, core::Shape> full_shapes;
+  std::vector<Stage> stages;
+  StageOptions options;
+  int intra_op_threads = 0;
+
+  // What the stages train: the fault injector around the module, or the module.
+  TrainModule* trained() const;
+};
+
+// Sets this rank up (rank 0 also creates job.output_dir) and sets its intra-op threads.
+// The first error of: the output directory, the thread count, the module's options,
+// --testonly_fault, --stages, StageOptionsFor, and a run that this host's memory (or the
+// rank's GPU's) cannot hold, named with its shortfall, rather than be OOM-killed without
+// a word.
+absl::StatusOr<JobSetup> SetUpRank(const JobOptions& job, const comm::Distributed& dist,
+                                   absl::Duration timeout);
+
+// The lines rank 0 prints before the first stage: the model, the language and the job.
+std::vector<std::string> DescribeJob(const JobOptions& job, const JobSetup& setup,
+                                     const comm::Distributed& dist);
+
+}  // namespace internal
+}  // namespace integration
+
+#endif  // INTEGRATION_INTERNAL_JOB_SETUP_H_

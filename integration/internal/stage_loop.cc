@@ -1,0 +1,231 @@
+#include "integration/internal/stage_loop.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "checkpoint/safetensors.h"
+#include "comm/agreement.h"
+#include "core/allocator.h"
+#include "core/format_bytes.h"
+#include "core/status_macros.h"
+#include "fsdp/runtime.h"
+#include "fsdp/unit.h"
+
+namespace integration {
+namespace internal {
+namespace {
+
+// Every rank's peak bytes on its CUDA device (core's CUDA allocator counters), in rank
+// order; an empty list on the CPU.
+absl::StatusOr<std::vector<int64_t>> GatherDevicePeaks(comm::ProcessGroup* group,
+                                                       core::Device device,
+                                                       absl::Duration timeout) {
+  std::vector<int64_t> peaks;
+  if (!device.is_cuda()) return peaks;
+  const int64_t mine = core::Allocator::Current(device)->Stats().peak_total;
+  ASSIGN_OR_RETURN(std::vector<std::string> all,
+                   comm::AllGatherBytes(group, absl::StrCat(mine), timeout));
+  for (const std::string& text : all) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(text, &v)) {
+      return absl::InternalError(absl::StrCat("peak device memory: a rank sent '", text, "'"));
+    }
+    peaks.push_back(v);
+  }
+  return peaks;
+}
+
+}  // namespace
+
+std::string WrapLine(const WrapReport& w) {
+  if (w.skipped) return "not wrapped";
+  if (w.reused) {
+    return absl::StrFormat("reused the existing wrap: units reused %d of %d, parameter bytes "
+                           "copied on re-wrap %d",
+                           w.units_reused, w.units, w.param_bytes_copied);
+  }
+  return absl::StrFormat("wrapped fresh: %d units (%d kept from earlier wraps), %s of "
+                         "parameters copied into shards",
+                         w.units, w.units_reused, core::FormatBytes(w.param_bytes_copied));
+}
+
+StageLoop::StageLoop(const JobOptions& job, const JobSetup& setup, StageRunner* runner,
+                     TrainModule* trained, nlohmann::json* summary,
+                     std::function<void(const std::string&)> say)
+    : job_(job),
+      setup_(setup),
+      runner_(*runner),
+      trained_(*trained),
+      summary_(*summary),
+      say_(std::move(say)) {}
+
+absl::Status StageLoop::Resume() {
+  const bool fits =
+      std::find(setup_.stages.begin(), setup_.stages.end(), Stage::kFit) != setup_.stages.end();
+  ASSIGN_OR_RETURN(LoadedCheckpoint loaded,
+                   runner_.LoadCheckpoint(trained_, job_.resume_from, /*optimizer=*/fits));
+  say_(absl::StrFormat("loaded checkpoint %s (saved at step %d by %d ranks%s); this rank read %s",
+                       job_.resume_from, loaded.step, loaded.saved_world_size,
+                       fits ? ", with optimizer state" : "", core::FormatBytes(loaded.bytes_read)));
+  summary_["resumed_from"] = job_.resume_from;
+  summary_["resumed_step"] = loaded.step;
+  return absl::OkStatus();
+}
+
+absl::Status StageLoop::Run(Stage stage) {
+  switch (stage) {
+    case Stage::kFit:
+      return Fit();
+    case Stage::kValidate:
+    case Stage::kTest:
+      return Evaluate(stage);
+    case Stage::kPredict:
+      return Predict();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--stages: unknown stage ", static_cast<int>(stage)));
+}
+
+absl::Status StageLoop::Fit() {
+  const StageOptions& options = runner_.options();
+  say_(absl::StrFormat("fit: %d steps of %d x %d tokens from global step %d", options.fit_steps,
+                       options.train_batch_size, setup_.model_options.seq_len,
+                       runner_.GlobalStep(trained_)));
+  fsdp::Runtime& runtime = runner_.registry().runtime();
+  runtime.ResetCommTiming();
+  ASSIGN_OR_RETURN(FitResult fit, runner_.Fit(trained_));
+  say_(absl::StrCat("fit: ", WrapLine(fit.report.wrap)));
+
+  // NOTE [Comm overlap] in fsdp/unit.h: this rank's collectives during the fit.
+  const fsdp::CommTiming c = runtime.comm_timing();
+  summary_["comm_overlap"] = CommOverlapJson(c);
+  // The units' sizes, for memory bounds computed from them (bench/cpu).
+  const std::shared_ptr<core::Module> model = trained_.model();
+  summary_["fsdp_units"] =
+      model != nullptr ? UnitsJson(*model, runner_.registry()) : nlohmann::json::array();
+  summary_["limit_all_gathers"] = options.wrap.limit_all_gathers;
+  if (c.all_gathers + c.reductions > 0) {
+    say_(absl::StrFormat(
+        "fit: comm overlap: %d all-gathers ran %.3f s, waited %.3f s (%.0f%% hidden); "
+        "%d reduce-scatters ran %.3f s, waited %.3f s (%.0f%% hidden)",
+        c.all_gathers, absl::ToDoubleSeconds(c.all_gather_run),
+        absl::ToDoubleSeconds(c.all_gather_wait),
+        100 * fsdp::CommTiming::Hidden(c.all_gather_run, c.all_gather_wait), c.reductions,
+        absl::ToDoubleSeconds(c.reduce_run), absl::ToDoubleSeconds(c.reduce_wait),
+        100 * fsdp::CommTiming::Hidden(c.reduce_run, c.reduce_wait)));
+  }
+
+  if (fit.report.wrap.reused) totals_.bytes_copied_on_rewrap += fit.report.wrap.param_bytes_copied;
+  for (size_t i = 0; i < fit.losses.size(); ++i) {
+    totals_.loss_points.push_back({static_cast<double>(fit.first_step + i + 1), fit.losses[i]});
+    totals_.fit_losses.push_back(fit.losses[i]);
+  }
+  summary_["final_train_loss"] = fit.final_loss;
+  totals_.tokens_per_second = fit.items_per_second;
+  totals_.AddMemory(fit.report.memory);
+  if (!fit.checkpoint_dir.empty()) {
+    say_(absl::StrCat("fit: saved checkpoint ", fit.checkpoint_dir, " (model and optimizer, step ",
+                      fit.global_step, ")"));
+    summary_["checkpoint_dir"] = fit.checkpoint_dir;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StageLoop::Evaluate(Stage stage) {
+  ASSIGN_OR_RETURN(EvalResult eval,
+                   stage == Stage::kTest ? runner_.Test(trained_) : runner_.Validate(trained_));
+  say_(absl::StrFormat("%s: loss %.4f over %d tokens; %s", StageName(stage), eval.loss,
+                       eval.count, WrapLine(eval.report.wrap)));
+  if (eval.report.wrap.reused) totals_.bytes_copied_on_rewrap += eval.report.wrap.param_bytes_copied;
+  summary_[StageName(stage) + "_loss"] = eval.loss;
+  if (stage == Stage::kTest) {
+    summary_["units_reused"] = eval.report.wrap.units_reused;
+    summary_["test_wrap_reused"] = eval.report.wrap.reused;
+  }
+  totals_.AddMemory(eval.report.memory);
+  return absl::OkStatus();
+}
+
+absl::Status StageLoop::Predict() {
+  ASSIGN_OR_RETURN(PredictResult predicted, runner_.Predict(trained_));
+  std::string first;
+  if (!predicted.outputs.empty()) {
+    const core::Tensor& ids = predicted.outputs[0];
+    for (int64_t t = 0; t < std::min<int64_t>(ids.size(-1), 16); ++t) {
+      absl::StrAppend(&first, t > 0 ? " " : "", ids.data<int32_t>()[t]);
+    }
+  }
+  say_(absl::StrCat("predict: ", predicted.outputs.size(), " batches; rank 0's first row: ", first,
+                    " ...; ", WrapLine(predicted.report.wrap)));
+  if (predicted.report.wrap.reused) {
+    totals_.bytes_copied_on_rewrap += predicted.report.wrap.param_bytes_copied;
+  }
+  totals_.AddMemory(predicted.report.memory);
+  return absl::OkStatus();
+}
+
+absl::Status StageLoop::AddRunFigures(const ThroughputMeter& meter, comm::ProcessGroup* group,
+                                      core::Device device, absl::Duration timeout) {
+  summary_["param_bytes_copied_on_rewrap"] = totals_.bytes_copied_on_rewrap;
+  summary_["fresh_wraps"] = runner_.registry().counters().wraps;
+  summary_["global_step"] = runner_.GlobalStep(trained_);
+  summary_["tokens_per_second"] = totals_.tokens_per_second;
+  // Throughput after the warm-up and MFU (NOTE in integration/device_setup.h).
+  const GptModuleOptions& model = setup_.model_options;
+  const int64_t tokens_per_step =
+      static_cast<int64_t>(runner_.options().train_batch_size) * model.seq_len;
+  const std::optional<double> steady = meter.TokensPerSecond(tokens_per_step);
+  summary_["warmup_steps_excluded"] = meter.warmup_steps();
+  summary_["tokens_per_second_after_warmup"] =
+      steady.has_value() ? nlohmann::json(*steady) : nlohmann::json();
+  summary_["peak_device_memory_bytes"] = nullptr;
+  // The unsharded count (while wrapped, parameters are local slices).
+  MfuModel mfu_model;
+  mfu_model.parameters = summary_["model_parameters"].get<int64_t>();
+  mfu_model.n_layer = model.model.n_layer;
+  mfu_model.seq_len = model.seq_len;
+  mfu_model.n_embd = model.model.n_embd;
+  const double flops_per_token = AddMfu(mfu_model, device, group->size(), steady, &summary_);
+  if (device.is_cuda()) {
+    say_(absl::StrFormat("throughput: %s tokens/s after %d warm-up steps; model FLOPs per token "
+                         "6 N + 12 L T C = 6 x %d + 12 x %d x %d x %d = %.4g; MFU %s",
+                         steady.has_value() ? absl::StrFormat("%.0f", *steady) : "-",
+                         meter.warmup_steps(), mfu_model.parameters, mfu_model.n_layer,
+                         mfu_model.seq_len, mfu_model.n_embd, flops_per_token,
+                         summary_["mfu"].is_null()
+                             ? "- (unknown device peak or no steady-state steps)"
+                             : absl::StrFormat("%.1f%%", 100 * summary_["mfu"].get<double>())));
+  }
+  ASSIGN_OR_RETURN(std::vector<int64_t> device_peaks, GatherDevicePeaks(group, device, timeout));
+  if (!device_peaks.empty()) summary_["peak_device_memory_bytes"] = device_peaks;
+  return absl::OkStatus();
+}
+
+absl::Status StageLoop::Release() {
+  RETURN_IF_ERROR(runner_.Release(trained_));
+  if (runner_.group()->rank() == 0) {
+    RETURN_IF_ERROR(checkpoint::ExportSafetensors(
+        job_.safetensors_path, *setup_.module->model(),
+        {{"format", "pt"}, {"global_step", absl::StrCat(runner_.GlobalStep(trained_))}},
+        setup_.full_shapes));
+  }
+  summary_["safetensors_path"] = job_.safetensors_path;
+  EvalOptions plain;
+  plain.wrap = false;
+  ASSIGN_OR_RETURN(EvalResult released, runner_.Test(trained_, plain));
+  say_(absl::StrFormat("released: plain module (no units, no process group needed), wrote %s; "
+                       "test loss %.4f",
+                       job_.safetensors_path, released.loss));
+  summary_["released_test_loss"] = released.loss;
+  totals_.AddMemory(released.report.memory);
+  return absl::OkStatus();
+}
+
+}  // namespace internal
+}  // namespace integration
