@@ -41,6 +41,8 @@
 namespace comm {
 namespace {
 
+using ::comm::testing::ElementAt;
+using ::comm::testing::FilledTensor;
 using ::comm::testing::ProcessGroupConformanceTest;
 using ::comm::testing::RankContext;
 using ::comm::testing::RunThreadRanks;
@@ -90,22 +92,10 @@ float Exact(int rank, int call, int64_t i) {
   return static_cast<float>(static_cast<int>((rank * 37 + call * 11 + i * 13) % 61) - 30);
 }
 
+// The suite's FilledTensor, with int32 elements 3 f(i).
 Tensor Filled(int64_t n, DType dtype, const std::function<float(int64_t)>& f) {
-  Tensor t = Tensor::Empty({n}, dtype);
-  for (int64_t i = 0; i < n; ++i) {
-    switch (dtype) {
-      case DType::kFloat32:
-        t.data<float>()[i] = f(i);
-        break;
-      case DType::kBFloat16:
-        t.data<BFloat16>()[i] = BFloat16::FromFloat(f(i));
-        break;
-      case DType::kInt32:
-        t.data<int32_t>()[i] = static_cast<int32_t>(f(i) * 3.0f);
-        break;
-    }
-  }
-  return t;
+  if (dtype != DType::kInt32) return FilledTensor(n, dtype, f);
+  return FilledTensor(n, dtype, [&](int64_t i) { return f(i) * 3.0f; });
 }
 
 Tensor Copy(const Tensor& t) {
@@ -115,17 +105,7 @@ Tensor Copy(const Tensor& t) {
 }
 
 // The element as stored, widened to float (int32 values here stay below 2^24).
-float At(const Tensor& t, int64_t i) {
-  switch (t.dtype()) {
-    case DType::kFloat32:
-      return t.data<float>()[i];
-    case DType::kBFloat16:
-      return t.data<BFloat16>()[i].ToFloat();
-    case DType::kInt32:
-      return static_cast<float>(t.data<int32_t>()[i]);
-  }
-  return 0;
-}
+float At(const Tensor& t, int64_t i) { return static_cast<float>(ElementAt(t, i)); }
 
 // Reduction of `values` (one per rank, as stored) in rank order, as the contract says:
 // fp32 accumulation for fp32 and bf16 (bf16 rounded once at the end), int64 for int32.
@@ -414,25 +394,6 @@ INSTANTIATE_TEST_SUITE_P(
       return absl::StrCat("N", std::get<0>(info.param), "_",
                           TransportParamName(std::get<1>(info.param)));
     });
-
-TEST(ShmSingleRankTest, AGroupOfOneCopiesAndMovesNothing) {
-  auto shm = ShmProcessGroup::Create(std::make_shared<HashStore>(), 0, 1, Shm());
-  ASSERT_TRUE(shm.ok()) << shm.status();
-  Tensor in = Tensor::FromVector({1, 2, 3}, {3}).value();
-  Tensor out = Tensor::Zeros({3});
-  ASSERT_TRUE(Finish((*shm)->AllGather(in, out, AllGatherOptions{})).ok());
-  EXPECT_EQ(out.ToVector(), (std::vector<float>{1, 2, 3}));
-  Tensor rs = Tensor::Zeros({3});
-  ReduceScatterOptions avg;
-  avg.reduce_op = ReduceOp::kAverage;
-  ASSERT_TRUE(Finish((*shm)->ReduceScatter(in, rs, avg)).ok());
-  EXPECT_EQ(rs.ToVector(), (std::vector<float>{1, 2, 3}));
-  ASSERT_TRUE(Finish((*shm)->AllReduce(in, AllReduceOptions{})).ok());
-  EXPECT_EQ(in.ToVector(), (std::vector<float>{1, 2, 3}));
-  ASSERT_TRUE(Finish((*shm)->Barrier(BarrierOptions{})).ok());
-  EXPECT_EQ((*shm)->Stats().Total().bytes_sent, 0);
-  EXPECT_EQ((*shm)->Stats().of(CollectiveKind::kAllGather).calls, 1);
-}
 
 // Entries of /dev/shm that segments of this process would have: the backend's prefix
 // and this pid (other test processes may run at the same time).

@@ -30,9 +30,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "comm/process_group.h"
 #include "comm/store.h"
 #include "comm/testing/thread_ranks.h"
+#include "comm/work.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "gtest/gtest.h"
@@ -73,6 +75,13 @@ std::string ConformanceCaseName(const ::testing::TestParamInfo<ConformanceCase>&
 class ProcessGroupConformanceTest : public ::testing::TestWithParam<ConformanceCase> {
  protected:
   void SetUp() override;
+
+  // Deadline of each collective's Wait in the tests: generous for a loaded 2-core
+  // machine, short enough that a hang fails well inside the test timeout.
+  static constexpr absl::Duration kCollectiveTimeout = absl::Seconds(20);
+
+  // Waits for `work` (at most kCollectiveTimeout): its error, or the issuing error.
+  static absl::Status Finish(absl::StatusOr<std::shared_ptr<Work>> work);
 
   int n() const { return GetParam().world_size; }
   const ProcessGroupFactory& backend() const { return GetParam().backend; }
