@@ -28,6 +28,10 @@ std::string ConformanceCaseName(const ::testing::TestParamInfo<ConformanceCase>&
   return absl::StrCat(info.param.backend.name, "_N", info.param.world_size);
 }
 
+void PrintTo(const ConformanceCase& c, std::ostream* os) {
+  *os << c.backend.name << " at N=" << c.world_size;
+}
+
 Tensor FilledTensor(int64_t n, DType dtype, const std::function<float(int64_t)>& f) {
   Tensor t = Tensor::Empty({n}, dtype);
   for (int64_t i = 0; i < n; ++i) {

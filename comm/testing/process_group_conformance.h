@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,9 @@ std::vector<ConformanceCase> ConformanceCases(const ProcessGroupFactory& backend
 
 // "<backend>_N<world_size>".
 std::string ConformanceCaseName(const ::testing::TestParamInfo<ConformanceCase>& info);
+
+// How gtest prints a case in its messages: "<backend> at N=<world_size>".
+void PrintTo(const ConformanceCase& c, std::ostream* os);
 
 class ProcessGroupConformanceTest : public ::testing::TestWithParam<ConformanceCase> {
  protected:
