@@ -11,6 +11,7 @@
 #include "checkpoint/internal/file_io.h"
 #include "checkpoint/internal/host_staging.h"
 #include "core/status_macros.h"
+#include "core/text_file.h"
 #include "nlohmann/json.hpp"
 
 namespace checkpoint {
@@ -105,21 +106,13 @@ absl::Status ExportSafetensors(const std::string& path, const NamedTensors& tens
   const uint64_t n = text.size();
   for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(n >> (8 * i));
 
-  const std::string temp = absl::StrCat(path, ".tmp-", internal::UniqueToken());
-  absl::Status s = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(internal::FileWriter w, internal::FileWriter::Create(temp));
-    RETURN_IF_ERROR(w.Append(length, sizeof(length)));
-    RETURN_IF_ERROR(w.Append(text.data(), text.size()));
-    for (const internal::HostBytes& t : data) {
-      RETURN_IF_ERROR(w.Append(t.data(), static_cast<size_t>(t.nbytes())));
-    }
-    RETURN_IF_ERROR(w.SyncAndClose());
-    return internal::RenameAndSync(temp, path);
-  }();
-  if (!s.ok()) {
-    internal::RemoveRecursively(temp).IgnoreError();
-    return absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
+  std::vector<absl::string_view> pieces = {
+      absl::string_view(reinterpret_cast<const char*>(length), sizeof(length)), text};
+  for (const internal::HostBytes& t : data) {
+    pieces.emplace_back(static_cast<const char*>(t.data()), static_cast<size_t>(t.nbytes()));
   }
+  absl::Status s = core::WriteFileAtomically(path, pieces);
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
   return absl::OkStatus();
 }
 

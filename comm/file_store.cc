@@ -6,24 +6,21 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cerrno>
-#include <cstring>
 #include <fstream>
 #include <sstream>
-#include <thread>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "comm/internal/store_util.h"
+#include "core/errno_text.h"
+#include "core/text_file.h"
 
 namespace comm {
 namespace {
-
-std::string ErrnoText() { return std::strerror(errno); }
 
 absl::Status MakeDirs(const std::string& path) {
   std::string partial;
@@ -32,7 +29,7 @@ absl::Status MakeDirs(const std::string& path) {
       partial = path.substr(0, i);
       if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
         return absl::InternalError(
-            absl::StrCat("FileStore: cannot create directory ", partial, ": ", ErrnoText()));
+            absl::StrCat("FileStore: cannot create directory ", partial, ": ", core::ErrnoText(errno)));
       }
     }
   }
@@ -91,31 +88,11 @@ std::string FileStore::KeyPath(absl::string_view key) const {
 }
 
 absl::Status FileStore::WriteAtomically(const std::string& file, absl::string_view value) {
-  static std::atomic<uint64_t> counter{0};
-  const std::string tmp = absl::StrCat(path_, "/.tmp_", ::getpid(), "_",
-                                       std::hash<std::thread::id>()(std::this_thread::get_id()),
-                                       "_", counter.fetch_add(1));
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::InternalError(absl::StrCat("FileStore: cannot create ", tmp, ": ", ErrnoText()));
-  }
-  size_t written = 0;
-  while (written < value.size()) {
-    const ssize_t n = ::write(fd, value.data() + written, value.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const std::string err = ErrnoText();
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return absl::InternalError(absl::StrCat("FileStore: cannot write ", tmp, ": ", err));
-    }
-    written += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), file.c_str()) != 0) {
-    const std::string err = ErrnoText();
-    ::unlink(tmp.c_str());
-    return absl::InternalError(absl::StrCat("FileStore: cannot rename into ", file, ": ", err));
+  // The temporary file is hidden (".k_..."), a name no key maps to (KeyPath's start
+  // with "k_" or "h_"), so a reader never sees a half-written value.
+  absl::Status written = core::WriteFileAtomically(file, value);
+  if (!written.ok()) {
+    return absl::InternalError(absl::StrCat("FileStore ", path_, ": ", written.message()));
   }
   return absl::OkStatus();
 }
@@ -151,13 +128,13 @@ absl::StatusOr<int64_t> FileStore::Add(absl::string_view key, int64_t delta) {
   const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
     return absl::InternalError(
-        absl::StrCat("FileStore: cannot open ", lock_path, ": ", ErrnoText()));
+        absl::StrCat("FileStore: cannot open ", lock_path, ": ", core::ErrnoText(errno)));
   }
   absl::Cleanup close_fd = [fd] { ::close(fd); };
   while (::flock(fd, LOCK_EX) != 0) {
     if (errno != EINTR) {
       return absl::InternalError(
-          absl::StrCat("FileStore: cannot lock ", lock_path, ": ", ErrnoText()));
+          absl::StrCat("FileStore: cannot lock ", lock_path, ": ", core::ErrnoText(errno)));
     }
   }
   absl::Cleanup unlock = [fd] { ::flock(fd, LOCK_UN); };
@@ -196,7 +173,7 @@ absl::StatusOr<bool> FileStore::DeleteKey(absl::string_view key) {
   if (::unlink(KeyPath(key).c_str()) == 0) return true;
   if (errno == ENOENT) return false;
   return absl::InternalError(
-      absl::StrCat("FileStore: cannot delete key \"", key, "\": ", ErrnoText()));
+      absl::StrCat("FileStore: cannot delete key \"", key, "\": ", core::ErrnoText(errno)));
 }
 
 }  // namespace comm

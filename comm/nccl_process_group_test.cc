@@ -2,9 +2,13 @@
 // and skip (saying why) otherwise. On one GPU a communicator has one rank, so these
 // check the single-rank semantics, bf16 handling, ordering with the compute stream,
 // counters and argument checks; with two or more GPUs a 2-rank test runs too.
-// Multi-rank behaviour in general is covered on the CPU by the gloo tests.
+// Multi-rank behaviour in general is covered on the CPU by the gloo and shm tests. The
+// ProcessGroup conformance suite (comm/testing/process_group_conformance.h) runs at one
+// rank on host tensors (staged through the GPU); it skips, like the rest, without a GPU
+// or a CUDA build.
 //
 // Values are small integers, exact in fp32 and bf16, so results compare with EXPECT_EQ.
+#include "comm/testing/process_group_conformance.h"
 #include "core/cuda_device.h"
 #include "gtest/gtest.h"
 
@@ -18,6 +22,37 @@
 
 namespace comm {
 namespace {
+
+using ::comm::testing::ProcessGroupConformanceTest;
+
+::comm::testing::ProcessGroupFactory NcclFactory() {
+  ::comm::testing::ProcessGroupFactory f;
+  f.name = "Nccl";
+  f.host_only = false;
+#ifdef FSDP_WITH_CUDA
+  f.create = [](std::shared_ptr<Store> store, int rank,
+                int size) -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
+    return NcclProcessGroup::Create(std::move(store), rank, size, core::Device::Cuda(rank),
+                                    NcclOptions{});
+  };
+  f.skip_reason = []() -> std::string {
+    absl::StatusOr<int> n = core::CudaDeviceCount();
+    return n.ok() ? "" : std::string(n.status().message());
+  };
+#else
+  f.create = [](std::shared_ptr<Store>, int,
+                int) -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
+    return absl::UnimplementedError("the NCCL backend needs a build with --config=cuda");
+  };
+  f.skip_reason = [] { return std::string("built without CUDA (--config=cuda)"); };
+#endif
+  return f;
+}
+
+// One GPU per rank, and these machines have one: the suite at one rank.
+INSTANTIATE_TEST_SUITE_P(Nccl, ProcessGroupConformanceTest,
+                         ::testing::ValuesIn(::comm::testing::ConformanceCases(NcclFactory(), {1})),
+                         ::comm::testing::ConformanceCaseName);
 
 #ifndef FSDP_WITH_CUDA
 

@@ -7,10 +7,13 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <random>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/errno_text.h"
 
 namespace core {
 namespace {
@@ -56,7 +59,7 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path, absl::string_v
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
     const int err = errno;
-    const std::string reason = std::strerror(err);
+    const std::string reason = ErrnoText(err);
     if (err == ENOENT) return absl::NotFoundError(absl::StrCat("cannot read ", name, ": ", reason));
     return absl::InvalidArgumentError(absl::StrCat("cannot read ", name, ": ", reason));
   }
@@ -71,7 +74,7 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path, absl::string_v
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cannot read ", name, ": ", std::strerror(errno)));
+        absl::StrCat("cannot read ", name, ": ", ErrnoText(errno)));
   }
   std::string contents;
   char buffer[1 << 16];
@@ -79,7 +82,7 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path, absl::string_v
     const ssize_t got = ::read(fd, buffer, sizeof(buffer));
     if (got < 0) {
       if (errno == EINTR) continue;
-      const std::string reason = std::strerror(errno);
+      const std::string reason = ErrnoText(errno);
       ::close(fd);
       return absl::InvalidArgumentError(absl::StrCat("cannot read ", name, ": ", reason));
     }
@@ -102,46 +105,77 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path, absl::string_v
   return contents;
 }
 
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {
-  if (path.empty()) return absl::InvalidArgumentError("WriteFileAtomically: the path is empty");
-  static std::atomic<int64_t> counter{0};
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid(), ".", counter++);
-  auto error = [&](int err, absl::string_view what, const std::string& file) {
-    char buf[256];
-    // GNU strerror_r returns the message (which may not be `buf`).
-    const char* msg = strerror_r(err, buf, sizeof(buf));
-    return absl::Status(absl::ErrnoToStatusCode(err),
-                        absl::StrCat("WriteFileAtomically(", path, "): ", what, " ", file, ": ", msg));
-  };
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return error(errno, "cannot create temporary file", tmp);
-  size_t written = 0;
-  while (written < contents.size()) {
-    const ssize_t n = ::write(fd, contents.data() + written, contents.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return error(err, "cannot write temporary file", tmp);
-    }
-    written += static_cast<size_t>(n);
-  }
+absl::Status SyncDirectory(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot open directory '", path, "'"));
   if (::fsync(fd) != 0) {
     const int err = errno;
     ::close(fd);
-    ::unlink(tmp.c_str());
-    return error(err, "cannot flush temporary file", tmp);
+    if (err == EINVAL || err == EROFS) return absl::OkStatus();
+    return absl::ErrnoToStatus(err, absl::StrCat("cannot fsync directory '", path, "'"));
   }
-  if (::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return error(err, "cannot close temporary file", tmp);
+  ::close(fd);
+  return absl::OkStatus();
+}
+
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {
+  return WriteFileAtomically(path, absl::MakeConstSpan(&contents, 1));
+}
+
+absl::Status WriteFileAtomically(const std::string& path,
+                                 absl::Span<const absl::string_view> pieces) {
+  if (path.empty()) return absl::InvalidArgumentError("WriteFileAtomically: the path is empty");
+  auto error = [&](int err, absl::string_view what, const std::string& file) {
+    return absl::ErrnoToStatus(
+        err, absl::StrCat("WriteFileAtomically(", path, "): ", what, " ", file));
+  };
+  // The temporary file is hidden (".<name>.tmp.<pid>.<salt>.<n>" beside `path`), so it
+  // never takes a name a caller gives its files. Names differ between calls (counter),
+  // processes (pid) and hosts sharing a filesystem (a per-process random value); O_EXCL
+  // never reuses a file still there.
+  static std::atomic<int64_t> counter{0};
+  static const uint32_t process_salt = std::random_device()();
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string hidden = slash == std::string::npos
+                                 ? absl::StrCat(".", path)
+                                 : absl::StrCat(path.substr(0, slash + 1), ".", path.substr(slash + 1));
+  std::string tmp;
+  int fd = -1;
+  for (int attempt = 0; fd < 0; ++attempt) {
+    tmp = absl::StrCat(hidden, ".tmp.", ::getpid(), ".", absl::Hex(process_salt), ".", counter++);
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0 && (errno != EEXIST || attempt == 99)) {
+      return error(errno, "cannot create temporary file", tmp);
+    }
   }
+  auto discard = [&](int err, absl::string_view what) {
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    return error(err, what, tmp);
+  };
+  for (absl::string_view piece : pieces) {
+    size_t written = 0;
+    while (written < piece.size()) {
+      const ssize_t n = ::write(fd, piece.data() + written, piece.size() - written);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return discard(errno, "cannot write temporary file");
+      written += static_cast<size_t>(n);
+    }
+  }
+  if (::fsync(fd) != 0) return discard(errno, "cannot flush temporary file");
+  const int closed = ::close(fd);
+  fd = -1;
+  if (closed != 0) return discard(errno, "cannot close temporary file");
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
     return error(err, "cannot rename temporary file onto", path);
+  }
+  absl::Status synced = SyncDirectory(dir);
+  if (!synced.ok()) {
+    return absl::Status(synced.code(),
+                        absl::StrCat("WriteFileAtomically(", path, "): ", synced.message()));
   }
   return absl::OkStatus();
 }

@@ -2,7 +2,8 @@
 // the mistakes that would otherwise pass silently turned into errors: a directory, an
 // unreadable file, a binary file or a huge file is an error naming the path, never an
 // empty or garbled text. And the one atomic file write of the library: readers see the
-// old file or the complete new one, never a half-written one.
+// old file or the complete new one, never a half-written one, and it is on disk (file and
+// directory fsync'ed) when the call returns.
 //
 //   ASSIGN_OR_RETURN(std::string text,
 //                    core::ReadTextFile(path, "stage config"));   // "stage config file '...'"
@@ -16,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace core {
 
@@ -35,13 +37,28 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path, absl::string_v
 int64_t FirstNonTextByte(absl::string_view text);
 
 // Writes `contents` (any bytes) to `path` through a temporary file in the same directory
-// (created exclusively, written, fsync'ed, closed) and a rename onto `path`, so readers
-// see either the old file or the complete new one, never part of it; on failure the
-// temporary file is removed and `path` is untouched. InvalidArgument for an empty path;
-// otherwise the errno's canonical code (NotFound for a missing directory, ...) with a
-// message "WriteFileAtomically(<path>): <what failed> <file>: <strerror>" naming the path
-// and, where that is the one that failed, the temporary file.
+// (hidden: ".<name>.tmp.<unique>", so it never takes a name the caller's files have;
+// created exclusively, written, fsync'ed, closed), a rename onto `path` and an fsync of
+// the directory, so readers see either the old file or the complete new one, never part
+// of it, and the new one survives a crash once this returns OK. On a failure before the
+// rename the temporary file is removed and `path` is untouched; a failing directory
+// fsync (after the rename) is reported with the new file in place. InvalidArgument for
+// an empty path; otherwise the errno's canonical code (NotFound for a missing
+// directory, ...) with a message "WriteFileAtomically(<path>): <what failed> <file>:
+// <strerror>" naming the path and, where that is the one that failed, the temporary
+// file or the directory.
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
+
+// The same for contents held in several buffers (a header and tensor bytes, say): the
+// file holds the concatenation of `pieces`, written without copying them into one.
+absl::Status WriteFileAtomically(const std::string& path,
+                                 absl::Span<const absl::string_view> pieces);
+
+// fsyncs directory `path`, so entries created or renamed in it are durable. OK where the
+// filesystem refuses fsync on directories (EINVAL, EROFS): durability is then its to
+// give. Errors by errno's canonical code, "cannot open directory '<path>': <strerror>"
+// or "cannot fsync directory '<path>': <strerror>".
+absl::Status SyncDirectory(const std::string& path);
 
 }  // namespace core
 

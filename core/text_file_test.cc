@@ -1,13 +1,19 @@
 #include "core/text_file.h"
 
+#include <dirent.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -118,6 +124,83 @@ TEST(WriteFileAtomicallyTest, ErrorsNameThePath) {
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(s.message(), HasSubstr(path));
   EXPECT_EQ(WriteFileAtomically("", "x").code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Names left in `dir` (without "." and "..").
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name != "." && name != "..") names.push_back(name);
+    }
+    ::closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::string Contents(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+TEST(WriteFileAtomicallyTest, PiecesAreWrittenInOrderAsOneFile) {
+  std::string dir = ::testing::TempDir() + "/pieces.XXXXXX";
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const std::string path = dir + "/model.bin";
+  const std::string big(1 << 20, 'x');
+  const std::vector<absl::string_view> pieces = {"head", "", big, absl::string_view("\0t", 2)};
+  ASSERT_TRUE(WriteFileAtomically(path, pieces).ok());
+  EXPECT_EQ(Contents(path), absl::StrCat("head", big, absl::string_view("\0t", 2)));
+  EXPECT_EQ(Entries(dir), std::vector<std::string>{"model.bin"});
+}
+
+TEST(WriteFileAtomicallyTest, AFailedWriteLeavesTheOldFileAndNoTemporaryFile) {
+  std::string dir = ::testing::TempDir() + "/failed.XXXXXX";
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const std::string path = dir + "/summary.json";
+  ASSERT_TRUE(WriteFileAtomically(path, "old contents").ok());
+  // A write that cannot complete: the file size limit is below the new contents, so
+  // write(2) fails with EFBIG (SIGXFSZ ignored) after the temporary file exists.
+  struct sigaction ignore = {}, before = {};
+  ignore.sa_handler = SIG_IGN;
+  ASSERT_EQ(::sigaction(SIGXFSZ, &ignore, &before), 0);
+  rlimit old_limit;
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  rlimit small = old_limit;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const absl::Status s = WriteFileAtomically(path, std::string(10000, 'n'));
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  ASSERT_EQ(::sigaction(SIGXFSZ, &before, nullptr), 0);
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("WriteFileAtomically(" + path + "): cannot write"));
+  EXPECT_THAT(s.message(), HasSubstr(dir + "/.summary.json.tmp."));
+  EXPECT_EQ(Contents(path), "old contents");
+  EXPECT_EQ(Entries(dir), std::vector<std::string>{"summary.json"});
+}
+
+TEST(WriteFileAtomicallyTest, AFailedRenameLeavesTheOldFileAndNoTemporaryFile) {
+  std::string dir = ::testing::TempDir() + "/rename.XXXXXX";
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  // `path` is a non-empty directory: the temporary file is written, the rename fails.
+  const std::string path = dir + "/taken";
+  ASSERT_EQ(::mkdir(path.c_str(), 0755), 0);
+  ASSERT_TRUE(WriteFileAtomically(path + "/inside", "kept").ok());
+  const absl::Status s = WriteFileAtomically(path, "new");
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("cannot rename temporary file onto " + path));
+  EXPECT_EQ(Contents(path + "/inside"), "kept");
+  EXPECT_EQ(Entries(dir), std::vector<std::string>{"taken"});
+}
+
+TEST(SyncDirectoryTest, SyncsADirectoryAndNamesAMissingOne) {
+  EXPECT_TRUE(SyncDirectory(::testing::TempDir()).ok());
+  const std::string missing = ::testing::TempDir() + "/no_such_dir";
+  const absl::Status s = SyncDirectory(missing);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(s.message(), HasSubstr("cannot open directory '" + missing + "'"));
 }
 
 }  // namespace

@@ -17,6 +17,7 @@ absl::StatusOr<policy::WrapPolicyPtr> MakeSecond(const policy::PolicyParams&) {
 POLICY_REGISTER_WRAP_POLICY("dup_rule", MakeFirst);
 POLICY_REGISTER_WRAP_POLICY("dup_rule", MakeSecond);
 POLICY_REGISTER_WRAP_POLICY("unique_rule", MakeFirst);
+POLICY_REGISTER_WRAP_POLICY("never_rule", MakeSecond);
 
 bool Has(absl::string_view haystack, const std::string& needle) {
   return haystack.find(needle) != absl::string_view::npos;
@@ -37,9 +38,17 @@ TEST(RegistryDuplicateTest, CheckRegistrationsNamesTheDuplicate) {
   EXPECT_FALSE(Has(s.message(), "unique_rule")) << s;
 }
 
+// Each other name still builds what its own factory builds: "unique_rule" MakeFirst's
+// policy, "never_rule" MakeSecond's, "size_based" the built-in one.
 TEST(RegistryDuplicateTest, OtherNamesStillWork) {
-  EXPECT_TRUE(policy::PolicyRegistry::Global().Create("unique_rule", {}).ok());
-  EXPECT_TRUE(policy::PolicyRegistry::Global().Create("size_based", {}).ok());
+  const auto name_of = [](absl::string_view rule) -> std::string {
+    absl::StatusOr<policy::WrapPolicyPtr> p = policy::PolicyRegistry::Global().Create(rule, {});
+    if (!p.ok()) return std::string(p.status().message());
+    return (*p)->Name();
+  };
+  EXPECT_EQ(name_of("unique_rule"), "always");
+  EXPECT_EQ(name_of("never_rule"), "never");
+  EXPECT_EQ(name_of("size_based").rfind("size_based(", 0), 0u) << name_of("size_based");
 }
 
 }  // namespace

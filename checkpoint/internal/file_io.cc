@@ -11,7 +11,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <random>
@@ -20,28 +19,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/text_file.h"
 
 namespace checkpoint {
 namespace internal {
 namespace {
 
+// The status of errno `err` for `what` failing on `path`: "<what> '<path>': <strerror>"
+// with errno's canonical code (NotFound for ENOENT, AlreadyExists for EEXIST, ...).
 absl::Status ErrnoError(int err, absl::string_view what, absl::string_view path) {
-  const std::string msg = absl::StrCat(what, " '", path, "': ", std::strerror(err));
-  switch (err) {
-    case ENOENT:
-      return absl::NotFoundError(msg);
-    case EEXIST:
-    case ENOTEMPTY:
-      return absl::AlreadyExistsError(msg);
-    case EACCES:
-    case EPERM:
-      return absl::PermissionDeniedError(msg);
-    case ENOSPC:
-    case EDQUOT:
-      return absl::ResourceExhaustedError(msg);
-    default:
-      return absl::InternalError(msg);
-  }
+  return absl::ErrnoToStatus(err, absl::StrCat(what, " '", path, "'"));
 }
 
 }  // namespace
@@ -213,19 +200,7 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
   return contents;
 }
 
-absl::Status SyncDirectory(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, "cannot open directory", path);
-  if (::fsync(fd) != 0) {
-    const int err = errno;
-    ::close(fd);
-    // Some filesystems refuse fsync on directories; durability is then theirs to give.
-    if (err == EINVAL || err == EROFS) return absl::OkStatus();
-    return ErrnoError(err, "cannot fsync directory", path);
-  }
-  ::close(fd);
-  return absl::OkStatus();
-}
+absl::Status SyncDirectory(const std::string& path) { return core::SyncDirectory(path); }
 
 std::string ParentDirectory(const std::string& path) {
   std::string p = path;

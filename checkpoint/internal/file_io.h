@@ -1,12 +1,13 @@
 // POSIX file helpers for checkpoint/: writing with fsync, positioned reads that report
 // short reads, directory fsync and removal, unique temporary names, the atomic
 // directory swap Save commits with, and the lock file Save holds. Every error names the
-// path.
+// path and carries errno's canonical code (absl::ErrnoToStatus). A single file replaced
+// atomically goes through core::WriteFileAtomically (core/text_file.h) instead.
 //
-//   ASSIGN_OR_RETURN(auto w, checkpoint::internal::FileWriter::Create(path + ".tmp"));
+//   ASSIGN_OR_RETURN(auto w, checkpoint::internal::FileWriter::Create(dir + "/data_0"));
 //   RETURN_IF_ERROR(w.Append(bytes.data(), bytes.size()));
 //   RETURN_IF_ERROR(w.SyncAndClose());
-//   RETURN_IF_ERROR(checkpoint::internal::RenameAndSync(path + ".tmp", path));
+//   RETURN_IF_ERROR(checkpoint::internal::SyncDirectory(dir));
 #ifndef CHECKPOINT_INTERNAL_FILE_IO_H_
 #define CHECKPOINT_INTERNAL_FILE_IO_H_
 
@@ -103,7 +104,8 @@ class FileLock {
 // The whole file's contents; NotFound when it does not exist.
 absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 
-// fsyncs a directory, so entries created or renamed in it are durable.
+// fsyncs a directory, so entries created or renamed in it are durable
+// (core::SyncDirectory, core/text_file.h).
 absl::Status SyncDirectory(const std::string& path);
 
 // "a/b" for "a/b/c"; "." for "c".

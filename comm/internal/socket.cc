@@ -10,16 +10,14 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/errno_text.h"
 
 namespace comm {
 namespace internal {
 namespace {
-
-std::string ErrnoText(int err) { return std::strerror(err); }
 
 // Milliseconds until `deadline` for poll(2), at least 0, at most ~24 days.
 int PollMillis(absl::Time deadline) {
@@ -39,7 +37,7 @@ absl::Status PollFor(int fd, short events, absl::Time deadline, absl::string_vie
       return absl::DeadlineExceededError(absl::StrCat(what, " timed out"));
     }
     if (errno != EINTR) {
-      return absl::UnavailableError(absl::StrCat(what, ": poll failed: ", ErrnoText(errno)));
+      return absl::UnavailableError(absl::StrCat(what, ": poll failed: ", core::ErrnoText(errno)));
     }
   }
 }
@@ -97,16 +95,16 @@ absl::StatusOr<Fd> Listen(absl::string_view host, int port, int backlog) {
   absl::StatusOr<sockaddr_in> addr = ResolveIPv4(host, port);
   if (!addr.ok()) return addr.status();
   Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) return absl::InternalError(absl::StrCat("socket: ", ErrnoText(errno)));
+  if (!fd.valid()) return absl::InternalError(absl::StrCat("socket: ", core::ErrnoText(errno)));
   const int one = 1;
   ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0) {
     return absl::UnavailableError(
-        absl::StrCat("cannot bind ", host, ":", port, ": ", ErrnoText(errno)));
+        absl::StrCat("cannot bind ", host, ":", port, ": ", core::ErrnoText(errno)));
   }
   if (::listen(fd.get(), backlog) != 0) {
     return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", host, ":", port, ": ", ErrnoText(errno)));
+        absl::StrCat("cannot listen on ", host, ":", port, ": ", core::ErrnoText(errno)));
   }
   return fd;
 }
@@ -115,7 +113,7 @@ absl::StatusOr<int> BoundPort(int fd) {
   sockaddr_in addr{};
   socklen_t len = sizeof(addr);
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    return absl::InternalError(absl::StrCat("getsockname: ", ErrnoText(errno)));
+    return absl::InternalError(absl::StrCat("getsockname: ", core::ErrnoText(errno)));
   }
   return static_cast<int>(ntohs(addr.sin_port));
 }
@@ -124,12 +122,12 @@ absl::StatusOr<Fd> ConnectOnce(absl::string_view host, int port, absl::Time dead
   absl::StatusOr<sockaddr_in> addr = ResolveIPv4(host, port);
   if (!addr.ok()) return addr.status();
   Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd.valid()) return absl::InternalError(absl::StrCat("socket: ", ErrnoText(errno)));
+  if (!fd.valid()) return absl::InternalError(absl::StrCat("socket: ", core::ErrnoText(errno)));
   const std::string where = absl::StrCat(host, ":", port);
   if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0) {
     if (errno != EINPROGRESS) {
       return absl::UnavailableError(
-          absl::StrCat("connect to ", where, ": ", ErrnoText(errno)));
+          absl::StrCat("connect to ", where, ": ", core::ErrnoText(errno)));
     }
     absl::Status ready = PollFor(fd.get(), POLLOUT, deadline, absl::StrCat("connect to ", where));
     if (!ready.ok()) return ready;
@@ -137,7 +135,7 @@ absl::StatusOr<Fd> ConnectOnce(absl::string_view host, int port, absl::Time dead
     socklen_t len = sizeof(err);
     ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
     if (err != 0) {
-      return absl::UnavailableError(absl::StrCat("connect to ", where, ": ", ErrnoText(err)));
+      return absl::UnavailableError(absl::StrCat("connect to ", where, ": ", core::ErrnoText(err)));
     }
   }
   const int one = 1;
@@ -160,7 +158,7 @@ absl::Status SendAll(int fd, const void* data, size_t n, absl::Time deadline) {
       continue;
     }
     if (w < 0 && errno == EINTR) continue;
-    return absl::UnavailableError(absl::StrCat("send failed: ", ErrnoText(errno)));
+    return absl::UnavailableError(absl::StrCat("send failed: ", core::ErrnoText(errno)));
   }
   return absl::OkStatus();
 }
@@ -181,7 +179,7 @@ absl::Status RecvAll(int fd, void* data, size_t n, absl::Time deadline) {
       continue;
     }
     if (errno == EINTR) continue;
-    return absl::UnavailableError(absl::StrCat("recv failed: ", ErrnoText(errno)));
+    return absl::UnavailableError(absl::StrCat("recv failed: ", core::ErrnoText(errno)));
   }
   return absl::OkStatus();
 }
@@ -229,15 +227,15 @@ absl::StatusOr<std::string> LocalAddressFor(absl::string_view peer_host) {
   if (!peer.ok()) return peer.status();
   if ((ntohl(peer->sin_addr.s_addr) >> 24) == 127) return std::string("127.0.0.1");
   Fd fd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) return absl::InternalError(absl::StrCat("socket: ", ErrnoText(errno)));
+  if (!fd.valid()) return absl::InternalError(absl::StrCat("socket: ", core::ErrnoText(errno)));
   if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&*peer), sizeof(*peer)) != 0) {
     return absl::UnavailableError(
-        absl::StrCat("no route to ", peer_host, ": ", ErrnoText(errno)));
+        absl::StrCat("no route to ", peer_host, ": ", core::ErrnoText(errno)));
   }
   sockaddr_in local{};
   socklen_t len = sizeof(local);
   if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len) != 0) {
-    return absl::InternalError(absl::StrCat("getsockname: ", ErrnoText(errno)));
+    return absl::InternalError(absl::StrCat("getsockname: ", core::ErrnoText(errno)));
   }
   return IPv4ToString(local);
 }
