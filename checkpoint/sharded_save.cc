@@ -25,6 +25,7 @@
 #include "checkpoint/internal/save_exchange.pb.h"
 #include "checkpoint/sharded.h"
 #include "comm/agreement.h"
+#include "core/errno_text.h"
 #include "core/status_macros.h"
 
 namespace checkpoint {
@@ -340,7 +341,7 @@ absl::StatusOr<int> RemoveInterruptedSaves(const std::string& dir, const char* c
   DIR* d = ::opendir(parent.c_str());
   if (d == nullptr) {
     return absl::NotFoundError(absl::StrCat(caller, ": cannot open '", parent, "': ",
-                                            std::strerror(errno)));
+                                            core::ErrnoText(errno)));
   }
   while (dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;

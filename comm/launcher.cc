@@ -27,6 +27,7 @@
 #include "comm/failure.h"
 #include "comm/internal/rank_process.h"
 #include "comm/internal/socket.h"
+#include "core/errno_text.h"
 
 extern char** environ;
 
@@ -212,7 +213,7 @@ absl::StatusOr<int> RunLocalRanks(int nproc, const std::vector<std::string>& arg
   if (n <= 0) {
     return absl::NotFoundError(absl::StrCat(
         "RunLocalRanks: cannot read /proc/self/exe (the running program): ",
-        std::strerror(errno)));
+        core::ErrnoText(errno)));
   }
   self[n] = '\0';
   options.nproc = nproc;
@@ -307,7 +308,7 @@ bool Job::Prepare() {
       absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/fsdp-launch-XXXXXX");
   if (::mkdtemp(pattern.data()) == nullptr) {
     Say(absl::StrCat("cannot create a directory for the ranks' error files (", pattern,
-                     "): ", std::strerror(errno)));
+                     "): ", core::ErrnoText(errno)));
     return false;
   }
   error_dir_ = pattern;
@@ -358,7 +359,7 @@ bool Job::StartRank(int r, std::vector<char*>& argv, pid_t launcher_pid) {
   if (pid < 0) {
     ::close(out[0]);
     ::close(err[0]);
-    Say(absl::StrCat("fork failed: ", std::strerror(errno)));
+    Say(absl::StrCat("fork failed: ", core::ErrnoText(errno)));
     return false;
   }
   ::setpgid(pid, pid);  // also from here, so signals sent right away reach its group
@@ -417,7 +418,7 @@ bool Job::SuperviseOnce() {
   }
   const int ready = ::poll(fds.data(), fds.size(), timeout_ms);
   if (ready < 0 && errno != EINTR) {
-    Say(absl::StrCat("poll failed: ", std::strerror(errno)));
+    Say(absl::StrCat("poll failed: ", core::ErrnoText(errno)));
     SignalAll(ranks_, SIGKILL);
     exit_code_ = 1;
     return false;

@@ -12,6 +12,7 @@
 #include "comm/internal/sha256.h"
 #include "comm/internal/store_protocol.h"
 #include "comm/internal/tcp_store_server.h"
+#include "core/errno_text.h"
 
 namespace comm {
 
@@ -37,7 +38,7 @@ absl::StatusOr<std::string> RandomBytes(size_t n) {
     const ssize_t r = ::getrandom(out.data() + got, n - got, 0);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) {
-      return absl::InternalError(absl::StrCat("getrandom failed: ", std::strerror(errno)));
+      return absl::InternalError(absl::StrCat("getrandom failed: ", core::ErrnoText(errno)));
     }
     got += static_cast<size_t>(r);
   }

@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "comm/failure.h"
+#include "core/errno_text.h"
 #include "glog/logging.h"
 
 namespace comm {
@@ -53,14 +54,14 @@ absl::Status CreateSegment(ShmSegment& seg, const Layout& layout, int size,
   if (fd < 0) {
     const int err = errno;
     return absl::UnavailableError(absl::StrCat(who, ": cannot create shared-memory segment ",
-                                               seg.name, ": ", ShmErrnoText(err)));
+                                               seg.name, ": ", core::ErrnoText(err)));
   }
   const auto fail = [&](absl::StatusCode code, const std::string& what, int err) {
     close(fd);
     UnlinkQuietly(seg.name);
     return absl::Status(code, absl::StrCat(who, ": ", what, " shared-memory segment ",
                                            seg.name, " of ", layout.total_bytes,
-                                           " bytes: ", ShmErrnoText(err)));
+                                           " bytes: ", core::ErrnoText(err)));
   };
   if (ftruncate(fd, layout.total_bytes) != 0) {
     const int err = errno;
@@ -124,7 +125,7 @@ absl::Status AttachSegment(ShmSegment& seg, const Layout& layout, int size,
     const int err = errno;
     return absl::UnavailableError(absl::StrCat(
         who, ": cannot open shared-memory segment ", seg.name, " made by rank 0: ",
-        ShmErrnoText(err), " (the shm backend needs all ranks on one host)"));
+        core::ErrnoText(err), " (the shm backend needs all ranks on one host)"));
   }
   struct stat st;
   if (fstat(fd, &st) != 0 || st.st_size != layout.total_bytes) {
@@ -141,7 +142,7 @@ absl::Status AttachSegment(ShmSegment& seg, const Layout& layout, int size,
   if (seg.base == MAP_FAILED) {
     return absl::ResourceExhaustedError(absl::StrCat(who, ": cannot map segment ", seg.name,
                                                      " of ", layout.total_bytes,
-                                                     " bytes: ", ShmErrnoText(err)));
+                                                     " bytes: ", core::ErrnoText(err)));
   }
   seg.bytes = static_cast<size_t>(layout.total_bytes);
   const auto* header = static_cast<const SegmentHeader*>(seg.base);
@@ -356,7 +357,7 @@ absl::Status ReadProbes(Store& store, const std::vector<std::string>& keys,
                                      segment.ctl[r_peer].pid.load(std::memory_order_relaxed),
                                      ")")
                       : std::string("its peers"),
-          ": ", ShmErrnoText(r_err), " (errno ", r_err, ")");
+          ": ", core::ErrnoText(r_err), " (errno ", r_err, ")");
     }
   }
   if (!mismatch.empty()) {

@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "comm/failure.h"
+#include "core/errno_text.h"
 
 // NOTE [Shm protocol]: the segment holds a header, one control block per rank and two
 // data slots per rank. Every collective is a fixed number of *steps* (a function of its
@@ -87,7 +88,6 @@ Layout LayoutFor(int size, int64_t slot_bytes) {
   return l;
 }
 
-std::string ShmErrnoText(int err) { return std::strerror(err); }
 
 alignas(64) const uint64_t kProbeWord = 0x45424f5250414d43ull;  // "CMAPROBE"
 
@@ -217,7 +217,7 @@ absl::Status ShmStepper::ReadPeer(int p, int64_t expect_bytes, int64_t off, void
     return absl::InternalError(absl::StrCat(
         what_, ": process_vm_readv of ", len - done, " bytes at offset ", off + done,
         " of the buffer of ", RankName(p), " (", bytes, " bytes at 0x",
-        absl::Hex(base), ") failed: ", r < 0 ? ShmErrnoText(err) : "no progress"));
+        absl::Hex(base), ") failed: ", r < 0 ? core::ErrnoText(err) : "no progress"));
   }
   return absl::OkStatus();
 }

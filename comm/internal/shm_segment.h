@@ -76,8 +76,6 @@ struct Layout {
 };
 Layout LayoutFor(int size, int64_t slot_bytes);
 
-// strerror(err), for messages. (The lead merges it with comm's other copies.)
-std::string ShmErrnoText(int err);
 
 // The word every process publishes for the peers' process_vm_readv probe.
 extern const uint64_t kProbeWord;

@@ -24,6 +24,7 @@
 #include "comm/internal/sha256.h"
 #include "comm/internal/store_protocol.h"
 #include "comm/internal/store_util.h"
+#include "core/errno_text.h"
 #include "glog/logging.h"
 
 namespace comm {
@@ -169,7 +170,7 @@ void TcpStoreServer::Loop::Run() {
         ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()), TimeoutMillis());
     if (n < 0) {
       if (errno == EINTR) continue;
-      LOG(ERROR) << where_ << ": epoll_wait failed (" << std::strerror(errno)
+      LOG(ERROR) << where_ << ": epoll_wait failed (" << core::ErrnoText(errno)
                  << "); closing every connection";
       break;
     }
@@ -239,7 +240,7 @@ void TcpStoreServer::Loop::AcceptAll() {
       if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
       // Out of descriptors or memory: the pending connection stays in the backlog, and
       // level-triggered epoll would report it again at once, so pause instead of spinning.
-      LOG_EVERY_N(WARNING, 100) << where_ << ": accept failed (" << std::strerror(errno)
+      LOG_EVERY_N(WARNING, 100) << where_ << ": accept failed (" << core::ErrnoText(errno)
                                 << "); pausing new connections for "
                                 << absl::FormatDuration(kAcceptPause);
       PauseAccepting(absl::Now());
@@ -270,7 +271,7 @@ void TcpStoreServer::Loop::AddConn(int fd) {
   ev.events = c.events;
   ev.data.u64 = id;
   if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
-    LOG(WARNING) << Where(c) << ": epoll_ctl failed (" << std::strerror(errno)
+    LOG(WARNING) << Where(c) << ": epoll_ctl failed (" << core::ErrnoText(errno)
                  << "); closing the connection";
     return;  // `owned` closes it
   }
@@ -613,30 +614,30 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
   // Non-blocking, so that accepting until EAGAIN never stalls the loop.
   const int fl = ::fcntl(listen->get(), F_GETFL, 0);
   if (fl < 0 || ::fcntl(listen->get(), F_SETFL, fl | O_NONBLOCK) != 0) {
-    return absl::InternalError(absl::StrCat(where, ": fcntl: ", std::strerror(errno)));
+    return absl::InternalError(absl::StrCat(where, ": fcntl: ", core::ErrnoText(errno)));
   }
   Fd epoll(::epoll_create1(EPOLL_CLOEXEC));
   Fd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!epoll.valid() || !wake.valid()) {
     return absl::InternalError(
-        absl::StrCat(where, ": cannot create epoll/eventfd: ", std::strerror(errno)));
+        absl::StrCat(where, ": cannot create epoll/eventfd: ", core::ErrnoText(errno)));
   }
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = kListenTag;
   if (::epoll_ctl(epoll.get(), EPOLL_CTL_ADD, listen->get(), &ev) != 0) {
-    return absl::InternalError(absl::StrCat(where, ": epoll_ctl: ", std::strerror(errno)));
+    return absl::InternalError(absl::StrCat(where, ": epoll_ctl: ", core::ErrnoText(errno)));
   }
   ev.data.u64 = kWakeTag;
   if (::epoll_ctl(epoll.get(), EPOLL_CTL_ADD, wake.get(), &ev) != 0) {
-    return absl::InternalError(absl::StrCat(where, ": epoll_ctl: ", std::strerror(errno)));
+    return absl::InternalError(absl::StrCat(where, ": epoll_ctl: ", core::ErrnoText(errno)));
   }
   std::string nonce_key;
   if (!options.secret.empty()) {
     nonce_key.resize(kSha256Bytes);
     if (::getrandom(nonce_key.data(), nonce_key.size(), 0) !=
         static_cast<ssize_t>(nonce_key.size())) {
-      return absl::InternalError(absl::StrCat(where, ": getrandom failed: ", std::strerror(errno)));
+      return absl::InternalError(absl::StrCat(where, ": getrandom failed: ", core::ErrnoText(errno)));
     }
   } else {
     LOG_FIRST_N(WARNING, 1)
