@@ -123,12 +123,20 @@ void SgdOnCpu(const SgdSegment& seg) {
   });
 }
 
-absl::Status OptimizerStep::CheckCuda(core::Device device, absl::string_view param_name) const {
+template <typename Segment>
+absl::Status OptimizerStep::Route(core::Device device, absl::string_view param_name,
+                                  const Segment& seg, void (*on_cpu)(const Segment&),
+                                  std::map<int, std::vector<Segment>>* queued) {
+  if (!device.is_cuda()) {
+    on_cpu(seg);
+    return absl::OkStatus();
+  }
 #ifdef FSDP_WITH_CUDA
-  (void)device;
   (void)param_name;
+  (*queued)[device.index].push_back(seg);
   return absl::OkStatus();
 #else
+  (void)queued;
   return absl::FailedPreconditionError(absl::StrCat(optimizer_, ": parameter '", param_name,
                                                     "' is on ", device.ToString(),
                                                     " but this build has no CUDA support"));
@@ -137,24 +145,12 @@ absl::Status OptimizerStep::CheckCuda(core::Device device, absl::string_view par
 
 absl::Status OptimizerStep::Add(core::Device device, absl::string_view param_name,
                                 const AdamWSegment& seg) {
-  if (!device.is_cuda()) {
-    AdamWOnCpu(seg);
-    return absl::OkStatus();
-  }
-  absl::Status cuda = CheckCuda(device, param_name);
-  if (cuda.ok()) adamw_[device.index].push_back(seg);
-  return cuda;
+  return Route(device, param_name, seg, &AdamWOnCpu, &adamw_);
 }
 
 absl::Status OptimizerStep::Add(core::Device device, absl::string_view param_name,
                                 const SgdSegment& seg) {
-  if (!device.is_cuda()) {
-    SgdOnCpu(seg);
-    return absl::OkStatus();
-  }
-  absl::Status cuda = CheckCuda(device, param_name);
-  if (cuda.ok()) sgd_[device.index].push_back(seg);
-  return cuda;
+  return Route(device, param_name, seg, &SgdOnCpu, &sgd_);
 }
 
 absl::Status OptimizerStep::Finish() {

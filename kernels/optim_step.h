@@ -12,6 +12,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -44,7 +45,10 @@ class OptimizerStep {
   absl::Status Finish();
 
  private:
-  absl::Status CheckCuda(core::Device device, absl::string_view param_name) const;
+  // Runs `seg` with on_cpu on the CPU, or queues it in `queued` for its CUDA device.
+  template <typename Segment>
+  absl::Status Route(core::Device device, absl::string_view param_name, const Segment& seg,
+                     void (*on_cpu)(const Segment&), std::map<int, std::vector<Segment>>* queued);
 
   std::string optimizer_;
   std::map<int, std::vector<AdamWSegment>> adamw_;
