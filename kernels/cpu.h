@@ -1,9 +1,9 @@
 // CPU-only helpers for the loops that run the kernels/ bodies on the host (nn/tensor_ops.cc,
 // kernels/optim_step.cc): run-time ISA dispatch by GCC function multiversioning, so one
 // generic x86-64 binary runs an AVX2+FMA (x86-64-v3) build of each hot loop on CPUs that
-// have it and the baseline (SSE2) build elsewhere; the intra-op thread count the loops
-// (and nn's GEMMs) split their work over. Not for nvcc: CUDA code never includes this
-// header.
+// have it and the baseline (SSE2) build elsewhere, row sums in a fixed lane order, and
+// OpenMP chunks over the intra-op threads (kernels/cpu_runtime.h). Not for nvcc: CUDA code
+// never includes this header.
 //
 //   FSDP_CPU_CLONES void GeluLoop(const float* FSDP_RESTRICT x, float* FSDP_RESTRICT y,
 //                                 int64_t n) {
@@ -84,9 +84,9 @@ FSDP_CPU_INLINE T LaneSum(int64_t n, F f) {
 constexpr int64_t kParallelMinWork = int64_t{1} << 16;
 
 // Calls f(begin, end) on contiguous chunks that cover [0, n) exactly once: one chunk per
-// thread of an OpenMP team of up to `threads` threads (IntraOpThreads(), kernels/cpu_runtime.h) when `work`
-// (elements touched) >= kParallelMinWork and the target is built with -fopenmp, else f(0, n)
-// on the caller. Chunk bounds are multiples of `align` (besides n). A caller whose units
+// thread of an OpenMP team of up to `threads` threads (IntraOpThreads(),
+// kernels/cpu_runtime.h) when `work` (elements touched) >= kParallelMinWork and the target
+// is built with -fopenmp, else f(0, n) on the caller. Chunk bounds are multiples of `align` (besides n). A caller whose units
 // (rows, columns, elements) are independent gets bit-identical results for any thread count.
 // f must not throw.
 template <typename F>

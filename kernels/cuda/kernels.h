@@ -5,7 +5,7 @@
 // the error into an absl::Status naming the tensor.
 //
 //   cudaError_t err = kernels::cuda::GeluForward(x, y, n);
-//   if (err != cudaSuccess) return kernels::cuda::StatusFromCuda(err, "GeluForward of ...");
+//   RETURN_IF_ERROR(core::cuda::StatusFromCuda(err, "GeluForward of ..."));
 //
 // `bf16` arguments say whether a `const void*` weight holds bf16 (uint16_t bits) or fp32.
 #ifndef KERNELS_CUDA_KERNELS_H_
