@@ -10,7 +10,6 @@
 #ifdef FSDP_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "comm/cuda/convert.h"
 #include "fsdp/cuda/grad_kernels.h"
 #endif
 
@@ -80,27 +79,10 @@ absl::Status ConvertInto(const core::Tensor& dst, const core::Tensor& src,
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": cannot convert ", src.ToString(), " into ", dst.ToString()));
   }
-  if (dst.device().is_cpu() || dst.dtype() == src.dtype()) {
-    absl::Status s = dst.CopyFrom(src);
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
-    return absl::OkStatus();
-  }
-#ifdef FSDP_WITH_CUDA
-  RETURN_IF_ERROR(SetDevice(dst, what));
-  const int64_t n = dst.numel();
-  if (src.dtype() == core::DType::kFloat32 && dst.dtype() == core::DType::kBFloat16) {
-    return Cuda(comm::cuda::FloatToBf16(src.data<float>(), dst.raw_data(), n, cudaStreamLegacy),
-                what, "fp32 -> bf16", src);
-  }
-  if (src.dtype() == core::DType::kBFloat16 && dst.dtype() == core::DType::kFloat32) {
-    return Cuda(comm::cuda::Bf16ToFloat(src.raw_data(), dst.data<float>(), n, cudaStreamLegacy),
-                what, "bf16 -> fp32", src);
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat(what, ": cannot convert ", src.ToString(), " into ", dst.ToString()));
-#else
-  return NoCuda(dst, what, "dtype conversion");
-#endif
+  // Tensor::CopyFrom converts fp32 <-> bf16 on either device (on the compute stream).
+  absl::Status s = dst.CopyFrom(src);
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<core::Tensor> Convert(const core::Tensor& src, core::DType dtype,

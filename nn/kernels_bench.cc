@@ -1,101 +1,36 @@
-// Microbenchmark of the CPU element and row kernels (nn/tensor_ops.h, optim's AdamW): for
-// each kernel, elements per second of the previous scalar loops ("before": the loops as
-// they were before FSDP_CPU_CLONES, with double row reductions and libm exp, compiled for
-// baseline x86-64 with -fopenmp-simd, reproduced below) and of the current dispatched loops
-// ("after"), at the sizes of the GPT config 512 128 256 6 8 8 (V T C L H B). Time is this
-// thread's CPU time (CLOCK_THREAD_CPUTIME_ID), the best of several repetitions, so other
-// processes on the machine disturb it little; these run on 1 thread. Then, for the
-// dispatched loops, wall-clock elements per second on 1 and 2 OpenMP threads (rows and
-// elements split by ParallelChunks; wall time, so a busy machine shows less scaling).
-// The "fused_*" entries compare the fused ops (NOTE [Fused ops], nn/tensor_ops.h), as
-// "after", with the two dispatched ops they replace run one after the other, as "before".
+// Microbenchmark of the CPU element and row kernels of nn/tensor_ops.h: for each kernel,
+// elements per second of the previous scalar loops ("before": the loops as they were
+// before FSDP_CPU_CLONES, with double row reductions and libm exp, compiled for baseline
+// x86-64 with -fopenmp-simd, reproduced below) and of the current dispatched loops
+// ("after"), at the sizes of the GPT config 512 128 256 6 8 8 (V T C L H B), timed by
+// kernels/testing/bench.h (thread CPU time on 1 thread, then wall time on 1 and 2 OpenMP
+// threads). The "fused_*" entries compare the fused ops (NOTE [Fused ops],
+// nn/tensor_ops.h), as "after", with the two dispatched ops they replace run one after the
+// other, as "before". The optimizer update is benchmarked by //kernels:kernels_bench.
 // Prints one JSON object.
 //
 //   bazel run -c opt //nn:kernels_bench
-#include <time.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <functional>
-#include <memory>
-#include <string>
 #include <vector>
 
-#include "core/random.h"
 #include "core/tensor.h"
-#include "nn/kernels/elementwise.h"
-#include "nn/kernels/optim.h"
-#include "nn/kernels/rowwise.h"
-#include "nn/ops.h"
+#include "kernels/elementwise.h"
+#include "kernels/rowwise.h"
+#include "kernels/testing/bench.h"
 #include "nn/tensor_ops.h"
-#include "optim/adamw.h"
 
 namespace {
 
-namespace k = ::nn::kernels;
-
-void Check(const absl::Status& s) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "kernels_bench: %s\n", std::string(s.message()).c_str());
-    std::exit(1);
-  }
-}
-
-double ThreadSeconds() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-double WallSeconds() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-// Best per-call seconds of fn (by `clock`) over 5 repetitions of >= 50 ms each.
-double TimeBy(double (*clock)(), const std::function<void()>& fn) {
-  fn();  // warm up (page faults, caches)
-  double best = 1e30;
-  for (int rep = 0; rep < 5; ++rep) {
-    int calls = 0;
-    const double t0 = clock();
-    double t = t0;
-    do {
-      fn();
-      ++calls;
-      t = clock();
-    } while (t - t0 < 0.05);
-    best = std::min(best, (t - t0) / calls);
-  }
-  return best;
-}
-
-// Thread CPU seconds on one thread.
-double Time(const std::function<void()>& fn) {
-  Check(nn::SetIntraOpThreads(1));
-  return TimeBy(&ThreadSeconds, fn);
-}
-
-// Wall seconds on `threads` OpenMP threads.
-double WallTime(int threads, const std::function<void()>& fn) {
-  Check(nn::SetIntraOpThreads(threads));
-  const double t = TimeBy(&WallSeconds, fn);
-  Check(nn::SetIntraOpThreads(1));
-  return t;
-}
-
-core::Tensor Normal(int64_t n, uint64_t seed, float scale = 1.0f) {
-  core::Tensor t = core::Tensor::Empty({n});
-  core::Rng rng(seed);
-  nn::FillNormal(t, 0.0f, scale, &rng);
-  return t;
-}
-
-float* P(const core::Tensor& t) { return t.data<float>(); }
+namespace k = ::kernels;
+using ::kernels::bench::Check;
+using ::kernels::bench::Measure;
+using ::kernels::bench::Normal;
+using ::kernels::bench::P;
+using ::kernels::bench::Result;
+using ::kernels::bench::Time;
+using ::kernels::bench::WallTime;
 
 // ---- The loops before this change (scalar reductions in double, libm exp).
 
@@ -237,29 +172,6 @@ double OldCrossEntropy(const float* px, const int32_t* tg, float* pg, int64_t n,
   return total * inv_n;
 }
 
-void OldAdamW(float* w, float* m, float* v, const float* g, int64_t n,
-              const k::AdamWScalars& s) {
-#pragma omp simd
-  for (int64_t j = 0; j < n; ++j) k::AdamWUpdate(&w[j], &m[j], &v[j], g[j], s);
-}
-
-struct Result {
-  std::string name;
-  int64_t elements;
-  double before_s, after_s;
-  double wall1_s = 0, wall2_s = 0;
-};
-
-// Thread CPU time of before and after, then wall time of after on 1 and 2 threads.
-Result Measure(const std::string& name, int64_t elements, const std::function<void()>& before,
-               const std::function<void()>& after, double overhead_s = 0,
-               double wall_overhead_s = 0) {
-  Result r{name, elements, Time(before) - overhead_s, Time(after) - overhead_s};
-  r.wall1_s = WallTime(1, after) - wall_overhead_s;
-  r.wall2_s = WallTime(2, after) - wall_overhead_s;
-  return r;
-}
-
 }  // namespace
 
 int main() {
@@ -378,35 +290,6 @@ int main() {
           sink = sink + *l;
         }));
   }
-  {  // AdamW over one rank's flat shard of the 4.9M-parameter model (2 ranks).
-    const int64_t n = 4902912 / 2;
-    core::Tensor w = Normal(n, 11), g = Normal(n, 12);
-    core::Tensor m = core::Tensor::Zeros({n}), v = core::Tensor::Zeros({n});
-    const k::AdamWScalars s = k::MakeAdamWScalars(1e-3, 0.9, 0.999, 1e-8, 0.01, 3);
-    auto param = std::make_shared<core::Parameter>();
-    param->data = Normal(n, 11);
-    param->grad = Normal(n, 12);
-    optim::AdamWOptions o;
-    o.lr = 1e-3;
-    std::unique_ptr<optim::AdamW> opt = optim::AdamW::Create({param}, o).value();
-    results.push_back(Measure(
-        "adamw", n, [&] { OldAdamW(P(w), P(m), P(v), P(g), n, s); },
-        [&] { Check(opt->Step()); }));
-  }
-
-  std::printf("{\n  \"isa\": \"%s\",\n  \"config\": \"512 128 256 6 8 8\",\n"
-              "  \"before_after_unit\": \"elements/s of thread CPU time on 1 thread, best of 5\",\n"
-              "  \"wall_unit\": \"elements/s of wall time of the dispatched loops, best of 5\",\n"
-              "  \"kernels\": [\n",
-              nn::CpuLoopIsa());
-  for (size_t i = 0; i < results.size(); ++i) {
-    const Result& r = results[i];
-    std::printf("    {\"name\": \"%s\", \"elements\": %lld, \"before\": %.4g, \"after\": %.4g, "
-                "\"speedup\": %.2f, \"wall_1_thread\": %.4g, \"wall_2_threads\": %.4g}%s\n",
-                r.name.c_str(), static_cast<long long>(r.elements), r.elements / r.before_s,
-                r.elements / r.after_s, r.before_s / r.after_s, r.elements / r.wall1_s,
-                r.elements / r.wall2_s, i + 1 < results.size() ? "," : "");
-  }
-  std::printf("  ]\n}\n");
+  kernels::bench::PrintJson(results);
   return 0;
 }

@@ -4,21 +4,21 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/bf16_hd.h"
 #include "core/status_macros.h"
 #include "nn/internal/op_checks.h"
-#include "nn/kernels/math.h"
 #include "nn/ops.h"
 #include "nn/tensor_ops.h"
 
 #ifdef FSDP_WITH_CUDA
+#include "core/cuda/kernels.h"
+#include "kernels/cuda/kernels.h"
 #include "nn/cuda/gemm.h"
-#include "nn/cuda/kernels.h"
 #endif
 
 namespace nn {
 namespace {
 
-namespace k = ::nn::kernels;
 using core::DType;
 using core::Tensor;
 using internal::Arg;
@@ -75,7 +75,7 @@ absl::StatusOr<int64_t> CheckExtent(absl::string_view what, const char* name, co
 std::vector<float> WidenSpan(const Tensor& t, int64_t offset, int64_t span) {
   std::vector<float> out(static_cast<size_t>(span));
   const uint16_t* p = static_cast<const uint16_t*>(t.raw_data()) + offset;
-  for (int64_t i = 0; i < span; ++i) out[i] = k::Bf16ToFloat(p[i]);
+  for (int64_t i = 0; i < span; ++i) out[i] = core::Bf16BitsToFloat(p[i]);
   return out;
 }
 
@@ -105,8 +105,9 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
     RETURN_IF_ERROR(UseDevice(device, what));
     float* c = MutF32(g.c.tensor) + g.c.offset;
     if (g.k == 0) {
-      return Launched(cuda::ScaleMatrices(c, g.batch, g.m, g.n, sc.ld, g.c.batch_stride, g.beta),
-                      what, "GEMM with k == 0 (scale C)");
+      return Launched(
+          ::kernels::cuda::ScaleMatrices(c, g.batch, g.m, g.n, sc.ld, g.c.batch_stride, g.beta),
+          what, "GEMM with k == 0 (scale C)");
     }
     const int64_t esize_a = core::DTypeSize(g.a.tensor.dtype());
     const int64_t esize_b = core::DTypeSize(g.b.tensor.dtype());
@@ -123,9 +124,12 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
       const int64_t span = a.bf16 ? span_b : span_a;
       ASSIGN_OR_RETURN(scratch, Tensor::Allocate({span}, DType::kBFloat16,
                                                  core::MemoryTag::kActivation, device));
-      RETURN_IF_ERROR(Launched(cuda::RoundToBf16(static_cast<const float*>(f32.ptr),
-                                                 static_cast<uint16_t*>(scratch.raw_data()), span),
-                               what, "round GEMM operand to bf16"));
+      const absl::Status rounded = core::cuda::ConvertFloatToBf16(
+          static_cast<const float*>(f32.ptr), static_cast<uint16_t*>(scratch.raw_data()), span);
+      if (!rounded.ok()) {
+        return absl::Status(rounded.code(), absl::StrCat(what, ": round GEMM operand to bf16: ",
+                                                         rounded.message()));
+      }
       f32.ptr = scratch.raw_data();
       f32.bf16 = true;
     }

@@ -3,10 +3,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
-#include <cmath>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -16,10 +12,8 @@
 namespace nn {
 namespace {
 
-// The count SetIntraOpThreads set (0: never set, OpenMP's default). OpenMP's thread count
-// is an attribute of each calling thread, so Gemm brings its caller's count in line.
-std::atomic<int> g_intra_op_threads{0};
-
+// OpenMP's thread count is an attribute of each calling thread, so Gemm brings its
+// caller's count in line with IntraOpThreads().
 void UseIntraOpThreads() {
   const int want = IntraOpThreads();
   if (omp_get_max_threads() != want) omp_set_num_threads(want);
@@ -70,24 +64,6 @@ std::string GemmLibrary() {
   return absl::StrCat("oneDNN ", v->major, ".", v->minor, ".", v->patch, " (isa ", isa, ")");
 }
 
-absl::Status SetIntraOpThreads(int n) {
-  if (n < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("nn::SetIntraOpThreads: intra-op threads must be >= 1, got ", n));
-  }
-  g_intra_op_threads.store(n, std::memory_order_relaxed);
-  omp_set_num_threads(n);
-  return absl::OkStatus();
-}
-
-int IntraOpThreads() {
-  const int set = g_intra_op_threads.load(std::memory_order_relaxed);
-  if (set > 0) return set;
-  static const bool kFromEnvironment = std::getenv("OMP_NUM_THREADS") != nullptr;
-  if (kFromEnvironment) return std::max(1, omp_get_max_threads());
-  return 1;
-}
-
 int64_t RowsOf(const core::Shape& shape) {
   if (shape.empty()) return 0;
   int64_t rows = 1;
@@ -106,46 +82,6 @@ core::Shape WithLastDim(core::Shape shape, int64_t last) {
 
 void Axpy(int64_t n, float alpha, const float* x, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
-}
-
-void AddRowVector(int64_t rows, int64_t cols, const float* bias, float* out) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = out + r * cols;
-    for (int64_t j = 0; j < cols; ++j) row[j] += bias[j];
-  }
-}
-
-void AccumulateColumnSums(int64_t rows, int64_t cols, const float* x, float* acc) {
-  std::vector<double> sums(static_cast<size_t>(cols), 0.0);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = x + r * cols;
-    for (int64_t j = 0; j < cols; ++j) sums[j] += row[j];
-  }
-  for (int64_t j = 0; j < cols; ++j) acc[j] = static_cast<float>(acc[j] + sums[j]);
-}
-
-double DotDouble(int64_t n, const float* x, const float* w) {
-  double s = 0.0;
-  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * w[i];
-  return s;
-}
-
-namespace {
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kGeluCoeff = 0.044715f;
-}  // namespace
-
-float GeluTanh(float x) {
-  const float inner = kSqrt2OverPi * (x + kGeluCoeff * x * x * x);
-  return 0.5f * x * (1.0f + std::tanh(inner));
-}
-
-float GeluTanhGrad(float x) {
-  const float x2 = x * x;
-  const float inner = kSqrt2OverPi * (x + kGeluCoeff * x2 * x);
-  const float t = std::tanh(inner);
-  const float d_inner = kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * x2);
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * d_inner;
 }
 
 void FillUniform(const core::Tensor& t, float lo, float hi, core::Rng* rng) {

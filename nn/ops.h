@@ -1,6 +1,6 @@
 // CPU fp32 math on raw pointers: a row-major GEMM over oneDNN (dnnl_sgemm), the intra-op
-// thread count of the process, a few elementwise and reduction helpers, and random fills
-// for initialisation. The layers compute through the device- and dtype-aware
+// thread count of the process (kernels/cpu_runtime.h), shape helpers, Axpy, and random fills for
+// initialisation. The layers compute through the device- and dtype-aware
 // nn/tensor_ops.h (whose CPU side uses Gemm below); these pointer functions stay for CPU
 // callers.
 //
@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "core/random.h"
 #include "core/tensor.h"
+#include "kernels/cpu_runtime.h"
 
 namespace nn {
 
@@ -52,18 +53,11 @@ absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
 // "oneDNN 2.6.3 (isa avx2)" (the ISA is the most capable one oneDNN may use here).
 std::string GemmLibrary();
 
-// Sets the number of threads every later Gemm and every CPU loop of nn/ and optim/
-// (nn/tensor_ops.h) runs on, on any thread of the process, and calls
-// omp_set_num_threads(n) for the calling thread. n must be >= 1, else InvalidArgument
-// naming the value (and nothing changes). Thread-safe.
-absl::Status SetIntraOpThreads(int n);
-
-// The count SetIntraOpThreads last set; before any call, OMP_NUM_THREADS when the
-// environment sets it (comm's local launcher sets it to hardware threads / ranks for each
-// rank it starts), else 1. Never OpenMP's all-cores default by itself: several ranks on
-// one host would each start a team, and idle OpenMP threads spin (measured: 2 ranks x 2
-// threads on 2 cores ran a GPT step 2.2x slower). Always >= 1.
-int IntraOpThreads();
+// The intra-op thread count every later Gemm and every CPU loop of kernels/, nn/ and
+// optim/ runs on: kernels::SetIntraOpThreads / IntraOpThreads (kernels/cpu.h), under the
+// names nn's callers know.
+using ::kernels::IntraOpThreads;
+using ::kernels::SetIntraOpThreads;
 
 // Product of all dimensions but the last (1 for a 1-D shape, 0 for a scalar {}): the
 // number of rows a layer acting on the last dimension sees.
@@ -74,20 +68,6 @@ core::Shape WithLastDim(core::Shape shape, int64_t last);
 
 // y[i] += alpha * x[i] for i < n.
 void Axpy(int64_t n, float alpha, const float* x, float* y);
-
-// out[r, j] += bias[j] for every row r of the [rows, cols] matrix `out`.
-void AddRowVector(int64_t rows, int64_t cols, const float* bias, float* out);
-
-// acc[j] += sum over r of x[r, j], summed in double; `x` is [rows, cols].
-void AccumulateColumnSums(int64_t rows, int64_t cols, const float* x, float* acc);
-
-// sum_i x[i] * w[i] in double.
-double DotDouble(int64_t n, const float* x, const float* w);
-
-// GELU, tanh form (PyTorch's approximate='tanh'):
-// 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))), and its derivative.
-float GeluTanh(float x);
-float GeluTanhGrad(float x);
 
 // Fills an fp32 CPU tensor, in element order, with draws from `rng`.
 void FillUniform(const core::Tensor& t, float lo, float hi, core::Rng* rng);

@@ -11,11 +11,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "kernels/cpu.h"
+#include "kernels/elementwise.h"
+#include "kernels/math.h"
+#include "kernels/rowwise.h"
 #include "nn/internal/op_checks.h"
-#include "nn/kernels/cpu.h"
-#include "nn/kernels/elementwise.h"
-#include "nn/kernels/math.h"
-#include "nn/kernels/rowwise.h"
 #include "nn/ops.h"
 
 #if defined(_OPENMP)
@@ -25,13 +25,13 @@
 #ifdef FSDP_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "nn/cuda/kernels.h"
+#include "kernels/cuda/kernels.h"
 #endif
 
 namespace nn {
 namespace {
 
-namespace k = ::nn::kernels;
+namespace k = ::kernels;
 using core::DType;
 using core::Tensor;
 using internal::Arg;
@@ -45,14 +45,15 @@ using internal::IsBf16;
 using internal::MutF32;
 using internal::WithWeight;
 #ifdef FSDP_WITH_CUDA
+namespace kc = ::kernels::cuda;
 using internal::Launched;
 using internal::UseDevice;
 #else
 using internal::NoCuda;
 #endif
 
-// ---- CPU loops. Each is compiled per ISA (FSDP_CPU_CLONES, nn/kernels/cpu.h) and written
-// so GCC vectorises it: raw restrict pointers, `omp simd`, bodies from nn/kernels inlined,
+// ---- CPU loops. Each is compiled per ISA (FSDP_CPU_CLONES, kernels/cpu.h) and written
+// so GCC vectorises it: raw restrict pointers, `omp simd`, bodies from kernels/ inlined,
 // row sums through k::LaneSum in 8 float lanes (4 double lanes where a test needs double
 // accuracy), in a fixed order. Every result, sums included, has the same bits in every clone.
 
@@ -348,24 +349,13 @@ absl::Status CheckDistinct(absl::string_view what, const char* a_name, const Ten
 
 }  // namespace
 
-namespace {
-// Resolved by the same CPU-feature dispatch as the FSDP_CPU_CLONES loops.
-#if FSDP_CPU_HAS_CLONES
-__attribute__((target("default"))) const char* LoopIsa() { return "default"; }
-__attribute__((target("arch=x86-64-v3"))) const char* LoopIsa() { return "x86-64-v3"; }
-#else
-const char* LoopIsa() { return "default"; }
-#endif
-}  // namespace
-
-const char* CpuLoopIsa() { return LoopIsa(); }
 
 
 absl::Status GeluForward(absl::string_view what, const Tensor& x, const Tensor& y) {
   RETURN_IF_ERROR(CheckElementwiseF32(what, {{"input", &x}, {"output", &y}}));
   const int64_t n = x.numel();
   if (x.device().is_cuda()) {
-    NN_ON_CUDA(x.device(), what, "GELU forward", cuda::GeluForward(F32(x), MutF32(y), n));
+    NN_ON_CUDA(x.device(), what, "GELU forward", kc::GeluForward(F32(x), MutF32(y), n));
   }
   const float* in = F32(x);
   float* out = MutF32(y);
@@ -381,7 +371,7 @@ absl::Status GeluBackward(absl::string_view what, const Tensor& x, const Tensor&
   const int64_t n = x.numel();
   if (x.device().is_cuda()) {
     NN_ON_CUDA(x.device(), what, "GELU backward",
-               cuda::GeluBackward(F32(x), F32(gy), MutF32(gx), n));
+               kc::GeluBackward(F32(x), F32(gy), MutF32(gx), n));
   }
   const float* in = F32(x);
   const float* g = F32(gy);
@@ -395,7 +385,7 @@ absl::Status ReluForward(absl::string_view what, const Tensor& x, const Tensor& 
   RETURN_IF_ERROR(CheckElementwiseF32(what, {{"input", &x}, {"output", &y}}));
   const int64_t n = x.numel();
   if (x.device().is_cuda()) {
-    NN_ON_CUDA(x.device(), what, "ReLU forward", cuda::ReluForward(F32(x), MutF32(y), n));
+    NN_ON_CUDA(x.device(), what, "ReLU forward", kc::ReluForward(F32(x), MutF32(y), n));
   }
   const float* in = F32(x);
   float* out = MutF32(y);
@@ -411,7 +401,7 @@ absl::Status ReluBackward(absl::string_view what, const Tensor& y, const Tensor&
   const int64_t n = y.numel();
   if (y.device().is_cuda()) {
     NN_ON_CUDA(y.device(), what, "ReLU backward",
-               cuda::ReluBackward(F32(y), F32(gy), MutF32(gx), n));
+               kc::ReluBackward(F32(y), F32(gy), MutF32(gx), n));
   }
   const float* out = F32(y);
   const float* g = F32(gy);
@@ -427,7 +417,7 @@ absl::Status AddTensors(absl::string_view what, const Tensor& a, const Tensor& b
       what, {{"first operand", &a}, {"second operand", &b}, {"sum", &out}}));
   const int64_t n = a.numel();
   if (a.device().is_cuda()) {
-    NN_ON_CUDA(a.device(), what, "add", cuda::Add(F32(a), F32(b), MutF32(out), n));
+    NN_ON_CUDA(a.device(), what, "add", kc::Add(F32(a), F32(b), MutF32(out), n));
   }
   const float* pa = F32(a);
   const float* pb = F32(b);
@@ -463,7 +453,7 @@ absl::Status BiasAdd(absl::string_view what, const Tensor& x, const Tensor& bias
   const int64_t cols = bias.numel();
   if (x.device().is_cuda()) {
     NN_ON_CUDA(x.device(), what, "bias add",
-               cuda::BiasAdd(F32(x), bias.raw_data(), IsBf16(bias), MutF32(out), rows, cols));
+               kc::BiasAdd(F32(x), bias.raw_data(), IsBf16(bias), MutF32(out), rows, cols));
   }
   const float* in = F32(x);
   float* o = MutF32(out);
@@ -561,7 +551,7 @@ absl::Status AccumulateColumnSums(absl::string_view what, const Tensor& x, const
   const int64_t cols = acc.numel();
   if (x.device().is_cuda()) {
     NN_ON_CUDA(x.device(), what, "column sums",
-               cuda::ColumnSums(F32(x), y.defined() ? F32(y) : nullptr, MutF32(acc), rows, cols));
+               kc::ColumnSums(F32(x), y.defined() ? F32(y) : nullptr, MutF32(acc), rows, cols));
   }
   const float* px = F32(x);
   const float* py = y.defined() ? F32(y) : nullptr;
@@ -661,7 +651,7 @@ absl::Status LayerNormForward(absl::string_view what, const Tensor& x, const Ten
   ASSIGN_OR_RETURN(const int64_t rows, CheckLayerNormForward(what, x, w, b, y, xhat, rstd));
   if (x.device().is_cuda()) {
     NN_ON_CUDA(x.device(), what, "LayerNorm forward",
-               cuda::LayerNormForward(F32(x), w.raw_data(), b.raw_data(), IsBf16(w), eps,
+               kc::LayerNormForward(F32(x), w.raw_data(), b.raw_data(), IsBf16(w), eps,
                                       MutF32(y), MutF32(xhat), MutF32(rstd), rows, w.numel()));
   }
   LayerNormForwardCpu(F32(x), nullptr, nullptr, w, b, eps, y, xhat, rstd, rows);
@@ -725,16 +715,16 @@ absl::Status LayerNormBackward(absl::string_view what, const Tensor& g, const Te
 #ifdef FSDP_WITH_CUDA
     const int64_t cols = w.numel();
     RETURN_IF_ERROR(UseDevice(g.device(), what));
-    RETURN_IF_ERROR(Launched(cuda::LayerNormBackwardInput(F32(g), F32(xhat), F32(rstd),
+    RETURN_IF_ERROR(Launched(kc::LayerNormBackwardInput(F32(g), F32(xhat), F32(rstd),
                                                           w.raw_data(), IsBf16(w), MutF32(gx),
                                                           rows, cols),
                              what, "LayerNorm backward"));
     if (gw.defined()) {
-      RETURN_IF_ERROR(Launched(cuda::ColumnSums(F32(g), F32(xhat), MutF32(gw), rows, cols), what,
+      RETURN_IF_ERROR(Launched(kc::ColumnSums(F32(g), F32(xhat), MutF32(gw), rows, cols), what,
                                "LayerNorm weight gradient"));
     }
     if (gb.defined()) {
-      RETURN_IF_ERROR(Launched(cuda::ColumnSums(F32(g), nullptr, MutF32(gb), rows, cols), what,
+      RETURN_IF_ERROR(Launched(kc::ColumnSums(F32(g), nullptr, MutF32(gb), rows, cols), what,
                                "LayerNorm bias gradient"));
     }
     return absl::OkStatus();
@@ -770,7 +760,7 @@ absl::Status CausalSoftmaxForward(absl::string_view what, const Tensor& scores, 
   const int64_t rows = scores.numel() / T;
   if (scores.device().is_cuda()) {
     NN_ON_CUDA(scores.device(), what, "causal softmax forward",
-               cuda::CausalSoftmaxForward(MutF32(scores), rows, T));
+               kc::CausalSoftmaxForward(MutF32(scores), rows, T));
   }
   float* p = MutF32(scores);
   k::ParallelChunks(IntraOpThreads(), rows, rows * T, 1,
@@ -791,7 +781,7 @@ absl::Status CausalSoftmaxBackward(absl::string_view what, const Tensor& p, cons
   const int64_t rows = p.numel() / T;
   if (p.device().is_cuda()) {
     NN_ON_CUDA(p.device(), what, "causal softmax backward",
-               cuda::CausalSoftmaxBackward(F32(p), MutF32(g), rows, T, scale));
+               kc::CausalSoftmaxBackward(F32(p), MutF32(g), rows, T, scale));
   }
   const float* pp = F32(p);
   float* pg = MutF32(g);
@@ -815,7 +805,7 @@ absl::Status EmbeddingForward(absl::string_view what, const Tensor& table, const
   RETURN_IF_ERROR(CheckNumel(what, "output", y, n * dim));
   if (table.device().is_cuda()) {
     NN_ON_CUDA(table.device(), what, "embedding gather",
-               cuda::EmbeddingForward(ids.data<int32_t>(), n, table.raw_data(), IsBf16(table),
+               kc::EmbeddingForward(ids.data<int32_t>(), n, table.raw_data(), IsBf16(table),
                                       num, dim, MutF32(y)));
   }
   const int32_t* id = ids.data<int32_t>();
@@ -848,7 +838,7 @@ absl::Status EmbeddingBackward(absl::string_view what, const Tensor& ids, const 
   RETURN_IF_ERROR(CheckNumel(what, "grad_output", g, n * dim));
   if (gw.device().is_cuda()) {
     NN_ON_CUDA(gw.device(), what, "embedding gradient scatter-add",
-               cuda::EmbeddingBackward(ids.data<int32_t>(), n, F32(g), num, dim, MutF32(gw)));
+               kc::EmbeddingBackward(ids.data<int32_t>(), n, F32(g), num, dim, MutF32(gw)));
   }
   const int32_t* id = ids.data<int32_t>();
   const float* pg = F32(g);
@@ -884,7 +874,7 @@ absl::StatusOr<double> CrossEntropyForwardBackward(absl::string_view what, const
                                                        core::MemoryTag::kActivation,
                                                        logits.device()));
     RETURN_IF_ERROR(Launched(
-        cuda::CrossEntropy(F32(logits), targets.data<int32_t>(), n, V, inv_n, MutF32(grad),
+        kc::CrossEntropy(F32(logits), targets.data<int32_t>(), n, V, inv_n, MutF32(grad),
                            static_cast<double*>(row_loss.raw_data())),
         what, "cross-entropy"));
     std::vector<double> host(static_cast<size_t>(n));

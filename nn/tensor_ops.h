@@ -1,5 +1,5 @@
 // Device- and dtype-aware tensor operations behind the nn/ layers: each dispatches on
-// its tensors' device, running a CPU loop over the nn/kernels bodies or the CUDA kernels
+// its tensors' device, running a CPU loop over the kernels/ bodies or the CUDA kernels
 // of nn/cuda (builds with --config=cuda), so a layer is written once for both devices.
 //
 //   // y[R, out] = x[R, in] W^T with W fp32 or bf16, on x's device:
@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/tensor.h"
+#include "kernels/cpu_runtime.h"
 
 namespace nn {
 
@@ -163,13 +164,13 @@ absl::StatusOr<double> CrossEntropyForwardBackward(absl::string_view what,
 // Sets every element of `t` to zero (asynchronously on CUDA).
 absl::Status ZeroTensor(absl::string_view what, const core::Tensor& t);
 
-// The instruction set of the CPU loops' clones picked for this CPU at load time:
-// "x86-64-v3" (AVX2 + FMA, 8 floats per operation) or "default" (the baseline x86-64
-// build: SSE2, or any build that is not GCC on x86-64 Linux). See nn/kernels/cpu.h.
-const char* CpuLoopIsa();
+// The instruction set of the CPU loops' clones picked for this CPU at load time
+// (kernels/cpu_runtime.h): "x86-64-v3" or "default".
+using ::kernels::CpuLoopIsa;
 
 // The CPU loops above (and optim's AdamW/SGD) split a call of >= 64K elements over an
-// OpenMP team of nn::IntraOpThreads() threads (nn/ops.h; 1 runs each call on its caller).
+// OpenMP team of nn::IntraOpThreads() threads (kernels/cpu_runtime.h; 1 runs each call on its
+// caller).
 // Results do not depend on the count: only independent rows, columns or elements are
 // split.
 

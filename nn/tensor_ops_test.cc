@@ -13,8 +13,8 @@
 #include "core/random.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "nn/kernels/cpu.h"
-#include "nn/kernels/elementwise.h"
+#include "kernels/cpu.h"
+#include "kernels/elementwise.h"
 #include "nn/ops.h"
 
 namespace nn {
@@ -216,7 +216,7 @@ TEST(CpuLoopsTest, TheCloneForThisCpuIsSelected) {
 // Elementwise loops compute every element bit for bit as the scalar body does (no FMA
 // contraction, no reassociation), at every length.
 TEST(CpuLoopsTest, ElementwiseLoopsMatchTheScalarBodiesBitForBit) {
-  namespace k = ::nn::kernels;
+  namespace k = ::kernels;
   for (int64_t n : kLengths) {
     SCOPED_TRACE(n);
     const core::Tensor x = Normal(n, 10 + n), g = Normal(n, 20 + n);

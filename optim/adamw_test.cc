@@ -8,9 +8,8 @@
 #include "core/tensor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "nn/kernels/optim.h"
-#include "nn/ops.h"
-#include "nn/tensor_ops.h"
+#include "kernels/cpu_runtime.h"
+#include "kernels/optim.h"
 
 namespace optim {
 namespace {
@@ -298,7 +297,7 @@ TEST(AdamWTest, RejectsBadOptionsNamingTheOption) {
 }
 
 // The vectorised, thread-split CPU loop (FSDP_CPU_CLONES, ParallelChunks) updates every
-// element bit for bit as the scalar body nn::kernels::AdamWUpdate does, on 1 and 3 threads,
+// element bit for bit as the scalar body kernels::AdamWUpdate does, on 1 and 3 threads,
 // at a length that is not a multiple of any vector width.
 TEST(AdamWTest, CpuLoopMatchesTheScalarBodyBitForBitOnAnyThreadCount) {
   const int64_t n = 100003;
@@ -313,14 +312,14 @@ TEST(AdamWTest, CpuLoopMatchesTheScalarBodyBitForBitOnAnyThreadCount) {
   // Scalar reference: three steps through the shared body.
   std::vector<float> w = w0, m(n, 0.0f), v(n, 0.0f);
   for (int t = 1; t <= 3; ++t) {
-    const nn::kernels::AdamWScalars s =
-        nn::kernels::MakeAdamWScalars(options.lr, options.beta1, options.beta2, options.eps,
+    const kernels::AdamWScalars s =
+        kernels::MakeAdamWScalars(options.lr, options.beta1, options.beta2, options.eps,
                                       options.weight_decay, t);
-    for (int64_t i = 0; i < n; ++i) nn::kernels::AdamWUpdate(&w[i], &m[i], &v[i], g[i], s);
+    for (int64_t i = 0; i < n; ++i) kernels::AdamWUpdate(&w[i], &m[i], &v[i], g[i], s);
   }
-  const int saved = nn::IntraOpThreads();
+  const int saved = kernels::IntraOpThreads();
   for (int threads : {1, 3}) {
-    ASSERT_TRUE(nn::SetIntraOpThreads(threads).ok());
+    ASSERT_TRUE(kernels::SetIntraOpThreads(threads).ok());
     ParameterPtr p = MakeParam(w0);
     std::unique_ptr<AdamW> opt = MakeAdamW({p}, options);
     for (int t = 1; t <= 3; ++t) {
@@ -332,7 +331,7 @@ TEST(AdamWTest, CpuLoopMatchesTheScalarBodyBitForBitOnAnyThreadCount) {
       ASSERT_EQ(got[i], w[i]) << "element " << i << " with " << threads << " threads";
     }
   }
-  ASSERT_TRUE(nn::SetIntraOpThreads(saved).ok());
+  ASSERT_TRUE(kernels::SetIntraOpThreads(saved).ok());
 }
 
 }  // namespace

@@ -1,9 +1,9 @@
 #include "checkpoint/internal/host_staging.h"
 
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/pinned_buffer.h"
 #include "core/status_macros.h"
 
 #ifdef FSDP_WITH_CUDA
@@ -12,54 +12,24 @@
 
 namespace checkpoint {
 namespace internal {
+namespace {
 
-absl::StatusOr<std::unique_ptr<PinnedBuffer>> PinnedBuffer::Allocate(int64_t nbytes,
-                                                                     const std::string& what) {
-  if (nbytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": pinned buffer of ", nbytes, " bytes"));
-  }
-#ifdef FSDP_WITH_CUDA
-  void* p = nullptr;
-  const cudaError_t err = cudaMallocHost(&p, static_cast<size_t>(nbytes > 0 ? nbytes : 1));
-  if (err != cudaSuccess) {
-    return absl::ResourceExhaustedError(absl::StrCat(what, ": cudaMallocHost of ", nbytes,
-                                                     " bytes failed: ", cudaGetErrorString(err)));
-  }
-  return std::unique_ptr<PinnedBuffer>(new PinnedBuffer(p, nbytes));
-#else
-  return absl::UnavailableError(
-      absl::StrCat(what, ": pinned host memory needs a build with --config=cuda"));
-#endif
+// `s` with `what` in front of its message.
+absl::Status Named(const absl::Status& s, const std::string& what) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
 }
 
-PinnedBuffer::~PinnedBuffer() {
-#ifdef FSDP_WITH_CUDA
-  if (data_ != nullptr) cudaFreeHost(data_);
-#endif
-}
+}  // namespace
 
-absl::Status ConvertHostElements(const void* src, core::DType src_dtype, void* dst,
-                                 core::DType dst_dtype, int64_t n, const std::string& what) {
-  if (n <= 0) return absl::OkStatus();
-  if (src_dtype == dst_dtype) {
-    std::memcpy(dst, src, static_cast<size_t>(n * core::DTypeSize(src_dtype)));
-    return absl::OkStatus();
-  }
-  if (src_dtype == core::DType::kFloat32 && dst_dtype == core::DType::kBFloat16) {
-    const float* s = static_cast<const float*>(src);
-    core::BFloat16* d = static_cast<core::BFloat16*>(dst);
-    for (int64_t i = 0; i < n; ++i) d[i] = core::BFloat16::FromFloat(s[i]);
-    return absl::OkStatus();
-  }
-  if (src_dtype == core::DType::kBFloat16 && dst_dtype == core::DType::kFloat32) {
-    const core::BFloat16* s = static_cast<const core::BFloat16*>(src);
-    float* d = static_cast<float*>(dst);
-    for (int64_t i = 0; i < n; ++i) d[i] = s[i].ToFloat();
-    return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(absl::StrCat(what, ": cannot convert ",
-                                                 core::DTypeName(src_dtype), " to ",
-                                                 core::DTypeName(dst_dtype)));
+absl::StatusOr<core::Tensor> PinnedStaging(int64_t numel, core::DType dtype,
+                                           const std::string& what) {
+  absl::StatusOr<core::PinnedBuffer> buffer =
+      core::PinnedBuffer::Allocate(numel * core::DTypeSize(dtype), kStagingTag);
+  if (!buffer.ok()) return Named(buffer.status(), what);
+  absl::StatusOr<core::Tensor> t = buffer->AsTensor(0, {numel}, dtype);
+  if (!t.ok()) return Named(t.status(), what);
+  return t;
 }
 
 absl::StatusOr<HostBytes> HostBytes::Of(const core::Tensor& t, core::DType dtype,
@@ -71,19 +41,18 @@ absl::StatusOr<HostBytes> HostBytes::Of(const core::Tensor& t, core::DType dtype
       out.cpu_ = t;
     } else {
       absl::StatusOr<core::Tensor> c = t.ToDType(dtype, core::MemoryTag::kOther);
-      if (!c.ok()) return absl::Status(c.status().code(), absl::StrCat(what, ": ", c.status().message()));
+      if (!c.ok()) return Named(c.status(), what);
       out.cpu_ = *std::move(c);
     }
-    out.data_ = out.cpu_.raw_data();
     return out;
   }
 #ifdef FSDP_WITH_CUDA
+  ASSIGN_OR_RETURN(core::Tensor raw, PinnedStaging(t.numel(), t.dtype(), what));
   const int64_t src_bytes = t.nbytes();
-  ASSIGN_OR_RETURN(std::unique_ptr<PinnedBuffer> raw, PinnedBuffer::Allocate(src_bytes, what));
   cudaError_t err = cudaSetDevice(t.device().index);
   // Synchronous with the legacy default stream: earlier kernels' results are copied.
   if (err == cudaSuccess && src_bytes > 0) {
-    err = cudaMemcpy(raw->data(), t.raw_data(), static_cast<size_t>(src_bytes),
+    err = cudaMemcpy(raw.raw_data(), t.raw_data(), static_cast<size_t>(src_bytes),
                      cudaMemcpyDeviceToHost);
   }
   if (err != cudaSuccess) {
@@ -91,16 +60,11 @@ absl::StatusOr<HostBytes> HostBytes::Of(const core::Tensor& t, core::DType dtype
                                             " to pinned host memory: ", cudaGetErrorString(err)));
   }
   if (t.dtype() == dtype) {
-    out.pinned_ = std::move(raw);
-    out.data_ = out.pinned_->data();
+    out.cpu_ = std::move(raw);
     return out;
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<PinnedBuffer> converted,
-                   PinnedBuffer::Allocate(out.nbytes_, what));
-  RETURN_IF_ERROR(ConvertHostElements(raw->data(), t.dtype(), converted->data(), dtype,
-                                      t.numel(), what));
-  out.pinned_ = std::move(converted);
-  out.data_ = out.pinned_->data();
+  ASSIGN_OR_RETURN(out.cpu_, PinnedStaging(t.numel(), dtype, what));
+  RETURN_IF_ERROR(Named(out.cpu_.CopyFrom(raw), what));
   return out;
 #else
   return absl::UnavailableError(absl::StrCat(what, ": ", t.ToString(),
@@ -118,19 +82,14 @@ absl::Status CopyHostToTensor(const core::Tensor& dst, const core::Tensor& src,
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", src.numel(),
                                                    " elements into ", dst.ToString()));
   }
-  if (dst.device().is_cpu()) {
-    absl::Status s = dst.CopyFrom(src);
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
-    return absl::OkStatus();
-  }
+  if (dst.device().is_cpu()) return Named(dst.CopyFrom(src), what);
 #ifdef FSDP_WITH_CUDA
-  ASSIGN_OR_RETURN(std::unique_ptr<PinnedBuffer> staged, PinnedBuffer::Allocate(dst.nbytes(), what));
-  RETURN_IF_ERROR(ConvertHostElements(src.raw_data(), src.dtype(), staged->data(), dst.dtype(),
-                                      src.numel(), what));
+  ASSIGN_OR_RETURN(core::Tensor staged, PinnedStaging(dst.numel(), dst.dtype(), what));
+  RETURN_IF_ERROR(Named(staged.CopyFrom(src), what));  // converts on the host
   cudaError_t err = cudaSetDevice(dst.device().index);
   if (err == cudaSuccess && dst.nbytes() > 0) {
     // Synchronous: the pinned buffer may be freed when this returns.
-    err = cudaMemcpy(dst.raw_data(), staged->data(), static_cast<size_t>(dst.nbytes()),
+    err = cudaMemcpy(dst.raw_data(), staged.raw_data(), static_cast<size_t>(dst.nbytes()),
                      cudaMemcpyHostToDevice);
   }
   if (err != cudaSuccess) {

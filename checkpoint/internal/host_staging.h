@@ -10,13 +10,13 @@
 //   RETURN_IF_ERROR(checkpoint::internal::CopyHostToTensor(destination, cpu_values, what));
 //
 // CPU tensors never touch CUDA (the CPU build has none); CUDA tensors are copied with
-// cudaMemcpy into or out of a PinnedBuffer (cudaMallocHost), which also synchronises
-// with the compute stream, so values queued by earlier kernels are what is written.
+// cudaMemcpy into or out of a core::PinnedBuffer (counted on core::Allocator::PinnedHost()
+// under kStagingTag), which also synchronises with the compute stream, so values queued by
+// earlier kernels are what is written. Dtype conversion is Tensor::CopyFrom's.
 #ifndef CHECKPOINT_INTERNAL_HOST_STAGING_H_
 #define CHECKPOINT_INTERNAL_HOST_STAGING_H_
 
 #include <cstdint>
-#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -27,30 +27,14 @@
 namespace checkpoint {
 namespace internal {
 
-// Page-locked host memory (cudaMallocHost), freed on destruction. Unavailable in a
-// build without CUDA; ResourceExhausted (naming `what` and the size) when it cannot be
-// had.
-class PinnedBuffer {
- public:
-  static absl::StatusOr<std::unique_ptr<PinnedBuffer>> Allocate(int64_t nbytes,
-                                                                const std::string& what);
-  ~PinnedBuffer();
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  void* data() const { return data_; }
-  int64_t nbytes() const { return nbytes_; }
+// The tag staging buffers are counted under.
+inline constexpr core::MemoryTag kStagingTag = core::MemoryTag::kOther;
 
- private:
-  PinnedBuffer(void* data, int64_t nbytes) : data_(data), nbytes_(nbytes) {}
-  void* data_;
-  int64_t nbytes_;
-};
-
-// Converts `n` elements from `src` (`src_dtype`) to `dst` (`dst_dtype`) on the host:
-// equal dtypes copy, fp32 <-> bf16 convert (round to nearest even). InvalidArgument for
-// int32 with another dtype.
-absl::Status ConvertHostElements(const void* src, core::DType src_dtype, void* dst,
-                                 core::DType dst_dtype, int64_t n, const std::string& what);
+// A 1-D CPU tensor of `numel` elements of `dtype` over a fresh core::PinnedBuffer
+// (page-locked in a CUDA build with a usable device), counted under kStagingTag; the
+// tensor keeps the memory alive. Errors name `what`.
+absl::StatusOr<core::Tensor> PinnedStaging(int64_t numel, core::DType dtype,
+                                           const std::string& what);
 
 // A tensor's elements as host bytes of `dtype`: a CPU tensor of that dtype in place,
 // another CPU tensor converted into a CPU copy, a CUDA tensor copied into a pinned
@@ -59,13 +43,11 @@ class HostBytes {
  public:
   static absl::StatusOr<HostBytes> Of(const core::Tensor& t, core::DType dtype,
                                       const std::string& what);
-  const void* data() const { return data_; }
+  const void* data() const { return cpu_.raw_data(); }
   int64_t nbytes() const { return nbytes_; }
 
  private:
-  core::Tensor cpu_;
-  std::shared_ptr<PinnedBuffer> pinned_;
-  const void* data_ = nullptr;
+  core::Tensor cpu_;  // `t` itself, a converted copy, or a tensor over pinned memory
   int64_t nbytes_ = 0;
 };
 

@@ -65,18 +65,30 @@ absl::Status Fill(void* ptr, int64_t n, DType dtype, float value) {
                                    DTypeName(dtype), ", value ", value, ")"));
 }
 
+cudaError_t ConvertFloatToBf16On(cudaStream_t stream, const float* src, uint16_t* dst,
+                                 int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  FloatToBf16Kernel<<<BlocksFor(n), kThreads, 0, stream>>>(src, dst, n);
+  return cudaGetLastError();
+}
+
+cudaError_t ConvertBf16ToFloatOn(cudaStream_t stream, const uint16_t* src, float* dst,
+                                 int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  Bf16ToFloatKernel<<<BlocksFor(n), kThreads, 0, stream>>>(src, dst, n);
+  return cudaGetLastError();
+}
+
 absl::Status ConvertFloatToBf16(const float* src, uint16_t* dst, int64_t n) {
-  if (n <= 0) return absl::OkStatus();
-  FloatToBf16Kernel<<<BlocksFor(n), kThreads, 0, ComputeStream()>>>(src, dst, n);
-  return LaunchStatus(absl::StrCat("launching the float32 -> bfloat16 kernel (", n,
-                                   " elements)"));
+  return StatusFromCuda(ConvertFloatToBf16On(ComputeStream(), src, dst, n),
+                        absl::StrCat("launching the float32 -> bfloat16 kernel (", n,
+                                     " elements)"));
 }
 
 absl::Status ConvertBf16ToFloat(const uint16_t* src, float* dst, int64_t n) {
-  if (n <= 0) return absl::OkStatus();
-  Bf16ToFloatKernel<<<BlocksFor(n), kThreads, 0, ComputeStream()>>>(src, dst, n);
-  return LaunchStatus(absl::StrCat("launching the bfloat16 -> float32 kernel (", n,
-                                   " elements)"));
+  return StatusFromCuda(ConvertBf16ToFloatOn(ComputeStream(), src, dst, n),
+                        absl::StrCat("launching the bfloat16 -> float32 kernel (", n,
+                                     " elements)"));
 }
 
 }  // namespace cuda

@@ -5,6 +5,8 @@
 #ifndef CORE_CUDA_KERNELS_H_
 #define CORE_CUDA_KERNELS_H_
 
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -17,11 +19,20 @@ namespace cuda {
 // as on the host: bf16 rounds to nearest even, int32 truncates).
 absl::Status Fill(void* ptr, int64_t n, DType dtype, float value);
 
-// dst[i] = bf16(src[i]) for i < n, with core::FloatToBf16Bits (core/bf16_hd.h).
+// dst[i] = bf16(src[i]) for i < n, with core::FloatToBf16Bits (core/bf16_hd.h): the one
+// array converter of device memory (Tensor::CopyFrom, nn's mixed-dtype GEMM and the NCCL
+// backend use it).
 absl::Status ConvertFloatToBf16(const float* src, uint16_t* dst, int64_t n);
 
 // dst[i] = float(src[i]) for i < n, with core::Bf16BitsToFloat.
 absl::Status ConvertBf16ToFloat(const uint16_t* src, float* dst, int64_t n);
+
+// The same conversions enqueued on `stream` (another than the compute stream, e.g. a
+// communication stream), returning the launch's error (cudaSuccess for n <= 0).
+cudaError_t ConvertFloatToBf16On(cudaStream_t stream, const float* src, uint16_t* dst,
+                                 int64_t n);
+cudaError_t ConvertBf16ToFloatOn(cudaStream_t stream, const uint16_t* src, float* dst,
+                                 int64_t n);
 
 }  // namespace cuda
 }  // namespace core

@@ -1,15 +1,17 @@
-// CPU-only helpers for the loops that run the nn/kernels bodies on the host (nn/tensor_ops.cc,
-// optim/): run-time ISA dispatch by GCC function multiversioning, so one generic x86-64
-// binary runs an AVX2+FMA (x86-64-v3) build of each hot loop on CPUs that have it and the
-// baseline (SSE2) build elsewhere. Not for nvcc: CUDA code never includes this header.
+// CPU-only helpers for the loops that run the kernels/ bodies on the host (nn/tensor_ops.cc,
+// kernels/optim_step.cc): run-time ISA dispatch by GCC function multiversioning, so one
+// generic x86-64 binary runs an AVX2+FMA (x86-64-v3) build of each hot loop on CPUs that
+// have it and the baseline (SSE2) build elsewhere, row sums in a fixed lane order, and
+// OpenMP chunks over the intra-op threads (kernels/cpu_runtime.h). Not for nvcc: CUDA code
+// never includes this header.
 //
 //   FSDP_CPU_CLONES void GeluLoop(const float* FSDP_RESTRICT x, float* FSDP_RESTRICT y,
 //                                 int64_t n) {
 //   #pragma omp simd
-//     for (int64_t i = 0; i < n; ++i) y[i] = nn::kernels::GeluTanhForward(x[i]);
+//     for (int64_t i = 0; i < n; ++i) y[i] = kernels::GeluTanhForward(x[i]);
 //   }
 //
-// Rules for a loop marked FSDP_CPU_CLONES (checked by nn/kernels_test.cc and
+// Rules for a loop marked FSDP_CPU_CLONES (checked by kernels/kernels_test.cc and
 // nn/tensor_ops_test.cc): its target is compiled with -fopenmp (or -fopenmp-simd)
 // -fno-trapping-math -fno-math-errno -ffp-contract=off, so the clones vectorise (selects
 // instead of branches, no libm calls) and every clone computes each element bit for bit
@@ -17,11 +19,11 @@
 // fixed lane order gives the same bits in every clone and at every optimisation level.
 // Launchers split independent rows or elements over threads with ParallelChunks (below),
 // outside the clones (GCC outlines an OpenMP region before it makes the clones).
-#ifndef NN_KERNELS_CPU_H_
-#define NN_KERNELS_CPU_H_
+#ifndef KERNELS_CPU_H_
+#define KERNELS_CPU_H_
 
 #if defined(__CUDACC__)
-#error "nn/kernels/cpu.h is for host-compiled CPU loops only"
+#error "kernels/cpu.h is for host-compiled CPU loops only"
 #endif
 
 #include <stdint.h>
@@ -50,7 +52,6 @@
 #define FSDP_RESTRICT
 #endif
 
-namespace nn {
 namespace kernels {
 
 // ---- LaneSum: sum of f(j) for j in [0, n) in kLanes accumulators of type T: lane l adds
@@ -83,9 +84,9 @@ FSDP_CPU_INLINE T LaneSum(int64_t n, F f) {
 constexpr int64_t kParallelMinWork = int64_t{1} << 16;
 
 // Calls f(begin, end) on contiguous chunks that cover [0, n) exactly once: one chunk per
-// thread of an OpenMP team of up to `threads` threads (nn::IntraOpThreads()) when `work`
-// (elements touched) >= kParallelMinWork and the target is built with -fopenmp, else f(0, n)
-// on the caller. Chunk bounds are multiples of `align` (besides n). A caller whose units
+// thread of an OpenMP team of up to `threads` threads (IntraOpThreads(),
+// kernels/cpu_runtime.h) when `work` (elements touched) >= kParallelMinWork and the target
+// is built with -fopenmp, else f(0, n) on the caller. Chunk bounds are multiples of `align` (besides n). A caller whose units
 // (rows, columns, elements) are independent gets bit-identical results for any thread count.
 // f must not throw.
 template <typename F>
@@ -112,6 +113,5 @@ inline void ParallelChunks(int threads, int64_t n, int64_t work, int64_t align, 
 }
 
 }  // namespace kernels
-}  // namespace nn
 
-#endif  // NN_KERNELS_CPU_H_
+#endif  // KERNELS_CPU_H_

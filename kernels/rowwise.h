@@ -7,17 +7,16 @@
 //
 //   // LayerNorm forward of one row x[0..C):
 //   double mean = sum(x) / C, var = sum((x - mean)^2) / C;
-//   double rstd = nn::kernels::LayerNormRstd(var, double{eps});
-//   for (j...) y[j] = nn::kernels::LayerNormApply(x[j], mean, rstd, w, b, j, &xhat[j]);
-#ifndef NN_KERNELS_ROWWISE_H_
-#define NN_KERNELS_ROWWISE_H_
+//   double rstd = kernels::LayerNormRstd(var, double{eps});
+//   for (j...) y[j] = kernels::LayerNormApply(x[j], mean, rstd, w, b, j, &xhat[j]);
+#ifndef KERNELS_ROWWISE_H_
+#define KERNELS_ROWWISE_H_
 
 #include <stdint.h>
 
 #include "core/hd.h"
-#include "nn/kernels/math.h"
+#include "kernels/math.h"
 
-namespace nn {
 namespace kernels {
 
 // ---- LayerNorm: y = (x - mean) * rstd * w + b over the last dimension.
@@ -94,6 +93,5 @@ FSDP_HD inline float CrossEntropyGrad(float x, Acc max, Acc log_sum, bool is_tar
 }
 
 }  // namespace kernels
-}  // namespace nn
 
-#endif  // NN_KERNELS_ROWWISE_H_
+#endif  // KERNELS_ROWWISE_H_

@@ -1,20 +1,21 @@
-// Optimizer element updates (AdamW, SGD), written once for the CPU loops in optim/ and
-// the fused CUDA kernels in nn/cuda/kernels.cu. The per-step scalars are computed on the
-// host (double, then rounded to float, as PyTorch applies Python floats to fp32 tensors)
-// and the element math is fp32 in torch.optim's order of operations.
+// Optimizer element updates (AdamW, SGD), written once for the CPU loops of
+// kernels/optim_step.cc and the fused CUDA kernels of kernels/cuda/fused.cu, and the
+// segments (one parameter's arrays and scalars) both launchers take. The per-step scalars
+// are computed on the host (double, then rounded to float, as PyTorch applies Python
+// floats to fp32 tensors) and the element math is fp32 in torch.optim's order of
+// operations.
 //
-//   nn::kernels::AdamWScalars s = nn::kernels::MakeAdamWScalars(lr, b1, b2, eps, wd, step);
-//   for (j...) nn::kernels::AdamWUpdate(&w[j], &m[j], &v[j], g[j], s);
-#ifndef NN_KERNELS_OPTIM_H_
-#define NN_KERNELS_OPTIM_H_
+//   kernels::AdamWScalars s = kernels::MakeAdamWScalars(lr, b1, b2, eps, wd, step);
+//   for (j...) kernels::AdamWUpdate(&w[j], &m[j], &v[j], g[j], s);
+#ifndef KERNELS_OPTIM_H_
+#define KERNELS_OPTIM_H_
 
 #include <math.h>
 #include <stdint.h>
 
 #include "core/hd.h"
-#include "nn/kernels/math.h"
+#include "kernels/math.h"
 
-namespace nn {
 namespace kernels {
 
 // The fp32 scalars of one AdamW step of a parameter at its `step`-th update (t >= 1).
@@ -82,7 +83,28 @@ FSDP_HD inline void SgdUpdate(float* w, float* buf, float g, const SgdScalars& s
   *w = *w - s.lr * g;
 }
 
-}  // namespace kernels
-}  // namespace nn
+// One parameter's AdamW update: n elements of weight, gradient and moments (all on one
+// device) with the scalars of its step.
+struct AdamWSegment {
+  float* w = nullptr;
+  const float* g = nullptr;
+  float* m = nullptr;  // exp_avg
+  float* v = nullptr;  // exp_avg_sq
+  int64_t n = 0;
+  int64_t first_chunk = 0;  // set by the CUDA launcher (kernels/cuda/fused.h)
+  AdamWScalars s;
+};
 
-#endif  // NN_KERNELS_OPTIM_H_
+// One parameter's SGD update.
+struct SgdSegment {
+  float* w = nullptr;
+  const float* g = nullptr;
+  float* buf = nullptr;  // momentum buffer, or null without momentum
+  int64_t n = 0;
+  int64_t first_chunk = 0;  // set by the CUDA launcher (kernels/cuda/fused.h)
+  SgdScalars s;
+};
+
+}  // namespace kernels
+
+#endif  // KERNELS_OPTIM_H_

@@ -1,20 +1,20 @@
-// CUDA launchers of the nn/kernels bodies; see nn/cuda/kernels.h. Elementwise bodies run
+// CUDA launchers of the kernels/ bodies; see kernels/cuda/kernels.h. Elementwise bodies run
 // in grid-stride kernels, row-wise bodies with one warp (or one block) per row and
 // shuffle reductions. Indexing is int64 throughout.
-#include "nn/cuda/kernels.h"
+#include "kernels/cuda/kernels.h"
 
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "nn/kernels/elementwise.h"
-#include "nn/kernels/math.h"
-#include "nn/kernels/rowwise.h"
+#include "kernels/elementwise.h"
+#include "kernels/math.h"
+#include "kernels/rowwise.h"
 
-namespace nn {
+namespace kernels {
 namespace cuda {
 namespace {
 
-namespace k = ::nn::kernels;
+namespace k = ::kernels;
 
 constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = kThreads / 32;
@@ -111,10 +111,6 @@ __global__ void BiasAddKernel(const float* x, const W* bias, float* out, int64_t
   for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) {
     out[i] = k::BiasAdd(x[i], bias, i % cols);
   }
-}
-
-__global__ void RoundToBf16Kernel(const float* x, uint16_t* y, int64_t n) {
-  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) y[i] = k::FloatToBf16(x[i]);
 }
 
 __global__ void ScaleMatricesKernel(float* c, int64_t batch, int64_t rows, int64_t cols,
@@ -417,11 +413,5 @@ cudaError_t ScaleMatrices(float* c, int64_t batch, int64_t rows, int64_t cols, i
   return cudaGetLastError();
 }
 
-cudaError_t RoundToBf16(const float* x, uint16_t* y, int64_t n) {
-  if (n <= 0) return cudaSuccess;
-  RoundToBf16Kernel<<<GridFor(n), kThreads>>>(x, y, n);
-  return cudaGetLastError();
-}
-
 }  // namespace cuda
-}  // namespace nn
+}  // namespace kernels

@@ -1,20 +1,20 @@
-// CUDA launchers of the nn/kernels bodies (built only under --config=cuda, compiled by
+// CUDA launchers of the kernels/ bodies (built only under --config=cuda, compiled by
 // nvcc in kernels.cu). Raw device pointers; every launch goes to the compute stream (the
 // legacy default stream) and returns the launch's error (cudaGetLastError), never
 // synchronising. Callers (nn/tensor_ops.cc) validate sizes and pointers first and turn
 // the error into an absl::Status naming the tensor.
 //
-//   cudaError_t err = nn::cuda::GeluForward(x, y, n);
-//   if (err != cudaSuccess) return nn::cuda::StatusFromCuda(err, "GeluForward of ...");
+//   cudaError_t err = kernels::cuda::GeluForward(x, y, n);
+//   RETURN_IF_ERROR(core::cuda::StatusFromCuda(err, "GeluForward of ..."));
 //
 // `bf16` arguments say whether a `const void*` weight holds bf16 (uint16_t bits) or fp32.
-#ifndef NN_CUDA_KERNELS_H_
-#define NN_CUDA_KERNELS_H_
+#ifndef KERNELS_CUDA_KERNELS_H_
+#define KERNELS_CUDA_KERNELS_H_
 
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
-namespace nn {
+namespace kernels {
 namespace cuda {
 
 cudaError_t GeluForward(const float* x, float* y, int64_t n);
@@ -50,10 +50,8 @@ cudaError_t CrossEntropy(const float* logits, const int32_t* targets, int64_t ro
 // [rows, cols] matrices at c + i * stride with row stride ld: a GEMM with k == 0.
 cudaError_t ScaleMatrices(float* c, int64_t batch, int64_t rows, int64_t cols, int64_t ld,
                           int64_t stride, float beta);
-// y[i] = bf16(x[i]) (round to nearest even).
-cudaError_t RoundToBf16(const float* x, uint16_t* y, int64_t n);
 
 }  // namespace cuda
-}  // namespace nn
+}  // namespace kernels
 
-#endif  // NN_CUDA_KERNELS_H_
+#endif  // KERNELS_CUDA_KERNELS_H_

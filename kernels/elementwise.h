@@ -1,26 +1,25 @@
 // Elementwise kernel bodies: GELU (tanh form) forward and backward, ReLU, residual add,
 // bias add, embedding gather. Each is one element's math, written once: CPU loops
-// (nn/tensor_ops.cc) and CUDA grid-stride kernels (nn/cuda/kernels.cu) call the same
+// (nn/tensor_ops.cc) and CUDA grid-stride kernels (kernels/cuda/kernels.cu) call the same
 // function, so the CPU tests check the math the GPU runs.
 //
-//   for (int64_t i = 0; i < n; ++i) y[i] = nn::kernels::GeluTanhForward(x[i]);
-#ifndef NN_KERNELS_ELEMENTWISE_H_
-#define NN_KERNELS_ELEMENTWISE_H_
+//   for (int64_t i = 0; i < n; ++i) y[i] = kernels::GeluTanhForward(x[i]);
+#ifndef KERNELS_ELEMENTWISE_H_
+#define KERNELS_ELEMENTWISE_H_
 
 #include <stdint.h>
 
 #include "core/hd.h"
-#include "nn/kernels/math.h"
+#include "kernels/math.h"
 
-namespace nn {
 namespace kernels {
 
 constexpr float kGeluSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluCoeff = 0.044715f;
 
 // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), PyTorch's approximate='tanh', with
-// tanh from FastTanh (nn/kernels/math.h): within 1e-6 * (1 + |x|) of the exact form
-// (nn/kernels_test.cc), about three times faster than libm's tanhf on the CPU.
+// tanh from FastTanh (kernels/math.h): within 1e-6 * (1 + |x|) of the exact form
+// (kernels/kernels_test.cc), about three times faster than libm's tanhf on the CPU.
 FSDP_HD inline float GeluTanhForward(float x) {
   const float inner = kGeluSqrt2OverPi * (x + kGeluCoeff * x * x * x);
   return 0.5f * x * (1.0f + FastTanh(inner));
@@ -63,6 +62,5 @@ FSDP_HD inline float EmbeddingGather(const W* table, int32_t id, int64_t dim, in
 }
 
 }  // namespace kernels
-}  // namespace nn
 
-#endif  // NN_KERNELS_ELEMENTWISE_H_
+#endif  // KERNELS_ELEMENTWISE_H_

@@ -1,21 +1,22 @@
-// Kernel-body building blocks shared by every nn/kernels header: float/double overloads
-// of the libm functions the bodies use, and loads of fp32 or bf16 weights as float.
+// Kernel-body building blocks shared by every kernels/ header: float/double overloads
+// of the libm functions the bodies use, and loads of fp32 or bf16 weights as float (bf16
+// widened by core/bf16_hd.h, the one fp32 <-> bf16 body).
 // Header-only, no CUDA includes: compiles in the CPU build (plain C++) and under nvcc,
 // where every function is __host__ __device__ (core/hd.h).
 //
 //   const uint16_t* w = ...;                 // bf16 weights (core::BFloat16 bits)
-//   float wj = nn::kernels::Load(w, j);      // exact widening to fp32
-//   float y = nn::kernels::Exp(x);           // expf on float, exp on double
-#ifndef NN_KERNELS_MATH_H_
-#define NN_KERNELS_MATH_H_
+//   float wj = kernels::Load(w, j);          // exact widening to fp32
+//   float y = kernels::Exp(x);               // expf on float, exp on double
+#ifndef KERNELS_MATH_H_
+#define KERNELS_MATH_H_
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "core/bf16_hd.h"
 #include "core/hd.h"
 
-namespace nn {
 namespace kernels {
 
 FSDP_HD inline float Exp(float x) { return expf(x); }
@@ -29,7 +30,7 @@ FSDP_HD inline float Tanh(float x) { return tanhf(x); }
 // tanh(x) by a [13/6] rational approximation on x clamped to +-7.9053 (Eigen's
 // generic_fast_tanh_float), x itself for |x| < 4e-4; NaN stays NaN. No calls and no
 // branches the compiler cannot turn into selects, so CPU loops vectorise. Its error
-// against tanh is bounded in nn/kernels_test.cc (GELU, built on it, within 2e-7 absolute
+// against tanh is bounded in kernels/kernels_test.cc (GELU, built on it, within 2e-7 absolute
 // of the exact tanh form for |x| <= 10).
 FSDP_HD inline float FastTanh(float x) {
   const float kClamp = 7.90531110763549805f;
@@ -54,9 +55,9 @@ FSDP_HD inline float FastTanh(float x) {
 // exp(x) without libm, so CPU loops vectorise (selects and integer bit operations only):
 // x = n ln2 + r with n = round(x / ln2) and |r| <= ln2 / 2, e^r by Cephes' degree-7 expf
 // polynomial, times 2^n built in the exponent bits. Relative error within 1.5e-7 of exp
-// (2.5 ulp; measured 8e-8, nn/kernels_test.cc) for x in [-87.33, 88.37]; 0 below -87.3365 (where
-// expf returns denormals), +inf above 88.3762 (expf overflows at 88.7228; the row bodies
-// only pass x <= 0); NaN stays NaN.
+// (2.5 ulp; measured 8e-8, kernels/kernels_test.cc) for x in [-87.33, 88.37]; 0 below
+// -87.3365 (where expf returns denormals), +inf above 88.3762 (expf overflows at 88.7228;
+// the row bodies only pass x <= 0); NaN stays NaN.
 FSDP_HD inline float FastExp(float x) {
   const float kMax = 88.3762626647949f;  // 127.5 ln2: n <= 127
   const float kMin = -87.3365447505531f;  // -126 ln2: n >= -126 (normal 2^n)
@@ -81,7 +82,7 @@ FSDP_HD inline float FastExp(float x) {
 
 // exp(x) in double without libm: as the float version with |r| <= ln2 / 2 and the degree-13
 // Taylor polynomial of e^r (truncation below 5e-18); relative error within 3e-16 of exp
-// (nn/kernels_test.cc) for x in [-708.39, 709.08]; 0 below -708.3964, +inf above
+// (kernels/kernels_test.cc) for x in [-708.39, 709.08]; 0 below -708.3964, +inf above
 // 709.0895; NaN stays NaN.
 FSDP_HD inline double FastExp(double x) {
   const double kMax = 709.089565712824;   // 1023.5 ln2: n <= 1023
@@ -115,32 +116,11 @@ FSDP_HD inline double FastExp(double x) {
   return x < kMin ? 0.0 : (x <= kMax ? e : x + static_cast<double>(INFINITY));
 }
 
-// The fp32 value of bf16 `bits` (the upper half of an IEEE fp32): exact.
-FSDP_HD inline float Bf16ToFloat(uint16_t bits) {
-  const uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
-// `f` rounded to bf16, to nearest even; NaN stays a (quiet) NaN. Matches
-// core::BFloat16::FromFloat bit for bit.
-FSDP_HD inline uint16_t FloatToBf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof(u));
-  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0) {
-    return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  }
-  const uint32_t rounding_bias = 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>((u + rounding_bias) >> 16);
-}
-
 // Element i of an fp32 or bf16 (uint16_t bits) array, as float. The one place a weight is
 // read, so every body accepts either dtype.
 FSDP_HD inline float Load(const float* p, int64_t i) { return p[i]; }
-FSDP_HD inline float Load(const uint16_t* p, int64_t i) { return Bf16ToFloat(p[i]); }
+FSDP_HD inline float Load(const uint16_t* p, int64_t i) { return core::Bf16BitsToFloat(p[i]); }
 
 }  // namespace kernels
-}  // namespace nn
 
-#endif  // NN_KERNELS_MATH_H_
+#endif  // KERNELS_MATH_H_

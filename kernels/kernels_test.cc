@@ -1,4 +1,4 @@
-// CPU tests of the FSDP_HD kernel bodies (nn/kernels) against straightforward references
+// CPU tests of the FSDP_HD kernel bodies (kernels/) against straightforward references
 // written out here in double: the same functions run on the GPU, so these pin down the
 // math both devices compute.
 #include <algorithm>
@@ -6,14 +6,14 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/bf16_hd.h"
 #include "core/dtype.h"
 #include "gtest/gtest.h"
-#include "nn/kernels/elementwise.h"
-#include "nn/kernels/math.h"
-#include "nn/kernels/optim.h"
-#include "nn/kernels/rowwise.h"
+#include "kernels/elementwise.h"
+#include "kernels/math.h"
+#include "kernels/optim.h"
+#include "kernels/rowwise.h"
 
-namespace nn {
 namespace kernels {
 namespace {
 
@@ -27,11 +27,11 @@ TEST(KernelsTest, Bf16ConversionMatchesCoreBFloat16BitForBit) {
   const float values[] = {0.0f, -0.0f, 1.0f, 1.00390625f, 1.005859375f, -3.14159f, 65504.0f,
                           1e-30f, 3.0e38f, INFINITY, -INFINITY, NAN};
   for (float v : values) {
-    const uint16_t bits = FloatToBf16(v);
+    const uint16_t bits = core::FloatToBf16Bits(v);
     EXPECT_EQ(bits, core::BFloat16::FromFloat(v).bits) << v;
     core::BFloat16 h;
     h.bits = bits;
-    const float back = Bf16ToFloat(bits);
+    const float back = core::Bf16BitsToFloat(bits);
     if (std::isnan(v)) {
       EXPECT_TRUE(std::isnan(back));
     } else {
@@ -42,7 +42,7 @@ TEST(KernelsTest, Bf16ConversionMatchesCoreBFloat16BitForBit) {
       }
     }
   }
-  const uint16_t w[] = {FloatToBf16(2.5f)};
+  const uint16_t w[] = {core::FloatToBf16Bits(2.5f)};
   const float f[] = {2.5f};
   EXPECT_EQ(Load(w, 0), 2.5f);
   EXPECT_EQ(Load(f, 0), 2.5f);
@@ -124,7 +124,7 @@ TEST(KernelsTest, ReluAddBiasAndEmbeddingElements) {
   EXPECT_EQ(ReluBackward(0.0f, 3.0f), 0.0f);
   EXPECT_EQ(Add(1.5f, 2.25f), 3.75f);
   const float bias[] = {1.0f, -2.0f};
-  const uint16_t bias16[] = {FloatToBf16(1.0f), FloatToBf16(-2.0f)};
+  const uint16_t bias16[] = {core::FloatToBf16Bits(1.0f), core::FloatToBf16Bits(-2.0f)};
   EXPECT_EQ(BiasAdd(0.5f, bias, 1), -1.5f);
   EXPECT_EQ(BiasAdd(0.5f, bias16, 1), -1.5f);
   const float table[] = {0, 1, 2, 10, 11, 12};  // [2, 3]
@@ -285,4 +285,3 @@ TEST(KernelsTest, SgdUpdateWithMomentumNesterovAndWeightDecay) {
 
 }  // namespace
 }  // namespace kernels
-}  // namespace nn

@@ -1,11 +1,11 @@
-// Fused multi-tensor AdamW and SGD; see optim/cuda/fused.h.
-#include "optim/cuda/fused.h"
+// Fused multi-tensor AdamW and SGD; see kernels/cuda/fused.h.
+#include "kernels/cuda/fused.h"
 
 #include <cuda_runtime.h>
 
-#include "nn/kernels/optim.h"
+#include "kernels/optim.h"
 
-namespace optim {
+namespace kernels {
 namespace cuda {
 namespace {
 
@@ -31,9 +31,9 @@ __global__ void FusedAdamWKernel(const AdamWSegment* segments, int64_t num_segme
   const AdamWSegment seg = segments[FindSegment(segments, num_segments, chunk)];
   const int64_t begin = (chunk - seg.first_chunk) * kFusedChunk;
   const int64_t end = begin + kFusedChunk < seg.n ? begin + kFusedChunk : seg.n;
-  const nn::kernels::AdamWScalars s = seg.s;
+  const AdamWScalars s = seg.s;
   for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
-    nn::kernels::AdamWUpdate(&seg.w[j], &seg.m[j], &seg.v[j], seg.g[j], s);
+    AdamWUpdate(&seg.w[j], &seg.m[j], &seg.v[j], seg.g[j], s);
   }
 }
 
@@ -42,10 +42,10 @@ __global__ void FusedSgdKernel(const SgdSegment* segments, int64_t num_segments)
   const SgdSegment seg = segments[FindSegment(segments, num_segments, chunk)];
   const int64_t begin = (chunk - seg.first_chunk) * kFusedChunk;
   const int64_t end = begin + kFusedChunk < seg.n ? begin + kFusedChunk : seg.n;
-  const nn::kernels::SgdScalars s = seg.s;
+  const SgdScalars s = seg.s;
   float unused = 0.0f;
   for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
-    nn::kernels::SgdUpdate(&seg.w[j], seg.buf != nullptr ? &seg.buf[j] : &unused, seg.g[j], s);
+    SgdUpdate(&seg.w[j], seg.buf != nullptr ? &seg.buf[j] : &unused, seg.g[j], s);
   }
 }
 
@@ -66,4 +66,4 @@ cudaError_t FusedSgd(const SgdSegment* segments, int64_t num_segments, int64_t t
 }
 
 }  // namespace cuda
-}  // namespace optim
+}  // namespace kernels
