@@ -19,6 +19,7 @@
 #include "comm/failure.h"
 #include "comm/hash_store.h"
 #include "comm/shm_process_group.h"
+#include "comm/testing/shm_test_options.h"
 #include "comm/testing/thread_ranks.h"
 #include "core/status_macros.h"
 #include "gtest/gtest.h"
@@ -28,27 +29,17 @@ namespace {
 
 using ::comm::testing::RankContext;
 using ::comm::testing::RunThreadRanks;
+using ::comm::testing::ShmTestOptions;
+using ::comm::testing::kShmTestSlotBytes;
 using ::comm::testing::ThreadRanksOptions;
 using core::Tensor;
 
-// The settings of shm_process_group_test.cc: 4 KiB slots, 20 s rendezvous and waits.
 constexpr absl::Duration kTimeout = absl::Seconds(20);
-constexpr int64_t kSlot = 4096;
 
 ThreadRanksOptions Options() {
   ThreadRanksOptions o;
   o.timeout = absl::Seconds(120);
   o.create_group = false;
-  return o;
-}
-
-ShmOptions Shm(const std::string& name = "shm", ShmTransport transport = ShmTransport::kAuto) {
-  ShmOptions o;
-  o.name = name;
-  o.slot_bytes = kSlot;
-  o.rendezvous_timeout = kTimeout;
-  o.transport = transport;
-  if (transport == ShmTransport::kCrossMemoryAttach) o.cma_min_bytes = 0;
   return o;
 }
 
@@ -74,7 +65,7 @@ std::set<std::string> ShmEntries() {
 TEST(ShmCreateTest, NoSegmentIsLeftInDevShmOnceCreateReturns) {
   auto names = std::make_shared<std::vector<std::string>>(3);
   absl::Status s = RunThreadRanks(3, [names](RankContext& ctx) -> absl::Status {
-    ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, ctx.rank, 3, Shm()));
+    ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, ctx.rank, 3, ShmTestOptions()));
     (*names)[ctx.rank] = shm->segment_name();
     // Every rank returns from Create after rank 0 unlinked the name.
     EXPECT_EQ(ShmEntries().count(shm->segment_name().substr(1)), 0u) << shm->segment_name();
@@ -91,7 +82,7 @@ TEST(ShmCreateTest, NoSegmentIsLeftInDevShmOnceCreateReturns) {
 TEST(ShmCreateTest, RankThatNeverJoinsIsDeadlineExceededAndLeavesNoSegment) {
   const std::set<std::string> before = ShmEntries();
   auto store = std::make_shared<HashStore>();
-  ShmOptions o = Shm();
+  ShmOptions o = ShmTestOptions();
   o.rendezvous_timeout = absl::Milliseconds(300);
   const absl::Time start = absl::Now();
   auto g = ShmProcessGroup::Create(store, 0, 2, o);  // rank 1 never comes
@@ -113,17 +104,20 @@ TEST(ShmCreateTest, BadArgumentsAreInvalidArgument) {
   const auto code = [](const absl::StatusOr<std::shared_ptr<ShmProcessGroup>>& g) {
     return g.status().code();
   };
-  EXPECT_EQ(code(ShmProcessGroup::Create(nullptr, 0, 1, Shm())),
+  EXPECT_EQ(code(ShmProcessGroup::Create(nullptr, 0, 1, ShmTestOptions())),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(ShmProcessGroup::Create(store, 2, 2, Shm())), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(ShmProcessGroup::Create(store, -1, 2, Shm())), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(ShmProcessGroup::Create(store, 0, 0, Shm())), absl::StatusCode::kInvalidArgument);
-  ShmOptions odd = Shm();
+  EXPECT_EQ(code(ShmProcessGroup::Create(store, 2, 2, ShmTestOptions())),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(ShmProcessGroup::Create(store, -1, 2, ShmTestOptions())),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(ShmProcessGroup::Create(store, 0, 0, ShmTestOptions())),
+            absl::StatusCode::kInvalidArgument);
+  ShmOptions odd = ShmTestOptions();
   odd.slot_bytes = 5000;
   auto g = ShmProcessGroup::Create(store, 0, 1, odd);
   EXPECT_EQ(code(g), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(g.status().message().find("slot_bytes"), std::string::npos) << g.status();
-  ShmOptions no_time = Shm();
+  ShmOptions no_time = ShmTestOptions();
   no_time.rendezvous_timeout = absl::ZeroDuration();
   EXPECT_EQ(code(ShmProcessGroup::Create(store, 0, 1, no_time)),
             absl::StatusCode::kInvalidArgument);
@@ -131,9 +125,9 @@ TEST(ShmCreateTest, BadArgumentsAreInvalidArgument) {
 
 TEST(ShmCreateTest, MismatchedSlotBytesFailsEveryRankAtOnceNamingIt) {
   absl::Status s = RunThreadRanks(3, [](RankContext& ctx) -> absl::Status {
-    ShmOptions o = Shm();
+    ShmOptions o = ShmTestOptions();
     o.rendezvous_timeout = absl::Seconds(30);
-    if (ctx.rank == 1) o.slot_bytes = 2 * kSlot;
+    if (ctx.rank == 1) o.slot_bytes = 2 * kShmTestSlotBytes;
     const absl::Time start = absl::Now();
     auto g = ShmProcessGroup::Create(ctx.store, ctx.rank, 3, o);
     // Rank 1's error reaches the others through the store, long before the 30 s timeout.
@@ -179,13 +173,14 @@ TEST(ShmTransportTest, AutoPicksCmaHereAndSlotsWhenAsked) {
   EXPECT_EQ(ShmOptions().transport, ShmTransport::kSlots);
   // This machine allows process_vm_readv (no Yama), between threads of one process too.
   for (int n : {1, 2}) {
-    CreateResults r = CreateOnRanks(n, [](int) { return Shm(); });
+    CreateResults r = CreateOnRanks(n, [](int) { return ShmTestOptions(); });
     for (int rank = 0; rank < n; ++rank) {
       ASSERT_TRUE(r.status[rank].ok()) << r.status[rank];
       EXPECT_EQ(r.transport[rank], "cma") << "n=" << n << " rank " << rank;
     }
   }
-  CreateResults r = CreateOnRanks(2, [](int) { return Shm("shm", ShmTransport::kSlots); });
+  CreateResults r =
+      CreateOnRanks(2, [](int) { return ShmTestOptions("shm", ShmTransport::kSlots); });
   for (int rank = 0; rank < 2; ++rank) {
     ASSERT_TRUE(r.status[rank].ok()) << r.status[rank];
     EXPECT_EQ(r.transport[rank], "slots");
@@ -198,7 +193,7 @@ TEST(ShmTransportTest, OneRankFailingTheProbeMakesEveryRankUseSlots) {
   CreateResults r = CreateOnRanks(
       3,
       [](int rank) {
-        ShmOptions o = Shm();
+        ShmOptions o = ShmTestOptions();
         if (rank == 1) o.probe_override = [] { return EPERM; };
         return o;
       },
@@ -219,7 +214,7 @@ TEST(ShmTransportTest, OneRankFailingTheProbeMakesEveryRankUseSlots) {
 
 TEST(ShmTransportTest, ForcedCmaThatARankCannotUseFailsEveryRankNamingItsErrno) {
   CreateResults r = CreateOnRanks(3, [](int rank) {
-    ShmOptions o = Shm("shm", ShmTransport::kCrossMemoryAttach);
+    ShmOptions o = ShmTestOptions("shm", ShmTransport::kCrossMemoryAttach);
     if (rank == 2) o.probe_override = [] { return EPERM; };
     return o;
   });
@@ -234,7 +229,7 @@ TEST(ShmTransportTest, ForcedCmaThatARankCannotUseFailsEveryRankNamingItsErrno) 
 
 TEST(ShmTransportTest, RanksPassingDifferentTransportsFailNamingThem) {
   CreateResults r = CreateOnRanks(2, [](int rank) {
-    return Shm("shm", rank == 1 ? ShmTransport::kSlots : ShmTransport::kAuto);
+    return ShmTestOptions("shm", rank == 1 ? ShmTransport::kSlots : ShmTransport::kAuto);
   });
   for (int rank = 0; rank < 2; ++rank) {
     const absl::Status& s = r.status[rank];

@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "comm/testing/process_group_conformance.h"
+#include "comm/testing/shm_test_options.h"
 #include "comm/testing/thread_ranks.h"
 #include "core/status_macros.h"
 #include "gtest/gtest.h"
@@ -39,30 +40,19 @@ using ::comm::testing::FilledTensor;
 using ::comm::testing::ProcessGroupConformanceTest;
 using ::comm::testing::RankContext;
 using ::comm::testing::RunThreadRanks;
+using ::comm::testing::ShmTestOptions;
 using ::comm::testing::ThreadRanksOptions;
 using core::BFloat16;
 using core::DType;
 using core::Tensor;
 
 constexpr absl::Duration kTimeout = absl::Seconds(20);
-// Small slots, so "several slots" stays small: 4 KiB.
-constexpr int64_t kSlot = 4096;
+constexpr int64_t kSlot = ::comm::testing::kShmTestSlotBytes;
 
 ThreadRanksOptions Options() {
   ThreadRanksOptions o;
   o.timeout = absl::Seconds(120);
   o.gloo.rendezvous_timeout = absl::Seconds(20);
-  return o;
-}
-
-ShmOptions Shm(const std::string& name = "shm", ShmTransport transport = ShmTransport::kAuto) {
-  ShmOptions o;
-  o.name = name;
-  o.slot_bytes = kSlot;
-  o.rendezvous_timeout = absl::Seconds(20);
-  o.transport = transport;
-  // Forced cma: every size through process_vm_readv, so the small cases test it too.
-  if (transport == ShmTransport::kCrossMemoryAttach) o.cma_min_bytes = 0;
   return o;
 }
 
@@ -265,7 +255,7 @@ class ShmCollectivesTest : public ::testing::TestWithParam<std::tuple<int, ShmTr
  protected:
   int n() const { return std::get<0>(GetParam()); }
   ShmTransport transport() const { return std::get<1>(GetParam()); }
-  ShmOptions Shm() const { return comm::Shm("shm", transport()); }
+  ShmOptions Shm() const { return ShmTestOptions("shm", transport()); }
   std::string want_transport() const {
     return transport() == ShmTransport::kSlots ? "slots" : "cma";
   }
@@ -366,7 +356,8 @@ TEST_P(ShmCollectivesTest, LargeCollectivesStreamAndKeepTheBits) {
   return {absl::StrCat("Shm_", TransportParamName(transport)),
           [transport](std::shared_ptr<Store> store, int rank,
                       int size) -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
-            return ShmProcessGroup::Create(std::move(store), rank, size, Shm("world", transport));
+            return ShmProcessGroup::Create(std::move(store), rank, size,
+                                           ShmTestOptions("world", transport));
           }};
 }
 
@@ -395,7 +386,8 @@ TEST(ShmWaitTest, AWaitingRankSleepsInsteadOfSpinning) {
   ThreadRanksOptions opts = Options();
   opts.create_group = false;
   absl::Status s = RunThreadRanks(2, [&](RankContext& ctx) -> absl::Status {
-    ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, ctx.rank, 2, Shm("world")));
+    ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, ctx.rank, 2,
+                                                       ShmTestOptions("world")));
     Tensor t = Tensor::Zeros({100});
     RETURN_IF_ERROR(Finish(shm->Barrier(BarrierOptions{})));
     if (ctx.rank == 1) {
