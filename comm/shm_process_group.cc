@@ -42,18 +42,6 @@ absl::Status CheckJoin(const std::string& who, int rank, int size, const ShmOpti
 
 }  // namespace
 
-const char* ShmTransportName(ShmTransport transport) {
-  switch (transport) {
-    case ShmTransport::kAuto:
-      return "auto";
-    case ShmTransport::kSlots:
-      return "slots";
-    case ShmTransport::kCrossMemoryAttach:
-      return "cma";
-  }
-  return "?";
-}
-
 ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int size,
                                  ShmOptions options)
     : BackendGroup(std::move(store), rank, size, options.name),

@@ -5,8 +5,8 @@
 // fp32/bf16/int32, sum/average/max, sizes 0, 1, 7 and several slots plus a remainder, in
 // place and not, checked against values computed here and bitwise against
 // GlooProcessGroup run on the same inputs in the same rank threads; the streaming sizes;
-// Create's checks and /dev/shm hygiene; the transport choice (probe agreement, forced
-// cma, mismatches); waiting without spinning.
+// waiting without spinning. Create's checks, /dev/shm hygiene and the transport choice
+// are in shm_create_test.cc.
 //
 // Inputs of the reductions are not small integers: fp32 sums depend on the order, so
 // the expected values (accumulated here in rank order, bf16 in fp32 rounded once) and
@@ -15,25 +15,19 @@
 // inputs, where every order gives the same bits.
 #include "comm/shm_process_group.h"
 
-#include <dirent.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <cstdlib>
+#include <algorithm>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <memory>
-#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "comm/failure.h"
-#include "comm/hash_store.h"
 #include "comm/testing/process_group_conformance.h"
+#include "comm/testing/shm_test_options.h"
 #include "comm/testing/thread_ranks.h"
 #include "core/status_macros.h"
 #include "gtest/gtest.h"
@@ -46,30 +40,19 @@ using ::comm::testing::FilledTensor;
 using ::comm::testing::ProcessGroupConformanceTest;
 using ::comm::testing::RankContext;
 using ::comm::testing::RunThreadRanks;
+using ::comm::testing::ShmTestOptions;
 using ::comm::testing::ThreadRanksOptions;
 using core::BFloat16;
 using core::DType;
 using core::Tensor;
 
 constexpr absl::Duration kTimeout = absl::Seconds(20);
-// Small slots, so "several slots" stays small: 4 KiB.
-constexpr int64_t kSlot = 4096;
+constexpr int64_t kSlot = ::comm::testing::kShmTestSlotBytes;
 
 ThreadRanksOptions Options() {
   ThreadRanksOptions o;
   o.timeout = absl::Seconds(120);
   o.gloo.rendezvous_timeout = absl::Seconds(20);
-  return o;
-}
-
-ShmOptions Shm(const std::string& name = "shm", ShmTransport transport = ShmTransport::kAuto) {
-  ShmOptions o;
-  o.name = name;
-  o.slot_bytes = kSlot;
-  o.rendezvous_timeout = absl::Seconds(20);
-  o.transport = transport;
-  // Forced cma: every size through process_vm_readv, so the small cases test it too.
-  if (transport == ShmTransport::kCrossMemoryAttach) o.cma_min_bytes = 0;
   return o;
 }
 
@@ -272,7 +255,7 @@ class ShmCollectivesTest : public ::testing::TestWithParam<std::tuple<int, ShmTr
  protected:
   int n() const { return std::get<0>(GetParam()); }
   ShmTransport transport() const { return std::get<1>(GetParam()); }
-  ShmOptions Shm() const { return comm::Shm("shm", transport()); }
+  ShmOptions Shm() const { return ShmTestOptions("shm", transport()); }
   std::string want_transport() const {
     return transport() == ShmTransport::kSlots ? "slots" : "cma";
   }
@@ -373,7 +356,8 @@ TEST_P(ShmCollectivesTest, LargeCollectivesStreamAndKeepTheBits) {
   return {absl::StrCat("Shm_", TransportParamName(transport)),
           [transport](std::shared_ptr<Store> store, int rank,
                       int size) -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
-            return ShmProcessGroup::Create(std::move(store), rank, size, Shm("world", transport));
+            return ShmProcessGroup::Create(std::move(store), rank, size,
+                                           ShmTestOptions("world", transport));
           }};
 }
 
@@ -395,203 +379,6 @@ INSTANTIATE_TEST_SUITE_P(
                           TransportParamName(std::get<1>(info.param)));
     });
 
-// Entries of /dev/shm that segments of this process would have: the backend's prefix
-// and this pid (other test processes may run at the same time).
-std::set<std::string> ShmEntries() {
-  std::set<std::string> names;
-  const std::string mine = absl::StrCat(kShmSegmentPrefix, getpid(), "_");
-  if (DIR* d = opendir("/dev/shm")) {
-    while (dirent* e = readdir(d)) {
-      if (absl::StartsWith(e->d_name, mine)) names.insert(e->d_name);
-    }
-    closedir(d);
-  }
-  return names;
-}
-
-TEST(ShmCreateTest, NoSegmentIsLeftInDevShmOnceCreateReturns) {
-  auto names = std::make_shared<std::vector<std::string>>(3);
-  absl::Status s = RunThreadRanks(3, [names](RankContext& ctx) -> absl::Status {
-    ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, ctx.rank, 3, Shm()));
-    (*names)[ctx.rank] = shm->segment_name();
-    // Every rank returns from Create after rank 0 unlinked the name.
-    EXPECT_EQ(ShmEntries().count(shm->segment_name().substr(1)), 0u) << shm->segment_name();
-    RETURN_IF_ERROR(Finish(shm->Barrier(BarrierOptions{})));
-    return absl::OkStatus();
-  }, [] {
-    ThreadRanksOptions o = Options();
-    o.create_group = false;
-    return o;
-  }());
-  ASSERT_TRUE(s.ok()) << s;
-  EXPECT_EQ((*names)[0], (*names)[1]);
-  EXPECT_EQ((*names)[0], (*names)[2]);
-  EXPECT_TRUE(absl::StartsWith((*names)[0], absl::StrCat("/", kShmSegmentPrefix)));
-  EXPECT_EQ(ShmEntries().count((*names)[0].substr(1)), 0u);
-}
-
-TEST(ShmCreateTest, RankThatNeverJoinsIsDeadlineExceededAndLeavesNoSegment) {
-  const std::set<std::string> before = ShmEntries();
-  auto store = std::make_shared<HashStore>();
-  ShmOptions o = Shm();
-  o.rendezvous_timeout = absl::Milliseconds(300);
-  const absl::Time start = absl::Now();
-  auto g = ShmProcessGroup::Create(store, 0, 2, o);  // rank 1 never comes
-  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
-  EXPECT_EQ(g.status().code(), absl::StatusCode::kDeadlineExceeded) << g.status();
-  EXPECT_NE(g.status().message().find("shm group 'shm' (rank 0 of 2)"), std::string::npos)
-      << g.status();
-  EXPECT_NE(g.status().message().find("ranks 1 did not attach"), std::string::npos)
-      << g.status();
-  EXPECT_EQ(ShmEntries(), before);
-  // And a rank whose rank 0 never comes.
-  auto lone = ShmProcessGroup::Create(std::make_shared<HashStore>(), 1, 2, o);
-  EXPECT_EQ(lone.status().code(), absl::StatusCode::kDeadlineExceeded) << lone.status();
-  EXPECT_NE(lone.status().message().find("rank 0"), std::string::npos) << lone.status();
-}
-
-TEST(ShmCreateTest, BadArgumentsAreInvalidArgument) {
-  auto store = std::make_shared<HashStore>();
-  const auto code = [](const absl::StatusOr<std::shared_ptr<ShmProcessGroup>>& g) {
-    return g.status().code();
-  };
-  EXPECT_EQ(code(ShmProcessGroup::Create(nullptr, 0, 1, Shm())),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(ShmProcessGroup::Create(store, 2, 2, Shm())), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(ShmProcessGroup::Create(store, -1, 2, Shm())), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(ShmProcessGroup::Create(store, 0, 0, Shm())), absl::StatusCode::kInvalidArgument);
-  ShmOptions odd = Shm();
-  odd.slot_bytes = 5000;
-  auto g = ShmProcessGroup::Create(store, 0, 1, odd);
-  EXPECT_EQ(code(g), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(g.status().message().find("slot_bytes"), std::string::npos) << g.status();
-  ShmOptions no_time = Shm();
-  no_time.rendezvous_timeout = absl::ZeroDuration();
-  EXPECT_EQ(code(ShmProcessGroup::Create(store, 0, 1, no_time)),
-            absl::StatusCode::kInvalidArgument);
-}
-
-TEST(ShmCreateTest, MismatchedSlotBytesFailsEveryRankAtOnceNamingIt) {
-  ThreadRanksOptions opts = Options();
-  opts.create_group = false;
-  absl::Status s = RunThreadRanks(3, [](RankContext& ctx) -> absl::Status {
-    ShmOptions o = Shm();
-    o.rendezvous_timeout = absl::Seconds(30);
-    if (ctx.rank == 1) o.slot_bytes = 2 * kSlot;
-    const absl::Time start = absl::Now();
-    auto g = ShmProcessGroup::Create(ctx.store, ctx.rank, 3, o);
-    // Rank 1's error reaches the others through the store, long before the 30 s timeout.
-    EXPECT_LT(absl::Now() - start, absl::Seconds(15)) << g.status();
-    EXPECT_EQ(g.status().code(), absl::StatusCode::kFailedPrecondition) << g.status();
-    EXPECT_NE(g.status().message().find("slot_bytes"), std::string::npos) << g.status();
-    if (ctx.rank == 0) {
-      EXPECT_NE(g.status().message().find("ranks 1 could not attach"), std::string::npos)
-          << g.status();
-      EXPECT_EQ(CulpritRanks(g.status()), std::vector<int>{1}) << g.status();
-    }
-    if (ctx.rank == 2) {
-      EXPECT_NE(g.status().message().find("rank 0 gave up"), std::string::npos) << g.status();
-    }
-    return absl::OkStatus();
-  }, opts);
-  EXPECT_TRUE(s.ok()) << s;
-}
-
-// Runs Create on `n` thread ranks with options(rank); the statuses/transports by rank.
-struct CreateResults {
-  std::vector<absl::Status> status;
-  std::vector<std::string> transport;
-};
-CreateResults CreateOnRanks(int n, const std::function<ShmOptions(int rank)>& options,
-                            const std::function<absl::Status(ShmProcessGroup&)>& then = nullptr) {
-  auto out = std::make_shared<CreateResults>();
-  out->status.resize(n);
-  out->transport.resize(n);
-  ThreadRanksOptions opts = Options();
-  opts.create_group = false;
-  absl::Status s = RunThreadRanks(n, [&, out](RankContext& ctx) -> absl::Status {
-    auto g = ShmProcessGroup::Create(ctx.store, ctx.rank, n, options(ctx.rank));
-    out->status[ctx.rank] = g.status();
-    if (!g.ok()) return absl::OkStatus();
-    out->transport[ctx.rank] = (*g)->transport_name();
-    return then ? then(**g) : absl::OkStatus();
-  }, opts);
-  EXPECT_TRUE(s.ok()) << s;
-  return *out;
-}
-
-TEST(ShmTransportTest, AutoPicksCmaHereAndSlotsWhenAsked) {
-  // The default is the slots (measured faster on the development machine; see the header).
-  EXPECT_EQ(ShmOptions().transport, ShmTransport::kSlots);
-  // This machine allows process_vm_readv (no Yama), between threads of one process too.
-  for (int n : {1, 2}) {
-    CreateResults r = CreateOnRanks(n, [](int) { return Shm(); });
-    for (int rank = 0; rank < n; ++rank) {
-      ASSERT_TRUE(r.status[rank].ok()) << r.status[rank];
-      EXPECT_EQ(r.transport[rank], "cma") << "n=" << n << " rank " << rank;
-    }
-  }
-  CreateResults r = CreateOnRanks(2, [](int) { return Shm("shm", ShmTransport::kSlots); });
-  for (int rank = 0; rank < 2; ++rank) {
-    ASSERT_TRUE(r.status[rank].ok()) << r.status[rank];
-    EXPECT_EQ(r.transport[rank], "slots");
-  }
-}
-
-TEST(ShmTransportTest, OneRankFailingTheProbeMakesEveryRankUseSlots) {
-  // Rank 1 reports EPERM (as under Yama ptrace_scope=1); all three agree on the slots,
-  // and the group still reduces correctly (300 KiB: above cma_min_bytes).
-  CreateResults r = CreateOnRanks(
-      3,
-      [](int rank) {
-        ShmOptions o = Shm();
-        if (rank == 1) o.probe_override = [] { return EPERM; };
-        return o;
-      },
-      [](ShmProcessGroup& g) -> absl::Status {
-        Tensor t = Tensor::Zeros({75000});
-        t.Fill(static_cast<float>(g.rank() + 1));
-        RETURN_IF_ERROR(Finish(g.AllReduce(t, AllReduceOptions{})));
-        for (int64_t i = 0; i < t.numel(); i += 997) {
-          EXPECT_OR_RETURN(t.data<float>()[i] == 6.0f, "element " << i);
-        }
-        return absl::OkStatus();
-      });
-  for (int rank = 0; rank < 3; ++rank) {
-    ASSERT_TRUE(r.status[rank].ok()) << r.status[rank];
-    EXPECT_EQ(r.transport[rank], "slots") << "rank " << rank;
-  }
-}
-
-TEST(ShmTransportTest, ForcedCmaThatARankCannotUseFailsEveryRankNamingItsErrno) {
-  CreateResults r = CreateOnRanks(3, [](int rank) {
-    ShmOptions o = Shm("shm", ShmTransport::kCrossMemoryAttach);
-    if (rank == 2) o.probe_override = [] { return EPERM; };
-    return o;
-  });
-  for (int rank = 0; rank < 3; ++rank) {
-    const absl::Status& s = r.status[rank];
-    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-    EXPECT_NE(s.message().find("rank 2 cannot process_vm_readv"), std::string::npos) << s;
-    EXPECT_NE(s.message().find(std::strerror(EPERM)), std::string::npos) << s;
-    EXPECT_NE(s.message().find("transport"), std::string::npos) << s;
-  }
-}
-
-TEST(ShmTransportTest, RanksPassingDifferentTransportsFailNamingThem) {
-  CreateResults r = CreateOnRanks(2, [](int rank) {
-    return Shm("shm", rank == 1 ? ShmTransport::kSlots : ShmTransport::kAuto);
-  });
-  for (int rank = 0; rank < 2; ++rank) {
-    const absl::Status& s = r.status[rank];
-    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-    EXPECT_NE(s.message().find("ShmOptions.transport"), std::string::npos) << s;
-    EXPECT_NE(s.message().find(rank == 0 ? "rank 1 passes slots" : "rank 0 passes auto"),
-              std::string::npos)
-        << s;
-  }
-}
-
 TEST(ShmWaitTest, AWaitingRankSleepsInsteadOfSpinning) {
   // Rank 1 issues its all-reduce 500 ms after rank 0: rank 0's worker must not burn
   // that time on the CPU (NOTE [Waiting]). Process CPU time covers all threads, so
@@ -599,7 +386,8 @@ TEST(ShmWaitTest, AWaitingRankSleepsInsteadOfSpinning) {
   ThreadRanksOptions opts = Options();
   opts.create_group = false;
   absl::Status s = RunThreadRanks(2, [&](RankContext& ctx) -> absl::Status {
-    ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, ctx.rank, 2, Shm("world")));
+    ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, ctx.rank, 2,
+                                                       ShmTestOptions("world")));
     Tensor t = Tensor::Zeros({100});
     RETURN_IF_ERROR(Finish(shm->Barrier(BarrierOptions{})));
     if (ctx.rank == 1) {

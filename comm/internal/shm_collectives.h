@@ -20,7 +20,7 @@
 #include "comm/internal/shm_segment.h"
 #include "comm/internal/worker_group.h"
 #include "comm/process_group.h"
-#include "comm/shm_process_group.h"
+#include "comm/shm_options.h"
 #include "core/tensor.h"
 
 namespace comm {

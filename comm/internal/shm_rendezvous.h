@@ -20,7 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "comm/internal/shm_segment.h"
-#include "comm/shm_process_group.h"
+#include "comm/shm_options.h"
 #include "comm/store.h"
 
 namespace comm {

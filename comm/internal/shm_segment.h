@@ -27,7 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "comm/internal/worker_group.h"
-#include "comm/shm_process_group.h"
+#include "comm/shm_options.h"
 
 namespace comm {
 namespace internal {
