@@ -93,8 +93,9 @@ absl::StatusOr<double> SumOfSquares(const core::Tensor& t, const std::string& wh
 #ifdef FSDP_WITH_CUDA
   RETURN_IF_ERROR(SetDevice(t, what));
   ASSIGN_OR_RETURN(core::Tensor scratch,
-                   core::Tensor::Allocate({2 * kernels::cuda::kSumScratchDoubles}, core::DType::kFloat32,
-                                          core::MemoryTag::kOther, t.device()));
+                   core::Tensor::Allocate({2 * kernels::cuda::kSumScratchDoubles},
+                                          core::DType::kFloat32, core::MemoryTag::kOther,
+                                          t.device()));
   double result = 0;
   RETURN_IF_ERROR(Cuda(kernels::cuda::SumOfSquares(t.data<float>(), t.numel(),
                                           static_cast<double*>(scratch.raw_data()), &result),

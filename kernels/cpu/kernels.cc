@@ -212,7 +212,8 @@ FSDP_CPU_INLINE void LayerNormBackwardRows(const float* FSDP_RESTRICT g,
       const float* res = residual + r * cols;
 #pragma omp simd
       for (int64_t j = 0; j < cols; ++j) {
-        o[j] = k::Add(res[j], k::LayerNormBackwardInput(gr[j], w, j, hr[j], rs, mean_gh, mean_gh_h));
+        o[j] = k::Add(res[j],
+                      k::LayerNormBackwardInput(gr[j], w, j, hr[j], rs, mean_gh, mean_gh_h));
       }
     } else {
 #pragma omp simd

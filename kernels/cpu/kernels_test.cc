@@ -22,7 +22,7 @@ namespace kernels {
 namespace {
 
 namespace k = ::kernels;
-namespace kc = ::kernels::cpu;
+namespace kcpu = ::kernels::cpu;
 
 core::Tensor Normal(int64_t n, uint64_t seed) {
   core::Tensor t = core::Tensor::Empty({n});
@@ -40,9 +40,9 @@ bool IsBf16(const core::Tensor& t) { return t.dtype() == core::DType::kBFloat16;
 void LayerNormBackward(const core::Tensor& g, const core::Tensor& h, const core::Tensor& rstd,
                        const core::Tensor& w, const core::Tensor& gx, const core::Tensor& gw,
                        const core::Tensor& gb, int64_t rows, int64_t cols) {
-  kc::LayerNormBackwardInput(P(g), P(h), P(rstd), w.raw_data(), IsBf16(w), P(gx), rows, cols);
-  kc::ColumnSums(P(g), P(h), P(gw), rows, cols);
-  kc::ColumnSums(P(g), nullptr, P(gb), rows, cols);
+  kcpu::LayerNormBackwardInput(P(g), P(h), P(rstd), w.raw_data(), IsBf16(w), P(gx), rows, cols);
+  kcpu::ColumnSums(P(g), P(h), P(gw), rows, cols);
+  kcpu::ColumnSums(P(g), nullptr, P(gb), rows, cols);
 }
 
 // The mean cross-entropy loss as nn::CrossEntropyForwardBackward adds it: row losses in
@@ -53,7 +53,7 @@ double CrossEntropyLoss(const core::Tensor& logits, const std::vector<int32_t>& 
   const int64_t V = logits.numel() / n;
   const double inv_n = 1.0 / static_cast<double>(n);
   std::vector<double> row_loss(targets.size());
-  kc::CrossEntropy(P(logits), targets.data(), n, V, inv_n, P(grad), row_loss.data());
+  kcpu::CrossEntropy(P(logits), targets.data(), n, V, inv_n, P(grad), row_loss.data());
   double total = 0.0;
   for (double l : row_loss) total += l;
   return total * inv_n;
@@ -89,7 +89,7 @@ TEST(CpuLoopsTest, ElementwiseLoopsMatchTheScalarBodiesBitForBit) {
     for (int64_t i = 0; i < n; ++i) px[i] *= 4.0f;
     const std::vector<float> xv = x.ToVector(), gv = g.ToVector();
     core::Tensor y = core::Tensor::Empty({n});
-    kc::GeluForward(P(x), P(y), n);
+    kcpu::GeluForward(P(x), P(y), n);
     std::vector<float> out = y.ToVector();
     for (int64_t i = 0; i < n; ++i) {
       ASSERT_EQ(out[i], k::GeluTanhForward(xv[i])) << "gelu " << i;
@@ -98,20 +98,20 @@ TEST(CpuLoopsTest, ElementwiseLoopsMatchTheScalarBodiesBitForBit) {
           0.5 * xd * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (xd + 0.044715 * xd * xd * xd)));
       ASSERT_NEAR(out[i], exact, 1e-6 * (1.0 + std::abs(xd))) << "gelu vs exact " << i;
     }
-    kc::GeluBackward(P(x), P(g), P(y), n);
+    kcpu::GeluBackward(P(x), P(g), P(y), n);
     out = y.ToVector();
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], k::GeluTanhBackward(xv[i], gv[i])) << i;
-    kc::ReluForward(P(x), P(y), n);
+    kcpu::ReluForward(P(x), P(y), n);
     out = y.ToVector();
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], xv[i] > 0 ? xv[i] : 0.0f) << i;
-    kc::ReluBackward(P(x), P(g), P(y), n);
+    kcpu::ReluBackward(P(x), P(g), P(y), n);
     out = y.ToVector();
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], xv[i] > 0 ? gv[i] : 0.0f) << i;
-    kc::Add(P(x), P(g), P(y), n);
+    kcpu::Add(P(x), P(g), P(y), n);
     out = y.ToVector();
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], xv[i] + gv[i]) << i;
     // In place, as the residual adds run.
-    kc::Add(P(y), P(g), P(y), n);
+    kcpu::Add(P(y), P(g), P(y), n);
     const std::vector<float> twice = y.ToVector();
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(twice[i], out[i] + gv[i]) << i;
   }
@@ -128,7 +128,7 @@ TEST(CpuLoopsTest, BiasAddMatchesTheScalarBodyForFp32AndBf16Bias) {
       const std::vector<float> bv =
           bias->ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value().ToVector();
       core::Tensor y = core::Tensor::Empty({rows * cols});
-      kc::BiasAdd(P(x), bias->raw_data(), IsBf16(*bias), P(y), rows, cols);
+      kcpu::BiasAdd(P(x), bias->raw_data(), IsBf16(*bias), P(y), rows, cols);
       const std::vector<float> out = y.ToVector();
       for (int64_t i = 0; i < rows * cols; ++i) ASSERT_EQ(out[i], xv[i] + bv[i % cols]) << i;
     }
@@ -142,8 +142,8 @@ TEST(CpuLoopsTest, ColumnSumsMatchADoubleReference) {
     const core::Tensor x = Normal(rows * cols, 50 + cols), y = Normal(rows * cols, 60 + cols);
     const std::vector<float> xv = x.ToVector(), yv = y.ToVector();
     core::Tensor plain = core::Tensor::Zeros({cols}), product = core::Tensor::Zeros({cols});
-    kc::ColumnSums(P(x), nullptr, P(plain), rows, cols);
-    kc::ColumnSums(P(x), P(y), P(product), rows, cols);
+    kcpu::ColumnSums(P(x), nullptr, P(plain), rows, cols);
+    kcpu::ColumnSums(P(x), P(y), P(product), rows, cols);
     const std::vector<float> p = plain.ToVector(), q = product.ToVector();
     for (int64_t j = 0; j < cols; ++j) {
       double sp = 0, sq = 0;
@@ -175,7 +175,7 @@ TEST(CpuLoopsTest, LayerNormForwardAndBackwardMatchADoubleReference) {
           b.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value().ToVector();
       core::Tensor y = core::Tensor::Empty({rows * cols}), h = core::Tensor::Empty({rows * cols});
       core::Tensor rstd = core::Tensor::Empty({rows});
-      kc::LayerNormForward(P(x), w.raw_data(), b.raw_data(), IsBf16(w), eps, P(y), P(h), P(rstd),
+      kcpu::LayerNormForward(P(x), w.raw_data(), b.raw_data(), IsBf16(w), eps, P(y), P(h), P(rstd),
                            rows, cols);
       const core::Tensor g = Normal(rows * cols, 100 + cols);
       core::Tensor gx = core::Tensor::Empty({rows * cols});
@@ -229,12 +229,12 @@ TEST(CpuLoopsTest, CausalSoftmaxForwardAndBackwardMatchADoubleReference) {
     float* ps = scores.data<float>();
     for (int64_t i = 0; i < rows * T; ++i) ps[i] *= 3.0f;
     const std::vector<float> sv = scores.ToVector();
-    kc::CausalSoftmaxForward(P(scores), rows, T);
+    kcpu::CausalSoftmaxForward(P(scores), rows, T);
     const std::vector<float> p = scores.ToVector();
     const core::Tensor g = Normal(rows * T, 120 + T);
     const std::vector<float> gv = g.ToVector();
     const float scale = 0.125f;
-    kc::CausalSoftmaxBackward(P(scores), P(g), rows, T, scale);
+    kcpu::CausalSoftmaxBackward(P(scores), P(g), rows, T, scale);
     const std::vector<float> gs = g.ToVector();
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = r % T;
@@ -300,10 +300,11 @@ TEST(CpuLoopsTest, LaneSumHasTheBitsOfItsFixedLaneOrder) {
   for (int64_t n : {0, 1, 7, 8, 9, 31, 1003}) {
     float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int64_t j = 0; j < n; ++j) lanes[j % 8] += x[j];
-    const float want =
-        ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+    const float want = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) +
+                       ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
     const float got = kernels::LaneSum<float>(n, [&](int64_t j) { return x[j]; });
-    EXPECT_EQ(std::memcmp(&got, &want, sizeof(float)), 0) << "n " << n << ": " << got << " vs " << want;
+    EXPECT_EQ(std::memcmp(&got, &want, sizeof(float)), 0)
+        << "n " << n << ": " << got << " vs " << want;
     double dl[4] = {0, 0, 0, 0};
     for (int64_t j = 0; j < n; ++j) dl[j % 4] += xd[j];
     const double dwant = (dl[0] + dl[2]) + (dl[1] + dl[3]);
@@ -320,20 +321,20 @@ TEST(CpuLoopsTest, ResultsAreBitIdenticalForAnyThreadCount) {
     const int64_t n = 70001, rows = 301, cols = 257, T = 64, srows = 1100, V = 333, ce_rows = 200;
     const core::Tensor x = Normal(n, 1), g = Normal(n, 2);
     core::Tensor y = core::Tensor::Empty({n});
-    kc::GeluForward(P(x), P(y), n);
+    kcpu::GeluForward(P(x), P(y), n);
     out.push_back(y.ToVector());
-    kc::GeluBackward(P(x), P(g), P(y), n);
+    kcpu::GeluBackward(P(x), P(g), P(y), n);
     out.push_back(y.ToVector());
-    kc::Add(P(x), P(g), P(y), n);
+    kcpu::Add(P(x), P(g), P(y), n);
     out.push_back(y.ToVector());
     const core::Tensor a = Normal(rows * cols, 3), ga = Normal(rows * cols, 4);
     const core::Tensor w = Normal(cols, 5), b = Normal(cols, 6);
     core::Tensor ya = core::Tensor::Empty({rows * cols}), h = core::Tensor::Empty({rows * cols});
     core::Tensor rstd = core::Tensor::Empty({rows}), gx = core::Tensor::Empty({rows * cols});
     core::Tensor gw = core::Tensor::Zeros({cols}), gb = core::Tensor::Zeros({cols});
-    kc::BiasAdd(P(a), P(b), false, P(ya), rows, cols);
+    kcpu::BiasAdd(P(a), P(b), false, P(ya), rows, cols);
     out.push_back(ya.ToVector());
-    kc::LayerNormForward(P(a), P(w), P(b), false, 1e-5f, P(ya), P(h), P(rstd), rows, cols);
+    kcpu::LayerNormForward(P(a), P(w), P(b), false, 1e-5f, P(ya), P(h), P(rstd), rows, cols);
     out.push_back(ya.ToVector());
     out.push_back(rstd.ToVector());
     LayerNormBackward(ga, h, rstd, w, gx, gw, gb, rows, cols);
@@ -341,26 +342,26 @@ TEST(CpuLoopsTest, ResultsAreBitIdenticalForAnyThreadCount) {
     out.push_back(gw.ToVector());
     out.push_back(gb.ToVector());
     core::Tensor pre = core::Tensor::Empty({rows * cols}), sum = core::Tensor::Empty({rows * cols});
-    kc::BiasGeluForward(P(a), P(b), false, P(pre), P(ya), rows, cols);
+    kcpu::BiasGeluForward(P(a), P(b), false, P(pre), P(ya), rows, cols);
     out.push_back(pre.ToVector());
     out.push_back(ya.ToVector());
-    kc::GeluBackwardColumnSums(P(pre), P(ga), P(gx), P(gb), rows, cols);
+    kcpu::GeluBackwardColumnSums(P(pre), P(ga), P(gx), P(gb), rows, cols);
     out.push_back(gx.ToVector());
     out.push_back(gb.ToVector());
-    kc::AddLayerNormForward(P(a), P(ga), P(sum), P(w), P(b), false, 1e-5f, P(ya), P(h), P(rstd),
+    kcpu::AddLayerNormForward(P(a), P(ga), P(sum), P(w), P(b), false, 1e-5f, P(ya), P(h), P(rstd),
                             rows, cols);
     out.push_back(sum.ToVector());
     out.push_back(ya.ToVector());
     out.push_back(rstd.ToVector());
-    kc::LayerNormBackwardInputAdd(P(ga), P(h), P(rstd), P(w), false, P(a), P(gx), rows, cols);
-    kc::ColumnSums(P(ga), P(h), P(gw), rows, cols);
-    kc::ColumnSums(P(ga), nullptr, P(gb), rows, cols);
+    kcpu::LayerNormBackwardInputAdd(P(ga), P(h), P(rstd), P(w), false, P(a), P(gx), rows, cols);
+    kcpu::ColumnSums(P(ga), P(h), P(gw), rows, cols);
+    kcpu::ColumnSums(P(ga), nullptr, P(gb), rows, cols);
     out.push_back(gx.ToVector());
     out.push_back(gw.ToVector());
     const core::Tensor s = Normal(srows * T, 7), gs = Normal(srows * T, 8);
-    kc::CausalSoftmaxForward(P(s), srows, T);
+    kcpu::CausalSoftmaxForward(P(s), srows, T);
     out.push_back(s.ToVector());
-    kc::CausalSoftmaxBackward(P(s), P(gs), srows, T, 0.125f);
+    kcpu::CausalSoftmaxBackward(P(s), P(gs), srows, T, 0.125f);
     out.push_back(gs.ToVector());
     const core::Tensor logits = Normal(ce_rows * V, 9), grad = core::Tensor::Empty({ce_rows * V});
     std::vector<int32_t> tg(ce_rows);
@@ -391,22 +392,22 @@ TEST(CpuGradTest, AddIntoScaleAndSumOfSquaresFollowTheBodies) {
   std::vector<uint16_t> src16(n);
   for (int64_t i = 0; i < n; ++i) src16[i] = core::FloatToBf16Bits(P(src)[i]);
   const std::vector<float> d0 = dst.ToVector(), sv = src.ToVector();
-  kc::AddInto(P(dst), P(src), /*src_bf16=*/false, n);
+  kcpu::AddInto(P(dst), P(src), /*src_bf16=*/false, n);
   std::vector<float> out = dst.ToVector();
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], d0[i] + sv[i]) << i;
-  kc::AddInto(P(dst), src16.data(), /*src_bf16=*/true, n);
+  kcpu::AddInto(P(dst), src16.data(), /*src_bf16=*/true, n);
   const std::vector<float> twice = dst.ToVector();
   for (int64_t i = 0; i < n; ++i) {
     ASSERT_EQ(twice[i], out[i] + core::Bf16BitsToFloat(src16[i])) << i;
   }
-  kc::Scale(P(dst), n, 0.5f);
+  kcpu::Scale(P(dst), n, 0.5f);
   out = dst.ToVector();
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], twice[i] * 0.5f) << i;
   double want = 0;
   for (int64_t i = 0; i < n; ++i) want += static_cast<double>(out[i]) * out[i];
-  const double got = kc::SumOfSquares(P(dst), n);
+  const double got = kcpu::SumOfSquares(P(dst), n);
   EXPECT_EQ(std::memcmp(&got, &want, sizeof(double)), 0) << got << " vs " << want;
-  EXPECT_EQ(kc::SumOfSquares(P(dst), 0), 0.0);
+  EXPECT_EQ(kcpu::SumOfSquares(P(dst), 0), 0.0);
 }
 
 }  // namespace
