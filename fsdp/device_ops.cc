@@ -5,12 +5,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
-#include "fsdp/cuda/grad_math.h"
+#include "kernels/cpu/kernels.h"
 
 #ifdef FSDP_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "fsdp/cuda/grad_kernels.h"
+#include "kernels/cuda/grad.h"
 #endif
 
 namespace fsdp {
@@ -26,10 +26,11 @@ absl::Status CheckFp32(const core::Tensor& t, const std::string& what, const cha
 }
 
 #ifdef FSDP_WITH_CUDA
-absl::Status Cuda(int err, const std::string& what, const char* op, const core::Tensor& t) {
-  if (err == 0) return absl::OkStatus();
+absl::Status Cuda(cudaError_t err, const std::string& what, const char* op,
+                  const core::Tensor& t) {
+  if (err == cudaSuccess) return absl::OkStatus();
   return absl::InternalError(absl::StrCat(what, ": ", op, " on ", t.ToString(), " failed: ",
-                                          cudaGetErrorString(static_cast<cudaError_t>(err))));
+                                          cudaGetErrorString(err)));
 }
 absl::Status SetDevice(const core::Tensor& t, const std::string& what) {
   return Cuda(cudaSetDevice(t.device().index), what, "cudaSetDevice", t);
@@ -51,22 +52,15 @@ absl::Status AddInto(const core::Tensor& dst, const core::Tensor& src, const std
                                                    " into ", dst.ToString()));
   }
   const int64_t n = dst.numel();
+  const bool src_bf16 = src.dtype() == core::DType::kBFloat16;
   if (dst.device().is_cpu()) {
-    float* d = dst.data<float>();
-    if (src.dtype() == core::DType::kFloat32) {
-      const float* s = src.data<float>();
-      for (int64_t i = 0; i < n; ++i) d[i] = AddTerm(d[i], s[i]);
-    } else {
-      const uint16_t* s = static_cast<const uint16_t*>(src.raw_data());
-      for (int64_t i = 0; i < n; ++i) d[i] = AddTerm(d[i], Bf16BitsToFloat(s[i]));
-    }
+    kernels::cpu::AddInto(dst.data<float>(), src.raw_data(), src_bf16, n);
     return absl::OkStatus();
   }
 #ifdef FSDP_WITH_CUDA
   RETURN_IF_ERROR(SetDevice(dst, what));
-  return Cuda(cuda::AddInto(dst.data<float>(), src.raw_data(),
-                            src.dtype() == core::DType::kBFloat16, n),
-              what, "AddInto", dst);
+  return Cuda(kernels::cuda::AddInto(dst.data<float>(), src.raw_data(), src_bf16, n), what,
+              "AddInto", dst);
 #else
   return NoCuda(dst, what, "AddInto");
 #endif
@@ -95,19 +89,15 @@ absl::StatusOr<core::Tensor> Convert(const core::Tensor& src, core::DType dtype,
 
 absl::StatusOr<double> SumOfSquares(const core::Tensor& t, const std::string& what) {
   RETURN_IF_ERROR(CheckFp32(t, what, "SumOfSquares"));
-  if (t.device().is_cpu()) {
-    double s = 0;
-    const float* p = t.data<float>();
-    for (int64_t i = 0; i < t.numel(); ++i) s += SquareTerm(p[i]);
-    return s;
-  }
+  if (t.device().is_cpu()) return kernels::cpu::SumOfSquares(t.data<float>(), t.numel());
 #ifdef FSDP_WITH_CUDA
   RETURN_IF_ERROR(SetDevice(t, what));
   ASSIGN_OR_RETURN(core::Tensor scratch,
-                   core::Tensor::Allocate({2 * cuda::kSumScratchDoubles}, core::DType::kFloat32,
-                                          core::MemoryTag::kOther, t.device()));
+                   core::Tensor::Allocate({2 * kernels::cuda::kSumScratchDoubles},
+                                          core::DType::kFloat32, core::MemoryTag::kOther,
+                                          t.device()));
   double result = 0;
-  RETURN_IF_ERROR(Cuda(cuda::SumOfSquares(t.data<float>(), t.numel(),
+  RETURN_IF_ERROR(Cuda(kernels::cuda::SumOfSquares(t.data<float>(), t.numel(),
                                           static_cast<double*>(scratch.raw_data()), &result),
                        what, "SumOfSquares", t));
   return result;
@@ -119,13 +109,12 @@ absl::StatusOr<double> SumOfSquares(const core::Tensor& t, const std::string& wh
 absl::Status Scale(const core::Tensor& t, float factor, const std::string& what) {
   RETURN_IF_ERROR(CheckFp32(t, what, "Scale"));
   if (t.device().is_cpu()) {
-    float* p = t.data<float>();
-    for (int64_t i = 0; i < t.numel(); ++i) p[i] = ScaleTerm(p[i], factor);
+    kernels::cpu::Scale(t.data<float>(), t.numel(), factor);
     return absl::OkStatus();
   }
 #ifdef FSDP_WITH_CUDA
   RETURN_IF_ERROR(SetDevice(t, what));
-  return Cuda(cuda::Scale(t.data<float>(), t.numel(), factor), what, "Scale", t);
+  return Cuda(kernels::cuda::Scale(t.data<float>(), t.numel(), factor), what, "Scale", t);
 #else
   return NoCuda(t, what, "Scale");
 #endif

@@ -1,8 +1,8 @@
 // Gradient and buffer arithmetic fsdp needs on whichever device a unit lives: adding a
 // reduced chunk into the gradient shard, dtype conversion of a buffer, squared norms
-// and scaling for ClipGradNorm. CPU tensors use a loop over the FSDP_HD bodies in
-// fsdp/cuda/grad_math.h; CUDA tensors launch the same bodies on the compute stream
-// (fsdp/cuda/grad_kernels.cu, --config=cuda only; without it a CUDA tensor gives
+// and scaling for ClipGradNorm. CPU tensors run the CPU launchers of the FSDP_HD bodies in
+// kernels/grad.h (kernels/cpu/kernels.h); CUDA tensors launch the same bodies on the
+// compute stream (kernels/cuda/grad.h, --config=cuda only; without it a CUDA tensor gives
 // Unavailable).
 //
 //   RETURN_IF_ERROR(fsdp::internal::AddInto(shard_grad, reduced, "fsdp unit blocks.0"));

@@ -1,9 +1,9 @@
-// CPU-only helpers for the loops that run the kernels/ bodies on the host (nn/tensor_ops.cc,
-// kernels/optim_step.cc): run-time ISA dispatch by GCC function multiversioning, so one
-// generic x86-64 binary runs an AVX2+FMA (x86-64-v3) build of each hot loop on CPUs that
-// have it and the baseline (SSE2) build elsewhere, row sums in a fixed lane order, and
-// OpenMP chunks over the intra-op threads (kernels/cpu_runtime.h). Not for nvcc: CUDA code
-// never includes this header.
+// CPU-only helpers for the loops that run the kernels/ bodies on the host (the CPU
+// launchers in kernels/cpu/kernels.cc and kernels/optim_step.cc): run-time ISA dispatch
+// by GCC function multiversioning, so one generic x86-64 binary runs an AVX2+FMA
+// (x86-64-v3) build of each hot loop on CPUs that have it and the baseline (SSE2) build
+// elsewhere, row sums in a fixed lane order, and OpenMP chunks over the intra-op threads
+// (kernels/cpu_runtime.h). Not for nvcc: CUDA code never includes this header.
 //
 //   FSDP_CPU_CLONES void GeluLoop(const float* FSDP_RESTRICT x, float* FSDP_RESTRICT y,
 //                                 int64_t n) {
@@ -12,7 +12,7 @@
 //   }
 //
 // Rules for a loop marked FSDP_CPU_CLONES (checked by kernels/kernels_test.cc and
-// nn/tensor_ops_test.cc): its target is compiled with -fopenmp (or -fopenmp-simd)
+// kernels/cpu/kernels_test.cc): its target is compiled with -fopenmp (or -fopenmp-simd)
 // -fno-trapping-math -fno-math-errno -ffp-contract=off, so the clones vectorise (selects
 // instead of branches, no libm calls) and every clone computes each element bit for bit
 // like the scalar body (no FMA contraction). Row sums go through LaneSum (below), whose

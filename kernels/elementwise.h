@@ -1,6 +1,6 @@
 // Elementwise kernel bodies: GELU (tanh form) forward and backward, ReLU, residual add,
 // bias add, embedding gather. Each is one element's math, written once: CPU loops
-// (nn/tensor_ops.cc) and CUDA grid-stride kernels (kernels/cuda/kernels.cu) call the same
+// (kernels/cpu/kernels.cc) and CUDA grid-stride kernels (kernels/cuda/kernels.cu) call the same
 // function, so the CPU tests check the math the GPU runs.
 //
 //   for (int64_t i = 0; i < n; ++i) y[i] = kernels::GeluTanhForward(x[i]);

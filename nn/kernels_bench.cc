@@ -1,13 +1,13 @@
-// Microbenchmark of the CPU element and row kernels of nn/tensor_ops.h: for each kernel,
-// elements per second of the previous scalar loops ("before": the loops as they were
-// before FSDP_CPU_CLONES, with double row reductions and libm exp, compiled for baseline
-// x86-64 with -fopenmp-simd, reproduced below) and of the current dispatched loops
-// ("after"), at the sizes of the GPT config 512 128 256 6 8 8 (V T C L H B), timed by
-// kernels/testing/bench.h (thread CPU time on 1 thread, then wall time on 1 and 2 OpenMP
-// threads). The "fused_*" entries compare the fused ops (NOTE [Fused ops],
-// nn/tensor_ops.h), as "after", with the two dispatched ops they replace run one after the
-// other, as "before". The optimizer update is benchmarked by //kernels:kernels_bench.
-// Prints one JSON object.
+// Microbenchmark of the CPU element and row kernels behind nn/tensor_ops.h: for each
+// kernel, elements per second of the previous scalar loops ("before": the loops as they
+// were before FSDP_CPU_CLONES, with double row reductions and libm exp, compiled for
+// baseline x86-64 with -fopenmp-simd, reproduced below) and of the CPU launchers
+// (kernels/cpu/kernels.h, "after"), at the sizes of the GPT config 512 128 256 6 8 8
+// (V T C L H B), timed by kernels/testing/bench.h (thread CPU time on 1 thread, then wall
+// time on 1 and 2 OpenMP threads). The "fused_*" entries compare the fused launchers
+// (NOTE [Fused ops], nn/tensor_ops.h), as "after", with the two launchers they replace run
+// one after the other, as "before". The optimizer update is benchmarked by
+// //kernels:kernels_bench. Prints one JSON object.
 //
 //   bazel run -c opt //nn:kernels_bench
 #include <algorithm>
@@ -16,15 +16,15 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/cpu/kernels.h"
 #include "kernels/elementwise.h"
 #include "kernels/rowwise.h"
 #include "kernels/testing/bench.h"
-#include "nn/tensor_ops.h"
 
 namespace {
 
 namespace k = ::kernels;
-using ::kernels::bench::Check;
+namespace kcpu = ::kernels::cpu;
 using ::kernels::bench::Measure;
 using ::kernels::bench::Normal;
 using ::kernels::bench::P;
@@ -185,18 +185,18 @@ int main() {
     core::Tensor x = Normal(n, 1, 2.0f), g = Normal(n, 2), y = core::Tensor::Empty({n});
     results.push_back(Measure(
         "gelu_forward", n, [&] { OldGeluForward(P(x), P(y), n); },
-        [&] { Check(nn::GeluForward("bench", x, y)); }));
+        [&] { kcpu::GeluForward(P(x), P(y), n); }));
     results.push_back(Measure(
         "gelu_backward", n, [&] { OldGeluBackward(P(x), P(g), P(y), n); },
-        [&] { Check(nn::GeluBackward("bench", x, g, y)); }));
+        [&] { kcpu::GeluBackward(P(x), P(g), P(y), n); }));
     core::Tensor bias = Normal(hidden, 3);
     results.push_back(Measure(
         "bias_add", n, [&] { OldBiasAdd(P(x), P(bias), P(y), rows, hidden); },
-        [&] { Check(nn::BiasAdd("bench", x, bias, y)); }));
+        [&] { kcpu::BiasAdd(P(x), P(bias), false, P(y), rows, hidden); }));
     core::Tensor acc = core::Tensor::Zeros({hidden});
     results.push_back(Measure(
         "column_sums", n, [&] { OldColumnSums(P(x), P(g), P(acc), rows, hidden); },
-        [&] { Check(nn::AccumulateColumnSums("bench", x, g, acc)); }));
+        [&] { kcpu::ColumnSums(P(x), P(g), P(acc), rows, hidden); }));
   }
   {  // Residual add and LayerNorm over [rows, C].
     const int64_t n = rows * C;
@@ -207,15 +207,21 @@ int main() {
     core::Tensor gw = core::Tensor::Zeros({C}), gb = core::Tensor::Zeros({C});
     results.push_back(Measure(
         "residual_add", n, [&] { OldAdd(P(x), P(g), P(y), n); },
-        [&] { Check(nn::AddTensors("bench", x, g, y)); }));
+        [&] { kcpu::Add(P(x), P(g), P(y), n); }));
     results.push_back(Measure(
         "layer_norm_forward", n,
         [&] { OldLayerNorm(P(x), P(w), P(b), 1e-5f, P(y), P(h), P(rstd), rows, C); },
-        [&] { Check(nn::LayerNormForward("bench", x, w, b, 1e-5f, y, h, rstd)); }));
+        [&] {
+          kcpu::LayerNormForward(P(x), P(w), P(b), false, 1e-5f, P(y), P(h), P(rstd), rows, C);
+        }));
     results.push_back(Measure(
         "layer_norm_backward", n,
         [&] { OldLayerNormBackward(P(g), P(h), P(rstd), P(w), P(gx), P(gw), P(gb), rows, C); },
-        [&] { Check(nn::LayerNormBackward("bench", g, h, rstd, w, gx, gw, gb)); }));
+        [&] {
+          kcpu::LayerNormBackwardInput(P(g), P(h), P(rstd), P(w), false, P(gx), rows, C);
+          kcpu::ColumnSums(P(g), P(h), P(gw), rows, C);
+          kcpu::ColumnSums(P(g), nullptr, P(gb), rows, C);
+        }));
   }
   {  // The fused ops against the two ops each replaces, at the MLP's and the residual's sizes.
     const int64_t n = rows * hidden;
@@ -225,17 +231,17 @@ int main() {
     results.push_back(Measure(
         "fused_bias_gelu_forward", n,
         [&] {
-          Check(nn::BiasAdd("bench", x, bias, pre));
-          Check(nn::GeluForward("bench", pre, y));
+          kcpu::BiasAdd(P(x), P(bias), false, P(pre), rows, hidden);
+          kcpu::GeluForward(P(pre), P(y), n);
         },
-        [&] { Check(nn::BiasGeluForward("bench", x, bias, pre, y)); }));
+        [&] { kcpu::BiasGeluForward(P(x), P(bias), false, P(pre), P(y), rows, hidden); }));
     results.push_back(Measure(
         "fused_gelu_backward_bias_grad", n,
         [&] {
-          Check(nn::GeluBackward("bench", x, g, y));
-          Check(nn::AccumulateColumnSums("bench", y, core::Tensor(), gb));
+          kcpu::GeluBackward(P(x), P(g), P(y), n);
+          kcpu::ColumnSums(P(y), nullptr, P(gb), rows, hidden);
         },
-        [&] { Check(nn::GeluBackwardBiasGrad("bench", x, g, y, gb)); }));
+        [&] { kcpu::GeluBackwardColumnSums(P(x), P(g), P(y), P(gb), rows, hidden); }));
     const int64_t m = rows * C;
     core::Tensor a = Normal(m, 16), b = Normal(m, 17), h = core::Tensor::Empty({m});
     core::Tensor ln = core::Tensor::Empty({m}), xhat = core::Tensor::Empty({m});
@@ -245,17 +251,27 @@ int main() {
     results.push_back(Measure(
         "fused_residual_layer_norm_forward", m,
         [&] {
-          Check(nn::AddTensors("bench", a, b, h));
-          Check(nn::LayerNormForward("bench", h, w, lb, 1e-5f, ln, xhat, rstd));
+          kcpu::Add(P(a), P(b), P(h), m);
+          kcpu::LayerNormForward(P(h), P(w), P(lb), false, 1e-5f, P(ln), P(xhat), P(rstd), rows, C);
         },
-        [&] { Check(nn::AddLayerNormForward("bench", a, b, w, lb, 1e-5f, h, ln, xhat, rstd)); }));
+        [&] {
+          kcpu::AddLayerNormForward(P(a), P(b), P(h), P(w), P(lb), false, 1e-5f, P(ln), P(xhat),
+                                  P(rstd), rows, C);
+        }));
     results.push_back(Measure(
         "fused_layer_norm_backward_residual", m,
         [&] {
-          Check(nn::LayerNormBackward("bench", b, xhat, rstd, w, gx, gw, glb));
-          Check(nn::AddTensors("bench", a, gx, gx));
+          kcpu::LayerNormBackwardInput(P(b), P(xhat), P(rstd), P(w), false, P(gx), rows, C);
+          kcpu::ColumnSums(P(b), P(xhat), P(gw), rows, C);
+          kcpu::ColumnSums(P(b), nullptr, P(glb), rows, C);
+          kcpu::Add(P(a), P(gx), P(gx), m);
         },
-        [&] { Check(nn::LayerNormBackwardAdd("bench", b, xhat, rstd, w, a, gx, gw, glb)); }));
+        [&] {
+          kcpu::LayerNormBackwardInputAdd(P(b), P(xhat), P(rstd), P(w), false, P(a), P(gx), rows,
+                                          C);
+          kcpu::ColumnSums(P(b), P(xhat), P(gw), rows, C);
+          kcpu::ColumnSums(P(b), nullptr, P(glb), rows, C);
+        }));
   }
   {  // Causal softmax over [B, H, T, T]. Each call overwrites its input, so every timed call
      // first restores it; the copy's own time is subtracted.
@@ -265,13 +281,13 @@ int main() {
     auto refresh = [&] { std::copy(P(s0), P(s0) + n, P(s)); };
     results.push_back(Measure(
         "causal_softmax_forward", n, [&] { refresh(); OldSoftmax(P(s), srows, T); },
-        [&] { refresh(); Check(nn::CausalSoftmaxForward("bench", s, T)); }, Time(refresh),
+        [&] { refresh(); kcpu::CausalSoftmaxForward(P(s), srows, T); }, Time(refresh),
         WallTime(1, refresh)));
     auto refresh_g = [&] { std::copy(P(g0), P(g0) + n, P(g)); };
     results.push_back(Measure(
         "causal_softmax_backward", n,
         [&] { refresh_g(); OldSoftmaxBackward(P(s), P(g), srows, T, 0.125f); },
-        [&] { refresh_g(); Check(nn::CausalSoftmaxBackward("bench", s, g, T, 0.125f)); },
+        [&] { refresh_g(); kcpu::CausalSoftmaxBackward(P(s), P(g), srows, T, 0.125f); },
         Time(refresh_g), WallTime(1, refresh_g)));
   }
   {  // Cross-entropy over [rows, V].
@@ -279,15 +295,15 @@ int main() {
     core::Tensor logits = Normal(n, 10, 2.0f), grad = core::Tensor::Empty({n});
     std::vector<int32_t> tg(rows);
     for (int64_t i = 0; i < rows; ++i) tg[i] = static_cast<int32_t>((i * 37) % V);
-    core::Tensor targets = core::Tensor::FromInts(tg, {rows}).value();
+    std::vector<double> row_loss(static_cast<size_t>(rows));
     results.push_back(Measure(
         "cross_entropy", n,
         [&] { sink = sink + OldCrossEntropy(P(logits), tg.data(), P(grad), rows, V); },
         [&] {
-          absl::StatusOr<double> l = nn::CrossEntropyForwardBackward("bench", logits, targets,
-                                                                     grad);
-          Check(l.status());
-          sink = sink + *l;
+          kcpu::CrossEntropy(P(logits), tg.data(), rows, V, 1.0 / rows, P(grad), row_loss.data());
+          double total = 0.0;
+          for (double l : row_loss) total += l;
+          sink = sink + total / rows;
         }));
   }
   kernels::bench::PrintJson(results);

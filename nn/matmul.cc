@@ -29,7 +29,6 @@ using internal::CheckWeightDType;
 using internal::F32;
 using internal::IsBf16;
 using internal::MutF32;
-using internal::WithWeight;
 #ifdef FSDP_WITH_CUDA
 using internal::Launched;
 using internal::UseDevice;

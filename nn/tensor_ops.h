@@ -1,6 +1,7 @@
 // Device- and dtype-aware tensor operations behind the nn/ layers: each dispatches on
-// its tensors' device, running a CPU loop over the kernels/ bodies or the CUDA kernels
-// of nn/cuda (builds with --config=cuda), so a layer is written once for both devices.
+// its tensors' device, calling the CPU launcher of a kernels/ body (kernels/cpu/kernels.h)
+// or its CUDA launcher (kernels/cuda/kernels.h, builds with --config=cuda; GEMMs: oneDNN
+// or cuBLASLt), so a layer is written once for both devices.
 //
 //   // y[R, out] = x[R, in] W^T with W fp32 or bf16, on x's device:
 //   nn::GemmArgs g;
@@ -168,7 +169,7 @@ absl::Status ZeroTensor(absl::string_view what, const core::Tensor& t);
 // (kernels/cpu_runtime.h): "x86-64-v3" or "default".
 using ::kernels::CpuLoopIsa;
 
-// The CPU loops above (and optim's AdamW/SGD) split a call of >= 64K elements over an
+// The CPU launchers behind the ops above (and optim's AdamW/SGD) split a call of >= 64K elements over an
 // OpenMP team of nn::IntraOpThreads() threads (kernels/cpu_runtime.h; 1 runs each call on its
 // caller).
 // Results do not depend on the count: only independent rows, columns or elements are

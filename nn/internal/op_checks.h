@@ -97,16 +97,6 @@ inline absl::Status CheckElementwiseF32(absl::string_view what, std::initializer
 
 inline bool IsBf16(const Tensor& t) { return t.dtype() == DType::kBFloat16; }
 
-// Calls f(const float*) or f(const uint16_t*) on a weight's elements.
-template <typename F>
-void WithWeight(const Tensor& t, F&& f) {
-  if (IsBf16(t)) {
-    f(static_cast<const uint16_t*>(t.raw_data()));
-  } else {
-    f(static_cast<const float*>(t.raw_data()));
-  }
-}
-
 #ifdef FSDP_WITH_CUDA
 inline absl::Status UseDevice(const core::Device& d, absl::string_view what) {
   return ::nn::cuda::StatusFromCuda(cudaSetDevice(d.index),

@@ -1,11 +1,14 @@
+// CUDA launchers of the gradient arithmetic; see kernels/cuda/grad.h. Grid-stride
+// kernels over the kernels/grad.h bodies; sums of squares through fixed shared-memory trees.
+#include "kernels/cuda/grad.h"
+
 #include <cuda_runtime.h>
+#include <stdint.h>
 
-#include <cstdint>
+#include "kernels/grad.h"
+#include "kernels/math.h"
 
-#include "fsdp/cuda/grad_kernels.h"
-#include "fsdp/cuda/grad_math.h"
-
-namespace fsdp {
+namespace kernels {
 namespace cuda {
 namespace {
 
@@ -20,21 +23,21 @@ int Blocks(int64_t n) {
 __global__ void AddIntoKernel(float* dst, const float* src, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    dst[i] = internal::AddTerm(dst[i], src[i]);
+    dst[i] = ::kernels::AddTerm(dst[i], src[i]);
   }
 }
 
 __global__ void AddIntoBf16Kernel(float* dst, const uint16_t* src, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    dst[i] = internal::AddTerm(dst[i], internal::Bf16BitsToFloat(src[i]));
+    dst[i] = ::kernels::AddTerm(dst[i], ::kernels::Load(src, i));
   }
 }
 
 __global__ void ScaleKernel(float* dst, int64_t n, float factor) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    dst[i] = internal::ScaleTerm(dst[i], factor);
+    dst[i] = ::kernels::ScaleTerm(dst[i], factor);
   }
 }
 
@@ -45,7 +48,7 @@ __global__ void SquaresKernel(const float* x, int64_t n, double* partial) {
   double s = 0;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    s += internal::SquareTerm(x[i]);
+    s += ::kernels::SquareTerm(x[i]);
   }
   tree[threadIdx.x] = s;
   __syncthreads();
@@ -72,8 +75,8 @@ __global__ void SumPartialsKernel(double* partial, int count) {
 
 }  // namespace
 
-int AddInto(float* dst, const void* src, bool src_bf16, int64_t n) {
-  if (n <= 0) return 0;
+cudaError_t AddInto(float* dst, const void* src, bool src_bf16, int64_t n) {
+  if (n <= 0) return cudaSuccess;
   if (src_bf16) {
     AddIntoBf16Kernel<<<Blocks(n), kThreads, 0, cudaStreamLegacy>>>(
         dst, static_cast<const uint16_t*>(src), n);
@@ -81,18 +84,18 @@ int AddInto(float* dst, const void* src, bool src_bf16, int64_t n) {
     AddIntoKernel<<<Blocks(n), kThreads, 0, cudaStreamLegacy>>>(
         dst, static_cast<const float*>(src), n);
   }
-  return static_cast<int>(cudaGetLastError());
+  return cudaGetLastError();
 }
 
-int Scale(float* dst, int64_t n, float factor) {
-  if (n <= 0) return 0;
+cudaError_t Scale(float* dst, int64_t n, float factor) {
+  if (n <= 0) return cudaSuccess;
   ScaleKernel<<<Blocks(n), kThreads, 0, cudaStreamLegacy>>>(dst, n, factor);
-  return static_cast<int>(cudaGetLastError());
+  return cudaGetLastError();
 }
 
-int SumOfSquares(const float* x, int64_t n, double* scratch, double* result) {
+cudaError_t SumOfSquares(const float* x, int64_t n, double* scratch, double* result) {
   *result = 0;
-  if (n <= 0) return 0;
+  if (n <= 0) return cudaSuccess;
   const int blocks = Blocks(n);
   static_assert(kMaxBlocks <= kSumScratchDoubles, "scratch too small");
   SquaresKernel<<<blocks, kThreads, 0, cudaStreamLegacy>>>(x, n, scratch);
@@ -103,8 +106,8 @@ int SumOfSquares(const float* x, int64_t n, double* scratch, double* result) {
                           cudaStreamLegacy);
   }
   if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamLegacy);
-  return static_cast<int>(err);
+  return err;
 }
 
 }  // namespace cuda
-}  // namespace fsdp
+}  // namespace kernels

@@ -1,0 +1,497 @@
+// CPU launchers of the kernels/ bodies; see kernels/cpu/kernels.h. Compiled with
+// CPU_LOOP_COPTS (kernels/cpu_loops.bzl): the rules of kernels/cpu.h.
+#include "kernels/cpu/kernels.h"
+
+#include <stdint.h>
+
+#include <vector>
+
+#include "kernels/cpu.h"
+#include "kernels/cpu_runtime.h"
+#include "kernels/elementwise.h"
+#include "kernels/grad.h"
+#include "kernels/math.h"
+#include "kernels/rowwise.h"
+
+namespace kernels {
+namespace cpu {
+namespace {
+
+namespace k = ::kernels;
+
+// ---- CPU loops. Each is compiled per ISA (FSDP_CPU_CLONES, kernels/cpu.h) and written
+// so GCC vectorises it: raw restrict pointers, `omp simd`, bodies from kernels/ inlined,
+// row sums through k::LaneSum in 8 float lanes (4 double lanes where a test needs double
+// accuracy), in a fixed order. Every result, sums included, has the same bits in every clone.
+
+FSDP_CPU_CLONES void GeluForwardLoop(const float* FSDP_RESTRICT x, float* FSDP_RESTRICT y,
+                                     int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = k::GeluTanhForward(x[i]);
+}
+
+FSDP_CPU_CLONES void GeluBackwardLoop(const float* FSDP_RESTRICT x, const float* FSDP_RESTRICT g,
+                                      float* FSDP_RESTRICT gx, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) gx[i] = k::GeluTanhBackward(x[i], g[i]);
+}
+
+FSDP_CPU_CLONES void ReluForwardLoop(const float* FSDP_RESTRICT x, float* FSDP_RESTRICT y,
+                                     int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = k::ReluForward(x[i]);
+}
+
+FSDP_CPU_CLONES void ReluBackwardLoop(const float* FSDP_RESTRICT y, const float* FSDP_RESTRICT g,
+                                      float* FSDP_RESTRICT gx, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) gx[i] = k::ReluBackward(y[i], g[i]);
+}
+
+// out may alias a or b (in-place residual adds): no restrict.
+FSDP_CPU_CLONES void AddLoop(const float* a, const float* b, float* out, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = k::Add(a[i], b[i]);
+}
+
+// out may alias x (in-place bias add).
+template <typename W>
+FSDP_CPU_INLINE void BiasAddRows(const float* x, const W* FSDP_RESTRICT bias, float* out,
+                                 int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float* orow = out + r * cols;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) orow[j] = k::BiasAdd(xr[j], bias, j);
+  }
+}
+FSDP_CPU_CLONES void BiasAddLoop(const float* x, const float* bias, float* out, int64_t rows,
+                                 int64_t cols) {
+  BiasAddRows(x, bias, out, rows, cols);
+}
+FSDP_CPU_CLONES void BiasAddLoop(const float* x, const uint16_t* bias, float* out, int64_t rows,
+                                 int64_t cols) {
+  BiasAddRows(x, bias, out, rows, cols);
+}
+
+// pre = x + bias, y = GELU(pre) (NOTE [Fused ops]; pre may be x).
+template <typename W>
+FSDP_CPU_INLINE void BiasGeluRows(const float* x, const W* FSDP_RESTRICT bias, float* pre,
+                                  float* FSDP_RESTRICT y, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float* pr = pre + r * cols;
+    float* yr = y + r * cols;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) {
+      const float p = k::BiasAdd(xr[j], bias, j);
+      pr[j] = p;
+      yr[j] = k::GeluTanhForward(p);
+    }
+  }
+}
+FSDP_CPU_CLONES void BiasGeluLoop(const float* x, const float* bias, float* pre, float* y,
+                                  int64_t rows, int64_t cols) {
+  BiasGeluRows(x, bias, pre, y, rows, cols);
+}
+FSDP_CPU_CLONES void BiasGeluLoop(const float* x, const uint16_t* bias, float* pre, float* y,
+                                  int64_t rows, int64_t cols) {
+  BiasGeluRows(x, bias, pre, y, rows, cols);
+}
+
+// gx = gy * GELU'(pre) for columns [0, cols) of `rows` rows `ld` apart, and, with `sums`
+// non-null, sums[j] += gx[r, j] for each row in order: ColumnSumsLoop's additions, in its
+// order (NOTE [Fused ops]).
+FSDP_CPU_CLONES void GeluBackwardColumnSumsLoop(const float* FSDP_RESTRICT pre,
+                                                const float* FSDP_RESTRICT g,
+                                                float* FSDP_RESTRICT gx,
+                                                double* FSDP_RESTRICT sums, int64_t rows,
+                                                int64_t cols, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* pr = pre + r * ld;
+    const float* gr = g + r * ld;
+    float* o = gx + r * ld;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) o[j] = k::GeluTanhBackward(pr[j], gr[j]);
+    if (sums != nullptr) {
+      // The row just written is still in L1.
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) sums[j] += static_cast<double>(o[j]);
+    }
+  }
+}
+
+// sums[j] += sum_r x[r, j] * (y ? y[r, j] : 1) for j < cols, rows `ld` apart; double
+// accumulators, columns in lanes, rows added in order.
+FSDP_CPU_CLONES void ColumnSumsLoop(const float* FSDP_RESTRICT x, const float* FSDP_RESTRICT y,
+                                    double* FSDP_RESTRICT sums, int64_t rows, int64_t cols,
+                                    int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * ld;
+    if (y != nullptr) {
+      const float* yr = y + r * ld;
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) sums[j] += static_cast<double>(xr[j]) * yr[j];
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) sums[j] += static_cast<double>(xr[j]);
+    }
+  }
+}
+
+// One row of LayerNorm: y, xhat from x; returns rstd.
+template <typename W>
+FSDP_CPU_INLINE float LayerNormRow(const float* FSDP_RESTRICT xr, const W* FSDP_RESTRICT w,
+                                   const W* FSDP_RESTRICT b, float eps, float* FSDP_RESTRICT yr,
+                                   float* FSDP_RESTRICT hr, int64_t cols) {
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  const float sum = k::LaneSum<float>(cols, [&](int64_t j) { return xr[j]; });
+  const float mean = sum * inv_cols;
+  const float sq = k::LaneSum<float>(cols, [&](int64_t j) {
+    const float d = xr[j] - mean;
+    return d * d;
+  });
+  const float inv = k::LayerNormRstd(sq * inv_cols, eps);
+#pragma omp simd
+  for (int64_t j = 0; j < cols; ++j) yr[j] = k::LayerNormApply(xr[j], mean, inv, w, b, j, &hr[j]);
+  return inv;
+}
+
+// LayerNorm of `rows` rows of x; with `add` non-null, of x + add, written to `sum` first
+// (NOTE [Fused ops]; sum may be x or add).
+template <typename W>
+FSDP_CPU_INLINE void LayerNormRows(const float* x, const float* add, float* sum,
+                                   const W* FSDP_RESTRICT w, const W* FSDP_RESTRICT b, float eps,
+                                   float* FSDP_RESTRICT y, float* FSDP_RESTRICT xhat,
+                                   float* FSDP_RESTRICT rstd, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    if (add != nullptr) {
+      const float* ar = add + r * cols;
+      float* sr = sum + r * cols;
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) sr[j] = k::Add(xr[j], ar[j]);
+      xr = sr;
+    }
+    rstd[r] = LayerNormRow(xr, w, b, eps, y + r * cols, xhat + r * cols, cols);
+  }
+}
+FSDP_CPU_CLONES void LayerNormLoop(const float* x, const float* add, float* sum, const float* w,
+                                   const float* b, float eps, float* y, float* xhat, float* rstd,
+                                   int64_t rows, int64_t cols) {
+  LayerNormRows(x, add, sum, w, b, eps, y, xhat, rstd, rows, cols);
+}
+FSDP_CPU_CLONES void LayerNormLoop(const float* x, const float* add, float* sum,
+                                   const uint16_t* w, const uint16_t* b, float eps, float* y,
+                                   float* xhat, float* rstd, int64_t rows, int64_t cols) {
+  LayerNormRows(x, add, sum, w, b, eps, y, xhat, rstd, rows, cols);
+}
+
+// LayerNorm's input gradient for `rows` rows; with `residual` non-null, residual + it
+// (NOTE [Fused ops]).
+template <typename W>
+FSDP_CPU_INLINE void LayerNormBackwardRows(const float* FSDP_RESTRICT g,
+                                           const float* FSDP_RESTRICT xhat,
+                                           const float* FSDP_RESTRICT rstd,
+                                           const W* FSDP_RESTRICT w,
+                                           const float* FSDP_RESTRICT residual,
+                                           float* FSDP_RESTRICT gx, int64_t rows, int64_t cols) {
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* gr = g + r * cols;
+    const float* hr = xhat + r * cols;
+    const float sum_gh =
+        k::LaneSum<float>(cols, [&](int64_t j) { return k::LayerNormGradHat<float>(gr[j], w, j); });
+    const float sum_gh_h = k::LaneSum<float>(
+        cols, [&](int64_t j) { return k::LayerNormGradHat<float>(gr[j], w, j) * hr[j]; });
+    const float mean_gh = sum_gh * inv_cols;
+    const float mean_gh_h = sum_gh_h * inv_cols;
+    const float rs = rstd[r];
+    float* o = gx + r * cols;
+    if (residual != nullptr) {
+      const float* res = residual + r * cols;
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) {
+        o[j] = k::Add(res[j],
+                      k::LayerNormBackwardInput(gr[j], w, j, hr[j], rs, mean_gh, mean_gh_h));
+      }
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) {
+        o[j] = k::LayerNormBackwardInput(gr[j], w, j, hr[j], rs, mean_gh, mean_gh_h);
+      }
+    }
+  }
+}
+FSDP_CPU_CLONES void LayerNormBackwardLoop(const float* g, const float* xhat, const float* rstd,
+                                           const float* w, const float* residual, float* gx,
+                                           int64_t rows, int64_t cols) {
+  LayerNormBackwardRows(g, xhat, rstd, w, residual, gx, rows, cols);
+}
+FSDP_CPU_CLONES void LayerNormBackwardLoop(const float* g, const float* xhat, const float* rstd,
+                                           const uint16_t* w, const float* residual, float* gx,
+                                           int64_t rows, int64_t cols) {
+  LayerNormBackwardRows(g, xhat, rstd, w, residual, gx, rows, cols);
+}
+
+// Rows [first, end) of [rows, T] scores, row r attending to s <= r % T; in place.
+FSDP_CPU_CLONES void CausalSoftmaxLoop(float* FSDP_RESTRICT p, int64_t first, int64_t end,
+                                       int64_t T) {
+  for (int64_t r = first; r < end; ++r) {
+    const int64_t t = r % T;
+    float* row = p + r * T;
+    float max = row[0];
+#pragma omp simd reduction(max : max)
+    for (int64_t s = 1; s <= t; ++s) max = max > row[s] ? max : row[s];
+#pragma omp simd
+    for (int64_t s = 0; s <= t; ++s) row[s] = k::SoftmaxExp(row[s], max);
+    const float sum = k::LaneSum<float>(t + 1, [&](int64_t s) { return row[s]; });
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int64_t s = 0; s < T; ++s) {
+      row[s] = k::CausalMasked(t, s) ? 0.0f : k::SoftmaxNormalize(row[s], inv);
+    }
+  }
+}
+
+FSDP_CPU_CLONES void CausalSoftmaxBackwardLoop(const float* FSDP_RESTRICT p,
+                                               float* FSDP_RESTRICT g, int64_t first,
+                                               int64_t end, int64_t T, float scale) {
+  for (int64_t r = first; r < end; ++r) {
+    const int64_t t = r % T;
+    const float* pr = p + r * T;
+    float* gr = g + r * T;
+    const float dot = k::LaneSum<float>(t + 1, [&](int64_t s) { return gr[s] * pr[s]; });
+#pragma omp simd
+    for (int64_t s = 0; s < T; ++s) {
+      gr[s] = k::CausalMasked(t, s) ? 0.0f : k::SoftmaxBackward(pr[s], gr[s], dot, scale);
+    }
+  }
+}
+
+// Cross-entropy rows [first, end) in double lanes (the loss is checked to 1e-12); stores
+// each row's loss in row_loss[i].
+FSDP_CPU_CLONES void CrossEntropyLoop(const float* FSDP_RESTRICT x,
+                                      const int32_t* FSDP_RESTRICT targets,
+                                      float* FSDP_RESTRICT grad, double* FSDP_RESTRICT row_loss,
+                                      int64_t first, int64_t end, int64_t V, double inv_n) {
+  for (int64_t i = first; i < end; ++i) {
+    const float* row = x + i * V;
+    float* grow = grad + i * V;
+    float maxf = row[0];
+#pragma omp simd reduction(max : maxf)
+    for (int64_t j = 1; j < V; ++j) maxf = maxf > row[j] ? maxf : row[j];
+    const double max = maxf;
+    const double sum =
+        k::LaneSum<double>(V, [&](int64_t j) { return k::CrossEntropyExp(row[j], max); });
+    const double log_sum = k::Log(sum);
+    const int64_t tg = targets[i];
+    row_loss[i] = k::CrossEntropyRowLoss(sum, max, row[tg]);
+#pragma omp simd
+    for (int64_t j = 0; j < V; ++j) {
+      grow[j] = k::CrossEntropyGrad(row[j], max, log_sum, j == tg, inv_n);
+    }
+  }
+}
+
+// Elementwise chunks start on 64-byte lines (16 floats).
+constexpr int64_t kAlign = 16;
+
+// Calls f(const float*) or f(const uint16_t*) on a weight's elements.
+template <typename F>
+void WithWeight(const void* w, bool bf16, const F& f) {
+  if (bf16) {
+    f(static_cast<const uint16_t*>(w));
+  } else {
+    f(static_cast<const float*>(w));
+  }
+}
+
+// acc[j] = acc[j] + sums[j], rounded once to float.
+void AddSums(const std::vector<double>& sums, float* acc) {
+  for (size_t j = 0; j < sums.size(); ++j) acc[j] = static_cast<float>(acc[j] + sums[j]);
+}
+
+// LayerNorm of x, or of x + add written to sum when add is non-null.
+void LayerNormRowsParallel(const float* x, const float* add, float* sum, const void* w,
+                           const void* b, bool bf16, float eps, float* y, float* xhat,
+                           float* rstd, int64_t rows, int64_t cols) {
+  WithWeight(w, bf16, [&](const auto* wp) {
+    const auto* bp = static_cast<decltype(wp)>(b);
+    ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
+      const int64_t o = s * cols;
+      LayerNormLoop(x + o, add != nullptr ? add + o : nullptr, sum != nullptr ? sum + o : nullptr,
+                    wp, bp, eps, y + o, xhat + o, rstd + s, e - s, cols);
+    });
+  });
+}
+
+// LayerNorm's input gradient; with residual non-null, residual + it.
+void LayerNormBackwardRowsParallel(const float* g, const float* xhat, const float* rstd,
+                                   const void* w, bool bf16, const float* residual, float* gx,
+                                   int64_t rows, int64_t cols) {
+  WithWeight(w, bf16, [&](const auto* wp) {
+    ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
+      const int64_t o = s * cols;
+      LayerNormBackwardLoop(g + o, xhat + o, rstd + s, wp,
+                            residual != nullptr ? residual + o : nullptr, gx + o, e - s, cols);
+    });
+  });
+}
+
+}  // namespace
+
+void GeluForward(const float* x, float* y, int64_t n) {
+  ParallelChunks(IntraOpThreads(), n, n, kAlign,
+                 [&](int64_t b, int64_t e) { GeluForwardLoop(x + b, y + b, e - b); });
+}
+
+void GeluBackward(const float* x, const float* gy, float* gx, int64_t n) {
+  ParallelChunks(IntraOpThreads(), n, n, kAlign,
+                 [&](int64_t b, int64_t e) { GeluBackwardLoop(x + b, gy + b, gx + b, e - b); });
+}
+
+void ReluForward(const float* x, float* y, int64_t n) {
+  ParallelChunks(IntraOpThreads(), n, n, kAlign,
+                 [&](int64_t b, int64_t e) { ReluForwardLoop(x + b, y + b, e - b); });
+}
+
+void ReluBackward(const float* y, const float* gy, float* gx, int64_t n) {
+  ParallelChunks(IntraOpThreads(), n, n, kAlign,
+                 [&](int64_t b, int64_t e) { ReluBackwardLoop(y + b, gy + b, gx + b, e - b); });
+}
+
+void Add(const float* a, const float* b, float* out, int64_t n) {
+  ParallelChunks(IntraOpThreads(), n, n, kAlign,
+                 [&](int64_t s, int64_t e) { AddLoop(a + s, b + s, out + s, e - s); });
+}
+
+void BiasAdd(const float* x, const void* bias, bool bf16, float* out, int64_t rows,
+             int64_t cols) {
+  WithWeight(bias, bf16, [&](const auto* b) {
+    ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
+      BiasAddLoop(x + s * cols, b, out + s * cols, e - s, cols);
+    });
+  });
+}
+
+// All columns on the calling thread: the loop streams its inputs once at memory speed,
+// and splitting it over two threads measured no faster (nn/kernels_bench) while the
+// team's start made LayerNorm's backward slower.
+void ColumnSums(const float* x, const float* y, float* acc, int64_t rows, int64_t cols) {
+  std::vector<double> sums(static_cast<size_t>(cols), 0.0);
+  ColumnSumsLoop(x, y, sums.data(), rows, cols, cols);
+  AddSums(sums, acc);
+}
+
+void LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps,
+                      float* y, float* xhat, float* rstd, int64_t rows, int64_t cols) {
+  LayerNormRowsParallel(x, nullptr, nullptr, w, b, bf16, eps, y, xhat, rstd, rows, cols);
+}
+
+void LayerNormBackwardInput(const float* g, const float* xhat, const float* rstd, const void* w,
+                            bool bf16, float* gx, int64_t rows, int64_t cols) {
+  LayerNormBackwardRowsParallel(g, xhat, rstd, w, bf16, nullptr, gx, rows, cols);
+}
+
+void CausalSoftmaxForward(float* scores, int64_t rows, int64_t T) {
+  ParallelChunks(IntraOpThreads(), rows, rows * T, 1,
+                 [&](int64_t s, int64_t e) { CausalSoftmaxLoop(scores, s, e, T); });
+}
+
+void CausalSoftmaxBackward(const float* p, float* g, int64_t rows, int64_t T, float scale) {
+  ParallelChunks(IntraOpThreads(), rows, rows * T, 1, [&](int64_t s, int64_t e) {
+    CausalSoftmaxBackwardLoop(p, g, s, e, T, scale);
+  });
+}
+
+void EmbeddingForward(const int32_t* ids, int64_t n_ids, const void* table, bool bf16,
+                      int64_t num, int64_t dim, float* y) {
+  WithWeight(table, bf16, [&](const auto* tp) {
+    for (int64_t i = 0; i < n_ids; ++i) {
+      float* row = y + i * dim;
+      if (!k::EmbeddingIdValid(ids[i], num)) {
+        for (int64_t j = 0; j < dim; ++j) row[j] = 0.0f;
+        continue;
+      }
+      for (int64_t j = 0; j < dim; ++j) row[j] = k::EmbeddingGather(tp, ids[i], dim, j);
+    }
+  });
+}
+
+void EmbeddingBackward(const int32_t* ids, int64_t n_ids, const float* g, int64_t num,
+                       int64_t dim, float* gw) {
+  for (int64_t i = 0; i < n_ids; ++i) {
+    if (!k::EmbeddingIdValid(ids[i], num)) continue;
+    const float* gr = g + i * dim;
+    float* wr = gw + static_cast<int64_t>(ids[i]) * dim;
+    for (int64_t j = 0; j < dim; ++j) wr[j] = k::Add(wr[j], gr[j]);
+  }
+}
+
+void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V,
+                  double inv_n, float* grad, double* row_loss) {
+  ParallelChunks(IntraOpThreads(), rows, rows * V, 1, [&](int64_t s, int64_t e) {
+    CrossEntropyLoop(logits, targets, grad, row_loss, s, e, V, inv_n);
+  });
+}
+
+void BiasGeluForward(const float* x, const void* bias, bool bf16, float* pre, float* y,
+                     int64_t rows, int64_t cols) {
+  WithWeight(bias, bf16, [&](const auto* b) {
+    ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
+      BiasGeluLoop(x + s * cols, b, pre + s * cols, y + s * cols, e - s, cols);
+    });
+  });
+}
+
+void GeluBackwardColumnSums(const float* pre, const float* gy, float* gx, float* acc,
+                            int64_t rows, int64_t cols) {
+  if (acc == nullptr) {  // one row: elements split like GeluBackward's
+    cols *= rows;
+    rows = 1;
+  }
+  std::vector<double> sums(acc != nullptr ? static_cast<size_t>(cols) : 0, 0.0);
+  double* ps = acc != nullptr ? sums.data() : nullptr;
+  // Threads take column ranges, so each column's sum adds its rows in order, as one thread.
+  ParallelChunks(IntraOpThreads(), cols, rows * cols, kAlign, [&](int64_t s, int64_t e) {
+    GeluBackwardColumnSumsLoop(pre + s, gy + s, gx + s, ps != nullptr ? ps + s : nullptr, rows,
+                               e - s, cols);
+  });
+  if (acc != nullptr) AddSums(sums, acc);
+}
+
+void AddLayerNormForward(const float* a, const float* b, float* sum, const void* w,
+                         const void* bias, bool bf16, float eps, float* y, float* xhat,
+                         float* rstd, int64_t rows, int64_t cols) {
+  LayerNormRowsParallel(a, b, sum, w, bias, bf16, eps, y, xhat, rstd, rows, cols);
+}
+
+void LayerNormBackwardInputAdd(const float* g, const float* xhat, const float* rstd,
+                               const void* w, bool bf16, const float* residual, float* gx,
+                               int64_t rows, int64_t cols) {
+  LayerNormBackwardRowsParallel(g, xhat, rstd, w, bf16, residual, gx, rows, cols);
+}
+
+void AddInto(float* dst, const void* src, bool src_bf16, int64_t n) {
+  if (src_bf16) {
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] = k::AddTerm(dst[i], k::Load(s, i));
+  } else {
+    const float* s = static_cast<const float*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] = k::AddTerm(dst[i], s[i]);
+  }
+}
+
+void Scale(float* dst, int64_t n, float factor) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = k::ScaleTerm(dst[i], factor);
+}
+
+double SumOfSquares(const float* x, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += k::SquareTerm(x[i]);
+  return s;
+}
+
+}  // namespace cpu
+}  // namespace kernels

@@ -1,0 +1,92 @@
+// CPU launchers of the kernels/ bodies: the host twins of kernels/cuda/kernels.h (same
+// names, same argument order, raw host pointers), the fused CPU-only loops of NOTE [Fused
+// ops] (nn/tensor_ops.h), and fsdp's gradient arithmetic (kernels/grad.h, the twins of
+// kernels/cuda/grad.h). The hot loops are FSDP_CPU_CLONES clones (kernels/cpu.h): every
+// element has the bits of its scalar body, row sums go through LaneSum, and independent
+// rows, columns or elements are split over IntraOpThreads() threads (kernels/cpu_runtime.h)
+// by ParallelChunks, so results are bit-identical for any thread count.
+//
+// Callers (nn/tensor_ops.cc, fsdp/device_ops.cc) check sizes, dtypes and devices first:
+// these functions validate nothing, never fail and return once the work is done.
+// `bf16` arguments say whether a `const void*` weight holds bf16 (uint16_t bits) or fp32.
+//
+//   kernels::cpu::GeluForward(x, y, n);
+//   kernels::cpu::LayerNormForward(x, w, b, /*bf16=*/false, 1e-5f, y, xhat, rstd, rows, cols);
+#ifndef KERNELS_CPU_KERNELS_H_
+#define KERNELS_CPU_KERNELS_H_
+
+#include <stdint.h>
+
+namespace kernels {
+namespace cpu {
+
+// ---- The twins of kernels/cuda/kernels.h.
+
+void GeluForward(const float* x, float* y, int64_t n);
+void GeluBackward(const float* x, const float* gy, float* gx, int64_t n);
+void ReluForward(const float* x, float* y, int64_t n);
+void ReluBackward(const float* y, const float* gy, float* gx, int64_t n);
+// out may be a or b (in-place residual adds).
+void Add(const float* a, const float* b, float* out, int64_t n);
+// out[r, j] = x[r, j] + bias[j] for a [rows, cols] matrix; out may be x.
+void BiasAdd(const float* x, const void* bias, bool bf16, float* out, int64_t rows, int64_t cols);
+// acc[j] += sum_r x[r, j] * (y ? y[r, j] : 1): each column summed in double over its rows
+// in order on the calling thread, then rounded once into acc[j].
+void ColumnSums(const float* x, const float* y, float* acc, int64_t rows, int64_t cols);
+// LayerNorm of each row of x [rows, cols]: y, xhat [rows, cols], rstd [rows].
+void LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps,
+                      float* y, float* xhat, float* rstd, int64_t rows, int64_t cols);
+// LayerNorm's input gradient gx from g, xhat, rstd and w (the parameter gradients are
+// ColumnSums of g * xhat and of g).
+void LayerNormBackwardInput(const float* g, const float* xhat, const float* rstd, const void* w,
+                            bool bf16, float* gx, int64_t rows, int64_t cols);
+// Softmax of each row of [rows, T] scores in place, row r attending to s <= r % T.
+void CausalSoftmaxForward(float* scores, int64_t rows, int64_t T);
+// g = scale * p * (g - sum_s g p) over the unmasked entries, 0 on the masked ones; in place.
+void CausalSoftmaxBackward(const float* p, float* g, int64_t rows, int64_t T, float scale);
+// y[i, :] = table[ids[i], :]; ids outside [0, num) give zero rows.
+void EmbeddingForward(const int32_t* ids, int64_t n_ids, const void* table, bool bf16,
+                      int64_t num, int64_t dim, float* y);
+// gw[ids[i], :] += g[i, :] in id order; ids outside [0, num) are skipped.
+void EmbeddingBackward(const int32_t* ids, int64_t n_ids, const float* g, int64_t num,
+                       int64_t dim, float* gw);
+// Softmax cross-entropy of each row of logits [rows, V] against targets (in [0, V)):
+// grad [rows, V] (already divided by the batch: times inv_n) and each row's loss in
+// row_loss [rows], in double.
+void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V,
+                  double inv_n, float* grad, double* row_loss);
+
+// ---- CPU-only fused loops (NOTE [Fused ops], nn/tensor_ops.h): the bits of the two
+// launches each replaces, run one after the other.
+
+// pre = BiasAdd(x, bias) and y = GeluForward(pre); pre may be x, y must be neither.
+void BiasGeluForward(const float* x, const void* bias, bool bf16, float* pre, float* y,
+                     int64_t rows, int64_t cols);
+// gx = GeluBackward(pre, gy), then, with acc non-null, ColumnSums(gx, nullptr, acc) over
+// [rows, cols]; gx must be neither pre nor gy.
+void GeluBackwardColumnSums(const float* pre, const float* gy, float* gx, float* acc,
+                            int64_t rows, int64_t cols);
+// sum = Add(a, b), then LayerNormForward(sum, ...); sum may be a or b; y and xhat must be
+// none of a, b, sum.
+void AddLayerNormForward(const float* a, const float* b, float* sum, const void* w,
+                         const void* bias, bool bf16, float eps, float* y, float* xhat,
+                         float* rstd, int64_t rows, int64_t cols);
+// gx = residual + LayerNormBackwardInput(g, ...); gx must not be residual.
+void LayerNormBackwardInputAdd(const float* g, const float* xhat, const float* rstd,
+                               const void* w, bool bf16, const float* residual, float* gx,
+                               int64_t rows, int64_t cols);
+
+// ---- The twins of kernels/cuda/grad.h: fsdp's gradient arithmetic, in element order on
+// the calling thread.
+
+// dst[i] += src[i] for i < n; src is fp32, or bf16 bits when src_bf16.
+void AddInto(float* dst, const void* src, bool src_bf16, int64_t n);
+// dst[i] *= factor.
+void Scale(float* dst, int64_t n, float factor);
+// The sum of x[i]^2 in double, added in index order.
+double SumOfSquares(const float* x, int64_t n);
+
+}  // namespace cpu
+}  // namespace kernels
+
+#endif  // KERNELS_CPU_KERNELS_H_
