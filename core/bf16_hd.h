@@ -5,7 +5,7 @@
 //   uint16_t h = core::FloatToBf16Bits(1.0f / 3.0f);   // 0x3eab, rounded to nearest even
 //   float f = core::Bf16BitsToFloat(h);                // 0.333984375
 //
-// The results equal core::BFloat16::FromFloat / ToFloat (core/dtype.h) bit for bit.
+// core::BFloat16 (core/dtype.h) converts through these too.
 #ifndef CORE_BF16_HD_H_
 #define CORE_BF16_HD_H_
 

@@ -7,11 +7,11 @@
 #define CORE_DTYPE_H_
 
 #include <cstdint>
-#include <cstring>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/bf16_hd.h"
 
 namespace core {
 
@@ -27,29 +27,18 @@ std::string DTypeName(DType dtype);
 absl::StatusOr<DType> ParseDType(absl::string_view name);
 
 // bfloat16: the upper 16 bits of an IEEE fp32. Conversion from float rounds to
-// nearest even (as PyTorch and CUDA do); NaN stays NaN.
+// nearest even (as PyTorch and CUDA do); NaN stays NaN. The conversions are
+// core/bf16_hd.h's, the one body the CPU loops and the CUDA kernels share.
 struct BFloat16 {
   uint16_t bits = 0;
 
   static BFloat16 FromFloat(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, sizeof(u));
     BFloat16 h;
-    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0) {
-      h.bits = static_cast<uint16_t>((u >> 16) | 0x0040u);  // quiet NaN
-      return h;
-    }
-    const uint32_t rounding_bias = 0x7fffu + ((u >> 16) & 1u);
-    h.bits = static_cast<uint16_t>((u + rounding_bias) >> 16);
+    h.bits = FloatToBf16Bits(f);
     return h;
   }
 
-  float ToFloat() const {
-    const uint32_t u = static_cast<uint32_t>(bits) << 16;
-    float f;
-    std::memcpy(&f, &u, sizeof(f));
-    return f;
-  }
+  float ToFloat() const { return Bf16BitsToFloat(bits); }
 };
 
 static_assert(sizeof(BFloat16) == 2, "BFloat16 must be two bytes");

@@ -195,7 +195,9 @@ TEST_P(MemoryTest, FullShardPeakMatchesTheBound) {
     for (const auto& u : units) {
       padded_total += u->flat().padded_numel();
       numel_total += u->flat().numel();
-      if (u != handle->root_unit()) EXPECT_EQ(u->flat().padded_numel(), p_block);
+      if (u != handle->root_unit()) {
+        EXPECT_EQ(u->flat().padded_numel(), p_block);
+      }
     }
     const int64_t L = options.limit_all_gathers;
     // 4 + 4 + 8 = 16 bytes per element: fp32 parameter, fp32 gradient, two fp32 states.

@@ -159,7 +159,9 @@ TEST(ShardedStateDictTest, PartsTileEveryParameterAndRoundTrip) {
       for (int64_t k = t.begin; k < t.end; ++k) EXPECT_EQ(local[k - t.begin], full[t.name][k]);
       EXPECT_EQ(t.replicated, absl::StartsWith(t.name, "ln_f.")) << t.name;
       EXPECT_EQ(t.unit.empty(), t.replicated) << t.name;
-      if (!t.replicated) EXPECT_EQ(t.shard_size, kWorld);
+      if (!t.replicated) {
+        EXPECT_EQ(t.shard_size, kWorld);
+      }
     }
     absl::MutexLock lock(&mu);
     parts[ctx.rank] = std::move(mine);

@@ -101,7 +101,9 @@ TEST(ReduceChunksTest, Int32AccumulatesInInt64) {
       ReduceChunks(core::DType::kInt32, op, chunks.data(), n, k, out.data());
       EXPECT_EQ(out, (Reference<int32_t, int64_t>(op, chunks, n, k, load, store)))
           << "k " << k << " op " << static_cast<int>(op);
-      if (op == ReduceOp::kAverage) EXPECT_EQ(out[0], 2000000000);
+      if (op == ReduceOp::kAverage) {
+        EXPECT_EQ(out[0], 2000000000);
+      }
     }
   }
 }
