@@ -26,7 +26,9 @@
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -195,9 +197,20 @@ int LaunchLocalRanks(const JobOptions& job, int argc, char** argv) {
   return 0;
 }
 
+// --help lists the job's flags, which integration/internal/job_options.cc defines (absl's
+// default lists only the flags of the file that holds main).
+bool IsJobFlagFile(absl::string_view file) {
+  return absl::StrContains(file, "integration/internal/job_options.cc") ||
+         absl::StrContains(file, "integration/main_job.cc");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = IsJobFlagFile;
+  usage.contains_helpshort_flags = IsJobFlagFile;
+  absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
       "Trains, tests, checkpoints and releases a GPT with FSDP over local ranks (README.md).");
   absl::ParseCommandLine(argc, argv);

@@ -46,6 +46,7 @@ namespace {
 
 using testing::MainJob;
 using testing::ReadFile;
+using testing::RunCommand;
 using testing::RunResult;
 using testing::RunRetryingPortRace;
 using testing::Runfile;
@@ -313,6 +314,15 @@ TEST_F(MainJobTest, CorruptedOrTruncatedCheckpointIsRefusedNamingFileAndTensor) 
     EXPECT_NE(r.output.find("model/"), std::string::npos) << "names the tensor: " << r.output;
     // The launcher names the rank that read the damaged file as the root cause.
     EXPECT_NE(r.output.find("launch: root cause: rank 1 at "), std::string::npos) << r.output;
+  }
+}
+
+// --help lists the job's flags (defined in integration/internal/job_options.cc), not only
+// absl's pointer to --helpfull.
+TEST(MainJobHelpTest, ListsTheJobsFlags) {
+  RunResult r = RunCommand({Runfile("integration/main_job"), "--help"}, absl::Seconds(60));
+  for (const char* flag : {"--device", "--backend", "--strategy", "--world_size", "--steps"}) {
+    EXPECT_NE(r.output.find(flag), std::string::npos) << flag << " in:\n" << r.output;
   }
 }
 
