@@ -126,13 +126,7 @@ void GlooBlame::Record(std::string value, absl::Duration wait, bool failure) {
   }
 }
 
-absl::Status GlooBlame::Diagnose(const std::string& what, uint64_t seq,
-                                 absl::Duration timeout, bool gloo_timeout,
-                                 const std::string& gloo_error) {
-  const std::string gloo_note = absl::StrCat(" [gloo: ", gloo_error, "]");
-  std::string peer_address;
-  const int peer = gloo_timeout ? -1 : peers_.RankIn(gloo_error, &peer_address);
-
+GlooBlame::StoreProbe GlooBlame::ProbeStore(uint64_t seq, int peer) {
   // Read every rank's progress and, after a closed connection, the peer's record;
   // all within the probe timeout (the record may come a little after the close).
   struct Probe {
@@ -141,63 +135,67 @@ absl::Status GlooBlame::Diagnose(const std::string& what, uint64_t seq,
   };
   auto probe = std::make_shared<Probe>();
   probe->progress.resize(options_.size);
-  absl::Status store_status;
-  {
-    const int size = options_.size;
-    const int self = options_.rank;
-    const absl::Duration record_wait = options_.probe_timeout / 2;
-    store_status = agent_.Call(
-        [probe, size, self, peer, record_wait](Store& store) -> absl::Status {
-          for (int r = 0; r < size; ++r) {
-            if (r == self) continue;
-            absl::StatusOr<bool> present = store.Check({ProgressKey(r)});
-            if (!present.ok()) return present.status();
-            if (!*present) continue;
-            absl::StatusOr<std::string> v =
-                store.Get(ProgressKey(r), absl::ZeroDuration());
-            if (!v.ok()) return v.status();
-            probe->progress[r] = ParseProgress(*v);
+  const int size = options_.size;
+  const int self = options_.rank;
+  const absl::Duration record_wait = options_.probe_timeout / 2;
+  StoreProbe out;
+  out.status = agent_.Call(
+      [probe, size, self, peer, record_wait](Store& store) -> absl::Status {
+        for (int r = 0; r < size; ++r) {
+          if (r == self) continue;
+          absl::StatusOr<bool> present = store.Check({ProgressKey(r)});
+          if (!present.ok()) return present.status();
+          if (!*present) continue;
+          absl::StatusOr<std::string> v = store.Get(ProgressKey(r), absl::ZeroDuration());
+          if (!v.ok()) return v.status();
+          probe->progress[r] = ParseProgress(*v);
+        }
+        if (peer >= 0) {
+          absl::StatusOr<std::string> v = store.Get(BrokenKey(peer), record_wait);
+          if (v.ok()) {
+            absl::StatusOr<BrokenRecord> record = DecodeBrokenRecord(*v);
+            if (record.ok()) probe->record = *std::move(record);
+          } else if (v.status().code() != absl::StatusCode::kDeadlineExceeded) {
+            return v.status();
           }
-          if (peer >= 0) {
-            absl::StatusOr<std::string> v = store.Get(BrokenKey(peer), record_wait);
-            if (v.ok()) {
-              absl::StatusOr<BrokenRecord> record = DecodeBrokenRecord(*v);
-              if (record.ok()) probe->record = *std::move(record);
-            } else if (v.status().code() != absl::StatusCode::kDeadlineExceeded) {
-              return v.status();
-            }
-          }
-          return absl::OkStatus();
-        },
-        options_.probe_timeout);
-  }
+        }
+        return absl::OkStatus();
+      },
+      options_.probe_timeout);
   // Only read `probe` once the call has finished: after a timeout it may still run.
-  std::vector<std::optional<int64_t>> progress(options_.size);
-  std::optional<BrokenRecord> record;
-  if (store_status.ok()) {
-    progress = probe->progress;
-    record = probe->record;
+  out.progress.resize(options_.size);
+  if (out.status.ok()) {
+    out.progress = probe->progress;
+    out.record = probe->record;
   }
-  progress[options_.rank] = static_cast<int64_t>(seq);
-  std::vector<int> server_culprit;
-  if (options_.store_server_rank >= 0 && options_.store_server_rank != options_.rank) {
-    server_culprit.push_back(options_.store_server_rank);
-  }
+  out.progress[options_.rank] = static_cast<int64_t>(seq);
+  return out;
+}
 
+absl::Status GlooBlame::Diagnose(const std::string& what, uint64_t seq,
+                                 absl::Duration timeout, bool gloo_timeout,
+                                 const std::string& gloo_error) {
+  const std::string gloo_note = absl::StrCat(" [gloo: ", gloo_error, "]");
+  std::string peer_address;
+  const int peer = gloo_timeout ? -1 : peers_.RankIn(gloo_error, &peer_address);
+  const StoreProbe probe = ProbeStore(seq, peer);
   if (gloo_timeout) {
     const std::string head =
         absl::StrCat(what, " timed out after ", absl::FormatDuration(timeout), ": ");
-    if (!store_status.ok()) {
+    if (!probe.status.ok()) {
+      std::vector<int> server_culprit;
+      if (options_.store_server_rank >= 0 && options_.store_server_rank != options_.rank) {
+        server_culprit.push_back(options_.store_server_rank);
+      }
       return MarkSecondary(
           absl::DeadlineExceededError(absl::StrCat(head, "cannot tell which ranks did not arrive: ",
-                                                   StoreSilent(store_status), gloo_note)),
+                                                   StoreSilent(probe.status), gloo_note)),
           server_culprit);
     }
-    ArrivalReport arrival = DescribeArrival(seq, progress);
+    ArrivalReport arrival = DescribeArrival(seq, probe.progress);
     return MarkSecondary(absl::DeadlineExceededError(absl::StrCat(head, arrival.text, gloo_note)),
                          arrival.missing);
   }
-
   const std::string head = absl::StrCat(what, " failed: ");
   if (peer < 0) {
     return MarkSecondary(
@@ -207,51 +205,58 @@ absl::Status GlooBlame::Diagnose(const std::string& what, uint64_t seq,
             gloo_note)),
         {});
   }
-  const std::string who = absl::StrCat("rank ", peer, " (", peer_address, ")");
-  if (!store_status.ok()) {
+  return ExplainClosed(absl::StrCat(head, "rank ", peer, " (", peer_address, ")"), seq, peer,
+                       probe, gloo_note);
+}
+
+absl::Status GlooBlame::ExplainClosed(const std::string& head_who, uint64_t seq, int peer,
+                                      const StoreProbe& probe, const std::string& gloo_note) {
+  if (!probe.status.ok()) {
     return MarkSecondary(absl::UnavailableError(absl::StrCat(
-                             head, who, " closed its connection; why is unknown, as ",
-                             StoreSilent(store_status), gloo_note)),
+                             head_who, " closed its connection; why is unknown, as ",
+                             StoreSilent(probe.status), gloo_note)),
                          {peer});
   }
   const std::string peer_last =
-      progress[peer].has_value() ? absl::StrCat("last at collective #", *progress[peer])
-                                 : "no collective yet";
+      probe.progress[peer].has_value()
+          ? absl::StrCat("last at collective #", *probe.progress[peer])
+          : "no collective yet";
+  const std::optional<BrokenRecord>& record = probe.record;
   if (!record.has_value()) {
     return MarkSecondary(
         absl::UnavailableError(absl::StrCat(
-            head, who, " closed its connection without recording why within ",
+            head_who, " closed its connection without recording why within ",
             absl::FormatDuration(options_.probe_timeout / 2),
             ": its process exited or was killed (", peer_last, ")", gloo_note)),
         {peer});
   }
   if (record->destroyed) {
     return MarkSecondary(absl::UnavailableError(absl::StrCat(
-                             head, who, " closed its connection: its group was destroyed (",
+                             head_who, " closed its connection: its group was destroyed (",
                              peer_last, ")", gloo_note)),
                          {peer});
   }
   if (record->code == absl::StatusCode::kDeadlineExceeded) {
     // The peer gave up waiting; whoever it waited for has not arrived here either.
-    ArrivalReport arrival = DescribeArrival(seq, progress);
+    ArrivalReport arrival = DescribeArrival(seq, probe.progress);
     std::vector<int> culprits = arrival.missing;
     if (culprits.empty()) culprits = record->secondary ? record->culprits : std::vector<int>{peer};
     return MarkSecondary(
         absl::DeadlineExceededError(absl::StrCat(
-            head, who, " timed out and closed its connection: ", arrival.text,
+            head_who, " timed out and closed its connection: ", arrival.text,
             " (rank ", peer, ": ", record->message, ")", gloo_note)),
         culprits);
   }
   if (record->secondary) {
     return MarkSecondary(absl::UnavailableError(absl::StrCat(
-                             head, who, " closed its connection after a failure caused by ",
+                             head_who, " closed its connection after a failure caused by ",
                              record->culprits.empty() ? "another rank"
                                                       : RanksPhrase(record->culprits),
                              ": ", record->message, gloo_note)),
                          record->culprits);
   }
   return MarkSecondary(absl::UnavailableError(absl::StrCat(
-                           head, who, " closed its connection after failing: ", record->message,
+                           head_who, " closed its connection after failing: ", record->message,
                            gloo_note)),
                        {peer});
 }

@@ -45,12 +45,15 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "comm/internal/gloo_address.h"
+#include "comm/internal/gloo_diagnosis.h"
 #include "comm/internal/store_agent.h"
 #include "comm/store.h"
 
@@ -110,6 +113,20 @@ class GlooBlame {
   // "the store at host:port (served by rank 0) does not answer (...): rank 0 is gone
   // or stopped" for the probe's `error`.
   std::string StoreSilent(const absl::Status& error) const;
+
+  // What the store says after collective #seq failed: every rank's progress (this rank's
+  // is `seq`) and, when `peer` >= 0, that peer's broken record if it comes within half
+  // the probe timeout. `status` is the store's error, if it did not answer.
+  struct StoreProbe {
+    absl::Status status;
+    std::vector<std::optional<int64_t>> progress;
+    std::optional<BrokenRecord> record;
+  };
+  StoreProbe ProbeStore(uint64_t seq, int peer);
+  // Diagnose's status when `peer` closed its connection; `head_who` opens the message
+  // ("<what> failed: rank 2 (host:port)").
+  absl::Status ExplainClosed(const std::string& head_who, uint64_t seq, int peer,
+                             const StoreProbe& probe, const std::string& gloo_note);
   void Record(std::string value, absl::Duration wait, bool failure);
 
   const BlameOptions options_;
