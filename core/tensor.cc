@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "core/bf16_hd.h"
 #include "core/cuda_status.h"
+#include "core/op_profile.h"
 #include "glog/logging.h"
 
 #ifdef FSDP_WITH_CUDA
@@ -323,6 +324,13 @@ absl::Status Tensor::CopyFrom(const Tensor& src) const {
   }
   if (numel_ == 0) return absl::OkStatus();
   const bool host_only = device().is_cpu() && src.device().is_cpu();
+  // NOTE [Op accounting]: a copy or cast on one device is a bandwidth-bound kernel; one
+  // between the host and a device is a synchronous transfer.
+  const bool same_device = device() == src.device();
+  ProfiledOp op(same_device ? OpCategory::kConvert : OpCategory::kHostSync,
+                convert ? "convert" : "copy", device(),
+                OpCost{0, static_cast<double>(nbytes() + src.nbytes()), same_device ? 1 : 0,
+                       same_device ? OpEngine::kMemory : OpEngine::kHostSync});
   if (host_only) {
     if (convert) {
       ConvertOnHost(src.raw_data(), src.dtype(), raw_data(), dtype_, numel_);

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "core/op_profile.h"
 #include "core/status_macros.h"
 #include "kernels/cpu/kernels.h"
 
@@ -53,6 +54,8 @@ absl::Status AddInto(const core::Tensor& dst, const core::Tensor& src, const std
   }
   const int64_t n = dst.numel();
   const bool src_bf16 = src.dtype() == core::DType::kBFloat16;
+  core::ProfiledOp op(core::OpCategory::kElementwise, "grad_accumulate", dst.device(),
+                      core::OpCost::Memory((src_bf16 ? 10.0 : 12.0) * n, 1.0 * n));
   if (dst.device().is_cpu()) {
     kernels::cpu::AddInto(dst.data<float>(), src.raw_data(), src_bf16, n);
     return absl::OkStatus();
@@ -108,6 +111,8 @@ absl::StatusOr<double> SumOfSquares(const core::Tensor& t, const std::string& wh
 
 absl::Status Scale(const core::Tensor& t, float factor, const std::string& what) {
   RETURN_IF_ERROR(CheckFp32(t, what, "Scale"));
+  core::ProfiledOp op(core::OpCategory::kElementwise, "scale", t.device(),
+                      core::OpCost::Memory(8.0 * t.numel(), 1.0 * t.numel()));
   if (t.device().is_cpu()) {
     kernels::cpu::Scale(t.data<float>(), t.numel(), factor);
     return absl::OkStatus();

@@ -42,11 +42,11 @@ std::string ShardingStrategyName(ShardingStrategy strategy);
 
 // NOTE [Mixed precision]: the local shard stays float32 and is the master copy the
 // optimizer steps. With param_dtype bf16, an unshard rounds the shard to bf16 and
-// all-gathers bf16 (half the bytes); the layers then see the bf16 values widened to
-// float32, because nn/ computes in float32 only on the CPU (its GEMM is oneDNN's fp32
-// dnnl_sgemm): "bf16 compute" on the CPU here means bf16-rounded operands
-// with float32 arithmetic and accumulation, which is what a bf16 GEMM with an fp32
-// accumulator computes as well, up to the rounding of its output. With reduce_dtype
+// all-gathers bf16 (half the bytes) into the bf16 full buffer the layers see (NOTE
+// [Mixed precision on the device] in fsdp/unit.h). On the CPU each op widens the bf16
+// weights exactly to float32 (its GEMM is oneDNN's fp32 dnnl_sgemm): "bf16 compute" there
+// means bf16-rounded operands with float32 arithmetic and accumulation, which is what a
+// bf16 GEMM with an fp32 accumulator computes as well, up to the rounding of its output. With reduce_dtype
 // bf16, the float32 full gradient is rounded to bf16 and reduce-scattered in bf16 (the
 // gloo backend accumulates bf16 reductions in float32 and rounds once), then widened
 // and added into the float32 gradient shard.

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/op_profile.h"
 #include "core/status_macros.h"
 #include "fsdp/device_ops.h"
 
@@ -99,6 +100,21 @@ absl::Status Unit::CheckState(UnitState expected, const std::string& what) const
   return absl::OkStatus();
 }
 
+namespace {
+
+// NOTE [Op accounting] (core/op_profile.h) of a collective over `ranks` ranks: the bus
+// bytes of a ring, (ranks - 1) / ranks of the full buffer per pass, as NCCL's busbw counts
+// them (an all-reduce makes two passes: reduce-scatter, then all-gather).
+void RecordCollective(const char* name, const core::Tensor& full_buffer, int ranks,
+                      int passes = 1) {
+  const double bus_bytes =
+      static_cast<double>(full_buffer.nbytes()) * passes * (ranks - 1) / ranks;
+  core::RecordOp(core::OpCategory::kCollective, name,
+                 core::OpCost{0, bus_bytes, 1, core::OpEngine::kCollective});
+}
+
+}  // namespace
+
 absl::Status Unit::Fail(const absl::Status& status) {
   failure_ = absl::Status(status.code(), absl::StrCat("fsdp unit ", label_, ": ", status.message()));
   state_ = UnitState::kFailed;
@@ -110,32 +126,22 @@ absl::Status Unit::IssueUnshard(bool full_precision) {
   const core::DType dtype =
       full_precision ? core::DType::kFloat32 : options_.mixed_precision.param_dtype;
   full_exact_ = dtype == core::DType::kFloat32;
-  if (full_exact_ || flat_->device().is_cuda()) {
-    // NOTE [Mixed precision on the device]: on CUDA the gathered param_dtype buffer is
-    // the full buffer itself; the layers compute with its bf16 views.
-    if (absl::Status s = flat_->AllocateFull(dtype); !s.ok()) return Fail(s);
-    gather_output_ = flat_->full();
-    if (full_exact_) {
-      gather_input_ = flat_->shard();
-    } else {
-      absl::StatusOr<core::Tensor> in =
-          internal::Convert(flat_->shard(), dtype, core::MemoryTag::kComm, "fsdp unit " + label_);
-      if (!in.ok()) return Fail(in.status());
-      gather_input_ = *std::move(in);
-    }
+  // NOTE [Mixed precision on the device]: the gathered param_dtype buffer is the full
+  // buffer itself; the layers compute with its views.
+  if (absl::Status s = flat_->AllocateFull(dtype); !s.ok()) return Fail(s);
+  gather_output_ = flat_->full();
+  if (full_exact_) {
+    gather_input_ = flat_->shard();
   } else {
     absl::StatusOr<core::Tensor> in =
         internal::Convert(flat_->shard(), dtype, core::MemoryTag::kComm, "fsdp unit " + label_);
     if (!in.ok()) return Fail(in.status());
-    absl::StatusOr<core::Tensor> out = core::Tensor::Allocate(
-        {flat_->padded_numel()}, dtype, core::MemoryTag::kParam, flat_->device());
-    if (!out.ok()) return Fail(out.status());
     gather_input_ = *std::move(in);
-    gather_output_ = *std::move(out);
   }
   if (groups_.shard != nullptr) {
     comm::AllGatherOptions ag;
     ag.timeout = options_.timeout;
+    RecordCollective("all_gather", gather_output_, groups_.shard->size());
     absl::StatusOr<std::shared_ptr<comm::Work>> work =
         groups_.shard->AllGather(gather_input_, gather_output_, ag);
     if (!work.ok()) return Fail(work.status());
@@ -158,11 +164,6 @@ absl::Status Unit::FinishUnshard() {
       comm_timing_.all_gather_wait += absl::Now() - wait_start;
     }
     gather_work_.reset();
-  }
-  if (!full_exact_ && !gather_output_.SharesStorage(flat_->full())) {
-    // The CPU layers compute in float32: widen the gathered copy (exact).
-    if (absl::Status s = flat_->AllocateFull(core::DType::kFloat32); !s.ok()) return Fail(s);
-    if (absl::Status s = flat_->full().CopyFrom(gather_output_); !s.ok()) return Fail(s);
   }
   gather_input_ = core::Tensor();
   gather_output_ = core::Tensor();
@@ -267,6 +268,7 @@ absl::Status Unit::ReduceGradients() {
     comm::ReduceScatterOptions rs;
     rs.reduce_op = comm::ReduceOp::kAverage;
     rs.timeout = options_.timeout;
+    RecordCollective("reduce_scatter", reduce_input_, groups_.shard->size());
     absl::StatusOr<std::shared_ptr<comm::Work>> work =
         groups_.shard->ReduceScatter(reduce_input_, reduce_output_, rs);
     if (!work.ok()) return Fail(work.status());
@@ -297,6 +299,7 @@ absl::Status Unit::FinishReduction() {
     comm::AllReduceOptions ar;
     ar.reduce_op = comm::ReduceOp::kAverage;
     ar.timeout = options_.timeout;
+    RecordCollective("all_reduce", reduce_output_, groups_.replicate->size(), /*passes=*/2);
     absl::StatusOr<std::shared_ptr<comm::Work>> work =
         groups_.replicate->AllReduce(reduce_output_, ar);
     if (!work.ok()) return Fail(work.status());

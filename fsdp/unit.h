@@ -34,12 +34,13 @@
 // outside NoSync reduces the accumulated sum.
 //
 // NOTE [Mixed precision on the device]: the unit's buffers live on the FlatParameter's
-// device (the module's). With param_dtype bf16 on a CUDA device, the all-gather writes
-// straight into a bf16 full buffer and Parameter::data are bf16 views of it during
-// forward and backward (no float32 widening; the CUDA layers take bf16 weights), while
-// gradients stay float32 (the full gradient buffer, the gradient shard) and the shard
-// stays the float32 master. On the CPU a bf16 gather is widened into a float32 full
-// buffer (exact), as the CPU layers compute in float32.
+// device (the module's). With param_dtype bf16, the all-gather writes straight into a
+// bf16 full buffer and Parameter::data are bf16 views of it during forward and backward
+// (no float32 copy; the layers take bf16 weights on every device, the CPU ones widening
+// them exactly inside each op), while gradients stay float32 (the full gradient buffer,
+// the gradient shard) and the shard stays the float32 master. The CPU and CUDA paths
+// hold the same buffers, so an op list recorded on the CPU is the GPU's
+// (NOTE [Op accounting] in core/op_profile.h).
 //
 // NOTE [Device streams]: on a CUDA device the collectives' Wait is stream-ordered
 // (comm/work.h): FinishUnshard and FinishReduction return without blocking the host
@@ -150,8 +151,8 @@ class Unit {
   // group, copies the shard instead.
   absl::Status IssueUnshard(bool full_precision);
   // kUnsharding -> kUnsharded: waits for the all-gather (options().timeout; on CUDA a
-  // stream-ordered wait), widens a bf16 gather to float32 on the CPU (NOTE [Mixed
-  // precision on the device]) and points every Parameter::data at its full-shape view.
+  // stream-ordered wait) and points every Parameter::data at its full-shape view (bf16
+  // under mixed precision: NOTE [Mixed precision on the device]).
   absl::Status FinishUnshard();
   // kUnsharded -> kSharded (finishing an in-flight unshard first): points every
   // Parameter::data at its 1-D shard slice and frees the full buffer.

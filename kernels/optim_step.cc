@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/op_profile.h"
 #include "kernels/cpu.h"
 #include "kernels/cpu_runtime.h"
 
@@ -69,6 +70,20 @@ FSDP_CPU_CLONES void SgdLoop(float* w, float* buf, const float* g, int64_t n, Sg
   SgdDispatch<>(w, buf, g, n, s);
 }
 
+// NOTE [Op accounting] of an update: AdamW reads the gradient and reads and writes the
+// weight and both moments (28 bytes, about 15 operations per element); SGD reads the
+// gradient and reads and writes the weight and, with momentum, its buffer.
+core::OpCost SegmentCost(const AdamWSegment& s) {
+  return core::OpCost::Memory(28.0 * s.n, 15.0 * s.n, 0);
+}
+core::OpCost SegmentCost(const SgdSegment& s) {
+  return core::OpCost::Memory((s.buf != nullptr ? 20.0 : 12.0) * s.n, 4.0 * s.n, 0);
+}
+
+// The CUDA path uploads the segment table from pageable memory (a host sync) and
+// launches one fused kernel per device and kind.
+constexpr core::OpCost kSegmentUpload{0, 0, 0, core::OpEngine::kHostSync};
+
 #ifdef FSDP_WITH_CUDA
 // Numbers the segments' chunks, uploads the segment array to `device` and runs `launch`
 // (FusedAdamW or FusedSgd) once on the compute stream. The segment array lives in a
@@ -93,6 +108,14 @@ absl::Status LaunchSegments(const core::Device& device, std::vector<Segment> seg
   RETURN_IF_ERROR(core::cuda::StatusFromCuda(cudaSetDevice(device.index),
                                              absl::StrCat(what, ": cudaSetDevice")));
   const int64_t bytes = static_cast<int64_t>(live.size() * sizeof(Segment));
+  core::OpCost cost;
+  for (const Segment& s : live) {
+    const core::OpCost c = SegmentCost(s);
+    cost.bytes += c.bytes;
+    cost.flops += c.flops;
+  }
+  core::RecordOp(core::OpCategory::kHostSync, "optimizer.segment_upload", kSegmentUpload);
+  core::ProfiledOp op(core::OpCategory::kOptimizer, "optimizer.fused_update", device, cost);
   ASSIGN_OR_RETURN(core::Tensor table,
                    core::Tensor::Allocate({(bytes + 3) / 4}, core::DType::kInt32,
                                           core::MemoryTag::kOptim, device));
@@ -129,6 +152,10 @@ absl::Status OptimizerStep::Route(core::Device device, absl::string_view param_n
                                   std::map<int, std::vector<Segment>>* queued) {
   if (!device.is_cuda()) {
     on_cpu(seg);
+    const core::OpCost c = SegmentCost(seg);
+    cpu_cost_.bytes += c.bytes;
+    cpu_cost_.flops += c.flops;
+    cpu_cost_.launches = 1;
     return absl::OkStatus();
   }
 #ifdef FSDP_WITH_CUDA
@@ -154,6 +181,12 @@ absl::Status OptimizerStep::Add(core::Device device, absl::string_view param_nam
 }
 
 absl::Status OptimizerStep::Finish() {
+  if (cpu_cost_.launches > 0) {
+    // The CPU segments' op list, as the CUDA path would run them.
+    core::RecordOp(core::OpCategory::kHostSync, "optimizer.segment_upload", kSegmentUpload);
+    core::RecordOp(core::OpCategory::kOptimizer, "optimizer.fused_update", cpu_cost_);
+    cpu_cost_ = core::OpCost::Memory(0, 0, 0);
+  }
 #ifdef FSDP_WITH_CUDA
   for (auto& [index, segments] : adamw_) {
     RETURN_IF_ERROR(LaunchSegments(core::Device::Cuda(index), std::move(segments),

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "core/device.h"
+#include "core/op_profile.h"
 #include "kernels/optim.h"
 
 namespace kernels {
@@ -53,6 +54,9 @@ class OptimizerStep {
   std::string optimizer_;
   std::map<int, std::vector<AdamWSegment>> adamw_;
   std::map<int, std::vector<SgdSegment>> sgd_;
+  // What the CPU segments added since the last Finish cost (NOTE [Op accounting]);
+  // launches 0 while there are none.
+  core::OpCost cpu_cost_ = core::OpCost::Memory(0, 0, 0);
 };
 
 }  // namespace kernels

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/op_profile.h"
 #include "core/status_macros.h"
 #include "nn/internal/validate.h"
 #include "nn/ops.h"
@@ -66,32 +67,36 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardImpl(const core::Tensor
   ASSIGN_OR_RETURN(core::Tensor qkv, qkv_->Forward(x));
   ASSIGN_OR_RETURN(core::Tensor att, internal::NewActivation({B, H, T, T}, device));
   ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation({B, T, C}, device));
-  for (int64_t b = 0; b < B; ++b) {
-    // Scores of every head, q k^T * scale; entries above the diagonal are masked below.
-    GemmArgs scores;
-    scores.trans_b = true;
-    scores.batch = H;
-    scores.m = T;
-    scores.n = T;
-    scores.k = hd;
-    scores.alpha = scale;
-    scores.a = Heads(qkv, b, T, 3 * C, 0, hd);
-    scores.b = Heads(qkv, b, T, 3 * C, C, hd);
-    scores.c = Squares(att, b * H, T);
-    RETURN_IF_ERROR(MatMul(what, scores));
-  }
-  RETURN_IF_ERROR(CausalSoftmaxForward(what, att, T));
-  for (int64_t b = 0; b < B; ++b) {
-    // y_h = att v, written into columns [h*hd, (h+1)*hd) of y.
-    GemmArgs av;
-    av.batch = H;
-    av.m = T;
-    av.n = hd;
-    av.k = T;
-    av.a = Squares(att, b * H, T);
-    av.b = Heads(qkv, b, T, 3 * C, 2 * C, hd);
-    av.c = Heads(y, b, T, C, 0, hd);
-    RETURN_IF_ERROR(MatMul(what, av));
+  {
+    // NOTE [Op accounting]: the score and value GEMMs count as attention.
+    core::ScopedOpCategory role(core::OpCategory::kAttention);
+    for (int64_t b = 0; b < B; ++b) {
+      // Scores of every head, q k^T * scale; entries above the diagonal are masked below.
+      GemmArgs scores;
+      scores.trans_b = true;
+      scores.batch = H;
+      scores.m = T;
+      scores.n = T;
+      scores.k = hd;
+      scores.alpha = scale;
+      scores.a = Heads(qkv, b, T, 3 * C, 0, hd);
+      scores.b = Heads(qkv, b, T, 3 * C, C, hd);
+      scores.c = Squares(att, b * H, T);
+      RETURN_IF_ERROR(MatMul(what, scores));
+    }
+    RETURN_IF_ERROR(CausalSoftmaxForward(what, att, T));
+    for (int64_t b = 0; b < B; ++b) {
+      // y_h = att v, written into columns [h*hd, (h+1)*hd) of y.
+      GemmArgs av;
+      av.batch = H;
+      av.m = T;
+      av.n = hd;
+      av.k = T;
+      av.a = Squares(att, b * H, T);
+      av.b = Heads(qkv, b, T, 3 * C, 2 * C, hd);
+      av.c = Heads(y, b, T, C, 0, hd);
+      RETURN_IF_ERROR(MatMul(what, av));
+    }
   }
   ASSIGN_OR_RETURN(core::Tensor out, proj_->Forward(y));
   qkv_out_ = std::move(qkv);
@@ -114,48 +119,51 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::BackwardImpl(const core::Tenso
   ASSIGN_OR_RETURN(core::Tensor gqkv, internal::NewActivation({B, T, 3 * C}, device));
   // dL/datt of one batch element's heads, reused across the batch.
   ASSIGN_OR_RETURN(core::Tensor gatt, internal::NewActivation({H, T, T}, device));
-  for (int64_t b = 0; b < B; ++b) {
-    // dL/dv = att^T gy_h.
-    GemmArgs dv;
-    dv.trans_a = true;
-    dv.batch = H;
-    dv.m = T;
-    dv.n = hd;
-    dv.k = T;
-    dv.a = Squares(att_, b * H, T);
-    dv.b = Heads(gy, b, T, C, 0, hd);
-    dv.c = Heads(gqkv, b, T, 3 * C, 2 * C, hd);
-    RETURN_IF_ERROR(MatMul(what, dv));
-    // dL/datt = gy_h v^T.
-    GemmArgs da;
-    da.trans_b = true;
-    da.batch = H;
-    da.m = T;
-    da.n = T;
-    da.k = hd;
-    da.a = Heads(gy, b, T, C, 0, hd);
-    da.b = Heads(qkv_out_, b, T, 3 * C, 2 * C, hd);
-    da.c = Squares(gatt, 0, T);
-    RETURN_IF_ERROR(MatMul(what, da));
-    // Softmax backward per row, times the score scale: ds = scale * p (da - <da, p>).
-    // Masked entries have p == 0 and so get no gradient.
-    ASSIGN_OR_RETURN(core::Tensor p, att_.View(b * H * T * T, {H * T * T}));
-    RETURN_IF_ERROR(CausalSoftmaxBackward(what, p, gatt, T, scale));
-    // dL/dq = ds k, dL/dk = ds^T q.
-    GemmArgs dq;
-    dq.batch = H;
-    dq.m = T;
-    dq.n = hd;
-    dq.k = T;
-    dq.a = Squares(gatt, 0, T);
-    dq.b = Heads(qkv_out_, b, T, 3 * C, C, hd);
-    dq.c = Heads(gqkv, b, T, 3 * C, 0, hd);
-    RETURN_IF_ERROR(MatMul(what, dq));
-    GemmArgs dk = dq;
-    dk.trans_a = true;
-    dk.b = Heads(qkv_out_, b, T, 3 * C, 0, hd);
-    dk.c = Heads(gqkv, b, T, 3 * C, C, hd);
-    RETURN_IF_ERROR(MatMul(what, dk));
+  {
+    core::ScopedOpCategory role(core::OpCategory::kAttention);
+    for (int64_t b = 0; b < B; ++b) {
+      // dL/dv = att^T gy_h.
+      GemmArgs dv;
+      dv.trans_a = true;
+      dv.batch = H;
+      dv.m = T;
+      dv.n = hd;
+      dv.k = T;
+      dv.a = Squares(att_, b * H, T);
+      dv.b = Heads(gy, b, T, C, 0, hd);
+      dv.c = Heads(gqkv, b, T, 3 * C, 2 * C, hd);
+      RETURN_IF_ERROR(MatMul(what, dv));
+      // dL/datt = gy_h v^T.
+      GemmArgs da;
+      da.trans_b = true;
+      da.batch = H;
+      da.m = T;
+      da.n = T;
+      da.k = hd;
+      da.a = Heads(gy, b, T, C, 0, hd);
+      da.b = Heads(qkv_out_, b, T, 3 * C, 2 * C, hd);
+      da.c = Squares(gatt, 0, T);
+      RETURN_IF_ERROR(MatMul(what, da));
+      // Softmax backward per row, times the score scale: ds = scale * p (da - <da, p>).
+      // Masked entries have p == 0 and so get no gradient.
+      ASSIGN_OR_RETURN(core::Tensor p, att_.View(b * H * T * T, {H * T * T}));
+      RETURN_IF_ERROR(CausalSoftmaxBackward(what, p, gatt, T, scale));
+      // dL/dq = ds k, dL/dk = ds^T q.
+      GemmArgs dq;
+      dq.batch = H;
+      dq.m = T;
+      dq.n = hd;
+      dq.k = T;
+      dq.a = Squares(gatt, 0, T);
+      dq.b = Heads(qkv_out_, b, T, 3 * C, C, hd);
+      dq.c = Heads(gqkv, b, T, 3 * C, 0, hd);
+      RETURN_IF_ERROR(MatMul(what, dq));
+      GemmArgs dk = dq;
+      dk.trans_a = true;
+      dk.b = Heads(qkv_out_, b, T, 3 * C, 0, hd);
+      dk.c = Heads(gqkv, b, T, 3 * C, C, hd);
+      RETURN_IF_ERROR(MatMul(what, dk));
+    }
   }
   qkv_out_ = core::Tensor();
   att_ = core::Tensor();

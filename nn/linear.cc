@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/op_profile.h"
 #include "core/random.h"
 #include "core/status_macros.h"
 #include "nn/internal/validate.h"
@@ -97,7 +98,10 @@ absl::StatusOr<core::Tensor> Linear::BackwardWithoutBias(const core::Tensor& gra
   dx.a.tensor = grad_output;
   dx.b.tensor = weight_->data;
   dx.c.tensor = gx;
-  RETURN_IF_ERROR(MatMul(internal::What(*this), dx));
+  {
+    core::ScopedOpCategory role(core::OpCategory::kGemmInputGrad);
+    RETURN_IF_ERROR(MatMul(internal::What(*this), dx));
+  }
   // dL/dW += g^T x.
   ASSIGN_OR_RETURN(core::Tensor gw, internal::GradTensor(*this, *weight_, "weight"));
   if (gw.defined()) {
@@ -110,6 +114,7 @@ absl::StatusOr<core::Tensor> Linear::BackwardWithoutBias(const core::Tensor& gra
     dw.a.tensor = grad_output;
     dw.b.tensor = input_;
     dw.c.tensor = gw;
+    core::ScopedOpCategory role(core::OpCategory::kGemmWeightGrad);
     RETURN_IF_ERROR(MatMul(internal::What(*this), dw));
   }
   input_ = core::Tensor();

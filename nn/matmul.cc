@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/bf16_hd.h"
+#include "core/op_profile.h"
 #include "core/status_macros.h"
 #include "nn/internal/op_checks.h"
 #include "nn/ops.h"
@@ -78,6 +79,22 @@ std::vector<float> WidenSpan(const Tensor& t, int64_t offset, int64_t span) {
   return out;
 }
 
+// NOTE [Op accounting] of a GEMM as its CUDA path runs it: 2 m n k FLOPs per matrix, A and
+// B read once, C written once (and read when beta != 0), on tensor cores when an operand
+// is bf16 (a mixed pair first rounds the fp32 operand, core::OpCategory::kConvert), else
+// fp32 without them.
+core::OpCost GemmCost(const GemmArgs& g, bool bf16) {
+  const double c_bytes = 4.0 * g.batch * g.m * g.n * (g.beta != 0.0f ? 2 : 1);
+  const double in_bytes = bf16 ? 2.0 : 4.0;
+  core::OpCost cost;
+  cost.flops = 2.0 * g.batch * g.m * g.n * g.k;
+  cost.bytes = in_bytes * g.batch * (g.m * g.k + g.k * g.n) + c_bytes;
+  cost.engine = bf16 ? core::OpEngine::kTensorCoreBf16 : core::OpEngine::kSimtFp32;
+  return cost;
+}
+
+// The rounding pass of a mixed fp32 x bf16 GEMM: reads the fp32 operand, writes bf16.
+core::OpCost RoundOperandCost(int64_t span) { return core::OpCost::Memory(6.0 * span); }
 
 }  // namespace
 
@@ -98,12 +115,19 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
   RETURN_IF_ERROR(CheckExtent(what, "C", g.c, sc, g.batch).status());
   if (g.batch == 0 || g.m == 0 || g.n == 0) return absl::OkStatus();
   const core::Device device = g.c.tensor.device();
+  const bool a_bf16 = IsBf16(g.a.tensor);
+  const bool b_bf16 = IsBf16(g.b.tensor);
+  const int64_t round_span = a_bf16 == b_bf16 || g.k == 0 ? 0 : (a_bf16 ? span_b : span_a);
+  const core::OpCost gemm_cost =
+      g.k == 0 ? core::OpCost::Memory(8.0 * g.batch * g.m * g.n)
+               : GemmCost(g, a_bf16 || b_bf16);
 
   if (device.is_cuda()) {
 #ifdef FSDP_WITH_CUDA
     RETURN_IF_ERROR(UseDevice(device, what));
     float* c = MutF32(g.c.tensor) + g.c.offset;
     if (g.k == 0) {
+      core::ProfiledOp op(core::OpCategory::kElementwise, "gemm.scale_c", device, gemm_cost);
       return Launched(
           ::kernels::cuda::ScaleMatrices(c, g.batch, g.m, g.n, sc.ld, g.c.batch_stride, g.beta),
           what, "GEMM with k == 0 (scale C)");
@@ -118,7 +142,9 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
     // Mixed fp32 x bf16: round the fp32 operand to bf16 (same layout) first. The scratch
     // is released on return; the caching allocator orders its reuse on this stream.
     Tensor scratch;
-    if (a.bf16 != b.bf16) {
+    if (round_span > 0) {
+      core::ProfiledOp op(core::OpCategory::kConvert, "gemm.round_operand", device,
+                          RoundOperandCost(round_span));
       cuda::GemmOperand& f32 = a.bf16 ? b : a;
       const int64_t span = a.bf16 ? span_b : span_a;
       ASSIGN_OR_RETURN(scratch, Tensor::Allocate({span}, DType::kBFloat16,
@@ -132,6 +158,7 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
       f32.ptr = scratch.raw_data();
       f32.bf16 = true;
     }
+    core::ProfiledOp op(core::OpCategory::kGemmForward, "matmul", device, gemm_cost);
     return cuda::Gemm(device.index, g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k, g.alpha, a, b,
                       g.beta, cc, what);
 #else
@@ -139,7 +166,13 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
 #endif
   }
 
-  // CPU: oneDNN sgemm per matrix of the batch; bf16 operands are widened exactly.
+  // CPU: oneDNN sgemm per matrix of the batch; bf16 operands are widened exactly. The op
+  // list records the CUDA path's passes.
+  if (round_span > 0) {
+    core::RecordOp(core::OpCategory::kConvert, "gemm.round_operand", RoundOperandCost(round_span));
+  }
+  core::ProfiledOp op(g.k == 0 ? core::OpCategory::kElementwise : core::OpCategory::kGemmForward,
+                      g.k == 0 ? "gemm.scale_c" : "matmul", device, gemm_cost);
   std::vector<float> wide_a, wide_b;
   const float* a = nullptr;
   const float* b = nullptr;

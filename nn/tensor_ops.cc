@@ -7,6 +7,7 @@
 #include "core/status_macros.h"
 #include "kernels/cpu/kernels.h"
 #include "nn/internal/op_checks.h"
+#include "nn/internal/op_costs.h"
 
 #ifdef FSDP_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -19,6 +20,9 @@ namespace {
 
 namespace kcpu = ::kernels::cpu;
 using core::DType;
+using core::OpCategory;
+using core::ProfiledOp;
+using core::RecordOp;
 using core::Tensor;
 using internal::Arg;
 using internal::CheckDevices;
@@ -55,6 +59,8 @@ absl::Status CheckDistinct(absl::string_view what, const char* a_name, const Ten
 absl::Status GeluForward(absl::string_view what, const Tensor& x, const Tensor& y) {
   RETURN_IF_ERROR(CheckElementwiseF32(what, {{"input", &x}, {"output", &y}}));
   const int64_t n = x.numel();
+  ProfiledOp op(OpCategory::kElementwise, "gelu.forward", x.device(),
+                internal::GeluForwardCost(n));
   if (x.device().is_cuda()) {
     NN_ON_CUDA(x.device(), what, "GELU forward", kc::GeluForward(F32(x), MutF32(y), n));
   }
@@ -67,6 +73,8 @@ absl::Status GeluBackward(absl::string_view what, const Tensor& x, const Tensor&
   RETURN_IF_ERROR(CheckElementwiseF32(
       what, {{"input", &x}, {"grad_output", &gy}, {"grad_input", &gx}}));
   const int64_t n = x.numel();
+  ProfiledOp op(OpCategory::kElementwise, "gelu.backward", x.device(),
+                internal::GeluBackwardCost(n));
   if (x.device().is_cuda()) {
     NN_ON_CUDA(x.device(), what, "GELU backward",
                kc::GeluBackward(F32(x), F32(gy), MutF32(gx), n));
@@ -78,6 +86,8 @@ absl::Status GeluBackward(absl::string_view what, const Tensor& x, const Tensor&
 absl::Status ReluForward(absl::string_view what, const Tensor& x, const Tensor& y) {
   RETURN_IF_ERROR(CheckElementwiseF32(what, {{"input", &x}, {"output", &y}}));
   const int64_t n = x.numel();
+  ProfiledOp op(OpCategory::kElementwise, "relu.forward", x.device(),
+                internal::ElementwiseCost(n, 2, 1));
   if (x.device().is_cuda()) {
     NN_ON_CUDA(x.device(), what, "ReLU forward", kc::ReluForward(F32(x), MutF32(y), n));
   }
@@ -90,6 +100,8 @@ absl::Status ReluBackward(absl::string_view what, const Tensor& y, const Tensor&
   RETURN_IF_ERROR(CheckElementwiseF32(
       what, {{"output", &y}, {"grad_output", &gy}, {"grad_input", &gx}}));
   const int64_t n = y.numel();
+  ProfiledOp op(OpCategory::kElementwise, "relu.backward", y.device(),
+                internal::ElementwiseCost(n, 3, 1));
   if (y.device().is_cuda()) {
     NN_ON_CUDA(y.device(), what, "ReLU backward",
                kc::ReluBackward(F32(y), F32(gy), MutF32(gx), n));
@@ -103,6 +115,7 @@ absl::Status AddTensors(absl::string_view what, const Tensor& a, const Tensor& b
   RETURN_IF_ERROR(CheckElementwiseF32(
       what, {{"first operand", &a}, {"second operand", &b}, {"sum", &out}}));
   const int64_t n = a.numel();
+  ProfiledOp op(OpCategory::kElementwise, "add", a.device(), internal::AddCost(n));
   if (a.device().is_cuda()) {
     NN_ON_CUDA(a.device(), what, "add", kc::Add(F32(a), F32(b), MutF32(out), n));
   }
@@ -134,6 +147,8 @@ absl::Status BiasAdd(absl::string_view what, const Tensor& x, const Tensor& bias
                      const Tensor& out) {
   ASSIGN_OR_RETURN(const int64_t rows, CheckBiasAdd(what, x, bias, out));
   const int64_t cols = bias.numel();
+  ProfiledOp op(OpCategory::kElementwise, "bias_add", x.device(),
+                internal::BiasAddCost(rows, cols, core::DTypeSize(bias.dtype())));
   if (x.device().is_cuda()) {
     NN_ON_CUDA(x.device(), what, "bias add",
                kc::BiasAdd(F32(x), bias.raw_data(), IsBf16(bias), MutF32(out), rows, cols));
@@ -152,6 +167,9 @@ absl::Status BiasGeluForward(absl::string_view what, const Tensor& x, const Tens
     RETURN_IF_ERROR(BiasAdd(what, x, bias, pre));
     return GeluForward(what, pre, y);
   }
+  RecordOp(OpCategory::kElementwise, "bias_add",
+           internal::BiasAddCost(rows, bias.numel(), core::DTypeSize(bias.dtype())));
+  RecordOp(OpCategory::kElementwise, "gelu.forward", internal::GeluForwardCost(y.numel()));
   kcpu::BiasGeluForward(F32(x), bias.raw_data(), IsBf16(bias), MutF32(pre), MutF32(y), rows,
                         bias.numel());
   return absl::OkStatus();
@@ -198,6 +216,10 @@ absl::Status GeluBackwardBiasGrad(absl::string_view what, const Tensor& pre, con
     if (!gb.defined()) return absl::OkStatus();
     return AccumulateColumnSums(what, gx, Tensor(), gb);
   }
+  RecordOp(OpCategory::kElementwise, "gelu.backward", internal::GeluBackwardCost(gx.numel()));
+  if (gb.defined()) {
+    RecordOp(OpCategory::kElementwise, "column_sums", internal::ColumnSumsCost(rows, cols, false));
+  }
   kcpu::GeluBackwardColumnSums(F32(pre), F32(gy), MutF32(gx),
                                gb.defined() ? MutF32(gb) : nullptr, rows, cols);
   return absl::OkStatus();
@@ -207,6 +229,8 @@ absl::Status AccumulateColumnSums(absl::string_view what, const Tensor& x, const
                                   const Tensor& acc) {
   ASSIGN_OR_RETURN(const int64_t rows, CheckColumnSums(what, x, y, acc));
   const int64_t cols = acc.numel();
+  ProfiledOp op(OpCategory::kElementwise, "column_sums", x.device(),
+                internal::ColumnSumsCost(rows, cols, y.defined()));
   if (x.device().is_cuda()) {
     NN_ON_CUDA(x.device(), what, "column sums",
                kc::ColumnSums(F32(x), y.defined() ? F32(y) : nullptr, MutF32(acc), rows, cols));
@@ -283,6 +307,8 @@ absl::Status LayerNormForward(absl::string_view what, const Tensor& x, const Ten
                               const Tensor& b, float eps, const Tensor& y, const Tensor& xhat,
                               const Tensor& rstd) {
   ASSIGN_OR_RETURN(const int64_t rows, CheckLayerNormForward(what, x, w, b, y, xhat, rstd));
+  ProfiledOp op(OpCategory::kNorm, "layernorm.forward", x.device(),
+                internal::LayerNormForwardCost(rows, w.numel(), core::DTypeSize(w.dtype())));
   if (x.device().is_cuda()) {
     NN_ON_CUDA(x.device(), what, "LayerNorm forward",
                kc::LayerNormForward(F32(x), w.raw_data(), b.raw_data(), IsBf16(w), eps,
@@ -308,6 +334,9 @@ absl::Status AddLayerNormForward(absl::string_view what, const Tensor& a, const 
     RETURN_IF_ERROR(AddTensors(what, a, b, h));
     return LayerNormForward(what, h, w, bias, eps, y, xhat, rstd);
   }
+  RecordOp(OpCategory::kElementwise, "add", internal::AddCost(h.numel()));
+  RecordOp(OpCategory::kNorm, "layernorm.forward",
+           internal::LayerNormForwardCost(rows, w.numel(), core::DTypeSize(w.dtype())));
   kcpu::AddLayerNormForward(F32(a), F32(b), MutF32(h), w.raw_data(), bias.raw_data(), IsBf16(w),
                             eps, MutF32(y), MutF32(xhat), MutF32(rstd), rows, w.numel());
   return absl::OkStatus();
@@ -329,6 +358,9 @@ absl::Status LayerNormBackward(absl::string_view what, const Tensor& g, const Te
                                const Tensor& rstd, const Tensor& w, const Tensor& gx,
                                const Tensor& gw, const Tensor& gb) {
   ASSIGN_OR_RETURN(const int64_t rows, CheckLayerNormBackward(what, g, xhat, rstd, w, gx, gw, gb));
+  ProfiledOp op(OpCategory::kNorm, "layernorm.backward", g.device(),
+                internal::LayerNormBackwardCost(rows, w.numel(), core::DTypeSize(w.dtype()),
+                                                gw.defined(), gb.defined()));
   if (g.device().is_cuda()) {
 #ifdef FSDP_WITH_CUDA
     const int64_t cols = w.numel();
@@ -366,6 +398,10 @@ absl::Status LayerNormBackwardAdd(absl::string_view what, const Tensor& g, const
     RETURN_IF_ERROR(LayerNormBackward(what, g, xhat, rstd, w, gx, gw, gb));
     return AddTensors(what, residual, gx, gx);
   }
+  RecordOp(OpCategory::kNorm, "layernorm.backward",
+           internal::LayerNormBackwardCost(rows, w.numel(), core::DTypeSize(w.dtype()),
+                                           gw.defined(), gb.defined()));
+  RecordOp(OpCategory::kElementwise, "add", internal::AddCost(gx.numel()));
   kcpu::LayerNormBackwardInputAdd(F32(g), F32(xhat), F32(rstd), w.raw_data(), IsBf16(w),
                                   F32(residual), MutF32(gx), rows, w.numel());
   LayerNormParamGradsCpu(g, xhat, gw, gb, rows, w.numel());
@@ -380,6 +416,8 @@ absl::Status CausalSoftmaxForward(absl::string_view what, const Tensor& scores, 
                                                    " are not rows of ", T));
   }
   const int64_t rows = scores.numel() / T;
+  ProfiledOp op(OpCategory::kAttention, "causal_softmax.forward", scores.device(),
+                internal::SoftmaxForwardCost(rows, T));
   if (scores.device().is_cuda()) {
     NN_ON_CUDA(scores.device(), what, "causal softmax forward",
                kc::CausalSoftmaxForward(MutF32(scores), rows, T));
@@ -399,6 +437,8 @@ absl::Status CausalSoftmaxBackward(absl::string_view what, const Tensor& p, cons
                                                    p.ToString(), " are not rows of ", T));
   }
   const int64_t rows = p.numel() / T;
+  ProfiledOp op(OpCategory::kAttention, "causal_softmax.backward", p.device(),
+                internal::SoftmaxBackwardCost(rows, T));
   if (p.device().is_cuda()) {
     NN_ON_CUDA(p.device(), what, "causal softmax backward",
                kc::CausalSoftmaxBackward(F32(p), MutF32(g), rows, T, scale));
@@ -419,6 +459,8 @@ absl::Status EmbeddingForward(absl::string_view what, const Tensor& table, const
   }
   const int64_t num = table.size(0), dim = table.size(1), n = ids.numel();
   RETURN_IF_ERROR(CheckNumel(what, "output", y, n * dim));
+  ProfiledOp op(OpCategory::kEmbedding, "embedding.forward", table.device(),
+                internal::EmbeddingForwardCost(n, dim, core::DTypeSize(table.dtype())));
   if (table.device().is_cuda()) {
     NN_ON_CUDA(table.device(), what, "embedding gather",
                kc::EmbeddingForward(ids.data<int32_t>(), n, table.raw_data(), IsBf16(table),
@@ -442,6 +484,8 @@ absl::Status EmbeddingBackward(absl::string_view what, const Tensor& ids, const 
   }
   const int64_t num = gw.size(0), dim = gw.size(1), n = ids.numel();
   RETURN_IF_ERROR(CheckNumel(what, "grad_output", g, n * dim));
+  ProfiledOp op(OpCategory::kEmbedding, "embedding.backward", gw.device(),
+                internal::EmbeddingBackwardCost(n, dim));
   if (gw.device().is_cuda()) {
     NN_ON_CUDA(gw.device(), what, "embedding gradient scatter-add",
                kc::EmbeddingBackward(ids.data<int32_t>(), n, F32(g), num, dim, MutF32(gw)));
@@ -466,6 +510,11 @@ absl::StatusOr<double> CrossEntropyForwardBackward(absl::string_view what, const
   }
   const int64_t V = logits.numel() / n;
   const double inv_n = 1.0 / static_cast<double>(n);
+  // The kernel, then the row losses' read back to the host (timed with the kernel).
+  RecordOp(OpCategory::kHostSync, "cross_entropy.loss_to_host",
+           core::OpCost{0, 8.0 * n, 0, core::OpEngine::kHostSync});
+  ProfiledOp op(OpCategory::kLoss, "cross_entropy", logits.device(),
+                internal::CrossEntropyCost(n, V));
   if (logits.device().is_cuda()) {
 #ifdef FSDP_WITH_CUDA
     RETURN_IF_ERROR(UseDevice(logits.device(), what));
@@ -502,6 +551,8 @@ absl::Status ZeroTensor(absl::string_view what, const Tensor& t) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": zeroing an undefined tensor"));
   }
   if (t.numel() == 0) return absl::OkStatus();
+  ProfiledOp op(OpCategory::kElementwise, "zero", t.device(),
+                core::OpCost::Memory(static_cast<double>(t.nbytes())));
   if (t.device().is_cuda()) {
     NN_ON_CUDA(t.device(), what, "memset",
                cudaMemsetAsync(t.raw_data(), 0, static_cast<size_t>(t.nbytes()), 0));

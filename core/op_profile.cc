@@ -1,0 +1,213 @@
+#include "core/op_profile.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+#ifdef FSDP_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "core/cuda_status.h"
+#endif
+
+namespace core {
+namespace {
+
+thread_local OpProfile* current_profile = nullptr;
+thread_local int category_override = -1;
+
+// ScopedOpCategory's rule: a GEMM takes the scope's category.
+OpCategory Resolve(OpCategory category) {
+  if (category == OpCategory::kGemmForward && category_override >= 0) {
+    return static_cast<OpCategory>(category_override);
+  }
+  return category;
+}
+
+#ifdef FSDP_WITH_CUDA
+// A timing event recorded on the compute stream of `device`, or nullptr when it cannot be
+// made (the op is then recorded without a device time).
+void* RecordEvent(Device device) {
+  if (cudaSetDevice(device.index) != cudaSuccess) return nullptr;
+  cudaEvent_t event = nullptr;
+  if (cudaEventCreate(&event) != cudaSuccess) return nullptr;
+  if (cudaEventRecord(event, cuda::ComputeStream()) != cudaSuccess) {
+    cudaEventDestroy(event);
+    return nullptr;
+  }
+  return event;
+}
+
+void DestroyEvent(void* event) {
+  if (event != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+#else
+void* RecordEvent(Device) { return nullptr; }
+void DestroyEvent(void*) {}
+#endif
+
+}  // namespace
+
+const char* OpCategoryName(OpCategory category) {
+  switch (category) {
+    case OpCategory::kGemmForward:
+      return "gemm.forward";
+    case OpCategory::kGemmInputGrad:
+      return "gemm.input_grad";
+    case OpCategory::kGemmWeightGrad:
+      return "gemm.weight_grad";
+    case OpCategory::kAttention:
+      return "attention";
+    case OpCategory::kNorm:
+      return "norm";
+    case OpCategory::kElementwise:
+      return "elementwise";
+    case OpCategory::kEmbedding:
+      return "embedding";
+    case OpCategory::kLoss:
+      return "loss";
+    case OpCategory::kOptimizer:
+      return "optimizer";
+    case OpCategory::kConvert:
+      return "convert";
+    case OpCategory::kCollective:
+      return "collective";
+    case OpCategory::kHostSync:
+      return "host_sync";
+  }
+  return "unknown";
+}
+
+const char* OpEngineName(OpEngine engine) {
+  switch (engine) {
+    case OpEngine::kTensorCoreBf16:
+      return "tensor_core_bf16";
+    case OpEngine::kSimtFp32:
+      return "simt_fp32";
+    case OpEngine::kMemory:
+      return "memory";
+    case OpEngine::kCollective:
+      return "collective";
+    case OpEngine::kHostSync:
+      return "host_sync";
+  }
+  return "unknown";
+}
+
+OpProfile::OpProfile() = default;
+
+OpProfile::~OpProfile() { Clear(); }
+
+void OpProfile::Clear() {
+  for (const auto& pair : events_) {
+    DestroyEvent(pair[0]);
+    DestroyEvent(pair[1]);
+  }
+  events_.clear();
+  records_.clear();
+}
+
+int64_t OpProfile::Append(OpRecord record) {
+  records_.push_back(std::move(record));
+  events_.push_back({nullptr, nullptr});
+  return static_cast<int64_t>(records_.size()) - 1;
+}
+
+void OpProfile::SetEvents(int64_t index, void* start, void* end) {
+  events_[index] = {start, end};
+}
+
+std::vector<OpCategoryTotal> OpProfile::TotalsOf(const std::vector<OpRecord>& records) {
+  std::vector<OpCategoryTotal> totals(kNumOpCategories);
+  for (int c = 0; c < kNumOpCategories; ++c) totals[c].category = static_cast<OpCategory>(c);
+  for (const OpRecord& r : records) {
+    OpCategoryTotal& t = totals[static_cast<int>(r.category)];
+    ++t.ops;
+    t.launches += r.cost.launches;
+    t.flops += r.cost.flops;
+    t.bytes += r.cost.bytes;
+    if (r.device_ms >= 0) {
+      t.device_ms += r.device_ms;
+      ++t.timed_ops;
+    }
+  }
+  return totals;
+}
+
+absl::Status OpProfile::ResolveDeviceTimes() {
+#ifdef FSDP_WITH_CUDA
+  for (size_t i = 0; i < records_.size(); ++i) {
+    auto start = static_cast<cudaEvent_t>(events_[i][0]);
+    auto end = static_cast<cudaEvent_t>(events_[i][1]);
+    if (start == nullptr || end == nullptr) continue;
+    const std::string what =
+        absl::StrCat("op profile: the events of op #", i, " (", records_[i].name, ")");
+    absl::Status s = cuda::StatusFromCuda(cudaEventSynchronize(end), what);
+    if (!s.ok()) return s;
+    float ms = 0;
+    s = cuda::StatusFromCuda(cudaEventElapsedTime(&ms, start, end), what);
+    if (!s.ok()) return s;
+    records_[i].device_ms = ms;
+  }
+#endif
+  return absl::OkStatus();
+}
+
+ScopedOpProfile::ScopedOpProfile(OpProfile* profile) : previous_(current_profile) {
+  current_profile = profile;
+}
+
+ScopedOpProfile::~ScopedOpProfile() { current_profile = previous_; }
+
+OpProfile* CurrentOpProfile() { return current_profile; }
+
+ScopedOpCategory::ScopedOpCategory(OpCategory category) : previous_(category_override) {
+  category_override = static_cast<int>(category);
+}
+
+ScopedOpCategory::~ScopedOpCategory() { category_override = previous_; }
+
+ProfiledOp::ProfiledOp(OpCategory category, const char* name, Device device,
+                       const OpCost& cost)
+    : profile_(current_profile) {
+  if (profile_ == nullptr) return;
+  record_.category = Resolve(category);
+  record_.name = name;
+  record_.cost = cost;
+  if (device.is_cuda()) start_ = RecordEvent(device);
+}
+
+ProfiledOp::~ProfiledOp() {
+  if (profile_ == nullptr) return;
+  void* end = nullptr;
+  if (start_ != nullptr) {
+#ifdef FSDP_WITH_CUDA
+    cudaEvent_t event = nullptr;
+    if (cudaEventCreate(&event) == cudaSuccess) {
+      if (cudaEventRecord(event, cuda::ComputeStream()) == cudaSuccess) {
+        end = event;
+      } else {
+        cudaEventDestroy(event);
+      }
+    }
+#endif
+    if (end == nullptr) {
+      DestroyEvent(start_);
+      start_ = nullptr;
+    }
+  }
+  const int64_t index = profile_->Append(std::move(record_));
+  profile_->SetEvents(index, start_, end);
+}
+
+void RecordOp(OpCategory category, const char* name, const OpCost& cost) {
+  OpProfile* profile = current_profile;
+  if (profile == nullptr) return;
+  OpRecord record;
+  record.category = Resolve(category);
+  record.name = name;
+  record.cost = cost;
+  profile->Append(std::move(record));
+}
+
+}  // namespace core

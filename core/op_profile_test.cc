@@ -1,0 +1,210 @@
+#include "core/op_profile.h"
+
+#include <thread>
+
+#include "core/roofline.h"
+#include "core/tensor.h"
+#include "gtest/gtest.h"
+
+namespace core {
+namespace {
+
+OpCost Gemm(double flops, double bytes) {
+  return OpCost{flops, bytes, 1, OpEngine::kTensorCoreBf16};
+}
+
+TEST(OpProfileTest, NothingIsRecordedWithoutAProfile) {
+  ASSERT_EQ(CurrentOpProfile(), nullptr);
+  OpProfile profile;
+  { ProfiledOp op(OpCategory::kNorm, "norm", Device::Cpu(), OpCost::Memory(10)); }
+  RecordOp(OpCategory::kLoss, "loss", OpCost::Memory(10));
+  EXPECT_TRUE(profile.records().empty());
+}
+
+TEST(OpProfileTest, RecordsIntoTheInstalledProfileAndRestoresThePrevious) {
+  OpProfile outer, inner;
+  {
+    ScopedOpProfile on(&outer);
+    { ProfiledOp op(OpCategory::kNorm, "norm", Device::Cpu(), OpCost::Memory(100, 8)); }
+    {
+      ScopedOpProfile nested(&inner);
+      RecordOp(OpCategory::kLoss, "loss", OpCost::Memory(7));
+    }
+    EXPECT_EQ(CurrentOpProfile(), &outer);
+    RecordOp(OpCategory::kElementwise, "add", OpCost::Memory(12));
+  }
+  EXPECT_EQ(CurrentOpProfile(), nullptr);
+  ASSERT_EQ(outer.records().size(), 2u);
+  EXPECT_EQ(outer.records()[0].category, OpCategory::kNorm);
+  EXPECT_EQ(outer.records()[0].name, "norm");
+  EXPECT_EQ(outer.records()[0].cost.bytes, 100);
+  EXPECT_EQ(outer.records()[0].cost.flops, 8);
+  EXPECT_EQ(outer.records()[0].device_ms, -1);  // no device events on the CPU
+  EXPECT_EQ(outer.records()[1].name, "add");
+  ASSERT_EQ(inner.records().size(), 1u);
+  EXPECT_EQ(inner.records()[0].category, OpCategory::kLoss);
+}
+
+TEST(OpProfileTest, ACategoryScopeRenamesGemmsOnly) {
+  OpProfile profile;
+  ScopedOpProfile on(&profile);
+  {
+    ScopedOpCategory role(OpCategory::kGemmWeightGrad);
+    RecordOp(OpCategory::kGemmForward, "matmul", Gemm(10, 1));
+    RecordOp(OpCategory::kConvert, "round", OpCost::Memory(6));
+    {
+      ScopedOpCategory attention(OpCategory::kAttention);
+      RecordOp(OpCategory::kGemmForward, "matmul", Gemm(10, 1));
+    }
+    RecordOp(OpCategory::kGemmForward, "matmul", Gemm(10, 1));
+  }
+  RecordOp(OpCategory::kGemmForward, "matmul", Gemm(10, 1));
+  ASSERT_EQ(profile.records().size(), 5u);
+  EXPECT_EQ(profile.records()[0].category, OpCategory::kGemmWeightGrad);
+  EXPECT_EQ(profile.records()[1].category, OpCategory::kConvert);
+  EXPECT_EQ(profile.records()[2].category, OpCategory::kAttention);
+  EXPECT_EQ(profile.records()[3].category, OpCategory::kGemmWeightGrad);
+  EXPECT_EQ(profile.records()[4].category, OpCategory::kGemmForward);
+}
+
+TEST(OpProfileTest, TotalsAddUpPerCategory) {
+  OpProfile profile;
+  {
+    ScopedOpProfile on(&profile);
+    RecordOp(OpCategory::kGemmForward, "matmul", Gemm(100, 10));
+    RecordOp(OpCategory::kGemmForward, "matmul", Gemm(50, 5));
+    RecordOp(OpCategory::kNorm, "norm", OpCost::Memory(40, 4, 3));
+  }
+  const std::vector<OpCategoryTotal> totals = profile.Totals();
+  ASSERT_EQ(totals.size(), static_cast<size_t>(kNumOpCategories));
+  const OpCategoryTotal& gemm = totals[static_cast<int>(OpCategory::kGemmForward)];
+  EXPECT_EQ(gemm.ops, 2);
+  EXPECT_EQ(gemm.launches, 2);
+  EXPECT_EQ(gemm.flops, 150);
+  EXPECT_EQ(gemm.bytes, 15);
+  const OpCategoryTotal& norm = totals[static_cast<int>(OpCategory::kNorm)];
+  EXPECT_EQ(norm.ops, 1);
+  EXPECT_EQ(norm.launches, 3);
+  EXPECT_EQ(totals[static_cast<int>(OpCategory::kLoss)].ops, 0);
+  profile.Clear();
+  EXPECT_TRUE(profile.records().empty());
+}
+
+TEST(OpProfileTest, EachThreadRecordsIntoItsOwnProfile) {
+  OpProfile mine, theirs;
+  ScopedOpProfile on(&mine);
+  std::thread other([&] {
+    ScopedOpProfile on_other(&theirs);
+    RecordOp(OpCategory::kLoss, "loss", OpCost::Memory(1));
+    RecordOp(OpCategory::kLoss, "loss", OpCost::Memory(1));
+  });
+  other.join();
+  RecordOp(OpCategory::kNorm, "norm", OpCost::Memory(1));
+  EXPECT_EQ(mine.records().size(), 1u);
+  EXPECT_EQ(theirs.records().size(), 2u);
+}
+
+TEST(OpProfileTest, CopyFromRecordsAConvertOfBothTensorsBytes) {
+  Tensor src = Tensor::Zeros({1000});
+  absl::StatusOr<Tensor> dst = Tensor::Allocate({1000}, DType::kBFloat16, MemoryTag::kOther);
+  ASSERT_TRUE(dst.ok()) << dst.status();
+  OpProfile profile;
+  {
+    ScopedOpProfile on(&profile);
+    ASSERT_TRUE(dst->CopyFrom(src).ok());
+  }
+  ASSERT_EQ(profile.records().size(), 1u);
+  const OpRecord& r = profile.records()[0];
+  EXPECT_EQ(r.category, OpCategory::kConvert);
+  EXPECT_EQ(r.name, "convert");
+  EXPECT_EQ(r.cost.bytes, 4000 + 2000);
+  EXPECT_EQ(r.cost.launches, 1);
+  EXPECT_EQ(r.cost.engine, OpEngine::kMemory);
+}
+
+TEST(RooflineTest, AnOpTakesTheLongerOfItsBoundsPlusItsLaunches) {
+  DeviceRates rates;
+  rates.bf16_gemm_tflops = 100;  // 1e11 FLOP per ms
+  rates.fp32_simt_tflops = 10;
+  rates.memory_gbps = 1000;      // 1e9 bytes per ms
+  rates.collective_gbps = 100;
+  rates.launch_us = 5;
+  rates.host_sync_us = 30;
+
+  OpRecord gemm;
+  gemm.cost = Gemm(2e11, 1e8);  // compute 2 ms, memory 0.1 ms
+  RooflineCategory t = EstimateOp(gemm, rates);
+  EXPECT_DOUBLE_EQ(t.compute_ms, 2.0);
+  EXPECT_DOUBLE_EQ(t.memory_ms, 0.0);
+  EXPECT_DOUBLE_EQ(t.launch_ms, 0.005);
+  EXPECT_DOUBLE_EQ(t.ms, 2.005);
+
+  OpRecord simt = gemm;
+  simt.cost.engine = OpEngine::kSimtFp32;  // the same GEMM without tensor cores: 20 ms
+  EXPECT_DOUBLE_EQ(EstimateOp(simt, rates).compute_ms, 20.0);
+
+  OpRecord copy;
+  copy.cost = OpCost::Memory(3e9, 1e6, 2);  // memory 3 ms, compute 1e-4 ms
+  t = EstimateOp(copy, rates);
+  EXPECT_DOUBLE_EQ(t.memory_ms, 3.0);
+  EXPECT_DOUBLE_EQ(t.compute_ms, 0.0);
+  EXPECT_DOUBLE_EQ(t.ms, 3.01);
+
+  OpRecord sync;
+  sync.category = OpCategory::kHostSync;
+  sync.cost = OpCost{0, 8, 0, OpEngine::kHostSync};
+  EXPECT_DOUBLE_EQ(EstimateOp(sync, rates).ms, 0.03);
+
+  OpRecord gather;
+  gather.category = OpCategory::kCollective;
+  gather.cost = OpCost{0, 1e9, 1, OpEngine::kCollective};  // 10 ms at 100 GB/s
+  EXPECT_DOUBLE_EQ(EstimateOp(gather, rates).memory_ms, 10.0);
+
+  const RooflineEstimate e = EstimateRoofline({gemm, copy, sync, gather}, rates);
+  EXPECT_DOUBLE_EQ(e.total_ms, 2.005 + 3.01 + 0.03 + 10.005);
+  EXPECT_EQ(e.launches, 1 + 2 + 0 + 1);
+  EXPECT_EQ(e.host_syncs, 1);
+  EXPECT_DOUBLE_EQ(e.categories[static_cast<int>(OpCategory::kHostSync)].ms, 0.03);
+}
+
+OpRecord Op(OpCategory category, const char* name, double flops, double bytes) {
+  OpRecord r;
+  r.category = category;
+  r.name = name;
+  r.cost = OpCost::Memory(bytes, flops);
+  return r;
+}
+
+TEST(RooflineTest, ExtrapolatesPerStepOpsAffinelyAndRepeatsPerSequenceOps) {
+  // A weight-gradient GEMM (weight bytes fixed, the rest per sequence) and a per-sequence
+  // attention op, at batch 1 and 2.
+  const std::vector<OpRecord> one = {Op(OpCategory::kGemmWeightGrad, "matmul", 10, 100 + 5),
+                                     Op(OpCategory::kAttention, "matmul", 7, 3)};
+  const std::vector<OpRecord> two = {Op(OpCategory::kGemmWeightGrad, "matmul", 20, 100 + 10),
+                                     Op(OpCategory::kAttention, "matmul", 7, 3),
+                                     Op(OpCategory::kAttention, "matmul", 7, 3)};
+  absl::StatusOr<std::vector<OpRecord>> at16 = ExtrapolateBatch(one, two, 16);
+  ASSERT_TRUE(at16.ok()) << at16.status();
+  ASSERT_EQ(at16->size(), 1u + 16u);
+  EXPECT_EQ((*at16)[0].cost.flops, 160);
+  EXPECT_EQ((*at16)[0].cost.bytes, 100 + 80);
+  for (size_t i = 1; i < at16->size(); ++i) {
+    EXPECT_EQ((*at16)[i].category, OpCategory::kAttention);
+    EXPECT_EQ((*at16)[i].cost.flops, 7);
+  }
+  // A kind that runs three times at batch 2 for once at batch 1 fits neither rule.
+  std::vector<OpRecord> three = two;
+  three.push_back(Op(OpCategory::kAttention, "matmul", 7, 3));
+  absl::StatusOr<std::vector<OpRecord>> bad = ExtrapolateBatch(one, three, 16);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("attention/matmul/memory"), std::string::npos)
+      << bad.status();
+  // A kind missing at batch 1.
+  std::vector<OpRecord> extra = two;
+  extra.push_back(Op(OpCategory::kLoss, "cross_entropy", 1, 1));
+  EXPECT_EQ(ExtrapolateBatch(one, extra, 16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace core

@@ -1,0 +1,83 @@
+// What each op of nn/tensor_ops.h costs on its CUDA path (NOTE [Op accounting] in
+// core/op_profile.h): device-memory bytes read and written once, FLOPs, kernels launched.
+// The ops record these on every device, so an op list recorded on the CPU is the one the
+// GPU runs; a fused op records the costs of the unfused ops its CUDA path launches.
+#ifndef NN_INTERNAL_OP_COSTS_H_
+#define NN_INTERNAL_OP_COSTS_H_
+
+#include <cstdint>
+
+#include "core/op_profile.h"
+
+namespace nn {
+namespace internal {
+
+// `tensors` fp32 tensors of n elements each read or written once, `flops` per element.
+inline core::OpCost ElementwiseCost(int64_t n, int tensors, double flops_per_element) {
+  return core::OpCost::Memory(4.0 * tensors * n, flops_per_element * n);
+}
+
+// GELU (tanh form): about 12 operations forward, 20 backward per element.
+inline core::OpCost GeluForwardCost(int64_t n) { return ElementwiseCost(n, 2, 12); }
+inline core::OpCost GeluBackwardCost(int64_t n) { return ElementwiseCost(n, 3, 20); }
+inline core::OpCost AddCost(int64_t n) { return ElementwiseCost(n, 3, 1); }
+
+inline core::OpCost BiasAddCost(int64_t rows, int64_t cols, int64_t bias_bytes) {
+  return core::OpCost::Memory(8.0 * rows * cols + static_cast<double>(bias_bytes) * cols,
+                              1.0 * rows * cols);
+}
+
+// acc[j] += sum_r x[r, j] (* y[r, j]).
+inline core::OpCost ColumnSumsCost(int64_t rows, int64_t cols, bool two_factors) {
+  return core::OpCost::Memory(4.0 * rows * cols * (two_factors ? 2 : 1) + 8.0 * cols,
+                              (two_factors ? 2.0 : 1.0) * rows * cols);
+}
+
+// Reads x, writes y and xhat (and rstd per row); about 8 operations per element.
+inline core::OpCost LayerNormForwardCost(int64_t rows, int64_t cols, int64_t w_bytes) {
+  return core::OpCost::Memory(12.0 * rows * cols + 4.0 * rows + 2.0 * w_bytes * cols,
+                              8.0 * rows * cols);
+}
+
+// The input gradient (reads g and xhat, writes gx) and one column-sum kernel for each of
+// gw and gb that is asked for, as the CUDA path launches them.
+inline core::OpCost LayerNormBackwardCost(int64_t rows, int64_t cols, int64_t w_bytes, bool gw,
+                                          bool gb) {
+  core::OpCost c = core::OpCost::Memory(12.0 * rows * cols + 4.0 * rows +
+                                            static_cast<double>(w_bytes) * cols,
+                                        10.0 * rows * cols);
+  auto add = [&](const core::OpCost& sums) {
+    c.bytes += sums.bytes;
+    c.flops += sums.flops;
+    ++c.launches;
+  };
+  if (gw) add(ColumnSumsCost(rows, cols, /*two_factors=*/true));  // sum g * xhat
+  if (gb) add(ColumnSumsCost(rows, cols, /*two_factors=*/false));
+  return c;
+}
+
+// In place over rows of T scores; about 5 operations per entry.
+inline core::OpCost SoftmaxForwardCost(int64_t rows, int64_t T) {
+  return ElementwiseCost(rows * T, 2, 5);
+}
+inline core::OpCost SoftmaxBackwardCost(int64_t rows, int64_t T) {
+  return ElementwiseCost(rows * T, 3, 4);
+}
+
+inline core::OpCost EmbeddingForwardCost(int64_t n, int64_t dim, int64_t table_bytes) {
+  return core::OpCost::Memory(4.0 * n + (static_cast<double>(table_bytes) + 4.0) * n * dim);
+}
+// Reads g, atomically adds into gw (read and write).
+inline core::OpCost EmbeddingBackwardCost(int64_t n, int64_t dim) {
+  return core::OpCost::Memory(4.0 * n + 12.0 * n * dim, 1.0 * n * dim);
+}
+
+// Reads the logits, writes their gradient and a loss per row; about 6 operations each.
+inline core::OpCost CrossEntropyCost(int64_t n, int64_t V) {
+  return core::OpCost::Memory(8.0 * n * V + 12.0 * n, 6.0 * n * V);
+}
+
+}  // namespace internal
+}  // namespace nn
+
+#endif  // NN_INTERNAL_OP_COSTS_H_

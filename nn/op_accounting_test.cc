@@ -1,0 +1,147 @@
+// NOTE [Op accounting] (core/op_profile.h): the nn ops record the op list their CUDA path
+// runs, with FLOPs and bytes from the shapes, on the CPU as on the GPU.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/op_profile.h"
+#include "core/tensor.h"
+#include "gtest/gtest.h"
+#include "nn/attention.h"
+#include "nn/linear.h"
+#include "nn/tensor_ops.h"
+
+namespace nn {
+namespace {
+
+using core::OpCategory;
+using core::OpEngine;
+using core::OpRecord;
+
+core::Tensor Filled(const core::Shape& shape, float start) {
+  std::vector<float> v(static_cast<size_t>(core::NumElements(shape)));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = start + 0.01f * static_cast<float>(i % 17);
+  absl::StatusOr<core::Tensor> t = core::Tensor::FromVector(v, shape);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return *t;
+}
+
+std::vector<std::string> Names(const std::vector<OpRecord>& records) {
+  std::vector<std::string> out;
+  for (const OpRecord& r : records) out.push_back(r.name);
+  return out;
+}
+
+TEST(OpAccountingTest, LinearRecordsItsThreeGemmsByRoleWithTheirFlops) {
+  const int64_t R = 5, in = 8, out = 6;
+  Linear fc(in, out, /*bias=*/true, 3);
+  core::OpProfile profile;
+  {
+    core::ScopedOpProfile on(&profile);
+    absl::StatusOr<core::Tensor> y = fc.Forward(Filled({R, in}, 0.1f));
+    ASSERT_TRUE(y.ok()) << y.status();
+    ASSERT_TRUE(fc.Backward(Filled({R, out}, -0.2f)).ok());
+  }
+  const std::vector<OpRecord>& r = profile.records();
+  // The first backward creates the gradients, zeroed, before adding into them.
+  ASSERT_EQ(Names(r), (std::vector<std::string>{"matmul", "bias_add", "matmul", "zero",
+                                                 "matmul", "zero", "column_sums"}));
+  EXPECT_EQ(r[0].category, OpCategory::kGemmForward);
+  EXPECT_EQ(r[2].category, OpCategory::kGemmInputGrad);
+  EXPECT_EQ(r[4].category, OpCategory::kGemmWeightGrad);
+  for (int i : {0, 2, 4}) {
+    EXPECT_EQ(r[i].cost.flops, 2.0 * R * in * out) << i;
+    EXPECT_EQ(r[i].cost.engine, OpEngine::kSimtFp32) << i;  // fp32 operands
+  }
+  // y = x W^T: reads x and W, writes y.
+  EXPECT_EQ(r[0].cost.bytes, 4.0 * (R * in + in * out + R * out));
+  // dW += g^T x (beta 1): also reads dW.
+  EXPECT_EQ(r[4].cost.bytes, 4.0 * (R * out + R * in + 2 * in * out));
+  EXPECT_EQ(r[1].category, OpCategory::kElementwise);
+  EXPECT_EQ(r[6].category, OpCategory::kElementwise);
+}
+
+TEST(OpAccountingTest, ABf16WeightRunsOnTensorCoresAfterRoundingTheActivation) {
+  const int64_t R = 4, in = 8, out = 3;
+  absl::StatusOr<core::Tensor> w = Filled({out, in}, 0.3f).ToDType(core::DType::kBFloat16, core::MemoryTag::kParam);
+  ASSERT_TRUE(w.ok()) << w.status();
+  absl::StatusOr<core::Tensor> y = core::Tensor::Allocate({R, out});
+  ASSERT_TRUE(y.ok());
+  GemmArgs g;
+  g.trans_b = true;
+  g.m = R;
+  g.n = out;
+  g.k = in;
+  g.a.tensor = Filled({R, in}, 0.5f);
+  g.b.tensor = *w;
+  g.c.tensor = *y;
+  core::OpProfile profile;
+  {
+    core::ScopedOpProfile on(&profile);
+    ASSERT_TRUE(MatMul("test", g).ok());
+  }
+  const std::vector<OpRecord>& r = profile.records();
+  ASSERT_EQ(Names(r), (std::vector<std::string>{"gemm.round_operand", "matmul"}));
+  EXPECT_EQ(r[0].category, OpCategory::kConvert);
+  EXPECT_EQ(r[0].cost.bytes, 6.0 * R * in);  // x read as fp32, written as bf16
+  EXPECT_EQ(r[1].cost.engine, OpEngine::kTensorCoreBf16);
+  EXPECT_EQ(r[1].cost.bytes, 2.0 * (R * in + in * out) + 4.0 * R * out);
+}
+
+TEST(OpAccountingTest, AttentionCountsItsScoreGemmsAndSoftmaxApartFromItsLinears) {
+  const int64_t B = 2, T = 4, C = 8, H = 2, hd = C / H;
+  CausalSelfAttention attn(C, H, 5);
+  core::OpProfile profile;
+  {
+    core::ScopedOpProfile on(&profile);
+    ASSERT_TRUE(attn.Forward(Filled({B, T, C}, 0.0f)).ok());
+    ASSERT_TRUE(attn.Backward(Filled({B, T, C}, 0.1f)).ok());
+  }
+  const std::vector<core::OpCategoryTotal> totals = profile.Totals();
+  const core::OpCategoryTotal& a = totals[static_cast<int>(OpCategory::kAttention)];
+  // Forward: B score GEMMs, one softmax, B value GEMMs. Backward: per batch element four
+  // GEMMs and a softmax backward.
+  EXPECT_EQ(a.ops, 2 * B + 1 + 5 * B);
+  // Every attention GEMM is 2 T T hd FLOPs per head (masked entries computed too).
+  EXPECT_EQ(a.flops - [&] {
+              double softmax = 0;
+              for (const OpRecord& r : profile.records()) {
+                if (r.name.rfind("causal_softmax", 0) == 0) softmax += r.cost.flops;
+              }
+              return softmax;
+            }(),
+            6.0 * B * 2.0 * H * T * T * hd);
+  // qkv and proj: one forward GEMM each, and their gradient GEMMs.
+  EXPECT_EQ(totals[static_cast<int>(OpCategory::kGemmForward)].ops, 2);
+  EXPECT_EQ(totals[static_cast<int>(OpCategory::kGemmInputGrad)].ops, 2);
+  EXPECT_EQ(totals[static_cast<int>(OpCategory::kGemmWeightGrad)].ops, 2);
+}
+
+TEST(OpAccountingTest, AFusedOpRecordsTheUnfusedOpsItsCudaPathRuns) {
+  const int64_t rows = 3, cols = 8;
+  const core::Tensor x = Filled({rows, cols}, 0.2f);
+  const core::Tensor bias = Filled({cols}, -0.1f);
+  absl::StatusOr<core::Tensor> pre = core::Tensor::Allocate({rows, cols});
+  absl::StatusOr<core::Tensor> y = core::Tensor::Allocate({rows, cols});
+  ASSERT_TRUE(pre.ok() && y.ok());
+  core::OpProfile fused, unfused;
+  {
+    core::ScopedOpProfile on(&fused);
+    ASSERT_TRUE(BiasGeluForward("test", x, bias, *pre, *y).ok());
+  }
+  {
+    core::ScopedOpProfile on(&unfused);
+    ASSERT_TRUE(BiasAdd("test", x, bias, *pre).ok());
+    ASSERT_TRUE(GeluForward("test", *pre, *y).ok());
+  }
+  ASSERT_EQ(Names(fused.records()), Names(unfused.records()));
+  for (size_t i = 0; i < fused.records().size(); ++i) {
+    EXPECT_EQ(fused.records()[i].category, unfused.records()[i].category) << i;
+    EXPECT_EQ(fused.records()[i].cost.bytes, unfused.records()[i].cost.bytes) << i;
+    EXPECT_EQ(fused.records()[i].cost.flops, unfused.records()[i].cost.flops) << i;
+    EXPECT_EQ(fused.records()[i].cost.launches, unfused.records()[i].cost.launches) << i;
+  }
+}
+
+}  // namespace
+}  // namespace nn
