@@ -62,18 +62,31 @@ absl::StatusOr<core::Tensor> Linear::ForwardWithoutBias(const core::Tensor& x) {
   if (bias_) RETURN_IF_ERROR(internal::CheckParameter(*this, *bias_, "bias", {out_}, device));
   const int64_t rows = RowsOf(x.shape());
   ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation(WithLastDim(x.shape(), out_), device));
+  ASSIGN_OR_RETURN(core::Tensor a, GemmOperand(x, "input"));
   // y = x W^T.
   GemmArgs g;
   g.trans_b = true;
   g.m = rows;
   g.n = out_;
   g.k = in_;
-  g.a.tensor = x;
+  g.a.tensor = a;
   g.b.tensor = weight_->data;
   g.c.tensor = y;
   RETURN_IF_ERROR(MatMul(internal::What(*this), g));
-  input_ = x;
+  input_ = std::move(a);
   return y;
+}
+
+absl::StatusOr<core::Tensor> Linear::GemmOperand(const core::Tensor& t, const char* name) const {
+  if (weight_->data.dtype() != core::DType::kBFloat16) return t;
+  // NOTE [bf16 GEMMs]: rounded once here, then used by every GEMM that needs it.
+  absl::StatusOr<core::Tensor> rounded =
+      t.ToDType(core::DType::kBFloat16, core::MemoryTag::kActivation);
+  if (!rounded.ok()) {
+    return internal::ModuleError(*this, absl::StrCat("rounding the ", name, " to bf16: ",
+                                                     rounded.status().message()));
+  }
+  return *std::move(rounded);
 }
 
 absl::StatusOr<core::Tensor> Linear::ForwardImpl(const core::Tensor& x) {
@@ -90,12 +103,13 @@ absl::StatusOr<core::Tensor> Linear::BackwardWithoutBias(const core::Tensor& gra
   RETURN_IF_ERROR(internal::CheckParameter(*this, *weight_, "weight", {out_, in_}, device));
   const int64_t rows = RowsOf(input_.shape());
   ASSIGN_OR_RETURN(core::Tensor gx, internal::NewActivation(input_.shape(), device));
+  ASSIGN_OR_RETURN(const core::Tensor g, GemmOperand(grad_output, "grad_output"));
   // dL/dx = g W.
   GemmArgs dx;
   dx.m = rows;
   dx.n = in_;
   dx.k = out_;
-  dx.a.tensor = grad_output;
+  dx.a.tensor = g;
   dx.b.tensor = weight_->data;
   dx.c.tensor = gx;
   {
@@ -111,7 +125,7 @@ absl::StatusOr<core::Tensor> Linear::BackwardWithoutBias(const core::Tensor& gra
     dw.n = in_;
     dw.k = rows;
     dw.beta = 1.0f;
-    dw.a.tensor = grad_output;
+    dw.a.tensor = g;
     dw.b.tensor = input_;
     dw.c.tensor = gw;
     core::ScopedOpCategory role(core::OpCategory::kGemmWeightGrad);

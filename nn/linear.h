@@ -66,13 +66,22 @@ class Linear : public core::Module {
   struct TiedTag {};
   Linear(TiedTag, core::ParameterPtr weight, bool bias);
 
+  // NOTE [bf16 GEMMs]: with a bf16 weight (FSDP mixed precision) every GEMM of the layer
+  // runs bf16 x bf16 with fp32 accumulation (tensor cores on CUDA; exact widening into
+  // oneDNN's fp32 GEMM on the CPU, so both devices compute on the same rounded values).
+  // The input is rounded once in the forward and kept rounded for the weight gradient
+  // (half the bytes of an fp32 copy), grad_output once in the backward for both its
+  // GEMMs. With an fp32 weight everything stays fp32. Returns `t` itself or its bf16
+  // copy; `name` names it in an error.
+  absl::StatusOr<core::Tensor> GemmOperand(const core::Tensor& t, const char* name) const;
+
   int64_t in_ = 0;
   int64_t out_ = 0;
   uint64_t seed_ = 0;
   std::string config_error_;  // empty when the constructor arguments were valid
   core::ParameterPtr weight_;
   core::ParameterPtr bias_;
-  core::Tensor input_;  // cached by Forward, released by Backward
+  core::Tensor input_;  // cached by Forward (bf16 under NOTE [bf16 GEMMs]), released by Backward
 };
 
 }  // namespace nn
