@@ -51,7 +51,25 @@ MatrixRef Squares(const core::Tensor& t, int64_t first, int64_t T) {
   return r;
 }
 
+// A bf16 [shape] activation on `device`.
+absl::StatusOr<core::Tensor> NewBf16Activation(const core::Shape& shape,
+                                               const core::Device& device) {
+  return core::Tensor::Allocate(shape, core::DType::kBFloat16, core::MemoryTag::kActivation,
+                                device);
+}
+
 }  // namespace
+
+absl::StatusOr<core::Tensor> CausalSelfAttention::Bf16Copy(const core::Tensor& t,
+                                                           const char* name) const {
+  absl::StatusOr<core::Tensor> rounded =
+      t.ToDType(core::DType::kBFloat16, core::MemoryTag::kActivation);
+  if (!rounded.ok()) {
+    return internal::ModuleError(*this, absl::StrCat("rounding ", name, " to bf16: ",
+                                                     rounded.status().message()));
+  }
+  return *std::move(rounded);
+}
 
 absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardImpl(const core::Tensor& x) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
@@ -65,7 +83,17 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardImpl(const core::Tensor
   const core::Device device = x.device();
   const std::string what = internal::What(*this);
   ASSIGN_OR_RETURN(core::Tensor qkv, qkv_->Forward(x));
+  // NOTE [bf16 attention] (attention.h): with a bf16 qkv weight, q, k, v and the
+  // probabilities are bf16 GEMM operands, the scores fp32.
+  const bool bf16 = qkv_->weight()->data.dtype() == core::DType::kBFloat16;
+  if (bf16) {
+    ASSIGN_OR_RETURN(qkv, Bf16Copy(qkv, "q, k and v"));
+  }
   ASSIGN_OR_RETURN(core::Tensor att, internal::NewActivation({B, H, T, T}, device));
+  core::Tensor probs = att;  // fp32: the softmax runs in place
+  if (bf16) {
+    ASSIGN_OR_RETURN(probs, NewBf16Activation({B, H, T, T}, device));
+  }
   ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation({B, T, C}, device));
   {
     // NOTE [Op accounting]: the score and value GEMMs count as attention.
@@ -84,7 +112,7 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardImpl(const core::Tensor
       scores.c = Squares(att, b * H, T);
       RETURN_IF_ERROR(MatMul(what, scores));
     }
-    RETURN_IF_ERROR(CausalSoftmaxForward(what, att, T));
+    RETURN_IF_ERROR(CausalSoftmaxForward(what, att, T, bf16 ? probs : core::Tensor()));
     for (int64_t b = 0; b < B; ++b) {
       // y_h = att v, written into columns [h*hd, (h+1)*hd) of y.
       GemmArgs av;
@@ -92,7 +120,7 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardImpl(const core::Tensor
       av.m = T;
       av.n = hd;
       av.k = T;
-      av.a = Squares(att, b * H, T);
+      av.a = Squares(probs, b * H, T);
       av.b = Heads(qkv, b, T, 3 * C, 2 * C, hd);
       av.c = Heads(y, b, T, C, 0, hd);
       RETURN_IF_ERROR(MatMul(what, av));
@@ -100,7 +128,7 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardImpl(const core::Tensor
   }
   ASSIGN_OR_RETURN(core::Tensor out, proj_->Forward(y));
   qkv_out_ = std::move(qkv);
-  att_ = std::move(att);
+  att_ = std::move(probs);
   return out;
 }
 
@@ -116,9 +144,18 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::BackwardImpl(const core::Tenso
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const std::string what = internal::What(*this);
   ASSIGN_OR_RETURN(core::Tensor gy, proj_->Backward(grad_output));
+  const bool bf16 = att_.dtype() == core::DType::kBFloat16;  // NOTE [bf16 attention]
+  if (bf16) {
+    ASSIGN_OR_RETURN(gy, Bf16Copy(gy, "the heads' gradient"));
+  }
   ASSIGN_OR_RETURN(core::Tensor gqkv, internal::NewActivation({B, T, 3 * C}, device));
-  // dL/datt of one batch element's heads, reused across the batch.
+  // dL/datt of one batch element's heads, reused across the batch, and with bf16 its
+  // score gradient rounded (the operand of dq and dk).
   ASSIGN_OR_RETURN(core::Tensor gatt, internal::NewActivation({H, T, T}, device));
+  core::Tensor gscores = gatt;
+  if (bf16) {
+    ASSIGN_OR_RETURN(gscores, NewBf16Activation({H, T, T}, device));
+  }
   {
     core::ScopedOpCategory role(core::OpCategory::kAttention);
     for (int64_t b = 0; b < B; ++b) {
@@ -147,14 +184,15 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::BackwardImpl(const core::Tenso
       // Softmax backward per row, times the score scale: ds = scale * p (da - <da, p>).
       // Masked entries have p == 0 and so get no gradient.
       ASSIGN_OR_RETURN(core::Tensor p, att_.View(b * H * T * T, {H * T * T}));
-      RETURN_IF_ERROR(CausalSoftmaxBackward(what, p, gatt, T, scale));
+      RETURN_IF_ERROR(
+          CausalSoftmaxBackward(what, p, gatt, T, scale, bf16 ? gscores : core::Tensor()));
       // dL/dq = ds k, dL/dk = ds^T q.
       GemmArgs dq;
       dq.batch = H;
       dq.m = T;
       dq.n = hd;
       dq.k = T;
-      dq.a = Squares(gatt, 0, T);
+      dq.a = Squares(gscores, 0, T);
       dq.b = Heads(qkv_out_, b, T, 3 * C, C, hd);
       dq.c = Heads(gqkv, b, T, 3 * C, 0, hd);
       RETURN_IF_ERROR(MatMul(what, dq));

@@ -9,6 +9,14 @@
 //   att = softmax((q k^T) / sqrt(hd) with entries (t, s > t) set to -inf), y_h = att v,
 // the heads are concatenated back to [B, T, C] and projected: out = y Wproj^T + bproj.
 // The output at position t depends only on inputs at positions <= t.
+//
+// NOTE [bf16 attention]: when qkv's weight is bf16 (FSDP mixed precision), the attention
+// GEMMs run bf16 x bf16 with fp32 accumulation, like the Linears' (NOTE [bf16 GEMMs] in
+// nn/linear.h): q, k and v are rounded once, the scores are fp32 and the softmax writes
+// the probabilities rounded to bf16, which the value GEMM reads and the backward keeps
+// (half the bytes of fp32 ones); the backward rounds the heads' gradient once and its
+// softmax writes the score gradient rounded to bf16 for dq and dk. With an fp32 weight
+// everything is fp32, as before.
 #ifndef NN_ATTENTION_H_
 #define NN_ATTENTION_H_
 
@@ -51,8 +59,12 @@ class CausalSelfAttention : public core::Module {
   std::string config_error_;
   std::shared_ptr<Linear> qkv_;
   std::shared_ptr<Linear> proj_;
+  // A bf16 copy of `t` (NOTE [bf16 attention]); `name` names it in an error.
+  absl::StatusOr<core::Tensor> Bf16Copy(const core::Tensor& t, const char* name) const;
+
   // Cached by Forward, released by Backward: qkv's output [B, T, 3C] and the attention
-  // probabilities [B, n_head, T, T] (zero above the diagonal).
+  // probabilities [B, n_head, T, T] (zero above the diagonal); bf16 under NOTE [bf16
+  // attention].
   core::Tensor qkv_out_;
   core::Tensor att_;
 };

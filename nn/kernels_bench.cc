@@ -287,7 +287,7 @@ int main() {
     results.push_back(Measure(
         "causal_softmax_backward", n,
         [&] { refresh_g(); OldSoftmaxBackward(P(s), P(g), srows, T, 0.125f); },
-        [&] { refresh_g(); kcpu::CausalSoftmaxBackward(P(s), P(g), srows, T, 0.125f); },
+        [&] { refresh_g(); kcpu::CausalSoftmaxBackward(P(s), false, P(g), srows, T, 0.125f); },
         Time(refresh_g), WallTime(1, refresh_g)));
   }
   {  // Cross-entropy over [rows, V].

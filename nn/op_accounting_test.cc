@@ -117,6 +117,40 @@ TEST(OpAccountingTest, AttentionCountsItsScoreGemmsAndSoftmaxApartFromItsLinears
   EXPECT_EQ(totals[static_cast<int>(OpCategory::kGemmWeightGrad)].ops, 2);
 }
 
+TEST(OpAccountingTest, ABf16AttentionRunsEveryGemmOnTensorCoresWithoutRoundingPasses) {
+  // NOTE [bf16 attention]: q, k, v and the heads' gradient are rounded once each (two
+  // converts), the softmax ops write bf16, and no attention GEMM rounds an operand itself.
+  const int64_t B = 2, T = 4, C = 8, H = 2;
+  CausalSelfAttention attn(C, H, 5);
+  for (const core::ParameterPtr& p : attn.Parameters()) {
+    absl::StatusOr<core::Tensor> low =
+        p->data.ToDType(core::DType::kBFloat16, core::MemoryTag::kParam);
+    ASSERT_TRUE(low.ok());
+    p->data = *low;
+  }
+  core::OpProfile profile;
+  {
+    core::ScopedOpProfile on(&profile);
+    ASSERT_TRUE(attn.Forward(Filled({B, T, C}, 0.0f)).ok());
+    ASSERT_TRUE(attn.Backward(Filled({B, T, C}, 0.1f)).ok());
+  }
+  int gemms = 0, converts = 0;
+  for (const OpRecord& r : profile.records()) {
+    if (r.category == OpCategory::kAttention && r.name == "matmul") {
+      ++gemms;
+      EXPECT_EQ(r.cost.engine, OpEngine::kTensorCoreBf16);
+    }
+    if (r.category == OpCategory::kConvert) ++converts;
+  }
+  EXPECT_EQ(gemms, 6 * B);
+  // The Linears round their own inputs and grad_outputs (qkv, proj: 2 each); attention
+  // rounds q, k, v and the heads' gradient.
+  EXPECT_EQ(converts, 2 + 2 + 2);
+  for (const OpRecord& r : profile.records()) {
+    EXPECT_NE(r.name, "gemm.round_operand");
+  }
+}
+
 TEST(OpAccountingTest, AFusedOpRecordsTheUnfusedOpsItsCudaPathRuns) {
   const int64_t rows = 3, cols = 8;
   const core::Tensor x = Filled({rows, cols}, 0.2f);

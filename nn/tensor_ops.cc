@@ -408,42 +408,60 @@ absl::Status LayerNormBackwardAdd(absl::string_view what, const Tensor& g, const
   return absl::OkStatus();
 }
 
-absl::Status CausalSoftmaxForward(absl::string_view what, const Tensor& scores, int64_t T) {
+namespace {
+
+// The optional bf16 copy of a softmax op's result: undefined, or bf16 of `numel` elements
+// on `like`'s device. Its bits, or null.
+absl::StatusOr<uint16_t*> Bf16Out(absl::string_view what, const char* name, const Tensor& out,
+                                  const Tensor& like) {
+  if (!out.defined()) return nullptr;
+  RETURN_IF_ERROR(CheckDevices(what, {{name, &out}, {"scores", &like}}));
+  RETURN_IF_ERROR(CheckDType(what, name, out, DType::kBFloat16));
+  RETURN_IF_ERROR(CheckNumel(what, name, out, like.numel()));
+  return static_cast<uint16_t*>(out.raw_data());
+}
+
+}  // namespace
+
+absl::Status CausalSoftmaxForward(absl::string_view what, const Tensor& scores, int64_t T,
+                                  const Tensor& probs16) {
   RETURN_IF_ERROR(CheckDevices(what, {{"attention scores", &scores}}));
   RETURN_IF_ERROR(CheckDType(what, "attention scores", scores, DType::kFloat32));
   if (T <= 0 || scores.numel() % T != 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": attention scores ", scores.ToString(),
                                                    " are not rows of ", T));
   }
+  ASSIGN_OR_RETURN(uint16_t* const out16, Bf16Out(what, "bf16 probabilities", probs16, scores));
   const int64_t rows = scores.numel() / T;
   ProfiledOp op(OpCategory::kAttention, "causal_softmax.forward", scores.device(),
-                internal::SoftmaxForwardCost(rows, T));
+                internal::SoftmaxForwardCost(rows, T, out16 != nullptr));
   if (scores.device().is_cuda()) {
     NN_ON_CUDA(scores.device(), what, "causal softmax forward",
-               kc::CausalSoftmaxForward(MutF32(scores), rows, T));
+               kc::CausalSoftmaxForward(MutF32(scores), rows, T, out16));
   }
-  kcpu::CausalSoftmaxForward(MutF32(scores), rows, T);
+  kcpu::CausalSoftmaxForward(MutF32(scores), rows, T, out16);
   return absl::OkStatus();
 }
 
 absl::Status CausalSoftmaxBackward(absl::string_view what, const Tensor& p, const Tensor& g,
-                                   int64_t T, float scale) {
+                                   int64_t T, float scale, const Tensor& out16) {
   RETURN_IF_ERROR(CheckDevices(what, {{"attention probabilities", &p}, {"their gradient", &g}}));
-  RETURN_IF_ERROR(CheckDType(what, "attention probabilities", p, DType::kFloat32));
+  RETURN_IF_ERROR(CheckWeightDType(what, "attention probabilities", p));
   RETURN_IF_ERROR(CheckDType(what, "their gradient", g, DType::kFloat32));
   RETURN_IF_ERROR(CheckNumel(what, "their gradient", g, p.numel()));
   if (T <= 0 || p.numel() % T != 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": attention probabilities ",
                                                    p.ToString(), " are not rows of ", T));
   }
+  ASSIGN_OR_RETURN(uint16_t* const o16, Bf16Out(what, "bf16 score gradient", out16, g));
   const int64_t rows = p.numel() / T;
   ProfiledOp op(OpCategory::kAttention, "causal_softmax.backward", p.device(),
-                internal::SoftmaxBackwardCost(rows, T));
+                internal::SoftmaxBackwardCost(rows, T, IsBf16(p), o16 != nullptr));
   if (p.device().is_cuda()) {
     NN_ON_CUDA(p.device(), what, "causal softmax backward",
-               kc::CausalSoftmaxBackward(F32(p), MutF32(g), rows, T, scale));
+               kc::CausalSoftmaxBackward(p.raw_data(), IsBf16(p), MutF32(g), rows, T, scale, o16));
   }
-  kcpu::CausalSoftmaxBackward(F32(p), MutF32(g), rows, T, scale);
+  kcpu::CausalSoftmaxBackward(p.raw_data(), IsBf16(p), MutF32(g), rows, T, scale, o16);
   return absl::OkStatus();
 }
 

@@ -138,12 +138,17 @@ absl::Status LayerNormBackwardAdd(absl::string_view what, const core::Tensor& g,
                                   const core::Tensor& gb);
 
 // In place on `scores`, fp32 viewed as rows of T: row r is query t = r % T; entries
-// s > t become 0 and entries s <= t softmax(scores[0..t]).
-absl::Status CausalSoftmaxForward(absl::string_view what, const core::Tensor& scores, int64_t T);
-// In place on `g` (dL/dp, viewed like `p`): g = scale * p * (g - <g, p>) per row, 0 for
-// the masked entries.
+// s > t become 0 and entries s <= t softmax(scores[0..t]). When `probs16` is defined (bf16,
+// the scores' numel), the probabilities go there instead, rounded once, and `scores` is
+// scratch (its contents afterwards are unspecified).
+absl::Status CausalSoftmaxForward(absl::string_view what, const core::Tensor& scores, int64_t T,
+                                  const core::Tensor& probs16 = core::Tensor());
+// In place on `g` (fp32 dL/dp, viewed like `p`, which is fp32 or bf16): g = scale * p *
+// (g - <g, p>) per row, 0 for the masked entries. When `out16` is defined (bf16, g's
+// numel), the result goes there instead, rounded once, and `g` is scratch.
 absl::Status CausalSoftmaxBackward(absl::string_view what, const core::Tensor& p,
-                                   const core::Tensor& g, int64_t T, float scale);
+                                   const core::Tensor& g, int64_t T, float scale,
+                                   const core::Tensor& out16 = core::Tensor());
 
 // y[i, :] = table[ids[i], :], table [num, dim] fp32 or bf16, ids int32 (each in [0, num),
 // checked by the caller), y fp32 [ids.numel(), dim].

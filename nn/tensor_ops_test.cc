@@ -158,6 +158,40 @@ TEST(TensorOpsTest, CausalSoftmaxRowsSumToOneAndMaskTheFuture) {
   for (float v : g.ToVector()) EXPECT_NEAR(v, 0.0f, 1e-6);
 }
 
+TEST(TensorOpsTest, CausalSoftmaxBf16OutputsAreTheRoundedResultsAndAreChecked) {
+  const int64_t T = 6;
+  const core::Tensor s = Normal(3 * T * T, 8);
+  const core::Tensor ref = s.Clone(core::MemoryTag::kOther);
+  ASSERT_TRUE(CausalSoftmaxForward("t", ref, T).ok());
+  core::Tensor p16 =
+      core::Tensor::Allocate({3 * T * T}, core::DType::kBFloat16, core::MemoryTag::kOther).value();
+  ASSERT_TRUE(CausalSoftmaxForward("t", s, T, p16).ok());
+  EXPECT_EQ(p16.ToVector(),
+            ref.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther)->ToVector());
+  // The backward reads the bf16 p and writes a bf16 gradient.
+  const core::Tensor g = Normal(3 * T * T, 9);
+  const core::Tensor g_ref = g.Clone(core::MemoryTag::kOther);
+  ASSERT_TRUE(CausalSoftmaxBackward("t", p16.ToDType(core::DType::kFloat32,
+                                                     core::MemoryTag::kOther).value(),
+                                    g_ref, T, 0.5f)
+                  .ok());
+  core::Tensor out16 =
+      core::Tensor::Allocate({3 * T * T}, core::DType::kBFloat16, core::MemoryTag::kOther).value();
+  ASSERT_TRUE(CausalSoftmaxBackward("t", p16, g, T, 0.5f, out16).ok());
+  EXPECT_EQ(out16.ToVector(),
+            g_ref.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther)->ToVector());
+  // A bf16 output must be bf16 and as long as the scores.
+  absl::Status wrong_dtype = CausalSoftmaxForward("attn", s, T, core::Tensor::Zeros({3 * T * T}));
+  EXPECT_EQ(wrong_dtype.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong_dtype.message().find("attn: bf16 probabilities"), std::string::npos)
+      << wrong_dtype;
+  core::Tensor short16 =
+      core::Tensor::Allocate({T * T}, core::DType::kBFloat16, core::MemoryTag::kOther).value();
+  absl::Status wrong_numel = CausalSoftmaxBackward("attn", p16, g, T, 0.5f, short16);
+  EXPECT_EQ(wrong_numel.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong_numel.message().find("bf16 score gradient"), std::string::npos) << wrong_numel;
+}
+
 TEST(TensorOpsTest, CrossEntropyMatchesNaiveLogSoftmax) {
   const int64_t n = 3, V = 4;
   const core::Tensor logits = Normal(n * V, 7);

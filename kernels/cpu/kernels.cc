@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "core/bf16_hd.h"
 #include "kernels/cpu.h"
 #include "kernels/cpu_runtime.h"
 #include "kernels/elementwise.h"
@@ -234,9 +235,18 @@ FSDP_CPU_CLONES void LayerNormBackwardLoop(const float* g, const float* xhat, co
   LayerNormBackwardRows(g, xhat, rstd, w, residual, gx, rows, cols);
 }
 
-// Rows [first, end) of [rows, T] scores, row r attending to s <= r % T; in place.
-FSDP_CPU_CLONES void CausalSoftmaxLoop(float* FSDP_RESTRICT p, int64_t first, int64_t end,
-                                       int64_t T) {
+// Row r of `out` ([rows, T] bf16) from the finished fp32 row, rounded once, while the row
+// is still in cache.
+FSDP_CPU_INLINE void RoundRow(const float* FSDP_RESTRICT row, uint16_t* FSDP_RESTRICT out,
+                              int64_t T) {
+#pragma omp simd
+  for (int64_t s = 0; s < T; ++s) out[s] = core::FloatToBf16Bits(row[s]);
+}
+
+// Rows [first, end) of [rows, T] scores, row r attending to s <= r % T; in place, and
+// rounded into out16 too when it is not null.
+FSDP_CPU_CLONES void CausalSoftmaxLoop(float* FSDP_RESTRICT p, uint16_t* out16, int64_t first,
+                                       int64_t end, int64_t T) {
   for (int64_t r = first; r < end; ++r) {
     const int64_t t = r % T;
     float* row = p + r * T;
@@ -251,22 +261,38 @@ FSDP_CPU_CLONES void CausalSoftmaxLoop(float* FSDP_RESTRICT p, int64_t first, in
     for (int64_t s = 0; s < T; ++s) {
       row[s] = k::CausalMasked(t, s) ? 0.0f : k::SoftmaxNormalize(row[s], inv);
     }
+    if (out16 != nullptr) RoundRow(row, out16 + r * T, T);
   }
 }
 
-FSDP_CPU_CLONES void CausalSoftmaxBackwardLoop(const float* FSDP_RESTRICT p,
-                                               float* FSDP_RESTRICT g, int64_t first,
-                                               int64_t end, int64_t T, float scale) {
+// Rows [first, end) of the softmax backward with probabilities P (fp32 or bf16): in place
+// on g, and rounded into out16 too when it is not null.
+template <typename P>
+FSDP_CPU_INLINE void CausalSoftmaxBackwardRows(const P* FSDP_RESTRICT p, float* FSDP_RESTRICT g,
+                                               uint16_t* out16, int64_t first, int64_t end,
+                                               int64_t T, float scale) {
   for (int64_t r = first; r < end; ++r) {
     const int64_t t = r % T;
-    const float* pr = p + r * T;
+    const P* pr = p + r * T;
     float* gr = g + r * T;
-    const float dot = k::LaneSum<float>(t + 1, [&](int64_t s) { return gr[s] * pr[s]; });
+    const float dot =
+        k::LaneSum<float>(t + 1, [&](int64_t s) { return gr[s] * k::Load(pr, s); });
 #pragma omp simd
     for (int64_t s = 0; s < T; ++s) {
-      gr[s] = k::CausalMasked(t, s) ? 0.0f : k::SoftmaxBackward(pr[s], gr[s], dot, scale);
+      gr[s] = k::CausalMasked(t, s) ? 0.0f : k::SoftmaxBackward(k::Load(pr, s), gr[s], dot, scale);
     }
+    if (out16 != nullptr) RoundRow(gr, out16 + r * T, T);
   }
+}
+FSDP_CPU_CLONES void CausalSoftmaxBackwardLoop(const float* p, float* g, uint16_t* out16,
+                                               int64_t first, int64_t end, int64_t T,
+                                               float scale) {
+  CausalSoftmaxBackwardRows(p, g, out16, first, end, T, scale);
+}
+FSDP_CPU_CLONES void CausalSoftmaxBackwardLoop(const uint16_t* p, float* g, uint16_t* out16,
+                                               int64_t first, int64_t end, int64_t T,
+                                               float scale) {
+  CausalSoftmaxBackwardRows(p, g, out16, first, end, T, scale);
 }
 
 // Cross-entropy rows [first, end) in double lanes (the loss is checked to 1e-12); stores
@@ -394,14 +420,19 @@ void LayerNormBackwardInput(const float* g, const float* xhat, const float* rstd
   LayerNormBackwardRowsParallel(g, xhat, rstd, w, bf16, nullptr, gx, rows, cols);
 }
 
-void CausalSoftmaxForward(float* scores, int64_t rows, int64_t T) {
+void CausalSoftmaxForward(float* scores, int64_t rows, int64_t T, uint16_t* probs16) {
   ParallelChunks(IntraOpThreads(), rows, rows * T, 1,
-                 [&](int64_t s, int64_t e) { CausalSoftmaxLoop(scores, s, e, T); });
+                 [&](int64_t s, int64_t e) { CausalSoftmaxLoop(scores, probs16, s, e, T); });
 }
 
-void CausalSoftmaxBackward(const float* p, float* g, int64_t rows, int64_t T, float scale) {
+void CausalSoftmaxBackward(const void* p, bool p_bf16, float* g, int64_t rows, int64_t T,
+                           float scale, uint16_t* out16) {
   ParallelChunks(IntraOpThreads(), rows, rows * T, 1, [&](int64_t s, int64_t e) {
-    CausalSoftmaxBackwardLoop(p, g, s, e, T, scale);
+    if (p_bf16) {
+      CausalSoftmaxBackwardLoop(static_cast<const uint16_t*>(p), g, out16, s, e, T, scale);
+    } else {
+      CausalSoftmaxBackwardLoop(static_cast<const float*>(p), g, out16, s, e, T, scale);
+    }
   });
 }
 

@@ -40,10 +40,15 @@ void LayerNormForward(const float* x, const void* w, const void* b, bool bf16, f
 // ColumnSums of g * xhat and of g).
 void LayerNormBackwardInput(const float* g, const float* xhat, const float* rstd, const void* w,
                             bool bf16, float* gx, int64_t rows, int64_t cols);
-// Softmax of each row of [rows, T] scores in place, row r attending to s <= r % T.
-void CausalSoftmaxForward(float* scores, int64_t rows, int64_t T);
+// Softmax of each row of [rows, T] scores in place, row r attending to s <= r % T; when
+// probs16 is not null, the probabilities go there rounded to bf16 instead, and the
+// scores are scratch (their contents after the call are unspecified).
+void CausalSoftmaxForward(float* scores, int64_t rows, int64_t T, uint16_t* probs16 = nullptr);
 // g = scale * p * (g - sum_s g p) over the unmasked entries, 0 on the masked ones; in place.
-void CausalSoftmaxBackward(const float* p, float* g, int64_t rows, int64_t T, float scale);
+// p is fp32, or bf16 when p_bf16; when out16 is not null the result goes there rounded to
+// bf16 instead, and g is scratch.
+void CausalSoftmaxBackward(const void* p, bool p_bf16, float* g, int64_t rows, int64_t T,
+                           float scale, uint16_t* out16 = nullptr);
 // y[i, :] = table[ids[i], :]; ids outside [0, num) give zero rows.
 void EmbeddingForward(const int32_t* ids, int64_t n_ids, const void* table, bool bf16,
                       int64_t num, int64_t dim, float* y);

@@ -220,6 +220,39 @@ TEST(CpuLoopsTest, LayerNormForwardAndBackwardMatchADoubleReference) {
   }
 }
 
+// NOTE [bf16 attention] in nn/attention.h: the bf16 outputs are the fp32 results rounded
+// once, and a bf16 p is read exactly as its widened fp32 values.
+TEST(CpuLoopsTest, CausalSoftmaxBf16VariantsRoundTheFp32ResultsOnce) {
+  for (int64_t T : {1, 7, 33, 256}) {
+    SCOPED_TRACE(T);
+    const int64_t rows = 2 * T, n = rows * T;
+    const core::Tensor scores = Normal(n, 130 + T);
+    const std::vector<float> sv = scores.ToVector();
+    std::vector<uint16_t> p16(n, 0xffff);
+    std::vector<float> scratch = sv;
+    kcpu::CausalSoftmaxForward(scratch.data(), rows, T, p16.data());
+    std::vector<float> p32 = sv;
+    kcpu::CausalSoftmaxForward(p32.data(), rows, T);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(p16[i], core::FloatToBf16Bits(p32[i])) << i;
+
+    // The backward from the bf16 p equals the fp32 backward from p16 widened.
+    std::vector<float> p16_wide(n);
+    for (int64_t i = 0; i < n; ++i) p16_wide[i] = core::Bf16BitsToFloat(p16[i]);
+    const std::vector<float> gv = Normal(n, 140 + T).ToVector();
+    std::vector<float> g_ref = gv;
+    kcpu::CausalSoftmaxBackward(p16_wide.data(), false, g_ref.data(), rows, T, 0.125f);
+    std::vector<float> g = gv;
+    std::vector<uint16_t> out16(n, 0xffff);
+    kcpu::CausalSoftmaxBackward(p16.data(), true, g.data(), rows, T, 0.125f, out16.data());
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(out16[i], core::FloatToBf16Bits(g_ref[i])) << i;
+    }
+    std::vector<float> g_in_place = gv;
+    kcpu::CausalSoftmaxBackward(p16.data(), true, g_in_place.data(), rows, T, 0.125f);
+    EXPECT_EQ(g_in_place, g_ref);
+  }
+}
+
 TEST(CpuLoopsTest, CausalSoftmaxForwardAndBackwardMatchADoubleReference) {
   for (int64_t T : kLengths) {
     if (T > 256) continue;
@@ -234,7 +267,7 @@ TEST(CpuLoopsTest, CausalSoftmaxForwardAndBackwardMatchADoubleReference) {
     const core::Tensor g = Normal(rows * T, 120 + T);
     const std::vector<float> gv = g.ToVector();
     const float scale = 0.125f;
-    kcpu::CausalSoftmaxBackward(P(scores), P(g), rows, T, scale);
+    kcpu::CausalSoftmaxBackward(P(scores), false, P(g), rows, T, scale);
     const std::vector<float> gs = g.ToVector();
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = r % T;
@@ -361,7 +394,7 @@ TEST(CpuLoopsTest, ResultsAreBitIdenticalForAnyThreadCount) {
     const core::Tensor s = Normal(srows * T, 7), gs = Normal(srows * T, 8);
     kcpu::CausalSoftmaxForward(P(s), srows, T);
     out.push_back(s.ToVector());
-    kcpu::CausalSoftmaxBackward(P(s), P(gs), srows, T, 0.125f);
+    kcpu::CausalSoftmaxBackward(P(s), false, P(gs), srows, T, 0.125f);
     out.push_back(gs.ToVector());
     const core::Tensor logits = Normal(ce_rows * V, 9), grad = core::Tensor::Empty({ce_rows * V});
     std::vector<int32_t> tg(ce_rows);

@@ -215,7 +215,10 @@ __global__ void LayerNormBackwardInputKernel(const float* g, const float* xhat, 
 
 // ---- Causal softmax, one warp per row of T scores; row r is query t = r % T.
 
-__global__ void CausalSoftmaxForwardKernel(float* scores, int64_t rows, int64_t T) {
+// In place on scores, or, when probs16 is not null, into probs16 rounded (the scores are
+// then only read: the exps are recomputed in the last pass instead of stored).
+__global__ void CausalSoftmaxForwardKernel(float* scores, uint16_t* probs16, int64_t rows,
+                                           int64_t T) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
@@ -224,31 +227,52 @@ __global__ void CausalSoftmaxForwardKernel(float* scores, int64_t rows, int64_t 
   float m = -INFINITY;
   for (int64_t s = lane; s <= t; s += 32) m = fmaxf(m, p[s]);
   m = WarpMax(m);
+  uint16_t* out = probs16 != nullptr ? probs16 + row * T : nullptr;
   float sum = 0.0f;
   for (int64_t s = lane; s <= t; s += 32) {
     const float e = k::SoftmaxExp(p[s], m);
-    p[s] = e;
+    if (out == nullptr) p[s] = e;
     sum += e;
   }
   const float inv = 1.0f / WarpSum(sum);
   for (int64_t s = lane; s < T; s += 32) {
-    p[s] = k::CausalMasked(t, s) ? 0.0f : k::SoftmaxNormalize(p[s], inv);
+    if (k::CausalMasked(t, s)) {
+      if (out != nullptr) {
+        out[s] = 0;
+      } else {
+        p[s] = 0.0f;
+      }
+    } else if (out != nullptr) {
+      out[s] = core::FloatToBf16Bits(k::SoftmaxNormalize(k::SoftmaxExp(p[s], m), inv));
+    } else {
+      p[s] = k::SoftmaxNormalize(p[s], inv);
+    }
   }
 }
 
-__global__ void CausalSoftmaxBackwardKernel(const float* p, float* g, int64_t rows, int64_t T,
-                                            float scale) {
+// In place on g, or, when out16 is not null, into out16 rounded (g then only read). P:
+// float or bf16 bits.
+template <typename P>
+__global__ void CausalSoftmaxBackwardKernel(const P* p, float* g, uint16_t* out16, int64_t rows,
+                                            int64_t T, float scale) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
   const int64_t t = row % T;
-  const float* pr = p + row * T;
+  const P* pr = p + row * T;
   float* gr = g + row * T;
   float dot = 0.0f;
-  for (int64_t s = lane; s <= t; s += 32) dot += gr[s] * pr[s];
+  for (int64_t s = lane; s <= t; s += 32) dot += gr[s] * k::Load(pr, s);
   dot = WarpSum(dot);
+  uint16_t* out = out16 != nullptr ? out16 + row * T : nullptr;
   for (int64_t s = lane; s < T; s += 32) {
-    gr[s] = k::CausalMasked(t, s) ? 0.0f : k::SoftmaxBackward(pr[s], gr[s], dot, scale);
+    const float v =
+        k::CausalMasked(t, s) ? 0.0f : k::SoftmaxBackward(k::Load(pr, s), gr[s], dot, scale);
+    if (out != nullptr) {
+      out[s] = core::FloatToBf16Bits(v);
+    } else {
+      gr[s] = v;
+    }
   }
 }
 
@@ -364,15 +388,22 @@ cudaError_t LayerNormBackwardInput(const float* g, const float* xhat, const floa
   return cudaGetLastError();
 }
 
-cudaError_t CausalSoftmaxForward(float* scores, int64_t rows, int64_t T) {
+cudaError_t CausalSoftmaxForward(float* scores, int64_t rows, int64_t T, uint16_t* probs16) {
   if (rows <= 0 || T <= 0) return cudaSuccess;
-  CausalSoftmaxForwardKernel<<<GridForRows(rows), kThreads>>>(scores, rows, T);
+  CausalSoftmaxForwardKernel<<<GridForRows(rows), kThreads>>>(scores, probs16, rows, T);
   return cudaGetLastError();
 }
 
-cudaError_t CausalSoftmaxBackward(const float* p, float* g, int64_t rows, int64_t T, float scale) {
+cudaError_t CausalSoftmaxBackward(const void* p, bool p_bf16, float* g, int64_t rows, int64_t T,
+                                  float scale, uint16_t* out16) {
   if (rows <= 0 || T <= 0) return cudaSuccess;
-  CausalSoftmaxBackwardKernel<<<GridForRows(rows), kThreads>>>(p, g, rows, T, scale);
+  if (p_bf16) {
+    CausalSoftmaxBackwardKernel<<<GridForRows(rows), kThreads>>>(
+        static_cast<const uint16_t*>(p), g, out16, rows, T, scale);
+  } else {
+    CausalSoftmaxBackwardKernel<<<GridForRows(rows), kThreads>>>(
+        static_cast<const float*>(p), g, out16, rows, T, scale);
+  }
   return cudaGetLastError();
 }
 

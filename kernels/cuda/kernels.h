@@ -35,9 +35,11 @@ cudaError_t LayerNormForward(const float* x, const void* w, const void* b, bool 
 cudaError_t LayerNormBackwardInput(const float* g, const float* xhat, const float* rstd,
                                    const void* w, bool bf16, float* gx, int64_t rows,
                                    int64_t cols);
-// One warp per row of T scores; row r is query r % T.
-cudaError_t CausalSoftmaxForward(float* scores, int64_t rows, int64_t T);
-cudaError_t CausalSoftmaxBackward(const float* p, float* g, int64_t rows, int64_t T, float scale);
+// One warp per row of T scores; row r is query r % T. Arguments as the CPU launchers'.
+cudaError_t CausalSoftmaxForward(float* scores, int64_t rows, int64_t T,
+                                 uint16_t* probs16 = nullptr);
+cudaError_t CausalSoftmaxBackward(const void* p, bool p_bf16, float* g, int64_t rows, int64_t T,
+                                  float scale, uint16_t* out16 = nullptr);
 // y[i, :] = table[ids[i], :]; ids outside [0, num) give zero rows (callers reject them).
 cudaError_t EmbeddingForward(const int32_t* ids, int64_t n_ids, const void* table, bool bf16,
                              int64_t num, int64_t dim, float* y);

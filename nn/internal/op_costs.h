@@ -56,12 +56,16 @@ inline core::OpCost LayerNormBackwardCost(int64_t rows, int64_t cols, int64_t w_
   return c;
 }
 
-// In place over rows of T scores; about 5 operations per entry.
-inline core::OpCost SoftmaxForwardCost(int64_t rows, int64_t T) {
-  return ElementwiseCost(rows * T, 2, 5);
+// Reads the fp32 scores and writes the probabilities (fp32 in place, or a bf16 copy; the
+// row stays in cache between its passes); about 5 operations per entry.
+inline core::OpCost SoftmaxForwardCost(int64_t rows, int64_t T, bool bf16_out) {
+  return core::OpCost::Memory((4.0 + (bf16_out ? 2.0 : 4.0)) * rows * T, 5.0 * rows * T);
 }
-inline core::OpCost SoftmaxBackwardCost(int64_t rows, int64_t T) {
-  return ElementwiseCost(rows * T, 3, 4);
+// Reads p (fp32 or bf16) and the fp32 gradient, writes the result (fp32 in place, or a bf16
+// copy); about 4 operations per entry.
+inline core::OpCost SoftmaxBackwardCost(int64_t rows, int64_t T, bool bf16_p, bool bf16_out) {
+  return core::OpCost::Memory((4.0 + (bf16_p ? 2.0 : 4.0) + (bf16_out ? 2.0 : 4.0)) * rows * T,
+                              4.0 * rows * T);
 }
 
 inline core::OpCost EmbeddingForwardCost(int64_t n, int64_t dim, int64_t table_bytes) {
