@@ -13,9 +13,12 @@
 // bytes and estimated time, the step's estimated time, tokens/s and MFU (model FLOPs
 // 6 N + 12 L T C per token, as nanoGPT and tools/gpu_bundle/run.sh count them), and the
 // rates the estimate used.
+#include <algorithm>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -123,6 +126,24 @@ nlohmann::json Run() {
                           {"memory_ms", c.memory_ms},
                           {"launch_ms", c.launch_ms}});
   }
+  // The same per op kind (category and name), largest first: where the time goes.
+  std::map<std::pair<std::string, std::string>, std::pair<int64_t, double>> kinds;
+  for (const core::OpRecord& r : *step) {
+    auto& k = kinds[{core::OpCategoryName(r.category), r.name}];
+    ++k.first;
+    k.second += core::EstimateOp(r, rates).ms;
+  }
+  std::vector<std::pair<double, std::pair<std::string, std::string>>> order;
+  for (const auto& [key, v] : kinds) order.push_back({v.second, key});
+  std::sort(order.rbegin(), order.rend());
+  nlohmann::json ops = nlohmann::json::array();
+  std::printf("\n%-18s %-30s %6s %10s\n", "category", "op", "count", "est_ms");
+  for (const auto& [ms, key] : order) {
+    std::printf("%-18s %-30s %6lld %10.3f\n", key.first.c_str(), key.second.c_str(),
+                static_cast<long long>(kinds[key].first), ms);
+    ops.push_back({{"category", key.first}, {"op", key.second}, {"count", kinds[key].first},
+                   {"estimated_ms", ms}});
+  }
   std::printf("step: %.2f ms estimated, %lld launches, %lld host syncs, %.0f tokens/s, MFU %.1f%%\n",
               e.total_ms, static_cast<long long>(e.launches),
               static_cast<long long>(e.host_syncs), tokens / step_s, 100.0 * mfu);
@@ -136,6 +157,7 @@ nlohmann::json Run() {
   out["batch"] = batch;
   out["param_dtype"] = absl::GetFlag(FLAGS_param_dtype);
   out["categories"] = categories;
+  out["ops"] = ops;
   out["estimated_step_ms"] = e.total_ms;
   out["launches"] = e.launches;
   out["host_syncs"] = e.host_syncs;
