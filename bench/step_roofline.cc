@@ -13,12 +13,9 @@
 // bytes and estimated time, the step's estimated time, tokens/s and MFU (model FLOPs
 // 6 N + 12 L T C per token, as nanoGPT and tools/gpu_bundle/run.sh count them), and the
 // rates the estimate used.
-#include <algorithm>
 #include <cstdio>
-#include <map>
 #include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -32,7 +29,9 @@
 #include "core/op_profile.h"
 #include "core/roofline.h"
 #include "core/status_macros.h"
+#include "integration/device_setup.h"
 #include "integration/gpt_module.h"
+#include "integration/op_profile_report.h"
 #include "integration/stage_runner.h"
 #include "nlohmann/json.hpp"
 #include "policy/wrap_policy.h"
@@ -68,17 +67,14 @@ absl::StatusOr<std::vector<core::OpRecord>> RecordStep(int rows, int64_t* parame
   ASSIGN_OR_RETURN(stage.wrap.mixed_precision.param_dtype,
                    core::ParseDType(absl::GetFlag(FLAGS_param_dtype)));
   stage.train_batch_size = rows;
-  stage.fit_steps = 1;
+  // Step 0 wraps and builds the optimizer state; step 1 is recorded.
+  stage.fit_steps = 2;
   stage.log_every = 0;
+  stage.profile_step = 1;
   ASSIGN_OR_RETURN(std::unique_ptr<integration::StageRunner> runner,
                    integration::StageRunner::Create(group, stage));
-  RETURN_IF_ERROR(runner->Fit(*module).status());  // wraps, builds the optimizer state
-  core::OpProfile profile;
-  {
-    core::ScopedOpProfile on(&profile);
-    RETURN_IF_ERROR(runner->Fit(*module).status());
-  }
-  return profile.records();
+  ASSIGN_OR_RETURN(integration::FitResult fit, runner->Fit(*module));
+  return fit.profiled_ops;
 }
 
 nlohmann::json Run() {
@@ -94,60 +90,14 @@ nlohmann::json Run() {
     out["error"] = step.status().ToString();
     return out;
   }
-  const core::DeviceRates rates = core::H200Rates();
-  const core::RooflineEstimate e = core::EstimateRoofline(*step, rates);
-  const std::vector<core::OpCategoryTotal> totals = core::OpProfile::TotalsOf(*step);
-
   const int64_t T = absl::GetFlag(FLAGS_seq_len);
   const double tokens = static_cast<double>(batch) * T;
-  const double flops_per_token = 6.0 * parameters + 12.0 * absl::GetFlag(FLAGS_n_layer) * T *
-                                                        absl::GetFlag(FLAGS_n_embd);
-  const double step_s = e.total_ms * 1e-3;
-  const double mfu = flops_per_token * tokens / step_s / (rates.peak_bf16_tflops * 1e12);
-
-  std::printf("%-18s %6s %8s %12s %12s %10s %10s %10s\n", "category", "ops", "launches",
-              "GFLOP", "GB", "est_ms", "compute_ms", "memory_ms");
-  nlohmann::json categories = nlohmann::json::array();
-  for (int i = 0; i < core::kNumOpCategories; ++i) {
-    const core::OpCategoryTotal& t = totals[i];
-    const core::RooflineCategory& c = e.categories[i];
-    if (t.ops == 0) continue;
-    std::printf("%-18s %6lld %8lld %12.1f %12.3f %10.3f %10.3f %10.3f\n",
-                core::OpCategoryName(t.category), static_cast<long long>(t.ops),
-                static_cast<long long>(t.launches), t.flops * 1e-9, t.bytes * 1e-9, c.ms,
-                c.compute_ms, c.memory_ms);
-    categories.push_back({{"category", core::OpCategoryName(t.category)},
-                          {"ops", t.ops},
-                          {"launches", t.launches},
-                          {"flops", t.flops},
-                          {"bytes", t.bytes},
-                          {"estimated_ms", c.ms},
-                          {"compute_ms", c.compute_ms},
-                          {"memory_ms", c.memory_ms},
-                          {"launch_ms", c.launch_ms}});
-  }
-  // The same per op kind (category and name), largest first: where the time goes.
-  std::map<std::pair<std::string, std::string>, std::pair<int64_t, double>> kinds;
-  for (const core::OpRecord& r : *step) {
-    auto& k = kinds[{core::OpCategoryName(r.category), r.name}];
-    ++k.first;
-    k.second += core::EstimateOp(r, rates).ms;
-  }
-  std::vector<std::pair<double, std::pair<std::string, std::string>>> order;
-  for (const auto& [key, v] : kinds) order.push_back({v.second, key});
-  std::sort(order.rbegin(), order.rend());
-  nlohmann::json ops = nlohmann::json::array();
-  std::printf("\n%-18s %-30s %6s %10s\n", "category", "op", "count", "est_ms");
-  for (const auto& [ms, key] : order) {
-    std::printf("%-18s %-30s %6lld %10.3f\n", key.first.c_str(), key.second.c_str(),
-                static_cast<long long>(kinds[key].first), ms);
-    ops.push_back({{"category", key.first}, {"op", key.second}, {"count", kinds[key].first},
-                   {"estimated_ms", ms}});
-  }
-  std::printf("step: %.2f ms estimated, %lld launches, %lld host syncs, %.0f tokens/s, MFU %.1f%%\n",
-              e.total_ms, static_cast<long long>(e.launches),
-              static_cast<long long>(e.host_syncs), tokens / step_s, 100.0 * mfu);
-
+  const double flops_per_token = integration::GptFlopsPerToken(
+      parameters, absl::GetFlag(FLAGS_n_layer), T, absl::GetFlag(FLAGS_n_embd));
+  const integration::OpProfileReport report = integration::ReportOpProfile(
+      *step, core::H200Rates(), flops_per_token * tokens, tokens);
+  for (const std::string& line : report.lines) std::printf("%s\n", line.c_str());
+  out = report.json;
   out["model"] = {{"vocab_size", absl::GetFlag(FLAGS_vocab_size)},
                   {"seq_len", T},
                   {"n_embd", absl::GetFlag(FLAGS_n_embd)},
@@ -156,22 +106,7 @@ nlohmann::json Run() {
                   {"parameters", parameters}};
   out["batch"] = batch;
   out["param_dtype"] = absl::GetFlag(FLAGS_param_dtype);
-  out["categories"] = categories;
-  out["ops"] = ops;
-  out["estimated_step_ms"] = e.total_ms;
-  out["launches"] = e.launches;
-  out["host_syncs"] = e.host_syncs;
-  out["estimated_tokens_per_s"] = tokens / step_s;
   out["model_flops_per_token"] = flops_per_token;
-  out["estimated_mfu"] = mfu;
-  out["rates"] = {{"device", rates.name},
-                  {"peak_bf16_tflops", rates.peak_bf16_tflops},
-                  {"bf16_gemm_tflops", rates.bf16_gemm_tflops},
-                  {"fp32_simt_tflops", rates.fp32_simt_tflops},
-                  {"memory_gbps", rates.memory_gbps},
-                  {"collective_gbps", rates.collective_gbps},
-                  {"launch_us", rates.launch_us},
-                  {"host_sync_us", rates.host_sync_us}};
   return out;
 }
 

@@ -66,7 +66,7 @@ class MainJobTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     base_ = TempDir() + "/fit";
-    fit_ = new RunResult(MainJob(2, base_, {"--stages=fit,test", "--steps=40"}));
+    fit_ = new RunResult(MainJob(2, base_, {"--stages=fit,test", "--steps=40", "--profile_ops"}));
   }
   static void TearDownTestSuite() { delete fit_; }
 
@@ -128,6 +128,28 @@ TEST_F(MainJobTest, FitThenTestReusesTheUnitsAndTheReleasedModuleAgrees) {
   EXPECT_NE(loss_svg.find("<svg"), std::string::npos);
   EXPECT_NE(loss_svg.find("entropy floor"), std::string::npos);
   EXPECT_NE(ReadFile(base_ + "/memory.svg").find("rank 1"), std::string::npos);
+}
+
+// --profile_ops: the last fit step's ops per category, with the roofline estimate (no
+// device time on the CPU), in summary.json and on stdout.
+TEST_F(MainJobTest, ProfileOpsReportsTheLastFitStepsOpsPerCategory) {
+  const nlohmann::json& p = fit_->summary["op_profile"];
+  ASSERT_TRUE(p.is_object()) << fit_->output;
+  std::map<std::string, nlohmann::json> by_category;
+  for (const nlohmann::json& c : p["categories"]) by_category[c["category"]] = c;
+  for (const char* category : {"gemm.forward", "gemm.input_grad", "gemm.weight_grad",
+                               "attention", "norm", "loss", "optimizer", "collective"}) {
+    ASSERT_TRUE(by_category.count(category)) << category << ": " << p.dump();
+    EXPECT_GT(by_category[category]["ops"].get<int>(), 0) << category;
+    EXPECT_GT(by_category[category]["estimated_ms"].get<double>(), 0) << category;
+    EXPECT_TRUE(by_category[category]["measured_ms"].is_null()) << category;
+  }
+  // One AdamW update for the rank's shards; two TransformerBlocks' GEMMs plus lm_head.
+  EXPECT_EQ(by_category["optimizer"]["ops"], 1);
+  EXPECT_EQ(by_category["gemm.forward"]["ops"], 2 * 4 + 1);
+  EXPECT_GT(Num(p, "estimated_step_ms"), 0);
+  EXPECT_TRUE(p["measured_op_ms"].is_null());
+  EXPECT_NE(fit_->output.find("op profile of fit step 40"), std::string::npos) << fit_->output;
 }
 
 TEST_F(MainJobTest, TestAloneFromTheCheckpointWrapsFreshAndGetsTheSameLoss) {

@@ -87,6 +87,10 @@ absl::Status StageOptions::Validate(int world_size) const {
     return absl::InvalidArgumentError(
         absl::StrCat("StageOptions.log_every = ", log_every, ": must be >= 0"));
   }
+  if (profile_step < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "StageOptions.profile_step = ", profile_step, ": must be >= -1 (-1: no profile)"));
+  }
   if (!(max_grad_norm >= 0) || !std::isfinite(max_grad_norm)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "StageOptions.max_grad_norm = ", max_grad_norm, ": must be finite and >= 0"));
@@ -127,6 +131,7 @@ absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config,
   if (config.has_checkpoint_dir()) options.checkpoint_dir = config.checkpoint_dir();
   if (config.has_release_after_fit()) options.release_after_fit = config.release_after_fit();
   if (config.has_max_grad_norm()) options.max_grad_norm = config.max_grad_norm();
+  if (config.has_profile_step()) options.profile_step = config.profile_step();
   if (config.has_collective_timeout_s()) {
     ASSIGN_OR_RETURN(options.wrap.timeout,
                      core::TimeoutFromSeconds(config.collective_timeout_s(),

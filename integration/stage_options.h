@@ -46,6 +46,11 @@ struct StageOptions {
   bool release_after_fit = false;
   // When > 0, the global gradient norm is clipped to this before each step.
   double max_grad_norm = 0;
+  // When in [0, steps of a Fit), Fit records that step of the Fit (0-based: the
+  // TrainingStep, the gradient clipping and the optimizer step) into
+  // FitResult::profiled_ops (core/op_profile.h: each op's category, FLOPs, bytes and, on
+  // CUDA, device time). -1: no profile (>= -1).
+  int64_t profile_step = -1;
 
   // OK when usable on `world_size` ranks; InvalidArgument naming the option
   // ("StageOptions.train_batch_size", "FullyShardOptions.hybrid_shard_size", ...).

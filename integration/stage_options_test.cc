@@ -43,6 +43,7 @@ TEST(StageOptionsTest, EveryFieldIsRead) {
     release_after_fit: true
     collective_timeout_s: 12.5
     max_grad_norm: 1.5
+    profile_step: 5
   )pb");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->wrap.strategy, fsdp::ShardingStrategy::kHybridShard);
@@ -61,6 +62,7 @@ TEST(StageOptionsTest, EveryFieldIsRead) {
   EXPECT_TRUE(parsed->release_after_fit);
   EXPECT_EQ(parsed->wrap.timeout, absl::Milliseconds(12500));
   EXPECT_EQ(parsed->max_grad_norm, 1.5);
+  EXPECT_EQ(parsed->profile_step, 5);
   EXPECT_TRUE(parsed->Validate(4).ok());
 }
 

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -211,6 +213,13 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
   double items_total = 0;
   std::vector<double> pending;  // (loss x count, count) of each step since the last report
   for (int64_t i = 0; i < num_steps; ++i) {
+    // StageOptions::profile_step: this step's ops, from the TrainingStep to the optimizer.
+    std::unique_ptr<core::OpProfile> profile;
+    std::optional<core::ScopedOpProfile> profiling;
+    if (i == options_.profile_step) {
+      profile = std::make_unique<core::OpProfile>();
+      profiling.emplace(profile.get());
+    }
     StepContext ctx;
     ctx.stage = Stage::kFit;
     ctx.step = state.global_step;
@@ -228,6 +237,12 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
           fsdp::ClipGradNorm(*model, registry_.get(), options_.max_grad_norm).status());
     }
     RETURN_IF_ERROR(Annotate(optimizer.Step(), absl::StrCat("fit: optimizer step ", ctx.step)));
+    if (profile != nullptr) {
+      profiling.reset();
+      RETURN_IF_ERROR(Annotate(profile->ResolveDeviceTimes(),
+                               absl::StrCat("fit: op profile of step ", ctx.step)));
+      result.profiled_ops = profile->records();
+    }
     // Each rank's (loss x count, count) waits for the next report, where one all-gather
     // averages every step since the last one: no collective of its own per step.
     pending.push_back(out->loss * out->count);

@@ -62,6 +62,7 @@
 #include "comm/process_group.h"
 #include "core/allocator.h"
 #include "core/module.h"
+#include "core/op_profile.h"
 #include "core/tensor.h"
 #include "fsdp/registry.h"
 #include "integration/checkpointing/training_checkpoint.h"
@@ -117,6 +118,9 @@ struct FitResult {
   // Where the checkpoint went ("" when StageOptions::checkpoint_dir is empty).
   std::string checkpoint_dir;
   bool released = false;
+  // The ops of step StageOptions::profile_step of this Fit, with their CUDA device times
+  // resolved; empty when no step was profiled.
+  std::vector<core::OpRecord> profiled_ops;
 };
 
 struct EvalResult {

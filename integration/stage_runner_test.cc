@@ -5,12 +5,14 @@
 #include "integration/stage_runner.h"
 
 #include <cmath>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/testing/thread_ranks.h"
 #include "core/allocator.h"
+#include "core/op_profile.h"
 #include "core/status_macros.h"
 #include "fsdp/fsdp.h"
 #include "gmock/gmock.h"
@@ -177,6 +179,36 @@ TEST(StageRunnerTest, ContinuedFitEqualsOneLongerFit) {
     EXPECT_EQ(again.loss, between.loss) << "validation at step 3: alone vs in between";
     return absl::OkStatus();
   }));
+}
+
+// StageOptions::profile_step: that step's ops (NOTE [Op accounting] in core/op_profile.h),
+// from the TrainingStep through the gradient reduction to the optimizer; nothing else.
+TEST(StageRunnerTest, ProfileStepRecordsThatStepsOpsOnly) {
+  INTEGRATION_ASSERT_OK(RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status {
+    StageOptions options = TinyStages();
+    options.profile_step = 1;
+    ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(TinyGpt()));
+    ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, options));
+    ASSIGN_OR_RETURN(FitResult fit, runner->Fit(*module, 3));
+    std::map<core::OpCategory, int> count;
+    for (const core::OpRecord& r : fit.profiled_ops) ++count[r.category];
+    EXPECT_GT(count[core::OpCategory::kGemmForward], 0);
+    EXPECT_GT(count[core::OpCategory::kGemmWeightGrad], 0);
+    EXPECT_GT(count[core::OpCategory::kAttention], 0);
+    EXPECT_GT(count[core::OpCategory::kCollective], 0);  // all-gathers, reduce-scatters
+    EXPECT_EQ(count[core::OpCategory::kOptimizer], 1);     // one step, one fused update
+    EXPECT_EQ(count[core::OpCategory::kLoss], 1);
+    // Outside a profiled step nothing is recorded, and a step past the Fit's is none.
+    EXPECT_EQ(core::CurrentOpProfile(), nullptr);
+    ASSIGN_OR_RETURN(FitResult later, runner->Fit(*module, 1));
+    EXPECT_TRUE(later.profiled_ops.empty());
+    return absl::OkStatus();
+  }));
+  StageOptions bad = TinyStages();
+  bad.profile_step = -2;
+  const absl::Status s = bad.Validate(2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("StageOptions.profile_step = -2"));
 }
 
 TEST(StageRunnerTest, ReleaseLeavesTheTrainedPlainModuleWithItsParameters) {

@@ -40,6 +40,10 @@ ABSL_FLAG(std::string, stage_config, "",
           "text-format StageConfig file (integration/stage.proto); its set fields override the flags");
 ABSL_FLAG(std::string, strategy, "FULL_SHARD", "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD");
 ABSL_FLAG(int, hybrid_shard_size, 0, "HYBRID_SHARD: ranks per shard group");
+ABSL_FLAG(bool, profile_ops, false,
+          "record the ops of the last fit step: a table per op category and summary.json's "
+          "op_profile, with each category's device time on CUDA beside the roofline estimate "
+          "on an H200 (core/op_profile.h, core/roofline.h)");
 ABSL_FLAG(bool, forward_prefetch, false,
           "issue the next unit's all-gather when a unit's forward starts (FSDP's "
           "forward_prefetch; its backward_prefetch is always on)");
@@ -132,6 +136,7 @@ JobOptions JobOptionsFromFlags() {
   job.strategy = absl::GetFlag(FLAGS_strategy);
   job.hybrid_shard_size = absl::GetFlag(FLAGS_hybrid_shard_size);
   job.forward_prefetch = absl::GetFlag(FLAGS_forward_prefetch);
+  job.profile_ops = absl::GetFlag(FLAGS_profile_ops);
   job.param_dtype = absl::GetFlag(FLAGS_param_dtype);
   job.steps = absl::GetFlag(FLAGS_steps);
   job.batch_size = absl::GetFlag(FLAGS_batch_size);
@@ -242,6 +247,7 @@ absl::StatusOr<StageOptions> StageOptionsFor(const JobOptions& job, absl::Durati
   options.eval_batch_size = job.eval_batch_size;
   options.eval_batches = job.eval_batches;
   options.log_every = job.log_every;
+  options.profile_step = job.profile_ops ? job.steps - 1 : -1;
   options.checkpoint_dir = job.checkpoint_dir;
   if (!job.stage_config.empty()) {
     ASSIGN_OR_RETURN(options, ReadStageOptionsFile(job.stage_config, options));

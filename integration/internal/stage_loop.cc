@@ -14,9 +14,11 @@
 #include "comm/agreement.h"
 #include "core/allocator.h"
 #include "core/format_bytes.h"
+#include "core/roofline.h"
 #include "core/status_macros.h"
 #include "fsdp/runtime.h"
 #include "fsdp/unit.h"
+#include "integration/op_profile_report.h"
 
 namespace integration {
 namespace internal {
@@ -121,6 +123,7 @@ absl::Status StageLoop::Fit() {
         100 * fsdp::CommTiming::Hidden(c.reduce_run, c.reduce_wait)));
   }
 
+  if (!fit.profiled_ops.empty()) AddOpProfile(fit.profiled_ops);
   if (fit.report.wrap.reused) totals_.bytes_copied_on_rewrap += fit.report.wrap.param_bytes_copied;
   for (size_t i = 0; i < fit.losses.size(); ++i) {
     totals_.loss_points.push_back({static_cast<double>(fit.first_step + i + 1), fit.losses[i]});
@@ -135,6 +138,23 @@ absl::Status StageLoop::Fit() {
     summary_["checkpoint_dir"] = fit.checkpoint_dir;
   }
   return absl::OkStatus();
+}
+
+void StageLoop::AddOpProfile(const std::vector<core::OpRecord>& ops) {
+  // This rank's share of the step: its rows of the global batch.
+  const StageOptions& options = runner_.options();
+  const int world = runner_.group()->size();
+  const double tokens = static_cast<double>(options.train_batch_size) / world *
+                        setup_.model_options.seq_len;
+  const double flops_per_token = GptFlopsPerToken(
+      summary_["model_parameters"].get<int64_t>(), setup_.model_options.model.n_layer,
+      setup_.model_options.seq_len, setup_.model_options.model.n_embd);
+  const OpProfileReport report =
+      ReportOpProfile(ops, core::H200Rates(), flops_per_token * tokens, tokens);
+  say_(absl::StrFormat("op profile of fit step %d (this rank's ops; NOTE [Op accounting]):",
+                       options.profile_step + 1));
+  for (const std::string& line : report.lines) say_(absl::StrCat("  ", line));
+  summary_["op_profile"] = report.json;
 }
 
 absl::Status StageLoop::Evaluate(Stage stage) {

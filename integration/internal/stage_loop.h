@@ -15,11 +15,13 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "comm/process_group.h"
 #include "core/device.h"
+#include "core/op_profile.h"
 #include "integration/device_setup.h"
 #include "integration/internal/job_options.h"
 #include "integration/internal/job_setup.h"
@@ -57,6 +59,8 @@ class StageLoop {
 
  private:
   absl::Status Fit();
+  // Prints the profiled fit step's table and adds summary.json's "op_profile".
+  void AddOpProfile(const std::vector<core::OpRecord>& ops);
   absl::Status Evaluate(Stage stage);
   absl::Status Predict();
 

@@ -17,10 +17,13 @@
 #   1. every gpu-tagged test binary in bin/tests (gtest), counting passed/failed/skipped;
 #   2. bin/collectives_bench --backend=nccl over the GPUs (JSON);
 #   3. our main job on GPT-2 124M (V=50304 T=1024 C=768 L=12 H=12) in bf16 on 1 GPU
-#      (--device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16);
+#      (--device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16 --profile_ops:
+#      the last step's ops per category, measured with CUDA events beside the roofline
+#      estimate of the same op list, core/roofline.h);
 #   4. bench/pytorch_fsdp2.py on the same model and batch;
 #   then prints ONE JSON line, last: gpu tests passed/failed/skipped and failing names,
 #   tokens/s of each side and their ratio (ours / PyTorch), our MFU and peak device memory,
+#   our op profile (estimated and measured milliseconds per op category),
 #   each step's status, and the environment (GPU, driver, library paths used).
 # Logs and the JSON go to the work directory ($RUN_WORK, default a new /tmp/gpu_run.*) and,
 # when $OUT is set, are copied there (at most 8 files, each cut to its last 16 MiB).
@@ -255,7 +258,7 @@ elif [ -x "$BUNDLE/bin/main_job" ]; then
     --vocab_size=$MODEL_V --block_size=$MODEL_T --seq_len=$MODEL_T --n_embd=$MODEL_C \
     --n_layer=$MODEL_L --n_head=$MODEL_H --batch_size="$BATCH" --steps="$STEPS" \
     --log_every="$LOG_EVERY" --stages=fit --release=false --output_dir="$WORK/main_job" \
-    ${OURS_EXTRA_ARGS:-}
+    --profile_ops ${OURS_EXTRA_ARGS:-}
   [ -f "$WORK/main_job/summary.json" ] && cp "$WORK/main_job/summary.json" "$WORK/main_job_summary.json"
 else
   record ours 127 0 "bin/main_job is not in the bundle"
@@ -482,6 +485,23 @@ ours.update({
                                                       "vocab", "peak"))},
 })
 
+# --profile_ops: the last fit step per op category, measured on the device (CUDA events)
+# beside the roofline estimate the same op list gives on H200 rates (core/roofline.h).
+op_profile = None
+prof = summ.get("op_profile") if isinstance(summ, dict) else None
+if isinstance(prof, dict):
+    op_profile = {
+        "estimated_step_ms": prof.get("estimated_step_ms"),
+        "measured_op_ms": prof.get("measured_op_ms"),
+        "estimated_mfu": prof.get("estimated_mfu"),
+        "measured_op_mfu": prof.get("measured_op_mfu"),
+        "launches": prof.get("launches"),
+        "host_syncs": prof.get("host_syncs"),
+        "categories": {c.get("category"): {k: c.get(k) for k in (
+            "ops", "estimated_ms", "measured_ms", "achieved_tflops", "achieved_gbps")}
+            for c in prof.get("categories", [])},
+    }
+
 pt = {"ok": steps.get("pytorch", {}).get("ok", False),
       "error": step_error("pytorch", os.path.join(W, "pytorch_fsdp2.log"))}
 pj = last_json(read(os.path.join(W, "pytorch_fsdp2.log"))) or {}
@@ -515,6 +535,7 @@ summary = {
     "tokens_per_s_ratio_is": "ours / pytorch_fsdp2 (target >= 1.0)",
     "mfu": ours["mfu"] if ours["mfu"] is not None else ours["mfu_estimate"],
     "peak_device_memory_bytes": ours["peak_device_memory_bytes"],
+    "op_profile": op_profile,
     "ours": ours,
     "pytorch_fsdp2": pt,
     "nccl_bench": bench,

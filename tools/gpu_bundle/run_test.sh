@@ -101,7 +101,7 @@ for a in "$@"; do
 done
 for want in --device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16 \
     --vocab_size=50304 --block_size=1024 --seq_len=1024 --n_embd=768 --n_layer=12 \
-    --n_head=12 --batch_size=4 --steps=20; do
+    --n_head=12 --batch_size=4 --steps=20 --profile_ops; do
   case " $* " in *" $want "*) ;; *) echo "main_job: missing flag $want in: $*"; exit 2 ;; esac
 done
 mkdir -p "$out"
@@ -115,7 +115,11 @@ cat >"$out/summary.json" <<J
 {"world_size": 1, "device": "cuda", "tokens_per_second": 800.0, "mfu": 0.55,
  "tokens_per_second_after_warmup": $after, "warmup_steps_excluded": 3,
  "peak_device_memory_bytes": [123456], "final_train_loss": 6.5,
- "fsdp_memory_bound_bytes": 120000, "fit_losses": [9, 8, 7]}
+ "fsdp_memory_bound_bytes": 120000, "fit_losses": [9, 8, 7],
+ "op_profile": {"estimated_step_ms": 57.0, "measured_op_ms": 80.0, "estimated_mfu": 0.25,
+   "measured_op_mfu": 0.18, "launches": 1969, "host_syncs": 2, "ops": [],
+   "categories": [{"category": "attention", "ops": 1356, "estimated_ms": 20.7,
+     "measured_ms": 30.5, "achieved_tflops": 61.5, "achieved_gbps": 2535.0, "flops": 1}]}}
 J
 echo '{"world_size": 1, "tokens_per_second": 800.0}'
 EOF
@@ -167,6 +171,8 @@ py_check "ours: whole-fit tokens/s kept (800)" "$S" 's["ours"]["tokens_per_s_who
 py_check "pytorch tokens/s 1000 and ratio 1.25" "$S" \
   's["tokens_per_s"]["pytorch_fsdp2"] == 1000.0 and abs(s["tokens_per_s_ratio"] - 1.25) < 1e-12'
 py_check "mfu and peak memory from our summary" "$S" 's["mfu"] == 0.55 and s["peak_device_memory_bytes"] == 123456'
+py_check "op profile: estimated and measured step, per category" "$S" \
+  's["op_profile"]["estimated_step_ms"] == 57.0 and s["op_profile"]["measured_op_ms"] == 80.0 and s["op_profile"]["categories"]["attention"] == {"ops": 1356, "estimated_ms": 20.7, "measured_ms": 30.5, "achieved_tflops": 61.5, "achieved_gbps": 2535.0}'
 py_check "our summary's memory bound passed through, not its losses" "$S" \
   's["ours"]["summary"]["fsdp_memory_bound_bytes"] == 120000 and "fit_losses" not in s["ours"]["summary"]'
 py_check "mfu estimate: 6N + 12LTC flops per token at 989 TFLOP/s" "$S" \

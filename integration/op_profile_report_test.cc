@@ -1,0 +1,78 @@
+#include "integration/op_profile_report.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace integration {
+namespace {
+
+core::OpRecord Op(core::OpCategory category, const char* name, core::OpCost cost,
+                  double device_ms) {
+  core::OpRecord r;
+  r.category = category;
+  r.name = name;
+  r.cost = cost;
+  r.device_ms = device_ms;
+  return r;
+}
+
+core::DeviceRates Rates() {
+  core::DeviceRates r;
+  r.name = "test GPU";
+  r.peak_bf16_tflops = 1000;
+  r.bf16_gemm_tflops = 500;
+  r.fp32_simt_tflops = 50;
+  r.memory_gbps = 1000;
+  r.collective_gbps = 100;
+  r.launch_us = 0;
+  r.host_sync_us = 0;
+  return r;
+}
+
+TEST(OpProfileReportTest, MeasuredTimesGiveAchievedRatesBesideTheEstimate) {
+  // A GEMM of 1e12 FLOP (2 ms at 500 TFLOP/s) measured at 4 ms, and a copy of 1e9 bytes
+  // (1 ms at 1000 GB/s) measured at 2 ms.
+  const std::vector<core::OpRecord> records = {
+      Op(core::OpCategory::kGemmForward, "matmul",
+         core::OpCost{1e12, 1e6, 1, core::OpEngine::kTensorCoreBf16}, 4.0),
+      Op(core::OpCategory::kConvert, "convert", core::OpCost::Memory(1e9), 2.0)};
+  const OpProfileReport r = ReportOpProfile(records, Rates(), /*model_flops=*/1e12, 1000);
+  const nlohmann::json& cats = r.json["categories"];
+  ASSERT_EQ(cats.size(), 2u);
+  EXPECT_EQ(cats[0]["category"], "gemm.forward");
+  EXPECT_DOUBLE_EQ(cats[0]["estimated_ms"].get<double>(), 2.0);
+  EXPECT_DOUBLE_EQ(cats[0]["measured_ms"].get<double>(), 4.0);
+  EXPECT_DOUBLE_EQ(cats[0]["achieved_tflops"].get<double>(), 250.0);
+  EXPECT_EQ(cats[1]["category"], "convert");
+  EXPECT_DOUBLE_EQ(cats[1]["achieved_gbps"].get<double>(), 500.0);
+  EXPECT_DOUBLE_EQ(r.json["estimated_step_ms"].get<double>(), 3.0);
+  EXPECT_DOUBLE_EQ(r.json["measured_op_ms"].get<double>(), 6.0);
+  // MFU: 1e12 FLOP in 3 ms estimated (1e12 / 3e-3 / 1e15) and in 6 ms measured.
+  EXPECT_NEAR(r.json["estimated_mfu"].get<double>(), 1.0 / 3.0, 1e-12);
+  EXPECT_NEAR(r.json["measured_op_mfu"].get<double>(), 1.0 / 6.0, 1e-12);
+  // The op kinds, largest estimate first.
+  ASSERT_EQ(r.json["ops"].size(), 2u);
+  EXPECT_EQ(r.json["ops"][0]["op"], "matmul");
+  EXPECT_EQ(r.json["ops"][1]["op"], "convert");
+  bool step_line = false;
+  for (const std::string& line : r.lines) {
+    if (line.rfind("step: estimated 3.00 ms", 0) == 0) step_line = true;
+  }
+  EXPECT_TRUE(step_line);
+}
+
+TEST(OpProfileReportTest, WithoutDeviceTimesTheMeasuredFiguresAreNull) {
+  const std::vector<core::OpRecord> records = {
+      Op(core::OpCategory::kNorm, "layernorm.forward", core::OpCost::Memory(1e6), -1)};
+  const OpProfileReport r = ReportOpProfile(records, Rates(), 1e9, 10);
+  EXPECT_TRUE(r.json["categories"][0]["measured_ms"].is_null());
+  EXPECT_TRUE(r.json["categories"][0]["achieved_gbps"].is_null());
+  EXPECT_TRUE(r.json["measured_op_ms"].is_null());
+  EXPECT_TRUE(r.json["measured_op_mfu"].is_null());
+  EXPECT_DOUBLE_EQ(r.json["estimated_step_ms"].get<double>(), 1e-3);
+}
+
+}  // namespace
+}  // namespace integration
