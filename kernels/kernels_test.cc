@@ -283,5 +283,26 @@ TEST(KernelsTest, SgdUpdateWithMomentumNesterovAndWeightDecay) {
   EXPECT_NEAR(w, w1 - 0.1 * (g + 0.9 * b), 1e-6);
 }
 
+// The CUDA column sums' row split (kernels/cuda/kernels.h ColumnSums): one chunk for
+// small inputs, enough blocks for a whole GPU on a GPT-2 activation gradient, chunks of
+// at least 64 rows that cover every row.
+TEST(KernelsTest, ColumnSumChunksSplitLargeInputsAndCoverEveryRow) {
+  EXPECT_EQ(kernels::ColumnSumChunks(5, 8), 1);
+  EXPECT_EQ(kernels::ColumnSumChunks(0, 8), 1);
+  EXPECT_EQ(kernels::ColumnSumChunks(64, 768), 1);
+  const int64_t gpt = kernels::ColumnSumChunks(16 * 1024, 768);
+  EXPECT_EQ(gpt, 528 / 24);
+  EXPECT_GE(gpt * 24, 500);  // blocks of 32 columns x chunks: about 4 per SM of 132
+  for (int64_t rows : {1, 63, 64, 65, 1000, 16384, 1 << 20}) {
+    for (int64_t cols : {1, 32, 33, 768, 3072, 50304}) {
+      const int64_t chunks = kernels::ColumnSumChunks(rows, cols);
+      const int64_t per = (rows + chunks - 1) / chunks;
+      EXPECT_GE(chunks, 1);
+      EXPECT_GE(per * chunks, rows) << rows << " x " << cols;
+      if (chunks > 1) EXPECT_GE(per, 64) << rows << " x " << cols;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kernels

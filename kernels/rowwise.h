@@ -92,6 +92,22 @@ FSDP_HD inline float CrossEntropyGrad(float x, Acc max, Acc log_sum, bool is_tar
   return static_cast<float>((p - (is_target ? Acc(1) : Acc(0))) * inv_n);
 }
 
+// ---- Column sums acc[j] += sum_r x[r, j] (* y[r, j]).
+
+// How many row chunks the CUDA launcher splits a [rows, cols] column sum into: about 4
+// blocks of 32 columns per SM of a 132-SM GPU, chunks of at least 64 rows. A function of
+// the shape only, so the order of the sums is too (kernels/cuda/kernels.h ColumnSums).
+inline int64_t ColumnSumChunks(int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0) return 1;
+  const int64_t kTargetBlocks = 528, kMinRowsPerChunk = 64, kMaxChunks = 65535;
+  const int64_t col_blocks = (cols + 31) / 32;
+  const int64_t by_rows = rows / kMinRowsPerChunk;  // every chunk keeps >= 64 rows
+  int64_t chunks = kTargetBlocks / col_blocks;
+  if (chunks > by_rows) chunks = by_rows;
+  if (chunks > kMaxChunks) chunks = kMaxChunks;
+  return chunks > 1 ? chunks : 1;
+}
+
 }  // namespace kernels
 
 #endif  // KERNELS_ROWWISE_H_

@@ -13,8 +13,10 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/cuda_device.h"
 #include "core/random.h"
 #include "core/tensor.h"
@@ -339,6 +341,33 @@ TEST(CudaLayersTest, Bf16CausalSelfAttentionWithinTheRoundingBound) {
   ASSERT_TRUE(ConvertParameters(cpu, core::DType::kBFloat16).ok());
   ASSERT_TRUE(ConvertParameters(gpu, core::DType::kBFloat16).ok());
   CompareModules(cpu, gpu, Normal({3, 37, 24}, 13), 4 * kBf16Unit);
+}
+
+// The column sums split rows across blocks (kernels::ColumnSumChunks) and add the chunks
+// in order: within fp32 summation error of the CPU's double sums, and the same bits on
+// every run, for one chunk and for many.
+TEST(CudaLayersTest, ColumnSumsSplitAcrossBlocksMatchCpuAndRepeatBitForBit) {
+  SKIP_WITHOUT_GPU();
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+           {16384, 768}, {1000, 33}, {5, 7}}) {
+    SCOPED_TRACE(absl::StrCat(rows, " x ", cols));
+    const core::Tensor x = Normal({rows, cols}, 40), y = Normal({rows, cols}, 41);
+    const core::Tensor start = Normal({cols}, 42);
+    core::Tensor cpu = start.Clone(core::MemoryTag::kOther);
+    ASSERT_TRUE(AccumulateColumnSums("test", x, y, cpu).ok());
+    std::vector<float> first;
+    for (int run = 0; run < 2; ++run) {
+      core::Tensor gpu = To(start, kGpu);
+      ASSERT_TRUE(AccumulateColumnSums("test", To(x, kGpu), To(y, kGpu), gpu).ok());
+      const std::vector<float> got = Host(gpu);
+      EXPECT_LE(RelErr(got, cpu.ToVector()), 1e-5 * std::sqrt(static_cast<double>(rows)));
+      if (run == 0) {
+        first = got;
+      } else {
+        EXPECT_EQ(got, first) << "run to run";
+      }
+    }
+  }
 }
 
 // LayerNorm and Embedding read bf16 weights exactly (no GEMM): fp32 tolerance holds.

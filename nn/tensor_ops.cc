@@ -177,6 +177,24 @@ absl::Status BiasGeluForward(absl::string_view what, const Tensor& x, const Tens
 
 namespace {
 
+#ifdef FSDP_WITH_CUDA
+// kc::ColumnSums of checked CUDA tensors on the current device, with the partial sums'
+// scratch (kActivation, released on return: the caching allocator orders its reuse on
+// the compute stream). `op` names the launch in an error.
+absl::Status ColumnSumsOnCuda(absl::string_view what, const char* op, const Tensor& x,
+                              const Tensor& y, const Tensor& acc, int64_t rows, int64_t cols) {
+  const int64_t chunks = ::kernels::ColumnSumChunks(rows, cols);
+  Tensor partial;
+  if (chunks > 1) {
+    ASSIGN_OR_RETURN(partial, Tensor::Allocate({chunks * cols}, DType::kFloat32,
+                                               core::MemoryTag::kActivation, x.device()));
+  }
+  return Launched(kc::ColumnSums(F32(x), y.defined() ? F32(y) : nullptr, MutF32(acc), rows, cols,
+                                 chunks > 1 ? MutF32(partial) : nullptr),
+                  what, op);
+}
+#endif
+
 // AccumulateColumnSums's argument checks (y optional); the number of rows.
 absl::StatusOr<int64_t> CheckColumnSums(absl::string_view what, const Tensor& x, const Tensor& y,
                                         const Tensor& acc) {
@@ -232,8 +250,12 @@ absl::Status AccumulateColumnSums(absl::string_view what, const Tensor& x, const
   ProfiledOp op(OpCategory::kElementwise, "column_sums", x.device(),
                 internal::ColumnSumsCost(rows, cols, y.defined()));
   if (x.device().is_cuda()) {
-    NN_ON_CUDA(x.device(), what, "column sums",
-               kc::ColumnSums(F32(x), y.defined() ? F32(y) : nullptr, MutF32(acc), rows, cols));
+#ifdef FSDP_WITH_CUDA
+    RETURN_IF_ERROR(UseDevice(x.device(), what));
+    return ColumnSumsOnCuda(what, "column sums", x, y, acc, rows, cols);
+#else
+    return NoCuda(x.device(), what);
+#endif
   }
   kcpu::ColumnSums(F32(x), y.defined() ? F32(y) : nullptr, MutF32(acc), rows, cols);
   return absl::OkStatus();
@@ -370,12 +392,10 @@ absl::Status LayerNormBackward(absl::string_view what, const Tensor& g, const Te
                                                           rows, cols),
                              what, "LayerNorm backward"));
     if (gw.defined()) {
-      RETURN_IF_ERROR(Launched(kc::ColumnSums(F32(g), F32(xhat), MutF32(gw), rows, cols), what,
-                               "LayerNorm weight gradient"));
+      RETURN_IF_ERROR(ColumnSumsOnCuda(what, "LayerNorm weight gradient", g, xhat, gw, rows, cols));
     }
     if (gb.defined()) {
-      RETURN_IF_ERROR(Launched(kc::ColumnSums(F32(g), nullptr, MutF32(gb), rows, cols), what,
-                               "LayerNorm bias gradient"));
+      RETURN_IF_ERROR(ColumnSumsOnCuda(what, "LayerNorm bias gradient", g, Tensor(), gb, rows, cols));
     }
     return absl::OkStatus();
 #else

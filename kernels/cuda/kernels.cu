@@ -144,13 +144,17 @@ __global__ void EmbeddingBackwardKernel(const int32_t* ids, int64_t n_ids, const
 
 // ---- Column sums: block (32, 8) covers 32 columns; lanes y split the rows, then a
 // fixed-order tree in shared memory, so the result is deterministic.
-__global__ void ColumnSumsKernel(const float* x, const float* y, float* acc, int64_t rows,
-                                 int64_t cols) {
+// Block (bx, by) sums rows [by * rows_per_chunk, ...) of columns [32 bx, 32 bx + 32): into
+// out[col] += (one chunk) or out[by * cols + col] = (its chunk's partial sum).
+__global__ void ColumnSumsKernel(const float* x, const float* y, float* out, int64_t rows,
+                                 int64_t cols, int64_t rows_per_chunk, bool accumulate) {
   __shared__ float partial[8][33];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t end = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
   float s = 0.0f;
   if (col < cols) {
-    for (int64_t r = threadIdx.y; r < rows; r += 8) {
+    for (int64_t r = first + threadIdx.y; r < end; r += 8) {
       const int64_t i = r * cols + col;
       s += y != nullptr ? x[i] * y[i] : x[i];
     }
@@ -160,6 +164,20 @@ __global__ void ColumnSumsKernel(const float* x, const float* y, float* acc, int
   if (threadIdx.y == 0 && col < cols) {
     float total = 0.0f;
     for (int l = 0; l < 8; ++l) total += partial[l][threadIdx.x];
+    if (accumulate) {
+      out[col] += total;
+    } else {
+      out[static_cast<int64_t>(blockIdx.y) * cols + col] = total;
+    }
+  }
+}
+
+// acc[col] += the chunks' partial sums of column col, in chunk order.
+__global__ void ColumnSumsFinishKernel(const float* partial, float* acc, int64_t chunks,
+                                       int64_t cols) {
+  for (int64_t col = GlobalIndex(); col < cols; col += GlobalStride()) {
+    float total = 0.0f;
+    for (int64_t c = 0; c < chunks; ++c) total += partial[c * cols + col];
     acc[col] += total;
   }
 }
@@ -351,11 +369,21 @@ cudaError_t BiasAdd(const float* x, const void* bias, bool bf16, float* out, int
   return cudaGetLastError();
 }
 
-cudaError_t ColumnSums(const float* x, const float* y, float* acc, int64_t rows, int64_t cols) {
+cudaError_t ColumnSums(const float* x, const float* y, float* acc, int64_t rows, int64_t cols,
+                       float* partial) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
+  const int64_t chunks = k::ColumnSumChunks(rows, cols);
+  if (chunks > 1 && partial == nullptr) return cudaErrorInvalidValue;
+  const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
   const dim3 block(32, 8);
-  const dim3 grid(static_cast<unsigned int>((cols + 31) / 32));
-  ColumnSumsKernel<<<grid, block>>>(x, y, acc, rows, cols);
+  const dim3 grid(static_cast<unsigned int>((cols + 31) / 32), static_cast<unsigned int>(chunks));
+  if (chunks == 1) {
+    ColumnSumsKernel<<<grid, block>>>(x, y, acc, rows, cols, rows_per_chunk, true);
+    return cudaGetLastError();
+  }
+  ColumnSumsKernel<<<grid, block>>>(x, y, partial, rows, cols, rows_per_chunk, false);
+  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  ColumnSumsFinishKernel<<<GridFor(cols), kThreads>>>(partial, acc, chunks, cols);
   return cudaGetLastError();
 }
 

@@ -26,8 +26,14 @@ cudaError_t Add(const float* a, const float* b, float* out, int64_t n);
 // out[r, j] = x[r, j] + bias[j] for a [rows, cols] matrix.
 cudaError_t BiasAdd(const float* x, const void* bias, bool bf16, float* out, int64_t rows,
                     int64_t cols);
-// acc[j] += sum_r x[r, j] * (y ? y[r, j] : 1), one deterministic tree sum per column.
-cudaError_t ColumnSums(const float* x, const float* y, float* acc, int64_t rows, int64_t cols);
+// acc[j] += sum_r x[r, j] * (y ? y[r, j] : 1). The rows are split into
+// kernels::ColumnSumChunks(rows, cols) chunks (kernels/rowwise.h) summed by separate blocks
+// (so the whole GPU works on a [16K, 768] gradient), each chunk's fixed tree sum goes to
+// `partial` ([chunks, cols] fp32 scratch; may be null for one chunk, else
+// cudaErrorInvalidValue) and a second kernel adds the chunks into acc in chunk order:
+// deterministic, run to run.
+cudaError_t ColumnSums(const float* x, const float* y, float* acc, int64_t rows, int64_t cols,
+                       float* partial);
 // One warp per row of x [rows, cols]: y, xhat [rows, cols], rstd [rows].
 cudaError_t LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps,
                              float* y, float* xhat, float* rstd, int64_t rows, int64_t cols);

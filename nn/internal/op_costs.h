@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "core/op_profile.h"
+#include "kernels/rowwise.h"
 
 namespace nn {
 namespace internal {
@@ -27,10 +28,17 @@ inline core::OpCost BiasAddCost(int64_t rows, int64_t cols, int64_t bias_bytes) 
                               1.0 * rows * cols);
 }
 
-// acc[j] += sum_r x[r, j] (* y[r, j]).
+// acc[j] += sum_r x[r, j] (* y[r, j]); split into row chunks, a second launch adds the
+// chunks' partial sums (written and read once) into acc.
 inline core::OpCost ColumnSumsCost(int64_t rows, int64_t cols, bool two_factors) {
-  return core::OpCost::Memory(4.0 * rows * cols * (two_factors ? 2 : 1) + 8.0 * cols,
-                              (two_factors ? 2.0 : 1.0) * rows * cols);
+  const int64_t chunks = ::kernels::ColumnSumChunks(rows, cols);
+  core::OpCost c = core::OpCost::Memory(4.0 * rows * cols * (two_factors ? 2 : 1) + 8.0 * cols,
+                                        (two_factors ? 2.0 : 1.0) * rows * cols);
+  if (chunks > 1) {
+    c.bytes += 8.0 * chunks * cols;
+    c.launches = 2;
+  }
+  return c;
 }
 
 // Reads x, writes y and xhat (and rstd per row); about 8 operations per element.
@@ -49,7 +57,7 @@ inline core::OpCost LayerNormBackwardCost(int64_t rows, int64_t cols, int64_t w_
   auto add = [&](const core::OpCost& sums) {
     c.bytes += sums.bytes;
     c.flops += sums.flops;
-    ++c.launches;
+    c.launches += sums.launches;
   };
   if (gw) add(ColumnSumsCost(rows, cols, /*two_factors=*/true));  // sum g * xhat
   if (gb) add(ColumnSumsCost(rows, cols, /*two_factors=*/false));
