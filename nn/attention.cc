@@ -51,25 +51,7 @@ MatrixRef Squares(const core::Tensor& t, int64_t first, int64_t T) {
   return r;
 }
 
-// A bf16 [shape] activation on `device`.
-absl::StatusOr<core::Tensor> NewBf16Activation(const core::Shape& shape,
-                                               const core::Device& device) {
-  return core::Tensor::Allocate(shape, core::DType::kBFloat16, core::MemoryTag::kActivation,
-                                device);
-}
-
 }  // namespace
-
-absl::StatusOr<core::Tensor> CausalSelfAttention::Bf16Copy(const core::Tensor& t,
-                                                           const char* name) const {
-  absl::StatusOr<core::Tensor> rounded =
-      t.ToDType(core::DType::kBFloat16, core::MemoryTag::kActivation);
-  if (!rounded.ok()) {
-    return internal::ModuleError(*this, absl::StrCat("rounding ", name, " to bf16: ",
-                                                     rounded.status().message()));
-  }
-  return *std::move(rounded);
-}
 
 absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardImpl(const core::Tensor& x) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
@@ -87,12 +69,12 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardImpl(const core::Tensor
   // probabilities are bf16 GEMM operands, the scores fp32.
   const bool bf16 = qkv_->weight()->data.dtype() == core::DType::kBFloat16;
   if (bf16) {
-    ASSIGN_OR_RETURN(qkv, Bf16Copy(qkv, "q, k and v"));
+    ASSIGN_OR_RETURN(qkv, internal::RoundToBf16(*this, qkv, "q, k and v"));
   }
   ASSIGN_OR_RETURN(core::Tensor att, internal::NewActivation({B, H, T, T}, device));
   core::Tensor probs = att;  // fp32: the softmax runs in place
   if (bf16) {
-    ASSIGN_OR_RETURN(probs, NewBf16Activation({B, H, T, T}, device));
+    ASSIGN_OR_RETURN(probs, internal::NewActivation({B, H, T, T}, device, core::DType::kBFloat16));
   }
   ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation({B, T, C}, device));
   {
@@ -146,7 +128,7 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::BackwardImpl(const core::Tenso
   ASSIGN_OR_RETURN(core::Tensor gy, proj_->Backward(grad_output));
   const bool bf16 = att_.dtype() == core::DType::kBFloat16;  // NOTE [bf16 attention]
   if (bf16) {
-    ASSIGN_OR_RETURN(gy, Bf16Copy(gy, "the heads' gradient"));
+    ASSIGN_OR_RETURN(gy, internal::RoundToBf16(*this, gy, "the heads' gradient"));
   }
   ASSIGN_OR_RETURN(core::Tensor gqkv, internal::NewActivation({B, T, 3 * C}, device));
   // dL/datt of one batch element's heads, reused across the batch, and with bf16 its
@@ -154,7 +136,7 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::BackwardImpl(const core::Tenso
   ASSIGN_OR_RETURN(core::Tensor gatt, internal::NewActivation({H, T, T}, device));
   core::Tensor gscores = gatt;
   if (bf16) {
-    ASSIGN_OR_RETURN(gscores, NewBf16Activation({H, T, T}, device));
+    ASSIGN_OR_RETURN(gscores, internal::NewActivation({H, T, T}, device, core::DType::kBFloat16));
   }
   {
     core::ScopedOpCategory role(core::OpCategory::kAttention);

@@ -59,9 +59,6 @@ class CausalSelfAttention : public core::Module {
   std::string config_error_;
   std::shared_ptr<Linear> qkv_;
   std::shared_ptr<Linear> proj_;
-  // A bf16 copy of `t` (NOTE [bf16 attention]); `name` names it in an error.
-  absl::StatusOr<core::Tensor> Bf16Copy(const core::Tensor& t, const char* name) const;
-
   // Cached by Forward, released by Backward: qkv's output [B, T, 3C] and the attention
   // probabilities [B, n_head, T, T] (zero above the diagonal); bf16 under NOTE [bf16
   // attention].

@@ -80,13 +80,7 @@ absl::StatusOr<core::Tensor> Linear::ForwardWithoutBias(const core::Tensor& x) {
 absl::StatusOr<core::Tensor> Linear::GemmOperand(const core::Tensor& t, const char* name) const {
   if (weight_->data.dtype() != core::DType::kBFloat16) return t;
   // NOTE [bf16 GEMMs]: rounded once here, then used by every GEMM that needs it.
-  absl::StatusOr<core::Tensor> rounded =
-      t.ToDType(core::DType::kBFloat16, core::MemoryTag::kActivation);
-  if (!rounded.ok()) {
-    return internal::ModuleError(*this, absl::StrCat("rounding the ", name, " to bf16: ",
-                                                     rounded.status().message()));
-  }
-  return *std::move(rounded);
+  return internal::RoundToBf16(*this, t, name);
 }
 
 absl::StatusOr<core::Tensor> Linear::ForwardImpl(const core::Tensor& x) {

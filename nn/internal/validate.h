@@ -93,12 +93,24 @@ inline std::string FirstError(std::initializer_list<std::string> messages) {
   return std::string();
 }
 
-// An uninitialised fp32 tensor on `device` for activations or gradients (tag
-// kActivation); ResourceExhausted when memory runs out.
+// A bf16 copy of the fp32 activation `t` (tag kActivation), the operand of a bf16 GEMM
+// (NOTE [bf16 GEMMs] in nn/linear.h); an error names `m` and `name`.
+inline absl::StatusOr<core::Tensor> RoundToBf16(const core::Module& m, const core::Tensor& t,
+                                                absl::string_view name) {
+  absl::StatusOr<core::Tensor> rounded =
+      t.ToDType(core::DType::kBFloat16, core::MemoryTag::kActivation);
+  if (!rounded.ok()) {
+    return ModuleError(m, absl::StrCat("rounding ", name, " to bf16: ", rounded.status().message()));
+  }
+  return rounded;
+}
+
+// An uninitialised tensor (fp32 unless `dtype` says otherwise) on `device` for
+// activations or gradients (tag kActivation); ResourceExhausted when memory runs out.
 inline absl::StatusOr<core::Tensor> NewActivation(const core::Shape& shape,
-                                                  const core::Device& device = core::Device::Cpu()) {
-  return core::Tensor::Allocate(shape, core::DType::kFloat32, core::MemoryTag::kActivation,
-                                device);
+                                                  const core::Device& device = core::Device::Cpu(),
+                                                  core::DType dtype = core::DType::kFloat32) {
+  return core::Tensor::Allocate(shape, dtype, core::MemoryTag::kActivation, device);
 }
 
 // OK if parameter `name` holds an fp32 or bf16 tensor of exactly `shape` on `device` (the
