@@ -163,13 +163,13 @@ absl::Status BiasGeluForward(absl::string_view what, const Tensor& x, const Tens
   RETURN_IF_ERROR(CheckElementwiseF32(what, {{"pre-activation", &pre}, {"output", &y}}));
   RETURN_IF_ERROR(CheckDistinct(what, "output", y, "input", x));
   RETURN_IF_ERROR(CheckDistinct(what, "output", y, "pre-activation", pre));
+  ProfiledOp op(OpCategory::kElementwise, "bias_gelu.forward", x.device(),
+                internal::BiasGeluForwardCost(rows, bias.numel(), core::DTypeSize(bias.dtype())));
   if (x.device().is_cuda()) {
-    RETURN_IF_ERROR(BiasAdd(what, x, bias, pre));
-    return GeluForward(what, pre, y);
+    NN_ON_CUDA(x.device(), what, "bias + GELU forward",
+               kc::BiasGeluForward(F32(x), bias.raw_data(), IsBf16(bias), MutF32(pre), MutF32(y),
+                                   rows, bias.numel()));
   }
-  RecordOp(OpCategory::kElementwise, "bias_add",
-           internal::BiasAddCost(rows, bias.numel(), core::DTypeSize(bias.dtype())));
-  RecordOp(OpCategory::kElementwise, "gelu.forward", internal::GeluForwardCost(y.numel()));
   kcpu::BiasGeluForward(F32(x), bias.raw_data(), IsBf16(bias), MutF32(pre), MutF32(y), rows,
                         bias.numel());
   return absl::OkStatus();
@@ -352,19 +352,47 @@ absl::Status AddLayerNormForward(absl::string_view what, const Tensor& a, const 
       RETURN_IF_ERROR(CheckDistinct(what, out.name, *out.tensor, in.name, *in.tensor));
     }
   }
+  ProfiledOp op(OpCategory::kNorm, "add_layernorm.forward", a.device(),
+                internal::LayerNormForwardCost(rows, w.numel(), core::DTypeSize(w.dtype()),
+                                               /*add=*/true));
   if (a.device().is_cuda()) {
-    RETURN_IF_ERROR(AddTensors(what, a, b, h));
-    return LayerNormForward(what, h, w, bias, eps, y, xhat, rstd);
+    NN_ON_CUDA(a.device(), what, "residual + LayerNorm forward",
+               kc::AddLayerNormForward(F32(a), F32(b), MutF32(h), w.raw_data(), bias.raw_data(),
+                                       IsBf16(w), eps, MutF32(y), MutF32(xhat), MutF32(rstd),
+                                       rows, w.numel()));
   }
-  RecordOp(OpCategory::kElementwise, "add", internal::AddCost(h.numel()));
-  RecordOp(OpCategory::kNorm, "layernorm.forward",
-           internal::LayerNormForwardCost(rows, w.numel(), core::DTypeSize(w.dtype())));
   kcpu::AddLayerNormForward(F32(a), F32(b), MutF32(h), w.raw_data(), bias.raw_data(), IsBf16(w),
                             eps, MutF32(y), MutF32(xhat), MutF32(rstd), rows, w.numel());
   return absl::OkStatus();
 }
 
 namespace {
+
+#ifdef FSDP_WITH_CUDA
+// LayerNorm's backward on CUDA (checked tensors): the input gradient, plus `residual` when
+// it is defined (one kernel), then the weight and bias gradients' column sums.
+absl::Status LayerNormBackwardCuda(absl::string_view what, const Tensor& g, const Tensor& xhat,
+                                   const Tensor& rstd, const Tensor& w, const Tensor& residual,
+                                   const Tensor& gx, const Tensor& gw, const Tensor& gb,
+                                   int64_t rows) {
+  const int64_t cols = w.numel();
+  RETURN_IF_ERROR(UseDevice(g.device(), what));
+  RETURN_IF_ERROR(Launched(
+      residual.defined()
+          ? kc::LayerNormBackwardInputAdd(F32(g), F32(xhat), F32(rstd), w.raw_data(), IsBf16(w),
+                                          F32(residual), MutF32(gx), rows, cols)
+          : kc::LayerNormBackwardInput(F32(g), F32(xhat), F32(rstd), w.raw_data(), IsBf16(w),
+                                       MutF32(gx), rows, cols),
+      what, "LayerNorm backward"));
+  if (gw.defined()) {
+    RETURN_IF_ERROR(ColumnSumsOnCuda(what, "LayerNorm weight gradient", g, xhat, gw, rows, cols));
+  }
+  if (gb.defined()) {
+    RETURN_IF_ERROR(ColumnSumsOnCuda(what, "LayerNorm bias gradient", g, Tensor(), gb, rows, cols));
+  }
+  return absl::OkStatus();
+}
+#endif
 
 // The CPU weight and bias gradients of LayerNorm: gw += column sums of g * xhat, gb += column
 // sums of g (each when defined), after the input gradient.
@@ -385,19 +413,7 @@ absl::Status LayerNormBackward(absl::string_view what, const Tensor& g, const Te
                                                 gw.defined(), gb.defined()));
   if (g.device().is_cuda()) {
 #ifdef FSDP_WITH_CUDA
-    const int64_t cols = w.numel();
-    RETURN_IF_ERROR(UseDevice(g.device(), what));
-    RETURN_IF_ERROR(Launched(kc::LayerNormBackwardInput(F32(g), F32(xhat), F32(rstd),
-                                                          w.raw_data(), IsBf16(w), MutF32(gx),
-                                                          rows, cols),
-                             what, "LayerNorm backward"));
-    if (gw.defined()) {
-      RETURN_IF_ERROR(ColumnSumsOnCuda(what, "LayerNorm weight gradient", g, xhat, gw, rows, cols));
-    }
-    if (gb.defined()) {
-      RETURN_IF_ERROR(ColumnSumsOnCuda(what, "LayerNorm bias gradient", g, Tensor(), gb, rows, cols));
-    }
-    return absl::OkStatus();
+    return LayerNormBackwardCuda(what, g, xhat, rstd, w, Tensor(), gx, gw, gb, rows);
 #else
     return NoCuda(g.device(), what);
 #endif
@@ -414,14 +430,16 @@ absl::Status LayerNormBackwardAdd(absl::string_view what, const Tensor& g, const
   ASSIGN_OR_RETURN(const int64_t rows, CheckLayerNormBackward(what, g, xhat, rstd, w, gx, gw, gb));
   RETURN_IF_ERROR(CheckElementwiseF32(what, {{"grad_output", &g}, {"residual", &residual}}));
   RETURN_IF_ERROR(CheckDistinct(what, "grad_input", gx, "residual", residual));
+  ProfiledOp op(OpCategory::kNorm, "layernorm.backward_add", g.device(),
+                internal::LayerNormBackwardCost(rows, w.numel(), core::DTypeSize(w.dtype()),
+                                                gw.defined(), gb.defined(), /*residual=*/true));
   if (g.device().is_cuda()) {
-    RETURN_IF_ERROR(LayerNormBackward(what, g, xhat, rstd, w, gx, gw, gb));
-    return AddTensors(what, residual, gx, gx);
+#ifdef FSDP_WITH_CUDA
+    return LayerNormBackwardCuda(what, g, xhat, rstd, w, residual, gx, gw, gb, rows);
+#else
+    return NoCuda(g.device(), what);
+#endif
   }
-  RecordOp(OpCategory::kNorm, "layernorm.backward",
-           internal::LayerNormBackwardCost(rows, w.numel(), core::DTypeSize(w.dtype()),
-                                           gw.defined(), gb.defined()));
-  RecordOp(OpCategory::kElementwise, "add", internal::AddCost(gx.numel()));
   kcpu::LayerNormBackwardInputAdd(F32(g), F32(xhat), F32(rstd), w.raw_data(), IsBf16(w),
                                   F32(residual), MutF32(gx), rows, w.numel());
   LayerNormParamGradsCpu(g, xhat, gw, gb, rows, w.numel());

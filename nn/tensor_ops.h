@@ -105,10 +105,11 @@ absl::Status LayerNormBackward(absl::string_view what, const core::Tensor& g,
                                const core::Tensor& gw, const core::Tensor& gb);
 
 // NOTE [Fused ops]: each op below gives, bit for bit, what the unfused ops it names give
-// one after the other, with the same argument rules. On the CPU it makes one pass over
-// memory where they make two (a row is still in cache for the second step), so it reads
-// one tensor fewer; on CUDA it runs the unfused kernels one after the other. The layers
-// call them through NOTE [Fused layers] (nn/transformer.h).
+// one after the other, with the same argument rules. It makes one pass over memory where
+// they make two (a row is still in cache for the second step), so it reads one tensor
+// fewer: on the CPU one loop, on CUDA one kernel (bias + GELU, residual + LayerNorm,
+// LayerNorm backward + residual; GELU backward + bias gradient runs the GELU kernel and
+// the column sums). The layers call them through NOTE [Fused layers] (nn/transformer.h).
 
 // pre = x + bias (rows as BiasAdd; pre may be x), then y = GELU(pre): BiasAdd(x, bias,
 // pre) then GeluForward(pre, y). y must not overlap x or pre.

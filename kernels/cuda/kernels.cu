@@ -113,6 +113,18 @@ __global__ void BiasAddKernel(const float* x, const W* bias, float* out, int64_t
   }
 }
 
+// pre = x + bias (by column), y = GELU(pre): BiasAdd then GeluForward in one pass.
+template <typename W>
+__global__ void BiasGeluForwardKernel(const float* x, const W* bias, float* pre, float* y,
+                                      int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols;
+  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) {
+    const float p = k::BiasAdd(x[i], bias, i % cols);
+    pre[i] = p;
+    y[i] = k::GeluTanhForward(p);
+  }
+}
+
 __global__ void ScaleMatricesKernel(float* c, int64_t batch, int64_t rows, int64_t cols,
                                     int64_t ld, int64_t stride, float beta) {
   const int64_t n = batch * rows * cols;
@@ -184,33 +196,45 @@ __global__ void ColumnSumsFinishKernel(const float* partial, float* acc, int64_t
 
 // ---- LayerNorm, one warp per row.
 
+// LayerNorm of the rows of x, or of x + x2 when x2 is not null (residual + LayerNorm, the
+// sum written to `sum`, which may be x or x2: each lane reads and writes its own elements).
 template <typename W>
-__global__ void LayerNormForwardKernel(const float* x, const W* w, const W* b, float eps,
-                                       float* y, float* xhat, float* rstd, int64_t rows,
-                                       int64_t cols) {
+__global__ void LayerNormForwardKernel(const float* x, const float* x2, float* sum_out,
+                                       const W* w, const W* b, float eps, float* y, float* xhat,
+                                       float* rstd, int64_t rows, int64_t cols) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
   const float* xr = x + row * cols;
+  const float* x2r = x2 != nullptr ? x2 + row * cols : nullptr;
+  auto in = [&](int64_t j) { return x2r != nullptr ? k::Add(xr[j], x2r[j]) : xr[j]; };
   float sum = 0.0f;
-  for (int64_t j = lane; j < cols; j += 32) sum += xr[j];
+  for (int64_t j = lane; j < cols; j += 32) sum += in(j);
   const float mean = WarpSum(sum) / static_cast<float>(cols);
   float sq = 0.0f;
   for (int64_t j = lane; j < cols; j += 32) {
-    const float d = xr[j] - mean;
+    const float d = in(j) - mean;
     sq += d * d;
   }
   const float var = WarpSum(sq) / static_cast<float>(cols);
   const float r = k::LayerNormRstd(var, eps);
   float* yr = y + row * cols;
   float* hr = xhat + row * cols;
-  for (int64_t j = lane; j < cols; j += 32) yr[j] = k::LayerNormApply(xr[j], mean, r, w, b, j, &hr[j]);
+  float* sr = sum_out != nullptr ? sum_out + row * cols : nullptr;
+  for (int64_t j = lane; j < cols; j += 32) {
+    const float v = in(j);
+    if (sr != nullptr) sr[j] = v;
+    yr[j] = k::LayerNormApply(v, mean, r, w, b, j, &hr[j]);
+  }
   if (lane == 0) rstd[row] = r;
 }
 
+// gx from g, xhat, rstd and w, plus residual when it is not null (residual + LayerNorm
+// backward; residual must not be gx).
 template <typename W>
 __global__ void LayerNormBackwardInputKernel(const float* g, const float* xhat, const float* rstd,
-                                             const W* w, float* gx, int64_t rows, int64_t cols) {
+                                             const W* w, const float* residual, float* gx,
+                                             int64_t rows, int64_t cols) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
@@ -226,8 +250,10 @@ __global__ void LayerNormBackwardInputKernel(const float* g, const float* xhat, 
   const float mean_gh_h = WarpSum(sum_gh_h) / static_cast<float>(cols);
   const float r = rstd[row];
   float* out = gx + row * cols;
+  const float* res = residual != nullptr ? residual + row * cols : nullptr;
   for (int64_t j = lane; j < cols; j += 32) {
-    out[j] = k::LayerNormBackwardInput<float>(gr[j], w, j, hr[j], r, mean_gh, mean_gh_h);
+    const float v = k::LayerNormBackwardInput<float>(gr[j], w, j, hr[j], r, mean_gh, mean_gh_h);
+    out[j] = res != nullptr ? k::Add(res[j], v) : v;
   }
 }
 
@@ -387,31 +413,72 @@ cudaError_t ColumnSums(const float* x, const float* y, float* acc, int64_t rows,
   return cudaGetLastError();
 }
 
-cudaError_t LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps,
-                             float* y, float* xhat, float* rstd, int64_t rows, int64_t cols) {
+namespace {
+
+cudaError_t LayerNormForwardLaunch(const float* x, const float* x2, float* sum, const void* w,
+                                   const void* b, bool bf16, float eps, float* y, float* xhat,
+                                   float* rstd, int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   if (bf16) {
     LayerNormForwardKernel<<<GridForRows(rows), kThreads>>>(
-        x, static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(b), eps, y, xhat, rstd,
-        rows, cols);
+        x, x2, sum, static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(b), eps, y,
+        xhat, rstd, rows, cols);
   } else {
     LayerNormForwardKernel<<<GridForRows(rows), kThreads>>>(
-        x, static_cast<const float*>(w), static_cast<const float*>(b), eps, y, xhat, rstd, rows,
-        cols);
+        x, x2, sum, static_cast<const float*>(w), static_cast<const float*>(b), eps, y, xhat,
+        rstd, rows, cols);
   }
   return cudaGetLastError();
+}
+
+cudaError_t LayerNormBackwardInputLaunch(const float* g, const float* xhat, const float* rstd,
+                                         const void* w, bool bf16, const float* residual,
+                                         float* gx, int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  if (bf16) {
+    LayerNormBackwardInputKernel<<<GridForRows(rows), kThreads>>>(
+        g, xhat, rstd, static_cast<const uint16_t*>(w), residual, gx, rows, cols);
+  } else {
+    LayerNormBackwardInputKernel<<<GridForRows(rows), kThreads>>>(
+        g, xhat, rstd, static_cast<const float*>(w), residual, gx, rows, cols);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps,
+                             float* y, float* xhat, float* rstd, int64_t rows, int64_t cols) {
+  return LayerNormForwardLaunch(x, nullptr, nullptr, w, b, bf16, eps, y, xhat, rstd, rows, cols);
+}
+
+cudaError_t AddLayerNormForward(const float* a, const float* b, float* sum, const void* w,
+                                const void* bias, bool bf16, float eps, float* y, float* xhat,
+                                float* rstd, int64_t rows, int64_t cols) {
+  return LayerNormForwardLaunch(a, b, sum, w, bias, bf16, eps, y, xhat, rstd, rows, cols);
 }
 
 cudaError_t LayerNormBackwardInput(const float* g, const float* xhat, const float* rstd,
                                    const void* w, bool bf16, float* gx, int64_t rows,
                                    int64_t cols) {
+  return LayerNormBackwardInputLaunch(g, xhat, rstd, w, bf16, nullptr, gx, rows, cols);
+}
+
+cudaError_t LayerNormBackwardInputAdd(const float* g, const float* xhat, const float* rstd,
+                                      const void* w, bool bf16, const float* residual, float* gx,
+                                      int64_t rows, int64_t cols) {
+  return LayerNormBackwardInputLaunch(g, xhat, rstd, w, bf16, residual, gx, rows, cols);
+}
+
+cudaError_t BiasGeluForward(const float* x, const void* bias, bool bf16, float* pre, float* y,
+                            int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   if (bf16) {
-    LayerNormBackwardInputKernel<<<GridForRows(rows), kThreads>>>(
-        g, xhat, rstd, static_cast<const uint16_t*>(w), gx, rows, cols);
+    BiasGeluForwardKernel<<<GridFor(rows * cols), kThreads>>>(
+        x, static_cast<const uint16_t*>(bias), pre, y, rows, cols);
   } else {
-    LayerNormBackwardInputKernel<<<GridForRows(rows), kThreads>>>(
-        g, xhat, rstd, static_cast<const float*>(w), gx, rows, cols);
+    BiasGeluForwardKernel<<<GridFor(rows * cols), kThreads>>>(
+        x, static_cast<const float*>(bias), pre, y, rows, cols);
   }
   return cudaGetLastError();
 }

@@ -28,6 +28,12 @@ inline core::OpCost BiasAddCost(int64_t rows, int64_t cols, int64_t bias_bytes) 
                               1.0 * rows * cols);
 }
 
+// The fused bias + GELU: reads x, writes the pre-activation and y.
+inline core::OpCost BiasGeluForwardCost(int64_t rows, int64_t cols, int64_t bias_bytes) {
+  return core::OpCost::Memory(12.0 * rows * cols + static_cast<double>(bias_bytes) * cols,
+                              13.0 * rows * cols);
+}
+
 // acc[j] += sum_r x[r, j] (* y[r, j]); split into row chunks, a second launch adds the
 // chunks' partial sums (written and read once) into acc.
 inline core::OpCost ColumnSumsCost(int64_t rows, int64_t cols, bool two_factors) {
@@ -41,19 +47,23 @@ inline core::OpCost ColumnSumsCost(int64_t rows, int64_t cols, bool two_factors)
   return c;
 }
 
-// Reads x, writes y and xhat (and rstd per row); about 8 operations per element.
-inline core::OpCost LayerNormForwardCost(int64_t rows, int64_t cols, int64_t w_bytes) {
-  return core::OpCost::Memory(12.0 * rows * cols + 4.0 * rows + 2.0 * w_bytes * cols,
-                              8.0 * rows * cols);
+// Reads x, writes y and xhat (and rstd per row); about 8 operations per element. The
+// fused residual + LayerNorm also reads the second operand and writes the sum.
+inline core::OpCost LayerNormForwardCost(int64_t rows, int64_t cols, int64_t w_bytes,
+                                         bool add = false) {
+  return core::OpCost::Memory((add ? 20.0 : 12.0) * rows * cols + 4.0 * rows +
+                                  2.0 * w_bytes * cols,
+                              (add ? 9.0 : 8.0) * rows * cols);
 }
 
-// The input gradient (reads g and xhat, writes gx) and one column-sum kernel for each of
-// gw and gb that is asked for, as the CUDA path launches them.
+// The input gradient (reads g and xhat, writes gx; the fused residual add also reads
+// the residual) and the column sums for each of gw and gb that is asked for, as the CUDA
+// path launches them.
 inline core::OpCost LayerNormBackwardCost(int64_t rows, int64_t cols, int64_t w_bytes, bool gw,
-                                          bool gb) {
-  core::OpCost c = core::OpCost::Memory(12.0 * rows * cols + 4.0 * rows +
+                                          bool gb, bool residual = false) {
+  core::OpCost c = core::OpCost::Memory((residual ? 16.0 : 12.0) * rows * cols + 4.0 * rows +
                                             static_cast<double>(w_bytes) * cols,
-                                        10.0 * rows * cols);
+                                        (residual ? 11.0 : 10.0) * rows * cols);
   auto add = [&](const core::OpCost& sums) {
     c.bytes += sums.bytes;
     c.flops += sums.flops;
