@@ -1,7 +1,7 @@
 // What each op of nn/tensor_ops.h costs on its CUDA path (NOTE [Op accounting] in
 // core/op_profile.h): device-memory bytes read and written once, FLOPs, kernels launched.
 // The ops record these on every device, so an op list recorded on the CPU is the one the
-// GPU runs; a fused op records the costs of the unfused ops its CUDA path launches.
+// GPU runs (a fused op is one kernel on both devices and records its fused cost).
 #ifndef NN_INTERNAL_OP_COSTS_H_
 #define NN_INTERNAL_OP_COSTS_H_
 
