@@ -158,7 +158,7 @@ def build_model(args, torch, nn, F):
             for block in self.blocks:
                 x = block(x)
             logits = self.lm_head(self.ln_f(x))
-            return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+            return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
     return Gpt()
 

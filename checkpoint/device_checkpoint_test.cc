@@ -45,16 +45,20 @@ TEST_F(DeviceCheckpointTest, ShardedSaveFromTheDeviceLoadsOnTheCpuAndBack) {
   for (size_t i = 0; i < values.size(); ++i) values[i] = 0.25f * static_cast<float>(i) - 7;
   Tensor host = Tensor::FromVector(values, {10, 100}).value();
   Tensor dev = OnGpu(host);
-  // Two slices of one tensor, both from device memory; one stored as bf16.
-  TensorSlice a{"w", {10, 100}, DType::kFloat32, 0, 600, dev.View(0, {600}).value()};
-  TensorSlice b{"w", {10, 100}, DType::kFloat32, 600, 1000, dev.View(600, {400}).value()};
+  // Three tensors from device memory: the whole buffer, a view at an offset (a rank lists
+  // each tensor once), and the buffer stored as bf16.
+  TensorSlice a{"w", {10, 100}, DType::kFloat32, 0, 1000, dev.Flat()};
+  TensorSlice b{"tail", {400}, DType::kFloat32, 0, 400, dev.View(600, {400}).value()};
   TensorSlice c{"w16", {1000}, DType::kBFloat16, 0, 1000, dev.Flat()};
   const std::string dir = Root("sharded");
-  ASSERT_TRUE(Save(dir, {a, b, c}).ok());
-  auto full = LoadFull(dir, {"w", "w16"});
+  absl::Status saved = Save(dir, {a, b, c});
+  ASSERT_TRUE(saved.ok()) << saved;
+  auto full = LoadFull(dir, {"w", "tail", "w16"});
   ASSERT_TRUE(full.ok()) << full.status();
   EXPECT_EQ((*full)[0].second.ToVector(), values);  // CPU load of a device save: exact
-  EXPECT_EQ((*full)[1].second.dtype(), DType::kBFloat16);
+  EXPECT_EQ((*full)[1].second.ToVector(),
+            std::vector<float>(values.begin() + 600, values.end()));  // the view's offset
+  EXPECT_EQ((*full)[2].second.dtype(), DType::kBFloat16);
   // Load into device tensors, one converting bf16 -> fp32.
   Tensor back = Tensor::Allocate({1000}, DType::kFloat32, core::MemoryTag::kOther,
                                  core::Device::Cuda(0)).value();
@@ -63,10 +67,12 @@ TEST_F(DeviceCheckpointTest, ShardedSaveFromTheDeviceLoadsOnTheCpuAndBack) {
   auto stats = Load(dir, {{"w", 0, 1000, back}, {"w16", 0, 1000, back16}});
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(FromGpu(back), values);
-  EXPECT_EQ(FromGpu(back16), (*full)[1].second.ToVector());
+  EXPECT_EQ(FromGpu(back16), (*full)[2].second.ToVector());
   // A CPU save loads into the device the same way.
   const std::string cpu_dir = Root("sharded_cpu");
-  ASSERT_TRUE(Save(cpu_dir, {TensorSlice{"w", {10, 100}, DType::kFloat32, 0, 1000, host.Flat()}}).ok());
+  absl::Status cpu_saved =
+      Save(cpu_dir, {TensorSlice{"w", {10, 100}, DType::kFloat32, 0, 1000, host.Flat()}});
+  ASSERT_TRUE(cpu_saved.ok()) << cpu_saved;
   Tensor again = Tensor::Allocate({1000}, DType::kFloat32, core::MemoryTag::kOther,
                                   core::Device::Cuda(0)).value();
   ASSERT_TRUE(Load(cpu_dir, {{"w", 0, 1000, again}}).ok());

@@ -71,6 +71,17 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardImpl(const core::Tensor
   if (bf16) {
     ASSIGN_OR_RETURN(qkv, internal::RoundToBf16(*this, qkv, "q, k and v"));
   }
+  if (bf16 && fused_ && FusedAttentionSupported(device, hd)) {  // NOTE [Fused attention]
+    ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation({B, T, C}, device));
+    ASSIGN_OR_RETURN(core::Tensor lse, internal::NewActivation({B, H, T}, device));
+    RETURN_IF_ERROR(FusedAttentionForward(what, qkv, H, scale, y, lse));
+    ASSIGN_OR_RETURN(core::Tensor out, proj_->Forward(y));
+    qkv_out_ = std::move(qkv);
+    att_ = core::Tensor();
+    y_ = std::move(y);
+    lse_ = std::move(lse);
+    return out;
+  }
   ASSIGN_OR_RETURN(core::Tensor att, internal::NewActivation({B, H, T, T}, device));
   core::Tensor probs = att;  // fp32: the softmax runs in place
   if (bf16) {
@@ -111,6 +122,8 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardImpl(const core::Tensor
   ASSIGN_OR_RETURN(core::Tensor out, proj_->Forward(y));
   qkv_out_ = std::move(qkv);
   att_ = std::move(probs);
+  y_ = core::Tensor();
+  lse_ = core::Tensor();
   return out;
 }
 
@@ -126,6 +139,7 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::BackwardImpl(const core::Tenso
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const std::string what = internal::What(*this);
   ASSIGN_OR_RETURN(core::Tensor gy, proj_->Backward(grad_output));
+  if (lse_.defined()) return FusedBackward(std::move(gy));
   const bool bf16 = att_.dtype() == core::DType::kBFloat16;  // NOTE [bf16 attention]
   if (bf16) {
     ASSIGN_OR_RETURN(gy, internal::RoundToBf16(*this, gy, "the heads' gradient"));
@@ -187,6 +201,21 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::BackwardImpl(const core::Tenso
   }
   qkv_out_ = core::Tensor();
   att_ = core::Tensor();
+  return qkv_->Backward(gqkv);
+}
+
+absl::StatusOr<core::Tensor> CausalSelfAttention::FusedBackward(core::Tensor gy) {
+  const core::Device device = qkv_out_.device();
+  const int64_t B = qkv_out_.size(0), T = qkv_out_.size(1), C = n_embd_, H = n_head_;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(C / H));
+  ASSIGN_OR_RETURN(gy, internal::RoundToBf16(*this, gy, "the heads' gradient"));
+  ASSIGN_OR_RETURN(core::Tensor gqkv, internal::NewActivation({B, T, 3 * C}, device));
+  ASSIGN_OR_RETURN(core::Tensor delta, internal::NewActivation({B, H, T}, device));
+  RETURN_IF_ERROR(FusedAttentionBackward(internal::What(*this), qkv_out_, y_, gy, lse_, delta, H,
+                                         scale, gqkv));
+  qkv_out_ = core::Tensor();
+  y_ = core::Tensor();
+  lse_ = core::Tensor();
   return qkv_->Backward(gqkv);
 }
 

@@ -17,6 +17,17 @@
 // (half the bytes of fp32 ones); the backward rounds the heads' gradient once and its
 // softmax writes the score gradient rounded to bf16 for dq and dk. With an fp32 weight
 // everything is fp32, as before.
+//
+// NOTE [Fused attention]: on CUDA, under bf16 attention and with a head width of 64 or 128,
+// the scores, softmax and value product of every head run as one fused kernel
+// (kernels/cuda/flash_attention.h, nn::FusedAttentionForward): a flash-attention pass over
+// 64 x 64 tiles with an online softmax, so the [B, H, T, T] scores and probabilities never
+// exist in memory. The layer keeps q, k, v (bf16), the heads' output y (fp32) and one fp32
+// statistic per row for the backward, which recomputes each tile's probabilities from them
+// (three kernels, deterministic). Rounding differs from the unfused path in one place: the
+// fused forward rounds each probability to bf16 before the row's normalisation rather than
+// after (the sum itself is fp32), so the two agree to within the bf16 rounding bound, not
+// bit for bit. set_fused(false) selects the unfused path (the reference in the GPU tests).
 #ifndef NN_ATTENTION_H_
 #define NN_ATTENTION_H_
 
@@ -44,6 +55,10 @@ class CausalSelfAttention : public core::Module {
   const std::shared_ptr<Linear>& proj() const { return proj_; }
   int64_t n_embd() const { return n_embd_; }
   int64_t n_head() const { return n_head_; }
+  // Whether Forward may take the fused path where it applies (NOTE [Fused attention]);
+  // true by default. Takes effect at the next Forward.
+  void set_fused(bool fused) { fused_ = fused; }
+  bool fused() const { return fused_; }
 
  protected:
   // x: fp32 [B, T, C] on the parameters' device -> [B, T, C]. On CUDA the per-head
@@ -59,11 +74,17 @@ class CausalSelfAttention : public core::Module {
   std::string config_error_;
   std::shared_ptr<Linear> qkv_;
   std::shared_ptr<Linear> proj_;
+  bool fused_ = true;
   // Cached by Forward, released by Backward: qkv's output [B, T, 3C] and the attention
   // probabilities [B, n_head, T, T] (zero above the diagonal); bf16 under NOTE [bf16
-  // attention].
+  // attention]. Under NOTE [Fused attention] att_ stays empty and the heads' output
+  // y_ [B, T, C] and the row statistics lse_ [B, n_head, T] are kept instead.
   core::Tensor qkv_out_;
   core::Tensor att_;
+  core::Tensor y_;
+  core::Tensor lse_;
+
+  absl::StatusOr<core::Tensor> FusedBackward(core::Tensor gy);
 };
 
 }  // namespace nn

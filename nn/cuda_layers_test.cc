@@ -16,8 +16,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/cuda_device.h"
+#include "core/op_profile.h"
 #include "core/random.h"
 #include "core/tensor.h"
 #include "gtest/gtest.h"
@@ -341,6 +343,74 @@ TEST(CudaLayersTest, Bf16CausalSelfAttentionWithinTheRoundingBound) {
   ASSERT_TRUE(ConvertParameters(cpu, core::DType::kBFloat16).ok());
   ASSERT_TRUE(ConvertParameters(gpu, core::DType::kBFloat16).ok());
   CompareModules(cpu, gpu, Normal({3, 37, 24}, 13), 4 * kBf16Unit);
+}
+
+// NOTE [Fused attention]: at head widths 64 and 128 the bf16 layer on CUDA runs the fused
+// kernels. Against the unfused path on the CPU with the same bf16 weights (the reference
+// semantics): every output and gradient within 4 u normwise, as the unfused CUDA path is
+// above, with T = 200 so that the last tile is partial. The op profile shows the fused ops
+// ran (and no T x T softmax), and a second backward from the same forward state gives the
+// same bits (no atomics).
+TEST(CudaLayersTest, FusedBf16AttentionMatchesTheUnfusedPathAndRepeatsBitForBit) {
+  SKIP_WITHOUT_GPU();
+  for (const int64_t hd : {64, 128}) {
+    SCOPED_TRACE(absl::StrCat("head width ", hd));
+    const int64_t H = 2, C = H * hd, B = 2, T = 200;
+    CausalSelfAttention cpu(C, H, 7), gpu(C, H, 7);
+    ASSERT_TRUE(ConvertParameters(cpu, core::DType::kBFloat16).ok());
+    ASSERT_TRUE(ConvertParameters(gpu, core::DType::kBFloat16).ok());
+    core::OpProfile profile;
+    {
+      core::ScopedOpProfile on(&profile);
+      CompareModules(cpu, gpu, Normal({B, T, C}, 31), 4 * kBf16Unit);
+    }
+    bool fused_forward = false, fused_backward = false, softmax = false;
+    for (const core::OpRecord& r : profile.records()) {
+      fused_forward |= r.name == "fused_attention.forward";
+      fused_backward |= r.name == "fused_attention.backward";
+      softmax |= absl::StartsWith(r.name, "causal_softmax");
+    }
+    EXPECT_TRUE(fused_forward);
+    EXPECT_TRUE(fused_backward);
+    EXPECT_FALSE(softmax);
+
+    std::vector<std::vector<float>> runs;
+    for (int run = 0; run < 2; ++run) {
+      gpu.ZeroGrad();
+      absl::StatusOr<core::Tensor> y = gpu.Forward(To(Normal({B, T, C}, 32), kGpu));
+      ASSERT_TRUE(y.ok()) << y.status();
+      absl::StatusOr<core::Tensor> gx = gpu.Backward(To(Normal({B, T, C}, 33), kGpu));
+      ASSERT_TRUE(gx.ok()) << gx.status();
+      std::vector<float> bits = Host(*gx);
+      const std::vector<float> gw = Host(gpu.qkv()->weight()->grad);
+      bits.insert(bits.end(), gw.begin(), gw.end());
+      runs.push_back(std::move(bits));
+    }
+    EXPECT_EQ(runs[0], runs[1]);
+  }
+}
+
+// The fused ops refuse what they cannot run, naming the tensor: fp32 q, k and v, a head
+// width without a kernel, a mis-shaped output.
+TEST(CudaLayersTest, FusedAttentionRejectsUnsupportedInputsNamingThem) {
+  SKIP_WITHOUT_GPU();
+  const auto dev = [](const core::Shape& shape, core::DType dtype) {
+    return core::Tensor::Empty(shape, dtype, core::MemoryTag::kOther, kGpu);
+  };
+  const core::Tensor y = dev({1, 8, 128}, core::DType::kFloat32);
+  const core::Tensor lse = dev({1, 2, 8}, core::DType::kFloat32);
+  absl::Status s = FusedAttentionForward("attn", dev({1, 8, 384}, core::DType::kFloat32), 2,
+                                         0.125f, y, lse);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("q, k and v"), std::string::npos) << s;
+  s = FusedAttentionForward("attn", dev({1, 8, 384}, core::DType::kBFloat16), 4, 0.125f,
+                            dev({1, 8, 128}, core::DType::kFloat32), dev({1, 4, 8}, core::DType::kFloat32));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("head width 32"), std::string::npos) << s;
+  s = FusedAttentionForward("attn", dev({1, 8, 384}, core::DType::kBFloat16), 2, 0.125f,
+                            dev({1, 8, 64}, core::DType::kFloat32), lse);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("attention output"), std::string::npos) << s;
 }
 
 // The column sums split rows across blocks (kernels::ColumnSumChunks) and add the chunks

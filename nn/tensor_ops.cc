@@ -12,6 +12,7 @@
 #ifdef FSDP_WITH_CUDA
 #include <cuda_runtime_api.h>
 
+#include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/kernels.h"
 #endif
 
@@ -501,6 +502,92 @@ absl::Status CausalSoftmaxBackward(absl::string_view what, const Tensor& p, cons
   }
   kcpu::CausalSoftmaxBackward(p.raw_data(), IsBf16(p), MutF32(g), rows, T, scale, o16);
   return absl::OkStatus();
+}
+
+bool FusedAttentionSupported(const core::Device& device, int64_t head_dim) {
+#ifdef FSDP_WITH_CUDA
+  return device.is_cuda() && kc::FlashAttentionSupports(head_dim);
+#else
+  (void)device;
+  (void)head_dim;
+  return false;
+#endif
+}
+
+namespace {
+
+// The shapes FusedAttentionForward/Backward share: qkv [B, T, 3C] bf16 with C = n_head * hd
+// and hd supported, on a CUDA device; returns hd.
+absl::StatusOr<int64_t> CheckFusedAttention(absl::string_view what, const Tensor& qkv,
+                                            int64_t n_head) {
+  RETURN_IF_ERROR(CheckDType(what, "q, k and v", qkv, DType::kBFloat16));
+  if (qkv.dim() != 3 || qkv.size(2) % 3 != 0 || n_head <= 0 || qkv.size(2) / 3 % n_head != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": fused attention needs q, k and v as [B, T, 3C] with C divisible by n_head (",
+        n_head, "), got ", qkv.ToString()));
+  }
+  const int64_t hd = qkv.size(2) / 3 / n_head;
+  if (!FusedAttentionSupported(qkv.device(), hd)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": fused attention runs on CUDA with head width 64 or 128; q, k and v ",
+        qkv.ToString(), " have head width ", hd));
+  }
+  if (reinterpret_cast<uintptr_t>(qkv.raw_data()) % 16 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": fused attention needs q, k and v 16-byte aligned, got ",
+                     qkv.ToString()));
+  }
+  return hd;
+}
+
+absl::Status CheckShape(absl::string_view what, const char* name, const Tensor& t, DType dtype,
+                        const core::Shape& shape, const Tensor& like) {
+  RETURN_IF_ERROR(CheckDevices(what, {{name, &t}, {"q, k and v", &like}}));
+  RETURN_IF_ERROR(CheckDType(what, name, t, dtype));
+  if (t.shape() != shape) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", name, " must be ",
+                                                   core::ShapeToString(shape), ", got ",
+                                                   t.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status FusedAttentionForward(absl::string_view what, const Tensor& qkv, int64_t n_head,
+                                   float scale, const Tensor& y, const Tensor& lse) {
+  ASSIGN_OR_RETURN(const int64_t hd, CheckFusedAttention(what, qkv, n_head));
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = n_head * hd;
+  RETURN_IF_ERROR(CheckShape(what, "attention output", y, DType::kFloat32, {B, T, C}, qkv));
+  RETURN_IF_ERROR(CheckShape(what, "softmax statistics", lse, DType::kFloat32, {B, n_head, T}, qkv));
+  ProfiledOp op(OpCategory::kAttention, "fused_attention.forward", qkv.device(),
+                internal::FusedAttentionForwardCost(B, T, n_head, hd));
+  NN_ON_CUDA(qkv.device(), what, "fused attention forward",
+             kc::FlashAttentionForward(static_cast<const uint16_t*>(qkv.raw_data()), MutF32(y),
+                                       MutF32(lse), B, T, n_head, hd, scale));
+}
+
+absl::Status FusedAttentionBackward(absl::string_view what, const Tensor& qkv, const Tensor& y,
+                                    const Tensor& gy, const Tensor& lse, const Tensor& delta,
+                                    int64_t n_head, float scale, const Tensor& gqkv) {
+  ASSIGN_OR_RETURN(const int64_t hd, CheckFusedAttention(what, qkv, n_head));
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = n_head * hd;
+  RETURN_IF_ERROR(CheckShape(what, "attention output", y, DType::kFloat32, {B, T, C}, qkv));
+  RETURN_IF_ERROR(CheckShape(what, "its gradient", gy, DType::kBFloat16, {B, T, C}, qkv));
+  RETURN_IF_ERROR(CheckShape(what, "softmax statistics", lse, DType::kFloat32, {B, n_head, T}, qkv));
+  RETURN_IF_ERROR(CheckShape(what, "row scratch", delta, DType::kFloat32, {B, n_head, T}, qkv));
+  RETURN_IF_ERROR(CheckShape(what, "q, k and v gradient", gqkv, DType::kFloat32, qkv.shape(), qkv));
+  if (reinterpret_cast<uintptr_t>(gy.raw_data()) % 16 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": fused attention needs its gradient 16-byte aligned, got ",
+                     gy.ToString()));
+  }
+  ProfiledOp op(OpCategory::kAttention, "fused_attention.backward", qkv.device(),
+                internal::FusedAttentionBackwardCost(B, T, n_head, hd));
+  NN_ON_CUDA(qkv.device(), what, "fused attention backward",
+             kc::FlashAttentionBackward(static_cast<const uint16_t*>(qkv.raw_data()), F32(y),
+                                        static_cast<const uint16_t*>(gy.raw_data()), F32(lse),
+                                        MutF32(delta), MutF32(gqkv), B, T, n_head, hd, scale));
 }
 
 absl::Status EmbeddingForward(absl::string_view what, const Tensor& table, const Tensor& ids,

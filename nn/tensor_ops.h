@@ -151,6 +151,24 @@ absl::Status CausalSoftmaxBackward(absl::string_view what, const core::Tensor& p
                                    const core::Tensor& g, int64_t T, float scale,
                                    const core::Tensor& out16 = core::Tensor());
 
+// NOTE [Fused attention] (nn/attention.h): causal attention of every head of qkv
+// [B, T, 3C] bf16 (q, k, v at columns 0, C, 2C; head h at columns h*hd ..) in one pass,
+// without the [T, T] scores in memory. CUDA only, for the head widths
+// FusedAttentionSupported accepts; FailedPrecondition elsewhere, InvalidArgument naming the
+// tensor for a wrong shape, dtype or device.
+bool FusedAttentionSupported(const core::Device& device, int64_t head_dim);
+// y [B, T, C] fp32 = the heads' outputs; lse [B, H, T] fp32 = what the backward needs of
+// each row's softmax (its log2-sum-exp2).
+absl::Status FusedAttentionForward(absl::string_view what, const core::Tensor& qkv,
+                                   int64_t n_head, float scale, const core::Tensor& y,
+                                   const core::Tensor& lse);
+// gqkv [B, T, 3C] fp32 = dL/dqkv (written whole) from the forward's qkv, y, lse and
+// gy [B, T, C] bf16 = dL/dy rounded once; delta [B, H, T] fp32 is scratch. Deterministic.
+absl::Status FusedAttentionBackward(absl::string_view what, const core::Tensor& qkv,
+                                    const core::Tensor& y, const core::Tensor& gy,
+                                    const core::Tensor& lse, const core::Tensor& delta,
+                                    int64_t n_head, float scale, const core::Tensor& gqkv);
+
 // y[i, :] = table[ids[i], :], table [num, dim] fp32 or bf16, ids int32 (each in [0, num),
 // checked by the caller), y fp32 [ids.numel(), dim].
 absl::Status EmbeddingForward(absl::string_view what, const core::Tensor& table,

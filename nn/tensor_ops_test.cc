@@ -336,5 +336,23 @@ TEST(FusedOpsTest, BadArgumentsAreInvalidArgumentAndWriteNothing) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("ln_2: grad_input and residual"));
 }
 
+// NOTE [Fused attention] is CUDA-only: on CPU tensors the fused ops refuse with
+// FailedPrecondition saying so (the layer takes the unfused path there), and
+// FusedAttentionSupported says no for every head width.
+TEST(FusedAttentionTest, IsRefusedOnTheCpu) {
+  EXPECT_FALSE(FusedAttentionSupported(core::Device::Cpu(), 64));
+  const core::Tensor qkv = core::Tensor::Zeros({1, 4, 384}, core::DType::kBFloat16);
+  const core::Tensor y = core::Tensor::Zeros({1, 4, 128});
+  const core::Tensor lse = core::Tensor::Zeros({1, 2, 4});
+  const absl::Status s = FusedAttentionForward("attn", qkv, 2, 0.125f, y, lse);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("fused attention runs on CUDA"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("attn"));
+  const absl::Status b =
+      FusedAttentionBackward("attn", qkv, y, core::Tensor::Zeros({1, 4, 128}, core::DType::kBFloat16),
+                             lse, lse, 2, 0.125f, core::Tensor::Zeros({1, 4, 384}));
+  EXPECT_EQ(b.code(), absl::StatusCode::kFailedPrecondition) << b;
+}
+
 }  // namespace
 }  // namespace nn

@@ -77,7 +77,10 @@ void ProcessGroupConformanceTest::SetUp() {
 
 absl::Status ProcessGroupConformanceTest::Finish(absl::StatusOr<std::shared_ptr<Work>> work) {
   if (!work.ok()) return work.status();
-  return (*work)->Wait(kCollectiveTimeout);
+  // WaitHost, not Wait: on a stream-ordered backend (NCCL) Wait returns once the compute
+  // stream is ordered after the collective, before it has completed and been counted in
+  // Stats(); the counter tests read Stats() right after the last Finish.
+  return (*work)->WaitHost(kCollectiveTimeout);
 }
 
 absl::Status ProcessGroupConformanceTest::RunRanks(const RankFunction& fn, int world_size) const {

@@ -86,6 +86,29 @@ inline core::OpCost SoftmaxBackwardCost(int64_t rows, int64_t T, bool bf16_p, bo
                               4.0 * rows * T);
 }
 
+// The fused attention (NOTE [Fused attention] in nn/attention.h) on 64-row tiles: the
+// forward runs 2 tile products per (query tile, key tile <= it) pair, the backward 7 (dK
+// and dV: S, dP, P^T dO, dS^T Q; dQ: S, dP, dS K); each tile product is 2 * 64 * 64 * hd
+// FLOPs on the tensor cores. Bytes: q, k, v (bf16) read once per pair's key tile, the
+// outputs and statistics written once.
+inline double FusedAttentionPairs(int64_t T) {
+  const double tiles = static_cast<double>((T + 63) / 64);
+  return tiles * (tiles + 1) / 2;
+}
+inline core::OpCost FusedAttentionForwardCost(int64_t B, int64_t T, int64_t H, int64_t hd) {
+  const double bh = static_cast<double>(B) * H, tile = 2.0 * 64 * 64 * hd;
+  return core::OpCost{bh * FusedAttentionPairs(T) * 2 * tile,
+                      bh * (FusedAttentionPairs(T) * 2 * 64 * hd * 2 + T * hd * (2 + 4) + 4.0 * T),
+                      1, core::OpEngine::kTensorCoreBf16};
+}
+inline core::OpCost FusedAttentionBackwardCost(int64_t B, int64_t T, int64_t H, int64_t hd) {
+  const double bh = static_cast<double>(B) * H, tile = 2.0 * 64 * 64 * hd;
+  return core::OpCost{bh * FusedAttentionPairs(T) * 7 * tile,
+                      bh * (FusedAttentionPairs(T) * 4 * 64 * hd * 2 +
+                            T * hd * (2 + 2 + 4 + 3 * 4) + 12.0 * T),
+                      3, core::OpEngine::kTensorCoreBf16};
+}
+
 inline core::OpCost EmbeddingForwardCost(int64_t n, int64_t dim, int64_t table_bytes) {
   return core::OpCost::Memory(4.0 * n + (static_cast<double>(table_bytes) + 4.0) * n * dim);
 }

@@ -1,0 +1,54 @@
+// Fused causal self-attention on CUDA (only under --config=cuda): NOTE [Fused attention]
+// in nn/attention.h says when the layer uses it. Flash-attention style: each block keeps a
+// 64-query tile in shared memory and walks the 64-key tiles up to the diagonal with an
+// online softmax, so the [T, T] scores never reach device memory. The products run on the
+// tensor cores (WMMA, bf16 x bf16 with fp32 accumulation); the softmax statistics are fp32.
+//
+// Layout (nanoGPT's c_attn split, as nn::CausalSelfAttention): qkv [B, T, 3C] bf16 with q,
+// k, v at columns [0, C), [C, 2C), [2C, 3C), head h at columns h*hd .. (h+1)*hd of each;
+// y and gy [B, T, C]. Scores are scale * q k^T, entries with key > query masked.
+//
+//   if (kernels::cuda::FlashAttentionSupports(hd)) {
+//     err = kernels::cuda::FlashAttentionForward(qkv, y, lse, B, T, H, hd, scale);
+//     ...
+//     err = kernels::cuda::FlashAttentionBackward(qkv, y, gy, lse, delta, gqkv, B, T, H, hd,
+//                                                 scale);
+//   }
+//
+// Every launch goes to the compute stream (the legacy default stream) and returns the
+// launch's error, never synchronising. The backward is deterministic: dK and dV are summed
+// by the block that owns the key tile and dQ by the block that owns the query tile (no
+// atomics), so the same inputs give the same bits on every run.
+#ifndef KERNELS_CUDA_FLASH_ATTENTION_H_
+#define KERNELS_CUDA_FLASH_ATTENTION_H_
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+namespace kernels {
+namespace cuda {
+
+// Query and key rows per tile.
+constexpr int64_t kFlashTile = 64;
+
+// Head widths the kernels are built for (64: GPT-2 and most models; 128).
+bool FlashAttentionSupports(int64_t head_dim);
+
+// y [B, T, C] fp32 = the heads' attention outputs (before the output projection);
+// lse [B, H, T] fp32 = each row's log2-sum-exp2 of the scaled scores in log2 units
+// (scale * log2(e) * q.k), which the backward reads. Returns cudaErrorInvalidValue for a
+// head width FlashAttentionSupports rejects or sizes that do not fit a launch.
+cudaError_t FlashAttentionForward(const uint16_t* qkv, float* y, float* lse, int64_t B,
+                                  int64_t T, int64_t H, int64_t head_dim, float scale);
+
+// gqkv [B, T, 3C] fp32 = dL/dqkv (every element written) from the forward's qkv, y and lse
+// and gy = dL/dy rounded to bf16; delta [B, H, T] fp32 is scratch (each row's <gy, y>).
+// Three launches: delta, then dK and dV per key tile, then dQ per query tile.
+cudaError_t FlashAttentionBackward(const uint16_t* qkv, const float* y, const uint16_t* gy,
+                                   const float* lse, float* delta, float* gqkv, int64_t B,
+                                   int64_t T, int64_t H, int64_t head_dim, float scale);
+
+}  // namespace cuda
+}  // namespace kernels
+
+#endif  // KERNELS_CUDA_FLASH_ATTENTION_H_
