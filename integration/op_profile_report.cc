@@ -60,25 +60,40 @@ OpProfileReport ReportOpProfile(const std::vector<core::OpRecord>& records,
                           {"achieved_gbps", OrNull(measured, gbps)}});
   }
 
-  // Per op kind, largest estimate first.
-  std::map<std::pair<std::string, std::string>, std::pair<int64_t, double>> kinds;
+  // Per op kind, largest estimate first; the measured device time where every op of the
+  // kind was timed (CUDA).
+  struct Kind {
+    int64_t count = 0, timed = 0;
+    double estimated_ms = 0, measured_ms = 0;
+  };
+  std::map<std::pair<std::string, std::string>, Kind> kinds;
   for (const core::OpRecord& r : records) {
-    auto& k = kinds[{core::OpCategoryName(r.category), r.name}];
-    ++k.first;
-    k.second += core::EstimateOp(r, rates).ms;
+    Kind& k = kinds[{core::OpCategoryName(r.category), r.name}];
+    ++k.count;
+    k.estimated_ms += core::EstimateOp(r, rates).ms;
+    if (r.device_ms >= 0) {
+      ++k.timed;
+      k.measured_ms += r.device_ms;
+    }
   }
   std::vector<std::pair<double, std::pair<std::string, std::string>>> order;
-  for (const auto& [key, v] : kinds) order.push_back({v.second, key});
+  for (const auto& [key, v] : kinds) order.push_back({v.estimated_ms, key});
   std::sort(order.rbegin(), order.rend());
   nlohmann::json ops = nlohmann::json::array();
   out.lines.push_back("");
-  out.lines.push_back(absl::StrFormat("%-17s %-30s %6s %10s", "category", "op", "count", "est_ms"));
+  out.lines.push_back(absl::StrFormat("%-17s %-30s %6s %10s %11s", "category", "op", "count",
+                                      "est_ms", "measured_ms"));
   for (const auto& [ms, key] : order) {
-    const int64_t count = kinds[key].first;
-    out.lines.push_back(
-        absl::StrFormat("%-17s %-30s %6d %10.3f", key.first, key.second, count, ms));
-    ops.push_back(
-        {{"category", key.first}, {"op", key.second}, {"count", count}, {"estimated_ms", ms}});
+    const Kind& k = kinds[key];
+    const bool measured = k.timed == k.count;
+    out.lines.push_back(absl::StrFormat("%-17s %-30s %6d %10.3f %11s", key.first, key.second,
+                                        k.count, ms,
+                                        measured ? absl::StrFormat("%.3f", k.measured_ms) : "-"));
+    ops.push_back({{"category", key.first},
+                   {"op", key.second},
+                   {"count", k.count},
+                   {"estimated_ms", ms},
+                   {"measured_ms", OrNull(measured, k.measured_ms)}});
   }
 
   const double est_s = e.total_ms * 1e-3;

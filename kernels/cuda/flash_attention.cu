@@ -1,19 +1,25 @@
 // Fused causal attention kernels (kernels/cuda/flash_attention.h).
 //
-// One block of 4 warps per (64-row tile, batch element x head). Each warp owns 16 rows of
-// the block's tile: it runs the WMMA products for those rows, and its 32 lanes do the
-// row-wise softmax work two lanes per row (lane / 2 = the row, lane % 2 = which half of
-// the 64 columns), so row statistics need one shuffle and no block barrier. Tiles shared
-// by the warps (the K/V tiles of the forward and dQ kernels, the Q/dO tiles of the dK/dV
-// kernel) are loaded by the whole block between __syncthreads().
+// One block of 4 warps per (64-row tile, batch element x head); each warp owns 16 rows of
+// the block's tile and keeps everything about them in registers, as FlashAttention-2
+// does: the products are mma.sync m16n8k16 (bf16 x bf16 -> fp32) whose accumulator
+// layout is fixed by PTX, so the softmax runs on the accumulators where they are, and a
+// score tile's accumulators become the A operand of the next product after rounding to
+// bf16. Only the tiles every warp reads (K and V in the forward and dQ kernels, Q and dO in
+// the dK/dV kernel) go through shared memory, loaded by the whole block between
+// __syncthreads(). Rows are padded by 8 bf16, which makes every fragment load below free of
+// bank conflicts. Rows past T are zero-filled on load, masked out of every sum, and never
+// stored.
 //
-// Shared-memory rows are padded (bf16 by 8 elements, fp32 by 4) against bank conflicts;
-// every WMMA pointer stays 32-byte aligned. Rows past T are zero-filled on load, masked
-// out of every sum, and never stored.
+// m16n8k16 fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with g = lane / 4 and
+// c = lane % 4: A (16 x 16, row-major) a0 = (g, 2c..2c+1), a1 = (g+8, 2c..), a2 = (g,
+// 2c+8..), a3 = (g+8, 2c+8..); B (16 x 8) b0 = (rows 2c, 2c+1; column g), b1 = (rows 2c+8,
+// 2c+9; column g); C (16 x 8, fp32) c0, c1 = (g, 2c), (g, 2c+1), c2, c3 = (g+8, 2c),
+// (g+8, 2c+1). Two adjacent bf16 of a register: the lower column (or row) in the low half.
+
 #include "kernels/cuda/flash_attention.h"
 
 #include <cuda_bf16.h>
-#include <mma.h>
 
 #include <cmath>
 
@@ -21,40 +27,102 @@ namespace kernels {
 namespace cuda {
 namespace {
 
-namespace wmma = nvcuda::wmma;
 using bf16 = __nv_bfloat16;
 
 constexpr int kTile = static_cast<int>(kFlashTile);  // rows (queries or keys) per tile
-constexpr int kWarps = 4;
+constexpr int kWarps = kTile / 16;                    // one warp per 16 rows
 constexpr int kThreads = 32 * kWarps;
-constexpr int kLdP = kTile + 8;  // bf16 [64 x 64] tiles (probabilities, score gradients)
-constexpr int kLdS = kTile + 4;  // fp32 [64 x 64] tiles (scores, their gradients)
+constexpr int kN8 = kTile / 8;  // n8 accumulator tiles across a 64-wide score tile
 constexpr float kLog2e = 1.4426950408889634f;
 
 template <int D>
 struct Dims {
-  static constexpr int kLdH = D + 8;  // bf16 [64 x D] tiles (q, k, v, dO)
-  static constexpr int kLdO = D + 4;  // fp32 [64 x D] tiles (output accumulator, staging)
-  static constexpr int kHalf = D / 2;
-  static constexpr int kHeadBytes = kTile * kLdH * 2;
-  static constexpr int kPBytes = kTile * kLdP * 2;
-  static constexpr int kSBytes = kTile * kLdS * 4;
-  static constexpr int kOBytes = kTile * kLdO * 4;
-  // Forward: Q, K, V, P, S, O.
-  static constexpr int kForwardBytes = 3 * kHeadBytes + kPBytes + kSBytes + kOBytes;
-  // Backward (either kernel): four head tiles, two bf16 64x64 tiles, two fp32 64x64 tiles
-  // (the second doubles as staging for the D-wide results), two rows of statistics.
-  static constexpr int kBackwardBytes = 4 * kHeadBytes + 2 * kPBytes + 2 * kSBytes + 2 * kTile * 4;
-  static_assert(2 * kSBytes >= kOBytes, "staging must fit in the two fp32 score tiles");
+  static constexpr int kLd = D + 8;  // shared-memory row stride of a [64 x D] bf16 tile
+  static constexpr int kTileBytes = kTile * kLd * 2;
+  // Forward and dQ: two (K, V) or four (Q, dO, K, V) tiles; dK/dV: four tiles; plus two
+  // rows of fp32 statistics.
+  static constexpr int kForwardBytes = 2 * kTileBytes;
+  static constexpr int kBackwardBytes = 4 * kTileBytes + 2 * kTile * 4;
 };
 
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
-using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
-using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+// d (16 x 8 fp32) += a (16 x 16 bf16) b (16 x 8 bf16).
+__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t Pack(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Two adjacent bf16 of a shared-memory row as one register.
+__device__ __forceinline__ uint32_t Pair(const bf16* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// Two bf16 of one column, rows r and r + 1 (row stride ld), as one register.
+__device__ __forceinline__ uint32_t ColumnPair(const bf16* p, int ld) {
+  const uint16_t lo = *reinterpret_cast<const uint16_t*>(p);
+  const uint16_t hi = *reinterpret_cast<const uint16_t*>(p + ld);
+  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+}
+
+// The A fragment of rows [0, 16) and columns [k0, k0 + 16) of a row-major bf16 tile `t`
+// with row stride ld.
+__device__ __forceinline__ void LoadA(uint32_t (&a)[4], const bf16* t, int ld, int k0) {
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  a[0] = Pair(t + g * ld + k0 + 2 * c);
+  a[1] = Pair(t + (g + 8) * ld + k0 + 2 * c);
+  a[2] = Pair(t + g * ld + k0 + 2 * c + 8);
+  a[3] = Pair(t + (g + 8) * ld + k0 + 2 * c + 8);
+}
+
+// s[n] (16 x 8 each, n < 8) = A B^T over D columns, A's rows at `a` and B's 64 rows at `b`
+// (row-major bf16 tiles with row stride ld): a 16 x 64 score tile.
+template <int D>
+__device__ __forceinline__ void ScoresABt(float (&s)[kN8][4], const bf16* a, const bf16* b,
+                                          int ld) {
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int n = 0; n < kN8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t fa[4];
+    LoadA(fa, a, ld, kk * 16);
+#pragma unroll
+    for (int n = 0; n < kN8; ++n) {
+      const bf16* row = b + (n * 8 + g) * ld + kk * 16 + 2 * c;
+      Mma(s[n], fa, Pair(row), Pair(row + 8));
+    }
+  }
+}
+
+// acc[n] (16 x 8 each, n < D/8) += P V where P (16 x 64) is given by score accumulators
+// (rounded to bf16 here) and V is a row-major [64 x D] bf16 tile with row stride ld.
+template <int D>
+__device__ __forceinline__ void AccumulatePV(float (&acc)[D / 8][4], const float (&p)[kN8][4],
+                                             const bf16* v, int ld) {
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    const uint32_t fa[4] = {Pack(p[2 * kk][0], p[2 * kk][1]), Pack(p[2 * kk][2], p[2 * kk][3]),
+                            Pack(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                            Pack(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+    const bf16* rows = v + (kk * 16 + 2 * c) * ld + g;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      Mma(acc[n], fa, ColumnPair(rows + n * 8, ld), ColumnPair(rows + 8 * ld + n * 8, ld));
+    }
+  }
+}
 
 // Rows [r0, r0 + 64) of a [T, *] head slice (row stride `ld` elements, D columns from
-// `src`) into `dst` [64 x D] with row stride Dims<D>::kLdH; rows past T are zeros.
+// `src`) into `dst` [64 x D] with row stride Dims<D>::kLd; rows past T are zeros.
 // 16-byte loads; called by the whole block.
 template <int D>
 __device__ void LoadTile(bf16* dst, const bf16* src, int64_t ld, int r0, int T) {
@@ -63,7 +131,7 @@ __device__ void LoadTile(bf16* dst, const bf16* src, int64_t ld, int r0, int T) 
     const int r = i / kChunks, c = (i % kChunks) * 8;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (r0 + r < T) v = *reinterpret_cast<const uint4*>(src + (r0 + r) * ld + c);
-    *reinterpret_cast<uint4*>(dst + r * Dims<D>::kLdH + c) = v;
+    *reinterpret_cast<uint4*>(dst + r * Dims<D>::kLd + c) = v;
   }
 }
 
@@ -72,60 +140,21 @@ __device__ void LoadRowStats(float* dst, const float* src, int r0, int T) {
   for (int i = threadIdx.x; i < kTile; i += kThreads) dst[i] = r0 + i < T ? src[r0 + i] : 0.0f;
 }
 
-// out[16 x 64] (fp32, row stride kLdS) = A[16 x D] B^T where B is [64 x D]: both row-major
-// with stride ld_a / ld_b (A's rows are this warp's, B's rows the 64 columns of out).
+// Stores a warp's 16 x D accumulators (rows row0 + g and row0 + g + 8) into global rows of
+// `dst` (row stride ld), skipping rows at or past T.
 template <int D>
-__device__ void ProductABt(float* out, const bf16* a, int ld_a, const bf16* b, int ld_b) {
+__device__ __forceinline__ void StoreRows(const float (&acc)[D / 8][4], float* dst, int64_t ld,
+                                          int row0, int T) {
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
 #pragma unroll
-  for (int n = 0; n < kTile / 16; ++n) {
-    FragC acc;
-    wmma::fill_fragment(acc, 0.0f);
+  for (int half = 0; half < 2; ++half) {
+    const int t = row0 + g + 8 * half;
+    if (t >= T) continue;
+    float* out = dst + t * ld + 2 * c;
 #pragma unroll
-    for (int k = 0; k < D / 16; ++k) {
-      FragA fa;
-      FragBCol fb;
-      wmma::load_matrix_sync(fa, a + k * 16, ld_a);
-      wmma::load_matrix_sync(fb, b + n * 16 * ld_b + k * 16, ld_b);
-      wmma::mma_sync(acc, fa, fb, acc);
+    for (int n = 0; n < D / 8; ++n) {
+      *reinterpret_cast<float2*>(out + n * 8) = make_float2(acc[n][2 * half], acc[n][2 * half + 1]);
     }
-    wmma::store_matrix_sync(out + n * 16, acc, kLdS, wmma::mem_row_major);
-  }
-}
-
-// acc[n] += A[16 x 64] B[64 x D] for the D/16 column blocks n: A bf16 row-major (stride
-// kLdP), B bf16 row-major (stride Dims<D>::kLdH).
-template <int D>
-__device__ void AccumulateAB(FragC (&acc)[D / 16], const bf16* a, const bf16* b) {
-#pragma unroll
-  for (int k = 0; k < kTile / 16; ++k) {
-    FragA fa;
-    wmma::load_matrix_sync(fa, a + k * 16, kLdP);
-#pragma unroll
-    for (int n = 0; n < D / 16; ++n) {
-      FragBRow fb;
-      wmma::load_matrix_sync(fb, b + k * 16 * Dims<D>::kLdH + n * 16, Dims<D>::kLdH);
-      wmma::mma_sync(acc[n], fa, fb, acc[n]);
-    }
-  }
-}
-
-// Stores this warp's 16 x D accumulators through `stage` (fp32 [64 x D] with stride
-// Dims<D>::kLdO, this warp's rows) into global rows row0 + warp*16 .. of `dst` (row
-// stride ld, D columns), skipping rows at or past T. Warp-level.
-template <int D>
-__device__ void StoreRows(FragC (&acc)[D / 16], float* stage, float* dst, int64_t ld, int row0,
-                          int T) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* mine = stage + warp * 16 * Dims<D>::kLdO;
-#pragma unroll
-  for (int n = 0; n < D / 16; ++n) {
-    wmma::store_matrix_sync(mine + n * 16, acc[n], Dims<D>::kLdO, wmma::mem_row_major);
-  }
-  __syncwarp();
-  for (int i = lane; i < 16 * D; i += 32) {
-    const int r = i / D, c = i % D;
-    const int t = row0 + warp * 16 + r;
-    if (t < T) dst[t * ld + c] = mine[r * Dims<D>::kLdO + c];
   }
 }
 
@@ -136,13 +165,9 @@ __global__ void __launch_bounds__(kThreads) FlashForwardKernel(const bf16* __res
                                                                float* __restrict__ lse, int T,
                                                                int H, float scale_log2) {
   extern __shared__ __align__(128) unsigned char smem[];
-  using Dm = Dims<D>;
-  bf16* sQ = reinterpret_cast<bf16*>(smem);
-  bf16* sK = sQ + kTile * Dm::kLdH;
-  bf16* sV = sK + kTile * Dm::kLdH;
-  bf16* sP = sV + kTile * Dm::kLdH;
-  float* sS = reinterpret_cast<float*>(sP + kTile * kLdP);
-  float* sO = sS + kTile * kLdS;
+  constexpr int kLd = Dims<D>::kLd;
+  bf16* sK = reinterpret_cast<bf16*>(smem);  // Q first, then each K tile
+  bf16* sV = sK + kTile * kLd;
 
   const int tiles = (T + kTile - 1) / kTile;
   const int qt = tiles - 1 - static_cast<int>(blockIdx.x);
@@ -150,73 +175,94 @@ __global__ void __launch_bounds__(kThreads) FlashForwardKernel(const bf16* __res
   const int64_t C = static_cast<int64_t>(H) * D, ld3 = 3 * C;
   const bf16* base = qkv + static_cast<int64_t>(b) * T * ld3 + static_cast<int64_t>(h) * D;
   const int q0 = qt * kTile;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row = warp * 16 + lane / 2, half = lane % 2;
-  const int tq = q0 + row;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int row0 = q0 + warp * 16;  // this warp's first query
 
-  LoadTile<D>(sQ, base, ld3, q0, T);
-  for (int i = threadIdx.x; i < kTile * Dm::kLdO; i += kThreads) sO[i] = 0.0f;
-  float m = -INFINITY, l = 0.0f;  // this row's running max (log2 units) and sum
+  // This warp's Q rows as A fragments, kept for the whole pass.
+  LoadTile<D>(sK, base, ld3, q0, T);
+  __syncthreads();
+  uint32_t qa[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) LoadA(qa[kk], sK + warp * 16 * kLd, kLd, kk * 16);
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
-    __syncthreads();  // every warp is done with the previous K and V
+    __syncthreads();  // every warp is done with the previous tiles (and Q)
     LoadTile<D>(sK, base + C, ld3, k0, T);
     LoadTile<D>(sV, base + 2 * C, ld3, k0, T);
     __syncthreads();
-    ProductABt<D>(sS + warp * 16 * kLdS, sQ + warp * 16 * Dm::kLdH, Dm::kLdH, sK, Dm::kLdH);
-    __syncwarp();
-    // Online softmax over this lane's 32 keys of its row.
-    const float* srow = sS + row * kLdS + half * 32;
-    float s[32];
-    float mx = -INFINITY;
+    float s[kN8][4];
 #pragma unroll
-    for (int c = 0; c < 32; ++c) {
-      const int tk = k0 + half * 32 + c;
-      s[c] = (tk > tq || tk >= T) ? -INFINITY : srow[c] * scale_log2;
-      mx = fmaxf(mx, s[c]);
-    }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    // Key 0 is in every row's first tile, so m_new is finite from the first tile on.
-    const float m_new = fmaxf(m, mx);
-    const float alpha = exp2f(m - m_new);
-    float sum = 0.0f;
-    bf16* prow = sP + row * kLdP + half * 32;
+    for (int n = 0; n < kN8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-    for (int c = 0; c < 32; ++c) {
-      const float p = exp2f(s[c] - m_new);
-      sum += p;
-      prow[c] = __float2bfloat16_rn(p);
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    l = l * alpha + sum;
-    m = m_new;
-    float* orow = sO + row * Dm::kLdO + half * Dm::kHalf;
-#pragma unroll 8
-    for (int c = 0; c < Dm::kHalf; ++c) orow[c] *= alpha;
-    __syncwarp();
-    // O (this warp's rows) += P V.
-    FragC acc[D / 16];
+    for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
-    for (int n = 0; n < D / 16; ++n) {
-      wmma::load_matrix_sync(acc[n], sO + warp * 16 * Dm::kLdO + n * 16, Dm::kLdO,
-                             wmma::mem_row_major);
+      for (int n = 0; n < kN8; ++n) {
+        const bf16* row = sK + (n * 8 + g) * kLd + kk * 16 + 2 * c;
+        Mma(s[n], qa[kk], Pair(row), Pair(row + 8));
+      }
     }
-    AccumulateAB<D>(acc, sP + warp * 16 * kLdP, sV);
+    // Scale, mask, and the online softmax of rows g and g + 8.
+    float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int n = 0; n < D / 16; ++n) {
-      wmma::store_matrix_sync(sO + warp * 16 * Dm::kLdO + n * 16, acc[n], Dm::kLdO,
-                              wmma::mem_row_major);
+    for (int n = 0; n < kN8; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int tk = k0 + n * 8 + 2 * c + (i & 1), tq = row0 + g + 8 * (i >> 1);
+        s[n][i] = (tk > tq || tk >= T) ? -INFINITY : s[n][i] * scale_log2;
+        mx[i >> 1] = fmaxf(mx[i >> 1], s[n][i]);
+      }
     }
-    __syncwarp();
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      // Key 0 is in every row's first tile, so the new max is finite from then on.
+      const float m_new = fmaxf(m[r], mx[r]);
+      alpha[r] = exp2f(m[r] - m_new);
+      m[r] = m_new;
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int n = 0; n < kN8; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        s[n][i] = exp2f(s[n][i] - m[i >> 1]);
+        l[i >> 1] += s[n][i];  // this thread's part of the row sum
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+    AccumulatePV<D>(o, s, sV, kLd);
   }
-  if (tq < T) {
-    const float inv = 1.0f / l;
-    const float* orow = sO + row * Dm::kLdO + half * Dm::kHalf;
-    float* dst = y + (static_cast<int64_t>(b) * T + tq) * C + static_cast<int64_t>(h) * D +
-                 half * Dm::kHalf;
-#pragma unroll 8
-    for (int c = 0; c < Dm::kHalf; ++c) dst[c] = orow[c] * inv;
-    if (half == 0) lse[static_cast<int64_t>(bh) * T + tq] = m + log2f(l);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  const float inv[2] = {1.0f / l[0], 1.0f / l[1]};
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    o[n][0] *= inv[0];
+    o[n][1] *= inv[0];
+    o[n][2] *= inv[1];
+    o[n][3] *= inv[1];
+  }
+  StoreRows<D>(o, y + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * D, C, row0, T);
+  if (c == 0) {
+    float* out = lse + static_cast<int64_t>(bh) * T;
+    if (row0 + g < T) out[row0 + g] = m[0] + log2f(l[0]);
+    if (row0 + g + 8 < T) out[row0 + g + 8] = m[1] + log2f(l[1]);
   }
 }
 
@@ -246,21 +292,19 @@ struct ScoreGrad {
 };
 
 // dK and dV: grid (tiles, B*H); block kt owns key tile kt and walks query tiles kt.. end.
+// Each warp's 16 keys are the rows of its transposed score tiles S^T = K Q^T and
+// dP^T = V dO^T; dV += P^T dO and dK += dS^T Q stay in registers.
 template <int D>
 __global__ void __launch_bounds__(kThreads) FlashBackwardKVKernel(
     const bf16* __restrict__ qkv, const bf16* __restrict__ gy, const float* __restrict__ lse,
     const float* __restrict__ delta, float* __restrict__ gqkv, int T, int H, ScoreGrad sg) {
   extern __shared__ __align__(128) unsigned char smem[];
-  using Dm = Dims<D>;
+  constexpr int kLd = Dims<D>::kLd;
   bf16* sK = reinterpret_cast<bf16*>(smem);
-  bf16* sV = sK + kTile * Dm::kLdH;
-  bf16* sQ = sV + kTile * Dm::kLdH;
-  bf16* sG = sQ + kTile * Dm::kLdH;  // dO
-  bf16* sPt = sG + kTile * Dm::kLdH;
-  bf16* sDt = sPt + kTile * kLdP;
-  float* sS = reinterpret_cast<float*>(sDt + kTile * kLdP);  // S^T, then staging
-  float* sDP = sS + kTile * kLdS;                             // dP^T
-  float* sL = sDP + kTile * kLdS;
+  bf16* sV = sK + kTile * kLd;
+  bf16* sQ = sV + kTile * kLd;
+  bf16* sG = sQ + kTile * kLd;  // dO
+  float* sL = reinterpret_cast<float*>(sG + kTile * kLd);
   float* sDelta = sL + kTile;
 
   const int tiles = (T + kTile - 1) / kTile;
@@ -270,17 +314,16 @@ __global__ void __launch_bounds__(kThreads) FlashBackwardKVKernel(
   const bf16* base = qkv + static_cast<int64_t>(b) * T * ld3 + static_cast<int64_t>(h) * D;
   const bf16* gbase = gy + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * D;
   const int k0 = kt * kTile;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row = warp * 16 + lane / 2, half = lane % 2;  // row: a key of the tile
-  const int tk = k0 + row;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int key0 = k0 + warp * 16;  // this warp's first key
 
   LoadTile<D>(sK, base + C, ld3, k0, T);
   LoadTile<D>(sV, base + 2 * C, ld3, k0, T);
-  FragC dk[D / 16], dv[D / 16];
+  float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
-  for (int n = 0; n < D / 16; ++n) {
-    wmma::fill_fragment(dk[n], 0.0f);
-    wmma::fill_fragment(dv[n], 0.0f);
+  for (int n = 0; n < D / 8; ++n) {
+    dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.0f;
+    dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.0f;
   }
   for (int qt = kt; qt < tiles; ++qt) {
     const int q0 = qt * kTile;
@@ -290,28 +333,25 @@ __global__ void __launch_bounds__(kThreads) FlashBackwardKVKernel(
     LoadRowStats(sL, lse + static_cast<int64_t>(bh) * T, q0, T);
     LoadRowStats(sDelta, delta + static_cast<int64_t>(bh) * T, q0, T);
     __syncthreads();
-    // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys.
-    ProductABt<D>(sS + warp * 16 * kLdS, sK + warp * 16 * Dm::kLdH, Dm::kLdH, sQ, Dm::kLdH);
-    ProductABt<D>(sDP + warp * 16 * kLdS, sV + warp * 16 * Dm::kLdH, Dm::kLdH, sG, Dm::kLdH);
-    __syncwarp();
-#pragma unroll 8
-    for (int c = 0; c < 32; ++c) {
-      const int j = half * 32 + c, tq = q0 + j;
-      const bool live = tq >= tk && tq < T && tk < T;
-      const float p = live ? exp2f(sS[row * kLdS + j] * sg.scale_log2 - sL[j]) : 0.0f;
-      const float ds = p * (sDP[row * kLdS + j] - sDelta[j]) * sg.scale;
-      sPt[row * kLdP + j] = __float2bfloat16_rn(p);
-      sDt[row * kLdP + j] = __float2bfloat16_rn(ds);
+    float p[kN8][4], ds[kN8][4];
+    ScoresABt<D>(p, sK + warp * 16 * kLd, sQ, kLd);   // S^T
+    ScoresABt<D>(ds, sV + warp * 16 * kLd, sG, kLd);  // dP^T
+#pragma unroll
+    for (int n = 0; n < kN8; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int j = n * 8 + 2 * c + (i & 1), tq = q0 + j, tk = key0 + g + 8 * (i >> 1);
+        const bool live = tq >= tk && tq < T && tk < T;
+        p[n][i] = live ? exp2f(p[n][i] * sg.scale_log2 - sL[j]) : 0.0f;
+        ds[n][i] = p[n][i] * (ds[n][i] - sDelta[j]) * sg.scale;
+      }
     }
-    __syncwarp();
-    AccumulateAB<D>(dv, sPt + warp * 16 * kLdP, sG);  // dV += P^T dO
-    AccumulateAB<D>(dk, sDt + warp * 16 * kLdP, sQ);  // dK += dS^T Q
+    AccumulatePV<D>(dv, p, sG, kLd);   // dV += P^T dO
+    AccumulatePV<D>(dk, ds, sQ, kLd);  // dK += dS^T Q
   }
-  __syncthreads();  // the score tiles become staging
-  float* g = gqkv + static_cast<int64_t>(b) * T * ld3 + static_cast<int64_t>(h) * D;
-  StoreRows<D>(dk, sS, g + C, ld3, k0, T);
-  __syncwarp();
-  StoreRows<D>(dv, sS, g + 2 * C, ld3, k0, T);
+  float* g_out = gqkv + static_cast<int64_t>(b) * T * ld3 + static_cast<int64_t>(h) * D;
+  StoreRows<D>(dk, g_out + C, ld3, key0, T);
+  StoreRows<D>(dv, g_out + 2 * C, ld3, key0, T);
 }
 
 // dQ: grid (tiles, B*H), the longest query tiles first; block qt walks key tiles 0..qt.
@@ -320,16 +360,11 @@ __global__ void __launch_bounds__(kThreads) FlashBackwardQKernel(
     const bf16* __restrict__ qkv, const bf16* __restrict__ gy, const float* __restrict__ lse,
     const float* __restrict__ delta, float* __restrict__ gqkv, int T, int H, ScoreGrad sg) {
   extern __shared__ __align__(128) unsigned char smem[];
-  using Dm = Dims<D>;
+  constexpr int kLd = Dims<D>::kLd;
   bf16* sQ = reinterpret_cast<bf16*>(smem);
-  bf16* sG = sQ + kTile * Dm::kLdH;
-  bf16* sK = sG + kTile * Dm::kLdH;
-  bf16* sV = sK + kTile * Dm::kLdH;
-  bf16* sD = sV + kTile * Dm::kLdH;  // dS (the second bf16 tile is unused here)
-  float* sS = reinterpret_cast<float*>(sD + 2 * kTile * kLdP);
-  float* sDP = sS + kTile * kLdS;
-  float* sL = sDP + kTile * kLdS;
-  float* sDelta = sL + kTile;
+  bf16* sG = sQ + kTile * kLd;  // dO
+  bf16* sK = sG + kTile * kLd;
+  bf16* sV = sK + kTile * kLd;
 
   const int tiles = (T + kTile - 1) / kTile;
   const int qt = tiles - 1 - static_cast<int>(blockIdx.x);
@@ -338,40 +373,44 @@ __global__ void __launch_bounds__(kThreads) FlashBackwardQKernel(
   const bf16* base = qkv + static_cast<int64_t>(b) * T * ld3 + static_cast<int64_t>(h) * D;
   const bf16* gbase = gy + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * D;
   const int q0 = qt * kTile;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row = warp * 16 + lane / 2, half = lane % 2;  // row: a query of the tile
-  const int tq = q0 + row;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int row0 = q0 + warp * 16;  // this warp's first query
 
   LoadTile<D>(sQ, base, ld3, q0, T);
   LoadTile<D>(sG, gbase, C, q0, T);
-  LoadRowStats(sL, lse + static_cast<int64_t>(bh) * T, q0, T);
-  LoadRowStats(sDelta, delta + static_cast<int64_t>(bh) * T, q0, T);
-  FragC dq[D / 16];
+  float lq[2], dlt[2];  // rows g and g + 8
 #pragma unroll
-  for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(dq[n], 0.0f);
+  for (int r = 0; r < 2; ++r) {
+    const int t = row0 + g + 8 * r;
+    lq[r] = t < T ? lse[static_cast<int64_t>(bh) * T + t] : 0.0f;
+    dlt[r] = t < T ? delta[static_cast<int64_t>(bh) * T + t] : 0.0f;
+  }
+  float dq[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
     __syncthreads();  // every warp is done with the previous K and V
     LoadTile<D>(sK, base + C, ld3, k0, T);
     LoadTile<D>(sV, base + 2 * C, ld3, k0, T);
     __syncthreads();
-    ProductABt<D>(sS + warp * 16 * kLdS, sQ + warp * 16 * Dm::kLdH, Dm::kLdH, sK, Dm::kLdH);
-    ProductABt<D>(sDP + warp * 16 * kLdS, sG + warp * 16 * Dm::kLdH, Dm::kLdH, sV, Dm::kLdH);
-    __syncwarp();
-    const float lq = sL[row], dq_delta = sDelta[row];
-#pragma unroll 8
-    for (int c = 0; c < 32; ++c) {
-      const int j = half * 32 + c, tk = k0 + j;
-      const bool live = tk <= tq && tk < T && tq < T;
-      const float p = live ? exp2f(sS[row * kLdS + j] * sg.scale_log2 - lq) : 0.0f;
-      sD[row * kLdP + j] = __float2bfloat16_rn(p * (sDP[row * kLdS + j] - dq_delta) * sg.scale);
+    float ds[kN8][4], dp[kN8][4];
+    ScoresABt<D>(ds, sQ + warp * 16 * kLd, sK, kLd);  // S
+    ScoresABt<D>(dp, sG + warp * 16 * kLd, sV, kLd);  // dP
+#pragma unroll
+    for (int n = 0; n < kN8; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = i >> 1, tk = k0 + n * 8 + 2 * c + (i & 1), tq = row0 + g + 8 * r;
+        const bool live = tk <= tq && tk < T && tq < T;
+        const float p = live ? exp2f(ds[n][i] * sg.scale_log2 - lq[r]) : 0.0f;
+        ds[n][i] = p * (dp[n][i] - dlt[r]) * sg.scale;
+      }
     }
-    __syncwarp();
-    AccumulateAB<D>(dq, sD + warp * 16 * kLdP, sK);  // dQ += dS K
+    AccumulatePV<D>(dq, ds, sK, kLd);  // dQ += dS K
   }
-  __syncthreads();  // the score tiles become staging
-  float* g = gqkv + static_cast<int64_t>(b) * T * ld3 + static_cast<int64_t>(h) * D;
-  StoreRows<D>(dq, sS, g, ld3, q0, T);
+  StoreRows<D>(dq, gqkv + static_cast<int64_t>(b) * T * ld3 + static_cast<int64_t>(h) * D, ld3,
+               row0, T);
 }
 
 // Raises a kernel's dynamic shared-memory limit to `bytes` (needed past 48 KB).
@@ -381,8 +420,7 @@ cudaError_t AllowSharedMemory(Kernel kernel, int bytes) {
 }
 
 bool LaunchFits(int64_t B, int64_t T, int64_t H) {
-  return B > 0 && T > 0 && H > 0 && T <= (int64_t{1} << 30) && B * H <= 65535 &&
-         (T + kTile - 1) / kTile <= (int64_t{1} << 30);
+  return B > 0 && T > 0 && H > 0 && T <= (int64_t{1} << 30) && B * H <= 65535;
 }
 
 template <int D>
