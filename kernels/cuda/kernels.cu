@@ -104,12 +104,15 @@ __global__ void AddKernel(const float* a, const float* b, float* out, int64_t n)
   for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) out[i] = k::Add(a[i], b[i]);
 }
 
+// The by-column kernels walk rows across the grid and columns across each block (no
+// integer division per element).
 template <typename W>
 __global__ void BiasAddKernel(const float* x, const W* bias, float* out, int64_t rows,
                               int64_t cols) {
-  const int64_t n = rows * cols;
-  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) {
-    out[i] = k::BiasAdd(x[i], bias, i % cols);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      out[r * cols + j] = k::BiasAdd(x[r * cols + j], bias, j);
+    }
   }
 }
 
@@ -117,12 +120,19 @@ __global__ void BiasAddKernel(const float* x, const W* bias, float* out, int64_t
 template <typename W>
 __global__ void BiasGeluForwardKernel(const float* x, const W* bias, float* pre, float* y,
                                       int64_t rows, int64_t cols) {
-  const int64_t n = rows * cols;
-  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) {
-    const float p = k::BiasAdd(x[i], bias, i % cols);
-    pre[i] = p;
-    y[i] = k::GeluTanhForward(p);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      const int64_t i = r * cols + j;
+      const float p = k::BiasAdd(x[i], bias, j);
+      pre[i] = p;
+      y[i] = k::GeluTanhForward(p);
+    }
   }
+}
+
+// Blocks for the by-column kernels: one row per block, at most kMaxBlocks.
+unsigned int GridForColumnRows(int64_t rows) {
+  return static_cast<unsigned int>(rows < kMaxBlocks ? (rows < 1 ? 1 : rows) : kMaxBlocks);
 }
 
 __global__ void ScaleMatricesKernel(float* c, int64_t batch, int64_t rows, int64_t cols,
@@ -331,12 +341,37 @@ __global__ void CrossEntropyKernel(const float* logits, const int32_t* targets, 
   const float* x = logits + row * V;
   float* gr = grad + row * V;
   const int32_t target = targets[row];
+  // One read for the max and the sum: each thread keeps its running max m and its sum of
+  // exp(x - m), rescaled when m grows (FlashAttention's online softmax); four elements per
+  // load when the rows are 16-byte aligned.
+  const bool four = V % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(grad) % 16 == 0;
   float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, x[j]);
-  m = BlockMax(m, fscratch);
   double sum = 0.0;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) sum += k::CrossEntropyExp<float>(x[j], m);
-  sum = BlockSum(sum, dscratch);
+  const auto take = [&](float chunk_max) {
+    if (chunk_max > m) {
+      if (m != -INFINITY) sum *= exp(static_cast<double>(m) - chunk_max);
+      m = chunk_max;
+    }
+  };
+  if (four) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    for (int64_t j = threadIdx.x; j < V / 4; j += blockDim.x) {
+      const float4 v = x4[j];
+      take(fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)));
+      sum += static_cast<double>(k::CrossEntropyExp<float>(v.x, m)) +
+             k::CrossEntropyExp<float>(v.y, m) + k::CrossEntropyExp<float>(v.z, m) +
+             k::CrossEntropyExp<float>(v.w, m);
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+      take(x[j]);
+      sum += k::CrossEntropyExp<float>(x[j], m);
+    }
+  }
+  const float row_max = BlockMax(m, fscratch);
+  sum = BlockSum(m == -INFINITY ? 0.0 : sum * exp(static_cast<double>(m) - row_max), dscratch);
+  m = row_max;
   const double log_sum = log(sum);
   const bool valid = target >= 0 && target < V;
   if (threadIdx.x == 0) {
@@ -345,8 +380,21 @@ __global__ void CrossEntropyKernel(const float* logits, const int32_t* targets, 
   }
   const float log_sum_f = static_cast<float>(log_sum);
   const float inv_n_f = static_cast<float>(inv_n);
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-    gr[j] = k::CrossEntropyGrad<float>(x[j], m, log_sum_f, j == target, inv_n_f);
+  if (four) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    float4* g4 = reinterpret_cast<float4*>(gr);
+    for (int64_t j = threadIdx.x; j < V / 4; j += blockDim.x) {
+      const float4 v = x4[j];
+      const int64_t e = 4 * j;
+      g4[j] = make_float4(k::CrossEntropyGrad<float>(v.x, m, log_sum_f, e == target, inv_n_f),
+                          k::CrossEntropyGrad<float>(v.y, m, log_sum_f, e + 1 == target, inv_n_f),
+                          k::CrossEntropyGrad<float>(v.z, m, log_sum_f, e + 2 == target, inv_n_f),
+                          k::CrossEntropyGrad<float>(v.w, m, log_sum_f, e + 3 == target, inv_n_f));
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+      gr[j] = k::CrossEntropyGrad<float>(x[j], m, log_sum_f, j == target, inv_n_f);
+    }
   }
 }
 
@@ -386,10 +434,10 @@ cudaError_t BiasAdd(const float* x, const void* bias, bool bf16, float* out, int
                     int64_t cols) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   if (bf16) {
-    BiasAddKernel<<<GridFor(rows * cols), kThreads>>>(x, static_cast<const uint16_t*>(bias), out,
+    BiasAddKernel<<<GridForColumnRows(rows), kThreads>>>(x, static_cast<const uint16_t*>(bias), out,
                                                       rows, cols);
   } else {
-    BiasAddKernel<<<GridFor(rows * cols), kThreads>>>(x, static_cast<const float*>(bias), out,
+    BiasAddKernel<<<GridForColumnRows(rows), kThreads>>>(x, static_cast<const float*>(bias), out,
                                                       rows, cols);
   }
   return cudaGetLastError();
@@ -474,10 +522,10 @@ cudaError_t BiasGeluForward(const float* x, const void* bias, bool bf16, float* 
                             int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   if (bf16) {
-    BiasGeluForwardKernel<<<GridFor(rows * cols), kThreads>>>(
+    BiasGeluForwardKernel<<<GridForColumnRows(rows), kThreads>>>(
         x, static_cast<const uint16_t*>(bias), pre, y, rows, cols);
   } else {
-    BiasGeluForwardKernel<<<GridFor(rows * cols), kThreads>>>(
+    BiasGeluForwardKernel<<<GridForColumnRows(rows), kThreads>>>(
         x, static_cast<const float*>(bias), pre, y, rows, cols);
   }
   return cudaGetLastError();
