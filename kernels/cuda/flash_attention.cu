@@ -6,9 +6,10 @@
 // layout is fixed by PTX, so the softmax runs on the accumulators where they are, and a
 // score tile's accumulators become the A operand of the next product after rounding to
 // bf16. Only the tiles every warp reads (K and V in the forward and dQ kernels, Q and dO in
-// the dK/dV kernel) go through shared memory, loaded by the whole block between
-// __syncthreads(). Rows are padded by 8 bf16, which makes every fragment load below free of
-// bank conflicts. Rows past T are zero-filled on load, masked out of every sum, and never
+// the dK/dV kernel) go through shared memory: the whole block copies them with cp.async
+// into two buffers, the next tile's copy in flight while the warps compute on the current
+// one. Rows are padded by 8 bf16, which makes every fragment load below free of bank
+// conflicts. Rows past T are zero-filled on load, masked out of every sum, and never
 // stored.
 //
 // m16n8k16 fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with g = lane / 4 and
@@ -39,10 +40,10 @@ template <int D>
 struct Dims {
   static constexpr int kLd = D + 8;  // shared-memory row stride of a [64 x D] bf16 tile
   static constexpr int kTileBytes = kTile * kLd * 2;
-  // Forward and dQ: two (K, V) or four (Q, dO, K, V) tiles; dK/dV: four tiles; plus two
-  // rows of fp32 statistics.
-  static constexpr int kForwardBytes = 2 * kTileBytes;
-  static constexpr int kBackwardBytes = 4 * kTileBytes + 2 * kTile * 4;
+  // Forward: Q and two (K, V) buffers; backward: two fixed tiles (dK/dV: K, V; dQ: Q, dO)
+  // and two buffers of the two streamed ones.
+  static constexpr int kForwardBytes = 5 * kTileBytes;
+  static constexpr int kBackwardBytes = 6 * kTileBytes;
 };
 
 // d (16 x 8 fp32) += a (16 x 16 bf16) b (16 x 8 bf16).
@@ -122,22 +123,29 @@ __device__ __forceinline__ void AccumulatePV(float (&acc)[D / 8][4], const float
 }
 
 // Rows [r0, r0 + 64) of a [T, *] head slice (row stride `ld` elements, D columns from
-// `src`) into `dst` [64 x D] with row stride Dims<D>::kLd; rows past T are zeros.
-// 16-byte loads; called by the whole block.
+// `src`) into `dst` [64 x D] with row stride Dims<D>::kLd, rows past T zero-filled: 16-byte
+// cp.async copies issued by the whole block. The caller commits the group and waits for it
+// (CommitCopies, WaitCopies) and then needs __syncthreads() before reading.
 template <int D>
-__device__ void LoadTile(bf16* dst, const bf16* src, int64_t ld, int r0, int T) {
+__device__ void LoadTileAsync(bf16* dst, const bf16* src, int64_t ld, int r0, int T) {
   constexpr int kChunks = D / 8;  // 8 bf16 per 16 bytes
   for (int i = threadIdx.x; i < kTile * kChunks; i += kThreads) {
     const int r = i / kChunks, c = (i % kChunks) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r0 + r < T) v = *reinterpret_cast<const uint4*>(src + (r0 + r) * ld + c);
-    *reinterpret_cast<uint4*>(dst + r * Dims<D>::kLd + c) = v;
+    const bool valid = r0 + r < T;
+    const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst + r * Dims<D>::kLd + c));
+    // A zero source size writes 16 zero bytes and reads nothing; src stays a valid address.
+    const bf16* from = valid ? src + (r0 + r) * ld + c : src;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from),
+                 "r"(valid ? 16 : 0));
   }
 }
 
-// Rows [r0, r0 + 64) of a [T] statistic into dst[64] (zeros past T); whole block.
-__device__ void LoadRowStats(float* dst, const float* src, int r0, int T) {
-  for (int i = threadIdx.x; i < kTile; i += kThreads) dst[i] = r0 + i < T ? src[r0 + i] : 0.0f;
+__device__ __forceinline__ void CommitCopies() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Waits until at most `pending` of this thread's committed copy groups are unfinished.
+template <int pending>
+__device__ __forceinline__ void WaitCopies() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
 }
 
 // Stores a warp's 16 x D accumulators (rows row0 + g and row0 + g + 8) into global rows of
@@ -166,8 +174,8 @@ __global__ void __launch_bounds__(kThreads) FlashForwardKernel(const bf16* __res
                                                                int H, float scale_log2) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kLd = Dims<D>::kLd;
-  bf16* sK = reinterpret_cast<bf16*>(smem);  // Q first, then each K tile
-  bf16* sV = sK + kTile * kLd;
+  bf16* sQ = reinterpret_cast<bf16*>(smem);
+  bf16* sKV = sQ + kTile * kLd;  // buffer i: K at sKV + 2i tiles, V at sKV + (2i + 1) tiles
 
   const int tiles = (T + kTile - 1) / kTile;
   const int qt = tiles - 1 - static_cast<int>(blockIdx.x);
@@ -178,12 +186,16 @@ __global__ void __launch_bounds__(kThreads) FlashForwardKernel(const bf16* __res
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int row0 = q0 + warp * 16;  // this warp's first query
 
-  // This warp's Q rows as A fragments, kept for the whole pass.
-  LoadTile<D>(sK, base, ld3, q0, T);
+  // Q and the first K, V tile; this warp's Q rows as A fragments, kept for the whole pass.
+  LoadTileAsync<D>(sQ, base, ld3, q0, T);
+  LoadTileAsync<D>(sKV, base + C, ld3, 0, T);
+  LoadTileAsync<D>(sKV + kTile * kLd, base + 2 * C, ld3, 0, T);
+  CommitCopies();
+  WaitCopies<0>();
   __syncthreads();
   uint32_t qa[D / 16][4];
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) LoadA(qa[kk], sK + warp * 16 * kLd, kLd, kk * 16);
+  for (int kk = 0; kk < D / 16; ++kk) LoadA(qa[kk], sQ + warp * 16 * kLd, kLd, kk * 16);
 
   float o[D / 8][4];
 #pragma unroll
@@ -191,10 +203,18 @@ __global__ void __launch_bounds__(kThreads) FlashForwardKernel(const bf16* __res
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
-    __syncthreads();  // every warp is done with the previous tiles (and Q)
-    LoadTile<D>(sK, base + C, ld3, k0, T);
-    LoadTile<D>(sV, base + 2 * C, ld3, k0, T);
-    __syncthreads();
+    if (kt < qt) {  // the next tile into the other buffer, while this one is used
+      bf16* next = sKV + ((kt + 1) & 1) * 2 * kTile * kLd;
+      LoadTileAsync<D>(next, base + C, ld3, k0 + kTile, T);
+      LoadTileAsync<D>(next + kTile * kLd, base + 2 * C, ld3, k0 + kTile, T);
+      CommitCopies();
+      WaitCopies<1>();
+    } else {
+      WaitCopies<0>();
+    }
+    __syncthreads();  // this tile's copies are visible to every warp
+    const bf16* sK = sKV + (kt & 1) * 2 * kTile * kLd;
+    const bf16* sV = sK + kTile * kLd;
     float s[kN8][4];
 #pragma unroll
     for (int n = 0; n < kN8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
@@ -244,6 +264,7 @@ __global__ void __launch_bounds__(kThreads) FlashForwardKernel(const bf16* __res
       o[n][3] *= alpha[1];
     }
     AccumulatePV<D>(o, s, sV, kLd);
+    __syncthreads();  // every warp is done with this buffer before it is refilled
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -302,10 +323,7 @@ __global__ void __launch_bounds__(kThreads) FlashBackwardKVKernel(
   constexpr int kLd = Dims<D>::kLd;
   bf16* sK = reinterpret_cast<bf16*>(smem);
   bf16* sV = sK + kTile * kLd;
-  bf16* sQ = sV + kTile * kLd;
-  bf16* sG = sQ + kTile * kLd;  // dO
-  float* sL = reinterpret_cast<float*>(sG + kTile * kLd);
-  float* sDelta = sL + kTile;
+  bf16* sQG = sV + kTile * kLd;  // buffer i: Q at sQG + 2i tiles, dO at sQG + (2i + 1) tiles
 
   const int tiles = (T + kTile - 1) / kTile;
   const int kt = blockIdx.x;  // the most query tiles first
@@ -317,8 +335,13 @@ __global__ void __launch_bounds__(kThreads) FlashBackwardKVKernel(
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int key0 = k0 + warp * 16;  // this warp's first key
 
-  LoadTile<D>(sK, base + C, ld3, k0, T);
-  LoadTile<D>(sV, base + 2 * C, ld3, k0, T);
+  LoadTileAsync<D>(sK, base + C, ld3, k0, T);
+  LoadTileAsync<D>(sV, base + 2 * C, ld3, k0, T);
+  LoadTileAsync<D>(sQG, base, ld3, k0, T);
+  LoadTileAsync<D>(sQG + kTile * kLd, gbase, C, k0, T);
+  CommitCopies();
+  const float* lse_row = lse + static_cast<int64_t>(bh) * T;
+  const float* delta_row = delta + static_cast<int64_t>(bh) * T;
   float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) {
@@ -327,12 +350,18 @@ __global__ void __launch_bounds__(kThreads) FlashBackwardKVKernel(
   }
   for (int qt = kt; qt < tiles; ++qt) {
     const int q0 = qt * kTile;
-    __syncthreads();  // every warp is done with the previous Q, dO and statistics
-    LoadTile<D>(sQ, base, ld3, q0, T);
-    LoadTile<D>(sG, gbase, C, q0, T);
-    LoadRowStats(sL, lse + static_cast<int64_t>(bh) * T, q0, T);
-    LoadRowStats(sDelta, delta + static_cast<int64_t>(bh) * T, q0, T);
-    __syncthreads();
+    if (qt + 1 < tiles) {  // the next Q, dO tile into the other buffer
+      bf16* next = sQG + ((qt - kt + 1) & 1) * 2 * kTile * kLd;
+      LoadTileAsync<D>(next, base, ld3, q0 + kTile, T);
+      LoadTileAsync<D>(next + kTile * kLd, gbase, C, q0 + kTile, T);
+      CommitCopies();
+      WaitCopies<1>();
+    } else {
+      WaitCopies<0>();
+    }
+    __syncthreads();  // this tile's copies are visible to every warp
+    const bf16* sQ = sQG + ((qt - kt) & 1) * 2 * kTile * kLd;
+    const bf16* sG = sQ + kTile * kLd;  // dO
     float p[kN8][4], ds[kN8][4];
     ScoresABt<D>(p, sK + warp * 16 * kLd, sQ, kLd);   // S^T
     ScoresABt<D>(ds, sV + warp * 16 * kLd, sG, kLd);  // dP^T
@@ -342,12 +371,13 @@ __global__ void __launch_bounds__(kThreads) FlashBackwardKVKernel(
       for (int i = 0; i < 4; ++i) {
         const int j = n * 8 + 2 * c + (i & 1), tq = q0 + j, tk = key0 + g + 8 * (i >> 1);
         const bool live = tq >= tk && tq < T && tk < T;
-        p[n][i] = live ? exp2f(p[n][i] * sg.scale_log2 - sL[j]) : 0.0f;
-        ds[n][i] = p[n][i] * (ds[n][i] - sDelta[j]) * sg.scale;
+        p[n][i] = live ? exp2f(p[n][i] * sg.scale_log2 - __ldg(lse_row + tq)) : 0.0f;
+        ds[n][i] = live ? p[n][i] * (ds[n][i] - __ldg(delta_row + tq)) * sg.scale : 0.0f;
       }
     }
     AccumulatePV<D>(dv, p, sG, kLd);   // dV += P^T dO
     AccumulatePV<D>(dk, ds, sQ, kLd);  // dK += dS^T Q
+    __syncthreads();  // every warp is done with this buffer before it is refilled
   }
   float* g_out = gqkv + static_cast<int64_t>(b) * T * ld3 + static_cast<int64_t>(h) * D;
   StoreRows<D>(dk, g_out + C, ld3, key0, T);
@@ -362,9 +392,8 @@ __global__ void __launch_bounds__(kThreads) FlashBackwardQKernel(
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kLd = Dims<D>::kLd;
   bf16* sQ = reinterpret_cast<bf16*>(smem);
-  bf16* sG = sQ + kTile * kLd;  // dO
-  bf16* sK = sG + kTile * kLd;
-  bf16* sV = sK + kTile * kLd;
+  bf16* sG = sQ + kTile * kLd;   // dO
+  bf16* sKV = sG + kTile * kLd;  // buffer i: K at sKV + 2i tiles, V at sKV + (2i + 1) tiles
 
   const int tiles = (T + kTile - 1) / kTile;
   const int qt = tiles - 1 - static_cast<int>(blockIdx.x);
@@ -376,8 +405,11 @@ __global__ void __launch_bounds__(kThreads) FlashBackwardQKernel(
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int row0 = q0 + warp * 16;  // this warp's first query
 
-  LoadTile<D>(sQ, base, ld3, q0, T);
-  LoadTile<D>(sG, gbase, C, q0, T);
+  LoadTileAsync<D>(sQ, base, ld3, q0, T);
+  LoadTileAsync<D>(sG, gbase, C, q0, T);
+  LoadTileAsync<D>(sKV, base + C, ld3, 0, T);
+  LoadTileAsync<D>(sKV + kTile * kLd, base + 2 * C, ld3, 0, T);
+  CommitCopies();
   float lq[2], dlt[2];  // rows g and g + 8
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -390,10 +422,18 @@ __global__ void __launch_bounds__(kThreads) FlashBackwardQKernel(
   for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
-    __syncthreads();  // every warp is done with the previous K and V
-    LoadTile<D>(sK, base + C, ld3, k0, T);
-    LoadTile<D>(sV, base + 2 * C, ld3, k0, T);
-    __syncthreads();
+    if (kt < qt) {  // the next K, V tile into the other buffer
+      bf16* next = sKV + ((kt + 1) & 1) * 2 * kTile * kLd;
+      LoadTileAsync<D>(next, base + C, ld3, k0 + kTile, T);
+      LoadTileAsync<D>(next + kTile * kLd, base + 2 * C, ld3, k0 + kTile, T);
+      CommitCopies();
+      WaitCopies<1>();
+    } else {
+      WaitCopies<0>();
+    }
+    __syncthreads();  // this tile's copies are visible to every warp
+    const bf16* sK = sKV + (kt & 1) * 2 * kTile * kLd;
+    const bf16* sV = sK + kTile * kLd;
     float ds[kN8][4], dp[kN8][4];
     ScoresABt<D>(ds, sQ + warp * 16 * kLd, sK, kLd);  // S
     ScoresABt<D>(dp, sG + warp * 16 * kLd, sV, kLd);  // dP
@@ -408,6 +448,7 @@ __global__ void __launch_bounds__(kThreads) FlashBackwardQKernel(
       }
     }
     AccumulatePV<D>(dq, ds, sK, kLd);  // dQ += dS K
+    __syncthreads();  // every warp is done with this buffer before it is refilled
   }
   StoreRows<D>(dq, gqkv + static_cast<int64_t>(b) * T * ld3 + static_cast<int64_t>(h) * D, ld3,
                row0, T);

@@ -6,6 +6,9 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <initializer_list>
+#include <type_traits>
+
 #include "kernels/elementwise.h"
 #include "kernels/math.h"
 #include "kernels/rowwise.h"
@@ -106,28 +109,65 @@ __global__ void AddKernel(const float* a, const float* b, float* out, int64_t n)
 
 // The by-column kernels walk rows across the grid and columns across each block (no
 // integer division per element).
-template <typename W>
+// `Four`: cols % 4 == 0 and the fp32 matrices 16-byte aligned (FourWideRows), so each
+// thread moves four elements per 16-byte access.
+template <bool Four, typename W>
 __global__ void BiasAddKernel(const float* x, const W* bias, float* out, int64_t rows,
                               int64_t cols) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-      out[r * cols + j] = k::BiasAdd(x[r * cols + j], bias, j);
+    if constexpr (Four) {
+      const float4* x4 = reinterpret_cast<const float4*>(x + r * cols);
+      float4* o4 = reinterpret_cast<float4*>(out + r * cols);
+      for (int64_t q = threadIdx.x; q < cols / 4; q += blockDim.x) {
+        const float4 v = x4[q];
+        const int64_t j = 4 * q;
+        o4[q] = make_float4(k::BiasAdd(v.x, bias, j), k::BiasAdd(v.y, bias, j + 1),
+                            k::BiasAdd(v.z, bias, j + 2), k::BiasAdd(v.w, bias, j + 3));
+      }
+    } else {
+      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+        out[r * cols + j] = k::BiasAdd(x[r * cols + j], bias, j);
+      }
     }
   }
 }
 
 // pre = x + bias (by column), y = GELU(pre): BiasAdd then GeluForward in one pass.
-template <typename W>
+template <bool Four, typename W>
 __global__ void BiasGeluForwardKernel(const float* x, const W* bias, float* pre, float* y,
                                       int64_t rows, int64_t cols) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-      const int64_t i = r * cols + j;
-      const float p = k::BiasAdd(x[i], bias, j);
-      pre[i] = p;
-      y[i] = k::GeluTanhForward(p);
+    if constexpr (Four) {
+      const float4* x4 = reinterpret_cast<const float4*>(x + r * cols);
+      float4* p4 = reinterpret_cast<float4*>(pre + r * cols);
+      float4* y4 = reinterpret_cast<float4*>(y + r * cols);
+      for (int64_t q = threadIdx.x; q < cols / 4; q += blockDim.x) {
+        const float4 v = x4[q];
+        const int64_t j = 4 * q;
+        const float4 p = make_float4(k::BiasAdd(v.x, bias, j), k::BiasAdd(v.y, bias, j + 1),
+                                     k::BiasAdd(v.z, bias, j + 2), k::BiasAdd(v.w, bias, j + 3));
+        p4[q] = p;
+        y4[q] = make_float4(k::GeluTanhForward(p.x), k::GeluTanhForward(p.y),
+                            k::GeluTanhForward(p.z), k::GeluTanhForward(p.w));
+      }
+    } else {
+      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+        const int64_t i = r * cols + j;
+        const float p = k::BiasAdd(x[i], bias, j);
+        pre[i] = p;
+        y[i] = k::GeluTanhForward(p);
+      }
     }
   }
+}
+
+// Whether [rows, cols] fp32 matrices at these addresses can be walked four columns at a time.
+bool FourWideRows(int64_t cols, std::initializer_list<const void*> ptrs) {
+  if (cols % 4 != 0) return false;
+  for (const void* p : ptrs) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
 }
 
 // Blocks for the by-column kernels: one row per block, at most kMaxBlocks.
@@ -433,13 +473,16 @@ cudaError_t Add(const float* a, const float* b, float* out, int64_t n) {
 cudaError_t BiasAdd(const float* x, const void* bias, bool bf16, float* out, int64_t rows,
                     int64_t cols) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
-  if (bf16) {
-    BiasAddKernel<<<GridForColumnRows(rows), kThreads>>>(x, static_cast<const uint16_t*>(bias), out,
-                                                      rows, cols);
-  } else {
-    BiasAddKernel<<<GridForColumnRows(rows), kThreads>>>(x, static_cast<const float*>(bias), out,
-                                                      rows, cols);
-  }
+  const auto launch = [&](auto four, const auto* b) {
+    BiasAddKernel<decltype(four)::value><<<GridForColumnRows(rows), kThreads>>>(x, b, out, rows,
+                                                                                cols);
+  };
+  const bool four = FourWideRows(cols, {x, out});
+  const void* b = bias;
+  if (bf16 && four) launch(std::true_type(), static_cast<const uint16_t*>(b));
+  if (bf16 && !four) launch(std::false_type(), static_cast<const uint16_t*>(b));
+  if (!bf16 && four) launch(std::true_type(), static_cast<const float*>(b));
+  if (!bf16 && !four) launch(std::false_type(), static_cast<const float*>(b));
   return cudaGetLastError();
 }
 
@@ -521,13 +564,16 @@ cudaError_t LayerNormBackwardInputAdd(const float* g, const float* xhat, const f
 cudaError_t BiasGeluForward(const float* x, const void* bias, bool bf16, float* pre, float* y,
                             int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
-  if (bf16) {
-    BiasGeluForwardKernel<<<GridForColumnRows(rows), kThreads>>>(
-        x, static_cast<const uint16_t*>(bias), pre, y, rows, cols);
-  } else {
-    BiasGeluForwardKernel<<<GridForColumnRows(rows), kThreads>>>(
-        x, static_cast<const float*>(bias), pre, y, rows, cols);
-  }
+  const auto launch = [&](auto four, const auto* b) {
+    BiasGeluForwardKernel<decltype(four)::value><<<GridForColumnRows(rows), kThreads>>>(
+        x, b, pre, y, rows, cols);
+  };
+  const bool four = FourWideRows(cols, {x, pre, y});
+  const void* b = bias;
+  if (bf16 && four) launch(std::true_type(), static_cast<const uint16_t*>(b));
+  if (bf16 && !four) launch(std::false_type(), static_cast<const uint16_t*>(b));
+  if (!bf16 && four) launch(std::true_type(), static_cast<const float*>(b));
+  if (!bf16 && !four) launch(std::false_type(), static_cast<const float*>(b));
   return cudaGetLastError();
 }
 
