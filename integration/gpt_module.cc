@@ -79,7 +79,11 @@ absl::StatusOr<data::TokenBatch> GptTrainModule::LocalBatch(int64_t index,
 absl::StatusOr<StepOutput> GptTrainModule::TrainingStep(const StepContext& ctx) {
   ASSIGN_OR_RETURN(data::TokenBatch batch, LocalBatch(BatchIndex(ctx), ctx));
   ASSIGN_OR_RETURN(core::Tensor logits, gpt_->Forward(batch.inputs));
-  ASSIGN_OR_RETURN(nn::LossResult loss, nn::CrossEntropyLoss(logits, batch.targets));
+  // The logits' gradient in the dtype the head's GEMMs use (bf16 under mixed precision),
+  // and the logits freed before the backward: at most one [B, T, V] tensor in each.
+  ASSIGN_OR_RETURN(nn::LossResult loss,
+                   nn::CrossEntropyLoss(logits, batch.targets, gpt_->logits_grad_dtype()));
+  logits = core::Tensor();
   RETURN_IF_ERROR(gpt_->Backward(loss.grad).status());
   return StepOutput{loss.loss, batch.targets.numel()};
 }

@@ -171,7 +171,7 @@ absl::StatusOr<core::Tensor> Gpt::BackwardImpl(const core::Tensor& grad_output) 
       *this, have_cache,
       have_cache ? core::Shape{token_shape_[0], token_shape_[1], config_.vocab_size}
                  : core::Shape{},
-      grad_output));
+      grad_output, logits_grad_dtype() == core::DType::kBFloat16));
   const int64_t B = token_shape_[0], T = token_shape_[1], C = config_.n_embd;
   ASSIGN_OR_RETURN(core::Tensor g, lm_head_->Backward(grad_output));
   ASSIGN_OR_RETURN(g, ln_f_->Backward(g));

@@ -65,13 +65,17 @@ class Gpt : public core::Module {
   const std::shared_ptr<LayerNorm>& ln_f() const { return ln_f_; }
   // Shares its weight Parameter with wte().
   const std::shared_ptr<Linear>& lm_head() const { return lm_head_; }
+  // The dtype Backward wants the logits' gradient in (lm_head's GradOutputDType): bf16
+  // after a Forward with bf16 weights, for nn::CrossEntropyLoss's grad_dtype. Backward
+  // takes fp32 too.
+  core::DType logits_grad_dtype() const { return lm_head_->GradOutputDType(); }
 
  protected:
   // tokens: int32 [B, T] (on the CPU or the parameters' device; the logits are on the
   // parameters' device) with T <= block_size and ids in [0, vocab_size) (otherwise
   // InvalidArgument naming this module, or "wte" for a bad id) -> logits [B, T, V].
   absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& tokens) override;
-  // grad_output: [B, T, V]. Adds every parameter's gradient (the tied weight receives
+  // grad_output: [B, T, V] (fp32, or bf16 per logits_grad_dtype). Adds every parameter's gradient (the tied weight receives
   // both lm_head's and wte's contributions) and returns an undefined Tensor.
   absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
 

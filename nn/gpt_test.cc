@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "nn/losses.h"
 #include "nn/testing/gradcheck.h"
+#include "nn/to_device.h"
 #include "nn/transformer.h"
 
 namespace nn {
@@ -287,6 +288,52 @@ TEST(GptTest, TrainingStepOfTheDefaultModelIsFast) {
   // loaded machine (best of three runs).
   EXPECT_LT(best, 1.0);
   RecordProperty("step_seconds", std::to_string(best));
+}
+
+// Under bf16 weights the head rounds the logits' gradient to bf16 for its GEMMs (NOTE
+// [bf16 GEMMs]); a loss that writes it in bf16 (logits_grad_dtype) must give the same
+// bits in every parameter gradient as the fp32 gradient does. With fp32 weights the model
+// wants fp32 and refuses a bf16 gradient.
+TEST(GptTest, Bf16LogitsGradientGivesTheBitsOfTheFp32One) {
+  GptConfig c = Tiny();
+  c.vocab_size = 37;
+  std::shared_ptr<Gpt> a = MakeGpt(c), b = MakeGpt(c);
+  ASSERT_TRUE(a && b);
+  const core::Tensor tokens = RandomTokens(2, 6, c.vocab_size, 8);
+  const core::Tensor targets = RandomTokens(2, 6, c.vocab_size, 9);
+
+  absl::StatusOr<core::Tensor> logits = a->Forward(tokens);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  EXPECT_EQ(a->logits_grad_dtype(), core::DType::kFloat32);
+  absl::StatusOr<LossResult> loss = CrossEntropyLoss(*logits, targets, core::DType::kBFloat16);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  absl::StatusOr<core::Tensor> refused = a->Backward(loss->grad);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("grad_output"));
+
+  for (Gpt* m : {a.get(), b.get()}) {
+    ASSERT_TRUE(ConvertParameters(*m, core::DType::kBFloat16).ok());
+    m->ZeroGrad(/*set_to_none=*/true);
+  }
+  std::vector<float> losses;
+  for (Gpt* m : {a.get(), b.get()}) {
+    absl::StatusOr<core::Tensor> l = m->Forward(tokens);
+    ASSERT_TRUE(l.ok()) << l.status();
+    const core::DType want = m == a.get() ? core::DType::kFloat32 : m->logits_grad_dtype();
+    EXPECT_EQ(m->logits_grad_dtype(), core::DType::kBFloat16);
+    absl::StatusOr<LossResult> r = CrossEntropyLoss(*l, targets, want);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->grad.dtype(), want);
+    losses.push_back(r->loss);
+    ASSERT_TRUE(m->Backward(r->grad).ok());
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  const auto pa = a->NamedParameters(), pb = b->NamedParameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    ASSERT_TRUE(pa[i].second->grad.defined()) << pa[i].first;
+    EXPECT_EQ(pa[i].second->grad.ToVector(), pb[i].second->grad.ToVector()) << pa[i].first;
+  }
 }
 
 }  // namespace

@@ -79,6 +79,7 @@ absl::StatusOr<core::Tensor> Linear::ForwardWithoutBias(const core::Tensor& x) {
 
 absl::StatusOr<core::Tensor> Linear::GemmOperand(const core::Tensor& t, const char* name) const {
   if (weight_->data.dtype() != core::DType::kBFloat16) return t;
+  if (t.dtype() == core::DType::kBFloat16) return t;  // a grad_output already rounded
   // NOTE [bf16 GEMMs]: rounded once here, then used by every GEMM that needs it.
   return internal::RoundToBf16(*this, t, name);
 }
@@ -91,7 +92,8 @@ absl::StatusOr<core::Tensor> Linear::ForwardImpl(const core::Tensor& x) {
 
 absl::StatusOr<core::Tensor> Linear::BackwardWithoutBias(const core::Tensor& grad_output) {
   RETURN_IF_ERROR(internal::CheckGradOutput(*this, input_.defined(),
-                                            WithLastDim(input_.shape(), out_), grad_output));
+                                            WithLastDim(input_.shape(), out_), grad_output,
+                                            GradOutputDType() == core::DType::kBFloat16));
   const core::Device device = input_.device();
   RETURN_IF_ERROR(internal::CheckDevice(*this, grad_output, "grad_output", device, "the input"));
   RETURN_IF_ERROR(internal::CheckParameter(*this, *weight_, "weight", {out_, in_}, device));
@@ -135,7 +137,11 @@ absl::StatusOr<core::Tensor> Linear::BackwardImpl(const core::Tensor& grad_outpu
     // dL/db += sum over rows of g.
     ASSIGN_OR_RETURN(core::Tensor gb, internal::GradTensor(*this, *bias_, "bias"));
     if (gb.defined()) {
-      RETURN_IF_ERROR(AccumulateColumnSums(internal::What(*this), grad_output, core::Tensor(), gb));
+      core::Tensor g = grad_output;
+      if (g.dtype() != core::DType::kFloat32) {
+        ASSIGN_OR_RETURN(g, g.ToDType(core::DType::kFloat32, core::MemoryTag::kActivation));
+      }
+      RETURN_IF_ERROR(AccumulateColumnSums(internal::What(*this), g, core::Tensor(), gb));
     }
   }
   return gx;

@@ -53,6 +53,16 @@ class Linear : public core::Module {
   absl::StatusOr<core::Tensor> ForwardWithoutBias(const core::Tensor& x);
   absl::StatusOr<core::Tensor> BackwardWithoutBias(const core::Tensor& grad_output);
 
+  // The dtype in which Backward would use grad_output: bf16 after a Forward with a bf16
+  // weight (NOTE [bf16 GEMMs]: grad_output is rounded once to bf16 for its GEMMs), else
+  // fp32. After such a Forward, Backward also takes grad_output already in bf16 (no
+  // rounding pass, half the bytes): dL/dx and dL/dW are those of the fp32 gradient it is
+  // the rounding of, bit for bit, and dL/db sums the bf16 values. nn::CrossEntropyLoss can
+  // write its gradient so. A bf16 grad_output after an fp32 Forward is InvalidArgument.
+  core::DType GradOutputDType() const {
+    return input_.defined() ? input_.dtype() : core::DType::kFloat32;
+  }
+
  protected:
   // x: fp32 [..., in] (at least 1-D) on the parameters' device -> [..., out] there. The
   // weight and bias may be fp32 or bf16 (see NOTE [Device dispatch] in nn/tensor_ops.h);

@@ -7,6 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nn/testing/gradcheck.h"
+#include "nn/to_device.h"
 
 namespace nn {
 namespace {
@@ -169,6 +170,38 @@ TEST(LinearTest, ReshapedParameterIsRejectedNotReadOutOfBounds) {
   absl::StatusOr<core::Tensor> y = fc.Forward(core::Tensor::Zeros({1, 3}));
   EXPECT_EQ(y.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(y.status().message()), HasSubstr("'weight'"));
+}
+
+// After a bf16 Forward the layer takes grad_output in bf16 (GradOutputDType) and gives
+// the bits the fp32 gradient gives when that gradient is exactly representable in bf16
+// (here: already rounded), bias gradient included.
+TEST(LinearTest, Bf16GradOutputGivesTheBitsOfItsFp32Value) {
+  Linear a(6, 5, true, 4), b(6, 5, true, 4);
+  EXPECT_EQ(a.GradOutputDType(), core::DType::kFloat32);
+  for (Linear* m : {&a, &b}) ASSERT_TRUE(ConvertParameters(*m, core::DType::kBFloat16).ok());
+  std::vector<float> xs(3 * 6), gs(3 * 5);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::cos(0.7f * i);
+  for (size_t i = 0; i < gs.size(); ++i) gs[i] = std::sin(1.3f * i) / 3;
+  const core::Tensor x = core::Tensor::FromVector(xs, {3, 6}).value();
+  const core::Tensor g16 = core::Tensor::FromVector(gs, {3, 5})
+                               .value()
+                               .ToDType(core::DType::kBFloat16, core::MemoryTag::kOther)
+                               .value();
+  const core::Tensor g32 = g16.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value();
+  ASSERT_TRUE(a.Forward(x).ok() && b.Forward(x).ok());
+  EXPECT_EQ(b.GradOutputDType(), core::DType::kBFloat16);
+  absl::StatusOr<core::Tensor> ga = a.Backward(g32), gb = b.Backward(g16);
+  ASSERT_TRUE(ga.ok() && gb.ok()) << gb.status();
+  EXPECT_EQ(ga->ToVector(), gb->ToVector());
+  EXPECT_EQ(a.weight()->grad.ToVector(), b.weight()->grad.ToVector());
+  EXPECT_EQ(a.bias()->grad.ToVector(), b.bias()->grad.ToVector());
+  EXPECT_EQ(b.GradOutputDType(), core::DType::kFloat32);  // the cache is released
+
+  Linear f32(6, 5, true, 4);
+  ASSERT_TRUE(f32.Forward(x).ok());
+  absl::StatusOr<core::Tensor> refused = f32.Backward(g16);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("grad_output"));
 }
 
 }  // namespace

@@ -82,8 +82,13 @@ absl::StatusOr<LossResult> MseLoss(const core::Tensor& pred, const core::Tensor&
 }
 
 absl::StatusOr<LossResult> CrossEntropyLoss(const core::Tensor& logits,
-                                            const core::Tensor& targets) {
+                                            const core::Tensor& targets, core::DType grad_dtype) {
   RETURN_IF_ERROR(CheckType("CrossEntropyLoss", "logits", logits, core::DType::kFloat32));
+  if (grad_dtype != core::DType::kFloat32 && grad_dtype != core::DType::kBFloat16) {
+    return absl::InvalidArgumentError(absl::StrCat("CrossEntropyLoss: grad_dtype must be ",
+                                                   "float32 or bfloat16, got ",
+                                                   core::DTypeName(grad_dtype)));
+  }
   RETURN_IF_ERROR(CheckType("CrossEntropyLoss", "targets", targets, core::DType::kInt32));
   const core::Shape& ls = logits.shape();
   const core::Shape leading(ls.begin(), ls.empty() ? ls.end() : ls.end() - 1);
@@ -124,7 +129,8 @@ absl::StatusOr<LossResult> CrossEntropyLoss(const core::Tensor& logits,
     RETURN_IF_ERROR(device_targets.CopyFrom(targets));
   }
   LossResult r;
-  ASSIGN_OR_RETURN(r.grad, NewGrad(ls, device));
+  ASSIGN_OR_RETURN(r.grad, core::Tensor::Allocate(ls, grad_dtype, core::MemoryTag::kActivation,
+                                                  device));
   ASSIGN_OR_RETURN(double loss, CrossEntropyForwardBackward("CrossEntropyLoss", logits,
                                                             device_targets, r.grad));
   r.loss = static_cast<float>(loss);

@@ -13,7 +13,8 @@ namespace nn {
 
 struct LossResult {
   float loss = 0.0f;
-  // d loss / d input, the shape of the loss's first argument (fp32, tag kActivation).
+  // d loss / d input, the shape of the loss's first argument (fp32 unless asked for bf16,
+  // tag kActivation).
   core::Tensor grad;
 };
 
@@ -31,8 +32,14 @@ absl::StatusOr<LossResult> MseLoss(const core::Tensor& pred, const core::Tensor&
 // device; targets there or on the CPU) the rows run on the device with fp32 exponentials
 // and double sums; the loss comes back to the host (one synchronisation) and grad stays
 // on the logits' device.
+//
+// grad_dtype kBFloat16 writes the gradient as bf16, each value the fp32 gradient rounded
+// once: what a bf16 Linear head rounds it to anyway (NOTE [bf16 GEMMs] in nn/linear.h;
+// Gpt::logits_grad_dtype says which the model wants), and no fp32 [..., V] gradient is
+// ever allocated. InvalidArgument for another dtype.
 absl::StatusOr<LossResult> CrossEntropyLoss(const core::Tensor& logits,
-                                            const core::Tensor& targets);
+                                            const core::Tensor& targets,
+                                            core::DType grad_dtype = core::DType::kFloat32);
 
 }  // namespace nn
 

@@ -77,6 +77,30 @@ TEST(CrossEntropyTest, BadArgumentsAreNamed) {
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("int32"));
 }
 
+// grad_dtype bf16: the same loss, and each gradient value the fp32 one rounded once to
+// bf16 (round to nearest even), bit for bit; any other dtype is refused by name.
+TEST(CrossEntropyTest, Bf16GradientIsTheRoundedFp32Gradient) {
+  std::vector<float> values(3 * 50);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = std::sin(0.37f * i) * 4.0f;
+  const core::Tensor logits = core::Tensor::FromVector(values, {3, 50}).value();
+  const core::Tensor targets = core::Tensor::FromInts({4, 49, 0}, {3}).value();
+  absl::StatusOr<LossResult> f32 = CrossEntropyLoss(logits, targets);
+  absl::StatusOr<LossResult> b16 = CrossEntropyLoss(logits, targets, core::DType::kBFloat16);
+  ASSERT_TRUE(f32.ok() && b16.ok()) << b16.status();
+  EXPECT_EQ(f32->loss, b16->loss);
+  ASSERT_EQ(b16->grad.dtype(), core::DType::kBFloat16);
+  ASSERT_EQ(b16->grad.shape(), f32->grad.shape());
+  const core::Tensor rounded =
+      f32->grad.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
+  const uint16_t* want = static_cast<const uint16_t*>(rounded.raw_data());
+  const uint16_t* got = static_cast<const uint16_t*>(b16->grad.raw_data());
+  for (int64_t i = 0; i < rounded.numel(); ++i) ASSERT_EQ(got[i], want[i]) << i;
+
+  absl::StatusOr<LossResult> bad = CrossEntropyLoss(logits, targets, core::DType::kInt32);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("grad_dtype"));
+}
+
 TEST(MseTest, MatchesHandComputedValueAndGradient) {
   // diffs [1, -2, 0, 3]: mean of squares (1 + 4 + 0 + 9) / 4 = 3.5; grad 2 d / 4.
   absl::StatusOr<LossResult> r = MseLoss(core::Tensor::FromVector({2, 0, 1, 4}, {2, 2}).value(),

@@ -643,8 +643,10 @@ absl::StatusOr<double> CrossEntropyForwardBackward(absl::string_view what, const
                                       {"gradient", &grad}}));
   RETURN_IF_ERROR(CheckDType(what, "logits", logits, DType::kFloat32));
   RETURN_IF_ERROR(CheckDType(what, "targets", targets, DType::kInt32));
-  RETURN_IF_ERROR(CheckDType(what, "gradient", grad, DType::kFloat32));
+  RETURN_IF_ERROR(CheckWeightDType(what, "gradient", grad));  // fp32 or bf16
   RETURN_IF_ERROR(CheckNumel(what, "gradient", grad, logits.numel()));
+  float* const grad32 = IsBf16(grad) ? nullptr : MutF32(grad);
+  uint16_t* const grad16 = IsBf16(grad) ? static_cast<uint16_t*>(grad.raw_data()) : nullptr;
   const int64_t n = targets.numel();
   if (n == 0 || logits.numel() % n != 0 || logits.numel() == 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": logits ", logits.ToString(),
@@ -657,7 +659,7 @@ absl::StatusOr<double> CrossEntropyForwardBackward(absl::string_view what, const
   RecordOp(OpCategory::kHostSync, "cross_entropy.loss_to_host",
            core::OpCost{0, 8.0 * n, 0, core::OpEngine::kHostSync});
   ProfiledOp op(OpCategory::kLoss, "cross_entropy", logits.device(),
-                internal::CrossEntropyCost(n, V));
+                internal::CrossEntropyCost(n, V, IsBf16(grad)));
   if (logits.device().is_cuda()) {
 #ifdef FSDP_WITH_CUDA
     RETURN_IF_ERROR(UseDevice(logits.device(), what));
@@ -666,8 +668,8 @@ absl::StatusOr<double> CrossEntropyForwardBackward(absl::string_view what, const
                                                        core::MemoryTag::kActivation,
                                                        logits.device()));
     RETURN_IF_ERROR(Launched(
-        kc::CrossEntropy(F32(logits), targets.data<int32_t>(), n, V, inv_n, MutF32(grad),
-                           static_cast<double*>(row_loss.raw_data())),
+        kc::CrossEntropy(F32(logits), targets.data<int32_t>(), n, V, inv_n, grad32,
+                         static_cast<double*>(row_loss.raw_data()), grad16),
         what, "cross-entropy"));
     std::vector<double> host(static_cast<size_t>(n));
     RETURN_IF_ERROR(Launched(cudaMemcpy(host.data(), row_loss.raw_data(),
@@ -682,8 +684,8 @@ absl::StatusOr<double> CrossEntropyForwardBackward(absl::string_view what, const
 #endif
   }
   std::vector<double> row_loss(static_cast<size_t>(n));
-  kcpu::CrossEntropy(F32(logits), targets.data<int32_t>(), n, V, inv_n, MutF32(grad),
-                     row_loss.data());
+  kcpu::CrossEntropy(F32(logits), targets.data<int32_t>(), n, V, inv_n, grad32,
+                     row_loss.data(), grad16);
   double total = 0.0;  // in row order, whatever the thread count
   for (double l : row_loss) total += l;
   return total * inv_n;

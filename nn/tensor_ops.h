@@ -179,8 +179,9 @@ absl::Status EmbeddingBackward(absl::string_view what, const core::Tensor& ids,
                                const core::Tensor& g, const core::Tensor& gw);
 
 // Cross-entropy rows of logits [n, V] (fp32) with targets (int32, n, each in [0, V),
-// checked by the caller): writes grad = (softmax - onehot) / n (fp32 [n, V]) and returns
-// the mean loss, on the host (one synchronisation on CUDA).
+// checked by the caller): writes grad = (softmax - onehot) / n ([n, V], fp32, or bf16
+// rounded once from the fp32 value) and returns the mean loss, on the host (one
+// synchronisation on CUDA).
 absl::StatusOr<double> CrossEntropyForwardBackward(absl::string_view what,
                                                    const core::Tensor& logits,
                                                    const core::Tensor& targets,

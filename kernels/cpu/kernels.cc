@@ -300,10 +300,10 @@ FSDP_CPU_CLONES void CausalSoftmaxBackwardLoop(const uint16_t* p, float* g, uint
 FSDP_CPU_CLONES void CrossEntropyLoop(const float* FSDP_RESTRICT x,
                                       const int32_t* FSDP_RESTRICT targets,
                                       float* FSDP_RESTRICT grad, double* FSDP_RESTRICT row_loss,
-                                      int64_t first, int64_t end, int64_t V, double inv_n) {
+                                      uint16_t* FSDP_RESTRICT grad16, int64_t first,
+                                      int64_t end, int64_t V, double inv_n) {
   for (int64_t i = first; i < end; ++i) {
     const float* row = x + i * V;
-    float* grow = grad + i * V;
     float maxf = row[0];
 #pragma omp simd reduction(max : maxf)
     for (int64_t j = 1; j < V; ++j) maxf = maxf > row[j] ? maxf : row[j];
@@ -313,9 +313,18 @@ FSDP_CPU_CLONES void CrossEntropyLoop(const float* FSDP_RESTRICT x,
     const double log_sum = k::Log(sum);
     const int64_t tg = targets[i];
     row_loss[i] = k::CrossEntropyRowLoss(sum, max, row[tg]);
+    if (grad16 != nullptr) {
+      uint16_t* grow = grad16 + i * V;
 #pragma omp simd
-    for (int64_t j = 0; j < V; ++j) {
-      grow[j] = k::CrossEntropyGrad(row[j], max, log_sum, j == tg, inv_n);
+      for (int64_t j = 0; j < V; ++j) {
+        grow[j] = core::FloatToBf16Bits(k::CrossEntropyGrad(row[j], max, log_sum, j == tg, inv_n));
+      }
+    } else {
+      float* grow = grad + i * V;
+#pragma omp simd
+      for (int64_t j = 0; j < V; ++j) {
+        grow[j] = k::CrossEntropyGrad(row[j], max, log_sum, j == tg, inv_n);
+      }
     }
   }
 }
@@ -461,9 +470,9 @@ void EmbeddingBackward(const int32_t* ids, int64_t n_ids, const float* g, int64_
 }
 
 void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V,
-                  double inv_n, float* grad, double* row_loss) {
+                  double inv_n, float* grad, double* row_loss, uint16_t* grad16) {
   ParallelChunks(IntraOpThreads(), rows, rows * V, 1, [&](int64_t s, int64_t e) {
-    CrossEntropyLoop(logits, targets, grad, row_loss, s, e, V, inv_n);
+    CrossEntropyLoop(logits, targets, grad, row_loss, grad16, s, e, V, inv_n);
   });
 }
 

@@ -57,9 +57,10 @@ void EmbeddingBackward(const int32_t* ids, int64_t n_ids, const float* g, int64_
                        int64_t dim, float* gw);
 // Softmax cross-entropy of each row of logits [rows, V] against targets (in [0, V)):
 // grad [rows, V] (already divided by the batch: times inv_n) and each row's loss in
-// row_loss [rows], in double.
+// row_loss [rows], in double. With grad16 set, the gradient goes there instead, each value
+// rounded once to bf16 (the bits of rounding the fp32 gradient), and grad may be null.
 void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V,
-                  double inv_n, float* grad, double* row_loss);
+                  double inv_n, float* grad, double* row_loss, uint16_t* grad16 = nullptr);
 
 // ---- CPU-only fused loops (NOTE [Fused ops], nn/tensor_ops.h): the bits of the two
 // launches each replaces, run one after the other.

@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "core/bf16_hd.h"
 #include "kernels/elementwise.h"
 #include "kernels/math.h"
 #include "kernels/rowwise.h"
@@ -372,20 +373,33 @@ __global__ void CausalSoftmaxBackwardKernel(const P* p, float* g, uint16_t* out1
 
 // ---- Cross-entropy, one block per row of V logits.
 
+// The gradient of element j goes to grad (fp32) or, when grad16 is set, to grad16 rounded
+// once to bf16.
+__device__ __forceinline__ void PutGrad(float* grad, uint16_t* grad16, int64_t j, float g) {
+  if (grad16 != nullptr) {
+    grad16[j] = core::FloatToBf16Bits(g);
+  } else {
+    grad[j] = g;
+  }
+}
+
 __global__ void CrossEntropyKernel(const float* logits, const int32_t* targets, int64_t rows,
-                                   int64_t V, double inv_n, float* grad, double* row_loss) {
+                                   int64_t V, double inv_n, float* grad, double* row_loss,
+                                   uint16_t* grad16) {
   __shared__ float fscratch[32];
   __shared__ double dscratch[32];
   const int64_t row = blockIdx.x;
   if (row >= rows) return;
   const float* x = logits + row * V;
-  float* gr = grad + row * V;
+  float* gr = grad16 != nullptr ? nullptr : grad + row * V;
+  uint16_t* gr16 = grad16 != nullptr ? grad16 + row * V : nullptr;
   const int32_t target = targets[row];
   // One read for the max and the sum: each thread keeps its running max m and its sum of
   // exp(x - m), rescaled when m grows (FlashAttention's online softmax); four elements per
   // load when the rows are 16-byte aligned.
   const bool four = V % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(grad) % 16 == 0;
+                    reinterpret_cast<uintptr_t>(grad16 != nullptr ? static_cast<void*>(grad16)
+                                                                  : grad) % 16 == 0;
   float m = -INFINITY;
   double sum = 0.0;
   const auto take = [&](float chunk_max) {
@@ -422,18 +436,25 @@ __global__ void CrossEntropyKernel(const float* logits, const int32_t* targets, 
   const float inv_n_f = static_cast<float>(inv_n);
   if (four) {
     const float4* x4 = reinterpret_cast<const float4*>(x);
-    float4* g4 = reinterpret_cast<float4*>(gr);
     for (int64_t j = threadIdx.x; j < V / 4; j += blockDim.x) {
       const float4 v = x4[j];
       const int64_t e = 4 * j;
-      g4[j] = make_float4(k::CrossEntropyGrad<float>(v.x, m, log_sum_f, e == target, inv_n_f),
-                          k::CrossEntropyGrad<float>(v.y, m, log_sum_f, e + 1 == target, inv_n_f),
-                          k::CrossEntropyGrad<float>(v.z, m, log_sum_f, e + 2 == target, inv_n_f),
-                          k::CrossEntropyGrad<float>(v.w, m, log_sum_f, e + 3 == target, inv_n_f));
+      const float4 g =
+          make_float4(k::CrossEntropyGrad<float>(v.x, m, log_sum_f, e == target, inv_n_f),
+                      k::CrossEntropyGrad<float>(v.y, m, log_sum_f, e + 1 == target, inv_n_f),
+                      k::CrossEntropyGrad<float>(v.z, m, log_sum_f, e + 2 == target, inv_n_f),
+                      k::CrossEntropyGrad<float>(v.w, m, log_sum_f, e + 3 == target, inv_n_f));
+      if (gr16 != nullptr) {
+        reinterpret_cast<uint2*>(gr16)[j] =
+            make_uint2(core::FloatToBf16Bits(g.x) | (uint32_t{core::FloatToBf16Bits(g.y)} << 16),
+                       core::FloatToBf16Bits(g.z) | (uint32_t{core::FloatToBf16Bits(g.w)} << 16));
+      } else {
+        reinterpret_cast<float4*>(gr)[j] = g;
+      }
     }
   } else {
     for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-      gr[j] = k::CrossEntropyGrad<float>(x[j], m, log_sum_f, j == target, inv_n_f);
+      PutGrad(gr, gr16, j, k::CrossEntropyGrad<float>(x[j], m, log_sum_f, j == target, inv_n_f));
     }
   }
 }
@@ -617,11 +638,11 @@ cudaError_t EmbeddingBackward(const int32_t* ids, int64_t n_ids, const float* g,
 }
 
 cudaError_t CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V,
-                         double inv_n, float* grad, double* row_loss) {
+                         double inv_n, float* grad, double* row_loss, uint16_t* grad16) {
   if (rows <= 0 || V <= 0) return cudaSuccess;
   if (rows > 0x7fffffff) return cudaErrorInvalidValue;
   CrossEntropyKernel<<<static_cast<unsigned int>(rows), 512>>>(logits, targets, rows, V, inv_n,
-                                                                grad, row_loss);
+                                                                grad, row_loss, grad16);
   return cudaGetLastError();
 }
 

@@ -63,9 +63,10 @@ cudaError_t EmbeddingForward(const int32_t* ids, int64_t n_ids, const void* tabl
 // gw[ids[i], :] += g[i, :] with atomic adds; ids outside [0, num) are skipped.
 cudaError_t EmbeddingBackward(const int32_t* ids, int64_t n_ids, const float* g, int64_t num,
                               int64_t dim, float* gw);
-// One block per row of logits [rows, V]: grad [rows, V] and row_loss [rows] (double).
+// One block per row of logits [rows, V]: grad [rows, V] and row_loss [rows] (double); with
+// grad16 set the gradient goes there as bf16 instead (grad may be null), as on the CPU.
 cudaError_t CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V,
-                         double inv_n, float* grad, double* row_loss);
+                         double inv_n, float* grad, double* row_loss, uint16_t* grad16 = nullptr);
 // c_i[r, j] = beta * c_i[r, j] (0 when beta == 0, even over NaN) for the `batch` row-major
 // [rows, cols] matrices at c + i * stride with row stride ld: a GEMM with k == 0.
 cudaError_t ScaleMatrices(float* c, int64_t batch, int64_t rows, int64_t cols, int64_t ld,

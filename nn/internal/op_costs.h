@@ -118,8 +118,8 @@ inline core::OpCost EmbeddingBackwardCost(int64_t n, int64_t dim) {
 }
 
 // Reads the logits, writes their gradient and a loss per row; about 6 operations each.
-inline core::OpCost CrossEntropyCost(int64_t n, int64_t V) {
-  return core::OpCost::Memory(8.0 * n * V + 12.0 * n, 6.0 * n * V);
+inline core::OpCost CrossEntropyCost(int64_t n, int64_t V, bool bf16_grad) {
+  return core::OpCost::Memory((bf16_grad ? 6.0 : 8.0) * n * V + 12.0 * n, 6.0 * n * V);
 }
 
 }  // namespace internal

@@ -63,14 +63,18 @@ inline absl::Status CheckLastDim(const core::Module& m, const core::Tensor& t, i
 
 // OK if `grad_output` is fp32 with the shape of the output of the cached
 // forward; FailedPrecondition if there is no cached forward (`have_cache` false).
+// `bf16_ok`: the module also takes a bf16 grad_output (Linear::GradOutputDType).
 inline absl::Status CheckGradOutput(const core::Module& m, bool have_cache,
                                     const core::Shape& output_shape,
-                                    const core::Tensor& grad_output) {
+                                    const core::Tensor& grad_output, bool bf16_ok = false) {
   if (!have_cache) {
     return absl::FailedPreconditionError(
         absl::StrCat(m.Describe(), ": Backward called without a preceding Forward"));
   }
-  absl::Status s = CheckTensor(m, grad_output, core::DType::kFloat32, "grad_output");
+  const bool bf16 = bf16_ok && grad_output.defined() &&
+                    grad_output.dtype() == core::DType::kBFloat16;
+  absl::Status s = CheckTensor(m, grad_output, bf16 ? core::DType::kBFloat16 : core::DType::kFloat32,
+                               "grad_output");
   if (!s.ok()) return s;
   if (grad_output.shape() != output_shape) {
     return ModuleError(
