@@ -108,6 +108,14 @@ inline int64_t ColumnSumChunks(int64_t rows, int64_t cols) {
   return chunks > 1 ? chunks : 1;
 }
 
+// ---- Fused causal attention (NOTE [Fused attention] in nn/attention.h): the CUDA kernels
+// (kernels/cuda/flash_attention.h) and their CPU twins (kernels/cpu/kernels.h) walk the keys
+// in tiles of kFlashTile with an online softmax, for these head widths only.
+inline constexpr int64_t kFlashTile = 64;
+inline constexpr bool FlashAttentionSupports(int64_t head_dim) {
+  return head_dim == 64 || head_dim == 128;
+}
+
 }  // namespace kernels
 
 #endif  // KERNELS_ROWWISE_H_

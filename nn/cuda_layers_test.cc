@@ -357,6 +357,7 @@ TEST(CudaLayersTest, FusedBf16AttentionMatchesTheUnfusedPathAndRepeatsBitForBit)
     SCOPED_TRACE(absl::StrCat("head width ", hd));
     const int64_t H = 2, C = H * hd, B = 2, T = 200;
     CausalSelfAttention cpu(C, H, 7), gpu(C, H, 7);
+    cpu.set_fused(false);
     ASSERT_TRUE(ConvertParameters(cpu, core::DType::kBFloat16).ok());
     ASSERT_TRUE(ConvertParameters(gpu, core::DType::kBFloat16).ok());
     CompareModules(cpu, gpu, Normal({B, T, C}, 31), 4 * kBf16Unit);

@@ -505,13 +505,10 @@ absl::Status CausalSoftmaxBackward(absl::string_view what, const Tensor& p, cons
 }
 
 bool FusedAttentionSupported(const core::Device& device, int64_t head_dim) {
-#ifdef FSDP_WITH_CUDA
-  return device.is_cuda() && kc::FlashAttentionSupports(head_dim);
-#else
-  (void)device;
-  (void)head_dim;
-  return false;
+#ifndef FSDP_WITH_CUDA
+  if (device.is_cuda()) return false;
 #endif
+  return ::kernels::FlashAttentionSupports(head_dim);
 }
 
 namespace {
@@ -529,8 +526,8 @@ absl::StatusOr<int64_t> CheckFusedAttention(absl::string_view what, const Tensor
   const int64_t hd = qkv.size(2) / 3 / n_head;
   if (!FusedAttentionSupported(qkv.device(), hd)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        what, ": fused attention runs on CUDA with head width 64 or 128; q, k and v ",
-        qkv.ToString(), " have head width ", hd));
+        what, ": fused attention runs with head width 64 or 128 (on CUDA with --config=cuda); ",
+        "q, k and v ", qkv.ToString(), " have head width ", hd));
   }
   if (reinterpret_cast<uintptr_t>(qkv.raw_data()) % 16 != 0) {
     return absl::InvalidArgumentError(
@@ -562,9 +559,14 @@ absl::Status FusedAttentionForward(absl::string_view what, const Tensor& qkv, in
   RETURN_IF_ERROR(CheckShape(what, "softmax statistics", lse, DType::kFloat32, {B, n_head, T}, qkv));
   ProfiledOp op(OpCategory::kAttention, "fused_attention.forward", qkv.device(),
                 internal::FusedAttentionForwardCost(B, T, n_head, hd));
-  NN_ON_CUDA(qkv.device(), what, "fused attention forward",
-             kc::FlashAttentionForward(static_cast<const uint16_t*>(qkv.raw_data()), MutF32(y),
-                                       MutF32(lse), B, T, n_head, hd, scale));
+  if (qkv.device().is_cuda()) {
+    NN_ON_CUDA(qkv.device(), what, "fused attention forward",
+               kc::FlashAttentionForward(static_cast<const uint16_t*>(qkv.raw_data()), MutF32(y),
+                                         MutF32(lse), B, T, n_head, hd, scale));
+  }
+  kcpu::FlashAttentionForward(static_cast<const uint16_t*>(qkv.raw_data()), MutF32(y),
+                              MutF32(lse), B, T, n_head, hd, scale);
+  return absl::OkStatus();
 }
 
 absl::Status FusedAttentionBackward(absl::string_view what, const Tensor& qkv, const Tensor& y,
@@ -584,10 +586,16 @@ absl::Status FusedAttentionBackward(absl::string_view what, const Tensor& qkv, c
   }
   ProfiledOp op(OpCategory::kAttention, "fused_attention.backward", qkv.device(),
                 internal::FusedAttentionBackwardCost(B, T, n_head, hd));
-  NN_ON_CUDA(qkv.device(), what, "fused attention backward",
-             kc::FlashAttentionBackward(static_cast<const uint16_t*>(qkv.raw_data()), F32(y),
-                                        static_cast<const uint16_t*>(gy.raw_data()), F32(lse),
-                                        MutF32(delta), MutF32(gqkv), B, T, n_head, hd, scale));
+  if (qkv.device().is_cuda()) {
+    NN_ON_CUDA(qkv.device(), what, "fused attention backward",
+               kc::FlashAttentionBackward(static_cast<const uint16_t*>(qkv.raw_data()), F32(y),
+                                          static_cast<const uint16_t*>(gy.raw_data()), F32(lse),
+                                          MutF32(delta), MutF32(gqkv), B, T, n_head, hd, scale));
+  }
+  kcpu::FlashAttentionBackward(static_cast<const uint16_t*>(qkv.raw_data()), F32(y),
+                               static_cast<const uint16_t*>(gy.raw_data()), F32(lse),
+                               MutF32(delta), MutF32(gqkv), B, T, n_head, hd, scale);
+  return absl::OkStatus();
 }
 
 absl::Status EmbeddingForward(absl::string_view what, const Tensor& table, const Tensor& ids,

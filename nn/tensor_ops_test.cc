@@ -336,22 +336,31 @@ TEST(FusedOpsTest, BadArgumentsAreInvalidArgumentAndWriteNothing) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("ln_2: grad_input and residual"));
 }
 
-// NOTE [Fused attention] is CUDA-only: on CPU tensors the fused ops refuse with
-// FailedPrecondition saying so (the layer takes the unfused path there), and
-// FusedAttentionSupported says no for every head width.
-TEST(FusedAttentionTest, IsRefusedOnTheCpu) {
-  EXPECT_FALSE(FusedAttentionSupported(core::Device::Cpu(), 64));
+// NOTE [Fused attention]: the fused ops run on the CPU too, for the same head widths as
+// on CUDA; another width is FailedPrecondition naming it, a mis-shaped output or an fp32
+// q, k, v InvalidArgument naming the tensor.
+TEST(FusedAttentionTest, HeadWidthsShapesAndDTypesAreChecked) {
+  EXPECT_TRUE(FusedAttentionSupported(core::Device::Cpu(), 64));
+  EXPECT_TRUE(FusedAttentionSupported(core::Device::Cpu(), 128));
+  EXPECT_FALSE(FusedAttentionSupported(core::Device::Cpu(), 32));
   const core::Tensor qkv = core::Tensor::Zeros({1, 4, 384}, core::DType::kBFloat16);
   const core::Tensor y = core::Tensor::Zeros({1, 4, 128});
   const core::Tensor lse = core::Tensor::Zeros({1, 2, 4});
-  const absl::Status s = FusedAttentionForward("attn", qkv, 2, 0.125f, y, lse);
+  absl::Status s = FusedAttentionForward("attn", qkv, 4, 0.125f, y, core::Tensor::Zeros({1, 4, 4}));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("fused attention runs on CUDA"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("attn"));
-  const absl::Status b =
-      FusedAttentionBackward("attn", qkv, y, core::Tensor::Zeros({1, 4, 128}, core::DType::kBFloat16),
-                             lse, lse, 2, 0.125f, core::Tensor::Zeros({1, 4, 384}));
-  EXPECT_EQ(b.code(), absl::StatusCode::kFailedPrecondition) << b;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("head width 32"));
+  s = FusedAttentionForward("attn", core::Tensor::Zeros({1, 4, 384}), 2, 0.125f, y, lse);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("q, k and v"));
+  s = FusedAttentionForward("attn", qkv, 2, 0.125f, core::Tensor::Zeros({1, 4, 64}), lse);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("attention output"));
+  s = FusedAttentionBackward("attn", qkv, y, core::Tensor::Zeros({1, 4, 128}), lse, lse, 2,
+                             0.125f, core::Tensor::Zeros({1, 4, 384}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("its gradient"));
+  EXPECT_TRUE(FusedAttentionForward("attn", qkv, 2, 0.125f, y, lse).ok());
 }
 
 }  // namespace

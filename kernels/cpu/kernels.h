@@ -62,6 +62,17 @@ void EmbeddingBackward(const int32_t* ids, int64_t n_ids, const float* g, int64_
 void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V,
                   double inv_n, float* grad, double* row_loss, uint16_t* grad16 = nullptr);
 
+// Fused causal attention, the CPU twin of kernels/cuda/flash_attention.h (same layouts,
+// outputs and scratch; head widths kernels::FlashAttentionSupports accepts, checked by the
+// caller): per query, keys in tiles of kFlashTile with an online softmax, each probability
+// rounded to bf16 before the value product and the score gradient before its products,
+// fp32 accumulation. The (batch, head) pairs run in parallel; deterministic.
+void FlashAttentionForward(const uint16_t* qkv, float* y, float* lse, int64_t B, int64_t T,
+                           int64_t H, int64_t head_dim, float scale);
+void FlashAttentionBackward(const uint16_t* qkv, const float* y, const uint16_t* gy,
+                            const float* lse, float* delta, float* gqkv, int64_t B, int64_t T,
+                            int64_t H, int64_t head_dim, float scale);
+
 // ---- CPU-only fused loops (NOTE [Fused ops], nn/tensor_ops.h): the bits of the two
 // launches each replaces, run one after the other.
 

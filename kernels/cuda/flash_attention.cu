@@ -505,8 +505,6 @@ cudaError_t Backward(const uint16_t* qkv16, const float* y, const uint16_t* gy16
 
 }  // namespace
 
-bool FlashAttentionSupports(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
-
 cudaError_t FlashAttentionForward(const uint16_t* qkv, float* y, float* lse, int64_t B,
                                   int64_t T, int64_t H, int64_t head_dim, float scale) {
   if (!LaunchFits(B, T, H)) return cudaErrorInvalidValue;

@@ -8,7 +8,7 @@
 // k, v at columns [0, C), [C, 2C), [2C, 3C), head h at columns h*hd .. (h+1)*hd of each;
 // y and gy [B, T, C]. Scores are scale * q k^T, entries with key > query masked.
 //
-//   if (kernels::cuda::FlashAttentionSupports(hd)) {
+//   if (kernels::FlashAttentionSupports(hd)) {
 //     err = kernels::cuda::FlashAttentionForward(qkv, y, lse, B, T, H, hd, scale);
 //     ...
 //     err = kernels::cuda::FlashAttentionBackward(qkv, y, gy, lse, delta, gqkv, B, T, H, hd,
@@ -25,19 +25,15 @@
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
+#include "kernels/rowwise.h"  // kFlashTile (query and key rows per tile), FlashAttentionSupports
+
 namespace kernels {
 namespace cuda {
-
-// Query and key rows per tile.
-constexpr int64_t kFlashTile = 64;
-
-// Head widths the kernels are built for (64: GPT-2 and most models; 128).
-bool FlashAttentionSupports(int64_t head_dim);
 
 // y [B, T, C] fp32 = the heads' attention outputs (before the output projection);
 // lse [B, H, T] fp32 = each row's log2-sum-exp2 of the scaled scores in log2 units
 // (scale * log2(e) * q.k), which the backward reads. Returns cudaErrorInvalidValue for a
-// head width FlashAttentionSupports rejects or sizes that do not fit a launch.
+// head width kernels::FlashAttentionSupports rejects or sizes that do not fit a launch.
 cudaError_t FlashAttentionForward(const uint16_t* qkv, float* y, float* lse, int64_t B,
                                   int64_t T, int64_t H, int64_t head_dim, float scale);
 
