@@ -1,4 +1,4 @@
-"""cuda_library: compiles .cu files with nvcc for sm_80 and sm_90 into a cc_library.
+"""cuda_library: compiles .cu files with nvcc for sm_80 and sm_90 (plus compute_90 PTX) into a cc_library.
 
 Bazel 4 has no offline rules_cuda; a genrule per .cu file runs the toolkit's nvcc and
 its object file goes into an ordinary cc_library. The genrule runs sandboxed, with its .cu
@@ -16,6 +16,9 @@ NVCC_FLAGS = " ".join([
     "-Xcompiler -fPIC",
     "-gencode arch=compute_80,code=sm_80",
     "-gencode arch=compute_90,code=sm_90",
+    # PTX of the newest target too, so that GPUs newer than Hopper run it (the driver
+    # compiles it at load).
+    "-gencode arch=compute_90,code=compute_90",
     "-DFSDP_WITH_CUDA=1",
 ])
 
