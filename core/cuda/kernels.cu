@@ -93,32 +93,32 @@ absl::Status Fill(void* ptr, int64_t n, DType dtype, float value) {
                                    DTypeName(dtype), ", value ", value, ")"));
 }
 
-cudaError_t ConvertFloatToBf16On(cudaStream_t stream, const float* src, uint16_t* dst,
-                                 int64_t n) {
+// Converts n elements with the four-wide kernel where the pointers allow (the first n / 4 * 4),
+// the one-wide kernel for the rest.
+template <typename Src, typename Dst, typename Src4, typename Dst4>
+cudaError_t ConvertOn(cudaStream_t stream, const Src* src, Dst* dst, int64_t n,
+                      void (*four)(const Src4*, Dst4*, int64_t),
+                      void (*one)(const Src*, Dst*, int64_t)) {
   if (n <= 0) return cudaSuccess;
   int64_t done = 0;
   if (FourWide(src, dst, n)) {
     const int64_t n4 = n / 4;
-    FloatToBf16x4Kernel<<<BlocksFor(n4), kThreads, 0, stream>>>(
-        reinterpret_cast<const float4*>(src), reinterpret_cast<uint2*>(dst), n4);
+    four<<<BlocksFor(n4), kThreads, 0, stream>>>(reinterpret_cast<const Src4*>(src),
+                                                 reinterpret_cast<Dst4*>(dst), n4);
     done = 4 * n4;
   }
-  if (done < n) FloatToBf16Kernel<<<BlocksFor(n - done), kThreads, 0, stream>>>(src + done, dst + done, n - done);
+  if (done < n) one<<<BlocksFor(n - done), kThreads, 0, stream>>>(src + done, dst + done, n - done);
   return cudaGetLastError();
+}
+
+cudaError_t ConvertFloatToBf16On(cudaStream_t stream, const float* src, uint16_t* dst,
+                                 int64_t n) {
+  return ConvertOn(stream, src, dst, n, FloatToBf16x4Kernel, FloatToBf16Kernel);
 }
 
 cudaError_t ConvertBf16ToFloatOn(cudaStream_t stream, const uint16_t* src, float* dst,
                                  int64_t n) {
-  if (n <= 0) return cudaSuccess;
-  int64_t done = 0;
-  if (FourWide(src, dst, n)) {
-    const int64_t n4 = n / 4;
-    Bf16ToFloatx4Kernel<<<BlocksFor(n4), kThreads, 0, stream>>>(
-        reinterpret_cast<const uint2*>(src), reinterpret_cast<float4*>(dst), n4);
-    done = 4 * n4;
-  }
-  if (done < n) Bf16ToFloatKernel<<<BlocksFor(n - done), kThreads, 0, stream>>>(src + done, dst + done, n - done);
-  return cudaGetLastError();
+  return ConvertOn(stream, src, dst, n, Bf16ToFloatx4Kernel, Bf16ToFloatKernel);
 }
 
 absl::Status ConvertFloatToBf16(const float* src, uint16_t* dst, int64_t n) {

@@ -33,11 +33,24 @@ float Dot(const float* a, const float* b, int64_t D) {
   return acc;
 }
 
-// Calls f(b, h) for every pair, split over the intra-op threads.
+// One head's q, k and v rows, widened to fp32.
+struct HeadQkv {
+  std::vector<float> q, k, v;
+};
+
+// Calls f(b, h, head) for every (batch element, head) pair with that head's q, k and v from
+// qkv [B, T, 3C], split over the intra-op threads.
 template <typename F>
-void ForEachHead(int64_t B, int64_t H, int64_t work, const F& f) {
-  ParallelChunks(IntraOpThreads(), B * H, work, 1, [&](int64_t s, int64_t e) {
-    for (int64_t i = s; i < e; ++i) f(i / H, i % H);
+void ForEachHead(const uint16_t* qkv, int64_t B, int64_t T, int64_t H, int64_t D, const F& f) {
+  const int64_t C = H * D, ld3 = 3 * C;
+  ParallelChunks(IntraOpThreads(), B * H, B * H * T * T * D, 1, [&](int64_t s, int64_t e) {
+    for (int64_t i = s; i < e; ++i) {
+      const int64_t b = i / H, h = i % H;
+      const uint16_t* base = qkv + b * T * ld3 + h * D;
+      const HeadQkv head{Head(base, T, ld3, D), Head(base + C, T, ld3, D),
+                         Head(base + 2 * C, T, ld3, D)};
+      f(b, h, head);
+    }
   });
 }
 
@@ -45,12 +58,10 @@ void ForEachHead(int64_t B, int64_t H, int64_t work, const F& f) {
 
 void FlashAttentionForward(const uint16_t* qkv, float* y, float* lse, int64_t B, int64_t T,
                            int64_t H, int64_t D, float scale) {
-  const int64_t C = H * D, ld3 = 3 * C;
+  const int64_t C = H * D;
   const float scale_log2 = scale * kLog2e;
-  ForEachHead(B, H, B * H * T * T * D, [&](int64_t b, int64_t h) {
-    const uint16_t* base = qkv + b * T * ld3 + h * D;
-    const std::vector<float> q = Head(base, T, ld3, D), k = Head(base + C, T, ld3, D),
-                             v = Head(base + 2 * C, T, ld3, D);
+  ForEachHead(qkv, B, T, H, D, [&](int64_t b, int64_t h, const HeadQkv& head) {
+    const std::vector<float>&q = head.q, &k = head.k, &v = head.v;
     std::vector<float> o(static_cast<size_t>(D)), s(static_cast<size_t>(kFlashTile));
     for (int64_t t = 0; t < T; ++t) {
       float m = -INFINITY, l = 0.0f;
@@ -86,11 +97,9 @@ void FlashAttentionBackward(const uint16_t* qkv, const float* y, const uint16_t*
                             int64_t H, int64_t D, float scale) {
   const int64_t C = H * D, ld3 = 3 * C;
   const float scale_log2 = scale * kLog2e;
-  ForEachHead(B, H, B * H * T * T * D, [&](int64_t b, int64_t h) {
-    const uint16_t* base = qkv + b * T * ld3 + h * D;
-    const std::vector<float> q = Head(base, T, ld3, D), k = Head(base + C, T, ld3, D),
-                             v = Head(base + 2 * C, T, ld3, D),
-                             g = Head(gy + b * T * C + h * D, T, C, D);
+  ForEachHead(qkv, B, T, H, D, [&](int64_t b, int64_t h, const HeadQkv& head) {
+    const std::vector<float>&q = head.q, &k = head.k, &v = head.v;
+    const std::vector<float> g = Head(gy + b * T * C + h * D, T, C, D);
     float* dl = delta + (b * H + h) * T;
     const float* ls = lse + (b * H + h) * T;
     for (int64_t t = 0; t < T; ++t) dl[t] = Dot(&g[t * D], y + (b * T + t) * C + h * D, D);

@@ -148,6 +148,28 @@ __device__ __forceinline__ void WaitCopies() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
 }
 
+// Double-buffered streaming of a pair of [64 x D] tiles (K and V, or Q and dO), two per
+// buffer at `pairs`: when `more`, first requests rows [next_r0, next_r0 + 64) of a (row
+// stride lda) and b (ldb) into buffer 1 - cur; then waits for buffer cur (requested
+// earlier) and __syncthreads(). Returns buffer cur's first tile; the second follows it.
+// The caller __syncthreads() again before the next call refills the other buffer.
+template <int D>
+__device__ __forceinline__ const bf16* TakePair(bf16* pairs, int cur, bool more, const bf16* a, int64_t lda,
+                                const bf16* b, int64_t ldb, int next_r0, int T) {
+  constexpr int kPair = 2 * kTile * Dims<D>::kLd;
+  if (more) {
+    bf16* next = pairs + (1 - cur) * kPair;
+    LoadTileAsync<D>(next, a, lda, next_r0, T);
+    LoadTileAsync<D>(next + kTile * Dims<D>::kLd, b, ldb, next_r0, T);
+    CommitCopies();
+    WaitCopies<1>();
+  } else {
+    WaitCopies<0>();
+  }
+  __syncthreads();  // this pair's copies are visible to every warp
+  return pairs + cur * kPair;
+}
+
 // Stores a warp's 16 x D accumulators (rows row0 + g and row0 + g + 8) into global rows of
 // `dst` (row stride ld), skipping rows at or past T.
 template <int D>
@@ -203,17 +225,9 @@ __global__ void __launch_bounds__(kThreads) FlashForwardKernel(const bf16* __res
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
-    if (kt < qt) {  // the next tile into the other buffer, while this one is used
-      bf16* next = sKV + ((kt + 1) & 1) * 2 * kTile * kLd;
-      LoadTileAsync<D>(next, base + C, ld3, k0 + kTile, T);
-      LoadTileAsync<D>(next + kTile * kLd, base + 2 * C, ld3, k0 + kTile, T);
-      CommitCopies();
-      WaitCopies<1>();
-    } else {
-      WaitCopies<0>();
-    }
-    __syncthreads();  // this tile's copies are visible to every warp
-    const bf16* sK = sKV + (kt & 1) * 2 * kTile * kLd;
+    // The next K, V tile into the other buffer while this one is used.
+    const bf16* sK = TakePair<D>(sKV, kt & 1, kt < qt, base + C, ld3, base + 2 * C, ld3,
+                                 k0 + kTile, T);
     const bf16* sV = sK + kTile * kLd;
     float s[kN8][4];
 #pragma unroll
@@ -312,11 +326,15 @@ struct ScoreGrad {
   float scale, scale_log2;
 };
 
+// Blocks of the dK/dV kernel kept resident per SM: at D = 64, 3 (the register cap that
+// keeps them, 168, costs no spills); at D = 128 shared memory allows 2 anyway.
+constexpr int KVBlocksPerSm(int D) { return D == 64 ? 3 : 1; }
+
 // dK and dV: grid (tiles, B*H); block kt owns key tile kt and walks query tiles kt.. end.
 // Each warp's 16 keys are the rows of its transposed score tiles S^T = K Q^T and
 // dP^T = V dO^T; dV += P^T dO and dK += dS^T Q stay in registers.
 template <int D>
-__global__ void __launch_bounds__(kThreads) FlashBackwardKVKernel(
+__global__ void __launch_bounds__(kThreads, KVBlocksPerSm(D)) FlashBackwardKVKernel(
     const bf16* __restrict__ qkv, const bf16* __restrict__ gy, const float* __restrict__ lse,
     const float* __restrict__ delta, float* __restrict__ gqkv, int T, int H, ScoreGrad sg) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -350,17 +368,8 @@ __global__ void __launch_bounds__(kThreads) FlashBackwardKVKernel(
   }
   for (int qt = kt; qt < tiles; ++qt) {
     const int q0 = qt * kTile;
-    if (qt + 1 < tiles) {  // the next Q, dO tile into the other buffer
-      bf16* next = sQG + ((qt - kt + 1) & 1) * 2 * kTile * kLd;
-      LoadTileAsync<D>(next, base, ld3, q0 + kTile, T);
-      LoadTileAsync<D>(next + kTile * kLd, gbase, C, q0 + kTile, T);
-      CommitCopies();
-      WaitCopies<1>();
-    } else {
-      WaitCopies<0>();
-    }
-    __syncthreads();  // this tile's copies are visible to every warp
-    const bf16* sQ = sQG + ((qt - kt) & 1) * 2 * kTile * kLd;
+    const bf16* sQ = TakePair<D>(sQG, (qt - kt) & 1, qt + 1 < tiles, base, ld3, gbase, C,
+                                 q0 + kTile, T);
     const bf16* sG = sQ + kTile * kLd;  // dO
     float p[kN8][4], ds[kN8][4];
     ScoresABt<D>(p, sK + warp * 16 * kLd, sQ, kLd);   // S^T
@@ -422,17 +431,8 @@ __global__ void __launch_bounds__(kThreads) FlashBackwardQKernel(
   for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
-    if (kt < qt) {  // the next K, V tile into the other buffer
-      bf16* next = sKV + ((kt + 1) & 1) * 2 * kTile * kLd;
-      LoadTileAsync<D>(next, base + C, ld3, k0 + kTile, T);
-      LoadTileAsync<D>(next + kTile * kLd, base + 2 * C, ld3, k0 + kTile, T);
-      CommitCopies();
-      WaitCopies<1>();
-    } else {
-      WaitCopies<0>();
-    }
-    __syncthreads();  // this tile's copies are visible to every warp
-    const bf16* sK = sKV + (kt & 1) * 2 * kTile * kLd;
+    const bf16* sK = TakePair<D>(sKV, kt & 1, kt < qt, base + C, ld3, base + 2 * C, ld3,
+                                 k0 + kTile, T);
     const bf16* sV = sK + kTile * kLd;
     float ds[kN8][4], dp[kN8][4];
     ScoresABt<D>(ds, sQ + warp * 16 * kLd, sK, kLd);  // S
