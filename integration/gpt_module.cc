@@ -68,12 +68,10 @@ absl::StatusOr<data::TokenBatch> GptTrainModule::LocalBatch(int64_t index,
   ASSIGN_OR_RETURN(data::TokenBatch global,
                    language_.Batch(index, ctx.batch_size, options_.seq_len));
   ASSIGN_OR_RETURN(data::RankSampler sampler, data::RankSampler::Create(ctx.rank, ctx.world_size));
-  ASSIGN_OR_RETURN(data::TokenBatch local, sampler.Local(global));
-  if (!options_.device.is_cpu()) {
-    ASSIGN_OR_RETURN(local.inputs, OnDevice(local.inputs, options_.device));
-    ASSIGN_OR_RETURN(local.targets, OnDevice(local.targets, options_.device));
-  }
-  return local;
+  // Stays on the host on every device: the token embedding and the loss check their ids
+  // on the host and copy them to the device themselves, once each (an uploaded batch
+  // would be copied back to be checked: two more host syncs a step).
+  return sampler.Local(global);
 }
 
 absl::StatusOr<StepOutput> GptTrainModule::TrainingStep(const StepContext& ctx) {
