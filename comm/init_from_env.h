@@ -7,7 +7,25 @@
 //
 // Variables: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (required); LOCAL_RANK and
 // LOCAL_WORLD_SIZE (optional, defaulting to RANK and WORLD_SIZE, i.e. one host);
-// FSDP_JOB_SECRET (optional; our launcher sets one per job).
+// FSDP_JOB_SECRET (optional; our launcher sets one per job). Or Slurm's and Open MPI's, as
+// NOTE [Launch environment] says.
+//
+// NOTE [Launch environment]: a process's place in the job (rank, world size, local rank,
+// local world size) comes whole from the first of these sources whose rank variable is set:
+//   1. torchrun's (and comm:launch's): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE;
+//   2. Open MPI's (mpirun): OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE;
+//   3. Slurm's (srun): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, and the tasks on this node
+//      from SLURM_NTASKS_PER_NODE or SLURM_TASKS_PER_NODE at SLURM_NODEID (InvalidArgument
+//      naming both when they disagree).
+// A launcher sets the first kind for each process it starts, so they win over the
+// scheduler's, which then describe the launcher's own task (`srun torchrun ...`); mpirun
+// inside a Slurm allocation starts its processes from daemons that inherit the node's
+// SLURM_PROCID, so Open MPI's win over Slurm's. When the place comes from a scheduler, a
+// torchrun variable set beside it (WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE without RANK)
+// must agree with it, else InvalidArgument naming both. MASTER_ADDR defaults to the first
+// host of SLURM_JOB_NODELIST (bracket ranges expanded) and MASTER_PORT to
+// kSlurmPortBase + SLURM_JOB_ID % kSlurmPortSpan, so every task of a Slurm job agrees on
+// them with nothing set by hand; set either to override.
 // Rank 0 serves a TcpStore on MASTER_ADDR:MASTER_PORT (bound to that address); every
 // rank connects to it, retrying until options.timeout, so ranks may start in any order.
 // With FSDP_JOB_SECRET set, the store admits only processes that know it (a rank with
@@ -43,6 +61,10 @@
 
 namespace comm {
 
+// MASTER_PORT under Slurm when it is unset (NOTE [Launch environment]).
+inline constexpr int kSlurmPortBase = 10000;
+inline constexpr int kSlurmPortSpan = 20000;
+
 // The launcher contract, as read from the environment.
 struct LaunchEnv {
   int rank = 0;
@@ -53,10 +75,13 @@ struct LaunchEnv {
   int master_port = 0;
   // FSDP_JOB_SECRET; empty when unset. Passed to the TcpStore (TcpStoreOptions.secret).
   std::string job_secret;
+  // Where the place came from: "torchrun", "Open MPI" or "Slurm".
+  std::string source = "torchrun";
 };
 
 // Reads the variables through `lookup` (nullopt when unset). InvalidArgument naming
-// the variable when a required one is missing or a value is malformed or out of range.
+// the variable when a required one is missing or a value is malformed or out of range,
+// or naming both when two disagree (NOTE [Launch environment]).
 absl::StatusOr<LaunchEnv> ParseLaunchEnv(
     const std::function<std::optional<std::string>(const std::string& name)>& lookup);
 

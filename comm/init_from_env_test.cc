@@ -85,6 +85,101 @@ TEST(ParseLaunchEnvTest, ErrorsNameTheVariable) {
   }
 }
 
+// NOTE [Launch environment]: under srun, with nothing set by hand.
+TEST(ParseLaunchEnvTest, ReadsSlurmsVariables) {
+  auto env = ParseLaunchEnv(Env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"},
+                                 {"SLURM_LOCALID", "1"}, {"SLURM_TASKS_PER_NODE", "4(x2)"},
+                                 {"SLURM_NODEID", "1"}, {"SLURM_JOB_NODELIST", "gpu[07-08]"},
+                                 {"SLURM_JOB_ID", "123456"}}));
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->source, "Slurm");
+  EXPECT_EQ(env->rank, 5);
+  EXPECT_EQ(env->world_size, 8);
+  EXPECT_EQ(env->local_rank, 1);
+  EXPECT_EQ(env->local_world_size, 4);
+  EXPECT_EQ(env->master_addr, "gpu07");
+  EXPECT_EQ(env->master_port, kSlurmPortBase + 123456 % kSlurmPortSpan);
+
+  // MASTER_ADDR and MASTER_PORT override what Slurm gives; SLURM_NTASKS_PER_NODE counts.
+  auto set = ParseLaunchEnv(Env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"},
+                                 {"SLURM_NTASKS_PER_NODE", "1"}, {"SLURM_JOB_NODELIST", "a,b"},
+                                 {"SLURM_JOB_ID", "7"}, {"MASTER_ADDR", "head"},
+                                 {"MASTER_PORT", "29500"}}));
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->local_world_size, 1);
+  EXPECT_EQ(set->master_addr, "head");
+  EXPECT_EQ(set->master_port, 29500);
+}
+
+TEST(ParseLaunchEnvTest, ReadsOpenMpisVariables) {
+  auto env = ParseLaunchEnv(Env({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+                                 {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                 {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"MASTER_ADDR", "h"},
+                                 {"MASTER_PORT", "29500"}}));
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->source, "Open MPI");
+  EXPECT_EQ(env->rank, 3);
+  EXPECT_EQ(env->world_size, 4);
+  EXPECT_EQ(env->local_rank, 1);
+  EXPECT_EQ(env->local_world_size, 2);
+  // mpirun gives no master host: without MASTER_ADDR (and no Slurm host list) it is named.
+  auto no_addr = ParseLaunchEnv(Env({{"OMPI_COMM_WORLD_RANK", "0"},
+                                     {"OMPI_COMM_WORLD_SIZE", "4"}, {"MASTER_PORT", "1"}}));
+  EXPECT_EQ(no_addr.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(no_addr.status().message(), "MASTER_ADDR is not set"))
+      << no_addr.status();
+}
+
+// torchrun's variables beat the schedulers' (srun torchrun: SLURM_PROCID is the node's
+// task), and Open MPI's beat Slurm's (mpirun inside an allocation).
+TEST(ParseLaunchEnvTest, PrecedenceIsTorchrunThenOpenMpiThenSlurm) {
+  const std::map<std::string, std::string> slurm = {
+      {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_NODELIST", "n[1-2]"},
+      {"SLURM_JOB_ID", "99"}};
+  auto with_mpi = slurm;
+  with_mpi.insert({{"OMPI_COMM_WORLD_RANK", "6"}, {"OMPI_COMM_WORLD_SIZE", "16"}});
+  auto mpi = ParseLaunchEnv(Env(with_mpi));
+  ASSERT_TRUE(mpi.ok()) << mpi.status();
+  EXPECT_EQ(mpi->source, "Open MPI");
+  EXPECT_EQ(mpi->rank, 6);
+  EXPECT_EQ(mpi->world_size, 16);
+  EXPECT_EQ(mpi->master_addr, "n1");  // the Slurm host list still names the master
+  auto with_torchrun = with_mpi;
+  with_torchrun.insert({{"RANK", "11"}, {"WORLD_SIZE", "12"}});
+  auto torchrun = ParseLaunchEnv(Env(with_torchrun));
+  ASSERT_TRUE(torchrun.ok()) << torchrun.status();
+  EXPECT_EQ(torchrun->source, "torchrun");
+  EXPECT_EQ(torchrun->rank, 11);
+  EXPECT_EQ(torchrun->world_size, 12);
+}
+
+// Disagreements are InvalidArgument naming both sides.
+TEST(ParseLaunchEnvTest, DisagreeingVariablesAreNamed) {
+  auto mixed = ParseLaunchEnv(Env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"},
+                                   {"WORLD_SIZE", "8"}, {"MASTER_ADDR", "h"},
+                                   {"MASTER_PORT", "1"}}));
+  EXPECT_EQ(mixed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(mixed.status().message(), "WORLD_SIZE=\"8\" disagrees with "
+                                                         "SLURM_NTASKS (4)"))
+      << mixed.status();
+  auto per_node = ParseLaunchEnv(Env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "8"},
+                                      {"SLURM_NTASKS_PER_NODE", "4"},
+                                      {"SLURM_TASKS_PER_NODE", "2(x4)"}, {"SLURM_NODEID", "0"},
+                                      {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}));
+  EXPECT_EQ(per_node.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(per_node.status().message().find("SLURM_NTASKS_PER_NODE=4 disagrees with "
+                                             "SLURM_TASKS_PER_NODE=\"2(x4)\""),
+            std::string::npos)
+      << per_node.status();
+  auto bad_list = ParseLaunchEnv(Env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"},
+                                      {"SLURM_JOB_NODELIST", "n[2-1]"}, {"MASTER_PORT", "1"}}));
+  EXPECT_EQ(bad_list.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_list.status().message().find("SLURM_JOB_NODELIST"), std::string::npos);
+  auto no_source = ParseLaunchEnv(Env({{"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}));
+  EXPECT_NE(no_source.status().message().find("srun"), std::string::npos) << no_source.status();
+  EXPECT_NE(no_source.status().message().find("mpirun"), std::string::npos);
+}
+
 TEST(ParseBackendTest, Names) {
   EXPECT_EQ(ParseBackend("gloo").value(), Backend::kGloo);
   EXPECT_EQ(ParseBackend("nccl").value(), Backend::kNccl);

@@ -200,7 +200,10 @@ absl::StatusOr<LaunchOptions> MakeLaunchOptions(int nproc, std::string master_ad
   return o;
 }
 
-bool IsLaunchedRank() { return std::getenv("RANK") != nullptr; }
+bool IsLaunchedRank() {
+  const auto set = [](const char* name) { return std::getenv(name) != nullptr; };
+  return set("RANK") || set("OMPI_COMM_WORLD_RANK") || (set("SLURM_PROCID") && set("SLURM_STEP_ID"));
+}
 
 absl::StatusOr<int> RunLocalRanks(int nproc, const std::vector<std::string>& args,
                                   LaunchOptions options) {

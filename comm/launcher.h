@@ -91,8 +91,10 @@ absl::StatusOr<LaunchOptions> MakeLaunchOptions(int nproc, std::string master_ad
 // Returns 1 with a message on stderr_fd if the job cannot be started at all.
 int Launch(const LaunchOptions& options);
 
-// True when this process is one rank of a launched job: RANK is set in its
-// environment (by this launcher, torchrun-style launchers or a cluster's).
+// True when this process is one rank of a launched job (NOTE [Launch environment] in
+// comm/init_from_env.h): RANK is set (by this launcher or torchrun-style ones),
+// OMPI_COMM_WORLD_RANK (mpirun), or SLURM_PROCID with SLURM_STEP_ID (a task srun started;
+// a batch script alone is not a rank).
 bool IsLaunchedRank();
 
 // Starts `nproc` ranks of the running program itself (/proc/self/exe) with arguments

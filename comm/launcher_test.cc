@@ -379,6 +379,23 @@ TEST(LaunchBinaryTest, ParsesFlagsAndPassesTheCommandThrough) {
   EXPECT_TRUE(Contains(no_program.out, "no program given")) << no_program.out;
 }
 
+// NOTE [Launch environment]: torchrun's and mpirun's ranks and srun's tasks are ranks; a
+// Slurm batch script by itself (SLURM_PROCID without a job step) is not.
+TEST(IsLaunchedRankTest, TorchrunOpenMpiAndSrunTasksAreRanksABatchScriptIsNot) {
+  if (IsLaunchedRank()) GTEST_SKIP() << "this process is itself a launched rank";
+  const auto with = [](const std::vector<std::pair<const char*, const char*>>& vars) {
+    for (const auto& [name, value] : vars) ::setenv(name, value, 1);
+    const bool launched = IsLaunchedRank();
+    for (const auto& [name, value] : vars) ::unsetenv(name);
+    return launched;
+  };
+  EXPECT_FALSE(with({}));
+  EXPECT_TRUE(with({{"RANK", "0"}}));
+  EXPECT_TRUE(with({{"OMPI_COMM_WORLD_RANK", "3"}}));
+  EXPECT_FALSE(with({{"SLURM_PROCID", "0"}}));
+  EXPECT_TRUE(with({{"SLURM_PROCID", "0"}, {"SLURM_STEP_ID", "0"}}));
+}
+
 // RunLocalRanks re-executes this test binary as 3 ranks; each rank (RANK set) runs only
 // this test, sees IsLaunchedRank() and writes what it got.
 TEST(RunLocalRanksTest, StartsNCopiesOfThisProgramAsRanks) {

@@ -29,7 +29,6 @@
 #include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -215,12 +214,11 @@ int main(int argc, char** argv) {
       "Trains, tests, checkpoints and releases a GPT with FSDP over local ranks (README.md).");
   absl::ParseCommandLine(argc, argv);
   const JobOptions job = integration::internal::JobOptionsFromFlags();
-  if (std::getenv("RANK") == nullptr) return LaunchLocalRanks(job, argc, argv);
+  if (!comm::IsLaunchedRank()) return LaunchLocalRanks(job, argc, argv);
   const absl::Status status = RunRank(job);
   if (!status.ok()) {
-    int rank = -1;
-    if (!absl::SimpleAtoi(std::getenv("RANK"), &rank)) rank = -1;
-    ReportFailure(job, status, rank);  // when it failed before joining the group
+    const absl::StatusOr<comm::LaunchEnv> env = comm::ReadLaunchEnv();
+    ReportFailure(job, status, env.ok() ? env->rank : -1);  // failed before joining the group
     return 1;
   }
   return 0;
