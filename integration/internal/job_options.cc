@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/dtype.h"
+#include "comm/init_from_env.h"
 #include "core/status_macros.h"
 #include "core/timeout.h"
 #include "integration/device_setup.h"
@@ -211,9 +212,10 @@ absl::StatusOr<std::vector<Stage>> ParseStages(const std::string& text) {
 }
 
 int LocalRanks(int world) {
-  int n = 0;
-  const char* env = std::getenv("LOCAL_WORLD_SIZE");
-  if (env != nullptr && absl::SimpleAtoi(env, &n) && n >= 1 && n <= world) return n;
+  const absl::StatusOr<comm::LaunchEnv> env = comm::ReadLaunchEnv();
+  if (env.ok() && env->local_world_size >= 1 && env->local_world_size <= world) {
+    return env->local_world_size;
+  }
   return world;
 }
 

@@ -72,7 +72,9 @@ absl::Status CheckBeforeLaunch(const JobOptions& job);
 // "fit,test" -> {kFit, kTest}; InvalidArgument naming --stages for an unknown stage.
 absl::StatusOr<std::vector<Stage>> ParseStages(const std::string& text);
 
-// Ranks of this job on this host: LOCAL_WORLD_SIZE when a launcher sets it, else `world`.
+// Ranks of this job on this host: the local world size of the launch environment
+// (LOCAL_WORLD_SIZE, or Open MPI's or Slurm's: NOTE [Launch environment] in
+// comm/init_from_env.h) when it is complete and valid, else `world`.
 int LocalRanks(int world);
 
 // The intra-op thread count of each rank: --intra_op_threads, or when it is 0, the
