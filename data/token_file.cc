@@ -1,0 +1,210 @@
+#include "data/token_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "core/errno_text.h"
+#include "core/random.h"
+#include "core/status_macros.h"
+
+namespace data {
+
+namespace {
+
+constexpr int32_t kLlmcMagic16 = 20240520;  // version 1: uint16 tokens
+constexpr int32_t kLlmcMagic32 = 20240801;  // version 7: uint32 tokens
+constexpr int64_t kLlmcHeaderBytes = 256 * 4;
+
+}  // namespace
+
+// One mapped file.
+struct TokenFile::Shard {
+  std::string path;
+  const uint8_t* map = nullptr;
+  size_t map_bytes = 0;
+  int64_t header_bytes = 0;
+  int width = 2;  // bytes per token
+  int64_t tokens = 0;
+
+  ~Shard() {
+    if (map != nullptr) ::munmap(const_cast<uint8_t*>(map), map_bytes);
+  }
+  uint32_t Token(int64_t i) const {
+    const uint8_t* p = map + header_bytes + i * width;
+    if (width == 2) {
+      uint16_t v;
+      std::memcpy(&v, p, 2);
+      return v;
+    }
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+};
+
+TokenFile::TokenFile(std::vector<std::shared_ptr<const Shard>> shards) : shards_(std::move(shards)) {
+  for (const auto& s : shards_) {
+    starts_.push_back(total_);
+    total_ += s->tokens;
+  }
+}
+
+std::vector<std::pair<std::string, int64_t>> TokenFile::Files() const {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const auto& s : shards_) out.emplace_back(s->path, s->tokens);
+  return out;
+}
+
+uint32_t TokenFile::At(int64_t p, const Shard** shard, int64_t* offset) const {
+  const size_t i = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), p) -
+                                       starts_.begin() - 1);
+  *shard = shards_[i].get();
+  *offset = p - starts_[i];
+  return shards_[i]->Token(*offset);
+}
+
+absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(st)) {
+    return absl::NotFoundError(absl::StrCat("TokenFile::Open: '", path, "' does not exist"));
+  }
+  std::vector<std::string> paths;
+  if (std::filesystem::is_directory(st)) {
+    for (const auto& e : std::filesystem::directory_iterator(path, ec)) {
+      if (e.is_regular_file() && absl::EndsWith(e.path().filename().string(), ".bin")) {
+        paths.push_back(e.path().string());
+      }
+    }
+    if (ec) {
+      return absl::InternalError(
+          absl::StrCat("TokenFile::Open: cannot list '", path, "': ", ec.message()));
+    }
+    std::sort(paths.begin(), paths.end());
+    if (paths.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TokenFile::Open: directory '", path, "' has no .bin files"));
+    }
+  } else {
+    paths.push_back(path);
+  }
+  std::vector<std::shared_ptr<const Shard>> shards;
+  for (const std::string& p : paths) {
+    ASSIGN_OR_RETURN(std::shared_ptr<Shard> shard, MapShard(p));
+    if (shard->tokens > 0) shards.push_back(std::move(shard));
+  }
+  if (shards.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("TokenFile::Open: '", path, "' holds no tokens"));
+  }
+  return TokenFile(std::move(shards));
+}
+
+absl::StatusOr<TokenBatch> TokenFile::Batch(int64_t index, int batch_size, int seq_len,
+                                            int64_t vocab_size, uint64_t seed) const {
+  if (index < 0 || batch_size < 1 || seq_len < 1 || vocab_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TokenFile::Batch: index ", index, ", batch_size ", batch_size, ", seq_len ", seq_len,
+        ", vocab_size ", vocab_size, "; need index >= 0 and the others >= 1"));
+  }
+  const int64_t window = int64_t{seq_len} + 1;
+  if (total_ < window) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TokenFile::Batch: the stream has ", total_, " tokens, fewer than seq_len + 1 = ", window));
+  }
+  const int64_t b = batch_size, t = seq_len;
+  ASSIGN_OR_RETURN(core::Tensor inputs,
+                   core::Tensor::Allocate({b, t}, core::DType::kInt32, core::MemoryTag::kOther));
+  ASSIGN_OR_RETURN(core::Tensor targets,
+                   core::Tensor::Allocate({b, t}, core::DType::kInt32, core::MemoryTag::kOther));
+  int32_t* in = inputs.data<int32_t>();
+  int32_t* tg = targets.data<int32_t>();
+  const core::Rng batch_rng = core::Rng(seed).Fork(static_cast<uint64_t>(index));
+  for (int64_t r = 0; r < b; ++r) {
+    core::Rng row = batch_rng.Fork(static_cast<uint64_t>(r));
+    const int64_t start = static_cast<int64_t>(row.UniformInt(static_cast<uint64_t>(total_ - t)));
+    for (int64_t j = 0; j < window; ++j) {
+      const Shard* shard = nullptr;
+      int64_t offset = 0;
+      const uint32_t token = At(start + j, &shard, &offset);
+      if (token >= static_cast<uint64_t>(vocab_size)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "TokenFile::Batch: token ", token, " at token offset ", offset, " of '", shard->path,
+            "' is not below the model's vocabulary size ", vocab_size));
+      }
+      if (j < t) in[r * t + j] = static_cast<int32_t>(token);
+      if (j > 0) tg[r * t + j - 1] = static_cast<int32_t>(token);
+    }
+  }
+  return TokenBatch{std::move(inputs), std::move(targets)};
+}
+
+absl::StatusOr<std::shared_ptr<TokenFile::Shard>> TokenFile::MapShard(const std::string& path) {
+  auto shard = std::make_shared<Shard>();
+  shard->path = path;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::InternalError(
+        absl::StrCat("TokenFile::Open: cannot open '", path, "': ", core::ErrnoText(errno)));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::InternalError(
+        absl::StrCat("TokenFile::Open: cannot stat '", path, "': ", core::ErrnoText(err)));
+  }
+  const int64_t bytes = st.st_size;
+  if (bytes > 0) {
+    void* m = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      return absl::InternalError(
+          absl::StrCat("TokenFile::Open: cannot map '", path, "': ", core::ErrnoText(err)));
+    }
+    shard->map = static_cast<const uint8_t*>(m);
+    shard->map_bytes = static_cast<size_t>(bytes);
+  }
+  ::close(fd);
+  int32_t head[3] = {0, 0, 0};
+  if (bytes >= 12) std::memcpy(head, shard->map, sizeof(head));
+  if (bytes >= 4 && (head[0] == kLlmcMagic16 || head[0] == kLlmcMagic32)) {
+    const bool wide = head[0] == kLlmcMagic32;
+    const int32_t want_version = wide ? 7 : 1;
+    if (bytes < kLlmcHeaderBytes || head[1] != want_version) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TokenFile::Open: '", path, "' has llm.c's magic ", head[0], " but ",
+          bytes < kLlmcHeaderBytes ? absl::StrCat("only ", bytes, " bytes, less than its header")
+                                   : absl::StrCat("version ", head[1], ", not ", want_version)));
+    }
+    shard->width = wide ? 4 : 2;
+    shard->header_bytes = kLlmcHeaderBytes;
+    shard->tokens = head[2];
+    const int64_t body = bytes - kLlmcHeaderBytes;
+    if (head[2] < 0 || body != int64_t{head[2]} * shard->width) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TokenFile::Open: '", path, "': its header counts ", head[2], " tokens of ",
+          shard->width, " bytes but ", body, " bytes follow the header"));
+    }
+    return shard;
+  }
+  if (bytes % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TokenFile::Open: '", path, "' has no llm.c header and an odd size (", bytes,
+        " bytes), so it is not nanoGPT's uint16 tokens either"));
+  }
+  shard->tokens = bytes / 2;
+  return shard;
+}
+
+}  // namespace data

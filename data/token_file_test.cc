@@ -1,0 +1,155 @@
+#include "data/token_file.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "data/sampler.h"
+#include "gtest/gtest.h"
+
+namespace data {
+namespace {
+
+std::string Dir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/token_file_" + name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+void WriteBytes(const std::string& path, const std::vector<char>& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+template <typename T>
+void Append(std::vector<char>* out, T v) {
+  const char* p = reinterpret_cast<const char*>(&v);
+  out->insert(out->end(), p, p + sizeof(T));
+}
+
+// llm.c's layout: 256 int32 of header, then the tokens (uint16 for magic 20240520 version 1,
+// uint32 for 20240801 version 7).
+std::vector<char> Llmc(const std::vector<uint32_t>& tokens, bool wide, int32_t count = -1) {
+  std::vector<char> out;
+  std::vector<int32_t> header(256, 0);
+  header[0] = wide ? 20240801 : 20240520;
+  header[1] = wide ? 7 : 1;
+  header[2] = count >= 0 ? count : static_cast<int32_t>(tokens.size());
+  for (int32_t h : header) Append(&out, h);
+  for (uint32_t t : tokens) {
+    if (wide) {
+      Append(&out, t);
+    } else {
+      Append(&out, static_cast<uint16_t>(t));
+    }
+  }
+  return out;
+}
+
+std::vector<char> Raw16(const std::vector<uint32_t>& tokens) {
+  std::vector<char> out;
+  for (uint32_t t : tokens) Append(&out, static_cast<uint16_t>(t));
+  return out;
+}
+
+std::vector<uint32_t> Ramp(int n, uint32_t from) {
+  std::vector<uint32_t> v(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) v[static_cast<size_t>(i)] = from + static_cast<uint32_t>(i);
+  return v;
+}
+
+// Every row is a window of consecutive stream tokens: targets are inputs shifted by one.
+void ExpectWindows(const TokenBatch& batch, int64_t t) {
+  const std::vector<float> in = batch.inputs.ToVector(), tg = batch.targets.ToVector();
+  for (int64_t r = 0; r < batch.inputs.size(0); ++r) {
+    for (int64_t j = 0; j + 1 < t; ++j) EXPECT_EQ(tg[r * t + j], in[r * t + j + 1]);
+    EXPECT_EQ(tg[r * t + t - 1], in[r * t + t - 1] + 1);  // ramps: the next token is +1
+  }
+}
+
+TEST(TokenFileTest, ReadsLlmcUint16Uint32AndNanoGptFilesAsOneStreamInNameOrder) {
+  const std::string dir = Dir("layouts");
+  WriteBytes(dir + "/a_train.bin", Llmc(Ramp(100, 0), /*wide=*/false));
+  WriteBytes(dir + "/b_train.bin", Llmc(Ramp(50, 100), /*wide=*/true));
+  WriteBytes(dir + "/c_train.bin", Raw16(Ramp(30, 150)));
+  WriteBytes(dir + "/notes.txt", {'x'});
+  absl::StatusOr<TokenFile> f = TokenFile::Open(dir);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->num_tokens(), 180);
+  ASSERT_EQ(f->Files().size(), 3u);
+  EXPECT_EQ(f->Files()[1].second, 50);
+  // The stream is 0..179 in order, so every window is a ramp, also across files.
+  for (int64_t index : {0, 1, 7, 1000}) {
+    absl::StatusOr<TokenBatch> b = f->Batch(index, 8, 16, 180, /*seed=*/3);
+    ASSERT_TRUE(b.ok()) << b.status();
+    ExpectWindows(*b, 16);
+  }
+  absl::StatusOr<TokenFile> one = TokenFile::Open(dir + "/c_train.bin");
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->num_tokens(), 30);
+}
+
+// The global batch of an index is a function of (index, seed) alone: the same bits on
+// every call, and the rows each rank takes at N = 1, 2, 4 put together are that batch.
+TEST(TokenFileTest, BatchesDependOnIndexAndSeedNotOnTheWorldSize) {
+  const std::string dir = Dir("sampling");
+  WriteBytes(dir + "/t.bin", Llmc(Ramp(4000, 0), false));
+  const TokenFile f = TokenFile::Open(dir + "/t.bin").value();
+  const TokenBatch a = f.Batch(5, 8, 32, 4000, 1).value();
+  const TokenBatch again = f.Batch(5, 8, 32, 4000, 1).value();
+  EXPECT_EQ(a.inputs.ToVector(), again.inputs.ToVector());
+  EXPECT_NE(a.inputs.ToVector(), f.Batch(6, 8, 32, 4000, 1).value().inputs.ToVector());
+  EXPECT_NE(a.inputs.ToVector(), f.Batch(5, 8, 32, 4000, 2).value().inputs.ToVector());
+  for (int world : {1, 2, 4}) {
+    std::vector<float> joined;
+    for (int rank = 0; rank < world; ++rank) {
+      const TokenBatch local = RankSampler::Create(rank, world).value().Local(a).value();
+      const std::vector<float> rows = local.inputs.ToVector();
+      joined.insert(joined.end(), rows.begin(), rows.end());
+    }
+    EXPECT_EQ(joined, a.inputs.ToVector()) << world;
+  }
+}
+
+TEST(TokenFileTest, BadFilesAndTokensAreNamed) {
+  const std::string dir = Dir("bad");
+  EXPECT_EQ(TokenFile::Open(dir + "/missing.bin").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(TokenFile::Open(dir).status().code(), absl::StatusCode::kInvalidArgument);  // no .bin
+
+  WriteBytes(dir + "/count.bin", Llmc(Ramp(10, 0), false, /*count=*/11));
+  absl::Status s = TokenFile::Open(dir + "/count.bin").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("count.bin': its header counts 11 tokens of 2 bytes but 20 bytes"),
+            std::string::npos)
+      << s;
+
+  std::vector<char> version = Llmc(Ramp(4, 0), false);
+  version[4] = 3;  // version 3
+  WriteBytes(dir + "/version.bin", version);
+  s = TokenFile::Open(dir + "/version.bin").status();
+  EXPECT_NE(s.message().find("version 3, not 1"), std::string::npos) << s;
+
+  WriteBytes(dir + "/odd.bin", {'a', 'b', 'c'});
+  s = TokenFile::Open(dir + "/odd.bin").status();
+  EXPECT_NE(s.message().find("odd size (3 bytes)"), std::string::npos) << s;
+
+  // Token 70000 (uint32) at token offset 5 of the file, against a vocabulary of 50304.
+  std::vector<uint32_t> tokens = Ramp(8, 0);
+  tokens[5] = 70000;
+  WriteBytes(dir + "/big.bin", Llmc(tokens, /*wide=*/true));
+  const TokenFile big = TokenFile::Open(dir + "/big.bin").value();
+  s = big.Batch(0, 16, 7, 50304, 0).status();  // windows of 8 = the whole file
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("token 70000 at token offset 5 of '" + dir + "/big.bin'"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(big.Batch(0, 1, 8, 50304, 0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace data
