@@ -1,6 +1,7 @@
 #include "integration/gpt_module.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -42,8 +43,34 @@ absl::StatusOr<std::unique_ptr<GptTrainModule>> GptTrainModule::Create(
   if (!options.device.is_cpu()) RETURN_IF_ERROR(MoveModuleToDevice(*gpt, options.device));
   // Check the AdamW options now rather than at the first Fit.
   RETURN_IF_ERROR(optim::AdamW::Create(std::vector<core::ParameterPtr>{}, options.adamw).status());
-  return std::unique_ptr<GptTrainModule>(
+  std::unique_ptr<GptTrainModule> module(
       new GptTrainModule(options, std::move(language), std::move(gpt)));
+  if (!options.data_path.empty() || !options.eval_data_path.empty()) {
+    const auto open = [](const std::string& path,
+                         const char* option) -> absl::StatusOr<data::TokenFile> {
+      absl::StatusOr<data::TokenFile> f = data::TokenFile::Open(path);
+      if (!f.ok()) {
+        return absl::Status(f.status().code(),
+                            absl::StrCat("GptModuleOptions.", option, ": ", f.status().message()));
+      }
+      return f;
+    };
+    if (options.data_path.empty()) {
+      return absl::InvalidArgumentError(
+          "GptModuleOptions.eval_data_path is set but data_path is not; set both or neither");
+    }
+    ASSIGN_OR_RETURN(module->train_tokens_, open(options.data_path, "data_path"));
+    ASSIGN_OR_RETURN(module->eval_tokens_,
+                     options.eval_data_path.empty()
+                         ? open(options.data_path, "data_path")
+                         : open(options.eval_data_path, "eval_data_path"));
+  }
+  return module;
+}
+
+double GptTrainModule::EntropyFloor() const {
+  if (uses_token_files()) return std::numeric_limits<double>::quiet_NaN();
+  return language_.LossFloor(options_.seq_len);
 }
 
 GptTrainModule::GptTrainModule(GptModuleOptions options, data::MarkovLanguage language,
@@ -65,8 +92,14 @@ int64_t GptTrainModule::BatchIndex(const StepContext& ctx) {
 
 absl::StatusOr<data::TokenBatch> GptTrainModule::LocalBatch(int64_t index,
                                                             const StepContext& ctx) const {
-  ASSIGN_OR_RETURN(data::TokenBatch global,
-                   language_.Batch(index, ctx.batch_size, options_.seq_len));
+  data::TokenBatch global;
+  if (uses_token_files()) {
+    const data::TokenFile& tokens = ctx.stage == Stage::kFit ? *train_tokens_ : *eval_tokens_;
+    ASSIGN_OR_RETURN(global, tokens.Batch(index, ctx.batch_size, options_.seq_len,
+                                          options_.model.vocab_size, options_.data_seed));
+  } else {
+    ASSIGN_OR_RETURN(global, language_.Batch(index, ctx.batch_size, options_.seq_len));
+  }
   ASSIGN_OR_RETURN(data::RankSampler sampler, data::RankSampler::Create(ctx.rank, ctx.world_size));
   // Stays on the host on every device: the token embedding and the loss check their ids
   // on the host and copy them to the device themselves, once each (an uploaded batch

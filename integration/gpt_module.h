@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "core/device.h"
 #include "data/markov_language.h"
+#include "data/token_file.h"
 #include "integration/train_module.h"
 #include "nn/gpt.h"
 #include "optim/adamw.h"
@@ -54,8 +55,14 @@ struct GptModuleOptions {
   optim::AdamWOptions adamw = DefaultAdamW();
   int64_t warmup_steps = 20;             // linear warm-up over the first global steps, >= 0
   // Where the model computes: it is built on the CPU (the same deterministic init
-  // everywhere) and moved there, keeping its Parameter objects; batches follow.
+  // everywhere) and moved there, keeping its Parameter objects.
   core::Device device = core::Device::Cpu();
+  // Token files (data/token_file.h) to read instead of the Markov language: data_path for
+  // fit, eval_data_path (default data_path) for validate, test and predict; batches
+  // sampled with data_seed. Every token must be below model.vocab_size.
+  std::string data_path;
+  std::string eval_data_path;
+  uint64_t data_seed = 0;
 
   static optim::AdamWOptions DefaultAdamW() {
     optim::AdamWOptions o;
@@ -87,14 +94,17 @@ class GptTrainModule : public TrainModule {
 
   const std::shared_ptr<nn::Gpt>& gpt() const { return gpt_; }
   const data::MarkovLanguage& language() const { return language_; }
+  // Whether the batches come from token files (GptModuleOptions::data_path).
+  bool uses_token_files() const { return train_tokens_.has_value(); }
   const GptModuleOptions& options() const { return options_; }
-  // MarkovLanguage::LossFloor(seq_len): the best test loss any model can reach.
-  double EntropyFloor() const { return language_.LossFloor(options_.seq_len); }
+  // MarkovLanguage::LossFloor(seq_len): the best test loss any model can reach; NaN
+  // (unknown) on token files.
+  double EntropyFloor() const;
 
  private:
   GptTrainModule(GptModuleOptions options, data::MarkovLanguage language,
                  std::shared_ptr<nn::Gpt> gpt);
-  // This rank's rows of language batch `index`.
+  // This rank's rows of batch `index` (of the language, or of the stage's token file).
   absl::StatusOr<data::TokenBatch> LocalBatch(int64_t index, const StepContext& ctx) const;
   // The batch index a stage's step reads.
   static int64_t BatchIndex(const StepContext& ctx);
@@ -102,6 +112,8 @@ class GptTrainModule : public TrainModule {
   GptModuleOptions options_;
   data::MarkovLanguage language_;
   std::shared_ptr<nn::Gpt> gpt_;
+  std::optional<data::TokenFile> train_tokens_;
+  std::optional<data::TokenFile> eval_tokens_;
 };
 
 }  // namespace integration

@@ -79,7 +79,8 @@ integration::internal::JobFacts FactsOf(const JobOptions& job,
   facts.gemm_library = nn::GemmLibrary();
   facts.backend = dist.group->backend_name();
   facts.cuda = dist.device.is_cuda();
-  facts.language_vocab_size = setup.module->language().vocab_size();
+  facts.language_vocab_size =
+      setup.module->uses_token_files() ? 0 : setup.module->language().vocab_size();
   facts.strategy = fsdp::ShardingStrategyName(setup.options.wrap.strategy);
   facts.stages = job.stages;
   facts.model_parameters = setup.module->model()->NumParameterElements();

@@ -60,6 +60,11 @@ ABSL_FLAG(int64_t, n_embd, 64, "model width");
 ABSL_FLAG(int64_t, n_layer, 2, "transformer blocks (one FSDP unit each)");
 ABSL_FLAG(int64_t, n_head, 4, "attention heads");
 ABSL_FLAG(int, order, 1, "Markov order of the language");
+ABSL_FLAG(std::string, data, "",
+          "token file or directory of .bin shards to train on instead of the Markov language "
+          "(llm.c or nanoGPT layout; tools/text_to_tokens.py makes one from a text)");
+ABSL_FLAG(std::string, eval_data, "",
+          "token file or directory for validate, test and predict (default: --data)");
 ABSL_FLAG(double, lr, 1e-2, "AdamW peak learning rate");
 ABSL_FLAG(double, weight_decay, 0.0, "AdamW decoupled weight decay");
 ABSL_FLAG(int64_t, warmup_steps, 20, "linear learning-rate warm-up steps");
@@ -113,6 +118,9 @@ GptModuleOptions ModelOptionsFromFlags() {
   o.language.order = absl::GetFlag(FLAGS_order);
   o.language.seed = absl::GetFlag(FLAGS_seed) + 1;
   o.seq_len = absl::GetFlag(FLAGS_seq_len);
+  o.data_path = PathOr(absl::GetFlag(FLAGS_data), "");
+  o.eval_data_path = PathOr(absl::GetFlag(FLAGS_eval_data), "");
+  o.data_seed = absl::GetFlag(FLAGS_seed) + 2;
   o.adamw.lr = absl::GetFlag(FLAGS_lr);
   o.adamw.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   o.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);

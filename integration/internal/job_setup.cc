@@ -79,16 +79,22 @@ std::vector<std::string> DescribeJob(const JobOptions& job, const JobSetup& setu
                                      const comm::Distributed& dist) {
   const nn::GptConfig& model = setup.model_options.model;
   std::vector<std::string> lines;
+  const GptModuleOptions& mo = setup.model_options;
+  const std::string data =
+      setup.module->uses_token_files()
+          ? absl::StrCat("token files ", mo.data_path,
+                         mo.eval_data_path.empty() ? "" : absl::StrCat(" (evaluation ", mo.eval_data_path, ")"))
+          : absl::StrFormat("a Markov language of order %d", mo.language.order);
   lines.push_back(absl::StrFormat(
-      "main job: GPT (vocab %d, context %d, width %d, %d layers, %d heads, %d parameters) on a "
-      "Markov language of order %d; %d ranks (%s, %s), %s, stages %s; %d intra-op threads per "
-      "rank, GEMM %s",
+      "main job: GPT (vocab %d, context %d, width %d, %d layers, %d heads, %d parameters) on "
+      "%s; %d ranks (%s, %s), %s, stages %s; %d intra-op threads per rank, GEMM %s",
       model.vocab_size, model.block_size, model.n_embd, model.n_layer, model.n_head,
-      setup.module->model()->NumParameterElements(), setup.model_options.language.order,
-      dist.group->size(), dist.group->backend_name(), dist.device.ToString(),
+      setup.module->model()->NumParameterElements(), data, dist.group->size(),
+      dist.group->backend_name(), dist.device.ToString(),
       fsdp::ShardingStrategyName(setup.options.wrap.strategy), job.stages,
       setup.intra_op_threads, nn::GemmLibrary()));
-  if (setup.module->language().vocab_size() != model.vocab_size) {
+  if (!setup.module->uses_token_files() &&
+      setup.module->language().vocab_size() != model.vocab_size) {
     lines.push_back(absl::StrFormat(
         "main job: the Markov language uses token ids 0..%d of the model's %d "
         "(its transition table is dense; NOTE [Language vocabulary] in "

@@ -1,6 +1,7 @@
 #include "integration/internal/job_summary.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -45,7 +46,9 @@ absl::Status WriteCharts(const std::string& dir, const std::vector<std::pair<dou
     options.title = "Training loss (global batch mean)";
     options.x_label = "global step";
     options.y_label = "cross-entropy (nats/token)";
-    options.lines.push_back({absl::StrFormat("entropy floor %.3f", floor), floor});
+    if (std::isfinite(floor)) {
+      options.lines.push_back({absl::StrFormat("entropy floor %.3f", floor), floor});
+    }
     if (test.is_number()) {
       options.lines.push_back({absl::StrFormat("test loss %.3f", test.get<double>()), test.get<double>()});
     }
@@ -94,11 +97,14 @@ nlohmann::json NewSummary(const JobFacts& facts) {
   summary["gemm_library"] = facts.gemm_library;
   summary["backend"] = facts.backend;
   summary["device"] = facts.cuda ? "cuda" : "cpu";
-  summary["language_vocab_size"] = facts.language_vocab_size;
+  // Unknown (null) when the job reads token files.
+  summary["language_vocab_size"] =
+      facts.language_vocab_size > 0 ? nlohmann::json(facts.language_vocab_size) : nlohmann::json();
   summary["strategy"] = facts.strategy;
   summary["stages"] = facts.stages;
   summary["model_parameters"] = facts.model_parameters;
-  summary["entropy_floor"] = facts.entropy_floor;
+  summary["entropy_floor"] =
+      std::isfinite(facts.entropy_floor) ? nlohmann::json(facts.entropy_floor) : nlohmann::json();
   for (const char* figure : {"final_train_loss", "test_loss", "validate_loss", "released_test_loss",
                              "checkpoint_dir", "safetensors_path", "resumed_from"}) {
     summary[figure] = nullptr;
@@ -166,7 +172,8 @@ double AddMfu(const MfuModel& model, core::Device device, int world_size,
 absl::Status WriteSummary(const std::string& output_dir, const RunTotals& totals,
                           double entropy_floor, nlohmann::json* summary) {
   nlohmann::json& s = *summary;
-  if (!s["test_loss"].is_null()) {
+  // The floor is NaN (unknown) on token files: no ratio then.
+  if (!s["test_loss"].is_null() && std::isfinite(entropy_floor)) {
     s["test_loss_over_floor"] = s["test_loss"].get<double>() / entropy_floor;
   }
   nlohmann::json peaks = nlohmann::json::array();
