@@ -26,7 +26,10 @@
 #   our op profile (estimated and measured milliseconds per op category),
 #   each step's status, and the environment (GPU, driver, library paths used).
 # Logs and the JSON go to the work directory ($RUN_WORK, default a new /tmp/gpu_run.*) and,
-# when $OUT is set, are copied there (at most 8 files, each cut to its last 16 MiB).
+# when $OUT is set, are copied there (at most 8 files, each cut to its last 16 MiB) after
+# each phase, so a run cut off from outside still leaves the summary of what finished.
+# ldd -r checks every symbol the binaries need against the CUDA libraries found: one they
+# lack is listed in env.ldd_missing with its name.
 #
 # Settings (environment): STEPS (our timed steps, default 30), PT_STEPS (20) and PT_WARMUP
 # (5) for PyTorch, BATCH (sequences per step, 16), LOG_EVERY (5), PYTHON (python3),
@@ -156,13 +159,14 @@ say "LD_LIBRARY_PATH=$LD_PATH"
 : >"$WORK/ldd.txt"
 for b in "${BINARIES[@]+"${BINARIES[@]}"}"; do
   name=${b#"$BUNDLE/"}
-  out=$(LD_LIBRARY_PATH="$LD_PATH" ldd "$b" 2>&1)
+  # -r: also resolve every symbol, so a CUDA library too old for ours names the symbol.
+  out=$(LD_LIBRARY_PATH="$LD_PATH" ldd -r "$b" 2>&1)
   printf '== ldd %s\n%s\n' "$name" "$out" >>"$WORK/ldd.txt"
   if [ "$name" = bin/main_job ]; then
     say "ldd $name:"
     echo "$out"
   fi
-  missing=$(grep -E "not found" <<<"$out" || true)
+  missing=$(grep -E "not found|undefined symbol" <<<"$out" || true)
   if [ -n "$missing" ]; then
     sed "s|^[[:space:]]*|$name: |" <<<"$missing" >>"$WORK/ldd_missing.txt"
     say "ldd $name: MISSING:"
@@ -206,91 +210,7 @@ run_step() {
   return $rc
 }
 
-# ---- 1. gpu tests ------------------------------------------------------------------------
-if skipped tests; then
-  say "gpu tests: skipped (SKIP)"
-else
-  tests_start=$(date +%s)
-  ran=0
-  for t in "$BUNDLE"/bin/tests/*; do
-    [ -f "$t" ] && [ -x "$t" ] || continue
-    name=$(basename "$t")
-    left=$((TESTS_BUDGET_S - ($(date +%s) - tests_start)))
-    if [ $left -le 5 ]; then
-      say "gpu test $name: not run (the tests' budget of ${TESTS_BUDGET_S} s is spent)"
-      record "test:$name" "-1" 0 "not run: tests budget spent"
-      continue
-    fi
-    limit=$((left < TEST_TIMEOUT_S ? left : TEST_TIMEOUT_S))
-    tmp="$WORK/tests/$name.tmp"
-    mkdir -p "$tmp"
-    runfiles=""
-    [ -d "$t.runfiles" ] && runfiles="$t.runfiles"
-    TEST_TMPDIR="$tmp" TEST_SRCDIR="${runfiles:-$tmp}" RUNFILES_DIR="${runfiles:-$tmp}" \
-      TEST_WORKSPACE=fsdp run_step "test:$name" "$limit" "$WORK/tests/$name.log" "$t" \
-      --gtest_color=no
-    ran=$((ran + 1))
-  done
-  say "gpu tests: $ran binaries run"
-fi
-
-# ---- 2. NCCL collectives benchmark -------------------------------------------------------
-if skipped bench; then
-  say "collectives bench: skipped (SKIP)"
-elif [ -x "$BUNDLE/bin/collectives_bench" ]; then
-  nproc=$NGPU
-  [ "$nproc" -ge 1 ] || nproc=1
-  [ "$nproc" -le 8 ] || nproc=8
-  run_step bench "$BENCH_TIMEOUT_S" "$WORK/nccl_bench.log" "$BUNDLE/bin/collectives_bench" \
-    --backend=nccl --nproc="$nproc" --max_bytes=$((1 << 30))
-else
-  record bench 127 0 "bin/collectives_bench is not in the bundle"
-fi
-
-# ---- 3. our main job ---------------------------------------------------------------------
-if skipped ours; then
-  say "main job: skipped (SKIP)"
-elif [ -x "$BUNDLE/bin/main_job" ]; then
-  rm -rf "$WORK/main_job"
-  # shellcheck disable=SC2086
-  run_step ours "$OURS_TIMEOUT_S" "$WORK/main_job.log" "$BUNDLE/bin/main_job" \
-    --device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16 \
-    --vocab_size=$MODEL_V --block_size=$MODEL_T --seq_len=$MODEL_T --n_embd=$MODEL_C \
-    --n_layer=$MODEL_L --n_head=$MODEL_H --batch_size="$BATCH" --steps="$STEPS" \
-    --log_every="$LOG_EVERY" --stages=fit --release=false --output_dir="$WORK/main_job" \
-    --profile_ops ${OURS_EXTRA_ARGS:-}
-  [ -f "$WORK/main_job/summary.json" ] && cp "$WORK/main_job/summary.json" "$WORK/main_job_summary.json"
-else
-  record ours 127 0 "bin/main_job is not in the bundle"
-fi
-
-# ---- 4. PyTorch FSDP2 --------------------------------------------------------------------
-if skipped pytorch; then
-  say "pytorch fsdp2: skipped (SKIP)"
-elif [ "$(cap "$PT_TIMEOUT_S")" = 0 ]; then
-  record pytorch -1 0 "not run: the run's budget of ${RUN_BUDGET_S} s is spent"
-elif command -v "$PYTHON" >/dev/null 2>&1; then
-  # Not with our LD_LIBRARY_PATH: PyTorch finds its own libraries.
-  t0=$(date +%s)
-  PT_LIMIT=$(cap "$PT_TIMEOUT_S")
-  timeout -k 10 "$PT_LIMIT" "$PYTHON" "$BUNDLE/bench/pytorch_fsdp2.py" \
-    --vocab_size=$MODEL_V --block_size=$MODEL_T --seq_len=$MODEL_T --n_embd=$MODEL_C \
-    --n_layer=$MODEL_L --n_head=$MODEL_H --batch_size="$BATCH" --steps="$PT_STEPS" \
-    --warmup="$PT_WARMUP" --param_dtype=bfloat16 \
-    ${PEAK_TFLOPS:+--peak_tflops="$PEAK_TFLOPS"} >"$WORK/pytorch_fsdp2.log" 2>&1
-  rc=$?
-  note=""
-  [ $rc = 124 ] || [ $rc = 137 ] && note="timed out after ${PT_LIMIT} s"
-  record pytorch "$rc" "$(($(date +%s) - t0))" "$note"
-  if [ $rc = 0 ]; then say "pytorch fsdp2: ok"; else
-    say "pytorch fsdp2: FAILED rc=$rc $note; last lines:"
-    tail -n 8 "$WORK/pytorch_fsdp2.log"
-  fi
-else
-  record pytorch 127 0 "$PYTHON not found"
-fi
-
-# ---- summary -----------------------------------------------------------------------------
+# ---- the summary (assembled after each phase and at the end) ---------------------------
 export WORK BUNDLE STEPS PT_STEPS PT_WARMUP BATCH MODEL_V MODEL_T MODEL_C MODEL_L MODEL_H START
 export PEAK_TFLOPS=${PEAK_TFLOPS:-0} SKIP
 summary_py() {
@@ -572,6 +492,100 @@ copy_out() {
     [ -f "$WORK/$f" ] && tail -c $((16 << 20)) "$WORK/$f" >"$OUT/$f"
   done
 }
+
+# After each phase: the summary so far, and the logs, into $OUT, so that a run cut off by
+# an outer time limit still leaves what finished.
+checkpoint() {
+  summary_py >/dev/null 2>>"$WORK/summary.err" && copy_out
+  return 0
+}
+
+# ---- 1. gpu tests ------------------------------------------------------------------------
+if skipped tests; then
+  say "gpu tests: skipped (SKIP)"
+else
+  tests_start=$(date +%s)
+  ran=0
+  for t in "$BUNDLE"/bin/tests/*; do
+    [ -f "$t" ] && [ -x "$t" ] || continue
+    name=$(basename "$t")
+    left=$((TESTS_BUDGET_S - ($(date +%s) - tests_start)))
+    if [ $left -le 5 ]; then
+      say "gpu test $name: not run (the tests' budget of ${TESTS_BUDGET_S} s is spent)"
+      record "test:$name" "-1" 0 "not run: tests budget spent"
+      continue
+    fi
+    limit=$((left < TEST_TIMEOUT_S ? left : TEST_TIMEOUT_S))
+    tmp="$WORK/tests/$name.tmp"
+    mkdir -p "$tmp"
+    runfiles=""
+    [ -d "$t.runfiles" ] && runfiles="$t.runfiles"
+    TEST_TMPDIR="$tmp" TEST_SRCDIR="${runfiles:-$tmp}" RUNFILES_DIR="${runfiles:-$tmp}" \
+      TEST_WORKSPACE=fsdp run_step "test:$name" "$limit" "$WORK/tests/$name.log" "$t" \
+      --gtest_color=no
+    ran=$((ran + 1))
+  done
+  say "gpu tests: $ran binaries run"
+fi
+checkpoint
+
+# ---- 2. NCCL collectives benchmark -------------------------------------------------------
+if skipped bench; then
+  say "collectives bench: skipped (SKIP)"
+elif [ -x "$BUNDLE/bin/collectives_bench" ]; then
+  nproc=$NGPU
+  [ "$nproc" -ge 1 ] || nproc=1
+  [ "$nproc" -le 8 ] || nproc=8
+  run_step bench "$BENCH_TIMEOUT_S" "$WORK/nccl_bench.log" "$BUNDLE/bin/collectives_bench" \
+    --backend=nccl --nproc="$nproc" --max_bytes=$((1 << 30))
+else
+  record bench 127 0 "bin/collectives_bench is not in the bundle"
+fi
+checkpoint
+
+# ---- 3. our main job ---------------------------------------------------------------------
+if skipped ours; then
+  say "main job: skipped (SKIP)"
+elif [ -x "$BUNDLE/bin/main_job" ]; then
+  rm -rf "$WORK/main_job"
+  # shellcheck disable=SC2086
+  run_step ours "$OURS_TIMEOUT_S" "$WORK/main_job.log" "$BUNDLE/bin/main_job" \
+    --device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16 \
+    --vocab_size=$MODEL_V --block_size=$MODEL_T --seq_len=$MODEL_T --n_embd=$MODEL_C \
+    --n_layer=$MODEL_L --n_head=$MODEL_H --batch_size="$BATCH" --steps="$STEPS" \
+    --log_every="$LOG_EVERY" --stages=fit --release=false --output_dir="$WORK/main_job" \
+    --profile_ops ${OURS_EXTRA_ARGS:-}
+  [ -f "$WORK/main_job/summary.json" ] && cp "$WORK/main_job/summary.json" "$WORK/main_job_summary.json"
+else
+  record ours 127 0 "bin/main_job is not in the bundle"
+fi
+checkpoint
+
+# ---- 4. PyTorch FSDP2 --------------------------------------------------------------------
+if skipped pytorch; then
+  say "pytorch fsdp2: skipped (SKIP)"
+elif [ "$(cap "$PT_TIMEOUT_S")" = 0 ]; then
+  record pytorch -1 0 "not run: the run's budget of ${RUN_BUDGET_S} s is spent"
+elif command -v "$PYTHON" >/dev/null 2>&1; then
+  # Not with our LD_LIBRARY_PATH: PyTorch finds its own libraries.
+  t0=$(date +%s)
+  PT_LIMIT=$(cap "$PT_TIMEOUT_S")
+  timeout -k 10 "$PT_LIMIT" "$PYTHON" "$BUNDLE/bench/pytorch_fsdp2.py" \
+    --vocab_size=$MODEL_V --block_size=$MODEL_T --seq_len=$MODEL_T --n_embd=$MODEL_C \
+    --n_layer=$MODEL_L --n_head=$MODEL_H --batch_size="$BATCH" --steps="$PT_STEPS" \
+    --warmup="$PT_WARMUP" --param_dtype=bfloat16 \
+    ${PEAK_TFLOPS:+--peak_tflops="$PEAK_TFLOPS"} >"$WORK/pytorch_fsdp2.log" 2>&1
+  rc=$?
+  note=""
+  [ $rc = 124 ] || [ $rc = 137 ] && note="timed out after ${PT_LIMIT} s"
+  record pytorch "$rc" "$(($(date +%s) - t0))" "$note"
+  if [ $rc = 0 ]; then say "pytorch fsdp2: ok"; else
+    say "pytorch fsdp2: FAILED rc=$rc $note; last lines:"
+    tail -n 8 "$WORK/pytorch_fsdp2.log"
+  fi
+else
+  record pytorch 127 0 "$PYTHON not found"
+fi
 
 say "done in $(($(date +%s) - START)) s; summary:"
 if command -v "$PYTHON" >/dev/null 2>&1 && summary_line=$(summary_py 2>"$WORK/summary.err"); then

@@ -213,7 +213,20 @@ tail -n 1 "$T/stdout_budget" >"$T/summary_budget.json"
 py_check "budget spent: steps recorded as not run, tests as not run (not failed)" "$T/summary_budget.json" \
   's["steps"]["ours"]["rc"] == -1 and s["steps"]["pytorch"]["rc"] == -1 and s["gpu_tests"]["not_run"] == ["a_test"] and s["gpu_tests"]["failed"] == 0 and s["ok"] is False'
 
-# ---- 4. a library nowhere; no Python for the summary ------------------------------------
+# ---- 4. cut off by an outer limit while PyTorch runs: $OUT holds what finished ---------
+cat >"$B/bench/pytorch_fsdp2.py" <<'EOF'
+import time
+time.sleep(20)
+EOF
+rm -rf "$T/out_cut"
+set +e
+OUT=$T/out_cut SKIP=bench RUN_WORK=$T/work_cut timeout 8 "$B/run.sh" >"$T/stdout_cut" 2>&1
+set -e
+py_check "cut off: \$OUT/summary.json has the tests and our job" "$T/out_cut/summary.json" \
+  's["gpu_tests"]["passed"] == 2 and s["steps"]["ours"]["ok"] and s["tokens_per_s"]["ours"] == 1250.0'
+check "cut off: our job's log copied" [ -s "$T/out_cut/main_job.log" ]
+
+# ---- 5. a library nowhere; no Python for the summary ------------------------------------
 echo libfsdp_nowhere.so.7 >>"$B/lib/cuda_sonames.txt"
 set +e
 PYTHON=/nonexistent/python3 SKIP=tests,bench,pytorch RUN_WORK=$T/work3 "$B/run.sh" >"$T/stdout3" 2>&1
