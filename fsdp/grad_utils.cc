@@ -20,13 +20,15 @@ absl::StatusOr<std::vector<std::shared_ptr<Unit>>> UnitsFor(core::Module& module
   return registry->UnitsForOperation(module, prefix, "not allowed", "use that unit's root");
 }
 
-// ClipGradNorm's checks on this rank; the units whose gradients it clips.
+// ClipGradNorm's and ScaleGrads' checks on this rank (`action` names the operation); the
+// units whose gradients they change.
 absl::StatusOr<std::vector<std::shared_ptr<Unit>>> CheckClippable(core::Module& module,
                                                                  WrapperRegistry* registry,
-                                                                 const std::string& prefix) {
+                                                                 const std::string& prefix,
+                                                                 const char* action) {
   ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Unit>> units, UnitsFor(module, registry, prefix));
   for (const auto& u : units) {
-    RETURN_IF_ERROR(u->CheckUsable("clip gradients"));
+    RETURN_IF_ERROR(u->CheckUsable(action));
     if (u->flat().full_grad().defined()) {
       return absl::FailedPreconditionError(absl::StrCat(
           prefix, "unit ", u->label(), " holds unreduced gradients (NoSync); run a backward "
@@ -66,7 +68,7 @@ absl::StatusOr<double> ClipGradNorm(core::Module& module, WrapperRegistry* regis
   // Checks on this rank, then every rank agrees (NOTE [Agree before acting] in
   // fsdp/internal/unit_agreement.h) before the all-gathers.
   absl::StatusOr<std::vector<std::shared_ptr<Unit>>> checked =
-      CheckClippable(module, registry, prefix);
+      CheckClippable(module, registry, prefix, "clip gradients");
   RETURN_IF_ERROR(internal::AgreeAcrossUnitGroups(
       module, registry, checked.status(), absl::StrCat("ClipGradNorm(", module.Describe(), ")")));
   const std::vector<std::shared_ptr<Unit>>& units = *checked;
@@ -131,6 +133,33 @@ absl::StatusOr<double> ClipGradNorm(core::Module& module, WrapperRegistry* regis
     }
   }
   return norm;
+}
+
+absl::Status ScaleGrads(core::Module& module, WrapperRegistry* registry, double factor) {
+  const std::string prefix = absl::StrCat("ScaleGrads(", module.Describe(), "): ");
+  if (!std::isfinite(factor)) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, "factor is ", factor,
+                                                   "; it must be finite"));
+  }
+  ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Unit>> units,
+                   CheckClippable(module, registry, prefix, "scale gradients"));
+  RETURN_IF_ERROR(registry->runtime().FinishAllReductions());
+  std::set<const core::Parameter*> managed;
+  for (const auto& u : units) {
+    for (const core::ParameterPtr& p : u->flat().params()) {
+      managed.insert(p.get());
+      if (p->grad.defined()) {
+        RETURN_IF_ERROR(internal::Scale(p->grad, static_cast<float>(factor),
+                                        prefix + "gradient of " + u->label()));
+      }
+    }
+  }
+  for (const auto& [name, p] : module.NamedParameters()) {
+    if (managed.count(p.get()) || !p->grad.defined()) continue;
+    RETURN_IF_ERROR(internal::Scale(p->grad, static_cast<float>(factor),
+                                    prefix + "gradient of '" + name + "'"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace fsdp

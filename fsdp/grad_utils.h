@@ -65,6 +65,14 @@ absl::StatusOr<std::unique_ptr<NoSyncScope>> NoSync(core::Module& module,
 absl::StatusOr<double> ClipGradNorm(core::Module& module, WrapperRegistry* registry,
                                     double max_norm);
 
+// Multiplies every gradient of `module` on this rank by `factor` (each unit's gradient
+// shards, once its pending reductions finish, and the gradients of parameters no unit
+// manages): the mean of gradients accumulated over micro-batches. No collective.
+// InvalidArgument for a null registry or a factor that is not finite; FailedPrecondition
+// as ClipGradNorm's checks (during a forward or backward, inside NoSync before the
+// gradients are reduced, or when `module` is inside a unit it is not the root of).
+absl::Status ScaleGrads(core::Module& module, WrapperRegistry* registry, double factor);
+
 }  // namespace fsdp
 
 #endif  // FSDP_GRAD_UTILS_H_

@@ -10,6 +10,8 @@ absl::StatusOr<StepOutput> ForwardingTrainModule::TrainingStep(const StepContext
   return inner_->TrainingStep(ctx);
 }
 
+bool ForwardingTrainModule::SupportsMicroBatches() const { return inner_->SupportsMicroBatches(); }
+
 absl::StatusOr<StepOutput> ForwardingTrainModule::EvaluationStep(const StepContext& ctx) {
   return inner_->EvaluationStep(ctx);
 }

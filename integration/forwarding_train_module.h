@@ -42,6 +42,7 @@ class ForwardingTrainModule : public TrainModule {
   // Each returns what the inner module's method returns for the same arguments.
   std::shared_ptr<core::Module> model() override;
   absl::StatusOr<StepOutput> TrainingStep(const StepContext& ctx) override;
+  bool SupportsMicroBatches() const override;
   absl::StatusOr<StepOutput> EvaluationStep(const StepContext& ctx) override;
   absl::StatusOr<core::Tensor> PredictStep(const StepContext& ctx) override;
   absl::StatusOr<std::unique_ptr<optim::Optimizer>> ConfigureOptimizer(

@@ -40,6 +40,7 @@ class RecordingTrainModule : public TrainModule {
   std::optional<double> LearningRate(int64_t step) override {
     return 0.5 * static_cast<double>(step);
   }
+  bool SupportsMicroBatches() const override { return true; }  // not the default false
 
  private:
   std::shared_ptr<core::Module> model_ = std::make_shared<nn::Linear>(2, 3);
@@ -82,6 +83,7 @@ void ExpectForwardsEverything(TrainModule& wrapper, RecordingTrainModule& inner)
   EXPECT_THAT(optimizer.message(), HasSubstr("optimizer over 2 parameters"));
   EXPECT_EQ(wrapper.CountUnit(), "tokens");  // not TrainModule's default "samples"
   EXPECT_EQ(wrapper.LearningRate(4), std::optional<double>(2.0));
+  EXPECT_TRUE(wrapper.SupportsMicroBatches());
 }
 
 TEST(ForwardingTrainModuleTest, ForwardsEveryCallToTheInnerModule) {

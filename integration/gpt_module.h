@@ -82,6 +82,8 @@ class GptTrainModule : public TrainModule {
   // Cross-entropy of the rank's rows of language batch ctx.step; count = its tokens.
   absl::StatusOr<StepOutput> TrainingStep(const StepContext& ctx) override;
   absl::StatusOr<StepOutput> EvaluationStep(const StepContext& ctx) override;
+  // Micro-batches as StepContext says.
+  bool SupportsMicroBatches() const override { return true; }
   // The most likely next token at every position of the rank's rows (int32 [rows, T]).
   absl::StatusOr<core::Tensor> PredictStep(const StepContext& ctx) override;
   // AdamW with GptModuleOptions::adamw.

@@ -95,7 +95,21 @@ absl::Status StageOptions::Validate(int world_size) const {
     return absl::InvalidArgumentError(absl::StrCat(
         "StageOptions.max_grad_norm = ", max_grad_norm, ": must be finite and >= 0"));
   }
+  if (grad_accumulation < 1 ||
+      train_batch_size % (static_cast<int64_t>(grad_accumulation) * world_size) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "StageOptions.grad_accumulation = ", grad_accumulation, ": must be >= 1 and divide ",
+        "StageOptions.train_batch_size = ", train_batch_size, " into micro-batches that are ",
+        "multiples of the world size ", world_size));
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<StageOptions::Accumulation> ParseAccumulation(absl::string_view name) {
+  if (name == "reduce_each") return StageOptions::Accumulation::kReduceEach;
+  if (name == "no_sync") return StageOptions::Accumulation::kNoSync;
+  return absl::InvalidArgumentError(
+      absl::StrCat("accumulation \"", name, "\": use reduce_each or no_sync"));
 }
 
 absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config,
@@ -132,6 +146,12 @@ absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config,
   if (config.has_release_after_fit()) options.release_after_fit = config.release_after_fit();
   if (config.has_max_grad_norm()) options.max_grad_norm = config.max_grad_norm();
   if (config.has_profile_step()) options.profile_step = config.profile_step();
+  if (config.has_grad_accumulation()) options.grad_accumulation = config.grad_accumulation();
+  if (config.has_accumulation()) {
+    absl::StatusOr<StageOptions::Accumulation> a = ParseAccumulation(config.accumulation());
+    if (!a.ok()) return absl::InvalidArgumentError(absl::StrCat("StageConfig.", a.status().message()));
+    options.accumulation = *a;
+  }
   if (config.has_collective_timeout_s()) {
     ASSIGN_OR_RETURN(options.wrap.timeout,
                      core::TimeoutFromSeconds(config.collective_timeout_s(),

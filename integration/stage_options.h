@@ -51,6 +51,19 @@ struct StageOptions {
   // FitResult::profiled_ops (core/op_profile.h: each op's category, FLOPs, bytes and, on
   // CUDA, device time). -1: no profile (>= -1).
   int64_t profile_step = -1;
+  // NOTE [Gradient accumulation]: each optimizer step runs the module's TrainingStep on
+  // grad_accumulation micro-batches (>= 1; StepContext::micro_batch), each
+  // train_batch_size / grad_accumulation rows of the global batch (a multiple of the world
+  // size), and steps on the mean of their gradients: the step one batch of
+  // train_batch_size rows gives, up to rounding. The module must support it
+  // (TrainModule::SupportsMicroBatches). With kReduceEach every micro-batch's gradient is
+  // reduce-scattered into the shards as it is made, so a rank holds gradient shards
+  // only; with kNoSync (fsdp::NoSync, PyTorch's no_sync) each unit keeps its full local
+  // gradient until the last micro-batch, which reduces the sum once: fewer collectives, a
+  // full gradient per unit in memory.
+  int grad_accumulation = 1;
+  enum class Accumulation { kReduceEach, kNoSync };
+  Accumulation accumulation = Accumulation::kReduceEach;
 
   // OK when usable on `world_size` ranks; InvalidArgument naming the option
   // ("StageOptions.train_batch_size", "FullyShardOptions.hybrid_shard_size", ...).
@@ -76,6 +89,9 @@ absl::StatusOr<StageOptions> ParseStageOptions(absl::string_view text,
 // (core/text_file.h) — never silently the defaults.
 absl::StatusOr<StageOptions> ReadStageOptionsFile(const std::string& path,
                                                  const StageOptions& base = StageOptions());
+
+// "reduce_each" -> kReduceEach, "no_sync" -> kNoSync; InvalidArgument otherwise.
+absl::StatusOr<StageOptions::Accumulation> ParseAccumulation(absl::string_view name);
 
 // "FULL_SHARD" -> kFullShard, ... (ShardingStrategyName's inverse); InvalidArgument
 // listing the names otherwise.

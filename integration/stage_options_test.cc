@@ -44,6 +44,8 @@ TEST(StageOptionsTest, EveryFieldIsRead) {
     collective_timeout_s: 12.5
     max_grad_norm: 1.5
     profile_step: 5
+    grad_accumulation: 2
+    accumulation: "no_sync"
   )pb");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->wrap.strategy, fsdp::ShardingStrategy::kHybridShard);
@@ -63,6 +65,8 @@ TEST(StageOptionsTest, EveryFieldIsRead) {
   EXPECT_EQ(parsed->wrap.timeout, absl::Milliseconds(12500));
   EXPECT_EQ(parsed->max_grad_norm, 1.5);
   EXPECT_EQ(parsed->profile_step, 5);
+  EXPECT_EQ(parsed->grad_accumulation, 2);
+  EXPECT_EQ(parsed->accumulation, StageOptions::Accumulation::kNoSync);
   EXPECT_TRUE(parsed->Validate(4).ok());
 }
 
@@ -97,6 +101,8 @@ TEST(StageOptionsTest, BadValuesNameTheField) {
       {"collective_timeout_s: -1", absl::StatusCode::kInvalidArgument,
        "StageConfig.collective_timeout_s"},
       {"policy { name: \"no_such_policy\" }", absl::StatusCode::kNotFound, "StageConfig.policy"},
+      {"accumulation: \"sometimes\"", absl::StatusCode::kInvalidArgument,
+       "StageConfig.accumulation"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<StageOptions> parsed = ParseStageOptions(c.text);

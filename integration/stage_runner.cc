@@ -199,8 +199,47 @@ absl::Status StageRunner::EndStage(const std::shared_ptr<core::Module>& model,
   return absl::OkStatus();
 }
 
+absl::StatusOr<StepOutput> StageRunner::AccumulateMicroBatches(TrainModule& module,
+                                                               core::Module& model,
+                                                               StepContext ctx) {
+  // NOTE [Gradient accumulation] (stage_options.h).
+  const int k = options_.grad_accumulation;
+  StepOutput total;
+  double weighted = 0;
+  for (int j = 0; j < k; ++j) {
+    ctx.micro_batch = j;
+    ctx.micro_batches = k;
+    std::unique_ptr<fsdp::NoSyncScope> no_sync;
+    if (options_.accumulation == StageOptions::Accumulation::kNoSync && j + 1 < k) {
+      ASSIGN_OR_RETURN(no_sync, fsdp::NoSync(model, registry_.get()));
+    }
+    absl::StatusOr<StepOutput> out = module.TrainingStep(ctx);
+    if (!out.ok()) {
+      return Annotate(out.status(),
+                      k == 1 ? absl::StrCat("fit: TrainingStep at step ", ctx.step)
+                             : absl::StrCat("fit: TrainingStep at step ", ctx.step,
+                                            ", micro-batch ", j, " of ", k));
+    }
+    weighted += out->loss * static_cast<double>(out->count);
+    total.count += out->count;
+  }
+  total.loss = total.count > 0 ? weighted / static_cast<double>(total.count) : 0;
+  if (k > 1) {
+    RETURN_IF_ERROR(Annotate(fsdp::ScaleGrads(model, registry_.get(), 1.0 / k),
+                             absl::StrCat("fit: mean of the micro-batches' gradients at step ",
+                                          ctx.step)));
+  }
+  return total;
+}
+
 absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
   ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, ModelOf(module));
+  if (options_.grad_accumulation > 1 && !module.SupportsMicroBatches()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fit: StageOptions.grad_accumulation = ", options_.grad_accumulation, ", but the module ",
+        "training ", model->Describe(), " does not run micro-batches "
+        "(TrainModule::SupportsMicroBatches)"));
+  }
   const int64_t num_steps = steps > 0 ? steps : options_.fit_steps;
   FitResult result;
   ASSIGN_OR_RETURN(result.report, BeginStage(Stage::kFit, module, /*wrap=*/true));
@@ -228,10 +267,7 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
     ctx.batch_size = options_.train_batch_size;
     if (std::optional<double> lr = module.LearningRate(ctx.step)) optimizer.set_lr(*lr);
     optimizer.ZeroGrad();
-    absl::StatusOr<StepOutput> out = module.TrainingStep(ctx);
-    if (!out.ok()) {
-      return Annotate(out.status(), absl::StrCat("fit: TrainingStep at step ", ctx.step));
-    }
+    ASSIGN_OR_RETURN(const StepOutput out, AccumulateMicroBatches(module, *model, ctx));
     if (options_.max_grad_norm > 0) {
       RETURN_IF_ERROR(
           fsdp::ClipGradNorm(*model, registry_.get(), options_.max_grad_norm).status());
@@ -245,8 +281,8 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
     }
     // Each rank's (loss x count, count) waits for the next report, where one all-gather
     // averages every step since the last one: no collective of its own per step.
-    pending.push_back(out->loss * out->count);
-    pending.push_back(static_cast<double>(out->count));
+    pending.push_back(out.loss * out.count);
+    pending.push_back(static_cast<double>(out.count));
     ++state.global_step;
 
     const int64_t done = i + 1;

@@ -174,8 +174,9 @@ class StageRunner {
   // Wraps, then trains StageOptions::fit_steps steps (or `steps` when > 0) from the
   // model's global step, reporting progress, then saves a checkpoint to
   // StageOptions::checkpoint_dir if set and releases the model if release_after_fit.
-  // Internal naming the step when the loss is not finite; other errors as the
-  // TrainModule, FSDP or the optimizer return them.
+  // Internal naming the step when the loss is not finite; FailedPrecondition when
+  // StageOptions::grad_accumulation > 1 and the module does not support micro-batches;
+  // other errors as the TrainModule, FSDP or the optimizer return them.
   absl::StatusOr<FitResult> Fit(TrainModule& module, int64_t steps = 0);
 
   // Forward-only stages over StageOptions::eval_batches batches of eval_batch_size rows.
@@ -233,6 +234,11 @@ class StageRunner {
 
   StageRunner(std::shared_ptr<comm::ProcessGroup> group, StageOptions options,
               std::shared_ptr<fsdp::WrapperRegistry> registry);
+
+  // One optimizer step's TrainingSteps over StageOptions::grad_accumulation micro-batches
+  // (NOTE [Gradient accumulation]), gradients then their mean; the loss and count of all.
+  absl::StatusOr<StepOutput> AccumulateMicroBatches(TrainModule& module, core::Module& model,
+                                                    StepContext ctx);
 
   // The module's model, or InvalidArgument when it is null.
   absl::StatusOr<std::shared_ptr<core::Module>> ModelOf(TrainModule& module);

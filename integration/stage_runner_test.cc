@@ -17,6 +17,7 @@
 #include "fsdp/fsdp.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "integration/forwarding_train_module.h"
 #include "integration/gpt_module.h"
 #include "integration/testing/stage_testing.h"
 #include "policy/wrap_policy.h"
@@ -179,6 +180,77 @@ TEST(StageRunnerTest, ContinuedFitEqualsOneLongerFit) {
     EXPECT_EQ(again.loss, between.loss) << "validation at step 3: alone vs in between";
     return absl::OkStatus();
   }));
+}
+
+// NOTE [Gradient accumulation]: two micro-batches of 2 rows give the gradient one batch
+// of 4 rows gives (to fp32 rounding: the mean of two means of equal counts is the mean),
+// with the loss of the batch, in both modes; kNoSync holds every unit's full gradient at
+// once, so its peak memory is the larger; a module that cannot split its batch, and a
+// batch the micro-batches do not divide, are refused by name.
+TEST(StageRunnerTest, GradAccumulationGivesTheWholeBatchGradientInBothModes) {
+  INTEGRATION_ASSERT_OK(RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status {
+    struct Run {
+      std::vector<std::vector<float>> grads;  // this rank's gradient shards
+      double loss = 0;
+      int64_t peak = 0;  // this rank's peak bytes, all tags
+    };
+    const auto run = [&](int k, StageOptions::Accumulation mode) -> absl::StatusOr<Run> {
+      StageOptions options = TinyStages();
+      options.grad_accumulation = k;
+      options.accumulation = mode;
+      ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(TinyGpt()));
+      ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, options));
+      ASSIGN_OR_RETURN(FitResult fit, runner->Fit(*module, 1));
+      Run r;
+      r.loss = fit.losses.at(0);
+      r.peak = fit.report.memory.at(static_cast<size_t>(ctx.rank)).peak_total;
+      for (const auto& [name, p] : runner->optimizer(*module)->named_parameters()) {
+        if (p->grad.defined()) r.grads.push_back(p->grad.ToVector());
+      }
+      return r;
+    };
+    ASSIGN_OR_RETURN(Run whole, run(1, StageOptions::Accumulation::kReduceEach));
+    ASSIGN_OR_RETURN(Run each, run(2, StageOptions::Accumulation::kReduceEach));
+    ASSIGN_OR_RETURN(Run no_sync, run(2, StageOptions::Accumulation::kNoSync));
+    for (const Run* r : {&each, &no_sync}) {
+      EXPECT_NEAR(r->loss, whole.loss, 1e-6 * whole.loss);
+      EXPECT_EQ(r->grads.size(), whole.grads.size());
+      RETURN_IF_ERROR(testing::NoFailuresYet());
+      for (size_t i = 0; i < whole.grads.size(); ++i) {
+        double d = 0, w = 0;
+        for (size_t j = 0; j < whole.grads[i].size(); ++j) {
+          d += std::pow(static_cast<double>(r->grads[i][j]) - whole.grads[i][j], 2);
+          w += std::pow(static_cast<double>(whole.grads[i][j]), 2);
+        }
+        EXPECT_LE(std::sqrt(d), 1e-5 * std::sqrt(w) + 1e-12) << "gradient shard " << i;
+      }
+    }
+    EXPECT_GT(no_sync.peak, each.peak);
+    return absl::OkStatus();
+  }));
+
+  // A module that does not split its batch is refused before any step.
+  INTEGRATION_ASSERT_OK(RunRanks(1, [](comm::testing::RankContext& ctx) -> absl::Status {
+    struct Whole : ForwardingTrainModule {
+      using ForwardingTrainModule::ForwardingTrainModule;
+      bool SupportsMicroBatches() const override { return false; }
+    };
+    ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(TinyGpt()));
+    Whole whole(module.get());
+    StageOptions options = TinyStages();
+    options.grad_accumulation = 2;
+    ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, options));
+    const absl::Status s = runner->Fit(whole, 1).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("StageOptions.grad_accumulation = 2"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("SupportsMicroBatches"));
+    return absl::OkStatus();
+  }));
+  StageOptions odd = TinyStages();  // 4 rows
+  odd.grad_accumulation = 4;        // 1-row micro-batches over 2 ranks
+  const absl::Status s = odd.Validate(2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("StageOptions.grad_accumulation = 4"));
 }
 
 // StageOptions::profile_step: that step's ops (NOTE [Op accounting] in core/op_profile.h),

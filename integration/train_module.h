@@ -51,6 +51,13 @@ struct StepContext {
   // Rows of the global batch (a multiple of world_size); this rank runs the rows
   // data::RankSampler(rank, world_size) gives it.
   int batch_size = 0;
+  // Fit with StageOptions::grad_accumulation = k > 1 (NOTE [Gradient accumulation] in
+  // integration/stage_options.h): TrainingStep runs k times per step, for micro-batch
+  // 0 .. k-1: the rows data::RankSampler(micro_batch, micro_batches) gives of the global
+  // batch, of which this rank runs its RankSampler(rank, world_size) share. 0 and 1
+  // otherwise.
+  int micro_batch = 0;
+  int micro_batches = 1;
 };
 
 // What a training or evaluation step reports.
@@ -75,6 +82,12 @@ class TrainModule {
   // over this rank's rows, so that FSDP's averaged reduction gives the gradient of the
   // global batch's mean.
   virtual absl::StatusOr<StepOutput> TrainingStep(const StepContext& ctx) = 0;
+
+  // Whether TrainingStep runs only micro-batch ctx.micro_batch of ctx.micro_batches (as
+  // StepContext says), which StageOptions::grad_accumulation > 1 needs. False unless a
+  // module says so: Fit refuses to accumulate over a module that would run its whole
+  // batch every time.
+  virtual bool SupportsMicroBatches() const { return false; }
 
   // Forward only (no backward, no gradients) of batch ctx.step of ctx.stage
   // (kValidate or kTest: use different held-out data for the two).

@@ -52,6 +52,11 @@ ABSL_FLAG(std::string, param_dtype, "float32", "mixed precision compute copy: fl
 ABSL_FLAG(int64_t, steps, 300, "training steps");
 ABSL_FLAG(int, batch_size, 16, "sequences per global training batch (a multiple of the world size)");
 ABSL_FLAG(int, eval_batch_size, 16, "sequences per global evaluation batch");
+ABSL_FLAG(int, grad_accumulation, 1,
+          "micro-batches per optimizer step, each --batch_size / this many sequences");
+ABSL_FLAG(std::string, accumulation, "reduce_each",
+          "how micro-batch gradients meet: reduce_each (reduce-scatter each; shard memory) or "
+          "no_sync (keep full gradients, reduce once)");
 ABSL_FLAG(int, eval_batches, 8, "batches of each validate / test / predict stage");
 ABSL_FLAG(int, seq_len, 32, "tokens per sequence (at most --block_size)");
 ABSL_FLAG(int64_t, vocab_size, 64, "vocabulary of the language and the model");
@@ -149,6 +154,8 @@ JobOptions JobOptionsFromFlags() {
   job.param_dtype = absl::GetFlag(FLAGS_param_dtype);
   job.steps = absl::GetFlag(FLAGS_steps);
   job.batch_size = absl::GetFlag(FLAGS_batch_size);
+  job.grad_accumulation = absl::GetFlag(FLAGS_grad_accumulation);
+  job.accumulation = absl::GetFlag(FLAGS_accumulation);
   job.eval_batch_size = absl::GetFlag(FLAGS_eval_batch_size);
   job.eval_batches = absl::GetFlag(FLAGS_eval_batches);
   job.log_every = absl::GetFlag(FLAGS_log_every);
@@ -254,6 +261,12 @@ absl::StatusOr<StageOptions> StageOptionsFor(const JobOptions& job, absl::Durati
   options.wrap.timeout = timeout;
   options.fit_steps = job.steps;
   options.train_batch_size = job.batch_size;
+  options.grad_accumulation = job.grad_accumulation;
+  absl::StatusOr<StageOptions::Accumulation> accumulation = ParseAccumulation(job.accumulation);
+  if (!accumulation.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", accumulation.status().message()));
+  }
+  options.accumulation = *accumulation;
   options.eval_batch_size = job.eval_batch_size;
   options.eval_batches = job.eval_batches;
   options.log_every = job.log_every;

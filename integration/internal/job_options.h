@@ -45,6 +45,8 @@ struct JobOptions {
   std::string param_dtype;
   int64_t steps = 0;
   int batch_size = 0;
+  int grad_accumulation = 1;       // --grad_accumulation: micro-batches per step
+  std::string accumulation;        // --accumulation: reduce_each or no_sync
   int eval_batch_size = 0;
   int eval_batches = 0;
   int64_t log_every = 0;
