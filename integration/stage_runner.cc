@@ -220,15 +220,14 @@ absl::StatusOr<StepOutput> StageRunner::AccumulateMicroBatches(TrainModule& modu
                              : absl::StrCat("fit: TrainingStep at step ", ctx.step,
                                             ", micro-batch ", j, " of ", k));
     }
+    if (k == 1) return *out;  // its loss exactly as the module gave it
     weighted += out->loss * static_cast<double>(out->count);
     total.count += out->count;
   }
   total.loss = total.count > 0 ? weighted / static_cast<double>(total.count) : 0;
-  if (k > 1) {
-    RETURN_IF_ERROR(Annotate(fsdp::ScaleGrads(model, registry_.get(), 1.0 / k),
-                             absl::StrCat("fit: mean of the micro-batches' gradients at step ",
-                                          ctx.step)));
-  }
+  RETURN_IF_ERROR(Annotate(fsdp::ScaleGrads(model, registry_.get(), 1.0 / k),
+                           absl::StrCat("fit: mean of the micro-batches' gradients at step ",
+                                        ctx.step)));
   return total;
 }
 
