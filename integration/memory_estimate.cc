@@ -144,13 +144,16 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const MemoryEstimateInput& input) 
 
   MemoryEstimate e;
   e.model_state_bytes = c.Add(c.Mul(16, shard), c.Mul(16, m.ignored_params));
+  // The unsharded fp32 gradient held at once: one unit's, or every unit's under no_sync.
+  const int64_t full_grad = input.no_sync_accumulation ? c.Mul(4, m.num_params)
+                                                       : c.Mul(4, largest_unit);
   switch (input.strategy) {
     case fsdp::ShardingStrategy::kFullShard:
     case fsdp::ShardingStrategy::kHybridShard:
-      e.gathered_bytes = c.Mul(c.Add(c.Mul(2, compute), 4), largest_unit);
+      e.gathered_bytes = c.Add(c.Mul(c.Mul(2, compute), largest_unit), full_grad);
       break;
     case fsdp::ShardingStrategy::kShardGradOp:
-      e.gathered_bytes = c.Add(c.Mul(compute, m.num_params), c.Mul(4, largest_unit));
+      e.gathered_bytes = c.Add(c.Mul(compute, m.num_params), full_grad);
       break;
     case fsdp::ShardingStrategy::kNoShard:
       e.gathered_bytes = compute == 4 ? 0 : c.Mul(compute, m.num_params);

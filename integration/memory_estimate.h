@@ -27,12 +27,16 @@
 //                 unit gathered, plus one unit's unsharded fp32 gradient;
 //                 SHARD_GRAD_OP: c P + 4 Lu (parameters stay gathered from forward to
 //                 backward); NO_SHARD: c P when c != 4 (the compute copy), else 0.
+//                 Gradient accumulation with no_sync (StageOptions::accumulation, NOTE
+//                 [Gradient accumulation]) keeps every unit's unsharded fp32 gradient
+//                 until the last micro-batch: 4 P instead of 4 Lu (NO_SHARD: no change).
 //   activations   GPT (nn/gpt.h, fp32 on the CPU, every layer's cache kept for
 //                 backward): 4 B T (L (16 C + H T) + 4 C + 3 V) — per layer the cached
 //                 LayerNorm, Linear and GELU inputs (16 C per token) and the attention
 //                 probabilities (H T per token); then ln_f and lm_head inputs and the
 //                 logits, their gradient and the softmax (3 V per token). B is the rows
-//                 of this rank's batch, T the sequence length.
+//                 of this rank's batch (of one micro-batch with gradient accumulation), T
+//                 the sequence length.
 //   init          4 P + 4 I + 4 Lu   every rank builds the full fp32 model before
 //                                    sharding it, plus one unit's flat buffer.
 //   per rank      max(init, model state + gathered + activations);
@@ -105,6 +109,9 @@ struct MemoryEstimateInput {
   core::DType param_dtype = core::DType::kFloat32;
   // Unset: activations are not estimated (0).
   std::optional<GptActivationShape> activations;
+  // Gradient accumulation keeps every unit's full gradient (StageOptions::Accumulation
+  // kNoSync with grad_accumulation > 1).
+  bool no_sync_accumulation = false;
   // Where the ranks compute (NOTE [Memory estimate on a device] in memory_estimate.cc):
   // on a CUDA device the per-rank figure is device memory, and the host holds only each
   // rank's CPU-built model.

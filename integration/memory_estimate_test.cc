@@ -69,6 +69,16 @@ TEST(MemoryEstimateTest, StrategiesDifferAsStated) {
   ASSERT_TRUE(h.ok()) << h.status();
   EXPECT_EQ(h->model_state_bytes, 16 * (1000000 / 2 + 10));
   EXPECT_EQ(h->gathered_bytes, 12 * (100000 + 1));
+
+  // Gradient accumulation under no_sync holds every unit's fp32 gradient (4 P), not one's.
+  MemoryEstimateInput no_sync = OneMillionParams(fsdp::ShardingStrategy::kFullShard);
+  no_sync.no_sync_accumulation = true;
+  absl::StatusOr<MemoryEstimate> ns = EstimateMemory(no_sync);
+  absl::StatusOr<MemoryEstimate> each = EstimateMemory(OneMillionParams(fsdp::ShardingStrategy::kFullShard));
+  ASSERT_TRUE(ns.ok() && each.ok()) << ns.status();
+  EXPECT_EQ(ns->gathered_bytes - each->gathered_bytes, 4 * 1000000 - 4 * (100000 + 7));
+  no_sync.strategy = fsdp::ShardingStrategy::kNoShard;
+  EXPECT_EQ(EstimateMemory(no_sync)->gathered_bytes, 0);
 }
 
 TEST(MemoryEstimateTest, LocalRanksMultiplyThePerHostFigure) {

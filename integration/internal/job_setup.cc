@@ -32,10 +32,15 @@ absl::Status CheckFitsInMemory(const JobSetup& setup, int world, core::Device de
   need.hybrid_shard_size = options.wrap.hybrid_shard_size;
   need.param_dtype = options.wrap.mixed_precision.param_dtype;
   need.device = device;
+  // Activations of the largest batch one pass holds: a training micro-batch or an
+  // evaluation batch.
   need.activations = GptActivations(
       setup.model_options.model,
-      std::max(options.train_batch_size, options.eval_batch_size) / world,
+      std::max(options.train_batch_size / options.grad_accumulation, options.eval_batch_size) /
+          world,
       setup.model_options.seq_len);
+  need.no_sync_accumulation = options.grad_accumulation > 1 &&
+                              options.accumulation == StageOptions::Accumulation::kNoSync;
   ASSIGN_OR_RETURN(MemoryEstimate estimate, EstimateMemory(need));
   RETURN_IF_ERROR(CheckFitsInHostMemory(estimate));
   if (device.is_cuda()) {
