@@ -216,11 +216,11 @@ py_check "budget spent: steps recorded as not run, tests as not run (not failed)
 # ---- 4. cut off by an outer limit while PyTorch runs: $OUT holds what finished ---------
 cat >"$B/bench/pytorch_fsdp2.py" <<'EOF'
 import time
-time.sleep(20)
+time.sleep(40)
 EOF
 rm -rf "$T/out_cut"
 set +e
-OUT=$T/out_cut SKIP=bench RUN_WORK=$T/work_cut timeout 8 "$B/run.sh" >"$T/stdout_cut" 2>&1
+OUT=$T/out_cut SKIP=bench RUN_WORK=$T/work_cut timeout 15 "$B/run.sh" >"$T/stdout_cut" 2>&1
 set -e
 py_check "cut off: \$OUT/summary.json has the tests and our job" "$T/out_cut/summary.json" \
   's["gpu_tests"]["passed"] == 2 and s["steps"]["ours"]["ok"] and s["tokens_per_s"]["ours"] == 1250.0'
