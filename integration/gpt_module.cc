@@ -60,10 +60,11 @@ absl::StatusOr<std::unique_ptr<GptTrainModule>> GptTrainModule::Create(
           "GptModuleOptions.eval_data_path is set but data_path is not; set both or neither");
     }
     ASSIGN_OR_RETURN(module->train_tokens_, open(options.data_path, "data_path"));
-    ASSIGN_OR_RETURN(module->eval_tokens_,
-                     options.eval_data_path.empty()
-                         ? open(options.data_path, "data_path")
-                         : open(options.eval_data_path, "eval_data_path"));
+    if (options.eval_data_path.empty()) {
+      module->eval_tokens_ = module->train_tokens_;  // shares the mapped files
+    } else {
+      ASSIGN_OR_RETURN(module->eval_tokens_, open(options.eval_data_path, "eval_data_path"));
+    }
   }
   return module;
 }
