@@ -1,6 +1,6 @@
 // GptTrainModule: the TrainModule of the main job and of the end-to-end tests: an
-// nn::Gpt learning the synthetic Markov language (data/markov_language.h) with AdamW and
-// a linear learning-rate warm-up.
+// nn::Gpt learning the synthetic Markov language (data/markov_language.h), or token files,
+// with AdamW and a linear learning-rate warm-up.
 //
 //   integration::GptModuleOptions options;     // small GPT on a vocabulary of 64
 //   ASSIGN_OR_RETURN(auto module, integration::GptTrainModule::Create(options));
@@ -11,8 +11,10 @@
 // Training step s uses language batch s (so training resumed at step s sees what
 // uninterrupted training would); validation uses batches from kValidateBatchOffset on and
 // testing from kTestBatchOffset on, which training never reaches. Every rank builds the
-// whole global batch (cheap: sampling) and runs its data::RankSampler rows, copied to
-// options.device (int32 tokens).
+// whole global batch (cheap: sampling) and runs its data::RankSampler rows, kept on the
+// host (int32 tokens): the embedding and the loss check them there and copy them to the
+// model's device. With token files (GptModuleOptions::data_path) the batches come from
+// data::TokenFile, sampled the same way by index.
 #ifndef INTEGRATION_GPT_MODULE_H_
 #define INTEGRATION_GPT_MODULE_H_
 
