@@ -12,9 +12,15 @@ namespace internal {
 // The hooks of one module, keyed by a registration counter so iteration follows
 // registration order. Shared with HookHandles through weak pointers.
 struct HookLists {
+  // A forward hook and whether it runs in a recompute (HookOptions).
+  template <typename Hook>
+  struct Forward {
+    Hook hook;
+    bool in_recompute = false;
+  };
   uint64_t next_id = 1;
-  std::map<uint64_t, ForwardPreHook> forward_pre;
-  std::map<uint64_t, ForwardPostHook> forward_post;
+  std::map<uint64_t, Forward<ForwardPreHook>> forward_pre;
+  std::map<uint64_t, Forward<ForwardPostHook>> forward_post;
   std::map<uint64_t, BackwardPreHook> backward_pre;
   std::map<uint64_t, BackwardPostHook> backward_post;
 
@@ -48,6 +54,35 @@ std::vector<typename Map::mapped_type> Snapshot(const Map& hooks) {
   return out;
 }
 
+// The forward hooks that run in this pass: all of them, or during a recompute those
+// registered with HookOptions::run_in_recompute (NOTE [Activation checkpointing]).
+template <typename Hook>
+std::vector<Hook> ForwardSnapshot(
+    const std::map<uint64_t, internal::HookLists::Forward<Hook>>& hooks) {
+  const bool recompute = InRecompute();
+  std::vector<Hook> out;
+  out.reserve(hooks.size());
+  for (const auto& [id, entry] : hooks) {
+    if (!recompute || entry.in_recompute) out.push_back(entry.hook);
+  }
+  return out;
+}
+
+thread_local bool grad_enabled = true;
+thread_local bool in_recompute = false;
+
+// Sets InRecompute() for its lifetime.
+class RecomputeScope {
+ public:
+  RecomputeScope() : previous_(in_recompute) { in_recompute = true; }
+  ~RecomputeScope() { in_recompute = previous_; }
+  RecomputeScope(const RecomputeScope&) = delete;
+  RecomputeScope& operator=(const RecomputeScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
 }  // namespace
 
 HookHandle::HookHandle(HookHandle&& other) noexcept
@@ -76,6 +111,12 @@ bool HookHandle::active() const {
   return lists != nullptr && lists->Contains(id_);
 }
 
+bool GradEnabled() { return grad_enabled; }
+bool InRecompute() { return in_recompute; }
+
+NoGradScope::NoGradScope() : previous_(grad_enabled) { grad_enabled = false; }
+NoGradScope::~NoGradScope() { grad_enabled = previous_; }
+
 Module::Module() : hooks_(std::make_shared<internal::HookLists>()) {}
 
 Module::~Module() {
@@ -86,15 +127,21 @@ Module::~Module() {
 
 absl::StatusOr<Tensor> Module::Forward(const Tensor& input) {
   if (!construction_error_.ok()) return OwnConstructionError(*this, construction_error_);
-  for (const auto& hook : Snapshot(hooks_->forward_pre)) {
+  for (const auto& hook : ForwardSnapshot(hooks_->forward_pre)) {
     absl::Status s = hook(*this, input);
     if (!s.ok()) return s;
   }
   absl::StatusOr<Tensor> output = ForwardImpl(input);
   if (!output.ok()) return output.status();
-  for (const auto& hook : Snapshot(hooks_->forward_post)) {
+  for (const auto& hook : ForwardSnapshot(hooks_->forward_post)) {
     absl::Status s = hook(*this, input, *output);
     if (!s.ok()) return s;
+  }
+  // NOTE [Activation checkpointing]: keep the input, drop the rest.
+  if (checkpoint_activations_ && GradEnabled() && !InRecompute()) {
+    DropActivations();
+    recompute_input_ = input;
+    awaiting_recompute_ = true;
   }
   return output;
 }
@@ -105,6 +152,19 @@ absl::StatusOr<Tensor> Module::Backward(const Tensor& grad_output) {
     absl::Status s = hook(*this, grad_output);
     if (!s.ok()) return s;
   }
+  if (awaiting_recompute_) {
+    // NOTE [Activation checkpointing]: rebuild the caches the Forward dropped.
+    const Tensor input = std::move(recompute_input_);
+    recompute_input_ = Tensor();
+    awaiting_recompute_ = false;
+    RecomputeScope recompute;
+    absl::StatusOr<Tensor> again = ForwardImpl(input);
+    if (!again.ok()) {
+      return absl::Status(again.status().code(),
+                          absl::StrCat(Describe(), ": recomputing the checkpointed forward: ",
+                                       again.status().message()));
+    }
+  }
   absl::StatusOr<Tensor> grad_input = BackwardImpl(grad_output);
   if (!grad_input.ok()) return grad_input.status();
   for (const auto& hook : Snapshot(hooks_->backward_post)) {
@@ -114,15 +174,42 @@ absl::StatusOr<Tensor> Module::Backward(const Tensor& grad_output) {
   return grad_input;
 }
 
-HookHandle Module::RegisterForwardPreHook(ForwardPreHook hook) {
+void Module::DropActivations() {
+  for (Module* m : Subtree()) {
+    m->ReleaseActivations();
+    m->recompute_input_ = Tensor();
+    m->awaiting_recompute_ = false;
+  }
+}
+
+std::vector<Module*> Module::Subtree() const {
+  // Iterative pre-order walk: modules may be shared (listed once) and deep.
+  std::vector<Module*> out;
+  std::unordered_set<const Module*> seen;
+  std::vector<Module*> stack = {const_cast<Module*>(this)};
+  while (!stack.empty()) {
+    Module* m = stack.back();
+    stack.pop_back();
+    if (!seen.insert(m).second) continue;
+    out.push_back(m);
+    for (auto it = m->children_.rbegin(); it != m->children_.rend(); ++it) {
+      stack.push_back(it->second.get());
+    }
+  }
+  return out;
+}
+
+HookHandle Module::RegisterForwardPreHook(ForwardPreHook hook, HookOptions options) {
   const uint64_t id = hooks_->next_id++;
-  hooks_->forward_pre.emplace(id, std::move(hook));
+  hooks_->forward_pre.emplace(id, internal::HookLists::Forward<ForwardPreHook>{
+                                      std::move(hook), options.run_in_recompute});
   return HookHandle(hooks_, id);
 }
 
-HookHandle Module::RegisterForwardPostHook(ForwardPostHook hook) {
+HookHandle Module::RegisterForwardPostHook(ForwardPostHook hook, HookOptions options) {
   const uint64_t id = hooks_->next_id++;
-  hooks_->forward_post.emplace(id, std::move(hook));
+  hooks_->forward_post.emplace(id, internal::HookLists::Forward<ForwardPostHook>{
+                                       std::move(hook), options.run_in_recompute});
   return HookHandle(hooks_, id);
 }
 
@@ -166,17 +253,8 @@ ParameterPtr Module::AllocateParameter(const std::string& name, const Shape& sha
 }
 
 absl::Status Module::ConstructionStatus() const {
-  // Iterative pre-order walk: modules may be shared (listed once) and deep.
-  std::unordered_set<const Module*> seen;
-  std::vector<const Module*> stack = {this};
-  while (!stack.empty()) {
-    const Module* m = stack.back();
-    stack.pop_back();
-    if (!seen.insert(m).second) continue;
+  for (const Module* m : Subtree()) {
     if (!m->construction_error_.ok()) return OwnConstructionError(*m, m->construction_error_);
-    for (auto it = m->children_.rbegin(); it != m->children_.rend(); ++it) {
-      stack.push_back(it->second.get());
-    }
   }
   return absl::OkStatus();
 }

@@ -21,6 +21,27 @@
 // Children are called through their public Forward/Backward so hooks fire at every
 // level. A module caches what its backward needs during forward: call Backward once
 // after each Forward, with the gradient of that Forward's output.
+//
+// NOTE [Activation checkpointing]: a module with set_checkpoint_activations(true) trades
+// compute for memory. Its Forward (with gradients enabled, outside a recompute) runs
+// the pre-hooks, ForwardImpl and the post-hooks as always, then drops what every module
+// of its subtree cached for the backward (DropActivations) and keeps only a reference
+// to its input. Its Backward runs the backward pre-hooks first (where fsdp gathers the
+// unit's parameters: the all-gather the backward makes anyway), then recomputes:
+// ForwardImpl again on the kept input with InRecompute() true, which rebuilds every
+// cache bit for bit (a ForwardImpl is a deterministic function of its input and
+// parameters; every layer here is), then BackwardImpl and the post-hooks, and lets the
+// input go. So the gradients are the bits of the uncheckpointed run, at the price of
+// one more ForwardImpl of the module per step. During the recompute:
+//   - the module's own forward hooks do not run (the recompute calls ForwardImpl, not
+//     Forward), and a descendant's Forward runs only the forward hooks registered with
+//     HookOptions::run_in_recompute (fsdp's: they gather a nested unit for the backward
+//     that follows and record nothing), so a user's hooks fire once per forward pass;
+//   - checkpointed descendants do not checkpoint again: the recompute keeps the whole
+//     subtree's caches for the backward that follows.
+// Under a NoGradScope (evaluation: no backward follows) a checkpointed module runs as a
+// plain one. As for every cached input, the input tensor must not be written between
+// Forward and Backward.
 #ifndef CORE_MODULE_H_
 #define CORE_MODULE_H_
 
@@ -51,6 +72,34 @@ using BackwardPostHook = std::function<absl::Status(Module& module, const Tensor
 namespace internal {
 struct HookLists;
 }  // namespace internal
+
+// How a hook takes part in a recompute (NOTE [Activation checkpointing]).
+struct HookOptions {
+  // Run this forward hook also while a checkpointed ancestor recomputes its forward
+  // inside Backward (InRecompute() tells the hook which pass it is in). False: the hook
+  // sees each forward pass once.
+  bool run_in_recompute = false;
+};
+
+// False while a NoGradScope is open on this thread: forwards that no Backward follows
+// (evaluation), where checkpointed modules run as plain ones.
+bool GradEnabled();
+
+// Marks the forwards on this thread, while it lives, as forward-only. Nestable.
+class NoGradScope {
+ public:
+  NoGradScope();
+  ~NoGradScope();
+  NoGradScope(const NoGradScope&) = delete;
+  NoGradScope& operator=(const NoGradScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// True on this thread while a checkpointed module recomputes its forward inside its
+// Backward (NOTE [Activation checkpointing]).
+bool InRecompute();
 
 // Owns one registered hook; removes it when destroyed or on Remove(). Safe to destroy
 // after the module is gone. Movable, not copyable.
@@ -94,8 +143,10 @@ class Module : public std::enable_shared_from_this<Module> {
   // such as token ids), then post-hooks.
   absl::StatusOr<Tensor> Backward(const Tensor& grad_output);
 
-  ABSL_MUST_USE_RESULT HookHandle RegisterForwardPreHook(ForwardPreHook hook);
-  ABSL_MUST_USE_RESULT HookHandle RegisterForwardPostHook(ForwardPostHook hook);
+  ABSL_MUST_USE_RESULT HookHandle RegisterForwardPreHook(ForwardPreHook hook,
+                                                         HookOptions options = {});
+  ABSL_MUST_USE_RESULT HookHandle RegisterForwardPostHook(ForwardPostHook hook,
+                                                          HookOptions options = {});
   ABSL_MUST_USE_RESULT HookHandle RegisterBackwardPreHook(BackwardPreHook hook);
   ABSL_MUST_USE_RESULT HookHandle RegisterBackwardPostHook(BackwardPostHook hook);
 
@@ -124,6 +175,19 @@ class Module : public std::enable_shared_from_this<Module> {
   // Total elements of Parameters() (tied parameters counted once).
   int64_t NumParameterElements() const;
 
+  // NOTE [Activation checkpointing]: whether Forward drops this subtree's activations
+  // and Backward recomputes them. Off by default; fsdp sets it on the modules a wrap's
+  // checkpoint policy picks (FullyShardOptions::checkpoint_policy).
+  void set_checkpoint_activations(bool checkpoint) { checkpoint_activations_ = checkpoint; }
+  bool checkpoint_activations() const { return checkpoint_activations_; }
+  // True from a checkpointed Forward until the Backward that recomputes it.
+  bool awaiting_recompute() const { return awaiting_recompute_; }
+
+  // Frees what every module of the subtree (each once) cached for its Backward
+  // (ReleaseActivations) and the inputs checkpointed modules kept: only a new Forward
+  // makes a Backward possible again.
+  void DropActivations();
+
   // Zeroes every defined gradient in the subtree, or drops them if `set_to_none`.
   void ZeroGrad(bool set_to_none = false);
 
@@ -144,6 +208,12 @@ class Module : public std::enable_shared_from_this<Module> {
  protected:
   virtual absl::StatusOr<Tensor> ForwardImpl(const Tensor& input) = 0;
   virtual absl::StatusOr<Tensor> BackwardImpl(const Tensor& grad_output) = 0;
+
+  // Drops this module's own cached activations (not its children's); called by
+  // DropActivations. The default holds nothing. A module that does not override it is
+  // still correct under checkpointing (the recompute overwrites its caches); it only
+  // keeps their memory.
+  virtual void ReleaseActivations() {}
 
   // Registers a parameter under `name` and returns it. Registering an existing
   // Parameter object under a second name ties it (it appears once in NamedParameters).
@@ -167,6 +237,9 @@ class Module : public std::enable_shared_from_this<Module> {
 
  private:
   void AddChild(const std::string& name, std::shared_ptr<Module> module);
+  // This module and every descendant, pre-order, each once (no shared_from_this, so it
+  // also works during construction and for modules not owned by a shared_ptr).
+  std::vector<Module*> Subtree() const;
 
   std::vector<NamedParameter> own_parameters_;
   std::vector<NamedModule> children_;
@@ -177,6 +250,10 @@ class Module : public std::enable_shared_from_this<Module> {
   std::shared_ptr<internal::HookLists> hooks_;
   // The first failed AllocateParameter ("parameter 'w': ..."), without the module prefix.
   absl::Status construction_error_;
+  // NOTE [Activation checkpointing].
+  bool checkpoint_activations_ = false;
+  bool awaiting_recompute_ = false;  // from a checkpointed Forward to its Backward
+  Tensor recompute_input_;           // the input that Forward kept
 };
 
 }  // namespace core

@@ -17,9 +17,14 @@ class Scale : public Module {
   Scale(ParameterPtr shared) { w_ = RegisterParameter("weight", std::move(shared)); }
   std::string TypeName() const override { return "Scale"; }
   const ParameterPtr& weight() const { return w_; }
+  // Whether the input of the last ForwardImpl is still cached, and how often it ran.
+  bool cached() const { return x_.defined(); }
+  int forward_impls() const { return forward_impls_; }
 
  protected:
+  void ReleaseActivations() override { x_ = Tensor(); }
   absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override {
+    ++forward_impls_;
     x_ = x;
     Tensor y = Tensor::Empty(x.shape());
     for (int64_t i = 0; i < x.numel(); ++i) y.data<float>()[i] = w_->data.data<float>()[0] * x.data<float>()[i];
@@ -38,6 +43,7 @@ class Scale : public Module {
  private:
   ParameterPtr w_;
   Tensor x_;
+  int forward_impls_ = 0;
 };
 
 // Two children applied in order, plus a bias-free parameter of its own.
@@ -242,6 +248,130 @@ TEST(ModuleTest, ZeroGrad) {
   a->ZeroGrad(/*set_to_none=*/true);
   EXPECT_FALSE(a->weight()->grad.defined());
 }
+
+namespace checkpointing {
+
+// Forward + Backward of Chain(Scale(2), Scale(3)) on x = [1, 2] with grad [1, 1].
+struct Grads {
+  std::vector<float> grad_input;
+  float grad_first = 0, grad_second = 0;
+};
+
+Grads ForwardBackward(Chain& chain, Scale& first, Scale& second) {
+  Tensor x = Tensor::FromVector({1.0f, 2.0f}, {2}).value();
+  EXPECT_TRUE(chain.Forward(x).ok());
+  Tensor g = Tensor::FromVector({1.0f, 1.0f}, {2}).value();
+  absl::StatusOr<Tensor> gx = chain.Backward(g);
+  EXPECT_TRUE(gx.ok()) << gx.status();
+  Grads run;
+  if (gx.ok()) run.grad_input = {gx->data<float>()[0], gx->data<float>()[1]};
+  run.grad_first = first.weight()->grad.data<float>()[0];
+  run.grad_second = second.weight()->grad.data<float>()[0];
+  return run;
+}
+
+TEST(ModuleCheckpointTest, ForwardDropsSubtreeActivationsAndBackwardRecomputesThemExactly) {
+  auto plain_a = std::make_shared<Scale>(2.0f), plain_b = std::make_shared<Scale>(3.0f);
+  auto plain = std::make_shared<Chain>(plain_a, plain_b);
+  const Grads want = ForwardBackward(*plain, *plain_a, *plain_b);
+
+  auto a = std::make_shared<Scale>(2.0f), b = std::make_shared<Scale>(3.0f);
+  auto chain = std::make_shared<Chain>(a, b);
+  chain->set_checkpoint_activations(true);
+  Tensor x = Tensor::FromVector({1.0f, 2.0f}, {2}).value();
+  ASSERT_TRUE(chain->Forward(x).ok());
+  EXPECT_FALSE(a->cached());
+  EXPECT_FALSE(b->cached());
+  EXPECT_TRUE(chain->awaiting_recompute());
+  a->ZeroGrad(true);
+  b->ZeroGrad(true);
+  const Grads got = ForwardBackward(*chain, *a, *b);
+  EXPECT_EQ(got.grad_input, want.grad_input);
+  EXPECT_EQ(got.grad_first, want.grad_first);
+  EXPECT_EQ(got.grad_second, want.grad_second);
+  EXPECT_FALSE(chain->awaiting_recompute());
+  // Two forwards, each recomputed once in its backward (the first had no backward).
+  EXPECT_EQ(a->forward_impls(), 3);
+  EXPECT_EQ(b->forward_impls(), 3);
+}
+
+TEST(ModuleCheckpointTest, UserHooksFireOncePerPassRecomputeHooksAlsoInTheRecompute) {
+  auto a = std::make_shared<Scale>(2.0f), b = std::make_shared<Scale>(3.0f);
+  auto chain = std::make_shared<Chain>(a, b);
+  chain->set_checkpoint_activations(true);
+  int user_pre = 0, user_post = 0, chain_pre = 0, recompute_pre = 0, recompute_seen = 0;
+  HookHandle h1 = a->RegisterForwardPreHook([&](Module&, const Tensor&) {
+    ++user_pre;
+    return absl::OkStatus();
+  });
+  HookHandle h2 = a->RegisterForwardPostHook([&](Module&, const Tensor&, Tensor&) {
+    ++user_post;
+    return absl::OkStatus();
+  });
+  HookHandle h3 = chain->RegisterForwardPreHook(
+      [&](Module&, const Tensor&) {
+        ++chain_pre;
+        return absl::OkStatus();
+      },
+      HookOptions{.run_in_recompute = true});
+  HookHandle h4 = b->RegisterForwardPreHook(
+      [&](Module&, const Tensor&) {
+        ++recompute_pre;
+        if (InRecompute()) ++recompute_seen;
+        return absl::OkStatus();
+      },
+      HookOptions{.run_in_recompute = true});
+  ForwardBackward(*chain, *a, *b);
+  EXPECT_EQ(user_pre, 1);
+  EXPECT_EQ(user_post, 1);
+  // The checkpointed module's own forward hooks never run in its recompute.
+  EXPECT_EQ(chain_pre, 1);
+  // A descendant's run_in_recompute hook runs in both passes and can tell them apart.
+  EXPECT_EQ(recompute_pre, 2);
+  EXPECT_EQ(recompute_seen, 1);
+  EXPECT_FALSE(InRecompute());
+}
+
+TEST(ModuleCheckpointTest, NoGradScopeRunsACheckpointedModuleAsAPlainOne) {
+  auto a = std::make_shared<Scale>(2.0f), b = std::make_shared<Scale>(3.0f);
+  auto chain = std::make_shared<Chain>(a, b);
+  chain->set_checkpoint_activations(true);
+  Tensor x = Tensor::FromVector({1.0f, 2.0f}, {2}).value();
+  {
+    NoGradScope no_grad;
+    EXPECT_FALSE(GradEnabled());
+    ASSERT_TRUE(chain->Forward(x).ok());
+  }
+  EXPECT_TRUE(GradEnabled());
+  EXPECT_TRUE(a->cached());
+  EXPECT_TRUE(b->cached());
+  EXPECT_FALSE(chain->awaiting_recompute());
+  EXPECT_EQ(a->forward_impls(), 1);
+}
+
+TEST(ModuleCheckpointTest, NestedCheckpointedModuleIsNotRecomputedTwice) {
+  auto a = std::make_shared<Scale>(2.0f), b = std::make_shared<Scale>(3.0f);
+  auto inner = std::make_shared<Chain>(a, b);
+  auto c = std::make_shared<Scale>(5.0f);
+  auto outer = std::make_shared<Chain>(inner, c);
+  inner->set_checkpoint_activations(true);
+  outer->set_checkpoint_activations(true);
+  Tensor x = Tensor::FromVector({1.0f, 2.0f}, {2}).value();
+  ASSERT_TRUE(outer->Forward(x).ok());
+  EXPECT_FALSE(inner->awaiting_recompute());  // the outer drop cleared it
+  EXPECT_TRUE(outer->awaiting_recompute());
+  Tensor g = Tensor::FromVector({1.0f, 1.0f}, {2}).value();
+  absl::StatusOr<Tensor> gx = outer->Backward(g);
+  ASSERT_TRUE(gx.ok()) << gx.status();
+  const float grad_x0 = gx->data<float>()[0];
+  const float grad_a = a->weight()->grad.data<float>()[0];
+  EXPECT_EQ(grad_x0, 30.0f);
+  EXPECT_EQ(grad_a, 15.0f * (1.0f + 2.0f));
+  EXPECT_EQ(a->forward_impls(), 2);  // forward + the outer's recompute only
+  EXPECT_EQ(c->forward_impls(), 2);
+}
+
+}  // namespace checkpointing
 
 }  // namespace
 }  // namespace core

@@ -251,6 +251,7 @@ absl::StatusOr<LocalPlan> CheckAndPlan(const std::shared_ptr<core::Module>& modu
   out.existing = registry->UnitsIn(*module);
   policy::PlanOptions plan_options;
   plan_options.ignored_paths = options.ignored_paths;
+  plan_options.checkpoint_policy = options.checkpoint_policy.get();
   for (const auto& u : out.existing) {
     policy::ExistingUnit e;
     e.module = u->module_ptr();
@@ -399,6 +400,18 @@ absl::StatusOr<std::shared_ptr<FullyShardHandle>> FullyShard(
     return agreed;
   }
   undo.Commit();
+  // NOTE [Activation checkpointing] (core/module.h): the plan's choice, kept in the
+  // registry so that Release turns it off again.
+  {
+    std::map<std::string, std::shared_ptr<core::Module>> modules;
+    for (auto& [path, m] : module->NamedModules()) modules.emplace(path, m);
+    for (const policy::CheckpointedModule& c : local->plan.checkpointed()) {
+      auto m = modules.find(c.path());
+      if (m == modules.end()) continue;  // the planner walked the same tree
+      m->second->set_checkpoint_activations(true);
+      registry->AddCheckpointed(m->second);
+    }
+  }
   RegistryCounters& c = registry->mutable_counters();
   c.units_created += sharded.created;
   c.param_bytes_copied += sharded.bytes_copied;
@@ -434,7 +447,10 @@ absl::Status Release(core::Module& module, WrapperRegistry* registry) {
     registry->Remove(*root);
   }
   if (status.ok()) {
-    for (const auto& [path, m] : module.NamedModules()) registry->Remove(*m);
+    for (const auto& [path, m] : module.NamedModules()) {
+      registry->Remove(*m);
+      registry->RemoveCheckpointed(*m);
+    }
   }
   registry->DropUnusedGroups();
   return status;

@@ -17,6 +17,27 @@ std::string PolicyIdentity(const policy::WrapPolicyPtr& p) {
 
 std::string Bool(bool b) { return b ? "true" : "false"; }
 
+// "" when `a` and `b` decide alike; else "<field>: <difference>".
+std::string PolicyDifference(const char* field, const policy::WrapPolicyPtr& a,
+                             const policy::WrapPolicyPtr& b) {
+  if (PolicyIdentity(a) == PolicyIdentity(b)) return "";
+  if (PolicyName(a) == PolicyName(b)) {
+    return absl::StrCat(field, ": another policy named '", PolicyName(a),
+                        "' (policies compare by what they decide, WrapPolicy::Identity(): ",
+                        PolicyIdentity(a), " vs ", PolicyIdentity(b), ")");
+  }
+  return absl::StrCat(field, ": ", PolicyName(a), " vs ", PolicyName(b));
+}
+
+// OK, or InvalidArgument "FullyShardOptions.<field> (<name>): <why>".
+absl::Status ValidatePolicy(const char* field, const policy::WrapPolicyPtr& p) {
+  if (p == nullptr) return absl::OkStatus();
+  absl::Status s = p->Validate();
+  if (s.ok()) return s;
+  return absl::InvalidArgumentError(
+      absl::StrCat("FullyShardOptions.", field, " (", p->Name(), "): ", s.message()));
+}
+
 }  // namespace
 
 std::string ShardingStrategyName(ShardingStrategy strategy) {
@@ -34,13 +55,8 @@ std::string ShardingStrategyName(ShardingStrategy strategy) {
 }
 
 absl::Status FullyShardOptions::Validate(int group_size) const {
-  if (policy != nullptr) {
-    absl::Status s = policy->Validate();
-    if (!s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("FullyShardOptions.policy (", policy->Name(), "): ", s.message()));
-    }
-  }
+  if (absl::Status s = ValidatePolicy("policy", policy); !s.ok()) return s;
+  if (absl::Status s = ValidatePolicy("checkpoint_policy", checkpoint_policy); !s.ok()) return s;
   if (strategy == ShardingStrategy::kHybridShard) {
     if (hybrid_shard_size < 1 || group_size % hybrid_shard_size != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -89,13 +105,11 @@ int ShardGroupSize(const FullyShardOptions& options, int group_size) {
 }
 
 std::string FirstDifferingOption(const FullyShardOptions& a, const FullyShardOptions& b) {
-  if (PolicyIdentity(a.policy) != PolicyIdentity(b.policy)) {
-    if (PolicyName(a.policy) == PolicyName(b.policy)) {
-      return absl::StrCat("policy: another policy named '", PolicyName(a.policy),
-                          "' (policies compare by what they decide, WrapPolicy::Identity(): ",
-                          PolicyIdentity(a.policy), " vs ", PolicyIdentity(b.policy), ")");
-    }
-    return absl::StrCat("policy: ", PolicyName(a.policy), " vs ", PolicyName(b.policy));
+  if (std::string d = PolicyDifference("policy", a.policy, b.policy); !d.empty()) return d;
+  if (std::string d = PolicyDifference("checkpoint_policy", a.checkpoint_policy,
+                                       b.checkpoint_policy);
+      !d.empty()) {
+    return d;
   }
   if (a.strategy != b.strategy) {
     return absl::StrCat("strategy: ", ShardingStrategyName(a.strategy), " vs ",

@@ -66,6 +66,14 @@ struct FullyShardOptions {
   // policy/plan.h); the wrapped module itself is always one. Null means
   // policy::Never(): one unit for the whole module.
   policy::WrapPolicyPtr policy;
+  // NOTE [Activation checkpointing] (core/module.h): the modules below the wrapped one
+  // (outside units that existed before the wrap) for which this policy's ShouldWrap
+  // answers true get set_checkpoint_activations(true): their activations are dropped
+  // after the forward and recomputed in the backward, from the all-gather the backward
+  // makes anyway (NOTE [Recompute] in runtime.h). The plan lists them
+  // (WrapPlan.checkpointed); Release turns them off again. Null: none. Compared like
+  // `policy` on a re-wrap, so a changed choice is FailedPrecondition naming it.
+  policy::WrapPolicyPtr checkpoint_policy;
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
   // kHybridShard only: ranks per shard group; must divide the group size. Ranks
   // [k h, (k + 1) h) form shard group k; ranks with the same index in their shard group

@@ -26,6 +26,8 @@ TEST(OptionsTest, FirstDifferingOptionNamesTheOptionAndBothValues) {
   };
   const Change changes[] = {
       {[](FullyShardOptions* o) { o->policy = policy::Always(); }, "policy: "},
+      {[](FullyShardOptions* o) { o->checkpoint_policy = policy::EveryKth({"TransformerBlock"}, 2); },
+       "checkpoint_policy: never vs every_kth(TransformerBlock; k=2)"},
       {[](FullyShardOptions* o) { o->strategy = ShardingStrategy::kNoShard; },
        "strategy: FULL_SHARD vs NO_SHARD"},
       {[](FullyShardOptions* o) { o->hybrid_shard_size = 2; }, "hybrid_shard_size: 0 vs 2"},
@@ -74,6 +76,11 @@ TEST(OptionsTest, ValidateNamesTheOption) {
   o.timeout = absl::Seconds(1);
   o.policy = policy::Lambda(nullptr);
   EXPECT_TRUE(absl::StrContains(o.Validate(4).message(), "FullyShardOptions.policy"));
+  o.policy = nullptr;
+  o.checkpoint_policy = policy::EveryKth({"TransformerBlock"}, 0);
+  EXPECT_TRUE(absl::StrContains(o.Validate(4).message(),
+                                "FullyShardOptions.checkpoint_policy (every_kth(TransformerBlock; k=0))"))
+      << o.Validate(4);
 }
 
 }  // namespace

@@ -208,6 +208,21 @@ void WrapperRegistry::SetHandle(const std::shared_ptr<core::Module>& module,
   e.handle = std::move(handle);
 }
 
+void WrapperRegistry::AddCheckpointed(const std::shared_ptr<core::Module>& module) {
+  for (auto it = checkpointed_.begin(); it != checkpointed_.end();) {
+    it = it->second.expired() ? checkpointed_.erase(it) : std::next(it);
+  }
+  checkpointed_[module.get()] = module;
+}
+
+void WrapperRegistry::RemoveCheckpointed(core::Module& module) {
+  auto it = checkpointed_.find(&module);
+  if (it == checkpointed_.end()) return;
+  // The address may have been reused by another module once the first was destroyed.
+  if (it->second.lock().get() == &module) module.set_checkpoint_activations(false);
+  checkpointed_.erase(it);
+}
+
 void WrapperRegistry::Remove(const core::Module& module) {
   entries_.erase(&module);
   absl::MutexLock lock(&ClaimsMutex());

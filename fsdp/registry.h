@@ -131,6 +131,10 @@ class WrapperRegistry {
                  std::shared_ptr<FullyShardHandle> handle);
   // Drops the entry of `module` (its unit and handle).
   void Remove(const core::Module& module);
+  // A module a wrap's checkpoint policy turned activation checkpointing on for;
+  // RemoveCheckpointed (Release) turns it off again if it was.
+  void AddCheckpointed(const std::shared_ptr<core::Module>& module);
+  void RemoveCheckpointed(core::Module& module);
   // Drops cached subgroups that no live unit uses.
   void DropUnusedGroups();
 
@@ -152,6 +156,7 @@ class WrapperRegistry {
 
   std::map<const core::Module*, Entry> entries_;
   std::map<std::pair<const comm::ProcessGroup*, int>, CachedGroups> group_cache_;
+  std::map<const core::Module*, std::weak_ptr<core::Module>> checkpointed_;
   std::shared_ptr<Runtime> runtime_;
   RegistryCounters counters_;
 };

@@ -48,12 +48,16 @@ absl::Status Runtime::Attach(const std::shared_ptr<Unit>& unit) {
     return ((*self).*method)(u);
   };
   std::vector<core::HookHandle> hooks;
+  // NOTE [Recompute] in runtime.h: the forward hooks also run in a recompute.
+  const core::HookOptions in_recompute{.run_in_recompute = true};
   hooks.push_back(module->RegisterForwardPreHook(
-      [call](core::Module&, const core::Tensor&) { return call(&Runtime::ForwardPre); }));
+      [call](core::Module&, const core::Tensor&) { return call(&Runtime::ForwardPre); },
+      in_recompute));
   hooks.push_back(module->RegisterForwardPostHook(
       [call](core::Module&, const core::Tensor&, core::Tensor&) {
         return call(&Runtime::ForwardPost);
-      }));
+      },
+      in_recompute));
   hooks.push_back(module->RegisterBackwardPreHook(
       [call](core::Module&, const core::Tensor&) { return call(&Runtime::BackwardPre); }));
   hooks.push_back(module->RegisterBackwardPostHook(
@@ -149,6 +153,19 @@ void Runtime::Abort() {
 absl::Status Runtime::ForwardPre(const std::shared_ptr<Unit>& unit) {
   RETURN_IF_ERROR(unit->CheckUsable("run forward"));
   RETURN_IF_ERROR(CheckNotSummoned(*unit, "forward"));
+  if (core::InRecompute()) {
+    // NOTE [Recompute]: gather for the backward that follows; no forward bookkeeping.
+    if (!in_backward_ || active_.empty() || IsActive(unit.get())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "fsdp unit ", unit->label(),
+          ": a recomputed forward outside the backward of an enclosing unit"));
+    }
+    active_.push_back(unit);
+    RETURN_IF_ERROR(IssueUnshard(*unit));
+    if (unit->state() == UnitState::kUnsharding) RETURN_IF_ERROR(unit->FinishUnshard());
+    Record("recompute_begin", unit.get());
+    return absl::OkStatus();
+  }
   if (IsActive(unit.get()) || (in_backward_ && active_.empty())) Abort();
   if (active_.empty()) {
     // NOTE [Root unit]: a new iteration starts.
@@ -177,6 +194,7 @@ absl::Status Runtime::ForwardPost(const std::shared_ptr<Unit>& unit) {
         "fsdp unit ", unit->label(), ": forward ended but it is not the innermost computing unit"));
   }
   active_.pop_back();
+  if (core::InRecompute()) return absl::OkStatus();  // NOTE [Recompute]: stays gathered
   post_order_.push_back(unit);
   if (unit->reshard_after_forward()) {
     RETURN_IF_ERROR(unit->Reshard());

@@ -30,9 +30,20 @@
 // waits, so the host never blocks on them and the reduce-scatter overlaps the next
 // unit's backward compute.
 //
+// NOTE [Recompute]: under activation checkpointing (NOTE [Activation checkpointing] in
+// core/module.h) a checkpointed module recomputes its forward inside its Backward,
+// after its backward pre-hook gathered its unit: the recompute uses that all-gather and
+// needs none of its own. A unit nested inside the checkpointed module sees its forward
+// hooks run again there (fsdp registers them with HookOptions::run_in_recompute): its
+// pre-hook gathers it (issuing the all-gather its backward pre-hook would otherwise
+// issue, or finishing a prefetched one) and its post-hook leaves it gathered for that
+// backward. Neither records the unit in the forward order, prefetches or reshards, so
+// the order that backward prefetch follows and every unit's number of all-gathers are
+// those of the run without checkpointing (prefetch_test checks both).
+//
 // Events (recorded only while set_record_events(true)), each "<event> <unit label>":
-//   allgather_issued, forward_compute_begin, reshard, backward_compute_begin,
-//   reduce_issued, reduce_done, plus "backward_end" (no label) when a backward ends and
+//   allgather_issued, forward_compute_begin, recompute_begin, reshard,
+//   backward_compute_begin, reduce_issued, reduce_done, plus "backward_end" (no label) when a backward ends and
 //   "aborted_pass" when a pass that an error interrupted is cleaned up.
 //
 // A forward or backward interrupted by an error leaves units on the computing stack.

@@ -121,6 +121,17 @@ absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config,
     options.wrap.policy = built->policy;
     options.wrap.ignored_paths = built->ignored_paths;
   }
+  if (config.has_checkpoint_policy()) {
+    if (config.checkpoint_policy().ignored_modules_size() > 0) {
+      return absl::InvalidArgumentError(
+          "StageConfig.checkpoint_policy: ignored_modules belongs in StageConfig.policy (a "
+          "checkpoint policy only picks modules to recompute)");
+    }
+    absl::StatusOr<policy::ConfiguredPolicy> built =
+        policy::BuildPolicy(config.checkpoint_policy());
+    if (!built.ok()) return Prefixed(built.status(), "StageConfig.checkpoint_policy");
+    options.wrap.checkpoint_policy = built->policy;
+  }
   if (config.has_strategy()) {
     absl::StatusOr<fsdp::ShardingStrategy> s = ParseShardingStrategy(config.strategy());
     if (!s.ok()) return Prefixed(s.status(), "StageConfig.strategy");

@@ -46,8 +46,15 @@ TEST(StageOptionsTest, EveryFieldIsRead) {
     profile_step: 5
     grad_accumulation: 2
     accumulation: "no_sync"
+    checkpoint_policy {
+      name: "every_kth"
+      param { key: "types" value: "TransformerBlock" }
+      param { key: "k" value: "2" }
+    }
   )pb");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_NE(parsed->wrap.checkpoint_policy, nullptr);
+  EXPECT_EQ(parsed->wrap.checkpoint_policy->Name(), "every_kth(TransformerBlock; k=2)");
   EXPECT_EQ(parsed->wrap.strategy, fsdp::ShardingStrategy::kHybridShard);
   EXPECT_EQ(parsed->wrap.hybrid_shard_size, 2);
   EXPECT_EQ(parsed->wrap.mixed_precision.param_dtype, core::DType::kBFloat16);
@@ -103,6 +110,11 @@ TEST(StageOptionsTest, BadValuesNameTheField) {
       {"policy { name: \"no_such_policy\" }", absl::StatusCode::kNotFound, "StageConfig.policy"},
       {"accumulation: \"sometimes\"", absl::StatusCode::kInvalidArgument,
        "StageConfig.accumulation"},
+      {"checkpoint_policy { name: \"every_kth\" param { key: \"types\" value: \"B\" } "
+       "param { key: \"k\" value: \"0\" } }",
+       absl::StatusCode::kInvalidArgument, "StageConfig.checkpoint_policy"},
+      {"checkpoint_policy { name: \"never\" ignored_modules: \"wpe\" }",
+       absl::StatusCode::kInvalidArgument, "StageConfig.checkpoint_policy: ignored_modules"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<StageOptions> parsed = ParseStageOptions(c.text);

@@ -363,6 +363,8 @@ absl::StatusOr<EvalResult> StageRunner::Evaluate(Stage stage, TrainModule& modul
     ctx.rank = group_->rank();
     ctx.world_size = group_->size();
     ctx.batch_size = options_.eval_batch_size;
+    // Forward only: checkpointed modules run plain (NOTE [Activation checkpointing]).
+    core::NoGradScope no_grad;
     absl::StatusOr<StepOutput> out = module.EvaluationStep(ctx);
     if (!out.ok()) {
       return Annotate(out.status(),
@@ -407,6 +409,7 @@ absl::StatusOr<PredictResult> StageRunner::Predict(TrainModule& module,
     ctx.rank = group_->rank();
     ctx.world_size = group_->size();
     ctx.batch_size = options_.eval_batch_size;
+    core::NoGradScope no_grad;  // forward only, as in Evaluate
     absl::StatusOr<core::Tensor> out = module.PredictStep(ctx);
     if (!out.ok()) {
       return Annotate(out.status(), absl::StrCat("predict: PredictStep of batch ", b));

@@ -25,6 +25,7 @@ class GELU : public core::Module {
  protected:
   absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
   absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
+  void ReleaseActivations() override { input_ = core::Tensor(); }
 
  private:
   core::Tensor input_;  // cached by Forward, released by Backward
@@ -40,6 +41,7 @@ class ReLU : public core::Module {
  protected:
   absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
   absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
+  void ReleaseActivations() override { output_ = core::Tensor(); }
 
  private:
   core::Tensor output_;  // cached by Forward, released by Backward

@@ -67,6 +67,12 @@ class CausalSelfAttention : public core::Module {
   absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
   // Returns dL/dx; qkv and proj add their parameter gradients.
   absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
+  void ReleaseActivations() override {
+    qkv_out_ = core::Tensor();
+    att_ = core::Tensor();
+    y_ = core::Tensor();
+    lse_ = core::Tensor();
+  }
 
  private:
   int64_t n_embd_ = 0;

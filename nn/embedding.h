@@ -42,6 +42,7 @@ class Embedding : public core::Module {
   // grad_output [..., dim]: adds each row into the weight row of its id (repeated ids
   // accumulate); returns an undefined Tensor.
   absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
+  void ReleaseActivations() override { ids_ = core::Tensor(); }
 
  private:
   int64_t num_ = 0;

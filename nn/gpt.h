@@ -78,6 +78,7 @@ class Gpt : public core::Module {
   // grad_output: [B, T, V] (fp32, or bf16 per logits_grad_dtype). Adds every parameter's gradient (the tied weight receives
   // both lm_head's and wte's contributions) and returns an undefined Tensor.
   absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
+  void ReleaseActivations() override { token_shape_.clear(); }
 
  private:
   // OK when the parameters of `config` fit the current CPU allocator (see Create).

@@ -47,6 +47,10 @@ class LayerNorm : public core::Module {
   absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
   // Returns dL/dx and adds dL/dweight, dL/dbias into the parameters' grads.
   absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
+  void ReleaseActivations() override {
+    xhat_ = core::Tensor();
+    rstd_ = core::Tensor();
+  }
 
  private:
   // Forward's checks of x and the parameters.

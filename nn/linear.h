@@ -71,6 +71,7 @@ class Linear : public core::Module {
   // grad_output: [..., out] -> grad_input [..., in]; adds dL/dW and dL/db into the
   // parameters' grads (those with requires_grad).
   absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
+  void ReleaseActivations() override { input_ = core::Tensor(); }
 
  private:
   struct TiedTag {};

@@ -55,6 +55,7 @@ class Mlp : public core::Module {
   // x: fp32 [..., C] -> [..., C].
   absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
   absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
+  void ReleaseActivations() override { pre_ = core::Tensor(); }
 
  private:
   // "mlp.fc (Linear) + mlp.gelu (GELU)", for the fused ops' messages.
@@ -87,6 +88,7 @@ class TransformerBlock : public core::Module {
   // x: fp32 [B, T, C] -> [B, T, C].
   absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
   absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
+  void ReleaseActivations() override { input_shape_.clear(); }
 
  private:
   std::shared_ptr<LayerNorm> ln_1_;

@@ -55,6 +55,14 @@ class Planner {
   absl::StatusOr<WrapPlan> Run() {
     RETURN_IF_ERROR(flatten::CheckWorldSize(world_size_));
     RETURN_IF_ERROR(policy_.Validate());
+    if (options_.checkpoint_policy != nullptr) {
+      absl::Status s = options_.checkpoint_policy->Validate();
+      if (!s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("PlanOptions.checkpoint_policy (",
+                                                       options_.checkpoint_policy->Name(),
+                                                       "): ", s.message()));
+      }
+    }
     BuildTree(&root_, "", -1);
     std::unordered_set<const core::Module*> on_stack;
     std::unordered_set<const core::Module*> walked;
@@ -77,6 +85,7 @@ class Planner {
     }
     RETURN_IF_ERROR(FillUnits());
     FillIgnoredAndTied();
+    FillCheckpointed();
     return std::move(plan_);
   }
 
@@ -435,6 +444,29 @@ class Planner {
                                     ", their lowest common ancestor unit (lowest common "
                                     "ancestor module: ", Describe(nodes_[info.home]), ")"));
       }
+    }
+  }
+
+  // PlanOptions::checkpoint_policy over the tree, in pre-order (node index order).
+  void FillCheckpointed() {
+    const WrapPolicy* checkpoint = options_.checkpoint_policy;
+    if (checkpoint == nullptr) return;
+    plan_.set_checkpoint_policy(checkpoint->Name());
+    // Managed elements homed in each subtree (children have higher indices).
+    std::vector<int64_t> subtree(nodes_.size(), 0);
+    for (int i = static_cast<int>(nodes_.size()) - 1; i >= 0; --i) {
+      for (int p : nodes_[i].homed) subtree[i] += params_[p].param->data.numel();
+      if (nodes_[i].parent >= 0) subtree[nodes_[i].parent] += subtree[i];
+    }
+    for (int i = 1; i < static_cast<int>(nodes_.size()); ++i) {
+      const Node& node = nodes_[i];
+      if (node.ignored_root >= 0 || node.managed || node.existing_unit >= 0) continue;
+      const WrapContext context = Context(i, subtree[i]);
+      if (!checkpoint->ShouldWrap(*node.module, context)) continue;
+      CheckpointedModule* out = plan_.add_checkpointed();
+      out->set_path(node.path);
+      out->set_type_name(node.module->TypeName());
+      out->set_reason(checkpoint->Explain(*node.module, context));
     }
   }
 

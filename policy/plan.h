@@ -63,6 +63,13 @@ struct PlanOptions {
   std::vector<const core::Module*> ignored_modules;
   // Units that already exist; see NOTE [Bottom-up application].
   std::vector<ExistingUnit> existing_units;
+  // Activation checkpointing (NOTE [Activation checkpointing] in core/module.h): when
+  // set, asked about every module except the root, ignored modules and existing units
+  // with what is inside them, in pre-order, with WrapContext::unwrapped_subtree_numel =
+  // the managed parameter elements in the module's subtree; those it accepts are the
+  // plan's `checkpointed`. Not part of the fingerprint: checkpointing changes no
+  // collective.
+  const WrapPolicy* checkpoint_policy = nullptr;
 };
 
 // The plan of `root` under `policy` for `world_size` ranks. InvalidArgument for a world

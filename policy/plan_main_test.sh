@@ -71,7 +71,7 @@ expect_status 1 "Illegal value 'eight' specified for flag 'world_size'" "${SMALL
   --policy=never --world_size=eight
 expect_status 2 "--world_size must be >= 1" "${SMALL[@]}" --policy=never --world_size=0
 expect_status 2 "--model must be gpt or mlp" --model=cnn --policy=never
-expect_status 2 "unknown wrap policy 'nope'; known policies: always, module_types, never, path_glob, size_based" \
+expect_status 2 "unknown wrap policy 'nope'; known policies: always, every_kth, module_types, never, path_glob, size_based" \
   "${SMALL[@]}" --policy=nope
 expect_status 2 "give a policy" "${SMALL[@]}"
 expect_status 2 "--mlp_sizes: 'x' is not an integer" --model=mlp --mlp_sizes=8,x --policy=never

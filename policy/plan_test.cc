@@ -350,6 +350,56 @@ TEST(PlanTest, ExistingUnitsAreKeptAndTheirSubtreesNotOffered) {
   EXPECT_FALSE(FindUnit(*plan, "a")->existing());
 }
 
+TEST(PlanTest, CheckpointPolicyIsAskedInPreOrderOutsideIgnoredAndExistingUnits) {
+  SmallNet m;
+  Recorder wrap, checkpoint;
+  PlanOptions options;
+  options.ignored_modules = {m.head.get()};
+  WrapPolicyPtr picks = checkpoint.Policy([](const WrapContext& c) { return c.type_name == "Block"; });
+  options.checkpoint_policy = picks.get();
+  absl::StatusOr<WrapPlan> plan =
+      Plan(*m.net, *wrap.Policy([](const WrapContext&) { return false; }), 2, options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // Pre-order, without the root and the ignored head; the subtree's managed elements.
+  EXPECT_EQ(checkpoint.order, (Strings{"a", "b", "b.c"}));
+  EXPECT_EQ(checkpoint.seen["b"].unwrapped_subtree_numel, 3 + 5);
+  EXPECT_EQ(plan->checkpoint_policy(), "recorder");
+  ASSERT_EQ(plan->checkpointed_size(), 2);
+  EXPECT_EQ(plan->checkpointed(0).path(), "a");
+  EXPECT_EQ(plan->checkpointed(0).type_name(), "Block");
+  EXPECT_EQ(plan->checkpointed(0).reason(), "recorder");
+  EXPECT_EQ(plan->checkpointed(1).path(), "b");
+  // Checkpointing changes no collective: the fingerprint ignores it.
+  PlanOptions no_checkpoint = options;
+  no_checkpoint.checkpoint_policy = nullptr;
+  absl::StatusOr<WrapPlan> without =
+      Plan(*m.net, *wrap.Policy([](const WrapContext&) { return false; }), 2, no_checkpoint);
+  ASSERT_TRUE(without.ok());
+  EXPECT_EQ(without->checkpointed_size(), 0);
+  EXPECT_EQ(without->checkpoint_policy(), "");
+  EXPECT_EQ(Fingerprint(*plan), Fingerprint(*without));
+
+  // An existing unit and what it holds are not asked.
+  Recorder again;
+  WrapPolicyPtr all = again.Policy([](const WrapContext&) { return true; });
+  PlanOptions existing;
+  existing.existing_units = {{m.b.get(), {m.b->OwnParameters()[0].second,
+                                          m.c->OwnParameters()[0].second}}};
+  existing.checkpoint_policy = all.get();
+  plan = Plan(*m.net, *Never(), 2, existing);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(again.order, (Strings{"a", "head"}));
+
+  // An invalid checkpoint policy is InvalidArgument naming the option.
+  WrapPolicyPtr bad = EveryKth({"Block"}, 0);
+  PlanOptions invalid;
+  invalid.checkpoint_policy = bad.get();
+  plan = Plan(*m.net, *Never(), 2, invalid);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Has(plan.status().message(), "PlanOptions.checkpoint_policy (every_kth(Block; k=0))"))
+      << plan.status();
+}
+
 TEST(PlanTest, ExistingUnitKeepsExactlyWhatItHolds) {
   SmallNet m;
   PlanOptions options;

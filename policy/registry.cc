@@ -204,6 +204,21 @@ absl::StatusOr<WrapPolicyPtr> MakeModuleTypes(const PolicyParams& params) {
   return ModuleTypes(std::move(types));
 }
 
+absl::StatusOr<WrapPolicyPtr> MakeEveryKth(const PolicyParams& params) {
+  RETURN_IF_ERROR(params.CheckKeys({"types", "k"}));
+  std::vector<std::string> types = params.GetList("types");
+  if (types.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(params.context(), ": parameter 'types' needs at least one type name"));
+  }
+  ASSIGN_OR_RETURN(const int64_t k, params.GetInt64("k", 1));
+  if (k < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(params.context(), ": parameter 'k' must be >= 1, got ", k));
+  }
+  return EveryKth(std::move(types), k);
+}
+
 absl::StatusOr<WrapPolicyPtr> MakeAlways(const PolicyParams& params) {
   RETURN_IF_ERROR(params.CheckKeys({}));
   return Always();
@@ -219,6 +234,7 @@ absl::StatusOr<WrapPolicyPtr> MakeNever(const PolicyParams& params) {
 void RegisterBuiltinPolicies(PolicyRegistry* registry) {
   registry->Register("size_based", MakeSizeBased, "policy/registry.cc (built-in)");
   registry->Register("module_types", MakeModuleTypes, "policy/registry.cc (built-in)");
+  registry->Register("every_kth", MakeEveryKth, "policy/registry.cc (built-in)");
   registry->Register("always", MakeAlways, "policy/registry.cc (built-in)");
   registry->Register("never", MakeNever, "policy/registry.cc (built-in)");
 }

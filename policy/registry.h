@@ -18,7 +18,8 @@
 //                    policy::PolicyRegistry::Global().Create("every_block", {}));
 //
 // Built-ins, always present in Global(): "size_based" (min_num_params, excluded_types,
-// force_leaf_types), "module_types" (types), "always", "never".
+// force_leaf_types), "module_types" (types), "every_kth" (types, k; default 1),
+// "always", "never".
 //
 // NOTE [Duplicate registrations]: registration runs during static initialisation, where
 // an error cannot be returned and aborting would take down every binary that links the

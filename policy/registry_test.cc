@@ -30,7 +30,7 @@ absl::StatusOr<WrapPolicyPtr> MakeAlwaysForTest(const PolicyParams& params) {
 
 TEST(PolicyRegistryTest, GlobalHasTheBuiltins) {
   std::vector<std::string> names = PolicyRegistry::Global().Names();
-  for (const char* name : {"always", "module_types", "never", "size_based"}) {
+  for (const char* name : {"always", "every_kth", "module_types", "never", "size_based"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
   }
   EXPECT_TRUE(PolicyRegistry::Global().CheckRegistrations().ok());
@@ -59,6 +59,20 @@ TEST(PolicyRegistryTest, BuiltinsTakeTheirParameters) {
   p = PolicyRegistry::Global().Create("never", {});
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_FALSE((*p)->ShouldWrap(*m, Ctx("X", 1)));
+
+  PolicyParams every;
+  every.Add("types", "TransformerBlock");
+  every.Add("k", "3");
+  p = PolicyRegistry::Global().Create("every_kth", every);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ((*p)->Name(), "every_kth(TransformerBlock; k=3)");
+  PolicyParams bad_k;
+  bad_k.Add("types", "TransformerBlock");
+  bad_k.Add("k", "0");
+  p = PolicyRegistry::Global().Create("every_kth", bad_k);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Has(std::string(p.status().message()), "parameter 'k' must be >= 1, got 0"))
+      << p.status();
 }
 
 TEST(PolicyRegistryTest, UnknownNameIsNotFoundListingKnownNames) {
@@ -67,7 +81,7 @@ TEST(PolicyRegistryTest, UnknownNameIsNotFoundListingKnownNames) {
   absl::StatusOr<WrapPolicyPtr> p = registry.Create("sized_based", {});
   ASSERT_EQ(p.status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(Has(std::string(p.status().message()),
-                  "unknown wrap policy 'sized_based'; known policies: always, module_types, "
+                  "unknown wrap policy 'sized_based'; known policies: always, every_kth, module_types, "
                   "never, size_based"))
       << p.status();
 }

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -90,6 +91,50 @@ class ModuleTypesPolicy : public WrapPolicy {
 
  private:
   std::vector<std::string> types_;
+};
+
+class EveryKthPolicy : public WrapPolicy {
+ public:
+  EveryKthPolicy(std::vector<std::string> types, int64_t k) : types_(std::move(types)), k_(k) {}
+
+  bool ShouldWrap(const core::Module& /*module*/, const WrapContext& context) const override {
+    if (k_ < 1 || !Contains(types_, context.type_name)) return false;
+    const int64_t index = PathIndex(context.path);
+    return index >= 0 && index % k_ == 0;
+  }
+  std::string Name() const override {
+    return absl::StrCat("every_kth(", absl::StrJoin(types_, ", "), "; k=", k_, ")");
+  }
+  std::string Identity() const override { return Name(); }
+  std::string Explain(const core::Module& /*module*/, const WrapContext& context) const override {
+    return absl::StrCat("every_kth: type ", context.type_name, ", index ",
+                        PathIndex(context.path), " % ", k_, " == 0");
+  }
+  absl::Status Validate() const override {
+    if (k_ < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("every_kth: k must be >= 1, got ", k_));
+    }
+    if (types_.empty()) {
+      return absl::InvalidArgumentError("every_kth: needs at least one type name");
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // The last component of a dotted path as a non-negative integer, or -1.
+  static int64_t PathIndex(const std::string& path) {
+    const size_t dot = path.rfind('.');
+    const std::string last = dot == std::string::npos ? path : path.substr(dot + 1);
+    int64_t index = 0;
+    if (last.empty() || last.size() > 18 || !absl::SimpleAtoi(last, &index) || index < 0 ||
+        last.find_first_not_of("0123456789") != std::string::npos) {
+      return -1;
+    }
+    return index;
+  }
+
+  std::vector<std::string> types_;
+  int64_t k_;
 };
 
 class ConstantPolicy : public WrapPolicy {
@@ -241,6 +286,10 @@ WrapPolicyPtr SizeBased(SizeBasedOptions options) {
 
 WrapPolicyPtr ModuleTypes(std::vector<std::string> type_names) {
   return std::make_shared<ModuleTypesPolicy>(std::move(type_names));
+}
+
+WrapPolicyPtr EveryKth(std::vector<std::string> type_names, int64_t k) {
+  return std::make_shared<EveryKthPolicy>(std::move(type_names), k);
 }
 
 WrapPolicyPtr Always() { return std::make_shared<ConstantPolicy>(true); }

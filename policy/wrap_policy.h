@@ -104,6 +104,15 @@ WrapPolicyPtr SizeBased(SizeBasedOptions options);
 // Wraps modules whose type name is one of `type_names`.
 WrapPolicyPtr ModuleTypes(std::vector<std::string> type_names);
 
+// Wraps modules whose type name is one of `type_names` and whose index, the last
+// component of their path read as an integer ("blocks.6" -> 6: the children of a
+// Sequential or a list of blocks), is a multiple of `k`: with k = 2, blocks 0, 2, 4, ...
+// (TorchTitan's "layer_id % ac_freq == 0"). A module of those types whose last path
+// component is not an integer is never picked. Meant as an activation-checkpoint policy
+// (FullyShardOptions::checkpoint_policy: every k-th block recomputed); Validate() fails
+// for k < 1 or no type names.
+WrapPolicyPtr EveryKth(std::vector<std::string> type_names, int64_t k);
+
 // Wraps every module it is asked about.
 WrapPolicyPtr Always();
 

@@ -35,6 +35,34 @@ TEST(SizeBasedTest, WrapsAtAndAboveThresholdOnly) {
   EXPECT_EQ(p->Explain(*m, Ctx("Block", 1000)), "size_based: 1000 unwrapped >= min_num_params 100");
 }
 
+TEST(EveryKthTest, PicksTheTypesWhoseTrailingPathIndexIsAMultipleOfK) {
+  auto m = TestModule::Make("Block");
+  WrapPolicyPtr p = EveryKth({"Block"}, 2);
+  ASSERT_TRUE(p->Validate().ok());
+  auto at = [](std::string path, std::string type) {
+    WrapContext c;
+    c.path = std::move(path);
+    c.type_name = std::move(type);
+    return c;
+  };
+  EXPECT_TRUE(p->ShouldWrap(*m, at("blocks.0", "Block")));
+  EXPECT_FALSE(p->ShouldWrap(*m, at("blocks.1", "Block")));
+  EXPECT_TRUE(p->ShouldWrap(*m, at("blocks.10", "Block")));
+  EXPECT_FALSE(p->ShouldWrap(*m, at("blocks.10", "Linear")));
+  EXPECT_FALSE(p->ShouldWrap(*m, at("blocks.x", "Block")));   // no index
+  EXPECT_FALSE(p->ShouldWrap(*m, at("blocks.-2", "Block")));  // not a plain index
+  EXPECT_FALSE(p->ShouldWrap(*m, at("", "Block")));
+  EXPECT_TRUE(p->ShouldWrap(*m, at("4", "Block")));
+  EXPECT_EQ(p->Name(), "every_kth(Block; k=2)");
+  EXPECT_EQ(p->Identity(), EveryKth({"Block"}, 2)->Identity());
+  EXPECT_NE(p->Identity(), EveryKth({"Block"}, 3)->Identity());
+  EXPECT_EQ(p->Explain(*m, at("blocks.4", "Block")), "every_kth: type Block, index 4 % 2 == 0");
+  // k = 1: every block.
+  EXPECT_TRUE(EveryKth({"Block"}, 1)->ShouldWrap(*m, at("blocks.7", "Block")));
+  EXPECT_EQ(EveryKth({"Block"}, 0)->Validate().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EveryKth({}, 1)->Validate().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SizeBasedTest, ExcludedTypesNeverWrap) {
   auto m = TestModule::Make("Embedding");
   SizeBasedOptions o;
