@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "comm/process_group.h"
 #include "core/status_macros.h"
 #include "data/sampler.h"
@@ -168,7 +169,10 @@ absl::Status CompareRuns(const TrainingRun& expected, const TrainingRun& actual,
                          double atol, double* worst_ratio) {
   double worst = 0;  // largest |a - e| / (atol + rtol |e|) seen
   auto close = [&](double e, double a) {
-    const double ratio = std::abs(a - e) / (atol + rtol * std::abs(e));
+    // Equal values pass even with both tolerances 0 (bitwise comparisons), where the
+    // quotient would be 0 / 0.
+    const double diff = std::abs(a - e);
+    const double ratio = diff == 0 ? 0 : diff / (atol + rtol * std::abs(e));
     worst = std::max(worst, ratio);
     return ratio <= 1.0;
   };
@@ -178,8 +182,8 @@ absl::Status CompareRuns(const TrainingRun& expected, const TrainingRun& actual,
   }
   for (size_t s = 0; s < expected.losses.size(); ++s) {
     if (!close(expected.losses[s], actual.losses[s])) {
-      return absl::InternalError(absl::StrCat("loss at step ", s, ": expected ",
-                                              expected.losses[s], ", got ", actual.losses[s]));
+      return absl::InternalError(absl::StrFormat("loss at step %d: expected %.17g, got %.17g", s,
+                                                 expected.losses[s], actual.losses[s]));
     }
   }
   if (expected.params.size() != actual.params.size()) {
@@ -195,8 +199,8 @@ absl::Status CompareRuns(const TrainingRun& expected, const TrainingRun& actual,
     }
     for (size_t k = 0; k < e.size(); ++k) {
       if (!close(e[k], a[k])) {
-        return absl::InternalError(absl::StrCat("parameter ", name, "[", k, "]: expected ",
-                                                e[k], ", got ", a[k]));
+        return absl::InternalError(absl::StrFormat("parameter %s[%d]: expected %.9g, got %.9g",
+                                                   name, k, e[k], a[k]));
       }
     }
   }
