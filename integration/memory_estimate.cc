@@ -1,8 +1,11 @@
 #include "integration/memory_estimate.h"
 
 #include <algorithm>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "core/format_bytes.h"
 #include "core/host_memory.h"
 
@@ -68,6 +71,15 @@ absl::Status Validate(const MemoryEstimateInput& in) {
     for (const auto& [name, value] : dims) {
       if (value < 0) return Bad(absl::StrCat("activations.", name), value, "must be >= 0");
     }
+    std::vector<bool> seen(static_cast<size_t>(a.n_layer), false);
+    for (int64_t i : a.checkpointed_blocks) {
+      if (i < 0 || i >= a.n_layer || seen[static_cast<size_t>(i)]) {
+        return Bad("activations.checkpointed_blocks", i,
+                   absl::StrCat("must be distinct blocks in [0, activations.n_layer = ",
+                                a.n_layer, ")"));
+      }
+      seen[static_cast<size_t>(i)] = true;
+    }
   }
   return absl::OkStatus();
 }
@@ -102,6 +114,18 @@ ModelSizes ModelSizesOfModule(const core::Module& model) {
   sizes.largest_unit_params = sizes.num_params;
   sizes.num_units = 1;
   return sizes;
+}
+
+std::vector<int64_t> GptCheckpointedBlocks(const policy::WrapPlan& plan) {
+  std::vector<int64_t> out;
+  for (const policy::CheckpointedModule& m : plan.checkpointed()) {
+    int64_t i = 0;
+    absl::string_view path = m.path();
+    if (absl::ConsumePrefix(&path, "blocks.") && absl::SimpleAtoi(path, &i) && i >= 0) {
+      out.push_back(i);
+    }
+  }
+  return out;
 }
 
 GptActivationShape GptActivations(const nn::GptConfig& config, int64_t batch_rows,
@@ -161,9 +185,23 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const MemoryEstimateInput& input) 
   }
   if (input.activations.has_value()) {
     const GptActivationShape& a = *input.activations;
-    const int64_t per_layer = c.Add(c.Mul(16, a.n_embd), c.Mul(a.n_head, a.seq_len));
-    const int64_t per_token =
-        c.Add(c.Add(c.Mul(a.n_layer, per_layer), c.Mul(4, a.n_embd)), c.Mul(3, a.vocab_size));
+    // NOTE [Memory estimate]: each block's share; a checkpointed one keeps its input and
+    // is recomputed in the backward.
+    const int64_t per_layer = c.Add(c.Add(c.Mul(16, a.n_embd), c.Mul(a.n_head, a.seq_len)), 2);
+    std::vector<bool> checkpointed(static_cast<size_t>(a.n_layer), false);
+    for (int64_t i : a.checkpointed_blocks) checkpointed[static_cast<size_t>(i)] = true;
+    int64_t held = 0, recompute = 0;
+    for (int64_t i = 0; i < a.n_layer; ++i) {
+      if (checkpointed[static_cast<size_t>(i)]) {
+        // Its input stays held while it is recomputed.
+        recompute = std::max(recompute, c.Add(c.Add(held, a.n_embd), per_layer));
+        held = c.Add(held, a.n_embd);
+      } else {
+        held = c.Add(held, per_layer);
+      }
+    }
+    const int64_t head = c.Add(c.Add(c.Mul(6, a.n_embd), c.Mul(2, a.vocab_size)), 1);
+    const int64_t per_token = c.Add(std::max(held, recompute), head);
     e.activation_bytes = c.Mul(4, c.Mul(c.Mul(a.batch_rows, a.seq_len), per_token));
   }
   e.init_bytes = c.Mul(4, c.Add(c.Add(m.num_params, m.ignored_params), largest_unit));

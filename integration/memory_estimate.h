@@ -31,12 +31,22 @@
 //                 [Gradient accumulation]) keeps every unit's unsharded fp32 gradient
 //                 until the last micro-batch: 4 P instead of 4 Lu (NO_SHARD: no change).
 //   activations   GPT (nn/gpt.h, fp32 on the CPU, every layer's cache kept for
-//                 backward): 4 B T (L (16 C + H T) + 4 C + 3 V) — per layer the cached
-//                 LayerNorm, Linear and GELU inputs (16 C per token) and the attention
-//                 probabilities (H T per token); then ln_f and lm_head inputs and the
-//                 logits, their gradient and the softmax (3 V per token). B is the rows
-//                 of this rank's batch (of one micro-batch with gradient accumulation), T
-//                 the sequence length.
+//                 backward), in floats per token: each block keeps P = 16 C + H T + 2 (its
+//                 LayerNorm, Linear and GELU caches, the attention probabilities and two
+//                 LayerNorm row statistics), a checkpointed block only its input, C (NOTE
+//                 [Activation checkpointing] in core/module.h); the head keeps
+//                 6 C + 2 V + 1 (ln_f's and lm_head's caches, the logits and their
+//                 gradient, the C-wide gradients on their way back).
+//                 The peak is the larger of the loss (every block's share held) and the
+//                 recompute of each checkpointed block j (the shares of the blocks before
+//                 j, j's input and its full P):
+//                   4 B T (max(sum_i share_i, max_j (sum_{i<j} share_i + C + P))
+//                          + 6 C + 2 V + 1).
+//                 B is the rows of this rank's batch (of one micro-batch with gradient
+//                 accumulation), T the sequence length. memory_estimate_test checks it
+//                 against the measured peak: within 5% (at most 1% below: row-sized
+//                 scratch is not modelled), with none, some and every block
+//                 checkpointed.
 //   init          4 P + 4 I + 4 Lu   every rank builds the full fp32 model before
 //                                    sharding it, plus one unit's flat buffer.
 //   per rank      max(init, model state + gathered + activations);
@@ -51,6 +61,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -91,7 +102,15 @@ struct GptActivationShape {
   int64_t n_layer = 0;     // L
   int64_t n_head = 0;      // H
   int64_t vocab_size = 0;  // V
+  // Indices (in [0, n_layer), each once) of the blocks whose activations are
+  // checkpointed (FullyShardOptions::checkpoint_policy; GptCheckpointedBlocks reads them
+  // from a plan).
+  std::vector<int64_t> checkpointed_blocks;
 };
+
+// The indices of the blocks ("blocks.<i>", as nn::Gpt names them) among `plan`'s
+// checkpointed modules.
+std::vector<int64_t> GptCheckpointedBlocks(const policy::WrapPlan& plan);
 
 // The activation shape of `config` for `batch_rows` rows of `seq_len` tokens.
 GptActivationShape GptActivations(const nn::GptConfig& config, int64_t batch_rows,

@@ -124,8 +124,17 @@ absl::StatusOr<std::string> RunPlanCli(const PlanCliOptions& options,
   }
   ASSIGN_OR_RETURN(ConfiguredPolicy configured, BuildCliPolicy(options, registry));
   ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, BuildCliModel(options));
+  if (options.checkpoint_every < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--checkpoint_every must be >= 0 (0: no activation checkpointing), got ",
+        options.checkpoint_every));
+  }
   PlanOptions plan_options;
   plan_options.ignored_paths = configured.ignored_paths;
+  const WrapPolicyPtr checkpoint =
+      options.checkpoint_every > 0 ? EveryKth({"TransformerBlock"}, options.checkpoint_every)
+                                   : nullptr;
+  plan_options.checkpoint_policy = checkpoint.get();
   absl::StatusOr<WrapPlan> plan = Plan(*model, *configured.policy, options.world_size, plan_options);
   if (!plan.ok()) return plan.status();
 

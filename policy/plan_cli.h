@@ -56,6 +56,8 @@ struct PlanCliOptions {
   std::string policy_config;
 
   int world_size = 8;
+  // Activation checkpointing of every k-th TransformerBlock (policy::EveryKth); 0: none.
+  int checkpoint_every = 0;
   // Append the WrapPlan in protobuf text format.
   bool print_proto = false;
 };

@@ -34,6 +34,24 @@ TEST(PlanCliTest, GptReportHasUnitsTotalsAndFingerprint) {
   EXPECT_FALSE(Has(*out, "WrapPlan (text format)")) << *out;
 }
 
+TEST(PlanCliTest, CheckpointEveryListsTheCheckpointedBlocks) {
+  PlanCliOptions o = SmallGpt();
+  absl::StatusOr<std::string> plain = RunPlanCli(o);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(Has(*plain, "Activation checkpointing")) << *plain;
+  o.gpt.n_layer = 4;
+  o.checkpoint_every = 2;
+  absl::StatusOr<std::string> out = RunPlanCli(o);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(Has(*out, "Activation checkpointing (every_kth(TransformerBlock; k=2)): "
+                        "blocks.0, blocks.2 (activations recomputed in the backward)"))
+      << *out;
+  o.checkpoint_every = -1;
+  out = RunPlanCli(o);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Has(out.status().message(), "--checkpoint_every")) << out.status();
+}
+
 TEST(PlanCliTest, MlpWithSizeBasedAndProto) {
   PlanCliOptions o;
   o.model = "mlp";

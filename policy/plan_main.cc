@@ -41,6 +41,8 @@ ABSL_FLAG(std::string, policy_params, "",
           "parameters for any --policy: key=value;key=value (e.g. pattern=blocks.*;every=2)");
 ABSL_FLAG(std::string, policy_config, "", "a WrapPolicyConfig text file (instead of --policy)");
 ABSL_FLAG(int32_t, world_size, 8, "number of ranks to plan for");
+ABSL_FLAG(int32_t, checkpoint_every, 0,
+          "activation checkpointing of every k-th TransformerBlock (0: none); the plan lists them");
 ABSL_FLAG(bool, print_proto, false, "also print the WrapPlan in protobuf text format");
 
 namespace {
@@ -82,6 +84,7 @@ absl::StatusOr<policy::PlanCliOptions> OptionsFromFlags() {
   o.policy_params = absl::GetFlag(FLAGS_policy_params);
   o.policy_config = absl::GetFlag(FLAGS_policy_config);
   o.world_size = absl::GetFlag(FLAGS_world_size);
+  o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   o.print_proto = absl::GetFlag(FLAGS_print_proto);
   return o;
 }

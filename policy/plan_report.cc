@@ -8,6 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 
 namespace policy {
@@ -149,6 +150,13 @@ std::string FormatPlanTable(const WrapPlan& plan) {
   for (const IgnoredParameter& ignored : plan.ignored()) {
     absl::StrAppend(&out, "Ignored: ", ignored.name(), " (", WithThousands(ignored.numel()),
                     " elements) of ", Label(ignored.ignored_module()), "\n");
+  }
+  if (!plan.checkpoint_policy().empty()) {
+    std::vector<std::string> paths;
+    for (const CheckpointedModule& m : plan.checkpointed()) paths.push_back(Label(m.path()));
+    absl::StrAppend(&out, "Activation checkpointing (", plan.checkpoint_policy(), "): ",
+                    paths.empty() ? "no module" : absl::StrJoin(paths, ", "),
+                    " (activations recomputed in the backward)\n");
   }
   return out;
 }

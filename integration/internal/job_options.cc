@@ -57,6 +57,10 @@ ABSL_FLAG(int, grad_accumulation, 1,
 ABSL_FLAG(std::string, accumulation, "reduce_each",
           "how micro-batch gradients meet: reduce_each (reduce-scatter each; shard memory) or "
           "no_sync (keep full gradients, reduce once)");
+ABSL_FLAG(int, activation_checkpoint_every, 0,
+          "activation checkpointing: every k-th TransformerBlock (blocks 0, k, 2k, ...) drops "
+          "its activations after the forward and recomputes them in the backward; 1: every "
+          "block, 0: none");
 ABSL_FLAG(int, eval_batches, 8, "batches of each validate / test / predict stage");
 ABSL_FLAG(int, seq_len, 32, "tokens per sequence (at most --block_size)");
 ABSL_FLAG(int64_t, vocab_size, 64, "vocabulary of the language and the model");
@@ -156,6 +160,7 @@ JobOptions JobOptionsFromFlags() {
   job.batch_size = absl::GetFlag(FLAGS_batch_size);
   job.grad_accumulation = absl::GetFlag(FLAGS_grad_accumulation);
   job.accumulation = absl::GetFlag(FLAGS_accumulation);
+  job.activation_checkpoint_every = absl::GetFlag(FLAGS_activation_checkpoint_every);
   job.eval_batch_size = absl::GetFlag(FLAGS_eval_batch_size);
   job.eval_batches = absl::GetFlag(FLAGS_eval_batches);
   job.log_every = absl::GetFlag(FLAGS_log_every);
@@ -267,6 +272,15 @@ absl::StatusOr<StageOptions> StageOptionsFor(const JobOptions& job, absl::Durati
     return absl::InvalidArgumentError(absl::StrCat("--", accumulation.status().message()));
   }
   options.accumulation = *accumulation;
+  if (job.activation_checkpoint_every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--activation_checkpoint_every=", job.activation_checkpoint_every,
+                     " must be >= 0 (0: no activation checkpointing)"));
+  }
+  if (job.activation_checkpoint_every > 0) {
+    options.wrap.checkpoint_policy =
+        policy::EveryKth({"TransformerBlock"}, job.activation_checkpoint_every);
+  }
   options.eval_batch_size = job.eval_batch_size;
   options.eval_batches = job.eval_batches;
   options.log_every = job.log_every;

@@ -47,6 +47,7 @@ struct JobOptions {
   int batch_size = 0;
   int grad_accumulation = 1;       // --grad_accumulation: micro-batches per step
   std::string accumulation;        // --accumulation: reduce_each or no_sync
+  int activation_checkpoint_every = 0;  // --activation_checkpoint_every: 0 none, k every k-th block
   int eval_batch_size = 0;
   int eval_batches = 0;
   int64_t log_every = 0;

@@ -24,7 +24,10 @@ absl::Status CheckFitsInMemory(const JobSetup& setup, int world, core::Device de
   MemoryEstimateInput need;
   const std::shared_ptr<const policy::WrapPolicy> wrap_policy =
       options.wrap.policy != nullptr ? options.wrap.policy : policy::Never();
-  ASSIGN_OR_RETURN(policy::WrapPlan plan, policy::Plan(*setup.module->model(), *wrap_policy, world));
+  policy::PlanOptions plan_options;
+  plan_options.checkpoint_policy = options.wrap.checkpoint_policy.get();
+  ASSIGN_OR_RETURN(policy::WrapPlan plan,
+                   policy::Plan(*setup.module->model(), *wrap_policy, world, plan_options));
   need.model = ModelSizesFromPlan(plan);
   need.world_size = world;
   need.local_ranks = LocalRanks(world);
@@ -39,6 +42,7 @@ absl::Status CheckFitsInMemory(const JobSetup& setup, int world, core::Device de
       std::max(options.train_batch_size / options.grad_accumulation, options.eval_batch_size) /
           world,
       setup.model_options.seq_len);
+  need.activations->checkpointed_blocks = GptCheckpointedBlocks(plan);
   need.no_sync_accumulation = options.grad_accumulation > 1 &&
                               options.accumulation == StageOptions::Accumulation::kNoSync;
   ASSIGN_OR_RETURN(MemoryEstimate estimate, EstimateMemory(need));
