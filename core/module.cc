@@ -137,8 +137,12 @@ absl::StatusOr<Tensor> Module::Forward(const Tensor& input) {
     absl::Status s = hook(*this, input, *output);
     if (!s.ok()) return s;
   }
-  // NOTE [Activation checkpointing]: keep the input, drop the rest.
-  if (checkpoint_activations_ && GradEnabled() && !InRecompute()) {
+  if (!GradEnabled()) {
+    // No Backward follows: what ForwardImpl cached for one is dead already. Children
+    // dropped theirs in their own Forward, so a forward-only pass holds one layer's.
+    ReleaseActivations();
+  } else if (checkpoint_activations_ && !InRecompute()) {
+    // NOTE [Activation checkpointing]: keep the input, drop the rest.
     DropActivations();
     recompute_input_ = input;
     awaiting_recompute_ = true;

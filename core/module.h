@@ -40,7 +40,9 @@
 //   - checkpointed descendants do not checkpoint again: the recompute keeps the whole
 //     subtree's caches for the backward that follows.
 // Under a NoGradScope (evaluation: no backward follows) a checkpointed module runs as a
-// plain one. As for every cached input, the input tensor must not be written between
+// plain one, and every module drops its own caches as its Forward returns (its
+// ReleaseActivations), so a forward-only pass holds at most one layer's caches at a time
+// and no Backward can follow it. As for every cached input, the input tensor must not be written between
 // Forward and Backward.
 #ifndef CORE_MODULE_H_
 #define CORE_MODULE_H_
@@ -82,7 +84,8 @@ struct HookOptions {
 };
 
 // False while a NoGradScope is open on this thread: forwards that no Backward follows
-// (evaluation), where checkpointed modules run as plain ones.
+// (evaluation), where checkpointed modules run as plain ones and every module drops its
+// caches as its Forward returns (NOTE [Activation checkpointing]).
 bool GradEnabled();
 
 // Marks the forwards on this thread, while it lives, as forward-only. Nestable.

@@ -332,7 +332,7 @@ TEST(ModuleCheckpointTest, UserHooksFireOncePerPassRecomputeHooksAlsoInTheRecomp
   EXPECT_FALSE(InRecompute());
 }
 
-TEST(ModuleCheckpointTest, NoGradScopeRunsACheckpointedModuleAsAPlainOne) {
+TEST(ModuleCheckpointTest, NoGradScopeRecomputesNothingAndKeepsNoCaches) {
   auto a = std::make_shared<Scale>(2.0f), b = std::make_shared<Scale>(3.0f);
   auto chain = std::make_shared<Chain>(a, b);
   chain->set_checkpoint_activations(true);
@@ -343,10 +343,17 @@ TEST(ModuleCheckpointTest, NoGradScopeRunsACheckpointedModuleAsAPlainOne) {
     ASSERT_TRUE(chain->Forward(x).ok());
   }
   EXPECT_TRUE(GradEnabled());
-  EXPECT_TRUE(a->cached());
-  EXPECT_TRUE(b->cached());
+  // Nothing kept to recompute from, nothing recomputed, and, forward-only, every
+  // module's caches dropped as its Forward returned.
   EXPECT_FALSE(chain->awaiting_recompute());
   EXPECT_EQ(a->forward_impls(), 1);
+  EXPECT_FALSE(a->cached());
+  EXPECT_FALSE(b->cached());
+  // With gradients, a plain module keeps its caches.
+  chain->set_checkpoint_activations(false);
+  ASSERT_TRUE(chain->Forward(x).ok());
+  EXPECT_TRUE(a->cached());
+  EXPECT_TRUE(b->cached());
 }
 
 TEST(ModuleCheckpointTest, NestedCheckpointedModuleIsNotRecomputedTwice) {
