@@ -17,8 +17,9 @@
 //   plain peak        = R + L A           (R: what is not the blocks', derived from it)
 //   checkpointed peak <= R + L I + A      (every block's input, one block recomputed)
 // and the JSON line prints the measured checkpointed peak against that bound
-// (`peak_over_bound`, target <= 1.05), the held bytes against L I, and the step-time
-// ratio (target <= 1.4).
+// (`peak_over_bound`, target <= 1.05), the held bytes against L I, the step-time ratio
+// (target <= 1.4), and for each model the main job's memory estimate of its activation
+// peak (integration/memory_estimate.h) over the measured one (target: within 5%).
 #include <algorithm>
 #include <cstring>
 #include <chrono>
@@ -40,6 +41,7 @@
 #include "core/status_macros.h"
 #include "data/markov_language.h"
 #include "fsdp/fully_shard.h"
+#include "integration/memory_estimate.h"
 #include "nlohmann/json.hpp"
 #include "nn/gpt.h"
 #include "nn/losses.h"
@@ -168,6 +170,19 @@ absl::StatusOr<nlohmann::json> Run() {
   const Model& ckpt = models[1];
   const int64_t rest = plain.peak - L * block_bytes;
   const int64_t bound = rest + L * input_bytes + block_bytes;
+  // The main job's memory estimate (NOTE [Memory estimate] in integration/memory_estimate.h)
+  // of each model's activation peak.
+  int64_t estimate[2] = {0, 0};
+  for (int k = 0; k < 2; ++k) {
+    integration::MemoryEstimateInput in;
+    in.model = integration::ModelSizesOfModule(*models[k].gpt);
+    in.activations = integration::GptActivations(config, batch_rows, seq_len);
+    if (k == 1) {
+      for (int64_t i = 0; i < L; ++i) in.activations->checkpointed_blocks.push_back(i);
+    }
+    ASSIGN_OR_RETURN(integration::MemoryEstimate e, integration::EstimateMemory(in));
+    estimate[k] = e.activation_bytes;
+  }
   const double plain_s = Median(plain.step_s);
   const double ckpt_s = Median(ckpt.step_s);
   nlohmann::json out;
@@ -181,10 +196,15 @@ absl::StatusOr<nlohmann::json> Run() {
   out["one_block_input_bytes"] = input_bytes;
   out["plain"] = {{"held_after_forward_bytes", plain.held_after_forward},
                   {"peak_bytes", plain.peak},
+                  {"estimated_peak_bytes", estimate[0]},
+                  {"estimate_over_peak", static_cast<double>(estimate[0]) / plain.peak},
                   {"step_s_median", plain_s}};
   out["checkpointed"] = {{"held_after_forward_bytes", ckpt.held_after_forward},
                          {"peak_bytes", ckpt.peak},
+                         {"estimated_peak_bytes", estimate[1]},
+                         {"estimate_over_peak", static_cast<double>(estimate[1]) / ckpt.peak},
                          {"step_s_median", ckpt_s}};
+  out["estimate_over_peak_target"] = "within 5%: |ratio - 1| <= 0.05";
   out["theory"] = {
       {"rest_bytes", rest},
       {"rest_is", "plain peak - L x one block's activations"},

@@ -200,8 +200,12 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const MemoryEstimateInput& input) 
         held = c.Add(held, per_layer);
       }
     }
-    const int64_t head = c.Add(c.Add(c.Mul(6, a.n_embd), c.Mul(2, a.vocab_size)), 1);
-    const int64_t per_token = c.Add(std::max(held, recompute), head);
+    // The head at the loss (the logits and their gradient) and in the backward (the
+    // gradient only: the training step frees the logits), NOTE [Memory estimate].
+    const int64_t at_loss = c.Add(c.Add(held, c.Mul(2, a.n_embd)), c.Mul(2, a.vocab_size));
+    const int64_t in_backward =
+        c.Add(c.Add(std::max(held, recompute), c.Mul(5, a.n_embd)), a.vocab_size);
+    const int64_t per_token = c.Add(std::max(at_loss, in_backward), 3);
     e.activation_bytes = c.Mul(4, c.Mul(c.Mul(a.batch_rows, a.seq_len), per_token));
   }
   e.init_bytes = c.Mul(4, c.Add(c.Add(m.num_params, m.ignored_params), largest_unit));

@@ -134,6 +134,7 @@ TEST(MemoryEstimateTest, GptActivationEstimateBoundsTheMeasuredPeak) {
     ASSERT_TRUE(logits.ok()) << logits.status();
     absl::StatusOr<nn::LossResult> loss = nn::CrossEntropyLoss(*logits, targets);
     ASSERT_TRUE(loss.ok()) << loss.status();
+    *logits = core::Tensor();  // as the GPT's training step does
     ASSERT_TRUE((*gpt)->Backward(loss->grad).ok());
   }
   const int64_t measured = allocator->Stats().peak(core::MemoryTag::kActivation) - before;
@@ -143,17 +144,17 @@ TEST(MemoryEstimateTest, GptActivationEstimateBoundsTheMeasuredPeak) {
   in.activations = GptActivations(config, rows, seq);
   absl::StatusOr<MemoryEstimate> e = EstimateMemory(in);
   ASSERT_TRUE(e.ok()) << e.status();
-  // The stated formula without checkpointing: 4 B T (L (16 C + H T + 2) + 6 C + 2 V + 1).
+  // The stated formula without checkpointing, 4 B T (max(S + 2 C + 2 V, S + 5 C + V) + 3)
+  // with S = L (16 C + H T + 2); here 3 C > V, so the backward's term.
   EXPECT_EQ(e->activation_bytes,
-            4 * rows * seq * (3 * (16 * 32 + 4 * seq + 2) + 6 * 32 + 2 * 96 + 1));
+            4 * rows * seq * (3 * (16 * 32 + 4 * seq + 2) + 5 * 32 + 96 + 3));
   // An estimate, but a faithful one: never below the real peak, and not wildly above.
   EXPECT_GE(e->activation_bytes, measured) << "measured " << measured;
   EXPECT_LE(e->activation_bytes, 2 * measured) << "measured " << measured;
 }
 
-// The estimate against the measured peak with and without activation checkpointing of
-// every block, on the shapes of the activation checkpointing benchmark (one rank, fp32,
-// logits kept through the backward as above).
+// The estimate against the measured peak with none, some and every block checkpointed,
+// on a step as the GPT's training step runs it (the logits freed before the backward).
 TEST(MemoryEstimateTest, GptActivationEstimateWithAndWithoutCheckpointingIsWithinFivePercent) {
   nn::GptConfig config;
   config.vocab_size = 512;
@@ -182,6 +183,7 @@ TEST(MemoryEstimateTest, GptActivationEstimateWithAndWithoutCheckpointingIsWithi
       ASSERT_TRUE(logits.ok()) << logits.status();
       absl::StatusOr<nn::LossResult> loss = nn::CrossEntropyLoss(*logits, targets);
       ASSERT_TRUE(loss.ok()) << loss.status();
+      *logits = core::Tensor();
       ASSERT_TRUE((*gpt)->Backward(loss->grad).ok());
     }
     const int64_t measured = allocator->Stats().peak(core::MemoryTag::kActivation) - before;
@@ -195,9 +197,8 @@ TEST(MemoryEstimateTest, GptActivationEstimateWithAndWithoutCheckpointingIsWithi
     std::printf("checkpointed blocks [%s]: estimate %lld, measured peak %lld, ratio %.4f\n",
                 k.c_str(), static_cast<long long>(e->activation_bytes),
                 static_cast<long long>(measured), ratio);
-    // Within 5% (the bound); below by at most 1%, the row-sized buffers (loss
-    // and LayerNorm scratch) the formula does not model.
-    EXPECT_GE(ratio, 0.99);
+    // Never below the measured peak, and within 5% of it.
+    EXPECT_GE(ratio, 1.0);
     EXPECT_LE(ratio, 1.05);
   }
 }
