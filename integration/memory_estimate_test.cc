@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/allocator.h"
+#include "core/status_macros.h"
 #include "core/tensor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -111,6 +112,33 @@ TEST(MemoryEstimateTest, ModelStateMatchesThePlansZeroThreeFigure) {
   EXPECT_LE(e->model_state_bytes, plan_bytes + 16 * in.model.num_units);
 }
 
+// One training step of a fresh Gpt of `config` on `rows` x `seq` tokens, as the GPT's
+// training step runs it (the logits freed before the backward), with the blocks
+// `checkpointed` checkpointed: the peak activation bytes above what was held before.
+absl::StatusOr<int64_t> MeasuredActivationPeak(const nn::GptConfig& config, int64_t rows,
+                                               int64_t seq,
+                                               const std::vector<int64_t>& checkpointed) {
+  auto allocator = std::make_shared<core::Allocator>(core::Device::Cpu());
+  core::ScopedAllocator scope(allocator);
+  ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, nn::Gpt::Create(config));
+  for (int64_t b : checkpointed) (*gpt->blocks())[b]->set_checkpoint_activations(true);
+  std::vector<int32_t> ids(rows * seq);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = static_cast<int32_t>((i * 7) % config.vocab_size);
+  }
+  ASSIGN_OR_RETURN(core::Tensor tokens, core::Tensor::FromInts(ids, {rows, seq}));
+  ASSIGN_OR_RETURN(core::Tensor targets, core::Tensor::FromInts(ids, {rows, seq}));
+  allocator->ResetPeaks();
+  const int64_t before = allocator->Stats().current(core::MemoryTag::kActivation);
+  {
+    ASSIGN_OR_RETURN(core::Tensor logits, gpt->Forward(tokens));
+    ASSIGN_OR_RETURN(nn::LossResult loss, nn::CrossEntropyLoss(logits, targets));
+    logits = core::Tensor();
+    RETURN_IF_ERROR(gpt->Backward(loss.grad).status());
+  }
+  return allocator->Stats().peak(core::MemoryTag::kActivation) - before;
+}
+
 TEST(MemoryEstimateTest, GptActivationEstimateBoundsTheMeasuredPeak) {
   nn::GptConfig config;
   config.vocab_size = 96;
@@ -119,28 +147,11 @@ TEST(MemoryEstimateTest, GptActivationEstimateBoundsTheMeasuredPeak) {
   config.n_layer = 3;
   config.n_head = 4;
   const int64_t rows = 4, seq = 32;
-  auto allocator = std::make_shared<core::Allocator>(core::Device::Cpu());
-  core::ScopedAllocator scope(allocator);
-  absl::StatusOr<std::shared_ptr<nn::Gpt>> gpt = nn::Gpt::Create(config);
-  ASSERT_TRUE(gpt.ok()) << gpt.status();
-  std::vector<int32_t> ids(rows * seq);
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7) % 96);
-  core::Tensor tokens = core::Tensor::FromInts(ids, {rows, seq}).value();
-  core::Tensor targets = core::Tensor::FromInts(ids, {rows, seq}).value();
-  allocator->ResetPeaks();
-  const int64_t before = allocator->Stats().current(core::MemoryTag::kActivation);
-  {
-    absl::StatusOr<core::Tensor> logits = (*gpt)->Forward(tokens);
-    ASSERT_TRUE(logits.ok()) << logits.status();
-    absl::StatusOr<nn::LossResult> loss = nn::CrossEntropyLoss(*logits, targets);
-    ASSERT_TRUE(loss.ok()) << loss.status();
-    *logits = core::Tensor();  // as the GPT's training step does
-    ASSERT_TRUE((*gpt)->Backward(loss->grad).ok());
-  }
-  const int64_t measured = allocator->Stats().peak(core::MemoryTag::kActivation) - before;
+  absl::StatusOr<int64_t> peak = MeasuredActivationPeak(config, rows, seq, {});
+  ASSERT_TRUE(peak.ok()) << peak.status();
+  const int64_t measured = *peak;
 
   MemoryEstimateInput in;
-  in.model = ModelSizesOfModule(**gpt);
   in.activations = GptActivations(config, rows, seq);
   absl::StatusOr<MemoryEstimate> e = EstimateMemory(in);
   ASSERT_TRUE(e.ok()) << e.status();
@@ -167,28 +178,10 @@ TEST(MemoryEstimateTest, GptActivationEstimateWithAndWithoutCheckpointingIsWithi
   for (const std::vector<int64_t>& chosen : choices) {
     const std::string k = absl::StrJoin(chosen, ",");
     SCOPED_TRACE(absl::StrCat("blocks checkpointed: ", k));
-    auto allocator = std::make_shared<core::Allocator>(core::Device::Cpu());
-    core::ScopedAllocator scope(allocator);
-    absl::StatusOr<std::shared_ptr<nn::Gpt>> gpt = nn::Gpt::Create(config);
-    ASSERT_TRUE(gpt.ok()) << gpt.status();
-    for (int64_t b : chosen) (*(*gpt)->blocks())[b]->set_checkpoint_activations(true);
-    std::vector<int32_t> ids(rows * seq);
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7) % 512);
-    core::Tensor tokens = core::Tensor::FromInts(ids, {rows, seq}).value();
-    core::Tensor targets = core::Tensor::FromInts(ids, {rows, seq}).value();
-    allocator->ResetPeaks();
-    const int64_t before = allocator->Stats().current(core::MemoryTag::kActivation);
-    {
-      absl::StatusOr<core::Tensor> logits = (*gpt)->Forward(tokens);
-      ASSERT_TRUE(logits.ok()) << logits.status();
-      absl::StatusOr<nn::LossResult> loss = nn::CrossEntropyLoss(*logits, targets);
-      ASSERT_TRUE(loss.ok()) << loss.status();
-      *logits = core::Tensor();
-      ASSERT_TRUE((*gpt)->Backward(loss->grad).ok());
-    }
-    const int64_t measured = allocator->Stats().peak(core::MemoryTag::kActivation) - before;
+    absl::StatusOr<int64_t> peak = MeasuredActivationPeak(config, rows, seq, chosen);
+    ASSERT_TRUE(peak.ok()) << peak.status();
+    const int64_t measured = *peak;
     MemoryEstimateInput in;
-    in.model = ModelSizesOfModule(**gpt);
     in.activations = GptActivations(config, rows, seq);
     in.activations->checkpointed_blocks = chosen;
     absl::StatusOr<MemoryEstimate> e = EstimateMemory(in);
