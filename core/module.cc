@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/param_init.h"
 
 namespace core {
 namespace internal {
@@ -245,6 +246,10 @@ ParameterPtr Module::RegisterParameter(const std::string& name, ParameterPtr par
 
 ParameterPtr Module::AllocateParameter(const std::string& name, const Shape& shape, DType dtype,
                                        bool requires_grad) {
+  // NOTE [Deferred initialisation] (core/param_init.h): shape and dtype, no storage.
+  if (DeferredInitScope::Active()) {
+    return RegisterParameter(name, Tensor::Meta(shape, dtype), requires_grad);
+  }
   absl::StatusOr<Tensor> data = Tensor::Allocate(shape, dtype, MemoryTag::kParam);
   if (data.ok()) return RegisterParameter(name, *std::move(data), requires_grad);
   if (construction_error_.ok()) {

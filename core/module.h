@@ -225,7 +225,8 @@ class Module : public std::enable_shared_from_this<Module> {
 
   // Registers parameter `name` as a new uninitialised CPU tensor of `shape` (tag
   // kParam), for constructors that size parameters from user input and cannot return
-  // an error. When Tensor::Allocate fails (the size overflows, exceeds the allocator's
+  // an error; under a core::DeferredInitScope, as a meta tensor of that shape with no
+  // storage (NOTE [Deferred initialisation] in core/param_init.h), which cannot fail. When Tensor::Allocate fails (the size overflows, exceeds the allocator's
   // limit or memory runs out) it registers an empty tensor of the same rank (every
   // dimension 0) instead, records the error for ConstructionStatus() and makes this
   // module's Forward and Backward return it. Never aborts.

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/param_init.h"
 #include "core/tensor.h"
 
 namespace core {
@@ -23,6 +24,13 @@ struct Parameter {
   // backward. Layers add into it; ZeroGrad clears it.
   Tensor grad;
   bool requires_grad = true;
+  // How its values were (or, deferred, will be) initialised (core/param_init.h); null
+  // for parameters made from given values.
+  std::shared_ptr<const ParamInit> init;
+
+  // True while `data` is a meta tensor: built under DeferredInitScope, not materialized
+  // yet (NOTE [Deferred initialisation]).
+  bool deferred() const { return data.is_meta(); }
 
   static std::shared_ptr<Parameter> Make(Tensor data, bool requires_grad = true) {
     auto p = std::make_shared<Parameter>();

@@ -34,7 +34,12 @@ class Rng {
     return result;
   }
 
-  // Uniform in [0, 1) with 24 random bits.
+  // Advances the stream by `n` NextU64 draws (n <= 0: none).
+  void Discard(int64_t n) {
+    for (int64_t i = 0; i < n; ++i) NextU64();
+  }
+
+  // Uniform in [0, 1) with 24 random bits; one NextU64 draw each (as Uniform(lo, hi)).
   float Uniform() { return static_cast<float>(NextU64() >> 40) * (1.0f / 16777216.0f); }
 
   // Uniform in [lo, hi).
@@ -43,7 +48,7 @@ class Rng {
   // Uniform integer in [0, n); n > 0.
   uint64_t UniformInt(uint64_t n) { return NextU64() % n; }
 
-  // Normal(mean, stddev) by Box-Muller in double precision.
+  // Normal(mean, stddev) by Box-Muller in double precision; two NextU64 draws each.
   float Normal(float mean, float stddev) {
     double u1 = static_cast<double>(NextU64() >> 11) * (1.0 / 9007199254740992.0);
     const double u2 = static_cast<double>(NextU64() >> 11) * (1.0 / 9007199254740992.0);

@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -480,7 +481,18 @@ std::vector<float> Tensor::ToVector() const {
   return out;
 }
 
+Tensor Tensor::Meta(const Shape& shape, DType dtype) {
+  Shape clamped = shape;
+  for (int64_t& d : clamped) d = std::max<int64_t>(d, 0);
+  Tensor t(nullptr, 0, std::move(clamped), dtype);
+  t.meta_ = true;
+  return t;
+}
+
 std::string Tensor::ToString() const {
+  if (meta_) {
+    return absl::StrCat("Tensor(", DTypeName(dtype_), ", ", ShapeToString(shape_), ", meta)");
+  }
   if (!defined()) return "Tensor(undefined)";
   return absl::StrCat("Tensor(", DTypeName(dtype_), ", ", ShapeToString(shape_), ", ",
                       device().ToString(), ")");

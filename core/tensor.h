@@ -116,6 +116,14 @@ class Tensor {
   static absl::StatusOr<Tensor> FromInts(absl::Span<const int32_t> values, const Shape& shape,
                                          MemoryTag tag = MemoryTag::kOther);
 
+  // A tensor with a shape and dtype but no storage (defined() false, is_meta() true):
+  // what a parameter built under core::DeferredInitScope holds until it is materialized
+  // (NOTE [Deferred initialisation] in core/param_init.h). Nothing can read or write it;
+  // numel(), shape() and dtype() describe the tensor it stands for. Negative dimensions
+  // count as 0.
+  static Tensor Meta(const Shape& shape, DType dtype = DType::kFloat32);
+  bool is_meta() const { return meta_; }
+
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
   int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
@@ -189,7 +197,8 @@ class Tensor {
   // (waiting for its pending work); aborts if that copy fails.
   std::vector<float> ToVector() const;
 
-  // "Tensor(float32, [2, 3], cpu)" (shape and place only: no element is read, so it
+  // "Tensor(float32, [2, 3], cpu)" ("Tensor(float32, [2, 3], meta)" for a meta tensor)
+  // (shape and place only: no element is read, so it
   // never waits for a device).
   std::string ToString() const;
 
@@ -201,6 +210,7 @@ class Tensor {
   Shape shape_;
   int64_t numel_ = 0;
   DType dtype_ = DType::kFloat32;
+  bool meta_ = false;
 };
 
 }  // namespace core

@@ -41,6 +41,7 @@ absl::StatusOr<std::unique_ptr<FlatParameter>> FlatParameter::Flatten(
   absl::flat_hash_map<std::string, const core::Parameter*> by_name;
   absl::flat_hash_map<const core::Parameter*, std::string> first_name;
   std::vector<int64_t> numels;
+  size_t deferred = 0;
   for (const auto& [name, p] : params) {
     if (p == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(prefix, "parameter '", name, "' is null"));
@@ -51,7 +52,14 @@ absl::StatusOr<std::unique_ptr<FlatParameter>> FlatParameter::Flatten(
           prefix, "two different parameters are named '", name, "'; names must be unique"));
     }
     if (!first_name.emplace(p.get(), name).second) continue;  // tied: listed once
-    if (!p->data.defined()) {
+    if (p->deferred()) {
+      // NOTE [Deferred initialisation] (core/param_init.h): filled from its recipe.
+      if (p->init == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            prefix, "parameter '", name, "' is deferred but has no initialiser (ParamInit)"));
+      }
+      ++deferred;
+    } else if (!p->data.defined()) {
       return absl::InvalidArgumentError(
           absl::StrCat(prefix, "parameter '", name, "' has undefined data"));
     }
@@ -101,6 +109,21 @@ absl::StatusOr<std::unique_ptr<FlatParameter>> FlatParameter::Flatten(
                      ShardSlices(record.offset, record.numel, flat->numel_, world_size));
   }
 
+  if (deferred > 0) {
+    if (deferred != flat->params_.size()) {
+      for (size_t i = 0; i < flat->params_.size(); ++i) {
+        if (!flat->params_[i]->deferred()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              prefix, "parameter '", flat->records_[i].name, "' is materialized but ", deferred,
+              " other parameters of this unit are deferred; a unit's parameters are either all "
+              "deferred or all materialized"));
+        }
+      }
+    }
+    RETURN_IF_ERROR(flat->MaterializeShard(prefix));
+    return flat;
+  }
+
   // One allocation for the full buffer, one for the shard; copy each parameter in once.
   const int64_t element_size = core::DTypeSize(flat->dtype_);
   absl::StatusOr<core::Tensor> full =
@@ -136,6 +159,34 @@ absl::StatusOr<std::unique_ptr<FlatParameter>> FlatParameter::Flatten(
     flat->params_[i]->grad = core::Tensor();
   }
   return flat;
+}
+
+absl::Status FlatParameter::MaterializeShard(const std::string& prefix) {
+  if (dtype_ != core::DType::kFloat32 || !device_.is_cpu()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "deferred parameters are materialized as float32 on the CPU; '",
+        records_.front().name, "' is ", core::DTypeName(dtype_), " on ", device_.ToString()));
+  }
+  absl::StatusOr<core::Tensor> shard =
+      core::Tensor::Allocate({shard_numel_}, dtype_, core::MemoryTag::kParam, device_);
+  RETURN_IF_ERROR(Annotate(shard.status(), prefix));
+  shard->Zero();  // the padding
+  for (size_t i = 0; i < records_.size(); ++i) {
+    const ParamRecord& record = records_[i];
+    const ShardSlice& slice = record.shards[rank_];
+    if (slice.empty()) continue;
+    ASSIGN_OR_RETURN(core::Tensor part, shard->View(slice.shard_offset, {slice.numel()}));
+    RETURN_IF_ERROR(Annotate(params_[i]->init->Fill(part, slice.begin),
+                             absl::StrCat(prefix, "initialising '", record.name, "': ")));
+  }
+  shard_ = *std::move(shard);
+  ASSIGN_OR_RETURN(std::vector<core::Tensor> views,
+                   MakeViews(shard_, /*full_shape=*/false, /*skip_frozen=*/false));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i]->data = std::move(views[i]);
+    params_[i]->grad = core::Tensor();
+  }
+  return absl::OkStatus();
 }
 
 const ParamRecord* FlatParameter::FindRecord(absl::string_view name) const {

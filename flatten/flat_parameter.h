@@ -86,6 +86,14 @@ class FlatParameter {
   // (padded_numel + shard_numel) * element size bytes under tag kParam; the parameters'
   // old storage is released as far as nothing else refers to it.
   //
+  // Deferred parameters (NOTE [Deferred initialisation] in core/param_init.h: meta
+  // data and a ParamInit recipe) are materialized instead: only the shard is allocated
+  // (shard_numel * element size bytes, tag kParam), each parameter's slice filled from
+  // its recipe at the slice's offsets, and on return every parameter views its slice of
+  // the shard (as after ShardViews) with no full buffer. That gives the values a full
+  // construction would, at any world size. A unit's parameters must be all deferred
+  // (float32, on the CPU) or all materialized.
+  //
   // Every parameter must be defined, fp32 or bf16, and all must share one dtype and one
   // device. InvalidArgument (naming the parameter, or the option) for: world_size < 1,
   // rank outside [0, world_size), a null or undefined parameter, int32 data, mixed
@@ -207,6 +215,8 @@ class FlatParameter {
   absl::Status Unflatten();
 
  private:
+  // The deferred path of Flatten: allocates the shard and fills it from the recipes.
+  absl::Status MaterializeShard(const std::string& prefix);
   FlatParameter() = default;
 
   // FailedPrecondition once unflattened.

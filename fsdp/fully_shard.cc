@@ -247,6 +247,16 @@ absl::StatusOr<LocalPlan> CheckAndPlan(const std::shared_ptr<core::Module>& modu
     }
   }
 
+  if (options.sync_module_states) {
+    for (const auto& [name, p] : module->NamedParameters()) {
+      if (p->deferred()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            prefix, "FullyShardOptions.sync_module_states with deferred parameter '", name,
+            "': deferred parameters are filled from their recipes, the same on every rank "
+            "(NOTE [Deferred initialisation] in core/param_init.h); leave it off"));
+      }
+    }
+  }
   // Units already below `module` stay as they are.
   out.existing = registry->UnitsIn(*module);
   policy::PlanOptions plan_options;
@@ -349,6 +359,33 @@ absl::Status ShardNewUnits(const std::shared_ptr<core::Module>& module,
   return absl::OkStatus();
 }
 
+// FullyShardOptions::sync_module_states, between the plan's agreement and the sharding:
+// every parameter of every new unit, in plan order, broadcast from rank 0 in place (the
+// same sequence on every rank: they agreed on the plan). CheckAndPlan refused deferred
+// parameters, so every parameter here has storage.
+absl::Status SyncModuleStates(const std::shared_ptr<core::Module>& module,
+                              const policy::WrapPlan& plan, comm::ProcessGroup& group,
+                              const FullyShardOptions& options, const std::string& prefix) {
+  std::map<std::string, core::ParameterPtr> params;
+  for (auto& [name, p] : module->NamedParameters()) params.emplace(name, p);
+  comm::BroadcastOptions broadcast;
+  broadcast.root = 0;
+  broadcast.timeout = options.timeout;
+  for (const policy::WrapUnit& unit : plan.units()) {
+    if (unit.existing()) continue;
+    for (const std::string& name : unit.param_names()) {
+      auto p = params.find(name);
+      if (p == params.end()) continue;  // the planner walked the same tree
+      const std::string what =
+          absl::StrCat(prefix, "sync_module_states: broadcasting '", name, "' from rank 0: ");
+      absl::StatusOr<std::shared_ptr<comm::Work>> work = group.Broadcast(p->second->data, broadcast);
+      RETURN_IF_ERROR(Annotate(work.status(), what));
+      RETURN_IF_ERROR(Annotate((*work)->WaitHost(options.timeout), what));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Release's checks on this rank; the units to release.
 absl::StatusOr<std::vector<std::shared_ptr<Unit>>> CheckReleasable(core::Module& module,
                                                                   WrapperRegistry* registry,
@@ -387,6 +424,11 @@ absl::StatusOr<std::shared_ptr<FullyShardHandle>> FullyShard(
   RETURN_IF_ERROR(comm::AgreeOnStatus(group.get(), local.status(),
                                       absl::StrCat(what, ", checking and planning"), timeout));
   RETURN_IF_ERROR(CheckPlansAgree(local->plan, *group, timeout, prefix));
+  if (options.sync_module_states && group->size() > 1) {
+    RETURN_IF_ERROR(comm::AgreeOnStatus(
+        group.get(), SyncModuleStates(module, local->plan, *group, options, prefix),
+        absl::StrCat(what, ", sync_module_states"), timeout));
+  }
 
   // Phase 2: shard, hook and register, bottom-up in plan order; agree; roll back on error.
   WrapUndo undo(registry);

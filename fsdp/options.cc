@@ -143,6 +143,10 @@ std::string FirstDifferingOption(const FullyShardOptions& a, const FullyShardOpt
     return absl::StrCat("ignored_paths: [", absl::StrJoin(a.ignored_paths, ", "), "] vs [",
                         absl::StrJoin(b.ignored_paths, ", "), "]");
   }
+  if (a.sync_module_states != b.sync_module_states) {
+    return absl::StrCat("sync_module_states: ", Bool(a.sync_module_states), " vs ",
+                        Bool(b.sync_module_states));
+  }
   if (a.timeout != b.timeout) {
     return absl::StrCat("timeout: ", absl::FormatDuration(a.timeout), " vs ",
                         absl::FormatDuration(b.timeout));

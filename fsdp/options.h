@@ -97,6 +97,13 @@ struct FullyShardOptions {
   std::vector<std::string> ignored_paths;
   // Deadline of every collective FSDP issues and of every wait on one.
   absl::Duration timeout = absl::Minutes(5);
+  // PyTorch's sync_module_states: while wrapping, each new unit's parameters are
+  // broadcast from rank 0 of the group (unit by unit, before each is sharded), so ranks
+  // whose initialisation differs (not deterministic, or loaded on rank 0 only) all start
+  // from rank 0's values. Deferred units (NOTE [Deferred initialisation] in
+  // core/param_init.h) are filled from their recipes, the same on every rank, and need
+  // no broadcast.
+  bool sync_module_states = false;
 
   // OK when the options are usable on a group of `group_size` ranks; InvalidArgument
   // naming the option ("FullyShardOptions.hybrid_shard_size", ...) otherwise.

@@ -41,6 +41,8 @@ TEST(OptionsTest, FirstDifferingOptionNamesTheOptionAndBothValues) {
       {[](FullyShardOptions* o) { o->limit_all_gathers = 1; }, "limit_all_gathers: 2 vs 1"},
       {[](FullyShardOptions* o) { o->ignored_paths = {"lm_head"}; },
        "ignored_paths: [] vs [lm_head]"},
+      {[](FullyShardOptions* o) { o->sync_module_states = true; },
+       "sync_module_states: false vs true"},
       {[](FullyShardOptions* o) { o->timeout = absl::Seconds(3); }, "timeout: 5m vs 3s"},
   };
   for (const Change& c : changes) {

@@ -21,8 +21,7 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, uint64_t see
   // (core::Module::AllocateParameter, ConstructionStatus()).
   weight_ = AllocateParameter("weight",
                               {std::max<int64_t>(num_, 0), std::max<int64_t>(dim_, 0)});
-  core::Rng rng(seed);
-  FillNormal(weight_->data, 0.0f, 1.0f, &rng);
+  (void)core::InitParameter(*weight_, core::ParamInit::Normal(seed, 0, 0.0f, 1.0f));
 }
 
 absl::StatusOr<core::Tensor> Embedding::ForwardImpl(const core::Tensor& ids) {

@@ -87,7 +87,8 @@ absl::StatusOr<std::shared_ptr<Gpt>> Gpt::Create(const GptConfig& config) {
                                                    ") must be divisible by GptConfig.n_head (",
                                                    config.n_head, ")"));
   }
-  RETURN_IF_ERROR(CheckParametersFit(config));
+  // A deferred model (NOTE [Deferred initialisation]) allocates no parameter memory.
+  if (!core::DeferredInitScope::Active()) RETURN_IF_ERROR(CheckParametersFit(config));
   std::shared_ptr<Gpt> gpt(new Gpt(config));
   // A backstop for the check above: a parameter that still could not be allocated.
   absl::Status allocated = gpt->ConstructionStatus();
@@ -119,14 +120,19 @@ void Gpt::InitializeWeights() {
   const float proj_std = kStd / std::sqrt(2.0f * static_cast<float>(config_.n_layer));
   for (const auto& [path, module] : NamedModules()) {
     if (module.get() == lm_head_.get()) continue;  // tied: initialised as wte
+    // Recipes (NOTE [Deferred initialisation] in core/param_init.h): filled now, or when
+    // a deferred model's shards are made. fp32 CPU or deferred: cannot fail.
     if (auto* emb = dynamic_cast<Embedding*>(module.get())) {
-      core::Rng rng(emb->seed());
-      FillNormal(emb->weight()->data, 0.0f, kStd, &rng);
+      (void)core::InitParameter(*emb->weight(),
+                                core::ParamInit::Normal(emb->seed(), 0, 0.0f, kStd));
     } else if (auto* linear = dynamic_cast<Linear*>(module.get())) {
-      core::Rng rng(linear->seed());
       const bool is_proj = absl::EndsWith(path, ".proj");
-      FillNormal(linear->weight()->data, 0.0f, is_proj ? proj_std : kStd, &rng);
-      if (linear->bias()) linear->bias()->data.Zero();
+      (void)core::InitParameter(
+          *linear->weight(),
+          core::ParamInit::Normal(linear->seed(), 0, 0.0f, is_proj ? proj_std : kStd));
+      if (linear->bias()) {
+        (void)core::InitParameter(*linear->bias(), core::ParamInit::Constant(0.0f));
+      }
     }
   }
 }

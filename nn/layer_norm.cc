@@ -18,9 +18,9 @@ LayerNorm::LayerNorm(int64_t dim, float eps) : dim_(dim), eps_(eps) {
   }
   const int64_t n = std::max<int64_t>(dim, 0);
   weight_ = AllocateParameter("weight", {n});
-  weight_->data.Fill(1.0f);
+  (void)core::InitParameter(*weight_, core::ParamInit::Constant(1.0f));  // fp32 CPU: cannot fail
   bias_ = AllocateParameter("bias", {n});
-  bias_->data.Zero();
+  (void)core::InitParameter(*bias_, core::ParamInit::Constant(0.0f));
 }
 
 absl::Status LayerNorm::CheckForward(const core::Tensor& x) const {

@@ -25,10 +25,14 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, uint64_t se
   // (core::Module::AllocateParameter, ConstructionStatus()).
   weight_ = AllocateParameter("weight", {out, in});
   if (bias) bias_ = AllocateParameter("bias", {out});
-  core::Rng rng(seed);
+  // PyTorch's default: U(-1/sqrt(in), 1/sqrt(in)), the bias drawing after the weight from
+  // one stream (NOTE [Deferred initialisation] in core/param_init.h). fp32 CPU or
+  // deferred, so the fills cannot fail.
   const float bound = in > 0 ? 1.0f / std::sqrt(static_cast<float>(in)) : 0.0f;
-  FillUniform(weight_->data, -bound, bound, &rng);
-  if (bias_) FillUniform(bias_->data, -bound, bound, &rng);
+  (void)core::InitParameter(*weight_, core::ParamInit::Uniform(seed, 0, -bound, bound));
+  if (bias_) {
+    (void)core::InitParameter(*bias_, core::ParamInit::Uniform(seed, out * in, -bound, bound));
+  }
 }
 
 Linear::Linear(TiedTag, core::ParameterPtr weight, bool bias) {
@@ -46,7 +50,7 @@ Linear::Linear(TiedTag, core::ParameterPtr weight, bool bias) {
   weight_ = RegisterParameter("weight", std::move(weight));
   if (bias) {
     bias_ = AllocateParameter("bias", {out_});
-    bias_->data.Zero();
+    (void)core::InitParameter(*bias_, core::ParamInit::Constant(0.0f));
   }
 }
 

@@ -118,12 +118,19 @@ inline absl::StatusOr<core::Tensor> NewActivation(const core::Shape& shape,
 }
 
 // OK if parameter `name` holds an fp32 or bf16 tensor of exactly `shape` on `device` (the
-// input's). A parameter whose data is some other shape (say a 1-D shard left in place by
+// input's). A deferred parameter (not materialized) is FailedPrecondition naming it. A parameter whose data is some other shape (say a 1-D shard left in place by
 // FSDP) gives FailedPrecondition rather than a read out of bounds; one on another device
 // gives InvalidArgument naming both devices.
 inline absl::Status CheckParameter(const core::Module& m, const core::Parameter& p,
                                    absl::string_view name, const core::Shape& shape,
                                    const core::Device& device = core::Device::Cpu()) {
+  if (p.deferred()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        m.Describe(), ": parameter '", name, "' ", p.data.ToString(),
+        " is deferred and not materialized yet (NOTE [Deferred initialisation] in "
+        "core/param_init.h): wrap the model with fsdp::FullyShard, which allocates and "
+        "initialises each rank's shard, before running it"));
+  }
   if (!p.data.defined() ||
       (p.data.dtype() != core::DType::kFloat32 && p.data.dtype() != core::DType::kBFloat16) ||
       p.data.shape() != shape) {
