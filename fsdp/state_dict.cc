@@ -111,6 +111,12 @@ absl::StatusOr<std::vector<ShardedTensor>> ShardedStateDict(core::Module& module
     t.name = name;
     auto it = where.find(p.get());
     if (it == where.end()) {
+      if (p->deferred()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            prefix, "parameter '", name, "' is deferred and not materialized (NOTE [Deferred "
+            "initialisation] in core/param_init.h): wrap the model with FullyShard first, then "
+            "its shards are saved or loaded"));
+      }
       t.full_shape = p->data.shape();
       t.end = p->data.numel();
       t.replicated = true;

@@ -39,7 +39,19 @@ absl::StatusOr<std::unique_ptr<GptTrainModule>> GptTrainModule::Create(
   language_options.vocab_size =
       static_cast<int>(LanguageVocabFor(options.model.vocab_size, language_options.order));
   ASSIGN_OR_RETURN(data::MarkovLanguage language, data::MarkovLanguage::Create(language_options));
-  ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, nn::Gpt::Create(options.model));
+  if (options.deferred_init && !options.device.is_cpu()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GptModuleOptions.deferred_init: deferred models are materialized on the CPU; not "
+        "with device ", options.device.ToString()));
+  }
+  absl::StatusOr<std::shared_ptr<nn::Gpt>> created;
+  if (options.deferred_init) {
+    core::DeferredInitScope deferred;
+    created = nn::Gpt::Create(options.model);
+  } else {
+    created = nn::Gpt::Create(options.model);
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, std::move(created));
   if (!options.device.is_cpu()) RETURN_IF_ERROR(MoveModuleToDevice(*gpt, options.device));
   // Check the AdamW options now rather than at the first Fit.
   RETURN_IF_ERROR(optim::AdamW::Create(std::vector<core::ParameterPtr>{}, options.adamw).status());

@@ -59,6 +59,10 @@ struct GptModuleOptions {
   // Where the model computes: it is built on the CPU (the same deterministic init
   // everywhere) and moved there, keeping its Parameter objects.
   core::Device device = core::Device::Cpu();
+  // Build the model deferred (NOTE [Deferred initialisation] in core/param_init.h): no
+  // parameter memory until a stage wraps it, which fills only each rank's shards, with
+  // the same values. CPU only (InvalidArgument with a CUDA device).
+  bool deferred_init = false;
   // Token files (data/token_file.h) to read instead of the Markov language: data_path for
   // fit, eval_data_path (default data_path) for validate, test and predict; batches
   // sampled with data_seed. Every token must be below model.vocab_size.

@@ -208,7 +208,9 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const MemoryEstimateInput& input) 
     const int64_t per_token = c.Add(std::max(at_loss, in_backward), 3);
     e.activation_bytes = c.Mul(4, c.Mul(c.Mul(a.batch_rows, a.seq_len), per_token));
   }
-  e.init_bytes = c.Mul(4, c.Add(c.Add(m.num_params, m.ignored_params), largest_unit));
+  e.init_bytes = input.deferred_init
+                     ? 0
+                     : c.Mul(4, c.Add(c.Add(m.num_params, m.ignored_params), largest_unit));
   const int64_t training = c.Add(c.Add(e.model_state_bytes, e.gathered_bytes), e.activation_bytes);
   e.per_rank_bytes = std::max(e.init_bytes, training);
   e.local_ranks = input.local_ranks;

@@ -49,7 +49,9 @@
 //                 against the measured peak: at or above it and within 5%, with none,
 //                 some and every block checkpointed.
 //   init          4 P + 4 I + 4 Lu   every rank builds the full fp32 model before
-//                                    sharding it, plus one unit's flat buffer.
+//                                    sharding it, plus one unit's flat buffer; 0 for a
+//                                    deferred model (NOTE [Deferred initialisation] in
+//                                    core/param_init.h), whose wrap allocates shards only.
 //   per rank      max(init, model state + gathered + activations);
 //   per host      per rank x local_ranks (the ranks sharing this host's memory).
 // On a CUDA device the per-rank figure is the device's (bf16 compute copies are not
@@ -132,6 +134,9 @@ struct MemoryEstimateInput {
   // Gradient accumulation keeps every unit's full gradient (StageOptions::Accumulation
   // kNoSync with grad_accumulation > 1).
   bool no_sync_accumulation = false;
+  // The model is built deferred (GptModuleOptions::deferred_init): no full model before
+  // the wrap, whose shards are part of the model state (init 0).
+  bool deferred_init = false;
   // Where the ranks compute (NOTE [Memory estimate on a device] in memory_estimate.cc):
   // on a CUDA device the per-rank figure is device memory, and the host holds only each
   // rank's CPU-built model.

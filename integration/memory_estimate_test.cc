@@ -43,6 +43,14 @@ TEST(MemoryEstimateTest, FullShardFollowsTheStatedFormula) {
   EXPECT_EQ(e->per_rank_bytes, 4 * (1000000 + lu));  // building the full model dominates
   EXPECT_EQ(e->per_host_bytes, e->per_rank_bytes);
 
+  // A deferred model is never whole: training dominates.
+  in.deferred_init = true;
+  e = EstimateMemory(in);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->init_bytes, 0);
+  EXPECT_EQ(e->per_rank_bytes, 16 * shard + (2 * 4 + 4) * lu);
+  in.deferred_init = false;
+
   // bf16 compute halves the gathered copies, not the fp32 state.
   in.param_dtype = core::DType::kBFloat16;
   e = EstimateMemory(in);

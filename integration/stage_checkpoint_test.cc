@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/sharded.h"
 #include "comm/testing/thread_ranks.h"
@@ -115,6 +116,46 @@ TEST(StageCheckpointTest, LoadsIntoAPlainModule) {
   for (const auto& [name, p] : (*module)->model()->NamedParameters()) {
     EXPECT_EQ(p->data.ToVector(), saved.at("model/" + name)) << name;
   }
+}
+
+// NOTE [Deferred initialisation]: a deferred model loads a checkpoint into its shards
+// (the stage wraps it, filling shards only, then each rank reads its ranges) without
+// ever holding the full model; a plain deferred model refuses, naming the parameter.
+TEST(StageCheckpointTest, LoadsIntoADeferredModelWithoutTheFullModel) {
+  FitAndSave("deferred");
+  const std::map<std::string, std::vector<float>> saved = Contents(Dir("deferred"));
+  int64_t full_model_bytes = 0;
+  for (const auto& [name, values] : saved) {
+    if (absl::StartsWith(name, "model/")) full_model_bytes += 4 * values.size();
+  }
+  GptModuleOptions deferred = SmallGpt();
+  deferred.deferred_init = true;
+  const int n = 3;
+  std::vector<int64_t> param_peaks(n);
+  INTEGRATION_ASSERT_OK(RunRanks(n, [&](comm::testing::RankContext& ctx) -> absl::Status {
+    ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(deferred));
+    ctx.allocator->ResetPeaks();
+    ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, Stages()));
+    ASSIGN_OR_RETURN(LoadedCheckpoint loaded,
+                     runner->LoadCheckpoint(*module, Dir("deferred"), /*optimizer=*/true));
+    param_peaks[ctx.rank] = ctx.allocator->Stats().peak(core::MemoryTag::kParam);
+    RETURN_IF_ERROR(runner->SaveCheckpoint(*module, Dir("deferred_resaved")));
+    return absl::OkStatus();
+  }));
+  EXPECT_EQ(Contents(Dir("deferred_resaved")), saved);
+  for (int r = 0; r < n; ++r) {
+    // Its shards: a third of the model, plus padding.
+    EXPECT_LT(param_peaks[r], full_model_bytes / 2) << "rank " << r;
+  }
+
+  absl::StatusOr<std::unique_ptr<GptTrainModule>> plain = GptTrainModule::Create(deferred);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  fsdp::WrapperRegistry registry;
+  absl::StatusOr<LoadedCheckpoint> refused =
+      LoadTrainingCheckpoint(Dir("deferred"), *(*plain)->model(), &registry);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("parameter 'wte.weight' is deferred and not materialized"));
 }
 
 TEST(StageCheckpointTest, CrashBeforeRenameLeavesThePreviousCheckpointLoadable) {

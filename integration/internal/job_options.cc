@@ -57,6 +57,9 @@ ABSL_FLAG(int, grad_accumulation, 1,
 ABSL_FLAG(std::string, accumulation, "reduce_each",
           "how micro-batch gradients meet: reduce_each (reduce-scatter each; shard memory) or "
           "no_sync (keep full gradients, reduce once)");
+ABSL_FLAG(bool, deferred_init, false,
+          "build the model without parameter memory; the wrap fills only each rank's shards, "
+          "with the values a full construction gives (CPU only)");
 ABSL_FLAG(int, activation_checkpoint_every, 0,
           "activation checkpointing: every k-th TransformerBlock (blocks 0, k, 2k, ...) drops "
           "its activations after the forward and recomputes them in the backward; 1: every "
@@ -133,6 +136,7 @@ GptModuleOptions ModelOptionsFromFlags() {
   o.adamw.lr = absl::GetFlag(FLAGS_lr);
   o.adamw.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   o.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+  o.deferred_init = absl::GetFlag(FLAGS_deferred_init);
   return o;
 }
 

@@ -43,6 +43,7 @@ absl::Status CheckFitsInMemory(const JobSetup& setup, int world, core::Device de
           world,
       setup.model_options.seq_len);
   need.activations->checkpointed_blocks = GptCheckpointedBlocks(plan);
+  need.deferred_init = setup.model_options.deferred_init;
   need.no_sync_accumulation = options.grad_accumulation > 1 &&
                               options.accumulation == StageOptions::Accumulation::kNoSync;
   ASSIGN_OR_RETURN(MemoryEstimate estimate, EstimateMemory(need));
