@@ -77,8 +77,18 @@ TEST_P(DeferredParityTest, ShardsAndTrainingAreBitwiseThoseOfAFullConstruction) 
     ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> full, testing::MakeGpt(setup));
     const auto want = testing::ParameterValues(*full);
     ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> deferred, MakeDeferredGpt(setup));
+    const int64_t before = ctx.allocator->Stats().current(core::MemoryTag::kParam);
+    ctx.allocator->ResetPeaks();
     WrapperRegistry registry;
     ASSIGN_OR_RETURN(auto handle, FullyShard(deferred, ctx.group, options, &registry));
+    // The wrap's peak is the rank's shards: no unit is ever whole.
+    int64_t shards = 0;
+    for (const auto& unit : handle->units()) shards += 4 * unit->flat().shard_numel();
+    const int64_t wrap_peak = ctx.allocator->Stats().peak(core::MemoryTag::kParam) - before;
+    if (wrap_peak > shards) {
+      return absl::InternalError(absl::StrCat("the deferred wrap's parameter peak ", wrap_peak,
+                                              " B is above the rank's shards, ", shards, " B"));
+    }
     if (registry.counters().param_bytes_copied != 0) {
       return absl::InternalError(absl::StrCat("a deferred wrap copied ",
                                               registry.counters().param_bytes_copied,
