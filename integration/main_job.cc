@@ -85,6 +85,7 @@ integration::internal::JobFacts FactsOf(const JobOptions& job,
   facts.stages = job.stages;
   facts.model_parameters = setup.module->model()->NumParameterElements();
   facts.entropy_floor = setup.module->EntropyFloor();
+  facts.memory_estimate = setup.estimate;
   return facts;
 }
 

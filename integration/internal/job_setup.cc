@@ -18,8 +18,10 @@ namespace integration {
 namespace internal {
 namespace {
 
-// Refuses a run this host's memory (or the rank's GPU's) cannot hold, naming the shortfall.
-absl::Status CheckFitsInMemory(const JobSetup& setup, int world, core::Device device) {
+// Refuses a run this host's memory (or the rank's GPU's) cannot hold, naming the shortfall;
+// keeps the estimate in setup->estimate.
+absl::Status CheckFitsInMemory(JobSetup* setup_out, int world, core::Device device) {
+  const JobSetup& setup = *setup_out;
   const StageOptions& options = setup.options;
   MemoryEstimateInput need;
   const std::shared_ptr<const policy::WrapPolicy> wrap_policy =
@@ -47,6 +49,7 @@ absl::Status CheckFitsInMemory(const JobSetup& setup, int world, core::Device de
   need.no_sync_accumulation = options.grad_accumulation > 1 &&
                               options.accumulation == StageOptions::Accumulation::kNoSync;
   ASSIGN_OR_RETURN(MemoryEstimate estimate, EstimateMemory(need));
+  setup_out->estimate = estimate;
   RETURN_IF_ERROR(CheckFitsInHostMemory(estimate));
   if (device.is_cuda()) {
     ASSIGN_OR_RETURN(DeviceMemoryInfo info, ReadDeviceMemoryInfo(device));
@@ -81,7 +84,7 @@ absl::StatusOr<JobSetup> SetUpRank(const JobOptions& job, const comm::Distribute
   setup.full_shapes = checkpoint::ParameterShapes(*setup.module->model());
   ASSIGN_OR_RETURN(setup.stages, ParseStages(job.stages));
   ASSIGN_OR_RETURN(setup.options, StageOptionsFor(job, timeout));
-  RETURN_IF_ERROR(CheckFitsInMemory(setup, world, dist.device));
+  RETURN_IF_ERROR(CheckFitsInMemory(&setup, world, dist.device));
   return setup;
 }
 

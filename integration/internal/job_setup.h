@@ -19,6 +19,7 @@
 #include "comm/init_from_env.h"
 #include "core/tensor.h"
 #include "integration/gpt_module.h"
+#include "integration/memory_estimate.h"
 #include "integration/internal/job_options.h"
 #include "integration/internal/job_train_modules.h"
 #include "integration/stage_options.h"
@@ -36,6 +37,8 @@ struct JobSetup {
   std::vector<Stage> stages;
   StageOptions options;
   int intra_op_threads = 0;
+  // The per-rank memory estimate the job was checked against (NOTE [Memory estimate]).
+  MemoryEstimate estimate;
 
   // What the stages train: the fault injector around the module, or the module.
   TrainModule* trained() const;

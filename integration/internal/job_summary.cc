@@ -18,7 +18,6 @@
 
 namespace integration {
 namespace internal {
-namespace {
 
 nlohmann::json MemoryJson(const RankMemory& m) {
   nlohmann::json j;
@@ -28,6 +27,8 @@ nlohmann::json MemoryJson(const RankMemory& m) {
   j["total"] = m.peak_total;
   return j;
 }
+
+namespace {
 
 // The summary without the per-step losses (those stay in summary.json).
 nlohmann::json LastLine(nlohmann::json summary) {
@@ -103,6 +104,15 @@ nlohmann::json NewSummary(const JobFacts& facts) {
   summary["strategy"] = facts.strategy;
   summary["stages"] = facts.stages;
   summary["model_parameters"] = facts.model_parameters;
+  const MemoryEstimate& e = facts.memory_estimate;
+  summary["memory_estimate"] = {{"per_rank_bytes", e.per_rank_bytes},
+                                {"model_state_bytes", e.model_state_bytes},
+                                {"gathered_bytes", e.gathered_bytes},
+                                {"activation_bytes", e.activation_bytes},
+                                {"init_bytes", e.init_bytes},
+                                {"describe", e.Describe()}};
+  summary["fit_peak_bytes_per_rank"] = nullptr;
+  summary["memory_estimate_over_fit_peak"] = nullptr;
   summary["entropy_floor"] =
       std::isfinite(facts.entropy_floor) ? nlohmann::json(facts.entropy_floor) : nlohmann::json();
   for (const char* figure : {"final_train_loss", "test_loss", "validate_loss", "released_test_loss",

@@ -23,6 +23,7 @@
 #include "core/module.h"
 #include "fsdp/registry.h"
 #include "fsdp/unit.h"
+#include "integration/memory_estimate.h"
 #include "integration/stage_runner.h"
 #include "nlohmann/json.hpp"
 
@@ -60,7 +61,13 @@ struct JobFacts {
   std::string stages;
   int64_t model_parameters = 0;
   double entropy_floor = 0;
+  // The per-rank memory estimate (NOTE [Memory estimate] in integration/memory_estimate.h),
+  // compared with the fit's measured peak in the summary.
+  MemoryEstimate memory_estimate;
 };
+
+// A rank's peak bytes by tag name, and "total".
+nlohmann::json MemoryJson(const RankMemory& m);
 
 // The summary of a job that has not run a stage yet: the facts, and null or 0 for every
 // figure a stage fills in.

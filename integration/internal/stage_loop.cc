@@ -132,6 +132,18 @@ absl::Status StageLoop::Fit() {
   summary_["final_train_loss"] = fit.final_loss;
   totals_.tokens_per_second = fit.items_per_second;
   totals_.AddMemory(fit.report.memory);
+  // The fit's own peaks (the wrap included) beside the estimate they were checked against.
+  nlohmann::json fit_peaks = nlohmann::json::array();
+  int64_t highest = 0;
+  for (const RankMemory& m : fit.report.memory) {
+    fit_peaks.push_back(MemoryJson(m));
+    highest = std::max(highest, m.peak_total);
+  }
+  summary_["fit_peak_bytes_per_rank"] = fit_peaks;
+  const int64_t estimated = summary_["memory_estimate"]["per_rank_bytes"].get<int64_t>();
+  if (highest > 0) {
+    summary_["memory_estimate_over_fit_peak"] = static_cast<double>(estimated) / highest;
+  }
   if (!fit.checkpoint_dir.empty()) {
     say_(absl::StrCat("fit: saved checkpoint ", fit.checkpoint_dir, " (model and optimizer, step ",
                       fit.global_step, ")"));
