@@ -60,6 +60,13 @@ absl::Status Validate(const MemoryEstimateInput& in) {
     return Bad("model.largest_unit_params", m.largest_unit_params,
                absl::StrCat("must be in [0, model.num_params = ", m.num_params, "]"));
   }
+  if (m.root_unit_params < 0 || m.root_unit_params > m.num_params) {
+    return Bad("model.root_unit_params", m.root_unit_params,
+               absl::StrCat("must be in [0, model.num_params = ", m.num_params, "]"));
+  }
+  if (in.limit_all_gathers < 0) {
+    return Bad("limit_all_gathers", in.limit_all_gathers, "must be >= 0");
+  }
   if (m.num_units < (m.num_params > 0 ? 1 : 0)) {
     return Bad("model.num_units", m.num_units, "must be >= 1 when there are parameters");
   }
@@ -104,6 +111,7 @@ ModelSizes ModelSizesFromPlan(const policy::WrapPlan& plan) {
   sizes.num_units = plan.units_size();
   for (const policy::WrapUnit& unit : plan.units()) {
     sizes.largest_unit_params = std::max(sizes.largest_unit_params, unit.numel());
+    if (unit.path().empty()) sizes.root_unit_params = unit.numel();
   }
   return sizes;
 }
@@ -112,6 +120,7 @@ ModelSizes ModelSizesOfModule(const core::Module& model) {
   ModelSizes sizes;
   sizes.num_params = model.NumParameterElements();
   sizes.largest_unit_params = sizes.num_params;
+  sizes.root_unit_params = sizes.num_params;
   sizes.num_units = 1;
   return sizes;
 }
@@ -145,7 +154,7 @@ std::string MemoryEstimate::Describe() const {
       "per rank ", core::FormatBytes(per_rank_bytes), " = max(init ",
       core::FormatBytes(init_bytes), ", model state ", core::FormatBytes(model_state_bytes),
       " + gathered ", core::FormatBytes(gathered_bytes), " + activations ",
-      core::FormatBytes(activation_bytes), ")");
+      core::FormatBytes(activation_bytes), " + comm ", core::FormatBytes(comm_bytes), ")");
   if (device.is_cuda()) {
     absl::StrAppend(&out, " on ", device.ToString(), "; the host holds each rank's CPU-built "
                     "model, ", core::FormatBytes(per_host_bytes), " for ", local_ranks,
@@ -171,13 +180,25 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const MemoryEstimateInput& input) 
   // The unsharded fp32 gradient held at once: one unit's, or every unit's under no_sync.
   const int64_t full_grad = input.no_sync_accumulation ? c.Mul(4, m.num_params)
                                                        : c.Mul(4, largest_unit);
+  // NOTE [Memory estimate]: the root unit stays gathered through the whole pass (its
+  // forward and backward enclose the others'), besides the computing unit and up to
+  // limit_all_gathers prefetched ones; its full gradient lives through the backward,
+  // besides the computing unit's and the one reduction in flight.
+  const int64_t root = m.root_unit_params > 0 ? c.Add(m.root_unit_params, g - 1) : 0;
+  const int64_t others = std::max<int64_t>(m.num_units - 1, 0);
+  const int64_t in_flight = std::min<int64_t>(others, 1 + std::max(input.limit_all_gathers, 0));
+  const int64_t grads_in_flight = std::min<int64_t>(others, 2);
+  const int64_t unit_grads = input.no_sync_accumulation
+                                 ? full_grad
+                                 : c.Mul(4, c.Add(root, c.Mul(grads_in_flight, largest_unit)));
   switch (input.strategy) {
     case fsdp::ShardingStrategy::kFullShard:
     case fsdp::ShardingStrategy::kHybridShard:
-      e.gathered_bytes = c.Add(c.Mul(c.Mul(2, compute), largest_unit), full_grad);
+      e.gathered_bytes =
+          c.Add(c.Mul(compute, c.Add(root, c.Mul(in_flight, largest_unit))), unit_grads);
       break;
     case fsdp::ShardingStrategy::kShardGradOp:
-      e.gathered_bytes = c.Add(c.Mul(compute, m.num_params), full_grad);
+      e.gathered_bytes = c.Add(c.Mul(compute, m.num_params), unit_grads);
       break;
     case fsdp::ShardingStrategy::kNoShard:
       e.gathered_bytes = compute == 4 ? 0 : c.Mul(compute, m.num_params);
@@ -208,10 +229,18 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const MemoryEstimateInput& input) 
     const int64_t per_token = c.Add(std::max(at_loss, in_backward), 3);
     e.activation_bytes = c.Mul(4, c.Mul(c.Mul(a.batch_rows, a.seq_len), per_token));
   }
+  // The collectives' staging (fsdp/unit.cc, tag comm): the shard each all-gather in
+  // flight sends and the shard the reduction in flight receives.
+  if (g > 1 && input.strategy != fsdp::ShardingStrategy::kNoShard) {
+    const int64_t largest_shard = (largest_unit + g - 1) / g;
+    e.comm_bytes = c.Mul(c.Mul(4, largest_shard), c.Add(std::max<int64_t>(in_flight, 1), 1));
+  }
   e.init_bytes = input.deferred_init
                      ? 0
                      : c.Mul(4, c.Add(c.Add(m.num_params, m.ignored_params), largest_unit));
-  const int64_t training = c.Add(c.Add(e.model_state_bytes, e.gathered_bytes), e.activation_bytes);
+  const int64_t training = c.Add(c.Add(c.Add(e.model_state_bytes, e.gathered_bytes),
+                                       e.activation_bytes),
+                                 e.comm_bytes);
   e.per_rank_bytes = std::max(e.init_bytes, training);
   e.local_ranks = input.local_ranks;
   e.device = input.device;

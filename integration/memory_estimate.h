@@ -23,13 +23,20 @@
 //   model state   16 S + 16 I        fp32 shard 4 S + gradient shard 4 S + AdamW 8 S, as
 //                                    ZeRO-3's 16 Psi / N (policy/plan.proto NOTE [Plan
 //                                    memory accounting]); ignored parameters in full.
-//   gathered      FULL/HYBRID_SHARD: (2 c + 4) Lu — the computing unit and one prefetched
-//                 unit gathered, plus one unit's unsharded fp32 gradient;
-//                 SHARD_GRAD_OP: c P + 4 Lu (parameters stay gathered from forward to
-//                 backward); NO_SHARD: c P when c != 4 (the compute copy), else 0.
-//                 Gradient accumulation with no_sync (StageOptions::accumulation, NOTE
-//                 [Gradient accumulation]) keeps every unit's unsharded fp32 gradient
-//                 until the last micro-batch: 4 P instead of 4 Lu (NO_SHARD: no change).
+//   gathered      with R the root unit's elements (the wrapped module's own unit, padded)
+//                 and A = min(U - 1, 1 + limit_all_gathers) the other units gathered at
+//                 once (the computing one and those prefetched ahead of it):
+//                 FULL/HYBRID_SHARD: c (R + A Lu) + 4 (R + min(U - 1, 2) Lu) — the root
+//                 unit stays gathered through the pass, since its forward and backward
+//                 enclose the others'; the unsharded fp32 gradients of the root, of the
+//                 computing unit and of the reduction in flight;
+//                 SHARD_GRAD_OP: c P + the same gradients (parameters stay gathered from
+//                 forward to backward); NO_SHARD: c P when c != 4 (the compute copy),
+//                 else 0. Gradient accumulation with no_sync (StageOptions::accumulation,
+//                 NOTE [Gradient accumulation]) keeps every unit's unsharded fp32 gradient
+//                 until the last micro-batch: 4 P instead (NO_SHARD: no change).
+//   comm          4 ceil(Lu / G) (max(A, 1) + 1) when G > 1 (not NO_SHARD): the shard
+//                 each all-gather in flight sends and the one the reduction receives.
 //   activations   GPT (nn/gpt.h, fp32 on the CPU, every layer's cache kept for
 //                 backward), in floats per token: each block keeps P = 16 C + H T + 2 (its
 //                 LayerNorm, Linear and GELU caches, the attention probabilities and two
@@ -52,12 +59,13 @@
 //                                    sharding it, plus one unit's flat buffer; 0 for a
 //                                    deferred model (NOTE [Deferred initialisation] in
 //                                    core/param_init.h), whose wrap allocates shards only.
-//   per rank      max(init, model state + gathered + activations);
+//   per rank      max(init, model state + gathered + activations + comm);
 //   per host      per rank x local_ranks (the ranks sharing this host's memory).
 // On a CUDA device the per-rank figure is the device's (bf16 compute copies are not
 // widened there: c = 2) and the host holds only each rank's CPU-built model, 4 P + 4 I.
-// It is an estimate: allocator rounding, communication buffers and the runtime are not
-// in it, so CheckFitsInMemory passing is necessary, not sufficient.
+// It is an estimate: allocator rounding, the backends' own buffers (gloo's ring pieces,
+// NCCL's) and the runtime are not in it, so CheckFitsInMemory passing is necessary, not
+// sufficient. The main job's summary prints it over the fit's measured peak.
 #ifndef INTEGRATION_MEMORY_ESTIMATE_H_
 #define INTEGRATION_MEMORY_ESTIMATE_H_
 
@@ -84,6 +92,8 @@ struct ModelSizes {
   int64_t num_params = 0;
   // Elements of the largest FSDP unit; <= num_params.
   int64_t largest_unit_params = 0;
+  // Elements of the root unit (the wrapped module's own); <= num_params.
+  int64_t root_unit_params = 0;
   // FSDP units (>= 1 when num_params > 0).
   int64_t num_units = 1;
   // Ignored parameters: unmanaged, held in full (with gradients and AdamW state) by
@@ -129,6 +139,8 @@ struct MemoryEstimateInput {
   int hybrid_shard_size = 0;
   // The compute dtype of gathered parameters (FullyShardOptions.mixed_precision).
   core::DType param_dtype = core::DType::kFloat32;
+  // FullyShardOptions.limit_all_gathers: units gathered ahead of the computing one.
+  int limit_all_gathers = 2;
   // Unset: activations are not estimated (0).
   std::optional<GptActivationShape> activations;
   // Gradient accumulation keeps every unit's full gradient (StageOptions::Accumulation
@@ -148,6 +160,7 @@ struct MemoryEstimate {
   int64_t model_state_bytes = 0;
   int64_t gathered_bytes = 0;
   int64_t activation_bytes = 0;
+  int64_t comm_bytes = 0;
   int64_t init_bytes = 0;
   int64_t per_rank_bytes = 0;
   int local_ranks = 1;
@@ -159,7 +172,7 @@ struct MemoryEstimate {
   int64_t per_device_bytes = 0;
 
   // "per rank 1.20GiB = max(init 400.00MiB, model state 800.00MiB + gathered
-  // 100.00MiB + activations 328.00MiB); x 4 ranks on this host = 4.80GiB".
+  // 100.00MiB + activations 328.00MiB + comm 1.00MiB); x 4 ranks on this host = 4.80GiB".
   std::string Describe() const;
 };
 

@@ -1,5 +1,6 @@
 #include "integration/memory_estimate.h"
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -24,10 +25,17 @@ MemoryEstimateInput OneMillionParams(fsdp::ShardingStrategy strategy) {
   MemoryEstimateInput in;
   in.model.num_params = 1000000;
   in.model.largest_unit_params = 100000;
+  in.model.root_unit_params = 50000;
   in.model.num_units = 10;
   in.world_size = 8;
   in.strategy = strategy;
   return in;
+}
+
+// NOTE [Memory estimate]'s gathered term: c (R + A Lu) + 4 (R + min(U - 1, 2) Lu), with
+// A = min(U - 1, 1 + limit_all_gathers); here U = 10 and limit_all_gathers 2, so A = 3.
+int64_t Gathered(int64_t c, int64_t root, int64_t lu) {
+  return c * (root + 3 * lu) + 4 * (root + 2 * lu);
 }
 
 TEST(MemoryEstimateTest, FullShardFollowsTheStatedFormula) {
@@ -36,27 +44,38 @@ TEST(MemoryEstimateTest, FullShardFollowsTheStatedFormula) {
   ASSERT_TRUE(e.ok()) << e.status();
   const int64_t shard = 1000000 / 8 + 10;  // S = ceil(P / G) + U
   const int64_t lu = 100000 + 7;           // largest unit, padded
+  const int64_t root = 50000 + 7;          // root unit, padded
+  const int64_t comm = 4 * ((lu + 7) / 8) * (3 + 1);  // A all-gathers and one reduction
   EXPECT_EQ(e->model_state_bytes, 16 * shard);
-  EXPECT_EQ(e->gathered_bytes, (2 * 4 + 4) * lu);
+  EXPECT_EQ(e->gathered_bytes, Gathered(4, root, lu));
+  EXPECT_EQ(e->comm_bytes, comm);
   EXPECT_EQ(e->activation_bytes, 0);
   EXPECT_EQ(e->init_bytes, 4 * (1000000 + lu));
-  EXPECT_EQ(e->per_rank_bytes, 4 * (1000000 + lu));  // building the full model dominates
+  const int64_t training = 16 * shard + Gathered(4, root, lu) + comm;
+  EXPECT_EQ(e->per_rank_bytes, std::max<int64_t>(4 * (1000000 + lu), training));
   EXPECT_EQ(e->per_host_bytes, e->per_rank_bytes);
 
-  // A deferred model is never whole: training dominates.
+  // Fewer units gathered ahead: limit_all_gathers 0 keeps only the computing one.
+  in.limit_all_gathers = 0;
+  e = EstimateMemory(in);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->gathered_bytes, 4 * (root + lu) + 4 * (root + 2 * lu));
+  in.limit_all_gathers = 2;
+
+  // A deferred model is never whole: training is the peak.
   in.deferred_init = true;
   e = EstimateMemory(in);
   ASSERT_TRUE(e.ok()) << e.status();
   EXPECT_EQ(e->init_bytes, 0);
-  EXPECT_EQ(e->per_rank_bytes, 16 * shard + (2 * 4 + 4) * lu);
+  EXPECT_EQ(e->per_rank_bytes, training);
   in.deferred_init = false;
 
-  // bf16 compute halves the gathered copies, not the fp32 state.
+  // bf16 compute halves the gathered copies, not the fp32 state or gradients.
   in.param_dtype = core::DType::kBFloat16;
   e = EstimateMemory(in);
   ASSERT_TRUE(e.ok()) << e.status();
   EXPECT_EQ(e->model_state_bytes, 16 * shard);
-  EXPECT_EQ(e->gathered_bytes, (2 * 2 + 4) * lu);
+  EXPECT_EQ(e->gathered_bytes, Gathered(2, root, lu));
 }
 
 TEST(MemoryEstimateTest, StrategiesDifferAsStated) {
@@ -64,13 +83,14 @@ TEST(MemoryEstimateTest, StrategiesDifferAsStated) {
       EstimateMemory(OneMillionParams(fsdp::ShardingStrategy::kShardGradOp));
   ASSERT_TRUE(grad_op.ok()) << grad_op.status();
   EXPECT_EQ(grad_op->model_state_bytes, 16 * (1000000 / 8 + 10));
-  EXPECT_EQ(grad_op->gathered_bytes, 4 * 1000000 + 4 * (100000 + 7));
+  EXPECT_EQ(grad_op->gathered_bytes, 4 * 1000000 + 4 * ((50000 + 7) + 2 * (100000 + 7)));
 
   absl::StatusOr<MemoryEstimate> no_shard =
       EstimateMemory(OneMillionParams(fsdp::ShardingStrategy::kNoShard));
   ASSERT_TRUE(no_shard.ok()) << no_shard.status();
   EXPECT_EQ(no_shard->model_state_bytes, 16 * (1000000 + 10));  // G = 1
   EXPECT_EQ(no_shard->gathered_bytes, 0);
+  EXPECT_EQ(no_shard->comm_bytes, 0);
   EXPECT_EQ(no_shard->per_rank_bytes, no_shard->model_state_bytes);
 
   MemoryEstimateInput hybrid = OneMillionParams(fsdp::ShardingStrategy::kHybridShard);
@@ -78,15 +98,17 @@ TEST(MemoryEstimateTest, StrategiesDifferAsStated) {
   absl::StatusOr<MemoryEstimate> h = EstimateMemory(hybrid);
   ASSERT_TRUE(h.ok()) << h.status();
   EXPECT_EQ(h->model_state_bytes, 16 * (1000000 / 2 + 10));
-  EXPECT_EQ(h->gathered_bytes, 12 * (100000 + 1));
+  EXPECT_EQ(h->gathered_bytes, Gathered(4, 50000 + 1, 100000 + 1));
 
-  // Gradient accumulation under no_sync holds every unit's fp32 gradient (4 P), not one's.
+  // Gradient accumulation under no_sync holds every unit's fp32 gradient (4 P) instead
+  // of those in flight.
   MemoryEstimateInput no_sync = OneMillionParams(fsdp::ShardingStrategy::kFullShard);
   no_sync.no_sync_accumulation = true;
   absl::StatusOr<MemoryEstimate> ns = EstimateMemory(no_sync);
   absl::StatusOr<MemoryEstimate> each = EstimateMemory(OneMillionParams(fsdp::ShardingStrategy::kFullShard));
   ASSERT_TRUE(ns.ok() && each.ok()) << ns.status();
-  EXPECT_EQ(ns->gathered_bytes - each->gathered_bytes, 4 * 1000000 - 4 * (100000 + 7));
+  EXPECT_EQ(ns->gathered_bytes - each->gathered_bytes,
+            4 * 1000000 - 4 * ((50000 + 7) + 2 * (100000 + 7)));
   no_sync.strategy = fsdp::ShardingStrategy::kNoShard;
   EXPECT_EQ(EstimateMemory(no_sync)->gathered_bytes, 0);
 }

@@ -35,6 +35,7 @@ absl::Status CheckFitsInMemory(JobSetup* setup_out, int world, core::Device devi
   need.local_ranks = LocalRanks(world);
   need.strategy = options.wrap.strategy;
   need.hybrid_shard_size = options.wrap.hybrid_shard_size;
+  need.limit_all_gathers = options.wrap.limit_all_gathers;
   need.param_dtype = options.wrap.mixed_precision.param_dtype;
   need.device = device;
   // Activations of the largest batch one pass holds: a training micro-batch or an

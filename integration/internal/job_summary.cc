@@ -109,6 +109,7 @@ nlohmann::json NewSummary(const JobFacts& facts) {
                                 {"model_state_bytes", e.model_state_bytes},
                                 {"gathered_bytes", e.gathered_bytes},
                                 {"activation_bytes", e.activation_bytes},
+                                {"comm_bytes", e.comm_bytes},
                                 {"init_bytes", e.init_bytes},
                                 {"describe", e.Describe()}};
   summary["fit_peak_bytes_per_rank"] = nullptr;
