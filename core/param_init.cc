@@ -19,23 +19,11 @@ ParamInit ParamInit::Constant(float value) {
 }
 
 ParamInit ParamInit::Uniform(uint64_t seed, int64_t skip, float lo, float hi) {
-  ParamInit init;
-  init.kind = Kind::kUniform;
-  init.seed = seed;
-  init.skip = skip;
-  init.a = lo;
-  init.b = hi;
-  return init;
+  return ParamInit{Kind::kUniform, seed, skip, lo, hi};
 }
 
 ParamInit ParamInit::Normal(uint64_t seed, int64_t skip, float mean, float stddev) {
-  ParamInit init;
-  init.kind = Kind::kNormal;
-  init.seed = seed;
-  init.skip = skip;
-  init.a = mean;
-  init.b = stddev;
-  return init;
+  return ParamInit{Kind::kNormal, seed, skip, mean, stddev};
 }
 
 absl::Status ParamInit::Fill(const Tensor& out, int64_t begin) const {

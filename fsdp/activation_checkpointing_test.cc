@@ -33,9 +33,9 @@ struct Case {
 };
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
-  std::string name = ShardingStrategyName(info.param.strategy);
-  name.erase(std::remove(name.begin(), name.end(), '_'), name.end());
-  return absl::StrCat(name, "_N", info.param.world_size, "_", info.param.label);
+  return absl::StrCat(testing::StrategyCaseName({info.param.strategy, info.param.world_size,
+                                                 info.param.hybrid_shard_size}),
+                      "_", info.param.label);
 }
 
 class CheckpointParityTest : public ::testing::TestWithParam<Case> {};

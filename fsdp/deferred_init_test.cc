@@ -56,11 +56,7 @@ TEST(DeferredInitTest, ADeferredModelHoldsNoParameterMemoryAndRefusesToRun) {
       << out.status();
 }
 
-struct Case {
-  ShardingStrategy strategy;
-  int world_size;
-  int hybrid_shard_size;
-};
+using Case = testing::StrategyCase;
 
 class DeferredParityTest : public ::testing::TestWithParam<Case> {};
 
@@ -112,9 +108,7 @@ TEST_P(DeferredParityTest, ShardsAndTrainingAreBitwiseThoseOfAFullConstruction) 
 }
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
-  std::string name = ShardingStrategyName(info.param.strategy);
-  name.erase(std::remove(name.begin(), name.end(), '_'), name.end());
-  return absl::StrCat(name, "_N", info.param.world_size);
+  return testing::StrategyCaseName(info.param);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -25,18 +25,10 @@ namespace {
 constexpr double kRtol = 1e-5;
 constexpr double kAtol = 1e-6;
 
-struct Case {
-  ShardingStrategy strategy;
-  int world_size;
-  int hybrid_shard_size;
-};
+using Case = testing::StrategyCase;
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
-  std::string name = ShardingStrategyName(info.param.strategy);
-  name.erase(std::remove(name.begin(), name.end(), '_'), name.end());
-  return absl::StrCat(name, "_N", info.param.world_size,
-                      info.param.hybrid_shard_size ? absl::StrCat("_H", info.param.hybrid_shard_size)
-                                                   : "");
+  return testing::StrategyCaseName(info.param);
 }
 
 class ParityTest : public ::testing::TestWithParam<Case> {

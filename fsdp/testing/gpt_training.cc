@@ -63,6 +63,13 @@ absl::StatusOr<std::shared_ptr<nn::Gpt>> MakeGpt(const GptTrainingSetup& setup) 
   return gpt;
 }
 
+std::string StrategyCaseName(const StrategyCase& c) {
+  std::string name = ShardingStrategyName(c.strategy);
+  name.erase(std::remove(name.begin(), name.end(), '_'), name.end());
+  return absl::StrCat(name, "_N", c.world_size,
+                      c.hybrid_shard_size ? absl::StrCat("_H", c.hybrid_shard_size) : "");
+}
+
 FullyShardOptions PerBlockOptions(ShardingStrategy strategy, int hybrid_shard_size) {
   FullyShardOptions options;
   options.policy = policy::ModuleTypes({"TransformerBlock"});

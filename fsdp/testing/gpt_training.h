@@ -62,6 +62,16 @@ struct TrainingRun {
 absl::StatusOr<data::MarkovLanguage> MakeLanguage(const GptTrainingSetup& setup);
 // InvalidArgument naming a `frozen` entry that is not a parameter.
 absl::StatusOr<std::shared_ptr<nn::Gpt>> MakeGpt(const GptTrainingSetup& setup);
+// A strategy at a world size, the parameter of the tests that run every strategy.
+struct StrategyCase {
+  ShardingStrategy strategy;
+  int world_size;
+  int hybrid_shard_size;  // HYBRID_SHARD only, else 0
+};
+
+// "FULLSHARD_N2", "HYBRIDSHARD_N4_H2": a gtest parameter name.
+std::string StrategyCaseName(const StrategyCase& c);
+
 // The policy the parity tests use: one unit per TransformerBlock, plus the root.
 FullyShardOptions PerBlockOptions(ShardingStrategy strategy, int hybrid_shard_size = 0);
 
