@@ -12,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "checkpoint/safetensors.h"
+#include "comm/agreement.h"
+#include "fsdp/state_dict.h"
 #include "core/status_macros.h"
 #include "core/text_file.h"
 #include "nlohmann/json.hpp"
@@ -73,7 +75,11 @@ core::Shape FullShape(const std::string& name, const nn::GptConfig& c) {
 
 // [rows, cols] -> [cols, rows], float32 on the CPU.
 absl::StatusOr<core::Tensor> Transposed(const core::Tensor& t) {
-  ASSIGN_OR_RETURN(core::Tensor in, t.ToDType(core::DType::kFloat32, core::MemoryTag::kOther));
+  core::Tensor in = t;
+  if (t.dtype() != core::DType::kFloat32 || !t.device().is_cpu()) {
+    ASSIGN_OR_RETURN(core::Tensor host, t.To(core::Device::Cpu(), core::MemoryTag::kOther));
+    ASSIGN_OR_RETURN(in, host.ToDType(core::DType::kFloat32, core::MemoryTag::kOther));
+  }
   const int64_t rows = in.size(0), cols = in.size(1);
   ASSIGN_OR_RETURN(core::Tensor out, core::Tensor::Allocate({cols, rows}, core::DType::kFloat32,
                                                             core::MemoryTag::kOther));
@@ -94,14 +100,21 @@ absl::StatusOr<Json> ReadJson(const std::string& path, absl::string_view what) {
   return json;
 }
 
-// A tensor read from one of the checkpoint's files.
-struct Stored {
-  core::Tensor tensor;
-  std::string file;
+// The checkpoint's files, opened (layouts validated, nothing read), and where each
+// tensor is, by name without the "transformer." prefix.
+struct Weights {
+  std::vector<SafetensorsReader> files;
+  struct Place {
+    size_t file = 0;
+    std::string name;  // as stored
+  };
+  std::map<std::string, Place> where;
+
+  std::string FileOf(const Place& p) const { return paths[p.file]; }
+  std::vector<std::string> paths;
 };
 
-// Every tensor of the checkpoint in `dir`, by name without the "transformer." prefix.
-absl::StatusOr<std::map<std::string, Stored>> ReadWeights(const std::string& dir) {
+absl::StatusOr<Weights> OpenWeights(const std::string& dir) {
   std::vector<std::string> files;
   const std::string index = dir + "/model.safetensors.index.json";
   if (std::filesystem::exists(index)) {
@@ -111,36 +124,103 @@ absl::StatusOr<std::map<std::string, Stored>> ReadWeights(const std::string& dir
     }
     std::set<std::string> seen;
     for (const auto& [name, file] : json["weight_map"].items()) {
-      if (!file.is_string()) {
+      if (!file.is_string() || file.get<std::string>().empty() ||
+          file.get<std::string>().find('/') != std::string::npos) {
         return absl::InvalidArgumentError(
-            absl::StrCat(index, ": weight_map[\"", name, "\"] is not a file name"));
+            absl::StrCat(index, ": weight_map[\"", name, "\"] is ", file.dump(),
+                         ", not the name of a file in the checkpoint's directory"));
       }
-      const std::string f = file.get<std::string>();
-      if (f.find('/') != std::string::npos || f.empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(index, ": weight_map[\"", name, "\"] names '", f,
-                         "', not a file in the checkpoint's directory"));
-      }
-      if (seen.insert(f).second) files.push_back(f);
+      if (seen.insert(file.get<std::string>()).second) files.push_back(file.get<std::string>());
     }
   } else {
     files.push_back("model.safetensors");
   }
-  std::map<std::string, Stored> out;
+  Weights out;
   for (const std::string& f : files) {
     const std::string path = dir + "/" + f;
-    ASSIGN_OR_RETURN(SafetensorsFile file, ImportSafetensors(path));
-    for (auto& [name, tensor] : file.tensors) {
+    ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::Open(path));
+    for (const std::string& name : reader.Names()) {
       absl::string_view short_name = name;
       absl::ConsumePrefix(&short_name, "transformer.");
-      auto [it, inserted] = out.emplace(std::string(short_name), Stored{tensor, path});
+      auto [it, inserted] =
+          out.where.emplace(std::string(short_name), Weights::Place{out.files.size(), name});
       if (!inserted) {
         return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' of ", path,
-                                                       " is also in ", it->second.file));
+                                                       " is also in ", out.FileOf(it->second)));
       }
     }
+    out.files.push_back(std::move(reader));
+    out.paths.push_back(path);
   }
   return out;
+}
+
+// Where each of our parameters comes from.
+struct Mapping {
+  std::string ours;
+  HfName hf;
+  Weights::Place place;
+};
+
+// Maps every parameter of `full_shapes` (ours, by name) to its tensor in `weights`,
+// checking shapes, and that every other tensor is one this GPT may skip; reads nothing
+// but lm_head and wte (to check they are tied).
+absl::StatusOr<std::vector<Mapping>> MapWeights(
+    const Weights& weights, const std::vector<std::pair<std::string, core::Shape>>& full_shapes,
+    const std::string& where) {
+  std::vector<Mapping> out;
+  std::set<std::string> used;
+  for (const auto& [name, shape] : full_shapes) {
+    const HfName hf = ToHf(name);
+    if (hf.name.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": parameter '", name, "' has no GPT-2 counterpart"));
+    }
+    auto it = weights.where.find(hf.name);
+    if (it == weights.where.end()) {
+      return absl::NotFoundError(absl::StrCat(where, ": tensor '", hf.name, "' (for '", name,
+                                              "') is in none of the checkpoint's files"));
+    }
+    ASSIGN_OR_RETURN(core::Shape stored, weights.files[it->second.file].ShapeOf(it->second.name));
+    core::Shape want = shape;
+    if (hf.transpose && want.size() == 2) std::swap(want[0], want[1]);
+    if (stored != want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": tensor '", hf.name, "' in ", weights.FileOf(it->second), " is ",
+          core::ShapeToString(stored), "; '", name, "' needs ", core::ShapeToString(want),
+          hf.transpose ? " (Conv1D layout [in, out])" : ""));
+    }
+    out.push_back({name, hf, it->second});
+    used.insert(hf.name);
+  }
+  for (const auto& [name, place] : weights.where) {
+    if (used.count(name)) continue;
+    if (absl::EndsWith(name, ".attn.bias") || absl::EndsWith(name, ".attn.masked_bias")) {
+      continue;  // the causal-mask buffers of older checkpoints
+    }
+    if (name == "lm_head.weight" && weights.where.count("wte.weight")) {
+      // Tied: it must be the embedding.
+      const Weights::Place& wte = weights.where.at("wte.weight");
+      ASSIGN_OR_RETURN(core::Tensor head, weights.files[place.file].Read(place.name));
+      ASSIGN_OR_RETURN(core::Tensor emb, weights.files[wte.file].Read(wte.name));
+      if (head.shape() == emb.shape() && head.ToVector() == emb.ToVector()) continue;
+      return absl::InvalidArgumentError(absl::StrCat(where, ": lm_head.weight in ",
+                                                     weights.FileOf(place),
+                                                     " differs from wte.weight; this GPT ties them"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(where, ": tensor '", name, "' in ",
+                                                   weights.FileOf(place),
+                                                   " belongs to no parameter of this GPT"));
+  }
+  return out;
+}
+
+// The tensor `m` maps to, in our layout, float32.
+absl::StatusOr<core::Tensor> ReadOurs(const Weights& weights, const Mapping& m) {
+  ASSIGN_OR_RETURN(core::Tensor t, weights.files[m.place.file].Read(m.place.name));
+  if (m.hf.transpose) return Transposed(t);
+  if (t.dtype() == core::DType::kFloat32) return t;
+  return t.ToDType(core::DType::kFloat32, core::MemoryTag::kOther);
 }
 
 }  // namespace
@@ -201,59 +281,57 @@ absl::StatusOr<nn::GptConfig> ReadHfGpt2Config(const std::string& dir) {
 
 absl::Status LoadHfGpt2(const std::string& dir, nn::Gpt& model) {
   const std::string where = absl::StrCat("LoadHfGpt2(", dir, ")");
-  using StoredMap = std::map<std::string, Stored>;
-  ASSIGN_OR_RETURN(StoredMap stored, ReadWeights(dir));
-  // Check everything and stage the values before touching a parameter.
-  std::vector<std::pair<core::ParameterPtr, core::Tensor>> staged;
-  std::set<std::string> used;
+  std::vector<std::pair<std::string, core::Shape>> shapes;
   for (const auto& [name, p] : model.NamedParameters()) {
-    const HfName hf = ToHf(name);
-    if (hf.name.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": parameter '", name, "' has no GPT-2 counterpart"));
-    }
     if (!p->data.defined()) {
       return absl::FailedPreconditionError(absl::StrCat(
           where, ": parameter '", name, "' ", p->data.ToString(),
-          " has no values to load into (deferred: wrap it first, or build it plainly)"));
+          " has no values to load into (deferred: wrap it and load with the registry)"));
     }
-    auto it = stored.find(hf.name);
-    if (it == stored.end()) {
-      return absl::NotFoundError(absl::StrCat(where, ": tensor '", hf.name, "' (for '", name,
-                                              "') is in none of the checkpoint's files"));
-    }
-    const core::Tensor& t = it->second.tensor;
-    core::Shape want = p->data.shape();
-    if (hf.transpose && want.size() == 2) std::swap(want[0], want[1]);
-    if (t.shape() != want) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": tensor '", hf.name, "' in ", it->second.file, " is ",
-          core::ShapeToString(t.shape()), "; '", name, "' needs ", core::ShapeToString(want),
-          hf.transpose ? " (Conv1D layout [in, out])" : ""));
-    }
-    absl::StatusOr<core::Tensor> value =
-        hf.transpose ? Transposed(t) : t.ToDType(core::DType::kFloat32, core::MemoryTag::kOther);
-    RETURN_IF_ERROR(value.status());
-    staged.emplace_back(p, *std::move(value));
-    used.insert(hf.name);
+    shapes.emplace_back(name, p->data.shape());
   }
-  for (const auto& [name, s] : stored) {
-    if (used.count(name)) continue;
-    if (absl::EndsWith(name, ".attn.bias") || absl::EndsWith(name, ".attn.masked_bias")) {
-      continue;  // the causal-mask buffers of older checkpoints
-    }
-    if (name == "lm_head.weight") {
-      // Tied: it must be the embedding.
-      const core::Tensor& wte = stored.at("wte.weight").tensor;
-      if (s.tensor.shape() == wte.shape() && s.tensor.ToVector() == wte.ToVector()) continue;
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": lm_head.weight in ", s.file, " differs from wte.weight; this GPT ties them"));
-    }
-    return absl::InvalidArgumentError(absl::StrCat(where, ": tensor '", name, "' in ", s.file,
-                                                   " belongs to no parameter of this GPT"));
+  ASSIGN_OR_RETURN(Weights weights, OpenWeights(dir));
+  ASSIGN_OR_RETURN(std::vector<Mapping> mappings, MapWeights(weights, shapes, where));
+  // Every value read and converted before any parameter changes.
+  std::map<std::string, core::ParameterPtr> params;
+  for (const auto& [name, p] : model.NamedParameters()) params.emplace(name, p);
+  std::vector<std::pair<core::ParameterPtr, core::Tensor>> staged;
+  for (const Mapping& m : mappings) {
+    ASSIGN_OR_RETURN(core::Tensor value, ReadOurs(weights, m));
+    staged.emplace_back(params.at(m.ours), std::move(value));
   }
   for (auto& [p, value] : staged) RETURN_IF_ERROR(p->data.CopyFrom(value));
   return absl::OkStatus();
+}
+
+absl::Status LoadHfGpt2(const std::string& dir, nn::Gpt& model, fsdp::WrapperRegistry* registry) {
+  const std::string where = absl::StrCat("LoadHfGpt2(", dir, ")");
+  if (registry == nullptr) return absl::InvalidArgumentError(where + ": the registry is null");
+  const std::vector<std::shared_ptr<fsdp::Unit>> units = registry->UnitsIn(model);
+  if (units.empty()) return LoadHfGpt2(dir, model);
+  // This rank's part of every parameter, filled from the files one tensor at a time.
+  absl::StatusOr<std::vector<fsdp::ShardedTensor>> parts = fsdp::ShardedStateDict(model, registry);
+  absl::Status local = parts.status();
+  if (local.ok()) {
+    local = [&]() -> absl::Status {
+      std::vector<std::pair<std::string, core::Shape>> shapes;
+      for (const fsdp::ShardedTensor& t : *parts) shapes.emplace_back(t.name, t.full_shape);
+      ASSIGN_OR_RETURN(Weights weights, OpenWeights(dir));
+      ASSIGN_OR_RETURN(std::vector<Mapping> mappings, MapWeights(weights, shapes, where));
+      for (size_t i = 0; i < mappings.size(); ++i) {
+        fsdp::ShardedTensor& part = (*parts)[i];
+        if (part.end == part.begin) continue;
+        ASSIGN_OR_RETURN(core::Tensor value, ReadOurs(weights, mappings[i]));
+        ASSIGN_OR_RETURN(core::Tensor slice, value.Flat().View(part.begin, {part.end - part.begin}));
+        RETURN_IF_ERROR(part.local.CopyFrom(slice));
+      }
+      return absl::OkStatus();
+    }();
+  }
+  // Every rank's outcome before the collective load (NOTE [Agree before acting]).
+  const std::shared_ptr<comm::ProcessGroup>& group = units.front()->groups().world;
+  RETURN_IF_ERROR(comm::AgreeOnStatus(group.get(), local, where, units.front()->options().timeout));
+  return fsdp::LoadShardedStateDict(model, registry, *parts);
 }
 
 absl::Status ExportHfGpt2(const nn::Gpt& model, const std::string& dir) {

@@ -30,6 +30,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "fsdp/registry.h"
 #include "nn/gpt.h"
 
 namespace checkpoint {
@@ -48,6 +49,15 @@ absl::StatusOr<nn::GptConfig> ReadHfGpt2Config(const std::string& dir);
 // tensor of the wrong shape or one no parameter takes (an extra tensor), or an lm_head that
 // differs from wte.
 absl::Status LoadHfGpt2(const std::string& dir, nn::Gpt& model);
+
+// The same into `model` wrapped through `registry` (a plain model: as above): each rank
+// reads the files one tensor at a time and keeps only its part of each (its shards; the
+// whole of a parameter no unit manages), never the full model, then loads them
+// (fsdp::LoadShardedStateDict). A deferred model (NOTE [Deferred initialisation]) wrapped
+// first thus goes from a checkpoint to its shards without being whole anywhere. Errors as
+// above, agreed by every rank (each returns "rank <r>: ..." of the first) before anything
+// is written; a collective over the model's group.
+absl::Status LoadHfGpt2(const std::string& dir, nn::Gpt& model, fsdp::WrapperRegistry* registry);
 
 // Writes `dir`/config.json (GPT2Config fields, model_type gpt2, architectures
 // GPT2LMHeadModel) and `dir`/model.safetensors (transformers' names with the "transformer."

@@ -251,9 +251,22 @@ class MemorySource : public ByteSource {
   absl::string_view bytes_;
 };
 
-// ImportSafetensors over any source of `file_size` bytes; `where` opens every message.
-absl::StatusOr<SafetensorsFile> ParseSource(const ByteSource& file, const int64_t file_size,
-                                            const std::string& where, core::MemoryTag tag) {
+}  // namespace
+
+// A file's validated layout: its entries in data-offset order, its metadata and where
+// the byte buffer starts.
+struct SafetensorsLayout {
+  std::vector<Entry> entries;
+  std::map<std::string, std::string> metadata;
+  uint64_t data_start = 0;
+};
+
+namespace {
+
+// The layout of any source of `file_size` bytes, every check of ImportSafetensors made;
+// `where` opens every message.
+absl::StatusOr<SafetensorsLayout> ParseLayout(const ByteSource& file, const int64_t file_size,
+                                              const std::string& where) {
   unsigned char length[8];
   ASSIGN_OR_RETURN(size_t got, file.ReadAt(0, 8, length));
   if (got < 8) {
@@ -301,8 +314,8 @@ absl::StatusOr<SafetensorsFile> ParseSource(const ByteSource& file, const int64_
   }
   if (!header.is_object()) return absl::InvalidArgumentError(absl::StrCat(where, ": the header is not a JSON object"));
 
-  SafetensorsFile out;
-  std::vector<Entry> entries;
+  SafetensorsLayout out;
+  std::vector<Entry>& entries = out.entries;
   for (const auto& [key, value] : header.items()) {
     if (key == kMetadataKey) {
       if (!value.is_object()) {
@@ -355,18 +368,36 @@ absl::StatusOr<SafetensorsFile> ParseSource(const ByteSource& file, const int64_
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", available - expected,
                                                    " bytes follow the last tensor's data"));
   }
-  for (const Entry& e : entries) {
-    absl::StatusOr<core::Tensor> t = core::Tensor::Allocate(e.shape, e.dtype, tag);
-    if (!t.ok()) {
-      return absl::Status(t.status().code(), absl::StrCat(where, ": tensor ", Quoted(e.name), ": ",
-                                                          t.status().message()));
-    }
-    const size_t nbytes = static_cast<size_t>(e.end - e.begin);
-    ASSIGN_OR_RETURN(got, file.ReadAt(static_cast<int64_t>(data_start + e.begin), nbytes, t->raw_data()));
-    if (got < nbytes) {
-      return absl::DataLossError(absl::StrCat(where, ": tensor ", Quoted(e.name), ": the file shrank while being read"));
-    }
-    out.tensors.emplace_back(e.name, *std::move(t));
+  out.data_start = data_start;
+  return out;
+}
+
+// One entry's tensor, read into fresh CPU memory counted under `tag`.
+absl::StatusOr<core::Tensor> ReadEntry(const ByteSource& file, uint64_t data_start, const Entry& e,
+                                       const std::string& where, core::MemoryTag tag) {
+  absl::StatusOr<core::Tensor> t = core::Tensor::Allocate(e.shape, e.dtype, tag);
+  if (!t.ok()) {
+    return absl::Status(t.status().code(), absl::StrCat(where, ": tensor ", Quoted(e.name), ": ",
+                                                        t.status().message()));
+  }
+  const size_t nbytes = static_cast<size_t>(e.end - e.begin);
+  ASSIGN_OR_RETURN(size_t got,
+                   file.ReadAt(static_cast<int64_t>(data_start + e.begin), nbytes, t->raw_data()));
+  if (got < nbytes) {
+    return absl::DataLossError(absl::StrCat(where, ": tensor ", Quoted(e.name), ": the file shrank while being read"));
+  }
+  return *std::move(t);
+}
+
+// ImportSafetensors over any source of `file_size` bytes.
+absl::StatusOr<SafetensorsFile> ParseSource(const ByteSource& file, const int64_t file_size,
+                                            const std::string& where, core::MemoryTag tag) {
+  ASSIGN_OR_RETURN(SafetensorsLayout layout, ParseLayout(file, file_size, where));
+  SafetensorsFile out;
+  out.metadata = std::move(layout.metadata);
+  for (const Entry& e : layout.entries) {
+    ASSIGN_OR_RETURN(core::Tensor t, ReadEntry(file, layout.data_start, e, where, tag));
+    out.tensors.emplace_back(e.name, std::move(t));
   }
   return out;
 }
@@ -391,6 +422,52 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::string_view bytes, const 
     return absl::InvalidArgumentError(absl::StrCat(where, ": too many bytes"));
   }
   return ParseSource(MemorySource(bytes), static_cast<int64_t>(bytes.size()), where, tag);
+}
+
+SafetensorsReader::SafetensorsReader(SafetensorsReader&&) noexcept = default;
+SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&&) noexcept = default;
+SafetensorsReader::~SafetensorsReader() = default;
+SafetensorsReader::SafetensorsReader() = default;
+
+absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& path) {
+  const std::string where = absl::StrCat("SafetensorsReader(", Quoted(path), ")");
+  absl::StatusOr<internal::FileReader> opened = internal::FileReader::Open(path);
+  if (!opened.ok()) {
+    return absl::Status(opened.status().code(), absl::StrCat(where, ": ", opened.status().message()));
+  }
+  absl::StatusOr<int64_t> size = opened->Size();
+  if (!size.ok()) return absl::Status(size.status().code(), absl::StrCat(where, ": ", size.status().message()));
+  SafetensorsReader reader;
+  reader.file_ = std::make_unique<internal::FileReader>(*std::move(opened));
+  ASSIGN_OR_RETURN(SafetensorsLayout layout, ParseLayout(FileSource(*reader.file_), *size, where));
+  reader.layout_ = std::make_unique<SafetensorsLayout>(std::move(layout));
+  reader.where_ = where;
+  return reader;
+}
+
+std::vector<std::string> SafetensorsReader::Names() const {
+  std::vector<std::string> names;
+  for (const Entry& e : layout_->entries) names.push_back(e.name);
+  return names;
+}
+
+const std::map<std::string, std::string>& SafetensorsReader::metadata() const {
+  return layout_->metadata;
+}
+
+absl::StatusOr<core::Shape> SafetensorsReader::ShapeOf(const std::string& name) const {
+  for (const Entry& e : layout_->entries) {
+    if (e.name == name) return e.shape;
+  }
+  return absl::NotFoundError(absl::StrCat(where_, ": no tensor ", Quoted(name)));
+}
+
+absl::StatusOr<core::Tensor> SafetensorsReader::Read(const std::string& name,
+                                                     core::MemoryTag tag) const {
+  for (const Entry& e : layout_->entries) {
+    if (e.name == name) return ReadEntry(FileSource(*file_), layout_->data_start, e, where_, tag);
+  }
+  return absl::NotFoundError(absl::StrCat(where_, ": no tensor ", Quoted(name)));
 }
 
 absl::Status ImportSafetensorsInto(const std::string& path, core::Module& module, bool strict) {

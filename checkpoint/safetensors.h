@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -93,6 +94,38 @@ struct SafetensorsFile {
 // when the file is shorter than its header says; NotFound when it does not exist.
 absl::StatusOr<SafetensorsFile> ImportSafetensors(const std::string& path,
                                                   core::MemoryTag tag = core::MemoryTag::kOther);
+
+struct SafetensorsLayout;
+namespace internal {
+class FileReader;
+}  // namespace internal
+
+// A safetensors file opened to read its tensors one at a time, so that a caller never
+// holds more than the tensor it reads (a rank loading its shards of a large checkpoint).
+// Open validates the whole layout as ImportSafetensors does; nothing else is read until
+// Read. Errors as ImportSafetensors's, naming the file (and tensor); Read and ShapeOf of
+// a name the file lacks are NotFound.
+class SafetensorsReader {
+ public:
+  static absl::StatusOr<SafetensorsReader> Open(const std::string& path);
+  SafetensorsReader(SafetensorsReader&&) noexcept;
+  SafetensorsReader& operator=(SafetensorsReader&&) noexcept;
+  ~SafetensorsReader();
+
+  // In data-offset order.
+  std::vector<std::string> Names() const;
+  const std::map<std::string, std::string>& metadata() const;
+  absl::StatusOr<core::Shape> ShapeOf(const std::string& name) const;
+  // The tensor `name` in fresh CPU memory counted under `tag`.
+  absl::StatusOr<core::Tensor> Read(const std::string& name,
+                                    core::MemoryTag tag = core::MemoryTag::kOther) const;
+
+ private:
+  SafetensorsReader();
+  std::unique_ptr<internal::FileReader> file_;
+  std::unique_ptr<SafetensorsLayout> layout_;
+  std::string where_;
+};
 
 // ImportSafetensors of a whole file held in memory: the same checks, errors and result,
 // with `name` standing for the file in messages. Never reads outside `bytes`.
