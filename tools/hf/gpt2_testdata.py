@@ -6,8 +6,8 @@
 
 It runs itself in a virtual environment with torch and `transformers` from PyPI (the
 benchmarks' torch environment, bench/cpu/setup.sh torch, plus transformers; nothing is
-downloaded from a model hub). The data: a tiny GPT2LMHeadModel (vocabulary 64, 32
-positions, width 32, 2 layers, 4 heads) with random weights, biases and LayerNorm affines
+downloaded from a model hub). The data: a tiny GPT2LMHeadModel (vocabulary 64, or
+--vocab_size, 32 positions, width 32, 2 layers, 4 heads) with random weights, biases and LayerNorm affines
 (seed 0), saved with save_pretrained (config.json, model.safetensors), and
 expected.safetensors: fixed input ids [2, 16] and the logits transformers computes on them
 in float32. `make test` needs none of this: the files are committed.
@@ -42,15 +42,16 @@ def venv_python():
     return python
 
 
-def make(out):
+def make(out, vocab_size=64):
     import torch
     import transformers
     from safetensors.torch import save_file
 
     os.makedirs(out, exist_ok=True)
-    config = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2,
-                                     n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
-                                     attn_pdrop=0.0, bos_token_id=63, eos_token_id=63)
+    config = transformers.GPT2Config(vocab_size=vocab_size, n_positions=32, n_embd=32,
+                                     n_layer=2, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
+                                     attn_pdrop=0.0, bos_token_id=vocab_size - 1,
+                                     eos_token_id=vocab_size - 1)
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config).eval()
     with torch.no_grad():
@@ -61,7 +62,7 @@ def make(out):
     extra = os.path.join(out, "generation_config.json")
     if os.path.exists(extra):
         os.remove(extra)
-    ids = (torch.arange(2 * 16).reshape(2, 16) * 7 + 3) % 64
+    ids = (torch.arange(2 * 16).reshape(2, 16) * 7 + 3) % vocab_size
     with torch.no_grad():
         logits = model(ids).logits.float().contiguous()
     save_file({"input_ids": ids.to(torch.int32).contiguous(), "logits": logits},
@@ -90,13 +91,17 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=OUT)
     p.add_argument("--check", action="store_true")
+    p.add_argument("--vocab_size", type=int, default=64,
+                   help="64 for the test data; 256 for a tiny GPT-2 over byte tokens "
+                        "(tools/text_to_tokens.py)")
     p.add_argument("--in_venv", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if not args.in_venv:
         python = venv_python()
-        return subprocess.run([python, os.path.abspath(__file__), "--in_venv", f"--out={args.out}"]
+        return subprocess.run([python, os.path.abspath(__file__), "--in_venv", f"--out={args.out}",
+                               f"--vocab_size={args.vocab_size}"]
                               + (["--check"] if args.check else [])).returncode
-    make(args.out)
+    make(args.out, args.vocab_size)
     if args.check and not check(args.out):
         return 1
     return 0
