@@ -216,6 +216,18 @@ int main(int argc, char** argv) {
       "Trains, tests, checkpoints and releases a GPT with FSDP over local ranks (README.md).");
   absl::ParseCommandLine(argc, argv);
   const JobOptions job = integration::internal::JobOptionsFromFlags();
+  if (job.memory_plan) {
+    absl::StatusOr<absl::Duration> timeout = core::TimeoutFromSeconds(job.timeout_s, "--timeout_s");
+    absl::StatusOr<std::string> report =
+        timeout.ok() ? integration::internal::MemoryPlanReport(job, *timeout)
+                     : absl::StatusOr<std::string>(timeout.status());
+    if (!report.ok()) {
+      std::fprintf(stderr, "main_job: --memory_plan: %s\n", report.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("%s", report->c_str());
+    return 0;
+  }
   if (!comm::IsLaunchedRank()) return LaunchLocalRanks(job, argc, argv);
   const absl::Status status = RunRank(job);
   if (!status.ok()) {

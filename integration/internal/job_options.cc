@@ -57,6 +57,10 @@ ABSL_FLAG(int, grad_accumulation, 1,
 ABSL_FLAG(std::string, accumulation, "reduce_each",
           "how micro-batch gradients meet: reduce_each (reduce-scatter each; shard memory) or "
           "no_sync (keep full gradients, reduce once)");
+ABSL_FLAG(bool, memory_plan, false,
+          "print the wrap plan and the per-rank memory estimate (as asked, and with and without "
+          "activation checkpointing and deferred init) and exit without training; the model is "
+          "built deferred, so any size can be planned");
 ABSL_FLAG(bool, deferred_init, false,
           "build the model without parameter memory; the wrap fills only each rank's shards, "
           "with the values a full construction gives (CPU only)");
@@ -165,6 +169,7 @@ JobOptions JobOptionsFromFlags() {
   job.grad_accumulation = absl::GetFlag(FLAGS_grad_accumulation);
   job.accumulation = absl::GetFlag(FLAGS_accumulation);
   job.activation_checkpoint_every = absl::GetFlag(FLAGS_activation_checkpoint_every);
+  job.memory_plan = absl::GetFlag(FLAGS_memory_plan);
   job.eval_batch_size = absl::GetFlag(FLAGS_eval_batch_size);
   job.eval_batches = absl::GetFlag(FLAGS_eval_batches);
   job.log_every = absl::GetFlag(FLAGS_log_every);

@@ -48,6 +48,7 @@ struct JobOptions {
   int grad_accumulation = 1;       // --grad_accumulation: micro-batches per step
   std::string accumulation;        // --accumulation: reduce_each or no_sync
   int activation_checkpoint_every = 0;  // --activation_checkpoint_every: 0 none, k every k-th block
+  bool memory_plan = false;        // --memory_plan: print the plan and estimate, exit
   int eval_batch_size = 0;
   int eval_batches = 0;
   int64_t log_every = 0;

@@ -1,38 +1,48 @@
 #include "integration/internal/job_setup.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/safetensors.h"
 #include "core/format_bytes.h"
+#include "core/param_init.h"
 #include "core/status_macros.h"
 #include "fsdp/options.h"
 #include "integration/device_setup.h"
 #include "integration/memory_estimate.h"
 #include "nn/ops.h"
 #include "policy/plan.h"
+#include "policy/plan_report.h"
 #include "policy/wrap_policy.h"
 
 namespace integration {
 namespace internal {
 namespace {
 
-// Refuses a run this host's memory (or the rank's GPU's) cannot hold, naming the shortfall;
-// keeps the estimate in setup->estimate.
-absl::Status CheckFitsInMemory(JobSetup* setup_out, int world, core::Device device) {
-  const JobSetup& setup = *setup_out;
-  const StageOptions& options = setup.options;
-  MemoryEstimateInput need;
+}  // namespace
+
+absl::StatusOr<policy::WrapPlan> PlanJob(const core::Module& model, const StageOptions& options,
+                                         int world) {
   const std::shared_ptr<const policy::WrapPolicy> wrap_policy =
       options.wrap.policy != nullptr ? options.wrap.policy : policy::Never();
   policy::PlanOptions plan_options;
+  plan_options.ignored_paths = options.wrap.ignored_paths;
   plan_options.checkpoint_policy = options.wrap.checkpoint_policy.get();
-  ASSIGN_OR_RETURN(policy::WrapPlan plan,
-                   policy::Plan(*setup.module->model(), *wrap_policy, world, plan_options));
+  return policy::Plan(model, *wrap_policy, fsdp::ShardGroupSize(options.wrap, world),
+                      plan_options);
+}
+
+absl::StatusOr<MemoryEstimate> EstimateJobMemory(const core::Module& model,
+                                                 const GptModuleOptions& model_options,
+                                                 const StageOptions& options, int world,
+                                                 int local_ranks, core::Device device) {
+  ASSIGN_OR_RETURN(policy::WrapPlan plan, PlanJob(model, options, world));
+  MemoryEstimateInput need;
   need.model = ModelSizesFromPlan(plan);
   need.world_size = world;
-  need.local_ranks = LocalRanks(world);
+  need.local_ranks = local_ranks;
   need.strategy = options.wrap.strategy;
   need.hybrid_shard_size = options.wrap.hybrid_shard_size;
   need.limit_all_gathers = options.wrap.limit_all_gathers;
@@ -41,15 +51,26 @@ absl::Status CheckFitsInMemory(JobSetup* setup_out, int world, core::Device devi
   // Activations of the largest batch one pass holds: a training micro-batch or an
   // evaluation batch.
   need.activations = GptActivations(
-      setup.model_options.model,
+      model_options.model,
       std::max(options.train_batch_size / options.grad_accumulation, options.eval_batch_size) /
           world,
-      setup.model_options.seq_len);
+      model_options.seq_len);
   need.activations->checkpointed_blocks = GptCheckpointedBlocks(plan);
-  need.deferred_init = setup.model_options.deferred_init;
+  need.deferred_init = model_options.deferred_init;
   need.no_sync_accumulation = options.grad_accumulation > 1 &&
                               options.accumulation == StageOptions::Accumulation::kNoSync;
-  ASSIGN_OR_RETURN(MemoryEstimate estimate, EstimateMemory(need));
+  return EstimateMemory(need);
+}
+
+namespace {
+
+// Refuses a run this host's memory (or the rank's GPU's) cannot hold, naming the shortfall;
+// keeps the estimate in setup->estimate.
+absl::Status CheckFitsInMemory(JobSetup* setup_out, int world, core::Device device) {
+  const JobSetup& setup = *setup_out;
+  ASSIGN_OR_RETURN(MemoryEstimate estimate,
+                   EstimateJobMemory(*setup.module->model(), setup.model_options, setup.options,
+                                     world, LocalRanks(world), device));
   setup_out->estimate = estimate;
   RETURN_IF_ERROR(CheckFitsInHostMemory(estimate));
   if (device.is_cuda()) {
@@ -63,6 +84,60 @@ absl::Status CheckFitsInMemory(JobSetup* setup_out, int world, core::Device devi
 }
 
 }  // namespace
+
+absl::StatusOr<std::string> MemoryPlanReport(const JobOptions& job, absl::Duration timeout) {
+  const int world = job.world_size;
+  if (world < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--world_size=", world, " must be >= 1"));
+  }
+  ASSIGN_OR_RETURN(StageOptions options, StageOptionsFor(job, timeout));
+  // Shapes only: the model is built deferred, whatever its size (NOTE [Deferred
+  // initialisation] in core/param_init.h).
+  std::shared_ptr<nn::Gpt> model;
+  {
+    core::DeferredInitScope deferred;
+    ASSIGN_OR_RETURN(model, nn::Gpt::Create(job.model.model));
+  }
+  const core::Device device = job.device == "cuda" ? core::Device::Cuda(0) : core::Device::Cpu();
+  ASSIGN_OR_RETURN(policy::WrapPlan plan, PlanJob(*model, options, world));
+  std::string out = policy::FormatPlanTable(plan);
+  absl::StrAppend(&out, "\nPer-rank memory estimate (NOTE [Memory estimate] in "
+                        "integration/memory_estimate.h), ", world, " ranks, ",
+                  LocalRanks(world), " on this host, ", device.ToString(), ":\n");
+  absl::StrAppend(&out, absl::StrFormat("  %-44s %12s %12s %12s %12s %12s %12s\n", "mode",
+                                        "per rank", "init", "state", "gathered", "activations",
+                                        "comm"));
+  struct Variant {
+    std::string name;
+    bool checkpoint_every_block;
+    bool deferred;
+  };
+  const bool asked_checkpoint = options.wrap.checkpoint_policy != nullptr;
+  std::vector<Variant> variants = {{"as asked", asked_checkpoint, job.model.deferred_init},
+                                   {"no checkpointing, full init", false, false},
+                                   {"every block checkpointed, full init", true, false},
+                                   {"no checkpointing, deferred init", false, true},
+                                   {"every block checkpointed, deferred init", true, true}};
+  for (const Variant& v : variants) {
+    StageOptions o = options;
+    GptModuleOptions m = job.model;
+    if (v.name != "as asked") {
+      o.wrap.checkpoint_policy =
+          v.checkpoint_every_block ? policy::ModuleTypes({"TransformerBlock"}) : nullptr;
+      m.deferred_init = v.deferred;
+    }
+    ASSIGN_OR_RETURN(MemoryEstimate e,
+                     EstimateJobMemory(*model, m, o, world, LocalRanks(world), device));
+    absl::StrAppend(&out, absl::StrFormat("  %-44s %12s %12s %12s %12s %12s %12s\n", v.name,
+                                          core::FormatBytes(e.per_rank_bytes),
+                                          core::FormatBytes(e.init_bytes),
+                                          core::FormatBytes(e.model_state_bytes),
+                                          core::FormatBytes(e.gathered_bytes),
+                                          core::FormatBytes(e.activation_bytes),
+                                          core::FormatBytes(e.comm_bytes)));
+  }
+  return out;
+}
 
 TrainModule* JobSetup::trained() const {
   return fault != nullptr ? static_cast<TrainModule*>(fault.get()) : module.get();

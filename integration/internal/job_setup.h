@@ -52,6 +52,24 @@ struct JobSetup {
 absl::StatusOr<JobSetup> SetUpRank(const JobOptions& job, const comm::Distributed& dist,
                                    absl::Duration timeout);
 
+// The wrap plan of `model` under `options` for `world` ranks, with the checkpoint policy's
+// modules (policy::Plan over the shard group size).
+absl::StatusOr<policy::WrapPlan> PlanJob(const core::Module& model, const StageOptions& options,
+                                         int world);
+
+// NOTE [Memory estimate] (integration/memory_estimate.h) of a job training `model` (its
+// shapes; it may be deferred) with these options on `world` ranks, `local_ranks` of them on
+// this host: the figure the job checks before it starts.
+absl::StatusOr<MemoryEstimate> EstimateJobMemory(const core::Module& model,
+                                                 const GptModuleOptions& model_options,
+                                                 const StageOptions& options, int world,
+                                                 int local_ranks, core::Device device);
+
+// --memory_plan: the wrap plan of the job's model and its per-rank memory estimate as asked
+// and with and without activation checkpointing of every block and deferred
+// initialisation, without starting any rank (the model is built deferred: any size).
+absl::StatusOr<std::string> MemoryPlanReport(const JobOptions& job, absl::Duration timeout);
+
 // The lines rank 0 prints before the first stage: the model, the language and the job.
 std::vector<std::string> DescribeJob(const JobOptions& job, const JobSetup& setup,
                                      const comm::Distributed& dist);

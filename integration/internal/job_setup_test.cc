@@ -1,0 +1,54 @@
+// --memory_plan: the plan and the per-rank estimate of the job as asked and in the four
+// memory modes, for a model of any size (built deferred), without starting a rank.
+#include "integration/internal/job_setup.h"
+
+#include <string>
+
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace integration {
+namespace internal {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(MemoryPlanTest, PrintsThePlanAndEveryModesEstimate) {
+  JobOptions job = JobOptionsFromFlags();
+  job.world_size = 8;
+  job.batch_size = 64;
+  // GPT-2 XL's shapes (1.6 B parameters): planned without allocating them.
+  job.model.model.vocab_size = 50304;
+  job.model.model.block_size = 1024;
+  job.model.seq_len = 1024;
+  job.model.model.n_embd = 1600;
+  job.model.model.n_layer = 48;
+  job.model.model.n_head = 25;
+  job.activation_checkpoint_every = 2;
+  absl::StatusOr<std::string> report = MemoryPlanReport(job, absl::Seconds(10));
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_THAT(*report, HasSubstr("Wrap plan: 49 units, world size 8"));
+  EXPECT_THAT(*report, HasSubstr("Activation checkpointing (every_kth(TransformerBlock; k=2))"));
+  for (const char* mode : {"as asked", "no checkpointing, full init",
+                           "every block checkpointed, full init", "no checkpointing, deferred init",
+                           "every block checkpointed, deferred init"}) {
+    EXPECT_THAT(*report, HasSubstr(mode)) << *report;
+  }
+  // Deferred init removes the full model each rank would build (init 0B).
+  for (absl::string_view line : absl::StrSplit(*report, '\n')) {
+    if (absl::StrContains(line, "deferred init")) EXPECT_THAT(std::string(line), HasSubstr(" 0B "));
+  }
+}
+
+TEST(MemoryPlanTest, BadOptionsAreErrorsNamingTheFlag) {
+  JobOptions job = JobOptionsFromFlags();
+  job.activation_checkpoint_every = -1;
+  absl::StatusOr<std::string> report = MemoryPlanReport(job, absl::Seconds(10));
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(report.status().message(), HasSubstr("--activation_checkpoint_every"));
+}
+
+}  // namespace
+}  // namespace internal
+}  // namespace integration
