@@ -279,6 +279,44 @@ TEST(CudaLayersTest, GptWithCrossEntropyMatchesCpu) {
   }
 }
 
+// NOTE [Activation checkpointing] (core/module.h) on the device: every block's
+// activations dropped after the forward and recomputed in the backward give the plain
+// model's loss gradient and parameter gradients bit for bit, and hold fewer activation
+// bytes after the forward.
+TEST(CudaLayersTest, CheckpointedBlocksGiveThePlainGptsGradientsBitForBit) {
+  SKIP_WITHOUT_GPU();
+  GptConfig config;
+  config.vocab_size = 61;
+  config.block_size = 24;
+  config.n_embd = 64;
+  config.n_layer = 3;
+  config.n_head = 4;
+  config.seed = 11;
+  std::shared_ptr<Gpt> plain = Gpt::Create(config).value();
+  std::shared_ptr<Gpt> checkpointed = Gpt::Create(config).value();
+  ASSERT_TRUE(ToDevice(*plain, kGpu).ok());
+  ASSERT_TRUE(ToDevice(*checkpointed, kGpu).ok());
+  for (const auto& block : checkpointed->blocks()->modules()) block->set_checkpoint_activations(true);
+  const core::Tensor tokens = Ids({3, 24}, 61, 21), targets = To(Ids({3, 24}, 61, 22), kGpu);
+  core::Allocator& gpu = *core::Allocator::Current(kGpu);
+  std::vector<std::vector<float>> grads[2];
+  int64_t held[2] = {0, 0};
+  int k = 0;
+  for (const std::shared_ptr<Gpt>& model : {plain, checkpointed}) {
+    const int64_t before = gpu.Stats().current(core::MemoryTag::kActivation);
+    absl::StatusOr<core::Tensor> logits = model->Forward(tokens);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    held[k] = gpu.Stats().current(core::MemoryTag::kActivation) - before;
+    absl::StatusOr<LossResult> loss = CrossEntropyLoss(*logits, targets);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    ASSERT_TRUE(model->Backward(loss->grad).ok());
+    for (const auto& [name, p] : model->NamedParameters()) grads[k].push_back(Host(p->grad));
+    ++k;
+  }
+  EXPECT_EQ(grads[1], grads[0]);
+  EXPECT_LT(held[1], held[0]);
+}
+
 TEST(CudaLayersTest, MismatchedDevicesAreInvalidArgumentNamingBoth) {
   SKIP_WITHOUT_GPU();
   Linear fc(4, 3);
