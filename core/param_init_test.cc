@@ -85,7 +85,7 @@ TEST(DeferredInitScopeTest, ParametersAreMetaWithTheirRecipeInsideAndFilledOutsi
   EXPECT_FALSE(deferred->w()->data.defined());
   EXPECT_EQ(deferred->w()->data.numel(), 12);
   EXPECT_EQ(deferred->w()->data.shape(), (Shape{3, 4}));
-  EXPECT_EQ(deferred->w()->data.ToString(), "Tensor(float32, [3, 4], meta)");
+  EXPECT_EQ(deferred->w()->data.ToString(), "Tensor(float32, [3, 4], meta cpu)");
   ASSERT_NE(deferred->w()->init, nullptr);
 
   auto eager = std::make_shared<Weighted>();

@@ -481,17 +481,19 @@ std::vector<float> Tensor::ToVector() const {
   return out;
 }
 
-Tensor Tensor::Meta(const Shape& shape, DType dtype) {
+Tensor Tensor::Meta(const Shape& shape, DType dtype, Device device) {
   Shape clamped = shape;
   for (int64_t& d : clamped) d = std::max<int64_t>(d, 0);
   Tensor t(nullptr, 0, std::move(clamped), dtype);
   t.meta_ = true;
+  t.meta_device_ = device;
   return t;
 }
 
 std::string Tensor::ToString() const {
   if (meta_) {
-    return absl::StrCat("Tensor(", DTypeName(dtype_), ", ", ShapeToString(shape_), ", meta)");
+    return absl::StrCat("Tensor(", DTypeName(dtype_), ", ", ShapeToString(shape_), ", meta ",
+                        meta_device_.ToString(), ")");
   }
   if (!defined()) return "Tensor(undefined)";
   return absl::StrCat("Tensor(", DTypeName(dtype_), ", ", ShapeToString(shape_), ", ",

@@ -119,9 +119,11 @@ class Tensor {
   // A tensor with a shape and dtype but no storage (defined() false, is_meta() true):
   // what a parameter built under core::DeferredInitScope holds until it is materialized
   // (NOTE [Deferred initialisation] in core/param_init.h). Nothing can read or write it;
-  // numel(), shape() and dtype() describe the tensor it stands for. Negative dimensions
-  // count as 0.
-  static Tensor Meta(const Shape& shape, DType dtype = DType::kFloat32);
+  // numel(), shape(), dtype() and device() describe the tensor it stands for (the device
+  // where it will be materialized: nn::ToDevice moves a deferred parameter by changing
+  // it). Negative dimensions count as 0.
+  static Tensor Meta(const Shape& shape, DType dtype = DType::kFloat32,
+                     Device device = Device::Cpu());
   bool is_meta() const { return meta_; }
 
   bool defined() const { return storage_ != nullptr; }
@@ -132,7 +134,7 @@ class Tensor {
   int64_t numel() const { return numel_; }
   int64_t nbytes() const { return numel_ * DTypeSize(dtype_); }
   DType dtype() const { return dtype_; }
-  Device device() const { return storage_ ? storage_->device() : Device::Cpu(); }
+  Device device() const { return storage_ ? storage_->device() : meta_device_; }
   // Offset of the first element in its storage, in elements.
   int64_t offset() const { return offset_; }
   const std::shared_ptr<Storage>& storage() const { return storage_; }
@@ -197,7 +199,7 @@ class Tensor {
   // (waiting for its pending work); aborts if that copy fails.
   std::vector<float> ToVector() const;
 
-  // "Tensor(float32, [2, 3], cpu)" ("Tensor(float32, [2, 3], meta)" for a meta tensor)
+  // "Tensor(float32, [2, 3], cpu)" ("Tensor(float32, [2, 3], meta cpu)" for a meta tensor)
   // (shape and place only: no element is read, so it
   // never waits for a device).
   std::string ToString() const;
@@ -211,6 +213,7 @@ class Tensor {
   int64_t numel_ = 0;
   DType dtype_ = DType::kFloat32;
   bool meta_ = false;
+  Device meta_device_ = Device::Cpu();  // a meta tensor's device
 };
 
 }  // namespace core

@@ -162,13 +162,15 @@ absl::StatusOr<std::unique_ptr<FlatParameter>> FlatParameter::Flatten(
 }
 
 absl::Status FlatParameter::MaterializeShard(const std::string& prefix) {
-  if (dtype_ != core::DType::kFloat32 || !device_.is_cpu()) {
+  if (dtype_ != core::DType::kFloat32) {
     return absl::InvalidArgumentError(absl::StrCat(
-        prefix, "deferred parameters are materialized as float32 on the CPU; '",
-        records_.front().name, "' is ", core::DTypeName(dtype_), " on ", device_.ToString()));
+        prefix, "deferred parameters are materialized as float32; '", records_.front().name,
+        "' is ", core::DTypeName(dtype_)));
   }
-  absl::StatusOr<core::Tensor> shard =
-      core::Tensor::Allocate({shard_numel_}, dtype_, core::MemoryTag::kParam, device_);
+  // Filled on the host (the recipes run there), then copied to the device if it is one.
+  absl::StatusOr<core::Tensor> shard = core::Tensor::Allocate(
+      {shard_numel_}, dtype_, device_.is_cpu() ? core::MemoryTag::kParam : core::MemoryTag::kOther,
+      core::Device::Cpu());
   RETURN_IF_ERROR(Annotate(shard.status(), prefix));
   shard->Zero();  // the padding
   for (size_t i = 0; i < records_.size(); ++i) {
@@ -178,6 +180,13 @@ absl::Status FlatParameter::MaterializeShard(const std::string& prefix) {
     ASSIGN_OR_RETURN(core::Tensor part, shard->View(slice.shard_offset, {slice.numel()}));
     RETURN_IF_ERROR(Annotate(params_[i]->init->Fill(part, slice.begin),
                              absl::StrCat(prefix, "initialising '", record.name, "': ")));
+  }
+  if (!device_.is_cpu()) {
+    absl::StatusOr<core::Tensor> on_device =
+        core::Tensor::Allocate({shard_numel_}, dtype_, core::MemoryTag::kParam, device_);
+    RETURN_IF_ERROR(Annotate(on_device.status(), prefix));
+    RETURN_IF_ERROR(Annotate(on_device->CopyFrom(*shard), prefix));
+    shard = std::move(on_device);
   }
   shard_ = *std::move(shard);
   ASSIGN_OR_RETURN(std::vector<core::Tensor> views,

@@ -91,8 +91,9 @@ class FlatParameter {
   // (shard_numel * element size bytes, tag kParam), each parameter's slice filled from
   // its recipe at the slice's offsets, and on return every parameter views its slice of
   // the shard (as after ShardViews) with no full buffer. That gives the values a full
-  // construction would, at any world size. A unit's parameters must be all deferred
-  // (float32, on the CPU) or all materialized.
+  // construction would, at any world size (on a CUDA device: filled on the host, then
+  // copied; a host buffer of one shard meanwhile). A unit's parameters must be all
+  // deferred (float32) or all materialized.
   //
   // Every parameter must be defined, fp32 or bf16, and all must share one dtype and one
   // device. InvalidArgument (naming the parameter, or the option) for: world_size < 1,

@@ -22,6 +22,7 @@
 #include "data/sampler.h"
 #include "fsdp/testing/gpt_training.h"
 #include "gtest/gtest.h"
+#include "nn/to_device.h"
 #include "optim/adamw.h"
 
 namespace fsdp {
@@ -52,8 +53,21 @@ TEST(DeferredInitTest, ADeferredModelHoldsNoParameterMemoryAndRefusesToRun) {
   EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StrContains(out.status().message(),
                                 "wte (Embedding): parameter 'weight' Tensor(float32, [16, 16], "
-                                "meta) is deferred and not materialized yet"))
+                                "meta cpu) is deferred and not materialized yet"))
       << out.status();
+}
+
+// nn::ToDevice moves a deferred model without allocating: its parameters stay deferred,
+// to be materialized on the target device (even in a build without CUDA, nothing is
+// allocated there).
+TEST(DeferredInitTest, ToDeviceKeepsADeferredModelDeferredOnTheTarget) {
+  absl::StatusOr<std::shared_ptr<nn::Gpt>> gpt = MakeDeferredGpt(testing::TinySetup());
+  ASSERT_TRUE(gpt.ok()) << gpt.status();
+  ASSERT_TRUE(nn::ToDevice(**gpt, core::Device::Cuda(0)).ok());
+  for (const auto& [name, p] : (*gpt)->NamedParameters()) {
+    EXPECT_TRUE(p->deferred()) << name;
+    EXPECT_EQ(p->data.device(), core::Device::Cuda(0)) << name;
+  }
 }
 
 using Case = testing::StrategyCase;

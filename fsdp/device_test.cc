@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/hash_store.h"
 #include "comm/nccl_process_group.h"
+#include "core/param_init.h"
 #include "core/status_macros.h"
 #include "data/sampler.h"
 #include "fsdp/fully_shard.h"
@@ -229,6 +230,41 @@ INSTANTIATE_TEST_SUITE_P(Gpus, FsdpDeviceTest, ::testing::Values(1, 2),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return absl::StrCat("N", info.param);
                          });
+
+// NOTE [Deferred initialisation] on the device: a deferred model moved to cuda:0 and
+// wrapped gets its shard filled on the host and copied there; released, its values are
+// the full construction's, bit for bit.
+TEST(FsdpDeviceDeferredTest, ADeferredModelMaterializesOnTheDeviceWithTheFullConstructionsBits) {
+  if (Gpus() < 1) GTEST_SKIP() << "needs a GPU: " << core::CudaDeviceCount().status();
+  testing::GptTrainingSetup setup = testing::TinySetup();
+  absl::Status s = RunNcclRanks(1, [&](int rank, const std::shared_ptr<comm::ProcessGroup>& g)
+                                       -> absl::Status {
+    const core::Device device = core::Device::Cuda(rank);
+    ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> full, testing::MakeGpt(setup));
+    std::shared_ptr<nn::Gpt> gpt;
+    {
+      core::DeferredInitScope deferred;
+      ASSIGN_OR_RETURN(gpt, testing::MakeGpt(setup));
+    }
+    RETURN_IF_ERROR(ToDevice(*gpt, device));
+    WrapperRegistry registry;
+    ASSIGN_OR_RETURN(auto handle,
+                     FullyShard(gpt, g, testing::PerBlockOptions(ShardingStrategy::kFullShard),
+                                &registry));
+    for (const auto& unit : handle->units()) {
+      if (!unit->flat().shard().device().is_cuda()) {
+        return absl::InternalError(absl::StrCat(unit->label(), ": shard on ",
+                                                unit->flat().shard().device().ToString()));
+      }
+    }
+    RETURN_IF_ERROR(Release(*gpt, &registry));
+    testing::TrainingRun got, want;
+    got.params = testing::ParameterValues(*gpt);
+    want.params = testing::ParameterValues(*full);
+    return testing::CompareRuns(want, got, 0, 0);
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
 
 TEST(FsdpDeviceMixedPrecisionTest, LayersSeeBf16ViewsOfTheGatheredBufferAndGradientsStayFp32) {
   if (Gpus() < 1) GTEST_SKIP() << "needs a GPU: " << core::CudaDeviceCount().status();

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/cuda_device.h"
 #include "core/status_macros.h"
+#include "nn/to_device.h"
 
 #ifdef FSDP_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -87,24 +88,7 @@ absl::StatusOr<core::Tensor> OnDevice(const core::Tensor& t, core::Device device
 }
 
 absl::Status MoveModuleToDevice(core::Module& module, core::Device device) {
-  for (const auto& [name, p] : module.NamedParameters()) {
-    absl::StatusOr<core::Tensor> data = OnDevice(p->data, device);
-    if (!data.ok()) {
-      return absl::Status(data.status().code(),
-                          absl::StrCat("moving parameter '", name, "' of ", module.Describe(),
-                                       " to ", device.ToString(), ": ", data.status().message()));
-    }
-    absl::StatusOr<core::Tensor> grad = OnDevice(p->grad, device);
-    if (!grad.ok()) {
-      return absl::Status(grad.status().code(),
-                          absl::StrCat("moving the gradient of '", name, "' of ",
-                                       module.Describe(), " to ", device.ToString(), ": ",
-                                       grad.status().message()));
-    }
-    p->data = *std::move(data);
-    p->grad = *std::move(grad);
-  }
-  return absl::OkStatus();
+  return nn::ToDevice(module, device);
 }
 
 absl::StatusOr<DeviceMemoryInfo> ReadDeviceMemoryInfo(core::Device device) {

@@ -61,7 +61,9 @@ absl::StatusOr<DeviceChoice> ChooseDeviceAndBackend(absl::string_view device_fla
 
 // Moves every parameter of `module` (data and, when defined, grad) to `device`,
 // keeping the Parameter objects (their identity is what optimizers and the FSDP
-// registry hold). A no-op for parameters already there. The error names the parameter.
+// registry hold): nn::ToDevice, all or nothing; a deferred parameter stays deferred, to
+// be materialized there. A no-op for parameters already there. The error names the
+// parameter.
 absl::Status MoveModuleToDevice(core::Module& module, core::Device device);
 
 // `t` on `device` (a copy, or `t` itself when it is already there).

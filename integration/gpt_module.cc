@@ -39,11 +39,6 @@ absl::StatusOr<std::unique_ptr<GptTrainModule>> GptTrainModule::Create(
   language_options.vocab_size =
       static_cast<int>(LanguageVocabFor(options.model.vocab_size, language_options.order));
   ASSIGN_OR_RETURN(data::MarkovLanguage language, data::MarkovLanguage::Create(language_options));
-  if (options.deferred_init && !options.device.is_cpu()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "GptModuleOptions.deferred_init: deferred models are materialized on the CPU; not "
-        "with device ", options.device.ToString()));
-  }
   absl::StatusOr<std::shared_ptr<nn::Gpt>> created;
   if (options.deferred_init) {
     core::DeferredInitScope deferred;

@@ -61,7 +61,7 @@ struct GptModuleOptions {
   core::Device device = core::Device::Cpu();
   // Build the model deferred (NOTE [Deferred initialisation] in core/param_init.h): no
   // parameter memory until a stage wraps it, which fills only each rank's shards, with
-  // the same values. CPU only (InvalidArgument with a CUDA device).
+  // the same values (on a CUDA device: filled on the host, copied there).
   bool deferred_init = false;
   // Token files (data/token_file.h) to read instead of the Markov language: data_path for
   // fit, eval_data_path (default data_path) for validate, test and predict; batches

@@ -37,7 +37,10 @@ absl::Status ToDevice(core::Module& module, const core::Device& device) {
     Move m{p, p->data, p->grad};
     const std::string what = absl::StrCat("ToDevice(", device.ToString(), "): parameter '", name,
                                           "'");
-    if (p->data.defined() && p->data.device() != device) {
+    if (p->data.is_meta()) {
+      // Deferred (NOTE [Deferred initialisation]): it will be materialized there.
+      m.data = core::Tensor::Meta(p->data.shape(), p->data.dtype(), device);
+    } else if (p->data.defined() && p->data.device() != device) {
       ASSIGN_OR_RETURN(m.data, CopyTo(p->data, device, what));
     }
     if (p->grad.defined() && p->grad.device() != device) {

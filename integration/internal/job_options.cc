@@ -63,7 +63,7 @@ ABSL_FLAG(bool, memory_plan, false,
           "built deferred, so any size can be planned");
 ABSL_FLAG(bool, deferred_init, false,
           "build the model without parameter memory; the wrap fills only each rank's shards, "
-          "with the values a full construction gives (CPU only)");
+          "with the values a full construction gives");
 ABSL_FLAG(int, activation_checkpoint_every, 0,
           "activation checkpointing: every k-th TransformerBlock (blocks 0, k, 2k, ...) drops "
           "its activations after the forward and recomputes them in the backward; 1: every "
