@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <vector>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -129,21 +130,53 @@ absl::StatusOr<TokenBatch> TokenFile::Batch(int64_t index, int batch_size, int s
   int32_t* in = inputs.data<int32_t>();
   int32_t* tg = targets.data<int32_t>();
   const core::Rng batch_rng = core::Rng(seed).Fork(static_cast<uint64_t>(index));
+  std::vector<int32_t> row_tokens(static_cast<size_t>(window));
   for (int64_t r = 0; r < b; ++r) {
     core::Rng row = batch_rng.Fork(static_cast<uint64_t>(r));
     const int64_t start = static_cast<int64_t>(row.UniformInt(static_cast<uint64_t>(total_ - t)));
-    for (int64_t j = 0; j < window; ++j) {
-      const Shard* shard = nullptr;
-      int64_t offset = 0;
-      const uint32_t token = At(start + j, &shard, &offset);
-      if (token >= static_cast<uint64_t>(vocab_size)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "TokenFile::Batch: token ", token, " at token offset ", offset, " of '", shard->path,
-            "' is not below the model's vocabulary size ", vocab_size));
+    // The window in runs, one per file it touches, each a tight loop over the mapping.
+    uint32_t largest = 0;
+    for (int64_t j = 0; j < window;) {
+      const int64_t p = start + j;
+      const size_t i = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), p) -
+                                           starts_.begin() - 1);
+      const Shard& shard = *shards_[i];
+      const int64_t first = p - starts_[i];
+      const int64_t n = std::min(window - j, shard.tokens - first);
+      const uint8_t* src = shard.map + shard.header_bytes + first * shard.width;
+      int32_t* dst = row_tokens.data() + j;
+      if (shard.width == 2) {
+        for (int64_t k = 0; k < n; ++k) {
+          uint16_t v;
+          std::memcpy(&v, src + 2 * k, 2);
+          dst[k] = v;
+          largest = std::max<uint32_t>(largest, v);
+        }
+      } else {
+        for (int64_t k = 0; k < n; ++k) {
+          uint32_t v;
+          std::memcpy(&v, src + 4 * k, 4);
+          dst[k] = static_cast<int32_t>(v);
+          largest = std::max(largest, v);
+        }
       }
-      if (j < t) in[r * t + j] = static_cast<int32_t>(token);
-      if (j > 0) tg[r * t + j - 1] = static_cast<int32_t>(token);
+      j += n;
     }
+    if (largest >= static_cast<uint64_t>(vocab_size)) {
+      // Name the first offending token (the slow path, on error only).
+      for (int64_t j = 0; j < window; ++j) {
+        const Shard* shard = nullptr;
+        int64_t offset = 0;
+        const uint32_t token = At(start + j, &shard, &offset);
+        if (token >= static_cast<uint64_t>(vocab_size)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "TokenFile::Batch: token ", token, " at token offset ", offset, " of '", shard->path,
+              "' is not below the model's vocabulary size ", vocab_size));
+        }
+      }
+    }
+    std::memcpy(in + r * t, row_tokens.data(), static_cast<size_t>(t) * sizeof(int32_t));
+    std::memcpy(tg + r * t, row_tokens.data() + 1, static_cast<size_t>(t) * sizeof(int32_t));
   }
   return TokenBatch{std::move(inputs), std::move(targets)};
 }
