@@ -14,6 +14,7 @@
 #include "checkpoint/safetensors.h"
 #include "comm/agreement.h"
 #include "fsdp/state_dict.h"
+#include "core/param_init.h"
 #include "core/status_macros.h"
 #include "core/text_file.h"
 #include "nlohmann/json.hpp"
@@ -57,20 +58,6 @@ HfName ToHf(const std::string& ours) {
   auto it = kBlock->find(std::string(rest.substr(dot + 1)));
   if (it == kBlock->end()) return {};
   return {absl::StrCat("h.", index, ".", it->second.name), it->second.transpose};
-}
-
-// The full shape of our parameter `name` in a Gpt of `c` (empty when unknown).
-core::Shape FullShape(const std::string& name, const nn::GptConfig& c) {
-  const int64_t C = c.n_embd;
-  if (name == "wte.weight") return {c.vocab_size, C};
-  if (name == "wpe.weight") return {c.block_size, C};
-  if (absl::EndsWith(name, "qkv.weight")) return {3 * C, C};
-  if (absl::EndsWith(name, "qkv.bias")) return {3 * C};
-  if (absl::EndsWith(name, "attn.proj.weight")) return {C, C};
-  if (absl::EndsWith(name, "fc.weight")) return {4 * C, C};
-  if (absl::EndsWith(name, "fc.bias")) return {4 * C};
-  if (absl::EndsWith(name, "mlp.proj.weight")) return {C, 4 * C};
-  return {C};  // LayerNorm weights and biases, the projections' biases
 }
 
 // [rows, cols] -> [cols, rows], float32 on the CPU.
@@ -155,9 +142,8 @@ absl::StatusOr<Weights> OpenWeights(const std::string& dir) {
   return out;
 }
 
-// Where each of our parameters comes from.
+// Where one of our parameters comes from (MapWeights gives them in the order asked).
 struct Mapping {
-  std::string ours;
   HfName hf;
   Weights::Place place;
 };
@@ -190,7 +176,7 @@ absl::StatusOr<std::vector<Mapping>> MapWeights(
           core::ShapeToString(stored), "; '", name, "' needs ", core::ShapeToString(want),
           hf.transpose ? " (Conv1D layout [in, out])" : ""));
     }
-    out.push_back({name, hf, it->second});
+    out.push_back({hf, it->second});
     used.insert(hf.name);
   }
   for (const auto& [name, place] : weights.where) {
@@ -282,7 +268,9 @@ absl::StatusOr<nn::GptConfig> ReadHfGpt2Config(const std::string& dir) {
 absl::Status LoadHfGpt2(const std::string& dir, nn::Gpt& model) {
   const std::string where = absl::StrCat("LoadHfGpt2(", dir, ")");
   std::vector<std::pair<std::string, core::Shape>> shapes;
+  std::vector<core::ParameterPtr> params;  // parallel to `shapes`, and so to the mappings
   for (const auto& [name, p] : model.NamedParameters()) {
+    params.push_back(p);
     if (!p->data.defined()) {
       return absl::FailedPreconditionError(absl::StrCat(
           where, ": parameter '", name, "' ", p->data.ToString(),
@@ -293,12 +281,10 @@ absl::Status LoadHfGpt2(const std::string& dir, nn::Gpt& model) {
   ASSIGN_OR_RETURN(Weights weights, OpenWeights(dir));
   ASSIGN_OR_RETURN(std::vector<Mapping> mappings, MapWeights(weights, shapes, where));
   // Every value read and converted before any parameter changes.
-  std::map<std::string, core::ParameterPtr> params;
-  for (const auto& [name, p] : model.NamedParameters()) params.emplace(name, p);
   std::vector<std::pair<core::ParameterPtr, core::Tensor>> staged;
-  for (const Mapping& m : mappings) {
-    ASSIGN_OR_RETURN(core::Tensor value, ReadOurs(weights, m));
-    staged.emplace_back(params.at(m.ours), std::move(value));
+  for (size_t i = 0; i < mappings.size(); ++i) {
+    ASSIGN_OR_RETURN(core::Tensor value, ReadOurs(weights, mappings[i]));
+    staged.emplace_back(params[i], std::move(value));
   }
   for (auto& [p, value] : staged) RETURN_IF_ERROR(p->data.CopyFrom(value));
   return absl::OkStatus();
@@ -337,6 +323,13 @@ absl::Status LoadHfGpt2(const std::string& dir, nn::Gpt& model, fsdp::WrapperReg
 absl::Status ExportHfGpt2(const nn::Gpt& model, const std::string& dir) {
   const std::string where = absl::StrCat("ExportHfGpt2(", dir, ")");
   const nn::GptConfig& c = model.config();
+  // The full shapes, from a deferred Gpt of the same config (shapes only, no memory).
+  std::map<std::string, core::Shape> full_shapes;
+  {
+    core::DeferredInitScope deferred;
+    ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> shapes, nn::Gpt::Create(c));
+    full_shapes = ParameterShapes(*shapes);
+  }
   NamedTensors tensors;
   for (const auto& [name, p] : model.NamedParameters()) {
     const HfName hf = ToHf(name);
@@ -344,7 +337,7 @@ absl::Status ExportHfGpt2(const nn::Gpt& model, const std::string& dir) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": parameter '", name, "' has no GPT-2 counterpart"));
     }
-    const core::Shape full = FullShape(name, c);
+    const core::Shape& full = full_shapes[name];
     if (!p->data.defined() || p->data.shape() != full) {
       return absl::FailedPreconditionError(absl::StrCat(
           where, ": parameter '", name, "' is ", p->data.ToString(), ", not its full shape ",

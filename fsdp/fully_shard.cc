@@ -185,6 +185,32 @@ class WrapUndo {
   std::vector<const core::Module*> registered_;
 };
 
+// The modules of `module`'s tree by path, and its parameters by name (the plan's keys).
+std::map<std::string, std::shared_ptr<core::Module>> ModulesByPath(core::Module& module) {
+  std::map<std::string, std::shared_ptr<core::Module>> out;
+  for (auto& [path, m] : module.NamedModules()) out.emplace(path, m);
+  return out;
+}
+std::map<std::string, core::ParameterPtr> ParametersByName(const core::Module& module) {
+  std::map<std::string, core::ParameterPtr> out;
+  for (auto& [name, p] : module.NamedParameters()) out.emplace(name, p);
+  return out;
+}
+
+// NOTE [Activation checkpointing] (core/module.h): turns on the plan's checkpointed
+// modules, recorded in the registry so that Release turns them off again.
+void ApplyCheckpointing(core::Module& module, const policy::WrapPlan& plan,
+                        WrapperRegistry* registry) {
+  if (plan.checkpointed().empty()) return;
+  const auto modules = ModulesByPath(module);
+  for (const policy::CheckpointedModule& c : plan.checkpointed()) {
+    auto m = modules.find(c.path());
+    if (m == modules.end()) continue;  // the planner walked the same tree
+    m->second->set_checkpoint_activations(true);
+    registry->AddCheckpointed(m->second);
+  }
+}
+
 // What phase 1 decided on this rank: a handle from the registry, or a plan.
 struct LocalPlan {
   std::shared_ptr<FullyShardHandle> reused;  // set: the answer, nothing more to do
@@ -301,10 +327,8 @@ absl::Status ShardNewUnits(const std::shared_ptr<core::Module>& module,
                            WrapUndo* undo, Sharded* out) {
   absl::StatusOr<UnitGroups> groups = registry->GroupsFor(group, options);
   RETURN_IF_ERROR(Annotate(groups.status(), prefix));
-  std::map<std::string, std::shared_ptr<core::Module>> modules;
-  for (auto& [path, m] : module->NamedModules()) modules.emplace(path, m);
-  std::map<std::string, core::ParameterPtr> params;
-  for (auto& [name, p] : module->NamedParameters()) params.emplace(name, p);
+  const auto modules = ModulesByPath(*module);
+  const auto params = ParametersByName(*module);
   std::map<const core::Module*, std::shared_ptr<Unit>> existing_by_module;
   for (const auto& u : local.existing) existing_by_module[u->module_ptr()] = u;
 
@@ -366,8 +390,7 @@ absl::Status ShardNewUnits(const std::shared_ptr<core::Module>& module,
 absl::Status SyncModuleStates(const std::shared_ptr<core::Module>& module,
                               const policy::WrapPlan& plan, comm::ProcessGroup& group,
                               const FullyShardOptions& options, const std::string& prefix) {
-  std::map<std::string, core::ParameterPtr> params;
-  for (auto& [name, p] : module->NamedParameters()) params.emplace(name, p);
+  const auto params = ParametersByName(*module);
   comm::BroadcastOptions broadcast;
   broadcast.root = 0;
   broadcast.timeout = options.timeout;
@@ -442,18 +465,7 @@ absl::StatusOr<std::shared_ptr<FullyShardHandle>> FullyShard(
     return agreed;
   }
   undo.Commit();
-  // NOTE [Activation checkpointing] (core/module.h): the plan's choice, kept in the
-  // registry so that Release turns it off again.
-  {
-    std::map<std::string, std::shared_ptr<core::Module>> modules;
-    for (auto& [path, m] : module->NamedModules()) modules.emplace(path, m);
-    for (const policy::CheckpointedModule& c : local->plan.checkpointed()) {
-      auto m = modules.find(c.path());
-      if (m == modules.end()) continue;  // the planner walked the same tree
-      m->second->set_checkpoint_activations(true);
-      registry->AddCheckpointed(m->second);
-    }
-  }
+  ApplyCheckpointing(*module, local->plan, registry);
   RegistryCounters& c = registry->mutable_counters();
   c.units_created += sharded.created;
   c.param_bytes_copied += sharded.bytes_copied;
