@@ -306,6 +306,26 @@ absl::Status CopyBytes(void* dst, Device dst_device, const void* src, Device src
 
 }  // namespace
 
+absl::Status Tensor::CopyFromAsync(const Tensor& src) const {
+#ifdef FSDP_WITH_CUDA
+  if (defined() && src.defined() && src.numel() == numel_ && src.dtype() == dtype_ &&
+      numel_ > 0 && device().is_cpu() != src.device().is_cpu()) {
+    const Tensor& host = device().is_cpu() ? *this : src;
+    const Device cuda_device = device().is_cpu() ? src.device() : device();
+    if (host.storage()->pinned()) {
+      ProfiledOp op(OpCategory::kConvert, "copy_async", cuda_device,
+                    OpCost{0, static_cast<double>(2 * nbytes()), 1, OpEngine::kMemory});
+      if (absl::Status s = cuda::SetDevice(cuda_device); !s.ok()) return s;
+      return cuda::StatusFromCuda(
+          cudaMemcpyAsync(raw_data(), src.raw_data(), nbytes(), cudaMemcpyDefault,
+                          cuda::ComputeStream()),
+          absl::StrCat("cudaMemcpyAsync ", src.ToString(), " -> ", ToString()));
+    }
+  }
+#endif  // FSDP_WITH_CUDA
+  return CopyFrom(src);
+}
+
 absl::Status Tensor::CopyFrom(const Tensor& src) const {
   if (!defined() || !src.defined()) {
     return absl::FailedPreconditionError("CopyFrom with an undefined tensor");

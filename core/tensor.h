@@ -184,6 +184,15 @@ class Tensor {
   // CUDA error otherwise; messages name both tensors.
   absl::Status CopyFrom(const Tensor& src) const;
 
+  // NOTE [Asynchronous host copies]: CopyFrom, except that a copy of the same dtype between
+  // a CUDA tensor and page-locked host memory (Storage::pinned(): PinnedBuffer,
+  // Allocator::PinnedHost()) is only queued on the compute stream of the CUDA side's
+  // device. Until that device is synchronised (cuda::Synchronize, or a synchronous copy
+  // into the host), the host side must not be read (device -> host) nor written (host ->
+  // device). Every other pair (host only, pageable host memory, a conversion) is exactly
+  // CopyFrom, finished as documented there.
+  absl::Status CopyFromAsync(const Tensor& src) const;
+
   // Sets every element to `value` (converted to the dtype: bf16 rounds to nearest even,
   // int32 truncates); on a CUDA device a kernel queued on the compute stream, without
   // waiting. Returns the CUDA error (naming the tensor) if the launch is refused, or

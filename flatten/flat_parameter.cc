@@ -5,6 +5,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
+#include "core/allocator.h"
 #include "core/status_macros.h"
 
 namespace flatten {
@@ -34,6 +35,7 @@ absl::StatusOr<std::unique_ptr<FlatParameter>> FlatParameter::Flatten(
 
   auto flat = absl::WrapUnique(new FlatParameter());
   flat->label_ = options.label;
+  flat->shard_on_host_ = options.shard_on_host;
   flat->world_size_ = world_size;
   flat->rank_ = rank;
 
@@ -144,9 +146,7 @@ absl::StatusOr<std::unique_ptr<FlatParameter>> FlatParameter::Flatten(
   padding.Zero();
   flat->full_filled_ = true;
 
-  absl::StatusOr<core::Tensor> shard =
-      core::Tensor::Allocate({flat->shard_numel_}, flat->dtype_, core::MemoryTag::kParam,
-                             flat->device_);
+  absl::StatusOr<core::Tensor> shard = flat->AllocateShardBuffer(core::MemoryTag::kParam);
   RETURN_IF_ERROR(Annotate(shard.status(), prefix));
   flat->shard_ = *std::move(shard);
   RETURN_IF_ERROR(flat->CopyFullToShard());
@@ -168,9 +168,11 @@ absl::Status FlatParameter::MaterializeShard(const std::string& prefix) {
         "' is ", core::DTypeName(dtype_)));
   }
   // Filled on the host (the recipes run there), then copied to the device if it is one.
-  absl::StatusOr<core::Tensor> shard = core::Tensor::Allocate(
-      {shard_numel_}, dtype_, device_.is_cpu() ? core::MemoryTag::kParam : core::MemoryTag::kOther,
-      core::Device::Cpu());
+  const bool on_host = shard_device().is_cpu();
+  absl::StatusOr<core::Tensor> shard =
+      on_host ? AllocateShardBuffer(core::MemoryTag::kParam)
+              : core::Tensor::Allocate({shard_numel_}, dtype_, core::MemoryTag::kOther,
+                                       core::Device::Cpu());
   RETURN_IF_ERROR(Annotate(shard.status(), prefix));
   shard->Zero();  // the padding
   for (size_t i = 0; i < records_.size(); ++i) {
@@ -181,9 +183,8 @@ absl::Status FlatParameter::MaterializeShard(const std::string& prefix) {
     RETURN_IF_ERROR(Annotate(params_[i]->init->Fill(part, slice.begin),
                              absl::StrCat(prefix, "initialising '", record.name, "': ")));
   }
-  if (!device_.is_cpu()) {
-    absl::StatusOr<core::Tensor> on_device =
-        core::Tensor::Allocate({shard_numel_}, dtype_, core::MemoryTag::kParam, device_);
+  if (!on_host) {
+    absl::StatusOr<core::Tensor> on_device = AllocateShardBuffer(core::MemoryTag::kParam);
     RETURN_IF_ERROR(Annotate(on_device.status(), prefix));
     RETURN_IF_ERROR(Annotate(on_device->CopyFrom(*shard), prefix));
     shard = std::move(on_device);
@@ -253,6 +254,12 @@ absl::Status FlatParameter::CheckNotViewed(const core::Tensor& buffer, bool grad
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<core::Tensor> FlatParameter::AllocateShardBuffer(core::MemoryTag tag) const {
+  if (!shard_on_host_) return core::Tensor::Allocate({shard_numel_}, dtype_, tag, device_);
+  core::ScopedAllocator pinned(core::Allocator::PinnedHost());
+  return core::Tensor::Allocate({shard_numel_}, dtype_, tag, core::Device::Cpu());
 }
 
 // --- Full buffer ---
@@ -399,8 +406,7 @@ absl::Status FlatParameter::AllocateShardGrad() {
     return absl::FailedPreconditionError(
         absl::StrCat(Prefix(), "AllocateShardGrad: the gradient shard is already allocated"));
   }
-  absl::StatusOr<core::Tensor> grad =
-      core::Tensor::Allocate({shard_numel_}, dtype_, core::MemoryTag::kGrad, device_);
+  absl::StatusOr<core::Tensor> grad = AllocateShardBuffer(core::MemoryTag::kGrad);
   RETURN_IF_ERROR(Annotate(grad.status(), Prefix()));
   grad->Zero();
   shard_grad_ = *std::move(grad);

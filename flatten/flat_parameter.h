@@ -30,9 +30,11 @@
 // Memory (all through core::Allocator::Current(device) at the time of each call):
 //   full buffer       padded_numel elements, dtype chosen per AllocateFull, tag kParam
 //   shard             shard_numel elements, the parameters' dtype, tag kParam; lives
-//                     from Flatten until Unflatten
+//                     from Flatten until Unflatten (on shard_device(): the host's
+//                     pinned allocator under NOTE [Shard on the host])
 //   full grad buffer  padded_numel elements, dtype chosen per AllocateFullGrad, tag kGrad
-//   shard grad        shard_numel elements, the parameters' dtype, tag kGrad
+//   shard grad        shard_numel elements, the parameters' dtype, tag kGrad (on
+//                     shard_device(), like the shard)
 // Freeing a buffer drops this object's reference; the memory returns to the allocator
 // once nothing else refers to it, which is why the Free* calls refuse while managed
 // parameters still view the buffer.
@@ -72,6 +74,11 @@ struct ParamRecord {
 struct FlattenOptions {
   // Names the unit in every error message, e.g. Module::Describe() of its root.
   std::string label;
+  // NOTE [Shard on the host]: the shard and the gradient shard live in page-locked host
+  // memory (core::Allocator::PinnedHost(), device CPU) while the full buffers stay on
+  // the parameters' device; FSDP's CPU offload (NOTE [CPU offload] in fsdp/options.h).
+  // The copies between them (CopyFullToShard, CopyShardToFull, ...) cross devices.
+  bool shard_on_host = false;
 };
 
 class FlatParameter {
@@ -114,6 +121,10 @@ class FlatParameter {
   // The parameters' dtype, which is also the shard's (the fp32 master in FSDP).
   core::DType dtype() const { return dtype_; }
   core::Device device() const { return device_; }
+  // Where the shard and the gradient shard live: device(), or the CPU under NOTE
+  // [Shard on the host].
+  bool shard_on_host() const { return shard_on_host_; }
+  core::Device shard_device() const { return shard_on_host_ ? core::Device::Cpu() : device_; }
   // Sum of the parameters' numels, without padding.
   int64_t numel() const { return numel_; }
   // numel() rounded up to a multiple of world_size().
@@ -218,6 +229,9 @@ class FlatParameter {
  private:
   // The deferred path of Flatten: allocates the shard and fills it from the recipes.
   absl::Status MaterializeShard(const std::string& prefix);
+  // A zeroed-or-not 1-D buffer of shard_numel() elements of dtype() on shard_device(),
+  // from the pinned host allocator under NOTE [Shard on the host].
+  absl::StatusOr<core::Tensor> AllocateShardBuffer(core::MemoryTag tag) const;
   FlatParameter() = default;
 
   // FailedPrecondition once unflattened.
@@ -240,6 +254,7 @@ class FlatParameter {
   int rank_ = 0;
   core::DType dtype_ = core::DType::kFloat32;
   core::Device device_ = core::Device::Cpu();
+  bool shard_on_host_ = false;
   int64_t numel_ = 0;
   int64_t padded_numel_ = 0;
   int64_t shard_numel_ = 0;

@@ -1,7 +1,8 @@
 // FSDP on CUDA devices (tagged gpu; each test skips, saying why, without the GPUs it
 // needs): parity of N = 1 and N = 2 (one rank per GPU, NCCL) with the unwrapped CPU
 // run, the FULL_SHARD memory bound measured by the CUDA allocator's counters, and
-// NOTE [Mixed precision on the device] (bf16 parameter views during forward).
+// NOTE [Mixed precision on the device] (bf16 parameter views during forward), and NOTE
+// [CPU offload] on the device.
 //
 // NOTE [Device parity tolerance]: rtol 1e-4, atol 1e-5 over the 20 AdamW steps of
 // TinySetup. The device computes the same float32 math (TF32 off) but cuBLAS and the
@@ -130,15 +131,17 @@ absl::StatusOr<double> DeviceStep(nn::Gpt& gpt, optim::AdamW& adamw,
   return static_cast<double>(t.data<float>()[0]);
 }
 
-absl::StatusOr<testing::TrainingRun> TrainOnDevice(int rank, int world,
-                                                   const std::shared_ptr<comm::ProcessGroup>& group,
-                                                   const testing::GptTrainingSetup& setup) {
+// `check_at_rest` runs after the last step, before the release.
+absl::StatusOr<testing::TrainingRun> TrainOnDevice(
+    int rank, int world, const std::shared_ptr<comm::ProcessGroup>& group,
+    const testing::GptTrainingSetup& setup,
+    const FullyShardOptions& options = testing::PerBlockOptions(ShardingStrategy::kFullShard),
+    const std::function<absl::Status(const FullyShardHandle&)>& check_at_rest = nullptr) {
   const core::Device device = core::Device::Cuda(rank);
   ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
   ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, testing::MakeGpt(setup));
   RETURN_IF_ERROR(ToDevice(*gpt, device));
   WrapperRegistry registry;
-  FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
   ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, group, options, &registry));
   ASSIGN_OR_RETURN(auto adamw, optim::AdamW::Create(gpt->NamedParameters(), setup.adamw));
   testing::TrainingRun run;
@@ -147,6 +150,7 @@ absl::StatusOr<testing::TrainingRun> TrainOnDevice(int rank, int world,
                                              *group, device));
     run.losses.push_back(loss);
   }
+  if (check_at_rest) RETURN_IF_ERROR(check_at_rest(*handle));
   RETURN_IF_ERROR(Release(*gpt, &registry));
   ASSIGN_OR_RETURN(run.params, HostValues(*gpt));
   return run;
@@ -230,6 +234,51 @@ INSTANTIATE_TEST_SUITE_P(Gpus, FsdpDeviceTest, ::testing::Values(1, 2),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return absl::StrCat("N", info.param);
                          });
+
+// NOTE [CPU offload] on the device: training with the shards, gradient shards and AdamW
+// state in host memory matches the unwrapped CPU run within NOTE [Device parity
+// tolerance]; between steps the device holds no parameter, gradient or optimizer byte and
+// every shard is page-locked host memory.
+TEST(FsdpDeviceOffloadTest, TrainsWithShardsGradientsAndOptimizerStateOnTheHost) {
+  if (Gpus() < 1) GTEST_SKIP() << "needs a GPU: " << core::CudaDeviceCount().status();
+  const testing::GptTrainingSetup setup = testing::TinySetup();
+  absl::StatusOr<testing::TrainingRun> reference = testing::TrainUnwrapped(setup);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
+  options.cpu_offload = true;
+  absl::Status s = RunNcclRanks(1, [&](int rank, const std::shared_ptr<comm::ProcessGroup>& g)
+                                       -> absl::Status {
+    const core::Device device = core::Device::Cuda(rank);
+    auto at_rest = [&](const FullyShardHandle& handle) -> absl::Status {
+      const core::MemoryStats m = core::Allocator::Current(device)->Stats();
+      for (const core::MemoryTag tag :
+           {core::MemoryTag::kParam, core::MemoryTag::kGrad, core::MemoryTag::kOptim}) {
+        if (m.current(tag) != 0) {
+          return absl::InternalError(absl::StrCat("the device holds ", m.current(tag), " B of ",
+                                                  core::MemoryTagName(tag), " at rest"));
+        }
+      }
+      for (const auto& unit : handle.units()) {
+        const core::Tensor& shard = unit->flat().shard();
+        if (!shard.device().is_cpu() || !shard.storage()->pinned() ||
+            !unit->flat().shard_grad().device().is_cpu()) {
+          return absl::InternalError(absl::StrCat(unit->label(), ": shard ", shard.ToString(),
+                                                  " is not page-locked host memory"));
+        }
+      }
+      const core::MemoryStats host = core::Allocator::PinnedHost()->Stats();
+      std::printf("offload at rest: device %s | pinned host %s\n", m.PeakSummary().c_str(),
+                  host.PeakSummary().c_str());
+      return absl::OkStatus();
+    };
+    ASSIGN_OR_RETURN(testing::TrainingRun run, TrainOnDevice(rank, 1, g, setup, options, at_rest));
+    double worst = 0;
+    RETURN_IF_ERROR(testing::CompareRuns(*reference, run, kRtol, kAtol, &worst));
+    std::printf("offload: worst |device - cpu| / tolerance = %.3g\n", worst);
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
 
 // NOTE [Deferred initialisation] on the device: a deferred model moved to cuda:0 and
 // wrapped gets its shard filled on the host and copied there; released, its values are

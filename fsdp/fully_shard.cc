@@ -14,6 +14,7 @@
 #include "comm/agreement.h"
 #include "core/status_macros.h"
 #include "flatten/flat_parameter.h"
+#include "fsdp/internal/host_offload.h"
 #include "fsdp/internal/unit_agreement.h"
 #include "fsdp/internal/wrap_fault.h"
 #include "fsdp/unit.h"
@@ -283,6 +284,16 @@ absl::StatusOr<LocalPlan> CheckAndPlan(const std::shared_ptr<core::Module>& modu
       }
     }
   }
+  if (options.cpu_offload && !internal::HostOffloadOnCpuAllowed()) {
+    for (const auto& [name, p] : module->NamedParameters()) {
+      if (p->data.device().is_cpu()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            prefix, "FullyShardOptions.cpu_offload with parameter '", name,
+            "' on the cpu: offload keeps the shards of a CUDA model in host memory (NOTE [CPU "
+            "offload] in fsdp/options.h); move the model to a CUDA device or leave it off"));
+      }
+    }
+  }
   // Units already below `module` stay as they are.
   out.existing = registry->UnitsIn(*module);
   policy::PlanOptions plan_options;
@@ -361,6 +372,7 @@ absl::Status ShardNewUnits(const std::shared_ptr<core::Module>& module,
     undo->SaveParameters(unit_params);
     flatten::FlattenOptions flatten_options;
     flatten_options.label = label;
+    flatten_options.shard_on_host = options.cpu_offload;
     absl::StatusOr<std::unique_ptr<flatten::FlatParameter>> flat = flatten::FlatParameter::Flatten(
         unit_params, groups->shard_size, groups->shard_rank, flatten_options);
     RETURN_IF_ERROR(Annotate(flat.status(), prefix));

@@ -147,6 +147,9 @@ std::string FirstDifferingOption(const FullyShardOptions& a, const FullyShardOpt
     return absl::StrCat("sync_module_states: ", Bool(a.sync_module_states), " vs ",
                         Bool(b.sync_module_states));
   }
+  if (a.cpu_offload != b.cpu_offload) {
+    return absl::StrCat("cpu_offload: ", Bool(a.cpu_offload), " vs ", Bool(b.cpu_offload));
+  }
   if (a.timeout != b.timeout) {
     return absl::StrCat("timeout: ", absl::FormatDuration(a.timeout), " vs ",
                         absl::FormatDuration(b.timeout));

@@ -104,6 +104,21 @@ struct FullyShardOptions {
   // core/param_init.h) are filled from their recipes, the same on every rank, and need
   // no broadcast.
   bool sync_module_states = false;
+  // NOTE [CPU offload] (PyTorch FSDP2's CPUOffloadPolicy): each unit's float32 shard and
+  // gradient shard live in page-locked host memory (NOTE [Shard on the host] in
+  // flatten/flat_parameter.h), so between steps Parameter::data and grad are host
+  // tensors and an optimizer made after the wrap keeps its state on the host and steps
+  // there (optim's vectorised CPU kernels). On the device a unit holds only what it
+  // computes with: an unshard copies the host shard to the device (queued on the compute
+  // stream, which the all-gather waits for; NOTE [Asynchronous host copies] in
+  // core/tensor.h), casts it to param_dtype there and all-gathers; a reduction copies
+  // the reduced gradient chunk back into a pinned staging buffer of the unit's, and the
+  // backward's end (which synchronises the device once) adds it into the host gradient
+  // shard. Host writes to the shard (the optimizer step, loading) come after that
+  // synchronisation; Unit::WriteShard synchronises first. Requires the parameters on a
+  // CUDA device: FullyShard refuses it for CPU parameters (InvalidArgument naming this
+  // option), where there is nothing to offload.
+  bool cpu_offload = false;
 
   // OK when the options are usable on a group of `group_size` ranks; InvalidArgument
   // naming the option ("FullyShardOptions.hybrid_shard_size", ...) otherwise.

@@ -230,8 +230,9 @@ absl::Status Runtime::BackwardPost(const std::shared_ptr<Unit>& unit) {
         ": backward ended but it is not the innermost computing unit"));
   }
   active_.pop_back();
-  // At most one reduction in flight: it keeps a full gradient buffer alive.
-  RETURN_IF_ERROR(FinishAllReductions());
+  // At most one reduction in flight: it keeps a full gradient buffer alive. (Host
+  // gradient adds wait for the backward's end: NOTE [CPU offload].)
+  RETURN_IF_ERROR(FinishAllReductions(/*host_gradients=*/false));
   RETURN_IF_ERROR(unit->ReduceGradients());
   if (unit->reduction_pending()) {
     pending_reductions_.push_back(unit);
@@ -257,7 +258,7 @@ void Runtime::ResetCommTiming() {
   }
 }
 
-absl::Status Runtime::FinishAllReductions() {
+absl::Status Runtime::FinishAllReductions(bool host_gradients) {
   absl::Status first;
   while (!pending_reductions_.empty()) {
     std::shared_ptr<Unit> u = pending_reductions_.front().lock();
@@ -269,6 +270,12 @@ absl::Status Runtime::FinishAllReductions() {
     } else if (first.ok()) {
       first = s;
     }
+  }
+  if (!host_gradients) return first;
+  for (const std::weak_ptr<Unit>& weak : attached_) {
+    std::shared_ptr<Unit> u = weak.lock();
+    if (u == nullptr || !u->host_gradients_pending()) continue;
+    if (absl::Status s = u->FinishHostGradients(); !s.ok() && first.ok()) first = s;
   }
   return first;
 }

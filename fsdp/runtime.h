@@ -83,8 +83,11 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   // (unit ...)" otherwise.
   absl::Status CheckIdle(const std::string& what) const;
 
-  // Waits for every pending reduction; the first error is returned after trying all.
-  absl::Status FinishAllReductions();
+  // Waits for every pending reduction and, unless `host_gradients` is false, adds what
+  // NOTE [CPU offload] left waiting into the units' host gradient shards (one device
+  // synchronisation), so every gradient shard is final; the first error is returned
+  // after trying all.
+  absl::Status FinishAllReductions(bool host_gradients = true);
 
   // NOTE [Comm overlap] (unit.h): the sum over the attached units still alive.
   CommTiming comm_timing() const;

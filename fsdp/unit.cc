@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/allocator.h"
+#include "core/cuda_status.h"
 #include "core/op_profile.h"
 #include "core/status_macros.h"
 #include "fsdp/device_ops.h"
@@ -130,11 +132,21 @@ absl::Status Unit::IssueUnshard(bool full_precision) {
   // buffer itself; the layers compute with its views.
   if (absl::Status s = flat_->AllocateFull(dtype); !s.ok()) return Fail(s);
   gather_output_ = flat_->full();
+  core::Tensor source = flat_->shard();
+  if (flat_->shard_on_host()) {
+    // NOTE [CPU offload]: the host shard reaches the device first (queued on the compute
+    // stream, which the all-gather waits for), in float32, and is cast there.
+    absl::StatusOr<core::Tensor> staged = core::Tensor::Allocate(
+        {flat_->shard_numel()}, flat_->dtype(), core::MemoryTag::kComm, flat_->device());
+    if (!staged.ok()) return Fail(staged.status());
+    if (absl::Status s = staged->CopyFromAsync(source); !s.ok()) return Fail(s);
+    source = *std::move(staged);
+  }
   if (full_exact_) {
-    gather_input_ = flat_->shard();
+    gather_input_ = source;
   } else {
     absl::StatusOr<core::Tensor> in =
-        internal::Convert(flat_->shard(), dtype, core::MemoryTag::kComm, "fsdp unit " + label_);
+        internal::Convert(source, dtype, core::MemoryTag::kComm, "fsdp unit " + label_);
     if (!in.ok()) return Fail(in.status());
     gather_input_ = *std::move(in);
   }
@@ -197,6 +209,10 @@ absl::Status Unit::WriteBackLocalChunk() {
 
 absl::Status Unit::WriteShard(int64_t shard_offset, const core::Tensor& values) {
   RETURN_IF_ERROR(CheckState(UnitState::kSharded, "write the shard"));
+  if (flat_->shard_on_host()) {
+    // NOTE [CPU offload]: an unshard's copy may still be reading the host shard.
+    if (absl::Status s = core::cuda::Synchronize(flat_->device()); !s.ok()) return Fail(s);
+  }
   if (shard_offset < 0 || shard_offset + values.numel() > flat_->shard_numel()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "fsdp unit ", label_, ": writing ", values.numel(), " elements at shard offset ",
@@ -216,6 +232,7 @@ absl::Status Unit::WriteShard(int64_t shard_offset, const core::Tensor& values) 
 
 absl::Status Unit::PrepareGradients() {
   RETURN_IF_ERROR(CheckState(UnitState::kUnsharded, "prepare gradients"));
+  RETURN_IF_ERROR(FinishHostGradients());
   if (!flat_->full_grad().defined()) {
     // A new accumulation: keep what the gradient shard holds for parameters whose grad
     // still views it, and restart the others (their grad was dropped) from zero.
@@ -305,8 +322,22 @@ absl::Status Unit::FinishReduction() {
     if (!work.ok()) return Fail(work.status());
     if (absl::Status s = (*work)->Wait(options_.timeout); !s.ok()) return Fail(s);
   }
-  if (absl::Status s = internal::AddInto(flat_->shard_grad(), reduce_output_, "fsdp unit " + label_);
-      !s.ok()) {
+  if (flat_->shard_on_host()) {
+    // NOTE [CPU offload]: back to the host, queued; FinishHostGradients adds it in.
+    RETURN_IF_ERROR(FinishHostGradients());
+    if (!reduce_host_.defined() || reduce_host_.dtype() != reduce_output_.dtype()) {
+      core::ScopedAllocator pinned(core::Allocator::PinnedHost());
+      absl::StatusOr<core::Tensor> host =
+          core::Tensor::Allocate({flat_->shard_numel()}, reduce_output_.dtype(),
+                                 core::MemoryTag::kComm, core::Device::Cpu());
+      if (!host.ok()) return Fail(host.status());
+      reduce_host_ = *std::move(host);
+    }
+    if (absl::Status s = reduce_host_.CopyFromAsync(reduce_output_); !s.ok()) return Fail(s);
+    host_add_pending_ = true;
+  } else if (absl::Status s = internal::AddInto(flat_->shard_grad(), reduce_output_,
+                                                "fsdp unit " + label_);
+             !s.ok()) {
     return Fail(s);
   }
   reduce_input_ = core::Tensor();
@@ -315,9 +346,22 @@ absl::Status Unit::FinishReduction() {
   return absl::OkStatus();
 }
 
+absl::Status Unit::FinishHostGradients() {
+  if (!host_add_pending_) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckUsable("add a gradient into the host shard"));
+  if (absl::Status s = core::cuda::Synchronize(flat_->device()); !s.ok()) return Fail(s);
+  host_add_pending_ = false;
+  if (absl::Status s = internal::AddInto(flat_->shard_grad(), reduce_host_, "fsdp unit " + label_);
+      !s.ok()) {
+    return Fail(s);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Unit::DropGradients() {
   RETURN_IF_ERROR(CheckUsable("drop gradients"));
   if (reduce_pending_) RETURN_IF_ERROR(FinishReduction());
+  host_add_pending_ = false;  // the gradients it would add to are dropped
   if (absl::Status s = flat_->ClearGradViews(); !s.ok()) return Fail(s);
   if (absl::Status s = flat_->FreeFullGrad(); !s.ok()) return Fail(s);
   if (absl::Status s = flat_->FreeShardGrad(); !s.ok()) return Fail(s);

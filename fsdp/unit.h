@@ -174,7 +174,15 @@ class Unit {
   // no_sync(), keeps the buffer) and points grads at the gradient shard.
   absl::Status ReduceGradients();
   // Completes a pending reduction into the gradient shard; OK when none is pending.
+  // Under NOTE [CPU offload] it only queues the reduced chunk's copy to the host:
+  // FinishHostGradients adds it in.
   absl::Status FinishReduction();
+  // NOTE [CPU offload]: synchronises the device and adds the reduced chunk that
+  // FinishReduction copied to the host into the host gradient shard; OK when nothing
+  // is waiting (always without offload). The runtime calls it at the end of a backward.
+  absl::Status FinishHostGradients();
+  // True while FinishHostGradients has a chunk to add.
+  bool host_gradients_pending() const { return host_add_pending_; }
   // Drops the full gradient buffer and every grad view (Release, error recovery).
   absl::Status DropGradients();
 
@@ -228,6 +236,10 @@ class Unit {
   std::shared_ptr<comm::Work> reduce_work_;
   core::Tensor reduce_input_;
   core::Tensor reduce_output_;
+  // NOTE [CPU offload]: the pinned host buffer the reduced chunk is copied into (kept
+  // across steps: pinned allocations are slow) and whether it awaits its add.
+  core::Tensor reduce_host_;
+  bool host_add_pending_ = false;
 
   bool no_sync_ = false;
   bool summoned_ = false;

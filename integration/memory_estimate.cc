@@ -64,6 +64,11 @@ absl::Status Validate(const MemoryEstimateInput& in) {
     return Bad("model.root_unit_params", m.root_unit_params,
                absl::StrCat("must be in [0, model.num_params = ", m.num_params, "]"));
   }
+  if (in.cpu_offload && !in.device.is_cuda()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MemoryEstimateInput.cpu_offload on ", in.device.ToString(),
+        ": offload keeps a CUDA model's state in host memory; it needs a CUDA device"));
+  }
   if (in.limit_all_gathers < 0) {
     return Bad("limit_all_gathers", in.limit_all_gathers, "must be >= 0");
   }
@@ -155,7 +160,12 @@ std::string MemoryEstimate::Describe() const {
       core::FormatBytes(init_bytes), ", model state ", core::FormatBytes(model_state_bytes),
       " + gathered ", core::FormatBytes(gathered_bytes), " + activations ",
       core::FormatBytes(activation_bytes), " + comm ", core::FormatBytes(comm_bytes), ")");
-  if (device.is_cuda()) {
+  if (device.is_cuda() && offloaded_bytes > 0) {
+    absl::StrAppend(&out, " on ", device.ToString(), "; offloaded to the host ",
+                    core::FormatBytes(offloaded_bytes), " per rank, the host holding ",
+                    core::FormatBytes(per_host_bytes), " for ", local_ranks,
+                    local_ranks == 1 ? " rank" : " ranks");
+  } else if (device.is_cuda()) {
     absl::StrAppend(&out, " on ", device.ToString(), "; the host holds each rank's CPU-built "
                     "model, ", core::FormatBytes(per_host_bytes), " for ", local_ranks,
                     local_ranks == 1 ? " rank" : " ranks");
@@ -176,7 +186,14 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const MemoryEstimateInput& input) 
   const int64_t largest_unit = m.largest_unit_params > 0 ? c.Add(m.largest_unit_params, g - 1) : 0;
 
   MemoryEstimate e;
-  e.model_state_bytes = c.Add(c.Mul(16, shard), c.Mul(16, m.ignored_params));
+  // NOTE [Memory estimate]: offload moves the managed state (and a pinned staging shard
+  // per unit) to the host.
+  if (input.cpu_offload) {
+    e.model_state_bytes = c.Mul(16, m.ignored_params);
+    e.offloaded_bytes = c.Mul(20, shard);
+  } else {
+    e.model_state_bytes = c.Add(c.Mul(16, shard), c.Mul(16, m.ignored_params));
+  }
   // The unsharded fp32 gradient held at once: one unit's, or every unit's under no_sync.
   const int64_t full_grad = input.no_sync_accumulation ? c.Mul(4, m.num_params)
                                                        : c.Mul(4, largest_unit);
@@ -235,6 +252,12 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const MemoryEstimateInput& input) 
     const int64_t largest_shard = (largest_unit + g - 1) / g;
     e.comm_bytes = c.Mul(c.Mul(4, largest_shard), c.Add(std::max<int64_t>(in_flight, 1), 1));
   }
+  if (input.cpu_offload) {
+    // The float32 copy of each shard on its way to the device.
+    const int64_t largest_shard = (largest_unit + g - 1) / g;
+    e.comm_bytes =
+        c.Add(e.comm_bytes, c.Mul(c.Mul(4, largest_shard), std::max<int64_t>(in_flight, 1)));
+  }
   e.init_bytes = input.deferred_init
                      ? 0
                      : c.Mul(4, c.Add(c.Add(m.num_params, m.ignored_params), largest_unit));
@@ -249,8 +272,11 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const MemoryEstimateInput& input) 
     // the device whole before sharding, so the device holds max(init, training) and the
     // host only each rank's CPU-built model (4 P + 4 I).
     e.per_device_bytes = e.per_rank_bytes;
-    e.per_host_bytes =
-        c.Mul(c.Mul(4, c.Add(m.num_params, m.ignored_params)), input.local_ranks);
+    // A deferred model is never built on the host: Flatten fills one unit's shard there
+    // at a time and copies it over.
+    const int64_t built = input.deferred_init ? c.Mul(4, (largest_unit + g - 1) / g)
+                                              : c.Mul(4, c.Add(m.num_params, m.ignored_params));
+    e.per_host_bytes = c.Mul(std::max(built, e.offloaded_bytes), input.local_ranks);
   } else {
     e.per_host_bytes = c.Mul(e.per_rank_bytes, input.local_ranks);
   }

@@ -61,8 +61,15 @@
 //                                    core/param_init.h), whose wrap allocates shards only.
 //   per rank      max(init, model state + gathered + activations + comm);
 //   per host      per rank x local_ranks (the ranks sharing this host's memory).
+// CPU offload (FullyShardOptions::cpu_offload, NOTE [CPU offload] in fsdp/options.h; a
+// CUDA device only) moves the managed model state to the host: the device's model state
+// is 16 I, its comm term adds the float32 copy of each shard in flight to the device,
+// 4 ceil(Lu / G) max(A, 1) (also when G = 1), and the host holds per rank
+//   offloaded     16 S + 4 S         the state, and the pinned buffer each unit's reduced
+//                                    gradient chunk comes back into.
 // On a CUDA device the per-rank figure is the device's (bf16 compute copies are not
-// widened there: c = 2) and the host holds only each rank's CPU-built model, 4 P + 4 I.
+// widened there: c = 2) and the host holds only each rank's CPU-built model, 4 P + 4 I
+// (deferred: the one shard Flatten fills on the host at a time, 4 ceil(Lu / G)).
 // It is an estimate: allocator rounding, the backends' own buffers (gloo's ring pieces,
 // NCCL's) and the runtime are not in it, so CheckFitsInMemory passing is necessary, not
 // sufficient. The main job's summary prints it over the fit's measured peak.
@@ -149,6 +156,8 @@ struct MemoryEstimateInput {
   // The model is built deferred (GptModuleOptions::deferred_init): no full model before
   // the wrap, whose shards are part of the model state (init 0).
   bool deferred_init = false;
+  // FullyShardOptions::cpu_offload (a CUDA device only; InvalidArgument on the CPU).
+  bool cpu_offload = false;
   // Where the ranks compute (NOTE [Memory estimate on a device] in memory_estimate.cc):
   // on a CUDA device the per-rank figure is device memory, and the host holds only each
   // rank's CPU-built model.
@@ -162,10 +171,13 @@ struct MemoryEstimate {
   int64_t activation_bytes = 0;
   int64_t comm_bytes = 0;
   int64_t init_bytes = 0;
+  // Host bytes per rank under cpu_offload (0 without).
+  int64_t offloaded_bytes = 0;
   int64_t per_rank_bytes = 0;
   int local_ranks = 1;
   // Host bytes: per_rank_bytes x local_ranks on the CPU; on a CUDA device the CPU-built
-  // models only, 4 (P + I) x local_ranks.
+  // models, 4 (P + I) x local_ranks (deferred: one shard each), or under cpu_offload the
+  // larger of those and offloaded_bytes x local_ranks.
   int64_t per_host_bytes = 0;
   core::Device device = core::Device::Cpu();
   // On a CUDA device: per_rank_bytes, held in each rank's device memory; 0 on the CPU.

@@ -286,6 +286,32 @@ TEST(MemoryEstimateTest, OnACudaDeviceTheRankFigureIsDeviceMemoryAndTheHostHolds
   EXPECT_TRUE(CheckFitsInDeviceMemory(cpu, 0, "cpu: nothing to check").ok());
 }
 
+// NOTE [Memory estimate]'s offload terms: the managed state (16 S) and a staging shard per
+// unit (4 S) leave the device for the host; the device adds a float32 shard per
+// all-gather in flight; CPU parameters cannot offload.
+TEST(MemoryEstimateTest, OffloadMovesTheModelStateToTheHost) {
+  MemoryEstimateInput in = OneMillionParams(fsdp::ShardingStrategy::kFullShard);
+  in.device = core::Device::Cuda(0);
+  in.local_ranks = 2;
+  const MemoryEstimate plain = EstimateMemory(in).value();
+  in.cpu_offload = true;
+  const MemoryEstimate offload = EstimateMemory(in).value();
+  const int64_t shard = 1000000 / 8 + 10;
+  const int64_t lu = 100000 + 7;
+  EXPECT_EQ(offload.model_state_bytes, 0);
+  EXPECT_EQ(offload.offloaded_bytes, 20 * shard);
+  EXPECT_EQ(offload.comm_bytes, plain.comm_bytes + 4 * ((lu + 7) / 8) * 3);
+  EXPECT_EQ(offload.gathered_bytes, plain.gathered_bytes);
+  EXPECT_EQ(offload.per_device_bytes,
+            std::max(offload.init_bytes, offload.gathered_bytes + offload.comm_bytes));
+  EXPECT_EQ(offload.per_host_bytes, 2 * std::max<int64_t>(4 * 1000000, 20 * shard));
+  EXPECT_THAT(offload.Describe(), HasSubstr("offloaded to the host"));
+  in.device = core::Device::Cpu();
+  absl::StatusOr<MemoryEstimate> refused = EstimateMemory(in);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("MemoryEstimateInput.cpu_offload on cpu"));
+}
+
 TEST(CheckFitsInMemoryTest, ComparesThePerHostFigureWithTheAvailableMemory) {
   MemoryEstimate e;
   e.model_state_bytes = 3 << 20;

@@ -138,6 +138,7 @@ absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config,
     options.wrap.strategy = *s;
   }
   if (config.has_hybrid_shard_size()) options.wrap.hybrid_shard_size = config.hybrid_shard_size();
+  if (config.has_cpu_offload()) options.wrap.cpu_offload = config.cpu_offload();
   if (config.mixed_precision().has_param_dtype()) {
     ASSIGN_OR_RETURN(options.wrap.mixed_precision.param_dtype,
                      ParseFloatDType(config.mixed_precision().param_dtype(),

@@ -51,12 +51,14 @@ TEST(StageOptionsTest, EveryFieldIsRead) {
       param { key: "types" value: "TransformerBlock" }
       param { key: "k" value: "2" }
     }
+    cpu_offload: true
   )pb");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   ASSERT_NE(parsed->wrap.checkpoint_policy, nullptr);
   EXPECT_EQ(parsed->wrap.checkpoint_policy->Name(), "every_kth(TransformerBlock; k=2)");
   EXPECT_EQ(parsed->wrap.strategy, fsdp::ShardingStrategy::kHybridShard);
   EXPECT_EQ(parsed->wrap.hybrid_shard_size, 2);
+  EXPECT_TRUE(parsed->wrap.cpu_offload);
   EXPECT_EQ(parsed->wrap.mixed_precision.param_dtype, core::DType::kBFloat16);
   EXPECT_EQ(parsed->wrap.mixed_precision.reduce_dtype, core::DType::kBFloat16);
   ASSERT_NE(parsed->wrap.policy, nullptr);

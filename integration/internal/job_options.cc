@@ -48,6 +48,9 @@ ABSL_FLAG(bool, profile_ops, false,
 ABSL_FLAG(bool, forward_prefetch, false,
           "issue the next unit's all-gather when a unit's forward starts (FSDP's "
           "forward_prefetch; its backward_prefetch is always on)");
+ABSL_FLAG(bool, cpu_offload, false,
+          "keep the shards, gradient shards and AdamW state in pinned host memory and step on "
+          "the CPU (FSDP2's CPUOffloadPolicy); --device=cuda only");
 ABSL_FLAG(std::string, param_dtype, "float32", "mixed precision compute copy: float32 or bfloat16");
 ABSL_FLAG(int64_t, steps, 300, "training steps");
 ABSL_FLAG(int, batch_size, 16, "sequences per global training batch (a multiple of the world size)");
@@ -162,6 +165,7 @@ JobOptions JobOptionsFromFlags() {
   job.strategy = absl::GetFlag(FLAGS_strategy);
   job.hybrid_shard_size = absl::GetFlag(FLAGS_hybrid_shard_size);
   job.forward_prefetch = absl::GetFlag(FLAGS_forward_prefetch);
+  job.cpu_offload = absl::GetFlag(FLAGS_cpu_offload);
   job.profile_ops = absl::GetFlag(FLAGS_profile_ops);
   job.param_dtype = absl::GetFlag(FLAGS_param_dtype);
   job.steps = absl::GetFlag(FLAGS_steps);
@@ -210,6 +214,11 @@ absl::Status CheckBeforeLaunch(const JobOptions& job) {
   }
   if (absl::Status s = core::TimeoutFromSeconds(job.timeout_s, "--timeout_s").status(); !s.ok()) {
     return refuse(s);
+  }
+  if (job.cpu_offload && job.device == "cpu") {
+    return absl::InvalidArgumentError(
+        "--cpu_offload needs --device=cuda: it keeps a CUDA model's shards, gradients and "
+        "optimizer state in host memory, and a CPU model has them there already");
   }
   // --device / --backend: what the parent can check (the build, the GPUs, one per local
   // rank).
@@ -271,6 +280,7 @@ absl::StatusOr<StageOptions> StageOptionsFor(const JobOptions& job, absl::Durati
   options.wrap.strategy = *strategy;
   options.wrap.hybrid_shard_size = job.hybrid_shard_size;
   options.wrap.forward_prefetch = job.forward_prefetch;
+  options.wrap.cpu_offload = job.cpu_offload;
   ASSIGN_OR_RETURN(options.wrap.mixed_precision.param_dtype, core::ParseDType(job.param_dtype));
   options.wrap.timeout = timeout;
   options.fit_steps = job.steps;

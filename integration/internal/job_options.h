@@ -41,6 +41,7 @@ struct JobOptions {
   std::string strategy;
   int hybrid_shard_size = 0;
   bool forward_prefetch = false;
+  bool cpu_offload = false;
   bool profile_ops = false;   // --profile_ops: StageOptions::profile_step = the last fit step
   std::string param_dtype;
   int64_t steps = 0;

@@ -61,6 +61,10 @@ TEST(JobOptionsTest, TheParentRefusesNamingTheFlag) {
   job = JobOptionsFromFlags();
   job.timeout_s = 0;
   EXPECT_THAT(Message(CheckBeforeLaunch(job)), HasSubstr("--timeout_s"));
+  job = JobOptionsFromFlags();
+  job.cpu_offload = true;  // on the default --device=cpu
+  EXPECT_EQ(CheckBeforeLaunch(job).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(CheckBeforeLaunch(job)), StartsWith("--cpu_offload needs --device=cuda"));
 }
 
 TEST(JobOptionsTest, IntraOpThreadsAreTheFlagWhenSet) {
@@ -78,11 +82,13 @@ TEST(JobOptionsTest, StageOptionsComeFromTheFlags) {
   job.strategy = "SHARD_GRAD_OP";
   job.batch_size = 8;
   job.param_dtype = "bfloat16";
+  job.cpu_offload = true;
   absl::StatusOr<StageOptions> options = StageOptionsFor(job, absl::Seconds(7));
   ASSERT_TRUE(options.ok()) << options.status();
   EXPECT_EQ(options->wrap.strategy, fsdp::ShardingStrategy::kShardGradOp);
   EXPECT_EQ(options->wrap.mixed_precision.param_dtype, core::DType::kBFloat16);
   EXPECT_EQ(options->wrap.timeout, absl::Seconds(7));
+  EXPECT_TRUE(options->wrap.cpu_offload);
   EXPECT_NE(options->wrap.policy, nullptr);
   EXPECT_EQ(options->train_batch_size, 8);
   EXPECT_EQ(options->fit_steps, 300);

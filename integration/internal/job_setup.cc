@@ -57,6 +57,7 @@ absl::StatusOr<MemoryEstimate> EstimateJobMemory(const core::Module& model,
       model_options.seq_len);
   need.activations->checkpointed_blocks = GptCheckpointedBlocks(plan);
   need.deferred_init = model_options.deferred_init;
+  need.cpu_offload = options.wrap.cpu_offload;
   need.no_sync_accumulation = options.grad_accumulation > 1 &&
                               options.accumulation == StageOptions::Accumulation::kNoSync;
   return EstimateMemory(need);
@@ -104,20 +105,27 @@ absl::StatusOr<std::string> MemoryPlanReport(const JobOptions& job, absl::Durati
   absl::StrAppend(&out, "\nPer-rank memory estimate (NOTE [Memory estimate] in "
                         "integration/memory_estimate.h), ", world, " ranks, ",
                   LocalRanks(world), " on this host, ", device.ToString(), ":\n");
-  absl::StrAppend(&out, absl::StrFormat("  %-44s %12s %12s %12s %12s %12s %12s\n", "mode",
+  absl::StrAppend(&out, absl::StrFormat("  %-44s %12s %12s %12s %12s %12s %12s %12s\n", "mode",
                                         "per rank", "init", "state", "gathered", "activations",
-                                        "comm"));
+                                        "comm", "host"));
   struct Variant {
     std::string name;
     bool checkpoint_every_block;
     bool deferred;
+    bool offload = false;
   };
   const bool asked_checkpoint = options.wrap.checkpoint_policy != nullptr;
-  std::vector<Variant> variants = {{"as asked", asked_checkpoint, job.model.deferred_init},
-                                   {"no checkpointing, full init", false, false},
-                                   {"every block checkpointed, full init", true, false},
-                                   {"no checkpointing, deferred init", false, true},
-                                   {"every block checkpointed, deferred init", true, true}};
+  std::vector<Variant> variants = {
+      {"as asked", asked_checkpoint, job.model.deferred_init, options.wrap.cpu_offload},
+      {"no checkpointing, full init", false, false},
+      {"every block checkpointed, full init", true, false},
+      {"no checkpointing, deferred init", false, true},
+      {"every block checkpointed, deferred init", true, true}};
+  if (device.is_cuda()) {
+    // NOTE [CPU offload]: the device keeps what it computes with; the host column says
+    // what the state costs there.
+    variants.push_back({"every block checkpointed, deferred, offload", true, true, true});
+  }
   for (const Variant& v : variants) {
     StageOptions o = options;
     GptModuleOptions m = job.model;
@@ -125,16 +133,18 @@ absl::StatusOr<std::string> MemoryPlanReport(const JobOptions& job, absl::Durati
       o.wrap.checkpoint_policy =
           v.checkpoint_every_block ? policy::ModuleTypes({"TransformerBlock"}) : nullptr;
       m.deferred_init = v.deferred;
+      o.wrap.cpu_offload = v.offload;
     }
     ASSIGN_OR_RETURN(MemoryEstimate e,
                      EstimateJobMemory(*model, m, o, world, LocalRanks(world), device));
-    absl::StrAppend(&out, absl::StrFormat("  %-44s %12s %12s %12s %12s %12s %12s\n", v.name,
+    absl::StrAppend(&out, absl::StrFormat("  %-44s %12s %12s %12s %12s %12s %12s %12s\n", v.name,
                                           core::FormatBytes(e.per_rank_bytes),
                                           core::FormatBytes(e.init_bytes),
                                           core::FormatBytes(e.model_state_bytes),
                                           core::FormatBytes(e.gathered_bytes),
                                           core::FormatBytes(e.activation_bytes),
-                                          core::FormatBytes(e.comm_bytes)));
+                                          core::FormatBytes(e.comm_bytes),
+                                          core::FormatBytes(e.per_host_bytes)));
   }
   return out;
 }

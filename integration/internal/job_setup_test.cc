@@ -3,7 +3,9 @@
 #include "integration/internal/job_setup.h"
 
 #include <string>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -39,6 +41,29 @@ TEST(MemoryPlanTest, PrintsThePlanAndEveryModesEstimate) {
   for (absl::string_view line : absl::StrSplit(*report, '\n')) {
     if (absl::StrContains(line, "deferred init")) EXPECT_THAT(std::string(line), HasSubstr(" 0B "));
   }
+}
+
+// On a CUDA device the report adds the offload mode: no model state on the device, the
+// host column holding it (20 bytes per shard element: NOTE [Memory estimate]).
+TEST(MemoryPlanTest, OnACudaDeviceItShowsOffloadWithTheStateOnTheHost) {
+  JobOptions job = JobOptionsFromFlags();
+  job.device = "cuda";
+  job.world_size = 1;
+  job.model.model.n_layer = 4;
+  absl::StatusOr<std::string> report = MemoryPlanReport(job, absl::Seconds(10));
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_THAT(*report, HasSubstr("cuda:0"));
+  bool found = false;
+  for (absl::string_view line : absl::StrSplit(*report, '\n')) {
+    if (!absl::StrContains(line, "deferred, offload")) continue;
+    found = true;
+    std::vector<std::string> columns = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    ASSERT_GE(columns.size(), 7u) << line;
+    // ... init, state, gathered, activations, comm, host: state is 0B.
+    EXPECT_EQ(columns[columns.size() - 5], "0B") << line;
+    EXPECT_NE(columns.back(), "0B") << line;
+  }
+  EXPECT_TRUE(found) << *report;
 }
 
 TEST(MemoryPlanTest, BadOptionsAreErrorsNamingTheFlag) {
