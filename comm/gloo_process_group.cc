@@ -263,9 +263,11 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllGather(
                         input.offset() == output.offset() + rank() * input.numel();
   const int n = size();
   auto context = context_;
+  const core::Tensor stage_from = options.stage_from;
   return Enqueue(kind, options.timeout, ExpectedTraffic(kind, output.nbytes(), n, rank()),
                  [=](uint32_t tag, std::chrono::milliseconds left) -> absl::Status {
                    if (input.numel() == 0) return absl::OkStatus();
+                   if (auto s = StageIn(input, stage_from); !s.ok()) return s;
                    if (n == 1 || in_place) {
                      if (!in_place) std::memcpy(Bytes(output), Bytes(input), input.nbytes());
                      if (n == 1) return absl::OkStatus();
@@ -290,8 +292,10 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::ReduceScatter(
   if (auto s = worker_.CheckUsable(kind); !s.ok()) return s;
   const ReduceOp op = options.reduce_op;
   return Enqueue(kind, options.timeout, ExpectedTraffic(kind, input.nbytes(), size(), rank()),
-                 [this, input, output, op](uint32_t tag, std::chrono::milliseconds left) {
-                   return RunReduceScatter(input, output, op, tag, left);
+                 [this, input, output, op, unstage_to = options.unstage_to](
+                     uint32_t tag, std::chrono::milliseconds left) -> absl::Status {
+                   if (auto s = RunReduceScatter(input, output, op, tag, left); !s.ok()) return s;
+                   return StageOut(output, unstage_to);
                  });
 }
 
@@ -404,9 +408,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllReduce(
   const int n = size();
   const ReduceOp op = options.reduce_op;
   auto context = context_;
-  return Enqueue(
-      kind, options.timeout, ExpectedTraffic(kind, tensor.nbytes(), n, rank()),
-      [=](uint32_t tag, std::chrono::milliseconds left) -> absl::Status {
+  auto run = [=](uint32_t tag, std::chrono::milliseconds left) -> absl::Status {
         if (tensor.numel() == 0 || n == 1) return absl::OkStatus();
         // bf16 is reduced in an fp32 copy and rounded back once.
         core::Tensor buf = tensor;
@@ -440,7 +442,13 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllReduce(
         if (op == ReduceOp::kAverage) internal::DivideInPlace(buf.data<float>(), buf.numel(), n);
         if (!buf.SharesStorage(tensor)) return tensor.CopyFrom(buf);
         return absl::OkStatus();
-      });
+      };
+  return Enqueue(kind, options.timeout, ExpectedTraffic(kind, tensor.nbytes(), n, rank()),
+                 [run, tensor, unstage_to = options.unstage_to](
+                     uint32_t tag, std::chrono::milliseconds left) -> absl::Status {
+                   if (auto s = run(tag, left); !s.ok()) return s;
+                   return StageOut(tensor, unstage_to);
+                 });
 }
 
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Broadcast(

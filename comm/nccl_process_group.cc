@@ -106,6 +106,45 @@ absl::Status ConvertStatus(int err, absl::string_view what) {
   return CudaStatus(static_cast<cudaError_t>(err), what);
 }
 
+// NOTE [Staged collectives] on the collective's stream: `stage_from` into `input`,
+// through `staging` (a device buffer of stage_from's dtype) when it comes from the host
+// and needs a cast.
+absl::Status StageInOnStream(const core::Tensor& input, const core::Tensor& stage_from,
+                             const core::Tensor& staging, cudaStream_t stream) {
+  if (!stage_from.defined() || input.numel() == 0) return absl::OkStatus();
+  core::Tensor src = stage_from;
+  if (stage_from.device().is_cpu()) {
+    const core::Tensor& dst = stage_from.dtype() == input.dtype() ? input : staging;
+    RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(dst.raw_data(), stage_from.raw_data(),
+                                               stage_from.nbytes(), cudaMemcpyHostToDevice,
+                                               stream),
+                               "copying options.stage_from to the device"));
+    src = dst;
+  }
+  if (src.dtype() == input.dtype()) {
+    if (src.raw_data() == input.raw_data()) return absl::OkStatus();
+    return CudaStatus(cudaMemcpyAsync(input.raw_data(), src.raw_data(), input.nbytes(),
+                                      cudaMemcpyDeviceToDevice, stream),
+                      "copying options.stage_from into the input");
+  }
+  if (input.dtype() == core::DType::kBFloat16) {
+    return ConvertStatus(
+        cuda::FloatToBf16(src.data<float>(), input.raw_data(), input.numel(), stream),
+        "options.stage_from fp32 -> bf16");
+  }
+  return ConvertStatus(cuda::Bf16ToFloat(src.raw_data(), input.data<float>(), input.numel(), stream),
+                       "options.stage_from bf16 -> fp32");
+}
+
+// NOTE [Staged collectives]: `result` into the host tensor `unstage_to`, on the stream.
+absl::Status StageOutOnStream(const core::Tensor& result, const core::Tensor& unstage_to,
+                              cudaStream_t stream) {
+  if (!unstage_to.defined() || result.numel() == 0) return absl::OkStatus();
+  return CudaStatus(cudaMemcpyAsync(unstage_to.raw_data(), result.raw_data(), result.nbytes(),
+                                    cudaMemcpyDeviceToHost, stream),
+                    "copying the result into options.unstage_to");
+}
+
 // What a collective's Work and the watchdog share: the event recorded after the NCCL
 // calls on the group's stream, the outcome, and the tensors the device still uses.
 struct PendingCollective {
@@ -411,15 +450,29 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllGather(const core::Te
   constexpr CollectiveKind kind = CollectiveKind::kAllGather;
   RETURN_IF_ERROR(ValidateAllGather(*this, input, output, options));
   if (OnHost({&input, &output})) {
+    RETURN_IF_ERROR(StageIn(input, options.stage_from));
+    AllGatherOptions plain = options;
+    plain.stage_from = core::Tensor();
     return Staged({input, output}, options.timeout, [&](const std::vector<core::Tensor>& d) {
-      return AllGather(d[0], d[1], options);
+      return AllGather(d[0], d[1], plain);
     });
   }
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&input, &output}, device_));
   const absl::Time deadline = absl::Now() + options.timeout;
+  std::vector<core::Tensor> keep = {input, output};
+  core::Tensor staging;
+  if (options.stage_from.defined()) {
+    keep.push_back(options.stage_from);
+    if (options.stage_from.device().is_cpu() && options.stage_from.dtype() != input.dtype()) {
+      ASSIGN_OR_RETURN(staging, core::Tensor::Allocate({input.numel()}, options.stage_from.dtype(),
+                                                       core::MemoryTag::kComm, device_));
+      keep.push_back(staging);
+    }
+  }
   return Issue(kind, options.timeout, ExpectedTraffic(kind, output.nbytes(), size(), rank()),
-               {input, output}, [&](ncclComm_t comm, cudaStream_t stream) -> absl::Status {
+               std::move(keep), [&](ncclComm_t comm, cudaStream_t stream) -> absl::Status {
                  if (input.numel() == 0) return absl::OkStatus();
+                 RETURN_IF_ERROR(StageInOnStream(input, options.stage_from, staging, stream));
                  return NcclStatus(ncclAllGather(input.raw_data(), output.raw_data(),
                                                  input.nbytes(), ncclUint8, comm, stream),
                                    comm, deadline, "ncclAllGather");
@@ -431,14 +484,22 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::ReduceScatter(
   constexpr CollectiveKind kind = CollectiveKind::kReduceScatter;
   RETURN_IF_ERROR(ValidateReduceScatter(*this, input, output, options));
   if (OnHost({&input, &output})) {
-    return Staged({input, output}, options.timeout, [&](const std::vector<core::Tensor>& d) {
-      return ReduceScatter(d[0], d[1], options);
-    });
+    ReduceScatterOptions plain = options;
+    plain.unstage_to = core::Tensor();
+    ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
+                     Staged({input, output}, options.timeout,
+                            [&](const std::vector<core::Tensor>& d) {
+                              return ReduceScatter(d[0], d[1], plain);
+                            }));
+    RETURN_IF_ERROR(work->WaitHost(options.timeout));
+    RETURN_IF_ERROR(StageOut(output, options.unstage_to));
+    return work;
   }
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&input, &output}, device_));
   const absl::Time deadline = absl::Now() + options.timeout;
   const int64_t k = output.numel();
   std::vector<core::Tensor> keep = {input, output};
+  if (options.unstage_to.defined()) keep.push_back(options.unstage_to);
   core::Tensor wide_in, wide_out;
   const bool bf16 = input.dtype() == core::DType::kBFloat16;
   if (bf16 && k > 0) {
@@ -453,11 +514,12 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::ReduceScatter(
                std::move(keep), [&](ncclComm_t comm, cudaStream_t stream) -> absl::Status {
                  if (k == 0) return absl::OkStatus();
                  if (!bf16) {
-                   return NcclStatus(
+                   RETURN_IF_ERROR(NcclStatus(
                        ncclReduceScatter(input.raw_data(), output.raw_data(), k,
                                          NcclType(input.dtype()), NcclOp(options.reduce_op), comm,
                                          stream),
-                       comm, deadline, "ncclReduceScatter");
+                       comm, deadline, "ncclReduceScatter"));
+                   return StageOutOnStream(output, options.unstage_to, stream);
                  }
                  RETURN_IF_ERROR(ConvertStatus(
                      cuda::Bf16ToFloat(input.raw_data(), wide_in.data<float>(), input.numel(), stream),
@@ -466,9 +528,10 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::ReduceScatter(
                      ncclReduceScatter(wide_in.raw_data(), wide_out.raw_data(), k, ncclFloat32,
                                        NcclOp(options.reduce_op), comm, stream),
                      comm, deadline, "ncclReduceScatter"));
-                 return ConvertStatus(
+                 RETURN_IF_ERROR(ConvertStatus(
                      cuda::FloatToBf16(wide_out.data<float>(), output.raw_data(), k, stream),
-                     "fp32 -> bf16");
+                     "fp32 -> bf16"));
+                 return StageOutOnStream(output, options.unstage_to, stream);
                });
 }
 
@@ -477,14 +540,21 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllReduce(const core::Te
   constexpr CollectiveKind kind = CollectiveKind::kAllReduce;
   RETURN_IF_ERROR(ValidateAllReduce(*this, tensor, options));
   if (OnHost({&tensor})) {
-    return Staged({tensor}, options.timeout, [&](const std::vector<core::Tensor>& d) {
-      return AllReduce(d[0], options);
-    });
+    AllReduceOptions plain = options;
+    plain.unstage_to = core::Tensor();
+    ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
+                     Staged({tensor}, options.timeout, [&](const std::vector<core::Tensor>& d) {
+                       return AllReduce(d[0], plain);
+                     }));
+    RETURN_IF_ERROR(work->WaitHost(options.timeout));
+    RETURN_IF_ERROR(StageOut(tensor, options.unstage_to));
+    return work;
   }
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&tensor}, device_));
   const absl::Time deadline = absl::Now() + options.timeout;
   const int64_t n = tensor.numel();
   std::vector<core::Tensor> keep = {tensor};
+  if (options.unstage_to.defined()) keep.push_back(options.unstage_to);
   core::Tensor wide;
   const bool bf16 = tensor.dtype() == core::DType::kBFloat16;
   if (bf16 && n > 0) {
@@ -496,10 +566,11 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllReduce(const core::Te
                std::move(keep), [&](ncclComm_t comm, cudaStream_t stream) -> absl::Status {
                  if (n == 0) return absl::OkStatus();
                  if (!bf16) {
-                   return NcclStatus(ncclAllReduce(tensor.raw_data(), tensor.raw_data(), n,
-                                                   NcclType(tensor.dtype()),
-                                                   NcclOp(options.reduce_op), comm, stream),
-                                     comm, deadline, "ncclAllReduce");
+                   RETURN_IF_ERROR(NcclStatus(ncclAllReduce(tensor.raw_data(), tensor.raw_data(), n,
+                                                            NcclType(tensor.dtype()),
+                                                            NcclOp(options.reduce_op), comm, stream),
+                                              comm, deadline, "ncclAllReduce"));
+                   return StageOutOnStream(tensor, options.unstage_to, stream);
                  }
                  RETURN_IF_ERROR(ConvertStatus(
                      cuda::Bf16ToFloat(tensor.raw_data(), wide.data<float>(), n, stream),
@@ -508,8 +579,10 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllReduce(const core::Te
                                                           ncclFloat32, NcclOp(options.reduce_op),
                                                           comm, stream),
                                             comm, deadline, "ncclAllReduce"));
-                 return ConvertStatus(cuda::FloatToBf16(wide.data<float>(), tensor.raw_data(), n, stream),
-                                      "fp32 -> bf16");
+                 RETURN_IF_ERROR(ConvertStatus(
+                     cuda::FloatToBf16(wide.data<float>(), tensor.raw_data(), n, stream),
+                     "fp32 -> bf16"));
+                 return StageOutOnStream(tensor, options.unstage_to, stream);
                });
 }
 

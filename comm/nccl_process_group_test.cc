@@ -17,6 +17,8 @@
 
 #include "comm/hash_store.h"
 #include "comm/nccl_process_group.h"
+#include "core/dtype.h"
+#include "core/pinned_buffer.h"
 #include "core/tensor.h"
 #endif
 
@@ -163,6 +165,45 @@ TEST_F(NcclTest, StagesHostTensorsAndRejectsMixedDevicesAndBadShapes) {
   Tensor b = OnGpu({1, 2, 3}, DType::kFloat32);
   EXPECT_EQ(group_->AllGather(a, b, AllGatherOptions{}).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// NOTE [Staged collectives] on the device: the all-gather copies a pinned fp32 host
+// source to the device and casts it to its bf16 input on the NCCL stream; a device fp32
+// source is cast there too; the reductions copy their results into pinned host tensors
+// that hold them once WaitHost returns.
+TEST_F(NcclTest, StagedCollectivesCopyAndCastOnTheirStream) {
+  auto pinned = [](std::vector<float> values, DType dtype) {
+    core::PinnedBuffer buf = core::PinnedBuffer::Allocate(values.size() * 4).value();
+    Tensor t = buf.AsTensor(0, {static_cast<int64_t>(values.size())}, dtype).value();
+    Tensor src = Tensor::FromVector(values, {static_cast<int64_t>(values.size())}).value();
+    EXPECT_TRUE(t.CopyFrom(src).ok());
+    return t;
+  };
+  for (bool from_host : {true, false}) {
+    Tensor from = from_host ? pinned({1.5f, 2.25f, 1.0f / 3}, DType::kFloat32)
+                            : OnGpu({1.5f, 2.25f, 1.0f / 3}, DType::kFloat32);
+    Tensor in = OnGpu({0, 0, 0}, DType::kBFloat16);
+    Tensor out = OnGpu({0, 0, 0}, DType::kBFloat16);
+    AllGatherOptions ag;
+    ag.stage_from = from;
+    ASSERT_TRUE(group_->AllGather(in, out, ag).value()->WaitHost(kTimeout).ok());
+    EXPECT_EQ(ToHost(out), (std::vector<float>{1.5f, 2.25f,
+                                               core::BFloat16::FromFloat(1.0f / 3).ToFloat()}))
+        << (from_host ? "host" : "device") << " source";
+  }
+  Tensor rs_in = OnGpu({4, 5, 6}, DType::kFloat32);
+  Tensor rs_out = OnGpu({0, 0, 0}, DType::kFloat32);
+  Tensor rs_host = pinned({0, 0, 0}, DType::kFloat32);
+  ReduceScatterOptions rs;
+  rs.unstage_to = rs_host;
+  ASSERT_TRUE(group_->ReduceScatter(rs_in, rs_out, rs).value()->WaitHost(kTimeout).ok());
+  EXPECT_EQ(rs_host.ToVector(), (std::vector<float>{4, 5, 6}));
+  Tensor ar = OnGpu({7, 8}, DType::kBFloat16);
+  Tensor ar_host = pinned({0, 0}, DType::kBFloat16);
+  AllReduceOptions aro;
+  aro.unstage_to = ar_host;
+  ASSERT_TRUE(group_->AllReduce(ar, aro).value()->WaitHost(kTimeout).ok());
+  EXPECT_EQ(ar_host.ToVector(), (std::vector<float>{7, 8}));
 }
 
 TEST_F(NcclTest, CountersFollowTheFormulasAtOneRank) {

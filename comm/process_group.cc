@@ -160,6 +160,51 @@ std::string ProcessGroup::Describe() const {
   return absl::StrCat(backend_name(), " group '", name(), "' (rank ", rank(), " of ", size(), ")");
 }
 
+namespace {
+
+// NOTE [Staged collectives]: the option's shape, dtype, device and aliasing.
+absl::Status CheckStageFrom(const ProcessGroup& group, CollectiveKind kind,
+                            const core::Tensor& input, const core::Tensor& stage_from) {
+  if (!stage_from.defined()) return absl::OkStatus();
+  if (stage_from.numel() != input.numel() ||
+      (stage_from.dtype() != core::DType::kFloat32 &&
+       stage_from.dtype() != core::DType::kBFloat16 && stage_from.dtype() != input.dtype()) ||
+      (!stage_from.device().is_cpu() && stage_from.device() != input.device()) ||
+      Overlap(stage_from, input)) {
+    return Invalid(group, kind,
+                   absl::StrCat("options.stage_from ", Desc(stage_from), " must have input's ",
+                                input.numel(), " elements, be fp32, bf16 or input's dtype, live "
+                                "on the host or input's device and not overlap input ",
+                                Desc(input)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckUnstageTo(const ProcessGroup& group, CollectiveKind kind,
+                            const core::Tensor& result, const core::Tensor& unstage_to) {
+  if (!unstage_to.defined()) return absl::OkStatus();
+  if (unstage_to.numel() != result.numel() || unstage_to.dtype() != result.dtype() ||
+      !unstage_to.device().is_cpu() || Overlap(unstage_to, result)) {
+    return Invalid(group, kind,
+                   absl::StrCat("options.unstage_to ", Desc(unstage_to),
+                                " must be a host tensor of the result's numel and dtype, not "
+                                "overlapping it: ", Desc(result)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status StageIn(const core::Tensor& input, const core::Tensor& stage_from) {
+  if (!stage_from.defined() || input.numel() == 0) return absl::OkStatus();
+  return input.CopyFrom(stage_from);
+}
+
+absl::Status StageOut(const core::Tensor& result, const core::Tensor& unstage_to) {
+  if (!unstage_to.defined() || result.numel() == 0) return absl::OkStatus();
+  return unstage_to.CopyFrom(result);
+}
+
 absl::Status ValidateAllGather(const ProcessGroup& group, const core::Tensor& input,
                                const core::Tensor& output, const AllGatherOptions& options) {
   constexpr CollectiveKind kind = CollectiveKind::kAllGather;
@@ -182,7 +227,7 @@ absl::Status ValidateAllGather(const ProcessGroup& group, const core::Tensor& in
                                 group.rank() * input.numel(), ", ",
                                 (group.rank() + 1) * input.numel(), ") of the output)"));
   }
-  return absl::OkStatus();
+  return CheckStageFrom(group, kind, input, options.stage_from);
 }
 
 absl::Status ValidateReduceScatter(const ProcessGroup& group, const core::Tensor& input,
@@ -208,6 +253,7 @@ absl::Status ValidateReduceScatter(const ProcessGroup& group, const core::Tensor
                                 group.rank() * output.numel(), ", ",
                                 (group.rank() + 1) * output.numel(), ") of the input)"));
   }
+  if (auto s = CheckUnstageTo(group, kind, output, options.unstage_to); !s.ok()) return s;
   return CheckReducible(group, kind, input.dtype(), options.reduce_op);
 }
 
@@ -216,6 +262,7 @@ absl::Status ValidateAllReduce(const ProcessGroup& group, const core::Tensor& te
   constexpr CollectiveKind kind = CollectiveKind::kAllReduce;
   if (auto s = CheckDefined(group, kind, tensor, "the"); !s.ok()) return s;
   if (auto s = CheckTimeout(group, kind, options.timeout); !s.ok()) return s;
+  if (auto s = CheckUnstageTo(group, kind, tensor, options.unstage_to); !s.ok()) return s;
   return CheckReducible(group, kind, tensor.dtype(), options.reduce_op);
 }
 

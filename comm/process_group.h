@@ -38,6 +38,21 @@
 //   sends S, so that in total sent == received == S(n-1);
 //   barrier: 0 bytes.
 // Divisions round down. A group of one rank moves nothing.
+//
+// NOTE [Staged collectives]: a collective may carry a copy into its input or out of its
+// result, done as part of it, where it runs: on a CUDA backend on the collective's own
+// stream (after the compute-stream work it waits for, so the copy and any cast overlap
+// whatever the caller queues next), on a CPU backend on its worker before or after the
+// exchange. FSDP's CPU offload brings a host shard to the device this way and its reduced
+// gradient back (NOTE [CPU offload] in fsdp/options.h).
+//   AllGatherOptions::stage_from: copied into `input` first, converted between fp32 and
+//     bf16 when the dtypes differ; same numel as `input`, on the host (page-locked memory
+//     for an asynchronous copy) or on `input`'s device, not overlapping it.
+//   ReduceScatterOptions::unstage_to, AllReduceOptions::unstage_to: a host tensor of the
+//     result's numel and dtype the result is copied into once reduced; WaitHost returns
+//     once it is there (on CUDA, Wait only orders later device work).
+// The caller must not write stage_from nor touch unstage_to until the Work completes.
+// A bad one is InvalidArgument naming the option, like any argument.
 #ifndef COMM_PROCESS_GROUP_H_
 #define COMM_PROCESS_GROUP_H_
 
@@ -73,16 +88,22 @@ inline constexpr absl::Duration kDefaultCollectiveTimeout = absl::Minutes(5);
 
 struct AllGatherOptions {
   absl::Duration timeout = kDefaultCollectiveTimeout;
+  // NOTE [Staged collectives]: copied (converted) into the input first when defined.
+  core::Tensor stage_from;
 };
 
 struct ReduceScatterOptions {
   ReduceOp reduce_op = ReduceOp::kSum;
   absl::Duration timeout = kDefaultCollectiveTimeout;
+  // NOTE [Staged collectives]: the host tensor the output is copied into when defined.
+  core::Tensor unstage_to;
 };
 
 struct AllReduceOptions {
   ReduceOp reduce_op = ReduceOp::kSum;
   absl::Duration timeout = kDefaultCollectiveTimeout;
+  // NOTE [Staged collectives]: the host tensor the result is copied into when defined.
+  core::Tensor unstage_to;
 };
 
 struct BroadcastOptions {
@@ -226,6 +247,11 @@ struct SubgroupPlacement {
 // ValidateSubgroupRanks, then NotFound naming the rank when group.rank() is not in `ranks`.
 absl::StatusOr<SubgroupPlacement> PlaceInSubgroup(const ProcessGroup& group,
                                                   const std::vector<int>& ranks, int index);
+// NOTE [Staged collectives] on a CPU backend's worker: copies `stage_from` into `input`
+// (converting), or `result` into `unstage_to`; OK when the option is undefined.
+absl::Status StageIn(const core::Tensor& input, const core::Tensor& stage_from);
+absl::Status StageOut(const core::Tensor& result, const core::Tensor& unstage_to);
+
 // InvalidArgument unless every tensor in `tensors` is on `device`.
 absl::Status ValidateDevice(const ProcessGroup& group, CollectiveKind kind,
                             const std::vector<const core::Tensor*>& tensors,

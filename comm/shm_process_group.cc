@@ -110,7 +110,9 @@ absl::StatusOr<std::shared_ptr<Work>> ShmProcessGroup::AllGather(
   RETURN_IF_ERROR(ValidateAllGather(*this, input, output, options));
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&input, &output}, core::Device::Cpu()));
   return Enqueue(kind, options.timeout, ExpectedTraffic(kind, output.nbytes(), size(), rank()),
-                 [c = collectives_.get(), input, output](const internal::QueuedOp& op) {
+                 [c = collectives_.get(), input, output,
+                  stage_from = options.stage_from](const internal::QueuedOp& op) -> absl::Status {
+                   RETURN_IF_ERROR(StageIn(input, stage_from));
                    return c->AllGather(input, output, op);
                  });
 }
@@ -121,9 +123,10 @@ absl::StatusOr<std::shared_ptr<Work>> ShmProcessGroup::ReduceScatter(
   RETURN_IF_ERROR(ValidateReduceScatter(*this, input, output, options));
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&input, &output}, core::Device::Cpu()));
   return Enqueue(kind, options.timeout, ExpectedTraffic(kind, input.nbytes(), size(), rank()),
-                 [c = collectives_.get(), input, output,
-                  reduce = options.reduce_op](const internal::QueuedOp& op) {
-                   return c->ReduceScatter(input, output, reduce, op);
+                 [c = collectives_.get(), input, output, reduce = options.reduce_op,
+                  unstage_to = options.unstage_to](const internal::QueuedOp& op) -> absl::Status {
+                   RETURN_IF_ERROR(c->ReduceScatter(input, output, reduce, op));
+                   return StageOut(output, unstage_to);
                  });
 }
 
@@ -133,9 +136,10 @@ absl::StatusOr<std::shared_ptr<Work>> ShmProcessGroup::AllReduce(const core::Ten
   RETURN_IF_ERROR(ValidateAllReduce(*this, tensor, options));
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&tensor}, core::Device::Cpu()));
   return Enqueue(kind, options.timeout, ExpectedTraffic(kind, tensor.nbytes(), size(), rank()),
-                 [c = collectives_.get(), tensor,
-                  reduce = options.reduce_op](const internal::QueuedOp& op) {
-                   return c->AllReduce(tensor, reduce, op);
+                 [c = collectives_.get(), tensor, reduce = options.reduce_op,
+                  unstage_to = options.unstage_to](const internal::QueuedOp& op) -> absl::Status {
+                   RETURN_IF_ERROR(c->AllReduce(tensor, reduce, op));
+                   return StageOut(tensor, unstage_to);
                  });
 }
 

@@ -109,13 +109,15 @@ struct FullyShardOptions {
   // flatten/flat_parameter.h), so between steps Parameter::data and grad are host
   // tensors and an optimizer made after the wrap keeps its state on the host and steps
   // there (optim's vectorised CPU kernels). On the device a unit holds only what it
-  // computes with: an unshard copies the host shard to the device (queued on the compute
-  // stream, which the all-gather waits for; NOTE [Asynchronous host copies] in
-  // core/tensor.h), casts it to param_dtype there and all-gathers; a reduction copies
-  // the reduced gradient chunk back into a pinned staging buffer of the unit's, and the
-  // backward's end (which synchronises the device once) adds it into the host gradient
-  // shard. Host writes to the shard (the optimizer step, loading) come after that
-  // synchronisation; Unit::WriteShard synchronises first. Requires the parameters on a
+  // computes with. The all-gather copies the host shard to the device and casts it to
+  // param_dtype on its own stream before gathering, and the reduction (the replicate
+  // all-reduce under HYBRID_SHARD and NO_SHARD) copies its reduced chunk back into a pinned
+  // staging buffer of the unit's on its stream (NOTE [Staged collectives] in
+  // comm/process_group.h), so both overlap the compute; with a one-rank shard group there
+  // is no collective and those copies are queued on the compute stream (NOTE [Asynchronous
+  // host copies] in core/tensor.h). The backward's end waits for the chunks and adds them
+  // into the host gradient shards. Host writes to a shard (the optimizer step, loading)
+  // come after that; Unit::WriteShard synchronises the device first. Requires the parameters on a
   // CUDA device: FullyShard refuses it for CPU parameters (InvalidArgument naming this
   // option), where there is nothing to offload.
   bool cpu_offload = false;

@@ -133,26 +133,35 @@ absl::Status Unit::IssueUnshard(bool full_precision) {
   if (absl::Status s = flat_->AllocateFull(dtype); !s.ok()) return Fail(s);
   gather_output_ = flat_->full();
   core::Tensor source = flat_->shard();
-  if (flat_->shard_on_host()) {
-    // NOTE [CPU offload]: the host shard reaches the device first (queued on the compute
-    // stream, which the all-gather waits for), in float32, and is cast there.
-    absl::StatusOr<core::Tensor> staged = core::Tensor::Allocate(
-        {flat_->shard_numel()}, flat_->dtype(), core::MemoryTag::kComm, flat_->device());
-    if (!staged.ok()) return Fail(staged.status());
-    if (absl::Status s = staged->CopyFromAsync(source); !s.ok()) return Fail(s);
-    source = *std::move(staged);
-  }
-  if (full_exact_) {
-    gather_input_ = source;
-  } else {
-    absl::StatusOr<core::Tensor> in =
-        internal::Convert(source, dtype, core::MemoryTag::kComm, "fsdp unit " + label_);
+  comm::AllGatherOptions ag;
+  ag.timeout = options_.timeout;
+  if (flat_->shard_on_host() && groups_.shard != nullptr) {
+    // NOTE [CPU offload]: the all-gather itself brings the host shard to the device and
+    // casts it there, on its own stream (NOTE [Staged collectives] in comm/process_group.h).
+    absl::StatusOr<core::Tensor> in = core::Tensor::Allocate(
+        {flat_->shard_numel()}, dtype, core::MemoryTag::kComm, flat_->device());
     if (!in.ok()) return Fail(in.status());
     gather_input_ = *std::move(in);
+    ag.stage_from = source;
+  } else {
+    if (flat_->shard_on_host()) {
+      // No collective to carry it: the copy is queued on the compute stream.
+      absl::StatusOr<core::Tensor> staged = core::Tensor::Allocate(
+          {flat_->shard_numel()}, flat_->dtype(), core::MemoryTag::kComm, flat_->device());
+      if (!staged.ok()) return Fail(staged.status());
+      if (absl::Status s = staged->CopyFromAsync(source); !s.ok()) return Fail(s);
+      source = *std::move(staged);
+    }
+    if (full_exact_) {
+      gather_input_ = source;
+    } else {
+      absl::StatusOr<core::Tensor> in =
+          internal::Convert(source, dtype, core::MemoryTag::kComm, "fsdp unit " + label_);
+      if (!in.ok()) return Fail(in.status());
+      gather_input_ = *std::move(in);
+    }
   }
   if (groups_.shard != nullptr) {
-    comm::AllGatherOptions ag;
-    ag.timeout = options_.timeout;
     RecordCollective("all_gather", gather_output_, groups_.shard->size());
     absl::StatusOr<std::shared_ptr<comm::Work>> work =
         groups_.shard->AllGather(gather_input_, gather_output_, ag);
@@ -268,6 +277,8 @@ absl::Status Unit::ReduceGradients() {
         absl::StrCat("fsdp unit ", label_, ": a reduction is already pending"));
   }
   if (no_sync_) return absl::OkStatus();  // keep accumulating locally
+  // NOTE [CPU offload]: the staging buffer is free once the last chunk was added.
+  if (flat_->shard_on_host()) RETURN_IF_ERROR(FinishHostGradients());
   const core::DType dtype = options_.mixed_precision.reduce_dtype;
   if (dtype == core::DType::kFloat32) {
     reduce_input_ = flat_->full_grad();
@@ -285,6 +296,12 @@ absl::Status Unit::ReduceGradients() {
     comm::ReduceScatterOptions rs;
     rs.reduce_op = comm::ReduceOp::kAverage;
     rs.timeout = options_.timeout;
+    if (flat_->shard_on_host() && groups_.replicate == nullptr) {
+      // NOTE [CPU offload]: the reduction brings its chunk to the host itself.
+      absl::StatusOr<core::Tensor> staging = HostStaging(dtype);
+      if (!staging.ok()) return Fail(staging.status());
+      rs.unstage_to = *std::move(staging);
+    }
     RecordCollective("reduce_scatter", reduce_input_, groups_.shard->size());
     absl::StatusOr<std::shared_ptr<comm::Work>> work =
         groups_.shard->ReduceScatter(reduce_input_, reduce_output_, rs);
@@ -299,10 +316,24 @@ absl::Status Unit::ReduceGradients() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<core::Tensor> Unit::HostStaging(core::DType dtype) {
+  if (!reduce_host_.defined() || reduce_host_.dtype() != dtype) {
+    core::ScopedAllocator pinned(core::Allocator::PinnedHost());
+    ASSIGN_OR_RETURN(reduce_host_, core::Tensor::Allocate({flat_->shard_numel()}, dtype,
+                                                          core::MemoryTag::kComm,
+                                                          core::Device::Cpu()));
+  }
+  return reduce_host_;
+}
+
 absl::Status Unit::FinishReduction() {
   if (!reduce_pending_) return absl::OkStatus();
   RETURN_IF_ERROR(CheckUsable("finish a gradient reduction"));
-  if (reduce_work_ != nullptr) {
+  const bool offload = flat_->shard_on_host();
+  if (reduce_work_ != nullptr && offload && groups_.replicate == nullptr) {
+    // NOTE [CPU offload]: it copies its chunk to the host; FinishHostGradients waits.
+    host_work_ = std::move(reduce_work_);
+  } else if (reduce_work_ != nullptr) {
     const absl::Time wait_start = absl::Now();
     if (absl::Status s = reduce_work_->Wait(options_.timeout); !s.ok()) return Fail(s);
     if (const std::optional<absl::Duration> run = reduce_work_->RunTime(); run.has_value()) {
@@ -316,24 +347,29 @@ absl::Status Unit::FinishReduction() {
     comm::AllReduceOptions ar;
     ar.reduce_op = comm::ReduceOp::kAverage;
     ar.timeout = options_.timeout;
+    if (offload) {
+      absl::StatusOr<core::Tensor> staging = HostStaging(reduce_output_.dtype());
+      if (!staging.ok()) return Fail(staging.status());
+      ar.unstage_to = *std::move(staging);
+    }
     RecordCollective("all_reduce", reduce_output_, groups_.replicate->size(), /*passes=*/2);
     absl::StatusOr<std::shared_ptr<comm::Work>> work =
         groups_.replicate->AllReduce(reduce_output_, ar);
     if (!work.ok()) return Fail(work.status());
-    if (absl::Status s = (*work)->Wait(options_.timeout); !s.ok()) return Fail(s);
-  }
-  if (flat_->shard_on_host()) {
-    // NOTE [CPU offload]: back to the host, queued; FinishHostGradients adds it in.
-    RETURN_IF_ERROR(FinishHostGradients());
-    if (!reduce_host_.defined() || reduce_host_.dtype() != reduce_output_.dtype()) {
-      core::ScopedAllocator pinned(core::Allocator::PinnedHost());
-      absl::StatusOr<core::Tensor> host =
-          core::Tensor::Allocate({flat_->shard_numel()}, reduce_output_.dtype(),
-                                 core::MemoryTag::kComm, core::Device::Cpu());
-      if (!host.ok()) return Fail(host.status());
-      reduce_host_ = *std::move(host);
+    if (offload) {
+      host_work_ = *std::move(work);
+    } else if (absl::Status s = (*work)->Wait(options_.timeout); !s.ok()) {
+      return Fail(s);
     }
-    if (absl::Status s = reduce_host_.CopyFromAsync(reduce_output_); !s.ok()) return Fail(s);
+  }
+  if (offload) {
+    if (host_work_ == nullptr) {
+      // No collective carried it (a one-rank group): the copy is queued on the compute
+      // stream, and FinishHostGradients synchronises the device.
+      absl::StatusOr<core::Tensor> staging = HostStaging(reduce_output_.dtype());
+      if (!staging.ok()) return Fail(staging.status());
+      if (absl::Status s = staging->CopyFromAsync(reduce_output_); !s.ok()) return Fail(s);
+    }
     host_add_pending_ = true;
   } else if (absl::Status s = internal::AddInto(flat_->shard_grad(), reduce_output_,
                                                 "fsdp unit " + label_);
@@ -349,7 +385,18 @@ absl::Status Unit::FinishReduction() {
 absl::Status Unit::FinishHostGradients() {
   if (!host_add_pending_) return absl::OkStatus();
   RETURN_IF_ERROR(CheckUsable("add a gradient into the host shard"));
-  if (absl::Status s = core::cuda::Synchronize(flat_->device()); !s.ok()) return Fail(s);
+  if (host_work_ != nullptr) {
+    const absl::Time wait_start = absl::Now();
+    if (absl::Status s = host_work_->WaitHost(options_.timeout); !s.ok()) return Fail(s);
+    if (const std::optional<absl::Duration> run = host_work_->RunTime(); run.has_value()) {
+      ++comm_timing_.reductions;
+      comm_timing_.reduce_run += *run;
+      comm_timing_.reduce_wait += absl::Now() - wait_start;
+    }
+    host_work_.reset();
+  } else if (absl::Status s = core::cuda::Synchronize(flat_->device()); !s.ok()) {
+    return Fail(s);
+  }
   host_add_pending_ = false;
   if (absl::Status s = internal::AddInto(flat_->shard_grad(), reduce_host_, "fsdp unit " + label_);
       !s.ok()) {
@@ -361,7 +408,12 @@ absl::Status Unit::FinishHostGradients() {
 absl::Status Unit::DropGradients() {
   RETURN_IF_ERROR(CheckUsable("drop gradients"));
   if (reduce_pending_) RETURN_IF_ERROR(FinishReduction());
-  host_add_pending_ = false;  // the gradients it would add to are dropped
+  if (host_work_ != nullptr) {
+    // The gradients it would add to are dropped; its copy must still land first.
+    (void)host_work_->WaitHost(options_.timeout);
+    host_work_.reset();
+  }
+  host_add_pending_ = false;
   if (absl::Status s = flat_->ClearGradViews(); !s.ok()) return Fail(s);
   if (absl::Status s = flat_->FreeFullGrad(); !s.ok()) return Fail(s);
   if (absl::Status s = flat_->FreeShardGrad(); !s.ok()) return Fail(s);

@@ -174,12 +174,14 @@ class Unit {
   // no_sync(), keeps the buffer) and points grads at the gradient shard.
   absl::Status ReduceGradients();
   // Completes a pending reduction into the gradient shard; OK when none is pending.
-  // Under NOTE [CPU offload] it only queues the reduced chunk's copy to the host:
-  // FinishHostGradients adds it in.
+  // Under NOTE [CPU offload] the reduced chunk only starts its way to the host (carried
+  // by the collective, NOTE [Staged collectives] in comm/process_group.h, or queued on
+  // the compute stream without one): FinishHostGradients adds it in.
   absl::Status FinishReduction();
-  // NOTE [CPU offload]: synchronises the device and adds the reduced chunk that
-  // FinishReduction copied to the host into the host gradient shard; OK when nothing
-  // is waiting (always without offload). The runtime calls it at the end of a backward.
+  // NOTE [CPU offload]: waits for the reduced chunk to reach the host (the collective's
+  // WaitHost, or a device synchronisation) and adds it into the host gradient shard; OK
+  // when nothing is waiting (always without offload). The runtime calls it at the end
+  // of a backward.
   absl::Status FinishHostGradients();
   // True while FinishHostGradients has a chunk to add.
   bool host_gradients_pending() const { return host_add_pending_; }
@@ -213,6 +215,8 @@ class Unit {
   // Moves to kFailed with `status` (annotated with the label) and returns it.
   absl::Status Fail(const absl::Status& status);
   absl::Status CheckState(UnitState expected, const std::string& what) const;
+  // reduce_host_, (re)allocated in pinned host memory for `dtype`.
+  absl::StatusOr<core::Tensor> HostStaging(core::DType dtype);
 
   std::string label_;
   std::weak_ptr<core::Module> module_;
@@ -237,9 +241,11 @@ class Unit {
   core::Tensor reduce_input_;
   core::Tensor reduce_output_;
   // NOTE [CPU offload]: the pinned host buffer the reduced chunk is copied into (kept
-  // across steps: pinned allocations are slow) and whether it awaits its add.
+  // across steps: pinned allocations are slow), whether it awaits its add, and the
+  // collective that copies it there (null when the compute stream does).
   core::Tensor reduce_host_;
   bool host_add_pending_ = false;
+  std::shared_ptr<comm::Work> host_work_;
 
   bool no_sync_ = false;
   bool summoned_ = false;

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/status_macros.h"
@@ -222,6 +223,82 @@ TEST_P(ProcessGroupConformanceTest, AllReduceSumAverageMaxIdenticalOnEveryRank) 
   });
   ASSERT_TRUE(s.ok()) << s;
   for (int r = 1; r < n(); ++r) EXPECT_EQ((*results)[r], (*results)[0]) << "rank " << r;
+}
+
+// NOTE [Staged collectives]: an all-gather fills its input from stage_from first (cast
+// between fp32 and bf16 when the dtypes differ), the reductions copy their result into
+// unstage_to, which holds it once WaitHost returns; a misfit option is InvalidArgument
+// naming it. (Host tensors here; the NCCL device path is nccl_process_group_test's.)
+TEST_P(ProcessGroupConformanceTest, StagedCollectivesCopyInAndOut) {
+  absl::Status s = RunRanks([&](RankContext& ctx) -> absl::Status {
+    const int n = ctx.world_size;
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      for (int64_t k : {0, 5, 4099}) {
+        // All-gather: the input starts as garbage and is staged from an fp32 source.
+        Tensor from = FilledTensor(k, DType::kFloat32, [&](int64_t i) { return Small(ctx.rank, i) + 0.25f; });
+        Tensor in = FilledTensor(k, dtype, [](int64_t) { return -7.0f; });
+        Tensor out = Tensor::Zeros({n * k}, dtype);
+        AllGatherOptions ag;
+        ag.stage_from = from;
+        RETURN_IF_ERROR(Finish(ctx.group->AllGather(in, out, ag)));
+        for (int r = 0; r < n; ++r) {
+          for (int64_t i = 0; i < k; ++i) {
+            if (ElementAt(out, r * k + i) != StoredAs(dtype, Small(r, i) + 0.25f)) {
+              return absl::InternalError(absl::StrCat("staged all-gather ", DTypeName(dtype),
+                                                      " slot ", r, " element ", i, " is ",
+                                                      ElementAt(out, r * k + i)));
+            }
+          }
+        }
+        // Reduce-scatter and all-reduce: the result also lands in unstage_to.
+        Tensor rs_in = FilledTensor(n * k, dtype, [&](int64_t j) { return Small(ctx.rank, j); });
+        Tensor rs_out = Tensor::Zeros({k}, dtype);
+        Tensor rs_host = FilledTensor(k, dtype, [](int64_t) { return -7.0f; });
+        ReduceScatterOptions rs;
+        rs.unstage_to = rs_host;
+        RETURN_IF_ERROR(Finish(ctx.group->ReduceScatter(rs_in, rs_out, rs)));
+        Tensor ar = FilledTensor(k, dtype, [&](int64_t j) { return Small(ctx.rank, j); });
+        Tensor ar_host = FilledTensor(k, dtype, [](int64_t) { return -7.0f; });
+        AllReduceOptions aro;
+        aro.unstage_to = ar_host;
+        RETURN_IF_ERROR(Finish(ctx.group->AllReduce(ar, aro)));
+        for (int64_t i = 0; i < k; ++i) {
+          float rs_sum = 0, ar_sum = 0;
+          for (int r = 0; r < n; ++r) {
+            rs_sum += Small(r, ctx.rank * k + i);
+            ar_sum += Small(r, i);
+          }
+          if (ElementAt(rs_host, i) != StoredAs(dtype, rs_sum) ||
+              ElementAt(rs_host, i) != ElementAt(rs_out, i) ||
+              ElementAt(ar_host, i) != StoredAs(dtype, ar_sum)) {
+            return absl::InternalError(absl::StrCat(
+                "unstaged ", DTypeName(dtype), " element ", i, ": reduce-scatter ",
+                ElementAt(rs_host, i), " (want ", rs_sum, "), all-reduce ", ElementAt(ar_host, i),
+                " (want ", ar_sum, ")"));
+          }
+        }
+      }
+    }
+    // Misfits are refused, naming the option.
+    Tensor in = Tensor::Zeros({4});
+    Tensor out = Tensor::Zeros({4 * n});
+    AllGatherOptions ag;
+    ag.stage_from = Tensor::Zeros({3});
+    absl::Status bad = ctx.group->AllGather(in, out, ag).status();
+    if (bad.code() != absl::StatusCode::kInvalidArgument ||
+        !absl::StrContains(bad.message(), "options.stage_from")) {
+      return absl::InternalError(absl::StrCat("a 3-element stage_from for 4: ", bad.ToString()));
+    }
+    ReduceScatterOptions rs;
+    rs.unstage_to = Tensor::Zeros({1}, DType::kBFloat16);
+    bad = ctx.group->ReduceScatter(out, in, rs).status();
+    if (bad.code() != absl::StatusCode::kInvalidArgument ||
+        !absl::StrContains(bad.message(), "options.unstage_to")) {
+      return absl::InternalError(absl::StrCat("a misfit unstage_to: ", bad.ToString()));
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 TEST_P(ProcessGroupConformanceTest, BroadcastFromEveryRoot) {
