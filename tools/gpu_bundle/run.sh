@@ -21,6 +21,9 @@
 #      the last step's ops per category, measured with CUDA events beside the roofline
 #      estimate of the same op list, core/roofline.h);
 #   4. bench/pytorch_fsdp2.py on the same model and batch;
+#   5. our main job again with --cpu_offload (shards, gradients and AdamW state in pinned
+#      host memory, NOTE [CPU offload] in fsdp/options.h) for OFFLOAD_STEPS steps: its
+#      tokens/s and peak device memory beside step 3's;
 #   then prints ONE JSON line, last: gpu tests passed/failed/skipped and failing names,
 #   tokens/s of each side and their ratio (ours / PyTorch), our MFU and peak device memory,
 #   our op profile (estimated and measured milliseconds per op category),
@@ -35,9 +38,10 @@
 # (5) for PyTorch, BATCH (sequences per step, 16), LOG_EVERY (5), PYTHON (python3),
 # CUDA_HOME, FSDP_CUDA_LIB_DIRS, FSDP_PREFER_WHEEL=1 (wheel libraries before the toolkit's),
 # TEST_TIMEOUT_S (per test binary, 120), TESTS_BUDGET_S (all tests, 200), BENCH_TIMEOUT_S
-# (60), OURS_TIMEOUT_S (150), PT_TIMEOUT_S (150), RUN_BUDGET_S (the whole run, 540: each
-# step's limit is cut so the summary still comes before it), OURS_EXTRA_ARGS (more flags),
-# SKIP=tests,bench,ours,pytorch (steps to leave out), PEAK_TFLOPS (for the MFU estimate).
+# (60), OURS_TIMEOUT_S (150), PT_TIMEOUT_S (150), OFFLOAD_STEPS (10), OFFLOAD_TIMEOUT_S
+# (90), RUN_BUDGET_S (the whole run, 540: each step's limit is cut so the summary still
+# comes before it), OURS_EXTRA_ARGS (more flags), SKIP=tests,bench,ours,pytorch,offload
+# (steps to leave out), PEAK_TFLOPS (for the MFU estimate).
 # Exit status: 0 when every step that ran passed, 1 otherwise.
 set -u
 
@@ -56,6 +60,8 @@ TESTS_BUDGET_S=${TESTS_BUDGET_S:-200}
 BENCH_TIMEOUT_S=${BENCH_TIMEOUT_S:-60}
 OURS_TIMEOUT_S=${OURS_TIMEOUT_S:-150}
 PT_TIMEOUT_S=${PT_TIMEOUT_S:-150}
+OFFLOAD_STEPS=${OFFLOAD_STEPS:-10}
+OFFLOAD_TIMEOUT_S=${OFFLOAD_TIMEOUT_S:-90}
 RUN_BUDGET_S=${RUN_BUDGET_S:-540}
 SKIP=${SKIP:-}
 # GPT-2 124M.
@@ -211,6 +217,7 @@ run_step() {
 }
 
 # ---- the summary (assembled after each phase and at the end) ---------------------------
+export OFFLOAD_STEPS
 export WORK BUNDLE STEPS PT_STEPS PT_WARMUP BATCH MODEL_V MODEL_T MODEL_C MODEL_L MODEL_H START
 export PEAK_TFLOPS=${PEAK_TFLOPS:-0} SKIP
 summary_py() {
@@ -433,6 +440,31 @@ for key in ("tokens_per_s", "mfu", "peak_device_memory_bytes", "step_s_median", 
 pt["optimizer"] = (pj.get("config") or {}).get("optimizer")
 pt["steps"], pt["warmup"] = int(os.environ["PT_STEPS"]), int(os.environ["PT_WARMUP"])
 
+# --cpu_offload: the same job with the state on the host (NOTE [CPU offload]).
+offload = {"ok": steps.get("offload", {}).get("ok", False),
+           "error": step_error("offload", os.path.join(W, "offload.log"))}
+oj = None
+try:
+    oj = json.loads(read(os.path.join(W, "main_job_offload", "summary.json")))
+except ValueError:
+    oj = None
+if isinstance(oj, dict):
+    o_mem = oj.get("peak_device_memory_bytes")
+    if isinstance(o_mem, list):
+        o_mem = max([p for p in o_mem if number(p) is not None], default=None)
+    o_tps = number(oj.get("tokens_per_second_after_warmup")) or number(oj.get("tokens_per_second"))
+    offload.update({
+        "tokens_per_s": o_tps,
+        "peak_device_memory_bytes": number(o_mem),
+        "final_train_loss": oj.get("final_train_loss"),
+        "steps": int(os.environ["OFFLOAD_STEPS"]),
+        "tokens_per_s_over_no_offload": o_tps / tps if o_tps and tps else None,
+        "peak_device_memory_over_no_offload":
+            number(o_mem) / mem_peak if number(o_mem) and mem_peak else None,
+        "memory_estimate": {k: oj.get(k) for k in ("memory_estimate",
+                                                   "memory_estimate_over_fit_peak")},
+    })
+
 ratio = None
 if ours["tokens_per_s"] and pt.get("tokens_per_s"):
     ratio = ours["tokens_per_s"] / pt["tokens_per_s"]
@@ -458,6 +490,7 @@ summary = {
     "op_profile": op_profile,
     "ours": ours,
     "pytorch_fsdp2": pt,
+    "offload": offload,
     "nccl_bench": bench,
     "config": {"vocab_size": V, "block_size": T, "seq_len": T, "n_embd": C, "n_layer": L,
                "n_head": cfg["MODEL_H"], "batch_size": cfg["BATCH"], "param_dtype": "bfloat16",
@@ -585,6 +618,24 @@ elif command -v "$PYTHON" >/dev/null 2>&1; then
   fi
 else
   record pytorch 127 0 "$PYTHON not found"
+fi
+
+checkpoint
+
+# ---- 5. our main job with CPU offload ----------------------------------------------------
+if skipped offload; then
+  say "offload: skipped (SKIP)"
+elif [ -x "$BUNDLE/bin/main_job" ]; then
+  rm -rf "$WORK/main_job_offload"
+  # shellcheck disable=SC2086
+  run_step offload "$OFFLOAD_TIMEOUT_S" "$WORK/offload.log" "$BUNDLE/bin/main_job" \
+    --device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16 --cpu_offload \
+    --vocab_size=$MODEL_V --block_size=$MODEL_T --seq_len=$MODEL_T --n_embd=$MODEL_C \
+    --n_layer=$MODEL_L --n_head=$MODEL_H --batch_size="$BATCH" --steps="$OFFLOAD_STEPS" \
+    --log_every="$LOG_EVERY" --stages=fit --release=false \
+    --output_dir="$WORK/main_job_offload" ${OURS_EXTRA_ARGS:-}
+else
+  record offload 127 0 "bin/main_job is not in the bundle"
 fi
 
 say "done in $(($(date +%s) - START)) s; summary:"

@@ -99,6 +99,16 @@ out=""
 for a in "$@"; do
   case "$a" in --output_dir=*) out=${a#--output_dir=} ;; esac
 done
+case " $* " in *" --cpu_offload "*)
+  # Phase 5: the offload run.
+  for want in --device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16 \
+      --batch_size=4 --steps=3; do
+    case " $* " in *" $want "*) ;; *) echo "main_job: missing flag $want in: $*"; exit 2 ;; esac
+  done
+  mkdir -p "$out"
+  echo '{"world_size": 1, "tokens_per_second_after_warmup": 500.0, "peak_device_memory_bytes": [61728], "final_train_loss": 6.9, "memory_estimate": 60000}' >"$out/summary.json"
+  exit 0 ;;
+esac
 for want in --device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16 \
     --vocab_size=50304 --block_size=1024 --seq_len=1024 --n_embd=768 --n_layer=12 \
     --n_head=12 --batch_size=4 --steps=20 --profile_ops; do
@@ -135,7 +145,7 @@ EOF
 chmod +x "$T/fakebin/"* "$B/bin/"* "$B/bin/tests/"*
 
 export PATH="$T/fakebin:$PATH" PYTHONPATH="$T/site" CUDA_HOME="$T/cuda"
-export BATCH=4 STEPS=20 TEST_TIMEOUT_S=2
+export BATCH=4 STEPS=20 OFFLOAD_STEPS=3 TEST_TIMEOUT_S=2
 
 # ---- 1. a full run ----------------------------------------------------------------------
 set +e
@@ -178,7 +188,9 @@ py_check "our summary's memory bound passed through, not its losses" "$S" \
 py_check "mfu estimate: 6N + 12LTC flops per token at 989 TFLOP/s" "$S" \
   'abs(s["ours"]["mfu_estimate"] - s["config"]["flops_per_token"] * 1250 / 989e12) < 1e-15 and s["config"]["model_parameters"] == 124475904'
 py_check "bench: ok with its best algbw" "$S" 's["nccl_bench"]["ok"] and s["nccl_bench"]["best"]["all_gather"]["algbw_GBps"] == 2.5'
-py_check "steps ours, bench, pytorch ok" "$S" 'all(s["steps"][k]["ok"] for k in ("ours", "bench", "pytorch"))'
+py_check "steps ours, bench, pytorch, offload ok" "$S" 'all(s["steps"][k]["ok"] for k in ("ours", "bench", "pytorch", "offload"))'
+py_check "offload: its tokens/s and peak beside ours (0.4 and 0.5 of them)" "$S" \
+  's["offload"]["tokens_per_s"] == 500.0 and s["offload"]["peak_device_memory_bytes"] == 61728 and s["offload"]["tokens_per_s_over_no_offload"] == 0.4 and s["offload"]["peak_device_memory_over_no_offload"] == 0.5 and s["offload"]["steps"] == 3'
 py_check "environment: GPU and driver" "$S" 's["env"]["gpu"] == "NVIDIA H200" and s["env"]["driver"] == "580.95.05"'
 py_check "overall ok is false" "$S" 's["ok"] is False'
 py_check "no library missing for the (script) binaries" "$S" 's["env"]["ldd_missing"] == []'
@@ -211,7 +223,7 @@ set -e
 check "budget spent: exit 1" [ "$rc" = 1 ]
 tail -n 1 "$T/stdout_budget" >"$T/summary_budget.json"
 py_check "budget spent: steps recorded as not run, tests as not run (not failed)" "$T/summary_budget.json" \
-  's["steps"]["ours"]["rc"] == -1 and s["steps"]["pytorch"]["rc"] == -1 and s["gpu_tests"]["not_run"] == ["a_test"] and s["gpu_tests"]["failed"] == 0 and s["ok"] is False'
+  's["steps"]["ours"]["rc"] == -1 and s["steps"]["pytorch"]["rc"] == -1 and s["steps"]["offload"]["rc"] == -1 and s["gpu_tests"]["not_run"] == ["a_test"] and s["gpu_tests"]["failed"] == 0 and s["ok"] is False'
 
 # ---- 4. cut off by an outer limit while PyTorch runs: $OUT holds what finished ---------
 cat >"$B/bench/pytorch_fsdp2.py" <<'EOF'
