@@ -115,6 +115,22 @@ void RecordCollective(const char* name, const core::Tensor& full_buffer, int ran
                  core::OpCost{0, bus_bytes, 1, core::OpEngine::kCollective});
 }
 
+// Waits for `work` (on the host when `host`; otherwise stream-ordered where the backend
+// is), adds its run time and the wait to the NOTE [Comm overlap] counters when the
+// backend measures them, and drops it.
+absl::Status WaitCounted(std::shared_ptr<comm::Work>& work, absl::Duration timeout, bool host,
+                         int64_t* count, absl::Duration* run_total, absl::Duration* wait_total) {
+  const absl::Time wait_start = absl::Now();
+  RETURN_IF_ERROR(host ? work->WaitHost(timeout) : work->Wait(timeout));
+  if (const std::optional<absl::Duration> run = work->RunTime(); run.has_value()) {
+    ++*count;
+    *run_total += *run;
+    *wait_total += absl::Now() - wait_start;
+  }
+  work.reset();
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status Unit::Fail(const absl::Status& status) {
@@ -177,14 +193,12 @@ absl::Status Unit::IssueUnshard(bool full_precision) {
 absl::Status Unit::FinishUnshard() {
   RETURN_IF_ERROR(CheckState(UnitState::kUnsharding, "finish unsharding"));
   if (gather_work_ != nullptr) {
-    const absl::Time wait_start = absl::Now();
-    if (absl::Status s = gather_work_->Wait(options_.timeout); !s.ok()) return Fail(s);
-    if (const std::optional<absl::Duration> run = gather_work_->RunTime(); run.has_value()) {
-      ++comm_timing_.all_gathers;
-      comm_timing_.all_gather_run += *run;
-      comm_timing_.all_gather_wait += absl::Now() - wait_start;
+    if (absl::Status s = WaitCounted(gather_work_, options_.timeout, /*host=*/false,
+                                     &comm_timing_.all_gathers, &comm_timing_.all_gather_run,
+                                     &comm_timing_.all_gather_wait);
+        !s.ok()) {
+      return Fail(s);
     }
-    gather_work_.reset();
   }
   gather_input_ = core::Tensor();
   gather_output_ = core::Tensor();
@@ -334,14 +348,12 @@ absl::Status Unit::FinishReduction() {
     // NOTE [CPU offload]: it copies its chunk to the host; FinishHostGradients waits.
     host_work_ = std::move(reduce_work_);
   } else if (reduce_work_ != nullptr) {
-    const absl::Time wait_start = absl::Now();
-    if (absl::Status s = reduce_work_->Wait(options_.timeout); !s.ok()) return Fail(s);
-    if (const std::optional<absl::Duration> run = reduce_work_->RunTime(); run.has_value()) {
-      ++comm_timing_.reductions;
-      comm_timing_.reduce_run += *run;
-      comm_timing_.reduce_wait += absl::Now() - wait_start;
+    if (absl::Status s = WaitCounted(reduce_work_, options_.timeout, /*host=*/false,
+                                     &comm_timing_.reductions, &comm_timing_.reduce_run,
+                                     &comm_timing_.reduce_wait);
+        !s.ok()) {
+      return Fail(s);
     }
-    reduce_work_.reset();
   }
   if (groups_.replicate != nullptr) {
     comm::AllReduceOptions ar;
@@ -386,14 +398,12 @@ absl::Status Unit::FinishHostGradients() {
   if (!host_add_pending_) return absl::OkStatus();
   RETURN_IF_ERROR(CheckUsable("add a gradient into the host shard"));
   if (host_work_ != nullptr) {
-    const absl::Time wait_start = absl::Now();
-    if (absl::Status s = host_work_->WaitHost(options_.timeout); !s.ok()) return Fail(s);
-    if (const std::optional<absl::Duration> run = host_work_->RunTime(); run.has_value()) {
-      ++comm_timing_.reductions;
-      comm_timing_.reduce_run += *run;
-      comm_timing_.reduce_wait += absl::Now() - wait_start;
+    if (absl::Status s = WaitCounted(host_work_, options_.timeout, /*host=*/true,
+                                     &comm_timing_.reductions, &comm_timing_.reduce_run,
+                                     &comm_timing_.reduce_wait);
+        !s.ok()) {
+      return Fail(s);
     }
-    host_work_.reset();
   } else if (absl::Status s = core::cuda::Synchronize(flat_->device()); !s.ok()) {
     return Fail(s);
   }

@@ -576,18 +576,26 @@ else
 fi
 checkpoint
 
+# run_job <step> <timeout_s> <log> <output_dir> <steps> [flags...]: our main job on the
+# model and batch above, on one GPU in bf16.
+run_job() {
+  local step=$1 limit=$2 log=$3 dir=$4 n=$5
+  shift 5
+  rm -rf "$dir"
+  # shellcheck disable=SC2086
+  run_step "$step" "$limit" "$log" "$BUNDLE/bin/main_job" \
+    --device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16 \
+    --vocab_size=$MODEL_V --block_size=$MODEL_T --seq_len=$MODEL_T --n_embd=$MODEL_C \
+    --n_layer=$MODEL_L --n_head=$MODEL_H --batch_size="$BATCH" --steps="$n" \
+    --log_every="$LOG_EVERY" --stages=fit --release=false --output_dir="$dir" \
+    "$@" ${OURS_EXTRA_ARGS:-}
+}
+
 # ---- 3. our main job ---------------------------------------------------------------------
 if skipped ours; then
   say "main job: skipped (SKIP)"
 elif [ -x "$BUNDLE/bin/main_job" ]; then
-  rm -rf "$WORK/main_job"
-  # shellcheck disable=SC2086
-  run_step ours "$OURS_TIMEOUT_S" "$WORK/main_job.log" "$BUNDLE/bin/main_job" \
-    --device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16 \
-    --vocab_size=$MODEL_V --block_size=$MODEL_T --seq_len=$MODEL_T --n_embd=$MODEL_C \
-    --n_layer=$MODEL_L --n_head=$MODEL_H --batch_size="$BATCH" --steps="$STEPS" \
-    --log_every="$LOG_EVERY" --stages=fit --release=false --output_dir="$WORK/main_job" \
-    --profile_ops ${OURS_EXTRA_ARGS:-}
+  run_job ours "$OURS_TIMEOUT_S" "$WORK/main_job.log" "$WORK/main_job" "$STEPS" --profile_ops
   [ -f "$WORK/main_job/summary.json" ] && cp "$WORK/main_job/summary.json" "$WORK/main_job_summary.json"
 else
   record ours 127 0 "bin/main_job is not in the bundle"
@@ -626,14 +634,8 @@ checkpoint
 if skipped offload; then
   say "offload: skipped (SKIP)"
 elif [ -x "$BUNDLE/bin/main_job" ]; then
-  rm -rf "$WORK/main_job_offload"
-  # shellcheck disable=SC2086
-  run_step offload "$OFFLOAD_TIMEOUT_S" "$WORK/offload.log" "$BUNDLE/bin/main_job" \
-    --device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16 --cpu_offload \
-    --vocab_size=$MODEL_V --block_size=$MODEL_T --seq_len=$MODEL_T --n_embd=$MODEL_C \
-    --n_layer=$MODEL_L --n_head=$MODEL_H --batch_size="$BATCH" --steps="$OFFLOAD_STEPS" \
-    --log_every="$LOG_EVERY" --stages=fit --release=false \
-    --output_dir="$WORK/main_job_offload" ${OURS_EXTRA_ARGS:-}
+  run_job offload "$OFFLOAD_TIMEOUT_S" "$WORK/offload.log" "$WORK/main_job_offload" \
+    "$OFFLOAD_STEPS" --cpu_offload
 else
   record offload 127 0 "bin/main_job is not in the bundle"
 fi
