@@ -1,5 +1,5 @@
 // Elementwise kernel bodies: GELU (tanh form) forward and backward, ReLU, residual add,
-// bias add, embedding gather. Each is one element's math, written once: CPU loops
+// bias add, embedding gather, SwiGLU's silu(a) * b and the rotary position embedding. Each is one element's math, written once: CPU loops
 // (kernels/cpu/kernels.cc) and CUDA grid-stride kernels (kernels/cuda/kernels.cu) call the same
 // function, so the CPU tests check the math the GPU runs.
 //
@@ -59,6 +59,37 @@ FSDP_HD inline bool EmbeddingIdValid(int32_t id, int64_t num) { return id >= 0 &
 template <typename W>
 FSDP_HD inline float EmbeddingGather(const W* table, int32_t id, int64_t dim, int64_t j) {
   return Load(table, static_cast<int64_t>(id) * dim + j);
+}
+
+// ---- SwiGLU (Llama's MLP): h = silu(a) * b with silu(a) = a * sigmoid(a)
+// (torch.nn.functional.silu), a the gate projection and b the up projection.
+
+// 1 / (1 + exp(-a)) with FastExp (kernels/math.h): 0 for a below about -88, 1 above 88.
+FSDP_HD inline float Sigmoid(float a) { return 1.0f / (1.0f + FastExp(-a)); }
+
+// silu(a) * b.
+FSDP_HD inline float SiluMulForward(float a, float b) { return a * Sigmoid(a) * b; }
+
+// dL/da of h = silu(a) * b from g = dL/dh: g b silu'(a), silu'(a) = s (1 + a (1 - s)) with
+// s = sigmoid(a).
+FSDP_HD inline float SiluMulGradGate(float a, float b, float g) {
+  const float s = Sigmoid(a);
+  return g * b * (s * (1.0f + a * (1.0f - s)));
+}
+
+// dL/db of h = silu(a) * b from g = dL/dh: g silu(a).
+FSDP_HD inline float SiluMulGradUp(float a, float g) { return g * (a * Sigmoid(a)); }
+
+// ---- Rotary position embedding, Hugging Face's convention (rotate_half): in a head of
+// width 2 half, element j < half pairs with j + half and both turn by the angle
+// t * inv_freq[j] of their position t: y = x cos + rotate_half(x) sin, rotate_half(x) =
+// (-x[half:], x[:half]).
+
+// Element j of the rotated head from x = x[j], partner = x[j + half] (first_half) or
+// x[j - half], and c, s the cosine and sine of its angle. The inverse rotation (the
+// backward: the rotation's transpose) is this with -s.
+FSDP_HD inline float RotaryRotate(float x, float partner, float c, float s, bool first_half) {
+  return first_half ? x * c - partner * s : x * c + partner * s;
 }
 
 }  // namespace kernels

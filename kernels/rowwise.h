@@ -1,5 +1,5 @@
-// Row-wise kernel bodies: LayerNorm, the causal masked softmax of attention and the
-// cross-entropy row. A row's reductions (sums, maxima, dot products) are done by the
+// Row-wise kernel bodies: LayerNorm, RMSNorm, the causal masked softmax of attention and
+// the cross-entropy row. A row's reductions (sums, maxima, dot products) are done by the
 // launcher, a loop on the CPU and warp/block shuffles on CUDA; the bodies below take the
 // reduced quantities as arguments and compute one element. `Acc` is the type the
 // launcher reduced in (float lanes on the CPU for LayerNorm and softmax, double for
@@ -50,6 +50,33 @@ FSDP_HD inline float LayerNormBackwardInput(float g, const W* w, int64_t j, floa
                                             Acc mean_gh, Acc mean_gh_xhat) {
   const Acc gh = LayerNormGradHat<Acc>(g, w, j);
   return static_cast<float>(rstd * (gh - mean_gh - xhat * mean_gh_xhat));
+}
+
+// ---- RMSNorm: y = x * rstd * w over the last dimension, rstd = 1 / sqrt(mean(x^2) + eps)
+// (Hugging Face's LlamaRMSNorm; the launchers reduce in fp32, as it does).
+
+// 1 / sqrt(mean_square + eps), mean_square the mean of the row's squares.
+template <typename Acc>
+FSDP_HD inline Acc RmsNormRstd(Acc mean_square, Acc eps) {
+  return Acc(1) / Sqrt(mean_square + eps);
+}
+
+// Element j: stores xhat = x * rstd (rounded to float) in *xhat and returns xhat * w[j]
+// (w fp32 or bf16).
+template <typename Acc, typename W>
+FSDP_HD inline float RmsNormApply(float x, Acc rstd, const W* w, int64_t j, float* xhat) {
+  const float h = static_cast<float>(x * rstd);
+  *xhat = h;
+  return h * Load(w, j);
+}
+
+// dL/dx of element j: rstd * (gh - xhat * mean(gh * xhat)) with gh = g * w[j]
+// (LayerNormGradHat); the launcher reduces mean(gh * xhat) over the row.
+template <typename Acc, typename W>
+FSDP_HD inline float RmsNormBackwardInput(float g, const W* w, int64_t j, float xhat, Acc rstd,
+                                          Acc mean_gh_xhat) {
+  const Acc gh = LayerNormGradHat<Acc>(g, w, j);
+  return static_cast<float>(rstd * (gh - xhat * mean_gh_xhat));
 }
 
 // ---- Causal softmax of one attention row t over s in [0, t] (entries s > t are masked).

@@ -38,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "core/module.h"
 #include "core/tensor.h"
+#include "nn/internal/attention_core.h"
 #include "nn/linear.h"
 
 namespace nn {
@@ -67,12 +68,7 @@ class CausalSelfAttention : public core::Module {
   absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
   // Returns dL/dx; qkv and proj add their parameter gradients.
   absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
-  void ReleaseActivations() override {
-    qkv_out_ = core::Tensor();
-    att_ = core::Tensor();
-    y_ = core::Tensor();
-    lse_ = core::Tensor();
-  }
+  void ReleaseActivations() override { core_.Release(); }
 
  private:
   int64_t n_embd_ = 0;
@@ -81,16 +77,10 @@ class CausalSelfAttention : public core::Module {
   std::shared_ptr<Linear> qkv_;
   std::shared_ptr<Linear> proj_;
   bool fused_ = true;
-  // Cached by Forward, released by Backward: qkv's output [B, T, 3C] and the attention
-  // probabilities [B, n_head, T, T] (zero above the diagonal); bf16 under NOTE [bf16
-  // attention]. Under NOTE [Fused attention] att_ stays empty and the heads' output
-  // y_ [B, T, C] and the row statistics lse_ [B, n_head, T] are kept instead.
-  core::Tensor qkv_out_;
-  core::Tensor att_;
-  core::Tensor y_;
-  core::Tensor lse_;
-
-  absl::StatusOr<core::Tensor> FusedBackward(core::Tensor gy);
+  // The attention between the projections and its caches (qkv's output [B, T, 3C], bf16
+  // under NOTE [bf16 attention], and the probabilities or the fused path's statistics),
+  // kept from Forward to Backward.
+  internal::CausalAttentionCore core_;
 };
 
 }  // namespace nn

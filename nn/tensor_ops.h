@@ -169,6 +169,49 @@ absl::Status FusedAttentionBackward(absl::string_view what, const core::Tensor& 
                                     const core::Tensor& lse, const core::Tensor& delta,
                                     int64_t n_head, float scale, const core::Tensor& gqkv);
 
+// ---- The Llama layers' ops (nn/llama.h; defined in nn/llama_ops.cc).
+
+// RMSNorm over the last dimension C = w.numel() of x ([rows, C]): y = xhat * w with
+// xhat = x * rstd and rstd = 1 / sqrt(mean(x^2) + eps) per row, the statistics in fp32.
+// Writes y and xhat (fp32, x's numel) and rstd (fp32, `rows` elements) for the backward;
+// w fp32 or bf16.
+absl::Status RmsNormForward(absl::string_view what, const core::Tensor& x, const core::Tensor& w,
+                            float eps, const core::Tensor& y, const core::Tensor& xhat,
+                            const core::Tensor& rstd);
+// gx = rstd * (g w - xhat mean(g w xhat)) per row, the input gradient; the weight's is
+// AccumulateColumnSums(g, xhat, gw).
+absl::Status RmsNormBackward(absl::string_view what, const core::Tensor& g,
+                             const core::Tensor& xhat, const core::Tensor& rstd,
+                             const core::Tensor& w, const core::Tensor& gx);
+
+// h = silu(a) * b elementwise (SwiGLU, silu(a) = a sigmoid(a)); fp32 of equal numel, h
+// neither a nor b.
+absl::Status SiluMulForward(absl::string_view what, const core::Tensor& a, const core::Tensor& b,
+                            const core::Tensor& h);
+// ga = gh * b * silu'(a) and gb = gh * silu(a); fp32 of equal numel, ga and gb distinct
+// from each other and from the inputs.
+absl::Status SiluMulBackward(absl::string_view what, const core::Tensor& a,
+                             const core::Tensor& b, const core::Tensor& gh,
+                             const core::Tensor& ga, const core::Tensor& gb);
+
+// NOTE [Grouped-query attention] (nn/grouped_query_attention.h): the causal attention's
+// input qkv [B, T, 3C] (C = n_head * D; the layout of FusedAttentionForward and of
+// CausalSelfAttention's qkv) from q [B, T, C] and k, v [B, T, n_kv_head * D], all fp32:
+// q and k turned per head by the rotary embedding (cos, sin: fp32 [P, D / 2] with P >= T,
+// row t the cosines and sines of position t, nn::RotaryTables), k and v repeated for the
+// n_head / n_kv_head query heads of each group. InvalidArgument unless n_head % n_kv_head
+// == 0, D is even and the shapes agree.
+absl::Status RotaryPackQkv(absl::string_view what, const core::Tensor& q, const core::Tensor& k,
+                           const core::Tensor& v, const core::Tensor& cos,
+                           const core::Tensor& sin, int64_t n_head, int64_t n_kv_head,
+                           const core::Tensor& qkv);
+// Its backward from gqkv [B, T, 3C]: gq (turned back), gk (turned back) and gv, each kv
+// head's gradient the sum over its group's heads; shapes as q, k, v above.
+absl::Status RotaryPackQkvBackward(absl::string_view what, const core::Tensor& gqkv,
+                                   const core::Tensor& cos, const core::Tensor& sin,
+                                   int64_t n_head, int64_t n_kv_head, const core::Tensor& gq,
+                                   const core::Tensor& gk, const core::Tensor& gv);
+
 // y[i, :] = table[ids[i], :], table [num, dim] fp32 or bf16, ids int32 (each in [0, num),
 // checked by the caller), y fp32 [ids.numel(), dim].
 absl::Status EmbeddingForward(absl::string_view what, const core::Tensor& table,

@@ -73,6 +73,36 @@ void FlashAttentionBackward(const uint16_t* qkv, const float* y, const uint16_t*
                             const float* lse, float* delta, float* gqkv, int64_t B, int64_t T,
                             int64_t H, int64_t head_dim, float scale);
 
+// ---- The Llama layers' launchers (kernels/cpu/llama.cc), the twins of kernels/cuda/kernels.h's.
+
+// RMSNorm of each row of x [rows, cols]: y, xhat = x * rstd [rows, cols], rstd [rows].
+void RmsNormForward(const float* x, const void* w, bool bf16, float eps, float* y, float* xhat,
+                    float* rstd, int64_t rows, int64_t cols);
+// RMSNorm's input gradient gx from g, xhat, rstd and w (the weight gradient is the
+// ColumnSums of g * xhat).
+void RmsNormBackwardInput(const float* g, const float* xhat, const float* rstd, const void* w,
+                          bool bf16, float* gx, int64_t rows, int64_t cols);
+// h = silu(a) * b, elementwise.
+void SiluMulForward(const float* a, const float* b, float* h, int64_t n);
+// ga = dL/da and gb = dL/db of h = silu(a) * b from gh = dL/dh.
+void SiluMulBackward(const float* a, const float* b, const float* gh, float* ga, float* gb,
+                     int64_t n);
+// The causal attention's input qkv [rows, 3C] (C = H * D, rows = B * T, row r at position
+// r % T; the layout nn::FusedAttentionForward and the unfused path read) from q [rows, C]
+// and k, v [rows, KV * D] (H % KV == 0, D even): columns [0, C) are q with the rotary
+// embedding applied per head, [C, 2C) k rotated and [2C, 3C) v, each of the KV heads
+// repeated for the H / KV query heads of its group (head h reads kv head h / (H / KV)).
+// cos and sin are [T, D / 2]: the cosine and sine of position t's angle for pair i.
+void RotaryPackQkv(const float* q, const float* k, const float* v, const float* cos,
+                   const float* sin, float* qkv, int64_t rows, int64_t T, int64_t H, int64_t KV,
+                   int64_t D);
+// The backward of RotaryPackQkv: from gqkv [rows, 3C], gq [rows, C] = the q columns turned
+// back by the inverse rotation, and gk, gv [rows, KV * D] = the k (turned back) and v
+// columns summed over each group's heads in head order.
+void RotaryPackQkvBackward(const float* gqkv, const float* cos, const float* sin, float* gq,
+                           float* gk, float* gv, int64_t rows, int64_t T, int64_t H, int64_t KV,
+                           int64_t D);
+
 // ---- CPU-only fused loops (NOTE [Fused ops], nn/tensor_ops.h): the bits of the two
 // launches each replaces, run one after the other.
 

@@ -109,6 +109,30 @@ inline core::OpCost FusedAttentionBackwardCost(int64_t B, int64_t T, int64_t H, 
                       3, core::OpEngine::kTensorCoreBf16};
 }
 
+// RMSNorm: reads x, writes y and xhat (and rstd per row); about 4 operations per element
+// forward, 6 backward (reads g and xhat, writes gx; the weight gradient's column sums are
+// their own op).
+inline core::OpCost RmsNormForwardCost(int64_t rows, int64_t cols, int64_t w_bytes) {
+  return core::OpCost::Memory(12.0 * rows * cols + 4.0 * rows + static_cast<double>(w_bytes) * cols,
+                              4.0 * rows * cols);
+}
+inline core::OpCost RmsNormBackwardCost(int64_t rows, int64_t cols, int64_t w_bytes) {
+  return core::OpCost::Memory(12.0 * rows * cols + 4.0 * rows + static_cast<double>(w_bytes) * cols,
+                              6.0 * rows * cols);
+}
+
+// silu(a) * b: reads a and b, writes h, about 8 operations; the backward reads a, b and gh,
+// writes ga and gb, about 14.
+inline core::OpCost SiluMulForwardCost(int64_t n) { return ElementwiseCost(n, 3, 8); }
+inline core::OpCost SiluMulBackwardCost(int64_t n) { return ElementwiseCost(n, 5, 14); }
+
+// The rotary packing of grouped q, k, v: reads q [rows, C] and k, v [rows, KW] (each k and v
+// element once per group head, from cache), writes [rows, 3C]; 3 operations per rotated
+// element. The backward reads [rows, 3C] and writes [rows, C + 2 KW].
+inline core::OpCost RotaryPackCost(int64_t rows, int64_t C, int64_t KW) {
+  return core::OpCost::Memory(4.0 * rows * (C + 2 * KW + 3 * C), 6.0 * rows * C);
+}
+
 inline core::OpCost EmbeddingForwardCost(int64_t n, int64_t dim, int64_t table_bytes) {
   return core::OpCost::Memory(4.0 * n + (static_cast<double>(table_bytes) + 4.0) * n * dim);
 }

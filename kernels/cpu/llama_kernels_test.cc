@@ -1,0 +1,211 @@
+// Tests of the Llama layers' CPU launchers (kernels/cpu/llama.cc): RMSNorm, SwiGLU's
+// silu(a) * b and the rotary packing of grouped q, k, v, against double references
+// written out here, and bit-identical results for any thread count. nn/ tests the layers
+// built on them (rms_norm_test, swiglu_test, grouped_query_attention_test).
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "core/bf16_hd.h"
+#include "core/random.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu_runtime.h"
+#include "kernels/elementwise.h"
+#include "kernels/rowwise.h"
+
+namespace kernels {
+namespace {
+
+namespace kcpu = ::kernels::cpu;
+
+std::vector<float> Normal(int64_t n, uint64_t seed, float stddev = 1.0f) {
+  core::Rng rng(seed);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = rng.Normal(0.0f, stddev);
+  return v;
+}
+
+// |got - want| <= rel * max(1, |want|) elementwise.
+void ExpectClose(const std::vector<float>& got, const std::vector<double>& want, double rel,
+                 const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_LE(std::abs(got[i] - want[i]), rel * std::max(1.0, std::abs(want[i])))
+        << what << " element " << i << ": " << got[i] << " vs " << want[i];
+  }
+}
+
+TEST(CpuLlamaKernelsTest, RmsNormMatchesADoubleReferenceWithFp32AndBf16Weights) {
+  const float eps = 1e-6f;
+  for (int64_t cols : {1, 7, 8, 33, 256}) {
+    for (bool bf16 : {false, true}) {
+      const int64_t rows = 5;
+      const std::vector<float> x = Normal(rows * cols, 1), g = Normal(rows * cols, 2);
+      std::vector<float> w = Normal(cols, 3);
+      std::vector<uint16_t> w16(w.size());
+      for (size_t j = 0; j < w.size(); ++j) {
+        w16[j] = core::FloatToBf16Bits(w[j]);
+        if (bf16) w[j] = core::Bf16BitsToFloat(w16[j]);  // the values the kernel sees
+      }
+      const void* wp = bf16 ? static_cast<const void*>(w16.data()) : w.data();
+      std::vector<float> y(x.size()), xhat(x.size()), rstd(rows), gx(x.size());
+      kcpu::RmsNormForward(x.data(), wp, bf16, eps, y.data(), xhat.data(), rstd.data(), rows, cols);
+      kcpu::RmsNormBackwardInput(g.data(), xhat.data(), rstd.data(), wp, bf16, gx.data(), rows,
+                                 cols);
+      std::vector<double> y_ref(x.size()), gx_ref(x.size());
+      for (int64_t r = 0; r < rows; ++r) {
+        double ms = 0.0;
+        for (int64_t j = 0; j < cols; ++j) ms += double{x[r * cols + j]} * x[r * cols + j];
+        const double rs = 1.0 / std::sqrt(ms / cols + eps);
+        // dL/dx_j = rs (g_j w_j - x_j rs^2 mean_k(g_k w_k x_k)).
+        double dot = 0.0;
+        for (int64_t j = 0; j < cols; ++j) dot += double{g[r * cols + j]} * w[j] * x[r * cols + j];
+        for (int64_t j = 0; j < cols; ++j) {
+          const int64_t i = r * cols + j;
+          y_ref[i] = x[i] * rs * w[j];
+          gx_ref[i] = rs * (g[i] * w[j] - x[i] * rs * rs * dot / cols);
+        }
+        EXPECT_NEAR(rstd[r], rs, 1e-6 * rs);
+      }
+      ExpectClose(y, y_ref, 2e-6, "rmsnorm y");
+      ExpectClose(gx, gx_ref, 1e-5, "rmsnorm dx");
+    }
+  }
+}
+
+TEST(CpuLlamaKernelsTest, SiluMulAndItsGradientsMatchADoubleReference) {
+  std::vector<float> a = Normal(1001, 4, 3.0f);
+  a[0] = 100.0f;  // sigmoid saturates at 1 and 0: no NaN, no inf
+  a[1] = -100.0f;
+  a[2] = 0.0f;
+  const std::vector<float> b = Normal(1001, 5), gh = Normal(1001, 6);
+  std::vector<float> h(a.size()), ga(a.size()), gb(a.size());
+  kcpu::SiluMulForward(a.data(), b.data(), h.data(), 1001);
+  kcpu::SiluMulBackward(a.data(), b.data(), gh.data(), ga.data(), gb.data(), 1001);
+  std::vector<double> h_ref(a.size()), ga_ref(a.size()), gb_ref(a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double s = 1.0 / (1.0 + std::exp(-double{a[i]}));
+    h_ref[i] = a[i] * s * b[i];
+    ga_ref[i] = gh[i] * b[i] * (s + a[i] * s * (1.0 - s));
+    gb_ref[i] = gh[i] * a[i] * s;
+    // Each element is its scalar body's, bit for bit.
+    ASSERT_EQ(h[i], SiluMulForward(a[i], b[i])) << i;
+    ASSERT_EQ(ga[i], SiluMulGradGate(a[i], b[i], gh[i])) << i;
+    ASSERT_EQ(gb[i], SiluMulGradUp(a[i], gh[i])) << i;
+  }
+  ExpectClose(h, h_ref, 1e-6, "silu(a) * b");
+  ExpectClose(ga, ga_ref, 1e-6, "d/da");
+  ExpectClose(gb, gb_ref, 1e-6, "d/db");
+}
+
+struct PackShape {
+  int64_t B, T, H, KV, D;
+};
+
+// cos/sin [T, D / 2] of HF's default rotary embedding with theta 10000, in double.
+void Tables(const PackShape& p, std::vector<double>* cos, std::vector<double>* sin) {
+  const int64_t half = p.D / 2;
+  for (int64_t t = 0; t < p.T; ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = t * std::pow(10000.0, -2.0 * i / p.D);
+      cos->push_back(std::cos(angle));
+      sin->push_back(std::sin(angle));
+    }
+  }
+}
+
+std::vector<float> ToFloat(const std::vector<double>& v) { return {v.begin(), v.end()}; }
+
+TEST(CpuLlamaKernelsTest, RotaryPackIsTheDirectFormulaAndItsBackwardItsTranspose) {
+  for (const PackShape& p : {PackShape{2, 5, 4, 2, 8}, PackShape{1, 3, 3, 3, 4},
+                             PackShape{2, 4, 6, 1, 6}}) {
+    const int64_t rows = p.B * p.T, C = p.H * p.D, KW = p.KV * p.D, half = p.D / 2;
+    const int64_t group = p.H / p.KV;
+    std::vector<double> cosd, sind;
+    Tables(p, &cosd, &sind);
+    const std::vector<float> cos = ToFloat(cosd), sin = ToFloat(sind);
+    const std::vector<float> q = Normal(rows * C, 7), k = Normal(rows * KW, 8),
+                             v = Normal(rows * KW, 9), g = Normal(rows * 3 * C, 10);
+    std::vector<float> qkv(rows * 3 * C), gq(rows * C), gk(rows * KW), gv(rows * KW);
+    kcpu::RotaryPackQkv(q.data(), k.data(), v.data(), cos.data(), sin.data(), qkv.data(), rows,
+                        p.T, p.H, p.KV, p.D);
+    kcpu::RotaryPackQkvBackward(g.data(), cos.data(), sin.data(), gq.data(), gk.data(),
+                                gv.data(), rows, p.T, p.H, p.KV, p.D);
+    // y = x cos + rotate_half(x) sin, rotate_half(x) = (-x[half:], x[:half]).
+    auto rotated = [&](const float* head, int64_t t, int64_t j) {
+      const int64_t i = j % half;
+      const double rot = j < half ? -double{head[j + half]} : double{head[j - half]};
+      return head[j] * cosd[t * half + i] + rot * sind[t * half + i];
+    };
+    std::vector<double> want(qkv.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t h = 0; h < p.H; ++h) {
+        const int64_t kv = h / group;
+        for (int64_t j = 0; j < p.D; ++j) {
+          const int64_t out = r * 3 * C + h * p.D + j;
+          want[out] = rotated(&q[r * C + h * p.D], r % p.T, j);
+          want[out + C] = rotated(&k[r * KW + kv * p.D], r % p.T, j);
+          want[out + 2 * C] = v[r * KW + kv * p.D + j];
+        }
+      }
+    }
+    ExpectClose(qkv, want, 1e-6, "packed q, k, v");
+    // The backward is the transpose of the (linear) packing: <pack(q, k, v), g> equals
+    // <q, gq> + <k, gk> + <v, gv>.
+    double lhs = 0.0, rhs = 0.0, scale = 0.0;
+    for (size_t i = 0; i < qkv.size(); ++i) {
+      lhs += double{qkv[i]} * g[i];
+      scale += std::abs(double{qkv[i]} * g[i]);
+    }
+    for (size_t i = 0; i < gq.size(); ++i) rhs += double{q[i]} * gq[i];
+    for (size_t i = 0; i < gk.size(); ++i) rhs += double{k[i]} * gk[i] + double{v[i]} * gv[i];
+    EXPECT_NEAR(lhs, rhs, 1e-6 * scale) << p.H << " heads, " << p.KV << " kv heads";
+  }
+}
+
+TEST(CpuLlamaKernelsTest, ResultsAreBitIdenticalForAnyThreadCount) {
+  const int saved = IntraOpThreads();
+  const PackShape p{4, 64, 8, 2, 32};  // 256 rows of 768 packed columns: several chunks
+  const int64_t rows = p.B * p.T, C = p.H * p.D, KW = p.KV * p.D, cols = 300;
+  std::vector<double> cosd, sind;
+  Tables(p, &cosd, &sind);
+  const std::vector<float> cos = ToFloat(cosd), sin = ToFloat(sind);
+  auto run = [&](int threads) {
+    EXPECT_TRUE(SetIntraOpThreads(threads).ok());
+    std::vector<std::vector<float>> out;
+    const std::vector<float> x = Normal(rows * cols, 11), g = Normal(rows * cols, 12),
+                             w = Normal(cols, 13);
+    std::vector<float> y(x.size()), xhat(x.size()), rstd(rows), gx(x.size());
+    kcpu::RmsNormForward(x.data(), w.data(), false, 1e-6f, y.data(), xhat.data(), rstd.data(),
+                         rows, cols);
+    kcpu::RmsNormBackwardInput(g.data(), xhat.data(), rstd.data(), w.data(), false, gx.data(),
+                               rows, cols);
+    out.insert(out.end(), {y, rstd, gx});
+    std::vector<float> ga(x.size()), gb(x.size());
+    kcpu::SiluMulForward(x.data(), g.data(), y.data(), rows * cols);
+    kcpu::SiluMulBackward(x.data(), g.data(), xhat.data(), ga.data(), gb.data(), rows * cols);
+    out.insert(out.end(), {y, ga, gb});
+    const std::vector<float> q = Normal(rows * C, 14), k = Normal(rows * KW, 15),
+                             v = Normal(rows * KW, 16), gqkv = Normal(rows * 3 * C, 17);
+    std::vector<float> qkv(rows * 3 * C), gq(rows * C), gk(rows * KW), gv(rows * KW);
+    kcpu::RotaryPackQkv(q.data(), k.data(), v.data(), cos.data(), sin.data(), qkv.data(), rows,
+                        p.T, p.H, p.KV, p.D);
+    kcpu::RotaryPackQkvBackward(gqkv.data(), cos.data(), sin.data(), gq.data(), gk.data(),
+                                gv.data(), rows, p.T, p.H, p.KV, p.D);
+    out.insert(out.end(), {qkv, gq, gk, gv});
+    return out;
+  };
+  const std::vector<std::vector<float>> one = run(1);
+  for (int threads : {2, 3}) {
+    const std::vector<std::vector<float>> many = run(threads);
+    ASSERT_EQ(many.size(), one.size());
+    for (size_t i = 0; i < one.size(); ++i) {
+      EXPECT_EQ(many[i], one[i]) << "output " << i << " with " << threads << " threads";
+    }
+  }
+  ASSERT_TRUE(SetIntraOpThreads(saved).ok());
+}
+
+}  // namespace
+}  // namespace kernels

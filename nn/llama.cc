@@ -1,0 +1,213 @@
+#include "nn/llama.h"
+
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/param_init.h"
+#include "core/status_macros.h"
+#include "nn/internal/validate.h"
+#include "nn/ops.h"
+#include "nn/tensor_ops.h"
+
+namespace nn {
+
+absl::Status LlamaConfig::Validate() const {
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"vocab_size", vocab_size},
+      {"hidden_size", hidden_size},
+      {"intermediate_size", intermediate_size},
+      {"num_hidden_layers", num_hidden_layers},
+      {"num_attention_heads", num_attention_heads},
+      {"num_key_value_heads", num_key_value_heads},
+      {"max_position_embeddings", max_position_embeddings}};
+  for (const auto& [name, value] : sizes) {
+    if (value <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("LlamaConfig.", name, " must be positive, got ", value));
+    }
+  }
+  if (hidden_size % num_attention_heads != 0 || (hidden_size / num_attention_heads) % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LlamaConfig.hidden_size (", hidden_size, ") must be LlamaConfig.num_attention_heads (",
+        num_attention_heads, ") times an even head width (the rotary embedding turns pairs)"));
+  }
+  if (num_attention_heads % num_key_value_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LlamaConfig.num_key_value_heads (", num_key_value_heads,
+        ") must divide LlamaConfig.num_attention_heads (", num_attention_heads, ")"));
+  }
+  if (!(std::isfinite(rms_norm_eps) && rms_norm_eps >= 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LlamaConfig.rms_norm_eps must be finite and >= 0, got ", rms_norm_eps));
+  }
+  if (!(std::isfinite(rope_theta) && rope_theta > 0.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LlamaConfig.rope_theta must be finite and > 0, got ", rope_theta));
+  }
+  if (!(std::isfinite(initializer_range) && initializer_range >= 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LlamaConfig.initializer_range must be finite and >= 0, got ", initializer_range));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// a + b into a fresh activation on their device (a residual connection of `m`).
+absl::StatusOr<core::Tensor> Residual(const core::Module& m, const core::Tensor& a,
+                                      const core::Tensor& b) {
+  if (a.shape() != b.shape()) {
+    return internal::ModuleError(
+        m, absl::StrCat("residual operands differ: ", a.ToString(), " and ", b.ToString()));
+  }
+  RETURN_IF_ERROR(internal::CheckDevice(m, b, "residual operand", a.device(), "the other"));
+  ASSIGN_OR_RETURN(core::Tensor out, internal::NewActivation(a.shape(), a.device()));
+  RETURN_IF_ERROR(AddTensors(internal::What(m), a, b, out));
+  return out;
+}
+
+}  // namespace
+
+LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config, uint64_t seed) {
+  const int64_t C = config.hidden_size;
+  input_layernorm_ =
+      RegisterModule("input_layernorm", std::make_shared<RmsNorm>(C, config.rms_norm_eps));
+  self_attn_ = RegisterModule(
+      "self_attn", std::make_shared<GroupedQueryAttention>(
+                       C, config.num_attention_heads, config.num_key_value_heads,
+                       config.rope_theta, DeriveSeed(seed, 0)));
+  post_attention_layernorm_ = RegisterModule("post_attention_layernorm",
+                                             std::make_shared<RmsNorm>(C, config.rms_norm_eps));
+  mlp_ = RegisterModule(
+      "mlp", std::make_shared<SwiGluMlp>(C, config.intermediate_size, DeriveSeed(seed, 1)));
+}
+
+absl::StatusOr<core::Tensor> LlamaDecoderLayer::ForwardImpl(const core::Tensor& x) {
+  ASSIGN_OR_RETURN(core::Tensor a, input_layernorm_->Forward(x));
+  ASSIGN_OR_RETURN(a, self_attn_->Forward(a));
+  ASSIGN_OR_RETURN(core::Tensor h, Residual(*this, x, a));
+  ASSIGN_OR_RETURN(core::Tensor m, post_attention_layernorm_->Forward(h));
+  ASSIGN_OR_RETURN(m, mlp_->Forward(m));
+  ASSIGN_OR_RETURN(core::Tensor y, Residual(*this, h, m));
+  input_shape_ = x.shape();
+  return y;
+}
+
+absl::StatusOr<core::Tensor> LlamaDecoderLayer::BackwardImpl(const core::Tensor& grad_output) {
+  RETURN_IF_ERROR(
+      internal::CheckGradOutput(*this, !input_shape_.empty(), input_shape_, grad_output));
+  // y = h + mlp(norm(h)): dL/dh = g + norm'(mlp'(g)).
+  ASSIGN_OR_RETURN(core::Tensor gm, mlp_->Backward(grad_output));
+  ASSIGN_OR_RETURN(gm, post_attention_layernorm_->Backward(gm));
+  ASSIGN_OR_RETURN(core::Tensor gh, Residual(*this, grad_output, gm));
+  // h = x + attn(norm(x)): dL/dx = gh + norm'(attn'(gh)).
+  ASSIGN_OR_RETURN(core::Tensor ga, self_attn_->Backward(gh));
+  ASSIGN_OR_RETURN(ga, input_layernorm_->Backward(ga));
+  ASSIGN_OR_RETURN(core::Tensor gx, Residual(*this, gh, ga));
+  input_shape_.clear();
+  return gx;
+}
+
+absl::StatusOr<std::shared_ptr<Llama>> Llama::Create(const LlamaConfig& config) {
+  RETURN_IF_ERROR(config.Validate());
+  // The largest weights' element counts must be int64s (sizes come from user configs); an
+  // allocation that fails beyond that is reported by ConstructionStatus below.
+  int64_t numel;
+  if (__builtin_mul_overflow(config.vocab_size, config.hidden_size, &numel) ||
+      __builtin_mul_overflow(config.intermediate_size, config.hidden_size, &numel) ||
+      __builtin_mul_overflow(config.hidden_size, config.hidden_size, &numel)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "LlamaConfig (vocab_size=", config.vocab_size, ", hidden_size=", config.hidden_size,
+        ", intermediate_size=", config.intermediate_size,
+        "): a weight's element count overflows int64"));
+  }
+  std::shared_ptr<Llama> llama(new Llama(config));
+  absl::Status allocated = llama->ConstructionStatus();
+  if (!allocated.ok()) {
+    return absl::Status(allocated.code(), absl::StrCat("Llama: ", allocated.message()));
+  }
+  llama->InitializeWeights();
+  return llama;
+}
+
+Llama::Llama(const LlamaConfig& config) : config_(config) {
+  const int64_t C = config.hidden_size;
+  embed_tokens_ = RegisterModule(
+      "embed_tokens", std::make_shared<Embedding>(config.vocab_size, C, DeriveSeed(config.seed, 0)));
+  std::vector<std::shared_ptr<core::Module>> layers;
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    layers.push_back(std::make_shared<LlamaDecoderLayer>(
+        config, DeriveSeed(config.seed, 2 + static_cast<uint64_t>(l))));
+  }
+  layers_ = RegisterModule("layers", Sequential::Make(std::move(layers)));
+  // Every layer reads one set of rotary tables (they depend on T, the head width and theta).
+  auto rotary = std::make_shared<RotaryTables>();
+  for (const auto& layer : layers_->modules()) {
+    static_cast<LlamaDecoderLayer&>(*layer).self_attn()->set_rotary_tables(rotary);
+  }
+  norm_ = RegisterModule("norm", std::make_shared<RmsNorm>(C, config.rms_norm_eps));
+  lm_head_ = RegisterModule(
+      "lm_head", config.tie_word_embeddings
+                     ? Linear::Tied(embed_tokens_->weight(), /*bias=*/false)
+                     : std::make_shared<Linear>(C, config.vocab_size, /*bias=*/false,
+                                                DeriveSeed(config.seed, 1)));
+}
+
+void Llama::InitializeWeights() {
+  const float stddev = config_.initializer_range;
+  for (const core::NamedModule& named : NamedModules()) {
+    core::Module* module = named.second.get();
+    // Recipes (NOTE [Deferred initialisation] in core/param_init.h): filled now, or when a
+    // deferred model's shards are made. fp32 CPU or deferred: cannot fail. RmsNorm weights
+    // keep their constructor's recipe, 1.
+    if (auto* emb = dynamic_cast<Embedding*>(module)) {
+      (void)core::InitParameter(*emb->weight(),
+                                core::ParamInit::Normal(emb->seed(), 0, 0.0f, stddev));
+    } else if (auto* linear = dynamic_cast<Linear*>(module)) {
+      if (linear->weight() == embed_tokens_->weight()) continue;  // tied: initialised as it
+      (void)core::InitParameter(*linear->weight(),
+                                core::ParamInit::Normal(linear->seed(), 0, 0.0f, stddev));
+    }
+  }
+}
+
+absl::StatusOr<core::Tensor> Llama::ForwardImpl(const core::Tensor& tokens) {
+  RETURN_IF_ERROR(internal::CheckTensor(*this, tokens, core::DType::kInt32, "input tokens"));
+  if (tokens.dim() != 2) {
+    return internal::ModuleError(*this, absl::StrCat("input tokens must be [B, T], got ",
+                                                     core::ShapeToString(tokens.shape())));
+  }
+  if (tokens.size(1) > config_.max_position_embeddings) {
+    return internal::ModuleError(
+        *this, absl::StrCat("sequence length ", tokens.size(1), " of input ",
+                            core::ShapeToString(tokens.shape()),
+                            " exceeds LlamaConfig.max_position_embeddings ",
+                            config_.max_position_embeddings));
+  }
+  ASSIGN_OR_RETURN(core::Tensor x, embed_tokens_->Forward(tokens));
+  ASSIGN_OR_RETURN(x, layers_->Forward(x));
+  ASSIGN_OR_RETURN(x, norm_->Forward(x));
+  ASSIGN_OR_RETURN(core::Tensor logits, lm_head_->Forward(x));
+  token_shape_ = tokens.shape();
+  return logits;
+}
+
+absl::StatusOr<core::Tensor> Llama::BackwardImpl(const core::Tensor& grad_output) {
+  const bool have_cache = !token_shape_.empty();
+  RETURN_IF_ERROR(internal::CheckGradOutput(
+      *this, have_cache,
+      have_cache ? core::Shape{token_shape_[0], token_shape_[1], config_.vocab_size}
+                 : core::Shape{},
+      grad_output, logits_grad_dtype() == core::DType::kBFloat16));
+  ASSIGN_OR_RETURN(core::Tensor g, lm_head_->Backward(grad_output));
+  ASSIGN_OR_RETURN(g, norm_->Backward(g));
+  ASSIGN_OR_RETURN(g, layers_->Backward(g));
+  RETURN_IF_ERROR(embed_tokens_->Backward(g).status());
+  token_shape_.clear();
+  return core::Tensor();
+}
+
+}  // namespace nn

@@ -1,0 +1,248 @@
+// The Llama layers' ops of nn/tensor_ops.h: RMSNorm, silu(a) * b and the rotary packing of
+// grouped q, k, v. Each checks its tensors, records its op and calls the CPU launcher
+// (kernels/cpu/kernels.h) or the CUDA one (kernels/cuda/kernels.h), as tensor_ops.cc does.
+#include <cstdint>
+#include <initializer_list>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "kernels/cpu/kernels.h"
+#include "nn/internal/op_checks.h"
+#include "nn/internal/op_costs.h"
+#include "nn/tensor_ops.h"
+
+#ifdef FSDP_WITH_CUDA
+#include "kernels/cuda/kernels.h"
+#endif
+
+namespace nn {
+namespace {
+
+namespace kcpu = ::kernels::cpu;
+using core::DType;
+using core::OpCategory;
+using core::ProfiledOp;
+using core::Tensor;
+using internal::Arg;
+using internal::CheckDevices;
+using internal::CheckDType;
+using internal::CheckElementwiseF32;
+using internal::CheckNumel;
+using internal::CheckWeightDType;
+using internal::F32;
+using internal::IsBf16;
+using internal::MutF32;
+#ifdef FSDP_WITH_CUDA
+namespace kc = ::kernels::cuda;
+#endif
+
+// InvalidArgument unless every output starts at another address than every other tensor
+// in `args` (the callers pass whole tensors, so distinct starts mean no overlap).
+absl::Status CheckOutputsDistinct(absl::string_view what, std::initializer_list<Arg> outputs,
+                                  std::initializer_list<Arg> args) {
+  for (const Arg& out : outputs) {
+    for (const Arg& other : args) {
+      if (out.tensor != other.tensor && out.tensor->raw_data() == other.tensor->raw_data() &&
+          out.tensor->numel() > 0) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": ", out.name, " and ", other.name,
+                                                       " must be different tensors"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The rows and columns of an RMSNorm over w.numel() columns of `x`.
+absl::StatusOr<int64_t> RmsNormRows(absl::string_view what, const Tensor& x, const Tensor& w) {
+  RETURN_IF_ERROR(CheckWeightDType(what, "weight", w));
+  const int64_t cols = w.numel();
+  if (cols == 0 || x.numel() % cols != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": weight ", w.ToString(), " does not tile input ", x.ToString()));
+  }
+  return x.numel() / cols;
+}
+
+}  // namespace
+
+absl::Status RmsNormForward(absl::string_view what, const Tensor& x, const Tensor& w, float eps,
+                            const Tensor& y, const Tensor& xhat, const Tensor& rstd) {
+  RETURN_IF_ERROR(CheckDevices(what, {{"input", &x}, {"weight", &w}, {"output", &y},
+                                      {"normalised input", &xhat}, {"rstd", &rstd}}));
+  RETURN_IF_ERROR(CheckElementwiseF32(what, {{"input", &x}, {"output", &y},
+                                             {"normalised input", &xhat}}));
+  ASSIGN_OR_RETURN(const int64_t rows, RmsNormRows(what, x, w));
+  RETURN_IF_ERROR(CheckDType(what, "rstd", rstd, DType::kFloat32));
+  RETURN_IF_ERROR(CheckNumel(what, "rstd", rstd, rows));
+  const int64_t cols = w.numel();
+  ProfiledOp op(OpCategory::kNorm, "rmsnorm.forward", x.device(),
+                internal::RmsNormForwardCost(rows, cols, core::DTypeSize(w.dtype())));
+  if (x.device().is_cuda()) {
+    NN_ON_CUDA(x.device(), what, "RMSNorm forward",
+               kc::RmsNormForward(F32(x), w.raw_data(), IsBf16(w), eps, MutF32(y), MutF32(xhat),
+                                  MutF32(rstd), rows, cols));
+  }
+  kcpu::RmsNormForward(F32(x), w.raw_data(), IsBf16(w), eps, MutF32(y), MutF32(xhat),
+                       MutF32(rstd), rows, cols);
+  return absl::OkStatus();
+}
+
+absl::Status RmsNormBackward(absl::string_view what, const Tensor& g, const Tensor& xhat,
+                             const Tensor& rstd, const Tensor& w, const Tensor& gx) {
+  RETURN_IF_ERROR(CheckDevices(what, {{"grad_output", &g}, {"normalised input", &xhat},
+                                      {"rstd", &rstd}, {"weight", &w}, {"grad_input", &gx}}));
+  RETURN_IF_ERROR(CheckElementwiseF32(what, {{"grad_output", &g}, {"normalised input", &xhat},
+                                             {"grad_input", &gx}}));
+  ASSIGN_OR_RETURN(const int64_t rows, RmsNormRows(what, g, w));
+  RETURN_IF_ERROR(CheckDType(what, "rstd", rstd, DType::kFloat32));
+  RETURN_IF_ERROR(CheckNumel(what, "rstd", rstd, rows));
+  const int64_t cols = w.numel();
+  ProfiledOp op(OpCategory::kNorm, "rmsnorm.backward", g.device(),
+                internal::RmsNormBackwardCost(rows, cols, core::DTypeSize(w.dtype())));
+  if (g.device().is_cuda()) {
+    NN_ON_CUDA(g.device(), what, "RMSNorm backward",
+               kc::RmsNormBackwardInput(F32(g), F32(xhat), F32(rstd), w.raw_data(), IsBf16(w),
+                                        MutF32(gx), rows, cols));
+  }
+  kcpu::RmsNormBackwardInput(F32(g), F32(xhat), F32(rstd), w.raw_data(), IsBf16(w), MutF32(gx),
+                             rows, cols);
+  return absl::OkStatus();
+}
+
+absl::Status SiluMulForward(absl::string_view what, const Tensor& a, const Tensor& b,
+                            const Tensor& h) {
+  RETURN_IF_ERROR(CheckElementwiseF32(what, {{"gate", &a}, {"up", &b}, {"output", &h}}));
+  RETURN_IF_ERROR(CheckOutputsDistinct(what, {{"output", &h}}, {{"gate", &a}, {"up", &b}}));
+  const int64_t n = a.numel();
+  ProfiledOp op(OpCategory::kElementwise, "silu_mul.forward", a.device(),
+                internal::SiluMulForwardCost(n));
+  if (a.device().is_cuda()) {
+    NN_ON_CUDA(a.device(), what, "silu(gate) * up",
+               kc::SiluMulForward(F32(a), F32(b), MutF32(h), n));
+  }
+  kcpu::SiluMulForward(F32(a), F32(b), MutF32(h), n);
+  return absl::OkStatus();
+}
+
+absl::Status SiluMulBackward(absl::string_view what, const Tensor& a, const Tensor& b,
+                             const Tensor& gh, const Tensor& ga, const Tensor& gb) {
+  RETURN_IF_ERROR(CheckElementwiseF32(what, {{"gate", &a}, {"up", &b}, {"grad_output", &gh},
+                                             {"gate gradient", &ga}, {"up gradient", &gb}}));
+  RETURN_IF_ERROR(CheckOutputsDistinct(
+      what, {{"gate gradient", &ga}, {"up gradient", &gb}},
+      {{"gate", &a}, {"up", &b}, {"grad_output", &gh}, {"gate gradient", &ga},
+       {"up gradient", &gb}}));
+  const int64_t n = a.numel();
+  ProfiledOp op(OpCategory::kElementwise, "silu_mul.backward", a.device(),
+                internal::SiluMulBackwardCost(n));
+  if (a.device().is_cuda()) {
+    NN_ON_CUDA(a.device(), what, "silu(gate) * up backward",
+               kc::SiluMulBackward(F32(a), F32(b), F32(gh), MutF32(ga), MutF32(gb), n));
+  }
+  kcpu::SiluMulBackward(F32(a), F32(b), F32(gh), MutF32(ga), MutF32(gb), n);
+  return absl::OkStatus();
+}
+
+namespace {
+
+// The sizes of the rotary packing, checked.
+struct PackDims {
+  int64_t rows = 0, T = 0, H = 0, KV = 0, D = 0;
+};
+
+// q [B, T, C] (C = H * D, D even), k and v [B, T, KV * D], cos and sin [>= T, D / 2]
+// (any shape of that many elements), qkv [B, T, 3C]; all fp32 on one device. `q` and
+// `k` name the q and k shaped tensors in messages.
+absl::StatusOr<PackDims> CheckPack(absl::string_view what, const char* q_name, const Tensor& q,
+                                   const char* k_name, const Tensor& k, const char* v_name,
+                                   const Tensor& v, const Tensor& cos, const Tensor& sin,
+                                   int64_t n_head, int64_t n_kv_head, const char* qkv_name,
+                                   const Tensor& qkv) {
+  RETURN_IF_ERROR(CheckDevices(what, {{q_name, &q}, {k_name, &k}, {v_name, &v}, {"cos", &cos},
+                                      {"sin", &sin}, {qkv_name, &qkv}}));
+  for (const Arg& a : {Arg{q_name, &q}, Arg{k_name, &k}, Arg{v_name, &v}, Arg{"cos", &cos},
+                       Arg{"sin", &sin}, Arg{qkv_name, &qkv}}) {
+    RETURN_IF_ERROR(CheckDType(what, a.name, *a.tensor, DType::kFloat32));
+  }
+  if (n_head <= 0 || n_kv_head <= 0 || n_head % n_kv_head != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": n_head (", n_head,
+                                                   ") must be a positive multiple of n_kv_head (",
+                                                   n_kv_head, ")"));
+  }
+  if (q.dim() != 3 || q.size(2) % n_head != 0 || (q.size(2) / n_head) % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", q_name, " must be [B, T, n_head * D] with D even (n_head ",
+                     n_head, "), got ", q.ToString()));
+  }
+  PackDims d;
+  d.T = q.size(1);
+  d.rows = q.size(0) * d.T;
+  d.H = n_head;
+  d.KV = n_kv_head;
+  d.D = q.size(2) / n_head;
+  const core::Shape kv_shape = {q.size(0), d.T, d.KV * d.D};
+  const core::Shape qkv_shape = {q.size(0), d.T, 3 * d.H * d.D};
+  for (const auto& [name, t, shape] :
+       {std::make_tuple(k_name, &k, kv_shape), std::make_tuple(v_name, &v, kv_shape),
+        std::make_tuple(qkv_name, &qkv, qkv_shape)}) {
+    if (t->shape() != shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": ", name, " must be ", core::ShapeToString(shape), ", got ", t->ToString()));
+    }
+  }
+  const int64_t half = d.D / 2;
+  for (const Arg& a : {Arg{"cos", &cos}, Arg{"sin", &sin}}) {
+    if (a.tensor->numel() % half != 0 || a.tensor->numel() / half < d.T) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", a.name, " ", a.tensor->ToString(),
+                                                     " must hold at least ", d.T, " rows of ",
+                                                     half));
+    }
+  }
+  return d;
+}
+
+}  // namespace
+
+absl::Status RotaryPackQkv(absl::string_view what, const Tensor& q, const Tensor& k,
+                           const Tensor& v, const Tensor& cos, const Tensor& sin, int64_t n_head,
+                           int64_t n_kv_head, const Tensor& qkv) {
+  ASSIGN_OR_RETURN(const PackDims d, CheckPack(what, "q", q, "k", k, "v", v, cos, sin, n_head,
+                                               n_kv_head, "q, k and v", qkv));
+  RETURN_IF_ERROR(CheckOutputsDistinct(what, {{"q, k and v", &qkv}},
+                                       {{"q", &q}, {"k", &k}, {"v", &v}}));
+  ProfiledOp op(OpCategory::kElementwise, "rotary_pack.forward", q.device(),
+                internal::RotaryPackCost(d.rows, d.H * d.D, d.KV * d.D));
+  if (q.device().is_cuda()) {
+    NN_ON_CUDA(q.device(), what, "rotary packing of q, k, v",
+               kc::RotaryPackQkv(F32(q), F32(k), F32(v), F32(cos), F32(sin), MutF32(qkv), d.rows,
+                                 d.T, d.H, d.KV, d.D));
+  }
+  kcpu::RotaryPackQkv(F32(q), F32(k), F32(v), F32(cos), F32(sin), MutF32(qkv), d.rows, d.T, d.H,
+                      d.KV, d.D);
+  return absl::OkStatus();
+}
+
+absl::Status RotaryPackQkvBackward(absl::string_view what, const Tensor& gqkv, const Tensor& cos,
+                                   const Tensor& sin, int64_t n_head, int64_t n_kv_head,
+                                   const Tensor& gq, const Tensor& gk, const Tensor& gv) {
+  ASSIGN_OR_RETURN(const PackDims d, CheckPack(what, "q gradient", gq, "k gradient", gk,
+                                               "v gradient", gv, cos, sin, n_head, n_kv_head,
+                                               "q, k and v gradient", gqkv));
+  RETURN_IF_ERROR(CheckOutputsDistinct(
+      what, {{"q gradient", &gq}, {"k gradient", &gk}, {"v gradient", &gv}},
+      {{"q gradient", &gq}, {"k gradient", &gk}, {"v gradient", &gv},
+       {"q, k and v gradient", &gqkv}}));
+  ProfiledOp op(OpCategory::kElementwise, "rotary_pack.backward", gqkv.device(),
+                internal::RotaryPackCost(d.rows, d.H * d.D, d.KV * d.D));
+  if (gqkv.device().is_cuda()) {
+    NN_ON_CUDA(gqkv.device(), what, "rotary packing backward",
+               kc::RotaryPackQkvBackward(F32(gqkv), F32(cos), F32(sin), MutF32(gq), MutF32(gk),
+                                         MutF32(gv), d.rows, d.T, d.H, d.KV, d.D));
+  }
+  kcpu::RotaryPackQkvBackward(F32(gqkv), F32(cos), F32(sin), MutF32(gq), MutF32(gk), MutF32(gv),
+                              d.rows, d.T, d.H, d.KV, d.D);
+  return absl::OkStatus();
+}
+
+}  // namespace nn

@@ -1,0 +1,358 @@
+#include "nn/llama.h"
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/param_init.h"
+#include "core/random.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nn/losses.h"
+#include "nn/testing/gradcheck.h"
+#include "nn/to_device.h"
+
+namespace nn {
+namespace {
+
+using ::testing::HasSubstr;
+
+core::Tensor RandomTokens(int64_t B, int64_t T, int64_t V, uint64_t seed) {
+  core::Rng rng(seed);
+  std::vector<int32_t> ids(B * T);
+  for (int32_t& id : ids) id = static_cast<int32_t>(rng.UniformInt(V));
+  return core::Tensor::FromInts(ids, {B, T}).value();
+}
+
+std::shared_ptr<Llama> MakeLlama(const LlamaConfig& config) {
+  absl::StatusOr<std::shared_ptr<Llama>> llama = Llama::Create(config);
+  EXPECT_TRUE(llama.ok()) << llama.status();
+  return llama.ok() ? *llama : nullptr;
+}
+
+// 2 layers, 4 query heads sharing 2 kv heads of width 4.
+LlamaConfig Tiny() {
+  LlamaConfig c;
+  c.vocab_size = 11;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 8;
+  c.seed = 3;
+  return c;
+}
+
+double Std(const std::vector<float>& v) {
+  double s = 0.0, s2 = 0.0;
+  for (float x : v) {
+    s += x;
+    s2 += static_cast<double>(x) * x;
+  }
+  const double mean = s / v.size();
+  return std::sqrt(s2 / v.size() - mean * mean);
+}
+
+// Every parameter gradient of `m`, in NamedParameters order.
+std::vector<std::vector<float>> Grads(core::Module& m) {
+  std::vector<std::vector<float>> out;
+  for (const auto& [name, p] : m.NamedParameters()) out.push_back(p->grad.ToVector());
+  return out;
+}
+
+TEST(LlamaConfigTest, ValidateNamesTheField) {
+  EXPECT_TRUE(LlamaConfig().Validate().ok());
+  EXPECT_TRUE(Tiny().Validate().ok());
+  using Set = std::function<void(LlamaConfig*)>;
+  for (const auto& [field, set] : std::vector<std::pair<std::string, Set>>{
+           {"vocab_size", [](LlamaConfig* c) { c->vocab_size = 0; }},
+           {"hidden_size", [](LlamaConfig* c) { c->hidden_size = -4; }},
+           {"intermediate_size", [](LlamaConfig* c) { c->intermediate_size = 0; }},
+           {"num_hidden_layers", [](LlamaConfig* c) { c->num_hidden_layers = 0; }},
+           {"num_attention_heads", [](LlamaConfig* c) { c->num_attention_heads = 0; }},
+           {"num_key_value_heads", [](LlamaConfig* c) { c->num_key_value_heads = 0; }},
+           {"max_position_embeddings", [](LlamaConfig* c) { c->max_position_embeddings = 0; }},
+           {"hidden_size", [](LlamaConfig* c) { c->num_attention_heads = 3; }},
+           {"hidden_size", [](LlamaConfig* c) { c->num_attention_heads = 64; }},  // width 1: odd
+           {"num_key_value_heads", [](LlamaConfig* c) { c->num_key_value_heads = 3; }},
+           {"rms_norm_eps", [](LlamaConfig* c) { c->rms_norm_eps = -1.0f; }},
+           {"rope_theta", [](LlamaConfig* c) { c->rope_theta = 0.0; }},
+           {"rope_theta", [](LlamaConfig* c) { c->rope_theta = NAN; }},
+           {"initializer_range", [](LlamaConfig* c) { c->initializer_range = -0.02f; }}}) {
+    LlamaConfig c;
+    set(&c);
+    const absl::Status v = c.Validate();
+    EXPECT_EQ(v.code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_THAT(std::string(v.message()), HasSubstr("LlamaConfig." + field));
+    absl::StatusOr<std::shared_ptr<Llama>> llama = Llama::Create(c);
+    EXPECT_EQ(llama.status(), v);
+  }
+}
+
+TEST(LlamaTest, ModelsThatCannotBeAllocatedAreResourceExhausted) {
+  LlamaConfig overflow;
+  overflow.vocab_size = int64_t{1} << 60;
+  overflow.hidden_size = int64_t{1} << 20;
+  absl::StatusOr<std::shared_ptr<Llama>> llama = Llama::Create(overflow);
+  EXPECT_EQ(llama.status().code(), absl::StatusCode::kResourceExhausted) << llama.status();
+  EXPECT_THAT(std::string(llama.status().message()), HasSubstr("overflows int64"));
+  // A CPU allocator with a 1 MiB limit refuses a 64M-float embedding, naming it.
+  auto small = std::make_shared<core::Allocator>(core::Device::Cpu());
+  small->SetLimit(1 << 20);
+  core::ScopedAllocator scope(small);
+  LlamaConfig big;
+  big.vocab_size = 1 << 20;
+  llama = Llama::Create(big);
+  EXPECT_EQ(llama.status().code(), absl::StatusCode::kResourceExhausted) << llama.status();
+  EXPECT_THAT(std::string(llama.status().message()), HasSubstr("embed_tokens"));
+}
+
+TEST(LlamaTest, ParameterNamesFollowHuggingFaceWithoutTheModelPrefix) {
+  for (bool tied : {false, true}) {
+    LlamaConfig c = Tiny();
+    c.tie_word_embeddings = tied;
+    std::shared_ptr<Llama> llama = MakeLlama(c);
+    ASSERT_NE(llama, nullptr);
+    std::vector<std::string> names;
+    for (const auto& [name, p] : llama->NamedParameters()) names.push_back(name);
+    std::vector<std::string> expected = {"embed_tokens.weight"};
+    for (int l = 0; l < 2; ++l) {
+      const std::string b = "layers." + std::to_string(l) + ".";
+      for (const char* n :
+           {"input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+            "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+            "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+            "mlp.down_proj.weight"}) {
+        expected.push_back(b + n);
+      }
+    }
+    expected.push_back("norm.weight");
+    if (!tied) expected.push_back("lm_head.weight");
+    EXPECT_EQ(names, expected);
+    EXPECT_EQ(llama->lm_head()->weight() == llama->embed_tokens()->weight(), tied);
+    EXPECT_EQ(llama->lm_head()->bias(), nullptr);
+    std::vector<std::string> children;
+    for (const auto& [name, m] : llama->NamedChildren()) children.push_back(name);
+    EXPECT_EQ(children,
+              (std::vector<std::string>{"embed_tokens", "layers", "norm", "lm_head"}));
+    EXPECT_EQ(llama->layers()->modules()[0]->TypeName(), "LlamaDecoderLayer");
+    // One set of rotary tables for every layer.
+    auto attn = [&](int l) {
+      return static_cast<LlamaDecoderLayer&>(*llama->layers()->modules()[l]).self_attn();
+    };
+    EXPECT_EQ(attn(0)->rotary_tables(), attn(1)->rotary_tables());
+    EXPECT_EQ(llama->TypeName(), "Llama");
+    // V C (+ V C untied) + L (2 C + C^2 + 2 C (KV D) + C^2 + 3 C I) + C, with C 16, KV D 8, I 24.
+    const int64_t layer = 2 * 16 + 16 * 16 + 2 * 16 * 8 + 16 * 16 + 3 * 16 * 24;
+    EXPECT_EQ(llama->NumParameterElements(), 11 * 16 * (tied ? 1 : 2) + 2 * layer + 16);
+  }
+}
+
+TEST(LlamaTest, InitFollowsHuggingFaceAndIsDeterministicPerSeed) {
+  LlamaConfig c;  // the default: 64 wide, 2 layers
+  c.seed = 11;
+  std::shared_ptr<Llama> a = MakeLlama(c), b = MakeLlama(c);
+  c.seed = 12;
+  std::shared_ptr<Llama> other = MakeLlama(c);
+  const auto pa = a->NamedParameters(), pb = b->NamedParameters(), po = other->NamedParameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    const std::string& name = pa[i].first;
+    const std::vector<float> v = pa[i].second->data.ToVector();
+    EXPECT_EQ(v, pb[i].second->data.ToVector()) << name;
+    if (name.find("norm") != std::string::npos) {
+      for (float x : v) ASSERT_EQ(x, 1.0f) << name;
+    } else {
+      EXPECT_NE(v, po[i].second->data.ToVector()) << name;
+      // N(0, 0.02): the sample std of n >= 2048 draws is within 8% (5 sigma).
+      EXPECT_NEAR(Std(v), 0.02, 0.08 * 0.02) << name;
+    }
+  }
+  // Layers and projections draw from their own streams.
+  const auto& layers = a->layers()->modules();
+  EXPECT_NE(layers[0]->NamedParameters()[1].second->data.ToVector(),
+            layers[1]->NamedParameters()[1].second->data.ToVector());
+}
+
+// NOTE [Deferred initialisation]: built under a DeferredInitScope the model holds no
+// parameter memory and refuses to run; each recipe fills the bits the eager model holds.
+TEST(LlamaTest, DeferredInitRecipesGiveTheEagerBits) {
+  for (bool tied : {false, true}) {
+    LlamaConfig c = Tiny();
+    c.tie_word_embeddings = tied;
+    std::shared_ptr<Llama> eager = MakeLlama(c), deferred;
+    core::Allocator& cpu = *core::Allocator::Current(core::Device::Cpu());
+    const int64_t params_before = cpu.Stats().current(core::MemoryTag::kParam);
+    {
+      core::DeferredInitScope scope;
+      deferred = MakeLlama(c);
+    }
+    ASSERT_NE(deferred, nullptr);
+    EXPECT_EQ(cpu.Stats().current(core::MemoryTag::kParam), params_before);
+    const auto pe = eager->NamedParameters(), pd = deferred->NamedParameters();
+    ASSERT_EQ(pe.size(), pd.size());
+    for (size_t i = 0; i < pe.size(); ++i) {
+      ASSERT_TRUE(pd[i].second->deferred()) << pd[i].first;
+      ASSERT_NE(pd[i].second->init, nullptr) << pd[i].first;
+      core::Tensor filled = core::Tensor::Zeros(pd[i].second->data.shape());
+      ASSERT_TRUE(pd[i].second->init->Fill(filled, 0).ok());
+      EXPECT_EQ(filled.ToVector(), pe[i].second->data.ToVector()) << pd[i].first;
+    }
+    absl::StatusOr<core::Tensor> y = deferred->Forward(RandomTokens(1, 4, c.vocab_size, 1));
+    EXPECT_EQ(y.status().code(), absl::StatusCode::kFailedPrecondition) << y.status();
+    EXPECT_THAT(std::string(y.status().message()), HasSubstr("not materialized"));
+  }
+}
+
+TEST(LlamaTest, ForwardShapesAndCausality) {
+  std::shared_ptr<Llama> llama = MakeLlama(Tiny());
+  ASSERT_NE(llama, nullptr);
+  gradcheck::RandomizeParameters(*llama, 2, 0.0f, 0.3f);
+  const int64_t V = 11, T = 6;
+  core::Tensor tokens = RandomTokens(2, T, V, 1);
+  absl::StatusOr<core::Tensor> logits = llama->Forward(tokens);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  EXPECT_EQ(logits->shape(), (core::Shape{2, T, V}));
+  const std::vector<float> before = logits->ToVector();
+  // Change the last two tokens of sequence 0: logits at t <= 3 must not move.
+  for (int t = 4; t < T; ++t) {
+    int32_t& id = tokens.data<int32_t>()[t];
+    id = (id + 1) % V;
+  }
+  const std::vector<float> after = llama->Forward(tokens).value().ToVector();
+  for (int t = 0; t < T; ++t) {
+    bool same = true;
+    for (int v = 0; v < V; ++v) same &= after[t * V + v] == before[t * V + v];
+    EXPECT_EQ(same, t <= 3) << "t=" << t;
+  }
+  for (int64_t i = T * V; i < 2 * T * V; ++i) EXPECT_EQ(after[i], before[i]);  // sequence 1
+}
+
+TEST(LlamaTest, DecoderLayerBackwardMatchesFiniteDifferences) {
+  LlamaDecoderLayer layer(Tiny(), 5);
+  gradcheck::RandomizeParameters(layer, 6, 0.0f, 0.4f);
+  absl::StatusOr<gradcheck::Report> r =
+      gradcheck::CheckModule(layer, gradcheck::RandomTensor({2, 5, 16}, 7), {});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->ok()) << r->ToString();
+  EXPECT_EQ(r->num_checked, 2 * 5 * 16 + layer.NumParameterElements());
+  EXPECT_GT(r->max_abs_numeric, 0.5);
+}
+
+TEST(LlamaTest, BackwardMatchesFiniteDifferences) {
+  for (bool tied : {false, true}) {
+    LlamaConfig c = Tiny();
+    c.tie_word_embeddings = tied;
+    std::shared_ptr<Llama> llama = MakeLlama(c);
+    ASSERT_NE(llama, nullptr);
+    // Weights N(0, 0.3) rather than 0.02, so gradients below the head are O(0.1..1) (see
+    // GptTest.BackwardMatchesFiniteDifferences).
+    gradcheck::RandomizeParameters(*llama, 9, 0.0f, 0.3f);
+    absl::StatusOr<gradcheck::Report> r =
+        gradcheck::CheckModule(*llama, RandomTokens(2, 5, c.vocab_size, 2), {});
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->ok()) << r->ToString();
+    EXPECT_EQ(r->num_checked, llama->NumParameterElements());
+    EXPECT_GT(r->max_abs_numeric, 0.5);
+  }
+}
+
+// NOTE [Activation checkpointing] (core/module.h): a checkpointed decoder layer, alone or
+// as every layer of the model, gives the plain run's gradients bit for bit, and the model
+// holds fewer activation bytes after its forward.
+TEST(LlamaTest, CheckpointedLayersGiveThePlainGradientsBitForBit) {
+  {
+    LlamaDecoderLayer plain(Tiny(), 4), checkpointed(Tiny(), 4);
+    checkpointed.set_checkpoint_activations(true);
+    const core::Tensor x = gradcheck::RandomTensor({2, 6, 16}, 1);
+    const core::Tensor g = gradcheck::RandomTensor({2, 6, 16}, 2);
+    std::vector<std::vector<float>> out[2];
+    int k = 0;
+    for (LlamaDecoderLayer* m : {&plain, &checkpointed}) {
+      absl::StatusOr<core::Tensor> y = m->Forward(x);
+      ASSERT_TRUE(y.ok()) << y.status();
+      absl::StatusOr<core::Tensor> gx = m->Backward(g);
+      ASSERT_TRUE(gx.ok()) << gx.status();
+      out[k] = Grads(*m);
+      out[k].push_back(y->ToVector());
+      out[k].push_back(gx->ToVector());
+      ++k;
+    }
+    EXPECT_EQ(out[1], out[0]);
+  }
+  const LlamaConfig c = Tiny();
+  std::shared_ptr<Llama> plain = MakeLlama(c), checkpointed = MakeLlama(c);
+  for (const auto& layer : checkpointed->layers()->modules()) {
+    layer->set_checkpoint_activations(true);
+  }
+  const core::Tensor tokens = RandomTokens(3, 8, c.vocab_size, 3);
+  const core::Tensor targets = RandomTokens(3, 8, c.vocab_size, 4);
+  core::Allocator& cpu = *core::Allocator::Current(core::Device::Cpu());
+  std::vector<std::vector<float>> grads[2];
+  int64_t held[2] = {0, 0};
+  int k = 0;
+  for (const std::shared_ptr<Llama>& model : {plain, checkpointed}) {
+    const int64_t before = cpu.Stats().current(core::MemoryTag::kActivation);
+    absl::StatusOr<core::Tensor> logits = model->Forward(tokens);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    held[k] = cpu.Stats().current(core::MemoryTag::kActivation) - before;
+    absl::StatusOr<LossResult> loss = CrossEntropyLoss(*logits, targets);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    ASSERT_TRUE(model->Backward(loss->grad).ok());
+    grads[k++] = Grads(*model);
+  }
+  EXPECT_EQ(grads[1], grads[0]);
+  EXPECT_LT(held[1], held[0]);
+}
+
+// bf16 weights (FSDP mixed precision): the head wants the logits' gradient in bf16, and a
+// loss that writes it so gives every parameter gradient of the fp32 gradient bit for bit
+// (GptTest.Bf16LogitsGradientGivesTheBitsOfTheFp32One); the loss stays near the fp32 one.
+TEST(LlamaTest, Bf16WeightsTrainLikeGpt) {
+  LlamaConfig c = Tiny();
+  std::shared_ptr<Llama> ref = MakeLlama(c), a = MakeLlama(c), b = MakeLlama(c);
+  const core::Tensor tokens = RandomTokens(2, 6, c.vocab_size, 8);
+  const core::Tensor targets = RandomTokens(2, 6, c.vocab_size, 9);
+  absl::StatusOr<core::Tensor> l32 = ref->Forward(tokens);
+  ASSERT_TRUE(l32.ok()) << l32.status();
+  EXPECT_EQ(ref->logits_grad_dtype(), core::DType::kFloat32);
+  const float loss32 = CrossEntropyLoss(*l32, targets).value().loss;
+  std::vector<float> losses;
+  for (Llama* m : {a.get(), b.get()}) {
+    ASSERT_TRUE(ConvertParameters(*m, core::DType::kBFloat16).ok());
+    absl::StatusOr<core::Tensor> l = m->Forward(tokens);
+    ASSERT_TRUE(l.ok()) << l.status();
+    EXPECT_EQ(m->logits_grad_dtype(), core::DType::kBFloat16);
+    const core::DType want = m == a.get() ? core::DType::kFloat32 : m->logits_grad_dtype();
+    absl::StatusOr<LossResult> r = CrossEntropyLoss(*l, targets, want);
+    ASSERT_TRUE(r.ok()) << r.status();
+    losses.push_back(r->loss);
+    ASSERT_TRUE(m->Backward(r->grad).ok());
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_NEAR(losses[0], loss32, 1e-2);
+  EXPECT_EQ(Grads(*a), Grads(*b));
+}
+
+TEST(LlamaTest, BadInputsNameTheModuleAndOption) {
+  std::shared_ptr<Llama> llama = MakeLlama(Tiny());
+  ASSERT_NE(llama, nullptr);
+  absl::StatusOr<core::Tensor> y = llama->Forward(RandomTokens(1, 9, 11, 1));
+  EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(y.status().message()), HasSubstr("<root> (Llama)"));
+  EXPECT_THAT(std::string(y.status().message()), HasSubstr("max_position_embeddings 8"));
+  y = llama->Forward(core::Tensor::FromInts({1, 11}, {1, 2}).value());
+  EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(y.status().message()), HasSubstr("embed_tokens (Embedding)"));
+  EXPECT_THAT(std::string(y.status().message()), HasSubstr("id 11"));
+  y = llama->Forward(core::Tensor::FromInts({1, 2}, {2}).value());
+  EXPECT_THAT(std::string(y.status().message()), HasSubstr("[B, T]"));
+  EXPECT_EQ(llama->Backward(core::Tensor::Zeros({1, 2, 11})).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace nn

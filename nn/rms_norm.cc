@@ -1,0 +1,56 @@
+#include "nn/rms_norm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "nn/internal/validate.h"
+#include "nn/ops.h"
+#include "nn/tensor_ops.h"
+
+namespace nn {
+
+RmsNorm::RmsNorm(int64_t dim, float eps) : dim_(dim), eps_(eps) {
+  config_error_ = internal::PositiveOrMessage("dim", dim);
+  if (config_error_.empty() && !(std::isfinite(eps) && eps >= 0.0f)) {
+    config_error_ = absl::StrCat("eps must be finite and >= 0, got ", eps);
+  }
+  weight_ = AllocateParameter("weight", {std::max<int64_t>(dim, 0)});
+  (void)core::InitParameter(*weight_, core::ParamInit::Constant(1.0f));  // fp32 CPU: cannot fail
+}
+
+absl::StatusOr<core::Tensor> RmsNorm::ForwardImpl(const core::Tensor& x) {
+  if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
+  RETURN_IF_ERROR(internal::CheckLastDim(*this, x, dim_, "input"));
+  const core::Device device = x.device();
+  RETURN_IF_ERROR(internal::CheckParameter(*this, *weight_, "weight", {dim_}, device));
+  ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation(x.shape(), device));
+  ASSIGN_OR_RETURN(core::Tensor xhat, internal::NewActivation(x.shape(), device));
+  ASSIGN_OR_RETURN(core::Tensor rstd, internal::NewActivation({RowsOf(x.shape())}, device));
+  RETURN_IF_ERROR(
+      RmsNormForward(internal::What(*this), x, weight_->data, eps_, y, xhat, rstd));
+  xhat_ = std::move(xhat);
+  rstd_ = std::move(rstd);
+  return y;
+}
+
+absl::StatusOr<core::Tensor> RmsNorm::BackwardImpl(const core::Tensor& grad_output) {
+  RETURN_IF_ERROR(internal::CheckGradOutput(*this, xhat_.defined(), xhat_.shape(), grad_output));
+  const core::Device device = xhat_.device();
+  RETURN_IF_ERROR(internal::CheckDevice(*this, grad_output, "grad_output", device, "the input"));
+  RETURN_IF_ERROR(internal::CheckParameter(*this, *weight_, "weight", {dim_}, device));
+  ASSIGN_OR_RETURN(core::Tensor gx, internal::NewActivation(xhat_.shape(), device));
+  ASSIGN_OR_RETURN(core::Tensor gw, internal::GradTensor(*this, *weight_, "weight"));
+  const std::string what = internal::What(*this);
+  // dL/dx = rstd * (g w - xhat * mean(g w xhat)); dL/dw += sum over rows of g * xhat.
+  RETURN_IF_ERROR(RmsNormBackward(what, grad_output, xhat_, rstd_, weight_->data, gx));
+  if (gw.defined()) RETURN_IF_ERROR(AccumulateColumnSums(what, grad_output, xhat_, gw));
+  xhat_ = core::Tensor();
+  rstd_ = core::Tensor();
+  return gx;
+}
+
+}  // namespace nn

@@ -1,0 +1,56 @@
+// RmsNorm: root-mean-square normalisation over the last dimension, as Hugging Face's
+// LlamaRMSNorm (and torch.nn.RMSNorm with an affine weight): y = x / sqrt(mean(x^2) + eps)
+// * weight, the mean and the reciprocal root computed in fp32 (activations are fp32 here;
+// a bf16 weight is widened exactly).
+//
+//   auto norm = std::make_shared<nn::RmsNorm>(/*dim=*/512, /*eps=*/1e-6f);   // weight 1
+//   ASSIGN_OR_RETURN(core::Tensor y, norm->Forward(x));   // x [..., 512] -> same shape
+//   ASSIGN_OR_RETURN(core::Tensor gx, norm->Backward(gy));   // adds into weight()->grad
+#ifndef NN_RMS_NORM_H_
+#define NN_RMS_NORM_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/module.h"
+#include "core/parameter.h"
+#include "core/tensor.h"
+
+namespace nn {
+
+class RmsNorm : public core::Module {
+ public:
+  // Parameter "weight" [dim] (ones; Hugging Face has no bias). A non-positive `dim` or a
+  // negative or non-finite `eps` makes every Forward return InvalidArgument naming it.
+  explicit RmsNorm(int64_t dim, float eps = 1e-6f);
+
+  std::string TypeName() const override { return "RmsNorm"; }
+
+  const core::ParameterPtr& weight() const { return weight_; }
+  int64_t dim() const { return dim_; }
+  float eps() const { return eps_; }
+
+ protected:
+  // x: fp32 [..., dim] on the weight's device (fp32 or bf16) -> same shape there.
+  absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
+  // Returns dL/dx and adds dL/dweight = sum over rows of g * x * rstd.
+  absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
+  void ReleaseActivations() override {
+    xhat_ = core::Tensor();
+    rstd_ = core::Tensor();
+  }
+
+ private:
+  int64_t dim_ = 0;
+  float eps_ = 0.0f;
+  std::string config_error_;
+  core::ParameterPtr weight_;
+  // Cached by Forward, released by Backward: x * rstd and rstd per row (fp32).
+  core::Tensor xhat_;
+  core::Tensor rstd_;
+};
+
+}  // namespace nn
+
+#endif  // NN_RMS_NORM_H_

@@ -1,0 +1,115 @@
+#include "nn/rms_norm.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/bf16_hd.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nn/testing/gradcheck.h"
+#include "nn/to_device.h"
+
+namespace nn {
+namespace {
+
+using ::testing::HasSubstr;
+
+// y = x / sqrt(mean(x^2) + eps) * w, each row in double.
+std::vector<double> Reference(const std::vector<float>& x, const std::vector<float>& w,
+                              double eps) {
+  const size_t cols = w.size();
+  std::vector<double> y(x.size());
+  for (size_t r = 0; r < x.size() / cols; ++r) {
+    double ms = 0.0;
+    for (size_t j = 0; j < cols; ++j) ms += double{x[r * cols + j]} * x[r * cols + j];
+    const double inv = 1.0 / std::sqrt(ms / cols + eps);
+    for (size_t j = 0; j < cols; ++j) y[r * cols + j] = x[r * cols + j] * inv * w[j];
+  }
+  return y;
+}
+
+TEST(RmsNormTest, ForwardMatchesTheDefinitionAndEpsIsUsed) {
+  for (float eps : {1e-6f, 0.5f}) {
+    RmsNorm norm(8, eps);
+    EXPECT_EQ(norm.weight()->data.ToVector(), std::vector<float>(8, 1.0f));
+    EXPECT_EQ(norm.NamedParameters().size(), 1u);  // weight only
+    gradcheck::RandomizeParameters(norm, 3, 1.0f, 0.5f);
+    const core::Tensor x = gradcheck::RandomTensor({2, 3, 8}, 4);
+    absl::StatusOr<core::Tensor> y = norm.Forward(x);
+    ASSERT_TRUE(y.ok()) << y.status();
+    const std::vector<double> want = Reference(x.ToVector(), norm.weight()->data.ToVector(), eps);
+    const std::vector<float> got = y->ToVector();
+    // fp32 statistics of 8 values: a few ulp of O(1) outputs.
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 2e-6) << i;
+  }
+  // A row of zeros stays zeros (eps keeps the root finite).
+  RmsNorm norm(4);
+  absl::StatusOr<core::Tensor> y = norm.Forward(core::Tensor::Zeros({1, 4}));
+  ASSERT_TRUE(y.ok());
+  EXPECT_EQ(y->ToVector(), std::vector<float>(4, 0.0f));
+}
+
+TEST(RmsNormTest, BackwardMatchesFiniteDifferences) {
+  RmsNorm norm(6);
+  gradcheck::RandomizeParameters(norm, 5, 0.5f, 1.0f);
+  absl::StatusOr<gradcheck::Report> r =
+      gradcheck::CheckModule(norm, gradcheck::RandomTensor({2, 3, 6}, 6), {});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->ok()) << r->ToString();
+  EXPECT_EQ(r->num_checked, 36 + 6);
+  EXPECT_GT(r->max_abs_numeric, 0.5);
+}
+
+// A bf16 weight is widened exactly: the layer gives the bits of an fp32 weight holding the
+// rounded values, gradients included (fp32).
+TEST(RmsNormTest, Bf16WeightGivesTheBitsOfItsFp32Widening) {
+  RmsNorm a(16), b(16);
+  gradcheck::RandomizeParameters(a, 7, 1.0f, 0.3f);
+  std::vector<float> rounded = a.weight()->data.ToVector();
+  for (float& v : rounded) v = core::Bf16BitsToFloat(core::FloatToBf16Bits(v));
+  ASSERT_TRUE(a.weight()->data.CopyFrom(core::Tensor::FromVector(rounded, {16}).value()).ok());
+  ASSERT_TRUE(b.weight()->data.CopyFrom(a.weight()->data).ok());
+  ASSERT_TRUE(ConvertParameters(b, core::DType::kBFloat16).ok());
+  ASSERT_EQ(b.weight()->data.dtype(), core::DType::kBFloat16);
+  const core::Tensor x = gradcheck::RandomTensor({5, 16}, 8), g = gradcheck::RandomTensor({5, 16}, 9);
+  std::vector<std::vector<float>> out;
+  for (RmsNorm* m : {&a, &b}) {
+    absl::StatusOr<core::Tensor> y = m->Forward(x);
+    ASSERT_TRUE(y.ok()) << y.status();
+    absl::StatusOr<core::Tensor> gx = m->Backward(g);
+    ASSERT_TRUE(gx.ok()) << gx.status();
+    out.push_back(y->ToVector());
+    out.push_back(gx->ToVector());
+    out.push_back(m->weight()->grad.ToVector());
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(out[i], out[i + 3]) << i;
+}
+
+TEST(RmsNormTest, ReleasedActivationsRefuseABackward) {
+  RmsNorm norm(4);
+  ASSERT_TRUE(norm.Forward(gradcheck::RandomTensor({2, 4}, 1)).ok());
+  norm.DropActivations();
+  absl::StatusOr<core::Tensor> gx = norm.Backward(gradcheck::RandomTensor({2, 4}, 2));
+  EXPECT_EQ(gx.status().code(), absl::StatusCode::kFailedPrecondition) << gx.status();
+}
+
+TEST(RmsNormTest, BadInputsNameTheModule) {
+  RmsNorm norm(4);
+  absl::StatusOr<core::Tensor> y = norm.Forward(core::Tensor::Zeros({2, 3}));
+  EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(y.status().message()), HasSubstr("<root> (RmsNorm)"));
+  EXPECT_THAT(std::string(y.status().message()), HasSubstr("[2, 3]"));
+  for (float eps : {-1.0f, NAN}) {
+    RmsNorm bad(4, eps);
+    y = bad.Forward(core::Tensor::Zeros({4}));
+    EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(y.status().message()), HasSubstr("eps"));
+  }
+  RmsNorm empty(0);
+  EXPECT_THAT(std::string(empty.Forward(core::Tensor::Zeros({4})).status().message()),
+              HasSubstr("dim must be positive"));
+}
+
+}  // namespace
+}  // namespace nn

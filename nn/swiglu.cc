@@ -1,0 +1,54 @@
+#include "nn/swiglu.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "nn/internal/validate.h"
+#include "nn/ops.h"
+#include "nn/tensor_ops.h"
+
+namespace nn {
+
+SwiGluMlp::SwiGluMlp(int64_t hidden, int64_t intermediate, uint64_t seed) {
+  config_error_ = internal::FirstError({internal::PositiveOrMessage("hidden", hidden),
+                                        internal::PositiveOrMessage("intermediate", intermediate)});
+  const int64_t c = std::max<int64_t>(hidden, 1), i = std::max<int64_t>(intermediate, 1);
+  gate_proj_ = RegisterModule("gate_proj", std::make_shared<Linear>(c, i, false, DeriveSeed(seed, 0)));
+  up_proj_ = RegisterModule("up_proj", std::make_shared<Linear>(c, i, false, DeriveSeed(seed, 1)));
+  down_proj_ = RegisterModule("down_proj", std::make_shared<Linear>(i, c, false, DeriveSeed(seed, 2)));
+}
+
+absl::StatusOr<core::Tensor> SwiGluMlp::ForwardImpl(const core::Tensor& x) {
+  if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
+  ASSIGN_OR_RETURN(core::Tensor a, gate_proj_->Forward(x));
+  ASSIGN_OR_RETURN(core::Tensor b, up_proj_->Forward(x));
+  ASSIGN_OR_RETURN(core::Tensor h, internal::NewActivation(a.shape(), a.device()));
+  RETURN_IF_ERROR(SiluMulForward(internal::What(*this), a, b, h));
+  gate_ = std::move(a);
+  up_ = std::move(b);
+  return down_proj_->Forward(h);
+}
+
+absl::StatusOr<core::Tensor> SwiGluMlp::BackwardImpl(const core::Tensor& grad_output) {
+  if (!gate_.defined()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Describe(), ": Backward called without a preceding Forward"));
+  }
+  ASSIGN_OR_RETURN(core::Tensor gh, down_proj_->Backward(grad_output));
+  const std::string what = internal::What(*this);
+  ASSIGN_OR_RETURN(core::Tensor ga, internal::NewActivation(gate_.shape(), gate_.device()));
+  ASSIGN_OR_RETURN(core::Tensor gb, internal::NewActivation(up_.shape(), up_.device()));
+  RETURN_IF_ERROR(SiluMulBackward(what, gate_, up_, gh, ga, gb));
+  gate_ = core::Tensor();
+  up_ = core::Tensor();
+  // x feeds both projections: dL/dx is the sum of their input gradients.
+  ASSIGN_OR_RETURN(core::Tensor gx, gate_proj_->Backward(ga));
+  ASSIGN_OR_RETURN(core::Tensor gxu, up_proj_->Backward(gb));
+  RETURN_IF_ERROR(AddTensors(what, gx, gxu, gx));
+  return gx;
+}
+
+}  // namespace nn

@@ -1,0 +1,84 @@
+#include "nn/swiglu.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nn/testing/gradcheck.h"
+
+namespace nn {
+namespace {
+
+using ::testing::HasSubstr;
+
+// out[r, :] = x[r, :] W^T for a row-major W [out, in], in double.
+std::vector<double> Project(const std::vector<double>& x, const std::vector<float>& w,
+                            int64_t in, int64_t out) {
+  const int64_t rows = static_cast<int64_t>(x.size()) / in;
+  std::vector<double> y(rows * out, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t o = 0; o < out; ++o) {
+      for (int64_t i = 0; i < in; ++i) y[r * out + o] += x[r * in + i] * w[o * in + i];
+    }
+  }
+  return y;
+}
+
+TEST(SwiGluMlpTest, ChildrenHaveHuggingFacesNamesAndNoBiases) {
+  SwiGluMlp mlp(8, 20);
+  std::vector<std::string> names;
+  for (const auto& [name, p] : mlp.NamedParameters()) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"gate_proj.weight", "up_proj.weight",
+                                             "down_proj.weight"}));
+  EXPECT_EQ(mlp.gate_proj()->weight()->data.shape(), (core::Shape{20, 8}));
+  EXPECT_EQ(mlp.down_proj()->weight()->data.shape(), (core::Shape{8, 20}));
+  EXPECT_EQ(mlp.up_proj()->bias(), nullptr);
+}
+
+TEST(SwiGluMlpTest, ForwardIsDownOfSiluGateTimesUp) {
+  SwiGluMlp mlp(6, 10, 3);
+  gradcheck::RandomizeParameters(mlp, 4, 0.0f, 0.5f);
+  const core::Tensor x = gradcheck::RandomTensor({2, 3, 6}, 5);
+  absl::StatusOr<core::Tensor> y = mlp.Forward(x);
+  ASSERT_TRUE(y.ok()) << y.status();
+  const std::vector<float> xf = x.ToVector();
+  const std::vector<double> xd(xf.begin(), xf.end());
+  const std::vector<double> a = Project(xd, mlp.gate_proj()->weight()->data.ToVector(), 6, 10);
+  const std::vector<double> b = Project(xd, mlp.up_proj()->weight()->data.ToVector(), 6, 10);
+  std::vector<double> h(a.size());
+  for (size_t i = 0; i < a.size(); ++i) h[i] = a[i] / (1.0 + std::exp(-a[i])) * b[i];
+  const std::vector<double> want = Project(h, mlp.down_proj()->weight()->data.ToVector(), 10, 6);
+  const std::vector<float> got = y->ToVector();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5) << i;
+}
+
+TEST(SwiGluMlpTest, BackwardMatchesFiniteDifferences) {
+  SwiGluMlp mlp(6, 10, 3);
+  gradcheck::RandomizeParameters(mlp, 6, 0.0f, 0.5f);
+  absl::StatusOr<gradcheck::Report> r =
+      gradcheck::CheckModule(mlp, gradcheck::RandomTensor({2, 3, 6}, 7), {});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->ok()) << r->ToString();
+  EXPECT_EQ(r->num_checked, 36 + 3 * 60);
+  EXPECT_GT(r->max_abs_numeric, 0.5);
+}
+
+TEST(SwiGluMlpTest, BadSizesAndCallOrderAreReported) {
+  SwiGluMlp bad(4, 0);
+  absl::StatusOr<core::Tensor> y = bad.Forward(core::Tensor::Zeros({2, 4}));
+  EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(y.status().message()), HasSubstr("intermediate must be positive"));
+  SwiGluMlp mlp(4, 8);
+  EXPECT_EQ(mlp.Backward(core::Tensor::Zeros({2, 4})).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(mlp.Forward(core::Tensor::Zeros({2, 4})).ok());
+  mlp.DropActivations();
+  EXPECT_EQ(mlp.Backward(core::Tensor::Zeros({2, 4})).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace nn
