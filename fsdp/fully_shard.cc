@@ -284,14 +284,18 @@ absl::StatusOr<LocalPlan> CheckAndPlan(const std::shared_ptr<core::Module>& modu
       }
     }
   }
-  if (options.cpu_offload && !internal::HostOffloadOnCpuAllowed()) {
-    for (const auto& [name, p] : module->NamedParameters()) {
-      if (p->data.device().is_cpu()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            prefix, "FullyShardOptions.cpu_offload with parameter '", name,
-            "' on the cpu: offload keeps the shards of a CUDA model in host memory (NOTE [CPU "
-            "offload] in fsdp/options.h); move the model to a CUDA device or leave it off"));
-      }
+  for (const auto& [name, p] : module->NamedParameters()) {
+    if (options.cpu_offload && !internal::HostOffloadOnCpuAllowed() && p->data.device().is_cpu()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, "FullyShardOptions.cpu_offload with parameter '", name,
+          "' on the cpu: offload keeps the shards of a CUDA model in host memory (NOTE [CPU "
+          "offload] in fsdp/options.h); move the model to a CUDA device or leave it off"));
+    }
+    if (options.deterministic && !p->data.device().is_cpu()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, "FullyShardOptions.deterministic with parameter '", name, "' on ",
+          p->data.device().ToString(), ": the tree reduction runs on the CPU backends (NOTE "
+          "[Deterministic reduction] in fsdp/options.h)"));
     }
   }
   // Units already below `module` stay as they are.

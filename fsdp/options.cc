@@ -88,6 +88,23 @@ absl::Status FullyShardOptions::Validate(int group_size) const {
                                                    absl::FormatDuration(timeout),
                                                    "; it must be positive"));
   }
+  if (deterministic) {
+    // NOTE [Deterministic reduction]: a tree over the ranks, in fp32.
+    if (group_size < 1 || (group_size & (group_size - 1)) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "FullyShardOptions.deterministic needs a power-of-two group size (1, 2, 4, ...), got ",
+          group_size));
+    }
+    if (mixed_precision.reduce_dtype != core::DType::kFloat32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "FullyShardOptions.deterministic reduces in float32; mixed_precision.reduce_dtype is ",
+          core::DTypeName(mixed_precision.reduce_dtype)));
+    }
+    if (cpu_offload) {
+      return absl::InvalidArgumentError(
+          "FullyShardOptions.deterministic runs on CPU parameters; cpu_offload needs CUDA ones");
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -146,6 +163,9 @@ std::string FirstDifferingOption(const FullyShardOptions& a, const FullyShardOpt
   if (a.sync_module_states != b.sync_module_states) {
     return absl::StrCat("sync_module_states: ", Bool(a.sync_module_states), " vs ",
                         Bool(b.sync_module_states));
+  }
+  if (a.deterministic != b.deterministic) {
+    return absl::StrCat("deterministic: ", Bool(a.deterministic), " vs ", Bool(b.deterministic));
   }
   if (a.cpu_offload != b.cpu_offload) {
     return absl::StrCat("cpu_offload: ", Bool(a.cpu_offload), " vs ", Bool(b.cpu_offload));

@@ -121,6 +121,18 @@ struct FullyShardOptions {
   // CUDA device: FullyShard refuses it for CPU parameters (InvalidArgument naming this
   // option), where there is nothing to offload.
   bool cpu_offload = false;
+  // NOTE [Deterministic reduction]: gradients are summed in the binary tree of NOTE [Tree
+  // reduction] (comm/tree_reduce.h) instead of the backend's order, so that N ranks give,
+  // bit for bit, what one rank gives accumulating the same micro-batches: a unit adds the
+  // gradients of the backwards it runs under no_sync() and of the one that ends them in
+  // that tree (comm::TreeAccumulator; their count must be a power of two), then sums the
+  // ranks' partial sums across the group in the same tree, scattered as the strategy
+  // shards (HYBRID_SHARD: within the shard group, all-reduced across groups). Gradients
+  // are SUMMED, not averaged: the caller scales the loss (or the gradients) by 1 / the
+  // global number of micro-batches, the same factor at every world size (StageRunner
+  // does). Requires a power-of-two group size, float32 reduction (reduce_dtype) and CPU
+  // parameters (the gloo and shm backends); each reduction blocks until done.
+  bool deterministic = false;
 
   // OK when the options are usable on a group of `group_size` ranks; InvalidArgument
   // naming the option ("FullyShardOptions.hybrid_shard_size", ...) otherwise.

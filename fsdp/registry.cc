@@ -142,6 +142,25 @@ std::vector<std::shared_ptr<Unit>> WrapperRegistry::UnitsIn(core::Module& module
 
 absl::StatusOr<UnitGroups> WrapperRegistry::GroupsFor(
     const std::shared_ptr<comm::ProcessGroup>& group, const FullyShardOptions& options) {
+  ASSIGN_OR_RETURN(UnitGroups out, ShardingGroupsFor(group, options));
+  if (!options.deterministic || group->size() == 1) return out;
+  CachedTree& cached = tree_cache_[group.get()];
+  if (cached.tree == nullptr || cached.parent.lock() != group) {
+    absl::StatusOr<std::unique_ptr<comm::TreeReducer>> tree =
+        comm::TreeReducer::Create(group, options.timeout);
+    if (!tree.ok()) {
+      tree_cache_.erase(group.get());
+      return absl::Status(tree.status().code(), absl::StrCat("FullyShardOptions.deterministic: ",
+                                                             tree.status().message()));
+    }
+    cached = CachedTree{group, std::shared_ptr<comm::TreeReducer>(*std::move(tree))};
+  }
+  out.tree = cached.tree;
+  return out;
+}
+
+absl::StatusOr<UnitGroups> WrapperRegistry::ShardingGroupsFor(
+    const std::shared_ptr<comm::ProcessGroup>& group, const FullyShardOptions& options) {
   const int n = group->size();
   const int rank = group->rank();
   const int shard_size = ShardGroupSize(options, n);
@@ -245,6 +264,16 @@ void WrapperRegistry::DropUnusedGroups() {
     } else {
       it = group_cache_.erase(it);
     }
+  }
+  for (auto it = tree_cache_.begin(); it != tree_cache_.end();) {
+    bool used = false;
+    for (const auto& [ptr, entry] : entries_) {
+      if (entry.unit != nullptr && entry.unit->state() != UnitState::kReleased &&
+          entry.unit->groups().tree == it->second.tree) {
+        used = true;
+      }
+    }
+    it = used && !it->second.parent.expired() ? std::next(it) : tree_cache_.erase(it);
   }
 }
 

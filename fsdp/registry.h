@@ -121,7 +121,9 @@ class WrapperRegistry {
   // The shard and replicate groups of `strategy` over `group` (UnitGroups). For
   // HYBRID_SHARD with 1 < hybrid_shard_size < group->size() this creates subgroups
   // with NewSubgroup, a collective every rank must make in the same order, and caches
-  // them per (group, size) so later wraps reuse them.
+  // them per (group, size) so later wraps reuse them. With options.deterministic on more
+  // than one rank, also the group's comm::TreeReducer (NOTE [Deterministic reduction]),
+  // made the same way once per group.
   absl::StatusOr<UnitGroups> GroupsFor(const std::shared_ptr<comm::ProcessGroup>& group,
                                        const FullyShardOptions& options);
 
@@ -156,6 +158,14 @@ class WrapperRegistry {
 
   std::map<const core::Module*, Entry> entries_;
   std::map<std::pair<const comm::ProcessGroup*, int>, CachedGroups> group_cache_;
+  struct CachedTree {
+    std::weak_ptr<comm::ProcessGroup> parent;
+    std::shared_ptr<comm::TreeReducer> tree;
+  };
+  std::map<const comm::ProcessGroup*, CachedTree> tree_cache_;
+  // GroupsFor without the tree.
+  absl::StatusOr<UnitGroups> ShardingGroupsFor(const std::shared_ptr<comm::ProcessGroup>& group,
+                                               const FullyShardOptions& options);
   std::map<const core::Module*, std::weak_ptr<core::Module>> checkpointed_;
   std::shared_ptr<Runtime> runtime_;
   RegistryCounters counters_;

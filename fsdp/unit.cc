@@ -290,6 +290,7 @@ absl::Status Unit::ReduceGradients() {
     return absl::FailedPreconditionError(
         absl::StrCat("fsdp unit ", label_, ": a reduction is already pending"));
   }
+  if (options_.deterministic) return ReduceDeterministic();
   if (no_sync_) return absl::OkStatus();  // keep accumulating locally
   // NOTE [CPU offload]: the staging buffer is free once the last chunk was added.
   if (flat_->shard_on_host()) RETURN_IF_ERROR(FinishHostGradients());
@@ -330,6 +331,39 @@ absl::Status Unit::ReduceGradients() {
   return absl::OkStatus();
 }
 
+absl::Status Unit::ReduceDeterministic() {
+  // NOTE [Deterministic reduction]: this backward's gradient joins the tree of the step's
+  // micro-batches; the one outside no_sync() finishes it and sums it across the ranks.
+  if (absl::Status s = micro_batches_.Add(flat_->full_grad()); !s.ok()) return Fail(s);
+  if (absl::Status s = flat_->ShardGradViews(); !s.ok()) return Fail(s);
+  if (absl::Status s = flat_->FreeFullGrad(); !s.ok()) return Fail(s);
+  if (no_sync_) return absl::OkStatus();
+  absl::StatusOr<core::Tensor> partial = micro_batches_.Finish();
+  if (!partial.ok()) {
+    return Fail(absl::Status(partial.status().code(),
+                             absl::StrCat("FullyShardOptions.deterministic: the micro-batches of "
+                                          "a step: ",
+                                          partial.status().message())));
+  }
+  if (groups_.tree == nullptr) {
+    reduce_output_ = *std::move(partial);  // one rank: the sum is the shard
+  } else {
+    absl::StatusOr<core::Tensor> out = core::Tensor::Allocate(
+        {flat_->shard_numel()}, core::DType::kFloat32, core::MemoryTag::kComm, flat_->device());
+    if (!out.ok()) return Fail(out.status());
+    // Scattered over the shard group's levels of the tree, all-reduced over the rest.
+    absl::StatusOr<int> levels = comm::TreeLevels(groups_.shard_size);
+    if (!levels.ok()) return Fail(levels.status());
+    RecordCollective("reduce_scatter", *partial, groups_.shard_size);
+    if (absl::Status s = groups_.tree->ReduceScatter(*partial, *out, *levels); !s.ok()) {
+      return Fail(s);
+    }
+    reduce_output_ = *std::move(out);
+  }
+  reduce_pending_ = true;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<core::Tensor> Unit::HostStaging(core::DType dtype) {
   if (!reduce_host_.defined() || reduce_host_.dtype() != dtype) {
     core::ScopedAllocator pinned(core::Allocator::PinnedHost());
@@ -355,7 +389,7 @@ absl::Status Unit::FinishReduction() {
       return Fail(s);
     }
   }
-  if (groups_.replicate != nullptr) {
+  if (groups_.replicate != nullptr && !options_.deterministic) {  // the tree did it
     comm::AllReduceOptions ar;
     ar.reduce_op = comm::ReduceOp::kAverage;
     ar.timeout = options_.timeout;
@@ -424,6 +458,7 @@ absl::Status Unit::DropGradients() {
     host_work_.reset();
   }
   host_add_pending_ = false;
+  micro_batches_ = comm::TreeAccumulator(core::MemoryTag::kGrad);
   if (absl::Status s = flat_->ClearGradViews(); !s.ok()) return Fail(s);
   if (absl::Status s = flat_->FreeFullGrad(); !s.ok()) return Fail(s);
   if (absl::Status s = flat_->FreeShardGrad(); !s.ok()) return Fail(s);

@@ -26,7 +26,9 @@
 // reduce-scatter of that buffer over the shard group (in reduce_dtype) and re-points the
 // grads at their 1-D slices of the float32 gradient shard; FinishReduction waits, then
 // (HYBRID_SHARD, NO_SHARD) all-reduces the result (average) over the replicate group,
-// and adds it into the gradient shard. Adding means gradients accumulate across
+// and adds it into the gradient shard (NOTE [Deterministic reduction] in options.h: each
+// backward's full gradient joins a tree of the step's micro-batches instead, and the
+// last one sums it across the ranks). Adding means gradients accumulate across
 // backwards as they would without FSDP, until the optimizer zeroes them; a parameter
 // whose grad was dropped (ZeroGrad(set_to_none)) restarts from zero. Under NoSync
 // (no_sync()), ReduceGradients keeps the unreduced full gradient buffer instead, grads
@@ -63,6 +65,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "comm/process_group.h"
+#include "comm/tree_reduce.h"
 #include "comm/work.h"
 #include "core/module.h"
 #include "core/tensor.h"
@@ -87,6 +90,9 @@ struct UnitGroups {
   std::shared_ptr<comm::ProcessGroup> replicate;  // null when there is one replica
   int shard_size = 1;
   int shard_rank = 0;
+  // NOTE [Deterministic reduction]: the tree over `world` that reduces instead of
+  // `shard` and `replicate`; null unless FullyShardOptions::deterministic on > 1 rank.
+  std::shared_ptr<comm::TreeReducer> tree;
 };
 
 // NOTE [Comm overlap]: how much of a unit's collectives ran while its rank computed. For
@@ -217,6 +223,8 @@ class Unit {
   absl::Status CheckState(UnitState expected, const std::string& what) const;
   // reduce_host_, (re)allocated in pinned host memory for `dtype`.
   absl::StatusOr<core::Tensor> HostStaging(core::DType dtype);
+  // ReduceGradients under NOTE [Deterministic reduction].
+  absl::Status ReduceDeterministic();
 
   std::string label_;
   std::weak_ptr<core::Module> module_;
@@ -246,6 +254,8 @@ class Unit {
   core::Tensor reduce_host_;
   bool host_add_pending_ = false;
   std::shared_ptr<comm::Work> host_work_;
+  // NOTE [Deterministic reduction]: the gradients of this step's backwards, in tree order.
+  comm::TreeAccumulator micro_batches_{core::MemoryTag::kGrad};
 
   bool no_sync_ = false;
   bool summoned_ = false;
