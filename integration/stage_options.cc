@@ -102,6 +102,31 @@ absl::Status StageOptions::Validate(int world_size) const {
         "StageOptions.train_batch_size = ", train_batch_size, " into micro-batches that are ",
         "multiples of the world size ", world_size));
   }
+  // NOTE [Deterministic training].
+  const int m = deterministic_micro_batches;
+  if (wrap.deterministic != (m > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "StageOptions.deterministic_micro_batches = ", m, " with FullyShardOptions.deterministic ",
+        wrap.deterministic ? "true" : "false", ": set both (a count > 0 and true) or neither"));
+  }
+  if (m > 0) {
+    if ((m & (m - 1)) != 0 || m % world_size != 0 || train_batch_size % m != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "StageOptions.deterministic_micro_batches = ", m, ": must be a power of two that ",
+          "the world size ", world_size, " divides and that divides StageOptions.",
+          "train_batch_size = ", train_batch_size));
+    }
+    if (grad_accumulation != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "StageOptions.grad_accumulation = ", grad_accumulation, " with deterministic_micro_",
+          "batches = ", m, ": the deterministic micro-batches replace it (leave it 1)"));
+    }
+    if (max_grad_norm > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "StageOptions.max_grad_norm = ", max_grad_norm, " with deterministic_micro_batches: ",
+          "the global norm's sum would follow the sharding, which differs by world size"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -159,6 +184,10 @@ absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config,
   if (config.has_max_grad_norm()) options.max_grad_norm = config.max_grad_norm();
   if (config.has_profile_step()) options.profile_step = config.profile_step();
   if (config.has_grad_accumulation()) options.grad_accumulation = config.grad_accumulation();
+  if (config.has_deterministic_micro_batches()) {
+    options.deterministic_micro_batches = config.deterministic_micro_batches();
+    options.wrap.deterministic = options.deterministic_micro_batches > 0;
+  }
   if (config.has_accumulation()) {
     absl::StatusOr<StageOptions::Accumulation> a = ParseAccumulation(config.accumulation());
     if (!a.ok()) return absl::InvalidArgumentError(absl::StrCat("StageConfig.", a.status().message()));

@@ -64,6 +64,17 @@ struct StageOptions {
   int grad_accumulation = 1;
   enum class Accumulation { kReduceEach, kNoSync };
   Accumulation accumulation = Accumulation::kReduceEach;
+  // NOTE [Deterministic training]: when > 0 (a power of two M, with wrap.deterministic
+  // set too), every global batch is cut into M micro-batches of train_batch_size / M
+  // rows at every world size; rank r of N (N a power of two dividing M) runs micro-batches
+  // [r M / N, (r + 1) M / N), the first ones under no_sync, each unit sums them and the
+  // ranks in one binary tree (fsdp NOTE [Deterministic reduction]), and Fit scales the sum
+  // by 1 / M and adds the step's M micro-batch losses in micro-batch order. So N ranks
+  // give, bit for bit, the losses and parameters of one rank (same intra-op thread
+  // count), and a run resumed at another world size those of the uninterrupted one.
+  // Replaces grad_accumulation (which must stay 1); max_grad_norm must be 0 (the global
+  // norm's sum would follow the sharding).
+  int deterministic_micro_batches = 0;
 
   // OK when usable on `world_size` ranks; InvalidArgument naming the option
   // ("StageOptions.train_batch_size", "FullyShardOptions.hybrid_shard_size", ...).

@@ -146,6 +146,30 @@ TEST(StageOptionsTest, ValidateNamesTheOption) {
   EXPECT_THAT(options.Validate(4).message(), HasSubstr("hybrid_shard_size"));
 }
 
+// NOTE [Deterministic training]: the micro-batch count and the wrap option together, a
+// power of two that the world size divides and that divides the batch; no
+// grad_accumulation or gradient clipping beside it.
+TEST(StageOptionsTest, DeterministicMicroBatchesAreCheckedNamingTheOption) {
+  absl::StatusOr<StageOptions> parsed = ParseStageOptions("deterministic_micro_batches: 8");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->deterministic_micro_batches, 8);
+  EXPECT_TRUE(parsed->wrap.deterministic);
+  EXPECT_TRUE(parsed->Validate(4).ok());
+  EXPECT_THAT(parsed->Validate(16).message(), HasSubstr("must be a power of two that"));
+  StageOptions options = *parsed;
+  options.deterministic_micro_batches = 6;
+  EXPECT_THAT(options.Validate(2).message(), HasSubstr("deterministic_micro_batches = 6"));
+  options = *parsed;
+  options.wrap.deterministic = false;
+  EXPECT_THAT(options.Validate(2).message(), HasSubstr("set both"));
+  options = *parsed;
+  options.grad_accumulation = 2;
+  EXPECT_THAT(options.Validate(2).message(), HasSubstr("StageOptions.grad_accumulation = 2"));
+  options = *parsed;
+  options.max_grad_norm = 1;
+  EXPECT_THAT(options.Validate(2).message(), HasSubstr("StageOptions.max_grad_norm"));
+}
+
 TEST(StageOptionsTest, ReadsAFileAndNamesItInErrors) {
   const std::string path = ::testing::TempDir() + "/stage_config.txtpb";
   {

@@ -201,16 +201,29 @@ absl::Status StageRunner::EndStage(const std::shared_ptr<core::Module>& model,
 
 absl::StatusOr<StepOutput> StageRunner::AccumulateMicroBatches(TrainModule& module,
                                                                core::Module& model,
-                                                               StepContext ctx) {
-  // NOTE [Gradient accumulation] (stage_options.h).
-  const int k = options_.grad_accumulation;
+                                                               StepContext ctx,
+                                                               std::vector<double>* parts) {
+  // NOTE [Gradient accumulation] (stage_options.h); NOTE [Deterministic training]: this
+  // rank's share of the M micro-batches, summed by the units, scaled by 1 / M.
+  const int deterministic = options_.deterministic_micro_batches;
+  const int k = deterministic > 0 ? deterministic / group_->size() : options_.grad_accumulation;
+  const bool sync_last = deterministic > 0 ||
+                         options_.accumulation == StageOptions::Accumulation::kNoSync;
   StepOutput total;
   double weighted = 0;
+  const int rank = group_->rank();
   for (int j = 0; j < k; ++j) {
     ctx.micro_batch = j;
     ctx.micro_batches = k;
+    if (deterministic > 0) {
+      // A whole global micro-batch of the aligned range: rank r's j-th is r k + j of M.
+      ctx.micro_batch = rank * k + j;
+      ctx.micro_batches = deterministic;
+      ctx.rank = 0;
+      ctx.world_size = 1;
+    }
     std::unique_ptr<fsdp::NoSyncScope> no_sync;
-    if (options_.accumulation == StageOptions::Accumulation::kNoSync && j + 1 < k) {
+    if (sync_last && j + 1 < k) {
       ASSIGN_OR_RETURN(no_sync, fsdp::NoSync(model, registry_.get()));
     }
     absl::StatusOr<StepOutput> out = module.TrainingStep(ctx);
@@ -220,12 +233,15 @@ absl::StatusOr<StepOutput> StageRunner::AccumulateMicroBatches(TrainModule& modu
                              : absl::StrCat("fit: TrainingStep at step ", ctx.step,
                                             ", micro-batch ", j, " of ", k));
     }
-    if (k == 1) return *out;  // its loss exactly as the module gave it
+    parts->push_back(out->loss * static_cast<double>(out->count));
+    parts->push_back(static_cast<double>(out->count));
+    if (k == 1 && deterministic == 0) return *out;  // its loss exactly as the module gave it
     weighted += out->loss * static_cast<double>(out->count);
     total.count += out->count;
   }
   total.loss = total.count > 0 ? weighted / static_cast<double>(total.count) : 0;
-  RETURN_IF_ERROR(Annotate(fsdp::ScaleGrads(model, registry_.get(), 1.0 / k),
+  const int scale = deterministic > 0 ? deterministic : k;
+  RETURN_IF_ERROR(Annotate(fsdp::ScaleGrads(model, registry_.get(), 1.0 / scale),
                            absl::StrCat("fit: mean of the micro-batches' gradients at step ",
                                         ctx.step)));
   return total;
@@ -233,7 +249,9 @@ absl::StatusOr<StepOutput> StageRunner::AccumulateMicroBatches(TrainModule& modu
 
 absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
   ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, ModelOf(module));
-  if (options_.grad_accumulation > 1 && !module.SupportsMicroBatches()) {
+  if ((options_.grad_accumulation > 1 ||
+       options_.deterministic_micro_batches > group_->size()) &&
+      !module.SupportsMicroBatches()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "fit: StageOptions.grad_accumulation = ", options_.grad_accumulation, ", but the module ",
         "training ", model->Describe(), " does not run micro-batches "
@@ -266,7 +284,8 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
     ctx.batch_size = options_.train_batch_size;
     if (std::optional<double> lr = module.LearningRate(ctx.step)) optimizer.set_lr(*lr);
     optimizer.ZeroGrad();
-    ASSIGN_OR_RETURN(const StepOutput out, AccumulateMicroBatches(module, *model, ctx));
+    std::vector<double> parts;
+    ASSIGN_OR_RETURN(const StepOutput out, AccumulateMicroBatches(module, *model, ctx, &parts));
     if (options_.max_grad_norm > 0) {
       RETURN_IF_ERROR(
           fsdp::ClipGradNorm(*model, registry_.get(), options_.max_grad_norm).status());
@@ -279,27 +298,39 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
       result.profiled_ops = profile->records();
     }
     // Each rank's (loss x count, count) waits for the next report, where one all-gather
-    // averages every step since the last one: no collective of its own per step.
-    pending.push_back(out.loss * out.count);
-    pending.push_back(static_cast<double>(out.count));
+    // averages every step since the last one: no collective of its own per step. NOTE
+    // [Deterministic training]: one pair per micro-batch, added in micro-batch order.
+    if (options_.deterministic_micro_batches > 0) {
+      pending.insert(pending.end(), parts.begin(), parts.end());
+    } else {
+      pending.push_back(out.loss * out.count);
+      pending.push_back(static_cast<double>(out.count));
+    }
     ++state.global_step;
 
     const int64_t done = i + 1;
     if ((options_.log_every > 0 && done % options_.log_every == 0) || done == num_steps) {
       ASSIGN_OR_RETURN(std::vector<std::vector<double>> all, AllGatherDoubles(pending));
-      const int64_t first = state.global_step - static_cast<int64_t>(pending.size() / 2);
+      // Pairs per step on each rank: 1, or its deterministic micro-batches.
+      const size_t per_step = options_.deterministic_micro_batches > 0
+                                  ? options_.deterministic_micro_batches / group_->size()
+                                  : 1;
+      const int64_t first =
+          state.global_step - static_cast<int64_t>(pending.size() / (2 * per_step));
       double items_since_report = 0;
-      for (size_t k = 0; k < pending.size(); k += 2) {
+      for (size_t k = 0; k < pending.size(); k += 2 * per_step) {
         double weighted = 0, count = 0;
-        for (const auto& r : all) {
-          weighted += r[k];
-          count += r[k + 1];
+        for (const auto& r : all) {  // rank order, then micro-batch order
+          for (size_t j = 0; j < 2 * per_step; j += 2) {
+            weighted += r[k + j];
+            count += r[k + j + 1];
+          }
         }
         const double loss = count > 0 ? weighted / count : NAN;
         if (!std::isfinite(loss)) {
           return absl::InternalError(absl::StrCat(
               "fit: the loss of ", model->Describe(), " is ", loss, " at global step ",
-              first + static_cast<int64_t>(k / 2) + 1,
+              first + static_cast<int64_t>(k / (2 * per_step)) + 1,
               " (training diverged; lower the learning rate)"));
         }
         result.losses.push_back(loss);

@@ -236,9 +236,12 @@ class StageRunner {
               std::shared_ptr<fsdp::WrapperRegistry> registry);
 
   // One optimizer step's TrainingSteps over StageOptions::grad_accumulation micro-batches
-  // (NOTE [Gradient accumulation]), gradients then their mean; the loss and count of all.
+  // (NOTE [Gradient accumulation]; or this rank's deterministic ones, NOTE [Deterministic
+  // training]), gradients then their mean; the loss and count of all, and in `parts`
+  // each micro-batch's (loss x count, count).
   absl::StatusOr<StepOutput> AccumulateMicroBatches(TrainModule& module, core::Module& model,
-                                                    StepContext ctx);
+                                                    StepContext ctx,
+                                                    std::vector<double>* parts);
 
   // The module's model, or InvalidArgument when it is null.
   absl::StatusOr<std::shared_ptr<core::Module>> ModelOf(TrainModule& module);

@@ -48,6 +48,14 @@ ABSL_FLAG(bool, profile_ops, false,
 ABSL_FLAG(bool, forward_prefetch, false,
           "issue the next unit's all-gather when a unit's forward starts (FSDP's "
           "forward_prefetch; its backward_prefetch is always on)");
+ABSL_FLAG(bool, deterministic, false,
+          "N ranks give the bits of 1 rank (and a resume at another world size those of the "
+          "uninterrupted run): the global batch in --deterministic_micro_batches fixed "
+          "micro-batches, gradients summed in one binary tree; gloo or shm, power-of-two "
+          "world sizes; --intra_op_threads defaults to 1");
+ABSL_FLAG(int, deterministic_micro_batches, 8,
+          "--deterministic: micro-batches per global batch (a power of two that the world size "
+          "divides and that divides --batch_size)");
 ABSL_FLAG(bool, cpu_offload, false,
           "keep the shards, gradient shards and AdamW state in pinned host memory and step on "
           "the CPU (FSDP2's CPUOffloadPolicy); --device=cuda only");
@@ -166,6 +174,8 @@ JobOptions JobOptionsFromFlags() {
   job.hybrid_shard_size = absl::GetFlag(FLAGS_hybrid_shard_size);
   job.forward_prefetch = absl::GetFlag(FLAGS_forward_prefetch);
   job.cpu_offload = absl::GetFlag(FLAGS_cpu_offload);
+  job.deterministic = absl::GetFlag(FLAGS_deterministic);
+  job.deterministic_micro_batches = absl::GetFlag(FLAGS_deterministic_micro_batches);
   job.profile_ops = absl::GetFlag(FLAGS_profile_ops);
   job.param_dtype = absl::GetFlag(FLAGS_param_dtype);
   job.steps = absl::GetFlag(FLAGS_steps);
@@ -215,6 +225,10 @@ absl::Status CheckBeforeLaunch(const JobOptions& job) {
   if (absl::Status s = core::TimeoutFromSeconds(job.timeout_s, "--timeout_s").status(); !s.ok()) {
     return refuse(s);
   }
+  if (job.deterministic && job.device != "cpu") {
+    return absl::InvalidArgumentError(
+        "--deterministic runs on --device=cpu (the gloo and shm backends reduce in its tree)");
+  }
   if (job.cpu_offload && job.device == "cpu") {
     return absl::InvalidArgumentError(
         "--cpu_offload needs --device=cuda: it keeps a CUDA model's shards, gradients and "
@@ -263,6 +277,8 @@ absl::StatusOr<int> IntraOpThreads(const JobOptions& job, int world) {
         "--intra_op_threads=", job.intra_op_threads, ": must be >= 1, or 0 for auto"));
   }
   if (job.intra_op_threads > 0) return job.intra_op_threads;
+  // NOTE [Deterministic training]: the same thread count at every world size.
+  if (job.deterministic) return 1;
   int n = 0;
   const char* env = std::getenv("OMP_NUM_THREADS");
   if (env != nullptr && absl::SimpleAtoi(env, &n) && n >= 1) return n;
@@ -281,6 +297,10 @@ absl::StatusOr<StageOptions> StageOptionsFor(const JobOptions& job, absl::Durati
   options.wrap.hybrid_shard_size = job.hybrid_shard_size;
   options.wrap.forward_prefetch = job.forward_prefetch;
   options.wrap.cpu_offload = job.cpu_offload;
+  if (job.deterministic) {  // NOTE [Deterministic training]
+    options.wrap.deterministic = true;
+    options.deterministic_micro_batches = job.deterministic_micro_batches;
+  }
   ASSIGN_OR_RETURN(options.wrap.mixed_precision.param_dtype, core::ParseDType(job.param_dtype));
   options.wrap.timeout = timeout;
   options.fit_steps = job.steps;

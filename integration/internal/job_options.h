@@ -42,6 +42,8 @@ struct JobOptions {
   int hybrid_shard_size = 0;
   bool forward_prefetch = false;
   bool cpu_offload = false;
+  bool deterministic = false;
+  int deterministic_micro_batches = 8;
   bool profile_ops = false;   // --profile_ops: StageOptions::profile_step = the last fit step
   std::string param_dtype;
   int64_t steps = 0;

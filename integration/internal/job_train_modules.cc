@@ -41,7 +41,10 @@ absl::StatusOr<StepOutput> FaultInjector::TrainingStep(const StepContext& ctx) {
 }
 
 absl::StatusOr<StepOutput> TimedTrainModule::TrainingStep(const StepContext& ctx) {
-  meter_->StepStarted(absl::Now());
+  if (ctx.step != last_step_) {  // micro-batches of one step count once
+    meter_->StepStarted(absl::Now());
+    last_step_ = ctx.step;
+  }
   return ForwardingTrainModule::TrainingStep(ctx);
 }
 

@@ -47,10 +47,13 @@ class TimedTrainModule : public ForwardingTrainModule {
   TimedTrainModule(TrainModule* inner, ThroughputMeter* meter)
       : ForwardingTrainModule(inner), meter_(meter) {}
 
+  // Counts a step start at the first TrainingStep of each optimizer step (ctx.step), not
+  // at every micro-batch.
   absl::StatusOr<StepOutput> TrainingStep(const StepContext& ctx) override;
 
  private:
   ThroughputMeter* meter_;
+  int64_t last_step_ = -1;
 };
 
 }  // namespace internal

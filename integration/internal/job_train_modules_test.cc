@@ -64,14 +64,21 @@ TEST(JobTrainModulesTest, AMalformedFaultNamesTheFlag) {
   }
 }
 
-TEST(JobTrainModulesTest, TheTimedModuleStartsTheMeterAtEveryStep) {
+TEST(JobTrainModulesTest, TheTimedModuleStartsTheMeterAtEveryStepNotEveryMicroBatch) {
   std::unique_ptr<GptTrainModule> gpt = TinyModule();
   ASSERT_NE(gpt, nullptr);
   ThroughputMeter meter(3);
   TimedTrainModule timed(gpt.get(), &meter);
   StepContext ctx;
   ctx.batch_size = 2;
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(timed.TrainingStep(ctx).ok());
+  ctx.micro_batches = 2;
+  for (int i = 0; i < 3; ++i) {
+    ctx.step = i;
+    for (int j = 0; j < 2; ++j) {  // two micro-batches of one optimizer step
+      ctx.micro_batch = j;
+      ASSERT_TRUE(timed.TrainingStep(ctx).ok());
+    }
+  }
   // Three starts time two steps (NOTE in integration/device_setup.h); none is warm-up at 3.
   EXPECT_EQ(meter.measured_steps(), 2);
 }
