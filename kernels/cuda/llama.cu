@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/elementwise.h"
 #include "kernels/math.h"
 #include "kernels/rowwise.h"
@@ -14,35 +15,6 @@ namespace cuda {
 namespace {
 
 namespace k = ::kernels;
-
-constexpr int kThreads = 256;
-constexpr int kWarpsPerBlock = kThreads / 32;
-constexpr int64_t kMaxBlocks = 65536;
-
-// Blocks for a grid-stride loop over n elements (n >= 1).
-unsigned int GridFor(int64_t n) {
-  int64_t blocks = (n + kThreads - 1) / kThreads;
-  if (blocks > kMaxBlocks) blocks = kMaxBlocks;
-  if (blocks < 1) blocks = 1;
-  return static_cast<unsigned int>(blocks);
-}
-
-// Blocks for one warp per row.
-unsigned int GridForRows(int64_t rows) {
-  return static_cast<unsigned int>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-}
-
-__device__ __forceinline__ int64_t GlobalIndex() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ int64_t GlobalStride() {
-  return static_cast<int64_t>(blockDim.x) * gridDim.x;
-}
-
-__device__ __forceinline__ float WarpSum(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
 
 // ---- RMSNorm, one warp per row.
 

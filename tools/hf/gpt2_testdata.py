@@ -27,19 +27,8 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 OUT = os.path.join(ROOT, "checkpoint", "testdata", "hf_gpt2")
-TRANSFORMERS = os.environ.get("FSDP_TRANSFORMERS_VERSION", "5.25.0")
-
-
-def venv_python():
-    cache = os.environ.get("FSDP_BENCH_CACHE", os.path.expanduser("~/.cache/fsdp_bench"))
-    subprocess.run(["bash", os.path.join(ROOT, "bench", "cpu", "setup.sh"), "torch"], check=True)
-    python = os.path.join(cache, "torch-venv", "bin", "python")
-    probe = subprocess.run([python, "-c", "import transformers, safetensors"],
-                           capture_output=True)
-    if probe.returncode != 0:
-        subprocess.run([python, "-m", "pip", "install", "-q", f"transformers=={TRANSFORMERS}"],
-                       check=True)
-    return python
+sys.path.insert(0, os.path.dirname(HERE))
+import torch_venv  # noqa: E402
 
 
 def make(out, vocab_size=64):
@@ -97,10 +86,7 @@ def main():
     p.add_argument("--in_venv", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if not args.in_venv:
-        python = venv_python()
-        return subprocess.run([python, os.path.abspath(__file__), "--in_venv", f"--out={args.out}",
-                               f"--vocab_size={args.vocab_size}"]
-                              + (["--check"] if args.check else [])).returncode
+        return torch_venv.rerun_in_venv(__file__)
     make(args.out, args.vocab_size)
     if args.check and not check(args.out):
         return 1

@@ -38,8 +38,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 OUT = os.path.join(ROOT, "checkpoint", "testdata", "hf_llama")
 TOLERANCE = 1e-5
 
-sys.path.insert(0, HERE)
-from gpt2_testdata import venv_python  # noqa: E402  (the same environment, made the same way)
+sys.path.insert(0, os.path.dirname(HERE))
+import torch_venv  # noqa: E402
 
 
 def make_model(tied=False):
@@ -184,9 +184,7 @@ def main():
     p.add_argument("--in_venv", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if not args.in_venv:
-        python = venv_python()
-        return subprocess.run([python, os.path.abspath(__file__), "--in_venv", f"--out={args.out}"]
-                              + (["--check"] if args.check else [])).returncode
+        return torch_venv.rerun_in_venv(__file__)
     if args.check:
         return 0 if check(args.out) else 1
     make(args.out)

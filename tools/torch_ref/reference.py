@@ -37,14 +37,14 @@ import argparse
 import contextlib
 import math
 import os
-import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 OUT = os.path.join(ROOT, "nn", "testdata", "torch_ref")
-TRANSFORMERS = os.environ.get("FSDP_TRANSFORMERS_VERSION", "5.25.0")
+sys.path.insert(0, os.path.dirname(HERE))
+import torch_venv  # noqa: E402
 
 # Our GptConfig fields (nn/gpt.h) and the batch; GPT-2 ties lm_head to wte.
 GPT_CONFIGS = {
@@ -71,18 +71,6 @@ LLAMA_CONFIGS = {
                          max_position_embeddings=8, rms_norm_eps=1e-6, rope_theta=10000.0,
                          tie_word_embeddings=False, batch=2, seq=8, seed=6),
 }
-
-
-def venv_python():
-    cache = os.environ.get("FSDP_BENCH_CACHE", os.path.expanduser("~/.cache/fsdp_bench"))
-    subprocess.run(["bash", os.path.join(ROOT, "bench", "cpu", "setup.sh"), "torch"], check=True)
-    python = os.path.join(cache, "torch-venv", "bin", "python")
-    probe = subprocess.run([python, "-c", "import transformers, safetensors"],
-                           capture_output=True)
-    if probe.returncode != 0:
-        subprocess.run([python, "-m", "pip", "install", "-q", f"transformers=={TRANSFORMERS}"],
-                       check=True)
-    return python
 
 
 def random_weights(shapes, seed):
@@ -330,9 +318,7 @@ def main():
     p.add_argument("--in_venv", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if not args.in_venv:
-        python = venv_python()
-        return subprocess.run([python, os.path.abspath(__file__), "--in_venv", f"--out={args.out}"]
-                              + (["--check"] if args.check else [])).returncode
+        return torch_venv.rerun_in_venv(__file__)
     if args.check:
         return 0 if check(args.out) else 1
     make(args.out)
