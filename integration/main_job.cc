@@ -1,11 +1,13 @@
-// The main job (README: `make demo`): trains a GPT on the synthetic Markov language over
-// N ranks with FSDP, tests it in the same run through the shared wrapper registry (and
-// prints what the registry reused), saves a sharded checkpoint, releases the model,
-// exports it as safetensors and tests the plain module, then prints a summary table,
-// writes SVG charts, and ends with one JSON line of the figures.
+// The main job (README: `make demo`): trains a GPT (or, with --model=llama, a Llama) on
+// the synthetic Markov language over N ranks with FSDP, tests it in the same run through
+// the shared wrapper registry (and prints what the registry reused), saves a sharded
+// checkpoint, releases the model, exports it as safetensors and tests the plain module,
+// then prints a summary table, writes SVG charts, and ends with one JSON line of the
+// figures.
 //
 //   bazel run //integration:main_job                          # 2 local CPU ranks
 //   bazel run //integration:main_job -- --world_size=4 --strategy=SHARD_GRAD_OP
+//   bazel run //integration:main_job -- --model=llama --n_kv_head=2
 //   bazel run //integration:main_job -- --stages=test --resume_from=out/main_job/checkpoint
 //
 // Run without RANK in the environment, it starts --world_size copies of itself through
@@ -83,6 +85,7 @@ integration::internal::JobFacts FactsOf(const JobOptions& job,
       setup.module->uses_token_files() ? 0 : setup.module->language().vocab_size();
   facts.strategy = fsdp::ShardingStrategyName(setup.options.wrap.strategy);
   facts.stages = job.stages;
+  facts.model = job.model_kind;
   facts.model_parameters = setup.module->model()->NumParameterElements();
   facts.entropy_floor = setup.module->EntropyFloor();
   facts.memory_estimate = setup.estimate;
@@ -213,7 +216,8 @@ int main(int argc, char** argv) {
   usage.contains_helpshort_flags = IsJobFlagFile;
   absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
-      "Trains, tests, checkpoints and releases a GPT with FSDP over local ranks (README.md).");
+      "Trains, tests, checkpoints and releases a GPT or a Llama (--model) with FSDP over local "
+      "ranks (README.md).");
   absl::ParseCommandLine(argc, argv);
   const JobOptions job = integration::internal::JobOptionsFromFlags();
   if (job.memory_plan) {

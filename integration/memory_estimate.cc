@@ -159,7 +159,8 @@ std::string MemoryEstimate::Describe() const {
       "per rank ", core::FormatBytes(per_rank_bytes), " = max(init ",
       core::FormatBytes(init_bytes), ", model state ", core::FormatBytes(model_state_bytes),
       " + gathered ", core::FormatBytes(gathered_bytes), " + activations ",
-      core::FormatBytes(activation_bytes), " + comm ", core::FormatBytes(comm_bytes), ")");
+      activations_estimated ? core::FormatBytes(activation_bytes) : "not estimated",
+      " + comm ", core::FormatBytes(comm_bytes), ")");
   if (device.is_cuda() && offloaded_bytes > 0) {
     absl::StrAppend(&out, " on ", device.ToString(), "; offloaded to the host ",
                     core::FormatBytes(offloaded_bytes), " per rank, the host holding ",
@@ -245,6 +246,7 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const MemoryEstimateInput& input) 
         c.Add(c.Add(std::max(held, recompute), c.Mul(5, a.n_embd)), a.vocab_size);
     const int64_t per_token = c.Add(std::max(at_loss, in_backward), 3);
     e.activation_bytes = c.Mul(4, c.Mul(c.Mul(a.batch_rows, a.seq_len), per_token));
+    e.activations_estimated = true;
   }
   // The collectives' staging (fsdp/unit.cc, tag comm): the shard each all-gather in
   // flight sends and the shard the reduction in flight receives.

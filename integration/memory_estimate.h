@@ -54,7 +54,11 @@
 //                 B is the rows of this rank's batch (of one micro-batch with gradient
 //                 accumulation), T the sequence length. memory_estimate_test checks it
 //                 against the measured peak: at or above it and within 5%, with none,
-//                 some and every block checkpointed.
+//                 some and every block checkpointed. The formula is the GPT's caches; for
+//                 another model (the main job's --model=llama: RMSNorm, rotary, GQA,
+//                 SwiGLU caches) the activations are not estimated, and the estimate says
+//                 so (MemoryEstimate::activations_estimated) rather than print a wrong
+//                 figure: it is then a lower bound.
 //   init          4 P + 4 I + 4 Lu   every rank builds the full fp32 model before
 //                                    sharding it, plus one unit's flat buffer; 0 for a
 //                                    deferred model (NOTE [Deferred initialisation] in
@@ -164,11 +168,18 @@ struct MemoryEstimateInput {
   core::Device device = core::Device::Cpu();
 };
 
+// What the job says where the activations were not estimated (NOTE [Memory estimate]).
+inline constexpr char kActivationsNotEstimated[] =
+    "the memory estimate leaves out the activations (NOTE [Memory estimate]'s formula is the "
+    "GPT's and does not cover this model): it is a lower bound";
+
 // Bytes, per NOTE [Memory estimate].
 struct MemoryEstimate {
   int64_t model_state_bytes = 0;
   int64_t gathered_bytes = 0;
+  // 0 and activations_estimated false when MemoryEstimateInput::activations was unset.
   int64_t activation_bytes = 0;
+  bool activations_estimated = false;
   int64_t comm_bytes = 0;
   int64_t init_bytes = 0;
   // Host bytes per rank under cpu_offload (0 without).
@@ -184,7 +195,8 @@ struct MemoryEstimate {
   int64_t per_device_bytes = 0;
 
   // "per rank 1.20GiB = max(init 400.00MiB, model state 800.00MiB + gathered
-  // 100.00MiB + activations 328.00MiB + comm 1.00MiB); x 4 ranks on this host = 4.80GiB".
+  // 100.00MiB + activations 328.00MiB + comm 1.00MiB); x 4 ranks on this host = 4.80GiB"
+  // ("activations not estimated" in place of their figure when they were not).
   std::string Describe() const;
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -70,9 +71,10 @@ std::string StrategyCaseName(const StrategyCase& c) {
                       c.hybrid_shard_size ? absl::StrCat("_H", c.hybrid_shard_size) : "");
 }
 
-FullyShardOptions PerBlockOptions(ShardingStrategy strategy, int hybrid_shard_size) {
+FullyShardOptions PerBlockOptions(ShardingStrategy strategy, int hybrid_shard_size,
+                                  const std::string& block_type) {
   FullyShardOptions options;
-  options.policy = policy::ModuleTypes({"TransformerBlock"});
+  options.policy = policy::ModuleTypes({block_type});
   options.strategy = strategy;
   options.hybrid_shard_size = hybrid_shard_size;
   options.timeout = absl::Seconds(30);
@@ -134,41 +136,66 @@ absl::StatusOr<std::vector<double>> TrainSteps(const GptTrainingSetup& setup,
 
 }  // namespace
 
+namespace {
+
+// MakeGpt(setup) as a ModelFactory.
+ModelFactory GptFactory(const GptTrainingSetup& setup) {
+  return [&setup]() -> absl::StatusOr<std::shared_ptr<core::Module>> {
+    ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, MakeGpt(setup));
+    return std::shared_ptr<core::Module>(std::move(gpt));
+  };
+}
+
+}  // namespace
+
 absl::StatusOr<TrainingRun> TrainUnwrapped(const GptTrainingSetup& setup) {
+  return TrainUnwrapped(setup, GptFactory(setup));
+}
+
+absl::StatusOr<TrainingRun> TrainUnwrapped(const GptTrainingSetup& setup,
+                                           const ModelFactory& make) {
   ASSIGN_OR_RETURN(data::MarkovLanguage language, MakeLanguage(setup));
-  ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, MakeGpt(setup));
+  ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, make());
   ASSIGN_OR_RETURN(std::unique_ptr<optim::AdamW> adamw,
-                   optim::AdamW::Create(gpt->NamedParameters(), setup.adamw));
+                   optim::AdamW::Create(model->NamedParameters(), setup.adamw));
   TrainingRun run;
   ASSIGN_OR_RETURN(run.losses, TrainSteps(setup, language, /*sampler=*/nullptr,
-                                          /*group=*/nullptr, *gpt, *adamw));
-  run.params = ParameterValues(*gpt);
+                                          /*group=*/nullptr, *model, *adamw));
+  run.params = ParameterValues(*model);
   return run;
 }
 
 absl::StatusOr<TrainingRun> TrainFullyShardedRank(comm::testing::RankContext& ctx,
                                                   const GptTrainingSetup& setup,
                                                   const FullyShardOptions& options) {
-  ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, MakeGpt(setup));
+  return TrainFullyShardedRank(ctx, setup, options, GptFactory(setup));
+}
+
+absl::StatusOr<TrainingRun> TrainFullyShardedRank(comm::testing::RankContext& ctx,
+                                                  const GptTrainingSetup& setup,
+                                                  const FullyShardOptions& options,
+                                                  const ModelFactory& make) {
+  ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, make());
   WrapperRegistry registry;
-  return TrainFullyShardedModel(ctx, setup, options, gpt, &registry);
+  return TrainFullyShardedModel(ctx, setup, options, model, &registry);
 }
 
 absl::StatusOr<TrainingRun> TrainFullyShardedModel(comm::testing::RankContext& ctx,
                                                    const GptTrainingSetup& setup,
                                                    const FullyShardOptions& options,
-                                                   const std::shared_ptr<nn::Gpt>& gpt,
+                                                   const std::shared_ptr<core::Module>& model,
                                                    WrapperRegistry* registry) {
   ASSIGN_OR_RETURN(data::MarkovLanguage language, MakeLanguage(setup));
   ASSIGN_OR_RETURN(data::RankSampler sampler, data::RankSampler::Create(ctx.rank, ctx.world_size));
   ASSIGN_OR_RETURN(std::shared_ptr<FullyShardHandle> handle,
-                   FullyShard(gpt, ctx.group, options, registry));
+                   FullyShard(model, ctx.group, options, registry));
   ASSIGN_OR_RETURN(std::unique_ptr<optim::AdamW> adamw,
-                   optim::AdamW::Create(gpt->NamedParameters(), setup.adamw));
+                   optim::AdamW::Create(model->NamedParameters(), setup.adamw));
   TrainingRun run;
-  ASSIGN_OR_RETURN(run.losses, TrainSteps(setup, language, &sampler, ctx.group.get(), *gpt, *adamw));
-  RETURN_IF_ERROR(Release(*gpt, registry));
-  run.params = ParameterValues(*gpt);
+  ASSIGN_OR_RETURN(run.losses,
+                   TrainSteps(setup, language, &sampler, ctx.group.get(), *model, *adamw));
+  RETURN_IF_ERROR(Release(*model, registry));
+  run.params = ParameterValues(*model);
   return run;
 }
 

@@ -1,5 +1,7 @@
 // Test-only: the Gpt training runs the fsdp tests compare: a single-process unwrapped
 // reference and the same training on one rank of a thread-rank group under FullyShard.
+// The runs take any language model (a ModelFactory: llama_parity_test trains an
+// nn::Llama) on the setup's data, steps and optimizer.
 //
 //   fsdp::testing::GptTrainingSetup setup = fsdp::testing::TinySetup();
 //   ASSIGN_OR_RETURN(fsdp::testing::TrainingRun reference, fsdp::testing::TrainUnwrapped(setup));
@@ -16,6 +18,7 @@
 #ifndef FSDP_TESTING_GPT_TRAINING_H_
 #define FSDP_TESTING_GPT_TRAINING_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -24,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "comm/testing/thread_ranks.h"
+#include "core/module.h"
 #include "data/markov_language.h"
 #include "fsdp/options.h"
 #include "fsdp/registry.h"
@@ -72,29 +76,43 @@ struct StrategyCase {
 // "FULLSHARD_N2", "HYBRIDSHARD_N4_H2": a gtest parameter name.
 std::string StrategyCaseName(const StrategyCase& c);
 
-// The policy the parity tests use: one unit per TransformerBlock, plus the root.
-FullyShardOptions PerBlockOptions(ShardingStrategy strategy, int hybrid_shard_size = 0);
+// The policy the parity tests use: one unit per `block_type` module (the GPT's
+// TransformerBlock by default), plus the root.
+FullyShardOptions PerBlockOptions(ShardingStrategy strategy, int hybrid_shard_size = 0,
+                                  const std::string& block_type = "TransformerBlock");
+
+// Builds the model a run trains: a language model (int32 tokens [B, T] -> logits [B, T, V])
+// with the same values on every call.
+using ModelFactory = std::function<absl::StatusOr<std::shared_ptr<core::Module>>()>;
 
 // One forward/backward on `batch` (grads accumulate; no optimizer step); returns the
 // loss, the mean over the batch's tokens.
 absl::StatusOr<double> ForwardBackward(core::Module& model, const data::TokenBatch& batch);
 
-// Single process, no FSDP.
+// Single process, no FSDP: MakeGpt(setup), or the model `make` builds (setup.gpt and
+// setup.frozen unused then), trained on the setup's batches with its AdamW.
 absl::StatusOr<TrainingRun> TrainUnwrapped(const GptTrainingSetup& setup);
+absl::StatusOr<TrainingRun> TrainUnwrapped(const GptTrainingSetup& setup,
+                                           const ModelFactory& make);
 
-// On one rank: builds the same Gpt, FullyShards it with `options` (a fresh registry),
-// trains with AdamW on the rank's slices, then Releases it to read the full parameters.
+// On one rank: builds the same Gpt (or the model `make` builds), FullyShards it with
+// `options` (a fresh registry), trains with AdamW on the rank's slices, then Releases it to
+// read the full parameters.
 absl::StatusOr<TrainingRun> TrainFullyShardedRank(comm::testing::RankContext& ctx,
                                                   const GptTrainingSetup& setup,
                                                   const FullyShardOptions& options);
+absl::StatusOr<TrainingRun> TrainFullyShardedRank(comm::testing::RankContext& ctx,
+                                                  const GptTrainingSetup& setup,
+                                                  const FullyShardOptions& options,
+                                                  const ModelFactory& make);
 
 // The same for a model the caller made (plain, as MakeGpt(setup) returns it) through a
-// registry the caller keeps: FullyShards `gpt` with `options` via `registry`, trains,
+// registry the caller keeps: FullyShards `model` with `options` via `registry`, trains,
 // Releases. Fails with FullyShard's error if the wrap fails.
 absl::StatusOr<TrainingRun> TrainFullyShardedModel(comm::testing::RankContext& ctx,
                                                    const GptTrainingSetup& setup,
                                                    const FullyShardOptions& options,
-                                                   const std::shared_ptr<nn::Gpt>& gpt,
+                                                   const std::shared_ptr<core::Module>& model,
                                                    WrapperRegistry* registry);
 
 // The values of a module's parameters by name (full-shape data read as floats).

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <system_error>
 #include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "core/dtype.h"
 #include "comm/init_from_env.h"
@@ -76,16 +78,33 @@ ABSL_FLAG(bool, deferred_init, false,
           "build the model without parameter memory; the wrap fills only each rank's shards, "
           "with the values a full construction gives");
 ABSL_FLAG(int, activation_checkpoint_every, 0,
-          "activation checkpointing: every k-th TransformerBlock (blocks 0, k, 2k, ...) drops "
-          "its activations after the forward and recomputes them in the backward; 1: every "
-          "block, 0: none");
+          "activation checkpointing: every k-th block (TransformerBlock, or LlamaDecoderLayer "
+          "for --model=llama; blocks 0, k, 2k, ...) drops its activations after the forward and "
+          "recomputes them in the backward; 1: every block, 0: none");
 ABSL_FLAG(int, eval_batches, 8, "batches of each validate / test / predict stage");
 ABSL_FLAG(int, seq_len, 32, "tokens per sequence (at most --block_size)");
+ABSL_FLAG(std::string, model, "gpt",
+          "the decoder to train: gpt (nn::Gpt, GPT-2 style) or llama (nn::Llama: RMSNorm, "
+          "rotary positions, SwiGLU, grouped-query attention); both read --vocab_size, "
+          "--block_size, --n_embd, --n_layer and --n_head, llama also --n_kv_head, "
+          "--intermediate_size, --rope_theta, --rms_norm_eps and --tie_word_embeddings");
 ABSL_FLAG(int64_t, vocab_size, 64, "vocabulary of the language and the model");
-ABSL_FLAG(int64_t, block_size, 32, "model context length");
-ABSL_FLAG(int64_t, n_embd, 64, "model width");
-ABSL_FLAG(int64_t, n_layer, 2, "transformer blocks (one FSDP unit each)");
+ABSL_FLAG(int64_t, block_size, 32,
+          "model context length (--model=llama: max_position_embeddings)");
+ABSL_FLAG(int64_t, n_embd, 64, "model width (--model=llama: hidden_size)");
+ABSL_FLAG(int64_t, n_layer, 2,
+          "transformer blocks (one FSDP unit each; --model=llama: LlamaDecoderLayers)");
 ABSL_FLAG(int64_t, n_head, 4, "attention heads");
+ABSL_FLAG(std::optional<int64_t>, n_kv_head, std::nullopt,
+          "--model=llama: key/value heads of the grouped-query attention (a divisor of "
+          "--n_head; default --n_head: multi-head attention)");
+ABSL_FLAG(std::optional<int64_t>, intermediate_size, std::nullopt,
+          "--model=llama: width of the SwiGLU MLP (default 8/3 --n_embd rounded up to a multiple "
+          "of 8: 176 for 64)");
+ABSL_FLAG(double, rope_theta, 10000.0, "--model=llama: base of the rotary position embedding");
+ABSL_FLAG(double, rms_norm_eps, 1e-6, "--model=llama: epsilon of the RMSNorms");
+ABSL_FLAG(bool, tie_word_embeddings, false,
+          "--model=llama: lm_head shares embed_tokens' weight");
 ABSL_FLAG(int, order, 1, "Markov order of the language");
 ABSL_FLAG(std::string, data, "",
           "token file or directory of .bin shards to train on instead of the Markov language "
@@ -134,14 +153,8 @@ std::string PathOr(const std::string& flag, const std::string& fallback) {
   return flag.empty() ? fallback : Resolve(flag);
 }
 
-GptModuleOptions ModelOptionsFromFlags() {
-  GptModuleOptions o;
-  o.model.vocab_size = absl::GetFlag(FLAGS_vocab_size);
-  o.model.block_size = absl::GetFlag(FLAGS_block_size);
-  o.model.n_embd = absl::GetFlag(FLAGS_n_embd);
-  o.model.n_layer = absl::GetFlag(FLAGS_n_layer);
-  o.model.n_head = absl::GetFlag(FLAGS_n_head);
-  o.model.seed = absl::GetFlag(FLAGS_seed);
+DecoderTrainOptions TrainOptionsFromFlags() {
+  DecoderTrainOptions o;
   o.language.order = absl::GetFlag(FLAGS_order);
   o.language.seed = absl::GetFlag(FLAGS_seed) + 1;
   o.seq_len = absl::GetFlag(FLAGS_seq_len);
@@ -155,7 +168,104 @@ GptModuleOptions ModelOptionsFromFlags() {
   return o;
 }
 
+nn::GptConfig GptConfigFromFlags() {
+  nn::GptConfig c;
+  c.vocab_size = absl::GetFlag(FLAGS_vocab_size);
+  c.block_size = absl::GetFlag(FLAGS_block_size);
+  c.n_embd = absl::GetFlag(FLAGS_n_embd);
+  c.n_layer = absl::GetFlag(FLAGS_n_layer);
+  c.n_head = absl::GetFlag(FLAGS_n_head);
+  c.seed = absl::GetFlag(FLAGS_seed);
+  return c;
+}
+
+nn::LlamaConfig LlamaConfigFromFlags() {
+  nn::LlamaConfig c;
+  c.vocab_size = absl::GetFlag(FLAGS_vocab_size);
+  c.hidden_size = absl::GetFlag(FLAGS_n_embd);
+  c.intermediate_size =
+      absl::GetFlag(FLAGS_intermediate_size).value_or(DefaultIntermediateSize(c.hidden_size));
+  c.num_hidden_layers = absl::GetFlag(FLAGS_n_layer);
+  c.num_attention_heads = absl::GetFlag(FLAGS_n_head);
+  c.num_key_value_heads = absl::GetFlag(FLAGS_n_kv_head).value_or(c.num_attention_heads);
+  c.max_position_embeddings = absl::GetFlag(FLAGS_block_size);
+  c.rms_norm_eps = static_cast<float>(absl::GetFlag(FLAGS_rms_norm_eps));
+  c.rope_theta = absl::GetFlag(FLAGS_rope_theta);
+  c.tie_word_embeddings = absl::GetFlag(FLAGS_tie_word_embeddings);
+  c.seed = absl::GetFlag(FLAGS_seed);
+  return c;
+}
+
 }  // namespace
+
+absl::StatusOr<ModelKind> ParseModelKind(const std::string& text) {
+  if (text == "gpt") return ModelKind::kGpt;
+  if (text == "llama") return ModelKind::kLlama;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--model=", text, ": unknown model; use gpt or llama"));
+}
+
+int64_t DefaultIntermediateSize(int64_t hidden_size) {
+  if (hidden_size <= 0) return 0;
+  return 8 * ((hidden_size + 2) / 3);
+}
+
+GptModuleOptions GptOptionsFor(const JobOptions& job) {
+  GptModuleOptions o;
+  static_cast<DecoderTrainOptions&>(o) = job.train;
+  o.model = job.gpt;
+  return o;
+}
+
+LlamaModuleOptions LlamaOptionsFor(const JobOptions& job) {
+  LlamaModuleOptions o;
+  static_cast<DecoderTrainOptions&>(o) = job.train;
+  o.model = job.llama;
+  return o;
+}
+
+absl::StatusOr<DecoderSpec> ModelSpecFor(const JobOptions& job) {
+  ASSIGN_OR_RETURN(ModelKind kind, ParseModelKind(job.model_kind));
+  switch (kind) {
+    case ModelKind::kGpt:
+      return GptTrainModule::Spec(job.gpt);
+    case ModelKind::kLlama:
+      return LlamaTrainModule::Spec(job.llama);
+  }
+  return absl::InternalError("unreachable ModelKind");
+}
+
+absl::Status WithLlamaFlagNames(const absl::Status& status) {
+  if (status.ok()) return status;
+  // No name below is a prefix of another, so the order does not matter.
+  const std::string message = absl::StrReplaceAll(
+      status.message(), {{"LlamaConfig.vocab_size", "--vocab_size"},
+                         {"LlamaConfig.hidden_size", "--n_embd"},
+                         {"LlamaConfig.intermediate_size", "--intermediate_size"},
+                         {"LlamaConfig.num_hidden_layers", "--n_layer"},
+                         {"LlamaConfig.num_attention_heads", "--n_head"},
+                         {"LlamaConfig.num_key_value_heads", "--n_kv_head"},
+                         {"LlamaConfig.max_position_embeddings", "--block_size"},
+                         {"LlamaConfig.rms_norm_eps", "--rms_norm_eps"},
+                         {"LlamaConfig.rope_theta", "--rope_theta"},
+                         {"LlamaModuleOptions.seq_len", "--seq_len"},
+                         {"LlamaModuleOptions.warmup_steps", "--warmup_steps"},
+                         {"LlamaModuleOptions.data_path", "--data"},
+                         {"LlamaModuleOptions.eval_data_path", "--eval_data"}});
+  return absl::Status(status.code(), message);
+}
+
+absl::Status CheckModelFlags(const JobOptions& job) {
+  ASSIGN_OR_RETURN(ModelKind kind, ParseModelKind(job.model_kind));
+  if (kind != ModelKind::kLlama) return absl::OkStatus();
+  RETURN_IF_ERROR(WithLlamaFlagNames(job.llama.Validate()));
+  if (job.train.seq_len <= 0 || job.train.seq_len > job.llama.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("--seq_len = ", job.train.seq_len,
+                                                   ": must be in [1, --block_size = ",
+                                                   job.llama.max_position_embeddings, "]"));
+  }
+  return absl::OkStatus();
+}
 
 JobOptions JobOptionsFromFlags() {
   JobOptions job;
@@ -187,7 +297,10 @@ JobOptions JobOptionsFromFlags() {
   job.eval_batch_size = absl::GetFlag(FLAGS_eval_batch_size);
   job.eval_batches = absl::GetFlag(FLAGS_eval_batches);
   job.log_every = absl::GetFlag(FLAGS_log_every);
-  job.model = ModelOptionsFromFlags();
+  job.model_kind = absl::GetFlag(FLAGS_model);
+  job.train = TrainOptionsFromFlags();
+  job.gpt = GptConfigFromFlags();
+  job.llama = LlamaConfigFromFlags();
   job.intra_op_threads = absl::GetFlag(FLAGS_intra_op_threads);
   job.timeout_s = absl::GetFlag(FLAGS_timeout_s);
   job.testonly_fault = absl::GetFlag(FLAGS_testonly_fault);
@@ -215,6 +328,7 @@ absl::Status CheckBeforeLaunch(const JobOptions& job) {
         absl::StrCat("--world_size=", job.world_size, " must be >= 1"));
   }
   if (absl::Status s = ParseStages(job.stages).status(); !s.ok()) return refuse(s);
+  if (absl::Status s = CheckModelFlags(job); !s.ok()) return refuse(s);
   if (absl::Status s = ParseShardingStrategy(job.strategy).status(); !s.ok()) {
     return refuse(s, "--strategy: ");
   }
@@ -288,7 +402,8 @@ absl::StatusOr<int> IntraOpThreads(const JobOptions& job, int world) {
 
 absl::StatusOr<StageOptions> StageOptionsFor(const JobOptions& job, absl::Duration timeout) {
   StageOptions options;
-  options.wrap.policy = policy::ModuleTypes({"TransformerBlock"});
+  ASSIGN_OR_RETURN(const DecoderSpec model, ModelSpecFor(job));
+  options.wrap.policy = policy::ModuleTypes({model.block_type});
   absl::StatusOr<fsdp::ShardingStrategy> strategy = ParseShardingStrategy(job.strategy);
   if (!strategy.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--strategy: ", strategy.status().message()));
@@ -318,7 +433,7 @@ absl::StatusOr<StageOptions> StageOptionsFor(const JobOptions& job, absl::Durati
   }
   if (job.activation_checkpoint_every > 0) {
     options.wrap.checkpoint_policy =
-        policy::EveryKth({"TransformerBlock"}, job.activation_checkpoint_every);
+        policy::EveryKth({model.block_type}, job.activation_checkpoint_every);
   }
   options.eval_batch_size = job.eval_batch_size;
   options.eval_batches = job.eval_batches;

@@ -1,7 +1,7 @@
 // The main job's command line (integration/main_job.cc) as a typed struct: the flags are
 // defined here, read once into JobOptions, and turned into the options of the layers the
-// job drives (GptModuleOptions, StageOptions) by the functions below. Every error names
-// the flag.
+// job drives (GptModuleOptions or LlamaModuleOptions, StageOptions) by the functions
+// below. Every error names the flag.
 //
 //   absl::ParseCommandLine(argc, argv);
 //   const integration::internal::JobOptions job = integration::internal::JobOptionsFromFlags();
@@ -18,7 +18,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "integration/decoder_module.h"
 #include "integration/gpt_module.h"
+#include "integration/llama_module.h"
 #include "integration/stage_options.h"
 #include "integration/train_module.h"
 
@@ -55,14 +57,46 @@ struct JobOptions {
   int eval_batch_size = 0;
   int eval_batches = 0;
   int64_t log_every = 0;
-  // The model, the language and the optimizer; `model.device` is the CPU (each rank sets
-  // its own).
-  GptModuleOptions model;
+  // The model: --model (ParseModelKind), what both models' modules take (the language or
+  // token files, --seq_len, AdamW, the warm-up, deferred init; `train.device` is the CPU:
+  // each rank sets its own), and each model's config from the dimension flags.
+  std::string model_kind;      // --model: gpt or llama
+  DecoderTrainOptions train;
+  nn::GptConfig gpt;           // --model=gpt
+  nn::LlamaConfig llama;       // --model=llama
   int intra_op_threads = 0;   // --intra_op_threads; 0 = auto (IntraOpThreads)
   double timeout_s = 0;       // --timeout_s (core::TimeoutFromSeconds checks it)
   std::string testonly_fault;
   int testonly_failure_print_delay_ms = 0;
 };
+
+// Which decoder the job trains (--model).
+enum class ModelKind { kGpt, kLlama };
+
+// "gpt" -> kGpt, "llama" -> kLlama; InvalidArgument naming --model otherwise.
+absl::StatusOr<ModelKind> ParseModelKind(const std::string& text);
+
+// --intermediate_size's default for a width C: the SwiGLU width 8 C / 3 rounded up to a
+// multiple of 8, that is 8 ceil(C / 3) (176 for C = 64; 0 for C <= 0, which
+// LlamaConfig::Validate names as --n_embd first).
+int64_t DefaultIntermediateSize(int64_t hidden_size);
+
+// The module options of --model=gpt and --model=llama: job.train with the model's config.
+GptModuleOptions GptOptionsFor(const JobOptions& job);
+LlamaModuleOptions LlamaOptionsFor(const JobOptions& job);
+
+// The job's model as DecoderTrainModule builds it (GptTrainModule::Spec or
+// LlamaTrainModule::Spec of its config); ParseModelKind's error.
+absl::StatusOr<DecoderSpec> ModelSpecFor(const JobOptions& job);
+
+// `status` with the LlamaConfig and LlamaModuleOptions fields that flags set named as
+// those flags: "LlamaConfig.num_key_value_heads (3) must divide
+// LlamaConfig.num_attention_heads (4)" -> "--n_kv_head (3) must divide --n_head (4)".
+absl::Status WithLlamaFlagNames(const absl::Status& status);
+
+// The model flags' checks that need no rank: --model, and for --model=llama the config
+// (LlamaConfig::Validate) and --seq_len <= --block_size, each naming the flag.
+absl::Status CheckModelFlags(const JobOptions& job);
 
 // The flags as parsed by absl::ParseCommandLine. Never fails: the checks come later, where
 // their errors are reported (CheckBeforeLaunch, ParseStages, StageOptionsFor, ...).
@@ -72,7 +106,7 @@ JobOptions JobOptionsFromFlags();
 absl::Status MakeOutputDir(const JobOptions& job);
 
 // The checks the launching parent makes before it starts any rank (world size, stages,
-// strategy, intra-op threads, timeout, device and backend), so a refusal comes once: the
+// the model flags, strategy, intra-op threads, timeout, device and backend), so a refusal comes once: the
 // first failure, with the message the parent prints after "main job: ".
 absl::Status CheckBeforeLaunch(const JobOptions& job);
 
@@ -89,10 +123,11 @@ int LocalRanks(int world);
 // threads shared by the ranks on this host. InvalidArgument when the flag is negative.
 absl::StatusOr<int> IntraOpThreads(const JobOptions& job, int world);
 
-// The stages' options: one FSDP unit per TransformerBlock, --strategy and the other wrap
-// flags, the batch and step flags, `checkpoint_dir`, then the fields --stage_config sets
-// (read here, so this can fail on some ranks only). InvalidArgument naming the flag, or
-// ReadStageOptionsFile's error.
+// The stages' options: one FSDP unit per block of the model (TransformerBlock, or
+// LlamaDecoderLayer for --model=llama; --activation_checkpoint_every counts them),
+// --strategy and the other wrap flags, the batch and step flags, `checkpoint_dir`, then the
+// fields --stage_config sets (read here, so this can fail on some ranks only).
+// InvalidArgument naming the flag, or ReadStageOptionsFile's error.
 absl::StatusOr<StageOptions> StageOptionsFor(const JobOptions& job, absl::Duration timeout);
 
 }  // namespace internal

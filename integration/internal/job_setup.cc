@@ -11,7 +11,11 @@
 #include "core/status_macros.h"
 #include "fsdp/options.h"
 #include "integration/device_setup.h"
+#include "integration/gpt_module.h"
+#include "integration/llama_module.h"
 #include "integration/memory_estimate.h"
+#include "nn/gpt.h"
+#include "nn/llama.h"
 #include "nn/ops.h"
 #include "policy/plan.h"
 #include "policy/plan_report.h"
@@ -19,9 +23,22 @@
 
 namespace integration {
 namespace internal {
-namespace {
 
-}  // namespace
+absl::StatusOr<std::unique_ptr<DecoderTrainModule>> CreateJobModule(const JobOptions& job,
+                                                                    core::Device device) {
+  ASSIGN_OR_RETURN(const ModelKind kind, ParseModelKind(job.model_kind));
+  if (kind == ModelKind::kLlama) {
+    LlamaModuleOptions options = LlamaOptionsFor(job);
+    options.device = device;
+    absl::StatusOr<std::unique_ptr<LlamaTrainModule>> module = LlamaTrainModule::Create(options);
+    if (!module.ok()) return WithLlamaFlagNames(module.status());
+    return std::unique_ptr<DecoderTrainModule>(*std::move(module));
+  }
+  GptModuleOptions options = GptOptionsFor(job);
+  options.device = device;
+  ASSIGN_OR_RETURN(std::unique_ptr<GptTrainModule> module, GptTrainModule::Create(options));
+  return std::unique_ptr<DecoderTrainModule>(std::move(module));
+}
 
 absl::StatusOr<policy::WrapPlan> PlanJob(const core::Module& model, const StageOptions& options,
                                          int world) {
@@ -35,7 +52,7 @@ absl::StatusOr<policy::WrapPlan> PlanJob(const core::Module& model, const StageO
 }
 
 absl::StatusOr<MemoryEstimate> EstimateJobMemory(const core::Module& model,
-                                                 const GptModuleOptions& model_options,
+                                                 const DecoderTrainOptions& train,
                                                  const StageOptions& options, int world,
                                                  int local_ranks, core::Device device) {
   ASSIGN_OR_RETURN(policy::WrapPlan plan, PlanJob(model, options, world));
@@ -49,14 +66,17 @@ absl::StatusOr<MemoryEstimate> EstimateJobMemory(const core::Module& model,
   need.param_dtype = options.wrap.mixed_precision.param_dtype;
   need.device = device;
   // Activations of the largest batch one pass holds: a training micro-batch or an
-  // evaluation batch.
-  need.activations = GptActivations(
-      model_options.model,
-      std::max(options.train_batch_size / options.grad_accumulation, options.eval_batch_size) /
-          world,
-      model_options.seq_len);
-  need.activations->checkpointed_blocks = GptCheckpointedBlocks(plan);
-  need.deferred_init = model_options.deferred_init;
+  // evaluation batch. The formula is the GPT's (NOTE [Memory estimate]): another model's
+  // activations are left out rather than estimated wrongly.
+  if (const auto* gpt = dynamic_cast<const nn::Gpt*>(&model); gpt != nullptr) {
+    need.activations = GptActivations(
+        gpt->config(),
+        std::max(options.train_batch_size / options.grad_accumulation, options.eval_batch_size) /
+            world,
+        train.seq_len);
+    need.activations->checkpointed_blocks = GptCheckpointedBlocks(plan);
+  }
+  need.deferred_init = train.deferred_init;
   need.cpu_offload = options.wrap.cpu_offload;
   need.no_sync_accumulation = options.grad_accumulation > 1 &&
                               options.accumulation == StageOptions::Accumulation::kNoSync;
@@ -70,8 +90,8 @@ namespace {
 absl::Status CheckFitsInMemory(JobSetup* setup_out, int world, core::Device device) {
   const JobSetup& setup = *setup_out;
   ASSIGN_OR_RETURN(MemoryEstimate estimate,
-                   EstimateJobMemory(*setup.module->model(), setup.model_options, setup.options,
-                                     world, LocalRanks(world), device));
+                   EstimateJobMemory(*setup.module->model(), setup.module->train_options(),
+                                     setup.options, world, LocalRanks(world), device));
   setup_out->estimate = estimate;
   RETURN_IF_ERROR(CheckFitsInHostMemory(estimate));
   if (device.is_cuda()) {
@@ -91,13 +111,15 @@ absl::StatusOr<std::string> MemoryPlanReport(const JobOptions& job, absl::Durati
   if (world < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--world_size=", world, " must be >= 1"));
   }
+  RETURN_IF_ERROR(CheckModelFlags(job));
   ASSIGN_OR_RETURN(StageOptions options, StageOptionsFor(job, timeout));
+  ASSIGN_OR_RETURN(const DecoderSpec spec, ModelSpecFor(job));
   // Shapes only: the model is built deferred, whatever its size (NOTE [Deferred
   // initialisation] in core/param_init.h).
-  std::shared_ptr<nn::Gpt> model;
+  std::shared_ptr<core::Module> model;
   {
     core::DeferredInitScope deferred;
-    ASSIGN_OR_RETURN(model, nn::Gpt::Create(job.model.model));
+    ASSIGN_OR_RETURN(model, spec.build());
   }
   const core::Device device = job.device == "cuda" ? core::Device::Cuda(0) : core::Device::Cpu();
   ASSIGN_OR_RETURN(policy::WrapPlan plan, PlanJob(*model, options, world));
@@ -116,7 +138,7 @@ absl::StatusOr<std::string> MemoryPlanReport(const JobOptions& job, absl::Durati
   };
   const bool asked_checkpoint = options.wrap.checkpoint_policy != nullptr;
   std::vector<Variant> variants = {
-      {"as asked", asked_checkpoint, job.model.deferred_init, options.wrap.cpu_offload},
+      {"as asked", asked_checkpoint, job.train.deferred_init, options.wrap.cpu_offload},
       {"no checkpointing, full init", false, false},
       {"every block checkpointed, full init", true, false},
       {"no checkpointing, deferred init", false, true},
@@ -126,26 +148,31 @@ absl::StatusOr<std::string> MemoryPlanReport(const JobOptions& job, absl::Durati
     // what the state costs there.
     variants.push_back({"every block checkpointed, deferred, offload", true, true, true});
   }
+  bool activations_estimated = true;
   for (const Variant& v : variants) {
     StageOptions o = options;
-    GptModuleOptions m = job.model;
+    DecoderTrainOptions m = job.train;
     if (v.name != "as asked") {
       o.wrap.checkpoint_policy =
-          v.checkpoint_every_block ? policy::ModuleTypes({"TransformerBlock"}) : nullptr;
+          v.checkpoint_every_block ? policy::ModuleTypes({spec.block_type}) : nullptr;
       m.deferred_init = v.deferred;
       o.wrap.cpu_offload = v.offload;
     }
     ASSIGN_OR_RETURN(MemoryEstimate e,
                      EstimateJobMemory(*model, m, o, world, LocalRanks(world), device));
+    activations_estimated = e.activations_estimated;
     absl::StrAppend(&out, absl::StrFormat("  %-44s %12s %12s %12s %12s %12s %12s %12s\n", v.name,
                                           core::FormatBytes(e.per_rank_bytes),
                                           core::FormatBytes(e.init_bytes),
                                           core::FormatBytes(e.model_state_bytes),
                                           core::FormatBytes(e.gathered_bytes),
-                                          core::FormatBytes(e.activation_bytes),
+                                          e.activations_estimated
+                                              ? core::FormatBytes(e.activation_bytes)
+                                              : std::string("-"),
                                           core::FormatBytes(e.comm_bytes),
                                           core::FormatBytes(e.per_host_bytes)));
   }
+  if (!activations_estimated) absl::StrAppend(&out, "  ", kActivationsNotEstimated, "\n");
   return out;
 }
 
@@ -161,9 +188,7 @@ absl::StatusOr<JobSetup> SetUpRank(const JobOptions& job, const comm::Distribute
   if (rank == 0) RETURN_IF_ERROR(MakeOutputDir(job));
   ASSIGN_OR_RETURN(setup.intra_op_threads, IntraOpThreads(job, world));
   RETURN_IF_ERROR(nn::SetIntraOpThreads(setup.intra_op_threads));
-  setup.model_options = job.model;
-  setup.model_options.device = dist.device;
-  ASSIGN_OR_RETURN(setup.module, GptTrainModule::Create(setup.model_options));
+  ASSIGN_OR_RETURN(setup.module, CreateJobModule(job, dist.device));
   if (!job.testonly_fault.empty()) {
     ASSIGN_OR_RETURN(setup.fault, FaultInjector::Parse(job.testonly_fault, rank, setup.module.get()));
   }
@@ -176,29 +201,45 @@ absl::StatusOr<JobSetup> SetUpRank(const JobOptions& job, const comm::Distribute
 
 std::vector<std::string> DescribeJob(const JobOptions& job, const JobSetup& setup,
                                      const comm::Distributed& dist) {
-  const nn::GptConfig& model = setup.model_options.model;
   std::vector<std::string> lines;
-  const GptModuleOptions& mo = setup.model_options;
+  const DecoderTrainOptions& mo = setup.module->train_options();
+  const int64_t vocab_size = setup.module->spec().vocab_size;
   const std::string data =
       setup.module->uses_token_files()
           ? absl::StrCat("token files ", mo.data_path,
                          mo.eval_data_path.empty() ? "" : absl::StrCat(" (evaluation ", mo.eval_data_path, ")"))
           : absl::StrFormat("a Markov language of order %d", mo.language.order);
+  std::string model;
+  if (ParseModelKind(job.model_kind).value_or(ModelKind::kGpt) == ModelKind::kLlama) {
+    const nn::LlamaConfig& c = job.llama;
+    model = absl::StrFormat(
+        "Llama (vocab %d, context %d, width %d, %d layers, %d heads, %d key/value heads, SwiGLU "
+        "width %d, rope theta %g, %s head, %d parameters)",
+        c.vocab_size, c.max_position_embeddings, c.hidden_size, c.num_hidden_layers,
+        c.num_attention_heads, c.num_key_value_heads, c.intermediate_size, c.rope_theta,
+        c.tie_word_embeddings ? "tied" : "untied", setup.module->model()->NumParameterElements());
+  } else {
+    const nn::GptConfig& c = job.gpt;
+    model = absl::StrFormat("GPT (vocab %d, context %d, width %d, %d layers, %d heads, %d "
+                            "parameters)",
+                            c.vocab_size, c.block_size, c.n_embd, c.n_layer, c.n_head,
+                            setup.module->model()->NumParameterElements());
+  }
   lines.push_back(absl::StrFormat(
-      "main job: GPT (vocab %d, context %d, width %d, %d layers, %d heads, %d parameters) on "
-      "%s; %d ranks (%s, %s), %s, stages %s; %d intra-op threads per rank, GEMM %s",
-      model.vocab_size, model.block_size, model.n_embd, model.n_layer, model.n_head,
-      setup.module->model()->NumParameterElements(), data, dist.group->size(),
-      dist.group->backend_name(), dist.device.ToString(),
+      "main job: %s on %s; %d ranks (%s, %s), %s, stages %s; %d intra-op threads per rank, "
+      "GEMM %s",
+      model, data, dist.group->size(), dist.group->backend_name(), dist.device.ToString(),
       fsdp::ShardingStrategyName(setup.options.wrap.strategy), job.stages,
       setup.intra_op_threads, nn::GemmLibrary()));
-  if (!setup.module->uses_token_files() &&
-      setup.module->language().vocab_size() != model.vocab_size) {
+  if (!setup.module->uses_token_files() && setup.module->language().vocab_size() != vocab_size) {
     lines.push_back(absl::StrFormat(
         "main job: the Markov language uses token ids 0..%d of the model's %d "
         "(its transition table is dense; NOTE [Language vocabulary] in "
-        "integration/gpt_module.h)",
-        setup.module->language().vocab_size() - 1, model.vocab_size));
+        "integration/decoder_module.h)",
+        setup.module->language().vocab_size() - 1, vocab_size));
+  }
+  if (!setup.estimate.activations_estimated) {
+    lines.push_back(absl::StrCat("main job: ", kActivationsNotEstimated));
   }
   return lines;
 }

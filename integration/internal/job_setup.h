@@ -1,5 +1,5 @@
 // What one rank of the main job (integration/main_job.cc) sets up before its first
-// collective: the GPT module on the rank's device, the --testonly_fault hook, the stages
+// collective: the model's module (GPT or Llama, --model) on the rank's device, the --testonly_fault hook, the stages
 // and their options, the intra-op threads, and the check that this host can hold the run.
 //
 //   absl::StatusOr<integration::internal::JobSetup> setup =
@@ -18,7 +18,7 @@
 #include "absl/time/time.h"
 #include "comm/init_from_env.h"
 #include "core/tensor.h"
-#include "integration/gpt_module.h"
+#include "integration/decoder_module.h"
 #include "integration/memory_estimate.h"
 #include "integration/internal/job_options.h"
 #include "integration/internal/job_train_modules.h"
@@ -29,8 +29,8 @@ namespace integration {
 namespace internal {
 
 struct JobSetup {
-  GptModuleOptions model_options;  // job.model on the rank's device
-  std::unique_ptr<GptTrainModule> module;
+  // A GptTrainModule or LlamaTrainModule (CreateJobModule) on the rank's device.
+  std::unique_ptr<DecoderTrainModule> module;
   std::unique_ptr<FaultInjector> fault;  // null without --testonly_fault
   // The model's full parameter shapes, for the safetensors export after release.
   std::map<std::string, core::Shape> full_shapes;
@@ -52,6 +52,12 @@ struct JobSetup {
 absl::StatusOr<JobSetup> SetUpRank(const JobOptions& job, const comm::Distributed& dist,
                                    absl::Duration timeout);
 
+// The TrainModule of --model on `device`: a GptTrainModule (errors naming
+// GptModuleOptions and GptConfig, as ever) or a LlamaTrainModule (errors naming the flags:
+// WithLlamaFlagNames).
+absl::StatusOr<std::unique_ptr<DecoderTrainModule>> CreateJobModule(const JobOptions& job,
+                                                                    core::Device device);
+
 // The wrap plan of `model` under `options` for `world` ranks, with the checkpoint policy's
 // modules (policy::Plan over the shard group size).
 absl::StatusOr<policy::WrapPlan> PlanJob(const core::Module& model, const StageOptions& options,
@@ -59,14 +65,16 @@ absl::StatusOr<policy::WrapPlan> PlanJob(const core::Module& model, const StageO
 
 // NOTE [Memory estimate] (integration/memory_estimate.h) of a job training `model` (its
 // shapes; it may be deferred) with these options on `world` ranks, `local_ranks` of them on
-// this host: the figure the job checks before it starts.
+// this host: the figure the job checks before it starts. Its activation term is the GPT's
+// formula, so it is estimated for an nn::Gpt only; for any other model (the Llama) the
+// estimate leaves activations out and says so (MemoryEstimate::activations_estimated).
 absl::StatusOr<MemoryEstimate> EstimateJobMemory(const core::Module& model,
-                                                 const GptModuleOptions& model_options,
+                                                 const DecoderTrainOptions& train,
                                                  const StageOptions& options, int world,
                                                  int local_ranks, core::Device device);
 
-// --memory_plan: the wrap plan of the job's model and its per-rank memory estimate as asked
-// and with and without activation checkpointing of every block and deferred
+// --memory_plan: the wrap plan of the job's model (--model) and its per-rank memory
+// estimate as asked and with and without activation checkpointing of every block and deferred
 // initialisation, without starting any rank (the model is built deferred: any size).
 absl::StatusOr<std::string> MemoryPlanReport(const JobOptions& job, absl::Duration timeout);
 

@@ -103,15 +103,21 @@ nlohmann::json NewSummary(const JobFacts& facts) {
       facts.language_vocab_size > 0 ? nlohmann::json(facts.language_vocab_size) : nlohmann::json();
   summary["strategy"] = facts.strategy;
   summary["stages"] = facts.stages;
+  summary["model"] = facts.model;
   summary["model_parameters"] = facts.model_parameters;
   const MemoryEstimate& e = facts.memory_estimate;
-  summary["memory_estimate"] = {{"per_rank_bytes", e.per_rank_bytes},
-                                {"model_state_bytes", e.model_state_bytes},
-                                {"gathered_bytes", e.gathered_bytes},
-                                {"activation_bytes", e.activation_bytes},
-                                {"comm_bytes", e.comm_bytes},
-                                {"init_bytes", e.init_bytes},
-                                {"describe", e.Describe()}};
+  summary["memory_estimate"] = {
+      {"per_rank_bytes", e.per_rank_bytes},
+      {"model_state_bytes", e.model_state_bytes},
+      {"gathered_bytes", e.gathered_bytes},
+      // Unknown (null) where the GPT's formula does not apply (NOTE [Memory estimate]).
+      {"activation_bytes",
+       e.activations_estimated ? nlohmann::json(e.activation_bytes) : nlohmann::json()},
+      {"activations_estimated", e.activations_estimated},
+      {"comm_bytes", e.comm_bytes},
+      {"init_bytes", e.init_bytes},
+      {"describe", e.Describe()}};
+  if (!e.activations_estimated) summary["memory_estimate"]["note"] = kActivationsNotEstimated;
   summary["fit_peak_bytes_per_rank"] = nullptr;
   summary["memory_estimate_over_fit_peak"] = nullptr;
   summary["entropy_floor"] =
@@ -218,6 +224,7 @@ std::string SummaryTable(const nlohmann::json& s) {
     row("intra-op threads per rank / GEMM",
         absl::StrCat(s["intra_op_threads"].get<int>(), " / ", s["gemm_library"].get<std::string>()));
   }
+  if (s.contains("model")) row("model", s["model"].get<std::string>());
   row("model parameters", absl::StrCat(s["model_parameters"].get<int64_t>()));
   row("stages", s["stages"].get<std::string>());
   row("global steps", absl::StrCat(s["global_step"].get<int64_t>()));

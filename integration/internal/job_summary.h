@@ -59,6 +59,7 @@ struct JobFacts {
   int64_t language_vocab_size = 0;
   std::string strategy;
   std::string stages;
+  std::string model;  // --model: "gpt" or "llama"
   int64_t model_parameters = 0;
   double entropy_floor = 0;
   // The per-rank memory estimate (NOTE [Memory estimate] in integration/memory_estimate.h),
@@ -80,7 +81,8 @@ nlohmann::json CommOverlapJson(const fsdp::CommTiming& timing);
 // The summary's "fsdp_units": label, numel and padded numel of each unit of `model`.
 nlohmann::json UnitsJson(core::Module& model, fsdp::WrapperRegistry& registry);
 
-// What the model FLOPs per token of a GPT depend on (integration::GptFlopsPerToken).
+// What the model FLOPs per token of a GPT (or a Llama: the same dense-transformer count)
+// depend on (integration::GptFlopsPerToken).
 struct MfuModel {
   int64_t parameters = 0;  // unsharded
   int64_t n_layer = 0;
@@ -89,7 +91,7 @@ struct MfuModel {
 };
 
 // The model-FLOPs utilisation inputs and result (NOTE in integration/device_setup.h) of a
-// GPT training run at `tokens_per_second_after_warmup` on `world_size` devices: sets the
+// GPT or Llama training run at `tokens_per_second_after_warmup` on `world_size` devices: sets the
 // summary's "mfu" (null unless the device's peak and the throughput are known) and
 // "mfu_inputs"; returns the model FLOPs per token.
 double AddMfu(const MfuModel& model, core::Device device, int world_size,

@@ -97,7 +97,7 @@ absl::Status StageLoop::Run(Stage stage) {
 absl::Status StageLoop::Fit() {
   const StageOptions& options = runner_.options();
   say_(absl::StrFormat("fit: %d steps of %d x %d tokens from global step %d", options.fit_steps,
-                       options.train_batch_size, setup_.model_options.seq_len,
+                       options.train_batch_size, setup_.module->train_options().seq_len,
                        runner_.GlobalStep(trained_)));
   fsdp::Runtime& runtime = runner_.registry().runtime();
   runtime.ResetCommTiming();
@@ -141,7 +141,8 @@ absl::Status StageLoop::Fit() {
   }
   summary_["fit_peak_bytes_per_rank"] = fit_peaks;
   const int64_t estimated = summary_["memory_estimate"]["per_rank_bytes"].get<int64_t>();
-  if (highest > 0) {
+  // Without its activations the estimate is a lower bound: no ratio then.
+  if (highest > 0 && setup_.estimate.activations_estimated) {
     summary_["memory_estimate_over_fit_peak"] = static_cast<double>(estimated) / highest;
   }
   if (!fit.checkpoint_dir.empty()) {
@@ -156,11 +157,13 @@ void StageLoop::AddOpProfile(const std::vector<core::OpRecord>& ops) {
   // This rank's share of the step: its rows of the global batch.
   const StageOptions& options = runner_.options();
   const int world = runner_.group()->size();
-  const double tokens = static_cast<double>(options.train_batch_size) / world *
-                        setup_.model_options.seq_len;
-  const double flops_per_token = GptFlopsPerToken(
-      summary_["model_parameters"].get<int64_t>(), setup_.model_options.model.n_layer,
-      setup_.model_options.seq_len, setup_.model_options.model.n_embd);
+  const DecoderSpec& model = setup_.module->spec();
+  const int64_t seq_len = setup_.module->train_options().seq_len;
+  const double tokens = static_cast<double>(options.train_batch_size) / world * seq_len;
+  // 6 N + 12 L T C: the dense-transformer count, for the GPT and the Llama alike.
+  const double flops_per_token =
+      GptFlopsPerToken(summary_["model_parameters"].get<int64_t>(), model.num_layers, seq_len,
+                       model.hidden_size);
   const OpProfileReport report =
       ReportOpProfile(ops, core::H200Rates(), flops_per_token * tokens, tokens);
   say_(absl::StrFormat("op profile of fit step %d (this rank's ops; NOTE [Op accounting]):",
@@ -209,9 +212,10 @@ absl::Status StageLoop::AddRunFigures(const ThroughputMeter& meter, comm::Proces
   summary_["global_step"] = runner_.GlobalStep(trained_);
   summary_["tokens_per_second"] = totals_.tokens_per_second;
   // Throughput after the warm-up and MFU (NOTE in integration/device_setup.h).
-  const GptModuleOptions& model = setup_.model_options;
+  const DecoderSpec& model = setup_.module->spec();
+  const int64_t seq_len = setup_.module->train_options().seq_len;
   const int64_t tokens_per_step =
-      static_cast<int64_t>(runner_.options().train_batch_size) * model.seq_len;
+      static_cast<int64_t>(runner_.options().train_batch_size) * seq_len;
   const std::optional<double> steady = meter.TokensPerSecond(tokens_per_step);
   summary_["warmup_steps_excluded"] = meter.warmup_steps();
   summary_["tokens_per_second_after_warmup"] =
@@ -220,9 +224,9 @@ absl::Status StageLoop::AddRunFigures(const ThroughputMeter& meter, comm::Proces
   // The unsharded count (while wrapped, parameters are local slices).
   MfuModel mfu_model;
   mfu_model.parameters = summary_["model_parameters"].get<int64_t>();
-  mfu_model.n_layer = model.model.n_layer;
-  mfu_model.seq_len = model.seq_len;
-  mfu_model.n_embd = model.model.n_embd;
+  mfu_model.n_layer = model.num_layers;
+  mfu_model.seq_len = seq_len;
+  mfu_model.n_embd = model.hidden_size;
   const double flops_per_token = AddMfu(mfu_model, device, group->size(), steady, &summary_);
   if (device.is_cuda()) {
     say_(absl::StrFormat("throughput: %s tokens/s after %d warm-up steps; model FLOPs per token "

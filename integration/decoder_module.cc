@@ -1,0 +1,182 @@
+#include "integration/decoder_module.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/param_init.h"
+#include "core/status_macros.h"
+#include "data/sampler.h"
+#include "integration/device_setup.h"
+#include "nn/losses.h"
+
+namespace integration {
+
+int64_t LanguageVocabFor(int64_t model_vocab, int order) {
+  // V^k <= 2^20 and V^(k+1) <= 2^24 (data/markov_language.h), without overflow.
+  auto fits = [order](int64_t v) {
+    if (order < 1 || v < 1) return true;  // Create reports the bad option itself
+    double contexts = 1;
+    for (int i = 0; i < order; ++i) contexts *= static_cast<double>(v);
+    return contexts <= double{1 << 20} && contexts * static_cast<double>(v) <= double{1 << 24};
+  };
+  if (fits(model_vocab)) return model_vocab;
+  return std::min<int64_t>(model_vocab, kCappedLanguageVocab);
+}
+
+absl::StatusOr<std::unique_ptr<DecoderTrainModule>> DecoderTrainModule::Create(
+    const DecoderTrainOptions& options, DecoderSpec spec) {
+  std::unique_ptr<DecoderTrainModule> module(new DecoderTrainModule());
+  RETURN_IF_ERROR(module->Init(options, std::move(spec)));
+  return module;
+}
+
+absl::Status DecoderTrainModule::Init(const DecoderTrainOptions& options, DecoderSpec spec) {
+  const std::string name = spec.options_name;  // a copy: `spec` moves into spec_ below
+  if (options.seq_len <= 0 || options.seq_len > spec.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ".seq_len = ", options.seq_len,
+                                                   ": must be in [1, ", spec.max_seq_len_name,
+                                                   " = ", spec.max_seq_len, "]"));
+  }
+  if (options.warmup_steps < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ".warmup_steps = ", options.warmup_steps, ": must be >= 0"));
+  }
+  data::MarkovLanguageOptions language_options = options.language;
+  language_options.vocab_size =
+      static_cast<int>(LanguageVocabFor(spec.vocab_size, language_options.order));
+  ASSIGN_OR_RETURN(data::MarkovLanguage language, data::MarkovLanguage::Create(language_options));
+  absl::StatusOr<std::shared_ptr<core::Module>> created;
+  if (options.deferred_init) {
+    core::DeferredInitScope deferred;
+    created = spec.build();
+  } else {
+    created = spec.build();
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, std::move(created));
+  if (!options.device.is_cpu()) RETURN_IF_ERROR(MoveModuleToDevice(*model, options.device));
+  // Check the AdamW options now rather than at the first Fit.
+  RETURN_IF_ERROR(optim::AdamW::Create(std::vector<core::ParameterPtr>{}, options.adamw).status());
+  train_options_ = options;
+  spec_ = std::move(spec);
+  language_.emplace(std::move(language));
+  model_ = std::move(model);
+  if (!options.data_path.empty() || !options.eval_data_path.empty()) {
+    const auto open = [&name](const std::string& path,
+                              const char* option) -> absl::StatusOr<data::TokenFile> {
+      absl::StatusOr<data::TokenFile> f = data::TokenFile::Open(path);
+      if (!f.ok()) {
+        return absl::Status(f.status().code(),
+                            absl::StrCat(name, ".", option, ": ", f.status().message()));
+      }
+      return f;
+    };
+    if (options.data_path.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ".eval_data_path is set but data_path is not; set both or neither"));
+    }
+    ASSIGN_OR_RETURN(train_tokens_, open(options.data_path, "data_path"));
+    if (options.eval_data_path.empty()) {
+      eval_tokens_ = train_tokens_;  // shares the mapped files
+    } else {
+      ASSIGN_OR_RETURN(eval_tokens_, open(options.eval_data_path, "eval_data_path"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+double DecoderTrainModule::EntropyFloor() const {
+  if (uses_token_files()) return std::numeric_limits<double>::quiet_NaN();
+  return language_->LossFloor(train_options_.seq_len);
+}
+
+int64_t DecoderTrainModule::BatchIndex(const StepContext& ctx) {
+  switch (ctx.stage) {
+    case Stage::kFit:
+      return ctx.step;
+    case Stage::kValidate:
+      return kValidateBatchOffset + ctx.step;
+    case Stage::kTest:
+    case Stage::kPredict:
+      return kTestBatchOffset + ctx.step;
+  }
+  return ctx.step;
+}
+
+absl::StatusOr<data::TokenBatch> DecoderTrainModule::LocalBatch(int64_t index,
+                                                                const StepContext& ctx) const {
+  data::TokenBatch global;
+  if (uses_token_files()) {
+    const data::TokenFile& tokens = ctx.stage == Stage::kFit ? *train_tokens_ : *eval_tokens_;
+    ASSIGN_OR_RETURN(global, tokens.Batch(index, ctx.batch_size, train_options_.seq_len,
+                                          spec_.vocab_size, train_options_.data_seed));
+  } else {
+    ASSIGN_OR_RETURN(global, language_->Batch(index, ctx.batch_size, train_options_.seq_len));
+  }
+  if (ctx.micro_batches > 1) {  // this step's micro-batch: a contiguous block of rows
+    ASSIGN_OR_RETURN(data::RankSampler micro,
+                     data::RankSampler::Create(ctx.micro_batch, ctx.micro_batches));
+    ASSIGN_OR_RETURN(global, micro.Local(global));
+  }
+  ASSIGN_OR_RETURN(data::RankSampler sampler, data::RankSampler::Create(ctx.rank, ctx.world_size));
+  // Stays on the host on every device: the token embedding and the loss check their ids
+  // on the host and copy them to the device themselves, once each (an uploaded batch
+  // would be copied back to be checked: two more host syncs a step).
+  return sampler.Local(global);
+}
+
+absl::StatusOr<StepOutput> DecoderTrainModule::TrainingStep(const StepContext& ctx) {
+  ASSIGN_OR_RETURN(data::TokenBatch batch, LocalBatch(BatchIndex(ctx), ctx));
+  ASSIGN_OR_RETURN(core::Tensor logits, model_->Forward(batch.inputs));
+  // The logits' gradient in the dtype the head's GEMMs use (bf16 under mixed precision),
+  // and the logits freed before the backward: at most one [B, T, V] tensor in each.
+  ASSIGN_OR_RETURN(nn::LossResult loss, nn::CrossEntropyLoss(logits, batch.targets,
+                                                             spec_.logits_grad_dtype(*model_)));
+  logits = core::Tensor();
+  RETURN_IF_ERROR(model_->Backward(loss.grad).status());
+  return StepOutput{loss.loss, batch.targets.numel()};
+}
+
+absl::StatusOr<StepOutput> DecoderTrainModule::EvaluationStep(const StepContext& ctx) {
+  ASSIGN_OR_RETURN(data::TokenBatch batch, LocalBatch(BatchIndex(ctx), ctx));
+  ASSIGN_OR_RETURN(core::Tensor logits, model_->Forward(batch.inputs));
+  ASSIGN_OR_RETURN(nn::LossResult loss, nn::CrossEntropyLoss(logits, batch.targets));
+  return StepOutput{loss.loss, batch.targets.numel()};
+}
+
+absl::StatusOr<core::Tensor> DecoderTrainModule::PredictStep(const StepContext& ctx) {
+  ASSIGN_OR_RETURN(data::TokenBatch batch, LocalBatch(BatchIndex(ctx), ctx));
+  ASSIGN_OR_RETURN(core::Tensor logits, model_->Forward(batch.inputs));
+  if (!logits.device().is_cpu()) {
+    ASSIGN_OR_RETURN(logits, OnDevice(logits, core::Device::Cpu()));
+  }
+  const int64_t vocab = logits.size(-1);
+  const int64_t positions = logits.numel() / vocab;
+  ASSIGN_OR_RETURN(core::Tensor ids, core::Tensor::Allocate(batch.inputs.shape(),
+                                                            core::DType::kInt32));
+  const float* l = logits.data<float>();
+  int32_t* out = ids.data<int32_t>();
+  for (int64_t p = 0; p < positions; ++p) {
+    const float* row = l + p * vocab;
+    out[p] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+  }
+  return ids;
+}
+
+absl::StatusOr<std::unique_ptr<optim::Optimizer>> DecoderTrainModule::ConfigureOptimizer(
+    std::vector<core::NamedParameter> params) {
+  ASSIGN_OR_RETURN(std::unique_ptr<optim::AdamW> adamw,
+                   optim::AdamW::Create(std::move(params), train_options_.adamw));
+  return std::unique_ptr<optim::Optimizer>(std::move(adamw));
+}
+
+std::optional<double> DecoderTrainModule::LearningRate(int64_t step) {
+  const double warmup =
+      train_options_.warmup_steps > 0
+          ? std::min(1.0, static_cast<double>(step + 1) / train_options_.warmup_steps)
+          : 1.0;
+  return train_options_.adamw.lr * warmup;
+}
+
+}  // namespace integration
