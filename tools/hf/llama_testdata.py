@@ -42,12 +42,12 @@ sys.path.insert(0, os.path.dirname(HERE))
 import torch_venv  # noqa: E402
 
 
-def make_model(tied=False):
+def make_model(tied=False, vocab_size=96):
     import torch
     import transformers
 
     config = transformers.LlamaConfig(
-        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
         rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=tied,
         attention_bias=False, mlp_bias=False, attention_dropout=0.0, hidden_act="silu",
@@ -80,13 +80,13 @@ def logits_of(model, ids):
         return model(ids.long()).logits.float().contiguous()
 
 
-def make(out, tied=False):
+def make(out, tied=False, vocab_size=96):
     import torch
     import transformers
     from safetensors.torch import save_file
 
     os.makedirs(out, exist_ok=True)
-    model = make_model(tied)
+    model = make_model(tied, vocab_size)
     model.save_pretrained(out, safe_serialization=True)
     extra = os.path.join(out, "generation_config.json")
     if os.path.exists(extra):
@@ -181,13 +181,16 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=OUT)
     p.add_argument("--check", action="store_true")
+    p.add_argument("--vocab_size", type=int, default=96,
+                   help="96 for the test data; 256 for a tiny Llama over byte tokens "
+                        "(tools/text_to_tokens.py)")
     p.add_argument("--in_venv", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if not args.in_venv:
         return torch_venv.rerun_in_venv(__file__)
     if args.check:
         return 0 if check(args.out) else 1
-    make(args.out)
+    make(args.out, vocab_size=args.vocab_size)
     return 0
 
 

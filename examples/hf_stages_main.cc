@@ -1,9 +1,9 @@
-// Fine-tunes a Hugging Face GPT-2 on token files with the stage API (examples/hf_gpt2_stages.h)
-// and exports the result for `transformers`:
+// Fine-tunes a Hugging Face GPT-2 or Llama on token files with the stage API
+// (examples/hf_stages.h) and exports the result for `transformers`:
 //
 //   python3 tools/hf/gpt2_testdata.py --vocab_size=256 --out=/tmp/tiny_gpt2   # or a real GPT-2
 //   python3 tools/text_to_tokens.py --val_fraction=0.1 /usr/share/common-licenses/GPL-3 /tmp/gpl3
-//   bazel run //examples:hf_gpt2_stages -- --hf_dir=/tmp/tiny_gpt2 --data=/tmp/gpl3_train.bin \
+//   bazel run //examples:hf_stages -- --hf_dir=/tmp/tiny_gpt2 --data=/tmp/gpl3_train.bin \
 //       --eval_data=/tmp/gpl3_val.bin --out_dir=/tmp/tiny_gpt2_tuned --world_size=2
 //
 // Without a launcher environment it starts --world_size local ranks (comm/launcher.h).
@@ -14,9 +14,9 @@
 #include "absl/flags/parse.h"
 #include "comm/init_from_env.h"
 #include "comm/launcher.h"
-#include "examples/hf_gpt2_stages.h"
+#include "examples/hf_stages.h"
 
-ABSL_FLAG(std::string, hf_dir, "", "transformers GPT-2 directory (config.json, model.safetensors)");
+ABSL_FLAG(std::string, hf_dir, "", "transformers GPT-2 or Llama directory (config.json, model.safetensors or its index)");
 ABSL_FLAG(std::string, data, "", "training token file or directory of .bin shards");
 ABSL_FLAG(std::string, eval_data, "", "test token file (default: --data)");
 ABSL_FLAG(std::string, out_dir, "", "where rank 0 exports the trained model for transformers");
@@ -32,17 +32,17 @@ int main(int argc, char** argv) {
     absl::StatusOr<int> code =
         comm::RunLocalRanks(absl::GetFlag(FLAGS_world_size), {argv + 1, argv + argc});
     if (!code.ok()) {
-      std::fprintf(stderr, "hf_gpt2_stages: %s\n", code.status().ToString().c_str());
+      std::fprintf(stderr, "hf_stages: %s\n", code.status().ToString().c_str());
       return 1;
     }
     return *code;
   }
   absl::StatusOr<comm::Distributed> dist = comm::InitFromEnv({});
   if (!dist.ok()) {
-    std::fprintf(stderr, "hf_gpt2_stages: %s\n", dist.status().ToString().c_str());
+    std::fprintf(stderr, "hf_stages: %s\n", dist.status().ToString().c_str());
     return 1;
   }
-  examples::HfGpt2StagesOptions o;
+  examples::HfStagesOptions o;
   o.hf_dir = absl::GetFlag(FLAGS_hf_dir);
   o.data = absl::GetFlag(FLAGS_data);
   o.eval_data = absl::GetFlag(FLAGS_eval_data);
@@ -51,15 +51,15 @@ int main(int argc, char** argv) {
   o.batch_size = absl::GetFlag(FLAGS_batch_size);
   o.seq_len = absl::GetFlag(FLAGS_seq_len);
   o.lr = absl::GetFlag(FLAGS_lr);
-  absl::StatusOr<examples::HfGpt2StagesResult> r = examples::RunHfGpt2Stages(dist->group, o);
+  absl::StatusOr<examples::HfStagesResult> r = examples::RunHfStages(dist->group, o);
   if (!r.ok()) {
-    std::fprintf(stderr, "hf_gpt2_stages (rank %d): %s\n", dist->group->rank(),
+    std::fprintf(stderr, "hf_stages (rank %d): %s\n", dist->group->rank(),
                  r.status().ToString().c_str());
     return 1;
   }
   if (dist->group->rank() == 0) {
-    std::printf("test loss %.4f as loaded; fit %.4f -> %.4f; test loss %.4f after; exported to %s\n",
-                r->test_loss_before, r->first_train_loss, r->final_train_loss, r->test_loss_after,
+    std::printf("%s: test loss %.4f as loaded; fit %.4f -> %.4f; test loss %.4f after; exported to %s\n",
+                r->model_type.c_str(), r->test_loss_before, r->first_train_loss, r->final_train_loss, r->test_loss_after,
                 o.out_dir.c_str());
   }
   return 0;
