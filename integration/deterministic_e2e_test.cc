@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "checkpoint/safetensors.h"
 #include "gtest/gtest.h"
 #include "integration/testing/e2e_harness.h"
 #include "nlohmann/json.hpp"
@@ -17,8 +16,9 @@
 namespace integration {
 namespace {
 
+using testing::FitLosses;
 using testing::MainJob;
-using testing::ReadFile;
+using testing::SameSafetensors;
 using testing::RunResult;
 using testing::TempDir;
 
@@ -29,13 +29,6 @@ std::vector<std::string> Deterministic(std::vector<std::string> extra) {
   return extra;
 }
 
-std::vector<double> Losses(const std::string& dir) {
-  std::vector<double> out;
-  const nlohmann::json summary = nlohmann::json::parse(ReadFile(dir + "/summary.json"));
-  for (const auto& v : summary.at("fit_losses")) out.push_back(v.get<double>());
-  return out;
-}
-
 // The first index where the two differ in any bit, or -1.
 int FirstDifference(const std::vector<double>& a, const std::vector<double>& b) {
   if (a.size() != b.size()) return 0;
@@ -43,20 +36,6 @@ int FirstDifference(const std::vector<double>& a, const std::vector<double>& b) 
     if (std::memcmp(&a[i], &b[i], sizeof(double)) != 0) return static_cast<int>(i);
   }
   return -1;
-}
-
-// Every tensor of two safetensors files, byte for byte.
-void ExpectSameWeights(const std::string& a, const std::string& b) {
-  absl::StatusOr<checkpoint::SafetensorsFile> x = checkpoint::ImportSafetensors(a);
-  absl::StatusOr<checkpoint::SafetensorsFile> y = checkpoint::ImportSafetensors(b);
-  ASSERT_TRUE(x.ok() && y.ok()) << x.status() << y.status();
-  ASSERT_EQ(x->tensors.size(), y->tensors.size());
-  for (size_t i = 0; i < x->tensors.size(); ++i) {
-    const core::Tensor& s = x->tensors[i].second;
-    const core::Tensor& t = y->tensors[i].second;
-    ASSERT_EQ(s.nbytes(), t.nbytes()) << x->tensors[i].first;
-    EXPECT_EQ(std::memcmp(s.raw_data(), t.raw_data(), s.nbytes()), 0) << x->tensors[i].first;
-  }
 }
 
 class DeterministicE2eTest : public ::testing::Test {
@@ -72,17 +51,17 @@ class DeterministicE2eTest : public ::testing::Test {
 RunResult* DeterministicE2eTest::one_ = nullptr;
 
 TEST_F(DeterministicE2eTest, WorldSizesOneTwoAndFourGiveTheSameBits) {
-  const std::vector<double> want = Losses(TempDir() + "/det1");
+  const std::vector<double> want = FitLosses(TempDir() + "/det1");
   ASSERT_EQ(want.size(), 20u) << one_->output;
   for (const auto& [n, backend] : {std::pair<int, const char*>{2, "gloo"}, {4, "shm"}}) {
     const std::string dir = absl::StrCat(TempDir(), "/det", n);
     RunResult r = MainJob(n, dir, Deterministic({"--stages=fit", "--steps=20",
                                                  absl::StrCat("--backend=", backend)}));
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_EQ(FirstDifference(want, Losses(dir)), -1) << "N = " << n;
-    ExpectSameWeights(TempDir() + "/det1/model.safetensors", dir + "/model.safetensors");
+    EXPECT_EQ(FirstDifference(want, FitLosses(dir)), -1) << "N = " << n;
+    EXPECT_TRUE(SameSafetensors(TempDir() + "/det1/model.safetensors", dir + "/model.safetensors").ok());
     std::printf("--deterministic, N = %d (%s): 20 losses and every weight bit for bit as N = 1; "
-                "final loss %.17g\n", n, backend, Losses(dir).back());
+                "final loss %.17g\n", n, backend, FitLosses(dir).back());
   }
 }
 
@@ -94,15 +73,17 @@ TEST_F(DeterministicE2eTest, AResumeAtAnotherWorldSizeContinuesTheUninterruptedR
   RunResult b = MainJob(4, next, Deterministic({"--stages=fit", "--steps=10", "--backend=shm",
                                                 "--resume_from=" + first + "/checkpoint"}));
   ASSERT_EQ(b.exit_code, 0) << b.output;
-  const std::vector<double> straight = Losses(TempDir() + "/det1");
-  const std::vector<double> head = Losses(first);
-  const std::vector<double> tail = Losses(next);
+  const std::vector<double> straight = FitLosses(TempDir() + "/det1");
+  const std::vector<double> head = FitLosses(first);
+  const std::vector<double> tail = FitLosses(next);
   ASSERT_EQ(head.size(), 10u);
   ASSERT_EQ(tail.size(), 10u);
   EXPECT_EQ(FirstDifference(std::vector<double>(straight.begin(), straight.begin() + 10), head),
             -1);
   EXPECT_EQ(FirstDifference(std::vector<double>(straight.begin() + 10, straight.end()), tail), -1);
-  ExpectSameWeights(TempDir() + "/det1/model.safetensors", next + "/model.safetensors");
+  const absl::Status same =
+      SameSafetensors(TempDir() + "/det1/model.safetensors", next + "/model.safetensors");
+  EXPECT_TRUE(same.ok()) << same;
 }
 
 TEST_F(DeterministicE2eTest, TheNormalModeDiffersAcrossWorldSizes) {
@@ -110,7 +91,7 @@ TEST_F(DeterministicE2eTest, TheNormalModeDiffersAcrossWorldSizes) {
   RunResult two = MainJob(2, TempDir() + "/normal2", {"--stages=fit", "--steps=20"});
   ASSERT_EQ(one.exit_code, 0) << one.output;
   ASSERT_EQ(two.exit_code, 0) << two.output;
-  const int at = FirstDifference(Losses(TempDir() + "/normal1"), Losses(TempDir() + "/normal2"));
+  const int at = FirstDifference(FitLosses(TempDir() + "/normal1"), FitLosses(TempDir() + "/normal2"));
   EXPECT_NE(at, -1);
   std::printf("normal mode, N = 2 vs N = 1: first differing loss at step %d\n", at + 1);
 }

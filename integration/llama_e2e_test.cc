@@ -24,7 +24,9 @@
 namespace integration {
 namespace {
 
+using testing::FitLosses;
 using testing::MainJob;
+using testing::SameSafetensors;
 using testing::ReadFile;
 using testing::RunResult;
 using testing::TempDir;
@@ -39,27 +41,6 @@ std::vector<std::string> Llama(std::vector<std::string> extra) {
 }
 
 double Num(const nlohmann::json& j, const char* key) { return j.at(key).get<double>(); }
-
-std::vector<double> Losses(const std::string& dir) {
-  std::vector<double> out;
-  const nlohmann::json summary = nlohmann::json::parse(ReadFile(dir + "/summary.json"));
-  for (const auto& v : summary.at("fit_losses")) out.push_back(v.get<double>());
-  return out;
-}
-
-// Every tensor of two safetensors files, byte for byte.
-void ExpectSameWeights(const std::string& a, const std::string& b) {
-  absl::StatusOr<checkpoint::SafetensorsFile> x = checkpoint::ImportSafetensors(a);
-  absl::StatusOr<checkpoint::SafetensorsFile> y = checkpoint::ImportSafetensors(b);
-  ASSERT_TRUE(x.ok() && y.ok()) << x.status() << y.status();
-  ASSERT_EQ(x->tensors.size(), y->tensors.size());
-  for (size_t i = 0; i < x->tensors.size(); ++i) {
-    const core::Tensor& s = x->tensors[i].second;
-    const core::Tensor& t = y->tensors[i].second;
-    ASSERT_EQ(s.nbytes(), t.nbytes()) << x->tensors[i].first;
-    EXPECT_EQ(std::memcmp(s.raw_data(), t.raw_data(), s.nbytes()), 0) << x->tensors[i].first;
-  }
-}
 
 // One fit + test run of 40 steps at world size 2, shared by the tests.
 class LlamaJobTest : public ::testing::Test {
@@ -100,7 +81,7 @@ TEST_F(LlamaJobTest, FitThenTestLearnsAndReusesTheUnits) {
   EXPECT_EQ(s["fresh_wraps"], 1);
   EXPECT_EQ(s["global_step"], 40);
   // It learnt: the loss falls by more than 0.5 nats and the test loss is well below log V.
-  const std::vector<double> losses = Losses(base_);
+  const std::vector<double> losses = FitLosses(base_);
   ASSERT_EQ(losses.size(), 40u);
   std::printf("llama fit loss %.4f -> %.4f; test loss %.4f (log V %.4f, floor %.4f)\n",
               losses[0], losses[39], Num(s, "test_loss"), std::log(double{kVocab}),
@@ -158,12 +139,13 @@ TEST_F(LlamaJobTest, ResumedTrainingEqualsUninterruptedTraining) {
   EXPECT_EQ(b.summary["resumed_step"], 20);
   // The same batches, learning rates, optimizer state and arithmetic: identical losses,
   // test loss and weights.
-  const std::vector<double> straight = Losses(base_);
-  const std::vector<double> resumed = Losses(next);
+  const std::vector<double> straight = FitLosses(base_);
+  const std::vector<double> resumed = FitLosses(next);
   ASSERT_EQ(resumed.size(), 20u);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(resumed[i], straight[20 + i]) << "step " << 21 + i;
   EXPECT_EQ(Num(b.summary, "test_loss"), Num(fit_->summary, "test_loss"));
-  ExpectSameWeights(base_ + "/model.safetensors", next + "/model.safetensors");
+  const absl::Status same = SameSafetensors(base_ + "/model.safetensors", next + "/model.safetensors");
+  EXPECT_TRUE(same.ok()) << same;
 }
 
 // --activation_checkpoint_every applies to the LlamaDecoderLayers: every layer
@@ -173,7 +155,7 @@ TEST_F(LlamaJobTest, ActivationCheckpointingOfTheDecoderLayersChangesNoBit) {
   RunResult r = MainJob(2, dir, Llama({"--stages=fit,test", "--steps=40",
                                        "--activation_checkpoint_every=1"}));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(Losses(dir), Losses(base_));
+  EXPECT_EQ(FitLosses(dir), FitLosses(base_));
   EXPECT_EQ(Num(r.summary, "test_loss"), Num(fit_->summary, "test_loss"));
   const int64_t plain = fit_->summary["fit_peak_bytes_per_rank"][0]["activation"].get<int64_t>();
   const int64_t checkpointed = r.summary["fit_peak_bytes_per_rank"][0]["activation"].get<int64_t>();

@@ -237,25 +237,16 @@ TEST_F(MainJobTest, ResumedTrainingEqualsUninterruptedTraining) {
   EXPECT_EQ(b.summary["global_step"], 40);
   // Same batches (indexed by the global step), learning rates, optimizer state and
   // arithmetic as the uninterrupted run: the losses and the final loss are identical.
-  nlohmann::json straight = nlohmann::json::parse(ReadFile(base_ + "/summary.json"))["fit_losses"];
-  nlohmann::json resumed =
-      nlohmann::json::parse(ReadFile(TempDir() + "/next20/summary.json"))["fit_losses"];
+  const std::vector<double> straight = testing::FitLosses(base_);
+  const std::vector<double> resumed = testing::FitLosses(TempDir() + "/next20");
+  ASSERT_EQ(straight.size(), 40u);
   ASSERT_EQ(resumed.size(), 20u);
-  for (int i = 0; i < 20; ++i) {
-    EXPECT_EQ(resumed[i].get<double>(), straight[20 + i].get<double>()) << "step " << 21 + i;
-  }
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(resumed[i], straight[20 + i]) << "step " << 21 + i;
   EXPECT_EQ(Num(b.summary, "test_loss"), Num(fit_->summary, "test_loss"));
   // And the same weights, byte for byte.
-  absl::StatusOr<checkpoint::SafetensorsFile> x =
-      checkpoint::ImportSafetensors(base_ + "/model.safetensors");
-  absl::StatusOr<checkpoint::SafetensorsFile> y =
-      checkpoint::ImportSafetensors(TempDir() + "/next20/model.safetensors");
-  ASSERT_TRUE(x.ok() && y.ok()) << x.status() << y.status();
-  ASSERT_EQ(x->tensors.size(), y->tensors.size());
-  for (size_t i = 0; i < x->tensors.size(); ++i) {
-    EXPECT_EQ(x->tensors[i].second.ToVector(), y->tensors[i].second.ToVector())
-        << x->tensors[i].first;
-  }
+  const absl::Status same = testing::SameSafetensors(base_ + "/model.safetensors",
+                                                     TempDir() + "/next20/model.safetensors");
+  EXPECT_TRUE(same.ok()) << same;
 }
 
 TEST_F(MainJobTest, SafetensorsRoundTripsFollowsTheFormatAndMatchesTheCheckpoint) {

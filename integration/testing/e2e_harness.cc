@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "checkpoint/safetensors.h"
 
 namespace integration {
 namespace testing {
@@ -126,6 +128,37 @@ RunResult MainJob(int world_size, const std::string& out, std::vector<std::strin
   for (const std::string& f : SmallModelFlags()) argv.push_back(f);
   for (const std::string& f : extra) argv.push_back(f);
   return RunRetryingPortRace(argv, timeout);
+}
+
+std::vector<double> FitLosses(const std::string& dir) {
+  std::vector<double> out;
+  const nlohmann::json summary =
+      nlohmann::json::parse(ReadFile(dir + "/summary.json"), nullptr, /*allow_exceptions=*/false);
+  if (!summary.is_object() || !summary.contains("fit_losses")) return out;
+  for (const auto& v : summary["fit_losses"]) out.push_back(v.get<double>());
+  return out;
+}
+
+absl::Status SameSafetensors(const std::string& a, const std::string& b) {
+  absl::StatusOr<checkpoint::SafetensorsFile> x = checkpoint::ImportSafetensors(a);
+  if (!x.ok()) return x.status();
+  absl::StatusOr<checkpoint::SafetensorsFile> y = checkpoint::ImportSafetensors(b);
+  if (!y.ok()) return y.status();
+  if (x->tensors.size() != y->tensors.size()) {
+    return absl::InternalError(absl::StrCat(a, " holds ", x->tensors.size(), " tensors, ", b,
+                                            " ", y->tensors.size()));
+  }
+  for (size_t i = 0; i < x->tensors.size(); ++i) {
+    const core::Tensor& s = x->tensors[i].second;
+    const core::Tensor& t = y->tensors[i].second;
+    if (x->tensors[i].first != y->tensors[i].first || s.nbytes() != t.nbytes() ||
+        std::memcmp(s.raw_data(), t.raw_data(), s.nbytes()) != 0) {
+      return absl::InternalError(absl::StrCat("tensor ", i, " (", x->tensors[i].first, " / ",
+                                              y->tensors[i].first, ") differs between ", a,
+                                              " and ", b));
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::vector<int> ProcessesMentioning(const std::string& marker) {

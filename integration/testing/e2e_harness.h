@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 
@@ -51,6 +52,14 @@ RunResult RunRetryingPortRace(const std::vector<std::string>& argv,
 // and then `extra`.
 RunResult MainJob(int world_size, const std::string& out, std::vector<std::string> extra,
                   absl::Duration timeout = absl::Seconds(240));
+
+// The fit losses a run wrote into `dir`/summary.json ("fit_losses"); empty when there are
+// none.
+std::vector<double> FitLosses(const std::string& dir);
+
+// OK when the two safetensors files hold the same tensors, in the same order, byte for
+// byte; otherwise an error naming the first that differs (or why a file did not read).
+absl::Status SameSafetensors(const std::string& a, const std::string& b);
 
 // Pids of live processes (zombies excluded) whose command line contains `marker`.
 std::vector<int> ProcessesMentioning(const std::string& marker);
