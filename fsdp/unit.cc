@@ -151,9 +151,10 @@ absl::Status Unit::IssueUnshard(bool full_precision) {
   core::Tensor source = flat_->shard();
   comm::AllGatherOptions ag;
   ag.timeout = options_.timeout;
-  if (flat_->shard_on_host() && groups_.shard != nullptr) {
-    // NOTE [CPU offload]: the all-gather itself brings the host shard to the device and
-    // casts it there, on its own stream (NOTE [Staged collectives] in comm/process_group.h).
+  if (groups_.shard != nullptr && (flat_->shard_on_host() || !full_exact_)) {
+    // The all-gather itself casts the shard to param_dtype (and, NOTE [CPU offload], brings
+    // a host shard to the device first), on its own stream: NOTE [Staged collectives] in
+    // comm/process_group.h. The cast overlaps whatever the compute stream runs meanwhile.
     absl::StatusOr<core::Tensor> in = core::Tensor::Allocate(
         {flat_->shard_numel()}, dtype, core::MemoryTag::kComm, flat_->device());
     if (!in.ok()) return Fail(in.status());

@@ -47,9 +47,11 @@ ABSL_FLAG(bool, profile_ops, false,
           "record the ops of the last fit step: a table per op category and summary.json's "
           "op_profile, with each category's device time on CUDA beside the roofline estimate "
           "on an H200 (core/op_profile.h, core/roofline.h)");
-ABSL_FLAG(bool, forward_prefetch, false,
+ABSL_FLAG(std::string, forward_prefetch, "auto",
           "issue the next unit's all-gather when a unit's forward starts (FSDP's "
-          "forward_prefetch; its backward_prefetch is always on)");
+          "forward_prefetch; its backward_prefetch is always on): true, false, or auto (on "
+          "with --device=cuda, where the all-gather overlaps the unit's kernels; off on the "
+          "CPU, whose ranks compute with every core)");
 ABSL_FLAG(bool, deterministic, false,
           "N ranks give the bits of 1 rank (and a resume at another world size those of the "
           "uninterrupted run): the global batch in --deterministic_micro_batches fixed "
@@ -410,7 +412,14 @@ absl::StatusOr<StageOptions> StageOptionsFor(const JobOptions& job, absl::Durati
   }
   options.wrap.strategy = *strategy;
   options.wrap.hybrid_shard_size = job.hybrid_shard_size;
-  options.wrap.forward_prefetch = job.forward_prefetch;
+  if (job.forward_prefetch == "auto") {
+    options.wrap.forward_prefetch = job.device != "cpu";
+  } else if (job.forward_prefetch == "true" || job.forward_prefetch == "false") {
+    options.wrap.forward_prefetch = job.forward_prefetch == "true";
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--forward_prefetch=", job.forward_prefetch, ": use true, false or auto"));
+  }
   options.wrap.cpu_offload = job.cpu_offload;
   if (job.deterministic) {  // NOTE [Deterministic training]
     options.wrap.deterministic = true;

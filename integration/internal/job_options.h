@@ -42,7 +42,7 @@ struct JobOptions {
   // The wrap and the stages (StageOptionsFor).
   std::string strategy;
   int hybrid_shard_size = 0;
-  bool forward_prefetch = false;
+  std::string forward_prefetch = "auto";  // true, false, auto (on for CUDA)
   bool cpu_offload = false;
   bool deterministic = false;
   int deterministic_micro_batches = 8;

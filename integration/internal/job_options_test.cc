@@ -93,6 +93,24 @@ TEST(JobOptionsTest, IntraOpThreadsAreTheFlagWhenSet) {
   EXPECT_THAT(IntraOpThreads(job, 2).status().message(), HasSubstr("--intra_op_threads=-2"));
 }
 
+// --forward_prefetch=auto (the default) prefetches on a CUDA device only; true and false
+// say so everywhere; anything else is refused naming the flag.
+TEST(JobOptionsTest, ForwardPrefetchIsOnByDefaultOnTheGpuOnly) {
+  JobOptions job = JobOptionsFromFlags();
+  EXPECT_EQ(job.forward_prefetch, "auto");
+  EXPECT_FALSE(StageOptionsFor(job, absl::Seconds(7)).value().wrap.forward_prefetch);
+  job.device = "cuda";
+  EXPECT_TRUE(StageOptionsFor(job, absl::Seconds(7)).value().wrap.forward_prefetch);
+  job.forward_prefetch = "false";
+  EXPECT_FALSE(StageOptionsFor(job, absl::Seconds(7)).value().wrap.forward_prefetch);
+  job.device = "cpu";
+  job.forward_prefetch = "true";
+  EXPECT_TRUE(StageOptionsFor(job, absl::Seconds(7)).value().wrap.forward_prefetch);
+  job.forward_prefetch = "sometimes";
+  EXPECT_THAT(Message(StageOptionsFor(job, absl::Seconds(7)).status()),
+              HasSubstr("--forward_prefetch=sometimes"));
+}
+
 TEST(JobOptionsTest, StageOptionsComeFromTheFlags) {
   JobOptions job = JobOptionsFromFlags();
   job.strategy = "SHARD_GRAD_OP";
