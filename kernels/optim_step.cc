@@ -11,7 +11,14 @@
 #ifdef FSDP_WITH_CUDA
 #include <cuda_runtime_api.h>
 
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
 #include "core/cuda_status.h"
+#include "core/pinned_buffer.h"
 #include "core/status_macros.h"
 #include "core/tensor.h"
 #include "kernels/cuda/fused.h"
@@ -80,15 +87,38 @@ core::OpCost SegmentCost(const SgdSegment& s) {
   return core::OpCost::Memory((s.buf != nullptr ? 20.0 : 12.0) * s.n, 4.0 * s.n, 0);
 }
 
-// The CUDA path uploads the segment table from pageable memory (a host sync) and
-// launches one fused kernel per device and kind.
-constexpr core::OpCost kSegmentUpload{0, 0, 0, core::OpEngine::kHostSync};
+// NOTE [Segment upload]: the CUDA path copies the step's segment table to the device from
+// one of two page-locked buffers per device, asynchronously on the compute stream, and
+// launches one fused kernel per device and kind. A buffer is refilled only once the copy
+// that last read it (two steps back) has finished, so the step never waits for the device.
+constexpr core::OpCost kSegmentUpload{0, 0, 1, core::OpEngine::kMemory};
 
 #ifdef FSDP_WITH_CUDA
-// Numbers the segments' chunks, uploads the segment array to `device` and runs `launch`
-// (FusedAdamW or FusedSgd) once on the compute stream. The segment array lives in a
-// device tensor (tag kOptim) released on return; the copy into it is stream-ordered
-// before the launch. Errors name `what`.
+// NOTE [Segment upload]: a device's two page-locked staging buffers, each with the event
+// of the last copy out of it. Shared by the threads that step on the device.
+struct UploadSlot {
+  core::PinnedBuffer buffer;
+  cudaEvent_t copied = nullptr;
+};
+struct UploadRing {
+  absl::Mutex mu;
+  UploadSlot slots[2] ABSL_GUARDED_BY(mu);
+  int next ABSL_GUARDED_BY(mu) = 0;
+};
+
+UploadRing& RingFor(int device_index) {
+  static absl::Mutex rings_mu;
+  static auto* rings = new std::map<int, std::unique_ptr<UploadRing>>();
+  absl::MutexLock lock(&rings_mu);
+  std::unique_ptr<UploadRing>& ring = (*rings)[device_index];
+  if (ring == nullptr) ring = std::make_unique<UploadRing>();
+  return *ring;
+}
+
+// Numbers the segments' chunks, uploads the segment array to `device` (NOTE [Segment
+// upload]) and runs `launch` (FusedAdamW or FusedSgd) once on the compute stream. The
+// segment array lives in a device tensor (tag kOptim) released on return; the copy into
+// it is stream-ordered before the launch. Errors name `what`.
 template <typename Segment>
 absl::Status LaunchSegments(const core::Device& device, std::vector<Segment> segments,
                             cudaError_t (*launch)(const Segment*, int64_t, int64_t),
@@ -114,15 +144,34 @@ absl::Status LaunchSegments(const core::Device& device, std::vector<Segment> seg
     cost.bytes += c.bytes;
     cost.flops += c.flops;
   }
-  core::RecordOp(core::OpCategory::kHostSync, "optimizer.segment_upload", kSegmentUpload);
+  core::RecordOp(core::OpCategory::kConvert, "optimizer.segment_upload", kSegmentUpload);
   core::ProfiledOp op(core::OpCategory::kOptimizer, "optimizer.fused_update", device, cost);
   ASSIGN_OR_RETURN(core::Tensor table,
                    core::Tensor::Allocate({(bytes + 3) / 4}, core::DType::kInt32,
                                           core::MemoryTag::kOptim, device));
+  // NOTE [Segment upload].
+  UploadRing& ring = RingFor(device.index);
+  absl::MutexLock lock(&ring.mu);
+  UploadSlot& slot = ring.slots[ring.next];
+  ring.next = 1 - ring.next;
+  const std::string where = absl::StrCat(what, ": upload of ", live.size(), " segments to ",
+                                         device.ToString());
+  if (slot.copied == nullptr) {
+    RETURN_IF_ERROR(core::cuda::StatusFromCuda(
+        cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming), where));
+  } else {
+    RETURN_IF_ERROR(core::cuda::StatusFromCuda(cudaEventSynchronize(slot.copied), where));
+  }
+  if (slot.buffer.size() < bytes) {
+    ASSIGN_OR_RETURN(slot.buffer, core::PinnedBuffer::Allocate(bytes, core::MemoryTag::kOptim));
+  }
+  std::memcpy(slot.buffer.data(), live.data(), static_cast<size_t>(bytes));
   RETURN_IF_ERROR(core::cuda::StatusFromCuda(
-      cudaMemcpyAsync(table.raw_data(), live.data(), static_cast<size_t>(bytes),
+      cudaMemcpyAsync(table.raw_data(), slot.buffer.data(), static_cast<size_t>(bytes),
                       cudaMemcpyHostToDevice, core::cuda::ComputeStream()),
-      absl::StrCat(what, ": upload of ", live.size(), " segments to ", device.ToString())));
+      where));
+  RETURN_IF_ERROR(core::cuda::StatusFromCuda(
+      cudaEventRecord(slot.copied, core::cuda::ComputeStream()), where));
   return core::cuda::StatusFromCuda(
       launch(static_cast<const Segment*>(table.raw_data()), static_cast<int64_t>(live.size()),
              chunks),
@@ -183,7 +232,7 @@ absl::Status OptimizerStep::Add(core::Device device, absl::string_view param_nam
 absl::Status OptimizerStep::Finish() {
   if (cpu_cost_.launches > 0) {
     // The CPU segments' op list, as the CUDA path would run them.
-    core::RecordOp(core::OpCategory::kHostSync, "optimizer.segment_upload", kSegmentUpload);
+    core::RecordOp(core::OpCategory::kConvert, "optimizer.segment_upload", kSegmentUpload);
     core::RecordOp(core::OpCategory::kOptimizer, "optimizer.fused_update", cpu_cost_);
     cpu_cost_ = core::OpCost::Memory(0, 0, 0);
   }
