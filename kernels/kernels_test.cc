@@ -299,7 +299,9 @@ TEST(KernelsTest, ColumnSumChunksSplitLargeInputsAndCoverEveryRow) {
       const int64_t per = (rows + chunks - 1) / chunks;
       EXPECT_GE(chunks, 1);
       EXPECT_GE(per * chunks, rows) << rows << " x " << cols;
-      if (chunks > 1) EXPECT_GE(per, 64) << rows << " x " << cols;
+      if (chunks > 1) {
+        EXPECT_GE(per, 64) << rows << " x " << cols;
+      }
     }
   }
 }

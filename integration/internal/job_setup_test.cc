@@ -39,7 +39,9 @@ TEST(MemoryPlanTest, PrintsThePlanAndEveryModesEstimate) {
   }
   // Deferred init removes the full model each rank would build (init 0B).
   for (absl::string_view line : absl::StrSplit(*report, '\n')) {
-    if (absl::StrContains(line, "deferred init")) EXPECT_THAT(std::string(line), HasSubstr(" 0B "));
+    if (absl::StrContains(line, "deferred init")) {
+      EXPECT_THAT(std::string(line), HasSubstr(" 0B "));
+    }
   }
 }
 
