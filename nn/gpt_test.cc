@@ -20,13 +20,7 @@ namespace nn {
 namespace {
 
 using ::testing::HasSubstr;
-
-core::Tensor RandomTokens(int64_t B, int64_t T, int64_t V, uint64_t seed) {
-  core::Rng rng(seed);
-  std::vector<int32_t> ids(B * T);
-  for (int32_t& id : ids) id = static_cast<int32_t>(rng.UniformInt(V));
-  return core::Tensor::FromInts(ids, {B, T}).value();
-}
+using gradcheck::RandomTokens;
 
 std::shared_ptr<Gpt> MakeGpt(const GptConfig& config) {
   absl::StatusOr<std::shared_ptr<Gpt>> gpt = Gpt::Create(config);
@@ -43,16 +37,6 @@ GptConfig Tiny() {
   c.n_head = 2;
   c.seed = 3;
   return c;
-}
-
-double Std(const std::vector<float>& v) {
-  double s = 0.0, s2 = 0.0;
-  for (float x : v) {
-    s += x;
-    s2 += static_cast<double>(x) * x;
-  }
-  const double mean = s / v.size();
-  return std::sqrt(s2 / v.size() - mean * mean);
 }
 
 TEST(GptTest, CreateValidatesTheConfigNamingTheOption) {
@@ -168,7 +152,7 @@ TEST(GptTest, InitStatisticsFollowGpt2) {
       // 8% is a 5-sigma bound, and far from PyTorch's default inits (Embedding std 1,
       // Linear std 1/sqrt(3 in) = 0.072 for in = 64).
       const double want = name.find("proj.weight") != std::string::npos ? proj_std : 0.02;
-      EXPECT_NEAR(Std(v), want, 0.08 * want) << name;
+      EXPECT_NEAR(gradcheck::StdDev(v), want, 0.08 * want) << name;
     }
   }
 }

@@ -19,13 +19,7 @@ namespace nn {
 namespace {
 
 using ::testing::HasSubstr;
-
-core::Tensor RandomTokens(int64_t B, int64_t T, int64_t V, uint64_t seed) {
-  core::Rng rng(seed);
-  std::vector<int32_t> ids(B * T);
-  for (int32_t& id : ids) id = static_cast<int32_t>(rng.UniformInt(V));
-  return core::Tensor::FromInts(ids, {B, T}).value();
-}
+using gradcheck::RandomTokens;
 
 std::shared_ptr<Llama> MakeLlama(const LlamaConfig& config) {
   absl::StatusOr<std::shared_ptr<Llama>> llama = Llama::Create(config);
@@ -45,16 +39,6 @@ LlamaConfig Tiny() {
   c.max_position_embeddings = 8;
   c.seed = 3;
   return c;
-}
-
-double Std(const std::vector<float>& v) {
-  double s = 0.0, s2 = 0.0;
-  for (float x : v) {
-    s += x;
-    s2 += static_cast<double>(x) * x;
-  }
-  const double mean = s / v.size();
-  return std::sqrt(s2 / v.size() - mean * mean);
 }
 
 // Every parameter gradient of `m`, in NamedParameters order.
@@ -168,7 +152,7 @@ TEST(LlamaTest, InitFollowsHuggingFaceAndIsDeterministicPerSeed) {
     } else {
       EXPECT_NE(v, po[i].second->data.ToVector()) << name;
       // N(0, 0.02): the sample std of n >= 2048 draws is within 8% (5 sigma).
-      EXPECT_NEAR(Std(v), 0.02, 0.08 * 0.02) << name;
+      EXPECT_NEAR(gradcheck::StdDev(v), 0.02, 0.08 * 0.02) << name;
     }
   }
   // Layers and projections draw from their own streams.

@@ -2,7 +2,9 @@
 
 #include <cmath>
 
+#include "core/allocator.h"
 #include "core/random.h"
+#include "nn/losses.h"
 #include "nn/ops.h"
 #include "nn/to_device.h"
 
@@ -72,6 +74,30 @@ void CompareModules(core::Module& cpu, core::Module& gpu, const core::Tensor& x,
     EXPECT_LE(RelErr(Host(pg[i].second->grad), pc[i].second->grad.ToVector()), rel)
         << cpu.Describe() << " grad of " << pc[i].first;
   }
+}
+
+LossGradients LanguageModelGradients(core::Module& model, const core::Tensor& tokens,
+                                     const core::Tensor& targets) {
+  LossGradients out;
+  core::Allocator& gpu = *core::Allocator::Current(kGpu);
+  const int64_t before = gpu.Stats().current(core::MemoryTag::kActivation);
+  absl::StatusOr<core::Tensor> logits = model.Forward(tokens);
+  if (!logits.ok()) {
+    ADD_FAILURE() << logits.status();
+    return out;
+  }
+  out.activation_bytes_after_forward = gpu.Stats().current(core::MemoryTag::kActivation) - before;
+  absl::StatusOr<LossResult> loss = CrossEntropyLoss(*logits, targets);
+  if (!loss.ok()) {
+    ADD_FAILURE() << loss.status();
+    return out;
+  }
+  if (absl::Status s = model.Backward(loss->grad).status(); !s.ok()) {
+    ADD_FAILURE() << s;
+    return out;
+  }
+  for (const auto& [name, p] : model.NamedParameters()) out.grads.push_back(Host(p->grad));
+  return out;
 }
 
 }  // namespace cuda_compare

@@ -53,6 +53,16 @@ double RelErr(const std::vector<float>& got, const std::vector<float>& want);
 // within `rel` in the 2-norm.
 void CompareModules(core::Module& cpu, core::Module& gpu, const core::Tensor& x, double rel);
 
+// One forward, cross-entropy and backward of a language model on cuda:0: every parameter
+// gradient (on the host, in NamedParameters() order) and the activation bytes the forward
+// left held on the device. Failures are reported as test failures.
+struct LossGradients {
+  std::vector<std::vector<float>> grads;
+  int64_t activation_bytes_after_forward = 0;
+};
+LossGradients LanguageModelGradients(core::Module& model, const core::Tensor& tokens,
+                                     const core::Tensor& targets);
+
 }  // namespace cuda_compare
 }  // namespace nn
 

@@ -160,6 +160,23 @@ void RandomizeParameters(core::Module& module, uint64_t seed, float mean, float 
   }
 }
 
+core::Tensor RandomTokens(int64_t B, int64_t T, int64_t V, uint64_t seed) {
+  core::Rng rng(seed);
+  std::vector<int32_t> ids(B * T);
+  for (int32_t& id : ids) id = static_cast<int32_t>(rng.UniformInt(V));
+  return core::Tensor::FromInts(ids, {B, T}).value();
+}
+
+double StdDev(const std::vector<float>& v) {
+  double s = 0.0, s2 = 0.0;
+  for (float x : v) {
+    s += x;
+    s2 += static_cast<double>(x) * x;
+  }
+  const double mean = s / v.size();
+  return std::sqrt(s2 / v.size() - mean * mean);
+}
+
 core::Tensor RandomTensor(const core::Shape& shape, uint64_t seed, float stddev) {
   core::Tensor t = core::Tensor::Empty(shape);
   core::Rng rng(seed);

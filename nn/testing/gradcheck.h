@@ -100,6 +100,12 @@ void RandomizeParameters(core::Module& module, uint64_t seed, float mean, float 
 // An fp32 CPU tensor of `shape` with N(0, stddev) entries from `seed`.
 core::Tensor RandomTensor(const core::Shape& shape, uint64_t seed, float stddev = 1.0f);
 
+// int32 CPU token ids [B, T], uniform in [0, V), from `seed`.
+core::Tensor RandomTokens(int64_t B, int64_t T, int64_t V, uint64_t seed);
+
+// The population standard deviation of `v` (for checks on initialisations).
+double StdDev(const std::vector<float>& v);
+
 // Merges `other` into `into` (counts, maxima, failures).
 void MergeReport(const Report& other, Report* into);
 
