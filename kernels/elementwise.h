@@ -52,6 +52,29 @@ FSDP_HD inline float BiasAdd(float y, const W* bias, int64_t j) {
   return y + Load(bias, j);
 }
 
+// NOTE [GEMM epilogues] (nn/tensor_ops.h): what a GEMM does to each element p of its
+// product before storing it. The numbering is nn::GemmEpilogue's.
+enum GemmEpilogueKind : int {
+  kGemmEpilogueNone = 0,
+  kGemmEpilogueBias = 1,      // p + bias[j]
+  kGemmEpilogueBiasGelu = 2,  // GELU(p + bias[j]); p + bias[j] also stored (aux)
+  kGemmEpilogueDGelu = 3,     // p * GELU'(aux), aux the pre-activation as stored
+};
+
+// The pre-activation of column j: p plus the bias where the epilogue adds one.
+template <typename W>
+FSDP_HD inline float GemmEpiloguePre(int kind, float p, const W* bias, int64_t j) {
+  return kind == kGemmEpilogueBias || kind == kGemmEpilogueBiasGelu ? BiasAdd(p, bias, j) : p;
+}
+
+// The value the GEMM stores from the pre-activation and, for kGemmEpilogueDGelu, the saved
+// pre-activation `aux` (widened from its stored dtype).
+FSDP_HD inline float GemmEpilogueOut(int kind, float pre, float aux) {
+  if (kind == kGemmEpilogueBiasGelu) return GeluTanhForward(pre);
+  if (kind == kGemmEpilogueDGelu) return GeluTanhBackward(aux, pre);
+  return pre;
+}
+
 // True when `id` indexes a table of `num` rows.
 FSDP_HD inline bool EmbeddingIdValid(int32_t id, int64_t num) { return id >= 0 && id < num; }
 

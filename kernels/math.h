@@ -121,6 +121,10 @@ FSDP_HD inline double FastExp(double x) {
 FSDP_HD inline float Load(const float* p, int64_t i) { return p[i]; }
 FSDP_HD inline float Load(const uint16_t* p, int64_t i) { return core::Bf16BitsToFloat(p[i]); }
 
+// Stores v into element i of an fp32 or bf16 array (bf16: rounded once, to nearest even).
+FSDP_HD inline void Store(float* p, int64_t i, float v) { p[i] = v; }
+FSDP_HD inline void Store(uint16_t* p, int64_t i, float v) { p[i] = core::FloatToBf16Bits(v); }
+
 }  // namespace kernels
 
 #endif  // KERNELS_MATH_H_

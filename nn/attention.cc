@@ -32,9 +32,15 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardImpl(const core::Tensor
     return internal::ModuleError(*this, absl::StrCat("input must be [B, T, ", n_embd_, "], got ",
                                                      core::ShapeToString(x.shape())));
   }
-  ASSIGN_OR_RETURN(core::Tensor qkv, qkv_->Forward(x));
   // NOTE [bf16 attention] (attention.h): with a bf16 qkv weight, q, k, v and the
-  // probabilities are bf16 GEMM operands, the scores fp32.
+  // probabilities are bf16 GEMM operands, the scores fp32. qkv's GEMM stores them bf16
+  // itself when it may (NOTE [GEMM epilogues]), else they are rounded here.
+  core::Tensor qkv;
+  if (internal::Fusable(*qkv_)) {
+    ASSIGN_OR_RETURN(qkv, qkv_->ForwardForGemm(x));
+  } else {
+    ASSIGN_OR_RETURN(qkv, qkv_->Forward(x));
+  }
   if (qkv_->weight()->data.dtype() == core::DType::kBFloat16) {
     ASSIGN_OR_RETURN(qkv, internal::RoundToBf16(*this, qkv, "q, k and v"));
   }
@@ -50,7 +56,14 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::BackwardImpl(const core::Tenso
       have_cache ? core::Shape{qkv.size(0), qkv.size(1), n_embd_} : core::Shape{}, grad_output));
   RETURN_IF_ERROR(
       internal::CheckDevice(*this, grad_output, "grad_output", qkv.device(), "the input"));
-  ASSIGN_OR_RETURN(core::Tensor gy, proj_->Backward(grad_output));
+  // The heads' gradient is a bf16 GEMM operand under bf16: proj's GEMM stores it so when
+  // it may (NOTE [GEMM epilogues]).
+  core::Tensor gy;
+  if (internal::Fusable(*proj_)) {
+    ASSIGN_OR_RETURN(gy, proj_->BackwardForGemm(grad_output));
+  } else {
+    ASSIGN_OR_RETURN(gy, proj_->Backward(grad_output));
+  }
   ASSIGN_OR_RETURN(core::Tensor gqkv, core_.Backward(*this, std::move(gy)));
   return qkv_->Backward(gqkv);
 }

@@ -36,6 +36,10 @@
 #include "nn/to_device.h"
 #include "nn/transformer.h"
 
+#ifdef FSDP_WITH_CUDA
+#include "nn/cuda/gemm.h"
+#endif
+
 namespace nn {
 namespace {
 
@@ -52,6 +56,24 @@ using cuda_compare::RelErr;
 using cuda_compare::To;
 
 // ---- GEMM.
+
+// While alive, cuBLASLt's heuristic is treated as finding nothing: plain GEMMs run through
+// cublasGemmStridedBatchedEx and epilogues through the epilogue kernel.
+class ForcedGemmFallback {
+ public:
+  explicit ForcedGemmFallback(bool on) : on_(on) { Set(on_); }
+  ~ForcedGemmFallback() { Set(false); }
+
+ private:
+  static void Set(bool on) {
+#ifdef FSDP_WITH_CUDA
+    cuda::ForceGemmFallbackForTesting(on);
+#else
+    (void)on;
+#endif
+  }
+  bool on_;
+};
 
 struct GemmCase {
   bool ta, tb;
@@ -86,11 +108,15 @@ TEST_P(CudaGemmTest, Fp32MatchesCpuForEveryTransposeWithOddSizesStridesAndBatche
   ASSERT_TRUE(MatMul("cpu", args).ok());
   args.a.tensor = To(a, kGpu);
   args.b.tensor = To(b, kGpu);
-  args.c.tensor = c_gpu;
-  const absl::Status s = MatMul("gpu", args);
-  ASSERT_TRUE(s.ok()) << s;
-  // Elements outside the matrices (padding) must be untouched, inside within 1e-5.
-  EXPECT_LE(RelErr(Host(c_gpu), c_cpu.ToVector()), kFp32Rel);
+  // cuBLASLt, then cublasGemmStridedBatchedEx (the fallback when its heuristic finds none).
+  for (bool fallback : {false, true}) {
+    ForcedGemmFallback forced(fallback);
+    args.c.tensor = To(Normal({batch * sc}, 3), kGpu);
+    const absl::Status s = MatMul("gpu", args);
+    ASSERT_TRUE(s.ok()) << s;
+    // Elements outside the matrices (padding) must be untouched, inside within 1e-5.
+    EXPECT_LE(RelErr(Host(args.c.tensor), c_cpu.ToVector()), kFp32Rel) << fallback;
+  }
 }
 
 // bf16 x bf16 and fp32 x bf16 (the activation rounded to bf16 on the device): equal to
@@ -113,7 +139,9 @@ TEST_P(CudaGemmTest, Bf16AndMixedOperandsMatchTheCpuProductOfTheRoundedValues) {
   args.b.tensor = b16;
   args.c.tensor = want;
   ASSERT_TRUE(MatMul("cpu", args).ok());  // bf16 widened exactly
-  for (bool mixed : {false, true}) {
+  for (int run = 0; run < 4; ++run) {
+    const bool mixed = run % 2 == 1;
+    ForcedGemmFallback forced(run >= 2);  // cublasGemmStridedBatchedEx
     const core::Tensor got = core::Tensor::Zeros({m * n}, core::DType::kFloat32,
                                                  core::MemoryTag::kOther, kGpu);
     args.a.tensor = To(mixed ? a : a16, kGpu);  // mixed: fp32 activation, rounded on device
@@ -128,6 +156,94 @@ TEST_P(CudaGemmTest, Bf16AndMixedOperandsMatchTheCpuProductOfTheRoundedValues) {
 INSTANTIATE_TEST_SUITE_P(AllTransposes, CudaGemmTest,
                          ::testing::Values(GemmCase{false, false}, GemmCase{false, true},
                                            GemmCase{true, false}, GemmCase{true, true}));
+
+// NOTE [GEMM epilogues]: each epilogue, into fp32 and bf16 C, with bf16 and fp32 biases,
+// through cuBLASLt's epilogue and through the fallback kernel, against the CPU. The
+// product differs from the CPU's by fp32 summation order (kFp32Rel); cuBLASLt's GELU is
+// its own tanh form (within 1e-6 (1 + |x|) of ours, so 1e-4 normwise covers it); a bf16
+// C or aux may sit one rounding step away where those move a value across a bf16
+// boundary (kBf16Unit normwise).
+TEST(CudaGemmEpilogueTest, EachEpilogueMatchesTheCpuOnCublasLtAndOnTheFallbackKernel) {
+  SKIP_WITHOUT_GPU();
+  const int64_t m = 48, n = 64, k = 40;  // n % 8 == 0: cuBLASLt's aux leading dimension
+  const core::Tensor x = Normal({m * k}, 61), w = Normal({n * k}, 62), b = Normal({n}, 63);
+  const core::Tensor saved = Normal({m * n}, 64);
+  const core::Tensor x16 = x.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
+  const core::Tensor w16 = w.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
+  for (GemmEpilogue e : {GemmEpilogue::kNone, GemmEpilogue::kBias, GemmEpilogue::kBiasGelu,
+                         GemmEpilogue::kDGelu}) {
+    for (core::DType c_dtype : {core::DType::kFloat32, core::DType::kBFloat16}) {
+      for (bool bias16 : {false, true}) {
+        for (bool fallback : {false, true}) {
+          SCOPED_TRACE(absl::StrCat("epilogue ", static_cast<int>(e), " C ",
+                                    core::DTypeName(c_dtype), bias16 ? " bf16 bias" : "",
+                                    fallback ? " fallback" : ""));
+          const core::Tensor bias =
+              bias16 ? b.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value() : b;
+          const core::Tensor aux0 = saved.ToDType(c_dtype, core::MemoryTag::kOther).value();
+          auto run = [&](const core::Device& device, const char* what) {
+            GemmArgs g;
+            g.trans_b = true;
+            g.m = m;
+            g.n = n;
+            g.k = k;
+            g.a.tensor = To(x16, device);
+            g.b.tensor = To(w16, device);
+            g.c.tensor = To(core::Tensor::Zeros({m * n}, c_dtype), device);
+            g.epilogue = e;
+            if (e == GemmEpilogue::kBias || e == GemmEpilogue::kBiasGelu) g.bias = To(bias, device);
+            if (e == GemmEpilogue::kBiasGelu || e == GemmEpilogue::kDGelu) g.aux = To(aux0, device);
+            const absl::Status s = MatMul(what, g);
+            EXPECT_TRUE(s.ok()) << s;
+            return g;
+          };
+          const GemmArgs cpu = run(core::Device::Cpu(), "cpu");
+          ForcedGemmFallback forced(fallback);
+          const GemmArgs gpu = run(kGpu, "gpu");
+          auto wide = [](const core::Tensor& t) {
+            return t.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value();
+          };
+          const bool c16 = c_dtype == core::DType::kBFloat16;
+          const bool gelu = e == GemmEpilogue::kBiasGelu || e == GemmEpilogue::kDGelu;
+          const double tol = c16 ? kBf16Unit : (gelu ? 1e-4 : kFp32Rel);
+          EXPECT_LE(RelErr(Host(wide(gpu.c.tensor)), wide(cpu.c.tensor).ToVector()), tol);
+          if (e == GemmEpilogue::kBiasGelu) {
+            EXPECT_LE(RelErr(Host(wide(gpu.aux)), wide(cpu.aux).ToVector()),
+                      c16 ? kBf16Unit : kFp32Rel);
+          }
+        }
+      }
+    }
+  }
+}
+
+// fp32 operands take no cuBLASLt epilogue (MatMul runs the plain GEMM and the epilogue
+// kernel); the result still matches the CPU.
+TEST(CudaGemmEpilogueTest, Fp32OperandsWithAnEpilogueMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const int64_t m = 9, n = 13, k = 7;  // n odd: no aux leading dimension cuBLASLt takes
+  const core::Tensor x = Normal({m * k}, 71), w = Normal({n * k}, 72), b = Normal({n}, 73);
+  auto run = [&](const core::Device& device) {
+    GemmArgs g;
+    g.trans_b = true;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.a.tensor = To(x, device);
+    g.b.tensor = To(w, device);
+    g.c.tensor = To(core::Tensor::Zeros({m * n}), device);
+    g.aux = To(core::Tensor::Zeros({m * n}), device);
+    g.bias = To(b, device);
+    g.epilogue = GemmEpilogue::kBiasGelu;
+    const absl::Status s = MatMul("fc", g);
+    EXPECT_TRUE(s.ok()) << s;
+    return g;
+  };
+  const GemmArgs cpu = run(core::Device::Cpu());
+  const GemmArgs gpu = run(kGpu);
+  EXPECT_LE(RelErr(Host(gpu.c.tensor), cpu.c.tensor.ToVector()), kFp32Rel);
+  EXPECT_LE(RelErr(Host(gpu.aux), cpu.aux.ToVector()), kFp32Rel);
+}
 
 // ---- Layers, fp32.
 
@@ -395,6 +511,20 @@ TEST(CudaLayersTest, ColumnSumsSplitAcrossBlocksMatchCpuAndRepeatBitForBit) {
       }
     }
   }
+}
+
+// A bf16 input (a gradient an epilogue stored bf16) sums its widened values.
+TEST(CudaLayersTest, ColumnSumsOfABf16InputMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  const int64_t rows = 16384, cols = 768;
+  const core::Tensor x =
+      Normal({rows, cols}, 43).ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
+  const core::Tensor start = Normal({cols}, 44);
+  core::Tensor cpu = start.Clone(core::MemoryTag::kOther);
+  ASSERT_TRUE(AccumulateColumnSums("test", x, core::Tensor(), cpu).ok());
+  core::Tensor gpu = To(start, kGpu);
+  ASSERT_TRUE(AccumulateColumnSums("test", To(x, kGpu), core::Tensor(), gpu).ok());
+  EXPECT_LE(RelErr(Host(gpu), cpu.ToVector()), 1e-5 * std::sqrt(static_cast<double>(rows)));
 }
 
 // LayerNorm and Embedding read bf16 weights exactly (no GEMM): fp32 tolerance holds.

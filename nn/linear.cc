@@ -58,16 +58,28 @@ std::shared_ptr<Linear> Linear::Tied(core::ParameterPtr weight, bool bias) {
   return std::shared_ptr<Linear>(new Linear(TiedTag{}, std::move(weight), bias));
 }
 
-absl::StatusOr<core::Tensor> Linear::ForwardWithoutBias(const core::Tensor& x) {
+absl::StatusOr<core::Tensor> Linear::ForwardGemm(const core::Tensor& x, bool with_bias,
+                                                 bool gemm_out, core::Tensor* pre) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
-  RETURN_IF_ERROR(internal::CheckLastDim(*this, x, in_, "input"));
+  const bool w16 = weight_->data.defined() && weight_->data.dtype() == core::DType::kBFloat16;
+  // A bf16 input is one a producer stored for this layer's bf16 GEMM (NOTE [GEMM epilogues]).
+  const core::DType in_dtype =
+      w16 && x.defined() && x.dtype() == core::DType::kBFloat16 ? core::DType::kBFloat16
+                                                                 : core::DType::kFloat32;
+  RETURN_IF_ERROR(internal::CheckLastDim(*this, x, in_, "input", in_dtype));
   const core::Device device = x.device();
   RETURN_IF_ERROR(internal::CheckParameter(*this, *weight_, "weight", {out_, in_}, device));
   if (bias_) RETURN_IF_ERROR(internal::CheckParameter(*this, *bias_, "bias", {out_}, device));
+  if (pre != nullptr && !bias_) {
+    return internal::ModuleError(*this, "the fused bias + GELU forward needs a bias");
+  }
+  const core::DType out_dtype =
+      gemm_out && w16 ? core::DType::kBFloat16 : core::DType::kFloat32;
   const int64_t rows = RowsOf(x.shape());
-  ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation(WithLastDim(x.shape(), out_), device));
+  const core::Shape out_shape = WithLastDim(x.shape(), out_);
+  ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation(out_shape, device, out_dtype));
   ASSIGN_OR_RETURN(core::Tensor a, GemmOperand(x, "input"));
-  // y = x W^T.
+  // y = x W^T (+ b, GELU: NOTE [GEMM epilogues]).
   GemmArgs g;
   g.trans_b = true;
   g.m = rows;
@@ -76,35 +88,69 @@ absl::StatusOr<core::Tensor> Linear::ForwardWithoutBias(const core::Tensor& x) {
   g.a.tensor = a;
   g.b.tensor = weight_->data;
   g.c.tensor = y;
+  if (pre != nullptr) {
+    ASSIGN_OR_RETURN(*pre, internal::NewActivation(out_shape, device, out_dtype));
+    g.epilogue = GemmEpilogue::kBiasGelu;
+    g.bias = bias_->data;
+    g.aux = *pre;
+  } else if (with_bias && bias_) {
+    g.epilogue = GemmEpilogue::kBias;
+    g.bias = bias_->data;
+  }
   RETURN_IF_ERROR(MatMul(internal::What(*this), g));
   input_ = std::move(a);
   return y;
 }
 
-absl::StatusOr<core::Tensor> Linear::GemmOperand(const core::Tensor& t, const char* name) const {
-  if (weight_->data.dtype() != core::DType::kBFloat16) return t;
-  if (t.dtype() == core::DType::kBFloat16) return t;  // a grad_output already rounded
-  // NOTE [bf16 GEMMs]: rounded once here, then used by every GEMM that needs it.
-  return internal::RoundToBf16(*this, t, name);
+absl::StatusOr<core::Tensor> Linear::ForwardWithoutBias(const core::Tensor& x) {
+  return ForwardGemm(x, /*with_bias=*/false, /*gemm_out=*/false, nullptr);
+}
+
+absl::StatusOr<core::Tensor> Linear::ForwardForGemm(const core::Tensor& x) {
+  return ForwardGemm(x, /*with_bias=*/true, /*gemm_out=*/true, nullptr);
+}
+
+absl::StatusOr<core::Tensor> Linear::ForwardGelu(const core::Tensor& x, core::Tensor* pre) {
+  if (pre == nullptr) return internal::ModuleError(*this, "ForwardGelu: pre is null");
+  return ForwardGemm(x, /*with_bias=*/true, /*gemm_out=*/true, pre);
 }
 
 absl::StatusOr<core::Tensor> Linear::ForwardImpl(const core::Tensor& x) {
-  ASSIGN_OR_RETURN(core::Tensor y, ForwardWithoutBias(x));
-  if (bias_) RETURN_IF_ERROR(BiasAdd(internal::What(*this), y, bias_->data, y));
-  return y;
+  return ForwardGemm(x, /*with_bias=*/true, /*gemm_out=*/false, nullptr);
 }
 
-absl::StatusOr<core::Tensor> Linear::BackwardWithoutBias(const core::Tensor& grad_output) {
+absl::StatusOr<core::Tensor> Linear::GemmOperand(const core::Tensor& t, const char* name) const {
+  if (weight_->data.dtype() != core::DType::kBFloat16) return t;
+  // NOTE [bf16 GEMMs]: rounded once here (unless its producer stored it bf16), then used by
+  // every GEMM that needs it.
+  return internal::RoundToBf16(*this, t, name);
+}
+
+absl::StatusOr<core::Tensor> Linear::BackwardGemms(const core::Tensor& grad_output,
+                                                   bool bias_grad, bool gemm_out,
+                                                   const core::Tensor& gelu_pre) {
   RETURN_IF_ERROR(internal::CheckGradOutput(*this, input_.defined(),
                                             WithLastDim(input_.shape(), out_), grad_output,
                                             GradOutputDType() == core::DType::kBFloat16));
   const core::Device device = input_.device();
   RETURN_IF_ERROR(internal::CheckDevice(*this, grad_output, "grad_output", device, "the input"));
   RETURN_IF_ERROR(internal::CheckParameter(*this, *weight_, "weight", {out_, in_}, device));
+  const bool forward16 = input_.dtype() == core::DType::kBFloat16;
+  core::DType gx_dtype = gemm_out && forward16 ? core::DType::kBFloat16 : core::DType::kFloat32;
+  if (gelu_pre.defined()) {
+    if (gelu_pre.shape() != input_.shape() ||
+        (gelu_pre.dtype() != core::DType::kFloat32 && gelu_pre.dtype() != core::DType::kBFloat16)) {
+      return internal::ModuleError(
+          *this, absl::StrCat("the GELU pre-activation must be fp32 or bf16 of the input's shape ",
+                              core::ShapeToString(input_.shape()), ", got ", gelu_pre.ToString()));
+    }
+    RETURN_IF_ERROR(internal::CheckDevice(*this, gelu_pre, "GELU pre-activation", device, "the input"));
+    gx_dtype = gelu_pre.dtype();
+  }
   const int64_t rows = RowsOf(input_.shape());
-  ASSIGN_OR_RETURN(core::Tensor gx, internal::NewActivation(input_.shape(), device));
+  ASSIGN_OR_RETURN(core::Tensor gx, internal::NewActivation(input_.shape(), device, gx_dtype));
   ASSIGN_OR_RETURN(const core::Tensor g, GemmOperand(grad_output, "grad_output"));
-  // dL/dx = g W.
+  // dL/dx = g W (times GELU'(pre): NOTE [GEMM epilogues]).
   GemmArgs dx;
   dx.m = rows;
   dx.n = in_;
@@ -112,6 +158,10 @@ absl::StatusOr<core::Tensor> Linear::BackwardWithoutBias(const core::Tensor& gra
   dx.a.tensor = g;
   dx.b.tensor = weight_->data;
   dx.c.tensor = gx;
+  if (gelu_pre.defined()) {
+    dx.epilogue = GemmEpilogue::kDGelu;
+    dx.aux = gelu_pre;
+  }
   {
     core::ScopedOpCategory role(core::OpCategory::kGemmInputGrad);
     RETURN_IF_ERROR(MatMul(internal::What(*this), dx));
@@ -131,24 +181,35 @@ absl::StatusOr<core::Tensor> Linear::BackwardWithoutBias(const core::Tensor& gra
     core::ScopedOpCategory role(core::OpCategory::kGemmWeightGrad);
     RETURN_IF_ERROR(MatMul(internal::What(*this), dw));
   }
+  // dL/db += the column sums of grad_output as given (fp32, or the bf16 values).
+  if (bias_grad && bias_) {
+    ASSIGN_OR_RETURN(core::Tensor gb, internal::GradTensor(*this, *bias_, "bias"));
+    if (gb.defined()) {
+      RETURN_IF_ERROR(AccumulateColumnSums(internal::What(*this), grad_output, core::Tensor(), gb));
+    }
+  }
   input_ = core::Tensor();
   return gx;
 }
 
-absl::StatusOr<core::Tensor> Linear::BackwardImpl(const core::Tensor& grad_output) {
-  ASSIGN_OR_RETURN(core::Tensor gx, BackwardWithoutBias(grad_output));
-  if (bias_) {
-    // dL/db += sum over rows of g.
-    ASSIGN_OR_RETURN(core::Tensor gb, internal::GradTensor(*this, *bias_, "bias"));
-    if (gb.defined()) {
-      core::Tensor g = grad_output;
-      if (g.dtype() != core::DType::kFloat32) {
-        ASSIGN_OR_RETURN(g, g.ToDType(core::DType::kFloat32, core::MemoryTag::kActivation));
-      }
-      RETURN_IF_ERROR(AccumulateColumnSums(internal::What(*this), g, core::Tensor(), gb));
-    }
+absl::StatusOr<core::Tensor> Linear::BackwardWithoutBias(const core::Tensor& grad_output) {
+  return BackwardGemms(grad_output, /*bias_grad=*/false, /*gemm_out=*/false, core::Tensor());
+}
+
+absl::StatusOr<core::Tensor> Linear::BackwardForGemm(const core::Tensor& grad_output) {
+  return BackwardGemms(grad_output, /*bias_grad=*/true, /*gemm_out=*/true, core::Tensor());
+}
+
+absl::StatusOr<core::Tensor> Linear::BackwardThroughGelu(const core::Tensor& grad_output,
+                                                         const core::Tensor& pre) {
+  if (!pre.defined()) {
+    return internal::ModuleError(*this, "BackwardThroughGelu: the pre-activation is undefined");
   }
-  return gx;
+  return BackwardGemms(grad_output, /*bias_grad=*/true, /*gemm_out=*/false, pre);
+}
+
+absl::StatusOr<core::Tensor> Linear::BackwardImpl(const core::Tensor& grad_output) {
+  return BackwardGemms(grad_output, /*bias_grad=*/true, /*gemm_out=*/false, core::Tensor());
 }
 
 }  // namespace nn

@@ -45,14 +45,28 @@ class Linear : public core::Module {
   // The seed the constructor initialised from (0 for Tied).
   uint64_t seed() const { return seed_; }
 
-  // For a parent that adds the bias itself, fused with the op that follows
-  // (NOTE [Fused layers], nn/transformer.h), and only when nn::internal::Fusable(*this):
-  // these run no hooks. ForwardWithoutBias(x) is Forward(x) minus the bias (y = x W^T,
-  // with every check and cache of Forward); BackwardWithoutBias(g) is Backward(g)
-  // minus dL/db, which the caller accumulates.
+  // For a parent that fuses this layer with the op around it (NOTE [Fused layers],
+  // nn/transformer.h), and only when nn::internal::Fusable(*this): these run no hooks.
+  // - ForwardWithoutBias(x) is Forward(x) minus the bias (y = x W^T, with every check
+  //   and cache of Forward); BackwardWithoutBias(g) is Backward(g) minus dL/db, which the
+  //   caller accumulates.
+  // - NOTE [GEMM epilogues] (nn/tensor_ops.h): ForwardForGemm(x) is Forward(x) stored
+  //   bf16 when the weight is bf16 (for a consumer that would round it to bf16 anyway:
+  //   the same bits, without the fp32 copy and the rounding pass); with an fp32 weight it
+  //   is Forward(x). ForwardGelu(x, &pre) is GELU(Forward(x)) with the bias and the GELU
+  //   in the GEMM's epilogue; it sets `pre` to the pre-activation, and both are bf16 when
+  //   the weight is (else fp32). It needs a bias.
+  // - BackwardForGemm(g) is Backward(g) with dL/dx stored bf16 when the Forward's weight
+  //   was bf16. BackwardThroughGelu(g, pre), for a layer whose input was GELU(pre) with
+  //   `pre` from ForwardGelu, is Backward(g) with dL/dx multiplied by GELU'(pre) in the
+  //   GEMM's epilogue: the gradient at the pre-activation, in pre's dtype.
   absl::StatusOr<core::Tensor> ForwardWithoutBias(const core::Tensor& x);
   absl::StatusOr<core::Tensor> BackwardWithoutBias(const core::Tensor& grad_output);
-
+  absl::StatusOr<core::Tensor> ForwardForGemm(const core::Tensor& x);
+  absl::StatusOr<core::Tensor> ForwardGelu(const core::Tensor& x, core::Tensor* pre);
+  absl::StatusOr<core::Tensor> BackwardForGemm(const core::Tensor& grad_output);
+  absl::StatusOr<core::Tensor> BackwardThroughGelu(const core::Tensor& grad_output,
+                                                   const core::Tensor& pre);
   // The dtype in which Backward would use grad_output: bf16 after a Forward with a bf16
   // weight (NOTE [bf16 GEMMs]: grad_output is rounded once to bf16 for its GEMMs), else
   // fp32. After such a Forward, Backward also takes grad_output already in bf16 (no
@@ -64,7 +78,8 @@ class Linear : public core::Module {
   }
 
  protected:
-  // x: fp32 [..., in] (at least 1-D) on the parameters' device -> [..., out] there. The
+  // x: fp32 [..., in] (at least 1-D; bf16 when the weight is) on the parameters' device
+  // -> [..., out] there, fp32. The
   // weight and bias may be fp32 or bf16 (see NOTE [Device dispatch] in nn/tensor_ops.h);
   // an input on another device is InvalidArgument naming both devices.
   absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
@@ -85,6 +100,15 @@ class Linear : public core::Module {
   // GEMMs. With an fp32 weight everything stays fp32. Returns `t` itself or its bf16
   // copy; `name` names it in an error.
   absl::StatusOr<core::Tensor> GemmOperand(const core::Tensor& t, const char* name) const;
+  // The forward GEMM with the bias (unless !with_bias) in its epilogue, and the GELU when
+  // `pre` is non-null; stored bf16 when `gemm_out` and the weight is bf16.
+  absl::StatusOr<core::Tensor> ForwardGemm(const core::Tensor& x, bool with_bias, bool gemm_out,
+                                           core::Tensor* pre);
+  // The backward GEMMs, dL/db unless !bias_grad, dL/dx times GELU'(gelu_pre) when
+  // gelu_pre is defined (in its dtype), else stored bf16 when `gemm_out` and the Forward
+  // was bf16.
+  absl::StatusOr<core::Tensor> BackwardGemms(const core::Tensor& grad_output, bool bias_grad,
+                                             bool gemm_out, const core::Tensor& gelu_pre);
 
   int64_t in_ = 0;
   int64_t out_ = 0;

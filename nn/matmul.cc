@@ -7,6 +7,8 @@
 #include "core/bf16_hd.h"
 #include "core/op_profile.h"
 #include "core/status_macros.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/elementwise.h"
 #include "nn/internal/op_checks.h"
 #include "nn/ops.h"
 #include "nn/tensor_ops.h"
@@ -82,19 +84,106 @@ std::vector<float> WidenSpan(const Tensor& t, int64_t offset, int64_t span) {
 // NOTE [Op accounting] of a GEMM as its CUDA path runs it: 2 m n k FLOPs per matrix, A and
 // B read once, C written once (and read when beta != 0), on tensor cores when an operand
 // is bf16 (a mixed pair first rounds the fp32 operand, core::OpCategory::kConvert), else
-// fp32 without them.
+// fp32 without them. An epilogue (NOTE [GEMM epilogues]) adds its bias and aux bytes and
+// its arithmetic to the GEMM's own cost: it runs inside the GEMM's kernel.
 core::OpCost GemmCost(const GemmArgs& g, bool bf16) {
-  const double c_bytes = 4.0 * g.batch * g.m * g.n * (g.beta != 0.0f ? 2 : 1);
+  const double c_size = IsBf16(g.c.tensor) ? 2.0 : 4.0;
+  const double c_bytes = c_size * g.batch * g.m * g.n * (g.beta != 0.0f ? 2 : 1);
   const double in_bytes = bf16 ? 2.0 : 4.0;
   core::OpCost cost;
   cost.flops = 2.0 * g.batch * g.m * g.n * g.k;
   cost.bytes = in_bytes * g.batch * (g.m * g.k + g.k * g.n) + c_bytes;
   cost.engine = bf16 ? core::OpEngine::kTensorCoreBf16 : core::OpEngine::kSimtFp32;
+  const double mn = static_cast<double>(g.m) * g.n;
+  switch (g.epilogue) {
+    case GemmEpilogue::kNone:
+      break;
+    case GemmEpilogue::kBias:
+      cost.bytes += core::DTypeSize(g.bias.dtype()) * g.n;
+      cost.flops += mn;
+      break;
+    case GemmEpilogue::kBiasGelu:
+      cost.bytes += core::DTypeSize(g.bias.dtype()) * g.n + c_size * mn;
+      cost.flops += 14.0 * mn;
+      break;
+    case GemmEpilogue::kDGelu:
+      cost.bytes += c_size * mn;
+      cost.flops += 20.0 * mn;
+      break;
+  }
   return cost;
 }
 
 // The rounding pass of a mixed fp32 x bf16 GEMM: reads the fp32 operand, writes bf16.
 core::OpCost RoundOperandCost(int64_t span) { return core::OpCost::Memory(6.0 * span); }
+
+const char* EpilogueName(GemmEpilogue e) {
+  switch (e) {
+    case GemmEpilogue::kNone:
+      return "none";
+    case GemmEpilogue::kBias:
+      return "bias";
+    case GemmEpilogue::kBiasGelu:
+      return "bias + GELU";
+    case GemmEpilogue::kDGelu:
+      return "GELU gradient";
+  }
+  return "?";
+}
+
+static_assert(static_cast<int>(GemmEpilogue::kBias) == ::kernels::kGemmEpilogueBias &&
+                  static_cast<int>(GemmEpilogue::kBiasGelu) == ::kernels::kGemmEpilogueBiasGelu &&
+                  static_cast<int>(GemmEpilogue::kDGelu) == ::kernels::kGemmEpilogueDGelu,
+              "nn::GemmEpilogue numbers kernels::GemmEpilogueKind");
+
+// NOTE [GEMM epilogues]: the rules on C, bias and aux of GemmArgs.
+absl::Status CheckEpilogue(absl::string_view what, const GemmArgs& g) {
+  const bool c_bf16 = IsBf16(g.c.tensor);
+  if (!c_bf16) RETURN_IF_ERROR(CheckDType(what, "GEMM output C", g.c.tensor, DType::kFloat32));
+  if (c_bf16 && g.beta != 0.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": a bf16 GEMM output C needs beta 0, got ", g.beta));
+  }
+  if (g.k == 0 && (c_bf16 || g.epilogue != GemmEpilogue::kNone)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": a GEMM with k == 0 takes neither a bf16 C nor an epilogue"));
+  }
+  if (g.epilogue == GemmEpilogue::kNone && !c_bf16) return absl::OkStatus();
+  const char* name = EpilogueName(g.epilogue);
+  if (g.batch != 1 || g.beta != 0.0f || g.c.offset != 0 || (g.c.ld != 0 && g.c.ld != g.n) ||
+      g.c.tensor.numel() != g.m * g.n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": a GEMM with epilogue '", name, "' or a bf16 C needs batch 1, beta 0 and a "
+        "dense C of ", g.m, " x ", g.n, " elements; got batch ", g.batch, ", beta ", g.beta,
+        ", C offset ", g.c.offset, ", row stride ", g.c.ld, ", ", g.c.tensor.ToString()));
+  }
+  if (g.epilogue == GemmEpilogue::kNone) return absl::OkStatus();
+  const bool has_bias =
+      g.epilogue == GemmEpilogue::kBias || g.epilogue == GemmEpilogue::kBiasGelu;
+  if (has_bias) {
+    if (!g.bias.defined()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": the GEMM epilogue '", name, "' needs a bias"));
+    }
+    RETURN_IF_ERROR(CheckDevices(what, {{"bias", &g.bias}, {"C", &g.c.tensor}}));
+    RETURN_IF_ERROR(CheckWeightDType(what, "bias", g.bias));
+    RETURN_IF_ERROR(CheckNumel(what, "bias", g.bias, g.n));
+  }
+  if (g.epilogue == GemmEpilogue::kBiasGelu || g.epilogue == GemmEpilogue::kDGelu) {
+    if (!g.aux.defined()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": the GEMM epilogue '", name, "' needs aux, the pre-activation"));
+    }
+    RETURN_IF_ERROR(CheckDevices(what, {{"aux (pre-activation)", &g.aux}, {"C", &g.c.tensor}}));
+    RETURN_IF_ERROR(CheckDType(what, "aux (pre-activation)", g.aux, g.c.tensor.dtype()));
+    RETURN_IF_ERROR(CheckNumel(what, "aux (pre-activation)", g.aux, g.m * g.n));
+    if (g.aux.raw_data() == g.c.tensor.raw_data()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": GEMM output C and aux (pre-activation) must be distinct"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -102,7 +191,7 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
   RETURN_IF_ERROR(CheckDevices(what, {{"A", &g.a.tensor}, {"B", &g.b.tensor}, {"C", &g.c.tensor}}));
   RETURN_IF_ERROR(CheckWeightDType(what, "GEMM operand A", g.a.tensor));
   RETURN_IF_ERROR(CheckWeightDType(what, "GEMM operand B", g.b.tensor));
-  RETURN_IF_ERROR(CheckDType(what, "GEMM output C", g.c.tensor, DType::kFloat32));
+  RETURN_IF_ERROR(CheckEpilogue(what, g));
   if (g.batch < 0 || g.m < 0 || g.n < 0 || g.k < 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": GEMM sizes must be >= 0, got batch ",
                                                    g.batch, " m ", g.m, " n ", g.n, " k ", g.k));
@@ -125,8 +214,8 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
   if (device.is_cuda()) {
 #ifdef FSDP_WITH_CUDA
     RETURN_IF_ERROR(UseDevice(device, what));
-    float* c = MutF32(g.c.tensor) + g.c.offset;
     if (g.k == 0) {
+      float* c = MutF32(g.c.tensor) + g.c.offset;
       core::ProfiledOp op(core::OpCategory::kElementwise, "gemm.scale_c", device, gemm_cost);
       return Launched(
           ::kernels::cuda::ScaleMatrices(c, g.batch, g.m, g.n, sc.ld, g.c.batch_stride, g.beta),
@@ -138,7 +227,10 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
                         IsBf16(g.a.tensor), sa.ld, g.a.batch_stride};
     cuda::GemmOperand b{static_cast<const char*>(g.b.tensor.raw_data()) + g.b.offset * esize_b,
                         IsBf16(g.b.tensor), sb.ld, g.b.batch_stride};
-    cuda::GemmOperand cc{c, false, sc.ld, g.c.batch_stride};
+    const bool c_bf16 = IsBf16(g.c.tensor);
+    cuda::GemmOperand cc{static_cast<char*>(g.c.tensor.raw_data()) +
+                             g.c.offset * core::DTypeSize(g.c.tensor.dtype()),
+                         c_bf16, sc.ld, g.c.batch_stride};
     // Mixed fp32 x bf16: round the fp32 operand to bf16 (same layout) first. The scratch
     // is released on return; the caching allocator orders its reuse on this stream.
     Tensor scratch;
@@ -159,8 +251,31 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
       f32.bf16 = true;
     }
     core::ProfiledOp op(core::OpCategory::kGemmForward, "matmul", device, gemm_cost);
-    return cuda::Gemm(device.index, g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k, g.alpha, a, b,
-                      g.beta, cc, what);
+    cuda::GemmEpilogueArgs ep;
+    ep.kind = static_cast<int>(g.epilogue);
+    if (g.bias.defined()) {
+      ep.bias = g.bias.raw_data();
+      ep.bias_bf16 = IsBf16(g.bias);
+    }
+    if (g.aux.defined()) ep.aux = g.aux.raw_data();
+    const absl::Status fused = cuda::Gemm(device.index, g.trans_a, g.trans_b, g.batch, g.m, g.n,
+                                          g.k, g.alpha, a, b, g.beta, cc, what, ep);
+    if (!absl::IsUnimplemented(fused)) return fused;
+    // NOTE [GEMM epilogues]: cuBLASLt has no algorithm with this epilogue (or output type):
+    // the plain product into fp32 (C itself when it is fp32), then the epilogue kernel.
+    Tensor product;
+    cuda::GemmOperand plain = cc;
+    if (c_bf16) {
+      ASSIGN_OR_RETURN(product, Tensor::Allocate({g.m * g.n}, DType::kFloat32,
+                                                 core::MemoryTag::kActivation, device));
+      plain = cuda::GemmOperand{product.raw_data(), false, sc.ld, 0};
+    }
+    RETURN_IF_ERROR(cuda::Gemm(device.index, g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k,
+                               g.alpha, a, b, g.beta, plain, what));
+    return Launched(::kernels::cuda::GemmEpilogue(
+                        static_cast<const float*>(plain.ptr), ep.kind, ep.bias, ep.bias_bf16,
+                        ep.aux, const_cast<void*>(cc.ptr), c_bf16, g.m, g.n),
+                    what, "GEMM epilogue");
 #else
     return NoCuda(device, what);
 #endif
@@ -188,7 +303,12 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
   } else {
     b = F32(g.b.tensor) + g.b.offset;
   }
-  float* c = MutF32(g.c.tensor) + g.c.offset;
+  // NOTE [GEMM epilogues]: the product goes to C when it is fp32, else to an fp32 scratch,
+  // and the epilogue stores C from it.
+  const bool c_bf16 = IsBf16(g.c.tensor);
+  std::vector<float> product;
+  if (c_bf16) product.resize(static_cast<size_t>(g.m * g.n));
+  float* c = c_bf16 ? product.data() : MutF32(g.c.tensor) + g.c.offset;
   for (int64_t i = 0; i < g.batch; ++i) {
     const absl::Status status =
         Gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, a + i * g.a.batch_stride, sa.ld,
@@ -197,6 +317,13 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
       return absl::Status(status.code(), absl::StrCat(what, ": matrix ", i, " of ", g.batch,
                                                       ": ", status.message()));
     }
+  }
+  if (c_bf16 || g.epilogue != GemmEpilogue::kNone) {
+    ::kernels::cpu::GemmEpilogue(c, static_cast<int>(g.epilogue),
+                                 g.bias.defined() ? g.bias.raw_data() : nullptr,
+                                 g.bias.defined() && IsBf16(g.bias),
+                                 g.aux.defined() ? g.aux.raw_data() : nullptr,
+                                 g.c.tensor.raw_data(), c_bf16, g.m, g.n);
   }
   return absl::OkStatus();
 }

@@ -190,9 +190,15 @@ absl::Status ColumnSumsOnCuda(absl::string_view what, const char* op, const Tens
     ASSIGN_OR_RETURN(partial, Tensor::Allocate({chunks * cols}, DType::kFloat32,
                                                core::MemoryTag::kActivation, x.device()));
   }
-  return Launched(kc::ColumnSums(F32(x), y.defined() ? F32(y) : nullptr, MutF32(acc), rows, cols,
-                                 chunks > 1 ? MutF32(partial) : nullptr),
-                  what, op);
+  float* scratch = chunks > 1 ? MutF32(partial) : nullptr;
+  if (IsBf16(x)) {
+    return Launched(kc::ColumnSumsBf16(static_cast<const uint16_t*>(x.raw_data()), MutF32(acc),
+                                       rows, cols, scratch),
+                    what, op);
+  }
+  return Launched(
+      kc::ColumnSums(F32(x), y.defined() ? F32(y) : nullptr, MutF32(acc), rows, cols, scratch),
+      what, op);
 }
 #endif
 
@@ -206,7 +212,8 @@ absl::StatusOr<int64_t> CheckColumnSums(absl::string_view what, const Tensor& x,
   } else {
     RETURN_IF_ERROR(CheckDevices(what, {{"input", &x}, {"sums", &acc}}));
   }
-  RETURN_IF_ERROR(CheckDType(what, "input", x, DType::kFloat32));
+  // NOTE [GEMM epilogues]: a bf16 input is a gradient stored bf16 for its GEMMs.
+  if (!(IsBf16(x) && !y.defined())) RETURN_IF_ERROR(CheckDType(what, "input", x, DType::kFloat32));
   RETURN_IF_ERROR(CheckDType(what, "sums", acc, DType::kFloat32));
   const int64_t cols = acc.numel();
   if (cols == 0 || x.numel() % cols != 0) {
@@ -249,7 +256,7 @@ absl::Status AccumulateColumnSums(absl::string_view what, const Tensor& x, const
   ASSIGN_OR_RETURN(const int64_t rows, CheckColumnSums(what, x, y, acc));
   const int64_t cols = acc.numel();
   ProfiledOp op(OpCategory::kElementwise, "column_sums", x.device(),
-                internal::ColumnSumsCost(rows, cols, y.defined()));
+                internal::ColumnSumsCost(rows, cols, y.defined(), core::DTypeSize(x.dtype())));
   if (x.device().is_cuda()) {
 #ifdef FSDP_WITH_CUDA
     RETURN_IF_ERROR(UseDevice(x.device(), what));
@@ -257,6 +264,10 @@ absl::Status AccumulateColumnSums(absl::string_view what, const Tensor& x, const
 #else
     return NoCuda(x.device(), what);
 #endif
+  }
+  if (IsBf16(x)) {
+    kcpu::ColumnSumsBf16(static_cast<const uint16_t*>(x.raw_data()), MutF32(acc), rows, cols);
+    return absl::OkStatus();
   }
   kcpu::ColumnSums(F32(x), y.defined() ? F32(y) : nullptr, MutF32(acc), rows, cols);
   return absl::OkStatus();

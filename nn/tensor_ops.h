@@ -43,11 +43,31 @@ struct MatrixRef {
   int64_t batch_stride = 0;  // elements from matrix i's first element to matrix i+1's
 };
 
+// NOTE [GEMM epilogues]: what a GEMM does to each element of its product P = alpha op(A)
+// op(B) (row i, column j) before it stores C, in fp32, each stored value rounded once when
+// C is bf16. The layers use them so that a bias, a GELU or a GELU's gradient costs no pass
+// over memory of its own and a GEMM feeding another GEMM writes its bf16 operand directly:
+//   kNone      C = P (+ beta C)
+//   kBias      C = P + bias[j]
+//   kBiasGelu  aux = P + bias[j] and C = GELU(P + bias[j]) (tanh form, as GeluForward)
+//   kDGelu     C = P * GELU'(aux[i, j]), aux the pre-activation a kBiasGelu stored
+// The body is written once (kernels::GemmEpiloguePre/Out, kernels/elementwise.h). On the CPU
+// it runs after oneDNN's sgemm; on CUDA it is cuBLASLt's BIAS, GELU_AUX_BIAS or DGELU
+// epilogue, and where cuBLASLt has no algorithm for one (an unaligned bias, say) MatMul runs
+// the plain GEMM into an fp32 scratch and the same body as one kernel (tested by forcing
+// it, nn::cuda::ForceGemmFallbackForTesting).
+enum class GemmEpilogue : int { kNone = 0, kBias = 1, kBiasGelu = 2, kDGelu = 3 };
+
 // C_i = alpha * op(A_i) * op(B_i) + beta * C_i for i < batch, as nn::Gemm (nn/ops.h):
 // op(A) is [m, k] (A stored [k, m] when trans_a), op(B) is [k, n], C is [m, n]. A and B
-// are fp32 or bf16, C fp32; beta == 0 ignores C's old contents. Every matrix must lie
-// inside its tensor (InvalidArgument otherwise). On CUDA: cuBLASLt, fp32 x fp32 with
-// CUBLAS_COMPUTE_32F (TF32 off), bf16 x bf16 -> fp32 with fp32 accumulation.
+// are fp32 or bf16, C fp32, or bf16 when beta == 0; beta == 0 ignores C's old contents.
+// Every matrix must lie inside its tensor (InvalidArgument otherwise). On CUDA: cuBLASLt,
+// fp32 x fp32 with CUBLAS_COMPUTE_32F (TF32 off), bf16 x bf16 -> fp32 or bf16 with fp32
+// accumulation; cublasGemmEx when cuBLASLt's heuristic offers no algorithm.
+// An epilogue other than kNone needs batch 1, beta 0, C dense ([m, n], ld n, offset 0),
+// `bias` ([n], fp32 or bf16) for kBias and kBiasGelu, and `aux` (C's shape and dtype,
+// dense) for kBiasGelu (written) and kDGelu (read); InvalidArgument naming the argument
+// otherwise.
 struct GemmArgs {
   bool trans_a = false;
   bool trans_b = false;
@@ -60,6 +80,9 @@ struct GemmArgs {
   MatrixRef a;
   MatrixRef b;
   MatrixRef c;
+  GemmEpilogue epilogue = GemmEpilogue::kNone;
+  core::Tensor bias;
+  core::Tensor aux;
 };
 absl::Status MatMul(absl::string_view what, const GemmArgs& args);
 
@@ -85,8 +108,9 @@ absl::Status BiasAdd(absl::string_view what, const core::Tensor& x, const core::
                      const core::Tensor& out);
 
 // acc[j] += sum over rows r of x[r, j] (times y[r, j] when y is defined), with x (and y)
-// fp32 viewed as [numel / acc.numel(), acc.numel()]; acc fp32. Sums are double on the CPU
-// and fp32 tree sums on CUDA, added to acc once.
+// fp32 viewed as [numel / acc.numel(), acc.numel()]; acc fp32. x may be bf16 when y is
+// undefined (a gradient a GEMM epilogue stored bf16). Sums are double on the CPU and fp32
+// tree sums on CUDA, added to acc once.
 absl::Status AccumulateColumnSums(absl::string_view what, const core::Tensor& x,
                                   const core::Tensor& y, const core::Tensor& acc);
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/bf16_hd.h"
 #include "core/random.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -117,10 +118,167 @@ TEST(TensorOpsTest, GemmOperandsOutsideTheirTensorAreInvalidArgument) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("blocks.0.attn"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("reaches outside"));
   g.a.offset = 0;
+  // NOTE [GEMM epilogues]: a bf16 C cannot be accumulated into (beta != 0).
   g.c.tensor = core::Tensor::Zeros({4}, core::DType::kBFloat16);
+  g.beta = 1.0f;
+  s = MatMul("x", g);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("beta 0"));
+  g.beta = 0.0f;
+  g.c.tensor = core::Tensor::Zeros({4}, core::DType::kInt32);
   s = MatMul("x", g);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("float32"));
+}
+
+// NOTE [GEMM epilogues]: the GEMM of a [m, k] x [n, k]^T problem (a Linear's forward),
+// with C fp32 or bf16 and the given epilogue.
+struct EpilogueCase {
+  core::Tensor a, w, bias, c, aux;
+};
+
+EpilogueCase MakeEpilogueCase(int64_t m, int64_t n, int64_t k, core::DType c_dtype) {
+  EpilogueCase e;
+  e.a = Normal(m * k, 11);
+  e.w = Normal(n * k, 12);
+  e.bias = Normal(n, 13);
+  e.c = core::Tensor::Zeros({m * n}, c_dtype);
+  e.aux = core::Tensor::Zeros({m * n}, c_dtype);
+  return e;
+}
+
+absl::Status RunEpilogue(const EpilogueCase& e, int64_t m, int64_t n, int64_t k,
+                         GemmEpilogue epilogue) {
+  GemmArgs g;
+  g.trans_b = true;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a.tensor = e.a;
+  g.b.tensor = e.w;
+  g.c.tensor = e.c;
+  g.epilogue = epilogue;
+  if (epilogue == GemmEpilogue::kBias || epilogue == GemmEpilogue::kBiasGelu) g.bias = e.bias;
+  if (epilogue == GemmEpilogue::kBiasGelu || epilogue == GemmEpilogue::kDGelu) g.aux = e.aux;
+  return MatMul("fc (Linear)", g);
+}
+
+std::vector<float> Widened(const core::Tensor& t) {
+  absl::StatusOr<core::Tensor> wide = t.ToDType(core::DType::kFloat32, core::MemoryTag::kActivation);
+  EXPECT_TRUE(wide.ok());
+  return wide->ToVector();
+}
+
+std::vector<float> RoundedToBf16(std::vector<float> v) {
+  for (float& x : v) x = core::Bf16BitsToFloat(core::FloatToBf16Bits(x));
+  return v;
+}
+
+// Each epilogue gives, bit for bit, the plain GEMM followed by the unfused op (fp32 C), and
+// a bf16 C holds those values rounded once (the aux matrix too).
+TEST(GemmEpilogueTest, EachIsThePlainGemmThenTheUnfusedOpRoundedOnceForBf16) {
+  const int64_t m = 6, n = 16, k = 9;
+  // The plain product P.
+  EpilogueCase plain = MakeEpilogueCase(m, n, k, core::DType::kFloat32);
+  ASSERT_TRUE(RunEpilogue(plain, m, n, k, GemmEpilogue::kNone).ok());
+  // References from the unfused ops on P.
+  core::Tensor biased = core::Tensor::Zeros({m * n});
+  ASSERT_TRUE(BiasAdd("ref", plain.c, plain.bias, biased).ok());
+  core::Tensor pre = core::Tensor::Zeros({m * n}), gelu = core::Tensor::Zeros({m * n});
+  ASSERT_TRUE(BiasGeluForward("ref", plain.c, plain.bias, pre, gelu).ok());
+  const core::Tensor saved = Normal(m * n, 14);  // a pre-activation for the GELU gradient
+  core::Tensor dgelu = core::Tensor::Zeros({m * n});
+  ASSERT_TRUE(GeluBackward("ref", saved, plain.c, dgelu).ok());
+
+  for (core::DType dtype : {core::DType::kFloat32, core::DType::kBFloat16}) {
+    SCOPED_TRACE(core::DTypeName(dtype));
+    const bool bf16 = dtype == core::DType::kBFloat16;
+    auto expect = [&](const std::vector<float>& ref) { return bf16 ? RoundedToBf16(ref) : ref; };
+    EpilogueCase e = MakeEpilogueCase(m, n, k, dtype);
+    ASSERT_TRUE(RunEpilogue(e, m, n, k, GemmEpilogue::kNone).ok());
+    EXPECT_EQ(Widened(e.c), expect(plain.c.ToVector()));
+    ASSERT_TRUE(RunEpilogue(e, m, n, k, GemmEpilogue::kBias).ok());
+    EXPECT_EQ(Widened(e.c), expect(biased.ToVector()));
+    ASSERT_TRUE(RunEpilogue(e, m, n, k, GemmEpilogue::kBiasGelu).ok());
+    // GELU of the unrounded pre-activation, and that pre-activation rounded in aux.
+    EXPECT_EQ(Widened(e.c), expect(gelu.ToVector()));
+    EXPECT_EQ(Widened(e.aux), expect(pre.ToVector()));
+    // The GELU gradient reads aux as stored: give it the saved pre-activation, rounded
+    // for a bf16 aux, and compare with GeluBackward of the same values.
+    absl::StatusOr<core::Tensor> stored = saved.ToDType(dtype, core::MemoryTag::kActivation);
+    ASSERT_TRUE(stored.ok());
+    e.aux = *stored;
+    ASSERT_TRUE(RunEpilogue(e, m, n, k, GemmEpilogue::kDGelu).ok());
+    std::vector<float> ref = dgelu.ToVector();
+    if (bf16) {
+      absl::StatusOr<core::Tensor> saved_wide = stored->ToDType(core::DType::kFloat32, core::MemoryTag::kActivation);
+      ASSERT_TRUE(saved_wide.ok());
+      core::Tensor d = core::Tensor::Zeros({m * n});
+      ASSERT_TRUE(GeluBackward("ref", *saved_wide, plain.c, d).ok());
+      ref = d.ToVector();
+    }
+    EXPECT_EQ(Widened(e.c), expect(ref));
+  }
+}
+
+TEST(GemmEpilogueTest, MissingOrMisfitArgumentsAreInvalidArgumentNamingThem) {
+  const int64_t m = 4, n = 8, k = 3;
+  EpilogueCase e = MakeEpilogueCase(m, n, k, core::DType::kFloat32);
+  GemmArgs g;
+  g.trans_b = true;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a.tensor = e.a;
+  g.b.tensor = e.w;
+  g.c.tensor = e.c;
+  auto message = [&](const GemmArgs& args) {
+    const absl::Status s = MatMul("blocks.0.mlp.fc (Linear)", args);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()), HasSubstr("blocks.0.mlp.fc"));
+    return std::string(s.message());
+  };
+  GemmArgs no_bias = g;
+  no_bias.epilogue = GemmEpilogue::kBias;
+  EXPECT_THAT(message(no_bias), HasSubstr("needs a bias"));
+  GemmArgs short_bias = no_bias;
+  short_bias.bias = Normal(n - 1, 1);
+  EXPECT_THAT(message(short_bias), HasSubstr("bias"));
+  GemmArgs no_aux = g;
+  no_aux.epilogue = GemmEpilogue::kDGelu;
+  EXPECT_THAT(message(no_aux), HasSubstr("needs aux"));
+  GemmArgs wrong_aux = no_aux;
+  wrong_aux.aux = core::Tensor::Zeros({m * n}, core::DType::kBFloat16);  // C is fp32
+  EXPECT_THAT(message(wrong_aux), HasSubstr("aux"));
+  GemmArgs same = no_aux;
+  same.aux = e.c;
+  EXPECT_THAT(message(same), HasSubstr("distinct"));
+  GemmArgs accumulate = no_bias;
+  accumulate.bias = e.bias;
+  accumulate.beta = 1.0f;
+  EXPECT_THAT(message(accumulate), HasSubstr("beta 0"));
+  GemmArgs strided = accumulate;
+  strided.beta = 0.0f;
+  strided.c.ld = n + 1;
+  EXPECT_THAT(message(strided), HasSubstr("dense C"));
+  // Nothing was written by the refused calls.
+  for (float v : e.c.ToVector()) EXPECT_EQ(v, 0.0f);
+}
+
+TEST(TensorOpsTest, ColumnSumsOfABf16InputAreThoseOfItsWidenedValues) {
+  const core::Tensor x = Normal(5 * 4, 21);
+  absl::StatusOr<core::Tensor> x16 = x.ToDType(core::DType::kBFloat16, core::MemoryTag::kActivation);
+  ASSERT_TRUE(x16.ok());
+  absl::StatusOr<core::Tensor> wide = x16->ToDType(core::DType::kFloat32, core::MemoryTag::kActivation);
+  ASSERT_TRUE(wide.ok());
+  core::Tensor got = core::Tensor::FromVector({1, 2, 3, 4}, {4}).value();
+  core::Tensor want = core::Tensor::FromVector({1, 2, 3, 4}, {4}).value();
+  ASSERT_TRUE(AccumulateColumnSums("t", *x16, core::Tensor(), got).ok());
+  ASSERT_TRUE(AccumulateColumnSums("t", *wide, core::Tensor(), want).ok());
+  EXPECT_EQ(got.ToVector(), want.ToVector());
+  // With a second factor the input must still be fp32.
+  const absl::Status s = AccumulateColumnSums("t", *x16, *wide, got);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(TensorOpsTest, ColumnSumsWithAndWithoutASecondFactor) {

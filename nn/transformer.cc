@@ -38,15 +38,16 @@ Mlp::Mlp(int64_t n_embd, uint64_t seed) {
 absl::StatusOr<core::Tensor> Mlp::ForwardImpl(const core::Tensor& x) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
   pre_ = core::Tensor();
-  if (fc_->bias() == nullptr || !internal::Fusable(*fc_) || !internal::Fusable(*gelu_)) {
+  if (fc_->bias() == nullptr || !internal::Fusable(*fc_) || !internal::Fusable(*gelu_) ||
+      !internal::Fusable(*proj_)) {
     ASSIGN_OR_RETURN(core::Tensor h, fc_->Forward(x));
     ASSIGN_OR_RETURN(h, gelu_->Forward(h));
     return proj_->Forward(h);
   }
-  // NOTE [Fused layers]: fc without its bias, then bias + GELU in one pass.
-  ASSIGN_OR_RETURN(core::Tensor pre, fc_->ForwardWithoutBias(x));
-  ASSIGN_OR_RETURN(core::Tensor h, internal::NewActivation(pre.shape(), pre.device()));
-  RETURN_IF_ERROR(BiasGeluForward(FusedWhat(), pre, fc_->bias()->data, pre, h));
+  // NOTE [Fused layers]: fc's GEMM adds the bias and applies the GELU in its epilogue,
+  // storing h (and the pre-activation) bf16 for proj's bf16 GEMM (NOTE [GEMM epilogues]).
+  core::Tensor pre;
+  ASSIGN_OR_RETURN(core::Tensor h, fc_->ForwardGelu(x, &pre));
   pre_ = std::move(pre);
   return proj_->Forward(h);
 }
@@ -57,16 +58,17 @@ absl::StatusOr<core::Tensor> Mlp::BackwardImpl(const core::Tensor& grad_output) 
     ASSIGN_OR_RETURN(g, gelu_->Backward(g));
     return fc_->Backward(g);
   }
-  if (!internal::Fusable(*fc_) || !internal::Fusable(*gelu_)) {
+  if (!internal::Fusable(*fc_) || !internal::Fusable(*gelu_) || !internal::Fusable(*proj_)) {
     return absl::FailedPreconditionError(absl::StrCat(
         FusedWhat(), ": hooks were registered between Forward and Backward; the Forward ran "
         "fused without them (NOTE [Fused layers]), so register hooks before Forward"));
   }
-  ASSIGN_OR_RETURN(core::Tensor g, proj_->Backward(grad_output));
-  ASSIGN_OR_RETURN(core::Tensor gb, internal::GradTensor(*fc_, *fc_->bias(), "bias"));
-  ASSIGN_OR_RETURN(core::Tensor gpre, internal::NewActivation(pre_.shape(), pre_.device()));
-  RETURN_IF_ERROR(GeluBackwardBiasGrad(FusedWhat(), pre_, g, gpre, gb));
+  // proj's input-gradient GEMM multiplies by GELU'(pre) in its epilogue: the gradient at
+  // the pre-activation, in pre's dtype; fc's bias gradient is its column sums.
+  ASSIGN_OR_RETURN(core::Tensor gpre, proj_->BackwardThroughGelu(grad_output, pre_));
   pre_ = core::Tensor();
+  ASSIGN_OR_RETURN(core::Tensor gb, internal::GradTensor(*fc_, *fc_->bias(), "bias"));
+  if (gb.defined()) RETURN_IF_ERROR(AccumulateColumnSums(FusedWhat(), gpre, core::Tensor(), gb));
   return fc_->BackwardWithoutBias(gpre);
 }
 

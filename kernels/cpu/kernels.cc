@@ -122,6 +122,63 @@ FSDP_CPU_CLONES void GeluBackwardColumnSumsLoop(const float* FSDP_RESTRICT pre,
   }
 }
 
+// NOTE [GEMM epilogues]: rows of a GEMM's fp32 product `acc` through the epilogue `kind`
+// into `out` (fp32 or bf16 T), the pre-activation into `aux` (T) for kGemmEpilogueBiasGelu,
+// read from it for kGemmEpilogueDGelu. out may be acc (fp32).
+template <typename W, typename T>
+FSDP_CPU_INLINE void GemmEpilogueRows(const float* acc, int kind, const W* FSDP_RESTRICT bias,
+                                      T* aux, T* out, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* ar = acc + r * cols;
+    T* xr = aux != nullptr ? aux + r * cols : nullptr;
+    T* orow = out + r * cols;
+    // One loop per kind, so each vectorises.
+    if (kind == k::kGemmEpilogueBiasGelu) {
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) {
+        const float pre = k::GemmEpiloguePre(k::kGemmEpilogueBiasGelu, ar[j], bias, j);
+        k::Store(xr, j, pre);
+        k::Store(orow, j, k::GemmEpilogueOut(k::kGemmEpilogueBiasGelu, pre, 0.0f));
+      }
+    } else if (kind == k::kGemmEpilogueDGelu) {
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) {
+        k::Store(orow, j, k::GemmEpilogueOut(k::kGemmEpilogueDGelu, ar[j], k::Load(xr, j)));
+      }
+    } else if (kind == k::kGemmEpilogueBias) {
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) {
+        k::Store(orow, j, k::GemmEpiloguePre(k::kGemmEpilogueBias, ar[j], bias, j));
+      }
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) k::Store(orow, j, ar[j]);
+    }
+  }
+}
+#define FSDP_GEMM_EPILOGUE_LOOP(W, T)                                                        \
+  FSDP_CPU_CLONES void GemmEpilogueLoop(const float* acc, int kind, const W* bias, T* aux,  \
+                                        T* out, int64_t rows, int64_t cols) {               \
+    GemmEpilogueRows(acc, kind, bias, aux, out, rows, cols);                                \
+  }
+FSDP_GEMM_EPILOGUE_LOOP(float, float)
+FSDP_GEMM_EPILOGUE_LOOP(float, uint16_t)
+FSDP_GEMM_EPILOGUE_LOOP(uint16_t, float)
+FSDP_GEMM_EPILOGUE_LOOP(uint16_t, uint16_t)
+#undef FSDP_GEMM_EPILOGUE_LOOP
+
+// sums[j] += sum_r x[r, j] for j < cols of a bf16 x, rows `ld` apart: ColumnSumsLoop's
+// additions of the widened values.
+FSDP_CPU_CLONES void ColumnSumsBf16Loop(const uint16_t* FSDP_RESTRICT x,
+                                        double* FSDP_RESTRICT sums, int64_t rows, int64_t cols,
+                                        int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* xr = x + r * ld;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) sums[j] += static_cast<double>(k::Load(xr, j));
+  }
+}
+
 // sums[j] += sum_r x[r, j] * (y ? y[r, j] : 1) for j < cols, rows `ld` apart; double
 // accumulators, columns in lanes, rows added in order.
 FSDP_CPU_CLONES void ColumnSumsLoop(const float* FSDP_RESTRICT x, const float* FSDP_RESTRICT y,
@@ -417,6 +474,30 @@ void ColumnSums(const float* x, const float* y, float* acc, int64_t rows, int64_
   std::vector<double> sums(static_cast<size_t>(cols), 0.0);
   ColumnSumsLoop(x, y, sums.data(), rows, cols, cols);
   AddSums(sums, acc);
+}
+
+void ColumnSumsBf16(const uint16_t* x, float* acc, int64_t rows, int64_t cols) {
+  std::vector<double> sums(static_cast<size_t>(cols), 0.0);
+  ColumnSumsBf16Loop(x, sums.data(), rows, cols, cols);
+  AddSums(sums, acc);
+}
+
+void GemmEpilogue(const float* acc, int kind, const void* bias, bool bias_bf16, void* aux,
+                  void* out, bool out_bf16, int64_t rows, int64_t cols) {
+  WithWeight(bias, bias_bf16, [&](const auto* b) {
+    ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
+      const int64_t o = s * cols;
+      if (out_bf16) {
+        uint16_t* x = static_cast<uint16_t*>(aux);
+        GemmEpilogueLoop(acc + o, kind, b, x != nullptr ? x + o : nullptr,
+                         static_cast<uint16_t*>(out) + o, e - s, cols);
+      } else {
+        float* x = static_cast<float*>(aux);
+        GemmEpilogueLoop(acc + o, kind, b, x != nullptr ? x + o : nullptr,
+                         static_cast<float*>(out) + o, e - s, cols);
+      }
+    });
+  });
 }
 
 void LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps,

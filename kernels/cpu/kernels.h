@@ -33,6 +33,16 @@ void BiasAdd(const float* x, const void* bias, bool bf16, float* out, int64_t ro
 // acc[j] += sum_r x[r, j] * (y ? y[r, j] : 1): each column summed in double over its rows
 // in order on the calling thread, then rounded once into acc[j].
 void ColumnSums(const float* x, const float* y, float* acc, int64_t rows, int64_t cols);
+// ColumnSums of a bf16 x (no second factor), the widened values summed as ColumnSums does.
+void ColumnSumsBf16(const uint16_t* x, float* acc, int64_t rows, int64_t cols);
+// NOTE [GEMM epilogues] (nn/tensor_ops.h): the epilogue `kind` (kernels::GemmEpilogueKind)
+// applied to a GEMM's fp32 product acc [rows, cols]: out [rows, cols] (bf16 when out_bf16,
+// else fp32; may be acc) = GemmEpilogueOut(kind, pre, aux) with pre = acc + bias by column
+// where the kind adds one (bias fp32 or bf16, null for kinds without one). aux [rows, cols]
+// has out's dtype: written with pre by kGemmEpilogueBiasGelu, read by kGemmEpilogueDGelu,
+// null otherwise.
+void GemmEpilogue(const float* acc, int kind, const void* bias, bool bias_bf16, void* aux,
+                  void* out, bool out_bf16, int64_t rows, int64_t cols);
 // LayerNorm of each row of x [rows, cols]: y, xhat [rows, cols], rstd [rows].
 void LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps,
                       float* y, float* xhat, float* rstd, int64_t rows, int64_t cols);

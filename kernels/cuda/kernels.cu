@@ -173,7 +173,22 @@ __global__ void EmbeddingBackwardKernel(const int32_t* ids, int64_t n_ids, const
 // fixed-order tree in shared memory, so the result is deterministic.
 // Block (bx, by) sums rows [by * rows_per_chunk, ...) of columns [32 bx, 32 bx + 32): into
 // out[col] += (one chunk) or out[by * cols + col] = (its chunk's partial sum).
-__global__ void ColumnSumsKernel(const float* x, const float* y, float* out, int64_t rows,
+// NOTE [GEMM epilogues]: the epilogue of a GEMM whose product cuBLASLt stored plainly in
+// acc, one element per thread (kernels/cpu/kernels.h GemmEpilogue's arguments).
+template <typename W, typename T>
+__global__ void GemmEpilogueKernel(const float* acc, int kind, const W* bias, T* aux, T* out,
+                                   int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols;
+  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) {
+    const float pre = k::GemmEpiloguePre(kind, acc[i], bias, i % cols);
+    const float saved = kind == k::kGemmEpilogueDGelu ? k::Load(aux, i) : 0.0f;
+    if (kind == k::kGemmEpilogueBiasGelu) k::Store(aux, i, pre);
+    k::Store(out, i, k::GemmEpilogueOut(kind, pre, saved));
+  }
+}
+
+template <typename X>
+__global__ void ColumnSumsKernel(const X* x, const float* y, float* out, int64_t rows,
                                  int64_t cols, int64_t rows_per_chunk, bool accumulate) {
   __shared__ float partial[8][33];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
@@ -183,7 +198,7 @@ __global__ void ColumnSumsKernel(const float* x, const float* y, float* out, int
   if (col < cols) {
     for (int64_t r = first + threadIdx.y; r < end; r += 8) {
       const int64_t i = r * cols + col;
-      s += y != nullptr ? x[i] * y[i] : x[i];
+      s += y != nullptr ? k::Load(x, i) * y[i] : k::Load(x, i);
     }
   }
   partial[threadIdx.y][threadIdx.x] = s;
@@ -471,8 +486,11 @@ cudaError_t BiasAdd(const float* x, const void* bias, bool bf16, float* out, int
   return cudaGetLastError();
 }
 
-cudaError_t ColumnSums(const float* x, const float* y, float* acc, int64_t rows, int64_t cols,
-                       float* partial) {
+namespace {
+
+template <typename X>
+cudaError_t LaunchColumnSums(const X* x, const float* y, float* acc, int64_t rows, int64_t cols,
+                             float* partial) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   const int64_t chunks = k::ColumnSumChunks(rows, cols);
   if (chunks > 1 && partial == nullptr) return cudaErrorInvalidValue;
@@ -486,6 +504,39 @@ cudaError_t ColumnSums(const float* x, const float* y, float* acc, int64_t rows,
   ColumnSumsKernel<<<grid, block>>>(x, y, partial, rows, cols, rows_per_chunk, false);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   ColumnSumsFinishKernel<<<GridFor(cols), kThreads>>>(partial, acc, chunks, cols);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t ColumnSums(const float* x, const float* y, float* acc, int64_t rows, int64_t cols,
+                       float* partial) {
+  return LaunchColumnSums(x, y, acc, rows, cols, partial);
+}
+
+cudaError_t ColumnSumsBf16(const uint16_t* x, float* acc, int64_t rows, int64_t cols,
+                           float* partial) {
+  return LaunchColumnSums(x, static_cast<const float*>(nullptr), acc, rows, cols, partial);
+}
+
+cudaError_t GemmEpilogue(const float* acc, int kind, const void* bias, bool bias_bf16, void* aux,
+                         void* out, bool out_bf16, int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  const unsigned int grid = GridFor(rows * cols);
+  auto launch = [&](const auto* b) {
+    if (out_bf16) {
+      GemmEpilogueKernel<<<grid, kThreads>>>(acc, kind, b, static_cast<uint16_t*>(aux),
+                                             static_cast<uint16_t*>(out), rows, cols);
+    } else {
+      GemmEpilogueKernel<<<grid, kThreads>>>(acc, kind, b, static_cast<float*>(aux),
+                                             static_cast<float*>(out), rows, cols);
+    }
+  };
+  if (bias_bf16) {
+    launch(static_cast<const uint16_t*>(bias));
+  } else {
+    launch(static_cast<const float*>(bias));
+  }
   return cudaGetLastError();
 }
 

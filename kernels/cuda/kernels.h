@@ -34,6 +34,13 @@ cudaError_t BiasAdd(const float* x, const void* bias, bool bf16, float* out, int
 // deterministic, run to run.
 cudaError_t ColumnSums(const float* x, const float* y, float* acc, int64_t rows, int64_t cols,
                        float* partial);
+// ColumnSums of a bf16 x (no second factor).
+cudaError_t ColumnSumsBf16(const uint16_t* x, float* acc, int64_t rows, int64_t cols,
+                           float* partial);
+// NOTE [GEMM epilogues] (nn/tensor_ops.h): the epilogue of a GEMM product cuBLASLt stored
+// plainly, for the problems its own epilogues do not take; arguments as the CPU launcher's.
+cudaError_t GemmEpilogue(const float* acc, int kind, const void* bias, bool bias_bf16, void* aux,
+                         void* out, bool out_bf16, int64_t rows, int64_t cols);
 // One warp per row of x [rows, cols]: y, xhat [rows, cols], rstd [rows].
 cudaError_t LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps,
                              float* y, float* xhat, float* rstd, int64_t rows, int64_t cols);

@@ -1,9 +1,11 @@
 #include "nn/cuda/gemm.h"
 
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <limits>
@@ -28,7 +30,13 @@ struct DeviceContext {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
+  cublasHandle_t fallback = nullptr;  // cublasGemmStridedBatchedEx's, made on first need
 };
+
+std::atomic<bool>& ForceFallback() {
+  static std::atomic<bool> force{false};
+  return force;
+}
 
 std::mutex& ContextMutex() {
   static std::mutex* mu = new std::mutex;
@@ -128,18 +136,22 @@ uint32_t AlignmentOf(const void* ptr, int64_t stride_elements, int64_t element_b
   return static_cast<uint32_t>(bits & (~bits + 1));
 }
 
-// One problem (device, transposes, type, shapes, leading dimensions, strides and
-// alignments): everything its descriptors and algorithm depend on.
-using GemmKey = std::array<int64_t, 16>;
+// One problem (device, transposes, types, shapes, leading dimensions, strides, alignments
+// and epilogue): everything its descriptors and algorithm depend on.
+using GemmKey = std::array<int64_t, 20>;
 
 // A problem's descriptors and the algorithm cuBLASLt's heuristic picked, built on its first
 // GEMM and kept until the process exits, so a steady-state step neither rebuilds
 // descriptors nor queries the heuristic: about 1,150 GEMMs a step for GPT-2 124M use a
-// few dozen problems. Read-only once cached (cublasLtMatmul only reads them).
+// few dozen problems. `has_algo` false: the heuristic found none (nothing else is set).
+// The bias and aux pointers change from call to call: they are set on `op` under `mu`
+// just before the matmul that uses them.
 struct CachedGemm {
+  bool has_algo = false;
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo;
+  mutable std::mutex mu;
 };
 
 std::map<GemmKey, const CachedGemm*>& GemmCache() {
@@ -147,14 +159,28 @@ std::map<GemmKey, const CachedGemm*>& GemmCache() {
   return *cache;
 }
 
+// cuBLASLt's epilogue for nn::GemmEpilogue's number `kind` (NOTE [GEMM epilogues]).
+cublasLtEpilogue_t LtEpilogue(int kind) {
+  switch (kind) {
+    case 1:
+      return CUBLASLT_EPILOGUE_BIAS;
+    case 2:
+      return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case 3:
+      return CUBLASLT_EPILOGUE_DGELU;
+    default:
+      return CUBLASLT_EPILOGUE_DEFAULT;
+  }
+}
+
 // The descriptors and algorithm of one problem (its arguments as Gemm's, checked), owned
 // by the caller.
 absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bool trans_b,
                                             int64_t batch, int64_t m, int64_t n, int64_t k,
                                             const GemmOperand& a, const GemmOperand& b,
-                                            const GemmOperand& c, uint32_t align_first,
-                                            uint32_t align_second, uint32_t align_c,
-                                            const std::string& where) {
+                                            const GemmOperand& c, const GemmEpilogueArgs& ep,
+                                            uint32_t align_first, uint32_t align_second,
+                                            uint32_t align_c, const std::string& where) {
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's first
   // operand is our B, its second our A, and its output C^T [n x m] with ld ldc.
   const cudaDataType_t in_type = a.bf16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -177,7 +203,39 @@ absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bo
                              b.stride, where));
   RETURN_IF_ERROR(MakeLayout(&d.b, in_type, trans_a ? m : k, trans_a ? k : m, a.ld, batch32,
                              a.stride, where));
-  RETURN_IF_ERROR(MakeLayout(&d.c, CUDA_R_32F, n, m, c.ld, batch32, c.stride, where));
+  const cudaDataType_t out_type = c.bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  RETURN_IF_ERROR(MakeLayout(&d.c, out_type, n, m, c.ld, batch32, c.stride, where));
+  // NOTE [GEMM epilogues]. Column-major, D is C^T [n x m]: the bias runs along D's rows and
+  // the aux matrix is [n x m] with leading dimension n, like D.
+  if (ep.kind != 0) {
+    const cublasLtEpilogue_t epilogue = LtEpilogue(ep.kind);
+    RETURN_IF_ERROR(StatusFromCublas(
+        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                       sizeof(epilogue)),
+        where));
+    if (ep.bias != nullptr) {
+      const int32_t bias_type = ep.bias_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+      RETURN_IF_ERROR(StatusFromCublas(
+          cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                         sizeof(bias_type)),
+          where));
+      RETURN_IF_ERROR(StatusFromCublas(
+          cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.bias,
+                                         sizeof(ep.bias)),
+          where));
+    }
+    if (ep.aux != nullptr) {
+      const int64_t aux_ld = n;
+      RETURN_IF_ERROR(StatusFromCublas(
+          cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux,
+                                         sizeof(ep.aux)),
+          where));
+      RETURN_IF_ERROR(StatusFromCublas(
+          cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                         sizeof(aux_ld)),
+          where));
+    }
+  }
   RETURN_IF_ERROR(StatusFromCublas(cublasLtMatmulPreferenceCreate(&d.pref), where));
   const uint64_t ws_bytes = static_cast<uint64_t>(ctx->workspace_bytes);
   RETURN_IF_ERROR(StatusFromCublas(
@@ -195,31 +253,74 @@ absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bo
   }
   cublasLtMatmulHeuristicResult_t heuristic = {};
   int found = 0;
-  RETURN_IF_ERROR(StatusFromCublas(
-      cublasLtMatmulAlgoGetHeuristic(ctx->handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1,
-                                     &heuristic, &found),
-      where));
-  if (found < 1) {
-    return absl::InternalError(absl::StrCat(where, ": cuBLASLt found no algorithm"));
-  }
+  const cublasStatus_t queried = cublasLtMatmulAlgoGetHeuristic(
+      ctx->handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heuristic, &found);
   auto* built = new CachedGemm;
+  // An unsupported combination (an epilogue or a type this cuBLASLt lacks) is "no
+  // algorithm", like an empty answer: the caller falls back.
+  if (queried == CUBLAS_STATUS_NOT_SUPPORTED || (queried == CUBLAS_STATUS_SUCCESS && found < 1)) {
+    return built;
+  }
+  if (queried != CUBLAS_STATUS_SUCCESS) {
+    delete built;
+    return StatusFromCublas(queried, where);
+  }
+  built->has_algo = true;
   built->algo = heuristic.algo;
   d.Release(&built->op, &built->a, &built->b, &built->c);
   return built;
 }
 
+// C = alpha op(A) op(B) + beta C through cublasGemmStridedBatchedEx (fp32 C only), for the
+// plain problems cuBLASLt's heuristic has no algorithm for.
+absl::Status GemmEx(DeviceContext* ctx, int device, bool trans_a, bool trans_b, int64_t batch,
+                    int64_t m, int64_t n, int64_t k, float alpha, const GemmOperand& a,
+                    const GemmOperand& b, float beta, const GemmOperand& c,
+                    const std::string& where) {
+  {
+    std::lock_guard<std::mutex> lock(ContextMutex());
+    if (ctx->fallback == nullptr) {
+      cublasHandle_t handle = nullptr;
+      RETURN_IF_ERROR(StatusFromCublas(cublasCreate(&handle),
+                                       absl::StrCat("cublasCreate on cuda:", device)));
+      // The legacy default stream (the compute stream), no TF32 (CUBLAS_COMPUTE_32F).
+      RETURN_IF_ERROR(StatusFromCublas(cublasSetStream(handle, nullptr), where));
+      ctx->fallback = handle;
+    }
+  }
+  const cudaDataType_t in_type = a.bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  // Column-major, as BuildGemm: C^T = op(B)^T op(A)^T.
+  return StatusFromCublas(
+      cublasGemmStridedBatchedEx(
+          ctx->fallback, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+          static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b.ptr, in_type,
+          static_cast<int>(b.ld), b.stride, a.ptr, in_type, static_cast<int>(a.ld), a.stride,
+          &beta, const_cast<void*>(c.ptr), CUDA_R_32F, static_cast<int>(c.ld), c.stride,
+          static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      absl::StrCat(where, " (cublasGemmStridedBatchedEx)"));
+}
+
 }  // namespace
+
+void ForceGemmFallbackForTesting(bool on) { ForceFallback().store(on); }
 
 absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t m, int64_t n,
                   int64_t k, float alpha, const GemmOperand& a, const GemmOperand& b, float beta,
-                  const GemmOperand& c, absl::string_view what) {
+                  const GemmOperand& c, absl::string_view what, const GemmEpilogueArgs& ep) {
   const std::string where = absl::StrCat(what, ": cuBLASLt GEMM [", m, " x ", k, "] x [", k,
                                          " x ", n, "] batch ", batch, " on cuda:", device);
   if (a.bf16 != b.bf16) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": operands must both be fp32 or both bf16"));
   }
-  if (c.bf16) return absl::InvalidArgumentError(absl::StrCat(where, ": C must be fp32"));
+  if (c.bf16 && beta != 0.0f) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": a bf16 C needs beta 0"));
+  }
+  if (ep.kind < 0 || ep.kind > 3 || ((ep.kind == 1 || ep.kind == 2) && ep.bias == nullptr) ||
+      ((ep.kind == 2 || ep.kind == 3) && ep.aux == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": epilogue ", ep.kind, " lacks its bias or aux pointer"));
+  }
   if (batch < 1 || m < 1 || n < 1 || k < 1 || !FitsInt32(batch) || !FitsInt32(m) ||
       !FitsInt32(n) || !FitsInt32(k) || !FitsInt32(a.ld) || !FitsInt32(b.ld) ||
       !FitsInt32(c.ld)) {
@@ -229,15 +330,29 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
   }
   ASSIGN_OR_RETURN(DeviceContext * ctx, Context(device));
   RETURN_IF_ERROR(StatusFromCuda(cudaSetDevice(device), where));
+  const bool plain = ep.kind == 0 && !c.bf16;
+  // cuBLASLt's epilogues, bf16 D and its aux need bf16 operands (fp32 ones take the
+  // fallback), and the GELU aux matrix a leading dimension divisible by 8.
+  const bool lt_can = plain || (a.bf16 && (ep.aux == nullptr || n % 8 == 0));
+  if (ForceFallback().load() || !lt_can) {
+    if (!plain) {
+      return absl::UnimplementedError(
+          absl::StrCat(where, ": no cuBLASLt algorithm with this epilogue or output type"));
+    }
+    return GemmEx(ctx, device, trans_a, trans_b, batch, m, n, k, alpha, a, b, beta, c, where);
+  }
   const int64_t in_bytes = a.bf16 ? 2 : 4;
   const uint32_t align_first = AlignmentOf(b.ptr, b.stride, in_bytes, batch);
   const uint32_t align_second = AlignmentOf(a.ptr, a.stride, in_bytes, batch);
-  const uint32_t align_c = AlignmentOf(c.ptr, c.stride, 4, batch);
+  const uint32_t align_c = AlignmentOf(c.ptr, c.stride, c.bf16 ? 2 : 4, batch);
+  const uint32_t align_bias = ep.bias != nullptr ? AlignmentOf(ep.bias, 0, 0, 1) : 0;
+  const uint32_t align_aux = ep.aux != nullptr ? AlignmentOf(ep.aux, 0, 0, 1) : 0;
   const GemmKey key = {device,       trans_a ? 1 : 0, trans_b ? 1 : 0, a.bf16 ? 1 : 0,
                        batch,        m,               n,               k,
                        a.ld,         b.ld,            c.ld,            a.stride,
                        b.stride,     c.stride,        align_first | (int64_t{align_second} << 16),
-                       align_c};
+                       align_c,      c.bf16 ? 1 : 0,  ep.kind | (ep.bias_bf16 ? 16 : 0),
+                       align_bias,   align_aux};
   const CachedGemm* gemm = nullptr;
   {
     std::lock_guard<std::mutex> lock(ContextMutex());
@@ -245,14 +360,34 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
     if (it != GemmCache().end()) gemm = it->second;
   }
   if (gemm == nullptr) {
-    ASSIGN_OR_RETURN(gemm, BuildGemm(ctx, trans_a, trans_b, batch, m, n, k, a, b, c, align_first,
-                                     align_second, align_c, where));
+    ASSIGN_OR_RETURN(gemm, BuildGemm(ctx, trans_a, trans_b, batch, m, n, k, a, b, c, ep,
+                                     align_first, align_second, align_c, where));
     std::lock_guard<std::mutex> lock(ContextMutex());
     auto [it, inserted] = GemmCache().emplace(key, gemm);
     if (!inserted) {  // another thread built it meanwhile: use the cached one
       delete gemm;    // (its descriptors leak; a race on a first use only)
       gemm = it->second;
     }
+  }
+  if (!gemm->has_algo) {
+    if (!plain) {
+      return absl::UnimplementedError(
+          absl::StrCat(where, ": no cuBLASLt algorithm with this epilogue or output type"));
+    }
+    return GemmEx(ctx, device, trans_a, trans_b, batch, m, n, k, alpha, a, b, beta, c, where);
+  }
+  std::lock_guard<std::mutex> lock(gemm->mu);
+  if (ep.bias != nullptr) {
+    RETURN_IF_ERROR(StatusFromCublas(
+        cublasLtMatmulDescSetAttribute(gemm->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.bias,
+                                       sizeof(ep.bias)),
+        where));
+  }
+  if (ep.aux != nullptr) {
+    RETURN_IF_ERROR(StatusFromCublas(
+        cublasLtMatmulDescSetAttribute(gemm->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                       &ep.aux, sizeof(ep.aux)),
+        where));
   }
   RETURN_IF_ERROR(StatusFromCublas(
       cublasLtMatmul(ctx->handle, gemm->op, &alpha, b.ptr, gemm->a, a.ptr, gemm->b, &beta, c.ptr,

@@ -19,19 +19,38 @@ namespace cuda {
 // A row-major device matrix (batch): element (r, c) of matrix i at ptr + i*stride + r*ld + c.
 struct GemmOperand {
   const void* ptr = nullptr;
-  bool bf16 = false;  // bf16 (uint16_t bits) or fp32; C is always fp32
+  bool bf16 = false;  // bf16 (uint16_t bits) or fp32
   int64_t ld = 0;
   int64_t stride = 0;
 };
 
+// NOTE [GEMM epilogues] (nn/tensor_ops.h): `kind` is nn::GemmEpilogue's number; `bias`
+// ([n], fp32 or bf16) for kinds 1 and 2, `aux` (C's dtype, [m, n] dense) for kinds 2 and 3.
+struct GemmEpilogueArgs {
+  int kind = 0;
+  const void* bias = nullptr;
+  bool bias_bf16 = false;
+  void* aux = nullptr;
+};
+
 // C_i = alpha op(A_i) op(B_i) + beta C_i for i < batch on CUDA device `device`, with
-// nn::Gemm's conventions (nn/ops.h). A and B must both be fp32 (CUBLAS_COMPUTE_32F,
-// TF32 off) or both bf16 (fp32 accumulation, fp32 C); InvalidArgument otherwise.
-// Requires m, n, k, batch >= 1 and batch, m, n, k, ld within cuBLASLt's int32 limits.
-// Asynchronous; errors name `what`.
+// nn::Gemm's conventions (nn/ops.h), then the epilogue. A and B must both be fp32
+// (CUBLAS_COMPUTE_32F, TF32 off) or both bf16 (fp32 accumulation); C is fp32, or bf16
+// (then beta must be 0). InvalidArgument otherwise. Requires m, n, k, batch >= 1 and batch,
+// m, n, k, ld within cuBLASLt's int32 limits. Each problem's descriptors and algorithm are
+// built once and cached. When cuBLASLt's heuristic offers no algorithm: a plain GEMM with an
+// fp32 C runs through cublasGemmStridedBatchedEx instead; an epilogue or a bf16 C gives
+// Unimplemented, and the caller runs the plain GEMM and the epilogue kernel
+// (nn::MatMul). Asynchronous; errors name `what`.
 absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t m, int64_t n,
                   int64_t k, float alpha, const GemmOperand& a, const GemmOperand& b, float beta,
-                  const GemmOperand& c, absl::string_view what);
+                  const GemmOperand& c, absl::string_view what,
+                  const GemmEpilogueArgs& epilogue = GemmEpilogueArgs());
+
+// Tests only: while on, Gemm behaves as if cuBLASLt's heuristic found no algorithm for any
+// problem (cublasGemmStridedBatchedEx for plain GEMMs, Unimplemented for the others), so
+// the fallbacks run on problems cuBLASLt would take.
+void ForceGemmFallbackForTesting(bool on);
 
 }  // namespace cuda
 }  // namespace nn

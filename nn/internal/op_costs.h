@@ -36,9 +36,11 @@ inline core::OpCost BiasGeluForwardCost(int64_t rows, int64_t cols, int64_t bias
 
 // acc[j] += sum_r x[r, j] (* y[r, j]); split into row chunks, a second launch adds the
 // chunks' partial sums (written and read once) into acc.
-inline core::OpCost ColumnSumsCost(int64_t rows, int64_t cols, bool two_factors) {
+inline core::OpCost ColumnSumsCost(int64_t rows, int64_t cols, bool two_factors,
+                                   int64_t x_bytes = 4) {
   const int64_t chunks = ::kernels::ColumnSumChunks(rows, cols);
-  core::OpCost c = core::OpCost::Memory(4.0 * rows * cols * (two_factors ? 2 : 1) + 8.0 * cols,
+  core::OpCost c = core::OpCost::Memory(
+      (static_cast<double>(x_bytes) + (two_factors ? 4.0 : 0.0)) * rows * cols + 8.0 * cols,
                                         (two_factors ? 2.0 : 1.0) * rows * cols);
   if (chunks > 1) {
     c.bytes += 8.0 * chunks * cols;

@@ -51,8 +51,9 @@ inline absl::Status CheckDevice(const core::Module& m, const core::Tensor& t,
 
 // CheckTensor plus: at least one dimension and last dimension == `last`.
 inline absl::Status CheckLastDim(const core::Module& m, const core::Tensor& t, int64_t last,
-                                 absl::string_view what) {
-  absl::Status s = CheckTensor(m, t, core::DType::kFloat32, what);
+                                 absl::string_view what,
+                                 core::DType dtype = core::DType::kFloat32) {
+  absl::Status s = CheckTensor(m, t, dtype, what);
   if (!s.ok()) return s;
   if (t.dim() == 0 || t.size(-1) != last) {
     return ModuleError(m, absl::StrCat(what, " must have last dimension ", last, ", got ",
@@ -98,9 +99,11 @@ inline std::string FirstError(std::initializer_list<std::string> messages) {
 }
 
 // A bf16 copy of the fp32 activation `t` (tag kActivation), the operand of a bf16 GEMM
-// (NOTE [bf16 GEMMs] in nn/linear.h); an error names `m` and `name`.
+// (NOTE [bf16 GEMMs] in nn/linear.h), or `t` itself when its producer already stored it
+// bf16 (NOTE [GEMM epilogues] in nn/tensor_ops.h); an error names `m` and `name`.
 inline absl::StatusOr<core::Tensor> RoundToBf16(const core::Module& m, const core::Tensor& t,
                                                 absl::string_view name) {
+  if (t.defined() && t.dtype() == core::DType::kBFloat16) return t;
   absl::StatusOr<core::Tensor> rounded =
       t.ToDType(core::DType::kBFloat16, core::MemoryTag::kActivation);
   if (!rounded.ok()) {
@@ -184,10 +187,11 @@ inline std::string What(const core::Module& m) { return m.Describe(); }
 
 // NOTE [Fused layers] (nn/transformer.h): whether a parent may run `m`'s work inside a
 // fused op instead of calling m.Forward / m.Backward. Only when nothing could tell the
-// difference: `m` has no hooks (Module::Forward runs nothing else around ForwardImpl)
-// and constructed cleanly (else its Forward returns that error).
+// difference: `m` has no hooks (Module::Forward runs nothing else around ForwardImpl),
+// constructed cleanly (else its Forward returns that error) and is not checkpointed on its
+// own (its Forward would drop what a direct Backward needs).
 inline bool Fusable(const core::Module& m) {
-  return m.NumHooks() == 0 && m.ConstructionStatus().ok();
+  return m.NumHooks() == 0 && m.ConstructionStatus().ok() && !m.checkpoint_activations();
 }
 
 }  // namespace internal
