@@ -223,25 +223,7 @@ int main() {
           kcpu::ColumnSums(P(g), nullptr, P(gb), rows, C);
         }));
   }
-  {  // The fused ops against the two ops each replaces, at the MLP's and the residual's sizes.
-    const int64_t n = rows * hidden;
-    core::Tensor x = Normal(n, 13, 2.0f), g = Normal(n, 14);
-    core::Tensor pre = core::Tensor::Empty({n}), y = core::Tensor::Empty({n});
-    core::Tensor bias = Normal(hidden, 15), gb = core::Tensor::Zeros({hidden});
-    results.push_back(Measure(
-        "fused_bias_gelu_forward", n,
-        [&] {
-          kcpu::BiasAdd(P(x), P(bias), false, P(pre), rows, hidden);
-          kcpu::GeluForward(P(pre), P(y), n);
-        },
-        [&] { kcpu::BiasGeluForward(P(x), P(bias), false, P(pre), P(y), rows, hidden); }));
-    results.push_back(Measure(
-        "fused_gelu_backward_bias_grad", n,
-        [&] {
-          kcpu::GeluBackward(P(x), P(g), P(y), n);
-          kcpu::ColumnSums(P(y), nullptr, P(gb), rows, hidden);
-        },
-        [&] { kcpu::GeluBackwardColumnSums(P(x), P(g), P(y), P(gb), rows, hidden); }));
+  {  // The fused ops against the two ops each replaces, at the residual's size.
     const int64_t m = rows * C;
     core::Tensor a = Normal(m, 16), b = Normal(m, 17), h = core::Tensor::Empty({m});
     core::Tensor ln = core::Tensor::Empty({m}), xhat = core::Tensor::Empty({m});

@@ -158,24 +158,6 @@ absl::Status BiasAdd(absl::string_view what, const Tensor& x, const Tensor& bias
   return absl::OkStatus();
 }
 
-absl::Status BiasGeluForward(absl::string_view what, const Tensor& x, const Tensor& bias,
-                             const Tensor& pre, const Tensor& y) {
-  ASSIGN_OR_RETURN(const int64_t rows, CheckBiasAdd(what, x, bias, pre));
-  RETURN_IF_ERROR(CheckElementwiseF32(what, {{"pre-activation", &pre}, {"output", &y}}));
-  RETURN_IF_ERROR(CheckDistinct(what, "output", y, "input", x));
-  RETURN_IF_ERROR(CheckDistinct(what, "output", y, "pre-activation", pre));
-  ProfiledOp op(OpCategory::kElementwise, "bias_gelu.forward", x.device(),
-                internal::BiasGeluForwardCost(rows, bias.numel(), core::DTypeSize(bias.dtype())));
-  if (x.device().is_cuda()) {
-    NN_ON_CUDA(x.device(), what, "bias + GELU forward",
-               kc::BiasGeluForward(F32(x), bias.raw_data(), IsBf16(bias), MutF32(pre), MutF32(y),
-                                   rows, bias.numel()));
-  }
-  kcpu::BiasGeluForward(F32(x), bias.raw_data(), IsBf16(bias), MutF32(pre), MutF32(y), rows,
-                        bias.numel());
-  return absl::OkStatus();
-}
-
 namespace {
 
 #ifdef FSDP_WITH_CUDA
@@ -224,32 +206,6 @@ absl::StatusOr<int64_t> CheckColumnSums(absl::string_view what, const Tensor& x,
 }
 
 }  // namespace
-
-absl::Status GeluBackwardBiasGrad(absl::string_view what, const Tensor& pre, const Tensor& gy,
-                                  const Tensor& gx, const Tensor& gb) {
-  RETURN_IF_ERROR(CheckElementwiseF32(
-      what, {{"pre-activation", &pre}, {"grad_output", &gy}, {"grad_input", &gx}}));
-  RETURN_IF_ERROR(CheckDistinct(what, "grad_input", gx, "pre-activation", pre));
-  RETURN_IF_ERROR(CheckDistinct(what, "grad_input", gx, "grad_output", gy));
-  int64_t rows = 1;
-  int64_t cols = gx.numel();
-  if (gb.defined()) {
-    ASSIGN_OR_RETURN(rows, CheckColumnSums(what, gx, Tensor(), gb));
-    cols = gb.numel();
-  }
-  if (pre.device().is_cuda()) {
-    RETURN_IF_ERROR(GeluBackward(what, pre, gy, gx));
-    if (!gb.defined()) return absl::OkStatus();
-    return AccumulateColumnSums(what, gx, Tensor(), gb);
-  }
-  RecordOp(OpCategory::kElementwise, "gelu.backward", internal::GeluBackwardCost(gx.numel()));
-  if (gb.defined()) {
-    RecordOp(OpCategory::kElementwise, "column_sums", internal::ColumnSumsCost(rows, cols, false));
-  }
-  kcpu::GeluBackwardColumnSums(F32(pre), F32(gy), MutF32(gx),
-                               gb.defined() ? MutF32(gb) : nullptr, rows, cols);
-  return absl::OkStatus();
-}
 
 absl::Status AccumulateColumnSums(absl::string_view what, const Tensor& x, const Tensor& y,
                                   const Tensor& acc) {

@@ -131,21 +131,10 @@ absl::Status LayerNormBackward(absl::string_view what, const core::Tensor& g,
 // NOTE [Fused ops]: each op below gives, bit for bit, what the unfused ops it names give
 // one after the other, with the same argument rules. It makes one pass over memory where
 // they make two (a row is still in cache for the second step), so it reads one tensor
-// fewer: on the CPU one loop, on CUDA one kernel (bias + GELU, residual + LayerNorm,
-// LayerNorm backward + residual; GELU backward + bias gradient runs the GELU kernel and
-// the column sums). The layers call them through NOTE [Fused layers] (nn/transformer.h).
+// fewer: on the CPU one loop, on CUDA one kernel (residual + LayerNorm, LayerNorm
+// backward + residual). The layers call them through NOTE [Fused layers]
+// (nn/transformer.h). Bias and GELU fuse into the GEMMs instead (NOTE [GEMM epilogues]).
 
-// pre = x + bias (rows as BiasAdd; pre may be x), then y = GELU(pre): BiasAdd(x, bias,
-// pre) then GeluForward(pre, y). y must not overlap x or pre.
-absl::Status BiasGeluForward(absl::string_view what, const core::Tensor& x,
-                             const core::Tensor& bias, const core::Tensor& pre,
-                             const core::Tensor& y);
-// gx = gy * GELU'(pre), then, when gb is defined, gb += the column sums of gx viewed as
-// [numel / gb.numel(), gb.numel()]: GeluBackward(pre, gy, gx) then
-// AccumulateColumnSums(gx, {}, gb). gx must not overlap pre or gy.
-absl::Status GeluBackwardBiasGrad(absl::string_view what, const core::Tensor& pre,
-                                  const core::Tensor& gy, const core::Tensor& gx,
-                                  const core::Tensor& gb);
 // h = a + b, then LayerNorm of h: AddTensors(a, b, h) then LayerNormForward(h, w, bias,
 // eps, y, xhat, rstd). h may be a or b; y, xhat and rstd must not overlap the others.
 absl::Status AddLayerNormForward(absl::string_view what, const core::Tensor& a,

@@ -7,13 +7,16 @@
 // TransformerBlock: pre-LN with residuals, h = x + attn(ln_1(x)); y = h + mlp(ln_2(h)).
 //
 // NOTE [Fused layers]: where a pass over memory can be saved, a parent runs two steps as
-// one fused op (NOTE [Fused ops], nn/tensor_ops.h) instead of calling a child's public
-// Forward / Backward, but only while nn::internal::Fusable(child) holds: the child has
-// no hooks and constructed cleanly, so nothing can tell the difference. The results,
-// parameter gradients included, are the same bits either way (transformer_test checks
-// it by hooking the children). Fused here:
-// - Mlp: fc's bias add with the GELU (forward), GELU's backward with fc's bias gradient
-//   (backward), when fc and gelu are both Fusable at Forward. A Backward after a fused
+// one fused op (NOTE [Fused ops], nn/tensor_ops.h, and NOTE [GEMM epilogues] there)
+// instead of calling a child's public Forward / Backward, but only while
+// nn::internal::Fusable(child) holds: the child has no hooks, constructed cleanly and is
+// not checkpointed on its own, so nothing can tell the difference. With fp32 weights the
+// results, parameter gradients included, are the same bits either way (transformer_test
+// checks it by hooking the children). Fused here:
+// - Mlp: fc's GEMM adds the bias and applies the GELU in its epilogue (forward), proj's
+//   input-gradient GEMM multiplies by GELU' (backward), when fc, gelu and proj are all
+//   Fusable at Forward; under bf16 weights h and the pre-activation are stored bf16 (the
+//   unfused path keeps them fp32 and rounds h for proj). A Backward after a fused
 //   Forward needs them still Fusable (a hook added in between is FailedPrecondition,
 //   since gelu never saw the Forward its hook would report).
 // - TransformerBlock: the residual add h = x + a with ln_2 (forward), and each

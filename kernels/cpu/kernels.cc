@@ -75,53 +75,6 @@ FSDP_CPU_CLONES void BiasAddLoop(const float* x, const uint16_t* bias, float* ou
   BiasAddRows(x, bias, out, rows, cols);
 }
 
-// pre = x + bias, y = GELU(pre) (NOTE [Fused ops]; pre may be x).
-template <typename W>
-FSDP_CPU_INLINE void BiasGeluRows(const float* x, const W* FSDP_RESTRICT bias, float* pre,
-                                  float* FSDP_RESTRICT y, int64_t rows, int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * cols;
-    float* pr = pre + r * cols;
-    float* yr = y + r * cols;
-#pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) {
-      const float p = k::BiasAdd(xr[j], bias, j);
-      pr[j] = p;
-      yr[j] = k::GeluTanhForward(p);
-    }
-  }
-}
-FSDP_CPU_CLONES void BiasGeluLoop(const float* x, const float* bias, float* pre, float* y,
-                                  int64_t rows, int64_t cols) {
-  BiasGeluRows(x, bias, pre, y, rows, cols);
-}
-FSDP_CPU_CLONES void BiasGeluLoop(const float* x, const uint16_t* bias, float* pre, float* y,
-                                  int64_t rows, int64_t cols) {
-  BiasGeluRows(x, bias, pre, y, rows, cols);
-}
-
-// gx = gy * GELU'(pre) for columns [0, cols) of `rows` rows `ld` apart, and, with `sums`
-// non-null, sums[j] += gx[r, j] for each row in order: ColumnSumsLoop's additions, in its
-// order (NOTE [Fused ops]).
-FSDP_CPU_CLONES void GeluBackwardColumnSumsLoop(const float* FSDP_RESTRICT pre,
-                                                const float* FSDP_RESTRICT g,
-                                                float* FSDP_RESTRICT gx,
-                                                double* FSDP_RESTRICT sums, int64_t rows,
-                                                int64_t cols, int64_t ld) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* pr = pre + r * ld;
-    const float* gr = g + r * ld;
-    float* o = gx + r * ld;
-#pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) o[j] = k::GeluTanhBackward(pr[j], gr[j]);
-    if (sums != nullptr) {
-      // The row just written is still in L1.
-#pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) sums[j] += static_cast<double>(o[j]);
-    }
-  }
-}
-
 // NOTE [GEMM epilogues]: rows of a GEMM's fp32 product `acc` through the epilogue `kind`
 // into `out` (fp32 or bf16 T), the pre-activation into `aux` (T) for kGemmEpilogueBiasGelu,
 // read from it for kGemmEpilogueDGelu. out may be acc (fp32).
@@ -555,31 +508,6 @@ void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int
   ParallelChunks(IntraOpThreads(), rows, rows * V, 1, [&](int64_t s, int64_t e) {
     CrossEntropyLoop(logits, targets, grad, row_loss, grad16, s, e, V, inv_n);
   });
-}
-
-void BiasGeluForward(const float* x, const void* bias, bool bf16, float* pre, float* y,
-                     int64_t rows, int64_t cols) {
-  WithWeight(bias, bf16, [&](const auto* b) {
-    ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
-      BiasGeluLoop(x + s * cols, b, pre + s * cols, y + s * cols, e - s, cols);
-    });
-  });
-}
-
-void GeluBackwardColumnSums(const float* pre, const float* gy, float* gx, float* acc,
-                            int64_t rows, int64_t cols) {
-  if (acc == nullptr) {  // one row: elements split like GeluBackward's
-    cols *= rows;
-    rows = 1;
-  }
-  std::vector<double> sums(acc != nullptr ? static_cast<size_t>(cols) : 0, 0.0);
-  double* ps = acc != nullptr ? sums.data() : nullptr;
-  // Threads take column ranges, so each column's sum adds its rows in order, as one thread.
-  ParallelChunks(IntraOpThreads(), cols, rows * cols, kAlign, [&](int64_t s, int64_t e) {
-    GeluBackwardColumnSumsLoop(pre + s, gy + s, gx + s, ps != nullptr ? ps + s : nullptr, rows,
-                               e - s, cols);
-  });
-  if (acc != nullptr) AddSums(sums, acc);
 }
 
 void AddLayerNormForward(const float* a, const float* b, float* sum, const void* w,

@@ -116,13 +116,6 @@ void RotaryPackQkvBackward(const float* gqkv, const float* cos, const float* sin
 // ---- CPU-only fused loops (NOTE [Fused ops], nn/tensor_ops.h): the bits of the two
 // launches each replaces, run one after the other.
 
-// pre = BiasAdd(x, bias) and y = GeluForward(pre); pre may be x, y must be neither.
-void BiasGeluForward(const float* x, const void* bias, bool bf16, float* pre, float* y,
-                     int64_t rows, int64_t cols);
-// gx = GeluBackward(pre, gy), then, with acc non-null, ColumnSums(gx, nullptr, acc) over
-// [rows, cols]; gx must be neither pre nor gy.
-void GeluBackwardColumnSums(const float* pre, const float* gy, float* gx, float* acc,
-                            int64_t rows, int64_t cols);
 // sum = Add(a, b), then LayerNormForward(sum, ...); sum may be a or b; y and xhat must be
 // none of a, b, sum.
 void AddLayerNormForward(const float* a, const float* b, float* sum, const void* w,

@@ -97,35 +97,6 @@ __global__ void BiasAddKernel(const float* x, const W* bias, float* out, int64_t
   }
 }
 
-// pre = x + bias (by column), y = GELU(pre): BiasAdd then GeluForward in one pass.
-template <bool Four, typename W>
-__global__ void BiasGeluForwardKernel(const float* x, const W* bias, float* pre, float* y,
-                                      int64_t rows, int64_t cols) {
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    if constexpr (Four) {
-      const float4* x4 = reinterpret_cast<const float4*>(x + r * cols);
-      float4* p4 = reinterpret_cast<float4*>(pre + r * cols);
-      float4* y4 = reinterpret_cast<float4*>(y + r * cols);
-      for (int64_t q = threadIdx.x; q < cols / 4; q += blockDim.x) {
-        const float4 v = x4[q];
-        const int64_t j = 4 * q;
-        const float4 p = make_float4(k::BiasAdd(v.x, bias, j), k::BiasAdd(v.y, bias, j + 1),
-                                     k::BiasAdd(v.z, bias, j + 2), k::BiasAdd(v.w, bias, j + 3));
-        p4[q] = p;
-        y4[q] = make_float4(k::GeluTanhForward(p.x), k::GeluTanhForward(p.y),
-                            k::GeluTanhForward(p.z), k::GeluTanhForward(p.w));
-      }
-    } else {
-      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-        const int64_t i = r * cols + j;
-        const float p = k::BiasAdd(x[i], bias, j);
-        pre[i] = p;
-        y[i] = k::GeluTanhForward(p);
-      }
-    }
-  }
-}
-
 // Whether [rows, cols] fp32 matrices at these addresses can be walked four columns at a time.
 bool FourWideRows(int64_t cols, std::initializer_list<const void*> ptrs) {
   if (cols % 4 != 0) return false;
@@ -595,22 +566,6 @@ cudaError_t LayerNormBackwardInputAdd(const float* g, const float* xhat, const f
                                       const void* w, bool bf16, const float* residual, float* gx,
                                       int64_t rows, int64_t cols) {
   return LayerNormBackwardInputLaunch(g, xhat, rstd, w, bf16, residual, gx, rows, cols);
-}
-
-cudaError_t BiasGeluForward(const float* x, const void* bias, bool bf16, float* pre, float* y,
-                            int64_t rows, int64_t cols) {
-  if (rows <= 0 || cols <= 0) return cudaSuccess;
-  const auto launch = [&](auto four, const auto* b) {
-    BiasGeluForwardKernel<decltype(four)::value><<<GridForColumnRows(rows), kThreads>>>(
-        x, b, pre, y, rows, cols);
-  };
-  const bool four = FourWideRows(cols, {x, pre, y});
-  const void* b = bias;
-  if (bf16 && four) launch(std::true_type(), static_cast<const uint16_t*>(b));
-  if (bf16 && !four) launch(std::false_type(), static_cast<const uint16_t*>(b));
-  if (!bf16 && four) launch(std::true_type(), static_cast<const float*>(b));
-  if (!bf16 && !four) launch(std::false_type(), static_cast<const float*>(b));
-  return cudaGetLastError();
 }
 
 cudaError_t CausalSoftmaxForward(float* scores, int64_t rows, int64_t T, uint16_t* probs16) {

@@ -50,15 +50,13 @@ cudaError_t LayerNormBackwardInput(const float* g, const float* xhat, const floa
                                    int64_t cols);
 // The fused ops of NOTE [Fused ops] (nn/tensor_ops.h), one kernel each, with the CPU
 // launchers' arguments (kernels/cpu/kernels.h): sum = a + b then its LayerNorm (sum may be
-// a or b); gx = residual + the LayerNorm input gradient; pre = x + bias, y = GELU(pre).
+// a or b); gx = residual + the LayerNorm input gradient.
 cudaError_t AddLayerNormForward(const float* a, const float* b, float* sum, const void* w,
                                 const void* bias, bool bf16, float eps, float* y, float* xhat,
                                 float* rstd, int64_t rows, int64_t cols);
 cudaError_t LayerNormBackwardInputAdd(const float* g, const float* xhat, const float* rstd,
                                       const void* w, bool bf16, const float* residual, float* gx,
                                       int64_t rows, int64_t cols);
-cudaError_t BiasGeluForward(const float* x, const void* bias, bool bf16, float* pre, float* y,
-                            int64_t rows, int64_t cols);
 // One warp per row of T scores; row r is query r % T. Arguments as the CPU launchers'.
 cudaError_t CausalSoftmaxForward(float* scores, int64_t rows, int64_t T,
                                  uint16_t* probs16 = nullptr);

@@ -28,12 +28,6 @@ inline core::OpCost BiasAddCost(int64_t rows, int64_t cols, int64_t bias_bytes) 
                               1.0 * rows * cols);
 }
 
-// The fused bias + GELU: reads x, writes the pre-activation and y.
-inline core::OpCost BiasGeluForwardCost(int64_t rows, int64_t cols, int64_t bias_bytes) {
-  return core::OpCost::Memory(12.0 * rows * cols + static_cast<double>(bias_bytes) * cols,
-                              13.0 * rows * cols);
-}
-
 // acc[j] += sum_r x[r, j] (* y[r, j]); split into row chunks, a second launch adds the
 // chunks' partial sums (written and read once) into acc.
 inline core::OpCost ColumnSumsCost(int64_t rows, int64_t cols, bool two_factors,
