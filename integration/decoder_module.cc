@@ -130,12 +130,16 @@ absl::StatusOr<StepOutput> DecoderTrainModule::TrainingStep(const StepContext& c
   ASSIGN_OR_RETURN(data::TokenBatch batch, LocalBatch(BatchIndex(ctx), ctx));
   ASSIGN_OR_RETURN(core::Tensor logits, model_->Forward(batch.inputs));
   // The logits' gradient in the dtype the head's GEMMs use (bf16 under mixed precision),
-  // and the logits freed before the backward: at most one [B, T, V] tensor in each.
-  ASSIGN_OR_RETURN(nn::LossResult loss, nn::CrossEntropyLoss(logits, batch.targets,
-                                                             spec_.logits_grad_dtype(*model_)));
+  // and the logits freed before the backward: at most one [B, T, V] tensor in each. The
+  // loss stays on the device until the runner reports it (NOTE [Deferred loss]).
+  ASSIGN_OR_RETURN(nn::LossResult loss,
+                   nn::CrossEntropyLoss(logits, batch.targets, spec_.logits_grad_dtype(*model_),
+                                        /*defer_read=*/true));
   logits = core::Tensor();
   RETURN_IF_ERROR(model_->Backward(loss.grad).status());
-  return StepOutput{loss.loss, batch.targets.numel()};
+  StepOutput out{0.0, batch.targets.numel()};
+  out.read_loss = std::move(loss.read_loss);
+  return out;
 }
 
 absl::StatusOr<StepOutput> DecoderTrainModule::EvaluationStep(const StepContext& ctx) {

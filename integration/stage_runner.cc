@@ -199,18 +199,15 @@ absl::Status StageRunner::EndStage(const std::shared_ptr<core::Module>& model,
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepOutput> StageRunner::AccumulateMicroBatches(TrainModule& module,
-                                                               core::Module& model,
-                                                               StepContext ctx,
-                                                               std::vector<double>* parts) {
+absl::Status StageRunner::AccumulateMicroBatches(TrainModule& module, core::Module& model,
+                                                 StepContext ctx,
+                                                 std::vector<StepOutput>* parts) {
   // NOTE [Gradient accumulation] (stage_options.h); NOTE [Deterministic training]: this
   // rank's share of the M micro-batches, summed by the units, scaled by 1 / M.
   const int deterministic = options_.deterministic_micro_batches;
   const int k = deterministic > 0 ? deterministic / group_->size() : options_.grad_accumulation;
   const bool sync_last = deterministic > 0 ||
                          options_.accumulation == StageOptions::Accumulation::kNoSync;
-  StepOutput total;
-  double weighted = 0;
   const int rank = group_->rank();
   for (int j = 0; j < k; ++j) {
     ctx.micro_batch = j;
@@ -233,19 +230,51 @@ absl::StatusOr<StepOutput> StageRunner::AccumulateMicroBatches(TrainModule& modu
                              : absl::StrCat("fit: TrainingStep at step ", ctx.step,
                                             ", micro-batch ", j, " of ", k));
     }
-    parts->push_back(out->loss * static_cast<double>(out->count));
-    parts->push_back(static_cast<double>(out->count));
-    if (k == 1 && deterministic == 0) return *out;  // its loss exactly as the module gave it
-    weighted += out->loss * static_cast<double>(out->count);
-    total.count += out->count;
+    parts->push_back(*std::move(out));
   }
-  total.loss = total.count > 0 ? weighted / static_cast<double>(total.count) : 0;
+  if (k == 1 && deterministic == 0) return absl::OkStatus();
   const int scale = deterministic > 0 ? deterministic : k;
-  RETURN_IF_ERROR(Annotate(fsdp::ScaleGrads(model, registry_.get(), 1.0 / scale),
-                           absl::StrCat("fit: mean of the micro-batches' gradients at step ",
-                                        ctx.step)));
-  return total;
+  return Annotate(fsdp::ScaleGrads(model, registry_.get(), 1.0 / scale),
+                  absl::StrCat("fit: mean of the micro-batches' gradients at step ", ctx.step));
 }
+
+namespace {
+
+// The (loss x count, count) pairs one step adds to the fit's report, from its micro-batches'
+// outputs, reading the deferred losses now (NOTE [Deferred loss] in nn/losses.h): one pair
+// per micro-batch under NOTE [Deterministic training], else one for the step (its loss
+// exactly as the module gave it for one micro-batch, else their count-weighted mean).
+absl::Status AppendLossPairs(std::vector<StepOutput>& parts, bool per_micro_batch,
+                             int64_t global_step, std::vector<double>* pairs) {
+  double weighted = 0, count = 0;
+  for (size_t j = 0; j < parts.size(); ++j) {
+    StepOutput& part = parts[j];
+    if (part.read_loss) {
+      absl::StatusOr<double> loss = part.read_loss();
+      if (!loss.ok()) {
+        return Annotate(loss.status(), absl::StrCat("fit: reading the loss of global step ",
+                                                    global_step + 1, ", micro-batch ", j));
+      }
+      part.loss = *loss;
+      part.read_loss = nullptr;
+    }
+    const double n = static_cast<double>(part.count);
+    if (per_micro_batch) {
+      pairs->push_back(part.loss * n);
+      pairs->push_back(n);
+    }
+    weighted += part.loss * n;
+    count += n;
+  }
+  if (per_micro_batch) return absl::OkStatus();
+  const double loss =
+      parts.size() == 1 ? parts[0].loss : (count > 0 ? weighted / count : 0);
+  pairs->push_back(loss * count);
+  pairs->push_back(count);
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
   ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, ModelOf(module));
@@ -267,7 +296,9 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
   result.first_step = state.global_step;
   double last_report_time = NowSeconds();
   double items_total = 0;
-  std::vector<double> pending;  // (loss x count, count) of each step since the last report
+  // Each step's micro-batch outputs since the last report, losses possibly still on the
+  // device (NOTE [Deferred loss]).
+  std::vector<std::vector<StepOutput>> unreported;
   for (int64_t i = 0; i < num_steps; ++i) {
     // StageOptions::profile_step: this step's ops, from the TrainingStep to the optimizer.
     std::unique_ptr<core::OpProfile> profile;
@@ -284,8 +315,8 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
     ctx.batch_size = options_.train_batch_size;
     if (std::optional<double> lr = module.LearningRate(ctx.step)) optimizer.set_lr(*lr);
     optimizer.ZeroGrad();
-    std::vector<double> parts;
-    ASSIGN_OR_RETURN(const StepOutput out, AccumulateMicroBatches(module, *model, ctx, &parts));
+    std::vector<StepOutput> parts;
+    RETURN_IF_ERROR(AccumulateMicroBatches(module, *model, ctx, &parts));
     if (options_.max_grad_norm > 0) {
       RETURN_IF_ERROR(
           fsdp::ClipGradNorm(*model, registry_.get(), options_.max_grad_norm).status());
@@ -298,18 +329,21 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
       result.profiled_ops = profile->records();
     }
     // Each rank's (loss x count, count) waits for the next report, where one all-gather
-    // averages every step since the last one: no collective of its own per step. NOTE
-    // [Deterministic training]: one pair per micro-batch, added in micro-batch order.
-    if (options_.deterministic_micro_batches > 0) {
-      pending.insert(pending.end(), parts.begin(), parts.end());
-    } else {
-      pending.push_back(out.loss * out.count);
-      pending.push_back(static_cast<double>(out.count));
-    }
+    // averages every step since the last one: no collective of its own per step, and a
+    // loss left on the device is read only then (NOTE [Deferred loss]). NOTE [Deterministic
+    // training]: one pair per micro-batch, added in micro-batch order.
+    unreported.push_back(std::move(parts));
     ++state.global_step;
 
     const int64_t done = i + 1;
     if ((options_.log_every > 0 && done % options_.log_every == 0) || done == num_steps) {
+      std::vector<double> pending;
+      for (size_t s = 0; s < unreported.size(); ++s) {
+        RETURN_IF_ERROR(AppendLossPairs(
+            unreported[s], options_.deterministic_micro_batches > 0,
+            state.global_step - static_cast<int64_t>(unreported.size() - s), &pending));
+      }
+      unreported.clear();
       ASSIGN_OR_RETURN(std::vector<std::vector<double>> all, AllGatherDoubles(pending));
       // Pairs per step on each rank: 1, or its deterministic micro-batches.
       const size_t per_step = options_.deterministic_micro_batches > 0

@@ -237,11 +237,10 @@ class StageRunner {
 
   // One optimizer step's TrainingSteps over StageOptions::grad_accumulation micro-batches
   // (NOTE [Gradient accumulation]; or this rank's deterministic ones, NOTE [Deterministic
-  // training]), gradients then their mean; the loss and count of all, and in `parts`
-  // each micro-batch's (loss x count, count).
-  absl::StatusOr<StepOutput> AccumulateMicroBatches(TrainModule& module, core::Module& model,
-                                                    StepContext ctx,
-                                                    std::vector<double>* parts);
+  // training]), gradients then their mean; appends each micro-batch's output (its loss,
+  // or what reads it: NOTE [Deferred loss] in nn/losses.h) to `parts`.
+  absl::Status AccumulateMicroBatches(TrainModule& module, core::Module& model, StepContext ctx,
+                                      std::vector<StepOutput>* parts);
 
   // The module's model, or InvalidArgument when it is null.
   absl::StatusOr<std::shared_ptr<core::Module>> ModelOf(TrainModule& module);

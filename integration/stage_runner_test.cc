@@ -341,6 +341,65 @@ TEST(StageRunnerTest, ProgressReportsEveryKStepsOnRankZeroWithEveryRanksMemory) 
   }));
 }
 
+// NOTE [Deferred loss]: a step's loss left on the device is read when the runner reports,
+// not when the step runs, and the fit's losses are those of the losses read at once.
+class ReadCountingModule : public ForwardingTrainModule {
+ public:
+  using ForwardingTrainModule::ForwardingTrainModule;
+  absl::StatusOr<StepOutput> TrainingStep(const StepContext& ctx) override {
+    ASSIGN_OR_RETURN(StepOutput out, ForwardingTrainModule::TrainingStep(ctx));
+    if (!out.read_loss) return absl::InternalError("the GPT's TrainingStep deferred no loss");
+    ++steps_;
+    auto read = std::move(out.read_loss);
+    out.read_loss = [this, read, step = ctx.step]() -> absl::StatusOr<double> {
+      reads_.push_back({steps_, step});
+      if (step == fail_at_) return absl::DataLossError("device lost the loss");
+      return read();
+    };
+    return out;
+  }
+  // (steps run when the read happened, the step whose loss it read)
+  std::vector<std::pair<int64_t, int64_t>> reads_;
+  int64_t steps_ = 0;
+  int64_t fail_at_ = -1;
+};
+
+TEST(StageRunnerTest, DeferredLossesAreReadAtReportsAndGiveTheSameLosses) {
+  INTEGRATION_ASSERT_OK(RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status {
+    ASSIGN_OR_RETURN(auto reference, GptTrainModule::Create(TinyGpt()));
+    ASSIGN_OR_RETURN(auto plain_runner, StageRunner::Create(ctx.group, TinyStages()));
+    // The same module with each loss read at once, the runner's way before deferral.
+    class ReadAtOnce : public ForwardingTrainModule {
+     public:
+      using ForwardingTrainModule::ForwardingTrainModule;
+      absl::StatusOr<StepOutput> TrainingStep(const StepContext& c) override {
+        ASSIGN_OR_RETURN(StepOutput out, ForwardingTrainModule::TrainingStep(c));
+        ASSIGN_OR_RETURN(out.loss, out.read_loss());
+        out.read_loss = nullptr;
+        return out;
+      }
+    } at_once(reference.get());
+    ASSIGN_OR_RETURN(FitResult want, plain_runner->Fit(at_once, 7));
+    RETURN_IF_ERROR(plain_runner->Release(*reference));
+
+    ASSIGN_OR_RETURN(auto gpt, GptTrainModule::Create(TinyGpt()));
+    ReadCountingModule counted(gpt.get());
+    ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, TinyStages()));  // log every 3
+    ASSIGN_OR_RETURN(FitResult got, runner->Fit(counted, 7));
+    EXPECT_EQ(got.losses, want.losses);
+    // Steps 0-2 read after step 3 ran, 3-5 after step 6, 6 after step 7.
+    const std::vector<std::pair<int64_t, int64_t>> reads = {{3, 0}, {3, 1}, {3, 2}, {6, 3},
+                                                            {6, 4}, {6, 5}, {7, 6}};
+    EXPECT_EQ(counted.reads_, reads);
+    // A failed read names the step.
+    counted.fail_at_ = 8;
+    const absl::Status s = runner->Fit(counted, 3).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_THAT(s.message(), HasSubstr("loss of global step 9"));
+    return absl::OkStatus();
+  }));
+}
+
 TEST(StageRunnerTest, ASecondRunnerWithItsOwnRegistryIsRefusedUntilTheFirstReleases) {
   INTEGRATION_ASSERT_OK(RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status {
     ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(TinyGpt()));

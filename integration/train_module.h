@@ -21,6 +21,7 @@
 #define INTEGRATION_TRAIN_MODULE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -70,6 +71,14 @@ struct StepOutput {
   // How many items (tokens, samples) that mean is over: its weight in the mean over
   // ranks, and what throughput is counted in. > 0.
   int64_t count = 0;
+  // A training step may leave its loss on the device (NOTE [Deferred loss] in
+  // nn/losses.h: nn::LossResult::read_loss): then `loss` is ignored and the runner calls
+  // this when it reports (a log step, the fit's last step), so the step itself needs no
+  // host synchronisation.
+  std::function<absl::StatusOr<double>()> read_loss;
+
+  // The loss: read_loss() when the step deferred it, else `loss`.
+  absl::StatusOr<double> ReadLoss() const { return read_loss ? read_loss() : loss; }
 };
 
 class TrainModule {

@@ -82,7 +82,8 @@ absl::StatusOr<LossResult> MseLoss(const core::Tensor& pred, const core::Tensor&
 }
 
 absl::StatusOr<LossResult> CrossEntropyLoss(const core::Tensor& logits,
-                                            const core::Tensor& targets, core::DType grad_dtype) {
+                                            const core::Tensor& targets, core::DType grad_dtype,
+                                            bool defer_read) {
   RETURN_IF_ERROR(CheckType("CrossEntropyLoss", "logits", logits, core::DType::kFloat32));
   if (grad_dtype != core::DType::kFloat32 && grad_dtype != core::DType::kBFloat16) {
     return absl::InvalidArgumentError(absl::StrCat("CrossEntropyLoss: grad_dtype must be ",
@@ -131,8 +132,9 @@ absl::StatusOr<LossResult> CrossEntropyLoss(const core::Tensor& logits,
   LossResult r;
   ASSIGN_OR_RETURN(r.grad, core::Tensor::Allocate(ls, grad_dtype, core::MemoryTag::kActivation,
                                                   device));
-  ASSIGN_OR_RETURN(double loss, CrossEntropyForwardBackward("CrossEntropyLoss", logits,
-                                                            device_targets, r.grad));
+  ASSIGN_OR_RETURN(double loss,
+                   CrossEntropyForwardBackward("CrossEntropyLoss", logits, device_targets, r.grad,
+                                               defer_read ? &r.read_loss : nullptr));
   r.loss = static_cast<float>(loss);
   return r;
 }

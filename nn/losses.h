@@ -6,13 +6,21 @@
 #ifndef NN_LOSSES_H_
 #define NN_LOSSES_H_
 
+#include <functional>
+
 #include "absl/status/statusor.h"
 #include "core/tensor.h"
 
 namespace nn {
 
+// NOTE [Deferred loss]: a training step on a GPU needs the loss's value only when it is
+// reported, so CrossEntropyLoss(..., defer_read = true) leaves it on the device: `loss` is
+// NaN and `read_loss` returns it (the value the undeferred call gives, bit for bit) with
+// the one host synchronisation, whenever the caller reads it (integration::StageRunner:
+// at log steps). On the CPU the value is known at once and read_loss just returns it.
 struct LossResult {
   float loss = 0.0f;
+  std::function<absl::StatusOr<double>()> read_loss;  // set by a deferred read only
   // d loss / d input, the shape of the loss's first argument (fp32 unless asked for bf16,
   // tag kActivation).
   core::Tensor grad;
@@ -37,9 +45,12 @@ absl::StatusOr<LossResult> MseLoss(const core::Tensor& pred, const core::Tensor&
 // once: what a bf16 Linear head rounds it to anyway (NOTE [bf16 GEMMs] in nn/linear.h;
 // Gpt::logits_grad_dtype says which the model wants), and no fp32 [..., V] gradient is
 // ever allocated. InvalidArgument for another dtype.
+//
+// defer_read: NOTE [Deferred loss] above.
 absl::StatusOr<LossResult> CrossEntropyLoss(const core::Tensor& logits,
                                             const core::Tensor& targets,
-                                            core::DType grad_dtype = core::DType::kFloat32);
+                                            core::DType grad_dtype = core::DType::kFloat32,
+                                            bool defer_read = false);
 
 }  // namespace nn
 

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "core/op_profile.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nn/testing/gradcheck.h"
@@ -99,6 +100,38 @@ TEST(CrossEntropyTest, Bf16GradientIsTheRoundedFp32Gradient) {
   absl::StatusOr<LossResult> bad = CrossEntropyLoss(logits, targets, core::DType::kInt32);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("grad_dtype"));
+}
+
+// NOTE [Deferred loss]: the loss comes later, the same bits, and the host sync is recorded
+// where the read happens.
+TEST(CrossEntropyTest, ADeferredReadGivesTheSameLossWhenCalled) {
+  const core::Tensor logits = gradcheck::RandomTensor({3, 2, 5}, 9, 2.0f);
+  const core::Tensor targets = Ids({0, 4, 2, 1, 3, 3}, {3, 2});
+  absl::StatusOr<LossResult> now = CrossEntropyLoss(logits, targets);
+  ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_FALSE(now->read_loss);
+  core::OpProfile at_call, at_read;
+  absl::StatusOr<LossResult> later;
+  {
+    core::ScopedOpProfile on(&at_call);
+    later = CrossEntropyLoss(logits, targets, core::DType::kFloat32, /*defer_read=*/true);
+  }
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_TRUE(std::isnan(later->loss));
+  ASSERT_TRUE(later->read_loss);
+  EXPECT_EQ(later->grad.ToVector(), now->grad.ToVector());
+  absl::StatusOr<double> read;
+  {
+    core::ScopedOpProfile on(&at_read);
+    read = later->read_loss();
+  }
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(static_cast<float>(*read), now->loss);
+  auto syncs = [](const core::OpProfile& p) {
+    return p.Totals()[static_cast<int>(core::OpCategory::kHostSync)].ops;
+  };
+  EXPECT_EQ(syncs(at_call), 0);
+  EXPECT_EQ(syncs(at_read), 1);
 }
 
 TEST(MseTest, MatchesHandComputedValueAndGradient) {

@@ -1,6 +1,9 @@
 #include "nn/tensor_ops.h"
 
+#include <cmath>
 #include <cstring>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -612,8 +615,9 @@ absl::Status EmbeddingBackward(absl::string_view what, const Tensor& ids, const 
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> CrossEntropyForwardBackward(absl::string_view what, const Tensor& logits,
-                                                   const Tensor& targets, const Tensor& grad) {
+absl::StatusOr<double> CrossEntropyForwardBackward(
+    absl::string_view what, const Tensor& logits, const Tensor& targets, const Tensor& grad,
+    std::function<absl::StatusOr<double>()>* deferred) {
   RETURN_IF_ERROR(CheckDevices(what, {{"logits", &logits}, {"targets", &targets},
                                       {"gradient", &grad}}));
   RETURN_IF_ERROR(CheckDType(what, "logits", logits, DType::kFloat32));
@@ -630,9 +634,16 @@ absl::StatusOr<double> CrossEntropyForwardBackward(absl::string_view what, const
   }
   const int64_t V = logits.numel() / n;
   const double inv_n = 1.0 / static_cast<double>(n);
-  // The kernel, then the row losses' read back to the host (timed with the kernel).
-  RecordOp(OpCategory::kHostSync, "cross_entropy.loss_to_host",
-           core::OpCost{0, 8.0 * n, 0, core::OpEngine::kHostSync});
+  // The mean of the row losses, added in row order whatever the device or thread count.
+  auto mean = [inv_n](const std::vector<double>& rows) {
+    double total = 0.0;
+    for (double v : rows) total += v;
+    return total * inv_n;
+  };
+  const core::OpCost read_cost{0, 8.0 * n, 0, core::OpEngine::kHostSync};
+  // The row losses' read back to the host is the step's host sync, unless deferred
+  // (NOTE [Deferred loss]): then it is recorded where it happens.
+  if (deferred == nullptr) RecordOp(OpCategory::kHostSync, "cross_entropy.loss_to_host", read_cost);
   ProfiledOp op(OpCategory::kLoss, "cross_entropy", logits.device(),
                 internal::CrossEntropyCost(n, V, IsBf16(grad)));
   if (logits.device().is_cuda()) {
@@ -646,14 +657,23 @@ absl::StatusOr<double> CrossEntropyForwardBackward(absl::string_view what, const
         kc::CrossEntropy(F32(logits), targets.data<int32_t>(), n, V, inv_n, grad32,
                          static_cast<double*>(row_loss.raw_data()), grad16),
         what, "cross-entropy"));
-    std::vector<double> host(static_cast<size_t>(n));
-    RETURN_IF_ERROR(Launched(cudaMemcpy(host.data(), row_loss.raw_data(),
-                                        sizeof(double) * static_cast<size_t>(n),
-                                        cudaMemcpyDeviceToHost),
-                             what, "copy of the cross-entropy row losses to the host"));
-    double total = 0.0;
-    for (double v : host) total += v;
-    return total * inv_n;
+    auto read = [row_loss, n, mean, what = std::string(what)]() -> absl::StatusOr<double> {
+      RETURN_IF_ERROR(UseDevice(row_loss.device(), what));
+      std::vector<double> host(static_cast<size_t>(n));
+      RETURN_IF_ERROR(Launched(cudaMemcpy(host.data(), row_loss.raw_data(),
+                                          sizeof(double) * static_cast<size_t>(n),
+                                          cudaMemcpyDeviceToHost),
+                               what, "copy of the cross-entropy row losses to the host"));
+      return mean(host);
+    };
+    if (deferred != nullptr) {
+      *deferred = [read, read_cost]() -> absl::StatusOr<double> {
+        RecordOp(OpCategory::kHostSync, "cross_entropy.loss_to_host", read_cost);
+        return read();
+      };
+      return std::nan("");
+    }
+    return read();
 #else
     return NoCuda(logits.device(), what);
 #endif
@@ -661,9 +681,15 @@ absl::StatusOr<double> CrossEntropyForwardBackward(absl::string_view what, const
   std::vector<double> row_loss(static_cast<size_t>(n));
   kcpu::CrossEntropy(F32(logits), targets.data<int32_t>(), n, V, inv_n, grad32,
                      row_loss.data(), grad16);
-  double total = 0.0;  // in row order, whatever the thread count
-  for (double l : row_loss) total += l;
-  return total * inv_n;
+  const double loss = mean(row_loss);
+  if (deferred != nullptr) {
+    *deferred = [loss, read_cost]() -> absl::StatusOr<double> {
+      RecordOp(OpCategory::kHostSync, "cross_entropy.loss_to_host", read_cost);
+      return loss;
+    };
+    return std::nan("");
+  }
+  return loss;
 }
 
 absl::Status ZeroTensor(absl::string_view what, const Tensor& t) {

@@ -26,6 +26,7 @@
 #define NN_TENSOR_OPS_H_
 
 #include <cstdint>
+#include <functional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -237,11 +238,13 @@ absl::Status EmbeddingBackward(absl::string_view what, const core::Tensor& ids,
 // Cross-entropy rows of logits [n, V] (fp32) with targets (int32, n, each in [0, V),
 // checked by the caller): writes grad = (softmax - onehot) / n ([n, V], fp32, or bf16
 // rounded once from the fp32 value) and returns the mean loss, on the host (one
-// synchronisation on CUDA).
-absl::StatusOr<double> CrossEntropyForwardBackward(absl::string_view what,
-                                                   const core::Tensor& logits,
-                                                   const core::Tensor& targets,
-                                                   const core::Tensor& grad);
+// synchronisation on CUDA). With `deferred` non-null it returns NaN instead and sets
+// *deferred to what reads the mean loss later, the same value (NOTE [Deferred loss] in
+// nn/losses.h): on CUDA the row losses stay on the device until it is called.
+absl::StatusOr<double> CrossEntropyForwardBackward(
+    absl::string_view what, const core::Tensor& logits, const core::Tensor& targets,
+    const core::Tensor& grad,
+    std::function<absl::StatusOr<double>()>* deferred = nullptr);
 
 // Sets every element of `t` to zero (asynchronously on CUDA).
 absl::Status ZeroTensor(absl::string_view what, const core::Tensor& t);
