@@ -27,7 +27,11 @@ CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, uint64_
 
 absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardImpl(const core::Tensor& x) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
-  RETURN_IF_ERROR(internal::CheckTensor(*this, x, core::DType::kFloat32, "input"));
+  // A bf16 input is one its producer stored for qkv's bf16 GEMM (NOTE [GEMM epilogues]).
+  const bool bf16_in = x.defined() && x.dtype() == core::DType::kBFloat16 &&
+                       qkv_->weight()->data.dtype() == core::DType::kBFloat16;
+  RETURN_IF_ERROR(internal::CheckTensor(
+      *this, x, bf16_in ? core::DType::kBFloat16 : core::DType::kFloat32, "input"));
   if (x.dim() != 3 || x.size(2) != n_embd_) {
     return internal::ModuleError(*this, absl::StrCat("input must be [B, T, ", n_embd_, "], got ",
                                                      core::ShapeToString(x.shape())));

@@ -513,6 +513,32 @@ TEST(CudaLayersTest, ColumnSumsSplitAcrossBlocksMatchCpuAndRepeatBitForBit) {
   }
 }
 
+// NOTE [GEMM epilogues]: LayerNorm (and residual + LayerNorm) storing its output bf16: the
+// device's value is the CPU's up to fp32 order, so at most one bf16 step apart.
+TEST(CudaLayersTest, LayerNormBf16OutputMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  const int64_t rows = 300, cols = 768, n = rows * cols;
+  const core::Tensor x = Normal({n}, 45), x2 = Normal({n}, 46);
+  const core::Tensor w = Normal({cols}, 47), b = Normal({cols}, 48);
+  for (bool add : {false, true}) {
+    SCOPED_TRACE(add ? "residual + LayerNorm" : "LayerNorm");
+    auto run = [&](const core::Device& d) {
+      core::Tensor y = To(core::Tensor::Zeros({n}, core::DType::kBFloat16), d);
+      core::Tensor xhat = To(core::Tensor::Zeros({n}), d), rstd = To(core::Tensor::Zeros({rows}), d);
+      core::Tensor h = To(core::Tensor::Zeros({n}), d);
+      const absl::Status s =
+          add ? AddLayerNormForward("ln", To(x, d), To(x2, d), To(w, d), To(b, d), 1e-5f, h, y,
+                                    xhat, rstd)
+              : LayerNormForward("ln", To(x, d), To(w, d), To(b, d), 1e-5f, y, xhat, rstd);
+      EXPECT_TRUE(s.ok()) << s;
+      return y.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value();
+    };
+    const core::Tensor cpu = run(core::Device::Cpu());
+    const core::Tensor gpu = run(kGpu);
+    EXPECT_LE(RelErr(Host(gpu), cpu.ToVector()), kBf16Unit);
+  }
+}
+
 // A bf16 input (a gradient an epilogue stored bf16) sums its widened values.
 TEST(CudaLayersTest, ColumnSumsOfABf16InputMatchCpu) {
   SKIP_WITHOUT_GPU();

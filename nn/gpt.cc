@@ -165,7 +165,12 @@ absl::StatusOr<core::Tensor> Gpt::ForwardImpl(const core::Tensor& tokens) {
   ASSIGN_OR_RETURN(core::Tensor x, internal::NewActivation({B, T, C}, tok.device()));
   RETURN_IF_ERROR(BiasAdd(internal::What(*this), tok, pos, x));
   ASSIGN_OR_RETURN(x, blocks_->Forward(x));
-  ASSIGN_OR_RETURN(x, ln_f_->Forward(x));
+  // NOTE [GEMM epilogues]: ln_f's output is the head's bf16 GEMM operand under bf16.
+  if (internal::Fusable(*ln_f_) && internal::Fusable(*lm_head_)) {
+    ASSIGN_OR_RETURN(x, ln_f_->ForwardForGemm(x));
+  } else {
+    ASSIGN_OR_RETURN(x, ln_f_->Forward(x));
+  }
   ASSIGN_OR_RETURN(core::Tensor logits, lm_head_->Forward(x));
   token_shape_ = tokens.shape();
   return logits;

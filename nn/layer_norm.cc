@@ -37,11 +37,26 @@ absl::Status LayerNorm::CheckForward(const core::Tensor& x) const {
   return absl::OkStatus();
 }
 
+core::DType LayerNorm::OutputDType(bool for_gemm) const {
+  return for_gemm && weight_->data.defined() && weight_->data.dtype() == core::DType::kBFloat16
+             ? core::DType::kBFloat16
+             : core::DType::kFloat32;
+}
+
 absl::StatusOr<core::Tensor> LayerNorm::ForwardImpl(const core::Tensor& x) {
+  return RunForward(x, /*for_gemm=*/false);
+}
+
+absl::StatusOr<core::Tensor> LayerNorm::ForwardForGemm(const core::Tensor& x) {
+  return RunForward(x, /*for_gemm=*/true);
+}
+
+absl::StatusOr<core::Tensor> LayerNorm::RunForward(const core::Tensor& x, bool for_gemm) {
   RETURN_IF_ERROR(CheckForward(x));
   const core::Device device = x.device();
   const int64_t rows = RowsOf(x.shape());
-  ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation(x.shape(), device));
+  ASSIGN_OR_RETURN(core::Tensor y,
+                   internal::NewActivation(x.shape(), device, OutputDType(for_gemm)));
   ASSIGN_OR_RETURN(core::Tensor xhat, internal::NewActivation(x.shape(), device));
   ASSIGN_OR_RETURN(core::Tensor rstd, internal::NewActivation({rows}, device));
   RETURN_IF_ERROR(LayerNormForward(internal::What(*this), x, weight_->data, bias_->data, eps_, y,
@@ -52,7 +67,7 @@ absl::StatusOr<core::Tensor> LayerNorm::ForwardImpl(const core::Tensor& x) {
 }
 
 absl::StatusOr<core::Tensor> LayerNorm::ForwardAdd(const core::Tensor& a, const core::Tensor& b,
-                                                   core::Tensor* sum) {
+                                                   core::Tensor* sum, bool for_gemm) {
   if (a.shape() != b.shape() || a.dtype() != core::DType::kFloat32 ||
       b.dtype() != core::DType::kFloat32) {
     return internal::ModuleError(
@@ -63,7 +78,8 @@ absl::StatusOr<core::Tensor> LayerNorm::ForwardAdd(const core::Tensor& a, const 
   const core::Device device = a.device();
   const int64_t rows = RowsOf(a.shape());
   ASSIGN_OR_RETURN(core::Tensor h, internal::NewActivation(a.shape(), device));
-  ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation(a.shape(), device));
+  ASSIGN_OR_RETURN(core::Tensor y,
+                   internal::NewActivation(a.shape(), device, OutputDType(for_gemm)));
   ASSIGN_OR_RETURN(core::Tensor xhat, internal::NewActivation(a.shape(), device));
   ASSIGN_OR_RETURN(core::Tensor rstd, internal::NewActivation({rows}, device));
   RETURN_IF_ERROR(AddLayerNormForward(internal::What(*this), a, b, weight_->data, bias_->data,

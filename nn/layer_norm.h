@@ -37,8 +37,12 @@ class LayerNorm : public core::Module {
   // and device, else InvalidArgument) and returns what Forward(sum) returns, with its
   // checks and cache. BackwardAdd(g, residual) returns residual + Backward(g) (residual
   // fp32 of g's shape on its device), adding the same parameter gradients.
+  // With for_gemm, the output is stored bf16 when the weight is bf16 (its consumer is a
+  // bf16 GEMM that would round it anyway: NOTE [GEMM epilogues] in nn/tensor_ops.h);
+  // ForwardForGemm(x) is Forward(x) so.
   absl::StatusOr<core::Tensor> ForwardAdd(const core::Tensor& a, const core::Tensor& b,
-                                          core::Tensor* sum);
+                                          core::Tensor* sum, bool for_gemm = false);
+  absl::StatusOr<core::Tensor> ForwardForGemm(const core::Tensor& x);
   absl::StatusOr<core::Tensor> BackwardAdd(const core::Tensor& grad_output,
                                            const core::Tensor& residual);
 
@@ -55,6 +59,10 @@ class LayerNorm : public core::Module {
  private:
   // Forward's checks of x and the parameters.
   absl::Status CheckForward(const core::Tensor& x) const;
+  // Forward, its output bf16 when `for_gemm` and the weight is bf16.
+  absl::StatusOr<core::Tensor> RunForward(const core::Tensor& x, bool for_gemm);
+  // The output's dtype for `for_gemm`.
+  core::DType OutputDType(bool for_gemm) const;
   // Backward (residual undefined) or BackwardAdd.
   absl::StatusOr<core::Tensor> RunBackward(const core::Tensor& grad_output,
                                            const core::Tensor& residual);

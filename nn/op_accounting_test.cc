@@ -10,6 +10,7 @@
 #include "nn/attention.h"
 #include "nn/linear.h"
 #include "nn/tensor_ops.h"
+#include "nn/transformer.h"
 
 namespace nn {
 namespace {
@@ -153,6 +154,35 @@ TEST(OpAccountingTest, ABf16AttentionRunsEveryGemmOnTensorCoresWithoutRoundingPa
   for (const OpRecord& r : profile.records()) {
     EXPECT_NE(r.name, "gemm.round_operand");
   }
+}
+
+// NOTE [GEMM epilogues]: in a bf16 block every GEMM operand that a LayerNorm, a GEMM or
+// the GELU produces is stored bf16 by its producer. What is still rounded by a pass of its
+// own: the attention output (the unfused core's value product writes fp32), the two
+// residual-stream gradients entering proj and mlp.proj, and the q, k, v gradient.
+TEST(OpAccountingTest, ABf16BlockRoundsOnlyWhatNoProducerStoresBf16) {
+  const int64_t B = 2, T = 4, C = 8, H = 2;
+  TransformerBlock block(C, H, 5);
+  for (const core::ParameterPtr& p : block.Parameters()) {
+    absl::StatusOr<core::Tensor> low =
+        p->data.ToDType(core::DType::kBFloat16, core::MemoryTag::kParam);
+    ASSERT_TRUE(low.ok());
+    p->data = *low;
+  }
+  core::OpProfile profile;
+  {
+    core::ScopedOpProfile on(&profile);
+    ASSERT_TRUE(block.Forward(Filled({B, T, C}, 0.0f)).ok());
+    ASSERT_TRUE(block.Backward(Filled({B, T, C}, 0.1f)).ok());
+  }
+  int converts = 0;
+  for (const OpRecord& r : profile.records()) {
+    if (r.category == OpCategory::kConvert) ++converts;
+    EXPECT_NE(r.name, "bias_add");
+    EXPECT_NE(r.name, "gelu.forward");
+    EXPECT_NE(r.name, "gelu.backward");
+  }
+  EXPECT_EQ(converts, 1 + 2 + 1);
 }
 
 // NOTE [Fused ops]: a fused op is one kernel on every device; it records one op that

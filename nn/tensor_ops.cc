@@ -254,7 +254,8 @@ absl::StatusOr<int64_t> CheckLayerNormForward(absl::string_view what, const Tens
                                                    " does not tile input ", x.ToString()));
   }
   const int64_t rows = x.numel() / cols;
-  RETURN_IF_ERROR(CheckDType(what, "output", y, DType::kFloat32));
+  // NOTE [GEMM epilogues]: a bf16 output is a bf16 GEMM's operand, stored so directly.
+  if (!IsBf16(y)) RETURN_IF_ERROR(CheckDType(what, "output", y, DType::kFloat32));
   RETURN_IF_ERROR(CheckDType(what, "normalised input", xhat, DType::kFloat32));
   RETURN_IF_ERROR(CheckDType(what, "rstd", rstd, DType::kFloat32));
   RETURN_IF_ERROR(CheckNumel(what, "output", y, x.numel()));
@@ -301,14 +302,16 @@ absl::Status LayerNormForward(absl::string_view what, const Tensor& x, const Ten
                               const Tensor& rstd) {
   ASSIGN_OR_RETURN(const int64_t rows, CheckLayerNormForward(what, x, w, b, y, xhat, rstd));
   ProfiledOp op(OpCategory::kNorm, "layernorm.forward", x.device(),
-                internal::LayerNormForwardCost(rows, w.numel(), core::DTypeSize(w.dtype())));
+                internal::LayerNormForwardCost(rows, w.numel(), core::DTypeSize(w.dtype()),
+                                               /*add=*/false, core::DTypeSize(y.dtype())));
   if (x.device().is_cuda()) {
     NN_ON_CUDA(x.device(), what, "LayerNorm forward",
                kc::LayerNormForward(F32(x), w.raw_data(), b.raw_data(), IsBf16(w), eps,
-                                      MutF32(y), MutF32(xhat), MutF32(rstd), rows, w.numel()));
+                                    y.raw_data(), MutF32(xhat), MutF32(rstd), rows, w.numel(),
+                                    IsBf16(y)));
   }
-  kcpu::LayerNormForward(F32(x), w.raw_data(), b.raw_data(), IsBf16(w), eps, MutF32(y),
-                         MutF32(xhat), MutF32(rstd), rows, w.numel());
+  kcpu::LayerNormForward(F32(x), w.raw_data(), b.raw_data(), IsBf16(w), eps, y.raw_data(),
+                         MutF32(xhat), MutF32(rstd), rows, w.numel(), IsBf16(y));
   return absl::OkStatus();
 }
 
@@ -325,15 +328,16 @@ absl::Status AddLayerNormForward(absl::string_view what, const Tensor& a, const 
   }
   ProfiledOp op(OpCategory::kNorm, "add_layernorm.forward", a.device(),
                 internal::LayerNormForwardCost(rows, w.numel(), core::DTypeSize(w.dtype()),
-                                               /*add=*/true));
+                                               /*add=*/true, core::DTypeSize(y.dtype())));
   if (a.device().is_cuda()) {
     NN_ON_CUDA(a.device(), what, "residual + LayerNorm forward",
                kc::AddLayerNormForward(F32(a), F32(b), MutF32(h), w.raw_data(), bias.raw_data(),
-                                       IsBf16(w), eps, MutF32(y), MutF32(xhat), MutF32(rstd),
-                                       rows, w.numel()));
+                                       IsBf16(w), eps, y.raw_data(), MutF32(xhat), MutF32(rstd),
+                                       rows, w.numel(), IsBf16(y)));
   }
   kcpu::AddLayerNormForward(F32(a), F32(b), MutF32(h), w.raw_data(), bias.raw_data(), IsBf16(w),
-                            eps, MutF32(y), MutF32(xhat), MutF32(rstd), rows, w.numel());
+                            eps, y.raw_data(), MutF32(xhat), MutF32(rstd), rows, w.numel(),
+                            IsBf16(y));
   return absl::OkStatus();
 }
 

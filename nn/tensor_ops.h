@@ -116,8 +116,9 @@ absl::Status AccumulateColumnSums(absl::string_view what, const core::Tensor& x,
                                   const core::Tensor& y, const core::Tensor& acc);
 
 // LayerNorm over the last dimension C = w.numel() of x ([rows, C]): y = xhat * w + b with
-// xhat = (x - mean) * rstd, rstd = 1 / sqrt(var + eps). Writes y and xhat (fp32, x's
-// numel) and rstd (fp32, `rows` elements) for the backward. w, b fp32 or bf16.
+// xhat = (x - mean) * rstd, rstd = 1 / sqrt(var + eps). Writes y (fp32, or bf16 rounded
+// once for a bf16 GEMM that takes it: NOTE [GEMM epilogues]) and xhat (fp32, x's numel)
+// and rstd (fp32, `rows` elements) for the backward. w, b fp32 or bf16.
 absl::Status LayerNormForward(absl::string_view what, const core::Tensor& x,
                               const core::Tensor& w, const core::Tensor& b, float eps,
                               const core::Tensor& y, const core::Tensor& xhat,

@@ -266,6 +266,30 @@ TEST(GemmEpilogueTest, MissingOrMisfitArgumentsAreInvalidArgumentNamingThem) {
   for (float v : e.c.ToVector()) EXPECT_EQ(v, 0.0f);
 }
 
+// NOTE [GEMM epilogues]: a bf16 LayerNorm output holds the fp32 output rounded once, and
+// the statistics are those of the fp32 call.
+TEST(TensorOpsTest, LayerNormsBf16OutputIsTheFp32OutputRoundedOnce) {
+  const int64_t rows = 5, cols = 24, n = rows * cols;
+  const core::Tensor x = Normal(n, 31), x2 = Normal(n, 32);
+  const core::Tensor w = Normal(cols, 33), b = Normal(cols, 34);
+  auto run = [&](core::DType dtype, bool add) {
+    core::Tensor y = core::Tensor::Zeros({n}, dtype), xhat = core::Tensor::Zeros({n});
+    core::Tensor rstd = core::Tensor::Zeros({rows}), h = core::Tensor::Zeros({n});
+    const absl::Status s = add ? AddLayerNormForward("ln_2", x, x2, w, b, 1e-5f, h, y, xhat, rstd)
+                               : LayerNormForward("ln_1", x, w, b, 1e-5f, y, xhat, rstd);
+    EXPECT_TRUE(s.ok()) << s;
+    return std::vector<std::vector<float>>{Widened(y), xhat.ToVector(), rstd.ToVector()};
+  };
+  for (bool add : {false, true}) {
+    SCOPED_TRACE(add ? "residual + LayerNorm" : "LayerNorm");
+    const auto fp32 = run(core::DType::kFloat32, add);
+    const auto bf16 = run(core::DType::kBFloat16, add);
+    EXPECT_EQ(bf16[0], RoundedToBf16(fp32[0]));
+    EXPECT_EQ(bf16[1], fp32[1]);
+    EXPECT_EQ(bf16[2], fp32[2]);
+  }
+}
+
 TEST(TensorOpsTest, ColumnSumsOfABf16InputAreThoseOfItsWidenedValues) {
   const core::Tensor x = Normal(5 * 4, 21);
   absl::StatusOr<core::Tensor> x16 = x.ToDType(core::DType::kBFloat16, core::MemoryTag::kActivation);

@@ -85,13 +85,21 @@ TransformerBlock::TransformerBlock(int64_t n_embd, int64_t n_head, uint64_t seed
 }
 
 absl::StatusOr<core::Tensor> TransformerBlock::ForwardImpl(const core::Tensor& x) {
-  ASSIGN_OR_RETURN(core::Tensor a, ln_1_->Forward(x));
+  // NOTE [GEMM epilogues]: a LayerNorm whose output goes straight into attention's or the
+  // MLP's first GEMM stores it bf16 under bf16 weights, when nothing can observe the
+  // difference (no hooks on either side).
+  core::Tensor a;
+  if (internal::Fusable(*ln_1_) && internal::Fusable(*attn_)) {
+    ASSIGN_OR_RETURN(a, ln_1_->ForwardForGemm(x));
+  } else {
+    ASSIGN_OR_RETURN(a, ln_1_->Forward(x));
+  }
   ASSIGN_OR_RETURN(a, attn_->Forward(a));
   core::Tensor h;
   core::Tensor m;
   if (internal::Fusable(*ln_2_)) {
     // NOTE [Fused layers]: h = x + a and ln_2(h) in one pass.
-    ASSIGN_OR_RETURN(m, ln_2_->ForwardAdd(x, a, &h));
+    ASSIGN_OR_RETURN(m, ln_2_->ForwardAdd(x, a, &h, /*for_gemm=*/internal::Fusable(*mlp_)));
   } else {
     ASSIGN_OR_RETURN(h, Add(*this, x, a));
     ASSIGN_OR_RETURN(m, ln_2_->Forward(h));

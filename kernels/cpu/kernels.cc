@@ -151,9 +151,9 @@ FSDP_CPU_CLONES void ColumnSumsLoop(const float* FSDP_RESTRICT x, const float* F
 }
 
 // One row of LayerNorm: y, xhat from x; returns rstd.
-template <typename W>
+template <typename W, typename Y>
 FSDP_CPU_INLINE float LayerNormRow(const float* FSDP_RESTRICT xr, const W* FSDP_RESTRICT w,
-                                   const W* FSDP_RESTRICT b, float eps, float* FSDP_RESTRICT yr,
+                                   const W* FSDP_RESTRICT b, float eps, Y* FSDP_RESTRICT yr,
                                    float* FSDP_RESTRICT hr, int64_t cols) {
   const float inv_cols = 1.0f / static_cast<float>(cols);
   const float sum = k::LaneSum<float>(cols, [&](int64_t j) { return xr[j]; });
@@ -164,16 +164,18 @@ FSDP_CPU_INLINE float LayerNormRow(const float* FSDP_RESTRICT xr, const W* FSDP_
   });
   const float inv = k::LayerNormRstd(sq * inv_cols, eps);
 #pragma omp simd
-  for (int64_t j = 0; j < cols; ++j) yr[j] = k::LayerNormApply(xr[j], mean, inv, w, b, j, &hr[j]);
+  for (int64_t j = 0; j < cols; ++j) {
+    k::Store(yr, j, k::LayerNormApply(xr[j], mean, inv, w, b, j, &hr[j]));
+  }
   return inv;
 }
 
 // LayerNorm of `rows` rows of x; with `add` non-null, of x + add, written to `sum` first
 // (NOTE [Fused ops]; sum may be x or add).
-template <typename W>
+template <typename W, typename Y>
 FSDP_CPU_INLINE void LayerNormRows(const float* x, const float* add, float* sum,
                                    const W* FSDP_RESTRICT w, const W* FSDP_RESTRICT b, float eps,
-                                   float* FSDP_RESTRICT y, float* FSDP_RESTRICT xhat,
+                                   Y* FSDP_RESTRICT y, float* FSDP_RESTRICT xhat,
                                    float* FSDP_RESTRICT rstd, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
@@ -187,16 +189,18 @@ FSDP_CPU_INLINE void LayerNormRows(const float* x, const float* add, float* sum,
     rstd[r] = LayerNormRow(xr, w, b, eps, y + r * cols, xhat + r * cols, cols);
   }
 }
-FSDP_CPU_CLONES void LayerNormLoop(const float* x, const float* add, float* sum, const float* w,
-                                   const float* b, float eps, float* y, float* xhat, float* rstd,
-                                   int64_t rows, int64_t cols) {
-  LayerNormRows(x, add, sum, w, b, eps, y, xhat, rstd, rows, cols);
-}
-FSDP_CPU_CLONES void LayerNormLoop(const float* x, const float* add, float* sum,
-                                   const uint16_t* w, const uint16_t* b, float eps, float* y,
-                                   float* xhat, float* rstd, int64_t rows, int64_t cols) {
-  LayerNormRows(x, add, sum, w, b, eps, y, xhat, rstd, rows, cols);
-}
+// y fp32 or bf16 (NOTE [GEMM epilogues]: an output whose consumer is a bf16 GEMM).
+#define FSDP_LAYER_NORM_LOOP(W, Y)                                                            \
+  FSDP_CPU_CLONES void LayerNormLoop(const float* x, const float* add, float* sum, const W* w, \
+                                     const W* b, float eps, Y* y, float* xhat, float* rstd,   \
+                                     int64_t rows, int64_t cols) {                            \
+    LayerNormRows(x, add, sum, w, b, eps, y, xhat, rstd, rows, cols);                         \
+  }
+FSDP_LAYER_NORM_LOOP(float, float)
+FSDP_LAYER_NORM_LOOP(uint16_t, float)
+FSDP_LAYER_NORM_LOOP(float, uint16_t)
+FSDP_LAYER_NORM_LOOP(uint16_t, uint16_t)
+#undef FSDP_LAYER_NORM_LOOP
 
 // LayerNorm's input gradient for `rows` rows; with `residual` non-null, residual + it
 // (NOTE [Fused ops]).
@@ -359,14 +363,22 @@ void AddSums(const std::vector<double>& sums, float* acc) {
 
 // LayerNorm of x, or of x + add written to sum when add is non-null.
 void LayerNormRowsParallel(const float* x, const float* add, float* sum, const void* w,
-                           const void* b, bool bf16, float eps, float* y, float* xhat,
+                           const void* b, bool bf16, float eps, void* y, bool y_bf16, float* xhat,
                            float* rstd, int64_t rows, int64_t cols) {
   WithWeight(w, bf16, [&](const auto* wp) {
     const auto* bp = static_cast<decltype(wp)>(b);
     ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
       const int64_t o = s * cols;
-      LayerNormLoop(x + o, add != nullptr ? add + o : nullptr, sum != nullptr ? sum + o : nullptr,
-                    wp, bp, eps, y + o, xhat + o, rstd + s, e - s, cols);
+      const float* xo = x + o;
+      const float* ao = add != nullptr ? add + o : nullptr;
+      float* so = sum != nullptr ? sum + o : nullptr;
+      if (y_bf16) {
+        LayerNormLoop(xo, ao, so, wp, bp, eps, static_cast<uint16_t*>(y) + o, xhat + o, rstd + s,
+                      e - s, cols);
+      } else {
+        LayerNormLoop(xo, ao, so, wp, bp, eps, static_cast<float*>(y) + o, xhat + o, rstd + s,
+                      e - s, cols);
+      }
     });
   });
 }
@@ -454,8 +466,9 @@ void GemmEpilogue(const float* acc, int kind, const void* bias, bool bias_bf16, 
 }
 
 void LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps,
-                      float* y, float* xhat, float* rstd, int64_t rows, int64_t cols) {
-  LayerNormRowsParallel(x, nullptr, nullptr, w, b, bf16, eps, y, xhat, rstd, rows, cols);
+                      void* y, float* xhat, float* rstd, int64_t rows, int64_t cols,
+                      bool y_bf16) {
+  LayerNormRowsParallel(x, nullptr, nullptr, w, b, bf16, eps, y, y_bf16, xhat, rstd, rows, cols);
 }
 
 void LayerNormBackwardInput(const float* g, const float* xhat, const float* rstd, const void* w,
@@ -511,9 +524,9 @@ void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int
 }
 
 void AddLayerNormForward(const float* a, const float* b, float* sum, const void* w,
-                         const void* bias, bool bf16, float eps, float* y, float* xhat,
-                         float* rstd, int64_t rows, int64_t cols) {
-  LayerNormRowsParallel(a, b, sum, w, bias, bf16, eps, y, xhat, rstd, rows, cols);
+                         const void* bias, bool bf16, float eps, void* y, float* xhat,
+                         float* rstd, int64_t rows, int64_t cols, bool y_bf16) {
+  LayerNormRowsParallel(a, b, sum, w, bias, bf16, eps, y, y_bf16, xhat, rstd, rows, cols);
 }
 
 void LayerNormBackwardInputAdd(const float* g, const float* xhat, const float* rstd,

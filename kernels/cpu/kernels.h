@@ -43,9 +43,11 @@ void ColumnSumsBf16(const uint16_t* x, float* acc, int64_t rows, int64_t cols);
 // null otherwise.
 void GemmEpilogue(const float* acc, int kind, const void* bias, bool bias_bf16, void* aux,
                   void* out, bool out_bf16, int64_t rows, int64_t cols);
-// LayerNorm of each row of x [rows, cols]: y, xhat [rows, cols], rstd [rows].
+// LayerNorm of each row of x [rows, cols]: y, xhat [rows, cols], rstd [rows]; y bf16
+// (each value rounded once) when y_bf16, else fp32.
 void LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps,
-                      float* y, float* xhat, float* rstd, int64_t rows, int64_t cols);
+                      void* y, float* xhat, float* rstd, int64_t rows, int64_t cols,
+                      bool y_bf16 = false);
 // LayerNorm's input gradient gx from g, xhat, rstd and w (the parameter gradients are
 // ColumnSums of g * xhat and of g).
 void LayerNormBackwardInput(const float* g, const float* xhat, const float* rstd, const void* w,
@@ -119,8 +121,8 @@ void RotaryPackQkvBackward(const float* gqkv, const float* cos, const float* sin
 // sum = Add(a, b), then LayerNormForward(sum, ...); sum may be a or b; y and xhat must be
 // none of a, b, sum.
 void AddLayerNormForward(const float* a, const float* b, float* sum, const void* w,
-                         const void* bias, bool bf16, float eps, float* y, float* xhat,
-                         float* rstd, int64_t rows, int64_t cols);
+                         const void* bias, bool bf16, float eps, void* y, float* xhat,
+                         float* rstd, int64_t rows, int64_t cols, bool y_bf16 = false);
 // gx = residual + LayerNormBackwardInput(g, ...); gx must not be residual.
 void LayerNormBackwardInputAdd(const float* g, const float* xhat, const float* rstd,
                                const void* w, bool bf16, const float* residual, float* gx,

@@ -199,9 +199,9 @@ __global__ void ColumnSumsFinishKernel(const float* partial, float* acc, int64_t
 
 // LayerNorm of the rows of x, or of x + x2 when x2 is not null (residual + LayerNorm, the
 // sum written to `sum`, which may be x or x2: each lane reads and writes its own elements).
-template <typename W>
+template <typename W, typename Y>
 __global__ void LayerNormForwardKernel(const float* x, const float* x2, float* sum_out,
-                                       const W* w, const W* b, float eps, float* y, float* xhat,
+                                       const W* w, const W* b, float eps, Y* y, float* xhat,
                                        float* rstd, int64_t rows, int64_t cols) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
@@ -219,13 +219,13 @@ __global__ void LayerNormForwardKernel(const float* x, const float* x2, float* s
   }
   const float var = WarpSum(sq) / static_cast<float>(cols);
   const float r = k::LayerNormRstd(var, eps);
-  float* yr = y + row * cols;
+  Y* yr = y + row * cols;
   float* hr = xhat + row * cols;
   float* sr = sum_out != nullptr ? sum_out + row * cols : nullptr;
   for (int64_t j = lane; j < cols; j += 32) {
     const float v = in(j);
     if (sr != nullptr) sr[j] = v;
-    yr[j] = k::LayerNormApply(v, mean, r, w, b, j, &hr[j]);
+    k::Store(yr, j, k::LayerNormApply(v, mean, r, w, b, j, &hr[j]));
   }
   if (lane == 0) rstd[row] = r;
 }
@@ -514,17 +514,23 @@ cudaError_t GemmEpilogue(const float* acc, int kind, const void* bias, bool bias
 namespace {
 
 cudaError_t LayerNormForwardLaunch(const float* x, const float* x2, float* sum, const void* w,
-                                   const void* b, bool bf16, float eps, float* y, float* xhat,
-                                   float* rstd, int64_t rows, int64_t cols) {
+                                   const void* b, bool bf16, float eps, void* y, bool y_bf16,
+                                   float* xhat, float* rstd, int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
+  auto launch = [&](const auto* wp) {
+    const auto* bp = static_cast<decltype(wp)>(b);
+    if (y_bf16) {
+      LayerNormForwardKernel<<<GridForRows(rows), kThreads>>>(
+          x, x2, sum, wp, bp, eps, static_cast<uint16_t*>(y), xhat, rstd, rows, cols);
+    } else {
+      LayerNormForwardKernel<<<GridForRows(rows), kThreads>>>(
+          x, x2, sum, wp, bp, eps, static_cast<float*>(y), xhat, rstd, rows, cols);
+    }
+  };
   if (bf16) {
-    LayerNormForwardKernel<<<GridForRows(rows), kThreads>>>(
-        x, x2, sum, static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(b), eps, y,
-        xhat, rstd, rows, cols);
+    launch(static_cast<const uint16_t*>(w));
   } else {
-    LayerNormForwardKernel<<<GridForRows(rows), kThreads>>>(
-        x, x2, sum, static_cast<const float*>(w), static_cast<const float*>(b), eps, y, xhat,
-        rstd, rows, cols);
+    launch(static_cast<const float*>(w));
   }
   return cudaGetLastError();
 }
@@ -546,14 +552,16 @@ cudaError_t LayerNormBackwardInputLaunch(const float* g, const float* xhat, cons
 }  // namespace
 
 cudaError_t LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps,
-                             float* y, float* xhat, float* rstd, int64_t rows, int64_t cols) {
-  return LayerNormForwardLaunch(x, nullptr, nullptr, w, b, bf16, eps, y, xhat, rstd, rows, cols);
+                             void* y, float* xhat, float* rstd, int64_t rows, int64_t cols,
+                             bool y_bf16) {
+  return LayerNormForwardLaunch(x, nullptr, nullptr, w, b, bf16, eps, y, y_bf16, xhat, rstd, rows,
+                                cols);
 }
 
 cudaError_t AddLayerNormForward(const float* a, const float* b, float* sum, const void* w,
-                                const void* bias, bool bf16, float eps, float* y, float* xhat,
-                                float* rstd, int64_t rows, int64_t cols) {
-  return LayerNormForwardLaunch(a, b, sum, w, bias, bf16, eps, y, xhat, rstd, rows, cols);
+                                const void* bias, bool bf16, float eps, void* y, float* xhat,
+                                float* rstd, int64_t rows, int64_t cols, bool y_bf16) {
+  return LayerNormForwardLaunch(a, b, sum, w, bias, bf16, eps, y, y_bf16, xhat, rstd, rows, cols);
 }
 
 cudaError_t LayerNormBackwardInput(const float* g, const float* xhat, const float* rstd,

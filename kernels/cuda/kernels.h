@@ -41,9 +41,10 @@ cudaError_t ColumnSumsBf16(const uint16_t* x, float* acc, int64_t rows, int64_t 
 // plainly, for the problems its own epilogues do not take; arguments as the CPU launcher's.
 cudaError_t GemmEpilogue(const float* acc, int kind, const void* bias, bool bias_bf16, void* aux,
                          void* out, bool out_bf16, int64_t rows, int64_t cols);
-// One warp per row of x [rows, cols]: y, xhat [rows, cols], rstd [rows].
+// One warp per row of x [rows, cols]: y (bf16 when y_bf16), xhat [rows, cols], rstd [rows].
 cudaError_t LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps,
-                             float* y, float* xhat, float* rstd, int64_t rows, int64_t cols);
+                             void* y, float* xhat, float* rstd, int64_t rows, int64_t cols,
+                             bool y_bf16 = false);
 // One warp per row: gx from g, xhat, rstd and w.
 cudaError_t LayerNormBackwardInput(const float* g, const float* xhat, const float* rstd,
                                    const void* w, bool bf16, float* gx, int64_t rows,
@@ -52,8 +53,8 @@ cudaError_t LayerNormBackwardInput(const float* g, const float* xhat, const floa
 // launchers' arguments (kernels/cpu/kernels.h): sum = a + b then its LayerNorm (sum may be
 // a or b); gx = residual + the LayerNorm input gradient.
 cudaError_t AddLayerNormForward(const float* a, const float* b, float* sum, const void* w,
-                                const void* bias, bool bf16, float eps, float* y, float* xhat,
-                                float* rstd, int64_t rows, int64_t cols);
+                                const void* bias, bool bf16, float eps, void* y, float* xhat,
+                                float* rstd, int64_t rows, int64_t cols, bool y_bf16 = false);
 cudaError_t LayerNormBackwardInputAdd(const float* g, const float* xhat, const float* rstd,
                                       const void* w, bool bf16, const float* residual, float* gx,
                                       int64_t rows, int64_t cols);

@@ -148,6 +148,9 @@ using GemmKey = std::array<int64_t, 20>;
 // just before the matmul that uses them.
 struct CachedGemm {
   bool has_algo = false;
+  // Set when cublasLtMatmul refused the algorithm the heuristic offered for an epilogue or
+  // a bf16 output: later calls take the fallback at once.
+  mutable std::atomic<bool> refused{false};
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo;
@@ -369,7 +372,7 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
       gemm = it->second;
     }
   }
-  if (!gemm->has_algo) {
+  if (!gemm->has_algo || gemm->refused.load()) {
     if (!plain) {
       return absl::UnimplementedError(
           absl::StrCat(where, ": no cuBLASLt algorithm with this epilogue or output type"));
@@ -389,12 +392,17 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
                                        &ep.aux, sizeof(ep.aux)),
         where));
   }
-  RETURN_IF_ERROR(StatusFromCublas(
+  const cublasStatus_t ran =
       cublasLtMatmul(ctx->handle, gemm->op, &alpha, b.ptr, gemm->a, a.ptr, gemm->b, &beta, c.ptr,
                      gemm->c, const_cast<void*>(c.ptr), gemm->c, &gemm->algo, ctx->workspace,
-                     static_cast<size_t>(ctx->workspace_bytes), /*stream=*/0),
-      where));
-  return absl::OkStatus();
+                     static_cast<size_t>(ctx->workspace_bytes), /*stream=*/0);
+  if (!plain && (ran == CUBLAS_STATUS_NOT_SUPPORTED || ran == CUBLAS_STATUS_INVALID_VALUE)) {
+    // Checked before anything is queued: nothing ran, the caller's fallback runs instead.
+    gemm->refused.store(true);
+    return absl::UnimplementedError(
+        absl::StrCat(where, ": cuBLASLt refused the epilogue or output type"));
+  }
+  return StatusFromCublas(ran, where);
 }
 
 }  // namespace cuda

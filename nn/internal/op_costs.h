@@ -46,9 +46,10 @@ inline core::OpCost ColumnSumsCost(int64_t rows, int64_t cols, bool two_factors,
 // Reads x, writes y and xhat (and rstd per row); about 8 operations per element. The
 // fused residual + LayerNorm also reads the second operand and writes the sum.
 inline core::OpCost LayerNormForwardCost(int64_t rows, int64_t cols, int64_t w_bytes,
-                                         bool add = false) {
-  return core::OpCost::Memory((add ? 20.0 : 12.0) * rows * cols + 4.0 * rows +
-                                  2.0 * w_bytes * cols,
+                                         bool add = false, int64_t y_bytes = 4) {
+  return core::OpCost::Memory((add ? 20.0 : 12.0) * rows * cols -
+                                  (4.0 - static_cast<double>(y_bytes)) * rows * cols +
+                                  4.0 * rows + 2.0 * w_bytes * cols,
                               (add ? 9.0 : 8.0) * rows * cols);
 }
 
