@@ -157,6 +157,25 @@ INSTANTIATE_TEST_SUITE_P(AllTransposes, CudaGemmTest,
                          ::testing::Values(GemmCase{false, false}, GemmCase{false, true},
                                            GemmCase{true, false}, GemmCase{true, true}));
 
+// A Linear's forward GEMM on `device`: C [m, n] (zeros, c_dtype) = x [m, k] w [n, k]^T with
+// the epilogue, its bias and aux (either may be undefined), copied there.
+GemmArgs LinearGemmOn(const core::Device& device, int64_t m, int64_t n, int64_t k,
+                      const core::Tensor& x, const core::Tensor& w, core::DType c_dtype,
+                      GemmEpilogue epilogue, const core::Tensor& bias, const core::Tensor& aux) {
+  GemmArgs g;
+  g.trans_b = true;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a.tensor = To(x, device);
+  g.b.tensor = To(w, device);
+  g.c.tensor = To(core::Tensor::Zeros({m * n}, c_dtype), device);
+  g.epilogue = epilogue;
+  if (bias.defined()) g.bias = To(bias, device);
+  if (aux.defined()) g.aux = To(aux, device);
+  return g;
+}
+
 // NOTE [GEMM epilogues]: each epilogue, into fp32 and bf16 C, with bf16 and fp32 biases,
 // through cuBLASLt's epilogue and through the fallback kernel, against the CPU. The
 // product differs from the CPU's by fp32 summation order (kFp32Rel); cuBLASLt's GELU is
@@ -181,18 +200,12 @@ TEST(CudaGemmEpilogueTest, EachEpilogueMatchesTheCpuOnCublasLtAndOnTheFallbackKe
           const core::Tensor bias =
               bias16 ? b.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value() : b;
           const core::Tensor aux0 = saved.ToDType(c_dtype, core::MemoryTag::kOther).value();
+          const bool has_bias = e == GemmEpilogue::kBias || e == GemmEpilogue::kBiasGelu;
+          const bool has_aux = e == GemmEpilogue::kBiasGelu || e == GemmEpilogue::kDGelu;
           auto run = [&](const core::Device& device, const char* what) {
-            GemmArgs g;
-            g.trans_b = true;
-            g.m = m;
-            g.n = n;
-            g.k = k;
-            g.a.tensor = To(x16, device);
-            g.b.tensor = To(w16, device);
-            g.c.tensor = To(core::Tensor::Zeros({m * n}, c_dtype), device);
-            g.epilogue = e;
-            if (e == GemmEpilogue::kBias || e == GemmEpilogue::kBiasGelu) g.bias = To(bias, device);
-            if (e == GemmEpilogue::kBiasGelu || e == GemmEpilogue::kDGelu) g.aux = To(aux0, device);
+            GemmArgs g = LinearGemmOn(device, m, n, k, x16, w16, c_dtype, e,
+                                      has_bias ? bias : core::Tensor(),
+                                      has_aux ? aux0 : core::Tensor());
             const absl::Status s = MatMul(what, g);
             EXPECT_TRUE(s.ok()) << s;
             return g;
@@ -224,17 +237,8 @@ TEST(CudaGemmEpilogueTest, Fp32OperandsWithAnEpilogueMatchTheCpu) {
   const int64_t m = 9, n = 13, k = 7;  // n odd: no aux leading dimension cuBLASLt takes
   const core::Tensor x = Normal({m * k}, 71), w = Normal({n * k}, 72), b = Normal({n}, 73);
   auto run = [&](const core::Device& device) {
-    GemmArgs g;
-    g.trans_b = true;
-    g.m = m;
-    g.n = n;
-    g.k = k;
-    g.a.tensor = To(x, device);
-    g.b.tensor = To(w, device);
-    g.c.tensor = To(core::Tensor::Zeros({m * n}), device);
-    g.aux = To(core::Tensor::Zeros({m * n}), device);
-    g.bias = To(b, device);
-    g.epilogue = GemmEpilogue::kBiasGelu;
+    GemmArgs g = LinearGemmOn(device, m, n, k, x, w, core::DType::kFloat32,
+                              GemmEpilogue::kBiasGelu, b, core::Tensor::Zeros({m * n}));
     const absl::Status s = MatMul("fc", g);
     EXPECT_TRUE(s.ok()) << s;
     return g;

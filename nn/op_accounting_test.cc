@@ -10,6 +10,7 @@
 #include "nn/attention.h"
 #include "nn/linear.h"
 #include "nn/tensor_ops.h"
+#include "nn/to_device.h"
 #include "nn/transformer.h"
 
 namespace nn {
@@ -25,6 +26,15 @@ core::Tensor Filled(const core::Shape& shape, float start) {
   absl::StatusOr<core::Tensor> t = core::Tensor::FromVector(v, shape);
   EXPECT_TRUE(t.ok()) << t.status();
   return *t;
+}
+
+// Converts `m`'s parameters to bf16, then records one Forward and Backward of an input of
+// `shape` into `profile`.
+void ProfileBf16Step(core::Module& m, const core::Shape& shape, core::OpProfile* profile) {
+  ASSERT_TRUE(ConvertParameters(m, core::DType::kBFloat16).ok());
+  core::ScopedOpProfile on(profile);
+  ASSERT_TRUE(m.Forward(Filled(shape, 0.0f)).ok());
+  ASSERT_TRUE(m.Backward(Filled(shape, 0.1f)).ok());
 }
 
 std::vector<std::string> Names(const std::vector<OpRecord>& records) {
@@ -126,18 +136,8 @@ TEST(OpAccountingTest, ABf16AttentionRunsEveryGemmOnTensorCoresWithoutRoundingPa
   // itself.
   const int64_t B = 2, T = 4, C = 8, H = 2;
   CausalSelfAttention attn(C, H, 5);
-  for (const core::ParameterPtr& p : attn.Parameters()) {
-    absl::StatusOr<core::Tensor> low =
-        p->data.ToDType(core::DType::kBFloat16, core::MemoryTag::kParam);
-    ASSERT_TRUE(low.ok());
-    p->data = *low;
-  }
   core::OpProfile profile;
-  {
-    core::ScopedOpProfile on(&profile);
-    ASSERT_TRUE(attn.Forward(Filled({B, T, C}, 0.0f)).ok());
-    ASSERT_TRUE(attn.Backward(Filled({B, T, C}, 0.1f)).ok());
-  }
+  ProfileBf16Step(attn, {B, T, C}, &profile);
   int gemms = 0, converts = 0;
   for (const OpRecord& r : profile.records()) {
     if (r.category == OpCategory::kAttention && r.name == "matmul") {
@@ -163,18 +163,8 @@ TEST(OpAccountingTest, ABf16AttentionRunsEveryGemmOnTensorCoresWithoutRoundingPa
 TEST(OpAccountingTest, ABf16BlockRoundsOnlyWhatNoProducerStoresBf16) {
   const int64_t B = 2, T = 4, C = 8, H = 2;
   TransformerBlock block(C, H, 5);
-  for (const core::ParameterPtr& p : block.Parameters()) {
-    absl::StatusOr<core::Tensor> low =
-        p->data.ToDType(core::DType::kBFloat16, core::MemoryTag::kParam);
-    ASSERT_TRUE(low.ok());
-    p->data = *low;
-  }
   core::OpProfile profile;
-  {
-    core::ScopedOpProfile on(&profile);
-    ASSERT_TRUE(block.Forward(Filled({B, T, C}, 0.0f)).ok());
-    ASSERT_TRUE(block.Backward(Filled({B, T, C}, 0.1f)).ok());
-  }
+  ProfileBf16Step(block, {B, T, C}, &profile);
   int converts = 0;
   for (const OpRecord& r : profile.records()) {
     if (r.category == OpCategory::kConvert) ++converts;

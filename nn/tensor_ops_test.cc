@@ -147,8 +147,8 @@ EpilogueCase MakeEpilogueCase(int64_t m, int64_t n, int64_t k, core::DType c_dty
   return e;
 }
 
-absl::Status RunEpilogue(const EpilogueCase& e, int64_t m, int64_t n, int64_t k,
-                         GemmEpilogue epilogue) {
+// The case's GEMM, C = a w^T, without an epilogue.
+GemmArgs LinearGemm(const EpilogueCase& e, int64_t m, int64_t n, int64_t k) {
   GemmArgs g;
   g.trans_b = true;
   g.m = m;
@@ -157,6 +157,12 @@ absl::Status RunEpilogue(const EpilogueCase& e, int64_t m, int64_t n, int64_t k,
   g.a.tensor = e.a;
   g.b.tensor = e.w;
   g.c.tensor = e.c;
+  return g;
+}
+
+absl::Status RunEpilogue(const EpilogueCase& e, int64_t m, int64_t n, int64_t k,
+                         GemmEpilogue epilogue) {
+  GemmArgs g = LinearGemm(e, m, n, k);
   g.epilogue = epilogue;
   if (epilogue == GemmEpilogue::kBias || epilogue == GemmEpilogue::kBiasGelu) g.bias = e.bias;
   if (epilogue == GemmEpilogue::kBiasGelu || epilogue == GemmEpilogue::kDGelu) g.aux = e.aux;
@@ -225,14 +231,7 @@ TEST(GemmEpilogueTest, EachIsThePlainGemmThenTheUnfusedOpRoundedOnceForBf16) {
 TEST(GemmEpilogueTest, MissingOrMisfitArgumentsAreInvalidArgumentNamingThem) {
   const int64_t m = 4, n = 8, k = 3;
   EpilogueCase e = MakeEpilogueCase(m, n, k, core::DType::kFloat32);
-  GemmArgs g;
-  g.trans_b = true;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.a.tensor = e.a;
-  g.b.tensor = e.w;
-  g.c.tensor = e.c;
+  const GemmArgs g = LinearGemm(e, m, n, k);
   auto message = [&](const GemmArgs& args) {
     const absl::Status s = MatMul("blocks.0.mlp.fc (Linear)", args);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
