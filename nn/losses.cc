@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -132,10 +134,18 @@ absl::StatusOr<LossResult> CrossEntropyLoss(const core::Tensor& logits,
   LossResult r;
   ASSIGN_OR_RETURN(r.grad, core::Tensor::Allocate(ls, grad_dtype, core::MemoryTag::kActivation,
                                                   device));
+  std::function<absl::StatusOr<double>()> read;
   ASSIGN_OR_RETURN(double loss,
                    CrossEntropyForwardBackward("CrossEntropyLoss", logits, device_targets, r.grad,
-                                               defer_read ? &r.read_loss : nullptr));
+                                               defer_read ? &read : nullptr));
   r.loss = static_cast<float>(loss);
+  if (defer_read) {
+    // NOTE [Deferred loss]: the value `loss` would have held, rounded to float the same way.
+    r.read_loss = [read = std::move(read)]() -> absl::StatusOr<double> {
+      ASSIGN_OR_RETURN(const double mean, read());
+      return static_cast<double>(static_cast<float>(mean));
+    };
+  }
   return r;
 }
 

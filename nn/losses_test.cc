@@ -126,7 +126,7 @@ TEST(CrossEntropyTest, ADeferredReadGivesTheSameLossWhenCalled) {
     read = later->read_loss();
   }
   ASSERT_TRUE(read.ok()) << read.status();
-  EXPECT_EQ(static_cast<float>(*read), now->loss);
+  EXPECT_EQ(*read, static_cast<double>(now->loss));  // the same float, bit for bit
   auto syncs = [](const core::OpProfile& p) {
     return p.Totals()[static_cast<int>(core::OpCategory::kHostSync)].ops;
   };
