@@ -292,10 +292,12 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::ReduceScatter(
   if (auto s = worker_.CheckUsable(kind); !s.ok()) return s;
   const ReduceOp op = options.reduce_op;
   return Enqueue(kind, options.timeout, ExpectedTraffic(kind, input.nbytes(), size(), rank()),
-                 [this, input, output, op, unstage_to = options.unstage_to](
-                     uint32_t tag, std::chrono::milliseconds left) -> absl::Status {
+                 [this, input, output, op, unstage_to = options.unstage_to,
+                  into = options.accumulate_into](uint32_t tag,
+                                                  std::chrono::milliseconds left) -> absl::Status {
                    if (auto s = RunReduceScatter(input, output, op, tag, left); !s.ok()) return s;
-                   return StageOut(output, unstage_to);
+                   if (auto s = StageOut(output, unstage_to); !s.ok()) return s;
+                   return AccumulateOut(output, into);
                  });
 }
 

@@ -14,6 +14,7 @@
 #include "core/status_macros.h"
 #include "core/tensor.h"
 #include "glog/logging.h"
+#include "kernels/cuda/grad.h"
 
 namespace comm {
 namespace internal {
@@ -486,6 +487,7 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::ReduceScatter(
   if (OnHost({&input, &output})) {
     ReduceScatterOptions plain = options;
     plain.unstage_to = core::Tensor();
+    plain.accumulate_into = core::Tensor();
     ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
                      Staged({input, output}, options.timeout,
                             [&](const std::vector<core::Tensor>& d) {
@@ -493,6 +495,7 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::ReduceScatter(
                             }));
     RETURN_IF_ERROR(work->WaitHost(options.timeout));
     RETURN_IF_ERROR(StageOut(output, options.unstage_to));
+    RETURN_IF_ERROR(AccumulateOut(output, options.accumulate_into));
     return work;
   }
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&input, &output}, device_));
@@ -500,6 +503,15 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::ReduceScatter(
   const int64_t k = output.numel();
   std::vector<core::Tensor> keep = {input, output};
   if (options.unstage_to.defined()) keep.push_back(options.unstage_to);
+  if (options.accumulate_into.defined()) keep.push_back(options.accumulate_into);
+  // NOTE [Staged collectives]: accumulate_into += output on the stream, after the reduction.
+  auto accumulate = [&](cudaStream_t stream) -> absl::Status {
+    if (!options.accumulate_into.defined() || k == 0) return absl::OkStatus();
+    return ConvertStatus(
+        ::kernels::cuda::AddInto(options.accumulate_into.data<float>(), output.raw_data(),
+                                 output.dtype() == core::DType::kBFloat16, k, stream),
+        "adding the output into options.accumulate_into");
+  };
   core::Tensor wide_in, wide_out;
   const bool bf16 = input.dtype() == core::DType::kBFloat16;
   if (bf16 && k > 0) {
@@ -519,7 +531,8 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::ReduceScatter(
                                          NcclType(input.dtype()), NcclOp(options.reduce_op), comm,
                                          stream),
                        comm, deadline, "ncclReduceScatter"));
-                   return StageOutOnStream(output, options.unstage_to, stream);
+                   RETURN_IF_ERROR(StageOutOnStream(output, options.unstage_to, stream));
+                   return accumulate(stream);
                  }
                  RETURN_IF_ERROR(ConvertStatus(
                      cuda::Bf16ToFloat(input.raw_data(), wide_in.data<float>(), input.numel(), stream),
@@ -531,7 +544,8 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::ReduceScatter(
                  RETURN_IF_ERROR(ConvertStatus(
                      cuda::FloatToBf16(wide_out.data<float>(), output.raw_data(), k, stream),
                      "fp32 -> bf16"));
-                 return StageOutOnStream(output, options.unstage_to, stream);
+                 RETURN_IF_ERROR(StageOutOnStream(output, options.unstage_to, stream));
+                 return accumulate(stream);
                });
 }
 

@@ -198,6 +198,16 @@ TEST_F(NcclTest, StagedCollectivesCopyAndCastOnTheirStream) {
   rs.unstage_to = rs_host;
   ASSERT_TRUE(group_->ReduceScatter(rs_in, rs_out, rs).value()->WaitHost(kTimeout).ok());
   EXPECT_EQ(rs_host.ToVector(), (std::vector<float>{4, 5, 6}));
+  // accumulate_into: the output added into a device tensor on the stream (bf16 widened).
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    Tensor in = OnGpu({4, 5, 6}, dtype);
+    Tensor out = OnGpu({0, 0, 0}, dtype);
+    Tensor into = OnGpu({0.5f, -1, 2}, DType::kFloat32);
+    ReduceScatterOptions acc;
+    acc.accumulate_into = into;
+    ASSERT_TRUE(group_->ReduceScatter(in, out, acc).value()->WaitHost(kTimeout).ok());
+    EXPECT_EQ(ToHost(into), (std::vector<float>{4.5f, 4, 8})) << core::DTypeName(dtype);
+  }
   Tensor ar = OnGpu({7, 8}, DType::kBFloat16);
   Tensor ar_host = pinned({0, 0}, DType::kBFloat16);
   AllReduceOptions aro;

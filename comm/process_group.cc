@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/cpu/kernels.h"
 
 namespace comm {
 namespace {
@@ -193,7 +194,36 @@ absl::Status CheckUnstageTo(const ProcessGroup& group, CollectiveKind kind,
   return absl::OkStatus();
 }
 
+absl::Status CheckAccumulateInto(const ProcessGroup& group, CollectiveKind kind,
+                                 const core::Tensor& result, const ReduceScatterOptions& options) {
+  const core::Tensor& into = options.accumulate_into;
+  if (!into.defined()) return absl::OkStatus();
+  if (options.unstage_to.defined()) {
+    return Invalid(group, kind, "options.accumulate_into and options.unstage_to are exclusive");
+  }
+  if (into.numel() != result.numel() || into.dtype() != core::DType::kFloat32 ||
+      (result.dtype() != core::DType::kFloat32 && result.dtype() != core::DType::kBFloat16) ||
+      into.device() != result.device() || Overlap(into, result)) {
+    return Invalid(group, kind,
+                   absl::StrCat("options.accumulate_into ", Desc(into),
+                                " must be fp32 with the output's numel on its device, the output "
+                                "fp32 or bf16, and not overlap it: ", Desc(result)));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status AccumulateOut(const core::Tensor& result, const core::Tensor& accumulate_into) {
+  if (!accumulate_into.defined() || result.numel() == 0) return absl::OkStatus();
+  if (!result.device().is_cpu()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.accumulate_into on the host needs a host result, got ", Desc(result)));
+  }
+  kernels::cpu::AddInto(accumulate_into.data<float>(), result.raw_data(),
+                        result.dtype() == core::DType::kBFloat16, result.numel());
+  return absl::OkStatus();
+}
 
 absl::Status StageIn(const core::Tensor& input, const core::Tensor& stage_from) {
   if (!stage_from.defined() || input.numel() == 0) return absl::OkStatus();
@@ -254,6 +284,7 @@ absl::Status ValidateReduceScatter(const ProcessGroup& group, const core::Tensor
                                 (group.rank() + 1) * output.numel(), ") of the input)"));
   }
   if (auto s = CheckUnstageTo(group, kind, output, options.unstage_to); !s.ok()) return s;
+  if (auto s = CheckAccumulateInto(group, kind, output, options); !s.ok()) return s;
   return CheckReducible(group, kind, input.dtype(), options.reduce_op);
 }
 

@@ -51,7 +51,13 @@
 //   ReduceScatterOptions::unstage_to, AllReduceOptions::unstage_to: a host tensor of the
 //     result's numel and dtype the result is copied into once reduced; WaitHost returns
 //     once it is there (on CUDA, Wait only orders later device work).
-// The caller must not write stage_from nor touch unstage_to until the Work completes.
+//   ReduceScatterOptions::accumulate_into: an fp32 tensor of the output's numel on the
+//     output's device that the reduced output is added into (accumulate_into[i] +=
+//     output[i], a bf16 output widened exactly), the reduction's post-processing done
+//     off the caller's stream (FSDP adds a unit's reduced gradient into its gradient
+//     shard so). Not together with unstage_to.
+// The caller must not write stage_from nor touch unstage_to or accumulate_into until the
+// Work completes.
 // A bad one is InvalidArgument naming the option, like any argument.
 #ifndef COMM_PROCESS_GROUP_H_
 #define COMM_PROCESS_GROUP_H_
@@ -97,6 +103,8 @@ struct ReduceScatterOptions {
   absl::Duration timeout = kDefaultCollectiveTimeout;
   // NOTE [Staged collectives]: the host tensor the output is copied into when defined.
   core::Tensor unstage_to;
+  // NOTE [Staged collectives]: the fp32 tensor the output is added into when defined.
+  core::Tensor accumulate_into;
 };
 
 struct AllReduceOptions {
@@ -251,6 +259,9 @@ absl::StatusOr<SubgroupPlacement> PlaceInSubgroup(const ProcessGroup& group,
 // (converting), or `result` into `unstage_to`; OK when the option is undefined.
 absl::Status StageIn(const core::Tensor& input, const core::Tensor& stage_from);
 absl::Status StageOut(const core::Tensor& result, const core::Tensor& unstage_to);
+// accumulate_into += result (ReduceScatterOptions::accumulate_into) on the host; OK when it
+// is undefined.
+absl::Status AccumulateOut(const core::Tensor& result, const core::Tensor& accumulate_into);
 
 // InvalidArgument unless every tensor in `tensors` is on `device`.
 absl::Status ValidateDevice(const ProcessGroup& group, CollectiveKind kind,

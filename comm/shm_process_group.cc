@@ -124,9 +124,11 @@ absl::StatusOr<std::shared_ptr<Work>> ShmProcessGroup::ReduceScatter(
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&input, &output}, core::Device::Cpu()));
   return Enqueue(kind, options.timeout, ExpectedTraffic(kind, input.nbytes(), size(), rank()),
                  [c = collectives_.get(), input, output, reduce = options.reduce_op,
-                  unstage_to = options.unstage_to](const internal::QueuedOp& op) -> absl::Status {
+                  unstage_to = options.unstage_to,
+                  into = options.accumulate_into](const internal::QueuedOp& op) -> absl::Status {
                    RETURN_IF_ERROR(c->ReduceScatter(input, output, reduce, op));
-                   return StageOut(output, unstage_to);
+                   RETURN_IF_ERROR(StageOut(output, unstage_to));
+                   return AccumulateOut(output, into);
                  });
 }
 

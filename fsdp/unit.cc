@@ -317,7 +317,12 @@ absl::Status Unit::ReduceGradients() {
       absl::StatusOr<core::Tensor> staging = HostStaging(dtype);
       if (!staging.ok()) return Fail(staging.status());
       rs.unstage_to = *std::move(staging);
+    } else if (!flat_->shard_on_host() && groups_.replicate == nullptr) {
+      // The chunk's add into the gradient shard is the reduction's post-processing, done
+      // where it runs (on NCCL, its stream), not on the compute stream.
+      rs.accumulate_into = flat_->shard_grad();
     }
+    reduce_accumulates_ = rs.accumulate_into.defined();
     RecordCollective("reduce_scatter", reduce_input_, groups_.shard->size());
     absl::StatusOr<std::shared_ptr<comm::Work>> work =
         groups_.shard->ReduceScatter(reduce_input_, reduce_output_, rs);
@@ -418,6 +423,9 @@ absl::Status Unit::FinishReduction() {
       if (absl::Status s = staging->CopyFromAsync(reduce_output_); !s.ok()) return Fail(s);
     }
     host_add_pending_ = true;
+  } else if (reduce_accumulates_) {
+    // The reduce-scatter added it (its Work is complete, or on CUDA ordered before what
+    // the compute stream runs next).
   } else if (absl::Status s = internal::AddInto(flat_->shard_grad(), reduce_output_,
                                                 "fsdp unit " + label_);
              !s.ok()) {
@@ -426,6 +434,7 @@ absl::Status Unit::FinishReduction() {
   reduce_input_ = core::Tensor();
   reduce_output_ = core::Tensor();
   reduce_pending_ = false;
+  reduce_accumulates_ = false;
   return absl::OkStatus();
 }
 

@@ -247,6 +247,9 @@ class Unit {
   // Pending reduction: its work, its input (which keeps the full gradient alive) and
   // output (the reduced gradient chunk).
   bool reduce_pending_ = false;
+  // The pending reduce-scatter adds its chunk into the gradient shard itself, on its
+  // stream (comm::ReduceScatterOptions::accumulate_into), so FinishReduction only waits.
+  bool reduce_accumulates_ = false;
   std::shared_ptr<comm::Work> reduce_work_;
   core::Tensor reduce_input_;
   core::Tensor reduce_output_;

@@ -301,6 +301,48 @@ TEST_P(ProcessGroupConformanceTest, StagedCollectivesCopyInAndOut) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// NOTE [Staged collectives]: ReduceScatterOptions::accumulate_into gets the reduced output
+// added to what it held (fp32, a bf16 output widened), where the collective runs.
+TEST_P(ProcessGroupConformanceTest, ReduceScatterAccumulatesIntoATensor) {
+  absl::Status s = RunRanks([&](RankContext& ctx) -> absl::Status {
+    const int n = ctx.world_size;
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      for (int64_t k : {0, 5, 4099}) {
+        Tensor in = FilledTensor(n * k, dtype, [&](int64_t j) { return Small(ctx.rank, j); });
+        Tensor out = Tensor::Zeros({k}, dtype);
+        Tensor into = FilledTensor(k, DType::kFloat32, [](int64_t i) { return 0.5f * i - 3.0f; });
+        ReduceScatterOptions rs;
+        rs.accumulate_into = into;
+        RETURN_IF_ERROR(Finish(ctx.group->ReduceScatter(in, out, rs)));
+        for (int64_t i = 0; i < k; ++i) {
+          const float want = (0.5f * i - 3.0f) + ElementAt(out, i);
+          if (into.data<float>()[i] != want) {
+            return absl::InternalError(absl::StrCat("accumulate_into ", DTypeName(dtype),
+                                                    " element ", i, " is ", into.data<float>()[i],
+                                                    ", want ", want));
+          }
+        }
+      }
+    }
+    // Misfits are refused, naming the option: a bf16 target, a short one, with unstage_to.
+    Tensor in = Tensor::Zeros({4 * n});
+    Tensor out = Tensor::Zeros({4});
+    for (int misfit = 0; misfit < 3; ++misfit) {
+      ReduceScatterOptions rs;
+      rs.accumulate_into = misfit == 0 ? Tensor::Zeros({4}, DType::kBFloat16) : Tensor::Zeros({misfit == 1 ? 3 : 4});
+      if (misfit == 2) rs.unstage_to = Tensor::Zeros({4});
+      const absl::Status bad = ctx.group->ReduceScatter(in, out, rs).status();
+      if (bad.code() != absl::StatusCode::kInvalidArgument ||
+          !absl::StrContains(bad.message(), "options.accumulate_into")) {
+        return absl::InternalError(absl::StrCat("misfit accumulate_into ", misfit, ": ",
+                                                bad.ToString()));
+      }
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 TEST_P(ProcessGroupConformanceTest, BroadcastFromEveryRoot) {
   absl::Status s = RunRanks([&](RankContext& ctx) -> absl::Status {
     for (int root = 0; root < ctx.world_size; ++root) {

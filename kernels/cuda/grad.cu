@@ -75,13 +75,13 @@ __global__ void SumPartialsKernel(double* partial, int count) {
 
 }  // namespace
 
-cudaError_t AddInto(float* dst, const void* src, bool src_bf16, int64_t n) {
+cudaError_t AddInto(float* dst, const void* src, bool src_bf16, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   if (src_bf16) {
-    AddIntoBf16Kernel<<<Blocks(n), kThreads, 0, cudaStreamLegacy>>>(
+    AddIntoBf16Kernel<<<Blocks(n), kThreads, 0, stream>>>(
         dst, static_cast<const uint16_t*>(src), n);
   } else {
-    AddIntoKernel<<<Blocks(n), kThreads, 0, cudaStreamLegacy>>>(
+    AddIntoKernel<<<Blocks(n), kThreads, 0, stream>>>(
         dst, static_cast<const float*>(src), n);
   }
   return cudaGetLastError();

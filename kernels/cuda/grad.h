@@ -14,8 +14,10 @@
 namespace kernels {
 namespace cuda {
 
-// dst[i] += src[i] for i < n; src is fp32, or bf16 bits when src_bf16.
-cudaError_t AddInto(float* dst, const void* src, bool src_bf16, int64_t n);
+// dst[i] += src[i] for i < n; src is fp32, or bf16 bits when src_bf16. On `stream` when
+// given (a collective's, NOTE [Staged collectives] in comm/process_group.h).
+cudaError_t AddInto(float* dst, const void* src, bool src_bf16, int64_t n,
+                    cudaStream_t stream = cudaStreamLegacy);
 // dst[i] *= factor.
 cudaError_t Scale(float* dst, int64_t n, float factor);
 // Doubles of device scratch SumOfSquares needs.
