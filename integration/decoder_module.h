@@ -110,6 +110,21 @@ struct DecoderSpec {
   std::function<core::DType(const core::Module&)> logits_grad_dtype;
 };
 
+// Sets spec->build and spec->logits_grad_dtype for a model type with
+// `static absl::StatusOr<std::shared_ptr<Model>> Create(const Config&)` and
+// `core::DType logits_grad_dtype() const` (nn::Gpt, nn::Llama).
+template <typename Model, typename Config>
+void SetDecoderModel(const Config& config, DecoderSpec* spec) {
+  spec->build = [config]() -> absl::StatusOr<std::shared_ptr<core::Module>> {
+    absl::StatusOr<std::shared_ptr<Model>> model = Model::Create(config);
+    if (!model.ok()) return model.status();
+    return std::shared_ptr<core::Module>(*std::move(model));
+  };
+  spec->logits_grad_dtype = [](const core::Module& model) {
+    return static_cast<const Model&>(model).logits_grad_dtype();
+  };
+}
+
 class DecoderTrainModule : public TrainModule {
  public:
   // InvalidArgument naming the option ("<spec.options_name>.seq_len", the config's field,

@@ -16,13 +16,7 @@ DecoderSpec GptTrainModule::Spec(const nn::GptConfig& config) {
   spec.block_type = kBlockType;
   spec.num_layers = config.n_layer;
   spec.hidden_size = config.n_embd;
-  spec.build = [config]() -> absl::StatusOr<std::shared_ptr<core::Module>> {
-    ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, nn::Gpt::Create(config));
-    return std::shared_ptr<core::Module>(std::move(gpt));
-  };
-  spec.logits_grad_dtype = [](const core::Module& model) {
-    return static_cast<const nn::Gpt&>(model).logits_grad_dtype();
-  };
+  SetDecoderModel<nn::Gpt>(config, &spec);
   return spec;
 }
 

@@ -16,13 +16,7 @@ DecoderSpec LlamaTrainModule::Spec(const nn::LlamaConfig& config) {
   spec.block_type = kBlockType;
   spec.num_layers = config.num_hidden_layers;
   spec.hidden_size = config.hidden_size;
-  spec.build = [config]() -> absl::StatusOr<std::shared_ptr<core::Module>> {
-    ASSIGN_OR_RETURN(std::shared_ptr<nn::Llama> llama, nn::Llama::Create(config));
-    return std::shared_ptr<core::Module>(std::move(llama));
-  };
-  spec.logits_grad_dtype = [](const core::Module& model) {
-    return static_cast<const nn::Llama&>(model).logits_grad_dtype();
-  };
+  SetDecoderModel<nn::Llama>(config, &spec);
   return spec;
 }
 

@@ -644,56 +644,51 @@ absl::StatusOr<double> CrossEntropyForwardBackward(
     for (double v : rows) total += v;
     return total * inv_n;
   };
-  const core::OpCost read_cost{0, 8.0 * n, 0, core::OpEngine::kHostSync};
-  // The row losses' read back to the host is the step's host sync, unless deferred
-  // (NOTE [Deferred loss]): then it is recorded where it happens.
-  if (deferred == nullptr) RecordOp(OpCategory::kHostSync, "cross_entropy.loss_to_host", read_cost);
-  ProfiledOp op(OpCategory::kLoss, "cross_entropy", logits.device(),
-                internal::CrossEntropyCost(n, V, IsBf16(grad)));
-  if (logits.device().is_cuda()) {
+  // What reads the mean loss on the host: on CUDA the row losses' copy back (the step's
+  // host sync), on the CPU the value already computed.
+  std::function<absl::StatusOr<double>()> read;
+  {
+    ProfiledOp op(OpCategory::kLoss, "cross_entropy", logits.device(),
+                  internal::CrossEntropyCost(n, V, IsBf16(grad)));
+    if (logits.device().is_cuda()) {
 #ifdef FSDP_WITH_CUDA
-    RETURN_IF_ERROR(UseDevice(logits.device(), what));
-    // Per-row losses as doubles (8 bytes = 2 int32 elements each).
-    ASSIGN_OR_RETURN(Tensor row_loss, Tensor::Allocate({2 * n}, DType::kInt32,
-                                                       core::MemoryTag::kActivation,
-                                                       logits.device()));
-    RETURN_IF_ERROR(Launched(
-        kc::CrossEntropy(F32(logits), targets.data<int32_t>(), n, V, inv_n, grad32,
-                         static_cast<double*>(row_loss.raw_data()), grad16),
-        what, "cross-entropy"));
-    auto read = [row_loss, n, mean, what = std::string(what)]() -> absl::StatusOr<double> {
-      RETURN_IF_ERROR(UseDevice(row_loss.device(), what));
-      std::vector<double> host(static_cast<size_t>(n));
-      RETURN_IF_ERROR(Launched(cudaMemcpy(host.data(), row_loss.raw_data(),
-                                          sizeof(double) * static_cast<size_t>(n),
-                                          cudaMemcpyDeviceToHost),
-                               what, "copy of the cross-entropy row losses to the host"));
-      return mean(host);
-    };
-    if (deferred != nullptr) {
-      *deferred = [read, read_cost]() -> absl::StatusOr<double> {
-        RecordOp(OpCategory::kHostSync, "cross_entropy.loss_to_host", read_cost);
-        return read();
+      RETURN_IF_ERROR(UseDevice(logits.device(), what));
+      // Per-row losses as doubles (8 bytes = 2 int32 elements each).
+      ASSIGN_OR_RETURN(Tensor row_loss, Tensor::Allocate({2 * n}, DType::kInt32,
+                                                         core::MemoryTag::kActivation,
+                                                         logits.device()));
+      RETURN_IF_ERROR(Launched(
+          kc::CrossEntropy(F32(logits), targets.data<int32_t>(), n, V, inv_n, grad32,
+                           static_cast<double*>(row_loss.raw_data()), grad16),
+          what, "cross-entropy"));
+      read = [row_loss, n, mean, what = std::string(what)]() -> absl::StatusOr<double> {
+        RETURN_IF_ERROR(UseDevice(row_loss.device(), what));
+        std::vector<double> host(static_cast<size_t>(n));
+        RETURN_IF_ERROR(Launched(cudaMemcpy(host.data(), row_loss.raw_data(),
+                                            sizeof(double) * static_cast<size_t>(n),
+                                            cudaMemcpyDeviceToHost),
+                                 what, "copy of the cross-entropy row losses to the host"));
+        return mean(host);
       };
-      return std::nan("");
-    }
-    return read();
 #else
-    return NoCuda(logits.device(), what);
+      return NoCuda(logits.device(), what);
 #endif
+    } else {
+      std::vector<double> row_loss(static_cast<size_t>(n));
+      kcpu::CrossEntropy(F32(logits), targets.data<int32_t>(), n, V, inv_n, grad32,
+                         row_loss.data(), grad16);
+      read = [loss = mean(row_loss)]() -> absl::StatusOr<double> { return loss; };
+    }
   }
-  std::vector<double> row_loss(static_cast<size_t>(n));
-  kcpu::CrossEntropy(F32(logits), targets.data<int32_t>(), n, V, inv_n, grad32,
-                     row_loss.data(), grad16);
-  const double loss = mean(row_loss);
-  if (deferred != nullptr) {
-    *deferred = [loss, read_cost]() -> absl::StatusOr<double> {
-      RecordOp(OpCategory::kHostSync, "cross_entropy.loss_to_host", read_cost);
-      return loss;
-    };
-    return std::nan("");
-  }
-  return loss;
+  // The read is the step's host sync, recorded where it happens (NOTE [Deferred loss]).
+  auto recorded = [read = std::move(read), n]() -> absl::StatusOr<double> {
+    RecordOp(OpCategory::kHostSync, "cross_entropy.loss_to_host",
+             core::OpCost{0, 8.0 * n, 0, core::OpEngine::kHostSync});
+    return read();
+  };
+  if (deferred == nullptr) return recorded();
+  *deferred = std::move(recorded);
+  return std::nan("");
 }
 
 absl::Status ZeroTensor(absl::string_view what, const Tensor& t) {
