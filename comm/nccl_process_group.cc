@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -146,22 +147,41 @@ absl::Status StageOutOnStream(const core::Tensor& result, const core::Tensor& un
                     "copying the result into options.unstage_to");
 }
 
-// What a collective's Work and the watchdog share: the event recorded after the NCCL
-// calls on the group's stream, the outcome, and the tensors the device still uses.
+// What a collective's Work and the watchdog share: the events recorded on the group's
+// stream before and after the NCCL calls, the outcome, the tensors the device still uses,
+// and the event the first stream-ordered Wait recorded on the compute stream.
 struct PendingCollective {
   PendingCollective(std::string what, core::Device dev) : description(std::move(what)), device(dev) {}
   ~PendingCollective() {
     // Destroying an event with pending waits is allowed: CUDA releases it once they end.
+    if (start != nullptr) cudaEventDestroy(start);
     if (event != nullptr) cudaEventDestroy(event);
+    absl::MutexLock lock(&mu);
+    if (reached != nullptr) cudaEventDestroy(reached);
   }
   const std::string description;
   const core::Device device;
-  cudaEvent_t event = nullptr;
+  cudaEvent_t start = nullptr;  // the collective's start on its stream
+  cudaEvent_t event = nullptr;  // its end
   absl::Mutex mu;
   bool done ABSL_GUARDED_BY(mu) = false;
   absl::Status status ABSL_GUARDED_BY(mu);
   std::vector<core::Tensor> keep ABSL_GUARDED_BY(mu);
+  // NOTE [Comm overlap] on the device: whether Wait was called, and the compute stream's
+  // position when it was (null when the collective was already done then).
+  bool waited ABSL_GUARDED_BY(mu) = false;
+  cudaEvent_t reached ABSL_GUARDED_BY(mu) = nullptr;
 };
+
+// Milliseconds from `from` to `to` (both recorded with timing, both complete).
+std::optional<absl::Duration> ElapsedBetween(cudaEvent_t from, cudaEvent_t to) {
+  float ms = 0.0f;
+  if (cudaEventElapsedTime(&ms, from, to) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: leave no error for the next launch to report
+    return std::nullopt;
+  }
+  return absl::Microseconds(static_cast<int64_t>(static_cast<double>(ms) * 1000.0));
+}
 
 // A collective queued on the group's stream. The group's watchdog completes it (NOTE
 // [Watchdog] in comm/internal/watchdog.h); Wait orders the compute stream after it.
@@ -174,17 +194,44 @@ class NcclWork : public Work {
     return op_->done;
   }
 
-  // Stream-ordered (comm/work.h): the legacy default stream waits for the event.
+  // Stream-ordered (comm/work.h): the legacy default stream waits for the event. The
+  // first Wait marks the compute stream's position first (StreamWaitTiming).
   absl::Status Wait(absl::Duration /*timeout*/) override {
-    {
-      absl::MutexLock lock(&op_->mu);
-      if (op_->done) return op_->status;  // finished: nothing left to order after
+    const std::string what = absl::StrCat("Wait on ", op_->description);
+    absl::MutexLock lock(&op_->mu);
+    const bool first = !op_->waited;
+    op_->waited = true;
+    if (op_->done) return op_->status;  // finished: nothing left to order after
+    RETURN_IF_ERROR(
+        CudaStatus(cudaSetDevice(op_->device.index), absl::StrCat(what, ": cudaSetDevice")));
+    if (first) {
+      RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&op_->reached), absl::StrCat(what, ": cudaEventCreate")));
+      RETURN_IF_ERROR(CudaStatus(cudaEventRecord(op_->reached, cudaStreamLegacy),
+                                 absl::StrCat(what, ": cudaEventRecord(compute stream)")));
     }
-    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(op_->device.index),
-                               absl::StrCat("Wait on ", op_->description, ": cudaSetDevice")));
     return CudaStatus(cudaStreamWaitEvent(cudaStreamLegacy, op_->event, 0),
-                      absl::StrCat("Wait on ", op_->description,
-                                   ": cudaStreamWaitEvent(compute stream)"));
+                      absl::StrCat(what, ": cudaStreamWaitEvent(compute stream)"));
+  }
+
+  std::optional<StreamTiming> StreamWaitTiming() const override {
+    absl::MutexLock lock(&op_->mu);
+    if (!op_->done || !op_->status.ok() || !op_->waited) return std::nullopt;
+    if (cudaSetDevice(op_->device.index) != cudaSuccess) {
+      cudaGetLastError();
+      return std::nullopt;
+    }
+    std::optional<absl::Duration> run = ElapsedBetween(op_->start, op_->event);
+    if (!run.has_value()) return std::nullopt;
+    if (op_->reached == nullptr) return StreamTiming{*run, absl::ZeroDuration()};
+    const cudaError_t q = cudaEventQuery(op_->reached);
+    if (q != cudaSuccess) {
+      if (q != cudaErrorNotReady) cudaGetLastError();
+      return std::nullopt;
+    }
+    // Positive when the collective ended after the compute stream reached the Wait.
+    std::optional<absl::Duration> stood = ElapsedBetween(op_->reached, op_->event);
+    if (!stood.has_value()) return std::nullopt;
+    return StreamTiming{*run, std::max(*stood, absl::ZeroDuration())};
   }
 
   absl::Status WaitHost(absl::Duration timeout) override {
@@ -304,8 +351,14 @@ absl::StatusOr<std::shared_ptr<NcclProcessGroup>> NcclProcessGroup::Join(
   std::shared_ptr<NcclProcessGroup> group(
       new NcclProcessGroup(std::move(store), rank, size, device, options));
   RETURN_IF_ERROR(group->InitCommunicator(who));
-  RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&group->stream_, cudaStreamNonBlocking),
-                             absl::StrCat(who, ": cudaStreamCreate")));
+  // The highest priority the device has, as FSDP2's collective streams: the scheduler
+  // starts a collective's blocks before queued compute blocks, so it is not starved.
+  int least = 0, greatest = 0;
+  RETURN_IF_ERROR(CudaStatus(cudaDeviceGetStreamPriorityRange(&least, &greatest),
+                             absl::StrCat(who, ": cudaDeviceGetStreamPriorityRange")));
+  RETURN_IF_ERROR(CudaStatus(
+      cudaStreamCreateWithPriority(&group->stream_, cudaStreamNonBlocking, greatest),
+      absl::StrCat(who, ": cudaStreamCreateWithPriority")));
   group->failure_rank_ = failure_rank;
   internal::Watchdog::Options dog;
   std::shared_ptr<internal::NcclComm> shared = group->comm_;
@@ -399,6 +452,10 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Issue(CollectiveKind kin
   if (err == cudaSuccess) err = cudaStreamWaitEvent(stream_, ready, 0);
   cudaEventDestroy(ready);
   RETURN_IF_ERROR(CudaStatus(err, what));
+  auto op = std::make_shared<PendingCollective>(what, device_);
+  RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&op->start), what));
+  RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&op->event), what));
+  RETURN_IF_ERROR(CudaStatus(cudaEventRecord(op->start, stream_), what));
   absl::Status launched = launch(comm_->comm, stream_);
   if (!launched.ok()) {
     const absl::Status s(launched.code(), absl::StrCat(what, ": ", launched.message()));
@@ -406,8 +463,6 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Issue(CollectiveKind kin
     return s;
   }
   (void)deadline;  // the watchdog counts the timeout from here too
-  auto op = std::make_shared<PendingCollective>(what, device_);
-  RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&op->event, cudaEventDisableTiming), what));
   RETURN_IF_ERROR(CudaStatus(cudaEventRecord(op->event, stream_), what));
   {
     absl::MutexLock op_lock(&op->mu);

@@ -11,16 +11,21 @@
 // "<name>/nccl_unique_id") and initialises a non-blocking communicator, so a rank that
 // never arrives gives DeadlineExceeded after options.init_timeout instead of a hang.
 // Collectives take CUDA tensors on the group's device and run on the group's own CUDA
-// stream: each first waits (through an event) for the work already queued on the
-// legacy default stream ("the compute stream", where core's kernels and copies run), so
-// it sees their results; its Work records an event when it is done.
+// stream (of the device's highest priority): each first waits (through an event) for the
+// work already queued on the legacy default stream ("the compute stream", where core's
+// kernels and copies run), so it sees their results and writes no block the caching
+// allocator handed out again while a queued kernel still used it; its Work records an
+// event when it is done.
 //
 // Waiting (comm/work.h): Work::Wait does not block the host; it makes the compute
 // stream wait for the collective's event (cudaStreamWaitEvent on the legacy default
 // stream) and returns, or returns the error of a work that already failed. Results are
 // then ready for any later kernel or copy on the compute stream, and host reads
 // synchronise with it. Work::WaitHost blocks the host until the watchdog has seen the
-// collective finish and returns its final status.
+// collective finish and returns its final status. Work::StreamWaitTiming gives the
+// collective's run time on its stream and how long the compute stream stood at the first
+// Wait, from events recorded around the NCCL calls and at that Wait (NOTE [Comm overlap]
+// in fsdp/unit.h).
 //
 // Host tensors: a collective whose tensors are all CPU tensors (the small host-side
 // exchanges of agreements, plan fingerprints, loss averages) is staged through fresh
@@ -91,7 +96,7 @@ class NcclProcessGroup : public internal::BackendGroup {
 
   std::string backend_name() const override { return "nccl"; }
   core::Device device() const { return device_; }
-  // The stream the collectives run on.
+  // The stream the collectives run on (non-blocking, the device's highest priority).
   cudaStream_t stream() const { return stream_; }
 
   absl::StatusOr<std::shared_ptr<Work>> AllGather(const core::Tensor& input,

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 
 #ifdef FSDP_WITH_CUDA
+#include <optional>
 #include <thread>
 
 #include "comm/hash_store.h"
@@ -268,6 +269,62 @@ TEST_F(NcclTest, WaitOrdersTheComputeStreamAndWaitHostCompletesTheWork) {
   EXPECT_EQ(ToHost(t.View((1 << 24) - 1, {1}).value())[0], 1.0f);
   ASSERT_TRUE(work->WaitHost(kTimeout).ok());
   EXPECT_TRUE(work->IsCompleted());
+}
+
+// NOTE [Comm overlap] on NCCL: StreamWaitTiming from the events around the collective
+// and at its first Wait. The collective is a staged all-gather whose cast of 2^26 floats
+// runs on the group's stream (about 0.1 ms on an H200), so it has a run time to measure.
+TEST_F(NcclTest, StreamWaitTimingMeasuresRunAndComputeStreamStall) {
+  constexpr int64_t kN = int64_t{1} << 26;
+  auto device = [](int64_t n, DType dtype) {
+    return Tensor::Allocate({n}, dtype, core::MemoryTag::kOther, core::Device::Cuda(0)).value();
+  };
+  Tensor from = device(kN, DType::kFloat32);
+  from.Fill(1.0f);
+  Tensor in = device(kN, DType::kBFloat16);
+  Tensor out = device(kN, DType::kBFloat16);
+  AllGatherOptions ag;
+  ag.stage_from = from;
+  const auto sync = [&] { ToHost(out.View(kN - 1, {1}).value()); };  // the compute stream
+  sync();
+
+  // Waited on only from the host: never stream-ordered, so no timing.
+  auto host_only = group_->AllGather(in, out, ag).value();
+  ASSERT_TRUE(host_only->WaitHost(kTimeout).ok());
+  EXPECT_FALSE(host_only->StreamWaitTiming().has_value());
+  // Waited on after it completed: the compute stream did not stand at all.
+  ASSERT_TRUE(host_only->Wait(kTimeout).ok());
+  std::optional<Work::StreamTiming> t = host_only->StreamWaitTiming();
+  ASSERT_TRUE(t.has_value());
+  EXPECT_GT(t->run, absl::ZeroDuration());
+  EXPECT_EQ(t->wait, absl::ZeroDuration());
+
+  // Waited on at once, the compute stream idle: it stands for (about) the whole run. The
+  // stall is measured from the compute stream's event at Wait, recorded after the
+  // collective's start on the host, so it is positive and not longer than the run (up to
+  // the few microseconds between two idle streams taking their events).
+  auto stalled = group_->AllGather(in, out, ag).value();
+  ASSERT_TRUE(stalled->Wait(kTimeout).ok());
+  ASSERT_TRUE(stalled->WaitHost(kTimeout).ok());
+  sync();
+  t = stalled->StreamWaitTiming();
+  ASSERT_TRUE(t.has_value());
+  EXPECT_GT(t->run, absl::ZeroDuration());
+  EXPECT_GT(t->wait, absl::ZeroDuration());
+  EXPECT_LE(t->wait, t->run + absl::Microseconds(20));
+
+  // Compute queued after the collective and before the Wait (32 fills of 256 MB, several
+  // ms) outlasts it: the compute stream reaches the Wait after the collective ended.
+  Tensor busy = device(kN, DType::kFloat32);
+  auto hidden = group_->AllGather(in, out, ag).value();
+  for (int i = 0; i < 32; ++i) busy.Fill(static_cast<float>(i));
+  ASSERT_TRUE(hidden->Wait(kTimeout).ok());
+  ASSERT_TRUE(hidden->WaitHost(kTimeout).ok());
+  sync();
+  t = hidden->StreamWaitTiming();
+  ASSERT_TRUE(t.has_value());
+  EXPECT_GT(t->run, absl::ZeroDuration());
+  EXPECT_EQ(t->wait, absl::ZeroDuration());
 }
 
 TEST_F(NcclTest, WatchdogFailsACollectiveThatNeverCompletesWithoutAnyoneWaiting) {

@@ -61,10 +61,25 @@ class Work {
   virtual std::string Describe() const = 0;
   // How long the collective itself ran (from its start on the backend to its end, not
   // counting time queued behind earlier collectives), once it has completed; nullopt
-  // while it runs or when the backend does not measure it (NCCL). With the host time a
-  // caller spent blocked in Wait, it tells how much of the collective overlapped the
-  // caller's work (fsdp::CommTiming).
+  // while it runs or when the backend's waits are stream-ordered (NCCL: StreamWaitTiming
+  // below). With the host time a caller spent blocked in Wait, it tells how much of the
+  // collective overlapped the caller's work (fsdp::CommTiming).
   virtual std::optional<absl::Duration> RunTime() const { return std::nullopt; }
+
+  // What a stream-ordered Wait cost the device (CUDA backends), from CUDA events: `run`,
+  // the collective's time on its stream from its start (after what it waited for) to its
+  // end; `wait`, how long the compute stream stood at the point where Wait ordered it
+  // after the collective (zero when the collective had ended before the compute stream
+  // got there).
+  struct StreamTiming {
+    absl::Duration run;
+    absl::Duration wait;
+  };
+  // Never blocks. nullopt until the collective has succeeded and the compute stream has
+  // passed the point of the first Wait; nullopt for good when Wait was never called or
+  // the collective failed, and on host backends (whose blocking Wait the caller times,
+  // with RunTime()).
+  virtual std::optional<StreamTiming> StreamWaitTiming() const { return std::nullopt; }
 };
 
 // A Work finished by someone calling Complete(status), typically a worker thread.

@@ -4,15 +4,21 @@
 // the previous forward's order, and a unit's reduce-scatter is still in flight while the
 // next unit computes.
 #include <algorithm>
+#include <atomic>
 #include <map>
+#include <memory>
+#include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/process_group.h"
 #include "comm/testing/thread_ranks.h"
+#include "comm/work.h"
 #include "core/status_macros.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/testing/gpt_training.h"
@@ -226,6 +232,119 @@ TEST(CommTimingTest, CountsEveryWaitedCollectiveWithItsRunTime) {
     const double hidden = CommTiming::Hidden(t.all_gather_run, t.all_gather_wait);
     EXPECT_GE(hidden, 0.0);
     EXPECT_LE(hidden, 1.0);
+  }
+}
+
+// A Work as a CUDA backend's looks to its caller: no host-measured run time, and a
+// StreamWaitTiming of {10 ms, 2 ms} once `known` is set and it has been waited on.
+class StreamOrderedWork : public comm::Work {
+ public:
+  StreamOrderedWork(std::shared_ptr<comm::Work> inner, std::shared_ptr<std::atomic<bool>> known)
+      : inner_(std::move(inner)), known_(std::move(known)) {}
+  bool IsCompleted() const override { return inner_->IsCompleted(); }
+  absl::Status Wait(absl::Duration timeout) override {
+    waited_ = true;
+    return inner_->Wait(timeout);
+  }
+  std::string Describe() const override { return inner_->Describe(); }
+  std::optional<StreamTiming> StreamWaitTiming() const override {
+    if (!waited_ || !known_->load()) return std::nullopt;
+    return StreamTiming{absl::Milliseconds(10), absl::Milliseconds(2)};
+  }
+
+ private:
+  const std::shared_ptr<comm::Work> inner_;
+  const std::shared_ptr<std::atomic<bool>> known_;
+  std::atomic<bool> waited_{false};
+};
+
+// Runs every collective on `inner` and hands its Work back as a StreamOrderedWork.
+class StreamOrderedGroup : public comm::ProcessGroup {
+ public:
+  StreamOrderedGroup(std::shared_ptr<comm::ProcessGroup> inner,
+                     std::shared_ptr<std::atomic<bool>> known)
+      : inner_(std::move(inner)), known_(std::move(known)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string backend_name() const override { return inner_->backend_name(); }
+  std::string name() const override { return inner_->name(); }
+  absl::StatusOr<std::shared_ptr<comm::Work>> AllGather(
+      const core::Tensor& input, const core::Tensor& output,
+      const comm::AllGatherOptions& options) override {
+    return Wrap(inner_->AllGather(input, output, options));
+  }
+  absl::StatusOr<std::shared_ptr<comm::Work>> ReduceScatter(
+      const core::Tensor& input, const core::Tensor& output,
+      const comm::ReduceScatterOptions& options) override {
+    return Wrap(inner_->ReduceScatter(input, output, options));
+  }
+  absl::StatusOr<std::shared_ptr<comm::Work>> AllReduce(
+      const core::Tensor& tensor, const comm::AllReduceOptions& options) override {
+    return Wrap(inner_->AllReduce(tensor, options));
+  }
+  absl::StatusOr<std::shared_ptr<comm::Work>> Broadcast(
+      const core::Tensor& tensor, const comm::BroadcastOptions& options) override {
+    return Wrap(inner_->Broadcast(tensor, options));
+  }
+  absl::StatusOr<std::shared_ptr<comm::Work>> Barrier(
+      const comm::BarrierOptions& options) override {
+    return Wrap(inner_->Barrier(options));
+  }
+  comm::CommStats Stats() const override { return inner_->Stats(); }
+  void ResetStats() override { inner_->ResetStats(); }
+  absl::StatusOr<std::shared_ptr<comm::ProcessGroup>> NewSubgroup(
+      const std::vector<int>& ranks, const comm::SubgroupOptions& options) override {
+    return inner_->NewSubgroup(ranks, options);
+  }
+
+ private:
+  absl::StatusOr<std::shared_ptr<comm::Work>> Wrap(
+      absl::StatusOr<std::shared_ptr<comm::Work>> work) {
+    if (!work.ok()) return work;
+    return std::shared_ptr<comm::Work>(std::make_shared<StreamOrderedWork>(*std::move(work), known_));
+  }
+  const std::shared_ptr<comm::ProcessGroup> inner_;
+  const std::shared_ptr<std::atomic<bool>> known_;
+};
+
+// NOTE [Comm overlap] on a stream-ordered backend: a collective is counted with the
+// backend's StreamWaitTiming, not before it is known (comm_timing() counts it then), and
+// once only.
+TEST(CommTimingTest, CountsStreamOrderedWaitsOnceTheirTimingIsKnown) {
+  testing::GptTrainingSetup setup = testing::TinySetup();
+  setup.gpt.n_layer = 4;
+  std::vector<CommTiming> before(2), after(2), again(2);
+  absl::Status s = comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx)
+                                                        -> absl::Status {
+    auto known = std::make_shared<std::atomic<bool>>(false);
+    auto group = std::make_shared<StreamOrderedGroup>(ctx.group, known);
+    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
+    ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
+    WrapperRegistry registry;
+    ASSIGN_OR_RETURN(auto handle,
+                     FullyShard(gpt, group, testing::PerBlockOptions(ShardingStrategy::kFullShard),
+                                &registry));
+    ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(0, 4, setup.seq_len));
+    RETURN_IF_ERROR(testing::ForwardBackward(*gpt, batch).status());
+    before[ctx.rank] = registry.runtime().comm_timing();
+    known->store(true);
+    after[ctx.rank] = registry.runtime().comm_timing();
+    again[ctx.rank] = registry.runtime().comm_timing();
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(before[rank].all_gathers, 0);
+    EXPECT_EQ(before[rank].reductions, 0);
+    // As CountsEveryWaitedCollectiveWithItsRunTime: 10 all-gathers and 5 reductions.
+    EXPECT_EQ(after[rank].all_gathers, 10);
+    EXPECT_EQ(after[rank].reductions, 5);
+    EXPECT_EQ(after[rank].all_gather_run, absl::Milliseconds(100));
+    EXPECT_EQ(after[rank].all_gather_wait, absl::Milliseconds(20));
+    EXPECT_EQ(after[rank].reduce_run, absl::Milliseconds(50));
+    EXPECT_EQ(after[rank].reduce_wait, absl::Milliseconds(10));
+    EXPECT_EQ(again[rank].all_gathers, 10);
+    EXPECT_EQ(again[rank].reductions, 5);
   }
 }
 

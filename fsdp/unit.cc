@@ -115,23 +115,62 @@ void RecordCollective(const char* name, const core::Tensor& full_buffer, int ran
                  core::OpCost{0, bus_bytes, 1, core::OpEngine::kCollective});
 }
 
-// Waits for `work` (on the host when `host`; otherwise stream-ordered where the backend
-// is), adds its run time and the wait to the NOTE [Comm overlap] counters when the
-// backend measures them, and drops it.
-absl::Status WaitCounted(std::shared_ptr<comm::Work>& work, absl::Duration timeout, bool host,
-                         int64_t* count, absl::Duration* run_total, absl::Duration* wait_total) {
+}  // namespace
+
+absl::Status Unit::WaitCounted(std::shared_ptr<comm::Work>& work, bool host, bool gather) {
   const absl::Time wait_start = absl::Now();
-  RETURN_IF_ERROR(host ? work->WaitHost(timeout) : work->Wait(timeout));
+  RETURN_IF_ERROR(host ? work->WaitHost(options_.timeout) : work->Wait(options_.timeout));
   if (const std::optional<absl::Duration> run = work->RunTime(); run.has_value()) {
-    ++*count;
-    *run_total += *run;
-    *wait_total += absl::Now() - wait_start;
+    if (gather) {
+      ++comm_timing_.all_gathers;
+      comm_timing_.all_gather_run += *run;
+      comm_timing_.all_gather_wait += absl::Now() - wait_start;
+    } else {
+      ++comm_timing_.reductions;
+      comm_timing_.reduce_run += *run;
+      comm_timing_.reduce_wait += absl::Now() - wait_start;
+    }
+  } else if (!host) {
+    stream_timed_.emplace_back(std::move(work), gather);
+    if (stream_timed_.size() > kMaxStreamTimed) stream_timed_.pop_front();
+    CountStreamTimings();
   }
   work.reset();
   return absl::OkStatus();
 }
 
-}  // namespace
+void Unit::CountStreamTimings() {
+  // Collectives complete in issue order on their stream, and the compute stream passes
+  // its waits in order: stop at the first one not known yet.
+  while (!stream_timed_.empty()) {
+    const auto& [work, gather] = stream_timed_.front();
+    const std::optional<comm::Work::StreamTiming> t = work->StreamWaitTiming();
+    if (!t.has_value()) {
+      // A failed collective never gets one (a completed Work's Wait returns its status
+      // at once); anything else is still running or not yet passed.
+      if (!work->IsCompleted() || work->Wait(absl::ZeroDuration()).ok()) return;
+    } else if (gather) {
+      ++comm_timing_.all_gathers;
+      comm_timing_.all_gather_run += t->run;
+      comm_timing_.all_gather_wait += t->wait;
+    } else {
+      ++comm_timing_.reductions;
+      comm_timing_.reduce_run += t->run;
+      comm_timing_.reduce_wait += t->wait;
+    }
+    stream_timed_.pop_front();
+  }
+}
+
+CommTiming Unit::comm_timing() {
+  CountStreamTimings();
+  return comm_timing_;
+}
+
+void Unit::ResetCommTiming() {
+  comm_timing_ = CommTiming();
+  stream_timed_.clear();
+}
 
 absl::Status Unit::Fail(const absl::Status& status) {
   failure_ = absl::Status(status.code(), absl::StrCat("fsdp unit ", label_, ": ", status.message()));
@@ -194,9 +233,7 @@ absl::Status Unit::IssueUnshard(bool full_precision) {
 absl::Status Unit::FinishUnshard() {
   RETURN_IF_ERROR(CheckState(UnitState::kUnsharding, "finish unsharding"));
   if (gather_work_ != nullptr) {
-    if (absl::Status s = WaitCounted(gather_work_, options_.timeout, /*host=*/false,
-                                     &comm_timing_.all_gathers, &comm_timing_.all_gather_run,
-                                     &comm_timing_.all_gather_wait);
+    if (absl::Status s = WaitCounted(gather_work_, /*host=*/false, /*gather=*/true);
         !s.ok()) {
       return Fail(s);
     }
@@ -388,9 +425,7 @@ absl::Status Unit::FinishReduction() {
     // NOTE [CPU offload]: it copies its chunk to the host; FinishHostGradients waits.
     host_work_ = std::move(reduce_work_);
   } else if (reduce_work_ != nullptr) {
-    if (absl::Status s = WaitCounted(reduce_work_, options_.timeout, /*host=*/false,
-                                     &comm_timing_.reductions, &comm_timing_.reduce_run,
-                                     &comm_timing_.reduce_wait);
+    if (absl::Status s = WaitCounted(reduce_work_, /*host=*/false, /*gather=*/false);
         !s.ok()) {
       return Fail(s);
     }
@@ -442,9 +477,7 @@ absl::Status Unit::FinishHostGradients() {
   if (!host_add_pending_) return absl::OkStatus();
   RETURN_IF_ERROR(CheckUsable("add a gradient into the host shard"));
   if (host_work_ != nullptr) {
-    if (absl::Status s = WaitCounted(host_work_, options_.timeout, /*host=*/true,
-                                     &comm_timing_.reductions, &comm_timing_.reduce_run,
-                                     &comm_timing_.reduce_wait);
+    if (absl::Status s = WaitCounted(host_work_, /*host=*/true, /*gather=*/false);
         !s.ok()) {
       return Fail(s);
     }

@@ -59,8 +59,10 @@
 #define FSDP_UNIT_H_
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -101,8 +103,10 @@ struct UnitGroups {
 // each all-gather and reduce-scatter it waited on, a unit adds the collective's own run
 // time (comm::Work::RunTime) and the host time its Wait blocked; hidden = 1 - wait / run
 // is the part that overlapped other work (prefetch, NOTE [Prefetch] in options.h;
-// reductions finished one unit later). Collectives whose backend does not measure run
-// time (NCCL: its waits are stream-ordered) are not counted.
+// reductions finished one unit later). On NCCL, whose waits are stream-ordered, both come
+// from CUDA events (comm::Work::StreamWaitTiming): the collective's time on its stream,
+// and how long the compute stream stood at the Wait; such a collective is counted once
+// those events are complete (by the next collective the unit waits for, or comm_timing()).
 struct CommTiming {
   int64_t all_gathers = 0;
   absl::Duration all_gather_run;
@@ -149,9 +153,10 @@ class Unit {
   bool full_is_exact() const { return state_ == UnitState::kUnsharded && full_exact_; }
   // True while a reduction issued by ReduceGradients has not been finished.
   bool reduction_pending() const { return reduce_pending_; }
-  // NOTE [Comm overlap]: this unit's collectives since it was created (or the last reset).
-  const CommTiming& comm_timing() const { return comm_timing_; }
-  void ResetCommTiming() { comm_timing_ = CommTiming(); }
+  // NOTE [Comm overlap]: this unit's collectives since it was created (or the last reset),
+  // with the stream-ordered waits whose events are complete by now.
+  CommTiming comm_timing();
+  void ResetCommTiming();
 
   // --- Parameters (NOTE [Unit states]) ---
   // kSharded -> kUnsharding: allocates the full buffer and issues the all-gather of the
@@ -227,6 +232,12 @@ class Unit {
   absl::StatusOr<core::Tensor> HostStaging(core::DType dtype);
   // ReduceGradients under NOTE [Deterministic reduction].
   absl::Status ReduceDeterministic();
+  // Waits for `work` (on the host when `host`; otherwise stream-ordered where the backend
+  // is), counts it under NOTE [Comm overlap] (an all-gather when `gather`) now or, for a
+  // stream-ordered wait, once its events are complete, and drops the handle.
+  absl::Status WaitCounted(std::shared_ptr<comm::Work>& work, bool host, bool gather);
+  // Counts the stream-ordered waits whose timing is known by now.
+  void CountStreamTimings();
 
   std::string label_;
   std::weak_ptr<core::Module> module_;
@@ -237,8 +248,12 @@ class Unit {
   UnitState state_ = UnitState::kSharded;
   absl::Status failure_;
 
-  // In-flight all-gather: its work and the tensors it reads and writes.
   CommTiming comm_timing_;
+  // Collectives waited on stream-ordered whose timing is not known yet (oldest first; at
+  // most kMaxStreamTimed, the oldest dropped past that), and whether each is an all-gather.
+  static constexpr size_t kMaxStreamTimed = 1024;
+  std::deque<std::pair<std::shared_ptr<comm::Work>, bool>> stream_timed_;
+  // In-flight all-gather: its work and the tensors it reads and writes.
   std::shared_ptr<comm::Work> gather_work_;
   core::Tensor gather_input_;
   core::Tensor gather_output_;

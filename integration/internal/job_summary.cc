@@ -142,9 +142,10 @@ nlohmann::json CommOverlapJson(const fsdp::CommTiming& c) {
   overlap["reduce_wait_seconds"] = absl::ToDoubleSeconds(c.reduce_wait);
   overlap["reduce_hidden"] = fsdp::CommTiming::Hidden(c.reduce_run, c.reduce_wait);
   overlap["what"] =
-      "rank 0's all-gathers and reduce-scatters during the fit: seconds they ran "
-      "(gloo; not measured on NCCL), seconds the rank blocked waiting for them, and "
-      "hidden = 1 - wait / run, the part that overlapped compute";
+      "rank 0's all-gathers and reduce-scatters during the fit: seconds they ran, "
+      "seconds the rank waited for them (gloo, shm: the host blocked; NCCL: the compute "
+      "stream stood, from CUDA events), and hidden = 1 - wait / run, the part that "
+      "overlapped compute";
   return overlap;
 }
 
