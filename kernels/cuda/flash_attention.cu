@@ -8,9 +8,13 @@
 // bf16. Only the tiles every warp reads (K and V in the forward and dQ kernels, Q and dO in
 // the dK/dV kernel) go through shared memory: the whole block copies them with cp.async
 // into two buffers, the next tile's copy in flight while the warps compute on the current
-// one. Rows are padded by 8 bf16, which makes every fragment load below free of bank
-// conflicts. Rows past T are zero-filled on load, masked out of every sum, and never
-// stored.
+// one; the warps take their fragments from them with ldmatrix (four 8 x 8 matrices an
+// instruction, transposed for a B operand stored row by row of k). Rows are padded by 8
+// bf16, so the eight 16-byte rows an ldmatrix phase reads fall in distinct banks. Rows
+// past T are zero-filled on load, masked out of every sum, and never stored; the forward
+// evaluates its mask only on the diagonal tile, the one tile of a row with masked keys.
+// (The backward kernels mask every tile: a branch there costs the dK/dV kernel spills at
+// its 168-register cap.)
 //
 // m16n8k16 fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with g = lane / 4 and
 // c = lane % 4: A (16 x 16, row-major) a0 = (g, 2c..2c+1), a1 = (g+8, 2c..), a2 = (g,
@@ -61,26 +65,46 @@ __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// Two adjacent bf16 of a shared-memory row as one register.
-__device__ __forceinline__ uint32_t Pair(const bf16* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
+// ldmatrix: four 8 x 8 bf16 matrices from shared memory into each lane's four registers,
+// lane l giving the 16-byte-aligned address of row l % 8 of matrix l / 8. Lane (g, c)
+// receives row g, columns 2c, 2c + 1 of each matrix; with .trans, column g, rows 2c,
+// 2c + 1 (PTX ISA, "Warp-level matrix load instruction: ldmatrix").
+__device__ __forceinline__ void LoadMatrices(uint32_t (&r)[4], const bf16* lane_row) {
+  const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(lane_row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(at));
 }
-
-// Two bf16 of one column, rows r and r + 1 (row stride ld), as one register.
-__device__ __forceinline__ uint32_t ColumnPair(const bf16* p, int ld) {
-  const uint16_t lo = *reinterpret_cast<const uint16_t*>(p);
-  const uint16_t hi = *reinterpret_cast<const uint16_t*>(p + ld);
-  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+__device__ __forceinline__ void LoadMatricesTransposed(uint32_t (&r)[4], const bf16* lane_row) {
+  const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(lane_row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(at));
 }
 
 // The A fragment of rows [0, 16) and columns [k0, k0 + 16) of a row-major bf16 tile `t`
-// with row stride ld.
+// with row stride ld: matrices (rows 0-7, 8-15) x (columns k0.., k0 + 8..) are a0..a3.
 __device__ __forceinline__ void LoadA(uint32_t (&a)[4], const bf16* t, int ld, int k0) {
-  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  a[0] = Pair(t + g * ld + k0 + 2 * c);
-  a[1] = Pair(t + (g + 8) * ld + k0 + 2 * c);
-  a[2] = Pair(t + g * ld + k0 + 2 * c + 8);
-  a[3] = Pair(t + (g + 8) * ld + k0 + 2 * c + 8);
+  const int lane = threadIdx.x % 32;
+  LoadMatrices(a, t + (lane % 16) * ld + k0 + (lane / 16) * 8);
+}
+
+// B fragments of n8 tiles n and n + 1 where B = T^T over columns [k0, k0 + 16) of a
+// row-major tile T (row j of T is column j of B; stride ld): {b0, b1} of tile n in
+// b[0], b[1], of tile n + 1 in b[2], b[3].
+__device__ __forceinline__ void LoadBtPair(uint32_t (&b)[4], const bf16* t, int ld, int n,
+                                           int k0) {
+  const int lane = threadIdx.x % 32;
+  LoadMatrices(b, t + (n * 8 + (lane & 7) + (lane >> 4) * 8) * ld + k0 + ((lane >> 3) & 1) * 8);
+}
+
+// B fragments of n8 tiles n and n + 1 where B is rows [k0, k0 + 16) of a row-major tile
+// (stride ld): {b0, b1} of tile n in b[0], b[1], of tile n + 1 in b[2], b[3].
+__device__ __forceinline__ void LoadBPair(uint32_t (&b)[4], const bf16* t, int ld, int n,
+                                          int k0) {
+  const int lane = threadIdx.x % 32;
+  LoadMatricesTransposed(b, t + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + n * 8 +
+                                (lane >> 4) * 8);
 }
 
 // s[n] (16 x 8 each, n < 8) = A B^T over D columns, A's rows at `a` and B's 64 rows at `b`
@@ -88,7 +112,6 @@ __device__ __forceinline__ void LoadA(uint32_t (&a)[4], const bf16* t, int ld, i
 template <int D>
 __device__ __forceinline__ void ScoresABt(float (&s)[kN8][4], const bf16* a, const bf16* b,
                                           int ld) {
-  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
 #pragma unroll
   for (int n = 0; n < kN8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
@@ -96,9 +119,11 @@ __device__ __forceinline__ void ScoresABt(float (&s)[kN8][4], const bf16* a, con
     uint32_t fa[4];
     LoadA(fa, a, ld, kk * 16);
 #pragma unroll
-    for (int n = 0; n < kN8; ++n) {
-      const bf16* row = b + (n * 8 + g) * ld + kk * 16 + 2 * c;
-      Mma(s[n], fa, Pair(row), Pair(row + 8));
+    for (int n = 0; n < kN8; n += 2) {
+      uint32_t fb[4];
+      LoadBtPair(fb, b, ld, n, kk * 16);
+      Mma(s[n], fa, fb[0], fb[1]);
+      Mma(s[n + 1], fa, fb[2], fb[3]);
     }
   }
 }
@@ -108,16 +133,17 @@ __device__ __forceinline__ void ScoresABt(float (&s)[kN8][4], const bf16* a, con
 template <int D>
 __device__ __forceinline__ void AccumulatePV(float (&acc)[D / 8][4], const float (&p)[kN8][4],
                                              const bf16* v, int ld) {
-  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
 #pragma unroll
   for (int kk = 0; kk < kTile / 16; ++kk) {
     const uint32_t fa[4] = {Pack(p[2 * kk][0], p[2 * kk][1]), Pack(p[2 * kk][2], p[2 * kk][3]),
                             Pack(p[2 * kk + 1][0], p[2 * kk + 1][1]),
                             Pack(p[2 * kk + 1][2], p[2 * kk + 1][3])};
-    const bf16* rows = v + (kk * 16 + 2 * c) * ld + g;
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      Mma(acc[n], fa, ColumnPair(rows + n * 8, ld), ColumnPair(rows + 8 * ld + n * 8, ld));
+    for (int n = 0; n < D / 8; n += 2) {
+      uint32_t fb[4];
+      LoadBPair(fb, v, ld, n, kk * 16);
+      Mma(acc[n], fa, fb[0], fb[1]);
+      Mma(acc[n + 1], fa, fb[2], fb[3]);
     }
   }
 }
@@ -235,20 +261,34 @@ __global__ void __launch_bounds__(kThreads) FlashForwardKernel(const bf16* __res
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
-      for (int n = 0; n < kN8; ++n) {
-        const bf16* row = sK + (n * 8 + g) * kLd + kk * 16 + 2 * c;
-        Mma(s[n], qa[kk], Pair(row), Pair(row + 8));
+      for (int n = 0; n < kN8; n += 2) {
+        uint32_t fb[4];
+        LoadBtPair(fb, sK, kLd, n, kk * 16);
+        Mma(s[n], qa[kk], fb[0], fb[1]);
+        Mma(s[n + 1], qa[kk], fb[2], fb[3]);
       }
     }
-    // Scale, mask, and the online softmax of rows g and g + 8.
+    // Scale, mask, and the online softmax of rows g and g + 8. Only the diagonal tile has
+    // keys past a query (and, the last tile, keys past T).
     float mx[2] = {-INFINITY, -INFINITY};
+    if (kt == qt) {
 #pragma unroll
-    for (int n = 0; n < kN8; ++n) {
+      for (int n = 0; n < kN8; ++n) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int tk = k0 + n * 8 + 2 * c + (i & 1), tq = row0 + g + 8 * (i >> 1);
-        s[n][i] = (tk > tq || tk >= T) ? -INFINITY : s[n][i] * scale_log2;
-        mx[i >> 1] = fmaxf(mx[i >> 1], s[n][i]);
+        for (int i = 0; i < 4; ++i) {
+          const int tk = k0 + n * 8 + 2 * c + (i & 1), tq = row0 + g + 8 * (i >> 1);
+          s[n][i] = (tk > tq || tk >= T) ? -INFINITY : s[n][i] * scale_log2;
+          mx[i >> 1] = fmaxf(mx[i >> 1], s[n][i]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < kN8; ++n) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          s[n][i] *= scale_log2;
+          mx[i >> 1] = fmaxf(mx[i >> 1], s[n][i]);
+        }
       }
     }
     float alpha[2];
@@ -374,6 +414,8 @@ __global__ void __launch_bounds__(kThreads, KVBlocksPerSm(D)) FlashBackwardKVKer
     float p[kN8][4], ds[kN8][4];
     ScoresABt<D>(p, sK + warp * 16 * kLd, sQ, kLd);   // S^T
     ScoresABt<D>(ds, sV + warp * 16 * kLd, sG, kLd);  // dP^T
+    // Masked entries are only on the diagonal tile (queries before a key; keys past T)
+    // and the last query tile (queries past T).
 #pragma unroll
     for (int n = 0; n < kN8; ++n) {
 #pragma unroll
@@ -437,6 +479,8 @@ __global__ void __launch_bounds__(kThreads) FlashBackwardQKernel(
     float ds[kN8][4], dp[kN8][4];
     ScoresABt<D>(ds, sQ + warp * 16 * kLd, sK, kLd);  // S
     ScoresABt<D>(dp, sG + warp * 16 * kLd, sV, kLd);  // dP
+    // Masked entries are only on the diagonal tile (keys after a query; keys past T) and
+    // in the last query tile (queries past T).
 #pragma unroll
     for (int n = 0; n < kN8; ++n) {
 #pragma unroll
