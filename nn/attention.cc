@@ -48,7 +48,12 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardImpl(const core::Tensor
   if (qkv_->weight()->data.dtype() == core::DType::kBFloat16) {
     ASSIGN_OR_RETURN(qkv, internal::RoundToBf16(*this, qkv, "q, k and v"));
   }
-  ASSIGN_OR_RETURN(core::Tensor y, core_.Forward(*this, std::move(qkv), n_head_, fused_));
+  // The fused kernel stores the heads' output bf16 for proj's bf16 GEMM when no hook on
+  // proj could observe its input.
+  const bool y_bf16 = internal::Fusable(*proj_) &&
+                      proj_->weight()->data.dtype() == core::DType::kBFloat16;
+  ASSIGN_OR_RETURN(core::Tensor y,
+                   core_.Forward(*this, std::move(qkv), n_head_, fused_, y_bf16));
   return proj_->Forward(y);
 }
 
@@ -68,7 +73,11 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::BackwardImpl(const core::Tenso
   } else {
     ASSIGN_OR_RETURN(gy, proj_->Backward(grad_output));
   }
-  ASSIGN_OR_RETURN(core::Tensor gqkv, core_.Backward(*this, std::move(gy)));
+  // The fused kernels store dL/dqkv bf16 for qkv's bf16 GEMMs (which round it so anyway)
+  // when no hook on qkv could observe it.
+  const bool gqkv_bf16 = internal::Fusable(*qkv_) &&
+                         qkv_->weight()->data.dtype() == core::DType::kBFloat16;
+  ASSIGN_OR_RETURN(core::Tensor gqkv, core_.Backward(*this, std::move(gy), gqkv_bf16));
   return qkv_->Backward(gqkv);
 }
 

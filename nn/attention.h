@@ -22,12 +22,16 @@
 // the scores, softmax and value product of every head run as one fused kernel
 // (kernels/cuda/flash_attention.h, nn::FusedAttentionForward): a flash-attention pass over
 // 64 x 64 tiles with an online softmax, so the [B, H, T, T] scores and probabilities never
-// exist in memory. The layer keeps q, k, v (bf16), the heads' output y (fp32) and one fp32
+// exist in memory. The layer keeps q, k, v (bf16), the heads' output y and one fp32
 // statistic per row for the backward, which recomputes each tile's probabilities from them
-// (three kernels, deterministic). Rounding differs from the unfused path in one place: the
-// fused forward rounds each probability to bf16 before the row's normalisation rather than
-// after (the sum itself is fp32), so the two agree to within the bf16 rounding bound, not
-// bit for bit. set_fused(false) selects the unfused path (the reference in the GPU tests).
+// (three kernels, deterministic). y is stored bf16 when proj's bf16 GEMM takes it, and
+// dL/dqkv bf16 when qkv's bf16 GEMMs take it (each the rounding those GEMMs would do, so no
+// rounding pass and no fp32 copy; fp32 when a hook on proj or qkv could observe them). Rounding
+// differs from the unfused path in two places: the fused forward rounds each probability
+// to bf16 before the row's normalisation rather than after (the sum itself is fp32), and
+// the backward's row sums <dL/dy, y> read the stored (bf16) y, so the two agree to within
+// the bf16 rounding bound, not bit for bit. set_fused(false) selects the unfused path (the
+// reference in the GPU tests).
 #ifndef NN_ATTENTION_H_
 #define NN_ATTENTION_H_
 

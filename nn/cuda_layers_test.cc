@@ -467,6 +467,38 @@ TEST(CudaLayersTest, FusedBf16AttentionMatchesTheUnfusedPathAndRepeatsBitForBit)
   }
 }
 
+// The fused kernels store y and dL/dqkv in fp32 or bf16 and read y in either: each
+// combination against the CPU twin's result of the same dtypes within 4 u normwise (the
+// kernels' sums run in another order; a bf16 store is one rounding of that fp32 value).
+TEST(CudaLayersTest, FusedAttentionOutputsInFp32AndBf16MatchTheCpuTwin) {
+  SKIP_WITHOUT_GPU();
+  const int64_t B = 2, T = 130, H = 2, hd = 64, C = H * hd;
+  const float scale = 0.125f;
+  const auto bf16 = [](const core::Tensor& t) {
+    return t.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
+  };
+  const core::Tensor qkv = bf16(Normal({B, T, 3 * C}, 41));
+  const core::Tensor gy = bf16(Normal({B, T, C}, 42));
+  for (const core::DType dtype : {core::DType::kFloat32, core::DType::kBFloat16}) {
+    SCOPED_TRACE(core::DTypeName(dtype));
+    std::vector<std::vector<float>> results[2];  // y, dL/dqkv on the CPU, then on the GPU
+    for (const core::Device device : {core::Device::Cpu(), kGpu}) {
+      const auto zeros = [&](const core::Shape& shape, core::DType dt) {
+        return To(core::Tensor::Zeros(shape, dt), device);
+      };
+      const core::Tensor q = To(qkv, device), g = To(gy, device);
+      core::Tensor y = zeros({B, T, C}, dtype), lse = zeros({B, H, T}, core::DType::kFloat32);
+      core::Tensor delta = zeros({B, H, T}, core::DType::kFloat32);
+      core::Tensor gqkv = zeros({B, T, 3 * C}, dtype);
+      ASSERT_TRUE(FusedAttentionForward("attn", q, H, scale, y, lse).ok());
+      ASSERT_TRUE(FusedAttentionBackward("attn", q, y, g, lse, delta, H, scale, gqkv).ok());
+      results[device.is_cuda()] = {Host(y), Host(gqkv)};
+    }
+    EXPECT_LE(RelErr(results[1][0], results[0][0]), 4 * kBf16Unit);
+    EXPECT_LE(RelErr(results[1][1], results[0][1]), 4 * kBf16Unit);
+  }
+}
+
 // The fused ops refuse what they cannot run, naming the tensor: fp32 q, k and v, a head
 // width without a kernel, a mis-shaped output.
 TEST(CudaLayersTest, FusedAttentionRejectsUnsupportedInputsNamingThem) {

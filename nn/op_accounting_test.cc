@@ -175,6 +175,24 @@ TEST(OpAccountingTest, ABf16BlockRoundsOnlyWhatNoProducerStoresBf16) {
   EXPECT_EQ(converts, 1 + 2 + 1);
 }
 
+// NOTE [Fused attention] at GPT-2's head width: the fused kernels store the attention
+// output for proj's GEMM and the q, k, v gradient for qkv's GEMMs in bf16, so the only
+// rounding passes left in a bf16 block are the two residual-stream gradients entering proj
+// and mlp.proj.
+TEST(OpAccountingTest, AFusedBf16BlockRoundsOnlyTheResidualGradients) {
+  const int64_t B = 1, T = 8, H = 2, C = 64 * H;
+  TransformerBlock block(C, H, 5);
+  core::OpProfile profile;
+  ProfileBf16Step(block, {B, T, C}, &profile);
+  int converts = 0, fused = 0;
+  for (const OpRecord& r : profile.records()) {
+    if (r.category == OpCategory::kConvert) ++converts;
+    fused += r.name.rfind("fused_attention", 0) == 0;
+  }
+  EXPECT_EQ(fused, 2);
+  EXPECT_EQ(converts, 2);
+}
+
 // NOTE [Fused ops]: a fused op is one kernel on every device; it records one op that
 // reads one tensor fewer than the unfused pair.
 TEST(OpAccountingTest, AFusedOpRecordsOneKernelReadingOneTensorFewer) {

@@ -511,6 +511,11 @@ absl::StatusOr<int64_t> CheckFusedAttention(absl::string_view what, const Tensor
   return hd;
 }
 
+// The dtype an output that may be fp32 or bf16 is checked against: its own when bf16.
+DType FloatOrBf16(const Tensor& t) {
+  return t.defined() && t.dtype() == DType::kBFloat16 ? DType::kBFloat16 : DType::kFloat32;
+}
+
 absl::Status CheckShape(absl::string_view what, const char* name, const Tensor& t, DType dtype,
                         const core::Shape& shape, const Tensor& like) {
   RETURN_IF_ERROR(CheckDevices(what, {{name, &t}, {"q, k and v", &like}}));
@@ -529,17 +534,18 @@ absl::Status FusedAttentionForward(absl::string_view what, const Tensor& qkv, in
                                    float scale, const Tensor& y, const Tensor& lse) {
   ASSIGN_OR_RETURN(const int64_t hd, CheckFusedAttention(what, qkv, n_head));
   const int64_t B = qkv.size(0), T = qkv.size(1), C = n_head * hd;
-  RETURN_IF_ERROR(CheckShape(what, "attention output", y, DType::kFloat32, {B, T, C}, qkv));
+  RETURN_IF_ERROR(CheckShape(what, "attention output", y, FloatOrBf16(y), {B, T, C}, qkv));
   RETURN_IF_ERROR(CheckShape(what, "softmax statistics", lse, DType::kFloat32, {B, n_head, T}, qkv));
   ProfiledOp op(OpCategory::kAttention, "fused_attention.forward", qkv.device(),
-                internal::FusedAttentionForwardCost(B, T, n_head, hd));
+                internal::FusedAttentionForwardCost(B, T, n_head, hd, core::DTypeSize(y.dtype())));
   if (qkv.device().is_cuda()) {
     NN_ON_CUDA(qkv.device(), what, "fused attention forward",
-               kc::FlashAttentionForward(static_cast<const uint16_t*>(qkv.raw_data()), MutF32(y),
-                                         MutF32(lse), B, T, n_head, hd, scale));
+               kc::FlashAttentionForward(static_cast<const uint16_t*>(qkv.raw_data()),
+                                         y.raw_data(), IsBf16(y), MutF32(lse), B, T, n_head, hd,
+                                         scale));
   }
-  kcpu::FlashAttentionForward(static_cast<const uint16_t*>(qkv.raw_data()), MutF32(y),
-                              MutF32(lse), B, T, n_head, hd, scale);
+  kcpu::FlashAttentionForward(static_cast<const uint16_t*>(qkv.raw_data()), y.raw_data(),
+                              IsBf16(y), MutF32(lse), B, T, n_head, hd, scale);
   return absl::OkStatus();
 }
 
@@ -548,27 +554,30 @@ absl::Status FusedAttentionBackward(absl::string_view what, const Tensor& qkv, c
                                     int64_t n_head, float scale, const Tensor& gqkv) {
   ASSIGN_OR_RETURN(const int64_t hd, CheckFusedAttention(what, qkv, n_head));
   const int64_t B = qkv.size(0), T = qkv.size(1), C = n_head * hd;
-  RETURN_IF_ERROR(CheckShape(what, "attention output", y, DType::kFloat32, {B, T, C}, qkv));
+  RETURN_IF_ERROR(CheckShape(what, "attention output", y, FloatOrBf16(y), {B, T, C}, qkv));
   RETURN_IF_ERROR(CheckShape(what, "its gradient", gy, DType::kBFloat16, {B, T, C}, qkv));
   RETURN_IF_ERROR(CheckShape(what, "softmax statistics", lse, DType::kFloat32, {B, n_head, T}, qkv));
   RETURN_IF_ERROR(CheckShape(what, "row scratch", delta, DType::kFloat32, {B, n_head, T}, qkv));
-  RETURN_IF_ERROR(CheckShape(what, "q, k and v gradient", gqkv, DType::kFloat32, qkv.shape(), qkv));
+  RETURN_IF_ERROR(
+      CheckShape(what, "q, k and v gradient", gqkv, FloatOrBf16(gqkv), qkv.shape(), qkv));
   if (reinterpret_cast<uintptr_t>(gy.raw_data()) % 16 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": fused attention needs its gradient 16-byte aligned, got ",
                      gy.ToString()));
   }
   ProfiledOp op(OpCategory::kAttention, "fused_attention.backward", qkv.device(),
-                internal::FusedAttentionBackwardCost(B, T, n_head, hd));
+                internal::FusedAttentionBackwardCost(B, T, n_head, hd, core::DTypeSize(y.dtype()),
+                                                     core::DTypeSize(gqkv.dtype())));
+  const auto* q16 = static_cast<const uint16_t*>(qkv.raw_data());
+  const auto* gy16 = static_cast<const uint16_t*>(gy.raw_data());
   if (qkv.device().is_cuda()) {
     NN_ON_CUDA(qkv.device(), what, "fused attention backward",
-               kc::FlashAttentionBackward(static_cast<const uint16_t*>(qkv.raw_data()), F32(y),
-                                          static_cast<const uint16_t*>(gy.raw_data()), F32(lse),
-                                          MutF32(delta), MutF32(gqkv), B, T, n_head, hd, scale));
+               kc::FlashAttentionBackward(q16, y.raw_data(), IsBf16(y), gy16, F32(lse),
+                                          MutF32(delta), gqkv.raw_data(), IsBf16(gqkv), B, T,
+                                          n_head, hd, scale));
   }
-  kcpu::FlashAttentionBackward(static_cast<const uint16_t*>(qkv.raw_data()), F32(y),
-                               static_cast<const uint16_t*>(gy.raw_data()), F32(lse),
-                               MutF32(delta), MutF32(gqkv), B, T, n_head, hd, scale);
+  kcpu::FlashAttentionBackward(q16, y.raw_data(), IsBf16(y), gy16, F32(lse), MutF32(delta),
+                               gqkv.raw_data(), IsBf16(gqkv), B, T, n_head, hd, scale);
   return absl::OkStatus();
 }
 

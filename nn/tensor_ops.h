@@ -172,13 +172,15 @@ absl::Status CausalSoftmaxBackward(absl::string_view what, const core::Tensor& p
 // FusedAttentionSupported accepts; FailedPrecondition elsewhere, InvalidArgument naming the
 // tensor for a wrong shape, dtype or device.
 bool FusedAttentionSupported(const core::Device& device, int64_t head_dim);
-// y [B, T, C] fp32 = the heads' outputs; lse [B, H, T] fp32 = what the backward needs of
+// y [B, T, C] = the heads' outputs, fp32 or bf16 (y's dtype; bf16 for a bf16 GEMM that
+// takes it, rounded once in the kernel); lse [B, H, T] fp32 = what the backward needs of
 // each row's softmax (its log2-sum-exp2).
 absl::Status FusedAttentionForward(absl::string_view what, const core::Tensor& qkv,
                                    int64_t n_head, float scale, const core::Tensor& y,
                                    const core::Tensor& lse);
-// gqkv [B, T, 3C] fp32 = dL/dqkv (written whole) from the forward's qkv, y, lse and
-// gy [B, T, C] bf16 = dL/dy rounded once; delta [B, H, T] fp32 is scratch. Deterministic.
+// gqkv [B, T, 3C] = dL/dqkv (written whole), fp32 or bf16 (its dtype), from the forward's
+// qkv, y (fp32 or bf16), lse and gy [B, T, C] bf16 = dL/dy rounded once; delta [B, H, T]
+// fp32 is scratch. Deterministic.
 absl::Status FusedAttentionBackward(absl::string_view what, const core::Tensor& qkv,
                                     const core::Tensor& y, const core::Tensor& gy,
                                     const core::Tensor& lse, const core::Tensor& delta,

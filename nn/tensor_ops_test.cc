@@ -508,5 +508,39 @@ TEST(FusedAttentionTest, HeadWidthsShapesAndDTypesAreChecked) {
   EXPECT_TRUE(FusedAttentionForward("attn", qkv, 2, 0.125f, y, lse).ok());
 }
 
+// NOTE [Fused attention]: a bf16 y or gqkv is the fp32 one rounded once, bit for bit (the
+// rounding the consuming bf16 GEMM would do), and a bf16 y feeds the backward as stored.
+TEST(FusedAttentionTest, Bf16OutputsAreTheFp32OutputsRoundedOnce) {
+  const int64_t B = 2, T = 70, H = 2, hd = 64, C = H * hd;
+  const float scale = 0.125f;
+  const auto bf16 = [](const core::Tensor& t) {
+    return t.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
+  };
+  const core::Tensor qkv = bf16(Normal(B * T * 3 * C, 31).Reshape({B, T, 3 * C}).value());
+  const core::Tensor gy = bf16(Normal(B * T * C, 32).Reshape({B, T, C}).value());
+  const core::Tensor lse = core::Tensor::Zeros({B, H, T}), delta = core::Tensor::Zeros({B, H, T});
+  core::Tensor y32 = core::Tensor::Zeros({B, T, C});
+  core::Tensor y16 = core::Tensor::Zeros({B, T, C}, core::DType::kBFloat16);
+  ASSERT_TRUE(FusedAttentionForward("attn", qkv, H, scale, y32, lse).ok());
+  ASSERT_TRUE(FusedAttentionForward("attn", qkv, H, scale, y16, lse).ok());
+  EXPECT_EQ(y16.ToVector(), bf16(y32).ToVector());
+
+  core::Tensor g32 = core::Tensor::Zeros({B, T, 3 * C});
+  core::Tensor g16 = core::Tensor::Zeros({B, T, 3 * C}, core::DType::kBFloat16);
+  core::Tensor g32_from_y32 = core::Tensor::Zeros({B, T, 3 * C});
+  ASSERT_TRUE(FusedAttentionBackward("attn", qkv, y16, gy, lse, delta, H, scale, g32).ok());
+  ASSERT_TRUE(FusedAttentionBackward("attn", qkv, y16, gy, lse, delta, H, scale, g16).ok());
+  EXPECT_EQ(g16.ToVector(), bf16(g32).ToVector());
+  // The row sums <gy, y> read y as given: the rounded y moves the gradient a little.
+  ASSERT_TRUE(
+      FusedAttentionBackward("attn", qkv, y32, gy, lse, delta, H, scale, g32_from_y32).ok());
+  EXPECT_NE(g32.ToVector(), g32_from_y32.ToVector());
+  // An output of another dtype is refused, naming it.
+  absl::Status s = FusedAttentionBackward("attn", qkv, y16, gy, lse, delta, H, scale,
+                                          core::Tensor::Zeros({B, T, 3 * C}, core::DType::kInt32));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("q, k and v gradient"));
+}
+
 }  // namespace
 }  // namespace nn

@@ -27,6 +27,18 @@ std::vector<float> Head(const uint16_t* src, int64_t T, int64_t ld, int64_t D) {
   return out;
 }
 
+// Element i of an fp32 or bf16 buffer, and a store of v into it (rounded once to bf16).
+float At(const void* t, bool bf16, int64_t i) {
+  return bf16 ? Widen(static_cast<const uint16_t*>(t)[i]) : static_cast<const float*>(t)[i];
+}
+void Put(void* t, bool bf16, int64_t i, float v) {
+  if (bf16) {
+    static_cast<uint16_t*>(t)[i] = core::FloatToBf16Bits(v);
+  } else {
+    static_cast<float*>(t)[i] = v;
+  }
+}
+
 float Dot(const float* a, const float* b, int64_t D) {
   float acc = 0.0f;
   for (int64_t d = 0; d < D; ++d) acc += a[d] * b[d];
@@ -56,8 +68,8 @@ void ForEachHead(const uint16_t* qkv, int64_t B, int64_t T, int64_t H, int64_t D
 
 }  // namespace
 
-void FlashAttentionForward(const uint16_t* qkv, float* y, float* lse, int64_t B, int64_t T,
-                           int64_t H, int64_t D, float scale) {
+void FlashAttentionForward(const uint16_t* qkv, void* y, bool y_bf16, float* lse, int64_t B,
+                           int64_t T, int64_t H, int64_t D, float scale) {
   const int64_t C = H * D;
   const float scale_log2 = scale * kLog2e;
   ForEachHead(qkv, B, T, H, D, [&](int64_t b, int64_t h, const HeadQkv& head) {
@@ -85,16 +97,16 @@ void FlashAttentionForward(const uint16_t* qkv, float* y, float* lse, int64_t B,
         }
         m = m_new;
       }
-      float* out = y + (b * T + t) * C + h * D;
-      for (int64_t d = 0; d < D; ++d) out[d] = o[d] / l;
+      const int64_t out = (b * T + t) * C + h * D;
+      for (int64_t d = 0; d < D; ++d) Put(y, y_bf16, out + d, o[d] / l);
       lse[(b * H + h) * T + t] = m + std::log2(l);
     }
   });
 }
 
-void FlashAttentionBackward(const uint16_t* qkv, const float* y, const uint16_t* gy,
-                            const float* lse, float* delta, float* gqkv, int64_t B, int64_t T,
-                            int64_t H, int64_t D, float scale) {
+void FlashAttentionBackward(const uint16_t* qkv, const void* y, bool y_bf16, const uint16_t* gy,
+                            const float* lse, float* delta, void* gqkv, bool gqkv_bf16,
+                            int64_t B, int64_t T, int64_t H, int64_t D, float scale) {
   const int64_t C = H * D, ld3 = 3 * C;
   const float scale_log2 = scale * kLog2e;
   ForEachHead(qkv, B, T, H, D, [&](int64_t b, int64_t h, const HeadQkv& head) {
@@ -102,7 +114,13 @@ void FlashAttentionBackward(const uint16_t* qkv, const float* y, const uint16_t*
     const std::vector<float> g = Head(gy + b * T * C + h * D, T, C, D);
     float* dl = delta + (b * H + h) * T;
     const float* ls = lse + (b * H + h) * T;
-    for (int64_t t = 0; t < T; ++t) dl[t] = Dot(&g[t * D], y + (b * T + t) * C + h * D, D);
+    for (int64_t t = 0; t < T; ++t) {
+      // <gy, y> in the order of Dot, y widened exactly when bf16.
+      const int64_t row = (b * T + t) * C + h * D;
+      float acc = 0.0f;
+      for (int64_t d = 0; d < D; ++d) acc += g[t * D + d] * At(y, y_bf16, row + d);
+      dl[t] = acc;
+    }
     std::vector<float> dq(static_cast<size_t>(T * D)), dk(dq.size()), dv(dq.size());
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t j = 0; j <= t; ++j) {
@@ -116,12 +134,12 @@ void FlashAttentionBackward(const uint16_t* qkv, const float* y, const uint16_t*
         }
       }
     }
-    float* out = gqkv + b * T * ld3 + h * D;
+    const int64_t out = b * T * ld3 + h * D;
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t d = 0; d < D; ++d) {
-        out[t * ld3 + d] = dq[t * D + d];
-        out[t * ld3 + C + d] = dk[t * D + d];
-        out[t * ld3 + 2 * C + d] = dv[t * D + d];
+        Put(gqkv, gqkv_bf16, out + t * ld3 + d, dq[t * D + d]);
+        Put(gqkv, gqkv_bf16, out + t * ld3 + C + d, dk[t * D + d]);
+        Put(gqkv, gqkv_bf16, out + t * ld3 + 2 * C + d, dv[t * D + d]);
       }
     }
   });

@@ -78,12 +78,13 @@ void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int
 // outputs and scratch; head widths kernels::FlashAttentionSupports accepts, checked by the
 // caller): per query, keys in tiles of kFlashTile with an online softmax, each probability
 // rounded to bf16 before the value product and the score gradient before its products,
-// fp32 accumulation. The (batch, head) pairs run in parallel; deterministic.
-void FlashAttentionForward(const uint16_t* qkv, float* y, float* lse, int64_t B, int64_t T,
-                           int64_t H, int64_t head_dim, float scale);
-void FlashAttentionBackward(const uint16_t* qkv, const float* y, const uint16_t* gy,
-                            const float* lse, float* delta, float* gqkv, int64_t B, int64_t T,
-                            int64_t H, int64_t head_dim, float scale);
+// fp32 accumulation; y and gqkv fp32, or bf16 (each value rounded once) when `y_bf16`,
+// `gqkv_bf16`. The (batch, head) pairs run in parallel; deterministic.
+void FlashAttentionForward(const uint16_t* qkv, void* y, bool y_bf16, float* lse, int64_t B,
+                           int64_t T, int64_t H, int64_t head_dim, float scale);
+void FlashAttentionBackward(const uint16_t* qkv, const void* y, bool y_bf16, const uint16_t* gy,
+                            const float* lse, float* delta, void* gqkv, bool gqkv_bf16,
+                            int64_t B, int64_t T, int64_t H, int64_t head_dim, float scale);
 
 // ---- The Llama layers' launchers (kernels/cpu/llama.cc), the twins of kernels/cuda/kernels.h's.
 

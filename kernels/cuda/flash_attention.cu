@@ -196,28 +196,37 @@ __device__ __forceinline__ const bf16* TakePair(bf16* pairs, int cur, bool more,
   return pairs + cur * kPair;
 }
 
+// Two adjacent output elements, fp32 or rounded to bf16.
+__device__ __forceinline__ void StorePair(float* out, float lo, float hi) {
+  *reinterpret_cast<float2*>(out) = make_float2(lo, hi);
+}
+__device__ __forceinline__ void StorePair(bf16* out, float lo, float hi) {
+  *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(lo, hi);
+}
+
 // Stores a warp's 16 x D accumulators (rows row0 + g and row0 + g + 8) into global rows of
-// `dst` (row stride ld), skipping rows at or past T.
-template <int D>
-__device__ __forceinline__ void StoreRows(const float (&acc)[D / 8][4], float* dst, int64_t ld,
+// `dst` (fp32 or bf16, row stride ld), skipping rows at or past T.
+template <int D, typename Out>
+__device__ __forceinline__ void StoreRows(const float (&acc)[D / 8][4], Out* dst, int64_t ld,
                                           int row0, int T) {
   const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int t = row0 + g + 8 * half;
     if (t >= T) continue;
-    float* out = dst + t * ld + 2 * c;
+    Out* out = dst + t * ld + 2 * c;
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      *reinterpret_cast<float2*>(out + n * 8) = make_float2(acc[n][2 * half], acc[n][2 * half + 1]);
-    }
+    for (int n = 0; n < D / 8; ++n) StorePair(out + n * 8, acc[n][2 * half], acc[n][2 * half + 1]);
   }
 }
 
-// Forward: grid (tiles, B*H), the longest query tiles first.
-template <int D>
+__device__ __forceinline__ float Load(const float* p) { return *p; }
+__device__ __forceinline__ float Load(const bf16* p) { return __bfloat162float(*p); }
+
+// Forward: grid (tiles, B*H), the longest query tiles first. Y: fp32 or bf16.
+template <int D, typename Y>
 __global__ void __launch_bounds__(kThreads) FlashForwardKernel(const bf16* __restrict__ qkv,
-                                                               float* __restrict__ y,
+                                                               Y* __restrict__ y,
                                                                float* __restrict__ lse, int T,
                                                                int H, float scale_log2) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -333,7 +342,7 @@ __global__ void __launch_bounds__(kThreads) FlashForwardKernel(const bf16* __res
     o[n][2] *= inv[1];
     o[n][3] *= inv[1];
   }
-  StoreRows<D>(o, y + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * D, C, row0, T);
+  StoreRows<D, Y>(o, y + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * D, C, row0, T);
   if (c == 0) {
     float* out = lse + static_cast<int64_t>(bh) * T;
     if (row0 + g < T) out[row0 + g] = m[0] + log2f(l[0]);
@@ -341,8 +350,9 @@ __global__ void __launch_bounds__(kThreads) FlashForwardKernel(const bf16* __res
   }
 }
 
-// delta[b, h, t] = <gy[b, t, h], y[b, t, h]>: one warp per (b, t, h) row.
-__global__ void FlashDeltaKernel(const bf16* __restrict__ gy, const float* __restrict__ y,
+// delta[b, h, t] = <gy[b, t, h], y[b, t, h]>: one warp per (b, t, h) row. Y: fp32 or bf16.
+template <typename Y>
+__global__ void FlashDeltaKernel(const bf16* __restrict__ gy, const Y* __restrict__ y,
                                  float* __restrict__ delta, int64_t rows, int T, int H, int D) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (r >= rows) return;
@@ -351,7 +361,7 @@ __global__ void FlashDeltaKernel(const bf16* __restrict__ gy, const float* __res
   const int h = static_cast<int>(r % H);
   const int64_t off = bt * H * D + static_cast<int64_t>(h) * D;
   float acc = 0.0f;
-  for (int d = lane; d < D; d += 32) acc += __bfloat162float(gy[off + d]) * y[off + d];
+  for (int d = lane; d < D; d += 32) acc += __bfloat162float(gy[off + d]) * Load(y + off + d);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
   if (lane == 0) {
@@ -373,10 +383,10 @@ constexpr int KVBlocksPerSm(int D) { return D == 64 ? 3 : 1; }
 // dK and dV: grid (tiles, B*H); block kt owns key tile kt and walks query tiles kt.. end.
 // Each warp's 16 keys are the rows of its transposed score tiles S^T = K Q^T and
 // dP^T = V dO^T; dV += P^T dO and dK += dS^T Q stay in registers.
-template <int D>
+template <int D, typename G>
 __global__ void __launch_bounds__(kThreads, KVBlocksPerSm(D)) FlashBackwardKVKernel(
     const bf16* __restrict__ qkv, const bf16* __restrict__ gy, const float* __restrict__ lse,
-    const float* __restrict__ delta, float* __restrict__ gqkv, int T, int H, ScoreGrad sg) {
+    const float* __restrict__ delta, G* __restrict__ gqkv, int T, int H, ScoreGrad sg) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kLd = Dims<D>::kLd;
   bf16* sK = reinterpret_cast<bf16*>(smem);
@@ -430,16 +440,16 @@ __global__ void __launch_bounds__(kThreads, KVBlocksPerSm(D)) FlashBackwardKVKer
     AccumulatePV<D>(dk, ds, sQ, kLd);  // dK += dS^T Q
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
-  float* g_out = gqkv + static_cast<int64_t>(b) * T * ld3 + static_cast<int64_t>(h) * D;
-  StoreRows<D>(dk, g_out + C, ld3, key0, T);
-  StoreRows<D>(dv, g_out + 2 * C, ld3, key0, T);
+  G* g_out = gqkv + static_cast<int64_t>(b) * T * ld3 + static_cast<int64_t>(h) * D;
+  StoreRows<D, G>(dk, g_out + C, ld3, key0, T);
+  StoreRows<D, G>(dv, g_out + 2 * C, ld3, key0, T);
 }
 
 // dQ: grid (tiles, B*H), the longest query tiles first; block qt walks key tiles 0..qt.
-template <int D>
+template <int D, typename G>
 __global__ void __launch_bounds__(kThreads) FlashBackwardQKernel(
     const bf16* __restrict__ qkv, const bf16* __restrict__ gy, const float* __restrict__ lse,
-    const float* __restrict__ delta, float* __restrict__ gqkv, int T, int H, ScoreGrad sg) {
+    const float* __restrict__ delta, G* __restrict__ gqkv, int T, int H, ScoreGrad sg) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kLd = Dims<D>::kLd;
   bf16* sQ = reinterpret_cast<bf16*>(smem);
@@ -494,7 +504,7 @@ __global__ void __launch_bounds__(kThreads) FlashBackwardQKernel(
     AccumulatePV<D>(dq, ds, sK, kLd);  // dQ += dS K
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
-  StoreRows<D>(dq, gqkv + static_cast<int64_t>(b) * T * ld3 + static_cast<int64_t>(h) * D, ld3,
+  StoreRows<D, G>(dq, gqkv + static_cast<int64_t>(b) * T * ld3 + static_cast<int64_t>(h) * D, ld3,
                row0, T);
 }
 
@@ -508,61 +518,94 @@ bool LaunchFits(int64_t B, int64_t T, int64_t H) {
   return B > 0 && T > 0 && H > 0 && T <= (int64_t{1} << 30) && B * H <= 65535;
 }
 
-template <int D>
-cudaError_t Forward(const uint16_t* qkv, float* y, float* lse, int64_t B, int64_t T, int64_t H,
+template <int D, typename Y>
+cudaError_t Forward(const bf16* qkv, Y* y, float* lse, int64_t B, int64_t T, int64_t H,
                     float scale) {
   const int bytes = Dims<D>::kForwardBytes;
-  cudaError_t err = AllowSharedMemory(FlashForwardKernel<D>, bytes);
+  cudaError_t err = AllowSharedMemory(FlashForwardKernel<D, Y>, bytes);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>((T + kTile - 1) / kTile), static_cast<unsigned>(B * H));
-  FlashForwardKernel<D><<<grid, kThreads, bytes>>>(reinterpret_cast<const bf16*>(qkv), y, lse,
-                                                   static_cast<int>(T), static_cast<int>(H),
-                                                   scale * kLog2e);
+  FlashForwardKernel<D, Y><<<grid, kThreads, bytes>>>(qkv, y, lse, static_cast<int>(T),
+                                                      static_cast<int>(H), scale * kLog2e);
+  return cudaGetLastError();
+}
+
+template <int D, typename Y, typename G>
+cudaError_t Backward(const bf16* qkv, const Y* y, const bf16* gy, const float* lse,
+                     float* delta, G* gqkv, int64_t B, int64_t T, int64_t H, float scale) {
+  const int64_t rows = B * T * H;
+  constexpr int kRowsPerBlock = 8;
+  FlashDeltaKernel<Y><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock),
+                        32 * kRowsPerBlock>>>(gy, y, delta, rows, static_cast<int>(T),
+                                              static_cast<int>(H), D);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const int bytes = Dims<D>::kBackwardBytes;
+  if ((err = AllowSharedMemory(FlashBackwardKVKernel<D, G>, bytes)) != cudaSuccess) return err;
+  if ((err = AllowSharedMemory(FlashBackwardQKernel<D, G>, bytes)) != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>((T + kTile - 1) / kTile), static_cast<unsigned>(B * H));
+  const ScoreGrad sg{scale, scale * kLog2e};
+  FlashBackwardKVKernel<D, G><<<grid, kThreads, bytes>>>(qkv, gy, lse, delta, gqkv,
+                                                         static_cast<int>(T), static_cast<int>(H),
+                                                         sg);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  FlashBackwardQKernel<D, G><<<grid, kThreads, bytes>>>(qkv, gy, lse, delta, gqkv,
+                                                        static_cast<int>(T), static_cast<int>(H),
+                                                        sg);
   return cudaGetLastError();
 }
 
 template <int D>
-cudaError_t Backward(const uint16_t* qkv16, const float* y, const uint16_t* gy16,
-                     const float* lse, float* delta, float* gqkv, int64_t B, int64_t T,
-                     int64_t H, float scale) {
-  const bf16* qkv = reinterpret_cast<const bf16*>(qkv16);
-  const bf16* gy = reinterpret_cast<const bf16*>(gy16);
-  const int64_t rows = B * T * H;
-  constexpr int kRowsPerBlock = 8;
-  FlashDeltaKernel<<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock),
-                     32 * kRowsPerBlock>>>(gy, y, delta, rows, static_cast<int>(T),
-                                           static_cast<int>(H), D);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  const int bytes = Dims<D>::kBackwardBytes;
-  if ((err = AllowSharedMemory(FlashBackwardKVKernel<D>, bytes)) != cudaSuccess) return err;
-  if ((err = AllowSharedMemory(FlashBackwardQKernel<D>, bytes)) != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>((T + kTile - 1) / kTile), static_cast<unsigned>(B * H));
-  const ScoreGrad sg{scale, scale * kLog2e};
-  FlashBackwardKVKernel<D><<<grid, kThreads, bytes>>>(qkv, gy, lse, delta, gqkv,
-                                                      static_cast<int>(T), static_cast<int>(H), sg);
-  if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  FlashBackwardQKernel<D><<<grid, kThreads, bytes>>>(qkv, gy, lse, delta, gqkv,
-                                                     static_cast<int>(T), static_cast<int>(H), sg);
-  return cudaGetLastError();
+cudaError_t ForwardAs(const uint16_t* qkv, void* y, bool y_bf16, float* lse, int64_t B,
+                      int64_t T, int64_t H, float scale) {
+  const bf16* q = reinterpret_cast<const bf16*>(qkv);
+  return y_bf16 ? Forward<D>(q, static_cast<bf16*>(y), lse, B, T, H, scale)
+                : Forward<D>(q, static_cast<float*>(y), lse, B, T, H, scale);
+}
+
+template <int D, typename Y>
+cudaError_t BackwardAs(const uint16_t* qkv, const Y* y, const uint16_t* gy, const float* lse,
+                       float* delta, void* gqkv, bool gqkv_bf16, int64_t B, int64_t T,
+                       int64_t H, float scale) {
+  const bf16* q = reinterpret_cast<const bf16*>(qkv);
+  const bf16* g = reinterpret_cast<const bf16*>(gy);
+  return gqkv_bf16
+             ? Backward<D>(q, y, g, lse, delta, static_cast<bf16*>(gqkv), B, T, H, scale)
+             : Backward<D>(q, y, g, lse, delta, static_cast<float*>(gqkv), B, T, H, scale);
+}
+
+template <int D>
+cudaError_t BackwardAs(const uint16_t* qkv, const void* y, bool y_bf16, const uint16_t* gy,
+                       const float* lse, float* delta, void* gqkv, bool gqkv_bf16, int64_t B,
+                       int64_t T, int64_t H, float scale) {
+  return y_bf16 ? BackwardAs<D>(qkv, static_cast<const bf16*>(y), gy, lse, delta, gqkv,
+                                gqkv_bf16, B, T, H, scale)
+                : BackwardAs<D>(qkv, static_cast<const float*>(y), gy, lse, delta, gqkv,
+                                gqkv_bf16, B, T, H, scale);
 }
 
 }  // namespace
 
-cudaError_t FlashAttentionForward(const uint16_t* qkv, float* y, float* lse, int64_t B,
-                                  int64_t T, int64_t H, int64_t head_dim, float scale) {
+cudaError_t FlashAttentionForward(const uint16_t* qkv, void* y, bool y_bf16, float* lse,
+                                  int64_t B, int64_t T, int64_t H, int64_t head_dim,
+                                  float scale) {
   if (!LaunchFits(B, T, H)) return cudaErrorInvalidValue;
-  if (head_dim == 64) return Forward<64>(qkv, y, lse, B, T, H, scale);
-  if (head_dim == 128) return Forward<128>(qkv, y, lse, B, T, H, scale);
+  if (head_dim == 64) return ForwardAs<64>(qkv, y, y_bf16, lse, B, T, H, scale);
+  if (head_dim == 128) return ForwardAs<128>(qkv, y, y_bf16, lse, B, T, H, scale);
   return cudaErrorInvalidValue;
 }
 
-cudaError_t FlashAttentionBackward(const uint16_t* qkv, const float* y, const uint16_t* gy,
-                                   const float* lse, float* delta, float* gqkv, int64_t B,
-                                   int64_t T, int64_t H, int64_t head_dim, float scale) {
+cudaError_t FlashAttentionBackward(const uint16_t* qkv, const void* y, bool y_bf16,
+                                   const uint16_t* gy, const float* lse, float* delta,
+                                   void* gqkv, bool gqkv_bf16, int64_t B, int64_t T, int64_t H,
+                                   int64_t head_dim, float scale) {
   if (!LaunchFits(B, T, H)) return cudaErrorInvalidValue;
-  if (head_dim == 64) return Backward<64>(qkv, y, gy, lse, delta, gqkv, B, T, H, scale);
-  if (head_dim == 128) return Backward<128>(qkv, y, gy, lse, delta, gqkv, B, T, H, scale);
+  if (head_dim == 64) {
+    return BackwardAs<64>(qkv, y, y_bf16, gy, lse, delta, gqkv, gqkv_bf16, B, T, H, scale);
+  }
+  if (head_dim == 128) {
+    return BackwardAs<128>(qkv, y, y_bf16, gy, lse, delta, gqkv, gqkv_bf16, B, T, H, scale);
+  }
   return cudaErrorInvalidValue;
 }
 

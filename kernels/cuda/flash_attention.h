@@ -2,17 +2,19 @@
 // in nn/attention.h says when the layer uses it. Flash-attention style: each block keeps a
 // 64-query tile in shared memory and walks the 64-key tiles up to the diagonal with an
 // online softmax, so the [T, T] scores never reach device memory. The products run on the
-// tensor cores (WMMA, bf16 x bf16 with fp32 accumulation); the softmax statistics are fp32.
+// tensor cores (mma.sync with ldmatrix loads, bf16 x bf16 with fp32 accumulation); the
+// softmax statistics are fp32.
 //
 // Layout (nanoGPT's c_attn split, as nn::CausalSelfAttention): qkv [B, T, 3C] bf16 with q,
 // k, v at columns [0, C), [C, 2C), [2C, 3C), head h at columns h*hd .. (h+1)*hd of each;
 // y and gy [B, T, C]. Scores are scale * q k^T, entries with key > query masked.
 //
 //   if (kernels::FlashAttentionSupports(hd)) {
-//     err = kernels::cuda::FlashAttentionForward(qkv, y, lse, B, T, H, hd, scale);
+//     err = kernels::cuda::FlashAttentionForward(qkv, y, /*y_bf16=*/true, lse, B, T, H, hd,
+//                                                scale);
 //     ...
-//     err = kernels::cuda::FlashAttentionBackward(qkv, y, gy, lse, delta, gqkv, B, T, H, hd,
-//                                                 scale);
+//     err = kernels::cuda::FlashAttentionBackward(qkv, y, /*y_bf16=*/true, gy, lse, delta,
+//                                                 gqkv, /*gqkv_bf16=*/true, B, T, H, hd, scale);
 //   }
 //
 // Every launch goes to the compute stream (the legacy default stream) and returns the
@@ -30,19 +32,23 @@
 namespace kernels {
 namespace cuda {
 
-// y [B, T, C] fp32 = the heads' attention outputs (before the output projection);
-// lse [B, H, T] fp32 = each row's log2-sum-exp2 of the scaled scores in log2 units
-// (scale * log2(e) * q.k), which the backward reads. Returns cudaErrorInvalidValue for a
-// head width kernels::FlashAttentionSupports rejects or sizes that do not fit a launch.
-cudaError_t FlashAttentionForward(const uint16_t* qkv, float* y, float* lse, int64_t B,
-                                  int64_t T, int64_t H, int64_t head_dim, float scale);
+// y [B, T, C] = the heads' attention outputs (before the output projection), fp32, or
+// bf16 (rounded once) when `y_bf16`; lse [B, H, T] fp32 = each row's log2-sum-exp2 of the
+// scaled scores in log2 units (scale * log2(e) * q.k), which the backward reads. Returns
+// cudaErrorInvalidValue for a head width kernels::FlashAttentionSupports rejects or sizes
+// that do not fit a launch.
+cudaError_t FlashAttentionForward(const uint16_t* qkv, void* y, bool y_bf16, float* lse,
+                                  int64_t B, int64_t T, int64_t H, int64_t head_dim,
+                                  float scale);
 
-// gqkv [B, T, 3C] fp32 = dL/dqkv (every element written) from the forward's qkv, y and lse
-// and gy = dL/dy rounded to bf16; delta [B, H, T] fp32 is scratch (each row's <gy, y>).
-// Three launches: delta, then dK and dV per key tile, then dQ per query tile.
-cudaError_t FlashAttentionBackward(const uint16_t* qkv, const float* y, const uint16_t* gy,
-                                   const float* lse, float* delta, float* gqkv, int64_t B,
-                                   int64_t T, int64_t H, int64_t head_dim, float scale);
+// gqkv [B, T, 3C] = dL/dqkv (every element written), fp32 or, when `gqkv_bf16`, bf16, from
+// the forward's qkv, y (fp32 or bf16, as `y_bf16` says) and lse and gy = dL/dy rounded to
+// bf16; delta [B, H, T] fp32 is scratch (each row's <gy, y>). Three launches: delta, then
+// dK and dV per key tile, then dQ per query tile.
+cudaError_t FlashAttentionBackward(const uint16_t* qkv, const void* y, bool y_bf16,
+                                   const uint16_t* gy, const float* lse, float* delta,
+                                   void* gqkv, bool gqkv_bf16, int64_t B, int64_t T, int64_t H,
+                                   int64_t head_dim, float scale);
 
 }  // namespace cuda
 }  // namespace kernels

@@ -46,7 +46,8 @@ void CausalAttentionCore::Release() {
 }
 
 absl::StatusOr<core::Tensor> CausalAttentionCore::Forward(const core::Module& m, core::Tensor qkv,
-                                                          int64_t n_head, bool fused) {
+                                                          int64_t n_head, bool fused,
+                                                          bool y_bf16) {
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = n_head, hd = C / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const core::Device device = qkv.device();
@@ -54,7 +55,9 @@ absl::StatusOr<core::Tensor> CausalAttentionCore::Forward(const core::Module& m,
   const bool bf16 = qkv.dtype() == core::DType::kBFloat16;
   n_head_ = n_head;
   if (bf16 && fused && FusedAttentionSupported(device, hd)) {  // NOTE [Fused attention]
-    ASSIGN_OR_RETURN(core::Tensor y, NewActivation({B, T, C}, device));
+    ASSIGN_OR_RETURN(core::Tensor y,
+                     NewActivation({B, T, C}, device,
+                                   y_bf16 ? core::DType::kBFloat16 : core::DType::kFloat32));
     ASSIGN_OR_RETURN(core::Tensor lse, NewActivation({B, H, T}, device));
     RETURN_IF_ERROR(FusedAttentionForward(what, qkv, H, scale, y, lse));
     qkv_ = std::move(qkv);
@@ -107,12 +110,13 @@ absl::StatusOr<core::Tensor> CausalAttentionCore::Forward(const core::Module& m,
   return y;
 }
 
-absl::StatusOr<core::Tensor> CausalAttentionCore::Backward(const core::Module& m, core::Tensor gy) {
+absl::StatusOr<core::Tensor> CausalAttentionCore::Backward(const core::Module& m, core::Tensor gy,
+                                                           bool gqkv_bf16) {
   if (!qkv_.defined()) {
     return absl::FailedPreconditionError(
         absl::StrCat(m.Describe(), ": attention backward without a preceding forward"));
   }
-  if (lse_.defined()) return FusedBackward(m, std::move(gy));
+  if (lse_.defined()) return FusedBackward(m, std::move(gy), gqkv_bf16);
   const core::Device device = qkv_.device();
   const int64_t B = qkv_.size(0), T = qkv_.size(1), C = qkv_.size(2) / 3, H = n_head_,
                 hd = C / H;
@@ -182,12 +186,15 @@ absl::StatusOr<core::Tensor> CausalAttentionCore::Backward(const core::Module& m
 }
 
 absl::StatusOr<core::Tensor> CausalAttentionCore::FusedBackward(const core::Module& m,
-                                                                core::Tensor gy) {
+                                                                core::Tensor gy,
+                                                                bool gqkv_bf16) {
   const core::Device device = qkv_.device();
   const int64_t B = qkv_.size(0), T = qkv_.size(1), C = qkv_.size(2) / 3, H = n_head_;
   const float scale = 1.0f / std::sqrt(static_cast<float>(C / H));
   ASSIGN_OR_RETURN(gy, RoundToBf16(m, gy, "the heads' gradient"));
-  ASSIGN_OR_RETURN(core::Tensor gqkv, NewActivation({B, T, 3 * C}, device));
+  ASSIGN_OR_RETURN(core::Tensor gqkv,
+                   NewActivation({B, T, 3 * C}, device,
+                                 gqkv_bf16 ? core::DType::kBFloat16 : core::DType::kFloat32));
   ASSIGN_OR_RETURN(core::Tensor delta, NewActivation({B, H, T}, device));
   RETURN_IF_ERROR(
       FusedAttentionBackward(What(m), qkv_, y_, gy, lse_, delta, H, scale, gqkv));

@@ -27,16 +27,18 @@ class CausalAttentionCore {
  public:
   // qkv: [B, T, 3C] on any device, fp32 or bf16 (rounded once by the caller: NOTE [bf16
   // attention]), C divisible by n_head (checked by the caller). Returns the heads' output
-  // y [B, T, C] (fp32) and keeps qkv and the probabilities (or, fused, y and the row
-  // statistics) until Backward or Release. `fused`: whether the fused path may run where
-  // it applies. `m` is the calling module: it names the ops and their errors.
+  // y [B, T, C] (fp32; bf16 from the fused path when `y_bf16`, for a bf16 GEMM that takes
+  // it) and keeps qkv and the probabilities (or, fused, y and the row statistics) until
+  // Backward or Release. `fused`: whether the fused path may run where it applies. `m` is
+  // the calling module: it names the ops and their errors.
   absl::StatusOr<core::Tensor> Forward(const core::Module& m, core::Tensor qkv, int64_t n_head,
-                                       bool fused);
+                                       bool fused, bool y_bf16 = false);
 
-  // gy: dL/dy [B, T, C] fp32 on qkv's device (checked by the caller) -> dL/dqkv
-  // [B, T, 3C] fp32 (written whole). Releases the caches. FailedPrecondition without a
-  // preceding Forward.
-  absl::StatusOr<core::Tensor> Backward(const core::Module& m, core::Tensor gy);
+  // gy: dL/dy [B, T, C] fp32 (or bf16) on qkv's device (checked by the caller) -> dL/dqkv
+  // [B, T, 3C] (written whole), fp32, or bf16 from the fused path when `gqkv_bf16`.
+  // Releases the caches. FailedPrecondition without a preceding Forward.
+  absl::StatusOr<core::Tensor> Backward(const core::Module& m, core::Tensor gy,
+                                        bool gqkv_bf16 = false);
 
   // The qkv the last Forward kept (undefined when none): its shape gives B and T.
   const core::Tensor& qkv() const { return qkv_; }
@@ -45,7 +47,8 @@ class CausalAttentionCore {
   void Release();
 
  private:
-  absl::StatusOr<core::Tensor> FusedBackward(const core::Module& m, core::Tensor gy);
+  absl::StatusOr<core::Tensor> FusedBackward(const core::Module& m, core::Tensor gy,
+                                             bool gqkv_bf16);
 
   int64_t n_head_ = 0;
   // qkv [B, T, 3C] and the attention probabilities [B, n_head, T, T] (zero above the

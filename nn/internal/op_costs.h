@@ -92,17 +92,22 @@ inline double FusedAttentionPairs(int64_t T) {
   const double tiles = static_cast<double>((T + 63) / 64);
   return tiles * (tiles + 1) / 2;
 }
-inline core::OpCost FusedAttentionForwardCost(int64_t B, int64_t T, int64_t H, int64_t hd) {
+// `y_bytes` and `g_bytes`: the element sizes of y and gqkv (4 fp32, 2 bf16).
+inline core::OpCost FusedAttentionForwardCost(int64_t B, int64_t T, int64_t H, int64_t hd,
+                                              int64_t y_bytes) {
   const double bh = static_cast<double>(B) * H, tile = 2.0 * 64 * 64 * hd;
   return core::OpCost{bh * FusedAttentionPairs(T) * 2 * tile,
-                      bh * (FusedAttentionPairs(T) * 2 * 64 * hd * 2 + T * hd * (2 + 4) + 4.0 * T),
+                      bh * (FusedAttentionPairs(T) * 2 * 64 * hd * 2 +
+                            static_cast<double>(T) * hd * (2 + y_bytes) + 4.0 * T),
                       1, core::OpEngine::kTensorCoreBf16};
 }
-inline core::OpCost FusedAttentionBackwardCost(int64_t B, int64_t T, int64_t H, int64_t hd) {
+inline core::OpCost FusedAttentionBackwardCost(int64_t B, int64_t T, int64_t H, int64_t hd,
+                                               int64_t y_bytes, int64_t g_bytes) {
   const double bh = static_cast<double>(B) * H, tile = 2.0 * 64 * 64 * hd;
   return core::OpCost{bh * FusedAttentionPairs(T) * 7 * tile,
                       bh * (FusedAttentionPairs(T) * 4 * 64 * hd * 2 +
-                            T * hd * (2 + 2 + 4 + 3 * 4) + 12.0 * T),
+                            static_cast<double>(T) * hd * (2 + 2 + y_bytes + 3 * g_bytes) +
+                            12.0 * T),
                       3, core::OpEngine::kTensorCoreBf16};
 }
 
