@@ -140,16 +140,21 @@ absl::Status Unit::WaitCounted(std::shared_ptr<comm::Work>& work, bool host, boo
 }
 
 void Unit::CountStreamTimings() {
-  // Collectives complete in issue order on their stream, and the compute stream passes
-  // its waits in order: stop at the first one not known yet.
-  while (!stream_timed_.empty()) {
-    const auto& [work, gather] = stream_timed_.front();
+  for (auto it = stream_timed_.begin(); it != stream_timed_.end();) {
+    const auto& [work, gather] = *it;
     const std::optional<comm::Work::StreamTiming> t = work->StreamWaitTiming();
     if (!t.has_value()) {
-      // A failed collective never gets one (a completed Work's Wait returns its status
-      // at once); anything else is still running or not yet passed.
-      if (!work->IsCompleted() || work->Wait(absl::ZeroDuration()).ok()) return;
-    } else if (gather) {
+      // A failed collective never gets one (a completed Work's Wait returns its status at
+      // once): dropped. Anything else is still running or not yet passed by the compute
+      // stream (or its backend never gives one: kept until kMaxStreamTimed pushes it out).
+      if (work->IsCompleted() && !work->Wait(absl::ZeroDuration()).ok()) {
+        it = stream_timed_.erase(it);
+      } else {
+        ++it;
+      }
+      continue;
+    }
+    if (gather) {
       ++comm_timing_.all_gathers;
       comm_timing_.all_gather_run += t->run;
       comm_timing_.all_gather_wait += t->wait;
@@ -158,7 +163,7 @@ void Unit::CountStreamTimings() {
       comm_timing_.reduce_run += t->run;
       comm_timing_.reduce_wait += t->wait;
     }
-    stream_timed_.pop_front();
+    it = stream_timed_.erase(it);
   }
 }
 
