@@ -7,6 +7,7 @@
 #include "kernels/cpu.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu_runtime.h"
+#include "kernels/math.h"
 #include "kernels/rowwise.h"
 
 namespace kernels {
@@ -27,15 +28,15 @@ std::vector<float> Head(const uint16_t* src, int64_t T, int64_t ld, int64_t D) {
   return out;
 }
 
-// Element i of an fp32 or bf16 buffer, and a store of v into it (rounded once to bf16).
+// kernels::Load and kernels::Store on a buffer whose dtype (fp32 or bf16) is a flag.
 float At(const void* t, bool bf16, int64_t i) {
-  return bf16 ? Widen(static_cast<const uint16_t*>(t)[i]) : static_cast<const float*>(t)[i];
+  return bf16 ? Load(static_cast<const uint16_t*>(t), i) : Load(static_cast<const float*>(t), i);
 }
 void Put(void* t, bool bf16, int64_t i, float v) {
   if (bf16) {
-    static_cast<uint16_t*>(t)[i] = core::FloatToBf16Bits(v);
+    Store(static_cast<uint16_t*>(t), i, v);
   } else {
-    static_cast<float*>(t)[i] = v;
+    Store(static_cast<float*>(t), i, v);
   }
 }
 
