@@ -549,6 +549,65 @@ TEST(CudaLayersTest, ColumnSumsSplitAcrossBlocksMatchCpuAndRepeatBitForBit) {
   }
 }
 
+// LayerNorm's backward with its weight and bias gradients in the same pass
+// (kernels::LayerNormGradWarps; rows split over blocks by kernels::LayerNormGradChunks, the
+// blocks' sums added in order) and, for rows too wide for it, with the column sums' own
+// kernels: the input gradient within fp32 order of the CPU's, the parameter gradients within
+// fp32 summation error of it, the same bits on every run; each gradient only when asked for.
+TEST(CudaLayersTest, LayerNormBackwardWithParameterGradientsMatchesCpuAndRepeatsBitForBit) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t rows, cols;
+    bool residual, want_gw, want_gb, bf16_w;
+  };
+  for (const Case& c : std::vector<Case>{{16384, 768, true, true, true, false},
+                                         {16384, 768, false, true, true, true},
+                                         {5, 768, true, true, true, false},
+                                         {1000, 1600, true, false, true, false},
+                                         {999, 40, false, true, false, true},
+                                         {64, 6200, true, true, true, false}}) {
+    SCOPED_TRACE(absl::StrCat(c.rows, " x ", c.cols, c.residual ? " residual" : "",
+                              c.want_gw ? " gw" : "", c.want_gb ? " gb" : "",
+                              c.bf16_w ? " bf16 weight" : ""));
+    const int64_t rows = c.rows, cols = c.cols;
+    const core::Tensor g = Normal({rows, cols}, 60), xhat = Normal({rows, cols}, 61);
+    const core::Tensor residual = Normal({rows, cols}, 62);
+    const core::Tensor rstd = Normal({rows}, 63, 0.5f);
+    core::Tensor w = Normal({cols}, 64);
+    if (c.bf16_w) w = w.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
+    const core::Tensor gw0 = Normal({cols}, 65), gb0 = Normal({cols}, 66);
+    struct Out {
+      std::vector<float> gx, gw, gb;
+    };
+    auto run = [&](const core::Device& d) {
+      core::Tensor gx = To(core::Tensor::Zeros({rows, cols}), d);
+      core::Tensor gw = c.want_gw ? To(gw0, d) : core::Tensor();
+      core::Tensor gb = c.want_gb ? To(gb0, d) : core::Tensor();
+      const absl::Status s =
+          c.residual ? LayerNormBackwardAdd("ln", To(g, d), To(xhat, d), To(rstd, d), To(w, d),
+                                            To(residual, d), gx, gw, gb)
+                     : LayerNormBackward("ln", To(g, d), To(xhat, d), To(rstd, d), To(w, d), gx,
+                                         gw, gb);
+      EXPECT_TRUE(s.ok()) << s;
+      return Out{Host(gx), c.want_gw ? Host(gw) : std::vector<float>(),
+                 c.want_gb ? Host(gb) : std::vector<float>()};
+    };
+    const Out cpu = run(core::Device::Cpu());
+    const Out first = run(kGpu), second = run(kGpu);
+    const double sums_tol = 1e-5 * std::sqrt(static_cast<double>(rows));
+    EXPECT_LE(RelErr(first.gx, cpu.gx), kFp32Rel);
+    if (c.want_gw) {
+      EXPECT_LE(RelErr(first.gw, cpu.gw), sums_tol);
+    }
+    if (c.want_gb) {
+      EXPECT_LE(RelErr(first.gb, cpu.gb), sums_tol);
+    }
+    EXPECT_EQ(second.gx, first.gx) << "run to run";
+    EXPECT_EQ(second.gw, first.gw) << "run to run";
+    EXPECT_EQ(second.gb, first.gb) << "run to run";
+  }
+}
+
 // NOTE [GEMM epilogues]: LayerNorm (and residual + LayerNorm) storing its output bf16: the
 // device's value is the CPU's up to fp32 order, so at most one bf16 step apart.
 TEST(CudaLayersTest, LayerNormBf16OutputMatchesCpu) {

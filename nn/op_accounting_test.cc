@@ -2,8 +2,10 @@
 // runs, with FLOPs and bytes from the shapes, on the CPU as on the GPU.
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/op_profile.h"
 #include "core/tensor.h"
 #include "gtest/gtest.h"
@@ -218,6 +220,48 @@ TEST(OpAccountingTest, AFusedOpRecordsOneKernelReadingOneTensorFewer) {
   EXPECT_EQ(add_norm.records()[0].cost.bytes, add_then_norm.records()[0].cost.bytes +
                                                   add_then_norm.records()[1].cost.bytes -
                                                   4.0 * n);  // h is not re-read
+}
+
+
+// LayerNorm's backward takes its weight and bias gradients in the pass that computes the
+// input gradient (kernels::LayerNormGradWarps): they add bytes per column and per block, not
+// another read of g and xhat, and one launch each that adds the blocks' sums. Rows too wide
+// for a warp's sums in shared memory take the column sums' own kernels, which read g (and
+// xhat) again.
+TEST(OpAccountingTest, LayerNormBackwardReadsItsInputsOnceForTheParameterGradients) {
+  for (const auto& [rows, cols, fused] : std::vector<std::tuple<int64_t, int64_t, bool>>{
+           {2048, 768, true}, {64, 6200, false}}) {
+    SCOPED_TRACE(absl::StrCat(rows, " x ", cols));
+    const double n = static_cast<double>(rows) * cols;
+    const core::Tensor g = Filled({rows, cols}, 0.3f), xhat = Filled({rows, cols}, -0.2f);
+    const core::Tensor residual = Filled({rows, cols}, 0.1f);
+    const core::Tensor rstd = Filled({rows}, 1.0f), w = Filled({cols}, 1.0f);
+    core::Tensor gx = core::Tensor::Zeros({rows, cols});
+    core::Tensor gw = core::Tensor::Zeros({cols}), gb = core::Tensor::Zeros({cols});
+    core::OpProfile both, input_only;
+    {
+      core::ScopedOpProfile on(&both);
+      ASSERT_TRUE(LayerNormBackwardAdd("ln", g, xhat, rstd, w, residual, gx, gw, gb).ok());
+    }
+    {
+      core::ScopedOpProfile on(&input_only);
+      ASSERT_TRUE(LayerNormBackwardAdd("ln", g, xhat, rstd, w, residual, gx, core::Tensor(),
+                                       core::Tensor())
+                      .ok());
+    }
+    ASSERT_EQ(Names(both.records()), (std::vector<std::string>{"layernorm.backward_add"}));
+    const core::OpCost& c = both.records()[0].cost;
+    const core::OpCost& base = input_only.records()[0].cost;
+    EXPECT_EQ(base.launches, 1);
+    EXPECT_EQ(base.bytes, 16.0 * n + 4.0 * rows + 4.0 * cols);  // g, xhat, residual, gx
+    if (fused) {
+      EXPECT_EQ(c.launches, 3);  // the pass, then one adding the blocks' sums per gradient
+      EXPECT_LT(c.bytes - base.bytes, 0.25 * 4.0 * n);  // under a quarter of one read of g
+    } else {
+      EXPECT_EQ(c.launches, 3);  // the input gradient, then one column sum per gradient
+      EXPECT_GE(c.bytes - base.bytes, 12.0 * n);  // g * xhat, then g, read again
+    }
+  }
 }
 
 }  // namespace

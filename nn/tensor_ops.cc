@@ -164,18 +164,22 @@ absl::Status BiasAdd(absl::string_view what, const Tensor& x, const Tensor& bias
 namespace {
 
 #ifdef FSDP_WITH_CUDA
+// The fp32 scratch of `chunks` partial sums of `n` values each that a split reduction
+// writes, on `device`; undefined for one chunk (the kernel adds into the result directly).
+// kActivation, released by the caller after the launch: the caching allocator orders its
+// reuse on the compute stream.
+absl::StatusOr<Tensor> PartialSums(const core::Device& device, int64_t chunks, int64_t n) {
+  if (chunks <= 1) return Tensor();
+  return Tensor::Allocate({chunks * n}, DType::kFloat32, core::MemoryTag::kActivation, device);
+}
+
 // kc::ColumnSums of checked CUDA tensors on the current device, with the partial sums'
-// scratch (kActivation, released on return: the caching allocator orders its reuse on
-// the compute stream). `op` names the launch in an error.
+// scratch. `op` names the launch in an error.
 absl::Status ColumnSumsOnCuda(absl::string_view what, const char* op, const Tensor& x,
                               const Tensor& y, const Tensor& acc, int64_t rows, int64_t cols) {
-  const int64_t chunks = ::kernels::ColumnSumChunks(rows, cols);
-  Tensor partial;
-  if (chunks > 1) {
-    ASSIGN_OR_RETURN(partial, Tensor::Allocate({chunks * cols}, DType::kFloat32,
-                                               core::MemoryTag::kActivation, x.device()));
-  }
-  float* scratch = chunks > 1 ? MutF32(partial) : nullptr;
+  ASSIGN_OR_RETURN(const Tensor partial,
+                   PartialSums(x.device(), ::kernels::ColumnSumChunks(rows, cols), cols));
+  float* scratch = partial.defined() ? MutF32(partial) : nullptr;
   if (IsBf16(x)) {
     return Launched(kc::ColumnSumsBf16(static_cast<const uint16_t*>(x.raw_data()), MutF32(acc),
                                        rows, cols, scratch),
@@ -345,13 +349,27 @@ namespace {
 
 #ifdef FSDP_WITH_CUDA
 // LayerNorm's backward on CUDA (checked tensors): the input gradient, plus `residual` when
-// it is defined (one kernel), then the weight and bias gradients' column sums.
+// it is defined, and the weight and bias gradients' column sums in the same pass
+// (kc::LayerNormBackward) where the row fits (kernels::LayerNormGradWarps); otherwise the
+// input gradient's kernel, then the column sums' own.
 absl::Status LayerNormBackwardCuda(absl::string_view what, const Tensor& g, const Tensor& xhat,
                                    const Tensor& rstd, const Tensor& w, const Tensor& residual,
                                    const Tensor& gx, const Tensor& gw, const Tensor& gb,
                                    int64_t rows) {
   const int64_t cols = w.numel();
   RETURN_IF_ERROR(UseDevice(g.device(), what));
+  if ((gw.defined() || gb.defined()) && ::kernels::LayerNormGradWarps(cols) > 0) {
+    ASSIGN_OR_RETURN(
+        const Tensor partial,
+        PartialSums(g.device(), ::kernels::LayerNormGradChunks(rows, cols), 2 * cols));
+    return Launched(
+        kc::LayerNormBackward(F32(g), F32(xhat), F32(rstd), w.raw_data(), IsBf16(w),
+                              residual.defined() ? F32(residual) : nullptr, MutF32(gx),
+                              gw.defined() ? MutF32(gw) : nullptr,
+                              gb.defined() ? MutF32(gb) : nullptr, rows, cols,
+                              partial.defined() ? MutF32(partial) : nullptr),
+        what, "LayerNorm backward");
+  }
   RETURN_IF_ERROR(Launched(
       residual.defined()
           ? kc::LayerNormBackwardInputAdd(F32(g), F32(xhat), F32(rstd), w.raw_data(), IsBf16(w),

@@ -185,12 +185,13 @@ __global__ void ColumnSumsKernel(const X* x, const float* y, float* out, int64_t
   }
 }
 
-// acc[col] += the chunks' partial sums of column col, in chunk order.
-__global__ void ColumnSumsFinishKernel(const float* partial, float* acc, int64_t chunks,
-                                       int64_t cols) {
+// acc[col] += the chunks' partial sums of column col (partial[c * stride + col]), in chunk
+// order.
+__global__ void ColumnSumsFinishKernel(const float* partial, int64_t stride, float* acc,
+                                       int64_t chunks, int64_t cols) {
   for (int64_t col = GlobalIndex(); col < cols; col += GlobalStride()) {
     float total = 0.0f;
-    for (int64_t c = 0; c < chunks; ++c) total += partial[c * cols + col];
+    for (int64_t c = 0; c < chunks; ++c) total += partial[c * stride + col];
     acc[col] += total;
   }
 }
@@ -255,6 +256,64 @@ __global__ void LayerNormBackwardInputKernel(const float* g, const float* xhat, 
   for (int64_t j = lane; j < cols; j += 32) {
     const float v = k::LayerNormBackwardInput<float>(gr[j], w, j, hr[j], r, mean_gh, mean_gh_h);
     out[j] = res != nullptr ? k::Add(res[j], v) : v;
+  }
+}
+
+// LayerNormBackwardInputKernel's gx and, in the same pass, the column sums of g * xhat and
+// of g over the block's rows (kernels::LayerNormGradChunks): warp v of the block takes rows
+// first + v, first + v + warps, ... and keeps its own sums in shared memory ([warps][2][cols],
+// lane l owning columns l, l + 32, ...); the block then adds its warps' sums in warp order
+// into partial[blockIdx.x] ([2, cols]: g * xhat, then g), or, with partial null (one block),
+// into gw and gb (each when not null).
+template <typename W>
+__global__ void LayerNormBackwardFusedKernel(const float* g, const float* xhat,
+                                             const float* rstd, const W* w,
+                                             const float* residual, float* gx, float* gw,
+                                             float* gb, float* partial, int64_t rows,
+                                             int64_t cols, int64_t rows_per_block) {
+  extern __shared__ float sums[];
+  const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float* own_gh = sums + static_cast<int64_t>(warp) * 2 * cols;
+  float* own_g = own_gh + cols;
+  for (int64_t j = lane; j < cols; j += 32) {
+    own_gh[j] = 0.0f;
+    own_g[j] = 0.0f;
+  }
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  const int64_t end = first + rows_per_block < rows ? first + rows_per_block : rows;
+  for (int64_t row = first + warp; row < end; row += warps) {
+    const float* gr = g + row * cols;
+    const float* hr = xhat + row * cols;
+    float sum_gh = 0.0f, sum_gh_h = 0.0f;
+    for (int64_t j = lane; j < cols; j += 32) {
+      const float gh = k::LayerNormGradHat<float>(gr[j], w, j);
+      sum_gh += gh;
+      sum_gh_h += gh * hr[j];
+    }
+    const float mean_gh = WarpSum(sum_gh) / static_cast<float>(cols);
+    const float mean_gh_h = WarpSum(sum_gh_h) / static_cast<float>(cols);
+    const float r = rstd[row];
+    float* out = gx + row * cols;
+    const float* res = residual != nullptr ? residual + row * cols : nullptr;
+    for (int64_t j = lane; j < cols; j += 32) {
+      const float gj = gr[j], hj = hr[j];
+      const float v = k::LayerNormBackwardInput<float>(gj, w, j, hj, r, mean_gh, mean_gh_h);
+      out[j] = res != nullptr ? k::Add(res[j], v) : v;
+      own_gh[j] += gj * hj;
+      own_g[j] += gj;
+    }
+  }
+  __syncthreads();
+  for (int64_t j = threadIdx.x; j < 2 * cols; j += blockDim.x) {
+    float total = 0.0f;
+    for (int v = 0; v < warps; ++v) total += sums[static_cast<int64_t>(v) * 2 * cols + j];
+    if (partial != nullptr) {
+      partial[static_cast<int64_t>(blockIdx.x) * 2 * cols + j] = total;
+    } else if (j < cols) {
+      if (gw != nullptr) gw[j] += total;
+    } else if (gb != nullptr) {
+      gb[j - cols] += total;
+    }
   }
 }
 
@@ -474,7 +533,7 @@ cudaError_t LaunchColumnSums(const X* x, const float* y, float* acc, int64_t row
   }
   ColumnSumsKernel<<<grid, block>>>(x, y, partial, rows, cols, rows_per_chunk, false);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
-  ColumnSumsFinishKernel<<<GridFor(cols), kThreads>>>(partial, acc, chunks, cols);
+  ColumnSumsFinishKernel<<<GridFor(cols), kThreads>>>(partial, cols, acc, chunks, cols);
   return cudaGetLastError();
 }
 
@@ -574,6 +633,38 @@ cudaError_t LayerNormBackwardInputAdd(const float* g, const float* xhat, const f
                                       const void* w, bool bf16, const float* residual, float* gx,
                                       int64_t rows, int64_t cols) {
   return LayerNormBackwardInputLaunch(g, xhat, rstd, w, bf16, residual, gx, rows, cols);
+}
+
+cudaError_t LayerNormBackward(const float* g, const float* xhat, const float* rstd,
+                              const void* w, bool bf16, const float* residual, float* gx,
+                              float* gw, float* gb, int64_t rows, int64_t cols, float* partial) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  const int warps = k::LayerNormGradWarps(cols);
+  const int64_t chunks = k::LayerNormGradChunks(rows, cols);
+  if (warps == 0 || (chunks > 1 && partial == nullptr)) return cudaErrorInvalidValue;
+  const int64_t rows_per_block = (rows + chunks - 1) / chunks;
+  const size_t shared = static_cast<size_t>(warps) * 2 * cols * sizeof(float);
+  float* const out = chunks > 1 ? partial : nullptr;
+  const unsigned int grid = static_cast<unsigned int>(chunks);
+  if (bf16) {
+    LayerNormBackwardFusedKernel<<<grid, warps * 32, shared>>>(
+        g, xhat, rstd, static_cast<const uint16_t*>(w), residual, gx, gw, gb, out, rows, cols,
+        rows_per_block);
+  } else {
+    LayerNormBackwardFusedKernel<<<grid, warps * 32, shared>>>(
+        g, xhat, rstd, static_cast<const float*>(w), residual, gx, gw, gb, out, rows, cols,
+        rows_per_block);
+  }
+  if (chunks == 1) return cudaGetLastError();
+  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  if (gw != nullptr) {
+    ColumnSumsFinishKernel<<<GridFor(cols), kThreads>>>(partial, 2 * cols, gw, chunks, cols);
+  }
+  if (gb != nullptr) {
+    ColumnSumsFinishKernel<<<GridFor(cols), kThreads>>>(partial + cols, 2 * cols, gb, chunks,
+                                                        cols);
+  }
+  return cudaGetLastError();
 }
 
 cudaError_t CausalSoftmaxForward(float* scores, int64_t rows, int64_t T, uint16_t* probs16) {

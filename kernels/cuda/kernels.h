@@ -58,6 +58,17 @@ cudaError_t AddLayerNormForward(const float* a, const float* b, float* sum, cons
 cudaError_t LayerNormBackwardInputAdd(const float* g, const float* xhat, const float* rstd,
                                       const void* w, bool bf16, const float* residual, float* gx,
                                       int64_t rows, int64_t cols);
+// LayerNorm's backward in one pass (for cols with kernels::LayerNormGradWarps(cols) > 0,
+// kernels/rowwise.h; cudaErrorInvalidValue otherwise): gx as LayerNormBackwardInput (plus
+// residual when not null, as LayerNormBackwardInputAdd), and gw += column sums of g * xhat,
+// gb += column sums of g (each when not null). The rows are split into
+// kernels::LayerNormGradChunks(rows, cols) blocks whose warps sum their own rows; each
+// block's sums go to `partial` ([chunks, 2, cols] fp32 scratch; may be null for one chunk,
+// else cudaErrorInvalidValue) and a second kernel per gradient adds the chunks in order:
+// deterministic, run to run.
+cudaError_t LayerNormBackward(const float* g, const float* xhat, const float* rstd,
+                              const void* w, bool bf16, const float* residual, float* gx,
+                              float* gw, float* gb, int64_t rows, int64_t cols, float* partial);
 // One warp per row of T scores; row r is query r % T. Arguments as the CPU launchers'.
 cudaError_t CausalSoftmaxForward(float* scores, int64_t rows, int64_t T,
                                  uint16_t* probs16 = nullptr);

@@ -55,12 +55,25 @@ inline core::OpCost LayerNormForwardCost(int64_t rows, int64_t cols, int64_t w_b
 
 // The input gradient (reads g and xhat, writes gx; the fused residual add also reads
 // the residual) and the column sums for each of gw and gb that is asked for, as the CUDA
-// path launches them.
+// path launches them: in the same pass where the row fits (kernels::LayerNormGradWarps;
+// each block's partial sums written once and read once by the launch that adds them into
+// gw or gb), else as their own kernels.
 inline core::OpCost LayerNormBackwardCost(int64_t rows, int64_t cols, int64_t w_bytes, bool gw,
                                           bool gb, bool residual = false) {
   core::OpCost c = core::OpCost::Memory((residual ? 16.0 : 12.0) * rows * cols + 4.0 * rows +
                                             static_cast<double>(w_bytes) * cols,
                                         (residual ? 11.0 : 10.0) * rows * cols);
+  const int wanted = (gw ? 1 : 0) + (gb ? 1 : 0);
+  if (wanted > 0 && ::kernels::LayerNormGradWarps(cols) > 0) {
+    const int64_t chunks = ::kernels::LayerNormGradChunks(rows, cols);
+    c.flops += 3.0 * rows * cols;
+    c.bytes += 8.0 * wanted * cols;  // gw and gb read and written
+    if (chunks > 1) {
+      c.bytes += (8.0 + 4.0 * wanted) * chunks * cols;
+      c.launches += wanted;
+    }
+    return c;
+  }
   auto add = [&](const core::OpCost& sums) {
     c.bytes += sums.bytes;
     c.flops += sums.flops;
