@@ -28,6 +28,8 @@
 
 #include <cmath>
 
+#include "kernels/cuda/launch.cuh"
+
 namespace kernels {
 namespace cuda {
 namespace {
@@ -506,12 +508,6 @@ __global__ void __launch_bounds__(kThreads) FlashBackwardQKernel(
   }
   StoreRows<D, G>(dq, gqkv + static_cast<int64_t>(b) * T * ld3 + static_cast<int64_t>(h) * D, ld3,
                row0, T);
-}
-
-// Raises a kernel's dynamic shared-memory limit to `bytes` (needed past 48 KB).
-template <typename Kernel>
-cudaError_t AllowSharedMemory(Kernel kernel, int bytes) {
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
 bool LaunchFits(int64_t B, int64_t T, int64_t H) {

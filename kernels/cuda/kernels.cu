@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <algorithm>
 #include <initializer_list>
 #include <type_traits>
 
@@ -468,6 +469,76 @@ __global__ void CrossEntropyKernel(const float* logits, const int32_t* targets, 
   }
 }
 
+// CrossEntropyKernel's results with the row staged in shared memory (dynamic, V floats;
+// V % 4 == 0 and the rows 16-byte aligned): the logits are read from device memory once.
+// Each block takes rows blockIdx.x, blockIdx.x + gridDim.x, ...: it copies the row in (four
+// 16-byte loads in flight a thread), takes the maximum, then sums exp(x - max) and writes
+// the gradient from shared memory. CrossEntropyKernel re-reads its row for the gradient,
+// and with a few hundred 200 KB rows in flight that second read comes from device memory.
+__global__ void __launch_bounds__(1024) CrossEntropyStagedKernel(
+    const float* logits, const int32_t* targets, int64_t rows, int64_t V, double inv_n,
+    float* grad, double* row_loss, uint16_t* grad16) {
+  extern __shared__ float4 staged[];
+  __shared__ float fscratch[32];
+  __shared__ double dscratch[32];
+  constexpr int kInFlight = 4;
+  const int64_t n4 = V / 4, step = blockDim.x;
+  const float* row_x = reinterpret_cast<const float*>(staged);
+  const float inv_n_f = static_cast<float>(inv_n);
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float4* x4 = reinterpret_cast<const float4*>(logits + row * V);
+    float m = -INFINITY;
+    for (int64_t j = threadIdx.x; j < n4; j += kInFlight * step) {
+      float4 v[kInFlight];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        if (j + u * step < n4) v[u] = x4[j + u * step];
+      }
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        if (j + u * step < n4) {
+          staged[j + u * step] = v[u];
+          m = fmaxf(m, fmaxf(fmaxf(v[u].x, v[u].y), fmaxf(v[u].z, v[u].w)));
+        }
+      }
+    }
+    m = BlockMax(m, fscratch);  // its barriers also publish the staged row
+    double sum = 0.0;
+    for (int64_t j = threadIdx.x; j < n4; j += step) {
+      const float4 v = staged[j];
+      sum += static_cast<double>(k::CrossEntropyExp<float>(v.x, m)) +
+             k::CrossEntropyExp<float>(v.y, m) + k::CrossEntropyExp<float>(v.z, m) +
+             k::CrossEntropyExp<float>(v.w, m);
+    }
+    sum = BlockSum(sum, dscratch);
+    const int32_t target = targets[row];
+    const bool valid = target >= 0 && target < V;
+    if (threadIdx.x == 0) {
+      row_loss[row] =
+          valid ? k::CrossEntropyRowLoss<double>(sum, static_cast<double>(m), row_x[target])
+                : 0.0;
+    }
+    const float log_sum_f = static_cast<float>(log(sum));
+    for (int64_t j = threadIdx.x; j < n4; j += step) {
+      const float4 v = staged[j];
+      const int64_t e = 4 * j;
+      const float4 g =
+          make_float4(k::CrossEntropyGrad<float>(v.x, m, log_sum_f, e == target, inv_n_f),
+                      k::CrossEntropyGrad<float>(v.y, m, log_sum_f, e + 1 == target, inv_n_f),
+                      k::CrossEntropyGrad<float>(v.z, m, log_sum_f, e + 2 == target, inv_n_f),
+                      k::CrossEntropyGrad<float>(v.w, m, log_sum_f, e + 3 == target, inv_n_f));
+      if (grad16 != nullptr) {
+        reinterpret_cast<uint2*>(grad16 + row * V)[j] =
+            make_uint2(core::FloatToBf16Bits(g.x) | (uint32_t{core::FloatToBf16Bits(g.y)} << 16),
+                       core::FloatToBf16Bits(g.z) | (uint32_t{core::FloatToBf16Bits(g.w)} << 16));
+      } else {
+        reinterpret_cast<float4*>(grad + row * V)[j] = g;
+      }
+    }
+    __syncthreads();  // every thread is done with the staged row before the next one lands
+  }
+}
+
 }  // namespace
 
 cudaError_t GeluForward(const float* x, float* y, int64_t n) {
@@ -710,6 +781,40 @@ cudaError_t CrossEntropy(const float* logits, const int32_t* targets, int64_t ro
                          double inv_n, float* grad, double* row_loss, uint16_t* grad16) {
   if (rows <= 0 || V <= 0) return cudaSuccess;
   if (rows > 0x7fffffff) return cudaErrorInvalidValue;
+  // The staged kernel where the row fits in a block's shared memory and moves four-wide.
+  const void* out = grad16 != nullptr ? static_cast<const void*>(grad16) : grad;
+  const bool four = V % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  int device = 0, shared_optin = 0, sms = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  if (cudaError_t err = cudaDeviceGetAttribute(&shared_optin,
+                                               cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+      err != cudaSuccess) {
+    return err;
+  }
+  if (cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+      err != cudaSuccess) {
+    return err;
+  }
+  constexpr int kStagedThreads = 1024;
+  constexpr int64_t kStaticBytes = 32 * (sizeof(float) + sizeof(double));
+  const int64_t bytes = V * static_cast<int64_t>(sizeof(float));
+  if (four && bytes + kStaticBytes <= shared_optin) {
+    if (cudaError_t err = AllowSharedMemory(CrossEntropyStagedKernel, static_cast<int>(bytes));
+        err != cudaSuccess) {
+      return err;
+    }
+    int per_sm = 0;
+    if (cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &per_sm, CrossEntropyStagedKernel, kStagedThreads, static_cast<size_t>(bytes));
+        err != cudaSuccess) {
+      return err;
+    }
+    const int64_t blocks = std::min<int64_t>(rows, static_cast<int64_t>(sms) * std::max(per_sm, 1));
+    CrossEntropyStagedKernel<<<static_cast<unsigned int>(blocks), kStagedThreads, bytes>>>(
+        logits, targets, rows, V, inv_n, grad, row_loss, grad16);
+    return cudaGetLastError();
+  }
   CrossEntropyKernel<<<static_cast<unsigned int>(rows), 512>>>(logits, targets, rows, V, inv_n,
                                                                 grad, row_loss, grad16);
   return cudaGetLastError();

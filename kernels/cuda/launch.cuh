@@ -29,6 +29,12 @@ inline unsigned int GridForRows(int64_t rows) {
   return static_cast<unsigned int>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
 }
 
+// Raises a kernel's dynamic shared-memory limit to `bytes` (needed past 48 KB).
+template <typename Kernel>
+cudaError_t AllowSharedMemory(Kernel kernel, int bytes) {
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
 __device__ __forceinline__ int64_t GlobalIndex() {
   return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
