@@ -699,16 +699,16 @@ TEST(CudaLayersTest, Bf16GptLossWithinTheDerivedRoundingBound) {
 }
 
 // Cross-entropy on every kernel path with fp32 and bf16 gradients: rows staged in shared
-// memory (V = 304; V = 50304 with more rows than the grid's blocks, so each block takes
-// several), and read twice from device memory (V = 301: one logit per load; V = 60000: a row
-// past a block's shared memory). The loss within fp32 summation error, fp32 gradients
-// within 1e-5 normwise, bf16 gradients within one bf16 step of the CPU's (the fp32 values
-// agree to ~1e-7, so a rounding may land one step apart; one step is 2^-7 of the value at
-// the bottom of its binade, twice the unit roundoff u = 2^-8).
+// memory (V = 4096, the shortest; V = 50304 with more rows than the grid's blocks, so each
+// block takes several), and rows read twice (V = 304: four logits per load; V = 301: one;
+// V = 60000: a row past a block's shared memory). The loss within fp32 summation error,
+// fp32 gradients within 1e-5 normwise, bf16 gradients within one bf16 step of the CPU's
+// (the fp32 values agree to ~1e-7, so a rounding may land one step apart; one step is 2^-7
+// of the value at the bottom of its binade, twice the unit roundoff u = 2^-8).
 TEST(CudaLossesTest, CrossEntropyAndMseMatchCpu) {
   SKIP_WITHOUT_GPU();
   for (const auto& [rows, V] : std::vector<std::pair<int64_t, int64_t>>{
-           {7, 301}, {7, 304}, {60, 50304}, {8, 60000}}) {
+           {7, 301}, {7, 304}, {7, 4096}, {60, 50304}, {8, 60000}}) {
     for (const core::DType dtype : {core::DType::kFloat32, core::DType::kBFloat16}) {
       SCOPED_TRACE(absl::StrCat("V ", V, ", gradient ", core::DTypeName(dtype)));
       const core::Tensor logits = Normal({5, rows, V}, 40, 3.0f);

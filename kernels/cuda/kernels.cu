@@ -781,7 +781,9 @@ cudaError_t CrossEntropy(const float* logits, const int32_t* targets, int64_t ro
                          double inv_n, float* grad, double* row_loss, uint16_t* grad16) {
   if (rows <= 0 || V <= 0) return cudaSuccess;
   if (rows > 0x7fffffff) return cudaErrorInvalidValue;
-  // The staged kernel where the row fits in a block's shared memory and moves four-wide.
+  // The staged kernel where a row gives each of its threads at least one four-wide load
+  // and fits in a block's shared memory. Shorter rows stay in cache between their reads
+  // (a few hundred in flight, a few MB); longer ones are read twice from device memory.
   const void* out = grad16 != nullptr ? static_cast<const void*>(grad16) : grad;
   const bool four = V % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(out) % 16 == 0;
@@ -799,7 +801,7 @@ cudaError_t CrossEntropy(const float* logits, const int32_t* targets, int64_t ro
   constexpr int kStagedThreads = 1024;
   constexpr int64_t kStaticBytes = 32 * (sizeof(float) + sizeof(double));
   const int64_t bytes = V * static_cast<int64_t>(sizeof(float));
-  if (four && bytes + kStaticBytes <= shared_optin) {
+  if (four && V / 4 >= kStagedThreads && bytes + kStaticBytes <= shared_optin) {
     if (cudaError_t err = AllowSharedMemory(CrossEntropyStagedKernel, static_cast<int>(bytes));
         err != cudaSuccess) {
       return err;
