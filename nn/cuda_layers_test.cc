@@ -551,9 +551,11 @@ TEST(CudaLayersTest, ColumnSumsSplitAcrossBlocksMatchCpuAndRepeatBitForBit) {
 
 // LayerNorm's backward with its weight and bias gradients in the same pass
 // (kernels::LayerNormGradWarps; rows split over blocks by kernels::LayerNormGradChunks, the
-// blocks' sums added in order) and, for rows too wide for it, with the column sums' own
-// kernels: the input gradient within fp32 order of the CPU's, the parameter gradients within
-// fp32 summation error of it, the same bits on every run; each gradient only when asked for.
+// blocks' sums added in order; four columns a load where the rows are 16-byte aligned, four
+// scalar loads where they are not, one column where cols % 4 != 0) and, for rows too wide
+// for it, with the column sums' own kernels: the input gradient within fp32 order of the
+// CPU's, the parameter gradients within fp32 summation error of it, the same bits on every
+// run and at either alignment; each gradient only when asked for.
 TEST(CudaLayersTest, LayerNormBackwardWithParameterGradientsMatchesCpuAndRepeatsBitForBit) {
   SKIP_WITHOUT_GPU();
   struct Case {
@@ -564,7 +566,7 @@ TEST(CudaLayersTest, LayerNormBackwardWithParameterGradientsMatchesCpuAndRepeats
                                          {16384, 768, false, true, true, true},
                                          {5, 768, true, true, true, false},
                                          {1000, 1600, true, false, true, false},
-                                         {999, 40, false, true, false, true},
+                                         {999, 42, false, true, false, true},
                                          {64, 6200, true, true, true, false}}) {
     SCOPED_TRACE(absl::StrCat(c.rows, " x ", c.cols, c.residual ? " residual" : "",
                               c.want_gw ? " gw" : "", c.want_gb ? " gb" : "",
@@ -579,21 +581,29 @@ TEST(CudaLayersTest, LayerNormBackwardWithParameterGradientsMatchesCpuAndRepeats
     struct Out {
       std::vector<float> gx, gw, gb;
     };
-    auto run = [&](const core::Device& d) {
-      core::Tensor gx = To(core::Tensor::Zeros({rows, cols}), d);
+    // `shift`: g, xhat, residual and gx start one element into their buffers (4 bytes off
+    // 16-byte alignment).
+    auto run = [&](const core::Device& d, int64_t shift) {
+      auto at = [&](const core::Tensor& t) {
+        core::Tensor wide = To(core::Tensor::Zeros({rows * cols + shift}), d);
+        core::Tensor view = wide.View(shift, {rows, cols}).value();
+        EXPECT_TRUE(view.CopyFrom(To(t, d)).ok());
+        return view;
+      };
+      core::Tensor gx = at(core::Tensor::Zeros({rows, cols}));
       core::Tensor gw = c.want_gw ? To(gw0, d) : core::Tensor();
       core::Tensor gb = c.want_gb ? To(gb0, d) : core::Tensor();
       const absl::Status s =
-          c.residual ? LayerNormBackwardAdd("ln", To(g, d), To(xhat, d), To(rstd, d), To(w, d),
-                                            To(residual, d), gx, gw, gb)
-                     : LayerNormBackward("ln", To(g, d), To(xhat, d), To(rstd, d), To(w, d), gx,
-                                         gw, gb);
+          c.residual ? LayerNormBackwardAdd("ln", at(g), at(xhat), To(rstd, d), To(w, d),
+                                            at(residual), gx, gw, gb)
+                     : LayerNormBackward("ln", at(g), at(xhat), To(rstd, d), To(w, d), gx, gw,
+                                         gb);
       EXPECT_TRUE(s.ok()) << s;
       return Out{Host(gx), c.want_gw ? Host(gw) : std::vector<float>(),
                  c.want_gb ? Host(gb) : std::vector<float>()};
     };
-    const Out cpu = run(core::Device::Cpu());
-    const Out first = run(kGpu), second = run(kGpu);
+    const Out cpu = run(core::Device::Cpu(), 0);
+    const Out first = run(kGpu, 0), second = run(kGpu, 0), shifted = run(kGpu, 1);
     const double sums_tol = 1e-5 * std::sqrt(static_cast<double>(rows));
     EXPECT_LE(RelErr(first.gx, cpu.gx), kFp32Rel);
     if (c.want_gw) {
@@ -605,6 +615,9 @@ TEST(CudaLayersTest, LayerNormBackwardWithParameterGradientsMatchesCpuAndRepeats
     EXPECT_EQ(second.gx, first.gx) << "run to run";
     EXPECT_EQ(second.gw, first.gw) << "run to run";
     EXPECT_EQ(second.gb, first.gb) << "run to run";
+    EXPECT_EQ(shifted.gx, first.gx) << "unaligned rows";
+    EXPECT_EQ(shifted.gw, first.gw) << "unaligned rows";
+    EXPECT_EQ(shifted.gb, first.gb) << "unaligned rows";
   }
 }
 

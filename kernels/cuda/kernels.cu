@@ -260,48 +260,91 @@ __global__ void LayerNormBackwardInputKernel(const float* g, const float* xhat, 
   }
 }
 
+// N consecutive floats at p: one 16-byte access when Wide (N == 4, p 16-byte aligned),
+// else N scalar ones. p may point to global or shared memory.
+template <int N, bool Wide>
+struct Floats {
+  float v[N];
+  __device__ __forceinline__ static Floats Load(const float* p) {
+    Floats f;
+    if constexpr (Wide) {
+      static_assert(N == 4, "16-byte accesses move four floats");
+      const float4 q = *reinterpret_cast<const float4*>(p);
+      f.v[0] = q.x;
+      f.v[1] = q.y;
+      f.v[2] = q.z;
+      f.v[3] = q.w;
+    } else {
+#pragma unroll
+      for (int e = 0; e < N; ++e) f.v[e] = p[e];
+    }
+    return f;
+  }
+  __device__ __forceinline__ void Store(float* p) const {
+    if constexpr (Wide) {
+      *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < N; ++e) p[e] = v[e];
+    }
+  }
+};
+
 // LayerNormBackwardInputKernel's gx and, in the same pass, the column sums of g * xhat and
 // of g over the block's rows (kernels::LayerNormGradChunks): warp v of the block takes rows
-// first + v, first + v + warps, ... and keeps its own sums in shared memory ([warps][2][cols],
-// lane l owning columns l, l + 32, ...); the block then adds its warps' sums in warp order
-// into partial[blockIdx.x] ([2, cols]: g * xhat, then g), or, with partial null (one block),
-// into gw and gb (each when not null).
-template <typename W>
+// first + v, first + v + warps, ... and keeps its own sums in shared memory ([warps][2][cols]);
+// the block then adds its warps' sums in warp order into partial[blockIdx.x] ([2, cols]:
+// g * xhat, then g), or, with partial null (one block), into gw and gb (each when not null).
+// Lane l owns the groups of N columns starting at N * (l + 32 i); N is 4 when cols % 4 == 0
+// (a function of the shape, so the order of every sum is too) and Wide says the rows are
+// 16-byte aligned, so each group moves in one access (else N scalar ones, the same sums).
+template <int N, bool Wide, typename W>
 __global__ void LayerNormBackwardFusedKernel(const float* g, const float* xhat,
                                              const float* rstd, const W* w,
                                              const float* residual, float* gx, float* gw,
                                              float* gb, float* partial, int64_t rows,
                                              int64_t cols, int64_t rows_per_block) {
-  extern __shared__ float sums[];
+  using F = Floats<N, Wide>;
+  extern __shared__ __align__(16) float sums[];
   const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* own_gh = sums + static_cast<int64_t>(warp) * 2 * cols;
   float* own_g = own_gh + cols;
-  for (int64_t j = lane; j < cols; j += 32) {
-    own_gh[j] = 0.0f;
-    own_g[j] = 0.0f;
-  }
+  for (int64_t j = lane; j < 2 * cols; j += 32) own_gh[j] = 0.0f;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_block;
   const int64_t end = first + rows_per_block < rows ? first + rows_per_block : rows;
   for (int64_t row = first + warp; row < end; row += warps) {
     const float* gr = g + row * cols;
     const float* hr = xhat + row * cols;
     float sum_gh = 0.0f, sum_gh_h = 0.0f;
-    for (int64_t j = lane; j < cols; j += 32) {
-      const float gh = k::LayerNormGradHat<float>(gr[j], w, j);
-      sum_gh += gh;
-      sum_gh_h += gh * hr[j];
+    for (int64_t j = N * lane; j < cols; j += 32 * N) {
+      const F gv = F::Load(gr + j), hv = F::Load(hr + j);
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        const float gh = k::LayerNormGradHat<float>(gv.v[e], w, j + e);
+        sum_gh += gh;
+        sum_gh_h += gh * hv.v[e];
+      }
     }
     const float mean_gh = WarpSum(sum_gh) / static_cast<float>(cols);
     const float mean_gh_h = WarpSum(sum_gh_h) / static_cast<float>(cols);
     const float r = rstd[row];
     float* out = gx + row * cols;
     const float* res = residual != nullptr ? residual + row * cols : nullptr;
-    for (int64_t j = lane; j < cols; j += 32) {
-      const float gj = gr[j], hj = hr[j];
-      const float v = k::LayerNormBackwardInput<float>(gj, w, j, hj, r, mean_gh, mean_gh_h);
-      out[j] = res != nullptr ? k::Add(res[j], v) : v;
-      own_gh[j] += gj * hj;
-      own_g[j] += gj;
+    for (int64_t j = N * lane; j < cols; j += 32 * N) {
+      const F gv = F::Load(gr + j), hv = F::Load(hr + j);
+      F o = res != nullptr ? F::Load(res + j) : F();
+      F sgh = F::Load(own_gh + j), sg = F::Load(own_g + j);
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        const float v =
+            k::LayerNormBackwardInput<float>(gv.v[e], w, j + e, hv.v[e], r, mean_gh, mean_gh_h);
+        o.v[e] = res != nullptr ? k::Add(o.v[e], v) : v;
+        sgh.v[e] += gv.v[e] * hv.v[e];
+        sg.v[e] += gv.v[e];
+      }
+      o.Store(out + j);
+      sgh.Store(own_gh + j);
+      sg.Store(own_g + j);
     }
   }
   __syncthreads();
@@ -717,14 +760,25 @@ cudaError_t LayerNormBackward(const float* g, const float* xhat, const float* rs
   const size_t shared = static_cast<size_t>(warps) * 2 * cols * sizeof(float);
   float* const out = chunks > 1 ? partial : nullptr;
   const unsigned int grid = static_cast<unsigned int>(chunks);
-  if (bf16) {
-    LayerNormBackwardFusedKernel<<<grid, warps * 32, shared>>>(
-        g, xhat, rstd, static_cast<const uint16_t*>(w), residual, gx, gw, gb, out, rows, cols,
-        rows_per_block);
+  const auto launch = [&](auto n, auto wide) {
+    constexpr int kN = decltype(n)::value;
+    constexpr bool kWide = decltype(wide)::value;
+    if (bf16) {
+      LayerNormBackwardFusedKernel<kN, kWide><<<grid, warps * 32, shared>>>(
+          g, xhat, rstd, static_cast<const uint16_t*>(w), residual, gx, gw, gb, out, rows,
+          cols, rows_per_block);
+    } else {
+      LayerNormBackwardFusedKernel<kN, kWide><<<grid, warps * 32, shared>>>(
+          g, xhat, rstd, static_cast<const float*>(w), residual, gx, gw, gb, out, rows, cols,
+          rows_per_block);
+    }
+  };
+  if (cols % 4 != 0) {
+    launch(std::integral_constant<int, 1>(), std::false_type());
+  } else if (FourWideRows(cols, {g, xhat, residual, gx})) {
+    launch(std::integral_constant<int, 4>(), std::true_type());
   } else {
-    LayerNormBackwardFusedKernel<<<grid, warps * 32, shared>>>(
-        g, xhat, rstd, static_cast<const float*>(w), residual, gx, gw, gb, out, rows, cols,
-        rows_per_block);
+    launch(std::integral_constant<int, 4>(), std::false_type());
   }
   if (chunks == 1) return cudaGetLastError();
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
