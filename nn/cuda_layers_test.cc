@@ -622,28 +622,48 @@ TEST(CudaLayersTest, LayerNormBackwardWithParameterGradientsMatchesCpuAndRepeats
 }
 
 // NOTE [GEMM epilogues]: LayerNorm (and residual + LayerNorm) storing its output bf16: the
-// device's value is the CPU's up to fp32 order, so at most one bf16 step apart.
+// device's value is the CPU's up to fp32 order, so at most one bf16 step apart; xhat and
+// the sum within fp32 order. The kernel moves four columns a load where every row is 16-byte
+// aligned (cols % 4 == 0; a bf16 output also needs cols % 8 == 0) and four scalar ones
+// where not, with the same bits; 772 columns give bf16 rows 8 bytes off alignment.
 TEST(CudaLayersTest, LayerNormBf16OutputMatchesCpu) {
   SKIP_WITHOUT_GPU();
-  const int64_t rows = 300, cols = 768, n = rows * cols;
-  const core::Tensor x = Normal({n}, 45), x2 = Normal({n}, 46);
-  const core::Tensor w = Normal({cols}, 47), b = Normal({cols}, 48);
-  for (bool add : {false, true}) {
-    SCOPED_TRACE(add ? "residual + LayerNorm" : "LayerNorm");
-    auto run = [&](const core::Device& d) {
-      core::Tensor y = To(core::Tensor::Zeros({n}, core::DType::kBFloat16), d);
-      core::Tensor xhat = To(core::Tensor::Zeros({n}), d), rstd = To(core::Tensor::Zeros({rows}), d);
-      core::Tensor h = To(core::Tensor::Zeros({n}), d);
-      const absl::Status s =
-          add ? AddLayerNormForward("ln", To(x, d), To(x2, d), To(w, d), To(b, d), 1e-5f, h, y,
-                                    xhat, rstd)
-              : LayerNormForward("ln", To(x, d), To(w, d), To(b, d), 1e-5f, y, xhat, rstd);
-      EXPECT_TRUE(s.ok()) << s;
-      return y.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value();
-    };
-    const core::Tensor cpu = run(core::Device::Cpu());
-    const core::Tensor gpu = run(kGpu);
-    EXPECT_LE(RelErr(Host(gpu), cpu.ToVector()), kBf16Unit);
+  for (const int64_t cols : {768, 772}) {
+    const int64_t rows = 300, n = rows * cols;
+    const core::Tensor x = Normal({n}, 45), x2 = Normal({n}, 46);
+    const core::Tensor w = Normal({cols}, 47), b = Normal({cols}, 48);
+    for (bool add : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(add ? "residual + LayerNorm" : "LayerNorm", ", ", cols));
+      // `shift`: every [rows, cols] operand starts one element into its buffer.
+      auto run = [&](const core::Device& d, int64_t shift) {
+        auto at = [&](const core::Tensor& t) {
+          core::Tensor wide = To(core::Tensor::Zeros({n + shift}, t.dtype()), d);
+          core::Tensor view = wide.View(shift, {n}).value();
+          EXPECT_TRUE(view.CopyFrom(To(t, d)).ok());
+          return view;
+        };
+        core::Tensor y = at(core::Tensor::Zeros({n}, core::DType::kBFloat16));
+        core::Tensor xhat = at(core::Tensor::Zeros({n})), h = at(core::Tensor::Zeros({n}));
+        core::Tensor rstd = To(core::Tensor::Zeros({rows}), d);
+        const absl::Status s =
+            add ? AddLayerNormForward("ln", at(x), at(x2), To(w, d), To(b, d), 1e-5f, h, y,
+                                      xhat, rstd)
+                : LayerNormForward("ln", at(x), To(w, d), To(b, d), 1e-5f, y, xhat, rstd);
+        EXPECT_TRUE(s.ok()) << s;
+        return std::vector<std::vector<float>>{
+            Host(y.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value()), Host(xhat),
+            Host(h), Host(rstd)};
+      };
+      const std::vector<std::vector<float>> cpu = run(core::Device::Cpu(), 0);
+      const std::vector<std::vector<float>> gpu = run(kGpu, 0), shifted = run(kGpu, 1);
+      EXPECT_LE(RelErr(gpu[0], cpu[0]), kBf16Unit);
+      EXPECT_LE(RelErr(gpu[1], cpu[1]), kFp32Rel);
+      if (add) {
+        EXPECT_LE(RelErr(gpu[2], cpu[2]), kFp32Rel);
+      }
+      EXPECT_LE(RelErr(gpu[3], cpu[3]), kFp32Rel);
+      EXPECT_EQ(shifted, gpu) << "unaligned rows";
+    }
   }
 }
 

@@ -199,35 +199,109 @@ __global__ void ColumnSumsFinishKernel(const float* partial, int64_t stride, flo
 
 // ---- LayerNorm, one warp per row.
 
+// N consecutive floats at p: one 16-byte access when Wide (N == 4, p 16-byte aligned),
+// else N scalar ones. p may point to global or shared memory.
+template <int N, bool Wide>
+struct Floats {
+  float v[N];
+  __device__ __forceinline__ static Floats Load(const float* p) {
+    Floats f;
+    if constexpr (Wide) {
+      static_assert(N == 4, "16-byte accesses move four floats");
+      const float4 q = *reinterpret_cast<const float4*>(p);
+      f.v[0] = q.x;
+      f.v[1] = q.y;
+      f.v[2] = q.z;
+      f.v[3] = q.w;
+    } else {
+#pragma unroll
+      for (int e = 0; e < N; ++e) f.v[e] = p[e];
+    }
+    return f;
+  }
+  __device__ __forceinline__ void Store(float* p) const {
+    if constexpr (Wide) {
+      *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < N; ++e) p[e] = v[e];
+    }
+  }
+};
+
+// N consecutive bf16 values (the bits) at p, rounded from v: one 8-byte store when Wide.
+template <int N, bool Wide>
+__device__ __forceinline__ void StoreRounded(uint16_t* p, const float (&v)[N]) {
+  if constexpr (Wide) {
+    *reinterpret_cast<uint2*>(p) =
+        make_uint2(core::FloatToBf16Bits(v[0]) | (uint32_t{core::FloatToBf16Bits(v[1])} << 16),
+                   core::FloatToBf16Bits(v[2]) | (uint32_t{core::FloatToBf16Bits(v[3])} << 16));
+  } else {
+#pragma unroll
+    for (int e = 0; e < N; ++e) p[e] = core::FloatToBf16Bits(v[e]);
+  }
+}
+template <int N, bool Wide>
+__device__ __forceinline__ void StoreRounded(float* p, const float (&v)[N]) {
+  Floats<N, Wide> f;
+#pragma unroll
+  for (int e = 0; e < N; ++e) f.v[e] = v[e];
+  f.Store(p);
+}
+
 // LayerNorm of the rows of x, or of x + x2 when x2 is not null (residual + LayerNorm, the
 // sum written to `sum`, which may be x or x2: each lane reads and writes its own elements).
-template <typename W, typename Y>
+// One warp per row; lane l takes the groups of N columns starting at N * (l + 32 i), N and
+// Wide as in LayerNormBackwardFusedKernel (Wide: every row, y's included, 16-byte aligned).
+template <int N, bool Wide, typename W, typename Y>
 __global__ void LayerNormForwardKernel(const float* x, const float* x2, float* sum_out,
                                        const W* w, const W* b, float eps, Y* y, float* xhat,
                                        float* rstd, int64_t rows, int64_t cols) {
+  using F = Floats<N, Wide>;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
   const float* xr = x + row * cols;
   const float* x2r = x2 != nullptr ? x2 + row * cols : nullptr;
-  auto in = [&](int64_t j) { return x2r != nullptr ? k::Add(xr[j], x2r[j]) : xr[j]; };
+  auto in = [&](int64_t j) {
+    F v = F::Load(xr + j);
+    if (x2r != nullptr) {
+      const F v2 = F::Load(x2r + j);
+#pragma unroll
+      for (int e = 0; e < N; ++e) v.v[e] = k::Add(v.v[e], v2.v[e]);
+    }
+    return v;
+  };
   float sum = 0.0f;
-  for (int64_t j = lane; j < cols; j += 32) sum += in(j);
+  for (int64_t j = N * lane; j < cols; j += 32 * N) {
+    const F v = in(j);
+#pragma unroll
+    for (int e = 0; e < N; ++e) sum += v.v[e];
+  }
   const float mean = WarpSum(sum) / static_cast<float>(cols);
   float sq = 0.0f;
-  for (int64_t j = lane; j < cols; j += 32) {
-    const float d = in(j) - mean;
-    sq += d * d;
+  for (int64_t j = N * lane; j < cols; j += 32 * N) {
+    const F v = in(j);
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      const float d = v.v[e] - mean;
+      sq += d * d;
+    }
   }
   const float var = WarpSum(sq) / static_cast<float>(cols);
   const float r = k::LayerNormRstd(var, eps);
   Y* yr = y + row * cols;
   float* hr = xhat + row * cols;
   float* sr = sum_out != nullptr ? sum_out + row * cols : nullptr;
-  for (int64_t j = lane; j < cols; j += 32) {
-    const float v = in(j);
-    if (sr != nullptr) sr[j] = v;
-    k::Store(yr, j, k::LayerNormApply(v, mean, r, w, b, j, &hr[j]));
+  for (int64_t j = N * lane; j < cols; j += 32 * N) {
+    const F v = in(j);
+    if (sr != nullptr) v.Store(sr + j);
+    F h;
+    float out[N];
+#pragma unroll
+    for (int e = 0; e < N; ++e) out[e] = k::LayerNormApply(v.v[e], mean, r, w, b, j + e, &h.v[e]);
+    h.Store(hr + j);
+    StoreRounded<N, Wide>(yr + j, out);
   }
   if (lane == 0) rstd[row] = r;
 }
@@ -259,36 +333,6 @@ __global__ void LayerNormBackwardInputKernel(const float* g, const float* xhat, 
     out[j] = res != nullptr ? k::Add(res[j], v) : v;
   }
 }
-
-// N consecutive floats at p: one 16-byte access when Wide (N == 4, p 16-byte aligned),
-// else N scalar ones. p may point to global or shared memory.
-template <int N, bool Wide>
-struct Floats {
-  float v[N];
-  __device__ __forceinline__ static Floats Load(const float* p) {
-    Floats f;
-    if constexpr (Wide) {
-      static_assert(N == 4, "16-byte accesses move four floats");
-      const float4 q = *reinterpret_cast<const float4*>(p);
-      f.v[0] = q.x;
-      f.v[1] = q.y;
-      f.v[2] = q.z;
-      f.v[3] = q.w;
-    } else {
-#pragma unroll
-      for (int e = 0; e < N; ++e) f.v[e] = p[e];
-    }
-    return f;
-  }
-  __device__ __forceinline__ void Store(float* p) const {
-    if constexpr (Wide) {
-      *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-    } else {
-#pragma unroll
-      for (int e = 0; e < N; ++e) p[e] = v[e];
-    }
-  }
-};
 
 // LayerNormBackwardInputKernel's gx and, in the same pass, the column sums of g * xhat and
 // of g over the block's rows (kernels::LayerNormGradChunks): warp v of the block takes rows
@@ -690,20 +734,34 @@ cudaError_t LayerNormForwardLaunch(const float* x, const float* x2, float* sum, 
                                    const void* b, bool bf16, float eps, void* y, bool y_bf16,
                                    float* xhat, float* rstd, int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
-  auto launch = [&](const auto* wp) {
+  const auto launch = [&](auto n, auto wide, const auto* wp) {
+    constexpr int kN = decltype(n)::value;
+    constexpr bool kWide = decltype(wide)::value;
     const auto* bp = static_cast<decltype(wp)>(b);
     if (y_bf16) {
-      LayerNormForwardKernel<<<GridForRows(rows), kThreads>>>(
+      LayerNormForwardKernel<kN, kWide><<<GridForRows(rows), kThreads>>>(
           x, x2, sum, wp, bp, eps, static_cast<uint16_t*>(y), xhat, rstd, rows, cols);
     } else {
-      LayerNormForwardKernel<<<GridForRows(rows), kThreads>>>(
+      LayerNormForwardKernel<kN, kWide><<<GridForRows(rows), kThreads>>>(
           x, x2, sum, wp, bp, eps, static_cast<float*>(y), xhat, rstd, rows, cols);
     }
   };
-  if (bf16) {
-    launch(static_cast<const uint16_t*>(w));
+  // bf16 rows of cols % 4 == 0 are 16-byte aligned where their start is 16-byte aligned
+  // and each row's 2 * cols bytes are a multiple of 16 (cols % 8 == 0).
+  const bool y_wide = !y_bf16 || cols % 8 == 0;
+  const auto by_weight = [&](auto n, auto wide) {
+    if (bf16) {
+      launch(n, wide, static_cast<const uint16_t*>(w));
+    } else {
+      launch(n, wide, static_cast<const float*>(w));
+    }
+  };
+  if (cols % 4 != 0) {
+    by_weight(std::integral_constant<int, 1>(), std::false_type());
+  } else if (y_wide && FourWideRows(cols, {x, x2, sum, y, xhat})) {
+    by_weight(std::integral_constant<int, 4>(), std::true_type());
   } else {
-    launch(static_cast<const float*>(w));
+    by_weight(std::integral_constant<int, 4>(), std::false_type());
   }
   return cudaGetLastError();
 }
