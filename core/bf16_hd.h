@@ -55,6 +55,13 @@ FSDP_HD inline float Bf16BitsToFloat(uint16_t bits) {
   return BitsToFloat(static_cast<uint32_t>(bits) << 16);
 }
 
+// Two fp32 values rounded to bf16 (FloatToBf16Bits) and packed into one 32-bit word, `lo`
+// in the low half: the first element of a little-endian pair, as a four-wide kernel stores
+// them.
+FSDP_HD inline uint32_t Bf16PairBits(float lo, float hi) {
+  return FloatToBf16Bits(lo) | (uint32_t{FloatToBf16Bits(hi)} << 16);
+}
+
 }  // namespace core
 
 #endif  // CORE_BF16_HD_H_

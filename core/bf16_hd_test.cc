@@ -106,5 +106,14 @@ TEST(Bf16HdTest, MatchesAReferenceRoundingOnASweepOfFloats) {
   EXPECT_GT(checked, 1000000);
 }
 
+// A pair packs the first value's rounding in the low half (the lower address of a
+// little-endian pair), each rounded as FloatToBf16Bits rounds it.
+TEST(Bf16HdTest, PairBitsPackTheFirstValueLow) {
+  EXPECT_EQ(Bf16PairBits(1.0f, -2.0f), 0xc0003f80u);
+  const float third = 1.0f / 3.0f;
+  EXPECT_EQ(Bf16PairBits(third, 0.0f), uint32_t{FloatToBf16Bits(third)});
+  EXPECT_EQ(Bf16PairBits(0.0f, third), uint32_t{FloatToBf16Bits(third)} << 16);
+}
+
 }  // namespace
 }  // namespace core

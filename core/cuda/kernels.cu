@@ -41,8 +41,7 @@ __global__ void FloatToBf16x4Kernel(const float4* src, uint2* dst, int64_t n4) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n4;
        i += int64_t{blockDim.x} * gridDim.x) {
     const float4 v = src[i];
-    dst[i] = make_uint2(FloatToBf16Bits(v.x) | (uint32_t{FloatToBf16Bits(v.y)} << 16),
-                        FloatToBf16Bits(v.z) | (uint32_t{FloatToBf16Bits(v.w)} << 16));
+    dst[i] = make_uint2(Bf16PairBits(v.x, v.y), Bf16PairBits(v.z, v.w));
   }
 }
 

@@ -234,8 +234,7 @@ template <int N, bool Wide>
 __device__ __forceinline__ void StoreRounded(uint16_t* p, const float (&v)[N]) {
   if constexpr (Wide) {
     *reinterpret_cast<uint2*>(p) =
-        make_uint2(core::FloatToBf16Bits(v[0]) | (uint32_t{core::FloatToBf16Bits(v[1])} << 16),
-                   core::FloatToBf16Bits(v[2]) | (uint32_t{core::FloatToBf16Bits(v[3])} << 16));
+        make_uint2(core::Bf16PairBits(v[0], v[1]), core::Bf16PairBits(v[2], v[3]));
   } else {
 #pragma unroll
     for (int e = 0; e < N; ++e) p[e] = core::FloatToBf16Bits(v[e]);
@@ -543,8 +542,7 @@ __global__ void CrossEntropyKernel(const float* logits, const int32_t* targets, 
                       k::CrossEntropyGrad<float>(v.w, m, log_sum_f, e + 3 == target, inv_n_f));
       if (gr16 != nullptr) {
         reinterpret_cast<uint2*>(gr16)[j] =
-            make_uint2(core::FloatToBf16Bits(g.x) | (uint32_t{core::FloatToBf16Bits(g.y)} << 16),
-                       core::FloatToBf16Bits(g.z) | (uint32_t{core::FloatToBf16Bits(g.w)} << 16));
+            make_uint2(core::Bf16PairBits(g.x, g.y), core::Bf16PairBits(g.z, g.w));
       } else {
         reinterpret_cast<float4*>(gr)[j] = g;
       }
@@ -616,8 +614,7 @@ __global__ void __launch_bounds__(1024) CrossEntropyStagedKernel(
                       k::CrossEntropyGrad<float>(v.w, m, log_sum_f, e + 3 == target, inv_n_f));
       if (grad16 != nullptr) {
         reinterpret_cast<uint2*>(grad16 + row * V)[j] =
-            make_uint2(core::FloatToBf16Bits(g.x) | (uint32_t{core::FloatToBf16Bits(g.y)} << 16),
-                       core::FloatToBf16Bits(g.z) | (uint32_t{core::FloatToBf16Bits(g.w)} << 16));
+            make_uint2(core::Bf16PairBits(g.x, g.y), core::Bf16PairBits(g.z, g.w));
       } else {
         reinterpret_cast<float4*>(grad + row * V)[j] = g;
       }
