@@ -479,6 +479,31 @@ __device__ __forceinline__ void PutGrad(float* grad, uint16_t* grad16, int64_t j
   }
 }
 
+// The sum of exp(x - m) over the four logits of v (in double from the first term on).
+__device__ __forceinline__ double ExpSumFour(const float4& v, float m) {
+  return static_cast<double>(k::CrossEntropyExp<float>(v.x, m)) +
+         k::CrossEntropyExp<float>(v.y, m) + k::CrossEntropyExp<float>(v.z, m) +
+         k::CrossEntropyExp<float>(v.w, m);
+}
+
+// The gradients of logits 4 j4 .. 4 j4 + 3 of a row (values v) into the row's grad (fp32)
+// or, when grad16 is set, grad16 rounded: one 16-byte or 8-byte store.
+__device__ __forceinline__ void PutGradFour(float* grad, uint16_t* grad16, int64_t j4,
+                                            const float4& v, float m, float log_sum,
+                                            int64_t target, float inv_n) {
+  const int64_t e = 4 * j4;
+  const float4 g = make_float4(k::CrossEntropyGrad<float>(v.x, m, log_sum, e == target, inv_n),
+                               k::CrossEntropyGrad<float>(v.y, m, log_sum, e + 1 == target, inv_n),
+                               k::CrossEntropyGrad<float>(v.z, m, log_sum, e + 2 == target, inv_n),
+                               k::CrossEntropyGrad<float>(v.w, m, log_sum, e + 3 == target, inv_n));
+  if (grad16 != nullptr) {
+    reinterpret_cast<uint2*>(grad16)[j4] =
+        make_uint2(core::Bf16PairBits(g.x, g.y), core::Bf16PairBits(g.z, g.w));
+  } else {
+    reinterpret_cast<float4*>(grad)[j4] = g;
+  }
+}
+
 __global__ void CrossEntropyKernel(const float* logits, const int32_t* targets, int64_t rows,
                                    int64_t V, double inv_n, float* grad, double* row_loss,
                                    uint16_t* grad16) {
@@ -509,9 +534,7 @@ __global__ void CrossEntropyKernel(const float* logits, const int32_t* targets, 
     for (int64_t j = threadIdx.x; j < V / 4; j += blockDim.x) {
       const float4 v = x4[j];
       take(fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)));
-      sum += static_cast<double>(k::CrossEntropyExp<float>(v.x, m)) +
-             k::CrossEntropyExp<float>(v.y, m) + k::CrossEntropyExp<float>(v.z, m) +
-             k::CrossEntropyExp<float>(v.w, m);
+      sum += ExpSumFour(v, m);
     }
   } else {
     for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
@@ -533,19 +556,7 @@ __global__ void CrossEntropyKernel(const float* logits, const int32_t* targets, 
   if (four) {
     const float4* x4 = reinterpret_cast<const float4*>(x);
     for (int64_t j = threadIdx.x; j < V / 4; j += blockDim.x) {
-      const float4 v = x4[j];
-      const int64_t e = 4 * j;
-      const float4 g =
-          make_float4(k::CrossEntropyGrad<float>(v.x, m, log_sum_f, e == target, inv_n_f),
-                      k::CrossEntropyGrad<float>(v.y, m, log_sum_f, e + 1 == target, inv_n_f),
-                      k::CrossEntropyGrad<float>(v.z, m, log_sum_f, e + 2 == target, inv_n_f),
-                      k::CrossEntropyGrad<float>(v.w, m, log_sum_f, e + 3 == target, inv_n_f));
-      if (gr16 != nullptr) {
-        reinterpret_cast<uint2*>(gr16)[j] =
-            make_uint2(core::Bf16PairBits(g.x, g.y), core::Bf16PairBits(g.z, g.w));
-      } else {
-        reinterpret_cast<float4*>(gr)[j] = g;
-      }
+      PutGradFour(gr, gr16, j, x4[j], m, log_sum_f, target, inv_n_f);
     }
   } else {
     for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
@@ -591,9 +602,7 @@ __global__ void __launch_bounds__(1024) CrossEntropyStagedKernel(
     double sum = 0.0;
     for (int64_t j = threadIdx.x; j < n4; j += step) {
       const float4 v = staged[j];
-      sum += static_cast<double>(k::CrossEntropyExp<float>(v.x, m)) +
-             k::CrossEntropyExp<float>(v.y, m) + k::CrossEntropyExp<float>(v.z, m) +
-             k::CrossEntropyExp<float>(v.w, m);
+      sum += ExpSumFour(v, m);
     }
     sum = BlockSum(sum, dscratch);
     const int32_t target = targets[row];
@@ -605,19 +614,9 @@ __global__ void __launch_bounds__(1024) CrossEntropyStagedKernel(
     }
     const float log_sum_f = static_cast<float>(log(sum));
     for (int64_t j = threadIdx.x; j < n4; j += step) {
-      const float4 v = staged[j];
-      const int64_t e = 4 * j;
-      const float4 g =
-          make_float4(k::CrossEntropyGrad<float>(v.x, m, log_sum_f, e == target, inv_n_f),
-                      k::CrossEntropyGrad<float>(v.y, m, log_sum_f, e + 1 == target, inv_n_f),
-                      k::CrossEntropyGrad<float>(v.z, m, log_sum_f, e + 2 == target, inv_n_f),
-                      k::CrossEntropyGrad<float>(v.w, m, log_sum_f, e + 3 == target, inv_n_f));
-      if (grad16 != nullptr) {
-        reinterpret_cast<uint2*>(grad16 + row * V)[j] =
-            make_uint2(core::Bf16PairBits(g.x, g.y), core::Bf16PairBits(g.z, g.w));
-      } else {
-        reinterpret_cast<float4*>(grad + row * V)[j] = g;
-      }
+      PutGradFour(grad16 != nullptr ? nullptr : grad + row * V,
+                  grad16 != nullptr ? grad16 + row * V : nullptr, j, staged[j], m, log_sum_f,
+                  target, inv_n_f);
     }
     __syncthreads();  // every thread is done with the staged row before the next one lands
   }
