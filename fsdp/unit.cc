@@ -204,22 +204,21 @@ absl::Status Unit::IssueUnshard(bool full_precision) {
     if (!in.ok()) return Fail(in.status());
     gather_input_ = *std::move(in);
     ag.stage_from = source;
+  } else if (groups_.shard != nullptr) {
+    gather_input_ = source;  // an fp32 shard on the device, gathered as it is
   } else {
+    // One-rank shard group: the shard is the whole buffer, copied (and cast) into it in
+    // one pass on the compute stream, from the device copy of a host shard.
     if (flat_->shard_on_host()) {
-      // No collective to carry it: the copy is queued on the compute stream.
       absl::StatusOr<core::Tensor> staged = core::Tensor::Allocate(
           {flat_->shard_numel()}, flat_->dtype(), core::MemoryTag::kComm, flat_->device());
       if (!staged.ok()) return Fail(staged.status());
       if (absl::Status s = staged->CopyFromAsync(source); !s.ok()) return Fail(s);
       source = *std::move(staged);
     }
-    if (full_exact_) {
-      gather_input_ = source;
-    } else {
-      absl::StatusOr<core::Tensor> in =
-          internal::Convert(source, dtype, core::MemoryTag::kComm, "fsdp unit " + label_);
-      if (!in.ok()) return Fail(in.status());
-      gather_input_ = *std::move(in);
+    if (absl::Status s = internal::ConvertInto(gather_output_, source, "fsdp unit " + label_);
+        !s.ok()) {
+      return Fail(s);
     }
   }
   if (groups_.shard != nullptr) {
@@ -228,8 +227,6 @@ absl::Status Unit::IssueUnshard(bool full_precision) {
         groups_.shard->AllGather(gather_input_, gather_output_, ag);
     if (!work.ok()) return Fail(work.status());
     gather_work_ = *std::move(work);
-  } else if (absl::Status s = gather_output_.CopyFrom(gather_input_); !s.ok()) {
-    return Fail(s);
   }
   state_ = UnitState::kUnsharding;
   return absl::OkStatus();
