@@ -6,6 +6,8 @@
 
 #include "absl/strings/match.h"
 #include "comm/testing/thread_ranks.h"
+#include "core/bf16_hd.h"
+#include "core/op_profile.h"
 #include "core/status_macros.h"
 #include "gtest/gtest.h"
 #include "nn/linear.h"
@@ -25,6 +27,45 @@ absl::StatusOr<std::shared_ptr<Unit>> MakeUnit(comm::testing::RankContext& ctx,
   groups.shard_rank = ctx.rank;
   options.timeout = absl::Seconds(20);
   return Unit::Create(fc, std::move(flat), groups, options);
+}
+
+// With a one-rank shard group there is no all-gather: the shard goes into the full
+// buffer in one op, a cast to param_dtype (or a copy in fp32), with no buffer between.
+TEST(UnitTest, AOneRankUnitCastsItsShardIntoTheFullBufferInOneOp) {
+  absl::Status s = comm::testing::RunThreadRanks(1, [](comm::testing::RankContext& ctx)
+                                                        -> absl::Status {
+    auto fc = std::make_shared<nn::Linear>(5, 7, true, 3);
+    const std::vector<float> w = fc->weight()->data.ToVector();
+    FullyShardOptions options;
+    options.mixed_precision.param_dtype = core::DType::kBFloat16;
+    ASSIGN_OR_RETURN(std::shared_ptr<Unit> unit, MakeUnit(ctx, fc, options));
+    for (const bool full_precision : {false, true}) {
+      SCOPED_TRACE(full_precision ? "fp32" : "bf16");
+      core::OpProfile profile;
+      {
+        core::ScopedOpProfile on(&profile);
+        RETURN_IF_ERROR(unit->IssueUnshard(full_precision));
+        RETURN_IF_ERROR(unit->FinishUnshard());
+      }
+      EXPECT_EQ(profile.records().size(), 1u);
+      if (profile.records().size() != 1) return absl::InternalError("expected one op");
+      EXPECT_EQ(profile.records()[0].name, full_precision ? "copy" : "convert");
+      EXPECT_EQ(profile.records()[0].cost.bytes,
+                (full_precision ? 8.0 : 6.0) * unit->flat().full().numel());
+      const core::DType want = full_precision ? core::DType::kFloat32 : core::DType::kBFloat16;
+      EXPECT_EQ(fc->weight()->data.dtype(), want);
+      std::vector<float> rounded = w;
+      if (!full_precision) {
+        for (float& v : rounded) v = core::Bf16BitsToFloat(core::FloatToBf16Bits(v));
+      }
+      ASSIGN_OR_RETURN(core::Tensor wide, fc->weight()->data.ToDType(core::DType::kFloat32,
+                                                                      core::MemoryTag::kOther));
+      EXPECT_EQ(wide.ToVector(), rounded);
+      RETURN_IF_ERROR(unit->Reshard());
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 TEST(UnitTest, TransitionsMoveViewsBetweenShardAndFull) {
