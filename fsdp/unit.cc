@@ -24,6 +24,18 @@ CommTiming& CommTiming::operator+=(const CommTiming& other) {
   return *this;
 }
 
+void CommTiming::Count(bool all_gather, absl::Duration run, absl::Duration wait) {
+  if (all_gather) {
+    ++all_gathers;
+    all_gather_run += run;
+    all_gather_wait += wait;
+  } else {
+    ++reductions;
+    reduce_run += run;
+    reduce_wait += wait;
+  }
+}
+
 double CommTiming::Hidden(absl::Duration run, absl::Duration wait) {
   if (run <= absl::ZeroDuration()) return 0.0;
   const double hidden = 1.0 - absl::FDivDuration(wait, run);
@@ -121,15 +133,7 @@ absl::Status Unit::WaitCounted(std::shared_ptr<comm::Work>& work, bool host, boo
   const absl::Time wait_start = absl::Now();
   RETURN_IF_ERROR(host ? work->WaitHost(options_.timeout) : work->Wait(options_.timeout));
   if (const std::optional<absl::Duration> run = work->RunTime(); run.has_value()) {
-    if (gather) {
-      ++comm_timing_.all_gathers;
-      comm_timing_.all_gather_run += *run;
-      comm_timing_.all_gather_wait += absl::Now() - wait_start;
-    } else {
-      ++comm_timing_.reductions;
-      comm_timing_.reduce_run += *run;
-      comm_timing_.reduce_wait += absl::Now() - wait_start;
-    }
+    comm_timing_.Count(gather, *run, absl::Now() - wait_start);
   } else if (!host) {
     stream_timed_.emplace_back(std::move(work), gather);
     if (stream_timed_.size() > kMaxStreamTimed) stream_timed_.pop_front();
@@ -154,15 +158,7 @@ void Unit::CountStreamTimings() {
       }
       continue;
     }
-    if (gather) {
-      ++comm_timing_.all_gathers;
-      comm_timing_.all_gather_run += t->run;
-      comm_timing_.all_gather_wait += t->wait;
-    } else {
-      ++comm_timing_.reductions;
-      comm_timing_.reduce_run += t->run;
-      comm_timing_.reduce_wait += t->wait;
-    }
+    comm_timing_.Count(gather, t->run, t->wait);
     it = stream_timed_.erase(it);
   }
 }

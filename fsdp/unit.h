@@ -116,6 +116,8 @@ struct CommTiming {
   absl::Duration reduce_wait;
 
   CommTiming& operator+=(const CommTiming& other);
+  // Counts one collective (an all-gather when `all_gather`, else a reduction).
+  void Count(bool all_gather, absl::Duration run, absl::Duration wait);
   // 1 - wait / run clamped to [0, 1]; 0 when nothing was measured.
   static double Hidden(absl::Duration run, absl::Duration wait);
 };

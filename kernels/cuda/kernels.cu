@@ -251,7 +251,7 @@ __device__ __forceinline__ void StoreRounded(float* p, const float (&v)[N]) {
 // LayerNorm of the rows of x, or of x + x2 when x2 is not null (residual + LayerNorm, the
 // sum written to `sum`, which may be x or x2: each lane reads and writes its own elements).
 // One warp per row; lane l takes the groups of N columns starting at N * (l + 32 i), N and
-// Wide as in LayerNormBackwardFusedKernel (Wide: every row, y's included, 16-byte aligned).
+// Wide as in LayerNormBackwardKernel (Wide: every row, y's included, 16-byte aligned).
 template <int N, bool Wide, typename W, typename Y>
 __global__ void LayerNormForwardKernel(const float* x, const float* x2, float* sum_out,
                                        const W* w, const W* b, float eps, Y* y, float* xhat,
@@ -305,54 +305,31 @@ __global__ void LayerNormForwardKernel(const float* x, const float* x2, float* s
   if (lane == 0) rstd[row] = r;
 }
 
-// gx from g, xhat, rstd and w, plus residual when it is not null (residual + LayerNorm
-// backward; residual must not be gx).
-template <typename W>
-__global__ void LayerNormBackwardInputKernel(const float* g, const float* xhat, const float* rstd,
-                                             const W* w, const float* residual, float* gx,
-                                             int64_t rows, int64_t cols) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (row >= rows) return;
-  const float* gr = g + row * cols;
-  const float* hr = xhat + row * cols;
-  float sum_gh = 0.0f, sum_gh_h = 0.0f;
-  for (int64_t j = lane; j < cols; j += 32) {
-    const float gh = k::LayerNormGradHat<float>(gr[j], w, j);
-    sum_gh += gh;
-    sum_gh_h += gh * hr[j];
-  }
-  const float mean_gh = WarpSum(sum_gh) / static_cast<float>(cols);
-  const float mean_gh_h = WarpSum(sum_gh_h) / static_cast<float>(cols);
-  const float r = rstd[row];
-  float* out = gx + row * cols;
-  const float* res = residual != nullptr ? residual + row * cols : nullptr;
-  for (int64_t j = lane; j < cols; j += 32) {
-    const float v = k::LayerNormBackwardInput<float>(gr[j], w, j, hr[j], r, mean_gh, mean_gh_h);
-    out[j] = res != nullptr ? k::Add(res[j], v) : v;
-  }
-}
-
-// LayerNormBackwardInputKernel's gx and, in the same pass, the column sums of g * xhat and
-// of g over the block's rows (kernels::LayerNormGradChunks): warp v of the block takes rows
-// first + v, first + v + warps, ... and keeps its own sums in shared memory ([warps][2][cols]);
-// the block then adds its warps' sums in warp order into partial[blockIdx.x] ([2, cols]:
-// g * xhat, then g), or, with partial null (one block), into gw and gb (each when not null).
+// LayerNorm's backward, one warp per row: gx from g, xhat, rstd and w, plus residual when
+// it is not null (residual + LayerNorm backward; residual must not be gx). Block b takes
+// rows [b * rows_per_block, (b + 1) * rows_per_block), warp v of it rows first + v,
+// first + v + warps, ...
+// With Sums, in the same pass, the column sums of g * xhat and of g over the block's rows
+// (kernels::LayerNormGradChunks): each warp keeps its own in shared memory
+// ([warps][2][cols]); the block then adds its warps' sums in warp order into
+// partial[blockIdx.x] ([2, cols]: g * xhat, then g), or, with partial null (one block),
+// into gw and gb (each when not null).
 // Lane l owns the groups of N columns starting at N * (l + 32 i); N is 4 when cols % 4 == 0
 // (a function of the shape, so the order of every sum is too) and Wide says the rows are
 // 16-byte aligned, so each group moves in one access (else N scalar ones, the same sums).
-template <int N, bool Wide, typename W>
-__global__ void LayerNormBackwardFusedKernel(const float* g, const float* xhat,
-                                             const float* rstd, const W* w,
-                                             const float* residual, float* gx, float* gw,
-                                             float* gb, float* partial, int64_t rows,
-                                             int64_t cols, int64_t rows_per_block) {
+template <int N, bool Wide, bool Sums, typename W>
+__global__ void LayerNormBackwardKernel(const float* g, const float* xhat, const float* rstd,
+                                        const W* w, const float* residual, float* gx, float* gw,
+                                        float* gb, float* partial, int64_t rows, int64_t cols,
+                                        int64_t rows_per_block) {
   using F = Floats<N, Wide>;
   extern __shared__ __align__(16) float sums[];
   const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* own_gh = sums + static_cast<int64_t>(warp) * 2 * cols;
   float* own_g = own_gh + cols;
-  for (int64_t j = lane; j < 2 * cols; j += 32) own_gh[j] = 0.0f;
+  if constexpr (Sums) {
+    for (int64_t j = lane; j < 2 * cols; j += 32) own_gh[j] = 0.0f;
+  }
   const int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_block;
   const int64_t end = first + rows_per_block < rows ? first + rows_per_block : rows;
   for (int64_t row = first + warp; row < end; row += warps) {
@@ -376,20 +353,26 @@ __global__ void LayerNormBackwardFusedKernel(const float* g, const float* xhat,
     for (int64_t j = N * lane; j < cols; j += 32 * N) {
       const F gv = F::Load(gr + j), hv = F::Load(hr + j);
       F o = res != nullptr ? F::Load(res + j) : F();
-      F sgh = F::Load(own_gh + j), sg = F::Load(own_g + j);
 #pragma unroll
       for (int e = 0; e < N; ++e) {
         const float v =
             k::LayerNormBackwardInput<float>(gv.v[e], w, j + e, hv.v[e], r, mean_gh, mean_gh_h);
         o.v[e] = res != nullptr ? k::Add(o.v[e], v) : v;
-        sgh.v[e] += gv.v[e] * hv.v[e];
-        sg.v[e] += gv.v[e];
       }
       o.Store(out + j);
-      sgh.Store(own_gh + j);
-      sg.Store(own_g + j);
+      if constexpr (Sums) {
+        F sgh = F::Load(own_gh + j), sg = F::Load(own_g + j);
+#pragma unroll
+        for (int e = 0; e < N; ++e) {
+          sgh.v[e] += gv.v[e] * hv.v[e];
+          sg.v[e] += gv.v[e];
+        }
+        sgh.Store(own_gh + j);
+        sg.Store(own_g + j);
+      }
     }
   }
+  if constexpr (!Sums) return;
   __syncthreads();
   for (int64_t j = threadIdx.x; j < 2 * cols; j += blockDim.x) {
     float total = 0.0f;
@@ -726,6 +709,21 @@ cudaError_t GemmEpilogue(const float* acc, int kind, const void* bias, bool bias
 
 namespace {
 
+// Calls launch(n, wide) with the LayerNorm kernels' column grouping (see
+// LayerNormBackwardKernel) as std::integral_constant N and std::bool_constant Wide: N = 4
+// when cols % 4 == 0, Wide when also `wide_ok` and every row of `ptrs` is 16-byte aligned.
+template <typename Launch>
+void ByColumnGroups(int64_t cols, bool wide_ok, std::initializer_list<const void*> ptrs,
+                    const Launch& launch) {
+  if (cols % 4 != 0) {
+    launch(std::integral_constant<int, 1>(), std::false_type());
+  } else if (wide_ok && FourWideRows(cols, ptrs)) {
+    launch(std::integral_constant<int, 4>(), std::true_type());
+  } else {
+    launch(std::integral_constant<int, 4>(), std::false_type());
+  }
+}
+
 cudaError_t LayerNormForwardLaunch(const float* x, const float* x2, float* sum, const void* w,
                                    const void* b, bool bf16, float eps, void* y, bool y_bf16,
                                    float* xhat, float* rstd, int64_t rows, int64_t cols) {
@@ -745,20 +743,37 @@ cudaError_t LayerNormForwardLaunch(const float* x, const float* x2, float* sum, 
   // bf16 rows of cols % 4 == 0 are 16-byte aligned where their start is 16-byte aligned
   // and each row's 2 * cols bytes are a multiple of 16 (cols % 8 == 0).
   const bool y_wide = !y_bf16 || cols % 8 == 0;
-  const auto by_weight = [&](auto n, auto wide) {
+  ByColumnGroups(cols, y_wide, {x, x2, sum, y, xhat}, [&](auto n, auto wide) {
     if (bf16) {
       launch(n, wide, static_cast<const uint16_t*>(w));
     } else {
       launch(n, wide, static_cast<const float*>(w));
     }
-  };
-  if (cols % 4 != 0) {
-    by_weight(std::integral_constant<int, 1>(), std::false_type());
-  } else if (y_wide && FourWideRows(cols, {x, x2, sum, y, xhat})) {
-    by_weight(std::integral_constant<int, 4>(), std::true_type());
-  } else {
-    by_weight(std::integral_constant<int, 4>(), std::false_type());
-  }
+  });
+  return cudaGetLastError();
+}
+
+// LayerNormBackwardKernel over `grid` blocks of `warps` warps (with Sums: `shared` bytes of
+// shared memory).
+template <bool Sums>
+cudaError_t LayerNormBackwardLaunch(unsigned int grid, int warps, size_t shared,
+                                    const float* g, const float* xhat, const float* rstd,
+                                    const void* w, bool bf16, const float* residual, float* gx,
+                                    float* gw, float* gb, float* partial, int64_t rows,
+                                    int64_t cols, int64_t rows_per_block) {
+  ByColumnGroups(cols, true, {g, xhat, residual, gx}, [&](auto n, auto wide) {
+    constexpr int kN = decltype(n)::value;
+    constexpr bool kWide = decltype(wide)::value;
+    if (bf16) {
+      LayerNormBackwardKernel<kN, kWide, Sums><<<grid, warps * 32, shared>>>(
+          g, xhat, rstd, static_cast<const uint16_t*>(w), residual, gx, gw, gb, partial, rows,
+          cols, rows_per_block);
+    } else {
+      LayerNormBackwardKernel<kN, kWide, Sums><<<grid, warps * 32, shared>>>(
+          g, xhat, rstd, static_cast<const float*>(w), residual, gx, gw, gb, partial, rows,
+          cols, rows_per_block);
+    }
+  });
   return cudaGetLastError();
 }
 
@@ -766,14 +781,9 @@ cudaError_t LayerNormBackwardInputLaunch(const float* g, const float* xhat, cons
                                          const void* w, bool bf16, const float* residual,
                                          float* gx, int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
-  if (bf16) {
-    LayerNormBackwardInputKernel<<<GridForRows(rows), kThreads>>>(
-        g, xhat, rstd, static_cast<const uint16_t*>(w), residual, gx, rows, cols);
-  } else {
-    LayerNormBackwardInputKernel<<<GridForRows(rows), kThreads>>>(
-        g, xhat, rstd, static_cast<const float*>(w), residual, gx, rows, cols);
-  }
-  return cudaGetLastError();
+  return LayerNormBackwardLaunch<false>(GridForRows(rows), kWarpsPerBlock, 0, g, xhat, rstd, w,
+                                        bf16, residual, gx, nullptr, nullptr, nullptr, rows,
+                                        cols, kWarpsPerBlock);
 }
 
 }  // namespace
@@ -812,30 +822,10 @@ cudaError_t LayerNormBackward(const float* g, const float* xhat, const float* rs
   if (warps == 0 || (chunks > 1 && partial == nullptr)) return cudaErrorInvalidValue;
   const int64_t rows_per_block = (rows + chunks - 1) / chunks;
   const size_t shared = static_cast<size_t>(warps) * 2 * cols * sizeof(float);
-  float* const out = chunks > 1 ? partial : nullptr;
-  const unsigned int grid = static_cast<unsigned int>(chunks);
-  const auto launch = [&](auto n, auto wide) {
-    constexpr int kN = decltype(n)::value;
-    constexpr bool kWide = decltype(wide)::value;
-    if (bf16) {
-      LayerNormBackwardFusedKernel<kN, kWide><<<grid, warps * 32, shared>>>(
-          g, xhat, rstd, static_cast<const uint16_t*>(w), residual, gx, gw, gb, out, rows,
-          cols, rows_per_block);
-    } else {
-      LayerNormBackwardFusedKernel<kN, kWide><<<grid, warps * 32, shared>>>(
-          g, xhat, rstd, static_cast<const float*>(w), residual, gx, gw, gb, out, rows, cols,
-          rows_per_block);
-    }
-  };
-  if (cols % 4 != 0) {
-    launch(std::integral_constant<int, 1>(), std::false_type());
-  } else if (FourWideRows(cols, {g, xhat, residual, gx})) {
-    launch(std::integral_constant<int, 4>(), std::true_type());
-  } else {
-    launch(std::integral_constant<int, 4>(), std::false_type());
-  }
-  if (chunks == 1) return cudaGetLastError();
-  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  cudaError_t err = LayerNormBackwardLaunch<true>(
+      static_cast<unsigned int>(chunks), warps, shared, g, xhat, rstd, w, bf16, residual, gx, gw,
+      gb, chunks > 1 ? partial : nullptr, rows, cols, rows_per_block);
+  if (chunks == 1 || err != cudaSuccess) return err;
   if (gw != nullptr) {
     ColumnSumsFinishKernel<<<GridFor(cols), kThreads>>>(partial, 2 * cols, gw, chunks, cols);
   }
