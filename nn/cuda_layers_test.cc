@@ -11,6 +11,7 @@
 // product then errs by at most u * sum_k |a_k| |b_k|, which the tests compute on the CPU
 // and use elementwise (a bound the usual case, fp32 agreement, meets easily).
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -37,6 +38,7 @@
 #include "nn/transformer.h"
 
 #ifdef FSDP_WITH_CUDA
+#include "kernels/cuda/flash_attention.h"
 #include "nn/cuda/gemm.h"
 #endif
 
@@ -497,6 +499,108 @@ TEST(CudaLayersTest, FusedAttentionOutputsInFp32AndBf16MatchTheCpuTwin) {
     EXPECT_LE(RelErr(results[1][0], results[0][0]), 4 * kBf16Unit);
     EXPECT_LE(RelErr(results[1][1], results[0][1]), 4 * kBf16Unit);
   }
+}
+
+// NOTE [Flash block shapes] in kernels/cuda/flash_attention.h: every block shape of the
+// forward, dK/dV and dQ kernels writes the same bits as shape 0 (whose results the tests
+// above compare with the CPU), at sizes where the last tile is partial and where whole
+// warps of a 128-row block are past T. Unpinned, the first call tunes (its report names
+// one chosen shape a kernel) and leaves the same bits, and so does the next call.
+TEST(CudaLayersTest, FusedAttentionBlockShapesWriteTheSameBits) {
+  SKIP_WITHOUT_GPU();
+#ifdef FSDP_WITH_CUDA
+  namespace kc = kernels::cuda;
+  for (const int64_t hd : {64, 128}) {
+    for (const int64_t T : {130, 200, 256}) {
+      for (const core::DType dtype : {core::DType::kBFloat16, core::DType::kFloat32}) {
+        SCOPED_TRACE(absl::StrCat("head width ", hd, ", T ", T, ", ", core::DTypeName(dtype)));
+        const int64_t B = 2, H = 3, C = H * hd;
+        const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+        const bool out_bf16 = dtype == core::DType::kBFloat16;
+        const auto bf16 = [](const core::Tensor& t) {
+          return To(t.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value(), kGpu);
+        };
+        const auto zeros = [](const core::Shape& shape, core::DType dt) {
+          return To(core::Tensor::Zeros(shape, dt), kGpu);
+        };
+        const core::Tensor qkv = bf16(Normal({B, T, 3 * C}, 51 + T));
+        const core::Tensor gy = bf16(Normal({B, T, C}, 52 + T));
+        core::Tensor y = zeros({B, T, C}, dtype), lse = zeros({B, H, T}, core::DType::kFloat32);
+        core::Tensor delta = zeros({B, H, T}, core::DType::kFloat32);
+        core::Tensor gqkv = zeros({B, T, 3 * C}, dtype);
+        const auto* q16 = static_cast<const uint16_t*>(qkv.raw_data());
+        const auto* g16 = static_cast<const uint16_t*>(gy.raw_data());
+        const auto forward = [&](const kc::FlashShapes& shapes) {
+          EXPECT_EQ(kc::FlashAttentionForward(q16, y.raw_data(), out_bf16,
+                                              static_cast<float*>(lse.raw_data()), B, T, H, hd,
+                                              scale, shapes),
+                    cudaSuccess);
+          std::vector<float> out = Host(y);
+          const std::vector<float> l = Host(lse);
+          out.insert(out.end(), l.begin(), l.end());
+          return out;
+        };
+        const auto backward = [&](const kc::FlashShapes& shapes) {
+          EXPECT_EQ(kc::FlashAttentionBackward(q16, y.raw_data(), out_bf16, g16,
+                                               static_cast<const float*>(lse.raw_data()),
+                                               static_cast<float*>(delta.raw_data()),
+                                               gqkv.raw_data(), out_bf16, B, T, H, hd, scale,
+                                               shapes),
+                    cudaSuccess);
+          return Host(gqkv);
+        };
+        const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+          return a.size() == b.size() &&
+                 std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+        };
+        const std::vector<float> y0 = forward({0, 0, 0});
+        const std::vector<float> g0 = backward({0, 0, 0});
+        const int forward_shapes = kc::FlashShapeCount(kc::FlashKernel::kForward, hd);
+        const int kv_shapes = kc::FlashShapeCount(kc::FlashKernel::kBackwardKV, hd);
+        const int q_shapes = kc::FlashShapeCount(kc::FlashKernel::kBackwardQ, hd);
+        ASSERT_GE(forward_shapes, 2);
+        ASSERT_GE(kv_shapes, 2);
+        ASSERT_GE(q_shapes, 2);
+        for (int i = 1; i < forward_shapes; ++i) {
+          EXPECT_TRUE(same_bits(forward({i, 0, 0}), y0))
+              << kc::FlashShapeName(kc::FlashKernel::kForward, hd, i);
+        }
+        // The backward reads y and lse, which every forward shape wrote the same.
+        for (int i = 1; i < kv_shapes; ++i) {
+          EXPECT_TRUE(same_bits(backward({0, i, 0}), g0))
+              << kc::FlashShapeName(kc::FlashKernel::kBackwardKV, hd, i);
+        }
+        for (int i = 1; i < q_shapes; ++i) {
+          EXPECT_TRUE(same_bits(backward({0, 0, i}), g0))
+              << kc::FlashShapeName(kc::FlashKernel::kBackwardQ, hd, i);
+        }
+        // Tuned: the first call tunes, the second runs the choice.
+        for (int call = 0; call < 2; ++call) {
+          EXPECT_TRUE(same_bits(forward({}), y0)) << "call " << call;
+          EXPECT_TRUE(same_bits(backward({}), g0)) << "call " << call;
+        }
+        const std::string report = kc::FlashTuningReport(B, T, H, hd);
+        for (const char* kernel : {"forward:", "dK/dV:", "dQ:"}) {
+          EXPECT_NE(report.find(kernel), std::string::npos) << report;
+        }
+        int chosen = 0;
+        for (size_t at = report.find("(chosen)"); at != std::string::npos;
+             at = report.find("(chosen)", at + 1)) {
+          ++chosen;
+        }
+        // One forward choice for this output dtype, one of each backward kernel (earlier
+        // dtypes of this size add theirs).
+        EXPECT_EQ(chosen, out_bf16 ? 3 : 6) << report;
+        EXPECT_EQ(report.find("differs"), std::string::npos) << report;
+        // A shape out of range is refused.
+        EXPECT_EQ(kc::FlashAttentionForward(q16, y.raw_data(), out_bf16,
+                                            static_cast<float*>(lse.raw_data()), B, T, H, hd,
+                                            scale, {forward_shapes, 0, 0}),
+                  cudaErrorInvalidValue);
+      }
+    }
+  }
+#endif
 }
 
 // The fused ops refuse what they cannot run, naming the tensor: fp32 q, k and v, a head

@@ -1,20 +1,29 @@
 // Fused causal attention kernels (kernels/cuda/flash_attention.h).
 //
-// One block of 4 warps per (64-row tile, batch element x head); each warp owns 16 rows of
-// the block's tile and keeps everything about them in registers, as FlashAttention-2
-// does: the products are mma.sync m16n8k16 (bf16 x bf16 -> fp32) whose accumulator
+// One block per (row tile, batch element x head); each warp owns 16 rows of the block's
+// tile (or two such m-tiles, a shape of the forward) and keeps everything about them in
+// registers, as FlashAttention-2 does: the products are mma.sync m16n8k16 (bf16 x bf16 -> fp32) whose accumulator
 // layout is fixed by PTX, so the softmax runs on the accumulators where they are, and a
 // score tile's accumulators become the A operand of the next product after rounding to
 // bf16. Only the tiles every warp reads (K and V in the forward and dQ kernels, Q and dO in
-// the dK/dV kernel) go through shared memory: the whole block copies them with cp.async
-// into two buffers, the next tile's copy in flight while the warps compute on the current
+// the dK/dV kernel) go through shared memory, 64 rows at a time: the whole block copies them
+// with cp.async into two buffers, the next tile's copy in flight while the warps compute on the current
 // one; the warps take their fragments from them with ldmatrix (four 8 x 8 matrices an
 // instruction, transposed for a B operand stored row by row of k). Rows are padded by 8
 // bf16, so the eight 16-byte rows an ldmatrix phase reads fall in distinct banks. Rows
 // past T are zero-filled on load, masked out of every sum, and never stored; the forward
 // evaluates its mask only on the diagonal tile, the one tile of a row with masked keys.
 // (The backward kernels mask every tile: a branch there costs the dK/dV kernel spills at
-// its 168-register cap.)
+// its 168-register cap.) A warp whose rows have nothing to do with a streamed tile (all
+// its keys after the warp's queries, or its rows past T) skips the products but still
+// takes part in the block's copies and barriers.
+//
+// Block shapes (NOTE [Flash block shapes] in flash_attention.h): `BlockShape` says how many
+// warps a block has, how many 16-row m-tiles each owns and the blocks an SM the registers
+// are capped for; the rows of a block are 16 x warps x m-tiles. A warp's rows lie inside
+// one 64-row tile (16 x m-tiles divides 64), so all of them need the same key tiles: the
+// tiles up to the one holding the warp's rows, and that diagonal tile is the only one with
+// masked keys. Each row's arithmetic is the same in every shape.
 //
 // m16n8k16 fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with g = lane / 4 and
 // c = lane % 4: A (16 x 16, row-major) a0 = (g, 2c..2c+1), a1 = (g+8, 2c..), a2 = (g,
@@ -27,6 +36,13 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
 
 #include "kernels/cuda/launch.cuh"
 
@@ -37,19 +53,42 @@ namespace {
 using bf16 = __nv_bfloat16;
 
 constexpr int kTile = static_cast<int>(kFlashTile);  // rows (queries or keys) per tile
-constexpr int kWarps = kTile / 16;                    // one warp per 16 rows
-constexpr int kThreads = 32 * kWarps;
 constexpr int kN8 = kTile / 8;  // n8 accumulator tiles across a 64-wide score tile
 constexpr float kLog2e = 1.4426950408889634f;
 
+// A block of `warps` warps, each owning `m_tiles` consecutive 16-row m-tiles, its registers
+// capped so that `min_blocks` blocks fit an SM (0: no cap but the 255 of a thread; a cap of
+// 1 is not the same, ptxas then spends more registers than it needs).
+struct BlockShape {
+  int warps, m_tiles, min_blocks;
+};
+
+template <int W, int M, int MinBlocks>
+struct Block {
+  static_assert(kTile % (16 * M) == 0, "a warp's rows must lie inside one 64-row tile");
+  static constexpr int kM = M, kMinBlocks = MinBlocks;
+  static constexpr int kThreads = 32 * W;
+  static constexpr int kRows = 16 * W * M;  // rows (queries, or keys for dK/dV) a block owns
+};
+
+// Whether a warp of a block of shape S skips the streamed tiles it does not need: those of
+// keys all after its queries (or the other way round for dK/dV), and all of them when its
+// rows start past T. In a block of one 64-row tile every warp needs every tile, and the
+// branch would only cost registers (in the dK/dV kernel, spills at its cap); where a warp
+// does compute a tile it does not need, the mask zeroes it and adding zero changes nothing.
+template <typename S>
+__device__ constexpr bool SkipsTiles() {
+  return S::kRows > kTile;
+}
+
 template <int D>
 struct Dims {
-  static constexpr int kLd = D + 8;  // shared-memory row stride of a [64 x D] bf16 tile
-  static constexpr int kTileBytes = kTile * kLd * 2;
-  // Forward: Q and two (K, V) buffers; backward: two fixed tiles (dK/dV: K, V; dQ: Q, dO)
-  // and two buffers of the two streamed ones.
-  static constexpr int kForwardBytes = 5 * kTileBytes;
-  static constexpr int kBackwardBytes = 6 * kTileBytes;
+  static constexpr int kLd = D + 8;  // shared-memory row stride of a [rows x D] bf16 tile
+  static constexpr int kRowBytes = kLd * 2;
+  // Forward: the block's Q rows and two (K, V) buffers of 64 rows; backward: the block's
+  // two fixed tiles (dK/dV: K, V; dQ: Q, dO) and two buffers of the two streamed ones.
+  static constexpr int ForwardBytes(int rows) { return (rows + 4 * kTile) * kRowBytes; }
+  static constexpr int BackwardBytes(int rows) { return (2 * rows + 4 * kTile) * kRowBytes; }
 };
 
 // d (16 x 8 fp32) += a (16 x 16 bf16) b (16 x 8 bf16).
@@ -130,34 +169,44 @@ __device__ __forceinline__ void ScoresABt(float (&s)[kN8][4], const bf16* a, con
   }
 }
 
-// acc[n] (16 x 8 each, n < D/8) += P V where P (16 x 64) is given by score accumulators
-// (rounded to bf16 here) and V is a row-major [64 x D] bf16 tile with row stride ld.
-template <int D>
-__device__ __forceinline__ void AccumulatePV(float (&acc)[D / 8][4], const float (&p)[kN8][4],
+// acc[i][n] (16 x 8 each, n < D/8) += P_i V for each of M m-tiles i, where P_i (16 x 64) is
+// given by score accumulators p[i] (rounded to bf16 here) and V is a row-major [64 x D]
+// bf16 tile with row stride ld; each fragment of V serves all M products.
+template <int D, int M>
+__device__ __forceinline__ void AccumulatePV(float (*acc)[D / 8][4], const float (*p)[kN8][4],
                                              const bf16* v, int ld) {
 #pragma unroll
   for (int kk = 0; kk < kTile / 16; ++kk) {
-    const uint32_t fa[4] = {Pack(p[2 * kk][0], p[2 * kk][1]), Pack(p[2 * kk][2], p[2 * kk][3]),
-                            Pack(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                            Pack(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+    uint32_t fa[M][4];
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      fa[i][0] = Pack(p[i][2 * kk][0], p[i][2 * kk][1]);
+      fa[i][1] = Pack(p[i][2 * kk][2], p[i][2 * kk][3]);
+      fa[i][2] = Pack(p[i][2 * kk + 1][0], p[i][2 * kk + 1][1]);
+      fa[i][3] = Pack(p[i][2 * kk + 1][2], p[i][2 * kk + 1][3]);
+    }
 #pragma unroll
     for (int n = 0; n < D / 8; n += 2) {
       uint32_t fb[4];
       LoadBPair(fb, v, ld, n, kk * 16);
-      Mma(acc[n], fa, fb[0], fb[1]);
-      Mma(acc[n + 1], fa, fb[2], fb[3]);
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        Mma(acc[i][n], fa[i], fb[0], fb[1]);
+        Mma(acc[i][n + 1], fa[i], fb[2], fb[3]);
+      }
     }
   }
 }
 
-// Rows [r0, r0 + 64) of a [T, *] head slice (row stride `ld` elements, D columns from
-// `src`) into `dst` [64 x D] with row stride Dims<D>::kLd, rows past T zero-filled: 16-byte
-// cp.async copies issued by the whole block. The caller commits the group and waits for it
-// (CommitCopies, WaitCopies) and then needs __syncthreads() before reading.
-template <int D>
-__device__ void LoadTileAsync(bf16* dst, const bf16* src, int64_t ld, int r0, int T) {
+// Rows [r0, r0 + Rows) of a [T, *] head slice (row stride `ld` elements, D columns from
+// `src`) into `dst` [Rows x D] with row stride Dims<D>::kLd, rows past T zero-filled:
+// 16-byte cp.async copies issued by the block's `Threads` threads. The caller commits the
+// group and waits for it (CommitCopies, WaitCopies) and then needs __syncthreads() before
+// reading.
+template <int D, int Rows, int Threads>
+__device__ void LoadRowsAsync(bf16* dst, const bf16* src, int64_t ld, int r0, int T) {
   constexpr int kChunks = D / 8;  // 8 bf16 per 16 bytes
-  for (int i = threadIdx.x; i < kTile * kChunks; i += kThreads) {
+  for (int i = threadIdx.x; i < Rows * kChunks; i += Threads) {
     const int r = i / kChunks, c = (i % kChunks) * 8;
     const bool valid = r0 + r < T;
     const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst + r * Dims<D>::kLd + c));
@@ -177,18 +226,20 @@ __device__ __forceinline__ void WaitCopies() {
 }
 
 // Double-buffered streaming of a pair of [64 x D] tiles (K and V, or Q and dO), two per
-// buffer at `pairs`: when `more`, first requests rows [next_r0, next_r0 + 64) of a (row
-// stride lda) and b (ldb) into buffer 1 - cur; then waits for buffer cur (requested
-// earlier) and __syncthreads(). Returns buffer cur's first tile; the second follows it.
-// The caller __syncthreads() again before the next call refills the other buffer.
-template <int D>
-__device__ __forceinline__ const bf16* TakePair(bf16* pairs, int cur, bool more, const bf16* a, int64_t lda,
-                                const bf16* b, int64_t ldb, int next_r0, int T) {
+// buffer at `pairs`, by a block of `Threads` threads: when `more`, first requests rows
+// [next_r0, next_r0 + 64) of a (row stride lda) and b (ldb) into buffer 1 - cur; then waits
+// for buffer cur (requested earlier) and __syncthreads(). Returns buffer cur's first tile;
+// the second follows it. The caller __syncthreads() again before the next call refills the
+// other buffer.
+template <int D, int Threads>
+__device__ __forceinline__ const bf16* TakePair(bf16* pairs, int cur, bool more, const bf16* a,
+                                                int64_t lda, const bf16* b, int64_t ldb,
+                                                int next_r0, int T) {
   constexpr int kPair = 2 * kTile * Dims<D>::kLd;
   if (more) {
     bf16* next = pairs + (1 - cur) * kPair;
-    LoadTileAsync<D>(next, a, lda, next_r0, T);
-    LoadTileAsync<D>(next + kTile * Dims<D>::kLd, b, ldb, next_r0, T);
+    LoadRowsAsync<D, kTile, Threads>(next, a, lda, next_r0, T);
+    LoadRowsAsync<D, kTile, Threads>(next + kTile * Dims<D>::kLd, b, ldb, next_r0, T);
     CommitCopies();
     WaitCopies<1>();
   } else {
@@ -225,130 +276,163 @@ __device__ __forceinline__ void StoreRows(const float (&acc)[D / 8][4], Out* dst
 __device__ __forceinline__ float Load(const float* p) { return *p; }
 __device__ __forceinline__ float Load(const bf16* p) { return __bfloat162float(*p); }
 
-// Forward: grid (tiles, B*H), the longest query tiles first. Y: fp32 or bf16.
-template <int D, typename Y>
-__global__ void __launch_bounds__(kThreads) FlashForwardKernel(const bf16* __restrict__ qkv,
-                                                               Y* __restrict__ y,
-                                                               float* __restrict__ lse, int T,
-                                                               int H, float scale_log2) {
+// Forward: grid (query blocks, B*H), the longest query blocks first; a block of shape S
+// owns S::kRows queries. Y: fp32 or bf16.
+template <int D, typename S, typename Y>
+__global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
+    FlashForwardKernel(const bf16* __restrict__ qkv, Y* __restrict__ y, float* __restrict__ lse,
+                       int T, int H, float scale_log2) {
   extern __shared__ __align__(128) unsigned char smem[];
-  constexpr int kLd = Dims<D>::kLd;
+  constexpr int kLd = Dims<D>::kLd, M = S::kM;
   bf16* sQ = reinterpret_cast<bf16*>(smem);
-  bf16* sKV = sQ + kTile * kLd;  // buffer i: K at sKV + 2i tiles, V at sKV + (2i + 1) tiles
+  bf16* sKV = sQ + S::kRows * kLd;  // buffer i: K at sKV + 2i tiles, V at sKV + (2i + 1) tiles
 
-  const int tiles = (T + kTile - 1) / kTile;
-  const int qt = tiles - 1 - static_cast<int>(blockIdx.x);
+  const int tiles = (T + kTile - 1) / kTile;  // key tiles
+  const int blocks = (T + S::kRows - 1) / S::kRows;
+  const int q0 = (blocks - 1 - static_cast<int>(blockIdx.x)) * S::kRows;
+  // The block's last key tile: the one holding its last query (or T's last).
+  const int last = min(tiles - 1, (q0 + S::kRows - 1) / kTile);
   const int bh = blockIdx.y, b = bh / H, h = bh % H;
   const int64_t C = static_cast<int64_t>(H) * D, ld3 = 3 * C;
   const bf16* base = qkv + static_cast<int64_t>(b) * T * ld3 + static_cast<int64_t>(h) * D;
-  const int q0 = qt * kTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  const int row0 = q0 + warp * 16;  // this warp's first query
+  const int row0 = q0 + warp * 16 * M;  // this warp's first query
+  // This warp's diagonal key tile, the last it needs (SkipsTiles).
+  const int diag = row0 / kTile;
 
-  // Q and the first K, V tile; this warp's Q rows as A fragments, kept for the whole pass.
-  LoadTileAsync<D>(sQ, base, ld3, q0, T);
-  LoadTileAsync<D>(sKV, base + C, ld3, 0, T);
-  LoadTileAsync<D>(sKV + kTile * kLd, base + 2 * C, ld3, 0, T);
+  // The block's Q and the first K, V tile; this warp's Q rows as A fragments, kept for the
+  // whole pass.
+  LoadRowsAsync<D, S::kRows, S::kThreads>(sQ, base, ld3, q0, T);
+  LoadRowsAsync<D, kTile, S::kThreads>(sKV, base + C, ld3, 0, T);
+  LoadRowsAsync<D, kTile, S::kThreads>(sKV + kTile * kLd, base + 2 * C, ld3, 0, T);
   CommitCopies();
   WaitCopies<0>();
   __syncthreads();
-  uint32_t qa[D / 16][4];
+  uint32_t qa[M][D / 16][4];
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) LoadA(qa[kk], sQ + warp * 16 * kLd, kLd, kk * 16);
-
-  float o[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8
-  for (int kt = 0; kt <= qt; ++kt) {
-    const int k0 = kt * kTile;
-    // The next K, V tile into the other buffer while this one is used.
-    const bf16* sK = TakePair<D>(sKV, kt & 1, kt < qt, base + C, ld3, base + 2 * C, ld3,
-                                 k0 + kTile, T);
-    const bf16* sV = sK + kTile * kLd;
-    float s[kN8][4];
-#pragma unroll
-    for (int n = 0; n < kN8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+  for (int i = 0; i < M; ++i) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-      for (int n = 0; n < kN8; n += 2) {
-        uint32_t fb[4];
-        LoadBtPair(fb, sK, kLd, n, kk * 16);
-        Mma(s[n], qa[kk], fb[0], fb[1]);
-        Mma(s[n + 1], qa[kk], fb[2], fb[3]);
-      }
+      LoadA(qa[i][kk], sQ + (warp * M + i) * 16 * kLd, kLd, kk * 16);
     }
-    // Scale, mask, and the online softmax of rows g and g + 8. Only the diagonal tile has
-    // keys past a query (and, the last tile, keys past T).
-    float mx[2] = {-INFINITY, -INFINITY};
-    if (kt == qt) {
+  }
+
+  float o[M][D / 8][4];
 #pragma unroll
-      for (int n = 0; n < kN8; ++n) {
+  for (int i = 0; i < M; ++i) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int tk = k0 + n * 8 + 2 * c + (i & 1), tq = row0 + g + 8 * (i >> 1);
-          s[n][i] = (tk > tq || tk >= T) ? -INFINITY : s[n][i] * scale_log2;
-          mx[i >> 1] = fmaxf(mx[i >> 1], s[n][i]);
+    for (int n = 0; n < D / 8; ++n) o[i][n][0] = o[i][n][1] = o[i][n][2] = o[i][n][3] = 0.0f;
+  }
+  // Rows g and g + 8 of each m-tile.
+  float m[M][2], l[M][2];
+#pragma unroll
+  for (int i = 0; i < M; ++i) m[i][0] = m[i][1] = -INFINITY, l[i][0] = l[i][1] = 0.0f;
+  for (int kt = 0; kt <= last; ++kt) {
+    const int k0 = kt * kTile;
+    // The next K, V tile into the other buffer while this one is used.
+    const bf16* sK = TakePair<D, S::kThreads>(sKV, kt & 1, kt < last, base + C, ld3,
+                                              base + 2 * C, ld3, k0 + kTile, T);
+    const bf16* sV = sK + kTile * kLd;
+    if (!SkipsTiles<S>() || (row0 < T && kt <= diag)) {
+      float s[M][kN8][4];
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+#pragma unroll
+        for (int n = 0; n < kN8; ++n) s[i][n][0] = s[i][n][1] = s[i][n][2] = s[i][n][3] = 0.0f;
+      }
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+        for (int n = 0; n < kN8; n += 2) {
+          uint32_t fb[4];
+          LoadBtPair(fb, sK, kLd, n, kk * 16);
+#pragma unroll
+          for (int i = 0; i < M; ++i) {
+            Mma(s[i][n], qa[i][kk], fb[0], fb[1]);
+            Mma(s[i][n + 1], qa[i][kk], fb[2], fb[3]);
+          }
         }
       }
-    } else {
 #pragma unroll
-      for (int n = 0; n < kN8; ++n) {
+      for (int i = 0; i < M; ++i) {
+        const int rowi = row0 + 16 * i;  // this m-tile's first query
+        // Scale, mask, and the online softmax of rows g and g + 8. Only the diagonal tile
+        // has keys past a query (and, the last tile, keys past T).
+        float mx[2] = {-INFINITY, -INFINITY};
+        if (kt >= diag) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          s[n][i] *= scale_log2;
-          mx[i >> 1] = fmaxf(mx[i >> 1], s[n][i]);
+          for (int n = 0; n < kN8; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int tk = k0 + n * 8 + 2 * c + (e & 1), tq = rowi + g + 8 * (e >> 1);
+              s[i][n][e] = (tk > tq || tk >= T) ? -INFINITY : s[i][n][e] * scale_log2;
+              mx[e >> 1] = fmaxf(mx[e >> 1], s[i][n][e]);
+            }
+          }
+        } else {
+#pragma unroll
+          for (int n = 0; n < kN8; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              s[i][n][e] *= scale_log2;
+              mx[e >> 1] = fmaxf(mx[e >> 1], s[i][n][e]);
+            }
+          }
+        }
+        float alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+          // Key 0 is in every row's first tile, so the new max is finite from then on.
+          const float m_new = fmaxf(m[i][r], mx[r]);
+          alpha[r] = exp2f(m[i][r] - m_new);
+          m[i][r] = m_new;
+          l[i][r] *= alpha[r];
+        }
+#pragma unroll
+        for (int n = 0; n < kN8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[i][n][e] = exp2f(s[i][n][e] - m[i][e >> 1]);
+            l[i][e >> 1] += s[i][n][e];  // this thread's part of the row sum
+          }
+        }
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          o[i][n][0] *= alpha[0];
+          o[i][n][1] *= alpha[0];
+          o[i][n][2] *= alpha[1];
+          o[i][n][3] *= alpha[1];
         }
       }
+      AccumulatePV<D, M>(o, s, sV, kLd);
     }
-    float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      // Key 0 is in every row's first tile, so the new max is finite from then on.
-      const float m_new = fmaxf(m[r], mx[r]);
-      alpha[r] = exp2f(m[r] - m_new);
-      m[r] = m_new;
-      l[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int n = 0; n < kN8; ++n) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        s[n][i] = exp2f(s[n][i] - m[i >> 1]);
-        l[i >> 1] += s[n][i];  // this thread's part of the row sum
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      o[n][0] *= alpha[0];
-      o[n][1] *= alpha[0];
-      o[n][2] *= alpha[1];
-      o[n][3] *= alpha[1];
-    }
-    AccumulatePV<D>(o, s, sV, kLd);
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
+  Y* y_head = y + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * D;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
-  const float inv[2] = {1.0f / l[0], 1.0f / l[1]};
+  for (int i = 0; i < M; ++i) {
+    const int rowi = row0 + 16 * i;
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) {
-    o[n][0] *= inv[0];
-    o[n][1] *= inv[0];
-    o[n][2] *= inv[1];
-    o[n][3] *= inv[1];
-  }
-  StoreRows<D, Y>(o, y + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * D, C, row0, T);
-  if (c == 0) {
-    float* out = lse + static_cast<int64_t>(bh) * T;
-    if (row0 + g < T) out[row0 + g] = m[0] + log2f(l[0]);
-    if (row0 + g + 8 < T) out[row0 + g + 8] = m[1] + log2f(l[1]);
+    for (int r = 0; r < 2; ++r) {
+      l[i][r] += __shfl_xor_sync(0xffffffffu, l[i][r], 1);
+      l[i][r] += __shfl_xor_sync(0xffffffffu, l[i][r], 2);
+    }
+    const float inv[2] = {1.0f / l[i][0], 1.0f / l[i][1]};
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[i][n][0] *= inv[0];
+      o[i][n][1] *= inv[0];
+      o[i][n][2] *= inv[1];
+      o[i][n][3] *= inv[1];
+    }
+    StoreRows<D, Y>(o[i], y_head, C, rowi, T);
+    if (c == 0) {
+      float* out = lse + static_cast<int64_t>(bh) * T;
+      if (rowi + g < T) out[rowi + g] = m[i][0] + log2f(l[i][0]);
+      if (rowi + g + 8 < T) out[rowi + g + 8] = m[i][1] + log2f(l[i][1]);
+    }
   }
 }
 
@@ -378,37 +462,37 @@ struct ScoreGrad {
   float scale, scale_log2;
 };
 
-// Blocks of the dK/dV kernel kept resident per SM: at D = 64, 3 (the register cap that
-// keeps them, 168, costs no spills); at D = 128 shared memory allows 2 anyway.
-constexpr int KVBlocksPerSm(int D) { return D == 64 ? 3 : 1; }
-
-// dK and dV: grid (tiles, B*H); block kt owns key tile kt and walks query tiles kt.. end.
-// Each warp's 16 keys are the rows of its transposed score tiles S^T = K Q^T and
-// dP^T = V dO^T; dV += P^T dO and dK += dS^T Q stay in registers.
-template <int D, typename G>
-__global__ void __launch_bounds__(kThreads, KVBlocksPerSm(D)) FlashBackwardKVKernel(
+// dK and dV: grid (key blocks, B*H); block kb owns keys [k0, k0 + S::kRows), k0 = kb *
+// S::kRows, and walks the query tiles from k0's to the end (block 0 has the most). Each
+// warp's 16 keys are the rows of its transposed score tiles S^T = K Q^T and dP^T = V dO^T;
+// dV += P^T dO and dK += dS^T Q stay in registers.
+template <int D, typename S, typename G>
+__global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) FlashBackwardKVKernel(
     const bf16* __restrict__ qkv, const bf16* __restrict__ gy, const float* __restrict__ lse,
     const float* __restrict__ delta, G* __restrict__ gqkv, int T, int H, ScoreGrad sg) {
+  static_assert(S::kM == 1, "the dK/dV kernel gives each warp one m-tile");
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kLd = Dims<D>::kLd;
   bf16* sK = reinterpret_cast<bf16*>(smem);
-  bf16* sV = sK + kTile * kLd;
-  bf16* sQG = sV + kTile * kLd;  // buffer i: Q at sQG + 2i tiles, dO at sQG + (2i + 1) tiles
+  bf16* sV = sK + S::kRows * kLd;
+  bf16* sQG = sV + S::kRows * kLd;  // buffer i: Q at sQG + 2i tiles, dO at sQG + (2i + 1) tiles
 
   const int tiles = (T + kTile - 1) / kTile;
-  const int kt = blockIdx.x;  // the most query tiles first
+  const int k0 = static_cast<int>(blockIdx.x) * S::kRows;
+  const int first = k0 / kTile;  // the first query tile with a query at or after k0
   const int bh = blockIdx.y, b = bh / H, h = bh % H;
   const int64_t C = static_cast<int64_t>(H) * D, ld3 = 3 * C;
   const bf16* base = qkv + static_cast<int64_t>(b) * T * ld3 + static_cast<int64_t>(h) * D;
   const bf16* gbase = gy + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * D;
-  const int k0 = kt * kTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int key0 = k0 + warp * 16;  // this warp's first key
+  // This warp's diagonal query tile, the first it needs (SkipsTiles).
+  const int diag = key0 / kTile;
 
-  LoadTileAsync<D>(sK, base + C, ld3, k0, T);
-  LoadTileAsync<D>(sV, base + 2 * C, ld3, k0, T);
-  LoadTileAsync<D>(sQG, base, ld3, k0, T);
-  LoadTileAsync<D>(sQG + kTile * kLd, gbase, C, k0, T);
+  LoadRowsAsync<D, S::kRows, S::kThreads>(sK, base + C, ld3, k0, T);
+  LoadRowsAsync<D, S::kRows, S::kThreads>(sV, base + 2 * C, ld3, k0, T);
+  LoadRowsAsync<D, kTile, S::kThreads>(sQG, base, ld3, first * kTile, T);
+  LoadRowsAsync<D, kTile, S::kThreads>(sQG + kTile * kLd, gbase, C, first * kTile, T);
   CommitCopies();
   const float* lse_row = lse + static_cast<int64_t>(bh) * T;
   const float* delta_row = delta + static_cast<int64_t>(bh) * T;
@@ -418,28 +502,30 @@ __global__ void __launch_bounds__(kThreads, KVBlocksPerSm(D)) FlashBackwardKVKer
     dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.0f;
     dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.0f;
   }
-  for (int qt = kt; qt < tiles; ++qt) {
+  for (int qt = first; qt < tiles; ++qt) {
     const int q0 = qt * kTile;
-    const bf16* sQ = TakePair<D>(sQG, (qt - kt) & 1, qt + 1 < tiles, base, ld3, gbase, C,
-                                 q0 + kTile, T);
+    const bf16* sQ = TakePair<D, S::kThreads>(sQG, (qt - first) & 1, qt + 1 < tiles, base, ld3,
+                                              gbase, C, q0 + kTile, T);
     const bf16* sG = sQ + kTile * kLd;  // dO
-    float p[kN8][4], ds[kN8][4];
-    ScoresABt<D>(p, sK + warp * 16 * kLd, sQ, kLd);   // S^T
-    ScoresABt<D>(ds, sV + warp * 16 * kLd, sG, kLd);  // dP^T
-    // Masked entries are only on the diagonal tile (queries before a key; keys past T)
-    // and the last query tile (queries past T).
+    if (!SkipsTiles<S>() || (key0 < T && qt >= diag)) {
+      float p[kN8][4], ds[kN8][4];
+      ScoresABt<D>(p, sK + warp * 16 * kLd, sQ, kLd);   // S^T
+      ScoresABt<D>(ds, sV + warp * 16 * kLd, sG, kLd);  // dP^T
+      // Masked entries are only on the diagonal tile (queries before a key; keys past T)
+      // and the last query tile (queries past T).
 #pragma unroll
-    for (int n = 0; n < kN8; ++n) {
+      for (int n = 0; n < kN8; ++n) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int j = n * 8 + 2 * c + (i & 1), tq = q0 + j, tk = key0 + g + 8 * (i >> 1);
-        const bool live = tq >= tk && tq < T && tk < T;
-        p[n][i] = live ? exp2f(p[n][i] * sg.scale_log2 - __ldg(lse_row + tq)) : 0.0f;
-        ds[n][i] = live ? p[n][i] * (ds[n][i] - __ldg(delta_row + tq)) * sg.scale : 0.0f;
+        for (int i = 0; i < 4; ++i) {
+          const int j = n * 8 + 2 * c + (i & 1), tq = q0 + j, tk = key0 + g + 8 * (i >> 1);
+          const bool live = tq >= tk && tq < T && tk < T;
+          p[n][i] = live ? exp2f(p[n][i] * sg.scale_log2 - __ldg(lse_row + tq)) : 0.0f;
+          ds[n][i] = live ? p[n][i] * (ds[n][i] - __ldg(delta_row + tq)) * sg.scale : 0.0f;
+        }
       }
+      AccumulatePV<D, 1>(&dv, &p, sG, kLd);   // dV += P^T dO
+      AccumulatePV<D, 1>(&dk, &ds, sQ, kLd);  // dK += dS^T Q
     }
-    AccumulatePV<D>(dv, p, sG, kLd);   // dV += P^T dO
-    AccumulatePV<D>(dk, ds, sQ, kLd);  // dK += dS^T Q
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
   G* g_out = gqkv + static_cast<int64_t>(b) * T * ld3 + static_cast<int64_t>(h) * D;
@@ -447,31 +533,35 @@ __global__ void __launch_bounds__(kThreads, KVBlocksPerSm(D)) FlashBackwardKVKer
   StoreRows<D, G>(dv, g_out + 2 * C, ld3, key0, T);
 }
 
-// dQ: grid (tiles, B*H), the longest query tiles first; block qt walks key tiles 0..qt.
-template <int D, typename G>
-__global__ void __launch_bounds__(kThreads) FlashBackwardQKernel(
+// dQ: grid (query blocks, B*H), the longest query blocks first; a block owns S::kRows
+// queries and walks the key tiles up to its last query's.
+template <int D, typename S, typename G>
+__global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) FlashBackwardQKernel(
     const bf16* __restrict__ qkv, const bf16* __restrict__ gy, const float* __restrict__ lse,
     const float* __restrict__ delta, G* __restrict__ gqkv, int T, int H, ScoreGrad sg) {
+  static_assert(S::kM == 1, "the dQ kernel gives each warp one m-tile");
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kLd = Dims<D>::kLd;
   bf16* sQ = reinterpret_cast<bf16*>(smem);
-  bf16* sG = sQ + kTile * kLd;   // dO
-  bf16* sKV = sG + kTile * kLd;  // buffer i: K at sKV + 2i tiles, V at sKV + (2i + 1) tiles
+  bf16* sG = sQ + S::kRows * kLd;   // dO
+  bf16* sKV = sG + S::kRows * kLd;  // buffer i: K at sKV + 2i tiles, V at sKV + (2i + 1) tiles
 
   const int tiles = (T + kTile - 1) / kTile;
-  const int qt = tiles - 1 - static_cast<int>(blockIdx.x);
+  const int blocks = (T + S::kRows - 1) / S::kRows;
+  const int q0 = (blocks - 1 - static_cast<int>(blockIdx.x)) * S::kRows;
+  const int last = min(tiles - 1, (q0 + S::kRows - 1) / kTile);
   const int bh = blockIdx.y, b = bh / H, h = bh % H;
   const int64_t C = static_cast<int64_t>(H) * D, ld3 = 3 * C;
   const bf16* base = qkv + static_cast<int64_t>(b) * T * ld3 + static_cast<int64_t>(h) * D;
   const bf16* gbase = gy + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * D;
-  const int q0 = qt * kTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int row0 = q0 + warp * 16;  // this warp's first query
+  const int diag = row0 / kTile;    // the last key tile it needs (SkipsTiles)
 
-  LoadTileAsync<D>(sQ, base, ld3, q0, T);
-  LoadTileAsync<D>(sG, gbase, C, q0, T);
-  LoadTileAsync<D>(sKV, base + C, ld3, 0, T);
-  LoadTileAsync<D>(sKV + kTile * kLd, base + 2 * C, ld3, 0, T);
+  LoadRowsAsync<D, S::kRows, S::kThreads>(sQ, base, ld3, q0, T);
+  LoadRowsAsync<D, S::kRows, S::kThreads>(sG, gbase, C, q0, T);
+  LoadRowsAsync<D, kTile, S::kThreads>(sKV, base + C, ld3, 0, T);
+  LoadRowsAsync<D, kTile, S::kThreads>(sKV + kTile * kLd, base + 2 * C, ld3, 0, T);
   CommitCopies();
   float lq[2], dlt[2];  // rows g and g + 8
 #pragma unroll
@@ -483,126 +573,371 @@ __global__ void __launch_bounds__(kThreads) FlashBackwardQKernel(
   float dq[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
-  for (int kt = 0; kt <= qt; ++kt) {
+  for (int kt = 0; kt <= last; ++kt) {
     const int k0 = kt * kTile;
-    const bf16* sK = TakePair<D>(sKV, kt & 1, kt < qt, base + C, ld3, base + 2 * C, ld3,
-                                 k0 + kTile, T);
+    const bf16* sK = TakePair<D, S::kThreads>(sKV, kt & 1, kt < last, base + C, ld3,
+                                              base + 2 * C, ld3, k0 + kTile, T);
     const bf16* sV = sK + kTile * kLd;
-    float ds[kN8][4], dp[kN8][4];
-    ScoresABt<D>(ds, sQ + warp * 16 * kLd, sK, kLd);  // S
-    ScoresABt<D>(dp, sG + warp * 16 * kLd, sV, kLd);  // dP
-    // Masked entries are only on the diagonal tile (keys after a query; keys past T) and
-    // in the last query tile (queries past T).
+    if (!SkipsTiles<S>() || (row0 < T && kt <= diag)) {
+      float ds[kN8][4], dp[kN8][4];
+      ScoresABt<D>(ds, sQ + warp * 16 * kLd, sK, kLd);  // S
+      ScoresABt<D>(dp, sG + warp * 16 * kLd, sV, kLd);  // dP
+      // Masked entries are only on the diagonal tile (keys after a query; keys past T)
+      // and in the last query tile (queries past T).
 #pragma unroll
-    for (int n = 0; n < kN8; ++n) {
+      for (int n = 0; n < kN8; ++n) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int r = i >> 1, tk = k0 + n * 8 + 2 * c + (i & 1), tq = row0 + g + 8 * r;
-        const bool live = tk <= tq && tk < T && tq < T;
-        const float p = live ? exp2f(ds[n][i] * sg.scale_log2 - lq[r]) : 0.0f;
-        ds[n][i] = p * (dp[n][i] - dlt[r]) * sg.scale;
+        for (int i = 0; i < 4; ++i) {
+          const int r = i >> 1, tk = k0 + n * 8 + 2 * c + (i & 1), tq = row0 + g + 8 * r;
+          const bool live = tk <= tq && tk < T && tq < T;
+          const float p = live ? exp2f(ds[n][i] * sg.scale_log2 - lq[r]) : 0.0f;
+          ds[n][i] = p * (dp[n][i] - dlt[r]) * sg.scale;
+        }
       }
+      AccumulatePV<D, 1>(&dq, &ds, sK, kLd);  // dQ += dS K
     }
-    AccumulatePV<D>(dq, ds, sK, kLd);  // dQ += dS K
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
   StoreRows<D, G>(dq, gqkv + static_cast<int64_t>(b) * T * ld3 + static_cast<int64_t>(h) * D, ld3,
-               row0, T);
+                  row0, T);
 }
 
 bool LaunchFits(int64_t B, int64_t T, int64_t H) {
   return B > 0 && T > 0 && H > 0 && T <= (int64_t{1} << 30) && B * H <= 65535;
 }
 
-template <int D, typename Y>
-cudaError_t Forward(const bf16* qkv, Y* y, float* lse, int64_t B, int64_t T, int64_t H,
-                    float scale) {
-  const int bytes = Dims<D>::kForwardBytes;
-  cudaError_t err = AllowSharedMemory(FlashForwardKernel<D, Y>, bytes);
-  if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>((T + kTile - 1) / kTile), static_cast<unsigned>(B * H));
-  FlashForwardKernel<D, Y><<<grid, kThreads, bytes>>>(qkv, y, lse, static_cast<int>(T),
-                                                      static_cast<int>(H), scale * kLog2e);
-  return cudaGetLastError();
+// ---- Block shapes (NOTE [Flash block shapes] in flash_attention.h); shape 0 of each kernel
+// is the reference, 64 rows of 4 warps with the registers ptxas picks. Register counts at
+// sm_90 are where ptxas -v put them; occupancy goes by 8 registers a thread: 15 warps an SM
+// at 129-136, 16 at 128.
+// Forward at D = 64: the reference takes 130 (3 blocks an SM); capped at 128 (4 blocks, a
+// few spills); 128 queries of 8 warps sharing each K, V tile, capped for 2 blocks; two
+// m-tiles a warp (64 scores and 64 outputs a thread, 241 registers: each K and V fragment
+// serves two products; too many registers at D = 128).
+constexpr BlockShape kForwardShapes64[] = {{4, 1, 0}, {4, 1, 4}, {8, 1, 2}, {4, 2, 0}};
+constexpr BlockShape kForwardShapes128[] = {{4, 1, 0}, {8, 1, 0}};
+// dK/dV at D = 64: the reference is capped at 168 (3 blocks, a few spills); 2 blocks with
+// room for every value; 128 keys of 8 warps sharing each Q, dO tile.
+constexpr BlockShape kKVShapes64[] = {{4, 1, 3}, {4, 1, 2}, {8, 1, 0}};
+constexpr BlockShape kKVShapes128[] = {{4, 1, 0}, {8, 1, 0}};
+// dQ at D = 64: the reference takes 141 (3 blocks); capped at 128 (4 blocks); 128 queries
+// of 8 warps capped for 2 blocks.
+constexpr BlockShape kQShapes64[] = {{4, 1, 0}, {4, 1, 4}, {8, 1, 2}};
+constexpr BlockShape kQShapes128[] = {{4, 1, 0}, {8, 1, 0}};
+
+struct ShapeList {
+  const BlockShape* shapes;
+  int count;
+};
+
+template <size_t N>
+constexpr ShapeList List(const BlockShape (&shapes)[N]) {
+  return {shapes, static_cast<int>(N)};
 }
 
-template <int D, typename Y, typename G>
-cudaError_t Backward(const bf16* qkv, const Y* y, const bf16* gy, const float* lse,
-                     float* delta, G* gqkv, int64_t B, int64_t T, int64_t H, float scale) {
-  const int64_t rows = B * T * H;
+constexpr ShapeList Shapes(FlashKernel kernel, int D) {
+  return kernel == FlashKernel::kForward ? (D == 64 ? List(kForwardShapes64) : List(kForwardShapes128))
+         : kernel == FlashKernel::kBackwardKV ? (D == 64 ? List(kKVShapes64) : List(kKVShapes128))
+                                              : (D == 64 ? List(kQShapes64) : List(kQShapes128));
+}
+
+constexpr int ShapeCount(FlashKernel kernel, int D) { return Shapes(kernel, D).count; }
+constexpr BlockShape ShapeOf(FlashKernel kernel, int D, int i) { return Shapes(kernel, D).shapes[i]; }
+
+// Calls f(Block<...>{}) with shape `shape` of `K` at head width D as a type.
+template <FlashKernel K, int D, int I = 0, typename F>
+cudaError_t WithShape(int shape, F&& f) {
+  if constexpr (I < ShapeCount(K, D)) {
+    if (shape == I) {
+      constexpr BlockShape s = ShapeOf(K, D, I);
+      return f(Block<s.warps, s.m_tiles, s.min_blocks>{});
+    }
+    return WithShape<K, D, I + 1>(shape, f);
+  } else {
+    return cudaErrorInvalidValue;
+  }
+}
+
+// Calls f(std::integral_constant<int, D>{}) for a head width with kernels.
+template <typename F>
+cudaError_t WithHeadDim(int64_t head_dim, F&& f) {
+  if (head_dim == 64) return f(std::integral_constant<int, 64>{});
+  if (head_dim == 128) return f(std::integral_constant<int, 128>{});
+  return cudaErrorInvalidValue;
+}
+
+// One call's arguments (the backward's are null in the forward).
+struct Problem {
+  const bf16* qkv;
+  void* y;
+  bool y_bf16;
+  float* lse;
+  const bf16* gy;
+  float* delta;
+  void* gqkv;
+  bool gqkv_bf16;
+  int64_t B, T, H;
+  float scale;
+};
+
+dim3 Grid(const Problem& p, int rows) {
+  return dim3(static_cast<unsigned>((p.T + rows - 1) / rows), static_cast<unsigned>(p.B * p.H));
+}
+
+template <int D, typename S>
+cudaError_t LaunchForward(const Problem& p) {
+  const int bytes = Dims<D>::ForwardBytes(S::kRows);
+  const auto launch = [&](auto* y) {
+    using Y = std::remove_pointer_t<decltype(y)>;
+    cudaError_t err = AllowSharedMemory(FlashForwardKernel<D, S, Y>, bytes);
+    if (err != cudaSuccess) return err;
+    FlashForwardKernel<D, S, Y><<<Grid(p, S::kRows), S::kThreads, bytes>>>(
+        p.qkv, y, p.lse, static_cast<int>(p.T), static_cast<int>(p.H), p.scale * kLog2e);
+    return cudaGetLastError();
+  };
+  return p.y_bf16 ? launch(static_cast<bf16*>(p.y)) : launch(static_cast<float*>(p.y));
+}
+
+template <int D>
+cudaError_t LaunchDelta(const Problem& p) {
+  const int64_t rows = p.B * p.T * p.H;
   constexpr int kRowsPerBlock = 8;
-  FlashDeltaKernel<Y><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock),
-                        32 * kRowsPerBlock>>>(gy, y, delta, rows, static_cast<int>(T),
-                                              static_cast<int>(H), D);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  const int bytes = Dims<D>::kBackwardBytes;
-  if ((err = AllowSharedMemory(FlashBackwardKVKernel<D, G>, bytes)) != cudaSuccess) return err;
-  if ((err = AllowSharedMemory(FlashBackwardQKernel<D, G>, bytes)) != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>((T + kTile - 1) / kTile), static_cast<unsigned>(B * H));
-  const ScoreGrad sg{scale, scale * kLog2e};
-  FlashBackwardKVKernel<D, G><<<grid, kThreads, bytes>>>(qkv, gy, lse, delta, gqkv,
-                                                         static_cast<int>(T), static_cast<int>(H),
-                                                         sg);
-  if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  FlashBackwardQKernel<D, G><<<grid, kThreads, bytes>>>(qkv, gy, lse, delta, gqkv,
-                                                        static_cast<int>(T), static_cast<int>(H),
-                                                        sg);
+  const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  const int T = static_cast<int>(p.T), H = static_cast<int>(p.H);
+  if (p.y_bf16) {
+    FlashDeltaKernel<bf16><<<blocks, 32 * kRowsPerBlock>>>(p.gy, static_cast<const bf16*>(p.y),
+                                                           p.delta, rows, T, H, D);
+  } else {
+    FlashDeltaKernel<float><<<blocks, 32 * kRowsPerBlock>>>(
+        p.gy, static_cast<const float*>(p.y), p.delta, rows, T, H, D);
+  }
   return cudaGetLastError();
 }
 
-template <int D>
-cudaError_t ForwardAs(const uint16_t* qkv, void* y, bool y_bf16, float* lse, int64_t B,
-                      int64_t T, int64_t H, float scale) {
-  const bf16* q = reinterpret_cast<const bf16*>(qkv);
-  return y_bf16 ? Forward<D>(q, static_cast<bf16*>(y), lse, B, T, H, scale)
-                : Forward<D>(q, static_cast<float*>(y), lse, B, T, H, scale);
+// The dK/dV (kv) or dQ kernel of shape S.
+template <int D, typename S, bool kv>
+cudaError_t LaunchBackward(const Problem& p) {
+  const int bytes = Dims<D>::BackwardBytes(S::kRows);
+  const ScoreGrad sg{p.scale, p.scale * kLog2e};
+  const int T = static_cast<int>(p.T), H = static_cast<int>(p.H);
+  const auto launch = [&](auto* g) {
+    using G = std::remove_pointer_t<decltype(g)>;
+    const auto kernel = [] {
+      if constexpr (kv) {
+        return FlashBackwardKVKernel<D, S, G>;
+      } else {
+        return FlashBackwardQKernel<D, S, G>;
+      }
+    }();
+    cudaError_t err = AllowSharedMemory(kernel, bytes);
+    if (err != cudaSuccess) return err;
+    kernel<<<Grid(p, S::kRows), S::kThreads, bytes>>>(p.qkv, p.gy, p.lse, p.delta, g, T, H, sg);
+    return cudaGetLastError();
+  };
+  return p.gqkv_bf16 ? launch(static_cast<bf16*>(p.gqkv)) : launch(static_cast<float*>(p.gqkv));
 }
 
-template <int D, typename Y>
-cudaError_t BackwardAs(const uint16_t* qkv, const Y* y, const uint16_t* gy, const float* lse,
-                       float* delta, void* gqkv, bool gqkv_bf16, int64_t B, int64_t T,
-                       int64_t H, float scale) {
-  const bf16* q = reinterpret_cast<const bf16*>(qkv);
-  const bf16* g = reinterpret_cast<const bf16*>(gy);
-  return gqkv_bf16
-             ? Backward<D>(q, y, g, lse, delta, static_cast<bf16*>(gqkv), B, T, H, scale)
-             : Backward<D>(q, y, g, lse, delta, static_cast<float*>(gqkv), B, T, H, scale);
+template <int D>
+cudaError_t Run(FlashKernel kernel, const Problem& p, int shape) {
+  switch (kernel) {
+    case FlashKernel::kForward:
+      return WithShape<FlashKernel::kForward, D>(
+          shape, [&](auto block) { return LaunchForward<D, decltype(block)>(p); });
+    case FlashKernel::kBackwardKV:
+      return WithShape<FlashKernel::kBackwardKV, D>(
+          shape, [&](auto block) { return LaunchBackward<D, decltype(block), true>(p); });
+    case FlashKernel::kBackwardQ:
+      return WithShape<FlashKernel::kBackwardQ, D>(
+          shape, [&](auto block) { return LaunchBackward<D, decltype(block), false>(p); });
+  }
+  return cudaErrorInvalidValue;
 }
 
+// ---- The tuner (NOTE [Flash block shapes]).
+struct TuneKey {
+  int device, kernel;
+  int64_t B, T, H, D;
+  bool y_bf16, gqkv_bf16;
+  bool operator<(const TuneKey& o) const {
+    return std::tie(device, B, T, H, D, kernel, y_bf16, gqkv_bf16) <
+           std::tie(o.device, o.B, o.T, o.H, o.D, o.kernel, o.y_bf16, o.gqkv_bf16);
+  }
+};
+
+struct Choice {
+  int shape;
+  std::string report;
+};
+
+std::mutex& TuneMutex() {
+  static std::mutex* mu = new std::mutex;
+  return *mu;
+}
+std::map<TuneKey, Choice>& Choices() {
+  static auto* choices = new std::map<TuneKey, Choice>;
+  return *choices;
+}
+
+const char* KernelName(FlashKernel kernel) {
+  return kernel == FlashKernel::kForward      ? "forward"
+         : kernel == FlashKernel::kBackwardKV ? "dK/dV"
+                                              : "dQ";
+}
+
+// The output bytes the kernel writes, read back to the host: y and lse (forward), dL/dqkv.
+cudaError_t ReadOutputs(FlashKernel kernel, const Problem& p, int64_t D,
+                        std::vector<unsigned char>* out) {
+  const int64_t C = p.H * D;
+  if (kernel == FlashKernel::kForward) {
+    const size_t y_bytes = static_cast<size_t>(p.B * p.T * C) * (p.y_bf16 ? 2 : 4);
+    const size_t lse_bytes = static_cast<size_t>(p.B * p.H * p.T) * 4;
+    out->resize(y_bytes + lse_bytes);
+    cudaError_t err = cudaMemcpy(out->data(), p.y, y_bytes, cudaMemcpyDeviceToHost);
+    if (err != cudaSuccess) return err;
+    return cudaMemcpy(out->data() + y_bytes, p.lse, lse_bytes, cudaMemcpyDeviceToHost);
+  }
+  const size_t g_bytes = static_cast<size_t>(p.B * p.T * 3 * C) * (p.gqkv_bf16 ? 2 : 4);
+  out->resize(g_bytes);
+  return cudaMemcpy(out->data(), p.gqkv, g_bytes, cudaMemcpyDeviceToHost);
+}
+
+// Runs every shape of `kernel` on p (shape 0 first, the reference), keeps those that launch
+// and write shape 0's bytes, times each kept one (the fastest of kTimedRuns launches) and
+// returns the fastest in `choice`. The outputs end as every kept shape writes them.
 template <int D>
-cudaError_t BackwardAs(const uint16_t* qkv, const void* y, bool y_bf16, const uint16_t* gy,
-                       const float* lse, float* delta, void* gqkv, bool gqkv_bf16, int64_t B,
-                       int64_t T, int64_t H, float scale) {
-  return y_bf16 ? BackwardAs<D>(qkv, static_cast<const bf16*>(y), gy, lse, delta, gqkv,
-                                gqkv_bf16, B, T, H, scale)
-                : BackwardAs<D>(qkv, static_cast<const float*>(y), gy, lse, delta, gqkv,
-                                gqkv_bf16, B, T, H, scale);
+cudaError_t Tune(FlashKernel kernel, const Problem& p, Choice* choice) {
+  constexpr int kTimedRuns = 3;
+  const int count = ShapeCount(kernel, D);
+  std::vector<unsigned char> reference, outputs;
+  cudaError_t err = Run<D>(kernel, p, 0);
+  if (err == cudaSuccess) err = ReadOutputs(kernel, p, D, &reference);
+  if (err != cudaSuccess) return err;
+  std::vector<std::string> notes(count);
+  std::vector<bool> kept(count, false);
+  kept[0] = true;
+  for (int i = 1; i < count; ++i) {
+    err = Run<D>(kernel, p, i);
+    if (err != cudaSuccess) {
+      notes[i] = std::string("failed to launch (") + cudaGetErrorString(err) + ")";
+      cudaGetLastError();  // a launch error is not sticky; a fault would show below
+      continue;
+    }
+    if ((err = ReadOutputs(kernel, p, D, &outputs)) != cudaSuccess) return err;
+    if (outputs != reference) {
+      notes[i] = "differs from shape 0 (not used)";
+    } else {
+      kept[i] = true;
+    }
+  }
+  cudaEvent_t start, stop;
+  if ((err = cudaEventCreate(&start)) != cudaSuccess) return err;
+  if ((err = cudaEventCreate(&stop)) != cudaSuccess) {
+    cudaEventDestroy(start);
+    return err;
+  }
+  choice->shape = 0;
+  float best = 0.0f;
+  for (int i = 0; i < count && err == cudaSuccess; ++i) {
+    if (!kept[i]) continue;
+    float fastest = 0.0f;
+    for (int run = 0; run < kTimedRuns && err == cudaSuccess; ++run) {
+      float ms = 0.0f;
+      err = cudaEventRecord(start, 0);
+      if (err == cudaSuccess) err = Run<D>(kernel, p, i);
+      if (err == cudaSuccess) err = cudaEventRecord(stop, 0);
+      if (err == cudaSuccess) err = cudaEventSynchronize(stop);
+      if (err == cudaSuccess) err = cudaEventElapsedTime(&ms, start, stop);
+      if (run == 0 || ms < fastest) fastest = ms;
+    }
+    char text[32];
+    snprintf(text, sizeof(text), "%.3f ms", fastest);
+    notes[i] = text;
+    if (i == 0 || fastest < best) choice->shape = i, best = fastest;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (err != cudaSuccess) return err;
+  choice->report = std::string(KernelName(kernel)) + ":";
+  for (int i = 0; i < count; ++i) {
+    choice->report += std::string(i == 0 ? " " : ", ") + FlashShapeName(kernel, D, i) + " " +
+                      notes[i] + (i == choice->shape ? " (chosen)" : "");
+  }
+  return cudaSuccess;
+}
+
+// Runs `kernel` with the pinned shape, or the tuned one (tuning on the first call).
+template <int D>
+cudaError_t RunChosen(FlashKernel kernel, const Problem& p, int shape) {
+  if (shape < -1 || shape >= ShapeCount(kernel, D)) return cudaErrorInvalidValue;
+  if (shape >= 0) return Run<D>(kernel, p, shape);
+  TuneKey key{0, static_cast<int>(kernel), p.B, p.T, p.H, D, p.y_bf16,
+              kernel != FlashKernel::kForward && p.gqkv_bf16};
+  cudaError_t err = cudaGetDevice(&key.device);
+  if (err != cudaSuccess) return err;
+  std::lock_guard<std::mutex> lock(TuneMutex());
+  auto it = Choices().find(key);
+  if (it != Choices().end()) return Run<D>(kernel, p, it->second.shape);
+  Choice choice;
+  if ((err = Tune<D>(kernel, p, &choice)) != cudaSuccess) return err;
+  Choices().emplace(key, std::move(choice));
+  return cudaSuccess;  // tuning left the outputs written (every kept shape's bits)
 }
 
 }  // namespace
 
+int FlashShapeCount(FlashKernel kernel, int64_t head_dim) {
+  return FlashAttentionSupports(head_dim) ? ShapeCount(kernel, static_cast<int>(head_dim)) : 0;
+}
+
+std::string FlashShapeName(FlashKernel kernel, int64_t head_dim, int shape) {
+  if (shape < 0 || shape >= FlashShapeCount(kernel, head_dim)) return "no such shape";
+  const BlockShape s = ShapeOf(kernel, static_cast<int>(head_dim), shape);
+  std::string name = std::to_string(16 * s.warps * s.m_tiles) +
+                     (kernel == FlashKernel::kBackwardKV ? " keys, " : " queries, ") +
+                     std::to_string(s.warps) + " warps";
+  if (s.m_tiles > 1) name += ", " + std::to_string(s.m_tiles) + " m-tiles a warp";
+  if (s.min_blocks > 1) name += ", registers for " + std::to_string(s.min_blocks) + " blocks an SM";
+  return name;
+}
+
+std::string FlashTuningReport(int64_t B, int64_t T, int64_t H, int64_t head_dim) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return "";
+  std::lock_guard<std::mutex> lock(TuneMutex());
+  std::string report;
+  for (const auto& [key, choice] : Choices()) {
+    if (key.device != device || key.B != B || key.T != T || key.H != H || key.D != head_dim) continue;
+    report += (report.empty() ? "" : "; ") + choice.report;
+  }
+  return report;
+}
+
 cudaError_t FlashAttentionForward(const uint16_t* qkv, void* y, bool y_bf16, float* lse,
                                   int64_t B, int64_t T, int64_t H, int64_t head_dim,
-                                  float scale) {
+                                  float scale, const FlashShapes& shapes) {
   if (!LaunchFits(B, T, H)) return cudaErrorInvalidValue;
-  if (head_dim == 64) return ForwardAs<64>(qkv, y, y_bf16, lse, B, T, H, scale);
-  if (head_dim == 128) return ForwardAs<128>(qkv, y, y_bf16, lse, B, T, H, scale);
-  return cudaErrorInvalidValue;
+  const Problem p{reinterpret_cast<const bf16*>(qkv), y, y_bf16, lse, nullptr, nullptr,
+                  nullptr, false, B, T, H, scale};
+  return WithHeadDim(head_dim, [&](auto d) {
+    return RunChosen<decltype(d)::value>(FlashKernel::kForward, p, shapes.forward);
+  });
 }
 
 cudaError_t FlashAttentionBackward(const uint16_t* qkv, const void* y, bool y_bf16,
                                    const uint16_t* gy, const float* lse, float* delta,
                                    void* gqkv, bool gqkv_bf16, int64_t B, int64_t T, int64_t H,
-                                   int64_t head_dim, float scale) {
+                                   int64_t head_dim, float scale, const FlashShapes& shapes) {
   if (!LaunchFits(B, T, H)) return cudaErrorInvalidValue;
-  if (head_dim == 64) {
-    return BackwardAs<64>(qkv, y, y_bf16, gy, lse, delta, gqkv, gqkv_bf16, B, T, H, scale);
-  }
-  if (head_dim == 128) {
-    return BackwardAs<128>(qkv, y, y_bf16, gy, lse, delta, gqkv, gqkv_bf16, B, T, H, scale);
-  }
-  return cudaErrorInvalidValue;
+  const Problem p{reinterpret_cast<const bf16*>(qkv), const_cast<void*>(y), y_bf16,
+                  const_cast<float*>(lse), reinterpret_cast<const bf16*>(gy), delta, gqkv,
+                  gqkv_bf16, B, T, H, scale};
+  return WithHeadDim(head_dim, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    cudaError_t err = LaunchDelta<D>(p);
+    if (err == cudaSuccess) err = RunChosen<D>(FlashKernel::kBackwardKV, p, shapes.backward_kv);
+    if (err == cudaSuccess) err = RunChosen<D>(FlashKernel::kBackwardQ, p, shapes.backward_q);
+    return err;
+  });
 }
 
 }  // namespace cuda

@@ -18,28 +18,60 @@
 //   }
 //
 // Every launch goes to the compute stream (the legacy default stream) and returns the
-// launch's error, never synchronising. The backward is deterministic: dK and dV are summed
-// by the block that owns the key tile and dQ by the block that owns the query tile (no
-// atomics), so the same inputs give the same bits on every run.
+// launch's error, never synchronising, except the first call for a problem size (below).
+// The backward is deterministic: dK and dV are summed by the block that owns the key tile
+// and dQ by the block that owns the query tile (no atomics), so the same inputs give the
+// same bits on every run.
+//
+// NOTE [Flash block shapes]: each of the three kernels (forward, dK/dV, dQ) comes in a few
+// block shapes: how many rows (queries, or keys for dK/dV) a block owns and how many warps
+// share them. Every row is computed the same way in every shape (its keys, or queries, in
+// the same 64-row tiles, in the same order, with the same arithmetic), so a shape changes
+// the speed and never the bits. Shape 0 is the reference: 64 rows, 4 warps. The first call
+// for a problem size (B, T, H, head width, output dtypes) tunes: it runs each shape on the
+// call's own inputs, keeps those whose outputs have shape 0's bits (a shape that differs,
+// or fails to launch, is never chosen), times them with CUDA events and takes the fastest;
+// that call synchronises and copies the outputs to the host to compare them. Later calls
+// launch the chosen shapes. `FlashShapes` pins shapes instead (benchmarks, tests).
 #ifndef KERNELS_CUDA_FLASH_ATTENTION_H_
 #define KERNELS_CUDA_FLASH_ATTENTION_H_
 
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
+#include <string>
+
 #include "kernels/rowwise.h"  // kFlashTile (query and key rows per tile), FlashAttentionSupports
 
 namespace kernels {
 namespace cuda {
 
+enum class FlashKernel { kForward = 0, kBackwardKV = 1, kBackwardQ = 2 };
+
+// The number of block shapes of `kernel` at `head_dim` (0 where the head width has no
+// kernel), and shape i's name ("64 rows, 4 warps").
+int FlashShapeCount(FlashKernel kernel, int64_t head_dim);
+std::string FlashShapeName(FlashKernel kernel, int64_t head_dim, int shape);
+
+// One shape per kernel; -1 is the tuned choice (NOTE [Flash block shapes]).
+struct FlashShapes {
+  int forward = -1;
+  int backward_kv = -1;
+  int backward_q = -1;
+};
+
+// The shapes the tuner chose for a problem size, and each candidate's time: "forward:
+// shape 0 0.231 ms, shape 1 0.198 ms (chosen), ..."; empty where that size was not tuned.
+std::string FlashTuningReport(int64_t B, int64_t T, int64_t H, int64_t head_dim);
+
 // y [B, T, C] = the heads' attention outputs (before the output projection), fp32, or
 // bf16 (rounded once) when `y_bf16`; lse [B, H, T] fp32 = each row's log2-sum-exp2 of the
 // scaled scores in log2 units (scale * log2(e) * q.k), which the backward reads. Returns
 // cudaErrorInvalidValue for a head width kernels::FlashAttentionSupports rejects or sizes
-// that do not fit a launch.
+// that do not fit a launch, or a shape in `shapes` out of range.
 cudaError_t FlashAttentionForward(const uint16_t* qkv, void* y, bool y_bf16, float* lse,
                                   int64_t B, int64_t T, int64_t H, int64_t head_dim,
-                                  float scale);
+                                  float scale, const FlashShapes& shapes = {});
 
 // gqkv [B, T, 3C] = dL/dqkv (every element written), fp32 or, when `gqkv_bf16`, bf16, from
 // the forward's qkv, y (fp32 or bf16, as `y_bf16` says) and lse and gy = dL/dy rounded to
@@ -48,7 +80,8 @@ cudaError_t FlashAttentionForward(const uint16_t* qkv, void* y, bool y_bf16, flo
 cudaError_t FlashAttentionBackward(const uint16_t* qkv, const void* y, bool y_bf16,
                                    const uint16_t* gy, const float* lse, float* delta,
                                    void* gqkv, bool gqkv_bf16, int64_t B, int64_t T, int64_t H,
-                                   int64_t head_dim, float scale);
+                                   int64_t head_dim, float scale,
+                                   const FlashShapes& shapes = {});
 
 }  // namespace cuda
 }  // namespace kernels
