@@ -11,9 +11,11 @@
 # The archive (default out/gpu_bundle.tar.xz, at most 60 MiB; the size is printed) holds one
 # directory gpu_bundle/ with
 #   run.sh                    the acceptance run (tools/gpu_bundle/run.sh)
-#   bin/main_job, bin/collectives_bench, bin/tests/<package>.<name> (every test tagged gpu,
-#                             found with bazel query; <name>.runfiles beside a test with data)
+#   bin/main_job, bin/collectives_bench, bin/attention_bench, bin/tests/<package>.<name>
+#                             (every test tagged gpu, found with bazel query; <name>.runfiles
+#                             beside a test with data)
 #   bench/pytorch_fsdp2.py    the PyTorch FSDP2 side of the comparison
+#   bench/attention_torch.py  PyTorch SDPA beside bin/attention_bench (our fused attention)
 #   lib/                      the Debian shared libraries the binaries load (from ldd), not
 #                             glibc's and not the CUDA/NCCL/driver libraries, which come from
 #                             the GPU machine; lib/compat/ libstdc++ and libgcc_s, which
@@ -25,11 +27,13 @@
 # outputs the disk cache keeps) and creates no bazel-* links, so `make test` is undisturbed.
 #
 # --check extracts the archive to a temporary directory and fails unless: it is at most the
-# size limit; it holds run.sh, the script, main_job, collectives_bench and lib/; every
-# library each binary loads resolves (LD_LIBRARY_PATH=lib:/usr/local/cuda/lib64) into the
-# bundle's lib/, glibc, or the CUDA libraries; each test lists its tests
-# (--gtest_list_tests), main_job prints its --help, collectives_bench runs one tiny gloo
-# all_reduce; run.sh finds the CUDA libraries of this machine and prints a JSON line. So a
+# size limit; it holds run.sh, the two scripts, main_job, collectives_bench,
+# attention_bench and lib/; every library each binary loads resolves
+# (LD_LIBRARY_PATH=lib:/usr/local/cuda/lib64) into the bundle's lib/, glibc, or the CUDA
+# libraries; each test lists its tests (--gtest_list_tests), main_job prints its --help,
+# collectives_bench runs one tiny gloo all_reduce, attention_bench prints its JSON line (on a
+# machine without a GPU: the CUDA runtime's error, which shows that it starts and reaches the
+# driver); run.sh finds the CUDA libraries of this machine and prints a JSON line. So a
 # missing library shows up here, not on the GPU machine.
 #
 # On a GPU machine lent through the device tool (only the checkout travels, plus ignored
@@ -96,12 +100,14 @@ check() {
   say "contents: $(find "$x" -type f | wc -l) files, $(du -sm "$x" | cut -f1) MiB unpacked:"
   (cd "$x" && find . -path ./lib -prune -o -type f -printf '  %p %s\n' | sort)
   say "  lib/: $(find "$x/lib" -type f | wc -l) files, $(du -sm "$x/lib" | cut -f1) MiB"
-  for f in run.sh bench/pytorch_fsdp2.py bin/main_job bin/collectives_bench lib/cuda_sonames.txt MANIFEST.txt; do
+  for f in run.sh bench/pytorch_fsdp2.py bench/attention_torch.py bin/main_job bin/collectives_bench \
+      bin/attention_bench lib/cuda_sonames.txt MANIFEST.txt; do
     [ -s "$x/$f" ] || { say "FAIL: $f is missing"; failed=1; }
   done
   [ -x "$x/run.sh" ] || { say "FAIL: run.sh is not executable"; failed=1; }
   bash -n "$x/run.sh" || { say "FAIL: run.sh: syntax"; failed=1; }
   python3 -m py_compile "$x/bench/pytorch_fsdp2.py" || { say "FAIL: pytorch_fsdp2.py does not compile"; failed=1; }
+  python3 -m py_compile "$x/bench/attention_torch.py" || { say "FAIL: attention_torch.py does not compile"; failed=1; }
   local ntests
   ntests=$(find "$x/bin/tests" -maxdepth 1 -type f 2>/dev/null | wc -l)
   say "gpu test binaries: $ntests"
@@ -153,8 +159,22 @@ check() {
     say "FAIL: collectives_bench: $(tail -3 <<<"$out")"
     failed=1
   fi
+  # Its JSON line comes last whether or not this machine has a GPU (then: ok false, the CUDA
+  # runtime's error, exit 1); a tiny problem in case it has one.
+  out=$(LD_LIBRARY_PATH=$ld timeout 120 "$x/bin/attention_bench" --batch=1 --seq_len=64 --reps=1 \
+    --warmup=0 2>/dev/null)
+  if tail -1 <<<"$out" | python3 -c '
+import json, sys
+j = json.loads(sys.stdin.read())
+print("gpu_bundle: attention_bench: " + ("ran" if j["ok"] else "ok false: " + str(j["error"])))
+sys.exit(0 if j["attention_bench"] == 1 and "built without CUDA" not in str(j["error"]) else 1)'; then
+    say "ok: attention_bench prints its JSON line"
+  else
+    say "FAIL: attention_bench: $(tail -3 <<<"$out")"
+    failed=1
+  fi
   # run.sh's library discovery on this machine (no GPU: every step left out).
-  out=$(SKIP=tests,bench,ours,pytorch RUN_WORK=$tmp/run "$x/run.sh" 2>&1)
+  out=$(SKIP=tests,attention,bench,ours,pytorch,offload RUN_WORK=$tmp/run "$x/run.sh" 2>&1)
   if tail -1 <<<"$out" | python3 -c '
 import json, sys
 s = json.loads(sys.stdin.read())
@@ -185,7 +205,7 @@ TESTS=$("$BAZEL" query 'attr(tags, "(^|[ ,\[])gpu([],]|$)", tests(//...))' 2>/de
 say "gpu tests: $(echo $TESTS)"
 TEST_LIST=()
 [ -n "$TESTS" ] && mapfile -t TEST_LIST <<<"$TESTS"
-TARGETS=(//integration:main_job //bench:collectives_bench "${TEST_LIST[@]}")
+TARGETS=(//integration:main_job //bench:collectives_bench //bench:attention_bench "${TEST_LIST[@]}")
 if [ "$MODE" = build ]; then
   say "bazel build ${FLAGS[*]} (${#TARGETS[@]} targets)"
   "$BAZEL" build "${FLAGS[@]}" --symlink_prefix=/ "${TARGETS[@]}" 2>&1 | tail -n 5
@@ -198,7 +218,8 @@ STAGE=$ROOT/out/gpu_bundle_stage
 X=$STAGE/gpu_bundle
 rm -rf "$STAGE"
 mkdir -p "$X/bin/tests" "$X/lib/compat" "$X/bench" || die "mkdir $X"
-cp "$BIN/integration/main_job" "$BIN/bench/collectives_bench" "$X/bin/" || die "copy binaries from $BIN"
+cp "$BIN/integration/main_job" "$BIN/bench/collectives_bench" "$BIN/bench/attention_bench" "$X/bin/" ||
+  die "copy binaries from $BIN"
 for t in $TESTS; do
   pkg=${t#//}
   pkg=${pkg%%:*}
@@ -214,7 +235,7 @@ for t in $TESTS; do
 done
 chmod -R u+w "$X/bin"
 cp tools/gpu_bundle/run.sh "$X/run.sh" && chmod +x "$X/run.sh" || die "copy run.sh"
-cp bench/pytorch_fsdp2.py "$X/bench/" || die "copy bench/pytorch_fsdp2.py"
+cp bench/pytorch_fsdp2.py bench/attention_torch.py "$X/bench/" || die "copy the bench/ scripts"
 
 declare -A SEEN=()
 : >"$X/lib/cuda_sonames.txt"

@@ -801,21 +801,41 @@ cudaError_t ReadOutputs(FlashKernel kernel, const Problem& p, int64_t D,
   return cudaMemcpy(out->data(), p.gqkv, g_bytes, cudaMemcpyDeviceToHost);
 }
 
-// Runs every shape of `kernel` on p (shape 0 first, the reference), keeps those that launch
-// and write shape 0's bytes, times each kept one (the fastest of kTimedRuns launches) and
-// returns the fastest in `choice`. The outputs end as every kept shape writes them.
+// Fills what the kernel writes with 0xff bytes (NaN in bf16 and fp32), so that an element
+// a shape leaves unwritten cannot match the reference: y and lse, or the kernel's columns
+// of dL/dqkv (dK/dV: [C, 3C), dQ: [0, C) of each row).
+cudaError_t Poison(FlashKernel kernel, const Problem& p, int64_t D) {
+  const int64_t C = p.H * D, rows = p.B * p.T;
+  if (kernel == FlashKernel::kForward) {
+    cudaError_t err =
+        cudaMemset(p.y, 0xff, static_cast<size_t>(rows * C) * (p.y_bf16 ? 2 : 4));
+    if (err != cudaSuccess) return err;
+    return cudaMemset(p.lse, 0xff, static_cast<size_t>(p.B * p.H * p.T) * 4);
+  }
+  const size_t elem = p.gqkv_bf16 ? 2 : 4;
+  const bool kv = kernel == FlashKernel::kBackwardKV;
+  return cudaMemset2D(static_cast<char*>(p.gqkv) + (kv ? C : 0) * elem, 3 * C * elem, 0xff,
+                      (kv ? 2 : 1) * C * elem, static_cast<size_t>(rows));
+}
+
+// Runs every shape of `kernel` on p (shape 0 first, the reference), each on outputs filled
+// with 0xff, keeps those that launch and write shape 0's bytes, times each kept one (the
+// fastest of kTimedRuns launches) and returns the fastest in `choice`. The outputs end as
+// every kept shape writes them.
 template <int D>
 cudaError_t Tune(FlashKernel kernel, const Problem& p, Choice* choice) {
   constexpr int kTimedRuns = 3;
   const int count = ShapeCount(kernel, D);
   std::vector<unsigned char> reference, outputs;
-  cudaError_t err = Run<D>(kernel, p, 0);
+  cudaError_t err = Poison(kernel, p, D);
+  if (err == cudaSuccess) err = Run<D>(kernel, p, 0);
   if (err == cudaSuccess) err = ReadOutputs(kernel, p, D, &reference);
   if (err != cudaSuccess) return err;
   std::vector<std::string> notes(count);
   std::vector<bool> kept(count, false);
   kept[0] = true;
   for (int i = 1; i < count; ++i) {
+    if ((err = Poison(kernel, p, D)) != cudaSuccess) return err;
     err = Run<D>(kernel, p, i);
     if (err != cudaSuccess) {
       notes[i] = std::string("failed to launch (") + cudaGetErrorString(err) + ")";

@@ -15,33 +15,44 @@
 #      (Debian libraries; lib/compat's libstdc++/libgcc_s only if this machine's are too
 #      old) and those directories; prints nvidia-smi -L, ldd --version and ldd of the binaries.
 #   1. every gpu-tagged test binary in bin/tests (gtest), counting passed/failed/skipped;
-#   2. bin/collectives_bench --backend=nccl over the GPUs (JSON);
-#   3. our main job on GPT-2 124M (V=50304 T=1024 C=768 L=12 H=12) in bf16 on 1 GPU
+#   2. fused attention at GPT-2's shape (B=$BATCH T=1024 H=12 hd=64): bin/attention_bench
+#      (each block shape of our kernels, forward and backward, with a bit-identity check
+#      against shape 0, then the tuner's choice; JSON), then bench/attention_torch.py
+#      (PyTorch SDPA's flash, cuDNN and efficient backends on the same problem; JSON);
+#      prints a line "run.sh: attention ..." with the forward and backward milliseconds of
+#      our tuned kernels beside SDPA's flash backend;
+#   3. bin/collectives_bench --backend=nccl over the GPUs (JSON);
+#   4. our main job on GPT-2 124M (V=50304 T=1024 C=768 L=12 H=12) in bf16 on 1 GPU
 #      (--device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16 --profile_ops:
 #      the last step's ops per category, measured with CUDA events beside the roofline
 #      estimate of the same op list, core/roofline.h);
-#   4. bench/pytorch_fsdp2.py on the same model and batch;
-#   5. our main job again with --cpu_offload (shards, gradients and AdamW state in pinned
+#   5. bench/pytorch_fsdp2.py on the same model and batch;
+#   6. our main job again with --cpu_offload (shards, gradients and AdamW state in pinned
 #      host memory, NOTE [CPU offload] in fsdp/options.h) for OFFLOAD_STEPS steps: its
-#      tokens/s and peak device memory beside step 3's;
+#      tokens/s and peak device memory beside step 4's;
 #   then prints ONE JSON line, last: gpu tests passed/failed/skipped and failing names,
 #   tokens/s of each side and their ratio (ours / PyTorch), our MFU and peak device memory,
-#   our op profile (estimated and measured milliseconds per op category),
+#   our op profile (estimated and measured milliseconds per op category), both attention
+#   benchmarks' JSON lines ("attention": {"ours", "pytorch", "summary"}),
 #   each step's status, and the environment (GPU, driver, library paths used).
 # Logs and the JSON go to the work directory ($RUN_WORK, default a new /tmp/gpu_run.*) and,
-# when $OUT is set, are copied there (at most 8 files, each cut to its last 16 MiB) after
-# each phase, so a run cut off from outside still leaves the summary of what finished.
+# when $OUT is set, are copied there after each phase, so a run cut off from outside still
+# leaves the summary of what finished: at most 8 files (the device tool's limit), each cut
+# to its last 16 MiB: summary.json, run.log (run.sh's lines, then ldd of every binary),
+# gpu_tests.log, nccl_bench.json, attention.log (both attention benchmarks' output),
+# main_job.log, main_job_summary.json, pytorch_fsdp2.log.
 # ldd -r checks every symbol the binaries need against the CUDA libraries found: one they
 # lack is listed in env.ldd_missing with its name.
 #
 # Settings (environment): STEPS (our timed steps, default 30), PT_STEPS (20) and PT_WARMUP
 # (5) for PyTorch, BATCH (sequences per step, 16), LOG_EVERY (5), PYTHON (python3),
 # CUDA_HOME, FSDP_CUDA_LIB_DIRS, FSDP_PREFER_WHEEL=1 (wheel libraries before the toolkit's),
-# TEST_TIMEOUT_S (per test binary, 120), TESTS_BUDGET_S (all tests, 200), BENCH_TIMEOUT_S
-# (60), OURS_TIMEOUT_S (150), PT_TIMEOUT_S (150), OFFLOAD_STEPS (10), OFFLOAD_TIMEOUT_S
-# (90), RUN_BUDGET_S (the whole run, 540: each step's limit is cut so the summary still
-# comes before it), OURS_EXTRA_ARGS (more flags), SKIP=tests,bench,ours,pytorch,offload
-# (steps to leave out), PEAK_TFLOPS (for the MFU estimate).
+# TEST_TIMEOUT_S (per test binary, 120), TESTS_BUDGET_S (all tests, 200), ATTN_TIMEOUT_S
+# (each of the two attention benchmarks, 60), BENCH_TIMEOUT_S (60), OURS_TIMEOUT_S (150),
+# PT_TIMEOUT_S (150), OFFLOAD_STEPS (10), OFFLOAD_TIMEOUT_S (90), RUN_BUDGET_S (the whole
+# run, 540: each step's limit is cut so the summary still comes before it), OURS_EXTRA_ARGS
+# (more flags), SKIP=tests,attention,bench,ours,pytorch,offload (steps to leave out),
+# PEAK_TFLOPS (for the MFU estimate).
 # Exit status: 0 when every step that ran passed, 1 otherwise.
 set -u
 
@@ -57,6 +68,7 @@ BATCH=${BATCH:-16}
 LOG_EVERY=${LOG_EVERY:-5}
 TEST_TIMEOUT_S=${TEST_TIMEOUT_S:-120}
 TESTS_BUDGET_S=${TESTS_BUDGET_S:-200}
+ATTN_TIMEOUT_S=${ATTN_TIMEOUT_S:-60}
 BENCH_TIMEOUT_S=${BENCH_TIMEOUT_S:-60}
 OURS_TIMEOUT_S=${OURS_TIMEOUT_S:-150}
 PT_TIMEOUT_S=${PT_TIMEOUT_S:-150}
@@ -190,9 +202,9 @@ cap() {
   echo $(($1 < left ? $1 : left))
 }
 
-# run_step <name> <timeout_s> <log> <command...>: runs it with our libraries (the timeout
-# cut by cap), records it.
-run_step() {
+# run_timed <name> <timeout_s> <log> <command...>: runs it (the timeout cut by cap) with
+# this script's environment, records it.
+run_timed() {
   local name=$1 limit log=$3
   limit=$(cap "$2")
   shift 3
@@ -203,7 +215,7 @@ run_step() {
     return 1
   fi
   t0=$(date +%s)
-  LD_LIBRARY_PATH="$LD_PATH" timeout -k 10 "$limit" "$@" >"$log" 2>&1
+  timeout -k 10 "$limit" "$@" >"$log" 2>&1
   rc=$?
   [ $rc = 124 ] || [ $rc = 137 ] && note="timed out after ${limit} s"
   record "$name" "$rc" "$(($(date +%s) - t0))" "$note"
@@ -214,6 +226,13 @@ run_step() {
     tail -n 8 "$log"
   fi
   return $rc
+}
+
+# run_step <name> <timeout_s> <log> <command...>: run_timed with our libraries.
+run_step() {
+  local name=$1 limit=$2 log=$3
+  shift 3
+  run_timed "$name" "$limit" "$log" env LD_LIBRARY_PATH="$LD_PATH" "$@"
 }
 
 # ---- the summary (assembled after each phase and at the end) ---------------------------
@@ -465,6 +484,45 @@ if isinstance(oj, dict):
                                                    "memory_estimate_over_fit_peak")},
     })
 
+# Fused attention (step 2, SKIP=attention for both): each benchmark's JSON line as it
+# printed it, or why there is none.
+def bench_line(step, log, key):
+    if "attention" in SKIPPED:
+        return {"ok": False, "error": "skipped (SKIP)"}
+    j = last_json(read(os.path.join(W, log)))
+    if isinstance(j, dict) and key in j:
+        return j
+    return {"ok": False, "error": step_error(step, os.path.join(W, log)) or f"no JSON line in {log}"}
+
+attn_ours = bench_line("attention", "attention_bench.log", "attention_bench")
+attn_pt = bench_line("attention_pytorch", "attention_torch.log", "attention_torch")
+
+def attention_summary():
+    """One line: our tuned forward and backward beside SDPA's flash backend."""
+    def ms(v):
+        return f"{v:.3f} ms" if number(v) is not None else "-"
+    tuned = attn_ours.get("tuned") or {}
+    flash = (attn_pt.get("backends") or {}).get("flash") or {}
+    o_f, o_b = number(tuned.get("forward_ms")), number(tuned.get("backward_ms"))
+    p_f, p_b = number(flash.get("forward_ms")), number(flash.get("backward_ms"))
+    parts = [f"attention B={cfg['BATCH']} T={T} H={cfg['MODEL_H']} head_dim={C // cfg['MODEL_H']}:"]
+    if o_f is not None or o_b is not None:
+        parts.append(f"ours (tuned) forward {ms(o_f)}, backward {ms(o_b)};")
+    else:
+        parts.append(f"ours: {str(attn_ours.get('error'))[:200]};")
+    if p_f is not None or p_b is not None:
+        parts.append(f"PyTorch SDPA flash forward {ms(p_f)}, backward {ms(p_b)}")
+    else:
+        parts.append(f"PyTorch SDPA flash: {str(flash.get('error') or attn_pt.get('error'))[:200]}")
+    if None not in (o_f, o_b, p_f, p_b) and p_f > 0 and p_b > 0:
+        parts.append(f"(ours / PyTorch time: forward {o_f / p_f:.2f}, backward {o_b / p_b:.2f})")
+    if attn_ours.get("ok") is False and (o_f is not None or o_b is not None):
+        parts.append(f"[ours not ok: {str(attn_ours.get('error'))[:200]}]")
+    return " ".join(parts)
+
+attention = {"ours": attn_ours, "pytorch": attn_pt,
+             "summary": None if "attention" in SKIPPED else attention_summary()}
+
 ratio = None
 if ours["tokens_per_s"] and pt.get("tokens_per_s"):
     ratio = ours["tokens_per_s"] / pt["tokens_per_s"]
@@ -491,6 +549,7 @@ summary = {
     "ours": ours,
     "pytorch_fsdp2": pt,
     "offload": offload,
+    "attention": attention,
     "nccl_bench": bench,
     "config": {"vocab_size": V, "block_size": T, "seq_len": T, "n_embd": C, "n_layer": L,
                "n_head": cfg["MODEL_H"], "batch_size": cfg["BATCH"], "param_dtype": "bfloat16",
@@ -514,15 +573,27 @@ print(json.dumps(summary, separators=(",", ":")))
 PY
 }
 
-# Logs to $OUT (at most 8 files; each cut to its last 16 MiB).
+# Logs to $OUT (at most 8 files, the device tool's limit; each cut to its last 16 MiB).
+# Files that go together share one: run.log is run.sh's lines, then ldd.txt; attention.log
+# holds both attention benchmarks' output.
 copy_out() {
   [ -n "${OUT:-}" ] || return 0
   mkdir -p "$OUT" || return 0
   cat "$WORK"/tests/*.log >"$WORK/gpu_tests.log" 2>/dev/null || : >"$WORK/gpu_tests.log"
   local f
-  for f in summary.json run.log ldd.txt gpu_tests.log nccl_bench.json main_job.log \
+  for f in attention_bench.log attention_torch.log; do
+    [ -f "$WORK/$f" ] && printf '== %s\n%s\n' "$f" "$(cat "$WORK/$f")"
+  done >"$WORK/attention.log"
+  [ -s "$WORK/attention.log" ] || rm -f "$WORK/attention.log"
+  for f in summary.json run.log gpu_tests.log nccl_bench.json attention.log main_job.log \
       main_job_summary.json pytorch_fsdp2.log; do
-    [ -f "$WORK/$f" ] && tail -c $((16 << 20)) "$WORK/$f" >"$OUT/$f"
+    [ -f "$WORK/$f" ] || continue
+    if [ "$f" = run.log ]; then
+      { cat "$WORK/run.log"; echo "== ldd.txt"; cat "$WORK/ldd.txt" 2>/dev/null; } |
+        tail -c $((16 << 20)) >"$OUT/$f"
+    else
+      tail -c $((16 << 20)) "$WORK/$f" >"$OUT/$f"
+    fi
   done
 }
 
@@ -562,7 +633,34 @@ else
 fi
 checkpoint
 
-# ---- 2. NCCL collectives benchmark -------------------------------------------------------
+# ---- 2. fused attention: ours and PyTorch SDPA on GPT-2's shape ---------------------------
+if skipped attention; then
+  say "attention: skipped (SKIP)"
+else
+  ATTN_ARGS=(--batch="$BATCH" --seq_len=$MODEL_T --n_head=$MODEL_H --head_dim=$((MODEL_C / MODEL_H)))
+  if [ -x "$BUNDLE/bin/attention_bench" ]; then
+    run_step attention "$ATTN_TIMEOUT_S" "$WORK/attention_bench.log" "$BUNDLE/bin/attention_bench" \
+      "${ATTN_ARGS[@]}"
+  else
+    record attention 127 0 "bin/attention_bench is not in the bundle"
+  fi
+  if command -v "$PYTHON" >/dev/null 2>&1; then
+    # Not with our LD_LIBRARY_PATH: PyTorch finds its own libraries.
+    run_timed attention_pytorch "$ATTN_TIMEOUT_S" "$WORK/attention_torch.log" "$PYTHON" \
+      "$BUNDLE/bench/attention_torch.py" "${ATTN_ARGS[@]}"
+  else
+    record attention_pytorch 127 0 "$PYTHON not found"
+  fi
+fi
+checkpoint
+# The summary's line on it: our tuned kernels beside SDPA's flash backend.
+if ! skipped attention &&
+    line=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["attention"]["summary"])' \
+      "$WORK/summary.json" 2>/dev/null); then
+  say "$line"
+fi
+
+# ---- 3. NCCL collectives benchmark -------------------------------------------------------
 if skipped bench; then
   say "collectives bench: skipped (SKIP)"
 elif [ -x "$BUNDLE/bin/collectives_bench" ]; then
@@ -591,7 +689,7 @@ run_job() {
     "$@" ${OURS_EXTRA_ARGS:-}
 }
 
-# ---- 3. our main job ---------------------------------------------------------------------
+# ---- 4. our main job ---------------------------------------------------------------------
 if skipped ours; then
   say "main job: skipped (SKIP)"
 elif [ -x "$BUNDLE/bin/main_job" ]; then
@@ -602,7 +700,7 @@ else
 fi
 checkpoint
 
-# ---- 4. PyTorch FSDP2 --------------------------------------------------------------------
+# ---- 5. PyTorch FSDP2 --------------------------------------------------------------------
 if skipped pytorch; then
   say "pytorch fsdp2: skipped (SKIP)"
 elif [ "$(cap "$PT_TIMEOUT_S")" = 0 ]; then
@@ -630,7 +728,7 @@ fi
 
 checkpoint
 
-# ---- 5. our main job with CPU offload ----------------------------------------------------
+# ---- 6. our main job with CPU offload ----------------------------------------------------
 if skipped offload; then
   say "offload: skipped (SKIP)"
 elif [ -x "$BUNDLE/bin/main_job" ]; then

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Test of the bundle's run.sh without a GPU: a fake bundle (gtest-like test scripts, a fake
-# main job, benchmark and PyTorch script, a fake nvidia-smi, fake CUDA toolkit and wheel
-# library directories) checks its library discovery, its gtest counting, its timeouts, the
-# JSON it assembles, the files it copies to $OUT, and its summary without Python.
+# main job, collectives and attention benchmarks and PyTorch scripts, a fake nvidia-smi, fake
+# CUDA toolkit and wheel library directories) checks its library discovery, its gtest
+# counting, its timeouts, the JSON it assembles, the files it copies to $OUT, and its summary
+# without Python.
 set -euo pipefail
 
 RUN_SH=${1:-tools/gpu_bundle/run.sh}
@@ -92,6 +93,18 @@ cat <<'J'
 J
 EOF
 
+cat >"$B/bin/attention_bench" <<'EOF'
+#!/bin/sh
+# Checks the flags and libraries run.sh gives it; FAKE_ATTN_CRASH=1: dies without a word.
+[ "${FAKE_ATTN_CRASH:-0}" = 1 ] && kill -ABRT $$
+case "$LD_LIBRARY_PATH" in *"/bundle/lib:"*) ;; *) echo "bad LD_LIBRARY_PATH"; exit 1 ;; esac
+for want in --batch=4 --seq_len=1024 --n_head=12 --head_dim=64; do
+  case " $* " in *" $want "*) ;; *) echo "attention_bench: missing flag $want in: $*"; exit 2 ;; esac
+done
+echo "attention_bench: forward shape 0: median 0.3000 ms" >&2
+echo '{"attention_bench":1,"ok":true,"error":null,"shape":{"B":4,"T":1024,"H":12,"head_dim":64,"out_bf16":true},"forward":[{"shape":0,"median_ms":0.3,"same_bits":true}],"backward":[{"kv":0,"q":0,"median_ms":0.9,"same_bits":true}],"tuned":{"tuning_ms":{"forward":12.0,"backward":30.0},"forward_ms":0.25,"backward_ms":0.8,"report":"forward: shape 0 0.3 ms (chosen)"}}'
+EOF
+
 cat >"$B/bin/main_job" <<'EOF'
 #!/bin/sh
 # Checks the flags run.sh passes, prints progress lines, writes summary.json.
@@ -142,6 +155,17 @@ print("some warning from torch")
 print(json.dumps({"ok": True, "tokens_per_s": 1000.0, "mfu": 0.4,
                   "peak_device_memory_bytes": 999, "config": {"optimizer": "AdamW fused"}}))
 EOF
+cat >"$B/bench/attention_torch.py" <<'EOF'
+import json, os, sys
+args = dict(a.lstrip("-").split("=", 1) for a in sys.argv[1:])
+assert args == {"batch": "4", "seq_len": "1024", "n_head": "12", "head_dim": "64"}, args
+# PyTorch runs with its own libraries, not the bundle's.
+assert "/bundle/lib" not in os.environ.get("LD_LIBRARY_PATH", ""), os.environ["LD_LIBRARY_PATH"]
+print("UserWarning: something from torch", file=sys.stderr)
+print(json.dumps({"attention_torch": 1, "ok": True, "torch": "2.11.0",
+                  "backends": {"flash": {"ok": True, "forward_ms": 0.2, "backward_ms": 0.5},
+                               "cudnn": {"ok": False, "error": "RuntimeError: no"}}}))
+EOF
 chmod +x "$T/fakebin/"* "$B/bin/"* "$B/bin/tests/"*
 
 export PATH="$T/fakebin:$PATH" PYTHONPATH="$T/site" CUDA_HOME="$T/cuda"
@@ -188,22 +212,34 @@ py_check "our summary's memory bound passed through, not its losses" "$S" \
 py_check "mfu estimate: 6N + 12LTC flops per token at 989 TFLOP/s" "$S" \
   'abs(s["ours"]["mfu_estimate"] - s["config"]["flops_per_token"] * 1250 / 989e12) < 1e-15 and s["config"]["model_parameters"] == 124475904'
 py_check "bench: ok with its best algbw" "$S" 's["nccl_bench"]["ok"] and s["nccl_bench"]["best"]["all_gather"]["algbw_GBps"] == 2.5'
-py_check "steps ours, bench, pytorch, offload ok" "$S" 'all(s["steps"][k]["ok"] for k in ("ours", "bench", "pytorch", "offload"))'
+py_check "steps ours, bench, pytorch, offload, attention, attention_pytorch ok" "$S" \
+  'all(s["steps"][k]["ok"] for k in ("ours", "bench", "pytorch", "offload", "attention", "attention_pytorch"))'
+py_check "attention: both benchmarks' JSON lines" "$S" \
+  's["attention"]["ours"]["tuned"]["forward_ms"] == 0.25 and s["attention"]["ours"]["forward"][0]["same_bits"] is True and s["attention"]["pytorch"]["backends"]["flash"]["backward_ms"] == 0.5 and s["attention"]["pytorch"]["backends"]["cudnn"]["ok"] is False'
+py_check "attention: the summary line, ours tuned beside SDPA flash" "$S" \
+  's["attention"]["summary"] == "attention B=4 T=1024 H=12 head_dim=64: ours (tuned) forward 0.250 ms, backward 0.800 ms; PyTorch SDPA flash forward 0.200 ms, backward 0.500 ms (ours / PyTorch time: forward 1.25, backward 1.60)"'
+check "attention: run.sh prints that line" grep -q "^run.sh: attention B=4 T=1024 H=12 head_dim=64: ours (tuned) forward 0.250 ms" "$T/stdout1"
+check "attention: run.sh runs it after the gpu tests and before the NCCL bench" \
+  python3 -c 'import sys; t = open(sys.argv[1]).read(); sys.exit(0 if t.index("gpu tests: 4 binaries run") < t.index("run.sh: attention: ok") < t.index("run.sh: attention_pytorch: ok") < t.index("run.sh: bench: ok") else 1)' "$T/stdout1"
 py_check "offload: its tokens/s and peak beside ours (0.4 and 0.5 of them)" "$S" \
   's["offload"]["tokens_per_s"] == 500.0 and s["offload"]["peak_device_memory_bytes"] == 61728 and s["offload"]["tokens_per_s_over_no_offload"] == 0.4 and s["offload"]["peak_device_memory_over_no_offload"] == 0.5 and s["offload"]["steps"] == 3'
 py_check "environment: GPU and driver" "$S" 's["env"]["gpu"] == "NVIDIA H200" and s["env"]["driver"] == "580.95.05"'
 py_check "overall ok is false" "$S" 's["ok"] is False'
 py_check "no library missing for the (script) binaries" "$S" 's["env"]["ldd_missing"] == []'
-for f in summary.json run.log ldd.txt gpu_tests.log nccl_bench.json main_job.log main_job_summary.json pytorch_fsdp2.log; do
+for f in summary.json run.log gpu_tests.log nccl_bench.json attention.log main_job.log main_job_summary.json pytorch_fsdp2.log; do
   check "\$OUT/$f copied" [ -s "$T/out/$f" ]
 done
 check "at most 8 files in \$OUT" [ "$(ls "$T/out" | wc -l)" -le 8 ]
+check "\$OUT/run.log ends with ldd.txt" grep -q "^== ldd bin/main_job" "$T/out/run.log"
+check "\$OUT/attention.log holds both attention benchmarks' output" \
+  grep -q "UserWarning: something from torch" "$T/out/attention.log"
+check "\$OUT/attention.log: ours first" grep -q "^attention_bench: forward shape 0" "$T/out/attention.log"
 check "stdout prints nvidia-smi -L and ldd --version" grep -q "GPU 0: NVIDIA H200" "$T/stdout1"
 
 # ---- 2. wheel libraries first, failing tests left out: exit 0 --------------------------
 rm "$B/bin/tests/b_test" "$B/bin/tests/c_test" "$B/bin/tests/d_test"
 set +e
-FAKE_NO_AFTER_WARMUP=1 FSDP_PREFER_WHEEL=1 SKIP=bench RUN_WORK=$T/work2 "$B/run.sh" >"$T/stdout2" 2>&1
+FAKE_NO_AFTER_WARMUP=1 FSDP_PREFER_WHEEL=1 SKIP=bench,attention RUN_WORK=$T/work2 "$B/run.sh" >"$T/stdout2" 2>&1
 rc=$?
 set -e
 check "run.sh exits 0 when every step that ran passed" [ "$rc" = 0 ]
@@ -214,6 +250,21 @@ py_check "no after-warm-up figure: median of the progress intervals after the fi
   "$T/summary2.json" 's["tokens_per_s"]["ours"] == 1200.0 and abs(s["tokens_per_s_ratio"] - 1.2) < 1e-12'
 py_check "skipped bench is not run" "$T/summary2.json" \
   '"bench" not in s["steps"] and s["nccl_bench"]["error"] == "skipped (SKIP)" and s["ok"] is True'
+py_check "SKIP=attention: neither attention benchmark runs" "$T/summary2.json" \
+  '"attention" not in s["steps"] and "attention_pytorch" not in s["steps"] and s["attention"]["ours"] == {"ok": False, "error": "skipped (SKIP)"} and s["attention"]["pytorch"]["error"] == "skipped (SKIP)" and s["attention"]["summary"] is None'
+check "SKIP=attention: said so" grep -q "^run.sh: attention: skipped (SKIP)" "$T/stdout2"
+
+# ---- 2b. our attention benchmark dies without its JSON line -----------------------------
+set +e
+FAKE_ATTN_CRASH=1 SKIP=tests,bench,ours,pytorch,offload RUN_WORK=$T/work_attn "$B/run.sh" >"$T/stdout_attn" 2>&1
+rc=$?
+set -e
+check "attention crashed: exit 1" [ "$rc" = 1 ]
+tail -n 1 "$T/stdout_attn" >"$T/summary_attn.json"
+py_check "attention crashed: ours ok false with its exit status, PyTorch's line still there" "$T/summary_attn.json" \
+  's["attention"]["ours"]["ok"] is False and s["attention"]["ours"]["error"].startswith("rc=134") and s["steps"]["attention"]["rc"] == 134 and s["attention"]["pytorch"]["ok"] is True and s["steps"]["attention_pytorch"]["ok"]'
+check "attention crashed: the line says so beside PyTorch's figures" \
+  grep -q "^run.sh: attention B=4 T=1024 H=12 head_dim=64: ours: rc=134.*; PyTorch SDPA flash forward 0.200 ms, backward 0.500 ms$" "$T/stdout_attn"
 
 # ---- 3. the run's budget spent before any step -----------------------------------------
 set +e
@@ -223,7 +274,7 @@ set -e
 check "budget spent: exit 1" [ "$rc" = 1 ]
 tail -n 1 "$T/stdout_budget" >"$T/summary_budget.json"
 py_check "budget spent: steps recorded as not run, tests as not run (not failed)" "$T/summary_budget.json" \
-  's["steps"]["ours"]["rc"] == -1 and s["steps"]["pytorch"]["rc"] == -1 and s["steps"]["offload"]["rc"] == -1 and s["gpu_tests"]["not_run"] == ["a_test"] and s["gpu_tests"]["failed"] == 0 and s["ok"] is False'
+  's["steps"]["ours"]["rc"] == -1 and s["steps"]["pytorch"]["rc"] == -1 and s["steps"]["offload"]["rc"] == -1 and s["steps"]["attention"]["rc"] == -1 and s["steps"]["attention_pytorch"]["rc"] == -1 and s["gpu_tests"]["not_run"] == ["a_test"] and s["gpu_tests"]["failed"] == 0 and s["ok"] is False'
 
 # ---- 4. cut off by an outer limit while PyTorch runs: $OUT holds what finished ---------
 cat >"$B/bench/pytorch_fsdp2.py" <<'EOF'
