@@ -168,12 +168,13 @@ ScopedOpCategory::ScopedOpCategory(OpCategory category) : previous_(category_ove
 ScopedOpCategory::~ScopedOpCategory() { category_override = previous_; }
 
 ProfiledOp::ProfiledOp(OpCategory category, const char* name, Device device,
-                       const OpCost& cost)
+                       const OpCost& cost, const GemmShape& gemm)
     : profile_(current_profile) {
   if (profile_ == nullptr) return;
   record_.category = Resolve(category);
   record_.name = name;
   record_.cost = cost;
+  record_.gemm = gemm;
   if (device.is_cuda()) start_ = RecordEvent(device);
 }
 

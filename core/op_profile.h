@@ -83,12 +83,19 @@ struct OpCost {
   }
 };
 
+// The problem of a GEMM op, `batch` products of [m x k] by [k x n]; all zero for other ops.
+// The report's per-shape table groups GEMMs by it.
+struct GemmShape {
+  int64_t batch = 0, m = 0, n = 0, k = 0;
+};
+
 // One recorded op. `device_ms` is the time between its start and end events on the
 // compute stream (CUDA, after ResolveDeviceTimes), or -1.
 struct OpRecord {
   OpCategory category = OpCategory::kElementwise;
   std::string name;
   OpCost cost;
+  GemmShape gemm;
   double device_ms = -1;
 };
 
@@ -162,10 +169,11 @@ class ScopedOpCategory {
 
 // Records one op into the thread's profile, if any: at construction the start event
 // (CUDA device), at destruction the end event and the record. `name` should be a string
-// literal naming the op ("matmul", "layernorm.forward").
+// literal naming the op ("matmul", "layernorm.forward"); a GEMM also gives its shape.
 class ProfiledOp {
  public:
-  ProfiledOp(OpCategory category, const char* name, Device device, const OpCost& cost);
+  ProfiledOp(OpCategory category, const char* name, Device device, const OpCost& cost,
+             const GemmShape& gemm = {});
   ~ProfiledOp();
   ProfiledOp(const ProfiledOp&) = delete;
   ProfiledOp& operator=(const ProfiledOp&) = delete;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -96,6 +98,60 @@ OpProfileReport ReportOpProfile(const std::vector<core::OpRecord>& records,
                    {"measured_ms", OrNull(measured, k.measured_ms)}});
   }
 
+  // Per GEMM shape (category and problem), the most time first (measured where every GEMM
+  // of the shape was timed, else estimated): which GEMMs fall short of the rate.
+  struct Shape {
+    int64_t count = 0, timed = 0;
+    double flops = 0, estimated_ms = 0, measured_ms = 0;
+  };
+  using ShapeKey = std::tuple<std::string, int64_t, int64_t, int64_t, int64_t>;
+  std::map<ShapeKey, Shape> shapes;
+  for (const core::OpRecord& r : records) {
+    if (r.gemm.m == 0) continue;
+    Shape& g = shapes[{core::OpCategoryName(r.category), r.gemm.batch, r.gemm.m, r.gemm.n,
+                       r.gemm.k}];
+    ++g.count;
+    g.flops += r.cost.flops;
+    g.estimated_ms += core::EstimateOp(r, rates).ms;
+    if (r.device_ms >= 0) {
+      ++g.timed;
+      g.measured_ms += r.device_ms;
+    }
+  }
+  std::vector<std::pair<double, ShapeKey>> shape_order;
+  for (const auto& [key, g] : shapes) {
+    shape_order.push_back({g.timed == g.count ? g.measured_ms : g.estimated_ms, key});
+  }
+  std::sort(shape_order.rbegin(), shape_order.rend());
+  nlohmann::json gemm_shapes = nlohmann::json::array();
+  if (!shape_order.empty()) {
+    out.lines.push_back("");
+    out.lines.push_back(absl::StrFormat("%-17s %-26s %6s %10s %10s %11s %9s", "gemm",
+                                        "batch x m x n x k", "count", "GFLOP", "est_ms",
+                                        "measured_ms", "TFLOP/s"));
+  }
+  for (const auto& [ms, key] : shape_order) {
+    const Shape& g = shapes[key];
+    const auto& [category, batch, m, n, k] = key;
+    const bool measured = g.timed == g.count && g.measured_ms > 0;
+    const double tflops = measured ? g.flops / (g.measured_ms * 1e-3) * 1e-12 : 0;
+    out.lines.push_back(absl::StrFormat(
+        "%-17s %-26s %6d %10.1f %10.3f %11s %9s", category,
+        absl::StrFormat("%d x %d x %d x %d", batch, m, n, k), g.count, g.flops * 1e-9,
+        g.estimated_ms, measured ? absl::StrFormat("%.3f", g.measured_ms) : "-",
+        measured ? absl::StrFormat("%.1f", tflops) : "-"));
+    gemm_shapes.push_back({{"category", category},
+                           {"batch", batch},
+                           {"m", m},
+                           {"n", n},
+                           {"k", k},
+                           {"count", g.count},
+                           {"flops", g.flops},
+                           {"estimated_ms", g.estimated_ms},
+                           {"measured_ms", OrNull(measured, g.measured_ms)},
+                           {"achieved_tflops", OrNull(measured, tflops)}});
+  }
+
   const double est_s = e.total_ms * 1e-3;
   const double measured_s = measured_total * 1e-3;
   const bool have_measured = any_measured && measured_s > 0;
@@ -109,6 +165,7 @@ OpProfileReport ReportOpProfile(const std::vector<core::OpRecord>& records,
           : ""));
   out.json = {{"categories", categories},
               {"ops", ops},
+              {"gemm_shapes", gemm_shapes},
               {"estimated_step_ms", e.total_ms},
               {"estimated_tokens_per_s", tokens / est_s},
               {"estimated_mfu", model_flops / est_s / peak},

@@ -1,8 +1,9 @@
 // The table and JSON of a recorded training step (core/op_profile.h): per op category its
 // ops, launches, FLOPs and bytes, the measured device time with the TFLOP/s and GB/s it
 // achieved (CUDA), beside the roofline estimate on a reference GPU (core/roofline.h); per
-// op kind (category and op) the estimate, largest first; and for the step, the estimated
-// and measured milliseconds, tokens/s and MFU.
+// op kind (category and op) the estimate, largest first; per GEMM shape (category and
+// batch x m x n x k) its count, estimate, measured time and TFLOP/s, the most time first;
+// and for the step, the estimated and measured milliseconds, tokens/s and MFU.
 //
 //   const integration::OpProfileReport report = integration::ReportOpProfile(
 //       fit.profiled_ops, core::H200Rates(), model_flops_per_token * tokens, tokens);

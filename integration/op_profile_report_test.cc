@@ -63,6 +63,50 @@ TEST(OpProfileReportTest, MeasuredTimesGiveAchievedRatesBesideTheEstimate) {
   EXPECT_TRUE(step_line);
 }
 
+core::OpRecord Gemm(core::OpCategory category, core::GemmShape shape, double device_ms) {
+  core::OpRecord r = Op(category, "matmul",
+                        core::OpCost{2.0 * shape.batch * shape.m * shape.n * shape.k, 1e6, 1,
+                                     core::OpEngine::kTensorCoreBf16},
+                        device_ms);
+  r.gemm = shape;
+  return r;
+}
+
+TEST(OpProfileReportTest, GemmShapesAreGroupedWithTheirAchievedRateMostTimeFirst) {
+  // Two forward GEMMs of one shape (2e12 FLOP each, 5 ms each: 400 TFLOP/s), one of
+  // another (1e12 FLOP in 4 ms: 250), the first shape again as a weight gradient (its own
+  // row), and a copy (no shape).
+  const core::GemmShape big{1, 1000, 1000, 1000000}, small{2, 1000, 500, 500000};
+  const std::vector<core::OpRecord> records = {
+      Gemm(core::OpCategory::kGemmForward, big, 5.0),
+      Gemm(core::OpCategory::kGemmForward, small, 4.0),
+      Gemm(core::OpCategory::kGemmForward, big, 5.0),
+      Gemm(core::OpCategory::kGemmWeightGrad, big, 1.0),
+      Op(core::OpCategory::kConvert, "convert", core::OpCost::Memory(1e9), 2.0)};
+  const OpProfileReport r = ReportOpProfile(records, Rates(), 1e12, 1000);
+  const nlohmann::json& shapes = r.json["gemm_shapes"];
+  ASSERT_EQ(shapes.size(), 3u) << shapes.dump();
+  EXPECT_EQ(shapes[0]["category"], "gemm.forward");
+  EXPECT_EQ(shapes[0]["m"], 1000);
+  EXPECT_EQ(shapes[0]["k"], 1000000);
+  EXPECT_EQ(shapes[0]["count"], 2);
+  EXPECT_DOUBLE_EQ(shapes[0]["measured_ms"].get<double>(), 10.0);
+  EXPECT_DOUBLE_EQ(shapes[0]["achieved_tflops"].get<double>(), 400.0);
+  // 4e12 FLOP at the test GPU's 500 TFLOP/s.
+  EXPECT_DOUBLE_EQ(shapes[0]["estimated_ms"].get<double>(), 8.0);
+  EXPECT_EQ(shapes[1]["batch"], 2);
+  EXPECT_EQ(shapes[1]["n"], 500);
+  EXPECT_DOUBLE_EQ(shapes[1]["achieved_tflops"].get<double>(), 250.0);
+  EXPECT_EQ(shapes[2]["category"], "gemm.weight_grad");
+  EXPECT_EQ(shapes[2]["count"], 1);
+  bool row = false;
+  for (const std::string& line : r.lines) {
+    row = row || (line.find("2 x 1000 x 500 x 500000") != std::string::npos &&
+                  line.find("250.0") != std::string::npos);
+  }
+  EXPECT_TRUE(row);
+}
+
 TEST(OpProfileReportTest, WithoutDeviceTimesTheMeasuredFiguresAreNull) {
   const std::vector<core::OpRecord> records = {
       Op(core::OpCategory::kNorm, "layernorm.forward", core::OpCost::Memory(1e6), -1)};
@@ -72,6 +116,7 @@ TEST(OpProfileReportTest, WithoutDeviceTimesTheMeasuredFiguresAreNull) {
   EXPECT_TRUE(r.json["measured_op_ms"].is_null());
   EXPECT_TRUE(r.json["measured_op_mfu"].is_null());
   EXPECT_DOUBLE_EQ(r.json["estimated_step_ms"].get<double>(), 1e-3);
+  EXPECT_TRUE(r.json["gemm_shapes"].empty());
 }
 
 }  // namespace

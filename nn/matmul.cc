@@ -250,7 +250,8 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
       f32.ptr = scratch.raw_data();
       f32.bf16 = true;
     }
-    core::ProfiledOp op(core::OpCategory::kGemmForward, "matmul", device, gemm_cost);
+    core::ProfiledOp op(core::OpCategory::kGemmForward, "matmul", device, gemm_cost,
+                        core::GemmShape{g.batch, g.m, g.n, g.k});
     cuda::GemmEpilogueArgs ep;
     ep.kind = static_cast<int>(g.epilogue);
     if (g.bias.defined()) {
@@ -287,7 +288,8 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
     core::RecordOp(core::OpCategory::kConvert, "gemm.round_operand", RoundOperandCost(round_span));
   }
   core::ProfiledOp op(g.k == 0 ? core::OpCategory::kElementwise : core::OpCategory::kGemmForward,
-                      g.k == 0 ? "gemm.scale_c" : "matmul", device, gemm_cost);
+                      g.k == 0 ? "gemm.scale_c" : "matmul", device, gemm_cost,
+                      g.k == 0 ? core::GemmShape{} : core::GemmShape{g.batch, g.m, g.n, g.k});
   std::vector<float> wide_a, wide_b;
   const float* a = nullptr;
   const float* b = nullptr;

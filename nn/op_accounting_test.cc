@@ -74,6 +74,16 @@ TEST(OpAccountingTest, LinearRecordsItsThreeGemmsByRoleWithTheirFlops) {
   EXPECT_EQ(r[3].cost.bytes, 4.0 * (R * out + R * in + 2 * in * out));
   EXPECT_EQ(r[2].category, OpCategory::kElementwise);
   EXPECT_EQ(r[5].category, OpCategory::kElementwise);
+  // Each GEMM records its problem (the report's per-shape table): y [R x out] = x [R x in]
+  // W^T; dx [R x in] = g [R x out] W; dW [out x in] = g^T x over R. Other ops record none.
+  const auto shape = [](const OpRecord& o) {
+    return std::vector<int64_t>{o.gemm.batch, o.gemm.m, o.gemm.n, o.gemm.k};
+  };
+  EXPECT_EQ(shape(r[0]), (std::vector<int64_t>{1, R, out, in}));
+  EXPECT_EQ(shape(r[1]), (std::vector<int64_t>{1, R, in, out}));
+  EXPECT_EQ(shape(r[3]), (std::vector<int64_t>{1, out, in, R}));
+  EXPECT_EQ(shape(r[2]), (std::vector<int64_t>{0, 0, 0, 0}));
+  EXPECT_EQ(shape(r[5]), (std::vector<int64_t>{0, 0, 0, 0}));
 }
 
 TEST(OpAccountingTest, ABf16WeightRunsOnTensorCoresAfterRoundingTheActivation) {

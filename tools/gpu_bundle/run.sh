@@ -32,7 +32,8 @@
 #      tokens/s and peak device memory beside step 4's;
 #   then prints ONE JSON line, last: gpu tests passed/failed/skipped and failing names,
 #   tokens/s of each side and their ratio (ours / PyTorch), our MFU and peak device memory,
-#   our op profile (estimated and measured milliseconds per op category), both attention
+#   our op profile (estimated and measured milliseconds per op category, and the 8 GEMM
+#   shapes that took the most time with their TFLOP/s), both attention
 #   benchmarks' JSON lines ("attention": {"ours", "pytorch", "summary"}),
 #   each step's status, and the environment (GPU, driver, library paths used).
 # Logs and the JSON go to the work directory ($RUN_WORK, default a new /tmp/gpu_run.*) and,
@@ -446,6 +447,10 @@ if isinstance(prof, dict):
         "categories": {c.get("category"): {k: c.get(k) for k in (
             "ops", "estimated_ms", "measured_ms", "achieved_tflops", "achieved_gbps")}
             for c in prof.get("categories", [])},
+        # The GEMM problems that took the most time (all of them: main_job_summary.json).
+        "gemm_shapes": [{k: g.get(k) for k in (
+            "category", "batch", "m", "n", "k", "count", "measured_ms", "achieved_tflops")}
+            for g in (prof.get("gemm_shapes") or [])[:8] if isinstance(g, dict)],
     }
 
 pt = {"ok": steps.get("pytorch", {}).get("ok", False),
