@@ -61,12 +61,17 @@ constexpr float kLog2e = 1.4426950408889634f;
 // 1 is not the same, ptxas then spends more registers than it needs).
 struct BlockShape {
   int warps, m_tiles, min_blocks;
+  // Backward kernels: evaluate the mask only on the tiles that can have masked entries (the
+  // diagonal one, and the last query tile for dK/dV); the others take every entry. The
+  // forward always does.
+  bool lean_mask = false;
 };
 
-template <int W, int M, int MinBlocks>
+template <int W, int M, int MinBlocks, bool LeanMask = false>
 struct Block {
   static_assert(kTile % (16 * M) == 0, "a warp's rows must lie inside one 64-row tile");
   static constexpr int kM = M, kMinBlocks = MinBlocks;
+  static constexpr bool kLeanMask = LeanMask;
   static constexpr int kThreads = 32 * W;
   static constexpr int kRows = 16 * W * M;  // rows (queries, or keys for dK/dV) a block owns
 };
@@ -462,6 +467,49 @@ struct ScoreGrad {
   float scale, scale_log2;
 };
 
+// The dK/dV kernel's score gradients of one warp's 16 keys (key0..) x 64 queries (q0..): on
+// entry p = S^T and ds = dP^T, on exit p = P^T and ds = dS^T, zero where masked (queries
+// before a key, keys or queries past T) when kMask. Without kMask every entry is taken:
+// only for tiles with no masked entry, where the values are the same.
+template <bool kMask>
+__device__ __forceinline__ void KeyScoreGrads(float (&p)[kN8][4], float (&ds)[kN8][4],
+                                              const float* lse_row, const float* delta_row,
+                                              int q0, int key0, int T, ScoreGrad sg) {
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int n = 0; n < kN8; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int j = n * 8 + 2 * c + (i & 1), tq = q0 + j, tk = key0 + g + 8 * (i >> 1);
+      const bool live = !kMask || (tq >= tk && tq < T && tk < T);
+      p[n][i] = live ? exp2f(p[n][i] * sg.scale_log2 - __ldg(lse_row + tq)) : 0.0f;
+      ds[n][i] = live ? p[n][i] * (ds[n][i] - __ldg(delta_row + tq)) * sg.scale : 0.0f;
+    }
+  }
+}
+
+// The dQ kernel's score gradients of one warp's 16 queries (row0..) x 64 keys (k0..): on
+// entry ds = S and dp = dP, on exit ds = dS, zero where masked (keys after a query, keys or
+// queries past T) when kMask; lq and dlt are rows g and g + 8's statistics. Without kMask
+// every entry is taken: only for key tiles before the diagonal, where every query before T
+// gets the same values.
+template <bool kMask>
+__device__ __forceinline__ void QueryScoreGrads(float (&ds)[kN8][4], const float (&dp)[kN8][4],
+                                                const float (&lq)[2], const float (&dlt)[2],
+                                                int k0, int row0, int T, ScoreGrad sg) {
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int n = 0; n < kN8; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = i >> 1, tk = k0 + n * 8 + 2 * c + (i & 1), tq = row0 + g + 8 * r;
+      const bool live = !kMask || (tk <= tq && tk < T && tq < T);
+      const float p = live ? exp2f(ds[n][i] * sg.scale_log2 - lq[r]) : 0.0f;
+      ds[n][i] = p * (dp[n][i] - dlt[r]) * sg.scale;
+    }
+  }
+}
+
 // dK and dV: grid (key blocks, B*H); block kb owns keys [k0, k0 + S::kRows), k0 = kb *
 // S::kRows, and walks the query tiles from k0's to the end (block 0 has the most). Each
 // warp's 16 keys are the rows of its transposed score tiles S^T = K Q^T and dP^T = V dO^T;
@@ -513,15 +561,10 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) FlashBackwardKVKer
       ScoresABt<D>(ds, sV + warp * 16 * kLd, sG, kLd);  // dP^T
       // Masked entries are only on the diagonal tile (queries before a key; keys past T)
       // and the last query tile (queries past T).
-#pragma unroll
-      for (int n = 0; n < kN8; ++n) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int j = n * 8 + 2 * c + (i & 1), tq = q0 + j, tk = key0 + g + 8 * (i >> 1);
-          const bool live = tq >= tk && tq < T && tk < T;
-          p[n][i] = live ? exp2f(p[n][i] * sg.scale_log2 - __ldg(lse_row + tq)) : 0.0f;
-          ds[n][i] = live ? p[n][i] * (ds[n][i] - __ldg(delta_row + tq)) * sg.scale : 0.0f;
-        }
+      if (!S::kLeanMask || qt == diag || qt == tiles - 1) {
+        KeyScoreGrads<true>(p, ds, lse_row, delta_row, q0, key0, T, sg);
+      } else {
+        KeyScoreGrads<false>(p, ds, lse_row, delta_row, q0, key0, T, sg);
       }
       AccumulatePV<D, 1>(&dv, &p, sG, kLd);   // dV += P^T dO
       AccumulatePV<D, 1>(&dk, &ds, sQ, kLd);  // dK += dS^T Q
@@ -583,16 +626,11 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) FlashBackwardQKern
       ScoresABt<D>(ds, sQ + warp * 16 * kLd, sK, kLd);  // S
       ScoresABt<D>(dp, sG + warp * 16 * kLd, sV, kLd);  // dP
       // Masked entries are only on the diagonal tile (keys after a query; keys past T)
-      // and in the last query tile (queries past T).
-#pragma unroll
-      for (int n = 0; n < kN8; ++n) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int r = i >> 1, tk = k0 + n * 8 + 2 * c + (i & 1), tq = row0 + g + 8 * r;
-          const bool live = tk <= tq && tk < T && tq < T;
-          const float p = live ? exp2f(ds[n][i] * sg.scale_log2 - lq[r]) : 0.0f;
-          ds[n][i] = p * (dp[n][i] - dlt[r]) * sg.scale;
-        }
+      // and in the last query tile (queries past T, whose dQ rows are never stored).
+      if (!S::kLeanMask || kt == diag) {
+        QueryScoreGrads<true>(ds, dp, lq, dlt, k0, row0, T, sg);
+      } else {
+        QueryScoreGrads<false>(ds, dp, lq, dlt, k0, row0, T, sg);
       }
       AccumulatePV<D, 1>(&dq, &ds, sK, kLd);  // dQ += dS K
     }
@@ -617,13 +655,16 @@ bool LaunchFits(int64_t B, int64_t T, int64_t H) {
 constexpr BlockShape kForwardShapes64[] = {{4, 1, 0}, {4, 1, 4}, {8, 1, 2}, {4, 2, 0}};
 constexpr BlockShape kForwardShapes128[] = {{4, 1, 0}, {8, 1, 0}};
 // dK/dV at D = 64: the reference is capped at 168 (3 blocks, a few spills); 2 blocks with
-// room for every value; 128 keys of 8 warps sharing each Q, dO tile.
-constexpr BlockShape kKVShapes64[] = {{4, 1, 3}, {4, 1, 2}, {8, 1, 0}};
-constexpr BlockShape kKVShapes128[] = {{4, 1, 0}, {8, 1, 0}};
-// dQ at D = 64: the reference takes 141 (3 blocks); capped at 128 (4 blocks); 128 queries
-// of 8 warps capped for 2 blocks.
-constexpr BlockShape kQShapes64[] = {{4, 1, 0}, {4, 1, 4}, {8, 1, 2}};
-constexpr BlockShape kQShapes128[] = {{4, 1, 0}, {8, 1, 0}};
+// room for every value; 128 keys of 8 warps sharing each Q, dO tile; 2 blocks evaluating
+// the mask only on the diagonal and last query tiles (237 registers; capped for 3 blocks it
+// spills 72 bytes, so no such shape).
+constexpr BlockShape kKVShapes64[] = {{4, 1, 3}, {4, 1, 2}, {8, 1, 0}, {4, 1, 2, true}};
+constexpr BlockShape kKVShapes128[] = {{4, 1, 0}, {8, 1, 0}, {4, 1, 0, true}};
+// dQ at D = 64: the reference takes 128 (4 blocks; ptxas spills 4 bytes); capped at 128
+// without spills; 128 queries of 8 warps capped for 2 blocks; the mask only on the diagonal
+// tile (128, no spills).
+constexpr BlockShape kQShapes64[] = {{4, 1, 0}, {4, 1, 4}, {8, 1, 2}, {4, 1, 0, true}};
+constexpr BlockShape kQShapes128[] = {{4, 1, 0}, {8, 1, 0}, {4, 1, 0, true}};
 
 struct ShapeList {
   const BlockShape* shapes;
@@ -650,7 +691,7 @@ cudaError_t WithShape(int shape, F&& f) {
   if constexpr (I < ShapeCount(K, D)) {
     if (shape == I) {
       constexpr BlockShape s = ShapeOf(K, D, I);
-      return f(Block<s.warps, s.m_tiles, s.min_blocks>{});
+      return f(Block<s.warps, s.m_tiles, s.min_blocks, s.lean_mask>{});
     }
     return WithShape<K, D, I + 1>(shape, f);
   } else {
@@ -917,6 +958,7 @@ std::string FlashShapeName(FlashKernel kernel, int64_t head_dim, int shape) {
                      std::to_string(s.warps) + " warps";
   if (s.m_tiles > 1) name += ", " + std::to_string(s.m_tiles) + " m-tiles a warp";
   if (s.min_blocks > 1) name += ", registers for " + std::to_string(s.min_blocks) + " blocks an SM";
+  if (s.lean_mask) name += ", masking only the tiles that need it";
   return name;
 }
 
