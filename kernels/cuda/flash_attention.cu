@@ -479,11 +479,20 @@ __device__ __forceinline__ void KeyScoreGrads(float (&p)[kN8][4], float (&ds)[kN
 #pragma unroll
   for (int n = 0; n < kN8; ++n) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int j = n * 8 + 2 * c + (i & 1), tq = q0 + j, tk = key0 + g + 8 * (i >> 1);
-      const bool live = !kMask || (tq >= tk && tq < T && tk < T);
-      p[n][i] = live ? exp2f(p[n][i] * sg.scale_log2 - __ldg(lse_row + tq)) : 0.0f;
-      ds[n][i] = live ? p[n][i] * (ds[n][i] - __ldg(delta_row + tq)) * sg.scale : 0.0f;
+    for (int e = 0; e < 2; ++e) {
+      // Column e of the pair: one query, its statistics read once for both key rows (a
+      // query past T, only in a masked tile, reads nothing).
+      const int tq = q0 + n * 8 + 2 * c + e;
+      const bool in = !kMask || tq < T;
+      const float lse_q = in ? __ldg(lse_row + tq) : 0.0f;
+      const float delta_q = in ? __ldg(delta_row + tq) : 0.0f;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = 2 * r + e, tk = key0 + g + 8 * r;
+        const bool live = !kMask || (in && tq >= tk && tk < T);
+        p[n][i] = live ? exp2f(p[n][i] * sg.scale_log2 - lse_q) : 0.0f;
+        ds[n][i] = live ? p[n][i] * (ds[n][i] - delta_q) * sg.scale : 0.0f;
+      }
     }
   }
 }
@@ -654,10 +663,10 @@ bool LaunchFits(int64_t B, int64_t T, int64_t H) {
 // serves two products; too many registers at D = 128).
 constexpr BlockShape kForwardShapes64[] = {{4, 1, 0}, {4, 1, 4}, {8, 1, 2}, {4, 2, 0}};
 constexpr BlockShape kForwardShapes128[] = {{4, 1, 0}, {8, 1, 0}};
-// dK/dV at D = 64: the reference is capped at 168 (3 blocks, a few spills); 2 blocks with
-// room for every value; 128 keys of 8 warps sharing each Q, dO tile; 2 blocks evaluating
-// the mask only on the diagonal and last query tiles (237 registers; capped for 3 blocks it
-// spills 72 bytes, so no such shape).
+// dK/dV at D = 64: the reference is capped at 168 (3 blocks, 48 bytes spilled); 2 blocks
+// with room for every value (217 registers); 128 keys of 8 warps sharing each Q, dO tile;
+// 2 blocks evaluating the mask only on the diagonal and last query tiles (237 registers;
+// capped for 3 blocks it spills 72 bytes, so no such shape).
 constexpr BlockShape kKVShapes64[] = {{4, 1, 3}, {4, 1, 2}, {8, 1, 0}, {4, 1, 2, true}};
 constexpr BlockShape kKVShapes128[] = {{4, 1, 0}, {8, 1, 0}, {4, 1, 0, true}};
 // dQ at D = 64: the reference takes 128 (4 blocks; ptxas spills 4 bytes); capped at 128
