@@ -48,6 +48,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "bench/flag_checks.h"
 #include "kernels/rowwise.h"
 #include "nlohmann/json.hpp"
 
@@ -98,17 +99,14 @@ absl::StatusOr<Options> ParseFlags() {
   o.reps = absl::GetFlag(FLAGS_reps);
   o.warmup = absl::GetFlag(FLAGS_warmup);
   o.out_bf16 = absl::GetFlag(FLAGS_out_bf16);
-  const auto at_least = [](const char* name, int64_t value, int64_t min) -> absl::Status {
-    if (value >= min) return absl::OkStatus();
-    return absl::InvalidArgumentError(
-        absl::StrCat("attention_bench: --", name, "=", value, " must be >= ", min));
-  };
-  for (const absl::Status& s :
-       {at_least("batch", o.batch, 1), at_least("seq_len", o.seq_len, 1),
-        at_least("n_head", o.n_head, 1), at_least("head_dim", o.head_dim, 1),
-        at_least("reps", o.reps, 1), at_least("warmup", o.warmup, 0)}) {
-    if (!s.ok()) return s;
-  }
+  const absl::Status bounds = bench::FlagsAtLeast(
+      "attention_bench", {{"batch", o.batch, 1},
+                          {"seq_len", o.seq_len, 1},
+                          {"n_head", o.n_head, 1},
+                          {"head_dim", o.head_dim, 1},
+                          {"reps", o.reps, 1},
+                          {"warmup", o.warmup, 0}});
+  if (!bounds.ok()) return bounds;
   if (!kernels::FlashAttentionSupports(o.head_dim)) {
     return absl::InvalidArgumentError(
         absl::StrCat("attention_bench: --head_dim=", o.head_dim,

@@ -38,6 +38,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "bench/flag_checks.h"
 #include "comm/gloo_process_group.h"
 #include "comm/hash_store.h"
 #include "comm/init_from_env.h"
@@ -119,17 +120,14 @@ absl::StatusOr<Flags> ParseFlags() {
         "collectives_bench: --shm_transport must be auto, slots or cma, got ", transport));
   }
   f.ops = absl::StrSplit(absl::GetFlag(FLAGS_ops), ',', absl::SkipEmpty());
-  const auto at_least = [](const char* name, int64_t value, int64_t min) -> absl::Status {
-    if (value >= min) return absl::OkStatus();
-    return absl::InvalidArgumentError(
-        absl::StrCat("collectives_bench: --", name, "=", value, " must be >= ", min));
-  };
-  for (const absl::Status& s :
-       {at_least("nproc", f.nproc, 1), at_least("min_bytes", f.min_bytes, 4),
-        at_least("max_bytes", f.max_bytes, 4), at_least("step", f.step, 2),
-        at_least("target_bytes", f.target_bytes, 1), at_least("warmup", f.warmup, 0)}) {
-    if (!s.ok()) return s;
-  }
+  const absl::Status bounds = bench::FlagsAtLeast(
+      "collectives_bench", {{"nproc", f.nproc, 1},
+                            {"min_bytes", f.min_bytes, 4},
+                            {"max_bytes", f.max_bytes, 4},
+                            {"step", f.step, 2},
+                            {"target_bytes", f.target_bytes, 1},
+                            {"warmup", f.warmup, 0}});
+  if (!bounds.ok()) return bounds;
   if (f.backend != "gloo" && f.backend != "nccl" && f.backend != "shm") {
     return absl::InvalidArgumentError(
         absl::StrCat("collectives_bench: --backend must be gloo, shm or nccl, got ", f.backend));
