@@ -203,6 +203,18 @@ __device__ __forceinline__ void AccumulatePV(float (*acc)[D / 8][4], const float
   }
 }
 
+// Multiplies a warp's 16 x D accumulators by `top` in rows g and by `bottom` in rows g + 8.
+template <int D>
+__device__ __forceinline__ void ScaleRows(float (&acc)[D / 8][4], float top, float bottom) {
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    acc[n][0] *= top;
+    acc[n][1] *= top;
+    acc[n][2] *= bottom;
+    acc[n][3] *= bottom;
+  }
+}
+
 // Rows [r0, r0 + Rows) of a [T, *] head slice (row stride `ld` elements, D columns from
 // `src`) into `dst` [Rows x D] with row stride Dims<D>::kLd, rows past T zero-filled:
 // 16-byte cp.async copies issued by the block's `Threads` threads. The caller commits the
@@ -403,13 +415,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
             l[i][e >> 1] += s[i][n][e];  // this thread's part of the row sum
           }
         }
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          o[i][n][0] *= alpha[0];
-          o[i][n][1] *= alpha[0];
-          o[i][n][2] *= alpha[1];
-          o[i][n][3] *= alpha[1];
-        }
+        ScaleRows<D>(o[i], alpha[0], alpha[1]);
       }
       AccumulatePV<D, M>(o, s, sV, kLd);
     }
@@ -424,14 +430,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
       l[i][r] += __shfl_xor_sync(0xffffffffu, l[i][r], 1);
       l[i][r] += __shfl_xor_sync(0xffffffffu, l[i][r], 2);
     }
-    const float inv[2] = {1.0f / l[i][0], 1.0f / l[i][1]};
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      o[i][n][0] *= inv[0];
-      o[i][n][1] *= inv[0];
-      o[i][n][2] *= inv[1];
-      o[i][n][3] *= inv[1];
-    }
+    ScaleRows<D>(o[i], 1.0f / l[i][0], 1.0f / l[i][1]);
     StoreRows<D, Y>(o[i], y_head, C, rowi, T);
     if (c == 0) {
       float* out = lse + static_cast<int64_t>(bh) * T;
