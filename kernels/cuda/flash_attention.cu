@@ -2,28 +2,30 @@
 //
 // One block per (row tile, batch element x head); each warp owns 16 rows of the block's
 // tile (or two such m-tiles, a shape of the forward) and keeps everything about them in
-// registers, as FlashAttention-2 does: the products are mma.sync m16n8k16 (bf16 x bf16 -> fp32) whose accumulator
-// layout is fixed by PTX, so the softmax runs on the accumulators where they are, and a
-// score tile's accumulators become the A operand of the next product after rounding to
-// bf16. Only the tiles every warp reads (K and V in the forward and dQ kernels, Q and dO in
-// the dK/dV kernel) go through shared memory, 64 rows at a time: the whole block copies them
-// with cp.async into two buffers, the next tile's copy in flight while the warps compute on the current
-// one; the warps take their fragments from them with ldmatrix (four 8 x 8 matrices an
-// instruction, transposed for a B operand stored row by row of k). Rows are padded by 8
-// bf16, so the eight 16-byte rows an ldmatrix phase reads fall in distinct banks. Rows
-// past T are zero-filled on load, masked out of every sum, and never stored; the forward
-// evaluates its mask only on the diagonal tile, the one tile of a row with masked keys.
-// (The backward kernels mask every tile: a branch there costs the dK/dV kernel spills at
-// its 168-register cap.) A warp whose rows have nothing to do with a streamed tile (all
-// its keys after the warp's queries, or its rows past T) skips the products but still
-// takes part in the block's copies and barriers.
+// registers, as FlashAttention-2 does: the products are mma.sync m16n8k16 (bf16 x bf16 ->
+// fp32) whose accumulator layout is fixed by PTX, so the softmax runs on the accumulators
+// where they are, and a score tile's accumulators become the A operand of the next product
+// after rounding to bf16. Only the tiles every warp reads (K and V in the forward and dQ
+// kernels, Q and dO in the dK/dV kernel) go through shared memory, 64 rows at a time: the
+// whole block copies them with cp.async into two buffers, the next tile's copy in flight
+// while the warps compute on the current one; the warps take their fragments from them with
+// ldmatrix (four 8 x 8 matrices an instruction, transposed for a B operand stored row by
+// row of k). Rows are padded by 8 bf16, so the eight 16-byte rows an ldmatrix phase reads
+// fall in distinct banks. Rows past T are zero-filled on load, masked out of every sum, and
+// never stored; the forward evaluates its mask only on the diagonal tile, the one tile of a
+// row with masked keys. The backward kernels mask every tile in their reference shapes (a
+// branch costs the capped dK/dV kernel spills) and only the tiles that can need it in the
+// lean-mask shapes. A warp whose rows have nothing to do with a streamed tile (all its keys
+// after the warp's queries, or its rows past T) skips the products in blocks of more than
+// 64 rows, but still takes part in the block's copies and barriers.
 //
 // Block shapes (NOTE [Flash block shapes] in flash_attention.h): `BlockShape` says how many
-// warps a block has, how many 16-row m-tiles each owns and the blocks an SM the registers
-// are capped for; the rows of a block are 16 x warps x m-tiles. A warp's rows lie inside
-// one 64-row tile (16 x m-tiles divides 64), so all of them need the same key tiles: the
-// tiles up to the one holding the warp's rows, and that diagonal tile is the only one with
-// masked keys. Each row's arithmetic is the same in every shape.
+// warps a block has, how many 16-row m-tiles each owns, the blocks an SM the registers are
+// capped for, and whether the backward masks lean; the rows of a block are 16 x warps x
+// m-tiles. A warp's rows lie inside one 64-row tile (16 x m-tiles divides 64), so all of
+// them need the same key tiles: the tiles up to the one holding the warp's rows, and that
+// diagonal tile is the only one with masked keys. Each row's arithmetic is the same in
+// every shape.
 //
 // m16n8k16 fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with g = lane / 4 and
 // c = lane % 4: A (16 x 16, row-major) a0 = (g, 2c..2c+1), a1 = (g+8, 2c..), a2 = (g,
@@ -685,13 +687,17 @@ constexpr ShapeList List(const BlockShape (&shapes)[N]) {
 }
 
 constexpr ShapeList Shapes(FlashKernel kernel, int D) {
-  return kernel == FlashKernel::kForward ? (D == 64 ? List(kForwardShapes64) : List(kForwardShapes128))
-         : kernel == FlashKernel::kBackwardKV ? (D == 64 ? List(kKVShapes64) : List(kKVShapes128))
-                                              : (D == 64 ? List(kQShapes64) : List(kQShapes128));
+  if (kernel == FlashKernel::kForward) {
+    return D == 64 ? List(kForwardShapes64) : List(kForwardShapes128);
+  }
+  if (kernel == FlashKernel::kBackwardKV) return D == 64 ? List(kKVShapes64) : List(kKVShapes128);
+  return D == 64 ? List(kQShapes64) : List(kQShapes128);
 }
 
 constexpr int ShapeCount(FlashKernel kernel, int D) { return Shapes(kernel, D).count; }
-constexpr BlockShape ShapeOf(FlashKernel kernel, int D, int i) { return Shapes(kernel, D).shapes[i]; }
+constexpr BlockShape ShapeOf(FlashKernel kernel, int D, int i) {
+  return Shapes(kernel, D).shapes[i];
+}
 
 // Calls f(Block<...>{}) with shape `shape` of `K` at head width D as a type.
 template <FlashKernel K, int D, int I = 0, typename F>
@@ -976,7 +982,9 @@ std::string FlashTuningReport(int64_t B, int64_t T, int64_t H, int64_t head_dim)
   std::lock_guard<std::mutex> lock(TuneMutex());
   std::string report;
   for (const auto& [key, choice] : Choices()) {
-    if (key.device != device || key.B != B || key.T != T || key.H != H || key.D != head_dim) continue;
+    if (key.device != device || key.B != B || key.T != T || key.H != H || key.D != head_dim) {
+      continue;
+    }
     report += (report.empty() ? "" : "; ") + choice.report;
   }
   return report;
