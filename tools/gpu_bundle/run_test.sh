@@ -102,7 +102,7 @@ for want in --batch=4 --seq_len=1024 --n_head=12 --head_dim=64; do
   case " $* " in *" $want "*) ;; *) echo "attention_bench: missing flag $want in: $*"; exit 2 ;; esac
 done
 echo "attention_bench: forward shape 0: median 0.3000 ms" >&2
-echo '{"attention_bench":1,"ok":true,"error":null,"shape":{"B":4,"T":1024,"H":12,"head_dim":64,"out_bf16":true},"forward":[{"shape":0,"median_ms":0.3,"same_bits":true}],"backward":[{"kv":0,"q":0,"median_ms":0.9,"same_bits":true}],"tuned":{"tuning_ms":{"forward":12.0,"backward":30.0},"forward_ms":0.25,"backward_ms":0.8,"report":"forward: shape 0 0.3 ms (chosen)"}}'
+echo '{"attention_bench":1,"ok":true,"error":null,"shape":{"B":4,"T":1024,"H":12,"head_dim":64,"out_bf16":true},"forward":[{"shape":0,"name":"64 queries, 4 warps","median_ms":0.3,"min_ms":0.29,"same_bits":true}],"backward":[{"kv":0,"q":0,"names":["a","b"],"median_ms":0.9,"same_bits":true}],"tuned":{"tuning_ms":{"forward":12.0,"backward":30.0},"forward_ms":0.25,"backward_ms":0.8,"report":"forward: shape 0 0.3 ms (chosen)"}}'
 EOF
 
 cat >"$B/bin/main_job" <<'EOF'
@@ -216,6 +216,8 @@ py_check "steps ours, bench, pytorch, offload, attention, attention_pytorch ok" 
   'all(s["steps"][k]["ok"] for k in ("ours", "bench", "pytorch", "offload", "attention", "attention_pytorch"))'
 py_check "attention: both benchmarks' JSON lines" "$S" \
   's["attention"]["ours"]["tuned"]["forward_ms"] == 0.25 and s["attention"]["ours"]["forward"][0]["same_bits"] is True and s["attention"]["pytorch"]["backends"]["flash"]["backward_ms"] == 0.5 and s["attention"]["pytorch"]["backends"]["cudnn"]["ok"] is False'
+py_check "attention: our rows in the summary without the names and least times (attention.log has them)" "$S" \
+  's["attention"]["ours"]["forward"] == [{"shape": 0, "median_ms": 0.3, "tflops": None, "same_bits": True, "error": None}] and "name" not in s["attention"]["ours"]["backward"][0] and s["attention"]["ours"]["backward"][0]["kv"] == 0'
 py_check "attention: the summary line, ours tuned beside SDPA flash" "$S" \
   's["attention"]["summary"] == "attention B=4 T=1024 H=12 head_dim=64: ours (tuned) forward 0.250 ms, backward 0.800 ms; PyTorch SDPA flash forward 0.200 ms, backward 0.500 ms (ours / PyTorch time: forward 1.25, backward 1.60)"'
 check "attention: run.sh prints that line" grep -q "^run.sh: attention B=4 T=1024 H=12 head_dim=64: ours (tuned) forward 0.250 ms" "$T/stdout1"
