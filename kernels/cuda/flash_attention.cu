@@ -442,24 +442,21 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   }
 }
 
-// delta[b, h, t] = <gy[b, t, h], y[b, t, h]>: one warp per (b, t, h) row. Y: fp32 or bf16.
-template <typename Y>
+// delta[b, h, t] = <gy[b, t, h], y[b, t, h]>: grid (ceil(T / warps a block), B*H), one warp
+// per t of the block's (b, h), so a row's place takes no 64-bit division. Y: fp32 or bf16.
+template <int D, typename Y>
 __global__ void FlashDeltaKernel(const bf16* __restrict__ gy, const Y* __restrict__ y,
-                                 float* __restrict__ delta, int64_t rows, int T, int H, int D) {
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (r >= rows) return;
-  const int lane = threadIdx.x % 32;
-  const int64_t bt = r / H;
-  const int h = static_cast<int>(r % H);
-  const int64_t off = bt * H * D + static_cast<int64_t>(h) * D;
+                                 float* __restrict__ delta, int T, int H) {
+  const int t = static_cast<int>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (t >= T) return;
+  const int bh = blockIdx.y, b = bh / H, h = bh % H, lane = threadIdx.x % 32;
+  const int64_t off = ((static_cast<int64_t>(b) * T + t) * H + h) * D;
   float acc = 0.0f;
+#pragma unroll
   for (int d = lane; d < D; d += 32) acc += __bfloat162float(gy[off + d]) * Load(y + off + d);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  if (lane == 0) {
-    const int64_t b = bt / T, t = bt % T;
-    delta[(b * H + h) * T + t] = acc;
-  }
+  if (lane == 0) delta[static_cast<int64_t>(bh) * T + t] = acc;
 }
 
 // The score scale and the same times log2(e): p = 2^(s * scale_log2 - lse) and the score
@@ -755,16 +752,16 @@ cudaError_t LaunchForward(const Problem& p) {
 
 template <int D>
 cudaError_t LaunchDelta(const Problem& p) {
-  const int64_t rows = p.B * p.T * p.H;
   constexpr int kRowsPerBlock = 8;
-  const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  const dim3 grid(static_cast<unsigned>((p.T + kRowsPerBlock - 1) / kRowsPerBlock),
+                  static_cast<unsigned>(p.B * p.H));
   const int T = static_cast<int>(p.T), H = static_cast<int>(p.H);
   if (p.y_bf16) {
-    FlashDeltaKernel<bf16><<<blocks, 32 * kRowsPerBlock>>>(p.gy, static_cast<const bf16*>(p.y),
-                                                           p.delta, rows, T, H, D);
+    FlashDeltaKernel<D, bf16><<<grid, 32 * kRowsPerBlock>>>(
+        p.gy, static_cast<const bf16*>(p.y), p.delta, T, H);
   } else {
-    FlashDeltaKernel<float><<<blocks, 32 * kRowsPerBlock>>>(
-        p.gy, static_cast<const float*>(p.y), p.delta, rows, T, H, D);
+    FlashDeltaKernel<D, float><<<grid, 32 * kRowsPerBlock>>>(
+        p.gy, static_cast<const float*>(p.y), p.delta, T, H);
   }
   return cudaGetLastError();
 }
