@@ -286,6 +286,29 @@ TEST(CudaLayersTest, EmbeddingMatchesCpuWithRepeatedIds) {
   CompareModules(cpu, gpu, Ids({4, 15}, 13, 12), kFp32Rel);
 }
 
+// The embedding gradient sums each id's rows in position order on both devices (the ids
+// sorted stably on CUDA, no atomics): the same bits as the CPU's loop, on every run, with
+// ids repeated hundreds of times, ids outside the table skipped, and a gradient that
+// already holds values (accumulation).
+TEST(CudaLayersTest, EmbeddingGradientHasTheCpuBitsWithRepeatedIds) {
+  SKIP_WITHOUT_GPU();
+  const int64_t num = 50, dim = 67, n = 3000;
+  core::Tensor ids = Ids({n}, num, 71);
+  ids.data<int32_t>()[5] = -1;
+  ids.data<int32_t>()[17] = static_cast<int32_t>(num);
+  const core::Tensor g = Normal({n, dim}, 72);
+  const core::Tensor start = Normal({num, dim}, 73);
+  std::vector<std::vector<float>> results;
+  for (const core::Device device : {core::Device::Cpu(), kGpu, kGpu}) {
+    const core::Tensor gw = To(start, device);
+    ASSERT_TRUE(EmbeddingBackward("wte", To(ids, device), To(g, device), gw).ok());
+    results.push_back(Host(gw));
+  }
+  EXPECT_EQ(results[1], results[0]);  // the CPU's bits
+  EXPECT_EQ(results[2], results[1]);  // run to run
+  EXPECT_NE(results[0], Host(start));
+}
+
 TEST(CudaLayersTest, CausalSelfAttentionMatchesCpu) {
   SKIP_WITHOUT_GPU();
   CausalSelfAttention cpu(24, 4, 5), gpu(24, 4, 5);

@@ -639,8 +639,16 @@ absl::Status EmbeddingBackward(absl::string_view what, const Tensor& ids, const 
   ProfiledOp op(OpCategory::kEmbedding, "embedding.backward", gw.device(),
                 internal::EmbeddingBackwardCost(n, dim));
   if (gw.device().is_cuda()) {
+#ifdef FSDP_WITH_CUDA
+    // The ids sorted with their positions (kernels/cuda/kernels.h), int32 words.
+    const size_t scratch_bytes = kc::EmbeddingBackwardScratchBytes(n);
+    ASSIGN_OR_RETURN(Tensor scratch,
+                     Tensor::Allocate({static_cast<int64_t>((scratch_bytes + 3) / 4)},
+                                      DType::kInt32, core::MemoryTag::kActivation, gw.device()));
+#endif
     NN_ON_CUDA(gw.device(), what, "embedding gradient scatter-add",
-               kc::EmbeddingBackward(ids.data<int32_t>(), n, F32(g), num, dim, MutF32(gw)));
+               kc::EmbeddingBackward(ids.data<int32_t>(), n, F32(g), num, dim, MutF32(gw),
+                                     scratch.raw_data(), scratch_bytes));
   }
   kcpu::EmbeddingBackward(ids.data<int32_t>(), n, F32(g), num, dim, MutF32(gw));
   return absl::OkStatus();

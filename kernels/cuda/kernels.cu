@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <cub/device/device_radix_sort.cuh>
+
 #include <algorithm>
 #include <initializer_list>
 #include <type_traits>
@@ -132,13 +134,52 @@ __global__ void EmbeddingForwardKernel(const int32_t* ids, int64_t n_ids, const 
   }
 }
 
-__global__ void EmbeddingBackwardKernel(const int32_t* ids, int64_t n_ids, const float* g,
-                                        int64_t num, int64_t dim, float* gw) {
-  const int64_t n = n_ids * dim;
-  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) {
-    const int32_t id = ids[i / dim];
-    if (k::EmbeddingIdValid(id, num)) atomicAdd(gw + static_cast<int64_t>(id) * dim + i % dim, g[i]);
+// position[i] = i.
+__global__ void IotaKernel(int32_t* position, int n) {
+  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) position[i] = static_cast<int32_t>(i);
+}
+
+// One block per run of equal ids in `sorted` (positions in `position`, in order within a
+// run: the sort is stable): gw[id, :] += g[p, :] for the run's positions p in order.
+__global__ void EmbeddingRunsKernel(const int32_t* sorted, const int32_t* position, int n,
+                                    const float* g, int64_t num, int64_t dim, float* gw) {
+  for (int s = blockIdx.x; s < n; s += gridDim.x) {
+    const int32_t id = sorted[s];
+    if ((s > 0 && sorted[s - 1] == id) || !k::EmbeddingIdValid(id, num)) continue;
+    int end = s + 1;
+    while (end < n && sorted[end] == id) ++end;
+    float* row = gw + static_cast<int64_t>(id) * dim;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+      float acc = row[j];
+      for (int p = s; p < end; ++p) acc = k::Add(acc, g[static_cast<int64_t>(position[p]) * dim + j]);
+      row[j] = acc;
+    }
   }
+}
+
+// The scratch of EmbeddingBackward: sorted ids, positions before and after the sort (n
+// each), then the radix sort's temporary storage, each 256-byte aligned.
+struct EmbeddingScratch {
+  size_t ids, positions, sorted_positions, temp, temp_bytes, total;
+};
+
+size_t Aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+EmbeddingScratch EmbeddingScratchLayout(int n) {
+  EmbeddingScratch l{};
+  size_t temp_bytes = 0;
+  cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, static_cast<const int32_t*>(nullptr),
+                                  static_cast<int32_t*>(nullptr),
+                                  static_cast<const int32_t*>(nullptr),
+                                  static_cast<int32_t*>(nullptr), n);
+  const size_t ints = Aligned(static_cast<size_t>(n) * sizeof(int32_t));
+  l.ids = 0;
+  l.positions = ints;
+  l.sorted_positions = 2 * ints;
+  l.temp = 3 * ints;
+  l.temp_bytes = temp_bytes;
+  l.total = l.temp + Aligned(temp_bytes);
+  return l;
 }
 
 // ---- Column sums: block (32, 8) covers 32 columns; lanes y split the rows, then a
@@ -868,10 +909,33 @@ cudaError_t EmbeddingForward(const int32_t* ids, int64_t n_ids, const void* tabl
   return cudaGetLastError();
 }
 
+size_t EmbeddingBackwardScratchBytes(int64_t n_ids) {
+  if (n_ids <= 0 || n_ids > 0x7fffffff) return 0;
+  return EmbeddingScratchLayout(static_cast<int>(n_ids)).total;
+}
+
 cudaError_t EmbeddingBackward(const int32_t* ids, int64_t n_ids, const float* g, int64_t num,
-                              int64_t dim, float* gw) {
+                              int64_t dim, float* gw, void* scratch, size_t scratch_bytes) {
   if (n_ids <= 0 || dim <= 0) return cudaSuccess;
-  EmbeddingBackwardKernel<<<GridFor(n_ids * dim), kThreads>>>(ids, n_ids, g, num, dim, gw);
+  if (n_ids > 0x7fffffff) return cudaErrorInvalidValue;
+  const int n = static_cast<int>(n_ids);
+  const EmbeddingScratch l = EmbeddingScratchLayout(n);
+  if (scratch == nullptr || scratch_bytes < l.total) return cudaErrorInvalidValue;
+  char* base = static_cast<char*>(scratch);
+  auto* sorted = reinterpret_cast<int32_t*>(base + l.ids);
+  auto* positions = reinterpret_cast<int32_t*>(base + l.positions);
+  auto* sorted_positions = reinterpret_cast<int32_t*>(base + l.sorted_positions);
+  IotaKernel<<<GridFor(n), kThreads>>>(positions, n);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  size_t temp_bytes = l.temp_bytes;
+  // All 32 bits: ids outside [0, num) must not split a valid id's run.
+  err = cub::DeviceRadixSort::SortPairs(base + l.temp, temp_bytes, ids, sorted, positions,
+                                        sorted_positions, n, 0, 32, /*stream=*/0);
+  if (err != cudaSuccess) return err;
+  constexpr int kRunThreads = 128;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(n, kMaxBlocks));
+  EmbeddingRunsKernel<<<blocks, kRunThreads>>>(sorted, sorted_positions, n, g, num, dim, gw);
   return cudaGetLastError();
 }
 

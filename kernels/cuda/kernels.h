@@ -77,9 +77,14 @@ cudaError_t CausalSoftmaxBackward(const void* p, bool p_bf16, float* g, int64_t 
 // y[i, :] = table[ids[i], :]; ids outside [0, num) give zero rows (callers reject them).
 cudaError_t EmbeddingForward(const int32_t* ids, int64_t n_ids, const void* table, bool bf16,
                              int64_t num, int64_t dim, float* y);
-// gw[ids[i], :] += g[i, :] with atomic adds; ids outside [0, num) are skipped.
+// gw[ids[i], :] += g[i, :] for i in order, ids outside [0, num) skipped: the positions are
+// sorted by id (a stable radix sort into `scratch`, at least
+// EmbeddingBackwardScratchBytes(n_ids) bytes), then one block per id adds that id's rows
+// in position order, so every run, and the CPU loop, give the same bits (no atomics).
+// n_ids at most 2^31 - 1.
+size_t EmbeddingBackwardScratchBytes(int64_t n_ids);
 cudaError_t EmbeddingBackward(const int32_t* ids, int64_t n_ids, const float* g, int64_t num,
-                              int64_t dim, float* gw);
+                              int64_t dim, float* gw, void* scratch, size_t scratch_bytes);
 // One block per row of logits [rows, V]: grad [rows, V] and row_loss [rows] (double); with
 // grad16 set the gradient goes there as bf16 instead (grad may be null), as on the CPU.
 cudaError_t CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V,

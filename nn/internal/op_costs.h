@@ -151,9 +151,13 @@ inline core::OpCost RotaryPackCost(int64_t rows, int64_t C, int64_t KW) {
 inline core::OpCost EmbeddingForwardCost(int64_t n, int64_t dim, int64_t table_bytes) {
   return core::OpCost::Memory(4.0 * n + (static_cast<double>(table_bytes) + 4.0) * n * dim);
 }
-// Reads g, atomically adds into gw (read and write).
+// Sorts the ids with their positions (a radix sort: the ids and positions read and
+// written once a pass, 4 passes), then reads g and adds each id's rows into gw (read and
+// write once a row used). Launches: the positions, the sort's histogram and 4 passes, the
+// sums.
 inline core::OpCost EmbeddingBackwardCost(int64_t n, int64_t dim) {
-  return core::OpCost::Memory(4.0 * n + 12.0 * n * dim, 1.0 * n * dim);
+  return core::OpCost::Memory(4.0 * n + 4 * 16.0 * n + 12.0 * n * dim, 1.0 * n * dim,
+                              /*launches=*/7);
 }
 
 // Reads the logits, writes their gradient and a loss per row; about 6 operations each.
