@@ -124,13 +124,17 @@ __global__ void ScaleMatricesKernel(float* c, int64_t batch, int64_t rows, int64
   }
 }
 
+// One block per row of y (strided over the rows), its threads across the columns.
 template <typename W>
 __global__ void EmbeddingForwardKernel(const int32_t* ids, int64_t n_ids, const W* table,
                                        int64_t num, int64_t dim, float* y) {
-  const int64_t n = n_ids * dim;
-  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) {
-    const int32_t id = ids[i / dim];
-    y[i] = k::EmbeddingIdValid(id, num) ? k::EmbeddingGather(table, id, dim, i % dim) : 0.0f;
+  for (int64_t r = blockIdx.x; r < n_ids; r += gridDim.x) {
+    const int32_t id = ids[r];
+    const bool valid = k::EmbeddingIdValid(id, num);
+    float* out = y + r * dim;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+      out[j] = valid ? k::EmbeddingGather(table, id, dim, j) : 0.0f;
+    }
   }
 }
 
@@ -899,12 +903,13 @@ cudaError_t CausalSoftmaxBackward(const void* p, bool p_bf16, float* g, int64_t 
 cudaError_t EmbeddingForward(const int32_t* ids, int64_t n_ids, const void* table, bool bf16,
                              int64_t num, int64_t dim, float* y) {
   if (n_ids <= 0 || dim <= 0) return cudaSuccess;
+  const unsigned blocks = GridForColumnRows(n_ids);
   if (bf16) {
-    EmbeddingForwardKernel<<<GridFor(n_ids * dim), kThreads>>>(
-        ids, n_ids, static_cast<const uint16_t*>(table), num, dim, y);
+    EmbeddingForwardKernel<<<blocks, kThreads>>>(ids, n_ids, static_cast<const uint16_t*>(table),
+                                                 num, dim, y);
   } else {
-    EmbeddingForwardKernel<<<GridFor(n_ids * dim), kThreads>>>(
-        ids, n_ids, static_cast<const float*>(table), num, dim, y);
+    EmbeddingForwardKernel<<<blocks, kThreads>>>(ids, n_ids, static_cast<const float*>(table),
+                                                 num, dim, y);
   }
   return cudaGetLastError();
 }
