@@ -178,16 +178,24 @@ OpRecord Op(OpCategory category, const char* name, double flops, double bytes) {
 TEST(RooflineTest, ExtrapolatesPerStepOpsAffinelyAndRepeatsPerSequenceOps) {
   // A weight-gradient GEMM (weight bytes fixed, the rest per sequence) and a per-sequence
   // attention op, at batch 1 and 2.
-  const std::vector<OpRecord> one = {Op(OpCategory::kGemmWeightGrad, "matmul", 10, 100 + 5),
-                                     Op(OpCategory::kAttention, "matmul", 7, 3)};
-  const std::vector<OpRecord> two = {Op(OpCategory::kGemmWeightGrad, "matmul", 20, 100 + 10),
-                                     Op(OpCategory::kAttention, "matmul", 7, 3),
-                                     Op(OpCategory::kAttention, "matmul", 7, 3)};
+  std::vector<OpRecord> one = {Op(OpCategory::kGemmWeightGrad, "matmul", 10, 100 + 5),
+                               Op(OpCategory::kAttention, "matmul", 7, 3)};
+  std::vector<OpRecord> two = {Op(OpCategory::kGemmWeightGrad, "matmul", 20, 100 + 10),
+                               Op(OpCategory::kAttention, "matmul", 7, 3),
+                               Op(OpCategory::kAttention, "matmul", 7, 3)};
+  // The weight gradient's reduction runs over the rows: 64 per sequence.
+  one[0].gemm = GemmShape{1, 32, 48, 64};
+  two[0].gemm = GemmShape{1, 32, 48, 128};
   absl::StatusOr<std::vector<OpRecord>> at16 = ExtrapolateBatch(one, two, 16);
   ASSERT_TRUE(at16.ok()) << at16.status();
   ASSERT_EQ(at16->size(), 1u + 16u);
   EXPECT_EQ((*at16)[0].cost.flops, 160);
   EXPECT_EQ((*at16)[0].cost.bytes, 100 + 80);
+  // Its shape grows the same way: k = 16 x 64, m and n as they were.
+  EXPECT_EQ((*at16)[0].gemm.batch, 1);
+  EXPECT_EQ((*at16)[0].gemm.m, 32);
+  EXPECT_EQ((*at16)[0].gemm.n, 48);
+  EXPECT_EQ((*at16)[0].gemm.k, 16 * 64);
   for (size_t i = 1; i < at16->size(); ++i) {
     EXPECT_EQ((*at16)[i].category, OpCategory::kAttention);
     EXPECT_EQ((*at16)[i].cost.flops, 7);

@@ -58,6 +58,13 @@ absl::StatusOr<std::vector<OpRecord>> ExtrapolateBatch(const std::vector<OpRecor
       OpRecord e = r;
       e.cost.flops = r.cost.flops + (r2.cost.flops - r.cost.flops) * b;
       e.cost.bytes = r.cost.bytes + (r2.cost.bytes - r.cost.bytes) * b;
+      // A GEMM's dimension that grows with the batch (its rows, or the weight gradient's
+      // reduction) grows linearly too; the others are equal at batch 1 and 2 and stay.
+      const auto grow = [b](int64_t d1, int64_t d2) {
+        return d1 + (d2 - d1) * static_cast<int64_t>(b);
+      };
+      e.gemm = {grow(r.gemm.batch, r2.gemm.batch), grow(r.gemm.m, r2.gemm.m),
+                grow(r.gemm.n, r2.gemm.n), grow(r.gemm.k, r2.gemm.k)};
       e.device_ms = -1;
       out.push_back(std::move(e));
     } else if (static_cast<int64_t>(ops2.size()) == 2 * n1) {
