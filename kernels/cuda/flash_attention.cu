@@ -836,38 +836,52 @@ const char* KernelName(FlashKernel kernel) {
                                               : "dQ";
 }
 
-// The output bytes the kernel writes, read back to the host: y and lse (forward), dL/dqkv.
-cudaError_t ReadOutputs(FlashKernel kernel, const Problem& p, int64_t D,
-                        std::vector<unsigned char>* out) {
-  const int64_t C = p.H * D;
-  if (kernel == FlashKernel::kForward) {
-    const size_t y_bytes = static_cast<size_t>(p.B * p.T * C) * (p.y_bf16 ? 2 : 4);
-    const size_t lse_bytes = static_cast<size_t>(p.B * p.H * p.T) * 4;
-    out->resize(y_bytes + lse_bytes);
-    cudaError_t err = cudaMemcpy(out->data(), p.y, y_bytes, cudaMemcpyDeviceToHost);
-    if (err != cudaSuccess) return err;
-    return cudaMemcpy(out->data() + y_bytes, p.lse, lse_bytes, cudaMemcpyDeviceToHost);
-  }
-  const size_t g_bytes = static_cast<size_t>(p.B * p.T * 3 * C) * (p.gqkv_bf16 ? 2 : 4);
-  out->resize(g_bytes);
-  return cudaMemcpy(out->data(), p.gqkv, g_bytes, cudaMemcpyDeviceToHost);
-}
+// What a kernel writes, as 2-D ranges of bytes (rows of `width` bytes, `pitch` apart): y and
+// lse (forward), or its columns of dL/dqkv (dK/dV: [C, 3C), dQ: [0, C) of each row).
+struct Region {
+  void* data;
+  size_t pitch, width, rows;
+};
 
-// Fills what the kernel writes with 0xff bytes (NaN in bf16 and fp32), so that an element
-// a shape leaves unwritten cannot match the reference: y and lse, or the kernel's columns
-// of dL/dqkv (dK/dV: [C, 3C), dQ: [0, C) of each row).
-cudaError_t Poison(FlashKernel kernel, const Problem& p, int64_t D) {
-  const int64_t C = p.H * D, rows = p.B * p.T;
+std::vector<Region> Written(FlashKernel kernel, const Problem& p, int64_t D) {
+  const int64_t C = p.H * D;
+  const size_t rows = static_cast<size_t>(p.B * p.T);
   if (kernel == FlashKernel::kForward) {
-    cudaError_t err =
-        cudaMemset(p.y, 0xff, static_cast<size_t>(rows * C) * (p.y_bf16 ? 2 : 4));
-    if (err != cudaSuccess) return err;
-    return cudaMemset(p.lse, 0xff, static_cast<size_t>(p.B * p.H * p.T) * 4);
+    const size_t y_row = static_cast<size_t>(C) * (p.y_bf16 ? 2 : 4);
+    const size_t lse_bytes = static_cast<size_t>(p.B * p.H * p.T) * 4;
+    return {{p.y, y_row, y_row, rows}, {p.lse, lse_bytes, lse_bytes, 1}};
   }
   const size_t elem = p.gqkv_bf16 ? 2 : 4;
   const bool kv = kernel == FlashKernel::kBackwardKV;
-  return cudaMemset2D(static_cast<char*>(p.gqkv) + (kv ? C : 0) * elem, 3 * C * elem, 0xff,
-                      (kv ? 2 : 1) * C * elem, static_cast<size_t>(rows));
+  return {{static_cast<char*>(p.gqkv) + (kv ? C : 0) * elem, 3 * C * elem,
+           (kv ? 2 : 1) * C * elem, rows}};
+}
+
+// Fills what the kernel writes with 0xff bytes (NaN in bf16 and fp32), so that an element
+// a shape leaves unwritten cannot match the reference.
+cudaError_t Poison(FlashKernel kernel, const Problem& p, int64_t D) {
+  for (const Region& r : Written(kernel, p, D)) {
+    const cudaError_t err = cudaMemset2D(r.data, r.pitch, 0xff, r.width, r.rows);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+// What the kernel wrote, read back to the host.
+cudaError_t ReadOutputs(FlashKernel kernel, const Problem& p, int64_t D,
+                        std::vector<unsigned char>* out) {
+  const std::vector<Region> regions = Written(kernel, p, D);
+  size_t total = 0;
+  for (const Region& r : regions) total += r.width * r.rows;
+  out->resize(total);
+  size_t at = 0;
+  for (const Region& r : regions) {
+    const cudaError_t err = cudaMemcpy2D(out->data() + at, r.width, r.data, r.pitch, r.width,
+                                         r.rows, cudaMemcpyDeviceToHost);
+    if (err != cudaSuccess) return err;
+    at += r.width * r.rows;
+  }
+  return cudaSuccess;
 }
 
 // Runs every shape of `kernel` on p (shape 0 first, the reference), each on outputs filled
