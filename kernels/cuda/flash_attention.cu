@@ -11,18 +11,22 @@
 // while the warps compute on the current one; the warps take their fragments from them with
 // ldmatrix (four 8 x 8 matrices an instruction, transposed for a B operand stored row by
 // row of k). Rows are padded by 8 bf16, so the eight 16-byte rows an ldmatrix phase reads
-// fall in distinct banks. Rows past T are zero-filled on load, masked out of every sum, and
-// never stored; the forward evaluates its mask only on the diagonal tile, the one tile of a
-// row with masked keys. The backward kernels mask every tile in their reference shapes (a
-// branch costs the capped dK/dV kernel spills) and only the tiles that can need it in the
-// lean-mask shapes. A warp whose rows have nothing to do with a streamed tile (all its keys
-// after the warp's queries, or its rows past T) skips the products in blocks of more than
-// 64 rows, but still takes part in the block's copies and barriers.
+// fall in distinct banks. A warp whose rows have nothing to do with a streamed tile (all
+// its keys after the warp's queries, or its rows past T) skips the products in blocks of
+// more than 64 rows, but still takes part in the block's copies and barriers.
+//
+// Masks: each kernel evaluates the causal mask (key after query) on the diagonal tile only,
+// the one tile of a row (or key) where it can hold, and nothing else. Rows past T are
+// zero-filled on load and their results never stored, which leaves every stored value as
+// if they were masked: in the forward a query's diagonal tile is the only one with keys
+// past T, and they come after it; in the dQ kernel the same holds, and a row of dQ reads
+// only its own row of dS; in the dK/dV kernel a query past T has zero q and dO rows and
+// reads lse = delta = 0, so its P^T entry is 1 and its dS^T entry 0, and it adds exact
+// zeros to dV (1 x 0) and dK (0 x 0).
 //
 // Block shapes (NOTE [Flash block shapes] in flash_attention.h): `BlockShape` says how many
-// warps a block has, how many 16-row m-tiles each owns, the blocks an SM the registers are
-// capped for, and whether the backward masks lean; the rows of a block are 16 x warps x
-// m-tiles. A warp's rows lie inside one 64-row tile (16 x m-tiles divides 64), so all of
+// warps a block has, how many 16-row m-tiles each owns and the blocks an SM the registers
+// are capped for; the rows of a block are 16 x warps x m-tiles. A warp's rows lie inside one 64-row tile (16 x m-tiles divides 64), so all of
 // them need the same key tiles: the tiles up to the one holding the warp's rows, and that
 // diagonal tile is the only one with masked keys. Each row's arithmetic is the same in
 // every shape.
@@ -63,17 +67,12 @@ constexpr float kLog2e = 1.4426950408889634f;
 // 1 is not the same, ptxas then spends more registers than it needs).
 struct BlockShape {
   int warps, m_tiles, min_blocks;
-  // Backward kernels: evaluate the mask only on the tiles that can have masked entries (the
-  // diagonal one, and the last query tile for dK/dV); the others take every entry. The
-  // forward always does.
-  bool lean_mask = false;
 };
 
-template <int W, int M, int MinBlocks, bool LeanMask = false>
+template <int W, int M, int MinBlocks>
 struct Block {
   static_assert(kTile % (16 * M) == 0, "a warp's rows must lie inside one 64-row tile");
   static constexpr int kM = M, kMinBlocks = MinBlocks;
-  static constexpr bool kLeanMask = LeanMask;
   static constexpr int kThreads = 32 * W;
   static constexpr int kRows = 16 * W * M;  // rows (queries, or keys for dK/dV) a block owns
 };
@@ -93,9 +92,13 @@ struct Dims {
   static constexpr int kLd = D + 8;  // shared-memory row stride of a [rows x D] bf16 tile
   static constexpr int kRowBytes = kLd * 2;
   // Forward: the block's Q rows and two (K, V) buffers of 64 rows; backward: the block's
-  // two fixed tiles (dK/dV: K, V; dQ: Q, dO) and two buffers of the two streamed ones.
+  // two fixed tiles (dK/dV: K, V; dQ: Q, dO) and two buffers of the two streamed ones, and
+  // for dK/dV two buffers of the streamed queries' lse and delta (kStatBytes).
   static constexpr int ForwardBytes(int rows) { return (rows + 4 * kTile) * kRowBytes; }
-  static constexpr int BackwardBytes(int rows) { return (2 * rows + 4 * kTile) * kRowBytes; }
+  static constexpr int BackwardBytes(int rows) {
+    return (2 * rows + 4 * kTile) * kRowBytes + 2 * kStatBytes;
+  }
+  static constexpr int kStatBytes = 2 * kTile * 4;  // a tile's lse and delta, fp32
 };
 
 // d (16 x 8 fp32) += a (16 x 16 bf16) b (16 x 8 bf16).
@@ -106,6 +109,15 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 2^x in one MUFU.EX2: ex2.approx.ftz, where exp2f adds a range check and two multiplies
+// to return results below 2^-126 unflushed. Such a probability is flushed to zero here: it
+// is below the last bit of any sum it could enter. 2^-inf = 0.
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
@@ -219,20 +231,29 @@ __device__ __forceinline__ void ScaleRows(float (&acc)[D / 8][4], float top, flo
 
 // Rows [r0, r0 + Rows) of a [T, *] head slice (row stride `ld` elements, D columns from
 // `src`) into `dst` [Rows x D] with row stride Dims<D>::kLd, rows past T zero-filled:
-// 16-byte cp.async copies issued by the block's `Threads` threads. The caller commits the
-// group and waits for it (CommitCopies, WaitCopies) and then needs __syncthreads() before
+// 16-byte cp.async copies issued by the block's `Threads` threads. A thread copies the same
+// 16-byte column of every (Threads / (D / 8))-th row, so its addresses are computed once and
+// the copies are unrolled (a copy is an add, a compare and the cp.async). The caller commits
+// the group and waits for it (CommitCopies, WaitCopies) and then needs __syncthreads() before
 // reading.
 template <int D, int Rows, int Threads>
-__device__ void LoadRowsAsync(bf16* dst, const bf16* src, int64_t ld, int r0, int T) {
-  constexpr int kChunks = D / 8;  // 8 bf16 per 16 bytes
-  for (int i = threadIdx.x; i < Rows * kChunks; i += Threads) {
-    const int r = i / kChunks, c = (i % kChunks) * 8;
-    const bool valid = r0 + r < T;
-    const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst + r * Dims<D>::kLd + c));
+__device__ __forceinline__ void LoadRowsAsync(bf16* dst, const bf16* src, int64_t ld, int r0,
+                                              int T) {
+  constexpr int kChunks = D / 8;                // 8 bf16 per 16 bytes
+  constexpr int kStep = Threads / kChunks;      // rows one pass of the block copies
+  static_assert(Threads % kChunks == 0 && Rows % kStep == 0, "whole rows a pass");
+  const int r = static_cast<int>(threadIdx.x) / kChunks;
+  const int c = (static_cast<int>(threadIdx.x) % kChunks) * 8;
+  const unsigned to =
+      static_cast<unsigned>(__cvta_generic_to_shared(dst + r * Dims<D>::kLd + c));
+  const bf16* from = src + (r0 + r) * ld + c;
+#pragma unroll
+  for (int j = 0; j < Rows / kStep; ++j) {
+    const bool valid = r0 + r + j * kStep < T;
     // A zero source size writes 16 zero bytes and reads nothing; src stays a valid address.
-    const bf16* from = valid ? src + (r0 + r) * ld + c : src;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from),
-                 "r"(valid ? 16 : 0));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                     to + j * kStep * Dims<D>::kRowBytes),
+                 "l"(valid ? from + j * kStep * ld : src), "r"(valid ? 16 : 0));
   }
 }
 
@@ -244,21 +265,45 @@ __device__ __forceinline__ void WaitCopies() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
 }
 
+// No copies besides the pair's (TakePair).
+struct NoMoreCopies {
+  __device__ void operator()(int /*buffer*/, int /*r0*/) const {}
+};
+
+// Rows [r0, r0 + 64) of the statistics rows lse_row and delta_row (fp32, T each) into
+// dst[0, 64) and dst[64, 128), rows past T zero-filled: 4-byte cp.async copies, one a thread
+// of the block's first 128. Commit, wait and __syncthreads() as for LoadRowsAsync.
+template <int Threads>
+__device__ __forceinline__ void LoadStatsAsync(float* dst, const float* lse_row,
+                                               const float* delta_row, int r0, int T) {
+  static_assert(Threads >= 2 * kTile, "one copy a thread");
+  const int i = static_cast<int>(threadIdx.x);
+  if (i >= 2 * kTile) return;
+  const int t = r0 + i % kTile;
+  const bool valid = t < T;
+  const float* from = valid ? (i < kTile ? lse_row : delta_row) + t : lse_row;
+  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst + i));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(to), "l"(from),
+               "r"(valid ? 4 : 0));
+}
+
 // Double-buffered streaming of a pair of [64 x D] tiles (K and V, or Q and dO), two per
 // buffer at `pairs`, by a block of `Threads` threads: when `more`, first requests rows
-// [next_r0, next_r0 + 64) of a (row stride lda) and b (ldb) into buffer 1 - cur; then waits
-// for buffer cur (requested earlier) and __syncthreads(). Returns buffer cur's first tile;
-// the second follows it. The caller __syncthreads() again before the next call refills the
-// other buffer.
-template <int D, int Threads>
+// [next_r0, next_r0 + 64) of a (row stride lda) and b (ldb) into buffer 1 - cur, and
+// whatever `also(1 - cur, next_r0)` copies in the same group; then waits for buffer cur
+// (requested earlier) and __syncthreads(). Returns buffer cur's first tile; the second
+// follows it. The caller __syncthreads() again before the next call refills the other
+// buffer.
+template <int D, int Threads, typename Also = NoMoreCopies>
 __device__ __forceinline__ const bf16* TakePair(bf16* pairs, int cur, bool more, const bf16* a,
                                                 int64_t lda, const bf16* b, int64_t ldb,
-                                                int next_r0, int T) {
+                                                int next_r0, int T, Also also = {}) {
   constexpr int kPair = 2 * kTile * Dims<D>::kLd;
   if (more) {
     bf16* next = pairs + (1 - cur) * kPair;
     LoadRowsAsync<D, kTile, Threads>(next, a, lda, next_r0, T);
     LoadRowsAsync<D, kTile, Threads>(next + kTile * Dims<D>::kLd, b, ldb, next_r0, T);
+    also(1 - cur, next_r0);
     CommitCopies();
     WaitCopies<1>();
   } else {
@@ -375,8 +420,10 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
 #pragma unroll
       for (int i = 0; i < M; ++i) {
         const int rowi = row0 + 16 * i;  // this m-tile's first query
-        // Scale, mask, and the online softmax of rows g and g + 8. Only the diagonal tile
-        // has keys past a query (and, the last tile, keys past T).
+        // Mask (the diagonal tile), and the online softmax of rows g and g + 8 in units of
+        // log2: m is the running max of the scaled scores, the max of a row's raw scores
+        // times scale_log2 (rounding keeps the order), and a probability is
+        // 2^(s * scale_log2 - m), one fused multiply-add as the backward recomputes it.
         float mx[2] = {-INFINITY, -INFINITY};
         if (kt >= diag) {
 #pragma unroll
@@ -384,7 +431,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               const int tk = k0 + n * 8 + 2 * c + (e & 1), tq = rowi + g + 8 * (e >> 1);
-              s[i][n][e] = (tk > tq || tk >= T) ? -INFINITY : s[i][n][e] * scale_log2;
+              if (tk > tq) s[i][n][e] = -INFINITY;
               mx[e >> 1] = fmaxf(mx[e >> 1], s[i][n][e]);
             }
           }
@@ -392,10 +439,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
 #pragma unroll
           for (int n = 0; n < kN8; ++n) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              s[i][n][e] *= scale_log2;
-              mx[e >> 1] = fmaxf(mx[e >> 1], s[i][n][e]);
-            }
+            for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[i][n][e]);
           }
         }
         float alpha[2];
@@ -404,8 +448,8 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
           mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
           mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
           // Key 0 is in every row's first tile, so the new max is finite from then on.
-          const float m_new = fmaxf(m[i][r], mx[r]);
-          alpha[r] = exp2f(m[i][r] - m_new);
+          const float m_new = fmaxf(m[i][r], mx[r] * scale_log2);
+          alpha[r] = Exp2(m[i][r] - m_new);
           m[i][r] = m_new;
           l[i][r] *= alpha[r];
         }
@@ -413,7 +457,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
         for (int n = 0; n < kN8; ++n) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            s[i][n][e] = exp2f(s[i][n][e] - m[i][e >> 1]);
+            s[i][n][e] = Exp2(fmaf(s[i][n][e], scale_log2, -m[i][e >> 1]));
             l[i][e >> 1] += s[i][n][e];  // this thread's part of the row sum
           }
         }
@@ -459,60 +503,61 @@ __global__ void FlashDeltaKernel(const bf16* __restrict__ gy, const Y* __restric
   if (lane == 0) delta[static_cast<int64_t>(bh) * T + t] = acc;
 }
 
-// The score scale and the same times log2(e): p = 2^(s * scale_log2 - lse) and the score
-// gradient ds = scale * p * (dp - delta), zero where masked.
+// The score scale and the same times log2(e): p = 2^(s * scale_log2 - lse) (one fused
+// multiply-add, as the forward computes it) and the score gradient without its factor
+// `scale`, ds = p * (dp - delta), zero where masked; dK and dQ are multiplied by `scale` once,
+// after their sums (ScaleRows), instead of every score gradient (the same bits where scale
+// is a power of two, 1/8 at D = 64).
 struct ScoreGrad {
   float scale, scale_log2;
 };
 
 // The dK/dV kernel's score gradients of one warp's 16 keys (key0..) x 64 queries (q0..): on
-// entry p = S^T and ds = dP^T, on exit p = P^T and ds = dS^T, zero where masked (queries
-// before a key, keys or queries past T) when kMask. Without kMask every entry is taken:
-// only for tiles with no masked entry, where the values are the same.
-template <bool kMask>
+// entry p = S^T and ds = dP^T, on exit p = P^T and ds = dS^T, zero at queries before a key
+// when kDiagonal (the warp's diagonal tile; see "Masks" above for rows past T). `stats`:
+// the 64 queries' lse, then their delta, in shared memory (0 for a query past T).
+template <bool kDiagonal>
 __device__ __forceinline__ void KeyScoreGrads(float (&p)[kN8][4], float (&ds)[kN8][4],
-                                              const float* lse_row, const float* delta_row,
-                                              int q0, int key0, int T, ScoreGrad sg) {
+                                              const float* stats, int q0, int key0,
+                                              ScoreGrad sg) {
   const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
 #pragma unroll
   for (int n = 0; n < kN8; ++n) {
+    // Columns 2c and 2c + 1: two queries, their statistics read once for both key rows.
+    const float2 lse_q = *reinterpret_cast<const float2*>(stats + n * 8 + 2 * c);
+    const float2 delta_q = *reinterpret_cast<const float2*>(stats + kTile + n * 8 + 2 * c);
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      // Column e of the pair: one query, its statistics read once for both key rows (a
-      // query past T, only in a masked tile, reads nothing).
       const int tq = q0 + n * 8 + 2 * c + e;
-      const bool in = !kMask || tq < T;
-      const float lse_q = in ? __ldg(lse_row + tq) : 0.0f;
-      const float delta_q = in ? __ldg(delta_row + tq) : 0.0f;
+      const float l = e ? lse_q.y : lse_q.x, d = e ? delta_q.y : delta_q.x;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int i = 2 * r + e, tk = key0 + g + 8 * r;
-        const bool live = !kMask || (in && tq >= tk && tk < T);
-        p[n][i] = live ? exp2f(p[n][i] * sg.scale_log2 - lse_q) : 0.0f;
-        ds[n][i] = live ? p[n][i] * (ds[n][i] - delta_q) * sg.scale : 0.0f;
+        const int i = 2 * r + e;
+        const bool live = !kDiagonal || tq >= key0 + g + 8 * r;
+        p[n][i] = live ? Exp2(fmaf(p[n][i], sg.scale_log2, -l)) : 0.0f;
+        ds[n][i] = live ? p[n][i] * (ds[n][i] - d) : 0.0f;
       }
     }
   }
 }
 
 // The dQ kernel's score gradients of one warp's 16 queries (row0..) x 64 keys (k0..): on
-// entry ds = S and dp = dP, on exit ds = dS, zero where masked (keys after a query, keys or
-// queries past T) when kMask; lq and dlt are rows g and g + 8's statistics. Without kMask
-// every entry is taken: only for key tiles before the diagonal, where every query before T
-// gets the same values.
-template <bool kMask>
+// entry ds = S and dp = dP, on exit ds = dS, zero at keys after a query when kDiagonal (the
+// warp's diagonal tile; see "Masks" above for rows past T); lq and dlt are rows g and
+// g + 8's statistics.
+template <bool kDiagonal>
 __device__ __forceinline__ void QueryScoreGrads(float (&ds)[kN8][4], const float (&dp)[kN8][4],
                                                 const float (&lq)[2], const float (&dlt)[2],
-                                                int k0, int row0, int T, ScoreGrad sg) {
+                                                int k0, int row0, ScoreGrad sg) {
   const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
 #pragma unroll
   for (int n = 0; n < kN8; ++n) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int r = i >> 1, tk = k0 + n * 8 + 2 * c + (i & 1), tq = row0 + g + 8 * r;
-      const bool live = !kMask || (tk <= tq && tk < T && tq < T);
-      const float p = live ? exp2f(ds[n][i] * sg.scale_log2 - lq[r]) : 0.0f;
-      ds[n][i] = p * (dp[n][i] - dlt[r]) * sg.scale;
+      const int r = i >> 1;
+      const bool live = !kDiagonal || k0 + n * 8 + 2 * c + (i & 1) <= row0 + g + 8 * r;
+      const float p = live ? Exp2(fmaf(ds[n][i], sg.scale_log2, -lq[r])) : 0.0f;
+      ds[n][i] = p * (dp[n][i] - dlt[r]);
     }
   }
 }
@@ -531,6 +576,8 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) FlashBackwardKVKer
   bf16* sK = reinterpret_cast<bf16*>(smem);
   bf16* sV = sK + S::kRows * kLd;
   bf16* sQG = sV + S::kRows * kLd;  // buffer i: Q at sQG + 2i tiles, dO at sQG + (2i + 1) tiles
+  // Buffer i of the streamed queries' lse and delta: 2 x 64 floats at sStats + 128 i.
+  float* sStats = reinterpret_cast<float*>(sQG + 4 * kTile * kLd);
 
   const int tiles = (T + kTile - 1) / kTile;
   const int k0 = static_cast<int>(blockIdx.x) * S::kRows;
@@ -539,7 +586,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) FlashBackwardKVKer
   const int64_t C = static_cast<int64_t>(H) * D, ld3 = 3 * C;
   const bf16* base = qkv + static_cast<int64_t>(b) * T * ld3 + static_cast<int64_t>(h) * D;
   const bf16* gbase = gy + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * D;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int warp = threadIdx.x / 32;
   const int key0 = k0 + warp * 16;  // this warp's first key
   // This warp's diagonal query tile, the first it needs (SkipsTiles).
   const int diag = key0 / kTile;
@@ -548,9 +595,13 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) FlashBackwardKVKer
   LoadRowsAsync<D, S::kRows, S::kThreads>(sV, base + 2 * C, ld3, k0, T);
   LoadRowsAsync<D, kTile, S::kThreads>(sQG, base, ld3, first * kTile, T);
   LoadRowsAsync<D, kTile, S::kThreads>(sQG + kTile * kLd, gbase, C, first * kTile, T);
-  CommitCopies();
   const float* lse_row = lse + static_cast<int64_t>(bh) * T;
   const float* delta_row = delta + static_cast<int64_t>(bh) * T;
+  const auto stats = [&](int buffer, int r0) {
+    LoadStatsAsync<S::kThreads>(sStats + buffer * 2 * kTile, lse_row, delta_row, r0, T);
+  };
+  stats(0, first * kTile);
+  CommitCopies();
   float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) {
@@ -559,19 +610,18 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) FlashBackwardKVKer
   }
   for (int qt = first; qt < tiles; ++qt) {
     const int q0 = qt * kTile;
-    const bf16* sQ = TakePair<D, S::kThreads>(sQG, (qt - first) & 1, qt + 1 < tiles, base, ld3,
-                                              gbase, C, q0 + kTile, T);
+    const int cur = (qt - first) & 1;
+    const bf16* sQ = TakePair<D, S::kThreads>(sQG, cur, qt + 1 < tiles, base, ld3, gbase, C,
+                                              q0 + kTile, T, stats);
     const bf16* sG = sQ + kTile * kLd;  // dO
     if (!SkipsTiles<S>() || (key0 < T && qt >= diag)) {
       float p[kN8][4], ds[kN8][4];
       ScoresABt<D>(p, sK + warp * 16 * kLd, sQ, kLd);   // S^T
       ScoresABt<D>(ds, sV + warp * 16 * kLd, sG, kLd);  // dP^T
-      // Masked entries are only on the diagonal tile (queries before a key; keys past T)
-      // and the last query tile (queries past T).
-      if (!S::kLeanMask || qt == diag || qt == tiles - 1) {
-        KeyScoreGrads<true>(p, ds, lse_row, delta_row, q0, key0, T, sg);
+      if (qt == diag) {
+        KeyScoreGrads<true>(p, ds, sStats + cur * 2 * kTile, q0, key0, sg);
       } else {
-        KeyScoreGrads<false>(p, ds, lse_row, delta_row, q0, key0, T, sg);
+        KeyScoreGrads<false>(p, ds, sStats + cur * 2 * kTile, q0, key0, sg);
       }
       AccumulatePV<D, 1>(&dv, &p, sG, kLd);   // dV += P^T dO
       AccumulatePV<D, 1>(&dk, &ds, sQ, kLd);  // dK += dS^T Q
@@ -579,6 +629,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) FlashBackwardKVKer
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
   G* g_out = gqkv + static_cast<int64_t>(b) * T * ld3 + static_cast<int64_t>(h) * D;
+  ScaleRows<D>(dk, sg.scale, sg.scale);  // dS's factor (ScoreGrad)
   StoreRows<D, G>(dk, g_out + C, ld3, key0, T);
   StoreRows<D, G>(dv, g_out + 2 * C, ld3, key0, T);
 }
@@ -604,7 +655,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) FlashBackwardQKern
   const int64_t C = static_cast<int64_t>(H) * D, ld3 = 3 * C;
   const bf16* base = qkv + static_cast<int64_t>(b) * T * ld3 + static_cast<int64_t>(h) * D;
   const bf16* gbase = gy + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * D;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
   const int row0 = q0 + warp * 16;  // this warp's first query
   const int diag = row0 / kTile;    // the last key tile it needs (SkipsTiles)
 
@@ -632,17 +683,16 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) FlashBackwardQKern
       float ds[kN8][4], dp[kN8][4];
       ScoresABt<D>(ds, sQ + warp * 16 * kLd, sK, kLd);  // S
       ScoresABt<D>(dp, sG + warp * 16 * kLd, sV, kLd);  // dP
-      // Masked entries are only on the diagonal tile (keys after a query; keys past T)
-      // and in the last query tile (queries past T, whose dQ rows are never stored).
-      if (!S::kLeanMask || kt == diag) {
-        QueryScoreGrads<true>(ds, dp, lq, dlt, k0, row0, T, sg);
+      if (kt == diag) {
+        QueryScoreGrads<true>(ds, dp, lq, dlt, k0, row0, sg);
       } else {
-        QueryScoreGrads<false>(ds, dp, lq, dlt, k0, row0, T, sg);
+        QueryScoreGrads<false>(ds, dp, lq, dlt, k0, row0, sg);
       }
       AccumulatePV<D, 1>(&dq, &ds, sK, kLd);  // dQ += dS K
     }
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
+  ScaleRows<D>(dq, sg.scale, sg.scale);  // dS's factor (ScoreGrad)
   StoreRows<D, G>(dq, gqkv + static_cast<int64_t>(b) * T * ld3 + static_cast<int64_t>(h) * D, ld3,
                   row0, T);
 }
@@ -655,23 +705,21 @@ bool LaunchFits(int64_t B, int64_t T, int64_t H) {
 // is the reference, 64 rows of 4 warps with the registers ptxas picks. Register counts at
 // sm_90 are where ptxas -v put them; occupancy goes by 8 registers a thread: 15 warps an SM
 // at 129-136, 16 at 128.
-// Forward at D = 64: the reference takes 130 (3 blocks an SM); capped at 128 (4 blocks, a
-// few spills); 128 queries of 8 warps sharing each K, V tile, capped for 2 blocks; two
-// m-tiles a warp (64 scores and 64 outputs a thread, 241 registers: each K and V fragment
-// serves two products; too many registers at D = 128).
+// Forward at D = 64: the reference takes 131 (3 blocks an SM); capped at 128 (4 blocks);
+// 128 queries of 8 warps sharing each K, V tile, capped for 2 blocks; two m-tiles a warp
+// (64 scores and 64 outputs a thread, 238 registers: each K and V fragment serves two
+// products; too many registers at D = 128).
 constexpr BlockShape kForwardShapes64[] = {{4, 1, 0}, {4, 1, 4}, {8, 1, 2}, {4, 2, 0}};
 constexpr BlockShape kForwardShapes128[] = {{4, 1, 0}, {8, 1, 0}};
-// dK/dV at D = 64: the reference is capped at 168 (3 blocks, 48 bytes spilled); 2 blocks
-// with room for every value (217 registers); 128 keys of 8 warps sharing each Q, dO tile;
-// 2 blocks evaluating the mask only on the diagonal and last query tiles (237 registers;
-// capped for 3 blocks it spills 72 bytes, so no such shape).
-constexpr BlockShape kKVShapes64[] = {{4, 1, 3}, {4, 1, 2}, {8, 1, 0}, {4, 1, 2, true}};
-constexpr BlockShape kKVShapes128[] = {{4, 1, 0}, {8, 1, 0}, {4, 1, 0, true}};
-// dQ at D = 64: the reference takes 128 (4 blocks; ptxas spills 4 bytes); capped at 128
-// without spills; 128 queries of 8 warps capped for 2 blocks; the mask only on the diagonal
-// tile (128, no spills).
-constexpr BlockShape kQShapes64[] = {{4, 1, 0}, {4, 1, 4}, {8, 1, 2}, {4, 1, 0, true}};
-constexpr BlockShape kQShapes128[] = {{4, 1, 0}, {8, 1, 0}, {4, 1, 0, true}};
+// dK/dV at D = 64: the reference is capped at 168 (3 blocks, 24 bytes spilled); 2 blocks
+// with room for every value (244 registers); 128 keys of 8 warps sharing each Q, dO tile
+// (241). Capped for 4 blocks it spills over 200 bytes, so no such shape.
+constexpr BlockShape kKVShapes64[] = {{4, 1, 3}, {4, 1, 2}, {8, 1, 0}};
+constexpr BlockShape kKVShapes128[] = {{4, 1, 0}, {8, 1, 0}};
+// dQ at D = 64: the reference takes 127 (4 blocks an SM); 3 blocks with more registers
+// (166); 128 queries of 8 warps capped for 2 blocks (128).
+constexpr BlockShape kQShapes64[] = {{4, 1, 0}, {4, 1, 3}, {8, 1, 2}};
+constexpr BlockShape kQShapes128[] = {{4, 1, 0}, {8, 1, 0}};
 
 struct ShapeList {
   const BlockShape* shapes;
@@ -702,7 +750,7 @@ cudaError_t WithShape(int shape, F&& f) {
   if constexpr (I < ShapeCount(K, D)) {
     if (shape == I) {
       constexpr BlockShape s = ShapeOf(K, D, I);
-      return f(Block<s.warps, s.m_tiles, s.min_blocks, s.lean_mask>{});
+      return f(Block<s.warps, s.m_tiles, s.min_blocks>{});
     }
     return WithShape<K, D, I + 1>(shape, f);
   } else {
@@ -983,7 +1031,6 @@ std::string FlashShapeName(FlashKernel kernel, int64_t head_dim, int shape) {
                      std::to_string(s.warps) + " warps";
   if (s.m_tiles > 1) name += ", " + std::to_string(s.m_tiles) + " m-tiles a warp";
   if (s.min_blocks > 1) name += ", registers for " + std::to_string(s.min_blocks) + " blocks an SM";
-  if (s.lean_mask) name += ", masking only the tiles that need it";
   return name;
 }
 

@@ -25,16 +25,15 @@
 //
 // NOTE [Flash block shapes]: each of the three kernels (forward, dK/dV, dQ) comes in a few
 // block shapes: how many rows (queries, or keys for dK/dV) a block owns, how many warps
-// share them, the registers a thread may take, and (backward) whether every tile is masked
-// or only those that can need it. Every row is computed the same way in every shape (its keys, or queries, in
-// the same 64-row tiles, in the same order, with the same arithmetic), so a shape changes
-// the speed and never the bits. Shape 0 is the reference: 64 rows, 4 warps. The first call
-// for a problem size (B, T, H, head width, output dtypes) tunes: it runs each shape on the
-// call's own inputs, each on outputs first filled with 0xff, keeps those whose outputs have
-// shape 0's bits (a shape that differs, or fails to launch, is never chosen), times them
-// with CUDA events and takes the fastest; that call synchronises and copies the outputs to
-// the host to compare them. Later calls launch the chosen shapes. `FlashShapes` pins
-// shapes instead (benchmarks, tests).
+// share them and the registers a thread may take. Every row is computed the same way in
+// every shape (its keys, or queries, in the same 64-row tiles, in the same order, with the
+// same arithmetic), so a shape changes the speed and never the bits. Shape 0 is the
+// reference: 64 rows, 4 warps. The first call for a problem size (B, T, H, head width,
+// output dtypes) tunes: it runs each shape on the call's own inputs, each on outputs first
+// filled with 0xff, keeps those whose outputs have shape 0's bits (a shape that differs, or
+// fails to launch, is never chosen), times them with CUDA events and takes the fastest;
+// that call synchronises and copies the outputs to the host to compare them. Later calls
+// launch the chosen shapes. `FlashShapes` pins shapes instead (benchmarks, tests).
 #ifndef KERNELS_CUDA_FLASH_ATTENTION_H_
 #define KERNELS_CUDA_FLASH_ATTENTION_H_
 
