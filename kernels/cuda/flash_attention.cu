@@ -233,9 +233,9 @@ __device__ __forceinline__ void ScaleRows(float (&acc)[D / 8][4], float top, flo
 // `src`) into `dst` [Rows x D] with row stride Dims<D>::kLd, rows past T zero-filled:
 // 16-byte cp.async copies issued by the block's `Threads` threads. A thread copies the same
 // 16-byte column of every (Threads / (D / 8))-th row, so its addresses are computed once and
-// the copies are unrolled (a copy is an add, a compare and the cp.async). The caller commits
-// the group and waits for it (CommitCopies, WaitCopies) and then needs __syncthreads() before
-// reading.
+// the copies are unrolled; only a range that reaches past T checks its rows. The caller
+// commits the group and waits for it (CommitCopies, WaitCopies) and then needs
+// __syncthreads() before reading.
 template <int D, int Rows, int Threads>
 __device__ __forceinline__ void LoadRowsAsync(bf16* dst, const bf16* src, int64_t ld, int r0,
                                               int T) {
@@ -247,13 +247,23 @@ __device__ __forceinline__ void LoadRowsAsync(bf16* dst, const bf16* src, int64_
   const unsigned to =
       static_cast<unsigned>(__cvta_generic_to_shared(dst + r * Dims<D>::kLd + c));
   const bf16* from = src + (r0 + r) * ld + c;
+  const int64_t step = kStep * ld;
+  if (r0 + Rows <= T) {
+#pragma unroll
+    for (int j = 0; j < Rows / kStep; ++j) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                       to + j * kStep * Dims<D>::kRowBytes),
+                   "l"(from + j * step));
+    }
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < Rows / kStep; ++j) {
     const bool valid = r0 + r + j * kStep < T;
     // A zero source size writes 16 zero bytes and reads nothing; src stays a valid address.
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
                      to + j * kStep * Dims<D>::kRowBytes),
-                 "l"(valid ? from + j * kStep * ld : src), "r"(valid ? 16 : 0));
+                 "l"(valid ? from + j * step : src), "r"(valid ? 16 : 0));
   }
 }
 
