@@ -95,8 +95,8 @@ struct Dims {
   // two fixed tiles (dK/dV: K, V; dQ: Q, dO) and two buffers of the two streamed ones, and
   // for dK/dV two buffers of the streamed queries' lse and delta (kStatBytes).
   static constexpr int ForwardBytes(int rows) { return (rows + 4 * kTile) * kRowBytes; }
-  static constexpr int BackwardBytes(int rows) {
-    return (2 * rows + 4 * kTile) * kRowBytes + 2 * kStatBytes;
+  static constexpr int BackwardBytes(int rows, bool kv) {
+    return (2 * rows + 4 * kTile) * kRowBytes + (kv ? 2 * kStatBytes : 0);
   }
   static constexpr int kStatBytes = 2 * kTile * 4;  // a tile's lse and delta, fp32
 };
@@ -827,7 +827,7 @@ cudaError_t LaunchDelta(const Problem& p) {
 // The dK/dV (kv) or dQ kernel of shape S.
 template <int D, typename S, bool kv>
 cudaError_t LaunchBackward(const Problem& p) {
-  const int bytes = Dims<D>::BackwardBytes(S::kRows);
+  const int bytes = Dims<D>::BackwardBytes(S::kRows, kv);
   const ScoreGrad sg{p.scale, p.scale * kLog2e};
   const int T = static_cast<int>(p.T), H = static_cast<int>(p.H);
   const auto launch = [&](auto* g) {
