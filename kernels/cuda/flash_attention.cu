@@ -67,12 +67,17 @@ constexpr float kLog2e = 1.4426950408889634f;
 // 1 is not the same, ptxas then spends more registers than it needs).
 struct BlockShape {
   int warps, m_tiles, min_blocks;
+  // Backward kernels: each warp holds the A fragments of its own rows' fixed tiles (dK/dV:
+  // K and V; dQ: Q and dO) in registers for the whole pass instead of loading them from
+  // shared memory for every streamed tile (32 more registers at D = 64).
+  bool hold_a = false;
 };
 
-template <int W, int M, int MinBlocks>
+template <int W, int M, int MinBlocks, bool HoldA = false>
 struct Block {
   static_assert(kTile % (16 * M) == 0, "a warp's rows must lie inside one 64-row tile");
   static constexpr int kM = M, kMinBlocks = MinBlocks;
+  static constexpr bool kHoldA = HoldA;
   static constexpr int kThreads = 32 * W;
   static constexpr int kRows = 16 * W * M;  // rows (queries, or keys for dK/dV) a block owns
 };
@@ -167,17 +172,18 @@ __device__ __forceinline__ void LoadBPair(uint32_t (&b)[4], const bf16* t, int l
                                 (lane >> 4) * 8);
 }
 
-// s[n] (16 x 8 each, n < 8) = A B^T over D columns, A's rows at `a` and B's 64 rows at `b`
-// (row-major bf16 tiles with row stride ld): a 16 x 64 score tile.
-template <int D>
-__device__ __forceinline__ void ScoresABt(float (&s)[kN8][4], const bf16* a, const bf16* b,
-                                          int ld) {
+// s[n] (16 x 8 each, n < 8) = A B^T over D columns, B's 64 rows at `b` (a row-major bf16
+// tile with row stride ld) and A's 16 rows given by fragments: a(kk, fa) puts the A
+// fragment of columns [16 kk, 16 kk + 16) in fa. A 16 x 64 score tile.
+template <int D, typename FragmentsOfA>
+__device__ __forceinline__ void ScoresBt(float (&s)[kN8][4], FragmentsOfA&& a, const bf16* b,
+                                         int ld) {
 #pragma unroll
   for (int n = 0; n < kN8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     uint32_t fa[4];
-    LoadA(fa, a, ld, kk * 16);
+    a(kk, fa);
 #pragma unroll
     for (int n = 0; n < kN8; n += 2) {
       uint32_t fb[4];
@@ -187,6 +193,30 @@ __device__ __forceinline__ void ScoresABt(float (&s)[kN8][4], const bf16* a, con
     }
   }
 }
+
+// The A fragments of a warp's 16 rows at `rows` (row-major bf16, row stride ld): loaded
+// from shared memory for each product, or, when Held, once into registers (Load) and
+// taken from there. Called as ScoresBt's `a`.
+template <int D, bool Held>
+struct RowsA {
+  const bf16* rows;
+  int ld;
+  uint32_t held[Held ? D / 16 : 1][4];
+  __device__ __forceinline__ void Load() {
+    if constexpr (Held) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) LoadA(held[kk], rows, ld, kk * 16);
+    }
+  }
+  __device__ __forceinline__ void operator()(int kk, uint32_t (&fa)[4]) const {
+    if constexpr (Held) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) fa[i] = held[kk][i];
+    } else {
+      LoadA(fa, rows, ld, kk * 16);
+    }
+  }
+};
 
 // acc[i][n] (16 x 8 each, n < D/8) += P_i V for each of M m-tiles i, where P_i (16 x 64) is
 // given by score accumulators p[i] (rounded to bf16 here) and V is a row-major [64 x D]
@@ -356,6 +386,7 @@ template <int D, typename S, typename Y>
 __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     FlashForwardKernel(const bf16* __restrict__ qkv, Y* __restrict__ y, float* __restrict__ lse,
                        int T, int H, float scale_log2) {
+  static_assert(!S::kHoldA, "the forward always holds its Q fragments");
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kLd = Dims<D>::kLd, M = S::kM;
   bf16* sQ = reinterpret_cast<bf16*>(smem);
@@ -618,16 +649,21 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) FlashBackwardKVKer
     dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.0f;
     dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.0f;
   }
+  RowsA<D, S::kHoldA> k_rows{sK + warp * 16 * kLd, kLd}, v_rows{sV + warp * 16 * kLd, kLd};
   for (int qt = first; qt < tiles; ++qt) {
     const int q0 = qt * kTile;
     const int cur = (qt - first) & 1;
     const bf16* sQ = TakePair<D, S::kThreads>(sQG, cur, qt + 1 < tiles, base, ld3, gbase, C,
                                               q0 + kTile, T, stats);
     const bf16* sG = sQ + kTile * kLd;  // dO
+    if (qt == first) {  // K and V came with the first pair
+      k_rows.Load();
+      v_rows.Load();
+    }
     if (!SkipsTiles<S>() || (key0 < T && qt >= diag)) {
       float p[kN8][4], ds[kN8][4];
-      ScoresABt<D>(p, sK + warp * 16 * kLd, sQ, kLd);   // S^T
-      ScoresABt<D>(ds, sV + warp * 16 * kLd, sG, kLd);  // dP^T
+      ScoresBt<D>(p, k_rows, sQ, kLd);   // S^T
+      ScoresBt<D>(ds, v_rows, sG, kLd);  // dP^T
       if (qt == diag) {
         KeyScoreGrads<true>(p, ds, sStats + cur * 2 * kTile, q0, key0, sg);
       } else {
@@ -684,15 +720,20 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) FlashBackwardQKern
   float dq[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+  RowsA<D, S::kHoldA> q_rows{sQ + warp * 16 * kLd, kLd}, g_rows{sG + warp * 16 * kLd, kLd};
   for (int kt = 0; kt <= last; ++kt) {
     const int k0 = kt * kTile;
     const bf16* sK = TakePair<D, S::kThreads>(sKV, kt & 1, kt < last, base + C, ld3,
                                               base + 2 * C, ld3, k0 + kTile, T);
     const bf16* sV = sK + kTile * kLd;
+    if (kt == 0) {  // Q and dO came with the first pair
+      q_rows.Load();
+      g_rows.Load();
+    }
     if (!SkipsTiles<S>() || (row0 < T && kt <= diag)) {
       float ds[kN8][4], dp[kN8][4];
-      ScoresABt<D>(ds, sQ + warp * 16 * kLd, sK, kLd);  // S
-      ScoresABt<D>(dp, sG + warp * 16 * kLd, sV, kLd);  // dP
+      ScoresBt<D>(ds, q_rows, sK, kLd);  // S
+      ScoresBt<D>(dp, g_rows, sV, kLd);  // dP
       if (kt == diag) {
         QueryScoreGrads<true>(ds, dp, lq, dlt, k0, row0, sg);
       } else {
@@ -721,14 +762,17 @@ bool LaunchFits(int64_t B, int64_t T, int64_t H) {
 // products; too many registers at D = 128).
 constexpr BlockShape kForwardShapes64[] = {{4, 1, 0}, {4, 1, 4}, {8, 1, 2}, {4, 2, 0}};
 constexpr BlockShape kForwardShapes128[] = {{4, 1, 0}, {8, 1, 0}};
-// dK/dV at D = 64: the reference is capped at 168 (3 blocks, 24 bytes spilled); 2 blocks
-// with room for every value (244 registers); 128 keys of 8 warps sharing each Q, dO tile
-// (241). Capped for 4 blocks it spills over 200 bytes, so no such shape.
-constexpr BlockShape kKVShapes64[] = {{4, 1, 3}, {4, 1, 2}, {8, 1, 0}};
+// dK/dV at D = 64: the reference is capped at 168 (3 blocks, 16 bytes spilled); 2 blocks
+// with room for every value (233 registers); 128 keys of 8 warps sharing each Q, dO tile
+// (191); the last two holding their K and V fragments (241 and 240, no spills). Capped for
+// 4 blocks it spills over 200 bytes, and holding at 3 blocks over 100, so no such shapes.
+constexpr BlockShape kKVShapes64[] = {
+    {4, 1, 3}, {4, 1, 2}, {8, 1, 0}, {4, 1, 2, true}, {8, 1, 0, true}};
 constexpr BlockShape kKVShapes128[] = {{4, 1, 0}, {8, 1, 0}};
 // dQ at D = 64: the reference takes 127 (4 blocks an SM); 3 blocks with more registers
-// (166); 128 queries of 8 warps capped for 2 blocks (128).
-constexpr BlockShape kQShapes64[] = {{4, 1, 0}, {4, 1, 3}, {8, 1, 2}};
+// (166); 128 queries of 8 warps capped for 2 blocks (128); holding the Q and dO fragments
+// (166, 3 blocks; capped for 4 it spills).
+constexpr BlockShape kQShapes64[] = {{4, 1, 0}, {4, 1, 3}, {8, 1, 2}, {4, 1, 0, true}};
 constexpr BlockShape kQShapes128[] = {{4, 1, 0}, {8, 1, 0}};
 
 struct ShapeList {
@@ -760,7 +804,7 @@ cudaError_t WithShape(int shape, F&& f) {
   if constexpr (I < ShapeCount(K, D)) {
     if (shape == I) {
       constexpr BlockShape s = ShapeOf(K, D, I);
-      return f(Block<s.warps, s.m_tiles, s.min_blocks>{});
+      return f(Block<s.warps, s.m_tiles, s.min_blocks, s.hold_a>{});
     }
     return WithShape<K, D, I + 1>(shape, f);
   } else {
@@ -1041,6 +1085,7 @@ std::string FlashShapeName(FlashKernel kernel, int64_t head_dim, int shape) {
                      std::to_string(s.warps) + " warps";
   if (s.m_tiles > 1) name += ", " + std::to_string(s.m_tiles) + " m-tiles a warp";
   if (s.min_blocks > 1) name += ", registers for " + std::to_string(s.min_blocks) + " blocks an SM";
+  if (s.hold_a) name += ", fixed operands in registers";
   return name;
 }
 
