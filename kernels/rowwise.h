@@ -99,11 +99,13 @@ FSDP_HD inline float SoftmaxBackward(float p, float g, Acc dot, float scale) {
 
 // ---- Cross-entropy of one row of logits x[0..V) with target class `target`.
 
-// exp(x - max), the term the launcher sums (max = the row's largest logit); FastExp, within
-// 1.5e-7 (float) or 3e-16 (double) relative of exp.
+// exp(x - max), the term the launcher sums (max = the row's largest logit); RowExp: within
+// 1.5e-7 (float on the host) or 3e-16 (double) relative of exp, one MUFU on a CUDA device
+// (the loss is a log of a sum of thousands of these; the gradient is rounded to bf16 or
+// compared at 1e-5).
 template <typename Acc>
 FSDP_HD inline Acc CrossEntropyExp(float x, Acc max) {
-  return FastExp(static_cast<Acc>(x) - max);
+  return RowExp(static_cast<Acc>(x) - max);
 }
 
 // The row's loss -log softmax(x)[target] = log(sum exp(x - max)) + max - x[target].
@@ -115,7 +117,7 @@ FSDP_HD inline Acc CrossEntropyRowLoss(Acc sum_exp, Acc max, float x_target) {
 // d mean-loss / d x_j = (softmax(x)_j - [j == target]) * inv_n, inv_n = 1 / tokens.
 template <typename Acc>
 FSDP_HD inline float CrossEntropyGrad(float x, Acc max, Acc log_sum, bool is_target, Acc inv_n) {
-  const Acc p = FastExp(static_cast<Acc>(x) - max - log_sum);
+  const Acc p = RowExp(static_cast<Acc>(x) - max - log_sum);
   return static_cast<float>((p - (is_target ? Acc(1) : Acc(0))) * inv_n);
 }
 

@@ -116,15 +116,6 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// 2^x in one MUFU.EX2: ex2.approx.ftz, where exp2f adds a range check and two multiplies
-// to return results below 2^-126 unflushed. Such a probability is flushed to zero here: it
-// is below the last bit of any sum it could enter. 2^-inf = 0.
-__device__ __forceinline__ float Exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -490,7 +481,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
           mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
           // Key 0 is in every row's first tile, so the new max is finite from then on.
           const float m_new = fmaxf(m[i][r], mx[r] * scale_log2);
-          alpha[r] = Exp2(m[i][r] - m_new);
+          alpha[r] = Exp2Approx(m[i][r] - m_new);
           m[i][r] = m_new;
           l[i][r] *= alpha[r];
         }
@@ -498,7 +489,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
         for (int n = 0; n < kN8; ++n) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            s[i][n][e] = Exp2(fmaf(s[i][n][e], scale_log2, -m[i][e >> 1]));
+            s[i][n][e] = Exp2Approx(fmaf(s[i][n][e], scale_log2, -m[i][e >> 1]));
             l[i][e >> 1] += s[i][n][e];  // this thread's part of the row sum
           }
         }
@@ -575,7 +566,7 @@ __device__ __forceinline__ void KeyScoreGrads(float (&p)[kN8][4], float (&ds)[kN
       for (int r = 0; r < 2; ++r) {
         const int i = 2 * r + e;
         const bool live = !kDiagonal || tq >= key0 + g + 8 * r;
-        p[n][i] = live ? Exp2(fmaf(p[n][i], sg.scale_log2, -l)) : 0.0f;
+        p[n][i] = live ? Exp2Approx(fmaf(p[n][i], sg.scale_log2, -l)) : 0.0f;
         ds[n][i] = live ? p[n][i] * (ds[n][i] - d) : 0.0f;
       }
     }
@@ -597,7 +588,7 @@ __device__ __forceinline__ void QueryScoreGrads(float (&ds)[kN8][4], const float
     for (int i = 0; i < 4; ++i) {
       const int r = i >> 1;
       const bool live = !kDiagonal || k0 + n * 8 + 2 * c + (i & 1) <= row0 + g + 8 * r;
-      const float p = live ? Exp2(fmaf(ds[n][i], sg.scale_log2, -lq[r])) : 0.0f;
+      const float p = live ? Exp2Approx(fmaf(ds[n][i], sg.scale_log2, -lq[r])) : 0.0f;
       ds[n][i] = p * (dp[n][i] - dlt[r]);
     }
   }
