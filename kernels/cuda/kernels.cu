@@ -374,6 +374,7 @@ __global__ void LayerNormBackwardKernel(const float* g, const float* xhat, const
   float* own_g = own_gh + cols;
   if constexpr (Sums) {
     for (int64_t j = lane; j < 2 * cols; j += 32) own_gh[j] = 0.0f;
+    __syncwarp();  // the lanes then add into columns other lanes zeroed
   }
   const int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_block;
   const int64_t end = first + rows_per_block < rows ? first + rows_per_block : rows;

@@ -259,9 +259,14 @@ absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bo
   const cublasStatus_t queried = cublasLtMatmulAlgoGetHeuristic(
       ctx->handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heuristic, &found);
   auto* built = new CachedGemm;
-  // An unsupported combination (an epilogue or a type this cuBLASLt lacks) is "no
-  // algorithm", like an empty answer: the caller falls back.
-  if (queried == CUBLAS_STATUS_NOT_SUPPORTED || (queried == CUBLAS_STATUS_SUCCESS && found < 1)) {
+  // An unsupported combination (an epilogue or a type this cuBLASLt lacks; for an epilogue
+  // or a bf16 output also one it calls an invalid value, as cublasLtMatmul's refusal
+  // below) is "no algorithm", like an empty answer: the caller falls back.
+  const bool plain = ep.kind == 0 && !c.bf16;
+  if (queried == CUBLAS_STATUS_NOT_SUPPORTED ||
+      (!plain && queried == CUBLAS_STATUS_INVALID_VALUE) ||
+      (queried == CUBLAS_STATUS_SUCCESS &&
+       (found < 1 || heuristic.state != CUBLAS_STATUS_SUCCESS))) {
     return built;
   }
   if (queried != CUBLAS_STATUS_SUCCESS) {
