@@ -25,11 +25,12 @@
 // zeros to dV (1 x 0) and dK (0 x 0).
 //
 // Block shapes (NOTE [Flash block shapes] in flash_attention.h): `BlockShape` says how many
-// warps a block has, how many 16-row m-tiles each owns and the blocks an SM the registers
-// are capped for; the rows of a block are 16 x warps x m-tiles. A warp's rows lie inside one 64-row tile (16 x m-tiles divides 64), so all of
-// them need the same key tiles: the tiles up to the one holding the warp's rows, and that
-// diagonal tile is the only one with masked keys. Each row's arithmetic is the same in
-// every shape.
+// warps a block has, how many 16-row m-tiles each owns, the blocks an SM the registers are
+// capped for and (backward) whether a warp holds its rows' operands in registers; the rows
+// of a block are 16 x warps x m-tiles. A warp's rows lie inside one 64-row tile (16 x
+// m-tiles divides 64), so all of them need the same key tiles: the tiles up to the one
+// holding the warp's rows, and that diagonal tile is the only one with masked keys. Each
+// row's arithmetic is the same in every shape.
 //
 // m16n8k16 fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with g = lane / 4 and
 // c = lane % 4: A (16 x 16, row-major) a0 = (g, 2c..2c+1), a1 = (g+8, 2c..), a2 = (g,

@@ -147,15 +147,17 @@ __global__ void IotaKernel(int32_t* position, int n) {
 // run: the sort is stable): gw[id, :] += g[p, :] for the run's positions p in order.
 __global__ void EmbeddingRunsKernel(const int32_t* sorted, const int32_t* position, int n,
                                     const float* g, int64_t num, int64_t dim, float* gw) {
-  for (int s = blockIdx.x; s < n; s += gridDim.x) {
+  for (int64_t s = blockIdx.x; s < n; s += gridDim.x) {  // 64-bit: s + gridDim.x may pass 2^31
     const int32_t id = sorted[s];
     if ((s > 0 && sorted[s - 1] == id) || !k::EmbeddingIdValid(id, num)) continue;
-    int end = s + 1;
+    int64_t end = s + 1;
     while (end < n && sorted[end] == id) ++end;
     float* row = gw + static_cast<int64_t>(id) * dim;
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
       float acc = row[j];
-      for (int p = s; p < end; ++p) acc = k::Add(acc, g[static_cast<int64_t>(position[p]) * dim + j]);
+      for (int64_t p = s; p < end; ++p) {
+        acc = k::Add(acc, g[static_cast<int64_t>(position[p]) * dim + j]);
+      }
       row[j] = acc;
     }
   }
@@ -293,11 +295,74 @@ __device__ __forceinline__ void StoreRounded(float* p, const float (&v)[N]) {
   f.Store(p);
 }
 
+// The groups of N columns lane `lane` owns in a row of `cols` (N * (lane + 32 i)): calls
+// body(i, j) for each, j its first column. With Cached > 0 (cols <= 32 N Cached) the loop is
+// unrolled with i < Cached, so a kernel can keep group i in registers (RowCache); else i is
+// 0. The same groups in the same order either way.
+template <int N, int Cached, typename Body>
+__device__ __forceinline__ void ForEachGroup(int lane, int64_t cols, Body&& body) {
+  if constexpr (Cached > 0) {
+#pragma unroll
+    for (int i = 0; i < Cached; ++i) {
+      const int64_t j = N * (lane + 32 * static_cast<int64_t>(i));
+      if (j < cols) body(i, j);
+    }
+  } else {
+    for (int64_t j = N * lane; j < cols; j += 32 * N) body(0, j);
+  }
+}
+
+// A row's groups of one lane (ForEachGroup) kept in registers after the first pass reads
+// them, when Cached > 0: Take(i, load) returns group i, reading it with load() only on the
+// first pass or when nothing is cached. The values, and so every sum, are the same.
+template <typename F, int Cached>
+struct RowCache {
+  F v[Cached > 0 ? Cached : 1];
+  template <typename Load>
+  __device__ __forceinline__ F Take(int i, bool first_pass, Load&& load) {
+    if constexpr (Cached > 0) {
+      if (first_pass) v[i] = load();
+      return v[i];
+    } else {
+      return load();
+    }
+  }
+};
+
+// w[j .. j + N) (fp32 or bf16 weights) as a local array the row bodies index from 0: one 8-
+// or 16-byte load where N == 4 and w + j is so aligned (a parameter's place in a flat
+// buffer decides), else N scalar loads; the same values either way.
+template <int N, typename W>
+struct Weights {
+  W v[N];
+};
+template <int N, typename W>
+__device__ __forceinline__ Weights<N, W> LoadWeights(const W* w, int64_t j) {
+  Weights<N, W> r;
+  if constexpr (N == 4) {
+    if (reinterpret_cast<uintptr_t>(w + j) % sizeof(r.v) == 0) {
+      using Vec = std::conditional_t<sizeof(W) == 2, uint2, float4>;
+      const Vec q = *reinterpret_cast<const Vec*>(w + j);
+      memcpy(r.v, &q, sizeof(r.v));
+      return r;
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < N; ++e) r.v[e] = w[j + e];
+  return r;
+}
+
+// The groups a lane may keep in registers (LayerNorm kernels' Cached) for rows of `cols`:
+// 8 four-wide groups (rows of up to 1024 columns, 32 registers a cached tensor), else none.
+constexpr int kCachedGroups = 8;
+inline bool RowFitsCache(int64_t cols, int n) { return n == 4 && cols <= 32 * 4 * kCachedGroups; }
+
 // LayerNorm of the rows of x, or of x + x2 when x2 is not null (residual + LayerNorm, the
 // sum written to `sum`, which may be x or x2: each lane reads and writes its own elements).
 // One warp per row; lane l takes the groups of N columns starting at N * (l + 32 i), N and
-// Wide as in LayerNormBackwardKernel (Wide: every row, y's included, 16-byte aligned).
-template <int N, bool Wide, typename W, typename Y>
+// Wide as in LayerNormBackwardKernel (Wide: every row, y's included, 16-byte aligned); with
+// Cached (ForEachGroup) the row is read once and its three passes run from registers.
+template <int N, bool Wide, int Cached, typename W, typename Y>
 __global__ void LayerNormForwardKernel(const float* x, const float* x2, float* sum_out,
                                        const W* w, const W* b, float eps, Y* y, float* xhat,
                                        float* rstd, int64_t rows, int64_t cols) {
@@ -316,37 +381,41 @@ __global__ void LayerNormForwardKernel(const float* x, const float* x2, float* s
     }
     return v;
   };
+  RowCache<F, Cached> row_x;
   float sum = 0.0f;
-  for (int64_t j = N * lane; j < cols; j += 32 * N) {
-    const F v = in(j);
+  ForEachGroup<N, Cached>(lane, cols, [&](int i, int64_t j) {
+    const F v = row_x.Take(i, true, [&] { return in(j); });
 #pragma unroll
     for (int e = 0; e < N; ++e) sum += v.v[e];
-  }
+  });
   const float mean = WarpSum(sum) / static_cast<float>(cols);
   float sq = 0.0f;
-  for (int64_t j = N * lane; j < cols; j += 32 * N) {
-    const F v = in(j);
+  ForEachGroup<N, Cached>(lane, cols, [&](int i, int64_t j) {
+    const F v = row_x.Take(i, false, [&] { return in(j); });
 #pragma unroll
     for (int e = 0; e < N; ++e) {
       const float d = v.v[e] - mean;
       sq += d * d;
     }
-  }
+  });
   const float var = WarpSum(sq) / static_cast<float>(cols);
   const float r = k::LayerNormRstd(var, eps);
   Y* yr = y + row * cols;
   float* hr = xhat + row * cols;
   float* sr = sum_out != nullptr ? sum_out + row * cols : nullptr;
-  for (int64_t j = N * lane; j < cols; j += 32 * N) {
-    const F v = in(j);
+  ForEachGroup<N, Cached>(lane, cols, [&](int i, int64_t j) {
+    const F v = row_x.Take(i, false, [&] { return in(j); });
     if (sr != nullptr) v.Store(sr + j);
     F h;
     float out[N];
+    const Weights<N, W> wj = LoadWeights<N>(w, j), bj = LoadWeights<N>(b, j);
 #pragma unroll
-    for (int e = 0; e < N; ++e) out[e] = k::LayerNormApply(v.v[e], mean, r, w, b, j + e, &h.v[e]);
+    for (int e = 0; e < N; ++e) {
+      out[e] = k::LayerNormApply(v.v[e], mean, r, wj.v, bj.v, e, &h.v[e]);
+    }
     h.Store(hr + j);
     StoreRounded<N, Wide>(yr + j, out);
-  }
+  });
   if (lane == 0) rstd[row] = r;
 }
 
@@ -362,7 +431,9 @@ __global__ void LayerNormForwardKernel(const float* x, const float* x2, float* s
 // Lane l owns the groups of N columns starting at N * (l + 32 i); N is 4 when cols % 4 == 0
 // (a function of the shape, so the order of every sum is too) and Wide says the rows are
 // 16-byte aligned, so each group moves in one access (else N scalar ones, the same sums).
-template <int N, bool Wide, bool Sums, typename W>
+// With Cached (ForEachGroup) a row's g and xhat are read once, the second pass taking them
+// from registers.
+template <int N, bool Wide, bool Sums, int Cached, typename W>
 __global__ void LayerNormBackwardKernel(const float* g, const float* xhat, const float* rstd,
                                         const W* w, const float* residual, float* gx, float* gw,
                                         float* gb, float* partial, int64_t rows, int64_t cols,
@@ -381,28 +452,33 @@ __global__ void LayerNormBackwardKernel(const float* g, const float* xhat, const
   for (int64_t row = first + warp; row < end; row += warps) {
     const float* gr = g + row * cols;
     const float* hr = xhat + row * cols;
+    RowCache<F, Cached> row_g, row_h;
     float sum_gh = 0.0f, sum_gh_h = 0.0f;
-    for (int64_t j = N * lane; j < cols; j += 32 * N) {
-      const F gv = F::Load(gr + j), hv = F::Load(hr + j);
+    ForEachGroup<N, Cached>(lane, cols, [&](int i, int64_t j) {
+      const F gv = row_g.Take(i, true, [&] { return F::Load(gr + j); });
+      const F hv = row_h.Take(i, true, [&] { return F::Load(hr + j); });
+      const Weights<N, W> wj = LoadWeights<N>(w, j);
 #pragma unroll
       for (int e = 0; e < N; ++e) {
-        const float gh = k::LayerNormGradHat<float>(gv.v[e], w, j + e);
+        const float gh = k::LayerNormGradHat<float>(gv.v[e], wj.v, e);
         sum_gh += gh;
         sum_gh_h += gh * hv.v[e];
       }
-    }
+    });
     const float mean_gh = WarpSum(sum_gh) / static_cast<float>(cols);
     const float mean_gh_h = WarpSum(sum_gh_h) / static_cast<float>(cols);
     const float r = rstd[row];
     float* out = gx + row * cols;
     const float* res = residual != nullptr ? residual + row * cols : nullptr;
-    for (int64_t j = N * lane; j < cols; j += 32 * N) {
-      const F gv = F::Load(gr + j), hv = F::Load(hr + j);
+    ForEachGroup<N, Cached>(lane, cols, [&](int i, int64_t j) {
+      const F gv = row_g.Take(i, false, [&] { return F::Load(gr + j); });
+      const F hv = row_h.Take(i, false, [&] { return F::Load(hr + j); });
       F o = res != nullptr ? F::Load(res + j) : F();
+      const Weights<N, W> wj = LoadWeights<N>(w, j);
 #pragma unroll
       for (int e = 0; e < N; ++e) {
         const float v =
-            k::LayerNormBackwardInput<float>(gv.v[e], w, j + e, hv.v[e], r, mean_gh, mean_gh_h);
+            k::LayerNormBackwardInput<float>(gv.v[e], wj.v, e, hv.v[e], r, mean_gh, mean_gh_h);
         o.v[e] = res != nullptr ? k::Add(o.v[e], v) : v;
       }
       o.Store(out + j);
@@ -416,7 +492,7 @@ __global__ void LayerNormBackwardKernel(const float* g, const float* xhat, const
         sgh.Store(own_gh + j);
         sg.Store(own_g + j);
       }
-    }
+    });
   }
   if constexpr (!Sums) return;
   __syncthreads();
@@ -778,12 +854,20 @@ cudaError_t LayerNormForwardLaunch(const float* x, const float* x2, float* sum, 
     constexpr int kN = decltype(n)::value;
     constexpr bool kWide = decltype(wide)::value;
     const auto* bp = static_cast<decltype(wp)>(b);
-    if (y_bf16) {
-      LayerNormForwardKernel<kN, kWide><<<GridForRows(rows), kThreads>>>(
-          x, x2, sum, wp, bp, eps, static_cast<uint16_t*>(y), xhat, rstd, rows, cols);
+    const auto run = [&](auto cached) {
+      constexpr int kCached = decltype(cached)::value;
+      if (y_bf16) {
+        LayerNormForwardKernel<kN, kWide, kCached><<<GridForRows(rows), kThreads>>>(
+            x, x2, sum, wp, bp, eps, static_cast<uint16_t*>(y), xhat, rstd, rows, cols);
+      } else {
+        LayerNormForwardKernel<kN, kWide, kCached><<<GridForRows(rows), kThreads>>>(
+            x, x2, sum, wp, bp, eps, static_cast<float*>(y), xhat, rstd, rows, cols);
+      }
+    };
+    if (RowFitsCache(cols, kN)) {
+      run(std::integral_constant<int, kN == 4 ? kCachedGroups : 0>());
     } else {
-      LayerNormForwardKernel<kN, kWide><<<GridForRows(rows), kThreads>>>(
-          x, x2, sum, wp, bp, eps, static_cast<float*>(y), xhat, rstd, rows, cols);
+      run(std::integral_constant<int, 0>());
     }
   };
   // bf16 rows of cols % 4 == 0 are 16-byte aligned where their start is 16-byte aligned
@@ -810,14 +894,22 @@ cudaError_t LayerNormBackwardLaunch(unsigned int grid, int warps, size_t shared,
   ByColumnGroups(cols, true, {g, xhat, residual, gx}, [&](auto n, auto wide) {
     constexpr int kN = decltype(n)::value;
     constexpr bool kWide = decltype(wide)::value;
-    if (bf16) {
-      LayerNormBackwardKernel<kN, kWide, Sums><<<grid, warps * 32, shared>>>(
-          g, xhat, rstd, static_cast<const uint16_t*>(w), residual, gx, gw, gb, partial, rows,
-          cols, rows_per_block);
+    const auto run = [&](auto cached) {
+      constexpr int kCached = decltype(cached)::value;
+      if (bf16) {
+        LayerNormBackwardKernel<kN, kWide, Sums, kCached><<<grid, warps * 32, shared>>>(
+            g, xhat, rstd, static_cast<const uint16_t*>(w), residual, gx, gw, gb, partial,
+            rows, cols, rows_per_block);
+      } else {
+        LayerNormBackwardKernel<kN, kWide, Sums, kCached><<<grid, warps * 32, shared>>>(
+            g, xhat, rstd, static_cast<const float*>(w), residual, gx, gw, gb, partial, rows,
+            cols, rows_per_block);
+      }
+    };
+    if (RowFitsCache(cols, kN)) {
+      run(std::integral_constant<int, kN == 4 ? kCachedGroups : 0>());
     } else {
-      LayerNormBackwardKernel<kN, kWide, Sums><<<grid, warps * 32, shared>>>(
-          g, xhat, rstd, static_cast<const float*>(w), residual, gx, gw, gb, partial, rows,
-          cols, rows_per_block);
+      run(std::integral_constant<int, 0>());
     }
   });
   return cudaGetLastError();
