@@ -627,7 +627,7 @@ TEST(CudaLayersTest, FusedAttentionBlockShapesWriteTheSameBits) {
 }
 
 // The fused ops refuse what they cannot run, naming the tensor: fp32 q, k and v, a head
-// width without a kernel, a mis-shaped output.
+// width without a kernel, a mis-shaped output, an output not aligned for the kernel's stores.
 TEST(CudaLayersTest, FusedAttentionRejectsUnsupportedInputsNamingThem) {
   SKIP_WITHOUT_GPU();
   const auto dev = [](const core::Shape& shape, core::DType dtype) {
@@ -647,6 +647,13 @@ TEST(CudaLayersTest, FusedAttentionRejectsUnsupportedInputsNamingThem) {
                             dev({1, 8, 64}, core::DType::kFloat32), lse);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("attention output"), std::string::npos) << s;
+  // An output view one element into its storage: the kernel's two-element stores would fault.
+  const core::Tensor shifted =
+      dev({1 + 8 * 128}, core::DType::kFloat32).View(1, {1, 8, 128}).value();
+  s = FusedAttentionForward("attn", dev({1, 8, 384}, core::DType::kBFloat16), 2, 0.125f,
+                            shifted, lse);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("attention output 8-byte aligned"), std::string::npos) << s;
 }
 
 // The column sums split rows across blocks (kernels::ColumnSumChunks) and add the chunks

@@ -505,6 +505,15 @@ bool FusedAttentionSupported(const core::Device& device, int64_t head_dim) {
 
 namespace {
 
+// The fused kernels' accesses: 16-byte copies of q, k, v and dL/dy, two-element stores of
+// y and dL/dqkv. A view that starts elsewhere is refused, naming it.
+absl::Status CheckFusedAligned(absl::string_view what, const char* name, const Tensor& t,
+                               int64_t bytes) {
+  if (reinterpret_cast<uintptr_t>(t.raw_data()) % bytes == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, ": fused attention needs ", name, " ",
+                                                 bytes, "-byte aligned, got ", t.ToString()));
+}
+
 // The shapes FusedAttentionForward/Backward share: qkv [B, T, 3C] bf16 with C = n_head * hd
 // and hd supported, on a CUDA device; returns hd.
 absl::StatusOr<int64_t> CheckFusedAttention(absl::string_view what, const Tensor& qkv,
@@ -521,11 +530,7 @@ absl::StatusOr<int64_t> CheckFusedAttention(absl::string_view what, const Tensor
         what, ": fused attention runs with head width 64 or 128 (on CUDA with --config=cuda); ",
         "q, k and v ", qkv.ToString(), " have head width ", hd));
   }
-  if (reinterpret_cast<uintptr_t>(qkv.raw_data()) % 16 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": fused attention needs q, k and v 16-byte aligned, got ",
-                     qkv.ToString()));
-  }
+  RETURN_IF_ERROR(CheckFusedAligned(what, "q, k and v", qkv, 16));
   return hd;
 }
 
@@ -554,6 +559,7 @@ absl::Status FusedAttentionForward(absl::string_view what, const Tensor& qkv, in
   const int64_t B = qkv.size(0), T = qkv.size(1), C = n_head * hd;
   RETURN_IF_ERROR(CheckShape(what, "attention output", y, FloatOrBf16(y), {B, T, C}, qkv));
   RETURN_IF_ERROR(CheckShape(what, "softmax statistics", lse, DType::kFloat32, {B, n_head, T}, qkv));
+  RETURN_IF_ERROR(CheckFusedAligned(what, "attention output", y, 2 * core::DTypeSize(y.dtype())));
   ProfiledOp op(OpCategory::kAttention, "fused_attention.forward", qkv.device(),
                 internal::FusedAttentionForwardCost(B, T, n_head, hd, core::DTypeSize(y.dtype())));
   if (qkv.device().is_cuda()) {
@@ -578,11 +584,9 @@ absl::Status FusedAttentionBackward(absl::string_view what, const Tensor& qkv, c
   RETURN_IF_ERROR(CheckShape(what, "row scratch", delta, DType::kFloat32, {B, n_head, T}, qkv));
   RETURN_IF_ERROR(
       CheckShape(what, "q, k and v gradient", gqkv, FloatOrBf16(gqkv), qkv.shape(), qkv));
-  if (reinterpret_cast<uintptr_t>(gy.raw_data()) % 16 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": fused attention needs its gradient 16-byte aligned, got ",
-                     gy.ToString()));
-  }
+  RETURN_IF_ERROR(CheckFusedAligned(what, "its gradient", gy, 16));
+  RETURN_IF_ERROR(
+      CheckFusedAligned(what, "q, k and v gradient", gqkv, 2 * core::DTypeSize(gqkv.dtype())));
   ProfiledOp op(OpCategory::kAttention, "fused_attention.backward", qkv.device(),
                 internal::FusedAttentionBackwardCost(B, T, n_head, hd, core::DTypeSize(y.dtype()),
                                                      core::DTypeSize(gqkv.dtype())));
