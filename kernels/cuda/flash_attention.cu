@@ -26,11 +26,12 @@
 //
 // Block shapes (NOTE [Flash block shapes] in flash_attention.h): `BlockShape` says how many
 // warps a block has, how many 16-row m-tiles each owns, the blocks an SM the registers are
-// capped for and (backward) whether a warp holds its rows' operands in registers; the rows
-// of a block are 16 x warps x m-tiles. A warp's rows lie inside one 64-row tile (16 x
-// m-tiles divides 64), so all of them need the same key tiles: the tiles up to the one
-// holding the warp's rows, and that diagonal tile is the only one with masked keys. Each
-// row's arithmetic is the same in every shape.
+// capped for, (backward) whether a warp holds its rows' operands in registers and (dK/dV)
+// whether it takes a streamed tile in two halves; the rows of a block are 16 x warps x
+// m-tiles. A warp's rows lie inside one 64-row tile (16 x m-tiles divides 64), so all of
+// them need the same key tiles: the tiles up to the one holding the warp's rows, and that
+// diagonal tile is the only one with masked keys. Each row's arithmetic is the same in
+// every shape.
 //
 // m16n8k16 fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with g = lane / 4 and
 // c = lane % 4: A (16 x 16, row-major) a0 = (g, 2c..2c+1), a1 = (g+8, 2c..), a2 = (g,
@@ -72,13 +73,16 @@ struct BlockShape {
   // K and V; dQ: Q and dO) in registers for the whole pass instead of loading them from
   // shared memory for every streamed tile (32 more registers at D = 64).
   bool hold_a = false;
+  // dK/dV: each streamed tile is taken as two halves of 32 queries, so a warp's score
+  // accumulators are 16 x 32 (32 registers fewer); the sums run in the same order.
+  bool halves = false;
 };
 
-template <int W, int M, int MinBlocks, bool HoldA = false>
+template <int W, int M, int MinBlocks, bool HoldA = false, bool Halves = false>
 struct Block {
   static_assert(kTile % (16 * M) == 0, "a warp's rows must lie inside one 64-row tile");
   static constexpr int kM = M, kMinBlocks = MinBlocks;
-  static constexpr bool kHoldA = HoldA;
+  static constexpr bool kHoldA = HoldA, kHalves = Halves;
   static constexpr int kThreads = 32 * W;
   static constexpr int kRows = 16 * W * M;  // rows (queries, or keys for dK/dV) a block owns
 };
@@ -164,20 +168,20 @@ __device__ __forceinline__ void LoadBPair(uint32_t (&b)[4], const bf16* t, int l
                                 (lane >> 4) * 8);
 }
 
-// s[n] (16 x 8 each, n < 8) = A B^T over D columns, B's 64 rows at `b` (a row-major bf16
+// s[n] (16 x 8 each, n < N) = A B^T over D columns, B's 8 N rows at `b` (a row-major bf16
 // tile with row stride ld) and A's 16 rows given by fragments: a(kk, fa) puts the A
-// fragment of columns [16 kk, 16 kk + 16) in fa. A 16 x 64 score tile.
-template <int D, typename FragmentsOfA>
-__device__ __forceinline__ void ScoresBt(float (&s)[kN8][4], FragmentsOfA&& a, const bf16* b,
+// fragment of columns [16 kk, 16 kk + 16) in fa. A 16 x 64 score tile (N = 8), or 16 x 32.
+template <int D, int N = kN8, typename FragmentsOfA>
+__device__ __forceinline__ void ScoresBt(float (&s)[N][4], FragmentsOfA&& a, const bf16* b,
                                          int ld) {
 #pragma unroll
-  for (int n = 0; n < kN8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+  for (int n = 0; n < N; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     uint32_t fa[4];
     a(kk, fa);
 #pragma unroll
-    for (int n = 0; n < kN8; n += 2) {
+    for (int n = 0; n < N; n += 2) {
       uint32_t fb[4];
       LoadBtPair(fb, b, ld, n, kk * 16);
       Mma(s[n], fa, fb[0], fb[1]);
@@ -210,14 +214,16 @@ struct RowsA {
   }
 };
 
-// acc[i][n] (16 x 8 each, n < D/8) += P_i V for each of M m-tiles i, where P_i (16 x 64) is
-// given by score accumulators p[i] (rounded to bf16 here) and V is a row-major [64 x D]
-// bf16 tile with row stride ld; each fragment of V serves all M products.
-template <int D, int M>
-__device__ __forceinline__ void AccumulatePV(float (*acc)[D / 8][4], const float (*p)[kN8][4],
+// acc[i][n] (16 x 8 each, n < D/8) += P_i V for each of M m-tiles i, where P_i (16 x 8 N)
+// is given by score accumulators p[i] (rounded to bf16 here) and V is a row-major [8 N x D]
+// bf16 tile with row stride ld; each fragment of V serves all M products. The k-steps run
+// over V's rows in order, so a 64-row product taken as two 32-row ones (N = 4, the second
+// with p and V from row 32) adds the same terms in the same order.
+template <int D, int M, int N = kN8>
+__device__ __forceinline__ void AccumulatePV(float (*acc)[D / 8][4], const float (*p)[N][4],
                                              const bf16* v, int ld) {
 #pragma unroll
-  for (int kk = 0; kk < kTile / 16; ++kk) {
+  for (int kk = 0; kk < N / 2; ++kk) {
     uint32_t fa[M][4];
 #pragma unroll
     for (int i = 0; i < M; ++i) {
@@ -379,6 +385,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     FlashForwardKernel(const bf16* __restrict__ qkv, Y* __restrict__ y, float* __restrict__ lse,
                        int T, int H, float scale_log2) {
   static_assert(!S::kHoldA, "the forward always holds its Q fragments");
+  static_assert(!S::kHalves, "the forward's online softmax takes whole tiles");
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kLd = Dims<D>::kLd, M = S::kM;
   bf16* sQ = reinterpret_cast<bf16*>(smem);
@@ -545,17 +552,18 @@ struct ScoreGrad {
   float scale, scale_log2;
 };
 
-// The dK/dV kernel's score gradients of one warp's 16 keys (key0..) x 64 queries (q0..): on
-// entry p = S^T and ds = dP^T, on exit p = P^T and ds = dS^T, zero at queries before a key
-// when kDiagonal (the warp's diagonal tile; see "Masks" above for rows past T). `stats`:
-// the 64 queries' lse, then their delta, in shared memory (0 for a query past T).
-template <bool kDiagonal>
-__device__ __forceinline__ void KeyScoreGrads(float (&p)[kN8][4], float (&ds)[kN8][4],
+// The dK/dV kernel's score gradients of one warp's 16 keys (key0..) x 8 N queries (q0..):
+// on entry p = S^T and ds = dP^T, on exit p = P^T and ds = dS^T, zero at queries before a
+// key when kDiagonal (the warp's diagonal tile; see "Masks" above for rows past T).
+// `stats`: the queries' lse, and kTile floats further their delta, in shared memory (0 for
+// a query past T).
+template <bool kDiagonal, int N = kN8>
+__device__ __forceinline__ void KeyScoreGrads(float (&p)[N][4], float (&ds)[N][4],
                                               const float* stats, int q0, int key0,
                                               ScoreGrad sg) {
   const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
 #pragma unroll
-  for (int n = 0; n < kN8; ++n) {
+  for (int n = 0; n < N; ++n) {
     // Columns 2c and 2c + 1: two queries, their statistics read once for both key rows.
     const float2 lse_q = *reinterpret_cast<const float2*>(stats + n * 8 + 2 * c);
     const float2 delta_q = *reinterpret_cast<const float2*>(stats + kTile + n * 8 + 2 * c);
@@ -653,16 +661,26 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) FlashBackwardKVKer
       v_rows.Load();
     }
     if (!SkipsTiles<S>() || (key0 < T && qt >= diag)) {
-      float p[kN8][4], ds[kN8][4];
-      ScoresBt<D>(p, k_rows, sQ, kLd);   // S^T
-      ScoresBt<D>(ds, v_rows, sG, kLd);  // dP^T
-      if (qt == diag) {
-        KeyScoreGrads<true>(p, ds, sStats + cur * 2 * kTile, q0, key0, sg);
-      } else {
-        KeyScoreGrads<false>(p, ds, sStats + cur * 2 * kTile, q0, key0, sg);
+      // The tile's queries in one part of 64, or two of 32 (Halves): dV and dK take the
+      // parts' products in query order, the same sums as one part.
+      constexpr int kParts = S::kHalves ? 2 : 1, kN = kN8 / kParts, kCols = 8 * kN;
+#pragma unroll
+      for (int part = 0; part < kParts; ++part) {
+        const int c0 = part * kCols;
+        const bf16* q_part = sQ + c0 * kLd;
+        const bf16* g_part = sG + c0 * kLd;
+        const float* stats = sStats + cur * 2 * kTile + c0;
+        float p[kN][4], ds[kN][4];
+        ScoresBt<D, kN>(p, k_rows, q_part, kLd);   // S^T
+        ScoresBt<D, kN>(ds, v_rows, g_part, kLd);  // dP^T
+        if (qt == diag) {
+          KeyScoreGrads<true, kN>(p, ds, stats, q0 + c0, key0, sg);
+        } else {
+          KeyScoreGrads<false, kN>(p, ds, stats, q0 + c0, key0, sg);
+        }
+        AccumulatePV<D, 1, kN>(&dv, &p, g_part, kLd);   // dV += P^T dO
+        AccumulatePV<D, 1, kN>(&dk, &ds, q_part, kLd);  // dK += dS^T Q
       }
-      AccumulatePV<D, 1>(&dv, &p, sG, kLd);   // dV += P^T dO
-      AccumulatePV<D, 1>(&dk, &ds, sQ, kLd);  // dK += dS^T Q
     }
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
@@ -679,6 +697,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) FlashBackwardQKern
     const bf16* __restrict__ qkv, const bf16* __restrict__ gy, const float* __restrict__ lse,
     const float* __restrict__ delta, G* __restrict__ gqkv, int T, int H, ScoreGrad sg) {
   static_assert(S::kM == 1, "the dQ kernel gives each warp one m-tile");
+  static_assert(!S::kHalves, "only the dK/dV kernel takes tiles in halves");
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kLd = Dims<D>::kLd;
   bf16* sQ = reinterpret_cast<bf16*>(smem);
@@ -756,11 +775,15 @@ constexpr BlockShape kForwardShapes64[] = {{4, 1, 0}, {4, 1, 4}, {8, 1, 2}, {4, 
 constexpr BlockShape kForwardShapes128[] = {{4, 1, 0}, {8, 1, 0}};
 // dK/dV at D = 64: the reference is capped at 168 (3 blocks, 16 bytes spilled); 2 blocks
 // with room for every value (233 registers); 128 keys of 8 warps sharing each Q, dO tile
-// (191); the last two holding their K and V fragments (241 and 240, no spills). Capped for
-// 4 blocks it spills over 200 bytes, and holding at 3 blocks over 100, so no such shapes.
-constexpr BlockShape kKVShapes64[] = {
-    {4, 1, 3}, {4, 1, 2}, {8, 1, 0}, {4, 1, 2, true}, {8, 1, 0, true}};
-constexpr BlockShape kKVShapes128[] = {{4, 1, 0}, {8, 1, 0}};
+// (191); the last two holding their K and V fragments (241 and 240, no spills); tiles in
+// halves at 3 blocks (168, no spills), holding as well (168, 8 bytes), and 8 warps at 2
+// blocks (128, 24 bytes). Whole tiles capped for 4 blocks spill over 200 bytes, in halves
+// 56; holding whole tiles at 3 blocks over 100.
+constexpr BlockShape kKVShapes64[] = {{4, 1, 3}, {4, 1, 2}, {8, 1, 0}, {4, 1, 2, true},
+                                      {8, 1, 0, true}, {4, 1, 3, false, true},
+                                      {4, 1, 3, true, true}, {8, 1, 2, false, true}};
+// dK/dV at D = 128: whole tiles take 255 registers (2 blocks an SM), in halves 246.
+constexpr BlockShape kKVShapes128[] = {{4, 1, 0}, {8, 1, 0}, {4, 1, 0, false, true}};
 // dQ at D = 64: the reference takes 127 (4 blocks an SM); 3 blocks with more registers
 // (166); 128 queries of 8 warps capped for 2 blocks (128); holding the Q and dO fragments
 // (166, 3 blocks; capped for 4 it spills).
@@ -796,7 +819,7 @@ cudaError_t WithShape(int shape, F&& f) {
   if constexpr (I < ShapeCount(K, D)) {
     if (shape == I) {
       constexpr BlockShape s = ShapeOf(K, D, I);
-      return f(Block<s.warps, s.m_tiles, s.min_blocks, s.hold_a>{});
+      return f(Block<s.warps, s.m_tiles, s.min_blocks, s.hold_a, s.halves>{});
     }
     return WithShape<K, D, I + 1>(shape, f);
   } else {
@@ -1078,6 +1101,7 @@ std::string FlashShapeName(FlashKernel kernel, int64_t head_dim, int shape) {
   if (s.m_tiles > 1) name += ", " + std::to_string(s.m_tiles) + " m-tiles a warp";
   if (s.min_blocks > 1) name += ", registers for " + std::to_string(s.min_blocks) + " blocks an SM";
   if (s.hold_a) name += ", fixed operands in registers";
+  if (s.halves) name += ", tiles in halves";
   return name;
 }
 

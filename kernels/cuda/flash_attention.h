@@ -25,8 +25,9 @@
 //
 // NOTE [Flash block shapes]: each of the three kernels (forward, dK/dV, dQ) comes in a few
 // block shapes: how many rows (queries, or keys for dK/dV) a block owns, how many warps
-// share them, the registers a thread may take and (backward) whether a warp holds its own
-// rows' operands in registers for the whole pass. Every row is computed the same way in
+// share them, the registers a thread may take, (backward) whether a warp holds its own
+// rows' operands in registers for the whole pass and (dK/dV) whether it takes each streamed
+// tile as two halves of 32 queries. Every row is computed the same way in
 // every shape (its keys, or queries, in the same 64-row tiles, in the same order, with the
 // same arithmetic), so a shape changes the speed and never the bits. Shape 0 is the
 // reference: 64 rows, 4 warps. The first call for a problem size (B, T, H, head width,
