@@ -501,7 +501,11 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
             l[i][e >> 1] += s[i][n][e];  // this thread's part of the row sum
           }
         }
-        ScaleRows<D>(o[i], alpha[0], alpha[1]);
+        // The outputs' rescale by alpha, unless no row of the warp changed its max (alpha
+        // 1 everywhere: multiplying by it would change nothing).
+        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+          ScaleRows<D>(o[i], alpha[0], alpha[1]);
+        }
       }
       AccumulatePV<D, M>(o, s, sV, kLd);
     }
@@ -767,11 +771,11 @@ bool LaunchFits(int64_t B, int64_t T, int64_t H) {
 // is the reference, 64 rows of 4 warps with the registers ptxas picks. Register counts at
 // sm_90 are where ptxas -v put them; occupancy goes by 8 registers a thread: 15 warps an SM
 // at 129-136, 16 at 128.
-// Forward at D = 64: the reference takes 131 (3 blocks an SM); capped at 128 (4 blocks);
-// 128 queries of 8 warps sharing each K, V tile, capped for 2 blocks; two m-tiles a warp
-// (64 scores and 64 outputs a thread, 238 registers: each K and V fragment serves two
-// products; too many registers at D = 128).
-constexpr BlockShape kForwardShapes64[] = {{4, 1, 0}, {4, 1, 4}, {8, 1, 2}, {4, 2, 0}};
+// Forward at D = 64: the reference takes 128 (4 blocks an SM; ptxas spills 16 bytes);
+// capped for 3 blocks, room for every value; 128 queries of 8 warps sharing each K, V tile,
+// capped for 2 blocks; two m-tiles a warp (64 scores and 64 outputs a thread, 230
+// registers: each K and V fragment serves two products; too many registers at D = 128).
+constexpr BlockShape kForwardShapes64[] = {{4, 1, 0}, {4, 1, 3}, {8, 1, 2}, {4, 2, 0}};
 constexpr BlockShape kForwardShapes128[] = {{4, 1, 0}, {8, 1, 0}};
 // dK/dV at D = 64: the reference is capped at 168 (3 blocks, 16 bytes spilled); 2 blocks
 // with room for every value (233 registers); 128 keys of 8 warps sharing each Q, dO tile
