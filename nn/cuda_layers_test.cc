@@ -865,6 +865,48 @@ TEST(CudaLayersTest, Bf16GptLossWithinTheDerivedRoundingBound) {
   }
 }
 
+// A bf16 GPT at GPT-2's width, head width and vocabulary (2 blocks, 4 x 256 tokens) takes
+// the device step's every kernel: the fused attention (tuned on its first call), the
+// register-cached LayerNorms, the GEMM epilogues, the staged cross-entropy with bf16
+// gradients, the embedding gradient's sort. Two steps from the same state give the same
+// loss and the same bits in every parameter's gradient (DESIGN.md: device reductions are
+// deterministic), and the loss is near log V at initialisation.
+TEST(CudaLayersTest, Bf16GptStepAtGpt2WidthRepeatsBitForBit) {
+  SKIP_WITHOUT_GPU();
+  GptConfig config;
+  config.vocab_size = 50304;
+  config.block_size = 256;
+  config.n_embd = 768;
+  config.n_layer = 2;
+  config.n_head = 12;
+  config.seed = 5;
+  std::shared_ptr<Gpt> gpt = Gpt::Create(config).value();
+  ASSERT_TRUE(ConvertParameters(*gpt, core::DType::kBFloat16).ok());
+  ASSERT_TRUE(ToDevice(*gpt, kGpu).ok());
+  const core::Tensor tokens = Ids({4, 256}, 50304, 60), targets = Ids({4, 256}, 50304, 61);
+  std::vector<float> losses;
+  std::vector<std::vector<float>> grads[2];
+  for (int run = 0; run < 2; ++run) {
+    gpt->ZeroGrad();
+    absl::StatusOr<core::Tensor> logits = gpt->Forward(tokens);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    absl::StatusOr<LossResult> loss =
+        CrossEntropyLoss(*logits, targets, gpt->logits_grad_dtype());
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    *logits = core::Tensor();  // as the training step: the logits freed before the backward
+    ASSERT_TRUE(gpt->Backward(loss->grad).ok());
+    losses.push_back(loss->loss);
+    for (const auto& [name, p] : gpt->NamedParameters()) grads[run].push_back(Host(p->grad));
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_NEAR(losses[0], std::log(50304.0), 1.0);
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  const auto params = gpt->NamedParameters();
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    EXPECT_EQ(grads[0][i], grads[1][i]) << params[i].first;
+  }
+}
+
 // Cross-entropy on every kernel path with fp32 and bf16 gradients: rows staged in shared
 // memory (V = 4096, the shortest; V = 50304 with more rows than the grid's blocks, so each
 // block takes several), and rows read twice (V = 304: four logits per load; V = 301: one;
