@@ -155,6 +155,9 @@ absl::StatusOr<core::Tensor> DecoderTrainModule::PredictStep(const StepContext& 
   if (!logits.device().is_cpu()) {
     ASSIGN_OR_RETURN(logits, OnDevice(logits, core::Device::Cpu()));
   }
+  if (logits.dtype() != core::DType::kFloat32) {  // bf16 logits (NOTE [bf16 logits])
+    ASSIGN_OR_RETURN(logits, logits.ToDType(core::DType::kFloat32, core::MemoryTag::kOther));
+  }
   const int64_t vocab = logits.size(-1);
   const int64_t positions = logits.numel() / vocab;
   ASSIGN_OR_RETURN(core::Tensor ids, core::Tensor::Allocate(batch.inputs.shape(),

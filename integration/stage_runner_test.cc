@@ -69,6 +69,33 @@ TEST(StageRunnerTest, TestAfterFitReusesTheUnitsAndATestAloneMatchesIt) {
   }));
 }
 
+// NOTE [bf16 logits] (nn/gpt.h): under bf16 mixed precision the model's logits are bf16;
+// the loss and the predictions take them (ids in the vocabulary, the same on every rank),
+// and the fit trains on them.
+TEST(StageRunnerTest, Bf16MixedPrecisionStagesTakeBf16Logits) {
+  INTEGRATION_ASSERT_OK(RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status {
+    ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(TinyGpt()));
+    StageOptions options = TinyStages();
+    options.wrap.mixed_precision.param_dtype = core::DType::kBFloat16;
+    ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, options));
+    ASSIGN_OR_RETURN(FitResult fit, runner->Fit(*module));
+    EXPECT_TRUE(std::isfinite(fit.final_loss));
+    ASSIGN_OR_RETURN(EvalResult test, runner->Test(*module));
+    EXPECT_TRUE(std::isfinite(test.loss));
+    ASSIGN_OR_RETURN(PredictResult predicted, runner->Predict(*module));
+    EXPECT_EQ(predicted.outputs.size(), 2u);
+    RETURN_IF_ERROR(NoFailuresYet());
+    for (const core::Tensor& ids : predicted.outputs) {
+      EXPECT_EQ(ids.dtype(), core::DType::kInt32);
+      for (float id : ids.ToVector()) {
+        EXPECT_GE(id, 0);
+        EXPECT_LT(id, TinyGpt().model.vocab_size);
+      }
+    }
+    return absl::OkStatus();
+  }));
+}
+
 TEST(StageRunnerTest, EvaluationStagesAllocateNoGradientsOrOptimizerState) {
   INTEGRATION_ASSERT_OK(RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status {
     ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(TinyGpt()));

@@ -171,7 +171,10 @@ absl::StatusOr<core::Tensor> Gpt::ForwardImpl(const core::Tensor& tokens) {
   } else {
     ASSIGN_OR_RETURN(x, ln_f_->Forward(x));
   }
-  ASSIGN_OR_RETURN(core::Tensor logits, lm_head_->Forward(x));
+  // NOTE [bf16 logits] (nn/gpt.h): under bf16 weights the head stores its logits bf16.
+  ASSIGN_OR_RETURN(core::Tensor logits, internal::Fusable(*lm_head_)
+                                            ? lm_head_->ForwardForGemm(x)
+                                            : lm_head_->Forward(x));
   token_shape_ = tokens.shape();
   return logits;
 }

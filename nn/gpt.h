@@ -73,7 +73,14 @@ class Gpt : public core::Module {
  protected:
   // tokens: int32 [B, T] (on the CPU or the parameters' device; the logits are on the
   // parameters' device) with T <= block_size and ids in [0, vocab_size) (otherwise
-  // InvalidArgument naming this module, or "wte" for a bad id) -> logits [B, T, V].
+  // InvalidArgument naming this module, or "wte" for a bad id) -> logits [B, T, V], fp32,
+  // or bf16 under bf16 weights.
+  // NOTE [bf16 logits]: with bf16 weights (FSDP mixed precision) the head's GEMM stores the
+  // logits bf16, each its fp32 sum rounded once, as a bf16 Linear gives them in PyTorch's
+  // mixed precision; nn::CrossEntropyLoss widens them exactly and keeps its statistics in
+  // double. At GPT-2's size that halves the largest activation (16384 x 50304 logits: 1.6
+  // GB instead of 3.3) and the bytes the head's GEMM writes and the loss reads. A head with
+  // hooks of its own (not nn::internal::Fusable) keeps fp32 logits.
   absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& tokens) override;
   // grad_output: [B, T, V] (fp32, or bf16 per logits_grad_dtype). Adds every parameter's gradient (the tied weight receives
   // both lm_head's and wte's contributions) and returns an undefined Tensor.

@@ -52,8 +52,8 @@ class Linear : public core::Module {
   //   caller accumulates.
   // - NOTE [GEMM epilogues] (nn/tensor_ops.h): ForwardForGemm(x) is Forward(x) stored
   //   bf16 when the weight is bf16 (for a consumer that would round it to bf16 anyway:
-  //   the same bits, without the fp32 copy and the rounding pass); with an fp32 weight it
-  //   is Forward(x). ForwardGelu(x, &pre) is GELU(Forward(x)) with the bias and the GELU
+  //   the same bits, without the fp32 copy and the rounding pass; and the GPT's logits,
+  //   NOTE [bf16 logits] in nn/gpt.h); with an fp32 weight it is Forward(x). ForwardGelu(x, &pre) is GELU(Forward(x)) with the bias and the GELU
   //   in the GEMM's epilogue; it sets `pre` to the pre-activation, and both are bf16 when
   //   the weight is (else fp32). It needs a bias.
   // - BackwardForGemm(g) is Backward(g) with dL/dx stored bf16 when the Forward's weight

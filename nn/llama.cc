@@ -190,7 +190,11 @@ absl::StatusOr<core::Tensor> Llama::ForwardImpl(const core::Tensor& tokens) {
   ASSIGN_OR_RETURN(core::Tensor x, embed_tokens_->Forward(tokens));
   ASSIGN_OR_RETURN(x, layers_->Forward(x));
   ASSIGN_OR_RETURN(x, norm_->Forward(x));
-  ASSIGN_OR_RETURN(core::Tensor logits, lm_head_->Forward(x));
+  // NOTE [bf16 logits] (nn/gpt.h), as the GPT: under bf16 weights the head stores the
+  // logits bf16.
+  ASSIGN_OR_RETURN(core::Tensor logits, internal::Fusable(*lm_head_)
+                                            ? lm_head_->ForwardForGemm(x)
+                                            : lm_head_->Forward(x));
   token_shape_ = tokens.shape();
   return logits;
 }

@@ -125,7 +125,8 @@ class Llama : public core::Module {
   // tokens: int32 [B, T] (on the CPU or the parameters' device) with T <=
   // max_position_embeddings and ids in [0, vocab_size) (otherwise InvalidArgument naming
   // this module, or "embed_tokens" for a bad id) -> logits [B, T, V] on the parameters'
-  // device. Position t of each sequence is t.
+  // device, fp32, or bf16 under bf16 weights (NOTE [bf16 logits] in nn/gpt.h). Position t
+  // of each sequence is t.
   absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& tokens) override;
   // grad_output: [B, T, V] (fp32, or bf16 per logits_grad_dtype). Adds every parameter's
   // gradient (a tied weight receives lm_head's and embed_tokens' parts) and returns an

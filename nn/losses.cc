@@ -86,7 +86,12 @@ absl::StatusOr<LossResult> MseLoss(const core::Tensor& pred, const core::Tensor&
 absl::StatusOr<LossResult> CrossEntropyLoss(const core::Tensor& logits,
                                             const core::Tensor& targets, core::DType grad_dtype,
                                             bool defer_read) {
-  RETURN_IF_ERROR(CheckType("CrossEntropyLoss", "logits", logits, core::DType::kFloat32));
+  if (!logits.defined() || (logits.dtype() != core::DType::kFloat32 &&
+                            logits.dtype() != core::DType::kBFloat16)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CrossEntropyLoss: logits must be a float32 or bfloat16 tensor, got ",
+        logits.defined() ? logits.ToString() : std::string("undefined")));
+  }
   if (grad_dtype != core::DType::kFloat32 && grad_dtype != core::DType::kBFloat16) {
     return absl::InvalidArgumentError(absl::StrCat("CrossEntropyLoss: grad_dtype must be ",
                                                    "float32 or bfloat16, got ",

@@ -34,7 +34,8 @@ absl::StatusOr<LossResult> MseLoss(const core::Tensor& pred, const core::Tensor&
 
 // mean over tokens of -log softmax(logits)[target] (torch.nn.functional.cross_entropy
 // on logits.view(-1, V)), computed with the max-subtracted log-sum-exp in double; grad
-// is (softmax(logits) - onehot(target)) / num_tokens. logits: fp32 [..., V]; targets:
+// is (softmax(logits) - onehot(target)) / num_tokens. logits: fp32 or bf16 [..., V] (bf16
+// widened exactly: the results of their fp32 values, bit for bit); targets:
 // int32 with logits' leading shape, each in [0, V). InvalidArgument naming the shapes or
 // the first bad target otherwise, or when there are no tokens. On CUDA (logits on a
 // device; targets there or on the CPU) the rows run on the device with fp32 exponentials

@@ -1,6 +1,7 @@
 #include "nn/losses.h"
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -100,6 +101,39 @@ TEST(CrossEntropyTest, Bf16GradientIsTheRoundedFp32Gradient) {
   absl::StatusOr<LossResult> bad = CrossEntropyLoss(logits, targets, core::DType::kInt32);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("grad_dtype"));
+}
+
+// bf16 logits (a bf16 head's output) are widened exactly as they are read: the loss and the
+// gradient, fp32 or bf16, are those of the same values in fp32, bit for bit, on rows enough
+// to split over threads; int32 logits are refused by name.
+TEST(CrossEntropyTest, Bf16LogitsGiveTheResultsOfTheirFp32Values) {
+  const int64_t rows = 40, V = 3001;  // 120K logits: split over the intra-op threads
+  std::vector<float> values(rows * V);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = std::sin(0.37f * i) * 6.0f;
+  const core::Tensor logits16 = core::Tensor::FromVector(values, {4, rows / 4, V})
+                                    .value()
+                                    .ToDType(core::DType::kBFloat16, core::MemoryTag::kOther)
+                                    .value();
+  const core::Tensor logits32 =
+      logits16.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value();
+  std::vector<int32_t> tg(rows);
+  for (int64_t i = 0; i < rows; ++i) tg[i] = static_cast<int32_t>((i * 977) % V);
+  const core::Tensor targets = core::Tensor::FromInts(tg, {4, rows / 4}).value();
+  for (const core::DType grad_dtype : {core::DType::kFloat32, core::DType::kBFloat16}) {
+    absl::StatusOr<LossResult> a = CrossEntropyLoss(logits16, targets, grad_dtype);
+    absl::StatusOr<LossResult> b = CrossEntropyLoss(logits32, targets, grad_dtype);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status();
+    EXPECT_EQ(a->loss, b->loss);
+    ASSERT_EQ(a->grad.dtype(), grad_dtype);
+    ASSERT_EQ(a->grad.nbytes(), b->grad.nbytes());
+    EXPECT_EQ(std::memcmp(a->grad.raw_data(), b->grad.raw_data(), a->grad.nbytes()), 0)
+        << core::DTypeName(grad_dtype);
+  }
+  absl::StatusOr<LossResult> bad =
+      CrossEntropyLoss(core::Tensor::Zeros({2, 3}, core::DType::kInt32),
+                       core::Tensor::FromInts({0, 1}, {2}).value());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("float32 or bfloat16"));
 }
 
 // NOTE [Deferred loss]: the loss comes later, the same bits, and the host sync is recorded

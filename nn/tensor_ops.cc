@@ -663,7 +663,7 @@ absl::StatusOr<double> CrossEntropyForwardBackward(
     std::function<absl::StatusOr<double>()>* deferred) {
   RETURN_IF_ERROR(CheckDevices(what, {{"logits", &logits}, {"targets", &targets},
                                       {"gradient", &grad}}));
-  RETURN_IF_ERROR(CheckDType(what, "logits", logits, DType::kFloat32));
+  RETURN_IF_ERROR(CheckWeightDType(what, "logits", logits));  // fp32 or bf16
   RETURN_IF_ERROR(CheckDType(what, "targets", targets, DType::kInt32));
   RETURN_IF_ERROR(CheckWeightDType(what, "gradient", grad));  // fp32 or bf16
   RETURN_IF_ERROR(CheckNumel(what, "gradient", grad, logits.numel()));
@@ -688,7 +688,7 @@ absl::StatusOr<double> CrossEntropyForwardBackward(
   std::function<absl::StatusOr<double>()> read;
   {
     ProfiledOp op(OpCategory::kLoss, "cross_entropy", logits.device(),
-                  internal::CrossEntropyCost(n, V, IsBf16(grad)));
+                  internal::CrossEntropyCost(n, V, IsBf16(grad), IsBf16(logits)));
     if (logits.device().is_cuda()) {
 #ifdef FSDP_WITH_CUDA
       RETURN_IF_ERROR(UseDevice(logits.device(), what));
@@ -696,9 +696,13 @@ absl::StatusOr<double> CrossEntropyForwardBackward(
       ASSIGN_OR_RETURN(Tensor row_loss, Tensor::Allocate({2 * n}, DType::kInt32,
                                                          core::MemoryTag::kActivation,
                                                          logits.device()));
+      auto* const losses = static_cast<double*>(row_loss.raw_data());
       RETURN_IF_ERROR(Launched(
-          kc::CrossEntropy(F32(logits), targets.data<int32_t>(), n, V, inv_n, grad32,
-                           static_cast<double*>(row_loss.raw_data()), grad16),
+          IsBf16(logits) ? kc::CrossEntropy(static_cast<const uint16_t*>(logits.raw_data()),
+                                            targets.data<int32_t>(), n, V, inv_n, grad32,
+                                            losses, grad16)
+                         : kc::CrossEntropy(F32(logits), targets.data<int32_t>(), n, V, inv_n,
+                                            grad32, losses, grad16),
           what, "cross-entropy"));
       read = [row_loss, n, mean, what = std::string(what)]() -> absl::StatusOr<double> {
         RETURN_IF_ERROR(UseDevice(row_loss.device(), what));
@@ -714,8 +718,13 @@ absl::StatusOr<double> CrossEntropyForwardBackward(
 #endif
     } else {
       std::vector<double> row_loss(static_cast<size_t>(n));
-      kcpu::CrossEntropy(F32(logits), targets.data<int32_t>(), n, V, inv_n, grad32,
-                         row_loss.data(), grad16);
+      if (IsBf16(logits)) {
+        kcpu::CrossEntropy(static_cast<const uint16_t*>(logits.raw_data()),
+                           targets.data<int32_t>(), n, V, inv_n, grad32, row_loss.data(), grad16);
+      } else {
+        kcpu::CrossEntropy(F32(logits), targets.data<int32_t>(), n, V, inv_n, grad32,
+                           row_loss.data(), grad16);
+      }
       read = [loss = mean(row_loss)]() -> absl::StatusOr<double> { return loss; };
     }
   }

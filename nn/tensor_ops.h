@@ -238,7 +238,8 @@ absl::Status EmbeddingForward(absl::string_view what, const core::Tensor& table,
 absl::Status EmbeddingBackward(absl::string_view what, const core::Tensor& ids,
                                const core::Tensor& g, const core::Tensor& gw);
 
-// Cross-entropy rows of logits [n, V] (fp32) with targets (int32, n, each in [0, V),
+// Cross-entropy rows of logits [n, V] (fp32, or bf16 widened exactly: the same results as
+// their fp32 values) with targets (int32, n, each in [0, V),
 // checked by the caller): writes grad = (softmax - onehot) / n ([n, V], fp32, or bf16
 // rounded once from the fp32 value) and returns the mean loss, on the host (one
 // synchronisation on CUDA). With `deferred` non-null it returns NaN instead and sets

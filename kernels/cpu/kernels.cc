@@ -309,38 +309,53 @@ FSDP_CPU_CLONES void CausalSoftmaxBackwardLoop(const uint16_t* p, float* g, uint
   CausalSoftmaxBackwardRows(p, g, out16, first, end, T, scale);
 }
 
-// Cross-entropy rows [first, end) in double lanes (the loss is checked to 1e-12); stores
-// each row's loss in row_loss[i].
-FSDP_CPU_CLONES void CrossEntropyLoop(const float* FSDP_RESTRICT x,
+// Cross-entropy rows [first, end) of logits X (fp32, or bf16 widened exactly) in double
+// lanes (the loss is checked to 1e-12); stores each row's loss in row_loss[i].
+template <typename X>
+FSDP_CPU_INLINE void CrossEntropyRows(const X* FSDP_RESTRICT x,
                                       const int32_t* FSDP_RESTRICT targets,
                                       float* FSDP_RESTRICT grad, double* FSDP_RESTRICT row_loss,
                                       uint16_t* FSDP_RESTRICT grad16, int64_t first,
                                       int64_t end, int64_t V, double inv_n) {
   for (int64_t i = first; i < end; ++i) {
-    const float* row = x + i * V;
-    float maxf = row[0];
+    const X* row = x + i * V;
+    float maxf = k::Load(row, 0);
 #pragma omp simd reduction(max : maxf)
-    for (int64_t j = 1; j < V; ++j) maxf = maxf > row[j] ? maxf : row[j];
+    for (int64_t j = 1; j < V; ++j) {
+      const float v = k::Load(row, j);
+      maxf = maxf > v ? maxf : v;
+    }
     const double max = maxf;
-    const double sum =
-        k::LaneSum<double>(V, [&](int64_t j) { return k::CrossEntropyExp(row[j], max); });
+    const double sum = k::LaneSum<double>(
+        V, [&](int64_t j) { return k::CrossEntropyExp(k::Load(row, j), max); });
     const double log_sum = k::Log(sum);
     const int64_t tg = targets[i];
-    row_loss[i] = k::CrossEntropyRowLoss(sum, max, row[tg]);
+    row_loss[i] = k::CrossEntropyRowLoss(sum, max, k::Load(row, tg));
     if (grad16 != nullptr) {
       uint16_t* grow = grad16 + i * V;
 #pragma omp simd
       for (int64_t j = 0; j < V; ++j) {
-        grow[j] = core::FloatToBf16Bits(k::CrossEntropyGrad(row[j], max, log_sum, j == tg, inv_n));
+        grow[j] = core::FloatToBf16Bits(
+            k::CrossEntropyGrad(k::Load(row, j), max, log_sum, j == tg, inv_n));
       }
     } else {
       float* grow = grad + i * V;
 #pragma omp simd
       for (int64_t j = 0; j < V; ++j) {
-        grow[j] = k::CrossEntropyGrad(row[j], max, log_sum, j == tg, inv_n);
+        grow[j] = k::CrossEntropyGrad(k::Load(row, j), max, log_sum, j == tg, inv_n);
       }
     }
   }
+}
+FSDP_CPU_CLONES void CrossEntropyLoop(const float* x, const int32_t* targets, float* grad,
+                                      double* row_loss, uint16_t* grad16, int64_t first,
+                                      int64_t end, int64_t V, double inv_n) {
+  CrossEntropyRows(x, targets, grad, row_loss, grad16, first, end, V, inv_n);
+}
+FSDP_CPU_CLONES void CrossEntropyLoop(const uint16_t* x, const int32_t* targets, float* grad,
+                                      double* row_loss, uint16_t* grad16, int64_t first,
+                                      int64_t end, int64_t V, double inv_n) {
+  CrossEntropyRows(x, targets, grad, row_loss, grad16, first, end, V, inv_n);
 }
 
 // Elementwise chunks start on 64-byte lines (16 floats).
@@ -517,6 +532,12 @@ void EmbeddingBackward(const int32_t* ids, int64_t n_ids, const float* g, int64_
 }
 
 void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V,
+                  double inv_n, float* grad, double* row_loss, uint16_t* grad16) {
+  ParallelChunks(IntraOpThreads(), rows, rows * V, 1, [&](int64_t s, int64_t e) {
+    CrossEntropyLoop(logits, targets, grad, row_loss, grad16, s, e, V, inv_n);
+  });
+}
+void CrossEntropy(const uint16_t* logits, const int32_t* targets, int64_t rows, int64_t V,
                   double inv_n, float* grad, double* row_loss, uint16_t* grad16) {
   ParallelChunks(IntraOpThreads(), rows, rows * V, 1, [&](int64_t s, int64_t e) {
     CrossEntropyLoop(logits, targets, grad, row_loss, grad16, s, e, V, inv_n);

@@ -71,7 +71,10 @@ void EmbeddingBackward(const int32_t* ids, int64_t n_ids, const float* g, int64_
 // grad [rows, V] (already divided by the batch: times inv_n) and each row's loss in
 // row_loss [rows], in double. With grad16 set, the gradient goes there instead, each value
 // rounded once to bf16 (the bits of rounding the fp32 gradient), and grad may be null.
+// bf16 logits (the bits) give what their fp32 values would, bit for bit.
 void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V,
+                  double inv_n, float* grad, double* row_loss, uint16_t* grad16 = nullptr);
+void CrossEntropy(const uint16_t* logits, const int32_t* targets, int64_t rows, int64_t V,
                   double inv_n, float* grad, double* row_loss, uint16_t* grad16 = nullptr);
 
 // Fused causal attention, the CPU twin of kernels/cuda/flash_attention.h (same layouts,

@@ -584,6 +584,27 @@ __device__ __forceinline__ void PutGrad(float* grad, uint16_t* grad16, int64_t j
   }
 }
 
+// Logits 4 j4 .. 4 j4 + 3 of a row as floats: one 16-byte load of fp32, or one 8-byte load
+// of bf16 widened exactly (the row 16- or 8-byte aligned).
+__device__ __forceinline__ float4 LoadFour(const float* row, int64_t j4) {
+  return reinterpret_cast<const float4*>(row)[j4];
+}
+__device__ __forceinline__ float4 LoadFour(const uint16_t* row, int64_t j4) {
+  const uint2 q = reinterpret_cast<const uint2*>(row)[j4];
+  return make_float4(core::Bf16BitsToFloat(static_cast<uint16_t>(q.x)),
+                     core::Bf16BitsToFloat(static_cast<uint16_t>(q.x >> 16)),
+                     core::Bf16BitsToFloat(static_cast<uint16_t>(q.y)),
+                     core::Bf16BitsToFloat(static_cast<uint16_t>(q.y >> 16)));
+}
+
+// Whether the cross-entropy kernels move four logits a load: V % 4 == 0, the logits aligned
+// for LoadFour and the gradient `out` 16-byte aligned (PutGradFour).
+template <typename X>
+__host__ __device__ inline bool FourLogitsALoad(const X* logits, int64_t V, const void* out) {
+  return V % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % (4 * sizeof(X)) == 0 &&
+         reinterpret_cast<uintptr_t>(out) % 16 == 0;
+}
+
 // The sum of exp(x - m) over the four logits of v (in double from the first term on).
 __device__ __forceinline__ double ExpSumFour(const float4& v, float m) {
   return static_cast<double>(k::CrossEntropyExp<float>(v.x, m)) +
@@ -609,23 +630,24 @@ __device__ __forceinline__ void PutGradFour(float* grad, uint16_t* grad16, int64
   }
 }
 
-__global__ void CrossEntropyKernel(const float* logits, const int32_t* targets, int64_t rows,
+// X: fp32 or bf16 logits (kernels::Load widens them exactly).
+template <typename X>
+__global__ void CrossEntropyKernel(const X* logits, const int32_t* targets, int64_t rows,
                                    int64_t V, double inv_n, float* grad, double* row_loss,
                                    uint16_t* grad16) {
   __shared__ float fscratch[32];
   __shared__ double dscratch[32];
   const int64_t row = blockIdx.x;
   if (row >= rows) return;
-  const float* x = logits + row * V;
+  const X* x = logits + row * V;
   float* gr = grad16 != nullptr ? nullptr : grad + row * V;
   uint16_t* gr16 = grad16 != nullptr ? grad16 + row * V : nullptr;
   const int32_t target = targets[row];
   // One read for the max and the sum: each thread keeps its running max m and its sum of
   // exp(x - m), rescaled when m grows (FlashAttention's online softmax); four elements per
-  // load when the rows are 16-byte aligned.
-  const bool four = V % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(grad16 != nullptr ? static_cast<void*>(grad16)
-                                                                  : grad) % 16 == 0;
+  // load when the rows are aligned for it (the launcher's `four`).
+  const bool four = FourLogitsALoad(logits, V, grad16 != nullptr ? static_cast<void*>(grad16)
+                                                                 : static_cast<void*>(grad));
   float m = -INFINITY;
   double sum = 0.0;
   const auto take = [&](float chunk_max) {
@@ -635,16 +657,16 @@ __global__ void CrossEntropyKernel(const float* logits, const int32_t* targets, 
     }
   };
   if (four) {
-    const float4* x4 = reinterpret_cast<const float4*>(x);
     for (int64_t j = threadIdx.x; j < V / 4; j += blockDim.x) {
-      const float4 v = x4[j];
+      const float4 v = LoadFour(x, j);
       take(fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)));
       sum += ExpSumFour(v, m);
     }
   } else {
     for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-      take(x[j]);
-      sum += k::CrossEntropyExp<float>(x[j], m);
+      const float v = k::Load(x, j);
+      take(v);
+      sum += k::CrossEntropyExp<float>(v, m);
     }
   }
   const float row_max = BlockMax(m, fscratch);
@@ -653,19 +675,20 @@ __global__ void CrossEntropyKernel(const float* logits, const int32_t* targets, 
   const double log_sum = log(sum);
   const bool valid = target >= 0 && target < V;
   if (threadIdx.x == 0) {
-    row_loss[row] = valid ? k::CrossEntropyRowLoss<double>(sum, static_cast<double>(m), x[target])
-                          : 0.0;
+    row_loss[row] =
+        valid ? k::CrossEntropyRowLoss<double>(sum, static_cast<double>(m), k::Load(x, target))
+              : 0.0;
   }
   const float log_sum_f = static_cast<float>(log_sum);
   const float inv_n_f = static_cast<float>(inv_n);
   if (four) {
-    const float4* x4 = reinterpret_cast<const float4*>(x);
     for (int64_t j = threadIdx.x; j < V / 4; j += blockDim.x) {
-      PutGradFour(gr, gr16, j, x4[j], m, log_sum_f, target, inv_n_f);
+      PutGradFour(gr, gr16, j, LoadFour(x, j), m, log_sum_f, target, inv_n_f);
     }
   } else {
     for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-      PutGrad(gr, gr16, j, k::CrossEntropyGrad<float>(x[j], m, log_sum_f, j == target, inv_n_f));
+      PutGrad(gr, gr16, j,
+              k::CrossEntropyGrad<float>(k::Load(x, j), m, log_sum_f, j == target, inv_n_f));
     }
   }
 }
@@ -676,8 +699,9 @@ __global__ void CrossEntropyKernel(const float* logits, const int32_t* targets, 
 // 16-byte loads in flight a thread), takes the maximum, then sums exp(x - max) and writes
 // the gradient from shared memory. CrossEntropyKernel re-reads its row for the gradient,
 // and with a few hundred 200 KB rows in flight that second read comes from device memory.
+template <typename X>
 __global__ void __launch_bounds__(1024) CrossEntropyStagedKernel(
-    const float* logits, const int32_t* targets, int64_t rows, int64_t V, double inv_n,
+    const X* logits, const int32_t* targets, int64_t rows, int64_t V, double inv_n,
     float* grad, double* row_loss, uint16_t* grad16) {
   extern __shared__ float4 staged[];
   __shared__ float fscratch[32];
@@ -687,13 +711,13 @@ __global__ void __launch_bounds__(1024) CrossEntropyStagedKernel(
   const float* row_x = reinterpret_cast<const float*>(staged);
   const float inv_n_f = static_cast<float>(inv_n);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const float4* x4 = reinterpret_cast<const float4*>(logits + row * V);
+    const X* x = logits + row * V;
     float m = -INFINITY;
     for (int64_t j = threadIdx.x; j < n4; j += kInFlight * step) {
       float4 v[kInFlight];
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
-        if (j + u * step < n4) v[u] = x4[j + u * step];
+        if (j + u * step < n4) v[u] = LoadFour(x, j + u * step);
       }
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
@@ -1037,16 +1061,19 @@ cudaError_t EmbeddingBackward(const int32_t* ids, int64_t n_ids, const float* g,
   return cudaGetLastError();
 }
 
-cudaError_t CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V,
-                         double inv_n, float* grad, double* row_loss, uint16_t* grad16) {
+namespace {
+
+template <typename X>
+cudaError_t CrossEntropyLaunch(const X* logits, const int32_t* targets, int64_t rows, int64_t V,
+                               double inv_n, float* grad, double* row_loss,
+                               uint16_t* grad16) {
   if (rows <= 0 || V <= 0) return cudaSuccess;
   if (rows > 0x7fffffff) return cudaErrorInvalidValue;
   // The staged kernel where a row gives each of its threads at least one four-wide load
   // and fits in a block's shared memory. Shorter rows stay in cache between their reads
   // (a few hundred in flight, a few MB); longer ones are read twice from device memory.
-  const void* out = grad16 != nullptr ? static_cast<const void*>(grad16) : grad;
-  const bool four = V % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  const bool four = FourLogitsALoad(logits, V, grad16 != nullptr ? static_cast<void*>(grad16)
+                                                                 : static_cast<void*>(grad));
   int device = 0, shared_optin = 0, sms = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
   if (cudaError_t err = cudaDeviceGetAttribute(&shared_optin,
@@ -1062,24 +1089,35 @@ cudaError_t CrossEntropy(const float* logits, const int32_t* targets, int64_t ro
   constexpr int64_t kStaticBytes = 32 * (sizeof(float) + sizeof(double));
   const int64_t bytes = V * static_cast<int64_t>(sizeof(float));
   if (four && V / 4 >= kStagedThreads && bytes + kStaticBytes <= shared_optin) {
-    if (cudaError_t err = AllowSharedMemory(CrossEntropyStagedKernel, static_cast<int>(bytes));
+    if (cudaError_t err = AllowSharedMemory(CrossEntropyStagedKernel<X>, static_cast<int>(bytes));
         err != cudaSuccess) {
       return err;
     }
     int per_sm = 0;
     if (cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &per_sm, CrossEntropyStagedKernel, kStagedThreads, static_cast<size_t>(bytes));
+            &per_sm, CrossEntropyStagedKernel<X>, kStagedThreads, static_cast<size_t>(bytes));
         err != cudaSuccess) {
       return err;
     }
     const int64_t blocks = std::min<int64_t>(rows, static_cast<int64_t>(sms) * std::max(per_sm, 1));
-    CrossEntropyStagedKernel<<<static_cast<unsigned int>(blocks), kStagedThreads, bytes>>>(
+    CrossEntropyStagedKernel<X><<<static_cast<unsigned int>(blocks), kStagedThreads, bytes>>>(
         logits, targets, rows, V, inv_n, grad, row_loss, grad16);
     return cudaGetLastError();
   }
-  CrossEntropyKernel<<<static_cast<unsigned int>(rows), 512>>>(logits, targets, rows, V, inv_n,
+  CrossEntropyKernel<X><<<static_cast<unsigned int>(rows), 512>>>(logits, targets, rows, V, inv_n,
                                                                 grad, row_loss, grad16);
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V,
+                         double inv_n, float* grad, double* row_loss, uint16_t* grad16) {
+  return CrossEntropyLaunch(logits, targets, rows, V, inv_n, grad, row_loss, grad16);
+}
+cudaError_t CrossEntropy(const uint16_t* logits, const int32_t* targets, int64_t rows, int64_t V,
+                         double inv_n, float* grad, double* row_loss, uint16_t* grad16) {
+  return CrossEntropyLaunch(logits, targets, rows, V, inv_n, grad, row_loss, grad16);
 }
 
 cudaError_t ScaleMatrices(float* c, int64_t batch, int64_t rows, int64_t cols, int64_t ld,

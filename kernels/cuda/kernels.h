@@ -87,7 +87,10 @@ cudaError_t EmbeddingBackward(const int32_t* ids, int64_t n_ids, const float* g,
                               int64_t dim, float* gw, void* scratch, size_t scratch_bytes);
 // One block per row of logits [rows, V]: grad [rows, V] and row_loss [rows] (double); with
 // grad16 set the gradient goes there as bf16 instead (grad may be null), as on the CPU.
+// bf16 logits (the bits) are widened exactly as they are read.
 cudaError_t CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V,
+                         double inv_n, float* grad, double* row_loss, uint16_t* grad16 = nullptr);
+cudaError_t CrossEntropy(const uint16_t* logits, const int32_t* targets, int64_t rows, int64_t V,
                          double inv_n, float* grad, double* row_loss, uint16_t* grad16 = nullptr);
 // The Llama layers' launchers (kernels/cuda/llama.cu), with the CPU launchers' arguments
 // (kernels/cpu/kernels.h): RMSNorm one warp per row; silu(a) * b and its gradients, the

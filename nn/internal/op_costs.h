@@ -160,9 +160,12 @@ inline core::OpCost EmbeddingBackwardCost(int64_t n, int64_t dim) {
                               /*launches=*/7);
 }
 
-// Reads the logits, writes their gradient and a loss per row; about 6 operations each.
-inline core::OpCost CrossEntropyCost(int64_t n, int64_t V, bool bf16_grad) {
-  return core::OpCost::Memory((bf16_grad ? 6.0 : 8.0) * n * V + 12.0 * n, 6.0 * n * V);
+// Reads the logits (fp32 or bf16), writes their gradient (fp32 or bf16) and a loss per row;
+// about 6 operations each.
+inline core::OpCost CrossEntropyCost(int64_t n, int64_t V, bool bf16_grad,
+                                     bool bf16_logits = false) {
+  return core::OpCost::Memory(
+      ((bf16_logits ? 2.0 : 4.0) + (bf16_grad ? 2.0 : 4.0)) * n * V + 12.0 * n, 6.0 * n * V);
 }
 
 }  // namespace internal
