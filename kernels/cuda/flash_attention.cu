@@ -264,6 +264,14 @@ __device__ __forceinline__ void ScaleRows(float (&acc)[D / 8][4], float top, flo
 // the copies are unrolled; only a range that reaches past T checks its rows. The caller
 // commits the group and waits for it (CommitCopies, WaitCopies) and then needs
 // __syncthreads() before reading.
+// One 16-byte cp.async from global `from` to shared address `to`, of which `src_bytes` (16
+// or 0) are read and the rest zero-filled; with 0, `from` is read from nowhere but must be
+// a valid address.
+__device__ __forceinline__ void CopyAsync16(unsigned to, const void* from, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from),
+               "r"(src_bytes));
+}
+
 template <int D, int Rows, int Threads>
 __device__ __forceinline__ void LoadRowsAsync(bf16* dst, const bf16* src, int64_t ld, int r0,
                                               int T) {
@@ -279,19 +287,15 @@ __device__ __forceinline__ void LoadRowsAsync(bf16* dst, const bf16* src, int64_
   if (r0 + Rows <= T) {
 #pragma unroll
     for (int j = 0; j < Rows / kStep; ++j) {
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                       to + j * kStep * Dims<D>::kRowBytes),
-                   "l"(from + j * step));
+      CopyAsync16(to + j * kStep * Dims<D>::kRowBytes, from + j * step, 16);
     }
     return;
   }
 #pragma unroll
   for (int j = 0; j < Rows / kStep; ++j) {
     const bool valid = r0 + r + j * kStep < T;
-    // A zero source size writes 16 zero bytes and reads nothing; src stays a valid address.
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                     to + j * kStep * Dims<D>::kRowBytes),
-                 "l"(valid ? from + j * step : src), "r"(valid ? 16 : 0));
+    CopyAsync16(to + j * kStep * Dims<D>::kRowBytes, valid ? from + j * step : src,
+                valid ? 16 : 0);
   }
 }
 
