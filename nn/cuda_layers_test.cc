@@ -251,6 +251,52 @@ TEST(CudaGemmEpilogueTest, Fp32OperandsWithAnEpilogueMatchTheCpu) {
   EXPECT_LE(RelErr(Host(gpu.aux), cpu.aux.ToVector()), kFp32Rel);
 }
 
+// NOTE [GEMM epilogues]: a weight-gradient GEMM dW += g^T x with a bias gradient, through
+// cuBLASLt's BGRADB and through the fallback (the plain GEMM, then the column sums of g),
+// with beta 1 onto a nonzero dW and bias_grad: against the CPU (fp32 summation order,
+// kFp32Rel), and the same bits when repeated from the same state.
+TEST(CudaGemmEpilogueTest, WeightGradientGemmsBiasGradientMatchesCpuAndRepeatsBitForBit) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    int64_t rows, out, in;
+  };
+  for (const Shape& sh : {Shape{1000, 48, 64}, Shape{257, 37, 24}}) {
+    const core::Tensor g = Normal({sh.rows * sh.out}, 81)
+                               .ToDType(core::DType::kBFloat16, core::MemoryTag::kOther)
+                               .value();
+    const core::Tensor x = Normal({sh.rows * sh.in}, 82)
+                               .ToDType(core::DType::kBFloat16, core::MemoryTag::kOther)
+                               .value();
+    const core::Tensor c0 = Normal({sh.out * sh.in}, 83), sums0 = Normal({sh.out}, 84);
+    auto run = [&](const core::Device& device) {
+      GemmArgs a;
+      a.trans_a = true;
+      a.m = sh.out;
+      a.n = sh.in;
+      a.k = sh.rows;
+      a.beta = 1.0f;
+      a.a.tensor = To(g, device);
+      a.b.tensor = To(x, device);
+      a.c.tensor = To(c0, device);
+      a.bias_grad = To(sums0, device);
+      const absl::Status s = MatMul("blocks.0.attn.qkv (Linear)", a);
+      EXPECT_TRUE(s.ok()) << s;
+      return a;
+    };
+    const GemmArgs cpu = run(core::Device::Cpu());
+    for (bool fallback : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(sh.rows, " x ", sh.out, " x ", sh.in,
+                                fallback ? " fallback" : " cuBLASLt"));
+      ForcedGemmFallback forced(fallback);
+      const GemmArgs gpu = run(kGpu), again = run(kGpu);
+      EXPECT_LE(RelErr(Host(gpu.c.tensor), cpu.c.tensor.ToVector()), kFp32Rel);
+      EXPECT_LE(RelErr(Host(gpu.bias_grad), cpu.bias_grad.ToVector()), kFp32Rel);
+      EXPECT_EQ(Host(again.c.tensor), Host(gpu.c.tensor));
+      EXPECT_EQ(Host(again.bias_grad), Host(gpu.bias_grad));
+    }
+  }
+}
+
 // ---- Layers, fp32.
 
 TEST(CudaLayersTest, LinearMatchesCpu) {

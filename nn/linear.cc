@@ -127,7 +127,7 @@ absl::StatusOr<core::Tensor> Linear::GemmOperand(const core::Tensor& t, const ch
 }
 
 absl::StatusOr<core::Tensor> Linear::BackwardGemms(const core::Tensor& grad_output,
-                                                   bool bias_grad, bool gemm_out,
+                                                   bool gemm_out,
                                                    const core::Tensor& gelu_pre) {
   RETURN_IF_ERROR(internal::CheckGradOutput(*this, input_.defined(),
                                             WithLastDim(input_.shape(), out_), grad_output,
@@ -166,8 +166,14 @@ absl::StatusOr<core::Tensor> Linear::BackwardGemms(const core::Tensor& grad_outp
     core::ScopedOpCategory role(core::OpCategory::kGemmInputGrad);
     RETURN_IF_ERROR(MatMul(internal::What(*this), dx));
   }
-  // dL/dW += g^T x.
+  // dL/dW += g^T x, and dL/db += the column sums of g, the gradient as the GEMMs use it
+  // (bf16 under a bf16 weight, as PyTorch's bf16 Linear sums its bf16 gradient): in dL/dW's
+  // GEMM when there is one (NOTE [GEMM epilogues]: its bias gradient).
   ASSIGN_OR_RETURN(core::Tensor gw, internal::GradTensor(*this, *weight_, "weight"));
+  core::Tensor gb;
+  if (bias_) {
+    ASSIGN_OR_RETURN(gb, internal::GradTensor(*this, *bias_, "bias"));
+  }
   if (gw.defined()) {
     GemmArgs dw;
     dw.trans_a = true;
@@ -178,26 +184,22 @@ absl::StatusOr<core::Tensor> Linear::BackwardGemms(const core::Tensor& grad_outp
     dw.a.tensor = g;
     dw.b.tensor = input_;
     dw.c.tensor = gw;
+    dw.bias_grad = gb;
     core::ScopedOpCategory role(core::OpCategory::kGemmWeightGrad);
     RETURN_IF_ERROR(MatMul(internal::What(*this), dw));
-  }
-  // dL/db += the column sums of grad_output as given (fp32, or the bf16 values).
-  if (bias_grad && bias_) {
-    ASSIGN_OR_RETURN(core::Tensor gb, internal::GradTensor(*this, *bias_, "bias"));
-    if (gb.defined()) {
-      RETURN_IF_ERROR(AccumulateColumnSums(internal::What(*this), grad_output, core::Tensor(), gb));
-    }
+  } else if (gb.defined()) {
+    RETURN_IF_ERROR(AccumulateColumnSums(internal::What(*this), g, core::Tensor(), gb));
   }
   input_ = core::Tensor();
   return gx;
 }
 
-absl::StatusOr<core::Tensor> Linear::BackwardWithoutBias(const core::Tensor& grad_output) {
-  return BackwardGemms(grad_output, /*bias_grad=*/false, /*gemm_out=*/false, core::Tensor());
+absl::StatusOr<core::Tensor> Linear::BackwardFused(const core::Tensor& grad_output) {
+  return BackwardGemms(grad_output, /*gemm_out=*/false, core::Tensor());
 }
 
 absl::StatusOr<core::Tensor> Linear::BackwardForGemm(const core::Tensor& grad_output) {
-  return BackwardGemms(grad_output, /*bias_grad=*/true, /*gemm_out=*/true, core::Tensor());
+  return BackwardGemms(grad_output, /*gemm_out=*/true, core::Tensor());
 }
 
 absl::StatusOr<core::Tensor> Linear::BackwardThroughGelu(const core::Tensor& grad_output,
@@ -205,11 +207,11 @@ absl::StatusOr<core::Tensor> Linear::BackwardThroughGelu(const core::Tensor& gra
   if (!pre.defined()) {
     return internal::ModuleError(*this, "BackwardThroughGelu: the pre-activation is undefined");
   }
-  return BackwardGemms(grad_output, /*bias_grad=*/true, /*gemm_out=*/false, pre);
+  return BackwardGemms(grad_output, /*gemm_out=*/false, pre);
 }
 
 absl::StatusOr<core::Tensor> Linear::BackwardImpl(const core::Tensor& grad_output) {
-  return BackwardGemms(grad_output, /*bias_grad=*/true, /*gemm_out=*/false, core::Tensor());
+  return BackwardGemms(grad_output, /*gemm_out=*/false, core::Tensor());
 }
 
 }  // namespace nn

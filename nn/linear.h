@@ -48,8 +48,8 @@ class Linear : public core::Module {
   // For a parent that fuses this layer with the op around it (NOTE [Fused layers],
   // nn/transformer.h), and only when nn::internal::Fusable(*this): these run no hooks.
   // - ForwardWithoutBias(x) is Forward(x) minus the bias (y = x W^T, with every check
-  //   and cache of Forward); BackwardWithoutBias(g) is Backward(g) minus dL/db, which the
-  //   caller accumulates.
+  //   and cache of Forward). BackwardFused(g) is Backward(g) (dL/dx returned, dL/dW and
+  //   dL/db accumulated), for a parent that computed g in its own fused op.
   // - NOTE [GEMM epilogues] (nn/tensor_ops.h): ForwardForGemm(x) is Forward(x) stored
   //   bf16 when the weight is bf16 (for a consumer that would round it to bf16 anyway:
   //   the same bits, without the fp32 copy and the rounding pass; and the GPT's logits,
@@ -61,7 +61,7 @@ class Linear : public core::Module {
   //   `pre` from ForwardGelu, is Backward(g) with dL/dx multiplied by GELU'(pre) in the
   //   GEMM's epilogue: the gradient at the pre-activation, in pre's dtype.
   absl::StatusOr<core::Tensor> ForwardWithoutBias(const core::Tensor& x);
-  absl::StatusOr<core::Tensor> BackwardWithoutBias(const core::Tensor& grad_output);
+  absl::StatusOr<core::Tensor> BackwardFused(const core::Tensor& grad_output);
   absl::StatusOr<core::Tensor> ForwardForGemm(const core::Tensor& x);
   absl::StatusOr<core::Tensor> ForwardGelu(const core::Tensor& x, core::Tensor* pre);
   absl::StatusOr<core::Tensor> BackwardForGemm(const core::Tensor& grad_output);
@@ -104,11 +104,10 @@ class Linear : public core::Module {
   // `pre` is non-null; stored bf16 when `gemm_out` and the weight is bf16.
   absl::StatusOr<core::Tensor> ForwardGemm(const core::Tensor& x, bool with_bias, bool gemm_out,
                                            core::Tensor* pre);
-  // The backward GEMMs, dL/db unless !bias_grad, dL/dx times GELU'(gelu_pre) when
-  // gelu_pre is defined (in its dtype), else stored bf16 when `gemm_out` and the Forward
-  // was bf16.
-  absl::StatusOr<core::Tensor> BackwardGemms(const core::Tensor& grad_output, bool bias_grad,
-                                             bool gemm_out, const core::Tensor& gelu_pre);
+  // The backward GEMMs and dL/db, dL/dx times GELU'(gelu_pre) when gelu_pre is defined
+  // (in its dtype), else stored bf16 when `gemm_out` and the Forward was bf16.
+  absl::StatusOr<core::Tensor> BackwardGemms(const core::Tensor& grad_output, bool gemm_out,
+                                             const core::Tensor& gelu_pre);
 
   int64_t in_ = 0;
   int64_t out_ = 0;

@@ -10,6 +10,7 @@
 #include "kernels/cpu/kernels.h"
 #include "kernels/elementwise.h"
 #include "nn/internal/op_checks.h"
+#include "nn/internal/op_costs.h"
 #include "nn/ops.h"
 #include "nn/tensor_ops.h"
 
@@ -86,7 +87,7 @@ std::vector<float> WidenSpan(const Tensor& t, int64_t offset, int64_t span) {
 // is bf16 (a mixed pair first rounds the fp32 operand, core::OpCategory::kConvert), else
 // fp32 without them. An epilogue (NOTE [GEMM epilogues]) adds its bias and aux bytes and
 // its arithmetic to the GEMM's own cost: it runs inside the GEMM's kernel.
-core::OpCost GemmCost(const GemmArgs& g, bool bf16) {
+core::OpCost GemmCost(const GemmArgs& g, bool bf16, bool fused_sums) {
   const double c_size = IsBf16(g.c.tensor) ? 2.0 : 4.0;
   const double c_bytes = c_size * g.batch * g.m * g.n * (g.beta != 0.0f ? 2 : 1);
   const double in_bytes = bf16 ? 2.0 : 4.0;
@@ -110,6 +111,10 @@ core::OpCost GemmCost(const GemmArgs& g, bool bf16) {
       cost.bytes += c_size * mn;
       cost.flops += 20.0 * mn;
       break;
+  }
+  if (fused_sums) {  // the sums of op(A)'s rows, written fp32
+    cost.bytes += 4.0 * g.m;
+    cost.flops += static_cast<double>(g.m) * g.k;
   }
   return cost;
 }
@@ -148,6 +153,23 @@ absl::Status CheckEpilogue(absl::string_view what, const GemmArgs& g) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": a GEMM with k == 0 takes neither a bf16 C nor an epilogue"));
   }
+  if (g.bias_grad.defined()) {
+    RETURN_IF_ERROR(CheckDevices(what, {{"bias gradient", &g.bias_grad}, {"C", &g.c.tensor}}));
+    RETURN_IF_ERROR(CheckDType(what, "bias gradient", g.bias_grad, DType::kFloat32));
+    RETURN_IF_ERROR(CheckNumel(what, "bias gradient", g.bias_grad, g.m));
+    if (!g.trans_a || g.batch != 1 || g.epilogue != GemmEpilogue::kNone || c_bf16 ||
+        g.a.offset != 0 || (g.a.ld != 0 && g.a.ld != g.m) ||
+        g.a.tensor.numel() != g.k * g.m) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": a GEMM with a bias gradient needs a transposed, dense A of ", g.k, " x ",
+          g.m, " elements (", g.a.tensor.ToString(), ", offset ", g.a.offset, ", row stride ",
+          g.a.ld, "), batch 1, no epilogue and an fp32 C"));
+    }
+    if (g.bias_grad.raw_data() == g.c.tensor.raw_data()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": GEMM output C and the bias gradient must be distinct"));
+    }
+  }
   if (g.epilogue == GemmEpilogue::kNone && !c_bf16) return absl::OkStatus();
   const char* name = EpilogueName(g.epilogue);
   if (g.batch != 1 || g.beta != 0.0f || g.c.offset != 0 || (g.c.ld != 0 && g.c.ld != g.n) ||
@@ -185,6 +207,50 @@ absl::Status CheckEpilogue(absl::string_view what, const GemmArgs& g) {
   return absl::OkStatus();
 }
 
+// MatMul's CPU product and epilogue (its arguments checked): oneDNN sgemm per matrix of
+// the batch, bf16 operands widened exactly.
+absl::Status CpuMatMul(absl::string_view what, const GemmArgs& g, const Stored& sa,
+                       const Stored& sb, const Stored& sc, int64_t span_a, int64_t span_b) {
+  std::vector<float> wide_a, wide_b;
+  const float* a = nullptr;
+  const float* b = nullptr;
+  if (IsBf16(g.a.tensor)) {
+    wide_a = WidenSpan(g.a.tensor, g.a.offset, span_a);
+    a = wide_a.data();
+  } else {
+    a = F32(g.a.tensor) + g.a.offset;
+  }
+  if (IsBf16(g.b.tensor)) {
+    wide_b = WidenSpan(g.b.tensor, g.b.offset, span_b);
+    b = wide_b.data();
+  } else {
+    b = F32(g.b.tensor) + g.b.offset;
+  }
+  // NOTE [GEMM epilogues]: the product goes to C when it is fp32, else to an fp32 scratch,
+  // and the epilogue stores C from it.
+  const bool c_bf16 = IsBf16(g.c.tensor);
+  std::vector<float> product;
+  if (c_bf16) product.resize(static_cast<size_t>(g.m * g.n));
+  float* c = c_bf16 ? product.data() : MutF32(g.c.tensor) + g.c.offset;
+  for (int64_t i = 0; i < g.batch; ++i) {
+    const absl::Status status =
+        Gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, a + i * g.a.batch_stride, sa.ld,
+             b + i * g.b.batch_stride, sb.ld, g.beta, c + i * g.c.batch_stride, sc.ld);
+    if (!status.ok()) {
+      return absl::Status(status.code(), absl::StrCat(what, ": matrix ", i, " of ", g.batch,
+                                                      ": ", status.message()));
+    }
+  }
+  if (c_bf16 || g.epilogue != GemmEpilogue::kNone) {
+    ::kernels::cpu::GemmEpilogue(c, static_cast<int>(g.epilogue),
+                                 g.bias.defined() ? g.bias.raw_data() : nullptr,
+                                 g.bias.defined() && IsBf16(g.bias),
+                                 g.aux.defined() ? g.aux.raw_data() : nullptr,
+                                 g.c.tensor.raw_data(), c_bf16, g.m, g.n);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
@@ -202,14 +268,22 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
   ASSIGN_OR_RETURN(int64_t span_a, CheckExtent(what, "A", g.a, sa, g.batch));
   ASSIGN_OR_RETURN(int64_t span_b, CheckExtent(what, "B", g.b, sb, g.batch));
   RETURN_IF_ERROR(CheckExtent(what, "C", g.c, sc, g.batch).status());
-  if (g.batch == 0 || g.m == 0 || g.n == 0) return absl::OkStatus();
+  if (g.batch == 0 || g.m == 0 || g.n == 0) {
+    // An empty product; a bias gradient still sums A's k x m elements.
+    if (g.bias_grad.defined() && g.m > 0 && g.k > 0) {
+      return AccumulateColumnSums(what, g.a.tensor, Tensor(), g.bias_grad);
+    }
+    return absl::OkStatus();
+  }
   const core::Device device = g.c.tensor.device();
   const bool a_bf16 = IsBf16(g.a.tensor);
   const bool b_bf16 = IsBf16(g.b.tensor);
   const int64_t round_span = a_bf16 == b_bf16 || g.k == 0 ? 0 : (a_bf16 ? span_b : span_a);
+  // NOTE [GEMM epilogues]: whether the GEMM itself sums op(A)'s rows for bias_grad (on CUDA).
+  const bool fused_sums = g.bias_grad.defined() && a_bf16 && b_bf16 && g.k > 0;
   const core::OpCost gemm_cost =
       g.k == 0 ? core::OpCost::Memory(8.0 * g.batch * g.m * g.n)
-               : GemmCost(g, a_bf16 || b_bf16);
+               : GemmCost(g, a_bf16 || b_bf16, fused_sums);
 
   if (device.is_cuda()) {
 #ifdef FSDP_WITH_CUDA
@@ -250,8 +324,6 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
       f32.ptr = scratch.raw_data();
       f32.bf16 = true;
     }
-    core::ProfiledOp op(core::OpCategory::kGemmForward, "matmul", device, gemm_cost,
-                        core::GemmShape{g.batch, g.m, g.n, g.k});
     cuda::GemmEpilogueArgs ep;
     ep.kind = static_cast<int>(g.epilogue);
     if (g.bias.defined()) {
@@ -259,24 +331,47 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
       ep.bias_bf16 = IsBf16(g.bias);
     }
     if (g.aux.defined()) ep.aux = g.aux.raw_data();
-    const absl::Status fused = cuda::Gemm(device.index, g.trans_a, g.trans_b, g.batch, g.m, g.n,
-                                          g.k, g.alpha, a, b, g.beta, cc, what, ep);
-    if (!absl::IsUnimplemented(fused)) return fused;
-    // NOTE [GEMM epilogues]: cuBLASLt has no algorithm with this epilogue (or output type):
-    // the plain product into fp32 (C itself when it is fp32), then the epilogue kernel.
-    Tensor product;
-    cuda::GemmOperand plain = cc;
-    if (c_bf16) {
-      ASSIGN_OR_RETURN(product, Tensor::Allocate({g.m * g.n}, DType::kFloat32,
-                                                 core::MemoryTag::kActivation, device));
-      plain = cuda::GemmOperand{product.raw_data(), false, sc.ld, 0};
+    // NOTE [GEMM epilogues]: a bias gradient with bf16 operands is the GEMM's (into `sums`,
+    // then added); otherwise the column sums of A after the plain GEMM.
+    Tensor sums;
+    if (fused_sums) {
+      ASSIGN_OR_RETURN(sums, Tensor::Allocate({g.m}, DType::kFloat32, core::MemoryTag::kGrad,
+                                              device));
+      ep.bias_grad = MutF32(sums);
     }
-    RETURN_IF_ERROR(cuda::Gemm(device.index, g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k,
-                               g.alpha, a, b, g.beta, plain, what));
-    return Launched(::kernels::cuda::GemmEpilogue(
-                        static_cast<const float*>(plain.ptr), ep.kind, ep.bias, ep.bias_bf16,
-                        ep.aux, const_cast<void*>(cc.ptr), c_bf16, g.m, g.n),
-                    what, "GEMM epilogue");
+    {
+      core::ProfiledOp op(core::OpCategory::kGemmForward, "matmul", device, gemm_cost,
+                          core::GemmShape{g.batch, g.m, g.n, g.k});
+      absl::Status fused = cuda::Gemm(device.index, g.trans_a, g.trans_b, g.batch, g.m, g.n,
+                                      g.k, g.alpha, a, b, g.beta, cc, what, ep);
+      if (absl::IsUnimplemented(fused) && ep.bias_grad != nullptr) {
+        // No cuBLASLt algorithm computes the sums: the plain GEMM, the column sums below.
+        sums = Tensor();
+        fused = cuda::Gemm(device.index, g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k, g.alpha,
+                           a, b, g.beta, cc, what);
+      } else if (absl::IsUnimplemented(fused)) {
+        // NOTE [GEMM epilogues]: cuBLASLt has no algorithm with this epilogue (or output
+        // type): the plain product into fp32 (C itself when it is fp32), then the epilogue
+        // kernel.
+        Tensor product;
+        cuda::GemmOperand plain = cc;
+        if (c_bf16) {
+          ASSIGN_OR_RETURN(product, Tensor::Allocate({g.m * g.n}, DType::kFloat32,
+                                                     core::MemoryTag::kActivation, device));
+          plain = cuda::GemmOperand{product.raw_data(), false, sc.ld, 0};
+        }
+        RETURN_IF_ERROR(cuda::Gemm(device.index, g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k,
+                                   g.alpha, a, b, g.beta, plain, what));
+        fused = Launched(::kernels::cuda::GemmEpilogue(
+                             static_cast<const float*>(plain.ptr), ep.kind, ep.bias,
+                             ep.bias_bf16, ep.aux, const_cast<void*>(cc.ptr), c_bf16, g.m, g.n),
+                         what, "GEMM epilogue");
+      }
+      RETURN_IF_ERROR(fused);
+    }
+    if (!g.bias_grad.defined()) return absl::OkStatus();
+    if (sums.defined()) return AddTensors(what, g.bias_grad, sums, g.bias_grad);
+    return AccumulateColumnSums(what, g.a.tensor, Tensor(), g.bias_grad);
 #else
     return NoCuda(device, what);
 #endif
@@ -287,46 +382,18 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
   if (round_span > 0) {
     core::RecordOp(core::OpCategory::kConvert, "gemm.round_operand", RoundOperandCost(round_span));
   }
-  core::ProfiledOp op(g.k == 0 ? core::OpCategory::kElementwise : core::OpCategory::kGemmForward,
-                      g.k == 0 ? "gemm.scale_c" : "matmul", device, gemm_cost,
-                      g.k == 0 ? core::GemmShape{} : core::GemmShape{g.batch, g.m, g.n, g.k});
-  std::vector<float> wide_a, wide_b;
-  const float* a = nullptr;
-  const float* b = nullptr;
-  if (IsBf16(g.a.tensor)) {
-    wide_a = WidenSpan(g.a.tensor, g.a.offset, span_a);
-    a = wide_a.data();
-  } else {
-    a = F32(g.a.tensor) + g.a.offset;
+  {
+    core::ProfiledOp op(g.k == 0 ? core::OpCategory::kElementwise : core::OpCategory::kGemmForward,
+                        g.k == 0 ? "gemm.scale_c" : "matmul", device, gemm_cost,
+                        g.k == 0 ? core::GemmShape{} : core::GemmShape{g.batch, g.m, g.n, g.k});
+    RETURN_IF_ERROR(CpuMatMul(what, g, sa, sb, sc, span_a, span_b));
   }
-  if (IsBf16(g.b.tensor)) {
-    wide_b = WidenSpan(g.b.tensor, g.b.offset, span_b);
-    b = wide_b.data();
-  } else {
-    b = F32(g.b.tensor) + g.b.offset;
-  }
-  // NOTE [GEMM epilogues]: the product goes to C when it is fp32, else to an fp32 scratch,
-  // and the epilogue stores C from it.
-  const bool c_bf16 = IsBf16(g.c.tensor);
-  std::vector<float> product;
-  if (c_bf16) product.resize(static_cast<size_t>(g.m * g.n));
-  float* c = c_bf16 ? product.data() : MutF32(g.c.tensor) + g.c.offset;
-  for (int64_t i = 0; i < g.batch; ++i) {
-    const absl::Status status =
-        Gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, a + i * g.a.batch_stride, sa.ld,
-             b + i * g.b.batch_stride, sb.ld, g.beta, c + i * g.c.batch_stride, sc.ld);
-    if (!status.ok()) {
-      return absl::Status(status.code(), absl::StrCat(what, ": matrix ", i, " of ", g.batch,
-                                                      ": ", status.message()));
-    }
-  }
-  if (c_bf16 || g.epilogue != GemmEpilogue::kNone) {
-    ::kernels::cpu::GemmEpilogue(c, static_cast<int>(g.epilogue),
-                                 g.bias.defined() ? g.bias.raw_data() : nullptr,
-                                 g.bias.defined() && IsBf16(g.bias),
-                                 g.aux.defined() ? g.aux.raw_data() : nullptr,
-                                 g.c.tensor.raw_data(), c_bf16, g.m, g.n);
-  }
+  if (!g.bias_grad.defined() || g.k == 0) return absl::OkStatus();
+  if (!fused_sums) return AccumulateColumnSums(what, g.a.tensor, Tensor(), g.bias_grad);
+  // The CUDA path's GEMM sums A's rows into a scratch it then adds to bias_grad.
+  core::RecordOp(core::OpCategory::kElementwise, "add", internal::AddCost(g.m));
+  ::kernels::cpu::ColumnSumsBf16(static_cast<const uint16_t*>(g.a.tensor.raw_data()),
+                                 MutF32(g.bias_grad), g.k, g.m);
   return absl::OkStatus();
 }
 

@@ -56,14 +56,16 @@ TEST(OpAccountingTest, LinearRecordsItsThreeGemmsByRoleWithTheirFlops) {
     ASSERT_TRUE(fc.Backward(Filled({R, out}, -0.2f)).ok());
   }
   const std::vector<OpRecord>& r = profile.records();
-  // The first backward creates the gradients, zeroed, before adding into them. The bias
-  // rides in the forward GEMM's epilogue (NOTE [GEMM epilogues]): no op of its own.
-  ASSERT_EQ(Names(r), (std::vector<std::string>{"matmul", "matmul", "zero", "matmul", "zero",
+  // The first backward creates the weight's and the bias's gradients, zeroed, before the
+  // weight gradient's GEMM adds into them (with fp32 operands the bias gradient is a
+  // column-sums op after it: NOTE [GEMM epilogues]). The bias rides in the forward GEMM's
+  // epilogue: no op of its own.
+  ASSERT_EQ(Names(r), (std::vector<std::string>{"matmul", "matmul", "zero", "zero", "matmul",
                                                  "column_sums"}));
   EXPECT_EQ(r[0].category, OpCategory::kGemmForward);
   EXPECT_EQ(r[1].category, OpCategory::kGemmInputGrad);
-  EXPECT_EQ(r[3].category, OpCategory::kGemmWeightGrad);
-  for (int i : {0, 1, 3}) {
+  EXPECT_EQ(r[4].category, OpCategory::kGemmWeightGrad);
+  for (int i : {0, 1, 4}) {
     // The forward also adds the bias: one more operation per output element.
     EXPECT_EQ(r[i].cost.flops, 2.0 * R * in * out + (i == 0 ? R * out : 0)) << i;
     EXPECT_EQ(r[i].cost.engine, OpEngine::kSimtFp32) << i;  // fp32 operands
@@ -71,8 +73,9 @@ TEST(OpAccountingTest, LinearRecordsItsThreeGemmsByRoleWithTheirFlops) {
   // y = x W^T + b: reads x, W and b, writes y.
   EXPECT_EQ(r[0].cost.bytes, 4.0 * (R * in + in * out + R * out + out));
   // dW += g^T x (beta 1): also reads dW.
-  EXPECT_EQ(r[3].cost.bytes, 4.0 * (R * out + R * in + 2 * in * out));
+  EXPECT_EQ(r[4].cost.bytes, 4.0 * (R * out + R * in + 2 * in * out));
   EXPECT_EQ(r[2].category, OpCategory::kElementwise);
+  EXPECT_EQ(r[3].category, OpCategory::kElementwise);
   EXPECT_EQ(r[5].category, OpCategory::kElementwise);
   // Each GEMM records its problem (the report's per-shape table): y [R x out] = x [R x in]
   // W^T; dx [R x in] = g [R x out] W; dW [out x in] = g^T x over R. Other ops record none.
@@ -81,8 +84,9 @@ TEST(OpAccountingTest, LinearRecordsItsThreeGemmsByRoleWithTheirFlops) {
   };
   EXPECT_EQ(shape(r[0]), (std::vector<int64_t>{1, R, out, in}));
   EXPECT_EQ(shape(r[1]), (std::vector<int64_t>{1, R, in, out}));
-  EXPECT_EQ(shape(r[3]), (std::vector<int64_t>{1, out, in, R}));
+  EXPECT_EQ(shape(r[4]), (std::vector<int64_t>{1, out, in, R}));
   EXPECT_EQ(shape(r[2]), (std::vector<int64_t>{0, 0, 0, 0}));
+  EXPECT_EQ(shape(r[3]), (std::vector<int64_t>{0, 0, 0, 0}));
   EXPECT_EQ(shape(r[5]), (std::vector<int64_t>{0, 0, 0, 0}));
 }
 
@@ -203,6 +207,31 @@ TEST(OpAccountingTest, AFusedBf16BlockRoundsOnlyTheResidualGradients) {
   }
   EXPECT_EQ(fused, 2);
   EXPECT_EQ(converts, 2);
+}
+
+// NOTE [GEMM epilogues]: under bf16 weights every Linear of a fused block sums its bias
+// gradient in its weight gradient's GEMM (an add of the sums, no column-sums pass); the
+// GEMM writes the out sums too.
+TEST(OpAccountingTest, ABf16BlockSumsItsBiasGradientsInTheWeightGradientGemms) {
+  const int64_t B = 1, T = 8, H = 2, C = 64 * H;
+  TransformerBlock block(C, H, 5);
+  core::OpProfile profile;
+  ProfileBf16Step(block, {B, T, C}, &profile);
+  int column_sums = 0, weight_grads = 0, adds_after_weight_grads = 0;
+  const std::vector<OpRecord>& r = profile.records();
+  for (size_t i = 0; i < r.size(); ++i) {
+    // The LayerNorms' parameter gradients are their own kernel's (category kNorm).
+    column_sums += r[i].name == "column_sums";
+    if (r[i].category != OpCategory::kGemmWeightGrad) continue;
+    ++weight_grads;
+    const double m = r[i].gemm.m, n = r[i].gemm.n, k = r[i].gemm.k;
+    EXPECT_EQ(r[i].cost.bytes, 2.0 * (m * k + k * n) + 8.0 * m * n + 4.0 * m) << i;
+    ASSERT_LT(i + 1, r.size());
+    if (r[i + 1].name == "add" && r[i + 1].cost.bytes == 12.0 * m) ++adds_after_weight_grads;
+  }
+  EXPECT_EQ(column_sums, 0);
+  EXPECT_EQ(weight_grads, 4);  // qkv, attention's proj, fc, the MLP's proj
+  EXPECT_EQ(adds_after_weight_grads, 4);
 }
 
 // NOTE [Fused ops]: a fused op is one kernel on every device; it records one op that

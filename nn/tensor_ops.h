@@ -69,6 +69,15 @@ enum class GemmEpilogue : int { kNone = 0, kBias = 1, kBiasGelu = 2, kDGelu = 3 
 // `bias` ([n], fp32 or bf16) for kBias and kBiasGelu, and `aux` (C's shape and dtype,
 // dense) for kBiasGelu (written) and kDGelu (read); InvalidArgument naming the argument
 // otherwise.
+// `bias_grad` (NOTE [GEMM epilogues]), when defined: bias_grad[i] += the sum over k of
+// op(A)[i, :], the row sums of op(A) as A is stored (bf16 values widened), the bias
+// gradient of a weight-gradient GEMM dW = g^T x, whose A is g stored [k, m]. It needs
+// trans_a, batch 1, A dense (offset 0, its tensor k x m elements), epilogue kNone and an
+// fp32 C; bias_grad fp32 of m elements, distinct from C. With bf16 operands on CUDA the
+// GEMM computes the sums (cuBLASLt's BGRADB) into a scratch added to bias_grad, where
+// cuBLASLt runs that GEMM on the plain GEMM's grid (tile, split-K); otherwise, and on the
+// CPU, they are AccumulateColumnSums of A. The CPU records the fused path's ops for bf16
+// operands (the GEMM, then an add of m elements).
 struct GemmArgs {
   bool trans_a = false;
   bool trans_b = false;
@@ -84,6 +93,7 @@ struct GemmArgs {
   GemmEpilogue epilogue = GemmEpilogue::kNone;
   core::Tensor bias;
   core::Tensor aux;
+  core::Tensor bias_grad;
 };
 absl::Status MatMul(absl::string_view what, const GemmArgs& args);
 

@@ -265,6 +265,97 @@ TEST(GemmEpilogueTest, MissingOrMisfitArgumentsAreInvalidArgumentNamingThem) {
   for (float v : e.c.ToVector()) EXPECT_EQ(v, 0.0f);
 }
 
+// NOTE [GEMM epilogues]: a weight-gradient GEMM dW += g^T x with a bias gradient adds the
+// column sums of g (its A, as stored: bf16 values widened) to bias_grad, and dW is the GEMM
+// without one, bit for bit; C and bias_grad accumulate (beta 1, +=).
+TEST(GemmEpilogueTest, BiasGradientAddsTheColumnSumsOfATheWeightGradientIsUnchanged) {
+  const int64_t rows = 7, out = 5, in = 6;
+  for (core::DType dtype : {core::DType::kFloat32, core::DType::kBFloat16}) {
+    SCOPED_TRACE(core::DTypeName(dtype));
+    const core::Tensor g = Normal(rows * out, 31).ToDType(dtype, core::MemoryTag::kOther).value();
+    const core::Tensor x = Normal(rows * in, 32).ToDType(dtype, core::MemoryTag::kOther).value();
+    auto dw = [&](const core::Tensor& c, const core::Tensor& sums) {
+      GemmArgs a;
+      a.trans_a = true;
+      a.m = out;
+      a.n = in;
+      a.k = rows;
+      a.beta = 1.0f;
+      a.a.tensor = g;
+      a.b.tensor = x;
+      a.c.tensor = c;
+      a.bias_grad = sums;
+      return MatMul("blocks.0.mlp.fc (Linear)", a);
+    };
+    const core::Tensor c0 = Normal(out * in, 33);
+    core::Tensor c_plain = c0.Clone(core::MemoryTag::kOther), c_fused = c0.Clone(core::MemoryTag::kOther);
+    core::Tensor sums = core::Tensor::FromVector({1, -2, 3, 0.5f, 0}, {out}).value();
+    core::Tensor want = sums.Clone(core::MemoryTag::kOther);
+    ASSERT_TRUE(dw(c_plain, core::Tensor()).ok());
+    ASSERT_TRUE(dw(c_fused, sums).ok());
+    ASSERT_TRUE(AccumulateColumnSums("ref", g, core::Tensor(), want).ok());
+    EXPECT_EQ(c_fused.ToVector(), c_plain.ToVector());
+    EXPECT_EQ(sums.ToVector(), want.ToVector());
+    // Twice: both accumulate.
+    ASSERT_TRUE(dw(c_plain, core::Tensor()).ok());
+    ASSERT_TRUE(dw(c_fused, sums).ok());
+    ASSERT_TRUE(AccumulateColumnSums("ref", g, core::Tensor(), want).ok());
+    EXPECT_EQ(c_fused.ToVector(), c_plain.ToVector());
+    EXPECT_EQ(sums.ToVector(), want.ToVector());
+  }
+}
+
+TEST(GemmEpilogueTest, BiasGradientArgumentsAreCheckedAndNothingIsWrittenOnError) {
+  const int64_t rows = 4, out = 3, in = 2;
+  GemmArgs a;
+  a.trans_a = true;
+  a.m = out;
+  a.n = in;
+  a.k = rows;
+  a.a.tensor = Normal(rows * out, 41);
+  a.b.tensor = Normal(rows * in, 42);
+  a.c.tensor = core::Tensor::Zeros({out * in});
+  a.bias_grad = core::Tensor::Zeros({out});
+  ASSERT_TRUE(MatMul("ok", a).ok());
+  a.c.tensor = core::Tensor::Zeros({out * in});
+  a.bias_grad = core::Tensor::Zeros({out});
+  auto message = [&](const GemmArgs& args) {
+    const absl::Status s = MatMul("blocks.1.attn.qkv (Linear)", args);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()), HasSubstr("blocks.1.attn.qkv"));
+    return std::string(s.message());
+  };
+  GemmArgs short_sums = a;
+  short_sums.bias_grad = core::Tensor::Zeros({out + 1});
+  EXPECT_THAT(message(short_sums), HasSubstr("bias gradient"));
+  GemmArgs bf16_sums = a;
+  bf16_sums.bias_grad = core::Tensor::Zeros({out}, core::DType::kBFloat16);
+  EXPECT_THAT(message(bf16_sums), HasSubstr("bias gradient"));
+  GemmArgs untransposed = a;
+  untransposed.trans_a = false;
+  untransposed.a.tensor = Normal(out * rows, 43);
+  EXPECT_THAT(message(untransposed), HasSubstr("transposed, dense A"));
+  GemmArgs offset = a;
+  offset.a.tensor = Normal(rows * out + 1, 44);
+  offset.a.offset = 1;
+  EXPECT_THAT(message(offset), HasSubstr("transposed, dense A"));
+  GemmArgs with_bias = a;
+  with_bias.beta = 0.0f;
+  with_bias.epilogue = GemmEpilogue::kBias;
+  with_bias.bias = Normal(in, 45);
+  EXPECT_THAT(message(with_bias), HasSubstr("no epilogue"));
+  GemmArgs aliased = a;  // [1 x 1] += g^T x with the bias gradient in C's storage
+  aliased.m = 1;
+  aliased.n = 1;
+  aliased.a.tensor = Normal(rows, 46);
+  aliased.b.tensor = Normal(rows, 47);
+  aliased.bias_grad = core::Tensor::Zeros({1});
+  aliased.c.tensor = aliased.bias_grad;
+  EXPECT_THAT(message(aliased), HasSubstr("distinct"));
+  for (float v : a.c.tensor.ToVector()) EXPECT_EQ(v, 0.0f);
+  for (float v : a.bias_grad.ToVector()) EXPECT_EQ(v, 0.0f);
+}
+
 // NOTE [GEMM epilogues]: a bf16 LayerNorm output holds the fp32 output rounded once, and
 // the statistics are those of the fp32 call.
 TEST(TensorOpsTest, LayerNormsBf16OutputIsTheFp32OutputRoundedOnce) {

@@ -64,12 +64,11 @@ absl::StatusOr<core::Tensor> Mlp::BackwardImpl(const core::Tensor& grad_output) 
         "fused without them (NOTE [Fused layers]), so register hooks before Forward"));
   }
   // proj's input-gradient GEMM multiplies by GELU'(pre) in its epilogue: the gradient at
-  // the pre-activation, in pre's dtype; fc's bias gradient is its column sums.
+  // the pre-activation, in pre's dtype: fc's backward from there (its bias gradient in its
+  // weight gradient's GEMM).
   ASSIGN_OR_RETURN(core::Tensor gpre, proj_->BackwardThroughGelu(grad_output, pre_));
   pre_ = core::Tensor();
-  ASSIGN_OR_RETURN(core::Tensor gb, internal::GradTensor(*fc_, *fc_->bias(), "bias"));
-  if (gb.defined()) RETURN_IF_ERROR(AccumulateColumnSums(FusedWhat(), gpre, core::Tensor(), gb));
-  return fc_->BackwardWithoutBias(gpre);
+  return fc_->BackwardFused(gpre);
 }
 
 std::string Mlp::FusedWhat() const {

@@ -162,8 +162,12 @@ std::map<GemmKey, const CachedGemm*>& GemmCache() {
   return *cache;
 }
 
-// cuBLASLt's epilogue for nn::GemmEpilogue's number `kind` (NOTE [GEMM epilogues]).
-cublasLtEpilogue_t LtEpilogue(int kind) {
+// cuBLASLt's epilogue for nn::GemmEpilogue's number `kind`, or for a bias gradient
+// (NOTE [GEMM epilogues]).
+cublasLtEpilogue_t LtEpilogue(int kind, bool bias_grad) {
+  // Our A is cuBLASLt's second operand, B: its bias gradient sums op(A)'s rows over k,
+  // one value for each of D's m columns (D is C^T [n x m]).
+  if (bias_grad) return CUBLASLT_EPILOGUE_BGRADB;
   switch (kind) {
     case 1:
       return CUBLASLT_EPILOGUE_BIAS;
@@ -210,8 +214,8 @@ absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bo
   RETURN_IF_ERROR(MakeLayout(&d.c, out_type, n, m, c.ld, batch32, c.stride, where));
   // NOTE [GEMM epilogues]. Column-major, D is C^T [n x m]: the bias runs along D's rows and
   // the aux matrix is [n x m] with leading dimension n, like D.
-  if (ep.kind != 0) {
-    const cublasLtEpilogue_t epilogue = LtEpilogue(ep.kind);
+  if (ep.kind != 0 || ep.bias_grad != nullptr) {
+    const cublasLtEpilogue_t epilogue = LtEpilogue(ep.kind, ep.bias_grad != nullptr);
     RETURN_IF_ERROR(StatusFromCublas(
         cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                        sizeof(epilogue)),
@@ -225,6 +229,17 @@ absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bo
       RETURN_IF_ERROR(StatusFromCublas(
           cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.bias,
                                          sizeof(ep.bias)),
+          where));
+    }
+    if (ep.bias_grad != nullptr) {
+      const int32_t bias_type = CUDA_R_32F;
+      RETURN_IF_ERROR(StatusFromCublas(
+          cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                         sizeof(bias_type)),
+          where));
+      RETURN_IF_ERROR(StatusFromCublas(
+          cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.bias_grad,
+                                         sizeof(ep.bias_grad)),
           where));
     }
     if (ep.aux != nullptr) {
@@ -262,7 +277,7 @@ absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bo
   // An unsupported combination (an epilogue or a type this cuBLASLt lacks; for an epilogue
   // or a bf16 output also one it calls an invalid value, as cublasLtMatmul's refusal
   // below) is "no algorithm", like an empty answer: the caller falls back.
-  const bool plain = ep.kind == 0 && !c.bf16;
+  const bool plain = ep.kind == 0 && !c.bf16 && ep.bias_grad == nullptr;
   if (queried == CUBLAS_STATUS_NOT_SUPPORTED ||
       (!plain && queried == CUBLAS_STATUS_INVALID_VALUE) ||
       (queried == CUBLAS_STATUS_SUCCESS &&
@@ -277,6 +292,24 @@ absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bo
   built->algo = heuristic.algo;
   d.Release(&built->op, &built->a, &built->b, &built->c);
   return built;
+}
+
+// Whether two algorithms split the problem over the same grid: the same tile, split-K
+// count, reduction scheme and cluster shape (unreadable attributes count as different).
+bool SameGrid(const cublasLtMatmulAlgo_t& x, const cublasLtMatmulAlgo_t& y) {
+  auto same = [&](cublasLtMatmulAlgoConfigAttributes_t attribute, size_t bytes) {
+    uint32_t vx = 0, vy = 0;  // every attribute compared fits in 4 bytes
+    size_t written = 0;
+    return cublasLtMatmulAlgoConfigGetAttribute(&x, attribute, &vx, bytes, &written) ==
+               CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulAlgoConfigGetAttribute(&y, attribute, &vy, bytes, &written) ==
+               CUBLAS_STATUS_SUCCESS &&
+           vx == vy;
+  };
+  return same(CUBLASLT_ALGO_CONFIG_TILE_ID, sizeof(uint32_t)) &&
+         same(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, sizeof(int32_t)) &&
+         same(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, sizeof(uint32_t)) &&
+         same(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, sizeof(uint16_t));
 }
 
 // C = alpha op(A) op(B) + beta C through cublasGemmStridedBatchedEx (fp32 C only), for the
@@ -329,6 +362,11 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": epilogue ", ep.kind, " lacks its bias or aux pointer"));
   }
+  if (ep.bias_grad != nullptr && (ep.kind != 0 || !a.bf16 || !trans_a || batch != 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": a bias gradient needs no other epilogue, bf16 operands, a transposed A and "
+        "batch 1"));
+  }
   if (batch < 1 || m < 1 || n < 1 || k < 1 || !FitsInt32(batch) || !FitsInt32(m) ||
       !FitsInt32(n) || !FitsInt32(k) || !FitsInt32(a.ld) || !FitsInt32(b.ld) ||
       !FitsInt32(c.ld)) {
@@ -338,7 +376,7 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
   }
   ASSIGN_OR_RETURN(DeviceContext * ctx, Context(device));
   RETURN_IF_ERROR(StatusFromCuda(cudaSetDevice(device), where));
-  const bool plain = ep.kind == 0 && !c.bf16;
+  const bool plain = ep.kind == 0 && !c.bf16 && ep.bias_grad == nullptr;
   // cuBLASLt's epilogues, bf16 D and its aux need bf16 operands (fp32 ones take the
   // fallback), and the GELU aux matrix a leading dimension divisible by 8.
   const bool lt_can = plain || (a.bf16 && (ep.aux == nullptr || n % 8 == 0));
@@ -353,28 +391,50 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
   const uint32_t align_first = AlignmentOf(b.ptr, b.stride, in_bytes, batch);
   const uint32_t align_second = AlignmentOf(a.ptr, a.stride, in_bytes, batch);
   const uint32_t align_c = AlignmentOf(c.ptr, c.stride, c.bf16 ? 2 : 4, batch);
-  const uint32_t align_bias = ep.bias != nullptr ? AlignmentOf(ep.bias, 0, 0, 1) : 0;
+  const void* bias_ptr = ep.bias_grad != nullptr ? ep.bias_grad : ep.bias;
+  const uint32_t align_bias = bias_ptr != nullptr ? AlignmentOf(bias_ptr, 0, 0, 1) : 0;
   const uint32_t align_aux = ep.aux != nullptr ? AlignmentOf(ep.aux, 0, 0, 1) : 0;
   const GemmKey key = {device,       trans_a ? 1 : 0, trans_b ? 1 : 0, a.bf16 ? 1 : 0,
                        batch,        m,               n,               k,
                        a.ld,         b.ld,            c.ld,            a.stride,
                        b.stride,     c.stride,        align_first | (int64_t{align_second} << 16),
-                       align_c,      c.bf16 ? 1 : 0,  ep.kind | (ep.bias_bf16 ? 16 : 0),
+                       align_c,      c.bf16 ? 1 : 0,
+                       ep.kind | (ep.bias_bf16 ? 16 : 0) | (ep.bias_grad != nullptr ? 32 : 0),
                        align_bias,   align_aux};
-  const CachedGemm* gemm = nullptr;
-  {
+  // The cached problem of `problem_key`, built with `problem_ep` on its first use.
+  auto cached = [&](const GemmKey& problem_key, const GemmEpilogueArgs& problem_ep,
+                    bool* built) -> absl::StatusOr<const CachedGemm*> {
+    {
+      std::lock_guard<std::mutex> lock(ContextMutex());
+      auto it = GemmCache().find(problem_key);
+      if (it != GemmCache().end()) return it->second;
+    }
+    ASSIGN_OR_RETURN(const CachedGemm* fresh,
+                     BuildGemm(ctx, trans_a, trans_b, batch, m, n, k, a, b, c, problem_ep,
+                               align_first, align_second, align_c, where));
     std::lock_guard<std::mutex> lock(ContextMutex());
-    auto it = GemmCache().find(key);
-    if (it != GemmCache().end()) gemm = it->second;
-  }
-  if (gemm == nullptr) {
-    ASSIGN_OR_RETURN(gemm, BuildGemm(ctx, trans_a, trans_b, batch, m, n, k, a, b, c, ep,
-                                     align_first, align_second, align_c, where));
-    std::lock_guard<std::mutex> lock(ContextMutex());
-    auto [it, inserted] = GemmCache().emplace(key, gemm);
+    auto [it, inserted] = GemmCache().emplace(problem_key, fresh);
     if (!inserted) {  // another thread built it meanwhile: use the cached one
-      delete gemm;    // (its descriptors leak; a race on a first use only)
-      gemm = it->second;
+      delete fresh;   // (its descriptors leak; a race on a first use only)
+      return it->second;
+    }
+    *built = true;
+    return fresh;
+  };
+  bool built = false;
+  ASSIGN_OR_RETURN(const CachedGemm* gemm, cached(key, ep, &built));
+  if (built && ep.bias_grad != nullptr && gemm->has_algo) {
+    // NOTE [GEMM epilogues]: the bias gradient rides in the GEMM only where cuBLASLt runs
+    // it on the plain GEMM's grid (tile, split-K, reduction, cluster): an epilogue that
+    // costs the GEMM its split-K would lose more than the column-sums pass it saves.
+    GemmKey plain_key = key;
+    plain_key[17] = ep.kind | (ep.bias_bf16 ? 16 : 0);
+    plain_key[18] = 0;
+    bool unused = false;
+    ASSIGN_OR_RETURN(const CachedGemm* plain_gemm,
+                     cached(plain_key, GemmEpilogueArgs(), &unused));
+    if (!plain_gemm->has_algo || !SameGrid(gemm->algo, plain_gemm->algo)) {
+      gemm->refused.store(true);
     }
   }
   if (!gemm->has_algo || gemm->refused.load()) {
@@ -385,10 +445,10 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
     return GemmEx(ctx, device, trans_a, trans_b, batch, m, n, k, alpha, a, b, beta, c, where);
   }
   std::lock_guard<std::mutex> lock(gemm->mu);
-  if (ep.bias != nullptr) {
+  if (bias_ptr != nullptr) {
     RETURN_IF_ERROR(StatusFromCublas(
-        cublasLtMatmulDescSetAttribute(gemm->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.bias,
-                                       sizeof(ep.bias)),
+        cublasLtMatmulDescSetAttribute(gemm->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
+                                       sizeof(bias_ptr)),
         where));
   }
   if (ep.aux != nullptr) {

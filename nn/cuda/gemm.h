@@ -26,11 +26,15 @@ struct GemmOperand {
 
 // NOTE [GEMM epilogues] (nn/tensor_ops.h): `kind` is nn::GemmEpilogue's number; `bias`
 // ([n], fp32 or bf16) for kinds 1 and 2, `aux` (C's dtype, [m, n] dense) for kinds 2 and 3.
+// `bias_grad` (fp32 [m]), with kind 0, bf16 operands, trans_a and batch 1: the GEMM also
+// writes (not adds) bias_grad[i] = the sum over k of op(A)[i, :] (cuBLASLt's BGRADB: the
+// bias gradient of a weight-gradient GEMM dW = g^T x, whose A is g).
 struct GemmEpilogueArgs {
   int kind = 0;
   const void* bias = nullptr;
   bool bias_bf16 = false;
   void* aux = nullptr;
+  float* bias_grad = nullptr;
 };
 
 // C_i = alpha op(A_i) op(B_i) + beta C_i for i < batch on CUDA device `device`, with
@@ -39,9 +43,9 @@ struct GemmEpilogueArgs {
 // (then beta must be 0). InvalidArgument otherwise. Requires m, n, k, batch >= 1 and batch,
 // m, n, k, ld within cuBLASLt's int32 limits. Each problem's descriptors and algorithm are
 // built once and cached. When cuBLASLt's heuristic offers no algorithm: a plain GEMM with an
-// fp32 C runs through cublasGemmStridedBatchedEx instead; an epilogue or a bf16 C gives
-// Unimplemented, and the caller runs the plain GEMM and the epilogue kernel
-// (nn::MatMul). Asynchronous; errors name `what`.
+// fp32 C runs through cublasGemmStridedBatchedEx instead; an epilogue, a bias gradient or
+// a bf16 C gives Unimplemented, and the caller runs the plain GEMM and the epilogue kernel
+// or the column sums (nn::MatMul). Asynchronous; errors name `what`.
 absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t m, int64_t n,
                   int64_t k, float alpha, const GemmOperand& a, const GemmOperand& b, float beta,
                   const GemmOperand& c, absl::string_view what,
