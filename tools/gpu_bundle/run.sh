@@ -30,6 +30,13 @@
 #   6. our main job again with --cpu_offload (shards, gradients and AdamW state in pinned
 #      host memory, NOTE [CPU offload] in fsdp/options.h) for OFFLOAD_STEPS steps: its
 #      tokens/s and peak device memory beside step 4's;
+#   7. Nsight Compute (ncu, where the machine has one and can read its counters), on the
+#      first launch of each launch configuration of bin/attention_bench (every block shape
+#      of the fused attention) and of NCU_STEPS steps of the main job of step 4: per
+#      kernel its duration, compute and memory throughput, occupancy, registers, busiest
+#      pipes, shared-memory bank conflicts and main warp stall reasons (summary "ncu": the
+#      kernels that took longest; every metric in ncu.csv). Diagnostic: its failure does not
+#      make the run fail;
 #   then prints ONE JSON line, last: gpu tests passed/failed/skipped and failing names,
 #   tokens/s of each side and their ratio (ours / PyTorch), our MFU and peak device memory,
 #   our op profile (estimated and measured milliseconds per op category, and the 8 GEMM
@@ -40,8 +47,9 @@
 # when $OUT is set, are copied there after each phase, so a run cut off from outside still
 # leaves the summary of what finished: at most 8 files (the device tool's limit), each cut
 # to its last 16 MiB: summary.json, run.log (run.sh's lines, then ldd of every binary),
-# gpu_tests.log, nccl_bench.json, attention.log (both attention benchmarks' output),
-# main_job.log, main_job_summary.json, pytorch_fsdp2.log.
+# gpu_tests.log, attention.log (both attention benchmarks' output), main_job.log,
+# main_job_summary.json, pytorch_fsdp2.log, ncu.csv (both ncu reports' raw pages); the
+# collectives benchmark's JSON goes at the end of run.log.
 # ldd -r checks every symbol the binaries need against the CUDA libraries found: one they
 # lack is listed in env.ldd_missing with its name.
 #
@@ -50,11 +58,13 @@
 # CUDA_HOME, FSDP_CUDA_LIB_DIRS, FSDP_PREFER_WHEEL=1 (wheel libraries before the toolkit's),
 # TEST_TIMEOUT_S (per test binary, 120), TESTS_BUDGET_S (all tests, 200), ATTN_TIMEOUT_S
 # (each of the two attention benchmarks, 60), BENCH_TIMEOUT_S (60), OURS_TIMEOUT_S (150),
-# PT_TIMEOUT_S (150), OFFLOAD_STEPS (10), OFFLOAD_TIMEOUT_S (90), RUN_BUDGET_S (the whole
-# run, 540: each step's limit is cut so the summary still comes before it), OURS_EXTRA_ARGS
-# (more flags), SKIP=tests,attention,bench,ours,pytorch,offload (steps to leave out),
-# PEAK_TFLOPS (for the MFU estimate).
-# Exit status: 0 when every step that ran passed, 1 otherwise.
+# PT_TIMEOUT_S (150), OFFLOAD_STEPS (10), OFFLOAD_TIMEOUT_S (90), NCU (the ncu to use;
+# default: on PATH, in $CUDA_HOME/bin, or under /opt/nvidia/nsight-compute), NCU_STEPS (2),
+# NCU_TIMEOUT_S (each of the two profiles, 150), RUN_BUDGET_S (the whole run, 540: each
+# step's limit is cut so the summary still comes before it), OURS_EXTRA_ARGS (more flags),
+# SKIP=tests,attention,bench,ours,pytorch,offload,ncu (steps to leave out), PEAK_TFLOPS (for
+# the MFU estimate).
+# Exit status: 0 when every step that ran passed (ncu's aside), 1 otherwise.
 set -u
 
 BUNDLE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -75,6 +85,8 @@ OURS_TIMEOUT_S=${OURS_TIMEOUT_S:-150}
 PT_TIMEOUT_S=${PT_TIMEOUT_S:-150}
 OFFLOAD_STEPS=${OFFLOAD_STEPS:-10}
 OFFLOAD_TIMEOUT_S=${OFFLOAD_TIMEOUT_S:-90}
+NCU_STEPS=${NCU_STEPS:-2}
+NCU_TIMEOUT_S=${NCU_TIMEOUT_S:-150}
 RUN_BUDGET_S=${RUN_BUDGET_S:-540}
 SKIP=${SKIP:-}
 # GPT-2 124M.
@@ -542,6 +554,88 @@ def attention_summary():
 attention = {"ours": attn_ours, "pytorch": attn_pt,
              "summary": None if "attention" in SKIPPED else attention_summary()}
 
+# Nsight Compute (step 7): each profile's kernels from its raw page (one row per kernel,
+# a column per metric, a units row first), the longest first.
+def ncu_number(v):
+    try:
+        return float(str(v).replace(",", ""))
+    except ValueError:
+        return None
+
+def ncu_profile(step, name):
+    import csv, io
+    out = {"ok": steps.get(step, {}).get("ok", False),
+           "error": step_error(step, os.path.join(W, name + ".log"))}
+    if "ncu" in SKIPPED:
+        return out
+    rows = list(csv.reader(io.StringIO(read(os.path.join(W, name + ".csv")))))
+    hi = next((i for i, r in enumerate(rows) if "Kernel Name" in r), None)
+    if hi is None:
+        if out["ok"]:
+            out["error"] = f"no kernels in {name}.csv"
+        return out
+    header, data = rows[hi], rows[hi + 1:]
+    units = {}
+    if data and not (data[0] and data[0][0].strip().isdigit()):
+        units, data = dict(zip(header, data[0])), data[1:]
+    scale_us = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3,
+                "ms": 1e3, "second": 1e6, "s": 1e6}
+    pipe_re = re.compile(r"^sm__(?:inst_executed_pipe_(\w+?)|pipe_(\w+?)_cycles_active)"
+                         r"\.avg\.pct_of_peak_sustained_active$")
+    stall_re = re.compile(r"^smsp__average_warps?_(?:latency_)?issue_stalled_(\w+?)"
+                          r"_per_issue_active\.ratio$")
+    def first(d, *names):
+        for n in names:
+            v = ncu_number(d.get(n, ""))
+            if v is not None:
+                return v
+        return None
+    kernels = []
+    for r in data:
+        if len(r) != len(header):
+            continue
+        d = dict(zip(header, r))
+        dur = ncu_number(d.get("gpu__time_duration.sum", ""))
+        if dur is not None:
+            dur *= scale_us.get(units.get("gpu__time_duration.sum", "nsecond"), 1e-3)
+        pipes, stalls, conflicts = {}, {}, 0.0
+        for col, v in d.items():
+            x = ncu_number(v)
+            if x is None:
+                continue
+            m = pipe_re.match(col)
+            if m:
+                key = m.group(1) or m.group(2)
+                pipes[key] = max(pipes.get(key, 0.0), x)
+            m = stall_re.match(col)
+            if m:
+                stalls[m.group(1)] = x
+            if "bank_conflicts" in col and "shared" in col and col.endswith(".sum"):
+                conflicts += x
+        kernels.append({
+            "kernel": d.get("Kernel Name", "")[:160],
+            "us": round(dur, 2) if dur is not None else None,
+            "grid": d.get("launch__grid_size"), "block": d.get("launch__block_size"),
+            "registers": first(d, "launch__registers_per_thread"),
+            "sm_pct": first(d, "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
+            "memory_pct": first(d, "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"),
+            "dram_pct": first(d, "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+                              "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+            "occupancy_pct": first(d, "sm__warps_active.avg.pct_of_peak_sustained_active"),
+            "occupancy_limit_pct": first(d, "sm__maximum_warps_per_active_cycle_pct"),
+            "issue_pct": first(d, "smsp__issue_active.avg.pct_of_peak_sustained_active",
+                               "sm__inst_issued.avg.pct_of_peak_sustained_active"),
+            "pipes_pct": dict(sorted(pipes.items(), key=lambda kv: -kv[1])[:3]),
+            "stalls": dict(sorted(stalls.items(), key=lambda kv: -kv[1])[:4]),
+            "shared_bank_conflicts": conflicts,
+        })
+    kernels.sort(key=lambda k: -(k["us"] or 0))
+    out.update({"kernels": len(kernels), "longest": kernels[:10]})
+    return out
+
+ncu = {"attention": ncu_profile("ncu_attention", "ncu_attention"),
+       "step": ncu_profile("ncu_step", "ncu_step")}
+
 ratio = None
 if ours["tokens_per_s"] and pt.get("tokens_per_s"):
     ratio = ours["tokens_per_s"] / pt["tokens_per_s"]
@@ -552,7 +646,8 @@ for line in read(os.path.join(W, "cuda_libs.txt")).splitlines():
     if len(parts) == 2:
         libs[parts[0]] = None if parts[1] == "NOT_FOUND" else parts[1]
 
-all_ok = all(s["ok"] for s in steps.values()) and bool(steps)
+# Step 7 (ncu) is a diagnosis: its failure does not fail the run.
+all_ok = all(s["ok"] for k, s in steps.items() if not k.startswith("ncu")) and bool(steps)
 summary = {
     "gpu_run_summary": 1,
     "ok": all_ok,
@@ -570,6 +665,7 @@ summary = {
     "offload": offload,
     "attention": attention,
     "nccl_bench": bench,
+    "ncu": ncu,
     "config": {"vocab_size": V, "block_size": T, "seq_len": T, "n_embd": C, "n_layer": L,
                "n_head": cfg["MODEL_H"], "batch_size": cfg["BATCH"], "param_dtype": "bfloat16",
                "model_parameters": n_params, "flops_per_token": flops_per_token,
@@ -593,8 +689,9 @@ PY
 }
 
 # Logs to $OUT (at most 8 files, the device tool's limit; each cut to its last 16 MiB).
-# Files that go together share one: run.log is run.sh's lines, then ldd.txt; attention.log
-# holds both attention benchmarks' output.
+# Files that go together share one: run.log is run.sh's lines, then ldd.txt and the
+# collectives benchmark's JSON; attention.log holds both attention benchmarks' output,
+# ncu.csv both ncu reports.
 copy_out() {
   [ -n "${OUT:-}" ] || return 0
   mkdir -p "$OUT" || return 0
@@ -604,12 +701,17 @@ copy_out() {
     [ -f "$WORK/$f" ] && printf '== %s\n%s\n' "$f" "$(cat "$WORK/$f")"
   done >"$WORK/attention.log"
   [ -s "$WORK/attention.log" ] || rm -f "$WORK/attention.log"
-  for f in summary.json run.log gpu_tests.log nccl_bench.json attention.log main_job.log \
-      main_job_summary.json pytorch_fsdp2.log; do
+  for f in ncu_attention.csv ncu_step.csv; do
+    [ -f "$WORK/$f" ] && printf '== %s\n%s\n' "$f" "$(cat "$WORK/$f")"
+  done >"$WORK/ncu.csv"
+  [ -s "$WORK/ncu.csv" ] || rm -f "$WORK/ncu.csv"
+  for f in summary.json run.log gpu_tests.log attention.log main_job.log \
+      main_job_summary.json pytorch_fsdp2.log ncu.csv; do
     [ -f "$WORK/$f" ] || continue
     if [ "$f" = run.log ]; then
-      { cat "$WORK/run.log"; echo "== ldd.txt"; cat "$WORK/ldd.txt" 2>/dev/null; } |
-        tail -c $((16 << 20)) >"$OUT/$f"
+      { cat "$WORK/run.log"; echo "== ldd.txt"; cat "$WORK/ldd.txt" 2>/dev/null
+        if [ -f "$WORK/nccl_bench.json" ]; then echo "== nccl_bench.json"; cat "$WORK/nccl_bench.json"; fi
+      } | tail -c $((16 << 20)) >"$OUT/$f"
     else
       tail -c $((16 << 20)) "$WORK/$f" >"$OUT/$f"
     fi
@@ -653,10 +755,10 @@ fi
 checkpoint
 
 # ---- 2. fused attention: ours and PyTorch SDPA on GPT-2's shape ---------------------------
+ATTN_ARGS=(--batch="$BATCH" --seq_len=$MODEL_T --n_head=$MODEL_H --head_dim=$((MODEL_C / MODEL_H)))
 if skipped attention; then
   say "attention: skipped (SKIP)"
 else
-  ATTN_ARGS=(--batch="$BATCH" --seq_len=$MODEL_T --n_head=$MODEL_H --head_dim=$((MODEL_C / MODEL_H)))
   if [ -x "$BUNDLE/bin/attention_bench" ]; then
     run_step attention "$ATTN_TIMEOUT_S" "$WORK/attention_bench.log" "$BUNDLE/bin/attention_bench" \
       "${ATTN_ARGS[@]}"
@@ -695,17 +797,20 @@ checkpoint
 
 # run_job <step> <timeout_s> <log> <output_dir> <steps> [flags...]: our main job on the
 # model and batch above, on one GPU in bf16.
+# job_command <output_dir> <steps>: that command (without OURS_EXTRA_ARGS), into JOB.
+job_command() {
+  JOB=("$BUNDLE/bin/main_job" --device=cuda --backend=nccl --world_size=1
+    --param_dtype=bfloat16 --vocab_size=$MODEL_V --block_size=$MODEL_T --seq_len=$MODEL_T
+    --n_embd=$MODEL_C --n_layer=$MODEL_L --n_head=$MODEL_H --batch_size="$BATCH"
+    --steps="$2" --log_every="$LOG_EVERY" --stages=fit --release=false --output_dir="$1")
+}
 run_job() {
   local step=$1 limit=$2 log=$3 dir=$4 n=$5
   shift 5
   rm -rf "$dir"
+  job_command "$dir" "$n"
   # shellcheck disable=SC2086
-  run_step "$step" "$limit" "$log" "$BUNDLE/bin/main_job" \
-    --device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16 \
-    --vocab_size=$MODEL_V --block_size=$MODEL_T --seq_len=$MODEL_T --n_embd=$MODEL_C \
-    --n_layer=$MODEL_L --n_head=$MODEL_H --batch_size="$BATCH" --steps="$n" \
-    --log_every="$LOG_EVERY" --stages=fit --release=false --output_dir="$dir" \
-    "$@" ${OURS_EXTRA_ARGS:-}
+  run_step "$step" "$limit" "$log" "${JOB[@]}" "$@" ${OURS_EXTRA_ARGS:-}
 }
 
 # ---- 4. our main job ---------------------------------------------------------------------
@@ -755,6 +860,71 @@ elif [ -x "$BUNDLE/bin/main_job" ]; then
     "$OFFLOAD_STEPS" --cpu_offload
 else
   record offload 127 0 "bin/main_job is not in the bundle"
+fi
+
+checkpoint
+
+# ---- 7. Nsight Compute: what bounds each kernel ------------------------------------------
+find_ncu() {
+  if [ -n "${NCU:-}" ]; then echo "$NCU"; return; fi
+  local c
+  for c in "$(command -v ncu 2>/dev/null)" "$CUDA_HOME/bin/ncu" /opt/nvidia/nsight-compute/*/ncu; do
+    [ -n "$c" ] && [ -x "$c" ] && { echo "$c"; return; }
+  done
+}
+# ncu_profile <step> <name> <command...>: the first launch of each launch configuration,
+# the sections below, into $WORK/<name>.ncu-rep, then its raw page as $WORK/<name>.csv.
+ncu_profile() {
+  local step=$1 name=$2
+  shift 2
+  rm -f "$WORK/$name.ncu-rep" "$WORK/$name.csv"
+  run_step "$step" "$NCU_TIMEOUT_S" "$WORK/$name.log" "$NCU_BIN" --clock-control none \
+    --target-processes all --filter-mode per-launch-config --launch-count 1 \
+    --section SpeedOfLight --section LaunchStats --section Occupancy \
+    --section WarpStateStats --section ComputeWorkloadAnalysis \
+    --section MemoryWorkloadAnalysis_Tables -f -o "$WORK/$name" "$@"
+  if [ -f "$WORK/$name.ncu-rep" ]; then
+    timeout -k 5 60 "$NCU_BIN" --import "$WORK/$name.ncu-rep" --csv --page raw \
+      >"$WORK/$name.csv" 2>>"$WORK/$name.log" ||
+      say "$step: reading the report failed (log $WORK/$name.log)"
+  fi
+}
+if skipped ncu; then
+  say "ncu: skipped (SKIP)"
+else
+  NCU_BIN=$(find_ncu)
+  if [ -z "$NCU_BIN" ]; then
+    record ncu_attention 127 0 "ncu not found (PATH, $CUDA_HOME/bin, /opt/nvidia/nsight-compute)"
+    say "ncu: not found"
+  else
+    say "ncu: $NCU_BIN"
+    if [ -x "$BUNDLE/bin/attention_bench" ]; then
+      ncu_profile ncu_attention ncu_attention "$BUNDLE/bin/attention_bench" "${ATTN_ARGS[@]}"
+    fi
+    checkpoint
+    if [ -x "$BUNDLE/bin/main_job" ]; then
+      rm -rf "$WORK/main_job_ncu"
+      job_command "$WORK/main_job_ncu" "$NCU_STEPS"
+      # shellcheck disable=SC2086
+      ncu_profile ncu_step ncu_step "${JOB[@]}" ${OURS_EXTRA_ARGS:-}
+    fi
+  fi
+  checkpoint
+  # Lines on the longest kernels of each profile.
+  "$PYTHON" - "$WORK/summary.json" 2>/dev/null <<'PY' | while IFS= read -r l; do say "$l"; done
+import json, sys
+ncu = json.load(open(sys.argv[1])).get("ncu") or {}
+for key in ("attention", "step"):
+    p = ncu.get(key) or {}
+    if not p.get("kernels"):
+        print(f"ncu {key}: {p.get('error') or 'no kernels'}"[:300])
+        continue
+    print(f"ncu {key}: {p['kernels']} kernels profiled; the longest:")
+    for k in p["longest"][:3]:
+        print(f"ncu   {k['us']} us, SM {k['sm_pct']}%, memory {k['memory_pct']}%, occupancy "
+              f"{k['occupancy_pct']}%, issue {k['issue_pct']}%, stalls {k['stalls']}: "
+              f"{k['kernel'][:80]}")
+PY
 fi
 
 say "done in $(($(date +%s) - START)) s; summary:"

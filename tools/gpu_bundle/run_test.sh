@@ -112,6 +112,13 @@ out=""
 for a in "$@"; do
   case "$a" in --output_dir=*) out=${a#--output_dir=} ;; esac
 done
+case "$out" in */main_job_ncu)
+  # Phase 7: a short run under ncu.
+  for want in --device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16 --steps=2; do
+    case " $* " in *" $want "*) ;; *) echo "main_job: missing flag $want in: $*"; exit 2 ;; esac
+  done
+  exit 0 ;;
+esac
 case " $* " in *" --cpu_offload "*)
   # Phase 5: the offload run.
   for want in --device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16 \
@@ -165,6 +172,44 @@ print("UserWarning: something from torch", file=sys.stderr)
 print(json.dumps({"attention_torch": 1, "ok": True, "torch": "2.11.0",
                   "backends": {"flash": {"ok": True, "forward_ms": 0.2, "backward_ms": 0.5},
                                "cudnn": {"ok": False, "error": "RuntimeError: no"}}}))
+EOF
+cat >"$T/fakebin/ncu" <<'EOF'
+#!/bin/sh
+# A fake Nsight Compute: runs the profiled command (ours, with their flags) and writes a
+# report naming it; with --import, prints that report's raw page (a header, a units row,
+# a row per kernel). FAKE_NCU_FAIL=1: cannot read the counters.
+[ "${FAKE_NCU_FAIL:-0}" = 1 ] && { echo "==ERROR== Failed to initialize the profiler" >&2; exit 1; }
+if [ "$1" = --import ]; then
+  case "$(cat "$2")" in
+    *attention_bench*) cat <<'CSV'
+"ID","Process ID","Process Name","Kernel Name","launch__grid_size","launch__block_size","launch__registers_per_thread","gpu__time_duration.sum","sm__throughput.avg.pct_of_peak_sustained_elapsed","gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed","sm__warps_active.avg.pct_of_peak_sustained_active","sm__maximum_warps_per_active_cycle_pct","smsp__issue_active.avg.pct_of_peak_sustained_active","sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active","sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active","smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio","smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio","l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum","l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"
+"","","","","","","register/thread","nsecond","%","%","%","%","%","%","%","","","",""
+"0","7","attention_bench","FlashForward<64>","(16, 192, 1)","(128, 1, 1)","96","2,500","40.5","30.0","20.0","25.0","55.0","12.0","35.0","1.5","0.5","1,000","24"
+"1","7","attention_bench","FlashBackwardKV<64>","(16, 192, 1)","(128, 1, 1)","128","1,500,000","60.0","45.0","18.0","18.75","70.0","20.0","48.0","2.0","3.0","0","0"
+CSV
+      ;;
+    *) cat <<'CSV'
+"ID","Process ID","Process Name","Kernel Name","gpu__time_duration.sum","sm__throughput.avg.pct_of_peak_sustained_elapsed"
+"","","","","usecond","%"
+"0","8","main_job","LayerNormForward","12.5","33.0"
+CSV
+      ;;
+  esac
+  exit 0
+fi
+case " $* " in *" --clock-control none "*) ;; *) echo "fake ncu: no --clock-control none"; exit 2 ;; esac
+o=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o) o=$2; shift 2 ;;
+    --clock-control|--target-processes|--filter-mode|--launch-count|--section) shift 2 ;;
+    -*) shift ;;
+    *) break ;;
+  esac
+done
+[ -n "$o" ] || { echo "fake ncu: no -o"; exit 2; }
+"$@" || exit $?
+echo "$1" >"$o.ncu-rep"
 EOF
 chmod +x "$T/fakebin/"* "$B/bin/"* "$B/bin/tests/"*
 
@@ -228,11 +273,23 @@ py_check "offload: its tokens/s and peak beside ours (0.4 and 0.5 of them)" "$S"
 py_check "environment: GPU and driver" "$S" 's["env"]["gpu"] == "NVIDIA H200" and s["env"]["driver"] == "580.95.05"'
 py_check "overall ok is false" "$S" 's["ok"] is False'
 py_check "no library missing for the (script) binaries" "$S" 's["env"]["ldd_missing"] == []'
-for f in summary.json run.log gpu_tests.log nccl_bench.json attention.log main_job.log main_job_summary.json pytorch_fsdp2.log; do
+py_check "ncu: the attention profile's kernels, the longest first, microseconds from nanoseconds" "$S" \
+  's["ncu"]["attention"]["ok"] and s["ncu"]["attention"]["kernels"] == 2 and [k["kernel"] for k in s["ncu"]["attention"]["longest"]] == ["FlashBackwardKV<64>", "FlashForward<64>"] and s["ncu"]["attention"]["longest"][0]["us"] == 1500.0 and s["ncu"]["attention"]["longest"][1]["us"] == 2.5'
+py_check "ncu: throughputs, occupancy, issue, registers, grid" "$S" \
+  '(lambda k: k["sm_pct"] == 40.5 and k["memory_pct"] == 30.0 and k["occupancy_pct"] == 20.0 and k["occupancy_limit_pct"] == 25.0 and k["issue_pct"] == 55.0 and k["registers"] == 96 and k["grid"] == "(16, 192, 1)")(s["ncu"]["attention"]["longest"][1])'
+py_check "ncu: busiest pipes, main stalls and shared-memory bank conflicts" "$S" \
+  '(lambda k: k["pipes_pct"] == {"tensor_op_hmma": 35.0, "alu": 12.0} and list(k["stalls"]) == ["long_scoreboard", "barrier"] and k["shared_bank_conflicts"] == 1024.0)(s["ncu"]["attention"]["longest"][1])'
+py_check "ncu: the step's profile (microseconds as given)" "$S" \
+  's["ncu"]["step"]["ok"] and s["ncu"]["step"]["kernels"] == 1 and s["ncu"]["step"]["longest"][0]["us"] == 12.5 and s["ncu"]["step"]["longest"][0]["kernel"] == "LayerNormForward"'
+check "ncu: run.sh prints the longest kernels" grep -q "^run.sh: ncu attention: 2 kernels profiled; the longest:" "$T/stdout1"
+for f in summary.json run.log gpu_tests.log attention.log main_job.log main_job_summary.json pytorch_fsdp2.log ncu.csv; do
   check "\$OUT/$f copied" [ -s "$T/out/$f" ]
 done
 check "at most 8 files in \$OUT" [ "$(ls "$T/out" | wc -l)" -le 8 ]
 check "\$OUT/run.log ends with ldd.txt" grep -q "^== ldd bin/main_job" "$T/out/run.log"
+check "\$OUT/run.log holds the collectives benchmark's JSON" grep -q "^== nccl_bench.json" "$T/out/run.log"
+check "\$OUT/ncu.csv holds both profiles" \
+  python3 -c 'import sys; t = open(sys.argv[1]).read(); sys.exit(0 if "== ncu_attention.csv" in t and "== ncu_step.csv" in t and "FlashBackwardKV<64>" in t else 1)' "$T/out/ncu.csv"
 check "\$OUT/attention.log holds both attention benchmarks' output" \
   grep -q "UserWarning: something from torch" "$T/out/attention.log"
 check "\$OUT/attention.log: ours first" grep -q "^attention_bench: forward shape 0" "$T/out/attention.log"
@@ -241,10 +298,10 @@ check "stdout prints nvidia-smi -L and ldd --version" grep -q "GPU 0: NVIDIA H20
 # ---- 2. wheel libraries first, failing tests left out: exit 0 --------------------------
 rm "$B/bin/tests/b_test" "$B/bin/tests/c_test" "$B/bin/tests/d_test"
 set +e
-FAKE_NO_AFTER_WARMUP=1 FSDP_PREFER_WHEEL=1 SKIP=bench,attention RUN_WORK=$T/work2 "$B/run.sh" >"$T/stdout2" 2>&1
+FAKE_NCU_FAIL=1 FAKE_NO_AFTER_WARMUP=1 FSDP_PREFER_WHEEL=1 SKIP=bench,attention RUN_WORK=$T/work2 "$B/run.sh" >"$T/stdout2" 2>&1
 rc=$?
 set -e
-check "run.sh exits 0 when every step that ran passed" [ "$rc" = 0 ]
+check "run.sh exits 0 when every step that ran passed (ncu failing aside)" [ "$rc" = 0 ]
 tail -n 1 "$T/stdout2" >"$T/summary2.json"
 py_check "FSDP_PREFER_WHEEL=1: libcudart from the wheel" "$T/summary2.json" \
   's["env"]["libraries"]["libcudart.so.13"] == "'"$T"'/site/nvidia/cu13/lib/libcudart.so.13"'
@@ -255,6 +312,8 @@ py_check "skipped bench is not run" "$T/summary2.json" \
 py_check "SKIP=attention: neither attention benchmark runs" "$T/summary2.json" \
   '"attention" not in s["steps"] and "attention_pytorch" not in s["steps"] and s["attention"]["ours"] == {"ok": False, "error": "skipped (SKIP)"} and s["attention"]["pytorch"]["error"] == "skipped (SKIP)" and s["attention"]["summary"] is None'
 check "SKIP=attention: said so" grep -q "^run.sh: attention: skipped (SKIP)" "$T/stdout2"
+py_check "ncu failing: recorded with its error, the run still ok" "$T/summary2.json" \
+  's["steps"]["ncu_step"]["ok"] is False and "Failed to initialize the profiler" in s["ncu"]["step"]["error"] and s["ok"] is True'
 
 # ---- 2b. our attention benchmark dies without its JSON line -----------------------------
 set +e
