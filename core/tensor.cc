@@ -449,6 +449,9 @@ absl::Status Tensor::TryFill(float value) const {
 
 absl::Status Tensor::TryZero() const {
   if (!defined() || numel_ == 0) return absl::OkStatus();
+  // NOTE [Op accounting]: a memset writes the tensor once.
+  ProfiledOp op(OpCategory::kElementwise, "zero", device(),
+                OpCost::Memory(static_cast<double>(nbytes())));
   if (device().is_cpu()) {
     std::memset(raw_data(), 0, nbytes());
     return absl::OkStatus();

@@ -743,14 +743,11 @@ absl::Status ZeroTensor(absl::string_view what, const Tensor& t) {
   if (!t.defined()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": zeroing an undefined tensor"));
   }
-  if (t.numel() == 0) return absl::OkStatus();
-  ProfiledOp op(OpCategory::kElementwise, "zero", t.device(),
-                core::OpCost::Memory(static_cast<double>(t.nbytes())));
-  if (t.device().is_cuda()) {
-    NN_ON_CUDA(t.device(), what, "memset",
-               cudaMemsetAsync(t.raw_data(), 0, static_cast<size_t>(t.nbytes()), 0));
+  // core::Tensor::TryZero: a memset on the compute stream, recorded as the op "zero".
+  const absl::Status zeroed = t.TryZero();
+  if (!zeroed.ok()) {
+    return absl::Status(zeroed.code(), absl::StrCat(what, ": ", zeroed.message()));
   }
-  std::memset(t.raw_data(), 0, static_cast<size_t>(t.nbytes()));
   return absl::OkStatus();
 }
 
