@@ -382,9 +382,35 @@ absl::Status FlatParameter::AllocateFullGrad(core::DType dtype) {
   return absl::OkStatus();
 }
 
+absl::Status FlatParameter::UseShardGradAsFullGrad() {
+  RETURN_IF_ERROR(CheckManaged("UseShardGradAsFullGrad"));
+  if (full_grad_.defined()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Prefix(), "UseShardGradAsFullGrad: the full gradient buffer is already allocated"));
+  }
+  if (world_size_ != 1 || shard_numel_ != padded_numel_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Prefix(), "UseShardGradAsFullGrad needs world_size 1, got ", world_size_));
+  }
+  if (!shard_grad_.defined() || shard_grad_.dtype() != core::DType::kFloat32) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Prefix(), "UseShardGradAsFullGrad needs the fp32 gradient shard, got ",
+                     shard_grad_.defined() ? shard_grad_.ToString() : std::string("none"),
+                     "; AllocateShardGrad first"));
+  }
+  full_grad_ = shard_grad_;
+  full_grad_is_shard_grad_ = true;
+  return absl::OkStatus();
+}
+
 absl::Status FlatParameter::FreeFullGrad() {
   RETURN_IF_ERROR(CheckManaged("FreeFullGrad"));
   if (!full_grad_.defined()) return absl::OkStatus();
+  if (full_grad_is_shard_grad_) {
+    full_grad_ = core::Tensor();
+    full_grad_is_shard_grad_ = false;
+    return absl::OkStatus();
+  }
   RETURN_IF_ERROR(CheckNotViewed(full_grad_, /*grads=*/true, "full gradient buffer",
                                  "call ShardGradViews() or ClearGradViews() first"));
   full_grad_ = core::Tensor();
@@ -418,6 +444,10 @@ absl::Status FlatParameter::FreeShardGrad() {
   if (!shard_grad_.defined()) return absl::OkStatus();
   RETURN_IF_ERROR(CheckNotViewed(shard_grad_, /*grads=*/true, "gradient shard",
                                  "call FullGradViews() or ClearGradViews() first"));
+  if (full_grad_is_shard_grad_) {  // the full gradient buffer goes with it
+    full_grad_ = core::Tensor();
+    full_grad_is_shard_grad_ = false;
+  }
   shard_grad_ = core::Tensor();
   return absl::OkStatus();
 }
@@ -524,6 +554,7 @@ absl::Status FlatParameter::Unflatten() {
   full_filled_ = false;
   shard_ = core::Tensor();
   full_grad_ = core::Tensor();
+  full_grad_is_shard_grad_ = false;
   shard_grad_ = core::Tensor();
   unflattened_ = true;
   return absl::OkStatus();

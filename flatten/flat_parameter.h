@@ -191,8 +191,17 @@ class FlatParameter {
   // Allocates the zeroed padded full gradient buffer in `dtype` (fp32 or bf16).
   // FailedPrecondition if already allocated; InvalidArgument for another dtype.
   absl::Status AllocateFullGrad(core::DType dtype);
+  // With world_size 1 the gradient shard is the whole padded buffer: makes the full
+  // gradient buffer that shard itself (no second buffer, nothing to zero), so what the
+  // backward adds into the full views lands in the shard. FailedPrecondition unless
+  // world_size() is 1, the fp32 gradient shard is allocated and the full gradient buffer
+  // is not.
+  absl::Status UseShardGradAsFullGrad();
+  // Whether the full gradient buffer is the gradient shard (UseShardGradAsFullGrad).
+  bool full_grad_is_shard_grad() const { return full_grad_is_shard_grad_; }
   // Drops it; OK if already freed. FailedPrecondition naming the parameter if a managed
-  // grad still views it (call ShardGradViews or ClearGradViews first).
+  // grad still views it (call ShardGradViews or ClearGradViews first), unless it is the
+  // gradient shard (which stays).
   absl::Status FreeFullGrad();
   // The local chunk of the full gradient buffer as a view (the reduce-scatter's
   // counterpart of LocalChunkOfFull). FailedPrecondition if it is not allocated.
@@ -265,6 +274,7 @@ class FlatParameter {
   bool full_filled_ = false;
   core::Tensor shard_;
   core::Tensor full_grad_;
+  bool full_grad_is_shard_grad_ = false;
   core::Tensor shard_grad_;
   int64_t bytes_copied_ = 0;
   bool unflattened_ = false;

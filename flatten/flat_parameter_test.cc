@@ -531,6 +531,47 @@ TEST_F(FlatParameterTest, GradientViewsFullAndShard) {
   }
 }
 
+// With one rank the full gradient buffer may be the gradient shard itself: the full
+// views write the shard, FreeFullGrad leaves the shard (its grads still view it), and
+// FreeShardGrad takes both. Refused with two ranks, without an fp32 shard, or twice.
+TEST_F(FlatParameterTest, OneRankFullGradientBufferCanBeTheShard) {
+  core::ParameterPtr w = core::Parameter::Make(Tensor::FromVector({1, 2, 3, 4}, {2, 2}).value());
+  core::ParameterPtr b = core::Parameter::Make(Tensor::FromVector({5}, {1}).value());
+  FlattenOptions options;
+  options.label = "fc (Linear)";
+  auto two = FlatParameter::Flatten({{"fc.weight", w}}, 2, 0, options).value();
+  ASSERT_TRUE(two->AllocateShardGrad().ok());
+  absl::Status s = two->UseShardGradAsFullGrad();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(s, "world_size 1") && Contains(s, "fc (Linear)")) << s;
+
+  auto flat = FlatParameter::Flatten({{"fc.weight", w}, {"fc.bias", b}}, 1, 0, options).value();
+  s = flat->UseShardGradAsFullGrad();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(s, "AllocateShardGrad first")) << s;
+  ASSERT_TRUE(flat->AllocateShardGrad().ok());
+  ASSERT_TRUE(flat->UseShardGradAsFullGrad().ok());
+  EXPECT_TRUE(flat->full_grad_is_shard_grad());
+  EXPECT_EQ(flat->UseShardGradAsFullGrad().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(flat->AllocateFullGrad(DType::kFloat32).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(flat->FullGradViews().ok());
+  EXPECT_EQ(w->grad.shape(), (core::Shape{2, 2}));
+  w->grad.Fill(0.5f);
+  b->grad.Fill(-1.0f);
+  EXPECT_EQ(flat->shard_grad().ToVector(), (std::vector<float>{0.5f, 0.5f, 0.5f, 0.5f, -1.0f}));
+  ASSERT_TRUE(flat->ShardGradViews().ok());
+  ASSERT_TRUE(flat->FreeFullGrad().ok());  // the grads view the shard, which stays
+  EXPECT_FALSE(flat->full_grad().defined());
+  EXPECT_FALSE(flat->full_grad_is_shard_grad());
+  EXPECT_EQ(w->grad.ToVector(), (std::vector<float>{0.5f, 0.5f, 0.5f, 0.5f}));
+  // Again, then drop the shard: the alias goes with it.
+  ASSERT_TRUE(flat->UseShardGradAsFullGrad().ok());
+  ASSERT_TRUE(flat->ClearGradViews().ok());
+  ASSERT_TRUE(flat->FreeShardGrad().ok());
+  EXPECT_FALSE(flat->full_grad().defined());
+  EXPECT_FALSE(flat->full_grad_is_shard_grad());
+}
+
 TEST_F(FlatParameterTest, UnflattenCopiesGradsFromFullGradBufferOrDropsThem) {
   for (bool with_grad_buffer : {true, false}) {
     std::vector<core::NamedParameter> params = {

@@ -298,18 +298,46 @@ absl::Status Unit::PrepareGradients() {
     if (!flat_->shard_grad().defined()) {
       if (absl::Status s = flat_->AllocateShardGrad(); !s.ok()) return Fail(s);
     } else {
+      // One memset for each run of adjacent slices to restart (the frozen parameters'
+      // slices between them, which nothing writes, go along): after ZeroGrad(set_to_none)
+      // one for the whole shard.
       const core::Tensor& shard_grad = flat_->shard_grad();
+      int64_t begin = 0, end = 0;
+      auto flush = [&]() -> absl::Status {
+        if (end > begin) {
+          ASSIGN_OR_RETURN(core::Tensor part, shard_grad.View(begin, {end - begin}));
+          RETURN_IF_ERROR(part.TryZero());
+        }
+        begin = end = 0;
+        return absl::OkStatus();
+      };
       for (size_t i = 0; i < flat_->records().size(); ++i) {
         const flatten::ParamRecord& record = flat_->records()[i];
-        if (!record.requires_grad) continue;
-        if (flat_->params()[i]->grad.SharesStorage(shard_grad)) continue;
         const flatten::ShardSlice& slice = record.shards[flat_->rank()];
-        absl::StatusOr<core::Tensor> part = shard_grad.View(slice.shard_offset, {slice.numel()});
-        if (!part.ok()) return Fail(part.status());
-        part->Zero();
+        if (record.requires_grad && flat_->params()[i]->grad.SharesStorage(shard_grad)) {
+          if (absl::Status s = flush(); !s.ok()) return Fail(s);  // kept: ends a run
+          continue;
+        }
+        if (slice.empty()) continue;
+        if (end > begin && slice.shard_offset == end) {
+          end += slice.numel();
+          continue;
+        }
+        if (absl::Status s = flush(); !s.ok()) return Fail(s);
+        begin = slice.shard_offset;
+        end = begin + slice.numel();
       }
+      if (absl::Status s = flush(); !s.ok()) return Fail(s);
     }
-    if (absl::Status s = flat_->AllocateFullGrad(core::DType::kFloat32); !s.ok()) return Fail(s);
+    // One rank reducing in fp32 (nothing to scatter, round or add): the backward adds
+    // straight into the gradient shard, without a second buffer to zero and add.
+    const bool into_shard = groups_.shard == nullptr && groups_.replicate == nullptr &&
+                            !options_.deterministic && !flat_->shard_on_host() &&
+                            options_.mixed_precision.reduce_dtype == core::DType::kFloat32 &&
+                            flat_->world_size() == 1;
+    absl::Status s = into_shard ? flat_->UseShardGradAsFullGrad()
+                                : flat_->AllocateFullGrad(core::DType::kFloat32);
+    if (!s.ok()) return Fail(s);
   }
   if (absl::Status s = flat_->FullGradViews(); !s.ok()) return Fail(s);
   return absl::OkStatus();
@@ -328,6 +356,12 @@ absl::Status Unit::ReduceGradients() {
   }
   if (options_.deterministic) return ReduceDeterministic();
   if (no_sync_) return absl::OkStatus();  // keep accumulating locally
+  if (flat_->full_grad_is_shard_grad()) {
+    // PrepareGradients: the backward added into the shard itself; nothing to reduce.
+    if (absl::Status s = flat_->ShardGradViews(); !s.ok()) return Fail(s);
+    if (absl::Status s = flat_->FreeFullGrad(); !s.ok()) return Fail(s);
+    return absl::OkStatus();
+  }
   // NOTE [CPU offload]: the staging buffer is free once the last chunk was added.
   if (flat_->shard_on_host()) RETURN_IF_ERROR(FinishHostGradients());
   const core::DType dtype = options_.mixed_precision.reduce_dtype;

@@ -33,7 +33,11 @@
 // whose grad was dropped (ZeroGrad(set_to_none)) restarts from zero. Under NoSync
 // (no_sync()), ReduceGradients keeps the unreduced full gradient buffer instead, grads
 // stay full-shape views of it and later backwards add into it; the first backward
-// outside NoSync reduces the accumulated sum.
+// outside NoSync reduces the accumulated sum. A one-rank shard group reducing in fp32
+// (no replicate group, no CPU offload, not deterministic) has nothing to scatter, round or
+// add: its full gradient buffer is the gradient shard itself
+// (FlatParameter::UseShardGradAsFullGrad), the layers add straight into it, and
+// ReduceGradients only re-points the grads (no second buffer to zero, no add).
 //
 // NOTE [Mixed precision on the device]: the unit's buffers live on the FlatParameter's
 // device (the module's). With param_dtype bf16, the all-gather casts the float32 shard

@@ -119,6 +119,126 @@ TEST(UnitTest, TransitionsMoveViewsBetweenShardAndFull) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// NOTE [Gradient reduction]: a one-rank fp32 unit's layers add straight into the gradient
+// shard: no full gradient buffer of its own, nothing zeroed or added per backward, and
+// over two backwards the shard holds the plain module's gradients bit for bit. With
+// reduce_dtype bf16 the buffer stays (the reduction rounds the gradient).
+TEST(UnitTest, AOneRankFp32UnitAddsItsGradientsStraightIntoTheShard) {
+  absl::Status s = comm::testing::RunThreadRanks(1, [](comm::testing::RankContext& ctx)
+                                                        -> absl::Status {
+    const core::Tensor x = core::Tensor::FromVector({0.5f, -1, 2, 0.25f, 3, -0.75f}, {2, 3}).value();
+    const core::Tensor g =
+        core::Tensor::FromVector({1, -2, 0.5f, 3, -0.25f, 1.5f, 2, -1}, {2, 4}).value();
+    nn::Linear plain(3, 4, true, 9);
+    for (int pass = 0; pass < 2; ++pass) {
+      RETURN_IF_ERROR(plain.Forward(x).status());
+      RETURN_IF_ERROR(plain.Backward(g).status());
+    }
+    for (const bool bf16_reduce : {false, true}) {
+      SCOPED_TRACE(bf16_reduce ? "reduce in bf16" : "reduce in fp32");
+      auto fc = std::make_shared<nn::Linear>(3, 4, true, 9);
+      FullyShardOptions options;
+      if (bf16_reduce) options.mixed_precision.reduce_dtype = core::DType::kBFloat16;
+      ASSIGN_OR_RETURN(std::shared_ptr<Unit> unit, MakeUnit(ctx, fc, options));
+      RETURN_IF_ERROR(unit->IssueUnshard(false));
+      RETURN_IF_ERROR(unit->FinishUnshard());
+      for (int pass = 0; pass < 2; ++pass) {
+        core::OpProfile profile;
+        {
+          core::ScopedOpProfile on(&profile);
+          RETURN_IF_ERROR(unit->PrepareGradients());
+        }
+        EXPECT_EQ(unit->flat().full_grad_is_shard_grad(), !bf16_reduce);
+        if (!bf16_reduce) {
+          EXPECT_TRUE(unit->flat().full_grad().SharesStorage(unit->flat().shard_grad()));
+          // The first backward zeroes the new shard; no backward zeroes a full buffer.
+          EXPECT_EQ(profile.records().size(), pass == 0 ? 1u : 0u) << pass;
+        }
+        RETURN_IF_ERROR(fc->Forward(x).status());
+        RETURN_IF_ERROR(fc->Backward(g).status());
+        core::OpProfile reduce;
+        {
+          core::ScopedOpProfile on(&reduce);
+          RETURN_IF_ERROR(unit->ReduceGradients());
+          RETURN_IF_ERROR(unit->FinishReduction());
+        }
+        if (!bf16_reduce) EXPECT_EQ(reduce.records().size(), 0u) << pass;  // no convert, no add
+        EXPECT_FALSE(unit->flat().full_grad().defined());
+        EXPECT_EQ(fc->weight()->grad.dim(), 1);
+      }
+      if (!bf16_reduce) {
+        EXPECT_EQ(fc->weight()->grad.ToVector(), plain.weight()->grad.ToVector());
+        EXPECT_EQ(fc->bias()->grad.ToVector(), plain.bias()->grad.ToVector());
+      }
+      RETURN_IF_ERROR(unit->Reshard());
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// NOTE [Gradient reduction]: a new accumulation restarts the dropped gradients from zero
+// with one memset per run of adjacent slices (ZeroGrad(set_to_none) of every parameter:
+// one for the shard), and keeps the others.
+TEST(UnitTest, RestartingDroppedGradientsZeroesEachRunOfSlicesOnce) {
+  absl::Status s = comm::testing::RunThreadRanks(2, [](comm::testing::RankContext& ctx)
+                                                        -> absl::Status {
+    // 12 weight and 4 bias elements: rank 0 holds weight[0, 8), rank 1 weight[8, 12) and
+    // the bias.
+    auto fc = std::make_shared<nn::Linear>(3, 4, true, 9);
+    ASSIGN_OR_RETURN(std::shared_ptr<Unit> unit, MakeUnit(ctx, fc));
+    RETURN_IF_ERROR(unit->IssueUnshard(false));
+    RETURN_IF_ERROR(unit->FinishUnshard());
+    auto backward = [&]() -> absl::Status {
+      RETURN_IF_ERROR(unit->PrepareGradients());
+      fc->weight()->grad.Fill(2.0f);
+      fc->bias()->grad.Fill(3.0f);
+      RETURN_IF_ERROR(unit->ReduceGradients());
+      return unit->FinishReduction();
+    };
+    // The bytes of each memset PrepareGradients records: the shard's runs, then the new
+    // full gradient buffer (16 fp32 elements).
+    auto zeros_when_preparing = [&]() -> absl::StatusOr<std::vector<double>> {
+      core::OpProfile profile;
+      {
+        core::ScopedOpProfile on(&profile);
+        RETURN_IF_ERROR(unit->PrepareGradients());
+      }
+      std::vector<double> bytes;
+      for (const core::OpRecord& r : profile.records()) {
+        if (r.name == "zero") bytes.push_back(r.cost.bytes);
+      }
+      return bytes;
+    };
+    RETURN_IF_ERROR(backward());
+    // Every grad dropped: one memset of the 8-element shard on each rank (rank 1's two
+    // slices are adjacent).
+    fc->weight()->grad = core::Tensor();
+    fc->bias()->grad = core::Tensor();
+    ASSIGN_OR_RETURN(std::vector<double> zeros, zeros_when_preparing());
+    EXPECT_EQ(zeros, (std::vector<double>{32, 64}));
+    for (float v : unit->flat().shard_grad().ToVector()) EXPECT_EQ(v, 0.0f);
+    fc->weight()->grad.Fill(2.0f);
+    fc->bias()->grad.Fill(3.0f);
+    RETURN_IF_ERROR(unit->ReduceGradients());
+    RETURN_IF_ERROR(unit->FinishReduction());
+    // Only the bias dropped: rank 1 zeroes the bias's slice, rank 0 nothing, and the
+    // weight's gradient stays.
+    fc->bias()->grad = core::Tensor();
+    ASSIGN_OR_RETURN(zeros, zeros_when_preparing());
+    EXPECT_EQ(zeros, (ctx.rank == 0 ? std::vector<double>{64} : std::vector<double>{16, 64}));
+    const std::vector<float> shard = unit->flat().shard_grad().ToVector();
+    const std::vector<float> want = ctx.rank == 0
+                                        ? std::vector<float>(8, 2.0f)
+                                        : std::vector<float>{2, 2, 2, 2, 0, 0, 0, 0};
+    EXPECT_EQ(shard, want);
+    RETURN_IF_ERROR(unit->ReduceGradients());
+    RETURN_IF_ERROR(unit->FinishReduction());
+    return unit->Reshard();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 TEST(UnitTest, ACollectiveErrorMovesTheUnitToFailedForGood) {
   // A one-rank "shard group" that is really a group of two: the all-gather sizes do not
   // fit, the collective refuses, and the unit must report that from then on.

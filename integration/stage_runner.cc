@@ -314,7 +314,9 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
     ctx.world_size = group_->size();
     ctx.batch_size = options_.train_batch_size;
     if (std::optional<double> lr = module.LearningRate(ctx.step)) optimizer.set_lr(*lr);
-    optimizer.ZeroGrad();
+    // set_to_none: the units restart the dropped gradients from zero in one memset per
+    // run of adjacent slices (NOTE [Gradient reduction] in fsdp/unit.h), not one per grad.
+    optimizer.ZeroGrad(/*set_to_none=*/true);
     std::vector<StepOutput> parts;
     RETURN_IF_ERROR(AccumulateMicroBatches(module, *model, ctx, &parts));
     if (options_.max_grad_norm > 0) {
