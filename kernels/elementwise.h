@@ -59,19 +59,29 @@ enum GemmEpilogueKind : int {
   kGemmEpilogueBias = 1,      // p + bias[j]
   kGemmEpilogueBiasGelu = 2,  // GELU(p + bias[j]); p + bias[j] also stored (aux)
   kGemmEpilogueDGelu = 3,     // p * GELU'(aux), aux the pre-activation as stored
+  kGemmEpilogueBiasResidual = 4,  // aux + (p + bias[j]), aux the residual (read)
 };
 
 // The pre-activation of column j: p plus the bias where the epilogue adds one.
 template <typename W>
 FSDP_HD inline float GemmEpiloguePre(int kind, float p, const W* bias, int64_t j) {
-  return kind == kGemmEpilogueBias || kind == kGemmEpilogueBiasGelu ? BiasAdd(p, bias, j) : p;
+  return kind == kGemmEpilogueBias || kind == kGemmEpilogueBiasGelu ||
+                 kind == kGemmEpilogueBiasResidual
+             ? BiasAdd(p, bias, j)
+             : p;
 }
 
-// The value the GEMM stores from the pre-activation and, for kGemmEpilogueDGelu, the saved
-// pre-activation `aux` (widened from its stored dtype).
+// Whether the epilogue reads aux (the saved pre-activation, the residual).
+FSDP_HD inline bool GemmEpilogueReadsAux(int kind) {
+  return kind == kGemmEpilogueDGelu || kind == kGemmEpilogueBiasResidual;
+}
+
+// The value the GEMM stores from the pre-activation and `aux` (widened from its stored
+// dtype) where the epilogue reads it.
 FSDP_HD inline float GemmEpilogueOut(int kind, float pre, float aux) {
   if (kind == kGemmEpilogueBiasGelu) return GeluTanhForward(pre);
   if (kind == kGemmEpilogueDGelu) return GeluTanhBackward(aux, pre);
+  if (kind == kGemmEpilogueBiasResidual) return aux + pre;
   return pre;
 }
 

@@ -183,7 +183,8 @@ GemmArgs LinearGemmOn(const core::Device& device, int64_t m, int64_t n, int64_t 
 // product differs from the CPU's by fp32 summation order (kFp32Rel); cuBLASLt's GELU is
 // its own tanh form (within 1e-6 (1 + |x|) of ours, so 1e-4 normwise covers it); a bf16
 // C or aux may sit one rounding step away where those move a value across a bf16
-// boundary (kBf16Unit normwise).
+// boundary (kBf16Unit normwise). The bias + residual epilogue (fp32 C only) adds in another
+// order on cuBLASLt (P + residual, then the bias): one more fp32 rounding, within kFp32Rel.
 TEST(CudaGemmEpilogueTest, EachEpilogueMatchesTheCpuOnCublasLtAndOnTheFallbackKernel) {
   SKIP_WITHOUT_GPU();
   const int64_t m = 48, n = 64, k = 40;  // n % 8 == 0: cuBLASLt's aux leading dimension
@@ -192,8 +193,9 @@ TEST(CudaGemmEpilogueTest, EachEpilogueMatchesTheCpuOnCublasLtAndOnTheFallbackKe
   const core::Tensor x16 = x.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
   const core::Tensor w16 = w.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
   for (GemmEpilogue e : {GemmEpilogue::kNone, GemmEpilogue::kBias, GemmEpilogue::kBiasGelu,
-                         GemmEpilogue::kDGelu}) {
+                         GemmEpilogue::kDGelu, GemmEpilogue::kBiasResidual}) {
     for (core::DType c_dtype : {core::DType::kFloat32, core::DType::kBFloat16}) {
+      if (e == GemmEpilogue::kBiasResidual && c_dtype == core::DType::kBFloat16) continue;
       for (bool bias16 : {false, true}) {
         for (bool fallback : {false, true}) {
           SCOPED_TRACE(absl::StrCat("epilogue ", static_cast<int>(e), " C ",
@@ -202,8 +204,10 @@ TEST(CudaGemmEpilogueTest, EachEpilogueMatchesTheCpuOnCublasLtAndOnTheFallbackKe
           const core::Tensor bias =
               bias16 ? b.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value() : b;
           const core::Tensor aux0 = saved.ToDType(c_dtype, core::MemoryTag::kOther).value();
-          const bool has_bias = e == GemmEpilogue::kBias || e == GemmEpilogue::kBiasGelu;
-          const bool has_aux = e == GemmEpilogue::kBiasGelu || e == GemmEpilogue::kDGelu;
+          const bool has_bias = e == GemmEpilogue::kBias || e == GemmEpilogue::kBiasGelu ||
+                                e == GemmEpilogue::kBiasResidual;
+          const bool has_aux = e == GemmEpilogue::kBiasGelu || e == GemmEpilogue::kDGelu ||
+                               e == GemmEpilogue::kBiasResidual;
           auto run = [&](const core::Device& device, const char* what) {
             GemmArgs g = LinearGemmOn(device, m, n, k, x16, w16, c_dtype, e,
                                       has_bias ? bias : core::Tensor(),

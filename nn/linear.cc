@@ -59,7 +59,8 @@ std::shared_ptr<Linear> Linear::Tied(core::ParameterPtr weight, bool bias) {
 }
 
 absl::StatusOr<core::Tensor> Linear::ForwardGemm(const core::Tensor& x, bool with_bias,
-                                                 bool gemm_out, core::Tensor* pre) {
+                                                 bool gemm_out, core::Tensor* pre,
+                                                 const core::Tensor& residual) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
   const bool w16 = weight_->data.defined() && weight_->data.dtype() == core::DType::kBFloat16;
   // A bf16 input is one a producer stored for this layer's bf16 GEMM (NOTE [GEMM epilogues]).
@@ -73,8 +74,19 @@ absl::StatusOr<core::Tensor> Linear::ForwardGemm(const core::Tensor& x, bool wit
   if (pre != nullptr && !bias_) {
     return internal::ModuleError(*this, "the fused bias + GELU forward needs a bias");
   }
+  if (residual.defined()) {
+    if (!bias_) return internal::ModuleError(*this, "the fused bias + residual forward needs a bias");
+    if (residual.dtype() != core::DType::kFloat32 ||
+        residual.shape() != WithLastDim(x.shape(), out_)) {
+      return internal::ModuleError(
+          *this, absl::StrCat("the residual must be fp32 of the output's shape ",
+                              core::ShapeToString(WithLastDim(x.shape(), out_)), ", got ",
+                              residual.ToString()));
+    }
+    RETURN_IF_ERROR(internal::CheckDevice(*this, residual, "residual", device, "the input"));
+  }
   const core::DType out_dtype =
-      gemm_out && w16 ? core::DType::kBFloat16 : core::DType::kFloat32;
+      gemm_out && w16 && !residual.defined() ? core::DType::kBFloat16 : core::DType::kFloat32;
   const int64_t rows = RowsOf(x.shape());
   const core::Shape out_shape = WithLastDim(x.shape(), out_);
   ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation(out_shape, device, out_dtype));
@@ -93,6 +105,10 @@ absl::StatusOr<core::Tensor> Linear::ForwardGemm(const core::Tensor& x, bool wit
     g.epilogue = GemmEpilogue::kBiasGelu;
     g.bias = bias_->data;
     g.aux = *pre;
+  } else if (residual.defined()) {
+    g.epilogue = GemmEpilogue::kBiasResidual;
+    g.bias = bias_->data;
+    g.aux = residual;
   } else if (with_bias && bias_) {
     g.epilogue = GemmEpilogue::kBias;
     g.bias = bias_->data;
@@ -104,6 +120,14 @@ absl::StatusOr<core::Tensor> Linear::ForwardGemm(const core::Tensor& x, bool wit
 
 absl::StatusOr<core::Tensor> Linear::ForwardWithoutBias(const core::Tensor& x) {
   return ForwardGemm(x, /*with_bias=*/false, /*gemm_out=*/false, nullptr);
+}
+
+absl::StatusOr<core::Tensor> Linear::ForwardResidual(const core::Tensor& x,
+                                                     const core::Tensor& residual) {
+  if (!residual.defined()) {
+    return internal::ModuleError(*this, "ForwardResidual: the residual is undefined");
+  }
+  return ForwardGemm(x, /*with_bias=*/true, /*gemm_out=*/false, nullptr, residual);
 }
 
 absl::StatusOr<core::Tensor> Linear::ForwardForGemm(const core::Tensor& x) {

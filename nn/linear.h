@@ -60,7 +60,12 @@ class Linear : public core::Module {
   //   was bf16. BackwardThroughGelu(g, pre), for a layer whose input was GELU(pre) with
   //   `pre` from ForwardGelu, is Backward(g) with dL/dx multiplied by GELU'(pre) in the
   //   GEMM's epilogue: the gradient at the pre-activation, in pre's dtype.
+  // - ForwardResidual(x, residual) is residual + Forward(x) (fp32, a new tensor), the bias
+  //   and the residual added in the GEMM's epilogue (NOTE [GEMM epilogues]: kBiasResidual);
+  //   residual fp32 of the output's shape. It needs a bias.
   absl::StatusOr<core::Tensor> ForwardWithoutBias(const core::Tensor& x);
+  absl::StatusOr<core::Tensor> ForwardResidual(const core::Tensor& x,
+                                               const core::Tensor& residual);
   absl::StatusOr<core::Tensor> BackwardFused(const core::Tensor& grad_output);
   absl::StatusOr<core::Tensor> ForwardForGemm(const core::Tensor& x);
   absl::StatusOr<core::Tensor> ForwardGelu(const core::Tensor& x, core::Tensor* pre);
@@ -101,9 +106,11 @@ class Linear : public core::Module {
   // copy; `name` names it in an error.
   absl::StatusOr<core::Tensor> GemmOperand(const core::Tensor& t, const char* name) const;
   // The forward GEMM with the bias (unless !with_bias) in its epilogue, and the GELU when
-  // `pre` is non-null; stored bf16 when `gemm_out` and the weight is bf16.
+  // `pre` is non-null, or the bias and `residual` when that is defined; stored bf16 when
+  // `gemm_out` and the weight is bf16.
   absl::StatusOr<core::Tensor> ForwardGemm(const core::Tensor& x, bool with_bias, bool gemm_out,
-                                           core::Tensor* pre);
+                                           core::Tensor* pre,
+                                           const core::Tensor& residual = core::Tensor());
   // The backward GEMMs and dL/db, dL/dx times GELU'(gelu_pre) when gelu_pre is defined
   // (in its dtype), else stored bf16 when `gemm_out` and the Forward was bf16.
   absl::StatusOr<core::Tensor> BackwardGemms(const core::Tensor& grad_output, bool gemm_out,

@@ -111,6 +111,10 @@ core::OpCost GemmCost(const GemmArgs& g, bool bf16, bool fused_sums) {
       cost.bytes += c_size * mn;
       cost.flops += 20.0 * mn;
       break;
+    case GemmEpilogue::kBiasResidual:
+      cost.bytes += core::DTypeSize(g.bias.dtype()) * g.n + c_size * mn;
+      cost.flops += 2.0 * mn;
+      break;
   }
   if (fused_sums) {  // the sums of op(A)'s rows, written fp32
     cost.bytes += 4.0 * g.m;
@@ -132,13 +136,17 @@ const char* EpilogueName(GemmEpilogue e) {
       return "bias + GELU";
     case GemmEpilogue::kDGelu:
       return "GELU gradient";
+    case GemmEpilogue::kBiasResidual:
+      return "bias + residual";
   }
   return "?";
 }
 
 static_assert(static_cast<int>(GemmEpilogue::kBias) == ::kernels::kGemmEpilogueBias &&
                   static_cast<int>(GemmEpilogue::kBiasGelu) == ::kernels::kGemmEpilogueBiasGelu &&
-                  static_cast<int>(GemmEpilogue::kDGelu) == ::kernels::kGemmEpilogueDGelu,
+                  static_cast<int>(GemmEpilogue::kDGelu) == ::kernels::kGemmEpilogueDGelu &&
+                  static_cast<int>(GemmEpilogue::kBiasResidual) ==
+                      ::kernels::kGemmEpilogueBiasResidual,
               "nn::GemmEpilogue numbers kernels::GemmEpilogueKind");
 
 // NOTE [GEMM epilogues]: the rules on C, bias and aux of GemmArgs.
@@ -180,8 +188,9 @@ absl::Status CheckEpilogue(absl::string_view what, const GemmArgs& g) {
         ", C offset ", g.c.offset, ", row stride ", g.c.ld, ", ", g.c.tensor.ToString()));
   }
   if (g.epilogue == GemmEpilogue::kNone) return absl::OkStatus();
-  const bool has_bias =
-      g.epilogue == GemmEpilogue::kBias || g.epilogue == GemmEpilogue::kBiasGelu;
+  const bool has_bias = g.epilogue == GemmEpilogue::kBias ||
+                        g.epilogue == GemmEpilogue::kBiasGelu ||
+                        g.epilogue == GemmEpilogue::kBiasResidual;
   if (has_bias) {
     if (!g.bias.defined()) {
       return absl::InvalidArgumentError(
@@ -191,17 +200,25 @@ absl::Status CheckEpilogue(absl::string_view what, const GemmArgs& g) {
     RETURN_IF_ERROR(CheckWeightDType(what, "bias", g.bias));
     RETURN_IF_ERROR(CheckNumel(what, "bias", g.bias, g.n));
   }
-  if (g.epilogue == GemmEpilogue::kBiasGelu || g.epilogue == GemmEpilogue::kDGelu) {
+  if (g.epilogue == GemmEpilogue::kBiasResidual && c_bf16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": the GEMM epilogue '", name, "' needs an fp32 C, got ", g.c.tensor.ToString()));
+  }
+  if (g.epilogue == GemmEpilogue::kBiasGelu || g.epilogue == GemmEpilogue::kDGelu ||
+      g.epilogue == GemmEpilogue::kBiasResidual) {
     if (!g.aux.defined()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": the GEMM epilogue '", name, "' needs aux, the pre-activation"));
+          what, ": the GEMM epilogue '", name, "' needs aux, ",
+          g.epilogue == GemmEpilogue::kBiasResidual ? "the residual" : "the pre-activation"));
     }
-    RETURN_IF_ERROR(CheckDevices(what, {{"aux (pre-activation)", &g.aux}, {"C", &g.c.tensor}}));
-    RETURN_IF_ERROR(CheckDType(what, "aux (pre-activation)", g.aux, g.c.tensor.dtype()));
-    RETURN_IF_ERROR(CheckNumel(what, "aux (pre-activation)", g.aux, g.m * g.n));
+    const char* aux_name = g.epilogue == GemmEpilogue::kBiasResidual ? "aux (residual)"
+                                                                      : "aux (pre-activation)";
+    RETURN_IF_ERROR(CheckDevices(what, {{aux_name, &g.aux}, {"C", &g.c.tensor}}));
+    RETURN_IF_ERROR(CheckDType(what, aux_name, g.aux, g.c.tensor.dtype()));
+    RETURN_IF_ERROR(CheckNumel(what, aux_name, g.aux, g.m * g.n));
     if (g.aux.raw_data() == g.c.tensor.raw_data()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, ": GEMM output C and aux (pre-activation) must be distinct"));
+          absl::StrCat(what, ": GEMM output C and ", aux_name, " must be distinct"));
     }
   }
   return absl::OkStatus();

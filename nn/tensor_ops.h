@@ -52,12 +52,15 @@ struct MatrixRef {
 //   kBias      C = P + bias[j]
 //   kBiasGelu  aux = P + bias[j] and C = GELU(P + bias[j]) (tanh form, as GeluForward)
 //   kDGelu     C = P * GELU'(aux[i, j]), aux the pre-activation a kBiasGelu stored
+//   kBiasResidual  C = aux[i, j] + (P + bias[j]), aux a residual (fp32, read; C fp32)
 // The body is written once (kernels::GemmEpiloguePre/Out, kernels/elementwise.h). On the CPU
 // it runs after oneDNN's sgemm; on CUDA it is cuBLASLt's BIAS, GELU_AUX_BIAS or DGELU
-// epilogue, and where cuBLASLt has no algorithm for one (an unaligned bias, say) MatMul runs
+// epilogue (kBiasResidual: BIAS with the residual as cuBLASLt's C and beta 1, which
+// rounds P + aux before adding the bias: within fp32 rounding of the body's order), and
+// where cuBLASLt has no algorithm for one (an unaligned bias, say) MatMul runs
 // the plain GEMM into an fp32 scratch and the same body as one kernel (tested by forcing
 // it, nn::cuda::ForceGemmFallbackForTesting).
-enum class GemmEpilogue : int { kNone = 0, kBias = 1, kBiasGelu = 2, kDGelu = 3 };
+enum class GemmEpilogue : int { kNone = 0, kBias = 1, kBiasGelu = 2, kDGelu = 3, kBiasResidual = 4 };
 
 // C_i = alpha * op(A_i) * op(B_i) + beta * C_i for i < batch, as nn::Gemm (nn/ops.h):
 // op(A) is [m, k] (A stored [k, m] when trans_a), op(B) is [k, n], C is [m, n]. A and B
@@ -66,9 +69,9 @@ enum class GemmEpilogue : int { kNone = 0, kBias = 1, kBiasGelu = 2, kDGelu = 3 
 // fp32 x fp32 with CUBLAS_COMPUTE_32F (TF32 off), bf16 x bf16 -> fp32 or bf16 with fp32
 // accumulation; cublasGemmEx when cuBLASLt's heuristic offers no algorithm.
 // An epilogue other than kNone needs batch 1, beta 0, C dense ([m, n], ld n, offset 0),
-// `bias` ([n], fp32 or bf16) for kBias and kBiasGelu, and `aux` (C's shape and dtype,
-// dense) for kBiasGelu (written) and kDGelu (read); InvalidArgument naming the argument
-// otherwise.
+// `bias` ([n], fp32 or bf16) for kBias, kBiasGelu and kBiasResidual, and `aux` (C's shape
+// and dtype, dense, distinct from C) for kBiasGelu (written), kDGelu and kBiasResidual
+// (read; an fp32 C); InvalidArgument naming the argument otherwise.
 // `bias_grad` (NOTE [GEMM epilogues]), when defined: bias_grad[i] += the sum over k of
 // op(A)[i, :], the row sums of op(A) as A is stored (bf16 values widened), the bias
 // gradient of a weight-gradient GEMM dW = g^T x, whose A is g stored [k, m]. It needs

@@ -164,8 +164,14 @@ absl::Status RunEpilogue(const EpilogueCase& e, int64_t m, int64_t n, int64_t k,
                          GemmEpilogue epilogue) {
   GemmArgs g = LinearGemm(e, m, n, k);
   g.epilogue = epilogue;
-  if (epilogue == GemmEpilogue::kBias || epilogue == GemmEpilogue::kBiasGelu) g.bias = e.bias;
-  if (epilogue == GemmEpilogue::kBiasGelu || epilogue == GemmEpilogue::kDGelu) g.aux = e.aux;
+  if (epilogue == GemmEpilogue::kBias || epilogue == GemmEpilogue::kBiasGelu ||
+      epilogue == GemmEpilogue::kBiasResidual) {
+    g.bias = e.bias;
+  }
+  if (epilogue == GemmEpilogue::kBiasGelu || epilogue == GemmEpilogue::kDGelu ||
+      epilogue == GemmEpilogue::kBiasResidual) {
+    g.aux = e.aux;
+  }
   return MatMul("fc (Linear)", g);
 }
 
@@ -226,6 +232,13 @@ TEST(GemmEpilogueTest, EachIsThePlainGemmThenTheUnfusedOpRoundedOnceForBf16) {
     }
     EXPECT_EQ(Widened(e.c), expect(ref));
   }
+  // kBiasResidual (fp32 C): aux + (P + bias), the residual added to the biased product.
+  EpilogueCase r = MakeEpilogueCase(m, n, k, core::DType::kFloat32);
+  r.aux = Normal(m * n, 15);
+  core::Tensor with_residual = core::Tensor::Zeros({m * n});
+  ASSERT_TRUE(AddTensors("ref", r.aux, biased, with_residual).ok());
+  ASSERT_TRUE(RunEpilogue(r, m, n, k, GemmEpilogue::kBiasResidual).ok());
+  EXPECT_EQ(r.c.ToVector(), with_residual.ToVector());
 }
 
 TEST(GemmEpilogueTest, MissingOrMisfitArgumentsAreInvalidArgumentNamingThem) {
@@ -261,6 +274,14 @@ TEST(GemmEpilogueTest, MissingOrMisfitArgumentsAreInvalidArgumentNamingThem) {
   strided.beta = 0.0f;
   strided.c.ld = n + 1;
   EXPECT_THAT(message(strided), HasSubstr("dense C"));
+  GemmArgs no_residual = no_bias;
+  no_residual.epilogue = GemmEpilogue::kBiasResidual;
+  no_residual.bias = e.bias;
+  EXPECT_THAT(message(no_residual), HasSubstr("needs aux, the residual"));
+  GemmArgs bf16_residual_c = no_residual;
+  bf16_residual_c.c.tensor = core::Tensor::Zeros({m * n}, core::DType::kBFloat16);
+  bf16_residual_c.aux = core::Tensor::Zeros({m * n}, core::DType::kBFloat16);
+  EXPECT_THAT(message(bf16_residual_c), HasSubstr("needs an fp32 C"));
   // Nothing was written by the refused calls.
   for (float v : e.c.ToVector()) EXPECT_EQ(v, 0.0f);
 }

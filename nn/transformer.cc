@@ -36,20 +36,41 @@ Mlp::Mlp(int64_t n_embd, uint64_t seed) {
 }
 
 absl::StatusOr<core::Tensor> Mlp::ForwardImpl(const core::Tensor& x) {
+  return ForwardPlus(x, core::Tensor());
+}
+
+absl::StatusOr<core::Tensor> Mlp::ForwardResidual(const core::Tensor& x,
+                                                  const core::Tensor& residual) {
+  if (!residual.defined()) {
+    return internal::ModuleError(*this, "ForwardResidual: the residual is undefined");
+  }
+  return ForwardPlus(x, residual);
+}
+
+absl::StatusOr<core::Tensor> Mlp::ForwardPlus(const core::Tensor& x,
+                                              const core::Tensor& residual) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
   pre_ = core::Tensor();
+  core::Tensor y;
   if (fc_->bias() == nullptr || !internal::Fusable(*fc_) || !internal::Fusable(*gelu_) ||
       !internal::Fusable(*proj_)) {
     ASSIGN_OR_RETURN(core::Tensor h, fc_->Forward(x));
     ASSIGN_OR_RETURN(h, gelu_->Forward(h));
-    return proj_->Forward(h);
+    ASSIGN_OR_RETURN(y, proj_->Forward(h));
+  } else {
+    // NOTE [Fused layers]: fc's GEMM adds the bias and applies the GELU in its epilogue,
+    // storing h (and the pre-activation) bf16 for proj's bf16 GEMM (NOTE [GEMM
+    // epilogues]); proj's adds its bias and the residual.
+    core::Tensor pre;
+    ASSIGN_OR_RETURN(core::Tensor h, fc_->ForwardGelu(x, &pre));
+    pre_ = std::move(pre);
+    if (residual.defined() && proj_->bias() != nullptr) {
+      return proj_->ForwardResidual(h, residual);
+    }
+    ASSIGN_OR_RETURN(y, proj_->Forward(h));
   }
-  // NOTE [Fused layers]: fc's GEMM adds the bias and applies the GELU in its epilogue,
-  // storing h (and the pre-activation) bf16 for proj's bf16 GEMM (NOTE [GEMM epilogues]).
-  core::Tensor pre;
-  ASSIGN_OR_RETURN(core::Tensor h, fc_->ForwardGelu(x, &pre));
-  pre_ = std::move(pre);
-  return proj_->Forward(h);
+  if (!residual.defined()) return y;
+  return Add(*this, residual, y);
 }
 
 absl::StatusOr<core::Tensor> Mlp::BackwardImpl(const core::Tensor& grad_output) {
@@ -103,8 +124,16 @@ absl::StatusOr<core::Tensor> TransformerBlock::ForwardImpl(const core::Tensor& x
     ASSIGN_OR_RETURN(h, Add(*this, x, a));
     ASSIGN_OR_RETURN(m, ln_2_->Forward(h));
   }
-  ASSIGN_OR_RETURN(m, mlp_->Forward(m));
-  ASSIGN_OR_RETURN(core::Tensor y, Add(*this, h, m));
+  core::Tensor y;
+  if (internal::Fusable(*mlp_)) {
+    // NOTE [Fused layers]: y = h + mlp(m), the add in the epilogue of the MLP's last GEMM.
+    // Run outside mlp's Forward: in a forward-only pass its caches go here.
+    ASSIGN_OR_RETURN(y, mlp_->ForwardResidual(m, h));
+    if (!core::GradEnabled()) mlp_->DropActivations();
+  } else {
+    ASSIGN_OR_RETURN(m, mlp_->Forward(m));
+    ASSIGN_OR_RETURN(y, Add(*this, h, m));
+  }
   input_shape_ = x.shape();
   return y;
 }

@@ -54,6 +54,14 @@ class Mlp : public core::Module {
   const std::shared_ptr<GELU>& gelu() const { return gelu_; }
   const std::shared_ptr<Linear>& proj() const { return proj_; }
 
+  // For a parent that fuses the residual add after this MLP (NOTE [Fused layers]), only
+  // when nn::internal::Fusable(*this): residual + Forward(x) (residual fp32 [..., C]),
+  // running no hooks of this module; the add is in proj's GEMM epilogue when the fused
+  // MLP path applies (Linear::ForwardResidual), else an add after it. Backward as after
+  // Forward.
+  absl::StatusOr<core::Tensor> ForwardResidual(const core::Tensor& x,
+                                               const core::Tensor& residual);
+
  protected:
   // x: fp32 [..., C] -> [..., C].
   absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
@@ -61,6 +69,9 @@ class Mlp : public core::Module {
   void ReleaseActivations() override { pre_ = core::Tensor(); }
 
  private:
+  // Forward(x), plus `residual` when it is defined.
+  absl::StatusOr<core::Tensor> ForwardPlus(const core::Tensor& x, const core::Tensor& residual);
+
   // "mlp.fc (Linear) + mlp.gelu (GELU)", for the fused ops' messages.
   std::string FusedWhat() const;
 

@@ -179,6 +179,11 @@ TEST(FusedLayersTest, BlockGivesTheSameBitsFusedAndThroughItsChildren) {
   core::HookHandle h3 = CountingHook(*block.mlp()->gelu(), &calls);
   EXPECT_EQ(StepBits(block, x, gy), fused);
   EXPECT_EQ(calls, 3);
+  // A hook on the Mlp itself: the block calls its Forward and adds the residual after it.
+  int mlp_calls = 0;
+  core::HookHandle h4 = CountingHook(*block.mlp(), &mlp_calls);
+  EXPECT_EQ(StepBits(block, x, gy), fused);
+  EXPECT_EQ(mlp_calls, 1);
 }
 
 TEST(FusedLayersTest, AHookAddedBetweenAFusedForwardAndItsBackwardIsRefused) {

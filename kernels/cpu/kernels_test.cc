@@ -383,6 +383,9 @@ TEST(CpuLoopsTest, ResultsAreBitIdenticalForAnyThreadCount) {
     kcpu::GemmEpilogue(P(ga), k::kGemmEpilogueDGelu, nullptr, false, P(pre), P(gx), false, rows,
                        cols);
     out.push_back(gx.ToVector());
+    kcpu::GemmEpilogue(P(a), k::kGemmEpilogueBiasResidual, P(b), false, P(ga), P(ya), false, rows,
+                       cols);  // bias + residual
+    out.push_back(ya.ToVector());
     kcpu::AddLayerNormForward(P(a), P(ga), P(sum), P(w), P(b), false, 1e-5f, P(ya), P(h), P(rstd),
                             rows, cols);
     out.push_back(sum.ToVector());

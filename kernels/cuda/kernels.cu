@@ -200,7 +200,7 @@ __global__ void GemmEpilogueKernel(const float* acc, int kind, const W* bias, T*
   const int64_t n = rows * cols;
   for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) {
     const float pre = k::GemmEpiloguePre(kind, acc[i], bias, i % cols);
-    const float saved = kind == k::kGemmEpilogueDGelu ? k::Load(aux, i) : 0.0f;
+    const float saved = k::GemmEpilogueReadsAux(kind) ? k::Load(aux, i) : 0.0f;
     if (kind == k::kGemmEpilogueBiasGelu) k::Store(aux, i, pre);
     k::Store(out, i, k::GemmEpilogueOut(kind, pre, saved));
   }

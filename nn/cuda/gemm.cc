@@ -4,6 +4,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -175,6 +176,8 @@ cublasLtEpilogue_t LtEpilogue(int kind, bool bias_grad) {
       return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case 3:
       return CUBLASLT_EPILOGUE_DGELU;
+    case 4:  // the residual is C, with beta 1
+      return CUBLASLT_EPILOGUE_BIAS;
     default:
       return CUBLASLT_EPILOGUE_DEFAULT;
   }
@@ -242,7 +245,7 @@ absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bo
                                          sizeof(ep.bias_grad)),
           where));
     }
-    if (ep.aux != nullptr) {
+    if (ep.aux != nullptr && (ep.kind == 2 || ep.kind == 3)) {  // kind 4's aux is C
       const int64_t aux_ld = n;
       RETURN_IF_ERROR(StatusFromCublas(
           cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux,
@@ -357,10 +360,15 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
   if (c.bf16 && beta != 0.0f) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": a bf16 C needs beta 0"));
   }
-  if (ep.kind < 0 || ep.kind > 3 || ((ep.kind == 1 || ep.kind == 2) && ep.bias == nullptr) ||
-      ((ep.kind == 2 || ep.kind == 3) && ep.aux == nullptr)) {
+  if (ep.kind < 0 || ep.kind > 4 ||
+      ((ep.kind == 1 || ep.kind == 2 || ep.kind == 4) && ep.bias == nullptr) ||
+      ((ep.kind == 2 || ep.kind == 3 || ep.kind == 4) && ep.aux == nullptr)) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": epilogue ", ep.kind, " lacks its bias or aux pointer"));
+  }
+  if (ep.kind == 4 && (c.bf16 || beta != 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": the bias + residual epilogue needs an fp32 C and beta 0"));
   }
   if (ep.bias_grad != nullptr && (ep.kind != 0 || !a.bf16 || !trans_a || batch != 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -379,7 +387,8 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
   const bool plain = ep.kind == 0 && !c.bf16 && ep.bias_grad == nullptr;
   // cuBLASLt's epilogues, bf16 D and its aux need bf16 operands (fp32 ones take the
   // fallback), and the GELU aux matrix a leading dimension divisible by 8.
-  const bool lt_can = plain || (a.bf16 && (ep.aux == nullptr || n % 8 == 0));
+  const bool gelu_aux = ep.kind == 2 || ep.kind == 3;
+  const bool lt_can = plain || (a.bf16 && (!gelu_aux || n % 8 == 0));
   if (ForceFallback().load() || !lt_can) {
     if (!plain) {
       return absl::UnimplementedError(
@@ -390,7 +399,10 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
   const int64_t in_bytes = a.bf16 ? 2 : 4;
   const uint32_t align_first = AlignmentOf(b.ptr, b.stride, in_bytes, batch);
   const uint32_t align_second = AlignmentOf(a.ptr, a.stride, in_bytes, batch);
-  const uint32_t align_c = AlignmentOf(c.ptr, c.stride, c.bf16 ? 2 : 4, batch);
+  // Kind 4 reads its residual as cuBLASLt's C: the alignment of both C and D.
+  const uint32_t align_c =
+      std::min(AlignmentOf(c.ptr, c.stride, c.bf16 ? 2 : 4, batch),
+               ep.kind == 4 ? AlignmentOf(ep.aux, c.stride, 4, batch) : uint32_t{256});
   const void* bias_ptr = ep.bias_grad != nullptr ? ep.bias_grad : ep.bias;
   const uint32_t align_bias = bias_ptr != nullptr ? AlignmentOf(bias_ptr, 0, 0, 1) : 0;
   const uint32_t align_aux = ep.aux != nullptr ? AlignmentOf(ep.aux, 0, 0, 1) : 0;
@@ -451,16 +463,19 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
                                        sizeof(bias_ptr)),
         where));
   }
-  if (ep.aux != nullptr) {
+  if (gelu_aux) {
     RETURN_IF_ERROR(StatusFromCublas(
         cublasLtMatmulDescSetAttribute(gemm->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                        &ep.aux, sizeof(ep.aux)),
         where));
   }
+  // Kind 4: D = (P + residual) + bias, the residual as C with beta 1.
+  const void* c_in = ep.kind == 4 ? ep.aux : c.ptr;
+  const float beta_in = ep.kind == 4 ? 1.0f : beta;
   const cublasStatus_t ran =
-      cublasLtMatmul(ctx->handle, gemm->op, &alpha, b.ptr, gemm->a, a.ptr, gemm->b, &beta, c.ptr,
-                     gemm->c, const_cast<void*>(c.ptr), gemm->c, &gemm->algo, ctx->workspace,
-                     static_cast<size_t>(ctx->workspace_bytes), /*stream=*/0);
+      cublasLtMatmul(ctx->handle, gemm->op, &alpha, b.ptr, gemm->a, a.ptr, gemm->b, &beta_in,
+                     c_in, gemm->c, const_cast<void*>(c.ptr), gemm->c, &gemm->algo,
+                     ctx->workspace, static_cast<size_t>(ctx->workspace_bytes), /*stream=*/0);
   if (!plain && (ran == CUBLAS_STATUS_NOT_SUPPORTED || ran == CUBLAS_STATUS_INVALID_VALUE)) {
     // Checked before anything is queued: nothing ran, the caller's fallback runs instead.
     gemm->refused.store(true);
