@@ -223,26 +223,18 @@ absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bo
         cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                        sizeof(epilogue)),
         where));
-    if (ep.bias != nullptr) {
-      const int32_t bias_type = ep.bias_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    // The bias, or the bias gradient's fp32 output (cuBLASLt's bias vector either way).
+    const void* bias = ep.bias_grad != nullptr ? ep.bias_grad : ep.bias;
+    if (bias != nullptr) {
+      const int32_t bias_type =
+          ep.bias_grad == nullptr && ep.bias_bf16 ? CUDA_R_16BF : CUDA_R_32F;
       RETURN_IF_ERROR(StatusFromCublas(
           cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                          sizeof(bias_type)),
           where));
       RETURN_IF_ERROR(StatusFromCublas(
-          cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.bias,
-                                         sizeof(ep.bias)),
-          where));
-    }
-    if (ep.bias_grad != nullptr) {
-      const int32_t bias_type = CUDA_R_32F;
-      RETURN_IF_ERROR(StatusFromCublas(
-          cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
-                                         sizeof(bias_type)),
-          where));
-      RETURN_IF_ERROR(StatusFromCublas(
-          cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.bias_grad,
-                                         sizeof(ep.bias_grad)),
+          cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                         sizeof(bias)),
           where));
     }
     if (ep.aux != nullptr && (ep.kind == 2 || ep.kind == 3)) {  // kind 4's aux is C
