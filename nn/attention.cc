@@ -26,6 +26,27 @@ CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, uint64_
 }
 
 absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardImpl(const core::Tensor& x) {
+  return ForwardPlus(x, core::Tensor());
+}
+
+bool CausalSelfAttention::AddsResidualInGemm() const {
+  return internal::Fusable(*proj_) && proj_->bias() != nullptr;
+}
+
+absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardResidual(const core::Tensor& x,
+                                                                  const core::Tensor& residual) {
+  if (!residual.defined()) {
+    return internal::ModuleError(*this, "ForwardResidual: the residual is undefined");
+  }
+  if (!AddsResidualInGemm()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Describe(), ": ForwardResidual needs proj without hooks and with a bias (use Forward)"));
+  }
+  return ForwardPlus(x, residual);
+}
+
+absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardPlus(const core::Tensor& x,
+                                                              const core::Tensor& residual) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
   // A bf16 input is one its producer stored for qkv's bf16 GEMM (NOTE [GEMM epilogues]).
   const bool bf16_in = x.defined() && x.dtype() == core::DType::kBFloat16 &&
@@ -54,6 +75,7 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardImpl(const core::Tensor
                       proj_->weight()->data.dtype() == core::DType::kBFloat16;
   ASSIGN_OR_RETURN(core::Tensor y,
                    core_.Forward(*this, std::move(qkv), n_head_, fused_, y_bf16));
+  if (residual.defined()) return proj_->ForwardResidual(y, residual);
   return proj_->Forward(y);
 }
 

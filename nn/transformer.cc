@@ -114,15 +114,27 @@ absl::StatusOr<core::Tensor> TransformerBlock::ForwardImpl(const core::Tensor& x
   } else {
     ASSIGN_OR_RETURN(a, ln_1_->Forward(x));
   }
-  ASSIGN_OR_RETURN(a, attn_->Forward(a));
   core::Tensor h;
   core::Tensor m;
-  if (internal::Fusable(*ln_2_)) {
-    // NOTE [Fused layers]: h = x + a and ln_2(h) in one pass.
-    ASSIGN_OR_RETURN(m, ln_2_->ForwardAdd(x, a, &h, /*for_gemm=*/internal::Fusable(*mlp_)));
+  if (internal::Fusable(*attn_) && attn_->AddsResidualInGemm()) {
+    // NOTE [Fused layers]: h = x + attn(a), the add in the epilogue of attention's proj
+    // GEMM; run outside attn's Forward: in a forward-only pass its caches go here.
+    ASSIGN_OR_RETURN(h, attn_->ForwardResidual(a, x));
+    if (!core::GradEnabled()) attn_->DropActivations();
+    if (internal::Fusable(*ln_2_) && internal::Fusable(*mlp_)) {
+      ASSIGN_OR_RETURN(m, ln_2_->ForwardForGemm(h));
+    } else {
+      ASSIGN_OR_RETURN(m, ln_2_->Forward(h));
+    }
   } else {
-    ASSIGN_OR_RETURN(h, Add(*this, x, a));
-    ASSIGN_OR_RETURN(m, ln_2_->Forward(h));
+    ASSIGN_OR_RETURN(a, attn_->Forward(a));
+    if (internal::Fusable(*ln_2_)) {
+      // NOTE [Fused layers]: h = x + a and ln_2(h) in one pass.
+      ASSIGN_OR_RETURN(m, ln_2_->ForwardAdd(x, a, &h, /*for_gemm=*/internal::Fusable(*mlp_)));
+    } else {
+      ASSIGN_OR_RETURN(h, Add(*this, x, a));
+      ASSIGN_OR_RETURN(m, ln_2_->Forward(h));
+    }
   }
   core::Tensor y;
   if (internal::Fusable(*mlp_)) {

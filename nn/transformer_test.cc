@@ -179,11 +179,13 @@ TEST(FusedLayersTest, BlockGivesTheSameBitsFusedAndThroughItsChildren) {
   core::HookHandle h3 = CountingHook(*block.mlp()->gelu(), &calls);
   EXPECT_EQ(StepBits(block, x, gy), fused);
   EXPECT_EQ(calls, 3);
-  // A hook on the Mlp itself: the block calls its Forward and adds the residual after it.
-  int mlp_calls = 0;
-  core::HookHandle h4 = CountingHook(*block.mlp(), &mlp_calls);
+  // Hooks on the Mlp and on attention themselves: the block calls their Forward and adds
+  // the residuals after them.
+  int own_calls = 0;
+  core::HookHandle h4 = CountingHook(*block.mlp(), &own_calls);
+  core::HookHandle h5 = CountingHook(*block.attn(), &own_calls);
   EXPECT_EQ(StepBits(block, x, gy), fused);
-  EXPECT_EQ(mlp_calls, 1);
+  EXPECT_EQ(own_calls, 2);
 }
 
 TEST(FusedLayersTest, AHookAddedBetweenAFusedForwardAndItsBackwardIsRefused) {
