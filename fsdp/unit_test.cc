@@ -162,7 +162,9 @@ TEST(UnitTest, AOneRankFp32UnitAddsItsGradientsStraightIntoTheShard) {
           RETURN_IF_ERROR(unit->ReduceGradients());
           RETURN_IF_ERROR(unit->FinishReduction());
         }
-        if (!bf16_reduce) EXPECT_EQ(reduce.records().size(), 0u) << pass;  // no convert, no add
+        if (!bf16_reduce) {
+          EXPECT_EQ(reduce.records().size(), 0u) << pass;  // no convert, no add
+        }
         EXPECT_FALSE(unit->flat().full_grad().defined());
         EXPECT_EQ(fc->weight()->grad.dim(), 1);
       }
