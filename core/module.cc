@@ -139,9 +139,10 @@ absl::StatusOr<Tensor> Module::Forward(const Tensor& input) {
     if (!s.ok()) return s;
   }
   if (!GradEnabled()) {
-    // No Backward follows: what ForwardImpl cached for one is dead already. Children
-    // dropped theirs in their own Forward, so a forward-only pass holds one layer's.
-    ReleaseActivations();
+    // No Backward follows: what ForwardImpl cached for one is dead already, here and in
+    // the children (those a parent ran fused, outside their own Forward, included), so a
+    // forward-only pass holds one layer's.
+    DropActivations();
   } else if (checkpoint_activations_ && !InRecompute()) {
     // NOTE [Activation checkpointing]: keep the input, drop the rest.
     DropActivations();

@@ -40,8 +40,9 @@
 //   - checkpointed descendants do not checkpoint again: the recompute keeps the whole
 //     subtree's caches for the backward that follows.
 // Under a NoGradScope (evaluation: no backward follows) a checkpointed module runs as a
-// plain one, and every module drops its own caches as its Forward returns (its
-// ReleaseActivations), so a forward-only pass holds at most one layer's caches at a time
+// plain one, and every module drops its subtree's caches as its Forward returns
+// (DropActivations: also those of children a parent ran fused, outside their own
+// Forward), so a forward-only pass holds at most one layer's caches at a time
 // and no Backward can follow it. As for every cached input, the input tensor must not be written between
 // Forward and Backward.
 #ifndef CORE_MODULE_H_

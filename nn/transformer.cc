@@ -118,9 +118,8 @@ absl::StatusOr<core::Tensor> TransformerBlock::ForwardImpl(const core::Tensor& x
   core::Tensor m;
   if (internal::Fusable(*attn_) && attn_->AddsResidualInGemm()) {
     // NOTE [Fused layers]: h = x + attn(a), the add in the epilogue of attention's proj
-    // GEMM; run outside attn's Forward: in a forward-only pass its caches go here.
+    // GEMM.
     ASSIGN_OR_RETURN(h, attn_->ForwardResidual(a, x));
-    if (!core::GradEnabled()) attn_->DropActivations();
     if (internal::Fusable(*ln_2_) && internal::Fusable(*mlp_)) {
       ASSIGN_OR_RETURN(m, ln_2_->ForwardForGemm(h));
     } else {
@@ -139,9 +138,7 @@ absl::StatusOr<core::Tensor> TransformerBlock::ForwardImpl(const core::Tensor& x
   core::Tensor y;
   if (internal::Fusable(*mlp_)) {
     // NOTE [Fused layers]: y = h + mlp(m), the add in the epilogue of the MLP's last GEMM.
-    // Run outside mlp's Forward: in a forward-only pass its caches go here.
     ASSIGN_OR_RETURN(y, mlp_->ForwardResidual(m, h));
-    if (!core::GradEnabled()) mlp_->DropActivations();
   } else {
     ASSIGN_OR_RETURN(m, mlp_->Forward(m));
     ASSIGN_OR_RETURN(y, Add(*this, h, m));

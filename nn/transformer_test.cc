@@ -188,6 +188,28 @@ TEST(FusedLayersTest, BlockGivesTheSameBitsFusedAndThroughItsChildren) {
   EXPECT_EQ(own_calls, 2);
 }
 
+// A forward-only pass (NoGradScope) keeps no caches, also in the children the block ran
+// fused outside their own Forward: none of them can run a Backward after it.
+TEST(FusedLayersTest, AForwardOnlyPassOfAFusedBlockKeepsNoCaches) {
+  TransformerBlock block(16, 4, 1);
+  const core::Tensor x = gradcheck::RandomTensor({2, 6, 16}, 3);
+  const core::Tensor g = gradcheck::RandomTensor({2, 6, 16}, 4);
+  {
+    core::NoGradScope no_grad;
+    ASSERT_TRUE(block.Forward(x).ok());
+  }
+  for (core::Module* m : {static_cast<core::Module*>(block.ln_1().get()),
+                          static_cast<core::Module*>(block.ln_2().get()),
+                          static_cast<core::Module*>(block.attn().get()),
+                          static_cast<core::Module*>(block.mlp().get()),
+                          static_cast<core::Module*>(&block)}) {
+    EXPECT_FALSE(m->Backward(g).ok()) << m->Describe() << " kept a cache";
+  }
+  // With gradients on, the same Forward leaves what the Backward needs.
+  ASSERT_TRUE(block.Forward(x).ok());
+  EXPECT_TRUE(block.Backward(g).ok());
+}
+
 TEST(FusedLayersTest, AHookAddedBetweenAFusedForwardAndItsBackwardIsRefused) {
   Mlp mlp(8, 1);
   const core::Tensor x = gradcheck::RandomTensor({3, 8}, 3);
