@@ -39,6 +39,17 @@ void ProfileBf16Step(core::Module& m, const core::Shape& shape, core::OpProfile*
   ASSERT_TRUE(m.Backward(Filled(shape, 0.1f)).ok());
 }
 
+// The fused bf16 block the block tests profile: B = 1, T = 8, two heads of 64.
+constexpr int64_t kBlockB = 1, kBlockT = 8, kBlockH = 2, kBlockC = 64 * kBlockH;
+
+// One Forward and Backward of that block, converted to bf16 (ProfileBf16Step).
+std::vector<OpRecord> Bf16BlockStepRecords() {
+  TransformerBlock block(kBlockC, kBlockH, 5);
+  core::OpProfile profile;
+  ProfileBf16Step(block, {kBlockB, kBlockT, kBlockC}, &profile);
+  return profile.records();
+}
+
 std::vector<std::string> Names(const std::vector<OpRecord>& records) {
   std::vector<std::string> out;
   for (const OpRecord& r : records) out.push_back(r.name);
@@ -196,12 +207,8 @@ TEST(OpAccountingTest, ABf16BlockRoundsOnlyWhatNoProducerStoresBf16) {
 // rounding passes left in a bf16 block are the two residual-stream gradients entering proj
 // and mlp.proj.
 TEST(OpAccountingTest, AFusedBf16BlockRoundsOnlyTheResidualGradients) {
-  const int64_t B = 1, T = 8, H = 2, C = 64 * H;
-  TransformerBlock block(C, H, 5);
-  core::OpProfile profile;
-  ProfileBf16Step(block, {B, T, C}, &profile);
   int converts = 0, fused = 0;
-  for (const OpRecord& r : profile.records()) {
+  for (const OpRecord& r : Bf16BlockStepRecords()) {
     if (r.category == OpCategory::kConvert) ++converts;
     fused += r.name.rfind("fused_attention", 0) == 0;
   }
@@ -213,12 +220,8 @@ TEST(OpAccountingTest, AFusedBf16BlockRoundsOnlyTheResidualGradients) {
 // gradient in its weight gradient's GEMM (an add of the sums, no column-sums pass); the
 // GEMM writes the out sums too.
 TEST(OpAccountingTest, ABf16BlockSumsItsBiasGradientsInTheWeightGradientGemms) {
-  const int64_t B = 1, T = 8, H = 2, C = 64 * H;
-  TransformerBlock block(C, H, 5);
-  core::OpProfile profile;
-  ProfileBf16Step(block, {B, T, C}, &profile);
   int column_sums = 0, weight_grads = 0, adds_after_weight_grads = 0;
-  const std::vector<OpRecord>& r = profile.records();
+  const std::vector<OpRecord> r = Bf16BlockStepRecords();
   for (size_t i = 0; i < r.size(); ++i) {
     // The LayerNorms' parameter gradients are their own kernel's (category kNorm).
     column_sums += r[i].name == "column_sums";
@@ -238,12 +241,9 @@ TEST(OpAccountingTest, ABf16BlockSumsItsBiasGradientsInTheWeightGradientGemms) {
 // (the bias + residual epilogue, which reads the residual): h = x + attn(ln_1(x)) out of
 // attention's proj, y = h + mlp(ln_2(h)) out of the MLP's proj; no add of their own.
 TEST(OpAccountingTest, AFusedBlockAddsItsResidualsInTheProjectionGemms) {
-  const int64_t B = 1, T = 8, H = 2, C = 64 * H;
-  TransformerBlock block(C, H, 5);
-  core::OpProfile profile;
-  ProfileBf16Step(block, {B, T, C}, &profile);
+  const int64_t B = kBlockB, T = kBlockT, C = kBlockC;
   int residual_gemms = 0;
-  for (const OpRecord& r : profile.records()) {
+  for (const OpRecord& r : Bf16BlockStepRecords()) {
     EXPECT_FALSE(r.name == "add" && r.cost.bytes == 12.0 * B * T * C) << "a full-size add";
     EXPECT_NE(r.name, "add_layernorm.forward");
     // A proj [B T, k] x [k, C]^T with k = C or 4C; reads x, W, the bf16 bias and the

@@ -39,10 +39,20 @@ absl::StatusOr<core::Tensor> Mlp::ForwardImpl(const core::Tensor& x) {
   return ForwardPlus(x, core::Tensor());
 }
 
+bool Mlp::AddsResidualInGemm() const {
+  return config_error_.empty() && fc_->bias() != nullptr && proj_->bias() != nullptr &&
+         internal::Fusable(*fc_) && internal::Fusable(*gelu_) && internal::Fusable(*proj_);
+}
+
 absl::StatusOr<core::Tensor> Mlp::ForwardResidual(const core::Tensor& x,
                                                   const core::Tensor& residual) {
   if (!residual.defined()) {
     return internal::ModuleError(*this, "ForwardResidual: the residual is undefined");
+  }
+  if (!AddsResidualInGemm()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Describe(), ": ForwardResidual needs fc, gelu and proj without hooks and fc and proj "
+                    "with biases (use Forward)"));
   }
   return ForwardPlus(x, residual);
 }
@@ -51,26 +61,20 @@ absl::StatusOr<core::Tensor> Mlp::ForwardPlus(const core::Tensor& x,
                                               const core::Tensor& residual) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
   pre_ = core::Tensor();
-  core::Tensor y;
   if (fc_->bias() == nullptr || !internal::Fusable(*fc_) || !internal::Fusable(*gelu_) ||
       !internal::Fusable(*proj_)) {
     ASSIGN_OR_RETURN(core::Tensor h, fc_->Forward(x));
     ASSIGN_OR_RETURN(h, gelu_->Forward(h));
-    ASSIGN_OR_RETURN(y, proj_->Forward(h));
-  } else {
-    // NOTE [Fused layers]: fc's GEMM adds the bias and applies the GELU in its epilogue,
-    // storing h (and the pre-activation) bf16 for proj's bf16 GEMM (NOTE [GEMM
-    // epilogues]); proj's adds its bias and the residual.
-    core::Tensor pre;
-    ASSIGN_OR_RETURN(core::Tensor h, fc_->ForwardGelu(x, &pre));
-    pre_ = std::move(pre);
-    if (residual.defined() && proj_->bias() != nullptr) {
-      return proj_->ForwardResidual(h, residual);
-    }
-    ASSIGN_OR_RETURN(y, proj_->Forward(h));
+    return proj_->Forward(h);
   }
-  if (!residual.defined()) return y;
-  return Add(*this, residual, y);
+  // NOTE [Fused layers]: fc's GEMM adds the bias and applies the GELU in its epilogue,
+  // storing h (and the pre-activation) bf16 for proj's bf16 GEMM (NOTE [GEMM epilogues]);
+  // with a residual, proj's adds its bias and the residual.
+  core::Tensor pre;
+  ASSIGN_OR_RETURN(core::Tensor h, fc_->ForwardGelu(x, &pre));
+  pre_ = std::move(pre);
+  if (residual.defined()) return proj_->ForwardResidual(h, residual);
+  return proj_->Forward(h);
 }
 
 absl::StatusOr<core::Tensor> Mlp::BackwardImpl(const core::Tensor& grad_output) {
@@ -136,7 +140,7 @@ absl::StatusOr<core::Tensor> TransformerBlock::ForwardImpl(const core::Tensor& x
     }
   }
   core::Tensor y;
-  if (internal::Fusable(*mlp_)) {
+  if (internal::Fusable(*mlp_) && mlp_->AddsResidualInGemm()) {
     // NOTE [Fused layers]: y = h + mlp(m), the add in the epilogue of the MLP's last GEMM.
     ASSIGN_OR_RETURN(y, mlp_->ForwardResidual(m, h));
   } else {

@@ -55,12 +55,13 @@ class Mlp : public core::Module {
   const std::shared_ptr<Linear>& proj() const { return proj_; }
 
   // For a parent that fuses the residual add after this MLP (NOTE [Fused layers]), only
-  // when nn::internal::Fusable(*this): residual + Forward(x) (residual fp32 [..., C]),
-  // running no hooks of this module; the add is in proj's GEMM epilogue when the fused
-  // MLP path applies (Linear::ForwardResidual), else an add after it. Backward as after
-  // Forward.
+  // when nn::internal::Fusable(*this) and AddsResidualInGemm(): residual + Forward(x)
+  // (residual fp32 [..., C]), the add in the epilogue of proj's GEMM
+  // (Linear::ForwardResidual), running no hooks of this module. Backward as after Forward.
+  // FailedPrecondition when !AddsResidualInGemm() (a hook on a child, a missing bias).
   absl::StatusOr<core::Tensor> ForwardResidual(const core::Tensor& x,
                                                const core::Tensor& residual);
+  bool AddsResidualInGemm() const;
 
  protected:
   // x: fp32 [..., C] -> [..., C].
@@ -69,7 +70,7 @@ class Mlp : public core::Module {
   void ReleaseActivations() override { pre_ = core::Tensor(); }
 
  private:
-  // Forward(x), plus `residual` when it is defined.
+  // Forward(x), or ForwardResidual(x, residual) when `residual` is defined.
   absl::StatusOr<core::Tensor> ForwardPlus(const core::Tensor& x, const core::Tensor& residual);
 
   // "mlp.fc (Linear) + mlp.gelu (GELU)", for the fused ops' messages.
