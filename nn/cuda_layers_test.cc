@@ -301,6 +301,51 @@ TEST(CudaGemmEpilogueTest, WeightGradientGemmsBiasGradientMatchesCpuAndRepeatsBi
   }
 }
 
+// NOTE [GEMM epilogues]: the epilogues a bf16 GPT's Linears ask for run inside cuBLASLt's
+// GEMM at GPT-2's widths over 1,024 tokens, none through the fallback kernel: qkv's bias
+// into bf16, fc's bias + GELU into bf16 with its bf16 pre-activation, fc's GELU gradient
+// into bf16, and the projections' bias + residual into the fp32 residual stream with the
+// bf16 bias of the gathered parameters (widened by MatMul, as cuBLASLt wants D's type).
+// A fallback gives the same values a slower way, so only this count can tell.
+TEST(CudaGemmEpilogueTest, TheBf16GptsEpiloguesRunInsideCublasLtAtGpt2Widths) {
+  SKIP_WITHOUT_GPU();
+#ifdef FSDP_WITH_CUDA
+  struct Case {
+    const char* what;
+    GemmEpilogue epilogue;
+    core::DType c_dtype;
+    int64_t n, k;
+    bool trans_b;  // x W^T (forward) or g W (input gradient)
+  };
+  const int64_t m = 1024;
+  const auto bf16 = [](const core::Tensor& t) {
+    return t.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
+  };
+  for (const Case& c :
+       {Case{"attn.qkv", GemmEpilogue::kBias, core::DType::kBFloat16, 2304, 768, true},
+        Case{"mlp.fc", GemmEpilogue::kBiasGelu, core::DType::kBFloat16, 3072, 768, true},
+        Case{"mlp.proj dx", GemmEpilogue::kDGelu, core::DType::kBFloat16, 3072, 768, false},
+        Case{"attn.proj", GemmEpilogue::kBiasResidual, core::DType::kFloat32, 768, 768, true},
+        Case{"mlp.proj", GemmEpilogue::kBiasResidual, core::DType::kFloat32, 768, 3072, true}}) {
+    SCOPED_TRACE(c.what);
+    const bool has_bias = c.epilogue != GemmEpilogue::kDGelu;
+    const bool has_aux = c.epilogue != GemmEpilogue::kBias;
+    const core::Tensor x = bf16(Normal({m * c.k}, 91)), w = bf16(Normal({c.n * c.k}, 92));
+    const core::Tensor aux =
+        Normal({m * c.n}, 93).ToDType(c.c_dtype, core::MemoryTag::kOther).value();
+    GemmArgs g = LinearGemmOn(kGpu, m, c.n, c.k, x, w, c.c_dtype, c.epilogue,
+                              has_bias ? bf16(Normal({c.n}, 94)) : core::Tensor(),
+                              has_aux ? aux : core::Tensor());
+    g.trans_b = c.trans_b;
+    const int64_t before = cuda::GemmEpilogueFallbacksForTesting();
+    const absl::Status s = MatMul(c.what, g);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(cuda::GemmEpilogueFallbacksForTesting(), before)
+        << "cuBLASLt did not run this epilogue in its GEMM";
+  }
+#endif
+}
+
 // ---- Layers, fp32.
 
 TEST(CudaLayersTest, LinearMatchesCpu) {
@@ -544,33 +589,40 @@ TEST(CudaLayersTest, FusedBf16AttentionMatchesTheUnfusedPathAndRepeatsBitForBit)
 
 // The fused kernels store y and dL/dqkv in fp32 or bf16 and read y in either: each
 // combination against the CPU twin's result of the same dtypes within 4 u normwise (the
-// kernels' sums run in another order; a bf16 store is one rounding of that fp32 value).
+// kernels' sums run in another order; a bf16 store is one rounding of that fp32 value),
+// at head widths 64 and 128 and sequence lengths below, at and between whole 64-row tiles
+// (192: the upper half of a 128-row block starts at T).
 TEST(CudaLayersTest, FusedAttentionOutputsInFp32AndBf16MatchTheCpuTwin) {
   SKIP_WITHOUT_GPU();
-  const int64_t B = 2, T = 130, H = 2, hd = 64, C = H * hd;
-  const float scale = 0.125f;
-  const auto bf16 = [](const core::Tensor& t) {
-    return t.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
+  struct Size {
+    int64_t T, hd;
   };
-  const core::Tensor qkv = bf16(Normal({B, T, 3 * C}, 41));
-  const core::Tensor gy = bf16(Normal({B, T, C}, 42));
-  for (const core::DType dtype : {core::DType::kFloat32, core::DType::kBFloat16}) {
-    SCOPED_TRACE(core::DTypeName(dtype));
-    std::vector<std::vector<float>> results[2];  // y, dL/dqkv on the CPU, then on the GPU
-    for (const core::Device device : {core::Device::Cpu(), kGpu}) {
-      const auto zeros = [&](const core::Shape& shape, core::DType dt) {
-        return To(core::Tensor::Zeros(shape, dt), device);
-      };
-      const core::Tensor q = To(qkv, device), g = To(gy, device);
-      core::Tensor y = zeros({B, T, C}, dtype), lse = zeros({B, H, T}, core::DType::kFloat32);
-      core::Tensor delta = zeros({B, H, T}, core::DType::kFloat32);
-      core::Tensor gqkv = zeros({B, T, 3 * C}, dtype);
-      ASSERT_TRUE(FusedAttentionForward("attn", q, H, scale, y, lse).ok());
-      ASSERT_TRUE(FusedAttentionBackward("attn", q, y, g, lse, delta, H, scale, gqkv).ok());
-      results[device.is_cuda()] = {Host(y), Host(gqkv)};
+  for (const Size size : {Size{130, 64}, Size{37, 64}, Size{64, 64}, Size{192, 128}}) {
+    const int64_t B = 2, T = size.T, H = 2, hd = size.hd, C = H * hd;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const auto bf16 = [](const core::Tensor& t) {
+      return t.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
+    };
+    const core::Tensor qkv = bf16(Normal({B, T, 3 * C}, 41));
+    const core::Tensor gy = bf16(Normal({B, T, C}, 42));
+    for (const core::DType dtype : {core::DType::kFloat32, core::DType::kBFloat16}) {
+      SCOPED_TRACE(absl::StrCat("T ", T, ", head width ", hd, ", ", core::DTypeName(dtype)));
+      std::vector<std::vector<float>> results[2];  // y, dL/dqkv on the CPU, then on the GPU
+      for (const core::Device device : {core::Device::Cpu(), kGpu}) {
+        const auto zeros = [&](const core::Shape& shape, core::DType dt) {
+          return To(core::Tensor::Zeros(shape, dt), device);
+        };
+        const core::Tensor q = To(qkv, device), g = To(gy, device);
+        core::Tensor y = zeros({B, T, C}, dtype), lse = zeros({B, H, T}, core::DType::kFloat32);
+        core::Tensor delta = zeros({B, H, T}, core::DType::kFloat32);
+        core::Tensor gqkv = zeros({B, T, 3 * C}, dtype);
+        ASSERT_TRUE(FusedAttentionForward("attn", q, H, scale, y, lse).ok());
+        ASSERT_TRUE(FusedAttentionBackward("attn", q, y, g, lse, delta, H, scale, gqkv).ok());
+        results[device.is_cuda()] = {Host(y), Host(gqkv)};
+      }
+      EXPECT_LE(RelErr(results[1][0], results[0][0]), 4 * kBf16Unit);
+      EXPECT_LE(RelErr(results[1][1], results[0][1]), 4 * kBf16Unit);
     }
-    EXPECT_LE(RelErr(results[1][0], results[0][0]), 4 * kBf16Unit);
-    EXPECT_LE(RelErr(results[1][1], results[0][1]), 4 * kBf16Unit);
   }
 }
 
@@ -584,7 +636,7 @@ TEST(CudaLayersTest, FusedAttentionBlockShapesWriteTheSameBits) {
 #ifdef FSDP_WITH_CUDA
   namespace kc = kernels::cuda;
   for (const int64_t hd : {64, 128}) {
-    for (const int64_t T : {130, 200, 256}) {
+    for (const int64_t T : {37, 64, 130, 192, 200, 256}) {
       for (const core::DType dtype : {core::DType::kBFloat16, core::DType::kFloat32}) {
         SCOPED_TRACE(absl::StrCat("head width ", hd, ", T ", T, ", ", core::DTypeName(dtype)));
         const int64_t B = 2, H = 3, C = H * hd;

@@ -87,6 +87,14 @@ std::vector<float> WidenSpan(const Tensor& t, int64_t offset, int64_t span) {
 // is bf16 (a mixed pair first rounds the fp32 operand, core::OpCategory::kConvert), else
 // fp32 without them. An epilogue (NOTE [GEMM epilogues]) adds its bias and aux bytes and
 // its arithmetic to the GEMM's own cost: it runs inside the GEMM's kernel.
+// cuBLASLt's bias has D's type ("Bias vector elements are the same type as the elements of
+// output matrix", cublasLt.h): a bf16 bias of a bf16 GEMM (`bf16`: an operand is bf16) into
+// an fp32 C, as a projection's under bf16 weights (a view of the gathered bf16 parameters),
+// is widened into an fp32 copy first (exact), so the epilogue stays inside the GEMM.
+bool WidensBias(const GemmArgs& g, bool bf16) {
+  return bf16 && g.k > 0 && g.bias.defined() && IsBf16(g.bias) && !IsBf16(g.c.tensor);
+}
+
 core::OpCost GemmCost(const GemmArgs& g, bool bf16, bool fused_sums) {
   const double c_size = IsBf16(g.c.tensor) ? 2.0 : 4.0;
   const double c_bytes = c_size * g.batch * g.m * g.n * (g.beta != 0.0f ? 2 : 1);
@@ -96,15 +104,17 @@ core::OpCost GemmCost(const GemmArgs& g, bool bf16, bool fused_sums) {
   cost.bytes = in_bytes * g.batch * (g.m * g.k + g.k * g.n) + c_bytes;
   cost.engine = bf16 ? core::OpEngine::kTensorCoreBf16 : core::OpEngine::kSimtFp32;
   const double mn = static_cast<double>(g.m) * g.n;
+  const double bias_size =
+      !g.bias.defined() ? 0.0 : (WidensBias(g, bf16) ? 4.0 : core::DTypeSize(g.bias.dtype()));
   switch (g.epilogue) {
     case GemmEpilogue::kNone:
       break;
     case GemmEpilogue::kBias:
-      cost.bytes += core::DTypeSize(g.bias.dtype()) * g.n;
+      cost.bytes += bias_size * g.n;
       cost.flops += mn;
       break;
     case GemmEpilogue::kBiasGelu:
-      cost.bytes += core::DTypeSize(g.bias.dtype()) * g.n + c_size * mn;
+      cost.bytes += bias_size * g.n + c_size * mn;
       cost.flops += 14.0 * mn;
       break;
     case GemmEpilogue::kDGelu:
@@ -112,7 +122,7 @@ core::OpCost GemmCost(const GemmArgs& g, bool bf16, bool fused_sums) {
       cost.flops += 20.0 * mn;
       break;
     case GemmEpilogue::kBiasResidual:
-      cost.bytes += core::DTypeSize(g.bias.dtype()) * g.n + c_size * mn;
+      cost.bytes += bias_size * g.n + c_size * mn;
       cost.flops += 2.0 * mn;
       break;
   }
@@ -123,8 +133,9 @@ core::OpCost GemmCost(const GemmArgs& g, bool bf16, bool fused_sums) {
   return cost;
 }
 
-// The rounding pass of a mixed fp32 x bf16 GEMM: reads the fp32 operand, writes bf16.
-core::OpCost RoundOperandCost(int64_t span) { return core::OpCost::Memory(6.0 * span); }
+// A pass converting `span` elements between fp32 and bf16 (4 + 2 bytes each): the rounding
+// of a mixed fp32 x bf16 GEMM's fp32 operand, or the widening of a bf16 bias.
+core::OpCost ConvertCost(int64_t span) { return core::OpCost::Memory(6.0 * span); }
 
 const char* EpilogueName(GemmEpilogue e) {
   switch (e) {
@@ -298,6 +309,7 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
   const int64_t round_span = a_bf16 == b_bf16 || g.k == 0 ? 0 : (a_bf16 ? span_b : span_a);
   // NOTE [GEMM epilogues]: whether the GEMM itself sums op(A)'s rows for bias_grad (on CUDA).
   const bool fused_sums = g.bias_grad.defined() && a_bf16 && b_bf16 && g.k > 0;
+  const bool widen_bias = WidensBias(g, a_bf16 || b_bf16);
   const core::OpCost gemm_cost =
       g.k == 0 ? core::OpCost::Memory(8.0 * g.batch * g.m * g.n)
                : GemmCost(g, a_bf16 || b_bf16, fused_sums);
@@ -327,7 +339,7 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
     Tensor scratch;
     if (round_span > 0) {
       core::ProfiledOp op(core::OpCategory::kConvert, "gemm.round_operand", device,
-                          RoundOperandCost(round_span));
+                          ConvertCost(round_span));
       cuda::GemmOperand& f32 = a.bf16 ? b : a;
       const int64_t span = a.bf16 ? span_b : span_a;
       ASSIGN_OR_RETURN(scratch, Tensor::Allocate({span}, DType::kBFloat16,
@@ -346,6 +358,21 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
     if (g.bias.defined()) {
       ep.bias = g.bias.raw_data();
       ep.bias_bf16 = IsBf16(g.bias);
+    }
+    Tensor wide_bias;
+    if (widen_bias) {
+      core::ProfiledOp op(core::OpCategory::kConvert, "gemm.widen_bias", device,
+                          ConvertCost(g.n));
+      ASSIGN_OR_RETURN(wide_bias, Tensor::Allocate({g.n}, DType::kFloat32,
+                                                   core::MemoryTag::kActivation, device));
+      const absl::Status widened = core::cuda::ConvertBf16ToFloat(
+          static_cast<const uint16_t*>(g.bias.raw_data()), MutF32(wide_bias), g.n);
+      if (!widened.ok()) {
+        return absl::Status(widened.code(), absl::StrCat(what, ": widen the bf16 bias: ",
+                                                         widened.message()));
+      }
+      ep.bias = wide_bias.raw_data();
+      ep.bias_bf16 = false;
     }
     if (g.aux.defined()) ep.aux = g.aux.raw_data();
     // NOTE [GEMM epilogues]: a bias gradient with bf16 operands is the GEMM's (into `sums`,
@@ -397,8 +424,9 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
   // CPU: oneDNN sgemm per matrix of the batch; bf16 operands are widened exactly. The op
   // list records the CUDA path's passes.
   if (round_span > 0) {
-    core::RecordOp(core::OpCategory::kConvert, "gemm.round_operand", RoundOperandCost(round_span));
+    core::RecordOp(core::OpCategory::kConvert, "gemm.round_operand", ConvertCost(round_span));
   }
+  if (widen_bias) core::RecordOp(core::OpCategory::kConvert, "gemm.widen_bias", ConvertCost(g.n));
   {
     core::ProfiledOp op(g.k == 0 ? core::OpCategory::kElementwise : core::OpCategory::kGemmForward,
                         g.k == 0 ? "gemm.scale_c" : "matmul", device, gemm_cost,

@@ -165,19 +165,21 @@ TEST(OpAccountingTest, ABf16AttentionRunsEveryGemmOnTensorCoresWithoutRoundingPa
   CausalSelfAttention attn(C, H, 5);
   core::OpProfile profile;
   ProfileBf16Step(attn, {B, T, C}, &profile);
-  int gemms = 0, converts = 0;
+  int gemms = 0, converts = 0, widened = 0;
   for (const OpRecord& r : profile.records()) {
     if (r.category == OpCategory::kAttention && r.name == "matmul") {
       ++gemms;
       EXPECT_EQ(r.cost.engine, OpEngine::kTensorCoreBf16);
     }
-    if (r.category == OpCategory::kConvert) ++converts;
+    if (r.category == OpCategory::kConvert) ++(r.name == "gemm.widen_bias" ? widened : converts);
   }
   EXPECT_EQ(gemms, 6 * B);
   // The Linears round their own inputs and grad_outputs (qkv, proj: 2 each). q, k, v and
   // the heads' gradient need no pass: qkv's forward GEMM and proj's input-gradient GEMM
-  // store them bf16 (NOTE [GEMM epilogues]).
+  // store them bf16 (NOTE [GEMM epilogues]). proj's bf16 bias is widened for its fp32
+  // output (cuBLASLt's bias has D's type).
   EXPECT_EQ(converts, 2 + 2);
+  EXPECT_EQ(widened, 1);
   for (const OpRecord& r : profile.records()) {
     EXPECT_NE(r.name, "gemm.round_operand");
   }
@@ -192,14 +194,15 @@ TEST(OpAccountingTest, ABf16BlockRoundsOnlyWhatNoProducerStoresBf16) {
   TransformerBlock block(C, H, 5);
   core::OpProfile profile;
   ProfileBf16Step(block, {B, T, C}, &profile);
-  int converts = 0;
+  int converts = 0, widened = 0;
   for (const OpRecord& r : profile.records()) {
-    if (r.category == OpCategory::kConvert) ++converts;
+    if (r.category == OpCategory::kConvert) ++(r.name == "gemm.widen_bias" ? widened : converts);
     EXPECT_NE(r.name, "bias_add");
     EXPECT_NE(r.name, "gelu.forward");
     EXPECT_NE(r.name, "gelu.backward");
   }
   EXPECT_EQ(converts, 1 + 2 + 1);
+  EXPECT_EQ(widened, 2);  // the projections' bf16 biases, for their fp32 outputs
 }
 
 // NOTE [Fused attention] at GPT-2's head width: the fused kernels store the attention
@@ -207,13 +210,14 @@ TEST(OpAccountingTest, ABf16BlockRoundsOnlyWhatNoProducerStoresBf16) {
 // rounding passes left in a bf16 block are the two residual-stream gradients entering proj
 // and mlp.proj.
 TEST(OpAccountingTest, AFusedBf16BlockRoundsOnlyTheResidualGradients) {
-  int converts = 0, fused = 0;
+  int converts = 0, widened = 0, fused = 0;
   for (const OpRecord& r : Bf16BlockStepRecords()) {
-    if (r.category == OpCategory::kConvert) ++converts;
+    if (r.category == OpCategory::kConvert) ++(r.name == "gemm.widen_bias" ? widened : converts);
     fused += r.name.rfind("fused_attention", 0) == 0;
   }
   EXPECT_EQ(fused, 2);
   EXPECT_EQ(converts, 2);
+  EXPECT_EQ(widened, 2);  // the projections' bf16 biases, for their fp32 outputs
 }
 
 // NOTE [GEMM epilogues]: under bf16 weights every Linear of a fused block sums its bias
@@ -246,11 +250,11 @@ TEST(OpAccountingTest, AFusedBlockAddsItsResidualsInTheProjectionGemms) {
   for (const OpRecord& r : Bf16BlockStepRecords()) {
     EXPECT_FALSE(r.name == "add" && r.cost.bytes == 12.0 * B * T * C) << "a full-size add";
     EXPECT_NE(r.name, "add_layernorm.forward");
-    // A proj [B T, k] x [k, C]^T with k = C or 4C; reads x, W, the bf16 bias and the
-    // residual, writes fp32 C.
+    // A proj [B T, k] x [k, C]^T with k = C or 4C; reads x, W, the bias (widened to fp32
+    // from the gathered bf16: cuBLASLt's bias has D's type) and the residual, writes fp32 C.
     const double k = r.gemm.k;
     if (r.category == OpCategory::kGemmForward && r.gemm.n == C && (k == C || k == 4 * C) &&
-        r.cost.bytes == 2.0 * (B * T * k + k * C) + 2.0 * C + 8.0 * B * T * C) {
+        r.cost.bytes == 2.0 * (B * T * k + k * C) + 4.0 * C + 8.0 * B * T * C) {
       ++residual_gemms;
     }
   }

@@ -56,10 +56,13 @@ struct MatrixRef {
 // The body is written once (kernels::GemmEpiloguePre/Out, kernels/elementwise.h). On the CPU
 // it runs after oneDNN's sgemm; on CUDA it is cuBLASLt's BIAS, GELU_AUX_BIAS or DGELU
 // epilogue (kBiasResidual: BIAS with the residual as cuBLASLt's C and beta 1, which
-// rounds P + aux before adding the bias: within fp32 rounding of the body's order), and
-// where cuBLASLt has no algorithm for one (an unaligned bias, say) MatMul runs
-// the plain GEMM into an fp32 scratch and the same body as one kernel (tested by forcing
-// it, nn::cuda::ForceGemmFallbackForTesting).
+// rounds P + aux before adding the bias: within fp32 rounding of the body's order). Its
+// bias has D's type: a bf16 bias of a bf16 GEMM into an fp32 C (a projection's, under bf16
+// weights) is widened into an fp32 copy first, exactly (op "gemm.widen_bias", recorded on
+// both devices). Where cuBLASLt has no algorithm for one (a bias or GELU aux not 16-byte
+// aligned, say) MatMul runs the plain GEMM into an fp32 scratch and the same body as one
+// kernel (tested by forcing it, nn::cuda::ForceGemmFallbackForTesting; the gpu tests count
+// the fallbacks of the GPT's epilogues, nn::cuda::GemmEpilogueFallbacksForTesting).
 enum class GemmEpilogue : int { kNone = 0, kBias = 1, kBiasGelu = 2, kDGelu = 3, kBiasResidual = 4 };
 
 // C_i = alpha * op(A_i) * op(B_i) + beta * C_i for i < batch, as nn::Gemm (nn/ops.h):

@@ -973,8 +973,8 @@ std::vector<Region> Written(FlashKernel kernel, const Problem& p, int64_t D) {
   const size_t rows = static_cast<size_t>(p.B * p.T);
   if (kernel == FlashKernel::kForward) {
     const size_t y_row = static_cast<size_t>(C) * (p.y_bf16 ? 2 : 4);
-    const size_t lse_bytes = static_cast<size_t>(p.B * p.H * p.T) * 4;
-    return {{p.y, y_row, y_row, rows}, {p.lse, lse_bytes, lse_bytes, 1}};
+    const size_t lse_row = static_cast<size_t>(p.T) * 4;  // [B, H, T]: B H rows of T
+    return {{p.y, y_row, y_row, rows}, {p.lse, lse_row, lse_row, static_cast<size_t>(p.B * p.H)}};
   }
   const size_t elem = p.gqkv_bf16 ? 2 : 4;
   const bool kv = kernel == FlashKernel::kBackwardKV;

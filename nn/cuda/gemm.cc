@@ -39,6 +39,21 @@ std::atomic<bool>& ForceFallback() {
   return force;
 }
 
+std::atomic<int64_t>& EpilogueFallbacks() {
+  static std::atomic<int64_t> count{0};
+  return count;
+}
+
+constexpr absl::string_view kNoAlgorithm =
+    "no cuBLASLt algorithm with this epilogue or output type";
+
+// The answer for a problem with an epilogue, a bias gradient or a bf16 C that cuBLASLt
+// will not run: the caller falls back (NOTE [GEMM epilogues]). Counted for the tests.
+absl::Status NoLtAlgorithm(const std::string& where, absl::string_view why) {
+  EpilogueFallbacks().fetch_add(1);
+  return absl::UnimplementedError(absl::StrCat(where, ": ", why));
+}
+
 std::mutex& ContextMutex() {
   static std::mutex* mu = new std::mutex;
   return *mu;
@@ -340,6 +355,8 @@ absl::Status GemmEx(DeviceContext* ctx, int device, bool trans_a, bool trans_b, 
 
 void ForceGemmFallbackForTesting(bool on) { ForceFallback().store(on); }
 
+int64_t GemmEpilogueFallbacksForTesting() { return EpilogueFallbacks().load(); }
+
 absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t m, int64_t n,
                   int64_t k, float alpha, const GemmOperand& a, const GemmOperand& b, float beta,
                   const GemmOperand& c, absl::string_view what, const GemmEpilogueArgs& ep) {
@@ -378,14 +395,17 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
   RETURN_IF_ERROR(StatusFromCuda(cudaSetDevice(device), where));
   const bool plain = ep.kind == 0 && !c.bf16 && ep.bias_grad == nullptr;
   // cuBLASLt's epilogues, bf16 D and its aux need bf16 operands (fp32 ones take the
-  // fallback), and the GELU aux matrix a leading dimension divisible by 8.
+  // fallback), and the GELU aux matrix a leading dimension divisible by 8. The bias (or
+  // bias gradient) and the GELU aux go to it 16-byte aligned only: the heuristic is told
+  // their alignment, but users of its epilogues (llm.c, Marian) saw misaligned bias
+  // vectors fault, and a fault would end the process's use of the device.
   const bool gelu_aux = ep.kind == 2 || ep.kind == 3;
-  const bool lt_can = plain || (a.bf16 && (!gelu_aux || n % 8 == 0));
+  const void* bias_ptr = ep.bias_grad != nullptr ? ep.bias_grad : ep.bias;
+  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool lt_can = plain || (a.bf16 && (!gelu_aux || (n % 8 == 0 && aligned16(ep.aux))) &&
+                                (bias_ptr == nullptr || aligned16(bias_ptr)));
   if (ForceFallback().load() || !lt_can) {
-    if (!plain) {
-      return absl::UnimplementedError(
-          absl::StrCat(where, ": no cuBLASLt algorithm with this epilogue or output type"));
-    }
+    if (!plain) return NoLtAlgorithm(where, kNoAlgorithm);
     return GemmEx(ctx, device, trans_a, trans_b, batch, m, n, k, alpha, a, b, beta, c, where);
   }
   const int64_t in_bytes = a.bf16 ? 2 : 4;
@@ -395,7 +415,6 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
   const uint32_t align_c =
       std::min(AlignmentOf(c.ptr, c.stride, c.bf16 ? 2 : 4, batch),
                ep.kind == 4 ? AlignmentOf(ep.aux, c.stride, 4, batch) : uint32_t{256});
-  const void* bias_ptr = ep.bias_grad != nullptr ? ep.bias_grad : ep.bias;
   const uint32_t align_bias = bias_ptr != nullptr ? AlignmentOf(bias_ptr, 0, 0, 1) : 0;
   const uint32_t align_aux = ep.aux != nullptr ? AlignmentOf(ep.aux, 0, 0, 1) : 0;
   const GemmKey key = {device,       trans_a ? 1 : 0, trans_b ? 1 : 0, a.bf16 ? 1 : 0,
@@ -442,10 +461,7 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
     }
   }
   if (!gemm->has_algo || gemm->refused.load()) {
-    if (!plain) {
-      return absl::UnimplementedError(
-          absl::StrCat(where, ": no cuBLASLt algorithm with this epilogue or output type"));
-    }
+    if (!plain) return NoLtAlgorithm(where, kNoAlgorithm);
     return GemmEx(ctx, device, trans_a, trans_b, batch, m, n, k, alpha, a, b, beta, c, where);
   }
   std::lock_guard<std::mutex> lock(gemm->mu);
@@ -471,8 +487,7 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
   if (!plain && (ran == CUBLAS_STATUS_NOT_SUPPORTED || ran == CUBLAS_STATUS_INVALID_VALUE)) {
     // Checked before anything is queued: nothing ran, the caller's fallback runs instead.
     gemm->refused.store(true);
-    return absl::UnimplementedError(
-        absl::StrCat(where, ": cuBLASLt refused the epilogue or output type"));
+    return NoLtAlgorithm(where, "cuBLASLt refused the epilogue or output type");
   }
   return StatusFromCublas(ran, where);
 }

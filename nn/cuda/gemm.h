@@ -57,6 +57,10 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
 // the fallbacks run on problems cuBLASLt would take.
 void ForceGemmFallbackForTesting(bool on);
 
+// Tests only: how many Gemm calls with an epilogue, a bias gradient or a bf16 C this
+// process has answered Unimplemented (the caller's fallback ran instead of cuBLASLt).
+int64_t GemmEpilogueFallbacksForTesting();
+
 }  // namespace cuda
 }  // namespace nn
 
