@@ -645,7 +645,10 @@ absl::Status EmbeddingBackward(absl::string_view what, const Tensor& ids, const 
   if (gw.device().is_cuda()) {
 #ifdef FSDP_WITH_CUDA
     // The ids sorted with their positions (kernels/cuda/kernels.h), int32 words.
-    const size_t scratch_bytes = kc::EmbeddingBackwardScratchBytes(n);
+    size_t scratch_bytes = 0;
+    RETURN_IF_ERROR(internal::UseDevice(gw.device(), what));
+    RETURN_IF_ERROR(internal::Launched(kc::EmbeddingBackwardScratchBytes(n, &scratch_bytes),
+                                       what, "embedding gradient scratch size"));
     ASSIGN_OR_RETURN(Tensor scratch,
                      Tensor::Allocate({static_cast<int64_t>((scratch_bytes + 3) / 4)},
                                       DType::kInt32, core::MemoryTag::kActivation, gw.device()));

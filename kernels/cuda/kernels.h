@@ -81,8 +81,9 @@ cudaError_t EmbeddingForward(const int32_t* ids, int64_t n_ids, const void* tabl
 // sorted by id (a stable radix sort into `scratch`, at least
 // EmbeddingBackwardScratchBytes(n_ids) bytes), then one block per id adds that id's rows
 // in position order, so every run, and the CPU loop, give the same bits (no atomics).
-// n_ids at most 2^31 - 1.
-size_t EmbeddingBackwardScratchBytes(int64_t n_ids);
+// n_ids at most 2^31 - 1. The scratch size goes to *bytes (0 for no ids), or the error of
+// CUB's size query (cudaErrorInvalidValue for more than 2^31 - 1 ids).
+cudaError_t EmbeddingBackwardScratchBytes(int64_t n_ids, size_t* bytes);
 cudaError_t EmbeddingBackward(const int32_t* ids, int64_t n_ids, const float* g, int64_t num,
                               int64_t dim, float* gw, void* scratch, size_t scratch_bytes);
 // One block per row of logits [rows, V]: grad [rows, V] and row_loss [rows] (double); with
