@@ -375,6 +375,12 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": epilogue ", ep.kind, " lacks its bias or aux pointer"));
   }
+  if (ep.kind != 0 && (batch != 1 || c.ld != n)) {
+    // cuBLASLt's aux and bias vectors are set for one dense matrix (no batch strides).
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": an epilogue needs batch 1 and a dense C (ld ", c.ld, ", n ", n,
+                     ")"));
+  }
   if (ep.kind == 4 && (c.bf16 || beta != 0.0f)) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": the bias + residual epilogue needs an fp32 C and beta 0"));
@@ -454,11 +460,13 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
     plain_key[17] = ep.kind | (ep.bias_bf16 ? 16 : 0);
     plain_key[18] = 0;
     bool unused = false;
-    ASSIGN_OR_RETURN(const CachedGemm* plain_gemm,
-                     cached(plain_key, GemmEpilogueArgs(), &unused));
-    if (!plain_gemm->has_algo || !SameGrid(gemm->algo, plain_gemm->algo)) {
-      gemm->refused.store(true);
+    const absl::StatusOr<const CachedGemm*> plain_gemm =
+        cached(plain_key, GemmEpilogueArgs(), &unused);
+    if (!plain_gemm.ok() || !(*plain_gemm)->has_algo ||
+        !SameGrid(gemm->algo, (*plain_gemm)->algo)) {
+      gemm->refused.store(true);  // unchecked is refused: later calls take the fallback
     }
+    RETURN_IF_ERROR(plain_gemm.status());
   }
   if (!gemm->has_algo || gemm->refused.load()) {
     if (!plain) return NoLtAlgorithm(where, kNoAlgorithm);

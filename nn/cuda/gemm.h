@@ -41,7 +41,8 @@ struct GemmEpilogueArgs {
 // C_i = alpha op(A_i) op(B_i) + beta C_i for i < batch on CUDA device `device`, with
 // nn::Gemm's conventions (nn/ops.h), then the epilogue. A and B must both be fp32
 // (CUBLAS_COMPUTE_32F, TF32 off) or both bf16 (fp32 accumulation); C is fp32, or bf16
-// (then beta must be 0). InvalidArgument otherwise. Requires m, n, k, batch >= 1 and batch,
+// (then beta must be 0); an epilogue needs batch 1 and a dense C (ld n). InvalidArgument
+// otherwise. Requires m, n, k, batch >= 1 and batch,
 // m, n, k, ld within cuBLASLt's int32 limits. Each problem's descriptors and algorithm are
 // built once and cached. When cuBLASLt's heuristic offers no algorithm: a plain GEMM with an
 // fp32 C runs through cublasGemmStridedBatchedEx instead; an epilogue, a bias gradient or
