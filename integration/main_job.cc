@@ -50,6 +50,10 @@
 #include "nlohmann/json.hpp"
 #include "nn/ops.h"
 
+#ifdef FSDP_WITH_CUDA
+#include "nn/cuda/gemm.h"
+#endif
+
 namespace {
 
 using integration::internal::JobOptions;
@@ -122,6 +126,10 @@ absl::Status RunJob(const JobOptions& job, comm::Distributed& dist, absl::Durati
   if (job.release) RETURN_IF_ERROR(loop.Release());
 
   if (rank == 0) {
+#ifdef FSDP_WITH_CUDA
+    // NOTE [GEMM tuning] (nn/cuda/gemm.h): what tuning chose for each GEMM problem.
+    if (dist.device.is_cuda()) summary["gemm_tuning"] = nn::cuda::GemmTuningReport();
+#endif
     RETURN_IF_ERROR(integration::internal::WriteSummary(job.output_dir, loop.totals(),
                                                         setup->module->EntropyFloor(), &summary));
     if (std::getenv(kLaunchedByParent) == nullptr) integration::internal::PrintSummary(summary);

@@ -10,8 +10,12 @@
 // operand then differs by one bf16 step, relative error at most u = 2^-8; a length-K dot
 // product then errs by at most u * sum_k |a_k| |b_k|, which the tests compute on the CPU
 // and use elementwise (a bound the usual case, fp32 agreement, meets easily).
+#include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -39,6 +43,7 @@
 
 #ifdef FSDP_WITH_CUDA
 #include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/kernels.h"
 #include "nn/cuda/gemm.h"
 #endif
 
@@ -343,6 +348,138 @@ TEST(CudaGemmEpilogueTest, TheBf16GptsEpiloguesRunInsideCublasLtAtGpt2Widths) {
     EXPECT_EQ(cuda::GemmEpilogueFallbacksForTesting(), before)
         << "cuBLASLt did not run this epilogue in its GEMM";
   }
+#endif
+}
+
+// The tuner's check (kernels::cuda::Fingerprint): the same bytes give the same fingerprint
+// on every run, one flipped bit or two swapped words another, and the nonzero words are
+// counted; an odd length or address is refused.
+TEST(CudaGemmEpilogueTest, FingerprintTellsAFlippedBitAndSwappedWords) {
+  SKIP_WITHOUT_GPU();
+#ifdef FSDP_WITH_CUDA
+  const int64_t n = 100003;
+  const core::Tensor host = Normal({n}, 121);
+  host.data<float>()[7] = 0.0f;  // two zero words
+  const core::Device cpu = core::Device::Cpu();
+  auto fingerprint = [&](const core::Tensor& values) {
+    const core::Tensor t = To(values, kGpu);
+    const core::Tensor out = To(core::Tensor::Zeros({4}, core::DType::kInt32), kGpu);
+    EXPECT_EQ(kernels::cuda::Fingerprint(t.raw_data(), 4 * n,
+                                         static_cast<unsigned long long*>(out.raw_data())),
+              cudaSuccess);
+    const core::Tensor back = To(out, cpu);
+    std::array<uint64_t, 2> v;
+    std::memcpy(v.data(), back.raw_data(), sizeof(v));
+    return v;
+  };
+  const auto base = fingerprint(host);
+  EXPECT_EQ(fingerprint(host), base);
+  uint64_t nonzero = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, host.data<float>() + i, 4);
+    nonzero += (bits & 0xffffu) != 0;
+    nonzero += (bits >> 16) != 0;
+  }
+  EXPECT_EQ(base[1], nonzero);
+  const core::Tensor flipped = To(host, cpu);
+  uint32_t bits;
+  std::memcpy(&bits, flipped.data<float>() + n - 1, 4);
+  bits ^= 1u << 20;
+  std::memcpy(flipped.data<float>() + n - 1, &bits, 4);
+  EXPECT_NE(fingerprint(flipped)[0], base[0]);
+  const core::Tensor swapped = To(host, cpu);
+  std::swap(swapped.data<float>()[10], swapped.data<float>()[11]);
+  EXPECT_NE(fingerprint(swapped)[0], base[0]);
+  const core::Tensor t = To(host, kGpu);
+  const core::Tensor out = To(core::Tensor::Zeros({4}, core::DType::kInt32), kGpu);
+  auto* fp = static_cast<unsigned long long*>(out.raw_data());
+  EXPECT_EQ(kernels::cuda::Fingerprint(t.raw_data(), 3, fp), cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::cuda::Fingerprint(static_cast<const char*>(t.raw_data()) + 1, 2, fp),
+            cudaErrorInvalidValue);
+#endif
+}
+
+// NOTE [GEMM tuning] (nn/cuda/gemm.h): a tuned problem writes the bits of cuBLASLt's first
+// answer, on its tuning call (which runs the candidates on the real outputs, or on a copy
+// of C when beta is 1) and after; with a bias + GELU (its aux), a bias gradient (beta 1
+// onto a nonzero dW) and a bias + residual. Shapes no other test uses, so the tuned call
+// here is the problem's first; the report has a line for each (printed for the bundle's
+// log).
+TEST(CudaGemmEpilogueTest, TunedGemmsWriteTheFirstAnswersBitsAndRepeatThem) {
+  SKIP_WITHOUT_GPU();
+#ifdef FSDP_WITH_CUDA
+  const int64_t rows = 1536, in = 640, out = 1280;
+  const auto bf16 = [](const core::Tensor& t) {
+    return t.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
+  };
+  const core::Tensor x = bf16(Normal({rows * in}, 101)), w = bf16(Normal({out * in}, 102));
+  const core::Tensor bias = bf16(Normal({out}, 103));
+  const core::Tensor residual = Normal({rows * out}, 104);
+  const core::Tensor g = bf16(Normal({rows * out}, 105));
+  const core::Tensor dw0 = Normal({out * in}, 106), db0 = Normal({out}, 107);
+  struct Case {
+    const char* what;
+    std::function<GemmArgs()> args;
+  };
+  const std::vector<Case> cases = {
+      {"tuned plain", [&] {
+         return LinearGemmOn(kGpu, rows, out, in, x, w, core::DType::kFloat32,
+                             GemmEpilogue::kNone, core::Tensor(), core::Tensor());
+       }},
+      {"tuned bias + GELU", [&] {
+         return LinearGemmOn(kGpu, rows, out, in, x, w, core::DType::kBFloat16,
+                             GemmEpilogue::kBiasGelu, bias,
+                             core::Tensor::Zeros({rows * out}, core::DType::kBFloat16));
+       }},
+      {"tuned bias + residual", [&] {
+         return LinearGemmOn(kGpu, rows, out, in, x, w, core::DType::kFloat32,
+                             GemmEpilogue::kBiasResidual, bias, residual);
+       }},
+      {"tuned weight gradient", [&] {
+         GemmArgs a;
+         a.trans_a = true;
+         a.m = out;
+         a.n = in;
+         a.k = rows;
+         a.beta = 1.0f;
+         a.a.tensor = To(g, kGpu);
+         a.b.tensor = To(x, kGpu);
+         a.c.tensor = To(dw0, kGpu);
+         a.bias_grad = To(db0, kGpu);
+         return a;
+       }},
+  };
+  const size_t lines_before = cuda::GemmTuningReport().size();
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    auto results = [&](bool tune) {
+      cuda::SetGemmTuning(tune);
+      GemmArgs a = c.args();
+      const absl::Status s = MatMul(c.what, a);
+      cuda::SetGemmTuning(true);
+      EXPECT_TRUE(s.ok()) << s;
+      std::vector<std::vector<float>> r = {
+          Host(a.c.tensor.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value())};
+      if (a.aux.defined() && a.epilogue == GemmEpilogue::kBiasGelu) {
+        r.push_back(Host(a.aux.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value()));
+      }
+      if (a.bias_grad.defined()) r.push_back(Host(a.bias_grad));
+      return r;
+    };
+    const auto first = results(false);
+    const auto tuning = results(true);
+    const auto tuned = results(true);
+    EXPECT_EQ(tuning, first);
+    EXPECT_EQ(tuned, first);
+  }
+  const std::vector<std::string> report = cuda::GemmTuningReport();
+  for (const Case& c : cases) {
+    const auto mentions = [&](const std::string& line) { return absl::StartsWith(line, c.what); };
+    EXPECT_TRUE(std::any_of(report.begin() + lines_before, report.end(), mentions))
+        << c.what << " has no tuning report";
+  }
+  for (size_t i = lines_before; i < report.size(); ++i) std::printf("%s\n", report[i].c_str());
 #endif
 }
 

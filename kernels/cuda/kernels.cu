@@ -175,6 +175,30 @@ __global__ void EmbeddingRunsKernel(const int32_t* sorted, const int32_t* positi
   }
 }
 
+// Fingerprint's sums: each thread over its grid-stride words, then the warp, then one
+// atomic add per warp (integer sums: any order gives the same bits).
+__device__ __forceinline__ unsigned long long SplitMix64(unsigned long long x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+__global__ void FingerprintKernel(const uint16_t* words, int64_t n, unsigned long long* out) {
+  unsigned long long sum = 0, nonzero = 0;
+  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) {
+    const uint16_t w = words[i];
+    sum += SplitMix64((static_cast<unsigned long long>(i) << 16) | w);
+    nonzero += w != 0;
+  }
+  sum = WarpSum(sum);
+  nonzero = WarpSum(nonzero);
+  if ((threadIdx.x & 31) == 0) {
+    atomicAdd(out, sum);
+    atomicAdd(out + 1, nonzero);
+  }
+}
+
 // The scratch of EmbeddingBackward: sorted ids, positions before and after the sort (n
 // each), then the radix sort's temporary storage, each 256-byte aligned.
 struct EmbeddingScratch {
@@ -1041,6 +1065,17 @@ cudaError_t EmbeddingForward(const int32_t* ids, int64_t n_ids, const void* tabl
     EmbeddingForwardKernel<<<blocks, kThreads>>>(ids, n_ids, static_cast<const float*>(table),
                                                  num, dim, y);
   }
+  return cudaGetLastError();
+}
+
+cudaError_t Fingerprint(const void* p, int64_t bytes, unsigned long long* out) {
+  if (bytes < 0 || bytes % 2 != 0 || reinterpret_cast<uintptr_t>(p) % 2 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  cudaError_t err = cudaMemsetAsync(out, 0, 2 * sizeof(unsigned long long), /*stream=*/0);
+  if (err != cudaSuccess || bytes == 0) return err;
+  const int64_t n = bytes / 2;
+  FingerprintKernel<<<GridFor(n), kThreads>>>(static_cast<const uint16_t*>(p), n, out);
   return cudaGetLastError();
 }
 

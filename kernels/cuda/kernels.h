@@ -86,6 +86,12 @@ cudaError_t EmbeddingForward(const int32_t* ids, int64_t n_ids, const void* tabl
 cudaError_t EmbeddingBackwardScratchBytes(int64_t n_ids, size_t* bytes);
 cudaError_t EmbeddingBackward(const int32_t* ids, int64_t n_ids, const float* g, int64_t num,
                               int64_t dim, float* gw, void* scratch, size_t scratch_bytes);
+// A fingerprint of `bytes` bytes at p (2-byte aligned, `bytes` even), for telling whether
+// two kernels wrote the same bits: out[0] = the sum over the 16-bit words w_i of
+// SplitMix64(i << 16 | w_i) modulo 2^64, out[1] = how many words are nonzero. Sums of
+// integers, so the same bits every run whatever the order. `out` is two device words,
+// overwritten. (The cuBLASLt tuner's check, nn/cuda/gemm.cc.)
+cudaError_t Fingerprint(const void* p, int64_t bytes, unsigned long long* out);
 // One block per row of logits [rows, V]: grad [rows, V] and row_loss [rows] (double); with
 // grad16 set the gradient goes there as bf16 instead (grad may be null), as on the CPU.
 // bf16 logits (the bits) are widened exactly as they are read.

@@ -8,16 +8,22 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
-#include <map>
+#include <cstdlib>
+#include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/device.h"
 #include "core/status_macros.h"
 #include "core/tensor.h"
+#include "kernels/cuda/kernels.h"
 #include "nn/cuda/status.h"
 
 namespace nn {
@@ -42,6 +48,25 @@ std::atomic<bool>& ForceFallback() {
 std::atomic<int64_t>& EpilogueFallbacks() {
   static std::atomic<int64_t> count{0};
   return count;
+}
+
+// NOTE [GEMM tuning] (gemm.h): on unless FSDP_GEMM_TUNING=0 is in the environment.
+std::atomic<bool>& TuningOn() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("FSDP_GEMM_TUNING");
+    return env == nullptr || std::string(env) != "0";
+  }()};
+  return on;
+}
+
+std::mutex& ReportMutex() {
+  static std::mutex* mu = new std::mutex;
+  return *mu;
+}
+
+std::vector<std::string>& TuningReports() {
+  static auto* reports = new std::vector<std::string>;
+  return *reports;
 }
 
 constexpr absl::string_view kNoAlgorithm =
@@ -154,7 +179,11 @@ uint32_t AlignmentOf(const void* ptr, int64_t stride_elements, int64_t element_b
 
 // One problem (device, transposes, types, shapes, leading dimensions, strides, alignments
 // and epilogue): everything its descriptors and algorithm depend on.
-using GemmKey = std::array<int64_t, 20>;
+using GemmKey = std::array<int64_t, 21>;
+
+// How many of the heuristic's answers a tuned problem tries, and the timed runs of each.
+constexpr int kCandidates = 8;
+constexpr int kTimedRuns = 3;
 
 // A problem's descriptors and the algorithm cuBLASLt's heuristic picked, built on its first
 // GEMM and kept until the process exits, so a steady-state step neither rebuilds
@@ -169,7 +198,12 @@ struct CachedGemm {
   mutable std::atomic<bool> refused{false};
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulAlgo_t algo;
+  // The heuristic's first answer; its other answers when built for tuning.
+  cublasLtMatmulAlgo_t first;
+  std::vector<cublasLtMatmulAlgo_t> others;
+  // What runs: `first` until the first GEMM tunes (NOTE [GEMM tuning]), under `mu`.
+  mutable cublasLtMatmulAlgo_t algo;
+  mutable bool tuned = false;
   mutable std::mutex mu;
 };
 
@@ -205,7 +239,8 @@ absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bo
                                             const GemmOperand& a, const GemmOperand& b,
                                             const GemmOperand& c, const GemmEpilogueArgs& ep,
                                             uint32_t align_first, uint32_t align_second,
-                                            uint32_t align_c, const std::string& where) {
+                                            uint32_t align_c, bool tune,
+                                            const std::string& where) {
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's first
   // operand is our B, its second our A, and its output C^T [n x m] with ld ldc.
   const cudaDataType_t in_type = a.bf16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -279,10 +314,11 @@ absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bo
     RETURN_IF_ERROR(StatusFromCublas(
         cublasLtMatmulPreferenceSetAttribute(d.pref, attribute, &bytes, sizeof(bytes)), where));
   }
-  cublasLtMatmulHeuristicResult_t heuristic = {};
+  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
+  const cublasLtMatmulHeuristicResult_t& heuristic = results[0];
   int found = 0;
   const cublasStatus_t queried = cublasLtMatmulAlgoGetHeuristic(
-      ctx->handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heuristic, &found);
+      ctx->handle, d.op, d.a, d.b, d.c, d.c, d.pref, tune ? kCandidates : 1, results, &found);
   auto* built = new CachedGemm;
   // An unsupported combination (an epilogue or a type this cuBLASLt lacks; for an epilogue
   // or a bf16 output also one it calls an invalid value, as cublasLtMatmul's refusal
@@ -299,27 +335,38 @@ absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bo
     return StatusFromCublas(queried, where);
   }
   built->has_algo = true;
-  built->algo = heuristic.algo;
+  built->first = built->algo = heuristic.algo;
+  for (int i = 1; i < found && i < kCandidates; ++i) {
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) built->others.push_back(results[i].algo);
+  }
   d.Release(&built->op, &built->a, &built->b, &built->c);
   return built;
 }
 
+// Whether two algorithms have the same value of `attribute` (`bytes` wide, at most 4);
+// an unreadable attribute counts as different.
+bool SameAttribute(const cublasLtMatmulAlgo_t& x, const cublasLtMatmulAlgo_t& y,
+                   cublasLtMatmulAlgoConfigAttributes_t attribute, size_t bytes) {
+  uint32_t vx = 0, vy = 0;
+  size_t written = 0;
+  return cublasLtMatmulAlgoConfigGetAttribute(&x, attribute, &vx, bytes, &written) ==
+             CUBLAS_STATUS_SUCCESS &&
+         cublasLtMatmulAlgoConfigGetAttribute(&y, attribute, &vy, bytes, &written) ==
+             CUBLAS_STATUS_SUCCESS &&
+         vx == vy;
+}
+
+// Whether two algorithms sum over k alike: the same split-K count and reduction scheme.
+bool SameSums(const cublasLtMatmulAlgo_t& x, const cublasLtMatmulAlgo_t& y) {
+  return SameAttribute(x, y, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, sizeof(int32_t)) &&
+         SameAttribute(x, y, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, sizeof(uint32_t));
+}
+
 // Whether two algorithms split the problem over the same grid: the same tile, split-K
-// count, reduction scheme and cluster shape (unreadable attributes count as different).
+// count, reduction scheme and cluster shape.
 bool SameGrid(const cublasLtMatmulAlgo_t& x, const cublasLtMatmulAlgo_t& y) {
-  auto same = [&](cublasLtMatmulAlgoConfigAttributes_t attribute, size_t bytes) {
-    uint32_t vx = 0, vy = 0;  // every attribute compared fits in 4 bytes
-    size_t written = 0;
-    return cublasLtMatmulAlgoConfigGetAttribute(&x, attribute, &vx, bytes, &written) ==
-               CUBLAS_STATUS_SUCCESS &&
-           cublasLtMatmulAlgoConfigGetAttribute(&y, attribute, &vy, bytes, &written) ==
-               CUBLAS_STATUS_SUCCESS &&
-           vx == vy;
-  };
-  return same(CUBLASLT_ALGO_CONFIG_TILE_ID, sizeof(uint32_t)) &&
-         same(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, sizeof(int32_t)) &&
-         same(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, sizeof(uint32_t)) &&
-         same(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, sizeof(uint16_t));
+  return SameAttribute(x, y, CUBLASLT_ALGO_CONFIG_TILE_ID, sizeof(uint32_t)) && SameSums(x, y) &&
+         SameAttribute(x, y, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, sizeof(uint16_t));
 }
 
 // C = alpha op(A) op(B) + beta C through cublasGemmStridedBatchedEx (fp32 C only), for the
@@ -351,9 +398,157 @@ absl::Status GemmEx(DeviceContext* ctx, int device, bool trans_a, bool trans_b, 
       absl::StrCat(where, " (cublasGemmStridedBatchedEx)"));
 }
 
+// Adds the line of one problem to GemmTuningReport.
+void ReportTuning(const std::string& where, const std::string& text) {
+  std::lock_guard<std::mutex> lock(ReportMutex());
+  TuningReports().push_back(absl::StrCat(where, ": ", text));
+}
+
+// A device byte range [begin, end).
+struct Span {
+  const char* begin;
+  const char* end;
+  bool Overlaps(const Span& o) const { return begin < o.end && o.begin < end; }
+};
+
+// The bytes of a row-major rows x cols matrix with row stride ld (one matrix).
+Span MatrixSpan(const void* ptr, int64_t rows, int64_t cols, int64_t ld, int64_t element_bytes) {
+  const char* p = static_cast<const char*>(ptr);
+  return {p, p + ((rows - 1) * ld + cols) * element_bytes};
+}
+
+// What one GEMM of a problem reads and writes, for tuning it (NOTE [GEMM tuning]).
+struct TuneProblem {
+  // Runs `algo` writing D to `d` (C's layout) and reading C from `c_in`.
+  std::function<cublasStatus_t(const cublasLtMatmulAlgo_t& algo, void* d, const void* c_in)>
+      run;
+  const void* c_in;           // C as the real GEMM reads it (the residual for kind 4)
+  bool reads_d;               // C is D with a nonzero beta: tune out of place
+  Span d, aux, bias_grad;     // what the GEMM writes (aux, bias_grad: empty when not)
+};
+
+// The fingerprint (kernels::cuda::Fingerprint) of what `algo` writes, run on outputs
+// filled with 0xff bytes (so a kernel that leaves an element unwritten cannot match) with
+// D at `d`; `fp` is two device words of scratch. `*ran` is cublasLtMatmul's answer; a
+// CUDA error is the Status.
+absl::StatusOr<std::array<unsigned long long, 2>> FingerprintOf(
+    const TuneProblem& t, const cublasLtMatmulAlgo_t& algo, void* d, unsigned long long* fp,
+    cublasStatus_t* ran, const std::string& where) {
+  const int64_t d_bytes = t.d.end - t.d.begin;
+  const Span outputs[] = {{static_cast<const char*>(d), static_cast<const char*>(d) + d_bytes},
+                          t.aux, t.bias_grad};
+  for (const Span& o : outputs) {
+    if (o.end == o.begin) continue;
+    RETURN_IF_ERROR(StatusFromCuda(
+        cudaMemsetAsync(const_cast<char*>(o.begin), 0xff, o.end - o.begin, /*stream=*/0), where));
+  }
+  *ran = t.run(algo, d, t.c_in);
+  std::array<unsigned long long, 2> total = {0, 0};
+  if (*ran != CUBLAS_STATUS_SUCCESS) return total;
+  for (size_t i = 0; i < 3; ++i) {
+    const Span& o = outputs[i];
+    if (o.end == o.begin) continue;
+    RETURN_IF_ERROR(
+        StatusFromCuda(::kernels::cuda::Fingerprint(o.begin, o.end - o.begin, fp), where));
+    std::array<unsigned long long, 2> part;
+    RETURN_IF_ERROR(StatusFromCuda(
+        cudaMemcpy(part.data(), fp, sizeof(part), cudaMemcpyDeviceToHost), where));
+    total[0] += part[0] * (2 * i + 1);  // which output a difference is in counts too
+    total[1] += part[1];
+  }
+  return total;
+}
+
+// NOTE [GEMM tuning]: runs the heuristic's first answer and then each other answer that
+// sums over k alike (split-K count, reduction scheme) on the problem's own operands,
+// keeps those that write the first's bits, times each kept one (the fastest of
+// kTimedRuns) and sets gemm.algo to the fastest. Synchronises. A problem it cannot tune
+// safely keeps the first answer (the report says why).
+absl::Status Tune(const CachedGemm& gemm, const TuneProblem& t, int device,
+                  const std::string& where) {
+  auto done = [&](const std::string& text) {
+    ReportTuning(where, text);
+    return absl::OkStatus();
+  };
+  const int64_t d_bytes = t.d.end - t.d.begin;
+  auto scratch = [&](int64_t bytes) {
+    return core::Tensor::Allocate({(bytes + 3) / 4}, core::DType::kInt32,
+                                  core::MemoryTag::kOther, core::Device::Cuda(device));
+  };
+  absl::StatusOr<core::Tensor> fp_words = scratch(16);
+  absl::StatusOr<core::Tensor> d_copy =
+      t.reads_d ? scratch(d_bytes) : absl::StatusOr<core::Tensor>(core::Tensor());
+  if (!fp_words.ok() || !d_copy.ok()) {
+    return done("not tuned (no device memory for its scratch)");
+  }
+  auto* fp = static_cast<unsigned long long*>(fp_words->raw_data());
+  // Out of place when the GEMM reads its own output: C stays as it is.
+  void* d = t.reads_d ? d_copy->raw_data() : const_cast<char*>(t.d.begin);
+  cublasStatus_t ran = CUBLAS_STATUS_SUCCESS;
+  ASSIGN_OR_RETURN(const auto reference, FingerprintOf(t, gemm.first, d, fp, &ran, where));
+  if (ran == CUBLAS_STATUS_NOT_SUPPORTED || ran == CUBLAS_STATUS_INVALID_VALUE) {
+    // The GEMM itself meets the same refusal and takes its fallback (Gemm, below).
+    return done("not tuned (cuBLASLt refused its first answer)");
+  }
+  RETURN_IF_ERROR(StatusFromCublas(ran, where));
+  if (reference[1] == 0) return done("not tuned (its output is all zeros)");
+  std::vector<const cublasLtMatmulAlgo_t*> kept = {&gemm.first};
+  int other_sums = 0, other_bits = 0, refused = 0;
+  for (const cublasLtMatmulAlgo_t& other : gemm.others) {
+    if (!SameSums(gemm.first, other)) {
+      ++other_sums;
+      continue;
+    }
+    ASSIGN_OR_RETURN(const auto bits, FingerprintOf(t, other, d, fp, &ran, where));
+    if (ran != CUBLAS_STATUS_SUCCESS) {
+      ++refused;
+      cudaGetLastError();  // a launch error is not sticky; a fault would show in the next call
+    } else if (bits != reference) {
+      ++other_bits;
+    } else {
+      kept.push_back(&other);
+    }
+  }
+  cudaEvent_t start = nullptr, stop = nullptr;
+  RETURN_IF_ERROR(StatusFromCuda(cudaEventCreate(&start), where));
+  absl::Status timed = StatusFromCuda(cudaEventCreate(&stop), where);
+  std::vector<float> fastest(kept.size(), 0.0f);
+  for (size_t i = 0; i < kept.size() && timed.ok(); ++i) {
+    for (int r = 0; r < kTimedRuns && timed.ok(); ++r) {
+      float ms = 0.0f;
+      timed = StatusFromCuda(cudaEventRecord(start, 0), where);
+      if (timed.ok()) timed = StatusFromCublas(t.run(*kept[i], d, t.c_in), where);
+      if (timed.ok()) timed = StatusFromCuda(cudaEventRecord(stop, 0), where);
+      if (timed.ok()) timed = StatusFromCuda(cudaEventSynchronize(stop), where);
+      if (timed.ok()) timed = StatusFromCuda(cudaEventElapsedTime(&ms, start, stop), where);
+      if (r == 0 || ms < fastest[i]) fastest[i] = ms;
+    }
+  }
+  cudaEventDestroy(start);
+  if (stop != nullptr) cudaEventDestroy(stop);
+  RETURN_IF_ERROR(timed);
+  size_t chosen = 0;
+  for (size_t i = 1; i < kept.size(); ++i) {
+    if (fastest[i] < fastest[chosen]) chosen = i;
+  }
+  gemm.algo = *kept[chosen];
+  return done(absl::StrFormat(
+      "%d answers; the first %.3f ms, chosen %s %.3f ms; %d kept, %d sum otherwise, %d write "
+      "other bits, %d refused",
+      1 + gemm.others.size(), fastest[0], chosen == 0 ? "the first" : "another",
+      fastest[chosen], kept.size(), other_sums, other_bits, refused));
+}
+
 }  // namespace
 
 void ForceGemmFallbackForTesting(bool on) { ForceFallback().store(on); }
+
+void SetGemmTuning(bool on) { TuningOn().store(on); }
+
+std::vector<std::string> GemmTuningReport() {
+  std::lock_guard<std::mutex> lock(ReportMutex());
+  return TuningReports();
+}
 
 int64_t GemmEpilogueFallbacksForTesting() { return EpilogueFallbacks().load(); }
 
@@ -423,13 +618,14 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
                ep.kind == 4 ? AlignmentOf(ep.aux, c.stride, 4, batch) : uint32_t{256});
   const uint32_t align_bias = bias_ptr != nullptr ? AlignmentOf(bias_ptr, 0, 0, 1) : 0;
   const uint32_t align_aux = ep.aux != nullptr ? AlignmentOf(ep.aux, 0, 0, 1) : 0;
+  const bool tune = TuningOn().load();
   const GemmKey key = {device,       trans_a ? 1 : 0, trans_b ? 1 : 0, a.bf16 ? 1 : 0,
                        batch,        m,               n,               k,
                        a.ld,         b.ld,            c.ld,            a.stride,
                        b.stride,     c.stride,        align_first | (int64_t{align_second} << 16),
                        align_c,      c.bf16 ? 1 : 0,
                        ep.kind | (ep.bias_bf16 ? 16 : 0) | (ep.bias_grad != nullptr ? 32 : 0),
-                       align_bias,   align_aux};
+                       align_bias,   align_aux,       tune ? 1 : 0};
   // The cached problem of `problem_key`, built with `problem_ep` on its first use.
   auto cached = [&](const GemmKey& problem_key, const GemmEpilogueArgs& problem_ep,
                     bool* built) -> absl::StatusOr<const CachedGemm*> {
@@ -440,7 +636,7 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
     }
     ASSIGN_OR_RETURN(const CachedGemm* fresh,
                      BuildGemm(ctx, trans_a, trans_b, batch, m, n, k, a, b, c, problem_ep,
-                               align_first, align_second, align_c, where));
+                               align_first, align_second, align_c, tune, where));
     std::lock_guard<std::mutex> lock(ContextMutex());
     auto [it, inserted] = GemmCache().emplace(problem_key, fresh);
     if (!inserted) {  // another thread built it meanwhile: use the cached one
@@ -463,7 +659,7 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
     const absl::StatusOr<const CachedGemm*> plain_gemm =
         cached(plain_key, GemmEpilogueArgs(), &unused);
     if (!plain_gemm.ok() || !(*plain_gemm)->has_algo ||
-        !SameGrid(gemm->algo, (*plain_gemm)->algo)) {
+        !SameGrid(gemm->first, (*plain_gemm)->first)) {
       gemm->refused.store(true);  // unchecked is refused: later calls take the fallback
     }
     RETURN_IF_ERROR(plain_gemm.status());
@@ -488,10 +684,51 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
   // Kind 4: D = (P + residual) + bias, the residual as C with beta 1.
   const void* c_in = ep.kind == 4 ? ep.aux : c.ptr;
   const float beta_in = ep.kind == 4 ? 1.0f : beta;
-  const cublasStatus_t ran =
-      cublasLtMatmul(ctx->handle, gemm->op, &alpha, b.ptr, gemm->a, a.ptr, gemm->b, &beta_in,
-                     c_in, gemm->c, const_cast<void*>(c.ptr), gemm->c, &gemm->algo,
-                     ctx->workspace, static_cast<size_t>(ctx->workspace_bytes), /*stream=*/0);
+  auto run = [&](const cublasLtMatmulAlgo_t& algo, void* d, const void* c_read) {
+    return cublasLtMatmul(ctx->handle, gemm->op, &alpha, b.ptr, gemm->a, a.ptr, gemm->b,
+                          &beta_in, c_read, gemm->c, d, gemm->c, &algo, ctx->workspace,
+                          static_cast<size_t>(ctx->workspace_bytes), /*stream=*/0);
+  };
+  if (!gemm->tuned) {
+    gemm->tuned = true;
+    // NOTE [GEMM tuning]: one dense matrix, alpha 1 and beta 0 or 1 (every candidate
+    // computes alpha P + beta C alike), and outputs that overlap no operand (they are
+    // overwritten while tuning).
+    const int64_t esize = a.bf16 ? 2 : 4, c_esize = c.bf16 ? 2 : 4;
+    const Span a_span = trans_a ? MatrixSpan(a.ptr, k, m, a.ld, esize)
+                                : MatrixSpan(a.ptr, m, k, a.ld, esize);
+    const Span b_span = trans_b ? MatrixSpan(b.ptr, n, k, b.ld, esize)
+                                : MatrixSpan(b.ptr, k, n, b.ld, esize);
+    TuneProblem t;
+    t.run = run;
+    t.c_in = c_in;
+    t.reads_d = beta_in != 0.0f && c_in == c.ptr;
+    t.d = MatrixSpan(c.ptr, m, n, n, c_esize);
+    t.aux = ep.kind == 2 ? MatrixSpan(ep.aux, m, n, n, c_esize) : Span{nullptr, nullptr};
+    t.bias_grad = ep.bias_grad != nullptr ? MatrixSpan(ep.bias_grad, 1, m, m, 4)
+                                          : Span{nullptr, nullptr};
+    bool disjoint = true;
+    for (const Span& out : {t.d, t.aux, t.bias_grad}) {
+      if (out.begin == out.end) continue;
+      disjoint = disjoint && !out.Overlaps(a_span) && !out.Overlaps(b_span);
+    }
+    const char* why_not = nullptr;
+    if (gemm->others.empty()) {
+      why_not = "one answer";
+    } else if (batch != 1 || c.ld != n) {
+      why_not = "batched or strided";
+    } else if (alpha != 1.0f || (beta_in != 0.0f && beta_in != 1.0f)) {
+      why_not = "alpha is not 1 or beta not 0 or 1";
+    } else if (!disjoint) {
+      why_not = "an output overlaps an operand";
+    }
+    if (why_not != nullptr) {
+      ReportTuning(where, absl::StrCat("not tuned (", why_not, ")"));
+    } else {
+      RETURN_IF_ERROR(Tune(*gemm, t, device, where));
+    }
+  }
+  const cublasStatus_t ran = run(gemm->algo, const_cast<void*>(c.ptr), c_in);
   if (!plain && (ran == CUBLAS_STATUS_NOT_SUPPORTED || ran == CUBLAS_STATUS_INVALID_VALUE)) {
     // Checked before anything is queued: nothing ran, the caller's fallback runs instead.
     gemm->refused.store(true);

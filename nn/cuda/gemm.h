@@ -9,6 +9,8 @@
 #define NN_CUDA_GEMM_H_
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -52,6 +54,22 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
                   int64_t k, float alpha, const GemmOperand& a, const GemmOperand& b, float beta,
                   const GemmOperand& c, absl::string_view what,
                   const GemmEpilogueArgs& epilogue = GemmEpilogueArgs());
+
+// NOTE [GEMM tuning]: the first GEMM of each problem (shape, types, epilogue, alignments)
+// asks cuBLASLt's heuristic for up to 8 algorithms, runs each that sums over k as the first
+// does (split-K count, reduction scheme) on the GEMM's own operands, keeps those that write
+// the first's bits exactly (a fingerprint of every output, filled with 0xff before each
+// run), times them and keeps the fastest for the process's life. The choice cannot change
+// a result, so runs stay bit-identical whichever is faster on the day. That first GEMM
+// synchronises; one whose C is also read (beta 1) tunes into a scratch copy of C's size.
+// Problems with a batch, a strided C, alpha != 1, beta other than 0 or 1, or outputs that
+// overlap an operand keep the heuristic's first answer. On by default; off with
+// SetGemmTuning(false) (problems built while off keep the first answer) or
+// FSDP_GEMM_TUNING=0 in the environment. GemmTuningReport has a line for each problem
+// built while tuning was on: how many answers were kept, summed otherwise, wrote other bits
+// or were refused, the first's time and the chosen one's; or why it was not tuned.
+void SetGemmTuning(bool on);
+std::vector<std::string> GemmTuningReport();
 
 // Tests only: while on, Gemm behaves as if cuBLASLt's heuristic found no algorithm for any
 // problem (cublasGemmStridedBatchedEx for plain GEMMs, Unimplemented for the others), so

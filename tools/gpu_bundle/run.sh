@@ -444,6 +444,21 @@ ours.update({
                                                       "vocab", "peak"))},
 })
 
+# NOTE [GEMM tuning] (nn/cuda/gemm.h): each GEMM problem's first call timed the heuristic's
+# first answer against the others that write its bits; the sums over the problems of one
+# call each (the job's summary has every line).
+tuning = summ.get("gemm_tuning")
+if isinstance(tuning, list):
+    times = [re.search(r"the first ([0-9.]+) ms, chosen (the first|another) ([0-9.]+) ms", str(t))
+             for t in tuning]
+    ours["gemm_tuning"] = {
+        "problems": len(tuning),
+        "tuned": sum(1 for m in times if m),
+        "chose_another": sum(1 for m in times if m and m.group(2) == "another"),
+        "first_ms": round(sum(float(m.group(1)) for m in times if m), 3),
+        "chosen_ms": round(sum(float(m.group(3)) for m in times if m), 3),
+    }
+
 # --profile_ops: the last fit step per op category, measured on the device (CUDA events)
 # beside the roofline estimate the same op list gives on H200 rates (core/roofline.h).
 op_profile = None
