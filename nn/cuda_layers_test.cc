@@ -402,10 +402,10 @@ TEST(CudaGemmEpilogueTest, FingerprintTellsAFlippedBitAndSwappedWords) {
 
 // NOTE [GEMM tuning] (nn/cuda/gemm.h): a tuned problem writes the bits of cuBLASLt's first
 // answer, on its tuning call (which runs the candidates on the real outputs, or on a copy
-// of C when beta is 1) and after; with a bias + GELU (its aux), a bias gradient (beta 1
-// onto a nonzero dW) and a bias + residual. Shapes no other test uses, so the tuned call
-// here is the problem's first; the report has a line for each (printed for the bundle's
-// log).
+// of C when beta is 1) and on later calls with other operands; with a bias + GELU (its
+// aux), a bias gradient (beta 1 onto a nonzero dW) and a bias + residual. Shapes no other
+// test uses, so the first tuned call here is the problem's first; each has a report line
+// (problems built untuned have none; printed for the bundle's log).
 TEST(CudaGemmEpilogueTest, TunedGemmsWriteTheFirstAnswersBitsAndRepeatThem) {
   SKIP_WITHOUT_GPU();
 #ifdef FSDP_WITH_CUDA
@@ -413,70 +413,79 @@ TEST(CudaGemmEpilogueTest, TunedGemmsWriteTheFirstAnswersBitsAndRepeatThem) {
   const auto bf16 = [](const core::Tensor& t) {
     return t.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
   };
-  const core::Tensor x = bf16(Normal({rows * in}, 101)), w = bf16(Normal({out * in}, 102));
-  const core::Tensor bias = bf16(Normal({out}, 103));
-  const core::Tensor residual = Normal({rows * out}, 104);
-  const core::Tensor g = bf16(Normal({rows * out}, 105));
-  const core::Tensor dw0 = Normal({out * in}, 106), db0 = Normal({out}, 107);
+  // The operands of one call, drawn from `seed`.
+  struct Operands {
+    core::Tensor x, w, bias, residual, g, dw0, db0;
+  };
+  const auto operands = [&](uint64_t seed) {
+    return Operands{bf16(Normal({rows * in}, seed)),      bf16(Normal({out * in}, seed + 1)),
+                    bf16(Normal({out}, seed + 2)),        Normal({rows * out}, seed + 3),
+                    bf16(Normal({rows * out}, seed + 4)), Normal({out * in}, seed + 5),
+                    Normal({out}, seed + 6)};
+  };
   struct Case {
     const char* what;
-    std::function<GemmArgs()> args;
+    std::function<GemmArgs(const Operands&)> args;
   };
   const std::vector<Case> cases = {
-      {"tuned plain", [&] {
-         return LinearGemmOn(kGpu, rows, out, in, x, w, core::DType::kFloat32,
+      {"tuned plain",
+       [&](const Operands& o) {
+         return LinearGemmOn(kGpu, rows, out, in, o.x, o.w, core::DType::kFloat32,
                              GemmEpilogue::kNone, core::Tensor(), core::Tensor());
        }},
-      {"tuned bias + GELU", [&] {
-         return LinearGemmOn(kGpu, rows, out, in, x, w, core::DType::kBFloat16,
-                             GemmEpilogue::kBiasGelu, bias,
+      {"tuned bias + GELU",
+       [&](const Operands& o) {
+         return LinearGemmOn(kGpu, rows, out, in, o.x, o.w, core::DType::kBFloat16,
+                             GemmEpilogue::kBiasGelu, o.bias,
                              core::Tensor::Zeros({rows * out}, core::DType::kBFloat16));
        }},
-      {"tuned bias + residual", [&] {
-         return LinearGemmOn(kGpu, rows, out, in, x, w, core::DType::kFloat32,
-                             GemmEpilogue::kBiasResidual, bias, residual);
+      {"tuned bias + residual",
+       [&](const Operands& o) {
+         return LinearGemmOn(kGpu, rows, out, in, o.x, o.w, core::DType::kFloat32,
+                             GemmEpilogue::kBiasResidual, o.bias, o.residual);
        }},
-      {"tuned weight gradient", [&] {
+      {"tuned weight gradient",
+       [&](const Operands& o) {
          GemmArgs a;
          a.trans_a = true;
          a.m = out;
          a.n = in;
          a.k = rows;
          a.beta = 1.0f;
-         a.a.tensor = To(g, kGpu);
-         a.b.tensor = To(x, kGpu);
-         a.c.tensor = To(dw0, kGpu);
-         a.bias_grad = To(db0, kGpu);
+         a.a.tensor = To(o.g, kGpu);
+         a.b.tensor = To(o.x, kGpu);
+         a.c.tensor = To(o.dw0, kGpu);
+         a.bias_grad = To(o.db0, kGpu);
          return a;
        }},
   };
+  const bool was_on = cuda::GemmTuning();
   const size_t lines_before = cuda::GemmTuningReport().size();
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
-    auto results = [&](bool tune) {
+    auto results = [&](bool tune, const Operands& o) {
       cuda::SetGemmTuning(tune);
-      GemmArgs a = c.args();
+      GemmArgs a = c.args(o);
       const absl::Status s = MatMul(c.what, a);
-      cuda::SetGemmTuning(true);
+      cuda::SetGemmTuning(was_on);
       EXPECT_TRUE(s.ok()) << s;
       std::vector<std::vector<float>> r = {
           Host(a.c.tensor.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value())};
-      if (a.aux.defined() && a.epilogue == GemmEpilogue::kBiasGelu) {
+      if (a.epilogue == GemmEpilogue::kBiasGelu) {
         r.push_back(Host(a.aux.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value()));
       }
       if (a.bias_grad.defined()) r.push_back(Host(a.bias_grad));
       return r;
     };
-    const auto first = results(false);
-    const auto tuning = results(true);
-    const auto tuned = results(true);
-    EXPECT_EQ(tuning, first);
-    EXPECT_EQ(tuned, first);
+    const Operands first = operands(111), second = operands(211);
+    const auto untuned = results(false, first);
+    EXPECT_EQ(results(true, first), untuned);  // the tuning call
+    EXPECT_EQ(results(true, second), results(false, second));
   }
   const std::vector<std::string> report = cuda::GemmTuningReport();
   for (const Case& c : cases) {
-    const auto mentions = [&](const std::string& line) { return absl::StartsWith(line, c.what); };
-    EXPECT_TRUE(std::any_of(report.begin() + lines_before, report.end(), mentions))
+    const auto tuned_line = [&](const std::string& line) { return absl::StartsWith(line, c.what); };
+    EXPECT_TRUE(std::any_of(report.begin() + lines_before, report.end(), tuned_line))
         << c.what << " has no tuning report";
   }
   for (size_t i = lines_before; i < report.size(); ++i) std::printf("%s\n", report[i].c_str());

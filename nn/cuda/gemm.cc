@@ -232,6 +232,19 @@ cublasLtEpilogue_t LtEpilogue(int kind, bool bias_grad) {
   }
 }
 
+// An algorithm's capability `cap` (an int32 or uint64 one), or 0 where it cannot be read.
+uint64_t AlgoCapability(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_t cap) {
+  uint64_t value = 0;
+  size_t written = 0;
+  const size_t bytes = cap == CUBLASLT_ALGO_CAP_NUMERICAL_IMPL_FLAGS ? sizeof(uint64_t)
+                                                                    : sizeof(int32_t);
+  if (cublasLtMatmulAlgoCapGetAttribute(&algo, cap, &value, bytes, &written) !=
+      CUBLAS_STATUS_SUCCESS) {
+    return 0;
+  }
+  return value;
+}
+
 // The descriptors and algorithm of one problem (its arguments as Gemm's, checked), owned
 // by the caller.
 absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bool trans_b,
@@ -241,6 +254,8 @@ absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bo
                                             uint32_t align_first, uint32_t align_second,
                                             uint32_t align_c, bool tune,
                                             const std::string& where) {
+  // Kind 4 writes D away from its C (the residual).
+  const bool out_of_place = ep.kind == 4;
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's first
   // operand is our B, its second our A, and its output C^T [n x m] with ld ldc.
   const cudaDataType_t in_type = a.bf16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -314,11 +329,21 @@ absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bo
     RETURN_IF_ERROR(StatusFromCublas(
         cublasLtMatmulPreferenceSetAttribute(d.pref, attribute, &bytes, sizeof(bytes)), where));
   }
+  // As many answers with tuning off as on, so both take the same first one.
   cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
-  const cublasLtMatmulHeuristicResult_t& heuristic = results[0];
   int found = 0;
   const cublasStatus_t queried = cublasLtMatmulAlgoGetHeuristic(
-      ctx->handle, d.op, d.a, d.b, d.c, d.c, d.pref, tune ? kCandidates : 1, results, &found);
+      ctx->handle, d.op, d.a, d.b, d.c, d.c, d.pref, kCandidates, results, &found);
+  // The usable answers, best first: run without error, and write out of place if need be.
+  std::vector<cublasLtMatmulAlgo_t> usable;
+  for (int i = 0; queried == CUBLAS_STATUS_SUCCESS && i < found && i < kCandidates; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    if (out_of_place &&
+        AlgoCapability(results[i].algo, CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT) == 0) {
+      continue;
+    }
+    usable.push_back(results[i].algo);
+  }
   auto* built = new CachedGemm;
   // An unsupported combination (an epilogue or a type this cuBLASLt lacks; for an epilogue
   // or a bf16 output also one it calls an invalid value, as cublasLtMatmul's refusal
@@ -326,8 +351,7 @@ absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bo
   const bool plain = ep.kind == 0 && !c.bf16 && ep.bias_grad == nullptr;
   if (queried == CUBLAS_STATUS_NOT_SUPPORTED ||
       (!plain && queried == CUBLAS_STATUS_INVALID_VALUE) ||
-      (queried == CUBLAS_STATUS_SUCCESS &&
-       (found < 1 || heuristic.state != CUBLAS_STATUS_SUCCESS))) {
+      (queried == CUBLAS_STATUS_SUCCESS && usable.empty())) {
     return built;
   }
   if (queried != CUBLAS_STATUS_SUCCESS) {
@@ -335,10 +359,8 @@ absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bo
     return StatusFromCublas(queried, where);
   }
   built->has_algo = true;
-  built->first = built->algo = heuristic.algo;
-  for (int i = 1; i < found && i < kCandidates; ++i) {
-    if (results[i].state == CUBLAS_STATUS_SUCCESS) built->others.push_back(results[i].algo);
-  }
+  built->first = built->algo = usable[0];
+  if (tune) built->others.assign(usable.begin() + 1, usable.end());
   d.Release(&built->op, &built->a, &built->b, &built->c);
   return built;
 }
@@ -356,10 +378,14 @@ bool SameAttribute(const cublasLtMatmulAlgo_t& x, const cublasLtMatmulAlgo_t& y,
          vx == vy;
 }
 
-// Whether two algorithms sum over k alike: the same split-K count and reduction scheme.
+// Whether two algorithms sum over k alike: the same split-K count and reduction scheme,
+// and the same numerical implementation (cuBLASLt's flags: FMA or HMMA and its shape,
+// accumulator and input types).
 bool SameSums(const cublasLtMatmulAlgo_t& x, const cublasLtMatmulAlgo_t& y) {
   return SameAttribute(x, y, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, sizeof(int32_t)) &&
-         SameAttribute(x, y, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, sizeof(uint32_t));
+         SameAttribute(x, y, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, sizeof(uint32_t)) &&
+         AlgoCapability(x, CUBLASLT_ALGO_CAP_NUMERICAL_IMPL_FLAGS) ==
+             AlgoCapability(y, CUBLASLT_ALGO_CAP_NUMERICAL_IMPL_FLAGS);
 }
 
 // Whether two algorithms split the problem over the same grid: the same tile, split-K
@@ -422,27 +448,33 @@ struct TuneProblem {
   // Runs `algo` writing D to `d` (C's layout) and reading C from `c_in`.
   std::function<cublasStatus_t(const cublasLtMatmulAlgo_t& algo, void* d, const void* c_in)>
       run;
-  const void* c_in;           // C as the real GEMM reads it (the residual for kind 4)
-  bool reads_d;               // C is D with a nonzero beta: tune out of place
-  Span d, aux, bias_grad;     // what the GEMM writes (aux, bias_grad: empty when not)
+  const void* c_in;  // C as the real GEMM reads it (the residual for kind 4)
+  // C is D with a nonzero beta: tuned in place on a copy of C, made afresh for each check.
+  bool reads_d;
+  Span d, aux, bias_grad;  // what the GEMM writes (aux, bias_grad: empty when not)
 };
 
-// The fingerprint (kernels::cuda::Fingerprint) of what `algo` writes, run on outputs
-// filled with 0xff bytes (so a kernel that leaves an element unwritten cannot match) with
-// D at `d`; `fp` is two device words of scratch. `*ran` is cublasLtMatmul's answer; a
-// CUDA error is the Status.
+// The fingerprint (kernels::cuda::Fingerprint) of what `algo` writes, with D at `d`: the
+// outputs are first filled with 0xff bytes (so a kernel that leaves an element unwritten
+// cannot match), or for a GEMM that reads its D, `d` gets a fresh copy of C. `fp` is two
+// device words of scratch. `*ran` is cublasLtMatmul's answer; a CUDA error is the Status.
 absl::StatusOr<std::array<unsigned long long, 2>> FingerprintOf(
     const TuneProblem& t, const cublasLtMatmulAlgo_t& algo, void* d, unsigned long long* fp,
     cublasStatus_t* ran, const std::string& where) {
   const int64_t d_bytes = t.d.end - t.d.begin;
   const Span outputs[] = {{static_cast<const char*>(d), static_cast<const char*>(d) + d_bytes},
                           t.aux, t.bias_grad};
-  for (const Span& o : outputs) {
+  for (size_t i = 0; i < 3; ++i) {
+    const Span& o = outputs[i];
     if (o.end == o.begin) continue;
+    char* begin = const_cast<char*>(o.begin);
     RETURN_IF_ERROR(StatusFromCuda(
-        cudaMemsetAsync(const_cast<char*>(o.begin), 0xff, o.end - o.begin, /*stream=*/0), where));
+        i == 0 && t.reads_d
+            ? cudaMemcpyAsync(begin, t.d.begin, d_bytes, cudaMemcpyDeviceToDevice, /*stream=*/0)
+            : cudaMemsetAsync(begin, 0xff, o.end - o.begin, /*stream=*/0),
+        where));
   }
-  *ran = t.run(algo, d, t.c_in);
+  *ran = t.run(algo, d, t.reads_d ? d : t.c_in);
   std::array<unsigned long long, 2> total = {0, 0};
   if (*ran != CUBLAS_STATUS_SUCCESS) return total;
   for (size_t i = 0; i < 3; ++i) {
@@ -482,8 +514,9 @@ absl::Status Tune(const CachedGemm& gemm, const TuneProblem& t, int device,
     return done("not tuned (no device memory for its scratch)");
   }
   auto* fp = static_cast<unsigned long long*>(fp_words->raw_data());
-  // Out of place when the GEMM reads its own output: C stays as it is.
+  // On a copy of C when the GEMM reads its own output: C stays as it is.
   void* d = t.reads_d ? d_copy->raw_data() : const_cast<char*>(t.d.begin);
+  const void* c_read = t.reads_d ? d : t.c_in;
   cublasStatus_t ran = CUBLAS_STATUS_SUCCESS;
   ASSIGN_OR_RETURN(const auto reference, FingerprintOf(t, gemm.first, d, fp, &ran, where));
   if (ran == CUBLAS_STATUS_NOT_SUPPORTED || ran == CUBLAS_STATUS_INVALID_VALUE) {
@@ -517,7 +550,7 @@ absl::Status Tune(const CachedGemm& gemm, const TuneProblem& t, int device,
     for (int r = 0; r < kTimedRuns && timed.ok(); ++r) {
       float ms = 0.0f;
       timed = StatusFromCuda(cudaEventRecord(start, 0), where);
-      if (timed.ok()) timed = StatusFromCublas(t.run(*kept[i], d, t.c_in), where);
+      if (timed.ok()) timed = StatusFromCublas(t.run(*kept[i], d, c_read), where);
       if (timed.ok()) timed = StatusFromCuda(cudaEventRecord(stop, 0), where);
       if (timed.ok()) timed = StatusFromCuda(cudaEventSynchronize(stop), where);
       if (timed.ok()) timed = StatusFromCuda(cudaEventElapsedTime(&ms, start, stop), where);
@@ -527,9 +560,11 @@ absl::Status Tune(const CachedGemm& gemm, const TuneProblem& t, int device,
   cudaEventDestroy(start);
   if (stop != nullptr) cudaEventDestroy(stop);
   RETURN_IF_ERROR(timed);
+  // Another answer only where it saves at least 3% of the first's time (not the timing's
+  // noise), so the same one is kept from run to run wherever that is possible.
   size_t chosen = 0;
   for (size_t i = 1; i < kept.size(); ++i) {
-    if (fastest[i] < fastest[chosen]) chosen = i;
+    if (fastest[i] < 0.97f * fastest[0] && fastest[i] < fastest[chosen]) chosen = i;
   }
   gemm.algo = *kept[chosen];
   return done(absl::StrFormat(
@@ -544,6 +579,8 @@ absl::Status Tune(const CachedGemm& gemm, const TuneProblem& t, int device,
 void ForceGemmFallbackForTesting(bool on) { ForceFallback().store(on); }
 
 void SetGemmTuning(bool on) { TuningOn().store(on); }
+
+bool GemmTuning() { return TuningOn().load(); }
 
 std::vector<std::string> GemmTuningReport() {
   std::lock_guard<std::mutex> lock(ReportMutex());
@@ -626,9 +663,11 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
                        align_c,      c.bf16 ? 1 : 0,
                        ep.kind | (ep.bias_bf16 ? 16 : 0) | (ep.bias_grad != nullptr ? 32 : 0),
                        align_bias,   align_aux,       tune ? 1 : 0};
-  // The cached problem of `problem_key`, built with `problem_ep` on its first use.
+  // The cached problem of `problem_key`, built with `problem_ep` on its first use; one
+  // built with a `grid` to match is refused before anyone can use it where its first
+  // answer does not run on that one's grid.
   auto cached = [&](const GemmKey& problem_key, const GemmEpilogueArgs& problem_ep,
-                    bool* built) -> absl::StatusOr<const CachedGemm*> {
+                    const CachedGemm* grid) -> absl::StatusOr<const CachedGemm*> {
     {
       std::lock_guard<std::mutex> lock(ContextMutex());
       auto it = GemmCache().find(problem_key);
@@ -637,33 +676,29 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
     ASSIGN_OR_RETURN(const CachedGemm* fresh,
                      BuildGemm(ctx, trans_a, trans_b, batch, m, n, k, a, b, c, problem_ep,
                                align_first, align_second, align_c, tune, where));
+    if (grid != nullptr && fresh->has_algo &&
+        (!grid->has_algo || !SameGrid(fresh->first, grid->first))) {
+      fresh->refused.store(true);
+    }
     std::lock_guard<std::mutex> lock(ContextMutex());
     auto [it, inserted] = GemmCache().emplace(problem_key, fresh);
     if (!inserted) {  // another thread built it meanwhile: use the cached one
       delete fresh;   // (its descriptors leak; a race on a first use only)
       return it->second;
     }
-    *built = true;
     return fresh;
   };
-  bool built = false;
-  ASSIGN_OR_RETURN(const CachedGemm* gemm, cached(key, ep, &built));
-  if (built && ep.bias_grad != nullptr && gemm->has_algo) {
-    // NOTE [GEMM epilogues]: the bias gradient rides in the GEMM only where cuBLASLt runs
-    // it on the plain GEMM's grid (tile, split-K, reduction, cluster): an epilogue that
-    // costs the GEMM its split-K would lose more than the column-sums pass it saves.
+  // NOTE [GEMM epilogues]: the bias gradient rides in the GEMM only where cuBLASLt runs it
+  // on the plain GEMM's grid (tile, split-K, reduction, cluster): an epilogue that costs the
+  // GEMM its split-K would lose more than the column-sums pass it saves.
+  const CachedGemm* grid = nullptr;
+  if (ep.bias_grad != nullptr) {
     GemmKey plain_key = key;
     plain_key[17] = ep.kind | (ep.bias_bf16 ? 16 : 0);
     plain_key[18] = 0;
-    bool unused = false;
-    const absl::StatusOr<const CachedGemm*> plain_gemm =
-        cached(plain_key, GemmEpilogueArgs(), &unused);
-    if (!plain_gemm.ok() || !(*plain_gemm)->has_algo ||
-        !SameGrid(gemm->first, (*plain_gemm)->first)) {
-      gemm->refused.store(true);  // unchecked is refused: later calls take the fallback
-    }
-    RETURN_IF_ERROR(plain_gemm.status());
+    ASSIGN_OR_RETURN(grid, cached(plain_key, GemmEpilogueArgs(), nullptr));
   }
+  ASSIGN_OR_RETURN(const CachedGemm* gemm, cached(key, ep, grid));
   if (!gemm->has_algo || gemm->refused.load()) {
     if (!plain) return NoLtAlgorithm(where, kNoAlgorithm);
     return GemmEx(ctx, device, trans_a, trans_b, batch, m, n, k, alpha, a, b, beta, c, where);
@@ -689,38 +724,50 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
                           &beta_in, c_read, gemm->c, d, gemm->c, &algo, ctx->workspace,
                           static_cast<size_t>(ctx->workspace_bytes), /*stream=*/0);
   };
-  if (!gemm->tuned) {
+  // NOTE [GEMM tuning]: the tuned answer serves alpha 1 and beta 0 or 1 only (each answer
+  // kept computes alpha P + beta C alike there); other calls of the problem take the first.
+  const bool tunable_scalars = alpha == 1.0f && (beta_in == 0.0f || beta_in == 1.0f);
+  if (!gemm->tuned && tune) {
     gemm->tuned = true;
-    // NOTE [GEMM tuning]: one dense matrix, alpha 1 and beta 0 or 1 (every candidate
-    // computes alpha P + beta C alike), and outputs that overlap no operand (they are
-    // overwritten while tuning).
+    // One dense matrix, tunable scalars, outputs that overlap no input (they are
+    // overwritten while tuning), and enough outputs that a different order of summation
+    // shows in their bits: a bf16 store hides most last-bit differences of its fp32 sums
+    // (about 1 output in 6,000 changes), so bf16 outputs need 2^20 of them.
     const int64_t esize = a.bf16 ? 2 : 4, c_esize = c.bf16 ? 2 : 4;
     const Span a_span = trans_a ? MatrixSpan(a.ptr, k, m, a.ld, esize)
                                 : MatrixSpan(a.ptr, m, k, a.ld, esize);
     const Span b_span = trans_b ? MatrixSpan(b.ptr, n, k, b.ld, esize)
                                 : MatrixSpan(b.ptr, k, n, b.ld, esize);
+    const Span none{nullptr, nullptr};
+    const Span bias_span =
+        ep.bias != nullptr ? MatrixSpan(ep.bias, 1, n, n, ep.bias_bf16 ? 2 : 4) : none;
+    // Kind 3 reads its aux (the GELU pre-activation), kind 4 its residual (as cuBLASLt's C).
+    const Span aux_in = ep.kind == 3 || ep.kind == 4 ? MatrixSpan(ep.aux, m, n, n, c_esize) : none;
     TuneProblem t;
     t.run = run;
     t.c_in = c_in;
     t.reads_d = beta_in != 0.0f && c_in == c.ptr;
     t.d = MatrixSpan(c.ptr, m, n, n, c_esize);
-    t.aux = ep.kind == 2 ? MatrixSpan(ep.aux, m, n, n, c_esize) : Span{nullptr, nullptr};
-    t.bias_grad = ep.bias_grad != nullptr ? MatrixSpan(ep.bias_grad, 1, m, m, 4)
-                                          : Span{nullptr, nullptr};
+    t.aux = ep.kind == 2 ? MatrixSpan(ep.aux, m, n, n, c_esize) : none;
+    t.bias_grad = ep.bias_grad != nullptr ? MatrixSpan(ep.bias_grad, 1, m, m, 4) : none;
     bool disjoint = true;
     for (const Span& out : {t.d, t.aux, t.bias_grad}) {
       if (out.begin == out.end) continue;
-      disjoint = disjoint && !out.Overlaps(a_span) && !out.Overlaps(b_span);
+      for (const Span& in : {a_span, b_span, bias_span, aux_in}) {
+        if (in.begin != in.end && out.Overlaps(in)) disjoint = false;
+      }
     }
     const char* why_not = nullptr;
     if (gemm->others.empty()) {
       why_not = "one answer";
     } else if (batch != 1 || c.ld != n) {
       why_not = "batched or strided";
-    } else if (alpha != 1.0f || (beta_in != 0.0f && beta_in != 1.0f)) {
+    } else if (!tunable_scalars) {
       why_not = "alpha is not 1 or beta not 0 or 1";
     } else if (!disjoint) {
-      why_not = "an output overlaps an operand";
+      why_not = "an output overlaps an input";
+    } else if (m * n < (c.bf16 ? int64_t{1} << 20 : int64_t{1} << 12)) {
+      why_not = "too few outputs to tell its answers apart";
     }
     if (why_not != nullptr) {
       ReportTuning(where, absl::StrCat("not tuned (", why_not, ")"));
@@ -728,7 +775,8 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
       RETURN_IF_ERROR(Tune(*gemm, t, device, where));
     }
   }
-  const cublasStatus_t ran = run(gemm->algo, const_cast<void*>(c.ptr), c_in);
+  const cublasStatus_t ran =
+      run(tunable_scalars ? gemm->algo : gemm->first, const_cast<void*>(c.ptr), c_in);
   if (!plain && (ran == CUBLAS_STATUS_NOT_SUPPORTED || ran == CUBLAS_STATUS_INVALID_VALUE)) {
     // Checked before anything is queued: nothing ran, the caller's fallback runs instead.
     gemm->refused.store(true);

@@ -56,19 +56,23 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
                   const GemmEpilogueArgs& epilogue = GemmEpilogueArgs());
 
 // NOTE [GEMM tuning]: the first GEMM of each problem (shape, types, epilogue, alignments)
-// asks cuBLASLt's heuristic for up to 8 algorithms, runs each that sums over k as the first
-// does (split-K count, reduction scheme) on the GEMM's own operands, keeps those that write
-// the first's bits exactly (a fingerprint of every output, filled with 0xff before each
-// run), times them and keeps the fastest for the process's life. The choice cannot change
+// runs the other answers of cuBLASLt's heuristic (up to 8 in all) that sum over k as its
+// first answer does (split-K count, reduction scheme, numerical implementation flags) on
+// the GEMM's own operands, keeps those that write the first's bits exactly (a device
+// fingerprint of every output, filled with 0xff before each run; a GEMM that reads its C,
+// beta 1, runs on a fresh copy of C each time), times them and keeps the fastest where it
+// saves at least 3% of the first's time, for the process's life. The choice cannot change
 // a result, so runs stay bit-identical whichever is faster on the day. That first GEMM
-// synchronises; one whose C is also read (beta 1) tunes into a scratch copy of C's size.
-// Problems with a batch, a strided C, alpha != 1, beta other than 0 or 1, or outputs that
-// overlap an operand keep the heuristic's first answer. On by default; off with
-// SetGemmTuning(false) (problems built while off keep the first answer) or
+// synchronises. Not tuned (the first answer runs): batched or strided problems, alpha != 1
+// or beta other than 0 or 1 (also on later calls of a tuned problem), outputs that overlap
+// an input, an all-zero output, and problems with fewer than 2^12 outputs (2^20 for a bf16
+// C, whose rounding hides most differences in the order of summation). On by default; off
+// with SetGemmTuning(false) (problems built while off keep the first answer) or
 // FSDP_GEMM_TUNING=0 in the environment. GemmTuningReport has a line for each problem
-// built while tuning was on: how many answers were kept, summed otherwise, wrote other bits
-// or were refused, the first's time and the chosen one's; or why it was not tuned.
+// built while tuning was on: how many answers were kept, summed otherwise, wrote other
+// bits or were refused, the first's time and the chosen one's; or why it was not tuned.
 void SetGemmTuning(bool on);
+bool GemmTuning();
 std::vector<std::string> GemmTuningReport();
 
 // Tests only: while on, Gemm behaves as if cuBLASLt's heuristic found no algorithm for any
