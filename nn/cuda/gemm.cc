@@ -204,6 +204,7 @@ struct CachedGemm {
   // What runs: `first` until the first GEMM tunes (NOTE [GEMM tuning]), under `mu`.
   mutable cublasLtMatmulAlgo_t algo;
   mutable bool tuned = false;
+  mutable float tuned_beta = 0.0f;  // the beta `algo` was checked with
   mutable std::mutex mu;
 };
 
@@ -232,17 +233,16 @@ cublasLtEpilogue_t LtEpilogue(int kind, bool bias_grad) {
   }
 }
 
-// An algorithm's capability `cap` (an int32 or uint64 one), or 0 where it cannot be read.
-uint64_t AlgoCapability(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_t cap) {
-  uint64_t value = 0;
+// An algorithm's capability `cap` (an int32 or uint64 one) into *value; false where it
+// cannot be read.
+bool AlgoCapability(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_t cap,
+                    uint64_t* value) {
+  *value = 0;
   size_t written = 0;
   const size_t bytes = cap == CUBLASLT_ALGO_CAP_NUMERICAL_IMPL_FLAGS ? sizeof(uint64_t)
                                                                     : sizeof(int32_t);
-  if (cublasLtMatmulAlgoCapGetAttribute(&algo, cap, &value, bytes, &written) !=
-      CUBLAS_STATUS_SUCCESS) {
-    return 0;
-  }
-  return value;
+  return cublasLtMatmulAlgoCapGetAttribute(&algo, cap, value, bytes, &written) ==
+         CUBLAS_STATUS_SUCCESS;
 }
 
 // The descriptors and algorithm of one problem (its arguments as Gemm's, checked), owned
@@ -338,8 +338,11 @@ absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bo
   std::vector<cublasLtMatmulAlgo_t> usable;
   for (int i = 0; queried == CUBLAS_STATUS_SUCCESS && i < found && i < kCandidates; ++i) {
     if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    uint64_t out_of_place_ok = 0;
     if (out_of_place &&
-        AlgoCapability(results[i].algo, CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT) == 0) {
+        (!AlgoCapability(results[i].algo, CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT,
+                         &out_of_place_ok) ||
+         out_of_place_ok == 0)) {
       continue;
     }
     usable.push_back(results[i].algo);
@@ -382,10 +385,11 @@ bool SameAttribute(const cublasLtMatmulAlgo_t& x, const cublasLtMatmulAlgo_t& y,
 // and the same numerical implementation (cuBLASLt's flags: FMA or HMMA and its shape,
 // accumulator and input types).
 bool SameSums(const cublasLtMatmulAlgo_t& x, const cublasLtMatmulAlgo_t& y) {
+  uint64_t fx = 0, fy = 0;
   return SameAttribute(x, y, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, sizeof(int32_t)) &&
          SameAttribute(x, y, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, sizeof(uint32_t)) &&
-         AlgoCapability(x, CUBLASLT_ALGO_CAP_NUMERICAL_IMPL_FLAGS) ==
-             AlgoCapability(y, CUBLASLT_ALGO_CAP_NUMERICAL_IMPL_FLAGS);
+         AlgoCapability(x, CUBLASLT_ALGO_CAP_NUMERICAL_IMPL_FLAGS, &fx) &&
+         AlgoCapability(y, CUBLASLT_ALGO_CAP_NUMERICAL_IMPL_FLAGS, &fy) && fx == fy;
 }
 
 // Whether two algorithms split the problem over the same grid: the same tile, split-K
@@ -492,10 +496,10 @@ absl::StatusOr<std::array<unsigned long long, 2>> FingerprintOf(
 }
 
 // NOTE [GEMM tuning]: runs the heuristic's first answer and then each other answer that
-// sums over k alike (split-K count, reduction scheme) on the problem's own operands,
-// keeps those that write the first's bits, times each kept one (the fastest of
-// kTimedRuns) and sets gemm.algo to the fastest. Synchronises. A problem it cannot tune
-// safely keeps the first answer (the report says why).
+// sums over k alike (SameSums) on the problem's own operands, keeps those that write the
+// first's bits, times each kept one (the fastest of kTimedRuns) and sets gemm.algo to the
+// fastest that saves at least 3% of the first's time. Synchronises. A problem it cannot
+// tune safely keeps the first answer (the report says why).
 absl::Status Tune(const CachedGemm& gemm, const TuneProblem& t, int device,
                   const std::string& where) {
   auto done = [&](const std::string& text) {
@@ -724,11 +728,12 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
                           &beta_in, c_read, gemm->c, d, gemm->c, &algo, ctx->workspace,
                           static_cast<size_t>(ctx->workspace_bytes), /*stream=*/0);
   };
-  // NOTE [GEMM tuning]: the tuned answer serves alpha 1 and beta 0 or 1 only (each answer
-  // kept computes alpha P + beta C alike there); other calls of the problem take the first.
+  // NOTE [GEMM tuning]: the tuned answer serves alpha 1 and beta 0 or 1 only, and only the
+  // beta it was checked with; other calls of the problem take the first answer.
   const bool tunable_scalars = alpha == 1.0f && (beta_in == 0.0f || beta_in == 1.0f);
   if (!gemm->tuned && tune) {
     gemm->tuned = true;
+    gemm->tuned_beta = beta_in;
     // One dense matrix, tunable scalars, outputs that overlap no input (they are
     // overwritten while tuning), and enough outputs that a different order of summation
     // shows in their bits: a bf16 store hides most last-bit differences of its fp32 sums
@@ -775,8 +780,9 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
       RETURN_IF_ERROR(Tune(*gemm, t, device, where));
     }
   }
+  const bool tuned_fits = tunable_scalars && beta_in == gemm->tuned_beta;
   const cublasStatus_t ran =
-      run(tunable_scalars ? gemm->algo : gemm->first, const_cast<void*>(c.ptr), c_in);
+      run(tuned_fits ? gemm->algo : gemm->first, const_cast<void*>(c.ptr), c_in);
   if (!plain && (ran == CUBLAS_STATUS_NOT_SUPPORTED || ran == CUBLAS_STATUS_INVALID_VALUE)) {
     // Checked before anything is queued: nothing ran, the caller's fallback runs instead.
     gemm->refused.store(true);
