@@ -920,8 +920,12 @@ else
     if [ -x "$BUNDLE/bin/main_job" ]; then
       rm -rf "$WORK/main_job_ncu"
       job_command "$WORK/main_job_ncu" "$NCU_STEPS"
+      # Without GEMM tuning (NOTE [GEMM tuning] in nn/cuda/gemm.h): its candidates would be
+      # hundreds of launch configurations for ncu to profile once each, none of them the
+      # steady state's; the heuristic's first answers run instead.
       # shellcheck disable=SC2086
-      ncu_profile ncu_step ncu_step "${JOB[@]}" ${OURS_EXTRA_ARGS:-}
+      (export FSDP_GEMM_TUNING=0
+       ncu_profile ncu_step ncu_step "${JOB[@]}" ${OURS_EXTRA_ARGS:-})
     fi
   fi
   checkpoint

@@ -113,7 +113,8 @@ for a in "$@"; do
   case "$a" in --output_dir=*) out=${a#--output_dir=} ;; esac
 done
 case "$out" in */main_job_ncu)
-  # Phase 7: a short run under ncu.
+  # Phase 7: a short run under ncu, without GEMM tuning.
+  [ "${FSDP_GEMM_TUNING:-}" = 0 ] || { echo "main_job: GEMM tuning on under ncu"; exit 2; }
   for want in --device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16 --steps=2; do
     case " $* " in *" $want "*) ;; *) echo "main_job: missing flag $want in: $*"; exit 2 ;; esac
   done
