@@ -82,11 +82,6 @@ std::vector<float> WidenSpan(const Tensor& t, int64_t offset, int64_t span) {
   return out;
 }
 
-// NOTE [Op accounting] of a GEMM as its CUDA path runs it: 2 m n k FLOPs per matrix, A and
-// B read once, C written once (and read when beta != 0), on tensor cores when an operand
-// is bf16 (a mixed pair first rounds the fp32 operand, core::OpCategory::kConvert), else
-// fp32 without them. An epilogue (NOTE [GEMM epilogues]) adds its bias and aux bytes and
-// its arithmetic to the GEMM's own cost: it runs inside the GEMM's kernel.
 // cuBLASLt's bias has D's type ("Bias vector elements are the same type as the elements of
 // output matrix", cublasLt.h): a bf16 bias of a bf16 GEMM (`bf16`: an operand is bf16) into
 // an fp32 C, as a projection's under bf16 weights (a view of the gathered bf16 parameters),
@@ -95,6 +90,11 @@ bool WidensBias(const GemmArgs& g, bool bf16) {
   return bf16 && g.k > 0 && g.bias.defined() && IsBf16(g.bias) && !IsBf16(g.c.tensor);
 }
 
+// NOTE [Op accounting] of a GEMM as its CUDA path runs it: 2 m n k FLOPs per matrix, A and
+// B read once, C written once (and read when beta != 0), on tensor cores when an operand
+// is bf16 (a mixed pair first rounds the fp32 operand, core::OpCategory::kConvert), else
+// fp32 without them. An epilogue (NOTE [GEMM epilogues]) adds its bias and aux bytes and
+// its arithmetic to the GEMM's own cost: it runs inside the GEMM's kernel.
 core::OpCost GemmCost(const GemmArgs& g, bool bf16, bool fused_sums) {
   const double c_size = IsBf16(g.c.tensor) ? 2.0 : 4.0;
   const double c_bytes = c_size * g.batch * g.m * g.n * (g.beta != 0.0f ? 2 : 1);
