@@ -183,6 +183,24 @@ GemmArgs LinearGemmOn(const core::Device& device, int64_t m, int64_t n, int64_t 
   return g;
 }
 
+// A Linear's weight-gradient GEMM on `device`: dW [out, in] (c0 copied there) += g^T x over
+// `rows` rows, with the bias gradient (sums0 copied there) += the column sums of g.
+GemmArgs WeightGradientGemmOn(const core::Device& device, int64_t rows, int64_t out, int64_t in,
+                              const core::Tensor& g, const core::Tensor& x,
+                              const core::Tensor& c0, const core::Tensor& sums0) {
+  GemmArgs a;
+  a.trans_a = true;
+  a.m = out;
+  a.n = in;
+  a.k = rows;
+  a.beta = 1.0f;
+  a.a.tensor = To(g, device);
+  a.b.tensor = To(x, device);
+  a.c.tensor = To(c0, device);
+  a.bias_grad = To(sums0, device);
+  return a;
+}
+
 // NOTE [GEMM epilogues]: each epilogue, into fp32 and bf16 C, with bf16 and fp32 biases,
 // through cuBLASLt's epilogue and through the fallback kernel, against the CPU. The
 // product differs from the CPU's by fp32 summation order (kFp32Rel); cuBLASLt's GELU is
@@ -278,16 +296,7 @@ TEST(CudaGemmEpilogueTest, WeightGradientGemmsBiasGradientMatchesCpuAndRepeatsBi
                                .value();
     const core::Tensor c0 = Normal({sh.out * sh.in}, 83), sums0 = Normal({sh.out}, 84);
     auto run = [&](const core::Device& device) {
-      GemmArgs a;
-      a.trans_a = true;
-      a.m = sh.out;
-      a.n = sh.in;
-      a.k = sh.rows;
-      a.beta = 1.0f;
-      a.a.tensor = To(g, device);
-      a.b.tensor = To(x, device);
-      a.c.tensor = To(c0, device);
-      a.bias_grad = To(sums0, device);
+      GemmArgs a = WeightGradientGemmOn(device, sh.rows, sh.out, sh.in, g, x, c0, sums0);
       const absl::Status s = MatMul("blocks.0.attn.qkv (Linear)", a);
       EXPECT_TRUE(s.ok()) << s;
       return a;
@@ -446,17 +455,7 @@ TEST(CudaGemmEpilogueTest, TunedGemmsWriteTheFirstAnswersBitsAndRepeatThem) {
        }},
       {"tuned weight gradient",
        [&](const Operands& o) {
-         GemmArgs a;
-         a.trans_a = true;
-         a.m = out;
-         a.n = in;
-         a.k = rows;
-         a.beta = 1.0f;
-         a.a.tensor = To(o.g, kGpu);
-         a.b.tensor = To(o.x, kGpu);
-         a.c.tensor = To(o.dw0, kGpu);
-         a.bias_grad = To(o.db0, kGpu);
-         return a;
+         return WeightGradientGemmOn(kGpu, rows, out, in, o.g, o.x, o.dw0, o.db0);
        }},
   };
   const bool was_on = cuda::GemmTuning();
