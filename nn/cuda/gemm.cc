@@ -205,6 +205,8 @@ struct CachedGemm {
   mutable cublasLtMatmulAlgo_t algo;
   mutable bool tuned = false;
   mutable float tuned_beta = 0.0f;  // the beta `algo` was checked with
+  // Whether GemmTuningReport has the line saying this problem takes the fallback.
+  mutable std::atomic<bool> fallback_reported{false};
   mutable std::mutex mu;
 };
 
@@ -704,6 +706,10 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
   }
   ASSIGN_OR_RETURN(const CachedGemm* gemm, cached(key, ep, grid));
   if (!gemm->has_algo || gemm->refused.load()) {
+    if (tune && !gemm->fallback_reported.exchange(true)) {
+      ReportTuning(where, gemm->has_algo ? "not tuned (refused: the fallback runs)"
+                                         : "not tuned (no cuBLASLt algorithm: the fallback runs)");
+    }
     if (!plain) return NoLtAlgorithm(where, kNoAlgorithm);
     return GemmEx(ctx, device, trans_a, trans_b, batch, m, n, k, alpha, a, b, beta, c, where);
   }

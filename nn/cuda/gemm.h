@@ -71,7 +71,10 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
 // with SetGemmTuning(false) (problems built while off keep the first answer) or
 // FSDP_GEMM_TUNING=0 in the environment. GemmTuningReport has a line for each problem
 // built while tuning was on: how many answers were kept, summed otherwise, wrote other
-// bits or were refused, the first's time and the chosen one's; or why it was not tuned.
+// bits or were refused, the first's time and the chosen one's; or why it was not tuned,
+// including that cuBLASLt had no algorithm for it or refused it and the fallback runs
+// (problems cuBLASLt is never asked about, fp32 operands with an epilogue or a misaligned
+// vector, have no line).
 void SetGemmTuning(bool on);
 bool GemmTuning();
 std::vector<std::string> GemmTuningReport();
