@@ -455,6 +455,7 @@ if isinstance(tuning, list):
         "problems": len(tuning),
         "tuned": sum(1 for m in times if m),
         "chose_another": sum(1 for m in times if m and m.group(2) == "another"),
+        "fallbacks": sum(1 for t in tuning if "the fallback runs" in str(t)),
         "first_ms": round(sum(float(m.group(1)) for m in times if m), 3),
         "chosen_ms": round(sum(float(m.group(3)) for m in times if m), 3),
     }

@@ -149,7 +149,8 @@ cat >"$out/summary.json" <<J
  "fsdp_memory_bound_bytes": 120000, "fit_losses": [9, 8, 7],
  "gemm_tuning": ["qkv: 8 answers; the first 0.300 ms, chosen another 0.250 ms; 3 kept",
    "fc: 5 answers; the first 0.100 ms, chosen the first 0.100 ms; 1 kept",
-   "proj: not tuned (its output is all zeros)"],
+   "proj: not tuned (its output is all zeros)",
+   "mlp: not tuned (no cuBLASLt algorithm: the fallback runs)"],
  "op_profile": {"estimated_step_ms": 57.0, "measured_op_ms": 80.0, "estimated_mfu": 0.25,
    "measured_op_mfu": 0.18, "launches": 1969, "host_syncs": 2, "ops": [],
    "categories": [{"category": "attention", "ops": 1356, "estimated_ms": 20.7,
@@ -256,8 +257,8 @@ py_check "pytorch tokens/s 1000 and ratio 1.25" "$S" \
 py_check "mfu and peak memory from our summary" "$S" 's["mfu"] == 0.55 and s["peak_device_memory_bytes"] == 123456'
 py_check "op profile: estimated and measured step, per category" "$S" \
   's["op_profile"]["estimated_step_ms"] == 57.0 and s["op_profile"]["measured_op_ms"] == 80.0 and s["op_profile"]["categories"]["attention"] == {"ops": 1356, "estimated_ms": 20.7, "measured_ms": 30.5, "achieved_tflops": 61.5, "achieved_gbps": 2535.0}'
-py_check "gemm tuning: problems, tuned, another chosen, summed times" "$S" \
-  's["ours"]["gemm_tuning"] == {"problems": 3, "tuned": 2, "chose_another": 1, "first_ms": 0.4, "chosen_ms": 0.35}'
+py_check "gemm tuning: problems, tuned, another chosen, fallbacks, summed times" "$S" \
+  's["ours"]["gemm_tuning"] == {"problems": 4, "tuned": 2, "chose_another": 1, "fallbacks": 1, "first_ms": 0.4, "chosen_ms": 0.35}'
 py_check "our summary's memory bound passed through, not its losses" "$S" \
   's["ours"]["summary"]["fsdp_memory_bound_bytes"] == 120000 and "fit_losses" not in s["ours"]["summary"]'
 py_check "mfu estimate: 6N + 12LTC flops per token at 989 TFLOP/s" "$S" \
