@@ -705,9 +705,13 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
     ASSIGN_OR_RETURN(grid, cached(plain_key, GemmEpilogueArgs(), nullptr));
   }
   ASSIGN_OR_RETURN(const CachedGemm* gemm, cached(key, ep, grid));
+  // The problem as GemmTuningReport names it.
+  const std::string problem = absl::StrCat(
+      where, ep.kind != 0 ? absl::StrCat(", epilogue ", ep.kind) : "",
+      ep.bias_grad != nullptr ? ", bias gradient" : "", c.bf16 ? ", bf16 C" : "");
   if (!gemm->has_algo || gemm->refused.load()) {
     if (tune && !gemm->fallback_reported.exchange(true)) {
-      ReportTuning(where, gemm->has_algo ? "not tuned (refused: the fallback runs)"
+      ReportTuning(problem, gemm->has_algo ? "not tuned (refused: the fallback runs)"
                                          : "not tuned (no cuBLASLt algorithm: the fallback runs)");
     }
     if (!plain) return NoLtAlgorithm(where, kNoAlgorithm);
@@ -781,9 +785,9 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
       why_not = "too few outputs to tell its answers apart";
     }
     if (why_not != nullptr) {
-      ReportTuning(where, absl::StrCat("not tuned (", why_not, ")"));
+      ReportTuning(problem, absl::StrCat("not tuned (", why_not, ")"));
     } else {
-      RETURN_IF_ERROR(Tune(*gemm, t, device, where));
+      RETURN_IF_ERROR(Tune(*gemm, t, device, problem));
     }
   }
   const bool tuned_fits = tunable_scalars && beta_in == gemm->tuned_beta;
