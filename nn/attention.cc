@@ -35,13 +35,8 @@ bool CausalSelfAttention::AddsResidualInGemm() const {
 
 absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardResidual(const core::Tensor& x,
                                                                   const core::Tensor& residual) {
-  if (!residual.defined()) {
-    return internal::ModuleError(*this, "ForwardResidual: the residual is undefined");
-  }
-  if (!AddsResidualInGemm()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        Describe(), ": ForwardResidual needs proj without hooks and with a bias (use Forward)"));
-  }
+  RETURN_IF_ERROR(internal::CheckResidualInGemm(*this, residual, AddsResidualInGemm(),
+                                                 "proj without hooks and with a bias"));
   return ForwardPlus(x, residual);
 }
 

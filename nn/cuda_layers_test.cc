@@ -188,17 +188,8 @@ GemmArgs LinearGemmOn(const core::Device& device, int64_t m, int64_t n, int64_t 
 GemmArgs WeightGradientGemmOn(const core::Device& device, int64_t rows, int64_t out, int64_t in,
                               const core::Tensor& g, const core::Tensor& x,
                               const core::Tensor& c0, const core::Tensor& sums0) {
-  GemmArgs a;
-  a.trans_a = true;
-  a.m = out;
-  a.n = in;
-  a.k = rows;
-  a.beta = 1.0f;
-  a.a.tensor = To(g, device);
-  a.b.tensor = To(x, device);
-  a.c.tensor = To(c0, device);
-  a.bias_grad = To(sums0, device);
-  return a;
+  return WeightGradientGemm(rows, out, in, To(g, device), To(x, device), To(c0, device),
+                            To(sums0, device));
 }
 
 // NOTE [GEMM epilogues]: each epilogue, into fp32 and bf16 C, with bf16 and fp32 biases,

@@ -75,7 +75,9 @@ absl::StatusOr<core::Tensor> Linear::ForwardGemm(const core::Tensor& x, bool wit
     return internal::ModuleError(*this, "the fused bias + GELU forward needs a bias");
   }
   if (residual.defined()) {
-    if (!bias_) return internal::ModuleError(*this, "the fused bias + residual forward needs a bias");
+    if (!bias_) {
+      return internal::ModuleError(*this, "the fused bias + residual forward needs a bias");
+    }
     if (residual.dtype() != core::DType::kFloat32 ||
         residual.shape() != WithLastDim(x.shape(), out_)) {
       return internal::ModuleError(
@@ -124,9 +126,7 @@ absl::StatusOr<core::Tensor> Linear::ForwardWithoutBias(const core::Tensor& x) {
 
 absl::StatusOr<core::Tensor> Linear::ForwardResidual(const core::Tensor& x,
                                                      const core::Tensor& residual) {
-  if (!residual.defined()) {
-    return internal::ModuleError(*this, "ForwardResidual: the residual is undefined");
-  }
+  RETURN_IF_ERROR(internal::CheckResidualInGemm(*this, residual, /*adds=*/true, ""));
   return ForwardGemm(x, /*with_bias=*/true, /*gemm_out=*/false, nullptr, residual);
 }
 
@@ -199,18 +199,9 @@ absl::StatusOr<core::Tensor> Linear::BackwardGemms(const core::Tensor& grad_outp
     ASSIGN_OR_RETURN(gb, internal::GradTensor(*this, *bias_, "bias"));
   }
   if (gw.defined()) {
-    GemmArgs dw;
-    dw.trans_a = true;
-    dw.m = out_;
-    dw.n = in_;
-    dw.k = rows;
-    dw.beta = 1.0f;
-    dw.a.tensor = g;
-    dw.b.tensor = input_;
-    dw.c.tensor = gw;
-    dw.bias_grad = gb;
     core::ScopedOpCategory role(core::OpCategory::kGemmWeightGrad);
-    RETURN_IF_ERROR(MatMul(internal::What(*this), dw));
+    RETURN_IF_ERROR(
+        MatMul(internal::What(*this), WeightGradientGemm(rows, out_, in_, g, input_, gw, gb)));
   } else if (gb.defined()) {
     RETURN_IF_ERROR(AccumulateColumnSums(internal::What(*this), g, core::Tensor(), gb));
   }

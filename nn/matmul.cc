@@ -281,6 +281,21 @@ absl::Status CpuMatMul(absl::string_view what, const GemmArgs& g, const Stored& 
 
 }  // namespace
 
+GemmArgs WeightGradientGemm(int64_t rows, int64_t out, int64_t in, const Tensor& g,
+                            const Tensor& x, const Tensor& dw, const Tensor& bias_grad) {
+  GemmArgs a;
+  a.trans_a = true;
+  a.m = out;
+  a.n = in;
+  a.k = rows;
+  a.beta = 1.0f;
+  a.a.tensor = g;
+  a.b.tensor = x;
+  a.c.tensor = dw;
+  a.bias_grad = bias_grad;
+  return a;
+}
+
 absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
   RETURN_IF_ERROR(CheckDevices(what, {{"A", &g.a.tensor}, {"B", &g.b.tensor}, {"C", &g.c.tensor}}));
   RETURN_IF_ERROR(CheckWeightDType(what, "GEMM operand A", g.a.tensor));

@@ -103,6 +103,13 @@ struct GemmArgs {
 };
 absl::Status MatMul(absl::string_view what, const GemmArgs& args);
 
+// The weight-gradient GEMM of a Linear over `rows` rows: dW [out, in] += g^T x, with g
+// [rows, out] and x [rows, in] as stored, and bias_grad [out] += the column sums of g when
+// defined.
+GemmArgs WeightGradientGemm(int64_t rows, int64_t out, int64_t in, const core::Tensor& g,
+                            const core::Tensor& x, const core::Tensor& dw,
+                            const core::Tensor& bias_grad);
+
 // y = GELU(x) (tanh form), elementwise; x and y fp32 of equal numel (y may be x).
 absl::Status GeluForward(absl::string_view what, const core::Tensor& x, const core::Tensor& y);
 // gx = gy * GELU'(x); all fp32 of equal numel.

@@ -296,20 +296,11 @@ TEST(GemmEpilogueTest, BiasGradientAddsTheColumnSumsOfATheWeightGradientIsUnchan
     const core::Tensor g = Normal(rows * out, 31).ToDType(dtype, core::MemoryTag::kOther).value();
     const core::Tensor x = Normal(rows * in, 32).ToDType(dtype, core::MemoryTag::kOther).value();
     auto dw = [&](const core::Tensor& c, const core::Tensor& sums) {
-      GemmArgs a;
-      a.trans_a = true;
-      a.m = out;
-      a.n = in;
-      a.k = rows;
-      a.beta = 1.0f;
-      a.a.tensor = g;
-      a.b.tensor = x;
-      a.c.tensor = c;
-      a.bias_grad = sums;
-      return MatMul("blocks.0.mlp.fc (Linear)", a);
+      return MatMul("blocks.0.mlp.fc (Linear)", WeightGradientGemm(rows, out, in, g, x, c, sums));
     };
     const core::Tensor c0 = Normal(out * in, 33);
-    core::Tensor c_plain = c0.Clone(core::MemoryTag::kOther), c_fused = c0.Clone(core::MemoryTag::kOther);
+    core::Tensor c_plain = c0.Clone(core::MemoryTag::kOther);
+    core::Tensor c_fused = c0.Clone(core::MemoryTag::kOther);
     core::Tensor sums = core::Tensor::FromVector({1, -2, 3, 0.5f, 0}, {out}).value();
     core::Tensor want = sums.Clone(core::MemoryTag::kOther);
     ASSERT_TRUE(dw(c_plain, core::Tensor()).ok());
@@ -328,15 +319,9 @@ TEST(GemmEpilogueTest, BiasGradientAddsTheColumnSumsOfATheWeightGradientIsUnchan
 
 TEST(GemmEpilogueTest, BiasGradientArgumentsAreCheckedAndNothingIsWrittenOnError) {
   const int64_t rows = 4, out = 3, in = 2;
-  GemmArgs a;
-  a.trans_a = true;
-  a.m = out;
-  a.n = in;
-  a.k = rows;
-  a.a.tensor = Normal(rows * out, 41);
-  a.b.tensor = Normal(rows * in, 42);
-  a.c.tensor = core::Tensor::Zeros({out * in});
-  a.bias_grad = core::Tensor::Zeros({out});
+  GemmArgs a = WeightGradientGemm(rows, out, in, Normal(rows * out, 41), Normal(rows * in, 42),
+                                  core::Tensor::Zeros({out * in}), core::Tensor::Zeros({out}));
+  a.beta = 0.0f;
   ASSERT_TRUE(MatMul("ok", a).ok());
   a.c.tensor = core::Tensor::Zeros({out * in});
   a.bias_grad = core::Tensor::Zeros({out});

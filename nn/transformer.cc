@@ -46,14 +46,9 @@ bool Mlp::AddsResidualInGemm() const {
 
 absl::StatusOr<core::Tensor> Mlp::ForwardResidual(const core::Tensor& x,
                                                   const core::Tensor& residual) {
-  if (!residual.defined()) {
-    return internal::ModuleError(*this, "ForwardResidual: the residual is undefined");
-  }
-  if (!AddsResidualInGemm()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        Describe(), ": ForwardResidual needs fc, gelu and proj without hooks and fc and proj "
-                    "with biases (use Forward)"));
-  }
+  RETURN_IF_ERROR(internal::CheckResidualInGemm(
+      *this, residual, AddsResidualInGemm(),
+      "fc, gelu and proj without hooks and fc and proj with biases"));
   return ForwardPlus(x, residual);
 }
 

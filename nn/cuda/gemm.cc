@@ -669,16 +669,18 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
                        align_c,      c.bf16 ? 1 : 0,
                        ep.kind | (ep.bias_bf16 ? 16 : 0) | (ep.bias_grad != nullptr ? 32 : 0),
                        align_bias,   align_aux,       tune ? 1 : 0};
+  // The cached problem of `problem_key`, or null.
+  auto lookup = [](const GemmKey& problem_key) -> const CachedGemm* {
+    std::lock_guard<std::mutex> lock(ContextMutex());
+    auto it = GemmCache().find(problem_key);
+    return it != GemmCache().end() ? it->second : nullptr;
+  };
   // The cached problem of `problem_key`, built with `problem_ep` on its first use; one
   // built with a `grid` to match is refused before anyone can use it where its first
   // answer does not run on that one's grid.
   auto cached = [&](const GemmKey& problem_key, const GemmEpilogueArgs& problem_ep,
                     const CachedGemm* grid) -> absl::StatusOr<const CachedGemm*> {
-    {
-      std::lock_guard<std::mutex> lock(ContextMutex());
-      auto it = GemmCache().find(problem_key);
-      if (it != GemmCache().end()) return it->second;
-    }
+    if (const CachedGemm* found = lookup(problem_key)) return found;
     ASSIGN_OR_RETURN(const CachedGemm* fresh,
                      BuildGemm(ctx, trans_a, trans_b, batch, m, n, k, a, b, c, problem_ep,
                                align_first, align_second, align_c, tune, where));
@@ -697,21 +699,27 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
   // NOTE [GEMM epilogues]: the bias gradient rides in the GEMM only where cuBLASLt runs it
   // on the plain GEMM's grid (tile, split-K, reduction, cluster): an epilogue that costs the
   // GEMM its split-K would lose more than the column-sums pass it saves.
-  const CachedGemm* grid = nullptr;
-  if (ep.bias_grad != nullptr) {
-    GemmKey plain_key = key;
-    plain_key[17] = ep.kind | (ep.bias_bf16 ? 16 : 0);
-    plain_key[18] = 0;
-    ASSIGN_OR_RETURN(grid, cached(plain_key, GemmEpilogueArgs(), nullptr));
+  // (Looked up first: only a problem's first use needs the plain one.)
+  const CachedGemm* gemm = lookup(key);
+  if (gemm == nullptr) {
+    const CachedGemm* grid = nullptr;
+    if (ep.bias_grad != nullptr) {
+      GemmKey plain_key = key;
+      plain_key[17] = ep.kind | (ep.bias_bf16 ? 16 : 0);
+      plain_key[18] = 0;
+      ASSIGN_OR_RETURN(grid, cached(plain_key, GemmEpilogueArgs(), nullptr));
+    }
+    ASSIGN_OR_RETURN(gemm, cached(key, ep, grid));
   }
-  ASSIGN_OR_RETURN(const CachedGemm* gemm, cached(key, ep, grid));
-  // The problem as GemmTuningReport names it.
-  const std::string problem = absl::StrCat(
-      where, ep.kind != 0 ? absl::StrCat(", epilogue ", ep.kind) : "",
-      ep.bias_grad != nullptr ? ", bias gradient" : "", c.bf16 ? ", bf16 C" : "");
+  // The problem as GemmTuningReport names it (made only for a report line).
+  auto problem = [&] {
+    return absl::StrCat(where, ep.kind != 0 ? absl::StrCat(", epilogue ", ep.kind) : "",
+                        ep.bias_grad != nullptr ? ", bias gradient" : "",
+                        c.bf16 ? ", bf16 C" : "");
+  };
   if (!gemm->has_algo || gemm->refused.load()) {
     if (tune && !gemm->fallback_reported.exchange(true)) {
-      ReportTuning(problem, gemm->has_algo ? "not tuned (refused: the fallback runs)"
+      ReportTuning(problem(), gemm->has_algo ? "not tuned (refused: the fallback runs)"
                                          : "not tuned (no cuBLASLt algorithm: the fallback runs)");
     }
     if (!plain) return NoLtAlgorithm(where, kNoAlgorithm);
@@ -785,9 +793,9 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
       why_not = "too few outputs to tell its answers apart";
     }
     if (why_not != nullptr) {
-      ReportTuning(problem, absl::StrCat("not tuned (", why_not, ")"));
+      ReportTuning(problem(), absl::StrCat("not tuned (", why_not, ")"));
     } else {
-      RETURN_IF_ERROR(Tune(*gemm, t, device, problem));
+      RETURN_IF_ERROR(Tune(*gemm, t, device, problem()));
     }
   }
   const bool tuned_fits = tunable_scalars && beta_in == gemm->tuned_beta;

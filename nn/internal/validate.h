@@ -26,6 +26,19 @@ inline absl::Status ModuleError(const core::Module& m, absl::string_view message
   return absl::InvalidArgumentError(absl::StrCat(m.Describe(), ": ", message));
 }
 
+// For a parent's ForwardResidual (NOTE [Fused layers]): OK when `residual` is defined and
+// the module can add it in its last GEMM (`adds`); else InvalidArgument for an undefined
+// residual, FailedPrecondition saying what it `needs` otherwise.
+inline absl::Status CheckResidualInGemm(const core::Module& m, const core::Tensor& residual,
+                                        bool adds, absl::string_view needs) {
+  if (!residual.defined()) return ModuleError(m, "ForwardResidual: the residual is undefined");
+  if (!adds) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(m.Describe(), ": ForwardResidual needs ", needs, " (use Forward)"));
+  }
+  return absl::OkStatus();
+}
+
 // OK if `t` is a defined tensor of `dtype` (on any device); `what` names it ("input",
 // "grad_output").
 inline absl::Status CheckTensor(const core::Module& m, const core::Tensor& t, core::DType dtype,
