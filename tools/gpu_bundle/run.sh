@@ -25,7 +25,10 @@
 #   4. our main job on GPT-2 124M (V=50304 T=1024 C=768 L=12 H=12) in bf16 on 1 GPU
 #      (--device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16 --profile_ops:
 #      the last step's ops per category, measured with CUDA events beside the roofline
-#      estimate of the same op list, core/roofline.h);
+#      estimate of the same op list, core/roofline.h); when it fails, once more with GEMM
+#      tuning off (FSDP_GEMM_TUNING=0, then also for steps 6 and 7): the first attempt is
+#      the failed step ours_tuned, its error in ours.gemm_tuning_off_after, its log's end
+#      in run.log;
 #   5. bench/pytorch_fsdp2.py on the same model and batch;
 #   6. our main job again with --cpu_offload (shards, gradients and AdamW state in pinned
 #      host memory, NOTE [CPU offload] in fsdp/options.h) for OFFLOAD_STEPS steps: its
@@ -394,6 +397,9 @@ def est_mfu(tps, world=1):
 # set-up), else the whole fit stage.
 ours = {"ok": steps.get("ours", {}).get("ok", False),
         "error": step_error("ours", os.path.join(W, "main_job.log"))}
+if "ours_tuned" in steps:
+    # The first attempt failed with GEMM tuning on; these figures are the second's, off.
+    ours["gemm_tuning_off_after"] = step_error("ours_tuned", os.path.join(W, "main_job_tuned.log"))
 log = read(os.path.join(W, "main_job.log"))
 summ = None
 try:
@@ -727,6 +733,10 @@ copy_out() {
     if [ "$f" = run.log ]; then
       { cat "$WORK/run.log"; echo "== ldd.txt"; cat "$WORK/ldd.txt" 2>/dev/null
         if [ -f "$WORK/nccl_bench.json" ]; then echo "== nccl_bench.json"; cat "$WORK/nccl_bench.json"; fi
+        if [ -f "$WORK/main_job_tuned.log" ]; then
+          echo "== main_job_tuned.log (the main job's first attempt, GEMM tuning on: its last 60 lines)"
+          cat "$WORK/main_job_tuned.log"
+        fi
       } | tail -c $((16 << 20)) >"$OUT/$f"
     else
       tail -c $((16 << 20)) "$WORK/$f" >"$OUT/$f"
@@ -834,6 +844,18 @@ if skipped ours; then
   say "main job: skipped (SKIP)"
 elif [ -x "$BUNDLE/bin/main_job" ]; then
   run_job ours "$OURS_TIMEOUT_S" "$WORK/main_job.log" "$WORK/main_job" "$STEPS" --profile_ops
+  # A failure with GEMM tuning on (NOTE [GEMM tuning] in nn/cuda/gemm.h) is run once more
+  # with it off, as are the later job steps: the run still measures the step when the
+  # tuner is what fails. The first attempt stays a failed step (ours_tuned), its log's end
+  # goes into run.log.
+  if [ "$(head -1 "$WORK/steps/ours")" != 0 ] && [ "$(head -1 "$WORK/steps/ours")" != -1 ] &&
+      [ "${FSDP_GEMM_TUNING:-1}" != 0 ]; then
+    mv "$WORK/steps/ours" "$WORK/steps/ours_tuned"
+    tail -n 60 "$WORK/main_job.log" >"$WORK/main_job_tuned.log"
+    export FSDP_GEMM_TUNING=0
+    say "main job: again with GEMM tuning off (FSDP_GEMM_TUNING=0)"
+    run_job ours "$OURS_TIMEOUT_S" "$WORK/main_job.log" "$WORK/main_job" "$STEPS" --profile_ops
+  fi
   [ -f "$WORK/main_job/summary.json" ] && cp "$WORK/main_job/summary.json" "$WORK/main_job_summary.json"
 else
   record ours 127 0 "bin/main_job is not in the bundle"

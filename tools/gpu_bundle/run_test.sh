@@ -121,7 +121,10 @@ case "$out" in */main_job_ncu)
   exit 0 ;;
 esac
 case " $* " in *" --cpu_offload "*)
-  # Phase 5: the offload run.
+  # Phase 5: the offload run (after a failure with tuning on, with it off).
+  if [ "${FAKE_FAIL_TUNED:-0}" = 1 ] && [ "${FSDP_GEMM_TUNING:-}" != 0 ]; then
+    echo "main_job: offload with GEMM tuning on after it failed"; exit 2
+  fi
   for want in --device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16 \
       --batch_size=4 --steps=3; do
     case " $* " in *" $want "*) ;; *) echo "main_job: missing flag $want in: $*"; exit 2 ;; esac
@@ -136,6 +139,12 @@ for want in --device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16 \
   case " $* " in *" $want "*) ;; *) echo "main_job: missing flag $want in: $*"; exit 2 ;; esac
 done
 mkdir -p "$out"
+if [ "${FAKE_FAIL_TUNED:-0}" = 1 ] && [ "${FSDP_GEMM_TUNING:-}" != 0 ]; then
+  # FAKE_FAIL_TUNED=1: fails while GEMM tuning is on.
+  echo "step     5/20 (global 5)  loss 9.0000  tokens/s       99  peak r0 1 MiB"
+  echo "main_job: Internal: the GEMM tuner exploded"
+  exit 3
+fi
 echo "step     5/20 (global 5)  loss 9.0000  tokens/s      100  peak r0 1 MiB"
 echo "step    10/20 (global 10)  loss 8.0000  tokens/s     1100  peak r0 1 MiB"
 echo "step    15/20 (global 15)  loss 7.0000  tokens/s     1200  peak r0 1 MiB"
@@ -333,6 +342,28 @@ py_check "attention crashed: ours ok false with its exit status, PyTorch's line 
   's["attention"]["ours"]["ok"] is False and s["attention"]["ours"]["error"].startswith("rc=134") and s["steps"]["attention"]["rc"] == 134 and s["attention"]["pytorch"]["ok"] is True and s["steps"]["attention_pytorch"]["ok"]'
 check "attention crashed: the line says so beside PyTorch's figures" \
   grep -q "^run.sh: attention B=4 T=1024 H=12 head_dim=64: ours: rc=134.*; PyTorch SDPA flash forward 0.200 ms, backward 0.500 ms$" "$T/stdout_attn"
+
+# ---- 2c. our job fails with GEMM tuning on: once more with it off ------------------------
+rm -rf "$T/out_tuned"
+set +e
+FAKE_FAIL_TUNED=1 OUT=$T/out_tuned SKIP=tests,bench,attention,pytorch,ncu RUN_WORK=$T/work_tuned \
+  "$B/run.sh" >"$T/stdout_tuned" 2>&1
+rc=$?
+set -e
+check "tuned job failed: exit 1" [ "$rc" = 1 ]
+check "tuned job failed: run.sh says it runs it again" \
+  grep -q "^run.sh: main job: again with GEMM tuning off (FSDP_GEMM_TUNING=0)" "$T/stdout_tuned"
+tail -n 1 "$T/stdout_tuned" >"$T/summary_tuned.json"
+py_check "tuned job failed: the first attempt a failed step, the second's figures (1250, not the first's 99)" \
+  "$T/summary_tuned.json" \
+  's["steps"]["ours_tuned"]["rc"] == 3 and s["steps"]["ours"]["ok"] and s["ours"]["ok"] and s["tokens_per_s"]["ours"] == 1250.0 and "the GEMM tuner exploded" in s["ours"]["gemm_tuning_off_after"] and s["ok"] is False'
+py_check "tuned job failed: the offload run with tuning off too" "$T/summary_tuned.json" \
+  's["steps"]["offload"]["ok"]'
+check "tuned job failed: \$OUT/run.log holds the first attempt's log" \
+  grep -q "the GEMM tuner exploded" "$T/out_tuned/run.log"
+check "tuned job failed: \$OUT/main_job.log is the second attempt's alone" \
+  python3 -c 'import sys; t = open(sys.argv[1]).read(); sys.exit(0 if "tokens/s      100" in t and "exploded" not in t else 1)' "$T/out_tuned/main_job.log"
+py_check "a job that passes is run once" "$S" '"ours_tuned" not in s["steps"] and "gemm_tuning_off_after" not in s["ours"]'
 
 # ---- 3. the run's budget spent before any step -----------------------------------------
 set +e
