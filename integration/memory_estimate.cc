@@ -226,7 +226,7 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const MemoryEstimateInput& input) 
     const GptActivationShape& a = *input.activations;
     // NOTE [Memory estimate]: each block's share; a checkpointed one keeps its input and
     // is recomputed in the backward.
-    const int64_t per_layer = c.Add(c.Add(c.Mul(16, a.n_embd), c.Mul(a.n_head, a.seq_len)), 2);
+    const int64_t per_layer = c.Add(c.Add(c.Mul(16, a.n_embd), c.Mul(a.n_head, a.seq_len)), 4);
     std::vector<bool> checkpointed(static_cast<size_t>(a.n_layer), false);
     for (int64_t i : a.checkpointed_blocks) checkpointed[static_cast<size_t>(i)] = true;
     int64_t held = 0, recompute = 0;
@@ -244,7 +244,7 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const MemoryEstimateInput& input) 
     const int64_t at_loss = c.Add(c.Add(held, c.Mul(2, a.n_embd)), c.Mul(2, a.vocab_size));
     const int64_t in_backward =
         c.Add(c.Add(std::max(held, recompute), c.Mul(5, a.n_embd)), a.vocab_size);
-    const int64_t per_token = c.Add(std::max(at_loss, in_backward), 3);
+    const int64_t per_token = c.Add(std::max(at_loss, in_backward), 4);
     e.activation_bytes = c.Mul(4, c.Mul(c.Mul(a.batch_rows, a.seq_len), per_token));
     e.activations_estimated = true;
   }

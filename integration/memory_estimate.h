@@ -38,9 +38,10 @@
 //   comm          4 ceil(Lu / G) (max(A, 1) + 1) when G > 1 (not NO_SHARD): the shard
 //                 each all-gather in flight sends and the one the reduction receives.
 //   activations   GPT (nn/gpt.h, fp32 on the CPU, every layer's cache kept for
-//                 backward), in floats per token: each block keeps P = 16 C + H T + 2 (its
-//                 LayerNorm, Linear and GELU caches, the attention probabilities and two
-//                 LayerNorm row statistics), a checkpointed block only its input, C (NOTE
+//                 backward), in floats per token: each block keeps P = 16 C + H T + 4 (its
+//                 LayerNorm, Linear and GELU caches, the attention probabilities and the
+//                 LayerNorms' row statistics, a mean and an rstd each), a checkpointed block
+//                 only its input, C (NOTE
 //                 [Activation checkpointing] in core/module.h). The peak is the larger of
 //                 the loss (every block's share, the logits and their gradient, 2 V, and
 //                 ln_f's and lm_head's caches, 2 C) and the backward (the logits freed,
@@ -48,9 +49,10 @@
 //                 V and about 5 C of caches and gradients on their way back, with every
 //                 block's share held, or, recomputing a checkpointed block j, the shares
 //                 of the blocks before j, j's input and its full P):
-//                   4 B T (max(S + 2 C + 2 V, max(S, max_j R_j) + 5 C + V) + 3),
+//                   4 B T (max(S + 2 C + 2 V, max(S, max_j R_j) + 5 C + V) + 4),
 //                   S = sum_i share_i,  R_j = sum_{i<j} share_i + C + P,
-//                 the 3 for the loss's and the kernels' small buffers (64-byte aligned).
+//                 the 4 for ln_f's row statistics and the loss's and the kernels' small
+//                 buffers (64-byte aligned).
 //                 B is the rows of this rank's batch (of one micro-batch with gradient
 //                 accumulation), T the sequence length. memory_estimate_test checks it
 //                 against the measured peak: at or above it and within 5%, with none,

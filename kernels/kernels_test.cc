@@ -152,10 +152,13 @@ TEST(KernelsTest, LayerNormBodiesMatchTheDefinition) {
   std::vector<float> xhat(n);
   std::vector<double> y_ref(n);
   for (int j = 0; j < n; ++j) {
-    const float y = LayerNormApply(x[j], mean, rstd, w.data(), b.data(), j, &xhat[j]);
+    const float y = LayerNormApply(x[j], mean, rstd, w.data(), b.data(), j);
+    xhat[j] = LayerNormHat(x[j], mean, rstd);
     y_ref[j] = (x[j] - mean) / std::sqrt(var + eps) * w[j] + b[j];
     ExpectNear(y, y_ref[j], 1e-6, "layernorm y");
     ExpectNear(xhat[j], (x[j] - mean) * rstd, 1e-6, "xhat");
+    // The output is the made-again xhat times w plus b: the backward's xhat is the forward's.
+    EXPECT_EQ(y, xhat[j] * w[j] + b[j]);
   }
   // Backward against a central difference of L = sum_j g_j y_j with respect to x_i.
   double sum_gh = 0, sum_gh_h = 0;

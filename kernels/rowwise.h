@@ -8,7 +8,9 @@
 //   // LayerNorm forward of one row x[0..C):
 //   double mean = sum(x) / C, var = sum((x - mean)^2) / C;
 //   double rstd = kernels::LayerNormRstd(var, double{eps});
-//   for (j...) y[j] = kernels::LayerNormApply(x[j], mean, rstd, w, b, j, &xhat[j]);
+//   for (j...) y[j] = kernels::LayerNormApply(x[j], mean, rstd, w, b, j);
+//   // The backward recomputes xhat[j] = kernels::LayerNormHat(x[j], mean, rstd) from the
+//   // kept input and the row's mean and rstd: the same bits the forward used.
 #ifndef KERNELS_ROWWISE_H_
 #define KERNELS_ROWWISE_H_
 
@@ -27,14 +29,19 @@ FSDP_HD inline Acc LayerNormRstd(Acc var, Acc eps) {
   return Acc(1) / Sqrt(var + eps);
 }
 
-// Element j: stores xhat = (x - mean) * rstd (rounded to float) in *xhat and returns
-// xhat * w[j] + b[j] (w, b fp32 or bf16).
+// The normalised input xhat = (x - mean) * rstd, rounded to float: computed by the forward
+// and again by the backward from the same x, mean and rstd (so the same bits; the input is
+// kept instead of xhat).
+template <typename Acc>
+FSDP_HD inline float LayerNormHat(float x, Acc mean, Acc rstd) {
+  return static_cast<float>((x - mean) * rstd);
+}
+
+// Element j: xhat * w[j] + b[j] with xhat = LayerNormHat(x, mean, rstd) (w, b fp32 or bf16).
 template <typename Acc, typename W>
-FSDP_HD inline float LayerNormApply(float x, Acc mean, Acc rstd, const W* w, const W* b, int64_t j,
-                                    float* xhat) {
-  const float h = static_cast<float>((x - mean) * rstd);
-  *xhat = h;
-  return h * Load(w, j) + Load(b, j);
+FSDP_HD inline float LayerNormApply(float x, Acc mean, Acc rstd, const W* w, const W* b,
+                                    int64_t j) {
+  return LayerNormHat(x, mean, rstd) * Load(w, j) + Load(b, j);
 }
 
 // gh = g * w[j], the row's first backward term; the launcher reduces mean(gh) and

@@ -944,16 +944,16 @@ TEST(CudaLayersTest, LayerNormBackwardWithParameterGradientsMatchesCpuAndRepeats
                               c.want_gw ? " gw" : "", c.want_gb ? " gb" : "",
                               c.bf16_w ? " bf16 weight" : ""));
     const int64_t rows = c.rows, cols = c.cols;
-    const core::Tensor g = Normal({rows, cols}, 60), xhat = Normal({rows, cols}, 61);
+    const core::Tensor g = Normal({rows, cols}, 60), x = Normal({rows, cols}, 61);
     const core::Tensor residual = Normal({rows, cols}, 62);
-    const core::Tensor rstd = Normal({rows}, 63, 0.5f);
+    const core::Tensor mean = Normal({rows}, 67), rstd = Normal({rows}, 63, 0.5f);
     core::Tensor w = Normal({cols}, 64);
     if (c.bf16_w) w = w.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
     const core::Tensor gw0 = Normal({cols}, 65), gb0 = Normal({cols}, 66);
     struct Out {
       std::vector<float> gx, gw, gb;
     };
-    // `shift`: g, xhat, residual and gx start one element into their buffers (4 bytes off
+    // `shift`: g, x, residual and gx start one element into their buffers (4 bytes off
     // 16-byte alignment).
     auto run = [&](const core::Device& d, int64_t shift) {
       auto at = [&](const core::Tensor& t) {
@@ -966,10 +966,10 @@ TEST(CudaLayersTest, LayerNormBackwardWithParameterGradientsMatchesCpuAndRepeats
       core::Tensor gw = c.want_gw ? To(gw0, d) : core::Tensor();
       core::Tensor gb = c.want_gb ? To(gb0, d) : core::Tensor();
       const absl::Status s =
-          c.residual ? LayerNormBackwardAdd("ln", at(g), at(xhat), To(rstd, d), To(w, d),
-                                            at(residual), gx, gw, gb)
-                     : LayerNormBackward("ln", at(g), at(xhat), To(rstd, d), To(w, d), gx, gw,
-                                         gb);
+          c.residual ? LayerNormBackwardAdd("ln", at(g), at(x), To(mean, d), To(rstd, d),
+                                            To(w, d), at(residual), gx, gw, gb)
+                     : LayerNormBackward("ln", at(g), at(x), To(mean, d), To(rstd, d), To(w, d),
+                                         gx, gw, gb);
       EXPECT_TRUE(s.ok()) << s;
       return Out{Host(gx), c.want_gw ? Host(gw) : std::vector<float>(),
                  c.want_gb ? Host(gb) : std::vector<float>()};
@@ -994,8 +994,8 @@ TEST(CudaLayersTest, LayerNormBackwardWithParameterGradientsMatchesCpuAndRepeats
 }
 
 // NOTE [GEMM epilogues]: LayerNorm (and residual + LayerNorm) storing its output bf16: the
-// device's value is the CPU's up to fp32 order, so at most one bf16 step apart; xhat and
-// the sum within fp32 order. The kernel moves four columns a load where every row is 16-byte
+// device's value is the CPU's up to fp32 order, so at most one bf16 step apart; the row
+// statistics and the sum within fp32 order. The kernel moves four columns a load where every row is 16-byte
 // aligned (cols % 4 == 0; a bf16 output also needs cols % 8 == 0) and four scalar ones
 // where not, with the same bits; 772 columns give bf16 rows 8 bytes off alignment.
 TEST(CudaLayersTest, LayerNormBf16OutputMatchesCpu) {
@@ -1015,15 +1015,16 @@ TEST(CudaLayersTest, LayerNormBf16OutputMatchesCpu) {
           return view;
         };
         core::Tensor y = at(core::Tensor::Zeros({n}, core::DType::kBFloat16));
-        core::Tensor xhat = at(core::Tensor::Zeros({n})), h = at(core::Tensor::Zeros({n}));
+        core::Tensor h = at(core::Tensor::Zeros({n}));
+        core::Tensor mean = To(core::Tensor::Zeros({rows}), d);
         core::Tensor rstd = To(core::Tensor::Zeros({rows}), d);
         const absl::Status s =
             add ? AddLayerNormForward("ln", at(x), at(x2), To(w, d), To(b, d), 1e-5f, h, y,
-                                      xhat, rstd)
-                : LayerNormForward("ln", at(x), To(w, d), To(b, d), 1e-5f, y, xhat, rstd);
+                                      mean, rstd)
+                : LayerNormForward("ln", at(x), To(w, d), To(b, d), 1e-5f, y, mean, rstd);
         EXPECT_TRUE(s.ok()) << s;
         return std::vector<std::vector<float>>{
-            Host(y.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value()), Host(xhat),
+            Host(y.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value()), Host(mean),
             Host(h), Host(rstd)};
       };
       const std::vector<std::vector<float>> cpu = run(core::Device::Cpu(), 0);

@@ -82,8 +82,10 @@ void OldLayerNorm(const float* px, const float* wp, const float* bp, float eps, 
     float* hr = ph + r * cols;
     float* yr = py + r * cols;
 #pragma omp simd
-    for (int64_t j = 0; j < cols; ++j)
-      yr[j] = k::LayerNormApply(xr[j], mean, inv, wp, bp, j, &hr[j]);
+    for (int64_t j = 0; j < cols; ++j) {
+      hr[j] = k::LayerNormHat(xr[j], mean, inv);
+      yr[j] = k::LayerNormApply(xr[j], mean, inv, wp, bp, j);
+    }
   }
 }
 
@@ -202,7 +204,7 @@ int main() {
     const int64_t n = rows * C;
     core::Tensor x = Normal(n, 4), g = Normal(n, 5), y = core::Tensor::Empty({n});
     core::Tensor h = core::Tensor::Empty({n}), gx = core::Tensor::Empty({n});
-    core::Tensor rstd = core::Tensor::Empty({rows});
+    core::Tensor mean = core::Tensor::Empty({rows}), rstd = core::Tensor::Empty({rows});
     core::Tensor w = Normal(C, 6), b = Normal(C, 7);
     core::Tensor gw = core::Tensor::Zeros({C}), gb = core::Tensor::Zeros({C});
     results.push_back(Measure(
@@ -212,13 +214,14 @@ int main() {
         "layer_norm_forward", n,
         [&] { OldLayerNorm(P(x), P(w), P(b), 1e-5f, P(y), P(h), P(rstd), rows, C); },
         [&] {
-          kcpu::LayerNormForward(P(x), P(w), P(b), false, 1e-5f, P(y), P(h), P(rstd), rows, C);
+          kcpu::LayerNormForward(P(x), P(w), P(b), false, 1e-5f, P(y), P(mean), P(rstd), rows, C);
         }));
     results.push_back(Measure(
         "layer_norm_backward", n,
         [&] { OldLayerNormBackward(P(g), P(h), P(rstd), P(w), P(gx), P(gw), P(gb), rows, C); },
         [&] {
-          kcpu::LayerNormBackwardInput(P(g), P(h), P(rstd), P(w), false, P(gx), rows, C);
+          kcpu::LayerNormBackwardInput(P(g), P(x), P(mean), P(rstd), P(w), false, P(gx), rows, C);
+          kcpu::LayerNormHat(P(x), P(mean), P(rstd), P(h), rows, C);
           kcpu::ColumnSums(P(g), P(h), P(gw), rows, C);
           kcpu::ColumnSums(P(g), nullptr, P(gb), rows, C);
         }));
@@ -228,29 +231,32 @@ int main() {
     core::Tensor a = Normal(m, 16), b = Normal(m, 17), h = core::Tensor::Empty({m});
     core::Tensor ln = core::Tensor::Empty({m}), xhat = core::Tensor::Empty({m});
     core::Tensor gx = core::Tensor::Empty({m}), rstd = core::Tensor::Empty({rows});
+    core::Tensor mean = core::Tensor::Empty({rows});
     core::Tensor w = Normal(C, 18), lb = Normal(C, 19);
     core::Tensor gw = core::Tensor::Zeros({C}), glb = core::Tensor::Zeros({C});
     results.push_back(Measure(
         "fused_residual_layer_norm_forward", m,
         [&] {
           kcpu::Add(P(a), P(b), P(h), m);
-          kcpu::LayerNormForward(P(h), P(w), P(lb), false, 1e-5f, P(ln), P(xhat), P(rstd), rows, C);
+          kcpu::LayerNormForward(P(h), P(w), P(lb), false, 1e-5f, P(ln), P(mean), P(rstd), rows, C);
         },
         [&] {
-          kcpu::AddLayerNormForward(P(a), P(b), P(h), P(w), P(lb), false, 1e-5f, P(ln), P(xhat),
-                                  P(rstd), rows, C);
+          kcpu::AddLayerNormForward(P(a), P(b), P(h), P(w), P(lb), false, 1e-5f, P(ln), P(mean),
+                                    P(rstd), rows, C);
         }));
     results.push_back(Measure(
         "fused_layer_norm_backward_residual", m,
         [&] {
-          kcpu::LayerNormBackwardInput(P(b), P(xhat), P(rstd), P(w), false, P(gx), rows, C);
+          kcpu::LayerNormBackwardInput(P(b), P(h), P(mean), P(rstd), P(w), false, P(gx), rows, C);
+          kcpu::LayerNormHat(P(h), P(mean), P(rstd), P(xhat), rows, C);
           kcpu::ColumnSums(P(b), P(xhat), P(gw), rows, C);
           kcpu::ColumnSums(P(b), nullptr, P(glb), rows, C);
           kcpu::Add(P(a), P(gx), P(gx), m);
         },
         [&] {
-          kcpu::LayerNormBackwardInputAdd(P(b), P(xhat), P(rstd), P(w), false, P(a), P(gx), rows,
-                                          C);
+          kcpu::LayerNormBackwardInputAdd(P(b), P(h), P(mean), P(rstd), P(w), false, P(a), P(gx),
+                                          rows, C);
+          kcpu::LayerNormHat(P(h), P(mean), P(rstd), P(xhat), rows, C);
           kcpu::ColumnSums(P(b), P(xhat), P(gw), rows, C);
           kcpu::ColumnSums(P(b), nullptr, P(glb), rows, C);
         }));

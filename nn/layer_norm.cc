@@ -57,11 +57,12 @@ absl::StatusOr<core::Tensor> LayerNorm::RunForward(const core::Tensor& x, bool f
   const int64_t rows = RowsOf(x.shape());
   ASSIGN_OR_RETURN(core::Tensor y,
                    internal::NewActivation(x.shape(), device, OutputDType(for_gemm)));
-  ASSIGN_OR_RETURN(core::Tensor xhat, internal::NewActivation(x.shape(), device));
+  ASSIGN_OR_RETURN(core::Tensor mean, internal::NewActivation({rows}, device));
   ASSIGN_OR_RETURN(core::Tensor rstd, internal::NewActivation({rows}, device));
   RETURN_IF_ERROR(LayerNormForward(internal::What(*this), x, weight_->data, bias_->data, eps_, y,
-                                   xhat, rstd));
-  xhat_ = std::move(xhat);
+                                   mean, rstd));
+  input_ = x;
+  mean_ = std::move(mean);
   rstd_ = std::move(rstd);
   return y;
 }
@@ -80,11 +81,12 @@ absl::StatusOr<core::Tensor> LayerNorm::ForwardAdd(const core::Tensor& a, const 
   ASSIGN_OR_RETURN(core::Tensor h, internal::NewActivation(a.shape(), device));
   ASSIGN_OR_RETURN(core::Tensor y,
                    internal::NewActivation(a.shape(), device, OutputDType(for_gemm)));
-  ASSIGN_OR_RETURN(core::Tensor xhat, internal::NewActivation(a.shape(), device));
+  ASSIGN_OR_RETURN(core::Tensor mean, internal::NewActivation({rows}, device));
   ASSIGN_OR_RETURN(core::Tensor rstd, internal::NewActivation({rows}, device));
   RETURN_IF_ERROR(AddLayerNormForward(internal::What(*this), a, b, weight_->data, bias_->data,
-                                      eps_, h, y, xhat, rstd));
-  xhat_ = std::move(xhat);
+                                      eps_, h, y, mean, rstd));
+  input_ = h;
+  mean_ = std::move(mean);
   rstd_ = std::move(rstd);
   *sum = std::move(h);
   return y;
@@ -102,8 +104,9 @@ absl::StatusOr<core::Tensor> LayerNorm::BackwardAdd(const core::Tensor& grad_out
 
 absl::StatusOr<core::Tensor> LayerNorm::RunBackward(const core::Tensor& grad_output,
                                                     const core::Tensor& residual) {
-  RETURN_IF_ERROR(internal::CheckGradOutput(*this, xhat_.defined(), xhat_.shape(), grad_output));
-  const core::Device device = xhat_.device();
+  RETURN_IF_ERROR(
+      internal::CheckGradOutput(*this, input_.defined(), input_.shape(), grad_output));
+  const core::Device device = input_.device();
   RETURN_IF_ERROR(internal::CheckDevice(*this, grad_output, "grad_output", device, "the input"));
   RETURN_IF_ERROR(internal::CheckParameter(*this, *weight_, "weight", {dim_}, device));
   if (residual.defined()) {
@@ -114,19 +117,18 @@ absl::StatusOr<core::Tensor> LayerNorm::RunBackward(const core::Tensor& grad_out
     }
     RETURN_IF_ERROR(internal::CheckDevice(*this, residual, "residual", device, "the input"));
   }
-  ASSIGN_OR_RETURN(core::Tensor gx, internal::NewActivation(xhat_.shape(), device));
+  ASSIGN_OR_RETURN(core::Tensor gx, internal::NewActivation(input_.shape(), device));
   ASSIGN_OR_RETURN(core::Tensor gw, internal::GradTensor(*this, *weight_, "weight"));
   ASSIGN_OR_RETURN(core::Tensor gb, internal::GradTensor(*this, *bias_, "bias"));
   // With gh = g * weight: dL/dx = rstd * (gh - mean(gh) - xhat * mean(gh * xhat)).
   if (residual.defined()) {
-    RETURN_IF_ERROR(LayerNormBackwardAdd(internal::What(*this), grad_output, xhat_, rstd_,
-                                         weight_->data, residual, gx, gw, gb));
+    RETURN_IF_ERROR(LayerNormBackwardAdd(internal::What(*this), grad_output, input_, mean_,
+                                         rstd_, weight_->data, residual, gx, gw, gb));
   } else {
-    RETURN_IF_ERROR(LayerNormBackward(internal::What(*this), grad_output, xhat_, rstd_,
+    RETURN_IF_ERROR(LayerNormBackward(internal::What(*this), grad_output, input_, mean_, rstd_,
                                       weight_->data, gx, gw, gb));
   }
-  xhat_ = core::Tensor();
-  rstd_ = core::Tensor();
+  ReleaseActivations();
   return gx;
 }
 

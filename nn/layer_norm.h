@@ -52,7 +52,8 @@ class LayerNorm : public core::Module {
   // Returns dL/dx and adds dL/dweight, dL/dbias into the parameters' grads.
   absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
   void ReleaseActivations() override {
-    xhat_ = core::Tensor();
+    input_ = core::Tensor();
+    mean_ = core::Tensor();
     rstd_ = core::Tensor();
   }
 
@@ -72,8 +73,11 @@ class LayerNorm : public core::Module {
   std::string config_error_;
   core::ParameterPtr weight_;
   core::ParameterPtr bias_;
-  // Cached by Forward, released by Backward: the normalised input and 1/std per row.
-  core::Tensor xhat_;
+  // Cached by Forward, released by Backward: the input (the sum of ForwardAdd), and the mean
+  // and 1/std per row; the backward makes the normalised input from them again
+  // (kernels::LayerNormHat, the forward's bits), so nothing input-sized is written for it.
+  core::Tensor input_;
+  core::Tensor mean_;  // [rows], fp32, on the input's device
   core::Tensor rstd_;  // [rows], fp32, on the input's device
 };
 

@@ -270,16 +270,16 @@ TEST(OpAccountingTest, AFusedOpRecordsOneKernelReadingOneTensorFewer) {
   // Residual + LayerNorm: one kernel that reads a and b once, against an add then a norm.
   const core::Tensor w = Filled({cols}, 1.0f), b = Filled({cols}, 0.0f);
   core::Tensor h = core::Tensor::Zeros({rows, cols}), out = core::Tensor::Zeros({rows, cols});
-  core::Tensor xhat = core::Tensor::Zeros({rows, cols}), rstd = core::Tensor::Zeros({rows});
+  core::Tensor mean = core::Tensor::Zeros({rows}), rstd = core::Tensor::Zeros({rows});
   core::OpProfile add_norm, add_then_norm;
   {
     core::ScopedOpProfile on(&add_norm);
-    ASSERT_TRUE(AddLayerNormForward("test", x, y, w, b, 1e-5f, h, out, xhat, rstd).ok());
+    ASSERT_TRUE(AddLayerNormForward("test", x, y, w, b, 1e-5f, h, out, mean, rstd).ok());
   }
   {
     core::ScopedOpProfile on(&add_then_norm);
     ASSERT_TRUE(AddTensors("test", x, y, h).ok());
-    ASSERT_TRUE(LayerNormForward("test", h, w, b, 1e-5f, out, xhat, rstd).ok());
+    ASSERT_TRUE(LayerNormForward("test", h, w, b, 1e-5f, out, mean, rstd).ok());
   }
   ASSERT_EQ(Names(add_norm.records()), (std::vector<std::string>{"add_layernorm.forward"}));
   EXPECT_EQ(add_norm.records()[0].category, OpCategory::kNorm);
@@ -291,27 +291,28 @@ TEST(OpAccountingTest, AFusedOpRecordsOneKernelReadingOneTensorFewer) {
 
 // LayerNorm's backward takes its weight and bias gradients in the pass that computes the
 // input gradient (kernels::LayerNormGradWarps): they add bytes per column and per block, not
-// another read of g and xhat, and one launch each that adds the blocks' sums. Rows too wide
-// for a warp's sums in shared memory take the column sums' own kernels, which read g (and
-// xhat) again.
+// another read of g and x, and one launch each that adds the blocks' sums. Rows too wide
+// for a warp's sums in shared memory take the column sums' own kernels, after a kernel that
+// makes xhat from x (the sums read g and xhat again).
 TEST(OpAccountingTest, LayerNormBackwardReadsItsInputsOnceForTheParameterGradients) {
   for (const auto& [rows, cols, fused] : std::vector<std::tuple<int64_t, int64_t, bool>>{
            {2048, 768, true}, {64, 6200, false}}) {
     SCOPED_TRACE(absl::StrCat(rows, " x ", cols));
     const double n = static_cast<double>(rows) * cols;
-    const core::Tensor g = Filled({rows, cols}, 0.3f), xhat = Filled({rows, cols}, -0.2f);
+    const core::Tensor g = Filled({rows, cols}, 0.3f), x = Filled({rows, cols}, -0.2f);
     const core::Tensor residual = Filled({rows, cols}, 0.1f);
-    const core::Tensor rstd = Filled({rows}, 1.0f), w = Filled({cols}, 1.0f);
+    const core::Tensor mean = Filled({rows}, 0.0f), rstd = Filled({rows}, 1.0f);
+    const core::Tensor w = Filled({cols}, 1.0f);
     core::Tensor gx = core::Tensor::Zeros({rows, cols});
     core::Tensor gw = core::Tensor::Zeros({cols}), gb = core::Tensor::Zeros({cols});
     core::OpProfile both, input_only;
     {
       core::ScopedOpProfile on(&both);
-      ASSERT_TRUE(LayerNormBackwardAdd("ln", g, xhat, rstd, w, residual, gx, gw, gb).ok());
+      ASSERT_TRUE(LayerNormBackwardAdd("ln", g, x, mean, rstd, w, residual, gx, gw, gb).ok());
     }
     {
       core::ScopedOpProfile on(&input_only);
-      ASSERT_TRUE(LayerNormBackwardAdd("ln", g, xhat, rstd, w, residual, gx, core::Tensor(),
+      ASSERT_TRUE(LayerNormBackwardAdd("ln", g, x, mean, rstd, w, residual, gx, core::Tensor(),
                                        core::Tensor())
                       .ok());
     }
@@ -319,13 +320,15 @@ TEST(OpAccountingTest, LayerNormBackwardReadsItsInputsOnceForTheParameterGradien
     const core::OpCost& c = both.records()[0].cost;
     const core::OpCost& base = input_only.records()[0].cost;
     EXPECT_EQ(base.launches, 1);
-    EXPECT_EQ(base.bytes, 16.0 * n + 4.0 * rows + 4.0 * cols);  // g, xhat, residual, gx
+    // g, x, residual, gx; mean and rstd per row; w.
+    EXPECT_EQ(base.bytes, 16.0 * n + 8.0 * rows + 4.0 * cols);
     if (fused) {
       EXPECT_EQ(c.launches, 3);  // the pass, then one adding the blocks' sums per gradient
       EXPECT_LT(c.bytes - base.bytes, 0.25 * 4.0 * n);  // under a quarter of one read of g
     } else {
-      EXPECT_EQ(c.launches, 3);  // the input gradient, then one column sum per gradient
-      EXPECT_GE(c.bytes - base.bytes, 12.0 * n);  // g * xhat, then g, read again
+      // The input gradient, xhat from x, then one column sum per gradient.
+      EXPECT_EQ(c.launches, 4);
+      EXPECT_GE(c.bytes - base.bytes, 20.0 * n);  // x read, xhat written; g * xhat, then g
     }
   }
 }

@@ -241,9 +241,9 @@ namespace {
 // LayerNormForward's argument checks; the number of rows.
 absl::StatusOr<int64_t> CheckLayerNormForward(absl::string_view what, const Tensor& x,
                                               const Tensor& w, const Tensor& b, const Tensor& y,
-                                              const Tensor& xhat, const Tensor& rstd) {
+                                              const Tensor& mean, const Tensor& rstd) {
   RETURN_IF_ERROR(CheckDevices(what, {{"input", &x}, {"weight", &w}, {"bias", &b}, {"output", &y},
-                                      {"normalised input", &xhat}, {"rstd", &rstd}}));
+                                      {"mean", &mean}, {"rstd", &rstd}}));
   RETURN_IF_ERROR(CheckDType(what, "input", x, DType::kFloat32));
   RETURN_IF_ERROR(CheckWeightDType(what, "weight", w));
   if (b.dtype() != w.dtype()) {
@@ -260,23 +260,26 @@ absl::StatusOr<int64_t> CheckLayerNormForward(absl::string_view what, const Tens
   const int64_t rows = x.numel() / cols;
   // NOTE [GEMM epilogues]: a bf16 output is a bf16 GEMM's operand, stored so directly.
   if (!IsBf16(y)) RETURN_IF_ERROR(CheckDType(what, "output", y, DType::kFloat32));
-  RETURN_IF_ERROR(CheckDType(what, "normalised input", xhat, DType::kFloat32));
+  RETURN_IF_ERROR(CheckDType(what, "mean", mean, DType::kFloat32));
   RETURN_IF_ERROR(CheckDType(what, "rstd", rstd, DType::kFloat32));
   RETURN_IF_ERROR(CheckNumel(what, "output", y, x.numel()));
-  RETURN_IF_ERROR(CheckNumel(what, "normalised input", xhat, x.numel()));
+  RETURN_IF_ERROR(CheckNumel(what, "mean", mean, rows));
   RETURN_IF_ERROR(CheckNumel(what, "rstd", rstd, rows));
+  RETURN_IF_ERROR(CheckDistinct(what, "mean", mean, "rstd", rstd));
   return rows;
 }
 
 // LayerNormBackward's argument checks; the number of rows.
 absl::StatusOr<int64_t> CheckLayerNormBackward(absl::string_view what, const Tensor& g,
-                                               const Tensor& xhat, const Tensor& rstd,
-                                               const Tensor& w, const Tensor& gx,
-                                               const Tensor& gw, const Tensor& gb) {
-  RETURN_IF_ERROR(CheckDevices(what, {{"grad_output", &g}, {"normalised input", &xhat},
+                                               const Tensor& x, const Tensor& mean,
+                                               const Tensor& rstd, const Tensor& w,
+                                               const Tensor& gx, const Tensor& gw,
+                                               const Tensor& gb) {
+  RETURN_IF_ERROR(CheckDevices(what, {{"grad_output", &g}, {"input", &x}, {"mean", &mean},
                                       {"rstd", &rstd}, {"weight", &w}, {"grad_input", &gx}}));
   RETURN_IF_ERROR(CheckDType(what, "grad_output", g, DType::kFloat32));
-  RETURN_IF_ERROR(CheckDType(what, "normalised input", xhat, DType::kFloat32));
+  RETURN_IF_ERROR(CheckDType(what, "input", x, DType::kFloat32));
+  RETURN_IF_ERROR(CheckDType(what, "mean", mean, DType::kFloat32));
   RETURN_IF_ERROR(CheckDType(what, "rstd", rstd, DType::kFloat32));
   RETURN_IF_ERROR(CheckDType(what, "grad_input", gx, DType::kFloat32));
   RETURN_IF_ERROR(CheckWeightDType(what, "weight", w));
@@ -286,9 +289,11 @@ absl::StatusOr<int64_t> CheckLayerNormBackward(absl::string_view what, const Ten
                                                    " does not tile grad_output ", g.ToString()));
   }
   const int64_t rows = g.numel() / cols;
-  RETURN_IF_ERROR(CheckNumel(what, "normalised input", xhat, g.numel()));
+  RETURN_IF_ERROR(CheckNumel(what, "input", x, g.numel()));
   RETURN_IF_ERROR(CheckNumel(what, "grad_input", gx, g.numel()));
+  RETURN_IF_ERROR(CheckNumel(what, "mean", mean, rows));
   RETURN_IF_ERROR(CheckNumel(what, "rstd", rstd, rows));
+  RETURN_IF_ERROR(CheckDistinct(what, "grad_input", gx, "input", x));
   for (const Arg& a : {Arg{"weight gradient", &gw}, Arg{"bias gradient", &gb}}) {
     if (!a.tensor->defined()) continue;
     RETURN_IF_ERROR(CheckDevices(what, {{"grad_output", &g}, a}));
@@ -298,34 +303,33 @@ absl::StatusOr<int64_t> CheckLayerNormBackward(absl::string_view what, const Ten
   return rows;
 }
 
-
 }  // namespace
 
 absl::Status LayerNormForward(absl::string_view what, const Tensor& x, const Tensor& w,
-                              const Tensor& b, float eps, const Tensor& y, const Tensor& xhat,
+                              const Tensor& b, float eps, const Tensor& y, const Tensor& mean,
                               const Tensor& rstd) {
-  ASSIGN_OR_RETURN(const int64_t rows, CheckLayerNormForward(what, x, w, b, y, xhat, rstd));
+  ASSIGN_OR_RETURN(const int64_t rows, CheckLayerNormForward(what, x, w, b, y, mean, rstd));
   ProfiledOp op(OpCategory::kNorm, "layernorm.forward", x.device(),
                 internal::LayerNormForwardCost(rows, w.numel(), core::DTypeSize(w.dtype()),
                                                /*add=*/false, core::DTypeSize(y.dtype())));
   if (x.device().is_cuda()) {
     NN_ON_CUDA(x.device(), what, "LayerNorm forward",
                kc::LayerNormForward(F32(x), w.raw_data(), b.raw_data(), IsBf16(w), eps,
-                                    y.raw_data(), MutF32(xhat), MutF32(rstd), rows, w.numel(),
+                                    y.raw_data(), MutF32(mean), MutF32(rstd), rows, w.numel(),
                                     IsBf16(y)));
   }
   kcpu::LayerNormForward(F32(x), w.raw_data(), b.raw_data(), IsBf16(w), eps, y.raw_data(),
-                         MutF32(xhat), MutF32(rstd), rows, w.numel(), IsBf16(y));
+                         MutF32(mean), MutF32(rstd), rows, w.numel(), IsBf16(y));
   return absl::OkStatus();
 }
 
 absl::Status AddLayerNormForward(absl::string_view what, const Tensor& a, const Tensor& b,
                                  const Tensor& w, const Tensor& bias, float eps, const Tensor& h,
-                                 const Tensor& y, const Tensor& xhat, const Tensor& rstd) {
+                                 const Tensor& y, const Tensor& mean, const Tensor& rstd) {
   RETURN_IF_ERROR(CheckElementwiseF32(
       what, {{"first operand", &a}, {"second operand", &b}, {"sum", &h}}));
-  ASSIGN_OR_RETURN(const int64_t rows, CheckLayerNormForward(what, h, w, bias, y, xhat, rstd));
-  for (const Arg& out : {Arg{"output", &y}, Arg{"normalised input", &xhat}}) {
+  ASSIGN_OR_RETURN(const int64_t rows, CheckLayerNormForward(what, h, w, bias, y, mean, rstd));
+  for (const Arg& out : {Arg{"output", &y}, Arg{"mean", &mean}, Arg{"rstd", &rstd}}) {
     for (const Arg& in : {Arg{"first operand", &a}, Arg{"second operand", &b}, Arg{"sum", &h}}) {
       RETURN_IF_ERROR(CheckDistinct(what, out.name, *out.tensor, in.name, *in.tensor));
     }
@@ -336,26 +340,46 @@ absl::Status AddLayerNormForward(absl::string_view what, const Tensor& a, const 
   if (a.device().is_cuda()) {
     NN_ON_CUDA(a.device(), what, "residual + LayerNorm forward",
                kc::AddLayerNormForward(F32(a), F32(b), MutF32(h), w.raw_data(), bias.raw_data(),
-                                       IsBf16(w), eps, y.raw_data(), MutF32(xhat), MutF32(rstd),
+                                       IsBf16(w), eps, y.raw_data(), MutF32(mean), MutF32(rstd),
                                        rows, w.numel(), IsBf16(y)));
   }
   kcpu::AddLayerNormForward(F32(a), F32(b), MutF32(h), w.raw_data(), bias.raw_data(), IsBf16(w),
-                            eps, y.raw_data(), MutF32(xhat), MutF32(rstd), rows, w.numel(),
+                            eps, y.raw_data(), MutF32(mean), MutF32(rstd), rows, w.numel(),
                             IsBf16(y));
   return absl::OkStatus();
 }
 
 namespace {
 
+// xhat of LayerNorm's input x [rows, cols] from its rows' mean and rstd (the forward's bits),
+// as scratch for the weight gradient's column sums of g * xhat.
+absl::StatusOr<Tensor> LayerNormHat(absl::string_view what, const Tensor& x, const Tensor& mean,
+                                    const Tensor& rstd, int64_t rows, int64_t cols) {
+  ASSIGN_OR_RETURN(Tensor xhat, Tensor::Allocate({rows * cols}, DType::kFloat32,
+                                                 core::MemoryTag::kActivation, x.device()));
+  if (x.device().is_cuda()) {
+#ifdef FSDP_WITH_CUDA
+    RETURN_IF_ERROR(Launched(kc::LayerNormHat(F32(x), F32(mean), F32(rstd), MutF32(xhat), rows,
+                                              cols),
+                             what, "LayerNorm xhat"));
+    return xhat;
+#else
+    return NoCuda(x.device(), what);
+#endif
+  }
+  kcpu::LayerNormHat(F32(x), F32(mean), F32(rstd), MutF32(xhat), rows, cols);
+  return xhat;
+}
+
 #ifdef FSDP_WITH_CUDA
 // LayerNorm's backward on CUDA (checked tensors): the input gradient, plus `residual` when
 // it is defined, and the weight and bias gradients' column sums in the same pass
 // (kc::LayerNormBackward) where the row fits (kernels::LayerNormGradWarps); otherwise the
-// input gradient's kernel, then the column sums' own.
-absl::Status LayerNormBackwardCuda(absl::string_view what, const Tensor& g, const Tensor& xhat,
-                                   const Tensor& rstd, const Tensor& w, const Tensor& residual,
-                                   const Tensor& gx, const Tensor& gw, const Tensor& gb,
-                                   int64_t rows) {
+// input gradient's kernel, then the column sums' own (the weight's over xhat made again).
+absl::Status LayerNormBackwardCuda(absl::string_view what, const Tensor& g, const Tensor& x,
+                                   const Tensor& mean, const Tensor& rstd, const Tensor& w,
+                                   const Tensor& residual, const Tensor& gx, const Tensor& gw,
+                                   const Tensor& gb, int64_t rows) {
   const int64_t cols = w.numel();
   RETURN_IF_ERROR(UseDevice(g.device(), what));
   if ((gw.defined() || gb.defined()) && ::kernels::LayerNormGradWarps(cols) > 0) {
@@ -363,7 +387,7 @@ absl::Status LayerNormBackwardCuda(absl::string_view what, const Tensor& g, cons
         const Tensor partial,
         PartialSums(g.device(), ::kernels::LayerNormGradChunks(rows, cols), 2 * cols));
     return Launched(
-        kc::LayerNormBackward(F32(g), F32(xhat), F32(rstd), w.raw_data(), IsBf16(w),
+        kc::LayerNormBackward(F32(g), F32(x), F32(mean), F32(rstd), w.raw_data(), IsBf16(w),
                               residual.defined() ? F32(residual) : nullptr, MutF32(gx),
                               gw.defined() ? MutF32(gw) : nullptr,
                               gb.defined() ? MutF32(gb) : nullptr, rows, cols,
@@ -372,12 +396,13 @@ absl::Status LayerNormBackwardCuda(absl::string_view what, const Tensor& g, cons
   }
   RETURN_IF_ERROR(Launched(
       residual.defined()
-          ? kc::LayerNormBackwardInputAdd(F32(g), F32(xhat), F32(rstd), w.raw_data(), IsBf16(w),
-                                          F32(residual), MutF32(gx), rows, cols)
-          : kc::LayerNormBackwardInput(F32(g), F32(xhat), F32(rstd), w.raw_data(), IsBf16(w),
-                                       MutF32(gx), rows, cols),
+          ? kc::LayerNormBackwardInputAdd(F32(g), F32(x), F32(mean), F32(rstd), w.raw_data(),
+                                          IsBf16(w), F32(residual), MutF32(gx), rows, cols)
+          : kc::LayerNormBackwardInput(F32(g), F32(x), F32(mean), F32(rstd), w.raw_data(),
+                                       IsBf16(w), MutF32(gx), rows, cols),
       what, "LayerNorm backward"));
   if (gw.defined()) {
+    ASSIGN_OR_RETURN(const Tensor xhat, LayerNormHat(what, x, mean, rstd, rows, cols));
     RETURN_IF_ERROR(ColumnSumsOnCuda(what, "LayerNorm weight gradient", g, xhat, gw, rows, cols));
   }
   if (gb.defined()) {
@@ -387,40 +412,48 @@ absl::Status LayerNormBackwardCuda(absl::string_view what, const Tensor& g, cons
 }
 #endif
 
-// The CPU weight and bias gradients of LayerNorm: gw += column sums of g * xhat, gb += column
-// sums of g (each when defined), after the input gradient.
-void LayerNormParamGradsCpu(const Tensor& g, const Tensor& xhat, const Tensor& gw,
-                            const Tensor& gb, int64_t rows, int64_t cols) {
-  if (gw.defined()) kcpu::ColumnSums(F32(g), F32(xhat), MutF32(gw), rows, cols);
+// The CPU weight and bias gradients of LayerNorm: gw += column sums of g * xhat (xhat made
+// again from x, mean and rstd), gb += column sums of g (each when defined), after the input
+// gradient.
+absl::Status LayerNormParamGradsCpu(absl::string_view what, const Tensor& g, const Tensor& x,
+                                    const Tensor& mean, const Tensor& rstd, const Tensor& gw,
+                                    const Tensor& gb, int64_t rows, int64_t cols) {
+  if (gw.defined()) {
+    ASSIGN_OR_RETURN(const Tensor xhat, LayerNormHat(what, x, mean, rstd, rows, cols));
+    kcpu::ColumnSums(F32(g), F32(xhat), MutF32(gw), rows, cols);
+  }
   if (gb.defined()) kcpu::ColumnSums(F32(g), nullptr, MutF32(gb), rows, cols);
+  return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::Status LayerNormBackward(absl::string_view what, const Tensor& g, const Tensor& xhat,
-                               const Tensor& rstd, const Tensor& w, const Tensor& gx,
-                               const Tensor& gw, const Tensor& gb) {
-  ASSIGN_OR_RETURN(const int64_t rows, CheckLayerNormBackward(what, g, xhat, rstd, w, gx, gw, gb));
+absl::Status LayerNormBackward(absl::string_view what, const Tensor& g, const Tensor& x,
+                               const Tensor& mean, const Tensor& rstd, const Tensor& w,
+                               const Tensor& gx, const Tensor& gw, const Tensor& gb) {
+  ASSIGN_OR_RETURN(const int64_t rows,
+                   CheckLayerNormBackward(what, g, x, mean, rstd, w, gx, gw, gb));
   ProfiledOp op(OpCategory::kNorm, "layernorm.backward", g.device(),
                 internal::LayerNormBackwardCost(rows, w.numel(), core::DTypeSize(w.dtype()),
                                                 gw.defined(), gb.defined()));
   if (g.device().is_cuda()) {
 #ifdef FSDP_WITH_CUDA
-    return LayerNormBackwardCuda(what, g, xhat, rstd, w, Tensor(), gx, gw, gb, rows);
+    return LayerNormBackwardCuda(what, g, x, mean, rstd, w, Tensor(), gx, gw, gb, rows);
 #else
     return NoCuda(g.device(), what);
 #endif
   }
-  kcpu::LayerNormBackwardInput(F32(g), F32(xhat), F32(rstd), w.raw_data(), IsBf16(w), MutF32(gx),
-                               rows, w.numel());
-  LayerNormParamGradsCpu(g, xhat, gw, gb, rows, w.numel());
-  return absl::OkStatus();
+  kcpu::LayerNormBackwardInput(F32(g), F32(x), F32(mean), F32(rstd), w.raw_data(), IsBf16(w),
+                               MutF32(gx), rows, w.numel());
+  return LayerNormParamGradsCpu(what, g, x, mean, rstd, gw, gb, rows, w.numel());
 }
 
-absl::Status LayerNormBackwardAdd(absl::string_view what, const Tensor& g, const Tensor& xhat,
-                                  const Tensor& rstd, const Tensor& w, const Tensor& residual,
-                                  const Tensor& gx, const Tensor& gw, const Tensor& gb) {
-  ASSIGN_OR_RETURN(const int64_t rows, CheckLayerNormBackward(what, g, xhat, rstd, w, gx, gw, gb));
+absl::Status LayerNormBackwardAdd(absl::string_view what, const Tensor& g, const Tensor& x,
+                                  const Tensor& mean, const Tensor& rstd, const Tensor& w,
+                                  const Tensor& residual, const Tensor& gx, const Tensor& gw,
+                                  const Tensor& gb) {
+  ASSIGN_OR_RETURN(const int64_t rows,
+                   CheckLayerNormBackward(what, g, x, mean, rstd, w, gx, gw, gb));
   RETURN_IF_ERROR(CheckElementwiseF32(what, {{"grad_output", &g}, {"residual", &residual}}));
   RETURN_IF_ERROR(CheckDistinct(what, "grad_input", gx, "residual", residual));
   ProfiledOp op(OpCategory::kNorm, "layernorm.backward_add", g.device(),
@@ -428,15 +461,14 @@ absl::Status LayerNormBackwardAdd(absl::string_view what, const Tensor& g, const
                                                 gw.defined(), gb.defined(), /*residual=*/true));
   if (g.device().is_cuda()) {
 #ifdef FSDP_WITH_CUDA
-    return LayerNormBackwardCuda(what, g, xhat, rstd, w, residual, gx, gw, gb, rows);
+    return LayerNormBackwardCuda(what, g, x, mean, rstd, w, residual, gx, gw, gb, rows);
 #else
     return NoCuda(g.device(), what);
 #endif
   }
-  kcpu::LayerNormBackwardInputAdd(F32(g), F32(xhat), F32(rstd), w.raw_data(), IsBf16(w),
+  kcpu::LayerNormBackwardInputAdd(F32(g), F32(x), F32(mean), F32(rstd), w.raw_data(), IsBf16(w),
                                   F32(residual), MutF32(gx), rows, w.numel());
-  LayerNormParamGradsCpu(g, xhat, gw, gb, rows, w.numel());
-  return absl::OkStatus();
+  return LayerNormParamGradsCpu(what, g, x, mean, rstd, gw, gb, rows, w.numel());
 }
 
 namespace {

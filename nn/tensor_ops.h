@@ -140,18 +140,22 @@ absl::Status AccumulateColumnSums(absl::string_view what, const core::Tensor& x,
 
 // LayerNorm over the last dimension C = w.numel() of x ([rows, C]): y = xhat * w + b with
 // xhat = (x - mean) * rstd, rstd = 1 / sqrt(var + eps). Writes y (fp32, or bf16 rounded
-// once for a bf16 GEMM that takes it: NOTE [GEMM epilogues]) and xhat (fp32, x's numel)
-// and rstd (fp32, `rows` elements) for the backward. w, b fp32 or bf16.
+// once for a bf16 GEMM that takes it: NOTE [GEMM epilogues]) and each row's mean and rstd
+// (fp32, `rows` elements each, distinct) for the backward, which takes x again and makes
+// xhat from them with the forward's bits (kernels::LayerNormHat): the layer keeps its input
+// instead of an xhat as large. w, b fp32 or bf16.
 absl::Status LayerNormForward(absl::string_view what, const core::Tensor& x,
                               const core::Tensor& w, const core::Tensor& b, float eps,
-                              const core::Tensor& y, const core::Tensor& xhat,
+                              const core::Tensor& y, const core::Tensor& mean,
                               const core::Tensor& rstd);
-// gx = rstd * (g w - mean(g w) - xhat mean(g w xhat)) per row; gw += sum_r g xhat and
+// gx = rstd * (g w - mean(g w) - xhat mean(g w xhat)) per row, with xhat from the forward's
+// input x (fp32, g's numel; not gx) and its mean and rstd; gw += sum_r g xhat and
 // gb += sum_r g when they are defined (fp32, C elements).
 absl::Status LayerNormBackward(absl::string_view what, const core::Tensor& g,
-                               const core::Tensor& xhat, const core::Tensor& rstd,
-                               const core::Tensor& w, const core::Tensor& gx,
-                               const core::Tensor& gw, const core::Tensor& gb);
+                               const core::Tensor& x, const core::Tensor& mean,
+                               const core::Tensor& rstd, const core::Tensor& w,
+                               const core::Tensor& gx, const core::Tensor& gw,
+                               const core::Tensor& gb);
 
 // NOTE [Fused ops]: each op below gives, bit for bit, what the unfused ops it names give
 // one after the other, with the same argument rules. It makes one pass over memory where
@@ -161,20 +165,21 @@ absl::Status LayerNormBackward(absl::string_view what, const core::Tensor& g,
 // (nn/transformer.h). Bias and GELU fuse into the GEMMs instead (NOTE [GEMM epilogues]).
 
 // h = a + b, then LayerNorm of h: AddTensors(a, b, h) then LayerNormForward(h, w, bias,
-// eps, y, xhat, rstd). h may be a or b; y, xhat and rstd must not overlap the others.
+// eps, y, mean, rstd). h may be a or b; y, mean and rstd must not overlap the others. The
+// backward takes h as its input.
 absl::Status AddLayerNormForward(absl::string_view what, const core::Tensor& a,
                                  const core::Tensor& b, const core::Tensor& w,
                                  const core::Tensor& bias, float eps, const core::Tensor& h,
-                                 const core::Tensor& y, const core::Tensor& xhat,
+                                 const core::Tensor& y, const core::Tensor& mean,
                                  const core::Tensor& rstd);
-// LayerNormBackward(g, xhat, rstd, w, gx, gw, gb), then gx = residual + gx (AddTensors):
+// LayerNormBackward(g, x, mean, rstd, w, gx, gw, gb), then gx = residual + gx (AddTensors):
 // the gradient of a LayerNorm whose input also feeds a residual connection. residual
 // (fp32, g's numel) must not overlap gx.
 absl::Status LayerNormBackwardAdd(absl::string_view what, const core::Tensor& g,
-                                  const core::Tensor& xhat, const core::Tensor& rstd,
-                                  const core::Tensor& w, const core::Tensor& residual,
-                                  const core::Tensor& gx, const core::Tensor& gw,
-                                  const core::Tensor& gb);
+                                  const core::Tensor& x, const core::Tensor& mean,
+                                  const core::Tensor& rstd, const core::Tensor& w,
+                                  const core::Tensor& residual, const core::Tensor& gx,
+                                  const core::Tensor& gw, const core::Tensor& gb);
 
 // In place on `scores`, fp32 viewed as rows of T: row r is query t = r % T; entries
 // s > t become 0 and entries s <= t softmax(scores[0..t]). When `probs16` is defined (bf16,

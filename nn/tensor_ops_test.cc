@@ -363,18 +363,18 @@ TEST(GemmEpilogueTest, BiasGradientArgumentsAreCheckedAndNothingIsWrittenOnError
 }
 
 // NOTE [GEMM epilogues]: a bf16 LayerNorm output holds the fp32 output rounded once, and
-// the statistics are those of the fp32 call.
+// the statistics (each row's mean and rstd) are those of the fp32 call.
 TEST(TensorOpsTest, LayerNormsBf16OutputIsTheFp32OutputRoundedOnce) {
   const int64_t rows = 5, cols = 24, n = rows * cols;
   const core::Tensor x = Normal(n, 31), x2 = Normal(n, 32);
   const core::Tensor w = Normal(cols, 33), b = Normal(cols, 34);
   auto run = [&](core::DType dtype, bool add) {
-    core::Tensor y = core::Tensor::Zeros({n}, dtype), xhat = core::Tensor::Zeros({n});
+    core::Tensor y = core::Tensor::Zeros({n}, dtype), mean = core::Tensor::Zeros({rows});
     core::Tensor rstd = core::Tensor::Zeros({rows}), h = core::Tensor::Zeros({n});
-    const absl::Status s = add ? AddLayerNormForward("ln_2", x, x2, w, b, 1e-5f, h, y, xhat, rstd)
-                               : LayerNormForward("ln_1", x, w, b, 1e-5f, y, xhat, rstd);
+    const absl::Status s = add ? AddLayerNormForward("ln_2", x, x2, w, b, 1e-5f, h, y, mean, rstd)
+                               : LayerNormForward("ln_1", x, w, b, 1e-5f, y, mean, rstd);
     EXPECT_TRUE(s.ok()) << s;
-    return std::vector<std::vector<float>>{Widened(y), xhat.ToVector(), rstd.ToVector()};
+    return std::vector<std::vector<float>>{Widened(y), mean.ToVector(), rstd.ToVector()};
   };
   for (bool add : {false, true}) {
     SCOPED_TRACE(add ? "residual + LayerNorm" : "LayerNorm");
@@ -531,28 +531,31 @@ TEST(FusedOpsTest, EachGivesTheBitsOfTheUnfusedOps) {
       auto empty = [&](int64_t k) { return core::Tensor::Empty({k}); };
 
       // AddLayerNormForward, into a separate sum and in place over either operand.
-      core::Tensor h_ref = empty(n), ln_ref = empty(n), xhat_ref = empty(n), rstd_ref = empty(rows);
+      core::Tensor h_ref = empty(n), ln_ref = empty(n), mean_ref = empty(rows),
+                   rstd_ref = empty(rows);
       ASSERT_TRUE(AddTensors("t", x, a, h_ref).ok());
-      ASSERT_TRUE(LayerNormForward("t", h_ref, w, lb, 1e-5f, ln_ref, xhat_ref, rstd_ref).ok());
+      ASSERT_TRUE(LayerNormForward("t", h_ref, w, lb, 1e-5f, ln_ref, mean_ref, rstd_ref).ok());
       for (int where = 0; where < 3; ++where) {
         SCOPED_TRACE(absl::StrCat("sum into ", where == 0 ? "a new tensor" : where == 1 ? "a" : "b"));
         core::Tensor ca = x.Clone(core::MemoryTag::kOther);
         core::Tensor cb = a.Clone(core::MemoryTag::kOther);
         core::Tensor h = where == 0 ? empty(n) : where == 1 ? ca : cb;
-        core::Tensor ln = empty(n), xhat = empty(n), rstd = empty(rows);
-        ASSERT_TRUE(AddLayerNormForward("t", ca, cb, w, lb, 1e-5f, h, ln, xhat, rstd).ok());
+        core::Tensor ln = empty(n), mean = empty(rows), rstd = empty(rows);
+        ASSERT_TRUE(AddLayerNormForward("t", ca, cb, w, lb, 1e-5f, h, ln, mean, rstd).ok());
         EXPECT_EQ(Bits(h), Bits(h_ref));
         EXPECT_EQ(Bits(ln), Bits(ln_ref));
-        EXPECT_EQ(Bits(xhat), Bits(xhat_ref));
+        EXPECT_EQ(Bits(mean), Bits(mean_ref));
         EXPECT_EQ(Bits(rstd), Bits(rstd_ref));
       }
 
       // LayerNormBackwardAdd: the LayerNorm gradient plus a residual, parameter grads too.
       core::Tensor lgx_ref = empty(n), gw_ref = Normal(cols, 8), glb_ref = Normal(cols, 9);
-      ASSERT_TRUE(LayerNormBackward("t", g, xhat_ref, rstd_ref, w, lgx_ref, gw_ref, glb_ref).ok());
+      ASSERT_TRUE(
+          LayerNormBackward("t", g, h_ref, mean_ref, rstd_ref, w, lgx_ref, gw_ref, glb_ref).ok());
       ASSERT_TRUE(AddTensors("t", a, lgx_ref, lgx_ref).ok());
       core::Tensor lgx = empty(n), gw = Normal(cols, 8), glb = Normal(cols, 9);
-      ASSERT_TRUE(LayerNormBackwardAdd("t", g, xhat_ref, rstd_ref, w, a, lgx, gw, glb).ok());
+      ASSERT_TRUE(
+          LayerNormBackwardAdd("t", g, h_ref, mean_ref, rstd_ref, w, a, lgx, gw, glb).ok());
       EXPECT_EQ(Bits(lgx), Bits(lgx_ref));
       EXPECT_EQ(Bits(gw), Bits(gw_ref));
       EXPECT_EQ(Bits(glb), Bits(glb_ref));
@@ -566,16 +569,28 @@ TEST(FusedOpsTest, BadArgumentsAreInvalidArgumentAndWriteNothing) {
   core::Tensor y = core::Tensor::Zeros({n});
   absl::Status s;
   const core::Tensor w = Normal(cols, 5), lb = Normal(cols, 6);
-  core::Tensor h = core::Tensor::Zeros({n}), xhat = core::Tensor::Zeros({n});
-  s = AddLayerNormForward("ln_2", x, g, w, lb, 1e-5f, h, x, xhat, core::Tensor::Zeros({rows}));
+  core::Tensor h = core::Tensor::Zeros({n}), mean = core::Tensor::Zeros({rows});
+  s = AddLayerNormForward("ln_2", x, g, w, lb, 1e-5f, h, x, mean, core::Tensor::Zeros({rows}));
   EXPECT_THAT(std::string(s.message()), HasSubstr("ln_2: output and first operand"));
-  s = AddLayerNormForward("ln_2", x, Normal(n - 1, 7), w, lb, 1e-5f, h, y, xhat,
+  s = AddLayerNormForward("ln_2", x, Normal(n - 1, 7), w, lb, 1e-5f, h, y, mean,
                           core::Tensor::Zeros({rows}));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(h.ToVector(), std::vector<float>(n, 0.0f));
-  s = LayerNormBackwardAdd("ln_2", g, xhat, core::Tensor::Zeros({rows}), w, y, y, core::Tensor(),
-                           core::Tensor());
+  s = AddLayerNormForward("ln_2", x, g, w, lb, 1e-5f, h, y, mean, mean);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("ln_2: mean and rstd"));
+  // The statistics are one per row.
+  s = AddLayerNormForward("ln_2", x, g, w, lb, 1e-5f, h, y, core::Tensor::Zeros({n}),
+                          core::Tensor::Zeros({rows}));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("mean"));
+  EXPECT_EQ(h.ToVector(), std::vector<float>(n, 0.0f));
+  const core::Tensor rstd = core::Tensor::Zeros({rows});
+  s = LayerNormBackwardAdd("ln_2", g, x, mean, rstd, w, y, y, core::Tensor(), core::Tensor());
   EXPECT_THAT(std::string(s.message()), HasSubstr("ln_2: grad_input and residual"));
+  // The backward reads its input after writing grad_input (the weight gradient's xhat).
+  core::Tensor x_copy = x.Clone(core::MemoryTag::kOther);
+  s = LayerNormBackward("ln_2", g, x_copy, mean, rstd, w, x_copy, core::Tensor(), core::Tensor());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("ln_2: grad_input and input"));
+  EXPECT_EQ(Bits(x_copy), Bits(x));
 }
 
 // NOTE [Fused attention]: the fused ops run on the CPU too, for the same head widths as

@@ -157,11 +157,11 @@ FSDP_CPU_CLONES void ColumnSumsLoop(const float* FSDP_RESTRICT x, const float* F
   }
 }
 
-// One row of LayerNorm: y, xhat from x; returns rstd.
+// One row of LayerNorm: y from x; its mean in *mean_out; returns rstd.
 template <typename W, typename Y>
 FSDP_CPU_INLINE float LayerNormRow(const float* FSDP_RESTRICT xr, const W* FSDP_RESTRICT w,
                                    const W* FSDP_RESTRICT b, float eps, Y* FSDP_RESTRICT yr,
-                                   float* FSDP_RESTRICT hr, int64_t cols) {
+                                   float* mean_out, int64_t cols) {
   const float inv_cols = 1.0f / static_cast<float>(cols);
   const float sum = k::LaneSum<float>(cols, [&](int64_t j) { return xr[j]; });
   const float mean = sum * inv_cols;
@@ -172,8 +172,9 @@ FSDP_CPU_INLINE float LayerNormRow(const float* FSDP_RESTRICT xr, const W* FSDP_
   const float inv = k::LayerNormRstd(sq * inv_cols, eps);
 #pragma omp simd
   for (int64_t j = 0; j < cols; ++j) {
-    k::Store(yr, j, k::LayerNormApply(xr[j], mean, inv, w, b, j, &hr[j]));
+    k::Store(yr, j, k::LayerNormApply(xr[j], mean, inv, w, b, j));
   }
+  *mean_out = mean;
   return inv;
 }
 
@@ -182,7 +183,7 @@ FSDP_CPU_INLINE float LayerNormRow(const float* FSDP_RESTRICT xr, const W* FSDP_
 template <typename W, typename Y>
 FSDP_CPU_INLINE void LayerNormRows(const float* x, const float* add, float* sum,
                                    const W* FSDP_RESTRICT w, const W* FSDP_RESTRICT b, float eps,
-                                   Y* FSDP_RESTRICT y, float* FSDP_RESTRICT xhat,
+                                   Y* FSDP_RESTRICT y, float* FSDP_RESTRICT mean,
                                    float* FSDP_RESTRICT rstd, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
@@ -193,15 +194,15 @@ FSDP_CPU_INLINE void LayerNormRows(const float* x, const float* add, float* sum,
       for (int64_t j = 0; j < cols; ++j) sr[j] = k::Add(xr[j], ar[j]);
       xr = sr;
     }
-    rstd[r] = LayerNormRow(xr, w, b, eps, y + r * cols, xhat + r * cols, cols);
+    rstd[r] = LayerNormRow(xr, w, b, eps, y + r * cols, mean + r, cols);
   }
 }
 // y fp32 or bf16 (NOTE [GEMM epilogues]: an output whose consumer is a bf16 GEMM).
 #define FSDP_LAYER_NORM_LOOP(W, Y)                                                            \
   FSDP_CPU_CLONES void LayerNormLoop(const float* x, const float* add, float* sum, const W* w, \
-                                     const W* b, float eps, Y* y, float* xhat, float* rstd,   \
+                                     const W* b, float eps, Y* y, float* mean, float* rstd,   \
                                      int64_t rows, int64_t cols) {                            \
-    LayerNormRows(x, add, sum, w, b, eps, y, xhat, rstd, rows, cols);                         \
+    LayerNormRows(x, add, sum, w, b, eps, y, mean, rstd, rows, cols);                         \
   }
 FSDP_LAYER_NORM_LOOP(float, float)
 FSDP_LAYER_NORM_LOOP(uint16_t, float)
@@ -209,11 +210,12 @@ FSDP_LAYER_NORM_LOOP(float, uint16_t)
 FSDP_LAYER_NORM_LOOP(uint16_t, uint16_t)
 #undef FSDP_LAYER_NORM_LOOP
 
-// LayerNorm's input gradient for `rows` rows; with `residual` non-null, residual + it
-// (NOTE [Fused ops]).
+// LayerNorm's input gradient for `rows` rows, xhat recomputed from x, mean and rstd; with
+// `residual` non-null, residual + it (NOTE [Fused ops]).
 template <typename W>
 FSDP_CPU_INLINE void LayerNormBackwardRows(const float* FSDP_RESTRICT g,
-                                           const float* FSDP_RESTRICT xhat,
+                                           const float* FSDP_RESTRICT x,
+                                           const float* FSDP_RESTRICT mean,
                                            const float* FSDP_RESTRICT rstd,
                                            const W* FSDP_RESTRICT w,
                                            const float* FSDP_RESTRICT residual,
@@ -221,39 +223,56 @@ FSDP_CPU_INLINE void LayerNormBackwardRows(const float* FSDP_RESTRICT g,
   const float inv_cols = 1.0f / static_cast<float>(cols);
   for (int64_t r = 0; r < rows; ++r) {
     const float* gr = g + r * cols;
-    const float* hr = xhat + r * cols;
+    const float* xr = x + r * cols;
+    const float mu = mean[r], rs = rstd[r];
     const float sum_gh =
         k::LaneSum<float>(cols, [&](int64_t j) { return k::LayerNormGradHat<float>(gr[j], w, j); });
-    const float sum_gh_h = k::LaneSum<float>(
-        cols, [&](int64_t j) { return k::LayerNormGradHat<float>(gr[j], w, j) * hr[j]; });
+    const float sum_gh_h = k::LaneSum<float>(cols, [&](int64_t j) {
+      return k::LayerNormGradHat<float>(gr[j], w, j) * k::LayerNormHat(xr[j], mu, rs);
+    });
     const float mean_gh = sum_gh * inv_cols;
     const float mean_gh_h = sum_gh_h * inv_cols;
-    const float rs = rstd[r];
     float* o = gx + r * cols;
     if (residual != nullptr) {
       const float* res = residual + r * cols;
 #pragma omp simd
       for (int64_t j = 0; j < cols; ++j) {
-        o[j] = k::Add(res[j],
-                      k::LayerNormBackwardInput(gr[j], w, j, hr[j], rs, mean_gh, mean_gh_h));
+        o[j] = k::Add(res[j], k::LayerNormBackwardInput(gr[j], w, j, k::LayerNormHat(xr[j], mu, rs),
+                                                        rs, mean_gh, mean_gh_h));
       }
     } else {
 #pragma omp simd
       for (int64_t j = 0; j < cols; ++j) {
-        o[j] = k::LayerNormBackwardInput(gr[j], w, j, hr[j], rs, mean_gh, mean_gh_h);
+        o[j] = k::LayerNormBackwardInput(gr[j], w, j, k::LayerNormHat(xr[j], mu, rs), rs,
+                                         mean_gh, mean_gh_h);
       }
     }
   }
 }
-FSDP_CPU_CLONES void LayerNormBackwardLoop(const float* g, const float* xhat, const float* rstd,
-                                           const float* w, const float* residual, float* gx,
-                                           int64_t rows, int64_t cols) {
-  LayerNormBackwardRows(g, xhat, rstd, w, residual, gx, rows, cols);
+FSDP_CPU_CLONES void LayerNormBackwardLoop(const float* g, const float* x, const float* mean,
+                                           const float* rstd, const float* w,
+                                           const float* residual, float* gx, int64_t rows,
+                                           int64_t cols) {
+  LayerNormBackwardRows(g, x, mean, rstd, w, residual, gx, rows, cols);
 }
-FSDP_CPU_CLONES void LayerNormBackwardLoop(const float* g, const float* xhat, const float* rstd,
-                                           const uint16_t* w, const float* residual, float* gx,
-                                           int64_t rows, int64_t cols) {
-  LayerNormBackwardRows(g, xhat, rstd, w, residual, gx, rows, cols);
+FSDP_CPU_CLONES void LayerNormBackwardLoop(const float* g, const float* x, const float* mean,
+                                           const float* rstd, const uint16_t* w,
+                                           const float* residual, float* gx, int64_t rows,
+                                           int64_t cols) {
+  LayerNormBackwardRows(g, x, mean, rstd, w, residual, gx, rows, cols);
+}
+
+// xhat of `rows` rows of LayerNorm's input x from each row's mean and rstd.
+FSDP_CPU_CLONES void LayerNormHatLoop(const float* FSDP_RESTRICT x, const float* mean,
+                                      const float* rstd, float* FSDP_RESTRICT xhat, int64_t rows,
+                                      int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float mu = mean[r], rs = rstd[r];
+    const float* xr = x + r * cols;
+    float* hr = xhat + r * cols;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) hr[j] = k::LayerNormHat(xr[j], mu, rs);
+  }
 }
 
 // Row r of `out` ([rows, T] bf16) from the finished fp32 row, rounded once, while the row
@@ -385,7 +404,7 @@ void AddSums(const std::vector<double>& sums, float* acc) {
 
 // LayerNorm of x, or of x + add written to sum when add is non-null.
 void LayerNormRowsParallel(const float* x, const float* add, float* sum, const void* w,
-                           const void* b, bool bf16, float eps, void* y, bool y_bf16, float* xhat,
+                           const void* b, bool bf16, float eps, void* y, bool y_bf16, float* mean,
                            float* rstd, int64_t rows, int64_t cols) {
   WithWeight(w, bf16, [&](const auto* wp) {
     const auto* bp = static_cast<decltype(wp)>(b);
@@ -395,10 +414,10 @@ void LayerNormRowsParallel(const float* x, const float* add, float* sum, const v
       const float* ao = add != nullptr ? add + o : nullptr;
       float* so = sum != nullptr ? sum + o : nullptr;
       if (y_bf16) {
-        LayerNormLoop(xo, ao, so, wp, bp, eps, static_cast<uint16_t*>(y) + o, xhat + o, rstd + s,
+        LayerNormLoop(xo, ao, so, wp, bp, eps, static_cast<uint16_t*>(y) + o, mean + s, rstd + s,
                       e - s, cols);
       } else {
-        LayerNormLoop(xo, ao, so, wp, bp, eps, static_cast<float*>(y) + o, xhat + o, rstd + s,
+        LayerNormLoop(xo, ao, so, wp, bp, eps, static_cast<float*>(y) + o, mean + s, rstd + s,
                       e - s, cols);
       }
     });
@@ -406,13 +425,13 @@ void LayerNormRowsParallel(const float* x, const float* add, float* sum, const v
 }
 
 // LayerNorm's input gradient; with residual non-null, residual + it.
-void LayerNormBackwardRowsParallel(const float* g, const float* xhat, const float* rstd,
-                                   const void* w, bool bf16, const float* residual, float* gx,
-                                   int64_t rows, int64_t cols) {
+void LayerNormBackwardRowsParallel(const float* g, const float* x, const float* mean,
+                                   const float* rstd, const void* w, bool bf16,
+                                   const float* residual, float* gx, int64_t rows, int64_t cols) {
   WithWeight(w, bf16, [&](const auto* wp) {
     ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
       const int64_t o = s * cols;
-      LayerNormBackwardLoop(g + o, xhat + o, rstd + s, wp,
+      LayerNormBackwardLoop(g + o, x + o, mean + s, rstd + s, wp,
                             residual != nullptr ? residual + o : nullptr, gx + o, e - s, cols);
     });
   });
@@ -488,14 +507,21 @@ void GemmEpilogue(const float* acc, int kind, const void* bias, bool bias_bf16, 
 }
 
 void LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps,
-                      void* y, float* xhat, float* rstd, int64_t rows, int64_t cols,
+                      void* y, float* mean, float* rstd, int64_t rows, int64_t cols,
                       bool y_bf16) {
-  LayerNormRowsParallel(x, nullptr, nullptr, w, b, bf16, eps, y, y_bf16, xhat, rstd, rows, cols);
+  LayerNormRowsParallel(x, nullptr, nullptr, w, b, bf16, eps, y, y_bf16, mean, rstd, rows, cols);
 }
 
-void LayerNormBackwardInput(const float* g, const float* xhat, const float* rstd, const void* w,
-                            bool bf16, float* gx, int64_t rows, int64_t cols) {
-  LayerNormBackwardRowsParallel(g, xhat, rstd, w, bf16, nullptr, gx, rows, cols);
+void LayerNormBackwardInput(const float* g, const float* x, const float* mean, const float* rstd,
+                            const void* w, bool bf16, float* gx, int64_t rows, int64_t cols) {
+  LayerNormBackwardRowsParallel(g, x, mean, rstd, w, bf16, nullptr, gx, rows, cols);
+}
+
+void LayerNormHat(const float* x, const float* mean, const float* rstd, float* xhat,
+                  int64_t rows, int64_t cols) {
+  ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
+    LayerNormHatLoop(x + s * cols, mean + s, rstd + s, xhat + s * cols, e - s, cols);
+  });
 }
 
 void CausalSoftmaxForward(float* scores, int64_t rows, int64_t T, uint16_t* probs16) {
@@ -552,15 +578,15 @@ void CrossEntropy(const uint16_t* logits, const int32_t* targets, int64_t rows, 
 }
 
 void AddLayerNormForward(const float* a, const float* b, float* sum, const void* w,
-                         const void* bias, bool bf16, float eps, void* y, float* xhat,
+                         const void* bias, bool bf16, float eps, void* y, float* mean,
                          float* rstd, int64_t rows, int64_t cols, bool y_bf16) {
-  LayerNormRowsParallel(a, b, sum, w, bias, bf16, eps, y, y_bf16, xhat, rstd, rows, cols);
+  LayerNormRowsParallel(a, b, sum, w, bias, bf16, eps, y, y_bf16, mean, rstd, rows, cols);
 }
 
-void LayerNormBackwardInputAdd(const float* g, const float* xhat, const float* rstd,
-                               const void* w, bool bf16, const float* residual, float* gx,
-                               int64_t rows, int64_t cols) {
-  LayerNormBackwardRowsParallel(g, xhat, rstd, w, bf16, residual, gx, rows, cols);
+void LayerNormBackwardInputAdd(const float* g, const float* x, const float* mean,
+                               const float* rstd, const void* w, bool bf16,
+                               const float* residual, float* gx, int64_t rows, int64_t cols) {
+  LayerNormBackwardRowsParallel(g, x, mean, rstd, w, bf16, residual, gx, rows, cols);
 }
 
 void AddInto(float* dst, const void* src, bool src_bf16, int64_t n) {

@@ -11,7 +11,7 @@
 // `bf16` arguments say whether a `const void*` weight holds bf16 (uint16_t bits) or fp32.
 //
 //   kernels::cpu::GeluForward(x, y, n);
-//   kernels::cpu::LayerNormForward(x, w, b, /*bf16=*/false, 1e-5f, y, xhat, rstd, rows, cols);
+//   kernels::cpu::LayerNormForward(x, w, b, /*bf16=*/false, 1e-5f, y, mean, rstd, rows, cols);
 #ifndef KERNELS_CPU_KERNELS_H_
 #define KERNELS_CPU_KERNELS_H_
 
@@ -43,15 +43,20 @@ void ColumnSumsBf16(const uint16_t* x, float* acc, int64_t rows, int64_t cols);
 // and kGemmEpilogueBiasResidual, null otherwise.
 void GemmEpilogue(const float* acc, int kind, const void* bias, bool bias_bf16, void* aux,
                   void* out, bool out_bf16, int64_t rows, int64_t cols);
-// LayerNorm of each row of x [rows, cols]: y, xhat [rows, cols], rstd [rows]; y bf16
-// (each value rounded once) when y_bf16, else fp32.
+// LayerNorm of each row of x [rows, cols]: y [rows, cols], mean and rstd [rows]; y bf16
+// (each value rounded once) when y_bf16, else fp32. The backward takes x, mean and rstd
+// (xhat = kernels::LayerNormHat of them, the forward's bits).
 void LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps,
-                      void* y, float* xhat, float* rstd, int64_t rows, int64_t cols,
+                      void* y, float* mean, float* rstd, int64_t rows, int64_t cols,
                       bool y_bf16 = false);
-// LayerNorm's input gradient gx from g, xhat, rstd and w (the parameter gradients are
-// ColumnSums of g * xhat and of g).
-void LayerNormBackwardInput(const float* g, const float* xhat, const float* rstd, const void* w,
-                            bool bf16, float* gx, int64_t rows, int64_t cols);
+// LayerNorm's input gradient gx from g, the forward's x, mean and rstd, and w (the parameter
+// gradients are ColumnSums of g * xhat and of g).
+void LayerNormBackwardInput(const float* g, const float* x, const float* mean, const float* rstd,
+                            const void* w, bool bf16, float* gx, int64_t rows, int64_t cols);
+// xhat [rows, cols] of LayerNorm's input x from each row's mean and rstd (for the weight
+// gradient's ColumnSums).
+void LayerNormHat(const float* x, const float* mean, const float* rstd, float* xhat,
+                  int64_t rows, int64_t cols);
 // Softmax of each row of [rows, T] scores in place, row r attending to s <= r % T; when
 // probs16 is not null, the probabilities go there rounded to bf16 instead, and the
 // scores are scratch (their contents after the call are unspecified).
@@ -122,15 +127,15 @@ void RotaryPackQkvBackward(const float* gqkv, const float* cos, const float* sin
 // ---- CPU-only fused loops (NOTE [Fused ops], nn/tensor_ops.h): the bits of the two
 // launches each replaces, run one after the other.
 
-// sum = Add(a, b), then LayerNormForward(sum, ...); sum may be a or b; y and xhat must be
-// none of a, b, sum.
+// sum = Add(a, b), then LayerNormForward(sum, ...); sum may be a or b; y, mean and rstd
+// must be none of a, b, sum.
 void AddLayerNormForward(const float* a, const float* b, float* sum, const void* w,
-                         const void* bias, bool bf16, float eps, void* y, float* xhat,
+                         const void* bias, bool bf16, float eps, void* y, float* mean,
                          float* rstd, int64_t rows, int64_t cols, bool y_bf16 = false);
 // gx = residual + LayerNormBackwardInput(g, ...); gx must not be residual.
-void LayerNormBackwardInputAdd(const float* g, const float* xhat, const float* rstd,
-                               const void* w, bool bf16, const float* residual, float* gx,
-                               int64_t rows, int64_t cols);
+void LayerNormBackwardInputAdd(const float* g, const float* x, const float* mean,
+                               const float* rstd, const void* w, bool bf16,
+                               const float* residual, float* gx, int64_t rows, int64_t cols);
 
 // ---- The twins of kernels/cuda/grad.h: fsdp's gradient arithmetic, in element order on
 // the calling thread.

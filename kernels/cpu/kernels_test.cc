@@ -36,11 +36,14 @@ float* P(const core::Tensor& t) { return t.data<float>(); }
 bool IsBf16(const core::Tensor& t) { return t.dtype() == core::DType::kBFloat16; }
 
 // LayerNorm's whole backward as nn::LayerNormBackward runs it on the CPU: the input
-// gradient, then the weight and bias gradients as column sums.
-void LayerNormBackward(const core::Tensor& g, const core::Tensor& h, const core::Tensor& rstd,
-                       const core::Tensor& w, const core::Tensor& gx, const core::Tensor& gw,
-                       const core::Tensor& gb, int64_t rows, int64_t cols) {
-  kcpu::LayerNormBackwardInput(P(g), P(h), P(rstd), w.raw_data(), IsBf16(w), P(gx), rows, cols);
+// gradient, then xhat into h and the weight and bias gradients as column sums.
+void LayerNormBackward(const core::Tensor& g, const core::Tensor& x, const core::Tensor& mean,
+                       const core::Tensor& rstd, const core::Tensor& w, const core::Tensor& h,
+                       const core::Tensor& gx, const core::Tensor& gw, const core::Tensor& gb,
+                       int64_t rows, int64_t cols) {
+  kcpu::LayerNormBackwardInput(P(g), P(x), P(mean), P(rstd), w.raw_data(), IsBf16(w), P(gx),
+                               rows, cols);
+  kcpu::LayerNormHat(P(x), P(mean), P(rstd), P(h), rows, cols);
   kcpu::ColumnSums(P(g), P(h), P(gw), rows, cols);
   kcpu::ColumnSums(P(g), nullptr, P(gb), rows, cols);
 }
@@ -174,16 +177,17 @@ TEST(CpuLoopsTest, LayerNormForwardAndBackwardMatchADoubleReference) {
       const std::vector<float> bv =
           b.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value().ToVector();
       core::Tensor y = core::Tensor::Empty({rows * cols}), h = core::Tensor::Empty({rows * cols});
-      core::Tensor rstd = core::Tensor::Empty({rows});
-      kcpu::LayerNormForward(P(x), w.raw_data(), b.raw_data(), IsBf16(w), eps, P(y), P(h), P(rstd),
-                           rows, cols);
+      core::Tensor mean_out = core::Tensor::Empty({rows}), rstd = core::Tensor::Empty({rows});
+      kcpu::LayerNormForward(P(x), w.raw_data(), b.raw_data(), IsBf16(w), eps, P(y), P(mean_out),
+                             P(rstd), rows, cols);
       const core::Tensor g = Normal(rows * cols, 100 + cols);
       core::Tensor gx = core::Tensor::Empty({rows * cols});
       core::Tensor gw = core::Tensor::Zeros({cols}), gb = core::Tensor::Zeros({cols});
-      LayerNormBackward(g, h, rstd, w, gx, gw, gb, rows, cols);
+      LayerNormBackward(g, x, mean_out, rstd, w, h, gx, gw, gb, rows, cols);
       const std::vector<float> xv = x.ToVector(), yv = y.ToVector(), hv = h.ToVector(),
-                               rv = rstd.ToVector(), gv = g.ToVector(), gxv = gx.ToVector(),
-                               gwv = gw.ToVector(), gbv = gb.ToVector();
+                               mv = mean_out.ToVector(), rv = rstd.ToVector(),
+                               gv = g.ToVector(), gxv = gx.ToVector(), gwv = gw.ToVector(),
+                               gbv = gb.ToVector();
       std::vector<double> gw_ref(cols, 0.0), gb_ref(cols, 0.0);
       for (int64_t r = 0; r < rows; ++r) {
         const float* xr = &xv[r * cols];
@@ -193,6 +197,7 @@ TEST(CpuLoopsTest, LayerNormForwardAndBackwardMatchADoubleReference) {
         for (int64_t j = 0; j < cols; ++j) var += (xr[j] - mean) * (xr[j] - mean);
         var /= cols;
         const double rs = 1.0 / std::sqrt(var + eps);
+        ASSERT_NEAR(mv[r], mean, 2e-6 * (1 + std::abs(mean))) << r;
         ASSERT_NEAR(rv[r], rs, 2e-6 * rs) << r;
         std::vector<double> xhat(cols), gh(cols);
         double mean_gh = 0, mean_gh_h = 0;
@@ -364,13 +369,16 @@ TEST(CpuLoopsTest, ResultsAreBitIdenticalForAnyThreadCount) {
     const core::Tensor w = Normal(cols, 5), b = Normal(cols, 6);
     core::Tensor ya = core::Tensor::Empty({rows * cols}), h = core::Tensor::Empty({rows * cols});
     core::Tensor rstd = core::Tensor::Empty({rows}), gx = core::Tensor::Empty({rows * cols});
+    core::Tensor mean = core::Tensor::Empty({rows});
     core::Tensor gw = core::Tensor::Zeros({cols}), gb = core::Tensor::Zeros({cols});
     kcpu::BiasAdd(P(a), P(b), false, P(ya), rows, cols);
     out.push_back(ya.ToVector());
-    kcpu::LayerNormForward(P(a), P(w), P(b), false, 1e-5f, P(ya), P(h), P(rstd), rows, cols);
+    kcpu::LayerNormForward(P(a), P(w), P(b), false, 1e-5f, P(ya), P(mean), P(rstd), rows, cols);
     out.push_back(ya.ToVector());
+    out.push_back(mean.ToVector());
     out.push_back(rstd.ToVector());
-    LayerNormBackward(ga, h, rstd, w, gx, gw, gb, rows, cols);
+    LayerNormBackward(ga, a, mean, rstd, w, h, gx, gw, gb, rows, cols);
+    out.push_back(h.ToVector());
     out.push_back(gx.ToVector());
     out.push_back(gw.ToVector());
     out.push_back(gb.ToVector());
@@ -386,12 +394,14 @@ TEST(CpuLoopsTest, ResultsAreBitIdenticalForAnyThreadCount) {
     kcpu::GemmEpilogue(P(a), k::kGemmEpilogueBiasResidual, P(b), false, P(ga), P(ya), false, rows,
                        cols);  // bias + residual
     out.push_back(ya.ToVector());
-    kcpu::AddLayerNormForward(P(a), P(ga), P(sum), P(w), P(b), false, 1e-5f, P(ya), P(h), P(rstd),
-                            rows, cols);
+    kcpu::AddLayerNormForward(P(a), P(ga), P(sum), P(w), P(b), false, 1e-5f, P(ya), P(mean),
+                              P(rstd), rows, cols);
     out.push_back(sum.ToVector());
     out.push_back(ya.ToVector());
     out.push_back(rstd.ToVector());
-    kcpu::LayerNormBackwardInputAdd(P(ga), P(h), P(rstd), P(w), false, P(a), P(gx), rows, cols);
+    kcpu::LayerNormBackwardInputAdd(P(ga), P(sum), P(mean), P(rstd), P(w), false, P(a), P(gx),
+                                    rows, cols);
+    kcpu::LayerNormHat(P(sum), P(mean), P(rstd), P(h), rows, cols);
     kcpu::ColumnSums(P(ga), P(h), P(gw), rows, cols);
     kcpu::ColumnSums(P(ga), nullptr, P(gb), rows, cols);
     out.push_back(gx.ToVector());

@@ -401,7 +401,7 @@ inline bool RowFitsCache(int64_t cols, int n) { return n == 4 && cols <= 32 * 4 
 // Cached (ForEachGroup) the row is read once and its three passes run from registers.
 template <int N, bool Wide, int Cached, typename W, typename Y>
 __global__ void LayerNormForwardKernel(const float* x, const float* x2, float* sum_out,
-                                       const W* w, const W* b, float eps, Y* y, float* xhat,
+                                       const W* w, const W* b, float eps, Y* y, float* mean_out,
                                        float* rstd, int64_t rows, int64_t cols) {
   using F = Floats<N, Wide>;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -438,25 +438,24 @@ __global__ void LayerNormForwardKernel(const float* x, const float* x2, float* s
   const float var = WarpSum(sq) / static_cast<float>(cols);
   const float r = k::LayerNormRstd(var, eps);
   Y* yr = y + row * cols;
-  float* hr = xhat + row * cols;
   float* sr = sum_out != nullptr ? sum_out + row * cols : nullptr;
   ForEachGroup<N, Cached>(lane, cols, [&](int i, int64_t j) {
     const F v = row_x.Take(i, false, [&] { return in(j); });
     if (sr != nullptr) v.Store(sr + j);
-    F h;
     float out[N];
     const Weights<N, W> wj = LoadWeights<N>(w, j), bj = LoadWeights<N>(b, j);
 #pragma unroll
-    for (int e = 0; e < N; ++e) {
-      out[e] = k::LayerNormApply(v.v[e], mean, r, wj.v, bj.v, e, &h.v[e]);
-    }
-    h.Store(hr + j);
+    for (int e = 0; e < N; ++e) out[e] = k::LayerNormApply(v.v[e], mean, r, wj.v, bj.v, e);
     StoreRounded<N, Wide>(yr + j, out);
   });
-  if (lane == 0) rstd[row] = r;
+  if (lane == 0) {
+    mean_out[row] = mean;
+    rstd[row] = r;
+  }
 }
 
-// LayerNorm's backward, one warp per row: gx from g, xhat, rstd and w, plus residual when
+// LayerNorm's backward, one warp per row: gx from g, xhat (kernels::LayerNormHat of the
+// forward's input x and the row's mean and rstd: the forward's bits) and w, plus residual when
 // it is not null (residual + LayerNorm backward; residual must not be gx). Block b takes
 // rows [b * rows_per_block, (b + 1) * rows_per_block), warp v of it rows first + v,
 // first + v + warps, ...
@@ -468,11 +467,12 @@ __global__ void LayerNormForwardKernel(const float* x, const float* x2, float* s
 // Lane l owns the groups of N columns starting at N * (l + 32 i); N is 4 when cols % 4 == 0
 // (a function of the shape, so the order of every sum is too) and Wide says the rows are
 // 16-byte aligned, so each group moves in one access (else N scalar ones, the same sums).
-// With Cached (ForEachGroup) a row's g and xhat are read once, the second pass taking them
-// from registers.
+// With Cached (ForEachGroup) a row's g and x are read once, the second pass taking g and
+// xhat from registers.
 template <int N, bool Wide, bool Sums, int Cached, typename W>
-__global__ void LayerNormBackwardKernel(const float* g, const float* xhat, const float* rstd,
-                                        const W* w, const float* residual, float* gx, float* gw,
+__global__ void LayerNormBackwardKernel(const float* g, const float* x, const float* mean,
+                                        const float* rstd, const W* w, const float* residual,
+                                        float* gx, float* gw,
                                         float* gb, float* partial, int64_t rows, int64_t cols,
                                         int64_t rows_per_block) {
   using F = Floats<N, Wide>;
@@ -488,12 +488,19 @@ __global__ void LayerNormBackwardKernel(const float* g, const float* xhat, const
   const int64_t end = first + rows_per_block < rows ? first + rows_per_block : rows;
   for (int64_t row = first + warp; row < end; row += warps) {
     const float* gr = g + row * cols;
-    const float* hr = xhat + row * cols;
+    const float* xr = x + row * cols;
+    const float mu = mean[row], r = rstd[row];
+    const auto hat = [&](int64_t j) {
+      F h = F::Load(xr + j);
+#pragma unroll
+      for (int e = 0; e < N; ++e) h.v[e] = k::LayerNormHat(h.v[e], mu, r);
+      return h;
+    };
     RowCache<F, Cached> row_g, row_h;
     float sum_gh = 0.0f, sum_gh_h = 0.0f;
     ForEachGroup<N, Cached>(lane, cols, [&](int i, int64_t j) {
       const F gv = row_g.Take(i, true, [&] { return F::Load(gr + j); });
-      const F hv = row_h.Take(i, true, [&] { return F::Load(hr + j); });
+      const F hv = row_h.Take(i, true, [&] { return hat(j); });
       const Weights<N, W> wj = LoadWeights<N>(w, j);
 #pragma unroll
       for (int e = 0; e < N; ++e) {
@@ -504,12 +511,11 @@ __global__ void LayerNormBackwardKernel(const float* g, const float* xhat, const
     });
     const float mean_gh = WarpSum(sum_gh) / static_cast<float>(cols);
     const float mean_gh_h = WarpSum(sum_gh_h) / static_cast<float>(cols);
-    const float r = rstd[row];
     float* out = gx + row * cols;
     const float* res = residual != nullptr ? residual + row * cols : nullptr;
     ForEachGroup<N, Cached>(lane, cols, [&](int i, int64_t j) {
       const F gv = row_g.Take(i, false, [&] { return F::Load(gr + j); });
-      const F hv = row_h.Take(i, false, [&] { return F::Load(hr + j); });
+      const F hv = row_h.Take(i, false, [&] { return hat(j); });
       F o = res != nullptr ? F::Load(res + j) : F();
       const Weights<N, W> wj = LoadWeights<N>(w, j);
 #pragma unroll
@@ -909,7 +915,7 @@ void ByColumnGroups(int64_t cols, bool wide_ok, std::initializer_list<const void
 
 cudaError_t LayerNormForwardLaunch(const float* x, const float* x2, float* sum, const void* w,
                                    const void* b, bool bf16, float eps, void* y, bool y_bf16,
-                                   float* xhat, float* rstd, int64_t rows, int64_t cols) {
+                                   float* mean, float* rstd, int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   const auto launch = [&](auto n, auto wide, const auto* wp) {
     constexpr int kN = decltype(n)::value;
@@ -919,10 +925,10 @@ cudaError_t LayerNormForwardLaunch(const float* x, const float* x2, float* sum, 
       constexpr int kCached = decltype(cached)::value;
       if (y_bf16) {
         LayerNormForwardKernel<kN, kWide, kCached><<<GridForRows(rows), kThreads>>>(
-            x, x2, sum, wp, bp, eps, static_cast<uint16_t*>(y), xhat, rstd, rows, cols);
+            x, x2, sum, wp, bp, eps, static_cast<uint16_t*>(y), mean, rstd, rows, cols);
       } else {
         LayerNormForwardKernel<kN, kWide, kCached><<<GridForRows(rows), kThreads>>>(
-            x, x2, sum, wp, bp, eps, static_cast<float*>(y), xhat, rstd, rows, cols);
+            x, x2, sum, wp, bp, eps, static_cast<float*>(y), mean, rstd, rows, cols);
       }
     };
     if (RowFitsCache(cols, kN)) {
@@ -934,7 +940,7 @@ cudaError_t LayerNormForwardLaunch(const float* x, const float* x2, float* sum, 
   // bf16 rows of cols % 4 == 0 are 16-byte aligned where their start is 16-byte aligned
   // and each row's 2 * cols bytes are a multiple of 16 (cols % 8 == 0).
   const bool y_wide = !y_bf16 || cols % 8 == 0;
-  ByColumnGroups(cols, y_wide, {x, x2, sum, y, xhat}, [&](auto n, auto wide) {
+  ByColumnGroups(cols, y_wide, {x, x2, sum, y}, [&](auto n, auto wide) {
     if (bf16) {
       launch(n, wide, static_cast<const uint16_t*>(w));
     } else {
@@ -948,22 +954,23 @@ cudaError_t LayerNormForwardLaunch(const float* x, const float* x2, float* sum, 
 // shared memory).
 template <bool Sums>
 cudaError_t LayerNormBackwardLaunch(unsigned int grid, int warps, size_t shared,
-                                    const float* g, const float* xhat, const float* rstd,
-                                    const void* w, bool bf16, const float* residual, float* gx,
-                                    float* gw, float* gb, float* partial, int64_t rows,
-                                    int64_t cols, int64_t rows_per_block) {
-  ByColumnGroups(cols, true, {g, xhat, residual, gx}, [&](auto n, auto wide) {
+                                    const float* g, const float* x, const float* mean,
+                                    const float* rstd, const void* w, bool bf16,
+                                    const float* residual, float* gx, float* gw, float* gb,
+                                    float* partial, int64_t rows, int64_t cols,
+                                    int64_t rows_per_block) {
+  ByColumnGroups(cols, true, {g, x, residual, gx}, [&](auto n, auto wide) {
     constexpr int kN = decltype(n)::value;
     constexpr bool kWide = decltype(wide)::value;
     const auto run = [&](auto cached) {
       constexpr int kCached = decltype(cached)::value;
       if (bf16) {
         LayerNormBackwardKernel<kN, kWide, Sums, kCached><<<grid, warps * 32, shared>>>(
-            g, xhat, rstd, static_cast<const uint16_t*>(w), residual, gx, gw, gb, partial,
+            g, x, mean, rstd, static_cast<const uint16_t*>(w), residual, gx, gw, gb, partial,
             rows, cols, rows_per_block);
       } else {
         LayerNormBackwardKernel<kN, kWide, Sums, kCached><<<grid, warps * 32, shared>>>(
-            g, xhat, rstd, static_cast<const float*>(w), residual, gx, gw, gb, partial, rows,
+            g, x, mean, rstd, static_cast<const float*>(w), residual, gx, gw, gb, partial, rows,
             cols, rows_per_block);
       }
     };
@@ -976,45 +983,66 @@ cudaError_t LayerNormBackwardLaunch(unsigned int grid, int warps, size_t shared,
   return cudaGetLastError();
 }
 
-cudaError_t LayerNormBackwardInputLaunch(const float* g, const float* xhat, const float* rstd,
-                                         const void* w, bool bf16, const float* residual,
-                                         float* gx, int64_t rows, int64_t cols) {
+cudaError_t LayerNormBackwardInputLaunch(const float* g, const float* x, const float* mean,
+                                         const float* rstd, const void* w, bool bf16,
+                                         const float* residual, float* gx, int64_t rows,
+                                         int64_t cols) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
-  return LayerNormBackwardLaunch<false>(GridForRows(rows), kWarpsPerBlock, 0, g, xhat, rstd, w,
-                                        bf16, residual, gx, nullptr, nullptr, nullptr, rows,
+  return LayerNormBackwardLaunch<false>(GridForRows(rows), kWarpsPerBlock, 0, g, x, mean, rstd,
+                                        w, bf16, residual, gx, nullptr, nullptr, nullptr, rows,
                                         cols, kWarpsPerBlock);
+}
+
+// xhat = kernels::LayerNormHat(x, mean[row], rstd[row]), one thread per element.
+__global__ void LayerNormHatKernel(const float* x, const float* mean, const float* rstd,
+                                   float* xhat, int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / cols;
+    xhat[i] = k::LayerNormHat(x[i], mean[row], rstd[row]);
+  }
 }
 
 }  // namespace
 
 cudaError_t LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps,
-                             void* y, float* xhat, float* rstd, int64_t rows, int64_t cols,
+                             void* y, float* mean, float* rstd, int64_t rows, int64_t cols,
                              bool y_bf16) {
-  return LayerNormForwardLaunch(x, nullptr, nullptr, w, b, bf16, eps, y, y_bf16, xhat, rstd, rows,
+  return LayerNormForwardLaunch(x, nullptr, nullptr, w, b, bf16, eps, y, y_bf16, mean, rstd, rows,
                                 cols);
 }
 
 cudaError_t AddLayerNormForward(const float* a, const float* b, float* sum, const void* w,
-                                const void* bias, bool bf16, float eps, void* y, float* xhat,
+                                const void* bias, bool bf16, float eps, void* y, float* mean,
                                 float* rstd, int64_t rows, int64_t cols, bool y_bf16) {
-  return LayerNormForwardLaunch(a, b, sum, w, bias, bf16, eps, y, y_bf16, xhat, rstd, rows, cols);
+  return LayerNormForwardLaunch(a, b, sum, w, bias, bf16, eps, y, y_bf16, mean, rstd, rows, cols);
 }
 
-cudaError_t LayerNormBackwardInput(const float* g, const float* xhat, const float* rstd,
-                                   const void* w, bool bf16, float* gx, int64_t rows,
-                                   int64_t cols) {
-  return LayerNormBackwardInputLaunch(g, xhat, rstd, w, bf16, nullptr, gx, rows, cols);
+cudaError_t LayerNormBackwardInput(const float* g, const float* x, const float* mean,
+                                   const float* rstd, const void* w, bool bf16, float* gx,
+                                   int64_t rows, int64_t cols) {
+  return LayerNormBackwardInputLaunch(g, x, mean, rstd, w, bf16, nullptr, gx, rows, cols);
 }
 
-cudaError_t LayerNormBackwardInputAdd(const float* g, const float* xhat, const float* rstd,
-                                      const void* w, bool bf16, const float* residual, float* gx,
-                                      int64_t rows, int64_t cols) {
-  return LayerNormBackwardInputLaunch(g, xhat, rstd, w, bf16, residual, gx, rows, cols);
+cudaError_t LayerNormBackwardInputAdd(const float* g, const float* x, const float* mean,
+                                      const float* rstd, const void* w, bool bf16,
+                                      const float* residual, float* gx, int64_t rows,
+                                      int64_t cols) {
+  return LayerNormBackwardInputLaunch(g, x, mean, rstd, w, bf16, residual, gx, rows, cols);
 }
 
-cudaError_t LayerNormBackward(const float* g, const float* xhat, const float* rstd,
-                              const void* w, bool bf16, const float* residual, float* gx,
-                              float* gw, float* gb, int64_t rows, int64_t cols, float* partial) {
+cudaError_t LayerNormHat(const float* x, const float* mean, const float* rstd, float* xhat,
+                         int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  LayerNormHatKernel<<<GridFor(rows * cols), kThreads>>>(x, mean, rstd, xhat, rows, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t LayerNormBackward(const float* g, const float* x, const float* mean,
+                              const float* rstd, const void* w, bool bf16,
+                              const float* residual, float* gx, float* gw, float* gb,
+                              int64_t rows, int64_t cols, float* partial) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   const int warps = k::LayerNormGradWarps(cols);
   const int64_t chunks = k::LayerNormGradChunks(rows, cols);
@@ -1022,8 +1050,8 @@ cudaError_t LayerNormBackward(const float* g, const float* xhat, const float* rs
   const int64_t rows_per_block = (rows + chunks - 1) / chunks;
   const size_t shared = static_cast<size_t>(warps) * 2 * cols * sizeof(float);
   cudaError_t err = LayerNormBackwardLaunch<true>(
-      static_cast<unsigned int>(chunks), warps, shared, g, xhat, rstd, w, bf16, residual, gx, gw,
-      gb, chunks > 1 ? partial : nullptr, rows, cols, rows_per_block);
+      static_cast<unsigned int>(chunks), warps, shared, g, x, mean, rstd, w, bf16, residual, gx,
+      gw, gb, chunks > 1 ? partial : nullptr, rows, cols, rows_per_block);
   if (chunks == 1 || err != cudaSuccess) return err;
   if (gw != nullptr) {
     ColumnSumsFinishKernel<<<GridFor(cols), kThreads>>>(partial, 2 * cols, gw, chunks, cols);

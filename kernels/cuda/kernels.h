@@ -41,23 +41,28 @@ cudaError_t ColumnSumsBf16(const uint16_t* x, float* acc, int64_t rows, int64_t 
 // plainly, for the problems its own epilogues do not take; arguments as the CPU launcher's.
 cudaError_t GemmEpilogue(const float* acc, int kind, const void* bias, bool bias_bf16, void* aux,
                          void* out, bool out_bf16, int64_t rows, int64_t cols);
-// One warp per row of x [rows, cols]: y (bf16 when y_bf16), xhat [rows, cols], rstd [rows].
+// One warp per row of x [rows, cols]: y (bf16 when y_bf16), mean and rstd [rows].
 cudaError_t LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps,
-                             void* y, float* xhat, float* rstd, int64_t rows, int64_t cols,
+                             void* y, float* mean, float* rstd, int64_t rows, int64_t cols,
                              bool y_bf16 = false);
-// One warp per row: gx from g, xhat, rstd and w.
-cudaError_t LayerNormBackwardInput(const float* g, const float* xhat, const float* rstd,
-                                   const void* w, bool bf16, float* gx, int64_t rows,
-                                   int64_t cols);
+// One warp per row: gx from g, the forward's x, mean and rstd (xhat recomputed), and w.
+cudaError_t LayerNormBackwardInput(const float* g, const float* x, const float* mean,
+                                   const float* rstd, const void* w, bool bf16, float* gx,
+                                   int64_t rows, int64_t cols);
+// xhat [rows, cols] from x, mean and rstd (kernels::LayerNormHat; for the weight gradient's
+// ColumnSums where LayerNormBackward cannot take it).
+cudaError_t LayerNormHat(const float* x, const float* mean, const float* rstd, float* xhat,
+                         int64_t rows, int64_t cols);
 // The fused ops of NOTE [Fused ops] (nn/tensor_ops.h), one kernel each, with the CPU
 // launchers' arguments (kernels/cpu/kernels.h): sum = a + b then its LayerNorm (sum may be
 // a or b); gx = residual + the LayerNorm input gradient.
 cudaError_t AddLayerNormForward(const float* a, const float* b, float* sum, const void* w,
-                                const void* bias, bool bf16, float eps, void* y, float* xhat,
+                                const void* bias, bool bf16, float eps, void* y, float* mean,
                                 float* rstd, int64_t rows, int64_t cols, bool y_bf16 = false);
-cudaError_t LayerNormBackwardInputAdd(const float* g, const float* xhat, const float* rstd,
-                                      const void* w, bool bf16, const float* residual, float* gx,
-                                      int64_t rows, int64_t cols);
+cudaError_t LayerNormBackwardInputAdd(const float* g, const float* x, const float* mean,
+                                      const float* rstd, const void* w, bool bf16,
+                                      const float* residual, float* gx, int64_t rows,
+                                      int64_t cols);
 // LayerNorm's backward in one pass (for cols with kernels::LayerNormGradWarps(cols) > 0,
 // kernels/rowwise.h; cudaErrorInvalidValue otherwise): gx as LayerNormBackwardInput (plus
 // residual when not null, as LayerNormBackwardInputAdd), and gw += column sums of g * xhat,
@@ -66,9 +71,10 @@ cudaError_t LayerNormBackwardInputAdd(const float* g, const float* xhat, const f
 // block's sums go to `partial` ([chunks, 2, cols] fp32 scratch; may be null for one chunk,
 // else cudaErrorInvalidValue) and a second kernel per gradient adds the chunks in order:
 // deterministic, run to run.
-cudaError_t LayerNormBackward(const float* g, const float* xhat, const float* rstd,
-                              const void* w, bool bf16, const float* residual, float* gx,
-                              float* gw, float* gb, int64_t rows, int64_t cols, float* partial);
+cudaError_t LayerNormBackward(const float* g, const float* x, const float* mean,
+                              const float* rstd, const void* w, bool bf16,
+                              const float* residual, float* gx, float* gw, float* gb,
+                              int64_t rows, int64_t cols, float* partial);
 // One warp per row of T scores; row r is query r % T. Arguments as the CPU launchers'.
 cudaError_t CausalSoftmaxForward(float* scores, int64_t rows, int64_t T,
                                  uint16_t* probs16 = nullptr);

@@ -43,26 +43,26 @@ inline core::OpCost ColumnSumsCost(int64_t rows, int64_t cols, bool two_factors,
   return c;
 }
 
-// Reads x, writes y and xhat (and rstd per row); about 8 operations per element. The
+// Reads x, writes y (and mean and rstd per row); about 8 operations per element. The
 // fused residual + LayerNorm also reads the second operand and writes the sum.
 inline core::OpCost LayerNormForwardCost(int64_t rows, int64_t cols, int64_t w_bytes,
                                          bool add = false, int64_t y_bytes = 4) {
-  return core::OpCost::Memory((add ? 20.0 : 12.0) * rows * cols -
-                                  (4.0 - static_cast<double>(y_bytes)) * rows * cols +
-                                  4.0 * rows + 2.0 * w_bytes * cols,
+  return core::OpCost::Memory(((add ? 12.0 : 4.0) + static_cast<double>(y_bytes)) * rows * cols +
+                                  8.0 * rows + 2.0 * w_bytes * cols,
                               (add ? 9.0 : 8.0) * rows * cols);
 }
 
-// The input gradient (reads g and xhat, writes gx; the fused residual add also reads
-// the residual) and the column sums for each of gw and gb that is asked for, as the CUDA
+// The input gradient (reads g and the input x, with each row's mean and rstd to make xhat
+// again, writes gx; the fused residual add also reads the residual) and the column sums for
+// each of gw and gb that is asked for, as the CUDA
 // path launches them: in the same pass where the row fits (kernels::LayerNormGradWarps;
 // each block's partial sums written once and read once by the launch that adds them into
 // gw or gb), else as their own kernels.
 inline core::OpCost LayerNormBackwardCost(int64_t rows, int64_t cols, int64_t w_bytes, bool gw,
                                           bool gb, bool residual = false) {
-  core::OpCost c = core::OpCost::Memory((residual ? 16.0 : 12.0) * rows * cols + 4.0 * rows +
+  core::OpCost c = core::OpCost::Memory((residual ? 16.0 : 12.0) * rows * cols + 8.0 * rows +
                                             static_cast<double>(w_bytes) * cols,
-                                        (residual ? 11.0 : 10.0) * rows * cols);
+                                        (residual ? 13.0 : 12.0) * rows * cols);
   const int wanted = (gw ? 1 : 0) + (gb ? 1 : 0);
   if (wanted > 0 && ::kernels::LayerNormGradWarps(cols) > 0) {
     const int64_t chunks = ::kernels::LayerNormGradChunks(rows, cols);
@@ -79,7 +79,10 @@ inline core::OpCost LayerNormBackwardCost(int64_t rows, int64_t cols, int64_t w_
     c.flops += sums.flops;
     c.launches += sums.launches;
   };
-  if (gw) add(ColumnSumsCost(rows, cols, /*two_factors=*/true));  // sum g * xhat
+  if (gw) {  // xhat written by its own kernel, then the sums of g * xhat
+    add(core::OpCost::Memory(8.0 * rows * cols + 8.0 * rows, 2.0 * rows * cols));
+    add(ColumnSumsCost(rows, cols, /*two_factors=*/true));
+  }
   if (gb) add(ColumnSumsCost(rows, cols, /*two_factors=*/false));
   return c;
 }
