@@ -394,6 +394,12 @@ absl::Status LayerNormBackwardCuda(absl::string_view what, const Tensor& g, cons
                               partial.defined() ? MutF32(partial) : nullptr),
         what, "LayerNorm backward");
   }
+  // xhat for the weight gradient's column sums first: a scratch that cannot be had fails
+  // the op before it writes anything.
+  Tensor xhat;
+  if (gw.defined()) {
+    ASSIGN_OR_RETURN(xhat, LayerNormHat(what, x, mean, rstd, rows, cols));
+  }
   RETURN_IF_ERROR(Launched(
       residual.defined()
           ? kc::LayerNormBackwardInputAdd(F32(g), F32(x), F32(mean), F32(rstd), w.raw_data(),
@@ -402,7 +408,6 @@ absl::Status LayerNormBackwardCuda(absl::string_view what, const Tensor& g, cons
                                        IsBf16(w), MutF32(gx), rows, cols),
       what, "LayerNorm backward"));
   if (gw.defined()) {
-    ASSIGN_OR_RETURN(const Tensor xhat, LayerNormHat(what, x, mean, rstd, rows, cols));
     RETURN_IF_ERROR(ColumnSumsOnCuda(what, "LayerNorm weight gradient", g, xhat, gw, rows, cols));
   }
   if (gb.defined()) {
@@ -412,16 +417,26 @@ absl::Status LayerNormBackwardCuda(absl::string_view what, const Tensor& g, cons
 }
 #endif
 
-// The CPU weight and bias gradients of LayerNorm: gw += column sums of g * xhat (xhat made
-// again from x, mean and rstd), gb += column sums of g (each when defined), after the input
-// gradient.
-absl::Status LayerNormParamGradsCpu(absl::string_view what, const Tensor& g, const Tensor& x,
-                                    const Tensor& mean, const Tensor& rstd, const Tensor& gw,
-                                    const Tensor& gb, int64_t rows, int64_t cols) {
+// LayerNorm's backward on the CPU (checked tensors): the input gradient, plus `residual`
+// when it is defined, then gw += column sums of g * xhat (xhat made again from x, mean and
+// rstd, before anything is written) and gb += column sums of g, each when defined.
+absl::Status LayerNormBackwardCpu(absl::string_view what, const Tensor& g, const Tensor& x,
+                                  const Tensor& mean, const Tensor& rstd, const Tensor& w,
+                                  const Tensor& residual, const Tensor& gx, const Tensor& gw,
+                                  const Tensor& gb, int64_t rows) {
+  const int64_t cols = w.numel();
+  Tensor xhat;
   if (gw.defined()) {
-    ASSIGN_OR_RETURN(const Tensor xhat, LayerNormHat(what, x, mean, rstd, rows, cols));
-    kcpu::ColumnSums(F32(g), F32(xhat), MutF32(gw), rows, cols);
+    ASSIGN_OR_RETURN(xhat, LayerNormHat(what, x, mean, rstd, rows, cols));
   }
+  if (residual.defined()) {
+    kcpu::LayerNormBackwardInputAdd(F32(g), F32(x), F32(mean), F32(rstd), w.raw_data(),
+                                    IsBf16(w), F32(residual), MutF32(gx), rows, cols);
+  } else {
+    kcpu::LayerNormBackwardInput(F32(g), F32(x), F32(mean), F32(rstd), w.raw_data(), IsBf16(w),
+                                 MutF32(gx), rows, cols);
+  }
+  if (gw.defined()) kcpu::ColumnSums(F32(g), F32(xhat), MutF32(gw), rows, cols);
   if (gb.defined()) kcpu::ColumnSums(F32(g), nullptr, MutF32(gb), rows, cols);
   return absl::OkStatus();
 }
@@ -443,9 +458,7 @@ absl::Status LayerNormBackward(absl::string_view what, const Tensor& g, const Te
     return NoCuda(g.device(), what);
 #endif
   }
-  kcpu::LayerNormBackwardInput(F32(g), F32(x), F32(mean), F32(rstd), w.raw_data(), IsBf16(w),
-                               MutF32(gx), rows, w.numel());
-  return LayerNormParamGradsCpu(what, g, x, mean, rstd, gw, gb, rows, w.numel());
+  return LayerNormBackwardCpu(what, g, x, mean, rstd, w, Tensor(), gx, gw, gb, rows);
 }
 
 absl::Status LayerNormBackwardAdd(absl::string_view what, const Tensor& g, const Tensor& x,
@@ -466,9 +479,7 @@ absl::Status LayerNormBackwardAdd(absl::string_view what, const Tensor& g, const
     return NoCuda(g.device(), what);
 #endif
   }
-  kcpu::LayerNormBackwardInputAdd(F32(g), F32(x), F32(mean), F32(rstd), w.raw_data(), IsBf16(w),
-                                  F32(residual), MutF32(gx), rows, w.numel());
-  return LayerNormParamGradsCpu(what, g, x, mean, rstd, gw, gb, rows, w.numel());
+  return LayerNormBackwardCpu(what, g, x, mean, rstd, w, residual, gx, gw, gb, rows);
 }
 
 namespace {

@@ -472,9 +472,8 @@ __global__ void LayerNormForwardKernel(const float* x, const float* x2, float* s
 template <int N, bool Wide, bool Sums, int Cached, typename W>
 __global__ void LayerNormBackwardKernel(const float* g, const float* x, const float* mean,
                                         const float* rstd, const W* w, const float* residual,
-                                        float* gx, float* gw,
-                                        float* gb, float* partial, int64_t rows, int64_t cols,
-                                        int64_t rows_per_block) {
+                                        float* gx, float* gw, float* gb, float* partial,
+                                        int64_t rows, int64_t cols, int64_t rows_per_block) {
   using F = Floats<N, Wide>;
   extern __shared__ __align__(16) float sums[];
   const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
