@@ -74,12 +74,17 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardPlus(const core::Tensor
   return proj_->Forward(y);
 }
 
+core::DType CausalSelfAttention::GradOutputDType() const {
+  return internal::Fusable(*proj_) ? proj_->GradOutputDType() : core::DType::kFloat32;
+}
+
 absl::StatusOr<core::Tensor> CausalSelfAttention::BackwardImpl(const core::Tensor& grad_output) {
   const core::Tensor& qkv = core_.qkv();
   const bool have_cache = qkv.defined();
   RETURN_IF_ERROR(internal::CheckGradOutput(
       *this, have_cache,
-      have_cache ? core::Shape{qkv.size(0), qkv.size(1), n_embd_} : core::Shape{}, grad_output));
+      have_cache ? core::Shape{qkv.size(0), qkv.size(1), n_embd_} : core::Shape{}, grad_output,
+      GradOutputDType() == core::DType::kBFloat16));
   RETURN_IF_ERROR(
       internal::CheckDevice(*this, grad_output, "grad_output", qkv.device(), "the input"));
   // The heads' gradient is a bf16 GEMM operand under bf16: proj's GEMM stores it so when

@@ -73,6 +73,10 @@ class CausalSelfAttention : public core::Module {
   absl::StatusOr<core::Tensor> ForwardResidual(const core::Tensor& x,
                                                const core::Tensor& residual);
   bool AddsResidualInGemm() const;
+  // The dtype Backward takes its gradient in besides fp32: bf16 after a Forward with bf16
+  // weights when nothing can observe proj's input gradient (no hooks on proj), since proj's
+  // GEMMs round it to bf16 anyway (the same bits either way); fp32 otherwise.
+  core::DType GradOutputDType() const;
 
  protected:
   // x: fp32 [B, T, C] on the parameters' device -> [B, T, C]. On CUDA the per-head

@@ -951,7 +951,7 @@ TEST(CudaLayersTest, LayerNormBackwardWithParameterGradientsMatchesCpuAndRepeats
     if (c.bf16_w) w = w.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
     const core::Tensor gw0 = Normal({cols}, 65), gb0 = Normal({cols}, 66);
     struct Out {
-      std::vector<float> gx, gw, gb;
+      std::vector<float> gx, gw, gb, gx16;  // gx16: the bf16 copy with a residual, widened
     };
     // `shift`: g, x, residual and gx start one element into their buffers (4 bytes off
     // 16-byte alignment).
@@ -965,14 +965,23 @@ TEST(CudaLayersTest, LayerNormBackwardWithParameterGradientsMatchesCpuAndRepeats
       core::Tensor gx = at(core::Tensor::Zeros({rows, cols}));
       core::Tensor gw = c.want_gw ? To(gw0, d) : core::Tensor();
       core::Tensor gb = c.want_gb ? To(gb0, d) : core::Tensor();
+      core::Tensor gx16;
+      if (c.residual) {
+        core::Tensor wide16 = To(core::Tensor::Zeros({rows * cols + shift},
+                                                     core::DType::kBFloat16), d);
+        gx16 = wide16.View(shift, {rows, cols}).value();
+      }
       const absl::Status s =
           c.residual ? LayerNormBackwardAdd("ln", at(g), at(x), To(mean, d), To(rstd, d),
-                                            To(w, d), at(residual), gx, gw, gb)
+                                            To(w, d), at(residual), gx, gw, gb, gx16)
                      : LayerNormBackward("ln", at(g), at(x), To(mean, d), To(rstd, d), To(w, d),
                                          gx, gw, gb);
       EXPECT_TRUE(s.ok()) << s;
       return Out{Host(gx), c.want_gw ? Host(gw) : std::vector<float>(),
-                 c.want_gb ? Host(gb) : std::vector<float>()};
+                 c.want_gb ? Host(gb) : std::vector<float>(),
+                 c.residual
+                     ? Host(gx16.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value())
+                     : std::vector<float>()};
     };
     const Out cpu = run(core::Device::Cpu(), 0);
     const Out first = run(kGpu, 0), second = run(kGpu, 0), shifted = run(kGpu, 1);
@@ -990,6 +999,17 @@ TEST(CudaLayersTest, LayerNormBackwardWithParameterGradientsMatchesCpuAndRepeats
     EXPECT_EQ(shifted.gx, first.gx) << "unaligned rows";
     EXPECT_EQ(shifted.gw, first.gw) << "unaligned rows";
     EXPECT_EQ(shifted.gb, first.gb) << "unaligned rows";
+    if (c.residual) {
+      // The bf16 copy written in the pass is the device's sum rounded once, at either
+      // alignment (8-byte stores where the bf16 rows are 16-byte aligned).
+      const core::Tensor rounded = core::Tensor::FromVector(first.gx, {rows * cols})
+                                       .value()
+                                       .ToDType(core::DType::kBFloat16, core::MemoryTag::kOther)
+                                       .value();
+      EXPECT_EQ(first.gx16,
+                Host(rounded.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value()));
+      EXPECT_EQ(shifted.gx16, first.gx16) << "unaligned rows";
+    }
   }
 }
 

@@ -97,13 +97,15 @@ absl::StatusOr<core::Tensor> LayerNorm::BackwardImpl(const core::Tensor& grad_ou
 }
 
 absl::StatusOr<core::Tensor> LayerNorm::BackwardAdd(const core::Tensor& grad_output,
-                                                    const core::Tensor& residual) {
+                                                    const core::Tensor& residual,
+                                                    core::Tensor* sum16) {
   if (!residual.defined()) return internal::ModuleError(*this, "residual is undefined");
-  return RunBackward(grad_output, residual);
+  return RunBackward(grad_output, residual, sum16);
 }
 
 absl::StatusOr<core::Tensor> LayerNorm::RunBackward(const core::Tensor& grad_output,
-                                                    const core::Tensor& residual) {
+                                                    const core::Tensor& residual,
+                                                    core::Tensor* sum16) {
   RETURN_IF_ERROR(
       internal::CheckGradOutput(*this, input_.defined(), input_.shape(), grad_output));
   const core::Device device = input_.device();
@@ -118,17 +120,23 @@ absl::StatusOr<core::Tensor> LayerNorm::RunBackward(const core::Tensor& grad_out
     RETURN_IF_ERROR(internal::CheckDevice(*this, residual, "residual", device, "the input"));
   }
   ASSIGN_OR_RETURN(core::Tensor gx, internal::NewActivation(input_.shape(), device));
+  core::Tensor gx16;
+  if (sum16 != nullptr) {
+    ASSIGN_OR_RETURN(gx16,
+                     internal::NewActivation(input_.shape(), device, core::DType::kBFloat16));
+  }
   ASSIGN_OR_RETURN(core::Tensor gw, internal::GradTensor(*this, *weight_, "weight"));
   ASSIGN_OR_RETURN(core::Tensor gb, internal::GradTensor(*this, *bias_, "bias"));
   // With gh = g * weight: dL/dx = rstd * (gh - mean(gh) - xhat * mean(gh * xhat)).
   if (residual.defined()) {
     RETURN_IF_ERROR(LayerNormBackwardAdd(internal::What(*this), grad_output, input_, mean_,
-                                         rstd_, weight_->data, residual, gx, gw, gb));
+                                         rstd_, weight_->data, residual, gx, gw, gb, gx16));
   } else {
     RETURN_IF_ERROR(LayerNormBackward(internal::What(*this), grad_output, input_, mean_, rstd_,
                                       weight_->data, gx, gw, gb));
   }
   ReleaseActivations();
+  if (sum16 != nullptr) *sum16 = std::move(gx16);
   return gx;
 }
 

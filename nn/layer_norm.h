@@ -36,7 +36,9 @@ class LayerNorm : public core::Module {
   // ForwardAdd(a, b, &sum) sets `sum` to a + b (a new activation; a and b of one shape
   // and device, else InvalidArgument) and returns what Forward(sum) returns, with its
   // checks and cache. BackwardAdd(g, residual) returns residual + Backward(g) (residual
-  // fp32 of g's shape on its device), adding the same parameter gradients.
+  // fp32 of g's shape on its device), adding the same parameter gradients; given `sum16`,
+  // it also sets it to that sum rounded to bf16 (a new activation, written in the same
+  // pass) for a consumer whose bf16 GEMM would round it so.
   // With for_gemm, the output is stored bf16 when the weight is bf16 (its consumer is a
   // bf16 GEMM that would round it anyway: NOTE [GEMM epilogues] in nn/tensor_ops.h);
   // ForwardForGemm(x) is Forward(x) so.
@@ -44,7 +46,8 @@ class LayerNorm : public core::Module {
                                           core::Tensor* sum, bool for_gemm = false);
   absl::StatusOr<core::Tensor> ForwardForGemm(const core::Tensor& x);
   absl::StatusOr<core::Tensor> BackwardAdd(const core::Tensor& grad_output,
-                                           const core::Tensor& residual);
+                                           const core::Tensor& residual,
+                                           core::Tensor* sum16 = nullptr);
 
  protected:
   // x: fp32 [..., dim] on the parameters' device (fp32 or bf16) -> same shape there.
@@ -66,7 +69,8 @@ class LayerNorm : public core::Module {
   core::DType OutputDType(bool for_gemm) const;
   // Backward (residual undefined) or BackwardAdd.
   absl::StatusOr<core::Tensor> RunBackward(const core::Tensor& grad_output,
-                                           const core::Tensor& residual);
+                                           const core::Tensor& residual,
+                                           core::Tensor* sum16 = nullptr);
 
   int64_t dim_ = 0;
   float eps_ = 0.0f;

@@ -378,9 +378,10 @@ absl::StatusOr<Tensor> LayerNormHat(absl::string_view what, const Tensor& x, con
 // input gradient's kernel, then the column sums' own (the weight's over xhat made again).
 absl::Status LayerNormBackwardCuda(absl::string_view what, const Tensor& g, const Tensor& x,
                                    const Tensor& mean, const Tensor& rstd, const Tensor& w,
-                                   const Tensor& residual, const Tensor& gx, const Tensor& gw,
-                                   const Tensor& gb, int64_t rows) {
+                                   const Tensor& residual, const Tensor& gx, const Tensor& gx16,
+                                   const Tensor& gw, const Tensor& gb, int64_t rows) {
   const int64_t cols = w.numel();
+  uint16_t* out16 = gx16.defined() ? static_cast<uint16_t*>(gx16.raw_data()) : nullptr;
   RETURN_IF_ERROR(UseDevice(g.device(), what));
   if ((gw.defined() || gb.defined()) && ::kernels::LayerNormGradWarps(cols) > 0) {
     ASSIGN_OR_RETURN(
@@ -391,7 +392,7 @@ absl::Status LayerNormBackwardCuda(absl::string_view what, const Tensor& g, cons
                               residual.defined() ? F32(residual) : nullptr, MutF32(gx),
                               gw.defined() ? MutF32(gw) : nullptr,
                               gb.defined() ? MutF32(gb) : nullptr, rows, cols,
-                              partial.defined() ? MutF32(partial) : nullptr),
+                              partial.defined() ? MutF32(partial) : nullptr, out16),
         what, "LayerNorm backward");
   }
   // xhat for the weight gradient's column sums first: a scratch that cannot be had fails
@@ -403,7 +404,8 @@ absl::Status LayerNormBackwardCuda(absl::string_view what, const Tensor& g, cons
   RETURN_IF_ERROR(Launched(
       residual.defined()
           ? kc::LayerNormBackwardInputAdd(F32(g), F32(x), F32(mean), F32(rstd), w.raw_data(),
-                                          IsBf16(w), F32(residual), MutF32(gx), rows, cols)
+                                          IsBf16(w), F32(residual), MutF32(gx), rows, cols,
+                                          out16)
           : kc::LayerNormBackwardInput(F32(g), F32(x), F32(mean), F32(rstd), w.raw_data(),
                                        IsBf16(w), MutF32(gx), rows, cols),
       what, "LayerNorm backward"));
@@ -422,16 +424,17 @@ absl::Status LayerNormBackwardCuda(absl::string_view what, const Tensor& g, cons
 // rstd, before anything is written) and gb += column sums of g, each when defined.
 absl::Status LayerNormBackwardCpu(absl::string_view what, const Tensor& g, const Tensor& x,
                                   const Tensor& mean, const Tensor& rstd, const Tensor& w,
-                                  const Tensor& residual, const Tensor& gx, const Tensor& gw,
-                                  const Tensor& gb, int64_t rows) {
+                                  const Tensor& residual, const Tensor& gx, const Tensor& gx16,
+                                  const Tensor& gw, const Tensor& gb, int64_t rows) {
   const int64_t cols = w.numel();
   Tensor xhat;
   if (gw.defined()) {
     ASSIGN_OR_RETURN(xhat, LayerNormHat(what, x, mean, rstd, rows, cols));
   }
   if (residual.defined()) {
-    kcpu::LayerNormBackwardInputAdd(F32(g), F32(x), F32(mean), F32(rstd), w.raw_data(),
-                                    IsBf16(w), F32(residual), MutF32(gx), rows, cols);
+    kcpu::LayerNormBackwardInputAdd(
+        F32(g), F32(x), F32(mean), F32(rstd), w.raw_data(), IsBf16(w), F32(residual), MutF32(gx),
+        rows, cols, gx16.defined() ? static_cast<uint16_t*>(gx16.raw_data()) : nullptr);
   } else {
     kcpu::LayerNormBackwardInput(F32(g), F32(x), F32(mean), F32(rstd), w.raw_data(), IsBf16(w),
                                  MutF32(gx), rows, cols);
@@ -453,33 +456,39 @@ absl::Status LayerNormBackward(absl::string_view what, const Tensor& g, const Te
                                                 gw.defined(), gb.defined()));
   if (g.device().is_cuda()) {
 #ifdef FSDP_WITH_CUDA
-    return LayerNormBackwardCuda(what, g, x, mean, rstd, w, Tensor(), gx, gw, gb, rows);
+    return LayerNormBackwardCuda(what, g, x, mean, rstd, w, Tensor(), gx, Tensor(), gw, gb, rows);
 #else
     return NoCuda(g.device(), what);
 #endif
   }
-  return LayerNormBackwardCpu(what, g, x, mean, rstd, w, Tensor(), gx, gw, gb, rows);
+  return LayerNormBackwardCpu(what, g, x, mean, rstd, w, Tensor(), gx, Tensor(), gw, gb, rows);
 }
 
 absl::Status LayerNormBackwardAdd(absl::string_view what, const Tensor& g, const Tensor& x,
                                   const Tensor& mean, const Tensor& rstd, const Tensor& w,
                                   const Tensor& residual, const Tensor& gx, const Tensor& gw,
-                                  const Tensor& gb) {
+                                  const Tensor& gb, const Tensor& gx16) {
   ASSIGN_OR_RETURN(const int64_t rows,
                    CheckLayerNormBackward(what, g, x, mean, rstd, w, gx, gw, gb));
   RETURN_IF_ERROR(CheckElementwiseF32(what, {{"grad_output", &g}, {"residual", &residual}}));
   RETURN_IF_ERROR(CheckDistinct(what, "grad_input", gx, "residual", residual));
+  if (gx16.defined()) {
+    RETURN_IF_ERROR(CheckDevices(what, {{"grad_output", &g}, {"bf16 grad_input", &gx16}}));
+    RETURN_IF_ERROR(CheckDType(what, "bf16 grad_input", gx16, DType::kBFloat16));
+    RETURN_IF_ERROR(CheckNumel(what, "bf16 grad_input", gx16, g.numel()));
+  }
   ProfiledOp op(OpCategory::kNorm, "layernorm.backward_add", g.device(),
                 internal::LayerNormBackwardCost(rows, w.numel(), core::DTypeSize(w.dtype()),
-                                                gw.defined(), gb.defined(), /*residual=*/true));
+                                                gw.defined(), gb.defined(), /*residual=*/true,
+                                                gx16.defined()));
   if (g.device().is_cuda()) {
 #ifdef FSDP_WITH_CUDA
-    return LayerNormBackwardCuda(what, g, x, mean, rstd, w, residual, gx, gw, gb, rows);
+    return LayerNormBackwardCuda(what, g, x, mean, rstd, w, residual, gx, gx16, gw, gb, rows);
 #else
     return NoCuda(g.device(), what);
 #endif
   }
-  return LayerNormBackwardCpu(what, g, x, mean, rstd, w, residual, gx, gw, gb, rows);
+  return LayerNormBackwardCpu(what, g, x, mean, rstd, w, residual, gx, gx16, gw, gb, rows);
 }
 
 namespace {

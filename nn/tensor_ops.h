@@ -174,12 +174,15 @@ absl::Status AddLayerNormForward(absl::string_view what, const core::Tensor& a,
                                  const core::Tensor& rstd);
 // LayerNormBackward(g, x, mean, rstd, w, gx, gw, gb), then gx = residual + gx (AddTensors):
 // the gradient of a LayerNorm whose input also feeds a residual connection. residual
-// (fp32, g's numel) must not overlap gx.
+// (fp32, g's numel) must not overlap gx. When gx16 is defined (bf16, g's numel) the sum is
+// also written there rounded once, in the same pass: the copy a bf16 GEMM that takes gx
+// would round (RoundToBf16's bits).
 absl::Status LayerNormBackwardAdd(absl::string_view what, const core::Tensor& g,
                                   const core::Tensor& x, const core::Tensor& mean,
                                   const core::Tensor& rstd, const core::Tensor& w,
                                   const core::Tensor& residual, const core::Tensor& gx,
-                                  const core::Tensor& gw, const core::Tensor& gb);
+                                  const core::Tensor& gw, const core::Tensor& gb,
+                                  const core::Tensor& gx16 = core::Tensor());
 
 // In place on `scores`, fp32 viewed as rows of T: row r is query t = r % T; entries
 // s > t become 0 and entries s <= t softmax(scores[0..t]). When `probs16` is defined (bf16,

@@ -559,6 +559,20 @@ TEST(FusedOpsTest, EachGivesTheBitsOfTheUnfusedOps) {
       EXPECT_EQ(Bits(lgx), Bits(lgx_ref));
       EXPECT_EQ(Bits(gw), Bits(gw_ref));
       EXPECT_EQ(Bits(glb), Bits(glb_ref));
+
+      // With its bf16 copy: the same sum, and the copy is the sum rounded (RoundToBf16's
+      // conversion).
+      core::Tensor lgx2 = empty(n), gw2 = Normal(cols, 8), glb2 = Normal(cols, 9);
+      core::Tensor lgx16 = core::Tensor::Empty({n}, core::DType::kBFloat16);
+      ASSERT_TRUE(LayerNormBackwardAdd("t", g, h_ref, mean_ref, rstd_ref, w, a, lgx2, gw2, glb2,
+                                       lgx16)
+                      .ok());
+      EXPECT_EQ(Bits(lgx2), Bits(lgx_ref));
+      EXPECT_EQ(Bits(gw2), Bits(gw_ref));
+      const core::Tensor rounded =
+          lgx_ref.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
+      EXPECT_EQ(Bits(lgx16.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value()),
+                Bits(rounded.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value()));
     }
   }
 }
@@ -586,6 +600,15 @@ TEST(FusedOpsTest, BadArgumentsAreInvalidArgumentAndWriteNothing) {
   const core::Tensor rstd = core::Tensor::Zeros({rows});
   s = LayerNormBackwardAdd("ln_2", g, x, mean, rstd, w, y, y, core::Tensor(), core::Tensor());
   EXPECT_THAT(std::string(s.message()), HasSubstr("ln_2: grad_input and residual"));
+  // The bf16 copy of grad_input is bf16 of its numel.
+  core::Tensor gx = core::Tensor::Zeros({n});
+  s = LayerNormBackwardAdd("ln_2", g, x, mean, rstd, w, y, gx, core::Tensor(), core::Tensor(),
+                           core::Tensor::Zeros({n}));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("ln_2: bf16 grad_input"));
+  s = LayerNormBackwardAdd("ln_2", g, x, mean, rstd, w, y, gx, core::Tensor(), core::Tensor(),
+                           core::Tensor::Zeros({n - 1}, core::DType::kBFloat16));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("ln_2: bf16 grad_input"));
+  EXPECT_EQ(gx.ToVector(), std::vector<float>(n, 0.0f));
   // The backward reads its input after writing grad_input (the weight gradient's xhat).
   core::Tensor x_copy = x.Clone(core::MemoryTag::kOther);
   s = LayerNormBackward("ln_2", g, x_copy, mean, rstd, w, x_copy, core::Tensor(), core::Tensor());

@@ -148,11 +148,13 @@ absl::StatusOr<core::Tensor> TransformerBlock::ForwardImpl(const core::Tensor& x
 
 namespace {
 
-// residual + ln.Backward(g), fused when `ln` is Fusable (NOTE [Fused layers]).
+// residual + ln.Backward(g), fused when `ln` is Fusable (NOTE [Fused layers]); then, given
+// `sum16`, also the sum rounded to bf16 in the same pass (left undefined unfused).
 absl::StatusOr<core::Tensor> LayerNormBackwardPlus(const core::Module& block, LayerNorm& ln,
                                                    const core::Tensor& g,
-                                                   const core::Tensor& residual) {
-  if (internal::Fusable(ln)) return ln.BackwardAdd(g, residual);
+                                                   const core::Tensor& residual,
+                                                   core::Tensor* sum16 = nullptr) {
+  if (internal::Fusable(ln)) return ln.BackwardAdd(g, residual, sum16);
   ASSIGN_OR_RETURN(core::Tensor gl, ln.Backward(g));
   return Add(block, residual, gl);
 }
@@ -164,9 +166,17 @@ absl::StatusOr<core::Tensor> TransformerBlock::BackwardImpl(const core::Tensor& 
       internal::CheckGradOutput(*this, !input_shape_.empty(), input_shape_, grad_output));
   // y = h + mlp(ln_2(h)): dL/dh = g + ln_2'(mlp'(g)).
   ASSIGN_OR_RETURN(core::Tensor gm, mlp_->Backward(grad_output));
-  ASSIGN_OR_RETURN(core::Tensor gh, LayerNormBackwardPlus(*this, *ln_2_, gm, grad_output));
+  // NOTE [Fused layers]: attention's bf16 GEMMs round gh to bf16; when nothing can observe
+  // the gradient attention receives (no hooks on it or its proj), ln_2's backward writes
+  // that rounded copy in its pass and attention takes it: the same bits, one pass fewer.
+  const bool attn16 = internal::Fusable(*attn_) &&
+                      attn_->GradOutputDType() == core::DType::kBFloat16;
+  core::Tensor gh16;
+  ASSIGN_OR_RETURN(core::Tensor gh, LayerNormBackwardPlus(*this, *ln_2_, gm, grad_output,
+                                                          attn16 ? &gh16 : nullptr));
   // h = x + attn(ln_1(x)): dL/dx = gh + ln_1'(attn'(gh)).
-  ASSIGN_OR_RETURN(core::Tensor ga, attn_->Backward(gh));
+  ASSIGN_OR_RETURN(core::Tensor ga, attn_->Backward(gh16.defined() ? gh16 : gh));
+  gh16 = core::Tensor();
   ASSIGN_OR_RETURN(core::Tensor gx, LayerNormBackwardPlus(*this, *ln_1_, ga, gh));
   input_shape_.clear();
   return gx;

@@ -211,7 +211,8 @@ FSDP_LAYER_NORM_LOOP(uint16_t, uint16_t)
 #undef FSDP_LAYER_NORM_LOOP
 
 // LayerNorm's input gradient for `rows` rows, xhat recomputed from x, mean and rstd; with
-// `residual` non-null, residual + it (NOTE [Fused ops]).
+// `residual` non-null, residual + it (NOTE [Fused ops]), and with gx16 non-null also that
+// sum rounded to bf16 there.
 template <typename W>
 FSDP_CPU_INLINE void LayerNormBackwardRows(const float* FSDP_RESTRICT g,
                                            const float* FSDP_RESTRICT x,
@@ -219,7 +220,8 @@ FSDP_CPU_INLINE void LayerNormBackwardRows(const float* FSDP_RESTRICT g,
                                            const float* FSDP_RESTRICT rstd,
                                            const W* FSDP_RESTRICT w,
                                            const float* FSDP_RESTRICT residual,
-                                           float* FSDP_RESTRICT gx, int64_t rows, int64_t cols) {
+                                           float* FSDP_RESTRICT gx, uint16_t* FSDP_RESTRICT gx16,
+                                           int64_t rows, int64_t cols) {
   const float inv_cols = 1.0f / static_cast<float>(cols);
   for (int64_t r = 0; r < rows; ++r) {
     const float* gr = g + r * cols;
@@ -240,6 +242,11 @@ FSDP_CPU_INLINE void LayerNormBackwardRows(const float* FSDP_RESTRICT g,
         o[j] = k::Add(res[j], k::LayerNormBackwardInput(gr[j], w, j, k::LayerNormHat(xr[j], mu, rs),
                                                         rs, mean_gh, mean_gh_h));
       }
+      if (gx16 != nullptr) {
+        uint16_t* o16 = gx16 + r * cols;
+#pragma omp simd
+        for (int64_t j = 0; j < cols; ++j) k::Store(o16, j, o[j]);
+      }
     } else {
 #pragma omp simd
       for (int64_t j = 0; j < cols; ++j) {
@@ -251,15 +258,15 @@ FSDP_CPU_INLINE void LayerNormBackwardRows(const float* FSDP_RESTRICT g,
 }
 FSDP_CPU_CLONES void LayerNormBackwardLoop(const float* g, const float* x, const float* mean,
                                            const float* rstd, const float* w,
-                                           const float* residual, float* gx, int64_t rows,
-                                           int64_t cols) {
-  LayerNormBackwardRows(g, x, mean, rstd, w, residual, gx, rows, cols);
+                                           const float* residual, float* gx, uint16_t* gx16,
+                                           int64_t rows, int64_t cols) {
+  LayerNormBackwardRows(g, x, mean, rstd, w, residual, gx, gx16, rows, cols);
 }
 FSDP_CPU_CLONES void LayerNormBackwardLoop(const float* g, const float* x, const float* mean,
                                            const float* rstd, const uint16_t* w,
-                                           const float* residual, float* gx, int64_t rows,
-                                           int64_t cols) {
-  LayerNormBackwardRows(g, x, mean, rstd, w, residual, gx, rows, cols);
+                                           const float* residual, float* gx, uint16_t* gx16,
+                                           int64_t rows, int64_t cols) {
+  LayerNormBackwardRows(g, x, mean, rstd, w, residual, gx, gx16, rows, cols);
 }
 
 // xhat of `rows` rows of LayerNorm's input x from each row's mean and rstd.
@@ -427,12 +434,14 @@ void LayerNormRowsParallel(const float* x, const float* add, float* sum, const v
 // LayerNorm's input gradient; with residual non-null, residual + it.
 void LayerNormBackwardRowsParallel(const float* g, const float* x, const float* mean,
                                    const float* rstd, const void* w, bool bf16,
-                                   const float* residual, float* gx, int64_t rows, int64_t cols) {
+                                   const float* residual, float* gx, uint16_t* gx16,
+                                   int64_t rows, int64_t cols) {
   WithWeight(w, bf16, [&](const auto* wp) {
     ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
       const int64_t o = s * cols;
       LayerNormBackwardLoop(g + o, x + o, mean + s, rstd + s, wp,
-                            residual != nullptr ? residual + o : nullptr, gx + o, e - s, cols);
+                            residual != nullptr ? residual + o : nullptr, gx + o,
+                            gx16 != nullptr ? gx16 + o : nullptr, e - s, cols);
     });
   });
 }
@@ -514,7 +523,7 @@ void LayerNormForward(const float* x, const void* w, const void* b, bool bf16, f
 
 void LayerNormBackwardInput(const float* g, const float* x, const float* mean, const float* rstd,
                             const void* w, bool bf16, float* gx, int64_t rows, int64_t cols) {
-  LayerNormBackwardRowsParallel(g, x, mean, rstd, w, bf16, nullptr, gx, rows, cols);
+  LayerNormBackwardRowsParallel(g, x, mean, rstd, w, bf16, nullptr, gx, nullptr, rows, cols);
 }
 
 void LayerNormHat(const float* x, const float* mean, const float* rstd, float* xhat,
@@ -585,8 +594,9 @@ void AddLayerNormForward(const float* a, const float* b, float* sum, const void*
 
 void LayerNormBackwardInputAdd(const float* g, const float* x, const float* mean,
                                const float* rstd, const void* w, bool bf16,
-                               const float* residual, float* gx, int64_t rows, int64_t cols) {
-  LayerNormBackwardRowsParallel(g, x, mean, rstd, w, bf16, residual, gx, rows, cols);
+                               const float* residual, float* gx, int64_t rows, int64_t cols,
+                               uint16_t* gx16) {
+  LayerNormBackwardRowsParallel(g, x, mean, rstd, w, bf16, residual, gx, gx16, rows, cols);
 }
 
 void AddInto(float* dst, const void* src, bool src_bf16, int64_t n) {

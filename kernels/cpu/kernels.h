@@ -132,10 +132,12 @@ void RotaryPackQkvBackward(const float* gqkv, const float* cos, const float* sin
 void AddLayerNormForward(const float* a, const float* b, float* sum, const void* w,
                          const void* bias, bool bf16, float eps, void* y, float* mean,
                          float* rstd, int64_t rows, int64_t cols, bool y_bf16 = false);
-// gx = residual + LayerNormBackwardInput(g, ...); gx must not be residual.
+// gx = residual + LayerNormBackwardInput(g, ...); gx must not be residual. With gx16 not
+// null, gx rounded to bf16 there too (the operand of a bf16 GEMM that takes it).
 void LayerNormBackwardInputAdd(const float* g, const float* x, const float* mean,
                                const float* rstd, const void* w, bool bf16,
-                               const float* residual, float* gx, int64_t rows, int64_t cols);
+                               const float* residual, float* gx, int64_t rows, int64_t cols,
+                               uint16_t* gx16 = nullptr);
 
 // ---- The twins of kernels/cuda/grad.h: fsdp's gradient arithmetic, in element order on
 // the calling thread.

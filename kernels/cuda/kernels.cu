@@ -456,7 +456,8 @@ __global__ void LayerNormForwardKernel(const float* x, const float* x2, float* s
 
 // LayerNorm's backward, one warp per row: gx from g, xhat (kernels::LayerNormHat of the
 // forward's input x and the row's mean and rstd: the forward's bits) and w, plus residual when
-// it is not null (residual + LayerNorm backward; residual must not be gx). Block b takes
+// it is not null (residual + LayerNorm backward; residual must not be gx), and gx rounded
+// to bf16 into gx16 when that is not null. Block b takes
 // rows [b * rows_per_block, (b + 1) * rows_per_block), warp v of it rows first + v,
 // first + v + warps, ...
 // With Sums, in the same pass, the column sums of g * xhat and of g over the block's rows
@@ -472,8 +473,9 @@ __global__ void LayerNormForwardKernel(const float* x, const float* x2, float* s
 template <int N, bool Wide, bool Sums, int Cached, typename W>
 __global__ void LayerNormBackwardKernel(const float* g, const float* x, const float* mean,
                                         const float* rstd, const W* w, const float* residual,
-                                        float* gx, float* gw, float* gb, float* partial,
-                                        int64_t rows, int64_t cols, int64_t rows_per_block) {
+                                        float* gx, uint16_t* gx16, float* gw, float* gb,
+                                        float* partial, int64_t rows, int64_t cols,
+                                        int64_t rows_per_block) {
   using F = Floats<N, Wide>;
   extern __shared__ __align__(16) float sums[];
   const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -524,6 +526,7 @@ __global__ void LayerNormBackwardKernel(const float* g, const float* x, const fl
         o.v[e] = res != nullptr ? k::Add(o.v[e], v) : v;
       }
       o.Store(out + j);
+      if (gx16 != nullptr) StoreRounded<N, Wide>(gx16 + row * cols + j, o.v);
       if constexpr (Sums) {
         F sgh = F::Load(own_gh + j), sg = F::Load(own_g + j);
 #pragma unroll
@@ -955,22 +958,24 @@ template <bool Sums>
 cudaError_t LayerNormBackwardLaunch(unsigned int grid, int warps, size_t shared,
                                     const float* g, const float* x, const float* mean,
                                     const float* rstd, const void* w, bool bf16,
-                                    const float* residual, float* gx, float* gw, float* gb,
-                                    float* partial, int64_t rows, int64_t cols,
-                                    int64_t rows_per_block) {
-  ByColumnGroups(cols, true, {g, x, residual, gx}, [&](auto n, auto wide) {
+                                    const float* residual, float* gx, uint16_t* gx16,
+                                    float* gw, float* gb, float* partial, int64_t rows,
+                                    int64_t cols, int64_t rows_per_block) {
+  // bf16 rows are 16-byte aligned where their start is and cols % 8 == 0 (as the forward's y).
+  const bool wide_ok = gx16 == nullptr || cols % 8 == 0;
+  ByColumnGroups(cols, wide_ok, {g, x, residual, gx, gx16}, [&](auto n, auto wide) {
     constexpr int kN = decltype(n)::value;
     constexpr bool kWide = decltype(wide)::value;
     const auto run = [&](auto cached) {
       constexpr int kCached = decltype(cached)::value;
       if (bf16) {
         LayerNormBackwardKernel<kN, kWide, Sums, kCached><<<grid, warps * 32, shared>>>(
-            g, x, mean, rstd, static_cast<const uint16_t*>(w), residual, gx, gw, gb, partial,
-            rows, cols, rows_per_block);
+            g, x, mean, rstd, static_cast<const uint16_t*>(w), residual, gx, gx16, gw, gb,
+            partial, rows, cols, rows_per_block);
       } else {
         LayerNormBackwardKernel<kN, kWide, Sums, kCached><<<grid, warps * 32, shared>>>(
-            g, x, mean, rstd, static_cast<const float*>(w), residual, gx, gw, gb, partial, rows,
-            cols, rows_per_block);
+            g, x, mean, rstd, static_cast<const float*>(w), residual, gx, gx16, gw, gb, partial,
+            rows, cols, rows_per_block);
       }
     };
     if (RowFitsCache(cols, kN)) {
@@ -984,12 +989,12 @@ cudaError_t LayerNormBackwardLaunch(unsigned int grid, int warps, size_t shared,
 
 cudaError_t LayerNormBackwardInputLaunch(const float* g, const float* x, const float* mean,
                                          const float* rstd, const void* w, bool bf16,
-                                         const float* residual, float* gx, int64_t rows,
-                                         int64_t cols) {
+                                         const float* residual, float* gx, uint16_t* gx16,
+                                         int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   return LayerNormBackwardLaunch<false>(GridForRows(rows), kWarpsPerBlock, 0, g, x, mean, rstd,
-                                        w, bf16, residual, gx, nullptr, nullptr, nullptr, rows,
-                                        cols, kWarpsPerBlock);
+                                        w, bf16, residual, gx, gx16, nullptr, nullptr, nullptr,
+                                        rows, cols, kWarpsPerBlock);
 }
 
 // xhat = kernels::LayerNormHat(x, mean[row], rstd[row]), one thread per element.
@@ -1021,14 +1026,15 @@ cudaError_t AddLayerNormForward(const float* a, const float* b, float* sum, cons
 cudaError_t LayerNormBackwardInput(const float* g, const float* x, const float* mean,
                                    const float* rstd, const void* w, bool bf16, float* gx,
                                    int64_t rows, int64_t cols) {
-  return LayerNormBackwardInputLaunch(g, x, mean, rstd, w, bf16, nullptr, gx, rows, cols);
+  return LayerNormBackwardInputLaunch(g, x, mean, rstd, w, bf16, nullptr, gx, nullptr, rows,
+                                      cols);
 }
 
 cudaError_t LayerNormBackwardInputAdd(const float* g, const float* x, const float* mean,
                                       const float* rstd, const void* w, bool bf16,
                                       const float* residual, float* gx, int64_t rows,
-                                      int64_t cols) {
-  return LayerNormBackwardInputLaunch(g, x, mean, rstd, w, bf16, residual, gx, rows, cols);
+                                      int64_t cols, uint16_t* gx16) {
+  return LayerNormBackwardInputLaunch(g, x, mean, rstd, w, bf16, residual, gx, gx16, rows, cols);
 }
 
 cudaError_t LayerNormHat(const float* x, const float* mean, const float* rstd, float* xhat,
@@ -1041,7 +1047,7 @@ cudaError_t LayerNormHat(const float* x, const float* mean, const float* rstd, f
 cudaError_t LayerNormBackward(const float* g, const float* x, const float* mean,
                               const float* rstd, const void* w, bool bf16,
                               const float* residual, float* gx, float* gw, float* gb,
-                              int64_t rows, int64_t cols, float* partial) {
+                              int64_t rows, int64_t cols, float* partial, uint16_t* gx16) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   const int warps = k::LayerNormGradWarps(cols);
   const int64_t chunks = k::LayerNormGradChunks(rows, cols);
@@ -1050,7 +1056,7 @@ cudaError_t LayerNormBackward(const float* g, const float* x, const float* mean,
   const size_t shared = static_cast<size_t>(warps) * 2 * cols * sizeof(float);
   cudaError_t err = LayerNormBackwardLaunch<true>(
       static_cast<unsigned int>(chunks), warps, shared, g, x, mean, rstd, w, bf16, residual, gx,
-      gw, gb, chunks > 1 ? partial : nullptr, rows, cols, rows_per_block);
+      gx16, gw, gb, chunks > 1 ? partial : nullptr, rows, cols, rows_per_block);
   if (chunks == 1 || err != cudaSuccess) return err;
   if (gw != nullptr) {
     ColumnSumsFinishKernel<<<GridFor(cols), kThreads>>>(partial, 2 * cols, gw, chunks, cols);

@@ -62,10 +62,11 @@ cudaError_t AddLayerNormForward(const float* a, const float* b, float* sum, cons
 cudaError_t LayerNormBackwardInputAdd(const float* g, const float* x, const float* mean,
                                       const float* rstd, const void* w, bool bf16,
                                       const float* residual, float* gx, int64_t rows,
-                                      int64_t cols);
+                                      int64_t cols, uint16_t* gx16 = nullptr);
 // LayerNorm's backward in one pass (for cols with kernels::LayerNormGradWarps(cols) > 0,
 // kernels/rowwise.h; cudaErrorInvalidValue otherwise): gx as LayerNormBackwardInput (plus
-// residual when not null, as LayerNormBackwardInputAdd), and gw += column sums of g * xhat,
+// residual when not null, as LayerNormBackwardInputAdd, and gx rounded to bf16 into gx16 when
+// that is not null), and gw += column sums of g * xhat,
 // gb += column sums of g (each when not null). The rows are split into
 // kernels::LayerNormGradChunks(rows, cols) blocks whose warps sum their own rows; each
 // block's sums go to `partial` ([chunks, 2, cols] fp32 scratch; may be null for one chunk,
@@ -74,7 +75,8 @@ cudaError_t LayerNormBackwardInputAdd(const float* g, const float* x, const floa
 cudaError_t LayerNormBackward(const float* g, const float* x, const float* mean,
                               const float* rstd, const void* w, bool bf16,
                               const float* residual, float* gx, float* gw, float* gb,
-                              int64_t rows, int64_t cols, float* partial);
+                              int64_t rows, int64_t cols, float* partial,
+                              uint16_t* gx16 = nullptr);
 // One warp per row of T scores; row r is query r % T. Arguments as the CPU launchers'.
 cudaError_t CausalSoftmaxForward(float* scores, int64_t rows, int64_t T,
                                  uint16_t* probs16 = nullptr);

@@ -53,16 +53,17 @@ inline core::OpCost LayerNormForwardCost(int64_t rows, int64_t cols, int64_t w_b
 }
 
 // The input gradient (reads g and the input x, with each row's mean and rstd to make xhat
-// again, writes gx; the fused residual add also reads the residual) and the column sums for
-// each of gw and gb that is asked for, as the CUDA
-// path launches them: in the same pass where the row fits (kernels::LayerNormGradWarps;
-// each block's partial sums written once and read once by the launch that adds them into
-// gw or gb), else as their own kernels.
+// again, writes gx, and its bf16 copy when asked; the fused residual add also reads the
+// residual) and the column sums for each of gw and gb that is asked for, as the CUDA path
+// launches them: in the same pass where the row fits (kernels::LayerNormGradWarps; each
+// block's partial sums written once and read once by the launch that adds them into gw or
+// gb), else as their own kernels.
 inline core::OpCost LayerNormBackwardCost(int64_t rows, int64_t cols, int64_t w_bytes, bool gw,
-                                          bool gb, bool residual = false) {
-  core::OpCost c = core::OpCost::Memory((residual ? 16.0 : 12.0) * rows * cols + 8.0 * rows +
-                                            static_cast<double>(w_bytes) * cols,
-                                        (residual ? 13.0 : 12.0) * rows * cols);
+                                          bool gb, bool residual = false, bool bf16_copy = false) {
+  core::OpCost c = core::OpCost::Memory(
+      ((residual ? 16.0 : 12.0) + (bf16_copy ? 2.0 : 0.0)) * rows * cols + 8.0 * rows +
+          static_cast<double>(w_bytes) * cols,
+      (residual ? 13.0 : 12.0) * rows * cols);
   const int wanted = (gw ? 1 : 0) + (gb ? 1 : 0);
   if (wanted > 0 && ::kernels::LayerNormGradWarps(cols) > 0) {
     const int64_t chunks = ::kernels::LayerNormGradChunks(rows, cols);
