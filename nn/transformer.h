@@ -21,7 +21,10 @@
 //   since gelu never saw the Forward its hook would report).
 // - TransformerBlock: the residual add h = x + a with ln_2 (forward), and each
 //   LayerNorm's backward with the residual add that follows it (backward), decided per
-//   call by whether ln_2 / ln_1 are Fusable.
+//   call by whether ln_2 / ln_1 are Fusable. Under bf16 weights, when attention is
+//   Fusable and takes a bf16 gradient (CausalSelfAttention::GradOutputDType: its proj
+//   would round it so), ln_2's backward also writes the sum's bf16 copy in its pass and
+//   attention gets that copy (the same bits as the fp32 sum, one rounding pass fewer).
 // FSDP hooks wrapped units only, so children of a wrapped block stay Fusable; a policy
 // that wraps fc or a LayerNorm on its own gets the unfused path, hooks and all.
 #ifndef NN_TRANSFORMER_H_
