@@ -6,11 +6,12 @@
 // cross-entropy; float or double on CUDA).
 //
 //   // LayerNorm forward of one row x[0..C):
-//   double mean = sum(x) / C, var = sum((x - mean)^2) / C;
-//   double rstd = kernels::LayerNormRstd(var, double{eps});
+//   float mean = sum(x) / C, var = sum((x - mean)^2) / C;
+//   float rstd = kernels::LayerNormRstd(var, eps);
 //   for (j...) y[j] = kernels::LayerNormApply(x[j], mean, rstd, w, b, j);
 //   // The backward recomputes xhat[j] = kernels::LayerNormHat(x[j], mean, rstd) from the
-//   // kept input and the row's mean and rstd: the same bits the forward used.
+//   // kept input and the stored float mean and rstd: the same bits the forward used (both
+//   // launchers reduce in float, so Acc is float on both sides).
 #ifndef KERNELS_ROWWISE_H_
 #define KERNELS_ROWWISE_H_
 
@@ -31,7 +32,9 @@ FSDP_HD inline Acc LayerNormRstd(Acc var, Acc eps) {
 
 // The normalised input xhat = (x - mean) * rstd, rounded to float: computed by the forward
 // and again by the backward from the same x, mean and rstd (so the same bits; the input is
-// kept instead of xhat).
+// kept instead of xhat). The product only ever multiplies (y = xhat * w + b, the backward's
+// terms), so no FMA contraction can round it differently on the two sides; a build with
+// reciprocal division (--use_fast_math) would not keep that promise for the mean.
 template <typename Acc>
 FSDP_HD inline float LayerNormHat(float x, Acc mean, Acc rstd) {
   return static_cast<float>((x - mean) * rstd);

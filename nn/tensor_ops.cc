@@ -395,8 +395,8 @@ absl::Status LayerNormBackwardCuda(absl::string_view what, const Tensor& g, cons
                               partial.defined() ? MutF32(partial) : nullptr, out16),
         what, "LayerNorm backward");
   }
-  // xhat for the weight gradient's column sums first: a scratch that cannot be had fails
-  // the op before it writes anything.
+  // xhat for the weight gradient's column sums first: the largest scratch, so that one
+  // cannot fail the op after gx is written.
   Tensor xhat;
   if (gw.defined()) {
     ASSIGN_OR_RETURN(xhat, LayerNormHat(what, x, mean, rstd, rows, cols));
@@ -476,6 +476,10 @@ absl::Status LayerNormBackwardAdd(absl::string_view what, const Tensor& g, const
     RETURN_IF_ERROR(CheckDevices(what, {{"grad_output", &g}, {"bf16 grad_input", &gx16}}));
     RETURN_IF_ERROR(CheckDType(what, "bf16 grad_input", gx16, DType::kBFloat16));
     RETURN_IF_ERROR(CheckNumel(what, "bf16 grad_input", gx16, g.numel()));
+    for (const Arg& in : {Arg{"grad_output", &g}, Arg{"input", &x}, Arg{"residual", &residual},
+                          Arg{"grad_input", &gx}}) {
+      RETURN_IF_ERROR(CheckDistinct(what, "bf16 grad_input", gx16, in.name, *in.tensor));
+    }
   }
   ProfiledOp op(OpCategory::kNorm, "layernorm.backward_add", g.device(),
                 internal::LayerNormBackwardCost(rows, w.numel(), core::DTypeSize(w.dtype()),
