@@ -1013,11 +1013,51 @@ TEST(CudaLayersTest, LayerNormBackwardWithParameterGradientsMatchesCpuAndRepeats
   }
 }
 
+// LayerNorm keeps its input and each row's mean and rstd; the backward makes xhat again as
+// (x - mean) * rstd in float (kernels::LayerNormHat). With weight 1 and bias 0 the
+// forward's fp32 output is its xhat (times 1 plus 0 is exact), so the device's output must
+// be, bit for bit, that expression of the device's own stored statistics, as the host
+// evaluates it: the statistics stored are the ones the forward used (also for the residual
+// form, whose input is the stored sum).
+TEST(CudaLayersTest, LayerNormsStoredStatisticsGiveTheForwardsXhatBitForBit) {
+  SKIP_WITHOUT_GPU();
+  for (const int64_t cols : {768, 772, 6200}) {
+    const int64_t rows = 37, n = rows * cols;
+    const core::Tensor x = Normal({n}, 91, 3.0f), x2 = Normal({n}, 92);
+    const core::Tensor w =
+        core::Tensor::FromVector(std::vector<float>(cols, 1.0f), {cols}).value();
+    const core::Tensor b = core::Tensor::Zeros({cols});
+    for (bool add : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(add ? "residual + LayerNorm" : "LayerNorm", ", ", cols));
+      core::Tensor y = To(core::Tensor::Zeros({n}), kGpu), h = To(core::Tensor::Zeros({n}), kGpu);
+      core::Tensor mean = To(core::Tensor::Zeros({rows}), kGpu);
+      core::Tensor rstd = To(core::Tensor::Zeros({rows}), kGpu);
+      const absl::Status s =
+          add ? AddLayerNormForward("ln", To(x, kGpu), To(x2, kGpu), To(w, kGpu), To(b, kGpu),
+                                    1e-5f, h, y, mean, rstd)
+              : LayerNormForward("ln", To(x, kGpu), To(w, kGpu), To(b, kGpu), 1e-5f, y, mean,
+                                 rstd);
+      ASSERT_TRUE(s.ok()) << s;
+      const std::vector<float> in = add ? Host(h) : x.ToVector(), out = Host(y);
+      const std::vector<float> mu = Host(mean), rs = Host(rstd);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < cols; ++j) {
+          const float hat = (in[r * cols + j] - mu[r]) * rs[r];
+          const float want = hat * 1.0f + 0.0f;  // y = xhat * w + b, exact here
+          ASSERT_EQ(std::memcmp(&want, &out[r * cols + j], sizeof(float)), 0)
+              << "row " << r << " column " << j;
+        }
+      }
+    }
+  }
+}
+
 // NOTE [GEMM epilogues]: LayerNorm (and residual + LayerNorm) storing its output bf16: the
 // device's value is the CPU's up to fp32 order, so at most one bf16 step apart; the row
-// statistics and the sum within fp32 order. The kernel moves four columns a load where every row is 16-byte
-// aligned (cols % 4 == 0; a bf16 output also needs cols % 8 == 0) and four scalar ones
-// where not, with the same bits; 772 columns give bf16 rows 8 bytes off alignment.
+// statistics and the sum within fp32 order. The kernel moves four columns a load where
+// every row is 16-byte aligned (cols % 4 == 0; a bf16 output also needs cols % 8 == 0) and
+// four scalar ones where not, with the same bits; 772 columns give bf16 rows 8 bytes off
+// alignment.
 TEST(CudaLayersTest, LayerNormBf16OutputMatchesCpu) {
   SKIP_WITHOUT_GPU();
   for (const int64_t cols : {768, 772}) {
