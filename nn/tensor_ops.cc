@@ -238,6 +238,17 @@ absl::Status AccumulateColumnSums(absl::string_view what, const Tensor& x, const
 
 namespace {
 
+// The optional bf16 copy of an op's fp32 result: undefined, or bf16 of `like`'s numel on
+// its device (`like_name` names it in an error). Its bits, or null.
+absl::StatusOr<uint16_t*> Bf16Out(absl::string_view what, const char* name, const Tensor& out,
+                                  const char* like_name, const Tensor& like) {
+  if (!out.defined()) return nullptr;
+  RETURN_IF_ERROR(CheckDevices(what, {{name, &out}, {like_name, &like}}));
+  RETURN_IF_ERROR(CheckDType(what, name, out, DType::kBFloat16));
+  RETURN_IF_ERROR(CheckNumel(what, name, out, like.numel()));
+  return static_cast<uint16_t*>(out.raw_data());
+}
+
 // LayerNormForward's argument checks; the number of rows.
 absl::StatusOr<int64_t> CheckLayerNormForward(absl::string_view what, const Tensor& x,
                                               const Tensor& w, const Tensor& b, const Tensor& y,
@@ -378,10 +389,9 @@ absl::StatusOr<Tensor> LayerNormHat(absl::string_view what, const Tensor& x, con
 // input gradient's kernel, then the column sums' own (the weight's over xhat made again).
 absl::Status LayerNormBackwardCuda(absl::string_view what, const Tensor& g, const Tensor& x,
                                    const Tensor& mean, const Tensor& rstd, const Tensor& w,
-                                   const Tensor& residual, const Tensor& gx, const Tensor& gx16,
+                                   const Tensor& residual, const Tensor& gx, uint16_t* out16,
                                    const Tensor& gw, const Tensor& gb, int64_t rows) {
   const int64_t cols = w.numel();
-  uint16_t* out16 = gx16.defined() ? static_cast<uint16_t*>(gx16.raw_data()) : nullptr;
   RETURN_IF_ERROR(UseDevice(g.device(), what));
   if ((gw.defined() || gb.defined()) && ::kernels::LayerNormGradWarps(cols) > 0) {
     ASSIGN_OR_RETURN(
@@ -424,7 +434,7 @@ absl::Status LayerNormBackwardCuda(absl::string_view what, const Tensor& g, cons
 // rstd, before anything is written) and gb += column sums of g, each when defined.
 absl::Status LayerNormBackwardCpu(absl::string_view what, const Tensor& g, const Tensor& x,
                                   const Tensor& mean, const Tensor& rstd, const Tensor& w,
-                                  const Tensor& residual, const Tensor& gx, const Tensor& gx16,
+                                  const Tensor& residual, const Tensor& gx, uint16_t* out16,
                                   const Tensor& gw, const Tensor& gb, int64_t rows) {
   const int64_t cols = w.numel();
   Tensor xhat;
@@ -432,9 +442,8 @@ absl::Status LayerNormBackwardCpu(absl::string_view what, const Tensor& g, const
     ASSIGN_OR_RETURN(xhat, LayerNormHat(what, x, mean, rstd, rows, cols));
   }
   if (residual.defined()) {
-    kcpu::LayerNormBackwardInputAdd(
-        F32(g), F32(x), F32(mean), F32(rstd), w.raw_data(), IsBf16(w), F32(residual), MutF32(gx),
-        rows, cols, gx16.defined() ? static_cast<uint16_t*>(gx16.raw_data()) : nullptr);
+    kcpu::LayerNormBackwardInputAdd(F32(g), F32(x), F32(mean), F32(rstd), w.raw_data(),
+                                    IsBf16(w), F32(residual), MutF32(gx), rows, cols, out16);
   } else {
     kcpu::LayerNormBackwardInput(F32(g), F32(x), F32(mean), F32(rstd), w.raw_data(), IsBf16(w),
                                  MutF32(gx), rows, cols);
@@ -456,12 +465,12 @@ absl::Status LayerNormBackward(absl::string_view what, const Tensor& g, const Te
                                                 gw.defined(), gb.defined()));
   if (g.device().is_cuda()) {
 #ifdef FSDP_WITH_CUDA
-    return LayerNormBackwardCuda(what, g, x, mean, rstd, w, Tensor(), gx, Tensor(), gw, gb, rows);
+    return LayerNormBackwardCuda(what, g, x, mean, rstd, w, Tensor(), gx, nullptr, gw, gb, rows);
 #else
     return NoCuda(g.device(), what);
 #endif
   }
-  return LayerNormBackwardCpu(what, g, x, mean, rstd, w, Tensor(), gx, Tensor(), gw, gb, rows);
+  return LayerNormBackwardCpu(what, g, x, mean, rstd, w, Tensor(), gx, nullptr, gw, gb, rows);
 }
 
 absl::Status LayerNormBackwardAdd(absl::string_view what, const Tensor& g, const Tensor& x,
@@ -472,10 +481,9 @@ absl::Status LayerNormBackwardAdd(absl::string_view what, const Tensor& g, const
                    CheckLayerNormBackward(what, g, x, mean, rstd, w, gx, gw, gb));
   RETURN_IF_ERROR(CheckElementwiseF32(what, {{"grad_output", &g}, {"residual", &residual}}));
   RETURN_IF_ERROR(CheckDistinct(what, "grad_input", gx, "residual", residual));
-  if (gx16.defined()) {
-    RETURN_IF_ERROR(CheckDevices(what, {{"grad_output", &g}, {"bf16 grad_input", &gx16}}));
-    RETURN_IF_ERROR(CheckDType(what, "bf16 grad_input", gx16, DType::kBFloat16));
-    RETURN_IF_ERROR(CheckNumel(what, "bf16 grad_input", gx16, g.numel()));
+  ASSIGN_OR_RETURN(uint16_t* const out16,
+                   Bf16Out(what, "bf16 grad_input", gx16, "grad_output", g));
+  if (out16 != nullptr) {
     for (const Arg& in : {Arg{"grad_output", &g}, Arg{"input", &x}, Arg{"residual", &residual},
                           Arg{"grad_input", &gx}}) {
       RETURN_IF_ERROR(CheckDistinct(what, "bf16 grad_input", gx16, in.name, *in.tensor));
@@ -484,31 +492,16 @@ absl::Status LayerNormBackwardAdd(absl::string_view what, const Tensor& g, const
   ProfiledOp op(OpCategory::kNorm, "layernorm.backward_add", g.device(),
                 internal::LayerNormBackwardCost(rows, w.numel(), core::DTypeSize(w.dtype()),
                                                 gw.defined(), gb.defined(), /*residual=*/true,
-                                                gx16.defined()));
+                                                out16 != nullptr));
   if (g.device().is_cuda()) {
 #ifdef FSDP_WITH_CUDA
-    return LayerNormBackwardCuda(what, g, x, mean, rstd, w, residual, gx, gx16, gw, gb, rows);
+    return LayerNormBackwardCuda(what, g, x, mean, rstd, w, residual, gx, out16, gw, gb, rows);
 #else
     return NoCuda(g.device(), what);
 #endif
   }
-  return LayerNormBackwardCpu(what, g, x, mean, rstd, w, residual, gx, gx16, gw, gb, rows);
+  return LayerNormBackwardCpu(what, g, x, mean, rstd, w, residual, gx, out16, gw, gb, rows);
 }
-
-namespace {
-
-// The optional bf16 copy of a softmax op's result: undefined, or bf16 of `numel` elements
-// on `like`'s device. Its bits, or null.
-absl::StatusOr<uint16_t*> Bf16Out(absl::string_view what, const char* name, const Tensor& out,
-                                  const Tensor& like) {
-  if (!out.defined()) return nullptr;
-  RETURN_IF_ERROR(CheckDevices(what, {{name, &out}, {"scores", &like}}));
-  RETURN_IF_ERROR(CheckDType(what, name, out, DType::kBFloat16));
-  RETURN_IF_ERROR(CheckNumel(what, name, out, like.numel()));
-  return static_cast<uint16_t*>(out.raw_data());
-}
-
-}  // namespace
 
 absl::Status CausalSoftmaxForward(absl::string_view what, const Tensor& scores, int64_t T,
                                   const Tensor& probs16) {
@@ -518,7 +511,8 @@ absl::Status CausalSoftmaxForward(absl::string_view what, const Tensor& scores, 
     return absl::InvalidArgumentError(absl::StrCat(what, ": attention scores ", scores.ToString(),
                                                    " are not rows of ", T));
   }
-  ASSIGN_OR_RETURN(uint16_t* const out16, Bf16Out(what, "bf16 probabilities", probs16, scores));
+  ASSIGN_OR_RETURN(uint16_t* const out16,
+                   Bf16Out(what, "bf16 probabilities", probs16, "scores", scores));
   const int64_t rows = scores.numel() / T;
   ProfiledOp op(OpCategory::kAttention, "causal_softmax.forward", scores.device(),
                 internal::SoftmaxForwardCost(rows, T, out16 != nullptr));
@@ -540,7 +534,8 @@ absl::Status CausalSoftmaxBackward(absl::string_view what, const Tensor& p, cons
     return absl::InvalidArgumentError(absl::StrCat(what, ": attention probabilities ",
                                                    p.ToString(), " are not rows of ", T));
   }
-  ASSIGN_OR_RETURN(uint16_t* const o16, Bf16Out(what, "bf16 score gradient", out16, g));
+  ASSIGN_OR_RETURN(uint16_t* const o16,
+                   Bf16Out(what, "bf16 score gradient", out16, "scores", g));
   const int64_t rows = p.numel() / T;
   ProfiledOp op(OpCategory::kAttention, "causal_softmax.backward", p.device(),
                 internal::SoftmaxBackwardCost(rows, T, IsBf16(p), o16 != nullptr));

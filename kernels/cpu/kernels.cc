@@ -210,6 +210,14 @@ FSDP_LAYER_NORM_LOOP(float, uint16_t)
 FSDP_LAYER_NORM_LOOP(uint16_t, uint16_t)
 #undef FSDP_LAYER_NORM_LOOP
 
+// Row r of `out` ([rows, T] bf16) from the finished fp32 row, rounded once, while the row
+// is still in cache.
+FSDP_CPU_INLINE void RoundRow(const float* FSDP_RESTRICT row, uint16_t* FSDP_RESTRICT out,
+                              int64_t T) {
+#pragma omp simd
+  for (int64_t s = 0; s < T; ++s) out[s] = core::FloatToBf16Bits(row[s]);
+}
+
 // LayerNorm's input gradient for `rows` rows, xhat recomputed from x, mean and rstd; with
 // `residual` non-null, residual + it (NOTE [Fused ops]), and with gx16 non-null also that
 // sum rounded to bf16 there.
@@ -242,11 +250,7 @@ FSDP_CPU_INLINE void LayerNormBackwardRows(const float* FSDP_RESTRICT g,
         o[j] = k::Add(res[j], k::LayerNormBackwardInput(gr[j], w, j, k::LayerNormHat(xr[j], mu, rs),
                                                         rs, mean_gh, mean_gh_h));
       }
-      if (gx16 != nullptr) {
-        uint16_t* o16 = gx16 + r * cols;
-#pragma omp simd
-        for (int64_t j = 0; j < cols; ++j) k::Store(o16, j, o[j]);
-      }
+      if (gx16 != nullptr) RoundRow(o, gx16 + r * cols, cols);
     } else {
 #pragma omp simd
       for (int64_t j = 0; j < cols; ++j) {
@@ -280,14 +284,6 @@ FSDP_CPU_CLONES void LayerNormHatLoop(const float* FSDP_RESTRICT x, const float*
 #pragma omp simd
     for (int64_t j = 0; j < cols; ++j) hr[j] = k::LayerNormHat(xr[j], mu, rs);
   }
-}
-
-// Row r of `out` ([rows, T] bf16) from the finished fp32 row, rounded once, while the row
-// is still in cache.
-FSDP_CPU_INLINE void RoundRow(const float* FSDP_RESTRICT row, uint16_t* FSDP_RESTRICT out,
-                              int64_t T) {
-#pragma omp simd
-  for (int64_t s = 0; s < T; ++s) out[s] = core::FloatToBf16Bits(row[s]);
 }
 
 // Rows [first, end) of [rows, T] scores, row r attending to s <= r % T; in place, and

@@ -848,8 +848,8 @@ elif [ -x "$BUNDLE/bin/main_job" ]; then
   # with it off, as are the later job steps: the run still measures the step when the
   # tuner is what fails. The first attempt stays a failed step (ours_tuned), its log's end
   # goes into run.log.
-  if [ "$(head -1 "$WORK/steps/ours")" != 0 ] && [ "$(head -1 "$WORK/steps/ours")" != -1 ] &&
-      [ "${FSDP_GEMM_TUNING:-1}" != 0 ]; then
+  ours_rc=$(head -1 "$WORK/steps/ours")
+  if [ "$ours_rc" != 0 ] && [ "$ours_rc" != -1 ] && [ "${FSDP_GEMM_TUNING:-1}" != 0 ]; then
     mv "$WORK/steps/ours" "$WORK/steps/ours_tuned"
     tail -n 60 "$WORK/main_job.log" >"$WORK/main_job_tuned.log"
     export FSDP_GEMM_TUNING=0
