@@ -1209,10 +1209,12 @@ TEST(CudaLayersTest, Bf16GptStepAtGpt2WidthRepeatsBitForBit) {
 }
 
 // Cross-entropy on every kernel path with fp32 and bf16 gradients (and bf16 logits, as a
-// bf16 head gives them, with bf16 gradients): rows staged in shared
-// memory (V = 4096, the shortest; V = 50304 with more rows than the grid's blocks, so each
-// block takes several), and rows read twice (V = 304: four logits per load; V = 301: one;
-// V = 60000: a row past a block's shared memory). The loss within fp32 summation error,
+// bf16 head gives them, with bf16 gradients): rows staged in shared memory as stored
+// (V = 2048, the shortest, and 4096: 512-thread blocks, several an SM; V = 50304 with more
+// rows than the grid's blocks, so each block takes several: fp32 in 1024-thread blocks, one
+// an SM, bf16 in 512-thread blocks, two an SM; V = 60000 bf16: 1024 threads, one block an
+// SM), and rows read twice (V = 304: four logits per load; V = 301: one; V = 60000 fp32: a
+// row past a block's shared memory). The loss within fp32 summation error,
 // fp32 gradients within 1e-5 normwise, bf16 gradients within one bf16 step of the CPU's
 // (the fp32 values agree to ~1e-7, so a rounding may land one step apart; one step is 2^-7
 // of the value at the bottom of its binade, twice the unit roundoff u = 2^-8). A second
@@ -1220,7 +1222,7 @@ TEST(CudaLayersTest, Bf16GptStepAtGpt2WidthRepeatsBitForBit) {
 TEST(CudaLossesTest, CrossEntropyAndMseMatchCpu) {
   SKIP_WITHOUT_GPU();
   for (const auto& [rows, V] : std::vector<std::pair<int64_t, int64_t>>{
-           {7, 301}, {7, 304}, {7, 4096}, {60, 50304}, {8, 60000}}) {
+           {7, 301}, {7, 304}, {7, 2048}, {7, 4096}, {60, 50304}, {8, 60000}}) {
     for (const auto& [logits_dtype, dtype] : std::vector<std::pair<core::DType, core::DType>>{
              {core::DType::kFloat32, core::DType::kFloat32},
              {core::DType::kFloat32, core::DType::kBFloat16},

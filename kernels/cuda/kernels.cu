@@ -629,17 +629,35 @@ __device__ __forceinline__ void PutGrad(float* grad, uint16_t* grad16, int64_t j
   }
 }
 
-// Logits 4 j4 .. 4 j4 + 3 of a row as floats: one 16-byte load of fp32, or one 8-byte load
-// of bf16 widened exactly (the row 16- or 8-byte aligned).
-__device__ __forceinline__ float4 LoadFour(const float* row, int64_t j4) {
-  return reinterpret_cast<const float4*>(row)[j4];
-}
-__device__ __forceinline__ float4 LoadFour(const uint16_t* row, int64_t j4) {
-  const uint2 q = reinterpret_cast<const uint2*>(row)[j4];
+// Four logits of a row as they are stored: one 16-byte fp32 load or one 8-byte bf16 load.
+template <typename X>
+struct FourOf;
+template <>
+struct FourOf<float> {
+  using type = float4;
+};
+template <>
+struct FourOf<uint16_t> {
+  using type = uint2;
+};
+
+// Four stored logits as floats (bf16 widened exactly).
+__device__ __forceinline__ float4 Widen(const float4& v) { return v; }
+__device__ __forceinline__ float4 Widen(const uint2& q) {
   return make_float4(core::Bf16BitsToFloat(static_cast<uint16_t>(q.x)),
                      core::Bf16BitsToFloat(static_cast<uint16_t>(q.x >> 16)),
                      core::Bf16BitsToFloat(static_cast<uint16_t>(q.y)),
                      core::Bf16BitsToFloat(static_cast<uint16_t>(q.y >> 16)));
+}
+
+// Logits 4 j4 .. 4 j4 + 3 of a row (16- or 8-byte aligned) as stored, and as floats.
+template <typename X>
+__device__ __forceinline__ typename FourOf<X>::type LoadFourRaw(const X* row, int64_t j4) {
+  return reinterpret_cast<const typename FourOf<X>::type*>(row)[j4];
+}
+template <typename X>
+__device__ __forceinline__ float4 LoadFour(const X* row, int64_t j4) {
+  return Widen(LoadFourRaw(row, j4));
 }
 
 // Whether the cross-entropy kernels move four logits a load: V % 4 == 0, the logits aligned
@@ -738,59 +756,64 @@ __global__ void CrossEntropyKernel(const X* logits, const int32_t* targets, int6
   }
 }
 
-// CrossEntropyKernel's results with the row staged in shared memory (dynamic, V floats;
-// V % 4 == 0 and the rows 16-byte aligned): the logits are read from device memory once.
-// Each block takes rows blockIdx.x, blockIdx.x + gridDim.x, ...: it copies the row in (four
-// 16-byte loads in flight a thread), takes the maximum, then sums exp(x - max) and writes
-// the gradient from shared memory. CrossEntropyKernel re-reads its row for the gradient,
-// and with a few hundred 200 KB rows in flight that second read comes from device memory.
+// CrossEntropyKernel's results with the row staged in shared memory (dynamic, V logits as
+// they are stored: V * sizeof(X) bytes; V % 4 == 0 and the rows aligned for LoadFour): the
+// logits are read from device memory once. Each block takes rows blockIdx.x, blockIdx.x +
+// gridDim.x, ...: it copies the row in (kInFlight loads in flight a thread), takes the
+// maximum, then sums exp(x - max) and writes the gradient from shared memory, widening each
+// staged bf16 logit exactly as LoadFour does. A bf16 row takes half a float row's shared
+// memory, so two blocks share an SM and one copies its row in while the other computes.
+// CrossEntropyKernel re-reads its row for the gradient, and with a few hundred 200 KB rows
+// in flight that second read comes from device memory.
 template <typename X>
 __global__ void __launch_bounds__(1024) CrossEntropyStagedKernel(
     const X* logits, const int32_t* targets, int64_t rows, int64_t V, double inv_n,
     float* grad, double* row_loss, uint16_t* grad16) {
-  extern __shared__ float4 staged[];
+  using Four = typename FourOf<X>::type;
+  extern __shared__ float4 staged_storage[];  // float4: 16-byte aligned for either type
+  Four* staged = reinterpret_cast<Four*>(staged_storage);
+  const X* row_x = reinterpret_cast<const X*>(staged_storage);
   __shared__ float fscratch[32];
   __shared__ double dscratch[32];
-  constexpr int kInFlight = 4;
+  constexpr int kInFlight = 16 / sizeof(Four) * 4;  // 64 bytes a thread: 4 fp32, 8 bf16 loads
   const int64_t n4 = V / 4, step = blockDim.x;
-  const float* row_x = reinterpret_cast<const float*>(staged);
   const float inv_n_f = static_cast<float>(inv_n);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const X* x = logits + row * V;
     float m = -INFINITY;
     for (int64_t j = threadIdx.x; j < n4; j += kInFlight * step) {
-      float4 v[kInFlight];
+      Four v[kInFlight];
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
-        if (j + u * step < n4) v[u] = LoadFour(x, j + u * step);
+        if (j + u * step < n4) v[u] = LoadFourRaw(x, j + u * step);
       }
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
         if (j + u * step < n4) {
           staged[j + u * step] = v[u];
-          m = fmaxf(m, fmaxf(fmaxf(v[u].x, v[u].y), fmaxf(v[u].z, v[u].w)));
+          const float4 f = Widen(v[u]);
+          m = fmaxf(m, fmaxf(fmaxf(f.x, f.y), fmaxf(f.z, f.w)));
         }
       }
     }
     m = BlockMax(m, fscratch);  // its barriers also publish the staged row
     double sum = 0.0;
     for (int64_t j = threadIdx.x; j < n4; j += step) {
-      const float4 v = staged[j];
-      sum += ExpSumFour(v, m);
+      sum += ExpSumFour(Widen(staged[j]), m);
     }
     sum = BlockSum(sum, dscratch);
     const int32_t target = targets[row];
     const bool valid = target >= 0 && target < V;
     if (threadIdx.x == 0) {
-      row_loss[row] =
-          valid ? k::CrossEntropyRowLoss<double>(sum, static_cast<double>(m), row_x[target])
-                : 0.0;
+      row_loss[row] = valid ? k::CrossEntropyRowLoss<double>(sum, static_cast<double>(m),
+                                                             k::Load(row_x, target))
+                            : 0.0;
     }
     const float log_sum_f = static_cast<float>(log(sum));
     for (int64_t j = threadIdx.x; j < n4; j += step) {
       PutGradFour(grad16 != nullptr ? nullptr : grad + row * V,
-                  grad16 != nullptr ? grad16 + row * V : nullptr, j, staged[j], m, log_sum_f,
-                  target, inv_n_f);
+                  grad16 != nullptr ? grad16 + row * V : nullptr, j, Widen(staged[j]), m,
+                  log_sum_f, target, inv_n_f);
     }
     __syncthreads();  // every thread is done with the staged row before the next one lands
   }
@@ -1173,24 +1196,35 @@ cudaError_t CrossEntropyLaunch(const X* logits, const int32_t* targets, int64_t 
       err != cudaSuccess) {
     return err;
   }
-  constexpr int kStagedThreads = 1024;
   constexpr int64_t kStaticBytes = 32 * (sizeof(float) + sizeof(double));
-  const int64_t bytes = V * static_cast<int64_t>(sizeof(float));
-  if (four && V / 4 >= kStagedThreads && bytes + kStaticBytes <= shared_optin) {
+  const int64_t bytes = V * static_cast<int64_t>(sizeof(X));
+  if (four && V / 4 >= 512 && bytes + kStaticBytes <= shared_optin) {
     if (cudaError_t err = AllowSharedMemory(CrossEntropyStagedKernel<X>, static_cast<int>(bytes));
         err != cudaSuccess) {
       return err;
     }
-    int per_sm = 0;
-    if (cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &per_sm, CrossEntropyStagedKernel<X>, kStagedThreads, static_cast<size_t>(bytes));
-        err != cudaSuccess) {
-      return err;
+    const auto blocks_an_sm = [&](int threads, int* per_sm) {
+      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          per_sm, CrossEntropyStagedKernel<X>, threads, static_cast<size_t>(bytes));
+    };
+    // 1024 threads a block, or 512 where that lets two blocks share an SM and 1024 does
+    // not (a bf16 row of GPT-2's 50304 logits: 2 x 98 KB of shared memory; the registers of
+    // two 1024-thread blocks do not fit). Each thread takes at least one four-wide load of
+    // a row: V >= 4 x threads, else the unstaged kernel.
+    int threads = 1024, per_sm = 0, per_sm_half = 0;
+    if (cudaError_t err = blocks_an_sm(1024, &per_sm); err != cudaSuccess) return err;
+    if (cudaError_t err = blocks_an_sm(512, &per_sm_half); err != cudaSuccess) return err;
+    if (per_sm < 2 && per_sm_half >= 2) {
+      threads = 512;
+      per_sm = per_sm_half;
     }
-    const int64_t blocks = std::min<int64_t>(rows, static_cast<int64_t>(sms) * std::max(per_sm, 1));
-    CrossEntropyStagedKernel<X><<<static_cast<unsigned int>(blocks), kStagedThreads, bytes>>>(
-        logits, targets, rows, V, inv_n, grad, row_loss, grad16);
-    return cudaGetLastError();
+    if (V / 4 >= threads) {
+      const int64_t blocks =
+          std::min<int64_t>(rows, static_cast<int64_t>(sms) * std::max(per_sm, 1));
+      CrossEntropyStagedKernel<X><<<static_cast<unsigned int>(blocks), threads, bytes>>>(
+          logits, targets, rows, V, inv_n, grad, row_loss, grad16);
+      return cudaGetLastError();
+    }
   }
   CrossEntropyKernel<X><<<static_cast<unsigned int>(rows), 512>>>(logits, targets, rows, V, inv_n,
                                                                 grad, row_loss, grad16);
