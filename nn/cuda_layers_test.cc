@@ -1210,7 +1210,8 @@ TEST(CudaLayersTest, Bf16GptStepAtGpt2WidthRepeatsBitForBit) {
 
 // Cross-entropy on every kernel path with fp32 and bf16 gradients (and bf16 logits, as a
 // bf16 head gives them, with bf16 gradients): rows staged in shared memory as stored
-// (V = 2048, the shortest, and 4096: 512-thread blocks, several an SM; V = 50304 with more
+// (with the kernel's 46-56 registers at sm_90, which keep two 1024-thread blocks off an SM:
+// V = 2048, the shortest, and 4096 in 512-thread blocks, several an SM; V = 50304 with more
 // rows than the grid's blocks, so each block takes several: fp32 in 1024-thread blocks, one
 // an SM, bf16 in 512-thread blocks, two an SM; V = 60000 bf16: 1024 threads, one block an
 // SM), and rows read twice (V = 304: four logits per load; V = 301: one; V = 60000 fp32: a
