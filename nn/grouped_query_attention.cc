@@ -63,9 +63,12 @@ absl::StatusOr<core::Tensor> GroupedQueryAttention::ForwardImpl(const core::Tens
   }
   const int64_t B = x.size(0), T = x.size(1), C = hidden_;
   const core::Device device = x.device();
-  ASSIGN_OR_RETURN(core::Tensor q, q_proj_->Forward(x));
-  ASSIGN_OR_RETURN(core::Tensor k, k_proj_->Forward(x));
-  ASSIGN_OR_RETURN(core::Tensor v, v_proj_->Forward(x));
+  // NOTE [bf16 GEMMs] (nn/linear.h): x rounded once for the three projections.
+  ASSIGN_OR_RETURN(const core::Tensor in,
+                   SharedGemmInput(*this, x, {q_proj_.get(), k_proj_.get(), v_proj_.get()}));
+  ASSIGN_OR_RETURN(core::Tensor q, q_proj_->Forward(in));
+  ASSIGN_OR_RETURN(core::Tensor k, k_proj_->Forward(in));
+  ASSIGN_OR_RETURN(core::Tensor v, v_proj_->Forward(in));
   RETURN_IF_ERROR(EnsureTables(T, device));
   // NOTE [Grouped-query attention]: q and k rotated, k and v repeated per group, into the
   // layout of the attention core.

@@ -5,9 +5,11 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "core/allocator.h"
 #include "core/op_profile.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nn/testing/fused_layers.h"
 #include "nn/testing/gradcheck.h"
 #include "nn/to_device.h"
 
@@ -260,6 +262,47 @@ TEST(GroupedQueryAttentionTest, FusedBf16PathMatchesTheUnfusedOne) {
     fused_ops += absl::StartsWith(r.name, "fused_attention");
   }
   EXPECT_EQ(fused_ops, 2);
+}
+
+// NOTE [bf16 GEMMs] (nn/linear.h): with bf16 weights and no hooks on the projections, x is
+// rounded once for q, k and v, and the three keep that one copy for their weight
+// gradients; a hook on one of them makes each round x and keep its own copy. Both give the
+// same bits (output, input gradient, every parameter gradient); the shared path runs two
+// conversions fewer in the forward and holds exactly two bf16 copies of x fewer after it.
+TEST(GroupedQueryAttentionTest, TheProjectionsShareOneBf16CopyOfTheirInput) {
+  const int64_t H = 4, KV = 2, C = H * 64, B = 2, T = 9;
+  GroupedQueryAttention m(C, H, KV, 10000.0, 21);
+  ASSERT_TRUE(ConvertParameters(m, core::DType::kBFloat16).ok());
+  const core::Tensor x = gradcheck::RandomTensor({B, T, C}, 22);
+  const core::Tensor gy = gradcheck::RandomTensor({B, T, C}, 23);
+  core::Allocator& cpu = *core::Allocator::Current(core::Device::Cpu());
+  // The conversions the forward records, and the activation bytes it leaves held.
+  auto forward = [&](int* converts, int64_t* held) {
+    core::OpProfile profile;
+    const int64_t before = cpu.Stats().current(core::MemoryTag::kActivation);
+    absl::StatusOr<core::Tensor> y;
+    {
+      core::ScopedOpProfile on(&profile);
+      y = m.Forward(x);
+    }
+    ASSERT_TRUE(y.ok()) << y.status();
+    *held = cpu.Stats().current(core::MemoryTag::kActivation) - before;
+    *converts = 0;
+    for (const core::OpRecord& r : profile.records()) *converts += r.name == "convert";
+    m.DropActivations();
+  };
+  int shared_converts = 0, own_converts = 0;
+  int64_t shared_held = 0, own_held = 0;
+  forward(&shared_converts, &shared_held);
+  const auto shared = fused_layers::StepBits(m, x, gy);
+  int calls = 0;
+  core::HookHandle h = fused_layers::CountingHook(*m.k_proj(), &calls);
+  forward(&own_converts, &own_held);
+  EXPECT_EQ(fused_layers::StepBits(m, x, gy), shared);
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(shared_converts, 3);  // x once, the packed q, k, v, the heads' output y
+  EXPECT_EQ(own_converts, 5);     // x by each projection, then q, k, v and y
+  EXPECT_EQ(own_held - shared_held, 2 * B * T * C * 2);
 }
 
 TEST(GroupedQueryAttentionTest, BadConfigurationsNameTheArgument) {

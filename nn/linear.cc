@@ -150,6 +150,18 @@ absl::StatusOr<core::Tensor> Linear::GemmOperand(const core::Tensor& t, const ch
   return internal::RoundToBf16(*this, t, name);
 }
 
+absl::StatusOr<core::Tensor> SharedGemmInput(const core::Module& owner, const core::Tensor& x,
+                                             std::initializer_list<const Linear*> takers) {
+  if (!x.defined()) return x;  // each Linear reports it
+  for (const Linear* l : takers) {
+    if (l == nullptr || !internal::Fusable(*l) || !l->weight()->data.defined() ||
+        l->weight()->data.dtype() != core::DType::kBFloat16) {
+      return x;
+    }
+  }
+  return internal::RoundToBf16(owner, x, "input");
+}
+
 absl::StatusOr<core::Tensor> Linear::BackwardGemms(const core::Tensor& grad_output,
                                                    bool gemm_out,
                                                    const core::Tensor& gelu_pre) {

@@ -10,6 +10,7 @@
 #define NN_LINEAR_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 
@@ -124,6 +125,16 @@ class Linear : public core::Module {
   core::ParameterPtr bias_;
   core::Tensor input_;  // cached by Forward (bf16 under NOTE [bf16 GEMMs]), released by Backward
 };
+
+// NOTE [bf16 GEMMs]: `x` rounded once for several Linears that all take it as their input
+// (Llama's q, k and v projections; SwiGLU's gate and up): its bf16 copy when every one of
+// them has a bf16 weight and nothing could see its input (internal::Fusable: no hooks, no
+// activation checkpointing of its own), else `x` itself, which each then rounds alone. Each
+// keeps the copy it is given for its weight gradient, so they share one stored copy and one
+// rounding pass instead of one each; the bits are the same either way. `owner` names an
+// error (the rounding's allocation).
+absl::StatusOr<core::Tensor> SharedGemmInput(const core::Module& owner, const core::Tensor& x,
+                                             std::initializer_list<const Linear*> takers);
 
 }  // namespace nn
 

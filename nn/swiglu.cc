@@ -23,8 +23,11 @@ SwiGluMlp::SwiGluMlp(int64_t hidden, int64_t intermediate, uint64_t seed) {
 
 absl::StatusOr<core::Tensor> SwiGluMlp::ForwardImpl(const core::Tensor& x) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
-  ASSIGN_OR_RETURN(core::Tensor a, gate_proj_->Forward(x));
-  ASSIGN_OR_RETURN(core::Tensor b, up_proj_->Forward(x));
+  // NOTE [bf16 GEMMs] (nn/linear.h): x rounded once for gate and up.
+  ASSIGN_OR_RETURN(const core::Tensor in,
+                   SharedGemmInput(*this, x, {gate_proj_.get(), up_proj_.get()}));
+  ASSIGN_OR_RETURN(core::Tensor a, gate_proj_->Forward(in));
+  ASSIGN_OR_RETURN(core::Tensor b, up_proj_->Forward(in));
   ASSIGN_OR_RETURN(core::Tensor h, internal::NewActivation(a.shape(), a.device()));
   RETURN_IF_ERROR(SiluMulForward(internal::What(*this), a, b, h));
   gate_ = std::move(a);

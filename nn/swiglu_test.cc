@@ -6,7 +6,11 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "core/allocator.h"
+#include "core/op_profile.h"
+#include "nn/testing/fused_layers.h"
 #include "nn/testing/gradcheck.h"
+#include "nn/to_device.h"
 
 namespace nn {
 namespace {
@@ -64,6 +68,48 @@ TEST(SwiGluMlpTest, BackwardMatchesFiniteDifferences) {
   EXPECT_TRUE(r->ok()) << r->ToString();
   EXPECT_EQ(r->num_checked, 36 + 3 * 60);
   EXPECT_GT(r->max_abs_numeric, 0.5);
+}
+
+// NOTE [bf16 GEMMs] (nn/linear.h): with bf16 weights and no hooks on gate and up, x is
+// rounded once for both, and they keep that one copy for their weight gradients; a hook on
+// up makes each round x and keep its own. Both give the same bits (output, input gradient,
+// every parameter gradient); the shared path runs one conversion fewer in the forward and
+// holds exactly one bf16 copy of x fewer after it.
+TEST(SwiGluMlpTest, GateAndUpShareOneBf16CopyOfTheirInput) {
+  const int64_t C = 24, I = 40, rows = 7;
+  SwiGluMlp mlp(C, I);
+  gradcheck::RandomizeParameters(mlp, 31, 0.0f, 0.3f);
+  ASSERT_TRUE(ConvertParameters(mlp, core::DType::kBFloat16).ok());
+  const core::Tensor x = gradcheck::RandomTensor({rows, C}, 32);
+  const core::Tensor gy = gradcheck::RandomTensor({rows, C}, 33);
+  core::Allocator& cpu = *core::Allocator::Current(core::Device::Cpu());
+  // The conversions the forward records, and the activation bytes it leaves held.
+  auto forward = [&](int* converts, int64_t* held) {
+    core::OpProfile profile;
+    const int64_t before = cpu.Stats().current(core::MemoryTag::kActivation);
+    absl::StatusOr<core::Tensor> y;
+    {
+      core::ScopedOpProfile on(&profile);
+      y = mlp.Forward(x);
+    }
+    ASSERT_TRUE(y.ok()) << y.status();
+    *held = cpu.Stats().current(core::MemoryTag::kActivation) - before;
+    *converts = 0;
+    for (const core::OpRecord& r : profile.records()) *converts += r.name == "convert";
+    mlp.DropActivations();
+  };
+  int shared_converts = 0, own_converts = 0;
+  int64_t shared_held = 0, own_held = 0;
+  forward(&shared_converts, &shared_held);
+  const auto shared = fused_layers::StepBits(mlp, x, gy);
+  int calls = 0;
+  core::HookHandle h = fused_layers::CountingHook(*mlp.up_proj(), &calls);
+  forward(&own_converts, &own_held);
+  EXPECT_EQ(fused_layers::StepBits(mlp, x, gy), shared);
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(shared_converts, 2);  // x once, down's input once
+  EXPECT_EQ(own_converts, 3);     // x by gate and by up, then down's input
+  EXPECT_EQ(own_held - shared_held, rows * C * 2);
 }
 
 TEST(SwiGluMlpTest, BadSizesAndCallOrderAreReported) {

@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nn/testing/fused_layers.h"
 #include "nn/testing/gradcheck.h"
 
 namespace nn {
@@ -97,36 +98,8 @@ TEST(TransformerBlockTest, BackwardMatchesFiniteDifferences) {
   EXPECT_GT(r->max_abs_numeric, 0.5);
 }
 
-// A forward pre-hook that does nothing but count: registering it makes `m` not Fusable.
-core::HookHandle CountingHook(core::Module& m, int* calls) {
-  return m.RegisterForwardPreHook([calls](core::Module&, const core::Tensor&) {
-    ++*calls;
-    return absl::OkStatus();
-  });
-}
-
-// The output, the input gradient and every parameter gradient of one Forward + Backward.
-std::vector<std::vector<uint32_t>> StepBits(core::Module& m, const core::Tensor& x,
-                                            const core::Tensor& gy) {
-  std::vector<std::vector<uint32_t>> out;
-  auto bits = [&](const core::Tensor& t) {
-    const std::vector<float> v = t.ToVector();
-    std::vector<uint32_t> b(v.size());
-    std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
-    out.push_back(b);
-  };
-  m.ZeroGrad(/*set_to_none=*/true);
-  absl::StatusOr<core::Tensor> y = m.Forward(x);
-  EXPECT_TRUE(y.ok()) << y.status();
-  if (!y.ok()) return out;
-  bits(*y);
-  absl::StatusOr<core::Tensor> gx = m.Backward(gy);
-  EXPECT_TRUE(gx.ok()) << gx.status();
-  if (!gx.ok()) return out;
-  bits(*gx);
-  for (const auto& [name, p] : m.NamedParameters()) bits(p->grad);
-  return out;
-}
+using fused_layers::CountingHook;
+using fused_layers::StepBits;
 
 // NOTE [Fused layers]: with no hooks on the children the Mlp and the block run fused
 // ops; a hook on the fused children makes them call the children instead, and fire the

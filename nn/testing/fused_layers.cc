@@ -1,0 +1,41 @@
+#include "nn/testing/fused_layers.h"
+
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+
+namespace nn {
+namespace fused_layers {
+
+core::HookHandle CountingHook(core::Module& m, int* calls) {
+  return m.RegisterForwardPreHook([calls](core::Module&, const core::Tensor&) {
+    ++*calls;
+    return absl::OkStatus();
+  });
+}
+
+std::vector<std::vector<uint32_t>> StepBits(core::Module& m, const core::Tensor& x,
+                                            const core::Tensor& gy) {
+  std::vector<std::vector<uint32_t>> out;
+  auto bits = [&](const core::Tensor& t) {
+    const std::vector<float> v = t.ToVector();
+    std::vector<uint32_t> b(v.size());
+    std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
+    out.push_back(b);
+  };
+  m.ZeroGrad(/*set_to_none=*/true);
+  absl::StatusOr<core::Tensor> y = m.Forward(x);
+  EXPECT_TRUE(y.ok()) << y.status();
+  if (!y.ok()) return out;
+  bits(*y);
+  absl::StatusOr<core::Tensor> gx = m.Backward(gy);
+  EXPECT_TRUE(gx.ok()) << gx.status();
+  if (!gx.ok()) return out;
+  bits(*gx);
+  for (const auto& [name, p] : m.NamedParameters()) bits(p->grad);
+  return out;
+}
+
+}  // namespace fused_layers
+}  // namespace nn
