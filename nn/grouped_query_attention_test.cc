@@ -1,6 +1,7 @@
 #include "nn/grouped_query_attention.h"
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -300,9 +301,61 @@ TEST(GroupedQueryAttentionTest, TheProjectionsShareOneBf16CopyOfTheirInput) {
   forward(&own_converts, &own_held);
   EXPECT_EQ(fused_layers::StepBits(m, x, gy), shared);
   EXPECT_EQ(calls, 2);
-  EXPECT_EQ(shared_converts, 3);  // x once, the packed q, k, v, the heads' output y
-  EXPECT_EQ(own_converts, 5);     // x by each projection, then q, k, v and y
+  EXPECT_EQ(shared_converts, 2);  // x once, then the packed q, k, v
+  EXPECT_EQ(own_converts, 4);     // x by each projection, then q, k, v
   EXPECT_EQ(own_held - shared_held, 2 * B * T * C * 2);
+}
+
+// With bf16 weights and no hook on o_proj, the fused kernel stores the heads' output y bf16
+// for o_proj's GEMM and o_proj's backward stores the heads' gradient bf16 for the fused
+// backward: two rounding passes fewer. A hook on o_proj makes y fp32, rounded by o_proj
+// (the same bf16 values: the output and o_proj's weight gradient keep their bits), and the
+// fused backward's row sums delta = rowsum(dy * y) then read the fp32 y: v's gradient keeps
+// its bits (dV = P^T dy needs no delta), q's and k's move within a few bf16 units.
+TEST(GroupedQueryAttentionTest, TheHeadsOutputReachesOProjInBf16) {
+  constexpr double kBf16Unit = 1.0 / 256;
+  const int64_t H = 4, KV = 2, C = H * 64, B = 2, T = 70;
+  GroupedQueryAttention m(C, H, KV, 10000.0, 24);
+  ASSERT_TRUE(ConvertParameters(m, core::DType::kBFloat16).ok());
+  const core::Tensor x = gradcheck::RandomTensor({B, T, C}, 25);
+  const core::Tensor gy = gradcheck::RandomTensor({B, T, C}, 26);
+  auto converts = [&]() {
+    core::OpProfile profile;
+    {
+      core::ScopedOpProfile on(&profile);
+      absl::StatusOr<core::Tensor> y = m.Forward(x);
+      EXPECT_TRUE(y.ok()) << y.status();
+      if (y.ok()) EXPECT_TRUE(m.Backward(gy).ok());
+    }
+    int n = 0;
+    for (const core::OpRecord& r : profile.records()) n += r.name == "convert";
+    return n;
+  };
+  const int bf16_converts = converts();
+  const auto bf16 = fused_layers::StepBits(m, x, gy);
+  int calls = 0;
+  core::HookHandle h = fused_layers::CountingHook(*m.o_proj(), &calls);
+  const int fp32_converts = converts();
+  const auto fp32 = fused_layers::StepBits(m, x, gy);
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(fp32_converts - bf16_converts, 2);  // y, and the heads' gradient
+  // StepBits: output, input gradient, then q, k, v, o weight gradients.
+  const std::vector<std::string> names = {"output", "input gradient", "q_proj", "k_proj",
+                                          "v_proj", "o_proj"};
+  ASSERT_EQ(bf16.size(), names.size());
+  ASSERT_EQ(fp32.size(), names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    const bool same_bits = names[i] == "output" || names[i] == "v_proj" || names[i] == "o_proj";
+    if (same_bits) {
+      EXPECT_EQ(bf16[i], fp32[i]) << names[i];
+      continue;
+    }
+    std::vector<float> a(bf16[i].size()), b(fp32[i].size());
+    std::memcpy(a.data(), bf16[i].data(), a.size() * sizeof(float));
+    std::memcpy(b.data(), fp32[i].data(), b.size() * sizeof(float));
+    EXPECT_LE(RelErr(a, b), 4 * kBf16Unit) << names[i];
+    EXPECT_NE(bf16[i], fp32[i]) << names[i] << ": delta read the bf16 y";
+  }
 }
 
 TEST(GroupedQueryAttentionTest, BadConfigurationsNameTheArgument) {
