@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "core/allocator.h"
 #include "core/op_profile.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -276,34 +275,15 @@ TEST(GroupedQueryAttentionTest, TheProjectionsShareOneBf16CopyOfTheirInput) {
   ASSERT_TRUE(ConvertParameters(m, core::DType::kBFloat16).ok());
   const core::Tensor x = gradcheck::RandomTensor({B, T, C}, 22);
   const core::Tensor gy = gradcheck::RandomTensor({B, T, C}, 23);
-  core::Allocator& cpu = *core::Allocator::Current(core::Device::Cpu());
-  // The conversions the forward records, and the activation bytes it leaves held.
-  auto forward = [&](int* converts, int64_t* held) {
-    core::OpProfile profile;
-    const int64_t before = cpu.Stats().current(core::MemoryTag::kActivation);
-    absl::StatusOr<core::Tensor> y;
-    {
-      core::ScopedOpProfile on(&profile);
-      y = m.Forward(x);
-    }
-    ASSERT_TRUE(y.ok()) << y.status();
-    *held = cpu.Stats().current(core::MemoryTag::kActivation) - before;
-    *converts = 0;
-    for (const core::OpRecord& r : profile.records()) *converts += r.name == "convert";
-    m.DropActivations();
-  };
-  int shared_converts = 0, own_converts = 0;
-  int64_t shared_held = 0, own_held = 0;
-  forward(&shared_converts, &shared_held);
-  const auto shared = fused_layers::StepBits(m, x, gy);
-  int calls = 0;
-  core::HookHandle h = fused_layers::CountingHook(*m.k_proj(), &calls);
-  forward(&own_converts, &own_held);
-  EXPECT_EQ(fused_layers::StepBits(m, x, gy), shared);
-  EXPECT_EQ(calls, 2);
-  EXPECT_EQ(shared_converts, 2);  // x once, then the packed q, k, v
-  EXPECT_EQ(own_converts, 4);     // x by each projection, then q, k, v
-  EXPECT_EQ(own_held - shared_held, 2 * B * T * C * 2);
+  const fused_layers::HookComparison c =
+      fused_layers::CompareWithHookOn(m, *m.k_proj(), x, gy);
+  EXPECT_EQ(c.hooked_bits, c.plain_bits);
+  EXPECT_EQ(c.hook_calls, 2);
+  EXPECT_EQ(c.plain_cost.converts, 2);   // x once, then the packed q, k, v
+  EXPECT_EQ(c.hooked_cost.converts, 4);  // x by each projection, then q, k, v
+  const int64_t held_more =
+      c.hooked_cost.held_activation_bytes - c.plain_cost.held_activation_bytes;
+  EXPECT_EQ(held_more, 2 * B * T * C * 2);
 }
 
 // With bf16 weights and no hook on o_proj, the fused kernel stores the heads' output y bf16

@@ -6,8 +6,6 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "core/allocator.h"
-#include "core/op_profile.h"
 #include "nn/testing/fused_layers.h"
 #include "nn/testing/gradcheck.h"
 #include "nn/to_device.h"
@@ -82,34 +80,15 @@ TEST(SwiGluMlpTest, GateAndUpShareOneBf16CopyOfTheirInput) {
   ASSERT_TRUE(ConvertParameters(mlp, core::DType::kBFloat16).ok());
   const core::Tensor x = gradcheck::RandomTensor({rows, C}, 32);
   const core::Tensor gy = gradcheck::RandomTensor({rows, C}, 33);
-  core::Allocator& cpu = *core::Allocator::Current(core::Device::Cpu());
-  // The conversions the forward records, and the activation bytes it leaves held.
-  auto forward = [&](int* converts, int64_t* held) {
-    core::OpProfile profile;
-    const int64_t before = cpu.Stats().current(core::MemoryTag::kActivation);
-    absl::StatusOr<core::Tensor> y;
-    {
-      core::ScopedOpProfile on(&profile);
-      y = mlp.Forward(x);
-    }
-    ASSERT_TRUE(y.ok()) << y.status();
-    *held = cpu.Stats().current(core::MemoryTag::kActivation) - before;
-    *converts = 0;
-    for (const core::OpRecord& r : profile.records()) *converts += r.name == "convert";
-    mlp.DropActivations();
-  };
-  int shared_converts = 0, own_converts = 0;
-  int64_t shared_held = 0, own_held = 0;
-  forward(&shared_converts, &shared_held);
-  const auto shared = fused_layers::StepBits(mlp, x, gy);
-  int calls = 0;
-  core::HookHandle h = fused_layers::CountingHook(*mlp.up_proj(), &calls);
-  forward(&own_converts, &own_held);
-  EXPECT_EQ(fused_layers::StepBits(mlp, x, gy), shared);
-  EXPECT_EQ(calls, 2);
-  EXPECT_EQ(shared_converts, 2);  // x once, down's input once
-  EXPECT_EQ(own_converts, 3);     // x by gate and by up, then down's input
-  EXPECT_EQ(own_held - shared_held, rows * C * 2);
+  const fused_layers::HookComparison c =
+      fused_layers::CompareWithHookOn(mlp, *mlp.up_proj(), x, gy);
+  EXPECT_EQ(c.hooked_bits, c.plain_bits);
+  EXPECT_EQ(c.hook_calls, 2);
+  EXPECT_EQ(c.plain_cost.converts, 2);   // x once, then down's input
+  EXPECT_EQ(c.hooked_cost.converts, 3);  // x by gate and by up, then down's input
+  const int64_t held_more =
+      c.hooked_cost.held_activation_bytes - c.plain_cost.held_activation_bytes;
+  EXPECT_EQ(held_more, rows * C * 2);
 }
 
 TEST(SwiGluMlpTest, BadSizesAndCallOrderAreReported) {

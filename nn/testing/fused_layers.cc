@@ -3,6 +3,8 @@
 #include <cstring>
 
 #include "absl/status/status.h"
+#include "core/allocator.h"
+#include "core/op_profile.h"
 #include "gtest/gtest.h"
 
 namespace nn {
@@ -35,6 +37,34 @@ std::vector<std::vector<uint32_t>> StepBits(core::Module& m, const core::Tensor&
   bits(*gx);
   for (const auto& [name, p] : m.NamedParameters()) bits(p->grad);
   return out;
+}
+
+ForwardCost MeasureForward(core::Module& m, const core::Tensor& x) {
+  core::Allocator& cpu = *core::Allocator::Current(core::Device::Cpu());
+  core::OpProfile profile;
+  ForwardCost cost;
+  const int64_t before = cpu.Stats().current(core::MemoryTag::kActivation);
+  absl::StatusOr<core::Tensor> y;
+  {
+    core::ScopedOpProfile on(&profile);
+    y = m.Forward(x);
+  }
+  EXPECT_TRUE(y.ok()) << y.status();
+  cost.held_activation_bytes = cpu.Stats().current(core::MemoryTag::kActivation) - before;
+  for (const core::OpRecord& r : profile.records()) cost.converts += r.name == "convert";
+  m.DropActivations();
+  return cost;
+}
+
+HookComparison CompareWithHookOn(core::Module& m, core::Module& child, const core::Tensor& x,
+                                 const core::Tensor& gy) {
+  HookComparison c;
+  c.plain_cost = MeasureForward(m, x);
+  c.plain_bits = StepBits(m, x, gy);
+  core::HookHandle h = CountingHook(child, &c.hook_calls);
+  c.hooked_cost = MeasureForward(m, x);
+  c.hooked_bits = StepBits(m, x, gy);
+  return c;
 }
 
 }  // namespace fused_layers

@@ -28,6 +28,26 @@ core::HookHandle CountingHook(core::Module& m, int* calls);
 std::vector<std::vector<uint32_t>> StepBits(core::Module& m, const core::Tensor& x,
                                             const core::Tensor& gy);
 
+// What one Forward(x) of `m` (on the CPU) costs: the conversions it records (ops named
+// "convert": the bf16 roundings of NOTE [bf16 GEMMs] in nn/linear.h) and the activation
+// bytes it leaves held (its caches and its output, by the CPU allocator's activation tag).
+// The activations are dropped after. A failing Forward is a test failure.
+struct ForwardCost {
+  int converts = 0;
+  int64_t held_activation_bytes = 0;
+};
+ForwardCost MeasureForward(core::Module& m, const core::Tensor& x);
+
+// `m` run as it is, then with a CountingHook on its descendant `child` (which makes `child`
+// not Fusable): each run's forward cost and step bits, and how often the hook ran.
+struct HookComparison {
+  ForwardCost plain_cost, hooked_cost;
+  std::vector<std::vector<uint32_t>> plain_bits, hooked_bits;
+  int hook_calls = 0;
+};
+HookComparison CompareWithHookOn(core::Module& m, core::Module& child, const core::Tensor& x,
+                                 const core::Tensor& gy);
+
 }  // namespace fused_layers
 }  // namespace nn
 
