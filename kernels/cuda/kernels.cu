@@ -1196,10 +1196,19 @@ cudaError_t CrossEntropyLaunch(const X* logits, const int32_t* targets, int64_t 
       err != cudaSuccess) {
     return err;
   }
-  constexpr int64_t kStaticBytes = 32 * (sizeof(float) + sizeof(double));
+  // The most dynamic shared memory a block of the staged kernel may take: the opt-in limit
+  // less the kernel's static scratch.
+  cudaFuncAttributes attributes;
+  if (cudaError_t err = cudaFuncGetAttributes(&attributes, CrossEntropyStagedKernel<X>);
+      err != cudaSuccess) {
+    return err;
+  }
+  const int64_t most = shared_optin - static_cast<int64_t>(attributes.sharedSizeBytes);
   const int64_t bytes = V * static_cast<int64_t>(sizeof(X));
-  if (four && V / 4 >= 512 && bytes + kStaticBytes <= shared_optin) {
-    if (cudaError_t err = AllowSharedMemory(CrossEntropyStagedKernel<X>, static_cast<int>(bytes));
+  if (four && V / 4 >= 512 && bytes <= most) {
+    // The cap is that most, the same on every call: a cap of this call's row would let
+    // calls with other V on other host threads lower it under each other's launches.
+    if (cudaError_t err = AllowSharedMemory(CrossEntropyStagedKernel<X>, static_cast<int>(most));
         err != cudaSuccess) {
       return err;
     }
