@@ -2,6 +2,7 @@
 // nn/cuda_layers_test.cc does for the GPT's (its tolerances: fp32 within 1e-5 normwise,
 // bf16 within a few unit roundoffs u = 2^-8 per rounded GEMM chain). Skipped, with the
 // reason, where no CUDA device is usable.
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,6 +62,33 @@ TEST(CudaLlamaTest, RmsNormMatchesCpuWithFp32AndBf16Weights) {
       }
     }
     CompareModules(cpu, gpu, Normal({4, 9, 67}, 9, 2.0f), kFp32Rel);
+  }
+}
+
+// NOTE [GEMM epilogues]: ForwardForGemm stores the output bf16 on the device too, each
+// element within one bf16 step of the CPU's (the fp32 values agree to ~1e-7, so a rounding
+// may land one step apart), for rows of 67 and 4096 columns; a second device run gives the
+// same bits.
+TEST(CudaLlamaTest, RmsNormBf16OutputMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t cols : {67, 4096}) {
+    RmsNorm cpu(cols), gpu(cols);
+    for (RmsNorm* m : {&cpu, &gpu}) {
+      gradcheck::RandomizeParameters(*m, 5, 1.0f, 0.5f);
+      ASSERT_TRUE(ConvertParameters(*m, core::DType::kBFloat16).ok());
+    }
+    ASSERT_TRUE(ToDevice(gpu, kGpu).ok());
+    const core::Tensor x = Normal({3, 5, cols}, 11, 2.0f);
+    absl::StatusOr<core::Tensor> c = cpu.ForwardForGemm(x);
+    absl::StatusOr<core::Tensor> g = gpu.ForwardForGemm(To(x, kGpu));
+    absl::StatusOr<core::Tensor> again = gpu.ForwardForGemm(To(x, kGpu));
+    ASSERT_TRUE(c.ok() && g.ok() && again.ok()) << g.status();
+    ASSERT_EQ(g->dtype(), core::DType::kBFloat16);
+    const std::vector<float> cv = c->ToVector(), gv = Host(*g);
+    EXPECT_EQ(Host(*again), gv) << "run to run";
+    for (size_t i = 0; i < cv.size(); ++i) {
+      ASSERT_LE(std::abs(gv[i] - cv[i]), 2 * kBf16Unit * std::abs(cv[i]) + 1e-30) << i;
+    }
   }
 }
 

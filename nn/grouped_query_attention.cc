@@ -54,9 +54,15 @@ absl::Status GroupedQueryAttention::EnsureTables(int64_t T, const core::Device& 
   return absl::OkStatus();
 }
 
+bool GroupedQueryAttention::TakesBf16Input() const {
+  return SharesBf16Input({q_proj_.get(), k_proj_.get(), v_proj_.get()});
+}
+
 absl::StatusOr<core::Tensor> GroupedQueryAttention::ForwardImpl(const core::Tensor& x) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
-  RETURN_IF_ERROR(internal::CheckTensor(*this, x, core::DType::kFloat32, "input"));
+  const bool bf16_in = x.defined() && x.dtype() == core::DType::kBFloat16 && TakesBf16Input();
+  RETURN_IF_ERROR(internal::CheckTensor(
+      *this, x, bf16_in ? core::DType::kBFloat16 : core::DType::kFloat32, "input"));
   if (x.dim() != 3 || x.size(2) != hidden_) {
     return internal::ModuleError(*this, absl::StrCat("input must be [B, T, ", hidden_, "], got ",
                                                      core::ShapeToString(x.shape())));

@@ -63,6 +63,10 @@ class GroupedQueryAttention : public core::Module {
   int64_t n_head() const { return n_head_; }
   int64_t n_kv_head() const { return n_kv_head_; }
   double rope_theta() const { return rope_theta_; }
+  // Whether Forward takes its input in bf16 (a producer's bf16 copy of the fp32 input,
+  // NOTE [GEMM epilogues] in nn/tensor_ops.h): when q, k and v would round it to bf16
+  // themselves (nn::SharesBf16Input: bf16 weights, no hooks). Else the input is fp32.
+  bool TakesBf16Input() const;
   // Whether Forward may take the fused path where it applies (NOTE [Fused attention] in
   // nn/attention.h); true by default. Takes effect at the next Forward.
   void set_fused(bool fused) { fused_ = fused; }
@@ -75,8 +79,9 @@ class GroupedQueryAttention : public core::Module {
   const std::shared_ptr<RotaryTables>& rotary_tables() const { return tables_; }
 
  protected:
-  // x: fp32 [B, T, hidden] on the parameters' device -> [B, T, hidden]. With a bf16 q_proj
-  // weight the packed q, k, v are rounded to bf16 once (NOTE [bf16 attention]).
+  // x: fp32 (or bf16: TakesBf16Input) [B, T, hidden] on the parameters' device -> [B, T,
+  // hidden]. With a bf16 q_proj weight the packed q, k, v are rounded to bf16 once (NOTE
+  // [bf16 attention]).
   absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
   // Returns dL/dx; the four projections add their weight gradients.
   absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;

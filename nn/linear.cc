@@ -150,15 +150,19 @@ absl::StatusOr<core::Tensor> Linear::GemmOperand(const core::Tensor& t, const ch
   return internal::RoundToBf16(*this, t, name);
 }
 
-absl::StatusOr<core::Tensor> SharedGemmInput(const core::Module& owner, const core::Tensor& x,
-                                             std::initializer_list<const Linear*> takers) {
-  if (!x.defined()) return x;  // each Linear reports it
+bool SharesBf16Input(std::initializer_list<const Linear*> takers) {
   for (const Linear* l : takers) {
     if (l == nullptr || !internal::Fusable(*l) || !l->weight()->data.defined() ||
         l->weight()->data.dtype() != core::DType::kBFloat16) {
-      return x;
+      return false;
     }
   }
+  return true;
+}
+
+absl::StatusOr<core::Tensor> SharedGemmInput(const core::Module& owner, const core::Tensor& x,
+                                             std::initializer_list<const Linear*> takers) {
+  if (!x.defined() || !SharesBf16Input(takers)) return x;  // each Linear takes it alone
   return internal::RoundToBf16(owner, x, "input");
 }
 

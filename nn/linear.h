@@ -135,6 +135,9 @@ class Linear : public core::Module {
 // error (the rounding's allocation).
 absl::StatusOr<core::Tensor> SharedGemmInput(const core::Module& owner, const core::Tensor& x,
                                              std::initializer_list<const Linear*> takers);
+// Whether SharedGemmInput rounds for `takers` (each has a bf16 weight and is Fusable): a
+// parent may then hand their owner the input already in bf16 (NOTE [GEMM epilogues]).
+bool SharesBf16Input(std::initializer_list<const Linear*> takers);
 
 }  // namespace nn
 

@@ -69,6 +69,17 @@ absl::StatusOr<core::Tensor> Residual(const core::Module& m, const core::Tensor&
   return out;
 }
 
+// NOTE [GEMM epilogues] (nn/tensor_ops.h): `norm`'s output goes straight into `next`, whose
+// GEMMs take it as a bf16 operand; stored bf16 by the norm itself when nothing can observe
+// the difference (no hooks on either, nn::internal::Fusable) and `next` would round it so.
+template <typename Next>
+absl::StatusOr<core::Tensor> NormInto(RmsNorm& norm, const Next& next, const core::Tensor& x) {
+  if (internal::Fusable(norm) && internal::Fusable(next) && next.TakesBf16Input()) {
+    return norm.ForwardForGemm(x);
+  }
+  return norm.Forward(x);
+}
+
 }  // namespace
 
 LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config, uint64_t seed) {
@@ -86,10 +97,10 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config, uint64_t seed) {
 }
 
 absl::StatusOr<core::Tensor> LlamaDecoderLayer::ForwardImpl(const core::Tensor& x) {
-  ASSIGN_OR_RETURN(core::Tensor a, input_layernorm_->Forward(x));
+  ASSIGN_OR_RETURN(core::Tensor a, NormInto(*input_layernorm_, *self_attn_, x));
   ASSIGN_OR_RETURN(a, self_attn_->Forward(a));
   ASSIGN_OR_RETURN(core::Tensor h, Residual(*this, x, a));
-  ASSIGN_OR_RETURN(core::Tensor m, post_attention_layernorm_->Forward(h));
+  ASSIGN_OR_RETURN(core::Tensor m, NormInto(*post_attention_layernorm_, *mlp_, h));
   ASSIGN_OR_RETURN(m, mlp_->Forward(m));
   ASSIGN_OR_RETURN(core::Tensor y, Residual(*this, h, m));
   input_shape_ = x.shape();
@@ -189,7 +200,13 @@ absl::StatusOr<core::Tensor> Llama::ForwardImpl(const core::Tensor& tokens) {
   }
   ASSIGN_OR_RETURN(core::Tensor x, embed_tokens_->Forward(tokens));
   ASSIGN_OR_RETURN(x, layers_->Forward(x));
-  ASSIGN_OR_RETURN(x, norm_->Forward(x));
+  // NOTE [GEMM epilogues]: the final norm's output is the head's bf16 GEMM operand under
+  // bf16 weights.
+  if (internal::Fusable(*norm_) && SharesBf16Input({lm_head_.get()})) {
+    ASSIGN_OR_RETURN(x, norm_->ForwardForGemm(x));
+  } else {
+    ASSIGN_OR_RETURN(x, norm_->Forward(x));
+  }
   // NOTE [bf16 logits] (nn/gpt.h), as the GPT: under bf16 weights the head stores the
   // logits bf16.
   ASSIGN_OR_RETURN(core::Tensor logits, internal::Fusable(*lm_head_)

@@ -70,21 +70,24 @@ absl::Status RmsNormForward(absl::string_view what, const Tensor& x, const Tenso
                             const Tensor& y, const Tensor& xhat, const Tensor& rstd) {
   RETURN_IF_ERROR(CheckDevices(what, {{"input", &x}, {"weight", &w}, {"output", &y},
                                       {"normalised input", &xhat}, {"rstd", &rstd}}));
-  RETURN_IF_ERROR(CheckElementwiseF32(what, {{"input", &x}, {"output", &y},
-                                             {"normalised input", &xhat}}));
+  RETURN_IF_ERROR(CheckElementwiseF32(what, {{"input", &x}, {"normalised input", &xhat}}));
+  // NOTE [GEMM epilogues]: a bf16 output is a bf16 GEMM's operand, stored so directly.
+  if (!IsBf16(y)) RETURN_IF_ERROR(CheckDType(what, "output", y, DType::kFloat32));
+  RETURN_IF_ERROR(CheckNumel(what, "output", y, x.numel()));
   ASSIGN_OR_RETURN(const int64_t rows, RmsNormRows(what, x, w));
   RETURN_IF_ERROR(CheckDType(what, "rstd", rstd, DType::kFloat32));
   RETURN_IF_ERROR(CheckNumel(what, "rstd", rstd, rows));
   const int64_t cols = w.numel();
   ProfiledOp op(OpCategory::kNorm, "rmsnorm.forward", x.device(),
-                internal::RmsNormForwardCost(rows, cols, core::DTypeSize(w.dtype())));
+                internal::RmsNormForwardCost(rows, cols, core::DTypeSize(w.dtype()),
+                                             core::DTypeSize(y.dtype())));
   if (x.device().is_cuda()) {
     NN_ON_CUDA(x.device(), what, "RMSNorm forward",
-               kc::RmsNormForward(F32(x), w.raw_data(), IsBf16(w), eps, MutF32(y), MutF32(xhat),
-                                  MutF32(rstd), rows, cols));
+               kc::RmsNormForward(F32(x), w.raw_data(), IsBf16(w), eps, y.raw_data(),
+                                  MutF32(xhat), MutF32(rstd), rows, cols, IsBf16(y)));
   }
-  kcpu::RmsNormForward(F32(x), w.raw_data(), IsBf16(w), eps, MutF32(y), MutF32(xhat),
-                       MutF32(rstd), rows, cols);
+  kcpu::RmsNormForward(F32(x), w.raw_data(), IsBf16(w), eps, y.raw_data(), MutF32(xhat),
+                       MutF32(rstd), rows, cols, IsBf16(y));
   return absl::OkStatus();
 }
 

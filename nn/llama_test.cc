@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nn/losses.h"
+#include "nn/testing/fused_layers.h"
 #include "nn/testing/gradcheck.h"
 #include "nn/to_device.h"
 
@@ -319,6 +320,76 @@ TEST(LlamaTest, Bf16WeightsTrainLikeGpt) {
   EXPECT_EQ(losses[0], losses[1]);
   EXPECT_NEAR(losses[0], loss32, 1e-2);
   EXPECT_EQ(Grads(*a), Grads(*b));
+}
+
+// NOTE [GEMM epilogues]: under bf16 weights each RMSNorm whose output goes straight into
+// bf16 GEMMs (input_layernorm into q, k, v; post_attention_layernorm into gate and up; the
+// final norm into lm_head) stores it bf16 itself, one rounding pass fewer each. A hook on
+// the norm makes it write fp32, rounded by the layer after it: the same bits (outputs,
+// input gradient, every parameter gradient).
+TEST(LlamaTest, Bf16NormsStoreTheirOutputsForTheGemmsThatTakeThem) {
+  const LlamaConfig c = Tiny();
+  LlamaDecoderLayer layer(c, 4);
+  ASSERT_TRUE(ConvertParameters(layer, core::DType::kBFloat16).ok());
+  const core::Tensor x = gradcheck::RandomTensor({2, 6, 16}, 1);
+  const core::Tensor g = gradcheck::RandomTensor({2, 6, 16}, 2);
+  for (RmsNorm* norm : {layer.input_layernorm().get(), layer.post_attention_layernorm().get()}) {
+    SCOPED_TRACE(norm->Path());
+    const fused_layers::HookComparison cmp = fused_layers::CompareWithHookOn(layer, *norm, x, g);
+    EXPECT_EQ(cmp.hooked_bits, cmp.plain_bits);
+    EXPECT_EQ(cmp.hook_calls, 2);
+    EXPECT_EQ(cmp.hooked_cost.converts - cmp.plain_cost.converts, 1);
+  }
+  // The final norm into the head: the logits' bits, one conversion fewer.
+  std::shared_ptr<Llama> llama = MakeLlama(c);
+  ASSERT_TRUE(ConvertParameters(*llama, core::DType::kBFloat16).ok());
+  const core::Tensor tokens = RandomTokens(2, 6, c.vocab_size, 5);
+  auto logits = [&]() {
+    absl::StatusOr<core::Tensor> y = llama->Forward(tokens);
+    EXPECT_TRUE(y.ok()) << y.status();
+    std::vector<float> v = y.ok() ? y->ToVector() : std::vector<float>();
+    llama->DropActivations();
+    return v;
+  };
+  const int plain_converts = fused_layers::MeasureForward(*llama, tokens).converts;
+  const std::vector<float> plain = logits();
+  int calls = 0;
+  core::HookHandle h = fused_layers::CountingHook(*llama->norm(), &calls);
+  EXPECT_EQ(fused_layers::MeasureForward(*llama, tokens).converts - plain_converts, 1);
+  EXPECT_EQ(logits(), plain);
+  EXPECT_EQ(calls, 2);
+}
+
+// A parent may hand a layer its input in bf16 only where the layer would round it so itself
+// (TakesBf16Input); else the bf16 input is refused, naming the layer.
+TEST(LlamaTest, Bf16InputsOnlyWhereTheLayerWouldRoundThem) {
+  const LlamaConfig c = Tiny();
+  LlamaDecoderLayer layer(c, 4);
+  ASSERT_TRUE(ConvertParameters(layer, core::DType::kBFloat16).ok());
+  const core::Tensor x16 = gradcheck::RandomTensor({2, 6, 16}, 1)
+                               .ToDType(core::DType::kBFloat16, core::MemoryTag::kOther)
+                               .value();
+  EXPECT_TRUE(layer.self_attn()->TakesBf16Input());
+  EXPECT_TRUE(layer.mlp()->TakesBf16Input());
+  EXPECT_TRUE(layer.self_attn()->Forward(x16).ok());
+  EXPECT_TRUE(layer.mlp()->Forward(x16).ok());
+  layer.DropActivations();
+  int calls = 0;
+  core::HookHandle hq = fused_layers::CountingHook(*layer.self_attn()->q_proj(), &calls);
+  core::HookHandle hu = fused_layers::CountingHook(*layer.mlp()->up_proj(), &calls);
+  EXPECT_FALSE(layer.self_attn()->TakesBf16Input());
+  EXPECT_FALSE(layer.mlp()->TakesBf16Input());
+  for (core::Module* m : {static_cast<core::Module*>(layer.self_attn().get()),
+                          static_cast<core::Module*>(layer.mlp().get())}) {
+    absl::StatusOr<core::Tensor> y = m->Forward(x16);
+    EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument) << m->Path();
+    EXPECT_THAT(std::string(y.status().message()), HasSubstr(m->Path())) << y.status();
+    EXPECT_THAT(std::string(y.status().message()), HasSubstr("float32")) << y.status();
+  }
+  EXPECT_EQ(calls, 0);
+  LlamaDecoderLayer fp32(c, 4);
+  EXPECT_FALSE(fp32.self_attn()->TakesBf16Input());
+  EXPECT_FALSE(fp32.mlp()->TakesBf16Input());
 }
 
 TEST(LlamaTest, BadInputsNameTheModuleAndOption) {

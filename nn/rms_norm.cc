@@ -23,11 +23,22 @@ RmsNorm::RmsNorm(int64_t dim, float eps) : dim_(dim), eps_(eps) {
 }
 
 absl::StatusOr<core::Tensor> RmsNorm::ForwardImpl(const core::Tensor& x) {
+  return RunForward(x, /*for_gemm=*/false);
+}
+
+absl::StatusOr<core::Tensor> RmsNorm::ForwardForGemm(const core::Tensor& x) {
+  return RunForward(x, /*for_gemm=*/true);
+}
+
+absl::StatusOr<core::Tensor> RmsNorm::RunForward(const core::Tensor& x, bool for_gemm) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
   RETURN_IF_ERROR(internal::CheckLastDim(*this, x, dim_, "input"));
   const core::Device device = x.device();
   RETURN_IF_ERROR(internal::CheckParameter(*this, *weight_, "weight", {dim_}, device));
-  ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation(x.shape(), device));
+  const core::DType y_dtype = for_gemm && weight_->data.dtype() == core::DType::kBFloat16
+                                  ? core::DType::kBFloat16
+                                  : core::DType::kFloat32;
+  ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation(x.shape(), device, y_dtype));
   ASSIGN_OR_RETURN(core::Tensor xhat, internal::NewActivation(x.shape(), device));
   ASSIGN_OR_RETURN(core::Tensor rstd, internal::NewActivation({RowsOf(x.shape())}, device));
   RETURN_IF_ERROR(

@@ -31,6 +31,13 @@ class RmsNorm : public core::Module {
   int64_t dim() const { return dim_; }
   float eps() const { return eps_; }
 
+  // NOTE [GEMM epilogues] (nn/tensor_ops.h), for a parent whose next op takes the output
+  // as a bf16 GEMM operand, and only when nn::internal::Fusable(*this) (it runs no hooks):
+  // Forward(x) stored bf16 when the weight is bf16 (each element the fp32 output rounded
+  // once: the operand the GEMM would round it to, without the fp32 copy and the rounding
+  // pass); with an fp32 weight it is Forward(x).
+  absl::StatusOr<core::Tensor> ForwardForGemm(const core::Tensor& x);
+
  protected:
   // x: fp32 [..., dim] on the weight's device (fp32 or bf16) -> same shape there.
   absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
@@ -42,6 +49,9 @@ class RmsNorm : public core::Module {
   }
 
  private:
+  // Forward, its output bf16 when `for_gemm` and the weight is bf16.
+  absl::StatusOr<core::Tensor> RunForward(const core::Tensor& x, bool for_gemm);
+
   int64_t dim_ = 0;
   float eps_ = 0.0f;
   std::string config_error_;

@@ -21,8 +21,17 @@ SwiGluMlp::SwiGluMlp(int64_t hidden, int64_t intermediate, uint64_t seed) {
   down_proj_ = RegisterModule("down_proj", std::make_shared<Linear>(i, c, false, DeriveSeed(seed, 2)));
 }
 
+bool SwiGluMlp::TakesBf16Input() const {
+  return SharesBf16Input({gate_proj_.get(), up_proj_.get()});
+}
+
 absl::StatusOr<core::Tensor> SwiGluMlp::ForwardImpl(const core::Tensor& x) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
+  if (x.defined() && x.dtype() == core::DType::kBFloat16 && !TakesBf16Input()) {
+    return internal::ModuleError(*this, absl::StrCat("input must be float32 unless gate_proj and "
+                                                     "up_proj have bf16 weights and no hooks, "
+                                                     "got ", x.ToString()));
+  }
   // NOTE [bf16 GEMMs] (nn/linear.h): x rounded once for gate and up.
   ASSIGN_OR_RETURN(const core::Tensor in,
                    SharedGemmInput(*this, x, {gate_proj_.get(), up_proj_.get()}));

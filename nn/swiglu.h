@@ -32,9 +32,13 @@ class SwiGluMlp : public core::Module {
   const std::shared_ptr<Linear>& gate_proj() const { return gate_proj_; }
   const std::shared_ptr<Linear>& up_proj() const { return up_proj_; }
   const std::shared_ptr<Linear>& down_proj() const { return down_proj_; }
+  // Whether Forward takes its input in bf16 (a producer's bf16 copy of the fp32 input,
+  // NOTE [GEMM epilogues] in nn/tensor_ops.h): when gate and up would round it to bf16
+  // themselves (nn::SharesBf16Input: bf16 weights, no hooks). Else the input is fp32.
+  bool TakesBf16Input() const;
 
  protected:
-  // x: fp32 [..., hidden] -> [..., hidden].
+  // x: fp32 (or bf16: TakesBf16Input) [..., hidden] -> [..., hidden].
   absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
   // Returns dL/dx; the projections add their weight gradients.
   absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;

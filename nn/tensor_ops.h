@@ -221,8 +221,9 @@ absl::Status FusedAttentionBackward(absl::string_view what, const core::Tensor& 
 
 // RMSNorm over the last dimension C = w.numel() of x ([rows, C]): y = xhat * w with
 // xhat = x * rstd and rstd = 1 / sqrt(mean(x^2) + eps) per row, the statistics in fp32.
-// Writes y and xhat (fp32, x's numel) and rstd (fp32, `rows` elements) for the backward;
-// w fp32 or bf16.
+// Writes y (x's numel: fp32, or bf16 for a bf16 GEMM that takes it, each element the fp32
+// value rounded once: NOTE [GEMM epilogues]), and xhat (fp32, x's numel) and rstd (fp32,
+// `rows` elements) for the backward; w fp32 or bf16.
 absl::Status RmsNormForward(absl::string_view what, const core::Tensor& x, const core::Tensor& w,
                             float eps, const core::Tensor& y, const core::Tensor& xhat,
                             const core::Tensor& rstd);

@@ -96,9 +96,11 @@ void FlashAttentionBackward(const uint16_t* qkv, const void* y, bool y_bf16, con
 
 // ---- The Llama layers' launchers (kernels/cpu/llama.cc), the twins of kernels/cuda/kernels.h's.
 
-// RMSNorm of each row of x [rows, cols]: y, xhat = x * rstd [rows, cols], rstd [rows].
-void RmsNormForward(const float* x, const void* w, bool bf16, float eps, float* y, float* xhat,
-                    float* rstd, int64_t rows, int64_t cols);
+// RMSNorm of each row of x [rows, cols]: y, xhat = x * rstd [rows, cols], rstd [rows]; y
+// fp32, or bf16 when y_bf16 (each element the fp32 value rounded once: NOTE [GEMM
+// epilogues], an output whose consumer is a bf16 GEMM).
+void RmsNormForward(const float* x, const void* w, bool bf16, float eps, void* y, float* xhat,
+                    float* rstd, int64_t rows, int64_t cols, bool y_bf16 = false);
 // RMSNorm's input gradient gx from g, xhat, rstd and w (the weight gradient is the
 // ColumnSums of g * xhat).
 void RmsNormBackwardInput(const float* g, const float* xhat, const float* rstd, const void* w,

@@ -22,30 +22,33 @@ constexpr int64_t kAlign = 16;
 
 // ---- RMSNorm, one row at a time; the row sums through k::LaneSum in 8 float lanes.
 
-template <typename W>
+template <typename W, typename Y>
 FSDP_CPU_INLINE void RmsNormRows(const float* FSDP_RESTRICT x, const W* FSDP_RESTRICT w,
-                                 float eps, float* FSDP_RESTRICT y, float* FSDP_RESTRICT xhat,
+                                 float eps, Y* FSDP_RESTRICT y, float* FSDP_RESTRICT xhat,
                                  float* FSDP_RESTRICT rstd, int64_t rows, int64_t cols) {
   const float inv_cols = 1.0f / static_cast<float>(cols);
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
-    float* yr = y + r * cols;
+    Y* yr = y + r * cols;
     float* hr = xhat + r * cols;
     const float sq = k::LaneSum<float>(cols, [&](int64_t j) { return xr[j] * xr[j]; });
     const float rs = k::RmsNormRstd(sq * inv_cols, eps);
 #pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) yr[j] = k::RmsNormApply(xr[j], rs, w, j, &hr[j]);
+    for (int64_t j = 0; j < cols; ++j) k::Store(yr, j, k::RmsNormApply(xr[j], rs, w, j, &hr[j]));
     rstd[r] = rs;
   }
 }
-FSDP_CPU_CLONES void RmsNormLoop(const float* x, const float* w, float eps, float* y, float* xhat,
-                                 float* rstd, int64_t rows, int64_t cols) {
-  RmsNormRows(x, w, eps, y, xhat, rstd, rows, cols);
-}
-FSDP_CPU_CLONES void RmsNormLoop(const float* x, const uint16_t* w, float eps, float* y,
-                                 float* xhat, float* rstd, int64_t rows, int64_t cols) {
-  RmsNormRows(x, w, eps, y, xhat, rstd, rows, cols);
-}
+// w and y each fp32 or bf16.
+#define FSDP_RMS_NORM_LOOP(W, Y)                                                          \
+  FSDP_CPU_CLONES void RmsNormLoop(const float* x, const W* w, float eps, Y* y, float* xhat, \
+                                   float* rstd, int64_t rows, int64_t cols) {              \
+    RmsNormRows(x, w, eps, y, xhat, rstd, rows, cols);                                     \
+  }
+FSDP_RMS_NORM_LOOP(float, float)
+FSDP_RMS_NORM_LOOP(uint16_t, float)
+FSDP_RMS_NORM_LOOP(float, uint16_t)
+FSDP_RMS_NORM_LOOP(uint16_t, uint16_t)
+#undef FSDP_RMS_NORM_LOOP
 
 template <typename W>
 FSDP_CPU_INLINE void RmsNormBackwardRows(const float* FSDP_RESTRICT g,
@@ -176,16 +179,22 @@ FSDP_CPU_CLONES void RotaryPackBackwardLoop(const float* FSDP_RESTRICT gqkv, con
 
 }  // namespace
 
-void RmsNormForward(const float* x, const void* w, bool bf16, float eps, float* y, float* xhat,
-                    float* rstd, int64_t rows, int64_t cols) {
+void RmsNormForward(const float* x, const void* w, bool bf16, float eps, void* y, float* xhat,
+                    float* rstd, int64_t rows, int64_t cols, bool y_bf16) {
   ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
     const int64_t o = s * cols;
+    const auto with_y = [&](const auto* wp) {
+      if (y_bf16) {
+        RmsNormLoop(x + o, wp, eps, static_cast<uint16_t*>(y) + o, xhat + o, rstd + s, e - s,
+                    cols);
+      } else {
+        RmsNormLoop(x + o, wp, eps, static_cast<float*>(y) + o, xhat + o, rstd + s, e - s, cols);
+      }
+    };
     if (bf16) {
-      RmsNormLoop(x + o, static_cast<const uint16_t*>(w), eps, y + o, xhat + o, rstd + s, e - s,
-                  cols);
+      with_y(static_cast<const uint16_t*>(w));
     } else {
-      RmsNormLoop(x + o, static_cast<const float*>(w), eps, y + o, xhat + o, rstd + s, e - s,
-                  cols);
+      with_y(static_cast<const float*>(w));
     }
   });
 }

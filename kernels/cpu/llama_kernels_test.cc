@@ -36,6 +36,31 @@ void ExpectClose(const std::vector<float>& got, const std::vector<double>& want,
   }
 }
 
+// NOTE [GEMM epilogues]: with a bf16 output each element is the fp32 output rounded once,
+// and xhat and rstd keep their bits, for fp32 and bf16 weights, any row width.
+TEST(CpuLlamaKernelsTest, RmsNormBf16OutputIsTheFp32OutputRoundedOnce) {
+  for (int64_t cols : {1, 7, 8, 33, 256}) {
+    for (bool bf16 : {false, true}) {
+      const int64_t rows = 6;
+      const std::vector<float> x = Normal(rows * cols, 4), w = Normal(cols, 5);
+      std::vector<uint16_t> w16(w.size());
+      for (size_t j = 0; j < w.size(); ++j) w16[j] = core::FloatToBf16Bits(w[j]);
+      const void* wp = bf16 ? static_cast<const void*>(w16.data()) : w.data();
+      std::vector<float> y(x.size()), xhat(x.size()), rstd(rows), xhat2(x.size()), rstd2(rows);
+      std::vector<uint16_t> y16(x.size());
+      kcpu::RmsNormForward(x.data(), wp, bf16, 1e-6f, y.data(), xhat.data(), rstd.data(), rows,
+                           cols);
+      kcpu::RmsNormForward(x.data(), wp, bf16, 1e-6f, y16.data(), xhat2.data(), rstd2.data(),
+                           rows, cols, /*y_bf16=*/true);
+      for (size_t i = 0; i < y.size(); ++i) {
+        ASSERT_EQ(y16[i], core::FloatToBf16Bits(y[i])) << "cols " << cols << " element " << i;
+      }
+      EXPECT_EQ(xhat2, xhat);
+      EXPECT_EQ(rstd2, rstd);
+    }
+  }
+}
+
 TEST(CpuLlamaKernelsTest, RmsNormMatchesADoubleReferenceWithFp32AndBf16Weights) {
   const float eps = 1e-6f;
   for (int64_t cols : {1, 7, 8, 33, 256}) {

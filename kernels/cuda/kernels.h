@@ -111,8 +111,9 @@ cudaError_t CrossEntropy(const uint16_t* logits, const int32_t* targets, int64_t
 // The Llama layers' launchers (kernels/cuda/llama.cu), with the CPU launchers' arguments
 // (kernels/cpu/kernels.h): RMSNorm one warp per row; silu(a) * b and its gradients, the
 // rotary packing of q, k, v and its backward grid-stride over their outputs.
-cudaError_t RmsNormForward(const float* x, const void* w, bool bf16, float eps, float* y,
-                           float* xhat, float* rstd, int64_t rows, int64_t cols);
+cudaError_t RmsNormForward(const float* x, const void* w, bool bf16, float eps, void* y,
+                           float* xhat, float* rstd, int64_t rows, int64_t cols,
+                           bool y_bf16 = false);
 cudaError_t RmsNormBackwardInput(const float* g, const float* xhat, const float* rstd,
                                  const void* w, bool bf16, float* gx, int64_t rows, int64_t cols);
 cudaError_t SiluMulForward(const float* a, const float* b, float* h, int64_t n);

@@ -18,8 +18,9 @@ namespace k = ::kernels;
 
 // ---- RMSNorm, one warp per row.
 
-template <typename W>
-__global__ void RmsNormForwardKernel(const float* x, const W* w, float eps, float* y, float* xhat,
+// y fp32, or bf16 (each element the fp32 value rounded once).
+template <typename W, typename Y>
+__global__ void RmsNormForwardKernel(const float* x, const W* w, float eps, Y* y, float* xhat,
                                      float* rstd, int64_t rows, int64_t cols) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
@@ -28,9 +29,11 @@ __global__ void RmsNormForwardKernel(const float* x, const W* w, float eps, floa
   float sq = 0.0f;
   for (int64_t j = lane; j < cols; j += 32) sq += xr[j] * xr[j];
   const float r = k::RmsNormRstd(WarpSum(sq) / static_cast<float>(cols), eps);
-  float* yr = y + row * cols;
+  Y* yr = y + row * cols;
   float* hr = xhat + row * cols;
-  for (int64_t j = lane; j < cols; j += 32) yr[j] = k::RmsNormApply(xr[j], r, w, j, &hr[j]);
+  for (int64_t j = lane; j < cols; j += 32) {
+    k::Store(yr, j, k::RmsNormApply(xr[j], r, w, j, &hr[j]));
+  }
   if (lane == 0) rstd[row] = r;
 }
 
@@ -133,15 +136,22 @@ __global__ void RotaryPackBackwardKernel(const float* gqkv, const float* cos, co
 
 }  // namespace
 
-cudaError_t RmsNormForward(const float* x, const void* w, bool bf16, float eps, float* y,
-                           float* xhat, float* rstd, int64_t rows, int64_t cols) {
+cudaError_t RmsNormForward(const float* x, const void* w, bool bf16, float eps, void* y,
+                           float* xhat, float* rstd, int64_t rows, int64_t cols, bool y_bf16) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
+  const auto launch = [&](const auto* wp) {
+    if (y_bf16) {
+      RmsNormForwardKernel<<<GridForRows(rows), kThreads>>>(x, wp, eps, static_cast<uint16_t*>(y),
+                                                            xhat, rstd, rows, cols);
+    } else {
+      RmsNormForwardKernel<<<GridForRows(rows), kThreads>>>(x, wp, eps, static_cast<float*>(y),
+                                                            xhat, rstd, rows, cols);
+    }
+  };
   if (bf16) {
-    RmsNormForwardKernel<<<GridForRows(rows), kThreads>>>(x, static_cast<const uint16_t*>(w), eps,
-                                                          y, xhat, rstd, rows, cols);
+    launch(static_cast<const uint16_t*>(w));
   } else {
-    RmsNormForwardKernel<<<GridForRows(rows), kThreads>>>(x, static_cast<const float*>(w), eps, y,
-                                                          xhat, rstd, rows, cols);
+    launch(static_cast<const float*>(w));
   }
   return cudaGetLastError();
 }
