@@ -129,8 +129,8 @@ inline core::OpCost FusedAttentionBackwardCost(int64_t B, int64_t T, int64_t H, 
 }
 
 // RMSNorm: reads x, writes y (`y_bytes` an element: 4 fp32, 2 bf16) and xhat (and rstd per
-// row); about 4 operations per element forward, 6 backward (reads g and xhat, writes gx; the weight gradient's column sums are
-// their own op).
+// row); about 4 operations per element forward, 6 backward (reads g and xhat, writes gx;
+// the weight gradient's column sums are their own op).
 inline core::OpCost RmsNormForwardCost(int64_t rows, int64_t cols, int64_t w_bytes,
                                        int64_t y_bytes = 4) {
   return core::OpCost::Memory((8.0 + static_cast<double>(y_bytes)) * rows * cols + 4.0 * rows +
