@@ -87,10 +87,10 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::BackwardImpl(const core::Tenso
       GradOutputDType() == core::DType::kBFloat16));
   RETURN_IF_ERROR(
       internal::CheckDevice(*this, grad_output, "grad_output", qkv.device(), "the input"));
-  // The heads' gradient is a bf16 GEMM operand under bf16: proj's GEMM stores it so when
-  // it may (NOTE [GEMM epilogues]).
+  // The heads' gradient is a bf16 GEMM operand under a bf16 core: proj's GEMM stores it so
+  // when it may (NOTE [GEMM epilogues]).
   core::Tensor gy;
-  if (internal::Fusable(*proj_)) {
+  if (internal::Fusable(*proj_) && core_.RoundsHeadsGradient()) {
     ASSIGN_OR_RETURN(gy, proj_->BackwardForGemm(grad_output));
   } else {
     ASSIGN_OR_RETURN(gy, proj_->Backward(grad_output));

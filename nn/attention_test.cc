@@ -9,6 +9,7 @@
 #include "core/op_profile.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nn/testing/fused_layers.h"
 #include "nn/testing/gradcheck.h"
 #include "nn/to_device.h"
 
@@ -265,6 +266,21 @@ TEST(AttentionTest, ABf16GradientGivesTheBitsOfItsFp32OriginalUnderBf16Weights) 
   EXPECT_EQ(attn.GradOutputDType(), core::DType::kFloat32);
   const absl::Status s = attn.Backward(g16).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+}
+
+// Mixed weights (qkv fp32, proj bf16; e.g. qkv left out of FSDP's mixed precision): the
+// core computes in fp32, so proj hands it the heads' gradient in fp32, as with a hook on
+// proj. A bf16 one would round the core's fp32 GEMM operands (the probabilities, v) too.
+TEST(AttentionTest, AnFp32CoreTakesTheHeadsGradientInFp32UnderABf16Proj) {
+  const int64_t H = 2, hd = 64, C = H * hd, B = 2, T = 9;
+  CausalSelfAttention attn(C, H, 24);
+  ASSERT_TRUE(ConvertParameters(*attn.proj(), core::DType::kBFloat16).ok());
+  const core::Tensor x = gradcheck::RandomTensor({B, T, C}, 25);
+  const core::Tensor g = gradcheck::RandomTensor({B, T, C}, 26);
+  const fused_layers::HookComparison c =
+      fused_layers::CompareWithHookOn(attn, *attn.proj(), x, g);
+  EXPECT_EQ(c.hooked_bits, c.plain_bits);
+  EXPECT_EQ(c.hook_calls, 2);
 }
 
 }  // namespace

@@ -60,7 +60,9 @@ bool GroupedQueryAttention::TakesBf16Input() const {
 
 absl::StatusOr<core::Tensor> GroupedQueryAttention::ForwardImpl(const core::Tensor& x) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
-  const bool bf16_in = x.defined() && x.dtype() == core::DType::kBFloat16 && TakesBf16Input();
+  RETURN_IF_ERROR(CheckSharedBf16Input(*this, x, {q_proj_.get(), k_proj_.get(), v_proj_.get()},
+                                       "q_proj, k_proj and v_proj"));
+  const bool bf16_in = x.defined() && x.dtype() == core::DType::kBFloat16;
   RETURN_IF_ERROR(internal::CheckTensor(
       *this, x, bf16_in ? core::DType::kBFloat16 : core::DType::kFloat32, "input"));
   if (x.dim() != 3 || x.size(2) != hidden_) {
@@ -108,7 +110,7 @@ absl::StatusOr<core::Tensor> GroupedQueryAttention::BackwardImpl(const core::Ten
   // The heads' gradient stored bf16 by o_proj's GEMM where the attention core would round
   // it anyway (NOTE [GEMM epilogues]).
   core::Tensor gy;
-  if (internal::Fusable(*o_proj_)) {
+  if (internal::Fusable(*o_proj_) && core_.RoundsHeadsGradient()) {
     ASSIGN_OR_RETURN(gy, o_proj_->BackwardForGemm(grad_output));
   } else {
     ASSIGN_OR_RETURN(gy, o_proj_->Backward(grad_output));

@@ -338,6 +338,22 @@ TEST(GroupedQueryAttentionTest, TheHeadsOutputReachesOProjInBf16) {
   }
 }
 
+// Mixed weights (q_proj fp32, the rest bf16; e.g. q_proj left out of FSDP's mixed
+// precision): q, k and v stay fp32 and the core computes in fp32, so o_proj hands it the
+// heads' gradient in fp32, as with a hook on o_proj: the same bits either way.
+TEST(GroupedQueryAttentionTest, AnFp32CoreTakesTheHeadsGradientInFp32UnderABf16OProj) {
+  const int64_t H = 4, KV = 2, C = H * 64, B = 2, T = 9;
+  GroupedQueryAttention m(C, H, KV, 10000.0, 27);
+  ASSERT_TRUE(ConvertParameters(m, core::DType::kBFloat16).ok());
+  ASSERT_TRUE(ConvertParameters(*m.q_proj(), core::DType::kFloat32).ok());
+  const core::Tensor x = gradcheck::RandomTensor({B, T, C}, 28);
+  const core::Tensor gy = gradcheck::RandomTensor({B, T, C}, 29);
+  const fused_layers::HookComparison c =
+      fused_layers::CompareWithHookOn(m, *m.o_proj(), x, gy);
+  EXPECT_EQ(c.hooked_bits, c.plain_bits);
+  EXPECT_EQ(c.hook_calls, 2);
+}
+
 TEST(GroupedQueryAttentionTest, BadConfigurationsNameTheArgument) {
   struct Bad {
     int64_t hidden, n_head, n_kv_head;

@@ -160,6 +160,19 @@ bool SharesBf16Input(std::initializer_list<const Linear*> takers) {
   return true;
 }
 
+absl::Status CheckSharedBf16Input(const core::Module& owner, const core::Tensor& x,
+                                  std::initializer_list<const Linear*> takers,
+                                  absl::string_view names) {
+  if (!x.defined() || x.dtype() != core::DType::kBFloat16 || SharesBf16Input(takers)) {
+    return absl::OkStatus();
+  }
+  return internal::ModuleError(
+      owner, absl::StrCat("input must be float32 unless ", names,
+                          " all have bf16 weights, no hooks and no activation checkpointing of "
+                          "their own (then they take it as their bf16 GEMM operand), got ",
+                          x.ToString()));
+}
+
 absl::StatusOr<core::Tensor> SharedGemmInput(const core::Module& owner, const core::Tensor& x,
                                              std::initializer_list<const Linear*> takers) {
   if (!x.defined() || !SharesBf16Input(takers)) return x;  // each Linear takes it alone

@@ -14,7 +14,9 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/module.h"
 #include "core/parameter.h"
 #include "core/tensor.h"
@@ -138,6 +140,12 @@ absl::StatusOr<core::Tensor> SharedGemmInput(const core::Module& owner, const co
 // Whether SharedGemmInput rounds for `takers` (each has a bf16 weight and is Fusable): a
 // parent may then hand their owner the input already in bf16 (NOTE [GEMM epilogues]).
 bool SharesBf16Input(std::initializer_list<const Linear*> takers);
+// OK unless `x` is bf16 while SharesBf16Input(takers) is false (a taker has an fp32 weight,
+// a hook or activation checkpointing of its own): then InvalidArgument naming `owner`, the
+// takers (`names`) and why the input must be fp32.
+absl::Status CheckSharedBf16Input(const core::Module& owner, const core::Tensor& x,
+                                  std::initializer_list<const Linear*> takers,
+                                  absl::string_view names);
 
 }  // namespace nn
 

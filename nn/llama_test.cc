@@ -385,6 +385,7 @@ TEST(LlamaTest, Bf16InputsOnlyWhereTheLayerWouldRoundThem) {
     EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument) << m->Path();
     EXPECT_THAT(std::string(y.status().message()), HasSubstr(m->Path())) << y.status();
     EXPECT_THAT(std::string(y.status().message()), HasSubstr("float32")) << y.status();
+    EXPECT_THAT(std::string(y.status().message()), HasSubstr("no hooks")) << y.status();
   }
   EXPECT_EQ(calls, 0);
   LlamaDecoderLayer fp32(c, 4);

@@ -27,11 +27,8 @@ bool SwiGluMlp::TakesBf16Input() const {
 
 absl::StatusOr<core::Tensor> SwiGluMlp::ForwardImpl(const core::Tensor& x) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
-  if (x.defined() && x.dtype() == core::DType::kBFloat16 && !TakesBf16Input()) {
-    return internal::ModuleError(*this, absl::StrCat("input must be float32 unless gate_proj and "
-                                                     "up_proj have bf16 weights and no hooks, "
-                                                     "got ", x.ToString()));
-  }
+  RETURN_IF_ERROR(
+      CheckSharedBf16Input(*this, x, {gate_proj_.get(), up_proj_.get()}, "gate_proj and up_proj"));
   // NOTE [bf16 GEMMs] (nn/linear.h): x rounded once for gate and up.
   ASSIGN_OR_RETURN(const core::Tensor in,
                    SharedGemmInput(*this, x, {gate_proj_.get(), up_proj_.get()}));

@@ -43,6 +43,14 @@ class CausalAttentionCore {
   // The qkv the last Forward kept (undefined when none): its shape gives B and T.
   const core::Tensor& qkv() const { return qkv_; }
 
+  // Whether Backward rounds the heads' gradient to bf16 itself (the last Forward's q, k, v
+  // are bf16: both bf16 paths take it as a bf16 GEMM operand), so that its producer may
+  // store it bf16 instead (NOTE [GEMM epilogues]). Under an fp32 core a bf16 gradient would
+  // round the fp32 GEMMs' other operands too.
+  bool RoundsHeadsGradient() const {
+    return qkv_.defined() && qkv_.dtype() == core::DType::kBFloat16;
+  }
+
   // Drops the caches (the module's ReleaseActivations).
   void Release();
 
