@@ -67,5 +67,13 @@ HookComparison CompareWithHookOn(core::Module& m, core::Module& child, const cor
   return c;
 }
 
+HookComparison ExpectSameBitsWithHookOn(core::Module& m, core::Module& child,
+                                        const core::Tensor& x, const core::Tensor& gy) {
+  HookComparison c = CompareWithHookOn(m, child, x, gy);
+  EXPECT_EQ(c.hooked_bits, c.plain_bits) << "with a hook on " << child.Path();
+  EXPECT_EQ(c.hook_calls, 2) << child.Path();
+  return c;
+}
+
 }  // namespace fused_layers
 }  // namespace nn

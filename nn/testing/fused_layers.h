@@ -47,6 +47,10 @@ struct HookComparison {
 };
 HookComparison CompareWithHookOn(core::Module& m, core::Module& child, const core::Tensor& x,
                                  const core::Tensor& gy);
+// CompareWithHookOn, expecting the same bits both ways and the hook run by both forwards
+// (test failures otherwise); returns the comparison for the costs.
+HookComparison ExpectSameBitsWithHookOn(core::Module& m, core::Module& child,
+                                        const core::Tensor& x, const core::Tensor& gy);
 
 }  // namespace fused_layers
 }  // namespace nn
