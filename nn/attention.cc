@@ -66,10 +66,8 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardPlus(const core::Tensor
   }
   // The fused kernel stores the heads' output bf16 for proj's bf16 GEMM when no hook on
   // proj could observe its input.
-  const bool y_bf16 = internal::Fusable(*proj_) &&
-                      proj_->weight()->data.dtype() == core::DType::kBFloat16;
-  ASSIGN_OR_RETURN(core::Tensor y,
-                   core_.Forward(*this, std::move(qkv), n_head_, fused_, y_bf16));
+  ASSIGN_OR_RETURN(core::Tensor y, core_.Forward(*this, std::move(qkv), n_head_, fused_,
+                                                 internal::CausalAttentionCore::YBf16For(*proj_)));
   if (residual.defined()) return proj_->ForwardResidual(y, residual);
   return proj_->Forward(y);
 }
@@ -87,14 +85,8 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::BackwardImpl(const core::Tenso
       GradOutputDType() == core::DType::kBFloat16));
   RETURN_IF_ERROR(
       internal::CheckDevice(*this, grad_output, "grad_output", qkv.device(), "the input"));
-  // The heads' gradient is a bf16 GEMM operand under a bf16 core: proj's GEMM stores it so
-  // when it may (NOTE [GEMM epilogues]).
-  core::Tensor gy;
-  if (internal::Fusable(*proj_) && core_.RoundsHeadsGradient()) {
-    ASSIGN_OR_RETURN(gy, proj_->BackwardForGemm(grad_output));
-  } else {
-    ASSIGN_OR_RETURN(gy, proj_->Backward(grad_output));
-  }
+  // The heads' gradient, bf16 from proj's GEMM where the core takes it so.
+  ASSIGN_OR_RETURN(core::Tensor gy, core_.HeadsGradient(*proj_, grad_output));
   // The fused kernels store dL/dqkv bf16 for qkv's bf16 GEMMs (which round it so anyway)
   // when no hook on qkv could observe it.
   const bool gqkv_bf16 = internal::Fusable(*qkv_) &&

@@ -90,10 +90,9 @@ absl::StatusOr<core::Tensor> GroupedQueryAttention::ForwardImpl(const core::Tens
   }
   // The fused kernel stores the heads' output bf16 for o_proj's bf16 GEMM when no hook on
   // o_proj could observe its input (as CausalSelfAttention does for proj).
-  const bool y_bf16 = internal::Fusable(*o_proj_) &&
-                      o_proj_->weight()->data.dtype() == core::DType::kBFloat16;
   ASSIGN_OR_RETURN(core::Tensor y,
-                   core_.Forward(*this, std::move(qkv), n_head_, fused_, y_bf16));
+                   core_.Forward(*this, std::move(qkv), n_head_, fused_,
+                                 internal::CausalAttentionCore::YBf16For(*o_proj_)));
   return o_proj_->Forward(y);
 }
 
@@ -107,14 +106,8 @@ absl::StatusOr<core::Tensor> GroupedQueryAttention::BackwardImpl(const core::Ten
   RETURN_IF_ERROR(internal::CheckDevice(*this, grad_output, "grad_output", device, "the input"));
   const int64_t B = qkv.size(0), T = qkv.size(1), KW = n_kv_head_ * (hidden_ / n_head_);
   const std::string what = internal::What(*this);
-  // The heads' gradient stored bf16 by o_proj's GEMM where the attention core would round
-  // it anyway (NOTE [GEMM epilogues]).
-  core::Tensor gy;
-  if (internal::Fusable(*o_proj_) && core_.RoundsHeadsGradient()) {
-    ASSIGN_OR_RETURN(gy, o_proj_->BackwardForGemm(grad_output));
-  } else {
-    ASSIGN_OR_RETURN(gy, o_proj_->Backward(grad_output));
-  }
+  // The heads' gradient, bf16 from o_proj's GEMM where the core takes it so.
+  ASSIGN_OR_RETURN(core::Tensor gy, core_.HeadsGradient(*o_proj_, grad_output));
   ASSIGN_OR_RETURN(core::Tensor gqkv, core_.Backward(*this, std::move(gy)));
   ASSIGN_OR_RETURN(core::Tensor gq, internal::NewActivation({B, T, hidden_}, device));
   ASSIGN_OR_RETURN(core::Tensor gk, internal::NewActivation({B, T, KW}, device));

@@ -38,6 +38,16 @@ MatrixRef Squares(const core::Tensor& t, int64_t first, int64_t T) {
 
 }  // namespace
 
+bool CausalAttentionCore::YBf16For(const Linear& proj) { return SharesBf16Input({&proj}); }
+
+absl::StatusOr<core::Tensor> CausalAttentionCore::HeadsGradient(
+    Linear& proj, const core::Tensor& grad_output) const {
+  if (Fusable(proj) && qkv_.defined() && qkv_.dtype() == core::DType::kBFloat16) {
+    return proj.BackwardForGemm(grad_output);
+  }
+  return proj.Backward(grad_output);
+}
+
 void CausalAttentionCore::Release() {
   qkv_ = core::Tensor();
   att_ = core::Tensor();

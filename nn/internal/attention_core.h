@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "core/module.h"
 #include "core/tensor.h"
+#include "nn/linear.h"
 
 namespace nn {
 namespace internal {
@@ -43,13 +44,16 @@ class CausalAttentionCore {
   // The qkv the last Forward kept (undefined when none): its shape gives B and T.
   const core::Tensor& qkv() const { return qkv_; }
 
-  // Whether Backward rounds the heads' gradient to bf16 itself (the last Forward's q, k, v
-  // are bf16: both bf16 paths take it as a bf16 GEMM operand), so that its producer may
-  // store it bf16 instead (NOTE [GEMM epilogues]). Under an fp32 core a bf16 gradient would
-  // round the fp32 GEMMs' other operands too.
-  bool RoundsHeadsGradient() const {
-    return qkv_.defined() && qkv_.dtype() == core::DType::kBFloat16;
-  }
+  // The heads' output y and its gradient against the output projection `proj` that takes
+  // y (NOTE [GEMM epilogues]), for a layer with this core:
+  // - Forward's y_bf16 for proj: its weight is bf16 and no hook could observe its input
+  //   (nn::SharesBf16Input).
+  // - HeadsGradient: dL/dy from proj's backward, stored bf16 by proj's GEMM where Backward
+  //   would round it so anyway (the last Forward's q, k, v are bf16: both bf16 paths take
+  //   it as a bf16 GEMM operand) and no hook on proj could see it; else proj's Backward.
+  //   Under an fp32 core a bf16 gradient would round the fp32 GEMMs' other operands too.
+  static bool YBf16For(const Linear& proj);
+  absl::StatusOr<core::Tensor> HeadsGradient(Linear& proj, const core::Tensor& grad_output) const;
 
   // Drops the caches (the module's ReleaseActivations).
   void Release();
