@@ -60,6 +60,7 @@ enum GemmEpilogueKind : int {
   kGemmEpilogueBiasGelu = 2,  // GELU(p + bias[j]); p + bias[j] also stored (aux)
   kGemmEpilogueDGelu = 3,     // p * GELU'(aux), aux the pre-activation as stored
   kGemmEpilogueBiasResidual = 4,  // aux + (p + bias[j]), aux the residual (read)
+  kGemmEpilogueResidual = 5,      // aux + p, aux the residual (read)
 };
 
 // The pre-activation of column j: p plus the bias where the epilogue adds one.
@@ -73,7 +74,8 @@ FSDP_HD inline float GemmEpiloguePre(int kind, float p, const W* bias, int64_t j
 
 // Whether the epilogue reads aux (the saved pre-activation, the residual).
 FSDP_HD inline bool GemmEpilogueReadsAux(int kind) {
-  return kind == kGemmEpilogueDGelu || kind == kGemmEpilogueBiasResidual;
+  return kind == kGemmEpilogueDGelu || kind == kGemmEpilogueBiasResidual ||
+         kind == kGemmEpilogueResidual;
 }
 
 // The value the GEMM stores from the pre-activation and `aux` (widened from its stored
@@ -81,7 +83,7 @@ FSDP_HD inline bool GemmEpilogueReadsAux(int kind) {
 FSDP_HD inline float GemmEpilogueOut(int kind, float pre, float aux) {
   if (kind == kGemmEpilogueBiasGelu) return GeluTanhForward(pre);
   if (kind == kGemmEpilogueDGelu) return GeluTanhBackward(aux, pre);
-  if (kind == kGemmEpilogueBiasResidual) return aux + pre;
+  if (kind == kGemmEpilogueBiasResidual || kind == kGemmEpilogueResidual) return aux + pre;
   return pre;
 }
 

@@ -198,7 +198,8 @@ GemmArgs WeightGradientGemmOn(const core::Device& device, int64_t rows, int64_t 
 // its own tanh form (within 1e-6 (1 + |x|) of ours, so 1e-4 normwise covers it); a bf16
 // C or aux may sit one rounding step away where those move a value across a bf16
 // boundary (kBf16Unit normwise). The bias + residual epilogue (fp32 C only) adds in another
-// order on cuBLASLt (P + residual, then the bias): one more fp32 rounding, within kFp32Rel.
+// order on cuBLASLt (P + residual, then the bias): one more fp32 rounding, within kFp32Rel;
+// the residual epilogue (fp32 C only, no bias) adds as the CPU does.
 TEST(CudaGemmEpilogueTest, EachEpilogueMatchesTheCpuOnCublasLtAndOnTheFallbackKernel) {
   SKIP_WITHOUT_GPU();
   const int64_t m = 48, n = 64, k = 40;  // n % 8 == 0: cuBLASLt's aux leading dimension
@@ -207,9 +208,11 @@ TEST(CudaGemmEpilogueTest, EachEpilogueMatchesTheCpuOnCublasLtAndOnTheFallbackKe
   const core::Tensor x16 = x.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
   const core::Tensor w16 = w.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
   for (GemmEpilogue e : {GemmEpilogue::kNone, GemmEpilogue::kBias, GemmEpilogue::kBiasGelu,
-                         GemmEpilogue::kDGelu, GemmEpilogue::kBiasResidual}) {
+                         GemmEpilogue::kDGelu, GemmEpilogue::kBiasResidual,
+                         GemmEpilogue::kResidual}) {
     for (core::DType c_dtype : {core::DType::kFloat32, core::DType::kBFloat16}) {
-      if (e == GemmEpilogue::kBiasResidual && c_dtype == core::DType::kBFloat16) continue;
+      const bool residual = e == GemmEpilogue::kBiasResidual || e == GemmEpilogue::kResidual;
+      if (residual && c_dtype == core::DType::kBFloat16) continue;
       for (bool bias16 : {false, true}) {
         for (bool fallback : {false, true}) {
           SCOPED_TRACE(absl::StrCat("epilogue ", static_cast<int>(e), " C ",
@@ -221,7 +224,7 @@ TEST(CudaGemmEpilogueTest, EachEpilogueMatchesTheCpuOnCublasLtAndOnTheFallbackKe
           const bool has_bias = e == GemmEpilogue::kBias || e == GemmEpilogue::kBiasGelu ||
                                 e == GemmEpilogue::kBiasResidual;
           const bool has_aux = e == GemmEpilogue::kBiasGelu || e == GemmEpilogue::kDGelu ||
-                               e == GemmEpilogue::kBiasResidual;
+                               residual;
           auto run = [&](const core::Device& device, const char* what) {
             GemmArgs g = LinearGemmOn(device, m, n, k, x16, w16, c_dtype, e,
                                       has_bias ? bias : core::Tensor(),

@@ -59,6 +59,20 @@ bool GroupedQueryAttention::TakesBf16Input() const {
 }
 
 absl::StatusOr<core::Tensor> GroupedQueryAttention::ForwardImpl(const core::Tensor& x) {
+  return ForwardPlus(x, core::Tensor());
+}
+
+bool GroupedQueryAttention::AddsResidualInGemm() const { return internal::Fusable(*o_proj_); }
+
+absl::StatusOr<core::Tensor> GroupedQueryAttention::ForwardResidual(
+    const core::Tensor& x, const core::Tensor& residual) {
+  RETURN_IF_ERROR(internal::CheckResidualInGemm(*this, residual, AddsResidualInGemm(),
+                                                 "o_proj without hooks"));
+  return ForwardPlus(x, residual);
+}
+
+absl::StatusOr<core::Tensor> GroupedQueryAttention::ForwardPlus(const core::Tensor& x,
+                                                                const core::Tensor& residual) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
   RETURN_IF_ERROR(CheckSharedBf16Input(*this, x, {q_proj_.get(), k_proj_.get(), v_proj_.get()},
                                        "q_proj, k_proj and v_proj"));
@@ -93,6 +107,7 @@ absl::StatusOr<core::Tensor> GroupedQueryAttention::ForwardImpl(const core::Tens
   ASSIGN_OR_RETURN(core::Tensor y,
                    core_.Forward(*this, std::move(qkv), n_head_, fused_,
                                  internal::CausalAttentionCore::YBf16For(*o_proj_)));
+  if (residual.defined()) return o_proj_->ForwardResidual(y, residual);
   return o_proj_->Forward(y);
 }
 
@@ -117,12 +132,9 @@ absl::StatusOr<core::Tensor> GroupedQueryAttention::BackwardImpl(const core::Ten
                                         n_kv_head_, gq, gk, gv));
   gqkv = core::Tensor();
   // x feeds the three projections: dL/dx is the sum of their input gradients.
-  ASSIGN_OR_RETURN(core::Tensor gx, q_proj_->Backward(gq));
-  ASSIGN_OR_RETURN(core::Tensor gxk, k_proj_->Backward(gk));
-  RETURN_IF_ERROR(AddTensors(what, gx, gxk, gx));
-  ASSIGN_OR_RETURN(core::Tensor gxv, v_proj_->Backward(gv));
-  RETURN_IF_ERROR(AddTensors(what, gx, gxv, gx));
-  return gx;
+  return SharedInputGradient(*this, {{q_proj_.get(), std::move(gq)},
+                                     {k_proj_.get(), std::move(gk)},
+                                     {v_proj_.get(), std::move(gv)}});
 }
 
 }  // namespace nn

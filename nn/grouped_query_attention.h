@@ -67,6 +67,14 @@ class GroupedQueryAttention : public core::Module {
   // NOTE [GEMM epilogues] in nn/tensor_ops.h): when q, k and v would round it to bf16
   // themselves (nn::SharesBf16Input: bf16 weights, no hooks). Else the input is fp32.
   bool TakesBf16Input() const;
+  // For a parent that fuses the residual add after attention (NOTE [Fused layers] in
+  // nn/transformer.h), only when nn::internal::Fusable(*this) and AddsResidualInGemm() (no
+  // hooks on o_proj): residual + Forward(x) (residual fp32 [B, T, hidden]), the add in the
+  // epilogue of o_proj's GEMM (Linear::ForwardResidual), running no hooks of this module.
+  // Backward as after Forward. FailedPrecondition when !AddsResidualInGemm().
+  absl::StatusOr<core::Tensor> ForwardResidual(const core::Tensor& x,
+                                               const core::Tensor& residual);
+  bool AddsResidualInGemm() const;
   // Whether Forward may take the fused path where it applies (NOTE [Fused attention] in
   // nn/attention.h); true by default. Takes effect at the next Forward.
   void set_fused(bool fused) { fused_ = fused; }
@@ -89,6 +97,8 @@ class GroupedQueryAttention : public core::Module {
   void ReleaseActivations() override { core_.Release(); }
 
  private:
+  // Forward(x), or ForwardResidual(x, residual) when `residual` is defined.
+  absl::StatusOr<core::Tensor> ForwardPlus(const core::Tensor& x, const core::Tensor& residual);
   // *tables_, rebuilt unless it serves T positions of this layer's head width and theta
   // on `device`.
   absl::Status EnsureTables(int64_t T, const core::Device& device);

@@ -75,9 +75,6 @@ absl::StatusOr<core::Tensor> Linear::ForwardGemm(const core::Tensor& x, bool wit
     return internal::ModuleError(*this, "the fused bias + GELU forward needs a bias");
   }
   if (residual.defined()) {
-    if (!bias_) {
-      return internal::ModuleError(*this, "the fused bias + residual forward needs a bias");
-    }
     if (residual.dtype() != core::DType::kFloat32 ||
         residual.shape() != WithLastDim(x.shape(), out_)) {
       return internal::ModuleError(
@@ -93,7 +90,7 @@ absl::StatusOr<core::Tensor> Linear::ForwardGemm(const core::Tensor& x, bool wit
   const core::Shape out_shape = WithLastDim(x.shape(), out_);
   ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation(out_shape, device, out_dtype));
   ASSIGN_OR_RETURN(core::Tensor a, GemmOperand(x, "input"));
-  // y = x W^T (+ b, GELU: NOTE [GEMM epilogues]).
+  // y = x W^T (+ b, GELU, the residual: NOTE [GEMM epilogues]).
   GemmArgs g;
   g.trans_b = true;
   g.m = rows;
@@ -108,8 +105,8 @@ absl::StatusOr<core::Tensor> Linear::ForwardGemm(const core::Tensor& x, bool wit
     g.bias = bias_->data;
     g.aux = *pre;
   } else if (residual.defined()) {
-    g.epilogue = GemmEpilogue::kBiasResidual;
-    g.bias = bias_->data;
+    g.epilogue = bias_ ? GemmEpilogue::kBiasResidual : GemmEpilogue::kResidual;
+    if (bias_) g.bias = bias_->data;
     g.aux = residual;
   } else if (with_bias && bias_) {
     g.epilogue = GemmEpilogue::kBias;
@@ -179,9 +176,26 @@ absl::StatusOr<core::Tensor> SharedGemmInput(const core::Module& owner, const co
   return internal::RoundToBf16(owner, x, "input");
 }
 
+absl::StatusOr<core::Tensor> SharedInputGradient(
+    const core::Module& owner, std::initializer_list<std::pair<Linear*, core::Tensor>> takers) {
+  core::Tensor sum;
+  for (const auto& [linear, grad_output] : takers) {
+    if (!sum.defined()) {
+      ASSIGN_OR_RETURN(sum, linear->Backward(grad_output));
+    } else if (internal::Fusable(*linear)) {
+      ASSIGN_OR_RETURN(sum, linear->BackwardAdd(grad_output, sum));
+    } else {
+      ASSIGN_OR_RETURN(const core::Tensor g, linear->Backward(grad_output));
+      RETURN_IF_ERROR(AddTensors(internal::What(owner), sum, g, sum));
+    }
+  }
+  return sum;
+}
+
 absl::StatusOr<core::Tensor> Linear::BackwardGemms(const core::Tensor& grad_output,
                                                    bool gemm_out,
-                                                   const core::Tensor& gelu_pre) {
+                                                   const core::Tensor& gelu_pre,
+                                                   const core::Tensor& addend) {
   RETURN_IF_ERROR(internal::CheckGradOutput(*this, input_.defined(),
                                             WithLastDim(input_.shape(), out_), grad_output,
                                             GradOutputDType() == core::DType::kBFloat16));
@@ -200,10 +214,19 @@ absl::StatusOr<core::Tensor> Linear::BackwardGemms(const core::Tensor& grad_outp
     RETURN_IF_ERROR(internal::CheckDevice(*this, gelu_pre, "GELU pre-activation", device, "the input"));
     gx_dtype = gelu_pre.dtype();
   }
+  if (addend.defined()) {
+    if (addend.shape() != input_.shape() || addend.dtype() != core::DType::kFloat32) {
+      return internal::ModuleError(
+          *this, absl::StrCat("the gradient to add must be fp32 of the input's shape ",
+                              core::ShapeToString(input_.shape()), ", got ", addend.ToString()));
+    }
+    RETURN_IF_ERROR(internal::CheckDevice(*this, addend, "gradient to add", device, "the input"));
+    gx_dtype = core::DType::kFloat32;
+  }
   const int64_t rows = RowsOf(input_.shape());
   ASSIGN_OR_RETURN(core::Tensor gx, internal::NewActivation(input_.shape(), device, gx_dtype));
   ASSIGN_OR_RETURN(const core::Tensor g, GemmOperand(grad_output, "grad_output"));
-  // dL/dx = g W (times GELU'(pre): NOTE [GEMM epilogues]).
+  // dL/dx = g W (times GELU'(pre), or plus the addend: NOTE [GEMM epilogues]).
   GemmArgs dx;
   dx.m = rows;
   dx.n = in_;
@@ -214,6 +237,9 @@ absl::StatusOr<core::Tensor> Linear::BackwardGemms(const core::Tensor& grad_outp
   if (gelu_pre.defined()) {
     dx.epilogue = GemmEpilogue::kDGelu;
     dx.aux = gelu_pre;
+  } else if (addend.defined()) {
+    dx.epilogue = GemmEpilogue::kResidual;
+    dx.aux = addend;
   }
   {
     core::ScopedOpCategory role(core::OpCategory::kGemmInputGrad);
@@ -240,6 +266,14 @@ absl::StatusOr<core::Tensor> Linear::BackwardGemms(const core::Tensor& grad_outp
 
 absl::StatusOr<core::Tensor> Linear::BackwardFused(const core::Tensor& grad_output) {
   return BackwardGemms(grad_output, /*gemm_out=*/false, core::Tensor());
+}
+
+absl::StatusOr<core::Tensor> Linear::BackwardAdd(const core::Tensor& grad_output,
+                                                 const core::Tensor& addend) {
+  if (!addend.defined()) {
+    return internal::ModuleError(*this, "BackwardAdd: the addend is undefined");
+  }
+  return BackwardGemms(grad_output, /*gemm_out=*/false, core::Tensor(), addend);
 }
 
 absl::StatusOr<core::Tensor> Linear::BackwardForGemm(const core::Tensor& grad_output) {

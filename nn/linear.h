@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -64,12 +65,19 @@ class Linear : public core::Module {
   //   `pre` from ForwardGelu, is Backward(g) with dL/dx multiplied by GELU'(pre) in the
   //   GEMM's epilogue: the gradient at the pre-activation, in pre's dtype.
   // - ForwardResidual(x, residual) is residual + Forward(x) (fp32, a new tensor), the bias
-  //   and the residual added in the GEMM's epilogue (NOTE [GEMM epilogues]: kBiasResidual);
-  //   residual fp32 of the output's shape. It needs a bias.
+  //   (if any) and the residual added in the GEMM's epilogue (NOTE [GEMM epilogues]:
+  //   kBiasResidual, or kResidual without a bias); residual fp32 of the output's shape.
+  // - BackwardAdd(g, addend) is addend + Backward(g) (fp32, a new tensor; dL/dW and dL/db
+  //   accumulated as by Backward), the add in the epilogue of the input gradient's GEMM
+  //   (kResidual): for a parent whose input feeds several Linears, summing their input
+  //   gradients as it would with AddTensors(addend, Backward(g)), bit for bit. addend fp32
+  //   of the input's shape, left as it is.
   absl::StatusOr<core::Tensor> ForwardWithoutBias(const core::Tensor& x);
   absl::StatusOr<core::Tensor> ForwardResidual(const core::Tensor& x,
                                                const core::Tensor& residual);
   absl::StatusOr<core::Tensor> BackwardFused(const core::Tensor& grad_output);
+  absl::StatusOr<core::Tensor> BackwardAdd(const core::Tensor& grad_output,
+                                           const core::Tensor& addend);
   absl::StatusOr<core::Tensor> ForwardForGemm(const core::Tensor& x);
   absl::StatusOr<core::Tensor> ForwardGelu(const core::Tensor& x, core::Tensor* pre);
   absl::StatusOr<core::Tensor> BackwardForGemm(const core::Tensor& grad_output);
@@ -115,9 +123,11 @@ class Linear : public core::Module {
                                            core::Tensor* pre,
                                            const core::Tensor& residual = core::Tensor());
   // The backward GEMMs and dL/db, dL/dx times GELU'(gelu_pre) when gelu_pre is defined
-  // (in its dtype), else stored bf16 when `gemm_out` and the Forward was bf16.
+  // (in its dtype), plus `addend` when that is defined (fp32), else stored bf16 when
+  // `gemm_out` and the Forward was bf16.
   absl::StatusOr<core::Tensor> BackwardGemms(const core::Tensor& grad_output, bool gemm_out,
-                                             const core::Tensor& gelu_pre);
+                                             const core::Tensor& gelu_pre,
+                                             const core::Tensor& addend = core::Tensor());
 
   int64_t in_ = 0;
   int64_t out_ = 0;
@@ -146,6 +156,15 @@ bool SharesBf16Input(std::initializer_list<const Linear*> takers);
 absl::Status CheckSharedBf16Input(const core::Module& owner, const core::Tensor& x,
                                   std::initializer_list<const Linear*> takers,
                                   absl::string_view names);
+
+// The gradient at an input that several Linears took (Llama's q, k and v projections;
+// SwiGLU's gate and up): the sum of their input gradients from the (Linear, gradient at its
+// output) pairs, in their order, each Linear's weight gradient accumulated as by Backward.
+// Every Linear after the first that is internal::Fusable adds the sum so far in the epilogue
+// of its input gradient's GEMM (Linear::BackwardAdd); one with hooks runs Backward, its
+// result added by AddTensors. The bits are the same either way. `owner` names an error.
+absl::StatusOr<core::Tensor> SharedInputGradient(
+    const core::Module& owner, std::initializer_list<std::pair<Linear*, core::Tensor>> takers);
 
 }  // namespace nn
 

@@ -409,5 +409,29 @@ TEST(LlamaTest, BadInputsNameTheModuleAndOption) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// NOTE [Fused layers] (nn/transformer.h): the decoder layer's two residual adds ride in
+// o_proj's and down_proj's GEMMs, and the input gradients of the projections that share an
+// input (k and v after q, up after gate) add in theirs: with a hook on any of them (which
+// takes its add out of the GEMM) the layer gives the same bits and runs one "add" op more.
+TEST(LlamaTest, ResidualsAndSharedInputGradientsAddInTheGemms) {
+  const LlamaConfig c = Tiny();
+  for (core::DType dtype : {core::DType::kFloat32, core::DType::kBFloat16}) {
+    SCOPED_TRACE(core::DTypeName(dtype));
+    LlamaDecoderLayer layer(c, 4);
+    ASSERT_TRUE(ConvertParameters(layer, dtype).ok());
+    const core::Tensor x = gradcheck::RandomTensor({2, 6, 16}, 1);
+    const core::Tensor g = gradcheck::RandomTensor({2, 6, 16}, 2);
+    const GroupedQueryAttention& attn = *layer.self_attn();
+    const SwiGluMlp& mlp = *layer.mlp();
+    for (Linear* linear : {attn.o_proj().get(), mlp.down_proj().get(), attn.k_proj().get(),
+                           attn.v_proj().get(), mlp.up_proj().get()}) {
+      SCOPED_TRACE(linear->Path());
+      const fused_layers::HookComparison cmp =
+          fused_layers::ExpectSameBitsWithHookOn(layer, *linear, x, g);
+      EXPECT_EQ(cmp.MoreOpsWithHook("add"), 1);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace nn

@@ -125,6 +125,10 @@ core::OpCost GemmCost(const GemmArgs& g, bool bf16, bool fused_sums) {
       cost.bytes += bias_size * g.n + c_size * mn;
       cost.flops += 2.0 * mn;
       break;
+    case GemmEpilogue::kResidual:
+      cost.bytes += c_size * mn;
+      cost.flops += mn;
+      break;
   }
   if (fused_sums) {  // the sums of op(A)'s rows, written fp32
     cost.bytes += 4.0 * g.m;
@@ -149,6 +153,8 @@ const char* EpilogueName(GemmEpilogue e) {
       return "GELU gradient";
     case GemmEpilogue::kBiasResidual:
       return "bias + residual";
+    case GemmEpilogue::kResidual:
+      return "residual";
   }
   return "?";
 }
@@ -157,7 +163,8 @@ static_assert(static_cast<int>(GemmEpilogue::kBias) == ::kernels::kGemmEpilogueB
                   static_cast<int>(GemmEpilogue::kBiasGelu) == ::kernels::kGemmEpilogueBiasGelu &&
                   static_cast<int>(GemmEpilogue::kDGelu) == ::kernels::kGemmEpilogueDGelu &&
                   static_cast<int>(GemmEpilogue::kBiasResidual) ==
-                      ::kernels::kGemmEpilogueBiasResidual,
+                      ::kernels::kGemmEpilogueBiasResidual &&
+                  static_cast<int>(GemmEpilogue::kResidual) == ::kernels::kGemmEpilogueResidual,
               "nn::GemmEpilogue numbers kernels::GemmEpilogueKind");
 
 // NOTE [GEMM epilogues]: the rules on C, bias and aux of GemmArgs.
@@ -211,19 +218,19 @@ absl::Status CheckEpilogue(absl::string_view what, const GemmArgs& g) {
     RETURN_IF_ERROR(CheckWeightDType(what, "bias", g.bias));
     RETURN_IF_ERROR(CheckNumel(what, "bias", g.bias, g.n));
   }
-  if (g.epilogue == GemmEpilogue::kBiasResidual && c_bf16) {
+  const bool residual = g.epilogue == GemmEpilogue::kBiasResidual ||
+                        g.epilogue == GemmEpilogue::kResidual;
+  if (residual && c_bf16) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": the GEMM epilogue '", name, "' needs an fp32 C, got ", g.c.tensor.ToString()));
   }
-  if (g.epilogue == GemmEpilogue::kBiasGelu || g.epilogue == GemmEpilogue::kDGelu ||
-      g.epilogue == GemmEpilogue::kBiasResidual) {
+  if (g.epilogue == GemmEpilogue::kBiasGelu || g.epilogue == GemmEpilogue::kDGelu || residual) {
     if (!g.aux.defined()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": the GEMM epilogue '", name, "' needs aux, ",
-          g.epilogue == GemmEpilogue::kBiasResidual ? "the residual" : "the pre-activation"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": the GEMM epilogue '", name, "' needs aux, ",
+                       residual ? "the residual" : "the pre-activation"));
     }
-    const char* aux_name = g.epilogue == GemmEpilogue::kBiasResidual ? "aux (residual)"
-                                                                      : "aux (pre-activation)";
+    const char* aux_name = residual ? "aux (residual)" : "aux (pre-activation)";
     RETURN_IF_ERROR(CheckDevices(what, {{aux_name, &g.aux}, {"C", &g.c.tensor}}));
     RETURN_IF_ERROR(CheckDType(what, aux_name, g.aux, g.c.tensor.dtype()));
     RETURN_IF_ERROR(CheckNumel(what, aux_name, g.aux, g.m * g.n));

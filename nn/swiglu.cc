@@ -26,6 +26,22 @@ bool SwiGluMlp::TakesBf16Input() const {
 }
 
 absl::StatusOr<core::Tensor> SwiGluMlp::ForwardImpl(const core::Tensor& x) {
+  return ForwardPlus(x, core::Tensor());
+}
+
+bool SwiGluMlp::AddsResidualInGemm() const {
+  return config_error_.empty() && internal::Fusable(*down_proj_);
+}
+
+absl::StatusOr<core::Tensor> SwiGluMlp::ForwardResidual(const core::Tensor& x,
+                                                        const core::Tensor& residual) {
+  RETURN_IF_ERROR(internal::CheckResidualInGemm(*this, residual, AddsResidualInGemm(),
+                                                 "down_proj without hooks"));
+  return ForwardPlus(x, residual);
+}
+
+absl::StatusOr<core::Tensor> SwiGluMlp::ForwardPlus(const core::Tensor& x,
+                                                    const core::Tensor& residual) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
   RETURN_IF_ERROR(
       CheckSharedBf16Input(*this, x, {gate_proj_.get(), up_proj_.get()}, "gate_proj and up_proj"));
@@ -38,6 +54,7 @@ absl::StatusOr<core::Tensor> SwiGluMlp::ForwardImpl(const core::Tensor& x) {
   RETURN_IF_ERROR(SiluMulForward(internal::What(*this), a, b, h));
   gate_ = std::move(a);
   up_ = std::move(b);
+  if (residual.defined()) return down_proj_->ForwardResidual(h, residual);
   return down_proj_->Forward(h);
 }
 
@@ -54,10 +71,8 @@ absl::StatusOr<core::Tensor> SwiGluMlp::BackwardImpl(const core::Tensor& grad_ou
   gate_ = core::Tensor();
   up_ = core::Tensor();
   // x feeds both projections: dL/dx is the sum of their input gradients.
-  ASSIGN_OR_RETURN(core::Tensor gx, gate_proj_->Backward(ga));
-  ASSIGN_OR_RETURN(core::Tensor gxu, up_proj_->Backward(gb));
-  RETURN_IF_ERROR(AddTensors(what, gx, gxu, gx));
-  return gx;
+  return SharedInputGradient(*this, {{gate_proj_.get(), std::move(ga)},
+                                     {up_proj_.get(), std::move(gb)}});
 }
 
 }  // namespace nn

@@ -6,6 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nn/tensor_ops.h"
 #include "nn/testing/fused_layers.h"
 #include "nn/testing/gradcheck.h"
 #include "nn/to_device.h"
@@ -101,6 +102,44 @@ TEST(SwiGluMlpTest, BadSizesAndCallOrderAreReported) {
   mlp.DropActivations();
   EXPECT_EQ(mlp.Backward(core::Tensor::Zeros({2, 4})).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// NOTE [Fused layers] (nn/transformer.h): up's input gradient adds gate's in the epilogue of
+// its GEMM (nn::SharedInputGradient), and a residual after the MLP rides in down's GEMM
+// (ForwardResidual): the bits of the separate adds, one "add" op fewer, with fp32 and bf16
+// weights. A hook on down refuses ForwardResidual.
+TEST(SwiGluMlpTest, TheInputGradientsAndTheResidualAddInTheGemms) {
+  const int64_t C = 24, I = 40, rows = 7;
+  for (core::DType dtype : {core::DType::kFloat32, core::DType::kBFloat16}) {
+    SCOPED_TRACE(core::DTypeName(dtype));
+    SwiGluMlp mlp(C, I);
+    gradcheck::RandomizeParameters(mlp, 31, 0.0f, 0.3f);
+    ASSERT_TRUE(ConvertParameters(mlp, dtype).ok());
+    const core::Tensor x = gradcheck::RandomTensor({rows, C}, 32);
+    const core::Tensor gy = gradcheck::RandomTensor({rows, C}, 33);
+    const fused_layers::HookComparison c =
+        fused_layers::ExpectSameBitsWithHookOn(mlp, *mlp.up_proj(), x, gy);
+    EXPECT_EQ(c.MoreOpsWithHook("add"), 1);
+
+    const core::Tensor residual = gradcheck::RandomTensor({rows, C}, 34);
+    EXPECT_TRUE(mlp.AddsResidualInGemm());
+    absl::StatusOr<core::Tensor> fused = mlp.ForwardResidual(x, residual);
+    ASSERT_TRUE(fused.ok()) << fused.status();
+    absl::StatusOr<core::Tensor> plain = mlp.Forward(x);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    mlp.DropActivations();
+    core::Tensor sum = core::Tensor::Zeros({rows, C});
+    ASSERT_TRUE(AddTensors("ref", residual, *plain, sum).ok());
+    EXPECT_EQ(fused->ToVector(), sum.ToVector());
+
+    int calls = 0;
+    core::HookHandle h = fused_layers::CountingHook(*mlp.down_proj(), &calls);
+    EXPECT_FALSE(mlp.AddsResidualInGemm());
+    const absl::Status refused = mlp.ForwardResidual(x, residual).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(refused.message()), HasSubstr("down_proj without hooks"));
+    EXPECT_EQ(calls, 0);
+  }
 }
 
 }  // namespace

@@ -53,17 +53,29 @@ struct MatrixRef {
 //   kBiasGelu  aux = P + bias[j] and C = GELU(P + bias[j]) (tanh form, as GeluForward)
 //   kDGelu     C = P * GELU'(aux[i, j]), aux the pre-activation a kBiasGelu stored
 //   kBiasResidual  C = aux[i, j] + (P + bias[j]), aux a residual (fp32, read; C fp32)
+//   kResidual  C = aux[i, j] + P, aux a residual (fp32, read; C fp32): a residual
+//              connection after a Linear without bias, or the sum of the input gradients
+//              of Linears that share an input (Linear::ForwardResidual, BackwardAdd)
 // The body is written once (kernels::GemmEpiloguePre/Out, kernels/elementwise.h). On the CPU
 // it runs after oneDNN's sgemm; on CUDA it is cuBLASLt's BIAS, GELU_AUX_BIAS or DGELU
 // epilogue (kBiasResidual: BIAS with the residual as cuBLASLt's C and beta 1, which
-// rounds P + aux before adding the bias: within fp32 rounding of the body's order). Its
+// rounds P + aux before adding the bias: within fp32 rounding of the body's order;
+// kResidual: the DEFAULT epilogue with the residual as C and beta 1, the body's bits, as
+// aux + P is one fp32 addition of the fp32 product). Its
 // bias has D's type: a bf16 bias of a bf16 GEMM into an fp32 C (a projection's, under bf16
 // weights) is widened into an fp32 copy first, exactly (op "gemm.widen_bias", recorded on
 // both devices). Where cuBLASLt has no algorithm for one (a bias or GELU aux not 16-byte
 // aligned, say) MatMul runs the plain GEMM into an fp32 scratch and the same body as one
 // kernel (tested by forcing it, nn::cuda::ForceGemmFallbackForTesting; the gpu tests count
 // the fallbacks of the GPT's epilogues, nn::cuda::GemmEpilogueFallbacksForTesting).
-enum class GemmEpilogue : int { kNone = 0, kBias = 1, kBiasGelu = 2, kDGelu = 3, kBiasResidual = 4 };
+enum class GemmEpilogue : int {
+  kNone = 0,
+  kBias = 1,
+  kBiasGelu = 2,
+  kDGelu = 3,
+  kBiasResidual = 4,
+  kResidual = 5,
+};
 
 // C_i = alpha * op(A_i) * op(B_i) + beta * C_i for i < batch, as nn::Gemm (nn/ops.h):
 // op(A) is [m, k] (A stored [k, m] when trans_a), op(B) is [k, n], C is [m, n]. A and B
@@ -73,8 +85,9 @@ enum class GemmEpilogue : int { kNone = 0, kBias = 1, kBiasGelu = 2, kDGelu = 3,
 // accumulation; cublasGemmEx when cuBLASLt's heuristic offers no algorithm.
 // An epilogue other than kNone needs batch 1, beta 0, C dense ([m, n], ld n, offset 0),
 // `bias` ([n], fp32 or bf16) for kBias, kBiasGelu and kBiasResidual, and `aux` (C's shape
-// and dtype, dense, distinct from C) for kBiasGelu (written), kDGelu and kBiasResidual
-// (read; an fp32 C); InvalidArgument naming the argument otherwise.
+// and dtype, dense, distinct from C) for kBiasGelu (written), kDGelu, kBiasResidual and
+// kResidual (read; an fp32 C for the last two); InvalidArgument naming the argument
+// otherwise.
 // `bias_grad` (NOTE [GEMM epilogues]), when defined: bias_grad[i] += the sum over k of
 // op(A)[i, :], the row sums of op(A) as A is stored (bf16 values widened), the bias
 // gradient of a weight-gradient GEMM dW = g^T x, whose A is g stored [k, m]. It needs

@@ -169,7 +169,7 @@ absl::Status RunEpilogue(const EpilogueCase& e, int64_t m, int64_t n, int64_t k,
     g.bias = e.bias;
   }
   if (epilogue == GemmEpilogue::kBiasGelu || epilogue == GemmEpilogue::kDGelu ||
-      epilogue == GemmEpilogue::kBiasResidual) {
+      epilogue == GemmEpilogue::kBiasResidual || epilogue == GemmEpilogue::kResidual) {
     g.aux = e.aux;
   }
   return MatMul("fc (Linear)", g);
@@ -239,6 +239,28 @@ TEST(GemmEpilogueTest, EachIsThePlainGemmThenTheUnfusedOpRoundedOnceForBf16) {
   ASSERT_TRUE(AddTensors("ref", r.aux, biased, with_residual).ok());
   ASSERT_TRUE(RunEpilogue(r, m, n, k, GemmEpilogue::kBiasResidual).ok());
   EXPECT_EQ(r.c.ToVector(), with_residual.ToVector());
+  // kResidual (fp32 C): aux + P, the residual added to the product (no bias), for fp32 and
+  // bf16 operands; the residual is left as it was.
+  for (core::DType dtype : {core::DType::kFloat32, core::DType::kBFloat16}) {
+    SCOPED_TRACE(core::DTypeName(dtype));
+    auto operands = [&] {
+      EpilogueCase e = MakeEpilogueCase(m, n, k, core::DType::kFloat32);
+      e.a = e.a.ToDType(dtype, core::MemoryTag::kOther).value();
+      e.w = e.w.ToDType(dtype, core::MemoryTag::kOther).value();
+      return e;
+    };
+    EpilogueCase p = operands();
+    ASSERT_TRUE(RunEpilogue(p, m, n, k, GemmEpilogue::kNone).ok());
+    EpilogueCase q = operands();
+    q.aux = Normal(m * n, 16);
+    const std::vector<float> residual = q.aux.ToVector();
+    core::Tensor sum = core::Tensor::Zeros({m * n});
+    ASSERT_TRUE(AddTensors("ref", q.aux, p.c, sum).ok());
+    ASSERT_TRUE(RunEpilogue(q, m, n, k, GemmEpilogue::kResidual).ok());
+    EXPECT_EQ(q.c.ToVector(), sum.ToVector());
+    EXPECT_NE(q.c.ToVector(), p.c.ToVector());
+    EXPECT_EQ(q.aux.ToVector(), residual);
+  }
 }
 
 TEST(GemmEpilogueTest, MissingOrMisfitArgumentsAreInvalidArgumentNamingThem) {
@@ -282,6 +304,15 @@ TEST(GemmEpilogueTest, MissingOrMisfitArgumentsAreInvalidArgumentNamingThem) {
   bf16_residual_c.c.tensor = core::Tensor::Zeros({m * n}, core::DType::kBFloat16);
   bf16_residual_c.aux = core::Tensor::Zeros({m * n}, core::DType::kBFloat16);
   EXPECT_THAT(message(bf16_residual_c), HasSubstr("needs an fp32 C"));
+  GemmArgs residual_only = g;
+  residual_only.epilogue = GemmEpilogue::kResidual;
+  EXPECT_THAT(message(residual_only), HasSubstr("'residual' needs aux, the residual"));
+  residual_only.aux = e.c;
+  EXPECT_THAT(message(residual_only), HasSubstr("distinct"));
+  GemmArgs bf16_residual_only = residual_only;
+  bf16_residual_only.c.tensor = core::Tensor::Zeros({m * n}, core::DType::kBFloat16);
+  bf16_residual_only.aux = core::Tensor::Zeros({m * n}, core::DType::kBFloat16);
+  EXPECT_THAT(message(bf16_residual_only), HasSubstr("needs an fp32 C"));
   // Nothing was written by the refused calls.
   for (float v : e.c.ToVector()) EXPECT_EQ(v, 0.0f);
 }

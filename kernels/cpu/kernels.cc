@@ -78,7 +78,7 @@ FSDP_CPU_CLONES void BiasAddLoop(const float* x, const uint16_t* bias, float* ou
 // NOTE [GEMM epilogues]: rows of a GEMM's fp32 product `acc` through the epilogue `kind`
 // into `out` (fp32 or bf16 T), the pre-activation into `aux` (T) for kGemmEpilogueBiasGelu,
 // read from it for kGemmEpilogueDGelu, the residual read from it for
-// kGemmEpilogueBiasResidual. out may be acc (fp32).
+// kGemmEpilogueBiasResidual and kGemmEpilogueResidual. out may be acc (fp32).
 template <typename W, typename T>
 FSDP_CPU_INLINE void GemmEpilogueRows(const float* acc, int kind, const W* FSDP_RESTRICT bias,
                                       T* aux, T* out, int64_t rows, int64_t cols) {
@@ -109,6 +109,11 @@ FSDP_CPU_INLINE void GemmEpilogueRows(const float* acc, int kind, const W* FSDP_
       for (int64_t j = 0; j < cols; ++j) {
         const float pre = k::GemmEpiloguePre(k::kGemmEpilogueBiasResidual, ar[j], bias, j);
         k::Store(orow, j, k::GemmEpilogueOut(k::kGemmEpilogueBiasResidual, pre, k::Load(xr, j)));
+      }
+    } else if (kind == k::kGemmEpilogueResidual) {
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) {
+        k::Store(orow, j, k::GemmEpilogueOut(k::kGemmEpilogueResidual, ar[j], k::Load(xr, j)));
       }
     } else {
 #pragma omp simd

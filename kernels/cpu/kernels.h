@@ -39,8 +39,8 @@ void ColumnSumsBf16(const uint16_t* x, float* acc, int64_t rows, int64_t cols);
 // applied to a GEMM's fp32 product acc [rows, cols]: out [rows, cols] (bf16 when out_bf16,
 // else fp32; may be acc) = GemmEpilogueOut(kind, pre, aux) with pre = acc + bias by column
 // where the kind adds one (bias fp32 or bf16, null for kinds without one). aux [rows, cols]
-// has out's dtype: written with pre by kGemmEpilogueBiasGelu, read by kGemmEpilogueDGelu
-// and kGemmEpilogueBiasResidual, null otherwise.
+// has out's dtype: written with pre by kGemmEpilogueBiasGelu, read by kGemmEpilogueDGelu,
+// kGemmEpilogueBiasResidual and kGemmEpilogueResidual, null otherwise.
 void GemmEpilogue(const float* acc, int kind, const void* bias, bool bias_bf16, void* aux,
                   void* out, bool out_bf16, int64_t rows, int64_t cols);
 // LayerNorm of each row of x [rows, cols]: y [rows, cols], mean and rstd [rows]; y bf16

@@ -215,6 +215,10 @@ std::map<GemmKey, const CachedGemm*>& GemmCache() {
   return *cache;
 }
 
+// Whether the epilogue `kind` (nn::GemmEpilogue's number) reads a residual as cuBLASLt's C,
+// with beta 1, writing D away from it: kBiasResidual (4) and kResidual (5).
+bool ResidualIsC(int kind) { return kind == 4 || kind == 5; }
+
 // cuBLASLt's epilogue for nn::GemmEpilogue's number `kind`, or for a bias gradient
 // (NOTE [GEMM epilogues]).
 cublasLtEpilogue_t LtEpilogue(int kind, bool bias_grad) {
@@ -230,7 +234,7 @@ cublasLtEpilogue_t LtEpilogue(int kind, bool bias_grad) {
       return CUBLASLT_EPILOGUE_DGELU;
     case 4:  // the residual is C, with beta 1
       return CUBLASLT_EPILOGUE_BIAS;
-    default:
+    default:  // 0, and 5 (the residual is C, with beta 1)
       return CUBLASLT_EPILOGUE_DEFAULT;
   }
 }
@@ -256,8 +260,8 @@ absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bo
                                             uint32_t align_first, uint32_t align_second,
                                             uint32_t align_c, bool tune,
                                             const std::string& where) {
-  // Kind 4 writes D away from its C (the residual).
-  const bool out_of_place = ep.kind == 4;
+  // Kinds 4 and 5 write D away from their C (the residual).
+  const bool out_of_place = ResidualIsC(ep.kind);
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's first
   // operand is our B, its second our A, and its output C^T [n x m] with ld ldc.
   const cudaDataType_t in_type = a.bf16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -304,7 +308,7 @@ absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bo
                                          sizeof(bias)),
           where));
     }
-    if (ep.aux != nullptr && (ep.kind == 2 || ep.kind == 3)) {  // kind 4's aux is C
+    if (ep.aux != nullptr && (ep.kind == 2 || ep.kind == 3)) {  // kind 4's and 5's aux is C
       const int64_t aux_ld = n;
       RETURN_IF_ERROR(StatusFromCublas(
           cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux,
@@ -607,9 +611,9 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
   if (c.bf16 && beta != 0.0f) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": a bf16 C needs beta 0"));
   }
-  if (ep.kind < 0 || ep.kind > 4 ||
+  if (ep.kind < 0 || ep.kind > 5 ||
       ((ep.kind == 1 || ep.kind == 2 || ep.kind == 4) && ep.bias == nullptr) ||
-      ((ep.kind == 2 || ep.kind == 3 || ep.kind == 4) && ep.aux == nullptr)) {
+      ((ep.kind == 2 || ep.kind == 3 || ResidualIsC(ep.kind)) && ep.aux == nullptr)) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": epilogue ", ep.kind, " lacks its bias or aux pointer"));
   }
@@ -619,9 +623,9 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
         absl::StrCat(where, ": an epilogue needs batch 1 and a dense C (ld ", c.ld, ", n ", n,
                      ")"));
   }
-  if (ep.kind == 4 && (c.bf16 || beta != 0.0f)) {
+  if (ResidualIsC(ep.kind) && (c.bf16 || beta != 0.0f)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, ": the bias + residual epilogue needs an fp32 C and beta 0"));
+        absl::StrCat(where, ": a residual epilogue needs an fp32 C and beta 0"));
   }
   if (ep.bias_grad != nullptr && (ep.kind != 0 || !a.bf16 || !trans_a || batch != 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -655,10 +659,10 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
   const int64_t in_bytes = a.bf16 ? 2 : 4;
   const uint32_t align_first = AlignmentOf(b.ptr, b.stride, in_bytes, batch);
   const uint32_t align_second = AlignmentOf(a.ptr, a.stride, in_bytes, batch);
-  // Kind 4 reads its residual as cuBLASLt's C: the alignment of both C and D.
+  // Kinds 4 and 5 read their residual as cuBLASLt's C: the alignment of both C and D.
   const uint32_t align_c =
       std::min(AlignmentOf(c.ptr, c.stride, c.bf16 ? 2 : 4, batch),
-               ep.kind == 4 ? AlignmentOf(ep.aux, c.stride, 4, batch) : uint32_t{256});
+               ResidualIsC(ep.kind) ? AlignmentOf(ep.aux, c.stride, 4, batch) : uint32_t{256});
   const uint32_t align_bias = bias_ptr != nullptr ? AlignmentOf(bias_ptr, 0, 0, 1) : 0;
   const uint32_t align_aux = ep.aux != nullptr ? AlignmentOf(ep.aux, 0, 0, 1) : 0;
   const bool tune = TuningOn().load();
@@ -738,9 +742,10 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
                                        &ep.aux, sizeof(ep.aux)),
         where));
   }
-  // Kind 4: D = (P + residual) + bias, the residual as C with beta 1.
-  const void* c_in = ep.kind == 4 ? ep.aux : c.ptr;
-  const float beta_in = ep.kind == 4 ? 1.0f : beta;
+  // Kind 4: D = (P + residual) + bias, kind 5: D = P + residual, the residual as C with
+  // beta 1.
+  const void* c_in = ResidualIsC(ep.kind) ? ep.aux : c.ptr;
+  const float beta_in = ResidualIsC(ep.kind) ? 1.0f : beta;
   auto run = [&](const cublasLtMatmulAlgo_t& algo, void* d, const void* c_read) {
     return cublasLtMatmul(ctx->handle, gemm->op, &alpha, b.ptr, gemm->a, a.ptr, gemm->b,
                           &beta_in, c_read, gemm->c, d, gemm->c, &algo, ctx->workspace,
@@ -764,8 +769,10 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
     const Span none{nullptr, nullptr};
     const Span bias_span =
         ep.bias != nullptr ? MatrixSpan(ep.bias, 1, n, n, ep.bias_bf16 ? 2 : 4) : none;
-    // Kind 3 reads its aux (the GELU pre-activation), kind 4 its residual (as cuBLASLt's C).
-    const Span aux_in = ep.kind == 3 || ep.kind == 4 ? MatrixSpan(ep.aux, m, n, n, c_esize) : none;
+    // Kind 3 reads its aux (the GELU pre-activation), kinds 4 and 5 their residual (as
+    // cuBLASLt's C).
+    const Span aux_in =
+        ep.kind == 3 || ResidualIsC(ep.kind) ? MatrixSpan(ep.aux, m, n, n, c_esize) : none;
     TuneProblem t;
     t.run = run;
     t.c_in = c_in;

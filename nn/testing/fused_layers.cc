@@ -56,14 +56,48 @@ ForwardCost MeasureForward(core::Module& m, const core::Tensor& x) {
   return cost;
 }
 
+namespace {
+
+// StepBits(m, x, gy), the ops it records counted by name into *ops.
+std::vector<std::vector<uint32_t>> ProfiledStepBits(core::Module& m, const core::Tensor& x,
+                                                    const core::Tensor& gy,
+                                                    std::map<std::string, int>* ops) {
+  core::OpProfile profile;
+  std::vector<std::vector<uint32_t>> bits;
+  {
+    core::ScopedOpProfile on(&profile);
+    bits = StepBits(m, x, gy);
+  }
+  ops->clear();
+  for (const core::OpRecord& r : profile.records()) ++(*ops)[r.name];
+  return bits;
+}
+
+}  // namespace
+
+std::map<std::string, int> StepOps(core::Module& m, const core::Tensor& x,
+                                   const core::Tensor& gy) {
+  std::map<std::string, int> ops;
+  ProfiledStepBits(m, x, gy, &ops);
+  return ops;
+}
+
+int HookComparison::MoreOpsWithHook(const std::string& name) const {
+  auto count = [&](const std::map<std::string, int>& ops) {
+    auto it = ops.find(name);
+    return it == ops.end() ? 0 : it->second;
+  };
+  return count(hooked_ops) - count(plain_ops);
+}
+
 HookComparison CompareWithHookOn(core::Module& m, core::Module& child, const core::Tensor& x,
                                  const core::Tensor& gy) {
   HookComparison c;
   c.plain_cost = MeasureForward(m, x);
-  c.plain_bits = StepBits(m, x, gy);
+  c.plain_bits = ProfiledStepBits(m, x, gy, &c.plain_ops);
   core::HookHandle h = CountingHook(child, &c.hook_calls);
   c.hooked_cost = MeasureForward(m, x);
-  c.hooked_bits = StepBits(m, x, gy);
+  c.hooked_bits = ProfiledStepBits(m, x, gy, &c.hooked_ops);
   return c;
 }
 

@@ -9,6 +9,8 @@
 #define NN_TESTING_FUSED_LAYERS_H_
 
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "core/module.h"
@@ -38,12 +40,19 @@ struct ForwardCost {
 };
 ForwardCost MeasureForward(core::Module& m, const core::Tensor& x);
 
+// How many ops of each name (core::OpRecord::name: "add", "convert", "matmul", ...) one
+// StepBits(m, x, gy) records, forward and backward.
+std::map<std::string, int> StepOps(core::Module& m, const core::Tensor& x, const core::Tensor& gy);
+
 // `m` run as it is, then with a CountingHook on its descendant `child` (which makes `child`
-// not Fusable): each run's forward cost and step bits, and how often the hook ran.
+// not Fusable): each run's forward cost, step bits and step ops, and how often the hook ran.
 struct HookComparison {
   ForwardCost plain_cost, hooked_cost;
   std::vector<std::vector<uint32_t>> plain_bits, hooked_bits;
+  std::map<std::string, int> plain_ops, hooked_ops;
   int hook_calls = 0;
+  // How many more ops named `name` the hooked step recorded than the plain one.
+  int MoreOpsWithHook(const std::string& name) const;
 };
 HookComparison CompareWithHookOn(core::Module& m, core::Module& child, const core::Tensor& x,
                                  const core::Tensor& gy);
