@@ -26,14 +26,18 @@
 #      (--device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16 --profile_ops:
 #      the last step's ops per category, measured with CUDA events beside the roofline
 #      estimate of the same op list, core/roofline.h); when it fails, once more with GEMM
-#      tuning off (FSDP_GEMM_TUNING=0, then also for steps 6 and 7): the first attempt is
+#      tuning off (FSDP_GEMM_TUNING=0, then also for steps 6 to 8): the first attempt is
 #      the failed step ours_tuned, its error in ours.gemm_tuning_off_after, its log's end
 #      in run.log;
 #   5. bench/pytorch_fsdp2.py on the same model and batch;
 #   6. our main job again with --cpu_offload (shards, gradients and AdamW state in pinned
 #      host memory, NOTE [CPU offload] in fsdp/options.h) for OFFLOAD_STEPS steps: its
 #      tokens/s and peak device memory beside step 4's;
-#   7. Nsight Compute (ncu, where the machine has one and can read its counters), on the
+#   7. our main job on a Llama of GPT-2 small's widths (--model=llama, V=50304 T=1024
+#      C=768 L=12 H=12, LLAMA_KV key-value heads, a SwiGLU of LLAMA_I, untied head) in bf16
+#      with --profile_ops for LLAMA_STEPS steps: its tokens/s, MFU, peak device memory and op
+#      profile (estimated and measured milliseconds per category) beside step 4's;
+#   8. Nsight Compute (ncu, where the machine has one and can read its counters), on the
 #      first launch of each launch configuration of bin/attention_bench (every block shape
 #      of the fused attention) and of NCU_STEPS steps of the main job of step 4: per
 #      kernel its duration, compute and memory throughput, occupancy, registers, busiest
@@ -61,11 +65,12 @@
 # CUDA_HOME, FSDP_CUDA_LIB_DIRS, FSDP_PREFER_WHEEL=1 (wheel libraries before the toolkit's),
 # TEST_TIMEOUT_S (per test binary, 120), TESTS_BUDGET_S (all tests, 200), ATTN_TIMEOUT_S
 # (each of the two attention benchmarks, 60), BENCH_TIMEOUT_S (60), OURS_TIMEOUT_S (150),
-# PT_TIMEOUT_S (150), OFFLOAD_STEPS (10), OFFLOAD_TIMEOUT_S (90), NCU (the ncu to use;
+# PT_TIMEOUT_S (150), OFFLOAD_STEPS (10), OFFLOAD_TIMEOUT_S (90), LLAMA_STEPS (15),
+# LLAMA_TIMEOUT_S (90), LLAMA_KV (4), LLAMA_I (2048), NCU (the ncu to use;
 # default: on PATH, in $CUDA_HOME/bin, or under /opt/nvidia/nsight-compute), NCU_STEPS (2),
 # NCU_TIMEOUT_S (each of the two profiles, 150), RUN_BUDGET_S (the whole run, 540: each
 # step's limit is cut so the summary still comes before it), OURS_EXTRA_ARGS (more flags),
-# SKIP=tests,attention,bench,ours,pytorch,offload,ncu (steps to leave out), PEAK_TFLOPS (for
+# SKIP=tests,attention,bench,ours,pytorch,offload,llama,ncu (steps to leave out), PEAK_TFLOPS (for
 # the MFU estimate).
 # Exit status: 0 when every step that ran passed (ncu's aside), 1 otherwise.
 set -u
@@ -88,6 +93,10 @@ OURS_TIMEOUT_S=${OURS_TIMEOUT_S:-150}
 PT_TIMEOUT_S=${PT_TIMEOUT_S:-150}
 OFFLOAD_STEPS=${OFFLOAD_STEPS:-10}
 OFFLOAD_TIMEOUT_S=${OFFLOAD_TIMEOUT_S:-90}
+LLAMA_STEPS=${LLAMA_STEPS:-15}
+LLAMA_TIMEOUT_S=${LLAMA_TIMEOUT_S:-90}
+LLAMA_KV=${LLAMA_KV:-4}
+LLAMA_I=${LLAMA_I:-2048}
 NCU_STEPS=${NCU_STEPS:-2}
 NCU_TIMEOUT_S=${NCU_TIMEOUT_S:-150}
 RUN_BUDGET_S=${RUN_BUDGET_S:-540}
@@ -252,7 +261,7 @@ run_step() {
 }
 
 # ---- the summary (assembled after each phase and at the end) ---------------------------
-export OFFLOAD_STEPS
+export OFFLOAD_STEPS LLAMA_STEPS LLAMA_KV LLAMA_I
 export WORK BUNDLE STEPS PT_STEPS PT_WARMUP BATCH MODEL_V MODEL_T MODEL_C MODEL_L MODEL_H START
 export PEAK_TFLOPS=${PEAK_TFLOPS:-0} SKIP
 summary_py() {
@@ -523,6 +532,47 @@ if isinstance(oj, dict):
                                                    "memory_estimate_over_fit_peak")},
     })
 
+# --model=llama (step 7): a Llama of GPT-2 small's widths, its own throughput, memory and
+# op profile (the Llama layers' kernels, measured nowhere else).
+llama = {"ok": steps.get("llama", {}).get("ok", False),
+         "error": step_error("llama", os.path.join(W, "llama.log"))}
+lj = None
+try:
+    lj = json.loads(read(os.path.join(W, "main_job_llama", "summary.json")))
+except ValueError:
+    lj = None
+if isinstance(lj, dict):
+    l_mem = lj.get("peak_device_memory_bytes")
+    if isinstance(l_mem, list):
+        l_mem = max([p for p in l_mem if number(p) is not None], default=None)
+    l_prof = lj.get("op_profile") if isinstance(lj.get("op_profile"), dict) else {}
+    llama.update({
+        "tokens_per_s": number(lj.get("tokens_per_second_after_warmup"))
+                        or number(lj.get("tokens_per_second")),
+        "mfu": number(lj.get("mfu")),
+        "peak_device_memory_bytes": number(l_mem),
+        "final_train_loss": lj.get("final_train_loss"),
+        "steps": int(os.environ["LLAMA_STEPS"]),
+        "n_kv_head": int(os.environ["LLAMA_KV"]),
+        "intermediate_size": int(os.environ["LLAMA_I"]),
+        "op_profile": {
+            "estimated_step_ms": l_prof.get("estimated_step_ms"),
+            "measured_op_ms": l_prof.get("measured_op_ms"),
+            "categories": {c.get("category"): {k: c.get(k) for k in (
+                "ops", "estimated_ms", "measured_ms")}
+                for c in l_prof.get("categories", []) if isinstance(c, dict)},
+        },
+    })
+def llama_line():
+    if not llama.get("ok"):
+        return f"llama: not ok: {str(llama.get('error'))[:200]}"
+    tps, mfu, prof = llama.get("tokens_per_s"), llama.get("mfu"), llama["op_profile"]
+    return (f"llama: tokens/s {tps if tps is None else round(tps)}, MFU "
+            f"{mfu if mfu is None else round(mfu, 4)}, peak "
+            f"{llama.get('peak_device_memory_bytes')} B, op ms measured "
+            f"{prof.get('measured_op_ms')} (estimated {prof.get('estimated_step_ms')})")
+llama["summary"] = llama_line()
+
 # Fused attention (step 2, SKIP=attention for both): each benchmark's JSON line as it
 # printed it, or why there is none.
 def bench_line(step, log, key):
@@ -685,6 +735,7 @@ summary = {
     "ours": ours,
     "pytorch_fsdp2": pt,
     "offload": offload,
+    "llama": llama,
     "attention": attention,
     "nccl_bench": bench,
     "ncu": ncu,
@@ -902,7 +953,23 @@ fi
 
 checkpoint
 
-# ---- 7. Nsight Compute: what bounds each kernel ------------------------------------------
+# ---- 7. our main job on a Llama ----------------------------------------------------------
+if skipped llama; then
+  say "llama: skipped (SKIP)"
+elif [ -x "$BUNDLE/bin/main_job" ]; then
+  run_job llama "$LLAMA_TIMEOUT_S" "$WORK/llama.log" "$WORK/main_job_llama" "$LLAMA_STEPS" \
+    --model=llama --n_kv_head="$LLAMA_KV" --intermediate_size="$LLAMA_I" --profile_ops
+else
+  record llama 127 0 "bin/main_job is not in the bundle"
+fi
+checkpoint
+if ! skipped llama &&
+    line=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["llama"]["summary"])' \
+      "$WORK/summary.json" 2>/dev/null); then
+  say "$line"
+fi
+
+# ---- 8. Nsight Compute: what bounds each kernel ------------------------------------------
 find_ncu() {
   if [ -n "${NCU:-}" ]; then echo "$NCU"; return; fi
   local c

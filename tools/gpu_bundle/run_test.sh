@@ -120,6 +120,20 @@ case "$out" in */main_job_ncu)
   done
   exit 0 ;;
 esac
+case " $* " in *" --model=llama "*)
+  # Phase 7: the Llama run (after a failure with tuning on, with it off).
+  if [ "${FAKE_FAIL_TUNED:-0}" = 1 ] && [ "${FSDP_GEMM_TUNING:-}" != 0 ]; then
+    echo "main_job: llama with GEMM tuning on after it failed"; exit 2
+  fi
+  for want in --device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16 \
+      --vocab_size=50304 --seq_len=1024 --n_embd=768 --n_layer=12 --n_head=12 --n_kv_head=4 \
+      --intermediate_size=2048 --batch_size=4 --steps=2 --profile_ops; do
+    case " $* " in *" $want "*) ;; *) echo "main_job: missing flag $want in: $*"; exit 2 ;; esac
+  done
+  mkdir -p "$out"
+  echo '{"world_size": 1, "tokens_per_second_after_warmup": 900.0, "mfu": 0.4, "peak_device_memory_bytes": [99999], "final_train_loss": 6.7, "op_profile": {"estimated_step_ms": 35.0, "measured_op_ms": 50.0, "categories": [{"category": "elementwise", "ops": 110, "estimated_ms": 6.2, "measured_ms": 9.0}]}}' >"$out/summary.json"
+  exit 0 ;;
+esac
 case " $* " in *" --cpu_offload "*)
   # Phase 5: the offload run (after a failure with tuning on, with it off).
   if [ "${FAKE_FAIL_TUNED:-0}" = 1 ] && [ "${FSDP_GEMM_TUNING:-}" != 0 ]; then
@@ -228,7 +242,7 @@ EOF
 chmod +x "$T/fakebin/"* "$B/bin/"* "$B/bin/tests/"*
 
 export PATH="$T/fakebin:$PATH" PYTHONPATH="$T/site" CUDA_HOME="$T/cuda"
-export BATCH=4 STEPS=20 OFFLOAD_STEPS=3 TEST_TIMEOUT_S=2
+export BATCH=4 STEPS=20 OFFLOAD_STEPS=3 LLAMA_STEPS=2 TEST_TIMEOUT_S=2
 
 # ---- 1. a full run ----------------------------------------------------------------------
 set +e
@@ -286,6 +300,10 @@ check "attention: run.sh runs it after the gpu tests and before the NCCL bench" 
   python3 -c 'import sys; t = open(sys.argv[1]).read(); sys.exit(0 if t.index("gpu tests: 4 binaries run") < t.index("run.sh: attention: ok") < t.index("run.sh: attention_pytorch: ok") < t.index("run.sh: bench: ok") else 1)' "$T/stdout1"
 py_check "offload: its tokens/s and peak beside ours (0.4 and 0.5 of them)" "$S" \
   's["offload"]["tokens_per_s"] == 500.0 and s["offload"]["peak_device_memory_bytes"] == 61728 and s["offload"]["tokens_per_s_over_no_offload"] == 0.4 and s["offload"]["peak_device_memory_over_no_offload"] == 0.5 and s["offload"]["steps"] == 3'
+py_check "llama: its tokens/s, MFU, peak and op profile" "$S" \
+  's["steps"]["llama"]["ok"] and s["llama"]["tokens_per_s"] == 900.0 and s["llama"]["mfu"] == 0.4 and s["llama"]["peak_device_memory_bytes"] == 99999 and s["llama"]["steps"] == 2 and s["llama"]["n_kv_head"] == 4 and s["llama"]["op_profile"] == {"estimated_step_ms": 35.0, "measured_op_ms": 50.0, "categories": {"elementwise": {"ops": 110, "estimated_ms": 6.2, "measured_ms": 9.0}}}'
+check "llama: run.sh prints its line" \
+  grep -q "^run.sh: llama: tokens/s 900, MFU 0.4, peak 99999 B, op ms measured 50.0 (estimated 35.0)" "$T/stdout1"
 py_check "environment: GPU and driver" "$S" 's["env"]["gpu"] == "NVIDIA H200" and s["env"]["driver"] == "580.95.05"'
 py_check "overall ok is false" "$S" 's["ok"] is False'
 py_check "no library missing for the (script) binaries" "$S" 's["env"]["ldd_missing"] == []'
@@ -357,8 +375,8 @@ tail -n 1 "$T/stdout_tuned" >"$T/summary_tuned.json"
 py_check "tuned job failed: the first attempt a failed step, the second's figures (1250, not the first's 99)" \
   "$T/summary_tuned.json" \
   's["steps"]["ours_tuned"]["rc"] == 3 and s["steps"]["ours"]["ok"] and s["ours"]["ok"] and s["tokens_per_s"]["ours"] == 1250.0 and "the GEMM tuner exploded" in s["ours"]["gemm_tuning_off_after"] and s["ok"] is False'
-py_check "tuned job failed: the offload run with tuning off too" "$T/summary_tuned.json" \
-  's["steps"]["offload"]["ok"]'
+py_check "tuned job failed: the offload and llama runs with tuning off too" "$T/summary_tuned.json" \
+  's["steps"]["offload"]["ok"] and s["steps"]["llama"]["ok"]'
 check "tuned job failed: \$OUT/run.log holds the first attempt's log" \
   grep -q "the GEMM tuner exploded" "$T/out_tuned/run.log"
 check "tuned job failed: \$OUT/main_job.log is the second attempt's alone" \
@@ -373,7 +391,7 @@ set -e
 check "budget spent: exit 1" [ "$rc" = 1 ]
 tail -n 1 "$T/stdout_budget" >"$T/summary_budget.json"
 py_check "budget spent: steps recorded as not run, tests as not run (not failed)" "$T/summary_budget.json" \
-  's["steps"]["ours"]["rc"] == -1 and s["steps"]["pytorch"]["rc"] == -1 and s["steps"]["offload"]["rc"] == -1 and s["steps"]["attention"]["rc"] == -1 and s["steps"]["attention_pytorch"]["rc"] == -1 and s["gpu_tests"]["not_run"] == ["a_test"] and s["gpu_tests"]["failed"] == 0 and s["ok"] is False'
+  's["steps"]["ours"]["rc"] == -1 and s["steps"]["pytorch"]["rc"] == -1 and s["steps"]["offload"]["rc"] == -1 and s["steps"]["llama"]["rc"] == -1 and s["steps"]["attention"]["rc"] == -1 and s["steps"]["attention_pytorch"]["rc"] == -1 and s["gpu_tests"]["not_run"] == ["a_test"] and s["gpu_tests"]["failed"] == 0 and s["ok"] is False'
 
 # ---- 4. cut off by an outer limit while PyTorch runs: $OUT holds what finished ---------
 cat >"$B/bench/pytorch_fsdp2.py" <<'EOF'
