@@ -2,10 +2,13 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "core/op_profile.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nn/tensor_ops.h"
 #include "nn/testing/fused_layers.h"
 #include "nn/testing/gradcheck.h"
 #include "nn/to_device.h"
@@ -87,6 +90,50 @@ TEST(SwiGluMlpTest, GateAndUpShareOneBf16CopyOfTheirInput) {
   const int64_t held_more =
       c.hooked_cost.held_activation_bytes - c.plain_cost.held_activation_bytes;
   EXPECT_EQ(held_more, rows * C * 2);
+}
+
+// The ops take each output fp32 or bf16 (rounded once) and nothing else, naming it; a bf16
+// output is half the bytes in the op's recorded cost (NOTE [Op accounting]).
+TEST(SwiGluMlpTest, SiluMulOutputsAreFp32OrBf16) {
+  const int64_t n = 35;
+  const core::Tensor a = gradcheck::RandomTensor({5, 7}, 37);
+  const core::Tensor b = gradcheck::RandomTensor({5, 7}, 38);
+  const core::Tensor gh = gradcheck::RandomTensor({5, 7}, 39);
+  auto make = [](core::DType dtype) {
+    return core::Tensor::Zeros({5, 7}, dtype, core::MemoryTag::kActivation);
+  };
+  auto rounded = [](const core::Tensor& t) {
+    return t.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value().ToVector();
+  };
+  const core::Tensor h = make(core::DType::kFloat32), h16 = make(core::DType::kBFloat16);
+  const core::Tensor ga = make(core::DType::kFloat32), gb = make(core::DType::kFloat32),
+                     ga16 = make(core::DType::kBFloat16), gb16 = make(core::DType::kBFloat16);
+  ASSERT_TRUE(SiluMulForward("swiglu_test", a, b, h).ok());
+  ASSERT_TRUE(SiluMulBackward("swiglu_test", a, b, gh, ga, gb).ok());
+  core::OpProfile profile;
+  {
+    core::ScopedOpProfile on(&profile);
+    ASSERT_TRUE(SiluMulForward("swiglu_test", a, b, h16).ok());
+    ASSERT_TRUE(SiluMulBackward("swiglu_test", a, b, gh, ga16, gb).ok());
+  }
+  const core::Tensor gb2 = make(core::DType::kBFloat16);
+  ASSERT_TRUE(SiluMulBackward("swiglu_test", a, b, gh, ga, gb2).ok());
+  EXPECT_EQ(h16.ToVector(), rounded(h));
+  EXPECT_EQ(ga16.ToVector(), rounded(ga));
+  EXPECT_EQ(gb2.ToVector(), rounded(gb));
+  ASSERT_EQ(profile.records().size(), 2u);
+  EXPECT_EQ(profile.records()[0].cost.bytes, (4 + 4 + 2) * n);          // a, b; h
+  EXPECT_EQ(profile.records()[1].cost.bytes, (4 + 4 + 4 + 2 + 4) * n);  // a, b, gh; ga, gb
+  const core::Tensor ints = make(core::DType::kInt32);
+  for (const auto& [st, name] :
+       {std::make_pair(SiluMulForward("swiglu_test", a, b, ints), "output"),
+        std::make_pair(SiluMulBackward("swiglu_test", a, b, gh, ints, gb16), "gate gradient"),
+        std::make_pair(SiluMulBackward("swiglu_test", a, b, gh, ga16, ints), "up gradient")}) {
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_THAT(std::string(st.message()),
+                HasSubstr(std::string(name) + " must be float32 or bfloat16"));
+  }
+  EXPECT_EQ(SiluMulForward("swiglu_test", h16, b, h).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(SwiGluMlpTest, BadSizesAndCallOrderAreReported) {
