@@ -103,6 +103,16 @@ TEST(CudaLlamaTest, SwiGluMlpMatchesCpu) {
   CompareModules(cpu, gpu, Normal({3, 7, 24}, 10, 2.0f), kFp32Rel);
 }
 
+// With bf16 weights (h and the gate and up gradients stored bf16 by the fused ops: NOTE
+// [GEMM epilogues]): within 4 u normwise, as the other bf16 layers.
+TEST(CudaLlamaTest, Bf16SwiGluMlpMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  SwiGluMlp cpu(64, 176, 4), gpu(64, 176, 4);
+  ASSERT_TRUE(ConvertParameters(cpu, core::DType::kBFloat16).ok());
+  ASSERT_TRUE(ConvertParameters(gpu, core::DType::kBFloat16).ok());
+  CompareModules(cpu, gpu, Normal({3, 37, 64}, 12, 2.0f), 4 * kBf16Unit);
+}
+
 // `t` (fp32) as the bf16 values it rounds to, each once.
 std::vector<float> RoundedOnce(const std::vector<float>& t) {
   std::vector<float> out(t.size());

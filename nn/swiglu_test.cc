@@ -85,11 +85,42 @@ TEST(SwiGluMlpTest, GateAndUpShareOneBf16CopyOfTheirInput) {
   const core::Tensor gy = gradcheck::RandomTensor({rows, C}, 33);
   const fused_layers::HookComparison c =
       fused_layers::ExpectSameBitsWithHookOn(mlp, *mlp.up_proj(), x, gy);
-  EXPECT_EQ(c.plain_cost.converts, 2);   // x once, then down's input
-  EXPECT_EQ(c.hooked_cost.converts, 3);  // x by gate and by up, then down's input
+  EXPECT_EQ(c.plain_cost.converts, 1);   // x once (down's input is stored bf16)
+  EXPECT_EQ(c.hooked_cost.converts, 2);  // x by gate and by up
   const int64_t held_more =
       c.hooked_cost.held_activation_bytes - c.plain_cost.held_activation_bytes;
   EXPECT_EQ(held_more, rows * C * 2);
+}
+
+// NOTE [GEMM epilogues]: with bf16 weights, silu(gate) * up is stored bf16 for down_proj's
+// GEMM, and its gradients bf16 for gate_proj's and up_proj's GEMMs, each the fp32 value
+// rounded once as the projection would round it. A hook on a projection makes the op write
+// that tensor fp32, rounded by the projection: the same bits, one conversion more (down's
+// input in the forward; gate's or up's gradient in the backward, where down's grad_output
+// is the one conversion left).
+TEST(SwiGluMlpTest, TheProductAndItsGradientsReachTheProjectionsInBf16) {
+  const int64_t C = 24, I = 40, rows = 7;
+  SwiGluMlp mlp(C, I);
+  gradcheck::RandomizeParameters(mlp, 34, 0.0f, 0.3f);
+  ASSERT_TRUE(ConvertParameters(mlp, core::DType::kBFloat16).ok());
+  const core::Tensor x = gradcheck::RandomTensor({rows, C}, 35);
+  const core::Tensor gy = gradcheck::RandomTensor({rows, C}, 36);
+  {
+    SCOPED_TRACE("down_proj");
+    const fused_layers::HookComparison c =
+        fused_layers::ExpectSameBitsWithHookOn(mlp, *mlp.down_proj(), x, gy);
+    EXPECT_EQ(c.plain_cost.converts, 1);  // x
+    EXPECT_EQ(c.hooked_cost.converts, 2);  // x, then h by down_proj
+    EXPECT_EQ(c.plain_backward_converts, 1);  // down's grad_output
+    EXPECT_EQ(c.hooked_backward_converts, 1);
+  }
+  for (Linear* proj : {mlp.gate_proj().get(), mlp.up_proj().get()}) {
+    SCOPED_TRACE(proj->Path());
+    const fused_layers::HookComparison c =
+        fused_layers::ExpectSameBitsWithHookOn(mlp, *proj, x, gy);
+    EXPECT_EQ(c.plain_backward_converts, 1);
+    EXPECT_EQ(c.hooked_backward_converts, 2);  // and the hooked projection's gradient
+  }
 }
 
 // The ops take each output fp32 or bf16 (rounded once) and nothing else, naming it; a bf16

@@ -56,13 +56,32 @@ ForwardCost MeasureForward(core::Module& m, const core::Tensor& x) {
   return cost;
 }
 
+int MeasureBackwardConverts(core::Module& m, const core::Tensor& x, const core::Tensor& gy) {
+  m.ZeroGrad(/*set_to_none=*/true);
+  absl::StatusOr<core::Tensor> y = m.Forward(x);
+  EXPECT_TRUE(y.ok()) << y.status();
+  if (!y.ok()) return 0;
+  core::OpProfile profile;
+  absl::StatusOr<core::Tensor> gx;
+  {
+    core::ScopedOpProfile on(&profile);
+    gx = m.Backward(gy);
+  }
+  EXPECT_TRUE(gx.ok()) << gx.status();
+  int converts = 0;
+  for (const core::OpRecord& r : profile.records()) converts += r.name == "convert";
+  return converts;
+}
+
 HookComparison CompareWithHookOn(core::Module& m, core::Module& child, const core::Tensor& x,
                                  const core::Tensor& gy) {
   HookComparison c;
   c.plain_cost = MeasureForward(m, x);
+  c.plain_backward_converts = MeasureBackwardConverts(m, x, gy);
   c.plain_bits = StepBits(m, x, gy);
   core::HookHandle h = CountingHook(child, &c.hook_calls);
   c.hooked_cost = MeasureForward(m, x);
+  c.hooked_backward_converts = MeasureBackwardConverts(m, x, gy);
   c.hooked_bits = StepBits(m, x, gy);
   return c;
 }
@@ -71,7 +90,7 @@ HookComparison ExpectSameBitsWithHookOn(core::Module& m, core::Module& child,
                                         const core::Tensor& x, const core::Tensor& gy) {
   HookComparison c = CompareWithHookOn(m, child, x, gy);
   EXPECT_EQ(c.hooked_bits, c.plain_bits) << "with a hook on " << child.Path();
-  EXPECT_EQ(c.hook_calls, 2) << child.Path();
+  EXPECT_EQ(c.hook_calls, 3) << child.Path();  // the three hooked forwards
   return c;
 }
 

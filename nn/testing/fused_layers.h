@@ -37,18 +37,24 @@ struct ForwardCost {
   int64_t held_activation_bytes = 0;
 };
 ForwardCost MeasureForward(core::Module& m, const core::Tensor& x);
+// The conversions (ops named "convert") one Backward(gy) of `m` records after a Forward(x)
+// (on the CPU): the bf16 roundings of gradients for bf16 GEMMs. Its gradients are cleared
+// (set to none) first. A failing call is a test failure.
+int MeasureBackwardConverts(core::Module& m, const core::Tensor& x, const core::Tensor& gy);
 
 // `m` run as it is, then with a CountingHook on its descendant `child` (which makes `child`
-// not Fusable): each run's forward cost and step bits, and how often the hook ran.
+// not Fusable): each run's forward cost, backward conversions and step bits (three forwards
+// each), and how often the hook ran.
 struct HookComparison {
   ForwardCost plain_cost, hooked_cost;
+  int plain_backward_converts = 0, hooked_backward_converts = 0;
   std::vector<std::vector<uint32_t>> plain_bits, hooked_bits;
   int hook_calls = 0;
 };
 HookComparison CompareWithHookOn(core::Module& m, core::Module& child, const core::Tensor& x,
                                  const core::Tensor& gy);
-// CompareWithHookOn, expecting the same bits both ways and the hook run by both forwards
-// (test failures otherwise); returns the comparison for the costs.
+// CompareWithHookOn, expecting the same bits both ways and the hook run by each hooked
+// forward (test failures otherwise); returns the comparison for the costs.
 HookComparison ExpectSameBitsWithHookOn(core::Module& m, core::Module& child,
                                         const core::Tensor& x, const core::Tensor& gy);
 
