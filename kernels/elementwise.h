@@ -127,6 +127,14 @@ FSDP_HD inline float RotaryRotate(float x, float partner, float c, float s, bool
   return first_half ? x * c - partner * s : x * c + partner * s;
 }
 
+// Element j of the sum of the `group` heads of width D that start at `base`, added in head
+// order: a kv head's gradient from the query heads of its group.
+FSDP_HD inline float RotaryGroupSum(const float* base, int64_t j, int64_t group, int64_t D) {
+  float acc = base[j];
+  for (int64_t m = 1; m < group; ++m) acc = Add(acc, base[m * D + j]);
+  return acc;
+}
+
 }  // namespace kernels
 
 #endif  // KERNELS_ELEMENTWISE_H_

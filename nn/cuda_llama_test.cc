@@ -5,11 +5,14 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/allocator.h"
+#include "core/bf16_hd.h"
 #include "core/op_profile.h"
 #include "core/tensor.h"
 #include "gtest/gtest.h"
@@ -17,7 +20,9 @@
 #include "nn/llama.h"
 #include "nn/losses.h"
 #include "nn/rms_norm.h"
+#include "nn/rotary.h"
 #include "nn/swiglu.h"
+#include "nn/tensor_ops.h"
 #include "nn/testing/cuda_compare.h"
 #include "nn/testing/gradcheck.h"
 #include "nn/to_device.h"
@@ -96,6 +101,136 @@ TEST(CudaLlamaTest, SwiGluMlpMatchesCpu) {
   SKIP_WITHOUT_GPU();
   SwiGluMlp cpu(24, 40, 3), gpu(24, 40, 3);
   CompareModules(cpu, gpu, Normal({3, 7, 24}, 10, 2.0f), kFp32Rel);
+}
+
+// With bf16 weights (h and the gate and up gradients stored bf16 by the fused ops: NOTE
+// [GEMM epilogues]): within 4 u normwise, as the other bf16 layers.
+TEST(CudaLlamaTest, Bf16SwiGluMlpMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  SwiGluMlp cpu(64, 176, 4), gpu(64, 176, 4);
+  ASSERT_TRUE(ConvertParameters(cpu, core::DType::kBFloat16).ok());
+  ASSERT_TRUE(ConvertParameters(gpu, core::DType::kBFloat16).ok());
+  CompareModules(cpu, gpu, Normal({3, 37, 64}, 12, 2.0f), 4 * kBf16Unit);
+}
+
+// `t` (fp32) as the bf16 values it rounds to, each once.
+std::vector<float> RoundedOnce(const std::vector<float>& t) {
+  std::vector<float> out(t.size());
+  for (size_t i = 0; i < t.size(); ++i) out[i] = core::Bf16BitsToFloat(core::FloatToBf16Bits(t[i]));
+  return out;
+}
+
+// A bf16 output `got` of the device: the device's fp32 output `want32` rounded once, bit for
+// bit, and within one bf16 step of the CPU's bf16 output `cpu16` (the fp32 values of the
+// two devices agree to ~1e-6, so a rounding may land one step apart).
+void ExpectDeviceBf16(const core::Tensor& got, const core::Tensor& want32,
+                      const core::Tensor& cpu16, const std::string& name) {
+  ASSERT_EQ(got.dtype(), core::DType::kBFloat16) << name;
+  const std::vector<float> g = Host(got), c = cpu16.ToVector();
+  EXPECT_EQ(g, RoundedOnce(Host(want32))) << name;
+  ASSERT_EQ(g.size(), c.size()) << name;
+  for (size_t i = 0; i < g.size(); ++i) {
+    ASSERT_LE(std::abs(g[i] - c[i]), 2 * kBf16Unit * std::abs(c[i]) + 1e-30) << name << " " << i;
+  }
+}
+
+core::Tensor Output(const core::Shape& shape, bool bf16, const core::Device& device) {
+  return core::Tensor::Zeros(shape, bf16 ? core::DType::kBFloat16 : core::DType::kFloat32,
+                             core::MemoryTag::kActivation, device);
+}
+
+// NOTE [GEMM epilogues] on the device: silu(a) * b and its gradients stored bf16, each by its
+// own dtype, for lengths that leave partial blocks and one that takes many grid strides.
+TEST(CudaLlamaTest, SiluMulBf16OutputsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t n : {int64_t{1001}, (int64_t{1} << 22) + 3}) {
+    SCOPED_TRACE(absl::StrCat(n, " elements"));
+    const core::Tensor a = Normal({n}, 40, 3.0f), b = Normal({n}, 41), gh = Normal({n}, 42);
+    const core::Tensor ga_d = To(a, kGpu), gb_d = To(b, kGpu), gh_d = To(gh, kGpu);
+    const core::Tensor h32 = Output({n}, false, kGpu), h16 = Output({n}, true, kGpu),
+                       hc = Output({n}, true, core::Device::Cpu());
+    ASSERT_TRUE(SiluMulForward("cuda_llama_test", ga_d, gb_d, h32).ok());
+    ASSERT_TRUE(SiluMulForward("cuda_llama_test", ga_d, gb_d, h16).ok());
+    ASSERT_TRUE(SiluMulForward("cuda_llama_test", a, b, hc).ok());
+    ExpectDeviceBf16(h16, h32, hc, "h");
+    const core::Tensor da32 = Output({n}, false, kGpu), db32 = Output({n}, false, kGpu);
+    ASSERT_TRUE(SiluMulBackward("cuda_llama_test", ga_d, gb_d, gh_d, da32, db32).ok());
+    for (auto [a16, b16] : {std::make_pair(true, true), std::make_pair(true, false),
+                            std::make_pair(false, true)}) {
+      const core::Tensor da = Output({n}, a16, kGpu), db = Output({n}, b16, kGpu);
+      const core::Tensor ca = Output({n}, a16, core::Device::Cpu()),
+                         cb = Output({n}, b16, core::Device::Cpu());
+      ASSERT_TRUE(SiluMulBackward("cuda_llama_test", ga_d, gb_d, gh_d, da, db).ok());
+      ASSERT_TRUE(SiluMulBackward("cuda_llama_test", a, b, gh, ca, cb).ok());
+      for (const auto& [got, want32, cpu, is16, name] :
+           {std::make_tuple(da, da32, ca, a16, "gate gradient"),
+            std::make_tuple(db, db32, cb, b16, "up gradient")}) {
+        if (is16) {
+          ExpectDeviceBf16(got, want32, cpu, name);
+        } else {
+          EXPECT_EQ(Host(got), Host(want32)) << name;
+        }
+      }
+    }
+  }
+}
+
+// The rotary packing stored bf16 and its backward's gq, gk, gv each by its own dtype, on the
+// device, for grouped, multi-query and multi-head kv heads.
+TEST(CudaLlamaTest, RotaryPackBf16OutputsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t B, T, H, KV, D;
+  };
+  for (const Case& c : {Case{2, 37, 4, 2, 8}, Case{3, 19, 6, 1, 64}, Case{1, 5, 4, 4, 2}}) {
+    SCOPED_TRACE(absl::StrCat(c.H, " heads, ", c.KV, " kv heads, D ", c.D));
+    const int64_t C = c.H * c.D, KW = c.KV * c.D;
+    const RotaryTables cpu_t = MakeRotaryTables(c.T, c.D, 10000.0, core::Device::Cpu()).value();
+    const RotaryTables gpu_t = MakeRotaryTables(c.T, c.D, 10000.0, kGpu).value();
+    const core::Shape qs = {c.B, c.T, C}, ks = {c.B, c.T, KW}, ps = {c.B, c.T, 3 * C};
+    const core::Tensor q = Normal(qs, 43), k = Normal(ks, 44), v = Normal(ks, 45),
+                       g = Normal(ps, 46);
+    const core::Tensor qd = To(q, kGpu), kd = To(k, kGpu), vd = To(v, kGpu), gd = To(g, kGpu);
+    const core::Tensor p32 = Output(ps, false, kGpu), p16 = Output(ps, true, kGpu),
+                       pc = Output(ps, true, core::Device::Cpu());
+    for (const core::Tensor* out : {&p32, &p16}) {
+      ASSERT_TRUE(RotaryPackQkv("cuda_llama_test", qd, kd, vd, gpu_t.cos, gpu_t.sin, c.H, c.KV,
+                                *out)
+                      .ok());
+    }
+    ASSERT_TRUE(
+        RotaryPackQkv("cuda_llama_test", q, k, v, cpu_t.cos, cpu_t.sin, c.H, c.KV, pc).ok());
+    ExpectDeviceBf16(p16, p32, pc, "q, k and v");
+    const core::Tensor gq32 = Output(qs, false, kGpu), gk32 = Output(ks, false, kGpu),
+                       gv32 = Output(ks, false, kGpu);
+    ASSERT_TRUE(RotaryPackQkvBackward("cuda_llama_test", gd, gpu_t.cos, gpu_t.sin, c.H, c.KV,
+                                      gq32, gk32, gv32)
+                    .ok());
+    for (int mask : {7, 5, 2}) {
+      const bool q16 = mask & 1, k16 = mask & 2, v16 = mask & 4;
+      const core::Tensor gq = Output(qs, q16, kGpu), gk = Output(ks, k16, kGpu),
+                         gv = Output(ks, v16, kGpu);
+      const core::Tensor cq = Output(qs, q16, core::Device::Cpu()),
+                         ck = Output(ks, k16, core::Device::Cpu()),
+                         cv = Output(ks, v16, core::Device::Cpu());
+      ASSERT_TRUE(RotaryPackQkvBackward("cuda_llama_test", gd, gpu_t.cos, gpu_t.sin, c.H, c.KV,
+                                        gq, gk, gv)
+                      .ok());
+      ASSERT_TRUE(RotaryPackQkvBackward("cuda_llama_test", g, cpu_t.cos, cpu_t.sin, c.H, c.KV,
+                                        cq, ck, cv)
+                      .ok());
+      for (const auto& [got, want32, cpu, is16, name] :
+           {std::make_tuple(gq, gq32, cq, q16, "q gradient"),
+            std::make_tuple(gk, gk32, ck, k16, "k gradient"),
+            std::make_tuple(gv, gv32, cv, v16, "v gradient")}) {
+        if (is16) {
+          ExpectDeviceBf16(got, want32, cpu, absl::StrCat(name, ", mask ", mask));
+        } else {
+          EXPECT_EQ(Host(got), Host(want32)) << name << ", mask " << mask;
+        }
+      }
+    }
+  }
 }
 
 // fp32, and bf16 on the unfused path (4 u, as CausalSelfAttention's), for grouped,

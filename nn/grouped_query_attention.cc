@@ -94,14 +94,14 @@ absl::StatusOr<core::Tensor> GroupedQueryAttention::ForwardPlus(const core::Tens
   RETURN_IF_ERROR(EnsureTables(T, device));
   // NOTE [Grouped-query attention]: q and k rotated, k and v repeated per group, into the
   // layout of the attention core.
-  ASSIGN_OR_RETURN(core::Tensor qkv, internal::NewActivation({B, T, 3 * C}, device));
+  // NOTE [bf16 attention] (nn/attention.h): with bf16 weights the packed q, k, v are bf16
+  // GEMM operands, each rounded once as the packing stores it (NOTE [GEMM epilogues]).
+  const core::DType qkv_dtype = q_proj_->weight()->data.dtype() == core::DType::kBFloat16
+                                    ? core::DType::kBFloat16
+                                    : core::DType::kFloat32;
+  ASSIGN_OR_RETURN(core::Tensor qkv, internal::NewActivation({B, T, 3 * C}, device, qkv_dtype));
   RETURN_IF_ERROR(RotaryPackQkv(internal::What(*this), q, k, v, tables_->cos, tables_->sin,
                                 n_head_, n_kv_head_, qkv));
-  // NOTE [bf16 attention] (nn/attention.h): with bf16 weights the packed q, k, v are bf16
-  // GEMM operands, rounded once.
-  if (q_proj_->weight()->data.dtype() == core::DType::kBFloat16) {
-    ASSIGN_OR_RETURN(qkv, internal::RoundToBf16(*this, qkv, "q, k and v"));
-  }
   // The fused kernel stores the heads' output bf16 for o_proj's bf16 GEMM when no hook on
   // o_proj could observe its input (as CausalSelfAttention does for proj).
   ASSIGN_OR_RETURN(core::Tensor y,
@@ -124,9 +124,13 @@ absl::StatusOr<core::Tensor> GroupedQueryAttention::BackwardImpl(const core::Ten
   // The heads' gradient, bf16 from o_proj's GEMM where the core takes it so.
   ASSIGN_OR_RETURN(core::Tensor gy, core_.HeadsGradient(*o_proj_, grad_output));
   ASSIGN_OR_RETURN(core::Tensor gqkv, core_.Backward(*this, std::move(gy)));
-  ASSIGN_OR_RETURN(core::Tensor gq, internal::NewActivation({B, T, hidden_}, device));
-  ASSIGN_OR_RETURN(core::Tensor gk, internal::NewActivation({B, T, KW}, device));
-  ASSIGN_OR_RETURN(core::Tensor gv, internal::NewActivation({B, T, KW}, device));
+  // Each projection's gradient stored bf16 for its bf16 GEMMs when they would round it so.
+  ASSIGN_OR_RETURN(core::Tensor gq, internal::NewActivation({B, T, hidden_}, device,
+                                                            GradOutputDTypeFor(*q_proj_)));
+  ASSIGN_OR_RETURN(core::Tensor gk,
+                   internal::NewActivation({B, T, KW}, device, GradOutputDTypeFor(*k_proj_)));
+  ASSIGN_OR_RETURN(core::Tensor gv,
+                   internal::NewActivation({B, T, KW}, device, GradOutputDTypeFor(*v_proj_)));
   RETURN_IF_ERROR(EnsureTables(T, device));  // shared: another layer may have rebuilt them
   RETURN_IF_ERROR(RotaryPackQkvBackward(what, gqkv, tables_->cos, tables_->sin, n_head_,
                                         n_kv_head_, gq, gk, gv));

@@ -278,11 +278,33 @@ TEST(GroupedQueryAttentionTest, TheProjectionsShareOneBf16CopyOfTheirInput) {
   const core::Tensor gy = gradcheck::RandomTensor({B, T, C}, 23);
   const fused_layers::HookComparison c =
       fused_layers::ExpectSameBitsWithHookOn(m, *m.k_proj(), x, gy);
-  EXPECT_EQ(c.plain_cost.converts, 2);   // x once, then the packed q, k, v
-  EXPECT_EQ(c.hooked_cost.converts, 4);  // x by each projection, then q, k, v
+  EXPECT_EQ(c.plain_cost.converts, 1);   // x once (the packed q, k, v are stored bf16)
+  EXPECT_EQ(c.hooked_cost.converts, 3);  // x by each projection
   const int64_t held_more =
       c.hooked_cost.held_activation_bytes - c.plain_cost.held_activation_bytes;
   EXPECT_EQ(held_more, 2 * B * T * C * 2);
+}
+
+// NOTE [GEMM epilogues]: with bf16 weights the rotary packing stores q, k, v bf16 for the
+// attention's GEMMs, and its backward stores each projection's gradient bf16 for that
+// projection's GEMMs, each the fp32 value rounded once as the projection would round it. A
+// hook on a projection makes the backward write its gradient fp32, rounded by the
+// projection: the same bits, one conversion more in the backward, whose only conversion is
+// otherwise o_proj's grad_output. (The forward's packed q, k, v never pass a hook: bf16
+// whenever q_proj's weight is.)
+TEST(GroupedQueryAttentionTest, TheProjectionsGradientsReachThemInBf16) {
+  const int64_t H = 4, KV = 2, C = H * 64, B = 2, T = 9;
+  GroupedQueryAttention m(C, H, KV, 10000.0, 41);
+  ASSERT_TRUE(ConvertParameters(m, core::DType::kBFloat16).ok());
+  const core::Tensor x = gradcheck::RandomTensor({B, T, C}, 42);
+  const core::Tensor gy = gradcheck::RandomTensor({B, T, C}, 43);
+  for (Linear* proj : {m.q_proj().get(), m.k_proj().get(), m.v_proj().get()}) {
+    SCOPED_TRACE(proj->Path());
+    const fused_layers::HookComparison c = fused_layers::ExpectSameBitsWithHookOn(m, *proj, x, gy);
+    EXPECT_EQ(c.plain_cost.converts, 1);  // x
+    EXPECT_EQ(c.plain_backward_converts, 1);  // o_proj's grad_output
+    EXPECT_EQ(c.hooked_backward_converts, 2);  // and the hooked projection's gradient
+  }
 }
 
 // With bf16 weights and no hook on o_proj, the fused kernel stores the heads' output y bf16

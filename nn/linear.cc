@@ -176,6 +176,12 @@ absl::StatusOr<core::Tensor> SharedGemmInput(const core::Module& owner, const co
   return internal::RoundToBf16(owner, x, "input");
 }
 
+core::DType GradOutputDTypeFor(const Linear& taker) {
+  return internal::Fusable(taker) && taker.GradOutputDType() == core::DType::kBFloat16
+             ? core::DType::kBFloat16
+             : core::DType::kFloat32;
+}
+
 absl::StatusOr<core::Tensor> SharedInputGradient(
     const core::Module& owner, std::initializer_list<std::pair<Linear*, core::Tensor>> takers) {
   core::Tensor sum;

@@ -157,6 +157,12 @@ absl::Status CheckSharedBf16Input(const core::Module& owner, const core::Tensor&
                                   std::initializer_list<const Linear*> takers,
                                   absl::string_view names);
 
+// The dtype in which a producer (a parent's fused op) stores the gradient `taker` takes as
+// its grad_output: bf16 when its Backward would round it to bf16 itself (GradOutputDType)
+// and nothing could see it (internal::Fusable: no hooks, no activation checkpointing of its
+// own), else fp32. The same bits either way, one rounding pass fewer.
+core::DType GradOutputDTypeFor(const Linear& taker);
+
 // The gradient at an input that several Linears took (Llama's q, k and v projections;
 // SwiGLU's gate and up): the sum of their input gradients from the (Linear, gradient at its
 // output) pairs, in their order, each Linear's weight gradient accumulated as by Backward.

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
@@ -49,6 +50,17 @@ absl::Status CheckOutputsDistinct(absl::string_view what, std::initializer_list<
                                                        " must be different tensors"));
       }
     }
+  }
+  return absl::OkStatus();
+}
+
+// InvalidArgument naming `name` unless `t` is fp32 or bf16 (an output that a bf16 GEMM
+// takes may be stored so: NOTE [GEMM epilogues]).
+absl::Status CheckFp32OrBf16(absl::string_view what, const char* name, const Tensor& t) {
+  if (t.dtype() != DType::kFloat32 && t.dtype() != DType::kBFloat16) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", name,
+                                                   " must be float32 or bfloat16, got ",
+                                                   internal::Describe(t)));
   }
   return absl::OkStatus();
 }
@@ -115,35 +127,47 @@ absl::Status RmsNormBackward(absl::string_view what, const Tensor& g, const Tens
 
 absl::Status SiluMulForward(absl::string_view what, const Tensor& a, const Tensor& b,
                             const Tensor& h) {
-  RETURN_IF_ERROR(CheckElementwiseF32(what, {{"gate", &a}, {"up", &b}, {"output", &h}}));
+  RETURN_IF_ERROR(CheckDevices(what, {{"gate", &a}, {"up", &b}, {"output", &h}}));
+  RETURN_IF_ERROR(CheckElementwiseF32(what, {{"gate", &a}, {"up", &b}}));
+  // NOTE [GEMM epilogues]: a bf16 output is a bf16 GEMM's operand, stored so directly.
+  RETURN_IF_ERROR(CheckFp32OrBf16(what, "output", h));
+  RETURN_IF_ERROR(CheckNumel(what, "output", h, a.numel()));
   RETURN_IF_ERROR(CheckOutputsDistinct(what, {{"output", &h}}, {{"gate", &a}, {"up", &b}}));
   const int64_t n = a.numel();
   ProfiledOp op(OpCategory::kElementwise, "silu_mul.forward", a.device(),
-                internal::SiluMulForwardCost(n));
+                internal::SiluMulForwardCost(n, core::DTypeSize(h.dtype())));
   if (a.device().is_cuda()) {
     NN_ON_CUDA(a.device(), what, "silu(gate) * up",
-               kc::SiluMulForward(F32(a), F32(b), MutF32(h), n));
+               kc::SiluMulForward(F32(a), F32(b), h.raw_data(), n, IsBf16(h)));
   }
-  kcpu::SiluMulForward(F32(a), F32(b), MutF32(h), n);
+  kcpu::SiluMulForward(F32(a), F32(b), h.raw_data(), n, IsBf16(h));
   return absl::OkStatus();
 }
 
 absl::Status SiluMulBackward(absl::string_view what, const Tensor& a, const Tensor& b,
                              const Tensor& gh, const Tensor& ga, const Tensor& gb) {
-  RETURN_IF_ERROR(CheckElementwiseF32(what, {{"gate", &a}, {"up", &b}, {"grad_output", &gh},
-                                             {"gate gradient", &ga}, {"up gradient", &gb}}));
+  RETURN_IF_ERROR(CheckDevices(what, {{"gate", &a}, {"up", &b}, {"grad_output", &gh},
+                                      {"gate gradient", &ga}, {"up gradient", &gb}}));
+  RETURN_IF_ERROR(CheckElementwiseF32(what, {{"gate", &a}, {"up", &b}, {"grad_output", &gh}}));
+  for (const Arg& g : {Arg{"gate gradient", &ga}, Arg{"up gradient", &gb}}) {
+    RETURN_IF_ERROR(CheckFp32OrBf16(what, g.name, *g.tensor));
+    RETURN_IF_ERROR(CheckNumel(what, g.name, *g.tensor, a.numel()));
+  }
   RETURN_IF_ERROR(CheckOutputsDistinct(
       what, {{"gate gradient", &ga}, {"up gradient", &gb}},
       {{"gate", &a}, {"up", &b}, {"grad_output", &gh}, {"gate gradient", &ga},
        {"up gradient", &gb}}));
   const int64_t n = a.numel();
   ProfiledOp op(OpCategory::kElementwise, "silu_mul.backward", a.device(),
-                internal::SiluMulBackwardCost(n));
+                internal::SiluMulBackwardCost(n, core::DTypeSize(ga.dtype()),
+                                              core::DTypeSize(gb.dtype())));
   if (a.device().is_cuda()) {
     NN_ON_CUDA(a.device(), what, "silu(gate) * up backward",
-               kc::SiluMulBackward(F32(a), F32(b), F32(gh), MutF32(ga), MutF32(gb), n));
+               kc::SiluMulBackward(F32(a), F32(b), F32(gh), ga.raw_data(), gb.raw_data(), n,
+                                   IsBf16(ga), IsBf16(gb)));
   }
-  kcpu::SiluMulBackward(F32(a), F32(b), F32(gh), MutF32(ga), MutF32(gb), n);
+  kcpu::SiluMulBackward(F32(a), F32(b), F32(gh), ga.raw_data(), gb.raw_data(), n, IsBf16(ga),
+                        IsBf16(gb));
   return absl::OkStatus();
 }
 
@@ -155,18 +179,24 @@ struct PackDims {
 };
 
 // q [B, T, C] (C = H * D, D even), k and v [B, T, KV * D], cos and sin [>= T, D / 2]
-// (any shape of that many elements), qkv [B, T, 3C]; all fp32 on one device. `q` and
-// `k` name the q and k shaped tensors in messages.
+// (any shape of that many elements), qkv [B, T, 3C]; all on one device, fp32 but for the
+// outputs (qkv when packed_is_output, else q, k and v), which may also be bf16 (NOTE [GEMM
+// epilogues]). `q` and `k` name the q and k shaped tensors in messages.
 absl::StatusOr<PackDims> CheckPack(absl::string_view what, const char* q_name, const Tensor& q,
                                    const char* k_name, const Tensor& k, const char* v_name,
                                    const Tensor& v, const Tensor& cos, const Tensor& sin,
                                    int64_t n_head, int64_t n_kv_head, const char* qkv_name,
-                                   const Tensor& qkv) {
+                                   const Tensor& qkv, bool packed_is_output) {
   RETURN_IF_ERROR(CheckDevices(what, {{q_name, &q}, {k_name, &k}, {v_name, &v}, {"cos", &cos},
                                       {"sin", &sin}, {qkv_name, &qkv}}));
-  for (const Arg& a : {Arg{q_name, &q}, Arg{k_name, &k}, Arg{v_name, &v}, Arg{"cos", &cos},
-                       Arg{"sin", &sin}, Arg{qkv_name, &qkv}}) {
-    RETURN_IF_ERROR(CheckDType(what, a.name, *a.tensor, DType::kFloat32));
+  for (const auto& [a, output] :
+       {std::make_pair(Arg{q_name, &q}, !packed_is_output),
+        std::make_pair(Arg{k_name, &k}, !packed_is_output),
+        std::make_pair(Arg{v_name, &v}, !packed_is_output),
+        std::make_pair(Arg{"cos", &cos}, false), std::make_pair(Arg{"sin", &sin}, false),
+        std::make_pair(Arg{qkv_name, &qkv}, packed_is_output)}) {
+    RETURN_IF_ERROR(output ? CheckFp32OrBf16(what, a.name, *a.tensor)
+                           : CheckDType(what, a.name, *a.tensor, DType::kFloat32));
   }
   if (n_head <= 0 || n_kv_head <= 0 || n_head % n_kv_head != 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": n_head (", n_head,
@@ -210,41 +240,49 @@ absl::StatusOr<PackDims> CheckPack(absl::string_view what, const char* q_name, c
 absl::Status RotaryPackQkv(absl::string_view what, const Tensor& q, const Tensor& k,
                            const Tensor& v, const Tensor& cos, const Tensor& sin, int64_t n_head,
                            int64_t n_kv_head, const Tensor& qkv) {
-  ASSIGN_OR_RETURN(const PackDims d, CheckPack(what, "q", q, "k", k, "v", v, cos, sin, n_head,
-                                               n_kv_head, "q, k and v", qkv));
+  ASSIGN_OR_RETURN(const PackDims d,
+                   CheckPack(what, "q", q, "k", k, "v", v, cos, sin, n_head, n_kv_head,
+                             "q, k and v", qkv, /*packed_is_output=*/true));
   RETURN_IF_ERROR(CheckOutputsDistinct(what, {{"q, k and v", &qkv}},
                                        {{"q", &q}, {"k", &k}, {"v", &v}}));
   ProfiledOp op(OpCategory::kElementwise, "rotary_pack.forward", q.device(),
-                internal::RotaryPackCost(d.rows, d.H * d.D, d.KV * d.D));
+                internal::RotaryPackCost(d.rows, d.H * d.D, d.KV * d.D,
+                                         core::DTypeSize(qkv.dtype())));
   if (q.device().is_cuda()) {
     NN_ON_CUDA(q.device(), what, "rotary packing of q, k, v",
-               kc::RotaryPackQkv(F32(q), F32(k), F32(v), F32(cos), F32(sin), MutF32(qkv), d.rows,
-                                 d.T, d.H, d.KV, d.D));
+               kc::RotaryPackQkv(F32(q), F32(k), F32(v), F32(cos), F32(sin), qkv.raw_data(),
+                                 d.rows, d.T, d.H, d.KV, d.D, IsBf16(qkv)));
   }
-  kcpu::RotaryPackQkv(F32(q), F32(k), F32(v), F32(cos), F32(sin), MutF32(qkv), d.rows, d.T, d.H,
-                      d.KV, d.D);
+  kcpu::RotaryPackQkv(F32(q), F32(k), F32(v), F32(cos), F32(sin), qkv.raw_data(), d.rows, d.T,
+                      d.H, d.KV, d.D, IsBf16(qkv));
   return absl::OkStatus();
 }
 
 absl::Status RotaryPackQkvBackward(absl::string_view what, const Tensor& gqkv, const Tensor& cos,
                                    const Tensor& sin, int64_t n_head, int64_t n_kv_head,
                                    const Tensor& gq, const Tensor& gk, const Tensor& gv) {
-  ASSIGN_OR_RETURN(const PackDims d, CheckPack(what, "q gradient", gq, "k gradient", gk,
-                                               "v gradient", gv, cos, sin, n_head, n_kv_head,
-                                               "q, k and v gradient", gqkv));
+  ASSIGN_OR_RETURN(const PackDims d,
+                   CheckPack(what, "q gradient", gq, "k gradient", gk, "v gradient", gv, cos,
+                             sin, n_head, n_kv_head, "q, k and v gradient", gqkv,
+                             /*packed_is_output=*/false));
   RETURN_IF_ERROR(CheckOutputsDistinct(
       what, {{"q gradient", &gq}, {"k gradient", &gk}, {"v gradient", &gv}},
       {{"q gradient", &gq}, {"k gradient", &gk}, {"v gradient", &gv},
        {"q, k and v gradient", &gqkv}}));
   ProfiledOp op(OpCategory::kElementwise, "rotary_pack.backward", gqkv.device(),
-                internal::RotaryPackCost(d.rows, d.H * d.D, d.KV * d.D));
+                internal::RotaryPackBackwardCost(d.rows, d.H * d.D, d.KV * d.D,
+                                                 core::DTypeSize(gq.dtype()),
+                                                 core::DTypeSize(gk.dtype()),
+                                                 core::DTypeSize(gv.dtype())));
   if (gqkv.device().is_cuda()) {
     NN_ON_CUDA(gqkv.device(), what, "rotary packing backward",
-               kc::RotaryPackQkvBackward(F32(gqkv), F32(cos), F32(sin), MutF32(gq), MutF32(gk),
-                                         MutF32(gv), d.rows, d.T, d.H, d.KV, d.D));
+               kc::RotaryPackQkvBackward(F32(gqkv), F32(cos), F32(sin), gq.raw_data(),
+                                         gk.raw_data(), gv.raw_data(), d.rows, d.T, d.H, d.KV,
+                                         d.D, IsBf16(gq), IsBf16(gk), IsBf16(gv)));
   }
-  kcpu::RotaryPackQkvBackward(F32(gqkv), F32(cos), F32(sin), MutF32(gq), MutF32(gk), MutF32(gv),
-                              d.rows, d.T, d.H, d.KV, d.D);
+  kcpu::RotaryPackQkvBackward(F32(gqkv), F32(cos), F32(sin), gq.raw_data(), gk.raw_data(),
+                              gv.raw_data(), d.rows, d.T, d.H, d.KV, d.D, IsBf16(gq), IsBf16(gk),
+                              IsBf16(gv));
   return absl::OkStatus();
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gmock/gmock.h"
+#include "core/op_profile.h"
 #include "gtest/gtest.h"
 #include "nn/tensor_ops.h"
 #include "nn/testing/gradcheck.h"
@@ -157,6 +158,66 @@ TEST(RotaryTest, BadShapesAreInvalidArgument) {
         Bad{RotaryPackQkv(kWhat, q, q, kv, t.cos, t.sin, 2, 1, out), "k must be [1, 4, 6]"},
         Bad{RotaryPackQkv(kWhat, q, kv, kv, short_t.cos, short_t.sin, 2, 1, out), "at least 4 rows"},
         Bad{RotaryPackQkv(kWhat, q, kv, kv, t.cos, t.sin, 2, 1, q), "q, k and v must be"}}) {
+    EXPECT_EQ(b.status.code(), absl::StatusCode::kInvalidArgument) << b.status;
+    EXPECT_THAT(std::string(b.status.message()), HasSubstr(b.message));
+  }
+}
+
+// NOTE [GEMM epilogues]: the packed q, k, v and each of the backward's gradients may be
+// stored bf16 (the fp32 values rounded once, for bf16 GEMMs; half the bytes in the ops'
+// recorded costs); any other output dtype is InvalidArgument naming the tensor.
+TEST(RotaryTest, OutputsAreFp32OrBf16) {
+  const Shape s{2, 5, 4, 2, 6};
+  const int64_t rows = s.B * s.T, C = s.H * s.D, KW = s.KV * s.D;
+  const Packed p = Pack(s, 11);
+  auto bf16 = [](const core::Tensor& t) {
+    return t.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value().ToVector();
+  };
+  auto like = [](const core::Tensor& t, core::DType dtype) {
+    return core::Tensor::Zeros(t.shape(), dtype, core::MemoryTag::kActivation);
+  };
+  const core::Tensor gq = like(p.q, core::DType::kFloat32), gk = like(p.k, core::DType::kFloat32),
+                     gv = like(p.v, core::DType::kFloat32);
+  ASSERT_TRUE(
+      RotaryPackQkvBackward(kWhat, p.qkv, p.tables.cos, p.tables.sin, s.H, s.KV, gq, gk, gv).ok());
+  const core::Tensor qkv16 = like(p.qkv, core::DType::kBFloat16);
+  const core::Tensor gq16 = like(p.q, core::DType::kBFloat16),
+                     gk2 = like(p.k, core::DType::kFloat32),
+                     gv16 = like(p.v, core::DType::kBFloat16);
+  core::OpProfile profile;
+  {
+    core::ScopedOpProfile on(&profile);
+    ASSERT_TRUE(
+        RotaryPackQkv(kWhat, p.q, p.k, p.v, p.tables.cos, p.tables.sin, s.H, s.KV, qkv16).ok());
+    ASSERT_TRUE(RotaryPackQkvBackward(kWhat, p.qkv, p.tables.cos, p.tables.sin, s.H, s.KV, gq16,
+                                      gk2, gv16)
+                    .ok());
+  }
+  ASSERT_EQ(profile.records().size(), 2u);
+  EXPECT_EQ(profile.records()[0].cost.bytes, rows * (4 * (C + 2 * KW) + 2 * 3 * C));
+  EXPECT_EQ(profile.records()[1].cost.bytes, rows * (4 * 3 * C + 2 * C + 4 * KW + 2 * KW));
+  EXPECT_EQ(qkv16.ToVector(), bf16(p.qkv));
+  EXPECT_EQ(gq16.ToVector(), bf16(gq));
+  EXPECT_EQ(gk2.ToVector(), gk.ToVector());
+  EXPECT_EQ(gv16.ToVector(), bf16(gv));
+  struct Bad {
+    absl::Status status;
+    const char* message;
+  };
+  const core::Tensor ints = like(p.qkv, core::DType::kInt32);
+  const core::Tensor kints = like(p.k, core::DType::kInt32);
+  for (const Bad& b :
+       {Bad{RotaryPackQkv(kWhat, p.q, p.k, p.v, p.tables.cos, p.tables.sin, s.H, s.KV, ints),
+            "q, k and v must be float32 or bfloat16"},
+        Bad{RotaryPackQkv(kWhat, like(p.q, core::DType::kBFloat16), p.k, p.v, p.tables.cos,
+                          p.tables.sin, s.H, s.KV, qkv16),
+            "q must be float32"},
+        Bad{RotaryPackQkvBackward(kWhat, p.qkv, p.tables.cos, p.tables.sin, s.H, s.KV, gq, kints,
+                                  gv),
+            "k gradient must be float32 or bfloat16"},
+        Bad{RotaryPackQkvBackward(kWhat, qkv16, p.tables.cos, p.tables.sin, s.H, s.KV, gq, gk,
+                                  gv),
+            "q, k and v gradient must be float32"}}) {
     EXPECT_EQ(b.status.code(), absl::StatusCode::kInvalidArgument) << b.status;
     EXPECT_THAT(std::string(b.status.message()), HasSubstr(b.message));
   }

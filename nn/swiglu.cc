@@ -50,7 +50,12 @@ absl::StatusOr<core::Tensor> SwiGluMlp::ForwardPlus(const core::Tensor& x,
                    SharedGemmInput(*this, x, {gate_proj_.get(), up_proj_.get()}));
   ASSIGN_OR_RETURN(core::Tensor a, gate_proj_->Forward(in));
   ASSIGN_OR_RETURN(core::Tensor b, up_proj_->Forward(in));
-  ASSIGN_OR_RETURN(core::Tensor h, internal::NewActivation(a.shape(), a.device()));
+  // NOTE [GEMM epilogues]: h stored bf16 for down_proj's bf16 GEMM when nothing could see
+  // it there (no hooks, no activation checkpointing of its own): the bits down_proj would
+  // round it to, without the fp32 copy and the rounding pass.
+  const core::DType h_dtype = SharesBf16Input({down_proj_.get()}) ? core::DType::kBFloat16
+                                                                   : core::DType::kFloat32;
+  ASSIGN_OR_RETURN(core::Tensor h, internal::NewActivation(a.shape(), a.device(), h_dtype));
   RETURN_IF_ERROR(SiluMulForward(internal::What(*this), a, b, h));
   gate_ = std::move(a);
   up_ = std::move(b);
@@ -65,8 +70,11 @@ absl::StatusOr<core::Tensor> SwiGluMlp::BackwardImpl(const core::Tensor& grad_ou
   }
   ASSIGN_OR_RETURN(core::Tensor gh, down_proj_->Backward(grad_output));
   const std::string what = internal::What(*this);
-  ASSIGN_OR_RETURN(core::Tensor ga, internal::NewActivation(gate_.shape(), gate_.device()));
-  ASSIGN_OR_RETURN(core::Tensor gb, internal::NewActivation(up_.shape(), up_.device()));
+  // Each gradient stored bf16 for its projection's bf16 GEMMs when they would round it so.
+  ASSIGN_OR_RETURN(core::Tensor ga, internal::NewActivation(gate_.shape(), gate_.device(),
+                                                            GradOutputDTypeFor(*gate_proj_)));
+  ASSIGN_OR_RETURN(core::Tensor gb, internal::NewActivation(up_.shape(), up_.device(),
+                                                            GradOutputDTypeFor(*up_proj_)));
   RETURN_IF_ERROR(SiluMulBackward(what, gate_, up_, gh, ga, gb));
   gate_ = core::Tensor();
   up_ = core::Tensor();

@@ -2,8 +2,10 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "core/op_profile.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nn/tensor_ops.h"
@@ -83,11 +85,86 @@ TEST(SwiGluMlpTest, GateAndUpShareOneBf16CopyOfTheirInput) {
   const core::Tensor gy = gradcheck::RandomTensor({rows, C}, 33);
   const fused_layers::HookComparison c =
       fused_layers::ExpectSameBitsWithHookOn(mlp, *mlp.up_proj(), x, gy);
-  EXPECT_EQ(c.plain_cost.converts, 2);   // x once, then down's input
-  EXPECT_EQ(c.hooked_cost.converts, 3);  // x by gate and by up, then down's input
+  EXPECT_EQ(c.plain_cost.converts, 1);   // x once (down's input is stored bf16)
+  EXPECT_EQ(c.hooked_cost.converts, 2);  // x by gate and by up
   const int64_t held_more =
       c.hooked_cost.held_activation_bytes - c.plain_cost.held_activation_bytes;
   EXPECT_EQ(held_more, rows * C * 2);
+}
+
+// NOTE [GEMM epilogues]: with bf16 weights, silu(gate) * up is stored bf16 for down_proj's
+// GEMM, and its gradients bf16 for gate_proj's and up_proj's GEMMs, each the fp32 value
+// rounded once as the projection would round it. A hook on a projection makes the op write
+// that tensor fp32, rounded by the projection: the same bits, one conversion more (down's
+// input in the forward; gate's or up's gradient in the backward, where down's grad_output
+// is the one conversion left).
+TEST(SwiGluMlpTest, TheProductAndItsGradientsReachTheProjectionsInBf16) {
+  const int64_t C = 24, I = 40, rows = 7;
+  SwiGluMlp mlp(C, I);
+  gradcheck::RandomizeParameters(mlp, 34, 0.0f, 0.3f);
+  ASSERT_TRUE(ConvertParameters(mlp, core::DType::kBFloat16).ok());
+  const core::Tensor x = gradcheck::RandomTensor({rows, C}, 35);
+  const core::Tensor gy = gradcheck::RandomTensor({rows, C}, 36);
+  {
+    SCOPED_TRACE("down_proj");
+    const fused_layers::HookComparison c =
+        fused_layers::ExpectSameBitsWithHookOn(mlp, *mlp.down_proj(), x, gy);
+    EXPECT_EQ(c.plain_cost.converts, 1);  // x
+    EXPECT_EQ(c.hooked_cost.converts, 2);  // x, then h by down_proj
+    EXPECT_EQ(c.plain_backward_converts, 1);  // down's grad_output
+    EXPECT_EQ(c.hooked_backward_converts, 1);
+  }
+  for (Linear* proj : {mlp.gate_proj().get(), mlp.up_proj().get()}) {
+    SCOPED_TRACE(proj->Path());
+    const fused_layers::HookComparison c =
+        fused_layers::ExpectSameBitsWithHookOn(mlp, *proj, x, gy);
+    EXPECT_EQ(c.plain_backward_converts, 1);
+    EXPECT_EQ(c.hooked_backward_converts, 2);  // and the hooked projection's gradient
+  }
+}
+
+// The ops take each output fp32 or bf16 (rounded once) and nothing else, naming it; a bf16
+// output is half the bytes in the op's recorded cost (NOTE [Op accounting]).
+TEST(SwiGluMlpTest, SiluMulOutputsAreFp32OrBf16) {
+  const int64_t n = 35;
+  const core::Tensor a = gradcheck::RandomTensor({5, 7}, 37);
+  const core::Tensor b = gradcheck::RandomTensor({5, 7}, 38);
+  const core::Tensor gh = gradcheck::RandomTensor({5, 7}, 39);
+  auto make = [](core::DType dtype) {
+    return core::Tensor::Zeros({5, 7}, dtype, core::MemoryTag::kActivation);
+  };
+  auto rounded = [](const core::Tensor& t) {
+    return t.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value().ToVector();
+  };
+  const core::Tensor h = make(core::DType::kFloat32), h16 = make(core::DType::kBFloat16);
+  const core::Tensor ga = make(core::DType::kFloat32), gb = make(core::DType::kFloat32),
+                     ga16 = make(core::DType::kBFloat16), gb16 = make(core::DType::kBFloat16);
+  ASSERT_TRUE(SiluMulForward("swiglu_test", a, b, h).ok());
+  ASSERT_TRUE(SiluMulBackward("swiglu_test", a, b, gh, ga, gb).ok());
+  core::OpProfile profile;
+  {
+    core::ScopedOpProfile on(&profile);
+    ASSERT_TRUE(SiluMulForward("swiglu_test", a, b, h16).ok());
+    ASSERT_TRUE(SiluMulBackward("swiglu_test", a, b, gh, ga16, gb).ok());
+  }
+  const core::Tensor gb2 = make(core::DType::kBFloat16);
+  ASSERT_TRUE(SiluMulBackward("swiglu_test", a, b, gh, ga, gb2).ok());
+  EXPECT_EQ(h16.ToVector(), rounded(h));
+  EXPECT_EQ(ga16.ToVector(), rounded(ga));
+  EXPECT_EQ(gb2.ToVector(), rounded(gb));
+  ASSERT_EQ(profile.records().size(), 2u);
+  EXPECT_EQ(profile.records()[0].cost.bytes, (4 + 4 + 2) * n);          // a, b; h
+  EXPECT_EQ(profile.records()[1].cost.bytes, (4 + 4 + 4 + 2 + 4) * n);  // a, b, gh; ga, gb
+  const core::Tensor ints = make(core::DType::kInt32);
+  for (const auto& [st, name] :
+       {std::make_pair(SiluMulForward("swiglu_test", a, b, ints), "output"),
+        std::make_pair(SiluMulBackward("swiglu_test", a, b, gh, ints, gb16), "gate gradient"),
+        std::make_pair(SiluMulBackward("swiglu_test", a, b, gh, ga16, ints), "up gradient")}) {
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_THAT(std::string(st.message()),
+                HasSubstr(std::string(name) + " must be float32 or bfloat16"));
+  }
+  EXPECT_EQ(SiluMulForward("swiglu_test", h16, b, h).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(SwiGluMlpTest, BadSizesAndCallOrderAreReported) {

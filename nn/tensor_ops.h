@@ -246,12 +246,13 @@ absl::Status RmsNormBackward(absl::string_view what, const core::Tensor& g,
                              const core::Tensor& xhat, const core::Tensor& rstd,
                              const core::Tensor& w, const core::Tensor& gx);
 
-// h = silu(a) * b elementwise (SwiGLU, silu(a) = a sigmoid(a)); fp32 of equal numel, h
-// neither a nor b.
+// h = silu(a) * b elementwise (SwiGLU, silu(a) = a sigmoid(a)); of equal numel, h neither
+// a nor b; a and b fp32, h fp32 or bf16 (for a bf16 GEMM that takes it, each element the
+// fp32 value rounded once: NOTE [GEMM epilogues]).
 absl::Status SiluMulForward(absl::string_view what, const core::Tensor& a, const core::Tensor& b,
                             const core::Tensor& h);
-// ga = gh * b * silu'(a) and gb = gh * silu(a); fp32 of equal numel, ga and gb distinct
-// from each other and from the inputs.
+// ga = gh * b * silu'(a) and gb = gh * silu(a); of equal numel, ga and gb distinct from each
+// other and from the inputs; a, b, gh fp32, ga and gb each fp32 or bf16 (rounded once, as h).
 absl::Status SiluMulBackward(absl::string_view what, const core::Tensor& a,
                              const core::Tensor& b, const core::Tensor& gh,
                              const core::Tensor& ga, const core::Tensor& gb);
@@ -261,14 +262,16 @@ absl::Status SiluMulBackward(absl::string_view what, const core::Tensor& a,
 // CausalSelfAttention's qkv) from q [B, T, C] and k, v [B, T, n_kv_head * D], all fp32:
 // q and k turned per head by the rotary embedding (cos, sin: fp32 [P, D / 2] with P >= T,
 // row t the cosines and sines of position t, nn::RotaryTables), k and v repeated for the
-// n_head / n_kv_head query heads of each group. InvalidArgument unless n_head % n_kv_head
-// == 0, D is even and the shapes agree.
+// n_head / n_kv_head query heads of each group. qkv may be bf16 instead (the operand of
+// bf16 attention GEMMs, each element the fp32 value rounded once: NOTE [GEMM epilogues]).
+// InvalidArgument unless n_head % n_kv_head == 0, D is even and the shapes agree.
 absl::Status RotaryPackQkv(absl::string_view what, const core::Tensor& q, const core::Tensor& k,
                            const core::Tensor& v, const core::Tensor& cos,
                            const core::Tensor& sin, int64_t n_head, int64_t n_kv_head,
                            const core::Tensor& qkv);
-// Its backward from gqkv [B, T, 3C]: gq (turned back), gk (turned back) and gv, each kv
-// head's gradient the sum over its group's heads; shapes as q, k, v above.
+// Its backward from gqkv [B, T, 3C] (fp32): gq (turned back), gk (turned back) and gv, each
+// kv head's gradient the sum over its group's heads; shapes as q, k, v above, each fp32 or
+// bf16 (rounded once, for a projection's bf16 GEMMs).
 absl::Status RotaryPackQkvBackward(absl::string_view what, const core::Tensor& gqkv,
                                    const core::Tensor& cos, const core::Tensor& sin,
                                    int64_t n_head, int64_t n_kv_head, const core::Tensor& gq,

@@ -105,26 +105,31 @@ void RmsNormForward(const float* x, const void* w, bool bf16, float eps, void* y
 // ColumnSums of g * xhat).
 void RmsNormBackwardInput(const float* g, const float* xhat, const float* rstd, const void* w,
                           bool bf16, float* gx, int64_t rows, int64_t cols);
-// h = silu(a) * b, elementwise.
-void SiluMulForward(const float* a, const float* b, float* h, int64_t n);
-// ga = dL/da and gb = dL/db of h = silu(a) * b from gh = dL/dh.
-void SiluMulBackward(const float* a, const float* b, const float* gh, float* ga, float* gb,
-                     int64_t n);
+// h = silu(a) * b, elementwise; h fp32, or bf16 when h_bf16 (each element the fp32 value
+// rounded once: NOTE [GEMM epilogues], an output whose consumer is a bf16 GEMM).
+void SiluMulForward(const float* a, const float* b, void* h, int64_t n, bool h_bf16 = false);
+// ga = dL/da and gb = dL/db of h = silu(a) * b from gh = dL/dh; each fp32, or bf16 when its
+// flag says (rounded once, as h).
+void SiluMulBackward(const float* a, const float* b, const float* gh, void* ga, void* gb,
+                     int64_t n, bool ga_bf16 = false, bool gb_bf16 = false);
 // The causal attention's input qkv [rows, 3C] (C = H * D, rows = B * T, row r at position
 // r % T; the layout nn::FusedAttentionForward and the unfused path read) from q [rows, C]
 // and k, v [rows, KV * D] (H % KV == 0, D even): columns [0, C) are q with the rotary
 // embedding applied per head, [C, 2C) k rotated and [2C, 3C) v, each of the KV heads
 // repeated for the H / KV query heads of its group (head h reads kv head h / (H / KV)).
-// cos and sin are [T, D / 2]: the cosine and sine of position t's angle for pair i.
+// cos and sin are [T, D / 2]: the cosine and sine of position t's angle for pair i. qkv
+// fp32, or bf16 when qkv_bf16 (each element the fp32 value rounded once).
 void RotaryPackQkv(const float* q, const float* k, const float* v, const float* cos,
-                   const float* sin, float* qkv, int64_t rows, int64_t T, int64_t H, int64_t KV,
-                   int64_t D);
+                   const float* sin, void* qkv, int64_t rows, int64_t T, int64_t H, int64_t KV,
+                   int64_t D, bool qkv_bf16 = false);
 // The backward of RotaryPackQkv: from gqkv [rows, 3C], gq [rows, C] = the q columns turned
 // back by the inverse rotation, and gk, gv [rows, KV * D] = the k (turned back) and v
-// columns summed over each group's heads in head order.
-void RotaryPackQkvBackward(const float* gqkv, const float* cos, const float* sin, float* gq,
-                           float* gk, float* gv, int64_t rows, int64_t T, int64_t H, int64_t KV,
-                           int64_t D);
+// columns summed over each group's heads in head order. Each output fp32, or bf16 when its
+// flag says (the fp32 value rounded once).
+void RotaryPackQkvBackward(const float* gqkv, const float* cos, const float* sin, void* gq,
+                           void* gk, void* gv, int64_t rows, int64_t T, int64_t H, int64_t KV,
+                           int64_t D, bool gq_bf16 = false, bool gk_bf16 = false,
+                           bool gv_bf16 = false);
 
 // ---- CPU-only fused loops (NOTE [Fused ops], nn/tensor_ops.h): the bits of the two
 // launches each replaces, run one after the other.

@@ -79,101 +79,162 @@ FSDP_CPU_CLONES void RmsNormBackwardLoop(const float* g, const float* xhat, cons
   RmsNormBackwardRows(g, xhat, rstd, w, gx, rows, cols);
 }
 
-// ---- SwiGLU.
+// ---- SwiGLU; each output fp32 or bf16 (k::Store: the fp32 value rounded once).
 
-FSDP_CPU_CLONES void SiluMulLoop(const float* FSDP_RESTRICT a, const float* FSDP_RESTRICT b,
-                                 float* FSDP_RESTRICT h, int64_t n) {
+template <typename H>
+FSDP_CPU_INLINE void SiluMulElements(const float* FSDP_RESTRICT a, const float* FSDP_RESTRICT b,
+                                     H* FSDP_RESTRICT h, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) h[i] = k::SiluMulForward(a[i], b[i]);
+  for (int64_t i = 0; i < n; ++i) k::Store(h, i, k::SiluMulForward(a[i], b[i]));
 }
+#define FSDP_SILU_MUL_LOOP(H)                                                          \
+  FSDP_CPU_CLONES void SiluMulLoop(const float* a, const float* b, H* h, int64_t n) { \
+    SiluMulElements(a, b, h, n);                                                       \
+  }
+FSDP_SILU_MUL_LOOP(float)
+FSDP_SILU_MUL_LOOP(uint16_t)
+#undef FSDP_SILU_MUL_LOOP
 
-FSDP_CPU_CLONES void SiluMulBackwardLoop(const float* FSDP_RESTRICT a,
-                                         const float* FSDP_RESTRICT b,
-                                         const float* FSDP_RESTRICT gh, float* FSDP_RESTRICT ga,
-                                         float* FSDP_RESTRICT gb, int64_t n) {
+template <typename GA, typename GB>
+FSDP_CPU_INLINE void SiluMulBackwardElements(const float* FSDP_RESTRICT a,
+                                             const float* FSDP_RESTRICT b,
+                                             const float* FSDP_RESTRICT gh,
+                                             GA* FSDP_RESTRICT ga, GB* FSDP_RESTRICT gb,
+                                             int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
-    ga[i] = k::SiluMulGradGate(a[i], b[i], gh[i]);
-    gb[i] = k::SiluMulGradUp(a[i], gh[i]);
+    k::Store(ga, i, k::SiluMulGradGate(a[i], b[i], gh[i]));
+    k::Store(gb, i, k::SiluMulGradUp(a[i], gh[i]));
   }
 }
+#define FSDP_SILU_MUL_BACKWARD_LOOP(GA, GB)                                               \
+  FSDP_CPU_CLONES void SiluMulBackwardLoop(const float* a, const float* b, const float* gh, \
+                                           GA* ga, GB* gb, int64_t n) {                    \
+    SiluMulBackwardElements(a, b, gh, ga, gb, n);                                          \
+  }
+FSDP_SILU_MUL_BACKWARD_LOOP(float, float)
+FSDP_SILU_MUL_BACKWARD_LOOP(float, uint16_t)
+FSDP_SILU_MUL_BACKWARD_LOOP(uint16_t, float)
+FSDP_SILU_MUL_BACKWARD_LOOP(uint16_t, uint16_t)
+#undef FSDP_SILU_MUL_BACKWARD_LOOP
 
-// ---- Rotary embedding and the grouped heads.
+// ---- Rotary embedding and the grouped heads; each output fp32 or bf16.
 
 // y = the head x of width 2 half turned by the angles whose cosines are c and sines
 // sign * s (sign -1: the inverse rotation).
+template <typename Y>
 FSDP_CPU_INLINE void RotateHead(const float* FSDP_RESTRICT x, const float* FSDP_RESTRICT c,
-                                const float* FSDP_RESTRICT s, float sign, float* FSDP_RESTRICT y,
+                                const float* FSDP_RESTRICT s, float sign, Y* FSDP_RESTRICT y,
                                 int64_t half) {
 #pragma omp simd
   for (int64_t i = 0; i < half; ++i) {
-    y[i] = k::RotaryRotate(x[i], x[half + i], c[i], sign * s[i], true);
+    k::Store(y, i, k::RotaryRotate(x[i], x[half + i], c[i], sign * s[i], true));
   }
 #pragma omp simd
   for (int64_t i = 0; i < half; ++i) {
-    y[half + i] = k::RotaryRotate(x[half + i], x[i], c[i], sign * s[i], false);
+    k::Store(y, half + i, k::RotaryRotate(x[half + i], x[i], c[i], sign * s[i], false));
   }
 }
 
 // Rows [first, end) of RotaryPackQkv.
-FSDP_CPU_CLONES void RotaryPackLoop(const float* FSDP_RESTRICT q, const float* FSDP_RESTRICT key,
+template <typename Y>
+FSDP_CPU_INLINE void RotaryPackRows(const float* FSDP_RESTRICT q, const float* FSDP_RESTRICT key,
                                     const float* FSDP_RESTRICT v, const float* cos,
-                                    const float* sin, float* FSDP_RESTRICT qkv, int64_t first,
+                                    const float* sin, Y* FSDP_RESTRICT qkv, int64_t first,
                                     int64_t end, int64_t T, int64_t H, int64_t KV, int64_t D) {
   const int64_t C = H * D, KW = KV * D, half = D / 2, group = H / KV;
   for (int64_t r = first; r < end; ++r) {
     const float* c = cos + (r % T) * half;
     const float* s = sin + (r % T) * half;
-    float* out = qkv + r * 3 * C;
+    Y* out = qkv + r * 3 * C;
     for (int64_t h = 0; h < H; ++h) {
       const int64_t src = r * KW + (h / group) * D;
       RotateHead(q + r * C + h * D, c, s, 1.0f, out + h * D, half);
       RotateHead(key + src, c, s, 1.0f, out + C + h * D, half);
-      float* vo = out + 2 * C + h * D;
+      Y* vo = out + 2 * C + h * D;
 #pragma omp simd
-      for (int64_t j = 0; j < D; ++j) vo[j] = v[src + j];
+      for (int64_t j = 0; j < D; ++j) k::Store(vo, j, v[src + j]);
     }
   }
 }
+#define FSDP_ROTARY_PACK_LOOP(Y)                                                             \
+  FSDP_CPU_CLONES void RotaryPackLoop(const float* q, const float* key, const float* v,       \
+                                      const float* cos, const float* sin, Y* qkv,             \
+                                      int64_t first, int64_t end, int64_t T, int64_t H,       \
+                                      int64_t KV, int64_t D) {                                \
+    RotaryPackRows(q, key, v, cos, sin, qkv, first, end, T, H, KV, D);                        \
+  }
+FSDP_ROTARY_PACK_LOOP(float)
+FSDP_ROTARY_PACK_LOOP(uint16_t)
+#undef FSDP_ROTARY_PACK_LOOP
 
-// Rows [first, end) of RotaryPackQkvBackward. Each group's gradients are added in head
-// order, as the CUDA kernel adds them, into gk's and gv's rows; gk's row is then turned
-// back in place, pair by pair.
-FSDP_CPU_CLONES void RotaryPackBackwardLoop(const float* FSDP_RESTRICT gqkv, const float* cos,
-                                            const float* sin, float* FSDP_RESTRICT gq,
-                                            float* FSDP_RESTRICT gk, float* FSDP_RESTRICT gv,
-                                            int64_t first, int64_t end, int64_t T, int64_t H,
-                                            int64_t KV, int64_t D) {
-  const int64_t C = H * D, KW = KV * D, half = D / 2, group = H / KV;
+// Rows [first, end) of RotaryPackQkvBackward's gq: the q columns of gqkv turned back.
+template <typename G>
+FSDP_CPU_INLINE void RotaryBackQRows(const float* FSDP_RESTRICT gqkv, const float* cos,
+                                     const float* sin, G* FSDP_RESTRICT gq, int64_t first,
+                                     int64_t end, int64_t T, int64_t H, int64_t D) {
+  const int64_t C = H * D, half = D / 2;
   for (int64_t r = first; r < end; ++r) {
     const float* c = cos + (r % T) * half;
     const float* s = sin + (r % T) * half;
     const float* g = gqkv + r * 3 * C;
     for (int64_t h = 0; h < H; ++h) RotateHead(g + h * D, c, s, -1.0f, gq + r * C + h * D, half);
+  }
+}
+// Rows [first, end) of RotaryPackQkvBackward's gk (`rotate`: turned back; gqkv's k columns
+// at `offset` C) or gv (its v columns at 2C): each kv head's element the sum over its
+// group's heads in head order (k::RotaryGroupSum, as the CUDA kernel adds them), a k pair
+// turned back from its two sums.
+template <typename G>
+FSDP_CPU_INLINE void RotaryBackKvRows(const float* FSDP_RESTRICT gqkv, const float* cos,
+                                      const float* sin, int64_t offset, bool rotate,
+                                      G* FSDP_RESTRICT out, int64_t first, int64_t end, int64_t T,
+                                      int64_t H, int64_t KV, int64_t D) {
+  const int64_t C = H * D, KW = KV * D, half = D / 2, group = H / KV;
+  for (int64_t r = first; r < end; ++r) {
+    const float* c = cos + (r % T) * half;
+    const float* s = sin + (r % T) * half;
     for (int64_t kv = 0; kv < KV; ++kv) {
-      const float* gk0 = g + C + kv * group * D;
-      const float* gv0 = g + 2 * C + kv * group * D;
-      float* ko = gk + r * KW + kv * D;
-      float* vo = gv + r * KW + kv * D;
+      const float* g0 = gqkv + r * 3 * C + offset + kv * group * D;
+      G* o = out + r * KW + kv * D;
+      if (rotate) {
 #pragma omp simd
-      for (int64_t j = 0; j < D; ++j) {
-        ko[j] = gk0[j];
-        vo[j] = gv0[j];
-      }
-      for (int64_t m = 1; m < group; ++m) {
-#pragma omp simd
-        for (int64_t j = 0; j < D; ++j) {
-          ko[j] = k::Add(ko[j], gk0[m * D + j]);
-          vo[j] = k::Add(vo[j], gv0[m * D + j]);
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = k::RotaryGroupSum(g0, i, group, D);
+          const float b = k::RotaryGroupSum(g0, half + i, group, D);
+          k::Store(o, i, k::RotaryRotate(a, b, c[i], -1.0f * s[i], true));
+          k::Store(o, half + i, k::RotaryRotate(b, a, c[i], -1.0f * s[i], false));
         }
-      }
+      } else {
 #pragma omp simd
-      for (int64_t i = 0; i < half; ++i) {
-        const float a = ko[i], b = ko[half + i];
-        ko[i] = k::RotaryRotate(a, b, c[i], -1.0f * s[i], true);
-        ko[half + i] = k::RotaryRotate(b, a, c[i], -1.0f * s[i], false);
+        for (int64_t j = 0; j < D; ++j) k::Store(o, j, k::RotaryGroupSum(g0, j, group, D));
       }
     }
+  }
+}
+#define FSDP_ROTARY_BACKWARD_LOOPS(G)                                                        \
+  FSDP_CPU_CLONES void RotaryBackQLoop(const float* gqkv, const float* cos, const float* sin, \
+                                       G* gq, int64_t first, int64_t end, int64_t T,          \
+                                       int64_t H, int64_t D) {                                \
+    RotaryBackQRows(gqkv, cos, sin, gq, first, end, T, H, D);                                 \
+  }                                                                                           \
+  FSDP_CPU_CLONES void RotaryBackKvLoop(const float* gqkv, const float* cos,                  \
+                                        const float* sin, int64_t offset, bool rotate, G* out, \
+                                        int64_t first, int64_t end, int64_t T, int64_t H,     \
+                                        int64_t KV, int64_t D) {                              \
+    RotaryBackKvRows(gqkv, cos, sin, offset, rotate, out, first, end, T, H, KV, D);           \
+  }
+FSDP_ROTARY_BACKWARD_LOOPS(float)
+FSDP_ROTARY_BACKWARD_LOOPS(uint16_t)
+#undef FSDP_ROTARY_BACKWARD_LOOPS
+
+// f(p) with the output `p` as float* or, when bf16, as uint16_t*.
+template <typename F>
+void WithOutput(void* p, bool bf16, const F& f) {
+  if (bf16) {
+    f(static_cast<uint16_t*>(p));
+  } else {
+    f(static_cast<float*>(p));
   }
 }
 
@@ -213,31 +274,47 @@ void RmsNormBackwardInput(const float* g, const float* xhat, const float* rstd, 
   });
 }
 
-void SiluMulForward(const float* a, const float* b, float* h, int64_t n) {
-  ParallelChunks(IntraOpThreads(), n, n, kAlign,
-                 [&](int64_t s, int64_t e) { SiluMulLoop(a + s, b + s, h + s, e - s); });
+void SiluMulForward(const float* a, const float* b, void* h, int64_t n, bool h_bf16) {
+  WithOutput(h, h_bf16, [&](auto* hp) {
+    ParallelChunks(IntraOpThreads(), n, n, kAlign,
+                   [&](int64_t s, int64_t e) { SiluMulLoop(a + s, b + s, hp + s, e - s); });
+  });
 }
 
-void SiluMulBackward(const float* a, const float* b, const float* gh, float* ga, float* gb,
-                     int64_t n) {
-  ParallelChunks(IntraOpThreads(), n, n, kAlign, [&](int64_t s, int64_t e) {
-    SiluMulBackwardLoop(a + s, b + s, gh + s, ga + s, gb + s, e - s);
+void SiluMulBackward(const float* a, const float* b, const float* gh, void* ga, void* gb,
+                     int64_t n, bool ga_bf16, bool gb_bf16) {
+  WithOutput(ga, ga_bf16, [&](auto* gap) {
+    WithOutput(gb, gb_bf16, [&](auto* gbp) {
+      ParallelChunks(IntraOpThreads(), n, n, kAlign, [&](int64_t s, int64_t e) {
+        SiluMulBackwardLoop(a + s, b + s, gh + s, gap + s, gbp + s, e - s);
+      });
+    });
   });
 }
 
 void RotaryPackQkv(const float* q, const float* k, const float* v, const float* cos,
-                   const float* sin, float* qkv, int64_t rows, int64_t T, int64_t H, int64_t KV,
-                   int64_t D) {
-  ParallelChunks(IntraOpThreads(), rows, rows * 3 * H * D, 1, [&](int64_t s, int64_t e) {
-    RotaryPackLoop(q, k, v, cos, sin, qkv, s, e, T, H, KV, D);
+                   const float* sin, void* qkv, int64_t rows, int64_t T, int64_t H, int64_t KV,
+                   int64_t D, bool qkv_bf16) {
+  WithOutput(qkv, qkv_bf16, [&](auto* out) {
+    ParallelChunks(IntraOpThreads(), rows, rows * 3 * H * D, 1, [&](int64_t s, int64_t e) {
+      RotaryPackLoop(q, k, v, cos, sin, out, s, e, T, H, KV, D);
+    });
   });
 }
 
-void RotaryPackQkvBackward(const float* gqkv, const float* cos, const float* sin, float* gq,
-                           float* gk, float* gv, int64_t rows, int64_t T, int64_t H, int64_t KV,
-                           int64_t D) {
-  ParallelChunks(IntraOpThreads(), rows, rows * 3 * H * D, 1, [&](int64_t s, int64_t e) {
-    RotaryPackBackwardLoop(gqkv, cos, sin, gq, gk, gv, s, e, T, H, KV, D);
+void RotaryPackQkvBackward(const float* gqkv, const float* cos, const float* sin, void* gq,
+                           void* gk, void* gv, int64_t rows, int64_t T, int64_t H, int64_t KV,
+                           int64_t D, bool gq_bf16, bool gk_bf16, bool gv_bf16) {
+  const int64_t C = H * D;
+  ParallelChunks(IntraOpThreads(), rows, rows * 3 * C, 1, [&](int64_t s, int64_t e) {
+    WithOutput(gq, gq_bf16,
+               [&](auto* out) { RotaryBackQLoop(gqkv, cos, sin, out, s, e, T, H, D); });
+    WithOutput(gk, gk_bf16, [&](auto* out) {
+      RotaryBackKvLoop(gqkv, cos, sin, C, /*rotate=*/true, out, s, e, T, H, KV, D);
+    });
+    WithOutput(gv, gv_bf16, [&](auto* out) {
+      RotaryBackKvLoop(gqkv, cos, sin, 2 * C, /*rotate=*/false, out, s, e, T, H, KV, D);
+    });
   });
 }
 

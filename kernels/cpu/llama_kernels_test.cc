@@ -4,6 +4,7 @@
 // built on them (rms_norm_test, swiglu_test, grouped_query_attention_test).
 #include <cmath>
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 #include "core/bf16_hd.h"
@@ -189,6 +190,119 @@ TEST(CpuLlamaKernelsTest, RotaryPackIsTheDirectFormulaAndItsBackwardItsTranspose
   }
 }
 
+// Elements as bf16 bits: each fp32 value rounded once.
+std::vector<uint16_t> Rounded(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = core::FloatToBf16Bits(v[i]);
+  return out;
+}
+
+// NOTE [GEMM epilogues]: silu(a) * b and its gradients stored bf16 are the fp32 outputs
+// rounded once, each output by its own flag (the other keeps its fp32 bits), for any length
+// (the vector loops' tails included).
+TEST(CpuLlamaKernelsTest, SiluMulBf16OutputsAreTheFp32OutputsRoundedOnce) {
+  for (int64_t n : {1, 7, 16, 33, 1001}) {
+    SCOPED_TRACE(testing::Message() << n << " elements");
+    const std::vector<float> a = Normal(n, 21, 3.0f), b = Normal(n, 22), gh = Normal(n, 23);
+    std::vector<float> h(n), ga(n), gb(n);
+    kcpu::SiluMulForward(a.data(), b.data(), h.data(), n);
+    kcpu::SiluMulBackward(a.data(), b.data(), gh.data(), ga.data(), gb.data(), n);
+    std::vector<uint16_t> h16(n);
+    kcpu::SiluMulForward(a.data(), b.data(), h16.data(), n, /*h_bf16=*/true);
+    EXPECT_EQ(h16, Rounded(h));
+    for (bool ga_bf16 : {false, true}) {
+      for (bool gb_bf16 : {false, true}) {
+        std::vector<float> ga32(n), gb32(n);
+        std::vector<uint16_t> ga16(n), gb16(n);
+        void* gap = ga_bf16 ? static_cast<void*>(ga16.data()) : ga32.data();
+        void* gbp = gb_bf16 ? static_cast<void*>(gb16.data()) : gb32.data();
+        kcpu::SiluMulBackward(a.data(), b.data(), gh.data(), gap, gbp, n, ga_bf16, gb_bf16);
+        if (ga_bf16) {
+          EXPECT_EQ(ga16, Rounded(ga)) << "gate, up bf16 " << gb_bf16;
+        } else {
+          EXPECT_EQ(ga32, ga) << "gate, up bf16 " << gb_bf16;
+        }
+        if (gb_bf16) {
+          EXPECT_EQ(gb16, Rounded(gb)) << "up, gate bf16 " << ga_bf16;
+        } else {
+          EXPECT_EQ(gb32, gb) << "up, gate bf16 " << ga_bf16;
+        }
+      }
+    }
+  }
+}
+
+// The packing stored bf16 is the fp32 packing rounded once; the backward's gq, gk and gv
+// each by their own flag likewise (the others keep their fp32 bits), for multi-head,
+// grouped and multi-query heads, odd T and head widths down to 2. The fp32 backward is its
+// scalar bodies' bit for bit (the CUDA kernel's: k::RotaryGroupSum, k::RotaryRotate).
+TEST(CpuLlamaKernelsTest, RotaryPackBf16OutputsAreTheFp32OutputsRoundedOnce) {
+  for (const PackShape& p : {PackShape{2, 5, 4, 2, 8}, PackShape{1, 3, 3, 3, 4},
+                             PackShape{2, 4, 6, 1, 6}, PackShape{3, 7, 6, 2, 2},
+                             PackShape{1, 9, 3, 1, 10}}) {
+    SCOPED_TRACE(testing::Message() << p.H << " heads, " << p.KV << " kv heads, D " << p.D
+                                    << ", T " << p.T);
+    const int64_t rows = p.B * p.T, C = p.H * p.D, KW = p.KV * p.D, half = p.D / 2;
+    const int64_t group = p.H / p.KV;
+    std::vector<double> cosd, sind;
+    Tables(p, &cosd, &sind);
+    const std::vector<float> cos = ToFloat(cosd), sin = ToFloat(sind);
+    const std::vector<float> q = Normal(rows * C, 24), k = Normal(rows * KW, 25),
+                             v = Normal(rows * KW, 26), g = Normal(rows * 3 * C, 27);
+    std::vector<float> qkv(rows * 3 * C), gq(rows * C), gk(rows * KW), gv(rows * KW);
+    kcpu::RotaryPackQkv(q.data(), k.data(), v.data(), cos.data(), sin.data(), qkv.data(), rows,
+                        p.T, p.H, p.KV, p.D);
+    kcpu::RotaryPackQkvBackward(g.data(), cos.data(), sin.data(), gq.data(), gk.data(),
+                                gv.data(), rows, p.T, p.H, p.KV, p.D);
+    std::vector<uint16_t> qkv16(qkv.size());
+    kcpu::RotaryPackQkv(q.data(), k.data(), v.data(), cos.data(), sin.data(), qkv16.data(), rows,
+                        p.T, p.H, p.KV, p.D, /*qkv_bf16=*/true);
+    EXPECT_EQ(qkv16, Rounded(qkv));
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* c = &cos[(r % p.T) * half];
+      const float* s = &sin[(r % p.T) * half];
+      const float* gr = &g[r * 3 * C];
+      for (int64_t j = 0; j < p.D; ++j) {
+        const bool first = j < half;
+        const int64_t i = first ? j : j - half, partner = first ? j + half : j - half;
+        for (int64_t h = 0; h < p.H; ++h) {
+          ASSERT_EQ(gq[r * C + h * p.D + j],
+                    RotaryRotate(gr[h * p.D + j], gr[h * p.D + partner], c[i], -s[i], first));
+        }
+        for (int64_t kv = 0; kv < p.KV; ++kv) {
+          const float* gk0 = gr + C + kv * group * p.D;
+          ASSERT_EQ(gk[r * KW + kv * p.D + j],
+                    RotaryRotate(RotaryGroupSum(gk0, j, group, p.D),
+                                 RotaryGroupSum(gk0, partner, group, p.D), c[i], -s[i], first));
+          ASSERT_EQ(gv[r * KW + kv * p.D + j],
+                    RotaryGroupSum(gr + 2 * C + kv * group * p.D, j, group, p.D));
+        }
+      }
+    }
+    for (int mask = 1; mask < 8; ++mask) {
+      const bool q16 = mask & 1, k16 = mask & 2, v16 = mask & 4;
+      std::vector<float> gq32(gq.size()), gk32(gk.size()), gv32(gv.size());
+      std::vector<uint16_t> gq16(gq.size()), gk16(gk.size()), gv16(gv.size());
+      auto out = [](bool bf16, std::vector<uint16_t>& b, std::vector<float>& f) {
+        return bf16 ? static_cast<void*>(b.data()) : static_cast<void*>(f.data());
+      };
+      kcpu::RotaryPackQkvBackward(g.data(), cos.data(), sin.data(), out(q16, gq16, gq32),
+                                  out(k16, gk16, gk32), out(v16, gv16, gv32), rows, p.T, p.H,
+                                  p.KV, p.D, q16, k16, v16);
+      SCOPED_TRACE(testing::Message() << "bf16 mask " << mask);
+      for (const auto& [bf16, got16, got32, want] :
+           {std::make_tuple(q16, &gq16, &gq32, &gq), std::make_tuple(k16, &gk16, &gk32, &gk),
+            std::make_tuple(v16, &gv16, &gv32, &gv)}) {
+        if (bf16) {
+          EXPECT_EQ(*got16, Rounded(*want));
+        } else {
+          EXPECT_EQ(*got32, *want);
+        }
+      }
+    }
+  }
+}
+
 TEST(CpuLlamaKernelsTest, ResultsAreBitIdenticalForAnyThreadCount) {
   const int saved = IntraOpThreads();
   const PackShape p{4, 64, 8, 2, 32};  // 256 rows of 768 packed columns: several chunks
@@ -219,6 +333,21 @@ TEST(CpuLlamaKernelsTest, ResultsAreBitIdenticalForAnyThreadCount) {
     kcpu::RotaryPackQkvBackward(gqkv.data(), cos.data(), sin.data(), gq.data(), gk.data(),
                                 gv.data(), rows, p.T, p.H, p.KV, p.D);
     out.insert(out.end(), {qkv, gq, gk, gv});
+    // The same outputs stored bf16 (as floats).
+    std::vector<uint16_t> h16(x.size()), ga16(x.size()), gb16(x.size()), qkv16(qkv.size()),
+        gq16(gq.size()), gk16(gk.size()), gv16(gv.size());
+    kcpu::SiluMulForward(x.data(), g.data(), h16.data(), rows * cols, /*h_bf16=*/true);
+    kcpu::SiluMulBackward(x.data(), g.data(), xhat.data(), ga16.data(), gb16.data(), rows * cols,
+                          /*ga_bf16=*/true, /*gb_bf16=*/true);
+    kcpu::RotaryPackQkv(q.data(), k.data(), v.data(), cos.data(), sin.data(), qkv16.data(), rows,
+                        p.T, p.H, p.KV, p.D, /*qkv_bf16=*/true);
+    kcpu::RotaryPackQkvBackward(gqkv.data(), cos.data(), sin.data(), gq16.data(), gk16.data(),
+                                gv16.data(), rows, p.T, p.H, p.KV, p.D, true, true, true);
+    for (const std::vector<uint16_t>* b : {&h16, &ga16, &gb16, &qkv16, &gq16, &gk16, &gv16}) {
+      std::vector<float> f(b->size());
+      for (size_t i = 0; i < b->size(); ++i) f[i] = core::Bf16BitsToFloat((*b)[i]);
+      out.push_back(f);
+    }
     return out;
   };
   const std::vector<std::vector<float>> one = run(1);

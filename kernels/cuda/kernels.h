@@ -109,22 +109,25 @@ cudaError_t CrossEntropy(const float* logits, const int32_t* targets, int64_t ro
 cudaError_t CrossEntropy(const uint16_t* logits, const int32_t* targets, int64_t rows, int64_t V,
                          double inv_n, float* grad, double* row_loss, uint16_t* grad16 = nullptr);
 // The Llama layers' launchers (kernels/cuda/llama.cu), with the CPU launchers' arguments
-// (kernels/cpu/kernels.h): RMSNorm one warp per row; silu(a) * b and its gradients, the
-// rotary packing of q, k, v and its backward grid-stride over their outputs.
+// (kernels/cpu/kernels.h, where each output is fp32 or bf16 by its flag): RMSNorm one warp
+// per row; silu(a) * b and its gradients, the rotary packing of q, k, v and its backward
+// grid-stride over their outputs.
 cudaError_t RmsNormForward(const float* x, const void* w, bool bf16, float eps, void* y,
                            float* xhat, float* rstd, int64_t rows, int64_t cols,
                            bool y_bf16 = false);
 cudaError_t RmsNormBackwardInput(const float* g, const float* xhat, const float* rstd,
                                  const void* w, bool bf16, float* gx, int64_t rows, int64_t cols);
-cudaError_t SiluMulForward(const float* a, const float* b, float* h, int64_t n);
-cudaError_t SiluMulBackward(const float* a, const float* b, const float* gh, float* ga,
-                            float* gb, int64_t n);
+cudaError_t SiluMulForward(const float* a, const float* b, void* h, int64_t n,
+                           bool h_bf16 = false);
+cudaError_t SiluMulBackward(const float* a, const float* b, const float* gh, void* ga, void* gb,
+                            int64_t n, bool ga_bf16 = false, bool gb_bf16 = false);
 cudaError_t RotaryPackQkv(const float* q, const float* k, const float* v, const float* cos,
-                          const float* sin, float* qkv, int64_t rows, int64_t T, int64_t H,
-                          int64_t KV, int64_t D);
+                          const float* sin, void* qkv, int64_t rows, int64_t T, int64_t H,
+                          int64_t KV, int64_t D, bool qkv_bf16 = false);
 cudaError_t RotaryPackQkvBackward(const float* gqkv, const float* cos, const float* sin,
-                                  float* gq, float* gk, float* gv, int64_t rows, int64_t T,
-                                  int64_t H, int64_t KV, int64_t D);
+                                  void* gq, void* gk, void* gv, int64_t rows, int64_t T,
+                                  int64_t H, int64_t KV, int64_t D, bool gq_bf16 = false,
+                                  bool gk_bf16 = false, bool gv_bf16 = false);
 // c_i[r, j] = beta * c_i[r, j] (0 when beta == 0, even over NaN) for the `batch` row-major
 // [rows, cols] matrices at c + i * stride with row stride ld: a GEMM with k == 0.
 cudaError_t ScaleMatrices(float* c, int64_t batch, int64_t rows, int64_t cols, int64_t ld,

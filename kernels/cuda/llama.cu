@@ -55,21 +55,26 @@ __global__ void RmsNormBackwardInputKernel(const float* g, const float* xhat, co
   }
 }
 
-// ---- SwiGLU.
+// ---- SwiGLU; each output fp32 or bf16 (k::Store: the fp32 value rounded once).
 
-__global__ void SiluMulForwardKernel(const float* a, const float* b, float* h, int64_t n) {
-  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) h[i] = k::SiluMulForward(a[i], b[i]);
-}
-
-__global__ void SiluMulBackwardKernel(const float* a, const float* b, const float* gh, float* ga,
-                                      float* gb, int64_t n) {
+template <typename H>
+__global__ void SiluMulForwardKernel(const float* a, const float* b, H* h, int64_t n) {
   for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) {
-    ga[i] = k::SiluMulGradGate(a[i], b[i], gh[i]);
-    gb[i] = k::SiluMulGradUp(a[i], gh[i]);
+    k::Store(h, i, k::SiluMulForward(a[i], b[i]));
   }
 }
 
-// ---- Rotary embedding and the grouped heads (layouts in kernels/cpu/kernels.h).
+template <typename GA, typename GB>
+__global__ void SiluMulBackwardKernel(const float* a, const float* b, const float* gh, GA* ga,
+                                      GB* gb, int64_t n) {
+  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) {
+    k::Store(ga, i, k::SiluMulGradGate(a[i], b[i], gh[i]));
+    k::Store(gb, i, k::SiluMulGradUp(a[i], gh[i]));
+  }
+}
+
+// ---- Rotary embedding and the grouped heads (layouts in kernels/cpu/kernels.h); each
+// output fp32 or bf16.
 
 // Element j of `head` (width 2 half) turned by the angles with cosines c and sines sign * s.
 __device__ __forceinline__ float RotatedAt(const float* head, const float* c, const float* s,
@@ -79,15 +84,9 @@ __device__ __forceinline__ float RotatedAt(const float* head, const float* c, co
   return k::RotaryRotate(head[j], head[first ? j + half : j - half], c[i], sign * s[i], first);
 }
 
-// Element j summed over the `group` heads of width D starting at `base`, in head order.
-__device__ __forceinline__ float GroupSum(const float* base, int64_t j, int64_t group, int64_t D) {
-  float acc = base[j];
-  for (int64_t m = 1; m < group; ++m) acc = k::Add(acc, base[m * D + j]);
-  return acc;
-}
-
+template <typename Y>
 __global__ void RotaryPackKernel(const float* q, const float* key, const float* v,
-                                 const float* cos, const float* sin, float* qkv, int64_t rows,
+                                 const float* cos, const float* sin, Y* qkv, int64_t rows,
                                  int64_t T, int64_t H, int64_t KV, int64_t D) {
   const int64_t C = H * D, KW = KV * D, half = D / 2, group = H / KV, n = rows * 3 * C;
   for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) {
@@ -104,12 +103,13 @@ __global__ void RotaryPackKernel(const float* q, const float* key, const float* 
     } else {
       out = v[src + j];
     }
-    qkv[i] = out;
+    k::Store(qkv, i, out);
   }
 }
 
+template <typename GQ, typename GK, typename GV>
 __global__ void RotaryPackBackwardKernel(const float* gqkv, const float* cos, const float* sin,
-                                         float* gq, float* gk, float* gv, int64_t rows, int64_t T,
+                                         GQ* gq, GK* gk, GV* gv, int64_t rows, int64_t T,
                                          int64_t H, int64_t KV, int64_t D) {
   const int64_t C = H * D, KW = KV * D, half = D / 2, group = H / KV, width = C + 2 * KW;
   const int64_t n = rows * width;
@@ -119,18 +119,31 @@ __global__ void RotaryPackBackwardKernel(const float* gqkv, const float* cos, co
     const float* s = sin + (r % T) * half;
     const float* g = gqkv + r * 3 * C;
     if (col < C) {
-      gq[r * C + col] = RotatedAt(g + (col / D) * D, c, s, -1.0f, col % D, half);
+      k::Store(gq, r * C + col, RotatedAt(g + (col / D) * D, c, s, -1.0f, col % D, half));
     } else if (col < C + KW) {
       const int64_t kc = col - C, j = kc % D;
       const float* base = g + C + (kc / D) * group * D;
       const bool first = j < half;
       const int64_t p = first ? j + half : j - half, pair = first ? j : j - half;
-      gk[r * KW + kc] = k::RotaryRotate(GroupSum(base, j, group, D), GroupSum(base, p, group, D),
-                                        c[pair], -1.0f * s[pair], first);
+      k::Store(gk, r * KW + kc,
+               k::RotaryRotate(k::RotaryGroupSum(base, j, group, D),
+                               k::RotaryGroupSum(base, p, group, D), c[pair], -1.0f * s[pair],
+                               first));
     } else {
       const int64_t vc = col - C - KW;
-      gv[r * KW + vc] = GroupSum(g + 2 * C + (vc / D) * group * D, vc % D, group, D);
+      k::Store(gv, r * KW + vc,
+               k::RotaryGroupSum(g + 2 * C + (vc / D) * group * D, vc % D, group, D));
     }
+  }
+}
+
+// f(p) with the output `p` as float* or, when bf16, as uint16_t*.
+template <typename F>
+void WithOutput(void* p, bool bf16, const F& f) {
+  if (bf16) {
+    f(static_cast<uint16_t*>(p));
+  } else {
+    f(static_cast<float*>(p));
   }
 }
 
@@ -170,34 +183,48 @@ cudaError_t RmsNormBackwardInput(const float* g, const float* xhat, const float*
   return cudaGetLastError();
 }
 
-cudaError_t SiluMulForward(const float* a, const float* b, float* h, int64_t n) {
+cudaError_t SiluMulForward(const float* a, const float* b, void* h, int64_t n, bool h_bf16) {
   if (n <= 0) return cudaSuccess;
-  SiluMulForwardKernel<<<GridFor(n), kThreads>>>(a, b, h, n);
+  WithOutput(h, h_bf16,
+             [&](auto* hp) { SiluMulForwardKernel<<<GridFor(n), kThreads>>>(a, b, hp, n); });
   return cudaGetLastError();
 }
 
-cudaError_t SiluMulBackward(const float* a, const float* b, const float* gh, float* ga,
-                            float* gb, int64_t n) {
+cudaError_t SiluMulBackward(const float* a, const float* b, const float* gh, void* ga, void* gb,
+                            int64_t n, bool ga_bf16, bool gb_bf16) {
   if (n <= 0) return cudaSuccess;
-  SiluMulBackwardKernel<<<GridFor(n), kThreads>>>(a, b, gh, ga, gb, n);
+  WithOutput(ga, ga_bf16, [&](auto* gap) {
+    WithOutput(gb, gb_bf16, [&](auto* gbp) {
+      SiluMulBackwardKernel<<<GridFor(n), kThreads>>>(a, b, gh, gap, gbp, n);
+    });
+  });
   return cudaGetLastError();
 }
 
 cudaError_t RotaryPackQkv(const float* q, const float* k, const float* v, const float* cos,
-                          const float* sin, float* qkv, int64_t rows, int64_t T, int64_t H,
-                          int64_t KV, int64_t D) {
+                          const float* sin, void* qkv, int64_t rows, int64_t T, int64_t H,
+                          int64_t KV, int64_t D, bool qkv_bf16) {
   if (rows <= 0 || H <= 0 || D <= 0) return cudaSuccess;
-  RotaryPackKernel<<<GridFor(rows * 3 * H * D), kThreads>>>(q, k, v, cos, sin, qkv, rows, T, H,
-                                                            KV, D);
+  WithOutput(qkv, qkv_bf16, [&](auto* out) {
+    RotaryPackKernel<<<GridFor(rows * 3 * H * D), kThreads>>>(q, k, v, cos, sin, out, rows, T,
+                                                              H, KV, D);
+  });
   return cudaGetLastError();
 }
 
 cudaError_t RotaryPackQkvBackward(const float* gqkv, const float* cos, const float* sin,
-                                  float* gq, float* gk, float* gv, int64_t rows, int64_t T,
-                                  int64_t H, int64_t KV, int64_t D) {
+                                  void* gq, void* gk, void* gv, int64_t rows, int64_t T,
+                                  int64_t H, int64_t KV, int64_t D, bool gq_bf16, bool gk_bf16,
+                                  bool gv_bf16) {
   if (rows <= 0 || H <= 0 || D <= 0) return cudaSuccess;
-  RotaryPackBackwardKernel<<<GridFor(rows * (H + 2 * KV) * D), kThreads>>>(
-      gqkv, cos, sin, gq, gk, gv, rows, T, H, KV, D);
+  WithOutput(gq, gq_bf16, [&](auto* gqp) {
+    WithOutput(gk, gk_bf16, [&](auto* gkp) {
+      WithOutput(gv, gv_bf16, [&](auto* gvp) {
+        RotaryPackBackwardKernel<<<GridFor(rows * (H + 2 * KV) * D), kThreads>>>(
+            gqkv, cos, sin, gqp, gkp, gvp, rows, T, H, KV, D);
+      });
+    });
+  });
   return cudaGetLastError();
 }
 

@@ -142,16 +142,31 @@ inline core::OpCost RmsNormBackwardCost(int64_t rows, int64_t cols, int64_t w_by
                               6.0 * rows * cols);
 }
 
-// silu(a) * b: reads a and b, writes h, about 8 operations; the backward reads a, b and gh,
-// writes ga and gb, about 14.
-inline core::OpCost SiluMulForwardCost(int64_t n) { return ElementwiseCost(n, 3, 8); }
-inline core::OpCost SiluMulBackwardCost(int64_t n) { return ElementwiseCost(n, 5, 14); }
+// silu(a) * b: reads a and b, writes h (`h_bytes` an element: 4 fp32, 2 bf16), about 8
+// operations; the backward reads a, b and gh, writes ga and gb (their element sizes), about
+// 14.
+inline core::OpCost SiluMulForwardCost(int64_t n, int64_t h_bytes = 4) {
+  return core::OpCost::Memory((8.0 + static_cast<double>(h_bytes)) * n, 8.0 * n);
+}
+inline core::OpCost SiluMulBackwardCost(int64_t n, int64_t ga_bytes = 4, int64_t gb_bytes = 4) {
+  return core::OpCost::Memory((12.0 + static_cast<double>(ga_bytes + gb_bytes)) * n, 14.0 * n);
+}
 
 // The rotary packing of grouped q, k, v: reads q [rows, C] and k, v [rows, KW] (each k and v
-// element once per group head, from cache), writes [rows, 3C]; 3 operations per rotated
-// element. The backward reads [rows, 3C] and writes [rows, C + 2 KW].
-inline core::OpCost RotaryPackCost(int64_t rows, int64_t C, int64_t KW) {
-  return core::OpCost::Memory(4.0 * rows * (C + 2 * KW + 3 * C), 6.0 * rows * C);
+// element once per group head, from cache), writes [rows, 3C] (`qkv_bytes` an element);
+// 3 operations per rotated element. The backward reads [rows, 3C] and writes gq [rows, C]
+// and gk, gv [rows, KW] (their element sizes).
+inline core::OpCost RotaryPackCost(int64_t rows, int64_t C, int64_t KW, int64_t qkv_bytes = 4) {
+  return core::OpCost::Memory(
+      (4.0 * (C + 2 * KW) + static_cast<double>(qkv_bytes) * 3 * C) * rows, 6.0 * rows * C);
+}
+inline core::OpCost RotaryPackBackwardCost(int64_t rows, int64_t C, int64_t KW,
+                                           int64_t gq_bytes = 4, int64_t gk_bytes = 4,
+                                           int64_t gv_bytes = 4) {
+  return core::OpCost::Memory(
+      (4.0 * 3 * C + static_cast<double>(gq_bytes) * C +
+       static_cast<double>(gk_bytes + gv_bytes) * KW) * rows,
+      6.0 * rows * C);
 }
 
 inline core::OpCost EmbeddingForwardCost(int64_t n, int64_t dim, int64_t table_bytes) {

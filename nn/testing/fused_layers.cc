@@ -98,6 +98,8 @@ HookComparison CompareWithHookOn(core::Module& m, core::Module& child, const cor
   core::HookHandle h = CountingHook(child, &c.hook_calls);
   c.hooked_cost = MeasureForward(m, x);
   c.hooked_bits = ProfiledStepBits(m, x, gy, &c.hooked_ops);
+  c.plain_backward_converts = c.plain_ops["convert"] - c.plain_cost.converts;
+  c.hooked_backward_converts = c.hooked_ops["convert"] - c.hooked_cost.converts;
   return c;
 }
 

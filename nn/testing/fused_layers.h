@@ -46,8 +46,11 @@ std::map<std::string, int> StepOps(core::Module& m, const core::Tensor& x, const
 
 // `m` run as it is, then with a CountingHook on its descendant `child` (which makes `child`
 // not Fusable): each run's forward cost, step bits and step ops, and how often the hook ran.
+// The backward's conversions (the bf16 roundings of gradients for bf16 GEMMs) are the
+// step's less the forward's.
 struct HookComparison {
   ForwardCost plain_cost, hooked_cost;
+  int plain_backward_converts = 0, hooked_backward_converts = 0;
   std::vector<std::vector<uint32_t>> plain_bits, hooked_bits;
   std::map<std::string, int> plain_ops, hooked_ops;
   int hook_calls = 0;
@@ -56,8 +59,8 @@ struct HookComparison {
 };
 HookComparison CompareWithHookOn(core::Module& m, core::Module& child, const core::Tensor& x,
                                  const core::Tensor& gy);
-// CompareWithHookOn, expecting the same bits both ways and the hook run by both forwards
-// (test failures otherwise); returns the comparison for the costs.
+// CompareWithHookOn, expecting the same bits both ways and the hook run by each hooked
+// forward (test failures otherwise); returns the comparison for the costs.
 HookComparison ExpectSameBitsWithHookOn(core::Module& m, core::Module& child,
                                         const core::Tensor& x, const core::Tensor& gy);
 
