@@ -110,8 +110,9 @@ cudaError_t CrossEntropy(const uint16_t* logits, const int32_t* targets, int64_t
                          double inv_n, float* grad, double* row_loss, uint16_t* grad16 = nullptr);
 // The Llama layers' launchers (kernels/cuda/llama.cu), with the CPU launchers' arguments
 // (kernels/cpu/kernels.h, where each output is fp32 or bf16 by its flag): RMSNorm one warp
-// per row; silu(a) * b and its gradients, the rotary packing of q, k, v and its backward
-// grid-stride over their outputs.
+// per row; silu(a) * b and its gradients grid-stride over their outputs; the rotary
+// packing of q, k, v and its backward a thread per output column over the rows
+// (cudaErrorInvalidValue for rows of 3 H D >= 2^31 elements).
 cudaError_t RmsNormForward(const float* x, const void* w, bool bf16, float eps, void* y,
                            float* xhat, float* rstd, int64_t rows, int64_t cols,
                            bool y_bf16 = false);
