@@ -3,6 +3,7 @@
 // bf16 within a few unit roundoffs u = 2^-8 per rounded GEMM chain). Skipped, with the
 // reason, where no CUDA device is usable.
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -93,6 +94,67 @@ TEST(CudaLlamaTest, RmsNormBf16OutputMatchesCpu) {
     EXPECT_EQ(Host(*again), gv) << "run to run";
     for (size_t i = 0; i < cv.size(); ++i) {
       ASSERT_LE(std::abs(gv[i] - cv[i]), 2 * kBf16Unit * std::abs(cv[i]) + 1e-30) << i;
+    }
+  }
+}
+
+// NOTE [Fused ops] on the device: RmsNorm::BackwardAdd's one kernel within fp32 tolerance of
+// the CPU's (the weight gradient too), for fp32 and bf16 weights and rows of 67 and 4096
+// columns; bit for bit the device's unfused path (Backward, then the residual added), and
+// its bf16 copy that sum rounded once. A residual on the host is InvalidArgument naming the
+// module.
+TEST(CudaLlamaTest, RmsNormBackwardAddMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t cols : {67, 4096}) {
+    for (bool bf16 : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(cols, " columns, ", bf16 ? "bf16" : "fp32", " weight"));
+      RmsNorm cpu(cols), gpu(cols);
+      for (RmsNorm* m : {&cpu, &gpu}) {
+        gradcheck::RandomizeParameters(*m, 5, 1.0f, 0.5f);
+        if (bf16) {
+          ASSERT_TRUE(ConvertParameters(*m, core::DType::kBFloat16).ok());
+        }
+      }
+      ASSERT_TRUE(ToDevice(gpu, kGpu).ok());
+      const core::Tensor x = Normal({3, 5, cols}, 12, 2.0f), g = Normal({3, 5, cols}, 13);
+      const core::Tensor residual = Normal({3, 5, cols}, 14);
+      core::Tensor c16, d16;
+      ASSERT_TRUE(cpu.Forward(x).ok());
+      absl::StatusOr<core::Tensor> c = cpu.BackwardAdd(g, residual, &c16);
+      ASSERT_TRUE(gpu.Forward(To(x, kGpu)).ok());
+      absl::StatusOr<core::Tensor> d = gpu.BackwardAdd(To(g, kGpu), To(residual, kGpu), &d16);
+      ASSERT_TRUE(c.ok() && d.ok()) << c.status() << d.status();
+      const std::vector<float> dv = Host(*d);
+      EXPECT_LE(RelErr(dv, c->ToVector()), kFp32Rel);
+      const std::vector<float> gw_fused = Host(gpu.weight()->grad);
+      EXPECT_LE(RelErr(gw_fused, cpu.weight()->grad.ToVector()), kFp32Rel);
+      ASSERT_EQ(d16.dtype(), core::DType::kBFloat16);
+      const core::Tensor rounded = core::Tensor::FromVector(dv, {3, 5, cols})
+                                       .value()
+                                       .ToDType(core::DType::kBFloat16, core::MemoryTag::kOther)
+                                       .value();
+      EXPECT_EQ(Host(d16.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value()),
+                rounded.ToDType(core::DType::kFloat32, core::MemoryTag::kOther)
+                    .value()
+                    .ToVector());
+      // The unfused device path: the same input gradient bits plus the residual, and the
+      // same weight gradient.
+      gpu.ZeroGrad(/*set_to_none=*/true);
+      ASSERT_TRUE(gpu.Forward(To(x, kGpu)).ok());
+      absl::StatusOr<core::Tensor> u = gpu.Backward(To(g, kGpu));
+      ASSERT_TRUE(u.ok()) << u.status();
+      const std::vector<float> uv = Host(*u), rv = residual.ToVector();
+      for (size_t i = 0; i < uv.size(); ++i) {
+        const float sum = rv[i] + uv[i];
+        ASSERT_EQ(std::memcmp(&sum, &dv[i], sizeof(float)), 0) << i;
+      }
+      EXPECT_EQ(Host(gpu.weight()->grad), gw_fused);
+      // A residual on the host.
+      ASSERT_TRUE(gpu.Forward(To(x, kGpu)).ok());
+      const absl::Status s = gpu.BackwardAdd(To(g, kGpu), residual).status();
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      EXPECT_TRUE(absl::StrContains(s.message(), "<root> (RmsNorm)")) << s;
+      EXPECT_TRUE(absl::StrContains(s.message(), "residual")) << s;
     }
   }
 }

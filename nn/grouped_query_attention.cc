@@ -111,12 +111,25 @@ absl::StatusOr<core::Tensor> GroupedQueryAttention::ForwardPlus(const core::Tens
   return o_proj_->Forward(y);
 }
 
+core::DType GroupedQueryAttention::GradOutputDType() const {
+  return GradOutputDTypeFor(*o_proj_);
+}
+
 absl::StatusOr<core::Tensor> GroupedQueryAttention::BackwardImpl(const core::Tensor& grad_output) {
   const core::Tensor& qkv = core_.qkv();
   const bool have_cache = qkv.defined();
+  if (have_cache && grad_output.defined() && grad_output.dtype() == core::DType::kBFloat16 &&
+      GradOutputDType() != core::DType::kBFloat16) {
+    return internal::ModuleError(
+        *this, absl::StrCat("grad_output must be float32 unless o_proj has a bf16 weight, no "
+                            "hooks and no activation checkpointing of its own (then its GEMMs "
+                            "take it in bf16), got ",
+                            grad_output.ToString()));
+  }
   RETURN_IF_ERROR(internal::CheckGradOutput(
       *this, have_cache,
-      have_cache ? core::Shape{qkv.size(0), qkv.size(1), hidden_} : core::Shape{}, grad_output));
+      have_cache ? core::Shape{qkv.size(0), qkv.size(1), hidden_} : core::Shape{}, grad_output,
+      GradOutputDType() == core::DType::kBFloat16));
   const core::Device device = qkv.device();
   RETURN_IF_ERROR(internal::CheckDevice(*this, grad_output, "grad_output", device, "the input"));
   const int64_t B = qkv.size(0), T = qkv.size(1), KW = n_kv_head_ * (hidden_ / n_head_);

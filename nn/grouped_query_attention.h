@@ -75,6 +75,11 @@ class GroupedQueryAttention : public core::Module {
   absl::StatusOr<core::Tensor> ForwardResidual(const core::Tensor& x,
                                                const core::Tensor& residual);
   bool AddsResidualInGemm() const;
+  // The dtype Backward takes its gradient in besides fp32: bf16 after a Forward with bf16
+  // weights when nothing can observe o_proj's input gradient (no hooks on o_proj), since
+  // o_proj's GEMMs round it to bf16 anyway (the same bits either way; what a Llama decoder
+  // layer hands it, NOTE [Fused layers] in nn/transformer.h); fp32 otherwise.
+  core::DType GradOutputDType() const;
   // Whether Forward may take the fused path where it applies (NOTE [Fused attention] in
   // nn/attention.h); true by default. Takes effect at the next Forward.
   void set_fused(bool fused) { fused_ = fused; }
@@ -91,7 +96,9 @@ class GroupedQueryAttention : public core::Module {
   // hidden]. With a bf16 q_proj weight the packed q, k, v are rounded to bf16 once (NOTE
   // [bf16 attention]).
   absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
-  // Returns dL/dx; the four projections add their weight gradients.
+  // grad_output: fp32 [B, T, hidden], or bf16 when GradOutputDType() is (else
+  // InvalidArgument naming this module). Returns dL/dx; the four projections add their
+  // weight gradients.
   absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
   // The rotary tables are not activations (a function of T): they stay.
   void ReleaseActivations() override { core_.Release(); }

@@ -117,17 +117,40 @@ absl::StatusOr<core::Tensor> LlamaDecoderLayer::ForwardImpl(const core::Tensor& 
   return y;
 }
 
+namespace {
+
+// residual + norm.Backward(g), fused when `norm` is Fusable (NOTE [Fused layers]); then,
+// given `sum16`, also the sum rounded to bf16 in the same pass (left undefined unfused).
+absl::StatusOr<core::Tensor> NormBackwardPlus(const core::Module& layer, RmsNorm& norm,
+                                              const core::Tensor& g,
+                                              const core::Tensor& residual,
+                                              core::Tensor* sum16 = nullptr) {
+  if (internal::Fusable(norm)) return norm.BackwardAdd(g, residual, sum16);
+  ASSIGN_OR_RETURN(core::Tensor gn, norm.Backward(g));
+  return Residual(layer, residual, gn);
+}
+
+}  // namespace
+
 absl::StatusOr<core::Tensor> LlamaDecoderLayer::BackwardImpl(const core::Tensor& grad_output) {
   RETURN_IF_ERROR(
       internal::CheckGradOutput(*this, !input_shape_.empty(), input_shape_, grad_output));
   // y = h + mlp(norm(h)): dL/dh = g + norm'(mlp'(g)).
   ASSIGN_OR_RETURN(core::Tensor gm, mlp_->Backward(grad_output));
-  ASSIGN_OR_RETURN(gm, post_attention_layernorm_->Backward(gm));
-  ASSIGN_OR_RETURN(core::Tensor gh, Residual(*this, grad_output, gm));
+  // NOTE [Fused layers]: self_attn's o_proj rounds gh to bf16 for its GEMMs; when nothing
+  // can observe the gradient self_attn receives (no hooks on it or o_proj), the norm's
+  // backward writes that rounded copy in its pass and self_attn takes it: the same bits,
+  // one pass fewer.
+  const bool attn16 = internal::Fusable(*self_attn_) &&
+                      self_attn_->GradOutputDType() == core::DType::kBFloat16;
+  core::Tensor gh16;
+  ASSIGN_OR_RETURN(core::Tensor gh,
+                   NormBackwardPlus(*this, *post_attention_layernorm_, gm, grad_output,
+                                    attn16 ? &gh16 : nullptr));
   // h = x + attn(norm(x)): dL/dx = gh + norm'(attn'(gh)).
-  ASSIGN_OR_RETURN(core::Tensor ga, self_attn_->Backward(gh));
-  ASSIGN_OR_RETURN(ga, input_layernorm_->Backward(ga));
-  ASSIGN_OR_RETURN(core::Tensor gx, Residual(*this, gh, ga));
+  ASSIGN_OR_RETURN(core::Tensor ga, self_attn_->Backward(gh16.defined() ? gh16 : gh));
+  gh16 = core::Tensor();
+  ASSIGN_OR_RETURN(core::Tensor gx, NormBackwardPlus(*this, *input_layernorm_, ga, gh));
   input_shape_.clear();
   return gx;
 }

@@ -65,6 +65,17 @@ absl::Status CheckFp32OrBf16(absl::string_view what, const char* name, const Ten
   return absl::OkStatus();
 }
 
+// InvalidArgument unless `a` and `b` start at different addresses (also when they are one
+// Tensor object).
+absl::Status CheckDistinct(absl::string_view what, const char* a_name, const Tensor& a,
+                           const char* b_name, const Tensor& b) {
+  if (a.raw_data() == b.raw_data() && a.numel() > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", a_name, " and ", b_name, " must be different tensors"));
+  }
+  return absl::OkStatus();
+}
+
 // The rows and columns of an RMSNorm over w.numel() columns of `x`.
 absl::StatusOr<int64_t> RmsNormRows(absl::string_view what, const Tensor& x, const Tensor& w) {
   RETURN_IF_ERROR(CheckWeightDType(what, "weight", w));
@@ -103,8 +114,12 @@ absl::Status RmsNormForward(absl::string_view what, const Tensor& x, const Tenso
   return absl::OkStatus();
 }
 
-absl::Status RmsNormBackward(absl::string_view what, const Tensor& g, const Tensor& xhat,
-                             const Tensor& rstd, const Tensor& w, const Tensor& gx) {
+namespace {
+
+// RmsNormBackward's argument checks; the number of rows.
+absl::StatusOr<int64_t> CheckRmsNormBackward(absl::string_view what, const Tensor& g,
+                                             const Tensor& xhat, const Tensor& rstd,
+                                             const Tensor& w, const Tensor& gx) {
   RETURN_IF_ERROR(CheckDevices(what, {{"grad_output", &g}, {"normalised input", &xhat},
                                       {"rstd", &rstd}, {"weight", &w}, {"grad_input", &gx}}));
   RETURN_IF_ERROR(CheckElementwiseF32(what, {{"grad_output", &g}, {"normalised input", &xhat},
@@ -112,6 +127,14 @@ absl::Status RmsNormBackward(absl::string_view what, const Tensor& g, const Tens
   ASSIGN_OR_RETURN(const int64_t rows, RmsNormRows(what, g, w));
   RETURN_IF_ERROR(CheckDType(what, "rstd", rstd, DType::kFloat32));
   RETURN_IF_ERROR(CheckNumel(what, "rstd", rstd, rows));
+  return rows;
+}
+
+}  // namespace
+
+absl::Status RmsNormBackward(absl::string_view what, const Tensor& g, const Tensor& xhat,
+                             const Tensor& rstd, const Tensor& w, const Tensor& gx) {
+  ASSIGN_OR_RETURN(const int64_t rows, CheckRmsNormBackward(what, g, xhat, rstd, w, gx));
   const int64_t cols = w.numel();
   ProfiledOp op(OpCategory::kNorm, "rmsnorm.backward", g.device(),
                 internal::RmsNormBackwardCost(rows, cols, core::DTypeSize(w.dtype())));
@@ -122,6 +145,38 @@ absl::Status RmsNormBackward(absl::string_view what, const Tensor& g, const Tens
   }
   kcpu::RmsNormBackwardInput(F32(g), F32(xhat), F32(rstd), w.raw_data(), IsBf16(w), MutF32(gx),
                              rows, cols);
+  return absl::OkStatus();
+}
+
+absl::Status RmsNormBackwardAdd(absl::string_view what, const Tensor& g, const Tensor& xhat,
+                                const Tensor& rstd, const Tensor& w, const Tensor& residual,
+                                const Tensor& gx, const Tensor& gx16) {
+  ASSIGN_OR_RETURN(const int64_t rows, CheckRmsNormBackward(what, g, xhat, rstd, w, gx));
+  RETURN_IF_ERROR(CheckElementwiseF32(what, {{"grad_output", &g}, {"residual", &residual}}));
+  RETURN_IF_ERROR(CheckDistinct(what, "grad_input", gx, "residual", residual));
+  uint16_t* out16 = nullptr;
+  if (gx16.defined()) {
+    RETURN_IF_ERROR(CheckDevices(what, {{"bf16 grad_input", &gx16}, {"grad_output", &g}}));
+    RETURN_IF_ERROR(CheckDType(what, "bf16 grad_input", gx16, DType::kBFloat16));
+    RETURN_IF_ERROR(CheckNumel(what, "bf16 grad_input", gx16, g.numel()));
+    for (const Arg& in : {Arg{"grad_output", &g}, Arg{"normalised input", &xhat},
+                          Arg{"residual", &residual}, Arg{"grad_input", &gx}}) {
+      RETURN_IF_ERROR(CheckDistinct(what, "bf16 grad_input", gx16, in.name, *in.tensor));
+    }
+    out16 = static_cast<uint16_t*>(gx16.raw_data());
+  }
+  const int64_t cols = w.numel();
+  ProfiledOp op(OpCategory::kNorm, "rmsnorm.backward_add", g.device(),
+                internal::RmsNormBackwardCost(rows, cols, core::DTypeSize(w.dtype()),
+                                              /*residual=*/true, out16 != nullptr));
+  if (g.device().is_cuda()) {
+    NN_ON_CUDA(g.device(), what, "RMSNorm backward + residual",
+               kc::RmsNormBackwardInputAdd(F32(g), F32(xhat), F32(rstd), w.raw_data(),
+                                           IsBf16(w), F32(residual), MutF32(gx), rows, cols,
+                                           out16));
+  }
+  kcpu::RmsNormBackwardInputAdd(F32(g), F32(xhat), F32(rstd), w.raw_data(), IsBf16(w),
+                                F32(residual), MutF32(gx), rows, cols, out16);
   return absl::OkStatus();
 }
 

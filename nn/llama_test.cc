@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/op_profile.h"
 #include "core/param_init.h"
 #include "core/random.h"
 #include "gmock/gmock.h"
@@ -357,6 +358,62 @@ TEST(LlamaTest, Bf16NormsStoreTheirOutputsForTheGemmsThatTakeThem) {
   EXPECT_EQ(fused_layers::MeasureForward(*llama, tokens).converts - plain_converts, 1);
   EXPECT_EQ(logits(), plain);
   EXPECT_EQ(calls, 2);
+}
+
+// The ops one Backward(g) of `m` records after a Forward(x) (outside the profile): how many
+// residual adds ("add") and bf16 roundings ("convert") of their own, and how many fused
+// RMSNorm backward + residual ops.
+struct BackwardOps {
+  int adds = 0, converts = 0, norm_adds = 0;
+};
+BackwardOps CountBackwardOps(core::Module& m, const core::Tensor& x, const core::Tensor& g) {
+  BackwardOps n;
+  EXPECT_TRUE(m.Forward(x).ok());
+  core::OpProfile profile;
+  {
+    core::ScopedOpProfile on(&profile);
+    EXPECT_TRUE(m.Backward(g).ok());
+  }
+  for (const core::OpRecord& r : profile.records()) {
+    n.adds += r.name == "add";
+    n.converts += r.name == "convert";
+    n.norm_adds += r.name == "rmsnorm.backward_add";
+  }
+  return n;
+}
+
+// NOTE [Fused layers]: each RmsNorm's backward adds the residual gradient in its own pass
+// (nn::RmsNormBackwardAdd: two adds fewer per layer), and under bf16 weights
+// post_attention_layernorm's also writes the bf16 copy of the sum that o_proj's GEMMs take
+// (o_proj's rounding pass gone). A hook on a norm makes the layer run the norm's Backward,
+// add, and let o_proj round: the same bits (output, input gradient, every parameter
+// gradient).
+TEST(LlamaTest, NormBackwardsAddTheResidualGradientAndRoundItForOProj) {
+  const LlamaConfig c = Tiny();
+  const core::Tensor x = gradcheck::RandomTensor({2, 6, 16}, 1);
+  const core::Tensor g = gradcheck::RandomTensor({2, 6, 16}, 2);
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 weights" : "fp32 weights");
+    LlamaDecoderLayer layer(c, 4);
+    if (bf16) {
+      ASSERT_TRUE(ConvertParameters(layer, core::DType::kBFloat16).ok());
+    }
+    for (RmsNorm* norm :
+         {layer.input_layernorm().get(), layer.post_attention_layernorm().get()}) {
+      SCOPED_TRACE(norm->Path());
+      fused_layers::ExpectSameBitsWithHookOn(layer, *norm, x, g);
+    }
+    const BackwardOps fused = CountBackwardOps(layer, x, g);
+    int calls = 0;
+    core::HookHandle h1 = fused_layers::CountingHook(*layer.input_layernorm(), &calls);
+    core::HookHandle h2 = fused_layers::CountingHook(*layer.post_attention_layernorm(), &calls);
+    const BackwardOps unfused = CountBackwardOps(layer, x, g);
+    EXPECT_EQ(calls, 2);
+    EXPECT_EQ(fused.norm_adds, 2);
+    EXPECT_EQ(unfused.norm_adds, 0);
+    EXPECT_EQ(unfused.adds - fused.adds, 2);
+    EXPECT_EQ(unfused.converts - fused.converts, bf16 ? 1 : 0);
+  }
 }
 
 // A parent may hand a layer its input in bf16 only where the layer would round it so itself

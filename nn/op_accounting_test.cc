@@ -295,6 +295,41 @@ TEST(OpAccountingTest, AFusedOpRecordsOneKernelReadingOneTensorFewer) {
                                                   4.0 * n);  // h is not re-read
 }
 
+// RMSNorm's backward + residual: one kernel that writes the sum, against the backward
+// writing gx and an add reading it back (its bf16 copy: 2 bytes an element more).
+TEST(OpAccountingTest, RmsNormBackwardAddRecordsOneKernelWithoutTheIntermediateGradient) {
+  const int64_t rows = 3, cols = 8, n = rows * cols;
+  const core::Tensor g = Filled({rows, cols}, 0.2f), xhat = Filled({rows, cols}, -0.1f);
+  const core::Tensor residual = Filled({rows, cols}, 0.3f);
+  const core::Tensor rstd = Filled({rows}, 1.0f), w = Filled({cols}, 1.0f);
+  core::Tensor gx = core::Tensor::Zeros({rows, cols}), sum = core::Tensor::Zeros({rows, cols});
+  core::Tensor gx16 = core::Tensor::Zeros({rows, cols}, core::DType::kBFloat16);
+  core::OpProfile fused, fused16, unfused;
+  {
+    core::ScopedOpProfile on(&fused);
+    ASSERT_TRUE(RmsNormBackwardAdd("test", g, xhat, rstd, w, residual, sum).ok());
+  }
+  {
+    core::ScopedOpProfile on(&fused16);
+    ASSERT_TRUE(RmsNormBackwardAdd("test", g, xhat, rstd, w, residual, sum, gx16).ok());
+  }
+  {
+    core::ScopedOpProfile on(&unfused);
+    ASSERT_TRUE(RmsNormBackward("test", g, xhat, rstd, w, gx).ok());
+    ASSERT_TRUE(AddTensors("test", residual, gx, sum).ok());
+  }
+  ASSERT_EQ(Names(fused.records()), (std::vector<std::string>{"rmsnorm.backward_add"}));
+  ASSERT_EQ(Names(unfused.records()), (std::vector<std::string>{"rmsnorm.backward", "add"}));
+  const core::OpCost& c = fused.records()[0].cost;
+  EXPECT_EQ(fused.records()[0].category, OpCategory::kNorm);
+  EXPECT_EQ(c.launches, 1);
+  // g, xhat, residual, gx; rstd per row; w.
+  EXPECT_EQ(c.bytes, 16.0 * n + 4.0 * rows + 4.0 * cols);
+  EXPECT_EQ(c.bytes, unfused.records()[0].cost.bytes + unfused.records()[1].cost.bytes -
+                         8.0 * n);  // gx is not written and read back
+  EXPECT_EQ(fused16.records()[0].cost.bytes - c.bytes, 2.0 * n);
+}
+
 
 // LayerNorm's backward takes its weight and bias gradients in the pass that computes the
 // input gradient (kernels::LayerNormGradWarps): they add bytes per column and per block, not

@@ -49,18 +49,50 @@ absl::StatusOr<core::Tensor> RmsNorm::RunForward(const core::Tensor& x, bool for
 }
 
 absl::StatusOr<core::Tensor> RmsNorm::BackwardImpl(const core::Tensor& grad_output) {
+  return RunBackward(grad_output, core::Tensor());
+}
+
+absl::StatusOr<core::Tensor> RmsNorm::BackwardAdd(const core::Tensor& grad_output,
+                                                  const core::Tensor& residual,
+                                                  core::Tensor* sum16) {
+  if (!residual.defined()) return internal::ModuleError(*this, "residual is undefined");
+  return RunBackward(grad_output, residual, sum16);
+}
+
+absl::StatusOr<core::Tensor> RmsNorm::RunBackward(const core::Tensor& grad_output,
+                                                  const core::Tensor& residual,
+                                                  core::Tensor* sum16) {
   RETURN_IF_ERROR(internal::CheckGradOutput(*this, xhat_.defined(), xhat_.shape(), grad_output));
   const core::Device device = xhat_.device();
   RETURN_IF_ERROR(internal::CheckDevice(*this, grad_output, "grad_output", device, "the input"));
   RETURN_IF_ERROR(internal::CheckParameter(*this, *weight_, "weight", {dim_}, device));
+  if (residual.defined()) {
+    if (residual.shape() != grad_output.shape() || residual.dtype() != core::DType::kFloat32) {
+      return internal::ModuleError(*this, absl::StrCat("residual ", residual.ToString(),
+                                                       " must be fp32 like grad_output ",
+                                                       grad_output.ToString()));
+    }
+    RETURN_IF_ERROR(internal::CheckDevice(*this, residual, "residual", device, "the input"));
+  }
   ASSIGN_OR_RETURN(core::Tensor gx, internal::NewActivation(xhat_.shape(), device));
+  core::Tensor gx16;
+  if (sum16 != nullptr) {
+    ASSIGN_OR_RETURN(gx16,
+                     internal::NewActivation(xhat_.shape(), device, core::DType::kBFloat16));
+  }
   ASSIGN_OR_RETURN(core::Tensor gw, internal::GradTensor(*this, *weight_, "weight"));
   const std::string what = internal::What(*this);
-  // dL/dx = rstd * (g w - xhat * mean(g w xhat)); dL/dw += sum over rows of g * xhat.
-  RETURN_IF_ERROR(RmsNormBackward(what, grad_output, xhat_, rstd_, weight_->data, gx));
+  // dL/dx = rstd * (g w - xhat * mean(g w xhat)) (+ residual); dL/dw += sum over rows of
+  // g * xhat.
+  if (residual.defined()) {
+    RETURN_IF_ERROR(
+        RmsNormBackwardAdd(what, grad_output, xhat_, rstd_, weight_->data, residual, gx, gx16));
+  } else {
+    RETURN_IF_ERROR(RmsNormBackward(what, grad_output, xhat_, rstd_, weight_->data, gx));
+  }
   if (gw.defined()) RETURN_IF_ERROR(AccumulateColumnSums(what, grad_output, xhat_, gw));
-  xhat_ = core::Tensor();
-  rstd_ = core::Tensor();
+  ReleaseActivations();
+  if (sum16 != nullptr) *sum16 = std::move(gx16);
   return gx;
 }
 

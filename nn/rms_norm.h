@@ -37,6 +37,16 @@ class RmsNorm : public core::Module {
   // once: the operand the GEMM would round it to, without the fp32 copy and the rounding
   // pass); with an fp32 weight it is Forward(x).
   absl::StatusOr<core::Tensor> ForwardForGemm(const core::Tensor& x);
+  // For a parent that fuses the residual add after this RmsNorm's backward (NOTE [Fused
+  // layers], nn/transformer.h), and only when nn::internal::Fusable(*this): runs no hooks.
+  // Returns residual + Backward(grad_output) (residual fp32 of grad_output's shape on its
+  // device, else InvalidArgument naming this module), the same bits, in one pass (NOTE
+  // [Fused ops], nn::RmsNormBackwardAdd), adding the same weight gradient; given `sum16`,
+  // it also sets it to that sum rounded to bf16 (a new activation, written in the same
+  // pass) for a consumer whose bf16 GEMM would round it so.
+  absl::StatusOr<core::Tensor> BackwardAdd(const core::Tensor& grad_output,
+                                           const core::Tensor& residual,
+                                           core::Tensor* sum16 = nullptr);
 
  protected:
   // x: fp32 [..., dim] on the weight's device (fp32 or bf16) -> same shape there.
@@ -51,6 +61,10 @@ class RmsNorm : public core::Module {
  private:
   // Forward, its output bf16 when `for_gemm` and the weight is bf16.
   absl::StatusOr<core::Tensor> RunForward(const core::Tensor& x, bool for_gemm);
+  // Backward (residual undefined) or BackwardAdd.
+  absl::StatusOr<core::Tensor> RunBackward(const core::Tensor& grad_output,
+                                           const core::Tensor& residual,
+                                           core::Tensor* sum16 = nullptr);
 
   int64_t dim_ = 0;
   float eps_ = 0.0f;

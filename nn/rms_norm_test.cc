@@ -1,6 +1,7 @@
 #include "nn/rms_norm.h"
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,87 @@ TEST(RmsNormTest, Bf16WeightGivesTheBitsOfItsFp32Widening) {
     out.push_back(m->weight()->grad.ToVector());
   }
   for (int i = 0; i < 3; ++i) EXPECT_EQ(out[i], out[i + 3]) << i;
+}
+
+// The bits of every element, so -0.0 and 0.0 differ.
+std::vector<uint32_t> Bits(const core::Tensor& t) {
+  const std::vector<float> v = t.ToVector();
+  std::vector<uint32_t> bits(v.size());
+  std::memcpy(bits.data(), v.data(), v.size() * sizeof(float));
+  return bits;
+}
+
+// NOTE [Fused ops] through the layer: BackwardAdd(g, residual) is residual + Backward(g) bit
+// for bit with the same weight gradient, and its bf16 copy is that sum rounded once, for
+// fp32 and bf16 weights; like Backward, it releases the forward's cache.
+TEST(RmsNormTest, BackwardAddIsTheResidualPlusBackwardBitForBit) {
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 weight" : "fp32 weight");
+    RmsNorm norm(37);
+    gradcheck::RandomizeParameters(norm, 3, 1.0f, 0.5f);
+    if (bf16) {
+      ASSERT_TRUE(ConvertParameters(norm, core::DType::kBFloat16).ok());
+    }
+    const core::Tensor x = gradcheck::RandomTensor({2, 3, 37}, 4);
+    const core::Tensor g = gradcheck::RandomTensor({2, 3, 37}, 5);
+    const core::Tensor residual = gradcheck::RandomTensor({2, 3, 37}, 6);
+    norm.ZeroGrad(/*set_to_none=*/true);
+    ASSERT_TRUE(norm.Forward(x).ok());
+    absl::StatusOr<core::Tensor> gx = norm.Backward(g);
+    ASSERT_TRUE(gx.ok()) << gx.status();
+    const std::vector<float> r = residual.ToVector(), d = gx->ToVector();
+    std::vector<float> sum(r.size());
+    for (size_t i = 0; i < r.size(); ++i) sum[i] = r[i] + d[i];
+    const core::Tensor want = core::Tensor::FromVector(sum, residual.shape()).value();
+    const std::vector<uint32_t> want_gw = Bits(norm.weight()->grad);
+    for (bool with16 : {false, true}) {
+      SCOPED_TRACE(with16 ? "with sum16" : "without sum16");
+      norm.ZeroGrad(/*set_to_none=*/true);
+      ASSERT_TRUE(norm.Forward(x).ok());
+      core::Tensor sum16;
+      absl::StatusOr<core::Tensor> got = norm.BackwardAdd(g, residual, with16 ? &sum16 : nullptr);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(got->shape(), residual.shape());
+      EXPECT_EQ(Bits(*got), Bits(want));
+      EXPECT_EQ(Bits(norm.weight()->grad), want_gw);
+      if (with16) {
+        ASSERT_TRUE(sum16.defined());
+        ASSERT_EQ(sum16.dtype(), core::DType::kBFloat16);
+        EXPECT_EQ(sum16.shape(), residual.shape());
+        const core::Tensor rounded =
+            want.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
+        EXPECT_EQ(Bits(sum16.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value()),
+                  Bits(rounded.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value()));
+      } else {
+        EXPECT_FALSE(sum16.defined());
+      }
+      EXPECT_EQ(norm.BackwardAdd(g, residual).status().code(),
+                absl::StatusCode::kFailedPrecondition);
+    }
+  }
+}
+
+// A residual that is not fp32 of grad_output's shape is InvalidArgument naming the module
+// (on another device too: CudaLlamaTest.RmsNormBackwardAddMatchesCpu), and writes nothing.
+TEST(RmsNormTest, BackwardAddRefusesABadResidualNamingTheModule) {
+  RmsNorm norm(4);
+  const core::Tensor x = gradcheck::RandomTensor({2, 4}, 1);
+  const core::Tensor g = gradcheck::RandomTensor({2, 4}, 2);
+  const core::Tensor bf16 = gradcheck::RandomTensor({2, 4}, 3)
+                                .ToDType(core::DType::kBFloat16, core::MemoryTag::kOther)
+                                .value();
+  for (const core::Tensor& residual :
+       {core::Tensor(), gradcheck::RandomTensor({8}, 3), gradcheck::RandomTensor({2, 3}, 3),
+        bf16}) {
+    SCOPED_TRACE(residual.ToString());
+    norm.ZeroGrad(/*set_to_none=*/true);
+    ASSERT_TRUE(norm.Forward(x).ok());
+    absl::StatusOr<core::Tensor> gx = norm.BackwardAdd(g, residual);
+    EXPECT_EQ(gx.status().code(), absl::StatusCode::kInvalidArgument) << gx.status();
+    EXPECT_THAT(std::string(gx.status().message()), HasSubstr("<root> (RmsNorm)"));
+    EXPECT_THAT(std::string(gx.status().message()), HasSubstr("residual"));
+    EXPECT_FALSE(norm.weight()->grad.defined());
+  }
 }
 
 TEST(RmsNormTest, ReleasedActivationsRefuseABackward) {

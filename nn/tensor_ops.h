@@ -174,8 +174,9 @@ absl::Status LayerNormBackward(absl::string_view what, const core::Tensor& g,
 // one after the other, with the same argument rules. It makes one pass over memory where
 // they make two (a row is still in cache for the second step), so it reads one tensor
 // fewer: on the CPU one loop, on CUDA one kernel (residual + LayerNorm, LayerNorm
-// backward + residual). The layers call them through NOTE [Fused layers]
-// (nn/transformer.h). Bias and GELU fuse into the GEMMs instead (NOTE [GEMM epilogues]).
+// backward + residual, and RmsNormBackwardAdd below). The layers call them through NOTE
+// [Fused layers] (nn/transformer.h). Bias and GELU fuse into the GEMMs instead (NOTE [GEMM
+// epilogues]).
 
 // h = a + b, then LayerNorm of h: AddTensors(a, b, h) then LayerNormForward(h, w, bias,
 // eps, y, mean, rstd). h may be a or b; y, mean and rstd must not overlap the others. The
@@ -245,6 +246,16 @@ absl::Status RmsNormForward(absl::string_view what, const core::Tensor& x, const
 absl::Status RmsNormBackward(absl::string_view what, const core::Tensor& g,
                              const core::Tensor& xhat, const core::Tensor& rstd,
                              const core::Tensor& w, const core::Tensor& gx);
+// NOTE [Fused ops]: RmsNormBackward(g, xhat, rstd, w, gx), then gx = residual + gx
+// (AddTensors), in one pass: the gradient of an RMSNorm whose input also feeds a residual
+// connection. residual (fp32, g's numel) must not be gx. When gx16 is defined (bf16, g's
+// numel) the sum is also written there rounded once: the copy a bf16 GEMM that takes gx
+// would round (RoundToBf16's bits). The weight's gradient is AccumulateColumnSums as above.
+absl::Status RmsNormBackwardAdd(absl::string_view what, const core::Tensor& g,
+                                const core::Tensor& xhat, const core::Tensor& rstd,
+                                const core::Tensor& w, const core::Tensor& residual,
+                                const core::Tensor& gx,
+                                const core::Tensor& gx16 = core::Tensor());
 
 // h = silu(a) * b elementwise (SwiGLU, silu(a) = a sigmoid(a)); of equal numel, h neither
 // a nor b; a and b fp32, h fp32 or bf16 (for a bf16 GEMM that takes it, each element the

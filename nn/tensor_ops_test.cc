@@ -604,6 +604,23 @@ TEST(FusedOpsTest, EachGivesTheBitsOfTheUnfusedOps) {
           lgx_ref.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
       EXPECT_EQ(Bits(lgx16.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value()),
                 Bits(rounded.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value()));
+
+      // RmsNormBackwardAdd: the RMSNorm input gradient plus a residual, and its bf16 copy.
+      core::Tensor y = empty(n), xhat = empty(n), rms_rstd = empty(rows);
+      ASSERT_TRUE(RmsNormForward("t", x, w, 1e-6f, y, xhat, rms_rstd).ok());
+      core::Tensor rgx_ref = empty(n);
+      ASSERT_TRUE(RmsNormBackward("t", g, xhat, rms_rstd, w, rgx_ref).ok());
+      ASSERT_TRUE(AddTensors("t", a, rgx_ref, rgx_ref).ok());
+      core::Tensor rgx = empty(n), rgx2 = empty(n);
+      core::Tensor rgx16 = core::Tensor::Empty({n}, core::DType::kBFloat16);
+      ASSERT_TRUE(RmsNormBackwardAdd("t", g, xhat, rms_rstd, w, a, rgx).ok());
+      ASSERT_TRUE(RmsNormBackwardAdd("t", g, xhat, rms_rstd, w, a, rgx2, rgx16).ok());
+      EXPECT_EQ(Bits(rgx), Bits(rgx_ref));
+      EXPECT_EQ(Bits(rgx2), Bits(rgx_ref));
+      const core::Tensor rms_rounded =
+          rgx_ref.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
+      EXPECT_EQ(Bits(rgx16.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value()),
+                Bits(rms_rounded.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value()));
     }
   }
 }
@@ -639,6 +656,27 @@ TEST(FusedOpsTest, BadArgumentsAreInvalidArgumentAndWriteNothing) {
   s = LayerNormBackwardAdd("ln_2", g, x, mean, rstd, w, y, gx, core::Tensor(), core::Tensor(),
                            core::Tensor::Zeros({n - 1}, core::DType::kBFloat16));
   EXPECT_THAT(std::string(s.message()), HasSubstr("ln_2: bf16 grad_input"));
+  EXPECT_EQ(gx.ToVector(), std::vector<float>(n, 0.0f));
+  // RmsNormBackwardAdd: the residual is fp32 of grad_output's numel and not grad_input; the
+  // bf16 copy is bf16 of its numel.
+  const core::Tensor xhat = Normal(n, 8), rms_rstd = Normal(rows, 9);
+  s = RmsNormBackwardAdd("post_attention_layernorm", g, xhat, rms_rstd, w, y, y);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("post_attention_layernorm: grad_input and residual"));
+  s = RmsNormBackwardAdd("post_attention_layernorm", g, xhat, rms_rstd, w, Normal(n - 1, 10), gx);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("post_attention_layernorm: residual"));
+  s = RmsNormBackwardAdd("post_attention_layernorm", g, xhat, rms_rstd, w,
+                         Normal(n, 10).ToDType(core::DType::kBFloat16, core::MemoryTag::kOther)
+                             .value(),
+                         gx);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("post_attention_layernorm: residual"));
+  s = RmsNormBackwardAdd("post_attention_layernorm", g, xhat, rms_rstd, w, y, gx,
+                         core::Tensor::Zeros({n}));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("post_attention_layernorm: bf16 grad_input"));
+  s = RmsNormBackwardAdd("post_attention_layernorm", g, xhat, rms_rstd, w, y, gx,
+                         core::Tensor::Zeros({n - 1}, core::DType::kBFloat16));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("post_attention_layernorm: bf16 grad_input"));
   EXPECT_EQ(gx.ToVector(), std::vector<float>(n, 0.0f));
   // The backward reads its input after writing grad_input (the weight gradient's xhat).
   core::Tensor x_copy = x.Clone(core::MemoryTag::kOther);

@@ -25,6 +25,10 @@
 //   Fusable and takes a bf16 gradient (CausalSelfAttention::GradOutputDType: its proj
 //   would round it so), ln_2's backward also writes the sum's bf16 copy in its pass and
 //   attention gets that copy (the same bits as the fp32 sum, one rounding pass fewer).
+// - LlamaDecoderLayer (nn/llama.h): each RmsNorm's backward with the residual add that
+//   follows it (RmsNorm::BackwardAdd), decided per call by whether the norm is Fusable;
+//   post_attention_layernorm's also writes the sum's bf16 copy for self_attn when it is
+//   Fusable and takes a bf16 gradient (GroupedQueryAttention::GradOutputDType), as ln_2's.
 // FSDP hooks wrapped units only, so children of a wrapped block stay Fusable; a policy
 // that wraps fc or a LayerNorm on its own gets the unfused path, hooks and all.
 #ifndef NN_TRANSFORMER_H_

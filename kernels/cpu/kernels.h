@@ -105,6 +105,12 @@ void RmsNormForward(const float* x, const void* w, bool bf16, float eps, void* y
 // ColumnSums of g * xhat).
 void RmsNormBackwardInput(const float* g, const float* xhat, const float* rstd, const void* w,
                           bool bf16, float* gx, int64_t rows, int64_t cols);
+// NOTE [Fused ops] (nn/tensor_ops.h): gx = residual + RmsNormBackwardInput(g, ...), the bits
+// of the two launches, in one loop; gx must not be residual. With gx16 not null, gx rounded
+// to bf16 there too (the operand of a bf16 GEMM that takes it).
+void RmsNormBackwardInputAdd(const float* g, const float* xhat, const float* rstd, const void* w,
+                             bool bf16, const float* residual, float* gx, int64_t rows,
+                             int64_t cols, uint16_t* gx16 = nullptr);
 // h = silu(a) * b, elementwise; h fp32, or bf16 when h_bf16 (each element the fp32 value
 // rounded once: NOTE [GEMM epilogues], an output whose consumer is a bf16 GEMM).
 void SiluMulForward(const float* a, const float* b, void* h, int64_t n, bool h_bf16 = false);

@@ -50,11 +50,15 @@ FSDP_RMS_NORM_LOOP(float, uint16_t)
 FSDP_RMS_NORM_LOOP(uint16_t, uint16_t)
 #undef FSDP_RMS_NORM_LOOP
 
+// RMSNorm's input gradient for `rows` rows; with `residual` non-null, residual + it (NOTE
+// [Fused ops]), and with gx16 non-null also that sum rounded to bf16 there.
 template <typename W>
 FSDP_CPU_INLINE void RmsNormBackwardRows(const float* FSDP_RESTRICT g,
                                          const float* FSDP_RESTRICT xhat,
                                          const float* FSDP_RESTRICT rstd,
-                                         const W* FSDP_RESTRICT w, float* FSDP_RESTRICT gx,
+                                         const W* FSDP_RESTRICT w,
+                                         const float* FSDP_RESTRICT residual,
+                                         float* FSDP_RESTRICT gx, uint16_t* FSDP_RESTRICT gx16,
                                          int64_t rows, int64_t cols) {
   const float inv_cols = 1.0f / static_cast<float>(cols);
   for (int64_t r = 0; r < rows; ++r) {
@@ -65,18 +69,57 @@ FSDP_CPU_INLINE void RmsNormBackwardRows(const float* FSDP_RESTRICT g,
     const float mean = sum * inv_cols;
     const float rs = rstd[r];
     float* o = gx + r * cols;
+    if (residual == nullptr) {
 #pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) o[j] = k::RmsNormBackwardInput(gr[j], w, j, hr[j], rs, mean);
+      for (int64_t j = 0; j < cols; ++j) {
+        o[j] = k::RmsNormBackwardInput(gr[j], w, j, hr[j], rs, mean);
+      }
+    } else if (gx16 == nullptr) {
+      const float* res = residual + r * cols;
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) {
+        o[j] = k::RmsNormBackwardInputAdd(res[j], gr[j], w, j, hr[j], rs, mean);
+      }
+    } else {
+      const float* res = residual + r * cols;
+      uint16_t* o16 = gx16 + r * cols;
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) {
+        const float sum_j = k::RmsNormBackwardInputAdd(res[j], gr[j], w, j, hr[j], rs, mean);
+        o[j] = sum_j;
+        k::Store(o16, j, sum_j);
+      }
+    }
   }
 }
 FSDP_CPU_CLONES void RmsNormBackwardLoop(const float* g, const float* xhat, const float* rstd,
-                                         const float* w, float* gx, int64_t rows, int64_t cols) {
-  RmsNormBackwardRows(g, xhat, rstd, w, gx, rows, cols);
+                                         const float* w, const float* residual, float* gx,
+                                         uint16_t* gx16, int64_t rows, int64_t cols) {
+  RmsNormBackwardRows(g, xhat, rstd, w, residual, gx, gx16, rows, cols);
 }
 FSDP_CPU_CLONES void RmsNormBackwardLoop(const float* g, const float* xhat, const float* rstd,
-                                         const uint16_t* w, float* gx, int64_t rows,
-                                         int64_t cols) {
-  RmsNormBackwardRows(g, xhat, rstd, w, gx, rows, cols);
+                                         const uint16_t* w, const float* residual, float* gx,
+                                         uint16_t* gx16, int64_t rows, int64_t cols) {
+  RmsNormBackwardRows(g, xhat, rstd, w, residual, gx, gx16, rows, cols);
+}
+
+// RMSNorm's input gradient over row chunks of the intra-op threads; with residual non-null,
+// residual + it (and its bf16 copy when gx16 is not null).
+void RmsNormBackwardRowsParallel(const float* g, const float* xhat, const float* rstd,
+                                 const void* w, bool bf16, const float* residual, float* gx,
+                                 uint16_t* gx16, int64_t rows, int64_t cols) {
+  ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
+    const int64_t o = s * cols;
+    const float* res = residual != nullptr ? residual + o : nullptr;
+    uint16_t* out16 = gx16 != nullptr ? gx16 + o : nullptr;
+    if (bf16) {
+      RmsNormBackwardLoop(g + o, xhat + o, rstd + s, static_cast<const uint16_t*>(w), res, gx + o,
+                          out16, e - s, cols);
+    } else {
+      RmsNormBackwardLoop(g + o, xhat + o, rstd + s, static_cast<const float*>(w), res, gx + o,
+                          out16, e - s, cols);
+    }
+  });
 }
 
 // ---- SwiGLU; each output fp32 or bf16 (k::Store: the fp32 value rounded once).
@@ -262,16 +305,13 @@ void RmsNormForward(const float* x, const void* w, bool bf16, float eps, void* y
 
 void RmsNormBackwardInput(const float* g, const float* xhat, const float* rstd, const void* w,
                           bool bf16, float* gx, int64_t rows, int64_t cols) {
-  ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
-    const int64_t o = s * cols;
-    if (bf16) {
-      RmsNormBackwardLoop(g + o, xhat + o, rstd + s, static_cast<const uint16_t*>(w), gx + o,
-                          e - s, cols);
-    } else {
-      RmsNormBackwardLoop(g + o, xhat + o, rstd + s, static_cast<const float*>(w), gx + o, e - s,
-                          cols);
-    }
-  });
+  RmsNormBackwardRowsParallel(g, xhat, rstd, w, bf16, nullptr, gx, nullptr, rows, cols);
+}
+
+void RmsNormBackwardInputAdd(const float* g, const float* xhat, const float* rstd, const void* w,
+                             bool bf16, const float* residual, float* gx, int64_t rows,
+                             int64_t cols, uint16_t* gx16) {
+  RmsNormBackwardRowsParallel(g, xhat, rstd, w, bf16, residual, gx, gx16, rows, cols);
 }
 
 void SiluMulForward(const float* a, const float* b, void* h, int64_t n, bool h_bf16) {

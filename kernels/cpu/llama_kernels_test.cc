@@ -4,6 +4,7 @@
 // built on them (rms_norm_test, swiglu_test, grouped_query_attention_test).
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <tuple>
 #include <vector>
 
@@ -96,6 +97,47 @@ TEST(CpuLlamaKernelsTest, RmsNormMatchesADoubleReferenceWithFp32AndBf16Weights) 
       }
       ExpectClose(y, y_ref, 2e-6, "rmsnorm y");
       ExpectClose(gx, gx_ref, 1e-5, "rmsnorm dx");
+    }
+  }
+}
+
+// The bits of every element, so -0.0 and 0.0 differ.
+std::vector<uint32_t> Bits(const std::vector<float>& v) {
+  std::vector<uint32_t> bits(v.size());
+  std::memcpy(bits.data(), v.data(), v.size() * sizeof(float));
+  return bits;
+}
+
+// NOTE [Fused ops]: the fused loop gives the bits of RmsNormBackwardInput then Add (residual
+// first, as the decoder layer adds), and its bf16 copy is that sum rounded once, for fp32
+// and bf16 weights and rows of 1, 8 lanes and widths that are not multiples of 8 or 32.
+TEST(CpuLlamaKernelsTest, RmsNormBackwardAddIsTheInputGradientPlusTheResidualBitForBit) {
+  for (int64_t cols : {1, 7, 8, 33, 100, 256}) {
+    for (bool bf16 : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "cols " << cols << (bf16 ? " bf16" : " fp32"));
+      const int64_t rows = 6, n = rows * cols;
+      const std::vector<float> x = Normal(n, 21), g = Normal(n, 22), res = Normal(n, 23),
+                               w = Normal(cols, 24);
+      std::vector<uint16_t> w16(w.size());
+      for (size_t j = 0; j < w.size(); ++j) w16[j] = core::FloatToBf16Bits(w[j]);
+      const void* wp = bf16 ? static_cast<const void*>(w16.data()) : w.data();
+      std::vector<float> y(n), xhat(n), rstd(rows), gx(n), want(n);
+      kcpu::RmsNormForward(x.data(), wp, bf16, 1e-6f, y.data(), xhat.data(), rstd.data(), rows,
+                           cols);
+      kcpu::RmsNormBackwardInput(g.data(), xhat.data(), rstd.data(), wp, bf16, gx.data(), rows,
+                                 cols);
+      kcpu::Add(res.data(), gx.data(), want.data(), n);
+      std::vector<float> sum(n, -1.0f), sum2(n, -1.0f);
+      std::vector<uint16_t> sum16(n, 0);
+      kcpu::RmsNormBackwardInputAdd(g.data(), xhat.data(), rstd.data(), wp, bf16, res.data(),
+                                    sum.data(), rows, cols);
+      kcpu::RmsNormBackwardInputAdd(g.data(), xhat.data(), rstd.data(), wp, bf16, res.data(),
+                                    sum2.data(), rows, cols, sum16.data());
+      EXPECT_EQ(Bits(sum), Bits(want));
+      EXPECT_EQ(Bits(sum2), Bits(want));
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(sum16[i], core::FloatToBf16Bits(want[i])) << "element " << i;
+      }
     }
   }
 }
@@ -321,6 +363,12 @@ TEST(CpuLlamaKernelsTest, ResultsAreBitIdenticalForAnyThreadCount) {
     kcpu::RmsNormBackwardInput(g.data(), xhat.data(), rstd.data(), w.data(), false, gx.data(),
                                rows, cols);
     out.insert(out.end(), {y, rstd, gx});
+    std::vector<float> sum(x.size()), sum16_wide(x.size());
+    std::vector<uint16_t> sum16(x.size());
+    kcpu::RmsNormBackwardInputAdd(g.data(), xhat.data(), rstd.data(), w.data(), false, x.data(),
+                                  sum.data(), rows, cols, sum16.data());
+    for (size_t i = 0; i < sum16.size(); ++i) sum16_wide[i] = core::Bf16BitsToFloat(sum16[i]);
+    out.insert(out.end(), {sum, sum16_wide});
     std::vector<float> ga(x.size()), gb(x.size());
     kcpu::SiluMulForward(x.data(), g.data(), y.data(), rows * cols);
     kcpu::SiluMulBackward(x.data(), g.data(), xhat.data(), ga.data(), gb.data(), rows * cols);

@@ -118,6 +118,11 @@ cudaError_t RmsNormForward(const float* x, const void* w, bool bf16, float eps, 
                            bool y_bf16 = false);
 cudaError_t RmsNormBackwardInput(const float* g, const float* xhat, const float* rstd,
                                  const void* w, bool bf16, float* gx, int64_t rows, int64_t cols);
+// NOTE [Fused ops] (nn/tensor_ops.h): gx = residual + the RMSNorm input gradient in one
+// kernel (one warp per row), and gx rounded to bf16 into gx16 when that is not null.
+cudaError_t RmsNormBackwardInputAdd(const float* g, const float* xhat, const float* rstd,
+                                    const void* w, bool bf16, const float* residual, float* gx,
+                                    int64_t rows, int64_t cols, uint16_t* gx16 = nullptr);
 cudaError_t SiluMulForward(const float* a, const float* b, void* h, int64_t n,
                            bool h_bf16 = false);
 cudaError_t SiluMulBackward(const float* a, const float* b, const float* gh, void* ga, void* gb,

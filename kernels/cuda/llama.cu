@@ -56,6 +56,32 @@ __global__ void RmsNormBackwardInputKernel(const float* g, const float* xhat, co
   }
 }
 
+// gx = residual + the input gradient, and its bf16 copy when gx16 is not null (NOTE [Fused
+// ops]).
+template <typename W>
+__global__ void RmsNormBackwardInputAddKernel(const float* g, const float* xhat,
+                                              const float* rstd, const W* w,
+                                              const float* residual, float* gx, uint16_t* gx16,
+                                              int64_t rows, int64_t cols) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const float* gr = g + row * cols;
+  const float* hr = xhat + row * cols;
+  float sum = 0.0f;
+  for (int64_t j = lane; j < cols; j += 32) sum += k::LayerNormGradHat<float>(gr[j], w, j) * hr[j];
+  const float mean = WarpSum(sum) / static_cast<float>(cols);
+  const float r = rstd[row];
+  const float* res = residual + row * cols;
+  float* out = gx + row * cols;
+  uint16_t* out16 = gx16 != nullptr ? gx16 + row * cols : nullptr;
+  for (int64_t j = lane; j < cols; j += 32) {
+    const float v = k::RmsNormBackwardInputAdd<float>(res[j], gr[j], w, j, hr[j], r, mean);
+    out[j] = v;
+    if (out16 != nullptr) k::Store(out16, j, v);
+  }
+}
+
 // ---- SwiGLU; each output fp32 or bf16 (k::Store: the fp32 value rounded once).
 
 template <typename H>
@@ -198,6 +224,20 @@ cudaError_t RmsNormBackwardInput(const float* g, const float* xhat, const float*
   } else {
     RmsNormBackwardInputKernel<<<GridForRows(rows), kThreads>>>(
         g, xhat, rstd, static_cast<const float*>(w), gx, rows, cols);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t RmsNormBackwardInputAdd(const float* g, const float* xhat, const float* rstd,
+                                    const void* w, bool bf16, const float* residual, float* gx,
+                                    int64_t rows, int64_t cols, uint16_t* gx16) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  if (bf16) {
+    RmsNormBackwardInputAddKernel<<<GridForRows(rows), kThreads>>>(
+        g, xhat, rstd, static_cast<const uint16_t*>(w), residual, gx, gx16, rows, cols);
+  } else {
+    RmsNormBackwardInputAddKernel<<<GridForRows(rows), kThreads>>>(
+        g, xhat, rstd, static_cast<const float*>(w), residual, gx, gx16, rows, cols);
   }
   return cudaGetLastError();
 }

@@ -130,16 +130,20 @@ inline core::OpCost FusedAttentionBackwardCost(int64_t B, int64_t T, int64_t H, 
 
 // RMSNorm: reads x, writes y (`y_bytes` an element: 4 fp32, 2 bf16) and xhat (and rstd per
 // row); about 4 operations per element forward, 6 backward (reads g and xhat, writes gx;
-// the weight gradient's column sums are their own op).
+// the weight gradient's column sums are their own op). The fused residual add also reads
+// the residual (one operation more), and writes gx's bf16 copy when asked.
 inline core::OpCost RmsNormForwardCost(int64_t rows, int64_t cols, int64_t w_bytes,
                                        int64_t y_bytes = 4) {
   return core::OpCost::Memory((8.0 + static_cast<double>(y_bytes)) * rows * cols + 4.0 * rows +
                                   static_cast<double>(w_bytes) * cols,
                               4.0 * rows * cols);
 }
-inline core::OpCost RmsNormBackwardCost(int64_t rows, int64_t cols, int64_t w_bytes) {
-  return core::OpCost::Memory(12.0 * rows * cols + 4.0 * rows + static_cast<double>(w_bytes) * cols,
-                              6.0 * rows * cols);
+inline core::OpCost RmsNormBackwardCost(int64_t rows, int64_t cols, int64_t w_bytes,
+                                        bool residual = false, bool bf16_copy = false) {
+  return core::OpCost::Memory(
+      ((residual ? 16.0 : 12.0) + (bf16_copy ? 2.0 : 0.0)) * rows * cols + 4.0 * rows +
+          static_cast<double>(w_bytes) * cols,
+      (residual ? 7.0 : 6.0) * rows * cols);
 }
 
 // silu(a) * b: reads a and b, writes h (`h_bytes` an element: 4 fp32, 2 bf16), about 8
