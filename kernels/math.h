@@ -152,6 +152,25 @@ FSDP_HD inline float Load(const uint16_t* p, int64_t i) { return core::Bf16BitsT
 FSDP_HD inline void Store(float* p, int64_t i, float v) { p[i] = v; }
 FSDP_HD inline void Store(uint16_t* p, int64_t i, float v) { p[i] = core::FloatToBf16Bits(v); }
 
+// A launcher's dispatch on an array's dtype (host code): f(p) with p as float*, or as
+// uint16_t* (bf16 bits) when bf16; const for a const p.
+template <typename F>
+void WithStored(void* p, bool bf16, const F& f) {
+  if (bf16) {
+    f(static_cast<uint16_t*>(p));
+  } else {
+    f(static_cast<float*>(p));
+  }
+}
+template <typename F>
+void WithStored(const void* p, bool bf16, const F& f) {
+  if (bf16) {
+    f(static_cast<const uint16_t*>(p));
+  } else {
+    f(static_cast<const float*>(p));
+  }
+}
+
 }  // namespace kernels
 
 #endif  // KERNELS_MATH_H_

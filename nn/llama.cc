@@ -56,19 +56,6 @@ absl::Status LlamaConfig::Validate() const {
 
 namespace {
 
-// a + b into a fresh activation on their device (a residual connection of `m`).
-absl::StatusOr<core::Tensor> Residual(const core::Module& m, const core::Tensor& a,
-                                      const core::Tensor& b) {
-  if (a.shape() != b.shape()) {
-    return internal::ModuleError(
-        m, absl::StrCat("residual operands differ: ", a.ToString(), " and ", b.ToString()));
-  }
-  RETURN_IF_ERROR(internal::CheckDevice(m, b, "residual operand", a.device(), "the other"));
-  ASSIGN_OR_RETURN(core::Tensor out, internal::NewActivation(a.shape(), a.device()));
-  RETURN_IF_ERROR(AddTensors(internal::What(m), a, b, out));
-  return out;
-}
-
 // NOTE [GEMM epilogues] (nn/tensor_ops.h): `norm`'s output goes straight into `next`, whose
 // GEMMs take it as a bf16 operand; stored bf16 by the norm itself when nothing can observe
 // the difference (no hooks on either, nn::internal::Fusable) and `next` would round it so.
@@ -89,7 +76,7 @@ absl::StatusOr<core::Tensor> PlusResidual(const core::Module& layer, Sub& sub,
                                           const core::Tensor& a, const core::Tensor& residual) {
   if (internal::Fusable(sub) && sub.AddsResidualInGemm()) return sub.ForwardResidual(a, residual);
   ASSIGN_OR_RETURN(const core::Tensor out, sub.Forward(a));
-  return Residual(layer, residual, out);
+  return internal::ResidualAdd(layer, residual, out);
 }
 
 }  // namespace
@@ -117,21 +104,6 @@ absl::StatusOr<core::Tensor> LlamaDecoderLayer::ForwardImpl(const core::Tensor& 
   return y;
 }
 
-namespace {
-
-// residual + norm.Backward(g), fused when `norm` is Fusable (NOTE [Fused layers]); then,
-// given `sum16`, also the sum rounded to bf16 in the same pass (left undefined unfused).
-absl::StatusOr<core::Tensor> NormBackwardPlus(const core::Module& layer, RmsNorm& norm,
-                                              const core::Tensor& g,
-                                              const core::Tensor& residual,
-                                              core::Tensor* sum16 = nullptr) {
-  if (internal::Fusable(norm)) return norm.BackwardAdd(g, residual, sum16);
-  ASSIGN_OR_RETURN(core::Tensor gn, norm.Backward(g));
-  return Residual(layer, residual, gn);
-}
-
-}  // namespace
-
 absl::StatusOr<core::Tensor> LlamaDecoderLayer::BackwardImpl(const core::Tensor& grad_output) {
   RETURN_IF_ERROR(
       internal::CheckGradOutput(*this, !input_shape_.empty(), input_shape_, grad_output));
@@ -145,12 +117,12 @@ absl::StatusOr<core::Tensor> LlamaDecoderLayer::BackwardImpl(const core::Tensor&
                       self_attn_->GradOutputDType() == core::DType::kBFloat16;
   core::Tensor gh16;
   ASSIGN_OR_RETURN(core::Tensor gh,
-                   NormBackwardPlus(*this, *post_attention_layernorm_, gm, grad_output,
+                   internal::NormBackwardPlus(*this, *post_attention_layernorm_, gm, grad_output,
                                     attn16 ? &gh16 : nullptr));
   // h = x + attn(norm(x)): dL/dx = gh + norm'(attn'(gh)).
   ASSIGN_OR_RETURN(core::Tensor ga, self_attn_->Backward(gh16.defined() ? gh16 : gh));
   gh16 = core::Tensor();
-  ASSIGN_OR_RETURN(core::Tensor gx, NormBackwardPlus(*this, *input_layernorm_, ga, gh));
+  ASSIGN_OR_RETURN(core::Tensor gx, internal::NormBackwardPlus(*this, *input_layernorm_, ga, gh));
   input_shape_.clear();
   return gx;
 }

@@ -27,6 +27,7 @@ using core::ProfiledOp;
 using core::Tensor;
 using internal::Arg;
 using internal::CheckDevices;
+using internal::CheckDistinct;
 using internal::CheckDType;
 using internal::CheckElementwiseF32;
 using internal::CheckNumel;
@@ -65,16 +66,6 @@ absl::Status CheckFp32OrBf16(absl::string_view what, const char* name, const Ten
   return absl::OkStatus();
 }
 
-// InvalidArgument unless `a` and `b` start at different addresses (also when they are one
-// Tensor object).
-absl::Status CheckDistinct(absl::string_view what, const char* a_name, const Tensor& a,
-                           const char* b_name, const Tensor& b) {
-  if (a.raw_data() == b.raw_data() && a.numel() > 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": ", a_name, " and ", b_name, " must be different tensors"));
-  }
-  return absl::OkStatus();
-}
 
 // The rows and columns of an RMSNorm over w.numel() columns of `x`.
 absl::StatusOr<int64_t> RmsNormRows(absl::string_view what, const Tensor& x, const Tensor& w) {

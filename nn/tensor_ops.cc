@@ -30,6 +30,7 @@ using core::RecordOp;
 using core::Tensor;
 using internal::Arg;
 using internal::CheckDevices;
+using internal::CheckDistinct;
 using internal::CheckElementwiseF32;
 using internal::CheckDType;
 using internal::CheckNumel;
@@ -44,17 +45,6 @@ using internal::UseDevice;
 #else
 using internal::NoCuda;
 #endif
-
-// InvalidArgument unless `a` and `b` (both defined) start at different addresses. The
-// fused ops' callers pass whole tensors, so distinct starts mean no overlap.
-absl::Status CheckDistinct(absl::string_view what, const char* a_name, const Tensor& a,
-                           const char* b_name, const Tensor& b) {
-  if (a.raw_data() == b.raw_data() && a.numel() > 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": ", a_name, " and ", b_name, " must be different tensors"));
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace
 

@@ -9,24 +9,6 @@
 #include "nn/tensor_ops.h"
 
 namespace nn {
-namespace {
-
-// a + b into a fresh activation on their device (a residual connection of `m`).
-absl::StatusOr<core::Tensor> Add(const core::Module& m, const core::Tensor& a,
-                                 const core::Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != core::DType::kFloat32 ||
-      b.dtype() != core::DType::kFloat32) {
-    return internal::ModuleError(
-        m, absl::StrCat("residual operands differ: ", a.ToString(), " and ", b.ToString()));
-  }
-  RETURN_IF_ERROR(internal::CheckDevice(m, b, "residual operand", a.device(), "the other"));
-  ASSIGN_OR_RETURN(core::Tensor out, internal::NewActivation(a.shape(), a.device()));
-  RETURN_IF_ERROR(AddTensors(internal::What(m), a, b, out));
-  return out;
-}
-
-}  // namespace
-
 Mlp::Mlp(int64_t n_embd, uint64_t seed) {
   config_error_ = internal::PositiveOrMessage("n_embd", n_embd);
   const int64_t c = std::max<int64_t>(n_embd, 1);
@@ -130,7 +112,7 @@ absl::StatusOr<core::Tensor> TransformerBlock::ForwardImpl(const core::Tensor& x
       // NOTE [Fused layers]: h = x + a and ln_2(h) in one pass.
       ASSIGN_OR_RETURN(m, ln_2_->ForwardAdd(x, a, &h, /*for_gemm=*/internal::Fusable(*mlp_)));
     } else {
-      ASSIGN_OR_RETURN(h, Add(*this, x, a));
+      ASSIGN_OR_RETURN(h, internal::ResidualAdd(*this, x, a));
       ASSIGN_OR_RETURN(m, ln_2_->Forward(h));
     }
   }
@@ -140,26 +122,11 @@ absl::StatusOr<core::Tensor> TransformerBlock::ForwardImpl(const core::Tensor& x
     ASSIGN_OR_RETURN(y, mlp_->ForwardResidual(m, h));
   } else {
     ASSIGN_OR_RETURN(m, mlp_->Forward(m));
-    ASSIGN_OR_RETURN(y, Add(*this, h, m));
+    ASSIGN_OR_RETURN(y, internal::ResidualAdd(*this, h, m));
   }
   input_shape_ = x.shape();
   return y;
 }
-
-namespace {
-
-// residual + ln.Backward(g), fused when `ln` is Fusable (NOTE [Fused layers]); then, given
-// `sum16`, also the sum rounded to bf16 in the same pass (left undefined unfused).
-absl::StatusOr<core::Tensor> LayerNormBackwardPlus(const core::Module& block, LayerNorm& ln,
-                                                   const core::Tensor& g,
-                                                   const core::Tensor& residual,
-                                                   core::Tensor* sum16 = nullptr) {
-  if (internal::Fusable(ln)) return ln.BackwardAdd(g, residual, sum16);
-  ASSIGN_OR_RETURN(core::Tensor gl, ln.Backward(g));
-  return Add(block, residual, gl);
-}
-
-}  // namespace
 
 absl::StatusOr<core::Tensor> TransformerBlock::BackwardImpl(const core::Tensor& grad_output) {
   RETURN_IF_ERROR(
@@ -172,12 +139,12 @@ absl::StatusOr<core::Tensor> TransformerBlock::BackwardImpl(const core::Tensor& 
   const bool attn16 = internal::Fusable(*attn_) &&
                       attn_->GradOutputDType() == core::DType::kBFloat16;
   core::Tensor gh16;
-  ASSIGN_OR_RETURN(core::Tensor gh, LayerNormBackwardPlus(*this, *ln_2_, gm, grad_output,
+  ASSIGN_OR_RETURN(core::Tensor gh, internal::NormBackwardPlus(*this, *ln_2_, gm, grad_output,
                                                           attn16 ? &gh16 : nullptr));
   // h = x + attn(ln_1(x)): dL/dx = gh + ln_1'(attn'(gh)).
   ASSIGN_OR_RETURN(core::Tensor ga, attn_->Backward(gh16.defined() ? gh16 : gh));
   gh16 = core::Tensor();
-  ASSIGN_OR_RETURN(core::Tensor gx, LayerNormBackwardPlus(*this, *ln_1_, ga, gh));
+  ASSIGN_OR_RETURN(core::Tensor gx, internal::NormBackwardPlus(*this, *ln_1_, ga, gh));
   input_shape_.clear();
   return gx;
 }

@@ -395,16 +395,6 @@ FSDP_CPU_CLONES void CrossEntropyLoop(const uint16_t* x, const int32_t* targets,
 // Elementwise chunks start on 64-byte lines (16 floats).
 constexpr int64_t kAlign = 16;
 
-// Calls f(const float*) or f(const uint16_t*) on a weight's elements.
-template <typename F>
-void WithWeight(const void* w, bool bf16, const F& f) {
-  if (bf16) {
-    f(static_cast<const uint16_t*>(w));
-  } else {
-    f(static_cast<const float*>(w));
-  }
-}
-
 // acc[j] = acc[j] + sums[j], rounded once to float.
 void AddSums(const std::vector<double>& sums, float* acc) {
   for (size_t j = 0; j < sums.size(); ++j) acc[j] = static_cast<float>(acc[j] + sums[j]);
@@ -414,7 +404,7 @@ void AddSums(const std::vector<double>& sums, float* acc) {
 void LayerNormRowsParallel(const float* x, const float* add, float* sum, const void* w,
                            const void* b, bool bf16, float eps, void* y, bool y_bf16, float* mean,
                            float* rstd, int64_t rows, int64_t cols) {
-  WithWeight(w, bf16, [&](const auto* wp) {
+  k::WithStored(w, bf16, [&](const auto* wp) {
     const auto* bp = static_cast<decltype(wp)>(b);
     ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
       const int64_t o = s * cols;
@@ -437,7 +427,7 @@ void LayerNormBackwardRowsParallel(const float* g, const float* x, const float* 
                                    const float* rstd, const void* w, bool bf16,
                                    const float* residual, float* gx, uint16_t* gx16,
                                    int64_t rows, int64_t cols) {
-  WithWeight(w, bf16, [&](const auto* wp) {
+  k::WithStored(w, bf16, [&](const auto* wp) {
     ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
       const int64_t o = s * cols;
       LayerNormBackwardLoop(g + o, x + o, mean + s, rstd + s, wp,
@@ -476,7 +466,7 @@ void Add(const float* a, const float* b, float* out, int64_t n) {
 
 void BiasAdd(const float* x, const void* bias, bool bf16, float* out, int64_t rows,
              int64_t cols) {
-  WithWeight(bias, bf16, [&](const auto* b) {
+  k::WithStored(bias, bf16, [&](const auto* b) {
     ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
       BiasAddLoop(x + s * cols, b, out + s * cols, e - s, cols);
     });
@@ -500,7 +490,7 @@ void ColumnSumsBf16(const uint16_t* x, float* acc, int64_t rows, int64_t cols) {
 
 void GemmEpilogue(const float* acc, int kind, const void* bias, bool bias_bf16, void* aux,
                   void* out, bool out_bf16, int64_t rows, int64_t cols) {
-  WithWeight(bias, bias_bf16, [&](const auto* b) {
+  k::WithStored(bias, bias_bf16, [&](const auto* b) {
     ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
       const int64_t o = s * cols;
       if (out_bf16) {
@@ -552,7 +542,7 @@ void CausalSoftmaxBackward(const void* p, bool p_bf16, float* g, int64_t rows, i
 
 void EmbeddingForward(const int32_t* ids, int64_t n_ids, const void* table, bool bf16,
                       int64_t num, int64_t dim, float* y) {
-  WithWeight(table, bf16, [&](const auto* tp) {
+  k::WithStored(table, bf16, [&](const auto* tp) {
     for (int64_t i = 0; i < n_ids; ++i) {
       float* row = y + i * dim;
       if (!k::EmbeddingIdValid(ids[i], num)) {

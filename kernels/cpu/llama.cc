@@ -271,15 +271,6 @@ FSDP_ROTARY_BACKWARD_LOOPS(float)
 FSDP_ROTARY_BACKWARD_LOOPS(uint16_t)
 #undef FSDP_ROTARY_BACKWARD_LOOPS
 
-// f(p) with the output `p` as float* or, when bf16, as uint16_t*.
-template <typename F>
-void WithOutput(void* p, bool bf16, const F& f) {
-  if (bf16) {
-    f(static_cast<uint16_t*>(p));
-  } else {
-    f(static_cast<float*>(p));
-  }
-}
 
 }  // namespace
 
@@ -315,7 +306,7 @@ void RmsNormBackwardInputAdd(const float* g, const float* xhat, const float* rst
 }
 
 void SiluMulForward(const float* a, const float* b, void* h, int64_t n, bool h_bf16) {
-  WithOutput(h, h_bf16, [&](auto* hp) {
+  k::WithStored(h, h_bf16, [&](auto* hp) {
     ParallelChunks(IntraOpThreads(), n, n, kAlign,
                    [&](int64_t s, int64_t e) { SiluMulLoop(a + s, b + s, hp + s, e - s); });
   });
@@ -323,8 +314,8 @@ void SiluMulForward(const float* a, const float* b, void* h, int64_t n, bool h_b
 
 void SiluMulBackward(const float* a, const float* b, const float* gh, void* ga, void* gb,
                      int64_t n, bool ga_bf16, bool gb_bf16) {
-  WithOutput(ga, ga_bf16, [&](auto* gap) {
-    WithOutput(gb, gb_bf16, [&](auto* gbp) {
+  k::WithStored(ga, ga_bf16, [&](auto* gap) {
+    k::WithStored(gb, gb_bf16, [&](auto* gbp) {
       ParallelChunks(IntraOpThreads(), n, n, kAlign, [&](int64_t s, int64_t e) {
         SiluMulBackwardLoop(a + s, b + s, gh + s, gap + s, gbp + s, e - s);
       });
@@ -335,7 +326,7 @@ void SiluMulBackward(const float* a, const float* b, const float* gh, void* ga, 
 void RotaryPackQkv(const float* q, const float* k, const float* v, const float* cos,
                    const float* sin, void* qkv, int64_t rows, int64_t T, int64_t H, int64_t KV,
                    int64_t D, bool qkv_bf16) {
-  WithOutput(qkv, qkv_bf16, [&](auto* out) {
+  k::WithStored(qkv, qkv_bf16, [&](auto* out) {
     ParallelChunks(IntraOpThreads(), rows, rows * 3 * H * D, 1, [&](int64_t s, int64_t e) {
       RotaryPackLoop(q, k, v, cos, sin, out, s, e, T, H, KV, D);
     });
@@ -347,12 +338,12 @@ void RotaryPackQkvBackward(const float* gqkv, const float* cos, const float* sin
                            int64_t D, bool gq_bf16, bool gk_bf16, bool gv_bf16) {
   const int64_t C = H * D;
   ParallelChunks(IntraOpThreads(), rows, rows * 3 * C, 1, [&](int64_t s, int64_t e) {
-    WithOutput(gq, gq_bf16,
+    k::WithStored(gq, gq_bf16,
                [&](auto* out) { RotaryBackQLoop(gqkv, cos, sin, out, s, e, T, H, D); });
-    WithOutput(gk, gk_bf16, [&](auto* out) {
+    k::WithStored(gk, gk_bf16, [&](auto* out) {
       RotaryBackKvLoop(gqkv, cos, sin, C, /*rotate=*/true, out, s, e, T, H, KV, D);
     });
-    WithOutput(gv, gv_bf16, [&](auto* out) {
+    k::WithStored(gv, gv_bf16, [&](auto* out) {
       RotaryBackKvLoop(gqkv, cos, sin, 2 * C, /*rotate=*/false, out, s, e, T, H, KV, D);
     });
   });

@@ -38,9 +38,12 @@ __global__ void RmsNormForwardKernel(const float* x, const W* w, float eps, Y* y
   if (lane == 0) rstd[row] = r;
 }
 
+// gx = the input gradient, plus residual when that is not null, and gx rounded to bf16 into
+// gx16 when that is not null (NOTE [Fused ops]).
 template <typename W>
 __global__ void RmsNormBackwardInputKernel(const float* g, const float* xhat, const float* rstd,
-                                           const W* w, float* gx, int64_t rows, int64_t cols) {
+                                           const W* w, const float* residual, float* gx,
+                                           uint16_t* gx16, int64_t rows, int64_t cols) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
@@ -50,33 +53,13 @@ __global__ void RmsNormBackwardInputKernel(const float* g, const float* xhat, co
   for (int64_t j = lane; j < cols; j += 32) sum += k::LayerNormGradHat<float>(gr[j], w, j) * hr[j];
   const float mean = WarpSum(sum) / static_cast<float>(cols);
   const float r = rstd[row];
-  float* out = gx + row * cols;
-  for (int64_t j = lane; j < cols; j += 32) {
-    out[j] = k::RmsNormBackwardInput<float>(gr[j], w, j, hr[j], r, mean);
-  }
-}
-
-// gx = residual + the input gradient, and its bf16 copy when gx16 is not null (NOTE [Fused
-// ops]).
-template <typename W>
-__global__ void RmsNormBackwardInputAddKernel(const float* g, const float* xhat,
-                                              const float* rstd, const W* w,
-                                              const float* residual, float* gx, uint16_t* gx16,
-                                              int64_t rows, int64_t cols) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (row >= rows) return;
-  const float* gr = g + row * cols;
-  const float* hr = xhat + row * cols;
-  float sum = 0.0f;
-  for (int64_t j = lane; j < cols; j += 32) sum += k::LayerNormGradHat<float>(gr[j], w, j) * hr[j];
-  const float mean = WarpSum(sum) / static_cast<float>(cols);
-  const float r = rstd[row];
-  const float* res = residual + row * cols;
+  const float* res = residual != nullptr ? residual + row * cols : nullptr;
   float* out = gx + row * cols;
   uint16_t* out16 = gx16 != nullptr ? gx16 + row * cols : nullptr;
   for (int64_t j = lane; j < cols; j += 32) {
-    const float v = k::RmsNormBackwardInputAdd<float>(res[j], gr[j], w, j, hr[j], r, mean);
+    const float v = res != nullptr
+                        ? k::RmsNormBackwardInputAdd<float>(res[j], gr[j], w, j, hr[j], r, mean)
+                        : k::RmsNormBackwardInput<float>(gr[j], w, j, hr[j], r, mean);
     out[j] = v;
     if (out16 != nullptr) k::Store(out16, j, v);
   }
@@ -182,15 +165,6 @@ __global__ void RotaryPackBackwardKernel(const float* gqkv, const float* cos, co
   }
 }
 
-// f(p) with the output `p` as float* or, when bf16, as uint16_t*.
-template <typename F>
-void WithOutput(void* p, bool bf16, const F& f) {
-  if (bf16) {
-    f(static_cast<uint16_t*>(p));
-  } else {
-    f(static_cast<float*>(p));
-  }
-}
 
 }  // namespace
 
@@ -217,34 +191,23 @@ cudaError_t RmsNormForward(const float* x, const void* w, bool bf16, float eps, 
 cudaError_t RmsNormBackwardInput(const float* g, const float* xhat, const float* rstd,
                                  const void* w, bool bf16, float* gx, int64_t rows,
                                  int64_t cols) {
-  if (rows <= 0 || cols <= 0) return cudaSuccess;
-  if (bf16) {
-    RmsNormBackwardInputKernel<<<GridForRows(rows), kThreads>>>(
-        g, xhat, rstd, static_cast<const uint16_t*>(w), gx, rows, cols);
-  } else {
-    RmsNormBackwardInputKernel<<<GridForRows(rows), kThreads>>>(
-        g, xhat, rstd, static_cast<const float*>(w), gx, rows, cols);
-  }
-  return cudaGetLastError();
+  return RmsNormBackwardInputAdd(g, xhat, rstd, w, bf16, nullptr, gx, rows, cols, nullptr);
 }
 
 cudaError_t RmsNormBackwardInputAdd(const float* g, const float* xhat, const float* rstd,
                                     const void* w, bool bf16, const float* residual, float* gx,
                                     int64_t rows, int64_t cols, uint16_t* gx16) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
-  if (bf16) {
-    RmsNormBackwardInputAddKernel<<<GridForRows(rows), kThreads>>>(
-        g, xhat, rstd, static_cast<const uint16_t*>(w), residual, gx, gx16, rows, cols);
-  } else {
-    RmsNormBackwardInputAddKernel<<<GridForRows(rows), kThreads>>>(
-        g, xhat, rstd, static_cast<const float*>(w), residual, gx, gx16, rows, cols);
-  }
+  k::WithStored(w, bf16, [&](const auto* wp) {
+    RmsNormBackwardInputKernel<<<GridForRows(rows), kThreads>>>(g, xhat, rstd, wp, residual, gx,
+                                                                gx16, rows, cols);
+  });
   return cudaGetLastError();
 }
 
 cudaError_t SiluMulForward(const float* a, const float* b, void* h, int64_t n, bool h_bf16) {
   if (n <= 0) return cudaSuccess;
-  WithOutput(h, h_bf16,
+  k::WithStored(h, h_bf16,
              [&](auto* hp) { SiluMulForwardKernel<<<GridFor(n), kThreads>>>(a, b, hp, n); });
   return cudaGetLastError();
 }
@@ -252,8 +215,8 @@ cudaError_t SiluMulForward(const float* a, const float* b, void* h, int64_t n, b
 cudaError_t SiluMulBackward(const float* a, const float* b, const float* gh, void* ga, void* gb,
                             int64_t n, bool ga_bf16, bool gb_bf16) {
   if (n <= 0) return cudaSuccess;
-  WithOutput(ga, ga_bf16, [&](auto* gap) {
-    WithOutput(gb, gb_bf16, [&](auto* gbp) {
+  k::WithStored(ga, ga_bf16, [&](auto* gap) {
+    k::WithStored(gb, gb_bf16, [&](auto* gbp) {
       SiluMulBackwardKernel<<<GridFor(n), kThreads>>>(a, b, gh, gap, gbp, n);
     });
   });
@@ -265,7 +228,7 @@ cudaError_t RotaryPackQkv(const float* q, const float* k, const float* v, const 
                           int64_t KV, int64_t D, bool qkv_bf16) {
   if (rows <= 0 || H <= 0 || D <= 0) return cudaSuccess;
   if (3 * H * D > INT32_MAX) return cudaErrorInvalidValue;
-  WithOutput(qkv, qkv_bf16, [&](auto* out) {
+  k::WithStored(qkv, qkv_bf16, [&](auto* out) {
     RotaryPackKernel<<<GridForColumns(rows, 3 * H * D), kThreads>>>(
         q, k, v, cos, sin, out, rows, T, static_cast<int>(H), static_cast<int>(KV),
         static_cast<int>(D));
@@ -279,9 +242,9 @@ cudaError_t RotaryPackQkvBackward(const float* gqkv, const float* cos, const flo
                                   bool gv_bf16) {
   if (rows <= 0 || H <= 0 || D <= 0) return cudaSuccess;
   if (3 * H * D > INT32_MAX) return cudaErrorInvalidValue;
-  WithOutput(gq, gq_bf16, [&](auto* gqp) {
-    WithOutput(gk, gk_bf16, [&](auto* gkp) {
-      WithOutput(gv, gv_bf16, [&](auto* gvp) {
+  k::WithStored(gq, gq_bf16, [&](auto* gqp) {
+    k::WithStored(gk, gk_bf16, [&](auto* gkp) {
+      k::WithStored(gv, gv_bf16, [&](auto* gvp) {
         RotaryPackBackwardKernel<<<GridForColumns(rows, (H + 2 * KV) * D), kThreads>>>(
             gqkv, cos, sin, gqp, gkp, gvp, rows, T, static_cast<int>(H), static_cast<int>(KV),
             static_cast<int>(D));

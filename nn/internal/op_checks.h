@@ -97,6 +97,18 @@ inline absl::Status CheckElementwiseF32(absl::string_view what, std::initializer
 
 inline bool IsBf16(const Tensor& t) { return t.dtype() == DType::kBFloat16; }
 
+// InvalidArgument unless `a` and `b` (both defined) start at different addresses, also
+// when they are one Tensor object. The fused ops' callers pass whole tensors, so distinct
+// starts mean no overlap.
+inline absl::Status CheckDistinct(absl::string_view what, const char* a_name, const Tensor& a,
+                                  const char* b_name, const Tensor& b) {
+  if (a.raw_data() == b.raw_data() && a.numel() > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", a_name, " and ", b_name, " must be different tensors"));
+  }
+  return absl::OkStatus();
+}
+
 #ifdef FSDP_WITH_CUDA
 inline absl::Status UseDevice(const core::Device& d, absl::string_view what) {
   return ::nn::cuda::StatusFromCuda(cudaSetDevice(d.index),

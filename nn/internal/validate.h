@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "core/module.h"
+#include "core/status_macros.h"
 #include "core/tensor.h"
 #include "nn/tensor_ops.h"
 
@@ -205,6 +206,34 @@ inline std::string What(const core::Module& m) { return m.Describe(); }
 // own (its Forward would drop what a direct Backward needs).
 inline bool Fusable(const core::Module& m) {
   return m.NumHooks() == 0 && m.ConstructionStatus().ok() && !m.checkpoint_activations();
+}
+
+// a + b into a fresh activation on their device: a residual connection of `m` (a block, a
+// decoder layer). Both fp32 of one shape on one device, else InvalidArgument naming `m`.
+inline absl::StatusOr<core::Tensor> ResidualAdd(const core::Module& m, const core::Tensor& a,
+                                                const core::Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != core::DType::kFloat32 ||
+      b.dtype() != core::DType::kFloat32) {
+    return ModuleError(
+        m, absl::StrCat("residual operands differ: ", a.ToString(), " and ", b.ToString()));
+  }
+  RETURN_IF_ERROR(CheckDevice(m, b, "residual operand", a.device(), "the other"));
+  ASSIGN_OR_RETURN(core::Tensor out, NewActivation(a.shape(), a.device()));
+  RETURN_IF_ERROR(AddTensors(What(m), a, b, out));
+  return out;
+}
+
+// residual + norm.Backward(g) for `m`, the parent whose residual connection goes around
+// `norm` (a LayerNorm or RmsNorm): in the norm's own pass when it is Fusable (BackwardAdd,
+// NOTE [Fused layers]; given `sum16`, also the sum rounded to bf16 there), else Backward
+// then ResidualAdd (`sum16` left undefined). The same bits either way.
+template <typename Norm>
+absl::StatusOr<core::Tensor> NormBackwardPlus(const core::Module& m, Norm& norm,
+                                              const core::Tensor& g, const core::Tensor& residual,
+                                              core::Tensor* sum16 = nullptr) {
+  if (Fusable(norm)) return norm.BackwardAdd(g, residual, sum16);
+  ASSIGN_OR_RETURN(const core::Tensor gn, norm.Backward(g));
+  return ResidualAdd(m, residual, gn);
 }
 
 }  // namespace internal
