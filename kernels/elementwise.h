@@ -43,9 +43,6 @@ FSDP_HD inline float ReluForward(float x) { return x > 0.0f ? x : 0.0f; }
 // dL/dx from the forward output y and dL/dy = g (0 where y == 0, PyTorch's convention).
 FSDP_HD inline float ReluBackward(float y, float g) { return y > 0.0f ? g : 0.0f; }
 
-// a + b (residual connections, position embeddings).
-FSDP_HD inline float Add(float a, float b) { return a + b; }
-
 // y + bias[j]: element j of a row plus the bias (fp32 or bf16).
 template <typename W>
 FSDP_HD inline float BiasAdd(float y, const W* bias, int64_t j) {

@@ -143,6 +143,18 @@ FSDP_HD inline float RowExp(float x) {
 }
 FSDP_HD inline double RowExp(double x) { return FastExp(x); }
 
+// a + b, rounded once (residual connections, position embeddings, a fused op's add of what
+// its unfused twin stores and adds). On a CUDA device __fadd_rn, which nvcc never contracts
+// with a product before it into a fused multiply-add, so a fused kernel gives the bits of
+// the product stored and then added (the CPU loops are compiled without contraction).
+FSDP_HD inline float Add(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
 // Element i of an fp32 or bf16 (uint16_t bits) array, as float. The one place a weight is
 // read, so every body accepts either dtype.
 FSDP_HD inline float Load(const float* p, int64_t i) { return p[i]; }

@@ -90,18 +90,12 @@ FSDP_HD inline float RmsNormBackwardInput(float g, const W* w, int64_t j, float 
 }
 
 // residual + RmsNormBackwardInput(...) (NOTE [Fused ops] in nn/tensor_ops.h): the gradient
-// rounded to float, then added, as when it is stored and a + b adds it. On a CUDA device
-// the add is __fadd_rn, which nvcc never contracts with the gradient's last product into
-// a fused multiply-add (the CPU loops are compiled without contraction).
+// rounded to float, then added (kernels::Add, never contracted into an FMA), as when it is
+// stored and a + b adds it.
 template <typename Acc, typename W>
 FSDP_HD inline float RmsNormBackwardInputAdd(float residual, float g, const W* w, int64_t j,
                                              float xhat, Acc rstd, Acc mean_gh_xhat) {
-  const float gx = RmsNormBackwardInput<Acc>(g, w, j, xhat, rstd, mean_gh_xhat);
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(residual, gx);
-#else
-  return residual + gx;
-#endif
+  return Add(residual, RmsNormBackwardInput<Acc>(g, w, j, xhat, rstd, mean_gh_xhat));
 }
 
 // ---- Causal softmax of one attention row t over s in [0, t] (entries s > t are masked).
