@@ -39,17 +39,15 @@ using internal::MutF32;
 namespace kc = ::kernels::cuda;
 #endif
 
-// InvalidArgument unless every output starts at another address than every other tensor
-// in `args` (the callers pass whole tensors, so distinct starts mean no overlap).
+// InvalidArgument unless every output starts at another address than every other entry of
+// `args` (internal::CheckDistinct), also where a caller passed one tensor for both. An output
+// may be listed in `args` too, under its own name: that entry is not compared with it.
 absl::Status CheckOutputsDistinct(absl::string_view what, std::initializer_list<Arg> outputs,
                                   std::initializer_list<Arg> args) {
   for (const Arg& out : outputs) {
     for (const Arg& other : args) {
-      if (out.tensor != other.tensor && out.tensor->raw_data() == other.tensor->raw_data() &&
-          out.tensor->numel() > 0) {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": ", out.name, " and ", other.name,
-                                                       " must be different tensors"));
-      }
+      if (absl::string_view(out.name) == other.name) continue;
+      RETURN_IF_ERROR(CheckDistinct(what, out.name, *out.tensor, other.name, *other.tensor));
     }
   }
   return absl::OkStatus();

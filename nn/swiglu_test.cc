@@ -165,6 +165,16 @@ TEST(SwiGluMlpTest, SiluMulOutputsAreFp32OrBf16) {
                 HasSubstr(std::string(name) + " must be float32 or bfloat16"));
   }
   EXPECT_EQ(SiluMulForward("swiglu_test", h16, b, h).code(), absl::StatusCode::kInvalidArgument);
+  // One tensor passed as an input and an output, or as both outputs, is refused by name
+  // (the loops assume they do not overlap).
+  core::Tensor a_copy = a.ToDType(core::DType::kFloat32, core::MemoryTag::kActivation).value();
+  for (const auto& [st, names] :
+       {std::make_pair(SiluMulForward("swiglu_test", a_copy, b, a_copy), "output and gate"),
+        std::make_pair(SiluMulBackward("swiglu_test", a, b, gh, ga, ga),
+                       "gate gradient and up gradient")}) {
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << names;
+    EXPECT_THAT(std::string(st.message()), HasSubstr(std::string(names) + " must be different"));
+  }
 }
 
 TEST(SwiGluMlpTest, BadSizesAndCallOrderAreReported) {
