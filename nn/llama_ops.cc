@@ -84,7 +84,7 @@ absl::Status RmsNormForward(absl::string_view what, const Tensor& x, const Tenso
                                       {"normalised input", &xhat}, {"rstd", &rstd}}));
   RETURN_IF_ERROR(CheckElementwiseF32(what, {{"input", &x}, {"normalised input", &xhat}}));
   // NOTE [GEMM epilogues]: a bf16 output is a bf16 GEMM's operand, stored so directly.
-  if (!IsBf16(y)) RETURN_IF_ERROR(CheckDType(what, "output", y, DType::kFloat32));
+  RETURN_IF_ERROR(CheckFp32OrBf16(what, "output", y));
   RETURN_IF_ERROR(CheckNumel(what, "output", y, x.numel()));
   ASSIGN_OR_RETURN(const int64_t rows, RmsNormRows(what, x, w));
   RETURN_IF_ERROR(CheckDType(what, "rstd", rstd, DType::kFloat32));

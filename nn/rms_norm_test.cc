@@ -8,6 +8,7 @@
 #include "core/bf16_hd.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nn/tensor_ops.h"
 #include "nn/testing/gradcheck.h"
 #include "nn/to_device.h"
 
@@ -191,6 +192,14 @@ TEST(RmsNormTest, BadInputsNameTheModule) {
   RmsNorm empty(0);
   EXPECT_THAT(std::string(empty.Forward(core::Tensor::Zeros({4})).status().message()),
               HasSubstr("dim must be positive"));
+  // The op's output is fp32 or bf16 (a bf16 GEMM's operand), nothing else.
+  const core::Tensor x = core::Tensor::Zeros({2, 4}), w = core::Tensor::Zeros({4});
+  const core::Tensor xhat = core::Tensor::Zeros({2, 4}), rstd = core::Tensor::Zeros({2});
+  const absl::Status st = RmsNormForward("rms_norm_test", x, w, 1e-6f,
+                                         core::Tensor::Zeros({2, 4}, core::DType::kInt32), xhat,
+                                         rstd);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("output must be float32 or bfloat16"));
 }
 
 }  // namespace
