@@ -507,27 +507,39 @@ for key in ("tokens_per_s", "mfu", "peak_device_memory_bytes", "step_s_median", 
 pt["optimizer"] = (pj.get("config") or {}).get("optimizer")
 pt["steps"], pt["warmup"] = int(os.environ["PT_STEPS"]), int(os.environ["PT_WARMUP"])
 
+# A later job step's summary.json (a dict, or None), and its peak device memory (the
+# largest rank's) and tokens/s (after warm-up where it says).
+def job_summary(directory):
+    try:
+        j = json.loads(read(os.path.join(W, directory, "summary.json")))
+    except ValueError:
+        return None
+    return j if isinstance(j, dict) else None
+
+def job_peak(j):
+    m = j.get("peak_device_memory_bytes")
+    if isinstance(m, list):
+        m = max([p for p in m if number(p) is not None], default=None)
+    return number(m)
+
+def job_tokens_per_s(j):
+    return number(j.get("tokens_per_second_after_warmup")) or number(j.get("tokens_per_second"))
+
 # --cpu_offload: the same job with the state on the host (NOTE [CPU offload]).
 offload = {"ok": steps.get("offload", {}).get("ok", False),
            "error": step_error("offload", os.path.join(W, "offload.log"))}
-oj = None
-try:
-    oj = json.loads(read(os.path.join(W, "main_job_offload", "summary.json")))
-except ValueError:
-    oj = None
-if isinstance(oj, dict):
-    o_mem = oj.get("peak_device_memory_bytes")
-    if isinstance(o_mem, list):
-        o_mem = max([p for p in o_mem if number(p) is not None], default=None)
-    o_tps = number(oj.get("tokens_per_second_after_warmup")) or number(oj.get("tokens_per_second"))
+oj = job_summary("main_job_offload")
+if oj is not None:
+    o_mem = job_peak(oj)
+    o_tps = job_tokens_per_s(oj)
     offload.update({
         "tokens_per_s": o_tps,
-        "peak_device_memory_bytes": number(o_mem),
+        "peak_device_memory_bytes": o_mem,
         "final_train_loss": oj.get("final_train_loss"),
         "steps": int(os.environ["OFFLOAD_STEPS"]),
         "tokens_per_s_over_no_offload": o_tps / tps if o_tps and tps else None,
         "peak_device_memory_over_no_offload":
-            number(o_mem) / mem_peak if number(o_mem) and mem_peak else None,
+            o_mem / mem_peak if o_mem and mem_peak else None,
         "memory_estimate": {k: oj.get(k) for k in ("memory_estimate",
                                                    "memory_estimate_over_fit_peak")},
     })
@@ -536,21 +548,13 @@ if isinstance(oj, dict):
 # op profile (the Llama layers' kernels, measured nowhere else).
 llama = {"ok": steps.get("llama", {}).get("ok", False),
          "error": step_error("llama", os.path.join(W, "llama.log"))}
-lj = None
-try:
-    lj = json.loads(read(os.path.join(W, "main_job_llama", "summary.json")))
-except ValueError:
-    lj = None
-if isinstance(lj, dict):
-    l_mem = lj.get("peak_device_memory_bytes")
-    if isinstance(l_mem, list):
-        l_mem = max([p for p in l_mem if number(p) is not None], default=None)
+lj = job_summary("main_job_llama")
+if lj is not None:
     l_prof = lj.get("op_profile") if isinstance(lj.get("op_profile"), dict) else {}
     llama.update({
-        "tokens_per_s": number(lj.get("tokens_per_second_after_warmup"))
-                        or number(lj.get("tokens_per_second")),
+        "tokens_per_s": job_tokens_per_s(lj),
         "mfu": number(lj.get("mfu")),
-        "peak_device_memory_bytes": number(l_mem),
+        "peak_device_memory_bytes": job_peak(lj),
         "final_train_loss": lj.get("final_train_loss"),
         "steps": int(os.environ["LLAMA_STEPS"]),
         "n_kv_head": int(os.environ["LLAMA_KV"]),
