@@ -73,7 +73,7 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardPlus(const core::Tensor
 }
 
 core::DType CausalSelfAttention::GradOutputDType() const {
-  return internal::Fusable(*proj_) ? proj_->GradOutputDType() : core::DType::kFloat32;
+  return GradOutputDTypeFor(*proj_);
 }
 
 absl::StatusOr<core::Tensor> CausalSelfAttention::BackwardImpl(const core::Tensor& grad_output) {

@@ -64,7 +64,6 @@ absl::Status CheckFp32OrBf16(absl::string_view what, const char* name, const Ten
   return absl::OkStatus();
 }
 
-
 // The rows and columns of an RMSNorm over w.numel() columns of `x`.
 absl::StatusOr<int64_t> RmsNormRows(absl::string_view what, const Tensor& x, const Tensor& w) {
   RETURN_IF_ERROR(CheckWeightDType(what, "weight", w));
@@ -148,10 +147,11 @@ absl::Status RmsNormBackwardAdd(absl::string_view what, const Tensor& g, const T
     RETURN_IF_ERROR(CheckDevices(what, {{"bf16 grad_input", &gx16}, {"grad_output", &g}}));
     RETURN_IF_ERROR(CheckDType(what, "bf16 grad_input", gx16, DType::kBFloat16));
     RETURN_IF_ERROR(CheckNumel(what, "bf16 grad_input", gx16, g.numel()));
-    for (const Arg& in : {Arg{"grad_output", &g}, Arg{"normalised input", &xhat},
-                          Arg{"residual", &residual}, Arg{"grad_input", &gx}}) {
-      RETURN_IF_ERROR(CheckDistinct(what, "bf16 grad_input", gx16, in.name, *in.tensor));
-    }
+    RETURN_IF_ERROR(CheckOutputsDistinct(what, {{"bf16 grad_input", &gx16}},
+                                         {{"grad_output", &g},
+                                          {"normalised input", &xhat},
+                                          {"residual", &residual},
+                                          {"grad_input", &gx}}));
     out16 = static_cast<uint16_t*>(gx16.raw_data());
   }
   const int64_t cols = w.numel();

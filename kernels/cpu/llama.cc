@@ -112,13 +112,9 @@ void RmsNormBackwardRowsParallel(const float* g, const float* xhat, const float*
     const int64_t o = s * cols;
     const float* res = residual != nullptr ? residual + o : nullptr;
     uint16_t* out16 = gx16 != nullptr ? gx16 + o : nullptr;
-    if (bf16) {
-      RmsNormBackwardLoop(g + o, xhat + o, rstd + s, static_cast<const uint16_t*>(w), res, gx + o,
-                          out16, e - s, cols);
-    } else {
-      RmsNormBackwardLoop(g + o, xhat + o, rstd + s, static_cast<const float*>(w), res, gx + o,
-                          out16, e - s, cols);
-    }
+    k::WithStored(w, bf16, [&](const auto* wp) {
+      RmsNormBackwardLoop(g + o, xhat + o, rstd + s, wp, res, gx + o, out16, e - s, cols);
+    });
   });
 }
 
@@ -271,26 +267,17 @@ FSDP_ROTARY_BACKWARD_LOOPS(float)
 FSDP_ROTARY_BACKWARD_LOOPS(uint16_t)
 #undef FSDP_ROTARY_BACKWARD_LOOPS
 
-
 }  // namespace
 
 void RmsNormForward(const float* x, const void* w, bool bf16, float eps, void* y, float* xhat,
                     float* rstd, int64_t rows, int64_t cols, bool y_bf16) {
   ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
     const int64_t o = s * cols;
-    const auto with_y = [&](const auto* wp) {
-      if (y_bf16) {
-        RmsNormLoop(x + o, wp, eps, static_cast<uint16_t*>(y) + o, xhat + o, rstd + s, e - s,
-                    cols);
-      } else {
-        RmsNormLoop(x + o, wp, eps, static_cast<float*>(y) + o, xhat + o, rstd + s, e - s, cols);
-      }
-    };
-    if (bf16) {
-      with_y(static_cast<const uint16_t*>(w));
-    } else {
-      with_y(static_cast<const float*>(w));
-    }
+    k::WithStored(w, bf16, [&](const auto* wp) {
+      k::WithStored(y, y_bf16, [&](auto* yp) {
+        RmsNormLoop(x + o, wp, eps, yp + o, xhat + o, rstd + s, e - s, cols);
+      });
+    });
   });
 }
 
@@ -339,7 +326,7 @@ void RotaryPackQkvBackward(const float* gqkv, const float* cos, const float* sin
   const int64_t C = H * D;
   ParallelChunks(IntraOpThreads(), rows, rows * 3 * C, 1, [&](int64_t s, int64_t e) {
     k::WithStored(gq, gq_bf16,
-               [&](auto* out) { RotaryBackQLoop(gqkv, cos, sin, out, s, e, T, H, D); });
+                  [&](auto* out) { RotaryBackQLoop(gqkv, cos, sin, out, s, e, T, H, D); });
     k::WithStored(gk, gk_bf16, [&](auto* out) {
       RotaryBackKvLoop(gqkv, cos, sin, C, /*rotate=*/true, out, s, e, T, H, KV, D);
     });

@@ -171,20 +171,12 @@ __global__ void RotaryPackBackwardKernel(const float* gqkv, const float* cos, co
 cudaError_t RmsNormForward(const float* x, const void* w, bool bf16, float eps, void* y,
                            float* xhat, float* rstd, int64_t rows, int64_t cols, bool y_bf16) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
-  const auto launch = [&](const auto* wp) {
-    if (y_bf16) {
-      RmsNormForwardKernel<<<GridForRows(rows), kThreads>>>(x, wp, eps, static_cast<uint16_t*>(y),
-                                                            xhat, rstd, rows, cols);
-    } else {
-      RmsNormForwardKernel<<<GridForRows(rows), kThreads>>>(x, wp, eps, static_cast<float*>(y),
-                                                            xhat, rstd, rows, cols);
-    }
-  };
-  if (bf16) {
-    launch(static_cast<const uint16_t*>(w));
-  } else {
-    launch(static_cast<const float*>(w));
-  }
+  k::WithStored(w, bf16, [&](const auto* wp) {
+    k::WithStored(y, y_bf16, [&](auto* yp) {
+      RmsNormForwardKernel<<<GridForRows(rows), kThreads>>>(x, wp, eps, yp, xhat, rstd, rows,
+                                                            cols);
+    });
+  });
   return cudaGetLastError();
 }
 

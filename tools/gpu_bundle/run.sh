@@ -835,6 +835,16 @@ else
 fi
 checkpoint
 
+# say_summary_line <key>: says summary.json's <key>.summary, the line a step's figures make
+# (nothing where the summary or the line is missing).
+say_summary_line() {
+  local line
+  if line=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]]["summary"])' \
+      "$WORK/summary.json" "$1" 2>/dev/null); then
+    say "$line"
+  fi
+}
+
 # ---- 2. fused attention: ours and PyTorch SDPA on GPT-2's shape ---------------------------
 ATTN_ARGS=(--batch="$BATCH" --seq_len=$MODEL_T --n_head=$MODEL_H --head_dim=$((MODEL_C / MODEL_H)))
 if skipped attention; then
@@ -856,11 +866,7 @@ else
 fi
 checkpoint
 # The summary's line on it: our tuned kernels beside SDPA's flash backend.
-if ! skipped attention &&
-    line=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["attention"]["summary"])' \
-      "$WORK/summary.json" 2>/dev/null); then
-  say "$line"
-fi
+skipped attention || say_summary_line attention
 
 # ---- 3. NCCL collectives benchmark -------------------------------------------------------
 if skipped bench; then
@@ -967,11 +973,7 @@ else
   record llama 127 0 "bin/main_job is not in the bundle"
 fi
 checkpoint
-if ! skipped llama &&
-    line=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["llama"]["summary"])' \
-      "$WORK/summary.json" 2>/dev/null); then
-  say "$line"
-fi
+skipped llama || say_summary_line llama
 
 # ---- 8. Nsight Compute: what bounds each kernel ------------------------------------------
 find_ncu() {
