@@ -71,13 +71,18 @@ FSDP_HD inline Acc RmsNormRstd(Acc mean_square, Acc eps) {
   return Acc(1) / Sqrt(mean_square + eps);
 }
 
-// Element j: stores xhat = x * rstd (rounded to float) in *xhat and returns xhat * w[j]
-// (w fp32 or bf16).
+// The normalised input xhat = x * rstd, rounded to float: computed by the forward and again
+// by the backward from the kept input and the stored float rstd (the same bits, as
+// LayerNormHat; it only ever multiplies, so no FMA contraction rounds it differently).
+template <typename Acc>
+FSDP_HD inline float RmsNormHat(float x, Acc rstd) {
+  return static_cast<float>(x * rstd);
+}
+
+// Element j: xhat * w[j] with xhat = RmsNormHat(x, rstd) (w fp32 or bf16).
 template <typename Acc, typename W>
-FSDP_HD inline float RmsNormApply(float x, Acc rstd, const W* w, int64_t j, float* xhat) {
-  const float h = static_cast<float>(x * rstd);
-  *xhat = h;
-  return h * Load(w, j);
+FSDP_HD inline float RmsNormApply(float x, Acc rstd, const W* w, int64_t j) {
+  return RmsNormHat(x, rstd) * Load(w, j);
 }
 
 // dL/dx of element j: rstd * (gh - xhat * mean(gh * xhat)) with gh = g * w[j]

@@ -1,6 +1,7 @@
-// The Llama layers' ops of nn/tensor_ops.h: RMSNorm, silu(a) * b and the rotary packing of
-// grouped q, k, v. Each checks its tensors, records its op and calls the CPU launcher
-// (kernels/cpu/kernels.h) or the CUDA one (kernels/cuda/kernels.h), as tensor_ops.cc does.
+// The Llama layers' ops of nn/tensor_ops.h: silu(a) * b and the rotary packing of grouped
+// q, k, v (RMSNorm's run LayerNorm's code, in nn/tensor_ops.cc). Each checks its tensors,
+// records its op and calls the CPU launcher (kernels/cpu/kernels.h) or the CUDA one
+// (kernels/cuda/kernels.h), as tensor_ops.cc does.
 #include <cstdint>
 #include <initializer_list>
 #include <tuple>
@@ -30,8 +31,8 @@ using internal::CheckDevices;
 using internal::CheckDistinct;
 using internal::CheckDType;
 using internal::CheckElementwiseF32;
+using internal::CheckFp32OrBf16;
 using internal::CheckNumel;
-using internal::CheckWeightDType;
 using internal::F32;
 using internal::IsBf16;
 using internal::MutF32;
@@ -53,121 +54,7 @@ absl::Status CheckOutputsDistinct(absl::string_view what, std::initializer_list<
   return absl::OkStatus();
 }
 
-// InvalidArgument naming `name` unless `t` is fp32 or bf16 (an output that a bf16 GEMM
-// takes may be stored so: NOTE [GEMM epilogues]).
-absl::Status CheckFp32OrBf16(absl::string_view what, const char* name, const Tensor& t) {
-  if (t.dtype() != DType::kFloat32 && t.dtype() != DType::kBFloat16) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", name,
-                                                   " must be float32 or bfloat16, got ",
-                                                   internal::Describe(t)));
-  }
-  return absl::OkStatus();
-}
-
-// The rows and columns of an RMSNorm over w.numel() columns of `x`.
-absl::StatusOr<int64_t> RmsNormRows(absl::string_view what, const Tensor& x, const Tensor& w) {
-  RETURN_IF_ERROR(CheckWeightDType(what, "weight", w));
-  const int64_t cols = w.numel();
-  if (cols == 0 || x.numel() % cols != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": weight ", w.ToString(), " does not tile input ", x.ToString()));
-  }
-  return x.numel() / cols;
-}
-
 }  // namespace
-
-absl::Status RmsNormForward(absl::string_view what, const Tensor& x, const Tensor& w, float eps,
-                            const Tensor& y, const Tensor& xhat, const Tensor& rstd) {
-  RETURN_IF_ERROR(CheckDevices(what, {{"input", &x}, {"weight", &w}, {"output", &y},
-                                      {"normalised input", &xhat}, {"rstd", &rstd}}));
-  RETURN_IF_ERROR(CheckElementwiseF32(what, {{"input", &x}, {"normalised input", &xhat}}));
-  // NOTE [GEMM epilogues]: a bf16 output is a bf16 GEMM's operand, stored so directly.
-  RETURN_IF_ERROR(CheckFp32OrBf16(what, "output", y));
-  RETURN_IF_ERROR(CheckNumel(what, "output", y, x.numel()));
-  ASSIGN_OR_RETURN(const int64_t rows, RmsNormRows(what, x, w));
-  RETURN_IF_ERROR(CheckDType(what, "rstd", rstd, DType::kFloat32));
-  RETURN_IF_ERROR(CheckNumel(what, "rstd", rstd, rows));
-  const int64_t cols = w.numel();
-  ProfiledOp op(OpCategory::kNorm, "rmsnorm.forward", x.device(),
-                internal::RmsNormForwardCost(rows, cols, core::DTypeSize(w.dtype()),
-                                             core::DTypeSize(y.dtype())));
-  if (x.device().is_cuda()) {
-    NN_ON_CUDA(x.device(), what, "RMSNorm forward",
-               kc::RmsNormForward(F32(x), w.raw_data(), IsBf16(w), eps, y.raw_data(),
-                                  MutF32(xhat), MutF32(rstd), rows, cols, IsBf16(y)));
-  }
-  kcpu::RmsNormForward(F32(x), w.raw_data(), IsBf16(w), eps, y.raw_data(), MutF32(xhat),
-                       MutF32(rstd), rows, cols, IsBf16(y));
-  return absl::OkStatus();
-}
-
-namespace {
-
-// RmsNormBackward's argument checks; the number of rows.
-absl::StatusOr<int64_t> CheckRmsNormBackward(absl::string_view what, const Tensor& g,
-                                             const Tensor& xhat, const Tensor& rstd,
-                                             const Tensor& w, const Tensor& gx) {
-  RETURN_IF_ERROR(CheckDevices(what, {{"grad_output", &g}, {"normalised input", &xhat},
-                                      {"rstd", &rstd}, {"weight", &w}, {"grad_input", &gx}}));
-  RETURN_IF_ERROR(CheckElementwiseF32(what, {{"grad_output", &g}, {"normalised input", &xhat},
-                                             {"grad_input", &gx}}));
-  ASSIGN_OR_RETURN(const int64_t rows, RmsNormRows(what, g, w));
-  RETURN_IF_ERROR(CheckDType(what, "rstd", rstd, DType::kFloat32));
-  RETURN_IF_ERROR(CheckNumel(what, "rstd", rstd, rows));
-  return rows;
-}
-
-}  // namespace
-
-absl::Status RmsNormBackward(absl::string_view what, const Tensor& g, const Tensor& xhat,
-                             const Tensor& rstd, const Tensor& w, const Tensor& gx) {
-  ASSIGN_OR_RETURN(const int64_t rows, CheckRmsNormBackward(what, g, xhat, rstd, w, gx));
-  const int64_t cols = w.numel();
-  ProfiledOp op(OpCategory::kNorm, "rmsnorm.backward", g.device(),
-                internal::RmsNormBackwardCost(rows, cols, core::DTypeSize(w.dtype())));
-  if (g.device().is_cuda()) {
-    NN_ON_CUDA(g.device(), what, "RMSNorm backward",
-               kc::RmsNormBackwardInput(F32(g), F32(xhat), F32(rstd), w.raw_data(), IsBf16(w),
-                                        MutF32(gx), rows, cols));
-  }
-  kcpu::RmsNormBackwardInput(F32(g), F32(xhat), F32(rstd), w.raw_data(), IsBf16(w), MutF32(gx),
-                             rows, cols);
-  return absl::OkStatus();
-}
-
-absl::Status RmsNormBackwardAdd(absl::string_view what, const Tensor& g, const Tensor& xhat,
-                                const Tensor& rstd, const Tensor& w, const Tensor& residual,
-                                const Tensor& gx, const Tensor& gx16) {
-  ASSIGN_OR_RETURN(const int64_t rows, CheckRmsNormBackward(what, g, xhat, rstd, w, gx));
-  RETURN_IF_ERROR(CheckElementwiseF32(what, {{"grad_output", &g}, {"residual", &residual}}));
-  RETURN_IF_ERROR(CheckDistinct(what, "grad_input", gx, "residual", residual));
-  uint16_t* out16 = nullptr;
-  if (gx16.defined()) {
-    RETURN_IF_ERROR(CheckDevices(what, {{"bf16 grad_input", &gx16}, {"grad_output", &g}}));
-    RETURN_IF_ERROR(CheckDType(what, "bf16 grad_input", gx16, DType::kBFloat16));
-    RETURN_IF_ERROR(CheckNumel(what, "bf16 grad_input", gx16, g.numel()));
-    RETURN_IF_ERROR(CheckOutputsDistinct(what, {{"bf16 grad_input", &gx16}},
-                                         {{"grad_output", &g},
-                                          {"normalised input", &xhat},
-                                          {"residual", &residual},
-                                          {"grad_input", &gx}}));
-    out16 = static_cast<uint16_t*>(gx16.raw_data());
-  }
-  const int64_t cols = w.numel();
-  ProfiledOp op(OpCategory::kNorm, "rmsnorm.backward_add", g.device(),
-                internal::RmsNormBackwardCost(rows, cols, core::DTypeSize(w.dtype()),
-                                              /*residual=*/true, out16 != nullptr));
-  if (g.device().is_cuda()) {
-    NN_ON_CUDA(g.device(), what, "RMSNorm backward + residual",
-               kc::RmsNormBackwardInputAdd(F32(g), F32(xhat), F32(rstd), w.raw_data(),
-                                           IsBf16(w), F32(residual), MutF32(gx), rows, cols,
-                                           out16));
-  }
-  kcpu::RmsNormBackwardInputAdd(F32(g), F32(xhat), F32(rstd), w.raw_data(), IsBf16(w),
-                                F32(residual), MutF32(gx), rows, cols, out16);
-  return absl::OkStatus();
-}
 
 absl::Status SiluMulForward(absl::string_view what, const Tensor& a, const Tensor& b,
                             const Tensor& h) {

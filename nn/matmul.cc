@@ -28,8 +28,8 @@ using core::Tensor;
 using internal::Arg;
 using internal::CheckDevices;
 using internal::CheckDType;
+using internal::CheckFp32OrBf16;
 using internal::CheckNumel;
-using internal::CheckWeightDType;
 using internal::F32;
 using internal::IsBf16;
 using internal::MutF32;
@@ -215,7 +215,7 @@ absl::Status CheckEpilogue(absl::string_view what, const GemmArgs& g) {
           absl::StrCat(what, ": the GEMM epilogue '", name, "' needs a bias"));
     }
     RETURN_IF_ERROR(CheckDevices(what, {{"bias", &g.bias}, {"C", &g.c.tensor}}));
-    RETURN_IF_ERROR(CheckWeightDType(what, "bias", g.bias));
+    RETURN_IF_ERROR(CheckFp32OrBf16(what, "bias", g.bias));
     RETURN_IF_ERROR(CheckNumel(what, "bias", g.bias, g.n));
   }
   const bool residual = g.epilogue == GemmEpilogue::kBiasResidual ||
@@ -305,8 +305,8 @@ GemmArgs WeightGradientGemm(int64_t rows, int64_t out, int64_t in, const Tensor&
 
 absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
   RETURN_IF_ERROR(CheckDevices(what, {{"A", &g.a.tensor}, {"B", &g.b.tensor}, {"C", &g.c.tensor}}));
-  RETURN_IF_ERROR(CheckWeightDType(what, "GEMM operand A", g.a.tensor));
-  RETURN_IF_ERROR(CheckWeightDType(what, "GEMM operand B", g.b.tensor));
+  RETURN_IF_ERROR(CheckFp32OrBf16(what, "GEMM operand A", g.a.tensor));
+  RETURN_IF_ERROR(CheckFp32OrBf16(what, "GEMM operand B", g.b.tensor));
   RETURN_IF_ERROR(CheckEpilogue(what, g));
   if (g.batch < 0 || g.m < 0 || g.n < 0 || g.k < 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": GEMM sizes must be >= 0, got batch ",

@@ -299,7 +299,7 @@ TEST(OpAccountingTest, AFusedOpRecordsOneKernelReadingOneTensorFewer) {
 // writing gx and an add reading it back (its bf16 copy: 2 bytes an element more).
 TEST(OpAccountingTest, RmsNormBackwardAddRecordsOneKernelWithoutTheIntermediateGradient) {
   const int64_t rows = 3, cols = 8, n = rows * cols;
-  const core::Tensor g = Filled({rows, cols}, 0.2f), xhat = Filled({rows, cols}, -0.1f);
+  const core::Tensor g = Filled({rows, cols}, 0.2f), x = Filled({rows, cols}, -0.1f);
   const core::Tensor residual = Filled({rows, cols}, 0.3f);
   const core::Tensor rstd = Filled({rows}, 1.0f), w = Filled({cols}, 1.0f);
   core::Tensor gx = core::Tensor::Zeros({rows, cols}), sum = core::Tensor::Zeros({rows, cols});
@@ -307,15 +307,16 @@ TEST(OpAccountingTest, RmsNormBackwardAddRecordsOneKernelWithoutTheIntermediateG
   core::OpProfile fused, fused16, unfused;
   {
     core::ScopedOpProfile on(&fused);
-    ASSERT_TRUE(RmsNormBackwardAdd("test", g, xhat, rstd, w, residual, sum).ok());
+    ASSERT_TRUE(RmsNormBackwardAdd("test", g, x, rstd, w, residual, sum, core::Tensor()).ok());
   }
   {
     core::ScopedOpProfile on(&fused16);
-    ASSERT_TRUE(RmsNormBackwardAdd("test", g, xhat, rstd, w, residual, sum, gx16).ok());
+    ASSERT_TRUE(
+        RmsNormBackwardAdd("test", g, x, rstd, w, residual, sum, core::Tensor(), gx16).ok());
   }
   {
     core::ScopedOpProfile on(&unfused);
-    ASSERT_TRUE(RmsNormBackward("test", g, xhat, rstd, w, gx).ok());
+    ASSERT_TRUE(RmsNormBackward("test", g, x, rstd, w, gx, core::Tensor()).ok());
     ASSERT_TRUE(AddTensors("test", residual, gx, sum).ok());
   }
   ASSERT_EQ(Names(fused.records()), (std::vector<std::string>{"rmsnorm.backward_add"}));
@@ -323,54 +324,63 @@ TEST(OpAccountingTest, RmsNormBackwardAddRecordsOneKernelWithoutTheIntermediateG
   const core::OpCost& c = fused.records()[0].cost;
   EXPECT_EQ(fused.records()[0].category, OpCategory::kNorm);
   EXPECT_EQ(c.launches, 1);
-  // g, xhat, residual, gx; rstd per row; w.
+  // g, x, residual, gx; rstd per row; w.
   EXPECT_EQ(c.bytes, 16.0 * n + 4.0 * rows + 4.0 * cols);
   EXPECT_EQ(c.bytes, unfused.records()[0].cost.bytes + unfused.records()[1].cost.bytes -
                          8.0 * n);  // gx is not written and read back
   EXPECT_EQ(fused16.records()[0].cost.bytes - c.bytes, 2.0 * n);
 }
 
-
 // LayerNorm's backward takes its weight and bias gradients in the pass that computes the
-// input gradient (kernels::LayerNormGradWarps): they add bytes per column and per block, not
-// another read of g and x, and one launch each that adds the blocks' sums. Rows too wide
-// for a warp's sums in shared memory take the column sums' own kernels, after a kernel that
-// makes xhat from x (the sums read g and xhat again).
-TEST(OpAccountingTest, LayerNormBackwardReadsItsInputsOnceForTheParameterGradients) {
-  for (const auto& [rows, cols, fused] : std::vector<std::tuple<int64_t, int64_t, bool>>{
-           {2048, 768, true}, {64, 6200, false}}) {
-    SCOPED_TRACE(absl::StrCat(rows, " x ", cols));
-    const double n = static_cast<double>(rows) * cols;
-    const core::Tensor g = Filled({rows, cols}, 0.3f), x = Filled({rows, cols}, -0.2f);
-    const core::Tensor residual = Filled({rows, cols}, 0.1f);
-    const core::Tensor mean = Filled({rows}, 0.0f), rstd = Filled({rows}, 1.0f);
-    const core::Tensor w = Filled({cols}, 1.0f);
-    core::Tensor gx = core::Tensor::Zeros({rows, cols});
-    core::Tensor gw = core::Tensor::Zeros({cols}), gb = core::Tensor::Zeros({cols});
-    core::OpProfile both, input_only;
-    {
-      core::ScopedOpProfile on(&both);
-      ASSERT_TRUE(LayerNormBackwardAdd("ln", g, x, mean, rstd, w, residual, gx, gw, gb).ok());
-    }
-    {
-      core::ScopedOpProfile on(&input_only);
-      ASSERT_TRUE(LayerNormBackwardAdd("ln", g, x, mean, rstd, w, residual, gx, core::Tensor(),
-                                       core::Tensor())
-                      .ok());
-    }
-    ASSERT_EQ(Names(both.records()), (std::vector<std::string>{"layernorm.backward_add"}));
-    const core::OpCost& c = both.records()[0].cost;
-    const core::OpCost& base = input_only.records()[0].cost;
-    EXPECT_EQ(base.launches, 1);
-    // g, x, residual, gx; mean and rstd per row; w.
-    EXPECT_EQ(base.bytes, 16.0 * n + 8.0 * rows + 4.0 * cols);
-    if (fused) {
-      EXPECT_EQ(c.launches, 3);  // the pass, then one adding the blocks' sums per gradient
-      EXPECT_LT(c.bytes - base.bytes, 0.25 * 4.0 * n);  // under a quarter of one read of g
-    } else {
-      // The input gradient, xhat from x, then one column sum per gradient.
-      EXPECT_EQ(c.launches, 4);
-      EXPECT_GE(c.bytes - base.bytes, 20.0 * n);  // x read, xhat written; g * xhat, then g
+// input gradient (kernels::LayerNormGradWarps), and RMSNorm's its weight gradient: they add
+// bytes per column and per block, not another read of g and x, and one launch each that adds
+// the blocks' sums. Rows too wide for a warp's sums in shared memory take the column sums'
+// own kernels, after a kernel that makes xhat from x (the sums read g and xhat again).
+TEST(OpAccountingTest, NormBackwardsReadTheirInputsOnceForTheParameterGradients) {
+  for (const bool rms : {false, true}) {
+    for (const auto& [rows, cols, fused] :
+         std::vector<std::tuple<int64_t, int64_t, bool>>{{2048, 768, true}, {64, 6200, false}}) {
+      SCOPED_TRACE(absl::StrCat(rms ? "RMSNorm " : "LayerNorm ", rows, " x ", cols));
+      const double n = static_cast<double>(rows) * cols;
+      const core::Tensor g = Filled({rows, cols}, 0.3f), x = Filled({rows, cols}, -0.2f);
+      const core::Tensor residual = Filled({rows, cols}, 0.1f);
+      const core::Tensor mean = Filled({rows}, 0.0f), rstd = Filled({rows}, 1.0f);
+      const core::Tensor w = Filled({cols}, 1.0f);
+      core::Tensor gx = core::Tensor::Zeros({rows, cols});
+      core::Tensor gw = core::Tensor::Zeros({cols}), gb = core::Tensor::Zeros({cols});
+      const auto run = [&](bool grads) {
+        return rms ? RmsNormBackwardAdd("norm", g, x, rstd, w, residual, gx,
+                                        grads ? gw : core::Tensor())
+                   : LayerNormBackwardAdd("norm", g, x, mean, rstd, w, residual, gx,
+                                          grads ? gw : core::Tensor(), grads ? gb : core::Tensor());
+      };
+      core::OpProfile both, input_only;
+      {
+        core::ScopedOpProfile on(&both);
+        ASSERT_TRUE(run(true).ok());
+      }
+      {
+        core::ScopedOpProfile on(&input_only);
+        ASSERT_TRUE(run(false).ok());
+      }
+      ASSERT_EQ(Names(both.records()), (std::vector<std::string>{rms ? "rmsnorm.backward_add"
+                                                                     : "layernorm.backward_add"}));
+      const core::OpCost& c = both.records()[0].cost;
+      const core::OpCost& base = input_only.records()[0].cost;
+      const int grads = rms ? 1 : 2;
+      EXPECT_EQ(base.launches, 1);
+      // g, x, residual, gx; mean (LayerNorm) and rstd per row; w.
+      EXPECT_EQ(base.bytes, 16.0 * n + (rms ? 4.0 : 8.0) * rows + 4.0 * cols);
+      if (fused) {
+        // The pass, then one adding the blocks' sums per gradient.
+        EXPECT_EQ(c.launches, 1 + grads);
+        EXPECT_LT(c.bytes - base.bytes, 0.25 * 4.0 * n);  // under a quarter of one read of g
+      } else {
+        // The input gradient, xhat from x, then one column sum per gradient.
+        EXPECT_EQ(c.launches, 2 + grads);
+        // x read, xhat written; g * xhat (then g).
+        EXPECT_GE(c.bytes - base.bytes, (rms ? 16.0 : 20.0) * n);
+      }
     }
   }
 }

@@ -39,11 +39,9 @@ absl::StatusOr<core::Tensor> RmsNorm::RunForward(const core::Tensor& x, bool for
                                   ? core::DType::kBFloat16
                                   : core::DType::kFloat32;
   ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation(x.shape(), device, y_dtype));
-  ASSIGN_OR_RETURN(core::Tensor xhat, internal::NewActivation(x.shape(), device));
   ASSIGN_OR_RETURN(core::Tensor rstd, internal::NewActivation({RowsOf(x.shape())}, device));
-  RETURN_IF_ERROR(
-      RmsNormForward(internal::What(*this), x, weight_->data, eps_, y, xhat, rstd));
-  xhat_ = std::move(xhat);
+  RETURN_IF_ERROR(RmsNormForward(internal::What(*this), x, weight_->data, eps_, y, rstd));
+  input_ = x;
   rstd_ = std::move(rstd);
   return y;
 }
@@ -62,8 +60,8 @@ absl::StatusOr<core::Tensor> RmsNorm::BackwardAdd(const core::Tensor& grad_outpu
 absl::StatusOr<core::Tensor> RmsNorm::RunBackward(const core::Tensor& grad_output,
                                                   const core::Tensor& residual,
                                                   core::Tensor* sum16) {
-  RETURN_IF_ERROR(internal::CheckGradOutput(*this, xhat_.defined(), xhat_.shape(), grad_output));
-  const core::Device device = xhat_.device();
+  RETURN_IF_ERROR(internal::CheckGradOutput(*this, input_.defined(), input_.shape(), grad_output));
+  const core::Device device = input_.device();
   RETURN_IF_ERROR(internal::CheckDevice(*this, grad_output, "grad_output", device, "the input"));
   RETURN_IF_ERROR(internal::CheckParameter(*this, *weight_, "weight", {dim_}, device));
   if (residual.defined()) {
@@ -74,23 +72,21 @@ absl::StatusOr<core::Tensor> RmsNorm::RunBackward(const core::Tensor& grad_outpu
     }
     RETURN_IF_ERROR(internal::CheckDevice(*this, residual, "residual", device, "the input"));
   }
-  ASSIGN_OR_RETURN(core::Tensor gx, internal::NewActivation(xhat_.shape(), device));
+  ASSIGN_OR_RETURN(core::Tensor gx, internal::NewActivation(input_.shape(), device));
   core::Tensor gx16;
   if (sum16 != nullptr) {
-    ASSIGN_OR_RETURN(gx16,
-                     internal::NewActivation(xhat_.shape(), device, core::DType::kBFloat16));
+    ASSIGN_OR_RETURN(gx16, internal::NewActivation(input_.shape(), device, core::DType::kBFloat16));
   }
   ASSIGN_OR_RETURN(core::Tensor gw, internal::GradTensor(*this, *weight_, "weight"));
   const std::string what = internal::What(*this);
-  // dL/dx = rstd * (g w - xhat * mean(g w xhat)) (+ residual); dL/dw += sum over rows of
-  // g * xhat.
+  // dL/dx = rstd * (g w - xhat * mean(g w xhat)) (+ residual) and dL/dw += sum over rows of
+  // g * xhat, xhat = x * rstd made again from the kept input.
   if (residual.defined()) {
-    RETURN_IF_ERROR(
-        RmsNormBackwardAdd(what, grad_output, xhat_, rstd_, weight_->data, residual, gx, gx16));
+    RETURN_IF_ERROR(RmsNormBackwardAdd(what, grad_output, input_, rstd_, weight_->data, residual,
+                                       gx, gw, gx16));
   } else {
-    RETURN_IF_ERROR(RmsNormBackward(what, grad_output, xhat_, rstd_, weight_->data, gx));
+    RETURN_IF_ERROR(RmsNormBackward(what, grad_output, input_, rstd_, weight_->data, gx, gw));
   }
-  if (gw.defined()) RETURN_IF_ERROR(AccumulateColumnSums(what, grad_output, xhat_, gw));
   ReleaseActivations();
   if (sum16 != nullptr) *sum16 = std::move(gx16);
   return gx;

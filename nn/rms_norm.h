@@ -54,7 +54,7 @@ class RmsNorm : public core::Module {
   // Returns dL/dx and adds dL/dweight = sum over rows of g * x * rstd.
   absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
   void ReleaseActivations() override {
-    xhat_ = core::Tensor();
+    input_ = core::Tensor();
     rstd_ = core::Tensor();
   }
 
@@ -70,8 +70,9 @@ class RmsNorm : public core::Module {
   float eps_ = 0.0f;
   std::string config_error_;
   core::ParameterPtr weight_;
-  // Cached by Forward, released by Backward: x * rstd and rstd per row (fp32).
-  core::Tensor xhat_;
+  // Cached by Forward, released by Backward: the input x (xhat = x * rstd is made again from
+  // it, as LayerNorm does) and rstd per row (fp32).
+  core::Tensor input_;
   core::Tensor rstd_;
 };
 

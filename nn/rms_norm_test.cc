@@ -169,6 +169,28 @@ TEST(RmsNormTest, BackwardAddRefusesABadResidualNamingTheModule) {
   }
 }
 
+// The forward keeps its input for the backward, as LayerNorm does, and makes xhat = x * rstd
+// again there (the forward's bits: BackwardAddIsTheResidualPlusBackwardBitForBit and the
+// kernels' tests), so its activations are the output and one rstd per row, not an fp32
+// xhat as large as x; the backward releases them.
+TEST(RmsNormTest, ForwardKeepsItsInputInsteadOfAnXhat) {
+  auto alloc = std::make_shared<core::Allocator>(core::Device::Cpu());
+  core::ScopedAllocator scope(alloc);
+  RmsNorm norm(64);
+  const core::Tensor x = gradcheck::RandomTensor({4, 8, 64}, 1);
+  const core::Tensor g = gradcheck::RandomTensor({4, 8, 64}, 2);
+  const int64_t before = alloc->Stats().current(core::MemoryTag::kActivation);
+  absl::StatusOr<core::Tensor> y = norm.Forward(x);
+  ASSERT_TRUE(y.ok()) << y.status();
+  const int64_t kept = alloc->Stats().current(core::MemoryTag::kActivation) - before;
+  EXPECT_EQ(kept, static_cast<int64_t>(sizeof(float)) * (x.numel() + 4 * 8));  // y and rstd
+  absl::StatusOr<core::Tensor> gx = norm.Backward(g);
+  ASSERT_TRUE(gx.ok()) << gx.status();
+  *y = core::Tensor();
+  *gx = core::Tensor();
+  EXPECT_EQ(alloc->Stats().current(core::MemoryTag::kActivation), before);
+}
+
 TEST(RmsNormTest, ReleasedActivationsRefuseABackward) {
   RmsNorm norm(4);
   ASSERT_TRUE(norm.Forward(gradcheck::RandomTensor({2, 4}, 1)).ok());
@@ -194,10 +216,9 @@ TEST(RmsNormTest, BadInputsNameTheModule) {
               HasSubstr("dim must be positive"));
   // The op's output is fp32 or bf16 (a bf16 GEMM's operand), nothing else.
   const core::Tensor x = core::Tensor::Zeros({2, 4}), w = core::Tensor::Zeros({4});
-  const core::Tensor xhat = core::Tensor::Zeros({2, 4}), rstd = core::Tensor::Zeros({2});
+  const core::Tensor rstd = core::Tensor::Zeros({2});
   const absl::Status st = RmsNormForward("rms_norm_test", x, w, 1e-6f,
-                                         core::Tensor::Zeros({2, 4}, core::DType::kInt32), xhat,
-                                         rstd);
+                                         core::Tensor::Zeros({2, 4}, core::DType::kInt32), rstd);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(st.message()), HasSubstr("output must be float32 or bfloat16"));
 }

@@ -31,10 +31,10 @@ using core::Tensor;
 using internal::Arg;
 using internal::CheckDevices;
 using internal::CheckDistinct;
-using internal::CheckElementwiseF32;
 using internal::CheckDType;
+using internal::CheckElementwiseF32;
+using internal::CheckFp32OrBf16;
 using internal::CheckNumel;
-using internal::CheckWeightDType;
 using internal::F32;
 using internal::IsBf16;
 using internal::MutF32;
@@ -124,7 +124,7 @@ absl::StatusOr<int64_t> CheckBiasAdd(absl::string_view what, const Tensor& x, co
                                      const Tensor& out) {
   RETURN_IF_ERROR(CheckDevices(what, {{"input", &x}, {"bias", &bias}, {"output", &out}}));
   RETURN_IF_ERROR(CheckDType(what, "input", x, DType::kFloat32));
-  RETURN_IF_ERROR(CheckWeightDType(what, "bias", bias));
+  RETURN_IF_ERROR(CheckFp32OrBf16(what, "bias", bias));
   RETURN_IF_ERROR(CheckDType(what, "output", out, DType::kFloat32));
   RETURN_IF_ERROR(CheckNumel(what, "output", out, x.numel()));
   const int64_t cols = bias.numel();
@@ -165,7 +165,7 @@ absl::StatusOr<Tensor> PartialSums(const core::Device& device, int64_t chunks, i
 
 // kc::ColumnSums of checked CUDA tensors on the current device, with the partial sums'
 // scratch. `op` names the launch in an error.
-absl::Status ColumnSumsOnCuda(absl::string_view what, const char* op, const Tensor& x,
+absl::Status ColumnSumsOnCuda(absl::string_view what, absl::string_view op, const Tensor& x,
                               const Tensor& y, const Tensor& acc, int64_t rows, int64_t cols) {
   ASSIGN_OR_RETURN(const Tensor partial,
                    PartialSums(x.device(), ::kernels::ColumnSumChunks(rows, cols), cols));
@@ -239,51 +239,65 @@ absl::StatusOr<uint16_t*> Bf16Out(absl::string_view what, const char* name, cons
   return static_cast<uint16_t*>(out.raw_data());
 }
 
-// LayerNormForward's argument checks; the number of rows.
-absl::StatusOr<int64_t> CheckLayerNormForward(absl::string_view what, const Tensor& x,
-                                              const Tensor& w, const Tensor& b, const Tensor& y,
-                                              const Tensor& mean, const Tensor& rstd) {
-  RETURN_IF_ERROR(CheckDevices(what, {{"input", &x}, {"weight", &w}, {"bias", &b}, {"output", &y},
-                                      {"mean", &mean}, {"rstd", &rstd}}));
+// LayerNormForward's argument checks, and RmsNormForward's (without the bias and the mean:
+// `centered` false, b and mean then unused); the number of rows.
+absl::StatusOr<int64_t> CheckLayerNormForward(absl::string_view what, bool centered,
+                                              const Tensor& x, const Tensor& w, const Tensor& b,
+                                              const Tensor& y, const Tensor& mean,
+                                              const Tensor& rstd) {
+  RETURN_IF_ERROR(
+      CheckDevices(what, {{"input", &x}, {"weight", &w}, {"output", &y}, {"rstd", &rstd}}));
   RETURN_IF_ERROR(CheckDType(what, "input", x, DType::kFloat32));
-  RETURN_IF_ERROR(CheckWeightDType(what, "weight", w));
-  if (b.dtype() != w.dtype()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": bias ", b.ToString(),
-                                                   " must have the weight's dtype, ",
-                                                   core::DTypeName(w.dtype())));
-  }
+  RETURN_IF_ERROR(CheckFp32OrBf16(what, "weight", w));
   const int64_t cols = w.numel();
-  RETURN_IF_ERROR(CheckNumel(what, "bias", b, cols));
+  if (centered) {
+    RETURN_IF_ERROR(CheckDevices(what, {{"input", &x}, {"bias", &b}, {"mean", &mean}}));
+    if (b.dtype() != w.dtype()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": bias ", b.ToString(),
+                                                     " must have the weight's dtype, ",
+                                                     core::DTypeName(w.dtype())));
+    }
+    RETURN_IF_ERROR(CheckNumel(what, "bias", b, cols));
+  }
   if (cols == 0 || x.numel() % cols != 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": weight ", w.ToString(),
                                                    " does not tile input ", x.ToString()));
   }
   const int64_t rows = x.numel() / cols;
   // NOTE [GEMM epilogues]: a bf16 output is a bf16 GEMM's operand, stored so directly.
-  if (!IsBf16(y)) RETURN_IF_ERROR(CheckDType(what, "output", y, DType::kFloat32));
-  RETURN_IF_ERROR(CheckDType(what, "mean", mean, DType::kFloat32));
+  RETURN_IF_ERROR(CheckFp32OrBf16(what, "output", y));
   RETURN_IF_ERROR(CheckDType(what, "rstd", rstd, DType::kFloat32));
   RETURN_IF_ERROR(CheckNumel(what, "output", y, x.numel()));
-  RETURN_IF_ERROR(CheckNumel(what, "mean", mean, rows));
   RETURN_IF_ERROR(CheckNumel(what, "rstd", rstd, rows));
-  RETURN_IF_ERROR(CheckDistinct(what, "mean", mean, "rstd", rstd));
+  if (centered) {
+    RETURN_IF_ERROR(CheckDType(what, "mean", mean, DType::kFloat32));
+    RETURN_IF_ERROR(CheckNumel(what, "mean", mean, rows));
+    RETURN_IF_ERROR(CheckDistinct(what, "mean", mean, "rstd", rstd));
+  }
   return rows;
 }
 
-// LayerNormBackward's argument checks; the number of rows.
+// LayerNormBackward's argument checks, and RmsNormBackward's (`mean` undefined, then `gb`
+// too); the number of rows.
 absl::StatusOr<int64_t> CheckLayerNormBackward(absl::string_view what, const Tensor& g,
                                                const Tensor& x, const Tensor& mean,
                                                const Tensor& rstd, const Tensor& w,
                                                const Tensor& gx, const Tensor& gw,
                                                const Tensor& gb) {
-  RETURN_IF_ERROR(CheckDevices(what, {{"grad_output", &g}, {"input", &x}, {"mean", &mean},
-                                      {"rstd", &rstd}, {"weight", &w}, {"grad_input", &gx}}));
+  RETURN_IF_ERROR(CheckDevices(
+      what,
+      {{"grad_output", &g}, {"input", &x}, {"rstd", &rstd}, {"weight", &w}, {"grad_input", &gx}}));
+  if (mean.defined()) {
+    RETURN_IF_ERROR(CheckDevices(what, {{"grad_output", &g}, {"mean", &mean}}));
+    RETURN_IF_ERROR(CheckDType(what, "mean", mean, DType::kFloat32));
+  } else if (gb.defined()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": RMSNorm has no bias gradient"));
+  }
   RETURN_IF_ERROR(CheckDType(what, "grad_output", g, DType::kFloat32));
   RETURN_IF_ERROR(CheckDType(what, "input", x, DType::kFloat32));
-  RETURN_IF_ERROR(CheckDType(what, "mean", mean, DType::kFloat32));
   RETURN_IF_ERROR(CheckDType(what, "rstd", rstd, DType::kFloat32));
   RETURN_IF_ERROR(CheckDType(what, "grad_input", gx, DType::kFloat32));
-  RETURN_IF_ERROR(CheckWeightDType(what, "weight", w));
+  RETURN_IF_ERROR(CheckFp32OrBf16(what, "weight", w));
   const int64_t cols = w.numel();
   if (cols == 0 || g.numel() % cols != 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": weight ", w.ToString(),
@@ -292,7 +306,7 @@ absl::StatusOr<int64_t> CheckLayerNormBackward(absl::string_view what, const Ten
   const int64_t rows = g.numel() / cols;
   RETURN_IF_ERROR(CheckNumel(what, "input", x, g.numel()));
   RETURN_IF_ERROR(CheckNumel(what, "grad_input", gx, g.numel()));
-  RETURN_IF_ERROR(CheckNumel(what, "mean", mean, rows));
+  if (mean.defined()) RETURN_IF_ERROR(CheckNumel(what, "mean", mean, rows));
   RETURN_IF_ERROR(CheckNumel(what, "rstd", rstd, rows));
   RETURN_IF_ERROR(CheckDistinct(what, "grad_input", gx, "input", x));
   for (const Arg& a : {Arg{"weight gradient", &gw}, Arg{"bias gradient", &gb}}) {
@@ -309,7 +323,8 @@ absl::StatusOr<int64_t> CheckLayerNormBackward(absl::string_view what, const Ten
 absl::Status LayerNormForward(absl::string_view what, const Tensor& x, const Tensor& w,
                               const Tensor& b, float eps, const Tensor& y, const Tensor& mean,
                               const Tensor& rstd) {
-  ASSIGN_OR_RETURN(const int64_t rows, CheckLayerNormForward(what, x, w, b, y, mean, rstd));
+  ASSIGN_OR_RETURN(const int64_t rows,
+                   CheckLayerNormForward(what, /*centered=*/true, x, w, b, y, mean, rstd));
   ProfiledOp op(OpCategory::kNorm, "layernorm.forward", x.device(),
                 internal::LayerNormForwardCost(rows, w.numel(), core::DTypeSize(w.dtype()),
                                                /*add=*/false, core::DTypeSize(y.dtype())));
@@ -329,7 +344,8 @@ absl::Status AddLayerNormForward(absl::string_view what, const Tensor& a, const 
                                  const Tensor& y, const Tensor& mean, const Tensor& rstd) {
   RETURN_IF_ERROR(CheckElementwiseF32(
       what, {{"first operand", &a}, {"second operand", &b}, {"sum", &h}}));
-  ASSIGN_OR_RETURN(const int64_t rows, CheckLayerNormForward(what, h, w, bias, y, mean, rstd));
+  ASSIGN_OR_RETURN(const int64_t rows,
+                   CheckLayerNormForward(what, /*centered=*/true, h, w, bias, y, mean, rstd));
   for (const Arg& out : {Arg{"output", &y}, Arg{"mean", &mean}, Arg{"rstd", &rstd}}) {
     for (const Arg& in : {Arg{"first operand", &a}, Arg{"second operand", &b}, Arg{"sum", &h}}) {
       RETURN_IF_ERROR(CheckDistinct(what, out.name, *out.tensor, in.name, *in.tensor));
@@ -352,48 +368,72 @@ absl::Status AddLayerNormForward(absl::string_view what, const Tensor& a, const 
 
 namespace {
 
-// xhat of LayerNorm's input x [rows, cols] from its rows' mean and rstd (the forward's bits),
-// as scratch for the weight gradient's column sums of g * xhat.
+// The name a norm's launch errors give: LayerNorm's with its rows' mean, else RMSNorm's.
+const char* NormName(const Tensor& mean) { return mean.defined() ? "LayerNorm" : "RMSNorm"; }
+
+// xhat of LayerNorm's input x [rows, cols] from its rows' mean and rstd (the forward's bits;
+// RMSNorm's from rstd where mean is undefined), as scratch for the weight gradient's column
+// sums of g * xhat.
 absl::StatusOr<Tensor> LayerNormHat(absl::string_view what, const Tensor& x, const Tensor& mean,
                                     const Tensor& rstd, int64_t rows, int64_t cols) {
   ASSIGN_OR_RETURN(Tensor xhat, Tensor::Allocate({rows * cols}, DType::kFloat32,
                                                  core::MemoryTag::kActivation, x.device()));
+  const float* mu = mean.defined() ? F32(mean) : nullptr;
   if (x.device().is_cuda()) {
 #ifdef FSDP_WITH_CUDA
-    RETURN_IF_ERROR(Launched(kc::LayerNormHat(F32(x), F32(mean), F32(rstd), MutF32(xhat), rows,
-                                              cols),
-                             what, "LayerNorm xhat"));
+    RETURN_IF_ERROR(Launched(kc::LayerNormHat(F32(x), mu, F32(rstd), MutF32(xhat), rows, cols),
+                             what, absl::StrCat(NormName(mean), " xhat")));
     return xhat;
 #else
     return NoCuda(x.device(), what);
 #endif
   }
-  kcpu::LayerNormHat(F32(x), F32(mean), F32(rstd), MutF32(xhat), rows, cols);
+  kcpu::LayerNormHat(F32(x), mu, F32(rstd), MutF32(xhat), rows, cols);
   return xhat;
 }
 
+// A norm backward's checks of what the residual add brings (NOTE [Fused ops]): residual
+// fp32 like g and not gx, and gx16 (when defined) bf16 of g's numel apart from every other
+// tensor; gx16's data, or null when undefined.
+absl::StatusOr<uint16_t*> CheckBackwardAdd(absl::string_view what, const Tensor& g, const Tensor& x,
+                                           const Tensor& residual, const Tensor& gx,
+                                           const Tensor& gx16) {
+  RETURN_IF_ERROR(CheckElementwiseF32(what, {{"grad_output", &g}, {"residual", &residual}}));
+  RETURN_IF_ERROR(CheckDistinct(what, "grad_input", gx, "residual", residual));
+  ASSIGN_OR_RETURN(uint16_t* const out16, Bf16Out(what, "bf16 grad_input", gx16, "grad_output", g));
+  if (out16 != nullptr) {
+    for (const Arg& in : {Arg{"grad_output", &g}, Arg{"input", &x}, Arg{"residual", &residual},
+                          Arg{"grad_input", &gx}}) {
+      RETURN_IF_ERROR(CheckDistinct(what, "bf16 grad_input", gx16, in.name, *in.tensor));
+    }
+  }
+  return out16;
+}
+
 #ifdef FSDP_WITH_CUDA
-// LayerNorm's backward on CUDA (checked tensors): the input gradient, plus `residual` when
-// it is defined, and the weight and bias gradients' column sums in the same pass
-// (kc::LayerNormBackward) where the row fits (kernels::LayerNormGradWarps); otherwise the
-// input gradient's kernel, then the column sums' own (the weight's over xhat made again).
+// LayerNorm's backward on CUDA (checked tensors; RMSNorm's where mean is undefined, gb then
+// too): the input gradient, plus `residual` when it is defined, and the weight and bias
+// gradients' column sums in the same pass (kc::LayerNormBackward) where the row fits
+// (kernels::LayerNormGradWarps); otherwise the input gradient's kernel, then the column
+// sums' own (the weight's over xhat made again).
 absl::Status LayerNormBackwardCuda(absl::string_view what, const Tensor& g, const Tensor& x,
                                    const Tensor& mean, const Tensor& rstd, const Tensor& w,
                                    const Tensor& residual, const Tensor& gx, uint16_t* out16,
                                    const Tensor& gw, const Tensor& gb, int64_t rows) {
   const int64_t cols = w.numel();
+  const float* mu = mean.defined() ? F32(mean) : nullptr;
+  const std::string name = NormName(mean);
   RETURN_IF_ERROR(UseDevice(g.device(), what));
   if ((gw.defined() || gb.defined()) && ::kernels::LayerNormGradWarps(cols) > 0) {
     ASSIGN_OR_RETURN(
         const Tensor partial,
         PartialSums(g.device(), ::kernels::LayerNormGradChunks(rows, cols), 2 * cols));
-    return Launched(
-        kc::LayerNormBackward(F32(g), F32(x), F32(mean), F32(rstd), w.raw_data(), IsBf16(w),
-                              residual.defined() ? F32(residual) : nullptr, MutF32(gx),
-                              gw.defined() ? MutF32(gw) : nullptr,
-                              gb.defined() ? MutF32(gb) : nullptr, rows, cols,
-                              partial.defined() ? MutF32(partial) : nullptr, out16),
-        what, "LayerNorm backward");
+    return Launched(kc::LayerNormBackward(F32(g), F32(x), mu, F32(rstd), w.raw_data(), IsBf16(w),
+                                          residual.defined() ? F32(residual) : nullptr, MutF32(gx),
+                                          gw.defined() ? MutF32(gw) : nullptr,
+                                          gb.defined() ? MutF32(gb) : nullptr, rows, cols,
+                                          partial.defined() ? MutF32(partial) : nullptr, out16),
+                    what, absl::StrCat(name, " backward"));
   }
   // xhat for the weight gradient's column sums first: the largest scratch, so that one
   // cannot fail the op after gx is written.
@@ -403,14 +443,14 @@ absl::Status LayerNormBackwardCuda(absl::string_view what, const Tensor& g, cons
   }
   RETURN_IF_ERROR(Launched(
       residual.defined()
-          ? kc::LayerNormBackwardInputAdd(F32(g), F32(x), F32(mean), F32(rstd), w.raw_data(),
-                                          IsBf16(w), F32(residual), MutF32(gx), rows, cols,
-                                          out16)
-          : kc::LayerNormBackwardInput(F32(g), F32(x), F32(mean), F32(rstd), w.raw_data(),
-                                       IsBf16(w), MutF32(gx), rows, cols),
-      what, "LayerNorm backward"));
+          ? kc::LayerNormBackwardInputAdd(F32(g), F32(x), mu, F32(rstd), w.raw_data(), IsBf16(w),
+                                          F32(residual), MutF32(gx), rows, cols, out16)
+          : kc::LayerNormBackwardInput(F32(g), F32(x), mu, F32(rstd), w.raw_data(), IsBf16(w),
+                                       MutF32(gx), rows, cols),
+      what, absl::StrCat(name, " backward")));
   if (gw.defined()) {
-    RETURN_IF_ERROR(ColumnSumsOnCuda(what, "LayerNorm weight gradient", g, xhat, gw, rows, cols));
+    RETURN_IF_ERROR(
+        ColumnSumsOnCuda(what, absl::StrCat(name, " weight gradient"), g, xhat, gw, rows, cols));
   }
   if (gb.defined()) {
     RETURN_IF_ERROR(ColumnSumsOnCuda(what, "LayerNorm bias gradient", g, Tensor(), gb, rows, cols));
@@ -419,24 +459,26 @@ absl::Status LayerNormBackwardCuda(absl::string_view what, const Tensor& g, cons
 }
 #endif
 
-// LayerNorm's backward on the CPU (checked tensors): the input gradient, plus `residual`
-// when it is defined, then gw += column sums of g * xhat (xhat made again from x, mean and
-// rstd, before anything is written) and gb += column sums of g, each when defined.
+// LayerNorm's backward on the CPU (checked tensors; RMSNorm's where mean is undefined): the
+// input gradient, plus `residual` when it is defined, then gw += column sums of g * xhat
+// (xhat made again from x, mean and rstd, before anything is written) and gb += column
+// sums of g, each when defined.
 absl::Status LayerNormBackwardCpu(absl::string_view what, const Tensor& g, const Tensor& x,
                                   const Tensor& mean, const Tensor& rstd, const Tensor& w,
                                   const Tensor& residual, const Tensor& gx, uint16_t* out16,
                                   const Tensor& gw, const Tensor& gb, int64_t rows) {
   const int64_t cols = w.numel();
+  const float* mu = mean.defined() ? F32(mean) : nullptr;
   Tensor xhat;
   if (gw.defined()) {
     ASSIGN_OR_RETURN(xhat, LayerNormHat(what, x, mean, rstd, rows, cols));
   }
   if (residual.defined()) {
-    kcpu::LayerNormBackwardInputAdd(F32(g), F32(x), F32(mean), F32(rstd), w.raw_data(),
-                                    IsBf16(w), F32(residual), MutF32(gx), rows, cols, out16);
+    kcpu::LayerNormBackwardInputAdd(F32(g), F32(x), mu, F32(rstd), w.raw_data(), IsBf16(w),
+                                    F32(residual), MutF32(gx), rows, cols, out16);
   } else {
-    kcpu::LayerNormBackwardInput(F32(g), F32(x), F32(mean), F32(rstd), w.raw_data(), IsBf16(w),
-                                 MutF32(gx), rows, cols);
+    kcpu::LayerNormBackwardInput(F32(g), F32(x), mu, F32(rstd), w.raw_data(), IsBf16(w), MutF32(gx),
+                                 rows, cols);
   }
   if (gw.defined()) kcpu::ColumnSums(F32(g), F32(xhat), MutF32(gw), rows, cols);
   if (gb.defined()) kcpu::ColumnSums(F32(g), nullptr, MutF32(gb), rows, cols);
@@ -469,16 +511,7 @@ absl::Status LayerNormBackwardAdd(absl::string_view what, const Tensor& g, const
                                   const Tensor& gb, const Tensor& gx16) {
   ASSIGN_OR_RETURN(const int64_t rows,
                    CheckLayerNormBackward(what, g, x, mean, rstd, w, gx, gw, gb));
-  RETURN_IF_ERROR(CheckElementwiseF32(what, {{"grad_output", &g}, {"residual", &residual}}));
-  RETURN_IF_ERROR(CheckDistinct(what, "grad_input", gx, "residual", residual));
-  ASSIGN_OR_RETURN(uint16_t* const out16,
-                   Bf16Out(what, "bf16 grad_input", gx16, "grad_output", g));
-  if (out16 != nullptr) {
-    for (const Arg& in : {Arg{"grad_output", &g}, Arg{"input", &x}, Arg{"residual", &residual},
-                          Arg{"grad_input", &gx}}) {
-      RETURN_IF_ERROR(CheckDistinct(what, "bf16 grad_input", gx16, in.name, *in.tensor));
-    }
-  }
+  ASSIGN_OR_RETURN(uint16_t* const out16, CheckBackwardAdd(what, g, x, residual, gx, gx16));
   ProfiledOp op(OpCategory::kNorm, "layernorm.backward_add", g.device(),
                 internal::LayerNormBackwardCost(rows, w.numel(), core::DTypeSize(w.dtype()),
                                                 gw.defined(), gb.defined(), /*residual=*/true,
@@ -491,6 +524,65 @@ absl::Status LayerNormBackwardAdd(absl::string_view what, const Tensor& g, const
 #endif
   }
   return LayerNormBackwardCpu(what, g, x, mean, rstd, w, residual, gx, out16, gw, gb, rows);
+}
+
+absl::Status RmsNormForward(absl::string_view what, const Tensor& x, const Tensor& w, float eps,
+                            const Tensor& y, const Tensor& rstd) {
+  ASSIGN_OR_RETURN(const int64_t rows, CheckLayerNormForward(what, /*centered=*/false, x, w,
+                                                             Tensor(), y, Tensor(), rstd));
+  const int64_t cols = w.numel();
+  ProfiledOp op(OpCategory::kNorm, "rmsnorm.forward", x.device(),
+                internal::RmsNormForwardCost(rows, cols, core::DTypeSize(w.dtype()),
+                                             core::DTypeSize(y.dtype())));
+  if (x.device().is_cuda()) {
+    NN_ON_CUDA(x.device(), what, "RMSNorm forward",
+               kc::RmsNormForward(F32(x), w.raw_data(), IsBf16(w), eps, y.raw_data(), MutF32(rstd),
+                                  rows, cols, IsBf16(y)));
+  }
+  kcpu::RmsNormForward(F32(x), w.raw_data(), IsBf16(w), eps, y.raw_data(), MutF32(rstd), rows, cols,
+                       IsBf16(y));
+  return absl::OkStatus();
+}
+
+absl::Status RmsNormBackward(absl::string_view what, const Tensor& g, const Tensor& x,
+                             const Tensor& rstd, const Tensor& w, const Tensor& gx,
+                             const Tensor& gw) {
+  ASSIGN_OR_RETURN(const int64_t rows,
+                   CheckLayerNormBackward(what, g, x, Tensor(), rstd, w, gx, gw, Tensor()));
+  ProfiledOp op(
+      OpCategory::kNorm, "rmsnorm.backward", g.device(),
+      internal::RmsNormBackwardCost(rows, w.numel(), core::DTypeSize(w.dtype()), gw.defined()));
+  if (g.device().is_cuda()) {
+#ifdef FSDP_WITH_CUDA
+    return LayerNormBackwardCuda(what, g, x, Tensor(), rstd, w, Tensor(), gx, nullptr, gw, Tensor(),
+                                 rows);
+#else
+    return NoCuda(g.device(), what);
+#endif
+  }
+  return LayerNormBackwardCpu(what, g, x, Tensor(), rstd, w, Tensor(), gx, nullptr, gw, Tensor(),
+                              rows);
+}
+
+absl::Status RmsNormBackwardAdd(absl::string_view what, const Tensor& g, const Tensor& x,
+                                const Tensor& rstd, const Tensor& w, const Tensor& residual,
+                                const Tensor& gx, const Tensor& gw, const Tensor& gx16) {
+  ASSIGN_OR_RETURN(const int64_t rows,
+                   CheckLayerNormBackward(what, g, x, Tensor(), rstd, w, gx, gw, Tensor()));
+  ASSIGN_OR_RETURN(uint16_t* const out16, CheckBackwardAdd(what, g, x, residual, gx, gx16));
+  ProfiledOp op(OpCategory::kNorm, "rmsnorm.backward_add", g.device(),
+                internal::RmsNormBackwardCost(rows, w.numel(), core::DTypeSize(w.dtype()),
+                                              gw.defined(), /*residual=*/true, out16 != nullptr));
+  if (g.device().is_cuda()) {
+#ifdef FSDP_WITH_CUDA
+    return LayerNormBackwardCuda(what, g, x, Tensor(), rstd, w, residual, gx, out16, gw, Tensor(),
+                                 rows);
+#else
+    return NoCuda(g.device(), what);
+#endif
+  }
+  return LayerNormBackwardCpu(what, g, x, Tensor(), rstd, w, residual, gx, out16, gw, Tensor(),
+                              rows);
 }
 
 absl::Status CausalSoftmaxForward(absl::string_view what, const Tensor& scores, int64_t T,
@@ -517,7 +609,7 @@ absl::Status CausalSoftmaxForward(absl::string_view what, const Tensor& scores, 
 absl::Status CausalSoftmaxBackward(absl::string_view what, const Tensor& p, const Tensor& g,
                                    int64_t T, float scale, const Tensor& out16) {
   RETURN_IF_ERROR(CheckDevices(what, {{"attention probabilities", &p}, {"their gradient", &g}}));
-  RETURN_IF_ERROR(CheckWeightDType(what, "attention probabilities", p));
+  RETURN_IF_ERROR(CheckFp32OrBf16(what, "attention probabilities", p));
   RETURN_IF_ERROR(CheckDType(what, "their gradient", g, DType::kFloat32));
   RETURN_IF_ERROR(CheckNumel(what, "their gradient", g, p.numel()));
   if (T <= 0 || p.numel() % T != 0) {
@@ -647,7 +739,7 @@ absl::Status FusedAttentionBackward(absl::string_view what, const Tensor& qkv, c
 absl::Status EmbeddingForward(absl::string_view what, const Tensor& table, const Tensor& ids,
                               const Tensor& y) {
   RETURN_IF_ERROR(CheckDevices(what, {{"weight", &table}, {"ids", &ids}, {"output", &y}}));
-  RETURN_IF_ERROR(CheckWeightDType(what, "weight", table));
+  RETURN_IF_ERROR(CheckFp32OrBf16(what, "weight", table));
   RETURN_IF_ERROR(CheckDType(what, "ids", ids, DType::kInt32));
   RETURN_IF_ERROR(CheckDType(what, "output", y, DType::kFloat32));
   if (table.dim() != 2) {
@@ -707,9 +799,9 @@ absl::StatusOr<double> CrossEntropyForwardBackward(
     std::function<absl::StatusOr<double>()>* deferred) {
   RETURN_IF_ERROR(CheckDevices(what, {{"logits", &logits}, {"targets", &targets},
                                       {"gradient", &grad}}));
-  RETURN_IF_ERROR(CheckWeightDType(what, "logits", logits));  // fp32 or bf16
+  RETURN_IF_ERROR(CheckFp32OrBf16(what, "logits", logits));  // fp32 or bf16
   RETURN_IF_ERROR(CheckDType(what, "targets", targets, DType::kInt32));
-  RETURN_IF_ERROR(CheckWeightDType(what, "gradient", grad));  // fp32 or bf16
+  RETURN_IF_ERROR(CheckFp32OrBf16(what, "gradient", grad));  // fp32 or bf16
   RETURN_IF_ERROR(CheckNumel(what, "gradient", grad, logits.numel()));
   float* const grad32 = IsBf16(grad) ? nullptr : MutF32(grad);
   uint16_t* const grad16 = IsBf16(grad) ? static_cast<uint16_t*>(grad.raw_data()) : nullptr;

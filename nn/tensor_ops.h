@@ -231,30 +231,33 @@ absl::Status FusedAttentionBackward(absl::string_view what, const core::Tensor& 
                                     const core::Tensor& lse, const core::Tensor& delta,
                                     int64_t n_head, float scale, const core::Tensor& gqkv);
 
-// ---- The Llama layers' ops (nn/llama.h; defined in nn/llama_ops.cc).
+// ---- The Llama layers' ops (nn/llama.h; RMSNorm's defined in nn/tensor_ops.cc beside
+// LayerNorm's, the others in nn/llama_ops.cc).
 
 // RMSNorm over the last dimension C = w.numel() of x ([rows, C]): y = xhat * w with
 // xhat = x * rstd and rstd = 1 / sqrt(mean(x^2) + eps) per row, the statistics in fp32.
 // Writes y (x's numel: fp32, or bf16 for a bf16 GEMM that takes it, each element the fp32
-// value rounded once: NOTE [GEMM epilogues]), and xhat (fp32, x's numel) and rstd (fp32,
-// `rows` elements) for the backward; w fp32 or bf16.
+// value rounded once: NOTE [GEMM epilogues]) and rstd (fp32, `rows` elements) for the
+// backward, which takes x again and makes xhat from it with the forward's bits
+// (kernels::RmsNormHat): the layer keeps its input instead of an xhat as large. LayerNorm's
+// kernels without the mean and the bias; w fp32 or bf16.
 absl::Status RmsNormForward(absl::string_view what, const core::Tensor& x, const core::Tensor& w,
-                            float eps, const core::Tensor& y, const core::Tensor& xhat,
-                            const core::Tensor& rstd);
-// gx = rstd * (g w - xhat mean(g w xhat)) per row, the input gradient; the weight's is
-// AccumulateColumnSums(g, xhat, gw).
-absl::Status RmsNormBackward(absl::string_view what, const core::Tensor& g,
-                             const core::Tensor& xhat, const core::Tensor& rstd,
-                             const core::Tensor& w, const core::Tensor& gx);
-// NOTE [Fused ops]: RmsNormBackward(g, xhat, rstd, w, gx), then gx = residual + gx
+                            float eps, const core::Tensor& y, const core::Tensor& rstd);
+// gx = rstd * (g w - xhat mean(g w xhat)) per row, with xhat from the forward's input x
+// (fp32, g's numel; not gx) and its rstd; gw += sum_r g xhat when it is defined (fp32, C
+// elements), in the same pass where LayerNormBackward's would be.
+absl::Status RmsNormBackward(absl::string_view what, const core::Tensor& g, const core::Tensor& x,
+                             const core::Tensor& rstd, const core::Tensor& w,
+                             const core::Tensor& gx, const core::Tensor& gw);
+// NOTE [Fused ops]: RmsNormBackward(g, x, rstd, w, gx, gw), then gx = residual + gx
 // (AddTensors), in one pass: the gradient of an RMSNorm whose input also feeds a residual
 // connection. residual (fp32, g's numel) must not be gx. When gx16 is defined (bf16, g's
 // numel) the sum is also written there rounded once: the copy a bf16 GEMM that takes gx
-// would round (RoundToBf16's bits). The weight's gradient is AccumulateColumnSums as above.
+// would round (RoundToBf16's bits).
 absl::Status RmsNormBackwardAdd(absl::string_view what, const core::Tensor& g,
-                                const core::Tensor& xhat, const core::Tensor& rstd,
+                                const core::Tensor& x, const core::Tensor& rstd,
                                 const core::Tensor& w, const core::Tensor& residual,
-                                const core::Tensor& gx,
+                                const core::Tensor& gx, const core::Tensor& gw,
                                 const core::Tensor& gx16 = core::Tensor());
 
 // h = silu(a) * b elementwise (SwiGLU, silu(a) = a sigmoid(a)); of equal numel, h neither

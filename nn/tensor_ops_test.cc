@@ -605,18 +605,21 @@ TEST(FusedOpsTest, EachGivesTheBitsOfTheUnfusedOps) {
       EXPECT_EQ(Bits(lgx16.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value()),
                 Bits(rounded.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value()));
 
-      // RmsNormBackwardAdd: the RMSNorm input gradient plus a residual, and its bf16 copy.
-      core::Tensor y = empty(n), xhat = empty(n), rms_rstd = empty(rows);
-      ASSERT_TRUE(RmsNormForward("t", x, w, 1e-6f, y, xhat, rms_rstd).ok());
-      core::Tensor rgx_ref = empty(n);
-      ASSERT_TRUE(RmsNormBackward("t", g, xhat, rms_rstd, w, rgx_ref).ok());
+      // RmsNormBackwardAdd: the RMSNorm input gradient plus a residual, the weight gradient
+      // too, and its bf16 copy.
+      core::Tensor y = empty(n), rms_rstd = empty(rows);
+      ASSERT_TRUE(RmsNormForward("t", x, w, 1e-6f, y, rms_rstd).ok());
+      core::Tensor rgx_ref = empty(n), rgw_ref = Normal(cols, 11);
+      ASSERT_TRUE(RmsNormBackward("t", g, x, rms_rstd, w, rgx_ref, rgw_ref).ok());
       ASSERT_TRUE(AddTensors("t", a, rgx_ref, rgx_ref).ok());
-      core::Tensor rgx = empty(n), rgx2 = empty(n);
+      core::Tensor rgx = empty(n), rgx2 = empty(n), rgw = Normal(cols, 11), rgw2 = Normal(cols, 11);
       core::Tensor rgx16 = core::Tensor::Empty({n}, core::DType::kBFloat16);
-      ASSERT_TRUE(RmsNormBackwardAdd("t", g, xhat, rms_rstd, w, a, rgx).ok());
-      ASSERT_TRUE(RmsNormBackwardAdd("t", g, xhat, rms_rstd, w, a, rgx2, rgx16).ok());
+      ASSERT_TRUE(RmsNormBackwardAdd("t", g, x, rms_rstd, w, a, rgx, rgw).ok());
+      ASSERT_TRUE(RmsNormBackwardAdd("t", g, x, rms_rstd, w, a, rgx2, rgw2, rgx16).ok());
       EXPECT_EQ(Bits(rgx), Bits(rgx_ref));
       EXPECT_EQ(Bits(rgx2), Bits(rgx_ref));
+      EXPECT_EQ(Bits(rgw), Bits(rgw_ref));
+      EXPECT_EQ(Bits(rgw2), Bits(rgw_ref));
       const core::Tensor rms_rounded =
           rgx_ref.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
       EXPECT_EQ(Bits(rgx16.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value()),
@@ -658,26 +661,35 @@ TEST(FusedOpsTest, BadArgumentsAreInvalidArgumentAndWriteNothing) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("ln_2: bf16 grad_input"));
   EXPECT_EQ(gx.ToVector(), std::vector<float>(n, 0.0f));
   // RmsNormBackwardAdd: the residual is fp32 of grad_output's numel and not grad_input; the
-  // bf16 copy is bf16 of its numel.
-  const core::Tensor xhat = Normal(n, 8), rms_rstd = Normal(rows, 9);
-  s = RmsNormBackwardAdd("post_attention_layernorm", g, xhat, rms_rstd, w, y, y);
+  // bf16 copy is bf16 of its numel; the weight gradient fp32 of the weight's.
+  const core::Tensor rms_rstd = Normal(rows, 9);
+  core::Tensor rgw = core::Tensor::Zeros({cols});
+  s = RmsNormBackwardAdd("post_attention_layernorm", g, x, rms_rstd, w, y, y, rgw);
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("post_attention_layernorm: grad_input and residual"));
-  s = RmsNormBackwardAdd("post_attention_layernorm", g, xhat, rms_rstd, w, Normal(n - 1, 10), gx);
+  s = RmsNormBackwardAdd("post_attention_layernorm", g, x, rms_rstd, w, Normal(n - 1, 10), gx, rgw);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("post_attention_layernorm: residual"));
-  s = RmsNormBackwardAdd("post_attention_layernorm", g, xhat, rms_rstd, w,
-                         Normal(n, 10).ToDType(core::DType::kBFloat16, core::MemoryTag::kOther)
-                             .value(),
-                         gx);
+  s = RmsNormBackwardAdd(
+      "post_attention_layernorm", g, x, rms_rstd, w,
+      Normal(n, 10).ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value(), gx, rgw);
   EXPECT_THAT(std::string(s.message()), HasSubstr("post_attention_layernorm: residual"));
-  s = RmsNormBackwardAdd("post_attention_layernorm", g, xhat, rms_rstd, w, y, gx,
+  s = RmsNormBackwardAdd("post_attention_layernorm", g, x, rms_rstd, w, y, gx, rgw,
                          core::Tensor::Zeros({n}));
   EXPECT_THAT(std::string(s.message()), HasSubstr("post_attention_layernorm: bf16 grad_input"));
-  s = RmsNormBackwardAdd("post_attention_layernorm", g, xhat, rms_rstd, w, y, gx,
+  s = RmsNormBackwardAdd("post_attention_layernorm", g, x, rms_rstd, w, y, gx, rgw,
                          core::Tensor::Zeros({n - 1}, core::DType::kBFloat16));
   EXPECT_THAT(std::string(s.message()), HasSubstr("post_attention_layernorm: bf16 grad_input"));
+  s = RmsNormBackwardAdd("post_attention_layernorm", g, x, rms_rstd, w, y, gx,
+                         core::Tensor::Zeros({cols + 1}));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("post_attention_layernorm: weight gradient"));
+  // The forward's input: RMSNorm keeps x, not xhat, and grad_input must not be it.
+  core::Tensor x_rms = x.Clone(core::MemoryTag::kOther);
+  s = RmsNormBackward("input_layernorm", g, x_rms, rms_rstd, w, x_rms, rgw);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("input_layernorm: grad_input and input"));
+  EXPECT_EQ(Bits(x_rms), Bits(x));
   EXPECT_EQ(gx.ToVector(), std::vector<float>(n, 0.0f));
+  EXPECT_EQ(rgw.ToVector(), std::vector<float>(cols, 0.0f));
   // The backward reads its input after writing grad_input (the weight gradient's xhat).
   core::Tensor x_copy = x.Clone(core::MemoryTag::kOther);
   s = LayerNormBackward("ln_2", g, x_copy, mean, rstd, w, x_copy, core::Tensor(), core::Tensor());

@@ -162,29 +162,38 @@ FSDP_CPU_CLONES void ColumnSumsLoop(const float* FSDP_RESTRICT x, const float* F
   }
 }
 
-// One row of LayerNorm: y from x; its mean in *mean_out; returns rstd.
-template <typename W, typename Y>
+// One row of LayerNorm: y from x; its mean in *mean_out; returns rstd. Without Centered,
+// one row of RMSNorm instead (no mean, no bias: b and mean_out unused).
+template <bool Centered, typename W, typename Y>
 FSDP_CPU_INLINE float LayerNormRow(const float* FSDP_RESTRICT xr, const W* FSDP_RESTRICT w,
                                    const W* FSDP_RESTRICT b, float eps, Y* FSDP_RESTRICT yr,
                                    float* mean_out, int64_t cols) {
   const float inv_cols = 1.0f / static_cast<float>(cols);
-  const float sum = k::LaneSum<float>(cols, [&](int64_t j) { return xr[j]; });
-  const float mean = sum * inv_cols;
-  const float sq = k::LaneSum<float>(cols, [&](int64_t j) {
-    const float d = xr[j] - mean;
-    return d * d;
-  });
-  const float inv = k::LayerNormRstd(sq * inv_cols, eps);
+  if constexpr (!Centered) {
+    const float sq = k::LaneSum<float>(cols, [&](int64_t j) { return xr[j] * xr[j]; });
+    const float inv = k::RmsNormRstd(sq * inv_cols, eps);
 #pragma omp simd
-  for (int64_t j = 0; j < cols; ++j) {
-    k::Store(yr, j, k::LayerNormApply(xr[j], mean, inv, w, b, j));
+    for (int64_t j = 0; j < cols; ++j) k::Store(yr, j, k::RmsNormApply(xr[j], inv, w, j));
+    return inv;
+  } else {
+    const float sum = k::LaneSum<float>(cols, [&](int64_t j) { return xr[j]; });
+    const float mean = sum * inv_cols;
+    const float sq = k::LaneSum<float>(cols, [&](int64_t j) {
+      const float d = xr[j] - mean;
+      return d * d;
+    });
+    const float inv = k::LayerNormRstd(sq * inv_cols, eps);
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) {
+      k::Store(yr, j, k::LayerNormApply(xr[j], mean, inv, w, b, j));
+    }
+    *mean_out = mean;
+    return inv;
   }
-  *mean_out = mean;
-  return inv;
 }
 
 // LayerNorm of `rows` rows of x; with `add` non-null, of x + add, written to `sum` first
-// (NOTE [Fused ops]; sum may be x or add).
+// (NOTE [Fused ops]; sum may be x or add). With mean null, RMSNorm (b unused).
 template <typename W, typename Y>
 FSDP_CPU_INLINE void LayerNormRows(const float* x, const float* add, float* sum,
                                    const W* FSDP_RESTRICT w, const W* FSDP_RESTRICT b, float eps,
@@ -199,7 +208,8 @@ FSDP_CPU_INLINE void LayerNormRows(const float* x, const float* add, float* sum,
       for (int64_t j = 0; j < cols; ++j) sr[j] = k::Add(xr[j], ar[j]);
       xr = sr;
     }
-    rstd[r] = LayerNormRow(xr, w, b, eps, y + r * cols, mean + r, cols);
+    rstd[r] = mean != nullptr ? LayerNormRow<true>(xr, w, b, eps, y + r * cols, mean + r, cols)
+                              : LayerNormRow<false>(xr, w, b, eps, y + r * cols, nullptr, cols);
   }
 }
 // y fp32 or bf16 (NOTE [GEMM epilogues]: an output whose consumer is a bf16 GEMM).
@@ -223,45 +233,62 @@ FSDP_CPU_INLINE void RoundRow(const float* FSDP_RESTRICT row, uint16_t* FSDP_RES
   for (int64_t s = 0; s < T; ++s) out[s] = core::FloatToBf16Bits(row[s]);
 }
 
-// LayerNorm's input gradient for `rows` rows, xhat recomputed from x, mean and rstd; with
-// `residual` non-null, residual + it (NOTE [Fused ops]), and with gx16 non-null also that
-// sum rounded to bf16 there.
-template <typename W>
-FSDP_CPU_INLINE void LayerNormBackwardRows(const float* FSDP_RESTRICT g,
-                                           const float* FSDP_RESTRICT x,
-                                           const float* FSDP_RESTRICT mean,
-                                           const float* FSDP_RESTRICT rstd,
-                                           const W* FSDP_RESTRICT w,
-                                           const float* FSDP_RESTRICT residual,
-                                           float* FSDP_RESTRICT gx, uint16_t* FSDP_RESTRICT gx16,
-                                           int64_t rows, int64_t cols) {
+// LayerNorm's input gradient for one row, xhat recomputed from x, mean and rstd (without
+// Centered, RMSNorm's from x and rstd; mu unused); with `residual` non-null, residual + it
+// (NOTE [Fused ops]), and with gx16 non-null also that sum rounded to bf16 there.
+template <bool Centered, typename W>
+FSDP_CPU_INLINE void LayerNormBackwardRow(const float* FSDP_RESTRICT gr,
+                                          const float* FSDP_RESTRICT xr, float mu, float rs,
+                                          const W* FSDP_RESTRICT w, const float* FSDP_RESTRICT res,
+                                          float* FSDP_RESTRICT o, uint16_t* FSDP_RESTRICT o16,
+                                          int64_t cols) {
   const float inv_cols = 1.0f / static_cast<float>(cols);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* gr = g + r * cols;
-    const float* xr = x + r * cols;
-    const float mu = mean[r], rs = rstd[r];
-    const float sum_gh =
-        k::LaneSum<float>(cols, [&](int64_t j) { return k::LayerNormGradHat<float>(gr[j], w, j); });
-    const float sum_gh_h = k::LaneSum<float>(cols, [&](int64_t j) {
-      return k::LayerNormGradHat<float>(gr[j], w, j) * k::LayerNormHat(xr[j], mu, rs);
-    });
-    const float mean_gh = sum_gh * inv_cols;
-    const float mean_gh_h = sum_gh_h * inv_cols;
-    float* o = gx + r * cols;
-    if (residual != nullptr) {
-      const float* res = residual + r * cols;
-#pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) {
-        o[j] = k::Add(res[j], k::LayerNormBackwardInput(gr[j], w, j, k::LayerNormHat(xr[j], mu, rs),
-                                                        rs, mean_gh, mean_gh_h));
-      }
-      if (gx16 != nullptr) RoundRow(o, gx16 + r * cols, cols);
+  const auto hat = [&](int64_t j) {
+    if constexpr (Centered) {
+      return k::LayerNormHat(xr[j], mu, rs);
     } else {
+      return k::RmsNormHat(xr[j], rs);
+    }
+  };
+  float mean_gh = 0.0f;
+  if constexpr (Centered) {
+    mean_gh = k::LaneSum<float>(
+                  cols, [&](int64_t j) { return k::LayerNormGradHat<float>(gr[j], w, j); }) *
+              inv_cols;
+  }
+  const float mean_gh_h =
+      k::LaneSum<float>(
+          cols, [&](int64_t j) { return k::LayerNormGradHat<float>(gr[j], w, j) * hat(j); }) *
+      inv_cols;
+  const auto input_grad = [&](int64_t j) {
+    if constexpr (Centered) {
+      return k::LayerNormBackwardInput(gr[j], w, j, hat(j), rs, mean_gh, mean_gh_h);
+    } else {
+      return k::RmsNormBackwardInput(gr[j], w, j, hat(j), rs, mean_gh_h);
+    }
+  };
+  if (res != nullptr) {
 #pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) {
-        o[j] = k::LayerNormBackwardInput(gr[j], w, j, k::LayerNormHat(xr[j], mu, rs), rs,
-                                         mean_gh, mean_gh_h);
-      }
+    for (int64_t j = 0; j < cols; ++j) o[j] = k::Add(res[j], input_grad(j));
+    if (o16 != nullptr) RoundRow(o, o16, cols);
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) o[j] = input_grad(j);
+  }
+}
+// `rows` rows of that; with mean null, RMSNorm's.
+template <typename W>
+FSDP_CPU_INLINE void LayerNormBackwardRows(const float* g, const float* x, const float* mean,
+                                           const float* rstd, const W* w, const float* residual,
+                                           float* gx, uint16_t* gx16, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t o = r * cols;
+    const float* res = residual != nullptr ? residual + o : nullptr;
+    uint16_t* o16 = gx16 != nullptr ? gx16 + o : nullptr;
+    if (mean != nullptr) {
+      LayerNormBackwardRow<true>(g + o, x + o, mean[r], rstd[r], w, res, gx + o, o16, cols);
+    } else {
+      LayerNormBackwardRow<false>(g + o, x + o, 0.0f, rstd[r], w, res, gx + o, o16, cols);
     }
   }
 }
@@ -278,16 +305,23 @@ FSDP_CPU_CLONES void LayerNormBackwardLoop(const float* g, const float* x, const
   LayerNormBackwardRows(g, x, mean, rstd, w, residual, gx, gx16, rows, cols);
 }
 
-// xhat of `rows` rows of LayerNorm's input x from each row's mean and rstd.
+// xhat of `rows` rows of LayerNorm's input x from each row's mean and rstd (with mean null,
+// RMSNorm's from rstd).
 FSDP_CPU_CLONES void LayerNormHatLoop(const float* FSDP_RESTRICT x, const float* mean,
                                       const float* rstd, float* FSDP_RESTRICT xhat, int64_t rows,
                                       int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
-    const float mu = mean[r], rs = rstd[r];
+    const float rs = rstd[r];
     const float* xr = x + r * cols;
     float* hr = xhat + r * cols;
+    if (mean != nullptr) {
+      const float mu = mean[r];
 #pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) hr[j] = k::LayerNormHat(xr[j], mu, rs);
+      for (int64_t j = 0; j < cols; ++j) hr[j] = k::LayerNormHat(xr[j], mu, rs);
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) hr[j] = k::RmsNormHat(xr[j], rs);
+    }
   }
 }
 
@@ -400,7 +434,8 @@ void AddSums(const std::vector<double>& sums, float* acc) {
   for (size_t j = 0; j < sums.size(); ++j) acc[j] = static_cast<float>(acc[j] + sums[j]);
 }
 
-// LayerNorm of x, or of x + add written to sum when add is non-null.
+// LayerNorm of x, or of x + add written to sum when add is non-null; with mean null,
+// RMSNorm (b unused).
 void LayerNormRowsParallel(const float* x, const float* add, float* sum, const void* w,
                            const void* b, bool bf16, float eps, void* y, bool y_bf16, float* mean,
                            float* rstd, int64_t rows, int64_t cols) {
@@ -411,18 +446,20 @@ void LayerNormRowsParallel(const float* x, const float* add, float* sum, const v
       const float* xo = x + o;
       const float* ao = add != nullptr ? add + o : nullptr;
       float* so = sum != nullptr ? sum + o : nullptr;
+      float* mo = mean != nullptr ? mean + s : nullptr;
       if (y_bf16) {
-        LayerNormLoop(xo, ao, so, wp, bp, eps, static_cast<uint16_t*>(y) + o, mean + s, rstd + s,
-                      e - s, cols);
+        LayerNormLoop(xo, ao, so, wp, bp, eps, static_cast<uint16_t*>(y) + o, mo, rstd + s, e - s,
+                      cols);
       } else {
-        LayerNormLoop(xo, ao, so, wp, bp, eps, static_cast<float*>(y) + o, mean + s, rstd + s,
-                      e - s, cols);
+        LayerNormLoop(xo, ao, so, wp, bp, eps, static_cast<float*>(y) + o, mo, rstd + s, e - s,
+                      cols);
       }
     });
   });
 }
 
-// LayerNorm's input gradient; with residual non-null, residual + it.
+// LayerNorm's input gradient (with mean null, RMSNorm's); with residual non-null,
+// residual + it.
 void LayerNormBackwardRowsParallel(const float* g, const float* x, const float* mean,
                                    const float* rstd, const void* w, bool bf16,
                                    const float* residual, float* gx, uint16_t* gx16,
@@ -430,7 +467,7 @@ void LayerNormBackwardRowsParallel(const float* g, const float* x, const float* 
   k::WithStored(w, bf16, [&](const auto* wp) {
     ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
       const int64_t o = s * cols;
-      LayerNormBackwardLoop(g + o, x + o, mean + s, rstd + s, wp,
+      LayerNormBackwardLoop(g + o, x + o, mean != nullptr ? mean + s : nullptr, rstd + s, wp,
                             residual != nullptr ? residual + o : nullptr, gx + o,
                             gx16 != nullptr ? gx16 + o : nullptr, e - s, cols);
     });
@@ -520,8 +557,30 @@ void LayerNormBackwardInput(const float* g, const float* x, const float* mean, c
 void LayerNormHat(const float* x, const float* mean, const float* rstd, float* xhat,
                   int64_t rows, int64_t cols) {
   ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
-    LayerNormHatLoop(x + s * cols, mean + s, rstd + s, xhat + s * cols, e - s, cols);
+    LayerNormHatLoop(x + s * cols, mean != nullptr ? mean + s : nullptr, rstd + s, xhat + s * cols,
+                     e - s, cols);
   });
+}
+
+void RmsNormForward(const float* x, const void* w, bool bf16, float eps, void* y, float* rstd,
+                    int64_t rows, int64_t cols, bool y_bf16) {
+  LayerNormRowsParallel(x, nullptr, nullptr, w, nullptr, bf16, eps, y, y_bf16, nullptr, rstd, rows,
+                        cols);
+}
+
+void RmsNormBackwardInput(const float* g, const float* x, const float* rstd, const void* w,
+                          bool bf16, float* gx, int64_t rows, int64_t cols) {
+  LayerNormBackwardRowsParallel(g, x, nullptr, rstd, w, bf16, nullptr, gx, nullptr, rows, cols);
+}
+
+void RmsNormBackwardInputAdd(const float* g, const float* x, const float* rstd, const void* w,
+                             bool bf16, const float* residual, float* gx, int64_t rows,
+                             int64_t cols, uint16_t* gx16) {
+  LayerNormBackwardRowsParallel(g, x, nullptr, rstd, w, bf16, residual, gx, gx16, rows, cols);
+}
+
+void RmsNormHat(const float* x, const float* rstd, float* xhat, int64_t rows, int64_t cols) {
+  LayerNormHat(x, nullptr, rstd, xhat, rows, cols);
 }
 
 void CausalSoftmaxForward(float* scores, int64_t rows, int64_t T, uint16_t* probs16) {

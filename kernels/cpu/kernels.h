@@ -94,23 +94,28 @@ void FlashAttentionBackward(const uint16_t* qkv, const void* y, bool y_bf16, con
                             const float* lse, float* delta, void* gqkv, bool gqkv_bf16,
                             int64_t B, int64_t T, int64_t H, int64_t head_dim, float scale);
 
-// ---- The Llama layers' launchers (kernels/cpu/llama.cc), the twins of kernels/cuda/kernels.h's.
+// ---- The Llama layers' launchers, the twins of kernels/cuda/kernels.h's (RMSNorm in
+// kernels/cpu/kernels.cc, the others in kernels/cpu/llama.cc).
 
-// RMSNorm of each row of x [rows, cols]: y, xhat = x * rstd [rows, cols], rstd [rows]; y
-// fp32, or bf16 when y_bf16 (each element the fp32 value rounded once: NOTE [GEMM
-// epilogues], an output whose consumer is a bf16 GEMM).
-void RmsNormForward(const float* x, const void* w, bool bf16, float eps, void* y, float* xhat,
-                    float* rstd, int64_t rows, int64_t cols, bool y_bf16 = false);
-// RMSNorm's input gradient gx from g, xhat, rstd and w (the weight gradient is the
-// ColumnSums of g * xhat).
-void RmsNormBackwardInput(const float* g, const float* xhat, const float* rstd, const void* w,
+// RMSNorm of each row of x [rows, cols]: y [rows, cols] and rstd [rows]; y fp32, or bf16
+// when y_bf16 (each element the fp32 value rounded once: NOTE [GEMM epilogues], an output
+// whose consumer is a bf16 GEMM). LayerNorm's loops without the mean and the bias; the
+// backward takes x and rstd (xhat = kernels::RmsNormHat of them, the forward's bits).
+void RmsNormForward(const float* x, const void* w, bool bf16, float eps, void* y, float* rstd,
+                    int64_t rows, int64_t cols, bool y_bf16 = false);
+// RMSNorm's input gradient gx from g, the forward's x and rstd, and w (the weight gradient
+// is the ColumnSums of g * xhat, xhat from RmsNormHat).
+void RmsNormBackwardInput(const float* g, const float* x, const float* rstd, const void* w,
                           bool bf16, float* gx, int64_t rows, int64_t cols);
 // NOTE [Fused ops] (nn/tensor_ops.h): gx = residual + RmsNormBackwardInput(g, ...), the bits
 // of the two launches, in one loop; gx must not be residual. With gx16 not null, gx rounded
 // to bf16 there too (the operand of a bf16 GEMM that takes it).
-void RmsNormBackwardInputAdd(const float* g, const float* xhat, const float* rstd, const void* w,
+void RmsNormBackwardInputAdd(const float* g, const float* x, const float* rstd, const void* w,
                              bool bf16, const float* residual, float* gx, int64_t rows,
                              int64_t cols, uint16_t* gx16 = nullptr);
+// xhat [rows, cols] of RMSNorm's input x from each row's rstd (for the weight gradient's
+// ColumnSums).
+void RmsNormHat(const float* x, const float* rstd, float* xhat, int64_t rows, int64_t cols);
 // h = silu(a) * b, elementwise; h fp32, or bf16 when h_bf16 (each element the fp32 value
 // rounded once: NOTE [GEMM epilogues], an output whose consumer is a bf16 GEMM).
 void SiluMulForward(const float* a, const float* b, void* h, int64_t n, bool h_bf16 = false);

@@ -1,7 +1,7 @@
-// CPU launchers of the Llama layers' bodies (kernels/cpu/kernels.h): RMSNorm, SwiGLU's
-// silu(a) * b and the rotary embedding packed with grouped-query attention's head
-// expansion. Compiled with CPU_LOOP_COPTS (kernels/cpu_loops.bzl): the rules of
-// kernels/cpu.h, as kernels/cpu/kernels.cc.
+// CPU launchers of the Llama layers' bodies (kernels/cpu/kernels.h): SwiGLU's silu(a) * b
+// and the rotary embedding packed with grouped-query attention's head expansion (RMSNorm
+// runs on LayerNorm's loops in kernels/cpu/kernels.cc). Compiled with CPU_LOOP_COPTS
+// (kernels/cpu_loops.bzl): the rules of kernels/cpu.h, as kernels/cpu/kernels.cc.
 #include <stdint.h>
 
 #include "kernels/cpu.h"
@@ -9,7 +9,6 @@
 #include "kernels/cpu_runtime.h"
 #include "kernels/elementwise.h"
 #include "kernels/math.h"
-#include "kernels/rowwise.h"
 
 namespace kernels {
 namespace cpu {
@@ -19,104 +18,6 @@ namespace k = ::kernels;
 
 // Elementwise chunks start on 64-byte lines (16 floats).
 constexpr int64_t kAlign = 16;
-
-// ---- RMSNorm, one row at a time; the row sums through k::LaneSum in 8 float lanes.
-
-template <typename W, typename Y>
-FSDP_CPU_INLINE void RmsNormRows(const float* FSDP_RESTRICT x, const W* FSDP_RESTRICT w,
-                                 float eps, Y* FSDP_RESTRICT y, float* FSDP_RESTRICT xhat,
-                                 float* FSDP_RESTRICT rstd, int64_t rows, int64_t cols) {
-  const float inv_cols = 1.0f / static_cast<float>(cols);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * cols;
-    Y* yr = y + r * cols;
-    float* hr = xhat + r * cols;
-    const float sq = k::LaneSum<float>(cols, [&](int64_t j) { return xr[j] * xr[j]; });
-    const float rs = k::RmsNormRstd(sq * inv_cols, eps);
-#pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) k::Store(yr, j, k::RmsNormApply(xr[j], rs, w, j, &hr[j]));
-    rstd[r] = rs;
-  }
-}
-// w and y each fp32 or bf16.
-#define FSDP_RMS_NORM_LOOP(W, Y)                                                          \
-  FSDP_CPU_CLONES void RmsNormLoop(const float* x, const W* w, float eps, Y* y, float* xhat, \
-                                   float* rstd, int64_t rows, int64_t cols) {              \
-    RmsNormRows(x, w, eps, y, xhat, rstd, rows, cols);                                     \
-  }
-FSDP_RMS_NORM_LOOP(float, float)
-FSDP_RMS_NORM_LOOP(uint16_t, float)
-FSDP_RMS_NORM_LOOP(float, uint16_t)
-FSDP_RMS_NORM_LOOP(uint16_t, uint16_t)
-#undef FSDP_RMS_NORM_LOOP
-
-// RMSNorm's input gradient for `rows` rows; with `residual` non-null, residual + it (NOTE
-// [Fused ops]), and with gx16 non-null also that sum rounded to bf16 there.
-template <typename W>
-FSDP_CPU_INLINE void RmsNormBackwardRows(const float* FSDP_RESTRICT g,
-                                         const float* FSDP_RESTRICT xhat,
-                                         const float* FSDP_RESTRICT rstd,
-                                         const W* FSDP_RESTRICT w,
-                                         const float* FSDP_RESTRICT residual,
-                                         float* FSDP_RESTRICT gx, uint16_t* FSDP_RESTRICT gx16,
-                                         int64_t rows, int64_t cols) {
-  const float inv_cols = 1.0f / static_cast<float>(cols);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* gr = g + r * cols;
-    const float* hr = xhat + r * cols;
-    const float sum = k::LaneSum<float>(
-        cols, [&](int64_t j) { return k::LayerNormGradHat<float>(gr[j], w, j) * hr[j]; });
-    const float mean = sum * inv_cols;
-    const float rs = rstd[r];
-    float* o = gx + r * cols;
-    if (residual == nullptr) {
-#pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) {
-        o[j] = k::RmsNormBackwardInput(gr[j], w, j, hr[j], rs, mean);
-      }
-    } else if (gx16 == nullptr) {
-      const float* res = residual + r * cols;
-#pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) {
-        o[j] = k::RmsNormBackwardInputAdd(res[j], gr[j], w, j, hr[j], rs, mean);
-      }
-    } else {
-      const float* res = residual + r * cols;
-      uint16_t* o16 = gx16 + r * cols;
-#pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) {
-        const float sum_j = k::RmsNormBackwardInputAdd(res[j], gr[j], w, j, hr[j], rs, mean);
-        o[j] = sum_j;
-        k::Store(o16, j, sum_j);
-      }
-    }
-  }
-}
-FSDP_CPU_CLONES void RmsNormBackwardLoop(const float* g, const float* xhat, const float* rstd,
-                                         const float* w, const float* residual, float* gx,
-                                         uint16_t* gx16, int64_t rows, int64_t cols) {
-  RmsNormBackwardRows(g, xhat, rstd, w, residual, gx, gx16, rows, cols);
-}
-FSDP_CPU_CLONES void RmsNormBackwardLoop(const float* g, const float* xhat, const float* rstd,
-                                         const uint16_t* w, const float* residual, float* gx,
-                                         uint16_t* gx16, int64_t rows, int64_t cols) {
-  RmsNormBackwardRows(g, xhat, rstd, w, residual, gx, gx16, rows, cols);
-}
-
-// RMSNorm's input gradient over row chunks of the intra-op threads; with residual non-null,
-// residual + it (and its bf16 copy when gx16 is not null).
-void RmsNormBackwardRowsParallel(const float* g, const float* xhat, const float* rstd,
-                                 const void* w, bool bf16, const float* residual, float* gx,
-                                 uint16_t* gx16, int64_t rows, int64_t cols) {
-  ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
-    const int64_t o = s * cols;
-    const float* res = residual != nullptr ? residual + o : nullptr;
-    uint16_t* out16 = gx16 != nullptr ? gx16 + o : nullptr;
-    k::WithStored(w, bf16, [&](const auto* wp) {
-      RmsNormBackwardLoop(g + o, xhat + o, rstd + s, wp, res, gx + o, out16, e - s, cols);
-    });
-  });
-}
 
 // ---- SwiGLU; each output fp32 or bf16 (k::Store: the fp32 value rounded once).
 
@@ -268,29 +169,6 @@ FSDP_ROTARY_BACKWARD_LOOPS(uint16_t)
 #undef FSDP_ROTARY_BACKWARD_LOOPS
 
 }  // namespace
-
-void RmsNormForward(const float* x, const void* w, bool bf16, float eps, void* y, float* xhat,
-                    float* rstd, int64_t rows, int64_t cols, bool y_bf16) {
-  ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
-    const int64_t o = s * cols;
-    k::WithStored(w, bf16, [&](const auto* wp) {
-      k::WithStored(y, y_bf16, [&](auto* yp) {
-        RmsNormLoop(x + o, wp, eps, yp + o, xhat + o, rstd + s, e - s, cols);
-      });
-    });
-  });
-}
-
-void RmsNormBackwardInput(const float* g, const float* xhat, const float* rstd, const void* w,
-                          bool bf16, float* gx, int64_t rows, int64_t cols) {
-  RmsNormBackwardRowsParallel(g, xhat, rstd, w, bf16, nullptr, gx, nullptr, rows, cols);
-}
-
-void RmsNormBackwardInputAdd(const float* g, const float* xhat, const float* rstd, const void* w,
-                             bool bf16, const float* residual, float* gx, int64_t rows,
-                             int64_t cols, uint16_t* gx16) {
-  RmsNormBackwardRowsParallel(g, xhat, rstd, w, bf16, residual, gx, gx16, rows, cols);
-}
 
 void SiluMulForward(const float* a, const float* b, void* h, int64_t n, bool h_bf16) {
   k::WithStored(h, h_bf16, [&](auto* hp) {

@@ -1,4 +1,4 @@
-// Tests of the Llama layers' CPU launchers (kernels/cpu/llama.cc): RMSNorm, SwiGLU's
+// Tests of the Llama layers' CPU launchers (kernels/cpu/kernels.h): RMSNorm, SwiGLU's
 // silu(a) * b and the rotary packing of grouped q, k, v, against double references
 // written out here, and bit-identical results for any thread count. nn/ tests the layers
 // built on them (rms_norm_test, swiglu_test, grouped_query_attention_test).
@@ -39,7 +39,7 @@ void ExpectClose(const std::vector<float>& got, const std::vector<double>& want,
 }
 
 // NOTE [GEMM epilogues]: with a bf16 output each element is the fp32 output rounded once,
-// and xhat and rstd keep their bits, for fp32 and bf16 weights, any row width.
+// and rstd keeps its bits, for fp32 and bf16 weights, any row width.
 TEST(CpuLlamaKernelsTest, RmsNormBf16OutputIsTheFp32OutputRoundedOnce) {
   for (int64_t cols : {1, 7, 8, 33, 256}) {
     for (bool bf16 : {false, true}) {
@@ -48,16 +48,14 @@ TEST(CpuLlamaKernelsTest, RmsNormBf16OutputIsTheFp32OutputRoundedOnce) {
       std::vector<uint16_t> w16(w.size());
       for (size_t j = 0; j < w.size(); ++j) w16[j] = core::FloatToBf16Bits(w[j]);
       const void* wp = bf16 ? static_cast<const void*>(w16.data()) : w.data();
-      std::vector<float> y(x.size()), xhat(x.size()), rstd(rows), xhat2(x.size()), rstd2(rows);
+      std::vector<float> y(x.size()), rstd(rows), rstd2(rows);
       std::vector<uint16_t> y16(x.size());
-      kcpu::RmsNormForward(x.data(), wp, bf16, 1e-6f, y.data(), xhat.data(), rstd.data(), rows,
-                           cols);
-      kcpu::RmsNormForward(x.data(), wp, bf16, 1e-6f, y16.data(), xhat2.data(), rstd2.data(),
-                           rows, cols, /*y_bf16=*/true);
+      kcpu::RmsNormForward(x.data(), wp, bf16, 1e-6f, y.data(), rstd.data(), rows, cols);
+      kcpu::RmsNormForward(x.data(), wp, bf16, 1e-6f, y16.data(), rstd2.data(), rows, cols,
+                           /*y_bf16=*/true);
       for (size_t i = 0; i < y.size(); ++i) {
         ASSERT_EQ(y16[i], core::FloatToBf16Bits(y[i])) << "cols " << cols << " element " << i;
       }
-      EXPECT_EQ(xhat2, xhat);
       EXPECT_EQ(rstd2, rstd);
     }
   }
@@ -77,9 +75,14 @@ TEST(CpuLlamaKernelsTest, RmsNormMatchesADoubleReferenceWithFp32AndBf16Weights) 
       }
       const void* wp = bf16 ? static_cast<const void*>(w16.data()) : w.data();
       std::vector<float> y(x.size()), xhat(x.size()), rstd(rows), gx(x.size());
-      kcpu::RmsNormForward(x.data(), wp, bf16, eps, y.data(), xhat.data(), rstd.data(), rows, cols);
-      kcpu::RmsNormBackwardInput(g.data(), xhat.data(), rstd.data(), wp, bf16, gx.data(), rows,
-                                 cols);
+      kcpu::RmsNormForward(x.data(), wp, bf16, eps, y.data(), rstd.data(), rows, cols);
+      kcpu::RmsNormBackwardInput(g.data(), x.data(), rstd.data(), wp, bf16, gx.data(), rows, cols);
+      // The backward's xhat, made again from x and rstd, is the one the forward multiplied by
+      // w: y is xhat * w bit for bit.
+      kcpu::RmsNormHat(x.data(), rstd.data(), xhat.data(), rows, cols);
+      for (int64_t i = 0; i < rows * cols; ++i) {
+        ASSERT_EQ(y[i], xhat[i] * w[i % cols]) << "cols " << cols << " element " << i;
+      }
       std::vector<double> y_ref(x.size()), gx_ref(x.size());
       for (int64_t r = 0; r < rows; ++r) {
         double ms = 0.0;
@@ -121,17 +124,15 @@ TEST(CpuLlamaKernelsTest, RmsNormBackwardAddIsTheInputGradientPlusTheResidualBit
       std::vector<uint16_t> w16(w.size());
       for (size_t j = 0; j < w.size(); ++j) w16[j] = core::FloatToBf16Bits(w[j]);
       const void* wp = bf16 ? static_cast<const void*>(w16.data()) : w.data();
-      std::vector<float> y(n), xhat(n), rstd(rows), gx(n), want(n);
-      kcpu::RmsNormForward(x.data(), wp, bf16, 1e-6f, y.data(), xhat.data(), rstd.data(), rows,
-                           cols);
-      kcpu::RmsNormBackwardInput(g.data(), xhat.data(), rstd.data(), wp, bf16, gx.data(), rows,
-                                 cols);
+      std::vector<float> y(n), rstd(rows), gx(n), want(n);
+      kcpu::RmsNormForward(x.data(), wp, bf16, 1e-6f, y.data(), rstd.data(), rows, cols);
+      kcpu::RmsNormBackwardInput(g.data(), x.data(), rstd.data(), wp, bf16, gx.data(), rows, cols);
       kcpu::Add(res.data(), gx.data(), want.data(), n);
       std::vector<float> sum(n, -1.0f), sum2(n, -1.0f);
       std::vector<uint16_t> sum16(n, 0);
-      kcpu::RmsNormBackwardInputAdd(g.data(), xhat.data(), rstd.data(), wp, bf16, res.data(),
+      kcpu::RmsNormBackwardInputAdd(g.data(), x.data(), rstd.data(), wp, bf16, res.data(),
                                     sum.data(), rows, cols);
-      kcpu::RmsNormBackwardInputAdd(g.data(), xhat.data(), rstd.data(), wp, bf16, res.data(),
+      kcpu::RmsNormBackwardInputAdd(g.data(), x.data(), rstd.data(), wp, bf16, res.data(),
                                     sum2.data(), rows, cols, sum16.data());
       EXPECT_EQ(Bits(sum), Bits(want));
       EXPECT_EQ(Bits(sum2), Bits(want));
@@ -358,14 +359,14 @@ TEST(CpuLlamaKernelsTest, ResultsAreBitIdenticalForAnyThreadCount) {
     const std::vector<float> x = Normal(rows * cols, 11), g = Normal(rows * cols, 12),
                              w = Normal(cols, 13);
     std::vector<float> y(x.size()), xhat(x.size()), rstd(rows), gx(x.size());
-    kcpu::RmsNormForward(x.data(), w.data(), false, 1e-6f, y.data(), xhat.data(), rstd.data(),
-                         rows, cols);
-    kcpu::RmsNormBackwardInput(g.data(), xhat.data(), rstd.data(), w.data(), false, gx.data(),
-                               rows, cols);
-    out.insert(out.end(), {y, rstd, gx});
+    kcpu::RmsNormForward(x.data(), w.data(), false, 1e-6f, y.data(), rstd.data(), rows, cols);
+    kcpu::RmsNormBackwardInput(g.data(), x.data(), rstd.data(), w.data(), false, gx.data(), rows,
+                               cols);
+    kcpu::RmsNormHat(x.data(), rstd.data(), xhat.data(), rows, cols);
+    out.insert(out.end(), {y, rstd, gx, xhat});
     std::vector<float> sum(x.size()), sum16_wide(x.size());
     std::vector<uint16_t> sum16(x.size());
-    kcpu::RmsNormBackwardInputAdd(g.data(), xhat.data(), rstd.data(), w.data(), false, x.data(),
+    kcpu::RmsNormBackwardInputAdd(g.data(), x.data(), rstd.data(), w.data(), false, x.data(),
                                   sum.data(), rows, cols, sum16.data());
     for (size_t i = 0; i < sum16.size(); ++i) sum16_wide[i] = core::Bf16BitsToFloat(sum16[i]);
     out.insert(out.end(), {sum, sum16_wide});

@@ -396,13 +396,14 @@ inline bool RowFitsCache(int64_t cols, int n) { return n == 4 && cols <= 32 * 4 
 
 // LayerNorm of the rows of x, or of x + x2 when x2 is not null (residual + LayerNorm, the
 // sum written to `sum`, which may be x or x2: each lane reads and writes its own elements).
+// Without Centered, RMSNorm instead: no mean pass, no bias (b and mean_out unused).
 // One warp per row; lane l takes the groups of N columns starting at N * (l + 32 i), N and
 // Wide as in LayerNormBackwardKernel (Wide: every row, y's included, 16-byte aligned); with
-// Cached (ForEachGroup) the row is read once and its three passes run from registers.
-template <int N, bool Wide, int Cached, typename W, typename Y>
-__global__ void LayerNormForwardKernel(const float* x, const float* x2, float* sum_out,
-                                       const W* w, const W* b, float eps, Y* y, float* mean_out,
-                                       float* rstd, int64_t rows, int64_t cols) {
+// Cached (ForEachGroup) the row is read once and its passes run from registers.
+template <int N, bool Wide, int Cached, bool Centered, typename W, typename Y>
+__global__ void LayerNormForwardKernel(const float* x, const float* x2, float* sum_out, const W* w,
+                                       const W* b, float eps, Y* y, float* mean_out, float* rstd,
+                                       int64_t rows, int64_t cols) {
   using F = Floats<N, Wide>;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
@@ -419,37 +420,47 @@ __global__ void LayerNormForwardKernel(const float* x, const float* x2, float* s
     return v;
   };
   RowCache<F, Cached> row_x;
-  float sum = 0.0f;
-  ForEachGroup<N, Cached>(lane, cols, [&](int i, int64_t j) {
-    const F v = row_x.Take(i, true, [&] { return in(j); });
+  float mean = 0.0f;
+  if constexpr (Centered) {
+    float sum = 0.0f;
+    ForEachGroup<N, Cached>(lane, cols, [&](int i, int64_t j) {
+      const F v = row_x.Take(i, true, [&] { return in(j); });
 #pragma unroll
-    for (int e = 0; e < N; ++e) sum += v.v[e];
-  });
-  const float mean = WarpSum(sum) / static_cast<float>(cols);
+      for (int e = 0; e < N; ++e) sum += v.v[e];
+    });
+    mean = WarpSum(sum) / static_cast<float>(cols);
+  }
   float sq = 0.0f;
   ForEachGroup<N, Cached>(lane, cols, [&](int i, int64_t j) {
-    const F v = row_x.Take(i, false, [&] { return in(j); });
+    const F v = row_x.Take(i, !Centered, [&] { return in(j); });
 #pragma unroll
     for (int e = 0; e < N; ++e) {
-      const float d = v.v[e] - mean;
+      const float d = Centered ? v.v[e] - mean : v.v[e];
       sq += d * d;
     }
   });
+  // The variance about the mean, or (RMSNorm) the mean square.
   const float var = WarpSum(sq) / static_cast<float>(cols);
-  const float r = k::LayerNormRstd(var, eps);
+  const float r = Centered ? k::LayerNormRstd(var, eps) : k::RmsNormRstd(var, eps);
   Y* yr = y + row * cols;
   float* sr = sum_out != nullptr ? sum_out + row * cols : nullptr;
   ForEachGroup<N, Cached>(lane, cols, [&](int i, int64_t j) {
     const F v = row_x.Take(i, false, [&] { return in(j); });
     if (sr != nullptr) v.Store(sr + j);
     float out[N];
-    const Weights<N, W> wj = LoadWeights<N>(w, j), bj = LoadWeights<N>(b, j);
+    const Weights<N, W> wj = LoadWeights<N>(w, j);
+    if constexpr (Centered) {
+      const Weights<N, W> bj = LoadWeights<N>(b, j);
 #pragma unroll
-    for (int e = 0; e < N; ++e) out[e] = k::LayerNormApply(v.v[e], mean, r, wj.v, bj.v, e);
+      for (int e = 0; e < N; ++e) out[e] = k::LayerNormApply(v.v[e], mean, r, wj.v, bj.v, e);
+    } else {
+#pragma unroll
+      for (int e = 0; e < N; ++e) out[e] = k::RmsNormApply(v.v[e], r, wj.v, e);
+    }
     StoreRounded<N, Wide>(yr + j, out);
   });
   if (lane == 0) {
-    mean_out[row] = mean;
+    if constexpr (Centered) mean_out[row] = mean;
     rstd[row] = r;
   }
 }
@@ -469,8 +480,10 @@ __global__ void LayerNormForwardKernel(const float* x, const float* x2, float* s
 // (a function of the shape, so the order of every sum is too) and Wide says the rows are
 // 16-byte aligned, so each group moves in one access (else N scalar ones, the same sums).
 // With Cached (ForEachGroup) a row's g and x are read once, the second pass taking g and
-// xhat from registers.
-template <int N, bool Wide, bool Sums, int Cached, typename W>
+// xhat from registers. Without Centered, RMSNorm's backward (kernels::RmsNormHat and
+// RmsNormBackwardInput; mean and gb unused, and only the g * xhat sums are kept: the
+// first cols of each warp's and block's [2, cols]).
+template <int N, bool Wide, bool Sums, int Cached, bool Centered, typename W>
 __global__ void LayerNormBackwardKernel(const float* g, const float* x, const float* mean,
                                         const float* rstd, const W* w, const float* residual,
                                         float* gx, uint16_t* gx16, float* gw, float* gb,
@@ -479,10 +492,11 @@ __global__ void LayerNormBackwardKernel(const float* g, const float* x, const fl
   using F = Floats<N, Wide>;
   extern __shared__ __align__(16) float sums[];
   const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  constexpr int kStats = Centered ? 2 : 1;  // the column sums kept: g * xhat (and g)
   float* own_gh = sums + static_cast<int64_t>(warp) * 2 * cols;
   float* own_g = own_gh + cols;
   if constexpr (Sums) {
-    for (int64_t j = lane; j < 2 * cols; j += 32) own_gh[j] = 0.0f;
+    for (int64_t j = lane; j < kStats * cols; j += 32) own_gh[j] = 0.0f;
     __syncwarp();  // the lanes then add into columns other lanes zeroed
   }
   const int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_block;
@@ -490,11 +504,13 @@ __global__ void LayerNormBackwardKernel(const float* g, const float* x, const fl
   for (int64_t row = first + warp; row < end; row += warps) {
     const float* gr = g + row * cols;
     const float* xr = x + row * cols;
-    const float mu = mean[row], r = rstd[row];
+    const float mu = Centered ? mean[row] : 0.0f, r = rstd[row];
     const auto hat = [&](int64_t j) {
       F h = F::Load(xr + j);
 #pragma unroll
-      for (int e = 0; e < N; ++e) h.v[e] = k::LayerNormHat(h.v[e], mu, r);
+      for (int e = 0; e < N; ++e) {
+        h.v[e] = Centered ? k::LayerNormHat(h.v[e], mu, r) : k::RmsNormHat(h.v[e], r);
+      }
       return h;
     };
     RowCache<F, Cached> row_g, row_h;
@@ -506,11 +522,11 @@ __global__ void LayerNormBackwardKernel(const float* g, const float* x, const fl
 #pragma unroll
       for (int e = 0; e < N; ++e) {
         const float gh = k::LayerNormGradHat<float>(gv.v[e], wj.v, e);
-        sum_gh += gh;
+        if constexpr (Centered) sum_gh += gh;
         sum_gh_h += gh * hv.v[e];
       }
     });
-    const float mean_gh = WarpSum(sum_gh) / static_cast<float>(cols);
+    const float mean_gh = Centered ? WarpSum(sum_gh) / static_cast<float>(cols) : 0.0f;
     const float mean_gh_h = WarpSum(sum_gh_h) / static_cast<float>(cols);
     float* out = gx + row * cols;
     const float* res = residual != nullptr ? residual + row * cols : nullptr;
@@ -522,26 +538,29 @@ __global__ void LayerNormBackwardKernel(const float* g, const float* x, const fl
 #pragma unroll
       for (int e = 0; e < N; ++e) {
         const float v =
-            k::LayerNormBackwardInput<float>(gv.v[e], wj.v, e, hv.v[e], r, mean_gh, mean_gh_h);
+            Centered
+                ? k::LayerNormBackwardInput<float>(gv.v[e], wj.v, e, hv.v[e], r, mean_gh, mean_gh_h)
+                : k::RmsNormBackwardInput<float>(gv.v[e], wj.v, e, hv.v[e], r, mean_gh_h);
         o.v[e] = res != nullptr ? k::Add(o.v[e], v) : v;
       }
       o.Store(out + j);
       if (gx16 != nullptr) StoreRounded<N, Wide>(gx16 + row * cols + j, o.v);
       if constexpr (Sums) {
-        F sgh = F::Load(own_gh + j), sg = F::Load(own_g + j);
+        F sgh = F::Load(own_gh + j), sg;
+        if constexpr (Centered) sg = F::Load(own_g + j);
 #pragma unroll
         for (int e = 0; e < N; ++e) {
           sgh.v[e] += gv.v[e] * hv.v[e];
-          sg.v[e] += gv.v[e];
+          if constexpr (Centered) sg.v[e] += gv.v[e];
         }
         sgh.Store(own_gh + j);
-        sg.Store(own_g + j);
+        if constexpr (Centered) sg.Store(own_g + j);
       }
     });
   }
   if constexpr (!Sums) return;
   __syncthreads();
-  for (int64_t j = threadIdx.x; j < 2 * cols; j += blockDim.x) {
+  for (int64_t j = threadIdx.x; j < kStats * cols; j += blockDim.x) {
     float total = 0.0f;
     for (int v = 0; v < warps; ++v) total += sums[static_cast<int64_t>(v) * 2 * cols + j];
     if (partial != nullptr) {
@@ -938,6 +957,18 @@ void ByColumnGroups(int64_t cols, bool wide_ok, std::initializer_list<const void
   }
 }
 
+// launch(std::true_type()) for LayerNorm (the rows' mean kept), launch(std::false_type())
+// for RMSNorm (mean null): the kernels' Centered.
+template <typename Launch>
+void WithCentered(bool centered, const Launch& launch) {
+  if (centered) {
+    launch(std::true_type());
+  } else {
+    launch(std::false_type());
+  }
+}
+
+// LayerNormForwardKernel over the rows (RMSNorm's with mean null, b then unused).
 cudaError_t LayerNormForwardLaunch(const float* x, const float* x2, float* sum, const void* w,
                                    const void* b, bool bf16, float eps, void* y, bool y_bf16,
                                    float* mean, float* rstd, int64_t rows, int64_t cols) {
@@ -948,13 +979,16 @@ cudaError_t LayerNormForwardLaunch(const float* x, const float* x2, float* sum, 
     const auto* bp = static_cast<decltype(wp)>(b);
     const auto run = [&](auto cached) {
       constexpr int kCached = decltype(cached)::value;
-      if (y_bf16) {
-        LayerNormForwardKernel<kN, kWide, kCached><<<GridForRows(rows), kThreads>>>(
-            x, x2, sum, wp, bp, eps, static_cast<uint16_t*>(y), mean, rstd, rows, cols);
-      } else {
-        LayerNormForwardKernel<kN, kWide, kCached><<<GridForRows(rows), kThreads>>>(
-            x, x2, sum, wp, bp, eps, static_cast<float*>(y), mean, rstd, rows, cols);
-      }
+      WithCentered(mean != nullptr, [&](auto centered) {
+        constexpr bool kCentered = decltype(centered)::value;
+        if (y_bf16) {
+          LayerNormForwardKernel<kN, kWide, kCached, kCentered><<<GridForRows(rows), kThreads>>>(
+              x, x2, sum, wp, bp, eps, static_cast<uint16_t*>(y), mean, rstd, rows, cols);
+        } else {
+          LayerNormForwardKernel<kN, kWide, kCached, kCentered><<<GridForRows(rows), kThreads>>>(
+              x, x2, sum, wp, bp, eps, static_cast<float*>(y), mean, rstd, rows, cols);
+        }
+      });
     };
     if (RowFitsCache(cols, kN)) {
       run(std::integral_constant<int, kN == 4 ? kCachedGroups : 0>());
@@ -976,7 +1010,7 @@ cudaError_t LayerNormForwardLaunch(const float* x, const float* x2, float* sum, 
 }
 
 // LayerNormBackwardKernel over `grid` blocks of `warps` warps (with Sums: `shared` bytes of
-// shared memory).
+// shared memory); RMSNorm's with mean null (gb then unused).
 template <bool Sums>
 cudaError_t LayerNormBackwardLaunch(unsigned int grid, int warps, size_t shared,
                                     const float* g, const float* x, const float* mean,
@@ -991,15 +1025,14 @@ cudaError_t LayerNormBackwardLaunch(unsigned int grid, int warps, size_t shared,
     constexpr bool kWide = decltype(wide)::value;
     const auto run = [&](auto cached) {
       constexpr int kCached = decltype(cached)::value;
-      if (bf16) {
-        LayerNormBackwardKernel<kN, kWide, Sums, kCached><<<grid, warps * 32, shared>>>(
-            g, x, mean, rstd, static_cast<const uint16_t*>(w), residual, gx, gx16, gw, gb,
-            partial, rows, cols, rows_per_block);
-      } else {
-        LayerNormBackwardKernel<kN, kWide, Sums, kCached><<<grid, warps * 32, shared>>>(
-            g, x, mean, rstd, static_cast<const float*>(w), residual, gx, gx16, gw, gb, partial,
-            rows, cols, rows_per_block);
-      }
+      WithCentered(mean != nullptr, [&](auto centered) {
+        constexpr bool kCentered = decltype(centered)::value;
+        k::WithStored(w, bf16, [&](const auto* wp) {
+          LayerNormBackwardKernel<kN, kWide, Sums, kCached, kCentered>
+              <<<grid, warps * 32, shared>>>(g, x, mean, rstd, wp, residual, gx, gx16, gw, gb,
+                                             partial, rows, cols, rows_per_block);
+        });
+      });
     };
     if (RowFitsCache(cols, kN)) {
       run(std::integral_constant<int, kN == 4 ? kCachedGroups : 0>());
@@ -1020,14 +1053,16 @@ cudaError_t LayerNormBackwardInputLaunch(const float* g, const float* x, const f
                                         rows, cols, kWarpsPerBlock);
 }
 
-// xhat = kernels::LayerNormHat(x, mean[row], rstd[row]), one thread per element.
+// xhat = kernels::LayerNormHat(x, mean[row], rstd[row]) (with mean null, RMSNorm's
+// kernels::RmsNormHat(x, rstd[row])), one thread per element.
 __global__ void LayerNormHatKernel(const float* x, const float* mean, const float* rstd,
                                    float* xhat, int64_t rows, int64_t cols) {
   const int64_t n = rows * cols;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t row = i / cols;
-    xhat[i] = k::LayerNormHat(x[i], mean[row], rstd[row]);
+    xhat[i] = mean != nullptr ? k::LayerNormHat(x[i], mean[row], rstd[row])
+                              : k::RmsNormHat(x[i], rstd[row]);
   }
 }
 
@@ -1072,6 +1107,7 @@ cudaError_t LayerNormBackward(const float* g, const float* x, const float* mean,
                               const float* residual, float* gx, float* gw, float* gb,
                               int64_t rows, int64_t cols, float* partial, uint16_t* gx16) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
+  if (mean == nullptr && gb != nullptr) return cudaErrorInvalidValue;  // RMSNorm: no bias
   const int warps = k::LayerNormGradWarps(cols);
   const int64_t chunks = k::LayerNormGradChunks(rows, cols);
   if (warps == 0 || (chunks > 1 && partial == nullptr)) return cudaErrorInvalidValue;
@@ -1089,6 +1125,35 @@ cudaError_t LayerNormBackward(const float* g, const float* x, const float* mean,
                                                         cols);
   }
   return cudaGetLastError();
+}
+
+cudaError_t RmsNormForward(const float* x, const void* w, bool bf16, float eps, void* y,
+                           float* rstd, int64_t rows, int64_t cols, bool y_bf16) {
+  return LayerNormForwardLaunch(x, nullptr, nullptr, w, nullptr, bf16, eps, y, y_bf16, nullptr,
+                                rstd, rows, cols);
+}
+
+cudaError_t RmsNormBackwardInput(const float* g, const float* x, const float* rstd, const void* w,
+                                 bool bf16, float* gx, int64_t rows, int64_t cols) {
+  return LayerNormBackwardInputLaunch(g, x, nullptr, rstd, w, bf16, nullptr, gx, nullptr, rows,
+                                      cols);
+}
+
+cudaError_t RmsNormBackwardInputAdd(const float* g, const float* x, const float* rstd,
+                                    const void* w, bool bf16, const float* residual, float* gx,
+                                    int64_t rows, int64_t cols, uint16_t* gx16) {
+  return LayerNormBackwardInputLaunch(g, x, nullptr, rstd, w, bf16, residual, gx, gx16, rows, cols);
+}
+
+cudaError_t RmsNormBackward(const float* g, const float* x, const float* rstd, const void* w,
+                            bool bf16, const float* residual, float* gx, float* gw, int64_t rows,
+                            int64_t cols, float* partial, uint16_t* gx16) {
+  return LayerNormBackward(g, x, nullptr, rstd, w, bf16, residual, gx, gw, nullptr, rows, cols,
+                           partial, gx16);
+}
+
+cudaError_t RmsNormHat(const float* x, const float* rstd, float* xhat, int64_t rows, int64_t cols) {
+  return LayerNormHat(x, nullptr, rstd, xhat, rows, cols);
 }
 
 cudaError_t CausalSoftmaxForward(float* scores, int64_t rows, int64_t T, uint16_t* probs16) {

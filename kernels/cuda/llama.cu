@@ -1,7 +1,7 @@
-// CUDA launchers of the Llama layers' bodies; see kernels/cuda/kernels.h. RMSNorm runs one
-// warp per row with shuffle reductions (as LayerNorm in kernels.cu); silu(a) * b runs
+// CUDA launchers of the Llama layers' bodies; see kernels/cuda/kernels.h. silu(a) * b runs
 // grid-stride over its outputs, the rotary packing of q, k, v a thread per output column
-// over the rows. Indexing is int64 (a column within a row int32).
+// over the rows (RMSNorm runs on LayerNorm's kernels in kernels.cu). Indexing is int64 (a
+// column within a row int32).
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -9,61 +9,12 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/elementwise.h"
 #include "kernels/math.h"
-#include "kernels/rowwise.h"
 
 namespace kernels {
 namespace cuda {
 namespace {
 
 namespace k = ::kernels;
-
-// ---- RMSNorm, one warp per row.
-
-// y fp32, or bf16 (each element the fp32 value rounded once).
-template <typename W, typename Y>
-__global__ void RmsNormForwardKernel(const float* x, const W* w, float eps, Y* y, float* xhat,
-                                     float* rstd, int64_t rows, int64_t cols) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (row >= rows) return;
-  const float* xr = x + row * cols;
-  float sq = 0.0f;
-  for (int64_t j = lane; j < cols; j += 32) sq += xr[j] * xr[j];
-  const float r = k::RmsNormRstd(WarpSum(sq) / static_cast<float>(cols), eps);
-  Y* yr = y + row * cols;
-  float* hr = xhat + row * cols;
-  for (int64_t j = lane; j < cols; j += 32) {
-    k::Store(yr, j, k::RmsNormApply(xr[j], r, w, j, &hr[j]));
-  }
-  if (lane == 0) rstd[row] = r;
-}
-
-// gx = the input gradient, plus residual when that is not null, and gx rounded to bf16 into
-// gx16 when that is not null (NOTE [Fused ops]).
-template <typename W>
-__global__ void RmsNormBackwardInputKernel(const float* g, const float* xhat, const float* rstd,
-                                           const W* w, const float* residual, float* gx,
-                                           uint16_t* gx16, int64_t rows, int64_t cols) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (row >= rows) return;
-  const float* gr = g + row * cols;
-  const float* hr = xhat + row * cols;
-  float sum = 0.0f;
-  for (int64_t j = lane; j < cols; j += 32) sum += k::LayerNormGradHat<float>(gr[j], w, j) * hr[j];
-  const float mean = WarpSum(sum) / static_cast<float>(cols);
-  const float r = rstd[row];
-  const float* res = residual != nullptr ? residual + row * cols : nullptr;
-  float* out = gx + row * cols;
-  uint16_t* out16 = gx16 != nullptr ? gx16 + row * cols : nullptr;
-  for (int64_t j = lane; j < cols; j += 32) {
-    const float v = res != nullptr
-                        ? k::RmsNormBackwardInputAdd<float>(res[j], gr[j], w, j, hr[j], r, mean)
-                        : k::RmsNormBackwardInput<float>(gr[j], w, j, hr[j], r, mean);
-    out[j] = v;
-    if (out16 != nullptr) k::Store(out16, j, v);
-  }
-}
 
 // ---- SwiGLU; each output fp32 or bf16 (k::Store: the fp32 value rounded once).
 
@@ -167,35 +118,6 @@ __global__ void RotaryPackBackwardKernel(const float* gqkv, const float* cos, co
 
 
 }  // namespace
-
-cudaError_t RmsNormForward(const float* x, const void* w, bool bf16, float eps, void* y,
-                           float* xhat, float* rstd, int64_t rows, int64_t cols, bool y_bf16) {
-  if (rows <= 0 || cols <= 0) return cudaSuccess;
-  k::WithStored(w, bf16, [&](const auto* wp) {
-    k::WithStored(y, y_bf16, [&](auto* yp) {
-      RmsNormForwardKernel<<<GridForRows(rows), kThreads>>>(x, wp, eps, yp, xhat, rstd, rows,
-                                                            cols);
-    });
-  });
-  return cudaGetLastError();
-}
-
-cudaError_t RmsNormBackwardInput(const float* g, const float* xhat, const float* rstd,
-                                 const void* w, bool bf16, float* gx, int64_t rows,
-                                 int64_t cols) {
-  return RmsNormBackwardInputAdd(g, xhat, rstd, w, bf16, nullptr, gx, rows, cols, nullptr);
-}
-
-cudaError_t RmsNormBackwardInputAdd(const float* g, const float* xhat, const float* rstd,
-                                    const void* w, bool bf16, const float* residual, float* gx,
-                                    int64_t rows, int64_t cols, uint16_t* gx16) {
-  if (rows <= 0 || cols <= 0) return cudaSuccess;
-  k::WithStored(w, bf16, [&](const auto* wp) {
-    RmsNormBackwardInputKernel<<<GridForRows(rows), kThreads>>>(g, xhat, rstd, wp, residual, gx,
-                                                                gx16, rows, cols);
-  });
-  return cudaGetLastError();
-}
 
 cudaError_t SiluMulForward(const float* a, const float* b, void* h, int64_t n, bool h_bf16) {
   if (n <= 0) return cudaSuccess;

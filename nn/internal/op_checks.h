@@ -65,7 +65,9 @@ inline absl::Status CheckDType(absl::string_view what, const char* name, const T
   return absl::OkStatus();
 }
 
-inline absl::Status CheckWeightDType(absl::string_view what, const char* name, const Tensor& t) {
+// InvalidArgument naming `name` unless `t` is fp32 or bf16: a weight, or an output that a
+// bf16 GEMM takes and that may be stored so (NOTE [GEMM epilogues]).
+inline absl::Status CheckFp32OrBf16(absl::string_view what, const char* name, const Tensor& t) {
   if (t.dtype() != DType::kFloat32 && t.dtype() != DType::kBFloat16) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": ", name, " must be float32 or bfloat16, got ", Describe(t)));

@@ -57,20 +57,21 @@ inline core::OpCost LayerNormForwardCost(int64_t rows, int64_t cols, int64_t w_b
 // residual) and the column sums for each of gw and gb that is asked for, as the CUDA path
 // launches them: in the same pass where the row fits (kernels::LayerNormGradWarps; each
 // block's partial sums written once and read once by the launch that adds them into gw or
-// gb), else as their own kernels.
-inline core::OpCost LayerNormBackwardCost(int64_t rows, int64_t cols, int64_t w_bytes, bool gw,
-                                          bool gb, bool residual = false, bool bf16_copy = false) {
-  core::OpCost c = core::OpCost::Memory(
-      ((residual ? 16.0 : 12.0) + (bf16_copy ? 2.0 : 0.0)) * rows * cols + 8.0 * rows +
-          static_cast<double>(w_bytes) * cols,
-      (residual ? 13.0 : 12.0) * rows * cols);
+// gb), else as their own kernels. Without `centered`, RMSNorm's (no mean, no gb).
+inline core::OpCost NormBackwardCost(bool centered, int64_t rows, int64_t cols, int64_t w_bytes,
+                                     bool gw, bool gb, bool residual, bool bf16_copy) {
+  const double stats = centered ? 8.0 : 4.0;  // bytes a row: mean and rstd, or rstd
+  core::OpCost c =
+      core::OpCost::Memory(((residual ? 16.0 : 12.0) + (bf16_copy ? 2.0 : 0.0)) * rows * cols +
+                               stats * rows + static_cast<double>(w_bytes) * cols,
+                           ((centered ? 12.0 : 6.0) + (residual ? 1.0 : 0.0)) * rows * cols);
   const int wanted = (gw ? 1 : 0) + (gb ? 1 : 0);
   if (wanted > 0 && ::kernels::LayerNormGradWarps(cols) > 0) {
     const int64_t chunks = ::kernels::LayerNormGradChunks(rows, cols);
-    c.flops += 3.0 * rows * cols;
+    c.flops += (gw ? 2.0 : 0.0) * rows * cols + (gb ? 1.0 : 0.0) * rows * cols;
     c.bytes += 8.0 * wanted * cols;  // gw and gb read and written
     if (chunks > 1) {
-      c.bytes += (8.0 + 4.0 * wanted) * chunks * cols;
+      c.bytes += (centered ? 8.0 : 4.0) * chunks * cols + 4.0 * wanted * chunks * cols;
       c.launches += wanted;
     }
     return c;
@@ -81,11 +82,16 @@ inline core::OpCost LayerNormBackwardCost(int64_t rows, int64_t cols, int64_t w_
     c.launches += sums.launches;
   };
   if (gw) {  // xhat written by its own kernel, then the sums of g * xhat
-    add(core::OpCost::Memory(8.0 * rows * cols + 8.0 * rows, 2.0 * rows * cols));
+    add(core::OpCost::Memory(8.0 * rows * cols + stats * rows,
+                             (centered ? 2.0 : 1.0) * rows * cols));
     add(ColumnSumsCost(rows, cols, /*two_factors=*/true));
   }
   if (gb) add(ColumnSumsCost(rows, cols, /*two_factors=*/false));
   return c;
+}
+inline core::OpCost LayerNormBackwardCost(int64_t rows, int64_t cols, int64_t w_bytes, bool gw,
+                                          bool gb, bool residual = false, bool bf16_copy = false) {
+  return NormBackwardCost(/*centered=*/true, rows, cols, w_bytes, gw, gb, residual, bf16_copy);
 }
 
 // Reads the fp32 scores and writes the probabilities (fp32 in place, or a bf16 copy; the
@@ -128,22 +134,19 @@ inline core::OpCost FusedAttentionBackwardCost(int64_t B, int64_t T, int64_t H, 
                       3, core::OpEngine::kTensorCoreBf16};
 }
 
-// RMSNorm: reads x, writes y (`y_bytes` an element: 4 fp32, 2 bf16) and xhat (and rstd per
-// row); about 4 operations per element forward, 6 backward (reads g and xhat, writes gx;
-// the weight gradient's column sums are their own op). The fused residual add also reads
-// the residual (one operation more), and writes gx's bf16 copy when asked.
+// RMSNorm (LayerNorm's kernels without the mean and the bias): reads x, writes y
+// (`y_bytes` an element: 4 fp32, 2 bf16) and rstd per row, about 4 operations per element;
+// the backward as NormBackwardCost.
 inline core::OpCost RmsNormForwardCost(int64_t rows, int64_t cols, int64_t w_bytes,
                                        int64_t y_bytes = 4) {
-  return core::OpCost::Memory((8.0 + static_cast<double>(y_bytes)) * rows * cols + 4.0 * rows +
+  return core::OpCost::Memory((4.0 + static_cast<double>(y_bytes)) * rows * cols + 4.0 * rows +
                                   static_cast<double>(w_bytes) * cols,
                               4.0 * rows * cols);
 }
-inline core::OpCost RmsNormBackwardCost(int64_t rows, int64_t cols, int64_t w_bytes,
+inline core::OpCost RmsNormBackwardCost(int64_t rows, int64_t cols, int64_t w_bytes, bool gw,
                                         bool residual = false, bool bf16_copy = false) {
-  return core::OpCost::Memory(
-      ((residual ? 16.0 : 12.0) + (bf16_copy ? 2.0 : 0.0)) * rows * cols + 4.0 * rows +
-          static_cast<double>(w_bytes) * cols,
-      (residual ? 7.0 : 6.0) * rows * cols);
+  return NormBackwardCost(/*centered=*/false, rows, cols, w_bytes, gw, /*gb=*/false, residual,
+                          bf16_copy);
 }
 
 // silu(a) * b: reads a and b, writes h (`h_bytes` an element: 4 fp32, 2 bf16), about 8
