@@ -368,8 +368,10 @@ absl::Status AddLayerNormForward(absl::string_view what, const Tensor& a, const 
 
 namespace {
 
+#ifdef FSDP_WITH_CUDA
 // The name a norm's launch errors give: LayerNorm's with its rows' mean, else RMSNorm's.
 const char* NormName(const Tensor& mean) { return mean.defined() ? "LayerNorm" : "RMSNorm"; }
+#endif
 
 // xhat of LayerNorm's input x [rows, cols] from its rows' mean and rstd (the forward's bits;
 // RMSNorm's from rstd where mean is undefined), as scratch for the weight gradient's column
