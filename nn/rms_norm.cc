@@ -60,36 +60,22 @@ absl::StatusOr<core::Tensor> RmsNorm::BackwardAdd(const core::Tensor& grad_outpu
 absl::StatusOr<core::Tensor> RmsNorm::RunBackward(const core::Tensor& grad_output,
                                                   const core::Tensor& residual,
                                                   core::Tensor* sum16) {
-  RETURN_IF_ERROR(internal::CheckGradOutput(*this, input_.defined(), input_.shape(), grad_output));
-  const core::Device device = input_.device();
-  RETURN_IF_ERROR(internal::CheckDevice(*this, grad_output, "grad_output", device, "the input"));
-  RETURN_IF_ERROR(internal::CheckParameter(*this, *weight_, "weight", {dim_}, device));
-  if (residual.defined()) {
-    if (residual.shape() != grad_output.shape() || residual.dtype() != core::DType::kFloat32) {
-      return internal::ModuleError(*this, absl::StrCat("residual ", residual.ToString(),
-                                                       " must be fp32 like grad_output ",
-                                                       grad_output.ToString()));
-    }
-    RETURN_IF_ERROR(internal::CheckDevice(*this, residual, "residual", device, "the input"));
-  }
-  ASSIGN_OR_RETURN(core::Tensor gx, internal::NewActivation(input_.shape(), device));
-  core::Tensor gx16;
-  if (sum16 != nullptr) {
-    ASSIGN_OR_RETURN(gx16, internal::NewActivation(input_.shape(), device, core::DType::kBFloat16));
-  }
+  ASSIGN_OR_RETURN(internal::NormInputGrads out,
+                   internal::NewNormInputGrads(*this, input_, *weight_, dim_, grad_output, residual,
+                                               sum16 != nullptr));
   ASSIGN_OR_RETURN(core::Tensor gw, internal::GradTensor(*this, *weight_, "weight"));
   const std::string what = internal::What(*this);
   // dL/dx = rstd * (g w - xhat * mean(g w xhat)) (+ residual) and dL/dw += sum over rows of
   // g * xhat, xhat = x * rstd made again from the kept input.
   if (residual.defined()) {
     RETURN_IF_ERROR(RmsNormBackwardAdd(what, grad_output, input_, rstd_, weight_->data, residual,
-                                       gx, gw, gx16));
+                                       out.gx, gw, out.gx16));
   } else {
-    RETURN_IF_ERROR(RmsNormBackward(what, grad_output, input_, rstd_, weight_->data, gx, gw));
+    RETURN_IF_ERROR(RmsNormBackward(what, grad_output, input_, rstd_, weight_->data, out.gx, gw));
   }
   ReleaseActivations();
-  if (sum16 != nullptr) *sum16 = std::move(gx16);
-  return gx;
+  if (sum16 != nullptr) *sum16 = std::move(out.gx16);
+  return std::move(out.gx);
 }
 
 }  // namespace nn

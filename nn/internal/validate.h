@@ -223,6 +223,38 @@ inline absl::StatusOr<core::Tensor> ResidualAdd(const core::Module& m, const cor
   return out;
 }
 
+// The input gradients a norm layer's backward (LayerNorm, RmsNorm: module `m`, the input
+// it kept, its weight of `dim`) writes, after the checks both make: grad_output fits the
+// kept input (a Forward ran) on its device, the weight is there, and a defined residual
+// (BackwardAdd) is fp32 of grad_output's shape there too. gx is fp32 of the input's shape;
+// gx16, its bf16 copy, only when `want16`.
+struct NormInputGrads {
+  core::Tensor gx, gx16;
+};
+inline absl::StatusOr<NormInputGrads> NewNormInputGrads(const core::Module& m,
+                                                        const core::Tensor& input,
+                                                        const core::Parameter& weight, int64_t dim,
+                                                        const core::Tensor& g,
+                                                        const core::Tensor& residual, bool want16) {
+  RETURN_IF_ERROR(CheckGradOutput(m, input.defined(), input.shape(), g));
+  const core::Device device = input.device();
+  RETURN_IF_ERROR(CheckDevice(m, g, "grad_output", device, "the input"));
+  RETURN_IF_ERROR(CheckParameter(m, weight, "weight", {dim}, device));
+  if (residual.defined()) {
+    if (residual.shape() != g.shape() || residual.dtype() != core::DType::kFloat32) {
+      return ModuleError(m, absl::StrCat("residual ", residual.ToString(),
+                                         " must be fp32 like grad_output ", g.ToString()));
+    }
+    RETURN_IF_ERROR(CheckDevice(m, residual, "residual", device, "the input"));
+  }
+  NormInputGrads out;
+  ASSIGN_OR_RETURN(out.gx, NewActivation(input.shape(), device));
+  if (want16) {
+    ASSIGN_OR_RETURN(out.gx16, NewActivation(input.shape(), device, core::DType::kBFloat16));
+  }
+  return out;
+}
+
 // residual + norm.Backward(g) for `m`, the parent whose residual connection goes around
 // `norm` (a LayerNorm or RmsNorm): in the norm's own pass when it is Fusable (BackwardAdd,
 // NOTE [Fused layers]; given `sum16`, also the sum rounded to bf16 there), else Backward
