@@ -163,21 +163,25 @@ inline int64_t ColumnSumChunks(int64_t rows, int64_t cols) {
 
 // LayerNorm's backward with its weight and bias gradients in the same pass (CUDA,
 // kernels/cuda/kernels.h LayerNormBackward): each warp keeps the column sums of g * xhat
-// and of g over its rows in shared memory (8 * cols bytes), so a block has as many warps as
-// fit in 48 KiB, at most 8; 0 where one warp's sums do not fit (cols > 6144: the column
-// sums then run as their own kernels).
-inline int LayerNormGradWarps(int64_t cols) {
+// and of g over its rows in shared memory (`stats` = 2 sums, 8 * cols bytes; RMSNorm's
+// backward keeps only g * xhat's: stats = 1), so a block has as many warps as fit in
+// 48 KiB, at most 8; 0 where one warp's sums do not fit (LayerNorm's cols > 6144, RMSNorm's
+// > 12288: the column sums then run as their own kernels). NormGradStats: LayerNorm's
+// `stats` (centered) or RMSNorm's.
+inline constexpr int NormGradStats(bool centered) { return centered ? 2 : 1; }
+inline int LayerNormGradWarps(int64_t cols, int stats = 2) {
   constexpr int64_t kSharedBytes = 48 * 1024, kMaxWarps = 8;
-  if (cols <= 0 || 8 * cols > kSharedBytes) return 0;
-  const int64_t warps = kSharedBytes / (8 * cols);
+  const int64_t per_warp = 4 * static_cast<int64_t>(stats) * cols;
+  if (cols <= 0 || stats <= 0 || per_warp > kSharedBytes) return 0;
+  const int64_t warps = kSharedBytes / per_warp;
   return static_cast<int>(warps < kMaxWarps ? warps : kMaxWarps);
 }
 
 // How many blocks (row chunks) that kernel splits [rows, cols] into: about 4 per SM of a
-// 132-SM GPU, with at least 4 rows for each warp. A function of the shape only, so the order
-// of the sums is too.
-inline int64_t LayerNormGradChunks(int64_t rows, int64_t cols) {
-  const int64_t warps = LayerNormGradWarps(cols);
+// 132-SM GPU, with at least 4 rows for each warp. A function of the shape (and `stats`)
+// only, so the order of the sums is too.
+inline int64_t LayerNormGradChunks(int64_t rows, int64_t cols, int stats = 2) {
+  const int64_t warps = LayerNormGradWarps(cols, stats);
   if (rows <= 0 || warps == 0) return 1;
   constexpr int64_t kTargetBlocks = 528, kMinRowsPerWarp = 4;
   int64_t chunks = rows / (kMinRowsPerWarp * warps);

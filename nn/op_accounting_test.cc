@@ -334,12 +334,13 @@ TEST(OpAccountingTest, RmsNormBackwardAddRecordsOneKernelWithoutTheIntermediateG
 // LayerNorm's backward takes its weight and bias gradients in the pass that computes the
 // input gradient (kernels::LayerNormGradWarps), and RMSNorm's its weight gradient: they add
 // bytes per column and per block, not another read of g and x, and one launch each that adds
-// the blocks' sums. Rows too wide for a warp's sums in shared memory take the column sums'
-// own kernels, after a kernel that makes xhat from x (the sums read g and xhat again).
+// the blocks' sums. Rows too wide for a warp's sums in shared memory (LayerNorm's two sums
+// past 6144 columns, RMSNorm's one past 12288) take the column sums' own kernels, after a
+// kernel that makes xhat from x (the sums read g and xhat again).
 TEST(OpAccountingTest, NormBackwardsReadTheirInputsOnceForTheParameterGradients) {
   for (const bool rms : {false, true}) {
-    for (const auto& [rows, cols, fused] :
-         std::vector<std::tuple<int64_t, int64_t, bool>>{{2048, 768, true}, {64, 6200, false}}) {
+    for (const auto& [rows, cols, fused] : std::vector<std::tuple<int64_t, int64_t, bool>>{
+             {2048, 768, true}, {64, 6200, rms}, {64, 12300, false}}) {
       SCOPED_TRACE(absl::StrCat(rms ? "RMSNorm " : "LayerNorm ", rows, " x ", cols));
       const double n = static_cast<double>(rows) * cols;
       const core::Tensor g = Filled({rows, cols}, 0.3f), x = Filled({rows, cols}, -0.2f);
@@ -374,7 +375,12 @@ TEST(OpAccountingTest, NormBackwardsReadTheirInputsOnceForTheParameterGradients)
       if (fused) {
         // The pass, then one adding the blocks' sums per gradient.
         EXPECT_EQ(c.launches, 1 + grads);
-        EXPECT_LT(c.bytes - base.bytes, 0.25 * 4.0 * n);  // under a quarter of one read of g
+        // Under one read of g (the column sums' own kernels below read g and x again, and
+        // write and read xhat): the blocks' partial sums and the gradients...
+        EXPECT_LT(c.bytes - base.bytes, 4.0 * n);
+        // ...and under a quarter of it where the rows are many (the blocks capped at 528; a
+        // one-warp block of 6200 columns sums only 4 rows).
+        if (rows >= 2048) EXPECT_LT(c.bytes - base.bytes, 0.25 * 4.0 * n);
       } else {
         // The input gradient, xhat from x, then one column sum per gradient.
         EXPECT_EQ(c.launches, 2 + grads);

@@ -426,10 +426,11 @@ absl::Status LayerNormBackwardCuda(absl::string_view what, const Tensor& g, cons
   const float* mu = mean.defined() ? F32(mean) : nullptr;
   const std::string name = NormName(mean);
   RETURN_IF_ERROR(UseDevice(g.device(), what));
-  if ((gw.defined() || gb.defined()) && ::kernels::LayerNormGradWarps(cols) > 0) {
+  const int stats = ::kernels::NormGradStats(mean.defined());
+  if ((gw.defined() || gb.defined()) && ::kernels::LayerNormGradWarps(cols, stats) > 0) {
     ASSIGN_OR_RETURN(
         const Tensor partial,
-        PartialSums(g.device(), ::kernels::LayerNormGradChunks(rows, cols), 2 * cols));
+        PartialSums(g.device(), ::kernels::LayerNormGradChunks(rows, cols, stats), stats * cols));
     return Launched(kc::LayerNormBackward(F32(g), F32(x), mu, F32(rstd), w.raw_data(), IsBf16(w),
                                           residual.defined() ? F32(residual) : nullptr, MutF32(gx),
                                           gw.defined() ? MutF32(gw) : nullptr,

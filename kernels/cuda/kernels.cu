@@ -473,16 +473,15 @@ __global__ void LayerNormForwardKernel(const float* x, const float* x2, float* s
 // first + v + warps, ...
 // With Sums, in the same pass, the column sums of g * xhat and of g over the block's rows
 // (kernels::LayerNormGradChunks): each warp keeps its own in shared memory
-// ([warps][2][cols]); the block then adds its warps' sums in warp order into
-// partial[blockIdx.x] ([2, cols]: g * xhat, then g), or, with partial null (one block),
+// ([warps][stats][cols], stats = 2); the block then adds its warps' sums in warp order into
+// partial[blockIdx.x] ([stats, cols]: g * xhat, then g), or, with partial null (one block),
 // into gw and gb (each when not null).
 // Lane l owns the groups of N columns starting at N * (l + 32 i); N is 4 when cols % 4 == 0
 // (a function of the shape, so the order of every sum is too) and Wide says the rows are
 // 16-byte aligned, so each group moves in one access (else N scalar ones, the same sums).
 // With Cached (ForEachGroup) a row's g and x are read once, the second pass taking g and
 // xhat from registers. Without Centered, RMSNorm's backward (kernels::RmsNormHat and
-// RmsNormBackwardInput; mean and gb unused, and only the g * xhat sums are kept: the
-// first cols of each warp's and block's [2, cols]).
+// RmsNormBackwardInput; mean and gb unused, and only the g * xhat sums are kept: stats = 1).
 template <int N, bool Wide, bool Sums, int Cached, bool Centered, typename W>
 __global__ void LayerNormBackwardKernel(const float* g, const float* x, const float* mean,
                                         const float* rstd, const W* w, const float* residual,
@@ -493,7 +492,7 @@ __global__ void LayerNormBackwardKernel(const float* g, const float* x, const fl
   extern __shared__ __align__(16) float sums[];
   const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   constexpr int kStats = Centered ? 2 : 1;  // the column sums kept: g * xhat (and g)
-  float* own_gh = sums + static_cast<int64_t>(warp) * 2 * cols;
+  float* own_gh = sums + static_cast<int64_t>(warp) * kStats * cols;
   float* own_g = own_gh + cols;
   if constexpr (Sums) {
     for (int64_t j = lane; j < kStats * cols; j += 32) own_gh[j] = 0.0f;
@@ -562,9 +561,9 @@ __global__ void LayerNormBackwardKernel(const float* g, const float* x, const fl
   __syncthreads();
   for (int64_t j = threadIdx.x; j < kStats * cols; j += blockDim.x) {
     float total = 0.0f;
-    for (int v = 0; v < warps; ++v) total += sums[static_cast<int64_t>(v) * 2 * cols + j];
+    for (int v = 0; v < warps; ++v) total += sums[static_cast<int64_t>(v) * kStats * cols + j];
     if (partial != nullptr) {
-      partial[static_cast<int64_t>(blockIdx.x) * 2 * cols + j] = total;
+      partial[static_cast<int64_t>(blockIdx.x) * kStats * cols + j] = total;
     } else if (j < cols) {
       if (gw != nullptr) gw[j] += total;
     } else if (gb != nullptr) {
@@ -1108,20 +1107,21 @@ cudaError_t LayerNormBackward(const float* g, const float* x, const float* mean,
                               int64_t rows, int64_t cols, float* partial, uint16_t* gx16) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   if (mean == nullptr && gb != nullptr) return cudaErrorInvalidValue;  // RMSNorm: no bias
-  const int warps = k::LayerNormGradWarps(cols);
-  const int64_t chunks = k::LayerNormGradChunks(rows, cols);
+  const int stats = k::NormGradStats(mean != nullptr);
+  const int warps = k::LayerNormGradWarps(cols, stats);
+  const int64_t chunks = k::LayerNormGradChunks(rows, cols, stats);
   if (warps == 0 || (chunks > 1 && partial == nullptr)) return cudaErrorInvalidValue;
   const int64_t rows_per_block = (rows + chunks - 1) / chunks;
-  const size_t shared = static_cast<size_t>(warps) * 2 * cols * sizeof(float);
+  const size_t shared = static_cast<size_t>(warps) * stats * cols * sizeof(float);
   cudaError_t err = LayerNormBackwardLaunch<true>(
       static_cast<unsigned int>(chunks), warps, shared, g, x, mean, rstd, w, bf16, residual, gx,
       gx16, gw, gb, chunks > 1 ? partial : nullptr, rows, cols, rows_per_block);
   if (chunks == 1 || err != cudaSuccess) return err;
   if (gw != nullptr) {
-    ColumnSumsFinishKernel<<<GridFor(cols), kThreads>>>(partial, 2 * cols, gw, chunks, cols);
+    ColumnSumsFinishKernel<<<GridFor(cols), kThreads>>>(partial, stats * cols, gw, chunks, cols);
   }
   if (gb != nullptr) {
-    ColumnSumsFinishKernel<<<GridFor(cols), kThreads>>>(partial + cols, 2 * cols, gb, chunks,
+    ColumnSumsFinishKernel<<<GridFor(cols), kThreads>>>(partial + cols, stats * cols, gb, chunks,
                                                         cols);
   }
   return cudaGetLastError();

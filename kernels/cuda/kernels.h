@@ -63,16 +63,16 @@ cudaError_t LayerNormBackwardInputAdd(const float* g, const float* x, const floa
                                       const float* rstd, const void* w, bool bf16,
                                       const float* residual, float* gx, int64_t rows,
                                       int64_t cols, uint16_t* gx16 = nullptr);
-// LayerNorm's backward in one pass (for cols with kernels::LayerNormGradWarps(cols) > 0,
-// kernels/rowwise.h; cudaErrorInvalidValue otherwise): gx as LayerNormBackwardInput (plus
-// residual when not null, as LayerNormBackwardInputAdd, and then gx rounded to bf16 into gx16
-// when that is not null: nn passes gx16 only with a residual, as the CPU twin takes it), and
-// gw += column sums of g * xhat,
-// gb += column sums of g (each when not null). The rows are split into
-// kernels::LayerNormGradChunks(rows, cols) blocks whose warps sum their own rows; each
-// block's sums go to `partial` ([chunks, 2, cols] fp32 scratch; may be null for one chunk,
-// else cudaErrorInvalidValue) and a second kernel per gradient adds the chunks in order:
-// deterministic, run to run.
+// LayerNorm's backward in one pass (for cols with kernels::LayerNormGradWarps(cols, stats)
+// > 0, stats = kernels::NormGradStats(mean != nullptr), kernels/rowwise.h;
+// cudaErrorInvalidValue otherwise): gx as LayerNormBackwardInput (plus residual when not
+// null, as LayerNormBackwardInputAdd, and then gx rounded to bf16 into gx16 when that is not
+// null: nn passes gx16 only with a residual, as the CPU twin takes it), and gw += column sums
+// of g * xhat, gb += column sums of g (each when not null). The rows are split into
+// kernels::LayerNormGradChunks(rows, cols, stats) blocks whose warps sum their own rows;
+// each block's sums go to `partial` ([chunks, stats, cols] fp32 scratch; may be null for one
+// chunk, else cudaErrorInvalidValue) and a second kernel per gradient adds the chunks in
+// order: deterministic, run to run.
 cudaError_t LayerNormBackward(const float* g, const float* x, const float* mean,
                               const float* rstd, const void* w, bool bf16,
                               const float* residual, float* gx, float* gw, float* gb,

@@ -60,18 +60,19 @@ inline core::OpCost LayerNormForwardCost(int64_t rows, int64_t cols, int64_t w_b
 // gb), else as their own kernels. Without `centered`, RMSNorm's (no mean, no gb).
 inline core::OpCost NormBackwardCost(bool centered, int64_t rows, int64_t cols, int64_t w_bytes,
                                      bool gw, bool gb, bool residual, bool bf16_copy) {
-  const double stats = centered ? 8.0 : 4.0;  // bytes a row: mean and rstd, or rstd
+  const double row_stats = centered ? 8.0 : 4.0;  // bytes a row: mean and rstd, or rstd
   core::OpCost c =
       core::OpCost::Memory(((residual ? 16.0 : 12.0) + (bf16_copy ? 2.0 : 0.0)) * rows * cols +
-                               stats * rows + static_cast<double>(w_bytes) * cols,
+                               row_stats * rows + static_cast<double>(w_bytes) * cols,
                            ((centered ? 12.0 : 6.0) + (residual ? 1.0 : 0.0)) * rows * cols);
   const int wanted = (gw ? 1 : 0) + (gb ? 1 : 0);
-  if (wanted > 0 && ::kernels::LayerNormGradWarps(cols) > 0) {
-    const int64_t chunks = ::kernels::LayerNormGradChunks(rows, cols);
+  const int stats = ::kernels::NormGradStats(centered);
+  if (wanted > 0 && ::kernels::LayerNormGradWarps(cols, stats) > 0) {
+    const int64_t chunks = ::kernels::LayerNormGradChunks(rows, cols, stats);
     c.flops += (gw ? 2.0 : 0.0) * rows * cols + (gb ? 1.0 : 0.0) * rows * cols;
     c.bytes += 8.0 * wanted * cols;  // gw and gb read and written
     if (chunks > 1) {
-      c.bytes += (centered ? 8.0 : 4.0) * chunks * cols + 4.0 * wanted * chunks * cols;
+      c.bytes += 4.0 * stats * chunks * cols + 4.0 * wanted * chunks * cols;
       c.launches += wanted;
     }
     return c;
@@ -82,7 +83,7 @@ inline core::OpCost NormBackwardCost(bool centered, int64_t rows, int64_t cols, 
     c.launches += sums.launches;
   };
   if (gw) {  // xhat written by its own kernel, then the sums of g * xhat
-    add(core::OpCost::Memory(8.0 * rows * cols + stats * rows,
+    add(core::OpCost::Memory(8.0 * rows * cols + row_stats * rows,
                              (centered ? 2.0 : 1.0) * rows * cols));
     add(ColumnSumsCost(rows, cols, /*two_factors=*/true));
   }
