@@ -345,6 +345,7 @@ __device__ __forceinline__ void ForEachGroup(int lane, int64_t cols, Body&& body
       if (j < cols) body(i, j);
     }
   } else {
+#pragma unroll 4
     for (int64_t j = N * lane; j < cols; j += 32 * N) body(0, j);
   }
 }
