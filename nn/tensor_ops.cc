@@ -277,21 +277,19 @@ absl::StatusOr<int64_t> CheckLayerNormForward(absl::string_view what, bool cente
   return rows;
 }
 
-// LayerNormBackward's argument checks, and RmsNormBackward's (`mean` undefined, then `gb`
-// too); the number of rows.
-absl::StatusOr<int64_t> CheckLayerNormBackward(absl::string_view what, const Tensor& g,
-                                               const Tensor& x, const Tensor& mean,
+// LayerNormBackward's argument checks, and RmsNormBackward's (not `centered`: mean and gb
+// unused, passed undefined); the number of rows.
+absl::StatusOr<int64_t> CheckLayerNormBackward(absl::string_view what, bool centered,
+                                               const Tensor& g, const Tensor& x, const Tensor& mean,
                                                const Tensor& rstd, const Tensor& w,
                                                const Tensor& gx, const Tensor& gw,
                                                const Tensor& gb) {
   RETURN_IF_ERROR(CheckDevices(
       what,
       {{"grad_output", &g}, {"input", &x}, {"rstd", &rstd}, {"weight", &w}, {"grad_input", &gx}}));
-  if (mean.defined()) {
+  if (centered) {
     RETURN_IF_ERROR(CheckDevices(what, {{"grad_output", &g}, {"mean", &mean}}));
     RETURN_IF_ERROR(CheckDType(what, "mean", mean, DType::kFloat32));
-  } else if (gb.defined()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": RMSNorm has no bias gradient"));
   }
   RETURN_IF_ERROR(CheckDType(what, "grad_output", g, DType::kFloat32));
   RETURN_IF_ERROR(CheckDType(what, "input", x, DType::kFloat32));
@@ -306,7 +304,7 @@ absl::StatusOr<int64_t> CheckLayerNormBackward(absl::string_view what, const Ten
   const int64_t rows = g.numel() / cols;
   RETURN_IF_ERROR(CheckNumel(what, "input", x, g.numel()));
   RETURN_IF_ERROR(CheckNumel(what, "grad_input", gx, g.numel()));
-  if (mean.defined()) RETURN_IF_ERROR(CheckNumel(what, "mean", mean, rows));
+  if (centered) RETURN_IF_ERROR(CheckNumel(what, "mean", mean, rows));
   RETURN_IF_ERROR(CheckNumel(what, "rstd", rstd, rows));
   RETURN_IF_ERROR(CheckDistinct(what, "grad_input", gx, "input", x));
   for (const Arg& a : {Arg{"weight gradient", &gw}, Arg{"bias gradient", &gb}}) {
@@ -493,8 +491,8 @@ absl::Status LayerNormBackwardCpu(absl::string_view what, const Tensor& g, const
 absl::Status LayerNormBackward(absl::string_view what, const Tensor& g, const Tensor& x,
                                const Tensor& mean, const Tensor& rstd, const Tensor& w,
                                const Tensor& gx, const Tensor& gw, const Tensor& gb) {
-  ASSIGN_OR_RETURN(const int64_t rows,
-                   CheckLayerNormBackward(what, g, x, mean, rstd, w, gx, gw, gb));
+  ASSIGN_OR_RETURN(const int64_t rows, CheckLayerNormBackward(what, /*centered=*/true, g, x, mean,
+                                                              rstd, w, gx, gw, gb));
   ProfiledOp op(OpCategory::kNorm, "layernorm.backward", g.device(),
                 internal::LayerNormBackwardCost(rows, w.numel(), core::DTypeSize(w.dtype()),
                                                 gw.defined(), gb.defined()));
@@ -512,8 +510,8 @@ absl::Status LayerNormBackwardAdd(absl::string_view what, const Tensor& g, const
                                   const Tensor& mean, const Tensor& rstd, const Tensor& w,
                                   const Tensor& residual, const Tensor& gx, const Tensor& gw,
                                   const Tensor& gb, const Tensor& gx16) {
-  ASSIGN_OR_RETURN(const int64_t rows,
-                   CheckLayerNormBackward(what, g, x, mean, rstd, w, gx, gw, gb));
+  ASSIGN_OR_RETURN(const int64_t rows, CheckLayerNormBackward(what, /*centered=*/true, g, x, mean,
+                                                              rstd, w, gx, gw, gb));
   ASSIGN_OR_RETURN(uint16_t* const out16, CheckBackwardAdd(what, g, x, residual, gx, gx16));
   ProfiledOp op(OpCategory::kNorm, "layernorm.backward_add", g.device(),
                 internal::LayerNormBackwardCost(rows, w.numel(), core::DTypeSize(w.dtype()),
@@ -550,8 +548,8 @@ absl::Status RmsNormForward(absl::string_view what, const Tensor& x, const Tenso
 absl::Status RmsNormBackward(absl::string_view what, const Tensor& g, const Tensor& x,
                              const Tensor& rstd, const Tensor& w, const Tensor& gx,
                              const Tensor& gw) {
-  ASSIGN_OR_RETURN(const int64_t rows,
-                   CheckLayerNormBackward(what, g, x, Tensor(), rstd, w, gx, gw, Tensor()));
+  ASSIGN_OR_RETURN(const int64_t rows, CheckLayerNormBackward(what, /*centered=*/false, g, x,
+                                                              Tensor(), rstd, w, gx, gw, Tensor()));
   ProfiledOp op(
       OpCategory::kNorm, "rmsnorm.backward", g.device(),
       internal::RmsNormBackwardCost(rows, w.numel(), core::DTypeSize(w.dtype()), gw.defined()));
@@ -570,8 +568,8 @@ absl::Status RmsNormBackward(absl::string_view what, const Tensor& g, const Tens
 absl::Status RmsNormBackwardAdd(absl::string_view what, const Tensor& g, const Tensor& x,
                                 const Tensor& rstd, const Tensor& w, const Tensor& residual,
                                 const Tensor& gx, const Tensor& gw, const Tensor& gx16) {
-  ASSIGN_OR_RETURN(const int64_t rows,
-                   CheckLayerNormBackward(what, g, x, Tensor(), rstd, w, gx, gw, Tensor()));
+  ASSIGN_OR_RETURN(const int64_t rows, CheckLayerNormBackward(what, /*centered=*/false, g, x,
+                                                              Tensor(), rstd, w, gx, gw, Tensor()));
   ASSIGN_OR_RETURN(uint16_t* const out16, CheckBackwardAdd(what, g, x, residual, gx, gx16));
   ProfiledOp op(OpCategory::kNorm, "rmsnorm.backward_add", g.device(),
                 internal::RmsNormBackwardCost(rows, w.numel(), core::DTypeSize(w.dtype()),

@@ -683,6 +683,15 @@ TEST(FusedOpsTest, BadArgumentsAreInvalidArgumentAndWriteNothing) {
   s = RmsNormBackwardAdd("post_attention_layernorm", g, x, rms_rstd, w, y, gx,
                          core::Tensor::Zeros({cols + 1}));
   EXPECT_THAT(std::string(s.message()), HasSubstr("post_attention_layernorm: weight gradient"));
+  // LayerNorm's ops need the mean: an undefined one is not taken for RMSNorm's.
+  s = LayerNormBackward("ln_2", g, x, core::Tensor(), rstd, w, gx, core::Tensor(), core::Tensor());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("ln_2: mean is undefined"));
+  s = LayerNormBackwardAdd("ln_2", g, x, core::Tensor(), rstd, w, y, gx, core::Tensor(),
+                           core::Tensor());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("ln_2: mean is undefined"));
+  s = LayerNormForward("ln_2", x, w, lb, 1e-5f, y, core::Tensor(), core::Tensor::Zeros({rows}));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("ln_2: mean is undefined"));
   // The forward's input: RMSNorm keeps x, not xhat, and grad_input must not be it.
   core::Tensor x_rms = x.Clone(core::MemoryTag::kOther);
   s = RmsNormBackward("input_layernorm", g, x_rms, rms_rstd, w, x_rms, rgw);
