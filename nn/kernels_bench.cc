@@ -220,16 +220,14 @@ int main() {
         "layer_norm_backward", n,
         [&] { OldLayerNormBackward(P(g), P(h), P(rstd), P(w), P(gx), P(gw), P(gb), rows, C); },
         [&] {
+          kcpu::NormParamGrads(P(g), P(x), P(mean), P(rstd), P(gw), P(gb), rows, C);
           kcpu::LayerNormBackwardInput(P(g), P(x), P(mean), P(rstd), P(w), false, P(gx), rows, C);
-          kcpu::LayerNormHat(P(x), P(mean), P(rstd), P(h), rows, C);
-          kcpu::ColumnSums(P(g), P(h), P(gw), rows, C);
-          kcpu::ColumnSums(P(g), nullptr, P(gb), rows, C);
         }));
   }
   {  // The fused ops against the two ops each replaces, at the residual's size.
     const int64_t m = rows * C;
     core::Tensor a = Normal(m, 16), b = Normal(m, 17), h = core::Tensor::Empty({m});
-    core::Tensor ln = core::Tensor::Empty({m}), xhat = core::Tensor::Empty({m});
+    core::Tensor ln = core::Tensor::Empty({m});
     core::Tensor gx = core::Tensor::Empty({m}), rstd = core::Tensor::Empty({rows});
     core::Tensor mean = core::Tensor::Empty({rows});
     core::Tensor w = Normal(C, 18), lb = Normal(C, 19);
@@ -247,18 +245,14 @@ int main() {
     results.push_back(Measure(
         "fused_layer_norm_backward_residual", m,
         [&] {
+          kcpu::NormParamGrads(P(b), P(h), P(mean), P(rstd), P(gw), P(glb), rows, C);
           kcpu::LayerNormBackwardInput(P(b), P(h), P(mean), P(rstd), P(w), false, P(gx), rows, C);
-          kcpu::LayerNormHat(P(h), P(mean), P(rstd), P(xhat), rows, C);
-          kcpu::ColumnSums(P(b), P(xhat), P(gw), rows, C);
-          kcpu::ColumnSums(P(b), nullptr, P(glb), rows, C);
           kcpu::Add(P(a), P(gx), P(gx), m);
         },
         [&] {
+          kcpu::NormParamGrads(P(b), P(h), P(mean), P(rstd), P(gw), P(glb), rows, C);
           kcpu::LayerNormBackwardInputAdd(P(b), P(h), P(mean), P(rstd), P(w), false, P(a), P(gx),
                                           rows, C);
-          kcpu::LayerNormHat(P(h), P(mean), P(rstd), P(xhat), rows, C);
-          kcpu::ColumnSums(P(b), P(xhat), P(gw), rows, C);
-          kcpu::ColumnSums(P(b), nullptr, P(glb), rows, C);
         }));
   }
   {  // Causal softmax over [B, H, T, T]. Each call overwrites its input, so every timed call

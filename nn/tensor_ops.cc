@@ -369,28 +369,21 @@ namespace {
 #ifdef FSDP_WITH_CUDA
 // The name a norm's launch errors give: LayerNorm's with its rows' mean, else RMSNorm's.
 const char* NormName(const Tensor& mean) { return mean.defined() ? "LayerNorm" : "RMSNorm"; }
-#endif
 
-// xhat of LayerNorm's input x [rows, cols] from its rows' mean and rstd (the forward's bits;
-// RMSNorm's from rstd where mean is undefined), as scratch for the weight gradient's column
-// sums of g * xhat.
-absl::StatusOr<Tensor> LayerNormHat(absl::string_view what, const Tensor& x, const Tensor& mean,
-                                    const Tensor& rstd, int64_t rows, int64_t cols) {
+// xhat of LayerNorm's input x [rows, cols] on CUDA from its rows' mean and rstd (the
+// forward's bits; RMSNorm's from rstd where mean is undefined), as scratch for the weight
+// gradient's column sums of g * xhat where the backward's kernel cannot take them.
+absl::StatusOr<Tensor> LayerNormHatOnCuda(absl::string_view what, const Tensor& x,
+                                          const Tensor& mean, const Tensor& rstd, int64_t rows,
+                                          int64_t cols) {
   ASSIGN_OR_RETURN(Tensor xhat, Tensor::Allocate({rows * cols}, DType::kFloat32,
                                                  core::MemoryTag::kActivation, x.device()));
   const float* mu = mean.defined() ? F32(mean) : nullptr;
-  if (x.device().is_cuda()) {
-#ifdef FSDP_WITH_CUDA
-    RETURN_IF_ERROR(Launched(kc::LayerNormHat(F32(x), mu, F32(rstd), MutF32(xhat), rows, cols),
-                             what, absl::StrCat(NormName(mean), " xhat")));
-    return xhat;
-#else
-    return NoCuda(x.device(), what);
-#endif
-  }
-  kcpu::LayerNormHat(F32(x), mu, F32(rstd), MutF32(xhat), rows, cols);
+  RETURN_IF_ERROR(Launched(kc::LayerNormHat(F32(x), mu, F32(rstd), MutF32(xhat), rows, cols), what,
+                           absl::StrCat(NormName(mean), " xhat")));
   return xhat;
 }
+#endif
 
 // A norm backward's checks of what the residual add brings (NOTE [Fused ops]): residual
 // fp32 like g and not gx, and gx16 (when defined) bf16 of g's numel apart from every other
@@ -440,7 +433,7 @@ absl::Status LayerNormBackwardCuda(absl::string_view what, const Tensor& g, cons
   // cannot fail the op after gx is written.
   Tensor xhat;
   if (gw.defined()) {
-    ASSIGN_OR_RETURN(xhat, LayerNormHat(what, x, mean, rstd, rows, cols));
+    ASSIGN_OR_RETURN(xhat, LayerNormHatOnCuda(what, x, mean, rstd, rows, cols));
   }
   RETURN_IF_ERROR(Launched(
       residual.defined()
@@ -460,20 +453,18 @@ absl::Status LayerNormBackwardCuda(absl::string_view what, const Tensor& g, cons
 }
 #endif
 
-// LayerNorm's backward on the CPU (checked tensors; RMSNorm's where mean is undefined): the
-// input gradient, plus `residual` when it is defined, then gw += column sums of g * xhat
-// (xhat made again from x, mean and rstd, before anything is written) and gb += column
-// sums of g, each when defined.
+// LayerNorm's backward on the CPU (checked tensors; RMSNorm's where mean is undefined): gw +=
+// column sums of g * xhat and gb += column sums of g, each when defined, in one pass over g
+// and x that makes xhat again (kcpu::NormParamGrads, before anything else is written), then
+// the input gradient, plus `residual` when it is defined.
 absl::Status LayerNormBackwardCpu(absl::string_view what, const Tensor& g, const Tensor& x,
                                   const Tensor& mean, const Tensor& rstd, const Tensor& w,
                                   const Tensor& residual, const Tensor& gx, uint16_t* out16,
                                   const Tensor& gw, const Tensor& gb, int64_t rows) {
   const int64_t cols = w.numel();
   const float* mu = mean.defined() ? F32(mean) : nullptr;
-  Tensor xhat;
-  if (gw.defined()) {
-    ASSIGN_OR_RETURN(xhat, LayerNormHat(what, x, mean, rstd, rows, cols));
-  }
+  kcpu::NormParamGrads(F32(g), F32(x), mu, F32(rstd), gw.defined() ? MutF32(gw) : nullptr,
+                       gb.defined() ? MutF32(gb) : nullptr, rows, cols);
   if (residual.defined()) {
     kcpu::LayerNormBackwardInputAdd(F32(g), F32(x), mu, F32(rstd), w.raw_data(), IsBf16(w),
                                     F32(residual), MutF32(gx), rows, cols, out16);
@@ -481,8 +472,6 @@ absl::Status LayerNormBackwardCpu(absl::string_view what, const Tensor& g, const
     kcpu::LayerNormBackwardInput(F32(g), F32(x), mu, F32(rstd), w.raw_data(), IsBf16(w), MutF32(gx),
                                  rows, cols);
   }
-  if (gw.defined()) kcpu::ColumnSums(F32(g), F32(xhat), MutF32(gw), rows, cols);
-  if (gb.defined()) kcpu::ColumnSums(F32(g), nullptr, MutF32(gb), rows, cols);
   return absl::OkStatus();
 }
 

@@ -162,6 +162,45 @@ FSDP_CPU_CLONES void ColumnSumsLoop(const float* FSDP_RESTRICT x, const float* F
   }
 }
 
+// The parameter gradients' column sums of a norm's backward for `rows` rows, in one pass over
+// g and x: sw[j] += g * xhat (xhat = LayerNormHat(x, mean, rstd), or without Centered
+// RmsNormHat(x, rstd)) where SW, sb[j] += g where SB; double accumulators, rows added in
+// order: ColumnSumsLoop's additions over an xhat made first, without writing it.
+template <bool Centered, bool SW, bool SB>
+FSDP_CPU_INLINE void NormParamGradRows(const float* FSDP_RESTRICT g, const float* FSDP_RESTRICT x,
+                                       const float* mean, const float* rstd,
+                                       double* FSDP_RESTRICT sw, double* FSDP_RESTRICT sb,
+                                       int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* gr = g + r * cols;
+    const float* xr = x + r * cols;
+    const float mu = Centered ? mean[r] : 0.0f, rs = rstd[r];
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) {
+      if constexpr (SW) {
+        const float h = Centered ? k::LayerNormHat(xr[j], mu, rs) : k::RmsNormHat(xr[j], rs);
+        sw[j] += static_cast<double>(gr[j]) * h;
+      }
+      if constexpr (SB) sb[j] += static_cast<double>(gr[j]);
+    }
+  }
+}
+FSDP_CPU_CLONES void NormParamGradsLoop(const float* g, const float* x, const float* mean,
+                                        const float* rstd, double* sw, double* sb, int64_t rows,
+                                        int64_t cols) {
+  if (mean != nullptr) {
+    if (sw != nullptr && sb != nullptr) {
+      NormParamGradRows<true, true, true>(g, x, mean, rstd, sw, sb, rows, cols);
+    } else if (sw != nullptr) {
+      NormParamGradRows<true, true, false>(g, x, mean, rstd, sw, sb, rows, cols);
+    } else {
+      NormParamGradRows<true, false, true>(g, x, mean, rstd, sw, sb, rows, cols);
+    }
+  } else if (sw != nullptr) {
+    NormParamGradRows<false, true, false>(g, x, mean, rstd, sw, sb, rows, cols);
+  }
+}
+
 // One row of LayerNorm: y from x; its mean in *mean_out; returns rstd. Without Centered,
 // one row of RMSNorm instead (no mean, no bias: b and mean_out unused).
 template <bool Centered, typename W, typename Y>
@@ -517,6 +556,17 @@ void ColumnSums(const float* x, const float* y, float* acc, int64_t rows, int64_
   std::vector<double> sums(static_cast<size_t>(cols), 0.0);
   ColumnSumsLoop(x, y, sums.data(), rows, cols, cols);
   AddSums(sums, acc);
+}
+
+void NormParamGrads(const float* g, const float* x, const float* mean, const float* rstd, float* gw,
+                    float* gb, int64_t rows, int64_t cols) {
+  if (gw == nullptr && gb == nullptr) return;
+  std::vector<double> sw(gw != nullptr ? static_cast<size_t>(cols) : 0, 0.0);
+  std::vector<double> sb(gb != nullptr ? static_cast<size_t>(cols) : 0, 0.0);
+  NormParamGradsLoop(g, x, mean, rstd, gw != nullptr ? sw.data() : nullptr,
+                     gb != nullptr ? sb.data() : nullptr, rows, cols);
+  if (gw != nullptr) AddSums(sw, gw);
+  if (gb != nullptr) AddSums(sb, gb);
 }
 
 void ColumnSumsBf16(const uint16_t* x, float* acc, int64_t rows, int64_t cols) {

@@ -57,6 +57,14 @@ void LayerNormBackwardInput(const float* g, const float* x, const float* mean, c
 // gradient's ColumnSums).
 void LayerNormHat(const float* x, const float* mean, const float* rstd, float* xhat,
                   int64_t rows, int64_t cols);
+// A norm's parameter gradients in one pass over g and x [rows, cols] (all columns on the
+// calling thread, as ColumnSums): gw += the column sums of g * xhat, xhat made from x and
+// each row's mean and rstd (kernels::LayerNormHat; with mean null, RMSNorm's
+// kernels::RmsNormHat, and gb must be null), and gb += the column sums of g, each when not
+// null. The bits of LayerNormHat (RmsNormHat) then ColumnSums(g, xhat, gw) and
+// ColumnSums(g, null, gb), without writing xhat.
+void NormParamGrads(const float* g, const float* x, const float* mean, const float* rstd, float* gw,
+                    float* gb, int64_t rows, int64_t cols);
 // Softmax of each row of [rows, T] scores in place, row r attending to s <= r % T; when
 // probs16 is not null, the probabilities go there rounded to bf16 instead, and the
 // scores are scratch (their contents after the call are unspecified).

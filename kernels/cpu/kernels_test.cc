@@ -35,17 +35,17 @@ core::Tensor Normal(int64_t n, uint64_t seed) {
 float* P(const core::Tensor& t) { return t.data<float>(); }
 bool IsBf16(const core::Tensor& t) { return t.dtype() == core::DType::kBFloat16; }
 
-// LayerNorm's whole backward as nn::LayerNormBackward runs it on the CPU: the input
-// gradient, then xhat into h and the weight and bias gradients as column sums.
+// LayerNorm's whole backward as nn::LayerNormBackward runs it on the CPU: the weight and
+// bias gradients in one pass over g and x, then the input gradient; and xhat into h (for
+// the tests that compare it).
 void LayerNormBackward(const core::Tensor& g, const core::Tensor& x, const core::Tensor& mean,
                        const core::Tensor& rstd, const core::Tensor& w, const core::Tensor& h,
                        const core::Tensor& gx, const core::Tensor& gw, const core::Tensor& gb,
                        int64_t rows, int64_t cols) {
+  kcpu::NormParamGrads(P(g), P(x), P(mean), P(rstd), P(gw), P(gb), rows, cols);
   kcpu::LayerNormBackwardInput(P(g), P(x), P(mean), P(rstd), w.raw_data(), IsBf16(w), P(gx),
                                rows, cols);
   kcpu::LayerNormHat(P(x), P(mean), P(rstd), P(h), rows, cols);
-  kcpu::ColumnSums(P(g), P(h), P(gw), rows, cols);
-  kcpu::ColumnSums(P(g), nullptr, P(gb), rows, cols);
 }
 
 // The mean cross-entropy loss as nn::CrossEntropyForwardBackward adds it: row losses in
@@ -157,6 +157,43 @@ TEST(CpuLoopsTest, ColumnSumsMatchADoubleReference) {
       // Double accumulation rounded once to float.
       EXPECT_EQ(p[j], static_cast<float>(sp)) << j;
       EXPECT_EQ(q[j], static_cast<float>(sq)) << j;
+    }
+  }
+}
+
+// The norms' parameter gradients in one pass give the bits of xhat written first
+// (LayerNormHat, or RmsNormHat with no mean) and then summed by ColumnSums, for LayerNorm
+// (weight and bias, each alone and both) and RMSNorm (weight), at widths around the vector
+// widths.
+TEST(CpuLoopsTest, NormParamGradsAreTheColumnSumsOverXhatBitForBit) {
+  for (int64_t cols : kLengths) {
+    SCOPED_TRACE(testing::Message() << "cols " << cols);
+    const int64_t rows = 13, n = rows * cols;
+    const core::Tensor g = Normal(n, 31), x = Normal(n, 32), mean = Normal(rows, 33);
+    core::Tensor rstd = Normal(rows, 34);
+    for (int64_t r = 0; r < rows; ++r) P(rstd)[r] = 0.5f + std::abs(P(rstd)[r]);
+    core::Tensor h = core::Tensor::Empty({n});
+    for (const bool rms : {false, true}) {
+      const float* mu = rms ? nullptr : P(mean);
+      if (rms) {
+        kcpu::RmsNormHat(P(x), P(rstd), P(h), rows, cols);
+      } else {
+        kcpu::LayerNormHat(P(x), P(mean), P(rstd), P(h), rows, cols);
+      }
+      for (int which = 1; which <= (rms ? 1 : 3); ++which) {  // 1 weight, 2 bias, 3 both
+        const bool want_w = which & 1, want_b = which & 2;
+        core::Tensor gw = Normal(cols, 35), gb = Normal(cols, 36);
+        core::Tensor gw_ref = gw.Clone(core::MemoryTag::kOther);
+        core::Tensor gb_ref = gb.Clone(core::MemoryTag::kOther);
+        if (want_w) kcpu::ColumnSums(P(g), P(h), P(gw_ref), rows, cols);
+        if (want_b) kcpu::ColumnSums(P(g), nullptr, P(gb_ref), rows, cols);
+        kcpu::NormParamGrads(P(g), P(x), mu, P(rstd), want_w ? P(gw) : nullptr,
+                             want_b ? P(gb) : nullptr, rows, cols);
+        EXPECT_EQ(std::memcmp(P(gw), P(gw_ref), cols * sizeof(float)), 0)
+            << (rms ? "RMSNorm" : "LayerNorm") << " case " << which;
+        EXPECT_EQ(std::memcmp(P(gb), P(gb_ref), cols * sizeof(float)), 0)
+            << (rms ? "RMSNorm" : "LayerNorm") << " case " << which;
+      }
     }
   }
 }
