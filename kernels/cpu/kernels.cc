@@ -618,21 +618,6 @@ void RmsNormForward(const float* x, const void* w, bool bf16, float eps, void* y
                         cols);
 }
 
-void RmsNormBackwardInput(const float* g, const float* x, const float* rstd, const void* w,
-                          bool bf16, float* gx, int64_t rows, int64_t cols) {
-  LayerNormBackwardRowsParallel(g, x, nullptr, rstd, w, bf16, nullptr, gx, nullptr, rows, cols);
-}
-
-void RmsNormBackwardInputAdd(const float* g, const float* x, const float* rstd, const void* w,
-                             bool bf16, const float* residual, float* gx, int64_t rows,
-                             int64_t cols, uint16_t* gx16) {
-  LayerNormBackwardRowsParallel(g, x, nullptr, rstd, w, bf16, residual, gx, gx16, rows, cols);
-}
-
-void RmsNormHat(const float* x, const float* rstd, float* xhat, int64_t rows, int64_t cols) {
-  LayerNormHat(x, nullptr, rstd, xhat, rows, cols);
-}
-
 void CausalSoftmaxForward(float* scores, int64_t rows, int64_t T, uint16_t* probs16) {
   ParallelChunks(IntraOpThreads(), rows, rows * T, 1,
                  [&](int64_t s, int64_t e) { CausalSoftmaxLoop(scores, probs16, s, e, T); });

@@ -50,7 +50,9 @@ void LayerNormForward(const float* x, const void* w, const void* b, bool bf16, f
                       void* y, float* mean, float* rstd, int64_t rows, int64_t cols,
                       bool y_bf16 = false);
 // LayerNorm's input gradient gx from g, the forward's x, mean and rstd, and w (the parameter
-// gradients are ColumnSums of g * xhat and of g).
+// gradients are NormParamGrads). This and the backward launchers below (LayerNormHat,
+// NormParamGrads, LayerNormBackwardInputAdd) take a null mean for RMSNorm's backward
+// (kernels::RmsNormHat and RmsNormBackwardInput; no bias gradient).
 void LayerNormBackwardInput(const float* g, const float* x, const float* mean, const float* rstd,
                             const void* w, bool bf16, float* gx, int64_t rows, int64_t cols);
 // xhat [rows, cols] of LayerNorm's input x from each row's mean and rstd (for the weight
@@ -61,7 +63,7 @@ void LayerNormHat(const float* x, const float* mean, const float* rstd, float* x
 // calling thread, as ColumnSums): gw += the column sums of g * xhat, xhat made from x and
 // each row's mean and rstd (kernels::LayerNormHat; with mean null, RMSNorm's
 // kernels::RmsNormHat, and gb must be null), and gb += the column sums of g, each when not
-// null. The bits of LayerNormHat (RmsNormHat) then ColumnSums(g, xhat, gw) and
+// null. The bits of LayerNormHat (with a null mean, RMSNorm's) then ColumnSums(g, xhat, gw) and
 // ColumnSums(g, null, gb), without writing xhat.
 void NormParamGrads(const float* g, const float* x, const float* mean, const float* rstd, float* gw,
                     float* gb, int64_t rows, int64_t cols);
@@ -107,23 +109,11 @@ void FlashAttentionBackward(const uint16_t* qkv, const void* y, bool y_bf16, con
 
 // RMSNorm of each row of x [rows, cols]: y [rows, cols] and rstd [rows]; y fp32, or bf16
 // when y_bf16 (each element the fp32 value rounded once: NOTE [GEMM epilogues], an output
-// whose consumer is a bf16 GEMM). LayerNorm's loops without the mean and the bias; the
-// backward takes x and rstd (xhat = kernels::RmsNormHat of them, the forward's bits).
+// whose consumer is a bf16 GEMM). LayerNorm's loops without the mean and the bias; its
+// backward is LayerNorm's launchers with a null mean, taking x and rstd (xhat =
+// kernels::RmsNormHat of them, the forward's bits).
 void RmsNormForward(const float* x, const void* w, bool bf16, float eps, void* y, float* rstd,
                     int64_t rows, int64_t cols, bool y_bf16 = false);
-// RMSNorm's input gradient gx from g, the forward's x and rstd, and w (the weight gradient
-// is the ColumnSums of g * xhat, xhat from RmsNormHat).
-void RmsNormBackwardInput(const float* g, const float* x, const float* rstd, const void* w,
-                          bool bf16, float* gx, int64_t rows, int64_t cols);
-// NOTE [Fused ops] (nn/tensor_ops.h): gx = residual + RmsNormBackwardInput(g, ...), the bits
-// of the two launches, in one loop; gx must not be residual. With gx16 not null, gx rounded
-// to bf16 there too (the operand of a bf16 GEMM that takes it).
-void RmsNormBackwardInputAdd(const float* g, const float* x, const float* rstd, const void* w,
-                             bool bf16, const float* residual, float* gx, int64_t rows,
-                             int64_t cols, uint16_t* gx16 = nullptr);
-// xhat [rows, cols] of RMSNorm's input x from each row's rstd (for the weight gradient's
-// ColumnSums).
-void RmsNormHat(const float* x, const float* rstd, float* xhat, int64_t rows, int64_t cols);
 // h = silu(a) * b, elementwise; h fp32, or bf16 when h_bf16 (each element the fp32 value
 // rounded once: NOTE [GEMM epilogues], an output whose consumer is a bf16 GEMM).
 void SiluMulForward(const float* a, const float* b, void* h, int64_t n, bool h_bf16 = false);

@@ -162,7 +162,7 @@ TEST(CpuLoopsTest, ColumnSumsMatchADoubleReference) {
 }
 
 // The norms' parameter gradients in one pass give the bits of xhat written first
-// (LayerNormHat, or RmsNormHat with no mean) and then summed by ColumnSums, for LayerNorm
+// (LayerNormHat, with no mean RMSNorm's) and then summed by ColumnSums, for LayerNorm
 // (weight and bias, each alone and both) and RMSNorm (weight), at widths around the vector
 // widths.
 TEST(CpuLoopsTest, NormParamGradsAreTheColumnSumsOverXhatBitForBit) {
@@ -176,7 +176,7 @@ TEST(CpuLoopsTest, NormParamGradsAreTheColumnSumsOverXhatBitForBit) {
     for (const bool rms : {false, true}) {
       const float* mu = rms ? nullptr : P(mean);
       if (rms) {
-        kcpu::RmsNormHat(P(x), P(rstd), P(h), rows, cols);
+        kcpu::LayerNormHat(P(x), nullptr, P(rstd), P(h), rows, cols);
       } else {
         kcpu::LayerNormHat(P(x), P(mean), P(rstd), P(h), rows, cols);
       }

@@ -76,10 +76,11 @@ TEST(CpuLlamaKernelsTest, RmsNormMatchesADoubleReferenceWithFp32AndBf16Weights) 
       const void* wp = bf16 ? static_cast<const void*>(w16.data()) : w.data();
       std::vector<float> y(x.size()), xhat(x.size()), rstd(rows), gx(x.size());
       kcpu::RmsNormForward(x.data(), wp, bf16, eps, y.data(), rstd.data(), rows, cols);
-      kcpu::RmsNormBackwardInput(g.data(), x.data(), rstd.data(), wp, bf16, gx.data(), rows, cols);
+      kcpu::LayerNormBackwardInput(g.data(), x.data(), nullptr, rstd.data(), wp, bf16, gx.data(),
+                                   rows, cols);
       // The backward's xhat, made again from x and rstd, is the one the forward multiplied by
       // w: y is xhat * w bit for bit.
-      kcpu::RmsNormHat(x.data(), rstd.data(), xhat.data(), rows, cols);
+      kcpu::LayerNormHat(x.data(), nullptr, rstd.data(), xhat.data(), rows, cols);
       for (int64_t i = 0; i < rows * cols; ++i) {
         ASSERT_EQ(y[i], xhat[i] * w[i % cols]) << "cols " << cols << " element " << i;
       }
@@ -111,7 +112,7 @@ std::vector<uint32_t> Bits(const std::vector<float>& v) {
   return bits;
 }
 
-// NOTE [Fused ops]: the fused loop gives the bits of RmsNormBackwardInput then Add (residual
+// NOTE [Fused ops]: the fused loop gives the bits of the RMSNorm input gradient then Add (residual
 // first, as the decoder layer adds), and its bf16 copy is that sum rounded once, for fp32
 // and bf16 weights and rows of 1, 8 lanes and widths that are not multiples of 8 or 32.
 TEST(CpuLlamaKernelsTest, RmsNormBackwardAddIsTheInputGradientPlusTheResidualBitForBit) {
@@ -126,14 +127,15 @@ TEST(CpuLlamaKernelsTest, RmsNormBackwardAddIsTheInputGradientPlusTheResidualBit
       const void* wp = bf16 ? static_cast<const void*>(w16.data()) : w.data();
       std::vector<float> y(n), rstd(rows), gx(n), want(n);
       kcpu::RmsNormForward(x.data(), wp, bf16, 1e-6f, y.data(), rstd.data(), rows, cols);
-      kcpu::RmsNormBackwardInput(g.data(), x.data(), rstd.data(), wp, bf16, gx.data(), rows, cols);
+      kcpu::LayerNormBackwardInput(g.data(), x.data(), nullptr, rstd.data(), wp, bf16, gx.data(),
+                                   rows, cols);
       kcpu::Add(res.data(), gx.data(), want.data(), n);
       std::vector<float> sum(n, -1.0f), sum2(n, -1.0f);
       std::vector<uint16_t> sum16(n, 0);
-      kcpu::RmsNormBackwardInputAdd(g.data(), x.data(), rstd.data(), wp, bf16, res.data(),
-                                    sum.data(), rows, cols);
-      kcpu::RmsNormBackwardInputAdd(g.data(), x.data(), rstd.data(), wp, bf16, res.data(),
-                                    sum2.data(), rows, cols, sum16.data());
+      kcpu::LayerNormBackwardInputAdd(g.data(), x.data(), nullptr, rstd.data(), wp, bf16,
+                                      res.data(), sum.data(), rows, cols);
+      kcpu::LayerNormBackwardInputAdd(g.data(), x.data(), nullptr, rstd.data(), wp, bf16,
+                                      res.data(), sum2.data(), rows, cols, sum16.data());
       EXPECT_EQ(Bits(sum), Bits(want));
       EXPECT_EQ(Bits(sum2), Bits(want));
       for (int64_t i = 0; i < n; ++i) {
@@ -360,14 +362,14 @@ TEST(CpuLlamaKernelsTest, ResultsAreBitIdenticalForAnyThreadCount) {
                              w = Normal(cols, 13);
     std::vector<float> y(x.size()), xhat(x.size()), rstd(rows), gx(x.size());
     kcpu::RmsNormForward(x.data(), w.data(), false, 1e-6f, y.data(), rstd.data(), rows, cols);
-    kcpu::RmsNormBackwardInput(g.data(), x.data(), rstd.data(), w.data(), false, gx.data(), rows,
-                               cols);
-    kcpu::RmsNormHat(x.data(), rstd.data(), xhat.data(), rows, cols);
+    kcpu::LayerNormBackwardInput(g.data(), x.data(), nullptr, rstd.data(), w.data(), false,
+                                 gx.data(), rows, cols);
+    kcpu::LayerNormHat(x.data(), nullptr, rstd.data(), xhat.data(), rows, cols);
     out.insert(out.end(), {y, rstd, gx, xhat});
     std::vector<float> sum(x.size()), sum16_wide(x.size());
     std::vector<uint16_t> sum16(x.size());
-    kcpu::RmsNormBackwardInputAdd(g.data(), x.data(), rstd.data(), w.data(), false, x.data(),
-                                  sum.data(), rows, cols, sum16.data());
+    kcpu::LayerNormBackwardInputAdd(g.data(), x.data(), nullptr, rstd.data(), w.data(), false,
+                                    x.data(), sum.data(), rows, cols, sum16.data());
     for (size_t i = 0; i < sum16.size(); ++i) sum16_wide[i] = core::Bf16BitsToFloat(sum16[i]);
     out.insert(out.end(), {sum, sum16_wide});
     std::vector<float> ga(x.size()), gb(x.size());

@@ -1134,29 +1134,6 @@ cudaError_t RmsNormForward(const float* x, const void* w, bool bf16, float eps, 
                                 rstd, rows, cols);
 }
 
-cudaError_t RmsNormBackwardInput(const float* g, const float* x, const float* rstd, const void* w,
-                                 bool bf16, float* gx, int64_t rows, int64_t cols) {
-  return LayerNormBackwardInputLaunch(g, x, nullptr, rstd, w, bf16, nullptr, gx, nullptr, rows,
-                                      cols);
-}
-
-cudaError_t RmsNormBackwardInputAdd(const float* g, const float* x, const float* rstd,
-                                    const void* w, bool bf16, const float* residual, float* gx,
-                                    int64_t rows, int64_t cols, uint16_t* gx16) {
-  return LayerNormBackwardInputLaunch(g, x, nullptr, rstd, w, bf16, residual, gx, gx16, rows, cols);
-}
-
-cudaError_t RmsNormBackward(const float* g, const float* x, const float* rstd, const void* w,
-                            bool bf16, const float* residual, float* gx, float* gw, int64_t rows,
-                            int64_t cols, float* partial, uint16_t* gx16) {
-  return LayerNormBackward(g, x, nullptr, rstd, w, bf16, residual, gx, gw, nullptr, rows, cols,
-                           partial, gx16);
-}
-
-cudaError_t RmsNormHat(const float* x, const float* rstd, float* xhat, int64_t rows, int64_t cols) {
-  return LayerNormHat(x, nullptr, rstd, xhat, rows, cols);
-}
-
 cudaError_t CausalSoftmaxForward(float* scores, int64_t rows, int64_t T, uint16_t* probs16) {
   if (rows <= 0 || T <= 0) return cudaSuccess;
   CausalSoftmaxForwardKernel<<<GridForRows(rows), kThreads>>>(scores, probs16, rows, T);

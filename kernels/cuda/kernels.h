@@ -45,12 +45,14 @@ cudaError_t GemmEpilogue(const float* acc, int kind, const void* bias, bool bias
 cudaError_t LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps,
                              void* y, float* mean, float* rstd, int64_t rows, int64_t cols,
                              bool y_bf16 = false);
-// One warp per row: gx from g, the forward's x, mean and rstd (xhat recomputed), and w.
+// One warp per row: gx from g, the forward's x, mean and rstd (xhat recomputed), and w. The
+// backward launchers here take a null mean for RMSNorm's backward (kernels::RmsNormHat and
+// RmsNormBackwardInput; no bias gradient).
 cudaError_t LayerNormBackwardInput(const float* g, const float* x, const float* mean,
                                    const float* rstd, const void* w, bool bf16, float* gx,
                                    int64_t rows, int64_t cols);
-// xhat [rows, cols] from x, mean and rstd (kernels::LayerNormHat; for the weight gradient's
-// ColumnSums where LayerNormBackward cannot take it).
+// xhat [rows, cols] from x, mean and rstd (kernels::LayerNormHat, or RmsNormHat with a null
+// mean; for the weight gradient's ColumnSums where LayerNormBackward cannot take it).
 cudaError_t LayerNormHat(const float* x, const float* mean, const float* rstd, float* xhat,
                          int64_t rows, int64_t cols);
 // The fused ops of NOTE [Fused ops] (nn/tensor_ops.h), one kernel each, with the CPU
@@ -110,29 +112,14 @@ cudaError_t CrossEntropy(const uint16_t* logits, const int32_t* targets, int64_t
                          double inv_n, float* grad, double* row_loss, uint16_t* grad16 = nullptr);
 // The Llama layers' launchers, with the CPU launchers' arguments (kernels/cpu/kernels.h,
 // where each output is fp32 or bf16 by its flag). RMSNorm (kernels.cu) runs on LayerNorm's
-// kernels without the mean and the bias: one warp per row, the backward taking x and rstd
-// (xhat recomputed, the forward's bits). In kernels/cuda/llama.cu: silu(a) * b and its
+// kernels without the mean and the bias: one warp per row; its backward is LayerNorm's
+// launchers above with a null mean (and bias gradient), taking x and rstd (xhat recomputed,
+// the forward's bits). In kernels/cuda/llama.cu: silu(a) * b and its
 // gradients grid-stride over their outputs; the rotary packing of q, k, v and its backward
 // a thread per output column over the rows (cudaErrorInvalidValue for rows of 3 H D >= 2^31
 // elements).
 cudaError_t RmsNormForward(const float* x, const void* w, bool bf16, float eps, void* y,
                            float* rstd, int64_t rows, int64_t cols, bool y_bf16 = false);
-cudaError_t RmsNormBackwardInput(const float* g, const float* x, const float* rstd, const void* w,
-                                 bool bf16, float* gx, int64_t rows, int64_t cols);
-// NOTE [Fused ops] (nn/tensor_ops.h): gx = residual + the RMSNorm input gradient in one
-// kernel (one warp per row), and gx rounded to bf16 into gx16 when that is not null.
-cudaError_t RmsNormBackwardInputAdd(const float* g, const float* x, const float* rstd,
-                                    const void* w, bool bf16, const float* residual, float* gx,
-                                    int64_t rows, int64_t cols, uint16_t* gx16 = nullptr);
-// RMSNorm's backward in one pass, as LayerNormBackward (its conditions, chunks and
-// `partial` scratch; residual and gx16 each optional): gx, and gw += column sums of g * xhat
-// when gw is not null.
-cudaError_t RmsNormBackward(const float* g, const float* x, const float* rstd, const void* w,
-                            bool bf16, const float* residual, float* gx, float* gw, int64_t rows,
-                            int64_t cols, float* partial, uint16_t* gx16 = nullptr);
-// xhat [rows, cols] = kernels::RmsNormHat(x, rstd[row]) (for the weight gradient's
-// ColumnSums where RmsNormBackward cannot take it).
-cudaError_t RmsNormHat(const float* x, const float* rstd, float* xhat, int64_t rows, int64_t cols);
 cudaError_t SiluMulForward(const float* a, const float* b, void* h, int64_t n,
                            bool h_bf16 = false);
 cudaError_t SiluMulBackward(const float* a, const float* b, const float* gh, void* ga, void* gb,
