@@ -94,15 +94,6 @@ FSDP_HD inline float RmsNormBackwardInput(float g, const W* w, int64_t j, float 
   return static_cast<float>(rstd * (gh - xhat * mean_gh_xhat));
 }
 
-// residual + RmsNormBackwardInput(...) (NOTE [Fused ops] in nn/tensor_ops.h): the gradient
-// rounded to float, then added (kernels::Add, never contracted into an FMA), as when it is
-// stored and a + b adds it.
-template <typename Acc, typename W>
-FSDP_HD inline float RmsNormBackwardInputAdd(float residual, float g, const W* w, int64_t j,
-                                             float xhat, Acc rstd, Acc mean_gh_xhat) {
-  return Add(residual, RmsNormBackwardInput<Acc>(g, w, j, xhat, rstd, mean_gh_xhat));
-}
-
 // ---- Causal softmax of one attention row t over s in [0, t] (entries s > t are masked).
 
 // exp(score - max), max the row's largest unmasked score (FastExp: within 1.5e-7 relative).
@@ -169,7 +160,7 @@ inline int64_t ColumnSumChunks(int64_t rows, int64_t cols) {
 // > 12288: the column sums then run as their own kernels). NormGradStats: LayerNorm's
 // `stats` (centered) or RMSNorm's.
 inline constexpr int NormGradStats(bool centered) { return centered ? 2 : 1; }
-inline int LayerNormGradWarps(int64_t cols, int stats = 2) {
+inline int LayerNormGradWarps(int64_t cols, int stats) {
   constexpr int64_t kSharedBytes = 48 * 1024, kMaxWarps = 8;
   const int64_t per_warp = 4 * static_cast<int64_t>(stats) * cols;
   if (cols <= 0 || stats <= 0 || per_warp > kSharedBytes) return 0;
@@ -180,7 +171,7 @@ inline int LayerNormGradWarps(int64_t cols, int stats = 2) {
 // How many blocks (row chunks) that kernel splits [rows, cols] into: about 4 per SM of a
 // 132-SM GPU, with at least 4 rows for each warp. A function of the shape (and `stats`)
 // only, so the order of the sums is too.
-inline int64_t LayerNormGradChunks(int64_t rows, int64_t cols, int stats = 2) {
+inline int64_t LayerNormGradChunks(int64_t rows, int64_t cols, int stats) {
   const int64_t warps = LayerNormGradWarps(cols, stats);
   if (rows <= 0 || warps == 0) return 1;
   constexpr int64_t kTargetBlocks = 528, kMinRowsPerWarp = 4;

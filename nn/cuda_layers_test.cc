@@ -253,6 +253,48 @@ TEST(CudaGemmEpilogueTest, EachEpilogueMatchesTheCpuOnCublasLtAndOnTheFallbackKe
   }
 }
 
+// NOTE [GEMM epilogues]: the residual epilogue writes the bits of the plain GEMM plus a
+// separate fp32 add, on cuBLASLt or through the fallback (cuBLASLt takes it only on the
+// plain GEMM's grid, without split-K parts added in place): at a Llama's projection shapes
+// (o_proj and down_proj forward, the k/v and up input gradients that add the sum so far)
+// and at a long k that invites split-K; a second call (after tuning) repeats the bits.
+TEST(CudaGemmEpilogueTest, TheResidualEpilogueHasThePlainGemmPlusAddsBits) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    const char* what;
+    int64_t m, n, k;
+    bool trans_b;  // x W^T (forward) or g W (input gradient)
+  };
+  const auto bf16 = [](const core::Tensor& t) {
+    return t.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
+  };
+  for (const Case& c :
+       {Case{"o_proj", 4096, 768, 768, true}, Case{"down_proj", 4096, 768, 2048, true},
+        Case{"k_proj dx", 4096, 768, 256, false}, Case{"up_proj dx", 4096, 768, 2048, false},
+        Case{"long k", 64, 64, 65536, true}}) {
+    SCOPED_TRACE(c.what);
+    const core::Tensor x = bf16(Normal({c.m * c.k}, 131)), w = bf16(Normal({c.n * c.k}, 132));
+    const core::Tensor residual = Normal({c.m * c.n}, 133);
+    GemmArgs plain = LinearGemmOn(kGpu, c.m, c.n, c.k, x, w, core::DType::kFloat32,
+                                  GemmEpilogue::kNone, core::Tensor(), core::Tensor());
+    plain.trans_b = c.trans_b;
+    ASSERT_TRUE(MatMul(c.what, plain).ok());
+    const std::vector<float> p = Host(plain.c.tensor), r = residual.ToVector();
+    for (int call = 0; call < 2; ++call) {
+      GemmArgs fused = LinearGemmOn(kGpu, c.m, c.n, c.k, x, w, core::DType::kFloat32,
+                                    GemmEpilogue::kResidual, core::Tensor(), residual);
+      fused.trans_b = c.trans_b;
+      const absl::Status s = MatMul(c.what, fused);
+      ASSERT_TRUE(s.ok()) << s;
+      const std::vector<float> f = Host(fused.c.tensor);
+      for (size_t i = 0; i < f.size(); ++i) {
+        const float want = r[i] + p[i];
+        ASSERT_EQ(std::memcmp(&want, &f[i], sizeof(float)), 0) << "call " << call << ", " << i;
+      }
+    }
+  }
+}
+
 // fp32 operands take no cuBLASLt epilogue (MatMul runs the plain GEMM and the epilogue
 // kernel); the result still matches the CPU.
 TEST(CudaGemmEpilogueTest, Fp32OperandsWithAnEpilogueMatchTheCpu) {
@@ -1053,6 +1095,29 @@ TEST(CudaLayersTest, LayerNormsStoredStatisticsGiveTheForwardsXhatBitForBit) {
       }
     }
   }
+}
+
+// A null mean selects RMSNorm only in the backward launchers (kernels/cuda/kernels.h); the
+// forward ones refuse it, so a LayerNorm forward never drops its mean pass and bias unseen.
+TEST(CudaLayersTest, LayerNormForwardLaunchersRefuseANullMean) {
+  SKIP_WITHOUT_GPU();
+#ifdef FSDP_WITH_CUDA
+  const int64_t rows = 3, cols = 8, n = rows * cols;
+  const core::Tensor x = To(Normal({n}, 93), kGpu), x2 = To(Normal({n}, 94), kGpu);
+  const core::Tensor w = To(Normal({cols}, 95), kGpu), b = To(Normal({cols}, 96), kGpu);
+  core::Tensor y = To(core::Tensor::Zeros({n}), kGpu), h = To(core::Tensor::Zeros({n}), kGpu);
+  core::Tensor rstd = To(core::Tensor::Zeros({rows}), kGpu);
+  EXPECT_EQ(kernels::cuda::LayerNormForward(x.data<float>(), w.raw_data(), b.raw_data(),
+                                            /*bf16=*/false, 1e-5f, y.raw_data(), nullptr,
+                                            rstd.data<float>(), rows, cols),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::cuda::AddLayerNormForward(
+                x.data<float>(), x2.data<float>(), h.data<float>(), w.raw_data(), b.raw_data(),
+                /*bf16=*/false, 1e-5f, y.raw_data(), nullptr, rstd.data<float>(), rows, cols),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(Host(y), std::vector<float>(n, 0.0f)) << "nothing written";
+  EXPECT_EQ(Host(rstd), std::vector<float>(rows, 0.0f)) << "nothing written";
+#endif
 }
 
 // NOTE [GEMM epilogues]: LayerNorm (and residual + LayerNorm) storing its output bf16: the

@@ -61,7 +61,9 @@ struct MatrixRef {
 // epilogue (kBiasResidual: BIAS with the residual as cuBLASLt's C and beta 1, which
 // rounds P + aux before adding the bias: within fp32 rounding of the body's order;
 // kResidual: the DEFAULT epilogue with the residual as C and beta 1, the body's bits, as
-// aux + P is one fp32 addition of the fp32 product). Its
+// aux + P is one fp32 addition of the fp32 product; cuBLASLt runs it only where its
+// algorithm has the plain GEMM's grid and adds no split-K parts onto the residual, so
+// that P is the plain GEMM's, else the fallback below). Its
 // bias has D's type: a bf16 bias of a bf16 GEMM into an fp32 C (a projection's, under bf16
 // weights) is widened into an fp32 copy first, exactly (op "gemm.widen_bias", recorded on
 // both devices). Where cuBLASLt has no algorithm for one (a bias or GELU aux not 16-byte

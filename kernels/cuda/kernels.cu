@@ -474,14 +474,13 @@ __global__ void LayerNormForwardKernel(const float* x, const float* x2, float* s
 // first + v + warps, ...
 // With Sums, in the same pass, the column sums of g * xhat and of g over the block's rows
 // (kernels::LayerNormGradChunks): each warp keeps its own in shared memory
-// ([warps][stats][cols], stats = 2); the block then adds its warps' sums in warp order into
-// partial[blockIdx.x] ([stats, cols]: g * xhat, then g), or, with partial null (one block),
-// into gw and gb (each when not null).
-// Lane l owns the groups of N columns starting at N * (l + 32 i); N is 4 when cols % 4 == 0
-// (a function of the shape, so the order of every sum is too) and Wide says the rows are
-// 16-byte aligned, so each group moves in one access (else N scalar ones, the same sums).
-// With Cached (ForEachGroup) a row's g and x are read once, the second pass taking g and
-// xhat from registers. Without Centered, RMSNorm's backward (kernels::RmsNormHat and
+// ([warps][stats][cols], stats = 2, or 1 for RMSNorm); the block then adds its warps' sums in warp
+// order into partial[blockIdx.x] ([stats, cols]: g * xhat, then g), or, with partial null (one
+// block), into gw and gb (each when not null). Lane l owns the groups of N columns starting at N *
+// (l + 32 i); N is 4 when cols % 4 == 0 (a function of the shape, so the order of every sum is too)
+// and Wide says the rows are 16-byte aligned, so each group moves in one access (else N scalar
+// ones, the same sums). With Cached (ForEachGroup) a row's g and x are read once, the second pass
+// taking g and xhat from registers. Without Centered, RMSNorm's backward (kernels::RmsNormHat and
 // RmsNormBackwardInput; mean and gb unused, and only the g * xhat sums are kept: stats = 1).
 template <int N, bool Wide, bool Sums, int Cached, bool Centered, typename W>
 __global__ void LayerNormBackwardKernel(const float* g, const float* x, const float* mean,
@@ -1071,6 +1070,7 @@ __global__ void LayerNormHatKernel(const float* x, const float* mean, const floa
 cudaError_t LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps,
                              void* y, float* mean, float* rstd, int64_t rows, int64_t cols,
                              bool y_bf16) {
+  if (mean == nullptr) return cudaErrorInvalidValue;  // a null mean is RmsNormForward's
   return LayerNormForwardLaunch(x, nullptr, nullptr, w, b, bf16, eps, y, y_bf16, mean, rstd, rows,
                                 cols);
 }
@@ -1078,6 +1078,7 @@ cudaError_t LayerNormForward(const float* x, const void* w, const void* b, bool 
 cudaError_t AddLayerNormForward(const float* a, const float* b, float* sum, const void* w,
                                 const void* bias, bool bf16, float eps, void* y, float* mean,
                                 float* rstd, int64_t rows, int64_t cols, bool y_bf16) {
+  if (mean == nullptr) return cudaErrorInvalidValue;
   return LayerNormForwardLaunch(a, b, sum, w, bias, bf16, eps, y, y_bf16, mean, rstd, rows, cols);
 }
 

@@ -41,7 +41,9 @@ cudaError_t ColumnSumsBf16(const uint16_t* x, float* acc, int64_t rows, int64_t 
 // plainly, for the problems its own epilogues do not take; arguments as the CPU launcher's.
 cudaError_t GemmEpilogue(const float* acc, int kind, const void* bias, bool bias_bf16, void* aux,
                          void* out, bool out_bf16, int64_t rows, int64_t cols);
-// One warp per row of x [rows, cols]: y (bf16 when y_bf16), mean and rstd [rows].
+// One warp per row of x [rows, cols]: y (bf16 when y_bf16), mean and rstd [rows]; a null
+// mean is cudaErrorInvalidValue (RMSNorm's forward is RmsNormForward), as in
+// AddLayerNormForward.
 cudaError_t LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps,
                              void* y, float* mean, float* rstd, int64_t rows, int64_t cols,
                              bool y_bf16 = false);
@@ -116,8 +118,8 @@ cudaError_t CrossEntropy(const uint16_t* logits, const int32_t* targets, int64_t
 // launchers above with a null mean (and bias gradient), taking x and rstd (xhat recomputed,
 // the forward's bits). In kernels/cuda/llama.cu: silu(a) * b and its
 // gradients grid-stride over their outputs; the rotary packing of q, k, v and its backward
-// a thread per output column over the rows (cudaErrorInvalidValue for rows of 3 H D >= 2^31
-// elements).
+// a thread per output column over the rows (cudaErrorInvalidValue for rows of 3 H D > 2^31 -
+// 257 elements, so that no thread's column passes 2^31).
 cudaError_t RmsNormForward(const float* x, const void* w, bool bf16, float eps, void* y,
                            float* rstd, int64_t rows, int64_t cols, bool y_bf16 = false);
 cudaError_t SiluMulForward(const float* a, const float* b, void* h, int64_t n,

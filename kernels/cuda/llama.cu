@@ -141,7 +141,8 @@ cudaError_t RotaryPackQkv(const float* q, const float* k, const float* v, const 
                           const float* sin, void* qkv, int64_t rows, int64_t T, int64_t H,
                           int64_t KV, int64_t D, bool qkv_bf16) {
   if (rows <= 0 || H <= 0 || D <= 0) return cudaSuccess;
-  if (3 * H * D > INT32_MAX) return cudaErrorInvalidValue;
+  // A thread's column (int) stays below 2^31 in the last block of the row.
+  if (3 * H * D > INT32_MAX - kThreads) return cudaErrorInvalidValue;
   k::WithStored(qkv, qkv_bf16, [&](auto* out) {
     RotaryPackKernel<<<GridForColumns(rows, 3 * H * D), kThreads>>>(
         q, k, v, cos, sin, out, rows, T, static_cast<int>(H), static_cast<int>(KV),
@@ -155,7 +156,8 @@ cudaError_t RotaryPackQkvBackward(const float* gqkv, const float* cos, const flo
                                   int64_t H, int64_t KV, int64_t D, bool gq_bf16, bool gk_bf16,
                                   bool gv_bf16) {
   if (rows <= 0 || H <= 0 || D <= 0) return cudaSuccess;
-  if (3 * H * D > INT32_MAX) return cudaErrorInvalidValue;
+  // A thread's column (int) stays below 2^31 in the last block of the row.
+  if (3 * H * D > INT32_MAX - kThreads) return cudaErrorInvalidValue;
   k::WithStored(gq, gq_bf16, [&](auto* gqp) {
     k::WithStored(gk, gk_bf16, [&](auto* gkp) {
       k::WithStored(gv, gv_bf16, [&](auto* gvp) {

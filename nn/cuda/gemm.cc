@@ -405,6 +405,27 @@ bool SameGrid(const cublasLtMatmulAlgo_t& x, const cublasLtMatmulAlgo_t& y) {
          SameAttribute(x, y, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, sizeof(uint16_t));
 }
 
+// Whether `algo` may add its split-K parts onto what its output already holds: more than
+// one part without a workspace reduction (cuBLASLt's INPLACE adds the parts up in the
+// output buffer, so with a residual as C they join it one by one instead of as one sum).
+// An unreadable attribute counts as yes.
+bool MayAddPartsInPlace(const cublasLtMatmulAlgo_t& algo) {
+  int32_t parts = 0;
+  uint32_t scheme = 0;
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &parts,
+                                           sizeof(parts), &written) != CUBLAS_STATUS_SUCCESS) {
+    return true;
+  }
+  if (parts <= 1) return false;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                           sizeof(scheme), &written) != CUBLAS_STATUS_SUCCESS) {
+    return true;
+  }
+  return scheme != CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE &&
+         scheme != CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+}
+
 // C = alpha op(A) op(B) + beta C through cublasGemmStridedBatchedEx (fp32 C only), for the
 // plain problems cuBLASLt's heuristic has no algorithm for.
 absl::Status GemmEx(DeviceContext* ctx, int device, bool trans_a, bool trans_b, int64_t batch,
@@ -530,11 +551,20 @@ absl::Status Tune(const CachedGemm& gemm, const TuneProblem& t, int device,
   cublasStatus_t ran = CUBLAS_STATUS_SUCCESS;
   ASSIGN_OR_RETURN(const auto reference, FingerprintOf(t, gemm.first, d, fp, &ran, where));
   if (ran == CUBLAS_STATUS_NOT_SUPPORTED || ran == CUBLAS_STATUS_INVALID_VALUE) {
-    // The GEMM itself meets the same refusal and takes its fallback (Gemm, below).
+    // The GEMM itself meets the same refusal (Gemm, below): an epilogue or a bf16 C takes
+    // its fallback, a plain GEMM returns the error.
     return done("not tuned (cuBLASLt refused its first answer)");
   }
   RETURN_IF_ERROR(StatusFromCublas(ran, where));
+  // Outputs that tell orders of summation apart: where many of their 16-bit words are zero
+  // (mostly zero operands, or exact small integers, whose fp32 low words are zero) two
+  // orders may round alike on these operands and not on later ones.
+  const int64_t words =
+      (d_bytes + (t.aux.end - t.aux.begin) + (t.bias_grad.end - t.bias_grad.begin)) / 2;
   if (reference[1] == 0) return done("not tuned (its output is all zeros)");
+  if (static_cast<int64_t>(reference[1]) * 10 < words * 9) {
+    return done("not tuned (over a tenth of its output words are zero)");
+  }
   std::vector<const cublasLtMatmulAlgo_t*> kept = {&gemm.first};
   int other_sums = 0, other_bits = 0, refused = 0;
   for (const cublasLtMatmulAlgo_t& other : gemm.others) {
@@ -681,7 +711,8 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
   };
   // The cached problem of `problem_key`, built with `problem_ep` on its first use; one
   // built with a `grid` to match is refused before anyone can use it where its first
-  // answer does not run on that one's grid.
+  // answer does not run on that one's grid, or (kind 5) may add its split-K parts onto
+  // the residual.
   auto cached = [&](const GemmKey& problem_key, const GemmEpilogueArgs& problem_ep,
                     const CachedGemm* grid) -> absl::StatusOr<const CachedGemm*> {
     if (const CachedGemm* found = lookup(problem_key)) return found;
@@ -689,7 +720,8 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
                      BuildGemm(ctx, trans_a, trans_b, batch, m, n, k, a, b, c, problem_ep,
                                align_first, align_second, align_c, tune, where));
     if (grid != nullptr && fresh->has_algo &&
-        (!grid->has_algo || !SameGrid(fresh->first, grid->first))) {
+        (!grid->has_algo || !SameGrid(fresh->first, grid->first) ||
+         (problem_ep.kind == 5 && MayAddPartsInPlace(fresh->first)))) {
       fresh->refused.store(true);
     }
     std::lock_guard<std::mutex> lock(ContextMutex());
@@ -702,15 +734,20 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
   };
   // NOTE [GEMM epilogues]: the bias gradient rides in the GEMM only where cuBLASLt runs it
   // on the plain GEMM's grid (tile, split-K, reduction, cluster): an epilogue that costs the
-  // GEMM its split-K would lose more than the column-sums pass it saves.
+  // GEMM its split-K would lose more than the column-sums pass it saves. The residual
+  // epilogue (kind 5) runs in cuBLASLt only on the plain GEMM's grid, and not where its
+  // split-K parts may add up in its output (onto the residual): then P + residual is one
+  // fp32 addition of the plain GEMM's P, the bits of the separate add. Refused, the caller's
+  // fallback runs the plain GEMM and adds the residual in its epilogue kernel.
   // (Looked up first: only a problem's first use needs the plain one.)
   const CachedGemm* gemm = lookup(key);
   if (gemm == nullptr) {
     const CachedGemm* grid = nullptr;
-    if (ep.bias_grad != nullptr) {
-      GemmKey plain_key = key;
-      plain_key[17] = ep.kind | (ep.bias_bf16 ? 16 : 0);
+    if (ep.bias_grad != nullptr || ep.kind == 5) {
+      GemmKey plain_key = key;  // kind 0, at the same alignments
+      plain_key[17] = ep.bias_grad != nullptr ? ep.kind | (ep.bias_bf16 ? 16 : 0) : 0;
       plain_key[18] = 0;
+      plain_key[19] = 0;
       ASSIGN_OR_RETURN(grid, cached(plain_key, GemmEpilogueArgs(), nullptr));
     }
     ASSIGN_OR_RETURN(gemm, cached(key, ep, grid));

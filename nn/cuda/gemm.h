@@ -65,10 +65,11 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
 // a result, so runs stay bit-identical whichever is faster on the day. That first GEMM
 // synchronises. Not tuned (the first answer runs): batched or strided problems, alpha != 1
 // or beta other than 0 or 1 (later calls of a tuned problem with another alpha or beta than
-// its tuning call's take the first answer too), outputs that overlap an input, an all-zero
-// output, and problems with fewer than 2^12 outputs (2^20 for a bf16 C, whose rounding
-// hides most differences in the order of summation). On by default; off
-// with SetGemmTuning(false) (problems built while off keep the first answer) or
+// its tuning call's take the first answer too), outputs that overlap an input, an output
+// with over a tenth of its 16-bit words zero (all zeros, mostly zeros, or exact small
+// integers: operands on which different orders may round alike), and problems with fewer than 2^12
+// outputs (2^20 for a bf16 C, whose rounding hides most differences in the order of summation). On
+// by default; off with SetGemmTuning(false) (problems built while off keep the first answer) or
 // FSDP_GEMM_TUNING=0 in the environment. GemmTuningReport has a line for each problem
 // built while tuning was on: how many answers were kept, summed otherwise, wrote other
 // bits or were refused, the first's time and the chosen one's; or why it was not tuned,
