@@ -972,7 +972,9 @@ TEST(CudaLayersTest, ColumnSumsSplitAcrossBlocksMatchCpuAndRepeatBitForBit) {
 // scalar loads where they are not, one column where cols % 4 != 0) and, for rows too wide
 // for it, with the column sums' own kernels: the input gradient within fp32 order of the
 // CPU's, the parameter gradients within fp32 summation error of it, the same bits on every
-// run and at either alignment; each gradient only when asked for.
+// run and at either alignment; each gradient only when asked for (none: the input
+// gradient's kernel alone, rows in registers at 768 columns, bf16 copies of 772-column rows
+// in scalar stores, and one column a lane at 42).
 TEST(CudaLayersTest, LayerNormBackwardWithParameterGradientsMatchesCpuAndRepeatsBitForBit) {
   SKIP_WITHOUT_GPU();
   struct Case {
@@ -984,7 +986,10 @@ TEST(CudaLayersTest, LayerNormBackwardWithParameterGradientsMatchesCpuAndRepeats
                                          {5, 768, true, true, true, false},
                                          {1000, 1600, true, false, true, false},
                                          {999, 42, false, true, false, true},
-                                         {64, 6200, true, true, true, false}}) {
+                                         {64, 6200, true, true, true, false},
+                                         {300, 768, false, false, false, false},
+                                         {300, 772, true, false, false, false},
+                                         {99, 42, true, false, false, true}}) {
     SCOPED_TRACE(absl::StrCat(c.rows, " x ", c.cols, c.residual ? " residual" : "",
                               c.want_gw ? " gw" : "", c.want_gb ? " gb" : "",
                               c.bf16_w ? " bf16 weight" : ""));
@@ -1125,10 +1130,10 @@ TEST(CudaLayersTest, LayerNormForwardLaunchersRefuseANullMean) {
 // statistics and the sum within fp32 order. The kernel moves four columns a load where
 // every row is 16-byte aligned (cols % 4 == 0; a bf16 output also needs cols % 8 == 0) and
 // four scalar ones where not, with the same bits; 772 columns give bf16 rows 8 bytes off
-// alignment.
+// alignment, and 6200 rows too wide to hold in registers.
 TEST(CudaLayersTest, LayerNormBf16OutputMatchesCpu) {
   SKIP_WITHOUT_GPU();
-  for (const int64_t cols : {768, 772}) {
+  for (const int64_t cols : {768, 772, 6200}) {
     const int64_t rows = 300, n = rows * cols;
     const core::Tensor x = Normal({n}, 45), x2 = Normal({n}, 46);
     const core::Tensor w = Normal({cols}, 47), b = Normal({cols}, 48);
