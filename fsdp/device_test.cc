@@ -32,6 +32,7 @@
 #include "fsdp/fully_shard.h"
 #include "fsdp/testing/gpt_training.h"
 #include "nn/losses.h"
+#include "nn/to_device.h"
 #include "optim/adamw.h"
 #endif
 
@@ -53,18 +54,6 @@ constexpr double kAtol = 1e-5;
 int Gpus() {
   absl::StatusOr<int> n = core::CudaDeviceCount();
   return n.ok() ? *n : 0;
-}
-
-// Moves every parameter of `m` to `device`, keeping the Parameter objects.
-absl::Status ToDevice(core::Module& m, core::Device device) {
-  for (const auto& [name, p] : m.NamedParameters()) {
-    ASSIGN_OR_RETURN(core::Tensor d, core::Tensor::Allocate(p->data.shape(), p->data.dtype(),
-                                                            core::MemoryTag::kParam, device));
-    RETURN_IF_ERROR(d.CopyFrom(p->data));
-    p->data = d;
-    p->grad = core::Tensor();
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<core::Tensor> Upload(const core::Tensor& t, core::Device device) {
@@ -140,7 +129,7 @@ absl::StatusOr<testing::TrainingRun> TrainOnDevice(
   const core::Device device = core::Device::Cuda(rank);
   ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
   ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, testing::MakeGpt(setup));
-  RETURN_IF_ERROR(ToDevice(*gpt, device));
+  RETURN_IF_ERROR(nn::ToDevice(*gpt, device));
   WrapperRegistry registry;
   ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, group, options, &registry));
   ASSIGN_OR_RETURN(auto adamw, optim::AdamW::Create(gpt->NamedParameters(), setup.adamw));
@@ -195,7 +184,7 @@ TEST_P(FsdpDeviceTest, FullShardPeakOnTheDeviceMatchesTheBound) {
     const core::Device device = core::Device::Cuda(rank);
     ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
     ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, testing::MakeGpt(setup));
-    RETURN_IF_ERROR(ToDevice(*gpt, device));
+    RETURN_IF_ERROR(nn::ToDevice(*gpt, device));
     WrapperRegistry registry;
     const FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
     ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, g, options, &registry));
@@ -295,7 +284,7 @@ TEST(FsdpDeviceDeferredTest, ADeferredModelMaterializesOnTheDeviceWithTheFullCon
       core::DeferredInitScope deferred;
       ASSIGN_OR_RETURN(gpt, testing::MakeGpt(setup));
     }
-    RETURN_IF_ERROR(ToDevice(*gpt, device));
+    RETURN_IF_ERROR(nn::ToDevice(*gpt, device));
     WrapperRegistry registry;
     ASSIGN_OR_RETURN(auto handle,
                      FullyShard(gpt, g, testing::PerBlockOptions(ShardingStrategy::kFullShard),
@@ -323,7 +312,7 @@ TEST(FsdpDeviceMixedPrecisionTest, LayersSeeBf16ViewsOfTheGatheredBufferAndGradi
     const core::Device device = core::Device::Cuda(rank);
     ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
     ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, testing::MakeGpt(setup));
-    RETURN_IF_ERROR(ToDevice(*gpt, device));
+    RETURN_IF_ERROR(nn::ToDevice(*gpt, device));
     WrapperRegistry registry;
     FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
     options.mixed_precision.param_dtype = core::DType::kBFloat16;
