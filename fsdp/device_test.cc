@@ -174,7 +174,8 @@ TEST_P(FsdpDeviceTest, FullShardOnTheDeviceMatchesTheUnwrappedCpuRun) {
 }
 
 // NOTE [FULL_SHARD memory bound] (comm_memory_test.cc), measured on the device by the
-// CUDA allocator's per-tag counters: the same formula, within the same 5%.
+// CUDA allocator's per-tag counters: the same formula (testing::FullShardMemoryBound, one
+// rank without full gradient buffers), within the same 5%.
 TEST_P(FsdpDeviceTest, FullShardPeakOnTheDeviceMatchesTheBound) {
   const int world = GetParam();
   testing::GptTrainingSetup setup = testing::TinySetup();
@@ -199,14 +200,8 @@ TEST_P(FsdpDeviceTest, FullShardPeakOnTheDeviceMatchesTheBound) {
     const core::MemoryStats m = allocator->Stats();
     const int64_t measured = m.peak(core::MemoryTag::kParam) + m.peak(core::MemoryTag::kGrad) +
                              m.peak(core::MemoryTag::kOptim);
-    int64_t padded_total = 0;
-    for (const auto& u : handle->units()) padded_total += u->flat().padded_numel();
-    const int64_t p_root = handle->root_unit()->flat().padded_numel();
-    const int64_t p_block = handle->units()[0]->flat().padded_numel();
-    const int64_t L = options.limit_all_gathers;
-    const int64_t sharded = 16 * padded_total / world;
-    const int64_t transient = 4 * p_root * 2 + 4 * p_block * (1 + L) + 4 * p_block * 2;
-    const int64_t bound = sharded + transient;
+    const int64_t bound =
+        testing::FullShardMemoryBound(*handle, options.limit_all_gathers, world).total();
     std::printf("device rank %d of %d: measured %lld bound %lld (%s)\n", rank, world,
                 static_cast<long long>(measured), static_cast<long long>(bound),
                 m.PeakSummary().c_str());

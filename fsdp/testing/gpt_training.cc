@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -240,6 +242,24 @@ absl::Status CompareRuns(const TrainingRun& expected, const TrainingRun& actual,
   }
   if (worst_ratio != nullptr) *worst_ratio = worst;
   return absl::OkStatus();
+}
+
+MemoryBound FullShardMemoryBound(const FullyShardHandle& handle, int limit_all_gathers, int world) {
+  constexpr int64_t kF32 = 4;  // bytes per fp32 element
+  const std::vector<std::shared_ptr<Unit>> units = handle.units();
+  int64_t padded_total = 0;
+  for (const auto& u : units) padded_total += u->flat().padded_numel();
+  const int64_t p_root = handle.root_unit()->flat().padded_numel();
+  const int64_t p_block = units.front()->flat().padded_numel();
+  MemoryBound bound;
+  bound.sharded = 4 * kF32 * padded_total / world;
+  // The root's parameters for the whole backward, the computing block's and L prefetched.
+  bound.transient = kF32 * p_root + kF32 * p_block * (1 + limit_all_gathers);
+  // The root's full gradient for the whole backward, the computing block's and the
+  // previous block's until its reduce-scatter completes. One rank has none: its backward
+  // adds straight into the gradient shards.
+  if (world > 1) bound.transient += kF32 * p_root + 2 * kF32 * p_block;
+  return bound;
 }
 
 }  // namespace testing

@@ -18,6 +18,7 @@
 #ifndef FSDP_TESTING_GPT_TRAINING_H_
 #define FSDP_TESTING_GPT_TRAINING_H_
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -29,6 +30,7 @@
 #include "comm/testing/thread_ranks.h"
 #include "core/module.h"
 #include "data/markov_language.h"
+#include "fsdp/handle.h"
 #include "fsdp/options.h"
 #include "fsdp/registry.h"
 #include "nn/gpt.h"
@@ -114,6 +116,17 @@ absl::StatusOr<TrainingRun> TrainFullyShardedModel(comm::testing::RankContext& c
                                                    const FullyShardOptions& options,
                                                    const std::shared_ptr<core::Module>& model,
                                                    WrapperRegistry* registry);
+
+// NOTE [FULL_SHARD memory bound] (fsdp/comm_memory_test.cc): the peak param + grad + optim
+// bytes per rank of a GPT wrapped one unit a block plus the root under FULL_SHARD with fp32
+// AdamW, over `world` ranks with `limit_all_gathers` prefetched units, from the units'
+// padded sizes (`handle`: all blocks the same size, the root last).
+struct MemoryBound {
+  int64_t sharded = 0;    // shards, gradient shards and AdamW's two states
+  int64_t transient = 0;  // unsharded parameters and full gradients in flight
+  int64_t total() const { return sharded + transient; }
+};
+MemoryBound FullShardMemoryBound(const FullyShardHandle& handle, int limit_all_gathers, int world);
 
 // The values of a module's parameters by name (full-shape data read as floats).
 std::vector<std::pair<std::string, std::vector<float>>> ParameterValues(const core::Module& m);
