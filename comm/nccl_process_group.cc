@@ -225,7 +225,7 @@ class NcclWork : public Work {
     if (op_->reached == nullptr) return StreamTiming{*run, absl::ZeroDuration()};
     const cudaError_t q = cudaEventQuery(op_->reached);
     if (q != cudaSuccess) {
-      if (q != cudaErrorNotReady) cudaGetLastError();
+      cudaGetLastError();  // NotReady too: no later launch may report it as its own
       return std::nullopt;
     }
     // Positive when the collective ended after the compute stream reached the Wait.

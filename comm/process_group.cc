@@ -163,20 +163,26 @@ std::string ProcessGroup::Describe() const {
 
 namespace {
 
-// NOTE [Staged collectives]: the option's shape, dtype, device and aliasing.
+// NOTE [Staged collectives]: the option's shape, dtype, device and aliasing: input's dtype,
+// or fp32 and bf16 either way round (a conversion), never into or out of an int32 input.
 absl::Status CheckStageFrom(const ProcessGroup& group, CollectiveKind kind,
-                            const core::Tensor& input, const core::Tensor& stage_from) {
+                            const core::Tensor& input, const core::Tensor& output,
+                            const core::Tensor& stage_from) {
   if (!stage_from.defined()) return absl::OkStatus();
+  const auto floating = [](const core::Tensor& t) {
+    return t.dtype() == core::DType::kFloat32 || t.dtype() == core::DType::kBFloat16;
+  };
   if (stage_from.numel() != input.numel() ||
-      (stage_from.dtype() != core::DType::kFloat32 &&
-       stage_from.dtype() != core::DType::kBFloat16 && stage_from.dtype() != input.dtype()) ||
+      (stage_from.dtype() != input.dtype() && !(floating(stage_from) && floating(input))) ||
       (!stage_from.device().is_cpu() && stage_from.device() != input.device()) ||
-      Overlap(stage_from, input)) {
-    return Invalid(group, kind,
-                   absl::StrCat("options.stage_from ", Desc(stage_from), " must have input's ",
-                                input.numel(), " elements, be fp32, bf16 or input's dtype, live "
-                                "on the host or input's device and not overlap input ",
-                                Desc(input)));
+      Overlap(stage_from, input) || Overlap(stage_from, output)) {
+    return Invalid(
+        group, kind,
+        absl::StrCat("options.stage_from ", Desc(stage_from), " must have input's ", input.numel(),
+                     " elements, input's dtype (or fp32 and bf16 "
+                     "either way), live on the host or input's device and not "
+                     "overlap input ",
+                     Desc(input), " or the output"));
   }
   return absl::OkStatus();
 }
@@ -195,7 +201,8 @@ absl::Status CheckUnstageTo(const ProcessGroup& group, CollectiveKind kind,
 }
 
 absl::Status CheckAccumulateInto(const ProcessGroup& group, CollectiveKind kind,
-                                 const core::Tensor& result, const ReduceScatterOptions& options) {
+                                 const core::Tensor& input, const core::Tensor& result,
+                                 const ReduceScatterOptions& options) {
   const core::Tensor& into = options.accumulate_into;
   if (!into.defined()) return absl::OkStatus();
   if (options.unstage_to.defined()) {
@@ -203,11 +210,12 @@ absl::Status CheckAccumulateInto(const ProcessGroup& group, CollectiveKind kind,
   }
   if (into.numel() != result.numel() || into.dtype() != core::DType::kFloat32 ||
       (result.dtype() != core::DType::kFloat32 && result.dtype() != core::DType::kBFloat16) ||
-      into.device() != result.device() || Overlap(into, result)) {
+      into.device() != result.device() || Overlap(into, result) || Overlap(into, input)) {
     return Invalid(group, kind,
                    absl::StrCat("options.accumulate_into ", Desc(into),
                                 " must be fp32 with the output's numel on its device, the output "
-                                "fp32 or bf16, and not overlap it: ", Desc(result)));
+                                "fp32 or bf16, and overlap neither the output nor the input: ",
+                                Desc(result)));
   }
   return absl::OkStatus();
 }
@@ -257,7 +265,7 @@ absl::Status ValidateAllGather(const ProcessGroup& group, const core::Tensor& in
                                 group.rank() * input.numel(), ", ",
                                 (group.rank() + 1) * input.numel(), ") of the output)"));
   }
-  return CheckStageFrom(group, kind, input, options.stage_from);
+  return CheckStageFrom(group, kind, input, output, options.stage_from);
 }
 
 absl::Status ValidateReduceScatter(const ProcessGroup& group, const core::Tensor& input,
@@ -284,7 +292,7 @@ absl::Status ValidateReduceScatter(const ProcessGroup& group, const core::Tensor
                                 (group.rank() + 1) * output.numel(), ") of the input)"));
   }
   if (auto s = CheckUnstageTo(group, kind, output, options.unstage_to); !s.ok()) return s;
-  if (auto s = CheckAccumulateInto(group, kind, output, options); !s.ok()) return s;
+  if (auto s = CheckAccumulateInto(group, kind, input, output, options); !s.ok()) return s;
   return CheckReducible(group, kind, input.dtype(), options.reduce_op);
 }
 

@@ -289,6 +289,21 @@ TEST_P(ProcessGroupConformanceTest, StagedCollectivesCopyInAndOut) {
         !absl::StrContains(bad.message(), "options.stage_from")) {
       return absl::InternalError(absl::StrCat("a 3-element stage_from for 4: ", bad.ToString()));
     }
+    // A conversion into an int32 input, and a source inside the output, are refused too.
+    Tensor in32 = Tensor::Zeros({4}, DType::kInt32);
+    Tensor out32 = Tensor::Zeros({4 * n}, DType::kInt32);
+    ag.stage_from = Tensor::Zeros({4});
+    bad = ctx.group->AllGather(in32, out32, ag).status();
+    if (bad.code() != absl::StatusCode::kInvalidArgument ||
+        !absl::StrContains(bad.message(), "options.stage_from")) {
+      return absl::InternalError(absl::StrCat("an fp32 stage_from for int32: ", bad.ToString()));
+    }
+    ag.stage_from = out.View(0, {4}).value();
+    bad = ctx.group->AllGather(in, out, ag).status();
+    if (bad.code() != absl::StatusCode::kInvalidArgument ||
+        !absl::StrContains(bad.message(), "options.stage_from")) {
+      return absl::InternalError(absl::StrCat("a stage_from inside the output: ", bad.ToString()));
+    }
     ReduceScatterOptions rs;
     rs.unstage_to = Tensor::Zeros({1}, DType::kBFloat16);
     bad = ctx.group->ReduceScatter(out, in, rs).status();
@@ -324,12 +339,15 @@ TEST_P(ProcessGroupConformanceTest, ReduceScatterAccumulatesIntoATensor) {
         }
       }
     }
-    // Misfits are refused, naming the option: a bf16 target, a short one, with unstage_to.
+    // Misfits are refused, naming the option: a bf16 target, a short one, with unstage_to,
+    // one inside the input.
     Tensor in = Tensor::Zeros({4 * n});
     Tensor out = Tensor::Zeros({4});
-    for (int misfit = 0; misfit < 3; ++misfit) {
+    for (int misfit = 0; misfit < 4; ++misfit) {
       ReduceScatterOptions rs;
-      rs.accumulate_into = misfit == 0 ? Tensor::Zeros({4}, DType::kBFloat16) : Tensor::Zeros({misfit == 1 ? 3 : 4});
+      rs.accumulate_into = misfit == 0   ? Tensor::Zeros({4}, DType::kBFloat16)
+                           : misfit == 3 ? in.View(0, {4}).value()
+                                         : Tensor::Zeros({misfit == 1 ? 3 : 4});
       if (misfit == 2) rs.unstage_to = Tensor::Zeros({4});
       const absl::Status bad = ctx.group->ReduceScatter(in, out, rs).status();
       if (bad.code() != absl::StatusCode::kInvalidArgument ||
