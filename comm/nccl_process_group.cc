@@ -456,14 +456,23 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Issue(CollectiveKind kin
   RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&op->start), what));
   RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&op->event), what));
   RETURN_IF_ERROR(CudaStatus(cudaEventRecord(op->start, stream_), what));
+  // A launch that fails part way, or an end event that cannot be recorded, leaves work on
+  // the stream that still reads and writes `keep`: the group breaks (the communicator is
+  // aborted, so its kernels end) and the stream is drained before `keep` is let go.
+  const auto fail = [&](const absl::Status& s) {
+    comm_->BreakLocked(s);
+    (void)cudaStreamSynchronize(stream_);
+    (void)cudaGetLastError();
+    return s;
+  };
   absl::Status launched = launch(comm_->comm, stream_);
   if (!launched.ok()) {
-    const absl::Status s(launched.code(), absl::StrCat(what, ": ", launched.message()));
-    comm_->BreakLocked(s);
-    return s;
+    return fail(absl::Status(launched.code(), absl::StrCat(what, ": ", launched.message())));
   }
   (void)deadline;  // the watchdog counts the timeout from here too
-  RETURN_IF_ERROR(CudaStatus(cudaEventRecord(op->event, stream_), what));
+  if (absl::Status s = CudaStatus(cudaEventRecord(op->event, stream_), what); !s.ok()) {
+    return fail(s);
+  }
   {
     absl::MutexLock op_lock(&op->mu);
     op->keep = std::move(keep);
