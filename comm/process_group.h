@@ -46,16 +46,20 @@
 // exchange. FSDP's CPU offload brings a host shard to the device this way and its reduced
 // gradient back (NOTE [CPU offload] in fsdp/options.h).
 //   AllGatherOptions::stage_from: copied into `input` first, converted between fp32 and
-//     bf16 when the dtypes differ; same numel as `input`, on the host (page-locked memory
-//     for an asynchronous copy) or on `input`'s device, not overlapping it.
+//     bf16 when the dtypes differ (input's dtype otherwise: an int32 input takes int32);
+//     same numel as `input`, on the host (page-locked memory for an asynchronous copy; on
+//     a CUDA backend a pageable one makes the issuing call wait for the copy) or on
+//     `input`'s device, overlapping neither `input` nor the output.
 //   ReduceScatterOptions::unstage_to, AllReduceOptions::unstage_to: a host tensor of the
 //     result's numel and dtype the result is copied into once reduced; WaitHost returns
-//     once it is there (on CUDA, Wait only orders later device work).
+//     once it is there (on CUDA, Wait only orders later device work). Page-locked on a
+//     CUDA backend, or the issuing call waits for the whole collective.
 //   ReduceScatterOptions::accumulate_into: an fp32 tensor of the output's numel on the
 //     output's device that the reduced output is added into (accumulate_into[i] +=
 //     output[i], a bf16 output widened exactly), the reduction's post-processing done
 //     off the caller's stream (FSDP adds a unit's reduced gradient into its gradient
-//     shard so). Not together with unstage_to.
+//     shard so); overlapping neither the output nor the input. Not together with
+//     unstage_to.
 // The caller must not write stage_from nor touch unstage_to or accumulate_into until the
 // Work completes.
 // A bad one is InvalidArgument naming the option, like any argument.
