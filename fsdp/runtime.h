@@ -84,9 +84,10 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   absl::Status CheckIdle(const std::string& what) const;
 
   // Waits for every pending reduction and, unless `host_gradients` is false, adds what
-  // NOTE [CPU offload] left waiting into the units' host gradient shards (one device
-  // synchronisation), so every gradient shard is final; the first error is returned
-  // after trying all.
+  // NOTE [CPU offload] left waiting into the units' host gradient shards (each unit waits
+  // for its chunk's copy: its reduction's WaitHost, or with a one-rank shard group a device
+  // synchronisation, which after the first finds the device idle), so every gradient shard
+  // is final; the first error is returned after trying all.
   absl::Status FinishAllReductions(bool host_gradients = true);
 
   // NOTE [Comm overlap] (unit.h): the sum over the attached units still alive.
