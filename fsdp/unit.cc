@@ -528,8 +528,9 @@ absl::Status Unit::DropGradients() {
   RETURN_IF_ERROR(CheckUsable("drop gradients"));
   if (reduce_pending_) RETURN_IF_ERROR(FinishReduction());
   if (host_work_ != nullptr) {
-    // The gradients it would add to are dropped; its copy must still land first.
-    (void)host_work_->WaitHost(options_.timeout);
+    // The gradients it would add to are dropped; its copy must still land first. Where
+    // the wait fails the copy may still come: the staging buffer is let go, not reused.
+    if (!host_work_->WaitHost(options_.timeout).ok()) reduce_host_ = core::Tensor();
     host_work_.reset();
   }
   host_add_pending_ = false;

@@ -111,6 +111,9 @@ struct UnitGroups {
 // from CUDA events (comm::Work::StreamWaitTiming): the collective's time on its stream,
 // and how long the compute stream stood at the Wait; such a collective is counted once
 // those events are complete (by the next collective the unit waits for, or comm_timing()).
+// A reduction NOTE [CPU offload] waits for with WaitHost (its chunk copied to the host) is
+// counted only where the backend gives its run time (comm::Work::RunTime: the CPU
+// backends; NCCL gives none for a host wait).
 struct CommTiming {
   int64_t all_gathers = 0;
   absl::Duration all_gather_run;
