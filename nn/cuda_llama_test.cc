@@ -126,6 +126,46 @@ TEST(CudaLlamaTest, RmsNormsStoredRstdGivesTheForwardsXhatBitForBit) {
   }
 }
 
+// RMSNorm on rows that start 4 bytes off 16-byte alignment (one element into their
+// buffers) takes the scalar loads of LayerNorm's kernels: the aligned rows' bits, forward
+// (y, rstd) and backward with the residual and the bf16 copy (gx, gx16, the weight
+// gradient in the pass), for rows held in registers (768) and streamed (4096).
+TEST(CudaLlamaTest, RmsNormUnalignedRowsGiveTheAlignedBits) {
+  SKIP_WITHOUT_GPU();
+  for (const int64_t cols : {768, 4096}) {
+    SCOPED_TRACE(absl::StrCat(cols, " columns"));
+    const int64_t rows = 37, n = rows * cols;
+    const core::Tensor x = Normal({n}, 101, 2.0f), g = Normal({n}, 102);
+    const core::Tensor residual = Normal({n}, 103), w = Normal({cols}, 104);
+    auto run = [&](int64_t shift) {
+      auto at = [&](const core::Tensor& t) {
+        core::Tensor wide = To(core::Tensor::Zeros({n + shift}, t.dtype()), kGpu);
+        core::Tensor view = wide.View(shift, {n}).value();
+        EXPECT_TRUE(view.CopyFrom(To(t, kGpu)).ok());
+        return view;
+      };
+      const core::Tensor xd = at(x);
+      core::Tensor y = at(core::Tensor::Zeros({n})), gx = at(core::Tensor::Zeros({n}));
+      core::Tensor gx16 = at(core::Tensor::Zeros({n}, core::DType::kBFloat16));
+      core::Tensor rstd = To(core::Tensor::Zeros({rows}), kGpu);
+      core::Tensor gw = To(core::Tensor::Zeros({cols}), kGpu);
+      const core::Tensor wd = To(w, kGpu);
+      absl::Status s = RmsNormForward("rms", xd, wd, 1e-5f, y, rstd);
+      EXPECT_TRUE(s.ok()) << s;
+      s = RmsNormBackwardAdd("rms", at(g), xd, rstd, wd, at(residual), gx, gw, gx16);
+      EXPECT_TRUE(s.ok()) << s;
+      return std::vector<std::vector<float>>{
+          Host(y), Host(rstd), Host(gx), Host(gw),
+          Host(gx16.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value())};
+    };
+    const std::vector<std::vector<float>> aligned = run(0), shifted = run(1);
+    const char* names[] = {"y", "rstd", "gx", "gw", "gx16"};
+    for (size_t i = 0; i < aligned.size(); ++i) {
+      EXPECT_EQ(shifted[i], aligned[i]) << names[i];
+    }
+  }
+}
+
 // NOTE [Fused ops] on the device: RmsNorm::BackwardAdd's one kernel within fp32 tolerance of
 // the CPU's (the weight gradient too: in the kernel's pass up to 12288 columns, by the
 // column sums' kernels beyond), for fp32 and bf16 weights and rows of 67 to 12800 columns;
