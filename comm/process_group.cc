@@ -169,11 +169,9 @@ absl::Status CheckStageFrom(const ProcessGroup& group, CollectiveKind kind,
                             const core::Tensor& input, const core::Tensor& output,
                             const core::Tensor& stage_from) {
   if (!stage_from.defined()) return absl::OkStatus();
-  const auto floating = [](const core::Tensor& t) {
-    return t.dtype() == core::DType::kFloat32 || t.dtype() == core::DType::kBFloat16;
-  };
   if (stage_from.numel() != input.numel() ||
-      (stage_from.dtype() != input.dtype() && !(floating(stage_from) && floating(input))) ||
+      (stage_from.dtype() != input.dtype() &&
+       !(core::IsFloat(stage_from.dtype()) && core::IsFloat(input.dtype()))) ||
       (!stage_from.device().is_cpu() && stage_from.device() != input.device()) ||
       Overlap(stage_from, input) || Overlap(stage_from, output)) {
     return Invalid(
@@ -209,8 +207,8 @@ absl::Status CheckAccumulateInto(const ProcessGroup& group, CollectiveKind kind,
     return Invalid(group, kind, "options.accumulate_into and options.unstage_to are exclusive");
   }
   if (into.numel() != result.numel() || into.dtype() != core::DType::kFloat32 ||
-      (result.dtype() != core::DType::kFloat32 && result.dtype() != core::DType::kBFloat16) ||
-      into.device() != result.device() || Overlap(into, result) || Overlap(into, input)) {
+      !core::IsFloat(result.dtype()) || into.device() != result.device() || Overlap(into, result) ||
+      Overlap(into, input)) {
     return Invalid(group, kind,
                    absl::StrCat("options.accumulate_into ", Desc(into),
                                 " must be fp32 with the output's numel on its device, the output "

@@ -20,6 +20,10 @@ enum class DType { kFloat32, kBFloat16, kInt32 };
 // Bytes per element.
 int64_t DTypeSize(DType dtype);
 
+// Whether elements of `dtype` are floating point (fp32 or bf16), the types that convert
+// into each other.
+inline bool IsFloat(DType dtype) { return dtype == DType::kFloat32 || dtype == DType::kBFloat16; }
+
 // "float32", "bfloat16", "int32".
 std::string DTypeName(DType dtype);
 

@@ -21,10 +21,6 @@ absl::Status Annotate(const absl::Status& status, absl::string_view prefix) {
   return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
 }
 
-bool IsFloat(core::DType dtype) {
-  return dtype == core::DType::kFloat32 || dtype == core::DType::kBFloat16;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<FlatParameter>> FlatParameter::Flatten(
@@ -65,7 +61,7 @@ absl::StatusOr<std::unique_ptr<FlatParameter>> FlatParameter::Flatten(
       return absl::InvalidArgumentError(
           absl::StrCat(prefix, "parameter '", name, "' has undefined data"));
     }
-    if (!IsFloat(p->data.dtype())) {
+    if (!core::IsFloat(p->data.dtype())) {
       return absl::InvalidArgumentError(
           absl::StrCat(prefix, "parameter '", name, "' is ", core::DTypeName(p->data.dtype()),
                        "; a FlatParameter holds float32 or bfloat16"));
@@ -217,7 +213,7 @@ absl::Status FlatParameter::CheckManaged(absl::string_view op) const {
 }
 
 absl::Status FlatParameter::CheckFloatDType(core::DType dtype, absl::string_view op) const {
-  if (!IsFloat(dtype)) {
+  if (!core::IsFloat(dtype)) {
     return absl::InvalidArgumentError(absl::StrCat(Prefix(), op, "(", core::DTypeName(dtype),
                                                    "): the dtype must be float32 or bfloat16"));
   }

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -374,17 +375,26 @@ absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bo
   return built;
 }
 
+// `algo`'s value of `attribute` (`bytes` wide, at most 4, read little-endian into the low
+// bytes), or nullopt when cuBLASLt cannot read it.
+std::optional<uint32_t> ConfigValue(const cublasLtMatmulAlgo_t& algo,
+                                    cublasLtMatmulAlgoConfigAttributes_t attribute, size_t bytes) {
+  uint32_t value = 0;
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attribute, &value, bytes, &written) !=
+      CUBLAS_STATUS_SUCCESS) {
+    return std::nullopt;
+  }
+  return value;
+}
+
 // Whether two algorithms have the same value of `attribute` (`bytes` wide, at most 4);
 // an unreadable attribute counts as different.
 bool SameAttribute(const cublasLtMatmulAlgo_t& x, const cublasLtMatmulAlgo_t& y,
                    cublasLtMatmulAlgoConfigAttributes_t attribute, size_t bytes) {
-  uint32_t vx = 0, vy = 0;
-  size_t written = 0;
-  return cublasLtMatmulAlgoConfigGetAttribute(&x, attribute, &vx, bytes, &written) ==
-             CUBLAS_STATUS_SUCCESS &&
-         cublasLtMatmulAlgoConfigGetAttribute(&y, attribute, &vy, bytes, &written) ==
-             CUBLAS_STATUS_SUCCESS &&
-         vx == vy;
+  const std::optional<uint32_t> vx = ConfigValue(x, attribute, bytes);
+  const std::optional<uint32_t> vy = ConfigValue(y, attribute, bytes);
+  return vx.has_value() && vy.has_value() && *vx == *vy;
 }
 
 // Whether two algorithms sum over k alike: the same split-K count and reduction scheme,
@@ -410,20 +420,14 @@ bool SameGrid(const cublasLtMatmulAlgo_t& x, const cublasLtMatmulAlgo_t& y) {
 // output buffer, so with a residual as C they join it one by one instead of as one sum).
 // An unreadable attribute counts as yes.
 bool MayAddPartsInPlace(const cublasLtMatmulAlgo_t& algo) {
-  int32_t parts = 0;
-  uint32_t scheme = 0;
-  size_t written = 0;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &parts,
-                                           sizeof(parts), &written) != CUBLAS_STATUS_SUCCESS) {
-    return true;
-  }
-  if (parts <= 1) return false;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
-                                           sizeof(scheme), &written) != CUBLAS_STATUS_SUCCESS) {
-    return true;
-  }
-  return scheme != CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE &&
-         scheme != CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+  const std::optional<uint32_t> parts =
+      ConfigValue(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, sizeof(int32_t));
+  if (!parts.has_value()) return true;
+  if (*parts <= 1) return false;
+  const std::optional<uint32_t> scheme =
+      ConfigValue(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, sizeof(uint32_t));
+  return !scheme.has_value() || (*scheme != CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE &&
+                                 *scheme != CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE);
 }
 
 // C = alpha op(A) op(B) + beta C through cublasGemmStridedBatchedEx (fp32 C only), for the
@@ -744,10 +748,8 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
   if (gemm == nullptr) {
     const CachedGemm* grid = nullptr;
     if (ep.bias_grad != nullptr || ep.kind == 5) {
-      GemmKey plain_key = key;  // kind 0, at the same alignments
-      plain_key[17] = ep.bias_grad != nullptr ? ep.kind | (ep.bias_bf16 ? 16 : 0) : 0;
-      plain_key[18] = 0;
-      plain_key[19] = 0;
+      GemmKey plain_key = key;  // no epilogue, at the same alignments
+      plain_key[17] = plain_key[18] = plain_key[19] = 0;
       ASSIGN_OR_RETURN(grid, cached(plain_key, GemmEpilogueArgs(), nullptr));
     }
     ASSIGN_OR_RETURN(gemm, cached(key, ep, grid));
