@@ -26,9 +26,13 @@
 #      (--device=cuda --backend=nccl --world_size=1 --param_dtype=bfloat16 --profile_ops:
 #      the last step's ops per category, measured with CUDA events beside the roofline
 #      estimate of the same op list, core/roofline.h); when it fails, once more with GEMM
-#      tuning off (FSDP_GEMM_TUNING=0, then also for steps 6 to 8): the first attempt is
-#      the failed step ours_tuned, its error in ours.gemm_tuning_off_after, its log's end
-#      in run.log;
+#      tuning off (FSDP_GEMM_TUNING=0, then also for steps 6 to 8; not after a timeout):
+#      the first attempt is the failed step ours_tuned, its error in
+#      ours.gemm_tuning_off_after, its log's end in run.log; when the job still fails (or
+#      timed out), once more with forward prefetch off as well
+#      (--forward_prefetch=false, then also for steps 6 to 8): the failed attempt is the
+#      step ours_prefetch, its error in ours.forward_prefetch_off_after, its log's end in
+#      run.log;
 #   5. bench/pytorch_fsdp2.py on the same model and batch;
 #   6. our main job again with --cpu_offload (shards, gradients and AdamW state in pinned
 #      host memory, NOTE [CPU offload] in fsdp/options.h) for OFFLOAD_STEPS steps: its
@@ -409,6 +413,9 @@ ours = {"ok": steps.get("ours", {}).get("ok", False),
 if "ours_tuned" in steps:
     # The first attempt failed with GEMM tuning on; these figures are the second's, off.
     ours["gemm_tuning_off_after"] = step_error("ours_tuned", os.path.join(W, "main_job_tuned.log"))
+if "ours_prefetch" in steps:
+    # The attempt before the last failed with forward prefetch on; these figures are with it off.
+    ours["forward_prefetch_off_after"] = step_error("ours_prefetch", os.path.join(W, "main_job_prefetch.log"))
 log = read(os.path.join(W, "main_job.log"))
 summ = None
 try:
@@ -792,6 +799,10 @@ copy_out() {
           echo "== main_job_tuned.log (the main job's first attempt, GEMM tuning on: its last 60 lines)"
           cat "$WORK/main_job_tuned.log"
         fi
+        if [ -f "$WORK/main_job_prefetch.log" ]; then
+          echo "== main_job_prefetch.log (the main job's attempt with forward prefetch on: its last 60 lines)"
+          cat "$WORK/main_job_prefetch.log"
+        fi
       } | tail -c $((16 << 20)) >"$OUT/$f"
     else
       tail -c $((16 << 20)) "$WORK/$f" >"$OUT/$f"
@@ -885,6 +896,8 @@ checkpoint
 # run_job <step> <timeout_s> <log> <output_dir> <steps> [flags...]: our main job on the
 # model and batch above, on one GPU in bf16.
 # job_command <output_dir> <steps>: that command (without OURS_EXTRA_ARGS), into JOB.
+# RETRY_ARGS: flags a failed attempt of step 4 added for every later run of the job.
+RETRY_ARGS=""
 job_command() {
   JOB=("$BUNDLE/bin/main_job" --device=cuda --backend=nccl --world_size=1
     --param_dtype=bfloat16 --vocab_size=$MODEL_V --block_size=$MODEL_T --seq_len=$MODEL_T
@@ -897,7 +910,7 @@ run_job() {
   rm -rf "$dir"
   job_command "$dir" "$n"
   # shellcheck disable=SC2086
-  run_step "$step" "$limit" "$log" "${JOB[@]}" "$@" ${OURS_EXTRA_ARGS:-}
+  run_step "$step" "$limit" "$log" "${JOB[@]}" "$@" $RETRY_ARGS ${OURS_EXTRA_ARGS:-}
 }
 
 # ---- 4. our main job ---------------------------------------------------------------------
@@ -909,12 +922,27 @@ elif [ -x "$BUNDLE/bin/main_job" ]; then
   # with it off, as are the later job steps: the run still measures the step when the
   # tuner is what fails. The first attempt stays a failed step (ours_tuned), its log's end
   # goes into run.log.
+  # A run that timed out skips this attempt: the tuner times its candidates and returns,
+  # and a second hang would spend the run's budget.
   ours_rc=$(head -1 "$WORK/steps/ours")
-  if [ "$ours_rc" != 0 ] && [ "$ours_rc" != -1 ] && [ "${FSDP_GEMM_TUNING:-1}" != 0 ]; then
+  if [ "$ours_rc" != 0 ] && [ "$ours_rc" != -1 ] && [ "$ours_rc" != 124 ] &&
+      [ "$ours_rc" != 137 ] && [ "${FSDP_GEMM_TUNING:-1}" != 0 ]; then
     mv "$WORK/steps/ours" "$WORK/steps/ours_tuned"
     tail -n 60 "$WORK/main_job.log" >"$WORK/main_job_tuned.log"
     export FSDP_GEMM_TUNING=0
     say "main job: again with GEMM tuning off (FSDP_GEMM_TUNING=0)"
+    run_job ours "$OURS_TIMEOUT_S" "$WORK/main_job.log" "$WORK/main_job" "$STEPS" --profile_ops
+  fi
+  # Forward prefetch (on by default with --device=cuda) overlaps the next unit's all-gather
+  # with a unit's kernels across two streams: when the job still fails, once more without
+  # it, so that a fault of that overlap leaves a measured step (ours_prefetch is the failed
+  # attempt).
+  ours_rc=$(head -1 "$WORK/steps/ours")
+  if [ "$ours_rc" != 0 ] && [ "$ours_rc" != -1 ]; then
+    mv "$WORK/steps/ours" "$WORK/steps/ours_prefetch"
+    tail -n 60 "$WORK/main_job.log" >"$WORK/main_job_prefetch.log"
+    RETRY_ARGS="--forward_prefetch=false"
+    say "main job: again with forward prefetch off (--forward_prefetch=false)"
     run_job ours "$OURS_TIMEOUT_S" "$WORK/main_job.log" "$WORK/main_job" "$STEPS" --profile_ops
   fi
   [ -f "$WORK/main_job/summary.json" ] && cp "$WORK/main_job/summary.json" "$WORK/main_job_summary.json"
@@ -1021,7 +1049,7 @@ else
       # steady state's; the heuristic's first answers run instead.
       # shellcheck disable=SC2086
       (export FSDP_GEMM_TUNING=0
-       ncu_profile ncu_step ncu_step "${JOB[@]}" ${OURS_EXTRA_ARGS:-})
+       ncu_profile ncu_step ncu_step "${JOB[@]}" $RETRY_ARGS ${OURS_EXTRA_ARGS:-})
     fi
   fi
   checkpoint

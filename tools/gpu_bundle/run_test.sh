@@ -108,10 +108,19 @@ EOF
 cat >"$B/bin/main_job" <<'EOF'
 #!/bin/sh
 # Checks the flags run.sh passes, prints progress lines, writes summary.json.
+# FAKE_FAIL_PREFETCH=1: every run fails while forward prefetch is on (no
+# --forward_prefetch=false); FAKE_HANG_PREFETCH=1: the main run hangs while it is on.
 out=""
+prefetch=on
 for a in "$@"; do
-  case "$a" in --output_dir=*) out=${a#--output_dir=} ;; esac
+  case "$a" in
+    --output_dir=*) out=${a#--output_dir=} ;;
+    --forward_prefetch=false) prefetch=off ;;
+  esac
 done
+if [ "${FAKE_FAIL_PREFETCH:-0}" = 1 ] && [ $prefetch = on ]; then
+  case "$out" in */main_job) ;; *) echo "main_job: $out with forward prefetch on after it failed"; exit 2 ;; esac
+fi
 case "$out" in */main_job_ncu)
   # Phase 7: a short run under ncu, without GEMM tuning.
   [ "${FSDP_GEMM_TUNING:-}" = 0 ] || { echo "main_job: GEMM tuning on under ncu"; exit 2; }
@@ -158,6 +167,15 @@ if [ "${FAKE_FAIL_TUNED:-0}" = 1 ] && [ "${FSDP_GEMM_TUNING:-}" != 0 ]; then
   echo "step     5/20 (global 5)  loss 9.0000  tokens/s       99  peak r0 1 MiB"
   echo "main_job: Internal: the GEMM tuner exploded"
   exit 3
+fi
+if [ "${FAKE_FAIL_PREFETCH:-0}" = 1 ] && [ $prefetch = on ]; then
+  echo "step     5/20 (global 5)  loss 9.0000  tokens/s       98  peak r0 1 MiB"
+  echo "main_job: Internal: the all-gather stream faulted"
+  exit 4
+fi
+if [ "${FAKE_HANG_PREFETCH:-0}" = 1 ] && [ $prefetch = on ]; then
+  echo "step     5/20 (global 5)  loss 9.0000  tokens/s       97  peak r0 1 MiB"
+  exec sleep 60
 fi
 echo "step     5/20 (global 5)  loss 9.0000  tokens/s      100  peak r0 1 MiB"
 echo "step    10/20 (global 10)  loss 8.0000  tokens/s     1100  peak r0 1 MiB"
@@ -381,7 +399,40 @@ check "tuned job failed: \$OUT/run.log holds the first attempt's log" \
   grep -q "the GEMM tuner exploded" "$T/out_tuned/run.log"
 check "tuned job failed: \$OUT/main_job.log is the second attempt's alone" \
   python3 -c 'import sys; t = open(sys.argv[1]).read(); sys.exit(0 if "tokens/s      100" in t and "exploded" not in t else 1)' "$T/out_tuned/main_job.log"
-py_check "a job that passes is run once" "$S" '"ours_tuned" not in s["steps"] and "gemm_tuning_off_after" not in s["ours"]'
+py_check "a job that passes is run once" "$S" '"ours_tuned" not in s["steps"] and "gemm_tuning_off_after" not in s["ours"] and "ours_prefetch" not in s["steps"] and "forward_prefetch_off_after" not in s["ours"]'
+
+# ---- 2d. our job fails with tuning on, and again with it off: once more without prefetch --
+rm -rf "$T/out_prefetch"
+set +e
+FAKE_FAIL_TUNED=1 FAKE_FAIL_PREFETCH=1 OUT=$T/out_prefetch SKIP=tests,bench,attention,pytorch \
+  RUN_WORK=$T/work_prefetch "$B/run.sh" >"$T/stdout_prefetch" 2>&1
+rc=$?
+set -e
+check "prefetch job failed: exit 1" [ "$rc" = 1 ]
+check "prefetch job failed: run.sh says it runs it a third time" \
+  grep -q "^run.sh: main job: again with forward prefetch off (--forward_prefetch=false)" "$T/stdout_prefetch"
+tail -n 1 "$T/stdout_prefetch" >"$T/summary_prefetch.json"
+py_check "prefetch job failed: both failed attempts as steps, the third's figures (1250)" \
+  "$T/summary_prefetch.json" \
+  's["steps"]["ours_tuned"]["rc"] == 3 and s["steps"]["ours_prefetch"]["rc"] == 4 and s["steps"]["ours"]["ok"] and s["tokens_per_s"]["ours"] == 1250.0 and "the GEMM tuner exploded" in s["ours"]["gemm_tuning_off_after"] and "the all-gather stream faulted" in s["ours"]["forward_prefetch_off_after"] and s["ok"] is False'
+py_check "prefetch job failed: the offload, llama and ncu runs with prefetch and tuning off too" \
+  "$T/summary_prefetch.json" \
+  's["steps"]["offload"]["ok"] and s["steps"]["llama"]["ok"] and s["steps"]["ncu_step"]["ok"]'
+check "prefetch job failed: \$OUT/run.log holds both failed attempts' logs" \
+  python3 -c 'import sys; t = open(sys.argv[1]).read(); sys.exit(0 if "the GEMM tuner exploded" in t and "the all-gather stream faulted" in t else 1)' "$T/out_prefetch/run.log"
+
+# ---- 2e. our job times out: no tuning-off attempt, straight to prefetch off --------------
+set +e
+FAKE_HANG_PREFETCH=1 OURS_TIMEOUT_S=3 SKIP=tests,bench,attention,pytorch,offload,llama,ncu \
+  RUN_WORK=$T/work_hang "$B/run.sh" >"$T/stdout_hang" 2>&1
+rc=$?
+set -e
+check "hung job: exit 1" [ "$rc" = 1 ]
+tail -n 1 "$T/stdout_hang" >"$T/summary_hang.json"
+py_check "hung job: timed out with prefetch on, then measured with it off and tuning on" \
+  "$T/summary_hang.json" \
+  '"ours_tuned" not in s["steps"] and s["steps"]["ours_prefetch"]["rc"] in (124, 137) and s["steps"]["ours"]["ok"] and s["tokens_per_s"]["ours"] == 1250.0'
+check "hung job: GEMM tuning stayed on" bash -c '! grep -q "GEMM tuning off" "$1"' _ "$T/stdout_hang"
 
 # ---- 3. the run's budget spent before any step -----------------------------------------
 set +e
