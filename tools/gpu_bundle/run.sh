@@ -914,6 +914,14 @@ run_job() {
 }
 
 # ---- 4. our main job ---------------------------------------------------------------------
+# retry_ours <step> <what>: keeps step 4's failed attempt as <step> (its log's last 60
+# lines in main_job_<step without ours_>.log, for run.log) and runs step 4 again.
+retry_ours() {
+  mv "$WORK/steps/ours" "$WORK/steps/$1"
+  tail -n 60 "$WORK/main_job.log" >"$WORK/main_job_${1#ours_}.log"
+  say "main job: again with $2"
+  run_job ours "$OURS_TIMEOUT_S" "$WORK/main_job.log" "$WORK/main_job" "$STEPS" --profile_ops
+}
 if skipped ours; then
   say "main job: skipped (SKIP)"
 elif [ -x "$BUNDLE/bin/main_job" ]; then
@@ -927,11 +935,8 @@ elif [ -x "$BUNDLE/bin/main_job" ]; then
   ours_rc=$(head -1 "$WORK/steps/ours")
   if [ "$ours_rc" != 0 ] && [ "$ours_rc" != -1 ] && [ "$ours_rc" != 124 ] &&
       [ "$ours_rc" != 137 ] && [ "${FSDP_GEMM_TUNING:-1}" != 0 ]; then
-    mv "$WORK/steps/ours" "$WORK/steps/ours_tuned"
-    tail -n 60 "$WORK/main_job.log" >"$WORK/main_job_tuned.log"
     export FSDP_GEMM_TUNING=0
-    say "main job: again with GEMM tuning off (FSDP_GEMM_TUNING=0)"
-    run_job ours "$OURS_TIMEOUT_S" "$WORK/main_job.log" "$WORK/main_job" "$STEPS" --profile_ops
+    retry_ours ours_tuned "GEMM tuning off (FSDP_GEMM_TUNING=0)"
   fi
   # Forward prefetch (on by default with --device=cuda) overlaps the next unit's all-gather
   # with a unit's kernels across two streams: when the job still fails, once more without
@@ -939,11 +944,8 @@ elif [ -x "$BUNDLE/bin/main_job" ]; then
   # attempt).
   ours_rc=$(head -1 "$WORK/steps/ours")
   if [ "$ours_rc" != 0 ] && [ "$ours_rc" != -1 ]; then
-    mv "$WORK/steps/ours" "$WORK/steps/ours_prefetch"
-    tail -n 60 "$WORK/main_job.log" >"$WORK/main_job_prefetch.log"
     RETRY_ARGS="--forward_prefetch=false"
-    say "main job: again with forward prefetch off (--forward_prefetch=false)"
-    run_job ours "$OURS_TIMEOUT_S" "$WORK/main_job.log" "$WORK/main_job" "$STEPS" --profile_ops
+    retry_ours ours_prefetch "forward prefetch off (--forward_prefetch=false)"
   fi
   [ -f "$WORK/main_job/summary.json" ] && cp "$WORK/main_job/summary.json" "$WORK/main_job_summary.json"
 else
