@@ -410,12 +410,12 @@ def est_mfu(tps, world=1):
 # set-up), else the whole fit stage.
 ours = {"ok": steps.get("ours", {}).get("ok", False),
         "error": step_error("ours", os.path.join(W, "main_job.log"))}
-if "ours_tuned" in steps:
-    # The first attempt failed with GEMM tuning on; these figures are the second's, off.
-    ours["gemm_tuning_off_after"] = step_error("ours_tuned", os.path.join(W, "main_job_tuned.log"))
-if "ours_prefetch" in steps:
-    # The attempt before the last failed with forward prefetch on; these figures are with it off.
-    ours["forward_prefetch_off_after"] = step_error("ours_prefetch", os.path.join(W, "main_job_prefetch.log"))
+# A failed attempt of step 4 (retry_ours): these figures are the next attempt's, with GEMM
+# tuning off after ours_tuned, and forward prefetch off too after ours_prefetch.
+for attempt, key in (("ours_tuned", "gemm_tuning_off_after"),
+                    ("ours_prefetch", "forward_prefetch_off_after")):
+    if attempt in steps:
+        ours[key] = step_error(attempt, os.path.join(W, "main_job_%s.log" % attempt[len("ours_"):]))
 log = read(os.path.join(W, "main_job.log"))
 summ = None
 try:
@@ -780,7 +780,7 @@ copy_out() {
   [ -n "${OUT:-}" ] || return 0
   mkdir -p "$OUT" || return 0
   cat "$WORK"/tests/*.log >"$WORK/gpu_tests.log" 2>/dev/null || : >"$WORK/gpu_tests.log"
-  local f
+  local f a
   for f in attention_bench.log attention_torch.log; do
     [ -f "$WORK/$f" ] && printf '== %s\n%s\n' "$f" "$(cat "$WORK/$f")"
   done >"$WORK/attention.log"
@@ -795,14 +795,11 @@ copy_out() {
     if [ "$f" = run.log ]; then
       { cat "$WORK/run.log"; echo "== ldd.txt"; cat "$WORK/ldd.txt" 2>/dev/null
         if [ -f "$WORK/nccl_bench.json" ]; then echo "== nccl_bench.json"; cat "$WORK/nccl_bench.json"; fi
-        if [ -f "$WORK/main_job_tuned.log" ]; then
-          echo "== main_job_tuned.log (the main job's first attempt, GEMM tuning on: its last 60 lines)"
-          cat "$WORK/main_job_tuned.log"
-        fi
-        if [ -f "$WORK/main_job_prefetch.log" ]; then
-          echo "== main_job_prefetch.log (the main job's attempt with forward prefetch on: its last 60 lines)"
-          cat "$WORK/main_job_prefetch.log"
-        fi
+        for a in tuned prefetch; do  # retry_ours's failed attempts
+          [ -f "$WORK/main_job_$a.log" ] || continue
+          echo "== main_job_$a.log (the main job's failed attempt ours_$a: its last 60 lines)"
+          cat "$WORK/main_job_$a.log"
+        done
       } | tail -c $((16 << 20)) >"$OUT/$f"
     else
       tail -c $((16 << 20)) "$WORK/$f" >"$OUT/$f"
