@@ -69,7 +69,6 @@ std::vector<Hook> ForwardSnapshot(
   return out;
 }
 
-thread_local bool grad_enabled = true;
 thread_local bool in_recompute = false;
 
 // Sets InRecompute() for its lifetime.
@@ -112,11 +111,8 @@ bool HookHandle::active() const {
   return lists != nullptr && lists->Contains(id_);
 }
 
-bool GradEnabled() { return grad_enabled; }
 bool InRecompute() { return in_recompute; }
 
-NoGradScope::NoGradScope() : previous_(grad_enabled) { grad_enabled = false; }
-NoGradScope::~NoGradScope() { grad_enabled = previous_; }
 
 Module::Module() : hooks_(std::make_shared<internal::HookLists>()) {}
 

@@ -58,6 +58,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/autograd.h"
 #include "core/parameter.h"
 #include "core/tensor.h"
 
@@ -84,22 +85,9 @@ struct HookOptions {
   bool run_in_recompute = false;
 };
 
-// False while a NoGradScope is open on this thread: forwards that no Backward follows
-// (evaluation), where checkpointed modules run as plain ones and every module drops its
-// caches as its Forward returns (NOTE [Activation checkpointing]).
-bool GradEnabled();
-
-// Marks the forwards on this thread, while it lives, as forward-only. Nestable.
-class NoGradScope {
- public:
-  NoGradScope();
-  ~NoGradScope();
-  NoGradScope(const NoGradScope&) = delete;
-  NoGradScope& operator=(const NoGradScope&) = delete;
-
- private:
-  bool previous_;
-};
+// GradEnabled() and NoGradScope (core/autograd.h) also mark forwards that no Backward
+// follows (evaluation): there checkpointed modules run as plain ones and every module drops
+// its caches as its Forward returns (NOTE [Activation checkpointing]).
 
 // True on this thread while a checkpointed module recomputes its forward inside its
 // Backward (NOTE [Activation checkpointing]).

@@ -27,6 +27,10 @@ struct Parameter {
   // How its values were (or, deferred, will be) initialised (core/param_init.h); null
   // for parameters made from given values.
   std::shared_ptr<const ParamInit> init;
+  // NOTE [Autograd] (core/autograd.h): the leaf record that every use of this parameter in
+  // a differentiable op shares (core::Value makes it on first use); its node adds the
+  // gradients that reach it into `grad`.
+  std::shared_ptr<AutogradMeta> autograd;
 
   // True while `data` is a meta tensor: built under DeferredInitScope, not materialized
   // yet (NOTE [Deferred initialisation]).

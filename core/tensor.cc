@@ -308,6 +308,7 @@ absl::Status CopyBytes(void* dst, Device dst_device, const void* src, Device src
 
 absl::Status Tensor::CopyFromAsync(const Tensor& src) const {
 #ifdef FSDP_WITH_CUDA
+  if (defined()) storage_->BumpVersion();
   if (defined() && src.defined() && src.numel() == numel_ && src.dtype() == dtype_ &&
       numel_ > 0 && device().is_cpu() != src.device().is_cpu()) {
     const Tensor& host = device().is_cpu() ? *this : src;
@@ -330,6 +331,7 @@ absl::Status Tensor::CopyFrom(const Tensor& src) const {
   if (!defined() || !src.defined()) {
     return absl::FailedPreconditionError("CopyFrom with an undefined tensor");
   }
+  storage_->BumpVersion();
   const auto what = [&] { return absl::StrCat(src.ToString(), " -> ", ToString()); };
   if (src.numel() != numel_) {
     return absl::InvalidArgumentError(absl::StrCat("CopyFrom: source has ", src.numel(),
@@ -411,6 +413,7 @@ absl::Status Tensor::CopyFrom(const Tensor& src) const {
 
 absl::Status Tensor::TryFill(float value) const {
   if (!defined() || numel_ == 0) return absl::OkStatus();
+  storage_->BumpVersion();
   if (!device().is_cpu()) {
 #ifdef FSDP_WITH_CUDA
     absl::Status filled = cuda::SetDevice(device());
@@ -449,6 +452,7 @@ absl::Status Tensor::TryFill(float value) const {
 
 absl::Status Tensor::TryZero() const {
   if (!defined() || numel_ == 0) return absl::OkStatus();
+  storage_->BumpVersion();
   // NOTE [Op accounting]: a memset writes the tensor once.
   ProfiledOp op(OpCategory::kElementwise, "zero", device(),
                 OpCost::Memory(static_cast<double>(nbytes())));

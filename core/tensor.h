@@ -6,8 +6,10 @@
 //   row.data<float>()[0] = 1.0f;                 // w[1][0] == 1
 //   w.SharesStorage(row);                        // true
 //
-// Tensors have no autograd; layers in nn/ implement their own backward. Element access
-// through data<T>() is for CPU tensors only.
+// A tensor may carry an autograd record (core/autograd.h, NOTE [Autograd]): the node of the
+// differentiable op that produced it, or the leaf it stands for. Copies share the record;
+// View, Reshape, Clone and the other methods here return tensors without one. Element
+// access through data<T>() is for CPU tensors only.
 //
 // CUDA tensors (Device::Cuda(i), built with --config=cuda) live in the caching allocator's
 // blocks (core/allocator.h). Their operations run on the compute stream (NOTE [Compute
@@ -22,6 +24,7 @@
 #ifndef CORE_TENSOR_H_
 #define CORE_TENSOR_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -37,6 +40,9 @@
 namespace core {
 
 using Shape = std::vector<int64_t>;
+
+// A tensor's autograd record, defined in core/autograd.h; a Tensor only carries it.
+class AutogradMeta;
 
 // Product of the dimensions (1 for a scalar shape {}); INT64_MAX when the product does
 // not fit in an int64 (never undefined behaviour, whatever the shape).
@@ -66,6 +72,12 @@ class Storage {
   // True for page-locked host memory (from Allocator::PinnedHost() where it pins).
   bool pinned() const { return allocator_->pinned(); }
 
+  // NOTE [Autograd] (core/autograd.h): counts the in-place writes through the Tensor API
+  // (CopyFrom, CopyFromAsync, TryFill, TryZero and what calls them) and the in-place ops
+  // that bump it, so a backward can tell that a tensor it saved was changed since.
+  uint64_t version() const { return version_.load(std::memory_order_relaxed); }
+  void BumpVersion() { version_.fetch_add(1, std::memory_order_relaxed); }
+
  private:
   Storage(void* data, int64_t nbytes, MemoryTag tag, std::shared_ptr<Allocator> allocator);
 
@@ -73,6 +85,7 @@ class Storage {
   int64_t nbytes_;
   MemoryTag tag_;
   std::shared_ptr<Allocator> allocator_;
+  std::atomic<uint64_t> version_{0};
 };
 
 class Tensor {
@@ -208,6 +221,14 @@ class Tensor {
   // (waiting for its pending work); aborts if that copy fails.
   std::vector<float> ToVector() const;
 
+  // NOTE [Autograd] (core/autograd.h): the graph record this handle carries (null for
+  // tensors that no differentiable op produced and that are no leaf requiring gradients).
+  const std::shared_ptr<AutogradMeta>& autograd_meta() const { return autograd_; }
+  void set_autograd_meta(std::shared_ptr<AutogradMeta> meta) { autograd_ = std::move(meta); }
+
+  // The storage's in-place write count (Storage::version); 0 for an undefined tensor.
+  uint64_t version() const { return storage_ ? storage_->version() : 0; }
+
   // "Tensor(float32, [2, 3], cpu)" ("Tensor(float32, [2, 3], meta cpu)" for a meta tensor)
   // (shape and place only: no element is read, so it
   // never waits for a device).
@@ -223,6 +244,7 @@ class Tensor {
   DType dtype_ = DType::kFloat32;
   bool meta_ = false;
   Device meta_device_ = Device::Cpu();  // a meta tensor's device
+  std::shared_ptr<AutogradMeta> autograd_;
 };
 
 }  // namespace core

@@ -20,6 +20,13 @@ int BlocksFor(int64_t n) {
   return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
 }
 
+__global__ void AddKernel(const float* a, const float* b, float* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x) {
+    out[i] = a[i] + b[i];
+  }
+}
+
 template <typename T>
 __global__ void FillKernel(T* p, int64_t n, T v) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -70,6 +77,12 @@ __global__ void Bf16ToFloatKernel(const uint16_t* src, float* dst, int64_t n) {
 }
 
 }  // namespace
+
+absl::Status Add(const float* a, const float* b, float* out, int64_t n) {
+  if (n <= 0) return absl::OkStatus();
+  AddKernel<<<BlocksFor(n), kThreads, 0, ComputeStream()>>>(a, b, out, n);
+  return LaunchStatus(absl::StrCat("launching the add kernel (", n, " elements)"));
+}
 
 absl::Status Fill(void* ptr, int64_t n, DType dtype, float value) {
   if (n <= 0) return absl::OkStatus();

@@ -19,6 +19,10 @@ namespace cuda {
 // as on the host: bf16 rounds to nearest even, int32 truncates).
 absl::Status Fill(void* ptr, int64_t n, DType dtype, float value);
 
+// out[i] = a[i] + b[i] for i < n (out may be a or b): the autograd engine's gradient sum
+// (core::AddInto), the fp32 addition of kernels' Add.
+absl::Status Add(const float* a, const float* b, float* out, int64_t n);
+
 // dst[i] = bf16(src[i]) for i < n, with core::FloatToBf16Bits (core/bf16_hd.h): the one
 // array converter of device memory (Tensor::CopyFrom, nn's mixed-dtype GEMM and the NCCL
 // backend use it).

@@ -1,0 +1,350 @@
+#include "core/autograd.h"
+
+#include <string>
+#include <vector>
+
+#include "core/status_macros.h"
+#include "core/tensor.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace core {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Minimal CPU ops written as custom functions, as nn/functional writes its ops.
+std::vector<std::string>* backward_log = nullptr;
+
+void Log(const std::string& what) {
+  if (backward_log != nullptr) backward_log->push_back(what);
+}
+
+Tensor Like(const Tensor& t) { return Tensor::Zeros(t.shape()); }
+
+absl::StatusOr<Tensor> Mul(Arg a_arg, Arg b_arg, std::string name = "Mul") {
+  RETURN_IF_ERROR(a_arg.status());
+  RETURN_IF_ERROR(b_arg.status());
+  const Tensor a = a_arg.tensor();
+  const Tensor b = b_arg.tensor();
+  if (a.numel() != b.numel()) return absl::InvalidArgumentError(name + ": sizes differ");
+  Tensor y = Like(a);
+  for (int64_t i = 0; i < a.numel(); ++i) y.data<float>()[i] = a.data<float>()[i] * b.data<float>()[i];
+  RETURN_IF_ERROR(RecordFunction(
+      name, {a, b}, {&y}, {a, b},
+      [name](const BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
+        Log(name);
+        const Tensor& g = ctx.grad(0);
+        Tensor ga = Like(g), gb = Like(g);
+        for (int64_t i = 0; i < g.numel(); ++i) {
+          ga.data<float>()[i] = g.data<float>()[i] * ctx.saved(1).data<float>()[i];
+          gb.data<float>()[i] = g.data<float>()[i] * ctx.saved(0).data<float>()[i];
+        }
+        return std::vector<Tensor>{ga, gb};
+      },
+      {"a", "b"}));
+  return y;
+}
+
+absl::StatusOr<Tensor> Add(Arg a_arg, Arg b_arg, std::string name = "Add") {
+  RETURN_IF_ERROR(a_arg.status());
+  RETURN_IF_ERROR(b_arg.status());
+  const Tensor a = a_arg.tensor();
+  const Tensor b = b_arg.tensor();
+  Tensor y = Like(a);
+  for (int64_t i = 0; i < a.numel(); ++i) y.data<float>()[i] = a.data<float>()[i] + b.data<float>()[i];
+  RETURN_IF_ERROR(RecordFunction(name, {a, b}, {&y}, {},
+                                 [name](const BackwardContext& ctx)
+                                     -> absl::StatusOr<std::vector<Tensor>> {
+                                   Log(name);
+                                   return std::vector<Tensor>{ctx.grad(0), ctx.grad(0)};
+                                 }));
+  return y;
+}
+
+absl::StatusOr<Tensor> Sum(Arg a_arg) {
+  RETURN_IF_ERROR(a_arg.status());
+  const Tensor a = a_arg.tensor();
+  Tensor y = Tensor::Zeros({});
+  for (int64_t i = 0; i < a.numel(); ++i) y.data<float>()[0] += a.data<float>()[i];
+  const Shape shape = a.shape();
+  RETURN_IF_ERROR(RecordFunction("Sum", {a}, {&y}, {},
+                                 [shape](const BackwardContext& ctx)
+                                     -> absl::StatusOr<std::vector<Tensor>> {
+                                   Log("Sum");
+                                   Tensor g = Tensor::Zeros(shape);
+                                   g.Fill(ctx.grad(0).data<float>()[0]);
+                                   return std::vector<Tensor>{g};
+                                 }));
+  return y;
+}
+
+Tensor Vec(std::vector<float> v) {
+  const int64_t n = static_cast<int64_t>(v.size());
+  return Tensor::FromVector(v, {n}).value();
+}
+
+TEST(AutogradTest, ChainRuleThroughSavedTensors) {
+  Tensor x = Leaf(Vec({1, 2, 3}));
+  absl::StatusOr<Tensor> loss = Sum(Mul(x, x));
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_TRUE(RequiresGrad(*loss));
+  ASSERT_TRUE(Backward(*loss).ok());
+  EXPECT_THAT(LeafGrad(x).ToVector(), ElementsAre(2, 4, 6));
+}
+
+TEST(AutogradTest, GradientsOfATensorUsedTwiceAreSummedInConsumerOrder) {
+  std::vector<std::string> log;
+  backward_log = &log;
+  Tensor x = Leaf(Vec({1, 2, 3}));
+  // y = x * x (first consumer) + x * 3 (second consumer).
+  absl::StatusOr<Tensor> square = Mul(x, x, "Square");
+  absl::StatusOr<Tensor> triple = Mul(x, Vec({3, 3, 3}), "Triple");
+  absl::StatusOr<Tensor> loss = Sum(Add(square, triple));
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  ASSERT_TRUE(Backward(*loss).ok());
+  backward_log = nullptr;
+  EXPECT_THAT(LeafGrad(x).ToVector(), ElementsAre(5, 7, 9));  // 2x + 3
+  // Reverse of the forward: the consumer made last runs first.
+  EXPECT_THAT(log, ElementsAre("Sum", "Add", "Triple", "Square"));
+}
+
+TEST(AutogradTest, ParameterGradientsAccumulateIntoParameterGrad) {
+  ParameterPtr w = Parameter::Make(Vec({1, -2}));
+  for (int step = 0; step < 2; ++step) {
+    absl::StatusOr<Tensor> loss = Sum(Mul(w, Vec({3, 4})));
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    ASSERT_TRUE(Backward(*loss).ok());
+  }
+  ASSERT_TRUE(w->grad.defined());
+  EXPECT_EQ(w->grad.storage()->tag(), MemoryTag::kGrad);
+  EXPECT_THAT(w->grad.ToVector(), ElementsAre(6, 8));  // two backwards add
+  // Every use shares one leaf record.
+  EXPECT_EQ(Value(w).autograd_meta(), Value(w).autograd_meta());
+}
+
+TEST(AutogradTest, ParameterWithoutRequiresGradIsNoLeaf) {
+  ParameterPtr w = Parameter::Make(Vec({1}), /*requires_grad=*/false);
+  EXPECT_FALSE(RequiresGrad(Value(w)));
+  absl::StatusOr<Tensor> y = Mul(w, Vec({2}));
+  ASSERT_TRUE(y.ok());
+  EXPECT_FALSE(RequiresGrad(*y));
+}
+
+TEST(AutogradTest, SecondBackwardThroughAFreedGraphNamesOpAndTensor) {
+  Tensor x = Leaf(Vec({1, 2}));
+  absl::StatusOr<Tensor> loss = Sum(Mul(x, x));
+  ASSERT_TRUE(loss.ok());
+  ASSERT_TRUE(Backward(*loss).ok());
+  absl::Status again = Backward(*loss);
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(again.message(), HasSubstr("'Mul'"));
+  EXPECT_THAT(again.message(), HasSubstr("saved tensor 'a'"));
+  EXPECT_THAT(LeafGrad(x).ToVector(), ElementsAre(2, 4));  // nothing added by the failure
+}
+
+TEST(AutogradTest, RetainGraphAllowsASecondBackward) {
+  Tensor x = Leaf(Vec({1, 2}));
+  absl::StatusOr<Tensor> loss = Sum(Mul(x, x));
+  ASSERT_TRUE(loss.ok());
+  ASSERT_TRUE(Backward(*loss, {.retain_graph = true}).ok());
+  ASSERT_TRUE(Backward(*loss).ok());
+  EXPECT_THAT(LeafGrad(x).ToVector(), ElementsAre(4, 8));
+}
+
+TEST(AutogradTest, SavedTensorWrittenInPlaceIsFailedPrecondition) {
+  Tensor x = Leaf(Vec({1, 2}));
+  absl::StatusOr<Tensor> y = Mul(x, x);
+  ASSERT_TRUE(y.ok());
+  absl::StatusOr<Tensor> z = Mul(*y, Vec({1, 1}), "Scale");
+  ASSERT_TRUE(z.ok());
+  ASSERT_TRUE(y->CopyFrom(Vec({7, 7})).ok());  // y is saved by Scale
+  absl::StatusOr<Tensor> loss = Sum(*z);
+  ASSERT_TRUE(loss.ok());
+  absl::Status s = Backward(*loss);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("Scale"));
+  EXPECT_THAT(s.message(), HasSubstr("saved tensor 'a'"));
+  EXPECT_THAT(s.message(), HasSubstr("modified in place"));
+}
+
+TEST(AutogradTest, NoGradScopeRecordsNothingAndDetachDropsTheRecord) {
+  Tensor x = Leaf(Vec({1, 2}));
+  {
+    NoGradScope no_grad;
+    EXPECT_FALSE(GradEnabled());
+    absl::StatusOr<Tensor> y = Mul(x, x);
+    ASSERT_TRUE(y.ok());
+    EXPECT_FALSE(RequiresGrad(*y));
+  }
+  EXPECT_TRUE(GradEnabled());
+  Tensor d = Detach(x);
+  EXPECT_FALSE(RequiresGrad(d));
+  EXPECT_TRUE(d.SharesStorage(x));
+  absl::Status s = Backward(d);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("no autograd record"));
+}
+
+TEST(AutogradTest, SeedsAreCheckedAndNonScalarsNeedOne) {
+  Tensor x = Leaf(Vec({1, 2}));
+  absl::StatusOr<Tensor> y = Mul(x, x);
+  ASSERT_TRUE(y.ok());
+  absl::Status s = Backward(*y);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("needs a gradient"));
+  s = Backward({*y}, {Vec({1, 2, 3})});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(Backward({*y}, {Vec({1, 10})}).ok());
+  EXPECT_THAT(LeafGrad(x).ToVector(), ElementsAre(2, 40));
+}
+
+TEST(AutogradTest, AGradientOfTheWrongSizeNamesTheOp) {
+  Tensor x = Leaf(Vec({1, 2}));
+  Tensor y = Tensor::Zeros({2});
+  ASSERT_TRUE(RecordFunction("Broken", {x}, {&y}, {},
+                             [](const BackwardContext&) -> absl::StatusOr<std::vector<Tensor>> {
+                               return std::vector<Tensor>{Tensor::Zeros({3})};
+                             })
+                  .ok());
+  absl::Status s = Backward({y}, {Vec({1, 1})});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("'Broken' passed a gradient"));
+}
+
+TEST(AutogradTest, AFailingBackwardIsReturnedWithTheOpName) {
+  Tensor x = Leaf(Vec({1}));
+  Tensor y = Tensor::Zeros({1});
+  ASSERT_TRUE(RecordFunction("Fails", {x}, {&y}, {},
+                             [](const BackwardContext&) -> absl::StatusOr<std::vector<Tensor>> {
+                               return absl::InternalError("kernel refused");
+                             })
+                  .ok());
+  absl::Status s = Backward(y);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(s.message(), HasSubstr("backward of 'Fails': kernel refused"));
+}
+
+TEST(AutogradTest, UnusedOutputsOfAMultiOutputOpGetZeroGradients) {
+  Tensor x = Leaf(Vec({1, 2}));
+  Tensor a = Tensor::Zeros({2}), b = Tensor::Zeros({2});
+  std::vector<float> seen_b;
+  ASSERT_TRUE(RecordFunction("Split2", {x}, {&a, &b}, {},
+                             [&](const BackwardContext& ctx)
+                                 -> absl::StatusOr<std::vector<Tensor>> {
+                               seen_b = ctx.grad(1).ToVector();
+                               return std::vector<Tensor>{ctx.grad(0)};
+                             })
+                  .ok());
+  absl::StatusOr<Tensor> loss = Sum(a);  // b unused
+  ASSERT_TRUE(loss.ok());
+  ASSERT_TRUE(Backward(*loss).ok());
+  EXPECT_THAT(seen_b, ElementsAre(0, 0));
+  EXPECT_THAT(LeafGrad(x).ToVector(), ElementsAre(1, 1));
+}
+
+TEST(AutogradTest, ABackwardMayWriteAParameterGradientItself) {
+  ParameterPtr w = Parameter::Make(Vec({5, 6}));
+  ASSERT_TRUE(w->EnsureGrad().ok());
+  w->grad.Fill(1.0f);
+  Tensor x = Vec({2, 3});
+  Tensor y = Tensor::Zeros({2});
+  ParameterPtr seen;
+  ASSERT_TRUE(RecordFunction("FusedScale", {x, Value(w)}, {&y}, {x},
+                             [&](const BackwardContext& ctx)
+                                 -> absl::StatusOr<std::vector<Tensor>> {
+                               EXPECT_FALSE(ctx.needs_grad(0));
+                               EXPECT_TRUE(ctx.needs_grad(1));
+                               EXPECT_EQ(ctx.parameter(0), nullptr);
+                               seen = ctx.parameter(1);
+                               // beta 1: grad += g * x, written in place.
+                               for (int i = 0; i < 2; ++i) {
+                                 seen->grad.data<float>()[i] +=
+                                     ctx.grad(0).data<float>()[i] * ctx.saved(0).data<float>()[i];
+                               }
+                               return std::vector<Tensor>{Tensor(), Tensor()};
+                             })
+                  .ok());
+  ASSERT_TRUE(Backward({y}, {Vec({1, 1})}).ok());
+  EXPECT_EQ(seen, w);
+  EXPECT_THAT(w->grad.ToVector(), ElementsAre(3, 4));
+}
+
+TEST(AutogradTest, SavedParametersAreReadAsTheyAreAtBackward) {
+  ParameterPtr w = Parameter::Make(Vec({1, 1}));
+  Tensor x = Leaf(Vec({1, 2}));
+  absl::StatusOr<Tensor> loss = Sum(Mul(x, w));
+  ASSERT_TRUE(loss.ok());
+  // As FSDP does between forward and backward: the parameter's data is another tensor.
+  w->data = Vec({10, 20});
+  ASSERT_TRUE(Backward(*loss, {.retain_graph = true}).ok());
+  EXPECT_THAT(LeafGrad(x).ToVector(), ElementsAre(10, 20));
+  w->data = Vec({1, 2, 3});  // resharded, not gathered again
+  absl::Status s = Backward(*loss);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("saved parameter 'b' was [2] float32"));
+}
+
+TEST(AutogradTest, HooksAndCallbacksRunInOrder) {
+  Tensor x = Leaf(Vec({1, 2}));
+  absl::StatusOr<Tensor> y = Mul(x, Vec({3, 3}));
+  ASSERT_TRUE(y.ok());
+  std::vector<std::string> events;
+  Node* node = y->autograd_meta()->node.get();
+  node->AddPreHook([&](std::vector<Tensor>& grads) {
+    events.push_back("pre");
+    grads[0] = Vec({2, 2});  // replaces the incoming gradient
+    EXPECT_TRUE(QueueBackwardCallback([&] {
+                  events.push_back("callback");
+                  return absl::OkStatus();
+                }).ok());
+    return absl::OkStatus();
+  });
+  node->AddPostHook([&] {
+    events.push_back("post");
+    return absl::OkStatus();
+  });
+  EXPECT_FALSE(InBackward());
+  EXPECT_EQ(QueueBackwardCallback([] { return absl::OkStatus(); }).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(Backward({*y}, {Vec({1, 1})}).ok());
+  EXPECT_THAT(events, ElementsAre("pre", "post", "callback"));
+  EXPECT_THAT(LeafGrad(x).ToVector(), ElementsAre(6, 6));
+}
+
+TEST(AutogradTest, AnErrorArgumentIsReturnedUnchanged) {
+  absl::StatusOr<Tensor> bad = absl::InvalidArgumentError("Linear: shapes differ");
+  absl::StatusOr<Tensor> y = Sum(Mul(bad, Vec({1})));
+  EXPECT_EQ(y.status(), bad.status());
+  ParameterPtr null;
+  EXPECT_THAT(Mul(null, Vec({1})).status().message(), HasSubstr("null ParameterPtr"));
+}
+
+TEST(AutogradTest, SavedTensorsAreFreedAsTheirNodeRuns) {
+  Tensor x = Leaf(Vec({1, 2}));
+  absl::StatusOr<Tensor> y = Mul(x, x);
+  ASSERT_TRUE(y.ok());
+  absl::StatusOr<Tensor> z = Mul(*y, *y);
+  ASSERT_TRUE(z.ok());
+  std::weak_ptr<Storage> y_storage = y->storage();
+  y = Tensor();  // only z's node holds y now
+  EXPECT_FALSE(y_storage.expired());
+  absl::StatusOr<Tensor> loss = Sum(*z);
+  ASSERT_TRUE(loss.ok());
+  ASSERT_TRUE(Backward(*loss).ok());
+  EXPECT_TRUE(y_storage.expired());
+  EXPECT_THAT(LeafGrad(x).ToVector(), ElementsAre(4, 32));  // 4 x^3
+}
+
+TEST(AutogradTest, AddIntoAddsAndChecks) {
+  Tensor a = Vec({1, 2});
+  const uint64_t v = a.version();
+  ASSERT_TRUE(AddInto(a, Vec({3, 4})).ok());
+  EXPECT_THAT(a.ToVector(), ElementsAre(4, 6));
+  EXPECT_GT(a.version(), v);
+  EXPECT_EQ(AddInto(a, Vec({1})).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace core
