@@ -167,7 +167,7 @@ SavedTensor::SavedTensor(const Tensor& t)
     : shape_(t.shape()), dtype_(t.dtype()), version_(t.version()), saved_(true) {
   const std::shared_ptr<AutogradMeta>& meta = t.autograd_meta();
   if (meta != nullptr && meta->leaf && !meta->parameter.expired()) {
-    parameter_ = meta->parameter;  // by reference: NOTE [Autograd]
+    parameter_ = meta->parameter.lock();  // by reference: NOTE [Autograd]
   } else {
     data_ = Detach(t);
   }
@@ -181,8 +181,8 @@ absl::StatusOr<Tensor> SavedTensor::Unpack(absl::string_view op, absl::string_vi
         "BackwardOptions::retain_graph)"));
   }
   if (!saved_) return Tensor();
-  if (!data_.defined() && !parameter_.expired()) {
-    std::shared_ptr<Parameter> p = parameter_.lock();
+  if (parameter_ != nullptr) {
+    const ParameterPtr& p = parameter_;
     if (p->data.shape() != shape_ || p->data.dtype() != dtype_) {
       return absl::FailedPreconditionError(absl::StrCat(
           op, ": saved parameter '", name, "' was ", ShapeToString(shape_), " ",
@@ -190,10 +190,6 @@ absl::StatusOr<Tensor> SavedTensor::Unpack(absl::string_view op, absl::string_vi
           " in the backward (resharded and not gathered again?)"));
     }
     return p->data;
-  }
-  if (!data_.defined()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(op, ": saved parameter '", name, "' no longer exists"));
   }
   if (data_.version() != version_) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -181,7 +181,7 @@ class SavedTensor {
 
  private:
   Tensor data_;
-  std::weak_ptr<Parameter> parameter_;
+  ParameterPtr parameter_;  // a parameter leaf, read at Unpack
   Shape shape_;
   DType dtype_ = DType::kFloat32;
   uint64_t version_ = 0;
