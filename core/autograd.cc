@@ -1,6 +1,7 @@
 #include "core/autograd.h"
 
 #include <atomic>
+#include <limits>
 #include <queue>
 #include <utility>
 
@@ -155,9 +156,12 @@ Node::Node(absl::Span<const Tensor> outputs, absl::Span<const Tensor> inputs)
   for (const Tensor& t : outputs) outputs_.push_back(OutputInfo{t.shape(), t.device()});
 }
 
+// A leaf's accumulator outranks every op (NOTE [Autograd]): it runs as soon as its last
+// consumer delivered, so a gradient is in Parameter::grad (and FSDP can reduce it) without
+// waiting for the rest of the backward.
 Node::Node(const Tensor& like)
     : outputs_{OutputInfo{like.shape(), like.device()}},
-      sequence_nr_(next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
+      sequence_nr_(std::numeric_limits<uint64_t>::max()) {}
 
 Node::~Node() = default;
 

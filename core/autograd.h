@@ -24,7 +24,9 @@
 //   so a consumer's number is above its producers'. Backward counts, for each node it can
 //   reach from the roots, the edges that point at it; a node runs when all of them have
 //   delivered, and among the nodes ready to run the one with the highest number runs first
-//   (the reverse of the forward, as a hand-written backward). One thread runs the whole
+//   (the reverse of the forward, as a hand-written backward); a leaf's accumulator outranks
+//   every op, so a parameter's gradient lands in Parameter::grad as soon as its last
+//   consumer delivered it. One thread runs the whole
 //   graph, so the order, and with it every sum, is fixed by the graph alone: a tensor used
 //   several times gets its gradients added in the order its consumers ran (a + b, then + c),
 //   and the bits never depend on scheduling.

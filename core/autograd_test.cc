@@ -124,6 +124,26 @@ TEST(AutogradTest, ParameterGradientsAccumulateIntoParameterGrad) {
   EXPECT_EQ(Value(w).autograd_meta(), Value(w).autograd_meta());
 }
 
+TEST(AutogradTest, AParameterGradientLandsAsSoonAsItsLastConsumerRan) {
+  ParameterPtr w = Parameter::Make(Vec({2}));
+  Node* accumulator = Value(w).autograd_meta()->node.get();  // made before every op below
+  std::vector<std::string> log;
+  backward_log = &log;
+  accumulator->AddPostHook([] {
+    Log("AccumulateGrad");
+    return absl::OkStatus();
+  });
+  Tensor x = Leaf(Vec({3}));
+  absl::StatusOr<Tensor> square = Mul(x, x, "Square");
+  absl::StatusOr<Tensor> scaled = Mul(w, Vec({5}), "Scaled");
+  absl::StatusOr<Tensor> loss = Sum(Add(square, scaled));
+  ASSERT_TRUE(loss.ok());
+  ASSERT_TRUE(Backward(*loss).ok());
+  backward_log = nullptr;
+  EXPECT_THAT(log, ElementsAre("Sum", "Add", "Scaled", "AccumulateGrad", "Square"));
+  EXPECT_THAT(w->grad.ToVector(), ElementsAre(5));
+}
+
 TEST(AutogradTest, ParameterWithoutRequiresGradIsNoLeaf) {
   ParameterPtr w = Parameter::Make(Vec({1}), /*requires_grad=*/false);
   EXPECT_FALSE(RequiresGrad(Value(w)));
