@@ -409,6 +409,7 @@ class GraphRun {
     if (n->run_id_ == run_id_) return;
     n->run_id_ = run_id_;
     n->dependencies_ = 0;
+    n->arrived_ = false;
     n->buffer_.assign(n->outputs_.size(), Tensor());
     visited_.push_back(n);
     stack_.push_back(n);
@@ -442,7 +443,7 @@ class GraphRun {
     for (const Tensor& g : grads) any = any || g.defined();
     std::vector<Tensor> out;
     if (any) {
-      for (size_t i = 0; i < grads.size(); ++i) {
+      for (size_t i = 0; i < grads.size() && n->materializes_grads(); ++i) {
         if (grads[i].defined()) continue;
         if (absl::Status s = ZerosLike(n->outputs_[i].shape, n->outputs_[i].device, &grads[i]);
             !s.ok()) {
@@ -478,6 +479,12 @@ class GraphRun {
           "'", from, "' passed a gradient ", g.ToString(), " to '", e.node->name(),
           "', whose tensor is ", ShapeToString(info.shape), " float32 on ",
           info.device.ToString()));
+    }
+    if (!e.node->arrived_) {
+      e.node->arrived_ = true;
+      for (Node::PostHook& hook : e.node->arrival_hooks_) {
+        if (absl::Status s = hook(); !s.ok()) return s;
+      }
     }
     Tensor& slot = e.node->buffer_[e.input_nr];
     if (!slot.defined()) {

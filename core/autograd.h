@@ -32,7 +32,9 @@
 //   and the bits never depend on scheduling.
 // - Gradients. A node's backward receives one gradient per output of its op; where no
 //   gradient arrived for an output the engine passes zeros (nodes of one output run only
-//   when a gradient arrived), and returns one gradient per input (undefined: none). Every
+//   when a gradient arrived; a node may take undefined ones instead:
+//   Node::materializes_grads), and returns one gradient per input (undefined: none, and a
+//   node that receives none at all is skipped). Every
 //   gradient is fp32, on the output's device, shaped like the tensor it belongs to
 //   (checked where it arrives: InvalidArgument naming the op).
 // - Saved tensors (SavedTensor) keep a handle without a record (no cycle through the node)
@@ -47,8 +49,9 @@
 // - Backward functions run with grad mode off (no higher-order gradients) and may add a
 //   parameter input's gradient into Parameter::grad themselves (BackwardContext::parameter):
 //   the fused layers' GEMMs accumulate with beta 1, as their hand-written backward did.
-// - Hooks. A node's pre-hooks run before its backward with the gradients it received and
-//   may replace them; its post-hooks run after it. Callbacks queued during a Backward
+// - Hooks. A node's arrival hooks run when the first gradient for it arrives; its pre-hooks
+//   run before its backward with the gradients it received and may replace them; its
+//   post-hooks run after it. Callbacks queued during a Backward
 //   (QueueBackwardCallback) run after the last node, in queue order: where FSDP's hooks
 //   ride (NOTE [Root unit] in fsdp/runtime.h).
 // - Cost. Recording an op is a few allocations (the node, its edges, its saved handles);
@@ -132,6 +135,9 @@ class Node {
   virtual std::string FirstSavedName() const { return ""; }
   // True for nodes that outlive a backward (leaf accumulators): never freed.
   virtual bool reusable() const { return false; }
+  // False for nodes whose Apply takes undefined gradients for outputs that received none
+  // (and passes undefined ones on: identity nodes); true (the default) gets zeros there.
+  virtual bool materializes_grads() const { return true; }
 
   int num_outputs() const { return static_cast<int>(outputs_.size()); }
   const std::vector<Edge>& next_edges() const { return next_edges_; }
@@ -143,6 +149,9 @@ class Node {
   using PostHook = std::function<absl::Status()>;
   void AddPreHook(PreHook hook) { pre_hooks_.push_back(std::move(hook)); }
   void AddPostHook(PostHook hook) { post_hooks_.push_back(std::move(hook)); }
+  // Runs when the first gradient for any output of the node arrives in a Backward (before
+  // the other consumers of its outputs have delivered theirs).
+  void AddArrivalHook(PostHook hook) { arrival_hooks_.push_back(std::move(hook)); }
 
  protected:
   // `outputs`: the op's outputs (their shapes and devices: zero gradients are made from
@@ -162,9 +171,11 @@ class Node {
   uint64_t sequence_nr_ = 0;
   std::vector<PreHook> pre_hooks_;
   std::vector<PostHook> post_hooks_;
+  std::vector<PostHook> arrival_hooks_;
   // Engine state during one Backward.
   uint64_t run_id_ = 0;
   int dependencies_ = 0;
+  bool arrived_ = false;
   std::vector<Tensor> buffer_;
   bool freed_ = false;
 };

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/param_init.h"
+#include "core/status_macros.h"
 
 namespace core {
 namespace internal {
@@ -122,18 +123,30 @@ Module::~Module() {
   }
 }
 
-absl::StatusOr<Tensor> Module::Forward(const Tensor& input) {
+absl::StatusOr<Tensor> Module::Forward(const Tensor& given) {
   if (!construction_error_.ok()) return OwnConstructionError(*this, construction_error_);
+  Tensors inputs = {given};
   for (const auto& hook : ForwardSnapshot(hooks_->forward_pre)) {
-    absl::Status s = hook(*this, input);
+    absl::Status s = hook(*this, inputs);
     if (!s.ok()) return s;
   }
-  absl::StatusOr<Tensor> output = ForwardImpl(input);
-  if (!output.ok()) return output.status();
+  if (inputs.size() != 1) {
+    return absl::InternalError(absl::StrCat(Describe(), ": a forward pre-hook left ",
+                                            inputs.size(), " inputs for a one-input module"));
+  }
+  const Tensor input = inputs[0];
+  absl::StatusOr<Tensor> impl = ForwardImpl(input);
+  if (!impl.ok()) return impl.status();
+  Tensors outputs = {*std::move(impl)};
   for (const auto& hook : ForwardSnapshot(hooks_->forward_post)) {
-    absl::Status s = hook(*this, input, *output);
+    absl::Status s = hook(*this, inputs, outputs);
     if (!s.ok()) return s;
   }
+  if (outputs.size() != 1) {
+    return absl::InternalError(absl::StrCat(Describe(), ": a forward post-hook left ",
+                                            outputs.size(), " outputs for a one-output module"));
+  }
+  Tensor output = outputs[0];
   if (!GradEnabled()) {
     // No Backward follows: what ForwardImpl cached for one is dead already, here and in
     // the children (those a parent ran fused, outside their own Forward, included), so a
@@ -148,10 +161,139 @@ absl::StatusOr<Tensor> Module::Forward(const Tensor& input) {
   return output;
 }
 
+namespace {
+
+// NOTE [Graph modules]: passes gradients through unchanged, undefined ones included (an
+// output nobody used costs its producers nothing).
+class IdentityNode : public Node {
+ public:
+  IdentityNode(std::string name, absl::Span<const Tensor> tensors)
+      : Node(tensors, tensors), name_(std::move(name)) {}
+  std::string name() const override { return name_; }
+  bool materializes_grads() const override { return false; }
+  absl::StatusOr<std::vector<Tensor>> Apply(std::vector<Tensor> grads) override {
+    return grads;
+  }
+
+ private:
+  std::string name_;
+};
+
+// New handles of the tensors of `tensors` that require gradients, all outputs of one identity
+// node named `name`, put in their places; the node, or null when none requires gradients.
+std::shared_ptr<Node> PassThroughIdentity(std::string name, Tensors& tensors) {
+  std::vector<Tensor> inputs;
+  std::vector<size_t> places;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!RequiresGrad(tensors[i])) continue;
+    inputs.push_back(tensors[i]);
+    places.push_back(i);
+  }
+  if (inputs.empty()) return nullptr;
+  auto node = std::make_shared<IdentityNode>(std::move(name), inputs);
+  for (size_t k = 0; k < places.size(); ++k) {
+    Tensor fresh = Detach(inputs[k]);
+    fresh.set_autograd_meta(std::make_shared<AutogradMeta>(node, static_cast<int>(k), false));
+    tensors[places[k]] = std::move(fresh);
+  }
+  return node;
+}
+
+}  // namespace
+
+absl::StatusOr<Tensors> Module::ForwardGraph(const Tensors&) {
+  return absl::UnimplementedError(absl::StrCat(
+      Describe(), " has a hand-written backward: call Forward and Backward, not Call"));
+}
+
+absl::StatusOr<Tensor> Module::ForwardImpl(const Tensor&) {
+  return absl::UnimplementedError(
+      absl::StrCat(Describe(), " is a graph module: call Call or CallOne, not Forward"));
+}
+
+absl::StatusOr<Tensor> Module::BackwardImpl(const Tensor&) {
+  return absl::UnimplementedError(absl::StrCat(
+      Describe(), " is a graph module: its backward is core::Backward on the graph"));
+}
+
+// Runs one kind of this module's backward hooks from the graph, if the module still exists.
+std::function<absl::Status()> Module::GraphHookRunner(bool post) {
+  std::weak_ptr<Module> weak = weak_from_this();
+  const bool owned = !weak.expired();
+  Module* raw = this;
+  return [weak, owned, raw, post]() -> absl::Status {
+    std::shared_ptr<Module> locked = weak.lock();
+    if (owned && locked == nullptr) return absl::OkStatus();  // the module is gone
+    Module& m = owned ? *locked : *raw;
+    if (post) {
+      for (const auto& hook : Snapshot(m.hooks_->backward_post)) RETURN_IF_ERROR(hook(m));
+    } else {
+      for (const auto& hook : Snapshot(m.hooks_->backward_pre)) RETURN_IF_ERROR(hook(m));
+    }
+    return absl::OkStatus();
+  };
+}
+
+absl::StatusOr<Tensors> Module::Call(const std::vector<Arg>& args) {
+  Tensors inputs;
+  inputs.reserve(args.size());
+  for (const Arg& a : args) {
+    RETURN_IF_ERROR(a.status());
+    inputs.push_back(a.tensor());
+  }
+  if (!construction_error_.ok()) return OwnConstructionError(*this, construction_error_);
+  if (checkpoint_activations_ && GradEnabled()) {
+    return absl::UnimplementedError(absl::StrCat(
+        Describe(), ": activation checkpointing (set_checkpoint_activations) covers modules "
+                    "with a hand-written backward only"));
+  }
+  for (const auto& hook : ForwardSnapshot(hooks_->forward_pre)) {
+    RETURN_IF_ERROR(hook(*this, inputs));
+  }
+  const bool place = GradEnabled() && !InRecompute() &&
+                     (!hooks_->backward_pre.empty() || !hooks_->backward_post.empty());
+  bool post_placed = false;
+  if (place && !hooks_->backward_post.empty()) {
+    std::shared_ptr<Node> node = PassThroughIdentity(absl::StrCat(Describe(), " inputs"), inputs);
+    if (node != nullptr) {
+      node->AddPostHook(GraphHookRunner(/*post=*/true));
+      post_placed = true;
+    }
+  }
+  ASSIGN_OR_RETURN(Tensors outputs, ForwardGraph(inputs));
+  for (const auto& hook : ForwardSnapshot(hooks_->forward_post)) {
+    RETURN_IF_ERROR(hook(*this, inputs, outputs));
+  }
+  if (place) {
+    std::shared_ptr<Node> node =
+        PassThroughIdentity(absl::StrCat(Describe(), " outputs"), outputs);
+    if (node != nullptr) {
+      std::function<absl::Status()> pre = GraphHookRunner(/*post=*/false);
+      std::function<absl::Status()> late_post;
+      if (!post_placed && !hooks_->backward_post.empty()) late_post = GraphHookRunner(true);
+      node->AddArrivalHook([pre, late_post]() -> absl::Status {
+        RETURN_IF_ERROR(pre());
+        if (late_post) RETURN_IF_ERROR(QueueBackwardCallback(late_post));
+        return absl::OkStatus();
+      });
+    }
+  }
+  return outputs;
+}
+
+absl::StatusOr<Tensor> Module::CallOne(const std::vector<Arg>& inputs) {
+  ASSIGN_OR_RETURN(Tensors outputs, Call(inputs));
+  if (outputs.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(Describe(), " returned ", outputs.size(),
+                                                   " outputs; CallOne needs exactly one"));
+  }
+  return outputs[0];
+}
+
 absl::StatusOr<Tensor> Module::Backward(const Tensor& grad_output) {
   if (!construction_error_.ok()) return OwnConstructionError(*this, construction_error_);
   for (const auto& hook : Snapshot(hooks_->backward_pre)) {
-    absl::Status s = hook(*this, grad_output);
+    absl::Status s = hook(*this);
     if (!s.ok()) return s;
   }
   if (awaiting_recompute_) {
@@ -170,7 +312,7 @@ absl::StatusOr<Tensor> Module::Backward(const Tensor& grad_output) {
   absl::StatusOr<Tensor> grad_input = BackwardImpl(grad_output);
   if (!grad_input.ok()) return grad_input.status();
   for (const auto& hook : Snapshot(hooks_->backward_post)) {
-    absl::Status s = hook(*this, grad_output, *grad_input);
+    absl::Status s = hook(*this);
     if (!s.ok()) return s;
   }
   return grad_input;

@@ -1,27 +1,59 @@
-// Module: the base of every layer and model. A non-virtual Forward/Backward runs the
-// registered hooks around the protected virtual ForwardImpl/BackwardImpl, so code that
-// needs to act before or after a module computes (FSDP's all-gathers and
-// reduce-scatters) does so without changing the module or inserting a wrapper.
+// Module: the base of every layer and model. Two kinds of module share it:
 //
-//   class Scale : public core::Module {
+// Graph modules (NOTE [Graph modules]) write only their forward, composed of differentiable
+// ops (nn/functional) and other modules, with any number of tensors in and out; the autograd
+// graph (core/autograd.h) differentiates it.
+//
+//   class Gate : public core::Module {
 //    public:
-//     Scale() { w_ = RegisterParameter("weight", core::Tensor::Zeros({1})); }
-//     std::string TypeName() const override { return "Scale"; }
+//     Gate() { w_ = RegisterParameter("weight", core::Tensor::Zeros({8, 8})); }
+//     std::string TypeName() const override { return "Gate"; }
 //    protected:
-//     absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
-//     absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_out) override;
+//     absl::StatusOr<core::Tensors> ForwardGraph(const core::Tensors& in) override {
+//       // in[0]: activations [N, 8]; in[1]: a mask [N, 8]
+//       absl::StatusOr<core::Tensor> y = F::Mul(F::Linear(in[0], w_), in[1]);
+//       RETURN_IF_ERROR(y.status());
+//       return core::Tensors{*y};
+//     }
 //    private:
 //     core::ParameterPtr w_;
 //   };
 //
+//   ASSIGN_OR_RETURN(core::Tensors out, gate->Call({x, mask}));
+//   ASSIGN_OR_RETURN(core::Tensor y, gate->CallOne({x, mask}));   // exactly one output
+//
+// Modules with a hand-written backward (the layers of nn/ today) take one tensor and return
+// one: a non-virtual Forward/Backward runs the hooks around the protected virtual
+// ForwardImpl/BackwardImpl, and a module caches what its backward needs during forward: call
+// Backward once after each Forward, with the gradient of that Forward's output. Children are
+// called through their public Forward/Backward so hooks fire at every level.
+//
+// Either kind runs the registered hooks, so code that acts before or after a module computes
+// (FSDP's all-gathers and reduce-scatters) does so without changing the module or inserting a
+// wrapper:
+//
 //   core::HookHandle h = module->RegisterForwardPreHook(
-//       [](core::Module& m, const core::Tensor& x) { return absl::OkStatus(); });
+//       [](core::Module& m, core::Tensors& inputs) { return absl::OkStatus(); });
 //   // The hook is removed when `h` is destroyed or h.Remove() is called.
 //
-// Children are called through their public Forward/Backward so hooks fire at every
-// level. A module caches what its backward needs during forward: call Backward once
-// after each Forward, with the gradient of that Forward's output.
-//
+// NOTE [Graph modules]: Call(inputs) runs the forward pre-hooks (they see the inputs and may
+// replace them), ForwardGraph, then the post-hooks (they see inputs and outputs and may
+// replace the outputs). With grad mode on, it also places the backward hooks on the graph, as
+// FSDP2 does:
+//   - the backward pre-hooks run when the first gradient of the call's outputs arrives in a
+//     Backward (an identity node over the outputs that require gradients, whose arrival hook
+//     runs them), so before any node of the module's backward;
+//   - the backward post-hooks run when the gradients of the call's inputs have been computed
+//     (an identity node over the inputs that require gradients, whose post-hook runs them):
+//     every node of the call has run by then, and since a leaf's accumulator runs as soon as
+//     its last consumer delivered (NOTE [Autograd]), so has every accumulator of the
+//     parameters the call used, whose gradients are then final as far as this call goes.
+//     Where no input requires gradients (token ids), they run once the Backward's last node
+//     has run (a callback queued by the pre-hook node).
+// Each call places its own nodes, so a module called twice in one forward (shared weights)
+// sees its backward hooks twice, once per call, in reverse call order. No nodes are placed
+// when the module has no backward hooks, under NoGradScope, or when no output requires
+// gradients.
 // NOTE [Activation checkpointing]: a module with set_checkpoint_activations(true) trades
 // compute for memory. Its Forward (with gradients enabled, outside a recompute) runs
 // the pre-hooks, ForwardImpl and the post-hooks as always, then drops what every module
@@ -66,12 +98,17 @@ namespace core {
 
 class Module;
 
-using ForwardPreHook = std::function<absl::Status(Module& module, const Tensor& input)>;
+// Tensors passed to or returned by a module.
+using Tensors = std::vector<Tensor>;
+
+// Forward hooks see the inputs (a hand-written module's one input as a Tensors of one) and
+// may replace them (pre) or the outputs (post). Backward hooks mark when a module's backward
+// begins (pre) and when its parameter gradients are final (post).
+using ForwardPreHook = std::function<absl::Status(Module& module, Tensors& inputs)>;
 using ForwardPostHook =
-    std::function<absl::Status(Module& module, const Tensor& input, Tensor& output)>;
-using BackwardPreHook = std::function<absl::Status(Module& module, const Tensor& grad_output)>;
-using BackwardPostHook = std::function<absl::Status(Module& module, const Tensor& grad_output,
-                                                    Tensor& grad_input)>;
+    std::function<absl::Status(Module& module, const Tensors& inputs, Tensors& outputs)>;
+using BackwardPreHook = std::function<absl::Status(Module& module)>;
+using BackwardPostHook = std::function<absl::Status(Module& module)>;
 
 namespace internal {
 struct HookLists;
@@ -126,8 +163,16 @@ class Module : public std::enable_shared_from_this<Module> {
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
-  // Runs forward pre-hooks (registration order), ForwardImpl, then post-hooks, which
-  // may replace the output. The first error stops the chain and is returned.
+  // NOTE [Graph modules]: a graph module's forward with its hooks. An Arg holding an error
+  // (an earlier op's) is returned unchanged. Unimplemented, naming the module, for a module
+  // with a hand-written backward (call Forward and Backward).
+  absl::StatusOr<Tensors> Call(const std::vector<Arg>& inputs);
+  // Call for a module of exactly one output (InvalidArgument naming the module otherwise).
+  absl::StatusOr<Tensor> CallOne(const std::vector<Arg>& inputs);
+
+  // A hand-written module's forward: runs forward pre-hooks (registration order),
+  // ForwardImpl, then post-hooks, which may replace the output. The first error stops the
+  // chain and is returned. Unimplemented, naming the module, for a graph module.
   absl::StatusOr<Tensor> Forward(const Tensor& input);
 
   // Runs backward pre-hooks, BackwardImpl (which adds parameter gradients into
@@ -198,8 +243,15 @@ class Module : public std::enable_shared_from_this<Module> {
   absl::Status ConstructionStatus() const;
 
  protected:
-  virtual absl::StatusOr<Tensor> ForwardImpl(const Tensor& input) = 0;
-  virtual absl::StatusOr<Tensor> BackwardImpl(const Tensor& grad_output) = 0;
+  // A graph module's forward (NOTE [Graph modules]): outputs from inputs, through
+  // differentiable ops and children's Call. The default is Unimplemented (a hand-written
+  // module).
+  virtual absl::StatusOr<Tensors> ForwardGraph(const Tensors& inputs);
+
+  // A hand-written module's forward and backward. The defaults are Unimplemented (a graph
+  // module).
+  virtual absl::StatusOr<Tensor> ForwardImpl(const Tensor& input);
+  virtual absl::StatusOr<Tensor> BackwardImpl(const Tensor& grad_output);
 
   // Drops this module's own cached activations (not its children's); called by
   // DropActivations. The default holds nothing. A module that does not override it is
@@ -230,6 +282,8 @@ class Module : public std::enable_shared_from_this<Module> {
 
  private:
   void AddChild(const std::string& name, std::shared_ptr<Module> module);
+  // NOTE [Graph modules]: runs this module's backward pre- or post-hooks from the graph.
+  std::function<absl::Status()> GraphHookRunner(bool post);
   // This module and every descendant, pre-order, each once (no shared_from_this, so it
   // also works during construction and for modules not owned by a shared_ptr).
   std::vector<Module*> Subtree() const;

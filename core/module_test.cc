@@ -153,7 +153,13 @@ TEST(ModuleTest, HooksRunInOrderAroundImplAtEveryLevel) {
   auto root = std::make_shared<Chain>(a, b);
   std::vector<std::string> events;
   auto record = [&events](std::string tag) {
-    return [&events, tag](Module& m, const Tensor&) {
+    return [&events, tag](Module& m, Tensors&) {
+      events.push_back(tag + ":" + m.Path());
+      return absl::OkStatus();
+    };
+  };
+  auto record_backward = [&events](std::string tag) {
+    return [&events, tag](Module& m) {
       events.push_back(tag + ":" + m.Path());
       return absl::OkStatus();
     };
@@ -163,16 +169,12 @@ TEST(ModuleTest, HooksRunInOrderAroundImplAtEveryLevel) {
                     static_cast<Module*>(b.get())}) {
     handles.push_back(m->RegisterForwardPreHook(record("fpre")));
     handles.push_back(m->RegisterForwardPostHook(
-        [&events](Module& m, const Tensor&, Tensor&) {
+        [&events](Module& m, const Tensors&, Tensors&) {
           events.push_back("fpost:" + m.Path());
           return absl::OkStatus();
         }));
-    handles.push_back(m->RegisterBackwardPreHook(record("bpre")));
-    handles.push_back(m->RegisterBackwardPostHook(
-        [&events](Module& m, const Tensor&, Tensor&) {
-          events.push_back("bpost:" + m.Path());
-          return absl::OkStatus();
-        }));
+    handles.push_back(m->RegisterBackwardPreHook(record_backward("bpre")));
+    handles.push_back(m->RegisterBackwardPostHook(record_backward("bpost")));
   }
   Tensor x = Tensor::FromVector({1.0f, 2.0f}, {2}).value();
   Tensor y = root->Forward(x).value();
@@ -190,7 +192,7 @@ TEST(ModuleTest, HandleRemovesHookAndSurvivesModule) {
   auto a = std::make_shared<Scale>(2.0f);
   int calls = 0;
   {
-    HookHandle h = a->RegisterForwardPreHook([&](Module&, const Tensor&) {
+    HookHandle h = a->RegisterForwardPreHook([&](Module&, Tensors&) {
       ++calls;
       return absl::OkStatus();
     });
@@ -204,7 +206,7 @@ TEST(ModuleTest, HandleRemovesHookAndSurvivesModule) {
 
   HookHandle moved;
   {
-    HookHandle h = a->RegisterBackwardPreHook([](Module&, const Tensor&) { return absl::OkStatus(); });
+    HookHandle h = a->RegisterBackwardPreHook([](Module&) { return absl::OkStatus(); });
     moved = std::move(h);
   }
   EXPECT_TRUE(moved.active());
@@ -216,10 +218,10 @@ TEST(ModuleTest, HandleRemovesHookAndSurvivesModule) {
 TEST(ModuleTest, HookErrorStopsForwardAndIsReturned) {
   auto a = std::make_shared<Scale>(2.0f);
   bool impl_ran_post = false;
-  HookHandle pre = a->RegisterForwardPreHook([](Module& m, const Tensor&) {
+  HookHandle pre = a->RegisterForwardPreHook([](Module& m, Tensors&) {
     return absl::FailedPreconditionError("no group for " + m.Describe());
   });
-  HookHandle post = a->RegisterForwardPostHook([&](Module&, const Tensor&, Tensor&) {
+  HookHandle post = a->RegisterForwardPostHook([&](Module&, const Tensors&, Tensors&) {
     impl_ran_post = true;
     return absl::OkStatus();
   });
@@ -231,8 +233,8 @@ TEST(ModuleTest, HookErrorStopsForwardAndIsReturned) {
 
 TEST(ModuleTest, PostHookMayReplaceOutput) {
   auto a = std::make_shared<Scale>(2.0f);
-  HookHandle post = a->RegisterForwardPostHook([](Module&, const Tensor&, Tensor& out) {
-    out = Tensor::FromVector({42.0f}, {1}).value();
+  HookHandle post = a->RegisterForwardPostHook([](Module&, const Tensors&, Tensors& out) {
+    out[0] = Tensor::FromVector({42.0f}, {1}).value();
     return absl::OkStatus();
   });
   EXPECT_EQ(a->Forward(Tensor::Zeros({1})).value().ToVector(), std::vector<float>{42.0f});
@@ -300,22 +302,22 @@ TEST(ModuleCheckpointTest, UserHooksFireOncePerPassRecomputeHooksAlsoInTheRecomp
   auto chain = std::make_shared<Chain>(a, b);
   chain->set_checkpoint_activations(true);
   int user_pre = 0, user_post = 0, chain_pre = 0, recompute_pre = 0, recompute_seen = 0;
-  HookHandle h1 = a->RegisterForwardPreHook([&](Module&, const Tensor&) {
+  HookHandle h1 = a->RegisterForwardPreHook([&](Module&, Tensors&) {
     ++user_pre;
     return absl::OkStatus();
   });
-  HookHandle h2 = a->RegisterForwardPostHook([&](Module&, const Tensor&, Tensor&) {
+  HookHandle h2 = a->RegisterForwardPostHook([&](Module&, const Tensors&, Tensors&) {
     ++user_post;
     return absl::OkStatus();
   });
   HookHandle h3 = chain->RegisterForwardPreHook(
-      [&](Module&, const Tensor&) {
+      [&](Module&, Tensors&) {
         ++chain_pre;
         return absl::OkStatus();
       },
       HookOptions{.run_in_recompute = true});
   HookHandle h4 = b->RegisterForwardPreHook(
-      [&](Module&, const Tensor&) {
+      [&](Module&, Tensors&) {
         ++recompute_pre;
         if (InRecompute()) ++recompute_seen;
         return absl::OkStatus();

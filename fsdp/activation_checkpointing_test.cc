@@ -112,7 +112,7 @@ absl::StatusOr<StepRecord> RecordStep(const FullyShardOptions& options) {
     ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, options, &registry));
     int hooks = 0;
     core::HookHandle hook = std::static_pointer_cast<nn::TransformerBlock>((*gpt->blocks())[0])->attn()->RegisterForwardPreHook(
-        [&hooks](core::Module&, const core::Tensor&) {
+        [&hooks](core::Module&, core::Tensors&) {
           ++hooks;
           return absl::OkStatus();
         });

@@ -318,7 +318,7 @@ TEST(FsdpDeviceMixedPrecisionTest, LayersSeeBf16ViewsOfTheGatheredBufferAndGradi
     int checked = 0;
     absl::Status seen;
     core::HookHandle hook = module->RegisterForwardPreHook(
-        [&](core::Module& m, const core::Tensor&) -> absl::Status {
+        [&](core::Module& m, core::Tensors&) -> absl::Status {
           for (const core::ParameterPtr& p : m.Parameters()) {
             if (p->data.dtype() != core::DType::kBFloat16 || !p->data.device().is_cuda() ||
                 !p->data.SharesStorage(block->flat().full())) {

@@ -51,19 +51,17 @@ absl::Status Runtime::Attach(const std::shared_ptr<Unit>& unit) {
   // NOTE [Recompute] in runtime.h: the forward hooks also run in a recompute.
   const core::HookOptions in_recompute{.run_in_recompute = true};
   hooks.push_back(module->RegisterForwardPreHook(
-      [call](core::Module&, const core::Tensor&) { return call(&Runtime::ForwardPre); },
+      [call](core::Module&, core::Tensors&) { return call(&Runtime::ForwardPre); },
       in_recompute));
   hooks.push_back(module->RegisterForwardPostHook(
-      [call](core::Module&, const core::Tensor&, core::Tensor&) {
+      [call](core::Module&, const core::Tensors&, core::Tensors&) {
         return call(&Runtime::ForwardPost);
       },
       in_recompute));
   hooks.push_back(module->RegisterBackwardPreHook(
-      [call](core::Module&, const core::Tensor&) { return call(&Runtime::BackwardPre); }));
+      [call](core::Module&) { return call(&Runtime::BackwardPre); }));
   hooks.push_back(module->RegisterBackwardPostHook(
-      [call](core::Module&, const core::Tensor&, core::Tensor&) {
-        return call(&Runtime::BackwardPost);
-      }));
+      [call](core::Module&) { return call(&Runtime::BackwardPost); }));
   unit->set_hooks(std::move(hooks));
   attached_.erase(std::remove_if(attached_.begin(), attached_.end(),
                                  [](const std::weak_ptr<Unit>& u) { return u.expired(); }),

@@ -261,7 +261,7 @@ TEST(AttentionTest, ABf16GradientGivesTheBitsOfItsFp32OriginalUnderBf16Weights) 
   }
   // A hook on proj could observe the gradient it receives: fp32 only then.
   const core::HookHandle hook = attn.proj()->RegisterBackwardPreHook(
-      [](core::Module&, const core::Tensor&) { return absl::OkStatus(); });
+      [](core::Module&) { return absl::OkStatus(); });
   ASSERT_TRUE(attn.Forward(x).ok());
   EXPECT_EQ(attn.GradOutputDType(), core::DType::kFloat32);
   const absl::Status s = attn.Backward(g16).status();

@@ -202,7 +202,7 @@ TEST(GptTest, TiedWeightAccumulatesBothUses) {
   // Snapshot the tied grad right after lm_head's backward: that is lm_head's share.
   std::vector<float> head_part;
   core::HookHandle h = gpt->lm_head()->RegisterBackwardPostHook(
-      [&](core::Module&, const core::Tensor&, core::Tensor&) {
+      [&](core::Module&) {
         head_part = gpt->wte()->weight()->grad.ToVector();
         return absl::OkStatus();
       });

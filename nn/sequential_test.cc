@@ -47,7 +47,7 @@ TEST(SequentialTest, BackwardRunsInReverseAndMatchesFiniteDifferences) {
   std::vector<std::string> order;
   std::vector<core::HookHandle> hooks;
   for (const auto& m : seq->modules()) {
-    hooks.push_back(m->RegisterBackwardPreHook([&order](core::Module& mod, const core::Tensor&) {
+    hooks.push_back(m->RegisterBackwardPreHook([&order](core::Module& mod) {
       order.push_back(mod.Path());
       return absl::OkStatus();
     }));

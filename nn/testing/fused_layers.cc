@@ -11,7 +11,7 @@ namespace nn {
 namespace fused_layers {
 
 core::HookHandle CountingHook(core::Module& m, int* calls) {
-  return m.RegisterForwardPreHook([calls](core::Module&, const core::Tensor&) {
+  return m.RegisterForwardPreHook([calls](core::Module&, core::Tensors&) {
     ++*calls;
     return absl::OkStatus();
   });
