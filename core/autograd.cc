@@ -1,5 +1,6 @@
 #include "core/autograd.h"
 
+#include <algorithm>
 #include <atomic>
 #include <limits>
 #include <queue>
@@ -132,6 +133,9 @@ struct ByHighestSequence {
 };
 
 thread_local std::vector<std::function<absl::Status()>>* running_callbacks = nullptr;
+// The runs in progress on this thread, outermost first (a Backward inside a node's backward:
+// a checkpointed module's recompute).
+thread_local std::vector<uint64_t> active_runs;
 
 absl::Status ZerosLike(const Shape& shape, Device device, Tensor* out) {
   absl::StatusOr<Tensor> z =
@@ -147,6 +151,8 @@ absl::Status ZerosLike(const Shape& shape, Device device, Tensor* out) {
 bool GradEnabled() { return grad_enabled; }
 NoGradScope::NoGradScope() : previous_(grad_enabled) { grad_enabled = false; }
 NoGradScope::~NoGradScope() { grad_enabled = previous_; }
+EnableGradScope::EnableGradScope() : previous_(grad_enabled) { grad_enabled = true; }
+EnableGradScope::~EnableGradScope() { grad_enabled = previous_; }
 
 Node::Node(absl::Span<const Tensor> outputs, absl::Span<const Tensor> inputs)
     : sequence_nr_(next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {
@@ -361,10 +367,21 @@ absl::Status AddInto(const Tensor& dst, const Tensor& src) { return AddTensors(d
 class GraphRun {
  public:
   explicit GraphRun(const BackwardOptions& options)
-      : options_(options), run_id_(next_run_id.fetch_add(1, std::memory_order_relaxed)) {}
+      : options_(options), run_id_(next_run_id.fetch_add(1, std::memory_order_relaxed)) {
+    active_runs.push_back(run_id_);
+  }
 
   ~GraphRun() {
     for (Node* n : visited_) n->buffer_.clear();
+    // A node an enclosing run is still counting (a parameter's accumulator reached again by a
+    // checkpointed module's recompute) gets that run's state back.
+    for (Stashed& s : stashed_) {
+      s.node->run_id_ = s.run_id;
+      s.node->dependencies_ = s.dependencies;
+      s.node->arrived_ = s.arrived;
+      s.node->buffer_ = std::move(s.buffer);
+    }
+    active_runs.pop_back();
   }
 
   absl::Status Run(absl::Span<const Edge> roots, absl::Span<const Tensor> seeds) {
@@ -407,6 +424,10 @@ class GraphRun {
  private:
   void Visit(Node* n) {
     if (n->run_id_ == run_id_) return;
+    if (std::find(active_runs.begin(), active_runs.end(), n->run_id_) != active_runs.end()) {
+      stashed_.push_back(
+          Stashed{n, n->run_id_, n->dependencies_, n->arrived_, std::move(n->buffer_)});
+    }
     n->run_id_ = run_id_;
     n->dependencies_ = 0;
     n->arrived_ = false;
@@ -500,8 +521,18 @@ class GraphRun {
     return absl::OkStatus();
   }
 
+  // An enclosing run's state of a node this run also reaches.
+  struct Stashed {
+    Node* node;
+    uint64_t run_id;
+    int dependencies;
+    bool arrived;
+    std::vector<Tensor> buffer;
+  };
+
   BackwardOptions options_;
   uint64_t run_id_;
+  std::vector<Stashed> stashed_;
   std::vector<Node*> visited_;
   std::vector<Node*> stack_;
   std::priority_queue<Node*, std::vector<Node*>, ByHighestSequence> ready_;

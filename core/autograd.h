@@ -92,6 +92,19 @@ class NoGradScope {
   bool previous_;
 };
 
+// Turns grad mode on on this thread while it lives (inside a backward, where it is off: a
+// checkpointed module's recompute). Nestable.
+class EnableGradScope {
+ public:
+  EnableGradScope();
+  ~EnableGradScope();
+  EnableGradScope(const EnableGradScope&) = delete;
+  EnableGradScope& operator=(const EnableGradScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
 class Node;
 
 // Where a gradient goes: gradient input `input_nr` of `node` (the node's output of that

@@ -209,14 +209,134 @@ TEST(GraphModuleTest, EachKindRefusesTheOthersEntryPoints) {
   absl::StatusOr<Tensors> out = id->Call({Vec({1})});
   EXPECT_EQ(out.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(out.status().message(), HasSubstr("hand-written backward"));
-  gate->set_checkpoint_activations(true);
-  EXPECT_EQ(gate->Call({Vec({1}), Vec({1})}).status().code(), absl::StatusCode::kUnimplemented);
 }
 
 TEST(GraphModuleTest, AnErrorArgumentIsReturnedUnchanged) {
   auto gate = std::make_shared<Gate>(std::vector<float>{2});
   absl::StatusOr<Tensor> bad = absl::InvalidArgumentError("Embedding: id 9 out of range");
   EXPECT_EQ(gate->Call({bad, Vec({1})}).status(), bad.status());
+}
+
+// Two gates in a row sharing the mask; `second` may be checkpointed. The weight of the gate
+// inside `second` is also used outside it, after it (a tied weight).
+class TwoGates : public Module {
+ public:
+  TwoGates() {
+    first_ = RegisterModule("first", std::make_shared<Gate>(std::vector<float>{2, -1, 3}));
+    second_ = RegisterModule("second", std::make_shared<Twice>(
+                                           std::make_shared<Gate>(std::vector<float>{0.5, 4, 1})));
+  }
+  std::string TypeName() const override { return "TwoGates"; }
+  const std::shared_ptr<Gate>& first() const { return first_; }
+  const std::shared_ptr<Twice>& second() const { return second_; }
+
+ protected:
+  absl::StatusOr<Tensors> ForwardGraph(const Tensors& in) override {
+    ASSIGN_OR_RETURN(Tensors a, first_->Call({in[0], in[1]}));
+    ASSIGN_OR_RETURN(Tensors b, second_->Call({a[0], in[1]}));
+    const ParameterPtr& inner = second_->NamedChildren()[0].second->OwnParameters()[0].second;
+    ASSIGN_OR_RETURN(Tensor tied, Mul(b[0], inner, "Tied"));
+    ASSIGN_OR_RETURN(Tensor loss, Add(Sum(tied), Add(a[1], b[1])));
+    return Tensors{loss};
+  }
+
+ private:
+  std::shared_ptr<Gate> first_;
+  std::shared_ptr<Twice> second_;
+};
+
+struct Grads {
+  std::vector<float> x, first, second;
+};
+
+Grads RunTwoGates(TwoGates& model) {
+  model.ZeroGrad(/*set_to_none=*/true);
+  Tensor x = Leaf(Vec({1, -2, 0.5}));
+  absl::StatusOr<Tensor> loss = model.CallOne({x, Vec({1, 1, 0})});
+  EXPECT_TRUE(loss.ok()) << loss.status();
+  EXPECT_TRUE(Backward(*loss).ok());
+  return Grads{LeafGrad(x).ToVector(), model.first()->weight()->grad.ToVector(),
+               model.Parameters()[1]->grad.ToVector()};
+}
+
+TEST(GraphModuleCheckpointTest, GradientsAreTheBitsOfThePlainRun) {
+  auto model = std::make_shared<TwoGates>();
+  const Grads plain = RunTwoGates(*model);
+  model->second()->set_checkpoint_activations(true);
+  const Grads checkpointed = RunTwoGates(*model);
+  EXPECT_EQ(plain.x, checkpointed.x);
+  EXPECT_EQ(plain.first, checkpointed.first);
+  EXPECT_EQ(plain.second, checkpointed.second);  // also used after the checkpointed module
+  EXPECT_NE(plain.second, std::vector<float>(3, 0.0f));
+}
+
+TEST(GraphModuleCheckpointTest, TheForwardKeepsOnlyTheInputsAndOneNode) {
+  auto model = std::make_shared<TwoGates>();
+  model->second()->set_checkpoint_activations(true);
+  Tensor x = Leaf(Vec({1, -2, 0.5}));
+  absl::StatusOr<Tensors> b = model->second()->Call({x, Vec({1, 1, 0})});
+  ASSERT_TRUE(b.ok()) << b.status();
+  const Node* node = (*b)[0].autograd_meta()->node.get();
+  EXPECT_EQ(node->name(), "Checkpoint second (Twice)");
+  EXPECT_EQ((*b)[1].autograd_meta()->node.get(), node);  // one node for both outputs
+  // Its edges: the input x, the mask (no gradient), and the inner gate's weight.
+  ASSERT_EQ(node->next_edges().size(), 3u);
+  EXPECT_EQ(node->next_edges()[1].node, nullptr);
+}
+
+TEST(GraphModuleCheckpointTest, HooksInTheRecompute) {
+  auto model = std::make_shared<TwoGates>();
+  model->second()->set_checkpoint_activations(true);
+  Module& inner = *model->second()->NamedChildren()[0].second;
+  int user_forward = 0, recompute_forward = 0, seen_in_recompute = 0, backward_pre = 0;
+  HookHandle h1 = inner.RegisterForwardPreHook([&](Module&, Tensors&) {
+    ++user_forward;
+    return absl::OkStatus();
+  });
+  HookHandle h2 = inner.RegisterForwardPreHook(
+      [&](Module&, Tensors&) {
+        ++recompute_forward;
+        if (InRecompute()) ++seen_in_recompute;
+        return absl::OkStatus();
+      },
+      HookOptions{.run_in_recompute = true});
+  HookHandle h3 = inner.RegisterBackwardPreHook([&](Module&) {
+    ++backward_pre;
+    return absl::OkStatus();
+  });
+  RunTwoGates(*model);
+  EXPECT_EQ(user_forward, 2);       // the gate is called twice, once per call in the forward
+  EXPECT_EQ(recompute_forward, 4);  // and again in the recompute
+  EXPECT_EQ(seen_in_recompute, 2);
+  EXPECT_EQ(backward_pre, 2);  // its backward runs once per call, inside the recompute's
+  EXPECT_FALSE(InRecompute());
+  EXPECT_TRUE(GradEnabled());
+}
+
+TEST(GraphModuleCheckpointTest, AnInputWrittenBeforeTheBackwardIsCaught) {
+  auto model = std::make_shared<TwoGates>();
+  model->second()->set_checkpoint_activations(true);
+  Tensor x = Leaf(Vec({1, -2, 0.5}));
+  absl::StatusOr<Tensors> a = model->first()->Call({x, Vec({1, 1, 0})});
+  ASSERT_TRUE(a.ok());
+  absl::StatusOr<Tensors> b = model->second()->Call({(*a)[0], Vec({1, 1, 0})});
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE((*a)[0].CopyFrom(Vec({0, 0, 0})).ok());
+  absl::StatusOr<Tensor> loss = Sum((*b)[0]);
+  ASSERT_TRUE(loss.ok());
+  absl::Status s = Backward(*loss);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("Checkpoint second (Twice)"));
+  EXPECT_THAT(s.message(), HasSubstr("modified in place"));
+}
+
+TEST(GraphModuleCheckpointTest, UnderNoGradScopeItRunsPlain) {
+  auto model = std::make_shared<TwoGates>();
+  model->second()->set_checkpoint_activations(true);
+  NoGradScope no_grad;
+  absl::StatusOr<Tensor> loss = model->CallOne({Leaf(Vec({1, -2, 0.5})), Vec({1, 1, 0})});
+  ASSERT_TRUE(loss.ok());
+  EXPECT_FALSE(RequiresGrad(*loss));
 }
 
 }  // namespace

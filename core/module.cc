@@ -242,16 +242,11 @@ absl::StatusOr<Tensors> Module::Call(const std::vector<Arg>& args) {
     inputs.push_back(a.tensor());
   }
   if (!construction_error_.ok()) return OwnConstructionError(*this, construction_error_);
-  if (checkpoint_activations_ && GradEnabled()) {
-    return absl::UnimplementedError(absl::StrCat(
-        Describe(), ": activation checkpointing (set_checkpoint_activations) covers modules "
-                    "with a hand-written backward only"));
-  }
   for (const auto& hook : ForwardSnapshot(hooks_->forward_pre)) {
     RETURN_IF_ERROR(hook(*this, inputs));
   }
-  const bool place = GradEnabled() && !InRecompute() &&
-                     (!hooks_->backward_pre.empty() || !hooks_->backward_post.empty());
+  const bool place =
+      GradEnabled() && (!hooks_->backward_pre.empty() || !hooks_->backward_post.empty());
   bool post_placed = false;
   if (place && !hooks_->backward_post.empty()) {
     std::shared_ptr<Node> node = PassThroughIdentity(absl::StrCat(Describe(), " inputs"), inputs);
@@ -260,7 +255,9 @@ absl::StatusOr<Tensors> Module::Call(const std::vector<Arg>& args) {
       post_placed = true;
     }
   }
-  ASSIGN_OR_RETURN(Tensors outputs, ForwardGraph(inputs));
+  const bool checkpoint = checkpoint_activations_ && GradEnabled() && !InRecompute();
+  ASSIGN_OR_RETURN(Tensors outputs,
+                   checkpoint ? CheckpointedForward(inputs) : ForwardGraph(inputs));
   for (const auto& hook : ForwardSnapshot(hooks_->forward_post)) {
     RETURN_IF_ERROR(hook(*this, inputs, outputs));
   }
@@ -278,6 +275,72 @@ absl::StatusOr<Tensors> Module::Call(const std::vector<Arg>& args) {
       });
     }
   }
+  return outputs;
+}
+
+absl::StatusOr<Tensors> Module::CheckpointedForward(const Tensors& inputs) {
+  Tensors outputs;
+  {
+    NoGradScope no_graph;
+    ASSIGN_OR_RETURN(outputs, ForwardGraph(inputs));
+  }
+  // The node's inputs: the call's, then every parameter of the subtree that takes a
+  // gradient (edges to their accumulators, which then run after the recompute's Backward
+  // has added into them).
+  std::vector<Tensor> edges = inputs;
+  std::vector<bool> needs;
+  for (const Tensor& t : inputs) needs.push_back(RequiresGrad(t));
+  for (const ParameterPtr& p : Parameters()) {
+    if (p->requires_grad) edges.push_back(Value(p));
+  }
+  std::vector<Tensor*> recorded;
+  for (Tensor& t : outputs) {
+    if (t.defined() && t.dtype() != DType::kInt32) recorded.push_back(&t);
+  }
+  std::weak_ptr<Module> weak = weak_from_this();
+  const bool owned = !weak.expired();
+  Module* raw = this;
+  const size_t num_edges = edges.size();
+  BackwardFn recompute = [weak, owned, raw, needs, num_edges](
+                             const BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
+    std::shared_ptr<Module> locked = weak.lock();
+    if (owned && locked == nullptr) {
+      return absl::FailedPreconditionError("the checkpointed module no longer exists");
+    }
+    Module& m = owned ? *locked : *raw;
+    Tensors leaves;
+    for (size_t i = 0; i < needs.size(); ++i) {
+      leaves.push_back(needs[i] ? Leaf(ctx.saved(static_cast<int>(i)))
+                                : ctx.saved(static_cast<int>(i)));
+    }
+    EnableGradScope grad_on;
+    RecomputeScope recomputing;
+    absl::StatusOr<Tensors> again = m.ForwardGraph(leaves);
+    if (!again.ok()) {
+      return absl::Status(again.status().code(),
+                          absl::StrCat(m.Describe(), ": recomputing the checkpointed forward: ",
+                                       again.status().message()));
+    }
+    std::vector<Tensor> roots, seeds;
+    int k = 0;
+    for (const Tensor& t : *again) {
+      if (!t.defined() || t.dtype() == DType::kInt32) continue;
+      if (RequiresGrad(t)) {
+        roots.push_back(t);
+        seeds.push_back(ctx.grad(k));
+      }
+      ++k;
+    }
+    if (!roots.empty()) RETURN_IF_ERROR(core::Backward(roots, seeds));
+    std::vector<Tensor> grads(num_edges);
+    for (size_t i = 0; i < needs.size(); ++i) {
+      if (needs[i]) grads[i] = LeafGrad(leaves[i]);
+    }
+    return grads;  // the parameters' gradients are in Parameter::grad already
+  };
+  std::vector<Tensor> saved(inputs.begin(), inputs.end());
+  RETURN_IF_ERROR(RecordFunction(absl::StrCat("Checkpoint ", Describe()), edges, recorded,
+                                 std::move(saved), std::move(recompute)));
   return outputs;
 }
 

@@ -54,6 +54,14 @@
 // sees its backward hooks twice, once per call, in reverse call order. No nodes are placed
 // when the module has no backward hooks, under NoGradScope, or when no output requires
 // gradients.
+// A checkpointed graph module (set_checkpoint_activations) runs ForwardGraph without a graph
+// and records one node ("Checkpoint <Describe()>") over its inputs (saved, version-checked)
+// and its subtree's parameters. Its backward, which runs after the module's backward
+// pre-hooks, calls ForwardGraph again on the saved inputs with grad mode on and
+// InRecompute() true (the module's own forward hooks do not run; a descendant's run only if
+// registered with HookOptions::run_in_recompute, and its backward hooks are placed as
+// usual), then a nested Backward through that graph, which adds the parameters' gradients
+// into Parameter::grad and gives the inputs' gradients: the bits of the plain run.
 // NOTE [Activation checkpointing]: a module with set_checkpoint_activations(true) trades
 // compute for memory. Its Forward (with gradients enabled, outside a recompute) runs
 // the pre-hooks, ForwardImpl and the post-hooks as always, then drops what every module
@@ -284,6 +292,9 @@ class Module : public std::enable_shared_from_this<Module> {
   void AddChild(const std::string& name, std::shared_ptr<Module> module);
   // NOTE [Graph modules]: runs this module's backward pre- or post-hooks from the graph.
   std::function<absl::Status()> GraphHookRunner(bool post);
+  // NOTE [Activation checkpointing] of a graph module: ForwardGraph without a graph, and one
+  // node that recomputes it in the backward.
+  absl::StatusOr<Tensors> CheckpointedForward(const Tensors& inputs);
   // This module and every descendant, pre-order, each once (no shared_from_this, so it
   // also works during construction and for modules not owned by a shared_ptr).
   std::vector<Module*> Subtree() const;
