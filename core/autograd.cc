@@ -45,11 +45,19 @@ class AccumulateGrad : public Node {
     if (is_parameter_) {
       std::shared_ptr<Parameter> p = parameter_.lock();
       if (p == nullptr) return std::vector<Tensor>{};  // the parameter is gone
-      if (absl::Status s = p->EnsureGrad(); !s.ok()) {
+      if (!p->grad.defined()) {
+        // Gradients are fp32, also of bf16 data.
+        absl::StatusOr<Tensor> copy = g.To(g.device(), MemoryTag::kGrad);
+        if (!copy.ok()) return copy.status();
+        absl::StatusOr<Tensor> shaped = copy->Reshape(p->data.shape());
+        if (!shaped.ok()) return shaped.status();
+        p->grad = *std::move(shaped);
+        return std::vector<Tensor>{};
+      }
+      if (absl::Status s = AddInto(p->grad, g); !s.ok()) {
         return absl::Status(s.code(), absl::StrCat("parameter ", p->data.ToString(), ": ",
                                                    s.message()));
       }
-      if (absl::Status s = AddInto(p->grad, g); !s.ok()) return s;
       return std::vector<Tensor>{};
     }
     if (!grad_.defined()) {

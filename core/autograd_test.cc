@@ -81,6 +81,23 @@ TEST(AutogradTest, AParameterGradientLandsAsSoonAsItsLastConsumerRan) {
   EXPECT_THAT(w->grad.ToVector(), ElementsAre(5));
 }
 
+TEST(AutogradTest, AParameterGradientIsFp32AlsoForBf16Data) {
+  ParameterPtr w =
+      Parameter::Make(Vec({1, 2}).ToDType(DType::kBFloat16, MemoryTag::kParam).value());
+  Tensor y = Tensor::Zeros({2});
+  ASSERT_TRUE(RecordFunction("UseW", {Value(w)}, {&y}, {},
+                             [](const BackwardContext& ctx)
+                                 -> absl::StatusOr<std::vector<Tensor>> {
+                               return std::vector<Tensor>{ctx.grad(0)};
+                             })
+                  .ok());
+  ASSERT_TRUE(Backward({y}, {Vec({0.5, -3})}).ok());
+  EXPECT_EQ(w->grad.dtype(), DType::kFloat32);
+  EXPECT_EQ(w->grad.storage()->tag(), MemoryTag::kGrad);
+  ASSERT_TRUE(Backward({y}, {Vec({1, 1})}).code() == absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(w->grad.ToVector(), ElementsAre(0.5, -3));
+}
+
 TEST(AutogradTest, ParameterWithoutRequiresGradIsNoLeaf) {
   ParameterPtr w = Parameter::Make(Vec({1}), /*requires_grad=*/false);
   EXPECT_FALSE(RequiresGrad(Value(w)));
