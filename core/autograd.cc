@@ -55,8 +55,8 @@ class AccumulateGrad : public Node {
         return std::vector<Tensor>{};
       }
       if (absl::Status s = AddInto(p->grad, g); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat("parameter ", p->data.ToString(), ": ",
-                                                   s.message()));
+        return absl::Status(s.code(),
+                            absl::StrCat("parameter ", p->data.ToString(), ": ", s.message()));
       }
       return std::vector<Tensor>{};
     }
@@ -83,9 +83,8 @@ class AccumulateGrad : public Node {
 // RecordFunction's node.
 class FunctionNode : public Node {
  public:
-  FunctionNode(std::string name, absl::Span<const Tensor> outputs,
-               absl::Span<const Tensor> inputs, std::vector<Tensor> saved,
-               std::vector<std::string> saved_names, BackwardFn backward)
+  FunctionNode(std::string name, absl::Span<const Tensor> outputs, absl::Span<const Tensor> inputs,
+               std::vector<Tensor> saved, std::vector<std::string> saved_names, BackwardFn backward)
       : Node(outputs, inputs),
         name_(std::move(name)),
         saved_names_(std::move(saved_names)),
@@ -109,8 +108,7 @@ class FunctionNode : public Node {
     if (!out.ok()) return out.status();
     if (out->size() != next_edges().size()) {
       return absl::InternalError(absl::StrCat(name_, ": its backward returned ", out->size(),
-                                              " gradients for ", next_edges().size(),
-                                              " inputs"));
+                                              " gradients for ", next_edges().size(), " inputs"));
     }
     return out;
   }
@@ -119,9 +117,7 @@ class FunctionNode : public Node {
     for (SavedTensor& s : saved_) s.Reset();
     backward_ = nullptr;
   }
-  std::string FirstSavedName() const override {
-    return saved_.empty() ? "" : SavedName(0);
-  }
+  std::string FirstSavedName() const override { return saved_.empty() ? "" : SavedName(0); }
 
  private:
   std::string SavedName(size_t i) const {
@@ -202,10 +198,10 @@ absl::StatusOr<Tensor> SavedTensor::Unpack(absl::string_view op, absl::string_vi
   if (parameter_ != nullptr) {
     const ParameterPtr& p = parameter_;
     if (p->data.shape() != shape_ || p->data.dtype() != dtype_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          op, ": saved parameter '", name, "' was ", ShapeToString(shape_), " ",
-          DTypeName(dtype_), " in the forward and is ", p->data.ToString(),
-          " in the backward (resharded and not gathered again?)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(op, ": saved parameter '", name, "' was ", ShapeToString(shape_), " ",
+                       DTypeName(dtype_), " in the forward and is ", p->data.ToString(),
+                       " in the backward (resharded and not gathered again?)"));
     }
     return p->data;
   }
@@ -325,8 +321,7 @@ absl::Status RecordFunction(std::string name, absl::Span<const Tensor> inputs,
   auto node = std::make_shared<FunctionNode>(std::move(name), outs, inputs, std::move(saved),
                                              std::move(saved_names), std::move(backward));
   for (size_t i = 0; i < outputs.size(); ++i) {
-    outputs[i]->set_autograd_meta(
-        std::make_shared<AutogradMeta>(node, static_cast<int>(i), false));
+    outputs[i]->set_autograd_meta(std::make_shared<AutogradMeta>(node, static_cast<int>(i), false));
   }
   return absl::OkStatus();
 }
@@ -341,9 +336,9 @@ absl::Status AddTensors(const Tensor& a, const Tensor& b, const Tensor& out) {
       out.dtype() != DType::kFloat32 || a.numel() != b.numel() || a.numel() != out.numel() ||
       a.device() != b.device() || a.device() != out.device() || !a.defined() || !b.defined() ||
       !out.defined()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gradient sum needs defined fp32 tensors of equal numel on one device, got ",
-        a.ToString(), " + ", b.ToString(), " -> ", out.ToString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient sum needs defined fp32 tensors of equal numel on one device, got ",
+                     a.ToString(), " + ", b.ToString(), " -> ", out.ToString()));
   }
   out.storage()->BumpVersion();
   const int64_t n = a.numel();
@@ -407,11 +402,11 @@ class GraphRun {
     }
     if (freed != nullptr) {
       const std::string saved = freed->FirstSavedName();
-      return absl::FailedPreconditionError(absl::StrCat(
-          "Backward: the graph through '", freed->name(), "'",
-          saved.empty() ? "" : absl::StrCat(" (saved tensor '", saved, "')"),
-          " was freed by an earlier backward; run the forward again, or pass "
-          "BackwardOptions::retain_graph to the first backward"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("Backward: the graph through '", freed->name(), "'",
+                       saved.empty() ? "" : absl::StrCat(" (saved tensor '", saved, "')"),
+                       " was freed by an earlier backward; run the forward again, or pass "
+                       "BackwardOptions::retain_graph to the first backward"));
     }
     for (size_t i = 0; i < roots.size(); ++i) {
       if (absl::Status s = Deliver("Backward", roots[i], seeds[i]); !s.ok()) return s;
@@ -504,10 +499,10 @@ class GraphRun {
     const Node::OutputInfo& info = e.node->outputs_[e.input_nr];
     if (g.dtype() != DType::kFloat32 || g.numel() != NumElements(info.shape) ||
         g.device() != info.device) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "'", from, "' passed a gradient ", g.ToString(), " to '", e.node->name(),
-          "', whose tensor is ", ShapeToString(info.shape), " float32 on ",
-          info.device.ToString()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", from, "' passed a gradient ", g.ToString(), " to '", e.node->name(),
+                       "', whose tensor is ", ShapeToString(info.shape), " float32 on ",
+                       info.device.ToString()));
     }
     if (!e.node->arrived_) {
       e.node->arrived_ = true;
@@ -549,8 +544,8 @@ class GraphRun {
 absl::Status Backward(absl::Span<const Tensor> outputs, absl::Span<const Tensor> grads,
                       BackwardOptions options) {
   if (outputs.size() != grads.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("Backward: ", outputs.size(),
-                                                   " outputs but ", grads.size(), " gradients"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Backward: ", outputs.size(), " outputs but ", grads.size(), " gradients"));
   }
   std::vector<Edge> roots;
   std::vector<Tensor> seeds;
@@ -566,9 +561,9 @@ absl::Status Backward(absl::Span<const Tensor> outputs, absl::Span<const Tensor>
     Tensor seed = grads[i];
     if (!seed.defined()) {
       if (out.numel() != 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "Backward: output ", i, " (", out.ToString(),
-            ") has more than one element, so it needs a gradient"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("Backward: output ", i, " (", out.ToString(),
+                         ") has more than one element, so it needs a gradient"));
       }
       absl::StatusOr<Tensor> one =
           Tensor::Allocate(out.shape(), DType::kFloat32, MemoryTag::kActivation, out.device());

@@ -242,9 +242,9 @@ Tensor Value(const ParameterPtr& p);
 // and checks once: the first failure, naming its op, is what y holds (XlaBuilder's way).
 class Arg {
  public:
-  Arg(const Tensor& t) : tensor_(t) {}                              // NOLINT
-  Arg(const ParameterPtr& p);                                       // NOLINT
-  Arg(const absl::StatusOr<Tensor>& t);                             // NOLINT
+  Arg(const Tensor& t) : tensor_(t) {}   // NOLINT
+  Arg(const ParameterPtr& p);            // NOLINT
+  Arg(const absl::StatusOr<Tensor>& t);  // NOLINT
   const absl::Status& status() const { return status_; }
   bool ok() const { return status_.ok(); }
   // The tensor (undefined when !ok()).

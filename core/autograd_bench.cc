@@ -29,7 +29,8 @@ absl::StatusOr<core::Tensor> Scale(core::Arg x_arg, const core::Tensor& c) {
   const core::Tensor& x = x_arg.tensor();
   ASSIGN_OR_RETURN(core::Tensor y, core::Tensor::Allocate(x.shape(), core::DType::kFloat32,
                                                           core::MemoryTag::kActivation));
-  for (int64_t i = 0; i < x.numel(); ++i) y.data<float>()[i] = x.data<float>()[i] * c.data<float>()[i];
+  for (int64_t i = 0; i < x.numel(); ++i)
+    y.data<float>()[i] = x.data<float>()[i] * c.data<float>()[i];
   RETURN_IF_ERROR(core::RecordFunction(
       "Scale", {x}, {&y}, {c},
       [](const core::BackwardContext& ctx) -> absl::StatusOr<std::vector<core::Tensor>> {
@@ -75,7 +76,8 @@ absl::Status Run() {
       ASSIGN_OR_RETURN(y, Scale(y, c));
     }
     const auto t1 = std::chrono::steady_clock::now();
-    RETURN_IF_ERROR(core::Backward({y}, {core::Tensor::FromVector({1, 1, 1, 1}, {kNumel}).value()}));
+    RETURN_IF_ERROR(
+        core::Backward({y}, {core::Tensor::FromVector({1, 1, 1, 1}, {kNumel}).value()}));
     const auto t2 = std::chrono::steady_clock::now();
     with_grad.push_back(Seconds(t0, t1));
     backward.push_back(Seconds(t1, t2));
@@ -89,8 +91,8 @@ absl::Status Run() {
       "\"forward_no_grad_ns_per_op\":%.1f,\"forward_grad_ns_per_op\":%.1f,"
       "\"record_ns_per_op\":%.1f,\"backward_ns_per_op\":%.1f,"
       "\"bookkeeping_ns_per_op_upper_bound\":%.1f,\"target_ns_per_op\":1000}\n",
-      static_cast<long long>(kOps), static_cast<long long>(kNumel), kRuns, fwd0, fwd1,
-      fwd1 - fwd0, bwd, fwd1 - fwd0 + bwd);
+      static_cast<long long>(kOps), static_cast<long long>(kNumel), kRuns, fwd0, fwd1, fwd1 - fwd0,
+      bwd, fwd1 - fwd0 + bwd);
   return absl::OkStatus();
 }
 

@@ -86,8 +86,7 @@ TEST(AutogradTest, AParameterGradientIsFp32AlsoForBf16Data) {
       Parameter::Make(Vec({1, 2}).ToDType(DType::kBFloat16, MemoryTag::kParam).value());
   Tensor y = Tensor::Zeros({2});
   ASSERT_TRUE(RecordFunction("UseW", {Value(w)}, {&y}, {},
-                             [](const BackwardContext& ctx)
-                                 -> absl::StatusOr<std::vector<Tensor>> {
+                             [](const BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
                                return std::vector<Tensor>{ctx.grad(0)};
                              })
                   .ok());
@@ -204,13 +203,13 @@ TEST(AutogradTest, UnusedOutputsOfAMultiOutputOpGetZeroGradients) {
   Tensor x = Leaf(Vec({1, 2}));
   Tensor a = Tensor::Zeros({2}), b = Tensor::Zeros({2});
   std::vector<float> seen_b;
-  ASSERT_TRUE(RecordFunction("Split2", {x}, {&a, &b}, {},
-                             [&](const BackwardContext& ctx)
-                                 -> absl::StatusOr<std::vector<Tensor>> {
-                               seen_b = ctx.grad(1).ToVector();
-                               return std::vector<Tensor>{ctx.grad(0)};
-                             })
-                  .ok());
+  ASSERT_TRUE(
+      RecordFunction("Split2", {x}, {&a, &b}, {},
+                     [&](const BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
+                       seen_b = ctx.grad(1).ToVector();
+                       return std::vector<Tensor>{ctx.grad(0)};
+                     })
+          .ok());
   absl::StatusOr<Tensor> loss = Sum(a);  // b unused
   ASSERT_TRUE(loss.ok());
   ASSERT_TRUE(Backward(*loss).ok());
@@ -225,21 +224,21 @@ TEST(AutogradTest, ABackwardMayWriteAParameterGradientItself) {
   Tensor x = Vec({2, 3});
   Tensor y = Tensor::Zeros({2});
   ParameterPtr seen;
-  ASSERT_TRUE(RecordFunction("FusedScale", {x, Value(w)}, {&y}, {x},
-                             [&](const BackwardContext& ctx)
-                                 -> absl::StatusOr<std::vector<Tensor>> {
-                               EXPECT_FALSE(ctx.needs_grad(0));
-                               EXPECT_TRUE(ctx.needs_grad(1));
-                               EXPECT_EQ(ctx.parameter(0), nullptr);
-                               seen = ctx.parameter(1);
-                               // beta 1: grad += g * x, written in place.
-                               for (int i = 0; i < 2; ++i) {
-                                 seen->grad.data<float>()[i] +=
-                                     ctx.grad(0).data<float>()[i] * ctx.saved(0).data<float>()[i];
-                               }
-                               return std::vector<Tensor>{Tensor(), Tensor()};
-                             })
-                  .ok());
+  ASSERT_TRUE(
+      RecordFunction("FusedScale", {x, Value(w)}, {&y}, {x},
+                     [&](const BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
+                       EXPECT_FALSE(ctx.needs_grad(0));
+                       EXPECT_TRUE(ctx.needs_grad(1));
+                       EXPECT_EQ(ctx.parameter(0), nullptr);
+                       seen = ctx.parameter(1);
+                       // beta 1: grad += g * x, written in place.
+                       for (int i = 0; i < 2; ++i) {
+                         seen->grad.data<float>()[i] +=
+                             ctx.grad(0).data<float>()[i] * ctx.saved(0).data<float>()[i];
+                       }
+                       return std::vector<Tensor>{Tensor(), Tensor()};
+                     })
+          .ok());
   ASSERT_TRUE(Backward({y}, {Vec({1, 1})}).ok());
   EXPECT_EQ(seen, w);
   EXPECT_THAT(w->grad.ToVector(), ElementsAre(3, 4));

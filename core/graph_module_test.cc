@@ -14,10 +14,10 @@
 namespace core {
 namespace {
 
-using ::testing::ElementsAre;
-using ::testing::HasSubstr;
 using testing::Add;
 using testing::backward_log;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 using testing::Mul;
 using testing::Sum;
 using testing::Vec;
@@ -110,7 +110,6 @@ TEST(GraphModuleTest, AModuleCalledTwiceSumsItsGradientsAndSeesItsHooksPerCall) 
   // y = w^2 x + 2 w^2: dy/dw = 2 w x + 4 w = 12 + 8.
   EXPECT_THAT(gate->weight()->grad.ToVector(), ElementsAre(20));
   EXPECT_THAT(LeafGrad(x).ToVector(), ElementsAre(4));
-
 }
 
 TEST(GraphModuleTest, BackwardHooksBracketTheModulesNodesAndParameterGradients) {
@@ -223,8 +222,8 @@ class TwoGates : public Module {
  public:
   TwoGates() {
     first_ = RegisterModule("first", std::make_shared<Gate>(std::vector<float>{2, -1, 3}));
-    second_ = RegisterModule("second", std::make_shared<Twice>(
-                                           std::make_shared<Gate>(std::vector<float>{0.5, 4, 1})));
+    second_ = RegisterModule(
+        "second", std::make_shared<Twice>(std::make_shared<Gate>(std::vector<float>{0.5, 4, 1})));
   }
   std::string TypeName() const override { return "TwoGates"; }
   const std::shared_ptr<Gate>& first() const { return first_; }

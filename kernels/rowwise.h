@@ -1,6 +1,7 @@
-// Row-wise kernel bodies: LayerNorm, RMSNorm, the causal masked softmax of attention and
-// the cross-entropy row. A row's reductions (sums, maxima, dot products) are done by the
-// launcher, a loop on the CPU and warp/block shuffles on CUDA; the bodies below take the
+// Row-wise kernel bodies: LayerNorm, RMSNorm, the causal masked softmax of attention, the
+// cross-entropy row, and the plain softmax and log-softmax of nn/functional. A row's
+// reductions (sums, maxima, dot products) are done by the launcher, a loop on the CPU and
+// warp/block shuffles on CUDA; the bodies below take the
 // reduced quantities as arguments and compute one element. `Acc` is the type the
 // launcher reduced in (float lanes on the CPU for LayerNorm and softmax, double for
 // cross-entropy; float or double on CUDA).
@@ -186,6 +187,24 @@ inline int64_t LayerNormGradChunks(int64_t rows, int64_t cols, int stats) {
 inline constexpr int64_t kFlashTile = 64;
 inline constexpr bool FlashAttentionSupports(int64_t head_dim) {
   return head_dim == 64 || head_dim == 128;
+}
+
+// ---- Softmax and log-softmax of a whole row x[0..C) (nn/functional/softmax.h). The
+// softmax is SoftmaxExp and SoftmaxNormalize above with max the row's largest value and no
+// mask; its backward is SoftmaxBackward with scale 1. The launchers sum each row in a fixed
+// order (kernels/cpu/functional_rows.h, kernels/cuda/functional_rows.h).
+
+// log softmax(x)_j = (x - max) - log_sum, log_sum = log(sum over the row of
+// SoftmaxExp(x_k, max)).
+FSDP_HD inline float LogSoftmaxOut(float x, float max, float log_sum) {
+  return (x - max) - log_sum;
+}
+
+// dL/dx_j of y = log softmax(x) from y_j, g_j = dL/dy_j and sum_g = the row's sum of g:
+// g_j - exp(y_j) sum_g (FastExp; y_j <= 0).
+template <typename Acc>
+FSDP_HD inline float LogSoftmaxBackward(float y, float g, Acc sum_g) {
+  return g - FastExp(y) * static_cast<float>(sum_g);
 }
 
 }  // namespace kernels

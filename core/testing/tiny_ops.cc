@@ -24,20 +24,21 @@ absl::StatusOr<Tensor> Mul(Arg a_arg, Arg b_arg, std::string name) {
   const Tensor b = b_arg.tensor();
   if (a.numel() != b.numel()) return absl::InvalidArgumentError(name + ": sizes differ");
   Tensor y = Like(a);
-  for (int64_t i = 0; i < a.numel(); ++i) y.data<float>()[i] = a.data<float>()[i] * b.data<float>()[i];
-  RETURN_IF_ERROR(RecordFunction(
-      name, {a, b}, {&y}, {a, b},
-      [name](const BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
-        Log(name);
-        const Tensor& g = ctx.grad(0);
-        Tensor ga = Like(g), gb = Like(g);
-        for (int64_t i = 0; i < g.numel(); ++i) {
-          ga.data<float>()[i] = g.data<float>()[i] * ctx.saved(1).data<float>()[i];
-          gb.data<float>()[i] = g.data<float>()[i] * ctx.saved(0).data<float>()[i];
-        }
-        return std::vector<Tensor>{ga, gb};
-      },
-      {"a", "b"}));
+  for (int64_t i = 0; i < a.numel(); ++i)
+    y.data<float>()[i] = a.data<float>()[i] * b.data<float>()[i];
+  RETURN_IF_ERROR(
+      RecordFunction(name, {a, b}, {&y}, {a, b},
+                     [name](const BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
+                       Log(name);
+                       const Tensor& g = ctx.grad(0);
+                       Tensor ga = Like(g), gb = Like(g);
+                       for (int64_t i = 0; i < g.numel(); ++i) {
+                         ga.data<float>()[i] = g.data<float>()[i] * ctx.saved(1).data<float>()[i];
+                         gb.data<float>()[i] = g.data<float>()[i] * ctx.saved(0).data<float>()[i];
+                       }
+                       return std::vector<Tensor>{ga, gb};
+                     },
+                     {"a", "b"}));
   return y;
 }
 
@@ -47,13 +48,14 @@ absl::StatusOr<Tensor> Add(Arg a_arg, Arg b_arg, std::string name) {
   const Tensor a = a_arg.tensor();
   const Tensor b = b_arg.tensor();
   Tensor y = Like(a);
-  for (int64_t i = 0; i < a.numel(); ++i) y.data<float>()[i] = a.data<float>()[i] + b.data<float>()[i];
-  RETURN_IF_ERROR(RecordFunction(name, {a, b}, {&y}, {},
-                                 [name](const BackwardContext& ctx)
-                                     -> absl::StatusOr<std::vector<Tensor>> {
-                                   Log(name);
-                                   return std::vector<Tensor>{ctx.grad(0), ctx.grad(0)};
-                                 }));
+  for (int64_t i = 0; i < a.numel(); ++i)
+    y.data<float>()[i] = a.data<float>()[i] + b.data<float>()[i];
+  RETURN_IF_ERROR(
+      RecordFunction(name, {a, b}, {&y}, {},
+                     [name](const BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
+                       Log(name);
+                       return std::vector<Tensor>{ctx.grad(0), ctx.grad(0)};
+                     }));
   return y;
 }
 
@@ -63,14 +65,14 @@ absl::StatusOr<Tensor> Sum(Arg a_arg) {
   Tensor y = Tensor::Zeros({});
   for (int64_t i = 0; i < a.numel(); ++i) y.data<float>()[0] += a.data<float>()[i];
   const Shape shape = a.shape();
-  RETURN_IF_ERROR(RecordFunction("Sum", {a}, {&y}, {},
-                                 [shape](const BackwardContext& ctx)
-                                     -> absl::StatusOr<std::vector<Tensor>> {
-                                   Log("Sum");
-                                   Tensor g = Tensor::Zeros(shape);
-                                   g.Fill(ctx.grad(0).data<float>()[0]);
-                                   return std::vector<Tensor>{g};
-                                 }));
+  RETURN_IF_ERROR(
+      RecordFunction("Sum", {a}, {&y}, {},
+                     [shape](const BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
+                       Log("Sum");
+                       Tensor g = Tensor::Zeros(shape);
+                       g.Fill(ctx.grad(0).data<float>()[0]);
+                       return std::vector<Tensor>{g};
+                     }));
   return y;
 }
 

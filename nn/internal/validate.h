@@ -167,13 +167,11 @@ inline absl::Status CheckParameter(const core::Module& m, const core::Parameter&
 }
 
 // The fp32 gradient of `p` to add into, on its data's device, with the shape of `p.data`
-// (allocated as zeros on first use; fp32 even when the data is bf16), or an undefined
-// tensor when p.requires_grad is false. FailedPrecondition when an existing grad is not
-// fp32 or has another numel; InvalidArgument when it is on another device than the data.
-inline absl::StatusOr<core::Tensor> GradTensor(const core::Module& m, core::Parameter& p,
-                                               absl::string_view name) {
-  if (!p.requires_grad) return core::Tensor();
-  const std::string prefix = absl::StrCat(m.Describe(), ": parameter '", name, "'");
+// (allocated as zeros on first use; fp32 even when the data is bf16). FailedPrecondition when
+// an existing grad is not fp32 or has another numel; InvalidArgument when it is on another
+// device than the data. Messages start with `prefix` ("<module>: parameter 'weight'").
+inline absl::StatusOr<core::Tensor> ParameterGradIn(const std::string& prefix,
+                                                    core::Parameter& p) {
   if (!p.grad.defined()) {
     absl::StatusOr<core::Tensor> g = core::Tensor::Allocate(
         p.data.shape(), core::DType::kFloat32, core::MemoryTag::kGrad, p.data.device());
@@ -194,6 +192,14 @@ inline absl::StatusOr<core::Tensor> GradTensor(const core::Module& m, core::Para
   }
   if (p.grad.shape() == p.data.shape()) return p.grad;
   return p.grad.Reshape(p.data.shape());
+}
+
+// ParameterGradIn for parameter `name` of module `m`, or an undefined tensor when
+// p.requires_grad is false.
+inline absl::StatusOr<core::Tensor> GradTensor(const core::Module& m, core::Parameter& p,
+                                               absl::string_view name) {
+  if (!p.requires_grad) return core::Tensor();
+  return ParameterGradIn(absl::StrCat(m.Describe(), ": parameter '", name, "'"), p);
 }
 
 // Describe() of `m` for messages of the tensor ops (nn/tensor_ops.h).

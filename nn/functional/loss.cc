@@ -1,0 +1,177 @@
+#include "nn/functional/loss.h"
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "nn/functional/internal/row_ops.h"
+#include "nn/internal/op_checks.h"
+#include "nn/internal/validate.h"
+#include "nn/losses.h"
+#include "nn/tensor_ops.h"
+
+namespace nn {
+namespace functional {
+namespace {
+
+using core::DType;
+using core::Tensor;
+using ::nn::internal::NewActivation;
+
+// `t` on `device`: itself, or a copy.
+absl::StatusOr<Tensor> OnDevice(const Tensor& t, const core::Device& device) {
+  if (t.device() == device) return t;
+  ASSIGN_OR_RETURN(Tensor copy, NewActivation(t.shape(), device, t.dtype()));
+  RETURN_IF_ERROR(copy.CopyFrom(t));
+  return copy;
+}
+
+// A one-element fp32 tensor (shape []) holding `value` on `device`.
+absl::StatusOr<Tensor> Scalar(float value, const core::Device& device) {
+  ASSIGN_OR_RETURN(const Tensor host, Tensor::FromVector({value}, {}));
+  return OnDevice(host, device);
+}
+
+// A fresh gradient: `kept` scaled by the incoming gradient g (negated when `negate`).
+absl::StatusOr<Tensor> Scaled(const char* op, const char* name, const Tensor& kept, const Tensor& g,
+                              bool negate) {
+  ASSIGN_OR_RETURN(Tensor out, NewActivation(kept.shape(), kept.device()));
+  RETURN_IF_ERROR(internal::ScaleByScalar(op, name, kept, g, negate, out));
+  return out;
+}
+
+// The rows of CrossEntropy whose targets count: their flat positions and targets.
+struct KeptRows {
+  std::vector<int32_t> rows, targets;
+};
+
+// CrossEntropy's checks; the rows whose targets count (targets read on the host).
+absl::StatusOr<KeptRows> CheckCrossEntropy(const Tensor& logits, const Tensor& targets,
+                                           int64_t ignore_index) {
+  if (!logits.defined()) return absl::InvalidArgumentError("CrossEntropy: logits is undefined");
+  if (!targets.defined()) return absl::InvalidArgumentError("CrossEntropy: targets is undefined");
+  RETURN_IF_ERROR(::nn::internal::CheckFp32OrBf16("CrossEntropy", "logits", logits));
+  RETURN_IF_ERROR(::nn::internal::CheckDType("CrossEntropy", "targets", targets, DType::kInt32));
+  const core::Shape& ls = logits.shape();
+  if (ls.empty() || targets.shape() != core::Shape(ls.begin(), ls.end() - 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CrossEntropy: logits ", logits.ToString(), " must be [..., V] with targets [...] of ",
+        "the leading shape, got targets ", targets.ToString()));
+  }
+  if (!targets.device().is_cpu() && targets.device() != logits.device()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CrossEntropy: targets ", targets.ToString(), " are on ", targets.device().ToString(),
+        " but logits ", logits.ToString(), " on ", logits.device().ToString(),
+        "; targets must be on the CPU or the logits' device"));
+  }
+  const int64_t V = ls.back();
+  ASSIGN_OR_RETURN(const Tensor host, OnDevice(targets, core::Device::Cpu()));
+  const int32_t* tg = host.data<int32_t>();
+  KeptRows kept;
+  for (int64_t i = 0; i < host.numel(); ++i) {
+    if (tg[i] == ignore_index) continue;
+    if (tg[i] < 0 || tg[i] >= V) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CrossEntropy: target ", tg[i], " at flat position ", i, " of targets ",
+                       core::ShapeToString(targets.shape()), " is outside [0, ", V, ") and is not ",
+                       "ignore_index ", ignore_index));
+    }
+    kept.rows.push_back(static_cast<int32_t>(i));
+    kept.targets.push_back(tg[i]);
+  }
+  return kept;
+}
+
+// The mean loss over the rows `kept` of logits, and into `grad` (fp32, logits' shape) its
+// gradient, 0 on the other rows: NOTE [Functional losses].
+absl::StatusOr<double> CrossEntropyRows(const Tensor& logits, const Tensor& targets,
+                                        const KeptRows& kept, const Tensor& grad) {
+  const char* op = "CrossEntropy";
+  const core::Device device = logits.device();
+  const int64_t n = targets.numel(), V = logits.size(-1);
+  if (kept.rows.empty()) {
+    RETURN_IF_ERROR(ZeroTensor(op, grad));
+    return 0.0;
+  }
+  if (static_cast<int64_t>(kept.rows.size()) == n) {
+    ASSIGN_OR_RETURN(const Tensor device_targets, OnDevice(targets, device));
+    return CrossEntropyForwardBackward(op, logits, device_targets, grad);
+  }
+  // The kept rows and their targets, gathered as an embedding lookup gathers rows.
+  const int64_t m = static_cast<int64_t>(kept.rows.size());
+  ASSIGN_OR_RETURN(const Tensor host_rows, Tensor::FromInts(kept.rows, {m}));
+  ASSIGN_OR_RETURN(const Tensor rows, OnDevice(host_rows, device));
+  ASSIGN_OR_RETURN(const Tensor host_picked, Tensor::FromInts(kept.targets, {m}));
+  ASSIGN_OR_RETURN(const Tensor picked_targets, OnDevice(host_picked, device));
+  ASSIGN_OR_RETURN(const Tensor table, logits.Reshape({n, V}));
+  ASSIGN_OR_RETURN(const Tensor picked_logits, NewActivation({m, V}, device));
+  RETURN_IF_ERROR(EmbeddingForward(op, table, rows, picked_logits));
+  ASSIGN_OR_RETURN(const Tensor picked_grad, NewActivation({m, V}, device));
+  ASSIGN_OR_RETURN(const double loss,
+                   CrossEntropyForwardBackward(op, picked_logits, picked_targets, picked_grad));
+  // Scattered back: each kept row is added once into zeros, so it keeps its bits.
+  RETURN_IF_ERROR(ZeroTensor(op, grad));
+  ASSIGN_OR_RETURN(const Tensor grad2d, grad.Reshape({n, V}));
+  RETURN_IF_ERROR(EmbeddingBackward(op, rows, picked_grad, grad2d));
+  return loss;
+}
+
+}  // namespace
+
+absl::StatusOr<Tensor> CrossEntropy(core::Arg logits_arg, core::Arg targets_arg,
+                                    int64_t ignore_index) {
+  RETURN_IF_ERROR(logits_arg.status());
+  RETURN_IF_ERROR(targets_arg.status());
+  const Tensor& logits = logits_arg.tensor();
+  const Tensor& targets = targets_arg.tensor();
+  ASSIGN_OR_RETURN(const KeptRows kept, CheckCrossEntropy(logits, targets, ignore_index));
+  ASSIGN_OR_RETURN(Tensor grad, NewActivation(logits.shape(), logits.device()));
+  ASSIGN_OR_RETURN(const double mean, CrossEntropyRows(logits, targets, kept, grad));
+  // Rounded to float as nn::CrossEntropyLoss rounds it.
+  ASSIGN_OR_RETURN(Tensor loss, Scalar(static_cast<float>(mean), logits.device()));
+  RETURN_IF_ERROR(core::RecordFunction(
+      "CrossEntropy", {logits, targets}, {&loss}, {grad},
+      [](const core::BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
+        ASSIGN_OR_RETURN(Tensor g, Scaled("CrossEntropy", "cross_entropy.backward", ctx.saved(0),
+                                          ctx.grad(0), /*negate=*/false));
+        return std::vector<Tensor>{g, Tensor()};
+      },
+      {"logits gradient"}));
+  return loss;
+}
+
+absl::StatusOr<Tensor> Mse(core::Arg a_arg, core::Arg b_arg) {
+  RETURN_IF_ERROR(a_arg.status());
+  RETURN_IF_ERROR(b_arg.status());
+  const Tensor& a = a_arg.tensor();
+  const Tensor& b = b_arg.tensor();
+  RETURN_IF_ERROR(::nn::internal::CheckDevices("Mse", {{"a", &a}, {"b", &b}}));
+  RETURN_IF_ERROR(::nn::internal::CheckDType("Mse", "a", a, DType::kFloat32));
+  RETURN_IF_ERROR(::nn::internal::CheckDType("Mse", "b", b, DType::kFloat32));
+  if (a.shape() != b.shape()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Mse: a ", a.ToString(), " and b ", b.ToString(), " differ in shape"));
+  }
+  if (a.numel() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("Mse: a ", a.ToString(), " is empty"));
+  }
+  ASSIGN_OR_RETURN(LossResult r, MseLoss(a, b));
+  ASSIGN_OR_RETURN(Tensor loss, Scalar(r.loss, a.device()));
+  RETURN_IF_ERROR(core::RecordFunction(
+      "Mse", {a, b}, {&loss}, {r.grad},
+      [](const core::BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
+        std::vector<Tensor> grads(2);
+        for (int i = 0; i < 2; ++i) {
+          if (!ctx.needs_grad(i)) continue;
+          ASSIGN_OR_RETURN(grads[i], Scaled("Mse", "mse.backward", ctx.saved(0), ctx.grad(0),
+                                            /*negate=*/i == 1));
+        }
+        return grads;
+      },
+      {"gradient"}));
+  return loss;
+}
+
+}  // namespace functional
+}  // namespace nn
