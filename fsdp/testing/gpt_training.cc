@@ -10,9 +10,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "comm/process_group.h"
+#include "core/autograd.h"
 #include "core/status_macros.h"
 #include "data/sampler.h"
 #include "fsdp/fully_shard.h"
+#include "nn/functional/loss.h"
 #include "nn/losses.h"
 #include "policy/wrap_policy.h"
 
@@ -90,6 +92,14 @@ absl::StatusOr<double> ForwardBackward(core::Module& model, const data::TokenBat
   return static_cast<double>(loss.loss);
 }
 
+absl::StatusOr<double> ForwardBackwardGraph(core::Module& model, const data::TokenBatch& batch) {
+  absl::StatusOr<core::Tensor> loss =
+      nn::functional::CrossEntropy(model.CallOne({batch.inputs}), batch.targets);
+  RETURN_IF_ERROR(loss.status());
+  RETURN_IF_ERROR(core::Backward(*loss));
+  return static_cast<double>(loss->ToVector()[0]);
+}
+
 std::vector<std::pair<std::string, std::vector<float>>> ParameterValues(const core::Module& m) {
   std::vector<std::pair<std::string, std::vector<float>>> out;
   for (const auto& [name, p] : m.NamedParameters()) out.emplace_back(name, p->data.ToVector());
@@ -120,7 +130,9 @@ absl::StatusOr<std::vector<double>> TrainSteps(const GptTrainingSetup& setup,
       ASSIGN_OR_RETURN(local, sampler->Local(global));
     }
     adamw.ZeroGrad();
-    ASSIGN_OR_RETURN(double loss, ForwardBackward(model, sampler != nullptr ? local : global));
+    const data::TokenBatch& batch = sampler != nullptr ? local : global;
+    ASSIGN_OR_RETURN(double loss, setup.graph_model ? ForwardBackwardGraph(model, batch)
+                                                    : ForwardBackward(model, batch));
     RETURN_IF_ERROR(adamw.Step());
     if (group != nullptr) {
       // The global loss: the mean of equal-sized local means.

@@ -49,6 +49,9 @@ struct GptTrainingSetup {
   optim::AdamWOptions adamw;
   // Parameters (NamedParameters() names) MakeGpt marks requires_grad = false.
   std::vector<std::string> frozen;
+  // The model is a graph module (NOTE [Graph modules] in core/module.h): each step runs
+  // ForwardBackwardGraph instead of ForwardBackward.
+  bool graph_model = false;
 };
 
 // A Gpt of 2 blocks, width 16, 2 heads, vocabulary 16, context 8 (about 7k parameters),
@@ -90,6 +93,9 @@ using ModelFactory = std::function<absl::StatusOr<std::shared_ptr<core::Module>>
 // One forward/backward on `batch` (grads accumulate; no optimizer step); returns the
 // loss, the mean over the batch's tokens.
 absl::StatusOr<double> ForwardBackward(core::Module& model, const data::TokenBatch& batch);
+// The same for a graph module: logits = model.CallOne({inputs}), the loss
+// nn::functional::CrossEntropy, then core::Backward.
+absl::StatusOr<double> ForwardBackwardGraph(core::Module& model, const data::TokenBatch& batch);
 
 // Single process, no FSDP: MakeGpt(setup), or the model `make` builds (setup.gpt and
 // setup.frozen unused then), trained on the setup's batches with its AdamW.

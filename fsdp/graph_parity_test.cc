@@ -1,0 +1,151 @@
+// FSDP on the autograd graph: a language model written as graph modules (forward only,
+// fsdp/testing/graph_lm.h), wrapped one unit per GraphBlock plus the root, trains on N = 1..4
+// ranks under each strategy to the same losses and final full parameters as one unwrapped
+// process. FullyShard's hooks fire from the graph (NOTE [Graph modules] in core/module.h):
+// the unshard before a unit's forward and when its outputs' first gradient arrives, the
+// reduce-scatter when its inputs' gradients (and with them its parameters') are final, the
+// end of the backward for the root, whose input (token ids) takes no gradient.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "comm/testing/thread_ranks.h"
+#include "core/status_macros.h"
+#include "fsdp/fully_shard.h"
+#include "fsdp/options.h"
+#include "fsdp/registry.h"
+#include "fsdp/testing/gpt_training.h"
+#include "fsdp/testing/graph_lm.h"
+#include "gtest/gtest.h"
+
+namespace fsdp {
+namespace {
+
+// NOTE [Parity tolerance] in parity_test.cc.
+constexpr double kRtol = 1e-5;
+constexpr double kAtol = 1e-6;
+
+using Case = testing::StrategyCase;
+
+testing::GptTrainingSetup GraphSetup() {
+  testing::GptTrainingSetup setup = testing::TinySetup();
+  setup.graph_model = true;
+  return setup;
+}
+
+testing::ModelFactory GraphFactory() {
+  return []() -> absl::StatusOr<std::shared_ptr<core::Module>> {
+    return std::shared_ptr<core::Module>(
+        std::make_shared<testing::GraphLm>(testing::GraphLmConfig{}));
+  };
+}
+
+class GraphParityTest : public ::testing::TestWithParam<Case> {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<testing::TrainingRun> run =
+        testing::TrainUnwrapped(GraphSetup(), GraphFactory());
+    ASSERT_TRUE(run.ok()) << run.status();
+    reference_ = new testing::TrainingRun(*std::move(run));
+  }
+  static void TearDownTestSuite() {
+    delete reference_;
+    reference_ = nullptr;
+  }
+  static testing::TrainingRun* reference_;
+};
+
+testing::TrainingRun* GraphParityTest::reference_ = nullptr;
+
+TEST_P(GraphParityTest, LossesAndFinalParametersMatchOneUnwrappedProcess) {
+  ASSERT_NE(reference_, nullptr);
+  ASSERT_LT(reference_->losses.back(), reference_->losses.front() - 0.1);  // it trains
+  const Case c = GetParam();
+  const testing::GptTrainingSetup setup = GraphSetup();
+  const FullyShardOptions options =
+      testing::PerBlockOptions(c.strategy, c.hybrid_shard_size, "GraphBlock");
+  const testing::TrainingRun& reference = *reference_;
+  absl::Status s =
+      comm::testing::RunThreadRanks(c.world_size, [&](comm::testing::RankContext& ctx) {
+        ASSIGN_OR_RETURN(testing::TrainingRun run,
+                         testing::TrainFullyShardedRank(ctx, setup, options, GraphFactory()));
+        double worst = 0;
+        RETURN_IF_ERROR(testing::CompareRuns(reference, run, kRtol, kAtol, &worst));
+        if (ctx.rank == 0) std::printf("worst |error| / tolerance: %.3g\n", worst);
+        return absl::OkStatus();
+      });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// Rank 0's runtime events of one step of the graph model on 2 ranks under FULL_SHARD.
+std::vector<std::string> RecordGraphStep() {
+  const testing::GptTrainingSetup setup = GraphSetup();
+  std::vector<std::string> out;
+  absl::Status s = comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx)
+                                                        -> absl::Status {
+    auto model = std::make_shared<testing::GraphLm>(testing::GraphLmConfig{});
+    ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
+    WrapperRegistry registry;
+    ASSIGN_OR_RETURN(auto handle,
+                     FullyShard(model, ctx.group,
+                                testing::PerBlockOptions(ShardingStrategy::kFullShard, 0,
+                                                         "GraphBlock"),
+                                &registry));
+    ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(0, 4, setup.seq_len));
+    registry.RecordEvents(true);
+    RETURN_IF_ERROR(testing::ForwardBackwardGraph(*model, batch).status());
+    registry.RecordEvents(false);
+    if (ctx.rank == 0) out = registry.events();
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+int Find(const std::vector<std::string>& events, const std::string& event) {
+  for (int i = 0; i < static_cast<int>(events.size()); ++i) {
+    if (events[i] == event) return i;
+  }
+  ADD_FAILURE() << "no event '" << event << "' in:\n" << absl::StrJoin(events, "\n");
+  return -1;
+}
+
+TEST(GraphHooksTest, UnitsGatherReshardAndReduceInTheirPlacesOnTheGraph) {
+  const std::vector<std::string> e = RecordGraphStep();
+  const std::string root = "<root> (GraphLm)", b0 = "block0 (GraphBlock)",
+                    b1 = "block1 (GraphBlock)";
+  // Forward: the root, then each block, gathered before it computes and resharded after.
+  EXPECT_LT(Find(e, "forward_compute_begin " + root), Find(e, "forward_compute_begin " + b0));
+  EXPECT_LT(Find(e, "forward_compute_begin " + b0), Find(e, "reshard " + b0));
+  EXPECT_LT(Find(e, "reshard " + b0), Find(e, "forward_compute_begin " + b1));
+  // Backward, in reverse: block1's gradients are reduced as soon as its backward is done,
+  // before block0's backward begins (the reduce-scatter overlaps the next unit's compute);
+  // the root's last, at the end of the backward.
+  const int bwd_b1 = Find(e, "backward_compute_begin " + b1);
+  const int reduce_b1 = Find(e, "reduce_issued " + b1);
+  const int bwd_b0 = Find(e, "backward_compute_begin " + b0);
+  const int reduce_b0 = Find(e, "reduce_issued " + b0);
+  EXPECT_LT(Find(e, "backward_compute_begin " + root), bwd_b1);
+  EXPECT_LT(bwd_b1, reduce_b1);
+  EXPECT_LT(reduce_b1, bwd_b0);
+  EXPECT_LT(bwd_b0, reduce_b0);
+  EXPECT_LT(reduce_b0, Find(e, "reduce_issued " + root));
+  EXPECT_EQ(e.back(), "backward_end");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllStrategies, GraphParityTest,
+    ::testing::Values(Case{ShardingStrategy::kFullShard, 1, 0},
+                      Case{ShardingStrategy::kFullShard, 2, 0},
+                      Case{ShardingStrategy::kFullShard, 4, 0},
+                      Case{ShardingStrategy::kShardGradOp, 2, 0},
+                      Case{ShardingStrategy::kNoShard, 2, 0},
+                      Case{ShardingStrategy::kHybridShard, 4, 2}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      return testing::StrategyCaseName(info.param);
+    });
+
+}  // namespace
+}  // namespace fsdp
