@@ -5,13 +5,16 @@
 // the unshard before a unit's forward and when its outputs' first gradient arrives, the
 // reduce-scatter when its inputs' gradients (and with them its parameters') are final, the
 // end of the backward for the root, whose input (token ids) takes no gradient.
+#include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_join.h"
 #include "comm/testing/thread_ranks.h"
+#include "core/param_init.h"
 #include "core/status_macros.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/options.h"
@@ -19,6 +22,7 @@
 #include "fsdp/testing/gpt_training.h"
 #include "fsdp/testing/graph_lm.h"
 #include "gtest/gtest.h"
+#include "policy/wrap_policy.h"
 
 namespace fsdp {
 namespace {
@@ -79,27 +83,30 @@ TEST_P(GraphParityTest, LossesAndFinalParametersMatchOneUnwrappedProcess) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
-// Rank 0's runtime events of one step of the graph model on 2 ranks under FULL_SHARD.
-std::vector<std::string> RecordGraphStep() {
+// Rank 0's runtime events of one step of the graph model on 2 ranks under FULL_SHARD
+// (`checkpoint`: every block's activations checkpointed).
+std::vector<std::string> RecordGraphStep(bool checkpoint = false) {
   const testing::GptTrainingSetup setup = GraphSetup();
   std::vector<std::string> out;
-  absl::Status s = comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx)
-                                                        -> absl::Status {
-    auto model = std::make_shared<testing::GraphLm>(testing::GraphLmConfig{});
-    ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
-    WrapperRegistry registry;
-    ASSIGN_OR_RETURN(auto handle,
-                     FullyShard(model, ctx.group,
-                                testing::PerBlockOptions(ShardingStrategy::kFullShard, 0,
-                                                         "GraphBlock"),
-                                &registry));
-    ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(0, 4, setup.seq_len));
-    registry.RecordEvents(true);
-    RETURN_IF_ERROR(testing::ForwardBackwardGraph(*model, batch).status());
-    registry.RecordEvents(false);
-    if (ctx.rank == 0) out = registry.events();
-    return absl::OkStatus();
-  });
+  absl::Status s =
+      comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        auto model = std::make_shared<testing::GraphLm>(testing::GraphLmConfig{});
+        ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
+        WrapperRegistry registry;
+        FullyShardOptions options =
+            testing::PerBlockOptions(ShardingStrategy::kFullShard, 0, "GraphBlock");
+        if (checkpoint) options.checkpoint_policy = policy::ModuleTypes({"GraphBlock"});
+        ASSIGN_OR_RETURN(auto handle, FullyShard(model, ctx.group, options, &registry));
+        if (model->blocks()[0]->checkpoint_activations() != checkpoint) {
+          return absl::InternalError("the checkpoint policy was not applied");
+        }
+        ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(0, 4, setup.seq_len));
+        registry.RecordEvents(true);
+        RETURN_IF_ERROR(testing::ForwardBackwardGraph(*model, batch).status());
+        registry.RecordEvents(false);
+        if (ctx.rank == 0) out = registry.events();
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(s.ok()) << s;
   return out;
 }
@@ -135,17 +142,86 @@ TEST(GraphHooksTest, UnitsGatherReshardAndReduceInTheirPlacesOnTheGraph) {
   EXPECT_EQ(e.back(), "backward_end");
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllStrategies, GraphParityTest,
-    ::testing::Values(Case{ShardingStrategy::kFullShard, 1, 0},
-                      Case{ShardingStrategy::kFullShard, 2, 0},
-                      Case{ShardingStrategy::kFullShard, 4, 0},
-                      Case{ShardingStrategy::kShardGradOp, 2, 0},
-                      Case{ShardingStrategy::kNoShard, 2, 0},
-                      Case{ShardingStrategy::kHybridShard, 4, 2}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      return testing::StrategyCaseName(info.param);
-    });
+// One run on `world` ranks under FULL_SHARD with `options` changed by `change`, the model
+// built eagerly or (deferred) under core::DeferredInitScope; rank 0's run.
+testing::TrainingRun RunFullShard(int world, const std::function<void(FullyShardOptions&)>& change,
+                                  bool deferred = false) {
+  FullyShardOptions options =
+      testing::PerBlockOptions(ShardingStrategy::kFullShard, 0, "GraphBlock");
+  change(options);
+  testing::TrainingRun out;
+  absl::Status s = comm::testing::RunThreadRanks(world, [&](comm::testing::RankContext& ctx) {
+    testing::ModelFactory make = [deferred]() -> absl::StatusOr<std::shared_ptr<core::Module>> {
+      std::unique_ptr<core::DeferredInitScope> scope;
+      if (deferred) scope = std::make_unique<core::DeferredInitScope>();
+      return std::shared_ptr<core::Module>(
+          std::make_shared<testing::GraphLm>(testing::GraphLmConfig{}));
+    };
+    ASSIGN_OR_RETURN(testing::TrainingRun run,
+                     testing::TrainFullyShardedRank(ctx, GraphSetup(), options, make));
+    if (ctx.rank == 0) out = run;
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+void ExpectSameBits(const testing::TrainingRun& a, const testing::TrainingRun& b) {
+  EXPECT_EQ(a.losses, b.losses);
+  ASSERT_EQ(a.params.size(), b.params.size());
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    EXPECT_EQ(a.params[i], b.params[i]) << a.params[i].first;
+  }
+}
+
+TEST(GraphFeaturesTest, ActivationCheckpointingGivesThePlainRunsBits) {
+  const testing::TrainingRun plain = RunFullShard(2, [](FullyShardOptions&) {});
+  const testing::TrainingRun checkpointed = RunFullShard(
+      2, [](FullyShardOptions& o) { o.checkpoint_policy = policy::ModuleTypes({"GraphBlock"}); });
+  ASSERT_FALSE(plain.losses.empty());
+  ExpectSameBits(plain, checkpointed);
+}
+
+TEST(GraphFeaturesTest, ActivationCheckpointingGathersNoUnitTwice) {
+  const auto gathers = [](const std::vector<std::string>& events) {
+    return std::count_if(events.begin(), events.end(),
+                         [](const std::string& e) { return e.rfind("allgather_issued", 0) == 0; });
+  };
+  const std::vector<std::string> plain = RecordGraphStep(false);
+  const std::vector<std::string> checkpointed = RecordGraphStep(true);
+  EXPECT_GT(gathers(plain), 0);
+  EXPECT_EQ(gathers(checkpointed), gathers(plain));
+}
+
+TEST(GraphFeaturesTest, DeferredInitialisationGivesTheEagerRunsBits) {
+  const testing::TrainingRun eager = RunFullShard(2, [](FullyShardOptions&) {});
+  const testing::TrainingRun deferred = RunFullShard(
+      2, [](FullyShardOptions&) {}, true);
+  ASSERT_FALSE(eager.losses.empty());
+  ExpectSameBits(eager, deferred);
+}
+
+TEST(GraphFeaturesTest, MixedPrecisionTrainsAndNRanksMatchOne) {
+  const auto bf16 = [](FullyShardOptions& o) {
+    o.mixed_precision.param_dtype = core::DType::kBFloat16;
+  };
+  const testing::TrainingRun one = RunFullShard(1, bf16);
+  const testing::TrainingRun two = RunFullShard(2, bf16);
+  ASSERT_FALSE(one.losses.empty());
+  EXPECT_LT(one.losses.back(), one.losses.front() - 0.1);
+  EXPECT_TRUE(testing::CompareRuns(one, two, kRtol, kAtol).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(AllStrategies, GraphParityTest,
+                         ::testing::Values(Case{ShardingStrategy::kFullShard, 1, 0},
+                                           Case{ShardingStrategy::kFullShard, 2, 0},
+                                           Case{ShardingStrategy::kFullShard, 4, 0},
+                                           Case{ShardingStrategy::kShardGradOp, 2, 0},
+                                           Case{ShardingStrategy::kNoShard, 2, 0},
+                                           Case{ShardingStrategy::kHybridShard, 4, 2}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return testing::StrategyCaseName(info.param);
+                         });
 
 }  // namespace
 }  // namespace fsdp
