@@ -13,16 +13,20 @@
 // The families: elementwise.h (arithmetic with broadcasting, activations), shape.h
 // (reshape, transpose, slice, cat, split, gathers and scatters), reduce.h (sum, mean, max),
 // linear.h (MatMul, Linear), norm.h (LayerNorm, RmsNorm), softmax.h, embedding.h, loss.h
-// (CrossEntropy with ignore_index, Mse). gradcheck.h checks any op's derivative.
+// (CrossEntropy with ignore_index, Mse), attention.h (ScaledDotProductAttention), rotary.h
+// (Rotary), dropout.h. gradcheck.h checks any op's derivative.
 #ifndef NN_FUNCTIONAL_FUNCTIONAL_H_
 #define NN_FUNCTIONAL_FUNCTIONAL_H_
 
+#include "nn/functional/attention.h"
+#include "nn/functional/dropout.h"
 #include "nn/functional/elementwise.h"
 #include "nn/functional/embedding.h"
 #include "nn/functional/linear.h"
 #include "nn/functional/loss.h"
 #include "nn/functional/norm.h"
 #include "nn/functional/reduce.h"
+#include "nn/functional/rotary.h"
 #include "nn/functional/shape.h"
 #include "nn/functional/softmax.h"
 
