@@ -17,6 +17,7 @@
 #include "core/param_init.h"
 #include "core/status_macros.h"
 #include "fsdp/fully_shard.h"
+#include "fsdp/internal/host_offload.h"
 #include "fsdp/options.h"
 #include "fsdp/registry.h"
 #include "fsdp/testing/gpt_training.h"
@@ -145,12 +146,18 @@ TEST(GraphHooksTest, UnitsGatherReshardAndReduceInTheirPlacesOnTheGraph) {
 // One run on `world` ranks under FULL_SHARD with `options` changed by `change`, the model
 // built eagerly or (deferred) under core::DeferredInitScope; rank 0's run.
 testing::TrainingRun RunFullShard(int world, const std::function<void(FullyShardOptions&)>& change,
-                                  bool deferred = false) {
+                                  bool deferred = false, bool host_offload = false) {
   FullyShardOptions options =
       testing::PerBlockOptions(ShardingStrategy::kFullShard, 0, "GraphBlock");
   change(options);
   testing::TrainingRun out;
   absl::Status s = comm::testing::RunThreadRanks(world, [&](comm::testing::RankContext& ctx) {
+    // NOTE [CPU offload] in options.h: the offload path on the CPU build (a test-only switch).
+    const bool previous = internal::SetHostOffloadOnCpuForThisThread(host_offload);
+    struct Restore {
+      bool value;
+      ~Restore() { internal::SetHostOffloadOnCpuForThisThread(value); }
+    } restore{previous};
     testing::ModelFactory make = [deferred]() -> absl::StatusOr<std::shared_ptr<core::Module>> {
       std::unique_ptr<core::DeferredInitScope> scope;
       if (deferred) scope = std::make_unique<core::DeferredInitScope>();
@@ -199,6 +206,14 @@ TEST(GraphFeaturesTest, DeferredInitialisationGivesTheEagerRunsBits) {
       2, [](FullyShardOptions&) {}, true);
   ASSERT_FALSE(eager.losses.empty());
   ExpectSameBits(eager, deferred);
+}
+
+TEST(GraphFeaturesTest, CpuOffloadGivesTheOnDeviceRunsBits) {
+  const testing::TrainingRun plain = RunFullShard(2, [](FullyShardOptions&) {});
+  const testing::TrainingRun offloaded = RunFullShard(
+      2, [](FullyShardOptions& o) { o.cpu_offload = true; }, false, true);
+  ASSERT_FALSE(plain.losses.empty());
+  ExpectSameBits(plain, offloaded);
 }
 
 TEST(GraphFeaturesTest, MixedPrecisionTrainsAndNRanksMatchOne) {
