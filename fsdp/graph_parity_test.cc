@@ -14,15 +14,20 @@
 
 #include "absl/strings/str_join.h"
 #include "comm/testing/thread_ranks.h"
+#include "core/autograd.h"
 #include "core/param_init.h"
 #include "core/status_macros.h"
+#include "data/sampler.h"
 #include "fsdp/fully_shard.h"
+#include "fsdp/grad_utils.h"
 #include "fsdp/internal/host_offload.h"
 #include "fsdp/options.h"
 #include "fsdp/registry.h"
 #include "fsdp/testing/gpt_training.h"
 #include "fsdp/testing/graph_lm.h"
 #include "gtest/gtest.h"
+#include "nn/functional/loss.h"
+#include "optim/adamw.h"
 #include "policy/wrap_policy.h"
 
 namespace fsdp {
@@ -225,6 +230,76 @@ TEST(GraphFeaturesTest, MixedPrecisionTrainsAndNRanksMatchOne) {
   ASSERT_FALSE(one.losses.empty());
   EXPECT_LT(one.losses.back(), one.losses.front() - 0.1);
   EXPECT_TRUE(testing::CompareRuns(one, two, kRtol, kAtol).ok());
+}
+
+// NOTE [Deterministic reduction] (fsdp/options.h) on a graph model: rank r runs its aligned
+// range of a step's 4 micro-batches (all but the last under no_sync(), each backward seeded
+// with 1/4), so gradients accumulate across backwards before one reduction; the step's loss
+// is the micro-batch losses gathered and added in order. Returns rank 0's losses and final
+// parameters.
+testing::TrainingRun TrainDeterministic(int world) {
+  constexpr int kMicroBatches = 4;
+  testing::GptTrainingSetup setup = GraphSetup();
+  setup.global_batch = 16;
+  setup.steps = 10;
+  FullyShardOptions options =
+      testing::PerBlockOptions(ShardingStrategy::kFullShard, 0, "GraphBlock");
+  options.deterministic = true;
+  testing::TrainingRun out;
+  absl::Status s =
+      comm::testing::RunThreadRanks(world, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
+        auto model = std::make_shared<testing::GraphLm>(testing::GraphLmConfig{});
+        WrapperRegistry registry;
+        ASSIGN_OR_RETURN(auto handle, FullyShard(model, ctx.group, options, &registry));
+        ASSIGN_OR_RETURN(auto adamw, optim::AdamW::Create(model->NamedParameters(), setup.adamw));
+        const int mine = kMicroBatches / ctx.world_size;
+        testing::TrainingRun run;
+        for (int step = 0; step < setup.steps; ++step) {
+          ASSIGN_OR_RETURN(data::TokenBatch global,
+                           language.Batch(step, setup.global_batch, setup.seq_len));
+          adamw->ZeroGrad();
+          std::vector<float> losses;
+          for (int j = 0; j < mine; ++j) {
+            ASSIGN_OR_RETURN(data::RankSampler slot,
+                             data::RankSampler::Create(ctx.rank * mine + j, kMicroBatches));
+            ASSIGN_OR_RETURN(data::TokenBatch micro, slot.Local(global));
+            std::unique_ptr<NoSyncScope> no_sync;
+            if (j + 1 < mine) {
+              ASSIGN_OR_RETURN(no_sync, NoSync(*model, &registry));
+            }
+            absl::StatusOr<core::Tensor> loss =
+                nn::functional::CrossEntropy(model->CallOne({micro.inputs}), micro.targets);
+            RETURN_IF_ERROR(loss.status());
+            ASSIGN_OR_RETURN(core::Tensor seed, core::Tensor::FromVector({0.25f}, {}));
+            RETURN_IF_ERROR(core::Backward({*loss}, {seed}));
+            losses.push_back(loss->ToVector()[0]);
+          }
+          RETURN_IF_ERROR(adamw->Step());
+          ASSIGN_OR_RETURN(core::Tensor mine_t,
+                           core::Tensor::FromVector(losses, {static_cast<int64_t>(losses.size())}));
+          core::Tensor all = core::Tensor::Zeros({ctx.world_size * mine_t.numel()});
+          ASSIGN_OR_RETURN(auto work, ctx.group->AllGather(mine_t, all, comm::AllGatherOptions{}));
+          RETURN_IF_ERROR(work->Wait(absl::Seconds(30)));
+          double sum = 0;
+          for (float l : all.ToVector()) sum += l;
+          run.losses.push_back(sum / static_cast<double>(all.numel()));
+        }
+        RETURN_IF_ERROR(Release(*model, &registry));
+        run.params = testing::ParameterValues(*model);
+        if (ctx.rank == 0) out = run;
+        return absl::OkStatus();
+      });
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+TEST(GraphFeaturesTest, DeterministicModeGivesOneRanksBitsAtTwoAndFourRanks) {
+  const testing::TrainingRun one = TrainDeterministic(1);
+  ASSERT_FALSE(one.losses.empty());
+  EXPECT_LT(one.losses.back(), one.losses.front() - 0.1);
+  ExpectSameBits(one, TrainDeterministic(2));
+  ExpectSameBits(one, TrainDeterministic(4));
 }
 
 INSTANTIATE_TEST_SUITE_P(AllStrategies, GraphParityTest,
