@@ -173,7 +173,22 @@ Node::Node(const Tensor& like)
     : outputs_{OutputInfo{like.shape(), like.device()}},
       sequence_nr_(std::numeric_limits<uint64_t>::max()) {}
 
-Node::~Node() = default;
+// Frees the producers this node was the last owner of iteratively: a long graph dropped at
+// once would otherwise recurse one frame per node and overflow the stack.
+Node::~Node() {
+  std::vector<std::shared_ptr<Node>> owned;
+  const auto take = [&owned](std::vector<Edge>& edges) {
+    for (Edge& e : edges) {
+      if (e.node != nullptr && e.node.use_count() == 1) owned.push_back(std::move(e.node));
+    }
+  };
+  take(next_edges_);
+  while (!owned.empty()) {
+    std::shared_ptr<Node> n = std::move(owned.back());
+    owned.pop_back();
+    take(n->next_edges_);
+  }  // each `n` dies with no edge it owns alone: no recursion
+}
 
 // ---- SavedTensor
 

@@ -310,6 +310,20 @@ TEST(AutogradTest, SavedTensorsAreFreedAsTheirNodeRuns) {
   EXPECT_THAT(LeafGrad(x).ToVector(), ElementsAre(4, 32));  // 4 x^3
 }
 
+TEST(AutogradTest, ALongGraphDroppedWithoutBackwardDoesNotRecurse) {
+  // Dropping the last handle of a 300000-op chain frees every node; one stack frame per node
+  // would overflow the stack.
+  Tensor y = Leaf(Vec({1}));
+  for (int i = 0; i < 300000; ++i) {
+    absl::StatusOr<Tensor> next = Add(y, Vec({0}));
+    ASSERT_TRUE(next.ok());
+    y = *std::move(next);
+  }
+  std::weak_ptr<Node> first = y.autograd_meta()->node;
+  y = Tensor();
+  EXPECT_TRUE(first.expired());
+}
+
 TEST(AutogradTest, AddIntoAddsAndChecks) {
   Tensor a = Vec({1, 2});
   const uint64_t v = a.version();
