@@ -14,7 +14,8 @@
 // (reshape, transpose, slice, cat, split, gathers and scatters), reduce.h (sum, mean, max),
 // linear.h (MatMul, Linear), norm.h (LayerNorm, RmsNorm), softmax.h, embedding.h, loss.h
 // (CrossEntropy with ignore_index, Mse), attention.h (ScaledDotProductAttention), rotary.h
-// (Rotary), dropout.h. gradcheck.h checks any op's derivative.
+// (Rotary), dropout.h, fused.h (the GPT-2 block's fused steps, with its bits). gradcheck.h
+// checks any op's derivative.
 #ifndef NN_FUNCTIONAL_FUNCTIONAL_H_
 #define NN_FUNCTIONAL_FUNCTIONAL_H_
 
@@ -22,6 +23,7 @@
 #include "nn/functional/dropout.h"
 #include "nn/functional/elementwise.h"
 #include "nn/functional/embedding.h"
+#include "nn/functional/fused.h"
 #include "nn/functional/linear.h"
 #include "nn/functional/loss.h"
 #include "nn/functional/norm.h"

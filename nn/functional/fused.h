@@ -1,0 +1,138 @@
+// The GPT-2 block's fused steps as differentiable ops, each a custom function with its own
+// backward: what nn::TransformerBlock runs fused (NOTE [Fused layers] in nn/transformer.h), for a
+// graph module that writes the block as a forward only.
+//
+//   namespace F = nn::functional;
+//   // x [B, T, C]; ln_1_w, qkv_w, ... the block's ParameterPtrs.
+//   ASSIGN_OR_RETURN(std::vector<core::Tensor> n1, F::ResidualLayerNorm(x, ln_1_w, ln_1_b));
+//   absl::StatusOr<core::Tensor> y =
+//       F::CausalSelfAttentionCore(F::LinearForGemm(n1[1], qkv_w, qkv_b), n_head);
+//   ASSIGN_OR_RETURN(core::Tensor h, F::LinearResidual(y, attn_proj_w, attn_proj_b, n1[0]));
+//   ASSIGN_OR_RETURN(std::vector<core::Tensor> n2, F::ResidualLayerNorm(h, ln_2_w, ln_2_b));
+//   ASSIGN_OR_RETURN(std::vector<core::Tensor> fc, F::LinearGelu(n2[1], fc_w, fc_b));
+//   absl::StatusOr<core::Tensor> out = F::GeluLinear(fc[0], fc[1], proj_w, proj_b, n2[0]);
+//
+// NOTE [Functional fusions]: each op issues the dispatch calls (nn/tensor_ops.h) of the
+// hand-written fused step it names, in its order, so a block composed of them gives
+// nn::TransformerBlock's output, input gradient and parameter gradients bit for bit, with fp32 and
+// with bf16 weights (fused_test checks it). Weights and biases that are parameter leaves get their
+// gradients added into Parameter::grad by the backward's own GEMMs and passes (beta 1, made fp32
+// zeros first where undefined), as the layers do; any other gets its gradient returned. Under bf16
+// weights the ops keep the layers' bf16 storage: a LayerNorm output, qkv, GELU's h and
+// pre-activation are stored bf16 where a bf16 GEMM takes them (NOTE [GEMM epilogues]), and every
+// GEMM operand is rounded once (NOTE [bf16 GEMMs] in nn/linear.h). What the autograd engine cannot
+// carry is a bf16 gradient: every gradient between nodes is fp32 (NOTE [Autograd]). So where the
+// hand-written backward hands a bf16 gradient from one step to the next, these ops pass the fp32
+// value and the receiver rounds it: the same bits, one rounding pass more each. Under bf16 weights
+// that is (a) GELU's pre-activation gradient, which GeluLinear's GEMM stores bf16 (its epilogue
+// reads the bf16 pre) and widens exactly for the engine, and LinearGelu rounds back; (b) the
+// residual stream's gradient that ln_2's backward also writes bf16 for attention
+// (LayerNorm::BackwardAdd's sum16), which LinearResidual rounds instead; (c) the heads' gradient
+// that attention's proj stores bf16 (Linear::BackwardForGemm), which CausalSelfAttentionCore rounds
+// instead; (d) with the fused attention kernel, dL/dqkv, written fp32 and rounded by
+// LinearForGemm's backward instead of written bf16. On the CPU (fused_test) every one of them keeps
+// the bits. On CUDA (c)'s GEMM stores fp32 where the layer's stores bf16, another problem for
+// cuBLASLt's heuristic, which may pick another algorithm (another fp32 summation order): there the
+// bf16 block agrees within a bf16 rounding, not bit for bit (cuda_fused_test); fp32 weights issue
+// the same calls.
+#ifndef NN_FUNCTIONAL_FUSED_H_
+#define NN_FUNCTIONAL_FUSED_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/autograd.h"
+#include "core/tensor.h"
+
+namespace nn {
+namespace functional {
+
+// y = x w^T + b, as F::Linear (the same checks, gradients and bits), but y is stored bf16 when w is
+// bf16, each element the fp32 value rounded once: the input of a bf16 GEMM or of bf16 attention
+// (Linear::ForwardForGemm, attention's qkv). fp32 with an fp32 w. x is fp32, or bf16 with a bf16 w;
+// b is optional. InvalidArgument "LinearForGemm: ..." naming the argument for a wrong shape, dtype
+// or device.
+absl::StatusOr<core::Tensor> LinearForGemm(core::Arg x, core::Arg w, core::Arg b = core::Tensor());
+
+// {h, pre}: pre = x w^T + b and h = GELU(pre) (tanh form) from one GEMM with the bias and the GELU
+// in its epilogue (Linear::ForwardGelu), both bf16 when w is bf16 (for GeluLinear's bf16 GEMM),
+// else fp32. x [..., in] fp32 (bf16 with a bf16 w), w [out, in], b [out] (a bias is needed).
+// Gradients: the gradient reaching pre (GeluLinear sends its own there) goes back through the GEMM
+// as fc's backward (Linear::BackwardFused): dx, dw and db. A gradient reaching h directly (any
+// consumer other than GeluLinear) is multiplied by GELU'(pre) and added to pre's, after
+// GeluLinear's (h is recorded by a node of its own, "LinearGelu.h", that runs only when such a
+// gradient arrives). InvalidArgument "LinearGelu: ..." naming the argument.
+absl::StatusOr<std::vector<core::Tensor>> LinearGelu(core::Arg x, core::Arg w, core::Arg b);
+
+// y = [residual +] h w^T [+ b], fp32, where h = GELU(pre) as LinearGelu made them (proj's Forward,
+// or ForwardResidual with a residual: the bias and the residual added in the GEMM's epilogue). h
+// and pre: one shape [..., in] and dtype, fp32 or (with a bf16 w) bf16; residual, when given, fp32
+// [..., out]. Gradients: pre gets dy w times GELU'(pre) from the GEMM's epilogue
+// (Linear::BackwardThroughGelu), h none (its gradient is in pre's, which is why h must be
+// GELU(pre)); residual gets dy; w and b as proj's backward adds them. InvalidArgument
+// "GeluLinear: ..." naming the argument for a wrong shape, dtype or device, or when h requires
+// gradients and pre does not (h's gradient would be lost).
+absl::StatusOr<core::Tensor> GeluLinear(core::Arg h, core::Arg pre, core::Arg w,
+                                        core::Arg b = core::Tensor(),
+                                        core::Arg residual = core::Tensor());
+
+// y = residual + x w^T [+ b], fp32, the bias and the residual added in the GEMM's epilogue
+// (Linear::ForwardResidual: attention's proj with the block's residual). x [..., in] fp32 (bf16
+// with a bf16 w), b optional, residual fp32 [..., out]. Gradients: x, w and b as Linear's backward,
+// residual gets dy. InvalidArgument "LinearResidual: ..." naming the argument.
+absl::StatusOr<core::Tensor> LinearResidual(core::Arg x, core::Arg w, core::Arg b,
+                                            core::Arg residual);
+
+struct FusedNormOptions {
+  float eps = 1e-5f;
+  // Store `normed` bf16 when the weight is bf16, for the bf16 GEMM that takes it
+  // (LayerNorm::ForwardForGemm; NOTE [GEMM epilogues]). False, or an fp32 weight: fp32.
+  bool normed_for_gemm = true;
+};
+
+// {x_out, normed} for a pre-LN residual stream: x_out is x itself (the same storage, a new handle:
+// the residual branch adds to it) and normed = LayerNorm(x, w, b) as nn::LayerNorm (dtype per
+// options.normed_for_gemm). x fp32 [..., C]; w and b [C], both fp32 or both bf16. The backward
+// takes both gradients and gives x's as LN'(g_normed) + g_x_out in the LayerNorm's own pass
+// (LayerNorm::BackwardAdd, as NOTE [Fused ops]'s LayerNormBackwardAdd): the residual's sum, the
+// block's bits. w and b get the LayerNorm's gradients. A gradient missing for one output counts as
+// zeros. InvalidArgument "ResidualLayerNorm: ..." naming the argument, or for an eps negative or
+// not finite.
+absl::StatusOr<std::vector<core::Tensor>> ResidualLayerNorm(core::Arg x, core::Arg w, core::Arg b,
+                                                            const FusedNormOptions& options = {});
+
+// {sum, normed}: sum = a + b and normed = LayerNorm(sum, w, bias) in one pass
+// (LayerNorm::ForwardAdd, NOTE [Fused ops]'s AddLayerNormForward: the block's ln_2 after an
+// attention whose output is not added in its GEMM). a and b fp32 of one shape on one device; w,
+// bias and the options as ResidualLayerNorm. The backward gives a and b both LN'(g_normed) + g_sum
+// from one pass, as ResidualLayerNorm's. InvalidArgument "AddLayerNorm: ..." naming the argument.
+absl::StatusOr<std::vector<core::Tensor>> AddLayerNorm(core::Arg a, core::Arg b, core::Arg w,
+                                                       core::Arg bias,
+                                                       const FusedNormOptions& options = {});
+
+struct AttentionCoreOptions {
+  // Take the fused kernel where it applies (NOTE [Fused attention] in nn/attention.h: bf16 qkv and
+  // a head width of 64 or 128); CausalSelfAttention::set_fused.
+  bool fused = true;
+  // The fused kernel stores y bf16, for a bf16 GEMM that takes it (attention's proj with a bf16
+  // weight): the rounding that GEMM would do, and what the kernel's backward reads. The unfused
+  // path's y is fp32 either way.
+  bool y_bf16 = false;
+};
+
+// y [B, T, C]: per batch element and head h of n_head, softmax(q k^T / sqrt(C / n_head), causal) v,
+// the heads side by side, with q, k, v packed in qkv [B, T, 3C] (nanoGPT's c_attn split; head h at
+// columns h * hd of each): what CausalSelfAttention runs between its projections
+// (nn::internal::CausalAttentionCore), with its own backward giving dL/dqkv (fp32). qkv fp32, or
+// bf16 for bf16 attention (NOTE [bf16 attention] in nn/attention.h; LinearForGemm stores it so
+// under a bf16 weight). y is fp32 (bf16 per options.y_bf16). InvalidArgument
+// "CausalSelfAttentionCore: ..." for qkv not [B, T, 3C] fp32 or bf16 with C divisible by a positive
+// n_head.
+absl::StatusOr<core::Tensor> CausalSelfAttentionCore(core::Arg qkv, int64_t n_head,
+                                                     const AttentionCoreOptions& options = {});
+
+}  // namespace functional
+}  // namespace nn
+
+#endif  // NN_FUNCTIONAL_FUSED_H_
