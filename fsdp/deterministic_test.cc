@@ -104,14 +104,8 @@ absl::StatusOr<Bits> Train(comm::testing::RankContext& ctx, const testing::GptTr
     }
     RETURN_IF_ERROR(adamw->Step());
     // Every rank's losses, in rank order: micro-batch order.
-    ASSIGN_OR_RETURN(core::Tensor mine_t,
-                     core::Tensor::FromVector(losses, {static_cast<int64_t>(losses.size())}));
-    core::Tensor all = core::Tensor::Zeros({ctx.world_size * mine_t.numel()});
-    ASSIGN_OR_RETURN(auto work, ctx.group->AllGather(mine_t, all, comm::AllGatherOptions{}));
-    RETURN_IF_ERROR(work->Wait(absl::Seconds(30)));
-    double sum = 0;
-    for (float l : all.ToVector()) sum += l;
-    bits.losses.push_back(sum / static_cast<double>(all.numel()));
+    ASSIGN_OR_RETURN(double loss, testing::MicroBatchMeanLoss(ctx, losses));
+    bits.losses.push_back(loss);
   }
   RETURN_IF_ERROR(Release(*gpt, &registry));
   bits.params = testing::ParameterValues(*gpt);

@@ -276,14 +276,8 @@ testing::TrainingRun TrainDeterministic(int world) {
             losses.push_back(loss->ToVector()[0]);
           }
           RETURN_IF_ERROR(adamw->Step());
-          ASSIGN_OR_RETURN(core::Tensor mine_t,
-                           core::Tensor::FromVector(losses, {static_cast<int64_t>(losses.size())}));
-          core::Tensor all = core::Tensor::Zeros({ctx.world_size * mine_t.numel()});
-          ASSIGN_OR_RETURN(auto work, ctx.group->AllGather(mine_t, all, comm::AllGatherOptions{}));
-          RETURN_IF_ERROR(work->Wait(absl::Seconds(30)));
-          double sum = 0;
-          for (float l : all.ToVector()) sum += l;
-          run.losses.push_back(sum / static_cast<double>(all.numel()));
+          ASSIGN_OR_RETURN(double loss, testing::MicroBatchMeanLoss(ctx, losses));
+          run.losses.push_back(loss);
         }
         RETURN_IF_ERROR(Release(*model, &registry));
         run.params = testing::ParameterValues(*model);

@@ -100,6 +100,18 @@ absl::StatusOr<double> ForwardBackwardGraph(core::Module& model, const data::Tok
   return static_cast<double>(loss->ToVector()[0]);
 }
 
+absl::StatusOr<double> MicroBatchMeanLoss(comm::testing::RankContext& ctx,
+                                          const std::vector<float>& losses) {
+  ASSIGN_OR_RETURN(core::Tensor mine,
+                   core::Tensor::FromVector(losses, {static_cast<int64_t>(losses.size())}));
+  core::Tensor all = core::Tensor::Zeros({ctx.world_size * mine.numel()});
+  ASSIGN_OR_RETURN(auto work, ctx.group->AllGather(mine, all, comm::AllGatherOptions{}));
+  RETURN_IF_ERROR(work->Wait(absl::Seconds(30)));
+  double sum = 0;
+  for (float l : all.ToVector()) sum += l;
+  return sum / static_cast<double>(all.numel());
+}
+
 std::vector<std::pair<std::string, std::vector<float>>> ParameterValues(const core::Module& m) {
   std::vector<std::pair<std::string, std::vector<float>>> out;
   for (const auto& [name, p] : m.NamedParameters()) out.emplace_back(name, p->data.ToVector());

@@ -134,6 +134,11 @@ struct MemoryBound {
 };
 MemoryBound FullShardMemoryBound(const FullyShardHandle& handle, int limit_all_gathers, int world);
 
+// The mean of every rank's micro-batch losses, gathered and added in rank order (micro-batch
+// order when each rank holds an aligned range): the step loss of the deterministic runs.
+absl::StatusOr<double> MicroBatchMeanLoss(comm::testing::RankContext& ctx,
+                                          const std::vector<float>& losses);
+
 // The values of a module's parameters by name (full-shape data read as floats).
 std::vector<std::pair<std::string, std::vector<float>>> ParameterValues(const core::Module& m);
 
