@@ -22,6 +22,7 @@
 #include "core/tensor.h"
 #include "gtest/gtest.h"
 #include "nn/functional/fused.h"
+#include "nn/functional/testing/graph_gpt.h"
 #include "nn/testing/cuda_compare.h"
 #include "nn/to_device.h"
 #include "nn/transformer.h"
@@ -155,23 +156,6 @@ TEST(CudaFusedTest, Bf16OpsMatchTheCpu) {
 // The output, dL/dx and every parameter gradient (NamedParameters order), on the host.
 using Values = std::vector<std::vector<float>>;
 
-// fused_test's GraphTransformerBlock as a function: the hand-written block's parameters through the
-// fused ops, on their device.
-absl::StatusOr<Tensor> GraphBlock(const nn::TransformerBlock& block, const Tensor& x) {
-  std::vector<core::ParameterPtr> p;
-  for (const auto& [name, param] : block.NamedParameters()) p.push_back(param);
-  ASSIGN_OR_RETURN(const std::vector<Tensor> n1, ResidualLayerNorm(x, p[0], p[1]));
-  AttentionCoreOptions attention;
-  attention.y_bf16 = p[4]->data.dtype() == DType::kBFloat16;
-  ASSIGN_OR_RETURN(const Tensor h,
-                   LinearResidual(CausalSelfAttentionCore(LinearForGemm(n1[1], p[2], p[3]),
-                                                          block.attn()->n_head(), attention),
-                                  p[4], p[5], n1[0]));
-  ASSIGN_OR_RETURN(const std::vector<Tensor> n2, ResidualLayerNorm(h, p[6], p[7]));
-  ASSIGN_OR_RETURN(const std::vector<Tensor> fc, LinearGelu(n2[1], p[8], p[9]));
-  return GeluLinear(fc[0], fc[1], p[10], p[11], n2[0]);
-}
-
 // One step of the block, hand-written (Forward/Backward) or as the graph, on the device of its
 // parameters.
 Values BlockStep(nn::TransformerBlock& block, bool graph, const Tensor& x, const Tensor& g) {
@@ -181,7 +165,9 @@ Values BlockStep(nn::TransformerBlock& block, bool graph, const Tensor& x, const
   Values v;
   if (graph) {
     const Tensor xl = core::Leaf(xd);
-    absl::StatusOr<Tensor> y = GraphBlock(block, xl);
+    // The block as a graph module (NOTE [Functional fusions]), on its parameters' device.
+    auto module = std::make_shared<testing::GraphTransformerBlock>(block, true);
+    absl::StatusOr<Tensor> y = module->CallOne({xl});
     EXPECT_TRUE(y.ok()) << y.status();
     if (!y.ok()) return v;
     const absl::Status back = core::Backward({*y}, {gd});

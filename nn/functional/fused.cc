@@ -1,5 +1,6 @@
 #include "nn/functional/fused.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -401,6 +402,38 @@ absl::StatusOr<Tensor> GeluLinear(core::Arg h_arg, core::Arg pre_arg, core::Arg 
                                    ctx.needs_grad(4) ? ctx.grad(0) : Tensor()};
       },
       {"h", "pre", "weight"}));
+  return y;
+}
+
+absl::StatusOr<Tensor> BiasAdd(core::Arg x_arg, core::Arg b_arg) {
+  constexpr const char* kOp = "BiasAdd";
+  RETURN_IF_ERROR(x_arg.status());
+  RETURN_IF_ERROR(b_arg.status());
+  const Tensor& x = x_arg.tensor();
+  const Tensor& b = b_arg.tensor();
+  RETURN_IF_ERROR(CheckDevices(kOp, {{"input", &x}, {"bias", &b}}));
+  RETURN_IF_ERROR(::nn::internal::CheckDType(kOp, "input", x, DType::kFloat32));
+  RETURN_IF_ERROR(CheckFp32OrBf16(kOp, "bias", b));
+  const bool trailing = b.dim() <= x.dim() &&
+                        std::equal(b.shape().begin(), b.shape().end(), x.shape().end() - b.dim());
+  if (!trailing || b.numel() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kOp, ": bias ", b.ToString(), " must be the trailing dimensions of input ", x.ToString()));
+  }
+  ASSIGN_OR_RETURN(Tensor y, NewActivation(x.shape(), x.device()));
+  RETURN_IF_ERROR(::nn::BiasAdd(kOp, x, b, y));
+  RETURN_IF_ERROR(core::RecordFunction(
+      kOp, {x, b}, {&y}, {},
+      [b_shape =
+           b.shape()](const core::BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
+        const Tensor& g = ctx.grad(0);
+        ASSIGN_OR_RETURN(const internal::GradSink gb,
+                         internal::GradSinkFor(ctx, 1, kOp, "bias", b_shape, g.device()));
+        if (gb.tensor.defined()) {
+          RETURN_IF_ERROR(AccumulateColumnSums(kOp, g, Tensor(), gb.tensor));
+        }
+        return std::vector<Tensor>{ctx.needs_grad(0) ? g : Tensor(), gb.returned()};
+      }));
   return y;
 }
 

@@ -77,6 +77,14 @@ absl::StatusOr<core::Tensor> GeluLinear(core::Arg h, core::Arg pre, core::Arg w,
                                         core::Arg b = core::Tensor(),
                                         core::Arg residual = core::Tensor());
 
+// y = x + b with b [...] the trailing dimensions of x [..., ...] (b.numel() elements as a row
+// added to every row of x viewed as [x.numel() / b.numel(), b.numel()]), through nn::BiasAdd: the
+// GPT's token embedding plus its position embedding. x fp32, b fp32 or bf16. Gradients: x gets dy,
+// b the column sums of dy (nn::AccumulateColumnSums, the order the layers' bias gradients use),
+// added into Parameter::grad when b is a parameter. InvalidArgument "BiasAdd: ..." naming the
+// argument when b's shape is not x's trailing dimensions, or a dtype or device is wrong.
+absl::StatusOr<core::Tensor> BiasAdd(core::Arg x, core::Arg b);
+
 // y = residual + x w^T [+ b], fp32, the bias and the residual added in the GEMM's epilogue
 // (Linear::ForwardResidual: attention's proj with the block's residual). x [..., in] fp32 (bf16
 // with a bf16 w), b optional, residual fp32 [..., out]. Gradients: x, w and b as Linear's backward,

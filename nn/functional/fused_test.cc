@@ -18,6 +18,7 @@
 #include "nn/functional/internal/layer_test_util.h"
 #include "nn/functional/linear.h"
 #include "nn/functional/norm.h"
+#include "nn/functional/testing/graph_gpt.h"
 #include "nn/layer_norm.h"
 #include "nn/testing/fused_layers.h"
 #include "nn/testing/gradcheck.h"
@@ -34,53 +35,7 @@ using layer_test_util::ExpectInvalid;
 using layer_test_util::ExpectSameBits;
 using layer_test_util::Random;
 
-// NOTE [Functional fusions]: nn::TransformerBlock written as a forward only, on `block`'s own
-// parameters (the same ParameterPtrs, under the same names). With `attention_residual_in_gemm`
-// false it runs what the block runs when attention's proj cannot add the residual in its GEMM (a
-// hook on it): proj as F::Linear, then the residual add and ln_2 in one pass (AddLayerNorm).
-class GraphTransformerBlock : public core::Module {
- public:
-  GraphTransformerBlock(const nn::TransformerBlock& block, bool attention_residual_in_gemm)
-      : n_head_(block.attn()->n_head()), residual_in_gemm_(attention_residual_in_gemm) {
-    for (const auto& [name, p] : block.NamedParameters())
-      params_.push_back(RegisterParameter(name, p));
-  }
-  std::string TypeName() const override { return "GraphTransformerBlock"; }
-
- protected:
-  absl::StatusOr<core::Tensors> ForwardGraph(const core::Tensors& in) override {
-    // block.NamedParameters() order: ln_1, attn.qkv, attn.proj, ln_2, mlp.fc, mlp.proj, each weight
-    // then bias.
-    const core::ParameterPtr &ln_1_w = params_[0], &ln_1_b = params_[1], &qkv_w = params_[2],
-                             &qkv_b = params_[3], &attn_proj_w = params_[4],
-                             &attn_proj_b = params_[5], &ln_2_w = params_[6], &ln_2_b = params_[7],
-                             &fc_w = params_[8], &fc_b = params_[9], &proj_w = params_[10],
-                             &proj_b = params_[11];
-    // h = x + attn(ln_1(x)).
-    ASSIGN_OR_RETURN(const std::vector<Tensor> n1, ResidualLayerNorm(in[0], ln_1_w, ln_1_b));
-    AttentionCoreOptions attention;
-    attention.y_bf16 = residual_in_gemm_ && attn_proj_w->data.dtype() == DType::kBFloat16;
-    absl::StatusOr<Tensor> y =
-        CausalSelfAttentionCore(LinearForGemm(n1[1], qkv_w, qkv_b), n_head_, attention);
-    std::vector<Tensor> n2;
-    if (residual_in_gemm_) {
-      ASSIGN_OR_RETURN(const Tensor h, LinearResidual(y, attn_proj_w, attn_proj_b, n1[0]));
-      ASSIGN_OR_RETURN(n2, ResidualLayerNorm(h, ln_2_w, ln_2_b));
-    } else {
-      ASSIGN_OR_RETURN(n2,
-                       AddLayerNorm(n1[0], Linear(y, attn_proj_w, attn_proj_b), ln_2_w, ln_2_b));
-    }
-    // out = h + mlp(ln_2(h)).
-    ASSIGN_OR_RETURN(const std::vector<Tensor> fc, LinearGelu(n2[1], fc_w, fc_b));
-    ASSIGN_OR_RETURN(const Tensor out, GeluLinear(fc[0], fc[1], proj_w, proj_b, n2[0]));
-    return core::Tensors{out};
-  }
-
- private:
-  int64_t n_head_;
-  bool residual_in_gemm_;
-  std::vector<core::ParameterPtr> params_;
-};
+using testing::GraphTransformerBlock;
 
 // One step's results: the output, dL/dx, every parameter gradient (NamedParameters order), the ops
 // it dispatched (category, name and GEMM shape, in order) less the bf16 roundings and copies, and
