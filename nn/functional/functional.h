@@ -14,8 +14,8 @@
 // (reshape, transpose, slice, cat, split, gathers and scatters), reduce.h (sum, mean, max),
 // linear.h (MatMul, Linear), norm.h (LayerNorm, RmsNorm), softmax.h, embedding.h, loss.h
 // (CrossEntropy with ignore_index, Mse), attention.h (ScaledDotProductAttention), rotary.h
-// (Rotary), dropout.h, fused.h (the GPT-2 block's fused steps, with its bits). gradcheck.h
-// checks any op's derivative.
+// (Rotary), dropout.h, fused.h (the GPT-2 block's fused steps, with its bits), llama_fused.h
+// (the Llama decoder layer's, with its bits). gradcheck.h checks any op's derivative.
 #ifndef NN_FUNCTIONAL_FUNCTIONAL_H_
 #define NN_FUNCTIONAL_FUNCTIONAL_H_
 
@@ -25,6 +25,7 @@
 #include "nn/functional/embedding.h"
 #include "nn/functional/fused.h"
 #include "nn/functional/linear.h"
+#include "nn/functional/llama_fused.h"
 #include "nn/functional/loss.h"
 #include "nn/functional/norm.h"
 #include "nn/functional/reduce.h"
