@@ -8,17 +8,16 @@
 // CPU's fp32 composition, as the layers' fused attention is tested; the rotary embedding
 // within kFp32Rel (the device contracts its products into fused multiply-adds, the CPU loops
 // do not); dropout bit for bit (its mask is integer math, its scale one fp32 product).
-#include <functional>
 #include <string>
 #include <vector>
 
-#include "core/autograd.h"
 #include "core/cuda_device.h"
 #include "core/status_macros.h"
 #include "core/tensor.h"
 #include "gtest/gtest.h"
 #include "nn/functional/attention.h"
 #include "nn/functional/dropout.h"
+#include "nn/functional/internal/device_test_util.h"
 #include "nn/functional/rotary.h"
 #include "nn/rotary.h"
 #include "nn/testing/cuda_compare.h"
@@ -29,68 +28,21 @@ namespace {
 
 using core::DType;
 using core::Tensor;
-using cuda_compare::Host;
 using cuda_compare::kBf16Unit;
 using cuda_compare::kFp32Rel;
-using cuda_compare::kGpu;
 using cuda_compare::Normal;
-using cuda_compare::RelErr;
-using cuda_compare::To;
+using device_test_util::AgreeOptions;
+using device_test_util::DeviceFn;
+using device_test_util::ExpectDevicesAgree;
+using device_test_util::OneOutput;
 
-// fn of the inputs placed on a device (fp32 ones as leaves); the device is passed along
-// for what fn makes itself (tables).
-using Fn = std::function<absl::StatusOr<Tensor>(const std::vector<Tensor>&, const core::Device&)>;
-
-struct Result {
-  std::vector<float> out;
-  std::vector<std::vector<float>> grads;
-};
-
-Result RunOn(const core::Device& device, const Fn& fn, const std::vector<Tensor>& inputs) {
-  std::vector<Tensor> in;
-  for (const Tensor& t : inputs) {
-    const Tensor placed = device.is_cpu() ? t : To(t, device);
-    in.push_back(t.dtype() == DType::kInt32 ? placed : core::Leaf(placed));
-  }
-  Result r;
-  absl::StatusOr<Tensor> y = fn(in, device);
-  EXPECT_TRUE(y.ok()) << y.status();
-  if (!y.ok()) return r;
-  const Tensor seed = Normal(y->shape(), 99);
-  const absl::Status back = core::Backward({*y}, {device.is_cpu() ? seed : To(seed, device)});
-  EXPECT_TRUE(back.ok()) << back;
-  r.out = Host(*y);
-  for (const Tensor& t : in) {
-    if (t.dtype() != DType::kInt32) r.grads.push_back(Host(core::LeafGrad(t)));
-  }
-  return r;
-}
-
-// `gpu_fn` on cuda:0 against `cpu_fn` on the CPU (the same function unless given).
-void ExpectDevicesAgree(const std::string& what, const Fn& gpu_fn,
-                        const std::vector<Tensor>& inputs, double rel, const Fn& cpu_fn = nullptr) {
-  SCOPED_TRACE(what);
-  const Result cpu = RunOn(core::Device::Cpu(), cpu_fn ? cpu_fn : gpu_fn, inputs);
-  const Result gpu = RunOn(kGpu, gpu_fn, inputs);
-  if (rel == 0) {
-    EXPECT_EQ(gpu.out, cpu.out) << "output";
-    EXPECT_EQ(gpu.grads, cpu.grads) << "gradients";
-    return;
-  }
-  EXPECT_LE(RelErr(gpu.out, cpu.out), rel) << "output";
-  ASSERT_EQ(gpu.grads.size(), cpu.grads.size());
-  for (size_t i = 0; i < cpu.grads.size(); ++i) {
-    EXPECT_LE(RelErr(gpu.grads[i], cpu.grads[i]), rel) << "gradient of input " << i;
-  }
-}
-
-Fn Attention(bool causal, bool fused = false) {
+DeviceFn Attention(bool causal, bool fused = false) {
   return [causal, fused](const std::vector<Tensor>& in, const core::Device&) {
     AttentionOptions o;
     o.causal = causal;
     o.fused = fused;
     if (in.size() > 3) o.mask = in[3];
-    return ScaledDotProductAttention(in[0], in[1], in[2], o);
+    return OneOutput(ScaledDotProductAttention(in[0], in[1], in[2], o));
   };
 }
 
@@ -129,27 +81,30 @@ Tensor Bf16Exact(const core::Shape& shape, uint64_t seed) {
 // the CPU, with a partial last tile and grouped heads.
 TEST(CudaAttentionTest, FusedAttentionMatchesTheCpuComposition) {
   SKIP_WITHOUT_GPU();
+  AgreeOptions composition_on_cpu;
+  composition_on_cpu.cpu_fn = Attention(true, /*fused=*/false);
   for (int64_t D : {64, 128}) {
     const int64_t T = 200;
     ExpectDevicesAgree(
         "fused, D " + std::to_string(D), Attention(true, /*fused=*/true),
         {Bf16Exact({2, 4, T, D}, 1), Bf16Exact({2, 2, T, D}, 2), Bf16Exact({2, 2, T, D}, 3)},
-        4 * kBf16Unit, Attention(true, /*fused=*/false));
+        4 * kBf16Unit, composition_on_cpu);
   }
 }
 
 TEST(CudaAttentionTest, RotaryMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
-  const Fn at_offset = [](const std::vector<Tensor>& in,
-                          const core::Device& device) -> absl::StatusOr<Tensor> {
+  const DeviceFn at_offset = [](const std::vector<Tensor>& in,
+                                const core::Device& device) -> absl::StatusOr<std::vector<Tensor>> {
     ASSIGN_OR_RETURN(RotaryTables tables, MakeRotaryTables(40, 16, 10000.0, device));
-    return Rotary(in[0], tables, 7);
+    return OneOutput(Rotary(in[0], tables, 7));
   };
   ExpectDevicesAgree("offset", at_offset, {Normal({2, 3, 33, 16}, 1)}, kFp32Rel);
-  const Fn at_positions = [](const std::vector<Tensor>& in,
-                             const core::Device& device) -> absl::StatusOr<Tensor> {
+  const DeviceFn at_positions =
+      [](const std::vector<Tensor>& in,
+         const core::Device& device) -> absl::StatusOr<std::vector<Tensor>> {
     ASSIGN_OR_RETURN(RotaryTables tables, MakeRotaryTables(64, 16, 500000.0, device));
-    return Rotary(in[0], tables, in[1]);
+    return OneOutput(Rotary(in[0], tables, in[1]));
   };
   ExpectDevicesAgree("positions [B, T]", at_positions,
                      {Normal({2, 3, 33, 16}, 2), cuda_compare::Ids({2, 33}, 64, 3)}, kFp32Rel);
@@ -159,8 +114,8 @@ TEST(CudaAttentionTest, RotaryMatchesTheCpu) {
 TEST(CudaAttentionTest, DropoutMatchesTheCpuBitForBit) {
   SKIP_WITHOUT_GPU();
   for (int64_t offset : {0, 1000003}) {
-    const Fn dropout = [offset](const std::vector<Tensor>& in, const core::Device&) {
-      return Dropout(in[0], 0.3, 17, 5, true, offset);
+    const DeviceFn dropout = [offset](const std::vector<Tensor>& in, const core::Device&) {
+      return OneOutput(Dropout(in[0], 0.3, 17, 5, true, offset));
     };
     ExpectDevicesAgree("offset " + std::to_string(offset), dropout, {Normal({300, 257}, 1)}, 0);
   }

@@ -8,7 +8,6 @@
 // the CUDA rows' exponentials, kernels::RowExp). With bf16 weights both devices take the same
 // bf16 operands (the same seed gradient is rounded on both) and accumulate in fp32, so only
 // the order of the fp32 sums differs; the bound is 10x looser for cuBLAS's bf16 kernels.
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,6 +18,8 @@
 #include "core/tensor.h"
 #include "gtest/gtest.h"
 #include "nn/functional/embedding.h"
+#include "nn/functional/internal/device_test_util.h"
+#include "nn/functional/internal/layer_test_util.h"
 #include "nn/functional/linear.h"
 #include "nn/functional/loss.h"
 #include "nn/functional/norm.h"
@@ -38,63 +39,24 @@ using cuda_compare::kGpu;
 using cuda_compare::Normal;
 using cuda_compare::RelErr;
 using cuda_compare::To;
-
-using Fn = std::function<absl::StatusOr<Tensor>(const std::vector<Tensor>&)>;
-
-// The output and the gradient of each non-int32 input, on the host.
-struct Result {
-  std::vector<float> out;
-  std::vector<std::vector<float>> grads;
-};
-
-// fn on `inputs` copied to `device` (all but int32 ones as leaves, int32 ones moved too
-// when `ids_on_device`), backward from a fixed random output gradient.
-Result RunOn(const core::Device& device, const Fn& fn, const std::vector<Tensor>& inputs,
-             bool ids_on_device) {
-  std::vector<Tensor> in;
-  for (const Tensor& t : inputs) {
-    const bool ids = t.dtype() == DType::kInt32;
-    const Tensor placed = device.is_cpu() || (ids && !ids_on_device) ? t : To(t, device);
-    in.push_back(ids ? placed : core::Leaf(placed));
-  }
-  Result r;
-  absl::StatusOr<Tensor> y = fn(in);
-  EXPECT_TRUE(y.ok()) << y.status();
-  if (!y.ok()) return r;
-  const Tensor seed = Normal(y->shape(), 99);
-  const absl::Status back = core::Backward({*y}, {device.is_cpu() ? seed : To(seed, device)});
-  EXPECT_TRUE(back.ok()) << back;
-  r.out = Host(*y);
-  for (const Tensor& t : in) {
-    if (t.dtype() != DType::kInt32) r.grads.push_back(Host(core::LeafGrad(t)));
-  }
-  return r;
-}
-
-void ExpectDevicesAgree(const std::string& what, const Fn& fn, const std::vector<Tensor>& inputs,
-                        double rel, bool ids_on_device = true) {
-  SCOPED_TRACE(what);
-  const Result cpu = RunOn(core::Device::Cpu(), fn, inputs, ids_on_device);
-  const Result gpu = RunOn(kGpu, fn, inputs, ids_on_device);
-  EXPECT_LE(RelErr(gpu.out, cpu.out), rel) << "output";
-  ASSERT_EQ(gpu.grads.size(), cpu.grads.size());
-  for (size_t i = 0; i < cpu.grads.size(); ++i) {
-    EXPECT_LE(RelErr(gpu.grads[i], cpu.grads[i]), rel) << "gradient of input " << i;
-  }
-}
-
-Tensor Bf16(const Tensor& t) {
-  return t.ToDType(DType::kBFloat16, core::MemoryTag::kOther).value();
-}
+using device_test_util::AgreeOptions;
+using device_test_util::DeviceFn;
+using device_test_util::ExpectDevicesAgree;
+using device_test_util::OneOutput;
+using layer_test_util::Bf16;
 
 TEST(CudaFunctionalLayersTest, MatMulAndLinearMatchTheCpu) {
   SKIP_WITHOUT_GPU();
-  const Fn matmul = [](const std::vector<Tensor>& in) { return MatMul(in[0], in[1]); };
+  const DeviceFn matmul = [](const std::vector<Tensor>& in, const core::Device&) {
+    return OneOutput(MatMul(in[0], in[1]));
+  };
   ExpectDevicesAgree("batched MatMul", matmul, {Normal({2, 3, 17, 9}, 1), Normal({2, 3, 9, 11}, 2)},
                      kFp32Rel);
   ExpectDevicesAgree("MatMul with a shared b", matmul, {Normal({4, 17, 9}, 3), Normal({9, 11}, 4)},
                      kFp32Rel);
-  const Fn linear = [](const std::vector<Tensor>& in) { return Linear(in[0], in[1], in[2]); };
+  const DeviceFn linear = [](const std::vector<Tensor>& in, const core::Device&) {
+    return OneOutput(Linear(in[0], in[1], in[2]));
+  };
   ExpectDevicesAgree("fp32 Linear", linear,
                      {Normal({3, 5, 45}, 5), Normal({23, 45}, 6), Normal({23}, 7)}, kFp32Rel);
   ExpectDevicesAgree("bf16 Linear", linear,
@@ -126,19 +88,29 @@ TEST(CudaFunctionalLayersTest, LinearAddsIntoDeviceParameterGradients) {
 TEST(CudaFunctionalLayersTest, NormsMatchTheCpu) {
   SKIP_WITHOUT_GPU();
   ExpectDevicesAgree(
-      "LayerNorm", [](const std::vector<Tensor>& in) { return LayerNorm(in[0], in[1], in[2]); },
+      "LayerNorm",
+      [](const std::vector<Tensor>& in, const core::Device&) {
+        return OneOutput(LayerNorm(in[0], in[1], in[2]));
+      },
       {Normal({4, 7, 96}, 1), Normal({96}, 2), Normal({96}, 3)}, kFp32Rel);
   ExpectDevicesAgree(
-      "RmsNorm", [](const std::vector<Tensor>& in) { return RmsNorm(in[0], in[1]); },
+      "RmsNorm",
+      [](const std::vector<Tensor>& in, const core::Device&) {
+        return OneOutput(RmsNorm(in[0], in[1]));
+      },
       {Normal({4, 7, 96}, 4), Normal({96}, 5)}, kFp32Rel);
 }
 
 TEST(CudaFunctionalLayersTest, EmbeddingMatchesTheCpuWithIdsOnEitherDevice) {
   SKIP_WITHOUT_GPU();
-  const Fn embedding = [](const std::vector<Tensor>& in) { return Embedding(in[0], in[1]); };
+  const DeviceFn embedding = [](const std::vector<Tensor>& in, const core::Device&) {
+    return OneOutput(Embedding(in[0], in[1]));
+  };
   for (bool ids_on_device : {true, false}) {
+    AgreeOptions ids;
+    ids.ids_on_device = ids_on_device;
     ExpectDevicesAgree(absl::StrCat("Embedding, ids on the device: ", ids_on_device), embedding,
-                       {Ids({3, 11}, 50, 1), Normal({50, 24}, 2)}, kFp32Rel, ids_on_device);
+                       {Ids({3, 11}, 50, 1), Normal({50, 24}, 2)}, kFp32Rel, ids);
   }
   // Ids on the device are checked on the host too.
   const Tensor bad = To(Tensor::FromInts({7, 55}, {2}).value(), kGpu);
@@ -153,11 +125,15 @@ TEST(CudaFunctionalLayersTest, SoftmaxRowsMatchTheCpuAndRepeatBitForBit) {
   for (int64_t cols : {5, 97, 4099}) {
     ExpectDevicesAgree(
         absl::StrCat("Softmax of ", cols),
-        [](const std::vector<Tensor>& in) { return Softmax(in[0]); }, {Normal({33, cols}, 1, 3.0f)},
-        kFp32Rel);
+        [](const std::vector<Tensor>& in, const core::Device&) {
+          return OneOutput(Softmax(in[0]));
+        },
+        {Normal({33, cols}, 1, 3.0f)}, kFp32Rel);
     ExpectDevicesAgree(
         absl::StrCat("LogSoftmax of ", cols),
-        [](const std::vector<Tensor>& in) { return LogSoftmax(in[0]); },
+        [](const std::vector<Tensor>& in, const core::Device&) {
+          return OneOutput(LogSoftmax(in[0]));
+        },
         {Normal({33, cols}, 2, 3.0f)}, kFp32Rel);
   }
   const Tensor x = To(Normal({64, 1000}, 3), kGpu);
@@ -169,18 +145,24 @@ TEST(CudaFunctionalLayersTest, SoftmaxRowsMatchTheCpuAndRepeatBitForBit) {
 TEST(CudaFunctionalLayersTest, LossesMatchTheCpu) {
   SKIP_WITHOUT_GPU();
   for (bool targets_on_device : {true, false}) {
-    const Fn ce = [](const std::vector<Tensor>& in) { return CrossEntropy(in[0], in[1]); };
+    AgreeOptions targets_on;
+    targets_on.ids_on_device = targets_on_device;
+    const DeviceFn ce = [](const std::vector<Tensor>& in, const core::Device&) {
+      return OneOutput(CrossEntropy(in[0], in[1]));
+    };
     ExpectDevicesAgree(absl::StrCat("CrossEntropy, targets on the device: ", targets_on_device), ce,
-                       {Normal({4, 9, 301}, 1, 2.0f), Ids({4, 9}, 301, 2)}, kFp32Rel,
-                       targets_on_device);
+                       {Normal({4, 9, 301}, 1, 2.0f), Ids({4, 9}, 301, 2)}, kFp32Rel, targets_on);
     Tensor targets = Ids({4, 9}, 301, 3);
     for (int i = 0; i < 36; i += 5) targets.data<int32_t>()[i] = -100;
     ExpectDevicesAgree(
         absl::StrCat("CrossEntropy with ignored targets, on the device: ", targets_on_device), ce,
-        {Normal({4, 9, 301}, 4, 2.0f), targets}, kFp32Rel, targets_on_device);
+        {Normal({4, 9, 301}, 4, 2.0f), targets}, kFp32Rel, targets_on);
   }
   ExpectDevicesAgree(
-      "Mse", [](const std::vector<Tensor>& in) { return Mse(in[0], in[1]); },
+      "Mse",
+      [](const std::vector<Tensor>& in, const core::Device&) {
+        return OneOutput(Mse(in[0], in[1]));
+      },
       {Normal({5, 13}, 5), Normal({5, 13}, 6)}, kFp32Rel);
 }
 

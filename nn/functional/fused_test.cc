@@ -9,12 +9,12 @@
 #include "absl/strings/str_cat.h"
 #include "core/autograd.h"
 #include "core/module.h"
-#include "core/op_profile.h"
 #include "core/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nn/functional/elementwise.h"
 #include "nn/functional/gradcheck.h"
+#include "nn/functional/internal/block_test_util.h"
 #include "nn/functional/internal/layer_test_util.h"
 #include "nn/functional/linear.h"
 #include "nn/functional/norm.h"
@@ -29,86 +29,21 @@ namespace nn {
 namespace functional {
 namespace {
 
+using block_test_util::CallOneOf;
+using block_test_util::ExpectAttentionPath;
+using block_test_util::ExpectSameSteps;
+using block_test_util::RunStep;
+using block_test_util::Step;
 using core::DType;
 using core::Tensor;
+using layer_test_util::Bf16;
+using layer_test_util::ExpectGradientsPass;
 using layer_test_util::ExpectInvalid;
+using layer_test_util::ExpectNear;
 using layer_test_util::ExpectSameBits;
 using layer_test_util::Random;
 
 using testing::GraphTransformerBlock;
-
-// One step's results: the output, dL/dx, every parameter gradient (NamedParameters order), the ops
-// it dispatched (category, name and GEMM shape, in order) less the bf16 roundings and copies, and
-// how many roundings ("convert") its backward made.
-struct Step {
-  std::vector<Tensor> bits;
-  std::vector<std::string> ops;
-  int backward_converts = 0;
-};
-
-void Collect(const core::OpProfile& profile, Step* step, int* converts) {
-  for (const core::OpRecord& r : profile.records()) {
-    if (r.name == "convert") ++*converts;
-    if (r.name == "convert" || r.name == "copy") continue;
-    step->ops.push_back(absl::StrCat(core::OpCategoryName(r.category), " ", r.name, " ",
-                                     r.gemm.batch, "x", r.gemm.m, "x", r.gemm.n, "x", r.gemm.k));
-  }
-}
-
-Step HandWrittenStep(nn::TransformerBlock& block, const Tensor& x, const Tensor& g) {
-  Step step;
-  block.ZeroGrad(/*set_to_none=*/true);
-  core::OpProfile forward, backward;
-  absl::StatusOr<Tensor> y;
-  {
-    core::ScopedOpProfile on(&forward);
-    y = block.Forward(x);
-  }
-  EXPECT_TRUE(y.ok()) << y.status();
-  if (!y.ok()) return step;
-  absl::StatusOr<Tensor> gx;
-  {
-    core::ScopedOpProfile on(&backward);
-    gx = block.Backward(g);
-  }
-  EXPECT_TRUE(gx.ok()) << gx.status();
-  if (!gx.ok()) return step;
-  int forward_converts = 0;
-  Collect(forward, &step, &forward_converts);
-  Collect(backward, &step, &step.backward_converts);
-  step.bits = {*y, *gx};
-  for (const auto& [name, p] : block.NamedParameters())
-    step.bits.push_back(p->grad.Clone(core::MemoryTag::kOther));
-  return step;
-}
-
-Step GraphStep(GraphTransformerBlock& block, const Tensor& x, const Tensor& g) {
-  Step step;
-  block.ZeroGrad(/*set_to_none=*/true);
-  core::OpProfile forward, backward;
-  const Tensor xl = core::Leaf(x);
-  absl::StatusOr<Tensor> y;
-  {
-    core::ScopedOpProfile on(&forward);
-    y = block.CallOne({xl});
-  }
-  EXPECT_TRUE(y.ok()) << y.status();
-  if (!y.ok()) return step;
-  absl::Status back;
-  {
-    core::ScopedOpProfile on(&backward);
-    back = core::Backward({*y}, {g});
-  }
-  EXPECT_TRUE(back.ok()) << back;
-  if (!back.ok()) return step;
-  int forward_converts = 0;
-  Collect(forward, &step, &forward_converts);
-  Collect(backward, &step, &step.backward_converts);
-  step.bits = {*y, core::LeafGrad(xl)};
-  for (const auto& [name, p] : block.NamedParameters())
-    step.bits.push_back(p->grad.Clone(core::MemoryTag::kOther));
-  return step;
-}
 
 struct BlockCase {
   DType dtype;
@@ -140,27 +75,12 @@ int ExpectBlocksAgree(const BlockCase& c, bool residual_in_gemm) {
   auto graph = std::make_shared<GraphTransformerBlock>(*block, residual_in_gemm);
   const Tensor x = Random({2, 7, c.n_embd}, 1), g = Random({2, 7, c.n_embd}, 2);
 
-  const Step want = HandWrittenStep(*block, x, g);
+  const Step want = RunStep(*block, /*graph=*/nullptr, x, g);
   EXPECT_EQ(hook_calls, residual_in_gemm ? 0 : 1);
-  const Step got = GraphStep(*graph, x, g);
-  const std::vector<core::NamedParameter> params = block->NamedParameters();
-  EXPECT_EQ(got.bits.size(), 2 + params.size());
-  EXPECT_EQ(want.bits.size(), 2 + params.size());
-  if (got.bits.size() != want.bits.size()) return 0;
-  ExpectSameBits(got.bits[0], want.bits[0], "output");
-  ExpectSameBits(got.bits[1], want.bits[1], "input gradient");
-  for (size_t i = 0; i < params.size(); ++i) {
-    ExpectSameBits(got.bits[2 + i], want.bits[2 + i], params[i].first + " gradient");
-  }
-  EXPECT_EQ(got.ops, want.ops);
+  const Step got = RunStep(*block, CallOneOf(*graph), x, g);
+  if (!ExpectSameSteps(got, want, block->NamedParameters())) return 0;
   // The attention path the case names ran.
-  const bool fused = FusedAttention(c);
-  const auto ran = [&](const std::string& op) {
-    return std::any_of(want.ops.begin(), want.ops.end(),
-                       [&](const std::string& s) { return s.find(op) != std::string::npos; });
-  };
-  EXPECT_EQ(ran("fused_attention.backward"), fused);
-  EXPECT_EQ(ran("causal_softmax.backward"), !fused);
+  ExpectAttentionPath(want, FusedAttention(c));
   return got.backward_converts - want.backward_converts;
 }
 
@@ -195,12 +115,6 @@ TEST(FusedBlockTest, AddLayerNormMatchesTheBlockWithAHookOnAttentionsProj) {
 }
 
 // ---- Each op: values, gradients, dtypes.
-
-void ExpectNear(const Tensor& got, const std::vector<double>& want, double tol) {
-  const std::vector<float> g = got.ToVector();
-  ASSERT_EQ(g.size(), want.size());
-  for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(g[i], want[i], tol) << "element " << i;
-}
 
 double GeluRef(double v) {
   return 0.5 * v *
@@ -253,10 +167,6 @@ TEST(FusedLinearTest, ValuesMatchADoubleReference) {
   ExpectNear(*res_no_bias, LinearRef(x, w, Tensor(), r), 1e-5);
 }
 
-Tensor Bf16(const Tensor& t) {
-  return t.ToDType(DType::kBFloat16, core::MemoryTag::kOther).value();
-}
-
 // NOTE [GEMM epilogues]: under a bf16 weight the outputs a bf16 GEMM takes are stored bf16, each
 // the fp32 value rounded once.
 TEST(FusedLinearTest, Bf16WeightsStoreTheGemmInputsBf16) {
@@ -270,16 +180,6 @@ TEST(FusedLinearTest, Bf16WeightsStoreTheGemmInputsBf16) {
   ASSERT_TRUE(hp.ok()) << hp.status();
   ExpectSameBits((*hp)[1], Bf16(*fp32), "pre");
   EXPECT_EQ((*hp)[0].dtype(), DType::kBFloat16);
-}
-
-using gradcheck::CheckGradients;
-
-void ExpectGradientsPass(const gradcheck::Function& fn, const std::vector<Tensor>& inputs,
-                         const std::vector<std::string>& names) {
-  absl::StatusOr<gradcheck::Report> r = CheckGradients(fn, inputs, {}, {}, names);
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_TRUE(r->ok()) << r->ToString();
-  EXPECT_GT(r->max_abs_numeric, 0.1);
 }
 
 TEST(FusedLinearTest, GradientsPassTheCheck) {

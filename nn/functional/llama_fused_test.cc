@@ -1,6 +1,5 @@
 #include "nn/functional/llama_fused.h"
 
-#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -9,12 +8,12 @@
 #include "absl/strings/str_cat.h"
 #include "core/autograd.h"
 #include "core/module.h"
-#include "core/op_profile.h"
 #include "core/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nn/functional/fused.h"
 #include "nn/functional/gradcheck.h"
+#include "nn/functional/internal/block_test_util.h"
 #include "nn/functional/internal/layer_test_util.h"
 #include "nn/functional/norm.h"
 #include "nn/llama.h"
@@ -27,9 +26,18 @@ namespace nn {
 namespace functional {
 namespace {
 
+using block_test_util::CallOneOf;
+using block_test_util::ExpectAttentionPath;
+using block_test_util::ExpectSameSteps;
+using block_test_util::Ran;
+using block_test_util::RunStep;
+using block_test_util::Step;
 using core::DType;
 using core::Tensor;
+using layer_test_util::Bf16;
+using layer_test_util::ExpectGradientsPass;
 using layer_test_util::ExpectInvalid;
+using layer_test_util::ExpectNear;
 using layer_test_util::ExpectSameBits;
 using layer_test_util::Random;
 
@@ -80,69 +88,6 @@ class GraphLlamaDecoderLayer : public core::Module {
   std::vector<core::ParameterPtr> params_;
 };
 
-// One step's results: the output, dL/dx, every parameter gradient (NamedParameters order), the ops
-// it dispatched (category, name and GEMM shape, in order) less the bf16 roundings and copies, and
-// how many roundings ("convert") its backward made.
-struct Step {
-  std::vector<Tensor> bits;
-  std::vector<std::string> ops;
-  int backward_converts = 0;
-};
-
-void Collect(const core::OpProfile& profile, Step* step, int* converts) {
-  for (const core::OpRecord& r : profile.records()) {
-    if (r.name == "convert") ++*converts;
-    if (r.name == "convert" || r.name == "copy") continue;
-    step->ops.push_back(absl::StrCat(core::OpCategoryName(r.category), " ", r.name, " ",
-                                     r.gemm.batch, "x", r.gemm.m, "x", r.gemm.n, "x", r.gemm.k));
-  }
-}
-
-// Each parameter's grad set to a copy of `prior` (its entry; undefined: none), so a step adds
-// into it.
-void SetGrads(core::Module& m, const std::vector<Tensor>& prior) {
-  const std::vector<core::NamedParameter> params = m.NamedParameters();
-  for (size_t i = 0; i < params.size(); ++i) {
-    params[i].second->grad = prior[i].defined() ? prior[i].Clone(core::MemoryTag::kGrad) : Tensor();
-  }
-}
-
-// One step of `m`, its parameter gradients starting from `prior`: hand-written (Forward, Backward)
-// or, when `graph`, a graph module (CallOne on a leaf, core::Backward).
-Step RunStep(core::Module& m, bool graph, const Tensor& x, const Tensor& g,
-             const std::vector<Tensor>& prior) {
-  Step step;
-  SetGrads(m, prior);
-  core::OpProfile forward, backward;
-  const Tensor xl = graph ? core::Leaf(x) : x;
-  absl::StatusOr<Tensor> y;
-  {
-    core::ScopedOpProfile on(&forward);
-    y = graph ? m.CallOne({xl}) : m.Forward(x);
-  }
-  EXPECT_TRUE(y.ok()) << y.status();
-  if (!y.ok()) return step;
-  absl::StatusOr<Tensor> gx;
-  {
-    core::ScopedOpProfile on(&backward);
-    if (graph) {
-      const absl::Status back = core::Backward({*y}, {g});
-      gx = back.ok() ? absl::StatusOr<Tensor>(core::LeafGrad(xl)) : back;
-    } else {
-      gx = m.Backward(g);
-    }
-  }
-  EXPECT_TRUE(gx.ok()) << gx.status();
-  if (!gx.ok()) return step;
-  int forward_converts = 0;
-  Collect(forward, &step, &forward_converts);
-  Collect(backward, &step, &step.backward_converts);
-  step.bits = {*y, *gx};
-  for (const auto& [name, p] : m.NamedParameters())
-    step.bits.push_back(p->grad.Clone(core::MemoryTag::kOther));
-  return step;
-}
-
 struct LayerCase {
   DType dtype;
   int64_t hidden, n_head, n_kv_head, intermediate;
@@ -182,27 +127,13 @@ int ExpectLayersAgree(const LayerCase& c, bool accumulate) {
       prior[i] = Random(params[i].second->data.shape(), 20 + i);
   }
 
-  const Step want = RunStep(*layer, /*graph=*/false, x, g, prior);
-  const Step got = RunStep(*graph, /*graph=*/true, x, g, prior);
-  EXPECT_EQ(got.bits.size(), 2 + params.size());
-  EXPECT_EQ(want.bits.size(), 2 + params.size());
-  if (got.bits.size() != want.bits.size()) return 0;
-  ExpectSameBits(got.bits[0], want.bits[0], "output");
-  ExpectSameBits(got.bits[1], want.bits[1], "input gradient");
-  for (size_t i = 0; i < params.size(); ++i) {
-    ExpectSameBits(got.bits[2 + i], want.bits[2 + i], params[i].first + " gradient");
-  }
-  EXPECT_EQ(got.ops, want.ops);
+  const Step want = RunStep(*layer, /*graph=*/nullptr, x, g, prior);
+  const Step got = RunStep(*layer, CallOneOf(*graph), x, g, prior);
+  if (!ExpectSameSteps(got, want, params)) return 0;
   // The attention path the case names ran.
-  const bool fused = FusedAttention(c);
-  const auto ran = [&](const std::string& op) {
-    return std::any_of(want.ops.begin(), want.ops.end(),
-                       [&](const std::string& s) { return s.find(op) != std::string::npos; });
-  };
-  EXPECT_EQ(ran("fused_attention.backward"), fused);
-  EXPECT_EQ(ran("causal_softmax.backward"), !fused);
-  EXPECT_TRUE(ran("rotary_pack.backward"));
-  EXPECT_TRUE(ran("silu_mul.backward"));
+  ExpectAttentionPath(want, FusedAttention(c));
+  EXPECT_TRUE(Ran(want, "rotary_pack.backward"));
+  EXPECT_TRUE(Ran(want, "silu_mul.backward"));
   return got.backward_converts - want.backward_converts;
 }
 
@@ -234,16 +165,6 @@ TEST(LlamaFusedLayerTest, ParameterGradientsAccumulateAsTheLayersDo) {
 }
 
 // ---- Each op: values, gradients, dtypes.
-
-void ExpectNear(const Tensor& got, const std::vector<double>& want, double tol) {
-  const std::vector<float> g = got.ToVector();
-  ASSERT_EQ(g.size(), want.size());
-  for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(g[i], want[i], tol) << "element " << i;
-}
-
-Tensor Bf16(const Tensor& t) {
-  return t.ToDType(DType::kBFloat16, core::MemoryTag::kOther).value();
-}
 
 // t's bf16 rounding widened back to fp32: the values a bf16 GEMM computes on.
 Tensor Rounded(const Tensor& t) {
@@ -409,16 +330,6 @@ TEST(LlamaFusedTest, Bf16WeightsStoreTheGemmInputsBf16) {
   absl::StatusOr<Tensor> h_fp32 = SwiGlu(Bf16(x), Bf16(gate_w), Bf16(up_w), plain);
   ASSERT_TRUE(h_fp32.ok()) << h_fp32.status();
   ExpectSameBits(*h_fp32, *h32, "h, fp32");
-}
-
-using gradcheck::CheckGradients;
-
-void ExpectGradientsPass(const gradcheck::Function& fn, const std::vector<Tensor>& inputs,
-                         const std::vector<std::string>& names) {
-  absl::StatusOr<gradcheck::Report> r = CheckGradients(fn, inputs, {}, {}, names);
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_TRUE(r->ok()) << r->ToString();
-  EXPECT_GT(r->max_abs_numeric, 0.1);
 }
 
 TEST(LlamaFusedTest, GradientsPassTheCheck) {
