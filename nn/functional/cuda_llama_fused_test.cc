@@ -24,6 +24,7 @@
 #include "nn/functional/internal/device_test_util.h"
 #include "nn/functional/internal/layer_test_util.h"
 #include "nn/functional/llama_fused.h"
+#include "nn/functional/testing/graph_llama.h"
 #include "nn/llama.h"
 #include "nn/rotary.h"
 #include "nn/testing/cuda_compare.h"
@@ -32,6 +33,8 @@
 namespace nn {
 namespace functional {
 namespace {
+
+using block_test_util::CallOneOf;
 
 using core::DType;
 using core::Tensor;
@@ -98,36 +101,6 @@ TEST(CudaLlamaFusedTest, Bf16OpsMatchTheCpu) {
   ExpectOpsAgree(DType::kBFloat16, 4 * kBf16Unit, 4 * kBf16Unit);
 }
 
-// llama_fused_test's GraphLlamaDecoderLayer as a function: the hand-written layer's parameters
-// through the fused ops, on their device.
-absl::StatusOr<Tensor> GraphLayer(const nn::LlamaDecoderLayer& layer, const Tensor& x) {
-  const nn::GroupedQueryAttention& attn = *layer.self_attn();
-  const int64_t n_head = attn.n_head();
-  std::vector<core::ParameterPtr> p;
-  for (const auto& [name, param] : layer.NamedParameters()) p.push_back(param);
-  ASSIGN_OR_RETURN(
-      const nn::RotaryTables tables,
-      nn::MakeRotaryTables(x.size(1), attn.hidden() / n_head, attn.rope_theta(), x.device()));
-  FusedRmsNormOptions norm;
-  norm.eps = layer.input_layernorm()->eps();
-  ASSIGN_OR_RETURN(const std::vector<Tensor> n1, ResidualRmsNorm(x, p[0], norm));
-  AttentionCoreOptions attention;
-  attention.y_bf16 = p[4]->data.dtype() == DType::kBFloat16;
-  ASSIGN_OR_RETURN(const Tensor h,
-                   LinearResidual(CausalSelfAttentionCore(RotaryQkv(n1[1], p[1], p[2], p[3], tables,
-                                                                    n_head, attn.n_kv_head()),
-                                                          n_head, attention),
-                                  p[4], Tensor(), n1[0]));
-  norm.eps = layer.post_attention_layernorm()->eps();
-  ASSIGN_OR_RETURN(const std::vector<Tensor> n2, ResidualRmsNorm(h, p[5], norm));
-  return LinearResidual(SwiGlu(n2[1], p[6], p[7]), p[8], Tensor(), n2[0]);
-}
-
-// GraphLayer of `layer` as the graph twin of a step; `layer` must outlive it.
-block_test_util::GraphForward GraphOf(const nn::LlamaDecoderLayer& layer) {
-  return [&layer](const Tensor& x) { return GraphLayer(layer, x); };
-}
-
 // NOTE [Llama functional fusions] on cuda:0: the graph layer against nn::LlamaDecoderLayer there
 // (cuBLASLt, the CUDA kernels and, with bf16 weights at head width 64, the fused attention kernel),
 // and against itself on the CPU.
@@ -148,9 +121,12 @@ TEST(CudaLlamaFusedTest, GraphLayerMatchesTheHandWrittenLayerAndTheCpu) {
       ASSERT_TRUE(nn::ConvertParameters(on_gpu, dtype).ok());
       ASSERT_TRUE(nn::ToDevice(on_gpu, kGpu).ok());
       const Tensor x = Normal({2, 37, 128}, 1), g = Normal({2, 37, 128}, 2);
-      const Values cpu = DeviceStep(on_cpu, GraphOf(on_cpu), x, g);
+      // The layer as a graph module, on its parameters' device.
+      auto graph_cpu = std::make_shared<testing::GraphLlamaDecoderLayer>(on_cpu);
+      auto graph_gpu = std::make_shared<testing::GraphLlamaDecoderLayer>(on_gpu);
+      const Values cpu = DeviceStep(on_cpu, CallOneOf(*graph_cpu), x, g);
       const Values hand = DeviceStep(on_gpu, /*graph=*/nullptr, x, g);
-      const Values graph = DeviceStep(on_gpu, GraphOf(on_gpu), x, g);
+      const Values graph = DeviceStep(on_gpu, CallOneOf(*graph_gpu), x, g);
       const bool fp32 = dtype == DType::kFloat32;
       ExpectClose(graph, hand, kBf16Unit, /*bits=*/fp32);
       ExpectClose(graph, cpu, fp32 ? 1e-4 : 8 * kBf16Unit, /*bits=*/false);

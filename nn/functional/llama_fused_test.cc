@@ -16,6 +16,7 @@
 #include "nn/functional/internal/block_test_util.h"
 #include "nn/functional/internal/layer_test_util.h"
 #include "nn/functional/norm.h"
+#include "nn/functional/testing/graph_llama.h"
 #include "nn/llama.h"
 #include "nn/rms_norm.h"
 #include "nn/rotary.h"
@@ -41,52 +42,7 @@ using layer_test_util::ExpectNear;
 using layer_test_util::ExpectSameBits;
 using layer_test_util::Random;
 
-// NOTE [Llama functional fusions]: nn::LlamaDecoderLayer written as a forward only, on `layer`'s
-// own parameters (the same ParameterPtrs, under the same names).
-class GraphLlamaDecoderLayer : public core::Module {
- public:
-  explicit GraphLlamaDecoderLayer(const nn::LlamaDecoderLayer& layer)
-      : n_head_(layer.self_attn()->n_head()),
-        n_kv_head_(layer.self_attn()->n_kv_head()),
-        head_dim_(layer.self_attn()->hidden() / layer.self_attn()->n_head()),
-        rope_theta_(layer.self_attn()->rope_theta()) {
-    input_norm_.eps = layer.input_layernorm()->eps();
-    post_norm_.eps = layer.post_attention_layernorm()->eps();
-    for (const auto& [name, p] : layer.NamedParameters())
-      params_.push_back(RegisterParameter(name, p));
-  }
-  std::string TypeName() const override { return "GraphLlamaDecoderLayer"; }
-
- protected:
-  absl::StatusOr<core::Tensors> ForwardGraph(const core::Tensors& in) override {
-    // layer.NamedParameters() order: input_layernorm, self_attn.{q,k,v,o}_proj,
-    // post_attention_layernorm, mlp.{gate,up,down}_proj, each a weight.
-    const core::ParameterPtr &in_norm_w = params_[0], &q_w = params_[1], &k_w = params_[2],
-                             &v_w = params_[3], &o_w = params_[4], &post_norm_w = params_[5],
-                             &gate_w = params_[6], &up_w = params_[7], &down_w = params_[8];
-    const Tensor& x = in[0];
-    ASSIGN_OR_RETURN(const nn::RotaryTables tables,
-                     nn::MakeRotaryTables(x.size(1), head_dim_, rope_theta_, x.device()));
-    // h = x + self_attn(input_layernorm(x)).
-    ASSIGN_OR_RETURN(const std::vector<Tensor> n1, ResidualRmsNorm(x, in_norm_w, input_norm_));
-    AttentionCoreOptions attention;
-    attention.y_bf16 = o_w->data.dtype() == DType::kBFloat16;
-    absl::StatusOr<Tensor> y = CausalSelfAttentionCore(
-        RotaryQkv(n1[1], q_w, k_w, v_w, tables, n_head_, n_kv_head_), n_head_, attention);
-    ASSIGN_OR_RETURN(const Tensor h, LinearResidual(y, o_w, Tensor(), n1[0]));
-    // out = h + mlp(post_attention_layernorm(h)).
-    ASSIGN_OR_RETURN(const std::vector<Tensor> n2, ResidualRmsNorm(h, post_norm_w, post_norm_));
-    ASSIGN_OR_RETURN(const Tensor out,
-                     LinearResidual(SwiGlu(n2[1], gate_w, up_w), down_w, Tensor(), n2[0]));
-    return core::Tensors{out};
-  }
-
- private:
-  int64_t n_head_, n_kv_head_, head_dim_;
-  double rope_theta_;
-  FusedRmsNormOptions input_norm_, post_norm_;
-  std::vector<core::ParameterPtr> params_;
-};
+using testing::GraphLlamaDecoderLayer;
 
 struct LayerCase {
   DType dtype;
