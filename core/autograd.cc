@@ -84,16 +84,22 @@ class AccumulateGrad : public Node {
 class FunctionNode : public Node {
  public:
   FunctionNode(std::string name, absl::Span<const Tensor> outputs, absl::Span<const Tensor> inputs,
-               std::vector<Tensor> saved, std::vector<std::string> saved_names, BackwardFn backward)
+               std::vector<Tensor> saved, std::vector<std::string> saved_names, BackwardFn backward,
+               std::vector<int> bf16_grad_outputs)
       : Node(outputs, inputs),
         name_(std::move(name)),
         saved_names_(std::move(saved_names)),
-        backward_(std::move(backward)) {
+        backward_(std::move(backward)),
+        bf16_grad_outputs_(std::move(bf16_grad_outputs)) {
     saved_.reserve(saved.size());
     for (const Tensor& t : saved) saved_.emplace_back(t);
   }
 
   std::string name() const override { return name_; }
+  bool takes_bf16_grad(int i) const override {
+    return std::find(bf16_grad_outputs_.begin(), bf16_grad_outputs_.end(), i) !=
+           bf16_grad_outputs_.end();
+  }
 
   absl::StatusOr<std::vector<Tensor>> Apply(std::vector<Tensor> grads) override {
     std::vector<Tensor> unpacked;
@@ -128,6 +134,7 @@ class FunctionNode : public Node {
   std::vector<SavedTensor> saved_;
   std::vector<std::string> saved_names_;
   BackwardFn backward_;
+  std::vector<int> bf16_grad_outputs_;
 };
 
 struct ByHighestSequence {
@@ -322,7 +329,8 @@ ParameterPtr BackwardContext::parameter(int i) const {
 
 absl::Status RecordFunction(std::string name, absl::Span<const Tensor> inputs,
                             absl::Span<Tensor* const> outputs, std::vector<Tensor> saved,
-                            BackwardFn backward, std::vector<std::string> saved_names) {
+                            BackwardFn backward, std::vector<std::string> saved_names,
+                            const FunctionOptions& options) {
   if (!AnyRequiresGrad(inputs)) return absl::OkStatus();
   std::vector<Tensor> outs;
   outs.reserve(outputs.size());
@@ -334,7 +342,8 @@ absl::Status RecordFunction(std::string name, absl::Span<const Tensor> inputs,
     outs.push_back(*outputs[i]);
   }
   auto node = std::make_shared<FunctionNode>(std::move(name), outs, inputs, std::move(saved),
-                                             std::move(saved_names), std::move(backward));
+                                             std::move(saved_names), std::move(backward),
+                                             options.bf16_grad_outputs);
   for (size_t i = 0; i < outputs.size(); ++i) {
     outputs[i]->set_autograd_meta(std::make_shared<AutogradMeta>(node, static_cast<int>(i), false));
   }
@@ -510,13 +519,13 @@ class GraphRun {
   }
 
   // Adds `g`, which `from` produced, into the gradient buffer of `e`.
-  absl::Status Deliver(absl::string_view from, const Edge& e, const Tensor& g) {
+  absl::Status Deliver(absl::string_view from, const Edge& e, const Tensor& given) {
     const Node::OutputInfo& info = e.node->outputs_[e.input_nr];
-    if (g.dtype() != DType::kFloat32 || g.numel() != NumElements(info.shape) ||
-        g.device() != info.device) {
+    if ((given.dtype() != DType::kFloat32 && given.dtype() != DType::kBFloat16) ||
+        given.numel() != NumElements(info.shape) || given.device() != info.device) {
       return absl::InvalidArgumentError(
-          absl::StrCat("'", from, "' passed a gradient ", g.ToString(), " to '", e.node->name(),
-                       "', whose tensor is ", ShapeToString(info.shape), " float32 on ",
+          absl::StrCat("'", from, "' passed a gradient ", given.ToString(), " to '", e.node->name(),
+                       "', whose tensor is ", ShapeToString(info.shape), " float32 or bfloat16 on ",
                        info.device.ToString()));
     }
     if (!e.node->arrived_) {
@@ -526,9 +535,23 @@ class GraphRun {
       }
     }
     Tensor& slot = e.node->buffer_[e.input_nr];
+    Tensor g = Detach(given);
+    // NOTE [Autograd]: a bf16 gradient stays so only as the sole gradient of a tensor whose
+    // node takes it; otherwise it is widened (exactly) first.
+    const bool keep_bf16 = !slot.defined() && e.node->takes_bf16_grad(e.input_nr);
+    if (g.dtype() == DType::kBFloat16 && !keep_bf16) {
+      absl::StatusOr<Tensor> wide = g.ToDType(DType::kFloat32, MemoryTag::kActivation);
+      if (!wide.ok()) return wide.status();
+      g = *std::move(wide);
+    }
     if (!slot.defined()) {
-      slot = Detach(g);
+      slot = std::move(g);
       return absl::OkStatus();
+    }
+    if (slot.dtype() == DType::kBFloat16) {
+      absl::StatusOr<Tensor> wide = slot.ToDType(DType::kFloat32, MemoryTag::kActivation);
+      if (!wide.ok()) return wide.status();
+      slot = *std::move(wide);
     }
     // A fresh sum: `slot` may be a tensor another node also received.
     absl::StatusOr<Tensor> sum =

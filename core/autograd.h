@@ -34,9 +34,13 @@
 //   gradient arrived for an output the engine passes zeros (nodes of one output run only
 //   when a gradient arrived; a node may take undefined ones instead:
 //   Node::materializes_grads), and returns one gradient per input (undefined: none, and a
-//   node that receives none at all is skipped). Every
-//   gradient is fp32, on the output's device, shaped like the tensor it belongs to
-//   (checked where it arrives: InvalidArgument naming the op).
+//   node that receives none at all is skipped). A gradient is on the output's device, shaped
+//   like the tensor it belongs to, and fp32 or bf16 (checked where it arrives:
+//   InvalidArgument naming the op). A bf16 one reaches the receiving node as it is only
+//   where that node takes bf16 for that output (Node::takes_bf16_grad: a fused step whose
+//   bf16 GEMM would round it anyway, so the producer that stored it bf16 saves the receiver
+//   a pass) and is the only gradient of its tensor; otherwise the engine widens it to fp32
+//   (exactly) before it is used or summed. Sums and leaf gradients are fp32.
 // - Saved tensors (SavedTensor) keep a handle without a record (no cycle through the node)
 //   and the storage's version (Storage::version, bumped by every in-place write through the
 //   Tensor API); unpacking a tensor whose storage was written since is FailedPrecondition
@@ -151,6 +155,9 @@ class Node {
   // False for nodes whose Apply takes undefined gradients for outputs that received none
   // (and passes undefined ones on: identity nodes); true (the default) gets zeros there.
   virtual bool materializes_grads() const { return true; }
+  // True where Apply takes output `i`'s gradient in bf16 as a producer passed it (NOTE
+  // [Autograd]); false (the default): always fp32.
+  virtual bool takes_bf16_grad(int i) const { return false; }
 
   int num_outputs() const { return static_cast<int>(outputs_.size()); }
   const std::vector<Edge>& next_edges() const { return next_edges_; }
@@ -261,7 +268,8 @@ class BackwardContext {
   BackwardContext(const std::vector<Tensor>* grads, const std::vector<Tensor>* saved,
                   const std::vector<Edge>* edges)
       : grads_(grads), saved_(saved), edges_(edges) {}
-  // The gradient of output `i` (zeros where none arrived).
+  // The gradient of output `i` (zeros where none arrived): fp32, or bf16 for an output
+  // RecordFunction's FunctionOptions::bf16_grad_outputs lists, when it arrived so.
   const Tensor& grad(int i) const { return (*grads_)[i]; }
   // Saved tensor `i`, as RecordFunction's `saved` listed it (checked: NOTE [Autograd]).
   const Tensor& saved(int i) const { return (*saved_)[i]; }
@@ -287,9 +295,17 @@ using BackwardFn = std::function<absl::StatusOr<std::vector<Tensor>>(const Backw
 // "saved i" where absent) for `backward`, and points every output's record at it (output i
 // of the node). Otherwise does nothing. Outputs must be defined tensors the op just made.
 // InvalidArgument naming `name` for an undefined output.
+// How a custom function takes its gradients.
+struct FunctionOptions {
+  // The outputs whose gradient the backward takes in bf16 when a producer passes it so
+  // (Node::takes_bf16_grad); the others always arrive fp32.
+  std::vector<int> bf16_grad_outputs;
+};
+
 absl::Status RecordFunction(std::string name, absl::Span<const Tensor> inputs,
                             absl::Span<Tensor* const> outputs, std::vector<Tensor> saved,
-                            BackwardFn backward, std::vector<std::string> saved_names = {});
+                            BackwardFn backward, std::vector<std::string> saved_names = {},
+                            const FunctionOptions& options = {});
 
 struct BackwardOptions {
   // Keep the nodes' saved tensors, so another Backward may run through the same graph.

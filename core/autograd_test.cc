@@ -324,6 +324,63 @@ TEST(AutogradTest, ALongGraphDroppedWithoutBackwardDoesNotRecurse) {
   EXPECT_TRUE(first.expired());
 }
 
+// NOTE [Autograd]: a bf16 gradient reaches a node as it is only where the node takes bf16 for
+// that output and it is the tensor's only gradient; otherwise it arrives widened to fp32.
+struct Bf16Run {
+  DType seen = DType::kInt32;
+  std::vector<float> values;
+};
+
+// x -> Producer (takes bf16 when `takes`) -> y; consumers of y each return gradient `grads[k]`
+// (bf16 when it says so) for y. Returns what Producer's backward saw and x's gradient.
+Bf16Run RunBf16(bool takes, const std::vector<Tensor>& grads, std::vector<float>* leaf) {
+  Bf16Run run;
+  Tensor x = Leaf(Vec({1, 2}));
+  Tensor y = Tensor::Zeros({2});
+  FunctionOptions options;
+  if (takes) options.bf16_grad_outputs = {0};
+  EXPECT_TRUE(RecordFunction(
+                  "Producer", {x}, {&y}, {},
+                  [&run](const BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
+                    run.seen = ctx.grad(0).dtype();
+                    run.values = ctx.grad(0).ToVector();
+                    return std::vector<Tensor>{Detach(ctx.grad(0))};
+                  },
+                  {}, options)
+                  .ok());
+  std::vector<Tensor> outs;
+  for (const Tensor& g : grads) {
+    Tensor out = Tensor::Zeros({2});
+    EXPECT_TRUE(RecordFunction("Consumer", {y}, {&out}, {},
+                               [g](const BackwardContext&) -> absl::StatusOr<std::vector<Tensor>> {
+                                 return std::vector<Tensor>{g};
+                               })
+                    .ok());
+    outs.push_back(out);
+  }
+  std::vector<Tensor> seeds(outs.size(), Vec({1, 1}));
+  EXPECT_TRUE(Backward(outs, seeds).ok());
+  *leaf = LeafGrad(x).ToVector();
+  EXPECT_EQ(LeafGrad(x).dtype(), DType::kFloat32);
+  return run;
+}
+
+TEST(AutogradTest, Bf16GradientsReachOnlyNodesThatTakeThem) {
+  const Tensor g16 = Vec({0.5f, -3}).ToDType(DType::kBFloat16, MemoryTag::kOther).value();
+  std::vector<float> leaf;
+  Bf16Run kept = RunBf16(/*takes=*/true, {g16}, &leaf);
+  EXPECT_EQ(kept.seen, DType::kBFloat16);
+  EXPECT_THAT(kept.values, ElementsAre(0.5f, -3));
+  EXPECT_THAT(leaf, ElementsAre(0.5f, -3));  // the leaf's gradient is fp32
+  Bf16Run widened = RunBf16(/*takes=*/false, {g16}, &leaf);
+  EXPECT_EQ(widened.seen, DType::kFloat32);
+  EXPECT_THAT(widened.values, ElementsAre(0.5f, -3));
+  // Two gradients for y: summed in fp32, whatever the node takes.
+  Bf16Run summed = RunBf16(/*takes=*/true, {g16, Vec({1, 1})}, &leaf);
+  EXPECT_EQ(summed.seen, DType::kFloat32);
+  EXPECT_THAT(summed.values, ElementsAre(1.5f, -2));
+}
+
 TEST(AutogradTest, AddIntoAddsAndChecks) {
   Tensor a = Vec({1, 2});
   const uint64_t v = a.version();
