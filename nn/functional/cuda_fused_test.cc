@@ -7,8 +7,7 @@
 // through a GELU, whose tanh differs in the last bits on CUDA); with bf16 weights 4 bf16 units
 // (kBf16Unit) normwise per op and 8 through the block's chains of rounded GEMMs. Against the
 // hand-written block on one device: fp32, the same dispatch calls, so the same bits; bf16, the same
-// bits but for NOTE [Functional fusions] (c), whose GEMM stores fp32 here and bf16 there, a problem
-// cuBLASLt may give another algorithm, so within one bf16 unit.
+// GEMMs (NOTE [Functional fusions]: only (b) adds a rounding pass), checked within one bf16 unit.
 #include <memory>
 #include <string>
 #include <vector>

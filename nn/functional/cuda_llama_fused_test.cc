@@ -7,8 +7,8 @@
 // (1e-4 through SiLU, whose exp differs in the last bits on CUDA); with bf16 weights 4 bf16 units
 // (kBf16Unit) normwise per op and 8 through the layer's chains of rounded GEMMs. Against the
 // hand-written layer on one device: fp32, the same dispatch calls, so the same bits; bf16, the
-// same bits but for NOTE [Llama functional fusions] (c), whose GEMM stores fp32 here and bf16
-// there, a problem cuBLASLt may give another algorithm, so within one bf16 unit.
+// same GEMMs (NOTE [Llama functional fusions]: only (b) adds a rounding pass), checked within one
+// bf16 unit.
 #include <memory>
 #include <string>
 #include <utility>

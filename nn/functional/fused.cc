@@ -42,7 +42,7 @@ absl::StatusOr<Tensor> Input(const char* op, const char* name, const core::Arg& 
 }
 
 // `t` converted to `dtype` (itself when it is so already): a bf16 GEMM operand rounded once (NOTE
-// [bf16 GEMMs] in nn/linear.h), or a bf16 gradient widened exactly for the engine.
+// [bf16 GEMMs] in nn/linear.h), or a bf16 tensor widened exactly.
 absl::StatusOr<Tensor> AsDType(const char* op, const char* name, const Tensor& t, DType dtype) {
   if (t.dtype() == dtype) return t;
   absl::StatusOr<Tensor> r = t.ToDType(dtype, core::MemoryTag::kActivation);
@@ -54,12 +54,31 @@ absl::StatusOr<Tensor> AsDType(const char* op, const char* name, const Tensor& t
   return r;
 }
 
+// True when `t`'s producing node takes its gradient in bf16 (Node::takes_bf16_grad): a backward
+// may hand it the bf16 gradient its GEMM stores (NOTE [Functional fusions]).
+bool ProducerTakesBf16Grad(const Tensor& t) {
+  const std::shared_ptr<core::AutogradMeta>& meta = t.autograd_meta();
+  return meta != nullptr && !meta->leaf && meta->node != nullptr &&
+         meta->node->takes_bf16_grad(meta->output_nr);
+}
+
+// The options of a record whose backward takes output 0's gradient in bf16 when `bf16` (its
+// bf16 GEMMs round it so anyway), else none.
+core::FunctionOptions Bf16GradOutput(bool bf16) {
+  core::FunctionOptions options;
+  if (bf16) options.bf16_grad_outputs = {0};
+  return options;
+}
+
 // ---- The Linear steps: nn::Linear's GEMMs (ForwardGemm and BackwardGemms in nn/linear.cc).
 
 struct LinearSizes {
   int64_t rows = 0, in = 0, out = 0;
   core::Shape x_shape;
   bool w16 = false;
+  // dL/dx stored bf16 (Linear::BackwardForGemm): a bf16 weight and an input whose producer
+  // takes its gradient in bf16. Set by the op that records the step.
+  bool gx16 = false;
   core::Shape out_shape() const { return WithLastDim(x_shape, out); }
 };
 
@@ -167,10 +186,11 @@ struct LinearGrads {
 };
 
 // nn::Linear's backward GEMMs (Linear::BackwardGemms) from the gradient of its output `grad`
-// (fp32): dL/dx = g w (times GELU'(gelu_pre) in the epilogue when gelu_pre is defined, in its
-// dtype), then dL/dw += g^T x with dL/db += the column sums of g in its GEMM (or the column sums
-// alone), g rounded once to bf16 under a bf16 weight. `a` is the input as the forward's GEMM took
-// it; inputs x_i, w_i and b_i of the record are x, w and b.
+// (fp32, or bf16 under a bf16 weight): dL/dx = g w (times GELU'(gelu_pre) in the epilogue when
+// gelu_pre is defined, in its dtype; else bf16 when s.gx16, else fp32), then dL/dw += g^T x with
+// dL/db += the column sums of g in its GEMM (or the column sums alone), g rounded once to bf16
+// under a bf16 weight. `a` is the input as the forward's GEMM took it; inputs x_i, w_i and b_i of
+// the record are x, w and b.
 absl::StatusOr<LinearGrads> LinearBackward(const core::BackwardContext& ctx, const char* op,
                                            const LinearSizes& s, const Tensor& grad,
                                            const Tensor& a, const Tensor& w, int x_i, int w_i,
@@ -178,9 +198,10 @@ absl::StatusOr<LinearGrads> LinearBackward(const core::BackwardContext& ctx, con
   const core::Device device = grad.device();
   LinearGrads out;
   if (ctx.needs_grad(x_i)) {
-    ASSIGN_OR_RETURN(
-        out.gx,
-        NewActivation(s.x_shape, device, gelu_pre.defined() ? gelu_pre.dtype() : DType::kFloat32));
+    ASSIGN_OR_RETURN(out.gx, NewActivation(s.x_shape, device,
+                                           gelu_pre.defined() ? gelu_pre.dtype()
+                                           : s.gx16           ? DType::kBFloat16
+                                                              : DType::kFloat32));
   }
   Tensor g = grad;
   if (s.w16) {
@@ -319,14 +340,17 @@ absl::StatusOr<Tensor> LinearForGemm(core::Arg x_arg, core::Arg w_arg, core::Arg
   ASSIGN_OR_RETURN(const LinearArgs l, CheckLinear(kOp, "input", x_arg, w_arg, b_arg,
                                                    /*need_bias=*/false, Tensor(), false));
   const Tensor &x = l.x, &w = l.w, &b = l.b;
-  const LinearSizes& s = l.s;
+  LinearSizes s = l.s;
+  s.gx16 = s.w16 && ProducerTakesBf16Grad(x);
   ASSIGN_OR_RETURN(Tensor y, NewActivation(s.out_shape(), x.device(),
                                            s.w16 ? DType::kBFloat16 : DType::kFloat32));
   ASSIGN_OR_RETURN(const Tensor a, GemmInput(kOp, "input", s, x));
   RETURN_IF_ERROR(ForwardGemm(kOp, s, a, w, y, BiasEpilogue(b, Tensor()), b, Tensor()));
+  // Under a bf16 weight dy is a bf16 GEMM operand: it may arrive bf16 (NOTE [Functional
+  // fusions] (d)).
   RETURN_IF_ERROR(core::RecordFunction(kOp, {x, w, b}, {&y}, SavedForLinear(x, a, w),
                                        LinearStepBackward(kOp, s, /*residual=*/false),
-                                       {"input", "weight"}));
+                                       {"input", "weight"}, Bf16GradOutput(s.w16)));
   return y;
 }
 
@@ -335,17 +359,19 @@ absl::StatusOr<std::vector<Tensor>> LinearGelu(core::Arg x_arg, core::Arg w_arg,
   ASSIGN_OR_RETURN(const LinearArgs l, CheckLinear(kOp, "input", x_arg, w_arg, b_arg,
                                                    /*need_bias=*/true, Tensor(), false));
   const Tensor &x = l.x, &w = l.w, &b = l.b;
-  const LinearSizes& s = l.s;
+  LinearSizes s = l.s;
+  s.gx16 = s.w16 && ProducerTakesBf16Grad(x);
   // Linear::ForwardGelu: h and pre in the GEMM's dtype for proj (NOTE [GEMM epilogues]).
   const DType out_dtype = s.w16 ? DType::kBFloat16 : DType::kFloat32;
   ASSIGN_OR_RETURN(Tensor h, NewActivation(s.out_shape(), x.device(), out_dtype));
   ASSIGN_OR_RETURN(const Tensor a, GemmInput(kOp, "input", s, x));
   ASSIGN_OR_RETURN(Tensor pre, NewActivation(s.out_shape(), x.device(), out_dtype));
   RETURN_IF_ERROR(ForwardGemm(kOp, s, a, w, h, GemmEpilogue::kBiasGelu, b, pre));
-  // pre's node: fc's backward from the gradient at the pre-activation.
+  // pre's node: fc's backward from the gradient at the pre-activation, which GeluLinear passes
+  // bf16 under a bf16 weight (NOTE [Functional fusions] (a)).
   RETURN_IF_ERROR(core::RecordFunction(kOp, {x, w, b}, {&pre}, SavedForLinear(x, a, w),
                                        LinearStepBackward(kOp, s, /*residual=*/false),
-                                       {"input", "weight"}));
+                                       {"input", "weight"}, Bf16GradOutput(s.w16)));
   // h's node, over pre: runs only when some consumer sends h a gradient (GeluLinear sends its own
   // to pre), which it turns into pre's as GELU's backward.
   RETURN_IF_ERROR(core::RecordFunction(
@@ -389,16 +415,12 @@ absl::StatusOr<Tensor> GeluLinear(core::Arg h_arg, core::Arg pre_arg, core::Arg 
       kOp, {h, pre, w, b, residual}, {&y},
       {core::RequiresGrad(w) ? a : Tensor(), pre_grad ? pre : Tensor(), pre_grad ? w : Tensor()},
       [s](const core::BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
-        // Linear::BackwardThroughGelu: dL/dpre in pre's dtype from the GEMM's epilogue, widened
-        // exactly for the engine under bf16 (NOTE [Functional fusions] (a)).
+        // Linear::BackwardThroughGelu: dL/dpre in pre's dtype from the GEMM's epilogue, passed
+        // on as it is (NOTE [Functional fusions] (a)).
         ASSIGN_OR_RETURN(const LinearGrads g, LinearBackward(ctx, kOp, s, ctx.grad(0), ctx.saved(0),
                                                              ctx.saved(2), 1, 2, 3,
                                                              /*gelu_pre=*/ctx.saved(1)));
-        Tensor gpre;
-        if (g.gx.defined()) {
-          ASSIGN_OR_RETURN(gpre, AsDType(kOp, "pre's gradient", g.gx, DType::kFloat32));
-        }
-        return std::vector<Tensor>{Tensor(), gpre, g.gw.returned(), g.gb.returned(),
+        return std::vector<Tensor>{Tensor(), g.gx, g.gw.returned(), g.gb.returned(),
                                    ctx.needs_grad(4) ? ctx.grad(0) : Tensor()};
       },
       {"h", "pre", "weight"}));
@@ -443,7 +465,10 @@ absl::StatusOr<Tensor> LinearResidual(core::Arg x_arg, core::Arg w_arg, core::Ar
   ASSIGN_OR_RETURN(const LinearArgs l, CheckLinear(kOp, "input", x_arg, w_arg, b_arg, false,
                                                    residual_arg, /*need_residual=*/true));
   const Tensor &x = l.x, &w = l.w, &b = l.b, &residual = l.residual;
-  const LinearSizes& s = l.s;
+  LinearSizes s = l.s;
+  // Linear::BackwardForGemm where x's producer takes bf16 (NOTE [Functional fusions] (c)). dy
+  // stays fp32: the residual gets it as it is.
+  s.gx16 = s.w16 && ProducerTakesBf16Grad(x);
   ASSIGN_OR_RETURN(Tensor y, NewActivation(s.out_shape(), x.device()));
   ASSIGN_OR_RETURN(const Tensor a, GemmInput(kOp, "input", s, x));
   RETURN_IF_ERROR(ForwardGemm(kOp, s, a, w, y, BiasEpilogue(b, residual), b, residual));
@@ -517,14 +542,19 @@ absl::StatusOr<Tensor> CausalSelfAttentionCore(core::Arg qkv_arg, int64_t n_head
   auto state = std::make_shared<::nn::internal::CausalAttentionCore>();
   ASSIGN_OR_RETURN(
       Tensor y, state->Forward(AttentionCoreNamer(), qkv, n_head, options.fused, options.y_bf16));
+  // NOTE [Functional fusions]: with bf16 q, k, v both paths take dy as a bf16 GEMM operand, so it
+  // may arrive bf16 ((c)); the fused path writes dL/dqkv bf16 where qkv's producer takes it so
+  // ((d)).
+  const bool qkv16 = IsBf16(qkv);
+  const bool gqkv16 = qkv16 && ProducerTakesBf16Grad(qkv);
   RETURN_IF_ERROR(core::RecordFunction(
       kOp, {qkv}, {&y}, {qkv},
-      [state](const core::BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
+      [state, gqkv16](const core::BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
         ::nn::internal::CausalAttentionCore run = *state;
-        ASSIGN_OR_RETURN(Tensor gqkv, run.Backward(AttentionCoreNamer(), ctx.grad(0)));
+        ASSIGN_OR_RETURN(Tensor gqkv, run.Backward(AttentionCoreNamer(), ctx.grad(0), gqkv16));
         return std::vector<Tensor>{gqkv};
       },
-      {"qkv"}));
+      {"qkv"}, Bf16GradOutput(qkv16)));
   return y;
 }
 

@@ -20,21 +20,22 @@
 // zeros first where undefined), as the layers do; any other gets its gradient returned. Under bf16
 // weights the ops keep the layers' bf16 storage: a LayerNorm output, qkv, GELU's h and
 // pre-activation are stored bf16 where a bf16 GEMM takes them (NOTE [GEMM epilogues]), and every
-// GEMM operand is rounded once (NOTE [bf16 GEMMs] in nn/linear.h). What the autograd engine cannot
-// carry is a bf16 gradient: every gradient between nodes is fp32 (NOTE [Autograd]). So where the
-// hand-written backward hands a bf16 gradient from one step to the next, these ops pass the fp32
-// value and the receiver rounds it: the same bits, one rounding pass more each. Under bf16 weights
-// that is (a) GELU's pre-activation gradient, which GeluLinear's GEMM stores bf16 (its epilogue
-// reads the bf16 pre) and widens exactly for the engine, and LinearGelu rounds back; (b) the
-// residual stream's gradient that ln_2's backward also writes bf16 for attention
-// (LayerNorm::BackwardAdd's sum16), which LinearResidual rounds instead; (c) the heads' gradient
-// that attention's proj stores bf16 (Linear::BackwardForGemm), which CausalSelfAttentionCore rounds
-// instead; (d) with the fused attention kernel, dL/dqkv, written fp32 and rounded by
-// LinearForGemm's backward instead of written bf16. On the CPU (fused_test) every one of them keeps
-// the bits. On CUDA (c)'s GEMM stores fp32 where the layer's stores bf16, another problem for
-// cuBLASLt's heuristic, which may pick another algorithm (another fp32 summation order): there the
-// bf16 block agrees within a bf16 rounding, not bit for bit (cuda_fused_test); fp32 weights issue
-// the same calls.
+// GEMM operand is rounded once (NOTE [bf16 GEMMs] in nn/linear.h). Where the hand-written backward
+// hands a bf16 gradient from one step to the next, the producer passes it bf16 and the receiver
+// takes it as it is (core::FunctionOptions::bf16_grad_outputs; NOTE [Autograd]). Under bf16
+// weights that is (a) GELU's pre-activation gradient, which GeluLinear's GEMM stores bf16 (its
+// epilogue reads the bf16 pre) for LinearGelu; (c) the heads' gradient, which LinearResidual's
+// GEMM stores bf16 (Linear::BackwardForGemm) when its input's producer takes it so
+// (CausalSelfAttentionCore with bf16 q, k, v); (d) with the fused attention kernel, dL/dqkv,
+// written bf16 when qkv's producer takes it so (LinearForGemm). A Linear step stores dL/dx bf16
+// wherever its input's producer takes it. A receiver takes bf16 only for an output whose gradient
+// its bf16 GEMMs round anyway; one that gets fp32 instead (a second consumer: the engine sums in
+// fp32; a producer that is not fused) rounds it itself. One rounding stays: (b) the residual
+// stream's gradient that ln_2's backward also writes bf16 for attention (LayerNorm::BackwardAdd's
+// sum16). LinearResidual needs it fp32 for the residual, which gets it unchanged, so it takes
+// fp32 and rounds it for its GEMMs: the same bits, one rounding pass more. On the CPU (fused_test)
+// the block keeps the bits, with one extra rounding under bf16 weights. On CUDA the bf16 block is
+// checked within a bf16 rounding (cuda_fused_test); fp32 weights issue the same calls.
 #ifndef NN_FUNCTIONAL_FUSED_H_
 #define NN_FUNCTIONAL_FUSED_H_
 
@@ -132,7 +133,9 @@ struct AttentionCoreOptions {
 // y [B, T, C]: per batch element and head h of n_head, softmax(q k^T / sqrt(C / n_head), causal) v,
 // the heads side by side, with q, k, v packed in qkv [B, T, 3C] (nanoGPT's c_attn split; head h at
 // columns h * hd of each): what CausalSelfAttention runs between its projections
-// (nn::internal::CausalAttentionCore), with its own backward giving dL/dqkv (fp32). qkv fp32, or
+// (nn::internal::CausalAttentionCore), with its own backward giving dL/dqkv (fp32; bf16 from the
+// fused kernel where qkv's producer takes it so). With bf16 qkv y's gradient may arrive bf16
+// (NOTE [Functional fusions]). qkv fp32, or
 // bf16 for bf16 attention (NOTE [bf16 attention] in nn/attention.h; LinearForGemm stores it so
 // under a bf16 weight). y is fp32 (bf16 per options.y_bf16). InvalidArgument
 // "CausalSelfAttentionCore: ..." for qkv not [B, T, 3C] fp32 or bf16 with C divisible by a positive

@@ -25,16 +25,16 @@
 // do; any other gets its gradient returned. Under bf16 weights the ops keep the layer's bf16
 // storage: a normed output, the packed q, k, v and SwiGLU's h are stored bf16 where a bf16 GEMM
 // takes them, the gradients SiLU*up and the rotary packing hand to the projections are bf16 inside
-// one op, and every GEMM operand is rounded once (NOTE [bf16 GEMMs] in nn/linear.h). What the
-// engine cannot carry is a bf16 gradient between ops (NOTE [Autograd]), so under bf16 weights the
-// graph layer rounds two fp32 gradients the hand-written layer hands on in bf16: (b) the residual
-// stream's gradient that post_attention_layernorm's backward also writes bf16 for self_attn
-// (RmsNorm::BackwardAdd's sum16), which o_proj's LinearResidual rounds instead; (c) the heads'
-// gradient that o_proj stores bf16 (Linear::BackwardForGemm), which CausalSelfAttentionCore
-// rounds instead. (The letters are fused.h's; Llama has no GELU, (a), and its attention hands
-// dL/dqkv on in fp32 either way, (d).) On the CPU both keep the bits. On CUDA (c) changes the
-// dtype cuBLASLt's heuristic sees, as for the GPT block: the bf16 layer agrees within a bf16
-// rounding there (cuda_llama_fused_test); fp32 weights issue the same calls.
+// one op, and every GEMM operand is rounded once (NOTE [bf16 GEMMs] in nn/linear.h). Bf16
+// gradients pass between ops as in fused.h: under bf16 weights (c) the heads' gradient, which
+// o_proj's LinearResidual stores bf16 (Linear::BackwardForGemm), reaches CausalSelfAttentionCore
+// as it is. One rounding stays: (b) the residual stream's gradient that post_attention_layernorm's
+// backward also writes bf16 for self_attn (RmsNorm::BackwardAdd's sum16), which o_proj's
+// LinearResidual takes fp32 (its residual gets it unchanged) and rounds itself. (The letters are
+// fused.h's; Llama has no GELU, (a), and its attention hands dL/dqkv on in fp32 either way, (d).)
+// On the CPU the layer keeps the bits, with one extra rounding under bf16 weights. On CUDA the
+// bf16 layer is checked within a bf16 rounding (cuda_llama_fused_test); fp32 weights issue the
+// same calls.
 #ifndef NN_FUNCTIONAL_LLAMA_FUSED_H_
 #define NN_FUNCTIONAL_LLAMA_FUSED_H_
 
