@@ -26,6 +26,7 @@
 #include "fsdp/testing/gpt_training.h"
 #include "fsdp/testing/graph_lm.h"
 #include "gtest/gtest.h"
+#include "nn/functional/functional.h"
 #include "nn/functional/loss.h"
 #include "optim/adamw.h"
 #include "policy/wrap_policy.h"
@@ -230,6 +231,52 @@ TEST(GraphFeaturesTest, MixedPrecisionTrainsAndNRanksMatchOne) {
   ASSERT_FALSE(one.losses.empty());
   EXPECT_LT(one.losses.back(), one.losses.front() - 0.1);
   EXPECT_TRUE(testing::CompareRuns(one, two, kRtol, kAtol).ok());
+}
+
+// Shared weights: block0 of a GraphLm called twice in one forward, then block1, the final
+// norm and the tied head. Its unit gathers, reshards and reduces once per call.
+class TwiceLm : public core::Module {
+ public:
+  TwiceLm()
+      : lm_(RegisterModule("lm", std::make_shared<testing::GraphLm>(testing::GraphLmConfig{}))) {}
+  std::string TypeName() const override { return "TwiceLm"; }
+
+ protected:
+  absl::StatusOr<core::Tensors> ForwardGraph(const core::Tensors& in) override {
+    const std::vector<core::ParameterPtr> p = lm_->Parameters();  // wte, norm, blocks'
+    absl::StatusOr<core::Tensor> x = nn::functional::Embedding(in[0], p[0]);
+    x = lm_->blocks()[0]->CallOne({x});
+    x = lm_->blocks()[0]->CallOne({x});
+    x = lm_->blocks()[1]->CallOne({x});
+    absl::StatusOr<core::Tensor> logits =
+        nn::functional::Linear(nn::functional::RmsNorm(x, p[1]), p[0]);
+    RETURN_IF_ERROR(logits.status());
+    return core::Tensors{*logits};
+  }
+
+ private:
+  std::shared_ptr<testing::GraphLm> lm_;
+};
+
+TEST(GraphFeaturesTest, AUnitCalledTwiceInAForwardMatchesOneUnwrappedProcess) {
+  const testing::GptTrainingSetup setup = GraphSetup();
+  const testing::ModelFactory make = []() -> absl::StatusOr<std::shared_ptr<core::Module>> {
+    return std::shared_ptr<core::Module>(std::make_shared<TwiceLm>());
+  };
+  absl::StatusOr<testing::TrainingRun> reference = testing::TrainUnwrapped(setup, make);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ASSERT_LT(reference->losses.back(), reference->losses.front() - 0.1);
+  for (const int world : {1, 2, 4}) {
+    absl::Status s = comm::testing::RunThreadRanks(world, [&](comm::testing::RankContext& ctx) {
+      ASSIGN_OR_RETURN(
+          testing::TrainingRun run,
+          testing::TrainFullyShardedRank(
+              ctx, setup, testing::PerBlockOptions(ShardingStrategy::kFullShard, 0, "GraphBlock"),
+              make));
+      return testing::CompareRuns(*reference, run, kRtol, kAtol);
+    });
+    EXPECT_TRUE(s.ok()) << "N = " << world << ": " << s;
+  }
 }
 
 // NOTE [Deterministic reduction] (fsdp/options.h) on a graph model: rank r runs its aligned
