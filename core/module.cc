@@ -114,7 +114,6 @@ bool HookHandle::active() const {
 
 bool InRecompute() { return in_recompute; }
 
-
 Module::Module() : hooks_(std::make_shared<internal::HookLists>()) {}
 
 Module::~Module() {
@@ -131,8 +130,8 @@ absl::StatusOr<Tensor> Module::Forward(const Tensor& given) {
     if (!s.ok()) return s;
   }
   if (inputs.size() != 1) {
-    return absl::InternalError(absl::StrCat(Describe(), ": a forward pre-hook left ",
-                                            inputs.size(), " inputs for a one-input module"));
+    return absl::InternalError(absl::StrCat(Describe(), ": a forward pre-hook left ", inputs.size(),
+                                            " inputs for a one-input module"));
   }
   const Tensor input = inputs[0];
   absl::StatusOr<Tensor> impl = ForwardImpl(input);
@@ -163,25 +162,50 @@ absl::StatusOr<Tensor> Module::Forward(const Tensor& given) {
 
 namespace {
 
-// NOTE [Graph modules]: passes gradients through unchanged, undefined ones included (an
-// output nobody used costs its producers nothing).
-class IdentityNode : public Node {
+// The graph's reference back to a module it will call into at backward time: weak when a
+// shared_ptr owns the module (a destroyed module is then skipped), plain otherwise (a module no
+// shared_ptr owns must outlive its backward).
+class ModuleRef {
  public:
-  IdentityNode(std::string name, absl::Span<const Tensor> tensors)
-      : Node(tensors, tensors), name_(std::move(name)) {}
-  std::string name() const override { return name_; }
-  bool materializes_grads() const override { return false; }
-  absl::StatusOr<std::vector<Tensor>> Apply(std::vector<Tensor> grads) override {
-    return grads;
+  explicit ModuleRef(Module& module)
+      : weak_(module.weak_from_this()), owned_(!weak_.expired()), raw_(&module) {}
+  // The module, kept alive by `*hold` while it is used, or null when it is gone.
+  Module* Get(std::shared_ptr<Module>* hold) const {
+    if (!owned_) return raw_;
+    *hold = weak_.lock();
+    return hold->get();
   }
 
  private:
-  std::string name_;
+  std::weak_ptr<Module> weak_;
+  bool owned_;
+  Module* raw_;
+};
+
+// NOTE [Graph modules]: passes gradients through unchanged, undefined ones included (an output
+// nobody used costs its producers nothing). Named "<module> inputs" or "<module> outputs" only
+// when a message asks, so a call spends nothing on the name.
+class IdentityNode : public Node {
+ public:
+  IdentityNode(ModuleRef module, const char* suffix, absl::Span<const Tensor> tensors)
+      : Node(tensors, tensors), module_(std::move(module)), suffix_(suffix) {}
+  std::string name() const override {
+    std::shared_ptr<Module> hold;
+    const Module* m = module_.Get(&hold);
+    return absl::StrCat(m == nullptr ? "(a destroyed module)" : m->Describe(), " ", suffix_);
+  }
+  bool materializes_grads() const override { return false; }
+  absl::StatusOr<std::vector<Tensor>> Apply(std::vector<Tensor> grads) override { return grads; }
+
+ private:
+  ModuleRef module_;
+  const char* suffix_;
 };
 
 // New handles of the tensors of `tensors` that require gradients, all outputs of one identity
-// node named `name`, put in their places; the node, or null when none requires gradients.
-std::shared_ptr<Node> PassThroughIdentity(std::string name, Tensors& tensors) {
+// node of `module` (its `suffix`), put in their places; the node, or null when none requires
+// gradients.
+std::shared_ptr<Node> PassThroughIdentity(Module& module, const char* suffix, Tensors& tensors) {
   std::vector<Tensor> inputs;
   std::vector<size_t> places;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -190,7 +214,7 @@ std::shared_ptr<Node> PassThroughIdentity(std::string name, Tensors& tensors) {
     places.push_back(i);
   }
   if (inputs.empty()) return nullptr;
-  auto node = std::make_shared<IdentityNode>(std::move(name), inputs);
+  auto node = std::make_shared<IdentityNode>(ModuleRef(module), suffix, inputs);
   for (size_t k = 0; k < places.size(); ++k) {
     Tensor fresh = Detach(inputs[k]);
     fresh.set_autograd_meta(std::make_shared<AutogradMeta>(node, static_cast<int>(k), false));
@@ -212,19 +236,17 @@ absl::StatusOr<Tensor> Module::ForwardImpl(const Tensor&) {
 }
 
 absl::StatusOr<Tensor> Module::BackwardImpl(const Tensor&) {
-  return absl::UnimplementedError(absl::StrCat(
-      Describe(), " is a graph module: its backward is core::Backward on the graph"));
+  return absl::UnimplementedError(
+      absl::StrCat(Describe(), " is a graph module: its backward is core::Backward on the graph"));
 }
 
 // Runs one kind of this module's backward hooks from the graph, if the module still exists.
 std::function<absl::Status()> Module::GraphHookRunner(bool post) {
-  std::weak_ptr<Module> weak = weak_from_this();
-  const bool owned = !weak.expired();
-  Module* raw = this;
-  return [weak, owned, raw, post]() -> absl::Status {
-    std::shared_ptr<Module> locked = weak.lock();
-    if (owned && locked == nullptr) return absl::OkStatus();  // the module is gone
-    Module& m = owned ? *locked : *raw;
+  return [ref = ModuleRef(*this), post]() -> absl::Status {
+    std::shared_ptr<Module> hold;
+    Module* module = ref.Get(&hold);
+    if (module == nullptr) return absl::OkStatus();  // the module is gone
+    Module& m = *module;
     if (post) {
       for (const auto& hook : Snapshot(m.hooks_->backward_post)) RETURN_IF_ERROR(hook(m));
     } else {
@@ -249,7 +271,7 @@ absl::StatusOr<Tensors> Module::Call(const std::vector<Arg>& args) {
       GradEnabled() && (!hooks_->backward_pre.empty() || !hooks_->backward_post.empty());
   bool post_placed = false;
   if (place && !hooks_->backward_post.empty()) {
-    std::shared_ptr<Node> node = PassThroughIdentity(absl::StrCat(Describe(), " inputs"), inputs);
+    std::shared_ptr<Node> node = PassThroughIdentity(*this, "inputs", inputs);
     if (node != nullptr) {
       node->AddPostHook(GraphHookRunner(/*post=*/true));
       post_placed = true;
@@ -262,8 +284,7 @@ absl::StatusOr<Tensors> Module::Call(const std::vector<Arg>& args) {
     RETURN_IF_ERROR(hook(*this, inputs, outputs));
   }
   if (place) {
-    std::shared_ptr<Node> node =
-        PassThroughIdentity(absl::StrCat(Describe(), " outputs"), outputs);
+    std::shared_ptr<Node> node = PassThroughIdentity(*this, "outputs", outputs);
     if (node != nullptr) {
       std::function<absl::Status()> pre = GraphHookRunner(/*post=*/false);
       std::function<absl::Status()> late_post;
@@ -297,17 +318,15 @@ absl::StatusOr<Tensors> Module::CheckpointedForward(const Tensors& inputs) {
   for (Tensor& t : outputs) {
     if (t.defined() && t.dtype() != DType::kInt32) recorded.push_back(&t);
   }
-  std::weak_ptr<Module> weak = weak_from_this();
-  const bool owned = !weak.expired();
-  Module* raw = this;
   const size_t num_edges = edges.size();
-  BackwardFn recompute = [weak, owned, raw, needs, num_edges](
+  BackwardFn recompute = [ref = ModuleRef(*this), needs, num_edges](
                              const BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
-    std::shared_ptr<Module> locked = weak.lock();
-    if (owned && locked == nullptr) {
+    std::shared_ptr<Module> hold;
+    Module* module = ref.Get(&hold);
+    if (module == nullptr) {
       return absl::FailedPreconditionError("the checkpointed module no longer exists");
     }
-    Module& m = owned ? *locked : *raw;
+    Module& m = *module;
     Tensors leaves;
     for (size_t i = 0; i < needs.size(); ++i) {
       leaves.push_back(needs[i] ? Leaf(ctx.saved(static_cast<int>(i)))
@@ -408,15 +427,15 @@ std::vector<Module*> Module::Subtree() const {
 
 HookHandle Module::RegisterForwardPreHook(ForwardPreHook hook, HookOptions options) {
   const uint64_t id = hooks_->next_id++;
-  hooks_->forward_pre.emplace(id, internal::HookLists::Forward<ForwardPreHook>{
-                                      std::move(hook), options.run_in_recompute});
+  hooks_->forward_pre.emplace(
+      id, internal::HookLists::Forward<ForwardPreHook>{std::move(hook), options.run_in_recompute});
   return HookHandle(hooks_, id);
 }
 
 HookHandle Module::RegisterForwardPostHook(ForwardPostHook hook, HookOptions options) {
   const uint64_t id = hooks_->next_id++;
-  hooks_->forward_post.emplace(id, internal::HookLists::Forward<ForwardPostHook>{
-                                       std::move(hook), options.run_in_recompute});
+  hooks_->forward_post.emplace(
+      id, internal::HookLists::Forward<ForwardPostHook>{std::move(hook), options.run_in_recompute});
   return HookHandle(hooks_, id);
 }
 

@@ -308,12 +308,12 @@ absl::Status CopyBytes(void* dst, Device dst_device, const void* src, Device src
 
 absl::Status Tensor::CopyFromAsync(const Tensor& src) const {
 #ifdef FSDP_WITH_CUDA
-  if (defined()) storage_->BumpVersion();
   if (defined() && src.defined() && src.numel() == numel_ && src.dtype() == dtype_ &&
       numel_ > 0 && device().is_cpu() != src.device().is_cpu()) {
     const Tensor& host = device().is_cpu() ? *this : src;
     const Device cuda_device = device().is_cpu() ? src.device() : device();
     if (host.storage()->pinned()) {
+      storage_->BumpVersion();  // CopyFrom bumps it on every other path
       ProfiledOp op(OpCategory::kConvert, "copy_async", cuda_device,
                     OpCost{0, static_cast<double>(2 * nbytes()), 1, OpEngine::kMemory});
       if (absl::Status s = cuda::SetDevice(cuda_device); !s.ok()) return s;

@@ -35,7 +35,6 @@ namespace functional {
 namespace {
 
 using block_test_util::CallOneOf;
-
 using core::DType;
 using core::Tensor;
 using cuda_compare::kBf16Unit;
