@@ -283,10 +283,6 @@ Tensor LeafGrad(const Tensor& t) {
   return node == nullptr ? Tensor() : node->grad_;
 }
 
-void ClearLeafGrad(const Tensor& t) {
-  if (AccumulateGrad* node = LeafNode(t)) node->grad_ = Tensor();
-}
-
 Tensor Value(const ParameterPtr& p) {
   Tensor out = p->data;
   if (!p->requires_grad) {

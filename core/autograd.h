@@ -210,7 +210,6 @@ class SavedTensor {
   // parameter's data changed shape or dtype.
   absl::StatusOr<Tensor> Unpack(absl::string_view op, absl::string_view name) const;
   void Reset();
-  bool defined() const { return saved_; }
 
  private:
   Tensor data_;
@@ -235,9 +234,6 @@ Tensor Detach(const Tensor& t);
 Tensor Leaf(const Tensor& t);
 // The gradient accumulated at leaf `t` (undefined before any reached it).
 Tensor LeafGrad(const Tensor& t);
-// Drops what accumulated at leaf `t`.
-void ClearLeafGrad(const Tensor& t);
-
 // p->data with the parameter's leaf record (made on first use and shared by every use), so
 // ops on it send their gradients into p->grad; p->data alone (no record) when
 // !p->requires_grad.
