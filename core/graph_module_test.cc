@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/autograd.h"
 #include "core/module.h"
 #include "core/status_macros.h"
@@ -189,25 +190,167 @@ TEST(GraphModuleTest, NoGradScopePlacesNoNodes) {
   EXPECT_EQ(hooks_run, 0);
 }
 
-// A hand-written module (one tensor in and out, its own backward).
-class Identity : public Module {
+// A hand-written module (one tensor in and out, its own backward): y = w * x elementwise.
+class Scale : public Module {
  public:
-  std::string TypeName() const override { return "Identity"; }
+  explicit Scale(std::vector<float> w) { w_ = RegisterParameter("weight", Vec(std::move(w))); }
+  std::string TypeName() const override { return "Scale"; }
+  const ParameterPtr& weight() const { return w_; }
+  int backwards = 0;
 
  protected:
-  absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override { return x; }
-  absl::StatusOr<Tensor> BackwardImpl(const Tensor& g) override { return g; }
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override {
+    x_ = x;
+    std::vector<float> y = x.ToVector(), w = w_->data.ToVector();
+    for (size_t i = 0; i < y.size(); ++i) y[i] *= w[i];
+    return Vec(y);
+  }
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor& g) override {
+    ++backwards;
+    if (!x_.defined()) return absl::FailedPreconditionError("Scale: no cached input");
+    std::vector<float> gv = g.ToVector(), xv = x_.ToVector(), w = w_->data.ToVector();
+    RETURN_IF_ERROR(w_->EnsureGrad());
+    float* wg = w_->grad.data<float>();
+    std::vector<float> gx(gv.size());
+    for (size_t i = 0; i < gv.size(); ++i) {
+      wg[i] += gv[i] * xv[i];
+      gx[i] = gv[i] * w[i];
+    }
+    x_ = Tensor();
+    return Vec(gx);
+  }
+  void ReleaseActivations() override { x_ = Tensor(); }
+
+ private:
+  ParameterPtr w_;
+  Tensor x_;
 };
 
-TEST(GraphModuleTest, EachKindRefusesTheOthersEntryPoints) {
-  auto gate = std::make_shared<Gate>(std::vector<float>{2});
-  absl::StatusOr<Tensor> y = gate->Forward(Vec({1}));
-  EXPECT_EQ(y.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(y.status().message(), HasSubstr("(Gate) is a graph module"));
-  auto id = std::make_shared<Identity>();
-  absl::StatusOr<Tensors> out = id->Call({Vec({1})});
-  EXPECT_EQ(out.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(out.status().message(), HasSubstr("hand-written backward"));
+// A graph module calling a hand-written child: y = scale(x) * x.
+class ScaleThenSquare : public Module {
+ public:
+  explicit ScaleThenSquare(std::shared_ptr<Scale> s) : scale_(RegisterModule("scale", s)) {}
+  std::string TypeName() const override { return "ScaleThenSquare"; }
+
+ protected:
+  absl::StatusOr<Tensors> ForwardGraph(const Tensors& in) override {
+    ASSIGN_OR_RETURN(Tensor y, Mul(scale_->CallOne({in[0]}), in[0], "ScaleThenSquare.mul"));
+    return Tensors{y};
+  }
+
+ private:
+  std::shared_ptr<Scale> scale_;
+};
+
+TEST(GraphModuleTest, AHandWrittenChildRunsItsBackwardAsOneNodeWithItsHooks) {
+  auto scale = std::make_shared<Scale>(std::vector<float>{2, 3});
+  auto parent = std::make_shared<ScaleThenSquare>(scale);
+  std::vector<std::string> events;
+  HookHandle pre = scale->RegisterBackwardPreHook([&](Module&) {
+    events.push_back(absl::StrCat("pre backwards=", scale->backwards));
+    return absl::OkStatus();
+  });
+  HookHandle post = scale->RegisterBackwardPostHook([&](Module&) {
+    events.push_back(absl::StrCat("post backwards=", scale->backwards,
+                                  " grad=", scale->weight()->grad.ToVector()[1]));
+    return absl::OkStatus();
+  });
+  const Tensor x = Leaf(Vec({1, 4}));
+  absl::StatusOr<Tensor> y = parent->CallOne({x});
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_THAT(y->ToVector(), ElementsAre(2, 48));  // w * x * x
+  ASSERT_TRUE(Backward(*Sum(*y)).ok());
+  // d/dw = x * x; d/dx = 2 w x.
+  EXPECT_THAT(scale->weight()->grad.ToVector(), ElementsAre(1, 16));
+  EXPECT_THAT(LeafGrad(x).ToVector(), ElementsAre(4, 24));
+  EXPECT_THAT(events, ElementsAre("pre backwards=0", "post backwards=1 grad=16"));
+}
+
+TEST(GraphModuleTest, AHandWrittenModuleTakesOneInputInAGraph) {
+  auto scale = std::make_shared<Scale>(std::vector<float>{2});
+  absl::StatusOr<Tensors> out = scale->Call({Vec({1}), Vec({1})});
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(out.status().message(), HasSubstr("(Scale) has a hand-written backward"));
+}
+
+// A graph module of one input and one output: y = w * x * x.
+class Square : public Module {
+ public:
+  explicit Square(std::vector<float> w) { w_ = RegisterParameter("weight", Vec(std::move(w))); }
+  std::string TypeName() const override { return "Square"; }
+  const ParameterPtr& weight() const { return w_; }
+
+ protected:
+  absl::StatusOr<Tensors> ForwardGraph(const Tensors& in) override {
+    ASSIGN_OR_RETURN(Tensor y, Mul(Mul(w_, in[0], "Square.wx"), in[0], "Square.wxx"));
+    return Tensors{y};
+  }
+
+ private:
+  ParameterPtr w_;
+};
+
+TEST(GraphModuleTest, AGraphModuleRunsThroughForwardAndBackward) {
+  auto square = std::make_shared<Square>(std::vector<float>{2, 3});
+  int pre = 0, post = 0;
+  HookHandle h1 = square->RegisterBackwardPreHook([&](Module&) {
+    ++pre;
+    return absl::OkStatus();
+  });
+  HookHandle h2 = square->RegisterBackwardPostHook([&](Module&) {
+    EXPECT_EQ(pre, 1);
+    ++post;
+    return absl::OkStatus();
+  });
+  absl::StatusOr<Tensor> y = square->Forward(Vec({1, 4}));
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_THAT(y->ToVector(), ElementsAre(2, 48));
+  absl::StatusOr<Tensor> gx = square->Backward(Vec({1, 1}));
+  ASSERT_TRUE(gx.ok()) << gx.status();
+  EXPECT_THAT(gx->ToVector(), ElementsAre(4, 24));  // 2 w x
+  EXPECT_THAT(square->weight()->grad.ToVector(), ElementsAre(1, 16));
+  EXPECT_EQ(pre, 1);
+  EXPECT_EQ(post, 1);
+  // The graph is gone with the Backward.
+  absl::StatusOr<Tensor> again = square->Backward(Vec({1, 1}));
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(again.status().message(), HasSubstr("(Square): Backward without a Forward"));
+}
+
+// One input, two outputs: {w * x, x}.
+class Both : public Square {
+ public:
+  using Square::Square;
+  std::string TypeName() const override { return "Both"; }
+
+ protected:
+  absl::StatusOr<Tensors> ForwardGraph(const Tensors& in) override {
+    ASSIGN_OR_RETURN(Tensor y, Mul(weight(), in[0], "Both.wx"));
+    return Tensors{y, in[0]};
+  }
+};
+
+TEST(GraphModuleTest, ForwardNeedsExactlyOneOutput) {
+  auto both = std::make_shared<Both>(std::vector<float>{2});
+  absl::StatusOr<Tensor> y = both->Forward(Vec({1}));
+  EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(y.status().message(),
+              HasSubstr("(Both) returned 2 outputs; Forward needs exactly one"));
+}
+
+// Overrides neither ForwardGraph nor ForwardImpl.
+class Empty : public Module {
+ public:
+  std::string TypeName() const override { return "Empty"; }
+};
+
+TEST(GraphModuleTest, AModuleWithoutAForwardIsUnimplemented) {
+  auto empty = std::make_shared<Empty>();
+  for (const absl::Status& s :
+       {empty->Forward(Vec({1})).status(), empty->Call({Vec({1})}).status()}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+    EXPECT_THAT(s.message(), HasSubstr("(Empty) overrides neither ForwardGraph nor ForwardImpl"));
+  }
 }
 
 TEST(GraphModuleTest, AnErrorArgumentIsReturnedUnchanged) {

@@ -223,21 +223,106 @@ std::shared_ptr<Node> PassThroughIdentity(Module& module, const char* suffix, Te
   return node;
 }
 
+
+// Records one node named `name` over `inputs` and the parameters of `module`'s subtree that take
+// gradients, as the output of `outputs` (the defined, non-int32 ones), saving `saved`, for a
+// `backward` that adds the parameters' gradients into Parameter::grad itself and returns those
+// of the inputs: the parameters' accumulators then run after it with nothing to add, so the
+// gradients are final when they have run (NOTE [Graph modules]).
+absl::Status RecordOverSubtree(const Module& module, std::string name, const Tensors& inputs,
+                               Tensors& outputs, std::vector<Tensor> saved, BackwardFn backward) {
+  std::vector<Tensor> edges = inputs;
+  for (const ParameterPtr& p : module.Parameters()) {
+    if (p->requires_grad) edges.push_back(Value(p));
+  }
+  std::vector<Tensor*> recorded;
+  for (Tensor& t : outputs) {
+    if (t.defined() && t.dtype() != DType::kInt32) recorded.push_back(&t);
+  }
+  const size_t num_edges = edges.size();
+  BackwardFn padded = [backward = std::move(backward), num_edges](
+                          const BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
+    ASSIGN_OR_RETURN(std::vector<Tensor> grads, backward(ctx));
+    grads.resize(num_edges);
+    return grads;
+  };
+  return RecordFunction(std::move(name), edges, recorded, std::move(saved), std::move(padded));
+}
+
 }  // namespace
 
-absl::StatusOr<Tensors> Module::ForwardGraph(const Tensors&) {
-  return absl::UnimplementedError(absl::StrCat(
-      Describe(), " has a hand-written backward: call Forward and Backward, not Call"));
+// NOTE [Graph modules]: a hand-written module called from a graph (Call): its ForwardImpl, and
+// one node whose backward is its BackwardImpl (Call places the hooks).
+absl::StatusOr<Tensors> Module::ForwardGraph(const Tensors& inputs) {
+  if (in_default_kind_bridge_) {
+    return absl::UnimplementedError(
+        absl::StrCat(Describe(), " overrides neither ForwardGraph nor ForwardImpl"));
+  }
+  if (inputs.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Describe(), " has a hand-written backward and takes one tensor; it was given ",
+        inputs.size()));
+  }
+  in_default_kind_bridge_ = true;
+  absl::StatusOr<Tensor> y = ForwardImpl(Detach(inputs[0]));
+  in_default_kind_bridge_ = false;
+  if (!y.ok()) return y.status();
+  Tensors outputs = {*std::move(y)};
+  if (!GradEnabled()) {
+    DropActivations();  // as Forward: no Backward follows
+    return outputs;
+  }
+  RETURN_IF_ERROR(RecordOverSubtree(
+      *this, Describe(), inputs, outputs, {},
+      [ref = ModuleRef(*this)](const BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
+        std::shared_ptr<Module> hold;
+        Module* m = ref.Get(&hold);
+        if (m == nullptr) return absl::FailedPreconditionError("the module no longer exists");
+        ASSIGN_OR_RETURN(Tensor grad_input, m->BackwardImpl(ctx.grad(0)));
+        return std::vector<Tensor>{std::move(grad_input)};
+      }));
+  return outputs;
 }
 
-absl::StatusOr<Tensor> Module::ForwardImpl(const Tensor&) {
-  return absl::UnimplementedError(
-      absl::StrCat(Describe(), " is a graph module: call Call or CallOne, not Forward"));
+// A graph module run through Forward: ForwardGraph on a leaf handle of the input, keeping the
+// output for Backward.
+absl::StatusOr<Tensor> Module::ForwardImpl(const Tensor& input) {
+  if (in_default_kind_bridge_) {
+    return absl::UnimplementedError(
+        absl::StrCat(Describe(), " overrides neither ForwardGraph nor ForwardImpl"));
+  }
+  graph_input_ = Tensor();
+  graph_output_ = Tensor();
+  const bool record = GradEnabled();
+  const Tensor in = record && input.defined() && input.dtype() != DType::kInt32 ? Leaf(input)
+                                                                                 : Detach(input);
+  in_default_kind_bridge_ = true;
+  absl::StatusOr<Tensors> outputs = ForwardGraph({in});
+  in_default_kind_bridge_ = false;
+  if (!outputs.ok()) return outputs.status();
+  if (outputs->size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(Describe(), " returned ", outputs->size(),
+                                                   " outputs; Forward needs exactly one (use Call)"));
+  }
+  if (record) {
+    graph_input_ = in;
+    graph_output_ = (*outputs)[0];
+  }
+  return (*outputs)[0];
 }
 
-absl::StatusOr<Tensor> Module::BackwardImpl(const Tensor&) {
-  return absl::UnimplementedError(
-      absl::StrCat(Describe(), " is a graph module: its backward is core::Backward on the graph"));
+// A graph module run through Forward: the Backward of the graph its Forward recorded.
+absl::StatusOr<Tensor> Module::BackwardImpl(const Tensor& grad_output) {
+  if (!graph_input_.defined()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Describe(), ": Backward without a Forward under grad mode since the last Backward"));
+  }
+  const Tensor in = std::move(graph_input_);
+  const Tensor out = std::move(graph_output_);
+  graph_input_ = Tensor();
+  graph_output_ = Tensor();
+  if (RequiresGrad(out)) RETURN_IF_ERROR(core::Backward({out}, {grad_output}));
+  return RequiresGrad(in) ? LeafGrad(in) : Tensor();
 }
 
 // Runs one kind of this module's backward hooks from the graph, if the module still exists.
@@ -305,21 +390,9 @@ absl::StatusOr<Tensors> Module::CheckpointedForward(const Tensors& inputs) {
     NoGradScope no_graph;
     ASSIGN_OR_RETURN(outputs, ForwardGraph(inputs));
   }
-  // The node's inputs: the call's, then every parameter of the subtree that takes a
-  // gradient (edges to their accumulators, which then run after the recompute's Backward
-  // has added into them).
-  std::vector<Tensor> edges = inputs;
   std::vector<bool> needs;
   for (const Tensor& t : inputs) needs.push_back(RequiresGrad(t));
-  for (const ParameterPtr& p : Parameters()) {
-    if (p->requires_grad) edges.push_back(Value(p));
-  }
-  std::vector<Tensor*> recorded;
-  for (Tensor& t : outputs) {
-    if (t.defined() && t.dtype() != DType::kInt32) recorded.push_back(&t);
-  }
-  const size_t num_edges = edges.size();
-  BackwardFn recompute = [ref = ModuleRef(*this), needs, num_edges](
+  BackwardFn recompute = [ref = ModuleRef(*this), needs](
                              const BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
     std::shared_ptr<Module> hold;
     Module* module = ref.Get(&hold);
@@ -351,15 +424,15 @@ absl::StatusOr<Tensors> Module::CheckpointedForward(const Tensors& inputs) {
       ++k;
     }
     if (!roots.empty()) RETURN_IF_ERROR(core::Backward(roots, seeds));
-    std::vector<Tensor> grads(num_edges);
+    std::vector<Tensor> grads(needs.size());
     for (size_t i = 0; i < needs.size(); ++i) {
       if (needs[i]) grads[i] = LeafGrad(leaves[i]);
     }
     return grads;  // the parameters' gradients are in Parameter::grad already
   };
   std::vector<Tensor> saved(inputs.begin(), inputs.end());
-  RETURN_IF_ERROR(RecordFunction(absl::StrCat("Checkpoint ", Describe()), edges, recorded,
-                                 std::move(saved), std::move(recompute)));
+  RETURN_IF_ERROR(RecordOverSubtree(*this, absl::StrCat("Checkpoint ", Describe()), inputs, outputs,
+                                    std::move(saved), std::move(recompute)));
   return outputs;
 }
 
@@ -405,6 +478,8 @@ void Module::DropActivations() {
     m->ReleaseActivations();
     m->recompute_input_ = Tensor();
     m->awaiting_recompute_ = false;
+    m->graph_input_ = Tensor();
+    m->graph_output_ = Tensor();
   }
 }
 

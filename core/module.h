@@ -22,11 +22,17 @@
 //   ASSIGN_OR_RETURN(core::Tensors out, gate->Call({x, mask}));
 //   ASSIGN_OR_RETURN(core::Tensor y, gate->CallOne({x, mask}));   // exactly one output
 //
-// Modules with a hand-written backward (the layers of nn/ today) take one tensor and return
-// one: a non-virtual Forward/Backward runs the hooks around the protected virtual
-// ForwardImpl/BackwardImpl, and a module caches what its backward needs during forward: call
-// Backward once after each Forward, with the gradient of that Forward's output. Children are
-// called through their public Forward/Backward so hooks fire at every level.
+// Modules with a hand-written backward (nn's layers: a fused kernel with its own derivative)
+// take one tensor and return one: a non-virtual Forward/Backward runs the hooks around the
+// protected virtual ForwardImpl/BackwardImpl, and a module caches what its backward needs
+// during forward: call Backward once after each Forward, with the gradient of that Forward's
+// output.
+//
+// The two kinds mix: a graph module calls a hand-written child through Call (its
+// ForwardImpl runs in the forward, its BackwardImpl as one node of the graph, the hooks
+// placed as for any call), and a graph module of one input and one output may be run as a
+// hand-written one (Forward records its graph, Backward runs it and returns the input's
+// gradient), once per Forward as a hand-written module.
 //
 // Either kind runs the registered hooks, so code that acts before or after a module computes
 // (FSDP's all-gathers and reduce-scatters) does so without changing the module or inserting a
@@ -171,16 +177,18 @@ class Module : public std::enable_shared_from_this<Module> {
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
-  // NOTE [Graph modules]: a graph module's forward with its hooks. An Arg holding an error
-  // (an earlier op's) is returned unchanged. Unimplemented, naming the module, for a module
-  // with a hand-written backward (call Forward and Backward).
+  // NOTE [Graph modules]: a module's forward on the graph, with its hooks. An Arg holding an
+  // error (an earlier op's) is returned unchanged. A hand-written module takes one input here
+  // (InvalidArgument naming it otherwise) and its backward runs as one node of the graph.
   absl::StatusOr<Tensors> Call(const std::vector<Arg>& inputs);
   // Call for a module of exactly one output (InvalidArgument naming the module otherwise).
   absl::StatusOr<Tensor> CallOne(const std::vector<Arg>& inputs);
 
-  // A hand-written module's forward: runs forward pre-hooks (registration order),
-  // ForwardImpl, then post-hooks, which may replace the output. The first error stops the
-  // chain and is returned. Unimplemented, naming the module, for a graph module.
+  // A forward of one tensor in and one out, for Backward to follow: runs forward pre-hooks
+  // (registration order), ForwardImpl, then post-hooks, which may replace the output. The
+  // first error stops the chain and is returned. A graph module of one input and one output
+  // runs its ForwardGraph on the graph, and Backward runs that graph (InvalidArgument
+  // naming the module for any other number of outputs).
   absl::StatusOr<Tensor> Forward(const Tensor& input);
 
   // Runs backward pre-hooks, BackwardImpl (which adds parameter gradients into
@@ -252,12 +260,13 @@ class Module : public std::enable_shared_from_this<Module> {
 
  protected:
   // A graph module's forward (NOTE [Graph modules]): outputs from inputs, through
-  // differentiable ops and children's Call. The default is Unimplemented (a hand-written
-  // module).
+  // differentiable ops and children's Call. The default serves a hand-written module called
+  // from a graph: its ForwardImpl, and one node whose backward is its BackwardImpl.
   virtual absl::StatusOr<Tensors> ForwardGraph(const Tensors& inputs);
 
-  // A hand-written module's forward and backward. The defaults are Unimplemented (a graph
-  // module).
+  // A hand-written module's forward and backward. The defaults serve a graph module of one
+  // input and one output run through Forward and Backward: ForwardGraph on a leaf handle of
+  // the input, then core::Backward from its output, returning the input's gradient.
   virtual absl::StatusOr<Tensor> ForwardImpl(const Tensor& input);
   virtual absl::StatusOr<Tensor> BackwardImpl(const Tensor& grad_output);
 
@@ -312,6 +321,12 @@ class Module : public std::enable_shared_from_this<Module> {
   bool checkpoint_activations_ = false;
   bool awaiting_recompute_ = false;  // from a checkpointed Forward to its Backward
   Tensor recompute_input_;           // the input that Forward kept
+  // A graph module run through Forward: its leaf input and its output, until Backward.
+  Tensor graph_input_;
+  Tensor graph_output_;
+  // True while a default ForwardGraph or ForwardImpl calls the other (one that is not
+  // overridden either is Unimplemented instead of recursing).
+  bool in_default_kind_bridge_ = false;
 };
 
 }  // namespace core
