@@ -60,7 +60,10 @@ class AccumulateGrad : public Node {
       }
       return std::vector<Tensor>{};
     }
-    if (!grad_.defined()) {
+    if (!grad_.defined() && g.dtype() == DType::kFloat32 && g.storage() != nullptr &&
+        g.storage().use_count() == 1) {
+      grad_ = std::move(grads[0]);  // nothing else holds it: keep it without a copy
+    } else if (!grad_.defined()) {
       absl::StatusOr<Tensor> copy = g.To(g.device(), MemoryTag::kGrad);
       if (!copy.ok()) return copy.status();
       grad_ = *std::move(copy);
@@ -85,12 +88,13 @@ class FunctionNode : public Node {
  public:
   FunctionNode(std::string name, absl::Span<const Tensor> outputs, absl::Span<const Tensor> inputs,
                std::vector<Tensor> saved, std::vector<std::string> saved_names, BackwardFn backward,
-               std::vector<int> bf16_grad_outputs)
+               std::vector<int> bf16_grad_outputs, std::shared_ptr<Bf16GradCopy> bf16_grad_copy)
       : Node(outputs, inputs),
         name_(std::move(name)),
         saved_names_(std::move(saved_names)),
         backward_(std::move(backward)),
-        bf16_grad_outputs_(std::move(bf16_grad_outputs)) {
+        bf16_grad_outputs_(std::move(bf16_grad_outputs)),
+        bf16_grad_copy_(std::move(bf16_grad_copy)) {
     saved_.reserve(saved.size());
     for (const Tensor& t : saved) saved_.emplace_back(t);
   }
@@ -99,6 +103,9 @@ class FunctionNode : public Node {
   bool takes_bf16_grad(int i) const override {
     return std::find(bf16_grad_outputs_.begin(), bf16_grad_outputs_.end(), i) !=
            bf16_grad_outputs_.end();
+  }
+  std::shared_ptr<Bf16GradCopy> bf16_grad_copy(int i) const override {
+    return i == 0 ? bf16_grad_copy_ : nullptr;
   }
 
   absl::StatusOr<std::vector<Tensor>> Apply(std::vector<Tensor> grads) override {
@@ -135,6 +142,7 @@ class FunctionNode : public Node {
   std::vector<std::string> saved_names_;
   BackwardFn backward_;
   std::vector<int> bf16_grad_outputs_;
+  std::shared_ptr<Bf16GradCopy> bf16_grad_copy_;
 };
 
 struct ByHighestSequence {
@@ -303,6 +311,14 @@ Arg::Arg(const ParameterPtr& p) {
     status_ = absl::InvalidArgumentError("a null ParameterPtr was passed to an op");
     return;
   }
+  if (p->deferred()) {
+    status_ = absl::FailedPreconditionError(absl::StrCat(
+        "parameter ", p->data.ToString(),
+        " is deferred and not materialized yet (NOTE [Deferred initialisation] in "
+        "core/param_init.h): materialize it, or wrap the model with fsdp::FullyShard, before "
+        "running it"));
+    return;
+  }
   tensor_ = Value(p);
 }
 
@@ -339,11 +355,29 @@ absl::Status RecordFunction(std::string name, absl::Span<const Tensor> inputs,
   }
   auto node = std::make_shared<FunctionNode>(std::move(name), outs, inputs, std::move(saved),
                                              std::move(saved_names), std::move(backward),
-                                             options.bf16_grad_outputs);
+                                             options.bf16_grad_outputs, options.bf16_grad_copy);
   for (size_t i = 0; i < outputs.size(); ++i) {
     outputs[i]->set_autograd_meta(std::make_shared<AutogradMeta>(node, static_cast<int>(i), false));
   }
   return absl::OkStatus();
+}
+
+std::shared_ptr<Bf16GradCopy> ProducerBf16GradCopy(const Tensor& t) {
+  const std::shared_ptr<AutogradMeta>& meta = t.autograd_meta();
+  if (meta == nullptr || meta->leaf || meta->node == nullptr) return nullptr;
+  return meta->node->bf16_grad_copy(meta->output_nr);
+}
+
+Tensor TakeBf16GradCopy(const std::shared_ptr<Bf16GradCopy>& box, const Tensor& grad) {
+  if (box == nullptr) return Tensor();
+  Tensor copy;
+  if (box->sent.defined() && grad.defined() && box->sent.storage() == grad.storage() &&
+      box->copy.numel() == grad.numel()) {
+    copy = std::move(box->copy);
+  }
+  box->sent = Tensor();
+  box->copy = Tensor();
+  return copy;
 }
 
 // ---- the engine

@@ -110,6 +110,7 @@ class EnableGradScope {
 };
 
 class Node;
+struct Bf16GradCopy;
 
 // Where a gradient goes: gradient input `input_nr` of `node` (the node's output of that
 // index in the forward). A null node: the tensor needs no gradient.
@@ -158,6 +159,8 @@ class Node {
   // True where Apply takes output `i`'s gradient in bf16 as a producer passed it (NOTE
   // [Autograd]); false (the default): always fp32.
   virtual bool takes_bf16_grad(int i) const { return false; }
+  // Output `i`'s NOTE [bf16 gradient copies] box; null (the default): none.
+  virtual std::shared_ptr<Bf16GradCopy> bf16_grad_copy(int i) const { return nullptr; }
 
   int num_outputs() const { return static_cast<int>(outputs_.size()); }
   const std::vector<Edge>& next_edges() const { return next_edges_; }
@@ -286,6 +289,24 @@ class BackwardContext {
 // One gradient per input (undefined: none).
 using BackwardFn = std::function<absl::StatusOr<std::vector<Tensor>>(const BackwardContext&)>;
 
+// NOTE [bf16 gradient copies]: an op whose backward rounds the fp32 gradient of its output to
+// bf16 for its GEMMs (and also needs the fp32 one) may offer this box
+// (FunctionOptions::bf16_grad_copy); the consumer of that output, whose backward computes the
+// gradient in a pass of its own, may write the bf16 copy in the same pass and leave both here
+// (ProducerBf16GradCopy at its forward). The producer takes the copy only when the gradient it
+// received is that very tensor (the consumer was the only one: a sum is a new tensor), so the
+// bits are those of rounding it itself, one pass fewer.
+struct Bf16GradCopy {
+  Tensor sent;  // the fp32 gradient the consumer passed
+  Tensor copy;  // its bf16 copy
+};
+
+// The box output `t`'s producer offers (null when none, or `t` is a leaf or has no record).
+std::shared_ptr<Bf16GradCopy> ProducerBf16GradCopy(const Tensor& t);
+// The bf16 copy of `grad` from `box` when the consumer left one for this very tensor, else
+// undefined; empties the box either way.
+Tensor TakeBf16GradCopy(const std::shared_ptr<Bf16GradCopy>& box, const Tensor& grad);
+
 // A custom function's record (torch.autograd.Function): when AnyRequiresGrad(inputs),
 // makes a node named `name` over `inputs`, saving `saved` (named `saved_names[i]` in errors,
 // "saved i" where absent) for `backward`, and points every output's record at it (output i
@@ -296,6 +317,8 @@ struct FunctionOptions {
   // The outputs whose gradient the backward takes in bf16 when a producer passes it so
   // (Node::takes_bf16_grad); the others always arrive fp32.
   std::vector<int> bf16_grad_outputs;
+  // Output 0's NOTE [bf16 gradient copies] box, for its consumer; null: none.
+  std::shared_ptr<Bf16GradCopy> bf16_grad_copy;
 };
 
 absl::Status RecordFunction(std::string name, absl::Span<const Tensor> inputs,

@@ -223,7 +223,6 @@ std::shared_ptr<Node> PassThroughIdentity(Module& module, const char* suffix, Te
   return node;
 }
 
-
 // Records one node named `name` over `inputs` and the parameters of `module`'s subtree that take
 // gradients, as the output of `outputs` (the defined, non-int32 ones), saving `saved`, for a
 // `backward` that adds the parameters' gradients into Parameter::grad itself and returns those
@@ -259,9 +258,9 @@ absl::StatusOr<Tensors> Module::ForwardGraph(const Tensors& inputs) {
         absl::StrCat(Describe(), " overrides neither ForwardGraph nor ForwardImpl"));
   }
   if (inputs.size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        Describe(), " has a hand-written backward and takes one tensor; it was given ",
-        inputs.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(Describe(), " has a hand-written backward and takes one tensor; it was given ",
+                     inputs.size()));
   }
   in_default_kind_bridge_ = true;
   absl::StatusOr<Tensor> y = ForwardImpl(Detach(inputs[0]));
@@ -284,6 +283,17 @@ absl::StatusOr<Tensors> Module::ForwardGraph(const Tensors& inputs) {
   return outputs;
 }
 
+namespace {
+
+// A stand-in for `t` without its storage (Tensor::Meta) carrying its autograd record.
+Tensor RecordOnly(const Tensor& t) {
+  Tensor stub = Tensor::Meta(t.shape(), t.dtype(), t.device());
+  stub.set_autograd_meta(t.autograd_meta());
+  return stub;
+}
+
+}  // namespace
+
 // A graph module run through Forward: ForwardGraph on a leaf handle of the input, keeping the
 // output for Backward.
 absl::StatusOr<Tensor> Module::ForwardImpl(const Tensor& input) {
@@ -294,26 +304,28 @@ absl::StatusOr<Tensor> Module::ForwardImpl(const Tensor& input) {
   graph_input_ = Tensor();
   graph_output_ = Tensor();
   const bool record = GradEnabled();
-  const Tensor in = record && input.defined() && input.dtype() != DType::kInt32 ? Leaf(input)
-                                                                                 : Detach(input);
+  const Tensor in =
+      record && input.defined() && input.dtype() != DType::kInt32 ? Leaf(input) : Detach(input);
   in_default_kind_bridge_ = true;
   absl::StatusOr<Tensors> outputs = ForwardGraph({in});
   in_default_kind_bridge_ = false;
   if (!outputs.ok()) return outputs.status();
   if (outputs->size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(Describe(), " returned ", outputs->size(),
-                                                   " outputs; Forward needs exactly one (use Call)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(Describe(), " returned ", outputs->size(),
+                     " outputs; Forward needs exactly one (use Call)"));
   }
   if (record) {
-    graph_input_ = in;
-    graph_output_ = (*outputs)[0];
+    // Records only, not the data: the caller decides how long the tensors live.
+    graph_input_ = RecordOnly(in);
+    graph_output_ = RecordOnly((*outputs)[0]);
   }
   return (*outputs)[0];
 }
 
 // A graph module run through Forward: the Backward of the graph its Forward recorded.
 absl::StatusOr<Tensor> Module::BackwardImpl(const Tensor& grad_output) {
-  if (!graph_input_.defined()) {
+  if (!graph_input_.is_meta()) {
     return absl::FailedPreconditionError(absl::StrCat(
         Describe(), ": Backward without a Forward under grad mode since the last Backward"));
   }
@@ -365,6 +377,7 @@ absl::StatusOr<Tensors> Module::Call(const std::vector<Arg>& args) {
   const bool checkpoint = checkpoint_activations_ && GradEnabled() && !InRecompute();
   ASSIGN_OR_RETURN(Tensors outputs,
                    checkpoint ? CheckpointedForward(inputs) : ForwardGraph(inputs));
+  if (checkpoint) awaiting_recompute_ = true;
   for (const auto& hook : ForwardSnapshot(hooks_->forward_post)) {
     RETURN_IF_ERROR(hook(*this, inputs, outputs));
   }
@@ -400,6 +413,7 @@ absl::StatusOr<Tensors> Module::CheckpointedForward(const Tensors& inputs) {
       return absl::FailedPreconditionError("the checkpointed module no longer exists");
     }
     Module& m = *module;
+    m.awaiting_recompute_ = false;
     Tensors leaves;
     for (size_t i = 0; i < needs.size(); ++i) {
       leaves.push_back(needs[i] ? Leaf(ctx.saved(static_cast<int>(i)))
@@ -456,6 +470,9 @@ absl::StatusOr<Tensor> Module::Backward(const Tensor& grad_output) {
     const Tensor input = std::move(recompute_input_);
     recompute_input_ = Tensor();
     awaiting_recompute_ = false;
+    // With grad mode on, as the Forward it repeats (a Backward may run inside a graph's
+    // backward, where it is off), so the subtree keeps what its backward needs.
+    EnableGradScope grad_on;
     RecomputeScope recompute;
     absl::StatusOr<Tensor> again = ForwardImpl(input);
     if (!again.ok()) {

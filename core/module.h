@@ -89,8 +89,8 @@
 // plain one, and every module drops its subtree's caches as its Forward returns
 // (DropActivations: also those of children a parent ran fused, outside their own
 // Forward), so a forward-only pass holds at most one layer's caches at a time
-// and no Backward can follow it. As for every cached input, the input tensor must not be written between
-// Forward and Backward.
+// and no Backward can follow it. As for every cached input, the input tensor must not be written
+// between Forward and Backward.
 #ifndef CORE_MODULE_H_
 #define CORE_MODULE_H_
 
@@ -233,7 +233,7 @@ class Module : public std::enable_shared_from_this<Module> {
   // checkpoint policy picks (FullyShardOptions::checkpoint_policy).
   void set_checkpoint_activations(bool checkpoint) { checkpoint_activations_ = checkpoint; }
   bool checkpoint_activations() const { return checkpoint_activations_; }
-  // True from a checkpointed Forward until the Backward that recomputes it.
+  // True from a checkpointed Forward (or Call) until the Backward that recomputes it.
   bool awaiting_recompute() const { return awaiting_recompute_; }
 
   // Frees what every module of the subtree (each once) cached for its Backward
@@ -284,10 +284,10 @@ class Module : public std::enable_shared_from_this<Module> {
   // Registers parameter `name` as a new uninitialised CPU tensor of `shape` (tag
   // kParam), for constructors that size parameters from user input and cannot return
   // an error; under a core::DeferredInitScope, as a meta tensor of that shape with no
-  // storage (NOTE [Deferred initialisation] in core/param_init.h), which cannot fail. When Tensor::Allocate fails (the size overflows, exceeds the allocator's
-  // limit or memory runs out) it registers an empty tensor of the same rank (every
-  // dimension 0) instead, records the error for ConstructionStatus() and makes this
-  // module's Forward and Backward return it. Never aborts.
+  // storage (NOTE [Deferred initialisation] in core/param_init.h), which cannot fail. When
+  // Tensor::Allocate fails (the size overflows, exceeds the allocator's limit or memory runs out)
+  // it registers an empty tensor of the same rank (every dimension 0) instead, records the error
+  // for ConstructionStatus() and makes this module's Forward and Backward return it. Never aborts.
   ParameterPtr AllocateParameter(const std::string& name, const Shape& shape,
                                  DType dtype = DType::kFloat32, bool requires_grad = true);
 

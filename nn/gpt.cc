@@ -11,12 +11,16 @@
 #include "core/allocator.h"
 #include "core/random.h"
 #include "core/status_macros.h"
+#include "nn/functional/embedding.h"
+#include "nn/functional/fused.h"
+#include "nn/functional/norm.h"
 #include "nn/internal/validate.h"
 #include "nn/ops.h"
-#include "nn/tensor_ops.h"
 #include "nn/transformer.h"
 
 namespace nn {
+
+namespace F = ::nn::functional;
 
 namespace {
 
@@ -43,29 +47,30 @@ absl::Status Gpt::CheckParametersFit(const GptConfig& config) {
   const std::optional<int64_t> block = Add(Mul(Mul(12, C), C), Mul(13, C));
   const std::optional<int64_t> bytes =
       Mul(Add(Add(Add(wte, wpe), Mul(config.n_layer, block)), Mul(2, C)), 4);
-  const std::string what = absl::StrCat(
-      "GptConfig (vocab_size=", config.vocab_size, ", block_size=", config.block_size,
-      ", n_embd=", C, ", n_layer=", config.n_layer, ")");
+  const std::string what =
+      absl::StrCat("GptConfig (vocab_size=", config.vocab_size, ", block_size=", config.block_size,
+                   ", n_embd=", C, ", n_layer=", config.n_layer, ")");
   if (!bytes.has_value()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        what, ": the parameters' size in bytes overflows int64 (wte.weight alone is [",
-        config.vocab_size, ", ", C, "])"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, ": the parameters' size in bytes overflows int64 (wte.weight alone is [",
+                     config.vocab_size, ", ", C, "])"));
   }
   std::shared_ptr<core::Allocator> allocator = core::Allocator::Current(core::Device::Cpu());
   const int64_t limit = allocator->limit();
   const int64_t in_use = allocator->Stats().current_total;
   if (limit > 0 && *bytes > limit - in_use) {
     // Name the largest tensor, which is where the size comes from.
-    const bool wte_largest = wte.value_or(0) >= wpe.value_or(0) && wte.value_or(0) >= block.value_or(0);
+    const bool wte_largest =
+        wte.value_or(0) >= wpe.value_or(0) && wte.value_or(0) >= block.value_or(0);
     const std::string largest =
         wte_largest ? absl::StrCat("wte.weight [", config.vocab_size, ", ", C, "] alone is ",
                                    core::FormatBytes(Mul(wte, 4).value_or(0)))
                     : absl::StrCat("each of the ", config.n_layer, " blocks is ",
                                    core::FormatBytes(Mul(block, 4).value_or(0)));
-    return absl::ResourceExhaustedError(absl::StrCat(
-        what, ": the parameters need ", core::FormatBytes(*bytes), " (", *bytes, " bytes; ",
-        largest, "), more than the CPU allocator can hold: limit ", core::FormatBytes(limit),
-        " with ", core::FormatBytes(in_use), " in use"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, ": the parameters need ", core::FormatBytes(*bytes), " (", *bytes,
+                     " bytes; ", largest, "), more than the CPU allocator can hold: limit ",
+                     core::FormatBytes(limit), " with ", core::FormatBytes(in_use), " in use"));
   }
   return absl::OkStatus();
 }
@@ -137,70 +142,52 @@ void Gpt::InitializeWeights() {
   }
 }
 
-absl::StatusOr<core::Tensor> Gpt::ForwardImpl(const core::Tensor& tokens) {
+core::DType Gpt::logits_grad_dtype() const {
+  return internal::RunsInline(*lm_head_) &&
+                 lm_head_->weight()->data.dtype() == core::DType::kBFloat16
+             ? core::DType::kBFloat16
+             : core::DType::kFloat32;
+}
+
+absl::StatusOr<core::Tensors> Gpt::ForwardGraph(const core::Tensors& in) {
+  RETURN_IF_ERROR(internal::CheckInputCount(*this, in, 1));
+  RETURN_IF_ERROR(internal::CheckMaterialized(*this));
+  const core::Tensor& tokens = in[0];
   RETURN_IF_ERROR(internal::CheckTensor(*this, tokens, core::DType::kInt32, "input tokens"));
   if (tokens.dim() != 2) {
     return internal::ModuleError(*this, absl::StrCat("input tokens must be [B, T], got ",
                                                      core::ShapeToString(tokens.shape())));
   }
-  const int64_t B = tokens.size(0), T = tokens.size(1), C = config_.n_embd;
+  const int64_t T = tokens.size(1);
   if (T > config_.block_size) {
     return internal::ModuleError(
         *this,
         absl::StrCat("sequence length ", T, " of input ", core::ShapeToString(tokens.shape()),
                      " exceeds GptConfig.block_size ", config_.block_size));
   }
-  // Positions are made on the host; wpe copies them to its weight's device.
+  // Positions are made on the host; the embedding copies them to its table's device.
   ASSIGN_OR_RETURN(core::Tensor positions,
                    core::Tensor::Allocate({T}, core::DType::kInt32, core::MemoryTag::kActivation));
   for (int64_t t = 0; t < T; ++t) positions.data<int32_t>()[t] = static_cast<int32_t>(t);
-  ASSIGN_OR_RETURN(core::Tensor tok, wte_->Forward(tokens));
-  ASSIGN_OR_RETURN(core::Tensor pos, wpe_->Forward(positions));
-  if (tok.shape() != core::Shape{B, T, C} || pos.shape() != core::Shape{T, C}) {
-    return internal::ModuleError(
-        *this, absl::StrCat("embeddings have shapes ", tok.ToString(), " and ", pos.ToString()));
-  }
-  RETURN_IF_ERROR(internal::CheckDevice(*this, pos, "wpe's output", tok.device(), "wte's output"));
   // x[b] = tok[b] + pos: pos, flat, is a row vector over the [B, T * C] matrix tok.
-  ASSIGN_OR_RETURN(core::Tensor x, internal::NewActivation({B, T, C}, tok.device()));
-  RETURN_IF_ERROR(BiasAdd(internal::What(*this), tok, pos, x));
-  ASSIGN_OR_RETURN(x, blocks_->Forward(x));
-  // NOTE [GEMM epilogues]: ln_f's output is the head's bf16 GEMM operand under bf16.
-  if (internal::Fusable(*ln_f_) && internal::Fusable(*lm_head_)) {
-    ASSIGN_OR_RETURN(x, ln_f_->ForwardForGemm(x));
-  } else {
-    ASSIGN_OR_RETURN(x, ln_f_->Forward(x));
-  }
-  // NOTE [bf16 logits] (nn/gpt.h): under bf16 weights the head stores its logits bf16.
-  ASSIGN_OR_RETURN(core::Tensor logits, internal::Fusable(*lm_head_)
-                                            ? lm_head_->ForwardForGemm(x)
-                                            : lm_head_->Forward(x));
-  token_shape_ = tokens.shape();
-  return logits;
-}
-
-absl::StatusOr<core::Tensor> Gpt::BackwardImpl(const core::Tensor& grad_output) {
-  const bool have_cache = !token_shape_.empty();
-  RETURN_IF_ERROR(internal::CheckGradOutput(
-      *this, have_cache,
-      have_cache ? core::Shape{token_shape_[0], token_shape_[1], config_.vocab_size}
-                 : core::Shape{},
-      grad_output, logits_grad_dtype() == core::DType::kBFloat16));
-  const int64_t B = token_shape_[0], T = token_shape_[1], C = config_.n_embd;
-  ASSIGN_OR_RETURN(core::Tensor g, lm_head_->Backward(grad_output));
-  ASSIGN_OR_RETURN(g, ln_f_->Backward(g));
-  ASSIGN_OR_RETURN(g, blocks_->Backward(g));
-  if (g.shape() != core::Shape{B, T, C}) {
-    return internal::ModuleError(*this, absl::StrCat("blocks returned gradient ", g.ToString()));
-  }
-  // x = tok + pos broadcast over the batch: pos's gradient is g summed over b.
-  ASSIGN_OR_RETURN(core::Tensor gpos, internal::NewActivation({T, C}, g.device()));
-  RETURN_IF_ERROR(ZeroTensor(internal::What(*this), gpos));
-  RETURN_IF_ERROR(AccumulateColumnSums(internal::What(*this), g, core::Tensor(), gpos));
-  RETURN_IF_ERROR(wpe_->Backward(gpos).status());
-  RETURN_IF_ERROR(wte_->Backward(g).status());
-  token_shape_.clear();
-  return core::Tensor();
+  absl::StatusOr<core::Tensor> tok =
+      internal::RunsInline(*wte_) ? internal::InModule(*wte_, F::Embedding(tokens, wte_->weight()))
+                                  : wte_->CallOne({tokens});
+  absl::StatusOr<core::Tensor> pos =
+      internal::RunsInline(*wpe_)
+          ? internal::InModule(*wpe_, F::Embedding(positions, wpe_->weight()))
+          : wpe_->CallOne({positions});
+  absl::StatusOr<core::Tensor> x = internal::InModule(*this, F::BiasAdd(tok, pos));
+  x = blocks_->CallOne({x});
+  // NOTE [bf16 logits] (nn/gpt.h): under bf16 weights ln_f stores its output bf16 for the
+  // head's GEMM, which stores the logits bf16.
+  absl::StatusOr<core::Tensor> logits =
+      internal::RunsInline(*ln_f_) && internal::RunsInline(*lm_head_)
+          ? F::LinearForGemm(F::LayerNormForGemm(x, ln_f_->weight(), ln_f_->bias(), ln_f_->eps()),
+                             lm_head_->weight())
+          : lm_head_->CallOne({ln_f_->CallOne({x})});
+  ASSIGN_OR_RETURN(core::Tensor out, internal::InModule(*this, std::move(logits)));
+  return core::Tensors{std::move(out)};
 }
 
 }  // namespace nn

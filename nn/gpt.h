@@ -4,9 +4,14 @@
 //   nn::GptConfig config;                       // vocab 64, context 32, width 64, 2 layers
 //   config.n_layer = 4;
 //   ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, nn::Gpt::Create(config));
-//   ASSIGN_OR_RETURN(core::Tensor logits, gpt->Forward(tokens));    // int32 [B, T] -> [B, T, V]
-//   ASSIGN_OR_RETURN(nn::LossResult loss, nn::CrossEntropyLoss(logits, targets));
-//   RETURN_IF_ERROR(gpt->Backward(loss.grad).status());           // fills every grad
+//   namespace F = nn::functional;
+//   ASSIGN_OR_RETURN(core::Tensor logits, gpt->CallOne({tokens}));  // int32 [B, T] -> [B, T, V]
+//   ASSIGN_OR_RETURN(core::Tensor loss, F::CrossEntropy(logits, targets));
+//   RETURN_IF_ERROR(core::Backward(loss));                          // fills every grad
+//
+// A graph module (NOTE [Graph modules] in core/module.h) written as a forward only: the
+// embeddings added by F::BiasAdd, the blocks (nn/transformer.h, NOTE [Block forwards]), ln_f
+// and the tied head. Forward(tokens) and Backward(logits' gradient) work as well.
 //
 // Children, in this order: "wte" Embedding(V, C), "wpe" Embedding(block_size, C),
 // "blocks" Sequential of n_layer TransformerBlocks, "ln_f" LayerNorm(C), "lm_head"
@@ -65,27 +70,24 @@ class Gpt : public core::Module {
   const std::shared_ptr<LayerNorm>& ln_f() const { return ln_f_; }
   // Shares its weight Parameter with wte().
   const std::shared_ptr<Linear>& lm_head() const { return lm_head_; }
-  // The dtype Backward wants the logits' gradient in (lm_head's GradOutputDType): bf16
-  // after a Forward with bf16 weights, for nn::CrossEntropyLoss's grad_dtype. Backward
-  // takes fp32 too.
-  core::DType logits_grad_dtype() const { return lm_head_->GradOutputDType(); }
+  // The dtype the head's backward takes the logits' gradient in, for nn::CrossEntropyLoss's
+  // grad_dtype: bf16 when the head runs inline with bf16 weights (its GEMMs round the
+  // gradient to bf16 anyway: the same bits, half the bytes), else fp32. A bf16 gradient
+  // given to an fp32 head is widened.
+  core::DType logits_grad_dtype() const;
 
  protected:
-  // tokens: int32 [B, T] (on the CPU or the parameters' device; the logits are on the
+  // {tokens}: int32 [B, T] (on the CPU or the parameters' device; the logits are on the
   // parameters' device) with T <= block_size and ids in [0, vocab_size) (otherwise
-  // InvalidArgument naming this module, or "wte" for a bad id) -> logits [B, T, V], fp32,
-  // or bf16 under bf16 weights.
+  // InvalidArgument naming this module, or "wte" for a bad id) -> {logits} [B, T, V], fp32,
+  // or bf16 under bf16 weights. The tied weight receives the head's and wte's gradients.
   // NOTE [bf16 logits]: with bf16 weights (FSDP mixed precision) the head's GEMM stores the
   // logits bf16, each its fp32 sum rounded once, as a bf16 Linear gives them in PyTorch's
-  // mixed precision; nn::CrossEntropyLoss widens them exactly and keeps its statistics in
-  // double. At GPT-2's size that halves the largest activation (16384 x 50304 logits: 1.6
-  // GB instead of 3.3) and the bytes the head's GEMM writes and the loss reads. A head with
-  // hooks of its own (not nn::internal::Fusable) keeps fp32 logits.
-  absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& tokens) override;
-  // grad_output: [B, T, V] (fp32, or bf16 per logits_grad_dtype). Adds every parameter's gradient (the tied weight receives
-  // both lm_head's and wte's contributions) and returns an undefined Tensor.
-  absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
-  void ReleaseActivations() override { token_shape_.clear(); }
+  // mixed precision; the losses widen them exactly and keep their statistics in double. At
+  // GPT-2's size that halves the largest activation (16384 x 50304 logits: 1.6 GB instead of
+  // 3.3) and the bytes the head's GEMM writes and the loss reads. A head with hooks of its own
+  // (called, not run inline: NOTE [Block forwards] in nn/transformer.h) keeps fp32 logits.
+  absl::StatusOr<core::Tensors> ForwardGraph(const core::Tensors& in) override;
 
  private:
   // OK when the parameters of `config` fit the current CPU allocator (see Create).
@@ -99,7 +101,6 @@ class Gpt : public core::Module {
   std::shared_ptr<Sequential> blocks_;
   std::shared_ptr<LayerNorm> ln_f_;
   std::shared_ptr<Linear> lm_head_;
-  core::Shape token_shape_;  // [B, T] of the cached Forward; empty when none
 };
 
 }  // namespace nn

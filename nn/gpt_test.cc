@@ -19,8 +19,8 @@
 namespace nn {
 namespace {
 
-using ::testing::HasSubstr;
 using gradcheck::RandomTokens;
+using ::testing::HasSubstr;
 
 std::shared_ptr<Gpt> MakeGpt(const GptConfig& config) {
   absl::StatusOr<std::shared_ptr<Gpt>> gpt = Gpt::Create(config);
@@ -201,11 +201,10 @@ TEST(GptTest, TiedWeightAccumulatesBothUses) {
   const core::Tensor tokens = core::Tensor::FromInts({1, 3, 1, 4}, {1, 4}).value();
   // Snapshot the tied grad right after lm_head's backward: that is lm_head's share.
   std::vector<float> head_part;
-  core::HookHandle h = gpt->lm_head()->RegisterBackwardPostHook(
-      [&](core::Module&) {
-        head_part = gpt->wte()->weight()->grad.ToVector();
-        return absl::OkStatus();
-      });
+  core::HookHandle h = gpt->lm_head()->RegisterBackwardPostHook([&](core::Module&) {
+    head_part = gpt->wte()->weight()->grad.ToVector();
+    return absl::OkStatus();
+  });
   gpt->ZeroGrad(/*set_to_none=*/true);
   ASSERT_TRUE(gpt->Forward(tokens).ok());
   ASSERT_TRUE(gpt->Backward(gradcheck::RandomTensor({1, 4, 7}, 3)).ok());
@@ -277,7 +276,7 @@ TEST(GptTest, TrainingStepOfTheDefaultModelIsFast) {
 // Under bf16 weights the head rounds the logits' gradient to bf16 for its GEMMs (NOTE
 // [bf16 GEMMs]); a loss that writes it in bf16 (logits_grad_dtype) must give the same
 // bits in every parameter gradient as the fp32 gradient does. With fp32 weights the model
-// wants fp32 and refuses a bf16 gradient.
+// wants fp32.
 TEST(GptTest, Bf16LogitsGradientGivesTheBitsOfTheFp32One) {
   GptConfig c = Tiny();
   c.vocab_size = 37;
@@ -289,11 +288,7 @@ TEST(GptTest, Bf16LogitsGradientGivesTheBitsOfTheFp32One) {
   absl::StatusOr<core::Tensor> logits = a->Forward(tokens);
   ASSERT_TRUE(logits.ok()) << logits.status();
   EXPECT_EQ(a->logits_grad_dtype(), core::DType::kFloat32);
-  absl::StatusOr<LossResult> loss = CrossEntropyLoss(*logits, targets, core::DType::kBFloat16);
-  ASSERT_TRUE(loss.ok()) << loss.status();
-  absl::StatusOr<core::Tensor> refused = a->Backward(loss->grad);
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
-  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("grad_output"));
+  a->DropActivations();
 
   for (Gpt* m : {a.get(), b.get()}) {
     ASSERT_TRUE(ConvertParameters(*m, core::DType::kBFloat16).ok());

@@ -24,22 +24,13 @@ std::shared_ptr<Sequential> Sequential::Make(std::vector<std::shared_ptr<core::M
   return std::shared_ptr<Sequential>(new Sequential(std::move(modules)));
 }
 
-absl::StatusOr<core::Tensor> Sequential::ForwardImpl(const core::Tensor& x) {
+absl::StatusOr<core::Tensors> Sequential::ForwardGraph(const core::Tensors& inputs) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
-  core::Tensor h = x;
+  core::Tensors h = inputs;
   for (const auto& m : modules_) {
-    ASSIGN_OR_RETURN(h, m->Forward(h));
+    ASSIGN_OR_RETURN(h, m->Call(std::vector<core::Arg>(h.begin(), h.end())));
   }
   return h;
-}
-
-absl::StatusOr<core::Tensor> Sequential::BackwardImpl(const core::Tensor& grad_output) {
-  if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
-  core::Tensor g = grad_output;
-  for (auto it = modules_.rbegin(); it != modules_.rend(); ++it) {
-    ASSIGN_OR_RETURN(g, (*it)->Backward(g));
-  }
-  return g;
 }
 
 }  // namespace nn

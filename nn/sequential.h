@@ -1,11 +1,12 @@
-// Sequential: runs its children in order on Forward and in reverse order on Backward,
-// as torch.nn.Sequential. Children are registered as "0", "1", ..., so parameter names
-// read "0.weight", "1.bias".
+// Sequential: a graph module (NOTE [Graph modules] in core/module.h) that calls its children
+// in order, each on the previous one's outputs, as torch.nn.Sequential. Children are
+// registered as "0", "1", ..., so parameter names read "0.weight", "1.bias".
 //
 //   auto model = nn::Sequential::Make({std::make_shared<nn::Linear>(5, 8),
 //                                      std::make_shared<nn::ReLU>(),
 //                                      std::make_shared<nn::Linear>(8, 5)});
-//   ASSIGN_OR_RETURN(core::Tensor y, model->Forward(x));
+//   ASSIGN_OR_RETURN(core::Tensor y, model->CallOne({x}));       // on the graph, or
+//   ASSIGN_OR_RETURN(core::Tensor y, model->Forward(x));         // one tensor in and out
 //   ASSIGN_OR_RETURN(core::Tensor gx, model->Backward(gy));
 #ifndef NN_SEQUENTIAL_H_
 #define NN_SEQUENTIAL_H_
@@ -37,10 +38,8 @@ class Sequential : public core::Module {
   const std::shared_ptr<core::Module>& operator[](size_t i) const { return modules_[i]; }
 
  protected:
-  // Each child's Forward on the previous one's output; the first error is returned.
-  absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
-  // Each child's Backward, last child first.
-  absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
+  // Each child's Call on the previous one's outputs; the first error is returned.
+  absl::StatusOr<core::Tensors> ForwardGraph(const core::Tensors& inputs) override;
 
  private:
   explicit Sequential(std::vector<std::shared_ptr<core::Module>> modules);

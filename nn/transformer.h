@@ -1,36 +1,29 @@
 // The GPT-2 transformer block and its MLP.
 //
 //   auto block = std::make_shared<nn::TransformerBlock>(/*n_embd=*/64, /*n_head=*/4, /*seed=*/3);
-//   ASSIGN_OR_RETURN(core::Tensor y, block->Forward(x));   // x [B, T, 64] -> [B, T, 64]
+//   ASSIGN_OR_RETURN(core::Tensor y, block->CallOne({x}));   // x [B, T, 64] -> [B, T, 64]
 //
 // Mlp:              y = proj(gelu(fc(x))), fc = Linear(C, 4C), proj = Linear(4C, C).
 // TransformerBlock: pre-LN with residuals, h = x + attn(ln_1(x)); y = h + mlp(ln_2(h)).
 //
-// NOTE [Fused layers]: where a pass over memory can be saved, a parent runs two steps as
-// one fused op (NOTE [Fused ops], nn/tensor_ops.h, and NOTE [GEMM epilogues] there)
-// instead of calling a child's public Forward / Backward, but only while
-// nn::internal::Fusable(child) holds: the child has no hooks, constructed cleanly and is
-// not checkpointed on its own, so nothing can tell the difference. With fp32 weights the
-// results, parameter gradients included, are the same bits either way (transformer_test
-// checks it by hooking the children). Fused here:
-// - Mlp: fc's GEMM adds the bias and applies the GELU in its epilogue (forward), proj's
-//   input-gradient GEMM multiplies by GELU' (backward), when fc, gelu and proj are all
-//   Fusable at Forward; under bf16 weights h and the pre-activation are stored bf16 (the
-//   unfused path keeps them fp32 and rounds h for proj). A Backward after a fused
-//   Forward needs them still Fusable (a hook added in between is FailedPrecondition,
-//   since gelu never saw the Forward its hook would report).
-// - TransformerBlock: the residual add h = x + a with ln_2 (forward), and each
-//   LayerNorm's backward with the residual add that follows it (backward), decided per
-//   call by whether ln_2 / ln_1 are Fusable. Under bf16 weights, when attention is
-//   Fusable and takes a bf16 gradient (CausalSelfAttention::GradOutputDType: its proj
-//   would round it so), ln_2's backward also writes the sum's bf16 copy in its pass and
-//   attention gets that copy (the same bits as the fp32 sum, one rounding pass fewer).
-// - LlamaDecoderLayer (nn/llama.h): each RmsNorm's backward with the residual add that
-//   follows it (RmsNorm::BackwardAdd), decided per call by whether the norm is Fusable;
-//   post_attention_layernorm's also writes the sum's bf16 copy for self_attn when it is
-//   Fusable and takes a bf16 gradient (GroupedQueryAttention::GradOutputDType), as ln_2's.
-// FSDP hooks wrapped units only, so children of a wrapped block stay Fusable; a policy
-// that wraps fc or a LayerNorm on its own gets the unfused path, hooks and all.
+// Both are graph modules (NOTE [Graph modules] in core/module.h): they write only a forward;
+// Forward/Backward (one tensor in and out) and Call both work.
+//
+// NOTE [Block forwards]: the forward computes a child inline, its parameters passed to the
+// fused functions of nn/functional/fused.h, while nn::internal::RunsInline(child) holds (no
+// module of its subtree has hooks or is checkpointed), and calls the child otherwise, so a
+// policy that wraps or checkpoints a child gets its hooks and its own forward. Inline:
+// - Mlp: fc's GEMM adds the bias and applies the GELU in its epilogue (F::LinearGelu) and proj's
+//   input-gradient GEMM multiplies by GELU' (F::GeluLinear); under bf16 weights h and the
+//   pre-activation are stored bf16.
+// - TransformerBlock, per half (ln_1 with attn, ln_2 with mlp): the LayerNorm's backward adds the
+//   residual's gradient in its pass (F::ResidualLayerNorm), the sublayer's last GEMM adds the bias
+//   and the residual in its epilogue (F::LinearResidual, F::GeluLinear), and under bf16 weights
+//   the LayerNorm's output and qkv are stored bf16 for the GEMMs that take them.
+// - LlamaDecoderLayer (nn/llama.h): the same with RmsNorm, rotary q/k and SwiGLU
+//   (nn/functional/llama_fused.h).
+// A half with a child called instead runs norm, sublayer and the residual add (F::Add) as
+// three steps. With fp32 weights both give the same bits (transformer_test hooks the children).
 #ifndef NN_TRANSFORMER_H_
 #define NN_TRANSFORMER_H_
 
@@ -52,7 +45,7 @@ class Mlp : public core::Module {
  public:
   // Children "fc" Linear(C, 4C) seeded DeriveSeed(seed, 0), "gelu" GELU, "proj"
   // Linear(4C, C) seeded DeriveSeed(seed, 1). A non-positive n_embd makes every
-  // Forward return InvalidArgument.
+  // forward return InvalidArgument.
   explicit Mlp(int64_t n_embd, uint64_t seed = 0);
 
   std::string TypeName() const override { return "Mlp"; }
@@ -61,35 +54,15 @@ class Mlp : public core::Module {
   const std::shared_ptr<GELU>& gelu() const { return gelu_; }
   const std::shared_ptr<Linear>& proj() const { return proj_; }
 
-  // For a parent that fuses the residual add after this MLP (NOTE [Fused layers]), only
-  // when nn::internal::Fusable(*this) and AddsResidualInGemm(): residual + Forward(x)
-  // (residual fp32 [..., C]), the add in the epilogue of proj's GEMM
-  // (Linear::ForwardResidual), running no hooks of this module. Backward as after Forward.
-  // FailedPrecondition when !AddsResidualInGemm() (a hook on a child, a missing bias).
-  absl::StatusOr<core::Tensor> ForwardResidual(const core::Tensor& x,
-                                               const core::Tensor& residual);
-  bool AddsResidualInGemm() const;
-
  protected:
-  // x: fp32 [..., C] -> [..., C].
-  absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
-  absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
-  void ReleaseActivations() override { pre_ = core::Tensor(); }
+  // {x}: fp32 [..., C] -> {y} [..., C].
+  absl::StatusOr<core::Tensors> ForwardGraph(const core::Tensors& in) override;
 
  private:
-  // Forward(x), or ForwardResidual(x, residual) when `residual` is defined.
-  absl::StatusOr<core::Tensor> ForwardPlus(const core::Tensor& x, const core::Tensor& residual);
-
-  // "mlp.fc (Linear) + mlp.gelu (GELU)", for the fused ops' messages.
-  std::string FusedWhat() const;
-
   std::string config_error_;
   std::shared_ptr<Linear> fc_;
   std::shared_ptr<GELU> gelu_;
   std::shared_ptr<Linear> proj_;
-  // fc's output plus bias, cached by a fused Forward (NOTE [Fused layers]); undefined
-  // after an unfused one and after Backward.
-  core::Tensor pre_;
 };
 
 class TransformerBlock : public core::Module {
@@ -107,17 +80,14 @@ class TransformerBlock : public core::Module {
   const std::shared_ptr<Mlp>& mlp() const { return mlp_; }
 
  protected:
-  // x: fp32 [B, T, C] -> [B, T, C].
-  absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
-  absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
-  void ReleaseActivations() override { input_shape_.clear(); }
+  // {x}: fp32 [B, T, C] -> {y} [B, T, C].
+  absl::StatusOr<core::Tensors> ForwardGraph(const core::Tensors& in) override;
 
  private:
   std::shared_ptr<LayerNorm> ln_1_;
   std::shared_ptr<CausalSelfAttention> attn_;
   std::shared_ptr<LayerNorm> ln_2_;
   std::shared_ptr<Mlp> mlp_;
-  core::Shape input_shape_;  // of the cached Forward; empty when none
 };
 
 }  // namespace nn

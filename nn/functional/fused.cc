@@ -190,11 +190,13 @@ struct LinearGrads {
 // gelu_pre is defined, in its dtype; else bf16 when s.gx16, else fp32), then dL/dw += g^T x with
 // dL/db += the column sums of g in its GEMM (or the column sums alone), g rounded once to bf16
 // under a bf16 weight. `a` is the input as the forward's GEMM took it; inputs x_i, w_i and b_i of
-// the record are x, w and b.
+// the record are x, w and b. `grad16`, when defined, is grad's bf16 copy (NOTE [bf16 gradient
+// copies]), taken instead of rounding grad.
 absl::StatusOr<LinearGrads> LinearBackward(const core::BackwardContext& ctx, const char* op,
                                            const LinearSizes& s, const Tensor& grad,
                                            const Tensor& a, const Tensor& w, int x_i, int w_i,
-                                           int b_i, const Tensor& gelu_pre = Tensor()) {
+                                           int b_i, const Tensor& gelu_pre = Tensor(),
+                                           const Tensor& grad16 = Tensor()) {
   const core::Device device = grad.device();
   LinearGrads out;
   if (ctx.needs_grad(x_i)) {
@@ -204,7 +206,9 @@ absl::StatusOr<LinearGrads> LinearBackward(const core::BackwardContext& ctx, con
                                                               : DType::kFloat32));
   }
   Tensor g = grad;
-  if (s.w16) {
+  if (s.w16 && grad16.defined()) {
+    g = grad16;  // NOTE [bf16 gradient copies]: written by the consumer's pass
+  } else if (s.w16) {
     ASSIGN_OR_RETURN(g, AsDType(op, "grad_output", grad, DType::kBFloat16));
   }
   if (out.gx.defined()) {
@@ -235,12 +239,15 @@ absl::StatusOr<LinearGrads> LinearBackward(const core::BackwardContext& ctx, con
 }
 
 // The backward of a Linear step recorded over {x, w, b} (and a residual last when `residual`) with
-// SavedForLinear: Linear's backward, and dy for the residual.
-core::BackwardFn LinearStepBackward(const char* op, const LinearSizes& s, bool residual) {
-  return [op, s,
-          residual](const core::BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
-    ASSIGN_OR_RETURN(const LinearGrads g,
-                     LinearBackward(ctx, op, s, ctx.grad(0), ctx.saved(0), ctx.saved(1), 0, 1, 2));
+// SavedForLinear: Linear's backward, and dy for the residual. `copy`: the record's NOTE [bf16
+// gradient copies] box, or null.
+core::BackwardFn LinearStepBackward(const char* op, const LinearSizes& s, bool residual,
+                                    std::shared_ptr<core::Bf16GradCopy> copy = nullptr) {
+  return [op, s, residual, copy = std::move(copy)](
+             const core::BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
+    const Tensor grad16 = core::TakeBf16GradCopy(copy, ctx.grad(0));
+    ASSIGN_OR_RETURN(const LinearGrads g, LinearBackward(ctx, op, s, ctx.grad(0), ctx.saved(0),
+                                                         ctx.saved(1), 0, 1, 2, Tensor(), grad16));
     std::vector<Tensor> grads = {g.gx, g.gw.returned(), g.gb.returned()};
     if (residual) grads.push_back(ctx.needs_grad(3) ? ctx.grad(0) : Tensor());
     return grads;
@@ -298,9 +305,11 @@ absl::StatusOr<NormOutputs> NewNormOutputs(const Tensor& like, const Tensor& w,
 // The backward of a record {stream, normed} over inputs (..., w, b) with w, b the last two and
 // saved {input of the LayerNorm, mean, rstd, w}: dL/dstream = g_stream + LN'(g_normed) in the
 // LayerNorm's pass (LayerNorm::BackwardAdd), given to each of the first `stream_inputs` inputs that
-// needs it; w and b get their gradients.
-absl::StatusOr<std::vector<Tensor>> StreamNormBackward(const core::BackwardContext& ctx,
-                                                       const char* op, int stream_inputs) {
+// needs it; w and b get their gradients. With `copy` (the stream input's producer's NOTE [bf16
+// gradient copies] box) the pass also writes the bf16 copy of dL/dstream there.
+absl::StatusOr<std::vector<Tensor>> StreamNormBackward(
+    const core::BackwardContext& ctx, const char* op, int stream_inputs,
+    const std::shared_ptr<core::Bf16GradCopy>& copy = nullptr) {
   const Tensor& g_stream = ctx.grad(0);
   const Tensor& g = ctx.grad(1);
   const Tensor& x = ctx.saved(0);
@@ -311,8 +320,16 @@ absl::StatusOr<std::vector<Tensor>> StreamNormBackward(const core::BackwardConte
                    internal::GradSinkFor(ctx, stream_inputs, op, "weight", w.shape(), device));
   ASSIGN_OR_RETURN(const internal::GradSink gb,
                    internal::GradSinkFor(ctx, stream_inputs + 1, op, "bias", w.shape(), device));
+  Tensor gx16;  // NOTE [bf16 gradient copies]: for the stream's producer, in this pass
+  if (copy != nullptr && ctx.needs_grad(0)) {
+    ASSIGN_OR_RETURN(gx16, NewActivation(x.shape(), device, DType::kBFloat16));
+  }
   RETURN_IF_ERROR(LayerNormBackwardAdd(op, g, x, ctx.saved(1), ctx.saved(2), w, g_stream, gx,
-                                       gw.tensor, gb.tensor));
+                                       gw.tensor, gb.tensor, gx16));
+  if (gx16.defined()) {
+    copy->sent = gx;
+    copy->copy = gx16;
+  }
   std::vector<Tensor> grads;
   for (int i = 0; i < stream_inputs; ++i) grads.push_back(ctx.needs_grad(i) ? gx : Tensor());
   grads.push_back(gw.returned());
@@ -472,9 +489,14 @@ absl::StatusOr<Tensor> LinearResidual(core::Arg x_arg, core::Arg w_arg, core::Ar
   ASSIGN_OR_RETURN(Tensor y, NewActivation(s.out_shape(), x.device()));
   ASSIGN_OR_RETURN(const Tensor a, GemmInput(kOp, "input", s, x));
   RETURN_IF_ERROR(ForwardGemm(kOp, s, a, w, y, BiasEpilogue(b, residual), b, residual));
-  RETURN_IF_ERROR(core::RecordFunction(kOp, {x, w, b, residual}, {&y}, SavedForLinear(x, a, w),
-                                       LinearStepBackward(kOp, s, /*residual=*/true),
-                                       {"input", "weight"}));
+  // Under a bf16 weight dy is rounded for the GEMMs and kept fp32 for the residual: the consumer
+  // may write the bf16 copy (NOTE [bf16 gradient copies]).
+  core::FunctionOptions options;
+  if (s.w16) options.bf16_grad_copy = std::make_shared<core::Bf16GradCopy>();
+  RETURN_IF_ERROR(
+      core::RecordFunction(kOp, {x, w, b, residual}, {&y}, SavedForLinear(x, a, w),
+                           LinearStepBackward(kOp, s, /*residual=*/true, options.bf16_grad_copy),
+                           {"input", "weight"}, options));
   return y;
 }
 
@@ -491,7 +513,9 @@ absl::StatusOr<std::vector<Tensor>> ResidualLayerNorm(core::Arg x_arg, core::Arg
   Tensor x_out = core::Detach(x);
   RETURN_IF_ERROR(core::RecordFunction(
       kOp, {x, w, b}, {&x_out, &n.normed}, {x, n.mean, n.rstd, w},
-      [](const core::BackwardContext& ctx) { return StreamNormBackward(ctx, kOp, 1); },
+      [copy = core::ProducerBf16GradCopy(x)](const core::BackwardContext& ctx) {
+        return StreamNormBackward(ctx, kOp, 1, copy);
+      },
       {"input", "mean", "rstd", "weight"}));
   return std::vector<Tensor>{x_out, n.normed};
 }

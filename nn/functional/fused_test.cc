@@ -14,13 +14,10 @@
 #include "gtest/gtest.h"
 #include "nn/functional/elementwise.h"
 #include "nn/functional/gradcheck.h"
-#include "nn/functional/internal/block_test_util.h"
 #include "nn/functional/internal/layer_test_util.h"
 #include "nn/functional/linear.h"
 #include "nn/functional/norm.h"
-#include "nn/functional/testing/graph_gpt.h"
 #include "nn/layer_norm.h"
-#include "nn/testing/fused_layers.h"
 #include "nn/testing/gradcheck.h"
 #include "nn/to_device.h"
 #include "nn/transformer.h"
@@ -29,11 +26,6 @@ namespace nn {
 namespace functional {
 namespace {
 
-using block_test_util::CallOneOf;
-using block_test_util::ExpectAttentionPath;
-using block_test_util::ExpectSameSteps;
-using block_test_util::RunStep;
-using block_test_util::Step;
 using core::DType;
 using core::Tensor;
 using layer_test_util::Bf16;
@@ -42,76 +34,6 @@ using layer_test_util::ExpectInvalid;
 using layer_test_util::ExpectNear;
 using layer_test_util::ExpectSameBits;
 using layer_test_util::Random;
-
-using testing::GraphTransformerBlock;
-
-struct BlockCase {
-  DType dtype;
-  int64_t n_embd, n_head;
-};
-
-// Whether the hand-written block's attention takes the fused kernel (its CPU twin here).
-bool FusedAttention(const BlockCase& c) {
-  return c.dtype == DType::kBFloat16 && c.n_embd / c.n_head == 64;
-}
-
-std::string CaseName(const BlockCase& c) {
-  return absl::StrCat(core::DTypeName(c.dtype), " weights, head width ", c.n_embd / c.n_head,
-                      FusedAttention(c) ? " (the fused attention kernel's CPU twin)"
-                                        : " (attention GEMMs and softmax)");
-}
-
-// Runs `c` both ways, the hand-written block with a hook on attention's proj when
-// !residual_in_gemm, and expects the same bits and ops. Returns the graph's extra backward
-// roundings.
-int ExpectBlocksAgree(const BlockCase& c, bool residual_in_gemm) {
-  auto block = std::make_shared<nn::TransformerBlock>(c.n_embd, c.n_head, /*seed=*/11);
-  gradcheck::RandomizeParameters(*block, /*seed=*/5, 0.0f, 0.3f);
-  // FSDP's mixed precision runs the block on bf16 copies of every parameter.
-  EXPECT_TRUE(nn::ConvertParameters(*block, c.dtype).ok());
-  int hook_calls = 0;
-  core::HookHandle hook;
-  if (!residual_in_gemm) hook = fused_layers::CountingHook(*block->attn()->proj(), &hook_calls);
-  auto graph = std::make_shared<GraphTransformerBlock>(*block, residual_in_gemm);
-  const Tensor x = Random({2, 7, c.n_embd}, 1), g = Random({2, 7, c.n_embd}, 2);
-
-  const Step want = RunStep(*block, /*graph=*/nullptr, x, g);
-  EXPECT_EQ(hook_calls, residual_in_gemm ? 0 : 1);
-  const Step got = RunStep(*block, CallOneOf(*graph), x, g);
-  if (!ExpectSameSteps(got, want, block->NamedParameters())) return 0;
-  // The attention path the case names ran.
-  ExpectAttentionPath(want, FusedAttention(c));
-  return got.backward_converts - want.backward_converts;
-}
-
-const BlockCase kBlockCases[] = {{DType::kFloat32, 16, 2},
-                                 {DType::kBFloat16, 16, 2},
-                                 {DType::kFloat32, 128, 2},
-                                 {DType::kBFloat16, 128, 2}};
-
-// NOTE [Functional fusions]: the graph block made of the fused ops gives the hand-written block's
-// output, input gradient and every parameter gradient bit for bit, through the same dispatch calls
-// in the same order, for fp32 weights and for the bf16 weights of FSDP's mixed precision. Under
-// bf16 its backward rounds one fp32 gradient the hand-written one hands on in bf16 ((b)), with
-// either attention path: (a), (c) and (d) pass in bf16. With fp32 weights nothing.
-TEST(FusedBlockTest, MatchesTheHandWrittenTransformerBlockBitForBit) {
-  for (const BlockCase& c : kBlockCases) {
-    SCOPED_TRACE(CaseName(c));
-    const int extra = ExpectBlocksAgree(c, /*residual_in_gemm=*/true);
-    EXPECT_EQ(extra, c.dtype == DType::kFloat32 ? 0 : 1);
-  }
-}
-
-// With a hook on attention's proj the hand-written block adds attention's residual and runs ln_2 in
-// one pass (LayerNorm::ForwardAdd): AddLayerNorm gives its bits. No extra roundings: the hook keeps
-// the hand-written block's (b) and (c) in fp32, and (a) and (d) pass in bf16.
-TEST(FusedBlockTest, AddLayerNormMatchesTheBlockWithAHookOnAttentionsProj) {
-  for (const BlockCase& c : kBlockCases) {
-    SCOPED_TRACE(CaseName(c));
-    const int extra = ExpectBlocksAgree(c, /*residual_in_gemm=*/false);
-    EXPECT_EQ(extra, 0);
-  }
-}
 
 // ---- Each op: values, gradients, dtypes.
 

@@ -49,7 +49,7 @@ absl::StatusOr<int64_t> CheckNorm(const char* op, bool centered, const Tensor& x
 // LayerNorm (`centered`, with the bias b and each row's mean) or RmsNorm: NOTE [Functional
 // norms]. The record keeps x, the rows' statistics and w.
 absl::StatusOr<Tensor> Norm(const char* op, bool centered, core::Arg x_arg, core::Arg w_arg,
-                            core::Arg b_arg, float eps) {
+                            core::Arg b_arg, float eps, bool for_gemm) {
   RETURN_IF_ERROR(x_arg.status());
   RETURN_IF_ERROR(w_arg.status());
   RETURN_IF_ERROR(b_arg.status());
@@ -58,7 +58,9 @@ absl::StatusOr<Tensor> Norm(const char* op, bool centered, core::Arg x_arg, core
   const Tensor& b = b_arg.tensor();
   ASSIGN_OR_RETURN(const int64_t rows, CheckNorm(op, centered, x, w, b, eps));
   const core::Device device = x.device();
-  ASSIGN_OR_RETURN(Tensor y, NewActivation(x.shape(), device));
+  const DType y_dtype =
+      for_gemm && w.dtype() == DType::kBFloat16 ? DType::kBFloat16 : DType::kFloat32;
+  ASSIGN_OR_RETURN(Tensor y, NewActivation(x.shape(), device, y_dtype));
   Tensor mean;
   if (centered) {
     ASSIGN_OR_RETURN(mean, NewActivation({rows}, device));
@@ -98,11 +100,19 @@ absl::StatusOr<Tensor> Norm(const char* op, bool centered, core::Arg x_arg, core
 }  // namespace
 
 absl::StatusOr<Tensor> LayerNorm(core::Arg x, core::Arg w, core::Arg b, float eps) {
-  return Norm("LayerNorm", /*centered=*/true, x, w, b, eps);
+  return Norm("LayerNorm", /*centered=*/true, x, w, b, eps, /*for_gemm=*/false);
+}
+
+absl::StatusOr<Tensor> LayerNormForGemm(core::Arg x, core::Arg w, core::Arg b, float eps) {
+  return Norm("LayerNormForGemm", /*centered=*/true, x, w, b, eps, /*for_gemm=*/true);
 }
 
 absl::StatusOr<Tensor> RmsNorm(core::Arg x, core::Arg w, float eps) {
-  return Norm("RmsNorm", /*centered=*/false, x, w, Tensor(), eps);
+  return Norm("RmsNorm", /*centered=*/false, x, w, Tensor(), eps, /*for_gemm=*/false);
+}
+
+absl::StatusOr<Tensor> RmsNormForGemm(core::Arg x, core::Arg w, float eps) {
+  return Norm("RmsNormForGemm", /*centered=*/false, x, w, Tensor(), eps, /*for_gemm=*/true);
 }
 
 }  // namespace functional

@@ -35,6 +35,13 @@ absl::StatusOr<core::Tensor> LayerNorm(core::Arg x, core::Arg w, core::Arg b, fl
 // of x's shape. Gradients for x and w. Errors as LayerNorm's, "RmsNorm: ...".
 absl::StatusOr<core::Tensor> RmsNorm(core::Arg x, core::Arg w, float eps = 1e-6f);
 
+// LayerNorm and RmsNorm, but y is stored bf16 when w is bf16, each element its fp32 value rounded
+// once: the input of a bf16 GEMM (a head's: NOTE [GEMM epilogues] in nn/tensor_ops.h), which
+// would round it so. The same gradients, fp32 with an fp32 w.
+absl::StatusOr<core::Tensor> LayerNormForGemm(core::Arg x, core::Arg w, core::Arg b,
+                                              float eps = 1e-5f);
+absl::StatusOr<core::Tensor> RmsNormForGemm(core::Arg x, core::Arg w, float eps = 1e-6f);
+
 }  // namespace functional
 }  // namespace nn
 

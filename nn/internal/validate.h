@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "core/module.h"
@@ -86,10 +87,10 @@ inline absl::Status CheckGradOutput(const core::Module& m, bool have_cache,
     return absl::FailedPreconditionError(
         absl::StrCat(m.Describe(), ": Backward called without a preceding Forward"));
   }
-  const bool bf16 = bf16_ok && grad_output.defined() &&
-                    grad_output.dtype() == core::DType::kBFloat16;
-  absl::Status s = CheckTensor(m, grad_output, bf16 ? core::DType::kBFloat16 : core::DType::kFloat32,
-                               "grad_output");
+  const bool bf16 =
+      bf16_ok && grad_output.defined() && grad_output.dtype() == core::DType::kBFloat16;
+  absl::Status s = CheckTensor(
+      m, grad_output, bf16 ? core::DType::kBFloat16 : core::DType::kFloat32, "grad_output");
   if (!s.ok()) return s;
   if (grad_output.shape() != output_shape) {
     return ModuleError(
@@ -121,7 +122,8 @@ inline absl::StatusOr<core::Tensor> RoundToBf16(const core::Module& m, const cor
   absl::StatusOr<core::Tensor> rounded =
       t.ToDType(core::DType::kBFloat16, core::MemoryTag::kActivation);
   if (!rounded.ok()) {
-    return ModuleError(m, absl::StrCat("rounding ", name, " to bf16: ", rounded.status().message()));
+    return ModuleError(m,
+                       absl::StrCat("rounding ", name, " to bf16: ", rounded.status().message()));
   }
   return rounded;
 }
@@ -135,9 +137,10 @@ inline absl::StatusOr<core::Tensor> NewActivation(const core::Shape& shape,
 }
 
 // OK if parameter `name` holds an fp32 or bf16 tensor of exactly `shape` on `device` (the
-// input's). A deferred parameter (not materialized) is FailedPrecondition naming it. A parameter whose data is some other shape (say a 1-D shard left in place by
-// FSDP) gives FailedPrecondition rather than a read out of bounds; one on another device
-// gives InvalidArgument naming both devices.
+// input's). A deferred parameter (not materialized) is FailedPrecondition naming it. A parameter
+// whose data is some other shape (say a 1-D shard left in place by FSDP) gives FailedPrecondition
+// rather than a read out of bounds; one on another device gives InvalidArgument naming both
+// devices.
 inline absl::Status CheckParameter(const core::Module& m, const core::Parameter& p,
                                    absl::string_view name, const core::Shape& shape,
                                    const core::Device& device = core::Device::Cpu()) {
@@ -158,10 +161,10 @@ inline absl::Status CheckParameter(const core::Module& m, const core::Parameter&
                      " (is it still sharded?)"));
   }
   if (p.data.device() != device) {
-    return ModuleError(m, absl::StrCat("parameter '", name, "' ", p.data.ToString(), " is on ",
-                                       p.data.device().ToString(), " but the input is on ",
-                                       device.ToString(),
-                                       "; move the module (nn::ToDevice) or the input"));
+    return ModuleError(
+        m, absl::StrCat("parameter '", name, "' ", p.data.ToString(), " is on ",
+                        p.data.device().ToString(), " but the input is on ", device.ToString(),
+                        "; move the module (nn::ToDevice) or the input"));
   }
   return absl::OkStatus();
 }
@@ -170,12 +173,12 @@ inline absl::Status CheckParameter(const core::Module& m, const core::Parameter&
 // (allocated as zeros on first use; fp32 even when the data is bf16). FailedPrecondition when
 // an existing grad is not fp32 or has another numel; InvalidArgument when it is on another
 // device than the data. Messages start with `prefix` ("<module>: parameter 'weight'").
-inline absl::StatusOr<core::Tensor> ParameterGradIn(const std::string& prefix,
-                                                    core::Parameter& p) {
+inline absl::StatusOr<core::Tensor> ParameterGradIn(const std::string& prefix, core::Parameter& p) {
   if (!p.grad.defined()) {
     absl::StatusOr<core::Tensor> g = core::Tensor::Allocate(
         p.data.shape(), core::DType::kFloat32, core::MemoryTag::kGrad, p.data.device());
-    if (!g.ok()) return absl::Status(g.status().code(), absl::StrCat(prefix, ": ", g.status().message()));
+    if (!g.ok())
+      return absl::Status(g.status().code(), absl::StrCat(prefix, ": ", g.status().message()));
     absl::Status zeroed = ZeroTensor(prefix, *g);
     if (!zeroed.ok()) return zeroed;
     p.grad = *std::move(g);
@@ -212,6 +215,52 @@ inline std::string What(const core::Module& m) { return m.Describe(); }
 // own (its Forward would drop what a direct Backward needs).
 inline bool Fusable(const core::Module& m) {
   return m.NumHooks() == 0 && m.ConstructionStatus().ok() && !m.checkpoint_activations();
+}
+
+// NOTE [Block forwards] (nn/transformer.h): whether a graph module's forward may compute `m`
+// inline, passing m's parameters to fused functions (nn/functional/fused.h) instead of calling
+// m.Call, because nothing could tell the difference: no module of m's subtree has hooks or is
+// checkpointed, and each constructed cleanly. A child a policy wraps or checkpoints is called,
+// so its hooks run.
+inline bool RunsInline(const core::Module& m) {
+  if (!Fusable(m)) return false;
+  for (const auto& [name, child] : m.NamedChildren()) {
+    if (!RunsInline(*child)) return false;
+  }
+  return true;
+}
+
+// OK, or CheckParameter's FailedPrecondition for the first deferred parameter of m's subtree:
+// a forward that runs children inline checks this first, as each child would.
+inline absl::Status CheckMaterialized(const core::Module& m) {
+  for (const auto& [name, p] : m.OwnParameters()) {
+    if (p->deferred()) return CheckParameter(m, *p, name, p->data.shape());
+  }
+  for (const auto& [name, child] : m.NamedChildren()) {
+    RETURN_IF_ERROR(CheckMaterialized(*child));
+  }
+  return absl::OkStatus();
+}
+
+// InvalidArgument naming `m` unless a graph module's forward got `n` inputs.
+inline absl::Status CheckInputCount(const core::Module& m, const core::Tensors& inputs, size_t n) {
+  if (inputs.size() == n) return absl::OkStatus();
+  return ModuleError(
+      m, absl::StrCat("takes ", n, " input", n == 1 ? "" : "s", ", got ", inputs.size()));
+}
+
+// `result`, its error prefixed with m.Describe() unless it already names `m` or a descendant
+// (a message starting with m's path), so an op's failure inside m's forward says where it was.
+template <typename T>
+absl::StatusOr<T> InModule(const core::Module& m, absl::StatusOr<T> result) {
+  if (result.ok()) return result;
+  const std::string path = m.Path();
+  const absl::Status& s = result.status();
+  if (absl::StartsWith(s.message(), m.Describe()) ||
+      (!path.empty() && absl::StartsWith(s.message(), path))) {
+    return result;
+  }
+  return absl::Status(s.code(), absl::StrCat(m.Describe(), ": ", s.message()));
 }
 
 // a + b into a fresh activation on their device: a residual connection of `m` (a block, a
