@@ -181,11 +181,15 @@ absl::StatusOr<core::Tensors> Gpt::ForwardGraph(const core::Tensors& in) {
   x = blocks_->CallOne({x});
   // NOTE [bf16 logits] (nn/gpt.h): under bf16 weights ln_f stores its output bf16 for the
   // head's GEMM, which stores the logits bf16.
-  absl::StatusOr<core::Tensor> logits =
-      internal::RunsInline(*ln_f_) && internal::RunsInline(*lm_head_)
-          ? F::LinearForGemm(F::LayerNormForGemm(x, ln_f_->weight(), ln_f_->bias(), ln_f_->eps()),
-                             lm_head_->weight())
-          : lm_head_->CallOne({ln_f_->CallOne({x})});
+  const bool head_inline = internal::RunsInline(*lm_head_);
+  absl::StatusOr<core::Tensor> normed =
+      !internal::RunsInline(*ln_f_)
+          ? ln_f_->CallOne({x})
+      : head_inline ? F::LayerNormForGemm(x, ln_f_->weight(), ln_f_->bias(), ln_f_->eps())
+                    : F::LayerNorm(x, ln_f_->weight(), ln_f_->bias(), ln_f_->eps());
+  absl::StatusOr<core::Tensor> logits = head_inline
+                                            ? F::LinearForGemm(normed, lm_head_->weight())
+                                            : lm_head_->CallOne({normed});
   ASSIGN_OR_RETURN(core::Tensor out, internal::InModule(*this, std::move(logits)));
   return core::Tensors{std::move(out)};
 }

@@ -90,6 +90,10 @@ class GroupedQueryAttention : public core::Module {
   // once per model. Not null.
   void set_rotary_tables(std::shared_ptr<RotaryTables> tables) { tables_ = std::move(tables); }
   const std::shared_ptr<RotaryTables>& rotary_tables() const { return tables_; }
+  // rotary_tables(), first rebuilt unless they serve T positions of this layer's head width
+  // and theta on `device` (as Forward does); for a parent that runs this attention inline
+  // (NOTE [Block forwards] in nn/transformer.h).
+  absl::Status EnsureTables(int64_t T, const core::Device& device);
 
  protected:
   // x: fp32 (or bf16: TakesBf16Input) [B, T, hidden] on the parameters' device -> [B, T,
@@ -106,9 +110,6 @@ class GroupedQueryAttention : public core::Module {
  private:
   // Forward(x), or ForwardResidual(x, residual) when `residual` is defined.
   absl::StatusOr<core::Tensor> ForwardPlus(const core::Tensor& x, const core::Tensor& residual);
-  // *tables_, rebuilt unless it serves T positions of this layer's head width and theta
-  // on `device`.
-  absl::Status EnsureTables(int64_t T, const core::Device& device);
 
   int64_t hidden_ = 0;
   int64_t n_head_ = 0;

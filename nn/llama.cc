@@ -8,11 +8,17 @@
 #include "absl/strings/str_cat.h"
 #include "core/param_init.h"
 #include "core/status_macros.h"
+#include "nn/functional/elementwise.h"
+#include "nn/functional/embedding.h"
+#include "nn/functional/fused.h"
+#include "nn/functional/llama_fused.h"
+#include "nn/functional/norm.h"
 #include "nn/internal/validate.h"
 #include "nn/ops.h"
-#include "nn/tensor_ops.h"
 
 namespace nn {
+
+namespace F = ::nn::functional;
 
 absl::Status LlamaConfig::Validate() const {
   const std::pair<const char*, int64_t> sizes[] = {
@@ -54,33 +60,6 @@ absl::Status LlamaConfig::Validate() const {
   return absl::OkStatus();
 }
 
-namespace {
-
-// NOTE [GEMM epilogues] (nn/tensor_ops.h): `norm`'s output goes straight into `next`, whose
-// GEMMs take it as a bf16 operand; stored bf16 by the norm itself when nothing can observe
-// the difference (no hooks on either, nn::internal::Fusable) and `next` would round it so.
-template <typename Next>
-absl::StatusOr<core::Tensor> NormInto(RmsNorm& norm, const Next& next, const core::Tensor& x) {
-  if (internal::Fusable(norm) && internal::Fusable(next) && next.TakesBf16Input()) {
-    return norm.ForwardForGemm(x);
-  }
-  return norm.Forward(x);
-}
-
-// residual + sub(a), `sub` a child of `layer` (GroupedQueryAttention or SwiGluMlp): the add
-// in the epilogue of sub's last GEMM when nothing can observe the two apart (NOTE [Fused
-// layers] in nn/transformer.h: no hooks on sub or its last projection), else a pass of its
-// own. The same bits either way.
-template <typename Sub>
-absl::StatusOr<core::Tensor> PlusResidual(const core::Module& layer, Sub& sub,
-                                          const core::Tensor& a, const core::Tensor& residual) {
-  if (internal::Fusable(sub) && sub.AddsResidualInGemm()) return sub.ForwardResidual(a, residual);
-  ASSIGN_OR_RETURN(const core::Tensor out, sub.Forward(a));
-  return internal::ResidualAdd(layer, residual, out);
-}
-
-}  // namespace
-
 LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config, uint64_t seed) {
   const int64_t C = config.hidden_size;
   input_layernorm_ =
@@ -95,36 +74,71 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config, uint64_t seed) {
       "mlp", std::make_shared<SwiGluMlp>(C, config.intermediate_size, DeriveSeed(seed, 1)));
 }
 
-absl::StatusOr<core::Tensor> LlamaDecoderLayer::ForwardImpl(const core::Tensor& x) {
-  ASSIGN_OR_RETURN(const core::Tensor a, NormInto(*input_layernorm_, *self_attn_, x));
-  ASSIGN_OR_RETURN(core::Tensor h, PlusResidual(*this, *self_attn_, a, x));
-  ASSIGN_OR_RETURN(const core::Tensor m, NormInto(*post_attention_layernorm_, *mlp_, h));
-  ASSIGN_OR_RETURN(core::Tensor y, PlusResidual(*this, *mlp_, m, h));
-  input_shape_ = x.shape();
-  return y;
-}
-
-absl::StatusOr<core::Tensor> LlamaDecoderLayer::BackwardImpl(const core::Tensor& grad_output) {
-  RETURN_IF_ERROR(
-      internal::CheckGradOutput(*this, !input_shape_.empty(), input_shape_, grad_output));
-  // y = h + mlp(norm(h)): dL/dh = g + norm'(mlp'(g)).
-  ASSIGN_OR_RETURN(core::Tensor gm, mlp_->Backward(grad_output));
-  // NOTE [Fused layers]: self_attn's o_proj rounds gh to bf16 for its GEMMs; when nothing
-  // can observe the gradient self_attn receives (no hooks on it or o_proj), the norm's
-  // backward writes that rounded copy in its pass and self_attn takes it: the same bits,
-  // one pass fewer.
-  const bool attn16 = internal::Fusable(*self_attn_) &&
-                      self_attn_->GradOutputDType() == core::DType::kBFloat16;
-  core::Tensor gh16;
-  ASSIGN_OR_RETURN(core::Tensor gh,
-                   internal::NormBackwardPlus(*this, *post_attention_layernorm_, gm, grad_output,
-                                    attn16 ? &gh16 : nullptr));
-  // h = x + attn(norm(x)): dL/dx = gh + norm'(attn'(gh)).
-  ASSIGN_OR_RETURN(core::Tensor ga, self_attn_->Backward(gh16.defined() ? gh16 : gh));
-  gh16 = core::Tensor();
-  ASSIGN_OR_RETURN(core::Tensor gx, internal::NormBackwardPlus(*this, *input_layernorm_, ga, gh));
-  input_shape_.clear();
-  return gx;
+absl::StatusOr<core::Tensors> LlamaDecoderLayer::ForwardGraph(const core::Tensors& in) {
+  RETURN_IF_ERROR(internal::CheckInputCount(*this, in, 1));
+  RETURN_IF_ERROR(internal::CheckMaterialized(*this));
+  // NOTE [Block forwards] (nn/transformer.h), with RmsNorm, rotary q/k and SwiGLU.
+  const bool attn_inline = internal::RunsInline(*self_attn_);
+  const bool mlp_inline = internal::RunsInline(*mlp_);
+  // h = x + self_attn(input_layernorm(x)).
+  core::Tensor residual = in[0];
+  core::Tensor n1;
+  if (internal::RunsInline(*input_layernorm_)) {
+    ASSIGN_OR_RETURN(const std::vector<core::Tensor> r,
+                     internal::InModule(*input_layernorm_,
+                                        F::ResidualRmsNorm(residual, input_layernorm_->weight(),
+                                                           {input_layernorm_->eps(), attn_inline})));
+    residual = r[0];
+    n1 = r[1];
+  } else {
+    ASSIGN_OR_RETURN(n1, input_layernorm_->CallOne({residual}));
+  }
+  core::Tensor h;
+  if (attn_inline) {
+    // q and k turned and packed with v for attention's bf16 GEMMs; o_proj's GEMM adds the
+    // residual.
+    GroupedQueryAttention& attn = *self_attn_;
+    RETURN_IF_ERROR(attn.EnsureTables(n1.dim() == 3 ? n1.size(1) : 0, n1.device()));
+    F::AttentionCoreOptions attention;
+    attention.fused = attn.fused();
+    attention.y_bf16 = attn.o_proj()->weight()->data.dtype() == core::DType::kBFloat16;
+    ASSIGN_OR_RETURN(
+        h, internal::InModule(
+               attn, F::LinearResidual(
+                         F::CausalSelfAttentionCore(
+                             F::RotaryQkv(n1, attn.q_proj()->weight(), attn.k_proj()->weight(),
+                                          attn.v_proj()->weight(), *attn.rotary_tables(),
+                                          attn.n_head(), attn.n_kv_head()),
+                             attn.n_head(), attention),
+                         attn.o_proj()->weight(), core::Tensor(), residual)));
+  } else {
+    ASSIGN_OR_RETURN(h, internal::InModule(*this, F::Add(residual, self_attn_->CallOne({n1}))));
+  }
+  // y = h + mlp(post_attention_layernorm(h)).
+  core::Tensor n2;
+  if (internal::RunsInline(*post_attention_layernorm_)) {
+    ASSIGN_OR_RETURN(
+        const std::vector<core::Tensor> r,
+        internal::InModule(*post_attention_layernorm_,
+                           F::ResidualRmsNorm(h, post_attention_layernorm_->weight(),
+                                              {post_attention_layernorm_->eps(), mlp_inline})));
+    h = r[0];
+    n2 = r[1];
+  } else {
+    ASSIGN_OR_RETURN(n2, post_attention_layernorm_->CallOne({h}));
+  }
+  core::Tensor y;
+  if (mlp_inline) {
+    // gate and up from one pass, h stored for down_proj's bf16 GEMM, which adds the residual.
+    ASSIGN_OR_RETURN(
+        y, internal::InModule(
+               *mlp_, F::LinearResidual(F::SwiGlu(n2, mlp_->gate_proj()->weight(),
+                                                  mlp_->up_proj()->weight()),
+                                        mlp_->down_proj()->weight(), core::Tensor(), h)));
+  } else {
+    ASSIGN_OR_RETURN(y, internal::InModule(*this, F::Add(h, mlp_->CallOne({n2}))));
+  }
+  return core::Tensors{std::move(y)};
 }
 
 absl::StatusOr<std::shared_ptr<Llama>> Llama::Create(const LlamaConfig& config) {
@@ -190,7 +204,17 @@ void Llama::InitializeWeights() {
   }
 }
 
-absl::StatusOr<core::Tensor> Llama::ForwardImpl(const core::Tensor& tokens) {
+core::DType Llama::logits_grad_dtype() const {
+  return internal::RunsInline(*lm_head_) &&
+                 lm_head_->weight()->data.dtype() == core::DType::kBFloat16
+             ? core::DType::kBFloat16
+             : core::DType::kFloat32;
+}
+
+absl::StatusOr<core::Tensors> Llama::ForwardGraph(const core::Tensors& in) {
+  RETURN_IF_ERROR(internal::CheckInputCount(*this, in, 1));
+  RETURN_IF_ERROR(internal::CheckMaterialized(*this));
+  const core::Tensor& tokens = in[0];
   RETURN_IF_ERROR(internal::CheckTensor(*this, tokens, core::DType::kInt32, "input tokens"));
   if (tokens.dim() != 2) {
     return internal::ModuleError(*this, absl::StrCat("input tokens must be [B, T], got ",
@@ -203,37 +227,23 @@ absl::StatusOr<core::Tensor> Llama::ForwardImpl(const core::Tensor& tokens) {
                             " exceeds LlamaConfig.max_position_embeddings ",
                             config_.max_position_embeddings));
   }
-  ASSIGN_OR_RETURN(core::Tensor x, embed_tokens_->Forward(tokens));
-  ASSIGN_OR_RETURN(x, layers_->Forward(x));
-  // NOTE [GEMM epilogues]: the final norm's output is the head's bf16 GEMM operand under
-  // bf16 weights.
-  if (internal::Fusable(*norm_) && SharesBf16Input({lm_head_.get()})) {
-    ASSIGN_OR_RETURN(x, norm_->ForwardForGemm(x));
-  } else {
-    ASSIGN_OR_RETURN(x, norm_->Forward(x));
-  }
-  // NOTE [bf16 logits] (nn/gpt.h), as the GPT: under bf16 weights the head stores the
-  // logits bf16.
-  ASSIGN_OR_RETURN(core::Tensor logits, internal::Fusable(*lm_head_)
-                                            ? lm_head_->ForwardForGemm(x)
-                                            : lm_head_->Forward(x));
-  token_shape_ = tokens.shape();
-  return logits;
-}
-
-absl::StatusOr<core::Tensor> Llama::BackwardImpl(const core::Tensor& grad_output) {
-  const bool have_cache = !token_shape_.empty();
-  RETURN_IF_ERROR(internal::CheckGradOutput(
-      *this, have_cache,
-      have_cache ? core::Shape{token_shape_[0], token_shape_[1], config_.vocab_size}
-                 : core::Shape{},
-      grad_output, logits_grad_dtype() == core::DType::kBFloat16));
-  ASSIGN_OR_RETURN(core::Tensor g, lm_head_->Backward(grad_output));
-  ASSIGN_OR_RETURN(g, norm_->Backward(g));
-  ASSIGN_OR_RETURN(g, layers_->Backward(g));
-  RETURN_IF_ERROR(embed_tokens_->Backward(g).status());
-  token_shape_.clear();
-  return core::Tensor();
+  absl::StatusOr<core::Tensor> x =
+      internal::RunsInline(*embed_tokens_)
+          ? internal::InModule(*embed_tokens_, F::Embedding(tokens, embed_tokens_->weight()))
+          : embed_tokens_->CallOne({tokens});
+  x = layers_->CallOne({x});
+  // NOTE [bf16 logits] (nn/gpt.h), as the GPT: under bf16 weights the final norm stores its
+  // output bf16 for the head's GEMM, which stores the logits bf16.
+  const bool head_inline = internal::RunsInline(*lm_head_);
+  absl::StatusOr<core::Tensor> normed =
+      !internal::RunsInline(*norm_) ? norm_->CallOne({x})
+      : head_inline                 ? F::RmsNormForGemm(x, norm_->weight(), norm_->eps())
+                                    : F::RmsNorm(x, norm_->weight(), norm_->eps());
+  absl::StatusOr<core::Tensor> logits = head_inline
+                                            ? F::LinearForGemm(normed, lm_head_->weight())
+                                            : lm_head_->CallOne({normed});
+  ASSIGN_OR_RETURN(core::Tensor out, internal::InModule(*this, std::move(logits)));
+  return core::Tensors{std::move(out)};
 }
 
 }  // namespace nn

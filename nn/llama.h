@@ -5,9 +5,13 @@
 //   nn::LlamaConfig config;          // vocab 64, width 64, 2 layers, 4 heads, 2 kv heads
 //   config.num_hidden_layers = 4;
 //   ASSIGN_OR_RETURN(std::shared_ptr<nn::Llama> llama, nn::Llama::Create(config));
-//   ASSIGN_OR_RETURN(core::Tensor logits, llama->Forward(tokens));   // int32 [B, T] -> [B, T, V]
-//   ASSIGN_OR_RETURN(nn::LossResult loss, nn::CrossEntropyLoss(logits, targets));
-//   RETURN_IF_ERROR(llama->Backward(loss.grad).status());            // fills every grad
+//   namespace F = nn::functional;
+//   ASSIGN_OR_RETURN(core::Tensor logits, llama->CallOne({tokens}));  // int32 [B, T] -> [B, T, V]
+//   ASSIGN_OR_RETURN(core::Tensor loss, F::CrossEntropy(logits, targets));
+//   RETURN_IF_ERROR(core::Backward(loss));                            // fills every grad
+//
+// Graph modules (NOTE [Graph modules] in core/module.h) written as forwards only; Forward and
+// Backward work as well.
 //
 // Children, named as LlamaForCausalLM's modules without the "model." prefix:
 // "embed_tokens" Embedding(V, C), "layers" Sequential of LlamaDecoderLayers, "norm"
@@ -87,17 +91,15 @@ class LlamaDecoderLayer : public core::Module {
   const std::shared_ptr<SwiGluMlp>& mlp() const { return mlp_; }
 
  protected:
-  // x: fp32 [B, T, hidden_size] -> [B, T, hidden_size].
-  absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
-  absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
-  void ReleaseActivations() override { input_shape_.clear(); }
+  // {x}: fp32 [B, T, hidden_size] -> {y} [B, T, hidden_size] (NOTE [Block forwards] in
+  // nn/transformer.h).
+  absl::StatusOr<core::Tensors> ForwardGraph(const core::Tensors& in) override;
 
  private:
   std::shared_ptr<RmsNorm> input_layernorm_;
   std::shared_ptr<GroupedQueryAttention> self_attn_;
   std::shared_ptr<RmsNorm> post_attention_layernorm_;
   std::shared_ptr<SwiGluMlp> mlp_;
-  core::Shape input_shape_;  // of the cached Forward; empty when none
 };
 
 class Llama : public core::Module {
@@ -117,22 +119,16 @@ class Llama : public core::Module {
   const std::shared_ptr<RmsNorm>& norm() const { return norm_; }
   // Shares its weight Parameter with embed_tokens() when config().tie_word_embeddings.
   const std::shared_ptr<Linear>& lm_head() const { return lm_head_; }
-  // The dtype Backward wants the logits' gradient in (lm_head's GradOutputDType), as
-  // Gpt::logits_grad_dtype.
-  core::DType logits_grad_dtype() const { return lm_head_->GradOutputDType(); }
+  // The dtype the head's backward takes the logits' gradient in, as Gpt::logits_grad_dtype.
+  core::DType logits_grad_dtype() const;
 
  protected:
-  // tokens: int32 [B, T] (on the CPU or the parameters' device) with T <=
+  // {tokens}: int32 [B, T] (on the CPU or the parameters' device) with T <=
   // max_position_embeddings and ids in [0, vocab_size) (otherwise InvalidArgument naming
-  // this module, or "embed_tokens" for a bad id) -> logits [B, T, V] on the parameters'
+  // this module, or "embed_tokens" for a bad id) -> {logits} [B, T, V] on the parameters'
   // device, fp32, or bf16 under bf16 weights (NOTE [bf16 logits] in nn/gpt.h). Position t
-  // of each sequence is t.
-  absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& tokens) override;
-  // grad_output: [B, T, V] (fp32, or bf16 per logits_grad_dtype). Adds every parameter's
-  // gradient (a tied weight receives lm_head's and embed_tokens' parts) and returns an
-  // undefined Tensor.
-  absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
-  void ReleaseActivations() override { token_shape_.clear(); }
+  // of each sequence is t. A tied weight receives lm_head's and embed_tokens' gradients.
+  absl::StatusOr<core::Tensors> ForwardGraph(const core::Tensors& in) override;
 
  private:
   explicit Llama(const LlamaConfig& config);
@@ -143,7 +139,6 @@ class Llama : public core::Module {
   std::shared_ptr<Sequential> layers_;
   std::shared_ptr<RmsNorm> norm_;
   std::shared_ptr<Linear> lm_head_;
-  core::Shape token_shape_;  // [B, T] of the cached Forward; empty when none
 };
 
 }  // namespace nn

@@ -24,7 +24,6 @@
 #include "nn/functional/internal/device_test_util.h"
 #include "nn/functional/internal/layer_test_util.h"
 #include "nn/functional/llama_fused.h"
-#include "nn/functional/testing/graph_llama.h"
 #include "nn/llama.h"
 #include "nn/rotary.h"
 #include "nn/testing/cuda_compare.h"
@@ -34,7 +33,6 @@ namespace nn {
 namespace functional {
 namespace {
 
-using block_test_util::CallOneOf;
 using core::DType;
 using core::Tensor;
 using cuda_compare::kBf16Unit;
@@ -100,10 +98,10 @@ TEST(CudaLlamaFusedTest, Bf16OpsMatchTheCpu) {
   ExpectOpsAgree(DType::kBFloat16, 4 * kBf16Unit, 4 * kBf16Unit);
 }
 
-// NOTE [Llama functional fusions] on cuda:0: the graph layer against nn::LlamaDecoderLayer there
-// (cuBLASLt, the CUDA kernels and, with bf16 weights at head width 64, the fused attention kernel),
-// and against itself on the CPU.
-TEST(CudaLlamaFusedTest, GraphLayerMatchesTheHandWrittenLayerAndTheCpu) {
+// NOTE [Block forwards] on cuda:0: nn::LlamaDecoderLayer, composed of the fused ops (cuBLASLt, the
+// CUDA kernels and, with bf16 weights at head width 64, the fused attention kernel), against itself
+// on the CPU.
+TEST(CudaLlamaFusedTest, TheLayerMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
   for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
     for (const auto& [n_head, n_kv_head] : {std::pair<int64_t, int64_t>{8, 2}, {2, 1}}) {
@@ -120,15 +118,9 @@ TEST(CudaLlamaFusedTest, GraphLayerMatchesTheHandWrittenLayerAndTheCpu) {
       ASSERT_TRUE(nn::ConvertParameters(on_gpu, dtype).ok());
       ASSERT_TRUE(nn::ToDevice(on_gpu, kGpu).ok());
       const Tensor x = Normal({2, 37, 128}, 1), g = Normal({2, 37, 128}, 2);
-      // The layer as a graph module, on its parameters' device.
-      auto graph_cpu = std::make_shared<testing::GraphLlamaDecoderLayer>(on_cpu);
-      auto graph_gpu = std::make_shared<testing::GraphLlamaDecoderLayer>(on_gpu);
-      const Values cpu = DeviceStep(on_cpu, CallOneOf(*graph_cpu), x, g);
-      const Values hand = DeviceStep(on_gpu, /*graph=*/nullptr, x, g);
-      const Values graph = DeviceStep(on_gpu, CallOneOf(*graph_gpu), x, g);
-      const bool fp32 = dtype == DType::kFloat32;
-      ExpectClose(graph, hand, kBf16Unit, /*bits=*/fp32);
-      ExpectClose(graph, cpu, fp32 ? 1e-4 : 8 * kBf16Unit, /*bits=*/false);
+      const Values cpu = DeviceStep(on_cpu, /*graph=*/nullptr, x, g);
+      const Values gpu = DeviceStep(on_gpu, /*graph=*/nullptr, x, g);
+      ExpectClose(gpu, cpu, dtype == DType::kFloat32 ? 1e-4 : 8 * kBf16Unit, /*bits=*/false);
     }
   }
 }

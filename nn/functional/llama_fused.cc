@@ -203,8 +203,10 @@ absl::StatusOr<std::vector<Tensor>> ResidualRmsNorm(core::Arg x_arg, core::Arg w
   Tensor x_out = core::Detach(x);
   RETURN_IF_ERROR(core::RecordFunction(
       kOp, {x, w}, {&x_out, &normed}, {x, rstd, w},
-      [](const core::BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
-        // RmsNorm::BackwardAdd: dL/dx = g_x_out + RmsNorm'(g_normed) in the norm's pass.
+      [copy = core::ProducerBf16GradCopy(x)](
+          const core::BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
+        // RmsNorm::BackwardAdd: dL/dx = g_x_out + RmsNorm'(g_normed) in the norm's pass, and
+        // its bf16 copy for x's producer where that takes one (NOTE [bf16 gradient copies]).
         const Tensor& g_stream = ctx.grad(0);
         const Tensor& g = ctx.grad(1);
         const Tensor& x = ctx.saved(0);
@@ -212,7 +214,16 @@ absl::StatusOr<std::vector<Tensor>> ResidualRmsNorm(core::Arg x_arg, core::Arg w
         ASSIGN_OR_RETURN(const Tensor gx, NewActivation(x.shape(), g.device()));
         ASSIGN_OR_RETURN(const internal::GradSink gw,
                          internal::GradSinkFor(ctx, 1, kOp, "weight", w.shape(), g.device()));
-        RETURN_IF_ERROR(RmsNormBackwardAdd(kOp, g, x, ctx.saved(1), w, g_stream, gx, gw.tensor));
+        Tensor gx16;
+        if (copy != nullptr && ctx.needs_grad(0)) {
+          ASSIGN_OR_RETURN(gx16, NewActivation(x.shape(), g.device(), DType::kBFloat16));
+        }
+        RETURN_IF_ERROR(
+            RmsNormBackwardAdd(kOp, g, x, ctx.saved(1), w, g_stream, gx, gw.tensor, gx16));
+        if (gx16.defined()) {
+          copy->sent = gx;
+          copy->copy = gx16;
+        }
         return std::vector<Tensor>{ctx.needs_grad(0) ? gx : Tensor(), gw.returned()};
       },
       {"input", "rstd", "weight"}));

@@ -13,10 +13,8 @@
 #include "gtest/gtest.h"
 #include "nn/functional/fused.h"
 #include "nn/functional/gradcheck.h"
-#include "nn/functional/internal/block_test_util.h"
 #include "nn/functional/internal/layer_test_util.h"
 #include "nn/functional/norm.h"
-#include "nn/functional/testing/graph_llama.h"
 #include "nn/llama.h"
 #include "nn/rms_norm.h"
 #include "nn/rotary.h"
@@ -27,12 +25,6 @@ namespace nn {
 namespace functional {
 namespace {
 
-using block_test_util::CallOneOf;
-using block_test_util::ExpectAttentionPath;
-using block_test_util::ExpectSameSteps;
-using block_test_util::Ran;
-using block_test_util::RunStep;
-using block_test_util::Step;
 using core::DType;
 using core::Tensor;
 using layer_test_util::Bf16;
@@ -41,84 +33,6 @@ using layer_test_util::ExpectInvalid;
 using layer_test_util::ExpectNear;
 using layer_test_util::ExpectSameBits;
 using layer_test_util::Random;
-
-using testing::GraphLlamaDecoderLayer;
-
-struct LayerCase {
-  DType dtype;
-  int64_t hidden, n_head, n_kv_head, intermediate;
-};
-
-// Whether the hand-written layer's attention takes the fused kernel (its CPU twin here).
-bool FusedAttention(const LayerCase& c) {
-  return c.dtype == DType::kBFloat16 && c.hidden / c.n_head == 64;
-}
-
-std::string CaseName(const LayerCase& c) {
-  return absl::StrCat(core::DTypeName(c.dtype), " weights, ", c.n_head, " heads of width ",
-                      c.hidden / c.n_head, " over ", c.n_kv_head, " kv heads",
-                      FusedAttention(c) ? " (the fused attention kernel's CPU twin)"
-                                        : " (attention GEMMs and softmax)");
-}
-
-// Runs `c` both ways, parameter gradients starting from none or (`accumulate`) from the same
-// random values, and expects the same bits and ops. Returns the graph's extra backward roundings.
-int ExpectLayersAgree(const LayerCase& c, bool accumulate) {
-  nn::LlamaConfig config;
-  config.hidden_size = c.hidden;
-  config.num_attention_heads = c.n_head;
-  config.num_key_value_heads = c.n_kv_head;
-  config.intermediate_size = c.intermediate;
-  EXPECT_TRUE(config.Validate().ok());
-  auto layer = std::make_shared<nn::LlamaDecoderLayer>(config, /*seed=*/11);
-  gradcheck::RandomizeParameters(*layer, /*seed=*/5, 0.0f, 0.3f);
-  // FSDP's mixed precision runs the layer on bf16 copies of every parameter.
-  EXPECT_TRUE(nn::ConvertParameters(*layer, c.dtype).ok());
-  auto graph = std::make_shared<GraphLlamaDecoderLayer>(*layer);
-  const Tensor x = Random({2, 7, c.hidden}, 1), g = Random({2, 7, c.hidden}, 2);
-  const std::vector<core::NamedParameter> params = layer->NamedParameters();
-  std::vector<Tensor> prior(params.size());
-  if (accumulate) {
-    for (size_t i = 0; i < params.size(); ++i)
-      prior[i] = Random(params[i].second->data.shape(), 20 + i);
-  }
-
-  const Step want = RunStep(*layer, /*graph=*/nullptr, x, g, prior);
-  const Step got = RunStep(*layer, CallOneOf(*graph), x, g, prior);
-  if (!ExpectSameSteps(got, want, params)) return 0;
-  // The attention path the case names ran.
-  ExpectAttentionPath(want, FusedAttention(c));
-  EXPECT_TRUE(Ran(want, "rotary_pack.backward"));
-  EXPECT_TRUE(Ran(want, "silu_mul.backward"));
-  return got.backward_converts - want.backward_converts;
-}
-
-const LayerCase kLayerCases[] = {{DType::kFloat32, 16, 4, 2, 40},
-                                 {DType::kBFloat16, 16, 4, 2, 40},
-                                 {DType::kFloat32, 128, 2, 1, 176},
-                                 {DType::kBFloat16, 128, 2, 1, 176}};
-
-// NOTE [Llama functional fusions]: the graph layer made of the fused ops gives the hand-written
-// layer's output, input gradient and every parameter gradient bit for bit, through the same
-// dispatch calls in the same order, for fp32 weights and for the bf16 weights of FSDP's mixed
-// precision, grouped kv heads included. Under bf16 its backward rounds one fp32 gradient the
-// hand-written one hands on in bf16 ((b)), with either attention path; (c) passes in bf16. With
-// fp32 weights nothing.
-TEST(LlamaFusedLayerTest, MatchesTheHandWrittenDecoderLayerBitForBit) {
-  for (const LayerCase& c : kLayerCases) {
-    SCOPED_TRACE(CaseName(c));
-    const int extra = ExpectLayersAgree(c, /*accumulate=*/false);
-    EXPECT_EQ(extra, c.dtype == DType::kFloat32 ? 0 : 1);
-  }
-}
-
-// Parameter gradients already there: both add into them (beta 1), with the same bits.
-TEST(LlamaFusedLayerTest, ParameterGradientsAccumulateAsTheLayersDo) {
-  for (const LayerCase& c : {kLayerCases[0], kLayerCases[3]}) {
-    SCOPED_TRACE(CaseName(c));
-    ExpectLayersAgree(c, /*accumulate=*/true);
-  }
-}
 
 // ---- Each op: values, gradients, dtypes.
 

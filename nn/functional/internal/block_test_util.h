@@ -1,14 +1,7 @@
-// Test-only: what the fused-step tests share (fused_test, llama_fused_test; device_test_util for
-// the GPU ones) to run one training step of a hand-written module and of its graph twin (the
-// same parameters through nn/functional's ops) and compare the two bit for bit, the dispatch
-// calls included.
+// Test-only: one training step of a module, or of a forward through nn/functional's ops on its
+// parameters, for the GPU tests to compare across devices (device_test_util).
 //
-//   const Step want = RunStep(*block, /*graph=*/nullptr, x, g);
-//   const Step got = RunStep(*block, CallOneOf(*graph), x, g);
-//   if (ExpectSameSteps(got, want, block->NamedParameters())) {
-//     ExpectAttentionPath(want, /*fused=*/false);
-//     EXPECT_EQ(got.backward_converts - want.backward_converts, 1);
-//   }
+//   std::vector<core::Tensor> y_gx_grads = StepTensors(*block, /*graph=*/nullptr, x, g);
 #ifndef NN_FUNCTIONAL_INTERNAL_BLOCK_TEST_UTIL_H_
 #define NN_FUNCTIONAL_INTERNAL_BLOCK_TEST_UTIL_H_
 
@@ -29,9 +22,6 @@ namespace block_test_util {
 // autograd graph.
 using GraphForward = std::function<absl::StatusOr<core::Tensor>(const core::Tensor& x)>;
 
-// `graph`'s CallOne as a GraphForward; `graph` must outlive it.
-GraphForward CallOneOf(core::Module& graph);
-
 // One step of `module`, on the devices of x, g and its parameters. Each parameter's gradient
 // starts as a copy of its entry of `prior` (NamedParameters order; a missing or undefined entry:
 // none). With `graph` null the step is the hand-written module.Forward(x) and Backward(g); else
@@ -44,32 +34,6 @@ std::vector<core::Tensor> StepTensors(core::Module& module, const GraphForward& 
                                       const std::vector<core::Tensor>& prior = {},
                                       core::OpProfile* forward = nullptr,
                                       core::OpProfile* backward = nullptr);
-
-// One step's results: the output, dL/dx, every parameter gradient (NamedParameters order), the ops
-// it dispatched (category, name and GEMM shape, in order) less the bf16 roundings and copies, and
-// how many roundings ("convert") its backward made.
-struct Step {
-  std::vector<core::Tensor> bits;
-  std::vector<std::string> ops;
-  int backward_converts = 0;
-};
-
-// StepTensors with the ops recorded into a Step; the ops are empty after a failure.
-Step RunStep(core::Module& module, const GraphForward& graph, const core::Tensor& x,
-             const core::Tensor& g, const std::vector<core::Tensor>& prior = {});
-
-// Expects `got` and `want` each to hold the output, dL/dx and the gradient of each of `params`,
-// and `got` to have `want`'s bits in each (named in failures) and `want`'s ops. Returns false,
-// without comparing, when either does not hold 2 + params.size() values.
-bool ExpectSameSteps(const Step& got, const Step& want,
-                     const std::vector<core::NamedParameter>& params);
-
-// Whether one of `step`'s ops contains `op` ("silu_mul.backward").
-bool Ran(const Step& step, const std::string& op);
-
-// Expects `step` to have run attention's fused kernel (its CPU twin on the CPU) when `fused`, and
-// the causal softmax of attention's GEMM path otherwise.
-void ExpectAttentionPath(const Step& step, bool fused);
 
 }  // namespace block_test_util
 }  // namespace functional
