@@ -142,13 +142,6 @@ void Gpt::InitializeWeights() {
   }
 }
 
-core::DType Gpt::logits_grad_dtype() const {
-  return internal::RunsInline(*lm_head_) &&
-                 lm_head_->weight()->data.dtype() == core::DType::kBFloat16
-             ? core::DType::kBFloat16
-             : core::DType::kFloat32;
-}
-
 absl::StatusOr<core::Tensors> Gpt::ForwardGraph(const core::Tensors& in) {
   RETURN_IF_ERROR(internal::CheckInputCount(*this, in, 1));
   RETURN_IF_ERROR(internal::CheckMaterialized(*this));
@@ -187,6 +180,9 @@ absl::StatusOr<core::Tensors> Gpt::ForwardGraph(const core::Tensors& in) {
           ? ln_f_->CallOne({x})
       : head_inline ? F::LayerNormForGemm(x, ln_f_->weight(), ln_f_->bias(), ln_f_->eps())
                     : F::LayerNorm(x, ln_f_->weight(), ln_f_->bias(), ln_f_->eps());
+  logits_grad_dtype_ = head_inline && lm_head_->weight()->data.dtype() == core::DType::kBFloat16
+                           ? core::DType::kBFloat16
+                           : core::DType::kFloat32;
   absl::StatusOr<core::Tensor> logits = head_inline
                                             ? F::LinearForGemm(normed, lm_head_->weight())
                                             : lm_head_->CallOne({normed});

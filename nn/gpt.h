@@ -71,10 +71,10 @@ class Gpt : public core::Module {
   // Shares its weight Parameter with wte().
   const std::shared_ptr<Linear>& lm_head() const { return lm_head_; }
   // The dtype the head's backward takes the logits' gradient in, for nn::CrossEntropyLoss's
-  // grad_dtype: bf16 when the head runs inline with bf16 weights (its GEMMs round the
-  // gradient to bf16 anyway: the same bits, half the bytes), else fp32. A bf16 gradient
-  // given to an fp32 head is widened.
-  core::DType logits_grad_dtype() const;
+  // grad_dtype: bf16 after a forward whose head ran inline with bf16 weights (its GEMMs
+  // round the gradient to bf16 anyway: the same bits, half the bytes), else fp32. A bf16
+  // gradient given to an fp32 head is widened.
+  core::DType logits_grad_dtype() const { return logits_grad_dtype_; }
 
  protected:
   // {tokens}: int32 [B, T] (on the CPU or the parameters' device; the logits are on the
@@ -101,6 +101,7 @@ class Gpt : public core::Module {
   std::shared_ptr<Sequential> blocks_;
   std::shared_ptr<LayerNorm> ln_f_;
   std::shared_ptr<Linear> lm_head_;
+  core::DType logits_grad_dtype_ = core::DType::kFloat32;  // of the last forward
 };
 
 }  // namespace nn

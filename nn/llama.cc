@@ -204,13 +204,6 @@ void Llama::InitializeWeights() {
   }
 }
 
-core::DType Llama::logits_grad_dtype() const {
-  return internal::RunsInline(*lm_head_) &&
-                 lm_head_->weight()->data.dtype() == core::DType::kBFloat16
-             ? core::DType::kBFloat16
-             : core::DType::kFloat32;
-}
-
 absl::StatusOr<core::Tensors> Llama::ForwardGraph(const core::Tensors& in) {
   RETURN_IF_ERROR(internal::CheckInputCount(*this, in, 1));
   RETURN_IF_ERROR(internal::CheckMaterialized(*this));
@@ -239,6 +232,9 @@ absl::StatusOr<core::Tensors> Llama::ForwardGraph(const core::Tensors& in) {
       !internal::RunsInline(*norm_) ? norm_->CallOne({x})
       : head_inline                 ? F::RmsNormForGemm(x, norm_->weight(), norm_->eps())
                                     : F::RmsNorm(x, norm_->weight(), norm_->eps());
+  logits_grad_dtype_ = head_inline && lm_head_->weight()->data.dtype() == core::DType::kBFloat16
+                           ? core::DType::kBFloat16
+                           : core::DType::kFloat32;
   absl::StatusOr<core::Tensor> logits = head_inline
                                             ? F::LinearForGemm(normed, lm_head_->weight())
                                             : lm_head_->CallOne({normed});

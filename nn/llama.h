@@ -120,7 +120,7 @@ class Llama : public core::Module {
   // Shares its weight Parameter with embed_tokens() when config().tie_word_embeddings.
   const std::shared_ptr<Linear>& lm_head() const { return lm_head_; }
   // The dtype the head's backward takes the logits' gradient in, as Gpt::logits_grad_dtype.
-  core::DType logits_grad_dtype() const;
+  core::DType logits_grad_dtype() const { return logits_grad_dtype_; }
 
  protected:
   // {tokens}: int32 [B, T] (on the CPU or the parameters' device) with T <=
@@ -139,6 +139,7 @@ class Llama : public core::Module {
   std::shared_ptr<Sequential> layers_;
   std::shared_ptr<RmsNorm> norm_;
   std::shared_ptr<Linear> lm_head_;
+  core::DType logits_grad_dtype_ = core::DType::kFloat32;  // of the last forward
 };
 
 }  // namespace nn
