@@ -6,8 +6,8 @@
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
-#include <string>
 #include <map>
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -31,9 +31,7 @@ constexpr int64_t kAlignment = 64;
 constexpr int kMaxDevices = 17;
 thread_local std::shared_ptr<Allocator> current_allocators[kMaxDevices];
 
-int Slot(Device device) {
-  return device.is_cpu() ? 0 : 1 + (device.index % (kMaxDevices - 1));
-}
+int Slot(Device device) { return device.is_cpu() ? 0 : 1 + (device.index % (kMaxDevices - 1)); }
 
 // NOTE [Host heap]: a training step frees and allocates the same tensors again, step after step.
 // glibc's heap gives the memory at its top back to the system (brk) once more than its trim
@@ -100,8 +98,7 @@ Allocator::Allocator(Device device)
 Allocator::Allocator(Device device, std::unique_ptr<SegmentSource> source)
     : device_(device), pool_(std::make_unique<BlockPool>(std::move(source))) {}
 
-Allocator::Allocator(Device device, HostKind host_kind)
-    : device_(device), host_kind_(host_kind) {
+Allocator::Allocator(Device device, HostKind host_kind) : device_(device), host_kind_(host_kind) {
   limit_ = HostMemoryCapacityBytes();
 }
 
@@ -132,13 +129,13 @@ void Allocator::SetLimit(int64_t bytes) {
 absl::StatusOr<void*> Allocator::Allocate(int64_t nbytes, MemoryTag tag) {
   if (nbytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat("allocation of a negative size (", nbytes,
-                                                   " bytes) for tag ", MemoryTagName(tag),
-                                                   " on ", device_.ToString()));
+                                                   " bytes) for tag ", MemoryTagName(tag), " on ",
+                                                   device_.ToString()));
   }
   // Built only for an error message: this is the path of every tensor allocation.
   const auto what = [&] {
-    return absl::StrCat(FormatBytes(nbytes), " (", nbytes, " bytes) for tag ",
-                        MemoryTagName(tag), " on ", device_.ToString());
+    return absl::StrCat(FormatBytes(nbytes), " (", nbytes, " bytes) for tag ", MemoryTagName(tag),
+                        " on ", device_.ToString());
   };
   // Reserve the bytes against the limit before asking the system, so that concurrent
   // allocations cannot both pass the check; the counters change only on success.
@@ -146,11 +143,11 @@ absl::StatusOr<void*> Allocator::Allocate(int64_t nbytes, MemoryTag tag) {
     absl::MutexLock lock(&mu_);
     const int64_t in_use = stats_.current_total + reserved_;
     if (limit_ > 0 && nbytes > limit_ - in_use) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "cannot allocate ", what(), ": ", FormatBytes(in_use),
-          " already in use and the limit is ", FormatBytes(limit_), " (", limit_,
-          " bytes; for the CPU the host's RAM + swap or cgroup limit), short by ",
-          FormatBytes(nbytes - (limit_ - in_use))));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate ", what(), ": ", FormatBytes(in_use),
+                       " already in use and the limit is ", FormatBytes(limit_), " (", limit_,
+                       " bytes; for the CPU the host's RAM + swap or cgroup limit), short by ",
+                       FormatBytes(nbytes - (limit_ - in_use))));
     }
     reserved_ += nbytes;
   }
@@ -161,8 +158,8 @@ absl::StatusOr<void*> Allocator::Allocate(int64_t nbytes, MemoryTag tag) {
     if (block.ok()) {
       ptr = *block;
     } else {
-      failed = absl::Status(block.status().code(),
-                            absl::StrCat("cannot allocate ", what(), ": ", block.status().message()));
+      failed = absl::Status(block.status().code(), absl::StrCat("cannot allocate ", what(), ": ",
+                                                                block.status().message()));
     }
   } else if (UsePinned()) {
 #ifdef FSDP_WITH_CUDA
@@ -177,8 +174,9 @@ absl::StatusOr<void*> Allocator::Allocate(int64_t nbytes, MemoryTag tag) {
   } else if (device_.is_cpu()) {
     KeepHostHeap();
     // Round up to the alignment without overflowing (nbytes <= INT64_MAX).
-    const int64_t rounded =
-        nbytes > INT64_MAX - kAlignment ? -1 : ((nbytes + kAlignment - 1) / kAlignment) * kAlignment;
+    const int64_t rounded = nbytes > INT64_MAX - kAlignment
+                                ? -1
+                                : ((nbytes + kAlignment - 1) / kAlignment) * kAlignment;
     if (rounded >= 0) ptr = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
     if (ptr == nullptr) {
       failed = absl::ResourceExhaustedError(absl::StrCat("out of host memory allocating ", what()));
@@ -260,8 +258,8 @@ int64_t Allocator::EmptyCache() { return pool_ != nullptr ? pool_->EmptyCache() 
 
 std::shared_ptr<Allocator> Allocator::PinnedHost() {
   // Leaked on purpose, like Default's.
-  static auto* pinned = new std::shared_ptr<Allocator>(
-      new Allocator(Device::Cpu(), HostKind::kPinned));
+  static auto* pinned =
+      new std::shared_ptr<Allocator>(new Allocator(Device::Cpu(), HostKind::kPinned));
   return *pinned;
 }
 

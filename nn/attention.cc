@@ -26,22 +26,6 @@ CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, uint64_
 }
 
 absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardImpl(const core::Tensor& x) {
-  return ForwardPlus(x, core::Tensor());
-}
-
-bool CausalSelfAttention::AddsResidualInGemm() const {
-  return internal::Fusable(*proj_) && proj_->bias() != nullptr;
-}
-
-absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardResidual(const core::Tensor& x,
-                                                                  const core::Tensor& residual) {
-  RETURN_IF_ERROR(internal::CheckResidualInGemm(*this, residual, AddsResidualInGemm(),
-                                                 "proj without hooks and with a bias"));
-  return ForwardPlus(x, residual);
-}
-
-absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardPlus(const core::Tensor& x,
-                                                              const core::Tensor& residual) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
   // A bf16 input is one its producer stored for qkv's bf16 GEMM (NOTE [GEMM epilogues]).
   const bool bf16_in = x.defined() && x.dtype() == core::DType::kBFloat16 &&
@@ -68,13 +52,10 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardPlus(const core::Tensor
   // proj could observe its input.
   ASSIGN_OR_RETURN(core::Tensor y, core_.Forward(*this, std::move(qkv), n_head_, fused_,
                                                  internal::CausalAttentionCore::YBf16For(*proj_)));
-  if (residual.defined()) return proj_->ForwardResidual(y, residual);
   return proj_->Forward(y);
 }
 
-core::DType CausalSelfAttention::GradOutputDType() const {
-  return GradOutputDTypeFor(*proj_);
-}
+core::DType CausalSelfAttention::GradOutputDType() const { return GradOutputDTypeFor(*proj_); }
 
 absl::StatusOr<core::Tensor> CausalSelfAttention::BackwardImpl(const core::Tensor& grad_output) {
   const core::Tensor& qkv = core_.qkv();
@@ -89,8 +70,8 @@ absl::StatusOr<core::Tensor> CausalSelfAttention::BackwardImpl(const core::Tenso
   ASSIGN_OR_RETURN(core::Tensor gy, core_.HeadsGradient(*proj_, grad_output));
   // The fused kernels store dL/dqkv bf16 for qkv's bf16 GEMMs (which round it so anyway)
   // when no hook on qkv could observe it.
-  const bool gqkv_bf16 = internal::Fusable(*qkv_) &&
-                         qkv_->weight()->data.dtype() == core::DType::kBFloat16;
+  const bool gqkv_bf16 =
+      internal::Fusable(*qkv_) && qkv_->weight()->data.dtype() == core::DType::kBFloat16;
   ASSIGN_OR_RETURN(core::Tensor gqkv, core_.Backward(*this, std::move(gy), gqkv_bf16));
   return qkv_->Backward(gqkv);
 }

@@ -65,14 +65,6 @@ class CausalSelfAttention : public core::Module {
   void set_fused(bool fused) { fused_ = fused; }
   bool fused() const { return fused_; }
 
-  // For a parent that fuses the residual add after attention (NOTE [Fused layers] in
-  // nn/transformer.h), only when nn::internal::Fusable(*this) and AddsResidualInGemm():
-  // residual + Forward(x) (residual fp32 [B, T, C]), the add in the epilogue of proj's
-  // GEMM (Linear::ForwardResidual), running no hooks of this module. Backward as after
-  // Forward. FailedPrecondition when !AddsResidualInGemm() (a hook on proj, no bias).
-  absl::StatusOr<core::Tensor> ForwardResidual(const core::Tensor& x,
-                                               const core::Tensor& residual);
-  bool AddsResidualInGemm() const;
   // The dtype Backward takes its gradient in besides fp32: bf16 after a Forward with bf16
   // weights when nothing can observe proj's input gradient (no hooks on proj), since proj's
   // GEMMs round it to bf16 anyway (the same bits either way); fp32 otherwise.
@@ -88,9 +80,6 @@ class CausalSelfAttention : public core::Module {
   void ReleaseActivations() override { core_.Release(); }
 
  private:
-  // Forward(x), or ForwardResidual(x, residual) when `residual` is defined.
-  absl::StatusOr<core::Tensor> ForwardPlus(const core::Tensor& x, const core::Tensor& residual);
-
   int64_t n_embd_ = 0;
   int64_t n_head_ = 0;
   std::string config_error_;

@@ -230,7 +230,7 @@ TEST(AttentionTest, FusedBf16PathMatchesTheUnfusedOneAndIsCausal) {
 }
 
 // Under bf16 weights proj's GEMMs round the incoming gradient to bf16, so the layer also
-// takes it bf16 (GradOutputDType; what a fused block hands it, NOTE [Fused layers]) and
+// takes it bf16 (GradOutputDType; what a caller may hand it) and
 // gives the bits the fp32 gradient gives; with a hook on proj it asks for fp32 only.
 TEST(AttentionTest, ABf16GradientGivesTheBitsOfItsFp32OriginalUnderBf16Weights) {
   const int64_t H = 2, hd = 64, C = H * hd, B = 2, T = 40;

@@ -176,16 +176,14 @@ absl::StatusOr<core::Tensors> Gpt::ForwardGraph(const core::Tensors& in) {
   // head's GEMM, which stores the logits bf16.
   const bool head_inline = internal::RunsInline(*lm_head_);
   absl::StatusOr<core::Tensor> normed =
-      !internal::RunsInline(*ln_f_)
-          ? ln_f_->CallOne({x})
+      !internal::RunsInline(*ln_f_) ? ln_f_->CallOne({x})
       : head_inline ? F::LayerNormForGemm(x, ln_f_->weight(), ln_f_->bias(), ln_f_->eps())
                     : F::LayerNorm(x, ln_f_->weight(), ln_f_->bias(), ln_f_->eps());
   logits_grad_dtype_ = head_inline && lm_head_->weight()->data.dtype() == core::DType::kBFloat16
                            ? core::DType::kBFloat16
                            : core::DType::kFloat32;
-  absl::StatusOr<core::Tensor> logits = head_inline
-                                            ? F::LinearForGemm(normed, lm_head_->weight())
-                                            : lm_head_->CallOne({normed});
+  absl::StatusOr<core::Tensor> logits =
+      head_inline ? F::LinearForGemm(normed, lm_head_->weight()) : lm_head_->CallOne({normed});
   ASSIGN_OR_RETURN(core::Tensor out, internal::InModule(*this, std::move(logits)));
   return core::Tensors{std::move(out)};
 }

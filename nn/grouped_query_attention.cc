@@ -35,17 +35,20 @@ GroupedQueryAttention::GroupedQueryAttention(int64_t hidden, int64_t n_head, int
   const int64_t c = std::max<int64_t>(hidden, 1);
   const int64_t d = config_error_.empty() ? hidden / n_head : 1;
   const int64_t h = std::max<int64_t>(n_head, 1), kv = std::max<int64_t>(n_kv_head, 1);
-  q_proj_ = RegisterModule("q_proj", std::make_shared<Linear>(c, h * d, false, DeriveSeed(seed, 0)));
-  k_proj_ = RegisterModule("k_proj", std::make_shared<Linear>(c, kv * d, false, DeriveSeed(seed, 1)));
-  v_proj_ = RegisterModule("v_proj", std::make_shared<Linear>(c, kv * d, false, DeriveSeed(seed, 2)));
-  o_proj_ = RegisterModule("o_proj", std::make_shared<Linear>(h * d, c, false, DeriveSeed(seed, 3)));
+  q_proj_ =
+      RegisterModule("q_proj", std::make_shared<Linear>(c, h * d, false, DeriveSeed(seed, 0)));
+  k_proj_ =
+      RegisterModule("k_proj", std::make_shared<Linear>(c, kv * d, false, DeriveSeed(seed, 1)));
+  v_proj_ =
+      RegisterModule("v_proj", std::make_shared<Linear>(c, kv * d, false, DeriveSeed(seed, 2)));
+  o_proj_ =
+      RegisterModule("o_proj", std::make_shared<Linear>(h * d, c, false, DeriveSeed(seed, 3)));
 }
 
 absl::Status GroupedQueryAttention::EnsureTables(int64_t T, const core::Device& device) {
   RotaryTables& t = *tables_;
   const int64_t D = hidden_ / n_head_;
-  if (t.positions() >= T && t.head_dim == D && t.theta == rope_theta_ &&
-      t.cos.device() == device) {
+  if (t.positions() >= T && t.head_dim == D && t.theta == rope_theta_ && t.cos.device() == device) {
     return absl::OkStatus();
   }
   absl::StatusOr<RotaryTables> tables = MakeRotaryTables(T, D, rope_theta_, device);
@@ -59,20 +62,6 @@ bool GroupedQueryAttention::TakesBf16Input() const {
 }
 
 absl::StatusOr<core::Tensor> GroupedQueryAttention::ForwardImpl(const core::Tensor& x) {
-  return ForwardPlus(x, core::Tensor());
-}
-
-bool GroupedQueryAttention::AddsResidualInGemm() const { return internal::Fusable(*o_proj_); }
-
-absl::StatusOr<core::Tensor> GroupedQueryAttention::ForwardResidual(
-    const core::Tensor& x, const core::Tensor& residual) {
-  RETURN_IF_ERROR(internal::CheckResidualInGemm(*this, residual, AddsResidualInGemm(),
-                                                 "o_proj without hooks"));
-  return ForwardPlus(x, residual);
-}
-
-absl::StatusOr<core::Tensor> GroupedQueryAttention::ForwardPlus(const core::Tensor& x,
-                                                                const core::Tensor& residual) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
   RETURN_IF_ERROR(CheckSharedBf16Input(*this, x, {q_proj_.get(), k_proj_.get(), v_proj_.get()},
                                        "q_proj, k_proj and v_proj"));
@@ -100,20 +89,17 @@ absl::StatusOr<core::Tensor> GroupedQueryAttention::ForwardPlus(const core::Tens
                                     ? core::DType::kBFloat16
                                     : core::DType::kFloat32;
   ASSIGN_OR_RETURN(core::Tensor qkv, internal::NewActivation({B, T, 3 * C}, device, qkv_dtype));
-  RETURN_IF_ERROR(RotaryPackQkv(internal::What(*this), q, k, v, tables_->cos, tables_->sin,
-                                n_head_, n_kv_head_, qkv));
+  RETURN_IF_ERROR(RotaryPackQkv(internal::What(*this), q, k, v, tables_->cos, tables_->sin, n_head_,
+                                n_kv_head_, qkv));
   // The fused kernel stores the heads' output bf16 for o_proj's bf16 GEMM when no hook on
   // o_proj could observe its input (as CausalSelfAttention does for proj).
   ASSIGN_OR_RETURN(core::Tensor y,
                    core_.Forward(*this, std::move(qkv), n_head_, fused_,
                                  internal::CausalAttentionCore::YBf16For(*o_proj_)));
-  if (residual.defined()) return o_proj_->ForwardResidual(y, residual);
   return o_proj_->Forward(y);
 }
 
-core::DType GroupedQueryAttention::GradOutputDType() const {
-  return GradOutputDTypeFor(*o_proj_);
-}
+core::DType GroupedQueryAttention::GradOutputDType() const { return GradOutputDTypeFor(*o_proj_); }
 
 absl::StatusOr<core::Tensor> GroupedQueryAttention::BackwardImpl(const core::Tensor& grad_output) {
   const core::Tensor& qkv = core_.qkv();
@@ -138,15 +124,15 @@ absl::StatusOr<core::Tensor> GroupedQueryAttention::BackwardImpl(const core::Ten
   ASSIGN_OR_RETURN(core::Tensor gy, core_.HeadsGradient(*o_proj_, grad_output));
   ASSIGN_OR_RETURN(core::Tensor gqkv, core_.Backward(*this, std::move(gy)));
   // Each projection's gradient stored bf16 for its bf16 GEMMs when they would round it so.
-  ASSIGN_OR_RETURN(core::Tensor gq, internal::NewActivation({B, T, hidden_}, device,
-                                                            GradOutputDTypeFor(*q_proj_)));
+  ASSIGN_OR_RETURN(core::Tensor gq,
+                   internal::NewActivation({B, T, hidden_}, device, GradOutputDTypeFor(*q_proj_)));
   ASSIGN_OR_RETURN(core::Tensor gk,
                    internal::NewActivation({B, T, KW}, device, GradOutputDTypeFor(*k_proj_)));
   ASSIGN_OR_RETURN(core::Tensor gv,
                    internal::NewActivation({B, T, KW}, device, GradOutputDTypeFor(*v_proj_)));
   RETURN_IF_ERROR(EnsureTables(T, device));  // shared: another layer may have rebuilt them
-  RETURN_IF_ERROR(RotaryPackQkvBackward(what, gqkv, tables_->cos, tables_->sin, n_head_,
-                                        n_kv_head_, gq, gk, gv));
+  RETURN_IF_ERROR(RotaryPackQkvBackward(what, gqkv, tables_->cos, tables_->sin, n_head_, n_kv_head_,
+                                        gq, gk, gv));
   gqkv = core::Tensor();
   // x feeds the three projections: dL/dx is the sum of their input gradients.
   return SharedInputGradient(*this, {{q_proj_.get(), std::move(gq)},

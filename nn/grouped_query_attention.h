@@ -67,18 +67,10 @@ class GroupedQueryAttention : public core::Module {
   // NOTE [GEMM epilogues] in nn/tensor_ops.h): when q, k and v would round it to bf16
   // themselves (nn::SharesBf16Input: bf16 weights, no hooks). Else the input is fp32.
   bool TakesBf16Input() const;
-  // For a parent that fuses the residual add after attention (NOTE [Fused layers] in
-  // nn/transformer.h), only when nn::internal::Fusable(*this) and AddsResidualInGemm() (no
-  // hooks on o_proj): residual + Forward(x) (residual fp32 [B, T, hidden]), the add in the
-  // epilogue of o_proj's GEMM (Linear::ForwardResidual), running no hooks of this module.
-  // Backward as after Forward. FailedPrecondition when !AddsResidualInGemm().
-  absl::StatusOr<core::Tensor> ForwardResidual(const core::Tensor& x,
-                                               const core::Tensor& residual);
-  bool AddsResidualInGemm() const;
   // The dtype Backward takes its gradient in besides fp32: bf16 after a Forward with bf16
   // weights when nothing can observe o_proj's input gradient (no hooks on o_proj), since
   // o_proj's GEMMs round it to bf16 anyway (the same bits either way; what a Llama decoder
-  // layer hands it, NOTE [Fused layers] in nn/transformer.h); fp32 otherwise.
+  // layer's caller may hand it); fp32 otherwise.
   core::DType GradOutputDType() const;
   // Whether Forward may take the fused path where it applies (NOTE [Fused attention] in
   // nn/attention.h); true by default. Takes effect at the next Forward.
@@ -108,9 +100,6 @@ class GroupedQueryAttention : public core::Module {
   void ReleaseActivations() override { core_.Release(); }
 
  private:
-  // Forward(x), or ForwardResidual(x, residual) when `residual` is defined.
-  absl::StatusOr<core::Tensor> ForwardPlus(const core::Tensor& x, const core::Tensor& residual);
-
   int64_t hidden_ = 0;
   int64_t n_head_ = 0;
   int64_t n_kv_head_ = 0;

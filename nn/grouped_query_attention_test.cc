@@ -30,8 +30,8 @@ double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // Rows of x [rows, in] times W^T (W [out, in] row-major), in double.
-std::vector<double> Project(const std::vector<double>& x, const std::vector<float>& w,
-                            int64_t in, int64_t out) {
+std::vector<double> Project(const std::vector<double>& x, const std::vector<float>& w, int64_t in,
+                            int64_t out) {
   const int64_t rows = static_cast<int64_t>(x.size()) / in;
   std::vector<double> y(rows * out, 0.0);
   for (int64_t r = 0; r < rows; ++r) {
@@ -46,8 +46,8 @@ std::vector<double> Project(const std::vector<double>& x, const std::vector<floa
 // (rotate_half), per query head h the causal softmax attention over kv head
 // h / (H / KV), the output projection.
 std::vector<double> Reference(GroupedQueryAttention& m, const core::Tensor& x) {
-  const int64_t B = x.size(0), T = x.size(1), C = m.hidden(), H = m.n_head(),
-                KV = m.n_kv_head(), D = C / H, half = D / 2;
+  const int64_t B = x.size(0), T = x.size(1), C = m.hidden(), H = m.n_head(), KV = m.n_kv_head(),
+                D = C / H, half = D / 2;
   const std::vector<float> xf = x.ToVector();
   const std::vector<double> xd(xf.begin(), xf.end());
   std::vector<double> q = Project(xd, m.q_proj()->weight()->data.ToVector(), C, H * D);
@@ -139,17 +139,19 @@ TEST(GroupedQueryAttentionTest, EqualsMultiHeadAttentionWithRepeatedKvWeights) {
   gradcheck::RandomizeParameters(gqa, 3, 0.0f, 0.4f);
   ASSERT_TRUE(mha.q_proj()->weight()->data.CopyFrom(gqa.q_proj()->weight()->data).ok());
   ASSERT_TRUE(mha.o_proj()->weight()->data.CopyFrom(gqa.o_proj()->weight()->data).ok());
-  for (auto [from, to] : {std::make_pair(gqa.k_proj(), mha.k_proj()),
-                          std::make_pair(gqa.v_proj(), mha.v_proj())}) {
+  for (auto [from, to] :
+       {std::make_pair(gqa.k_proj(), mha.k_proj()), std::make_pair(gqa.v_proj(), mha.v_proj())}) {
     const std::vector<float> w = from->weight()->data.ToVector();  // [KV * D, C]
     std::vector<float> repeated;
     for (int64_t h = 0; h < H; ++h) {
       const int64_t g = h / (H / KV);
       repeated.insert(repeated.end(), w.begin() + g * D * C, w.begin() + (g + 1) * D * C);
     }
-    ASSERT_TRUE(to->weight()->data.CopyFrom(core::Tensor::FromVector(repeated, {H * D, C}).value()).ok());
+    ASSERT_TRUE(
+        to->weight()->data.CopyFrom(core::Tensor::FromVector(repeated, {H * D, C}).value()).ok());
   }
-  const core::Tensor x = gradcheck::RandomTensor({2, 6, C}, 4), g = gradcheck::RandomTensor({2, 6, C}, 5);
+  const core::Tensor x = gradcheck::RandomTensor({2, 6, C}, 4),
+                     g = gradcheck::RandomTensor({2, 6, C}, 5);
   std::vector<std::vector<float>> out;
   for (GroupedQueryAttention* m : {&gqa, &mha}) {
     absl::StatusOr<core::Tensor> y = m->Forward(x);
@@ -162,8 +164,8 @@ TEST(GroupedQueryAttentionTest, EqualsMultiHeadAttentionWithRepeatedKvWeights) {
     out.push_back(m->o_proj()->weight()->grad.ToVector());
   }
   for (int i = 0; i < 4; ++i) EXPECT_LE(RelErr(out[i], out[4 + i]), 1e-6) << i;
-  for (auto [grouped, expanded] : {std::make_pair(gqa.k_proj(), mha.k_proj()),
-                                   std::make_pair(gqa.v_proj(), mha.v_proj())}) {
+  for (auto [grouped, expanded] :
+       {std::make_pair(gqa.k_proj(), mha.k_proj()), std::make_pair(gqa.v_proj(), mha.v_proj())}) {
     const std::vector<float> ge = expanded->weight()->grad.ToVector();
     std::vector<float> summed(KV * D * C, 0.0f);
     for (int64_t h = 0; h < H; ++h) {
@@ -186,7 +188,8 @@ TEST(GroupedQueryAttentionTest, OutputAtTDependsOnlyOnInputsUpToT) {
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) {
       bool same = true;
-      for (int64_t c = 0; c < C; ++c) same &= after[(b * T + t) * C + c] == before[(b * T + t) * C + c];
+      for (int64_t c = 0; c < C; ++c)
+        same &= after[(b * T + t) * C + c] == before[(b * T + t) * C + c];
       EXPECT_EQ(same, t <= t0) << "b=" << b << " t=" << t;
     }
   }
@@ -199,7 +202,8 @@ TEST(GroupedQueryAttentionTest, SharedRotaryTablesGrowAndServeEveryLayer) {
   GroupedQueryAttention a(16, 4, 2, 10000.0, 1), b(16, 4, 2, 10000.0, 2),
       alone(16, 4, 2, 10000.0, 1);
   b.set_rotary_tables(a.rotary_tables());
-  const core::Tensor x = gradcheck::RandomTensor({2, 3, 16}, 3), g = gradcheck::RandomTensor({2, 3, 16}, 4);
+  const core::Tensor x = gradcheck::RandomTensor({2, 3, 16}, 3),
+                     g = gradcheck::RandomTensor({2, 3, 16}, 4);
   std::vector<std::vector<float>> out;
   for (GroupedQueryAttention* m : {&a, &alone}) {
     absl::StatusOr<core::Tensor> y = m->Forward(x);
@@ -301,8 +305,8 @@ TEST(GroupedQueryAttentionTest, TheProjectionsGradientsReachThemInBf16) {
   for (Linear* proj : {m.q_proj().get(), m.k_proj().get(), m.v_proj().get()}) {
     SCOPED_TRACE(proj->Path());
     const fused_layers::HookComparison c = fused_layers::ExpectSameBitsWithHookOn(m, *proj, x, gy);
-    EXPECT_EQ(c.plain_cost.converts, 1);  // x
-    EXPECT_EQ(c.plain_backward_converts, 1);  // o_proj's grad_output
+    EXPECT_EQ(c.plain_cost.converts, 1);       // x
+    EXPECT_EQ(c.plain_backward_converts, 1);   // o_proj's grad_output
     EXPECT_EQ(c.hooked_backward_converts, 2);  // and the hooked projection's gradient
   }
 }
@@ -343,8 +347,8 @@ TEST(GroupedQueryAttentionTest, TheHeadsOutputReachesOProjInBf16) {
   EXPECT_EQ(calls, 2);
   EXPECT_EQ(fp32_converts - bf16_converts, 2);  // y, and the heads' gradient
   // StepBits: output, input gradient, then q, k, v, o weight gradients.
-  const std::vector<std::string> names = {"output", "input gradient", "q_proj", "k_proj",
-                                          "v_proj", "o_proj"};
+  const std::vector<std::string> names = {"output", "input gradient", "q_proj",
+                                          "k_proj", "v_proj",         "o_proj"};
   ASSERT_EQ(bf16.size(), names.size());
   ASSERT_EQ(fp32.size(), names.size());
   for (size_t i = 0; i < names.size(); ++i) {
@@ -375,10 +379,9 @@ TEST(GroupedQueryAttentionTest, AnFp32CoreTakesTheHeadsGradientInFp32UnderABf16O
 }
 
 // Under bf16 weights o_proj's GEMMs round the incoming gradient to bf16, so the layer also
-// takes it bf16 (GradOutputDType; what a Llama decoder layer hands it, NOTE [Fused layers]
-// in nn/transformer.h) and gives the bits the fp32 gradient gives, on the unfused (head
-// width 4) and the fused (64) path. With a hook on o_proj, or fp32 weights, it asks for
-// fp32 and refuses a bf16 gradient, naming the layer and o_proj.
+// takes it bf16 (GradOutputDType; what a caller may hand it) and gives the bits the fp32 gradient
+// gives, on the unfused (head width 4) and the fused (64) path. With a hook on o_proj, or fp32
+// weights, it asks for fp32 and refuses a bf16 gradient, naming the layer and o_proj.
 TEST(GroupedQueryAttentionTest, ABf16GradientGivesTheBitsOfItsFp32OriginalUnderBf16Weights) {
   for (int64_t D : {4, 64}) {
     SCOPED_TRACE(testing::Message() << "head width " << D);
@@ -408,8 +411,7 @@ TEST(GroupedQueryAttentionTest, ABf16GradientGivesTheBitsOfItsFp32OriginalUnderB
   ASSERT_TRUE(fp32.Forward(x).ok());
   EXPECT_EQ(fp32.GradOutputDType(), core::DType::kFloat32);
   const absl::Status s = fp32.Backward(gradcheck::RandomTensor({2, 9, 16}, 36)
-                                           .ToDType(core::DType::kBFloat16,
-                                                    core::MemoryTag::kOther)
+                                           .ToDType(core::DType::kBFloat16, core::MemoryTag::kOther)
                                            .value())
                              .status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
@@ -422,11 +424,10 @@ TEST(GroupedQueryAttentionTest, BadConfigurationsNameTheArgument) {
     double theta;
     const char* message;
   };
-  for (const Bad& b : {Bad{0, 2, 1, 1e4, "hidden must be positive"},
-                       Bad{16, 3, 1, 1e4, "divisible by n_head"},
-                       Bad{16, 4, 3, 1e4, "divisible by n_kv_head"},
-                       Bad{12, 4, 2, 1e4, "must be even"},
-                       Bad{16, 4, 2, 0.0, "rope_theta"}}) {
+  for (const Bad& b :
+       {Bad{0, 2, 1, 1e4, "hidden must be positive"}, Bad{16, 3, 1, 1e4, "divisible by n_head"},
+        Bad{16, 4, 3, 1e4, "divisible by n_kv_head"}, Bad{12, 4, 2, 1e4, "must be even"},
+        Bad{16, 4, 2, 0.0, "rope_theta"}}) {
     GroupedQueryAttention attn(b.hidden, b.n_head, b.n_kv_head, b.theta);
     absl::StatusOr<core::Tensor> y = attn.Forward(core::Tensor::Zeros({1, 2, 16}));
     EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument) << b.message;
@@ -439,12 +440,10 @@ TEST(GroupedQueryAttentionTest, BadConfigurationsNameTheArgument) {
               HasSubstr("[B, T, 16]"));
 }
 
-// NOTE [Fused layers] (nn/transformer.h): k's and v's input gradients each add the sum so
-// far in the epilogue of their GEMM (nn::SharedInputGradient), and a residual after the
-// attention rides in o_proj's GEMM (ForwardResidual): the bits of the separate adds, one
-// "add" op fewer for each, with fp32 and bf16 weights. A hook on o_proj refuses
-// ForwardResidual.
-TEST(GroupedQueryAttentionTest, TheInputGradientsAndTheResidualAddInTheGemms) {
+// k's and v's input gradients each add the sum so far in the epilogue of their GEMM
+// (nn::SharedInputGradient): the bits of the separate adds, one "add" op fewer for each, with
+// fp32 and bf16 weights.
+TEST(GroupedQueryAttentionTest, TheInputGradientsAddInTheGemms) {
   const int64_t H = 4, KV = 2, C = H * 64, B = 2, T = 9;
   for (core::DType dtype : {core::DType::kFloat32, core::DType::kBFloat16}) {
     SCOPED_TRACE(core::DTypeName(dtype));
@@ -458,25 +457,6 @@ TEST(GroupedQueryAttentionTest, TheInputGradientsAndTheResidualAddInTheGemms) {
           fused_layers::ExpectSameBitsWithHookOn(m, *taker, x, gy);
       EXPECT_EQ(c.MoreOpsWithHook("add"), 1);
     }
-
-    const core::Tensor residual = gradcheck::RandomTensor({B, T, C}, 24);
-    EXPECT_TRUE(m.AddsResidualInGemm());
-    absl::StatusOr<core::Tensor> fused = m.ForwardResidual(x, residual);
-    ASSERT_TRUE(fused.ok()) << fused.status();
-    absl::StatusOr<core::Tensor> plain = m.Forward(x);
-    ASSERT_TRUE(plain.ok()) << plain.status();
-    m.DropActivations();
-    core::Tensor sum = core::Tensor::Zeros({B, T, C});
-    ASSERT_TRUE(AddTensors("ref", residual, *plain, sum).ok());
-    EXPECT_EQ(fused->ToVector(), sum.ToVector());
-
-    int calls = 0;
-    core::HookHandle h = fused_layers::CountingHook(*m.o_proj(), &calls);
-    EXPECT_FALSE(m.AddsResidualInGemm());
-    const absl::Status refused = m.ForwardResidual(x, residual).status();
-    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_THAT(std::string(refused.message()), HasSubstr("o_proj without hooks"));
-    EXPECT_EQ(calls, 0);
   }
 }
 

@@ -31,9 +31,9 @@ class LayerNorm : public core::Module {
   int64_t dim() const { return dim_; }
   float eps() const { return eps_; }
 
-  // For a parent that fuses a residual add with this LayerNorm (NOTE [Fused layers],
-  // nn/transformer.h), and only when nn::internal::Fusable(*this): these run no hooks.
-  // ForwardAdd(a, b, &sum) sets `sum` to a + b (a new activation; a and b of one shape
+  // The layer's fused steps, run without hooks: the reference for nn/functional's
+  // F::AddLayerNorm, F::ResidualLayerNorm and F::LayerNormForGemm (fused_test), which a
+  // block's forward runs (NOTE [Block forwards] in nn/transformer.h). ForwardAdd(a, b, &sum) sets `sum` to a + b (a new activation; a and b of one shape
   // and device, else InvalidArgument) and returns what Forward(sum) returns, with its
   // checks and cache. BackwardAdd(g, residual) returns residual + Backward(g) (residual
   // fp32 of g's shape on its device), adding the same parameter gradients; given `sum16`,

@@ -49,8 +49,10 @@ class Linear : public core::Module {
   // The seed the constructor initialised from (0 for Tied).
   uint64_t seed() const { return seed_; }
 
-  // For a parent that fuses this layer with the op around it (NOTE [Fused layers],
-  // nn/transformer.h), and only when nn::internal::Fusable(*this): these run no hooks.
+  // For a layer that fuses this one with the op around it (CausalSelfAttention's qkv,
+  // GroupedQueryAttention's and SwiGluMlp's shared inputs), and only when
+  // nn::internal::Fusable(*this), and as the reference nn/functional's fused ops are checked
+  // against (fused_test): these run no hooks.
   // - ForwardWithoutBias(x) is Forward(x) minus the bias (y = x W^T, with every check
   //   and cache of Forward). BackwardFused(g) is Backward(g) (dL/dx returned, dL/dW and
   //   dL/db accumulated), for a parent that computed g in its own fused op.

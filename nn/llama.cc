@@ -41,9 +41,9 @@ absl::Status LlamaConfig::Validate() const {
         num_attention_heads, ") times an even head width (the rotary embedding turns pairs)"));
   }
   if (num_attention_heads % num_key_value_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "LlamaConfig.num_key_value_heads (", num_key_value_heads,
-        ") must divide LlamaConfig.num_attention_heads (", num_attention_heads, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("LlamaConfig.num_key_value_heads (", num_key_value_heads,
+                     ") must divide LlamaConfig.num_attention_heads (", num_attention_heads, ")"));
   }
   if (!(std::isfinite(rms_norm_eps) && rms_norm_eps >= 0.0f)) {
     return absl::InvalidArgumentError(
@@ -64,12 +64,12 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config, uint64_t seed) {
   const int64_t C = config.hidden_size;
   input_layernorm_ =
       RegisterModule("input_layernorm", std::make_shared<RmsNorm>(C, config.rms_norm_eps));
-  self_attn_ = RegisterModule(
-      "self_attn", std::make_shared<GroupedQueryAttention>(
-                       C, config.num_attention_heads, config.num_key_value_heads,
-                       config.rope_theta, DeriveSeed(seed, 0)));
-  post_attention_layernorm_ = RegisterModule("post_attention_layernorm",
-                                             std::make_shared<RmsNorm>(C, config.rms_norm_eps));
+  self_attn_ =
+      RegisterModule("self_attn", std::make_shared<GroupedQueryAttention>(
+                                      C, config.num_attention_heads, config.num_key_value_heads,
+                                      config.rope_theta, DeriveSeed(seed, 0)));
+  post_attention_layernorm_ =
+      RegisterModule("post_attention_layernorm", std::make_shared<RmsNorm>(C, config.rms_norm_eps));
   mlp_ = RegisterModule(
       "mlp", std::make_shared<SwiGluMlp>(C, config.intermediate_size, DeriveSeed(seed, 1)));
 }
@@ -84,10 +84,11 @@ absl::StatusOr<core::Tensors> LlamaDecoderLayer::ForwardGraph(const core::Tensor
   core::Tensor residual = in[0];
   core::Tensor n1;
   if (internal::RunsInline(*input_layernorm_)) {
-    ASSIGN_OR_RETURN(const std::vector<core::Tensor> r,
-                     internal::InModule(*input_layernorm_,
-                                        F::ResidualRmsNorm(residual, input_layernorm_->weight(),
-                                                           {input_layernorm_->eps(), attn_inline})));
+    ASSIGN_OR_RETURN(
+        const std::vector<core::Tensor> r,
+        internal::InModule(*input_layernorm_,
+                           F::ResidualRmsNorm(residual, input_layernorm_->weight(),
+                                              {input_layernorm_->eps(), attn_inline})));
     residual = r[0];
     n1 = r[1];
   } else {
@@ -132,9 +133,9 @@ absl::StatusOr<core::Tensors> LlamaDecoderLayer::ForwardGraph(const core::Tensor
     // gate and up from one pass, h stored for down_proj's bf16 GEMM, which adds the residual.
     ASSIGN_OR_RETURN(
         y, internal::InModule(
-               *mlp_, F::LinearResidual(F::SwiGlu(n2, mlp_->gate_proj()->weight(),
-                                                  mlp_->up_proj()->weight()),
-                                        mlp_->down_proj()->weight(), core::Tensor(), h)));
+               *mlp_, F::LinearResidual(
+                          F::SwiGlu(n2, mlp_->gate_proj()->weight(), mlp_->up_proj()->weight()),
+                          mlp_->down_proj()->weight(), core::Tensor(), h)));
   } else {
     ASSIGN_OR_RETURN(y, internal::InModule(*this, F::Add(h, mlp_->CallOne({n2}))));
   }
@@ -165,8 +166,9 @@ absl::StatusOr<std::shared_ptr<Llama>> Llama::Create(const LlamaConfig& config) 
 
 Llama::Llama(const LlamaConfig& config) : config_(config) {
   const int64_t C = config.hidden_size;
-  embed_tokens_ = RegisterModule(
-      "embed_tokens", std::make_shared<Embedding>(config.vocab_size, C, DeriveSeed(config.seed, 0)));
+  embed_tokens_ =
+      RegisterModule("embed_tokens",
+                     std::make_shared<Embedding>(config.vocab_size, C, DeriveSeed(config.seed, 0)));
   std::vector<std::shared_ptr<core::Module>> layers;
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
     layers.push_back(std::make_shared<LlamaDecoderLayer>(
@@ -179,11 +181,11 @@ Llama::Llama(const LlamaConfig& config) : config_(config) {
     static_cast<LlamaDecoderLayer&>(*layer).self_attn()->set_rotary_tables(rotary);
   }
   norm_ = RegisterModule("norm", std::make_shared<RmsNorm>(C, config.rms_norm_eps));
-  lm_head_ = RegisterModule(
-      "lm_head", config.tie_word_embeddings
-                     ? Linear::Tied(embed_tokens_->weight(), /*bias=*/false)
-                     : std::make_shared<Linear>(C, config.vocab_size, /*bias=*/false,
-                                                DeriveSeed(config.seed, 1)));
+  lm_head_ =
+      RegisterModule("lm_head", config.tie_word_embeddings
+                                    ? Linear::Tied(embed_tokens_->weight(), /*bias=*/false)
+                                    : std::make_shared<Linear>(C, config.vocab_size, /*bias=*/false,
+                                                               DeriveSeed(config.seed, 1)));
 }
 
 void Llama::InitializeWeights() {
@@ -214,11 +216,11 @@ absl::StatusOr<core::Tensors> Llama::ForwardGraph(const core::Tensors& in) {
                                                      core::ShapeToString(tokens.shape())));
   }
   if (tokens.size(1) > config_.max_position_embeddings) {
-    return internal::ModuleError(
-        *this, absl::StrCat("sequence length ", tokens.size(1), " of input ",
-                            core::ShapeToString(tokens.shape()),
-                            " exceeds LlamaConfig.max_position_embeddings ",
-                            config_.max_position_embeddings));
+    return internal::ModuleError(*this,
+                                 absl::StrCat("sequence length ", tokens.size(1), " of input ",
+                                              core::ShapeToString(tokens.shape()),
+                                              " exceeds LlamaConfig.max_position_embeddings ",
+                                              config_.max_position_embeddings));
   }
   absl::StatusOr<core::Tensor> x =
       internal::RunsInline(*embed_tokens_)
@@ -228,16 +230,15 @@ absl::StatusOr<core::Tensors> Llama::ForwardGraph(const core::Tensors& in) {
   // NOTE [bf16 logits] (nn/gpt.h), as the GPT: under bf16 weights the final norm stores its
   // output bf16 for the head's GEMM, which stores the logits bf16.
   const bool head_inline = internal::RunsInline(*lm_head_);
-  absl::StatusOr<core::Tensor> normed =
-      !internal::RunsInline(*norm_) ? norm_->CallOne({x})
-      : head_inline                 ? F::RmsNormForGemm(x, norm_->weight(), norm_->eps())
-                                    : F::RmsNorm(x, norm_->weight(), norm_->eps());
+  absl::StatusOr<core::Tensor> normed = !internal::RunsInline(*norm_) ? norm_->CallOne({x})
+                                        : head_inline
+                                            ? F::RmsNormForGemm(x, norm_->weight(), norm_->eps())
+                                            : F::RmsNorm(x, norm_->weight(), norm_->eps());
   logits_grad_dtype_ = head_inline && lm_head_->weight()->data.dtype() == core::DType::kBFloat16
                            ? core::DType::kBFloat16
                            : core::DType::kFloat32;
-  absl::StatusOr<core::Tensor> logits = head_inline
-                                            ? F::LinearForGemm(normed, lm_head_->weight())
-                                            : lm_head_->CallOne({normed});
+  absl::StatusOr<core::Tensor> logits =
+      head_inline ? F::LinearForGemm(normed, lm_head_->weight()) : lm_head_->CallOne({normed});
   ASSIGN_OR_RETURN(core::Tensor out, internal::InModule(*this, std::move(logits)));
   return core::Tensors{std::move(out)};
 }

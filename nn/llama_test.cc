@@ -20,8 +20,8 @@
 namespace nn {
 namespace {
 
-using ::testing::HasSubstr;
 using gradcheck::RandomTokens;
+using ::testing::HasSubstr;
 
 std::shared_ptr<Llama> MakeLlama(const LlamaConfig& config) {
   absl::StatusOr<std::shared_ptr<Llama>> llama = Llama::Create(config);
@@ -110,9 +110,8 @@ TEST(LlamaTest, ParameterNamesFollowHuggingFaceWithoutTheModelPrefix) {
       const std::string b = "layers." + std::to_string(l) + ".";
       for (const char* n :
            {"input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
-            "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-            "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-            "mlp.down_proj.weight"}) {
+            "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
+            "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"}) {
         expected.push_back(b + n);
       }
     }
@@ -123,8 +122,7 @@ TEST(LlamaTest, ParameterNamesFollowHuggingFaceWithoutTheModelPrefix) {
     EXPECT_EQ(llama->lm_head()->bias(), nullptr);
     std::vector<std::string> children;
     for (const auto& [name, m] : llama->NamedChildren()) children.push_back(name);
-    EXPECT_EQ(children,
-              (std::vector<std::string>{"embed_tokens", "layers", "norm", "lm_head"}));
+    EXPECT_EQ(children, (std::vector<std::string>{"embed_tokens", "layers", "norm", "lm_head"}));
     EXPECT_EQ(llama->layers()->modules()[0]->TypeName(), "LlamaDecoderLayer");
     // One set of rotary tables for every layer.
     auto attn = [&](int l) {
@@ -382,7 +380,7 @@ BackwardOps CountBackwardOps(core::Module& m, const core::Tensor& x, const core:
   return n;
 }
 
-// NOTE [Fused layers]: each RmsNorm's backward adds the residual gradient in its own pass
+// NOTE [Block forwards]: each RmsNorm's backward adds the residual gradient in its own pass
 // (nn::RmsNormBackwardAdd: two adds fewer per layer), and under bf16 weights
 // post_attention_layernorm's also writes the bf16 copy of the sum that o_proj's GEMMs take
 // (o_proj's rounding pass gone). A hook on a norm makes the layer run the norm's Backward,
@@ -398,8 +396,7 @@ TEST(LlamaTest, NormBackwardsAddTheResidualGradientAndRoundItForOProj) {
     if (bf16) {
       ASSERT_TRUE(ConvertParameters(layer, core::DType::kBFloat16).ok());
     }
-    for (RmsNorm* norm :
-         {layer.input_layernorm().get(), layer.post_attention_layernorm().get()}) {
+    for (RmsNorm* norm : {layer.input_layernorm().get(), layer.post_attention_layernorm().get()}) {
       SCOPED_TRACE(norm->Path());
       fused_layers::ExpectSameBitsWithHookOn(layer, *norm, x, g);
     }

@@ -189,7 +189,7 @@ TEST(OpAccountingTest, ABf16AttentionRunsEveryGemmOnTensorCoresWithoutRoundingPa
 // the GELU produces is stored bf16 by its producer. What is still rounded by a pass of its
 // own: the attention output (the unfused core's value product writes fp32), the
 // residual-stream gradient entering mlp.proj, and the q, k, v gradient. The one entering
-// attention's proj comes bf16 out of ln_2's backward (NOTE [Fused layers]), in its pass.
+// attention's proj comes bf16 out of ln_2's backward (NOTE [Block forwards]), in its pass.
 TEST(OpAccountingTest, ABf16BlockRoundsOnlyWhatNoProducerStoresBf16) {
   const int64_t B = 2, T = 4, C = 8, H = 2;
   TransformerBlock block(C, H, 5);
@@ -248,7 +248,7 @@ TEST(OpAccountingTest, ABf16BlockSumsItsBiasGradientsInTheWeightGradientGemms) {
   EXPECT_EQ(adds_after_weight_grads, 4);
 }
 
-// NOTE [Fused layers]: both residual adds of a block come out of the GEMMs before them
+// NOTE [Block forwards]: both residual adds of a block come out of the GEMMs before them
 // (the bias + residual epilogue, which reads the residual): h = x + attn(ln_1(x)) out of
 // attention's proj, y = h + mlp(ln_2(h)) out of the MLP's proj; no add of their own.
 TEST(OpAccountingTest, AFusedBlockAddsItsResidualsInTheProjectionGemms) {

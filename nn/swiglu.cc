@@ -16,9 +16,11 @@ SwiGluMlp::SwiGluMlp(int64_t hidden, int64_t intermediate, uint64_t seed) {
   config_error_ = internal::FirstError({internal::PositiveOrMessage("hidden", hidden),
                                         internal::PositiveOrMessage("intermediate", intermediate)});
   const int64_t c = std::max<int64_t>(hidden, 1), i = std::max<int64_t>(intermediate, 1);
-  gate_proj_ = RegisterModule("gate_proj", std::make_shared<Linear>(c, i, false, DeriveSeed(seed, 0)));
+  gate_proj_ =
+      RegisterModule("gate_proj", std::make_shared<Linear>(c, i, false, DeriveSeed(seed, 0)));
   up_proj_ = RegisterModule("up_proj", std::make_shared<Linear>(c, i, false, DeriveSeed(seed, 1)));
-  down_proj_ = RegisterModule("down_proj", std::make_shared<Linear>(i, c, false, DeriveSeed(seed, 2)));
+  down_proj_ =
+      RegisterModule("down_proj", std::make_shared<Linear>(i, c, false, DeriveSeed(seed, 2)));
 }
 
 bool SwiGluMlp::TakesBf16Input() const {
@@ -26,22 +28,6 @@ bool SwiGluMlp::TakesBf16Input() const {
 }
 
 absl::StatusOr<core::Tensor> SwiGluMlp::ForwardImpl(const core::Tensor& x) {
-  return ForwardPlus(x, core::Tensor());
-}
-
-bool SwiGluMlp::AddsResidualInGemm() const {
-  return config_error_.empty() && internal::Fusable(*down_proj_);
-}
-
-absl::StatusOr<core::Tensor> SwiGluMlp::ForwardResidual(const core::Tensor& x,
-                                                        const core::Tensor& residual) {
-  RETURN_IF_ERROR(internal::CheckResidualInGemm(*this, residual, AddsResidualInGemm(),
-                                                 "down_proj without hooks"));
-  return ForwardPlus(x, residual);
-}
-
-absl::StatusOr<core::Tensor> SwiGluMlp::ForwardPlus(const core::Tensor& x,
-                                                    const core::Tensor& residual) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
   RETURN_IF_ERROR(
       CheckSharedBf16Input(*this, x, {gate_proj_.get(), up_proj_.get()}, "gate_proj and up_proj"));
@@ -53,13 +39,12 @@ absl::StatusOr<core::Tensor> SwiGluMlp::ForwardPlus(const core::Tensor& x,
   // NOTE [GEMM epilogues]: h stored bf16 for down_proj's bf16 GEMM when nothing could see
   // it there (no hooks, no activation checkpointing of its own): the bits down_proj would
   // round it to, without the fp32 copy and the rounding pass.
-  const core::DType h_dtype = SharesBf16Input({down_proj_.get()}) ? core::DType::kBFloat16
-                                                                   : core::DType::kFloat32;
+  const core::DType h_dtype =
+      SharesBf16Input({down_proj_.get()}) ? core::DType::kBFloat16 : core::DType::kFloat32;
   ASSIGN_OR_RETURN(core::Tensor h, internal::NewActivation(a.shape(), a.device(), h_dtype));
   RETURN_IF_ERROR(SiluMulForward(internal::What(*this), a, b, h));
   gate_ = std::move(a);
   up_ = std::move(b);
-  if (residual.defined()) return down_proj_->ForwardResidual(h, residual);
   return down_proj_->Forward(h);
 }
 
@@ -79,8 +64,8 @@ absl::StatusOr<core::Tensor> SwiGluMlp::BackwardImpl(const core::Tensor& grad_ou
   gate_ = core::Tensor();
   up_ = core::Tensor();
   // x feeds both projections: dL/dx is the sum of their input gradients.
-  return SharedInputGradient(*this, {{gate_proj_.get(), std::move(ga)},
-                                     {up_proj_.get(), std::move(gb)}});
+  return SharedInputGradient(*this,
+                             {{gate_proj_.get(), std::move(ga)}, {up_proj_.get(), std::move(gb)}});
 }
 
 }  // namespace nn

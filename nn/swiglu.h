@@ -36,14 +36,6 @@ class SwiGluMlp : public core::Module {
   // NOTE [GEMM epilogues] in nn/tensor_ops.h): when gate and up would round it to bf16
   // themselves (nn::SharesBf16Input: bf16 weights, no hooks). Else the input is fp32.
   bool TakesBf16Input() const;
-  // For a parent that fuses the residual add after the MLP (NOTE [Fused layers] in
-  // nn/transformer.h), only when nn::internal::Fusable(*this) and AddsResidualInGemm() (no
-  // hooks on down_proj): residual + Forward(x) (residual fp32 [..., hidden]), the add in
-  // the epilogue of down_proj's GEMM (Linear::ForwardResidual), running no hooks of this
-  // module. Backward as after Forward. FailedPrecondition when !AddsResidualInGemm().
-  absl::StatusOr<core::Tensor> ForwardResidual(const core::Tensor& x,
-                                               const core::Tensor& residual);
-  bool AddsResidualInGemm() const;
 
  protected:
   // x: fp32 (or bf16: TakesBf16Input) [..., hidden] -> [..., hidden].
@@ -56,9 +48,6 @@ class SwiGluMlp : public core::Module {
   }
 
  private:
-  // Forward(x), or ForwardResidual(x, residual) when `residual` is defined.
-  absl::StatusOr<core::Tensor> ForwardPlus(const core::Tensor& x, const core::Tensor& residual);
-
   std::string config_error_;
   std::shared_ptr<Linear> gate_proj_;
   std::shared_ptr<Linear> up_proj_;

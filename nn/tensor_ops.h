@@ -176,9 +176,9 @@ absl::Status LayerNormBackward(absl::string_view what, const core::Tensor& g,
 // one after the other, with the same argument rules. It makes one pass over memory where
 // they make two (a row is still in cache for the second step), so it reads one tensor
 // fewer: on the CPU one loop, on CUDA one kernel (residual + LayerNorm, LayerNorm
-// backward + residual, and RmsNormBackwardAdd below). The layers call them through NOTE
-// [Fused layers] (nn/transformer.h). Bias and GELU fuse into the GEMMs instead (NOTE [GEMM
-// epilogues]).
+// backward + residual, and RmsNormBackwardAdd below). nn/functional's fused steps call them
+// (NOTE [Block forwards] in nn/transformer.h). Bias and GELU fuse into the GEMMs instead (NOTE
+// [GEMM epilogues]).
 
 // h = a + b, then LayerNorm of h: AddTensors(a, b, h) then LayerNormForward(h, w, bias,
 // eps, y, mean, rstd). h may be a or b; y, mean and rstd must not overlap the others. The

@@ -101,7 +101,7 @@ TEST(TransformerBlockTest, BackwardMatchesFiniteDifferences) {
 using fused_layers::CountingHook;
 using fused_layers::StepBits;
 
-// NOTE [Fused layers]: with no hooks on the children the Mlp and the block run fused
+// NOTE [Block forwards]: with no hooks on the children the Mlp and the block run fused
 // ops; a hook on the fused children makes them call the children instead, and fire the
 // hooks. Both give the same bits: outputs, input gradients, parameter gradients.
 TEST(FusedLayersTest, MlpGivesTheSameBitsFusedAndThroughItsChildren) {

@@ -1,6 +1,6 @@
 // The GPT-2 block's fused steps as differentiable ops, each a custom function with its own
-// backward: what nn::TransformerBlock runs fused (NOTE [Fused layers] in nn/transformer.h), for a
-// graph module that writes the block as a forward only.
+// backward, which nn::TransformerBlock's forward runs on its children's parameters (NOTE [Block
+// forwards] in nn/transformer.h).
 //
 //   namespace F = nn::functional;
 //   // x [B, T, C]; ln_1_w, qkv_w, ... the block's ParameterPtrs.
@@ -12,30 +12,30 @@
 //   ASSIGN_OR_RETURN(std::vector<core::Tensor> fc, F::LinearGelu(n2[1], fc_w, fc_b));
 //   absl::StatusOr<core::Tensor> out = F::GeluLinear(fc[0], fc[1], proj_w, proj_b, n2[0]);
 //
-// NOTE [Functional fusions]: each op issues the dispatch calls (nn/tensor_ops.h) of the
-// hand-written fused step it names, in its order, so a block composed of them gives
-// nn::TransformerBlock's output, input gradient and parameter gradients bit for bit, with fp32 and
-// with bf16 weights (fused_test checks it). Weights and biases that are parameter leaves get their
-// gradients added into Parameter::grad by the backward's own GEMMs and passes (beta 1, made fp32
-// zeros first where undefined), as the layers do; any other gets its gradient returned. Under bf16
-// weights the ops keep the layers' bf16 storage: a LayerNorm output, qkv, GELU's h and
-// pre-activation are stored bf16 where a bf16 GEMM takes them (NOTE [GEMM epilogues]), and every
-// GEMM operand is rounded once (NOTE [bf16 GEMMs] in nn/linear.h). Where the hand-written backward
-// hands a bf16 gradient from one step to the next, the producer passes it bf16 and the receiver
-// takes it as it is (core::FunctionOptions::bf16_grad_outputs; NOTE [Autograd]). Under bf16
-// weights that is (a) GELU's pre-activation gradient, which GeluLinear's GEMM stores bf16 (its
-// epilogue reads the bf16 pre) for LinearGelu; (c) the heads' gradient, which LinearResidual's
-// GEMM stores bf16 (Linear::BackwardForGemm) when its input's producer takes it so
-// (CausalSelfAttentionCore with bf16 q, k, v); (d) with the fused attention kernel, dL/dqkv,
-// written bf16 when qkv's producer takes it so (LinearForGemm). A Linear step stores dL/dx bf16
-// wherever its input's producer takes it. A receiver takes bf16 only for an output whose gradient
-// its bf16 GEMMs round anyway; one that gets fp32 instead (a second consumer: the engine sums in
-// fp32; a producer that is not fused) rounds it itself. One rounding stays: (b) the residual
-// stream's gradient that ln_2's backward also writes bf16 for attention (LayerNorm::BackwardAdd's
-// sum16). LinearResidual needs it fp32 for the residual, which gets it unchanged, so it takes
-// fp32 and rounds it for its GEMMs: the same bits, one rounding pass more. On the CPU (fused_test)
-// the block keeps the bits, with one extra rounding under bf16 weights. On CUDA the bf16 block is
-// checked within a bf16 rounding (cuda_fused_test); fp32 weights issue the same calls.
+// NOTE [Functional fusions]: each op issues the dispatch calls (nn/tensor_ops.h) of the layers'
+// fused step it names (LayerNorm::ForwardAdd, Linear::ForwardResidual, ...: the reference
+// fused_test checks each op against), in its order, so a block of them gives the bits of the
+// hand-written block it replaced (the demo's losses and bench:step_roofline's op list are
+// unchanged). Weights and biases that are parameter leaves get their gradients added into
+// Parameter::grad by the backward's own GEMMs and passes (beta 1, made fp32 zeros first where
+// undefined), as the layers do; any other gets its gradient returned. Under bf16 weights the ops
+// keep the layers' bf16 storage: a LayerNorm output, qkv, GELU's h and pre-activation are stored
+// bf16 where a bf16 GEMM takes them (NOTE [GEMM epilogues]), and every GEMM operand is rounded
+// once (NOTE [bf16 GEMMs] in nn/linear.h). Where one step hands a bf16 gradient to the next, the
+// producer passes it bf16 and the receiver takes it as it is
+// (core::FunctionOptions::bf16_grad_outputs; NOTE [Autograd]). Under bf16 weights that is (a)
+// GELU's pre-activation gradient, which GeluLinear's GEMM stores bf16 (its epilogue reads the bf16
+// pre) for LinearGelu; (c) the heads' gradient, which LinearResidual's GEMM stores bf16
+// (Linear::BackwardForGemm) when its input's producer takes it so (CausalSelfAttentionCore with
+// bf16 q, k, v); (d) with the fused attention kernel, dL/dqkv, written bf16 when qkv's producer
+// takes it so (LinearForGemm). A Linear step stores dL/dx bf16 wherever its input's producer takes
+// it. A receiver takes bf16 only for an output whose gradient its bf16 GEMMs round anyway; one
+// that gets fp32 instead (a second consumer: the engine sums in fp32; a producer that is not
+// fused) rounds it itself. (b) LinearResidual needs the residual stream's gradient fp32 for the
+// residual and bf16 for its GEMMs: ResidualLayerNorm's backward, which computes it, also writes
+// the bf16 copy in its pass (NOTE [bf16 gradient copies] in core/autograd.h), as
+// LayerNorm::BackwardAdd's sum16 does. On CUDA the bf16 block is checked within a bf16 rounding
+// of the CPU (cuda_fused_test); fp32 weights issue the same calls.
 #ifndef NN_FUNCTIONAL_FUSED_H_
 #define NN_FUNCTIONAL_FUSED_H_
 

@@ -1,6 +1,6 @@
 // The Llama decoder layer's fused steps as differentiable ops, each a custom function with its
-// own backward: what nn::LlamaDecoderLayer runs fused (NOTE [Fused layers] in nn/transformer.h),
-// for a graph module that writes the layer as a forward only. With fused.h's
+// own backward, which nn::LlamaDecoderLayer's forward runs on its children's parameters (NOTE
+// [Block forwards] in nn/transformer.h). With fused.h's
 // CausalSelfAttentionCore and LinearResidual they make the whole layer.
 //
 //   namespace F = nn::functional;
@@ -17,24 +17,21 @@
 //       F::LinearResidual(F::SwiGlu(n2[1], gate_w, up_w), down_w, core::Tensor(), n2[0]);
 //
 // NOTE [Llama functional fusions]: as NOTE [Functional fusions] (fused.h) for the GPT-2 block.
-// Each op issues the dispatch calls (nn/tensor_ops.h) of the hand-written fused step it names, in
-// its order, so a layer composed of them gives nn::LlamaDecoderLayer's output, input gradient and
-// parameter gradients bit for bit, with fp32 and with bf16 weights (llama_fused_test checks it).
-// Weights that are parameter leaves get their gradients added into Parameter::grad by the
-// backward's own GEMMs and passes (beta 1, made fp32 zeros first where undefined), as the layers
-// do; any other gets its gradient returned. Under bf16 weights the ops keep the layer's bf16
-// storage: a normed output, the packed q, k, v and SwiGLU's h are stored bf16 where a bf16 GEMM
-// takes them, the gradients SiLU*up and the rotary packing hand to the projections are bf16 inside
-// one op, and every GEMM operand is rounded once (NOTE [bf16 GEMMs] in nn/linear.h). Bf16
-// gradients pass between ops as in fused.h: under bf16 weights (c) the heads' gradient, which
-// o_proj's LinearResidual stores bf16 (Linear::BackwardForGemm), reaches CausalSelfAttentionCore
-// as it is. One rounding stays: (b) the residual stream's gradient that post_attention_layernorm's
-// backward also writes bf16 for self_attn (RmsNorm::BackwardAdd's sum16), which o_proj's
-// LinearResidual takes fp32 (its residual gets it unchanged) and rounds itself. (The letters are
-// fused.h's; Llama has no GELU, (a), and its attention hands dL/dqkv on in fp32 either way, (d).)
-// On the CPU the layer keeps the bits, with one extra rounding under bf16 weights. On CUDA the
-// bf16 layer is checked within a bf16 rounding (cuda_llama_fused_test); fp32 weights issue the
-// same calls.
+// Each op issues the dispatch calls (nn/tensor_ops.h) of the layers' fused step it names (the
+// reference llama_fused_test checks each op against), in its order, so a layer of them gives the
+// bits of the hand-written layer it replaced. Weights that are parameter leaves get their
+// gradients added into Parameter::grad by the backward's own GEMMs and passes (beta 1, made fp32
+// zeros first where undefined), as the layers do; any other gets its gradient returned. Under bf16
+// weights the ops keep the layer's bf16 storage: a normed output, the packed q, k, v and SwiGLU's h
+// are stored bf16 where a bf16 GEMM takes them, the gradients SiLU*up and the rotary packing hand
+// to the projections are bf16 inside one op, and every GEMM operand is rounded once (NOTE [bf16
+// GEMMs] in nn/linear.h). Bf16 gradients pass between ops as in fused.h: under bf16 weights (c)
+// the heads' gradient, which o_proj's LinearResidual stores bf16 (Linear::BackwardForGemm),
+// reaches CausalSelfAttentionCore as it is, and (b) ResidualRmsNorm's backward writes the bf16
+// copy of the residual stream's gradient that o_proj's LinearResidual takes (NOTE [bf16 gradient
+// copies] in core/autograd.h). (The letters are fused.h's; Llama has no GELU, (a), and its
+// attention hands dL/dqkv on in fp32 either way, (d).) On CUDA the bf16 layer is checked within a
+// bf16 rounding of the CPU (cuda_llama_fused_test); fp32 weights issue the same calls.
 #ifndef NN_FUNCTIONAL_LLAMA_FUSED_H_
 #define NN_FUNCTIONAL_LLAMA_FUSED_H_
 

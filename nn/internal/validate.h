@@ -28,7 +28,7 @@ inline absl::Status ModuleError(const core::Module& m, absl::string_view message
   return absl::InvalidArgumentError(absl::StrCat(m.Describe(), ": ", message));
 }
 
-// For a parent's ForwardResidual (NOTE [Fused layers]): OK when `residual` is defined and
+// For Linear::ForwardResidual: OK when `residual` is defined and
 // the module can add it in its last GEMM (`adds`); else InvalidArgument for an undefined
 // residual, FailedPrecondition saying what it `needs` otherwise.
 inline absl::Status CheckResidualInGemm(const core::Module& m, const core::Tensor& residual,
@@ -208,7 +208,7 @@ inline absl::StatusOr<core::Tensor> GradTensor(const core::Module& m, core::Para
 // Describe() of `m` for messages of the tensor ops (nn/tensor_ops.h).
 inline std::string What(const core::Module& m) { return m.Describe(); }
 
-// NOTE [Fused layers] (nn/transformer.h): whether a parent may run `m`'s work inside a
+// Whether a layer may run its child `m`'s work inside a
 // fused op instead of calling m.Forward / m.Backward. Only when nothing could tell the
 // difference: `m` has no hooks (Module::Forward runs nothing else around ForwardImpl),
 // constructed cleanly (else its Forward returns that error) and is not checkpointed on its
@@ -263,21 +263,6 @@ absl::StatusOr<T> InModule(const core::Module& m, absl::StatusOr<T> result) {
   return absl::Status(s.code(), absl::StrCat(m.Describe(), ": ", s.message()));
 }
 
-// a + b into a fresh activation on their device: a residual connection of `m` (a block, a
-// decoder layer). Both fp32 of one shape on one device, else InvalidArgument naming `m`.
-inline absl::StatusOr<core::Tensor> ResidualAdd(const core::Module& m, const core::Tensor& a,
-                                                const core::Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != core::DType::kFloat32 ||
-      b.dtype() != core::DType::kFloat32) {
-    return ModuleError(
-        m, absl::StrCat("residual operands differ: ", a.ToString(), " and ", b.ToString()));
-  }
-  RETURN_IF_ERROR(CheckDevice(m, b, "residual operand", a.device(), "the other"));
-  ASSIGN_OR_RETURN(core::Tensor out, NewActivation(a.shape(), a.device()));
-  RETURN_IF_ERROR(AddTensors(What(m), a, b, out));
-  return out;
-}
-
 // The input gradients a norm layer's backward (LayerNorm, RmsNorm: module `m`, the input
 // it kept, its weight of `dim`) writes, after the checks both make: grad_output fits the
 // kept input (a Forward ran) on its device, the weight is there, and a defined residual
@@ -308,19 +293,6 @@ inline absl::StatusOr<NormInputGrads> NewNormInputGrads(const core::Module& m,
     ASSIGN_OR_RETURN(out.gx16, NewActivation(input.shape(), device, core::DType::kBFloat16));
   }
   return out;
-}
-
-// residual + norm.Backward(g) for `m`, the parent whose residual connection goes around
-// `norm` (a LayerNorm or RmsNorm): in the norm's own pass when it is Fusable (BackwardAdd,
-// NOTE [Fused layers]; given `sum16`, also the sum rounded to bf16 there), else Backward
-// then ResidualAdd (`sum16` left undefined). The same bits either way.
-template <typename Norm>
-absl::StatusOr<core::Tensor> NormBackwardPlus(const core::Module& m, Norm& norm,
-                                              const core::Tensor& g, const core::Tensor& residual,
-                                              core::Tensor* sum16 = nullptr) {
-  if (Fusable(norm)) return norm.BackwardAdd(g, residual, sum16);
-  ASSIGN_OR_RETURN(const core::Tensor gn, norm.Backward(g));
-  return ResidualAdd(m, residual, gn);
 }
 
 }  // namespace internal

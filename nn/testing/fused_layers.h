@@ -1,9 +1,9 @@
-// Test-only: checks that a layer's fused path (NOTE [Fused layers] in nn/transformer.h)
+// Test-only: checks that a layer's fused path (NOTE [Block forwards] in nn/transformer.h)
 // gives the bits of the path through its children.
 //
 //   const auto fused = nn::fused_layers::StepBits(mlp, x, gy);
 //   int calls = 0;
-//   core::HookHandle h = nn::fused_layers::CountingHook(*mlp.fc(), &calls);  // fc not Fusable
+//   core::HookHandle h = nn::fused_layers::CountingHook(*mlp.fc(), &calls);  // fc now called
 //   EXPECT_EQ(nn::fused_layers::StepBits(mlp, x, gy), fused);
 #ifndef NN_TESTING_FUSED_LAYERS_H_
 #define NN_TESTING_FUSED_LAYERS_H_
