@@ -14,6 +14,7 @@
 #include "nn/functional/embedding.h"
 #include "nn/functional/fused.h"
 #include "nn/functional/norm.h"
+#include "nn/internal/decoder_head.h"
 #include "nn/internal/validate.h"
 #include "nn/ops.h"
 #include "nn/transformer.h"
@@ -179,13 +180,8 @@ absl::StatusOr<core::Tensors> Gpt::ForwardGraph(const core::Tensors& in) {
       !internal::RunsInline(*ln_f_) ? ln_f_->CallOne({x})
       : head_inline ? F::LayerNormForGemm(x, ln_f_->weight(), ln_f_->bias(), ln_f_->eps())
                     : F::LayerNorm(x, ln_f_->weight(), ln_f_->bias(), ln_f_->eps());
-  logits_grad_dtype_ = head_inline && lm_head_->weight()->data.dtype() == core::DType::kBFloat16
-                           ? core::DType::kBFloat16
-                           : core::DType::kFloat32;
-  absl::StatusOr<core::Tensor> logits =
-      head_inline ? F::LinearForGemm(normed, lm_head_->weight()) : lm_head_->CallOne({normed});
-  ASSIGN_OR_RETURN(core::Tensor out, internal::InModule(*this, std::move(logits)));
-  return core::Tensors{std::move(out)};
+  return internal::DecoderLogits(*this, *lm_head_, head_inline, std::move(normed),
+                                 &logits_grad_dtype_);
 }
 
 }  // namespace nn

@@ -13,6 +13,7 @@
 #include "nn/functional/fused.h"
 #include "nn/functional/llama_fused.h"
 #include "nn/functional/norm.h"
+#include "nn/internal/decoder_head.h"
 #include "nn/internal/validate.h"
 #include "nn/ops.h"
 
@@ -234,13 +235,8 @@ absl::StatusOr<core::Tensors> Llama::ForwardGraph(const core::Tensors& in) {
                                         : head_inline
                                             ? F::RmsNormForGemm(x, norm_->weight(), norm_->eps())
                                             : F::RmsNorm(x, norm_->weight(), norm_->eps());
-  logits_grad_dtype_ = head_inline && lm_head_->weight()->data.dtype() == core::DType::kBFloat16
-                           ? core::DType::kBFloat16
-                           : core::DType::kFloat32;
-  absl::StatusOr<core::Tensor> logits =
-      head_inline ? F::LinearForGemm(normed, lm_head_->weight()) : lm_head_->CallOne({normed});
-  ASSIGN_OR_RETURN(core::Tensor out, internal::InModule(*this, std::move(logits)));
-  return core::Tensors{std::move(out)};
+  return internal::DecoderLogits(*this, *lm_head_, head_inline, std::move(normed),
+                                 &logits_grad_dtype_);
 }
 
 }  // namespace nn
