@@ -3,9 +3,11 @@
 // head; one unit per LlamaDecoderLayer plus the root) to the same losses and final full
 // parameters as one unwrapped process on the same global batches, as parity_test does for
 // the GPT and through the same training loop (fsdp/testing/gpt_training.h).
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "comm/testing/thread_ranks.h"
@@ -15,6 +17,8 @@
 #include "fsdp/testing/gpt_training.h"
 #include "gtest/gtest.h"
 #include "nn/llama.h"
+#include "policy/plan.h"
+#include "policy/wrap_policy.h"
 
 namespace fsdp {
 namespace {
@@ -92,29 +96,71 @@ TEST_P(LlamaParityTest, LossesAndFinalParametersMatchOneUnwrappedProcess) {
   const testing::GptTrainingSetup setup = testing::TinySetup();
   const FullyShardOptions options =
       testing::PerBlockOptions(c.strategy, c.hybrid_shard_size, "LlamaDecoderLayer");
-  absl::Status s = comm::testing::RunThreadRanks(c.world_size, [&](comm::testing::RankContext& ctx) {
-    ASSIGN_OR_RETURN(testing::TrainingRun run,
-                     testing::TrainFullyShardedRank(ctx, setup, options, LlamaFactory()));
-    double worst = 0;
-    RETURN_IF_ERROR(testing::CompareRuns(reference, run, kRtol, kAtol, &worst));
-    if (ctx.rank == 0) {
-      std::printf("%s: loss %.4f -> %.4f over %zu steps; worst |error| / tolerance: %.3g\n",
-                  testing::StrategyCaseName(c).c_str(), run.losses.front(), run.losses.back(),
-                  run.losses.size(), worst);
-    }
-    return absl::OkStatus();
-  });
+  absl::Status s =
+      comm::testing::RunThreadRanks(c.world_size, [&](comm::testing::RankContext& ctx) {
+        ASSIGN_OR_RETURN(testing::TrainingRun run,
+                         testing::TrainFullyShardedRank(ctx, setup, options, LlamaFactory()));
+        double worst = 0;
+        RETURN_IF_ERROR(testing::CompareRuns(reference, run, kRtol, kAtol, &worst));
+        if (ctx.rank == 0) {
+          std::printf("%s: loss %.4f -> %.4f over %zu steps; worst |error| / tolerance: %.3g\n",
+                      testing::StrategyCaseName(c).c_str(), run.losses.front(), run.losses.back(),
+                      run.losses.size(), worst);
+        }
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Strategies, LlamaParityTest,
-    ::testing::Values(Case{ShardingStrategy::kFullShard, 1, 0},
-                      Case{ShardingStrategy::kFullShard, 2, 0},
-                      Case{ShardingStrategy::kFullShard, 4, 0},
-                      Case{ShardingStrategy::kShardGradOp, 4, 0},
-                      Case{ShardingStrategy::kHybridShard, 4, 2}),
-    CaseName);
+INSTANTIATE_TEST_SUITE_P(Strategies, LlamaParityTest,
+                         ::testing::Values(Case{ShardingStrategy::kFullShard, 1, 0},
+                                           Case{ShardingStrategy::kFullShard, 2, 0},
+                                           Case{ShardingStrategy::kFullShard, 4, 0},
+                                           Case{ShardingStrategy::kShardGradOp, 4, 0},
+                                           Case{ShardingStrategy::kHybridShard, 4, 2}),
+                         CaseName);
+
+// NOTE [Block forwards] (nn/transformer.h) under FSDP, as ChildUnitsParityTest in
+// parity_test.cc: with the layers' attention, norms and MLP wrapped as units of their own, a
+// layer calls them, their hooks gather and reduce them, and training matches one process.
+class LlamaChildUnitsParityTest : public LlamaParityTest {};
+
+TEST_P(LlamaChildUnitsParityTest, LayersCallingWrappedChildrenMatchOneUnwrappedProcess) {
+  ASSERT_NE(reference_, nullptr);
+  const Case c = GetParam();
+  const testing::GptTrainingSetup setup = testing::TinySetup();
+  FullyShardOptions options =
+      testing::PerBlockOptions(c.strategy, c.hybrid_shard_size, "LlamaDecoderLayer");
+  options.policy =
+      policy::ModuleTypes({"LlamaDecoderLayer", "GroupedQueryAttention", "RmsNorm", "SwiGluMlp"});
+  absl::StatusOr<std::shared_ptr<core::Module>> model = LlamaFactory()();
+  ASSERT_TRUE(model.ok()) << model.status();
+  absl::StatusOr<policy::WrapPlan> plan = policy::Plan(**model, *options.policy, c.world_size);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<std::string> units;
+  for (const policy::WrapUnit& u : plan->units()) units.push_back(u.path());
+  for (const char* child : {"layers.0.input_layernorm", "layers.0.self_attn",
+                            "layers.0.post_attention_layernorm", "layers.0.mlp", "norm"}) {
+    EXPECT_NE(std::find(units.begin(), units.end(), child), units.end()) << child;
+  }
+  const testing::TrainingRun& reference = *reference_;
+  absl::Status s =
+      comm::testing::RunThreadRanks(c.world_size, [&](comm::testing::RankContext& ctx) {
+        ASSIGN_OR_RETURN(testing::TrainingRun run,
+                         testing::TrainFullyShardedRank(ctx, setup, options, LlamaFactory()));
+        double worst = 0;
+        RETURN_IF_ERROR(testing::CompareRuns(reference, run, kRtol, kAtol, &worst));
+        if (ctx.rank == 0) std::printf("worst |error| / tolerance: %.3g\n", worst);
+        return absl::OkStatus();
+      });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, LlamaChildUnitsParityTest,
+                         ::testing::Values(Case{ShardingStrategy::kFullShard, 1, 0},
+                                           Case{ShardingStrategy::kFullShard, 2, 0},
+                                           Case{ShardingStrategy::kHybridShard, 4, 2}),
+                         CaseName);
 
 }  // namespace
 }  // namespace fsdp

@@ -3,7 +3,9 @@
 // unwrapped process on the same global batches.
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "comm/testing/thread_ranks.h"
@@ -11,6 +13,9 @@
 #include "fsdp/options.h"
 #include "fsdp/testing/gpt_training.h"
 #include "gtest/gtest.h"
+#include "nn/gpt.h"
+#include "policy/plan.h"
+#include "policy/wrap_policy.h"
 
 namespace fsdp {
 namespace {
@@ -55,38 +60,79 @@ TEST_P(ParityTest, LossesAndFinalParametersMatchOneUnwrappedProcess) {
   const testing::GptTrainingSetup setup = testing::TinySetup();
   const FullyShardOptions options = testing::PerBlockOptions(c.strategy, c.hybrid_shard_size);
   const testing::TrainingRun& reference = *reference_;
-  absl::Status s = comm::testing::RunThreadRanks(c.world_size, [&](comm::testing::RankContext& ctx) {
-    ASSIGN_OR_RETURN(testing::TrainingRun run,
-                     testing::TrainFullyShardedRank(ctx, setup, options));
-    double worst = 0;
-    RETURN_IF_ERROR(testing::CompareRuns(reference, run, kRtol, kAtol, &worst));
-    if (ctx.rank == 0) std::printf("worst |error| / tolerance: %.3g\n", worst);
-    return absl::OkStatus();
-  });
+  absl::Status s =
+      comm::testing::RunThreadRanks(c.world_size, [&](comm::testing::RankContext& ctx) {
+        ASSIGN_OR_RETURN(testing::TrainingRun run,
+                         testing::TrainFullyShardedRank(ctx, setup, options));
+        double worst = 0;
+        RETURN_IF_ERROR(testing::CompareRuns(reference, run, kRtol, kAtol, &worst));
+        if (ctx.rank == 0) std::printf("worst |error| / tolerance: %.3g\n", worst);
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 
 INSTANTIATE_TEST_SUITE_P(
     AllStrategies, ParityTest,
-    ::testing::Values(Case{ShardingStrategy::kFullShard, 1, 0},
-                      Case{ShardingStrategy::kFullShard, 2, 0},
-                      Case{ShardingStrategy::kFullShard, 3, 0},
-                      Case{ShardingStrategy::kFullShard, 4, 0},
-                      Case{ShardingStrategy::kShardGradOp, 1, 0},
-                      Case{ShardingStrategy::kShardGradOp, 2, 0},
-                      Case{ShardingStrategy::kShardGradOp, 3, 0},
-                      Case{ShardingStrategy::kShardGradOp, 4, 0},
-                      Case{ShardingStrategy::kNoShard, 1, 0},
-                      Case{ShardingStrategy::kNoShard, 2, 0},
-                      Case{ShardingStrategy::kNoShard, 3, 0},
-                      Case{ShardingStrategy::kNoShard, 4, 0},
-                      // HYBRID_SHARD: 2 x 2 at N = 4 (the case); at N = 1..3 the
-                      // only divisors give one shard group or one replica per rank.
-                      Case{ShardingStrategy::kHybridShard, 1, 1},
-                      Case{ShardingStrategy::kHybridShard, 2, 1},
-                      Case{ShardingStrategy::kHybridShard, 3, 3},
-                      Case{ShardingStrategy::kHybridShard, 4, 2}),
+    ::testing::Values(
+        Case{ShardingStrategy::kFullShard, 1, 0}, Case{ShardingStrategy::kFullShard, 2, 0},
+        Case{ShardingStrategy::kFullShard, 3, 0}, Case{ShardingStrategy::kFullShard, 4, 0},
+        Case{ShardingStrategy::kShardGradOp, 1, 0}, Case{ShardingStrategy::kShardGradOp, 2, 0},
+        Case{ShardingStrategy::kShardGradOp, 3, 0}, Case{ShardingStrategy::kShardGradOp, 4, 0},
+        Case{ShardingStrategy::kNoShard, 1, 0}, Case{ShardingStrategy::kNoShard, 2, 0},
+        Case{ShardingStrategy::kNoShard, 3, 0}, Case{ShardingStrategy::kNoShard, 4, 0},
+        // HYBRID_SHARD: 2 x 2 at N = 4 (the case); at N = 1..3 the
+        // only divisors give one shard group or one replica per rank.
+        Case{ShardingStrategy::kHybridShard, 1, 1}, Case{ShardingStrategy::kHybridShard, 2, 1},
+        Case{ShardingStrategy::kHybridShard, 3, 3}, Case{ShardingStrategy::kHybridShard, 4, 2}),
     CaseName);
+
+// NOTE [Block forwards] (nn/transformer.h) under FSDP: with the blocks' children wrapped as units
+// of their own (attention, the LayerNorms and the MLP), a block calls them instead of running
+// them inline, so their hooks gather and reduce them; training still matches one unwrapped
+// process.
+class ChildUnitsParityTest : public ParityTest {};
+
+TEST_P(ChildUnitsParityTest, BlocksCallingWrappedChildrenMatchOneUnwrappedProcess) {
+  ASSERT_NE(reference_, nullptr);
+  const Case c = GetParam();
+  const testing::GptTrainingSetup setup = testing::TinySetup();
+  FullyShardOptions options = testing::PerBlockOptions(c.strategy, c.hybrid_shard_size);
+  options.policy =
+      policy::ModuleTypes({"TransformerBlock", "CausalSelfAttention", "LayerNorm", "Mlp"});
+  // The children are units of their own, so a block that ran them inline would compute on
+  // shards.
+  absl::StatusOr<std::shared_ptr<nn::Gpt>> gpt = testing::MakeGpt(setup);
+  ASSERT_TRUE(gpt.ok()) << gpt.status();
+  absl::StatusOr<policy::WrapPlan> plan = policy::Plan(**gpt, *options.policy, c.world_size);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<std::string> units;
+  for (const policy::WrapUnit& u : plan->units()) units.push_back(u.path());
+  for (const char* child : {"blocks.0.ln_1", "blocks.0.attn", "blocks.0.ln_2", "blocks.0.mlp",
+                            "blocks.1.attn", "ln_f"}) {
+    EXPECT_NE(std::find(units.begin(), units.end(), child), units.end()) << child;
+  }
+  const testing::TrainingRun& reference = *reference_;
+  absl::Status s =
+      comm::testing::RunThreadRanks(c.world_size, [&](comm::testing::RankContext& ctx) {
+        ASSIGN_OR_RETURN(testing::TrainingRun run,
+                         testing::TrainFullyShardedRank(ctx, setup, options));
+        double worst = 0;
+        RETURN_IF_ERROR(testing::CompareRuns(reference, run, kRtol, kAtol, &worst));
+        if (ctx.rank == 0) std::printf("worst |error| / tolerance: %.3g\n", worst);
+        return absl::OkStatus();
+      });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+INSTANTIATE_TEST_SUITE_P(SomeStrategies, ChildUnitsParityTest,
+                         ::testing::Values(Case{ShardingStrategy::kFullShard, 1, 0},
+                                           Case{ShardingStrategy::kFullShard, 2, 0},
+                                           Case{ShardingStrategy::kFullShard, 4, 0},
+                                           Case{ShardingStrategy::kShardGradOp, 2, 0},
+                                           Case{ShardingStrategy::kNoShard, 2, 0},
+                                           Case{ShardingStrategy::kHybridShard, 4, 2}),
+                         CaseName);
 
 }  // namespace
 }  // namespace fsdp
