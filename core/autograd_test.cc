@@ -1,5 +1,6 @@
 #include "core/autograd.h"
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,64 @@ using testing::Log;
 using testing::Mul;
 using testing::Sum;
 using testing::Vec;
+
+// NOTE [bf16 gradient copies]: a producer offering a box; the consumer leaves its gradient's
+// bf16 copy there. The producer gets the copy only when that gradient reached it unchanged.
+struct CopyRun {
+  bool producer_got_copy = false;
+  Tensor grad;
+};
+
+CopyRun RunWithCopy(bool second_consumer) {
+  CopyRun run;
+  const Tensor x = Leaf(Vec({1, 2}));
+  // y = producer(x): identity, offering the box.
+  Tensor y = Detach(Vec({1, 2}));
+  FunctionOptions options;
+  options.bf16_grad_copy = std::make_shared<Bf16GradCopy>();
+  EXPECT_TRUE(RecordFunction(
+                  "Producer", {x}, {&y}, {},
+                  [&run, box = options.bf16_grad_copy](
+                      const BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
+                    const Tensor copy = TakeBf16GradCopy(box, ctx.grad(0));
+                    run.producer_got_copy = copy.defined();
+                    run.grad = ctx.grad(0);
+                    return std::vector<Tensor>{ctx.grad(0)};
+                  },
+                  {}, options)
+                  .ok());
+  // z = consumer(y) = 3 y, writing the copy of its gradient for y's producer.
+  Tensor z = Detach(Vec({3, 6}));
+  EXPECT_TRUE(
+      RecordFunction("Consumer", {y}, {&z}, {},
+                     [box = ProducerBf16GradCopy(y)](
+                         const BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
+                       std::vector<float> g = ctx.grad(0).ToVector();
+                       for (float& v : g) v *= 3;
+                       Tensor gy = Vec(g);
+                       if (box != nullptr) {
+                         box->sent = gy;
+                         box->copy = gy.ToDType(DType::kBFloat16, MemoryTag::kActivation).value();
+                       }
+                       return std::vector<Tensor>{gy};
+                     })
+          .ok());
+  absl::StatusOr<Tensor> loss = Sum(z);
+  if (second_consumer) loss = Add(loss, Sum(y));
+  EXPECT_TRUE(loss.ok());
+  EXPECT_TRUE(Backward(*loss).ok());
+  return run;
+}
+
+TEST(AutogradTest, AProducerTakesTheBf16CopyOfAGradientOnlyFromItsSoleConsumer) {
+  const CopyRun sole = RunWithCopy(/*second_consumer=*/false);
+  EXPECT_TRUE(sole.producer_got_copy);
+  EXPECT_THAT(sole.grad.ToVector(), ElementsAre(3, 3));
+  // A second consumer: the engine sums into a new tensor, the copy no longer matches it.
+  const CopyRun summed = RunWithCopy(/*second_consumer=*/true);
+  EXPECT_FALSE(summed.producer_got_copy);
+  EXPECT_THAT(summed.grad.ToVector(), ElementsAre(4, 4));
+}
 
 TEST(AutogradTest, ChainRuleThroughSavedTensors) {
   Tensor x = Leaf(Vec({1, 2, 3}));
