@@ -42,6 +42,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "absl/base/call_once.h"
 #include "absl/base/thread_annotations.h"
@@ -102,9 +104,9 @@ class Allocator {
   Device device() const { return device_; }
 
   // Allocates `nbytes` (64-byte aligned, 512-byte for a caching allocator; 0 gives a
-  // non-null unique block) and counts them under `tag`. ResourceExhausted, naming the size, the tag and the device, when
-  // the device has no memory left or the block would take this allocator's bytes in use
-  // past limit(); InvalidArgument for a negative size; Unavailable for a CUDA device
+  // non-null unique block) and counts them under `tag`. ResourceExhausted, naming the size, the tag
+  // and the device, when the device has no memory left or the block would take this allocator's
+  // bytes in use past limit(); InvalidArgument for a negative size; Unavailable for a CUDA device
   // when the build has no CUDA. Never aborts.
   absl::StatusOr<void*> Allocate(int64_t nbytes, MemoryTag tag);
 
@@ -128,8 +130,10 @@ class Allocator {
   void ResetPeaks();
 
   // A caching allocator returns its cached segments that hold no live block to the
-  // device (cudaFree); returns the bytes released. 0 for other allocators.
+  // device (cudaFree); a CPU allocator frees the blocks it keeps for reuse (NOTE [Host
+  // heap] in allocator.cc). Returns the bytes released.
   int64_t EmptyCache();
+  ~Allocator();
 
   // True for a caching allocator (every CUDA allocator).
   bool caching() const { return pool_ != nullptr; }
@@ -171,6 +175,10 @@ class Allocator {
   int64_t limit_ ABSL_GUARDED_BY(mu_) = 0;
   // Bytes of allocations between their limit check and their system call.
   int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
+  // NOTE [Host heap] (allocator.cc): freed pageable CPU blocks of at least 64 KiB, by their
+  // size, kept for the next allocation of that size (1 GiB at most).
+  std::unordered_map<int64_t, std::vector<void*>> host_cache_ ABSL_GUARDED_BY(mu_);
+  int64_t host_cached_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   mutable absl::once_flag pinned_once_;
   mutable bool use_pinned_ = false;  // set once under pinned_once_
 };
