@@ -142,6 +142,29 @@ TEST(AllocatorTest, CpuAllocatorIsNotCachingAndReservesNothing) {
   cpu.Free(p, 1000, MemoryTag::kOther);
 }
 
+// NOTE [Host heap]: a freed block of 64 KiB or more is kept for the next allocation of its
+// size; the counters see only what is in use; EmptyCache frees what is kept.
+TEST(AllocatorTest, CpuAllocatorReusesFreedLargeBlocks) {
+  Allocator cpu(Device::Cpu());
+  const int64_t big = int64_t{256} << 10;
+  void* p = cpu.Allocate(big, MemoryTag::kActivation).value();
+  cpu.Free(p, big, MemoryTag::kActivation);
+  EXPECT_EQ(cpu.Stats().current_total, 0);
+  void* q = cpu.Allocate(big, MemoryTag::kActivation).value();
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(cpu.Stats().current_by_tag[static_cast<int>(MemoryTag::kActivation)], big);
+  void* other = cpu.Allocate(big + 4096, MemoryTag::kActivation).value();  // another size
+  EXPECT_NE(other, p);
+  cpu.Free(other, big + 4096, MemoryTag::kActivation);
+  cpu.Free(q, big, MemoryTag::kActivation);
+  EXPECT_EQ(cpu.EmptyCache(), big + (big + 4096));
+  EXPECT_EQ(cpu.EmptyCache(), 0);
+  // Small blocks go straight back to the heap.
+  void* small = cpu.Allocate(1000, MemoryTag::kOther).value();
+  cpu.Free(small, 1000, MemoryTag::kOther);
+  EXPECT_EQ(cpu.EmptyCache(), 0);
+}
+
 TEST(AllocatorTest, PinnedHostAllocatesCountedHostMemory) {
   std::shared_ptr<Allocator> pinned = Allocator::PinnedHost();
   EXPECT_TRUE(pinned->device().is_cpu());
