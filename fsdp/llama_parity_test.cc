@@ -3,11 +3,9 @@
 // head; one unit per LlamaDecoderLayer plus the root) to the same losses and final full
 // parameters as one unwrapped process on the same global batches, as parity_test does for
 // the GPT and through the same training loop (fsdp/testing/gpt_training.h).
-#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "comm/testing/thread_ranks.h"
@@ -17,7 +15,6 @@
 #include "fsdp/testing/gpt_training.h"
 #include "gtest/gtest.h"
 #include "nn/llama.h"
-#include "policy/plan.h"
 #include "policy/wrap_policy.h"
 
 namespace fsdp {
@@ -72,6 +69,22 @@ class LlamaParityTest : public ::testing::TestWithParam<Case> {
     delete reference_;
     reference_ = nullptr;
   }
+  // OK when every rank of `c`, training a TinyLlama under `options`, matches the reference.
+  static absl::Status MatchesReference(const Case& c, const FullyShardOptions& options) {
+    const testing::GptTrainingSetup setup = testing::TinySetup();
+    return comm::testing::RunThreadRanks(c.world_size, [&](comm::testing::RankContext& ctx) {
+      ASSIGN_OR_RETURN(testing::TrainingRun run,
+                       testing::TrainFullyShardedRank(ctx, setup, options, LlamaFactory()));
+      double worst = 0;
+      RETURN_IF_ERROR(testing::CompareRuns(*reference_, run, kRtol, kAtol, &worst));
+      if (ctx.rank == 0) {
+        std::printf("%s: loss %.4f -> %.4f over %zu steps; worst |error| / tolerance: %.3g\n",
+                    testing::StrategyCaseName(c).c_str(), run.losses.front(), run.losses.back(),
+                    run.losses.size(), worst);
+      }
+      return absl::OkStatus();
+    });
+  }
   static testing::TrainingRun* reference_;
 };
 
@@ -93,22 +106,8 @@ TEST_P(LlamaParityTest, LossesAndFinalParametersMatchOneUnwrappedProcess) {
   }
   EXPECT_TRUE(has_k_proj && has_lm_head);
   const Case c = GetParam();
-  const testing::GptTrainingSetup setup = testing::TinySetup();
-  const FullyShardOptions options =
-      testing::PerBlockOptions(c.strategy, c.hybrid_shard_size, "LlamaDecoderLayer");
-  absl::Status s =
-      comm::testing::RunThreadRanks(c.world_size, [&](comm::testing::RankContext& ctx) {
-        ASSIGN_OR_RETURN(testing::TrainingRun run,
-                         testing::TrainFullyShardedRank(ctx, setup, options, LlamaFactory()));
-        double worst = 0;
-        RETURN_IF_ERROR(testing::CompareRuns(reference, run, kRtol, kAtol, &worst));
-        if (ctx.rank == 0) {
-          std::printf("%s: loss %.4f -> %.4f over %zu steps; worst |error| / tolerance: %.3g\n",
-                      testing::StrategyCaseName(c).c_str(), run.losses.front(), run.losses.back(),
-                      run.losses.size(), worst);
-        }
-        return absl::OkStatus();
-      });
+  const absl::Status s = MatchesReference(
+      c, testing::PerBlockOptions(c.strategy, c.hybrid_shard_size, "LlamaDecoderLayer"));
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -128,31 +127,18 @@ class LlamaChildUnitsParityTest : public LlamaParityTest {};
 TEST_P(LlamaChildUnitsParityTest, LayersCallingWrappedChildrenMatchOneUnwrappedProcess) {
   ASSERT_NE(reference_, nullptr);
   const Case c = GetParam();
-  const testing::GptTrainingSetup setup = testing::TinySetup();
   FullyShardOptions options =
       testing::PerBlockOptions(c.strategy, c.hybrid_shard_size, "LlamaDecoderLayer");
   options.policy =
       policy::ModuleTypes({"LlamaDecoderLayer", "GroupedQueryAttention", "RmsNorm", "SwiGluMlp"});
   absl::StatusOr<std::shared_ptr<core::Module>> model = LlamaFactory()();
   ASSERT_TRUE(model.ok()) << model.status();
-  absl::StatusOr<policy::WrapPlan> plan = policy::Plan(**model, *options.policy, c.world_size);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  std::vector<std::string> units;
-  for (const policy::WrapUnit& u : plan->units()) units.push_back(u.path());
-  for (const char* child : {"layers.0.input_layernorm", "layers.0.self_attn",
-                            "layers.0.post_attention_layernorm", "layers.0.mlp", "norm"}) {
-    EXPECT_NE(std::find(units.begin(), units.end(), child), units.end()) << child;
-  }
-  const testing::TrainingRun& reference = *reference_;
-  absl::Status s =
-      comm::testing::RunThreadRanks(c.world_size, [&](comm::testing::RankContext& ctx) {
-        ASSIGN_OR_RETURN(testing::TrainingRun run,
-                         testing::TrainFullyShardedRank(ctx, setup, options, LlamaFactory()));
-        double worst = 0;
-        RETURN_IF_ERROR(testing::CompareRuns(reference, run, kRtol, kAtol, &worst));
-        if (ctx.rank == 0) std::printf("worst |error| / tolerance: %.3g\n", worst);
-        return absl::OkStatus();
-      });
+  const absl::Status units =
+      testing::CheckUnits(**model, options, c.world_size,
+                          {"layers.0.input_layernorm", "layers.0.self_attn",
+                           "layers.0.post_attention_layernorm", "layers.0.mlp", "norm"});
+  EXPECT_TRUE(units.ok()) << units;
+  const absl::Status s = MatchesReference(c, options);
   EXPECT_TRUE(s.ok()) << s;
 }
 

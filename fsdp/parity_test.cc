@@ -1,11 +1,9 @@
 // Parity: N = 1..4 ranks under each strategy train a small Gpt (one unit per
 // TransformerBlock plus the root) to the same losses and final full parameters as one
 // unwrapped process on the same global batches.
-#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "comm/testing/thread_ranks.h"
@@ -14,7 +12,6 @@
 #include "fsdp/testing/gpt_training.h"
 #include "gtest/gtest.h"
 #include "nn/gpt.h"
-#include "policy/plan.h"
 #include "policy/wrap_policy.h"
 
 namespace fsdp {
@@ -47,6 +44,18 @@ class ParityTest : public ::testing::TestWithParam<Case> {
     delete reference_;
     reference_ = nullptr;
   }
+  // OK when every rank of `c`, training under `options`, matches the reference.
+  static absl::Status MatchesReference(const Case& c, const FullyShardOptions& options) {
+    const testing::GptTrainingSetup setup = testing::TinySetup();
+    return comm::testing::RunThreadRanks(c.world_size, [&](comm::testing::RankContext& ctx) {
+      ASSIGN_OR_RETURN(testing::TrainingRun run,
+                       testing::TrainFullyShardedRank(ctx, setup, options));
+      double worst = 0;
+      RETURN_IF_ERROR(testing::CompareRuns(*reference_, run, kRtol, kAtol, &worst));
+      if (ctx.rank == 0) std::printf("worst |error| / tolerance: %.3g\n", worst);
+      return absl::OkStatus();
+    });
+  }
   static testing::TrainingRun* reference_;
 };
 
@@ -57,18 +66,8 @@ TEST_P(ParityTest, LossesAndFinalParametersMatchOneUnwrappedProcess) {
   // The reference really trains: otherwise matching it would prove little.
   ASSERT_LT(reference_->losses.back(), reference_->losses.front() - 0.1);
   const Case c = GetParam();
-  const testing::GptTrainingSetup setup = testing::TinySetup();
-  const FullyShardOptions options = testing::PerBlockOptions(c.strategy, c.hybrid_shard_size);
-  const testing::TrainingRun& reference = *reference_;
-  absl::Status s =
-      comm::testing::RunThreadRanks(c.world_size, [&](comm::testing::RankContext& ctx) {
-        ASSIGN_OR_RETURN(testing::TrainingRun run,
-                         testing::TrainFullyShardedRank(ctx, setup, options));
-        double worst = 0;
-        RETURN_IF_ERROR(testing::CompareRuns(reference, run, kRtol, kAtol, &worst));
-        if (ctx.rank == 0) std::printf("worst |error| / tolerance: %.3g\n", worst);
-        return absl::OkStatus();
-      });
+  const absl::Status s =
+      MatchesReference(c, testing::PerBlockOptions(c.strategy, c.hybrid_shard_size));
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -96,32 +95,18 @@ class ChildUnitsParityTest : public ParityTest {};
 TEST_P(ChildUnitsParityTest, BlocksCallingWrappedChildrenMatchOneUnwrappedProcess) {
   ASSERT_NE(reference_, nullptr);
   const Case c = GetParam();
-  const testing::GptTrainingSetup setup = testing::TinySetup();
   FullyShardOptions options = testing::PerBlockOptions(c.strategy, c.hybrid_shard_size);
   options.policy =
       policy::ModuleTypes({"TransformerBlock", "CausalSelfAttention", "LayerNorm", "Mlp"});
   // The children are units of their own, so a block that ran them inline would compute on
   // shards.
-  absl::StatusOr<std::shared_ptr<nn::Gpt>> gpt = testing::MakeGpt(setup);
+  absl::StatusOr<std::shared_ptr<nn::Gpt>> gpt = testing::MakeGpt(testing::TinySetup());
   ASSERT_TRUE(gpt.ok()) << gpt.status();
-  absl::StatusOr<policy::WrapPlan> plan = policy::Plan(**gpt, *options.policy, c.world_size);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  std::vector<std::string> units;
-  for (const policy::WrapUnit& u : plan->units()) units.push_back(u.path());
-  for (const char* child : {"blocks.0.ln_1", "blocks.0.attn", "blocks.0.ln_2", "blocks.0.mlp",
-                            "blocks.1.attn", "ln_f"}) {
-    EXPECT_NE(std::find(units.begin(), units.end(), child), units.end()) << child;
-  }
-  const testing::TrainingRun& reference = *reference_;
-  absl::Status s =
-      comm::testing::RunThreadRanks(c.world_size, [&](comm::testing::RankContext& ctx) {
-        ASSIGN_OR_RETURN(testing::TrainingRun run,
-                         testing::TrainFullyShardedRank(ctx, setup, options));
-        double worst = 0;
-        RETURN_IF_ERROR(testing::CompareRuns(reference, run, kRtol, kAtol, &worst));
-        if (ctx.rank == 0) std::printf("worst |error| / tolerance: %.3g\n", worst);
-        return absl::OkStatus();
-      });
+  const absl::Status units = testing::CheckUnits(
+      **gpt, options, c.world_size,
+      {"blocks.0.ln_1", "blocks.0.attn", "blocks.0.ln_2", "blocks.0.mlp", "blocks.1.attn", "ln_f"});
+  EXPECT_TRUE(units.ok()) << units;
+  const absl::Status s = MatchesReference(c, options);
   EXPECT_TRUE(s.ok()) << s;
 }
 

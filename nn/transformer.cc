@@ -22,19 +22,35 @@ Mlp::Mlp(int64_t n_embd, uint64_t seed) {
   proj_ = RegisterModule("proj", std::make_shared<Linear>(4 * c, c, true, DeriveSeed(seed, 1)));
 }
 
+namespace {
+
+// NOTE [Block forwards]: whether `mlp`'s children run inline (and fc and proj have the biases its
+// fused steps add).
+bool ChildrenRunInline(const Mlp& mlp) {
+  return internal::RunsInline(*mlp.fc()) && internal::RunsInline(*mlp.gelu()) &&
+         internal::RunsInline(*mlp.proj()) && mlp.fc()->bias() != nullptr &&
+         mlp.proj()->bias() != nullptr;
+}
+
+// [residual +] proj(gelu(fc(x))) on `mlp`'s parameters (residual undefined: none): fc's GEMM adds
+// the bias and applies the GELU in its epilogue, storing h and the pre-activation bf16 for
+// proj's bf16 GEMM (NOTE [GEMM epilogues]); proj's adds its bias and the residual.
+absl::StatusOr<core::Tensor> MlpInline(const Mlp& mlp, const core::Tensor& x,
+                                       const core::Tensor& residual) {
+  ASSIGN_OR_RETURN(const std::vector<core::Tensor> fc,
+                   F::LinearGelu(x, mlp.fc()->weight(), mlp.fc()->bias()));
+  return F::GeluLinear(fc[0], fc[1], mlp.proj()->weight(), mlp.proj()->bias(), residual);
+}
+
+}  // namespace
+
 absl::StatusOr<core::Tensors> Mlp::ForwardGraph(const core::Tensors& in) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
   RETURN_IF_ERROR(internal::CheckInputCount(*this, in, 1));
   RETURN_IF_ERROR(internal::CheckMaterialized(*this));
-  if (internal::RunsInline(*fc_) && internal::RunsInline(*gelu_) && internal::RunsInline(*proj_) &&
-      fc_->bias() != nullptr && proj_->bias() != nullptr) {
-    // NOTE [Block forwards]: fc's GEMM adds the bias and applies the GELU in its epilogue,
-    // storing h and the pre-activation bf16 for proj's bf16 GEMM (NOTE [GEMM epilogues]).
-    ASSIGN_OR_RETURN(const std::vector<core::Tensor> fc,
-                     internal::InModule(*this, F::LinearGelu(in[0], fc_->weight(), fc_->bias())));
-    ASSIGN_OR_RETURN(
-        core::Tensor y,
-        internal::InModule(*this, F::GeluLinear(fc[0], fc[1], proj_->weight(), proj_->bias())));
+  if (ChildrenRunInline(*this)) {
+    ASSIGN_OR_RETURN(core::Tensor y,
+                     internal::InModule(*this, MlpInline(*this, in[0], core::Tensor())));
     return core::Tensors{std::move(y)};
   }
   ASSIGN_OR_RETURN(core::Tensor y, proj_->CallOne({gelu_->CallOne({fc_->CallOne({in[0]})})}));
@@ -56,8 +72,7 @@ absl::StatusOr<core::Tensors> TransformerBlock::ForwardGraph(const core::Tensors
   // pass and stores its output bf16 under bf16 weights when a GEMM run inline takes it.
   const bool attn_inline = internal::RunsInline(*attn_);
   const bool ln_2_inline = internal::RunsInline(*ln_2_);
-  const bool mlp_inline = internal::RunsInline(*mlp_) && mlp_->fc()->bias() != nullptr &&
-                          mlp_->proj()->bias() != nullptr;
+  const bool mlp_inline = internal::Fusable(*mlp_) && ChildrenRunInline(*mlp_);
   // h = x + attn(ln_1(x)).
   core::Tensor residual = in[0];
   core::Tensor n1;
@@ -114,13 +129,7 @@ absl::StatusOr<core::Tensors> TransformerBlock::ForwardGraph(const core::Tensors
   }
   core::Tensor y;
   if (mlp_inline) {
-    // fc's GEMM applies the GELU; proj's adds the bias and the residual.
-    ASSIGN_OR_RETURN(
-        const std::vector<core::Tensor> fc,
-        internal::InModule(*mlp_, F::LinearGelu(n2, mlp_->fc()->weight(), mlp_->fc()->bias())));
-    ASSIGN_OR_RETURN(y,
-                     internal::InModule(*mlp_, F::GeluLinear(fc[0], fc[1], mlp_->proj()->weight(),
-                                                             mlp_->proj()->bias(), h)));
+    ASSIGN_OR_RETURN(y, internal::InModule(*mlp_, MlpInline(*mlp_, n2, h)));
   } else {
     ASSIGN_OR_RETURN(y, internal::InModule(*this, F::Add(h, mlp_->CallOne({n2}))));
   }

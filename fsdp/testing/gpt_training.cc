@@ -16,6 +16,7 @@
 #include "fsdp/fully_shard.h"
 #include "nn/functional/loss.h"
 #include "nn/losses.h"
+#include "policy/plan.h"
 #include "policy/wrap_policy.h"
 
 namespace fsdp {
@@ -237,8 +238,8 @@ absl::Status CompareRuns(const TrainingRun& expected, const TrainingRun& actual,
     return ratio <= 1.0;
   };
   if (expected.losses.size() != actual.losses.size()) {
-    return absl::InternalError(absl::StrCat("losses: ", expected.losses.size(), " steps vs ",
-                                            actual.losses.size()));
+    return absl::InternalError(
+        absl::StrCat("losses: ", expected.losses.size(), " steps vs ", actual.losses.size()));
   }
   for (size_t s = 0; s < expected.losses.size(); ++s) {
     if (!close(expected.losses[s], actual.losses[s])) {
@@ -247,20 +248,20 @@ absl::Status CompareRuns(const TrainingRun& expected, const TrainingRun& actual,
     }
   }
   if (expected.params.size() != actual.params.size()) {
-    return absl::InternalError(absl::StrCat("parameters: ", expected.params.size(), " vs ",
-                                            actual.params.size()));
+    return absl::InternalError(
+        absl::StrCat("parameters: ", expected.params.size(), " vs ", actual.params.size()));
   }
   for (size_t i = 0; i < expected.params.size(); ++i) {
     const auto& [name, e] = expected.params[i];
     const auto& [actual_name, a] = actual.params[i];
     if (name != actual_name || e.size() != a.size()) {
-      return absl::InternalError(absl::StrCat("parameter ", i, ": ", name, " [", e.size(),
-                                              "] vs ", actual_name, " [", a.size(), "]"));
+      return absl::InternalError(absl::StrCat("parameter ", i, ": ", name, " [", e.size(), "] vs ",
+                                              actual_name, " [", a.size(), "]"));
     }
     for (size_t k = 0; k < e.size(); ++k) {
       if (!close(e[k], a[k])) {
-        return absl::InternalError(absl::StrFormat("parameter %s[%d]: expected %.9g, got %.9g",
-                                                   name, k, e[k], a[k]));
+        return absl::InternalError(
+            absl::StrFormat("parameter %s[%d]: expected %.9g, got %.9g", name, k, e[k], a[k]));
       }
     }
   }
@@ -284,6 +285,19 @@ MemoryBound FullShardMemoryBound(const FullyShardHandle& handle, int limit_all_g
   // adds straight into the gradient shards.
   if (world > 1) bound.transient += kF32 * p_root + 2 * kF32 * p_block;
   return bound;
+}
+
+absl::Status CheckUnits(const core::Module& model, const FullyShardOptions& options, int world_size,
+                        const std::vector<std::string>& paths) {
+  ASSIGN_OR_RETURN(const policy::WrapPlan plan, policy::Plan(model, *options.policy, world_size));
+  for (const std::string& path : paths) {
+    const auto& units = plan.units();
+    if (std::none_of(units.begin(), units.end(),
+                     [&](const policy::WrapUnit& u) { return u.path() == path; })) {
+      return absl::NotFoundError(absl::StrCat("'", path, "' is not a unit of ", plan.policy()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace testing

@@ -55,8 +55,8 @@ struct GptTrainingSetup {
 };
 
 // A Gpt of 2 blocks, width 16, 2 heads, vocabulary 16, context 8 (about 7k parameters),
-// AdamW lr 1e-2, eps 1e-5 (NOTE [AdamW eps in parity runs] in the .cc): small enough for 16 four-rank runs in seconds, large enough that every
-// unit holds parameters on every rank.
+// AdamW lr 1e-2, eps 1e-5 (NOTE [AdamW eps in parity runs] in the .cc): small enough for 16
+// four-rank runs in seconds, large enough that every unit holds parameters on every rank.
 GptTrainingSetup TinySetup();
 
 struct TrainingRun {
@@ -100,8 +100,7 @@ absl::StatusOr<double> ForwardBackwardGraph(core::Module& model, const data::Tok
 // Single process, no FSDP: MakeGpt(setup), or the model `make` builds (setup.gpt and
 // setup.frozen unused then), trained on the setup's batches with its AdamW.
 absl::StatusOr<TrainingRun> TrainUnwrapped(const GptTrainingSetup& setup);
-absl::StatusOr<TrainingRun> TrainUnwrapped(const GptTrainingSetup& setup,
-                                           const ModelFactory& make);
+absl::StatusOr<TrainingRun> TrainUnwrapped(const GptTrainingSetup& setup, const ModelFactory& make);
 
 // On one rank: builds the same Gpt (or the model `make` builds), FullyShards it with
 // `options` (a fresh registry), trains with AdamW on the rank's slices, then Releases it to
@@ -149,6 +148,12 @@ std::vector<std::pair<std::string, std::vector<float>>> ParameterValues(const co
 // tolerance the run used).
 absl::Status CompareRuns(const TrainingRun& expected, const TrainingRun& actual, double rtol,
                          double atol, double* worst_ratio = nullptr);
+
+// OK when the wrap plan of options.policy over `model` at `world_size` makes each module of
+// `paths` ("blocks.0.attn") the root of a unit; NotFound naming the first that is not, or the
+// planner's error.
+absl::Status CheckUnits(const core::Module& model, const FullyShardOptions& options, int world_size,
+                        const std::vector<std::string>& paths);
 
 }  // namespace testing
 }  // namespace fsdp

@@ -18,7 +18,6 @@
 #include "core/tensor.h"
 #include "gtest/gtest.h"
 #include "nn/functional/fused.h"
-#include "nn/functional/internal/block_test_util.h"
 #include "nn/functional/internal/device_test_util.h"
 #include "nn/functional/internal/layer_test_util.h"
 #include "nn/testing/cuda_compare.h"
@@ -129,8 +128,8 @@ TEST(CudaFusedTest, TheBlockMatchesTheCpu) {
       ASSERT_TRUE(nn::ConvertParameters(on_gpu, dtype).ok());
       ASSERT_TRUE(nn::ToDevice(on_gpu, kGpu).ok());
       const Tensor x = Normal({2, 37, C}, 1), g = Normal({2, 37, C}, 2);
-      const Values cpu = DeviceStep(on_cpu, /*graph=*/nullptr, x, g);
-      const Values gpu = DeviceStep(on_gpu, /*graph=*/nullptr, x, g);
+      const Values cpu = DeviceStep(on_cpu, x, g);
+      const Values gpu = DeviceStep(on_gpu, x, g);
       ExpectClose(gpu, cpu, dtype == DType::kFloat32 ? 1e-4 : 8 * kBf16Unit, /*bits=*/false);
     }
   }

@@ -85,12 +85,18 @@ void ExpectDevicesAgree(const std::string& what, const DeviceFn& fn,
   }
 }
 
-Values DeviceStep(core::Module& module, const block_test_util::GraphForward& graph, const Tensor& x,
-                  const Tensor& g) {
-  const core::Device device = module.NamedParameters().front().second->data.device();
-  const Tensor xd = device.is_cpu() ? x : To(x, device), gd = device.is_cpu() ? g : To(g, device);
-  Values v;
-  for (const Tensor& t : block_test_util::StepTensors(module, graph, xd, gd)) v.push_back(Host(t));
+Values DeviceStep(core::Module& module, const Tensor& x, const Tensor& g) {
+  const std::vector<core::NamedParameter> params = module.NamedParameters();
+  const core::Device device = params.front().second->data.device();
+  for (const auto& [name, p] : params) p->grad = Tensor();
+  absl::StatusOr<Tensor> y = module.Forward(device.is_cpu() ? x : To(x, device));
+  EXPECT_TRUE(y.ok()) << y.status();
+  if (!y.ok()) return {};
+  absl::StatusOr<Tensor> gx = module.Backward(device.is_cpu() ? g : To(g, device));
+  EXPECT_TRUE(gx.ok()) << gx.status();
+  if (!gx.ok()) return {};
+  Values v = {Host(*y), Host(*gx)};
+  for (const auto& [name, p] : params) v.push_back(Host(p->grad));
   return v;
 }
 

@@ -23,7 +23,6 @@
 #include "core/device.h"
 #include "core/module.h"
 #include "core/tensor.h"
-#include "nn/functional/internal/block_test_util.h"
 
 namespace nn {
 namespace functional {
@@ -57,11 +56,10 @@ void ExpectDevicesAgree(const std::string& what, const DeviceFn& fn,
 // The output, dL/dx and every parameter gradient (NamedParameters order) of a step, on the host.
 using Values = std::vector<std::vector<float>>;
 
-// block_test_util::StepTensors of `module` on the device of its parameters (x and g copied
-// there), from no parameter gradients, on the host: the hand-written step when `graph` is null,
-// else `graph`'s. Empty after a failure.
-Values DeviceStep(core::Module& module, const block_test_util::GraphForward& graph,
-                  const core::Tensor& x, const core::Tensor& g);
+// One step of `module` (Forward(x), then Backward(g)) on the device of its parameters (x and g
+// copied there), from no parameter gradients: the output, dL/dx and every parameter gradient
+// (NamedParameters order), on the host. A failed stage is a test failure; empty then.
+Values DeviceStep(core::Module& module, const core::Tensor& x, const core::Tensor& g);
 
 // Expects `got` to hold as many values as `want`, each of the same size and, when `bits`, the
 // same bits, else within `rel` of `want`'s in the 2-norm.
