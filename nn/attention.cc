@@ -6,11 +6,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "nn/functional/elementwise.h"
+#include "nn/functional/fused.h"
 #include "nn/internal/validate.h"
 #include "nn/ops.h"
-#include "nn/tensor_ops.h"
 
 namespace nn {
+
+namespace F = ::nn::functional;
 
 CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, uint64_t seed)
     : n_embd_(n_embd), n_head_(n_head) {
@@ -25,55 +28,39 @@ CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, uint64_
   proj_ = RegisterModule("proj", std::make_shared<Linear>(c, c, true, DeriveSeed(seed, 1)));
 }
 
-absl::StatusOr<core::Tensor> CausalSelfAttention::ForwardImpl(const core::Tensor& x) {
+absl::StatusOr<core::Tensor> CausalSelfAttention::Heads(const core::Tensor& x, bool y_bf16) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
-  // A bf16 input is one its producer stored for qkv's bf16 GEMM (NOTE [GEMM epilogues]).
-  const bool bf16_in = x.defined() && x.dtype() == core::DType::kBFloat16 &&
-                       qkv_->weight()->data.dtype() == core::DType::kBFloat16;
-  RETURN_IF_ERROR(internal::CheckTensor(
-      *this, x, bf16_in ? core::DType::kBFloat16 : core::DType::kFloat32, "input"));
-  if (x.dim() != 3 || x.size(2) != n_embd_) {
-    return internal::ModuleError(*this, absl::StrCat("input must be [B, T, ", n_embd_, "], got ",
-                                                     core::ShapeToString(x.shape())));
+  if (!x.defined() || x.dim() != 3 || x.size(2) != n_embd_) {
+    return internal::ModuleError(
+        *this, absl::StrCat("input must be [B, T, ", n_embd_, "], got ",
+                            x.defined() ? core::ShapeToString(x.shape()) : "undefined"));
   }
-  // NOTE [bf16 attention] (attention.h): with a bf16 qkv weight, q, k, v and the
-  // probabilities are bf16 GEMM operands, the scores fp32. qkv's GEMM stores them bf16
-  // itself when it may (NOTE [GEMM epilogues]), else they are rounded here.
+  // NOTE [bf16 attention]: with a bf16 qkv weight, q, k and v are rounded once for the
+  // attention's bf16 GEMMs, by qkv's own GEMM when it runs inline.
   core::Tensor qkv;
-  if (internal::Fusable(*qkv_)) {
-    ASSIGN_OR_RETURN(qkv, qkv_->ForwardForGemm(x));
+  if (internal::RunsInline(*qkv_)) {
+    ASSIGN_OR_RETURN(
+        qkv, internal::InModule(*qkv_, F::LinearForGemm(x, qkv_->weight(), BiasArg(*qkv_))));
   } else {
-    ASSIGN_OR_RETURN(qkv, qkv_->Forward(x));
+    ASSIGN_OR_RETURN(qkv, qkv_->CallOne({x}));
+    if (qkv_->weight()->data.dtype() == core::DType::kBFloat16) {
+      ASSIGN_OR_RETURN(qkv, internal::InModule(*this, F::ToDType(qkv, core::DType::kBFloat16)));
+    }
   }
-  if (qkv_->weight()->data.dtype() == core::DType::kBFloat16) {
-    ASSIGN_OR_RETURN(qkv, internal::RoundToBf16(*this, qkv, "q, k and v"));
-  }
-  // The fused kernel stores the heads' output bf16 for proj's bf16 GEMM when no hook on
-  // proj could observe its input.
-  ASSIGN_OR_RETURN(core::Tensor y, core_.Forward(*this, std::move(qkv), n_head_, fused_,
-                                                 internal::CausalAttentionCore::YBf16For(*proj_)));
-  return proj_->Forward(y);
+  F::AttentionCoreOptions options;
+  options.fused = fused_;
+  options.y_bf16 = y_bf16;
+  return internal::InModule(*this, F::CausalSelfAttentionCore(qkv, n_head_, options));
 }
 
-core::DType CausalSelfAttention::GradOutputDType() const { return GradOutputDTypeFor(*proj_); }
-
-absl::StatusOr<core::Tensor> CausalSelfAttention::BackwardImpl(const core::Tensor& grad_output) {
-  const core::Tensor& qkv = core_.qkv();
-  const bool have_cache = qkv.defined();
-  RETURN_IF_ERROR(internal::CheckGradOutput(
-      *this, have_cache,
-      have_cache ? core::Shape{qkv.size(0), qkv.size(1), n_embd_} : core::Shape{}, grad_output,
-      GradOutputDType() == core::DType::kBFloat16));
-  RETURN_IF_ERROR(
-      internal::CheckDevice(*this, grad_output, "grad_output", qkv.device(), "the input"));
-  // The heads' gradient, bf16 from proj's GEMM where the core takes it so.
-  ASSIGN_OR_RETURN(core::Tensor gy, core_.HeadsGradient(*proj_, grad_output));
-  // The fused kernels store dL/dqkv bf16 for qkv's bf16 GEMMs (which round it so anyway)
-  // when no hook on qkv could observe it.
-  const bool gqkv_bf16 =
-      internal::Fusable(*qkv_) && qkv_->weight()->data.dtype() == core::DType::kBFloat16;
-  ASSIGN_OR_RETURN(core::Tensor gqkv, core_.Backward(*this, std::move(gy), gqkv_bf16));
-  return qkv_->Backward(gqkv);
+absl::StatusOr<core::Tensors> CausalSelfAttention::ForwardGraph(const core::Tensors& in) {
+  RETURN_IF_ERROR(internal::CheckInputCount(*this, in, 1));
+  RETURN_IF_ERROR(internal::CheckMaterialized(*this));
+  // The fused kernel stores the heads' output bf16 for proj's bf16 GEMM when proj runs inline.
+  const bool y_bf16 =
+      internal::RunsInline(*proj_) && proj_->weight()->data.dtype() == core::DType::kBFloat16;
+  ASSIGN_OR_RETURN(core::Tensor y, ApplyLinear(*proj_, Heads(in[0], y_bf16)));
+  return core::Tensors{std::move(y)};
 }
 
 }  // namespace nn

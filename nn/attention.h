@@ -42,7 +42,6 @@
 #include "absl/status/statusor.h"
 #include "core/module.h"
 #include "core/tensor.h"
-#include "nn/internal/attention_core.h"
 #include "nn/linear.h"
 
 namespace nn {
@@ -60,24 +59,25 @@ class CausalSelfAttention : public core::Module {
   const std::shared_ptr<Linear>& proj() const { return proj_; }
   int64_t n_embd() const { return n_embd_; }
   int64_t n_head() const { return n_head_; }
-  // Whether Forward may take the fused path where it applies (NOTE [Fused attention]);
-  // true by default. Takes effect at the next Forward.
+  // Whether the forward may take the fused path where it applies (NOTE [Fused attention]);
+  // true by default. Takes effect at the next forward.
   void set_fused(bool fused) { fused_ = fused; }
   bool fused() const { return fused_; }
 
-  // The dtype Backward takes its gradient in besides fp32: bf16 after a Forward with bf16
-  // weights when nothing can observe proj's input gradient (no hooks on proj), since proj's
-  // GEMMs round it to bf16 anyway (the same bits either way); fp32 otherwise.
-  core::DType GradOutputDType() const;
+  // The heads' output y [B, T, C] for x [B, T, C] (fp32, or bf16 with a bf16 qkv weight),
+  // before proj: qkv through F::LinearForGemm when it runs inline (q, k, v stored bf16 under a
+  // bf16 weight), else called with its hooks and its output rounded for bf16 attention, then
+  // F::CausalSelfAttentionCore (nn/functional/fused.h). `y_bf16`: the fused kernel stores y
+  // bf16 for a bf16 proj GEMM that takes it so. For this module's forward and for a parent that
+  // runs this attention inline and adds its residual in proj's GEMM (NOTE [Block forwards] in
+  // nn/transformer.h). InvalidArgument naming this module for a bad configuration or input.
+  absl::StatusOr<core::Tensor> Heads(const core::Tensor& x, bool y_bf16);
 
  protected:
-  // x: fp32 [B, T, C] on the parameters' device -> [B, T, C]. On CUDA the per-head
-  // products are cuBLASLt strided-batched GEMMs (one per batch element and product) and
-  // the causal softmax a fused kernel.
-  absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
-  // Returns dL/dx; qkv and proj add their parameter gradients.
-  absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
-  void ReleaseActivations() override { core_.Release(); }
+  // {x}: fp32 [B, T, C] on the parameters' device -> {proj(Heads(x))} [B, T, C], fp32. A
+  // graph module (NOTE [Graph modules] in core/module.h): proj runs inline when nothing could
+  // tell (nn::ApplyLinear), else is called with its hooks.
+  absl::StatusOr<core::Tensors> ForwardGraph(const core::Tensors& in) override;
 
  private:
   int64_t n_embd_ = 0;
@@ -86,10 +86,6 @@ class CausalSelfAttention : public core::Module {
   std::shared_ptr<Linear> qkv_;
   std::shared_ptr<Linear> proj_;
   bool fused_ = true;
-  // The attention between the projections and its caches (qkv's output [B, T, 3C], bf16
-  // under NOTE [bf16 attention], and the probabilities or the fused path's statistics),
-  // kept from Forward to Backward.
-  internal::CausalAttentionCore core_;
 };
 
 }  // namespace nn

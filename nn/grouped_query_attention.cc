@@ -7,11 +7,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "nn/functional/fused.h"
+#include "nn/functional/llama_fused.h"
 #include "nn/internal/validate.h"
 #include "nn/ops.h"
-#include "nn/tensor_ops.h"
 
 namespace nn {
+
+namespace F = ::nn::functional;
 
 GroupedQueryAttention::GroupedQueryAttention(int64_t hidden, int64_t n_head, int64_t n_kv_head,
                                              double rope_theta, uint64_t seed)
@@ -57,87 +60,40 @@ absl::Status GroupedQueryAttention::EnsureTables(int64_t T, const core::Device& 
   return absl::OkStatus();
 }
 
-bool GroupedQueryAttention::TakesBf16Input() const {
-  return SharesBf16Input({q_proj_.get(), k_proj_.get(), v_proj_.get()});
-}
-
-absl::StatusOr<core::Tensor> GroupedQueryAttention::ForwardImpl(const core::Tensor& x) {
+absl::StatusOr<core::Tensor> GroupedQueryAttention::Heads(const core::Tensor& x, bool y_bf16) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
-  RETURN_IF_ERROR(CheckSharedBf16Input(*this, x, {q_proj_.get(), k_proj_.get(), v_proj_.get()},
-                                       "q_proj, k_proj and v_proj"));
-  const bool bf16_in = x.defined() && x.dtype() == core::DType::kBFloat16;
-  RETURN_IF_ERROR(internal::CheckTensor(
-      *this, x, bf16_in ? core::DType::kBFloat16 : core::DType::kFloat32, "input"));
-  if (x.dim() != 3 || x.size(2) != hidden_) {
-    return internal::ModuleError(*this, absl::StrCat("input must be [B, T, ", hidden_, "], got ",
-                                                     core::ShapeToString(x.shape())));
+  if (!x.defined() || x.dim() != 3 || x.size(2) != hidden_) {
+    return internal::ModuleError(
+        *this, absl::StrCat("input must be [B, T, ", hidden_, "], got ",
+                            x.defined() ? core::ShapeToString(x.shape()) : "undefined"));
   }
-  const int64_t B = x.size(0), T = x.size(1), C = hidden_;
-  const core::Device device = x.device();
-  // NOTE [bf16 GEMMs] (nn/linear.h): x rounded once for the three projections.
-  ASSIGN_OR_RETURN(const core::Tensor in,
-                   SharedGemmInput(*this, x, {q_proj_.get(), k_proj_.get(), v_proj_.get()}));
-  ASSIGN_OR_RETURN(core::Tensor q, q_proj_->Forward(in));
-  ASSIGN_OR_RETURN(core::Tensor k, k_proj_->Forward(in));
-  ASSIGN_OR_RETURN(core::Tensor v, v_proj_->Forward(in));
-  RETURN_IF_ERROR(EnsureTables(T, device));
-  // NOTE [Grouped-query attention]: q and k rotated, k and v repeated per group, into the
-  // layout of the attention core.
-  // NOTE [bf16 attention] (nn/attention.h): with bf16 weights the packed q, k, v are bf16
-  // GEMM operands, each rounded once as the packing stores it (NOTE [GEMM epilogues]).
-  const core::DType qkv_dtype = q_proj_->weight()->data.dtype() == core::DType::kBFloat16
-                                    ? core::DType::kBFloat16
-                                    : core::DType::kFloat32;
-  ASSIGN_OR_RETURN(core::Tensor qkv, internal::NewActivation({B, T, 3 * C}, device, qkv_dtype));
-  RETURN_IF_ERROR(RotaryPackQkv(internal::What(*this), q, k, v, tables_->cos, tables_->sin, n_head_,
-                                n_kv_head_, qkv));
-  // The fused kernel stores the heads' output bf16 for o_proj's bf16 GEMM when no hook on
-  // o_proj could observe its input (as CausalSelfAttention does for proj).
-  ASSIGN_OR_RETURN(core::Tensor y,
-                   core_.Forward(*this, std::move(qkv), n_head_, fused_,
-                                 internal::CausalAttentionCore::YBf16For(*o_proj_)));
-  return o_proj_->Forward(y);
+  RETURN_IF_ERROR(EnsureTables(x.size(1), x.device()));
+  // NOTE [Grouped-query attention]: q and k turned and k and v repeated per group into the
+  // attention's layout; NOTE [bf16 attention]: bf16 with bf16 weights, each rounded once.
+  absl::StatusOr<core::Tensor> qkv;
+  const core::DType q_dtype = q_proj_->weight()->data.dtype();
+  if (internal::RunsInline(*q_proj_) && internal::RunsInline(*k_proj_) &&
+      internal::RunsInline(*v_proj_) && k_proj_->weight()->data.dtype() == q_dtype &&
+      v_proj_->weight()->data.dtype() == q_dtype) {
+    qkv = F::RotaryQkv(x, q_proj_->weight(), k_proj_->weight(), v_proj_->weight(), *tables_,
+                       n_head_, n_kv_head_);
+  } else {
+    qkv = F::PackRotaryQkv(ApplyLinear(*q_proj_, x), ApplyLinear(*k_proj_, x),
+                           ApplyLinear(*v_proj_, x), *tables_, n_head_, n_kv_head_, q_dtype);
+  }
+  F::AttentionCoreOptions options;
+  options.fused = fused_;
+  options.y_bf16 = y_bf16;
+  return internal::InModule(*this, F::CausalSelfAttentionCore(qkv, n_head_, options));
 }
 
-core::DType GroupedQueryAttention::GradOutputDType() const { return GradOutputDTypeFor(*o_proj_); }
-
-absl::StatusOr<core::Tensor> GroupedQueryAttention::BackwardImpl(const core::Tensor& grad_output) {
-  const core::Tensor& qkv = core_.qkv();
-  const bool have_cache = qkv.defined();
-  if (have_cache && grad_output.defined() && grad_output.dtype() == core::DType::kBFloat16 &&
-      GradOutputDType() != core::DType::kBFloat16) {
-    return internal::ModuleError(
-        *this, absl::StrCat("grad_output must be float32 unless o_proj has a bf16 weight, no "
-                            "hooks and no activation checkpointing of its own (then its GEMMs "
-                            "take it in bf16), got ",
-                            grad_output.ToString()));
-  }
-  RETURN_IF_ERROR(internal::CheckGradOutput(
-      *this, have_cache,
-      have_cache ? core::Shape{qkv.size(0), qkv.size(1), hidden_} : core::Shape{}, grad_output,
-      GradOutputDType() == core::DType::kBFloat16));
-  const core::Device device = qkv.device();
-  RETURN_IF_ERROR(internal::CheckDevice(*this, grad_output, "grad_output", device, "the input"));
-  const int64_t B = qkv.size(0), T = qkv.size(1), KW = n_kv_head_ * (hidden_ / n_head_);
-  const std::string what = internal::What(*this);
-  // The heads' gradient, bf16 from o_proj's GEMM where the core takes it so.
-  ASSIGN_OR_RETURN(core::Tensor gy, core_.HeadsGradient(*o_proj_, grad_output));
-  ASSIGN_OR_RETURN(core::Tensor gqkv, core_.Backward(*this, std::move(gy)));
-  // Each projection's gradient stored bf16 for its bf16 GEMMs when they would round it so.
-  ASSIGN_OR_RETURN(core::Tensor gq,
-                   internal::NewActivation({B, T, hidden_}, device, GradOutputDTypeFor(*q_proj_)));
-  ASSIGN_OR_RETURN(core::Tensor gk,
-                   internal::NewActivation({B, T, KW}, device, GradOutputDTypeFor(*k_proj_)));
-  ASSIGN_OR_RETURN(core::Tensor gv,
-                   internal::NewActivation({B, T, KW}, device, GradOutputDTypeFor(*v_proj_)));
-  RETURN_IF_ERROR(EnsureTables(T, device));  // shared: another layer may have rebuilt them
-  RETURN_IF_ERROR(RotaryPackQkvBackward(what, gqkv, tables_->cos, tables_->sin, n_head_, n_kv_head_,
-                                        gq, gk, gv));
-  gqkv = core::Tensor();
-  // x feeds the three projections: dL/dx is the sum of their input gradients.
-  return SharedInputGradient(*this, {{q_proj_.get(), std::move(gq)},
-                                     {k_proj_.get(), std::move(gk)},
-                                     {v_proj_.get(), std::move(gv)}});
+absl::StatusOr<core::Tensors> GroupedQueryAttention::ForwardGraph(const core::Tensors& in) {
+  RETURN_IF_ERROR(internal::CheckInputCount(*this, in, 1));
+  RETURN_IF_ERROR(internal::CheckMaterialized(*this));
+  const bool y_bf16 =
+      internal::RunsInline(*o_proj_) && o_proj_->weight()->data.dtype() == core::DType::kBFloat16;
+  ASSIGN_OR_RETURN(core::Tensor y, ApplyLinear(*o_proj_, Heads(in[0], y_bf16)));
+  return core::Tensors{std::move(y)};
 }
 
 }  // namespace nn

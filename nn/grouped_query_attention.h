@@ -14,7 +14,7 @@
 // depends only on inputs at positions <= t.
 //
 // NOTE [Grouped-query attention]: the attention itself is CausalSelfAttention's
-// (nn/internal/attention_core.h: the unfused GEMMs and causal softmax, NOTE [bf16
+// (F::CausalSelfAttentionCore: the unfused GEMMs and causal softmax, NOTE [bf16
 // attention], NOTE [Fused attention]), reused by expanding k and v to n_head heads: one op
 // (nn::RotaryPackQkv) applies the rotary embedding and writes q, k and v in the [B, T, 3C]
 // layout that code reads, each kv head copied for every query head of its group; its
@@ -37,7 +37,6 @@
 #include "absl/status/statusor.h"
 #include "core/module.h"
 #include "core/tensor.h"
-#include "nn/internal/attention_core.h"
 #include "nn/linear.h"
 #include "nn/rotary.h"
 
@@ -63,15 +62,6 @@ class GroupedQueryAttention : public core::Module {
   int64_t n_head() const { return n_head_; }
   int64_t n_kv_head() const { return n_kv_head_; }
   double rope_theta() const { return rope_theta_; }
-  // Whether Forward takes its input in bf16 (a producer's bf16 copy of the fp32 input,
-  // NOTE [GEMM epilogues] in nn/tensor_ops.h): when q, k and v would round it to bf16
-  // themselves (nn::SharesBf16Input: bf16 weights, no hooks). Else the input is fp32.
-  bool TakesBf16Input() const;
-  // The dtype Backward takes its gradient in besides fp32: bf16 after a Forward with bf16
-  // weights when nothing can observe o_proj's input gradient (no hooks on o_proj), since
-  // o_proj's GEMMs round it to bf16 anyway (the same bits either way; what a Llama decoder
-  // layer's caller may hand it); fp32 otherwise.
-  core::DType GradOutputDType() const;
   // Whether Forward may take the fused path where it applies (NOTE [Fused attention] in
   // nn/attention.h); true by default. Takes effect at the next Forward.
   void set_fused(bool fused) { fused_ = fused; }
@@ -82,24 +72,26 @@ class GroupedQueryAttention : public core::Module {
   // once per model. Not null.
   void set_rotary_tables(std::shared_ptr<RotaryTables> tables) { tables_ = std::move(tables); }
   const std::shared_ptr<RotaryTables>& rotary_tables() const { return tables_; }
-  // rotary_tables(), first rebuilt unless they serve T positions of this layer's head width
-  // and theta on `device` (as Forward does); for a parent that runs this attention inline
-  // (NOTE [Block forwards] in nn/transformer.h).
-  absl::Status EnsureTables(int64_t T, const core::Device& device);
+
+  // The heads' output y [B, T, n_head D] for x [B, T, hidden] (fp32, or bf16 with bf16
+  // projection weights), before o_proj: q, k and v projected, turned and packed (F::RotaryQkv
+  // when the three projections run inline, else each through nn::ApplyLinear and
+  // F::PackRotaryQkv), then F::CausalSelfAttentionCore. `y_bf16`: the fused kernel stores y bf16
+  // for a bf16 o_proj GEMM that takes it so. For this module's forward and for a parent that
+  // runs this attention inline and adds its residual in o_proj's GEMM (NOTE [Block forwards] in
+  // nn/transformer.h). InvalidArgument naming this module for a bad configuration or input.
+  absl::StatusOr<core::Tensor> Heads(const core::Tensor& x, bool y_bf16);
 
  protected:
-  // x: fp32 (or bf16: TakesBf16Input) [B, T, hidden] on the parameters' device -> [B, T,
-  // hidden]. With a bf16 q_proj weight the packed q, k, v are rounded to bf16 once (NOTE
-  // [bf16 attention]).
-  absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
-  // grad_output: fp32 [B, T, hidden], or bf16 when GradOutputDType() is (else
-  // InvalidArgument naming this module). Returns dL/dx; the four projections add their
-  // weight gradients.
-  absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
-  // The rotary tables are not activations (a function of T): they stay.
-  void ReleaseActivations() override { core_.Release(); }
+  // {x}: fp32 [B, T, hidden] on the parameters' device -> {o_proj(Heads(x))} [B, T, hidden].
+  // With a bf16 q_proj weight the packed q, k, v are bf16 (NOTE [bf16 attention]).
+  absl::StatusOr<core::Tensors> ForwardGraph(const core::Tensors& in) override;
 
  private:
+  // rotary_tables(), first rebuilt unless they serve T positions of this layer's head width
+  // and theta on `device`.
+  absl::Status EnsureTables(int64_t T, const core::Device& device);
+
   int64_t hidden_ = 0;
   int64_t n_head_ = 0;
   int64_t n_kv_head_ = 0;
@@ -111,9 +103,6 @@ class GroupedQueryAttention : public core::Module {
   std::shared_ptr<Linear> o_proj_;
   bool fused_ = true;
   std::shared_ptr<RotaryTables> tables_ = std::make_shared<RotaryTables>();
-  // The attention and its caches (the packed q, k, v and the probabilities or the fused
-  // path's statistics), from Forward to Backward.
-  internal::CausalAttentionCore core_;
 };
 
 }  // namespace nn

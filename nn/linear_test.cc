@@ -205,58 +205,5 @@ TEST(LinearTest, Bf16GradOutputGivesTheBitsOfItsFp32Value) {
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("grad_output"));
 }
 
-// NOTE [GEMM epilogues]: a Linear without a bias adds a residual in its GEMM (kResidual),
-// and BackwardAdd adds a gradient to its input gradient in that GEMM: the bits of the
-// separate add, with fp32 and bf16 weights, and the weight gradient as Backward's.
-TEST(LinearTest, ResidualAndAddendRideInTheGemmWithTheBitsOfTheSeparateAdd) {
-  for (core::DType dtype : {core::DType::kFloat32, core::DType::kBFloat16}) {
-    SCOPED_TRACE(core::DTypeName(dtype));
-    Linear fused(6, 5, /*bias=*/false, 9), plain(6, 5, /*bias=*/false, 9);
-    for (Linear* m : {&fused, &plain}) ASSERT_TRUE(ConvertParameters(*m, dtype).ok());
-    std::vector<float> xs(3 * 6), rs(3 * 5), gs(3 * 5), as(3 * 6);
-    for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::cos(0.7f * i);
-    for (size_t i = 0; i < rs.size(); ++i) rs[i] = std::sin(0.3f * i) * 5;
-    for (size_t i = 0; i < gs.size(); ++i) gs[i] = std::sin(1.3f * i) / 3;
-    for (size_t i = 0; i < as.size(); ++i) as[i] = std::cos(2.1f * i) * 7;
-    const core::Tensor x = T(xs, {3, 6}), residual = T(rs, {3, 5}), g = T(gs, {3, 5});
-    const core::Tensor addend = T(as, {3, 6});
-
-    absl::StatusOr<core::Tensor> y = fused.ForwardResidual(x, residual);
-    absl::StatusOr<core::Tensor> p = plain.Forward(x);
-    ASSERT_TRUE(y.ok() && p.ok()) << y.status();
-    core::Tensor sum = core::Tensor::Zeros({3, 5});
-    ASSERT_TRUE(AddTensors("ref", residual, *p, sum).ok());
-    EXPECT_EQ(y->ToVector(), sum.ToVector());
-    EXPECT_NE(y->ToVector(), p->ToVector());
-    EXPECT_EQ(residual.ToVector(), rs);
-
-    absl::StatusOr<core::Tensor> gx = fused.BackwardAdd(g, addend);
-    absl::StatusOr<core::Tensor> gp = plain.Backward(g);
-    ASSERT_TRUE(gx.ok() && gp.ok()) << gx.status();
-    core::Tensor gsum = core::Tensor::Zeros({3, 6});
-    ASSERT_TRUE(AddTensors("ref", addend, *gp, gsum).ok());
-    EXPECT_EQ(gx->ToVector(), gsum.ToVector());
-    EXPECT_EQ(addend.ToVector(), as);
-    EXPECT_EQ(fused.weight()->grad.ToVector(), plain.weight()->grad.ToVector());
-  }
-}
-
-TEST(LinearTest, BackwardAddRefusesAMisfitAddendNamingTheModule) {
-  Linear fc(6, 5, /*bias=*/true, 9);
-  const core::Tensor x = core::Tensor::Zeros({3, 6}), g = core::Tensor::Zeros({3, 5});
-  auto message = [&](const core::Tensor& addend) {
-    EXPECT_TRUE(fc.Forward(x).ok());
-    const absl::Status s = fc.BackwardAdd(g, addend).status();
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-    fc.DropActivations();
-    return std::string(s.message());
-  };
-  EXPECT_THAT(message(core::Tensor()), HasSubstr("Linear"));
-  EXPECT_THAT(message(core::Tensor::Zeros({3, 5})), HasSubstr("the input's shape [3, 6]"));
-  EXPECT_THAT(message(core::Tensor::Zeros({3, 6}, core::DType::kBFloat16)),
-              HasSubstr("must be fp32"));
-  EXPECT_FALSE(fc.weight()->grad.defined());  // nothing accumulated by the refused calls
-}
-
 }  // namespace
 }  // namespace nn

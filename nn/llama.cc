@@ -101,19 +101,10 @@ absl::StatusOr<core::Tensors> LlamaDecoderLayer::ForwardGraph(const core::Tensor
     // q and k turned and packed with v for attention's bf16 GEMMs; o_proj's GEMM adds the
     // residual.
     GroupedQueryAttention& attn = *self_attn_;
-    RETURN_IF_ERROR(attn.EnsureTables(n1.dim() == 3 ? n1.size(1) : 0, n1.device()));
-    F::AttentionCoreOptions attention;
-    attention.fused = attn.fused();
-    attention.y_bf16 = attn.o_proj()->weight()->data.dtype() == core::DType::kBFloat16;
-    ASSIGN_OR_RETURN(
-        h, internal::InModule(
-               attn, F::LinearResidual(
-                         F::CausalSelfAttentionCore(
-                             F::RotaryQkv(n1, attn.q_proj()->weight(), attn.k_proj()->weight(),
-                                          attn.v_proj()->weight(), *attn.rotary_tables(),
-                                          attn.n_head(), attn.n_kv_head()),
-                             attn.n_head(), attention),
-                         attn.o_proj()->weight(), core::Tensor(), residual)));
+    const bool y_bf16 = attn.o_proj()->weight()->data.dtype() == core::DType::kBFloat16;
+    ASSIGN_OR_RETURN(h, internal::InModule(
+                            attn, F::LinearResidual(attn.Heads(n1, y_bf16), attn.o_proj()->weight(),
+                                                    core::Tensor(), residual)));
   } else {
     ASSIGN_OR_RETURN(h, internal::InModule(*this, F::Add(residual, self_attn_->CallOne({n1}))));
   }
@@ -134,10 +125,9 @@ absl::StatusOr<core::Tensors> LlamaDecoderLayer::ForwardGraph(const core::Tensor
   if (mlp_inline) {
     // gate and up from one pass, h stored for down_proj's bf16 GEMM, which adds the residual.
     ASSIGN_OR_RETURN(
-        y, internal::InModule(
-               *mlp_, F::LinearResidual(
-                          F::SwiGlu(n2, mlp_->gate_proj()->weight(), mlp_->up_proj()->weight()),
-                          mlp_->down_proj()->weight(), core::Tensor(), h)));
+        y, internal::InModule(*mlp_,
+                              F::LinearResidual(mlp_->Hidden(n2, /*h_for_gemm=*/true),
+                                                mlp_->down_proj()->weight(), core::Tensor(), h)));
   } else {
     ASSIGN_OR_RETURN(y, internal::InModule(*this, F::Add(h, mlp_->CallOne({n2}))));
   }

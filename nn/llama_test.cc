@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/allocator.h"
 #include "core/op_profile.h"
 #include "core/param_init.h"
@@ -413,37 +414,43 @@ TEST(LlamaTest, NormBackwardsAddTheResidualGradientAndRoundItForOProj) {
   }
 }
 
-// A parent may hand a layer its input in bf16 only where the layer would round it so itself
-// (TakesBf16Input); else the bf16 input is refused, naming the layer.
-TEST(LlamaTest, Bf16InputsOnlyWhereTheLayerWouldRoundThem) {
+// Under bf16 weights the sublayers take a bf16 input (what their GEMMs round an fp32 one to), with
+// the bits of its fp32 widening, with or without a hook on a projection; under fp32 weights a bf16
+// input is refused, naming the sublayer.
+TEST(LlamaTest, Bf16InputsOnlyUnderBf16Weights) {
   const LlamaConfig c = Tiny();
-  LlamaDecoderLayer layer(c, 4);
-  ASSERT_TRUE(ConvertParameters(layer, core::DType::kBFloat16).ok());
   const core::Tensor x16 = gradcheck::RandomTensor({2, 6, 16}, 1)
                                .ToDType(core::DType::kBFloat16, core::MemoryTag::kOther)
                                .value();
-  EXPECT_TRUE(layer.self_attn()->TakesBf16Input());
-  EXPECT_TRUE(layer.mlp()->TakesBf16Input());
-  EXPECT_TRUE(layer.self_attn()->Forward(x16).ok());
-  EXPECT_TRUE(layer.mlp()->Forward(x16).ok());
-  layer.DropActivations();
-  int calls = 0;
-  core::HookHandle hq = fused_layers::CountingHook(*layer.self_attn()->q_proj(), &calls);
-  core::HookHandle hu = fused_layers::CountingHook(*layer.mlp()->up_proj(), &calls);
-  EXPECT_FALSE(layer.self_attn()->TakesBf16Input());
-  EXPECT_FALSE(layer.mlp()->TakesBf16Input());
-  for (core::Module* m : {static_cast<core::Module*>(layer.self_attn().get()),
-                          static_cast<core::Module*>(layer.mlp().get())}) {
+  const core::Tensor x32 = x16.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value();
+  LlamaDecoderLayer layer(c, 4);
+  ASSERT_TRUE(ConvertParameters(layer, core::DType::kBFloat16).ok());
+  std::vector<core::Module*> sublayers = {layer.self_attn().get(), layer.mlp().get()};
+  for (bool hooked : {false, true}) {
+    int calls = 0;
+    core::HookHandle hq, hu;
+    if (hooked) {
+      hq = fused_layers::CountingHook(*layer.self_attn()->q_proj(), &calls);
+      hu = fused_layers::CountingHook(*layer.mlp()->up_proj(), &calls);
+    }
+    for (core::Module* m : sublayers) {
+      SCOPED_TRACE(absl::StrCat(m->Path(), hooked ? " hooked" : ""));
+      absl::StatusOr<core::Tensor> from16 = m->Forward(x16);
+      absl::StatusOr<core::Tensor> from32 = m->Forward(x32);
+      ASSERT_TRUE(from16.ok() && from32.ok()) << from16.status() << from32.status();
+      EXPECT_EQ(from16->ToVector(), from32->ToVector());
+    }
+    layer.DropActivations();
+    EXPECT_EQ(calls, hooked ? 4 : 0);
+  }
+  LlamaDecoderLayer fp32(c, 4);
+  for (core::Module* m : {static_cast<core::Module*>(fp32.self_attn().get()),
+                          static_cast<core::Module*>(fp32.mlp().get())}) {
     absl::StatusOr<core::Tensor> y = m->Forward(x16);
     EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument) << m->Path();
     EXPECT_THAT(std::string(y.status().message()), HasSubstr(m->Path())) << y.status();
     EXPECT_THAT(std::string(y.status().message()), HasSubstr("float32")) << y.status();
-    EXPECT_THAT(std::string(y.status().message()), HasSubstr("no hooks")) << y.status();
   }
-  EXPECT_EQ(calls, 0);
-  LlamaDecoderLayer fp32(c, 4);
-  EXPECT_FALSE(fp32.self_attn()->TakesBf16Input());
-  EXPECT_FALSE(fp32.mlp()->TakesBf16Input());
 }
 
 TEST(LlamaTest, BadInputsNameTheModuleAndOption) {
@@ -467,7 +474,8 @@ TEST(LlamaTest, BadInputsNameTheModuleAndOption) {
 // o_proj's and down_proj's GEMMs, and the input gradients of the projections that share an
 // input (k and v after q, up after gate) add in theirs. A hook on any of them makes the layer
 // call its sublayer (self_attn or mlp) and add the residual in a pass of its own; one on k, v or
-// up also takes the shared input's add out of the GEMM. The same bits either way.
+// up also makes the sublayer call the projections that share the input, whose gradients the
+// engine then sums. The same bits either way.
 TEST(LlamaTest, ResidualsAndSharedInputGradientsAddInTheGemms) {
   const LlamaConfig c = Tiny();
   for (core::DType dtype : {core::DType::kFloat32, core::DType::kBFloat16}) {
@@ -485,8 +493,11 @@ TEST(LlamaTest, ResidualsAndSharedInputGradientsAddInTheGemms) {
           fused_layers::ExpectSameBitsWithHookOn(layer, *linear, x, g);
       // "binary.add": the residual of a called sublayer (F::Add); "add": inside one.
       EXPECT_EQ(cmp.MoreOpsWithHook("binary.add"), 1);
-      const bool shares_input = linear != attn.o_proj().get() && linear != mlp.down_proj().get();
-      EXPECT_EQ(cmp.MoreOpsWithHook("add"), shares_input ? 1 : 0);
+      // The engine's sums of a shared input's gradients: q's, k's and v's, or gate's and up's.
+      const int sums = linear == attn.k_proj().get() || linear == attn.v_proj().get() ? 2
+                       : linear == mlp.up_proj().get()                                ? 1
+                                                                                      : 0;
+      EXPECT_EQ(cmp.MoreOpsWithHook("grad.add"), sums);
     }
   }
 }

@@ -6,11 +6,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "nn/functional/llama_fused.h"
 #include "nn/internal/validate.h"
 #include "nn/ops.h"
-#include "nn/tensor_ops.h"
 
 namespace nn {
+
+namespace F = ::nn::functional;
 
 SwiGluMlp::SwiGluMlp(int64_t hidden, int64_t intermediate, uint64_t seed) {
   config_error_ = internal::FirstError({internal::PositiveOrMessage("hidden", hidden),
@@ -23,49 +25,30 @@ SwiGluMlp::SwiGluMlp(int64_t hidden, int64_t intermediate, uint64_t seed) {
       RegisterModule("down_proj", std::make_shared<Linear>(i, c, false, DeriveSeed(seed, 2)));
 }
 
-bool SwiGluMlp::TakesBf16Input() const {
-  return SharesBf16Input({gate_proj_.get(), up_proj_.get()});
-}
-
-absl::StatusOr<core::Tensor> SwiGluMlp::ForwardImpl(const core::Tensor& x) {
+absl::StatusOr<core::Tensor> SwiGluMlp::Hidden(const core::Tensor& x, bool h_for_gemm) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
-  RETURN_IF_ERROR(
-      CheckSharedBf16Input(*this, x, {gate_proj_.get(), up_proj_.get()}, "gate_proj and up_proj"));
-  // NOTE [bf16 GEMMs] (nn/linear.h): x rounded once for gate and up.
-  ASSIGN_OR_RETURN(const core::Tensor in,
-                   SharedGemmInput(*this, x, {gate_proj_.get(), up_proj_.get()}));
-  ASSIGN_OR_RETURN(core::Tensor a, gate_proj_->Forward(in));
-  ASSIGN_OR_RETURN(core::Tensor b, up_proj_->Forward(in));
-  // NOTE [GEMM epilogues]: h stored bf16 for down_proj's bf16 GEMM when nothing could see
-  // it there (no hooks, no activation checkpointing of its own): the bits down_proj would
-  // round it to, without the fp32 copy and the rounding pass.
-  const core::DType h_dtype =
-      SharesBf16Input({down_proj_.get()}) ? core::DType::kBFloat16 : core::DType::kFloat32;
-  ASSIGN_OR_RETURN(core::Tensor h, internal::NewActivation(a.shape(), a.device(), h_dtype));
-  RETURN_IF_ERROR(SiluMulForward(internal::What(*this), a, b, h));
-  gate_ = std::move(a);
-  up_ = std::move(b);
-  return down_proj_->Forward(h);
+  const core::DType gate_dtype = gate_proj_->weight()->data.dtype();
+  if (internal::RunsInline(*gate_proj_) && internal::RunsInline(*up_proj_) &&
+      up_proj_->weight()->data.dtype() == gate_dtype) {
+    F::SwiGluOptions options;
+    options.h_for_gemm = h_for_gemm;
+    return internal::InModule(*this,
+                              F::SwiGlu(x, gate_proj_->weight(), up_proj_->weight(), options));
+  }
+  // NOTE [GEMM epilogues]: h stored bf16 for a bf16 down_proj GEMM that takes it.
+  const bool h16 = h_for_gemm && down_proj_->weight()->data.dtype() == core::DType::kBFloat16;
+  return internal::InModule(*this,
+                            F::SiluMul(ApplyLinear(*gate_proj_, x), ApplyLinear(*up_proj_, x),
+                                       h16 ? core::DType::kBFloat16 : core::DType::kFloat32));
 }
 
-absl::StatusOr<core::Tensor> SwiGluMlp::BackwardImpl(const core::Tensor& grad_output) {
-  if (!gate_.defined()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(Describe(), ": Backward called without a preceding Forward"));
-  }
-  ASSIGN_OR_RETURN(core::Tensor gh, down_proj_->Backward(grad_output));
-  const std::string what = internal::What(*this);
-  // Each gradient stored bf16 for its projection's bf16 GEMMs when they would round it so.
-  ASSIGN_OR_RETURN(core::Tensor ga, internal::NewActivation(gate_.shape(), gate_.device(),
-                                                            GradOutputDTypeFor(*gate_proj_)));
-  ASSIGN_OR_RETURN(core::Tensor gb, internal::NewActivation(up_.shape(), up_.device(),
-                                                            GradOutputDTypeFor(*up_proj_)));
-  RETURN_IF_ERROR(SiluMulBackward(what, gate_, up_, gh, ga, gb));
-  gate_ = core::Tensor();
-  up_ = core::Tensor();
-  // x feeds both projections: dL/dx is the sum of their input gradients.
-  return SharedInputGradient(*this,
-                             {{gate_proj_.get(), std::move(ga)}, {up_proj_.get(), std::move(gb)}});
+absl::StatusOr<core::Tensors> SwiGluMlp::ForwardGraph(const core::Tensors& in) {
+  RETURN_IF_ERROR(internal::CheckInputCount(*this, in, 1));
+  RETURN_IF_ERROR(internal::CheckMaterialized(*this));
+  // NOTE [GEMM epilogues]: h stored bf16 for down_proj's bf16 GEMM when it runs inline.
+  ASSIGN_OR_RETURN(core::Tensor y,
+                   ApplyLinear(*down_proj_, Hidden(in[0], internal::RunsInline(*down_proj_))));
+  return core::Tensors{std::move(y)};
 }
 
 }  // namespace nn

@@ -5,7 +5,7 @@
 //   ASSIGN_OR_RETURN(core::Tensor y, mlp->Forward(x));   // x [..., 512] -> [..., 512]
 //
 // silu(a) * b and its two gradients are one fused op each (nn::SiluMulForward /
-// SiluMulBackward, nn/tensor_ops.h).
+// SiluMulBackward, nn/tensor_ops.h), inside F::SwiGlu or F::SiluMul (nn/functional/llama_fused.h).
 #ifndef NN_SWIGLU_H_
 #define NN_SWIGLU_H_
 
@@ -32,30 +32,24 @@ class SwiGluMlp : public core::Module {
   const std::shared_ptr<Linear>& gate_proj() const { return gate_proj_; }
   const std::shared_ptr<Linear>& up_proj() const { return up_proj_; }
   const std::shared_ptr<Linear>& down_proj() const { return down_proj_; }
-  // Whether Forward takes its input in bf16 (a producer's bf16 copy of the fp32 input,
-  // NOTE [GEMM epilogues] in nn/tensor_ops.h): when gate and up would round it to bf16
-  // themselves (nn::SharesBf16Input: bf16 weights, no hooks). Else the input is fp32.
-  bool TakesBf16Input() const;
+  // h = silu(gate_proj(x)) * up_proj(x) [..., intermediate] for x [..., hidden] (fp32, or
+  // bf16 with bf16 projection weights), before down_proj: F::SwiGlu (the two GEMMs on x rounded
+  // once, h stored bf16 under bf16 weights when `h_for_gemm`) when gate_proj and up_proj run
+  // inline, else each through nn::ApplyLinear and F::SiluMul. For this module's forward and for
+  // a parent that runs this MLP inline and adds its residual in down_proj's GEMM (NOTE [Block
+  // forwards] in nn/transformer.h). InvalidArgument naming this module for a bad size.
+  absl::StatusOr<core::Tensor> Hidden(const core::Tensor& x, bool h_for_gemm);
 
  protected:
-  // x: fp32 (or bf16: TakesBf16Input) [..., hidden] -> [..., hidden].
-  absl::StatusOr<core::Tensor> ForwardImpl(const core::Tensor& x) override;
-  // Returns dL/dx; the projections add their weight gradients.
-  absl::StatusOr<core::Tensor> BackwardImpl(const core::Tensor& grad_output) override;
-  void ReleaseActivations() override {
-    gate_ = core::Tensor();
-    up_ = core::Tensor();
-  }
+  // {x}: fp32 [..., hidden] -> {down_proj(Hidden(x))} [..., hidden]. A graph module (NOTE
+  // [Graph modules] in core/module.h).
+  absl::StatusOr<core::Tensors> ForwardGraph(const core::Tensors& in) override;
 
  private:
   std::string config_error_;
   std::shared_ptr<Linear> gate_proj_;
   std::shared_ptr<Linear> up_proj_;
   std::shared_ptr<Linear> down_proj_;
-  // The projections' outputs a and b [..., intermediate], cached by Forward for the
-  // gradient of silu(a) * b, released by Backward.
-  core::Tensor gate_;
-  core::Tensor up_;
 };
 
 }  // namespace nn

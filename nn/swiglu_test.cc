@@ -191,8 +191,9 @@ TEST(SwiGluMlpTest, BadSizesAndCallOrderAreReported) {
             absl::StatusCode::kFailedPrecondition);
 }
 
-// up's input gradient adds gate's in the epilogue of its GEMM (nn::SharedInputGradient): the
-// bits of the separate adds, one "add" op fewer, with fp32 and bf16 weights.
+// Inline, up's input gradient adds gate's in the epilogue of its GEMM (F::SwiGlu); a hook on
+// up_proj makes the layer call both projections and the engine sum their input gradients
+// ("grad.add"): the same bits, with fp32 and bf16 weights.
 TEST(SwiGluMlpTest, TheInputGradientsAddInTheGemms) {
   const int64_t C = 24, I = 40, rows = 7;
   for (core::DType dtype : {core::DType::kFloat32, core::DType::kBFloat16}) {
@@ -204,7 +205,7 @@ TEST(SwiGluMlpTest, TheInputGradientsAddInTheGemms) {
     const core::Tensor gy = gradcheck::RandomTensor({rows, C}, 33);
     const fused_layers::HookComparison c =
         fused_layers::ExpectSameBitsWithHookOn(mlp, *mlp.up_proj(), x, gy);
-    EXPECT_EQ(c.MoreOpsWithHook("add"), 1);
+    EXPECT_EQ(c.MoreOpsWithHook("grad.add"), 1);
   }
 }
 

@@ -55,7 +55,8 @@ struct MatrixRef {
 //   kBiasResidual  C = aux[i, j] + (P + bias[j]), aux a residual (fp32, read; C fp32)
 //   kResidual  C = aux[i, j] + P, aux a residual (fp32, read; C fp32): a residual
 //              connection after a Linear without bias, or the sum of the input gradients
-//              of Linears that share an input (Linear::ForwardResidual, BackwardAdd)
+//              of Linears that share an input (F::LinearResidual, F::RotaryQkv's and
+//              F::SwiGlu's backwards)
 // The body is written once (kernels::GemmEpiloguePre/Out, kernels/elementwise.h). On the CPU
 // it runs after oneDNN's sgemm; on CUDA it is cuBLASLt's BIAS, GELU_AUX_BIAS or DGELU
 // epilogue (kBiasResidual: BIAS with the residual as cuBLASLt's C and beta 1, which
@@ -159,18 +160,16 @@ absl::Status AccumulateColumnSums(absl::string_view what, const core::Tensor& x,
 // (fp32, `rows` elements each, distinct) for the backward, which takes x again and makes
 // xhat from them with the forward's bits (kernels::LayerNormHat): the layer keeps its input
 // instead of an xhat as large. w, b fp32 or bf16.
-absl::Status LayerNormForward(absl::string_view what, const core::Tensor& x,
-                              const core::Tensor& w, const core::Tensor& b, float eps,
-                              const core::Tensor& y, const core::Tensor& mean,
-                              const core::Tensor& rstd);
+absl::Status LayerNormForward(absl::string_view what, const core::Tensor& x, const core::Tensor& w,
+                              const core::Tensor& b, float eps, const core::Tensor& y,
+                              const core::Tensor& mean, const core::Tensor& rstd);
 // gx = rstd * (g w - mean(g w) - xhat mean(g w xhat)) per row, with xhat from the forward's
 // input x (fp32, g's numel; not gx) and its mean and rstd; gw += sum_r g xhat and
 // gb += sum_r g when they are defined (fp32, C elements).
-absl::Status LayerNormBackward(absl::string_view what, const core::Tensor& g,
-                               const core::Tensor& x, const core::Tensor& mean,
-                               const core::Tensor& rstd, const core::Tensor& w,
-                               const core::Tensor& gx, const core::Tensor& gw,
-                               const core::Tensor& gb);
+absl::Status LayerNormBackward(absl::string_view what, const core::Tensor& g, const core::Tensor& x,
+                               const core::Tensor& mean, const core::Tensor& rstd,
+                               const core::Tensor& w, const core::Tensor& gx,
+                               const core::Tensor& gw, const core::Tensor& gb);
 
 // NOTE [Fused ops]: each op below gives, bit for bit, what the unfused ops it names give
 // one after the other, with the same argument rules. It makes one pass over memory where
@@ -222,9 +221,8 @@ bool FusedAttentionSupported(const core::Device& device, int64_t head_dim);
 // y [B, T, C] = the heads' outputs, fp32 or bf16 (y's dtype; bf16 for a bf16 GEMM that
 // takes it, rounded once in the kernel); lse [B, H, T] fp32 = what the backward needs of
 // each row's softmax (its log2-sum-exp2).
-absl::Status FusedAttentionForward(absl::string_view what, const core::Tensor& qkv,
-                                   int64_t n_head, float scale, const core::Tensor& y,
-                                   const core::Tensor& lse);
+absl::Status FusedAttentionForward(absl::string_view what, const core::Tensor& qkv, int64_t n_head,
+                                   float scale, const core::Tensor& y, const core::Tensor& lse);
 // gqkv [B, T, 3C] = dL/dqkv (written whole), fp32 or bf16 (its dtype), from the forward's
 // qkv, y (fp32 or bf16), lse and gy [B, T, C] bf16 = dL/dy rounded once; delta [B, H, T]
 // fp32 is scratch. Deterministic.
@@ -269,9 +267,9 @@ absl::Status SiluMulForward(absl::string_view what, const core::Tensor& a, const
                             const core::Tensor& h);
 // ga = gh * b * silu'(a) and gb = gh * silu(a); of equal numel, ga and gb distinct from each
 // other and from the inputs; a, b, gh fp32, ga and gb each fp32 or bf16 (rounded once, as h).
-absl::Status SiluMulBackward(absl::string_view what, const core::Tensor& a,
-                             const core::Tensor& b, const core::Tensor& gh,
-                             const core::Tensor& ga, const core::Tensor& gb);
+absl::Status SiluMulBackward(absl::string_view what, const core::Tensor& a, const core::Tensor& b,
+                             const core::Tensor& gh, const core::Tensor& ga,
+                             const core::Tensor& gb);
 
 // NOTE [Grouped-query attention] (nn/grouped_query_attention.h): the causal attention's
 // input qkv [B, T, 3C] (C = n_head * D; the layout of FusedAttentionForward and of
@@ -282,15 +280,14 @@ absl::Status SiluMulBackward(absl::string_view what, const core::Tensor& a,
 // bf16 attention GEMMs, each element the fp32 value rounded once: NOTE [GEMM epilogues]).
 // InvalidArgument unless n_head % n_kv_head == 0, D is even and the shapes agree.
 absl::Status RotaryPackQkv(absl::string_view what, const core::Tensor& q, const core::Tensor& k,
-                           const core::Tensor& v, const core::Tensor& cos,
-                           const core::Tensor& sin, int64_t n_head, int64_t n_kv_head,
-                           const core::Tensor& qkv);
+                           const core::Tensor& v, const core::Tensor& cos, const core::Tensor& sin,
+                           int64_t n_head, int64_t n_kv_head, const core::Tensor& qkv);
 // Its backward from gqkv [B, T, 3C] (fp32): gq (turned back), gk (turned back) and gv, each
 // kv head's gradient the sum over its group's heads; shapes as q, k, v above, each fp32 or
 // bf16 (rounded once, for a projection's bf16 GEMMs).
 absl::Status RotaryPackQkvBackward(absl::string_view what, const core::Tensor& gqkv,
-                                   const core::Tensor& cos, const core::Tensor& sin,
-                                   int64_t n_head, int64_t n_kv_head, const core::Tensor& gq,
+                                   const core::Tensor& cos, const core::Tensor& sin, int64_t n_head,
+                                   int64_t n_kv_head, const core::Tensor& gq,
                                    const core::Tensor& gk, const core::Tensor& gv);
 
 // y[i, :] = table[ids[i], :], table [num, dim] fp32 or bf16, ids int32 (each in [0, num),
@@ -311,8 +308,7 @@ absl::Status EmbeddingBackward(absl::string_view what, const core::Tensor& ids,
 // nn/losses.h): on CUDA the row losses stay on the device until it is called.
 absl::StatusOr<double> CrossEntropyForwardBackward(
     absl::string_view what, const core::Tensor& logits, const core::Tensor& targets,
-    const core::Tensor& grad,
-    std::function<absl::StatusOr<double>()>* deferred = nullptr);
+    const core::Tensor& grad, std::function<absl::StatusOr<double>()>* deferred = nullptr);
 
 // Sets every element of `t` to zero (asynchronously on CUDA).
 absl::Status ZeroTensor(absl::string_view what, const core::Tensor& t);
@@ -321,10 +317,9 @@ absl::Status ZeroTensor(absl::string_view what, const core::Tensor& t);
 // (kernels/cpu_runtime.h): "x86-64-v3" or "default".
 using ::kernels::CpuLoopIsa;
 
-// The CPU launchers behind the ops above (and optim's AdamW/SGD) split a call of >= 64K elements over an
-// OpenMP team of nn::IntraOpThreads() threads (kernels/cpu_runtime.h; 1 runs each call on its
-// caller).
-// Results do not depend on the count: only independent rows, columns or elements are
+// The CPU launchers behind the ops above (and optim's AdamW/SGD) split a call of >= 64K elements
+// over an OpenMP team of nn::IntraOpThreads() threads (kernels/cpu_runtime.h; 1 runs each call on
+// its caller). Results do not depend on the count: only independent rows, columns or elements are
 // split.
 
 }  // namespace nn

@@ -72,7 +72,7 @@ absl::StatusOr<core::Tensors> TransformerBlock::ForwardGraph(const core::Tensors
   // pass and stores its output bf16 under bf16 weights when a GEMM run inline takes it.
   const bool attn_inline = internal::RunsInline(*attn_);
   const bool ln_2_inline = internal::RunsInline(*ln_2_);
-  const bool mlp_inline = internal::Fusable(*mlp_) && ChildrenRunInline(*mlp_);
+  const bool mlp_inline = internal::RunsInline(*mlp_) && ChildrenRunInline(*mlp_);
   // h = x + attn(ln_1(x)).
   core::Tensor residual = in[0];
   core::Tensor n1;
@@ -90,16 +90,11 @@ absl::StatusOr<core::Tensors> TransformerBlock::ForwardGraph(const core::Tensors
   core::Tensor n2;  // ln_2(h), when made with h
   if (attn_inline) {
     // qkv stored for attention's bf16 GEMMs; proj's GEMM adds the bias and the residual.
-    F::AttentionCoreOptions attention;
-    attention.fused = attn_->fused();
-    attention.y_bf16 = attn_->proj()->weight()->data.dtype() == core::DType::kBFloat16;
+    const bool y_bf16 = attn_->proj()->weight()->data.dtype() == core::DType::kBFloat16;
     ASSIGN_OR_RETURN(
-        h, internal::InModule(
-               *attn_, F::LinearResidual(
-                           F::CausalSelfAttentionCore(
-                               F::LinearForGemm(n1, attn_->qkv()->weight(), attn_->qkv()->bias()),
-                               attn_->n_head(), attention),
-                           attn_->proj()->weight(), attn_->proj()->bias(), residual)));
+        h, internal::InModule(*attn_,
+                              F::LinearResidual(attn_->Heads(n1, y_bf16), attn_->proj()->weight(),
+                                                BiasArg(*attn_->proj()), residual)));
   } else {
     ASSIGN_OR_RETURN(const core::Tensor a, attn_->CallOne({n1}));
     if (ln_2_inline) {

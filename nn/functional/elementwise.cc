@@ -12,6 +12,7 @@
 #include "nn/functional/internal/tensor_args.h"
 #include "nn/functional/internal/tensor_dispatch.h"
 #include "nn/functional/reduce.h"
+#include "nn/internal/op_checks.h"
 #include "nn/tensor_ops.h"
 
 namespace nn {
@@ -240,6 +241,25 @@ absl::StatusOr<Tensor> Tanh(core::Arg x) {
       [](const Tensor& out, const Tensor& g, const Tensor& gx) {
         return RunUnaryGrad("Tanh backward", kernels::kUnaryTanh, out, g, gx);
       });
+}
+
+absl::StatusOr<Tensor> ToDType(core::Arg x_arg, core::DType dtype) {
+  ASSIGN_OR_RETURN(const Tensor x, internal::Input("ToDType", "input", x_arg));
+  RETURN_IF_ERROR(::nn::internal::CheckFp32OrBf16("ToDType", "input", x));
+  if (dtype != core::DType::kFloat32 && dtype != core::DType::kBFloat16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ToDType: dtype must be float32 or bfloat16, got ", core::DTypeName(dtype)));
+  }
+  if (x.dtype() == dtype) return x;
+  absl::StatusOr<Tensor> converted = x.ToDType(dtype, core::MemoryTag::kActivation);
+  if (!converted.ok()) {
+    return absl::Status(converted.status().code(),
+                        absl::StrCat("ToDType: ", converted.status().message()));
+  }
+  Tensor y = *std::move(converted);
+  RETURN_IF_ERROR(internal::RecordGradFn(
+      "ToDType", x, &y, [](const Tensor& g) -> absl::StatusOr<Tensor> { return g; }));
+  return y;
 }
 
 }  // namespace functional

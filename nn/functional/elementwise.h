@@ -49,6 +49,11 @@ absl::StatusOr<core::Tensor> Silu(core::Arg x);
 // tanh(x) by kernels::FastTanh (within about 1e-7 of tanh); gradient g (1 - y^2).
 absl::StatusOr<core::Tensor> Tanh(core::Arg x);
 
+// x in `dtype` (torch's Tensor.to(dtype)): fp32 <-> bf16, each element rounded to nearest even
+// into bf16 (widened exactly into fp32); x itself when it has that dtype already. Gradient: g as
+// it arrives (fp32). InvalidArgument "ToDType: ..." for an x or a dtype other than fp32 or bf16.
+absl::StatusOr<core::Tensor> ToDType(core::Arg x, core::DType dtype);
+
 }  // namespace functional
 }  // namespace nn
 

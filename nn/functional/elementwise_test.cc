@@ -163,6 +163,31 @@ TEST(ElementwiseTest, LargeOperandsGiveEachElementsBitsForAnyThreadCount) {
   ASSERT_TRUE(kernels::SetIntraOpThreads(1).ok());
 }
 
+// ToDType rounds fp32 to nearest even bf16 (widening back is exact) and hands the gradient on as
+// it arrives; the same dtype returns x itself, another dtype is refused.
+TEST(ElementwiseTest, ToDTypeRoundsToBf16AndPassesTheGradient) {
+  // 1 + 2^-8 + 2^-9 rounds up to 1 + 2^-7; 1 + 2^-9 ties to even (1).
+  const Tensor x = core::Leaf(
+      Tensor::FromVector({1.0f + 0x1p-8f + 0x1p-9f, 1.0f + 0x1p-9f, -3.5f}, {3}).value());
+  absl::StatusOr<Tensor> y = ToDType(x, core::DType::kBFloat16);
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_EQ(y->dtype(), core::DType::kBFloat16);
+  EXPECT_THAT(y->ToVector(), ElementsAre(1.0f + 0x1p-7f, 1.0f, -3.5f));
+  absl::StatusOr<Tensor> back = ToDType(*y, core::DType::kFloat32);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->dtype(), core::DType::kFloat32);
+  EXPECT_EQ(back->ToVector(), y->ToVector());
+  const Tensor seed = Tensor::FromVector({0.5f, -2.0f, 3.0f}, {3}).value();
+  ASSERT_TRUE(core::Backward({*back}, {seed}).ok());
+  EXPECT_EQ(core::LeafGrad(x).ToVector(), seed.ToVector());
+  absl::StatusOr<Tensor> same = ToDType(x, core::DType::kFloat32);
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(same->data<float>(), x.data<float>());
+  ExpectInvalid(ToDType(x, core::DType::kInt32).status(), "ToDType", "dtype must be float32");
+  ExpectInvalid(ToDType(Tensor::Zeros({2}, core::DType::kInt32), core::DType::kFloat32).status(),
+                "ToDType", "input");
+}
+
 TEST(ElementwiseTest, EmptyTensorsAndNoGradScope) {
   EXPECT_THAT(Add(Tensor::Zeros({0, 3}), Tensor::Zeros({3}))->shape(), ElementsAre(0, 3));
   EXPECT_THAT(Silu(Tensor::Zeros({0}))->shape(), ElementsAre(0));

@@ -13,6 +13,7 @@
 #include "core/op_profile.h"
 #include "core/status_macros.h"
 #include "nn/functional/internal/grad_sink.h"
+#include "nn/functional/internal/tensor_args.h"
 #include "nn/internal/attention_core.h"
 #include "nn/internal/op_checks.h"
 #include "nn/internal/validate.h"
@@ -25,6 +26,8 @@ namespace {
 
 using core::DType;
 using core::Tensor;
+using internal::Bf16GradOutput;
+using internal::ProducerTakesBf16Grad;
 using ::nn::internal::CheckDevices;
 using ::nn::internal::CheckFp32OrBf16;
 using ::nn::internal::IsBf16;
@@ -54,30 +57,15 @@ absl::StatusOr<Tensor> AsDType(const char* op, const char* name, const Tensor& t
   return r;
 }
 
-// True when `t`'s producing node takes its gradient in bf16 (Node::takes_bf16_grad): a backward
-// may hand it the bf16 gradient its GEMM stores (NOTE [Functional fusions]).
-bool ProducerTakesBf16Grad(const Tensor& t) {
-  const std::shared_ptr<core::AutogradMeta>& meta = t.autograd_meta();
-  return meta != nullptr && !meta->leaf && meta->node != nullptr &&
-         meta->node->takes_bf16_grad(meta->output_nr);
-}
-
-// The options of a record whose backward takes output 0's gradient in bf16 when `bf16` (its
-// bf16 GEMMs round it so anyway), else none.
-core::FunctionOptions Bf16GradOutput(bool bf16) {
-  core::FunctionOptions options;
-  if (bf16) options.bf16_grad_outputs = {0};
-  return options;
-}
-
-// ---- The Linear steps: nn::Linear's GEMMs (ForwardGemm and BackwardGemms in nn/linear.cc).
+// ---- The Linear steps: nn::Linear's GEMMs (nn/linear.cc), with the epilogues of NOTE [GEMM
+// epilogues] (nn/tensor_ops.h).
 
 struct LinearSizes {
   int64_t rows = 0, in = 0, out = 0;
   core::Shape x_shape;
   bool w16 = false;
-  // dL/dx stored bf16 (Linear::BackwardForGemm): a bf16 weight and an input whose producer
-  // takes its gradient in bf16. Set by the op that records the step.
+  // dL/dx stored bf16 by its GEMM: a bf16 weight and an input whose producer takes its gradient
+  // in bf16. Set by the op that records the step.
   bool gx16 = false;
   core::Shape out_shape() const { return WithLastDim(x_shape, out); }
 };
@@ -378,7 +366,7 @@ absl::StatusOr<std::vector<Tensor>> LinearGelu(core::Arg x_arg, core::Arg w_arg,
   const Tensor &x = l.x, &w = l.w, &b = l.b;
   LinearSizes s = l.s;
   s.gx16 = s.w16 && ProducerTakesBf16Grad(x);
-  // Linear::ForwardGelu: h and pre in the GEMM's dtype for proj (NOTE [GEMM epilogues]).
+  // kBiasGelu: h and pre in the GEMM's dtype for proj (NOTE [GEMM epilogues]).
   const DType out_dtype = s.w16 ? DType::kBFloat16 : DType::kFloat32;
   ASSIGN_OR_RETURN(Tensor h, NewActivation(s.out_shape(), x.device(), out_dtype));
   ASSIGN_OR_RETURN(const Tensor a, GemmInput(kOp, "input", s, x));
@@ -432,7 +420,7 @@ absl::StatusOr<Tensor> GeluLinear(core::Arg h_arg, core::Arg pre_arg, core::Arg 
       kOp, {h, pre, w, b, residual}, {&y},
       {core::RequiresGrad(w) ? a : Tensor(), pre_grad ? pre : Tensor(), pre_grad ? w : Tensor()},
       [s](const core::BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
-        // Linear::BackwardThroughGelu: dL/dpre in pre's dtype from the GEMM's epilogue, passed
+        // kDGelu: dL/dpre in pre's dtype from the GEMM's epilogue, passed
         // on as it is (NOTE [Functional fusions] (a)).
         ASSIGN_OR_RETURN(const LinearGrads g, LinearBackward(ctx, kOp, s, ctx.grad(0), ctx.saved(0),
                                                              ctx.saved(2), 1, 2, 3,
@@ -483,7 +471,7 @@ absl::StatusOr<Tensor> LinearResidual(core::Arg x_arg, core::Arg w_arg, core::Ar
                                                    residual_arg, /*need_residual=*/true));
   const Tensor &x = l.x, &w = l.w, &b = l.b, &residual = l.residual;
   LinearSizes s = l.s;
-  // Linear::BackwardForGemm where x's producer takes bf16 (NOTE [Functional fusions] (c)). dy
+  // dL/dx stored bf16 where x's producer takes bf16 (NOTE [Functional fusions] (c)). dy
   // stays fp32: the residual gets it as it is.
   s.gx16 = s.w16 && ProducerTakesBf16Grad(x);
   ASSIGN_OR_RETURN(Tensor y, NewActivation(s.out_shape(), x.device()));

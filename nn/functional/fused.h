@@ -12,21 +12,22 @@
 //   ASSIGN_OR_RETURN(std::vector<core::Tensor> fc, F::LinearGelu(n2[1], fc_w, fc_b));
 //   absl::StatusOr<core::Tensor> out = F::GeluLinear(fc[0], fc[1], proj_w, proj_b, n2[0]);
 //
-// NOTE [Functional fusions]: each op issues the dispatch calls (nn/tensor_ops.h) of the layers'
-// fused step it names (LayerNorm::ForwardAdd, Linear::ForwardResidual, ...: the reference
-// fused_test checks each op against), in its order, so a block of them gives the bits of the
-// hand-written block it replaced (the demo's losses and bench:step_roofline's op list are
-// unchanged). Weights and biases that are parameter leaves get their gradients added into
-// Parameter::grad by the backward's own GEMMs and passes (beta 1, made fp32 zeros first where
-// undefined), as the layers do; any other gets its gradient returned. Under bf16 weights the ops
-// keep the layers' bf16 storage: a LayerNorm output, qkv, GELU's h and pre-activation are stored
-// bf16 where a bf16 GEMM takes them (NOTE [GEMM epilogues]), and every GEMM operand is rounded
-// once (NOTE [bf16 GEMMs] in nn/linear.h). Where one step hands a bf16 gradient to the next, the
-// producer passes it bf16 and the receiver takes it as it is
+// NOTE [Functional fusions]: each op issues the dispatch calls (nn/tensor_ops.h) of one fused
+// step of the layers (the norms' one-pass residual forms, LayerNorm::ForwardAdd and BackwardAdd,
+// are the reference fused_test checks against; the Linear steps are nn::Linear's GEMMs with the
+// bias, GELU or residual in their epilogues, NOTE [GEMM epilogues]), in its order, so a block of
+// them gives the bits of the hand-written block they replaced (the demo's losses and
+// bench:step_roofline's op list are unchanged). Weights and biases that are parameter leaves get
+// their gradients added into Parameter::grad by the backward's own GEMMs and passes (beta 1, made
+// fp32 zeros first where undefined), as the layers do; any other gets its gradient returned. Under
+// bf16 weights the ops keep the layers' bf16 storage: a LayerNorm output, qkv, GELU's h and
+// pre-activation are stored bf16 where a bf16 GEMM takes them (NOTE [GEMM epilogues]), and every
+// GEMM operand is rounded once (NOTE [bf16 GEMMs] in nn/linear.h). Where one step hands a bf16
+// gradient to the next, the producer passes it bf16 and the receiver takes it as it is
 // (core::FunctionOptions::bf16_grad_outputs; NOTE [Autograd]). Under bf16 weights that is (a)
 // GELU's pre-activation gradient, which GeluLinear's GEMM stores bf16 (its epilogue reads the bf16
-// pre) for LinearGelu; (c) the heads' gradient, which LinearResidual's GEMM stores bf16
-// (Linear::BackwardForGemm) when its input's producer takes it so (CausalSelfAttentionCore with
+// pre) for LinearGelu; (c) the heads' gradient, which LinearResidual's (or F::Linear's) input
+// gradient GEMM stores bf16 when its input's producer takes it so (CausalSelfAttentionCore with
 // bf16 q, k, v); (d) with the fused attention kernel, dL/dqkv, written bf16 when qkv's producer
 // takes it so (LinearForGemm). A Linear step stores dL/dx bf16 wherever its input's producer takes
 // it. A receiver takes bf16 only for an output whose gradient its bf16 GEMMs round anyway; one
@@ -57,20 +58,20 @@ namespace functional {
 absl::StatusOr<core::Tensor> LinearForGemm(core::Arg x, core::Arg w, core::Arg b = core::Tensor());
 
 // {h, pre}: pre = x w^T + b and h = GELU(pre) (tanh form) from one GEMM with the bias and the GELU
-// in its epilogue (Linear::ForwardGelu), both bf16 when w is bf16 (for GeluLinear's bf16 GEMM),
+// in its epilogue (kBiasGelu), both bf16 when w is bf16 (for GeluLinear's bf16 GEMM),
 // else fp32. x [..., in] fp32 (bf16 with a bf16 w), w [out, in], b [out] (a bias is needed).
 // Gradients: the gradient reaching pre (GeluLinear sends its own there) goes back through the GEMM
-// as fc's backward (Linear::BackwardFused): dx, dw and db. A gradient reaching h directly (any
+// as a Linear's backward: dx, dw and db. A gradient reaching h directly (any
 // consumer other than GeluLinear) is multiplied by GELU'(pre) and added to pre's, after
 // GeluLinear's (h is recorded by a node of its own, "LinearGelu.h", that runs only when such a
 // gradient arrives). InvalidArgument "LinearGelu: ..." naming the argument.
 absl::StatusOr<std::vector<core::Tensor>> LinearGelu(core::Arg x, core::Arg w, core::Arg b);
 
-// y = [residual +] h w^T [+ b], fp32, where h = GELU(pre) as LinearGelu made them (proj's Forward,
-// or ForwardResidual with a residual: the bias and the residual added in the GEMM's epilogue). h
+// y = [residual +] h w^T [+ b], fp32, where h = GELU(pre) as LinearGelu made them (the MLP's proj;
+// the bias and the residual added in the GEMM's epilogue). h
 // and pre: one shape [..., in] and dtype, fp32 or (with a bf16 w) bf16; residual, when given, fp32
 // [..., out]. Gradients: pre gets dy w times GELU'(pre) from the GEMM's epilogue
-// (Linear::BackwardThroughGelu), h none (its gradient is in pre's, which is why h must be
+// (kDGelu), h none (its gradient is in pre's, which is why h must be
 // GELU(pre)); residual gets dy; w and b as proj's backward adds them. InvalidArgument
 // "GeluLinear: ..." naming the argument for a wrong shape, dtype or device, or when h requires
 // gradients and pre does not (h's gradient would be lost).
@@ -87,9 +88,9 @@ absl::StatusOr<core::Tensor> GeluLinear(core::Arg h, core::Arg pre, core::Arg w,
 absl::StatusOr<core::Tensor> BiasAdd(core::Arg x, core::Arg b);
 
 // y = residual + x w^T [+ b], fp32, the bias and the residual added in the GEMM's epilogue
-// (Linear::ForwardResidual: attention's proj with the block's residual). x [..., in] fp32 (bf16
-// with a bf16 w), b optional, residual fp32 [..., out]. Gradients: x, w and b as Linear's backward,
-// residual gets dy. InvalidArgument "LinearResidual: ..." naming the argument.
+// (kBiasResidual, or kResidual without a bias: attention's proj with the block's residual). x [...,
+// in] fp32 (bf16 with a bf16 w), b optional, residual fp32 [..., out]. Gradients: x, w and b as
+// Linear's backward, residual gets dy. InvalidArgument "LinearResidual: ..." naming the argument.
 absl::StatusOr<core::Tensor> LinearResidual(core::Arg x, core::Arg w, core::Arg b,
                                             core::Arg residual);
 

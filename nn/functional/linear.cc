@@ -8,6 +8,7 @@
 #include "core/op_profile.h"
 #include "core/status_macros.h"
 #include "nn/functional/internal/grad_sink.h"
+#include "nn/functional/internal/tensor_args.h"
 #include "nn/internal/op_checks.h"
 #include "nn/internal/validate.h"
 #include "nn/ops.h"
@@ -162,7 +163,7 @@ absl::StatusOr<LinearSizes> CheckLinear(const Tensor& x, const Tensor& w, const 
 // rounded to bf16 first under a bf16 weight. `x` is the input as the forward's GEMM took it.
 absl::StatusOr<std::vector<Tensor>> LinearBackward(const core::BackwardContext& ctx,
                                                    const LinearSizes& s, const Tensor& x,
-                                                   const Tensor& w) {
+                                                   const Tensor& w, bool gx16) {
   const Tensor& grad = ctx.grad(0);
   const core::Device device = grad.device();
   Tensor g = grad;
@@ -171,7 +172,8 @@ absl::StatusOr<std::vector<Tensor>> LinearBackward(const core::BackwardContext& 
   }
   Tensor gx;
   if (ctx.needs_grad(0)) {
-    ASSIGN_OR_RETURN(gx, NewActivation(s.x_shape, device));
+    ASSIGN_OR_RETURN(gx,
+                     NewActivation(s.x_shape, device, gx16 ? DType::kBFloat16 : DType::kFloat32));
     core::ScopedOpCategory role(core::OpCategory::kGemmInputGrad);
     RETURN_IF_ERROR(
         ::nn::MatMul("Linear", Product(false, false, 1, s.rows, s.in, s.out, g, 0, w, 0, gx)));
@@ -246,13 +248,17 @@ absl::StatusOr<Tensor> Linear(core::Arg x_arg, core::Arg w_arg, core::Arg b_arg)
   }
   RETURN_IF_ERROR(::nn::MatMul("Linear", g));
   // The input is needed only for the weight's gradient, the weight only for the input's.
+  // NOTE [Functional fusions] (fused.h): under a bf16 weight the GEMMs round the output's
+  // gradient to bf16, so it may arrive so, and dL/dx is stored bf16 for a producer that takes it
+  // so (the bits of rounding it there, one pass fewer).
+  const bool gx16 = s.w16 && internal::ProducerTakesBf16Grad(x);
   RETURN_IF_ERROR(core::RecordFunction(
       "Linear", {x, w, b}, {&y},
       {core::RequiresGrad(w) ? a : Tensor(), core::RequiresGrad(x) ? w : Tensor()},
-      [s](const core::BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
-        return LinearBackward(ctx, s, ctx.saved(0), ctx.saved(1));
+      [s, gx16](const core::BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
+        return LinearBackward(ctx, s, ctx.saved(0), ctx.saved(1), gx16);
       },
-      {"input", "weight"}));
+      {"input", "weight"}, internal::Bf16GradOutput(s.w16)));
   return y;
 }
 

@@ -28,8 +28,9 @@ using ::nn::internal::CheckFp32OrBf16;
 using ::nn::internal::IsBf16;
 using ::nn::internal::NewActivation;
 
-// ---- Bias-free Linears that share their input (q, k and v; gate and up): the GEMMs of
-// SharedGemmInput, Linear::Forward and SharedInputGradient (nn/linear.cc).
+// ---- Bias-free Linears that share their input (q, k and v; gate and up): x rounded once for
+// all of them, each nn::Linear's forward GEMM, and in the backward their input gradients summed
+// in the epilogues of their GEMMs (kResidual, NOTE [GEMM epilogues] in nn/tensor_ops.h).
 
 struct Projections {
   Tensor x;                        // the input as given
@@ -82,8 +83,8 @@ absl::StatusOr<Projections> CheckProjections(
   return p;
 }
 
-// x as the projections' GEMMs take it: rounded once to bf16 under bf16 weights (SharedGemmInput),
-// itself when it is so already.
+// x as the projections' GEMMs take it: rounded once to bf16 under bf16 weights (one copy, kept
+// for every weight gradient), itself when it is so already.
 absl::StatusOr<Tensor> GemmInput(const char* op, const Projections& p) {
   if (!p.w16 || IsBf16(p.x)) return p.x;
   absl::StatusOr<Tensor> r = p.x.ToDType(DType::kBFloat16, core::MemoryTag::kActivation);
@@ -167,6 +168,49 @@ absl::StatusOr<std::vector<Tensor>> ProjectionsBackward(const core::BackwardCont
   std::vector<Tensor> result = {gx};
   for (Tensor& g : weight_grads) result.push_back(std::move(g));
   return result;
+}
+
+// OK when `tables` serve T positions of head width D on `device` (the input's), else
+// InvalidArgument naming `op`.
+absl::Status CheckTables(const char* op, const RotaryTables& tables, int64_t D, int64_t T,
+                         const core::Device& device) {
+  if (tables.head_dim == D && tables.positions() >= T && tables.cos.defined() &&
+      tables.sin.defined() && tables.cos.device() == device && tables.sin.device() == device) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      op, ": the rotary tables (head width ", tables.head_dim, ", ", tables.positions(),
+      " positions",
+      tables.cos.defined() ? absl::StrCat(", on ", tables.cos.device().ToString()) : std::string(),
+      ") must be of head width ", D, " with at least ", T, " positions, on ", device.ToString(),
+      " (the input's)"));
+}
+
+// The rotary packing's backward (NOTE [Grouped-query attention]): from dL/dqkv, dL/dq [B, T,
+// n_head D] and dL/dk, dL/dv [B, T, n_kv_head D] in `dtypes` (each kv head's the sum over its
+// group, q and k turned back).
+absl::StatusOr<std::vector<Tensor>> UnpackRotaryGrad(const char* op, const Tensor& gqkv,
+                                                     const Tensor& cos, const Tensor& sin,
+                                                     int64_t n_head, int64_t n_kv_head, int64_t D,
+                                                     const std::vector<DType>& dtypes) {
+  const core::Device device = gqkv.device();
+  const int64_t B = gqkv.size(0), T = gqkv.size(1);
+  ASSIGN_OR_RETURN(const Tensor gq, NewActivation({B, T, n_head * D}, device, dtypes[0]));
+  ASSIGN_OR_RETURN(const Tensor gk, NewActivation({B, T, n_kv_head * D}, device, dtypes[1]));
+  ASSIGN_OR_RETURN(const Tensor gv, NewActivation({B, T, n_kv_head * D}, device, dtypes[2]));
+  RETURN_IF_ERROR(RotaryPackQkvBackward(op, gqkv, cos, sin, n_head, n_kv_head, gq, gk, gv));
+  return std::vector<Tensor>{gq, gk, gv};
+}
+
+// The dtype in which a backward hands each of `inputs` its gradient: bf16 where the producer takes
+// it so (NOTE [Functional fusions] in fused.h: a bf16 GEMM's operand, the same bits as rounding
+// there), else fp32.
+std::vector<DType> GradDTypes(std::initializer_list<const Tensor*> inputs) {
+  std::vector<DType> dtypes;
+  for (const Tensor* t : inputs) {
+    dtypes.push_back(internal::ProducerTakesBf16Grad(*t) ? DType::kBFloat16 : DType::kFloat32);
+  }
+  return dtypes;
 }
 
 }  // namespace
@@ -262,17 +306,7 @@ absl::StatusOr<Tensor> RotaryQkv(core::Arg x_arg, core::Arg q_w_arg, core::Arg k
     }
   }
   const int64_t B = x.size(0), T = x.size(1);
-  if (tables.head_dim != D || tables.positions() < T || !tables.cos.defined() ||
-      !tables.sin.defined() || tables.cos.device() != x.device() ||
-      tables.sin.device() != x.device()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kOp, ": the rotary tables (head width ", tables.head_dim, ", ",
-                     tables.positions(), " positions",
-                     tables.cos.defined() ? absl::StrCat(", on ", tables.cos.device().ToString())
-                                          : std::string(),
-                     ") must be of head width ", D, " with at least ", T, " positions, on ",
-                     x.device().ToString(), " (the input's)"));
-  }
+  RETURN_IF_ERROR(CheckTables(kOp, tables, D, T, x.device()));
   // GroupedQueryAttention::ForwardPlus: x rounded once for the three projections, their fp32
   // outputs packed, rotated and repeated per group into qkv (bf16 for bf16 attention).
   ASSIGN_OR_RETURN(const Tensor a, GemmInput(kOp, p));
@@ -289,14 +323,10 @@ absl::StatusOr<Tensor> RotaryQkv(core::Arg x_arg, core::Arg q_w_arg, core::Arg k
        grad_dtype, D](const core::BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
         // GroupedQueryAttention::BackwardImpl below the attention core: each projection's
         // gradient stored in its GEMMs' dtype by the packing's backward.
-        const Tensor& gqkv = ctx.grad(0);
-        const core::Device device = gqkv.device();
-        const int64_t B = x_shape[0], T = x_shape[1];
-        ASSIGN_OR_RETURN(const Tensor gq, NewActivation({B, T, n_head * D}, device, grad_dtype));
-        ASSIGN_OR_RETURN(const Tensor gk, NewActivation({B, T, n_kv_head * D}, device, grad_dtype));
-        ASSIGN_OR_RETURN(const Tensor gv, NewActivation({B, T, n_kv_head * D}, device, grad_dtype));
-        RETURN_IF_ERROR(RotaryPackQkvBackward(kOp, gqkv, cos, sin, n_head, n_kv_head, gq, gk, gv));
-        return ProjectionsBackward(ctx, kOp, names, x_shape, {gq, gk, gv});
+        ASSIGN_OR_RETURN(const std::vector<Tensor> g,
+                         UnpackRotaryGrad(kOp, ctx.grad(0), cos, sin, n_head, n_kv_head, D,
+                                          {grad_dtype, grad_dtype, grad_dtype}));
+        return ProjectionsBackward(ctx, kOp, names, x_shape, g);
       },
       {"input", "q weight", "k weight", "v weight"}));
   return qkv;
@@ -341,6 +371,83 @@ absl::StatusOr<Tensor> SwiGlu(core::Arg x_arg, core::Arg gate_w_arg, core::Arg u
         return ProjectionsBackward(ctx, kOp, names, x_shape, {ga, gb});
       },
       {"input", "gate weight", "up weight", "gate", "up"}));
+  return h;
+}
+
+absl::StatusOr<Tensor> PackRotaryQkv(core::Arg q_arg, core::Arg k_arg, core::Arg v_arg,
+                                     const RotaryTables& tables, int64_t n_head, int64_t n_kv_head,
+                                     DType dtype) {
+  constexpr const char* kOp = "PackRotaryQkv";
+  ASSIGN_OR_RETURN(const Tensor q, internal::Input(kOp, "q", q_arg));
+  ASSIGN_OR_RETURN(const Tensor k, internal::Input(kOp, "k", k_arg));
+  ASSIGN_OR_RETURN(const Tensor v, internal::Input(kOp, "v", v_arg));
+  RETURN_IF_ERROR(CheckDevices(kOp, {{"q", &q}, {"k", &k}, {"v", &v}}));
+  for (const auto& [name, t] :
+       {std::pair<const char*, const Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
+    RETURN_IF_ERROR(::nn::internal::CheckDType(kOp, name, *t, DType::kFloat32));
+  }
+  if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": dtype must be float32 or bfloat16, got ", core::DTypeName(dtype)));
+  }
+  if (n_head <= 0 || n_kv_head <= 0 || n_head % n_kv_head != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kOp, ": n_head (", n_head, ") must be a positive multiple of n_kv_head (", n_kv_head, ")"));
+  }
+  const int64_t D = q.dim() == 3 ? q.size(2) / n_head : 0;
+  if (q.dim() != 3 || q.size(2) % n_head != 0 || D == 0 || D % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": q must be [B, T, n_head * D] with D even (n_head ", n_head, "), got ",
+                     q.ToString()));
+  }
+  const int64_t B = q.size(0), T = q.size(1);
+  for (const Tensor* t : {&k, &v}) {
+    if (t->shape() != core::Shape{B, T, n_kv_head * D}) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kOp, ": ", t == &k ? "k" : "v", " must be [", B, ", ", T, ", ", n_kv_head * D,
+          "] (n_kv_head ", n_kv_head, " heads of width ", D, "), got ", t->ToString()));
+    }
+  }
+  RETURN_IF_ERROR(CheckTables(kOp, tables, D, T, q.device()));
+  ASSIGN_OR_RETURN(Tensor qkv, NewActivation({B, T, 3 * n_head * D}, q.device(), dtype));
+  RETURN_IF_ERROR(RotaryPackQkv(kOp, q, k, v, tables.cos, tables.sin, n_head, n_kv_head, qkv));
+  RETURN_IF_ERROR(core::RecordFunction(
+      kOp, {q, k, v}, {&qkv}, {},
+      [cos = tables.cos, sin = tables.sin, n_head, n_kv_head, D, dtypes = GradDTypes({&q, &k, &v})](
+          const core::BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
+        return UnpackRotaryGrad(kOp, ctx.grad(0), cos, sin, n_head, n_kv_head, D, dtypes);
+      }));
+  return qkv;
+}
+
+absl::StatusOr<Tensor> SiluMul(core::Arg gate_arg, core::Arg up_arg, DType dtype) {
+  constexpr const char* kOp = "SiluMul";
+  ASSIGN_OR_RETURN(const Tensor gate, internal::Input(kOp, "gate", gate_arg));
+  ASSIGN_OR_RETURN(const Tensor up, internal::Input(kOp, "up", up_arg));
+  RETURN_IF_ERROR(CheckDevices(kOp, {{"gate", &gate}, {"up", &up}}));
+  RETURN_IF_ERROR(::nn::internal::CheckDType(kOp, "gate", gate, DType::kFloat32));
+  RETURN_IF_ERROR(::nn::internal::CheckDType(kOp, "up", up, DType::kFloat32));
+  if (gate.shape() != up.shape()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": up must be like gate ", gate.ToString(), ", got ", up.ToString()));
+  }
+  if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": dtype must be float32 or bfloat16, got ", core::DTypeName(dtype)));
+  }
+  ASSIGN_OR_RETURN(Tensor h, NewActivation(gate.shape(), gate.device(), dtype));
+  RETURN_IF_ERROR(SiluMulForward(kOp, gate, up, h));
+  RETURN_IF_ERROR(core::RecordFunction(
+      kOp, {gate, up}, {&h}, {gate, up},
+      [dtypes = GradDTypes({&gate, &up})](
+          const core::BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
+        const Tensor &gate = ctx.saved(0), &up = ctx.saved(1);
+        ASSIGN_OR_RETURN(const Tensor ga, NewActivation(gate.shape(), gate.device(), dtypes[0]));
+        ASSIGN_OR_RETURN(const Tensor gb, NewActivation(up.shape(), up.device(), dtypes[1]));
+        RETURN_IF_ERROR(SiluMulBackward(kOp, gate, up, ctx.grad(0), ga, gb));
+        return std::vector<Tensor>{ga, gb};
+      },
+      {"gate", "up"}));
   return h;
 }
 

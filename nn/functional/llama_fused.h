@@ -26,7 +26,7 @@
 // are stored bf16 where a bf16 GEMM takes them, the gradients SiLU*up and the rotary packing hand
 // to the projections are bf16 inside one op, and every GEMM operand is rounded once (NOTE [bf16
 // GEMMs] in nn/linear.h). Bf16 gradients pass between ops as in fused.h: under bf16 weights (c)
-// the heads' gradient, which o_proj's LinearResidual stores bf16 (Linear::BackwardForGemm),
+// the heads' gradient, which o_proj's LinearResidual stores bf16 from its GEMM,
 // reaches CausalSelfAttentionCore as it is, and (b) ResidualRmsNorm's backward writes the bf16
 // copy of the residual stream's gradient that o_proj's LinearResidual takes (NOTE [bf16 gradient
 // copies] in core/autograd.h). (The letters are fused.h's; Llama has no GELU, (a), and its
@@ -66,17 +66,17 @@ absl::StatusOr<std::vector<core::Tensor>> ResidualRmsNorm(core::Arg x, core::Arg
 
 // qkv [B, T, 3 n_head D], the grouped-query attention's q, k and v in the attention core's layout
 // (CausalSelfAttentionCore with n_head): q = x q_w^T, k = x k_w^T, v = x v_w^T from three GEMMs on
-// x rounded once (SharedGemmInput), q and k turned by the rotary embedding of their position
-// t in 0 .. T-1, and each of the n_kv_head kv heads repeated for the n_head / n_kv_head query
-// heads of its group (nn::RotaryPackQkv; NOTE [Grouped-query attention]). qkv is bf16 when the
-// weights are (bf16 attention, NOTE [bf16 attention]), else fp32. x [B, T, C] fp32 (bf16 with bf16
-// weights); q_w [n_head D, C]; k_w and v_w [n_kv_head D, C]; the three of one dtype, fp32 or bf16,
-// no biases; D even; tables (nn::MakeRotaryTables) of head width D with at least T positions, on
-// x's device. Gradients (GroupedQueryAttention's backward): from dL/dqkv the rotary packing's
+// x rounded once (one bf16 copy for the three), q and k turned by the rotary embedding of their
+// position t in 0 .. T-1, and each of the n_kv_head kv heads repeated for the n_head / n_kv_head
+// query heads of its group (nn::RotaryPackQkv; NOTE [Grouped-query attention]). qkv is bf16 when
+// the weights are (bf16 attention, NOTE [bf16 attention]), else fp32. x [B, T, C] fp32 (bf16 with
+// bf16 weights); q_w [n_head D, C]; k_w and v_w [n_kv_head D, C]; the three of one dtype, fp32 or
+// bf16, no biases; D even; tables (nn::MakeRotaryTables) of head width D with at least T positions,
+// on x's device. Gradients (GroupedQueryAttention's backward): from dL/dqkv the rotary packing's
 // backward gives dL/dq, dL/dk and dL/dv (each kv head's the sum over its group, q and k turned
 // back; bf16 under bf16 weights, for the GEMMs that round them so), then each projection's input
 // and weight gradient GEMMs in the order q, k, v, k's and v's input gradients added to the sum so
-// far in their GEMM's epilogue (SharedInputGradient). InvalidArgument "RotaryQkv: ..." naming the
+// far in their GEMM's epilogue (kResidual). InvalidArgument "RotaryQkv: ..." naming the
 // argument.
 absl::StatusOr<core::Tensor> RotaryQkv(core::Arg x, core::Arg q_w, core::Arg k_w, core::Arg v_w,
                                        const RotaryTables& tables, int64_t n_head,
@@ -89,7 +89,8 @@ struct SwiGluOptions {
 };
 
 // h = silu(x gate_w^T) * (x up_w^T), SwiGLU's hidden activation (SwiGluMlp up to down_proj): the
-// two GEMMs on x rounded once (SharedGemmInput), their fp32 outputs into nn::SiluMulForward. h
+// two GEMMs on x rounded once (one bf16 copy for both), their fp32 outputs into nn::SiluMulForward.
+// h
 // [..., I] is bf16 per options.h_for_gemm. x [..., C] fp32 (bf16 with bf16 weights); gate_w and
 // up_w [I, C] of one dtype, fp32 or bf16, no biases. Gradients (SwiGluMlp's backward below
 // down_proj): nn::SiluMulBackward gives dL/dgate and dL/dup (bf16 under bf16 weights), then gate's
@@ -97,6 +98,27 @@ struct SwiGluOptions {
 // epilogue. InvalidArgument "SwiGlu: ..." naming the argument.
 absl::StatusOr<core::Tensor> SwiGlu(core::Arg x, core::Arg gate_w, core::Arg up_w,
                                     const SwiGluOptions& options = {});
+
+// The packing step of RotaryQkv for q, k and v made elsewhere (GroupedQueryAttention's forward when
+// a projection is called with its hooks): qkv [B, T, 3 n_head D] in `dtype` (fp32, or bf16 for
+// bf16 attention) from q [B, T, n_head D] and k, v [B, T, n_kv_head D], all fp32 on one device, q
+// and k turned by the rotary embedding of their position and each kv head repeated for its group
+// (nn::RotaryPackQkv, the bits of RotaryQkv's packing). Gradients: nn::RotaryPackQkvBackward's
+// (each kv head's the sum over its group), fp32, or bf16 for a producer that takes it so (NOTE
+// [Functional fusions] in fused.h). tables as RotaryQkv's. InvalidArgument
+// "PackRotaryQkv: ..." naming the argument.
+absl::StatusOr<core::Tensor> PackRotaryQkv(core::Arg q, core::Arg k, core::Arg v,
+                                           const RotaryTables& tables, int64_t n_head,
+                                           int64_t n_kv_head,
+                                           core::DType dtype = core::DType::kFloat32);
+
+// h = silu(gate) * up, SwiGLU's product for gate and up made elsewhere (SwiGluMlp's forward when a
+// projection is called with its hooks), through nn::SiluMulForward and SiluMulBackward: the bits of
+// SwiGlu's product. gate and up fp32 of one shape on one device; h in `dtype` (bf16 for a bf16 GEMM
+// that takes it: NOTE [GEMM epilogues]). Gradients fp32, or bf16 for a producer that takes it so
+// (NOTE [Functional fusions] in fused.h). InvalidArgument "SiluMul: ..." naming the argument.
+absl::StatusOr<core::Tensor> SiluMul(core::Arg gate, core::Arg up,
+                                     core::DType dtype = core::DType::kFloat32);
 
 }  // namespace functional
 }  // namespace nn

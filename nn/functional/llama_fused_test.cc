@@ -1,6 +1,7 @@
 #include "nn/functional/llama_fused.h"
 
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "nn/functional/fused.h"
 #include "nn/functional/gradcheck.h"
 #include "nn/functional/internal/layer_test_util.h"
+#include "nn/functional/linear.h"
 #include "nn/functional/norm.h"
 #include "nn/llama.h"
 #include "nn/rms_norm.h"
@@ -239,6 +241,90 @@ TEST(LlamaFusedTest, GradientsPassTheCheck) {
       {Random({2, 5, 16}, 12), Random({16}, 13), Random({16, 16}, 14, 0.3f),
        Random({8, 16}, 15, 0.3f), Random({8, 16}, 16, 0.3f), Random({16, 16}, 17, 0.3f)},
       {"x", "norm w", "q w", "k w", "v w", "o w"});
+}
+
+// The steps for projections made elsewhere (a projection called with its hooks): PackRotaryQkv and
+// SiluMul over F::Linear's outputs give RotaryQkv's and SwiGlu's bits, forward and backward, under
+// fp32 and bf16 weights.
+TEST(LlamaFusedTest, PackRotaryQkvAndSiluMulGiveTheFusedStepsBits) {
+  const nn::RotaryTables tables = Tables(5, 4);
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(core::DTypeName(dtype));
+    auto cast = [dtype](const Tensor& t) { return dtype == DType::kBFloat16 ? Bf16(t) : t; };
+    const Tensor x = Random({2, 5, 6}, 1);
+    const std::vector<Tensor> qkv_w = {cast(Random({16, 6}, 2)), cast(Random({8, 6}, 3)),
+                                       cast(Random({8, 6}, 4))};
+    const std::vector<Tensor> mlp_w = {cast(Random({10, 6}, 5)), cast(Random({10, 6}, 6))};
+    using Step = std::function<absl::StatusOr<Tensor>(const std::vector<Tensor>& in)>;
+    const Step fused_qkv = [&](const std::vector<Tensor>& in) {
+      return RotaryQkv(in[0], in[1], in[2], in[3], tables, 4, 2);
+    };
+    const Step packed_qkv = [&](const std::vector<Tensor>& in) {
+      return PackRotaryQkv(Linear(in[0], in[1]), Linear(in[0], in[2]), Linear(in[0], in[3]), tables,
+                           4, 2, dtype);
+    };
+    const Step fused_mlp = [&](const std::vector<Tensor>& in) {
+      return SwiGlu(in[0], in[1], in[2]);
+    };
+    const Step composed_mlp = [&](const std::vector<Tensor>& in) {
+      return SiluMul(Linear(in[0], in[1]), Linear(in[0], in[2]), dtype);
+    };
+    // The output and every input's gradient (fp32 leaves, the weights widened exactly).
+    auto run = [&](const Step& step, std::vector<Tensor> in) {
+      std::vector<Tensor> leaves;
+      for (Tensor& t : in) {
+        leaves.push_back(core::Leaf(t));
+        t = leaves.back();
+      }
+      std::vector<std::vector<float>> out;
+      absl::StatusOr<Tensor> y = step(in);
+      EXPECT_TRUE(y.ok()) << y.status();
+      if (!y.ok()) return out;
+      EXPECT_EQ(y->dtype(), dtype);
+      out.push_back(y->ToVector());
+      const Tensor seed = Random(y->shape(), 7);
+      EXPECT_TRUE(core::Backward({*y}, {seed}).ok());
+      for (const Tensor& leaf : leaves) out.push_back(core::LeafGrad(leaf).ToVector());
+      return out;
+    };
+    EXPECT_EQ(run(fused_qkv, {x, qkv_w[0], qkv_w[1], qkv_w[2]}),
+              run(packed_qkv, {x, qkv_w[0], qkv_w[1], qkv_w[2]}));
+    EXPECT_EQ(run(fused_mlp, {x, mlp_w[0], mlp_w[1]}), run(composed_mlp, {x, mlp_w[0], mlp_w[1]}));
+  }
+  ExpectGradientsPass(
+      [&tables](const std::vector<Tensor>& in) -> absl::StatusOr<std::vector<Tensor>> {
+        ASSIGN_OR_RETURN(Tensor qkv, PackRotaryQkv(in[0], in[1], in[2], tables, 4, 2));
+        return std::vector<Tensor>{qkv};
+      },
+      {Random({2, 5, 16}, 8), Random({2, 5, 8}, 9), Random({2, 5, 8}, 10)}, {"q", "k", "v"});
+  ExpectGradientsPass(
+      [](const std::vector<Tensor>& in) -> absl::StatusOr<std::vector<Tensor>> {
+        ASSIGN_OR_RETURN(Tensor h, SiluMul(in[0], in[1]));
+        return std::vector<Tensor>{h};
+      },
+      {Random({2, 3, 10}, 11), Random({2, 3, 10}, 12)}, {"gate", "up"});
+}
+
+TEST(LlamaFusedTest, PackRotaryQkvAndSiluMulNameTheirBadArguments) {
+  const nn::RotaryTables tables = Tables(3, 2);
+  const Tensor q = Tensor::Zeros({2, 3, 4}), kv = Tensor::Zeros({2, 3, 2});
+  ExpectInvalid(PackRotaryQkv(q, q, kv, tables, 2, 1).status(),
+                "PackRotaryQkv: k must be [2, 3, 2]");
+  ExpectInvalid(PackRotaryQkv(q, kv, kv, tables, 2, 3).status(),
+                "PackRotaryQkv: n_head (2) must be a positive multiple of n_kv_head (3)");
+  ExpectInvalid(PackRotaryQkv(Tensor::Zeros({2, 3, 6}), kv, kv, tables, 2, 1).status(),
+                "PackRotaryQkv: q must be [B, T, n_head * D] with D even");
+  ExpectInvalid(PackRotaryQkv(Bf16(q), kv, kv, tables, 2, 1).status(), "PackRotaryQkv: q");
+  ExpectInvalid(PackRotaryQkv(q, kv, kv, Tables(2, 2), 2, 1).status(),
+                "PackRotaryQkv: the rotary tables (head width 2, 2 positions");
+  ExpectInvalid(PackRotaryQkv(q, kv, kv, tables, 2, 1, DType::kInt32).status(),
+                "PackRotaryQkv: dtype must be float32 or bfloat16");
+  ExpectInvalid(SiluMul(q, kv).status(), "SiluMul: up must be like gate");
+  ExpectInvalid(SiluMul(q, Bf16(q)).status(), "SiluMul: up");
+  ExpectInvalid(SiluMul(q, q, DType::kInt32).status(), "SiluMul: dtype must be float32");
+  const absl::StatusOr<Tensor> earlier = absl::InternalError("Earlier: failed");
+  EXPECT_EQ(PackRotaryQkv(q, earlier, kv, tables, 2, 1).status(), earlier.status());
+  EXPECT_EQ(SiluMul(earlier, q).status(), earlier.status());
 }
 
 // No rows give empty outputs and gradients (zero parameter gradients); one position turns nothing,

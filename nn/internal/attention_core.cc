@@ -38,16 +38,6 @@ MatrixRef Squares(const core::Tensor& t, int64_t first, int64_t T) {
 
 }  // namespace
 
-bool CausalAttentionCore::YBf16For(const Linear& proj) { return SharesBf16Input({&proj}); }
-
-absl::StatusOr<core::Tensor> CausalAttentionCore::HeadsGradient(
-    Linear& proj, const core::Tensor& grad_output) const {
-  if (Fusable(proj) && qkv_.defined() && qkv_.dtype() == core::DType::kBFloat16) {
-    return proj.BackwardForGemm(grad_output);
-  }
-  return proj.Backward(grad_output);
-}
-
 void CausalAttentionCore::Release() {
   qkv_ = core::Tensor();
   att_ = core::Tensor();
@@ -56,8 +46,7 @@ void CausalAttentionCore::Release() {
 }
 
 absl::StatusOr<core::Tensor> CausalAttentionCore::Forward(const core::Module& m, core::Tensor qkv,
-                                                          int64_t n_head, bool fused,
-                                                          bool y_bf16) {
+                                                          int64_t n_head, bool fused, bool y_bf16) {
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = n_head, hd = C / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const core::Device device = qkv.device();
@@ -65,9 +54,9 @@ absl::StatusOr<core::Tensor> CausalAttentionCore::Forward(const core::Module& m,
   const bool bf16 = qkv.dtype() == core::DType::kBFloat16;
   n_head_ = n_head;
   if (bf16 && fused && FusedAttentionSupported(device, hd)) {  // NOTE [Fused attention]
-    ASSIGN_OR_RETURN(core::Tensor y,
-                     NewActivation({B, T, C}, device,
-                                   y_bf16 ? core::DType::kBFloat16 : core::DType::kFloat32));
+    ASSIGN_OR_RETURN(
+        core::Tensor y,
+        NewActivation({B, T, C}, device, y_bf16 ? core::DType::kBFloat16 : core::DType::kFloat32));
     ASSIGN_OR_RETURN(core::Tensor lse, NewActivation({B, H, T}, device));
     RETURN_IF_ERROR(FusedAttentionForward(what, qkv, H, scale, y, lse));
     qkv_ = std::move(qkv);
@@ -128,8 +117,7 @@ absl::StatusOr<core::Tensor> CausalAttentionCore::Backward(const core::Module& m
   }
   if (lse_.defined()) return FusedBackward(m, std::move(gy), gqkv_bf16);
   const core::Device device = qkv_.device();
-  const int64_t B = qkv_.size(0), T = qkv_.size(1), C = qkv_.size(2) / 3, H = n_head_,
-                hd = C / H;
+  const int64_t B = qkv_.size(0), T = qkv_.size(1), C = qkv_.size(2) / 3, H = n_head_, hd = C / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const std::string what = What(m);
   const bool bf16 = att_.dtype() == core::DType::kBFloat16;  // NOTE [bf16 attention]
@@ -196,8 +184,7 @@ absl::StatusOr<core::Tensor> CausalAttentionCore::Backward(const core::Module& m
 }
 
 absl::StatusOr<core::Tensor> CausalAttentionCore::FusedBackward(const core::Module& m,
-                                                                core::Tensor gy,
-                                                                bool gqkv_bf16) {
+                                                                core::Tensor gy, bool gqkv_bf16) {
   const core::Device device = qkv_.device();
   const int64_t B = qkv_.size(0), T = qkv_.size(1), C = qkv_.size(2) / 3, H = n_head_;
   const float scale = 1.0f / std::sqrt(static_cast<float>(C / H));
@@ -206,8 +193,7 @@ absl::StatusOr<core::Tensor> CausalAttentionCore::FusedBackward(const core::Modu
                    NewActivation({B, T, 3 * C}, device,
                                  gqkv_bf16 ? core::DType::kBFloat16 : core::DType::kFloat32));
   ASSIGN_OR_RETURN(core::Tensor delta, NewActivation({B, H, T}, device));
-  RETURN_IF_ERROR(
-      FusedAttentionBackward(What(m), qkv_, y_, gy, lse_, delta, H, scale, gqkv));
+  RETURN_IF_ERROR(FusedAttentionBackward(What(m), qkv_, y_, gy, lse_, delta, H, scale, gqkv));
   Release();
   return gqkv;
 }

@@ -1,10 +1,10 @@
-// Private to nn/: the causal multi-head attention between the projections, shared by
-// CausalSelfAttention (nn/attention.h) and GroupedQueryAttention
-// (nn/grouped_query_attention.h). It takes q, k and v packed as qkv [B, T, 3C] (q, k, v at
-// columns 0, C, 2C; head h at columns h * hd .. of each, hd = C / n_head), computes per
-// batch element and head y_h = softmax(q k^T / sqrt(hd), causal) v into y [B, T, C] and
-// keeps what the backward needs. Both paths of nn/attention.h are here: the unfused GEMMs +
-// causal softmax (fp32, or NOTE [bf16 attention] when qkv is bf16) and, on CUDA with bf16
+// Private to nn/: the causal multi-head attention between the projections, run by
+// F::CausalSelfAttentionCore (nn/functional/fused.h) for CausalSelfAttention (nn/attention.h)
+// and GroupedQueryAttention (nn/grouped_query_attention.h). It takes q, k and v packed as qkv
+// [B, T, 3C] (q, k, v at columns 0, C, 2C; head h at columns h * hd .. of each, hd = C /
+// n_head), computes per batch element and head y_h = softmax(q k^T / sqrt(hd), causal) v into
+// y [B, T, C] and keeps what the backward needs. Both paths of nn/attention.h are here: the unfused
+// GEMMs + causal softmax (fp32, or NOTE [bf16 attention] when qkv is bf16) and, on CUDA with bf16
 // q, k, v and a head width of 64 or 128, NOTE [Fused attention].
 //
 //   internal::CausalAttentionCore core;
@@ -19,7 +19,6 @@
 #include "absl/status/statusor.h"
 #include "core/module.h"
 #include "core/tensor.h"
-#include "nn/linear.h"
 
 namespace nn {
 namespace internal {
@@ -44,18 +43,7 @@ class CausalAttentionCore {
   // The qkv the last Forward kept (undefined when none): its shape gives B and T.
   const core::Tensor& qkv() const { return qkv_; }
 
-  // The heads' output y and its gradient against the output projection `proj` that takes
-  // y (NOTE [GEMM epilogues]), for a layer with this core:
-  // - Forward's y_bf16 for proj: its weight is bf16 and no hook could observe its input
-  //   (nn::SharesBf16Input).
-  // - HeadsGradient: dL/dy from proj's backward, stored bf16 by proj's GEMM where Backward
-  //   would round it so anyway (the last Forward's q, k, v are bf16: both bf16 paths take
-  //   it as a bf16 GEMM operand) and no hook on proj could see it; else proj's Backward.
-  //   Under an fp32 core a bf16 gradient would round the fp32 GEMMs' other operands too.
-  static bool YBf16For(const Linear& proj);
-  absl::StatusOr<core::Tensor> HeadsGradient(Linear& proj, const core::Tensor& grad_output) const;
-
-  // Drops the caches (the module's ReleaseActivations).
+  // Drops the caches.
   void Release();
 
  private:

@@ -28,19 +28,6 @@ inline absl::Status ModuleError(const core::Module& m, absl::string_view message
   return absl::InvalidArgumentError(absl::StrCat(m.Describe(), ": ", message));
 }
 
-// For Linear::ForwardResidual: OK when `residual` is defined and
-// the module can add it in its last GEMM (`adds`); else InvalidArgument for an undefined
-// residual, FailedPrecondition saying what it `needs` otherwise.
-inline absl::Status CheckResidualInGemm(const core::Module& m, const core::Tensor& residual,
-                                        bool adds, absl::string_view needs) {
-  if (!residual.defined()) return ModuleError(m, "ForwardResidual: the residual is undefined");
-  if (!adds) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(m.Describe(), ": ForwardResidual needs ", needs, " (use Forward)"));
-  }
-  return absl::OkStatus();
-}
-
 // OK if `t` is a defined tensor of `dtype` (on any device); `what` names it ("input",
 // "grad_output").
 inline absl::Status CheckTensor(const core::Module& m, const core::Tensor& t, core::DType dtype,
@@ -208,22 +195,15 @@ inline absl::StatusOr<core::Tensor> GradTensor(const core::Module& m, core::Para
 // Describe() of `m` for messages of the tensor ops (nn/tensor_ops.h).
 inline std::string What(const core::Module& m) { return m.Describe(); }
 
-// Whether a layer may run its child `m`'s work inside a
-// fused op instead of calling m.Forward / m.Backward. Only when nothing could tell the
-// difference: `m` has no hooks (Module::Forward runs nothing else around ForwardImpl),
-// constructed cleanly (else its Forward returns that error) and is not checkpointed on its
-// own (its Forward would drop what a direct Backward needs).
-inline bool Fusable(const core::Module& m) {
-  return m.NumHooks() == 0 && m.ConstructionStatus().ok() && !m.checkpoint_activations();
-}
-
 // NOTE [Block forwards] (nn/transformer.h): whether a graph module's forward may compute `m`
 // inline, passing m's parameters to fused functions (nn/functional/fused.h) instead of calling
 // m.Call, because nothing could tell the difference: no module of m's subtree has hooks or is
 // checkpointed, and each constructed cleanly. A child a policy wraps or checkpoints is called,
 // so its hooks run.
 inline bool RunsInline(const core::Module& m) {
-  if (!Fusable(m)) return false;
+  if (m.NumHooks() != 0 || !m.ConstructionStatus().ok() || m.checkpoint_activations()) {
+    return false;
+  }
   for (const auto& [name, child] : m.NamedChildren()) {
     if (!RunsInline(*child)) return false;
   }

@@ -19,8 +19,8 @@
 namespace nn {
 namespace fused_layers {
 
-// A forward pre-hook that does nothing but count: registering it makes `m` not Fusable
-// (nn/internal/validate.h).
+// A forward pre-hook that does nothing but count: registering it makes a parent call `m` instead
+// of running it inline (nn::internal::RunsInline in nn/internal/validate.h).
 core::HookHandle CountingHook(core::Module& m, int* calls);
 
 // The bits of the output, the input gradient and every parameter gradient (in
@@ -45,9 +45,9 @@ ForwardCost MeasureForward(core::Module& m, const core::Tensor& x);
 std::map<std::string, int> StepOps(core::Module& m, const core::Tensor& x, const core::Tensor& gy);
 
 // `m` run as it is, then with a CountingHook on its descendant `child` (which makes `child`
-// not Fusable): each run's forward cost, step bits and step ops, and how often the hook ran.
-// The backward's conversions (the bf16 roundings of gradients for bf16 GEMMs) are the
-// step's less the forward's.
+// called, not run inline): each run's forward cost, step bits and step ops, and how often the hook
+// ran. The backward's conversions (the bf16 roundings of gradients for bf16 GEMMs) are the step's
+// less the forward's.
 struct HookComparison {
   ForwardCost plain_cost, hooked_cost;
   int plain_backward_converts = 0, hooked_backward_converts = 0;
@@ -61,8 +61,8 @@ HookComparison CompareWithHookOn(core::Module& m, core::Module& child, const cor
                                  const core::Tensor& gy);
 // CompareWithHookOn, expecting the same bits both ways and the hook run by each hooked
 // forward (test failures otherwise); returns the comparison for the costs.
-HookComparison ExpectSameBitsWithHookOn(core::Module& m, core::Module& child,
-                                        const core::Tensor& x, const core::Tensor& gy);
+HookComparison ExpectSameBitsWithHookOn(core::Module& m, core::Module& child, const core::Tensor& x,
+                                        const core::Tensor& gy);
 
 }  // namespace fused_layers
 }  // namespace nn

@@ -122,6 +122,23 @@ inline absl::Status RecordGradFn(
                               });
 }
 
+// True when `t`'s producing node takes its gradient in bf16 (Node::takes_bf16_grad): a backward
+// may hand it the bf16 gradient its GEMM stores (NOTE [Functional fusions] in
+// nn/functional/fused.h).
+inline bool ProducerTakesBf16Grad(const core::Tensor& t) {
+  const std::shared_ptr<core::AutogradMeta>& meta = t.autograd_meta();
+  return meta != nullptr && !meta->leaf && meta->node != nullptr &&
+         meta->node->takes_bf16_grad(meta->output_nr);
+}
+
+// The options of a record whose backward takes output 0's gradient in bf16 when `bf16` (its
+// bf16 GEMMs round it so anyway), else none.
+inline core::FunctionOptions Bf16GradOutput(bool bf16) {
+  core::FunctionOptions options;
+  if (bf16) options.bf16_grad_outputs = {0};
+  return options;
+}
+
 }  // namespace internal
 }  // namespace functional
 }  // namespace nn
