@@ -155,6 +155,8 @@ thread_local std::vector<std::function<absl::Status()>>* running_callbacks = nul
 // The runs in progress on this thread, outermost first (a Backward inside a node's backward:
 // a checkpointed module's recompute).
 thread_local std::vector<uint64_t> active_runs;
+// The storage of the implicit seeds (1) of the Backwards running on this thread (IsUnitSeed).
+thread_local std::vector<const void*> unit_seeds;
 
 absl::Status ZerosLike(const Shape& shape, Device device, Tensor* out) {
   absl::StatusOr<Tensor> z =
@@ -617,6 +619,11 @@ absl::Status Backward(absl::Span<const Tensor> outputs, absl::Span<const Tensor>
   }
   std::vector<Edge> roots;
   std::vector<Tensor> seeds;
+  // The implicit seeds this call makes are IsUnitSeed until it returns.
+  struct UnitSeedsScope {
+    size_t before = unit_seeds.size();
+    ~UnitSeedsScope() { unit_seeds.resize(before); }
+  } unit_seeds_scope;
   for (size_t i = 0; i < outputs.size(); ++i) {
     const Tensor& out = outputs[i];
     Edge e = EdgeOf(out);
@@ -638,12 +645,22 @@ absl::Status Backward(absl::Span<const Tensor> outputs, absl::Span<const Tensor>
       if (!one.ok()) return one.status();
       if (absl::Status s = one->TryFill(1.0f); !s.ok()) return s;
       seed = *std::move(one);
+      unit_seeds.push_back(seed.raw_data());
     }
     roots.push_back(std::move(e));
     seeds.push_back(std::move(seed));
   }
   GraphRun run(options);
   return run.Run(roots, seeds);
+}
+
+bool IsUnitSeed(const Tensor& t) {
+  if (!t.defined() || t.numel() != 1 || t.dtype() != DType::kFloat32) return false;
+  const void* data = t.raw_data();
+  for (const void* seed : unit_seeds) {
+    if (seed == data) return true;
+  }
+  return false;
 }
 
 absl::Status Backward(const Tensor& loss, BackwardOptions options) {

@@ -341,6 +341,12 @@ absl::Status Backward(absl::Span<const Tensor> outputs, absl::Span<const Tensor>
 // Backward of a one-element tensor (a loss) with seed 1.
 absl::Status Backward(const Tensor& loss, BackwardOptions options = {});
 
+// True when `t` is the seed 1 a running Backward on this thread made for an output given no
+// gradient (Backward(loss)), as it reaches that output's node (nothing added to it): a custom
+// function whose backward multiplies a kept gradient by its output's gradient may then return
+// the kept one as it is (the same bits, one pass fewer; F::CrossEntropy does).
+bool IsUnitSeed(const Tensor& t);
+
 // Queues `callback` to run after the running Backward's last node (in queue order; the
 // first error is Backward's). FailedPrecondition outside a Backward on this thread.
 absl::Status QueueBackwardCallback(std::function<absl::Status()> callback);

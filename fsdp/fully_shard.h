@@ -6,9 +6,9 @@
 //   options.policy = policy::ModuleTypes({"TransformerBlock"});
 //   ASSIGN_OR_RETURN(auto handle, fsdp::FullyShard(gpt, group, options, &registry));
 //   ASSIGN_OR_RETURN(auto adamw, optim::AdamW::Create(gpt->NamedParameters()));
-//   ASSIGN_OR_RETURN(core::Tensor logits, gpt->Forward(local.inputs));   // hooks all-gather
-//   ASSIGN_OR_RETURN(nn::LossResult loss, nn::CrossEntropyLoss(logits, local.targets));
-//   RETURN_IF_ERROR(gpt->Backward(loss.grad).status());  // grads reduce-scattered: final
+//   ASSIGN_OR_RETURN(core::Tensor loss,                   // hooks all-gather
+//                    nn::functional::CrossEntropy(gpt->CallOne({local.inputs}), local.targets));
+//   RETURN_IF_ERROR(core::Backward(loss));                // grads reduce-scattered: final
 //   RETURN_IF_ERROR(adamw->Step());                       // steps each rank's shard
 //   RETURN_IF_ERROR(fsdp::Release(*gpt, &registry));      // plain module, full weights
 //

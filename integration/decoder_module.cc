@@ -9,9 +9,11 @@
 #include "core/status_macros.h"
 #include "data/sampler.h"
 #include "integration/device_setup.h"
-#include "nn/losses.h"
+#include "nn/functional/loss.h"
 
 namespace integration {
+
+namespace F = ::nn::functional;
 
 int64_t LanguageVocabFor(int64_t model_vocab, int order) {
   // V^k <= 2^20 and V^(k+1) <= 2^24 (data/markov_language.h), without overflow.
@@ -73,8 +75,8 @@ absl::Status DecoderTrainModule::Init(const DecoderTrainOptions& options, Decode
       return f;
     };
     if (options.data_path.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, ".eval_data_path is set but data_path is not; set both or neither"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ".eval_data_path is set but data_path is not; set both or neither"));
     }
     ASSIGN_OR_RETURN(train_tokens_, open(options.data_path, "data_path"));
     if (options.eval_data_path.empty()) {
@@ -128,25 +130,29 @@ absl::StatusOr<data::TokenBatch> DecoderTrainModule::LocalBatch(int64_t index,
 
 absl::StatusOr<StepOutput> DecoderTrainModule::TrainingStep(const StepContext& ctx) {
   ASSIGN_OR_RETURN(data::TokenBatch batch, LocalBatch(BatchIndex(ctx), ctx));
-  ASSIGN_OR_RETURN(core::Tensor logits, model_->Forward(batch.inputs));
-  // The logits' gradient in the dtype the head's GEMMs use (bf16 under mixed precision),
-  // and the logits freed before the backward: at most one [B, T, V] tensor in each. The
-  // loss stays on the device until the runner reports it (NOTE [Deferred loss]).
-  ASSIGN_OR_RETURN(nn::LossResult loss,
-                   nn::CrossEntropyLoss(logits, batch.targets, spec_.logits_grad_dtype(*model_),
-                                        /*defer_read=*/true));
-  logits = core::Tensor();
-  RETURN_IF_ERROR(model_->Backward(loss.grad).status());
+  // The model and its loss on the autograd graph (NOTE [Graph modules] in core/module.h): the
+  // loss keeps the logits' gradient in the dtype the head's GEMMs use (bf16 under mixed
+  // precision, NOTE [Functional losses]) and the logits are freed before the backward, so at
+  // most one [B, T, V] tensor lives in each. The loss's value stays on the device until the
+  // runner reports it (NOTE [Deferred loss]).
   StepOutput out{0.0, batch.targets.numel()};
-  out.read_loss = std::move(loss.read_loss);
+  F::CrossEntropyOptions loss_options;
+  loss_options.read_loss = &out.read_loss;
+  ASSIGN_OR_RETURN(const core::Tensor loss,
+                   F::CrossEntropy(model_->CallOne({batch.inputs}), batch.targets, loss_options));
+  RETURN_IF_ERROR(core::Backward(loss));
   return out;
 }
 
 absl::StatusOr<StepOutput> DecoderTrainModule::EvaluationStep(const StepContext& ctx) {
   ASSIGN_OR_RETURN(data::TokenBatch batch, LocalBatch(BatchIndex(ctx), ctx));
-  ASSIGN_OR_RETURN(core::Tensor logits, model_->Forward(batch.inputs));
-  ASSIGN_OR_RETURN(nn::LossResult loss, nn::CrossEntropyLoss(logits, batch.targets));
-  return StepOutput{loss.loss, batch.targets.numel()};
+  std::function<absl::StatusOr<double>()> read_loss;
+  F::CrossEntropyOptions loss_options;
+  loss_options.read_loss = &read_loss;
+  RETURN_IF_ERROR(
+      F::CrossEntropy(model_->CallOne({batch.inputs}), batch.targets, loss_options).status());
+  ASSIGN_OR_RETURN(const double loss, read_loss());
+  return StepOutput{loss, batch.targets.numel()};
 }
 
 absl::StatusOr<core::Tensor> DecoderTrainModule::PredictStep(const StepContext& ctx) {
@@ -160,8 +166,8 @@ absl::StatusOr<core::Tensor> DecoderTrainModule::PredictStep(const StepContext& 
   }
   const int64_t vocab = logits.size(-1);
   const int64_t positions = logits.numel() / vocab;
-  ASSIGN_OR_RETURN(core::Tensor ids, core::Tensor::Allocate(batch.inputs.shape(),
-                                                            core::DType::kInt32));
+  ASSIGN_OR_RETURN(core::Tensor ids,
+                   core::Tensor::Allocate(batch.inputs.shape(), core::DType::kInt32));
   const float* l = logits.data<float>();
   int32_t* out = ids.data<int32_t>();
   for (int64_t p = 0; p < positions; ++p) {

@@ -64,7 +64,7 @@ struct DecoderTrainOptions {
                                          // [Language vocabulary])
   int seq_len = 32;                      // 0 < seq_len <= the model's longest sequence
   optim::AdamWOptions adamw = DefaultAdamW();
-  int64_t warmup_steps = 20;             // linear warm-up over the first global steps, >= 0
+  int64_t warmup_steps = 20;  // linear warm-up over the first global steps, >= 0
   // Where the model computes: it is built on the CPU (the same deterministic init
   // everywhere) and moved there, keeping its Parameter objects.
   core::Device device = core::Device::Cpu();
@@ -100,28 +100,21 @@ struct DecoderSpec {
   // core::Module::TypeName of the repeated block ("TransformerBlock"): one FSDP unit each
   // in the main job, and what its activation checkpointing applies to.
   std::string block_type;
-  int64_t num_layers = 0;   // L and C of the model-FLOPs estimate 6 N + 12 L T C
+  int64_t num_layers = 0;  // L and C of the model-FLOPs estimate 6 N + 12 L T C
   int64_t hidden_size = 0;
   // Builds the model (under a core::DeferredInitScope when DecoderTrainOptions::
   // deferred_init); its config's InvalidArgument naming the field.
   std::function<absl::StatusOr<std::shared_ptr<core::Module>>()> build;
-  // The dtype the built model's Backward wants the logits' gradient in (its
-  // logits_grad_dtype(): bf16 after a Forward with bf16 weights).
-  std::function<core::DType(const core::Module&)> logits_grad_dtype;
 };
 
-// Sets spec->build and spec->logits_grad_dtype for a model type with
-// `static absl::StatusOr<std::shared_ptr<Model>> Create(const Config&)` and
-// `core::DType logits_grad_dtype() const` (nn::Gpt, nn::Llama).
+// Sets spec->build for a model type with
+// `static absl::StatusOr<std::shared_ptr<Model>> Create(const Config&)` (nn::Gpt, nn::Llama).
 template <typename Model, typename Config>
 void SetDecoderModel(const Config& config, DecoderSpec* spec) {
   spec->build = [config]() -> absl::StatusOr<std::shared_ptr<core::Module>> {
     absl::StatusOr<std::shared_ptr<Model>> model = Model::Create(config);
     if (!model.ok()) return model.status();
     return std::shared_ptr<core::Module>(*std::move(model));
-  };
-  spec->logits_grad_dtype = [](const core::Module& model) {
-    return static_cast<const Model&>(model).logits_grad_dtype();
   };
 }
 

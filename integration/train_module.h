@@ -10,10 +10,10 @@
 //     absl::StatusOr<integration::StepOutput> TrainingStep(
 //         const integration::StepContext& ctx) override {
 //       ASSIGN_OR_RETURN(Batch local, MyRows(ctx.step, ctx.batch_size, ctx.rank, ctx.world_size));
-//       ASSIGN_OR_RETURN(core::Tensor out, net_->Forward(local.x));
-//       ASSIGN_OR_RETURN(nn::LossResult loss, nn::MseLoss(out, local.y));
-//       RETURN_IF_ERROR(net_->Backward(loss.grad).status());
-//       return integration::StepOutput{loss.loss, local.rows};
+//       ASSIGN_OR_RETURN(core::Tensor loss,
+//                        nn::functional::Mse(net_->CallOne({local.x}), local.y));
+//       RETURN_IF_ERROR(core::Backward(loss));
+//       return integration::StepOutput{loss.ToVector()[0], local.rows};
 //     }
 //     ... EvaluationStep (forward only), ConfigureOptimizer ...
 //   };
@@ -72,9 +72,9 @@ struct StepOutput {
   // ranks, and what throughput is counted in. > 0.
   int64_t count = 0;
   // A training step may leave its loss on the device (NOTE [Deferred loss] in
-  // nn/losses.h: nn::LossResult::read_loss): then `loss` is ignored and the runner calls
-  // this when it reports (a log step, the fit's last step), so the step itself needs no
-  // host synchronisation.
+  // nn/losses.h: nn::functional::CrossEntropyOptions::read_loss): then `loss` is ignored and the
+  // runner calls this when it reports (a log step, the fit's last step), so the step itself needs
+  // no host synchronisation.
   std::function<absl::StatusOr<double>()> read_loss;
 
   // The loss: read_loss() when the step deferred it, else `loss`.

@@ -18,6 +18,8 @@ namespace nn {
 // NaN and `read_loss` returns it (the value the undeferred call gives, bit for bit) with
 // the one host synchronisation, whenever the caller reads it (integration::StageRunner:
 // at log steps). On the CPU the value is known at once and read_loss just returns it.
+// nn::functional::CrossEntropy does the same on the autograd graph
+// (CrossEntropyOptions::read_loss; the trainers' DecoderTrainModule uses it).
 struct LossResult {
   float loss = 0.0f;
   std::function<absl::StatusOr<double>()> read_loss;  // set by a deferred read only
@@ -48,8 +50,7 @@ absl::StatusOr<LossResult> MseLoss(const core::Tensor& pred, const core::Tensor&
 // ever allocated. InvalidArgument for another dtype.
 //
 // defer_read: NOTE [Deferred loss] above.
-absl::StatusOr<LossResult> CrossEntropyLoss(const core::Tensor& logits,
-                                            const core::Tensor& targets,
+absl::StatusOr<LossResult> CrossEntropyLoss(const core::Tensor& logits, const core::Tensor& targets,
                                             core::DType grad_dtype = core::DType::kFloat32,
                                             bool defer_read = false);
 

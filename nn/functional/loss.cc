@@ -1,11 +1,15 @@
 #include "nn/functional/loss.h"
 
 #include <cstdint>
+#include <functional>
+#include <limits>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "nn/functional/internal/row_ops.h"
+#include "nn/functional/internal/tensor_args.h"
 #include "nn/internal/op_checks.h"
 #include "nn/internal/validate.h"
 #include "nn/losses.h"
@@ -83,20 +87,23 @@ absl::StatusOr<KeptRows> CheckCrossEntropy(const Tensor& logits, const Tensor& t
   return kept;
 }
 
-// The mean loss over the rows `kept` of logits, and into `grad` (fp32, logits' shape) its
-// gradient, 0 on the other rows: NOTE [Functional losses].
+// The mean loss over the rows `kept` of logits, and into `grad` (logits' shape; fp32, or bf16 when
+// every row is kept) its gradient, 0 on the other rows: NOTE [Functional losses]. With `deferred`
+// non-null, NaN, and *deferred reads the mean (nn::CrossEntropyForwardBackward's).
 absl::StatusOr<double> CrossEntropyRows(const Tensor& logits, const Tensor& targets,
-                                        const KeptRows& kept, const Tensor& grad) {
+                                        const KeptRows& kept, const Tensor& grad,
+                                        std::function<absl::StatusOr<double>()>* deferred) {
   const char* op = "CrossEntropy";
   const core::Device device = logits.device();
   const int64_t n = targets.numel(), V = logits.size(-1);
   if (kept.rows.empty()) {
     RETURN_IF_ERROR(ZeroTensor(op, grad));
+    if (deferred != nullptr) *deferred = []() -> absl::StatusOr<double> { return 0.0; };
     return 0.0;
   }
   if (static_cast<int64_t>(kept.rows.size()) == n) {
     ASSIGN_OR_RETURN(const Tensor device_targets, OnDevice(targets, device));
-    return CrossEntropyForwardBackward(op, logits, device_targets, grad);
+    return CrossEntropyForwardBackward(op, logits, device_targets, grad, deferred);
   }
   // The kept rows and their targets, gathered as an embedding lookup gathers rows.
   const int64_t m = static_cast<int64_t>(kept.rows.size());
@@ -108,8 +115,8 @@ absl::StatusOr<double> CrossEntropyRows(const Tensor& logits, const Tensor& targ
   ASSIGN_OR_RETURN(const Tensor picked_logits, NewActivation({m, V}, device));
   RETURN_IF_ERROR(EmbeddingForward(op, table, rows, picked_logits));
   ASSIGN_OR_RETURN(const Tensor picked_grad, NewActivation({m, V}, device));
-  ASSIGN_OR_RETURN(const double loss,
-                   CrossEntropyForwardBackward(op, picked_logits, picked_targets, picked_grad));
+  ASSIGN_OR_RETURN(const double loss, CrossEntropyForwardBackward(op, picked_logits, picked_targets,
+                                                                  picked_grad, deferred));
   // Scattered back: each kept row is added once into zeros, so it keeps its bits.
   RETURN_IF_ERROR(ZeroTensor(op, grad));
   ASSIGN_OR_RETURN(const Tensor grad2d, grad.Reshape({n, V}));
@@ -119,21 +126,58 @@ absl::StatusOr<double> CrossEntropyRows(const Tensor& logits, const Tensor& targ
 
 }  // namespace
 
+absl::StatusOr<Tensor> CrossEntropy(core::Arg logits, core::Arg targets, int64_t ignore_index) {
+  CrossEntropyOptions options;
+  options.ignore_index = ignore_index;
+  return CrossEntropy(std::move(logits), std::move(targets), options);
+}
+
 absl::StatusOr<Tensor> CrossEntropy(core::Arg logits_arg, core::Arg targets_arg,
-                                    int64_t ignore_index) {
+                                    const CrossEntropyOptions& options) {
   RETURN_IF_ERROR(logits_arg.status());
   RETURN_IF_ERROR(targets_arg.status());
   const Tensor& logits = logits_arg.tensor();
   const Tensor& targets = targets_arg.tensor();
-  ASSIGN_OR_RETURN(const KeptRows kept, CheckCrossEntropy(logits, targets, ignore_index));
-  ASSIGN_OR_RETURN(Tensor grad, NewActivation(logits.shape(), logits.device()));
-  ASSIGN_OR_RETURN(const double mean, CrossEntropyRows(logits, targets, kept, grad));
-  // Rounded to float as nn::CrossEntropyLoss rounds it.
-  ASSIGN_OR_RETURN(Tensor loss, Scalar(static_cast<float>(mean), logits.device()));
+  ASSIGN_OR_RETURN(const KeptRows kept, CheckCrossEntropy(logits, targets, options.ignore_index));
+  // NOTE [bf16 logits] (nn/gpt.h): a head whose bf16 GEMMs round the logits' gradient anyway takes
+  // it bf16, each value the fp32 one rounded once (when every row counts).
+  const bool grad16 = static_cast<int64_t>(kept.rows.size()) == targets.numel() &&
+                      internal::ProducerTakesBf16Grad(logits);
+  ASSIGN_OR_RETURN(Tensor grad, NewActivation(logits.shape(), logits.device(),
+                                              grad16 ? DType::kBFloat16 : DType::kFloat32));
+  // NOTE [Deferred loss] (nn/losses.h): on a device the value stays there until read.
+  const bool defer = options.read_loss != nullptr && !logits.device().is_cpu();
+  std::function<absl::StatusOr<double>()> read;
+  ASSIGN_OR_RETURN(const double mean,
+                   CrossEntropyRows(logits, targets, kept, grad, defer ? &read : nullptr));
+  Tensor loss;
+  if (defer) {
+    ASSIGN_OR_RETURN(loss, NewActivation({}, logits.device()));
+    RETURN_IF_ERROR(loss.TryFill(std::numeric_limits<float>::quiet_NaN()));
+    // The value the undeferred call holds, rounded to float the same way.
+    *options.read_loss = [read = std::move(read)]() -> absl::StatusOr<double> {
+      ASSIGN_OR_RETURN(const double m, read());
+      return static_cast<double>(static_cast<float>(m));
+    };
+  } else {
+    // Rounded to float as nn::CrossEntropyLoss rounds it.
+    const float value = static_cast<float>(mean);
+    ASSIGN_OR_RETURN(loss, Scalar(value, logits.device()));
+    if (options.read_loss != nullptr) {
+      *options.read_loss = [value]() -> absl::StatusOr<double> { return value; };
+    }
+  }
   RETURN_IF_ERROR(core::RecordFunction(
       "CrossEntropy", {logits, targets}, {&loss}, {grad},
       [](const core::BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
-        ASSIGN_OR_RETURN(Tensor g, Scaled("CrossEntropy", "cross_entropy.backward", ctx.saved(0),
+        const Tensor& kept = ctx.saved(0);
+        // Backward(loss)'s seed 1: the kept gradient as it is (its bits times 1).
+        if (core::IsUnitSeed(ctx.grad(0))) return std::vector<Tensor>{kept, Tensor()};
+        Tensor kept32 = kept;
+        if (kept.dtype() == DType::kBFloat16) {
+          ASSIGN_OR_RETURN(kept32, kept.ToDType(DType::kFloat32, core::MemoryTag::kActivation));
+        }
+        ASSIGN_OR_RETURN(Tensor g, Scaled("CrossEntropy", "cross_entropy.backward", kept32,
                                           ctx.grad(0), /*negate=*/false));
         return std::vector<Tensor>{g, Tensor()};
       },

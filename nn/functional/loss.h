@@ -10,13 +10,18 @@
 // NOTE [Functional losses]: both reuse nn/losses' computation, which makes the gradient in
 // the same pass as the loss: the forward keeps that gradient (dloss/dinput for a seed of 1)
 // and the backward scales it by the incoming gradient (kernels::ScaleTerm, the seed read on
-// the device). With a seed of 1 the gradients are, bit for bit, nn::CrossEntropyLoss's and
-// nn::MseLoss's. The loss is read on the host (one synchronisation on CUDA, as
-// nn::CrossEntropyLoss without a deferred read) and written back to the device.
+// the device), or, for the seed 1 of core::Backward(loss) (core::IsUnitSeed), hands it on as it
+// is. With a seed of 1 the gradients are, bit for bit, nn::CrossEntropyLoss's and
+// nn::MseLoss's. CrossEntropy keeps the logits' gradient bf16 when their producer takes it so
+// (a head with a bf16 weight, NOTE [bf16 logits] in nn/gpt.h: nn::CrossEntropyLoss's
+// grad_dtype bf16). The loss is read on the host (one synchronisation on CUDA, as
+// nn::CrossEntropyLoss without a deferred read) and written back to the device, unless
+// CrossEntropyOptions::read_loss defers it.
 #ifndef NN_FUNCTIONAL_LOSS_H_
 #define NN_FUNCTIONAL_LOSS_H_
 
 #include <cstdint>
+#include <functional>
 
 #include "absl/status/statusor.h"
 #include "core/autograd.h"
@@ -37,6 +42,20 @@ namespace functional {
 // position and the targets' shape).
 absl::StatusOr<core::Tensor> CrossEntropy(core::Arg logits, core::Arg targets,
                                           int64_t ignore_index = -100);
+
+struct CrossEntropyOptions {
+  int64_t ignore_index = -100;
+  // NOTE [Deferred loss] (nn/losses.h): when set, *read_loss is set to what returns the loss's
+  // value (as a double holding the float the loss tensor would hold). On a device the value is
+  // then not read back here, so the step has no host synchronisation: the returned tensor holds
+  // NaN (it is the graph's root for core::Backward) and read_loss copies the value back when
+  // called. On the CPU the tensor holds the value and read_loss returns it.
+  std::function<absl::StatusOr<double>()>* read_loss = nullptr;
+};
+
+// CrossEntropy as above, with the options.
+absl::StatusOr<core::Tensor> CrossEntropy(core::Arg logits, core::Arg targets,
+                                          const CrossEntropyOptions& options);
 
 // mean((a - b)^2) over all elements (NOTE [Functional losses]: nn::MseLoss's loss and
 // gradient, computed on the host in double), a and b fp32 of one non-empty shape on one

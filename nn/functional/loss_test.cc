@@ -3,14 +3,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/autograd.h"
+#include "core/op_profile.h"
 #include "core/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nn/functional/fused.h"
 #include "nn/functional/gradcheck.h"
 #include "nn/functional/internal/layer_test_util.h"
 #include "nn/losses.h"
@@ -108,6 +111,67 @@ TEST(CrossEntropyTest, TheBackwardScalesTheKeptGradientByTheIncomingOne) {
   const Result scaled = RunCrossEntropy(x, targets, -100, 2.5f);
   const std::vector<float> a = one.grad.ToVector(), b = scaled.grad.ToVector();
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(b[i], a[i] * 2.5f) << i;
+}
+
+// core::Backward(loss)'s seed 1 (core::IsUnitSeed) hands the kept gradient on as it is: the bits
+// of an explicit seed 1 (which scales it, times 1), with one op fewer.
+TEST(CrossEntropyTest, BackwardOfTheLossHandsTheKeptGradientOn) {
+  const Tensor x = Random({4, 6}, 5), targets = Ids({0, 5, 2, 2}, {4});
+  const Result explicit_one = RunCrossEntropy(x, targets);
+  const Tensor logits = core::Leaf(x);
+  absl::StatusOr<Tensor> loss = CrossEntropy(logits, targets);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  core::OpProfile profile;
+  {
+    core::ScopedOpProfile on(&profile);
+    ASSERT_TRUE(core::Backward(*loss).ok());
+  }
+  ExpectSameBits(core::LeafGrad(logits), explicit_one.grad, "logits gradient");
+  for (const core::OpRecord& r : profile.records()) {
+    EXPECT_NE(r.name, "cross_entropy.backward");
+  }
+  EXPECT_FALSE(core::IsUnitSeed(Tensor::FromVector({1.0f}, {}).value()));  // outside a Backward
+}
+
+// NOTE [bf16 logits]: logits made by an op that takes their gradient in bf16 (a head with a bf16
+// weight) get it bf16, nn::CrossEntropyLoss's grad_dtype bf16 bits; the head's weight gradient is
+// then the bits of the head run on that gradient.
+TEST(CrossEntropyTest, ABf16HeadGetsTheLogitsGradientInBf16) {
+  const Tensor h = Random({5, 8}, 6), targets = Ids({1, 2, 3, 0, 9}, {5});
+  const Tensor w = Random({10, 8}, 7).ToDType(DType::kBFloat16, core::MemoryTag::kOther).value();
+  const Tensor w_leaf = core::Leaf(w);
+  absl::StatusOr<Tensor> logits = LinearForGemm(h, w_leaf);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  absl::StatusOr<LossResult> want =
+      CrossEntropyLoss(*logits, targets, DType::kBFloat16, /*defer_read=*/false);
+  ASSERT_TRUE(want.ok()) << want.status();
+  absl::StatusOr<Tensor> loss = CrossEntropy(*logits, targets);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  ASSERT_TRUE(core::Backward(*loss).ok());
+  const Tensor via_loss = core::LeafGrad(w_leaf);
+  const Tensor w_ref = core::Leaf(w);
+  absl::StatusOr<Tensor> logits_ref = LinearForGemm(h, w_ref);
+  ASSERT_TRUE(logits_ref.ok());
+  ASSERT_TRUE(core::Backward({*logits_ref}, {want->grad}).ok());
+  ExpectSameBits(via_loss, core::LeafGrad(w_ref), "head weight gradient");
+  EXPECT_EQ(Bits(loss->data<float>()[0]), Bits(want->loss));
+}
+
+// CrossEntropyOptions::read_loss reads the value the loss tensor holds (on the CPU both at once).
+TEST(CrossEntropyTest, ReadLossGivesTheLossValue) {
+  const Tensor x = Random({3, 7}, 8), targets = Ids({6, 0, 3}, {3});
+  std::function<absl::StatusOr<double>()> read;
+  CrossEntropyOptions options;
+  options.read_loss = &read;
+  absl::StatusOr<Tensor> loss = CrossEntropy(x, targets, options);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  ASSERT_TRUE(read != nullptr);
+  absl::StatusOr<double> value = read();
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(*value, static_cast<double>(loss->data<float>()[0]));
+  absl::StatusOr<LossResult> want = CrossEntropyLoss(x, targets);
+  ASSERT_TRUE(want.ok());
+  EXPECT_EQ(Bits(static_cast<float>(*value)), Bits(want->loss));
 }
 
 TEST(CrossEntropyTest, GradientsPassTheCheckWithAndWithoutIgnoredTargets) {
