@@ -141,6 +141,62 @@ TEST(GraphModuleTest, BackwardHooksBracketTheModulesNodesAndParameterGradients) 
   EXPECT_THAT(grad_at_post, ElementsAre(3));
 }
 
+// y = x by a custom function that takes y's gradient in bf16 (NOTE [Autograd]), recording the
+// dtype it got.
+class TakesBf16 : public Module {
+ public:
+  std::string TypeName() const override { return "TakesBf16"; }
+  DType got = DType::kInt32;
+
+ protected:
+  absl::StatusOr<Tensors> ForwardGraph(const Tensors& in) override {
+    Tensor y = Vec(in[0].ToVector());
+    FunctionOptions options;
+    options.bf16_grad_outputs = {0};
+    RETURN_IF_ERROR(RecordFunction(
+        "TakesBf16", {in[0]}, {&y}, {},
+        [this](const BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
+          got = ctx.grad(0).dtype();
+          ASSIGN_OR_RETURN(Tensor g, ctx.grad(0).ToDType(DType::kFloat32, MemoryTag::kOther));
+          return std::vector<Tensor>{g};
+        },
+        {}, options));
+    return Tensors{y};
+  }
+};
+
+// The identity node a module's backward hooks put on its outputs passes a bf16 gradient through
+// to an op that takes it so, as the op alone would get it.
+TEST(GraphModuleTest, HooksOnTheOutputsKeepABf16GradientTheProducerTakes) {
+  for (bool hooked : {false, true}) {
+    SCOPED_TRACE(hooked ? "hooked" : "plain");
+    auto m = std::make_shared<TakesBf16>();
+    int pre_calls = 0;
+    HookHandle pre;
+    if (hooked) {
+      pre = m->RegisterBackwardPreHook([&](Module&) {
+        ++pre_calls;
+        return absl::OkStatus();
+      });
+    }
+    absl::StatusOr<Tensor> y = m->CallOne({Leaf(Vec({1, 2}))});
+    ASSERT_TRUE(y.ok()) << y.status();
+    // A consumer that hands its input a bf16 gradient.
+    Tensor z = Vec({0, 0});
+    ASSERT_TRUE(
+        RecordFunction("Bf16Consumer", {*y}, {&z}, {},
+                       [](const BackwardContext& ctx) -> absl::StatusOr<std::vector<Tensor>> {
+                         ASSIGN_OR_RETURN(Tensor g,
+                                          ctx.grad(0).ToDType(DType::kBFloat16, MemoryTag::kOther));
+                         return std::vector<Tensor>{g};
+                       })
+            .ok());
+    ASSERT_TRUE(Backward({z}, {Vec({1, 1})}).ok());
+    EXPECT_EQ(m->got, DType::kBFloat16);
+    EXPECT_EQ(pre_calls, hooked ? 1 : 0);
+  }
+}
+
 TEST(GraphModuleTest, PostHooksOfAModuleWhoseInputsNeedNoGradientRunAtTheEnd) {
   auto gate = std::make_shared<Gate>(std::vector<float>{2});
   std::vector<std::string> log;

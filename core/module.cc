@@ -195,6 +195,13 @@ class IdentityNode : public Node {
     return absl::StrCat(m == nullptr ? "(a destroyed module)" : m->Describe(), " ", suffix_);
   }
   bool materializes_grads() const override { return false; }
+  // A gradient passes through as it arrives, so output i takes it bf16 where input i's producer
+  // does (NOTE [Autograd] in core/autograd.h): hooks placed on a module's outputs keep a bf16
+  // gradient the model's last op takes.
+  bool takes_bf16_grad(int i) const override {
+    const Edge& e = next_edges()[i];
+    return e.node != nullptr && e.node->takes_bf16_grad(e.input_nr);
+  }
   absl::StatusOr<std::vector<Tensor>> Apply(std::vector<Tensor> grads) override { return grads; }
 
  private:

@@ -145,8 +145,8 @@ absl::StatusOr<Tensor> CrossEntropy(core::Arg logits_arg, core::Arg targets_arg,
                       internal::ProducerTakesBf16Grad(logits);
   ASSIGN_OR_RETURN(Tensor grad, NewActivation(logits.shape(), logits.device(),
                                               grad16 ? DType::kBFloat16 : DType::kFloat32));
-  // NOTE [Deferred loss] (nn/losses.h): on a device the value stays there until read.
-  const bool defer = options.read_loss != nullptr && !logits.device().is_cpu();
+  // NOTE [Deferred loss] (nn/losses.h): the value stays where it was computed until read.
+  const bool defer = options.read_loss != nullptr;
   std::function<absl::StatusOr<double>()> read;
   ASSIGN_OR_RETURN(const double mean,
                    CrossEntropyRows(logits, targets, kept, grad, defer ? &read : nullptr));
@@ -161,11 +161,7 @@ absl::StatusOr<Tensor> CrossEntropy(core::Arg logits_arg, core::Arg targets_arg,
     };
   } else {
     // Rounded to float as nn::CrossEntropyLoss rounds it.
-    const float value = static_cast<float>(mean);
-    ASSIGN_OR_RETURN(loss, Scalar(value, logits.device()));
-    if (options.read_loss != nullptr) {
-      *options.read_loss = [value]() -> absl::StatusOr<double> { return value; };
-    }
+    ASSIGN_OR_RETURN(loss, Scalar(static_cast<float>(mean), logits.device()));
   }
   RETURN_IF_ERROR(core::RecordFunction(
       "CrossEntropy", {logits, targets}, {&loss}, {grad},

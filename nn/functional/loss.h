@@ -45,11 +45,10 @@ absl::StatusOr<core::Tensor> CrossEntropy(core::Arg logits, core::Arg targets,
 
 struct CrossEntropyOptions {
   int64_t ignore_index = -100;
-  // NOTE [Deferred loss] (nn/losses.h): when set, *read_loss is set to what returns the loss's
-  // value (as a double holding the float the loss tensor would hold). On a device the value is
-  // then not read back here, so the step has no host synchronisation: the returned tensor holds
-  // NaN (it is the graph's root for core::Backward) and read_loss copies the value back when
-  // called. On the CPU the tensor holds the value and read_loss returns it.
+  // NOTE [Deferred loss] (nn/losses.h): when set, the loss's value is not read here, so the step
+  // has no host synchronisation: the returned tensor holds NaN (it is the graph's root for
+  // core::Backward) and *read_loss is set to what reads the value (as a double holding the float
+  // the undeferred tensor holds; on a device, one copy back) when called.
   std::function<absl::StatusOr<double>()>* read_loss = nullptr;
 };
 

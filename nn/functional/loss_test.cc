@@ -157,21 +157,33 @@ TEST(CrossEntropyTest, ABf16HeadGetsTheLogitsGradientInBf16) {
   EXPECT_EQ(Bits(loss->data<float>()[0]), Bits(want->loss));
 }
 
-// CrossEntropyOptions::read_loss reads the value the loss tensor holds (on the CPU both at once).
-TEST(CrossEntropyTest, ReadLossGivesTheLossValue) {
+// CrossEntropyOptions::read_loss defers the value (the tensor holds NaN; no read is recorded until
+// read_loss runs) and reads what the undeferred tensor holds; the gradient is the same either way.
+TEST(CrossEntropyTest, ReadLossDefersTheLossValue) {
   const Tensor x = Random({3, 7}, 8), targets = Ids({6, 0, 3}, {3});
-  std::function<absl::StatusOr<double>()> read;
-  CrossEntropyOptions options;
-  options.read_loss = &read;
-  absl::StatusOr<Tensor> loss = CrossEntropy(x, targets, options);
-  ASSERT_TRUE(loss.ok()) << loss.status();
-  ASSERT_TRUE(read != nullptr);
-  absl::StatusOr<double> value = read();
-  ASSERT_TRUE(value.ok()) << value.status();
-  EXPECT_EQ(*value, static_cast<double>(loss->data<float>()[0]));
-  absl::StatusOr<LossResult> want = CrossEntropyLoss(x, targets);
-  ASSERT_TRUE(want.ok());
-  EXPECT_EQ(Bits(static_cast<float>(*value)), Bits(want->loss));
+  for (const Tensor& t : {targets, Ids({6, -100, 3}, {3})}) {
+    const Result want = RunCrossEntropy(x, t);
+    std::function<absl::StatusOr<double>()> read;
+    CrossEntropyOptions options;
+    options.read_loss = &read;
+    const Tensor logits = core::Leaf(x);
+    core::OpProfile profile;
+    absl::StatusOr<Tensor> loss;
+    {
+      core::ScopedOpProfile on(&profile);
+      loss = CrossEntropy(logits, t, options);
+    }
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    EXPECT_TRUE(std::isnan(loss->data<float>()[0]));
+    for (const core::OpRecord& r : profile.records())
+      EXPECT_NE(r.name, "cross_entropy.loss_to_host");
+    ASSERT_TRUE(read != nullptr);
+    absl::StatusOr<double> value = read();
+    ASSERT_TRUE(value.ok()) << value.status();
+    EXPECT_EQ(*value, static_cast<double>(want.loss));
+    ASSERT_TRUE(core::Backward(*loss).ok());
+    ExpectSameBits(core::LeafGrad(logits), want.grad, "logits gradient");
+  }
 }
 
 TEST(CrossEntropyTest, GradientsPassTheCheckWithAndWithoutIgnoredTargets) {
