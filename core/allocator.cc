@@ -3,9 +3,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#if defined(__GLIBC__)
-#include <malloc.h>
-#endif
 #include <map>
 #include <string>
 #include <utility>
@@ -34,29 +31,21 @@ thread_local std::shared_ptr<Allocator> current_allocators[kMaxDevices];
 int Slot(Device device) { return device.is_cpu() ? 0 : 1 + (device.index % (kMaxDevices - 1)); }
 
 // NOTE [Host heap]: a training step frees and allocates the same tensors again, step after step.
-// glibc's heap gives the memory at its top back to the system (brk) once more than its trim
-// threshold is free there, so a step whose last frees leave the top of the heap empty pays
-// page faults for every activation of the next one: 5% of a small model's step with two ranks
-// on two cores, depending only on the order of small and large frees (the autograd graph's
-// small allocations made it happen every step). As a caching allocator keeps GPU memory
-// (core/block_pool.h), the CPU allocator keeps freed blocks of at least kHostCacheMin bytes
-// for the next allocation of the same size, up to kHostCacheMax bytes in all (EmptyCache and
-// the allocator's destruction free them), and at its first CPU allocation raises glibc's trim
-// threshold to 1 GiB (process-wide) so the small allocations around them do not trim the heap
-// either. (Raising glibc's mmap threshold as well would keep large non-tensor allocations on
-// the heap too, but slows the autograd graph's small allocations by a third: core's
-// autograd_bench.) The memory figures by tag count tensors and do not change. Side by side
-// with the library before the autograd graph, on config a (2 ranks x 1 thread) the cache and
-// the trim threshold together brought the step from 0.95x to parity.
+// glibc gives memory back to the system (the top of its heap past the trim threshold, and every
+// chunk it mmapped), so a step whose frees return its activations pays page faults for every
+// one of them in the next step: 5% of a small model's step with two ranks on two cores,
+// depending only on the order of small and large frees (the autograd graph's small allocations
+// made it happen every step). As a caching allocator keeps GPU memory (core/block_pool.h), the
+// CPU allocator keeps freed blocks of at least kHostCacheMin bytes for the next allocation of
+// the same size, up to kHostCacheMax bytes in all (EmptyCache and the allocator's destruction
+// free them). glibc's own thresholds are left to adjust themselves: fixing the trim threshold
+// with mallopt also fixes the mmap threshold at 128 KiB, so every larger allocation outside the
+// tensors (oneDNN's GEMM scratch) was mmapped and faulted in anew on every call (2.8x the page
+// faults of the library before the graph on config c, 0.95x its speed); fixing the mmap
+// threshold higher slows the graph's small allocations by a third (core's autograd_bench). The
+// memory figures by tag count tensors and do not change.
 constexpr int64_t kHostCacheMin = int64_t{64} << 10;
 constexpr int64_t kHostCacheMax = int64_t{1} << 30;
-
-void KeepHostHeap() {
-#if defined(__GLIBC__)
-  static const bool kept = [] { return mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1; }();
-  (void)kept;
-#endif
-}
 
 // The bytes a CPU block of `nbytes` takes: rounded up to the alignment (at least one
 // alignment), or -1 when that overflows.
@@ -183,7 +172,6 @@ absl::StatusOr<void*> Allocator::Allocate(int64_t nbytes, MemoryTag tag) {
     }
 #endif
   } else if (device_.is_cpu()) {
-    KeepHostHeap();
     const int64_t bytes = HostBlockBytes(nbytes);
     if (bytes >= kHostCacheMin) {
       absl::MutexLock lock(&mu_);
