@@ -47,8 +47,8 @@ namespace checkpoint {
 absl::StatusOr<nn::LlamaConfig> ReadHfLlamaConfig(const std::string& dir);
 
 // Loads the weights of `dir` (model.safetensors, or the shards model.safetensors.index.json
-// lists) into `model`, a plain Llama of the matching config (full parameters; fp32 or bf16
-// sources, converted; F16 and other dtypes are Unimplemented, naming the file). Everything
+// lists) into `model`, a plain Llama of the matching config (full parameters; fp32, bf16 or
+// fp16 sources, converted; other dtypes are Unimplemented, naming the file). Everything
 // is checked before any parameter changes: NotFound naming the tensor and file for one
 // `model` needs and the files lack (lm_head.weight of an untied model included),
 // InvalidArgument naming it for a tensor of the wrong shape or one no parameter takes (an

@@ -158,11 +158,38 @@ namespace {
 // One header entry, validated on its own.
 struct Entry {
   std::string name;
-  core::DType dtype;
+  core::DType dtype;  // of the tensor read (kFloat32 for an F16 entry)
+  bool f16 = false;   // stored as IEEE half precision, widened on read
   core::Shape shape;
   uint64_t begin = 0;
   uint64_t end = 0;
 };
+
+// The float an IEEE 754 half-precision value stands for (every one is exact in float: normals,
+// subnormals, signed zeros, infinities; a NaN keeps its sign and payload's high bits).
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  uint32_t mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {  // a subnormal, mantissa x 2^-24: normalised
+    uint32_t shifts = 0;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      ++shifts;
+    }
+    bits = sign | ((113 - shifts) << 23) | ((mantissa & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
 
 absl::StatusOr<uint64_t> NonNegativeInt(const Json& v, const std::string& what) {
   if (v.is_number_unsigned()) return v.get<uint64_t>();
@@ -180,7 +207,10 @@ absl::StatusOr<Entry> ParseEntry(const std::string& name, const Json& v, const s
   e.name = name;
   const Json& dtype = v["dtype"];
   if (!dtype.is_string()) return absl::InvalidArgumentError(absl::StrCat(what, ": \"dtype\" is not a string"));
-  absl::StatusOr<core::DType> d = ParseSafetensorsDType(dtype.get<std::string>());
+  // F16 (many published checkpoints) is read widened to F32, exactly.
+  e.f16 = dtype.get<std::string>() == "F16";
+  absl::StatusOr<core::DType> d =
+      e.f16 ? core::DType::kFloat32 : ParseSafetensorsDType(dtype.get<std::string>());
   if (!d.ok()) return absl::Status(d.status().code(), absl::StrCat(what, ": ", d.status().message()));
   e.dtype = *d;
   const Json& shape = v["shape"];
@@ -205,7 +235,7 @@ absl::StatusOr<Entry> ParseEntry(const std::string& name, const Json& v, const s
     return absl::InvalidArgumentError(absl::StrCat(what, ": data_offsets [", e.begin, ", ", e.end,
                                                    "] end before they begin"));
   }
-  const uint64_t nbytes = numel * static_cast<uint64_t>(core::DTypeSize(e.dtype));
+  const uint64_t nbytes = numel * static_cast<uint64_t>(e.f16 ? 2 : core::DTypeSize(e.dtype));
   if (e.end - e.begin != nbytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": shape ", core::ShapeToString(e.shape), " of ", dtype.get<std::string>(), " is ",
@@ -381,10 +411,15 @@ absl::StatusOr<core::Tensor> ReadEntry(const ByteSource& file, uint64_t data_sta
                                                         t.status().message()));
   }
   const size_t nbytes = static_cast<size_t>(e.end - e.begin);
-  ASSIGN_OR_RETURN(size_t got,
-                   file.ReadAt(static_cast<int64_t>(data_start + e.begin), nbytes, t->raw_data()));
+  std::vector<uint16_t> halves(e.f16 ? nbytes / 2 : 0);
+  void* into = e.f16 ? static_cast<void*>(halves.data()) : t->raw_data();
+  ASSIGN_OR_RETURN(size_t got, file.ReadAt(static_cast<int64_t>(data_start + e.begin), nbytes, into));
   if (got < nbytes) {
     return absl::DataLossError(absl::StrCat(where, ": tensor ", Quoted(e.name), ": the file shrank while being read"));
+  }
+  if (e.f16) {  // little-endian, as the format and this library's hosts are
+    float* out = t->data<float>();
+    for (size_t i = 0; i < halves.size(); ++i) out[i] = HalfToFloat(halves[i]);
   }
   return *std::move(t);
 }

@@ -17,7 +17,8 @@
 //   with spaces (0x20) so that 8 + N is a multiple of 8;
 // - the byte buffer: every tensor's elements, row-major, little-endian, back to back
 //   with no gaps, so the offsets tile [0, buffer size) exactly.
-// Element types here: "F32", "BF16", "I32" (core::DType). Export writes tensors in the
+// Element types here: "F32", "BF16", "I32" (core::DType); import also reads "F16", widened
+// exactly to F32 (many published checkpoints are float16). Export writes tensors in the
 // order given, the header JSON compact, "__metadata__" first when there is any, as the
 // reference implementation does.
 #ifndef CHECKPOINT_SAFETENSORS_H_
@@ -90,7 +91,8 @@ struct SafetensorsFile {
 // header that is not a JSON object (with the parser's message), duplicate names,
 // malformed entries, an unknown dtype, negative or overlapping offsets, gaps between
 // tensors, a byte length that is not numel x dtype size, or bytes after the last
-// tensor; Unimplemented for a dtype this library does not have (F16, ...); DataLoss
+// tensor; Unimplemented for a dtype this library neither has nor widens (F64, I64, U8,
+// ...; F16 is read as F32, each value exact); DataLoss
 // when the file is shorter than its header says; NotFound when it does not exist.
 absl::StatusOr<SafetensorsFile> ImportSafetensors(const std::string& path,
                                                   core::MemoryTag tag = core::MemoryTag::kOther);
