@@ -155,6 +155,31 @@ TEST(HfLlamaTest, ImportThenExportGivesBackTheSameTensorsNamesDtypesAndLayout) {
 }
 
 // A copy of the test checkpoint with `edit` applied to its tensors.
+// IEEE half precision, rounded to nearest even, for finite |f| < 65520 (the test's values).
+uint16_t ToHalf(float f) {
+  const uint16_t sign = std::signbit(f) ? 0x8000 : 0;
+  const float a = std::fabs(f);
+  if (a < std::ldexp(1.0f, -14)) {  // subnormal: a multiple of 2^-24 (1024 is the least normal)
+    return static_cast<uint16_t>(sign | static_cast<int>(std::nearbyint(std::ldexp(a, 24))));
+  }
+  int e;
+  const float mantissa = std::frexp(a, &e);  // a = mantissa 2^e, mantissa in [0.5, 1)
+  int q = static_cast<int>(std::nearbyint(std::ldexp(mantissa, 11)));  // in [1024, 2048]
+  int biased = e - 1 + 15;
+  if (q == 2048) {
+    q = 1024;
+    ++biased;
+  }
+  return static_cast<uint16_t>(sign | (biased << 10) | (q - 1024));
+}
+
+// The value of a finite half.
+float FromHalf(uint16_t h) {
+  const int biased = (h >> 10) & 0x1f, m = h & 0x3ff;
+  const double v = biased == 0 ? std::ldexp(m, -24) : std::ldexp(1024 + m, biased - 25);
+  return static_cast<float>((h & 0x8000) ? -v : v);
+}
+
 std::string Edited(const std::string& name, const std::function<void(NamedTensors*)>& edit) {
   const std::string dir = ::testing::TempDir() + "/" + name;
   std::filesystem::create_directories(dir);
@@ -258,10 +283,9 @@ TEST(HfLlamaTest, AConfigThisLlamaDoesNotComputeIsRefusedNamingTheField) {
   EXPECT_TRUE(ReadHfLlamaConfig(dir).ok()) << ReadHfLlamaConfig(dir).status();
 }
 
-// The same checkpoint split over two files with transformers' index, and in bf16: the
-// index gives the same parameters bit for bit, bf16 the bf16-rounded ones. F16 is not a
-// dtype this library reads: Unimplemented, naming the file.
-TEST(HfLlamaTest, ReadsShardedIndexesAndBf16AndRefusesF16) {
+// The same checkpoint split over two files with transformers' index, in bf16 and in f16: the
+// index gives the same parameters bit for bit, bf16 and f16 the values rounded to them.
+TEST(HfLlamaTest, ReadsShardedIndexesBf16AndF16) {
   std::shared_ptr<nn::Llama> reference = Loaded();
   ASSERT_NE(reference, nullptr);
   absl::StatusOr<SafetensorsFile> file =
@@ -309,20 +333,46 @@ TEST(HfLlamaTest, ReadsShardedIndexesAndBf16AndRefusesF16) {
     EXPECT_EQ(rounded[i].second->data.ToVector(), r->ToVector()) << rounded[i].first;
   }
 
-  // One F16 tensor, by hand: 8-byte header length, header padded to 8, 2 bytes.
+  // The whole checkpoint in F16, written by hand (the library exports F32 and BF16 only): it
+  // loads, each parameter the half-precision rounding of the reference's, widened.
   const std::string f16 = ::testing::TempDir() + "/hf_llama_f16";
   std::filesystem::create_directories(f16);
   std::filesystem::copy_file(absl::StrCat(kData, "/config.json"), f16 + "/config.json",
                              std::filesystem::copy_options::overwrite_existing);
-  std::string header = R"({"norm.weight":{"dtype":"F16","shape":[1],"data_offsets":[0,2]}})";
+  absl::StatusOr<SafetensorsFile> source =
+      ImportSafetensors(absl::StrCat(kData, "/model.safetensors"));
+  ASSERT_TRUE(source.ok()) << source.status();
+  std::string header = "{", buffer;
+  for (const auto& [name, tensor] : source->tensors) {
+    std::string shape;
+    for (int64_t d : tensor.shape()) absl::StrAppend(&shape, shape.empty() ? "" : ",", d);
+    absl::StrAppend(&header, header.size() > 1 ? "," : "", "\"", name,
+                    "\":{\"dtype\":\"F16\",\"shape\":[", shape, "],\"data_offsets\":[",
+                    buffer.size(), ",", buffer.size() + 2 * tensor.numel(), "]}");
+    for (float v : tensor.ToVector()) {
+      const uint16_t h = ToHalf(v);
+      buffer.push_back(static_cast<char>(h & 0xff));
+      buffer.push_back(static_cast<char>(h >> 8));
+    }
+  }
+  header += "}";
   header.resize((header.size() + 7) / 8 * 8, ' ');
-  std::string bytes(8, '\0');
-  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
-  std::ofstream(f16 + "/model.safetensors", std::ios::binary)
-      << bytes << header << std::string(2, '\0');
-  absl::Status s = LoadHfLlama(f16, *from_bf16);
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
-  EXPECT_THAT(s.message(), HasSubstr(f16 + "/model.safetensors"));
+  std::string length(8, '\0');
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  std::ofstream(f16 + "/model.safetensors", std::ios::binary) << length << header << buffer;
+  std::shared_ptr<nn::Llama> from_f16 = Loaded(f16);
+  ASSERT_NE(from_f16, nullptr);
+  const auto halves = from_f16->NamedParameters();
+  ASSERT_EQ(halves.size(), want.size());
+  for (size_t i = 0; i < halves.size(); ++i) {
+    EXPECT_EQ(halves[i].second->data.dtype(), core::DType::kFloat32);
+    const std::vector<float> w = want[i].second->data.ToVector();
+    const std::vector<float> h = halves[i].second->data.ToVector();
+    ASSERT_EQ(h.size(), w.size());
+    for (size_t j = 0; j < w.size(); ++j) {
+      ASSERT_EQ(h[j], FromHalf(ToHalf(w[j]))) << halves[i].first << " element " << j;
+    }
+  }
 }
 
 // Tied embeddings: the export has no lm_head.weight (as transformers saves a tied model)

@@ -433,6 +433,7 @@ absl::StatusOr<SafetensorsFile> ParseSource(const ByteSource& file, const int64_
   for (const Entry& e : layout.entries) {
     ASSIGN_OR_RETURN(core::Tensor t, ReadEntry(file, layout.data_start, e, where, tag));
     out.tensors.emplace_back(e.name, std::move(t));
+    out.stored_dtypes.push_back(e.f16 ? "F16" : SafetensorsDTypeName(e.dtype));
   }
   return out;
 }

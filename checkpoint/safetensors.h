@@ -79,6 +79,9 @@ absl::Status ExportSafetensors(const std::string& path, const core::Module& modu
 struct SafetensorsFile {
   // In data-offset order (the order they were written).
   NamedTensors tensors;
+  // Each tensor's dtype as the file stores it, in the same order: SafetensorsDTypeName of its
+  // dtype, or "F16" for one read widened to F32.
+  std::vector<std::string> stored_dtypes;
   std::map<std::string, std::string> metadata;
 
   // The tensor named `name`, or nullptr.
