@@ -50,7 +50,8 @@ inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100000000;
 std::string SafetensorsDTypeName(core::DType dtype);
 
 // Inverse of SafetensorsDTypeName. Unimplemented for the other dtypes the format
-// defines ("F16", "F64", "I64", "U8", "BOOL", ...), InvalidArgument for any other string.
+// defines ("F16", "F64", "I64", "U8", "BOOL", ...; the readers below take F16 nonetheless,
+// widened to F32), InvalidArgument for any other string.
 absl::StatusOr<core::DType> ParseSafetensorsDType(absl::string_view name);
 
 // Writes `tensors` (each defined, any device; names unique, non-empty, valid UTF-8 and
