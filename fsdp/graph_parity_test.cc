@@ -344,12 +344,7 @@ TEST(GraphFeaturesTest, DeterministicModeGivesOneRanksBitsAtTwoAndFourRanks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllStrategies, GraphParityTest,
-                         ::testing::Values(Case{ShardingStrategy::kFullShard, 1, 0},
-                                           Case{ShardingStrategy::kFullShard, 2, 0},
-                                           Case{ShardingStrategy::kFullShard, 4, 0},
-                                           Case{ShardingStrategy::kShardGradOp, 2, 0},
-                                           Case{ShardingStrategy::kNoShard, 2, 0},
-                                           Case{ShardingStrategy::kHybridShard, 4, 2}),
+                         ::testing::ValuesIn(testing::SomeStrategyCases()),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return testing::StrategyCaseName(info.param);
                          });

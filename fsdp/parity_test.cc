@@ -111,13 +111,7 @@ TEST_P(ChildUnitsParityTest, BlocksCallingWrappedChildrenMatchOneUnwrappedProces
 }
 
 INSTANTIATE_TEST_SUITE_P(SomeStrategies, ChildUnitsParityTest,
-                         ::testing::Values(Case{ShardingStrategy::kFullShard, 1, 0},
-                                           Case{ShardingStrategy::kFullShard, 2, 0},
-                                           Case{ShardingStrategy::kFullShard, 4, 0},
-                                           Case{ShardingStrategy::kShardGradOp, 2, 0},
-                                           Case{ShardingStrategy::kNoShard, 2, 0},
-                                           Case{ShardingStrategy::kHybridShard, 4, 2}),
-                         CaseName);
+                         ::testing::ValuesIn(testing::SomeStrategyCases()), CaseName);
 
 }  // namespace
 }  // namespace fsdp

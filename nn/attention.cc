@@ -30,11 +30,7 @@ CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, uint64_
 
 absl::StatusOr<core::Tensor> CausalSelfAttention::Heads(const core::Tensor& x, bool y_bf16) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
-  if (!x.defined() || x.dim() != 3 || x.size(2) != n_embd_) {
-    return internal::ModuleError(
-        *this, absl::StrCat("input must be [B, T, ", n_embd_, "], got ",
-                            x.defined() ? core::ShapeToString(x.shape()) : "undefined"));
-  }
+  RETURN_IF_ERROR(internal::CheckSequence(*this, x, n_embd_));
   // NOTE [bf16 attention]: with a bf16 qkv weight, q, k and v are rounded once for the
   // attention's bf16 GEMMs, by qkv's own GEMM when it runs inline.
   core::Tensor qkv;

@@ -62,11 +62,7 @@ absl::Status GroupedQueryAttention::EnsureTables(int64_t T, const core::Device& 
 
 absl::StatusOr<core::Tensor> GroupedQueryAttention::Heads(const core::Tensor& x, bool y_bf16) {
   if (!config_error_.empty()) return internal::ModuleError(*this, config_error_);
-  if (!x.defined() || x.dim() != 3 || x.size(2) != hidden_) {
-    return internal::ModuleError(
-        *this, absl::StrCat("input must be [B, T, ", hidden_, "], got ",
-                            x.defined() ? core::ShapeToString(x.shape()) : "undefined"));
-  }
+  RETURN_IF_ERROR(internal::CheckSequence(*this, x, hidden_));
   RETURN_IF_ERROR(EnsureTables(x.size(1), x.device()));
   // NOTE [Grouped-query attention]: q and k turned and k and v repeated per group into the
   // attention's layout; NOTE [bf16 attention]: bf16 with bf16 weights, each rounded once.

@@ -76,6 +76,12 @@ std::string StrategyCaseName(const StrategyCase& c) {
                       c.hybrid_shard_size ? absl::StrCat("_H", c.hybrid_shard_size) : "");
 }
 
+std::vector<StrategyCase> SomeStrategyCases() {
+  return {{ShardingStrategy::kFullShard, 1, 0}, {ShardingStrategy::kFullShard, 2, 0},
+          {ShardingStrategy::kFullShard, 4, 0}, {ShardingStrategy::kShardGradOp, 2, 0},
+          {ShardingStrategy::kNoShard, 2, 0},   {ShardingStrategy::kHybridShard, 4, 2}};
+}
+
 FullyShardOptions PerBlockOptions(ShardingStrategy strategy, int hybrid_shard_size,
                                   const std::string& block_type) {
   FullyShardOptions options;

@@ -81,6 +81,10 @@ struct StrategyCase {
 // "FULLSHARD_N2", "HYBRIDSHARD_N4_H2": a gtest parameter name.
 std::string StrategyCaseName(const StrategyCase& c);
 
+// FULL_SHARD at N = 1, 2 and 4, SHARD_GRAD_OP and NO_SHARD at N = 2, HYBRID_SHARD 2 x 2 at N = 4:
+// every strategy and world size once, for the parity tests that do not run every case.
+std::vector<StrategyCase> SomeStrategyCases();
+
 // The policy the parity tests use: one unit per `block_type` module (the GPT's
 // TransformerBlock by default), plus the root.
 FullyShardOptions PerBlockOptions(ShardingStrategy strategy, int hybrid_shard_size = 0,

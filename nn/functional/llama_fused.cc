@@ -381,11 +381,6 @@ absl::StatusOr<Tensor> PackRotaryQkv(core::Arg q_arg, core::Arg k_arg, core::Arg
   ASSIGN_OR_RETURN(const Tensor q, internal::Input(kOp, "q", q_arg));
   ASSIGN_OR_RETURN(const Tensor k, internal::Input(kOp, "k", k_arg));
   ASSIGN_OR_RETURN(const Tensor v, internal::Input(kOp, "v", v_arg));
-  RETURN_IF_ERROR(CheckDevices(kOp, {{"q", &q}, {"k", &k}, {"v", &v}}));
-  for (const auto& [name, t] :
-       {std::pair<const char*, const Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
-    RETURN_IF_ERROR(::nn::internal::CheckDType(kOp, name, *t, DType::kFloat32));
-  }
   if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) {
     return absl::InvalidArgumentError(
         absl::StrCat(kOp, ": dtype must be float32 or bfloat16, got ", core::DTypeName(dtype)));
@@ -400,14 +395,8 @@ absl::StatusOr<Tensor> PackRotaryQkv(core::Arg q_arg, core::Arg k_arg, core::Arg
         absl::StrCat(kOp, ": q must be [B, T, n_head * D] with D even (n_head ", n_head, "), got ",
                      q.ToString()));
   }
+  // nn::RotaryPackQkv checks the rest (dtypes, devices, k's and v's shapes).
   const int64_t B = q.size(0), T = q.size(1);
-  for (const Tensor* t : {&k, &v}) {
-    if (t->shape() != core::Shape{B, T, n_kv_head * D}) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          kOp, ": ", t == &k ? "k" : "v", " must be [", B, ", ", T, ", ", n_kv_head * D,
-          "] (n_kv_head ", n_kv_head, " heads of width ", D, "), got ", t->ToString()));
-    }
-  }
   RETURN_IF_ERROR(CheckTables(kOp, tables, D, T, q.device()));
   ASSIGN_OR_RETURN(Tensor qkv, NewActivation({B, T, 3 * n_head * D}, q.device(), dtype));
   RETURN_IF_ERROR(RotaryPackQkv(kOp, q, k, v, tables.cos, tables.sin, n_head, n_kv_head, qkv));
@@ -424,9 +413,7 @@ absl::StatusOr<Tensor> SiluMul(core::Arg gate_arg, core::Arg up_arg, DType dtype
   constexpr const char* kOp = "SiluMul";
   ASSIGN_OR_RETURN(const Tensor gate, internal::Input(kOp, "gate", gate_arg));
   ASSIGN_OR_RETURN(const Tensor up, internal::Input(kOp, "up", up_arg));
-  RETURN_IF_ERROR(CheckDevices(kOp, {{"gate", &gate}, {"up", &up}}));
-  RETURN_IF_ERROR(::nn::internal::CheckDType(kOp, "gate", gate, DType::kFloat32));
-  RETURN_IF_ERROR(::nn::internal::CheckDType(kOp, "up", up, DType::kFloat32));
+  // nn::SiluMulForward checks the dtypes and devices.
   if (gate.shape() != up.shape()) {
     return absl::InvalidArgumentError(
         absl::StrCat(kOp, ": up must be like gate ", gate.ToString(), ", got ", up.ToString()));

@@ -64,6 +64,14 @@ inline absl::Status CheckLastDim(const core::Module& m, const core::Tensor& t, i
   return absl::OkStatus();
 }
 
+// OK when `x` is a sequence [B, T, width] (its dtype is the ops' to check), else
+// InvalidArgument naming `m`: the input of the attentions.
+inline absl::Status CheckSequence(const core::Module& m, const core::Tensor& x, int64_t width) {
+  if (x.defined() && x.dim() == 3 && x.size(2) == width) return absl::OkStatus();
+  return ModuleError(m, absl::StrCat("input must be [B, T, ", width, "], got ",
+                                     x.defined() ? core::ShapeToString(x.shape()) : "undefined"));
+}
+
 // OK if `grad_output` is fp32 with the shape of the output of the cached
 // forward; FailedPrecondition if there is no cached forward (`have_cache` false).
 // `bf16_ok`: the module also takes a bf16 grad_output (Linear::GradOutputDType).
