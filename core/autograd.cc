@@ -151,7 +151,12 @@ struct ByHighestSequence {
   }
 };
 
-thread_local std::vector<std::function<absl::Status()>>* running_callbacks = nullptr;
+// The running Backward's callbacks, run by index from `next` (QueueBackwardCallback).
+struct CallbackQueue {
+  std::vector<std::function<absl::Status()>> items;
+  size_t next = 0;
+};
+thread_local CallbackQueue* running_callbacks = nullptr;
 // The runs in progress on this thread, outermost first (a Backward inside a node's backward:
 // a checkpointed module's recompute).
 thread_local std::vector<uint64_t> active_runs;
@@ -470,12 +475,16 @@ class GraphRun {
     for (Node* n : visited_) {
       if (n->dependencies_ == 0) ready_.push(n);
     }
-    std::vector<std::function<absl::Status()>> callbacks;
-    std::vector<std::function<absl::Status()>>* outer = running_callbacks;
+    CallbackQueue callbacks;
+    CallbackQueue* outer = running_callbacks;
     running_callbacks = &callbacks;
     absl::Status status = Drain();
-    // Callbacks may queue more callbacks: run by index.
-    for (size_t i = 0; status.ok() && i < callbacks.size(); ++i) status = callbacks[i]();
+    // Callbacks may queue more callbacks (the vector may grow or move): run by index, each
+    // moved out before it runs.
+    while (status.ok() && callbacks.next < callbacks.items.size()) {
+      std::function<absl::Status()> callback = std::move(callbacks.items[callbacks.next++]);
+      status = callback();
+    }
     running_callbacks = outer;
     return status;
   }
@@ -668,12 +677,19 @@ absl::Status Backward(const Tensor& loss, BackwardOptions options) {
   return Backward(absl::MakeConstSpan(&loss, 1), absl::MakeConstSpan(&none, 1), options);
 }
 
-absl::Status QueueBackwardCallback(std::function<absl::Status()> callback) {
+absl::Status QueueBackwardCallback(std::function<absl::Status()> callback,
+                                   CallbackOrder order) {
   if (running_callbacks == nullptr) {
     return absl::FailedPreconditionError(
         "QueueBackwardCallback: no Backward is running on this thread");
   }
-  running_callbacks->push_back(std::move(callback));
+  std::vector<std::function<absl::Status()>>& items = running_callbacks->items;
+  if (order == CallbackOrder::kBeforeEarlier) {
+    items.insert(items.begin() + static_cast<std::ptrdiff_t>(running_callbacks->next),
+                 std::move(callback));
+  } else {
+    items.push_back(std::move(callback));
+  }
   return absl::OkStatus();
 }
 

@@ -347,9 +347,19 @@ absl::Status Backward(const Tensor& loss, BackwardOptions options = {});
 // the kept one as it is (the same bits, one pass fewer; F::CrossEntropy does).
 bool IsUnitSeed(const Tensor& t);
 
-// Queues `callback` to run after the running Backward's last node (in queue order; the
-// first error is Backward's). FailedPrecondition outside a Backward on this thread.
-absl::Status QueueBackwardCallback(std::function<absl::Status()> callback);
+// Where a queued callback runs among those not yet started.
+enum class CallbackOrder {
+  kAfterEarlier,   // after them: queue order
+  kBeforeEarlier,  // before them: a stack (the callback queued last runs first)
+};
+
+// Queues `callback` to run after the running Backward's last node, in `order` (the first
+// error is Backward's). A module whose inputs take no gradient queues its backward post-hooks
+// kBeforeEarlier when its outputs' first gradient arrives (NOTE [Graph modules] in
+// core/module.h): outer modules' gradients arrive first, so inner modules' hooks run first, as
+// they do where the inputs take gradients. FailedPrecondition outside a Backward on this thread.
+absl::Status QueueBackwardCallback(std::function<absl::Status()> callback,
+                                   CallbackOrder order = CallbackOrder::kAfterEarlier);
 // True while a Backward runs on this thread.
 bool InBackward();
 

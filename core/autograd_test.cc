@@ -345,6 +345,33 @@ TEST(AutogradTest, HooksAndCallbacksRunInOrder) {
   EXPECT_THAT(LeafGrad(x).ToVector(), ElementsAre(6, 6));
 }
 
+TEST(AutogradTest, CallbacksQueuedBeforeEarlierOnesRunAsAStack) {
+  Tensor x = Leaf(Vec({1, 2}));
+  absl::StatusOr<Tensor> y = Mul(x, Vec({3, 3}));
+  ASSERT_TRUE(y.ok());
+  std::vector<std::string> events;
+  const auto log = [&events](std::string name) {
+    return [&events, name] {
+      events.push_back(name);
+      return absl::OkStatus();
+    };
+  };
+  y->autograd_meta()->node->AddPreHook([&](std::vector<Tensor>&) {
+    EXPECT_TRUE(QueueBackwardCallback(log("a")).ok());
+    EXPECT_TRUE(QueueBackwardCallback(log("outer"), CallbackOrder::kBeforeEarlier).ok());
+    EXPECT_TRUE(QueueBackwardCallback(log("inner"), CallbackOrder::kBeforeEarlier).ok());
+    // One that queues more while the callbacks run: its stacked one runs next.
+    EXPECT_TRUE(QueueBackwardCallback([&] {
+                  events.push_back("b");
+                  EXPECT_TRUE(QueueBackwardCallback(log("c")).ok());
+                  return QueueBackwardCallback(log("stacked"), CallbackOrder::kBeforeEarlier);
+                }).ok());
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(Backward({*y}, {Vec({1, 1})}).ok());
+  EXPECT_THAT(events, ElementsAre("inner", "outer", "a", "b", "stacked", "c"));
+}
+
 TEST(AutogradTest, AnErrorArgumentIsReturnedUnchanged) {
   absl::StatusOr<Tensor> bad = absl::InvalidArgumentError("Linear: shapes differ");
   absl::StatusOr<Tensor> y = Sum(Mul(bad, Vec({1})));

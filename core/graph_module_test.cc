@@ -215,6 +215,46 @@ TEST(GraphModuleTest, PostHooksOfAModuleWhoseInputsNeedNoGradientRunAtTheEnd) {
   EXPECT_THAT(gate->weight()->grad.ToVector(), ElementsAre(3));
 }
 
+// Calls its child on its own inputs (neither needs a gradient) and doubles the output.
+class Outer : public Module {
+ public:
+  explicit Outer(std::shared_ptr<Gate> g) : gate_(RegisterModule("gate", std::move(g))) {}
+  std::string TypeName() const override { return "Outer"; }
+
+ protected:
+  absl::StatusOr<Tensors> ForwardGraph(const Tensors& in) override {
+    ASSIGN_OR_RETURN(Tensors y, gate_->Call({in[0], in[1]}));
+    ASSIGN_OR_RETURN(Tensor twice, Mul(y[0], Vec({2}), "Outer.twice"));
+    return Tensors{twice};
+  }
+
+ private:
+  std::shared_ptr<Gate> gate_;
+};
+
+TEST(GraphModuleTest, LatePostHooksRunInnerModulesFirst) {
+  // Both modules take data that needs no gradient, so both post-hooks run at the end of the
+  // backward; the inner one's first, as FSDP needs (a unit ends before its parent).
+  auto gate = std::make_shared<Gate>(std::vector<float>{2});
+  auto outer = std::make_shared<Outer>(gate);
+  std::vector<std::string> log;
+  HookHandle inner_post = gate->RegisterBackwardPostHook([&](Module&) {
+    log.push_back("gate bpost");
+    return absl::OkStatus();
+  });
+  HookHandle outer_post = outer->RegisterBackwardPostHook([&](Module&) {
+    log.push_back("outer bpost");
+    return absl::OkStatus();
+  });
+  absl::StatusOr<Tensors> out = outer->Call({Vec({3}), Vec({1})});
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<Tensor> loss = Sum((*out)[0]);
+  ASSERT_TRUE(loss.ok());
+  ASSERT_TRUE(Backward(*loss).ok());
+  EXPECT_THAT(log, ElementsAre("gate bpost", "outer bpost"));
+  EXPECT_THAT(gate->weight()->grad.ToVector(), ElementsAre(6));
+}
+
 TEST(GraphModuleTest, ForwardHooksSeeAndMayReplaceInputsAndOutputs) {
   auto gate = std::make_shared<Gate>(std::vector<float>{2});
   HookHandle pre = gate->RegisterForwardPreHook([](Module&, Tensors& in) {

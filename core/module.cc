@@ -396,7 +396,9 @@ absl::StatusOr<Tensors> Module::Call(const std::vector<Arg>& args) {
       if (!post_placed && !hooks_->backward_post.empty()) late_post = GraphHookRunner(true);
       node->AddArrivalHook([pre, late_post]() -> absl::Status {
         RETURN_IF_ERROR(pre());
-        if (late_post) RETURN_IF_ERROR(QueueBackwardCallback(late_post));
+        if (late_post) {  // inner modules' first (CallbackOrder::kBeforeEarlier)
+          RETURN_IF_ERROR(QueueBackwardCallback(late_post, CallbackOrder::kBeforeEarlier));
+        }
         return absl::OkStatus();
       });
     }

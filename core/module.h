@@ -54,8 +54,9 @@
 //     every node of the call has run by then, and since a leaf's accumulator runs as soon as
 //     its last consumer delivered (NOTE [Autograd]), so has every accumulator of the
 //     parameters the call used, whose gradients are then final as far as this call goes.
-//     Where no input requires gradients (token ids), they run once the Backward's last node
-//     has run (a callback queued by the pre-hook node).
+//     Where no input requires gradients (token ids, or input data), they run once the
+//     Backward's last node has run (a callback queued by the pre-hook node), inner modules'
+//     before outer ones' (core::CallbackOrder::kBeforeEarlier), as everywhere else.
 // Each call places its own nodes, so a module called twice in one forward (shared weights)
 // sees its backward hooks twice, once per call, in reverse call order. No nodes are placed
 // when the module has no backward hooks, under NoGradScope, or when no output requires
