@@ -25,6 +25,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -80,6 +81,28 @@ struct StepOutput {
   // The loss: read_loss() when the step deferred it, else `loss`.
   absl::StatusOr<double> ReadLoss() const { return read_loss ? read_loss() : loss; }
 };
+
+// The rows [begin, end) of the global batch (ctx.batch_size rows) that this step runs: the
+// micro-batch's contiguous block (ctx.micro_batch of ctx.micro_batches), then this rank's
+// data::RankSampler share of it. A step that makes its own batches makes exactly these rows
+// (and, for NOTE [Dropout offset] in nn/functional/dropout.h, starts its dropout offsets at
+// row `begin`: the same mask at every world size). InvalidArgument naming the sizes when
+// the batch does not divide into micro-batches and ranks.
+absl::StatusOr<std::pair<int64_t, int64_t>> StepRows(const StepContext& ctx);
+
+// NOTE [Mean over real tokens]: a step whose rows hold different numbers of items (padded
+// sequences: only the real tokens count) must not take the mean over its own items alone,
+// or the ranks' averaged gradients weigh a rank with few items as much as one with many,
+// and the result depends on the world size. The global batch's mean is
+//   sum over all items / global = (1 / shares) sum over shares of (local mean) s,
+//   s = local * shares / global,   shares = ctx.world_size * ctx.micro_batches
+// (FSDP averages over the ranks and the runner over micro-batches: 1 / shares in all). A step
+// multiplies its local mean loss by ShareOfMean(ctx, local, global) before core::Backward
+// (F::MulScalar) and reports the unscaled local mean with count `local` (the runner's
+// count-weighted average of the ranks' losses is then the global mean). In the deterministic
+// mode (world_size 1, micro_batches M at every world size) s does not depend on the world
+// size, so the bits do not either. InvalidArgument unless 0 <= local <= global and global > 0.
+absl::StatusOr<double> ShareOfMean(const StepContext& ctx, int64_t local, int64_t global);
 
 class TrainModule {
  public:
