@@ -1,0 +1,105 @@
+#include "examples/seq2seq/seq2seq_module.h"
+
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "core/autograd.h"
+#include "core/status_macros.h"
+#include "nn/functional/elementwise.h"
+#include "nn/functional/loss.h"
+#include "optim/adamw.h"
+#include "optim/sgd.h"
+
+namespace seq2seq {
+namespace {
+
+namespace F = ::nn::functional;
+
+constexpr int64_t kValidateBatches = 1'000'000;
+constexpr int64_t kTestBatches = 2'000'000;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Seq2SeqModule>> Seq2SeqModule::Create(
+    const Seq2SeqModuleOptions& options) {
+  const Seq2SeqConfig& m = options.model;
+  if (m.vocab < 1 || m.width < 1 || m.heads < 1 || m.width % m.heads != 0 || m.hidden < 1 ||
+      m.encoder_layers < 0 || m.decoder_layers < 0 || m.max_positions < 1 ||
+      !(m.dropout >= 0 && m.dropout < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Seq2SeqModuleOptions.model: vocab ", m.vocab, ", width ", m.width, ", heads ", m.heads,
+        ", hidden ", m.hidden, ", max_positions ", m.max_positions, ", dropout ", m.dropout,
+        " (need positive sizes, heads dividing width, dropout in [0, 1))"));
+  }
+  if (options.task.vocab != m.vocab) {
+    return absl::InvalidArgumentError(absl::StrCat("Seq2SeqModuleOptions.task.vocab (",
+                                                   options.task.vocab, ") != model.vocab (",
+                                                   m.vocab, ")"));
+  }
+  if (options.task.max_symbols + 1 > m.max_positions) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Seq2SeqModuleOptions.task.max_symbols (", options.task.max_symbols,
+                     ") + 1 exceeds model.max_positions (", m.max_positions, ")"));
+  }
+  ASSIGN_OR_RETURN(ReverseTask task, ReverseTask::Create(options.task));
+  std::unique_ptr<Seq2SeqModule> module(new Seq2SeqModule(options, std::move(task)));
+  RETURN_IF_ERROR(module->model_->ConstructionStatus());
+  return module;
+}
+
+absl::StatusOr<integration::StepOutput> Seq2SeqModule::TrainingStep(
+    const integration::StepContext& ctx) {
+  ASSIGN_OR_RETURN(auto rows, integration::StepRows(ctx));
+  ASSIGN_OR_RETURN(ReverseBatch batch, task_.Rows(ctx.step, rows.first, rows.second));
+  model_->SetDropoutStep({/*training=*/true, static_cast<uint64_t>(ctx.step), rows.first});
+  ASSIGN_OR_RETURN(core::Tensor loss,
+                   F::CrossEntropy(model_->CallOne({batch.src, batch.src_mask, batch.tgt}),
+                                   batch.labels, kIgnore));
+  const double mean = loss.ToVector()[0];
+  // NOTE [Mean over real tokens]: the global batch's mean at every world size.
+  ASSIGN_OR_RETURN(double share, integration::ShareOfMean(
+                                     ctx, batch.tokens, task_.Tokens(ctx.step, 0, ctx.batch_size)));
+  ASSIGN_OR_RETURN(core::Tensor scaled, F::MulScalar(loss, static_cast<float>(share)));
+  RETURN_IF_ERROR(core::Backward(scaled));
+  return integration::StepOutput{mean, batch.tokens};
+}
+
+absl::StatusOr<integration::StepOutput> Seq2SeqModule::EvaluationStep(
+    const integration::StepContext& ctx) {
+  const int64_t index =
+      (ctx.stage == integration::Stage::kTest ? kTestBatches : kValidateBatches) + ctx.step;
+  ASSIGN_OR_RETURN(auto rows, integration::StepRows(ctx));
+  ASSIGN_OR_RETURN(ReverseBatch batch, task_.Rows(index, rows.first, rows.second));
+  model_->SetDropoutStep({});
+  ASSIGN_OR_RETURN(core::Tensor loss,
+                   F::CrossEntropy(model_->CallOne({batch.src, batch.src_mask, batch.tgt}),
+                                   batch.labels, kIgnore));
+  return integration::StepOutput{loss.ToVector()[0], batch.tokens};
+}
+
+absl::StatusOr<std::unique_ptr<optim::Optimizer>> Seq2SeqModule::ConfigureOptimizer(
+    std::vector<core::NamedParameter> params) {
+  if (options_.sgd) {
+    optim::SgdOptions sgd;
+    sgd.lr = options_.lr;
+    sgd.momentum = options_.momentum;
+    sgd.weight_decay = options_.weight_decay;
+    ASSIGN_OR_RETURN(std::unique_ptr<optim::SGD> optimizer,
+                     optim::SGD::Create(std::move(params), sgd));
+    return std::unique_ptr<optim::Optimizer>(std::move(optimizer));
+  }
+  optim::AdamWOptions adamw;
+  adamw.lr = options_.lr;
+  adamw.eps = options_.eps;
+  adamw.weight_decay = options_.weight_decay;
+  ASSIGN_OR_RETURN(std::unique_ptr<optim::AdamW> optimizer,
+                   optim::AdamW::Create(std::move(params), adamw));
+  return std::unique_ptr<optim::Optimizer>(std::move(optimizer));
+}
+
+policy::WrapPolicyPtr LayerPolicy() {
+  return policy::ModuleTypes({"EncoderLayer", "DecoderLayer"});
+}
+
+}  // namespace seq2seq
