@@ -1,31 +1,51 @@
 #include "mlp.h"
 
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/autograd.h"
+#include "core/param_init.h"
 #include "core/status_macros.h"
 #include "data/sampler.h"
-#include "nn/losses.h"
+#include "nn/functional/linear.h"
+#include "nn/functional/loss.h"
+#include "squared_relu.h"
 
 namespace consumer {
+namespace {
+
+namespace F = ::nn::functional;
+
+// InvalidArgument naming `module` unless it got exactly one input.
+absl::Status CheckOneInput(const core::Module& module, const core::Tensors& inputs) {
+  if (inputs.size() == 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(module.Describe(), ": takes 1 input, got ", inputs.size()));
+}
+
+}  // namespace
 
 MlpBlock::MlpBlock(int64_t in, int64_t out, uint64_t seed) {
-  fc_ = RegisterModule("fc", std::make_shared<nn::Linear>(in, out, /*bias=*/true, seed));
-  act_ = RegisterModule("act", std::make_shared<nn::ReLU>());
+  // nn::Linear's initialisation (nn/linear.h): one stream from `seed`, weight then bias.
+  // Sizes below 1 are Mlp::Create's to refuse; a negative one still leaves a well-formed
+  // module whose ConstructionStatus() says so. The tensors are fp32 CPU (or deferred), so
+  // InitParameter cannot fail.
+  const float bound = in > 0 ? 1.0f / std::sqrt(static_cast<float>(in)) : 0.0f;
+  weight_ = AllocateParameter("weight", {out, in});
+  bias_ = AllocateParameter("bias", {out});
+  (void)core::InitParameter(*weight_, core::ParamInit::Uniform(seed, 0, -bound, bound));
+  (void)core::InitParameter(*bias_, core::ParamInit::Uniform(seed, out * in, -bound, bound));
 }
 
-absl::StatusOr<core::Tensor> MlpBlock::ForwardImpl(const core::Tensor& x) {
-  ASSIGN_OR_RETURN(core::Tensor h, fc_->Forward(x));
-  return act_->Forward(h);
+absl::StatusOr<core::Tensors> MlpBlock::ForwardGraph(const core::Tensors& inputs) {
+  RETURN_IF_ERROR(CheckOneInput(*this, inputs));
+  absl::StatusOr<core::Tensor> y = SquaredRelu(F::Linear(inputs[0], weight_, bias_));
+  RETURN_IF_ERROR(y.status());
+  return core::Tensors{*y};
 }
 
-absl::StatusOr<core::Tensor> MlpBlock::BackwardImpl(const core::Tensor& grad_output) {
-  ASSIGN_OR_RETURN(core::Tensor g, act_->Backward(grad_output));
-  return fc_->Backward(g);
-}
-
-absl::StatusOr<std::shared_ptr<Mlp>> Mlp::Create(const std::vector<int64_t>& sizes,
-                                                 uint64_t seed) {
+absl::StatusOr<std::shared_ptr<Mlp>> Mlp::Create(const std::vector<int64_t>& sizes, uint64_t seed) {
   if (sizes.size() < 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("Mlp: sizes needs at least 2 entries, got ", sizes.size()));
@@ -38,29 +58,25 @@ absl::StatusOr<std::shared_ptr<Mlp>> Mlp::Create(const std::vector<int64_t>& siz
   }
   std::shared_ptr<Mlp> mlp(new Mlp());
   for (size_t i = 0; i + 2 < sizes.size(); ++i) {
-    mlp->layers_.push_back(mlp->RegisterModule(
+    mlp->blocks_.push_back(mlp->RegisterModule(
         absl::StrCat("block", i), std::make_shared<MlpBlock>(sizes[i], sizes[i + 1], seed + i)));
   }
   const size_t n = sizes.size();
-  mlp->layers_.push_back(mlp->RegisterModule(
-      "head", std::make_shared<nn::Linear>(sizes[n - 2], sizes[n - 1], /*bias=*/true, seed + n)));
+  mlp->head_ = mlp->RegisterModule(
+      "head", std::make_shared<nn::Linear>(sizes[n - 2], sizes[n - 1], /*bias=*/true, seed + n));
+  RETURN_IF_ERROR(mlp->ConstructionStatus());
   return mlp;
 }
 
-absl::StatusOr<core::Tensor> Mlp::ForwardImpl(const core::Tensor& x) {
-  core::Tensor h = x;
-  for (const auto& layer : layers_) {
-    ASSIGN_OR_RETURN(h, layer->Forward(h));
-  }
-  return h;
-}
-
-absl::StatusOr<core::Tensor> Mlp::BackwardImpl(const core::Tensor& grad_output) {
-  core::Tensor g = grad_output;
-  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
-    ASSIGN_OR_RETURN(g, (*it)->Backward(g));
-  }
-  return g;
+absl::StatusOr<core::Tensors> Mlp::ForwardGraph(const core::Tensors& inputs) {
+  RETURN_IF_ERROR(CheckOneInput(*this, inputs));
+  // Each child through CallOne, so the hooks FSDP placed on it (a unit's all-gather and
+  // reduce-scatter) run; an error stops the chain at the op that made it.
+  absl::StatusOr<core::Tensor> h = inputs[0];
+  for (const std::shared_ptr<MlpBlock>& block : blocks_) h = block->CallOne({h});
+  h = head_->CallOne({h});
+  RETURN_IF_ERROR(h.status());
+  return core::Tensors{*h};
 }
 
 absl::StatusOr<std::unique_ptr<RegressionModule>> RegressionModule::Create(
@@ -92,20 +108,19 @@ absl::StatusOr<data::RegressionBatch> RegressionModule::LocalBatch(
 absl::StatusOr<integration::StepOutput> RegressionModule::TrainingStep(
     const integration::StepContext& ctx) {
   ASSIGN_OR_RETURN(data::RegressionBatch batch, LocalBatch(ctx.step, ctx));
-  ASSIGN_OR_RETURN(core::Tensor out, mlp_->Forward(batch.inputs));
-  ASSIGN_OR_RETURN(nn::LossResult loss, nn::MseLoss(out, batch.targets));
-  RETURN_IF_ERROR(mlp_->Backward(loss.grad).status());
-  return integration::StepOutput{loss.loss, batch.inputs.size(0)};
+  ASSIGN_OR_RETURN(core::Tensor loss, F::Mse(mlp_->CallOne({batch.inputs}), batch.targets));
+  RETURN_IF_ERROR(core::Backward(loss));
+  return integration::StepOutput{loss.ToVector()[0], batch.inputs.size(0)};
 }
 
 absl::StatusOr<integration::StepOutput> RegressionModule::EvaluationStep(
     const integration::StepContext& ctx) {
-  // Held-out batches: validation from 1,000,000 on, test from 2,000,000 on.
+  // Held-out batches: validation from 1,000,000 on, test from 2,000,000 on. Forward only:
+  // the runner calls this under core::NoGradScope, so no graph is recorded.
   const int64_t base = ctx.stage == integration::Stage::kTest ? 2000000 : 1000000;
   ASSIGN_OR_RETURN(data::RegressionBatch batch, LocalBatch(base + ctx.step, ctx));
-  ASSIGN_OR_RETURN(core::Tensor out, mlp_->Forward(batch.inputs));
-  ASSIGN_OR_RETURN(nn::LossResult loss, nn::MseLoss(out, batch.targets));
-  return integration::StepOutput{loss.loss, batch.inputs.size(0)};
+  ASSIGN_OR_RETURN(core::Tensor loss, F::Mse(mlp_->CallOne({batch.inputs}), batch.targets));
+  return integration::StepOutput{loss.ToVector()[0], batch.inputs.size(0)};
 }
 
 absl::StatusOr<std::unique_ptr<optim::Optimizer>> RegressionModule::ConfigureOptimizer(
