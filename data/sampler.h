@@ -20,6 +20,13 @@
 
 namespace data {
 
+// Rows [begin, end) of `global` along its leading (batch) dimension, as a view sharing its
+// storage (0 <= begin <= end <= rows). InvalidArgument naming the rows and the tensor for an
+// undefined or 0-dimensional tensor or rows out of range.
+absl::StatusOr<core::Tensor> Rows(const core::Tensor& global, int64_t begin, int64_t end);
+// The same for both tensors of a batch (their leading dimensions must agree).
+absl::StatusOr<TokenBatch> Rows(const TokenBatch& global, int64_t begin, int64_t end);
+
 class RankSampler {
  public:
   // InvalidArgument unless world_size >= 1 and 0 <= rank < world_size.

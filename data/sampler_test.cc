@@ -88,5 +88,19 @@ TEST(SamplerTest, RejectsBadRanksAndMalformedBatches) {
   EXPECT_EQ(sampler.Local(mismatched).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(SamplerTest, RowsAreViewsOfTheBatchAndOutOfRangeRowsAreErrors) {
+  const core::Tensor t = core::Tensor::FromVector({0, 1, 2, 3, 4, 5, 6, 7}, {4, 2}).value();
+  const core::Tensor middle = Rows(t, 1, 3).value();
+  EXPECT_EQ(middle.shape(), (core::Shape{2, 2}));
+  EXPECT_THAT(middle.ToVector(), ::testing::ElementsAre(2, 3, 4, 5));
+  EXPECT_EQ(middle.data<float>(), t.data<float>() + 2) << "a view, not a copy";
+  EXPECT_EQ(Rows(t, 2, 2).value().numel(), 0);
+  EXPECT_THAT(Rows(t, 3, 5).status().message(), HasSubstr("rows [3, 5)"));
+  EXPECT_EQ(Rows(t, -1, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Rows(t, 2, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  TokenBatch mismatched{core::Tensor::Zeros({4, 2}), core::Tensor::Zeros({3, 2})};
+  EXPECT_EQ(Rows(mismatched, 0, 1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace data

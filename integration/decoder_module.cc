@@ -116,16 +116,11 @@ absl::StatusOr<data::TokenBatch> DecoderTrainModule::LocalBatch(int64_t index,
   } else {
     ASSIGN_OR_RETURN(global, language_->Batch(index, ctx.batch_size, train_options_.seq_len));
   }
-  if (ctx.micro_batches > 1) {  // this step's micro-batch: a contiguous block of rows
-    ASSIGN_OR_RETURN(data::RankSampler micro,
-                     data::RankSampler::Create(ctx.micro_batch, ctx.micro_batches));
-    ASSIGN_OR_RETURN(global, micro.Local(global));
-  }
-  ASSIGN_OR_RETURN(data::RankSampler sampler, data::RankSampler::Create(ctx.rank, ctx.world_size));
+  ASSIGN_OR_RETURN(auto rows, StepRows(ctx));
   // Stays on the host on every device: the token embedding and the loss check their ids
   // on the host and copy them to the device themselves, once each (an uploaded batch
   // would be copied back to be checked: two more host syncs a step).
-  return sampler.Local(global);
+  return data::Rows(global, rows.first, rows.second);
 }
 
 absl::StatusOr<StepOutput> DecoderTrainModule::TrainingStep(const StepContext& ctx) {
