@@ -232,6 +232,37 @@ class Outer : public Module {
   std::shared_ptr<Gate> gate_;
 };
 
+TEST(GraphModuleTest, BackwardsNestWhenAnOutputGoesStraightToTheLoss) {
+  // first -> {y0, aux0}; second(y0) -> {y1, aux1}; loss = sum(y1) + aux0 + aux1. aux0's
+  // gradient arrives before second's backward ran; first's backward still begins after it.
+  auto first = std::make_shared<Gate>(std::vector<float>{2});
+  auto second = std::make_shared<Gate>(std::vector<float>{3});
+  std::vector<std::string> log;
+  std::vector<HookHandle> hooks;
+  for (auto [gate, name] : {std::pair{first, "first"}, std::pair{second, "second"}}) {
+    const std::string n = name;
+    hooks.push_back(gate->RegisterBackwardPreHook([&log, n](Module&) {
+      log.push_back(n + " bpre");
+      return absl::OkStatus();
+    }));
+    hooks.push_back(gate->RegisterBackwardPostHook([&log, n](Module&) {
+      log.push_back(n + " bpost");
+      return absl::OkStatus();
+    }));
+  }
+  Tensor x = Leaf(Vec({1}));
+  absl::StatusOr<Tensors> a = first->Call({x, Vec({1})});
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<Tensors> b = second->Call({(*a)[0], Vec({1})});
+  ASSERT_TRUE(b.ok()) << b.status();
+  absl::StatusOr<Tensor> loss = Add(Add(Sum((*b)[0]), (*a)[1]), (*b)[1]);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  ASSERT_TRUE(Backward(*loss).ok());
+  EXPECT_THAT(log, ElementsAre("second bpre", "second bpost", "first bpre", "first bpost"));
+  // d/dw1 (w1 w2 x + w1^2 + w2^2) = w2 x + 2 w1 = 3 + 4.
+  EXPECT_THAT(first->weight()->grad.ToVector(), ElementsAre(7));
+}
+
 TEST(GraphModuleTest, LatePostHooksRunInnerModulesFirst) {
   // Both modules take data that needs no gradient, so both post-hooks run at the end of the
   // backward; the inner one's first, as FSDP needs (a unit ends before its parent).

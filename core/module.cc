@@ -394,7 +394,10 @@ absl::StatusOr<Tensors> Module::Call(const std::vector<Arg>& args) {
       std::function<absl::Status()> pre = GraphHookRunner(/*post=*/false);
       std::function<absl::Status()> late_post;
       if (!post_placed && !hooks_->backward_post.empty()) late_post = GraphHookRunner(true);
-      node->AddArrivalHook([pre, late_post]() -> absl::Status {
+      // Before the identity node runs: once every consumer of the outputs has delivered, so a
+      // module's backward nests inside its consumers' also when one output goes straight to
+      // the loss (a mixture-of-experts block's balance loss).
+      node->AddPreHook([pre, late_post](std::vector<Tensor>&) -> absl::Status {
         RETURN_IF_ERROR(pre());
         if (late_post) {  // inner modules' first (CallbackOrder::kBeforeEarlier)
           RETURN_IF_ERROR(QueueBackwardCallback(late_post, CallbackOrder::kBeforeEarlier));

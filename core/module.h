@@ -46,9 +46,11 @@
 // replace them), ForwardGraph, then the post-hooks (they see inputs and outputs and may
 // replace the outputs). With grad mode on, it also places the backward hooks on the graph, as
 // FSDP2 does:
-//   - the backward pre-hooks run when the first gradient of the call's outputs arrives in a
-//     Backward (an identity node over the outputs that require gradients, whose arrival hook
-//     runs them), so before any node of the module's backward;
+//   - the backward pre-hooks run when the gradients of the call's outputs have all arrived in
+//     a Backward (an identity node over the outputs that require gradients, whose pre-hook
+//     runs them), so before any node of the module's backward and after every consumer of
+//     its outputs: a module's backward nests inside its consumers' backward, also when one of
+//     its outputs goes straight to the loss while another feeds the next module;
 //   - the backward post-hooks run when the gradients of the call's inputs have been computed
 //     (an identity node over the inputs that require gradients, whose post-hook runs them):
 //     every node of the call has run by then, and since a leaf's accumulator runs as soon as
