@@ -8,8 +8,6 @@
 #include "core/status_macros.h"
 #include "nn/functional/elementwise.h"
 #include "nn/functional/loss.h"
-#include "optim/adamw.h"
-#include "optim/sgd.h"
 
 namespace seq2seq {
 namespace {
@@ -80,22 +78,7 @@ absl::StatusOr<integration::StepOutput> Seq2SeqModule::EvaluationStep(
 
 absl::StatusOr<std::unique_ptr<optim::Optimizer>> Seq2SeqModule::ConfigureOptimizer(
     std::vector<core::NamedParameter> params) {
-  if (options_.sgd) {
-    optim::SgdOptions sgd;
-    sgd.lr = options_.lr;
-    sgd.momentum = options_.momentum;
-    sgd.weight_decay = options_.weight_decay;
-    ASSIGN_OR_RETURN(std::unique_ptr<optim::SGD> optimizer,
-                     optim::SGD::Create(std::move(params), sgd));
-    return std::unique_ptr<optim::Optimizer>(std::move(optimizer));
-  }
-  optim::AdamWOptions adamw;
-  adamw.lr = options_.lr;
-  adamw.eps = options_.eps;
-  adamw.weight_decay = options_.weight_decay;
-  ASSIGN_OR_RETURN(std::unique_ptr<optim::AdamW> optimizer,
-                   optim::AdamW::Create(std::move(params), adamw));
-  return std::unique_ptr<optim::Optimizer>(std::move(optimizer));
+  return optim::MakeOptimizer(std::move(params), options_.optimizer);
 }
 
 policy::WrapPolicyPtr LayerPolicy() {

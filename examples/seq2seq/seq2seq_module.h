@@ -27,6 +27,7 @@
 #include "examples/seq2seq/reverse_task.h"
 #include "examples/seq2seq/seq2seq.h"
 #include "integration/train_module.h"
+#include "optim/make_optimizer.h"
 #include "optim/optimizer.h"
 #include "policy/wrap_policy.h"
 
@@ -35,12 +36,8 @@ namespace seq2seq {
 struct Seq2SeqModuleOptions {
   Seq2SeqConfig model;
   ReverseTaskOptions task;
-  // AdamW (lr, eps, weight_decay), or with `sgd` SGD (lr, momentum, weight_decay).
-  double lr = 3e-3;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-  bool sgd = false;
-  double momentum = 0.9;
+  // AdamW with its defaults unless changed (optim/make_optimizer.h).
+  optim::OptimizerOptions optimizer;
 };
 
 class Seq2SeqModule : public integration::TrainModule {

@@ -37,6 +37,7 @@ Seq2SeqModuleOptions Small(double dropout = 0) {
   o.model.max_positions = 8;
   o.model.dropout = dropout;
   o.task.max_symbols = 7;
+  o.optimizer.adamw.lr = 3e-3;
   return o;
 }
 
@@ -50,8 +51,9 @@ Seq2SeqModuleOptions Small(double dropout = 0) {
 // AdamW is checked bit for bit in the deterministic mode below.
 Seq2SeqModuleOptions ForParity() {
   Seq2SeqModuleOptions o = Small();
-  o.sgd = true;
-  o.lr = 0.2;
+  o.optimizer.kind = optim::OptimizerKind::kSgd;
+  o.optimizer.sgd.lr = 0.2;
+  o.optimizer.sgd.momentum = 0.9;
   return o;
 }
 
@@ -157,82 +159,17 @@ INSTANTIATE_TEST_SUITE_P(EveryStrategy, Seq2SeqParityTest,
 
 TEST(Seq2SeqTest, DropoutAndTheTokenMeanGiveTheSameBitsAtEveryWorldSize) {
   const integration::StageOptions options = examples::testing::Deterministic(Stages(4), 4);
-  ASSERT_OK_AND_ASSIGN(TrainingRun one, FitAndRelease(1, options, Factory(Small(0.1))));
-  for (int n : {2, 4}) {
-    ASSERT_OK_AND_ASSIGN(TrainingRun run, FitAndRelease(n, options, Factory(Small(0.1))));
-    EXPECT_OK(fsdp::testing::CompareRuns(one, run, 0, 0)) << "N = " << n;
-  }
+  examples::testing::CheckSameBitsAtEveryWorldSize(options, Factory(Small(0.1)));
   // Dropout was on: without it the run differs.
+  ASSERT_OK_AND_ASSIGN(TrainingRun dropout, FitAndRelease(1, options, Factory(Small(0.1))));
   ASSERT_OK_AND_ASSIGN(TrainingRun plain, FitAndRelease(1, options, Factory(Small(0))));
-  EXPECT_NE(one.losses, plain.losses);
+  EXPECT_NE(dropout.losses, plain.losses);
 }
 
 TEST(Seq2SeqTest, StagesRewrapCheckpointResumeAtAnotherWorldSizeAndRelease) {
-  const std::string dir = ::testing::TempDir() + "/seq2seq_checkpoint";
-  // N = 2: fit 4 steps (saving a checkpoint), validate, test, fit 2 more, release.
-  std::vector<float> released;
-  INTEGRATION_ASSERT_OK(
-      integration::testing::RunRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
-        ASSIGN_OR_RETURN(std::unique_ptr<Seq2SeqModule> module, Seq2SeqModule::Create(ForParity()));
-        const std::shared_ptr<core::Module> model = module->model();
-        const std::vector<core::ParameterPtr> before = model->Parameters();
-        integration::StageOptions options = Stages(4);
-        options.checkpoint_dir = dir;
-        ASSIGN_OR_RETURN(auto runner, integration::StageRunner::Create(ctx.group, options));
-        ASSIGN_OR_RETURN(integration::FitResult fit, runner->Fit(*module));
-        EXPECT_EQ(fit.report.wrap.units, 5);  // 2 encoder + 2 decoder layers and the root
-        ASSIGN_OR_RETURN(integration::EvalResult validate, runner->Validate(*module));
-        ASSIGN_OR_RETURN(integration::EvalResult test, runner->Test(*module));
-        for (const integration::EvalResult* r : {&validate, &test}) {
-          EXPECT_TRUE(r->report.wrap.reused);
-          EXPECT_EQ(r->report.wrap.param_bytes_copied, 0);
-        }
-        EXPECT_NE(validate.loss, test.loss) << "held-out batches differ per stage";
-        ASSIGN_OR_RETURN(integration::FitResult more, runner->Fit(*module, 2));
-        EXPECT_TRUE(more.report.wrap.reused);
-        EXPECT_EQ(more.first_step, 4);
-        RETURN_IF_ERROR(runner->Release(*module));
-        EXPECT_EQ(module->model(), model);
-        EXPECT_EQ(model->Parameters(), before) << "the same Parameter objects";
-        if (ctx.rank == 0) {
-          for (const auto& [name, values] : examples::testing::FullParameters(*model)) {
-            released.insert(released.end(), values.begin(), values.end());
-          }
-        }
-        return absl::OkStatus();
-      }));
-  // N = 4 resumes the checkpoint the N = 2 runner's second Fit saved (model and optimizer, at
-  // step 6) and fits 2 more steps.
-  TrainingRun resumed;
-  INTEGRATION_ASSERT_OK(
-      integration::testing::RunRanks(4, [&](comm::testing::RankContext& ctx) -> absl::Status {
-        ASSIGN_OR_RETURN(std::unique_ptr<Seq2SeqModule> module, Seq2SeqModule::Create(ForParity()));
-        ASSIGN_OR_RETURN(auto runner, integration::StageRunner::Create(ctx.group, Stages(2)));
-        ASSIGN_OR_RETURN(integration::LoadedCheckpoint loaded,
-                         runner->LoadCheckpoint(*module, dir, /*optimizer=*/true));
-        EXPECT_EQ(loaded.step, 6);
-        EXPECT_EQ(loaded.saved_world_size, 2);
-        ASSIGN_OR_RETURN(integration::FitResult fit, runner->Fit(*module));
-        EXPECT_EQ(fit.first_step, 6);
-        RETURN_IF_ERROR(runner->Release(*module));
-        if (ctx.rank == 0) {
-          resumed = TrainingRun{fit.losses, examples::testing::FullParameters(*module->model())};
-        }
-        return absl::OkStatus();
-      }));
-  // Each equals one uninterrupted rank: 6 steps for the released N = 2 model, 8 for the resumed.
-  ASSERT_OK_AND_ASSIGN(TrainingRun six, FitAndRelease(1, Stages(6), Factory(ForParity())));
-  std::vector<float> six_flat;
-  for (const auto& [name, values] : six.params) {
-    six_flat.insert(six_flat.end(), values.begin(), values.end());
-  }
-  ASSERT_EQ(released.size(), six_flat.size());
-  for (size_t i = 0; i < released.size(); ++i) {
-    ASSERT_NEAR(released[i], six_flat[i], kAtol + kRtol * std::abs(six_flat[i])) << "element " << i;
-  }
-  ASSERT_OK_AND_ASSIGN(TrainingRun eight, FitAndRelease(1, Stages(8), Factory(ForParity())));
-  eight.losses.erase(eight.losses.begin(), eight.losses.begin() + 6);
-  EXPECT_OK(fsdp::testing::CompareRuns(eight, resumed, kRtol, kAtol));
+  // 2 encoder + 2 decoder layers and the root.
+  examples::testing::CheckStagesAndResume(Factory(ForParity()), Stages(1), /*units=*/5,
+                                          ::testing::TempDir() + "/seq2seq_checkpoint");
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "examples/testing/stage_parity.h"
 
+#include <cmath>
 #include <string>
 #include <utility>
 
@@ -46,6 +47,95 @@ absl::StatusOr<fsdp::testing::TrainingRun> FitAndRelease(int world,
     }
   }
   return runs[0];
+}
+
+namespace {
+
+// NOTE [Parity tolerance] in fsdp/parity_test.cc.
+constexpr double kRtol = 1e-5;
+constexpr double kAtol = 1e-6;
+
+std::vector<float> Flat(const fsdp::testing::TrainingRun& run) {
+  std::vector<float> out;
+  for (const auto& [name, values] : run.params) out.insert(out.end(), values.begin(), values.end());
+  return out;
+}
+
+}  // namespace
+
+void CheckStagesAndResume(const ModuleFactory& make, integration::StageOptions options, int units,
+                          const std::string& dir) {
+  options.checkpoint_dir = dir;
+  options.fit_steps = 4;
+  fsdp::testing::TrainingRun released;
+  absl::Status s =
+      integration::testing::RunRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(std::unique_ptr<integration::TrainModule> module, make());
+        const std::shared_ptr<core::Module> model = module->model();
+        const std::vector<core::ParameterPtr> before = model->Parameters();
+        ASSIGN_OR_RETURN(auto runner, integration::StageRunner::Create(ctx.group, options));
+        ASSIGN_OR_RETURN(integration::FitResult fit, runner->Fit(*module));
+        EXPECT_EQ(fit.report.wrap.units, units);
+        ASSIGN_OR_RETURN(integration::EvalResult validate, runner->Validate(*module));
+        ASSIGN_OR_RETURN(integration::EvalResult test, runner->Test(*module));
+        for (const integration::EvalResult* r : {&validate, &test}) {
+          EXPECT_TRUE(r->report.wrap.reused);
+          EXPECT_EQ(r->report.wrap.param_bytes_copied, 0);
+        }
+        EXPECT_NE(validate.loss, test.loss) << "held-out batches differ per stage";
+        ASSIGN_OR_RETURN(integration::FitResult more, runner->Fit(*module, 2));
+        EXPECT_TRUE(more.report.wrap.reused);
+        EXPECT_EQ(more.first_step, 4);
+        RETURN_IF_ERROR(runner->Release(*module));
+        EXPECT_EQ(module->model(), model);
+        EXPECT_EQ(model->Parameters(), before) << "the same Parameter objects";
+        if (ctx.rank == 0) released.params = FullParameters(*model);
+        return absl::OkStatus();
+      });
+  ASSERT_TRUE(s.ok()) << s;
+  // N = 4 resumes what the second Fit saved (model and optimizer, at step 6).
+  fsdp::testing::TrainingRun resumed;
+  options.checkpoint_dir.clear();
+  options.fit_steps = 2;
+  s = integration::testing::RunRanks(4, [&](comm::testing::RankContext& ctx) -> absl::Status {
+    ASSIGN_OR_RETURN(std::unique_ptr<integration::TrainModule> module, make());
+    ASSIGN_OR_RETURN(auto runner, integration::StageRunner::Create(ctx.group, options));
+    ASSIGN_OR_RETURN(integration::LoadedCheckpoint loaded,
+                     runner->LoadCheckpoint(*module, dir, /*optimizer=*/true));
+    EXPECT_EQ(loaded.step, 6);
+    EXPECT_EQ(loaded.saved_world_size, 2);
+    ASSIGN_OR_RETURN(integration::FitResult fit, runner->Fit(*module));
+    EXPECT_EQ(fit.first_step, 6);
+    RETURN_IF_ERROR(runner->Release(*module));
+    if (ctx.rank == 0) resumed = {fit.losses, FullParameters(*module->model())};
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  // Each equals one uninterrupted rank: 6 steps for the released N = 2 model, 8 for the resumed.
+  options.fit_steps = 6;
+  absl::StatusOr<fsdp::testing::TrainingRun> six = FitAndRelease(1, options, make);
+  ASSERT_TRUE(six.ok()) << six.status();
+  const std::vector<float> expected = Flat(*six), actual = Flat(released);
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < actual.size(); ++i) {
+    ASSERT_NEAR(actual[i], expected[i], kAtol + kRtol * std::abs(expected[i])) << "element " << i;
+  }
+  options.fit_steps = 8;
+  absl::StatusOr<fsdp::testing::TrainingRun> eight = FitAndRelease(1, options, make);
+  ASSERT_TRUE(eight.ok()) << eight.status();
+  eight->losses.erase(eight->losses.begin(), eight->losses.begin() + 6);
+  EXPECT_EQ(absl::OkStatus(), fsdp::testing::CompareRuns(*eight, resumed, kRtol, kAtol));
+}
+
+void CheckSameBitsAtEveryWorldSize(const integration::StageOptions& options,
+                                   const ModuleFactory& make) {
+  absl::StatusOr<fsdp::testing::TrainingRun> one = FitAndRelease(1, options, make);
+  ASSERT_TRUE(one.ok()) << one.status();
+  for (int n : {2, 4}) {
+    absl::StatusOr<fsdp::testing::TrainingRun> run = FitAndRelease(n, options, make);
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_EQ(absl::OkStatus(), fsdp::testing::CompareRuns(*one, *run, 0, 0)) << "N = " << n;
+  }
 }
 
 std::vector<fsdp::testing::StrategyCase> EveryStrategyCase() {

@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "fsdp/testing/gpt_training.h"
+#include "gtest/gtest.h"
 #include "integration/stage_options.h"
 #include "integration/train_module.h"
 
@@ -39,6 +40,23 @@ std::vector<std::pair<std::string, std::vector<float>>> FullParameters(const cor
 // Every strategy at N = 2 and 4: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, and HYBRID_SHARD 2 x 1
 // and 2 x 2.
 std::vector<fsdp::testing::StrategyCase> EveryStrategyCase();
+
+// The stage API's lifecycle on the module `make` builds, with gtest failures as they happen:
+// on 2 ranks, Fit 4 steps saving a checkpoint to `dir`, Validate and Test (both reusing the
+// units: 0 parameter bytes copied; different held-out losses), Fit 2 more (reused, from step
+// 4, saving again), Release (the same Module and Parameter objects); then a fresh module on 4
+// ranks loads that checkpoint (model and optimizer, step 6), fits 2 more steps and releases.
+// The N = 2 weights after 6 steps and the N = 4 losses and weights after 8 equal one rank's
+// uninterrupted runs within NOTE [Parity tolerance] (fsdp/parity_test.cc). `options` gives
+// the wrap and batch sizes (its fit_steps and checkpoint_dir are set here); `units` is the
+// number of FSDP units its policy makes.
+void CheckStagesAndResume(const ModuleFactory& make, integration::StageOptions options, int units,
+                          const std::string& dir);
+
+// FitAndRelease on 1, 2 and 4 ranks gives the same losses and weights bit for bit (gtest
+// failures otherwise): `options` in the deterministic mode (Deterministic below).
+void CheckSameBitsAtEveryWorldSize(const integration::StageOptions& options,
+                                   const ModuleFactory& make);
 
 // `options` with the case's strategy (and hybrid size) and a 60 s collective timeout.
 integration::StageOptions WithStrategy(integration::StageOptions options,
