@@ -1,5 +1,6 @@
-// Test-only: reads the PyTorch reference files of nn/torch_reference_test.cc, written by
-// tools/torch_ref/reference.py: safetensors files (NOTE [Safetensors layout] in
+// Test-only: reads the PyTorch reference files of nn/torch_reference_test.cc and
+// examples/seq2seq/seq2seq_torch_test.cc, written by tools/torch_ref/reference.py and
+// seq2seq_reference.py: safetensors files (NOTE [Safetensors layout] in
 // checkpoint/safetensors.h) holding F64 tensors beside F32 and I32 ones, and string
 // metadata. checkpoint::SafetensorsReader reads only the dtypes core::Tensor has (no F64)
 // and sits above nn in the package order, hence this small reader.
