@@ -5,7 +5,6 @@
 // cross-entropy over the real target tokens within 1e-6 of the float64 loss, relative, and
 // every parameter gradient within 1e-5 of the largest magnitude of that tensor's float64
 // gradient (max |ours - reference| / max |reference|). The figures are printed.
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -13,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/autograd.h"
 #include "core/status_macros.h"
@@ -26,6 +24,8 @@
 namespace seq2seq {
 namespace {
 
+using ::nn::torch_ref::GradientComparison;
+using ::nn::torch_ref::GradientError;
 using ::nn::torch_ref::ReferenceFile;
 using ::nn::torch_ref::ReferenceTensor;
 
@@ -33,66 +33,25 @@ constexpr double kLossRel = 1e-6;
 constexpr double kGradRatio = 1e-5;
 const char kFile[] = "examples/seq2seq/testdata/seq2seq_ref.safetensors";
 
-absl::StatusOr<int64_t> Int(const ReferenceFile& f, const std::string& key) {
-  ASSIGN_OR_RETURN(const std::string text, f.Field(key));
-  int64_t v;
-  if (!absl::SimpleAtoi(text, &v)) return absl::InvalidArgumentError(key + ": " + text);
-  return v;
-}
-
 // The configuration the file's metadata describes, dropout 0.
 absl::StatusOr<Seq2SeqConfig> Config(const ReferenceFile& f) {
   Seq2SeqConfig c;
-  ASSIGN_OR_RETURN(c.vocab, Int(f, "vocab"));
-  ASSIGN_OR_RETURN(c.width, Int(f, "width"));
-  ASSIGN_OR_RETURN(c.heads, Int(f, "heads"));
-  ASSIGN_OR_RETURN(c.hidden, Int(f, "hidden"));
-  ASSIGN_OR_RETURN(c.encoder_layers, Int(f, "encoder_layers"));
-  ASSIGN_OR_RETURN(c.decoder_layers, Int(f, "decoder_layers"));
-  ASSIGN_OR_RETURN(c.max_positions, Int(f, "max_positions"));
-  ASSIGN_OR_RETURN(const std::string eps, f.Field("layer_norm_eps"));
-  double e;
-  if (!absl::SimpleAtod(eps, &e)) return absl::InvalidArgumentError("layer_norm_eps: " + eps);
-  c.layer_norm_eps = static_cast<float>(e);
+  ASSIGN_OR_RETURN(c.vocab, f.Int("vocab"));
+  ASSIGN_OR_RETURN(c.width, f.Int("width"));
+  ASSIGN_OR_RETURN(c.heads, f.Int("heads"));
+  ASSIGN_OR_RETURN(c.hidden, f.Int("hidden"));
+  ASSIGN_OR_RETURN(c.encoder_layers, f.Int("encoder_layers"));
+  ASSIGN_OR_RETURN(c.decoder_layers, f.Int("decoder_layers"));
+  ASSIGN_OR_RETURN(c.max_positions, f.Int("max_positions"));
+  ASSIGN_OR_RETURN(const double eps, f.Double("layer_norm_eps"));
+  c.layer_norm_eps = static_cast<float>(eps);
   c.dropout = 0.0;
   return c;
 }
 
-absl::StatusOr<core::Tensor> Ints(const ReferenceFile& f, const std::string& name) {
-  ASSIGN_OR_RETURN(const ReferenceTensor* t, f.Get(name));
-  if (t->dtype != "I32") return absl::InvalidArgumentError(name + " is " + t->dtype);
-  const std::vector<int32_t> ids(t->values.begin(), t->values.end());
-  return core::Tensor::FromInts(ids, t->shape);
-}
-
-// Copies every param.<name> into the model's parameter of that name: each model parameter
-// must be in the file, F32 of its shape, and each of the file's weights a model parameter.
-absl::Status LoadWeights(const ReferenceFile& f, Seq2Seq& model) {
-  std::set<std::string> ours;
-  for (const auto& [name, p] : model.NamedParameters()) {
-    ours.insert(name);
-    ASSIGN_OR_RETURN(const ReferenceTensor* w, f.Get("param." + name));
-    if (w->dtype != "F32" || w->shape != p->data.shape()) {
-      return absl::InvalidArgumentError(absl::StrCat("param.", name, " is ", w->dtype, " ",
-                                                     core::ShapeToString(w->shape), "; ours is ",
-                                                     core::ShapeToString(p->data.shape())));
-    }
-    float* dst = p->data.data<float>();
-    for (size_t i = 0; i < w->values.size(); ++i) dst[i] = static_cast<float>(w->values[i]);
-  }
-  for (const auto& [key, t] : f.tensors) {
-    if (key.rfind("param.", 0) == 0 && ours.count(key.substr(6)) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("the file's ", key, " is not ours"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 struct Figures {
   double loss = 0, ref_loss = 0, loss_rel = 0;
-  double worst_ratio = 0;
-  std::string worst_param;
-  int64_t params = 0;
+  GradientComparison grads;
 };
 
 // Loads the reference, runs forward, the loss and backward, and measures the loss's relative
@@ -102,11 +61,11 @@ absl::StatusOr<Figures> RunReference() {
   ASSIGN_OR_RETURN(const Seq2SeqConfig config, Config(f));
   auto model = std::make_shared<Seq2Seq>(config);
   RETURN_IF_ERROR(model->ConstructionStatus());
-  RETURN_IF_ERROR(LoadWeights(f, *model));
-  ASSIGN_OR_RETURN(const core::Tensor src, Ints(f, "src"));
-  ASSIGN_OR_RETURN(const core::Tensor src_mask, Ints(f, "src_mask"));
-  ASSIGN_OR_RETURN(const core::Tensor tgt, Ints(f, "tgt"));
-  ASSIGN_OR_RETURN(const core::Tensor labels, Ints(f, "labels"));
+  RETURN_IF_ERROR(nn::torch_ref::LoadParameters(f, model->NamedParameters()));
+  ASSIGN_OR_RETURN(const core::Tensor src, f.Ints("src"));
+  ASSIGN_OR_RETURN(const core::Tensor src_mask, f.Ints("src_mask"));
+  ASSIGN_OR_RETURN(const core::Tensor tgt, f.Ints("tgt"));
+  ASSIGN_OR_RETURN(const core::Tensor labels, f.Ints("labels"));
   ASSIGN_OR_RETURN(const ReferenceTensor* ref_loss, f.Get("loss"));
 
   ASSIGN_OR_RETURN(const core::Tensor logits, model->CallOne({src, src_mask, tgt}));
@@ -117,26 +76,10 @@ absl::StatusOr<Figures> RunReference() {
   fig.loss = loss.ToVector().at(0);
   fig.ref_loss = ref_loss->values.at(0);
   fig.loss_rel = std::abs(fig.loss - fig.ref_loss) / std::abs(fig.ref_loss);
-  for (const auto& [name, p] : model->NamedParameters()) {
-    ASSIGN_OR_RETURN(const ReferenceTensor* g, f.Get("grad." + name));
-    if (g->dtype != "F64" || !p->grad.defined() ||
-        p->grad.numel() != static_cast<int64_t>(g->values.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("grad.", name, " does not match ours"));
-    }
-    const std::vector<float> ours = p->grad.ToVector();
-    double max_ref = 0, max_diff = 0;
-    for (size_t i = 0; i < ours.size(); ++i) {
-      max_ref = std::max(max_ref, std::abs(g->values[i]));
-      max_diff = std::max(max_diff, std::abs(ours[i] - g->values[i]));
-    }
-    const double ratio = max_diff / max_ref;
-    EXPECT_GT(max_ref, 0.0) << name;
-    EXPECT_LE(ratio, kGradRatio) << "gradient of " << name << ", max |ref| " << max_ref;
-    if (ratio >= fig.worst_ratio) {
-      fig.worst_ratio = ratio;
-      fig.worst_param = name;
-    }
-    ++fig.params;
+  ASSIGN_OR_RETURN(fig.grads, nn::torch_ref::CompareGradients(f, model->NamedParameters()));
+  for (const GradientError& g : fig.grads.params) {
+    EXPECT_GT(g.max_reference, 0.0) << g.name;
+    EXPECT_LE(g.ratio, kGradRatio) << "gradient of " << g.name << ", max |ref| " << g.max_reference;
   }
   return fig;
 }
@@ -147,10 +90,10 @@ TEST(Seq2SeqTorchTest, LossAndEveryGradientMatchTheFloat64Reference) {
   std::printf(
       "seq2seq: loss %.10f vs float64 %.10f: relative error %.2e; worst of %lld gradients %s: "
       "max |diff| / max |ref| = %.2e\n",
-      fig->loss, fig->ref_loss, fig->loss_rel, static_cast<long long>(fig->params),
-      fig->worst_param.c_str(), fig->worst_ratio);
+      fig->loss, fig->ref_loss, fig->loss_rel, static_cast<long long>(fig->grads.params.size()),
+      fig->grads.worst.name.c_str(), fig->grads.worst.ratio);
   RecordProperty("loss_relative_error", absl::StrCat(fig->loss_rel));
-  RecordProperty("worst_gradient_ratio", absl::StrCat(fig->worst_ratio));
+  RecordProperty("worst_gradient_ratio", absl::StrCat(fig->grads.worst.ratio));
   EXPECT_LE(fig->loss_rel, kLossRel);
 }
 

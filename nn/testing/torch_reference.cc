@@ -1,12 +1,17 @@
 #include "nn/testing/torch_reference.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace nn {
@@ -22,6 +27,33 @@ absl::StatusOr<std::string> ReferenceFile::Field(const std::string& key) const {
   auto it = metadata.find(key);
   if (it == metadata.end()) return absl::NotFoundError(absl::StrCat("no metadata '", key, "'"));
   return it->second;
+}
+
+absl::StatusOr<int64_t> ReferenceFile::Int(const std::string& key) const {
+  ASSIGN_OR_RETURN(const std::string text, Field(key));
+  int64_t v;
+  if (!absl::SimpleAtoi(text, &v)) {
+    return absl::InvalidArgumentError(absl::StrCat("metadata '", key, "' is '", text, "'"));
+  }
+  return v;
+}
+
+absl::StatusOr<double> ReferenceFile::Double(const std::string& key) const {
+  ASSIGN_OR_RETURN(const std::string text, Field(key));
+  double v;
+  if (!absl::SimpleAtod(text, &v)) {
+    return absl::InvalidArgumentError(absl::StrCat("metadata '", key, "' is '", text, "'"));
+  }
+  return v;
+}
+
+absl::StatusOr<core::Tensor> ReferenceFile::Ints(const std::string& name) const {
+  ASSIGN_OR_RETURN(const ReferenceTensor* t, Get(name));
+  if (t->dtype != "I32") {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' is ", t->dtype));
+  }
+  const std::vector<int32_t> ids(t->values.begin(), t->values.end());
+  return core::Tensor::FromInts(ids, t->shape);
 }
 
 namespace {
@@ -62,7 +94,9 @@ absl::StatusOr<ReferenceFile> ReadReferenceFile(const std::string& path) {
     const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, header_len));
     for (const auto& [name, entry] : header.items()) {
       if (name == "__metadata__") {
-        for (const auto& [key, value] : entry.items()) file.metadata[key] = value.get<std::string>();
+        for (const auto& [key, value] : entry.items()) {
+          file.metadata[key] = value.get<std::string>();
+        }
         continue;
       }
       ReferenceTensor t;
@@ -80,8 +114,8 @@ absl::StatusOr<ReferenceFile> ReadReferenceFile(const std::string& path) {
       const uint64_t end = entry.at("data_offsets").at(1).get<uint64_t>();
       if (end < begin || end - begin != static_cast<uint64_t>(numel * size) ||
           end > bytes.size() - data_begin) {
-        return bad(absl::StrCat("tensor '", name, "' has offsets [", begin, ", ", end,
-                                ") for ", numel, " elements"));
+        return bad(absl::StrCat("tensor '", name, "' has offsets [", begin, ", ", end, ") for ",
+                                numel, " elements"));
       }
       t.values.resize(static_cast<size_t>(numel));
       for (int64_t i = 0; i < numel; ++i) {
@@ -93,6 +127,58 @@ absl::StatusOr<ReferenceFile> ReadReferenceFile(const std::string& path) {
     return bad(absl::StrCat("malformed header: ", e.what()));
   }
   return file;
+}
+
+absl::Status LoadParameters(const ReferenceFile& f,
+                            const std::vector<core::NamedParameter>& params) {
+  std::set<std::string> ours;
+  for (const auto& [name, p] : params) {
+    ours.insert(name);
+    absl::StatusOr<const ReferenceTensor*> w = f.Get("param." + name);
+    if (!w.ok()) return absl::InvalidArgumentError(w.status().message());
+    if ((*w)->dtype != "F32" || (*w)->shape != p->data.shape() ||
+        p->data.dtype() != core::DType::kFloat32 || !p->data.device().is_cpu()) {
+      return absl::InvalidArgumentError(absl::StrCat("param.", name, " is ", (*w)->dtype, " ",
+                                                     core::ShapeToString((*w)->shape), "; ours is ",
+                                                     p->data.ToString()));
+    }
+    float* dst = p->data.data<float>();
+    for (size_t i = 0; i < (*w)->values.size(); ++i) dst[i] = static_cast<float>((*w)->values[i]);
+  }
+  for (const auto& [key, t] : f.tensors) {
+    if (key.rfind("param.", 0) == 0 && ours.count(key.substr(6)) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the file's ", key, " is no parameter of ours"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GradientComparison> CompareGradients(
+    const ReferenceFile& f, const std::vector<core::NamedParameter>& params) {
+  GradientComparison out;
+  for (const auto& [name, p] : params) {
+    absl::StatusOr<const ReferenceTensor*> g = f.Get("grad." + name);
+    if (!g.ok()) return absl::InvalidArgumentError(g.status().message());
+    if ((*g)->dtype != "F64" || !p->grad.defined() ||
+        p->grad.numel() != static_cast<int64_t>((*g)->values.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "grad.", name, " is ", (*g)->dtype, " ", core::ShapeToString((*g)->shape), "; ours is ",
+          p->grad.defined() ? p->grad.ToString() : std::string("undefined")));
+    }
+    const std::vector<float> ours = p->grad.ToVector();
+    GradientError e;
+    e.name = name;
+    double max_diff = 0;
+    for (size_t i = 0; i < ours.size(); ++i) {
+      e.max_reference = std::max(e.max_reference, std::abs((*g)->values[i]));
+      max_diff = std::max(max_diff, std::abs(ours[i] - (*g)->values[i]));
+    }
+    e.ratio = max_diff / e.max_reference;
+    if (out.params.empty() || e.ratio >= out.worst.ratio) out.worst = e;
+    out.params.push_back(std::move(e));
+  }
+  return out;
 }
 
 }  // namespace torch_ref

@@ -3,28 +3,37 @@
 // seq2seq_reference.py: safetensors files (NOTE [Safetensors layout] in
 // checkpoint/safetensors.h) holding F64 tensors beside F32 and I32 ones, and string
 // metadata. checkpoint::SafetensorsReader reads only the dtypes core::Tensor has (no F64)
-// and sits above nn in the package order, hence this small reader.
+// and sits above nn in the package order, hence this small reader. What those tests share
+// is here too: the file's weights into a model's parameters, and each parameter's gradient
+// against the file's.
 //
 //   ASSIGN_OR_RETURN(nn::torch_ref::ReferenceFile f,
 //                    nn::torch_ref::ReadReferenceFile("nn/testdata/torch_ref/gpt.safetensors"));
-//   ASSIGN_OR_RETURN(const nn::torch_ref::ReferenceTensor* loss, f.Get("loss"));
-//   double l = loss->values[0];
+//   ASSIGN_OR_RETURN(int64_t vocab, f.Int("vocab_size"));   // build the model from these
+//   RETURN_IF_ERROR(nn::torch_ref::LoadParameters(f, model->NamedParameters()));
+//   ... forward, loss, backward ...
+//   ASSIGN_OR_RETURN(nn::torch_ref::GradientComparison grads,
+//                    nn::torch_ref::CompareGradients(f, model->NamedParameters()));
+//   // each grads.params[i].ratio = max |ours - reference| / max |reference|
 #ifndef NN_TESTING_TORCH_REFERENCE_H_
 #define NN_TESTING_TORCH_REFERENCE_H_
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/module.h"
 #include "core/tensor.h"
 
 namespace nn {
 namespace torch_ref {
 
 struct ReferenceTensor {
-  std::string dtype;  // "F64", "F32" or "I32"
-  core::Shape shape;  // [] for a scalar
+  std::string dtype;           // "F64", "F32" or "I32"
+  core::Shape shape;           // [] for a scalar
   std::vector<double> values;  // row-major, each converted exactly to double
 };
 
@@ -36,11 +45,42 @@ struct ReferenceFile {
   absl::StatusOr<const ReferenceTensor*> Get(const std::string& name) const;
   // The metadata field `key`, or NotFound naming it.
   absl::StatusOr<std::string> Field(const std::string& key) const;
+  // The metadata field `key` read as an integer or a double; NotFound as Field, or
+  // InvalidArgument naming it when its text is not one.
+  absl::StatusOr<int64_t> Int(const std::string& key) const;
+  absl::StatusOr<double> Double(const std::string& key) const;
+  // The I32 tensor `name` as an int32 core::Tensor of its shape; NotFound as Get, or
+  // InvalidArgument naming it for another dtype.
+  absl::StatusOr<core::Tensor> Ints(const std::string& name) const;
 };
 
 // Reads a whole file. NotFound when it does not exist; InvalidArgument naming the file for a
 // malformed header, a dtype other than F64 / F32 / I32, or offsets outside the file.
 absl::StatusOr<ReferenceFile> ReadReferenceFile(const std::string& path);
+
+// Copies each "param.<name>" of `f` into the parameter of that name (fp32 on the CPU).
+// InvalidArgument naming the first mismatch unless the file's weights and `params` are the
+// same set of names, each weight F32 of its parameter's shape.
+absl::Status LoadParameters(const ReferenceFile& f,
+                            const std::vector<core::NamedParameter>& params);
+
+// One parameter's gradient against the file's "grad.<name>".
+struct GradientError {
+  std::string name;
+  double max_reference = 0;  // max |reference|
+  double ratio = 0;          // max |ours - reference| / max |reference|
+};
+
+struct GradientComparison {
+  std::vector<GradientError> params;  // in the order of the parameters given
+  GradientError worst;                // the largest ratio (the last of equals)
+};
+
+// Each parameter's gradient (fp32 on the CPU) against the file's float64 one. InvalidArgument
+// naming the parameter when its "grad.<name>" is missing or not F64, or its gradient is
+// undefined or of another size.
+absl::StatusOr<GradientComparison> CompareGradients(
+    const ReferenceFile& f, const std::vector<core::NamedParameter>& params);
 
 }  // namespace torch_ref
 }  // namespace nn
