@@ -64,9 +64,7 @@ absl::StatusOr<data::TokenBatch> MoeModule::StepBatch(const data::TokenFile& tok
 }
 
 absl::StatusOr<core::Tensor> MoeModule::Loss(const data::TokenBatch& batch) {
-  ASSIGN_OR_RETURN(core::Tensors out, model_->Call({batch.inputs}));
-  return F::Add(F::CrossEntropy(out[0], batch.targets),
-                F::MulScalar(out[1], static_cast<float>(options_.model.aux_weight)));
+  return MoeLoss(*model_, batch.inputs, batch.targets);
 }
 
 absl::StatusOr<integration::StepOutput> MoeModule::TrainingStep(
@@ -89,6 +87,13 @@ absl::StatusOr<integration::StepOutput> MoeModule::EvaluationStep(
 absl::StatusOr<std::unique_ptr<optim::Optimizer>> MoeModule::ConfigureOptimizer(
     std::vector<core::NamedParameter> params) {
   return optim::MakeOptimizer(std::move(params), options_.optimizer);
+}
+
+absl::StatusOr<core::Tensor> MoeLoss(MoeDecoder& model, const core::Tensor& inputs,
+                                     const core::Tensor& targets) {
+  ASSIGN_OR_RETURN(core::Tensors out, model.Call({inputs}));
+  return F::Add(F::CrossEntropy(out[0], targets),
+                F::MulScalar(out[1], static_cast<float>(model.config().aux_weight)));
 }
 
 policy::WrapPolicyPtr BlockPolicy() { return policy::ModuleTypes({"MoeBlock"}); }

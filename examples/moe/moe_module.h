@@ -72,6 +72,12 @@ class MoeModule : public integration::TrainModule {
   data::TokenFile train_, eval_;
 };
 
+// The loss MoeModule's steps differentiate, on any ids (no token file): the mean
+// cross-entropy of model's logits for `inputs` [B, T] against `targets` [B, T], plus
+// model.config().aux_weight times its balance loss; a tensor of shape [].
+absl::StatusOr<core::Tensor> MoeLoss(MoeDecoder& model, const core::Tensor& inputs,
+                                     const core::Tensor& targets);
+
 // One FSDP unit per MoeBlock (the root keeps the embedding the head shares).
 policy::WrapPolicyPtr BlockPolicy();
 

@@ -1,11 +1,11 @@
-// Test-only: reads the PyTorch reference files of nn/torch_reference_test.cc and
-// examples/seq2seq/seq2seq_torch_test.cc, written by tools/torch_ref/reference.py and
-// seq2seq_reference.py: safetensors files (NOTE [Safetensors layout] in
-// checkpoint/safetensors.h) holding F64 tensors beside F32 and I32 ones, and string
-// metadata. checkpoint::SafetensorsReader reads only the dtypes core::Tensor has (no F64)
-// and sits above nn in the package order, hence this small reader. What those tests share
-// is here too: the file's weights into a model's parameters, and each parameter's gradient
-// against the file's.
+// Test-only: reads the PyTorch reference files of nn/torch_reference_test.cc,
+// examples/seq2seq/seq2seq_torch_test.cc and examples/moe/moe_torch_test.cc, written by
+// tools/torch_ref/reference.py, seq2seq_reference.py and moe_reference.py: safetensors files
+// (NOTE [Safetensors layout] in checkpoint/safetensors.h) holding F64 tensors beside F32 and
+// I32 ones, and string metadata. checkpoint::SafetensorsReader reads only the dtypes
+// core::Tensor has (no F64) and sits above nn in the package order, hence this small reader.
+// What those tests share is here too: the file's weights into a model's parameters, and
+// each parameter's gradient against the file's.
 //
 //   ASSIGN_OR_RETURN(nn::torch_ref::ReferenceFile f,
 //                    nn::torch_ref::ReadReferenceFile("nn/testdata/torch_ref/gpt.safetensors"));
