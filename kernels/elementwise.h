@@ -112,6 +112,16 @@ FSDP_HD inline float SiluMulGradGate(float a, float b, float g) {
 // dL/db of h = silu(a) * b from g = dL/dh: g silu(a).
 FSDP_HD inline float SiluMulGradUp(float a, float g) { return g * (a * Sigmoid(a)); }
 
+// ---- Softplus: log(1 + e^x) (torch.nn.functional.softplus, beta 1), written as
+// max(x, 0) + log1p(e^-|x|): no overflow for large x, and for very negative x the digits of
+// e^x that log(1 + e^x) would round away. Its derivative is sigmoid(x).
+FSDP_HD inline float SoftplusForward(float x) {
+  return fmaxf(x, 0.0f) + Log1p(FastExp(-fabsf(x)));
+}
+
+// dL/dx of y = softplus(x) from g = dL/dy.
+FSDP_HD inline float SoftplusGrad(float x, float g) { return g * Sigmoid(x); }
+
 // ---- Rotary position embedding, Hugging Face's convention (rotate_half): in a head of
 // width 2 half, element j < half pairs with j + half and both turn by the angle
 // t * inv_freq[j] of their position t: y = x cos + rotate_half(x) sin, rotate_half(x) =

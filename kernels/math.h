@@ -23,6 +23,7 @@ FSDP_HD inline float Exp(float x) { return expf(x); }
 FSDP_HD inline double Exp(double x) { return exp(x); }
 FSDP_HD inline float Log(float x) { return logf(x); }
 FSDP_HD inline double Log(double x) { return log(x); }
+FSDP_HD inline float Log1p(float x) { return log1pf(x); }
 FSDP_HD inline float Sqrt(float x) { return sqrtf(x); }
 FSDP_HD inline double Sqrt(double x) { return sqrt(x); }
 FSDP_HD inline float Tanh(float x) { return tanhf(x); }

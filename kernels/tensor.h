@@ -118,6 +118,7 @@ enum UnaryKind : int {
   kUnaryMulScalar = 1,  // x * c
   kUnarySilu = 2,       // x sigmoid(x), SwiGLU's body with b = 1
   kUnaryTanh = 3,       // FastTanh(x) (kernels/math.h)
+  kUnarySoftplus = 4,   // log(1 + e^x) (kernels/elementwise.h)
 };
 
 // The unary op `kind` of x (c: the scalar of kUnaryAddScalar and kUnaryMulScalar).
@@ -129,15 +130,18 @@ FSDP_HD inline float UnaryOp(int kind, float x, float c) {
       return x * c;
     case kUnarySilu:
       return SiluMulForward(x, 1.0f);
+    case kUnarySoftplus:
+      return SoftplusForward(x);
     default:
       return FastTanh(x);
   }
 }
 
-// dL/dx from g = dL/dy for the ops whose derivative is not a scalar op: kUnarySilu from
-// v = its input x, kUnaryTanh from v = its output y (g (1 - y^2)).
+// dL/dx from g = dL/dy for the ops whose derivative is not a scalar op: kUnarySilu and
+// kUnarySoftplus from v = their input x, kUnaryTanh from v = its output y (g (1 - y^2)).
 FSDP_HD inline float UnaryGrad(int kind, float v, float g) {
   if (kind == kUnarySilu) return SiluMulGradGate(v, 1.0f, g);
+  if (kind == kUnarySoftplus) return SoftplusGrad(v, g);
   return g * (1.0f - v * v);
 }
 

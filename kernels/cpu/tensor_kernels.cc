@@ -65,6 +65,7 @@ FSDP_UNARY_LOOP(AddScalarLoop, k::kUnaryAddScalar)
 FSDP_UNARY_LOOP(MulScalarLoop, k::kUnaryMulScalar)
 FSDP_UNARY_LOOP(SiluLoop, k::kUnarySilu)
 FSDP_UNARY_LOOP(TanhLoop, k::kUnaryTanh)
+FSDP_UNARY_LOOP(SoftplusLoop, k::kUnarySoftplus)
 #undef FSDP_UNARY_LOOP
 
 using UnaryFn = void (*)(const float*, float*, int64_t, float);
@@ -77,6 +78,8 @@ UnaryFn UnaryFor(int kind) {
       return MulScalarLoop;
     case k::kUnarySilu:
       return SiluLoop;
+    case k::kUnarySoftplus:
+      return SoftplusLoop;
     default:
       return TanhLoop;
   }
@@ -86,6 +89,12 @@ FSDP_CPU_CLONES void SiluGradLoop(const float* FSDP_RESTRICT x, const float* FSD
                                   float* FSDP_RESTRICT gx, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) gx[i] = k::UnaryGrad(k::kUnarySilu, x[i], g[i]);
+}
+
+FSDP_CPU_CLONES void SoftplusGradLoop(const float* FSDP_RESTRICT x, const float* FSDP_RESTRICT g,
+                                      float* FSDP_RESTRICT gx, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) gx[i] = k::UnaryGrad(k::kUnarySoftplus, x[i], g[i]);
 }
 
 FSDP_CPU_CLONES void TanhGradLoop(const float* FSDP_RESTRICT y, const float* FSDP_RESTRICT g,
@@ -198,6 +207,8 @@ void UnaryGrad(int kind, const float* v, const float* g, float* gx, int64_t n) {
   ParallelChunks(IntraOpThreads(), n, n, kAlign, [&](int64_t b, int64_t e) {
     if (kind == k::kUnarySilu) {
       SiluGradLoop(v + b, g + b, gx + b, e - b);
+    } else if (kind == k::kUnarySoftplus) {
+      SoftplusGradLoop(v + b, g + b, gx + b, e - b);
     } else {
       TanhGradLoop(v + b, g + b, gx + b, e - b);
     }

@@ -97,7 +97,7 @@ TEST(CudaTensorOpsTest, BinaryOpsWithBroadcastingHaveTheCpuBits) {
 
 TEST(CudaTensorOpsTest, ActivationsMatchTheCpu) {
   SKIP_WITHOUT_GPU();
-  for (auto op : {Gelu, Relu, Silu, Tanh}) {
+  for (auto op : {Gelu, Relu, Silu, Softplus, Tanh}) {
     ExpectDevicesAgree(
         [op](const std::vector<Tensor>& in) -> absl::StatusOr<std::vector<Tensor>> {
           ASSIGN_OR_RETURN(Tensor y, op(in[0]));

@@ -231,6 +231,18 @@ absl::StatusOr<Tensor> Silu(core::Arg x) {
       });
 }
 
+absl::StatusOr<Tensor> Softplus(core::Arg x) {
+  return UnaryWithGrad(
+      "Softplus", x,
+      [](const Tensor& in, const Tensor& out) {
+        return RunUnary("Softplus", kernels::kUnarySoftplus, in, 0.0f, out);
+      },
+      /*save_output=*/false,
+      [](const Tensor& in, const Tensor& g, const Tensor& gx) {
+        return RunUnaryGrad("Softplus backward", kernels::kUnarySoftplus, in, g, gx);
+      });
+}
+
 absl::StatusOr<Tensor> Tanh(core::Arg x) {
   return UnaryWithGrad(
       "Tanh", x,

@@ -46,6 +46,11 @@ absl::StatusOr<core::Tensor> Gelu(core::Arg x);
 absl::StatusOr<core::Tensor> Relu(core::Arg x);
 // x sigmoid(x) (torch.nn.functional.silu), SwiGLU's body (kernels/elementwise.h).
 absl::StatusOr<core::Tensor> Silu(core::Arg x);
+// log(1 + e^x) (torch.nn.functional.softplus with beta 1), as max(x, 0) + log1p(e^-|x|)
+// (kernels::SoftplusForward: no overflow, no lost digits for very negative x); gradient
+// g sigmoid(x). The same kernel body runs on the CPU and CUDA (within an ulp or two: the
+// devices' log1p differ).
+absl::StatusOr<core::Tensor> Softplus(core::Arg x);
 // tanh(x) by kernels::FastTanh (within about 1e-7 of tanh); gradient g (1 - y^2).
 absl::StatusOr<core::Tensor> Tanh(core::Arg x);
 

@@ -1,5 +1,6 @@
 #include "nn/functional/elementwise.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -142,6 +143,27 @@ TEST(ElementwiseTest, UnaryActivationsMatchTheirDefinitionsAndDerivatives) {
         },
         {x});
   }
+}
+
+// Softplus, log(1 + e^x): the values at both ends, where log(1 + exp(x)) computed as written
+// overflows (x = 100) or rounds e^x away (x = -20, -80), and the derivative against the gradient
+// checker.
+TEST(ElementwiseTest, SoftplusIsExactAtBothEndsAndPassesTheGradientChecker) {
+  const std::vector<float> xs = {-80, -20, -1, 0, 1, 20, 100};
+  const std::vector<float> y = Softplus(Tensor::FromVector(xs, {7}).value())->ToVector();
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double v = xs[i];
+    const double want = std::max(v, 0.0) + std::log1p(std::exp(-std::abs(v)));
+    EXPECT_NEAR(y[i], want, 1e-6 * want) << v;
+  }
+  absl::StatusOr<gradcheck::Report> report = gradcheck::CheckGradients(
+      [](const std::vector<Tensor>& in) -> absl::StatusOr<std::vector<Tensor>> {
+        ASSIGN_OR_RETURN(Tensor y, Softplus(in[0]));
+        return std::vector<Tensor>{y};
+      },
+      {gradcheck::RandomTensor({4, 8}, /*seed=*/1)});
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->ok()) << report->ToString();
 }
 
 // The contiguous and broadcast loops, split over threads, give each element's single

@@ -87,10 +87,11 @@ absl::Status RunBinary(absl::string_view what, int kind, const Tensor& a, const 
 
 absl::Status RunUnary(absl::string_view what, int kind, const Tensor& x, float c, const Tensor& y) {
   static constexpr const char* kNames[] = {"unary.add_scalar", "unary.mul_scalar", "silu.forward",
-                                           "tanh.forward"};
+                                           "tanh.forward", "softplus.forward"};
   const int64_t n = x.numel();
+  const int flops = kind == kernels::kUnarySilu || kind == kernels::kUnarySoftplus ? 8 : 1;
   ProfiledOp op(OpCategory::kElementwise, kNames[kind], x.device(),
-                ::nn::internal::ElementwiseCost(n, 2, kind == kernels::kUnarySilu ? 8 : 1));
+                ::nn::internal::ElementwiseCost(n, 2, flops));
   if (x.device().is_cuda()) {
     NN_ON_CUDA(x.device(), what, kNames[kind], kc::Unary(kind, F32(x), MutF32(y), n, c));
   }
@@ -100,10 +101,13 @@ absl::Status RunUnary(absl::string_view what, int kind, const Tensor& x, float c
 
 absl::Status RunUnaryGrad(absl::string_view what, int kind, const Tensor& v, const Tensor& g,
                           const Tensor& gx) {
-  const char* name = kind == kernels::kUnarySilu ? "silu.backward" : "tanh.backward";
+  const char* name = kind == kernels::kUnarySilu       ? "silu.backward"
+                     : kind == kernels::kUnarySoftplus ? "softplus.backward"
+                                                       : "tanh.backward";
   const int64_t n = v.numel();
+  const int flops = kind == kernels::kUnarySilu ? 10 : kind == kernels::kUnarySoftplus ? 7 : 3;
   ProfiledOp op(OpCategory::kElementwise, name, v.device(),
-                ::nn::internal::ElementwiseCost(n, 3, kind == kernels::kUnarySilu ? 10 : 3));
+                ::nn::internal::ElementwiseCost(n, 3, flops));
   if (v.device().is_cuda()) {
     NN_ON_CUDA(v.device(), what, name, kc::UnaryGrad(kind, F32(v), F32(g), MutF32(gx), n));
   }
