@@ -1,5 +1,6 @@
 #include "examples/seq2seq/seq2seq_module.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -79,6 +80,51 @@ absl::StatusOr<integration::StepOutput> Seq2SeqModule::EvaluationStep(
 absl::StatusOr<std::unique_ptr<optim::Optimizer>> Seq2SeqModule::ConfigureOptimizer(
     std::vector<core::NamedParameter> params) {
   return optim::MakeOptimizer(std::move(params), options_.optimizer);
+}
+
+absl::StatusOr<std::vector<std::vector<int32_t>>> GreedyAnswers(Seq2Seq& model,
+                                                                const ReverseBatch& batch) {
+  core::NoGradScope no_grad;
+  const int64_t rows = batch.tgt.size(0), t = batch.tgt.size(1);
+  const int64_t vocab = model.config().vocab;
+  std::vector<int32_t> tgt(rows * t, kPad);
+  for (int64_t r = 0; r < rows; ++r) tgt[r * t] = kBos;
+  for (int64_t j = 0; j < t; ++j) {
+    // Causal: position j sees positions 0 .. j only, so the padding after j changes nothing.
+    ASSIGN_OR_RETURN(core::Tensor ids, core::Tensor::FromInts(tgt, {rows, t}));
+    ASSIGN_OR_RETURN(core::Tensor logits, model.CallOne({batch.src, batch.src_mask, ids}));
+    const std::vector<float> l = logits.ToVector();
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = l.data() + (r * t + j) * vocab;
+      const int32_t next = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+      if (j + 1 < t) tgt[r * t + j + 1] = next;
+      if (j + 1 == t) tgt.push_back(next);  // the last position's answer, kept below
+    }
+  }
+  std::vector<std::vector<int32_t>> answers(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 1; j <= t; ++j) {
+      const int32_t token = j < t ? tgt[r * t + j] : tgt[rows * t + r];
+      if (token == kEos) break;
+      answers[r].push_back(token);
+    }
+  }
+  return answers;
+}
+
+absl::StatusOr<int64_t> ExactlyReversed(Seq2Seq& model, const ReverseBatch& batch) {
+  ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> answers, GreedyAnswers(model, batch));
+  const std::vector<float> labels = batch.labels.ToVector();
+  const int64_t t = batch.labels.size(1);
+  int64_t exact = 0;
+  for (size_t r = 0; r < answers.size(); ++r) {
+    std::vector<int32_t> want;
+    for (int64_t j = 0; j < t && labels[r * t + j] != kEos; ++j) {
+      want.push_back(static_cast<int32_t>(labels[r * t + j]));
+    }
+    exact += answers[r] == want;
+  }
+  return exact;
 }
 
 policy::WrapPolicyPtr LayerPolicy() {

@@ -17,6 +17,7 @@
 #ifndef EXAMPLES_SEQ2SEQ_SEQ2SEQ_MODULE_H_
 #define EXAMPLES_SEQ2SEQ_SEQ2SEQ_MODULE_H_
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -66,6 +67,16 @@ class Seq2SeqModule : public integration::TrainModule {
   std::shared_ptr<Seq2Seq> model_;
   ReverseTask task_;
 };
+
+// The model's answers to `batch`'s sources, greedily: target position j is the argmax of the
+// logits at j given the answer's first j tokens (kBos first). Row r's answer is the symbols
+// before the first kEos (all max_symbols + 1 positions when none). Runs under
+// core::NoGradScope; the model must hold its full weights (unwrapped or released).
+absl::StatusOr<std::vector<std::vector<int32_t>>> GreedyAnswers(Seq2Seq& model,
+                                                                const ReverseBatch& batch);
+
+// How many rows of `batch` GreedyAnswers reverses exactly.
+absl::StatusOr<int64_t> ExactlyReversed(Seq2Seq& model, const ReverseBatch& batch);
 
 // One FSDP unit per EncoderLayer and DecoderLayer (the root keeps the shared embedding).
 policy::WrapPolicyPtr LayerPolicy();

@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "integration/stage_runner.h"
 #include "integration/testing/stage_testing.h"
+#include "policy/wrap_policy.h"
 
 namespace seq2seq {
 namespace {
@@ -164,6 +165,15 @@ TEST(Seq2SeqTest, DropoutAndTheTokenMeanGiveTheSameBitsAtEveryWorldSize) {
   ASSERT_OK_AND_ASSIGN(TrainingRun dropout, FitAndRelease(1, options, Factory(Small(0.1))));
   ASSERT_OK_AND_ASSIGN(TrainingRun plain, FitAndRelease(1, options, Factory(Small(0))));
   EXPECT_NE(dropout.losses, plain.losses);
+}
+
+TEST(Seq2SeqTest, CheckpointedLayersGiveThePlainRunsBits) {
+  integration::StageOptions options = Stages(4);
+  ASSERT_OK_AND_ASSIGN(TrainingRun plain, FitAndRelease(2, options, Factory(Small(0.1))));
+  // Each layer's activations recomputed in the backward instead of kept.
+  options.wrap.checkpoint_policy = policy::ModuleTypes({"EncoderLayer", "DecoderLayer"});
+  ASSERT_OK_AND_ASSIGN(TrainingRun checkpointed, FitAndRelease(2, options, Factory(Small(0.1))));
+  EXPECT_OK(fsdp::testing::CompareRuns(plain, checkpointed, 0, 0));
 }
 
 TEST(Seq2SeqTest, StagesRewrapCheckpointResumeAtAnotherWorldSizeAndRelease) {
