@@ -7,9 +7,7 @@
 #include "examples/moe/moe.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -33,10 +31,6 @@ namespace F = ::nn::functional;
 using ::examples::testing::FitAndRelease;
 using ::fsdp::testing::StrategyCase;
 using ::fsdp::testing::TrainingRun;
-
-// NOTE [Parity tolerance] in fsdp/parity_test.cc.
-constexpr double kRtol = 1e-5;
-constexpr double kAtol = 1e-6;
 
 // A nanoGPT token file (uint16 tokens) of 20,000 tokens of the test Markov language over 32
 // symbols, written once.
@@ -184,14 +178,8 @@ TrainingRun* MoeParityTest::reference_ = nullptr;
 
 TEST_P(MoeParityTest, LossesAndTrainedWeightsMatchOneRank) {
   ASSERT_NE(reference_, nullptr);
-  const StrategyCase c = GetParam();
-  ASSERT_OK_AND_ASSIGN(TrainingRun run,
-                       FitAndRelease(c.world_size, examples::testing::WithStrategy(Stages(6), c),
-                                     Factory(ForParity())));
-  double worst = 0;
-  EXPECT_OK(fsdp::testing::CompareRuns(*reference_, run, kRtol, kAtol, &worst));
-  EXPECT_GT(reference_->losses[0], reference_->losses.back() + 0.1) << "the steps train";
-  std::printf("worst |error| / tolerance: %.3g\n", worst);
+  examples::testing::CheckParityWithOneRank(*reference_, Stages(6), Factory(ForParity()),
+                                            GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryStrategy, MoeParityTest,

@@ -6,8 +6,6 @@
 // world size in the deterministic mode; and the model learns the task.
 #include "examples/seq2seq/seq2seq.h"
 
-#include <cmath>
-#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,10 +26,6 @@ namespace {
 using ::examples::testing::FitAndRelease;
 using ::fsdp::testing::StrategyCase;
 using ::fsdp::testing::TrainingRun;
-
-// NOTE [Parity tolerance] in fsdp/parity_test.cc.
-constexpr double kRtol = 1e-5;
-constexpr double kAtol = 1e-6;
 
 Seq2SeqModuleOptions Small(double dropout = 0) {
   Seq2SeqModuleOptions o;
@@ -142,14 +136,8 @@ TrainingRun* Seq2SeqParityTest::reference_ = nullptr;
 
 TEST_P(Seq2SeqParityTest, LossesAndTrainedWeightsMatchOneRank) {
   ASSERT_NE(reference_, nullptr);
-  const StrategyCase c = GetParam();
-  ASSERT_OK_AND_ASSIGN(TrainingRun run,
-                       FitAndRelease(c.world_size, examples::testing::WithStrategy(Stages(6), c),
-                                     Factory(ForParity())));
-  double worst = 0;
-  EXPECT_OK(fsdp::testing::CompareRuns(*reference_, run, kRtol, kAtol, &worst));
-  EXPECT_GT(reference_->losses[0], reference_->losses.back() + 0.1) << "the steps train";
-  std::printf("worst |error| / tolerance: %.3g\n", worst);
+  examples::testing::CheckParityWithOneRank(*reference_, Stages(6), Factory(ForParity()),
+                                            GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryStrategy, Seq2SeqParityTest,

@@ -1,6 +1,7 @@
 #include "examples/testing/stage_parity.h"
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -125,6 +126,19 @@ void CheckStagesAndResume(const ModuleFactory& make, integration::StageOptions o
   ASSERT_TRUE(eight.ok()) << eight.status();
   eight->losses.erase(eight->losses.begin(), eight->losses.begin() + 6);
   EXPECT_EQ(absl::OkStatus(), fsdp::testing::CompareRuns(*eight, resumed, kRtol, kAtol));
+}
+
+void CheckParityWithOneRank(const fsdp::testing::TrainingRun& one_rank,
+                            const integration::StageOptions& options, const ModuleFactory& make,
+                            const fsdp::testing::StrategyCase& c) {
+  ASSERT_FALSE(one_rank.losses.empty());
+  EXPECT_GT(one_rank.losses.front(), one_rank.losses.back() + 0.1) << "the steps train";
+  absl::StatusOr<fsdp::testing::TrainingRun> run =
+      FitAndRelease(c.world_size, WithStrategy(options, c), make);
+  ASSERT_TRUE(run.ok()) << run.status();
+  double worst = 0;
+  EXPECT_EQ(absl::OkStatus(), fsdp::testing::CompareRuns(one_rank, *run, kRtol, kAtol, &worst));
+  std::printf("worst |error| / tolerance: %.3g\n", worst);
 }
 
 void CheckSameBitsAtEveryWorldSize(const integration::StageOptions& options,
