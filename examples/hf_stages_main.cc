@@ -12,11 +12,12 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "comm/init_from_env.h"
-#include "comm/launcher.h"
+#include "comm/rank_main.h"
+#include "core/status_macros.h"
 #include "examples/hf_stages.h"
 
-ABSL_FLAG(std::string, hf_dir, "", "transformers GPT-2 or Llama directory (config.json, model.safetensors or its index)");
+ABSL_FLAG(std::string, hf_dir, "",
+          "transformers GPT-2 or Llama directory (config.json, model.safetensors or its index)");
 ABSL_FLAG(std::string, data, "", "training token file or directory of .bin shards");
 ABSL_FLAG(std::string, eval_data, "", "test token file (default: --data)");
 ABSL_FLAG(std::string, out_dir, "", "where rank 0 exports the trained model for transformers");
@@ -28,39 +29,26 @@ ABSL_FLAG(int, world_size, 2, "local ranks to start when no launcher started thi
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  if (!comm::IsLaunchedRank()) {
-    absl::StatusOr<int> code =
-        comm::RunLocalRanks(absl::GetFlag(FLAGS_world_size), {argv + 1, argv + argc});
-    if (!code.ok()) {
-      std::fprintf(stderr, "hf_stages: %s\n", code.status().ToString().c_str());
-      return 1;
-    }
-    return *code;
-  }
-  absl::StatusOr<comm::Distributed> dist = comm::InitFromEnv({});
-  if (!dist.ok()) {
-    std::fprintf(stderr, "hf_stages: %s\n", dist.status().ToString().c_str());
-    return 1;
-  }
-  examples::HfStagesOptions o;
-  o.hf_dir = absl::GetFlag(FLAGS_hf_dir);
-  o.data = absl::GetFlag(FLAGS_data);
-  o.eval_data = absl::GetFlag(FLAGS_eval_data);
-  o.out_dir = absl::GetFlag(FLAGS_out_dir);
-  o.steps = absl::GetFlag(FLAGS_steps);
-  o.batch_size = absl::GetFlag(FLAGS_batch_size);
-  o.seq_len = absl::GetFlag(FLAGS_seq_len);
-  o.lr = absl::GetFlag(FLAGS_lr);
-  absl::StatusOr<examples::HfStagesResult> r = examples::RunHfStages(dist->group, o);
-  if (!r.ok()) {
-    std::fprintf(stderr, "hf_stages (rank %d): %s\n", dist->group->rank(),
-                 r.status().ToString().c_str());
-    return 1;
-  }
-  if (dist->group->rank() == 0) {
-    std::printf("%s: test loss %.4f as loaded; fit %.4f -> %.4f; test loss %.4f after; exported to %s\n",
-                r->model_type.c_str(), r->test_loss_before, r->first_train_loss, r->final_train_loss, r->test_loss_after,
-                o.out_dir.c_str());
-  }
-  return 0;
+  return comm::RankMain(
+      "hf_stages", absl::GetFlag(FLAGS_world_size), argc, argv,
+      [](const comm::Distributed& dist) -> absl::Status {
+        examples::HfStagesOptions o;
+        o.hf_dir = absl::GetFlag(FLAGS_hf_dir);
+        o.data = absl::GetFlag(FLAGS_data);
+        o.eval_data = absl::GetFlag(FLAGS_eval_data);
+        o.out_dir = absl::GetFlag(FLAGS_out_dir);
+        o.steps = absl::GetFlag(FLAGS_steps);
+        o.batch_size = absl::GetFlag(FLAGS_batch_size);
+        o.seq_len = absl::GetFlag(FLAGS_seq_len);
+        o.lr = absl::GetFlag(FLAGS_lr);
+        ASSIGN_OR_RETURN(examples::HfStagesResult r, examples::RunHfStages(dist.group, o));
+        if (dist.group->rank() == 0) {
+          std::printf(
+              "%s: test loss %.4f as loaded; fit %.4f -> %.4f; test loss %.4f after; exported "
+              "to %s\n",
+              r.model_type.c_str(), r.test_loss_before, r.first_train_loss, r.final_train_loss,
+              r.test_loss_after, o.out_dir.c_str());
+        }
+        return absl::OkStatus();
+      });
 }

@@ -160,26 +160,10 @@ TEST(MoeTest, LearnsFromATokenFile) {
   EXPECT_LT(run.losses.back(), run.losses.front() - 0.5);
 }
 
-class MoeParityTest : public ::testing::TestWithParam<StrategyCase> {
- protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<TrainingRun> run = FitAndRelease(1, Stages(6), Factory(ForParity()));
-    ASSERT_TRUE(run.ok()) << run.status();
-    reference_ = new TrainingRun(*std::move(run));
-  }
-  static void TearDownTestSuite() {
-    delete reference_;
-    reference_ = nullptr;
-  }
-  static TrainingRun* reference_;
-};
-
-TrainingRun* MoeParityTest::reference_ = nullptr;
+class MoeParityTest : public ::testing::TestWithParam<StrategyCase> {};
 
 TEST_P(MoeParityTest, LossesAndTrainedWeightsMatchOneRank) {
-  ASSERT_NE(reference_, nullptr);
-  examples::testing::CheckParityWithOneRank(*reference_, Stages(6), Factory(ForParity()),
-                                            GetParam());
+  examples::testing::CheckParityWithOneRank(Stages(6), Factory(ForParity()), GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryStrategy, MoeParityTest,

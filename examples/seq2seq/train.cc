@@ -16,8 +16,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/safetensors.h"
-#include "comm/init_from_env.h"
-#include "comm/launcher.h"
+#include "comm/rank_main.h"
 #include "core/status_macros.h"
 #include "examples/seq2seq/seq2seq_module.h"
 #include "integration/stage_runner.h"
@@ -75,24 +74,6 @@ absl::Status Train(const std::shared_ptr<comm::ProcessGroup>& group) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  if (!comm::IsLaunchedRank()) {
-    absl::StatusOr<int> code =
-        comm::RunLocalRanks(absl::GetFlag(FLAGS_world_size), {argv + 1, argv + argc});
-    if (!code.ok()) {
-      std::fprintf(stderr, "train: %s\n", code.status().ToString().c_str());
-      return 1;
-    }
-    return *code;
-  }
-  absl::StatusOr<comm::Distributed> dist = comm::InitFromEnv({});
-  if (!dist.ok()) {
-    std::fprintf(stderr, "train: %s\n", dist.status().ToString().c_str());
-    return 1;
-  }
-  const absl::Status s = Train(dist->group);
-  if (!s.ok()) {
-    std::fprintf(stderr, "train (rank %d): %s\n", dist->group->rank(), s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return comm::RankMain("train", absl::GetFlag(FLAGS_world_size), argc, argv,
+                        [](const comm::Distributed& dist) { return Train(dist.group); });
 }

@@ -53,12 +53,10 @@ std::vector<fsdp::testing::StrategyCase> EveryStrategyCase();
 void CheckStagesAndResume(const ModuleFactory& make, integration::StageOptions options, int units,
                           const std::string& dir);
 
-// FitAndRelease on c.world_size ranks under case c (WithStrategy) equals `one_rank` (the
-// same options' run on 1 rank) within NOTE [Parity tolerance] (fsdp/parity_test.cc), and
-// `one_rank` trains (its loss falls by 0.1 or more); gtest failures otherwise. Prints the
-// worst |error| / tolerance.
-void CheckParityWithOneRank(const fsdp::testing::TrainingRun& one_rank,
-                            const integration::StageOptions& options, const ModuleFactory& make,
+// FitAndRelease on c.world_size ranks under case c (WithStrategy) equals the same options'
+// run on 1 rank within NOTE [Parity tolerance] (fsdp/parity_test.cc), and the run trains (its
+// loss falls by 0.1 or more); gtest failures otherwise. Prints the worst |error| / tolerance.
+void CheckParityWithOneRank(const integration::StageOptions& options, const ModuleFactory& make,
                             const fsdp::testing::StrategyCase& c);
 
 // FitAndRelease on 1, 2 and 4 ranks gives the same losses and weights bit for bit (gtest
