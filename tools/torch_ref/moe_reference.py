@@ -48,19 +48,14 @@ and ids bit for bit, loss, aux and gradients within 1e-12 of each tensor's large
 (exit 1 otherwise).
 """
 
-import argparse
 import math
 import os
 import sys
-import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-OUT = os.path.join(ROOT, "examples", "moe", "testdata")
+import common
+
+OUT = os.path.join(common.ROOT, "examples", "moe", "testdata")
 NAME = "moe_ref.safetensors"
-sys.path.insert(0, os.path.dirname(HERE))
-import torch_venv  # noqa: E402
-from reference import compare  # noqa: E402
 
 # Our MoeConfig fields (examples/moe/moe.h) and the batch. aux_weight is 10 times the
 # default so the balance loss's share of each router gradient is well above the tolerance.
@@ -94,29 +89,19 @@ def shapes(c):
     return out
 
 
-def random_weights(shapes, seed):
-    """float32 draws (so the float64 reference starts from exactly these values), with
-    standard deviations that keep activations O(1) and every term visible: matrices
-    1/sqrt(in), the embedding 0.5, positions 0.3, biases (norm biases included) 0.1, norm
-    weights 1 plus 0.1."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, shape in shapes.items():
-        draw = torch.randn(shape, generator=gen, dtype=torch.float32)
-        module = name.rsplit(".", 2)[-2] if "." in name else ""
-        if name == "embed":
-            out[name] = 0.5 * draw
-        elif name == "positions":
-            out[name] = 0.3 * draw
-        elif module.startswith("norm") and name.endswith(".weight"):
-            out[name] = 1.0 + 0.1 * draw
-        elif len(shape) == 1:  # a bias
-            out[name] = 0.1 * draw
-        else:
-            out[name] = draw / math.sqrt(shape[1])
-    return out
+def role(name, shape):
+    """Each weight's role in common.random_weights: the embedding, the positions, norm
+    weights, biases (norm biases included), matrices."""
+    module = name.rsplit(".", 2)[-2] if "." in name else ""
+    if name == "embed":
+        return "embedding"
+    if name == "positions":
+        return "positions"
+    if module.startswith("norm") and name.endswith(".weight"):
+        return "norm"
+    if len(shape) == 1:
+        return "bias"
+    return "matrix"
 
 
 def batch(c):
@@ -231,7 +216,7 @@ def reference(c):
     """The tensors and metadata of the file; prints its figures."""
     import torch
 
-    weights = random_weights(shapes(c), c["seed"])
+    weights = common.random_weights(shapes(c), c["seed"], role)
     params = {k: w.to(torch.float64).requires_grad_() for k, w in weights.items()}
     ids, targets = batch(c)
     # Our eps and aux_weight are floats at the point of use: the float64 model takes those
@@ -248,11 +233,8 @@ def reference(c):
     tensors = {"ids": ids.contiguous(), "targets": targets.contiguous(),
                "loss": loss.detach().reshape(()).contiguous(),
                "aux": aux.detach().reshape(()).contiguous()}
-    for name, w in weights.items():
-        tensors["param." + name] = w.contiguous()
-        tensors["grad." + name] = params[name].grad.contiguous()
-    metadata = {k: str(v) for k, v in c.items() if k != "seed"}
-    metadata.update(model="moe", torch=torch.__version__)
+    tensors.update(common.weights_and_gradients(weights, {k: p.grad for k, p in params.items()}))
+    metadata = common.metadata(c, "moe")
     counts = [torch.bincount(torch.cat([e1, e2]), minlength=c["experts"]).tolist()
               for _, e1, e2 in routing]
     print(f"  moe {metadata}: tokens per expert {counts}, smallest routing gap {gap:.2e}, "
@@ -261,39 +243,9 @@ def reference(c):
     return tensors, metadata
 
 
-def make(out):
-    import torch
-    from safetensors.torch import save_file
-
-    torch.use_deterministic_algorithms(True)
-    os.makedirs(out, exist_ok=True)
-    tensors, metadata = reference(CONFIG)
-    path = os.path.join(out, NAME)
-    save_file(tensors, path, metadata=metadata)
-    os.chmod(path, 0o644)  # the writer makes it private; it is committed
-    print(f"wrote {path} ({os.path.getsize(path) // 1024} KiB)")
-
-
-def check(out):
-    """Regenerates into a temporary folder and compares with the file in `out`."""
-    with tempfile.TemporaryDirectory(prefix="moe_ref_") as fresh:
-        make(fresh)
-        return compare(out, fresh)
-
-
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=OUT)
-    p.add_argument("--check", action="store_true")
-    p.add_argument("--in_venv", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if not args.in_venv:
-        return torch_venv.rerun_in_venv(__file__)
-    if args.check:
-        return 0 if check(args.out) else 1
-    make(args.out)
-    return 0
+def references():
+    yield (NAME, *reference(CONFIG))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.main(__file__, __doc__, OUT, references, "moe_ref_"))

@@ -33,18 +33,13 @@ files: weights, ids and targets bit for bit, loss and gradients within 1e-12 of 
 tensor's largest magnitude (exit 1 otherwise).
 """
 
-import argparse
 import contextlib
-import math
 import os
 import sys
-import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-OUT = os.path.join(ROOT, "nn", "testdata", "torch_ref")
-sys.path.insert(0, os.path.dirname(HERE))
-import torch_venv  # noqa: E402
+import common
+
+OUT = os.path.join(common.ROOT, "nn", "testdata", "torch_ref")
 
 # Our GptConfig fields (nn/gpt.h) and the batch; GPT-2 ties lm_head to wte.
 GPT_CONFIGS = {
@@ -73,25 +68,16 @@ LLAMA_CONFIGS = {
 }
 
 
-def random_weights(shapes, seed):
-    """float32 draws (so the float64 reference starts from exactly these values), with
-    standard deviations that keep activations O(1) and every term visible: matrices
-    1/sqrt(in), embeddings 0.5, biases 0.1, norm weights 1 plus 0.1."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, shape in shapes.items():
-        draw = torch.randn(shape, generator=gen, dtype=torch.float32)
-        if name.endswith("bias"):
-            out[name] = 0.1 * draw
-        elif "ln_" in name or "norm" in name:
-            out[name] = 1.0 + 0.1 * draw
-        elif name in ("wte.weight", "wpe.weight", "embed_tokens.weight"):
-            out[name] = 0.5 * draw
-        else:
-            out[name] = draw / math.sqrt(shape[1])
-    return out
+def role(name, shape):
+    """Each weight's role in common.random_weights: biases, norm weights, the token and
+    position embeddings (0.5 both), matrices."""
+    if name.endswith("bias"):
+        return "bias"
+    if "ln_" in name or "norm" in name:
+        return "norm"
+    if name in ("wte.weight", "wpe.weight", "embed_tokens.weight"):
+        return "embedding"
+    return "matrix"
 
 
 # ---- GPT-2 (NOTE [GPT-2 layout] in checkpoint/hf_gpt2.h).
@@ -218,7 +204,7 @@ def reference(kind, c):
     for hf, p in hf_params.items():
         ours, transposed = our_name(hf)
         shapes[ours] = tuple(p.shape[::-1]) if transposed else tuple(p.shape)
-    weights = random_weights(shapes, c["seed"])
+    weights = common.random_weights(shapes, c["seed"], role)
     with torch.no_grad():
         for hf, p in hf_params.items():
             ours, transposed = our_name(hf)
@@ -239,91 +225,23 @@ def reference(kind, c):
     else:
         loss = loss_and_grads(model, ids, targets)
         note = ""
-    tensors = {"ids": ids.contiguous(), "targets": targets.contiguous(),
-               "loss": loss.detach().to(torch.float64).reshape(()).contiguous()}
+    grads = {}
     for hf, p in hf_params.items():
         ours, transposed = our_name(hf)
-        g = p.grad.t() if transposed else p.grad
-        tensors["param." + ours] = weights[ours].contiguous()
-        tensors["grad." + ours] = g.to(torch.float64).contiguous()
-    metadata = {k: str(v) for k, v in c.items() if k != "seed"}
-    metadata.update(model=kind, torch=torch.__version__, transformers=transformers.__version__)
+        grads[ours] = p.grad.t() if transposed else p.grad
+    tensors = {"ids": ids.contiguous(), "targets": targets.contiguous(),
+               "loss": loss.detach().to(torch.float64).reshape(()).contiguous()}
+    tensors.update(common.weights_and_gradients(weights, grads))
+    metadata = common.metadata(c, kind, transformers=transformers.__version__)
     print(f"  {kind} {metadata}: loss {loss.item():.17g}{note}")
     return tensors, metadata
 
 
-def make(out):
-    import torch
-    from safetensors.torch import save_file
-
-    torch.use_deterministic_algorithms(True)
-    os.makedirs(out, exist_ok=True)
+def references():
     for kind, configs in (("gpt", GPT_CONFIGS), ("llama", LLAMA_CONFIGS)):
         for name, c in configs.items():
-            tensors, metadata = reference(kind, c)
-            path = os.path.join(out, name + ".safetensors")
-            save_file(tensors, path, metadata=metadata)
-            os.chmod(path, 0o644)  # the writer makes it private; it is committed
-            print(f"wrote {path} ({os.path.getsize(path) // 1024} KiB)")
-
-
-def check(out):
-    """Regenerates into a temporary folder and compares with the files in `out`."""
-    with tempfile.TemporaryDirectory(prefix="torch_ref_") as fresh:
-        make(fresh)
-        return compare(out, fresh)
-
-
-def compare(out, fresh):
-    """Whether every file in `fresh` holds what its namesake in `out` holds (see check)."""
-    from safetensors.torch import load_file
-
-    ok = True
-    for name in sorted(os.listdir(fresh)):
-        if not os.path.exists(os.path.join(out, name)):
-            print(f"{name}: not in {out}")
-            ok = False
-            continue
-        want, got = load_file(os.path.join(out, name)), load_file(os.path.join(fresh, name))
-        if set(want) != set(got):
-            print(f"{name}: tensors differ: {sorted(set(want) ^ set(got))}")
-            ok = False
-            continue
-        worst, worst_name = 0.0, ""
-        for key in want:
-            a, b = want[key], got[key]
-            if a.dtype != b.dtype or a.shape != b.shape:
-                print(f"{name}: {key} is {b.dtype} {list(b.shape)}, committed {a.dtype} {list(a.shape)}")
-                ok = False
-            elif str(a.dtype) != "torch.float64":
-                if not bool((a == b).all()):
-                    print(f"{name}: {key} differs from the committed bits")
-                    ok = False
-            else:
-                scale = max(float(a.abs().max()), 1e-300)
-                ratio = float((a - b).abs().max()) / scale
-                if ratio > worst:
-                    worst, worst_name = ratio, key
-        print(f"{name}: float64 tensors within {worst:.3g} of their largest magnitude"
-              + (f" (worst {worst_name})" if worst_name else ""))
-        ok = ok and worst <= 1e-12
-    print(f"a fresh run against {out}: {'OK' if ok else 'DIFFERENT'}")
-    return ok
-
-
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=OUT)
-    p.add_argument("--check", action="store_true")
-    p.add_argument("--in_venv", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if not args.in_venv:
-        return torch_venv.rerun_in_venv(__file__)
-    if args.check:
-        return 0 if check(args.out) else 1
-    make(args.out)
-    return 0
+            yield (name + ".safetensors", *reference(kind, c))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.main(__file__, __doc__, OUT, references, "torch_ref_"))

@@ -43,19 +43,14 @@ and ids bit for bit, loss and gradients within 1e-12 of each tensor's largest ma
 (exit 1 otherwise).
 """
 
-import argparse
 import math
 import os
 import sys
-import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-OUT = os.path.join(ROOT, "examples", "seq2seq", "testdata")
+import common
+
+OUT = os.path.join(common.ROOT, "examples", "seq2seq", "testdata")
 NAME = "seq2seq_ref.safetensors"
-sys.path.insert(0, os.path.dirname(HERE))
-import torch_venv  # noqa: E402
-from reference import compare  # noqa: E402
 
 # Our Seq2SeqConfig fields (examples/seq2seq/seq2seq.h) and the batch.
 CONFIG = dict(vocab=16, width=12, heads=4, hidden=24, encoder_layers=2, decoder_layers=2,
@@ -100,29 +95,18 @@ def shapes(c):
     return out
 
 
-def random_weights(shapes, seed):
-    """float32 draws (so the float64 reference starts from exactly these values), with
-    standard deviations that keep activations O(1) and every term visible: matrices
-    1/sqrt(in), the embedding 0.5, positions 0.3, biases (norm biases included) 0.1, norm
-    weights 1 plus 0.1."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, shape in shapes.items():
-        draw = torch.randn(shape, generator=gen, dtype=torch.float32)
-        last = name.rsplit(".", 1)[-1]
-        if name == "embed":
-            out[name] = 0.5 * draw
-        elif name.endswith("positions"):
-            out[name] = 0.3 * draw
-        elif last == "weight":  # a norm's
-            out[name] = 1.0 + 0.1 * draw
-        elif len(shape) == 1:  # a bias
-            out[name] = 0.1 * draw
-        else:
-            out[name] = draw / math.sqrt(shape[1])
-    return out
+def role(name, shape):
+    """Each weight's role in common.random_weights: the embedding, the positions, norm
+    weights, biases (norm biases included), matrices."""
+    if name == "embed":
+        return "embedding"
+    if name.endswith("positions"):
+        return "positions"
+    if name.rsplit(".", 1)[-1] == "weight":  # a norm's
+        return "norm"
+    if len(shape) == 1:
+        return "bias"
+    return "matrix"
 
 
 def reverse_batch(c):
@@ -213,7 +197,7 @@ def reference(c):
     """The tensors and metadata of the file; prints its figures."""
     import torch
 
-    weights = random_weights(shapes(c), c["seed"])
+    weights = common.random_weights(shapes(c), c["seed"], role)
     params = {k: w.to(torch.float64).requires_grad_() for k, w in weights.items()}
     src, mask, tgt, labels = reverse_batch(c)
     # Our config holds eps as a float: the float64 model takes that float's exact value.
@@ -224,50 +208,17 @@ def reference(c):
     loss.backward()
     tensors = {"src": src, "src_mask": mask, "tgt": tgt, "labels": labels,
                "loss": loss.detach().reshape(()).contiguous()}
-    for name, w in weights.items():
-        tensors["param." + name] = w.contiguous()
-        tensors["grad." + name] = params[name].grad.contiguous()
-    metadata = {k: str(v) for k, v in c.items() if k != "seed"}
-    metadata.update(model="seq2seq", torch=torch.__version__)
+    tensors.update(common.weights_and_gradients(weights, {k: p.grad for k, p in params.items()}))
+    metadata = common.metadata(c, "seq2seq")
     tokens = int((labels != IGNORE).sum())
     print(f"  seq2seq {metadata}: {tokens} target tokens, lengths "
           f"{mask.sum((1, 2, 3)).tolist()}, loss {loss.item():.17g}")
     return tensors, metadata
 
 
-def make(out):
-    import torch
-    from safetensors.torch import save_file
-
-    torch.use_deterministic_algorithms(True)
-    os.makedirs(out, exist_ok=True)
-    tensors, metadata = reference(CONFIG)
-    path = os.path.join(out, NAME)
-    save_file(tensors, path, metadata=metadata)
-    os.chmod(path, 0o644)  # the writer makes it private; it is committed
-    print(f"wrote {path} ({os.path.getsize(path) // 1024} KiB)")
-
-
-def check(out):
-    """Regenerates into a temporary folder and compares with the file in `out`."""
-    with tempfile.TemporaryDirectory(prefix="seq2seq_ref_") as fresh:
-        make(fresh)
-        return compare(out, fresh)
-
-
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=OUT)
-    p.add_argument("--check", action="store_true")
-    p.add_argument("--in_venv", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if not args.in_venv:
-        return torch_venv.rerun_in_venv(__file__)
-    if args.check:
-        return 0 if check(args.out) else 1
-    make(args.out)
-    return 0
+def references():
+    yield (NAME, *reference(CONFIG))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.main(__file__, __doc__, OUT, references, "seq2seq_ref_"))
