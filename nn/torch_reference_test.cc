@@ -5,14 +5,9 @@
 // loss, relative, and every parameter gradient within 1e-5 of the largest magnitude of
 // that tensor's float64 gradient (max |ours - reference| / max |reference|). The figures
 // are printed.
-#include <cmath>
-#include <cstdio>
-#include <map>
 #include <memory>
 #include <string>
-#include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "gtest/gtest.h"
 #include "nn/gpt.h"
@@ -24,7 +19,6 @@ namespace nn {
 namespace {
 
 using torch_ref::ReferenceFile;
-using torch_ref::ReferenceTensor;
 
 constexpr double kLossRel = 1e-7;
 constexpr double kGradRatio = 1e-5;
@@ -58,54 +52,33 @@ absl::StatusOr<std::shared_ptr<core::Module>> MakeModel(const ReferenceFile& f) 
   return Llama::Create(c);
 }
 
-struct Figures {
-  double loss = 0, ref_loss = 0, loss_rel = 0;
-  torch_ref::GradientComparison grads;
-};
-
-// Loads the file's weights into its model, runs forward, the loss and backward on the CPU,
-// and measures the loss's relative error and each gradient's error ratio (failing the test
-// for a tensor over kGradRatio).
-absl::StatusOr<Figures> RunReference(const std::string& name) {
-  ASSIGN_OR_RETURN(const ReferenceFile f, torch_ref::ReadReferenceFile(kDir + name + ".safetensors"));
+// Loads the file's weights into its model and compares the loss (forward, the loss op and
+// backward on the CPU) and every gradient with the file's.
+absl::StatusOr<torch_ref::Comparison> RunReference(const std::string& name) {
+  ASSIGN_OR_RETURN(const ReferenceFile f,
+                   torch_ref::ReadReferenceFile(kDir + name + ".safetensors"));
   ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, MakeModel(f));
-  const std::vector<core::NamedParameter> params = model->NamedParameters();
-  RETURN_IF_ERROR(torch_ref::LoadParameters(f, params));
   ASSIGN_OR_RETURN(const core::Tensor tokens, f.Ints("ids"));
   ASSIGN_OR_RETURN(const core::Tensor target_tokens, f.Ints("targets"));
-  ASSIGN_OR_RETURN(const ReferenceTensor* ref_loss, f.Get("loss"));
-  ASSIGN_OR_RETURN(const core::Tensor logits, model->Forward(tokens));
-  // The loss op itself (double sums, the loss returned in double; nn::CrossEntropyLoss
-  // rounds it to float), then the backward of its gradient.
-  ASSIGN_OR_RETURN(core::Tensor grad, core::Tensor::Allocate(logits.shape()));
-  ASSIGN_OR_RETURN(const double loss,
-                   CrossEntropyForwardBackward(name, logits, target_tokens, grad));
-  RETURN_IF_ERROR(model->Backward(grad).status());
-  Figures fig;
-  fig.loss = loss;
-  fig.ref_loss = ref_loss->values.at(0);
-  fig.loss_rel = std::abs(loss - fig.ref_loss) / std::abs(fig.ref_loss);
-  ASSIGN_OR_RETURN(fig.grads, torch_ref::CompareGradients(f, params));
-  for (const torch_ref::GradientError& g : fig.grads.params) {
-    EXPECT_LE(g.ratio, kGradRatio) << name << ": gradient of " << g.name << ", max |ref| "
-                                   << g.max_reference;
-    EXPECT_GT(g.max_reference, 0.0) << name << ": " << g.name;
-  }
-  return fig;
+  return torch_ref::RunAndCompare(
+      f, model->NamedParameters(), [&]() -> absl::StatusOr<torch_ref::Scalars> {
+        ASSIGN_OR_RETURN(const core::Tensor logits, model->Forward(tokens));
+        // The loss op itself (double sums, the loss returned in double; nn::CrossEntropyLoss
+        // rounds it to float), then the backward of its gradient.
+        ASSIGN_OR_RETURN(core::Tensor grad, core::Tensor::Allocate(logits.shape()));
+        ASSIGN_OR_RETURN(const double loss,
+                         CrossEntropyForwardBackward(name, logits, target_tokens, grad));
+        RETURN_IF_ERROR(model->Backward(grad).status());
+        return torch_ref::Scalars{{"loss", loss}};
+      });
 }
 
 class TorchReferenceTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TorchReferenceTest, LossAndEveryGradientMatchTheFloat64Reference) {
-  absl::StatusOr<Figures> fig = RunReference(GetParam());
-  ASSERT_TRUE(fig.ok()) << fig.status();
-  std::printf("%-18s loss %.10f vs float64 %.10f: relative error %.2e; worst gradient %s: "
-              "max |diff| / max |ref| = %.2e\n",
-              GetParam().c_str(), fig->loss, fig->ref_loss, fig->loss_rel,
-              fig->grads.worst.name.c_str(), fig->grads.worst.ratio);
-  RecordProperty("loss_relative_error", absl::StrCat(fig->loss_rel));
-  RecordProperty("worst_gradient_ratio", absl::StrCat(fig->grads.worst.ratio));
-  EXPECT_LE(fig->loss_rel, kLossRel);
+  absl::StatusOr<torch_ref::Comparison> c = RunReference(GetParam());
+  ASSERT_TRUE(c.ok()) << c.status();
+  torch_ref::ExpectMatches(*c, kLossRel, kGradRatio, GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Configurations, TorchReferenceTest,

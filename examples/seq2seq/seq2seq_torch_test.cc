@@ -5,14 +5,10 @@
 // cross-entropy over the real target tokens within 1e-6 of the float64 loss, relative, and
 // every parameter gradient within 1e-5 of the largest magnitude of that tensor's float64
 // gradient (max |ours - reference| / max |reference|). The figures are printed.
-#include <cmath>
-#include <cstdio>
 #include <memory>
 #include <set>
 #include <string>
-#include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "core/autograd.h"
 #include "core/status_macros.h"
 #include "examples/seq2seq/reverse_task.h"
@@ -24,10 +20,10 @@
 namespace seq2seq {
 namespace {
 
-using ::nn::torch_ref::GradientComparison;
-using ::nn::torch_ref::GradientError;
+using ::nn::torch_ref::Comparison;
 using ::nn::torch_ref::ReferenceFile;
 using ::nn::torch_ref::ReferenceTensor;
+using ::nn::torch_ref::Scalars;
 
 constexpr double kLossRel = 1e-6;
 constexpr double kGradRatio = 1e-5;
@@ -49,52 +45,31 @@ absl::StatusOr<Seq2SeqConfig> Config(const ReferenceFile& f) {
   return c;
 }
 
-struct Figures {
-  double loss = 0, ref_loss = 0, loss_rel = 0;
-  GradientComparison grads;
-};
-
-// Loads the reference, runs forward, the loss and backward, and measures the loss's relative
-// error and each gradient's error ratio (failing the test for a tensor over kGradRatio).
-absl::StatusOr<Figures> RunReference() {
+// Loads the reference into the model and compares the loss (forward, the loss and backward)
+// and every gradient with the file's.
+absl::StatusOr<Comparison> RunReference() {
   ASSIGN_OR_RETURN(const ReferenceFile f, nn::torch_ref::ReadReferenceFile(kFile));
   ASSIGN_OR_RETURN(const Seq2SeqConfig config, Config(f));
   auto model = std::make_shared<Seq2Seq>(config);
   RETURN_IF_ERROR(model->ConstructionStatus());
-  RETURN_IF_ERROR(nn::torch_ref::LoadParameters(f, model->NamedParameters()));
   ASSIGN_OR_RETURN(const core::Tensor src, f.Ints("src"));
   ASSIGN_OR_RETURN(const core::Tensor src_mask, f.Ints("src_mask"));
   ASSIGN_OR_RETURN(const core::Tensor tgt, f.Ints("tgt"));
   ASSIGN_OR_RETURN(const core::Tensor labels, f.Ints("labels"));
-  ASSIGN_OR_RETURN(const ReferenceTensor* ref_loss, f.Get("loss"));
-
-  ASSIGN_OR_RETURN(const core::Tensor logits, model->CallOne({src, src_mask, tgt}));
-  ASSIGN_OR_RETURN(const core::Tensor loss, nn::functional::CrossEntropy(logits, labels, kIgnore));
-  RETURN_IF_ERROR(core::Backward(loss));
-
-  Figures fig;
-  fig.loss = loss.ToVector().at(0);
-  fig.ref_loss = ref_loss->values.at(0);
-  fig.loss_rel = std::abs(fig.loss - fig.ref_loss) / std::abs(fig.ref_loss);
-  ASSIGN_OR_RETURN(fig.grads, nn::torch_ref::CompareGradients(f, model->NamedParameters()));
-  for (const GradientError& g : fig.grads.params) {
-    EXPECT_GT(g.max_reference, 0.0) << g.name;
-    EXPECT_LE(g.ratio, kGradRatio) << "gradient of " << g.name << ", max |ref| " << g.max_reference;
-  }
-  return fig;
+  return nn::torch_ref::RunAndCompare(
+      f, model->NamedParameters(), [&]() -> absl::StatusOr<Scalars> {
+        ASSIGN_OR_RETURN(const core::Tensor logits, model->CallOne({src, src_mask, tgt}));
+        ASSIGN_OR_RETURN(const core::Tensor loss,
+                         nn::functional::CrossEntropy(logits, labels, kIgnore));
+        RETURN_IF_ERROR(core::Backward(loss));
+        return Scalars{{"loss", loss.ToVector().at(0)}};
+      });
 }
 
 TEST(Seq2SeqTorchTest, LossAndEveryGradientMatchTheFloat64Reference) {
-  absl::StatusOr<Figures> fig = RunReference();
-  ASSERT_TRUE(fig.ok()) << fig.status();
-  std::printf(
-      "seq2seq: loss %.10f vs float64 %.10f: relative error %.2e; worst of %lld gradients %s: "
-      "max |diff| / max |ref| = %.2e\n",
-      fig->loss, fig->ref_loss, fig->loss_rel, static_cast<long long>(fig->grads.params.size()),
-      fig->grads.worst.name.c_str(), fig->grads.worst.ratio);
-  RecordProperty("loss_relative_error", absl::StrCat(fig->loss_rel));
-  RecordProperty("worst_gradient_ratio", absl::StrCat(fig->grads.worst.ratio));
-  EXPECT_LE(fig->loss_rel, kLossRel);
+  absl::StatusOr<Comparison> c = RunReference();
+  ASSERT_TRUE(c.ok()) << c.status();
+  nn::torch_ref::ExpectMatches(*c, kLossRel, kGradRatio, "seq2seq");
 }
 
 // The batch covers what the padding mask must get right: a row of one symbol and a row

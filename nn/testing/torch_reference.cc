@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -11,7 +12,10 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "core/status_macros.h"
+#include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
 namespace nn {
@@ -179,6 +183,57 @@ absl::StatusOr<GradientComparison> CompareGradients(
     out.params.push_back(std::move(e));
   }
   return out;
+}
+
+absl::StatusOr<Comparison> RunAndCompare(const ReferenceFile& f,
+                                         const std::vector<core::NamedParameter>& params,
+                                         const std::function<absl::StatusOr<Scalars>()>& run) {
+  RETURN_IF_ERROR(LoadParameters(f, params));
+  ASSIGN_OR_RETURN(const Scalars ours, run());
+  Comparison out;
+  for (const auto& [name, value] : ours) {
+    absl::StatusOr<const ReferenceTensor*> t = f.Get(name);
+    if (!t.ok()) return absl::InvalidArgumentError(t.status().message());
+    if ((*t)->dtype != "F64" || (*t)->values.size() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " is ", (*t)->dtype, " ", core::ShapeToString((*t)->shape), "; ours is a scalar"));
+    }
+    ScalarError e;
+    e.name = name;
+    e.ours = value;
+    e.reference = (*t)->values[0];
+    e.relative = std::abs(value - e.reference) / std::abs(e.reference);
+    out.scalars.push_back(std::move(e));
+  }
+  ASSIGN_OR_RETURN(out.grads, CompareGradients(f, params));
+  return out;
+}
+
+std::string Summary(const Comparison& c) {
+  std::vector<std::string> parts;
+  for (const ScalarError& s : c.scalars) {
+    parts.push_back(absl::StrFormat("%s %.10f vs float64 %.10f: relative error %.2e", s.name,
+                                    s.ours, s.reference, s.relative));
+  }
+  parts.push_back(absl::StrFormat("worst of %d gradients %s: max |diff| / max |ref| = %.2e",
+                                  c.grads.params.size(), c.grads.worst.name, c.grads.worst.ratio));
+  return absl::StrJoin(parts, "; ");
+}
+
+void ExpectMatches(const Comparison& c, double scalar_rel, double grad_ratio,
+                   const std::string& label) {
+  std::printf("%s: %s\n", label.c_str(), Summary(c).c_str());
+  for (const ScalarError& s : c.scalars) {
+    ::testing::Test::RecordProperty(absl::StrCat(s.name, "_relative_error"),
+                                    absl::StrCat(s.relative));
+    EXPECT_LE(s.relative, scalar_rel) << label << ": " << s.name;
+  }
+  ::testing::Test::RecordProperty("worst_gradient_ratio", absl::StrCat(c.grads.worst.ratio));
+  for (const GradientError& g : c.grads.params) {
+    EXPECT_GT(g.max_reference, 0.0) << label << ": " << g.name;
+    EXPECT_LE(g.ratio, grad_ratio)
+        << label << ": gradient of " << g.name << ", max |ref| " << g.max_reference;
+  }
 }
 
 }  // namespace torch_ref
