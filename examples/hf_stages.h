@@ -45,8 +45,8 @@ struct HfStagesResult {
   double test_loss_after = 0;
 };
 
-// InvalidArgument naming config.json and its model_type for another family; the
-// checkpoint readers' and the stages' errors otherwise.
+// InvalidArgument naming config.json and its model_type for another family
+// (checkpoint::ReadHfModelType); the checkpoint readers' and the stages' errors otherwise.
 absl::StatusOr<HfStagesResult> RunHfStages(const std::shared_ptr<comm::ProcessGroup>& group,
                                            const HfStagesOptions& options);
 
