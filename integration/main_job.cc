@@ -9,6 +9,7 @@
 //   bazel run //integration:main_job -- --world_size=4 --strategy=SHARD_GRAD_OP
 //   bazel run //integration:main_job -- --model=llama --n_kv_head=2
 //   bazel run //integration:main_job -- --stages=test --resume_from=out/main_job/checkpoint
+//   bazel run //integration:main_job -- --hf_dir=/models/gpt2 --export_hf_dir=/out/tuned
 //
 // Run without RANK in the environment, it starts --world_size copies of itself through
 // the local launcher (comm/launcher.h) and, once they succeed, prints the summary rank 0
@@ -90,6 +91,7 @@ integration::internal::JobFacts FactsOf(const JobOptions& job,
   facts.strategy = fsdp::ShardingStrategyName(setup.options.wrap.strategy);
   facts.stages = job.stages;
   facts.model = job.model_kind;
+  facts.hf_dir = job.hf_dir;
   facts.model_parameters = setup.module->model()->NumParameterElements();
   facts.entropy_floor = setup.module->EntropyFloor();
   facts.memory_estimate = setup.estimate;
@@ -97,7 +99,7 @@ integration::internal::JobFacts FactsOf(const JobOptions& job,
 }
 
 // The job on one rank, once it has joined the group.
-absl::Status RunJob(const JobOptions& job, comm::Distributed& dist, absl::Duration timeout) {
+absl::Status RunJob(const JobOptions& flags, comm::Distributed& dist, absl::Duration timeout) {
   const int rank = dist.group->rank();
   auto say = [rank](const std::string& line) {
     if (rank == 0) {
@@ -108,8 +110,9 @@ absl::Status RunJob(const JobOptions& job, comm::Distributed& dist, absl::Durati
   // Setting up can fail on some ranks only (a configuration file one host cannot read):
   // every rank learns the outcome before the first collective, and all fail alike.
   absl::StatusOr<integration::internal::JobSetup> setup =
-      integration::internal::SetUpRank(job, dist, timeout);
+      integration::internal::SetUpRank(flags, dist, timeout);
   RETURN_IF_ERROR(comm::AgreeOnStatus(dist.group.get(), setup.status(), "main job setup", timeout));
+  const JobOptions& job = setup->job;  // the flags with their Hugging Face directories settled
   ASSIGN_OR_RETURN(std::unique_ptr<integration::StageRunner> runner,
                    integration::StageRunner::Create(dist.group, setup->options));
   integration::ThroughputMeter meter(setup->options.fit_steps);
@@ -120,7 +123,12 @@ absl::Status RunJob(const JobOptions& job, comm::Distributed& dist, absl::Durati
 
   nlohmann::json summary = integration::internal::NewSummary(FactsOf(job, *setup, dist));
   integration::internal::StageLoop loop(job, *setup, runner.get(), &trained, &summary, say);
-  if (!job.resume_from.empty()) RETURN_IF_ERROR(loop.Resume());
+  // NOTE [Hugging Face start]: with --resume_from as well, the checkpoint's weights.
+  if (!job.resume_from.empty()) {
+    RETURN_IF_ERROR(loop.Resume());
+  } else if (!job.hf_dir.empty()) {
+    RETURN_IF_ERROR(loop.LoadHf());
+  }
   for (integration::Stage stage : setup->stages) RETURN_IF_ERROR(loop.Run(stage));
   RETURN_IF_ERROR(loop.AddRunFigures(meter, dist.group.get(), dist.device, timeout));
   if (job.release) RETURN_IF_ERROR(loop.Release());
@@ -224,8 +232,8 @@ int main(int argc, char** argv) {
   usage.contains_helpshort_flags = IsJobFlagFile;
   absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
-      "Trains, tests, checkpoints and releases a GPT or a Llama (--model) with FSDP over local "
-      "ranks (README.md).");
+      "Trains, tests, checkpoints and releases a GPT or a Llama (--model, or a Hugging Face "
+      "checkpoint: --hf_dir) with FSDP over local ranks (README.md).");
   absl::ParseCommandLine(argc, argv);
   const JobOptions job = integration::internal::JobOptionsFromFlags();
   if (job.memory_plan) {

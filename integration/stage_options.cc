@@ -47,6 +47,24 @@ absl::StatusOr<core::DType> ParseFloatDType(const std::string& name, absl::strin
       absl::StrCat(field, ": '", name, "' is not a dtype; use \"float32\" or \"bfloat16\""));
 }
 
+// The text-format StageConfig in `text`; syntax errors say "StageConfig: line L, column C".
+absl::StatusOr<StageConfig> ParseStageConfig(absl::string_view text) {
+  StageConfig config;
+  FirstError errors;
+  google::protobuf::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  // StageConfig.policy is one level down: allow the policy's full depth below it, and
+  // no more (unbounded, a deeply nested config overflows the parser's stack).
+  parser.SetRecursionLimit(policy::kPolicyParseRecursionLimit + 1);
+  const bool ok = parser.ParseFromString(std::string(text), &config);
+  if (!ok || errors.has_error()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "StageConfig: ", errors.has_error() ? errors.text() : "text format parse failed",
+        errors.too_deep() ? policy::PolicyDepthHint() : ""));
+  }
+  return config;
+}
+
 }  // namespace
 
 absl::StatusOr<fsdp::ShardingStrategy> ParseShardingStrategy(absl::string_view name) {
@@ -203,26 +221,21 @@ absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config,
 
 absl::StatusOr<StageOptions> ParseStageOptions(absl::string_view text,
                                               const StageOptions& base) {
-  StageConfig config;
-  FirstError errors;
-  google::protobuf::TextFormat::Parser parser;
-  parser.RecordErrorsTo(&errors);
-  // StageConfig.policy is one level down: allow the policy's full depth below it, and
-  // no more (unbounded, a deeply nested config overflows the parser's stack).
-  parser.SetRecursionLimit(policy::kPolicyParseRecursionLimit + 1);
-  const bool ok = parser.ParseFromString(std::string(text), &config);
-  if (!ok || errors.has_error()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "StageConfig: ", errors.has_error() ? errors.text() : "text format parse failed",
-        errors.too_deep() ? policy::PolicyDepthHint() : ""));
-  }
+  ASSIGN_OR_RETURN(const StageConfig config, ParseStageConfig(text));
   return StageOptionsFromProto(config, base);
+}
+
+absl::StatusOr<StageConfig> ReadStageConfigFile(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string contents, core::ReadTextFile(path, "stage config"));
+  absl::StatusOr<StageConfig> config = ParseStageConfig(contents);
+  if (!config.ok()) return Prefixed(config.status(), path);
+  return config;
 }
 
 absl::StatusOr<StageOptions> ReadStageOptionsFile(const std::string& path,
                                                  const StageOptions& base) {
-  ASSIGN_OR_RETURN(std::string contents, core::ReadTextFile(path, "stage config"));
-  absl::StatusOr<StageOptions> options = ParseStageOptions(contents, base);
+  ASSIGN_OR_RETURN(const StageConfig config, ReadStageConfigFile(path));
+  absl::StatusOr<StageOptions> options = StageOptionsFromProto(config, base);
   if (!options.ok()) return Prefixed(options.status(), path);
   return options;
 }

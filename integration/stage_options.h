@@ -101,6 +101,11 @@ absl::StatusOr<StageOptions> ParseStageOptions(absl::string_view text,
 absl::StatusOr<StageOptions> ReadStageOptionsFile(const std::string& path,
                                                  const StageOptions& base = StageOptions());
 
+// The StageConfig of a text-format file, for the fields StageOptions does not hold (the
+// main job's hf_dir and export_hf_dir). The errors of ReadStageOptionsFile's reading and
+// parsing, naming the file.
+absl::StatusOr<StageConfig> ReadStageConfigFile(const std::string& path);
+
 // "reduce_each" -> kReduceEach, "no_sync" -> kNoSync; InvalidArgument otherwise.
 absl::StatusOr<StageOptions::Accumulation> ParseAccumulation(absl::string_view name);
 

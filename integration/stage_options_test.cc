@@ -189,6 +189,27 @@ TEST(StageOptionsTest, ReadsAFileAndNamesItInErrors) {
   EXPECT_EQ(ReadStageOptionsFile(path + ".missing").status().code(), absl::StatusCode::kNotFound);
 }
 
+// The main job's fields (hf_dir, export_hf_dir) are read as a StageConfig and leave the
+// StageOptions alone; a syntax error still names the file.
+TEST(StageOptionsTest, ReadsTheMainJobsFieldsAsAConfig) {
+  const std::string path = ::testing::TempDir() + "/stage_config_hf.txtpb";
+  std::ofstream(path) << "hf_dir: \"/models/gpt2\"\nexport_hf_dir: \"/out/tuned\"\nfit_steps: 7\n";
+  absl::StatusOr<StageConfig> config = ReadStageConfigFile(path);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->hf_dir(), "/models/gpt2");
+  EXPECT_EQ(config->export_hf_dir(), "/out/tuned");
+  EXPECT_FALSE(StageConfig().has_hf_dir());
+  absl::StatusOr<StageOptions> options = ReadStageOptionsFile(path);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->fit_steps, 7);
+  EXPECT_EQ(options->checkpoint_dir, "");
+  std::ofstream(path) << "hf_dir: /models\n";
+  const absl::Status bad = ReadStageConfigFile(path).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.message()), HasSubstr(path + ": StageConfig: line 1"));
+  EXPECT_EQ(ReadStageConfigFile(path + ".missing").status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST(StageOptionsTest, DeeplyNestedPolicyIsASyntaxErrorNotACrash) {
   std::string text = "fit_steps: 3\npolicy { ";
   for (int i = 0; i < 10000; ++i) text += "negate { ";

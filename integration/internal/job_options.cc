@@ -7,11 +7,15 @@
 #include <system_error>
 #include <thread>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "checkpoint/hf_gpt2.h"
+#include "checkpoint/hf_llama.h"
+#include "checkpoint/hf_model.h"
 #include "core/dtype.h"
 #include "comm/init_from_env.h"
 #include "core/status_macros.h"
@@ -31,6 +35,16 @@ ABSL_FLAG(std::string, stages, "fit,test",
 ABSL_FLAG(std::string, resume_from, "",
           "checkpoint directory to load first (any world size); with fit in --stages the "
           "optimizer state and step are restored and training continues");
+ABSL_FLAG(std::string, hf_dir, "",
+          "Hugging Face checkpoint directory to start from (config.json, model.safetensors or "
+          "its index; GPT-2 or Llama): config.json's model_type and sizes make the model in "
+          "place of --model and the size flags (one set to other than its default must agree "
+          "with config.json), built deferred, and each rank loads its weights into its shards "
+          "before the first stage; with --resume_from the weights are the checkpoint's");
+ABSL_FLAG(std::string, export_hf_dir, "",
+          "after the release, rank 0 also exports the model here in the Hugging Face layout "
+          "(config.json and model.safetensors, which transformers and --hf_dir read); needs "
+          "--release");
 ABSL_FLAG(std::string, output_dir, "",
           "where the checkpoint, safetensors file, charts and summary go (default: out/main_job "
           "in the workspace under bazel run, else ./out/main_job)");
@@ -198,6 +212,94 @@ nn::LlamaConfig LlamaConfigFromFlags() {
   return c;
 }
 
+// NOTE [Hugging Face start]: the model flags whose value is not their default.
+std::vector<std::string> ModelFlagsSet() {
+  std::vector<std::string> set;
+  for (const absl::CommandLineFlag* flag : {
+           &absl::GetFlagReflectionHandle(FLAGS_model),
+           &absl::GetFlagReflectionHandle(FLAGS_vocab_size),
+           &absl::GetFlagReflectionHandle(FLAGS_block_size),
+           &absl::GetFlagReflectionHandle(FLAGS_n_embd),
+           &absl::GetFlagReflectionHandle(FLAGS_n_layer),
+           &absl::GetFlagReflectionHandle(FLAGS_n_head),
+           &absl::GetFlagReflectionHandle(FLAGS_n_kv_head),
+           &absl::GetFlagReflectionHandle(FLAGS_intermediate_size),
+           &absl::GetFlagReflectionHandle(FLAGS_rope_theta),
+           &absl::GetFlagReflectionHandle(FLAGS_rms_norm_eps),
+           &absl::GetFlagReflectionHandle(FLAGS_tie_word_embeddings)}) {
+    if (flag->CurrentValue() != flag->DefaultValue()) set.push_back(std::string(flag->Name()));
+  }
+  return set;
+}
+
+// One model flag beside config.json's field for the same quantity, as text.
+struct FlagAndField {
+  const char* flag;
+  std::string flag_value;
+  const char* field;
+  std::string field_value;
+  bool same = false;
+};
+
+std::string Text(int64_t v) { return absl::StrCat(v); }
+std::string Text(float v) { return absl::StrCat(v); }
+std::string Text(double v) { return absl::StrCat(v); }
+std::string Text(bool v) { return v ? "true" : "false"; }
+
+template <typename T>
+FlagAndField Compare(const char* flag, const T& flag_value, const char* field,
+                     const T& field_value) {
+  return {flag, Text(flag_value), field, Text(field_value), flag_value == field_value};
+}
+
+// NOTE [Hugging Face start]: the model flags that `flags` set (model_flags_set) against
+// config.json's model (`hf`, of model_type `type`); InvalidArgument naming the
+// first that disagrees, and config.json's field. The Llama's own flags mean nothing to a
+// GPT-2 (as with --model=gpt) and are not compared.
+absl::Status CheckModelFlagsAgree(const JobOptions& flags, const JobOptions& hf,
+                                  checkpoint::HfModelType type) {
+  std::vector<FlagAndField> pairs = {{"model", flags.model_kind, "model_type",
+                                      checkpoint::HfModelTypeName(type),
+                                      flags.model_kind == hf.model_kind}};
+  if (type == checkpoint::HfModelType::kGpt2) {
+    const nn::GptConfig &f = flags.gpt, &c = hf.gpt;
+    pairs.push_back(Compare("vocab_size", f.vocab_size, "vocab_size", c.vocab_size));
+    pairs.push_back(Compare("block_size", f.block_size, "n_positions", c.block_size));
+    pairs.push_back(Compare("n_embd", f.n_embd, "n_embd", c.n_embd));
+    pairs.push_back(Compare("n_layer", f.n_layer, "n_layer", c.n_layer));
+    pairs.push_back(Compare("n_head", f.n_head, "n_head", c.n_head));
+  } else {
+    const nn::LlamaConfig &f = flags.llama, &c = hf.llama;
+    pairs.push_back(Compare("vocab_size", f.vocab_size, "vocab_size", c.vocab_size));
+    pairs.push_back(Compare("block_size", f.max_position_embeddings, "max_position_embeddings",
+                            c.max_position_embeddings));
+    pairs.push_back(Compare("n_embd", f.hidden_size, "hidden_size", c.hidden_size));
+    pairs.push_back(Compare("n_layer", f.num_hidden_layers, "num_hidden_layers",
+                            c.num_hidden_layers));
+    pairs.push_back(Compare("n_head", f.num_attention_heads, "num_attention_heads",
+                            c.num_attention_heads));
+    pairs.push_back(Compare("n_kv_head", f.num_key_value_heads, "num_key_value_heads",
+                            c.num_key_value_heads));
+    pairs.push_back(Compare("intermediate_size", f.intermediate_size, "intermediate_size",
+                            c.intermediate_size));
+    pairs.push_back(Compare("rope_theta", f.rope_theta, "rope_theta", c.rope_theta));
+    pairs.push_back(Compare("rms_norm_eps", f.rms_norm_eps, "rms_norm_eps", c.rms_norm_eps));
+    pairs.push_back(Compare("tie_word_embeddings", f.tie_word_embeddings, "tie_word_embeddings",
+                            c.tie_word_embeddings));
+  }
+  for (const FlagAndField& p : pairs) {
+    const bool set = std::find(flags.model_flags_set.begin(), flags.model_flags_set.end(),
+                               p.flag) != flags.model_flags_set.end();
+    if (!set || p.same) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", p.flag, "=", p.flag_value, " disagrees with ", hf.hf_dir, "/config.json: ",
+        p.field, " is ", p.field_value, " (", hf.hf_dir_name,
+        ": the model's family and sizes are config.json's; leave the flag out or make it "
+        "agree)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ModelKind> ParseModelKind(const std::string& text) {
@@ -259,6 +361,17 @@ absl::Status WithLlamaFlagNames(const absl::Status& status) {
 
 absl::Status CheckModelFlags(const JobOptions& job) {
   ASSIGN_OR_RETURN(ModelKind kind, ParseModelKind(job.model_kind));
+  if (!job.hf_dir.empty()) {  // the config is config.json's, checked as it was read
+    const bool llama = kind == ModelKind::kLlama;
+    const int64_t context = llama ? job.llama.max_position_embeddings : job.gpt.block_size;
+    if (job.train.seq_len <= 0 || job.train.seq_len > context) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--seq_len = ", job.train.seq_len, ": must be in [1, ", context, "], ", job.hf_dir,
+          "/config.json's ", llama ? "max_position_embeddings" : "n_positions", " (",
+          job.hf_dir_name, ")"));
+    }
+    return absl::OkStatus();
+  }
   if (kind != ModelKind::kLlama) return absl::OkStatus();
   RETURN_IF_ERROR(WithLlamaFlagNames(job.llama.Validate()));
   if (job.train.seq_len <= 0 || job.train.seq_len > job.llama.max_position_embeddings) {
@@ -269,6 +382,59 @@ absl::Status CheckModelFlags(const JobOptions& job) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<JobOptions> ResolveHfDirs(const JobOptions& flags) {
+  JobOptions job = flags;
+  if (!job.stage_config.empty()) {
+    ASSIGN_OR_RETURN(const StageConfig config, ReadStageConfigFile(job.stage_config));
+    if (config.has_hf_dir()) {
+      job.hf_dir = config.hf_dir();
+      job.hf_dir_name = "StageConfig.hf_dir";
+    }
+    if (config.has_export_hf_dir()) {
+      job.export_hf_dir = config.export_hf_dir();
+      job.export_hf_dir_name = "StageConfig.export_hf_dir";
+    }
+  }
+  if (!job.export_hf_dir.empty()) {
+    if (!job.release) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          job.export_hf_dir_name, "=", job.export_hf_dir,
+          " needs --release: the export is of the released model"));
+    }
+    std::error_code e1, e2;
+    const std::filesystem::path out = std::filesystem::weakly_canonical(job.export_hf_dir, e1);
+    const std::filesystem::path in = std::filesystem::weakly_canonical(job.hf_dir, e2);
+    if (!job.hf_dir.empty() && !e1 && !e2 && out == in) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          job.export_hf_dir_name, "=", job.export_hf_dir, " is ", job.hf_dir_name,
+          ": the export would overwrite the checkpoint the run starts from"));
+    }
+  }
+  if (job.hf_dir.empty()) return job;
+  // Errors of config.json's readers name the file; say which flag or field named it.
+  auto named = [&](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat(job.hf_dir_name, ": ", s.message()));
+  };
+  absl::StatusOr<checkpoint::HfModelType> type = checkpoint::ReadHfModelType(job.hf_dir);
+  if (!type.ok()) return named(type.status());
+  if (*type == checkpoint::HfModelType::kGpt2) {
+    absl::StatusOr<nn::GptConfig> config = checkpoint::ReadHfGpt2Config(job.hf_dir);
+    if (!config.ok()) return named(config.status());
+    job.model_kind = "gpt";
+    job.gpt = *config;
+    job.gpt.seed = flags.gpt.seed;
+  } else {
+    absl::StatusOr<nn::LlamaConfig> config = checkpoint::ReadHfLlamaConfig(job.hf_dir);
+    if (!config.ok()) return named(config.status());
+    job.model_kind = "llama";
+    job.llama = *config;
+    job.llama.seed = flags.llama.seed;
+  }
+  RETURN_IF_ERROR(CheckModelFlagsAgree(flags, job, *type));
+  job.train.deferred_init = true;  // the wrap makes the shards, the load fills them
+  return job;
+}
+
 JobOptions JobOptionsFromFlags() {
   JobOptions job;
   job.world_size = absl::GetFlag(FLAGS_world_size);
@@ -276,6 +442,8 @@ JobOptions JobOptionsFromFlags() {
   job.device = absl::GetFlag(FLAGS_device);
   job.stages = absl::GetFlag(FLAGS_stages);
   job.resume_from = Resolve(absl::GetFlag(FLAGS_resume_from));
+  job.hf_dir = Resolve(absl::GetFlag(FLAGS_hf_dir));
+  job.export_hf_dir = Resolve(absl::GetFlag(FLAGS_export_hf_dir));
   job.output_dir = PathOr(absl::GetFlag(FLAGS_output_dir), DefaultOutputDir());
   job.checkpoint_dir = PathOr(absl::GetFlag(FLAGS_checkpoint_dir), job.output_dir + "/checkpoint");
   job.safetensors_path =
@@ -303,6 +471,7 @@ JobOptions JobOptionsFromFlags() {
   job.train = TrainOptionsFromFlags();
   job.gpt = GptConfigFromFlags();
   job.llama = LlamaConfigFromFlags();
+  job.model_flags_set = ModelFlagsSet();
   job.intra_op_threads = absl::GetFlag(FLAGS_intra_op_threads);
   job.timeout_s = absl::GetFlag(FLAGS_timeout_s);
   job.testonly_fault = absl::GetFlag(FLAGS_testonly_fault);
@@ -330,7 +499,15 @@ absl::Status CheckBeforeLaunch(const JobOptions& job) {
         absl::StrCat("--world_size=", job.world_size, " must be >= 1"));
   }
   if (absl::Status s = ParseStages(job.stages).status(); !s.ok()) return refuse(s);
-  if (absl::Status s = CheckModelFlags(job); !s.ok()) return refuse(s);
+  // NOTE [Hugging Face start]: a --stage_config may replace the flags' directories and is
+  // the ranks' to read; with one, a model from --hf_dir is theirs to check too.
+  if (job.stage_config.empty()) {
+    absl::StatusOr<JobOptions> resolved = ResolveHfDirs(job);
+    if (!resolved.ok()) return refuse(resolved.status());
+    if (absl::Status s = CheckModelFlags(*resolved); !s.ok()) return refuse(s);
+  } else if (job.hf_dir.empty()) {
+    if (absl::Status s = CheckModelFlags(job); !s.ok()) return refuse(s);
+  }
   if (absl::Status s = ParseShardingStrategy(job.strategy).status(); !s.ok()) {
     return refuse(s, "--strategy: ");
   }

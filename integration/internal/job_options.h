@@ -8,6 +8,25 @@
 //   RETURN_IF_ERROR(integration::internal::CheckBeforeLaunch(job));   // the parent's checks
 //   ASSIGN_OR_RETURN(std::vector<integration::Stage> stages,
 //                    integration::internal::ParseStages(job.stages));
+//   // On each rank: the job with its Hugging Face directories settled.
+//   ASSIGN_OR_RETURN(integration::internal::JobOptions resolved,
+//                    integration::internal::ResolveHfDirs(job));
+//
+// NOTE [Hugging Face start]: with an hf_dir (--hf_dir, or StageConfig.hf_dir of
+// --stage_config, which replaces it as the file's set fields replace flags), config.json's
+// model_type picks the model (gpt2: --model=gpt, llama: --model=llama) and its sizes make
+// the model's config, in place of --model and the size flags. A model flag left at its
+// default takes config.json's value; one set to another value must agree with config.json
+// or the job is refused naming both. The model is built deferred (--deferred_init), each
+// rank wraps it before any stage and loads config.json's weights straight into its shards
+// (checkpoint::LoadHfModel), so no rank holds the whole model. With --resume_from as well,
+// the hf_dir gives the model's config only: the weights (and with fit the optimizer state)
+// are the checkpoint's, and the hf_dir's weights are not read. An export_hf_dir
+// (--export_hf_dir or StageConfig.export_hf_dir) is written by rank 0 after the release
+// (checkpoint::ExportHfModel: config.json and model.safetensors, which transformers and
+// --hf_dir read), whether or not the run started from an hf_dir. Without --stage_config the
+// parent makes these checks before it starts the ranks; a --stage_config is read on the
+// ranks only, so with one they make them.
 #ifndef INTEGRATION_INTERNAL_JOB_OPTIONS_H_
 #define INTEGRATION_INTERNAL_JOB_OPTIONS_H_
 
@@ -34,6 +53,16 @@ struct JobOptions {
   std::string device;         // --device
   std::string stages;         // --stages as given (ParseStages reads it)
   std::string resume_from;    // --resume_from; "" for none
+  // NOTE [Hugging Face start]: --hf_dir and --export_hf_dir, or the StageConfig fields
+  // that replace them (ResolveHfDirs); "" for none. Errors name the flag or the field
+  // that set each (`hf_dir_name`, `export_hf_dir_name`).
+  std::string hf_dir;
+  std::string export_hf_dir;
+  std::string hf_dir_name = "--hf_dir";
+  std::string export_hf_dir_name = "--export_hf_dir";
+  // The model flags (--model and the size flags, by name: "model", "n_embd", ...) set to
+  // other than their defaults: with an hf_dir each must agree with config.json.
+  std::vector<std::string> model_flags_set;
   std::string output_dir;     // --output_dir, or out/main_job
   std::string checkpoint_dir;    // --checkpoint_dir, or <output_dir>/checkpoint
   std::string safetensors_path;  // --safetensors_path, or <output_dir>/model.safetensors
@@ -95,8 +124,20 @@ absl::StatusOr<DecoderSpec> ModelSpecFor(const JobOptions& job);
 absl::Status WithLlamaFlagNames(const absl::Status& status);
 
 // The model flags' checks that need no rank: --model, and for --model=llama the config
-// (LlamaConfig::Validate) and --seq_len <= --block_size, each naming the flag.
+// (LlamaConfig::Validate) and --seq_len <= --block_size, each naming the flag. With an
+// hf_dir (ResolveHfDirs read the config from config.json): --seq_len within config.json's
+// context.
 absl::Status CheckModelFlags(const JobOptions& job);
+
+// NOTE [Hugging Face start]: `job` with StageConfig.hf_dir and StageConfig.export_hf_dir of
+// job.stage_config in place of the flags where set, and with an hf_dir, model_kind, the
+// model's config (the seed stays --seed's) and deferred init from it. InvalidArgument
+// naming the flag or field for an export directory without --release or that is the
+// hf_dir, and for a set model flag that disagrees with config.json (naming the flag, the
+// file and the field); ReadStageConfigFile's errors; config.json's readers' errors
+// (checkpoint::ReadHfModelType, ReadHfGpt2Config, ReadHfLlamaConfig) after the flag or
+// field.
+absl::StatusOr<JobOptions> ResolveHfDirs(const JobOptions& job);
 
 // The flags as parsed by absl::ParseCommandLine. Never fails: the checks come later, where
 // their errors are reported (CheckBeforeLaunch, ParseStages, StageOptionsFor, ...).
@@ -106,7 +147,8 @@ JobOptions JobOptionsFromFlags();
 absl::Status MakeOutputDir(const JobOptions& job);
 
 // The checks the launching parent makes before it starts any rank (world size, stages,
-// the model flags, strategy, intra-op threads, timeout, device and backend), so a refusal comes once: the
+// without --stage_config the Hugging Face directories (ResolveHfDirs), the model flags,
+// strategy, intra-op threads, timeout, device and backend), so a refusal comes once: the
 // first failure, with the message the parent prints after "main job: ".
 absl::Status CheckBeforeLaunch(const JobOptions& job);
 

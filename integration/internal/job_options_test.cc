@@ -3,6 +3,7 @@
 #include "integration/internal/job_options.h"
 
 #include <cstdint>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,6 +12,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "checkpoint/hf_gpt2.h"
+#include "checkpoint/hf_llama.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -22,12 +26,15 @@ ABSL_DECLARE_FLAG(std::optional<int64_t>, intermediate_size);
 ABSL_DECLARE_FLAG(double, rope_theta);
 ABSL_DECLARE_FLAG(double, rms_norm_eps);
 ABSL_DECLARE_FLAG(bool, tie_word_embeddings);
+ABSL_DECLARE_FLAG(std::string, hf_dir);
+ABSL_DECLARE_FLAG(std::string, export_hf_dir);
 
 namespace integration {
 namespace internal {
 namespace {
 
 using ::testing::ElementsAre;
+using ::testing::IsEmpty;
 using ::testing::EndsWith;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -44,6 +51,9 @@ TEST(JobOptionsTest, TheDefaultsAreTheDemos) {
   EXPECT_THAT(job.output_dir, EndsWith("out/main_job"));
   EXPECT_EQ(job.checkpoint_dir, job.output_dir + "/checkpoint");
   EXPECT_EQ(job.safetensors_path, job.output_dir + "/model.safetensors");
+  EXPECT_EQ(job.hf_dir, "");
+  EXPECT_EQ(job.export_hf_dir, "");
+  EXPECT_THAT(job.model_flags_set, IsEmpty());
   EXPECT_EQ(job.model_kind, "gpt");
   EXPECT_EQ(job.gpt.vocab_size, 64);
   EXPECT_EQ(job.train.seq_len, 32);
@@ -257,6 +267,211 @@ TEST(JobOptionsTest, LlamaFieldNamesBecomeFlagNames) {
   EXPECT_EQ(mapped.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(mapped.message(), "--seq_len = 64: must be in [1, --block_size = 32]");
   EXPECT_TRUE(WithLlamaFlagNames(absl::OkStatus()).ok());
+}
+
+// NOTE [Hugging Face start]: the committed transformers checkpoints.
+const char kHfGpt2[] = "checkpoint/testdata/hf_gpt2";
+const char kHfLlama[] = "checkpoint/testdata/hf_llama";
+
+// A text-format StageConfig file holding `text`.
+std::string StageConfigFile(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(JobOptionsTest, HfFlagsAndTheModelFlagsSetAreRead) {
+  absl::FlagSaver restore;
+  absl::SetFlag(&FLAGS_hf_dir, "/models/gpt2");
+  absl::SetFlag(&FLAGS_export_hf_dir, "/out/tuned");
+  absl::SetFlag(&FLAGS_n_embd, 96);
+  absl::SetFlag(&FLAGS_n_kv_head, 2);
+  absl::SetFlag(&FLAGS_n_head, 4);  // the default: not "set"
+  const JobOptions job = JobOptionsFromFlags();
+  EXPECT_EQ(job.hf_dir, "/models/gpt2");
+  EXPECT_EQ(job.export_hf_dir, "/out/tuned");
+  EXPECT_EQ(job.hf_dir_name, "--hf_dir");
+  EXPECT_EQ(job.export_hf_dir_name, "--export_hf_dir");
+  EXPECT_THAT(job.model_flags_set, ElementsAre("n_embd", "n_kv_head"));
+}
+
+// config.json's model_type and sizes replace --model and the size flags at their defaults;
+// the seed stays the flag's and the model is built deferred.
+TEST(JobOptionsTest, HfDirSetsTheModelFromConfigJson) {
+  JobOptions job = JobOptionsFromFlags();
+  job.hf_dir = kHfGpt2;
+  absl::StatusOr<JobOptions> gpt = ResolveHfDirs(job);
+  ASSERT_TRUE(gpt.ok()) << gpt.status();
+  const nn::GptConfig want = checkpoint::ReadHfGpt2Config(kHfGpt2).value();
+  EXPECT_EQ(gpt->model_kind, "gpt");
+  EXPECT_EQ(gpt->gpt.vocab_size, want.vocab_size);
+  EXPECT_EQ(gpt->gpt.vocab_size, 64);
+  EXPECT_EQ(gpt->gpt.n_embd, 32);
+  EXPECT_EQ(gpt->gpt.n_head, 4);
+  EXPECT_EQ(gpt->gpt.block_size, 32);
+  EXPECT_EQ(gpt->gpt.seed, job.gpt.seed);
+  EXPECT_TRUE(gpt->train.deferred_init);
+  EXPECT_FALSE(job.train.deferred_init);
+  EXPECT_TRUE(CheckBeforeLaunch(job).ok()) << CheckBeforeLaunch(job);
+
+  job.hf_dir = kHfLlama;
+  absl::StatusOr<JobOptions> llama = ResolveHfDirs(job);
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_EQ(llama->model_kind, "llama");
+  EXPECT_EQ(llama->llama.vocab_size, 96);
+  EXPECT_EQ(llama->llama.hidden_size, 32);
+  EXPECT_EQ(llama->llama.num_key_value_heads, 2);
+  EXPECT_EQ(llama->llama.intermediate_size, 64);
+  EXPECT_EQ(llama->llama.rope_theta, 500000.0);
+  EXPECT_EQ(llama->llama.rms_norm_eps, 1e-5f);
+  EXPECT_TRUE(llama->train.deferred_init);
+  // The stages wrap the Llama's blocks.
+  absl::StatusOr<StageOptions> options = StageOptionsFor(*llama, absl::Seconds(7));
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_THAT(options->wrap.policy->Name(), HasSubstr("LlamaDecoderLayer"));
+  EXPECT_TRUE(CheckBeforeLaunch(job).ok()) << CheckBeforeLaunch(job);
+  // Without an hf_dir, nothing changes.
+  job = JobOptionsFromFlags();
+  absl::StatusOr<JobOptions> plain = ResolveHfDirs(job);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->model_kind, "gpt");
+  EXPECT_EQ(plain->gpt.n_embd, job.gpt.n_embd);
+  EXPECT_FALSE(plain->train.deferred_init);
+}
+
+// A model flag set to another value than its default must agree with config.json: one that
+// does not is refused naming the flag, the file and the field; one that agrees is fine.
+TEST(JobOptionsTest, ASetModelFlagThatDisagreesWithConfigJsonIsRefusedNamingBoth) {
+  struct Case {
+    const char* dir;
+    const char* flag;
+    void (*set)(JobOptions&);
+    const char* message;  // "" : accepted
+  };
+  const Case cases[] = {
+      {kHfGpt2, "n_embd", [](JobOptions& j) { j.gpt.n_embd = 48; },
+       "--n_embd=48 disagrees with checkpoint/testdata/hf_gpt2/config.json: n_embd is 32"},
+      {kHfGpt2, "n_embd", [](JobOptions& j) { j.gpt.n_embd = 32; }, ""},
+      {kHfGpt2, "block_size", [](JobOptions& j) { j.gpt.block_size = 64; },
+       "--block_size=64 disagrees with checkpoint/testdata/hf_gpt2/config.json: n_positions is "
+       "32"},
+      {kHfGpt2, "model", [](JobOptions& j) { j.model_kind = "llama"; },
+       "--model=llama disagrees with checkpoint/testdata/hf_gpt2/config.json: model_type is "
+       "gpt2"},
+      // The Llama's own flags mean nothing to a GPT-2, as with --model=gpt.
+      {kHfGpt2, "rope_theta", [](JobOptions& j) { j.llama.rope_theta = 1.0; }, ""},
+      {kHfLlama, "model", [](JobOptions& j) { j.model_kind = "gpt"; },
+       "--model=gpt disagrees with checkpoint/testdata/hf_llama/config.json: model_type is "
+       "llama"},
+      {kHfLlama, "model", [](JobOptions& j) { j.model_kind = "llama"; }, ""},
+      {kHfLlama, "n_kv_head", [](JobOptions& j) { j.llama.num_key_value_heads = 4; },
+       "--n_kv_head=4 disagrees with checkpoint/testdata/hf_llama/config.json: "
+       "num_key_value_heads is 2"},
+      {kHfLlama, "rope_theta", [](JobOptions& j) { j.llama.rope_theta = 10000; },
+       "--rope_theta=10000 disagrees with checkpoint/testdata/hf_llama/config.json: rope_theta "
+       "is 500000"},
+      {kHfLlama, "tie_word_embeddings", [](JobOptions& j) { j.llama.tie_word_embeddings = true; },
+       "--tie_word_embeddings=true disagrees with checkpoint/testdata/hf_llama/config.json: "
+       "tie_word_embeddings is false"},
+      {kHfLlama, "rms_norm_eps", [](JobOptions& j) { j.llama.rms_norm_eps = 1e-5f; }, ""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.dir) + " --" + c.flag);
+    JobOptions job = JobOptionsFromFlags();
+    job.hf_dir = c.dir;
+    job.model_flags_set = {c.flag};
+    c.set(job);
+    const absl::Status s = ResolveHfDirs(job).status();
+    if (*c.message == '\0') {
+      EXPECT_TRUE(s.ok()) << s;
+      continue;
+    }
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(Message(s), StartsWith(c.message));
+    EXPECT_THAT(Message(s), HasSubstr("(--hf_dir: "));
+    // The parent refuses it before starting any rank.
+    EXPECT_THAT(Message(CheckBeforeLaunch(job)), HasSubstr(c.message));
+  }
+  // The same value, unset (at its default), is config.json's.
+  JobOptions job = JobOptionsFromFlags();
+  job.hf_dir = kHfGpt2;
+  job.gpt.n_embd = 48;
+  EXPECT_EQ(ResolveHfDirs(job).value().gpt.n_embd, 32);
+}
+
+TEST(JobOptionsTest, HfDirErrorsNameTheFlag) {
+  JobOptions job = JobOptionsFromFlags();
+  job.hf_dir = ::testing::TempDir() + "/no_such_model";
+  absl::Status s = ResolveHfDirs(job).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Message(s), StartsWith("--hf_dir: "));
+  EXPECT_THAT(Message(s), HasSubstr("no_such_model/config.json"));
+  // --seq_len within config.json's context.
+  job = JobOptionsFromFlags();
+  job.hf_dir = kHfLlama;
+  job.train.seq_len = 33;
+  absl::StatusOr<JobOptions> resolved = ResolveHfDirs(job);
+  ASSERT_TRUE(resolved.ok());
+  EXPECT_EQ(Message(CheckModelFlags(*resolved)),
+            "--seq_len = 33: must be in [1, 32], checkpoint/testdata/hf_llama/config.json's "
+            "max_position_embeddings (--hf_dir)");
+  // The export needs the release, and may not overwrite the starting checkpoint.
+  job = JobOptionsFromFlags();
+  job.export_hf_dir = "/out/tuned";
+  job.release = false;
+  EXPECT_EQ(Message(ResolveHfDirs(job).status()),
+            "--export_hf_dir=/out/tuned needs --release: the export is of the released model");
+  EXPECT_THAT(Message(CheckBeforeLaunch(job)), HasSubstr("needs --release"));
+  job.release = true;
+  EXPECT_TRUE(ResolveHfDirs(job).ok());
+  job.hf_dir = kHfGpt2;
+  job.export_hf_dir = std::string(kHfGpt2) + "/";
+  s = ResolveHfDirs(job).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(s), HasSubstr("is --hf_dir: the export would overwrite"));
+}
+
+// StageConfig.hf_dir and StageConfig.export_hf_dir replace the flags, as the file's other
+// set fields do, and errors then name the field; the parent leaves the file to the ranks.
+TEST(JobOptionsTest, StageConfigHfFieldsReplaceTheFlagsAndErrorsNameTheField) {
+  JobOptions job = JobOptionsFromFlags();
+  job.hf_dir = kHfGpt2;
+  job.export_hf_dir = "/out/from_flag";
+  job.stage_config = StageConfigFile(
+      "hf.txtpb", absl::StrCat("hf_dir: \"", kHfLlama, "\"\nexport_hf_dir: \"/out/tuned\"\n"));
+  absl::StatusOr<JobOptions> resolved = ResolveHfDirs(job);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->hf_dir, kHfLlama);
+  EXPECT_EQ(resolved->hf_dir_name, "StageConfig.hf_dir");
+  EXPECT_EQ(resolved->export_hf_dir, "/out/tuned");
+  EXPECT_EQ(resolved->export_hf_dir_name, "StageConfig.export_hf_dir");
+  EXPECT_EQ(resolved->model_kind, "llama");
+  // The rest of the file still sets the stages' options.
+  EXPECT_TRUE(StageOptionsFor(*resolved, absl::Seconds(7)).ok());
+  // Unset fields keep the flags'.
+  job.stage_config = StageConfigFile("steps.txtpb", "fit_steps: 3\n");
+  resolved = ResolveHfDirs(job);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->hf_dir, kHfGpt2);
+  EXPECT_EQ(resolved->hf_dir_name, "--hf_dir");
+  EXPECT_EQ(resolved->export_hf_dir, "/out/from_flag");
+
+  job.stage_config = StageConfigFile("bad_hf.txtpb", "hf_dir: \"/no/such/model\"\n");
+  absl::Status s = ResolveHfDirs(job).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Message(s), StartsWith("StageConfig.hf_dir: "));
+  EXPECT_TRUE(CheckBeforeLaunch(job).ok()) << "the ranks read --stage_config";
+  job.stage_config = StageConfigFile("conflict.txtpb", absl::StrCat("hf_dir: \"", kHfGpt2, "\"\n"));
+  job.model_flags_set = {"n_layer"};
+  job.gpt.n_layer = 5;
+  EXPECT_THAT(Message(ResolveHfDirs(job).status()),
+              HasSubstr("--n_layer=5 disagrees with checkpoint/testdata/hf_gpt2/config.json: "
+                        "n_layer is 2 (StageConfig.hf_dir: "));
+  job = JobOptionsFromFlags();
+  job.release = false;
+  job.stage_config = StageConfigFile("export.txtpb", "export_hf_dir: \"/out/tuned\"\n");
+  EXPECT_THAT(Message(ResolveHfDirs(job).status()),
+              StartsWith("StageConfig.export_hf_dir=/out/tuned needs --release"));
 }
 
 }  // namespace

@@ -106,7 +106,8 @@ absl::Status CheckFitsInMemory(JobSetup* setup_out, int world, core::Device devi
 
 }  // namespace
 
-absl::StatusOr<std::string> MemoryPlanReport(const JobOptions& job, absl::Duration timeout) {
+absl::StatusOr<std::string> MemoryPlanReport(const JobOptions& flags, absl::Duration timeout) {
+  ASSIGN_OR_RETURN(const JobOptions job, ResolveHfDirs(flags));
   const int world = job.world_size;
   if (world < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--world_size=", world, " must be >= 1"));
@@ -180,12 +181,14 @@ TrainModule* JobSetup::trained() const {
   return fault != nullptr ? static_cast<TrainModule*>(fault.get()) : module.get();
 }
 
-absl::StatusOr<JobSetup> SetUpRank(const JobOptions& job, const comm::Distributed& dist,
+absl::StatusOr<JobSetup> SetUpRank(const JobOptions& flags, const comm::Distributed& dist,
                                    absl::Duration timeout) {
   const int rank = dist.group->rank();
   const int world = dist.group->size();
   JobSetup setup;
-  if (rank == 0) RETURN_IF_ERROR(MakeOutputDir(job));
+  if (rank == 0) RETURN_IF_ERROR(MakeOutputDir(flags));
+  ASSIGN_OR_RETURN(setup.job, ResolveHfDirs(flags));
+  const JobOptions& job = setup.job;
   ASSIGN_OR_RETURN(setup.intra_op_threads, IntraOpThreads(job, world));
   RETURN_IF_ERROR(nn::SetIntraOpThreads(setup.intra_op_threads));
   ASSIGN_OR_RETURN(setup.module, CreateJobModule(job, dist.device));
@@ -240,6 +243,13 @@ std::vector<std::string> DescribeJob(const JobOptions& job, const JobSetup& setu
   }
   if (!setup.estimate.activations_estimated) {
     lines.push_back(absl::StrCat("main job: ", kActivationsNotEstimated));
+  }
+  if (!job.hf_dir.empty()) {  // NOTE [Hugging Face start] in job_options.h
+    lines.push_back(absl::StrCat(
+        "main job: the model's config is ", job.hf_dir, "/config.json's (", job.hf_dir_name,
+        "); its weights ",
+        job.resume_from.empty() ? "load into each rank's shards after the wrap"
+                                : "are --resume_from's"));
   }
   return lines;
 }

@@ -29,6 +29,9 @@ namespace integration {
 namespace internal {
 
 struct JobSetup {
+  // The job as this rank runs it: the flags with their Hugging Face directories settled
+  // (ResolveHfDirs; NOTE [Hugging Face start] in job_options.h).
+  JobOptions job;
   // A GptTrainModule or LlamaTrainModule (CreateJobModule) on the rank's device.
   std::unique_ptr<DecoderTrainModule> module;
   std::unique_ptr<FaultInjector> fault;  // null without --testonly_fault
@@ -45,10 +48,10 @@ struct JobSetup {
 };
 
 // Sets this rank up (rank 0 also creates job.output_dir) and sets its intra-op threads.
-// The first error of: the output directory, the thread count, the module's options,
-// --testonly_fault, --stages, StageOptionsFor, and a run that this host's memory (or the
-// rank's GPU's) cannot hold, named with its shortfall, rather than be OOM-killed without
-// a word.
+// The first error of: the output directory, ResolveHfDirs, the thread count, the module's
+// options, --testonly_fault, --stages, StageOptionsFor, and a run that this host's memory
+// (or the rank's GPU's) cannot hold, named with its shortfall, rather than be OOM-killed
+// without a word.
 absl::StatusOr<JobSetup> SetUpRank(const JobOptions& job, const comm::Distributed& dist,
                                    absl::Duration timeout);
 
@@ -73,9 +76,10 @@ absl::StatusOr<MemoryEstimate> EstimateJobMemory(const core::Module& model,
                                                  const StageOptions& options, int world,
                                                  int local_ranks, core::Device device);
 
-// --memory_plan: the wrap plan of the job's model (--model) and its per-rank memory
-// estimate as asked and with and without activation checkpointing of every block and deferred
-// initialisation, without starting any rank (the model is built deferred: any size).
+// --memory_plan: the wrap plan of the job's model (--model, or --hf_dir's: ResolveHfDirs)
+// and its per-rank memory estimate as asked and with and without activation checkpointing
+// of every block and deferred initialisation, without starting any rank (the model is
+// built deferred: any size).
 absl::StatusOr<std::string> MemoryPlanReport(const JobOptions& job, absl::Duration timeout);
 
 // The lines rank 0 prints before the first stage: the model, the language and the job.

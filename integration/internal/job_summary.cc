@@ -104,6 +104,9 @@ nlohmann::json NewSummary(const JobFacts& facts) {
   summary["strategy"] = facts.strategy;
   summary["stages"] = facts.stages;
   summary["model"] = facts.model;
+  // NOTE [Hugging Face start] in job_options.h; null when none. "export_hf_dir" is
+  // filled in by the release.
+  summary["hf_dir"] = facts.hf_dir.empty() ? nlohmann::json() : nlohmann::json(facts.hf_dir);
   summary["model_parameters"] = facts.model_parameters;
   const MemoryEstimate& e = facts.memory_estimate;
   summary["memory_estimate"] = {
@@ -123,7 +126,8 @@ nlohmann::json NewSummary(const JobFacts& facts) {
   summary["entropy_floor"] =
       std::isfinite(facts.entropy_floor) ? nlohmann::json(facts.entropy_floor) : nlohmann::json();
   for (const char* figure : {"final_train_loss", "test_loss", "validate_loss", "released_test_loss",
-                             "checkpoint_dir", "safetensors_path", "resumed_from"}) {
+                             "checkpoint_dir", "safetensors_path", "export_hf_dir",
+                             "resumed_from"}) {
     summary[figure] = nullptr;
   }
   summary["units_reused"] = 0;
@@ -267,6 +271,12 @@ std::string SummaryTable(const nlohmann::json& s) {
   }
   row("checkpoint", s["checkpoint_dir"].is_null() ? "-" : s["checkpoint_dir"].get<std::string>());
   row("safetensors", s["safetensors_path"].is_null() ? "-" : s["safetensors_path"].get<std::string>());
+  if (s.contains("hf_dir") && !s["hf_dir"].is_null()) {
+    row("started from (Hugging Face)", s["hf_dir"].get<std::string>());
+  }
+  if (s.contains("export_hf_dir") && !s["export_hf_dir"].is_null()) {
+    row("exported (Hugging Face)", s["export_hf_dir"].get<std::string>());
+  }
   for (const char* chart : {"loss_chart", "memory_chart"}) {
     if (s.contains(chart) && !s[chart].is_null()) row(chart, s[chart].get<std::string>());
   }

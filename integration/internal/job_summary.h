@@ -59,7 +59,8 @@ struct JobFacts {
   int64_t language_vocab_size = 0;
   std::string strategy;
   std::string stages;
-  std::string model;  // --model: "gpt" or "llama"
+  std::string model;   // --model: "gpt" or "llama"
+  std::string hf_dir;  // the Hugging Face directory the model came from; "" for none
   int64_t model_parameters = 0;
   double entropy_floor = 0;
   // The per-rank memory estimate (NOTE [Memory estimate] in integration/memory_estimate.h),

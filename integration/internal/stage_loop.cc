@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "checkpoint/hf_model.h"
 #include "checkpoint/safetensors.h"
 #include "comm/agreement.h"
 #include "core/allocator.h"
@@ -78,6 +79,14 @@ absl::Status StageLoop::Resume() {
                        fits ? ", with optimizer state" : "", core::FormatBytes(loaded.bytes_read)));
   summary_["resumed_from"] = job_.resume_from;
   summary_["resumed_step"] = loaded.step;
+  return absl::OkStatus();
+}
+
+absl::Status StageLoop::LoadHf() {
+  ASSIGN_OR_RETURN(const WrapReport wrap, runner_.Wrap(trained_));
+  RETURN_IF_ERROR(checkpoint::LoadHfModel(job_.hf_dir, *trained_.model(), &runner_.registry()));
+  say_(absl::StrCat("loaded Hugging Face checkpoint ", job_.hf_dir, " into each rank's shards; ",
+                    WrapLine(wrap)));
   return absl::OkStatus();
 }
 
@@ -245,13 +254,25 @@ absl::Status StageLoop::AddRunFigures(const ThroughputMeter& meter, comm::Proces
 
 absl::Status StageLoop::Release() {
   RETURN_IF_ERROR(runner_.Release(trained_));
+  absl::Status exported = absl::OkStatus();
   if (runner_.group()->rank() == 0) {
-    RETURN_IF_ERROR(checkpoint::ExportSafetensors(
+    exported = checkpoint::ExportSafetensors(
         job_.safetensors_path, *setup_.module->model(),
         {{"format", "pt"}, {"global_step", absl::StrCat(runner_.GlobalStep(trained_))}},
-        setup_.full_shapes));
+        setup_.full_shapes);
+    if (exported.ok() && !job_.export_hf_dir.empty()) {
+      exported = checkpoint::ExportHfModel(*setup_.module->model(), job_.export_hf_dir);
+    }
   }
+  // Rank 0 alone writes: the others learn how it went before the plain test's collectives.
+  RETURN_IF_ERROR(comm::AgreeOnStatus(runner_.group().get(), exported, "export the released model",
+                                      runner_.options().wrap.timeout));
   summary_["safetensors_path"] = job_.safetensors_path;
+  if (!job_.export_hf_dir.empty()) {
+    say_(absl::StrCat("release: exported the Hugging Face layout (config.json, model.safetensors) "
+                      "to ", job_.export_hf_dir));
+    summary_["export_hf_dir"] = job_.export_hf_dir;
+  }
   EvalOptions plain;
   plain.wrap = false;
   ASSIGN_OR_RETURN(EvalResult released, runner_.Test(trained_, plain));

@@ -1,10 +1,15 @@
-// The main job's stages (integration/main_job.cc) on one rank: loading --resume_from,
-// fit (and its checkpoint), validate, test, predict, the run's figures, and the release
-// (safetensors export and a test of the plain module). Each step prints its line on rank
-// 0 and adds its figures to the summary (integration/internal/job_summary.h).
+// The main job's stages (integration/main_job.cc) on one rank: loading --resume_from or
+// the --hf_dir weights, fit (and its checkpoint), validate, test, predict, the run's
+// figures, and the release (safetensors and Hugging Face exports and a test of the plain
+// module). Each step prints its line on rank 0 and adds its figures to the summary
+// (integration/internal/job_summary.h).
 //
 //   integration::internal::StageLoop loop(job, setup, runner.get(), &timed, &summary, say);
-//   if (!job.resume_from.empty()) RETURN_IF_ERROR(loop.Resume());
+//   if (!job.resume_from.empty()) {
+//     RETURN_IF_ERROR(loop.Resume());
+//   } else if (!job.hf_dir.empty()) {
+//     RETURN_IF_ERROR(loop.LoadHf());
+//   }
 //   for (integration::Stage stage : setup.stages) RETURN_IF_ERROR(loop.Run(stage));
 //   RETURN_IF_ERROR(loop.AddRunFigures(meter, dist.group.get(), dist.device, timeout));
 //   if (job.release) RETURN_IF_ERROR(loop.Release());
@@ -45,13 +50,17 @@ class StageLoop {
 
   // Loads --resume_from (with the optimizer state when the stages fit).
   absl::Status Resume();
+  // NOTE [Hugging Face start] (job_options.h): wraps the model and loads job.hf_dir's
+  // weights straight into this rank's shards; the stages reuse the wrap.
+  absl::Status LoadHf();
   // One stage, as StageRunner runs it.
   absl::Status Run(Stage stage);
   // After the stages: the registry's counters, the global step, the throughput after
   // the warm-up measured by `meter`, the MFU inputs, every rank's peak device memory.
   absl::Status AddRunFigures(const ThroughputMeter& meter, comm::ProcessGroup* group,
                              core::Device device, absl::Duration timeout);
-  // Releases the model, exports it as safetensors (rank 0) and tests the plain module.
+  // Releases the model, exports it as safetensors and, with an export_hf_dir, in the
+  // Hugging Face layout (rank 0; every rank learns the outcome), and tests the plain module.
   absl::Status Release();
 
   // What the stages added up to so far.
