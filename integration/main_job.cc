@@ -124,11 +124,11 @@ absl::Status RunJob(const JobOptions& flags, comm::Distributed& dist, absl::Dura
   nlohmann::json summary = integration::internal::NewSummary(FactsOf(job, *setup, dist));
   integration::internal::StageLoop loop(job, *setup, runner.get(), &trained, &summary, say);
   // NOTE [Hugging Face start]: with --resume_from as well, the checkpoint's weights.
+  bool resumed = false;
   if (!job.resume_from.empty()) {
-    RETURN_IF_ERROR(loop.Resume());
-  } else if (!job.hf_dir.empty()) {
-    RETURN_IF_ERROR(loop.LoadHf());
+    ASSIGN_OR_RETURN(resumed, loop.Resume());
   }
+  if (!resumed && !job.hf_dir.empty()) RETURN_IF_ERROR(loop.LoadHf());
   for (integration::Stage stage : setup->stages) RETURN_IF_ERROR(loop.Run(stage));
   RETURN_IF_ERROR(loop.AddRunFigures(meter, dist.group.get(), dist.device, timeout));
   if (job.release) RETURN_IF_ERROR(loop.Release());

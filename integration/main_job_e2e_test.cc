@@ -36,6 +36,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/series.h"
 #include "checkpoint/sharded.h"
 #include "gtest/gtest.h"
 #include "integration/testing/e2e_harness.h"
@@ -247,6 +248,37 @@ TEST_F(MainJobTest, ResumedTrainingEqualsUninterruptedTraining) {
   const absl::Status same = testing::SameSafetensors(base_ + "/model.safetensors",
                                                      TempDir() + "/next20/model.safetensors");
   EXPECT_TRUE(same.ok()) << same;
+}
+
+TEST_F(MainJobTest, PeriodicCheckpointsResumeFromTheLatest) {
+  // 30 steps saving every 10, keeping 2; then --resume_from=latest continues at step 30.
+  const std::string first = TempDir() + "/periodic30";
+  RunResult a = MainJob(2, first, {"--stages=fit", "--steps=30", "--checkpoint_every_steps=10",
+                                   "--keep_checkpoints=2", "--release=false"});
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  const std::string root = first + "/checkpoint";
+  absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> kept =
+      checkpoint::ListStepCheckpoints(root);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  ASSERT_EQ(kept->size(), 2u);
+  EXPECT_EQ((*kept)[0].first, 20);
+  EXPECT_EQ((*kept)[1].first, 30);
+  RunResult b = MainJob(2, TempDir() + "/periodic_next10",
+                        {"--stages=fit,test", "--steps=10", "--resume_from=latest",
+                         "--checkpoint_dir=" + root, "--checkpoint_every_steps=10"});
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_EQ(b.summary["resumed_from"], checkpoint::StepDirectory(root, 30));
+  EXPECT_EQ(b.summary["global_step"], 40);
+  const std::vector<double> straight = testing::FitLosses(base_);
+  const std::vector<double> resumed = testing::FitLosses(TempDir() + "/periodic_next10");
+  ASSERT_EQ(resumed.size(), 10u);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(resumed[i], straight[30 + i]) << "step " << 31 + i;
+  // An empty checkpoint directory: the run starts fresh and says so.
+  RunResult c = MainJob(2, TempDir() + "/periodic_fresh",
+                        {"--stages=fit", "--steps=2", "--resume_from=latest"});
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  EXPECT_NE(c.output.find("no complete checkpoint under"), std::string::npos) << c.output;
+  EXPECT_TRUE(c.summary["resumed_from"].is_null());
 }
 
 TEST_F(MainJobTest, SafetensorsRoundTripsFollowsTheFormatAndMatchesTheCheckpoint) {

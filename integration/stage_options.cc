@@ -97,6 +97,25 @@ absl::Status StageOptions::Validate(int world_size) const {
                        " (every rank runs an equal share of each global batch)"));
     }
   }
+  if (checkpoint_every_steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("StageOptions.checkpoint_every_steps = ",
+                                                   checkpoint_every_steps, ": must be >= 0"));
+  }
+  if (!(checkpoint_every_minutes >= 0) || !std::isfinite(checkpoint_every_minutes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StageOptions.checkpoint_every_minutes = ", checkpoint_every_minutes,
+                     ": must be finite and >= 0"));
+  }
+  if (keep_checkpoints < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("StageOptions.keep_checkpoints = ",
+                                                   keep_checkpoints, ": must be >= 0"));
+  }
+  if ((checkpoint_every_steps > 0 || checkpoint_every_minutes > 0 || keep_checkpoints > 0) &&
+      checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "StageOptions.checkpoint_every_steps, checkpoint_every_minutes and keep_checkpoints "
+        "need StageOptions.checkpoint_dir (where the step checkpoints go)");
+  }
   if (eval_batches <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("StageOptions.eval_batches = ", eval_batches, ": must be > 0"));
@@ -198,6 +217,13 @@ absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config,
   if (config.has_eval_batches()) options.eval_batches = config.eval_batches();
   if (config.has_log_every()) options.log_every = config.log_every();
   if (config.has_checkpoint_dir()) options.checkpoint_dir = config.checkpoint_dir();
+  if (config.has_checkpoint_every_steps()) {
+    options.checkpoint_every_steps = config.checkpoint_every_steps();
+  }
+  if (config.has_checkpoint_every_minutes()) {
+    options.checkpoint_every_minutes = config.checkpoint_every_minutes();
+  }
+  if (config.has_keep_checkpoints()) options.keep_checkpoints = config.keep_checkpoints();
   if (config.has_release_after_fit()) options.release_after_fit = config.release_after_fit();
   if (config.has_max_grad_norm()) options.max_grad_norm = config.max_grad_norm();
   if (config.has_profile_step()) options.profile_step = config.profile_step();

@@ -40,8 +40,22 @@ struct StageOptions {
   // all-gather for all steps since the previous one), so a loss that is not finite is
   // reported, naming its step, at the next report.
   int64_t log_every = 25;
-  // When non-empty, Fit ends by saving a checkpoint (model and optimizer) here.
+  // When non-empty, Fit ends by saving a checkpoint (model and optimizer) here, or, with
+  // periodic checkpoints, saves its step checkpoints under it.
   std::string checkpoint_dir;
+  // NOTE [Periodic checkpoints]: with checkpoint_dir set and checkpoint_every_steps = k > 0
+  // and/or checkpoint_every_minutes = t > 0, Fit saves checkpoints during the fit, each to
+  // <checkpoint_dir>/step-<global step> (checkpoint/series.h): after every global step that
+  // is a multiple of k; after a step with a progress report (log_every) when t minutes have
+  // passed since the fit began or its last save (rank 0's clock, agreed in the report's
+  // all-gather, so every rank saves at the same step); and after its last step unless that
+  // one was just saved. After each save, with keep_checkpoints = K > 0, rank 0 deletes all but
+  // the newest K step checkpoints: older ones only once a newer one is committed (0 keeps
+  // every one). checkpoint::FindLatestCheckpoint(checkpoint_dir) finds where to resume.
+  // Without k or t, Fit saves once, at its end, to checkpoint_dir itself.
+  int64_t checkpoint_every_steps = 0;
+  double checkpoint_every_minutes = 0;
+  int keep_checkpoints = 0;
   // Fit ends by releasing the model: a plain module with its trained full weights.
   bool release_after_fit = false;
   // When > 0, the global gradient norm is clipped to this before each step.

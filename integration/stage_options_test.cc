@@ -40,6 +40,9 @@ TEST(StageOptionsTest, EveryFieldIsRead) {
     eval_batches: 3
     log_every: 0
     checkpoint_dir: "/tmp/x"
+    checkpoint_every_steps: 50
+    checkpoint_every_minutes: 2.5
+    keep_checkpoints: 3
     release_after_fit: true
     collective_timeout_s: 12.5
     max_grad_norm: 1.5
@@ -70,6 +73,9 @@ TEST(StageOptionsTest, EveryFieldIsRead) {
   EXPECT_EQ(parsed->eval_batches, 3);
   EXPECT_EQ(parsed->log_every, 0);
   EXPECT_EQ(parsed->checkpoint_dir, "/tmp/x");
+  EXPECT_EQ(parsed->checkpoint_every_steps, 50);
+  EXPECT_EQ(parsed->checkpoint_every_minutes, 2.5);
+  EXPECT_EQ(parsed->keep_checkpoints, 3);
   EXPECT_TRUE(parsed->release_after_fit);
   EXPECT_EQ(parsed->wrap.timeout, absl::Milliseconds(12500));
   EXPECT_EQ(parsed->max_grad_norm, 1.5);

@@ -12,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "checkpoint/series.h"
 #include "comm/agreement.h"
 #include "core/status_macros.h"
 #include "fsdp/fully_shard.h"
@@ -295,11 +297,38 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
 
   result.first_step = state.global_step;
   double last_report_time = NowSeconds();
+  // NOTE [Periodic checkpoints].
+  const bool periodic =
+      !options_.checkpoint_dir.empty() &&
+      (options_.checkpoint_every_steps > 0 || options_.checkpoint_every_minutes > 0);
+  double last_save_time = last_report_time;
+  int64_t last_saved_step = -1;
+  if (!options_.checkpoint_dir.empty() && !periodic) {
+    // Fit's one save replaces checkpoint_dir whole: refuse before training if that would
+    // delete an earlier run's step checkpoints.
+    absl::Status free = absl::OkStatus();
+    if (group_->rank() == 0) {
+      absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> steps =
+          checkpoint::ListStepCheckpoints(options_.checkpoint_dir);
+      free = steps.status();
+      if (free.ok() && !steps->empty()) {
+        free = absl::FailedPreconditionError(absl::StrCat(
+            "fit: StageOptions.checkpoint_dir '", options_.checkpoint_dir, "' holds ",
+            steps->size(), " step checkpoints (the newest ", steps->back().second,
+            "), which the save at the end of this fit would replace; set "
+            "checkpoint_every_steps or checkpoint_every_minutes to add to them, or choose "
+            "another checkpoint_dir"));
+      }
+    }
+    RETURN_IF_ERROR(comm::AgreeOnStatus(group_.get(), free, "fit: checking checkpoint_dir",
+                                        options_.wrap.timeout));
+  }
   double items_total = 0;
   // Each step's micro-batch outputs since the last report, losses possibly still on the
   // device (NOTE [Deferred loss]).
   std::vector<std::vector<StepOutput>> unreported;
   for (int64_t i = 0; i < num_steps; ++i) {
+    bool time_due = false;  // NOTE [Periodic checkpoints]: set at a report
     // StageOptions::profile_step: this step's ops, from the TrainingStep to the optimizer.
     std::unique_ptr<core::OpProfile> profile;
     std::optional<core::ScopedOpProfile> profiling;
@@ -346,7 +375,18 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
             state.global_step - static_cast<int64_t>(unreported.size() - s), &pending));
       }
       unreported.clear();
+      // Whether checkpoint_every_minutes have passed: rank 0's clock decides, its flag riding
+      // at the end of the report's all-gather.
+      const bool ask_time = periodic && options_.checkpoint_every_minutes > 0;
+      if (ask_time) {
+        pending.push_back(NowSeconds() - last_save_time >= 60 * options_.checkpoint_every_minutes);
+      }
       ASSIGN_OR_RETURN(std::vector<std::vector<double>> all, AllGatherDoubles(pending));
+      if (ask_time) {
+        time_due = all[0].back() != 0;
+        for (std::vector<double>& r : all) r.pop_back();
+        pending.pop_back();
+      }
       // Pairs per step on each rank: 1, or its deterministic micro-batches.
       const size_t per_step = options_.deterministic_micro_batches > 0
                                   ? options_.deterministic_micro_batches / group_->size()
@@ -395,6 +435,15 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
       }
       last_report_time = NowSeconds();
     }
+    if (periodic && (time_due || (options_.checkpoint_every_steps > 0 &&
+                                  state.global_step % options_.checkpoint_every_steps == 0))) {
+      RETURN_IF_ERROR(SaveStepCheckpoint(module, state.global_step, &result));
+      last_saved_step = state.global_step;
+      last_save_time = NowSeconds();
+    }
+  }
+  if (periodic && last_saved_step != state.global_step) {
+    RETURN_IF_ERROR(SaveStepCheckpoint(module, state.global_step, &result));
   }
   result.global_step = state.global_step;
   const size_t tail = std::min<size_t>(10, result.losses.size());
@@ -406,9 +455,10 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
   RETURN_IF_ERROR(EndStage(model, result.report));
   result.items_per_second = items_total / std::max(1e-9, result.report.seconds);
 
-  if (!options_.checkpoint_dir.empty()) {
+  if (!options_.checkpoint_dir.empty() && !periodic) {
     RETURN_IF_ERROR(SaveCheckpoint(module, options_.checkpoint_dir));
     result.checkpoint_dir = options_.checkpoint_dir;
+    result.checkpoints.push_back(options_.checkpoint_dir);
   }
   if (options_.release_after_fit) {
     RETURN_IF_ERROR(Release(module));
@@ -500,6 +550,25 @@ absl::Status StageRunner::SaveCheckpoint(TrainModule& module, const std::string&
                   absl::StrCat("saving checkpoint '", dir, "'"));
 }
 
+absl::Status StageRunner::SaveStepCheckpoint(TrainModule& module, int64_t step,
+                                             FitResult* result) {
+  const std::string dir = checkpoint::StepDirectory(options_.checkpoint_dir, step);
+  RETURN_IF_ERROR(SaveCheckpoint(module, dir));
+  result->checkpoint_dir = dir;
+  result->checkpoints.push_back(dir);
+  if (options_.keep_checkpoints <= 0) return absl::OkStatus();
+  // Rank 0 deletes the older ones now that this one is committed; every rank learns how it
+  // went before its next collective.
+  absl::Status pruned = absl::OkStatus();
+  if (group_->rank() == 0) {
+    pruned = checkpoint::PruneStepCheckpoints(options_.checkpoint_dir, options_.keep_checkpoints)
+                 .status();
+  }
+  const std::string what = absl::StrCat("fit: keeping the newest ", options_.keep_checkpoints,
+                                        " checkpoints under '", options_.checkpoint_dir, "'");
+  return comm::AgreeOnStatus(group_.get(), Annotate(pruned, what), what, options_.wrap.timeout);
+}
+
 absl::StatusOr<LoadedCheckpoint> StageRunner::LoadCheckpoint(TrainModule& module,
                                                              const std::string& dir,
                                                              bool optimizer) {
@@ -517,6 +586,38 @@ absl::StatusOr<LoadedCheckpoint> StageRunner::LoadCheckpoint(TrainModule& module
       absl::StrCat("loading checkpoint '", dir, "'"), options_.wrap.timeout));
   state.global_step = loaded->step;
   return loaded;
+}
+
+absl::StatusOr<ResumeResult> StageRunner::ResumeLatest(TrainModule& module,
+                                                       const std::string& root, bool optimizer) {
+  // Rank 0 looks (verifying a candidate reads all of it: once, not once per rank) and sends
+  // every rank its finding: "found" or "none", the directory, then what it skipped.
+  std::string finding;
+  if (group_->rank() == 0) {
+    absl::StatusOr<checkpoint::LatestCheckpoint> latest = checkpoint::FindLatestCheckpoint(root);
+    if (latest.ok()) {
+      finding = absl::StrJoin({std::string("found"), latest->dir}, "\n");
+      for (const std::string& why : latest->skipped) absl::StrAppend(&finding, "\n", why);
+    } else if (absl::IsNotFound(latest.status())) {
+      finding = absl::StrCat("none\n", latest.status().message());
+    } else {
+      finding = absl::StrCat("error\n", latest.status().ToString());
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<std::string> all,
+                   comm::AllGatherBytes(group_.get(), finding, options_.wrap.timeout));
+  std::vector<std::string> lines = absl::StrSplit(all[0], '\n');
+  ResumeResult result;
+  if (lines.size() < 2 || lines[0] == "error") {
+    return absl::InternalError(absl::StrCat("resuming from the newest checkpoint under '", root,
+                                            "': rank 0: ", lines.size() > 1 ? lines[1] : all[0]));
+  }
+  if (lines[0] == "none") return result;  // a fresh start
+  result.dir = lines[1];
+  result.skipped.assign(lines.begin() + 2, lines.end());
+  ASSIGN_OR_RETURN(result.loaded, LoadCheckpoint(module, result.dir, optimizer));
+  result.resumed = true;
+  return result;
 }
 
 absl::Status StageRunner::Release(TrainModule& module) {

@@ -115,8 +115,12 @@ struct FitResult {
   double final_loss = 0;
   // Sum over ranks of StepOutput::count per second of the stage.
   double items_per_second = 0;
-  // Where the checkpoint went ("" when StageOptions::checkpoint_dir is empty).
+  // Where the checkpoint went ("" when StageOptions::checkpoint_dir is empty): the last one
+  // this Fit saved.
   std::string checkpoint_dir;
+  // NOTE [Periodic checkpoints]: every checkpoint this Fit saved, in order (the step
+  // directories; only checkpoint_dir itself without periodic checkpoints).
+  std::vector<std::string> checkpoints;
   bool released = false;
   // The ops of step StageOptions::profile_step of this Fit, with their CUDA device times
   // resolved; empty when no step was profiled.
@@ -153,6 +157,16 @@ struct Progress {
 // with progress.count_unit before "/s" ("samples/s" for a model without tokens).
 std::string FormatProgress(const Progress& progress);
 
+// What ResumeLatest did.
+struct ResumeResult {
+  // False when `root` held no complete checkpoint (nothing was loaded).
+  bool resumed = false;
+  std::string dir;  // the checkpoint loaded
+  // Newer step checkpoints passed over, "<dir>: <why>" (checkpoint::LatestCheckpoint).
+  std::vector<std::string> skipped;
+  LoadedCheckpoint loaded;
+};
+
 struct EvalOptions {
   // Wrap the model through the registry first (the default). False evaluates the model
   // as it is, e.g. a released plain module (every rank still runs its share of each
@@ -172,8 +186,9 @@ class StageRunner {
       std::shared_ptr<fsdp::WrapperRegistry> registry = nullptr);
 
   // Wraps, then trains StageOptions::fit_steps steps (or `steps` when > 0) from the
-  // model's global step, reporting progress, then saves a checkpoint to
-  // StageOptions::checkpoint_dir if set and releases the model if release_after_fit.
+  // model's global step, reporting progress and saving periodic checkpoints (NOTE [Periodic
+  // checkpoints] in stage_options.h), then, without periodic ones, saves a checkpoint to
+  // StageOptions::checkpoint_dir if set, and releases the model if release_after_fit.
   // Internal naming the step when the loss is not finite; FailedPrecondition when
   // StageOptions::grad_accumulation > 1 and the module does not support micro-batches;
   // other errors as the TrainModule, FSDP or the optimizer return them.
@@ -201,6 +216,13 @@ class StageRunner {
   // its error ("rank <r>: ..."), before any rank goes on to another collective.
   absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(TrainModule& module, const std::string& dir,
                                                   bool optimizer);
+
+  // NOTE [Periodic checkpoints]: LoadCheckpoint of the newest complete checkpoint under
+  // `root` (checkpoint::FindLatestCheckpoint, run by rank 0, whose choice every rank loads),
+  // passing over newer ones that are torn or damaged. When there is none, nothing is loaded
+  // and ResumeResult::resumed is false: the run starts fresh. Collective.
+  absl::StatusOr<ResumeResult> ResumeLatest(TrainModule& module, const std::string& root,
+                                            bool optimizer);
 
   // fsdp::Release of the model: a plain module with its trained full weights. The
   // optimizer and global step are kept for a later Fit (which wraps again the same way).
@@ -239,6 +261,9 @@ class StageRunner {
   // (NOTE [Gradient accumulation]; or this rank's deterministic ones, NOTE [Deterministic
   // training]), gradients then their mean; appends each micro-batch's output (its loss,
   // or what reads it: NOTE [Deferred loss] in nn/losses.h) to `parts`.
+  // Saves the checkpoint of global step `step` under checkpoint_dir, records it in `result`
+  // and prunes to keep_checkpoints (NOTE [Periodic checkpoints] in stage_options.h).
+  absl::Status SaveStepCheckpoint(TrainModule& module, int64_t step, FitResult* result);
   absl::Status AccumulateMicroBatches(TrainModule& module, core::Module& model, StepContext ctx,
                                       std::vector<StepOutput>* parts);
 

@@ -233,6 +233,18 @@ bool PathExists(const std::string& path) {
   return ::lstat(path.c_str(), &st) == 0;
 }
 
+absl::StatusOr<std::vector<std::string>> ListDirectory(const std::string& path) {
+  DIR* d = ::opendir(path.c_str());
+  if (d == nullptr) return ErrnoError(errno, "cannot open directory", path);
+  std::vector<std::string> names;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  ::closedir(d);
+  return names;
+}
+
 absl::Status RenameAndSync(const std::string& from, const std::string& to) {
   if (::rename(from.c_str(), to.c_str()) != 0) {
     return ErrnoError(errno, absl::StrCat("cannot rename '", from, "' to"), to);

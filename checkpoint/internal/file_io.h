@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -119,6 +120,10 @@ absl::Status RemoveRecursively(const std::string& path);
 
 // True if `path` exists (file or directory).
 bool PathExists(const std::string& path);
+
+// The names of `path`'s entries (not "." or ".."), in no particular order; errno's status
+// naming the directory (NotFound when it does not exist) when it cannot be opened.
+absl::StatusOr<std::vector<std::string>> ListDirectory(const std::string& path);
 
 // rename(from, to), then fsync of the target's parent directory.
 absl::Status RenameAndSync(const std::string& from, const std::string& to);

@@ -34,7 +34,9 @@ ABSL_FLAG(std::string, stages, "fit,test",
           "comma-separated stages to run in order: fit, validate, test, predict");
 ABSL_FLAG(std::string, resume_from, "",
           "checkpoint directory to load first (any world size); with fit in --stages the "
-          "optimizer state and step are restored and training continues");
+          "optimizer state and step are restored and training continues. 'latest': the "
+          "newest complete checkpoint under --checkpoint_dir (damaged ones skipped, with a "
+          "warning); none there starts fresh");
 ABSL_FLAG(std::string, hf_dir, "",
           "Hugging Face checkpoint directory to start from (config.json, model.safetensors or "
           "its index; GPT-2 or Llama): config.json's model_type and sizes make the model in "
@@ -49,6 +51,14 @@ ABSL_FLAG(std::string, output_dir, "",
           "where the checkpoint, safetensors file, charts and summary go (default: out/main_job "
           "in the workspace under bazel run, else ./out/main_job)");
 ABSL_FLAG(std::string, checkpoint_dir, "", "where fit saves its checkpoint (default <output_dir>/checkpoint)");
+ABSL_FLAG(int64_t, checkpoint_every_steps, 0,
+          "save a checkpoint under --checkpoint_dir (step-<N>) every this many global steps "
+          "during fit (0: only at its end, to --checkpoint_dir itself)");
+ABSL_FLAG(double, checkpoint_every_minutes, 0,
+          "save a checkpoint under --checkpoint_dir at the first progress line after this many "
+          "minutes since the last (0: off)");
+ABSL_FLAG(int, keep_checkpoints, 0,
+          "with periodic checkpoints, keep only the newest this many (0: all)");
 ABSL_FLAG(std::string, safetensors_path, "",
           "where the released model goes (default <output_dir>/model.safetensors)");
 ABSL_FLAG(bool, release, true,
@@ -441,7 +451,8 @@ JobOptions JobOptionsFromFlags() {
   job.backend = absl::GetFlag(FLAGS_backend);
   job.device = absl::GetFlag(FLAGS_device);
   job.stages = absl::GetFlag(FLAGS_stages);
-  job.resume_from = Resolve(absl::GetFlag(FLAGS_resume_from));
+  const std::string resume_from = absl::GetFlag(FLAGS_resume_from);
+  job.resume_from = resume_from == kResumeLatest ? resume_from : Resolve(resume_from);
   job.hf_dir = Resolve(absl::GetFlag(FLAGS_hf_dir));
   job.export_hf_dir = Resolve(absl::GetFlag(FLAGS_export_hf_dir));
   job.output_dir = PathOr(absl::GetFlag(FLAGS_output_dir), DefaultOutputDir());
@@ -467,6 +478,9 @@ JobOptions JobOptionsFromFlags() {
   job.eval_batch_size = absl::GetFlag(FLAGS_eval_batch_size);
   job.eval_batches = absl::GetFlag(FLAGS_eval_batches);
   job.log_every = absl::GetFlag(FLAGS_log_every);
+  job.checkpoint_every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
+  job.checkpoint_every_minutes = absl::GetFlag(FLAGS_checkpoint_every_minutes);
+  job.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   job.model_kind = absl::GetFlag(FLAGS_model);
   job.train = TrainOptionsFromFlags();
   job.gpt = GptConfigFromFlags();
@@ -626,6 +640,9 @@ absl::StatusOr<StageOptions> StageOptionsFor(const JobOptions& job, absl::Durati
   options.log_every = job.log_every;
   options.profile_step = job.profile_ops ? job.steps - 1 : -1;
   options.checkpoint_dir = job.checkpoint_dir;
+  options.checkpoint_every_steps = job.checkpoint_every_steps;
+  options.checkpoint_every_minutes = job.checkpoint_every_minutes;
+  options.keep_checkpoints = job.keep_checkpoints;
   if (!job.stage_config.empty()) {
     ASSIGN_OR_RETURN(options, ReadStageOptionsFile(job.stage_config, options));
   }

@@ -47,12 +47,16 @@ namespace integration {
 namespace internal {
 
 // The flags, with the paths resolved (NOTE [Paths under bazel run] in the .cc).
+// --resume_from=latest: the newest complete checkpoint under the checkpoint directory
+// (StageRunner::ResumeLatest).
+inline constexpr char kResumeLatest[] = "latest";
+
 struct JobOptions {
   int world_size = 0;         // --world_size: local ranks to start (not under a launcher)
   std::string backend;        // --backend
   std::string device;         // --device
   std::string stages;         // --stages as given (ParseStages reads it)
-  std::string resume_from;    // --resume_from; "" for none
+  std::string resume_from;    // --resume_from; "" for none, kResumeLatest, or a directory
   // NOTE [Hugging Face start]: --hf_dir and --export_hf_dir, or the StageConfig fields
   // that replace them (ResolveHfDirs); "" for none. Errors name the flag or the field
   // that set each (`hf_dir_name`, `export_hf_dir_name`).
@@ -86,6 +90,10 @@ struct JobOptions {
   int eval_batch_size = 0;
   int eval_batches = 0;
   int64_t log_every = 0;
+  // NOTE [Periodic checkpoints] (stage_options.h).
+  int64_t checkpoint_every_steps = 0;   // --checkpoint_every_steps
+  double checkpoint_every_minutes = 0;  // --checkpoint_every_minutes
+  int keep_checkpoints = 0;             // --keep_checkpoints
   // The model: --model (ParseModelKind), what both models' modules take (the language or
   // token files, --seq_len, AdamW, the warm-up, deferred init; `train.device` is the CPU:
   // each rank sets its own), and each model's config from the dimension flags.

@@ -130,6 +130,7 @@ nlohmann::json NewSummary(const JobFacts& facts) {
                              "resumed_from"}) {
     summary[figure] = nullptr;
   }
+  summary["checkpoints_saved"] = 0;
   summary["units_reused"] = 0;
   summary["param_bytes_copied_on_rewrap"] = 0;
   return summary;

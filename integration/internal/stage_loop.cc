@@ -69,17 +69,33 @@ StageLoop::StageLoop(const JobOptions& job, const JobSetup& setup, StageRunner* 
       summary_(*summary),
       say_(std::move(say)) {}
 
-absl::Status StageLoop::Resume() {
+absl::StatusOr<bool> StageLoop::Resume() {
   const bool fits =
       std::find(setup_.stages.begin(), setup_.stages.end(), Stage::kFit) != setup_.stages.end();
-  ASSIGN_OR_RETURN(LoadedCheckpoint loaded,
-                   runner_.LoadCheckpoint(trained_, job_.resume_from, /*optimizer=*/fits));
+  std::string dir = job_.resume_from;
+  LoadedCheckpoint loaded;
+  if (job_.resume_from == kResumeLatest) {
+    const std::string root = runner_.options().checkpoint_dir;
+    ASSIGN_OR_RETURN(ResumeResult latest, runner_.ResumeLatest(trained_, root, fits));
+    for (const std::string& why : latest.skipped) {
+      say_(absl::StrCat("resume: passed over damaged checkpoint ", why));
+    }
+    if (!latest.resumed) {
+      say_(absl::StrCat("resume: no complete checkpoint under ", root, ": starting fresh"));
+      summary_["resumed_from"] = nullptr;
+      return false;
+    }
+    dir = latest.dir;
+    loaded = latest.loaded;
+  } else {
+    ASSIGN_OR_RETURN(loaded, runner_.LoadCheckpoint(trained_, dir, /*optimizer=*/fits));
+  }
   say_(absl::StrFormat("loaded checkpoint %s (saved at step %d by %d ranks%s); this rank read %s",
-                       job_.resume_from, loaded.step, loaded.saved_world_size,
+                       dir, loaded.step, loaded.saved_world_size,
                        fits ? ", with optimizer state" : "", core::FormatBytes(loaded.bytes_read)));
-  summary_["resumed_from"] = job_.resume_from;
+  summary_["resumed_from"] = dir;
   summary_["resumed_step"] = loaded.step;
-  return absl::OkStatus();
+  return true;
 }
 
 absl::Status StageLoop::LoadHf() {
@@ -155,9 +171,13 @@ absl::Status StageLoop::Fit() {
     summary_["memory_estimate_over_fit_peak"] = static_cast<double>(estimated) / highest;
   }
   if (!fit.checkpoint_dir.empty()) {
-    say_(absl::StrCat("fit: saved checkpoint ", fit.checkpoint_dir, " (model and optimizer, step ",
-                      fit.global_step, ")"));
+    say_(absl::StrCat("fit: saved ",
+                      fit.checkpoints.size() > 1
+                          ? absl::StrCat(fit.checkpoints.size(), " checkpoints, the last ")
+                          : "checkpoint ",
+                      fit.checkpoint_dir, " (model and optimizer, step ", fit.global_step, ")"));
     summary_["checkpoint_dir"] = fit.checkpoint_dir;
+    summary_["checkpoints_saved"] = fit.checkpoints.size();
   }
   return absl::OkStatus();
 }

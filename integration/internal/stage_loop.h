@@ -48,8 +48,10 @@ class StageLoop {
             TrainModule* trained, nlohmann::json* summary,
             std::function<void(const std::string&)> say);
 
-  // Loads --resume_from (with the optimizer state when the stages fit).
-  absl::Status Resume();
+  // Loads --resume_from (with the optimizer state when the stages fit); with
+  // --resume_from=latest the newest complete checkpoint under the stages' checkpoint_dir,
+  // saying which damaged ones it passed over. False when there was none (a fresh start).
+  absl::StatusOr<bool> Resume();
   // NOTE [Hugging Face start] (job_options.h): wraps the model and loads job.hf_dir's
   // weights straight into this rank's shards; the stages reuse the wrap.
   absl::Status LoadHf();

@@ -1,0 +1,170 @@
+// NOTE [Periodic checkpoints] through the StageRunner, over thread ranks: checkpoints every k
+// steps and at reports after t minutes, pruned to the newest K; ResumeLatest loads the newest
+// complete one (passing over a damaged one) at another world size and the run ends on the
+// uninterrupted run's bits in the deterministic mode; with none, it starts fresh.
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "checkpoint/series.h"
+#include "comm/testing/thread_ranks.h"
+#include "core/status_macros.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "integration/gpt_module.h"
+#include "integration/stage_runner.h"
+#include "integration/testing/stage_testing.h"
+
+namespace integration {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Pair;
+using testing::RunRanks;
+
+std::string Dir(const std::string& name) { return ::testing::TempDir() + "/periodic_" + name; }
+
+// The deterministic mode (4 micro-batches of 2 rows), so N = 1, 2 and 4 give the same bits.
+StageOptions Deterministic(int64_t steps) {
+  StageOptions o = testing::TinyStages(/*rows=*/8, steps, /*log_every=*/2);
+  o.wrap.deterministic = true;
+  o.deterministic_micro_batches = 4;
+  return o;
+}
+
+struct FitRun {
+  std::vector<double> losses;
+  std::vector<std::string> checkpoints;
+  std::vector<std::vector<float>> params;  // after the runs, rank 0's, released
+};
+
+// On `n` ranks: optionally ResumeLatest from options.checkpoint_dir, then Fit `steps`
+// (options.fit_steps when 0), then Release.
+FitRun FitOn(int n, const StageOptions& options, bool resume, ResumeResult* resumed = nullptr) {
+  FitRun out;
+  absl::Status s = RunRanks(n, [&](comm::testing::RankContext& ctx) -> absl::Status {
+    ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(testing::TinyGpt(16, 16, 3)));
+    ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, options));
+    if (resume) {
+      ASSIGN_OR_RETURN(ResumeResult r,
+                       runner->ResumeLatest(*module, options.checkpoint_dir, /*optimizer=*/true));
+      if (ctx.rank == 0 && resumed != nullptr) *resumed = r;
+    }
+    ASSIGN_OR_RETURN(FitResult fit, runner->Fit(*module));
+    RETURN_IF_ERROR(runner->Release(*module));
+    if (ctx.rank == 0) {
+      out.losses = fit.losses;
+      out.checkpoints = fit.checkpoints;
+      for (const core::ParameterPtr& p : module->model()->Parameters()) {
+        out.params.push_back(p->data.ToVector());
+      }
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+TEST(PeriodicCheckpointTest, EveryKStepsAndTheLastKeepingTheNewestK) {
+  StageOptions o = Deterministic(10);
+  o.checkpoint_dir = Dir("every3");
+  o.checkpoint_every_steps = 3;
+  o.keep_checkpoints = 2;
+  const FitRun run = FitOn(2, o, /*resume=*/false);
+  EXPECT_THAT(run.checkpoints, ElementsAre(checkpoint::StepDirectory(o.checkpoint_dir, 3),
+                                           checkpoint::StepDirectory(o.checkpoint_dir, 6),
+                                           checkpoint::StepDirectory(o.checkpoint_dir, 9),
+                                           checkpoint::StepDirectory(o.checkpoint_dir, 10)));
+  EXPECT_THAT(*checkpoint::ListStepCheckpoints(o.checkpoint_dir),
+              ElementsAre(Pair(9, checkpoint::StepDirectory(o.checkpoint_dir, 9)),
+                          Pair(10, checkpoint::StepDirectory(o.checkpoint_dir, 10))));
+  EXPECT_FALSE(std::filesystem::exists(o.checkpoint_dir + "/metadata.pb"))
+      << "no end-of-fit save to the root itself";
+}
+
+TEST(PeriodicCheckpointTest, EveryTMinutesSavesAtTheReports) {
+  StageOptions o = Deterministic(6);  // reports at steps 2, 4, 6
+  o.checkpoint_dir = Dir("minutes");
+  o.checkpoint_every_minutes = 1e-9;  // due at every report
+  const FitRun run = FitOn(2, o, /*resume=*/false);
+  EXPECT_THAT(run.checkpoints, ElementsAre(checkpoint::StepDirectory(o.checkpoint_dir, 2),
+                                           checkpoint::StepDirectory(o.checkpoint_dir, 4),
+                                           checkpoint::StepDirectory(o.checkpoint_dir, 6)));
+}
+
+TEST(PeriodicCheckpointTest, ResumingTheLatestAtAnotherWorldSizeEndsOnTheUninterruptedBits) {
+  const FitRun uninterrupted = FitOn(1, Deterministic(10), /*resume=*/false);
+  // A run at N = 2 that saves every 2 steps and stops after 6 (as if killed there).
+  StageOptions o = Deterministic(6);
+  o.checkpoint_dir = Dir("resume");
+  o.checkpoint_every_steps = 2;
+  const FitRun first = FitOn(2, o, /*resume=*/false);
+  // Step 6's checkpoint is damaged: the resume passes over it, to step 4, and says why.
+  for (const auto& entry :
+       std::filesystem::directory_iterator(checkpoint::StepDirectory(o.checkpoint_dir, 6))) {
+    if (entry.path().filename() != "metadata.pb") std::ofstream(entry.path()) << "torn";
+  }
+  // N = 4 resumes and fits to step 10.
+  o.fit_steps = 6;
+  ResumeResult resumed;
+  const FitRun second = FitOn(4, o, /*resume=*/true, &resumed);
+  ASSERT_TRUE(resumed.resumed);
+  EXPECT_EQ(resumed.dir, checkpoint::StepDirectory(o.checkpoint_dir, 4));
+  EXPECT_EQ(resumed.loaded.step, 4);
+  ASSERT_EQ(resumed.skipped.size(), 1u);
+  EXPECT_THAT(resumed.skipped[0], HasSubstr("step-000000006"));
+  // Steps 5 .. 10 and the released weights: the uninterrupted run's, bit for bit.
+  ASSERT_EQ(uninterrupted.losses.size(), 10u);
+  ASSERT_EQ(second.losses.size(), 6u);
+  EXPECT_EQ(std::vector<double>(uninterrupted.losses.begin() + 4, uninterrupted.losses.end()),
+            second.losses);
+  EXPECT_EQ(uninterrupted.params, second.params);
+  EXPECT_EQ(std::vector<double>(uninterrupted.losses.begin(), uninterrupted.losses.begin() + 6),
+            first.losses);
+}
+
+TEST(PeriodicCheckpointTest, ResumingWithNoCheckpointStartsFresh) {
+  StageOptions o = Deterministic(2);
+  o.checkpoint_dir = Dir("none");
+  ResumeResult resumed;
+  resumed.resumed = true;
+  const FitRun run = FitOn(2, o, /*resume=*/true, &resumed);
+  EXPECT_FALSE(resumed.resumed);
+  EXPECT_EQ(run.losses, FitOn(2, Deterministic(2), /*resume=*/false).losses);
+}
+
+TEST(PeriodicCheckpointTest, ASingleSaveNeverReplacesADirectoryOfStepCheckpoints) {
+  StageOptions o = Deterministic(2);
+  o.checkpoint_dir = Dir("guard");
+  o.checkpoint_every_steps = 1;
+  FitOn(2, o, /*resume=*/false);
+  o.checkpoint_every_steps = 0;  // the one save at the end would replace the directory
+  absl::Status s = RunRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+    ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(testing::TinyGpt(16, 16, 3)));
+    ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, o));
+    return runner->Fit(*module).status();
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("holds 2 step checkpoints"));
+  EXPECT_EQ(checkpoint::ListStepCheckpoints(o.checkpoint_dir)->size(), 2u);
+}
+
+TEST(PeriodicCheckpointTest, OptionsWithoutACheckpointDirAreRefused) {
+  StageOptions o = Deterministic(2);
+  o.checkpoint_every_steps = 5;
+  EXPECT_THAT(o.Validate(2).message(), HasSubstr("checkpoint_dir"));
+  o = Deterministic(2);
+  o.checkpoint_dir = Dir("bad");
+  o.keep_checkpoints = -1;
+  EXPECT_THAT(o.Validate(2).message(), HasSubstr("StageOptions.keep_checkpoints = -1"));
+  o.keep_checkpoints = 0;
+  o.checkpoint_every_minutes = -1;
+  EXPECT_THAT(o.Validate(2).message(), HasSubstr("checkpoint_every_minutes"));
+}
+
+}  // namespace
+}  // namespace integration
