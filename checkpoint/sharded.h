@@ -51,6 +51,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -114,6 +115,9 @@ struct SaveOptions {
   absl::Duration timeout = comm::kDefaultCollectiveTimeout;
   // Test hook; Save returns Aborted naming the crash point when it is not kNone.
   SimulatedCrash simulate_crash = SimulatedCrash::kNone;
+  // Test hook: when not OK, this rank's data file is not written and this is its error (a
+  // full disk, say), on the background thread of NOTE [Asynchronous save] when there is one.
+  absl::Status simulate_write_error;
 };
 
 // Writes the union of every rank's `local` slices as the checkpoint `dir` (see NOTE
@@ -133,6 +137,48 @@ struct SaveOptions {
 absl::Status Save(const std::string& dir, const std::vector<TensorSlice>& local,
                   const SaveOptions& options = SaveOptions(),
                   comm::ProcessGroup* group = nullptr);
+
+// NOTE [Asynchronous save]: Save in two calls, so that writing can overlap the caller's work.
+// BeginSave runs Save's first phase (the slices validated, rank 0's NOTE [Save lock] taken and
+// its temporary directory made, the plan exchanged) and, with `background`, copies every slice
+// into host memory of its own (converted to its stored dtype; a pinned buffer, synchronising
+// with the device, for a CUDA tensor: the snapshot) and writes and fsyncs this rank's data
+// file on a thread of its own; the caller may change its tensors as soon as BeginSave returns.
+// PendingSave::Finish waits for that write and runs the rest (every rank's chunk lists
+// exchanged; rank 0's metadata.pb and commit; the result exchanged). Nothing is committed
+// before Finish; every rank's Finish returns the same status, the first failing rank's error
+// (a write that failed in the background included); a failure leaves the previous checkpoint
+// at `dir` intact and removes the temporary directory, as Save does. Both calls are
+// collective. Without `background` nothing is copied and Finish writes the file itself: Save
+// is BeginSave(..., false) then Finish. The snapshot costs a copy of this rank's slices in
+// host memory until Finish.
+class PendingSave {
+ public:
+  struct State;
+  explicit PendingSave(std::unique_ptr<State> state);
+  // Finish not called (an error elsewhere): waits for the write, then rank 0 deletes the
+  // temporary directory; nothing is committed. Not collective.
+  ~PendingSave();
+  PendingSave(const PendingSave&) = delete;
+  PendingSave& operator=(const PendingSave&) = delete;
+
+  // True once this rank's background write has ended (or without one); never blocks.
+  bool WriteDone() const;
+  // The rest of the save (see above); FailedPrecondition when called twice.
+  absl::Status Finish();
+  const std::string& dir() const;
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+// Errors as Save's first phase (then every rank returns the same one); a snapshot that
+// cannot be made is this rank's error at Finish.
+absl::StatusOr<std::unique_ptr<PendingSave>> BeginSave(const std::string& dir,
+                                                       const std::vector<TensorSlice>& local,
+                                                       const SaveOptions& options,
+                                                       comm::ProcessGroup* group,
+                                                       bool background);
 
 // One tensor of a checkpoint.
 struct TensorInfo {

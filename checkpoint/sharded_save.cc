@@ -7,7 +7,9 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <optional>
 #include <set>
@@ -428,13 +430,110 @@ absl::StatusOr<Prepared> Prepare(const std::string& dir, absl::Duration lock_wai
 
 }  // namespace
 
-absl::Status Save(const std::string& dir_in, const std::vector<TensorSlice>& local,
-                  const SaveOptions& options, comm::ProcessGroup* group) {
-  const int rank = group == nullptr ? 0 : group->rank();
-  const int world = group == nullptr ? 1 : group->size();
+// NOTE [Asynchronous save]: what a begun Save carries from its first phase to Finish.
+struct PendingSave::State {
+  std::string dir;
+  SaveOptions options;
+  comm::ProcessGroup* group = nullptr;
+  int rank = 0;
+  int world = 1;
+  std::optional<Prepared> prepared;  // rank 0's lock and temporary directory
+  std::string temp_dir;
+  Plan plan;
+  // What this rank writes: the caller's slices, or with `background` their snapshot.
+  std::vector<TensorSlice> local;
+  // This rank's data file, written inline by Finish or on `writer`.
+  std::future<absl::StatusOr<WrittenMessage>> write;
+  bool finished = false;
+
+  // Rank 0 deletes its temporary directory on every error except a simulated crash.
+  void Cleanup() {
+    if (prepared.has_value()) internal::RemoveRecursively(prepared->temp_dir).IgnoreError();
+  }
+};
+
+PendingSave::PendingSave(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+PendingSave::~PendingSave() {
+  if (state_ == nullptr || state_->finished) return;
+  if (state_->write.valid()) state_->write.wait();
+  state_->Cleanup();
+}
+
+const std::string& PendingSave::dir() const { return state_->dir; }
+
+bool PendingSave::WriteDone() const {
+  return !state_->write.valid() ||
+         state_->write.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+}
+
+absl::Status PendingSave::Finish() {
+  State& st = *state_;
+  if (st.finished) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint::PendingSave to '", st.dir, "': Finish called twice"));
+  }
+  st.finished = true;
+  // Phase 2: this rank's data file, written and fsynced (inline, or the background write
+  // awaited); exchange the chunk lists.
+  absl::StatusOr<WrittenMessage> written =
+      st.write.valid()                         ? st.write.get()
+      : !st.options.simulate_write_error.ok() ? absl::StatusOr<WrittenMessage>(
+                                                    st.options.simulate_write_error)
+                                              : WriteDataFile(st.temp_dir, st.rank, st.world,
+                                                              st.local, st.plan,
+                                                              st.options.block_bytes);
+  st.local.clear();  // the snapshot's memory goes now
+  WrittenMessage written_mine;
+  if (written.ok()) {
+    written_mine = *std::move(written);
+  } else {
+    SetError(written.status(), &written_mine);
+  }
+  absl::StatusOr<std::vector<WrittenMessage>> all_written =
+      Exchange(st.group, written_mine, st.options.timeout);
+  if (!all_written.ok()) {
+    st.Cleanup();
+    return all_written.status();
+  }
+  absl::Status status = FirstError(*all_written);
+  if (!status.ok()) {
+    st.Cleanup();
+    return status;
+  }
+
+  // Phase 3: rank 0 writes metadata.pb and commits; everyone learns the result (this
+  // exchange is also the barrier that keeps ranks from returning early). Once committed,
+  // the temporary name is gone (or names the previous checkpoint, already deleted).
+  CommitMessage commit;
+  if (st.rank == 0) {
+    absl::Status s = Commit(st.dir, st.temp_dir, st.plan, *all_written, st.options, st.world);
+    if (!s.ok()) {
+      if (st.options.simulate_crash == SimulatedCrash::kNone) st.Cleanup();
+      SetError(s, &commit);
+    }
+  }
+  absl::StatusOr<std::vector<CommitMessage>> commits =
+      Exchange(st.group, commit, st.options.timeout);
+  st.prepared.reset();  // rank 0's lock goes with the save
+  RETURN_IF_ERROR(commits.status());
+  return FirstError(*commits);
+}
+
+absl::StatusOr<std::unique_ptr<PendingSave>> BeginSave(const std::string& dir_in,
+                                                       const std::vector<TensorSlice>& local,
+                                                       const SaveOptions& options,
+                                                       comm::ProcessGroup* group,
+                                                       bool background) {
+  auto st = std::make_unique<PendingSave::State>();
+  st->rank = group == nullptr ? 0 : group->rank();
+  st->world = group == nullptr ? 1 : group->size();
+  st->group = group;
+  st->options = options;
   // Argument errors every rank can see on its own come first (no collective yet is
   // fine: every rank sees the same options and returns the same error).
-  ASSIGN_OR_RETURN(const std::string dir, internal::NormalizeDirectory(dir_in, "checkpoint::Save"));
+  ASSIGN_OR_RETURN(st->dir, internal::NormalizeDirectory(dir_in, "checkpoint::Save"));
+  const std::string& dir = st->dir;
   if (options.block_bytes <= 0 || options.block_bytes > kMaxBlockBytes) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint::Save to '", dir,
                                                    "': SaveOptions.block_bytes is ",
@@ -443,23 +542,18 @@ absl::Status Save(const std::string& dir_in, const std::vector<TensorSlice>& loc
   }
 
   // Phase 1: validate locally, rank 0 takes the lock, tidies and prepares the temporary
-  // directory; exchange. Rank 0 keeps the lock until Save returns.
+  // directory; exchange. Rank 0 keeps the lock until Finish.
   PlanMessage mine;
-  std::optional<Prepared> prepared;
   absl::Status local_status = ValidateLocal(dir, local);
-  if (local_status.ok() && rank == 0) {
+  if (local_status.ok() && st->rank == 0) {
     absl::StatusOr<Prepared> p = Prepare(dir, options.timeout / 2);
     if (p.ok()) {
-      prepared.emplace(*std::move(p));
-      mine.set_temp_dir(prepared->temp_dir);
+      st->prepared.emplace(*std::move(p));
+      mine.set_temp_dir(st->prepared->temp_dir);
     } else {
       local_status = p.status();
     }
   }
-  // Rank 0 deletes its temporary directory on every error except a simulated crash.
-  auto cleanup = [&] {
-    if (prepared.has_value()) internal::RemoveRecursively(prepared->temp_dir).IgnoreError();
-  };
   if (local_status.ok()) {
     for (const TensorSlice& s : local) {
       SliceDescription* d = mine.add_slices();
@@ -474,55 +568,63 @@ absl::Status Save(const std::string& dir_in, const std::vector<TensorSlice>& loc
   }
   absl::StatusOr<std::vector<PlanMessage>> plans = Exchange(group, mine, options.timeout);
   if (!plans.ok()) {
-    cleanup();
+    st->Cleanup();
     return plans.status();
   }
-  const std::string temp_dir = (*plans)[0].temp_dir();
+  st->temp_dir = (*plans)[0].temp_dir();
   absl::Status status = FirstError(*plans);
-  absl::StatusOr<Plan> plan = absl::InternalError("unset");
   if (status.ok()) {
-    plan = MergePlans(dir, *plans);
+    absl::StatusOr<Plan> plan = MergePlans(dir, *plans);
     status = plan.status();
+    if (plan.ok()) st->plan = *std::move(plan);
   }
   if (!status.ok()) {
-    cleanup();
+    st->Cleanup();
     return status;
   }
-
-  // Phase 2: every rank writes and fsyncs its data file; exchange the chunk lists.
-  absl::StatusOr<WrittenMessage> written =
-      WriteDataFile(temp_dir, rank, world, local, *plan, options.block_bytes);
-  WrittenMessage written_mine;
-  if (written.ok()) {
-    written_mine = *std::move(written);
-  } else {
-    SetError(written.status(), &written_mine);
+  if (!background) {
+    st->local = local;
+    return std::unique_ptr<PendingSave>(new PendingSave(std::move(st)));
   }
-  absl::StatusOr<std::vector<WrittenMessage>> all_written =
-      Exchange(group, written_mine, options.timeout);
-  if (!all_written.ok()) {
-    cleanup();
-    return all_written.status();
-  }
-  status = FirstError(*all_written);
-  if (!status.ok()) {
-    cleanup();
-    return status;
-  }
-
-  // Phase 3: rank 0 writes metadata.pb and commits; everyone learns the result (this
-  // exchange is also the barrier that keeps ranks from returning early). Once committed,
-  // the temporary name is gone (or names the previous checkpoint, already deleted).
-  CommitMessage commit;
-  if (rank == 0) {
-    absl::Status s = Commit(dir, temp_dir, *plan, *all_written, options, world);
-    if (!s.ok()) {
-      if (options.simulate_crash == SimulatedCrash::kNone) cleanup();
-      SetError(s, &commit);
+  // The snapshot: every slice copied (converted to its stored dtype) into host memory of its
+  // own, so the caller may change its tensors once BeginSave returns. A failure here is this
+  // rank's write error, reported by Finish's exchange like any other.
+  absl::Status snapshot = absl::OkStatus();
+  for (const TensorSlice& s : local) {
+    TensorSlice copy = s;
+    const int64_t n = s.end - s.begin;
+    absl::StatusOr<core::Tensor> staged = internal::PinnedStaging(
+        n, s.dtype, absl::StrCat("checkpoint::BeginSave: snapshot of tensor '", s.name, "'"));
+    if (staged.ok() && n > 0) {
+      absl::StatusOr<core::Tensor> flat = s.data.View(0, {n});
+      snapshot = flat.ok() ? staged->CopyFrom(*flat) : flat.status();
+    } else {
+      snapshot = staged.status();
     }
+    if (!snapshot.ok()) break;
+    copy.data = *std::move(staged);
+    st->local.push_back(std::move(copy));
   }
-  ASSIGN_OR_RETURN(std::vector<CommitMessage> commits, Exchange(group, commit, options.timeout));
-  return FirstError(commits);
+  PendingSave::State* raw = st.get();
+  if (snapshot.ok()) {
+    raw->write = std::async(std::launch::async, [raw]() -> absl::StatusOr<WrittenMessage> {
+      if (!raw->options.simulate_write_error.ok()) return raw->options.simulate_write_error;
+      return WriteDataFile(raw->temp_dir, raw->rank, raw->world, raw->local, raw->plan,
+                           raw->options.block_bytes);
+    });
+  } else {
+    std::promise<absl::StatusOr<WrittenMessage>> failed;
+    failed.set_value(snapshot);
+    raw->write = failed.get_future();
+  }
+  return std::unique_ptr<PendingSave>(new PendingSave(std::move(st)));
+}
+
+absl::Status Save(const std::string& dir, const std::vector<TensorSlice>& local,
+                  const SaveOptions& options, comm::ProcessGroup* group) {
+  ASSIGN_OR_RETURN(std::unique_ptr<PendingSave> pending,
+                   BeginSave(dir, local, options, group, /*background=*/false));
+  return pending->Finish();
 }
 
 absl::StatusOr<int> CleanUpInterruptedSaves(const std::string& dir_in) {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -20,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "checkpoint/checkpoint.pb.h"
 #include "checkpoint/testing/sharded_model.h"
+#include "core/status_macros.h"
 #include "comm/testing/thread_ranks.h"
 #include "core/tensor.h"
 #include "flatten/shard_math.h"
@@ -625,6 +627,72 @@ TEST(ShardedTest, LoaderReadsOnlyTheBlocksItNeeds) {
     EXPECT_EQ(st->files_opened, (r.begin < 500) + (r.end > 500));
     EXPECT_TRUE(SameBytes(dest, big.View(r.begin, {r.end - r.begin}).value()));
   }
+}
+
+}  // namespace
+}  // namespace checkpoint
+
+namespace checkpoint {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::LoadAndCheckAt;
+using testing::MakeModel;
+using testing::Model;
+using testing::RankSlices;
+using testing::TestRoot;
+
+// NOTE [Asynchronous save]: the slices are snapshotted by BeginSave (the caller overwrites
+// them before Finish and the checkpoint holds the values they had), nothing is committed
+// before Finish (the previous checkpoint is what `dir` holds until then), and Finish commits.
+TEST(AsyncSaveTest, TheSnapshotIsWrittenInTheBackgroundAndCommittedAtFinish) {
+  const std::string dir = TestRoot("async") + "/ckpt";
+  const Model before = MakeModel(1), after = MakeModel(2);
+  ASSERT_TRUE(testing::SaveAt(2, dir, before).ok());
+  absl::Status s = comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx) {
+    // Private copies of this rank's slices of `after`, overwritten once BeginSave returns.
+    std::vector<TensorSlice> slices = RankSlices(after, 2, ctx.rank);
+    for (TensorSlice& t : slices) t.data = t.data.Clone(core::MemoryTag::kParam);
+    ASSIGN_OR_RETURN(std::unique_ptr<PendingSave> pending,
+                     BeginSave(dir, slices, SaveOptions(), ctx.group.get(), /*background=*/true));
+    for (TensorSlice& t : slices) RETURN_IF_ERROR(t.data.TryFill(-1.0f));
+    while (!pending->WriteDone()) std::this_thread::yield();
+    // Not committed yet: `dir` is still the earlier checkpoint.
+    RETURN_IF_ERROR(LoadAndCheckAt(1, dir, before));
+    return pending->Finish();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  for (int world : {1, 3}) {
+    absl::Status loaded = LoadAndCheckAt(world, dir, after);
+    EXPECT_TRUE(loaded.ok()) << "world " << world << ": " << loaded;
+  }
+  EXPECT_EQ(CleanUpInterruptedSaves(dir).value(), 0) << "no temporary left";
+}
+
+TEST(AsyncSaveTest, ABackgroundWriteFailureIsEveryRanksErrorAndKeepsThePreviousCheckpoint) {
+  const std::string dir = TestRoot("async_fail") + "/ckpt";
+  const Model before = MakeModel(1), after = MakeModel(2);
+  ASSERT_TRUE(testing::SaveAt(2, dir, before).ok());
+  std::vector<absl::Status> finished(2);
+  absl::Status s = comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx) {
+    SaveOptions options;
+    if (ctx.rank == 1) {
+      options.simulate_write_error = absl::ResourceExhaustedError("No space left on device");
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<PendingSave> pending,
+                     BeginSave(dir, RankSlices(after, 2, ctx.rank), options, ctx.group.get(),
+                               /*background=*/true));
+    finished[ctx.rank] = pending->Finish();
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(finished[r].code(), absl::StatusCode::kResourceExhausted) << finished[r];
+    EXPECT_THAT(finished[r].message(), HasSubstr("rank 1: No space left on device"));
+  }
+  absl::Status kept = LoadAndCheckAt(2, dir, before);
+  EXPECT_TRUE(kept.ok()) << kept;
+  EXPECT_EQ(CleanUpInterruptedSaves(dir).value(), 0) << "no temporary left";
 }
 
 }  // namespace
