@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "checkpoint/series.h"
+#include "checkpoint/sharded.h"
 #include "comm/testing/thread_ranks.h"
 #include "core/status_macros.h"
 #include "gmock/gmock.h"
@@ -69,9 +70,19 @@ FitRun FitOn(int n, const StageOptions& options, bool resume, ResumeResult* resu
   return out;
 }
 
-TEST(PeriodicCheckpointTest, EveryKStepsAndTheLastKeepingTheNewestK) {
-  StageOptions o = Deterministic(10);
-  o.checkpoint_dir = Dir("every3");
+// Synchronous saves, and NOTE [Asynchronous save]'s (written in the background, committed at
+// a report, at the next save or at the end): the same checkpoints, pruning and bits.
+class PeriodicSavesTest : public ::testing::TestWithParam<bool> {
+ protected:
+  StageOptions With(StageOptions o, const std::string& name) const {
+    o.checkpoint_dir = Dir(name + (GetParam() ? "_async" : "_sync"));
+    o.async_checkpoints = GetParam();
+    return o;
+  }
+};
+
+TEST_P(PeriodicSavesTest, EveryKStepsAndTheLastKeepingTheNewestK) {
+  StageOptions o = With(Deterministic(10), "every3");
   o.checkpoint_every_steps = 3;
   o.keep_checkpoints = 2;
   const FitRun run = FitOn(2, o, /*resume=*/false);
@@ -84,23 +95,27 @@ TEST(PeriodicCheckpointTest, EveryKStepsAndTheLastKeepingTheNewestK) {
                           Pair(10, checkpoint::StepDirectory(o.checkpoint_dir, 10))));
   EXPECT_FALSE(std::filesystem::exists(o.checkpoint_dir + "/metadata.pb"))
       << "no end-of-fit save to the root itself";
+  for (int64_t step : {9, 10}) {
+    EXPECT_TRUE(
+        checkpoint::VerifyCheckpoint(checkpoint::StepDirectory(o.checkpoint_dir, step)).ok());
+  }
+  // Each checkpoint holds its own step's weights: the last one, the released model's.
+  EXPECT_EQ(checkpoint::ReadMetadata(checkpoint::StepDirectory(o.checkpoint_dir, 10))->step, 10);
 }
 
-TEST(PeriodicCheckpointTest, EveryTMinutesSavesAtTheReports) {
-  StageOptions o = Deterministic(6);  // reports at steps 2, 4, 6
-  o.checkpoint_dir = Dir("minutes");
-  o.checkpoint_every_minutes = 1e-9;  // due at every report
+TEST_P(PeriodicSavesTest, EveryTMinutesSavesAtTheReports) {
+  StageOptions o = With(Deterministic(6), "minutes");  // reports at steps 2, 4, 6
+  o.checkpoint_every_minutes = 1e-9;                   // due at every report
   const FitRun run = FitOn(2, o, /*resume=*/false);
   EXPECT_THAT(run.checkpoints, ElementsAre(checkpoint::StepDirectory(o.checkpoint_dir, 2),
                                            checkpoint::StepDirectory(o.checkpoint_dir, 4),
                                            checkpoint::StepDirectory(o.checkpoint_dir, 6)));
 }
 
-TEST(PeriodicCheckpointTest, ResumingTheLatestAtAnotherWorldSizeEndsOnTheUninterruptedBits) {
+TEST_P(PeriodicSavesTest, ResumingTheLatestAtAnotherWorldSizeEndsOnTheUninterruptedBits) {
   const FitRun uninterrupted = FitOn(1, Deterministic(10), /*resume=*/false);
   // A run at N = 2 that saves every 2 steps and stops after 6 (as if killed there).
-  StageOptions o = Deterministic(6);
-  o.checkpoint_dir = Dir("resume");
+  StageOptions o = With(Deterministic(6), "resume");
   o.checkpoint_every_steps = 2;
   const FitRun first = FitOn(2, o, /*resume=*/false);
   // Step 6's checkpoint is damaged: the resume passes over it, to step 4, and says why.
@@ -126,6 +141,9 @@ TEST(PeriodicCheckpointTest, ResumingTheLatestAtAnotherWorldSizeEndsOnTheUninter
   EXPECT_EQ(std::vector<double>(uninterrupted.losses.begin(), uninterrupted.losses.begin() + 6),
             first.losses);
 }
+
+INSTANTIATE_TEST_SUITE_P(SyncAndAsync, PeriodicSavesTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Async" : "Sync"; });
 
 TEST(PeriodicCheckpointTest, ResumingWithNoCheckpointStartsFresh) {
   StageOptions o = Deterministic(2);

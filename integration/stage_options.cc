@@ -224,6 +224,7 @@ absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config,
     options.checkpoint_every_minutes = config.checkpoint_every_minutes();
   }
   if (config.has_keep_checkpoints()) options.keep_checkpoints = config.keep_checkpoints();
+  if (config.has_async_checkpoints()) options.async_checkpoints = config.async_checkpoints();
   if (config.has_release_after_fit()) options.release_after_fit = config.release_after_fit();
   if (config.has_max_grad_norm()) options.max_grad_norm = config.max_grad_norm();
   if (config.has_profile_step()) options.profile_step = config.profile_step();

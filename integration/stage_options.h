@@ -56,6 +56,13 @@ struct StageOptions {
   int64_t checkpoint_every_steps = 0;
   double checkpoint_every_minutes = 0;
   int keep_checkpoints = 0;
+  // NOTE [Asynchronous save] (checkpoint/sharded.h): periodic checkpoints are snapshotted at
+  // their step and written on a background thread while training goes on. A save is
+  // committed (and older ones pruned) at the first progress report after every rank's write
+  // has ended, when the next save is due (at most one in flight: it waits for the previous),
+  // or when Fit ends; a write that failed in the background fails Fit there, on every rank,
+  // naming the rank, with the previous checkpoint intact.
+  bool async_checkpoints = false;
   // Fit ends by releasing the model: a plain module with its trained full weights.
   bool release_after_fit = false;
   // When > 0, the global gradient norm is clipped to this before each step.

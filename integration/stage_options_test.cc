@@ -43,6 +43,7 @@ TEST(StageOptionsTest, EveryFieldIsRead) {
     checkpoint_every_steps: 50
     checkpoint_every_minutes: 2.5
     keep_checkpoints: 3
+    async_checkpoints: true
     release_after_fit: true
     collective_timeout_s: 12.5
     max_grad_norm: 1.5
@@ -76,6 +77,7 @@ TEST(StageOptionsTest, EveryFieldIsRead) {
   EXPECT_EQ(parsed->checkpoint_every_steps, 50);
   EXPECT_EQ(parsed->checkpoint_every_minutes, 2.5);
   EXPECT_EQ(parsed->keep_checkpoints, 3);
+  EXPECT_TRUE(parsed->async_checkpoints);
   EXPECT_TRUE(parsed->release_after_fit);
   EXPECT_EQ(parsed->wrap.timeout, absl::Milliseconds(12500));
   EXPECT_EQ(parsed->max_grad_norm, 1.5);

@@ -297,6 +297,12 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
 
   result.first_step = state.global_step;
   double last_report_time = NowSeconds();
+  // A Fit that fails with a save in flight drops it: its write awaited, its temporary
+  // directory removed, nothing committed (NOTE [Asynchronous save]).
+  struct DropPendingSave {
+    std::unique_ptr<checkpoint::PendingSave>* pending;
+    ~DropPendingSave() { pending->reset(); }
+  } drop_pending_save{&pending_save_};
   // NOTE [Periodic checkpoints].
   const bool periodic =
       !options_.checkpoint_dir.empty() &&
@@ -381,12 +387,25 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
       if (ask_time) {
         pending.push_back(NowSeconds() - last_save_time >= 60 * options_.checkpoint_every_minutes);
       }
+      // NOTE [Asynchronous save]: whether each rank's background write has ended (every rank
+      // has a save in flight or none: they begin at the same steps).
+      const bool ask_write = pending_save_ != nullptr;
+      if (ask_write) pending.push_back(pending_save_->WriteDone());
       ASSIGN_OR_RETURN(std::vector<std::vector<double>> all, AllGatherDoubles(pending));
+      bool writes_done = true;
+      if (ask_write) {
+        for (std::vector<double>& r : all) {
+          writes_done = writes_done && r.back() != 0;
+          r.pop_back();
+        }
+        pending.pop_back();
+      }
       if (ask_time) {
         time_due = all[0].back() != 0;
         for (std::vector<double>& r : all) r.pop_back();
         pending.pop_back();
       }
+      if (ask_write && writes_done) RETURN_IF_ERROR(FinishPendingSave(&result));
       // Pairs per step on each rank: 1, or its deterministic micro-batches.
       const size_t per_step = options_.deterministic_micro_batches > 0
                                   ? options_.deterministic_micro_batches / group_->size()
@@ -445,6 +464,7 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
   if (periodic && last_saved_step != state.global_step) {
     RETURN_IF_ERROR(SaveStepCheckpoint(module, state.global_step, &result));
   }
+  RETURN_IF_ERROR(FinishPendingSave(&result));
   result.global_step = state.global_step;
   const size_t tail = std::min<size_t>(10, result.losses.size());
   double sum = 0;
@@ -537,13 +557,18 @@ absl::StatusOr<PredictResult> StageRunner::Predict(TrainModule& module,
   return result;
 }
 
+TrainingCheckpointOptions StageRunner::CheckpointOptions(const ModelState& state) const {
+  TrainingCheckpointOptions options;
+  options.step = state.global_step;
+  options.timeout = options_.wrap.timeout;
+  return options;
+}
+
 absl::Status StageRunner::SaveCheckpoint(TrainModule& module, const std::string& dir,
                                          checkpoint::SimulatedCrash simulate_crash) {
   ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, ModelOf(module));
   ModelState& state = StateOf(model);
-  TrainingCheckpointOptions options;
-  options.step = state.global_step;
-  options.timeout = options_.wrap.timeout;
+  TrainingCheckpointOptions options = CheckpointOptions(state);
   options.simulate_crash = simulate_crash;
   return Annotate(SaveTrainingCheckpoint(dir, *model, registry_.get(), state.optimizer.get(),
                                          group_.get(), options),
@@ -553,7 +578,31 @@ absl::Status StageRunner::SaveCheckpoint(TrainModule& module, const std::string&
 absl::Status StageRunner::SaveStepCheckpoint(TrainModule& module, int64_t step,
                                              FitResult* result) {
   const std::string dir = checkpoint::StepDirectory(options_.checkpoint_dir, step);
-  RETURN_IF_ERROR(SaveCheckpoint(module, dir));
+  if (!options_.async_checkpoints) {
+    RETURN_IF_ERROR(SaveCheckpoint(module, dir));
+    return Committed(dir, result);
+  }
+  // NOTE [Asynchronous save]: at most one in flight; this one's snapshot, then back to work.
+  RETURN_IF_ERROR(FinishPendingSave(result));
+  ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, ModelOf(module));
+  ModelState& state = StateOf(model);
+  absl::StatusOr<std::unique_ptr<checkpoint::PendingSave>> pending = BeginTrainingCheckpoint(
+      dir, *model, registry_.get(), state.optimizer.get(), group_.get(),
+      CheckpointOptions(state), /*background=*/true);
+  RETURN_IF_ERROR(Annotate(pending.status(), absl::StrCat("saving checkpoint '", dir, "'")));
+  pending_save_ = *std::move(pending);
+  return absl::OkStatus();
+}
+
+absl::Status StageRunner::FinishPendingSave(FitResult* result) {
+  if (pending_save_ == nullptr) return absl::OkStatus();
+  std::unique_ptr<checkpoint::PendingSave> pending = std::move(pending_save_);
+  const std::string dir = pending->dir();
+  RETURN_IF_ERROR(Annotate(pending->Finish(), absl::StrCat("saving checkpoint '", dir, "'")));
+  return Committed(dir, result);
+}
+
+absl::Status StageRunner::Committed(const std::string& dir, FitResult* result) {
   result->checkpoint_dir = dir;
   result->checkpoints.push_back(dir);
   if (options_.keep_checkpoints <= 0) return absl::OkStatus();

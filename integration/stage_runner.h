@@ -264,6 +264,14 @@ class StageRunner {
   // Saves the checkpoint of global step `step` under checkpoint_dir, records it in `result`
   // and prunes to keep_checkpoints (NOTE [Periodic checkpoints] in stage_options.h).
   absl::Status SaveStepCheckpoint(TrainModule& module, int64_t step, FitResult* result);
+  // With StageOptions::async_checkpoints: commits the save in flight (PendingSave::Finish),
+  // records it and prunes; OK when there is none. Collective.
+  absl::Status FinishPendingSave(FitResult* result);
+  // Records the committed checkpoint `dir` in `result` and prunes to keep_checkpoints
+  // (agreed across ranks).
+  absl::Status Committed(const std::string& dir, FitResult* result);
+  // What every checkpoint of the model records (its global step) and the collective timeout.
+  TrainingCheckpointOptions CheckpointOptions(const ModelState& state) const;
   absl::Status AccumulateMicroBatches(TrainModule& module, core::Module& model, StepContext ctx,
                                       std::vector<StepOutput>* parts);
 
@@ -289,6 +297,8 @@ class StageRunner {
   std::shared_ptr<fsdp::WrapperRegistry> registry_;  // never null
   std::map<const core::Module*, ModelState> states_;
   std::function<void(const Progress&)> progress_callback_;
+  // NOTE [Asynchronous save]: the periodic checkpoint being written, within one Fit.
+  std::unique_ptr<checkpoint::PendingSave> pending_save_;
   int64_t stage_start_comm_bytes_ = 0;
   double stage_start_seconds_ = 0;
 };

@@ -48,11 +48,10 @@ core::Shape ShapeOf(const ParameterRecord& p) { return core::Shape(p.shape().beg
 
 }  // namespace
 
-absl::Status SaveTrainingCheckpoint(const std::string& dir, core::Module& model,
-                                    fsdp::WrapperRegistry* registry,
-                                    const optim::Optimizer* optimizer,
-                                    comm::ProcessGroup* group,
-                                    const TrainingCheckpointOptions& options) {
+absl::StatusOr<std::unique_ptr<checkpoint::PendingSave>> BeginTrainingCheckpoint(
+    const std::string& dir, core::Module& model, fsdp::WrapperRegistry* registry,
+    const optim::Optimizer* optimizer, comm::ProcessGroup* group,
+    const TrainingCheckpointOptions& options, bool background) {
   const std::string where = absl::StrCat("SaveTrainingCheckpoint('", dir, "', ", model.Describe(), ")");
   for (const auto& [key, value] : options.user_metadata) {
     if (absl::StartsWith(key, "fsdp.")) {
@@ -147,7 +146,22 @@ absl::Status SaveTrainingCheckpoint(const std::string& dir, core::Module& model,
     }
   }
   save.records[kTrainingRecordKey] = record.SerializeAsString();
-  return Annotate(checkpoint::Save(dir, slices, save, group), where);
+  absl::StatusOr<std::unique_ptr<checkpoint::PendingSave>> pending =
+      checkpoint::BeginSave(dir, slices, save, group, background);
+  RETURN_IF_ERROR(Annotate(pending.status(), where));
+  return pending;
+}
+
+absl::Status SaveTrainingCheckpoint(const std::string& dir, core::Module& model,
+                                    fsdp::WrapperRegistry* registry,
+                                    const optim::Optimizer* optimizer,
+                                    comm::ProcessGroup* group,
+                                    const TrainingCheckpointOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<checkpoint::PendingSave> pending,
+                   BeginTrainingCheckpoint(dir, model, registry, optimizer, group, options,
+                                           /*background=*/false));
+  return Annotate(pending->Finish(),
+                  absl::StrCat("SaveTrainingCheckpoint('", dir, "', ", model.Describe(), ")"));
 }
 
 namespace {

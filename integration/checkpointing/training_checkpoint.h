@@ -34,6 +34,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,14 @@ absl::Status SaveTrainingCheckpoint(const std::string& dir, core::Module& model,
                                     const optim::Optimizer* optimizer,
                                     comm::ProcessGroup* group,
                                     const TrainingCheckpointOptions& options = {});
+
+// SaveTrainingCheckpoint in two calls (NOTE [Asynchronous save] in checkpoint/sharded.h): with
+// `background`, the model's and the optimizer's slices are snapshotted and written on a thread
+// while the caller trains on; PendingSave::Finish commits. Errors as SaveTrainingCheckpoint's.
+absl::StatusOr<std::unique_ptr<checkpoint::PendingSave>> BeginTrainingCheckpoint(
+    const std::string& dir, core::Module& model, fsdp::WrapperRegistry* registry,
+    const optim::Optimizer* optimizer, comm::ProcessGroup* group,
+    const TrainingCheckpointOptions& options, bool background);
 
 struct LoadedCheckpoint {
   int64_t step = 0;                 // TrainingCheckpointOptions::step at save time

@@ -59,6 +59,9 @@ ABSL_FLAG(double, checkpoint_every_minutes, 0,
           "minutes since the last (0: off)");
 ABSL_FLAG(int, keep_checkpoints, 0,
           "with periodic checkpoints, keep only the newest this many (0: all)");
+ABSL_FLAG(bool, async_checkpoints, false,
+          "write periodic checkpoints on a background thread while training goes on (the step "
+          "pays for a snapshot of the shards only)");
 ABSL_FLAG(std::string, safetensors_path, "",
           "where the released model goes (default <output_dir>/model.safetensors)");
 ABSL_FLAG(bool, release, true,
@@ -481,6 +484,7 @@ JobOptions JobOptionsFromFlags() {
   job.checkpoint_every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
   job.checkpoint_every_minutes = absl::GetFlag(FLAGS_checkpoint_every_minutes);
   job.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  job.async_checkpoints = absl::GetFlag(FLAGS_async_checkpoints);
   job.model_kind = absl::GetFlag(FLAGS_model);
   job.train = TrainOptionsFromFlags();
   job.gpt = GptConfigFromFlags();
@@ -643,6 +647,7 @@ absl::StatusOr<StageOptions> StageOptionsFor(const JobOptions& job, absl::Durati
   options.checkpoint_every_steps = job.checkpoint_every_steps;
   options.checkpoint_every_minutes = job.checkpoint_every_minutes;
   options.keep_checkpoints = job.keep_checkpoints;
+  options.async_checkpoints = job.async_checkpoints;
   if (!job.stage_config.empty()) {
     ASSIGN_OR_RETURN(options, ReadStageOptionsFile(job.stage_config, options));
   }

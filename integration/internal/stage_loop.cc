@@ -155,6 +155,7 @@ absl::Status StageLoop::Fit() {
     totals_.fit_losses.push_back(fit.losses[i]);
   }
   summary_["final_train_loss"] = fit.final_loss;
+  summary_["fit_seconds"] = fit.report.seconds;
   totals_.tokens_per_second = fit.items_per_second;
   totals_.AddMemory(fit.report.memory);
   // The fit's own peaks (the wrap included) beside the estimate they were checked against.
