@@ -26,6 +26,34 @@ constexpr int32_t kLlmcMagic16 = 20240520;  // version 1: uint16 tokens
 constexpr int32_t kLlmcMagic32 = 20240801;  // version 7: uint32 tokens
 constexpr int64_t kLlmcHeaderBytes = 256 * 4;
 
+constexpr uint64_t kFnvOffset = 1469598103934665603ull;
+constexpr uint64_t kFnvPrime = 1099511628211ull;
+
+uint64_t FnvBytes(uint64_t h, const uint8_t* p, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) h = (h ^ p[i]) * kFnvPrime;
+  return h;
+}
+
+uint64_t FnvWord(uint64_t h, uint64_t v) {
+  for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * kFnvPrime;
+  return h;
+}
+
+// NOTE [Token file fingerprint]: the hash of one file's sampled bytes.
+uint64_t SampledBytesHash(const uint8_t* map, int64_t bytes) {
+  const int64_t edge = TokenFile::kFingerprintEdgeBytes;
+  const int64_t blocks = TokenFile::kFingerprintBlocks;
+  if (bytes <= (blocks + 2) * edge) return FnvBytes(kFnvOffset, map, bytes);
+  uint64_t h = FnvBytes(kFnvOffset, map, edge);
+  // The middle, [edge, bytes - edge), in `blocks` equal parts of at least `edge` bytes each.
+  const int64_t middle = bytes - 2 * edge;
+  for (int64_t k = 0; k < blocks; ++k) {
+    const int64_t centre = edge + middle * (2 * k + 1) / (2 * blocks);
+    h = FnvBytes(h, map + centre - edge / 2, edge);
+  }
+  return FnvBytes(h, map + bytes - edge, edge);
+}
+
 }  // namespace
 
 // One mapped file.
@@ -33,6 +61,7 @@ struct TokenFile::Shard {
   std::string path;
   const uint8_t* map = nullptr;
   size_t map_bytes = 0;
+  uint64_t sampled_hash = 0;  // NOTE [Token file fingerprint]
   int64_t header_bytes = 0;
   int width = 2;  // bytes per token
   int64_t tokens = 0;
@@ -64,6 +93,15 @@ std::vector<std::pair<std::string, int64_t>> TokenFile::Files() const {
   std::vector<std::pair<std::string, int64_t>> out;
   for (const auto& s : shards_) out.emplace_back(s->path, s->tokens);
   return out;
+}
+
+uint64_t TokenFile::Fingerprint() const {
+  uint64_t h = FnvWord(kFnvOffset, shards_.size());
+  for (const auto& s : shards_) {
+    h = FnvWord(h, static_cast<uint64_t>(s->map_bytes));
+    h = FnvWord(h, s->sampled_hash);
+  }
+  return h;
 }
 
 uint32_t TokenFile::At(int64_t p, const Shard** shard, int64_t* offset) const {
@@ -209,6 +247,7 @@ absl::StatusOr<std::shared_ptr<TokenFile::Shard>> TokenFile::MapShard(const std:
     shard->map_bytes = static_cast<size_t>(bytes);
   }
   ::close(fd);
+  shard->sampled_hash = SampledBytesHash(shard->map, bytes);
   int32_t head[3] = {0, 0, 0};
   if (bytes >= 12) std::memcpy(head, shard->map, sizeof(head));
   if (bytes >= 4 && (head[0] == kLlmcMagic16 || head[0] == kLlmcMagic32)) {

@@ -19,6 +19,18 @@
 // uniformly over the stream: inputs are the first T, targets the last T. A window may span
 // two files. The training checkpoint's step is the whole of the data position: a run
 // resumed at step s (at any world size) reads batch s next.
+//
+// NOTE [Token file fingerprint]: Fingerprint() identifies the stream's content cheaply
+// enough for files of many GB, so a resume can check it reads the data it was trained on.
+// It is a 64-bit FNV-1a hash over the number of files and, for each file in stream order,
+// its size in bytes and a sample of its bytes (llm.c's header included): the first and
+// the last kFingerprintEdgeBytes (64 KiB), and kFingerprintBlocks (16) blocks of
+// kFingerprintEdgeBytes, each centred in one of 16 equal parts of what lies between. A file
+// of at most 18 x 64 KiB (1.125 MiB) is hashed whole. It is NOT a hash of the whole
+// content: in a larger file, a change outside the sampled blocks that keeps the size keeps
+// the fingerprint. The paths are not in it (a moved copy has the same fingerprint); files
+// without tokens are not part of the stream and not in it. Open computes it, reading at
+// most 1.125 MiB of each file.
 #ifndef DATA_TOKEN_FILE_H_
 #define DATA_TOKEN_FILE_H_
 
@@ -43,6 +55,13 @@ class TokenFile {
   int64_t num_tokens() const { return total_; }
   // The files in stream order and each one's token count.
   std::vector<std::pair<std::string, int64_t>> Files() const;
+
+  // NOTE [Token file fingerprint]: what it covers and what it does not.
+  static constexpr int64_t kFingerprintEdgeBytes = int64_t{64} << 10;
+  static constexpr int kFingerprintBlocks = 16;
+  // The same for the same files (sizes and sampled bytes) in the same order; another
+  // value, with overwhelming probability, when a sampled byte, a size or the order differs.
+  uint64_t Fingerprint() const;
 
   // Rows as the top of this file says. InvalidArgument for index < 0, batch_size < 1,
   // seq_len < 1, a stream shorter than seq_len + 1 tokens, or a sampled token >= vocab_size

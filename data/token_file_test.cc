@@ -151,5 +151,95 @@ TEST(TokenFileTest, BadFilesAndTokensAreNamed) {
   EXPECT_EQ(big.Batch(0, 1, 8, 50304, 0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+uint64_t FingerprintOf(const std::string& path) {
+  absl::StatusOr<TokenFile> f = TokenFile::Open(path);
+  EXPECT_TRUE(f.ok()) << f.status();
+  return f.ok() ? f->Fingerprint() : 0;
+}
+
+// `bytes` pseudo-random bytes (an even count: a nanoGPT file).
+std::vector<char> Noise(int64_t bytes, uint32_t seed) {
+  std::vector<char> out(static_cast<size_t>(bytes));
+  uint32_t x = seed * 2654435761u + 1;
+  for (char& c : out) {
+    x = x * 1664525u + 1013904223u;
+    c = static_cast<char>(x >> 24);
+  }
+  return out;
+}
+
+// NOTE [Token file fingerprint].
+TEST(TokenFileTest, FingerprintIsOfTheContentNotThePath) {
+  const std::string dir = Dir("fingerprint_same");
+  const std::vector<char> bytes = Noise(3 << 20, 1);
+  WriteBytes(dir + "/a.bin", bytes);
+  WriteBytes(dir + "/copy.bin", bytes);
+  WriteBytes(dir + "/other.bin", Noise(3 << 20, 2));
+  EXPECT_EQ(FingerprintOf(dir + "/a.bin"), FingerprintOf(dir + "/a.bin"));
+  EXPECT_EQ(FingerprintOf(dir + "/a.bin"), FingerprintOf(dir + "/copy.bin"));
+  EXPECT_NE(FingerprintOf(dir + "/a.bin"), FingerprintOf(dir + "/other.bin"));
+  // Another size with the same leading bytes.
+  WriteBytes(dir + "/longer.bin", [&] {
+    std::vector<char> v = bytes;
+    v.push_back(0);
+    v.push_back(0);
+    return v;
+  }());
+  EXPECT_NE(FingerprintOf(dir + "/a.bin"), FingerprintOf(dir + "/longer.bin"));
+}
+
+TEST(TokenFileTest, FingerprintCoversTheSampledBlocksOnly) {
+  const std::string dir = Dir("fingerprint_blocks");
+  const int64_t edge = TokenFile::kFingerprintEdgeBytes;
+  const int64_t blocks = TokenFile::kFingerprintBlocks;
+  const int64_t size = 4 << 20;  // more than (blocks + 2) * edge: sampled, not whole
+  ASSERT_GT(size, (blocks + 2) * edge);
+  const std::vector<char> bytes = Noise(size, 3);
+  WriteBytes(dir + "/base.bin", bytes);
+  const uint64_t base = FingerprintOf(dir + "/base.bin");
+  auto flipped = [&](int64_t offset) {
+    std::vector<char> v = bytes;
+    v[static_cast<size_t>(offset)] ^= 0x01;
+    WriteBytes(dir + "/flipped.bin", v);  // rewritten each time: Open hashes it now
+    return FingerprintOf(dir + "/flipped.bin");
+  };
+  const int64_t middle = size - 2 * edge;
+  std::vector<int64_t> sampled = {0, edge - 1, size - edge, size - 1};
+  for (int64_t k = 0; k < blocks; ++k) {
+    const int64_t start = edge + middle * (2 * k + 1) / (2 * blocks) - edge / 2;
+    sampled.push_back(start);
+    sampled.push_back(start + edge - 1);
+  }
+  for (int64_t offset : sampled) EXPECT_NE(flipped(offset), base) << "byte " << offset;
+  // Between the first 64 KiB and the first middle block, and just before the last 64 KiB:
+  // not sampled, so the fingerprint stays (it is not a full-content hash).
+  const int64_t first_block = edge + middle / (2 * blocks) - edge / 2;
+  for (int64_t offset : {edge, first_block - 1, size - edge - 1}) {
+    EXPECT_EQ(flipped(offset), base) << "byte " << offset;
+  }
+  // A small file is hashed whole: its middle byte counts.
+  const std::vector<char> small = Noise(2 * edge + 10, 4);
+  WriteBytes(dir + "/small.bin", small);
+  std::vector<char> small_flipped = small;
+  small_flipped[static_cast<size_t>(edge + 5)] ^= 0x01;
+  WriteBytes(dir + "/small_flipped.bin", small_flipped);
+  EXPECT_NE(FingerprintOf(dir + "/small.bin"), FingerprintOf(dir + "/small_flipped.bin"));
+}
+
+TEST(TokenFileTest, FingerprintDependsOnTheOrderOfTheFiles) {
+  const std::vector<char> x = Llmc(Ramp(1000, 0), /*wide=*/false);
+  const std::vector<char> y = Llmc(Ramp(1000, 7), /*wide=*/false);  // same size
+  const std::string xy = Dir("fingerprint_xy"), yx = Dir("fingerprint_yx");
+  WriteBytes(xy + "/a.bin", x);
+  WriteBytes(xy + "/b.bin", y);
+  WriteBytes(yx + "/a.bin", y);
+  WriteBytes(yx + "/b.bin", x);
+  EXPECT_NE(FingerprintOf(xy), FingerprintOf(yx));
+  const std::string again = Dir("fingerprint_xy_again");
+  WriteBytes(again + "/1.bin", x);
+  WriteBytes(again + "/2.bin", y);
+  EXPECT_EQ(FingerprintOf(xy), FingerprintOf(again));
+}
+
 }  // namespace
 }  // namespace data
