@@ -5,6 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "core/param_init.h"
 #include "core/status_macros.h"
 #include "data/sampler.h"
@@ -91,6 +93,32 @@ absl::Status DecoderTrainModule::Init(const DecoderTrainOptions& options, Decode
 double DecoderTrainModule::EntropyFloor() const {
   if (uses_token_files()) return std::numeric_limits<double>::quiet_NaN();
   return language_->LossFloor(train_options_.seq_len);
+}
+
+std::map<std::string, std::string> DecoderTrainModule::DataIdentity() const {
+  std::map<std::string, std::string> id;
+  id["data.seq_len"] = absl::StrCat(train_options_.seq_len);
+  if (uses_token_files()) {
+    std::vector<std::string> paths, sizes;
+    for (const auto& [path, tokens] : train_tokens_->Files()) {
+      paths.push_back(path);
+      sizes.push_back(absl::StrCat(tokens));
+    }
+    id["data.kind"] = "token_files";
+    id["data.files"] = absl::StrJoin(paths, ",");
+    id["data.sizes"] = absl::StrJoin(sizes, ",");
+    id["data.fingerprint"] = absl::StrFormat("0x%016x", train_tokens_->Fingerprint());
+    id["data.seed"] = absl::StrCat(train_options_.data_seed);
+    return id;
+  }
+  const data::MarkovLanguageOptions& language = language_->options();
+  id["data.kind"] = "markov_language";
+  id["data.language_seed"] = absl::StrCat(language.seed);
+  id["data.order"] = absl::StrCat(language.order);
+  id["data.vocab"] = absl::StrCat(language.vocab_size);
+  id["data.likely_tokens"] = absl::StrCat(language.likely_tokens);
+  id["data.peakedness"] = absl::StrFormat("%.17g", language.peakedness);
+  return id;
 }
 
 int64_t DecoderTrainModule::BatchIndex(const StepContext& ctx) {

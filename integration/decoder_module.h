@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -140,6 +141,15 @@ class DecoderTrainModule : public TrainModule {
   std::optional<double> LearningRate(int64_t step) override;
   // StepOutput::count is the number of target tokens.
   std::string CountUnit() const override { return "tokens"; }
+  // NOTE [Data identity] of the training batches. Both sources: "data.kind"
+  // ("token_files" or "markov_language") and "data.seq_len". Token files: "data.files"
+  // (data::TokenFile::Files() paths as given, comma-separated), "data.sizes" (each file's
+  // tokens), "data.fingerprint" (TokenFile::Fingerprint(), "0x" and 16 hex digits) and
+  // "data.seed" (data_seed). The Markov language: "data.language_seed", "data.order",
+  // "data.vocab" (the language's, NOTE [Language vocabulary]), "data.likely_tokens" and
+  // "data.peakedness". The evaluation files (eval_data_path) are not in it: they change no
+  // training batch, only validate, test and predict read them.
+  std::map<std::string, std::string> DataIdentity() const override;
 
   const DecoderSpec& spec() const { return spec_; }
   const DecoderTrainOptions& train_options() const { return train_options_; }

@@ -31,4 +31,8 @@ std::optional<double> ForwardingTrainModule::LearningRate(int64_t step) {
   return inner_->LearningRate(step);
 }
 
+std::map<std::string, std::string> ForwardingTrainModule::DataIdentity() const {
+  return inner_->DataIdentity();
+}
+
 }  // namespace integration

@@ -21,6 +21,7 @@
 #define INTEGRATION_FORWARDING_TRAIN_MODULE_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -49,6 +50,7 @@ class ForwardingTrainModule : public TrainModule {
       std::vector<core::NamedParameter> params) override;
   std::string CountUnit() const override;
   std::optional<double> LearningRate(int64_t step) override;
+  std::map<std::string, std::string> DataIdentity() const override;
 
  private:
   TrainModule* inner_;

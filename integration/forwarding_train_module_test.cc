@@ -1,8 +1,9 @@
 // ForwardingTrainModule hands every TrainModule call, with its arguments, to the inner
 // module and returns the inner module's answer; a wrapper that overrides one call still
-// forwards the others (CountUnit included).
+// forwards the others (CountUnit and DataIdentity included).
 #include "integration/forwarding_train_module.h"
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -41,6 +42,9 @@ class RecordingTrainModule : public TrainModule {
     return 0.5 * static_cast<double>(step);
   }
   bool SupportsMicroBatches() const override { return true; }  // not the default false
+  std::map<std::string, std::string> DataIdentity() const override {
+    return {{"data.kind", "recorded"}, {"data.seed", "7"}};  // not the default {}
+  }
 
  private:
   std::shared_ptr<core::Module> model_ = std::make_shared<nn::Linear>(2, 3);
@@ -84,6 +88,7 @@ void ExpectForwardsEverything(TrainModule& wrapper, RecordingTrainModule& inner)
   EXPECT_EQ(wrapper.CountUnit(), "tokens");  // not TrainModule's default "samples"
   EXPECT_EQ(wrapper.LearningRate(4), std::optional<double>(2.0));
   EXPECT_TRUE(wrapper.SupportsMicroBatches());
+  EXPECT_EQ(wrapper.DataIdentity(), inner.DataIdentity());
 }
 
 TEST(ForwardingTrainModuleTest, ForwardsEveryCallToTheInnerModule) {

@@ -9,10 +9,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "data/token_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -20,6 +23,28 @@ namespace integration {
 namespace {
 
 using ::testing::HasSubstr;
+
+std::string TokensDir() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/gpt_module_tokens";
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// An llm.c uint16 token file of `text`, one token per byte; its path.
+std::string WriteTokens(const std::string& dir, const std::string& name, const std::string& text) {
+  std::vector<int32_t> header(256, 0);
+  header[0] = 20240520;
+  header[1] = 1;
+  header[2] = static_cast<int32_t>(text.size());
+  std::ofstream out(dir + "/" + name, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(header.data()), 1024);
+  for (unsigned char c : text) {
+    const uint16_t t = c;
+    out.write(reinterpret_cast<const char*>(&t), 2);
+  }
+  return dir + "/" + name;
+}
 
 TEST(LanguageVocabTest, KeepsVocabulariesTheTableAllowsAndCapsTheRest) {
   EXPECT_EQ(LanguageVocabFor(64, 1), 64);
@@ -69,21 +94,9 @@ TEST(GptTrainModuleTest, BadOptionsNameTheOption) {
 // eval file, has no entropy floor, and a token outside the model's vocabulary fails the
 // step naming the file.
 TEST(GptTrainModuleTest, TrainsOnTokenFilesAndNamesOutOfVocabularyTokens) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/gpt_module_tokens";
-  std::filesystem::create_directories(dir);
+  const std::string dir = TokensDir();
   const auto write = [&](const std::string& name, const std::string& text) {
-    std::vector<int32_t> header(256, 0);
-    header[0] = 20240520;
-    header[1] = 1;
-    header[2] = static_cast<int32_t>(text.size());
-    std::ofstream out(dir + "/" + name, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(header.data()), 1024);
-    for (unsigned char c : text) {
-      const uint16_t t = c;
-      out.write(reinterpret_cast<const char*>(&t), 2);
-    }
-    return dir + "/" + name;
+    return WriteTokens(dir, name, text);
   };
   std::string text;
   while (text.size() < 4000) text += "abcabd, abcabd! ";
@@ -141,6 +154,56 @@ TEST(GptTrainModuleTest, TrainsOnTokenFilesAndNamesOutOfVocabularyTokens) {
   options.data_path = dir + "/missing.bin";
   EXPECT_THAT(GptTrainModule::Create(options).status().message(),
               HasSubstr("GptModuleOptions.data_path"));
+}
+
+// NOTE [Data identity]: the Markov language by every option that defines it, token files
+// by paths, token counts, fingerprint and seed; the evaluation files are not in it.
+TEST(GptTrainModuleTest, DataIdentityNamesWhatTheTrainingBatchesComeFrom) {
+  GptModuleOptions options;
+  options.language.seed = 5;
+  options.language.order = 2;
+  absl::StatusOr<std::unique_ptr<GptTrainModule>> module = GptTrainModule::Create(options);
+  ASSERT_TRUE(module.ok()) << module.status();
+  const std::map<std::string, std::string> language = {{"data.kind", "markov_language"},
+                                                       {"data.language_seed", "5"},
+                                                       {"data.order", "2"},
+                                                       {"data.vocab", "64"},
+                                                       {"data.likely_tokens", "4"},
+                                                       {"data.peakedness", "6"},
+                                                       {"data.seq_len", "32"}};
+  EXPECT_EQ((*module)->DataIdentity(), language);
+  options.language.peakedness = 6.25;
+  options.seq_len = 16;
+  module = GptTrainModule::Create(options);
+  ASSERT_TRUE(module.ok()) << module.status();
+  EXPECT_EQ((*module)->DataIdentity().at("data.peakedness"), "6.25");
+  EXPECT_EQ((*module)->DataIdentity().at("data.seq_len"), "16");
+
+  const std::string dir = TokensDir();
+  std::string text;
+  while (text.size() < 3000) text += "identity ";
+  GptModuleOptions files;
+  files.model.vocab_size = 256;
+  files.data_path = WriteTokens(dir, "identity_train.bin", text);
+  files.eval_data_path = WriteTokens(dir, "identity_eval.bin", text.substr(0, 100));
+  files.data_seed = 9;
+  module = GptTrainModule::Create(files);
+  ASSERT_TRUE(module.ok()) << module.status();
+  const absl::StatusOr<data::TokenFile> tokens = data::TokenFile::Open(files.data_path);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  const std::map<std::string, std::string> identity = (*module)->DataIdentity();
+  const std::map<std::string, std::string> expected = {
+      {"data.kind", "token_files"},
+      {"data.files", files.data_path},
+      {"data.sizes", "3006"},
+      {"data.fingerprint", absl::StrFormat("0x%016x", tokens->Fingerprint())},
+      {"data.seed", "9"},
+      {"data.seq_len", "32"}};
+  EXPECT_EQ(identity, expected);
+  files.eval_data_path = "";  // evaluation reads the training file now: no training batch changes
+  module = GptTrainModule::Create(files);
+  ASSERT_TRUE(module.ok()) << module.status();
+  EXPECT_EQ((*module)->DataIdentity(), identity);
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -148,6 +149,21 @@ class TrainModule {
     (void)step;
     return std::nullopt;
   }
+
+  // NOTE [Data identity]: what the training data stream is, as "key" -> "value" text. The
+  // runner stores it in every checkpoint (StageRunner::SaveCheckpoint), and a resume
+  // (StageRunner::LoadCheckpoint with the optimizer) refuses a module whose identity
+  // differs, naming each differing key, unless asked to load anyway. It must hold
+  // everything whose change would make the resumed run read other training batches than
+  // the uninterrupted one at the same step: the source (file paths, their sizes and a
+  // content fingerprint; or a generator's options), the sampling seed, the sequence
+  // length. The position is the global step, which the checkpoint holds already, so it
+  // is not in here; neither is what only evaluation reads. Keys start with "data."
+  // ("data.kind", "data.files", "data.sizes", "data.fingerprint", "data.seed",
+  // "data.language_seed", "data.order", "data.vocab", ...). Values are compared as
+  // text: write numbers exactly (every digit of a double). The default, empty, describes
+  // nothing, and a resume then compares nothing.
+  virtual std::map<std::string, std::string> DataIdentity() const { return {}; }
 };
 
 }  // namespace integration
