@@ -60,6 +60,13 @@ absl::StatusOr<std::unique_ptr<checkpoint::PendingSave>> BeginTrainingCheckpoint
           "' uses the reserved prefix \"fsdp.\""));
     }
   }
+  for (const auto& [key, value] : options.data_identity) {
+    if (key.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": TrainingCheckpointOptions.data_identity has an empty key (value '",
+                       value, "')"));
+    }
+  }
   fsdp::WrapperRegistry no_units;  // a plain module: every parameter whole
   if (registry == nullptr) registry = &no_units;
   ASSIGN_OR_RETURN(std::vector<fsdp::ShardedTensor> parts, fsdp::ShardedStateDict(model, registry));
@@ -78,6 +85,11 @@ absl::StatusOr<std::unique_ptr<checkpoint::PendingSave>> BeginTrainingCheckpoint
   TrainingRecord record;
   record.set_version(kTrainingRecordVersion);
   *record.mutable_model() = DescribeModel(model, FullShapes(parts), options.model_config);
+  for (const auto& [key, value] : options.data_identity) {  // sorted by key
+    ConfigEntry* e = record.add_data_identity();
+    e->set_key(key);
+    e->set_value(value);
+  }
   if (optimizer != nullptr) {
     const std::map<const core::Parameter*, std::string> names = NamesByIdentity(model);
     std::map<std::string, std::string> model_name_of;  // optimizer name -> model name
@@ -262,6 +274,13 @@ absl::StatusOr<TrainingRecord> ReadRecord(const checkpoint::CheckpointInfo& info
       }
     }
   }
+  // The data identity: sorted, each key once, none empty.
+  for (int i = 0; i < record.data_identity_size(); ++i) {
+    const std::string& key = record.data_identity(i).key();
+    if (key.empty() || (i > 0 && key <= record.data_identity(i - 1).key())) {
+      return loss(absl::StrCat("data identity key '", key, "' is empty, repeated or out of order"));
+    }
+  }
   for (const checkpoint::TensorInfo& t : info.tensors) {
     if (absl::StartsWith(t.name, kOptimPrefix) && !listed.count(t.name)) {
       return loss(absl::StrCat("tensor ", t.name, " belongs to no entry of the ",
@@ -282,6 +301,7 @@ LoadedCheckpoint InfoFrom(const checkpoint::CheckpointInfo& info, const Training
   }
   for (const ConfigEntry& e : record.model().config()) out.model_config[e.key()] = e.value();
   out.structure_fingerprint = record.model().fingerprint();
+  for (const ConfigEntry& e : record.data_identity()) out.data_identity[e.key()] = e.value();
   return out;
 }
 

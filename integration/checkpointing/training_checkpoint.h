@@ -17,8 +17,9 @@
 // parameter, so both reshard the same way. Beside them, under the metadata checksum, a
 // TrainingRecord (training_checkpoint.proto, metadata record "fsdp.training"): the
 // model's structure (modules with their known configuration, parameters and shapes,
-// the caller's model_config, a fingerprint) and the optimizer's type, step count and
-// per-parameter steps and state names. Loading checks the record in full and compares
+// the caller's model_config, a fingerprint), the optimizer's type, step count and
+// per-parameter steps and state names, and the training data's identity (NOTE [Data
+// identity] in integration/train_module.h). Loading checks the record in full and compares
 // the structure with the model's: nothing is dropped, reset or loaded into another
 // model silently. Everything checkpoint::Save promises holds: the directory is
 // committed atomically, and on failure the previous checkpoint stays intact.
@@ -45,6 +46,7 @@
 #include "comm/process_group.h"
 #include "core/module.h"
 #include "fsdp/registry.h"
+#include "integration/checkpointing/data_identity.h"
 #include "optim/optimizer.h"
 
 namespace integration {
@@ -64,6 +66,10 @@ struct TrainingCheckpointOptions {
   // ...), recorded in the structure; a load given TrainingLoadOptions::model_config
   // compares the two.
   std::map<std::string, std::string> model_config;
+  // NOTE [Data identity] (integration/train_module.h): the training data stream's
+  // identity (TrainModule::DataIdentity), recorded as is; keys must not be empty.
+  // StageRunner::SaveCheckpoint fills it and StageRunner::LoadCheckpoint compares it.
+  std::map<std::string, std::string> data_identity;
 };
 
 // Writes a checkpoint directory `dir` of `model` (wrapped through `registry`, or plain: a
@@ -77,8 +83,10 @@ struct TrainingCheckpointOptions {
 // optimizer's own names may differ); an optimizer parameter that is not one of the model's
 // is InvalidArgument naming it. The TrainingRecord (model structure with
 // options.model_config; optimizer TypeName(), StateNames(), step_count and an entry per
-// optimizer parameter, steps = 0 for one that never stepped) goes into the metadata
-// record "fsdp.training", `options.step` and `options.user_metadata` beside it.
+// optimizer parameter, steps = 0 for one that never stepped; options.data_identity) goes
+// into the metadata record "fsdp.training", `options.step` and `options.user_metadata`
+// beside it. InvalidArgument for a user_metadata key starting with "fsdp." or an empty
+// data_identity key.
 // Everything checkpoint::Save promises holds (atomic commit, previous checkpoint intact
 // on failure).
 absl::Status SaveTrainingCheckpoint(const std::string& dir, core::Module& model,
@@ -106,6 +114,15 @@ struct LoadedCheckpoint {
   // saved model's structure (ModelStructure.fingerprint).
   std::map<std::string, std::string> model_config;
   std::string structure_fingerprint;
+  // TrainingCheckpointOptions::data_identity at save time; empty when the checkpoint
+  // records none (saved before checkpoints kept one, or given none).
+  std::map<std::string, std::string> data_identity;
+  // StageRunner::LoadCheckpoint of a resume (with the optimizer) only, else empty: the
+  // keys whose values differ from the module's DataIdentity(), when it was asked to load
+  // anyway (LoadCheckpointOptions::allow_data_change), and, when the checkpoint or the
+  // module has no identity, why nothing was compared (CompareDataIdentity's note).
+  std::vector<DataIdentityChange> data_identity_changes;
+  std::string data_identity_note;
   // LoadMode::kPartial only (empty after a strict load): every difference found
   // (StructureDifferences' messages, and optimizer parameters without a record entry or
   // entries for parameters the optimizer does not manage), the checkpoint tensors not
@@ -150,7 +167,7 @@ struct TrainingLoadOptions {
 //   or disagrees with the checkpoint's tensors (an optimizer entry naming no parameter,
 //   a parameter with state tensors but no entry, an entry whose state tensors are
 //   missing, steps above step_count, a tensor neither model/ nor optim/, a fingerprint
-//   that does not match the recorded structure);
+//   that does not match the recorded structure, a data identity key empty or repeated);
 // - in LoadMode::kStrict, FailedPrecondition naming the first difference between the
 //   checkpoint and the model (StructureDifferences: "checkpoint has tensor
 //   model/blocks.1.attn.qkv.weight that the model lacks", a shape that differs,

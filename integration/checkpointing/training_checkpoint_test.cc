@@ -697,6 +697,52 @@ TEST(TrainingCheckpointTest, NHeadIsRecordedAndCompared) {
   EXPECT_TRUE(loaded->structure_differences.empty());
 }
 
+// NOTE [Data identity]: the record keeps TrainingCheckpointOptions::data_identity, sorted;
+// a record without one (as every checkpoint written before the field existed) loads with
+// none; a forged repeated key is DataLoss and an empty key is refused at save.
+TEST(TrainingCheckpointTest, DataIdentityIsRecordedAndARecordWithoutOneLoads) {
+  absl::StatusOr<std::shared_ptr<nn::Gpt>> gpt = fsdp::testing::MakeGpt(TinyRun());
+  ASSERT_TRUE(gpt.ok()) << gpt.status();
+  const std::string dir = Dir("data_identity");
+  TrainingCheckpointOptions o;
+  o.data_identity = {{"data.seed", "2"}, {"data.kind", "token_files"}};
+  ASSERT_TRUE(SaveTrainingCheckpoint(dir, **gpt, nullptr, nullptr, nullptr, o).ok());
+  absl::StatusOr<TrainingRecord> record = RecordOf(dir);
+  ASSERT_TRUE(record.ok()) << record.status();
+  ASSERT_EQ(record->data_identity_size(), 2);
+  EXPECT_EQ(record->data_identity(0).key(), "data.kind");
+  EXPECT_EQ(record->data_identity(1).value(), "2");
+  absl::StatusOr<LoadedCheckpoint> info = ReadTrainingCheckpointInfo(dir);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->data_identity, o.data_identity);
+  absl::StatusOr<std::shared_ptr<nn::Gpt>> same = OtherGpt();
+  ASSERT_TRUE(same.ok()) << same.status();
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadTrainingCheckpoint(dir, **same, nullptr);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->data_identity, o.data_identity);
+
+  const std::string old = Dir("data_identity_old");
+  ASSERT_TRUE(CopyWithRecord(dir, old, [](TrainingRecord& r) { r.clear_data_identity(); }).ok());
+  loaded = LoadTrainingCheckpoint(old, **same, nullptr);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_TRUE(loaded->data_identity.empty());
+
+  const std::string forged = Dir("data_identity_forged");
+  ASSERT_TRUE(CopyWithRecord(dir, forged, [](TrainingRecord& r) {
+                *r.add_data_identity() = r.data_identity(1);
+              }).ok());
+  info = ReadTrainingCheckpointInfo(forged);
+  EXPECT_TRUE(absl::IsDataLoss(info.status())) << info.status();
+  EXPECT_THAT(std::string(info.status().message()), HasSubstr("data identity key 'data.seed'"));
+
+  o.data_identity[""] = "x";
+  const std::string refused = Dir("data_identity_refused");
+  absl::Status s = SaveTrainingCheckpoint(refused, **gpt, nullptr, nullptr, nullptr, o);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("data_identity has an empty key"));
+  EXPECT_FALSE(std::filesystem::exists(refused));
+}
+
 // 9. The optimizer record is checked entry by entry against the checkpoint's tensors: a
 // renamed, missing or extra entry, impossible steps, or state reset to "never stepped"
 // while its tensors remain, is DataLoss naming it, and nothing is loaded.
