@@ -7,6 +7,7 @@
 //   test alone from checkpoint -> a fresh wrap, the same test loss (world size 2);
 //   test at world size 1 and 4 -> the same test loss within fp32 tolerance;
 //   fit 20 + resume 20         -> the same losses and weights as fit 40;
+//   resume with another --seed -> refused naming the field, unless allowed;
 //   safetensors of the run     -> round-trips, header as published, equal to the checkpoint;
 //   a corrupted / truncated checkpoint file -> refused, naming the file and the tensor.
 //
@@ -279,6 +280,24 @@ TEST_F(MainJobTest, PeriodicCheckpointsResumeFromTheLatest) {
   ASSERT_EQ(c.exit_code, 0) << c.output;
   EXPECT_NE(c.output.find("no complete checkpoint under"), std::string::npos) << c.output;
   EXPECT_TRUE(c.summary["resumed_from"].is_null());
+// NOTE [Data identity]: resuming the fit with another --seed (another language) is refused
+// naming the field; with --resume_allow_data_change it resumes and says what differs.
+TEST_F(MainJobTest, AResumeOnOtherDataIsRefusedUnlessAllowed) {
+  std::vector<std::string> flags = {"--stages=fit", "--steps=2", "--release=false",
+                                    "--resume_from=" + base_ + "/checkpoint", "--seed=5"};
+  RunResult refused = MainJob(2, TempDir() + "/other_data", flags);
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(refused.output,
+                                "data.language_seed: the checkpoint's 1 vs this module's 6"))
+      << refused.output;
+  EXPECT_TRUE(absl::StrContains(refused.output, "--resume_allow_data_change")) << refused.output;
+  flags.push_back("--resume_allow_data_change");
+  RunResult allowed = MainJob(2, TempDir() + "/other_data_allowed", flags);
+  ASSERT_EQ(allowed.exit_code, 0) << allowed.output;
+  EXPECT_EQ(allowed.summary["global_step"], 42);
+  EXPECT_EQ(allowed.summary["resumed_data_changes"],
+            nlohmann::json::array({"data.language_seed: the checkpoint's 1 vs this module's 6"}));
+  EXPECT_TRUE(absl::StrContains(allowed.output, "resuming on other data")) << allowed.output;
 }
 
 TEST_F(MainJobTest, SafetensorsRoundTripsFollowsTheFormatAndMatchesTheCheckpoint) {

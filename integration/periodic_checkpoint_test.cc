@@ -52,7 +52,7 @@ FitRun FitOn(int n, const StageOptions& options, bool resume, ResumeResult* resu
     ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, options));
     if (resume) {
       ASSIGN_OR_RETURN(ResumeResult r,
-                       runner->ResumeLatest(*module, options.checkpoint_dir, /*optimizer=*/true));
+                       runner->ResumeLatest(*module, options.checkpoint_dir, {/*optimizer=*/true}));
       if (ctx.rank == 0 && resumed != nullptr) *resumed = r;
     }
     ASSIGN_OR_RETURN(FitResult fit, runner->Fit(*module));

@@ -1,11 +1,15 @@
 // Training checkpoints through the StageRunner, over thread ranks: a checkpoint saved
 // at N = 2 loads at N = 1, 3 and 4 (and into a plain module) with the same weights and
 // optimizer state; each rank reads only its part; a crash before the rename leaves the
-// previous checkpoint loadable; bad input is refused naming the parameter.
+// previous checkpoint loadable; bad input is refused naming the parameter; a resume on
+// other data is refused naming the field (NOTE [Data identity]).
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,7 +21,9 @@
 #include "fsdp/fsdp.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "integration/checkpointing/data_identity.h"
 #include "integration/checkpointing/training_checkpoint.h"
+#include "integration/forwarding_train_module.h"
 #include "integration/gpt_module.h"
 #include "integration/stage_runner.h"
 #include "integration/testing/stage_testing.h"
@@ -250,6 +256,194 @@ TEST(StageCheckpointTest, ErrorsNameTheParameterOrTheMissingState) {
   s = SaveTrainingCheckpoint(Dir("reserved"), *(*m)->model(), &registry, nullptr, nullptr, reserved);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_FALSE(std::filesystem::exists(Dir("reserved")));
+}
+
+// ---------------------------------------------------------------------------------
+// NOTE [Data identity]: a resume reads the checkpoint's data, or is refused naming the
+// field, unless asked to load anyway; a model-only load compares nothing.
+
+// `tokens` pseudo-random tokens below 24 (SmallGpt's vocabulary) from `seed`, as a bare
+// uint16 (nanoGPT) file at `path`.
+void WriteTokens(const std::string& path, int tokens, uint32_t seed) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  uint32_t x = seed * 2654435761u + 12345u;
+  for (int i = 0; i < tokens; ++i) {
+    x = x * 1664525u + 1013904223u;
+    const uint16_t t = static_cast<uint16_t>((x >> 16) % 24);
+    out.write(reinterpret_cast<const char*>(&t), 2);
+  }
+}
+
+GptModuleOptions OnTokens(const std::string& path, uint64_t data_seed) {
+  GptModuleOptions o = SmallGpt();
+  o.data_path = path;
+  o.data_seed = data_seed;
+  return o;
+}
+
+// Fits 4 steps of `options` at N = 2 and saves to Dir(name).
+void FitAndSaveWith(const GptModuleOptions& options, const std::string& name) {
+  INTEGRATION_ASSERT_OK(RunRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+    ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(options));
+    StageOptions o = Stages();
+    o.checkpoint_dir = Dir(name);
+    ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, o));
+    return runner->Fit(*module).status();
+  }));
+}
+
+// Each rank's LoadCheckpoint of Dir(name) into a module of `options(rank)` at N = 2, and
+// the module's global step after it.
+struct RankLoad {
+  absl::StatusOr<LoadedCheckpoint> loaded = absl::UnknownError("not run");
+  int64_t global_step = -1;
+};
+std::vector<RankLoad> LoadOnRanks(const std::string& name,
+                                  const std::function<GptModuleOptions(int)>& options,
+                                  const LoadCheckpointOptions& load) {
+  std::vector<RankLoad> out(2);
+  absl::Status s = RunRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+    ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(options(ctx.rank)));
+    ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, Stages()));
+    out[ctx.rank].loaded = runner->LoadCheckpoint(*module, Dir(name), load);
+    out[ctx.rank].global_step = runner->GlobalStep(*module);
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+LoadCheckpointOptions Resume(bool allow_data_change = false) {
+  LoadCheckpointOptions o;
+  o.optimizer = true;
+  o.allow_data_change = allow_data_change;
+  return o;
+}
+
+std::vector<std::string> ChangedKeys(const LoadedCheckpoint& loaded) {
+  std::vector<std::string> keys;
+  for (const DataIdentityChange& c : loaded.data_identity_changes) keys.push_back(c.key);
+  return keys;
+}
+
+TEST(StageCheckpointTest, AResumeOnOtherTokenFilesOrSeedIsRefusedNamingTheField) {
+  const std::string path = Dir("identity_tokens.bin");
+  WriteTokens(path, 4000, /*seed=*/1);  // A
+  FitAndSaveWith(OnTokens(path, 7), "identity");
+  absl::StatusOr<LoadedCheckpoint> info = ReadTrainingCheckpointInfo(Dir("identity"));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->data_identity.at("data.files"), path);
+  EXPECT_EQ(info->data_identity.at("data.seed"), "7");
+
+  // The same files and seed: resumes, nothing to report.
+  for (const RankLoad& r : LoadOnRanks(
+           "identity", [&](int) { return OnTokens(path, 7); }, Resume())) {
+    ASSERT_TRUE(r.loaded.ok()) << r.loaded.status();
+    EXPECT_TRUE(r.loaded->data_identity_changes.empty());
+    EXPECT_EQ(r.loaded->data_identity_note, "");
+    EXPECT_EQ(r.global_step, 4);
+  }
+
+  // Another seed on rank 1 only: every rank fails with rank 1's error, nothing loaded.
+  for (const RankLoad& r : LoadOnRanks(
+           "identity", [&](int rank) { return OnTokens(path, rank == 1 ? 8 : 7); }, Resume())) {
+    EXPECT_EQ(r.loaded.status().code(), absl::StatusCode::kFailedPrecondition) << r.loaded.status();
+    EXPECT_THAT(std::string(r.loaded.status().message()),
+                HasSubstr("rank 1: loading checkpoint '" + Dir("identity") +
+                          "': the module's data differ from the checkpoint's"));
+    EXPECT_THAT(std::string(r.loaded.status().message()),
+                HasSubstr("data.seed: the checkpoint's 7 vs this module's 8"));
+    EXPECT_EQ(r.global_step, 0);
+  }
+
+  // B: other content of the same size at the same path: only the fingerprint tells.
+  const std::string a_fingerprint = info->data_identity.at("data.fingerprint");
+  WriteTokens(path, 4000, /*seed=*/2);
+  for (const RankLoad& r : LoadOnRanks(
+           "identity", [&](int) { return OnTokens(path, 7); }, Resume())) {
+    EXPECT_EQ(r.loaded.status().code(), absl::StatusCode::kFailedPrecondition) << r.loaded.status();
+    const std::string message(r.loaded.status().message());
+    EXPECT_THAT(message, HasSubstr("data.fingerprint: the checkpoint's " + a_fingerprint +
+                                   " vs this module's 0x"));
+    EXPECT_THAT(message, ::testing::Not(HasSubstr("data.sizes")));
+    EXPECT_THAT(message, ::testing::Not(HasSubstr("data.files")));
+    EXPECT_EQ(r.global_step, 0);
+  }
+
+  // Asked to, it loads anyway and lists what differs.
+  for (const RankLoad& r : LoadOnRanks(
+           "identity", [&](int) { return OnTokens(path, 8); },
+           Resume(/*allow_data_change=*/true))) {
+    ASSERT_TRUE(r.loaded.ok()) << r.loaded.status();
+    ASSERT_EQ(ChangedKeys(*r.loaded), (std::vector<std::string>{"data.fingerprint", "data.seed"}));
+    EXPECT_EQ(r.loaded->data_identity_changes[1].saved, std::optional<std::string>("7"));
+    EXPECT_EQ(r.loaded->data_identity_changes[1].current, std::optional<std::string>("8"));
+    EXPECT_EQ(r.global_step, 4);
+  }
+
+  // A model-only load (evaluation, the start of a fine-tuning) compares nothing.
+  for (const RankLoad& r : LoadOnRanks(
+           "identity", [&](int) { return OnTokens(path, 8); }, LoadCheckpointOptions())) {
+    ASSERT_TRUE(r.loaded.ok()) << r.loaded.status();
+    EXPECT_TRUE(r.loaded->data_identity_changes.empty());
+    EXPECT_EQ(r.loaded->data_identity_note, "");
+    EXPECT_EQ(r.global_step, 4);
+  }
+}
+
+TEST(StageCheckpointTest, AResumeOnAnotherLanguageIsRefusedNamingTheField) {
+  FitAndSaveWith(SmallGpt(), "identity_language");
+  GptModuleOptions other = SmallGpt();
+  other.language.seed += 1;
+  for (const RankLoad& r : LoadOnRanks(
+           "identity_language", [&](int) { return other; }, Resume())) {
+    EXPECT_EQ(r.loaded.status().code(), absl::StatusCode::kFailedPrecondition) << r.loaded.status();
+    EXPECT_THAT(
+        std::string(r.loaded.status().message()),
+        HasSubstr(absl::StrCat("data.language_seed: the checkpoint's ", SmallGpt().language.seed,
+                               " vs this module's ", other.language.seed)));
+  }
+  // Token files in place of the language: every key of either differs.
+  const std::string path = Dir("identity_language_tokens.bin");
+  WriteTokens(path, 4000, 1);
+  for (const RankLoad& r : LoadOnRanks(
+           "identity_language", [&](int) { return OnTokens(path, 7); }, Resume(true))) {
+    ASSERT_TRUE(r.loaded.ok()) << r.loaded.status();
+    EXPECT_THAT(ChangedKeys(*r.loaded), ::testing::Contains("data.kind"));
+    EXPECT_THAT(ChangedKeys(*r.loaded), ::testing::Contains("data.fingerprint"));
+    EXPECT_THAT(ChangedKeys(*r.loaded), ::testing::Contains("data.language_seed"));
+  }
+}
+
+// A TrainModule that gives no data identity, as every checkpoint saved before
+// checkpoints kept one.
+class NoDataIdentity : public ForwardingTrainModule {
+ public:
+  using ForwardingTrainModule::ForwardingTrainModule;
+  std::map<std::string, std::string> DataIdentity() const override { return {}; }
+};
+
+TEST(StageCheckpointTest, ACheckpointWithoutADataIdentityResumesWithANote) {
+  const std::string path = Dir("identity_none_tokens.bin");
+  WriteTokens(path, 4000, 1);
+  INTEGRATION_ASSERT_OK(RunRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+    ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(OnTokens(path, 7)));
+    NoDataIdentity silent(module.get());
+    StageOptions o = Stages();
+    o.checkpoint_dir = Dir("identity_none");
+    ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, o));
+    return runner->Fit(silent).status();
+  }));
+  absl::StatusOr<LoadedCheckpoint> info = ReadTrainingCheckpointInfo(Dir("identity_none"));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_TRUE(info->data_identity.empty());
+  for (const RankLoad& r : LoadOnRanks(
+           "identity_none", [&](int) { return OnTokens(path, 8); }, Resume())) {
+    ASSERT_TRUE(r.loaded.ok()) << r.loaded.status();
+    EXPECT_TRUE(r.loaded->data_identity_changes.empty());
+    EXPECT_THAT(r.loaded->data_identity_note, HasSubstr("the checkpoint records no data identity"));
+    EXPECT_EQ(r.global_step, 4);
+  }
 }
 
 }  // namespace

@@ -557,9 +557,11 @@ absl::StatusOr<PredictResult> StageRunner::Predict(TrainModule& module,
   return result;
 }
 
-TrainingCheckpointOptions StageRunner::CheckpointOptions(const ModelState& state) const {
+TrainingCheckpointOptions StageRunner::CheckpointOptions(const TrainModule& module,
+                                                         const ModelState& state) const {
   TrainingCheckpointOptions options;
   options.step = state.global_step;
+  options.data_identity = module.DataIdentity();  // NOTE [Data identity]
   options.timeout = options_.wrap.timeout;
   return options;
 }
@@ -568,7 +570,7 @@ absl::Status StageRunner::SaveCheckpoint(TrainModule& module, const std::string&
                                          checkpoint::SimulatedCrash simulate_crash) {
   ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, ModelOf(module));
   ModelState& state = StateOf(model);
-  TrainingCheckpointOptions options = CheckpointOptions(state);
+  TrainingCheckpointOptions options = CheckpointOptions(module, state);
   options.simulate_crash = simulate_crash;
   return Annotate(SaveTrainingCheckpoint(dir, *model, registry_.get(), state.optimizer.get(),
                                          group_.get(), options),
@@ -588,7 +590,7 @@ absl::Status StageRunner::SaveStepCheckpoint(TrainModule& module, int64_t step,
   ModelState& state = StateOf(model);
   absl::StatusOr<std::unique_ptr<checkpoint::PendingSave>> pending = BeginTrainingCheckpoint(
       dir, *model, registry_.get(), state.optimizer.get(), group_.get(),
-      CheckpointOptions(state), /*background=*/true);
+      CheckpointOptions(module, state), /*background=*/true);
   RETURN_IF_ERROR(Annotate(pending.status(), absl::StrCat("saving checkpoint '", dir, "'")));
   pending_save_ = *std::move(pending);
   return absl::OkStatus();
@@ -621,7 +623,37 @@ absl::Status StageRunner::Committed(const std::string& dir, FitResult* result) {
 absl::StatusOr<LoadedCheckpoint> StageRunner::LoadCheckpoint(TrainModule& module,
                                                              const std::string& dir,
                                                              bool optimizer) {
+  LoadCheckpointOptions options;
+  options.optimizer = optimizer;
+  return LoadCheckpoint(module, dir, options);
+}
+
+absl::StatusOr<LoadedCheckpoint> StageRunner::LoadCheckpoint(
+    TrainModule& module, const std::string& dir, const LoadCheckpointOptions& load_options) {
+  const bool optimizer = load_options.optimizer;
   ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, ModelOf(module));
+  // NOTE [Data identity]: a resume must read the checkpoint's data. Each rank compares its
+  // own module (its files may differ from another rank's) and all agree before the wrap.
+  // A checkpoint that cannot be read is left to the load below, which reports it.
+  DataIdentityComparison data;
+  if (optimizer) {
+    absl::Status checked = absl::OkStatus();
+    absl::StatusOr<LoadedCheckpoint> info = ReadTrainingCheckpointInfo(dir);
+    if (info.ok()) data = CompareDataIdentity(info->data_identity, module.DataIdentity());
+    if (!data.changes.empty() && !load_options.allow_data_change) {
+      std::vector<std::string> changes;
+      for (const DataIdentityChange& c : data.changes) changes.push_back(c.ToString());
+      checked = absl::FailedPreconditionError(absl::StrCat(
+          "the module's data differ from the checkpoint's, so a resume would not read the "
+          "batches of the saved run: ",
+          absl::StrJoin(changes, "; "),
+          " (LoadCheckpointOptions::allow_data_change, or the main job's "
+          "--resume_allow_data_change, loads anyway)"));
+    }
+    RETURN_IF_ERROR(comm::AgreeOnStatus(
+        group_.get(), Annotate(checked, absl::StrCat("loading checkpoint '", dir, "'")),
+        absl::StrCat("comparing the data of checkpoint '", dir, "'"), options_.wrap.timeout));
+  }
   RETURN_IF_ERROR(Wrap(module).status());
   ModelState& state = StateOf(model);
   if (optimizer) RETURN_IF_ERROR(EnsureOptimizer(module, state, model));
@@ -634,11 +666,14 @@ absl::StatusOr<LoadedCheckpoint> StageRunner::LoadCheckpoint(TrainModule& module
       Annotate(loaded.status(), absl::StrCat("loading checkpoint '", dir, "'")),
       absl::StrCat("loading checkpoint '", dir, "'"), options_.wrap.timeout));
   state.global_step = loaded->step;
+  loaded->data_identity_changes = std::move(data.changes);
+  loaded->data_identity_note = std::move(data.note);
   return loaded;
 }
 
 absl::StatusOr<ResumeResult> StageRunner::ResumeLatest(TrainModule& module,
-                                                       const std::string& root, bool optimizer) {
+                                                       const std::string& root,
+                                                       const LoadCheckpointOptions& options) {
   // Rank 0 looks (verifying a candidate reads all of it: once, not once per rank) and sends
   // every rank its finding: "found" or "none", the directory, then what it skipped.
   std::string finding;
@@ -664,7 +699,7 @@ absl::StatusOr<ResumeResult> StageRunner::ResumeLatest(TrainModule& module,
   if (lines[0] == "none") return result;  // a fresh start
   result.dir = lines[1];
   result.skipped.assign(lines.begin() + 2, lines.end());
-  ASSIGN_OR_RETURN(result.loaded, LoadCheckpoint(module, result.dir, optimizer));
+  ASSIGN_OR_RETURN(result.loaded, LoadCheckpoint(module, result.dir, options));
   result.resumed = true;
   return result;
 }

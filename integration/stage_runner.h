@@ -174,6 +174,18 @@ struct EvalOptions {
   bool wrap = true;
 };
 
+// How StageRunner::LoadCheckpoint loads.
+struct LoadCheckpointOptions {
+  // Also the optimizer state: a resume, which compares the data too (below). False loads
+  // the model only (evaluation, the start of a fine-tuning) and compares no data.
+  bool optimizer = false;
+  // NOTE [Data identity] (integration/train_module.h): a resume whose module's
+  // DataIdentity() differs from the checkpoint's is FailedPrecondition naming each
+  // differing key with both values. True loads anyway and lists the differences in
+  // LoadedCheckpoint::data_identity_changes.
+  bool allow_data_change = false;
+};
+
 class StageRunner {
  public:
   // InvalidArgument for a null group or options invalid on its size (naming the option).
@@ -203,17 +215,25 @@ class StageRunner {
   absl::StatusOr<WrapReport> Wrap(TrainModule& module);
 
   // Saves the model and, if Fit made one, its optimizer state, tagged with the global
-  // step (integration/checkpointing/training_checkpoint.h). The model must be wrapped or
-  // plain; a collective.
+  // step and the module's DataIdentity() (integration/checkpointing/training_checkpoint.h).
+  // The model must be wrapped or plain; a collective.
   absl::Status SaveCheckpoint(TrainModule& module, const std::string& dir,
                               checkpoint::SimulatedCrash simulate_crash =
                                   checkpoint::SimulatedCrash::kNone);
 
   // Wraps the model, then loads `dir` (saved at any world size) into it and sets the
-  // model's global step to the checkpoint's; with `optimizer`, also the optimizer state
-  // (making the optimizer first if needed), so a following Fit continues the saved run.
-  // Collective: a rank that cannot load (a damaged or missing file) fails every rank with
-  // its error ("rank <r>: ..."), before any rank goes on to another collective.
+  // model's global step to the checkpoint's; with options.optimizer, also the optimizer
+  // state (making the optimizer first if needed), so a following Fit continues the saved
+  // run. A resume (options.optimizer) first compares the module's DataIdentity() with the
+  // checkpoint's (NOTE [Data identity]): FailedPrecondition naming each differing key and
+  // both values ("data.seed: the checkpoint's 2 vs this module's 3"), before anything is
+  // wrapped or loaded, unless options.allow_data_change; a side without an identity is not
+  // compared (LoadedCheckpoint::data_identity_note says so). Collective: a rank that
+  // cannot load (a damaged or missing file, other data) fails every rank with its error
+  // ("rank <r>: ..."), before any rank goes on to another collective.
+  absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(TrainModule& module, const std::string& dir,
+                                                  const LoadCheckpointOptions& options);
+  // The same with LoadCheckpointOptions{optimizer}.
   absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(TrainModule& module, const std::string& dir,
                                                   bool optimizer);
 
@@ -222,7 +242,7 @@ class StageRunner {
   // passing over newer ones that are torn or damaged. When there is none, nothing is loaded
   // and ResumeResult::resumed is false: the run starts fresh. Collective.
   absl::StatusOr<ResumeResult> ResumeLatest(TrainModule& module, const std::string& root,
-                                            bool optimizer);
+                                            const LoadCheckpointOptions& options);
 
   // fsdp::Release of the model: a plain module with its trained full weights. The
   // optimizer and global step are kept for a later Fit (which wraps again the same way).
@@ -270,8 +290,10 @@ class StageRunner {
   // Records the committed checkpoint `dir` in `result` and prunes to keep_checkpoints
   // (agreed across ranks).
   absl::Status Committed(const std::string& dir, FitResult* result);
-  // What every checkpoint of the model records (its global step) and the collective timeout.
-  TrainingCheckpointOptions CheckpointOptions(const ModelState& state) const;
+  // What every checkpoint of the model records (its global step, the module's data identity)
+  // and the collective timeout.
+  TrainingCheckpointOptions CheckpointOptions(const TrainModule& module,
+                                              const ModelState& state) const;
   absl::Status AccumulateMicroBatches(TrainModule& module, core::Module& model, StepContext ctx,
                                       std::vector<StepOutput>* parts);
 

@@ -37,6 +37,10 @@ ABSL_FLAG(std::string, resume_from, "",
           "optimizer state and step are restored and training continues. 'latest': the "
           "newest complete checkpoint under --checkpoint_dir (damaged ones skipped, with a "
           "warning); none there starts fresh");
+ABSL_FLAG(bool, resume_allow_data_change, false,
+          "with --resume_from and fit: resume even when the training data differ from the "
+          "checkpoint's (token files, their content, --seed, the language, --seq_len), and print "
+          "what differs; without it such a resume is refused naming each differing field");
 ABSL_FLAG(std::string, hf_dir, "",
           "Hugging Face checkpoint directory to start from (config.json, model.safetensors or "
           "its index; GPT-2 or Llama): config.json's model_type and sizes make the model in "
@@ -456,6 +460,7 @@ JobOptions JobOptionsFromFlags() {
   job.stages = absl::GetFlag(FLAGS_stages);
   const std::string resume_from = absl::GetFlag(FLAGS_resume_from);
   job.resume_from = resume_from == kResumeLatest ? resume_from : Resolve(resume_from);
+  job.resume_allow_data_change = absl::GetFlag(FLAGS_resume_allow_data_change);
   job.hf_dir = Resolve(absl::GetFlag(FLAGS_hf_dir));
   job.export_hf_dir = Resolve(absl::GetFlag(FLAGS_export_hf_dir));
   job.output_dir = PathOr(absl::GetFlag(FLAGS_output_dir), DefaultOutputDir());
@@ -517,6 +522,10 @@ absl::Status CheckBeforeLaunch(const JobOptions& job) {
         absl::StrCat("--world_size=", job.world_size, " must be >= 1"));
   }
   if (absl::Status s = ParseStages(job.stages).status(); !s.ok()) return refuse(s);
+  if (job.resume_allow_data_change && job.resume_from.empty()) {
+    return absl::InvalidArgumentError(
+        "--resume_allow_data_change needs --resume_from: it lets a resume read other data");
+  }
   // NOTE [Hugging Face start]: a --stage_config may replace the flags' directories and is
   // the ranks' to read; with one, a model from --hf_dir is theirs to check too.
   if (job.stage_config.empty()) {

@@ -57,6 +57,9 @@ struct JobOptions {
   std::string device;         // --device
   std::string stages;         // --stages as given (ParseStages reads it)
   std::string resume_from;    // --resume_from; "" for none, kResumeLatest, or a directory
+  // --resume_allow_data_change: a resume may read other data than the checkpoint's
+  // (LoadCheckpointOptions::allow_data_change, NOTE [Data identity]).
+  bool resume_allow_data_change = false;
   // NOTE [Hugging Face start]: --hf_dir and --export_hf_dir, or the StageConfig fields
   // that replace them (ResolveHfDirs); "" for none. Errors name the flag or the field
   // that set each (`hf_dir_name`, `export_hf_dir_name`).
@@ -156,6 +159,7 @@ JobOptions JobOptionsFromFlags();
 absl::Status MakeOutputDir(const JobOptions& job);
 
 // The checks the launching parent makes before it starts any rank (world size, stages,
+// --resume_allow_data_change only with --resume_from,
 // without --stage_config the Hugging Face directories (ResolveHfDirs), the model flags,
 // strategy, intra-op threads, timeout, device and backend), so a refusal comes once: the
 // first failure, with the message the parent prints after "main job: ".

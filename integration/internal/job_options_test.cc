@@ -28,6 +28,8 @@ ABSL_DECLARE_FLAG(double, rms_norm_eps);
 ABSL_DECLARE_FLAG(bool, tie_word_embeddings);
 ABSL_DECLARE_FLAG(std::string, hf_dir);
 ABSL_DECLARE_FLAG(std::string, export_hf_dir);
+ABSL_DECLARE_FLAG(std::string, resume_from);
+ABSL_DECLARE_FLAG(bool, resume_allow_data_change);
 
 namespace integration {
 namespace internal {
@@ -91,6 +93,24 @@ TEST(JobOptionsTest, TheParentRefusesNamingTheFlag) {
   job.cpu_offload = true;  // on the default --device=cpu
   EXPECT_EQ(CheckBeforeLaunch(job).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Message(CheckBeforeLaunch(job)), StartsWith("--cpu_offload needs --device=cuda"));
+}
+
+// NOTE [Data identity]: --resume_allow_data_change is read, off by default, and means
+// something only with --resume_from.
+TEST(JobOptionsTest, ResumeAllowDataChangeIsReadAndNeedsResumeFrom) {
+  absl::FlagSaver restore;
+  EXPECT_FALSE(JobOptionsFromFlags().resume_allow_data_change);
+  absl::SetFlag(&FLAGS_resume_allow_data_change, true);
+  JobOptions job = JobOptionsFromFlags();
+  EXPECT_TRUE(job.resume_allow_data_change);
+  const absl::Status refused = CheckBeforeLaunch(job);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(refused), StartsWith("--resume_allow_data_change needs --resume_from"));
+  absl::SetFlag(&FLAGS_resume_from, "/ckpt/run");
+  job = JobOptionsFromFlags();
+  EXPECT_EQ(job.resume_from, "/ckpt/run");
+  EXPECT_TRUE(job.resume_allow_data_change);
+  EXPECT_TRUE(CheckBeforeLaunch(job).ok()) << CheckBeforeLaunch(job);
 }
 
 TEST(JobOptionsTest, IntraOpThreadsAreTheFlagWhenSet) {

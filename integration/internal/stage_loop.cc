@@ -72,11 +72,14 @@ StageLoop::StageLoop(const JobOptions& job, const JobSetup& setup, StageRunner* 
 absl::StatusOr<bool> StageLoop::Resume() {
   const bool fits =
       std::find(setup_.stages.begin(), setup_.stages.end(), Stage::kFit) != setup_.stages.end();
+  LoadCheckpointOptions load;
+  load.optimizer = fits;
+  load.allow_data_change = job_.resume_allow_data_change;
   std::string dir = job_.resume_from;
   LoadedCheckpoint loaded;
   if (job_.resume_from == kResumeLatest) {
     const std::string root = runner_.options().checkpoint_dir;
-    ASSIGN_OR_RETURN(ResumeResult latest, runner_.ResumeLatest(trained_, root, fits));
+    ASSIGN_OR_RETURN(ResumeResult latest, runner_.ResumeLatest(trained_, root, load));
     for (const std::string& why : latest.skipped) {
       say_(absl::StrCat("resume: passed over damaged checkpoint ", why));
     }
@@ -88,13 +91,22 @@ absl::StatusOr<bool> StageLoop::Resume() {
     dir = latest.dir;
     loaded = latest.loaded;
   } else {
-    ASSIGN_OR_RETURN(loaded, runner_.LoadCheckpoint(trained_, dir, /*optimizer=*/fits));
+    ASSIGN_OR_RETURN(loaded, runner_.LoadCheckpoint(trained_, dir, load));
   }
   say_(absl::StrFormat("loaded checkpoint %s (saved at step %d by %d ranks%s); this rank read %s",
                        dir, loaded.step, loaded.saved_world_size,
                        fits ? ", with optimizer state" : "", core::FormatBytes(loaded.bytes_read)));
+  // NOTE [Data identity]: what --resume_allow_data_change let through, or why nothing
+  // was compared.
+  nlohmann::json changes = nlohmann::json::array();
+  for (const DataIdentityChange& c : loaded.data_identity_changes) {
+    say_(absl::StrCat("resuming on other data (--resume_allow_data_change): ", c.ToString()));
+    changes.push_back(c.ToString());
+  }
+  if (!loaded.data_identity_note.empty()) say_(absl::StrCat("note: ", loaded.data_identity_note));
   summary_["resumed_from"] = dir;
   summary_["resumed_step"] = loaded.step;
+  summary_["resumed_data_changes"] = changes;
   return true;
 }
 
