@@ -280,6 +280,8 @@ TEST_F(MainJobTest, PeriodicCheckpointsResumeFromTheLatest) {
   ASSERT_EQ(c.exit_code, 0) << c.output;
   EXPECT_NE(c.output.find("no complete checkpoint under"), std::string::npos) << c.output;
   EXPECT_TRUE(c.summary["resumed_from"].is_null());
+}
+
 // NOTE [Data identity]: resuming the fit with another --seed (another language) is refused
 // naming the field; with --resume_allow_data_change it resumes and says what differs.
 TEST_F(MainJobTest, AResumeOnOtherDataIsRefusedUnlessAllowed) {
