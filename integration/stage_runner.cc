@@ -461,6 +461,7 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
       last_save_time = NowSeconds();
     }
   }
+  const double final_save_start = NowSeconds();
   if (periodic && last_saved_step != state.global_step) {
     RETURN_IF_ERROR(SaveStepCheckpoint(module, state.global_step, &result));
   }
@@ -480,6 +481,7 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
     result.checkpoint_dir = options_.checkpoint_dir;
     result.checkpoints.push_back(options_.checkpoint_dir);
   }
+  result.final_save_seconds = NowSeconds() - final_save_start;
   if (options_.release_after_fit) {
     RETURN_IF_ERROR(Release(module));
     result.released = true;

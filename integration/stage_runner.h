@@ -121,6 +121,9 @@ struct FitResult {
   // NOTE [Periodic checkpoints]: every checkpoint this Fit saved, in order (the step
   // directories; only checkpoint_dir itself without periodic checkpoints).
   std::vector<std::string> checkpoints;
+  // Seconds after the last step spent saving (the last periodic checkpoint, or the one save
+  // at the end) and committing a save in flight.
+  double final_save_seconds = 0;
   bool released = false;
   // The ops of step StageOptions::profile_step of this Fit, with their CUDA device times
   // resolved; empty when no step was profiled.

@@ -125,7 +125,7 @@ nlohmann::json NewSummary(const JobFacts& facts) {
   summary["memory_estimate_over_fit_peak"] = nullptr;
   summary["entropy_floor"] =
       std::isfinite(facts.entropy_floor) ? nlohmann::json(facts.entropy_floor) : nlohmann::json();
-  for (const char* figure : {"final_train_loss", "fit_seconds", "test_loss", "validate_loss", "released_test_loss",
+  for (const char* figure : {"final_train_loss", "fit_seconds", "fit_final_save_seconds", "test_loss", "validate_loss", "released_test_loss",
                              "checkpoint_dir", "safetensors_path", "export_hf_dir",
                              "resumed_from"}) {
     summary[figure] = nullptr;

@@ -168,6 +168,7 @@ absl::Status StageLoop::Fit() {
   }
   summary_["final_train_loss"] = fit.final_loss;
   summary_["fit_seconds"] = fit.report.seconds;
+  summary_["fit_final_save_seconds"] = fit.final_save_seconds;
   totals_.tokens_per_second = fit.items_per_second;
   totals_.AddMemory(fit.report.memory);
   // The fit's own peaks (the wrap included) beside the estimate they were checked against.
