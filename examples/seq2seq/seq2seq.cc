@@ -42,6 +42,15 @@ absl::StatusOr<core::Tensor> Positions(int64_t n) {
   return core::Tensor::FromInts(ids, {n});
 }
 
+// `t` on `device`: itself when it is there, else a copy.
+absl::StatusOr<core::Tensor> OnDevice(const core::Tensor& t, const core::Device& device) {
+  if (!t.defined() || t.device() == device) return t;
+  ASSIGN_OR_RETURN(core::Tensor out,
+                   core::Tensor::Allocate(t.shape(), t.dtype(), core::MemoryTag::kOther, device));
+  RETURN_IF_ERROR(out.CopyFrom(t));
+  return out;
+}
+
 absl::Status CheckIds(const core::Tensor& ids, const std::string& name, int64_t max_len) {
   if (!ids.defined() || ids.dtype() != core::DType::kInt32 || ids.dim() != 2 || ids.size(1) < 1 ||
       ids.size(1) > max_len) {
@@ -193,9 +202,12 @@ absl::StatusOr<core::Tensors> Seq2Seq::ForwardGraph(const core::Tensors& in) {
     return absl::InvalidArgumentError(
         absl::StrCat("Seq2Seq: takes {src, src_mask, tgt}, got ", in.size(), " inputs"));
   }
-  const core::Tensor &src = in[0], &src_mask = in[1], &tgt = in[2];
+  const core::Tensor &src = in[0], &tgt = in[2];
   RETURN_IF_ERROR(CheckIds(src, "src", config_.max_positions));
   RETURN_IF_ERROR(CheckIds(tgt, "tgt", config_.max_positions));
+  // The ids may stay on the host (the embedding copies them); the attention wants its mask on
+  // the activations' device.
+  ASSIGN_OR_RETURN(const core::Tensor src_mask, OnDevice(in[1], embed_->data.device()));
   // Token and position embeddings; positions [L, C] broadcast over the batch.
   absl::StatusOr<core::Tensor> x =
       F::Add(F::Embedding(src, embed_), F::Embedding(Positions(src.size(1)), encoder_positions_));
