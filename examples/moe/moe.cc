@@ -32,10 +32,7 @@ absl::StatusOr<core::Tensor> Ints(const std::vector<int32_t>& values, const core
                                   const core::Device& device) {
   ASSIGN_OR_RETURN(core::Tensor host, core::Tensor::FromInts(values, shape));
   if (device.is_cpu()) return host;
-  ASSIGN_OR_RETURN(core::Tensor out, core::Tensor::Allocate(shape, core::DType::kInt32,
-                                                            core::MemoryTag::kOther, device));
-  RETURN_IF_ERROR(out.CopyFrom(host));
-  return out;
+  return host.To(device, core::MemoryTag::kOther);
 }
 
 // One-hot rows [N, E] of `index` [N, 1] (a constant: no gradient).

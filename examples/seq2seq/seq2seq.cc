@@ -42,15 +42,6 @@ absl::StatusOr<core::Tensor> Positions(int64_t n) {
   return core::Tensor::FromInts(ids, {n});
 }
 
-// `t` on `device`: itself when it is there, else a copy.
-absl::StatusOr<core::Tensor> OnDevice(const core::Tensor& t, const core::Device& device) {
-  if (!t.defined() || t.device() == device) return t;
-  ASSIGN_OR_RETURN(core::Tensor out,
-                   core::Tensor::Allocate(t.shape(), t.dtype(), core::MemoryTag::kOther, device));
-  RETURN_IF_ERROR(out.CopyFrom(t));
-  return out;
-}
-
 absl::Status CheckIds(const core::Tensor& ids, const std::string& name, int64_t max_len) {
   if (!ids.defined() || ids.dtype() != core::DType::kInt32 || ids.dim() != 2 || ids.size(1) < 1 ||
       ids.size(1) > max_len) {
@@ -207,7 +198,11 @@ absl::StatusOr<core::Tensors> Seq2Seq::ForwardGraph(const core::Tensors& in) {
   RETURN_IF_ERROR(CheckIds(tgt, "tgt", config_.max_positions));
   // The ids may stay on the host (the embedding copies them); the attention wants its mask on
   // the activations' device.
-  ASSIGN_OR_RETURN(const core::Tensor src_mask, OnDevice(in[1], embed_->data.device()));
+  const core::Device device = embed_->data.device();
+  core::Tensor src_mask = in[1];
+  if (src_mask.defined() && src_mask.device() != device) {
+    ASSIGN_OR_RETURN(src_mask, src_mask.To(device, core::MemoryTag::kOther));
+  }
   // Token and position embeddings; positions [L, C] broadcast over the batch.
   absl::StatusOr<core::Tensor> x =
       F::Add(F::Embedding(src, embed_), F::Embedding(Positions(src.size(1)), encoder_positions_));
