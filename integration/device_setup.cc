@@ -81,10 +81,7 @@ absl::StatusOr<DeviceChoice> ChooseDeviceAndBackend(absl::string_view device_fla
 
 absl::StatusOr<core::Tensor> OnDevice(const core::Tensor& t, core::Device device) {
   if (!t.defined() || t.device() == device) return t;
-  ASSIGN_OR_RETURN(core::Tensor out,
-                   core::Tensor::Allocate(t.shape(), t.dtype(), t.storage()->tag(), device));
-  RETURN_IF_ERROR(out.CopyFrom(t));
-  return out;
+  return t.To(device, t.storage()->tag());
 }
 
 absl::Status MoveModuleToDevice(core::Module& module, core::Device device) {

@@ -26,9 +26,7 @@ using ::nn::internal::NewActivation;
 // `t` on `device`: itself, or a copy.
 absl::StatusOr<Tensor> OnDevice(const Tensor& t, const core::Device& device) {
   if (t.device() == device) return t;
-  ASSIGN_OR_RETURN(Tensor copy, NewActivation(t.shape(), device, t.dtype()));
-  RETURN_IF_ERROR(copy.CopyFrom(t));
-  return copy;
+  return t.To(device, core::MemoryTag::kActivation);
 }
 
 // A one-element fp32 tensor (shape []) holding `value` on `device`.
