@@ -20,6 +20,9 @@ ABSL_FLAG(int, nproc, 1, "number of ranks to start, in [1, 4096]");
 ABSL_FLAG(std::string, master_addr, "127.0.0.1", "address of the rank-0 store");
 ABSL_FLAG(int, master_port, 0, "port of the rank-0 store; 0 picks a free one");
 ABSL_FLAG(double, grace_period_s, 5, "seconds between SIGTERM and SIGKILL when stopping ranks");
+ABSL_FLAG(int, max_restarts, 0,
+          "start the whole job again after a failure, up to this many times (each rank sees "
+          "FSDP_RESTART_COUNT)");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -29,7 +32,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> command(rest.begin() + 1, rest.end());
   absl::StatusOr<comm::LaunchOptions> options = comm::MakeLaunchOptions(
       absl::GetFlag(FLAGS_nproc), absl::GetFlag(FLAGS_master_addr),
-      absl::GetFlag(FLAGS_master_port), absl::GetFlag(FLAGS_grace_period_s), std::move(command));
+      absl::GetFlag(FLAGS_master_port), absl::GetFlag(FLAGS_grace_period_s), std::move(command),
+      absl::GetFlag(FLAGS_max_restarts));
   if (!options.ok()) {
     const std::string msg = std::string(options.status().message()) + "\n";
     std::fputs(msg.c_str(), stderr);

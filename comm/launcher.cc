@@ -77,10 +77,10 @@ std::string ErrorFileOf(const std::string& dir, int rank) {
 
 std::vector<std::string> ChildEnvironment(const LaunchOptions& o, int rank,
                                           const std::string& secret,
-                                          const std::string& error_dir) {
+                                          const std::string& error_dir, int restart) {
   static const char* kOurs[] = {"RANK=",        "WORLD_SIZE=",  "LOCAL_RANK=",
                                 "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=",
-                                "FSDP_JOB_SECRET=", "FSDP_ERROR_FILE="};
+                                "FSDP_JOB_SECRET=", "FSDP_ERROR_FILE=", "FSDP_RESTART_COUNT="};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     bool ours = false;
@@ -93,6 +93,7 @@ std::vector<std::string> ChildEnvironment(const LaunchOptions& o, int rank,
   env.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", o.nproc));
   env.push_back(absl::StrCat("MASTER_ADDR=", o.master_addr));
   env.push_back(absl::StrCat("MASTER_PORT=", o.master_port));
+  env.push_back(absl::StrCat(kRestartCountEnv, "=", restart));
   if (!secret.empty()) env.push_back(absl::StrCat(kJobSecretEnv, "=", secret));
   if (!error_dir.empty()) env.push_back(absl::StrCat(kErrorFileEnv, "=", ErrorFileOf(error_dir, rank)));
   // Intra-op threads (OpenMP: oneDNN's GEMMs, the library's loops): the hardware threads
@@ -173,7 +174,8 @@ std::vector<std::string> ReportFailures(const std::vector<FailureRecord>& record
 
 absl::StatusOr<LaunchOptions> MakeLaunchOptions(int nproc, std::string master_addr,
                                                 int master_port, double grace_period_s,
-                                                std::vector<std::string> command) {
+                                                std::vector<std::string> command,
+                                                int max_restarts) {
   LaunchOptions o;
   if (nproc < 1 || nproc > 4096) {
     return absl::InvalidArgumentError(
@@ -192,6 +194,11 @@ absl::StatusOr<LaunchOptions> MakeLaunchOptions(int nproc, std::string master_ad
         "launch: --grace_period_s must be a non-negative number, got ", grace_period_s));
   }
   o.grace_period = absl::Seconds(grace_period_s);
+  if (max_restarts < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("launch: --max_restarts must be >= 0, got ", max_restarts));
+  }
+  o.max_restarts = max_restarts;
   if (command.empty()) {
     return absl::InvalidArgumentError(
         "launch: no program given; usage: launch --nproc=N -- program args...");
@@ -231,7 +238,7 @@ namespace {
 // One job of Launch: its options, its ranks, and what the event loop has seen so far.
 class Job {
  public:
-  explicit Job(const LaunchOptions& options) : o_(options) {}
+  Job(const LaunchOptions& options, int restart) : o_(options), restart_(restart) {}
 
   // The port, the job secret and the error-file directory; false (said why) if not.
   bool Prepare();
@@ -246,6 +253,8 @@ class Job {
   void Cleanup();
   // Reads the ranks' error files, says what happened and returns the exit status.
   int Finish();
+  // True when the launcher itself was sent SIGINT or SIGTERM (no restart then).
+  bool interrupted() const { return interrupt_ != 0; }
 
  private:
   void Say(absl::string_view text) const {
@@ -266,6 +275,7 @@ class Job {
   std::vector<FailureRecord> ReadErrorFiles(std::vector<std::string>* silent);
 
   LaunchOptions o_;
+  int restart_ = 0;  // NOTE [Restarts]
   std::string secret_;
   std::string error_dir_;
   std::vector<LaunchedRank> ranks_;
@@ -339,7 +349,7 @@ bool Job::StartRank(int r, std::vector<char*>& argv, pid_t launcher_pid) {
     Say("pipe2 failed");
     return false;
   }
-  std::vector<std::string> env_strings = ChildEnvironment(o_, r, secret_, error_dir_);
+  std::vector<std::string> env_strings = ChildEnvironment(o_, r, secret_, error_dir_, restart_);
   std::vector<char*> envp = CStrings(env_strings);
   const pid_t pid = ::fork();
   if (pid == 0) {
@@ -553,12 +563,19 @@ int Job::Finish() {
 }  // namespace
 
 int Launch(const LaunchOptions& options) {
-  Job job(options);
-  if (!job.Prepare() || !job.InstallSignalHandlers()) return 1;
-  job.StartRanks();
-  job.Supervise();
-  job.Cleanup();
-  return job.Finish();
+  for (int restart = 0;; ++restart) {
+    Job job(options, restart);
+    if (!job.Prepare() || !job.InstallSignalHandlers()) return 1;
+    job.StartRanks();
+    job.Supervise();
+    job.Cleanup();
+    const int code = job.Finish();
+    if (code == 0 || job.interrupted() || restart >= options.max_restarts) return code;
+    // NOTE [Restarts]: the root cause is reported above; the whole job starts again.
+    WriteAll(options.stderr_fd,
+             absl::StrCat("launch: restarting the job (restart ", restart + 1, " of ",
+                          options.max_restarts, ") after exit status ", code, "\n"));
+  }
 }
 
 }  // namespace comm

@@ -76,16 +76,27 @@ struct LaunchOptions {
   // Where the prefixed output goes.
   int stdout_fd = 1;
   int stderr_fd = 2;
+  // NOTE [Restarts]: when the job fails (a rank fails; not when the launcher itself is
+  // interrupted), every rank is stopped and the root cause reported as always, and then the
+  // whole job is started again, up to this many times (--max_restarts, torchelastic's
+  // --max-restarts), on a fresh port with a fresh secret. Each rank sees
+  // FSDP_RESTART_COUNT (kRestartCountEnv): 0 at the first start, k at the k-th restart. A
+  // program that checkpoints resumes by itself (the main job's --resume_from=latest).
+  int max_restarts = 0;
 };
+
+// The environment variable holding the restart count (NOTE [Restarts]).
+inline constexpr char kRestartCountEnv[] = "FSDP_RESTART_COUNT";
 
 // The options of `launch --nproc=N --master_addr=A --master_port=P --grace_period_s=S
 // -- program args...` once its flags are parsed (launch_main.cc parses them with absl
 // flags). InvalidArgument naming the flag for a value out of range (--nproc outside
 // [1, 4096], --master_port outside [0, 65535], an empty --master_addr, a negative or
-// non-finite --grace_period_s) or naming the missing program.
+// non-finite --grace_period_s, a negative --max_restarts) or naming the missing program.
 absl::StatusOr<LaunchOptions> MakeLaunchOptions(int nproc, std::string master_addr,
                                                 int master_port, double grace_period_s,
-                                                std::vector<std::string> command);
+                                                std::vector<std::string> command,
+                                                int max_restarts = 0);
 
 // Runs the job and returns the launcher's exit status (see the top of this file).
 // Returns 1 with a message on stderr_fd if the job cannot be started at all.

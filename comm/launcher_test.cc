@@ -233,6 +233,38 @@ TEST(LaunchTest, ForwardsSigtermToEveryRank) {
   EXPECT_TRUE(Contains(text, "forwarding it to every rank")) << text;
 }
 
+// NOTE [Restarts]: a job that fails is reported and started again, every rank seeing the
+// restart count; one that keeps failing ends with its failure after the last restart.
+TEST(LaunchTest, AFailedJobIsRestartedUpToMaxRestarts) {
+  LaunchOptions o;
+  o.nproc = 2;
+  o.max_restarts = 2;
+  // Rank 1 fails at the first start only.
+  Captured c = RunLaunch(o,
+                         "echo start $FSDP_RESTART_COUNT; "
+                         "if [ $FSDP_RESTART_COUNT = 0 ] && [ $RANK = 1 ]; then exit 7; fi");
+  EXPECT_EQ(c.exit_code, 0) << c.err;
+  EXPECT_TRUE(Contains(c.err, "job failed: root cause rank 1")) << c.err;
+  EXPECT_TRUE(Contains(c.err, "restarting the job (restart 1 of 2) after exit status 7")) << c.err;
+  EXPECT_FALSE(Contains(c.err, "restart 2 of 2")) << c.err;
+  EXPECT_TRUE(Contains(c.out, "[rank 0] start 0")) << c.out;
+  EXPECT_TRUE(Contains(c.out, "[rank 0] start 1")) << c.out;
+  EXPECT_TRUE(Contains(c.out, "[rank 1] start 1")) << c.out;
+
+  // Always failing: two restarts, then the failure's status.
+  Captured always = RunLaunch(o, "echo start $FSDP_RESTART_COUNT; exit 5");
+  EXPECT_EQ(always.exit_code, 5);
+  EXPECT_TRUE(Contains(always.err, "restart 2 of 2")) << always.err;
+  EXPECT_TRUE(Contains(always.out, "[rank 1] start 2")) << always.out;
+  EXPECT_FALSE(Contains(always.out, "start 3")) << always.out;
+
+  // Without restarts (the default), the first failure ends the job.
+  o.max_restarts = 0;
+  Captured once = RunLaunch(o, "exit 5");
+  EXPECT_EQ(once.exit_code, 5);
+  EXPECT_FALSE(Contains(once.err, "restarting")) << once.err;
+}
+
 // A shell snippet that writes a failure record to $FSDP_ERROR_FILE.
 std::string WriteRecord(int code, const std::string& message, bool secondary,
                         const std::string& culprits) {
@@ -349,6 +381,9 @@ TEST(MakeLaunchOptionsTest, BadValuesNameTheFlag) {
   auto grace = MakeLaunchOptions(2, "127.0.0.1", 0, -1, {"x"});
   EXPECT_TRUE(Contains(std::string(grace.status().message()), "--grace_period_s"))
       << grace.status();
+  auto restarts = MakeLaunchOptions(2, "127.0.0.1", 0, 5, {"x"}, -1);
+  EXPECT_TRUE(Contains(std::string(restarts.status().message()), "--max_restarts"))
+      << restarts.status();
 }
 
 // The launch binary parses its flags with absl: both "--flag=value" and "--flag value",

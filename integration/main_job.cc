@@ -191,7 +191,9 @@ int LaunchLocalRanks(const JobOptions& job, int argc, char** argv) {
   std::printf("main job: starting %d local ranks (comm/launcher.h); output in %s\n",
               job.world_size, job.output_dir.c_str());
   std::fflush(stdout);
-  absl::StatusOr<int> launched = comm::RunLocalRanks(job.world_size, args);
+  comm::LaunchOptions launch;
+  launch.max_restarts = job.max_restarts;  // NOTE [Restarts] in comm/launcher.h
+  absl::StatusOr<int> launched = comm::RunLocalRanks(job.world_size, args, launch);
   if (!launched.ok()) {
     std::fprintf(stderr, "main job: %s\n", launched.status().ToString().c_str());
     return 1;

@@ -158,7 +158,12 @@ ABSL_FLAG(double, timeout_s, 300,
 ABSL_FLAG(std::string, testonly_fault, "",
           "test hook, <kill|stop|exit|error>@<rank>:<step>: at that training step (1-based, "
           "counted in this run) that rank SIGKILLs itself, SIGSTOPs itself, exits with code 3 "
-          "without a word, or fails the step with an error");
+          "without a word, or fails the step with an error; at the first start only (not after "
+          "a --max_restarts restart)");
+ABSL_FLAG(int, max_restarts, 0,
+          "when a rank fails, stop every rank, report the root cause and start the whole job "
+          "again, up to this many times (comm/launcher.h NOTE [Restarts]); with "
+          "--resume_from=latest each restart resumes from the newest checkpoint");
 ABSL_FLAG(int, testonly_failure_print_delay_ms, 0,
           "test hook: a rank whose own error is the root cause waits this long after "
           "recording it (FSDP_ERROR_FILE) before printing it and exiting");
@@ -498,6 +503,7 @@ JobOptions JobOptionsFromFlags() {
   job.intra_op_threads = absl::GetFlag(FLAGS_intra_op_threads);
   job.timeout_s = absl::GetFlag(FLAGS_timeout_s);
   job.testonly_fault = absl::GetFlag(FLAGS_testonly_fault);
+  job.max_restarts = absl::GetFlag(FLAGS_max_restarts);
   job.testonly_failure_print_delay_ms = absl::GetFlag(FLAGS_testonly_failure_print_delay_ms);
   return job;
 }
@@ -522,6 +528,10 @@ absl::Status CheckBeforeLaunch(const JobOptions& job) {
         absl::StrCat("--world_size=", job.world_size, " must be >= 1"));
   }
   if (absl::Status s = ParseStages(job.stages).status(); !s.ok()) return refuse(s);
+  if (job.max_restarts < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_restarts=", job.max_restarts, " must be >= 0"));
+  }
   if (job.resume_allow_data_change && job.resume_from.empty()) {
     return absl::InvalidArgumentError(
         "--resume_allow_data_change needs --resume_from: it lets a resume read other data");

@@ -98,6 +98,7 @@ struct JobOptions {
   double checkpoint_every_minutes = 0;  // --checkpoint_every_minutes
   int keep_checkpoints = 0;             // --keep_checkpoints
   bool async_checkpoints = false;       // --async_checkpoints
+  int max_restarts = 0;                 // --max_restarts (comm/launcher.h NOTE [Restarts])
   // The model: --model (ParseModelKind), what both models' modules take (the language or
   // token files, --seq_len, AdamW, the warm-up, deferred init; `train.device` is the CPU:
   // each rank sets its own), and each model's config from the dimension flags.

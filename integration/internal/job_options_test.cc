@@ -81,6 +81,9 @@ TEST(JobOptionsTest, TheParentRefusesNamingTheFlag) {
   job.stages = "fit,bogus";
   EXPECT_THAT(Message(CheckBeforeLaunch(job)), StartsWith("INVALID_ARGUMENT: --stages:"));
   job = JobOptionsFromFlags();
+  job.max_restarts = -1;
+  EXPECT_EQ(CheckBeforeLaunch(job).message(), "--max_restarts=-1 must be >= 0");
+  job = JobOptionsFromFlags();
   job.strategy = "HALF_SHARD";
   EXPECT_THAT(Message(CheckBeforeLaunch(job)), StartsWith("--strategy: INVALID_ARGUMENT:"));
   job = JobOptionsFromFlags();
