@@ -586,6 +586,18 @@ ParameterPtr Module::AllocateParameter(const std::string& name, const Shape& sha
                            requires_grad);
 }
 
+ParameterPtr Module::AllocateParameter(const std::string& name, const Shape& shape,
+                                       const ParamInit& init) {
+  ParameterPtr p = AllocateParameter(name, shape);
+  // An fp32 CPU tensor or a deferred one: the fill cannot fail; kept like an allocation
+  // failure all the same.
+  if (absl::Status s = InitParameter(*p, init); !s.ok() && construction_error_.ok()) {
+    construction_error_ =
+        absl::Status(s.code(), absl::StrCat("parameter '", name, "': ", s.message()));
+  }
+  return p;
+}
+
 absl::Status Module::ConstructionStatus() const {
   for (const Module* m : Subtree()) {
     if (!m->construction_error_.ok()) return OwnConstructionError(*m, m->construction_error_);

@@ -293,6 +293,10 @@ class Module : public std::enable_shared_from_this<Module> {
   // for ConstructionStatus() and makes this module's Forward and Backward return it. Never aborts.
   ParameterPtr AllocateParameter(const std::string& name, const Shape& shape,
                                  DType dtype = DType::kFloat32, bool requires_grad = true);
+  // The same (fp32, requires_grad), with `init` recorded as its recipe and its values filled
+  // from it (core::InitParameter: only recorded under a DeferredInitScope).
+  ParameterPtr AllocateParameter(const std::string& name, const Shape& shape,
+                                 const ParamInit& init);
 
   template <typename M>
   std::shared_ptr<M> RegisterModule(const std::string& name, std::shared_ptr<M> module) {

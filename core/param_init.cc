@@ -1,5 +1,7 @@
 #include "core/param_init.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "core/parameter.h"
 #include "core/random.h"
@@ -20,6 +22,11 @@ ParamInit ParamInit::Constant(float value) {
 
 ParamInit ParamInit::Uniform(uint64_t seed, int64_t skip, float lo, float hi) {
   return ParamInit{Kind::kUniform, seed, skip, lo, hi};
+}
+
+ParamInit ParamInit::FanIn(uint64_t seed, int64_t skip, int64_t fan_in) {
+  const float bound = fan_in > 0 ? 1.0f / std::sqrt(static_cast<float>(fan_in)) : 0.0f;
+  return Uniform(seed, skip, -bound, bound);
 }
 
 ParamInit ParamInit::Normal(uint64_t seed, int64_t skip, float mean, float stddev) {

@@ -46,6 +46,9 @@ struct ParamInit {
   static ParamInit Constant(float value);
   static ParamInit Uniform(uint64_t seed, int64_t skip, float lo, float hi);
   static ParamInit Normal(uint64_t seed, int64_t skip, float mean, float stddev);
+  // U(-1/sqrt(fan_in), 1/sqrt(fan_in)) in float (torch.nn.Linear's default); the bound is 0
+  // for fan_in < 1.
+  static ParamInit FanIn(uint64_t seed, int64_t skip, int64_t fan_in);
 
   // Writes elements [begin, begin + out.numel()) of the parameter into `out`, a float32
   // CPU tensor. InvalidArgument for another dtype or device, a negative `begin`.

@@ -19,9 +19,8 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, uint64_t see
                             internal::PositiveOrMessage("embedding_dim", embedding_dim)});
   // Sized from user input: an allocation failure is recorded, not fatal
   // (core::Module::AllocateParameter, ConstructionStatus()).
-  weight_ = AllocateParameter("weight",
-                              {std::max<int64_t>(num_, 0), std::max<int64_t>(dim_, 0)});
-  (void)core::InitParameter(*weight_, core::ParamInit::Normal(seed, 0, 0.0f, 1.0f));
+  weight_ = AllocateParameter("weight", {std::max<int64_t>(num_, 0), std::max<int64_t>(dim_, 0)},
+                              core::ParamInit::Normal(seed, 0, 0.0f, 1.0f));
 }
 
 absl::StatusOr<core::Tensor> Embedding::ForwardImpl(const core::Tensor& ids) {

@@ -17,10 +17,8 @@ LayerNorm::LayerNorm(int64_t dim, float eps) : dim_(dim), eps_(eps) {
     config_error_ = absl::StrCat("eps must be finite and >= 0, got ", eps);
   }
   const int64_t n = std::max<int64_t>(dim, 0);
-  weight_ = AllocateParameter("weight", {n});
-  (void)core::InitParameter(*weight_, core::ParamInit::Constant(1.0f));  // fp32 CPU: cannot fail
-  bias_ = AllocateParameter("bias", {n});
-  (void)core::InitParameter(*bias_, core::ParamInit::Constant(0.0f));
+  weight_ = AllocateParameter("weight", {n}, core::ParamInit::Constant(1.0f));
+  bias_ = AllocateParameter("bias", {n}, core::ParamInit::Constant(0.0f));
 }
 
 absl::Status LayerNorm::CheckForward(const core::Tensor& x) const {

@@ -1,7 +1,6 @@
 #include "nn/linear.h"
 
 #include <algorithm>
-#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -24,16 +23,10 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, uint64_t se
   const int64_t out = std::max<int64_t>(out_features, 0);
   // Sized from user input: an allocation failure is recorded, not fatal
   // (core::Module::AllocateParameter, ConstructionStatus()).
-  weight_ = AllocateParameter("weight", {out, in});
-  if (bias) bias_ = AllocateParameter("bias", {out});
   // PyTorch's default: U(-1/sqrt(in), 1/sqrt(in)), the bias drawing after the weight from
-  // one stream (NOTE [Deferred initialisation] in core/param_init.h). fp32 CPU or
-  // deferred, so the fills cannot fail.
-  const float bound = in > 0 ? 1.0f / std::sqrt(static_cast<float>(in)) : 0.0f;
-  (void)core::InitParameter(*weight_, core::ParamInit::Uniform(seed, 0, -bound, bound));
-  if (bias_) {
-    (void)core::InitParameter(*bias_, core::ParamInit::Uniform(seed, out * in, -bound, bound));
-  }
+  // one stream (NOTE [Deferred initialisation] in core/param_init.h).
+  weight_ = AllocateParameter("weight", {out, in}, core::ParamInit::FanIn(seed, 0, in));
+  if (bias) bias_ = AllocateParameter("bias", {out}, core::ParamInit::FanIn(seed, out * in, in));
 }
 
 Linear::Linear(TiedTag, core::ParameterPtr weight, bool bias) {

@@ -1,6 +1,5 @@
 #include "examples/moe/moe.h"
 
-#include <cmath>
 #include <numeric>
 #include <utility>
 
@@ -14,18 +13,6 @@ namespace moe {
 namespace {
 
 namespace F = ::nn::functional;
-
-// Records `init` as p's recipe and fills p from it (only records under
-// core::DeferredInitScope). p is fp32 on the CPU (AllocateParameter), so it cannot fail.
-core::ParameterPtr Init(core::ParameterPtr p, const core::ParamInit& init) {
-  (void)core::InitParameter(*p, init);
-  return p;
-}
-
-core::ParamInit Uniform(uint64_t seed, int64_t fan_in) {
-  const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
-  return core::ParamInit::Uniform(seed, 0, -bound, bound);
-}
 
 // `values` as an int32 tensor of `shape` on `device`.
 absl::StatusOr<core::Tensor> Ints(const std::vector<int32_t>& values, const core::Shape& shape,
@@ -51,11 +38,12 @@ absl::StatusOr<core::Tensor> OneHot(const core::Tensor& index, int64_t experts) 
 }  // namespace
 
 Expert::Expert(const MoeConfig& c, uint64_t seed) {
-  w1_ = Init(AllocateParameter("w1", {c.expert_hidden, c.width}), Uniform(seed, c.width));
-  b1_ = Init(AllocateParameter("b1", {c.expert_hidden}), Uniform(seed + 1, c.width));
-  w2_ =
-      Init(AllocateParameter("w2", {c.width, c.expert_hidden}), Uniform(seed + 2, c.expert_hidden));
-  b2_ = Init(AllocateParameter("b2", {c.width}), Uniform(seed + 3, c.expert_hidden));
+  w1_ =
+      AllocateParameter("w1", {c.expert_hidden, c.width}, core::ParamInit::FanIn(seed, 0, c.width));
+  b1_ = AllocateParameter("b1", {c.expert_hidden}, core::ParamInit::FanIn(seed + 1, 0, c.width));
+  w2_ = AllocateParameter("w2", {c.width, c.expert_hidden},
+                          core::ParamInit::FanIn(seed + 2, 0, c.expert_hidden));
+  b2_ = AllocateParameter("b2", {c.width}, core::ParamInit::FanIn(seed + 3, 0, c.expert_hidden));
 }
 
 absl::StatusOr<core::Tensors> Expert::ForwardGraph(const core::Tensors& in) {
@@ -64,7 +52,8 @@ absl::StatusOr<core::Tensors> Expert::ForwardGraph(const core::Tensors& in) {
 }
 
 MoeLayer::MoeLayer(const MoeConfig& c, uint64_t seed) : num_experts_(c.experts) {
-  router_ = Init(AllocateParameter("router", {c.experts, c.width}), Uniform(seed, c.width));
+  router_ =
+      AllocateParameter("router", {c.experts, c.width}, core::ParamInit::FanIn(seed, 0, c.width));
   for (int64_t e = 0; e < c.experts; ++e) {
     experts_.push_back(RegisterModule(absl::StrCat("expert", e),
                                       std::make_shared<Expert>(c, seed + 10 * (e + 1))));
@@ -142,10 +131,10 @@ absl::StatusOr<core::Tensors> MoeBlock::ForwardGraph(const core::Tensors& in) {
 
 MoeDecoder::MoeDecoder(const MoeConfig& c) : config_(c) {
   const uint64_t s = c.seed * 100'000;
-  embed_ = Init(AllocateParameter("embed", {c.vocab, c.width}),
-                core::ParamInit::Normal(s, 0, 0.0f, 0.5f));
-  positions_ = Init(AllocateParameter("positions", {c.max_positions, c.width}),
-                    core::ParamInit::Normal(s + 1, 0, 0.0f, 0.1f));
+  embed_ =
+      AllocateParameter("embed", {c.vocab, c.width}, core::ParamInit::Normal(s, 0, 0.0f, 0.5f));
+  positions_ = AllocateParameter("positions", {c.max_positions, c.width},
+                                 core::ParamInit::Normal(s + 1, 0, 0.0f, 0.1f));
   for (int64_t i = 0; i < c.blocks; ++i) {
     blocks_.push_back(RegisterModule(absl::StrCat("block", i),
                                      std::make_shared<MoeBlock>(c, s + 10'000 * (i + 1))));

@@ -1,6 +1,5 @@
 #include "examples/seq2seq/seq2seq.h"
 
-#include <cmath>
 #include <numeric>
 #include <utility>
 
@@ -14,19 +13,6 @@ namespace seq2seq {
 namespace {
 
 namespace F = ::nn::functional;
-
-// Records `init` as p's recipe and fills p from it (only records under
-// core::DeferredInitScope, so FSDP can build each rank's shard alone). p is fp32 on the CPU
-// (AllocateParameter), so it cannot fail.
-core::ParameterPtr Init(core::ParameterPtr p, const core::ParamInit& init) {
-  (void)core::InitParameter(*p, init);
-  return p;
-}
-
-core::ParamInit Uniform(uint64_t seed, int64_t fan_in) {
-  const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
-  return core::ParamInit::Uniform(seed, 0, -bound, bound);
-}
 
 // [B, T, heads * D] -> [B, heads, T, D].
 absl::StatusOr<core::Tensor> SplitHeads(core::Arg x, int64_t heads) {
@@ -57,13 +43,13 @@ absl::Status CheckIds(const core::Tensor& ids, const std::string& name, int64_t 
 Attention::Attention(const Seq2SeqConfig& c, bool causal, uint64_t seed)
     : heads_(c.heads), causal_(causal) {
   const int64_t w = c.width;
-  wq_ = Init(AllocateParameter("wq", {w, w}), Uniform(seed, w));
-  bq_ = Init(AllocateParameter("bq", {w}), Uniform(seed + 1, w));
-  wk_ = Init(AllocateParameter("wk", {w, w}), Uniform(seed + 2, w));
-  wv_ = Init(AllocateParameter("wv", {w, w}), Uniform(seed + 4, w));
-  bv_ = Init(AllocateParameter("bv", {w}), Uniform(seed + 5, w));
-  wo_ = Init(AllocateParameter("wo", {w, w}), Uniform(seed + 6, w));
-  bo_ = Init(AllocateParameter("bo", {w}), Uniform(seed + 7, w));
+  wq_ = AllocateParameter("wq", {w, w}, core::ParamInit::FanIn(seed, 0, w));
+  bq_ = AllocateParameter("bq", {w}, core::ParamInit::FanIn(seed + 1, 0, w));
+  wk_ = AllocateParameter("wk", {w, w}, core::ParamInit::FanIn(seed + 2, 0, w));
+  wv_ = AllocateParameter("wv", {w, w}, core::ParamInit::FanIn(seed + 4, 0, w));
+  bv_ = AllocateParameter("bv", {w}, core::ParamInit::FanIn(seed + 5, 0, w));
+  wo_ = AllocateParameter("wo", {w, w}, core::ParamInit::FanIn(seed + 6, 0, w));
+  bo_ = AllocateParameter("bo", {w}, core::ParamInit::FanIn(seed + 7, 0, w));
 }
 
 absl::StatusOr<core::Tensors> Attention::ForwardGraph(const core::Tensors& in) {
@@ -90,10 +76,10 @@ absl::StatusOr<core::Tensors> Attention::ForwardGraph(const core::Tensors& in) {
 }
 
 Mlp::Mlp(const Seq2SeqConfig& c, uint64_t seed) {
-  w1_ = Init(AllocateParameter("w1", {c.hidden, c.width}), Uniform(seed, c.width));
-  b1_ = Init(AllocateParameter("b1", {c.hidden}), Uniform(seed + 1, c.width));
-  w2_ = Init(AllocateParameter("w2", {c.width, c.hidden}), Uniform(seed + 2, c.hidden));
-  b2_ = Init(AllocateParameter("b2", {c.width}), Uniform(seed + 3, c.hidden));
+  w1_ = AllocateParameter("w1", {c.hidden, c.width}, core::ParamInit::FanIn(seed, 0, c.width));
+  b1_ = AllocateParameter("b1", {c.hidden}, core::ParamInit::FanIn(seed + 1, 0, c.width));
+  w2_ = AllocateParameter("w2", {c.width, c.hidden}, core::ParamInit::FanIn(seed + 2, 0, c.hidden));
+  b2_ = AllocateParameter("b2", {c.width}, core::ParamInit::FanIn(seed + 3, 0, c.hidden));
 }
 
 absl::StatusOr<core::Tensors> Mlp::ForwardGraph(const core::Tensors& in) {
@@ -114,10 +100,8 @@ absl::StatusOr<core::Tensor> Layer::Residual(const core::Tensor& x, core::Arg br
 }
 
 Norm::Norm(const Seq2SeqConfig& c, uint64_t seed) : eps_(c.layer_norm_eps) {
-  weight_ =
-      Init(AllocateParameter("weight", {c.width}), core::ParamInit::Normal(seed, 0, 1.0f, 0.1f));
-  bias_ =
-      Init(AllocateParameter("bias", {c.width}), core::ParamInit::Normal(seed + 1, 0, 0.0f, 0.1f));
+  weight_ = AllocateParameter("weight", {c.width}, core::ParamInit::Normal(seed, 0, 1.0f, 0.1f));
+  bias_ = AllocateParameter("bias", {c.width}, core::ParamInit::Normal(seed + 1, 0, 0.0f, 0.1f));
 }
 
 absl::StatusOr<core::Tensors> Norm::ForwardGraph(const core::Tensors& in) {
@@ -168,12 +152,12 @@ absl::StatusOr<core::Tensors> DecoderLayer::ForwardGraph(const core::Tensors& in
 
 Seq2Seq::Seq2Seq(const Seq2SeqConfig& c) : config_(c), dropout_(std::make_shared<DropoutStep>()) {
   const uint64_t s = c.seed * 100'000;
-  embed_ = Init(AllocateParameter("embed", {c.vocab, c.width}),
-                core::ParamInit::Normal(s, 0, 0.0f, 0.5f));
-  encoder_positions_ = Init(AllocateParameter("encoder_positions", {c.max_positions, c.width}),
-                            core::ParamInit::Normal(s + 1, 0, 0.0f, 0.1f));
-  decoder_positions_ = Init(AllocateParameter("decoder_positions", {c.max_positions, c.width}),
-                            core::ParamInit::Normal(s + 2, 0, 0.0f, 0.1f));
+  embed_ =
+      AllocateParameter("embed", {c.vocab, c.width}, core::ParamInit::Normal(s, 0, 0.0f, 0.5f));
+  encoder_positions_ = AllocateParameter("encoder_positions", {c.max_positions, c.width},
+                                         core::ParamInit::Normal(s + 1, 0, 0.0f, 0.1f));
+  decoder_positions_ = AllocateParameter("decoder_positions", {c.max_positions, c.width},
+                                         core::ParamInit::Normal(s + 2, 0, 0.0f, 0.1f));
   for (int64_t i = 0; i < c.encoder_layers; ++i) {
     encoder_.push_back(
         RegisterModule(absl::StrCat("encoder", i),

@@ -1,7 +1,5 @@
 #include "fsdp/testing/graph_lm.h"
 
-#include <cmath>
-
 #include "absl/strings/str_cat.h"
 #include "core/param_init.h"
 #include "core/status_macros.h"
@@ -13,25 +11,14 @@ namespace {
 
 namespace F = ::nn::functional;
 
-// Records `init` as p's recipe and fills p from it (only records under
-// core::DeferredInitScope). p is fp32 on the CPU (AllocateParameter), so it cannot fail.
-core::ParameterPtr Init(core::ParameterPtr p, const core::ParamInit& init) {
-  (void)core::InitParameter(*p, init);
-  return p;
-}
-
 }  // namespace
 
 GraphBlock::GraphBlock(const GraphLmConfig& c, uint64_t seed) {
-  const float s1 = 1.0f / std::sqrt(static_cast<float>(c.width));
-  const float s2 = 1.0f / std::sqrt(static_cast<float>(c.hidden));
-  norm_ = Init(AllocateParameter("norm", {c.width}), core::ParamInit::Normal(seed, 0, 1.0f, 0.1f));
-  w1_ = Init(AllocateParameter("w1", {c.hidden, c.width}),
-             core::ParamInit::Uniform(seed + 1, 0, -s1, s1));
-  b1_ = Init(AllocateParameter("b1", {c.hidden}), core::ParamInit::Uniform(seed + 2, 0, -s1, s1));
-  w2_ = Init(AllocateParameter("w2", {c.width, c.hidden}),
-             core::ParamInit::Uniform(seed + 3, 0, -s2, s2));
-  b2_ = Init(AllocateParameter("b2", {c.width}), core::ParamInit::Uniform(seed + 4, 0, -s2, s2));
+  norm_ = AllocateParameter("norm", {c.width}, core::ParamInit::Normal(seed, 0, 1.0f, 0.1f));
+  w1_ = AllocateParameter("w1", {c.hidden, c.width}, core::ParamInit::FanIn(seed + 1, 0, c.width));
+  b1_ = AllocateParameter("b1", {c.hidden}, core::ParamInit::FanIn(seed + 2, 0, c.width));
+  w2_ = AllocateParameter("w2", {c.width, c.hidden}, core::ParamInit::FanIn(seed + 3, 0, c.hidden));
+  b2_ = AllocateParameter("b2", {c.width}, core::ParamInit::FanIn(seed + 4, 0, c.hidden));
 }
 
 absl::StatusOr<core::Tensors> GraphBlock::ForwardGraph(const core::Tensors& in) {
@@ -43,10 +30,9 @@ absl::StatusOr<core::Tensors> GraphBlock::ForwardGraph(const core::Tensors& in) 
 }
 
 GraphLm::GraphLm(const GraphLmConfig& c) {
-  wte_ = Init(AllocateParameter("wte", {c.vocab, c.width}),
-              core::ParamInit::Normal(c.seed, 0, 0.0f, 0.5f));
-  norm_ = Init(AllocateParameter("norm", {c.width}),
-               core::ParamInit::Normal(c.seed + 1, 0, 1.0f, 0.1f));
+  wte_ =
+      AllocateParameter("wte", {c.vocab, c.width}, core::ParamInit::Normal(c.seed, 0, 0.0f, 0.5f));
+  norm_ = AllocateParameter("norm", {c.width}, core::ParamInit::Normal(c.seed + 1, 0, 1.0f, 0.1f));
   for (int64_t i = 0; i < c.blocks; ++i) {
     blocks_.push_back(RegisterModule(absl::StrCat("block", i),
                                      std::make_shared<GraphBlock>(c, c.seed + 100 * (i + 1))));
