@@ -19,11 +19,13 @@
 //
 // The pieces live in integration/internal/: the flags and their checks (job_options.h),
 // a rank's setup (job_setup.h), the stages (stage_loop.h) and the summary (job_summary.h).
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +48,7 @@
 #include "integration/internal/job_setup.h"
 #include "integration/internal/job_summary.h"
 #include "integration/internal/job_train_modules.h"
+#include "integration/internal/run_log.h"
 #include "integration/internal/stage_loop.h"
 #include "integration/stage_runner.h"
 #include "nlohmann/json.hpp"
@@ -60,6 +63,8 @@ namespace {
 using integration::internal::JobOptions;
 
 constexpr char kLaunchedByParent[] = "FSDP_MAIN_JOB_PARENT";
+
+double UnixSeconds() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
 
 bool g_failure_reported = false;
 
@@ -117,8 +122,6 @@ absl::Status RunJob(const JobOptions& flags, comm::Distributed& dist, absl::Dura
                    integration::StageRunner::Create(dist.group, setup->options));
   integration::ThroughputMeter meter(setup->options.fit_steps);
   integration::internal::TimedTrainModule trained(setup->trained(), &meter);
-  runner->set_progress_callback(
-      [&](const integration::Progress& p) { say(integration::FormatProgress(p)); });
   for (const std::string& line : integration::internal::DescribeJob(job, *setup, dist)) say(line);
 
   nlohmann::json summary = integration::internal::NewSummary(FactsOf(job, *setup, dist));
@@ -129,6 +132,32 @@ absl::Status RunJob(const JobOptions& flags, comm::Distributed& dist, absl::Dura
     ASSIGN_OR_RETURN(resumed, loop.Resume());
   }
   if (!resumed && !job.hf_dir.empty()) RETURN_IF_ERROR(loop.LoadHf());
+  // NOTE [Run log]: rank 0 logs every fit step and what restarts cost; a failure to write it
+  // is reported once and does not stop the training.
+  std::optional<integration::internal::RunLog> run_log;
+  bool run_log_warned = false;
+  auto log_status = [&](const absl::Status& s) {
+    if (s.ok() || run_log_warned) return;
+    run_log_warned = true;
+    say(absl::StrCat("warning: ", s.message(), "; the run log stops here"));
+    run_log.reset();
+  };
+  if (rank == 0 && std::find(setup->stages.begin(), setup->stages.end(), integration::Stage::kFit) !=
+                       setup->stages.end()) {
+    const int restart = integration::internal::RestartCount();
+    absl::StatusOr<integration::internal::RunLog> opened = integration::internal::RunLog::Open(
+        absl::StrCat(job.output_dir, "/", integration::internal::kRunLogFile), restart,
+        /*fresh=*/restart == 0 && !resumed);
+    log_status(opened.status());
+    if (opened.ok()) {
+      run_log.emplace(*std::move(opened));
+      log_status(run_log->Started(runner->GlobalStep(trained), dist.group->size(), UnixSeconds()));
+    }
+  }
+  runner->set_progress_callback([&](const integration::Progress& p) {
+    if (run_log.has_value()) log_status(run_log->Reported(p, UnixSeconds()));
+    say(integration::FormatProgress(p) + (run_log.has_value() ? run_log->ProgressSuffix() : ""));
+  });
   for (integration::Stage stage : setup->stages) RETURN_IF_ERROR(loop.Run(stage));
   RETURN_IF_ERROR(loop.AddRunFigures(meter, dist.group.get(), dist.device, timeout));
   if (job.release) RETURN_IF_ERROR(loop.Release());
@@ -138,6 +167,14 @@ absl::Status RunJob(const JobOptions& flags, comm::Distributed& dist, absl::Dura
     // NOTE [GEMM tuning] (nn/cuda/gemm.h): what tuning chose for each GEMM problem.
     if (dist.device.is_cuda()) summary["gemm_tuning"] = nn::cuda::GemmTuningReport();
 #endif
+    if (run_log.has_value()) {
+      const integration::internal::RestartFigures& f = run_log->figures();
+      summary["run_log"] = run_log->path();
+      summary["restarts"] = f.restarts;
+      summary["steps_recomputed"] = f.steps_recomputed;
+      summary["seconds_lost"] = f.seconds_lost;
+      summary["recomputed_per_restart"] = f.recomputed_per_restart;
+    }
     RETURN_IF_ERROR(integration::internal::WriteSummary(job.output_dir, loop.totals(),
                                                         setup->module->EntropyFloor(), &summary));
     if (std::getenv(kLaunchedByParent) == nullptr) integration::internal::PrintSummary(summary);

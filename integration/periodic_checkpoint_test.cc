@@ -2,6 +2,7 @@
 // steps and at reports after t minutes, pruned to the newest K; ResumeLatest loads the newest
 // complete one (passing over a damaged one) at another world size and the run ends on the
 // uninterrupted run's bits in the deterministic mode; with none, it starts fresh.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -123,8 +124,8 @@ TEST_P(PeriodicSavesTest, ResumingTheLatestAtAnotherWorldSizeEndsOnTheUninterrup
        std::filesystem::directory_iterator(checkpoint::StepDirectory(o.checkpoint_dir, 6))) {
     if (entry.path().filename() != "metadata.pb") std::ofstream(entry.path()) << "torn";
   }
-  // N = 4 resumes and fits to step 10.
-  o.fit_steps = 6;
+  // N = 4 resumes and fits to global step 10 (NOTE [Training to a global step]): 6 steps.
+  o.max_steps = 10;
   ResumeResult resumed;
   const FitRun second = FitOn(4, o, /*resume=*/true, &resumed);
   ASSERT_TRUE(resumed.resumed);
@@ -142,6 +143,43 @@ TEST_P(PeriodicSavesTest, ResumingTheLatestAtAnotherWorldSizeEndsOnTheUninterrup
             first.losses);
 }
 
+// A disk that fills while a periodic checkpoint is written: Fit fails on every rank naming
+// the rank and the disk, the previous checkpoint is intact and loads, and nothing of the failed
+// save is left beside it.
+TEST_P(PeriodicSavesTest, ADiskThatFillsDuringASaveKeepsThePreviousCheckpoint) {
+  StageOptions o = With(Deterministic(8), "diskfull");
+  o.checkpoint_every_steps = 2;
+  const absl::Status full = absl::ResourceExhaustedError("No space left on device");
+  absl::Status s = RunRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+    StageOptions mine = o;
+    if (ctx.rank == 1) {
+      mine.testonly_write_error = [&](int64_t step) {
+        return step == 6 ? full : absl::OkStatus();
+      };
+    }
+    ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(testing::TinyGpt(16, 16, 3)));
+    ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, mine));
+    return runner->Fit(*module).status();
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(s.message(), HasSubstr("rank 1"));
+  EXPECT_THAT(s.message(), HasSubstr("No space left on device"));
+  EXPECT_THAT(s.message(), HasSubstr("step-000000006"));
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator(o.checkpoint_dir)) {
+    left.push_back(entry.path().filename().string());
+  }
+  std::sort(left.begin(), left.end());
+  EXPECT_THAT(left, ElementsAre("step-000000002", "step-000000004")) << "no temporary left";
+  ResumeResult resumed;
+  o.max_steps = 8;
+  const FitRun rest = FitOn(2, o, /*resume=*/true, &resumed);
+  EXPECT_EQ(resumed.dir, checkpoint::StepDirectory(o.checkpoint_dir, 4));
+  EXPECT_TRUE(resumed.skipped.empty());
+  EXPECT_EQ(rest.losses.size(), 4u);
+  EXPECT_EQ(rest.params, FitOn(1, Deterministic(8), /*resume=*/false).params);
+}
+
 INSTANTIATE_TEST_SUITE_P(SyncAndAsync, PeriodicSavesTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Async" : "Sync"; });
 
@@ -153,6 +191,25 @@ TEST(PeriodicCheckpointTest, ResumingWithNoCheckpointStartsFresh) {
   const FitRun run = FitOn(2, o, /*resume=*/true, &resumed);
   EXPECT_FALSE(resumed.resumed);
   EXPECT_EQ(run.losses, FitOn(2, Deterministic(2), /*resume=*/false).losses);
+}
+
+// NOTE [Training to a global step]: a run already at max_steps trains nothing and saves
+// nothing.
+TEST(PeriodicCheckpointTest, AFitAtMaxStepsTrainsNothing) {
+  StageOptions o = Deterministic(4);
+  o.checkpoint_dir = Dir("at_max");
+  o.checkpoint_every_steps = 2;
+  o.max_steps = 4;
+  EXPECT_EQ(FitOn(2, o, /*resume=*/false).losses.size(), 4u);
+  const auto before = checkpoint::ListStepCheckpoints(o.checkpoint_dir);
+  ResumeResult resumed;
+  const FitRun again = FitOn(2, o, /*resume=*/true, &resumed);
+  EXPECT_EQ(resumed.loaded.step, 4);
+  EXPECT_TRUE(again.losses.empty());
+  EXPECT_TRUE(again.checkpoints.empty());
+  EXPECT_EQ(*checkpoint::ListStepCheckpoints(o.checkpoint_dir), *before);
+  o.max_steps = -1;
+  EXPECT_THAT(o.Validate(2).message(), HasSubstr("StageOptions.max_steps = -1"));
 }
 
 TEST(PeriodicCheckpointTest, ASingleSaveNeverReplacesADirectoryOfStepCheckpoints) {

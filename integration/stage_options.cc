@@ -87,6 +87,10 @@ absl::Status StageOptions::Validate(int world_size) const {
     return absl::InvalidArgumentError(
         absl::StrCat("StageOptions.fit_steps = ", fit_steps, ": must be > 0"));
   }
+  if (max_steps < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StageOptions.max_steps = ", max_steps, ": must be >= 0 (0: fit_steps)"));
+  }
   const std::pair<const char*, int> batches[] = {{"train_batch_size", train_batch_size},
                                                  {"eval_batch_size", eval_batch_size}};
   for (const auto& [name, value] : batches) {
@@ -212,6 +216,7 @@ absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config,
                                      "StageConfig.mixed_precision.reduce_dtype"));
   }
   if (config.has_fit_steps()) options.fit_steps = config.fit_steps();
+  if (config.has_max_steps()) options.max_steps = config.max_steps();
   if (config.has_train_batch_size()) options.train_batch_size = config.train_batch_size();
   if (config.has_eval_batch_size()) options.eval_batch_size = config.eval_batch_size();
   if (config.has_eval_batches()) options.eval_batches = config.eval_batches();

@@ -12,6 +12,7 @@
 #define INTEGRATION_STAGE_OPTIONS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -29,6 +30,12 @@ struct StageOptions {
   fsdp::FullyShardOptions wrap;
   // Optimizer steps of one Fit (> 0).
   int64_t fit_steps = 100;
+  // NOTE [Training to a global step]: when > 0, Fit trains from the model's global step up to
+  // this one (Lightning's max_steps) instead of fit_steps steps: a run resumed from a
+  // checkpoint at step s takes max_steps - s steps, so a run restarted after a failure ends at
+  // the same step, with the same bits, as the run that never failed; none when the model is
+  // there already. A step count passed to Fit itself wins over both.
+  int64_t max_steps = 0;
   // Rows of every global batch (> 0, multiples of the world size): each rank runs its
   // data::RankSampler share.
   int train_batch_size = 16;
@@ -63,6 +70,10 @@ struct StageOptions {
   // or when Fit ends; a write that failed in the background fails Fit there, on every rank,
   // naming the rank, with the previous checkpoint intact.
   bool async_checkpoints = false;
+  // Test hook: when set, called with the global step of every periodic checkpoint Fit
+  // begins; a non-OK result is this rank's write error for that save
+  // (checkpoint::SaveOptions::simulate_write_error: a disk that fills during the save).
+  std::function<absl::Status(int64_t step)> testonly_write_error;
   // Fit ends by releasing the model: a plain module with its trained full weights.
   bool release_after_fit = false;
   // When > 0, the global gradient norm is clipped to this before each step.

@@ -288,10 +288,14 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
         "training ", model->Describe(), " does not run micro-batches "
         "(TrainModule::SupportsMicroBatches)"));
   }
-  const int64_t num_steps = steps > 0 ? steps : options_.fit_steps;
   FitResult result;
   ASSIGN_OR_RETURN(result.report, BeginStage(Stage::kFit, module, /*wrap=*/true));
   ModelState& state = StateOf(model);
+  // NOTE [Training to a global step].
+  const int64_t num_steps =
+      steps > 0 ? steps
+                : (options_.max_steps > 0 ? std::max<int64_t>(0, options_.max_steps - state.global_step)
+                                          : options_.fit_steps);
   RETURN_IF_ERROR(EnsureOptimizer(module, state, model));
   optim::Optimizer& optimizer = *state.optimizer;
 
@@ -432,12 +436,15 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
         items_since_report += count;
       }
       items_total += items_since_report;
+      const size_t reported_steps = pending.size() / (2 * per_step);
       pending.clear();
       Progress p;
       p.step = done;
       p.steps = num_steps;
       p.global_step = state.global_step;
       p.loss = result.losses.back();
+      p.losses.assign(result.losses.end() - static_cast<int64_t>(reported_steps),
+                      result.losses.end());
       p.count_unit = module.CountUnit();
       const double now = NowSeconds();
       p.items_per_second = items_since_report / std::max(1e-9, now - last_report_time);
@@ -462,7 +469,7 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
     }
   }
   const double final_save_start = NowSeconds();
-  if (periodic && last_saved_step != state.global_step) {
+  if (periodic && num_steps > 0 && last_saved_step != state.global_step) {
     RETURN_IF_ERROR(SaveStepCheckpoint(module, state.global_step, &result));
   }
   RETURN_IF_ERROR(FinishPendingSave(&result));
@@ -582,17 +589,22 @@ absl::Status StageRunner::SaveCheckpoint(TrainModule& module, const std::string&
 absl::Status StageRunner::SaveStepCheckpoint(TrainModule& module, int64_t step,
                                              FitResult* result) {
   const std::string dir = checkpoint::StepDirectory(options_.checkpoint_dir, step);
-  if (!options_.async_checkpoints) {
-    RETURN_IF_ERROR(SaveCheckpoint(module, dir));
-    return Committed(dir, result);
-  }
-  // NOTE [Asynchronous save]: at most one in flight; this one's snapshot, then back to work.
+  // NOTE [Asynchronous save]: at most one in flight; the previous one commits first.
   RETURN_IF_ERROR(FinishPendingSave(result));
   ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, ModelOf(module));
   ModelState& state = StateOf(model);
+  TrainingCheckpointOptions save = CheckpointOptions(module, state);
+  if (options_.testonly_write_error) save.simulate_write_error = options_.testonly_write_error(step);
+  if (!options_.async_checkpoints) {
+    RETURN_IF_ERROR(Annotate(SaveTrainingCheckpoint(dir, *model, registry_.get(),
+                                                    state.optimizer.get(), group_.get(), save),
+                             absl::StrCat("saving checkpoint '", dir, "'")));
+    return Committed(dir, result);
+  }
+  // This one's snapshot, then back to work.
   absl::StatusOr<std::unique_ptr<checkpoint::PendingSave>> pending = BeginTrainingCheckpoint(
-      dir, *model, registry_.get(), state.optimizer.get(), group_.get(),
-      CheckpointOptions(module, state), /*background=*/true);
+      dir, *model, registry_.get(), state.optimizer.get(), group_.get(), save,
+      /*background=*/true);
   RETURN_IF_ERROR(Annotate(pending.status(), absl::StrCat("saving checkpoint '", dir, "'")));
   pending_save_ = *std::move(pending);
   return absl::OkStatus();

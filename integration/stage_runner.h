@@ -150,6 +150,9 @@ struct Progress {
   int64_t steps = 0;        // steps this Fit takes
   int64_t global_step = 0;  // global steps taken, over all Fits
   double loss = 0;          // this step's global mean loss
+  // The global mean loss of every step since the previous report, in order: global steps
+  // global_step - losses.size() + 1 .. global_step (the last is `loss`).
+  std::vector<double> losses;
   double items_per_second = 0;  // since the previous report, all ranks together
   // What the items are (TrainModule::CountUnit(): "samples", "tokens", ...).
   std::string count_unit = "samples";
@@ -200,8 +203,9 @@ class StageRunner {
       std::shared_ptr<comm::ProcessGroup> group, StageOptions options,
       std::shared_ptr<fsdp::WrapperRegistry> registry = nullptr);
 
-  // Wraps, then trains StageOptions::fit_steps steps (or `steps` when > 0) from the
-  // model's global step, reporting progress and saving periodic checkpoints (NOTE [Periodic
+  // Wraps, then trains StageOptions::fit_steps steps (or `steps` when > 0; or up to global
+  // step StageOptions::max_steps, NOTE [Training to a global step]) from the model's global
+  // step, reporting progress and saving periodic checkpoints (NOTE [Periodic
   // checkpoints] in stage_options.h), then, without periodic ones, saves a checkpoint to
   // StageOptions::checkpoint_dir if set, and releases the model if release_after_fit.
   // Internal naming the step when the loss is not finite; FailedPrecondition when

@@ -81,6 +81,7 @@ absl::StatusOr<std::unique_ptr<checkpoint::PendingSave>> BeginTrainingCheckpoint
   save.user_metadata = options.user_metadata;
   save.timeout = options.timeout;
   save.simulate_crash = options.simulate_crash;
+  save.simulate_write_error = options.simulate_write_error;
   if (options.block_bytes > 0) save.block_bytes = options.block_bytes;
   TrainingRecord record;
   record.set_version(kTrainingRecordVersion);

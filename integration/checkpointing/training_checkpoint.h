@@ -61,6 +61,7 @@ struct TrainingCheckpointOptions {
   std::map<std::string, std::string> user_metadata;   // stored as is (keys must not start with "fsdp.")
   absl::Duration timeout = absl::Minutes(5);          // of each collective step
   checkpoint::SimulatedCrash simulate_crash = checkpoint::SimulatedCrash::kNone;  // test hook, passed to Save
+  absl::Status simulate_write_error;  // test hook: SaveOptions::simulate_write_error
   int64_t block_bytes = 0;                            // checksum block (SaveOptions::block_bytes); 0: default
   // The model's configuration as the caller knows it ({"n_layer", "2"}, {"n_head", "4"},
   // ...), recorded in the structure; a load given TrainingLoadOptions::model_config

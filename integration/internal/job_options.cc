@@ -10,6 +10,7 @@
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
@@ -95,7 +96,13 @@ ABSL_FLAG(bool, cpu_offload, false,
           "keep the shards, gradient shards and AdamW state in pinned host memory and step on "
           "the CPU (FSDP2's CPUOffloadPolicy); --device=cuda only");
 ABSL_FLAG(std::string, param_dtype, "float32", "mixed precision compute copy: float32 or bfloat16");
-ABSL_FLAG(int64_t, steps, 300, "training steps");
+ABSL_FLAG(int64_t, steps, 300,
+          "training steps of this run's fit (counted from where it starts: a resume trains "
+          "this many more; see --max_steps)");
+ABSL_FLAG(int64_t, max_steps, 0,
+          "when > 0, fit trains up to this global step instead of --steps steps (Lightning's "
+          "max_steps): a resumed or restarted run ends where the uninterrupted one does "
+          "(StageOptions::max_steps, NOTE [Training to a global step])");
 ABSL_FLAG(int, batch_size, 16, "sequences per global training batch (a multiple of the world size)");
 ABSL_FLAG(int, eval_batch_size, 16, "sequences per global evaluation batch");
 ABSL_FLAG(int, grad_accumulation, 1,
@@ -156,10 +163,12 @@ ABSL_FLAG(double, timeout_s, 300,
           "deadline in seconds of every collective and of joining the job, in [0.001, 604800] "
           "(core/timeout.h: there is no \"no timeout\")");
 ABSL_FLAG(std::string, testonly_fault, "",
-          "test hook, <kill|stop|exit|error>@<rank>:<step>: at that training step (1-based, "
-          "counted in this run) that rank SIGKILLs itself, SIGSTOPs itself, exits with code 3 "
-          "without a word, or fails the step with an error; at the first start only (not after "
-          "a --max_restarts restart)");
+          "test hook, comma-separated <kill|stop|exit|error|lose|diskfull>@<rank>:<step>"
+          "[:<restart>]: at that training step (1-based, counted in this run, or g<N>: global "
+          "step N) that rank SIGKILLs itself, SIGSTOPs itself, exits with code 3 without a word, "
+          "fails the step with an error, marks its slot lost for good and SIGKILLs itself, or "
+          "fails to write the periodic checkpoint of that step (disk full); at the start with "
+          "that --max_restarts restart count (default 0: the first start only)");
 ABSL_FLAG(int, max_restarts, 0,
           "when a rank fails, stop every rank, report the root cause and start the whole job "
           "again, up to this many times (comm/launcher.h NOTE [Restarts]); with "
@@ -483,6 +492,7 @@ JobOptions JobOptionsFromFlags() {
   job.profile_ops = absl::GetFlag(FLAGS_profile_ops);
   job.param_dtype = absl::GetFlag(FLAGS_param_dtype);
   job.steps = absl::GetFlag(FLAGS_steps);
+  job.max_steps = absl::GetFlag(FLAGS_max_steps);
   job.batch_size = absl::GetFlag(FLAGS_batch_size);
   job.grad_accumulation = absl::GetFlag(FLAGS_grad_accumulation);
   job.accumulation = absl::GetFlag(FLAGS_accumulation);
@@ -531,6 +541,19 @@ absl::Status CheckBeforeLaunch(const JobOptions& job) {
   if (job.max_restarts < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_restarts=", job.max_restarts, " must be >= 0"));
+  }
+  if (job.max_steps < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_steps=", job.max_steps, " must be >= 0 (0: train --steps steps)"));
+  }
+  // NOTE [Training to a global step]: a restart that resumes and then trains --steps more
+  // would end past the run that never failed.
+  if (job.max_restarts > 0 && job.resume_from == kResumeLatest && job.max_steps == 0 &&
+      absl::StrContains(job.stages, "fit")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_restarts=", job.max_restarts, " with --resume_from=latest needs --max_steps (the "
+        "global step to train to): --steps counts the steps of each start, so every restart "
+        "would train --steps more than the run that never failed"));
   }
   if (job.resume_allow_data_change && job.resume_from.empty()) {
     return absl::InvalidArgumentError(
@@ -642,6 +665,7 @@ absl::StatusOr<StageOptions> StageOptionsFor(const JobOptions& job, absl::Durati
   ASSIGN_OR_RETURN(options.wrap.mixed_precision.param_dtype, core::ParseDType(job.param_dtype));
   options.wrap.timeout = timeout;
   options.fit_steps = job.steps;
+  options.max_steps = job.max_steps;
   options.train_batch_size = job.batch_size;
   options.grad_accumulation = job.grad_accumulation;
   absl::StatusOr<StageOptions::Accumulation> accumulation = ParseAccumulation(job.accumulation);

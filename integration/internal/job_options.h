@@ -85,6 +85,7 @@ struct JobOptions {
   bool profile_ops = false;   // --profile_ops: StageOptions::profile_step = the last fit step
   std::string param_dtype;
   int64_t steps = 0;
+  int64_t max_steps = 0;           // --max_steps (NOTE [Training to a global step])
   int batch_size = 0;
   int grad_accumulation = 1;       // --grad_accumulation: micro-batches per step
   std::string accumulation;        // --accumulation: reduce_each or no_sync

@@ -84,6 +84,18 @@ TEST(JobOptionsTest, TheParentRefusesNamingTheFlag) {
   job.max_restarts = -1;
   EXPECT_EQ(CheckBeforeLaunch(job).message(), "--max_restarts=-1 must be >= 0");
   job = JobOptionsFromFlags();
+  job.max_steps = -2;
+  EXPECT_THAT(Message(CheckBeforeLaunch(job)), StartsWith("--max_steps=-2 must be >= 0"));
+  // NOTE [Training to a global step]: restarts that resume need a step to train to.
+  job = JobOptionsFromFlags();
+  job.stages = "fit,test";
+  job.max_restarts = 2;
+  job.resume_from = kResumeLatest;
+  EXPECT_THAT(Message(CheckBeforeLaunch(job)),
+              StartsWith("--max_restarts=2 with --resume_from=latest needs --max_steps"));
+  job.max_steps = 100;
+  EXPECT_TRUE(CheckBeforeLaunch(job).ok()) << CheckBeforeLaunch(job);
+  job = JobOptionsFromFlags();
   job.strategy = "HALF_SHARD";
   EXPECT_THAT(Message(CheckBeforeLaunch(job)), StartsWith("--strategy: INVALID_ARGUMENT:"));
   job = JobOptionsFromFlags();

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/safetensors.h"
@@ -187,6 +188,12 @@ TrainModule* JobSetup::trained() const {
   return fault != nullptr ? static_cast<TrainModule*>(fault.get()) : module.get();
 }
 
+int RestartCount() {
+  const char* text = std::getenv(comm::kRestartCountEnv);
+  int count = 0;
+  return text != nullptr && absl::SimpleAtoi(text, &count) && count > 0 ? count : 0;
+}
+
 absl::StatusOr<JobSetup> SetUpRank(const JobOptions& flags, const comm::Distributed& dist,
                                    absl::Duration timeout) {
   const int rank = dist.group->rank();
@@ -198,15 +205,16 @@ absl::StatusOr<JobSetup> SetUpRank(const JobOptions& flags, const comm::Distribu
   ASSIGN_OR_RETURN(setup.intra_op_threads, IntraOpThreads(job, world));
   RETURN_IF_ERROR(nn::SetIntraOpThreads(setup.intra_op_threads));
   ASSIGN_OR_RETURN(setup.module, CreateJobModule(job, dist.device));
-  // The test hook fires at the first start only: a restarted job (NOTE [Restarts] in
-  // comm/launcher.h) runs clean.
-  const char* restart = std::getenv(comm::kRestartCountEnv);
-  if (!job.testonly_fault.empty() && (restart == nullptr || std::string(restart) == "0")) {
-    ASSIGN_OR_RETURN(setup.fault, FaultInjector::Parse(job.testonly_fault, rank, setup.module.get()));
+  // The test hook's faults name the start they fire at (0 unless a fault says otherwise: a
+  // restarted job, NOTE [Restarts] in comm/launcher.h, runs clean).
+  if (!job.testonly_fault.empty()) {
+    ASSIGN_OR_RETURN(setup.fault, FaultInjector::Parse(job.testonly_fault, rank,
+                                                       setup.module.get(), RestartCount()));
   }
   setup.full_shapes = checkpoint::ParameterShapes(*setup.module->model());
   ASSIGN_OR_RETURN(setup.stages, ParseStages(job.stages));
   ASSIGN_OR_RETURN(setup.options, StageOptionsFor(job, timeout));
+  if (setup.fault != nullptr) setup.options.testonly_write_error = setup.fault->WriteErrorHook();
   RETURN_IF_ERROR(CheckFitsInMemory(&setup, world, dist.device));
   return setup;
 }

@@ -47,6 +47,10 @@ struct JobSetup {
   TrainModule* trained() const;
 };
 
+// The launcher's restart count of this start (FSDP_RESTART_COUNT, NOTE [Restarts] in
+// comm/launcher.h): 0 at the first start and when no launcher set it.
+int RestartCount();
+
 // Sets this rank up (rank 0 also creates job.output_dir) and sets its intra-op threads.
 // The first error of: the output directory, ResolveHfDirs, the thread count, the module's
 // options, --testonly_fault, --stages, StageOptionsFor, and a run that this host's memory

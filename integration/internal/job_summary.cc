@@ -234,6 +234,12 @@ std::string SummaryTable(const nlohmann::json& s) {
   row("model parameters", absl::StrCat(s["model_parameters"].get<int64_t>()));
   row("stages", s["stages"].get<std::string>());
   row("global steps", absl::StrCat(s["global_step"].get<int64_t>()));
+  // NOTE [Run log] (run_log.h): what failures cost a restarted run.
+  if (s.contains("restarts") && s["restarts"].get<int>() > 0) {
+    row("restarts / steps recomputed / lost",
+        absl::StrFormat("%d / %d / %.1f s", s["restarts"].get<int>(),
+                        s["steps_recomputed"].get<int64_t>(), s["seconds_lost"].get<double>()));
+  }
   row("final train loss", number("final_train_loss", "%.4f"));
   row("test loss (wrapped)", number("test_loss", "%.4f"));
   row("test loss (released plain module)", number("released_test_loss", "%.4f"));

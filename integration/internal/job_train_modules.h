@@ -8,8 +8,10 @@
 #define INTEGRATION_INTERNAL_JOB_TRAIN_MODULES_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "integration/device_setup.h"
@@ -19,26 +21,42 @@
 namespace integration {
 namespace internal {
 
-// The --testonly_fault hook: misbehaves at one training step on one rank, for the
-// fault-injection tests.
+// The --testonly_fault hook: misbehaves at chosen training steps on chosen ranks, for the
+// fault-injection and chaos tests.
 class FaultInjector : public ForwardingTrainModule {
  public:
-  // `spec` is <kill|stop|exit|error>@<rank>:<step>, step >= 1 (counted in this process's
-  // TrainingStep calls): at that step the rank SIGKILLs itself, SIGSTOPs itself, exits
-  // with code 3, or returns Internal. On other ranks it only forwards. InvalidArgument
-  // naming --testonly_fault for a malformed spec.
+  // `spec` is a comma-separated list of faults <action>@<rank>:<step>[:<restart>]. <step> >= 1
+  // counts this process's TrainingStep calls, or, written g<N>, is global step N (the fault
+  // fires at that step's first TrainingStep). A fault applies at the start whose restart count
+  // (RestartCount(), NOTE [Restarts] in comm/launcher.h) is <restart>, 0 by default, and on rank
+  // <rank> of that start. Actions:
+  //   kill, stop, exit, error   SIGKILL, SIGSTOP, exit with code 3, or fail the step (Internal);
+  //   lose                      append the rank to $FSDP_LOST_RANKS_FILE (the launcher restarts
+  //                             without its slot) and SIGKILL;
+  //   diskfull                  this rank's write of the periodic checkpoint of global step
+  //                             <step> (g<N> or N alike) fails with "No space left on device"
+  //                             (WriteErrorHook).
+  // InvalidArgument naming --testonly_fault for a malformed spec.
   static absl::StatusOr<std::unique_ptr<FaultInjector>> Parse(const std::string& spec, int rank,
-                                                              TrainModule* inner);
+                                                              TrainModule* inner, int restart = 0);
 
   absl::StatusOr<StepOutput> TrainingStep(const StepContext& ctx) override;
+  // StageOptions::testonly_write_error for the diskfull faults of this rank and start; null
+  // when there are none.
+  std::function<absl::Status(int64_t step)> WriteErrorHook() const;
 
  private:
-  FaultInjector(TrainModule* inner, std::string action, int64_t fault_step)
-      : ForwardingTrainModule(inner), action_(std::move(action)), fault_step_(fault_step) {}
+  struct Fault {
+    std::string action;
+    int64_t step = 0;
+    bool global = false;  // step is a global step (g<N>)
+  };
+  FaultInjector(TrainModule* inner, std::vector<Fault> faults)
+      : ForwardingTrainModule(inner), faults_(std::move(faults)) {}
 
-  std::string action_;
-  int64_t fault_step_;  // -1: not on this rank
+  std::vector<Fault> faults_;  // this rank's, at this start
   int64_t steps_ = 0;
+  int64_t last_global_step_ = -1;
 };
 
 // Tells `meter` (not owned) when each training step starts.

@@ -57,11 +57,52 @@ TEST(JobTrainModulesTest, TheFaultInjectorFailsItsRanksStepOnly) {
 }
 
 TEST(JobTrainModulesTest, AMalformedFaultNamesTheFlag) {
-  for (const char* spec : {"error@1", "boom@0:1", "kill@0:0", "exit@x:1"}) {
+  for (const char* spec : {"error@1", "boom@0:1", "kill@0:0", "exit@x:1", "kill@0:g0",
+                           "error@0:2:-1", "error@0:2,kill@1", "error@0:2:1:1"}) {
     absl::Status s = FaultInjector::Parse(spec, 0, nullptr).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << spec;
     EXPECT_THAT(s.message(), HasSubstr("--testonly_fault=")) << spec;
   }
+}
+
+// The chaos test's schedule: faults at global steps, at chosen restarts, several per spec.
+TEST(JobTrainModulesTest, FaultsAtGlobalStepsFireAtTheirRestartOnly) {
+  std::unique_ptr<GptTrainModule> gpt = TinyModule();
+  ASSERT_NE(gpt, nullptr);
+  const std::string spec = "error@0:g3:1,error@1:g2,diskfull@0:4:1,diskfull@0:6";
+  absl::StatusOr<std::unique_ptr<FaultInjector>> first =
+      FaultInjector::Parse(spec, 0, gpt.get(), 0);
+  absl::StatusOr<std::unique_ptr<FaultInjector>> restart =
+      FaultInjector::Parse(spec, 0, gpt.get(), 1);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(restart.ok()) << restart.status();
+  StepContext ctx;
+  ctx.batch_size = 2;
+  ctx.micro_batches = 2;
+  // Rank 0's first start has no step fault; its restart fails global step 3 (ctx.step 2) at
+  // its first micro-batch, however many TrainingStep calls came before.
+  for (int64_t step = 0; step < 4; ++step) {
+    ctx.step = step;
+    for (int j = 0; j < 2; ++j) {
+      ctx.micro_batch = j;
+      EXPECT_TRUE((*first)->TrainingStep(ctx).ok()) << step;
+      const absl::Status s = (*restart)->TrainingStep(ctx).status();
+      EXPECT_EQ(s.ok(), !(step == 2 && j == 0)) << step << " " << j << " " << s;
+    }
+  }
+  // The disk fills for the checkpoint of step 6 at the first start, of step 4 at the restart.
+  std::function<absl::Status(int64_t)> first_hook = (*first)->WriteErrorHook();
+  std::function<absl::Status(int64_t)> restart_hook = (*restart)->WriteErrorHook();
+  ASSERT_TRUE(first_hook != nullptr);
+  ASSERT_TRUE(restart_hook != nullptr);
+  EXPECT_TRUE(first_hook(4).ok());
+  EXPECT_THAT(first_hook(6).message(), HasSubstr("No space left on device"));
+  EXPECT_EQ(first_hook(6).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(restart_hook(4).ok());
+  EXPECT_TRUE(restart_hook(6).ok());
+  absl::StatusOr<std::unique_ptr<FaultInjector>> rank1 = FaultInjector::Parse(spec, 1, gpt.get());
+  ASSERT_TRUE(rank1.ok());
+  EXPECT_TRUE((*rank1)->WriteErrorHook() == nullptr);
 }
 
 TEST(JobTrainModulesTest, TheTimedModuleStartsTheMeterAtEveryStepNotEveryMicroBatch) {

@@ -133,9 +133,15 @@ absl::Status StageLoop::Run(Stage stage) {
 
 absl::Status StageLoop::Fit() {
   const StageOptions& options = runner_.options();
-  say_(absl::StrFormat("fit: %d steps of %d x %d tokens from global step %d", options.fit_steps,
-                       options.train_batch_size, setup_.module->train_options().seq_len,
-                       runner_.GlobalStep(trained_)));
+  const int64_t from = runner_.GlobalStep(trained_);
+  // NOTE [Training to a global step]: --max_steps counts from step 0, --steps from here.
+  const int64_t steps = options.max_steps > 0 ? std::max<int64_t>(0, options.max_steps - from)
+                                              : options.fit_steps;
+  say_(absl::StrFormat("fit: %d steps of %d x %d tokens from global step %d%s", steps,
+                       options.train_batch_size, setup_.module->train_options().seq_len, from,
+                       options.max_steps > 0
+                           ? absl::StrCat(" to global step ", options.max_steps, " (--max_steps)")
+                           : ""));
   fsdp::Runtime& runtime = runner_.registry().runtime();
   runtime.ResetCommTiming();
   ASSIGN_OR_RETURN(FitResult fit, runner_.Fit(trained_));
