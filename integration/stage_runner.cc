@@ -300,6 +300,7 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
   optim::Optimizer& optimizer = *state.optimizer;
 
   result.first_step = state.global_step;
+  committed_step_ = -1;
   double last_report_time = NowSeconds();
   // A Fit that fails with a save in flight drops it: its write awaited, its temporary
   // directory removed, nothing committed (NOTE [Asynchronous save]).
@@ -446,6 +447,7 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
       p.losses.assign(result.losses.end() - static_cast<int64_t>(reported_steps),
                       result.losses.end());
       p.count_unit = module.CountUnit();
+      p.committed_step = committed_step_;
       const double now = NowSeconds();
       p.items_per_second = items_since_report / std::max(1e-9, now - last_report_time);
       ASSIGN_OR_RETURN(p.memory, GatherMemory());
@@ -599,7 +601,7 @@ absl::Status StageRunner::SaveStepCheckpoint(TrainModule& module, int64_t step,
     RETURN_IF_ERROR(Annotate(SaveTrainingCheckpoint(dir, *model, registry_.get(),
                                                     state.optimizer.get(), group_.get(), save),
                              absl::StrCat("saving checkpoint '", dir, "'")));
-    return Committed(dir, result);
+    return Committed(dir, step, result);
   }
   // This one's snapshot, then back to work.
   absl::StatusOr<std::unique_ptr<checkpoint::PendingSave>> pending = BeginTrainingCheckpoint(
@@ -607,6 +609,7 @@ absl::Status StageRunner::SaveStepCheckpoint(TrainModule& module, int64_t step,
       /*background=*/true);
   RETURN_IF_ERROR(Annotate(pending.status(), absl::StrCat("saving checkpoint '", dir, "'")));
   pending_save_ = *std::move(pending);
+  pending_step_ = step;
   return absl::OkStatus();
 }
 
@@ -615,10 +618,11 @@ absl::Status StageRunner::FinishPendingSave(FitResult* result) {
   std::unique_ptr<checkpoint::PendingSave> pending = std::move(pending_save_);
   const std::string dir = pending->dir();
   RETURN_IF_ERROR(Annotate(pending->Finish(), absl::StrCat("saving checkpoint '", dir, "'")));
-  return Committed(dir, result);
+  return Committed(dir, pending_step_, result);
 }
 
-absl::Status StageRunner::Committed(const std::string& dir, FitResult* result) {
+absl::Status StageRunner::Committed(const std::string& dir, int64_t step, FitResult* result) {
+  committed_step_ = step;
   result->checkpoint_dir = dir;
   result->checkpoints.push_back(dir);
   if (options_.keep_checkpoints <= 0) return absl::OkStatus();

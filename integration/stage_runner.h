@@ -153,6 +153,9 @@ struct Progress {
   // The global mean loss of every step since the previous report, in order: global steps
   // global_step - losses.size() + 1 .. global_step (the last is `loss`).
   std::vector<double> losses;
+  // The global step of the newest periodic checkpoint this Fit has committed (NOTE [Periodic
+  // checkpoints]), -1 for none yet.
+  int64_t committed_step = -1;
   double items_per_second = 0;  // since the previous report, all ranks together
   // What the items are (TrainModule::CountUnit(): "samples", "tokens", ...).
   std::string count_unit = "samples";
@@ -296,7 +299,7 @@ class StageRunner {
   absl::Status FinishPendingSave(FitResult* result);
   // Records the committed checkpoint `dir` in `result` and prunes to keep_checkpoints
   // (agreed across ranks).
-  absl::Status Committed(const std::string& dir, FitResult* result);
+  absl::Status Committed(const std::string& dir, int64_t step, FitResult* result);
   // What every checkpoint of the model records (its global step, the module's data identity)
   // and the collective timeout.
   TrainingCheckpointOptions CheckpointOptions(const TrainModule& module,
@@ -328,6 +331,8 @@ class StageRunner {
   std::function<void(const Progress&)> progress_callback_;
   // NOTE [Asynchronous save]: the periodic checkpoint being written, within one Fit.
   std::unique_ptr<checkpoint::PendingSave> pending_save_;
+  int64_t pending_step_ = 0;     // its global step
+  int64_t committed_step_ = -1;  // of the newest checkpoint this Fit committed
   int64_t stage_start_comm_bytes_ = 0;
   double stage_start_seconds_ = 0;
 };

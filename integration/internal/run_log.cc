@@ -123,9 +123,9 @@ absl::Status RunLog::Started(int64_t from_step, int world_size, double now) {
 absl::Status RunLog::Reported(const Progress& progress, double now) {
   const int64_t first = progress.global_step - static_cast<int64_t>(progress.losses.size()) + 1;
   for (size_t i = 0; i < progress.losses.size(); ++i) {
-    RETURN_IF_ERROR(
-        Append(absl::StrFormat(R"({"event":"step","step":%d,"loss":%.17g,"time":%.6f})",
-                               first + static_cast<int64_t>(i), progress.losses[i], now)));
+    RETURN_IF_ERROR(Append(absl::StrFormat(
+        R"({"event":"step","step":%d,"loss":%.17g,"committed":%d,"time":%.6f})",
+        first + static_cast<int64_t>(i), progress.losses[i], progress.committed_step, now)));
   }
   if (catching_up_ && progress.global_step >= reached_) {
     catching_up_ = false;

@@ -3,12 +3,13 @@
 // <output_dir>/run_log.jsonl:
 //   {"event":"start","restart":1,"world_size":2,"from_step":40,"reached":47,"recomputed":7,
 //    "time":1796280000.25}
-//   {"event":"step","step":41,"loss":2.4431772232055664,"time":1796280001.5}
+//   {"event":"step","step":41,"loss":2.4431772232055664,"committed":40,"time":1796280001.5}
 //   {"event":"caught_up","step":47,"seconds_lost":6.75,"time":1796280003.0}
 // "restart" is the launcher's restart count (FSDP_RESTART_COUNT, NOTE [Restarts] in
 // comm/launcher.h), "reached" the highest step any earlier start logged, "recomputed" the steps
-// this start trains again (reached - from_step: the work the failure lost), and a step event's
-// loss the global mean loss printed with every digit (%.17g). "caught_up" is logged at this
+// this start trains again (reached - from_step: the work the failure lost), a step event's
+// loss the global mean loss printed with every digit (%.17g) and its "committed" the step of
+// the newest checkpoint the fit had committed by then (Progress::committed_step; -1: none). "caught_up" is logged at this
 // start's first progress report at or past `reached`: seconds_lost is how much later the run
 // got there than the earlier start did (the failure, its detection, the restart, the resume and
 // the recomputed steps; up to one report interval more when the report falls past `reached`).
