@@ -2,7 +2,8 @@
 // comm/launcher.h for the contract.
 //
 //   launch --nproc=4 [--master_addr=127.0.0.1] [--master_port=29500]
-//          [--grace_period_s=5] -- program args...
+//          [--grace_period_s=5] [--max_restarts=0] [--min_nproc=0]
+//          [--lost_ranks_file=PATH] -- program args...
 //
 // Flags are absl flags ("--flag=value" or "--flag value"); an unknown flag or a value
 // that does not parse ends the launcher with absl's message and status 1, a value out of
@@ -23,6 +24,13 @@ ABSL_FLAG(double, grace_period_s, 5, "seconds between SIGTERM and SIGKILL when s
 ABSL_FLAG(int, max_restarts, 0,
           "start the whole job again after a failure, up to this many times (each rank sees "
           "FSDP_RESTART_COUNT)");
+ABSL_FLAG(int, min_nproc, 0,
+          "the fewest ranks a restart may continue with, in [0, --nproc]: a restart leaves out "
+          "the ranks marked lost for good in $FSDP_LOST_RANKS_FILE and renumbers the rest "
+          "(comm/launcher.h NOTE [Restarts]); 0 = --nproc: never fewer");
+ABSL_FLAG(std::string, lost_ranks_file, "",
+          "the lost-ranks file the ranks see in FSDP_LOST_RANKS_FILE, emptied at the start; "
+          "empty: a temporary file removed at the end");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -33,11 +41,12 @@ int main(int argc, char** argv) {
   absl::StatusOr<comm::LaunchOptions> options = comm::MakeLaunchOptions(
       absl::GetFlag(FLAGS_nproc), absl::GetFlag(FLAGS_master_addr),
       absl::GetFlag(FLAGS_master_port), absl::GetFlag(FLAGS_grace_period_s), std::move(command),
-      absl::GetFlag(FLAGS_max_restarts));
+      absl::GetFlag(FLAGS_max_restarts), absl::GetFlag(FLAGS_min_nproc));
   if (!options.ok()) {
     const std::string msg = std::string(options.status().message()) + "\n";
     std::fputs(msg.c_str(), stderr);
     return 2;
   }
+  options->lost_ranks_file = absl::GetFlag(FLAGS_lost_ranks_file);
   return comm::Launch(*options);
 }

@@ -25,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "comm/failure.h"
+#include "comm/internal/lost_ranks.h"
 #include "comm/internal/rank_process.h"
 #include "comm/internal/socket.h"
 #include "core/errno_text.h"
@@ -40,6 +41,8 @@ using internal::Drain;
 using internal::ExitCodeOf;
 using internal::Failed;
 using internal::LaunchedRank;
+using internal::LostRanks;
+using internal::LostRanksFile;
 using internal::RankStream;
 using internal::SignalAll;
 using internal::WriteAll;
@@ -75,12 +78,20 @@ std::string ErrorFileOf(const std::string& dir, int rank) {
   return absl::StrCat(dir, "/rank-", rank, ".json");
 }
 
+// What every rank of one start of the job shares beyond the options (NOTE [Restarts]).
+struct StartInfo {
+  int restart = 0;
+  int initial_nproc = 0;
+  std::string lost_ranks_file;
+};
+
 std::vector<std::string> ChildEnvironment(const LaunchOptions& o, int rank,
                                           const std::string& secret,
-                                          const std::string& error_dir, int restart) {
+                                          const std::string& error_dir, const StartInfo& start) {
   static const char* kOurs[] = {"RANK=",        "WORLD_SIZE=",  "LOCAL_RANK=",
                                 "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=",
-                                "FSDP_JOB_SECRET=", "FSDP_ERROR_FILE=", "FSDP_RESTART_COUNT="};
+                                "FSDP_JOB_SECRET=", "FSDP_ERROR_FILE=", "FSDP_RESTART_COUNT=",
+                                "FSDP_LOST_RANKS_FILE=", "FSDP_INITIAL_WORLD_SIZE="};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     bool ours = false;
@@ -93,7 +104,9 @@ std::vector<std::string> ChildEnvironment(const LaunchOptions& o, int rank,
   env.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", o.nproc));
   env.push_back(absl::StrCat("MASTER_ADDR=", o.master_addr));
   env.push_back(absl::StrCat("MASTER_PORT=", o.master_port));
-  env.push_back(absl::StrCat(kRestartCountEnv, "=", restart));
+  env.push_back(absl::StrCat(kRestartCountEnv, "=", start.restart));
+  env.push_back(absl::StrCat(kInitialWorldSizeEnv, "=", start.initial_nproc));
+  env.push_back(absl::StrCat(kLostRanksFileEnv, "=", start.lost_ranks_file));
   if (!secret.empty()) env.push_back(absl::StrCat(kJobSecretEnv, "=", secret));
   if (!error_dir.empty()) env.push_back(absl::StrCat(kErrorFileEnv, "=", ErrorFileOf(error_dir, rank)));
   // Intra-op threads (OpenMP: oneDNN's GEMMs, the library's loops): the hardware threads
@@ -175,7 +188,7 @@ std::vector<std::string> ReportFailures(const std::vector<FailureRecord>& record
 absl::StatusOr<LaunchOptions> MakeLaunchOptions(int nproc, std::string master_addr,
                                                 int master_port, double grace_period_s,
                                                 std::vector<std::string> command,
-                                                int max_restarts) {
+                                                int max_restarts, int min_nproc) {
   LaunchOptions o;
   if (nproc < 1 || nproc > 4096) {
     return absl::InvalidArgumentError(
@@ -199,6 +212,12 @@ absl::StatusOr<LaunchOptions> MakeLaunchOptions(int nproc, std::string master_ad
         absl::StrCat("launch: --max_restarts must be >= 0, got ", max_restarts));
   }
   o.max_restarts = max_restarts;
+  if (min_nproc < 0 || min_nproc > nproc) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("launch: --min_nproc must be in [0, --nproc=", nproc, "], got ", min_nproc,
+                     " (0: never fewer ranks than --nproc)"));
+  }
+  o.min_nproc = min_nproc;
   if (command.empty()) {
     return absl::InvalidArgumentError(
         "launch: no program given; usage: launch --nproc=N -- program args...");
@@ -238,7 +257,7 @@ namespace {
 // One job of Launch: its options, its ranks, and what the event loop has seen so far.
 class Job {
  public:
-  Job(const LaunchOptions& options, int restart) : o_(options), restart_(restart) {}
+  Job(const LaunchOptions& options, StartInfo start) : o_(options), start_(std::move(start)) {}
 
   // The port, the job secret and the error-file directory; false (said why) if not.
   bool Prepare();
@@ -275,7 +294,7 @@ class Job {
   std::vector<FailureRecord> ReadErrorFiles(std::vector<std::string>* silent);
 
   LaunchOptions o_;
-  int restart_ = 0;  // NOTE [Restarts]
+  StartInfo start_;  // NOTE [Restarts]
   std::string secret_;
   std::string error_dir_;
   std::vector<LaunchedRank> ranks_;
@@ -349,7 +368,7 @@ bool Job::StartRank(int r, std::vector<char*>& argv, pid_t launcher_pid) {
     Say("pipe2 failed");
     return false;
   }
-  std::vector<std::string> env_strings = ChildEnvironment(o_, r, secret_, error_dir_, restart_);
+  std::vector<std::string> env_strings = ChildEnvironment(o_, r, secret_, error_dir_, start_);
   std::vector<char*> envp = CStrings(env_strings);
   const pid_t pid = ::fork();
   if (pid == 0) {
@@ -560,21 +579,72 @@ int Job::Finish() {
   return exit_code_;
 }
 
+// "rank 2" or "ranks 0, 2".
+std::string RankList(const std::vector<int>& ranks) {
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "));
+}
+
+// "1 rank", "3 ranks".
+std::string RankCount(int n) { return absl::StrCat(n, n == 1 ? " rank" : " ranks"); }
+
 }  // namespace
 
 int Launch(const LaunchOptions& options) {
+  const auto say = [&options](absl::string_view text) {
+    WriteAll(options.stderr_fd, absl::StrCat("launch: ", text, "\n"));
+  };
+  if (options.min_nproc < 0 || options.min_nproc > options.nproc) {
+    say(absl::StrCat("--min_nproc must be in [0, --nproc=", options.nproc, "], got ",
+                     options.min_nproc));
+    return 1;
+  }
+  // NOTE [Restarts]: removed at the end when the launcher created it.
+  LostRanksFile lost_file;
+  if (absl::Status s = lost_file.Open(options.lost_ranks_file); !s.ok()) {
+    say(s.message());
+    return 1;
+  }
+  const int min_nproc = options.min_nproc > 0 ? options.min_nproc : options.nproc;
+  LaunchOptions current = options;
   for (int restart = 0;; ++restart) {
-    Job job(options, restart);
+    Job job(current, StartInfo{restart, options.nproc, lost_file.path()});
     if (!job.Prepare() || !job.InstallSignalHandlers()) return 1;
     job.StartRanks();
     job.Supervise();
     job.Cleanup();
     const int code = job.Finish();
     if (code == 0 || job.interrupted() || restart >= options.max_restarts) return code;
-    // NOTE [Restarts]: the root cause is reported above; the whole job starts again.
-    WriteAll(options.stderr_fd,
-             absl::StrCat("launch: restarting the job (restart ", restart + 1, " of ",
-                          options.max_restarts, ") after exit status ", code, "\n"));
+    // NOTE [Restarts]: the root cause is reported above; the job starts again without the
+    // slots marked lost for good, unless that leaves fewer than min_nproc.
+    absl::StatusOr<LostRanks> lost = lost_file.Read(current.nproc);
+    if (!lost.ok()) {
+      say(absl::StrCat(lost.status().message(), "; counting no rank lost"));
+      lost = LostRanks{};
+    }
+    if (!lost->ignored.empty()) {
+      say(absl::StrCat("ignoring line(s) of ", lost_file.path(), " that name no rank in [0, ",
+                       current.nproc, "): \"", absl::StrJoin(lost->ignored, "\", \""), "\""));
+    }
+    const int left = current.nproc - static_cast<int>(lost->ranks.size());
+    const std::string lost_text =
+        lost->ranks.empty() ? "" : absl::StrCat("; ", RankList(lost->ranks), " lost for good");
+    if (left < min_nproc) {
+      const std::string floor =
+          options.min_nproc > 0
+              ? absl::StrCat("--min_nproc=", options.min_nproc)
+              : absl::StrCat("--nproc=", options.nproc, " (--min_nproc=0: never fewer)");
+      say(absl::StrCat(RankList(lost->ranks), " lost for good; ", RankCount(left),
+                       " left, fewer than ", floor, ": not restarting; exit status ", code));
+      return code;
+    }
+    if (absl::Status s = lost_file.Truncate(); !s.ok()) {
+      say(absl::StrCat(s.message(), "; not restarting (a later restart would count these ",
+                       "losses again)"));
+      return code;
+    }
+    say(absl::StrCat("restarting the job with ", RankCount(left), " (restart ", restart + 1,
+                     " of ", options.max_restarts, lost_text, ") after exit status ", code));
+    current.nproc = left;
   }
 }
 

@@ -27,7 +27,8 @@
 // Each rank also gets FSDP_JOB_SECRET (the launcher's own, when set, else a fresh random
 // one per job: the rendezvous store admits only clients that prove it) and
 // FSDP_ERROR_FILE, where the rank records its failure before tearing anything down
-// (comm/failure.h, RecordFailure).
+// (comm/failure.h, RecordFailure), and FSDP_RESTART_COUNT, FSDP_INITIAL_WORLD_SIZE and
+// FSDP_LOST_RANKS_FILE (NOTE [Restarts], below).
 // When the launcher's own environment does not set OMP_NUM_THREADS, each rank gets
 // OMP_NUM_THREADS = max(1, hardware threads / nproc), so N ranks of an OpenMP program
 // do not oversubscribe the machine; a value the caller set is passed on unchanged.
@@ -82,24 +83,57 @@ struct LaunchOptions {
   // --max-restarts), on a fresh port with a fresh secret. Each rank sees
   // FSDP_RESTART_COUNT (kRestartCountEnv): 0 at the first start, k at the k-th restart. A
   // program that checkpoints resumes by itself (the main job's --resume_from=latest).
+  //
+  // A restart may continue with fewer ranks (torchelastic's --nnodes=MIN:MAX, on one
+  // machine). Every rank sees FSDP_LOST_RANKS_FILE (kLostRanksFileEnv), the path of the
+  // lost-ranks file. A line holding a rank number, appended to it (by a rank about
+  // itself, by an operator, by a test hook), marks that rank's slot lost for good. When a
+  // restart is due, the launcher reads the file: the lost ranks are the distinct numbers
+  // in [0, nproc) of the failed start (other lines are ignored, with a line naming them).
+  // The next start has nproc - lost ranks, numbered 0..n-1: RANK, WORLD_SIZE,
+  // LOCAL_WORLD_SIZE and the default OMP_NUM_THREADS follow the new count. Then the
+  // launcher empties the file, so a later restart counts only new losses (numbered in the
+  // new start's ranks). A restart with no rank lost keeps the count. When fewer than
+  // min_nproc ranks would be left, the launcher does not restart:
+  //   launch: rank 2 lost for good; 3 ranks left, fewer than --min_nproc=4: not
+  //   restarting; exit status 1
+  // and exits with the failed start's status. Otherwise it says:
+  //   launch: restarting the job with 3 ranks (restart 1 of 2; rank 2 lost for good)
+  //   after exit status 1
+  // Every rank also sees FSDP_INITIAL_WORLD_SIZE (kInitialWorldSizeEnv), the first
+  // start's nproc, so a program can say "continuing at 2 of 4 ranks". The file is read
+  // only when a restart is due: without max_restarts, min_nproc has no effect.
   int max_restarts = 0;
+  // The fewest ranks a restart may continue with (--min_nproc), in [0, nproc]; 0 means
+  // nproc: never shrink (NOTE [Restarts]).
+  int min_nproc = 0;
+  // The lost-ranks file (NOTE [Restarts]). "" (the default): the launcher creates one in
+  // a fresh temporary directory under $TMPDIR (else /tmp) and removes both at the end. A
+  // path given here is created or emptied when Launch starts and left in place.
+  std::string lost_ranks_file;
 };
 
 // The environment variable holding the restart count (NOTE [Restarts]).
 inline constexpr char kRestartCountEnv[] = "FSDP_RESTART_COUNT";
+// The environment variable holding the lost-ranks file's path (NOTE [Restarts]).
+inline constexpr char kLostRanksFileEnv[] = "FSDP_LOST_RANKS_FILE";
+// The environment variable holding the first start's number of ranks (NOTE [Restarts]).
+inline constexpr char kInitialWorldSizeEnv[] = "FSDP_INITIAL_WORLD_SIZE";
 
 // The options of `launch --nproc=N --master_addr=A --master_port=P --grace_period_s=S
-// -- program args...` once its flags are parsed (launch_main.cc parses them with absl
-// flags). InvalidArgument naming the flag for a value out of range (--nproc outside
-// [1, 4096], --master_port outside [0, 65535], an empty --master_addr, a negative or
-// non-finite --grace_period_s, a negative --max_restarts) or naming the missing program.
+// --max_restarts=R --min_nproc=M -- program args...` once its flags are parsed
+// (launch_main.cc parses them with absl flags). InvalidArgument naming the flag for a
+// value out of range (--nproc outside [1, 4096], --master_port outside [0, 65535], an
+// empty --master_addr, a negative or non-finite --grace_period_s, a negative
+// --max_restarts, --min_nproc outside [0, nproc]) or naming the missing program.
 absl::StatusOr<LaunchOptions> MakeLaunchOptions(int nproc, std::string master_addr,
                                                 int master_port, double grace_period_s,
                                                 std::vector<std::string> command,
-                                                int max_restarts = 0);
+                                                int max_restarts = 0, int min_nproc = 0);
 
 // Runs the job and returns the launcher's exit status (see the top of this file).
-// Returns 1 with a message on stderr_fd if the job cannot be started at all.
+// Returns 1 with a message on stderr_fd if the job cannot be started at all (min_nproc
+// outside [0, nproc] and a lost-ranks file that cannot be created included).
 int Launch(const LaunchOptions& options);
 
 // True when this process is one rank of a launched job (NOTE [Launch environment] in
@@ -113,7 +147,7 @@ bool IsLaunchedRank();
 // launcher's exit status once every rank has ended (0 when all succeeded). Each rank
 // sees the environment Launch gives (RANK, WORLD_SIZE, ...), so IsLaunchedRank() is
 // true there. `options` supplies everything but nproc and command (output fds, master
-// address and port, grace period). InvalidArgument for nproc outside [1, 4096];
+// address and port, grace period, restarts, min_nproc, lost-ranks file). InvalidArgument for nproc outside [1, 4096];
 // NotFound when /proc/self/exe cannot be read. Call it before starting threads that
 // must not be forked around (it forks and execs only, so this is just a precaution).
 absl::StatusOr<int> RunLocalRanks(int nproc, const std::vector<std::string>& args,

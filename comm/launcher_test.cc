@@ -245,7 +245,9 @@ TEST(LaunchTest, AFailedJobIsRestartedUpToMaxRestarts) {
                          "if [ $FSDP_RESTART_COUNT = 0 ] && [ $RANK = 1 ]; then exit 7; fi");
   EXPECT_EQ(c.exit_code, 0) << c.err;
   EXPECT_TRUE(Contains(c.err, "job failed: root cause rank 1")) << c.err;
-  EXPECT_TRUE(Contains(c.err, "restarting the job (restart 1 of 2) after exit status 7")) << c.err;
+  EXPECT_TRUE(
+      Contains(c.err, "restarting the job with 2 ranks (restart 1 of 2) after exit status 7"))
+      << c.err;
   EXPECT_FALSE(Contains(c.err, "restart 2 of 2")) << c.err;
   EXPECT_TRUE(Contains(c.out, "[rank 0] start 0")) << c.out;
   EXPECT_TRUE(Contains(c.out, "[rank 0] start 1")) << c.out;
@@ -263,6 +265,138 @@ TEST(LaunchTest, AFailedJobIsRestartedUpToMaxRestarts) {
   Captured once = RunLaunch(o, "exit 5");
   EXPECT_EQ(once.exit_code, 5);
   EXPECT_FALSE(Contains(once.err, "restarting")) << once.err;
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// NOTE [Restarts]: a rank that appends its number to $FSDP_LOST_RANKS_FILE and fails is
+// left out of the restart; the others are renumbered 0..n-1 and see the first start's size.
+TEST(LaunchShrinkTest, ARestartContinuesWithoutTheRanksMarkedLost) {
+  LaunchOptions o;
+  o.nproc = 3;
+  o.max_restarts = 2;
+  o.min_nproc = 2;
+  // At the first start rank 1 marks itself lost (twice: counted once), an operator's line
+  // and an out-of-range number are ignored, and rank 1 exits 1.
+  Captured c = RunLaunch(
+      o,
+      "echo \"start $FSDP_RESTART_COUNT rank $RANK of $WORLD_SIZE $LOCAL_WORLD_SIZE initial "
+      "$FSDP_INITIAL_WORLD_SIZE lines $(wc -l < $FSDP_LOST_RANKS_FILE) file "
+      "$FSDP_LOST_RANKS_FILE\"; "
+      "if [ $FSDP_RESTART_COUNT = 0 ] && [ $RANK = 1 ]; then "
+      "printf '1\\n1\\nrank two\\n7\\n' >> $FSDP_LOST_RANKS_FILE; exit 1; fi");
+  EXPECT_EQ(c.exit_code, 0) << c.err;
+  EXPECT_TRUE(Contains(
+      c.err, "restarting the job with 2 ranks (restart 1 of 2; rank 1 lost for good) after exit "
+             "status 1"))
+      << c.err;
+  EXPECT_TRUE(Contains(c.err, "that name no rank in [0, 3): \"rank two\", \"7\"")) << c.err;
+  // The restart: two ranks numbered 0 and 1, the file emptied, no third rank.
+  EXPECT_TRUE(Contains(c.out, "[rank 0] start 1 rank 0 of 2 2 initial 3 lines 0 file "))
+      << c.out;
+  EXPECT_TRUE(Contains(c.out, "[rank 1] start 1 rank 1 of 2 2 initial 3 lines 0 file "))
+      << c.out;
+  EXPECT_FALSE(Contains(c.out, "rank 2 of 2")) << c.out;
+  EXPECT_FALSE(Contains(c.out, "[rank 2] start 1")) << c.out;
+  EXPECT_FALSE(Contains(c.err, "restart 2 of 2")) << c.err;
+  // The launcher made the file and removed it at the end.
+  const size_t at = c.out.find(" file ");
+  ASSERT_NE(at, std::string::npos) << c.out;
+  const std::string file = c.out.substr(at + 6, c.out.find('\n', at) - at - 6);
+  EXPECT_FALSE(file.empty()) << c.out;
+  EXPECT_FALSE(Exists(file)) << file;
+}
+
+TEST(LaunchShrinkTest, FewerRanksThanMinNprocEndsTheJobWithItsFailure) {
+  LaunchOptions o;
+  o.nproc = 3;
+  o.max_restarts = 2;
+  o.min_nproc = 3;
+  const std::string lose_rank_1 =
+      "echo start $FSDP_RESTART_COUNT; "
+      "if [ $RANK = 1 ]; then echo 1 >> $FSDP_LOST_RANKS_FILE; exit 3; fi";
+  Captured c = RunLaunch(o, lose_rank_1);
+  EXPECT_EQ(c.exit_code, 3) << c.err;
+  EXPECT_TRUE(Contains(c.err, "rank 1 lost for good; 2 ranks left, fewer than --min_nproc=3: "
+                              "not restarting; exit status 3"))
+      << c.err;
+  EXPECT_FALSE(Contains(c.err, "restarting the job")) << c.err;
+  EXPECT_FALSE(Contains(c.out, "start 1")) << c.out;
+
+  // min_nproc 0 (the default) means nproc: never shrink.
+  o.min_nproc = 0;
+  Captured never = RunLaunch(o, lose_rank_1);
+  EXPECT_EQ(never.exit_code, 3) << never.err;
+  EXPECT_TRUE(Contains(never.err, "rank 1 lost for good; 2 ranks left, fewer than --nproc=3 "
+                                  "(--min_nproc=0: never fewer): not restarting"))
+      << never.err;
+  EXPECT_FALSE(Contains(never.out, "start 1")) << never.out;
+}
+
+TEST(LaunchShrinkTest, ARestartWithoutLostRanksKeepsTheCountAndCountsOnlyNewLosses) {
+  LaunchOptions o;
+  o.nproc = 3;
+  o.max_restarts = 2;
+  o.min_nproc = 1;
+  // Start 0: rank 1 is lost (3 -> 2 ranks). Start 1: rank 0 fails and marks nothing, so
+  // start 2 keeps 2 ranks: the "1" of start 0 is not counted again.
+  Captured c = RunLaunch(o,
+                         "echo \"start $FSDP_RESTART_COUNT of $WORLD_SIZE\"; "
+                         "if [ $FSDP_RESTART_COUNT = 0 ] && [ $RANK = 1 ]; then "
+                         "echo 1 >> $FSDP_LOST_RANKS_FILE; exit 4; fi; "
+                         "if [ $FSDP_RESTART_COUNT = 1 ] && [ $RANK = 0 ]; then exit 5; fi");
+  EXPECT_EQ(c.exit_code, 0) << c.err;
+  EXPECT_TRUE(Contains(c.err, "restarting the job with 2 ranks (restart 1 of 2; rank 1 lost "
+                              "for good) after exit status 4"))
+      << c.err;
+  EXPECT_TRUE(Contains(c.err, "restarting the job with 2 ranks (restart 2 of 2) after exit "
+                              "status 5"))
+      << c.err;
+  EXPECT_TRUE(Contains(c.out, "[rank 0] start 2 of 2")) << c.out;
+  EXPECT_TRUE(Contains(c.out, "[rank 1] start 2 of 2")) << c.out;
+
+  // From the first start: no rank lost, all three again, each seeing the same size.
+  o.max_restarts = 1;
+  Captured same = RunLaunch(o,
+                            "echo \"start $FSDP_RESTART_COUNT of $WORLD_SIZE initial "
+                            "$FSDP_INITIAL_WORLD_SIZE\"; "
+                            "if [ $FSDP_RESTART_COUNT = 0 ] && [ $RANK = 2 ]; then exit 6; fi");
+  EXPECT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_TRUE(Contains(same.err, "restarting the job with 3 ranks (restart 1 of 1) after exit "
+                                 "status 6"))
+      << same.err;
+  EXPECT_TRUE(Contains(same.out, "[rank 2] start 1 of 3 initial 3")) << same.out;
+}
+
+// A lost-ranks file the caller names is the one the ranks see; stale lines from an
+// earlier job are cleared when the launch starts, and the file is kept.
+TEST(LaunchShrinkTest, AGivenLostRanksFileIsEmptiedAtTheStartAndKept) {
+  LaunchOptions o;
+  o.nproc = 2;
+  o.max_restarts = 1;
+  o.min_nproc = 1;
+  o.lost_ranks_file = TempPath("given_lost_ranks");
+  { std::ofstream(o.lost_ranks_file) << "0\n1\n"; }
+  Captured c = RunLaunch(o,
+                         "echo \"start $FSDP_RESTART_COUNT of $WORLD_SIZE $FSDP_LOST_RANKS_FILE\"; "
+                         "if [ $FSDP_RESTART_COUNT = 0 ] && [ $RANK = 0 ]; then exit 2; fi");
+  EXPECT_EQ(c.exit_code, 0) << c.err;
+  EXPECT_TRUE(Contains(c.out, absl::StrCat("[rank 1] start 1 of 2 ", o.lost_ranks_file, "\n")))
+      << c.out;
+  EXPECT_TRUE(Exists(o.lost_ranks_file));
+}
+
+TEST(LaunchShrinkTest, LaunchRefusesAMinNprocOutsideZeroToNproc) {
+  LaunchOptions o;
+  o.nproc = 2;
+  o.min_nproc = 3;
+  Captured c = RunLaunch(o, "echo ran");
+  EXPECT_EQ(c.exit_code, 1);
+  EXPECT_TRUE(Contains(c.err, "--min_nproc must be in [0, --nproc=2], got 3")) << c.err;
+  EXPECT_FALSE(Contains(c.out, "ran")) << c.out;
 }
 
 // A shell snippet that writes a failure record to $FSDP_ERROR_FILE.
@@ -386,6 +520,21 @@ TEST(MakeLaunchOptionsTest, BadValuesNameTheFlag) {
       << restarts.status();
 }
 
+TEST(MakeLaunchOptionsTest, MinNprocIsKeptInZeroToNprocAndRefusedOutside) {
+  for (int min_nproc : {0, 1, 4}) {
+    auto o = MakeLaunchOptions(4, "127.0.0.1", 0, 5, {"x"}, 1, min_nproc);
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_EQ(o->min_nproc, min_nproc);
+  }
+  for (int min_nproc : {-1, 5}) {
+    auto o = MakeLaunchOptions(4, "127.0.0.1", 0, 5, {"x"}, 1, min_nproc);
+    EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument) << min_nproc;
+    EXPECT_TRUE(Contains(std::string(o.status().message()),
+                         absl::StrCat("--min_nproc must be in [0, --nproc=4], got ", min_nproc)))
+        << o.status();
+  }
+}
+
 // The launch binary parses its flags with absl: both "--flag=value" and "--flag value",
 // everything after "--" untouched, unknown flags and bad values refused.
 TEST(LaunchBinaryTest, ParsesFlagsAndPassesTheCommandThrough) {
@@ -412,6 +561,24 @@ TEST(LaunchBinaryTest, ParsesFlagsAndPassesTheCommandThrough) {
   Captured no_program = RunLaunchBinary({"--nproc=2"});
   EXPECT_EQ(no_program.exit_code, 2) << no_program.out;
   EXPECT_TRUE(Contains(no_program.out, "no program given")) << no_program.out;
+
+  Captured min_too_big = RunLaunchBinary({"--nproc=2", "--min_nproc=3", "--", "/bin/true"});
+  EXPECT_EQ(min_too_big.exit_code, 2) << min_too_big.out;
+  EXPECT_TRUE(Contains(min_too_big.out, "--min_nproc must be in [0, --nproc=2]"))
+      << min_too_big.out;
+}
+
+// NOTE [Restarts]: --min_nproc reaches the launcher: a restart continues with one rank.
+TEST(LaunchBinaryTest, MinNprocLetsARestartContinueWithFewerRanks) {
+  ASSERT_FALSE(LaunchBinary().empty()) << "LAUNCH_BINARY is not set (comm/BUILD sets it)";
+  Captured c = RunLaunchBinary(
+      {"--nproc=2", "--max_restarts=1", "--min_nproc=1", "--", "/bin/sh", "-c",
+       "if [ $FSDP_RESTART_COUNT = 0 ] && [ $RANK = 1 ]; then "
+       "echo 1 >> $FSDP_LOST_RANKS_FILE; exit 1; fi; echo \"r$RANK of $WORLD_SIZE\""});
+  EXPECT_EQ(c.exit_code, 0) << c.out;
+  EXPECT_TRUE(Contains(c.out, "[rank 0] r0 of 1")) << c.out;
+  EXPECT_TRUE(Contains(c.out, "restarting the job with 1 rank (restart 1 of 1; rank 1 lost"))
+      << c.out;
 }
 
 // NOTE [Launch environment]: torchrun's and mpirun's ranks and srun's tasks are ranks; a
