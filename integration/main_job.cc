@@ -230,6 +230,7 @@ int LaunchLocalRanks(const JobOptions& job, int argc, char** argv) {
   std::fflush(stdout);
   comm::LaunchOptions launch;
   launch.max_restarts = job.max_restarts;  // NOTE [Restarts] in comm/launcher.h
+  launch.min_nproc = job.min_world_size;
   absl::StatusOr<int> launched = comm::RunLocalRanks(job.world_size, args, launch);
   if (!launched.ok()) {
     std::fprintf(stderr, "main job: %s\n", launched.status().ToString().c_str());

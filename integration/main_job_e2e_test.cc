@@ -295,7 +295,8 @@ TEST_F(MainJobTest, AKilledRankRestartsTheJobFromTheNewestCheckpoint) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("root cause rank 1 (killed by signal 9"), std::string::npos)
       << r.output;
-  EXPECT_NE(r.output.find("restarting the job"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("restarting the job with 2 ranks (restart 1 of 1)"), std::string::npos)
+      << r.output;
   EXPECT_EQ(r.summary["resumed_from"], checkpoint::StepDirectory(out + "/checkpoint", 10));
   EXPECT_EQ(r.summary["global_step"], 20);  // --max_steps: where the uninterrupted run ends
   EXPECT_EQ(r.summary["restarts"], 1);

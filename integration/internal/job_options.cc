@@ -173,6 +173,14 @@ ABSL_FLAG(int, max_restarts, 0,
           "when a rank fails, stop every rank, report the root cause and start the whole job "
           "again, up to this many times (comm/launcher.h NOTE [Restarts]); with "
           "--resume_from=latest each restart resumes from the newest checkpoint");
+ABSL_FLAG(int, min_world_size, 0,
+          "the fewest ranks a --max_restarts restart may continue with, in [0, --world_size]: a "
+          "restart leaves out the ranks marked lost for good in $FSDP_LOST_RANKS_FILE and "
+          "renumbers the rest (comm/launcher.h NOTE [Restarts]); 0 = --world_size: never fewer. "
+          "Without --max_restarts it has no effect. The global batch (--batch_size rows) is "
+          "kept, so --batch_size (and --eval_batch_size) must be multiples of the smaller world "
+          "size too: the ranks of such a restart refuse otherwise (StageOptions::Validate). "
+          "Ignored under a launcher");
 ABSL_FLAG(int, testonly_failure_print_delay_ms, 0,
           "test hook: a rank whose own error is the root cause waits this long after "
           "recording it (FSDP_ERROR_FILE) before printing it and exiting");
@@ -514,6 +522,7 @@ JobOptions JobOptionsFromFlags() {
   job.timeout_s = absl::GetFlag(FLAGS_timeout_s);
   job.testonly_fault = absl::GetFlag(FLAGS_testonly_fault);
   job.max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  job.min_world_size = absl::GetFlag(FLAGS_min_world_size);
   job.testonly_failure_print_delay_ms = absl::GetFlag(FLAGS_testonly_failure_print_delay_ms);
   return job;
 }
@@ -554,6 +563,11 @@ absl::Status CheckBeforeLaunch(const JobOptions& job) {
         "--max_restarts=", job.max_restarts, " with --resume_from=latest needs --max_steps (the "
         "global step to train to): --steps counts the steps of each start, so every restart "
         "would train --steps more than the run that never failed"));
+  }
+  if (job.min_world_size < 0 || job.min_world_size > job.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--min_world_size=", job.min_world_size, " must be in [0, --world_size=",
+                     job.world_size, "] (0: never fewer ranks than --world_size)"));
   }
   if (job.resume_allow_data_change && job.resume_from.empty()) {
     return absl::InvalidArgumentError(

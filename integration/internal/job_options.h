@@ -100,6 +100,7 @@ struct JobOptions {
   int keep_checkpoints = 0;             // --keep_checkpoints
   bool async_checkpoints = false;       // --async_checkpoints
   int max_restarts = 0;                 // --max_restarts (comm/launcher.h NOTE [Restarts])
+  int min_world_size = 0;               // --min_world_size: 0 = --world_size (never fewer)
   // The model: --model (ParseModelKind), what both models' modules take (the language or
   // token files, --seq_len, AdamW, the warm-up, deferred init; `train.device` is the CPU:
   // each rank sets its own), and each model's config from the dimension flags.

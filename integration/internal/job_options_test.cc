@@ -30,6 +30,7 @@ ABSL_DECLARE_FLAG(std::string, hf_dir);
 ABSL_DECLARE_FLAG(std::string, export_hf_dir);
 ABSL_DECLARE_FLAG(std::string, resume_from);
 ABSL_DECLARE_FLAG(bool, resume_allow_data_change);
+ABSL_DECLARE_FLAG(int, min_world_size);
 
 namespace integration {
 namespace internal {
@@ -96,6 +97,14 @@ TEST(JobOptionsTest, TheParentRefusesNamingTheFlag) {
   job.max_steps = 100;
   EXPECT_TRUE(CheckBeforeLaunch(job).ok()) << CheckBeforeLaunch(job);
   job = JobOptionsFromFlags();
+  job.world_size = 2;
+  job.min_world_size = -1;
+  EXPECT_EQ(CheckBeforeLaunch(job).message(),
+            "--min_world_size=-1 must be in [0, --world_size=2] (0: never fewer ranks than "
+            "--world_size)");
+  job.min_world_size = 3;
+  EXPECT_THAT(Message(CheckBeforeLaunch(job)), StartsWith("--min_world_size=3 must be in [0, "));
+  job = JobOptionsFromFlags();
   job.strategy = "HALF_SHARD";
   EXPECT_THAT(Message(CheckBeforeLaunch(job)), StartsWith("--strategy: INVALID_ARGUMENT:"));
   job = JobOptionsFromFlags();
@@ -108,6 +117,26 @@ TEST(JobOptionsTest, TheParentRefusesNamingTheFlag) {
   job.cpu_offload = true;  // on the default --device=cpu
   EXPECT_EQ(CheckBeforeLaunch(job).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Message(CheckBeforeLaunch(job)), StartsWith("--cpu_offload needs --device=cuda"));
+}
+
+// NOTE [Restarts] in comm/launcher.h: --min_world_size is read, 0 (never fewer) by
+// default, and accepted anywhere in [0, --world_size], with or without --max_restarts.
+TEST(JobOptionsTest, MinWorldSizeIsReadAndAcceptedUpToTheWorldSize) {
+  absl::FlagSaver restore;
+  EXPECT_EQ(JobOptionsFromFlags().min_world_size, 0);
+  absl::SetFlag(&FLAGS_min_world_size, 1);
+  JobOptions job = JobOptionsFromFlags();
+  EXPECT_EQ(job.min_world_size, 1);
+  // Without --max_restarts it has no effect, and is not refused.
+  EXPECT_TRUE(CheckBeforeLaunch(job).ok()) << CheckBeforeLaunch(job);
+  job.max_restarts = 2;
+  for (int min_world_size : {0, 1, 2}) {
+    job.min_world_size = min_world_size;
+    EXPECT_TRUE(CheckBeforeLaunch(job).ok()) << min_world_size << ": " << CheckBeforeLaunch(job);
+  }
+  job.min_world_size = 3;
+  EXPECT_EQ(CheckBeforeLaunch(job).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(CheckBeforeLaunch(job)), HasSubstr("--min_world_size=3"));
 }
 
 // NOTE [Data identity]: --resume_allow_data_change is read, off by default, and means

@@ -261,6 +261,15 @@ std::vector<std::string> DescribeJob(const JobOptions& job, const JobSetup& setu
   if (!setup.estimate.activations_estimated) {
     lines.push_back(absl::StrCat("main job: ", kActivationsNotEstimated));
   }
+  // NOTE [Restarts] in comm/launcher.h: a restart that left out lost ranks.
+  const char* initial = std::getenv(comm::kInitialWorldSizeEnv);
+  int initial_world = 0;
+  if (initial != nullptr && absl::SimpleAtoi(initial, &initial_world) &&
+      initial_world > dist.group->size()) {
+    lines.push_back(absl::StrFormat(
+        "main job: continuing at %d of %d ranks (ranks were lost for good; --batch_size %d kept)",
+        dist.group->size(), initial_world, job.batch_size));
+  }
   if (!job.hf_dir.empty()) {  // NOTE [Hugging Face start] in job_options.h
     lines.push_back(absl::StrCat(
         "main job: the model's config is ", job.hf_dir, "/config.json's (", job.hf_dir_name,
