@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
+#include "comm/launcher.h"
 
 namespace integration {
 namespace internal {
@@ -60,7 +61,7 @@ absl::StatusOr<StepOutput> FaultInjector::TrainingStep(const StepContext& ctx) {
     if (fault.action == "lose") {
       // The launcher's file of slots lost for good (comm/launcher.h); the rank is the one it
       // was started as.
-      if (const char* path = std::getenv("FSDP_LOST_RANKS_FILE")) {
+      if (const char* path = std::getenv(comm::kLostRanksFileEnv)) {
         if (std::FILE* f = std::fopen(path, "a")) {
           std::fprintf(f, "%s\n", std::getenv("RANK") != nullptr ? std::getenv("RANK") : "0");
           std::fclose(f);
