@@ -5,8 +5,8 @@
     bazel build -c opt //integration:main_job
     python3 bench/checkpoint_cost.py [--runs 5] [--configs bc]
 
-For each config, each run fits the same steps three ways, in rotating order: without
-checkpoints, with a synchronous checkpoint every steps / 4 steps, and with the same checkpoints
+For each config, each run fits the same steps (the config's, times --steps_scale) three ways, in rotating order: without
+checkpoints, with a synchronous checkpoint every steps / 8 steps, and with the same checkpoints
 written in the background. What the saves cost the training is the fit's wall time up to its
 last step (fit_seconds - fit_final_save_seconds: the save after the last step is committed
 before Fit returns in both modes) minus that of the run without checkpoints, of the same
@@ -38,11 +38,11 @@ def memcpy_bytes_per_second():
     return len(block) / (time.perf_counter() - start)
 
 
-def run(binary, config, every, mode, out):
+def run(binary, config, every, mode, out, world_size):
     v, t, c, l, h, b, steps = config
     cmd = [binary, f"--vocab_size={v}", f"--seq_len={t}", f"--block_size={t}", f"--n_embd={c}",
            f"--n_layer={l}", f"--n_head={h}", f"--batch_size={b}", f"--steps={steps}",
-           "--world_size=2", "--intra_op_threads=1", "--stages=fit", "--release=false",
+           f"--world_size={world_size}", "--intra_op_threads=1", "--stages=fit", "--release=false",
            f"--output_dir={out}", f"--log_every={every}"]
     if mode != "none":
         cmd += [f"--checkpoint_every_steps={every}", "--keep_checkpoints=2"]
@@ -60,12 +60,19 @@ def main():
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--configs", default="bc")
     p.add_argument("--binary", default=os.path.join(ROOT, "bazel-bin/integration/main_job"))
+    p.add_argument("--world_size", type=int, default=2,
+                   help="ranks (one intra-op thread each); fewer ranks than cores leaves the "
+                        "background writer a core of its own")
+    p.add_argument("--steps_scale", type=int, default=3,
+                   help="fit the config's steps times this, saving 8 times per fit: a save's "
+                        "cost is a small part of a fit's time, and more of them stand out of "
+                        "the noise")
     args = p.parse_args()
     bandwidth = memcpy_bytes_per_second()
     for name in args.configs:
-        config = CONFIGS[name]
+        config = CONFIGS[name][:-1] + (CONFIGS[name][-1] * args.steps_scale,)
         steps = config[-1]
-        every = max(1, steps // 4)
+        every = max(1, steps // 8)
         seconds = {"none": [], "sync": [], "async": []}
         state_bytes = 0
         modes = ["none", "sync", "async"]
@@ -73,7 +80,8 @@ def main():
             order = modes[r % 3:] + modes[:r % 3]
             with tempfile.TemporaryDirectory(prefix="checkpoint_cost_") as tmp:
                 for mode in order:
-                    s = run(args.binary, config, every, mode, os.path.join(tmp, mode))
+                    s = run(args.binary, config, every, mode, os.path.join(tmp, mode),
+                            args.world_size)
                     seconds[mode].append(s["fit_seconds"] - s["fit_final_save_seconds"])
                     peak = s["fit_peak_bytes_per_rank"][0]
                     state_bytes = peak["param"] + peak["optim"]
@@ -89,7 +97,7 @@ def main():
             "snapshot_floor_seconds": saves * state_bytes / bandwidth,
             "rank_state_bytes": state_bytes,
             "async_over_sync": median_async / median_sync if median_sync > 0 else None,
-            "runs": args.runs,
+            "runs": args.runs, "world_size": args.world_size, "cores": os.cpu_count(),
         }))
 
 

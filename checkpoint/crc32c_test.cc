@@ -1,6 +1,7 @@
 #include "checkpoint/crc32c.h"
 
 #include <cstdint>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -53,6 +54,25 @@ TEST(Crc32cTest, AgreesWithBitwiseReferenceAtAllLengthsAndAlignments) {
           << "offset " << offset << " length " << n;
     }
   }
+}
+
+// The table-driven loop (what runs without the CRC32 instruction) agrees too, and with the
+// default path on long buffers; the test says which path the default took here.
+TEST(Crc32cTest, ThePortableLoopAgreesWithTheReferenceAndTheDefaultPath) {
+  std::mt19937 rng(5);
+  std::vector<unsigned char> buf(1 << 16);
+  for (auto& b : buf) b = static_cast<unsigned char>(rng());
+  for (size_t offset = 0; offset < 8; ++offset) {
+    for (size_t n = 0; n <= 300; ++n) {
+      ASSERT_EQ(ExtendCrc32cPortable(0, buf.data() + offset, n),
+                ReferenceCrc32c(buf.data() + offset, n))
+          << "offset " << offset << " length " << n;
+    }
+  }
+  EXPECT_EQ(ExtendCrc32cPortable(0x9u, buf.data() + 3, buf.size() - 3),
+            ExtendCrc32c(0x9u, buf.data() + 3, buf.size() - 3));
+  std::printf("ExtendCrc32c runs on %s\n",
+              Crc32cUsesHardware() ? "the SSE4.2 CRC32 instruction" : "the table-driven loop");
 }
 
 TEST(Crc32cTest, ExtendEqualsOneShotAtEverySplit) {
