@@ -6,17 +6,19 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <vector>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/errno_text.h"
 #include "core/random.h"
 #include "core/status_macros.h"
+#include "data/permutation.h"
 
 namespace data {
 
@@ -37,6 +39,12 @@ uint64_t FnvBytes(uint64_t h, const uint8_t* p, int64_t n) {
 uint64_t FnvWord(uint64_t h, uint64_t v) {
   for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * kFnvPrime;
   return h;
+}
+
+// NOTE [Token windows]: the order of epoch `epoch`'s windows, keyed by (seed, epoch).
+absl::StatusOr<Permutation> EpochOrder(int64_t windows, uint64_t seed, int64_t epoch) {
+  core::Rng rng = core::Rng(seed).Fork(static_cast<uint64_t>(epoch));
+  return Permutation::Create(windows, rng.NextU64());
 }
 
 // NOTE [Token file fingerprint]: the hash of one file's sampled bytes.
@@ -148,12 +156,87 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path) {
   return TokenFile(std::move(shards));
 }
 
+int64_t TokenFile::NumWindows(int seq_len) const {
+  if (seq_len < 1 || total_ < int64_t{seq_len} + 1) return 0;
+  return (total_ - 1) / seq_len;
+}
+
+absl::StatusOr<int64_t> TokenFile::TrainingWindow(int64_t sample, int seq_len,
+                                                  uint64_t seed) const {
+  const int64_t windows = NumWindows(seq_len);
+  if (sample < 0 || windows < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TokenFile::TrainingWindow: sample ", sample, " with seq_len ", seq_len, " over ",
+        total_, " tokens (", windows, " windows); need sample >= 0 and a window"));
+  }
+  ASSIGN_OR_RETURN(const Permutation order, EpochOrder(windows, seed, sample / windows));
+  return order.At(sample % windows);
+}
+
+absl::Status TokenFile::ReadWindow(int64_t w, int seq_len, int64_t vocab_size,
+                                   int32_t* out) const {
+  const int64_t window = int64_t{seq_len} + 1;
+  const int64_t start = w * seq_len;
+  // The window in runs, one per file it touches, each a tight loop over the mapping.
+  uint32_t largest = 0;
+  for (int64_t j = 0; j < window;) {
+    const int64_t p = start + j;
+    const size_t i = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), p) -
+                                         starts_.begin() - 1);
+    const Shard& shard = *shards_[i];
+    const int64_t first = p - starts_[i];
+    const int64_t n = std::min(window - j, shard.tokens - first);
+    const uint8_t* src = shard.map + shard.header_bytes + first * shard.width;
+    int32_t* dst = out + j;
+    if (shard.width == 2) {
+      for (int64_t k = 0; k < n; ++k) {
+        uint16_t v;
+        std::memcpy(&v, src + 2 * k, 2);
+        dst[k] = v;
+        largest = std::max<uint32_t>(largest, v);
+      }
+    } else {
+      for (int64_t k = 0; k < n; ++k) {
+        uint32_t v;
+        std::memcpy(&v, src + 4 * k, 4);
+        dst[k] = static_cast<int32_t>(v);
+        largest = std::max(largest, v);
+      }
+    }
+    j += n;
+  }
+  if (largest < static_cast<uint64_t>(vocab_size)) return absl::OkStatus();
+  // Name the first offending token (the slow path, on error only).
+  for (int64_t j = 0; j < window; ++j) {
+    const Shard* shard = nullptr;
+    int64_t offset = 0;
+    const uint32_t token = At(start + j, &shard, &offset);
+    if (token >= static_cast<uint64_t>(vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TokenFile::Batch: token ", token, " at token offset ", offset, " of '", shard->path,
+          "' is not below the model's vocabulary size ", vocab_size));
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// An int32 [rows, seq_len] tensor for inputs or targets.
+absl::StatusOr<core::Tensor> Rows(int64_t rows, int64_t seq_len) {
+  return core::Tensor::Allocate({rows, seq_len}, core::DType::kInt32, core::MemoryTag::kOther);
+}
+
+}  // namespace
+
 absl::StatusOr<TokenBatch> TokenFile::Batch(int64_t index, int batch_size, int seq_len,
                                             int64_t vocab_size, uint64_t seed) const {
-  if (index < 0 || batch_size < 1 || seq_len < 1 || vocab_size < 1) {
+  if (index < 0 || batch_size < 1 || seq_len < 1 || vocab_size < 1 ||
+      index > ((int64_t{1} << 62) - batch_size) / batch_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "TokenFile::Batch: index ", index, ", batch_size ", batch_size, ", seq_len ", seq_len,
-        ", vocab_size ", vocab_size, "; need index >= 0 and the others >= 1"));
+        ", vocab_size ", vocab_size,
+        "; need index >= 0, the others >= 1 and (index + 1) * batch_size <= 2^62"));
   }
   const int64_t window = int64_t{seq_len} + 1;
   if (total_ < window) {
@@ -161,62 +244,60 @@ absl::StatusOr<TokenBatch> TokenFile::Batch(int64_t index, int batch_size, int s
         "TokenFile::Batch: the stream has ", total_, " tokens, fewer than seq_len + 1 = ", window));
   }
   const int64_t b = batch_size, t = seq_len;
-  ASSIGN_OR_RETURN(core::Tensor inputs,
-                   core::Tensor::Allocate({b, t}, core::DType::kInt32, core::MemoryTag::kOther));
-  ASSIGN_OR_RETURN(core::Tensor targets,
-                   core::Tensor::Allocate({b, t}, core::DType::kInt32, core::MemoryTag::kOther));
+  ASSIGN_OR_RETURN(core::Tensor inputs, Rows(b, t));
+  ASSIGN_OR_RETURN(core::Tensor targets, Rows(b, t));
   int32_t* in = inputs.data<int32_t>();
   int32_t* tg = targets.data<int32_t>();
-  const core::Rng batch_rng = core::Rng(seed).Fork(static_cast<uint64_t>(index));
+  // NOTE [Token windows]: samples index * b + r, in epochs of W windows; the permutation of
+  // an epoch is made once per batch (a batch spans at most a few epochs).
+  const int64_t windows = NumWindows(seq_len);
+  std::optional<Permutation> order;
+  int64_t order_epoch = -1;
   std::vector<int32_t> row_tokens(static_cast<size_t>(window));
   for (int64_t r = 0; r < b; ++r) {
-    core::Rng row = batch_rng.Fork(static_cast<uint64_t>(r));
-    const int64_t start = static_cast<int64_t>(row.UniformInt(static_cast<uint64_t>(total_ - t)));
-    // The window in runs, one per file it touches, each a tight loop over the mapping.
-    uint32_t largest = 0;
-    for (int64_t j = 0; j < window;) {
-      const int64_t p = start + j;
-      const size_t i = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), p) -
-                                           starts_.begin() - 1);
-      const Shard& shard = *shards_[i];
-      const int64_t first = p - starts_[i];
-      const int64_t n = std::min(window - j, shard.tokens - first);
-      const uint8_t* src = shard.map + shard.header_bytes + first * shard.width;
-      int32_t* dst = row_tokens.data() + j;
-      if (shard.width == 2) {
-        for (int64_t k = 0; k < n; ++k) {
-          uint16_t v;
-          std::memcpy(&v, src + 2 * k, 2);
-          dst[k] = v;
-          largest = std::max<uint32_t>(largest, v);
-        }
-      } else {
-        for (int64_t k = 0; k < n; ++k) {
-          uint32_t v;
-          std::memcpy(&v, src + 4 * k, 4);
-          dst[k] = static_cast<int32_t>(v);
-          largest = std::max(largest, v);
-        }
-      }
-      j += n;
+    const int64_t sample = index * b + r;
+    const int64_t epoch = sample / windows;
+    if (epoch != order_epoch) {
+      ASSIGN_OR_RETURN(order, EpochOrder(windows, seed, epoch));
+      order_epoch = epoch;
     }
-    if (largest >= static_cast<uint64_t>(vocab_size)) {
-      // Name the first offending token (the slow path, on error only).
-      for (int64_t j = 0; j < window; ++j) {
-        const Shard* shard = nullptr;
-        int64_t offset = 0;
-        const uint32_t token = At(start + j, &shard, &offset);
-        if (token >= static_cast<uint64_t>(vocab_size)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "TokenFile::Batch: token ", token, " at token offset ", offset, " of '", shard->path,
-              "' is not below the model's vocabulary size ", vocab_size));
-        }
-      }
-    }
+    RETURN_IF_ERROR(ReadWindow(order->At(sample % windows), seq_len, vocab_size,
+                               row_tokens.data()));
     std::memcpy(in + r * t, row_tokens.data(), static_cast<size_t>(t) * sizeof(int32_t));
     std::memcpy(tg + r * t, row_tokens.data() + 1, static_cast<size_t>(t) * sizeof(int32_t));
   }
   return TokenBatch{std::move(inputs), std::move(targets)};
+}
+
+absl::StatusOr<WindowBatch> TokenFile::Windows(int64_t first, int rows, int seq_len,
+                                               int64_t vocab_size) const {
+  const int64_t windows = NumWindows(seq_len);
+  if (first < 0 || rows < 1 || seq_len < 1 || vocab_size < 1 || windows < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TokenFile::Windows: first ", first, ", rows ", rows, ", seq_len ", seq_len,
+        ", vocab_size ", vocab_size, " over ", total_, " tokens (", windows,
+        " windows); need first >= 0, the others >= 1 and at least one window"));
+  }
+  const int64_t b = rows, t = seq_len;
+  ASSIGN_OR_RETURN(core::Tensor inputs, Rows(b, t));
+  ASSIGN_OR_RETURN(core::Tensor targets, Rows(b, t));
+  int32_t* in = inputs.data<int32_t>();
+  int32_t* tg = targets.data<int32_t>();
+  WindowBatch out;
+  out.real_rows = std::clamp<int64_t>(windows - first, 0, b);
+  std::vector<int32_t> row_tokens(static_cast<size_t>(t + 1));
+  for (int64_t r = 0; r < b; ++r) {
+    if (r < out.real_rows) {
+      RETURN_IF_ERROR(ReadWindow(first + r, seq_len, vocab_size, row_tokens.data()));
+      std::memcpy(in + r * t, row_tokens.data(), static_cast<size_t>(t) * sizeof(int32_t));
+      std::memcpy(tg + r * t, row_tokens.data() + 1, static_cast<size_t>(t) * sizeof(int32_t));
+    } else {
+      std::fill(in + r * t, in + (r + 1) * t, 0);
+      std::fill(tg + r * t, tg + (r + 1) * t, kIgnoreTarget);
+    }
+  }
+  out.batch = TokenBatch{std::move(inputs), std::move(targets)};
+  return out;
 }
 
 absl::StatusOr<std::shared_ptr<TokenFile::Shard>> TokenFile::MapShard(const std::string& path) {

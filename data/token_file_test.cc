@@ -1,5 +1,6 @@
 #include "data/token_file.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -96,6 +97,7 @@ TEST(TokenFileTest, ReadsLlmcUint16Uint32AndNanoGptFilesAsOneStreamInNameOrder) 
 
 // The global batch of an index is a function of (index, seed) alone: the same bits on
 // every call, and the rows each rank takes at N = 1, 2, 4 put together are that batch.
+// (A later epoch, index 700 of 8 rows over 124 windows, included.)
 TEST(TokenFileTest, BatchesDependOnIndexAndSeedNotOnTheWorldSize) {
   const std::string dir = Dir("sampling");
   WriteBytes(dir + "/t.bin", Llmc(Ramp(4000, 0), false));
@@ -105,6 +107,8 @@ TEST(TokenFileTest, BatchesDependOnIndexAndSeedNotOnTheWorldSize) {
   EXPECT_EQ(a.inputs.ToVector(), again.inputs.ToVector());
   EXPECT_NE(a.inputs.ToVector(), f.Batch(6, 8, 32, 4000, 1).value().inputs.ToVector());
   EXPECT_NE(a.inputs.ToVector(), f.Batch(5, 8, 32, 4000, 2).value().inputs.ToVector());
+  EXPECT_NE(f.Batch(700, 8, 32, 4000, 1).value().inputs.ToVector(),
+            f.Batch(700, 8, 32, 4000, 2).value().inputs.ToVector());
   for (int world : {1, 2, 4}) {
     std::vector<float> joined;
     for (int rank = 0; rank < world; ++rank) {
@@ -114,6 +118,92 @@ TEST(TokenFileTest, BatchesDependOnIndexAndSeedNotOnTheWorldSize) {
     }
     EXPECT_EQ(joined, a.inputs.ToVector()) << world;
   }
+}
+
+// NOTE [Token windows]: floor((tokens - 1) / T) windows of T + 1 tokens, window w from w T.
+TEST(TokenFileTest, WindowsShareOneTokenAndCoverTheStream) {
+  const std::string dir = Dir("windows");
+  WriteBytes(dir + "/t.bin", Raw16(Ramp(10, 0)));
+  const TokenFile f = TokenFile::Open(dir + "/t.bin").value();
+  EXPECT_EQ(f.NumWindows(3), 3);  // 0..3, 3..6, 6..9
+  EXPECT_EQ(f.NumWindows(4), 2);  // 0..4, 4..8; token 9 is never read
+  EXPECT_EQ(f.NumWindows(9), 1);
+  EXPECT_EQ(f.NumWindows(10), 0);  // needs 11 tokens
+  EXPECT_EQ(f.NumWindows(0), 0);
+  // Windows(0, 5, 3): the 3 windows in stream order, then 2 rows of padding.
+  const WindowBatch b = f.Windows(0, 5, 3, 10).value();
+  EXPECT_EQ(b.real_rows, 3);
+  EXPECT_EQ(b.batch.inputs.ToVector(),
+            (std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(b.batch.targets.ToVector(),
+            (std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8, 9, -100, -100, -100, -100, -100, -100}));
+  EXPECT_EQ(kIgnoreTarget, -100);
+  // From window 2 on: one real row. Past the end: padding only, no error.
+  EXPECT_EQ(f.Windows(2, 4, 3, 10).value().real_rows, 1);
+  const WindowBatch past = f.Windows(7, 2, 3, 10).value();
+  EXPECT_EQ(past.real_rows, 0);
+  EXPECT_EQ(past.batch.targets.ToVector(), (std::vector<float>(6, -100)));
+  EXPECT_EQ(f.Windows(-1, 2, 3, 10).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.Windows(0, 2, 10, 10).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(f.Windows(0, 2, 3, 9).ok());  // windows 0 and 1 end at token 6
+  EXPECT_EQ(f.Windows(0, 3, 3, 9).status().code(), absl::StatusCode::kInvalidArgument);  // 9
+}
+
+// The window each row of training batches holds, read back from a ramp stream (window w's
+// first input is w T).
+std::vector<int64_t> WindowsOf(const TokenBatch& batch, int64_t t) {
+  std::vector<int64_t> out;
+  const std::vector<float> in = batch.inputs.ToVector();
+  for (int64_t r = 0; r < batch.inputs.size(0); ++r) {
+    out.push_back(static_cast<int64_t>(in[static_cast<size_t>(r * t)]) / t);
+  }
+  return out;
+}
+
+// NOTE [Token windows]: every window exactly once per epoch, each epoch in another order
+// (and another seed another order), batches crossing the epochs' boundaries, the order a
+// function of the global sample number only: of neither the batch size nor the rank.
+TEST(TokenFileTest, TrainingReadsEveryWindowOncePerEpochInAnOrderOfSeedAndEpoch) {
+  const std::string dir = Dir("epochs");
+  const int t = 4, windows = 37, rows = 8;  // 37 windows: batches straddle the epochs
+  WriteBytes(dir + "/t.bin", Llmc(Ramp(windows * t + 1, 0), false));
+  const TokenFile f = TokenFile::Open(dir + "/t.bin").value();
+  ASSERT_EQ(f.NumWindows(t), windows);
+  const int epochs = 3;
+  std::vector<int64_t> samples;
+  for (int64_t index = 0; static_cast<int64_t>(samples.size()) < epochs * windows; ++index) {
+    const TokenBatch b = f.Batch(index, rows, t, 1000, /*seed=*/5).value();
+    ExpectWindows(b, t);
+    for (int64_t w : WindowsOf(b, t)) samples.push_back(w);
+  }
+  std::vector<std::vector<int64_t>> orders;
+  for (int e = 0; e < epochs; ++e) {
+    std::vector<int64_t> order(samples.begin() + e * windows, samples.begin() + (e + 1) * windows);
+    std::vector<int64_t> sorted = order;
+    std::sort(sorted.begin(), sorted.end());
+    std::vector<int64_t> all(windows);
+    for (int w = 0; w < windows; ++w) all[static_cast<size_t>(w)] = w;
+    EXPECT_EQ(sorted, all) << "epoch " << e;
+    orders.push_back(order);
+  }
+  EXPECT_NE(orders[0], orders[1]);
+  EXPECT_NE(orders[1], orders[2]);
+  for (size_t j = 0; j < samples.size(); ++j) {
+    EXPECT_EQ(f.TrainingWindow(static_cast<int64_t>(j), t, 5).value(), samples[j]) << j;
+  }
+  // Another seed: another order from the first epoch on.
+  EXPECT_NE(WindowsOf(f.Batch(0, windows, t, 1000, 6).value(), t), orders[0]);
+  // Batches of 4 read the same samples as batches of 8: batch 3 of 4 is rows 4..7 of batch 1.
+  const std::vector<int64_t> eight = WindowsOf(f.Batch(1, 8, t, 1000, 5).value(), t);
+  EXPECT_EQ(WindowsOf(f.Batch(3, 4, t, 1000, 5).value(), t),
+            std::vector<int64_t>(eight.begin() + 4, eight.end()));
+  // One window: every epoch reads it.
+  WriteBytes(dir + "/one.bin", Raw16(Ramp(t + 1, 0)));
+  const TokenFile one = TokenFile::Open(dir + "/one.bin").value();
+  EXPECT_EQ(WindowsOf(one.Batch(3, 3, t, 1000, 5).value(), t), (std::vector<int64_t>{0, 0, 0}));
+  EXPECT_EQ(f.TrainingWindow(-1, t, 5).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.Batch(int64_t{1} << 61, 8, t, 1000, 5).status().code(),
+            absl::StatusCode::kInvalidArgument);  // sample numbers past 2^62
 }
 
 TEST(TokenFileTest, BadFilesAndTokensAreNamed) {
