@@ -86,6 +86,15 @@ absl::Status DecoderTrainModule::Init(const DecoderTrainOptions& options, Decode
     } else {
       ASSIGN_OR_RETURN(eval_tokens_, open(options.eval_data_path, "eval_data_path"));
     }
+    // NOTE [Token windows]: each file must hold a window of seq_len + 1 tokens.
+    for (const auto& [tokens, option] :
+         {std::pair{&*train_tokens_, "data_path"}, std::pair{&*eval_tokens_, "eval_data_path"}}) {
+      if (tokens->NumWindows(options.seq_len) < 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, ".", option, ": ", tokens->num_tokens(), " tokens, fewer than seq_len + 1 = ",
+            options.seq_len + 1, " (one window)"));
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -109,6 +118,7 @@ std::map<std::string, std::string> DecoderTrainModule::DataIdentity() const {
     id["data.sizes"] = absl::StrJoin(sizes, ",");
     id["data.fingerprint"] = absl::StrFormat("0x%016x", train_tokens_->Fingerprint());
     id["data.seed"] = absl::StrCat(train_options_.data_seed);
+    id["data.sampling"] = "epochs";  // NOTE [Token windows]
     return id;
   }
   const data::MarkovLanguageOptions& language = language_->options();
@@ -119,6 +129,25 @@ std::map<std::string, std::string> DecoderTrainModule::DataIdentity() const {
   id["data.likely_tokens"] = absl::StrCat(language.likely_tokens);
   id["data.peakedness"] = absl::StrFormat("%.17g", language.peakedness);
   return id;
+}
+
+std::map<std::string, std::string> DecoderTrainModule::DataPosition(int64_t global_step,
+                                                                    int batch_size) const {
+  if (!uses_token_files()) return {};  // language batch s is the step's: nothing more
+  // NOTE [Token windows]: the next sample, global_step * batch_size, in epochs of W windows.
+  const int64_t windows = train_tokens_->NumWindows(train_options_.seq_len);
+  const int64_t sample = global_step * batch_size;
+  return {{"data.epoch", absl::StrCat(sample / windows)},
+          {"data.window", absl::StrCat(sample % windows)}};
+}
+
+std::optional<int64_t> DecoderTrainModule::EvaluationBatches(Stage stage, int batch_size) const {
+  if (!uses_token_files() || (stage != Stage::kValidate && stage != Stage::kTest) ||
+      batch_size < 1) {
+    return std::nullopt;
+  }
+  const int64_t windows = eval_tokens_->NumWindows(train_options_.seq_len);
+  return (windows + batch_size - 1) / batch_size;
 }
 
 int64_t DecoderTrainModule::BatchIndex(const StepContext& ctx) {
@@ -137,10 +166,16 @@ int64_t DecoderTrainModule::BatchIndex(const StepContext& ctx) {
 absl::StatusOr<data::TokenBatch> DecoderTrainModule::LocalBatch(int64_t index,
                                                                 const StepContext& ctx) const {
   data::TokenBatch global;
-  if (uses_token_files()) {
-    const data::TokenFile& tokens = ctx.stage == Stage::kFit ? *train_tokens_ : *eval_tokens_;
-    ASSIGN_OR_RETURN(global, tokens.Batch(index, ctx.batch_size, train_options_.seq_len,
-                                          spec_.vocab_size, train_options_.data_seed));
+  if (uses_token_files() && ctx.stage == Stage::kFit) {
+    ASSIGN_OR_RETURN(global, train_tokens_->Batch(index, ctx.batch_size, train_options_.seq_len,
+                                                  spec_.vocab_size, train_options_.data_seed));
+  } else if (uses_token_files()) {
+    // NOTE [Whole-set evaluation]: the eval file's windows in order, batch b from window
+    // b * batch_size, the rows past the last window padding.
+    ASSIGN_OR_RETURN(data::WindowBatch windows,
+                     eval_tokens_->Windows(ctx.step * ctx.batch_size, ctx.batch_size,
+                                           train_options_.seq_len, spec_.vocab_size));
+    global = std::move(windows.batch);
   } else {
     ASSIGN_OR_RETURN(global, language_->Batch(index, ctx.batch_size, train_options_.seq_len));
   }
@@ -175,7 +210,11 @@ absl::StatusOr<StepOutput> DecoderTrainModule::EvaluationStep(const StepContext&
   RETURN_IF_ERROR(
       F::CrossEntropy(model_->CallOne({batch.inputs}), batch.targets, loss_options).status());
   ASSIGN_OR_RETURN(const double loss, read_loss());
-  return StepOutput{loss, batch.targets.numel()};
+  // The targets the loss is over: padding rows' (data::kIgnoreTarget) are not.
+  const int32_t* targets = batch.targets.data<int32_t>();
+  const int64_t count = std::count_if(targets, targets + batch.targets.numel(),
+                                      [](int32_t t) { return t != data::kIgnoreTarget; });
+  return StepOutput{count > 0 ? loss : 0.0, count};
 }
 
 absl::StatusOr<core::Tensor> DecoderTrainModule::PredictStep(const StepContext& ctx) {

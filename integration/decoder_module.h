@@ -18,8 +18,15 @@
 // testing from kTestBatchOffset on, which training never reaches. Every rank builds the
 // whole global batch (cheap: sampling) and runs its data::RankSampler rows, kept on the
 // host (int32 tokens): the embedding and the loss check them there and copy them to the
-// model's device. With token files (DecoderTrainOptions::data_path) the batches come from
-// data::TokenFile, sampled the same way by index.
+// model's device. With token files (DecoderTrainOptions::data_path) training step s reads
+// data::TokenFile::Batch(s): the training file's windows in epochs, each in an order of
+// (data_seed, epoch) (NOTE [Token windows] in data/token_file.h). Validate and test each
+// evaluate the whole evaluation file (eval_data_path, default data_path), every window
+// exactly once, in order: batch b is windows [b B, (b + 1) B), the last batch padded (NOTE
+// [Whole-set evaluation] in integration/train_module.h), so both report the exact mean loss
+// over all the file's target tokens; they read the same windows (one held-out file: give
+// validate and test their own numbers by running one of them). Predict batch b reads the
+// same windows as evaluation batch b.
 #ifndef INTEGRATION_DECODER_MODULE_H_
 #define INTEGRATION_DECODER_MODULE_H_
 
@@ -74,8 +81,9 @@ struct DecoderTrainOptions {
   // the same values (on a CUDA device: filled on the host, copied there).
   bool deferred_init = false;
   // Token files (data/token_file.h) to read instead of the Markov language: data_path for
-  // fit, eval_data_path (default data_path) for validate, test and predict; batches
-  // sampled with data_seed. Every token must be below the model's vocabulary.
+  // fit, eval_data_path (default data_path) for validate, test and predict; training
+  // windows ordered by data_seed. Every token must be below the model's vocabulary, and
+  // each file must hold at least seq_len + 1 tokens (one window).
   std::string data_path;
   std::string eval_data_path;
   uint64_t data_seed = 0;
@@ -127,7 +135,8 @@ class DecoderTrainModule : public TrainModule {
       const DecoderTrainOptions& options, DecoderSpec spec);
 
   std::shared_ptr<core::Module> model() override { return model_; }
-  // Cross-entropy of the rank's rows of language batch ctx.step; count = its tokens.
+  // Cross-entropy of the rank's rows of language batch ctx.step; count = its tokens (in
+  // evaluation its real target tokens: padding rows count 0, NOTE [Whole-set evaluation]).
   absl::StatusOr<StepOutput> TrainingStep(const StepContext& ctx) override;
   absl::StatusOr<StepOutput> EvaluationStep(const StepContext& ctx) override;
   // Micro-batches as StepContext says.
@@ -144,12 +153,22 @@ class DecoderTrainModule : public TrainModule {
   // NOTE [Data identity] of the training batches. Both sources: "data.kind"
   // ("token_files" or "markov_language") and "data.seq_len". Token files: "data.files"
   // (data::TokenFile::Files() paths as given, comma-separated), "data.sizes" (each file's
-  // tokens), "data.fingerprint" (TokenFile::Fingerprint(), "0x" and 16 hex digits) and
-  // "data.seed" (data_seed). The Markov language: "data.language_seed", "data.order",
+  // tokens), "data.fingerprint" (TokenFile::Fingerprint(), "0x" and 16 hex digits),
+  // "data.seed" (data_seed) and "data.sampling" ("epochs": NOTE [Token windows]; a
+  // checkpoint of windows drawn at random has none). The Markov language: "data.language_seed", "data.order",
   // "data.vocab" (the language's, NOTE [Language vocabulary]), "data.likely_tokens" and
   // "data.peakedness". The evaluation files (eval_data_path) are not in it: they change no
   // training batch, only validate, test and predict read them.
   std::map<std::string, std::string> DataIdentity() const override;
+  // NOTE [Data position]: token files only (the language's batch is the step's):
+  // "data.epoch" and "data.window", sample global_step * batch_size's epoch and its place
+  // in it (NOTE [Token windows]).
+  std::map<std::string, std::string> DataPosition(int64_t global_step,
+                                                  int batch_size) const override;
+  // NOTE [Whole-set evaluation]: token files' validate and test, ceil(W / batch_size) for
+  // the evaluation file's W windows; nullopt for the language (StageOptions::eval_batches
+  // batches sampled from it) and for predict.
+  std::optional<int64_t> EvaluationBatches(Stage stage, int batch_size) const override;
 
   const DecoderSpec& spec() const { return spec_; }
   const DecoderTrainOptions& train_options() const { return train_options_; }

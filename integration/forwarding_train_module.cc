@@ -35,4 +35,14 @@ std::map<std::string, std::string> ForwardingTrainModule::DataIdentity() const {
   return inner_->DataIdentity();
 }
 
+std::map<std::string, std::string> ForwardingTrainModule::DataPosition(int64_t global_step,
+                                                                       int batch_size) const {
+  return inner_->DataPosition(global_step, batch_size);
+}
+
+std::optional<int64_t> ForwardingTrainModule::EvaluationBatches(Stage stage,
+                                                                int batch_size) const {
+  return inner_->EvaluationBatches(stage, batch_size);
+}
+
 }  // namespace integration

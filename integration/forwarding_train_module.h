@@ -51,6 +51,9 @@ class ForwardingTrainModule : public TrainModule {
   std::string CountUnit() const override;
   std::optional<double> LearningRate(int64_t step) override;
   std::map<std::string, std::string> DataIdentity() const override;
+  std::map<std::string, std::string> DataPosition(int64_t global_step,
+                                                  int batch_size) const override;
+  std::optional<int64_t> EvaluationBatches(Stage stage, int batch_size) const override;
 
  private:
   TrainModule* inner_;

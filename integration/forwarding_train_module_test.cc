@@ -1,6 +1,6 @@
 // ForwardingTrainModule hands every TrainModule call, with its arguments, to the inner
 // module and returns the inner module's answer; a wrapper that overrides one call still
-// forwards the others (CountUnit and DataIdentity included).
+// forwards the others (CountUnit, DataIdentity, DataPosition and EvaluationBatches included).
 #include "integration/forwarding_train_module.h"
 
 #include <map>
@@ -44,6 +44,13 @@ class RecordingTrainModule : public TrainModule {
   bool SupportsMicroBatches() const override { return true; }  // not the default false
   std::map<std::string, std::string> DataIdentity() const override {
     return {{"data.kind", "recorded"}, {"data.seed", "7"}};  // not the default {}
+  }
+  std::map<std::string, std::string> DataPosition(int64_t global_step,
+                                                  int batch_size) const override {
+    return {{"data.sample", absl::StrCat(global_step * batch_size)}};  // not the default {}
+  }
+  std::optional<int64_t> EvaluationBatches(Stage stage, int batch_size) const override {
+    return stage == Stage::kTest ? std::optional<int64_t>(1000 / batch_size) : std::nullopt;
   }
 
  private:
@@ -89,6 +96,10 @@ void ExpectForwardsEverything(TrainModule& wrapper, RecordingTrainModule& inner)
   EXPECT_EQ(wrapper.LearningRate(4), std::optional<double>(2.0));
   EXPECT_TRUE(wrapper.SupportsMicroBatches());
   EXPECT_EQ(wrapper.DataIdentity(), inner.DataIdentity());
+  EXPECT_EQ(wrapper.DataPosition(3, 8),
+            (std::map<std::string, std::string>{{"data.sample", "24"}}));
+  EXPECT_EQ(wrapper.EvaluationBatches(Stage::kTest, 8), std::optional<int64_t>(125));
+  EXPECT_EQ(wrapper.EvaluationBatches(Stage::kValidate, 8), std::nullopt);
 }
 
 TEST(ForwardingTrainModuleTest, ForwardsEveryCallToTheInnerModule) {

@@ -154,6 +154,12 @@ TEST(GptTrainModuleTest, TrainsOnTokenFilesAndNamesOutOfVocabularyTokens) {
   options.data_path = dir + "/missing.bin";
   EXPECT_THAT(GptTrainModule::Create(options).status().message(),
               HasSubstr("GptModuleOptions.data_path"));
+
+  // A file must hold one window of seq_len + 1 = 17 tokens (NOTE [Token windows]).
+  options.data_path = write("train_again.bin", text);
+  options.eval_data_path = write("short.bin", "sixteen  tokens.");
+  EXPECT_THAT(GptTrainModule::Create(options).status().message(),
+              HasSubstr("GptModuleOptions.eval_data_path: 16 tokens, fewer than seq_len + 1 = 17"));
 }
 
 // NOTE [Data identity]: the Markov language by every option that defines it, token files
@@ -198,8 +204,23 @@ TEST(GptTrainModuleTest, DataIdentityNamesWhatTheTrainingBatchesComeFrom) {
       {"data.sizes", "3006"},
       {"data.fingerprint", absl::StrFormat("0x%016x", tokens->Fingerprint())},
       {"data.seed", "9"},
+      {"data.sampling", "epochs"},
       {"data.seq_len", "32"}};
   EXPECT_EQ(identity, expected);
+  // NOTE [Data position]: 3005 / 32 = 93 windows; after 10 steps of 16 rows the next sample
+  // is 160, window 67 of epoch 1. The language has none: its step is the position.
+  EXPECT_EQ((*module)->DataPosition(10, 16),
+            (std::map<std::string, std::string>{{"data.epoch", "1"}, {"data.window", "67"}}));
+  EXPECT_EQ((*module)->DataPosition(0, 16),
+            (std::map<std::string, std::string>{{"data.epoch", "0"}, {"data.window", "0"}}));
+  const std::unique_ptr<GptTrainModule> markov = GptTrainModule::Create(options).value();
+  EXPECT_TRUE(markov->DataPosition(10, 16).empty());
+  // NOTE [Whole-set evaluation]: the eval file's 99 / 32 = 3 windows in one batch of 2 rows
+  // and one padded; predict and the language keep StageOptions::eval_batches.
+  EXPECT_EQ((*module)->EvaluationBatches(Stage::kTest, 2), std::optional<int64_t>(2));
+  EXPECT_EQ((*module)->EvaluationBatches(Stage::kValidate, 3), std::optional<int64_t>(1));
+  EXPECT_EQ((*module)->EvaluationBatches(Stage::kPredict, 2), std::nullopt);
+  EXPECT_EQ(markov->EvaluationBatches(Stage::kTest, 2), std::nullopt);
   files.eval_data_path = "";  // evaluation reads the training file now: no training batch changes
   module = GptTrainModule::Create(files);
   ASSERT_TRUE(module.ok()) << module.status();

@@ -300,11 +300,12 @@ struct RankLoad {
 };
 std::vector<RankLoad> LoadOnRanks(const std::string& name,
                                   const std::function<GptModuleOptions(int)>& options,
-                                  const LoadCheckpointOptions& load) {
+                                  const LoadCheckpointOptions& load,
+                                  const StageOptions& stages = Stages()) {
   std::vector<RankLoad> out(2);
   absl::Status s = RunRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
     ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(options(ctx.rank)));
-    ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, Stages()));
+    ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, stages));
     out[ctx.rank].loaded = runner->LoadCheckpoint(*module, Dir(name), load);
     out[ctx.rank].global_step = runner->GlobalStep(*module);
     return absl::OkStatus();
@@ -388,6 +389,48 @@ TEST(StageCheckpointTest, AResumeOnOtherTokenFilesOrSeedIsRefusedNamingTheField)
     EXPECT_TRUE(r.loaded->data_identity_changes.empty());
     EXPECT_EQ(r.loaded->data_identity_note, "");
     EXPECT_EQ(r.global_step, 4);
+  }
+}
+
+// NOTE [Data position]: the checkpoint records where in the epochs the run stands; a resume
+// whose batch size would read other samples from the saved step is refused naming it.
+TEST(StageCheckpointTest, AResumeAtAnotherPositionInTheEpochsIsRefusedNamingIt) {
+  const std::string path = Dir("position_tokens.bin");
+  WriteTokens(path, 4000, /*seed=*/1);  // (4000 - 1) / 8 = 499 windows
+  FitAndSaveWith(OnTokens(path, 7), "position");
+  absl::StatusOr<LoadedCheckpoint> info = ReadTrainingCheckpointInfo(Dir("position"));
+  ASSERT_TRUE(info.ok()) << info.status();
+  // 4 steps of 12 rows: the next sample is 48, window 48 of epoch 0.
+  EXPECT_EQ(info->data_position,
+            (std::map<std::string, std::string>{{"data.epoch", "0"}, {"data.window", "48"}}));
+  EXPECT_EQ(info->data_identity.at("data.sampling"), "epochs");
+  for (const RankLoad& r : LoadOnRanks(
+           "position", [&](int) { return OnTokens(path, 7); }, Resume())) {
+    ASSERT_TRUE(r.loaded.ok()) << r.loaded.status();
+    EXPECT_TRUE(r.loaded->data_identity_changes.empty());
+    EXPECT_EQ(r.loaded->data_identity_note, "");
+    EXPECT_EQ(r.loaded->data_position, info->data_position);
+  }
+  StageOptions doubled = Stages();
+  doubled.train_batch_size = 24;  // step 4 would start at sample 96
+  for (const RankLoad& r : LoadOnRanks(
+           "position", [&](int) { return OnTokens(path, 7); }, Resume(), doubled)) {
+    EXPECT_EQ(r.loaded.status().code(), absl::StatusCode::kFailedPrecondition) << r.loaded.status();
+    EXPECT_THAT(std::string(r.loaded.status().message()),
+                HasSubstr("data.window: the checkpoint's 48 vs this module's 96"));
+    EXPECT_EQ(r.global_step, 0);
+  }
+  for (const RankLoad& r : LoadOnRanks(
+           "position", [&](int) { return OnTokens(path, 7); }, Resume(true), doubled)) {
+    ASSERT_TRUE(r.loaded.ok()) << r.loaded.status();
+    EXPECT_EQ(ChangedKeys(*r.loaded), (std::vector<std::string>{"data.window"}));
+    EXPECT_EQ(r.global_step, 4);
+  }
+  // A model-only load compares no position either.
+  for (const RankLoad& r : LoadOnRanks(
+           "position", [&](int) { return OnTokens(path, 7); }, LoadCheckpointOptions(), doubled)) {
+    ASSERT_TRUE(r.loaded.ok()) << r.loaded.status();
+    EXPECT_TRUE(r.loaded->data_identity_changes.empty());
   }
 }
 

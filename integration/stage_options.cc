@@ -157,6 +157,12 @@ absl::Status StageOptions::Validate(int world_size) const {
           "the world size ", world_size, " divides and that divides StageOptions.",
           "train_batch_size = ", train_batch_size));
     }
+    if (eval_batch_size % m != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "StageOptions.eval_batch_size = ", eval_batch_size, ": with deterministic_micro_",
+          "batches = ", m, " it must be a multiple of ", m, " (validate and test run each ",
+          "batch as its micro-batches too)"));
+    }
     if (grad_accumulation != 1) {
       return absl::InvalidArgumentError(absl::StrCat(
           "StageOptions.grad_accumulation = ", grad_accumulation, " with deterministic_micro_",

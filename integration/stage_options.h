@@ -40,7 +40,9 @@ struct StageOptions {
   // data::RankSampler share.
   int train_batch_size = 16;
   int eval_batch_size = 16;
-  // Batches of one Validate, Test or Predict (> 0).
+  // Batches of one Validate, Test or Predict (> 0); Validate and Test of a module that
+  // evaluates its whole held-out set run as many as that takes instead
+  // (TrainModule::EvaluationBatches).
   int eval_batches = 8;
   // A progress line on rank 0 every this many fit steps, and after the last (>= 0; 0:
   // only after the last). Step losses are averaged over ranks at these reports (one
@@ -105,7 +107,9 @@ struct StageOptions {
   // give, bit for bit, the losses and parameters of one rank (same intra-op thread
   // count), and a run resumed at another world size those of the uninterrupted one.
   // Replaces grad_accumulation (which must stay 1); max_grad_norm must be 0 (the global
-  // norm's sum would follow the sharding).
+  // norm's sum would follow the sharding). Validate and Test run each batch as its M
+  // micro-batches the same way (eval_batch_size must be a multiple of M) and add their
+  // losses in micro-batch order, so their loss is the same bits at every world size too.
   int deterministic_micro_batches = 0;
 
   // OK when usable on `world_size` ranks; InvalidArgument naming the option

@@ -501,37 +501,104 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
 absl::StatusOr<EvalResult> StageRunner::Evaluate(Stage stage, TrainModule& module,
                                                  const EvalOptions& eval_options) {
   ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, ModelOf(module));
+  const std::string name = StageName(stage);
+  // NOTE [Deterministic training]: each batch in M micro-batches, as in Fit.
+  const int m = options_.deterministic_micro_batches;
+  if (m > group_->size() && !module.SupportsMicroBatches()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name, ": StageOptions.deterministic_micro_batches = ", m, ", but the module evaluating ",
+        model->Describe(), " does not run micro-batches (TrainModule::SupportsMicroBatches)"));
+  }
   EvalResult result;
   ASSIGN_OR_RETURN(result.report, BeginStage(stage, module, eval_options.wrap));
-  double weighted = 0, count = 0;
-  for (int b = 0; b < options_.eval_batches; ++b) {
-    StepContext ctx;
-    ctx.stage = stage;
-    ctx.step = b;
-    ctx.rank = group_->rank();
-    ctx.world_size = group_->size();
-    ctx.batch_size = options_.eval_batch_size;
-    // Forward only: checkpointed modules run plain (NOTE [Activation checkpointing]).
-    core::NoGradScope no_grad;
-    absl::StatusOr<StepOutput> out = module.EvaluationStep(ctx);
-    if (!out.ok()) {
-      return Annotate(out.status(),
-                      absl::StrCat(StageName(stage), ": EvaluationStep of batch ", b));
+  // NOTE [Whole-set evaluation]: the module's batch count, or eval_batches. Every rank must
+  // run as many batches as every other, or some would wait for the others' collectives.
+  const std::optional<int64_t> whole = module.EvaluationBatches(stage, options_.eval_batch_size);
+  const int64_t batches = whole.has_value() ? *whole : options_.eval_batches;
+  ASSIGN_OR_RETURN(std::vector<std::vector<double>> counts,
+                   AllGatherDoubles({static_cast<double>(batches)}));
+  for (size_t r = 1; r < counts.size(); ++r) {
+    if (counts[r][0] != counts[0][0]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          name, ": rank ", r, " would run ", counts[r][0], " batches and rank 0 ", counts[0][0],
+          " (TrainModule::EvaluationBatches differs between the ranks: their held-out data "
+          "differ)"));
     }
-    weighted += out->loss * out->count;
-    count += out->count;
   }
-  // Each rank's sums travel exactly and are added in rank order, so the result does not
-  // depend on the reduction order of the backend.
-  ASSIGN_OR_RETURN(std::vector<std::vector<double>> all, AllGatherDoubles({weighted, count}));
+  if (batches < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": TrainModule::EvaluationBatches returned ", batches, " (must be >= 0)"));
+  }
+  const int rank = group_->rank();
+  const int k = m > 0 ? m / group_->size() : 1;  // this rank's micro-batches of each batch
+  // (loss x count, count): under NOTE [Deterministic training] one pair per micro-batch,
+  // else this rank's sums.
+  std::vector<double> pairs;
+  double weighted = 0, count = 0;
+  for (int64_t b = 0; b < batches; ++b) {
+    for (int j = 0; j < k; ++j) {
+      StepContext ctx;
+      ctx.stage = stage;
+      ctx.step = b;
+      ctx.rank = rank;
+      ctx.world_size = group_->size();
+      ctx.batch_size = options_.eval_batch_size;
+      if (m > 0) {  // a whole global micro-batch: rank r's j-th is r k + j of M
+        ctx.micro_batch = rank * k + j;
+        ctx.micro_batches = m;
+        ctx.rank = 0;
+        ctx.world_size = 1;
+      }
+      const std::string what =
+          m > 0 ? absl::StrCat(name, ": EvaluationStep of batch ", b, ", micro-batch ",
+                               ctx.micro_batch, " of ", m)
+                : absl::StrCat(name, ": EvaluationStep of batch ", b);
+      // Forward only: checkpointed modules run plain (NOTE [Activation checkpointing]).
+      core::NoGradScope no_grad;
+      absl::StatusOr<StepOutput> out = module.EvaluationStep(ctx);
+      if (!out.ok()) return Annotate(out.status(), what);
+      if (out->count < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": StepOutput::count = ", out->count, " (must be >= 0)"));
+      }
+      // A share of padding only counts nothing, whatever its loss.
+      const double n = static_cast<double>(out->count);
+      const double loss_sum = out->count > 0 ? out->loss * n : 0;
+      if (m > 0) {
+        pairs.push_back(loss_sum);
+        pairs.push_back(n);
+      } else {
+        weighted += loss_sum;
+        count += n;
+      }
+    }
+  }
+  if (m == 0) pairs = {weighted, count};
+  // Each rank's values travel exactly and are added in a fixed order, so the result does
+  // not depend on the reduction order of the backend: the ranks' sums in rank order, or
+  // under NOTE [Deterministic training] the micro-batches' pairs in (batch, micro-batch)
+  // order, the same at every world size.
+  ASSIGN_OR_RETURN(std::vector<std::vector<double>> all, AllGatherDoubles(pairs));
   double total_weighted = 0, total_count = 0;
-  for (const auto& r : all) {
-    total_weighted += r[0];
-    total_count += r[1];
+  if (m > 0) {
+    for (int64_t b = 0; b < batches; ++b) {
+      for (int g = 0; g < m; ++g) {
+        const std::vector<double>& r = all[static_cast<size_t>(g / k)];
+        const size_t at = static_cast<size_t>(2 * (b * k + g % k));
+        total_weighted += r[at];
+        total_count += r[at + 1];
+      }
+    }
+  } else {
+    for (const auto& r : all) {
+      total_weighted += r[0];
+      total_count += r[1];
+    }
   }
   result.loss = total_count > 0 ? total_weighted / total_count : NAN;
   result.count = static_cast<int64_t>(total_count);
-  result.batches = options_.eval_batches;
+  result.batches = batches;
+  result.whole_set = whole.has_value();
   RETURN_IF_ERROR(EndStage(model, result.report));
   return result;
 }
@@ -573,6 +640,8 @@ TrainingCheckpointOptions StageRunner::CheckpointOptions(const TrainModule& modu
   TrainingCheckpointOptions options;
   options.step = state.global_step;
   options.data_identity = module.DataIdentity();  // NOTE [Data identity]
+  // NOTE [Data position]
+  options.data_position = module.DataPosition(state.global_step, options_.train_batch_size);
   options.timeout = options_.wrap.timeout;
   return options;
 }
@@ -653,11 +722,20 @@ absl::StatusOr<LoadedCheckpoint> StageRunner::LoadCheckpoint(
   // NOTE [Data identity]: a resume must read the checkpoint's data. Each rank compares its
   // own module (its files may differ from another rank's) and all agree before the wrap.
   // A checkpoint that cannot be read is left to the load below, which reports it.
+  // NOTE [Data position]: then where in the data the saved run stood, under the same rule.
   DataIdentityComparison data;
   if (optimizer) {
     absl::Status checked = absl::OkStatus();
     absl::StatusOr<LoadedCheckpoint> info = ReadTrainingCheckpointInfo(dir);
-    if (info.ok()) data = CompareDataIdentity(info->data_identity, module.DataIdentity());
+    if (info.ok()) {
+      data = CompareDataIdentity(info->data_identity, module.DataIdentity());
+      DataIdentityComparison position = CompareDataPosition(
+          info->data_position, module.DataPosition(info->step, options_.train_batch_size));
+      for (DataIdentityChange& c : position.changes) data.changes.push_back(std::move(c));
+      if (!position.note.empty()) {
+        data.note = data.note.empty() ? position.note : absl::StrCat(data.note, "; ", position.note);
+      }
+    }
     if (!data.changes.empty() && !load_options.allow_data_change) {
       std::vector<std::string> changes;
       for (const DataIdentityChange& c : data.changes) changes.push_back(c.ToString());

@@ -42,7 +42,8 @@
 // runner's registry() before the first stage are kept as they are.
 //
 // Every call is a collective over the group: call it on every rank in the same order.
-// Losses are averaged over ranks weighted by StepOutput::count. Memory figures are of
+// Losses are averaged over ranks weighted by StepOutput::count (NOTE [Whole-set
+// evaluation] in train_module.h for Validate and Test of a whole held-out set). Memory figures are of
 // each rank's current CPU allocator (core::Allocator::Current), whose peaks every stage
 // resets when it starts. Not thread-safe: a runner (and its registry, shared or not)
 // belongs to one rank and is used by that rank's thread.
@@ -132,10 +133,16 @@ struct FitResult {
 
 struct EvalResult {
   StageReport report;
-  // Global mean loss over the stage's batches, weighted by StepOutput::count.
+  // Global mean loss over the stage's batches, weighted by StepOutput::count: with
+  // whole_set, the exact mean over the held-out set's items (NOTE [Whole-set evaluation]
+  // in integration/train_module.h).
   double loss = 0;
+  // The items it is over (the sum of every step's StepOutput::count).
   int64_t count = 0;
-  int batches = 0;
+  // Batches run: TrainModule::EvaluationBatches when the module gives it (whole_set), else
+  // StageOptions::eval_batches.
+  int64_t batches = 0;
+  bool whole_set = false;
 };
 
 struct PredictResult {
@@ -189,8 +196,10 @@ struct LoadCheckpointOptions {
   // the model only (evaluation, the start of a fine-tuning) and compares no data.
   bool optimizer = false;
   // NOTE [Data identity] (integration/train_module.h): a resume whose module's
-  // DataIdentity() differs from the checkpoint's is FailedPrecondition naming each
-  // differing key with both values. True loads anyway and lists the differences in
+  // DataIdentity() differs from the checkpoint's, or whose DataPosition() at the
+  // checkpoint's step and StageOptions::train_batch_size differs from the checkpoint's
+  // (NOTE [Data position]), is FailedPrecondition naming each differing key with both
+  // values. True loads anyway and lists the differences in
   // LoadedCheckpoint::data_identity_changes.
   bool allow_data_change = false;
 };
@@ -216,7 +225,15 @@ class StageRunner {
   // other errors as the TrainModule, FSDP or the optimizer return them.
   absl::StatusOr<FitResult> Fit(TrainModule& module, int64_t steps = 0);
 
-  // Forward-only stages over StageOptions::eval_batches batches of eval_batch_size rows.
+  // Forward-only stages over batches of eval_batch_size rows: TrainModule::
+  // EvaluationBatches of them where the module gives it (the whole held-out set, NOTE
+  // [Whole-set evaluation] in integration/train_module.h), else StageOptions::eval_batches;
+  // predict always eval_batches. Under NOTE [Deterministic training] each Validate and Test
+  // batch runs as its M micro-batches (rank r of N the micro-batches [r M / N, (r + 1) M /
+  // N), with StepContext world_size 1) and the loss adds their (loss x count, count) in
+  // micro-batch order: the same bits at every world size. FailedPrecondition when the
+  // ranks' batch counts differ, or under deterministic_micro_batches > the world size for a
+  // module that does not run micro-batches; InvalidArgument for a StepOutput::count < 0.
   absl::StatusOr<EvalResult> Validate(TrainModule& module, const EvalOptions& options = {});
   absl::StatusOr<EvalResult> Test(TrainModule& module, const EvalOptions& options = {});
   absl::StatusOr<PredictResult> Predict(TrainModule& module, const EvalOptions& options = {});
@@ -225,7 +242,8 @@ class StageRunner {
   absl::StatusOr<WrapReport> Wrap(TrainModule& module);
 
   // Saves the model and, if Fit made one, its optimizer state, tagged with the global
-  // step and the module's DataIdentity() (integration/checkpointing/training_checkpoint.h).
+  // step, the module's DataIdentity() and its DataPosition() at that step with
+  // StageOptions::train_batch_size (integration/checkpointing/training_checkpoint.h).
   // The model must be wrapped or plain; a collective.
   absl::Status SaveCheckpoint(TrainModule& module, const std::string& dir,
                               checkpoint::SimulatedCrash simulate_crash =
@@ -236,9 +254,12 @@ class StageRunner {
   // state (making the optimizer first if needed), so a following Fit continues the saved
   // run. A resume (options.optimizer) first compares the module's DataIdentity() with the
   // checkpoint's (NOTE [Data identity]): FailedPrecondition naming each differing key and
-  // both values ("data.seed: the checkpoint's 2 vs this module's 3"), before anything is
-  // wrapped or loaded, unless options.allow_data_change; a side without an identity is not
-  // compared (LoadedCheckpoint::data_identity_note says so). Collective: a rank that
+  // both values ("data.seed: the checkpoint's 2 vs this module's 3"), then its
+  // DataPosition() at the checkpoint's step with the checkpoint's (NOTE [Data position]:
+  // "data.window: the checkpoint's 64 vs this module's 128" after a change of
+  // train_batch_size), before anything is wrapped or loaded, unless
+  // options.allow_data_change; a side without an identity or position is not compared
+  // (LoadedCheckpoint::data_identity_note says so). Collective: a rank that
   // cannot load (a damaged or missing file, other data) fails every rank with its error
   // ("rank <r>: ..."), before any rank goes on to another collective.
   absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(TrainModule& module, const std::string& dir,

@@ -47,7 +47,8 @@ struct StepContext {
   // Fit: the global training step, 0-based, which continues across Fit calls and
   // checkpoints (use it as the training batch's index so resumed training sees the
   // batches uninterrupted training would). Other stages: the batch's index within the
-  // stage, 0 .. StageOptions::eval_batches - 1.
+  // stage, 0 .. StageOptions::eval_batches - 1, or in Validate and Test of a module that
+  // evaluates a whole set, 0 .. TrainModule::EvaluationBatches - 1.
   int64_t step = 0;
   int rank = 0;
   int world_size = 1;
@@ -71,7 +72,9 @@ struct StepOutput {
   // The mean loss over this rank's share of the batch.
   double loss = 0;
   // How many items (tokens, samples) that mean is over: its weight in the mean over
-  // ranks, and what throughput is counted in. > 0.
+  // ranks, and what throughput is counted in. > 0 in training; >= 0 in evaluation, where a
+  // share of padding rows only (NOTE [Whole-set evaluation]) reports 0 (and its loss is
+  // then ignored).
   int64_t count = 0;
   // A training step may leave its loss on the device (NOTE [Deferred loss] in
   // nn/losses.h: nn::functional::CrossEntropyOptions::read_loss): then `loss` is ignored and the
@@ -129,6 +132,22 @@ class TrainModule {
   // (kValidate or kTest: use different held-out data for the two).
   virtual absl::StatusOr<StepOutput> EvaluationStep(const StepContext& ctx) = 0;
 
+  // NOTE [Whole-set evaluation]: how many batches of `batch_size` rows Validate and Test
+  // run (kValidate or kTest) so that every item of the held-out set is evaluated exactly
+  // once: batch b holds items [b batch_size, (b + 1) batch_size), the last batch padded
+  // with rows that count 0 (their loss left out of the mean). Every rank runs every batch,
+  // also where its rows are all padding (reporting count 0, loss 0), so the collectives of
+  // the forward stay matched; the runner all-gathers the counts first and fails every rank
+  // when they differ. StageOptions::eval_batches does not limit it. The loss is then the
+  // mean over all the set's items: in the deterministic mode (NOTE [Deterministic
+  // training]) the same bits at every world size. nullopt (the default): the stage runs
+  // StageOptions::eval_batches batches, as for a module without a finite held-out set.
+  virtual std::optional<int64_t> EvaluationBatches(Stage stage, int batch_size) const {
+    (void)stage;
+    (void)batch_size;
+    return std::nullopt;
+  }
+
   // Forward only: this rank's predictions for batch ctx.step of kPredict. The default
   // returns Unimplemented.
   virtual absl::StatusOr<core::Tensor> PredictStep(const StepContext& ctx);
@@ -156,14 +175,32 @@ class TrainModule {
   // differs, naming each differing key, unless asked to load anyway. It must hold
   // everything whose change would make the resumed run read other training batches than
   // the uninterrupted one at the same step: the source (file paths, their sizes and a
-  // content fingerprint; or a generator's options), the sampling seed, the sequence
-  // length. The position is the global step, which the checkpoint holds already, so it
-  // is not in here; neither is what only evaluation reads. Keys start with "data."
+  // content fingerprint; or a generator's options), the sampling seed and order, the
+  // sequence length. The position is in DataPosition (below); what only evaluation reads
+  // is in neither. Keys start with "data."
   // ("data.kind", "data.files", "data.sizes", "data.fingerprint", "data.seed",
   // "data.language_seed", "data.order", "data.vocab", ...). Values are compared as
   // text: write numbers exactly (every digit of a double). The default, empty, describes
   // nothing, and a resume then compares nothing.
   virtual std::map<std::string, std::string> DataIdentity() const { return {}; }
+
+  // NOTE [Data position]: where in its data the training stands after `global_step` steps
+  // of `batch_size` rows, as "key" -> "value" text: for data read in epochs "data.epoch"
+  // (the epoch of the next sample) and "data.window" (how many of that epoch's samples
+  // were read), a function of the step, the batch size and the data. The runner stores it
+  // in every checkpoint (TrainingCheckpointOptions::data_position, with
+  // StageOptions::train_batch_size), and a resume compares the checkpoint's with this
+  // module's at the checkpoint's step under NOTE [Data identity]'s rule (refused naming
+  // each differing key unless asked to load anyway): a resume with another batch size
+  // would read other samples than the saved run. The default, empty, describes nothing
+  // (the step alone is the position, as for data sampled by step); then nothing is
+  // compared.
+  virtual std::map<std::string, std::string> DataPosition(int64_t global_step,
+                                                          int batch_size) const {
+    (void)global_step;
+    (void)batch_size;
+    return {};
+  }
 };
 
 }  // namespace integration

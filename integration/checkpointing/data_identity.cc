@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace integration {
 namespace {
@@ -34,20 +35,25 @@ std::string DataIdentityChange::ToString() const {
                       Shown(current, at));
 }
 
-DataIdentityComparison CompareDataIdentity(const std::map<std::string, std::string>& saved,
-                                           const std::map<std::string, std::string>& current) {
+namespace {
+
+// Compares `saved` with `current` key by key; `what` ("data identity") and `source` (the
+// TrainModule method) name them in the notes.
+DataIdentityComparison Compare(const std::map<std::string, std::string>& saved,
+                               const std::map<std::string, std::string>& current,
+                               absl::string_view what, absl::string_view source) {
   DataIdentityComparison out;
   if (saved.empty() && current.empty()) return out;
   if (saved.empty()) {
-    out.note =
-        "the checkpoint records no data identity (it was saved before checkpoints kept one, "
-        "or from a module that gives none): the data were not compared";
+    out.note = absl::StrCat("the checkpoint records no ", what,
+                            " (it was saved before checkpoints kept one, or from a module that "
+                            "gives none): the ",
+                            what, " was not compared");
     return out;
   }
   if (current.empty()) {
-    out.note =
-        "this module gives no data identity (TrainModule::DataIdentity() is empty): the data "
-        "were not compared with the checkpoint's";
+    out.note = absl::StrCat("this module gives no ", what, " (TrainModule::", source,
+                            "() is empty): the ", what, " was not compared with the checkpoint's");
     return out;
   }
   out.compared = true;
@@ -67,6 +73,18 @@ DataIdentityComparison CompareDataIdentity(const std::map<std::string, std::stri
     }
   }
   return out;
+}
+
+}  // namespace
+
+DataIdentityComparison CompareDataIdentity(const std::map<std::string, std::string>& saved,
+                                           const std::map<std::string, std::string>& current) {
+  return Compare(saved, current, "data identity", "DataIdentity");
+}
+
+DataIdentityComparison CompareDataPosition(const std::map<std::string, std::string>& saved,
+                                           const std::map<std::string, std::string>& current) {
+  return Compare(saved, current, "data position", "DataPosition");
 }
 
 }  // namespace integration

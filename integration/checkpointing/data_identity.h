@@ -1,6 +1,6 @@
-// Data identities in training checkpoints (NOTE [Data identity] in
-// integration/train_module.h): how a resume compares the identity a checkpoint recorded
-// with the one its module gives, and how a difference reads.
+// Data identities and positions in training checkpoints (NOTE [Data identity] and NOTE
+// [Data position] in integration/train_module.h): how a resume compares what a checkpoint
+// recorded with what its module gives, and how a difference reads.
 //
 //   const integration::DataIdentityComparison data =
 //       integration::CompareDataIdentity(loaded.data_identity, module.DataIdentity());
@@ -41,6 +41,12 @@ struct DataIdentityComparison {
 // (or from a module that gives none), or the module gives none. Then nothing is compared,
 // and the note says which side had none.
 DataIdentityComparison CompareDataIdentity(const std::map<std::string, std::string>& saved,
+                                           const std::map<std::string, std::string>& current);
+
+// The same for NOTE [Data position] (integration/train_module.h): a checkpoint's recorded
+// position with the module's DataPosition() at the checkpoint's step, key by key; the note
+// names the position.
+DataIdentityComparison CompareDataPosition(const std::map<std::string, std::string>& saved,
                                            const std::map<std::string, std::string>& current);
 
 }  // namespace integration

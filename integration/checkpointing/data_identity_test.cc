@@ -53,6 +53,22 @@ TEST(DataIdentityTest, ASideWithoutAnIdentityIsNotComparedAndSaysSo) {
   EXPECT_EQ(neither.note, "");
 }
 
+// NOTE [Data position]: compared key by key the same way; the notes name the position.
+TEST(DataIdentityTest, PositionsCompareTheSameWayAndTheirNotesNameThePosition) {
+  const std::map<std::string, std::string> saved = {{"data.epoch", "1"}, {"data.window", "48"}};
+  const std::map<std::string, std::string> current = {{"data.epoch", "1"}, {"data.window", "96"}};
+  const DataIdentityComparison c = CompareDataPosition(saved, current);
+  EXPECT_TRUE(c.compared);
+  ASSERT_EQ(c.changes.size(), 1u);
+  EXPECT_EQ(c.changes[0].ToString(), "data.window: the checkpoint's 48 vs this module's 96");
+  EXPECT_THAT(CompareDataPosition(saved, saved).changes, IsEmpty());
+  EXPECT_THAT(CompareDataPosition({}, current).note,
+              HasSubstr("the checkpoint records no data position"));
+  EXPECT_THAT(CompareDataPosition(saved, {}).note,
+              HasSubstr("TrainModule::DataPosition() is empty"));
+  EXPECT_EQ(CompareDataPosition({}, {}).note, "");
+}
+
 TEST(DataIdentityTest, ALongValueIsShownAroundItsFirstDifference) {
   std::string files;
   for (int i = 0; i < 100; ++i) files += "/data/shard_" + std::to_string(1000 + i) + ".bin,";

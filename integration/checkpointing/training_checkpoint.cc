@@ -60,11 +60,14 @@ absl::StatusOr<std::unique_ptr<checkpoint::PendingSave>> BeginTrainingCheckpoint
           "' uses the reserved prefix \"fsdp.\""));
     }
   }
-  for (const auto& [key, value] : options.data_identity) {
-    if (key.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": TrainingCheckpointOptions.data_identity has an empty key (value '",
-                       value, "')"));
+  for (const auto& [field, entries] : {std::pair{"data_identity", &options.data_identity},
+                                       std::pair{"data_position", &options.data_position}}) {
+    for (const auto& [key, value] : *entries) {
+      if (key.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": TrainingCheckpointOptions.", field, " has an empty key (value '", value,
+            "')"));
+      }
     }
   }
   fsdp::WrapperRegistry no_units;  // a plain module: every parameter whole
@@ -88,6 +91,11 @@ absl::StatusOr<std::unique_ptr<checkpoint::PendingSave>> BeginTrainingCheckpoint
   *record.mutable_model() = DescribeModel(model, FullShapes(parts), options.model_config);
   for (const auto& [key, value] : options.data_identity) {  // sorted by key
     ConfigEntry* e = record.add_data_identity();
+    e->set_key(key);
+    e->set_value(value);
+  }
+  for (const auto& [key, value] : options.data_position) {  // sorted by key
+    ConfigEntry* e = record.add_data_position();
     e->set_key(key);
     e->set_value(value);
   }
@@ -275,11 +283,15 @@ absl::StatusOr<TrainingRecord> ReadRecord(const checkpoint::CheckpointInfo& info
       }
     }
   }
-  // The data identity: sorted, each key once, none empty.
-  for (int i = 0; i < record.data_identity_size(); ++i) {
-    const std::string& key = record.data_identity(i).key();
-    if (key.empty() || (i > 0 && key <= record.data_identity(i - 1).key())) {
-      return loss(absl::StrCat("data identity key '", key, "' is empty, repeated or out of order"));
+  // The data identity and position: sorted, each key once, none empty.
+  for (const auto& [what, entries] :
+       {std::pair{"data identity", &record.data_identity()},
+        std::pair{"data position", &record.data_position()}}) {
+    for (int i = 0; i < entries->size(); ++i) {
+      const std::string& key = entries->Get(i).key();
+      if (key.empty() || (i > 0 && key <= entries->Get(i - 1).key())) {
+        return loss(absl::StrCat(what, " key '", key, "' is empty, repeated or out of order"));
+      }
     }
   }
   for (const checkpoint::TensorInfo& t : info.tensors) {
@@ -303,6 +315,7 @@ LoadedCheckpoint InfoFrom(const checkpoint::CheckpointInfo& info, const Training
   for (const ConfigEntry& e : record.model().config()) out.model_config[e.key()] = e.value();
   out.structure_fingerprint = record.model().fingerprint();
   for (const ConfigEntry& e : record.data_identity()) out.data_identity[e.key()] = e.value();
+  for (const ConfigEntry& e : record.data_position()) out.data_position[e.key()] = e.value();
   return out;
 }
 

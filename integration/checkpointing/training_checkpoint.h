@@ -18,8 +18,8 @@
 // TrainingRecord (training_checkpoint.proto, metadata record "fsdp.training"): the
 // model's structure (modules with their known configuration, parameters and shapes,
 // the caller's model_config, a fingerprint), the optimizer's type, step count and
-// per-parameter steps and state names, and the training data's identity (NOTE [Data
-// identity] in integration/train_module.h). Loading checks the record in full and compares
+// per-parameter steps and state names, and the training data's identity and position (NOTE
+// [Data identity] and NOTE [Data position] in integration/train_module.h). Loading checks the record in full and compares
 // the structure with the model's: nothing is dropped, reset or loaded into another
 // model silently. Everything checkpoint::Save promises holds: the directory is
 // committed atomically, and on failure the previous checkpoint stays intact.
@@ -71,6 +71,9 @@ struct TrainingCheckpointOptions {
   // identity (TrainModule::DataIdentity), recorded as is; keys must not be empty.
   // StageRunner::SaveCheckpoint fills it and StageRunner::LoadCheckpoint compares it.
   std::map<std::string, std::string> data_identity;
+  // NOTE [Data position] (integration/train_module.h): where in the data the training
+  // stands (TrainModule::DataPosition), recorded as is; keys must not be empty.
+  std::map<std::string, std::string> data_position;
 };
 
 // Writes a checkpoint directory `dir` of `model` (wrapped through `registry`, or plain: a
@@ -84,10 +87,10 @@ struct TrainingCheckpointOptions {
 // optimizer's own names may differ); an optimizer parameter that is not one of the model's
 // is InvalidArgument naming it. The TrainingRecord (model structure with
 // options.model_config; optimizer TypeName(), StateNames(), step_count and an entry per
-// optimizer parameter, steps = 0 for one that never stepped; options.data_identity) goes
-// into the metadata record "fsdp.training", `options.step` and `options.user_metadata`
-// beside it. InvalidArgument for a user_metadata key starting with "fsdp." or an empty
-// data_identity key.
+// optimizer parameter, steps = 0 for one that never stepped; options.data_identity and
+// options.data_position) goes into the metadata record "fsdp.training", `options.step` and
+// `options.user_metadata` beside it. InvalidArgument for a user_metadata key starting with
+// "fsdp." or an empty data_identity or data_position key.
 // Everything checkpoint::Save promises holds (atomic commit, previous checkpoint intact
 // on failure).
 absl::Status SaveTrainingCheckpoint(const std::string& dir, core::Module& model,
@@ -118,10 +121,15 @@ struct LoadedCheckpoint {
   // TrainingCheckpointOptions::data_identity at save time; empty when the checkpoint
   // records none (saved before checkpoints kept one, or given none).
   std::map<std::string, std::string> data_identity;
+  // TrainingCheckpointOptions::data_position at save time; empty when the checkpoint
+  // records none (saved before checkpoints kept one, or given none).
+  std::map<std::string, std::string> data_position;
   // StageRunner::LoadCheckpoint of a resume (with the optimizer) only, else empty: the
-  // keys whose values differ from the module's DataIdentity(), when it was asked to load
-  // anyway (LoadCheckpointOptions::allow_data_change), and, when the checkpoint or the
-  // module has no identity, why nothing was compared (CompareDataIdentity's note).
+  // keys whose values differ from the module's DataIdentity() and then from its
+  // DataPosition() at the checkpoint's step, when it was asked to load anyway
+  // (LoadCheckpointOptions::allow_data_change), and, when the checkpoint or the module has
+  // no identity or position, why that was not compared (CompareDataIdentity's and
+  // CompareDataPosition's notes, joined by "; ").
   std::vector<DataIdentityChange> data_identity_changes;
   std::string data_identity_note;
   // LoadMode::kPartial only (empty after a strict load): every difference found
@@ -168,7 +176,8 @@ struct TrainingLoadOptions {
 //   or disagrees with the checkpoint's tensors (an optimizer entry naming no parameter,
 //   a parameter with state tensors but no entry, an entry whose state tensors are
 //   missing, steps above step_count, a tensor neither model/ nor optim/, a fingerprint
-//   that does not match the recorded structure, a data identity key empty or repeated);
+//   that does not match the recorded structure, a data identity or position key empty or
+//   repeated);
 // - in LoadMode::kStrict, FailedPrecondition naming the first difference between the
 //   checkpoint and the model (StructureDifferences: "checkpoint has tensor
 //   model/blocks.1.attn.qkv.weight that the model lacks", a shape that differs,

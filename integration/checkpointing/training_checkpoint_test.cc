@@ -743,6 +743,55 @@ TEST(TrainingCheckpointTest, DataIdentityIsRecordedAndARecordWithoutOneLoads) {
   EXPECT_FALSE(std::filesystem::exists(refused));
 }
 
+// NOTE [Data position]: kept like the identity, beside it; a record without one (written
+// before the field existed) loads with none; a repeated key is DataLoss, an empty one
+// refused at save.
+TEST(TrainingCheckpointTest, DataPositionIsRecordedAndARecordWithoutOneLoads) {
+  absl::StatusOr<std::shared_ptr<nn::Gpt>> gpt = fsdp::testing::MakeGpt(TinyRun());
+  ASSERT_TRUE(gpt.ok()) << gpt.status();
+  const std::string dir = Dir("data_position");
+  TrainingCheckpointOptions o;
+  o.data_identity = {{"data.kind", "token_files"}};
+  o.data_position = {{"data.window", "67"}, {"data.epoch", "1"}};
+  ASSERT_TRUE(SaveTrainingCheckpoint(dir, **gpt, nullptr, nullptr, nullptr, o).ok());
+  absl::StatusOr<TrainingRecord> record = RecordOf(dir);
+  ASSERT_TRUE(record.ok()) << record.status();
+  ASSERT_EQ(record->data_position_size(), 2);
+  EXPECT_EQ(record->data_position(0).key(), "data.epoch");
+  EXPECT_EQ(record->data_position(1).value(), "67");
+  absl::StatusOr<LoadedCheckpoint> info = ReadTrainingCheckpointInfo(dir);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->data_position, o.data_position);
+  EXPECT_EQ(info->data_identity, o.data_identity);
+  absl::StatusOr<std::shared_ptr<nn::Gpt>> same = OtherGpt();
+  ASSERT_TRUE(same.ok()) << same.status();
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadTrainingCheckpoint(dir, **same, nullptr);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->data_position, o.data_position);
+
+  const std::string old = Dir("data_position_old");
+  ASSERT_TRUE(CopyWithRecord(dir, old, [](TrainingRecord& r) { r.clear_data_position(); }).ok());
+  loaded = LoadTrainingCheckpoint(old, **same, nullptr);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_TRUE(loaded->data_position.empty());
+  EXPECT_EQ(loaded->data_identity, o.data_identity);
+
+  const std::string forged = Dir("data_position_forged");
+  ASSERT_TRUE(CopyWithRecord(dir, forged, [](TrainingRecord& r) {
+                *r.add_data_position() = r.data_position(1);
+              }).ok());
+  info = ReadTrainingCheckpointInfo(forged);
+  EXPECT_TRUE(absl::IsDataLoss(info.status())) << info.status();
+  EXPECT_THAT(std::string(info.status().message()), HasSubstr("data position key 'data.window'"));
+
+  o.data_position[""] = "x";
+  const std::string refused = Dir("data_position_refused");
+  absl::Status s = SaveTrainingCheckpoint(refused, **gpt, nullptr, nullptr, nullptr, o);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("data_position has an empty key"));
+  EXPECT_FALSE(std::filesystem::exists(refused));
+}
+
 // 9. The optimizer record is checked entry by entry against the checkpoint's tensors: a
 // renamed, missing or extra entry, impossible steps, or state reset to "never stepped"
 // while its tensors remain, is DataLoss naming it, and nothing is loaded.

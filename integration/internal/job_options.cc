@@ -121,7 +121,10 @@ ABSL_FLAG(int, activation_checkpoint_every, 0,
           "activation checkpointing: every k-th block (TransformerBlock, or LlamaDecoderLayer "
           "for --model=llama; blocks 0, k, 2k, ...) drops its activations after the forward and "
           "recomputes them in the backward; 1: every block, 0: none");
-ABSL_FLAG(int, eval_batches, 8, "batches of each validate / test / predict stage");
+ABSL_FLAG(int, eval_batches, 8,
+          "batches of each validate / test / predict stage; with --data, validate and test "
+          "evaluate every window of the evaluation file once instead, however many batches "
+          "that takes");
 ABSL_FLAG(int, seq_len, 32, "tokens per sequence (at most --block_size)");
 ABSL_FLAG(std::string, model, "gpt",
           "the decoder to train: gpt (nn::Gpt, GPT-2 style) or llama (nn::Llama: RMSNorm, "
@@ -148,9 +151,11 @@ ABSL_FLAG(bool, tie_word_embeddings, false,
 ABSL_FLAG(int, order, 1, "Markov order of the language");
 ABSL_FLAG(std::string, data, "",
           "token file or directory of .bin shards to train on instead of the Markov language "
-          "(llm.c or nanoGPT layout; tools/text_to_tokens.py makes one from a text)");
+          "(llm.c or nanoGPT layout; tools/text_to_tokens.py makes one from a text), read in "
+          "epochs of fixed windows, each epoch in an order of --seed");
 ABSL_FLAG(std::string, eval_data, "",
-          "token file or directory for validate, test and predict (default: --data)");
+          "token file or directory for validate, test and predict (default: --data); "
+          "validate and test evaluate each of its windows once");
 ABSL_FLAG(double, lr, 1e-2, "AdamW peak learning rate");
 ABSL_FLAG(double, weight_decay, 0.0, "AdamW decoupled weight decay");
 ABSL_FLAG(int64_t, warmup_steps, 20, "linear learning-rate warm-up steps");

@@ -93,9 +93,17 @@ absl::StatusOr<bool> StageLoop::Resume() {
   } else {
     ASSIGN_OR_RETURN(loaded, runner_.LoadCheckpoint(trained_, dir, load));
   }
-  say_(absl::StrFormat("loaded checkpoint %s (saved at step %d by %d ranks%s); this rank read %s",
-                       dir, loaded.step, loaded.saved_world_size,
-                       fits ? ", with optimizer state" : "", core::FormatBytes(loaded.bytes_read)));
+  // NOTE [Data position]: where in the epochs of the token files the saved run stood.
+  std::string position;
+  const auto epoch = loaded.data_position.find("data.epoch");
+  const auto window = loaded.data_position.find("data.window");
+  if (epoch != loaded.data_position.end() && window != loaded.data_position.end()) {
+    position = absl::StrCat(", data epoch ", epoch->second, " window ", window->second);
+  }
+  say_(absl::StrFormat(
+      "loaded checkpoint %s (saved at step %d by %d ranks%s%s); this rank read %s", dir,
+      loaded.step, loaded.saved_world_size, fits ? ", with optimizer state" : "", position,
+      core::FormatBytes(loaded.bytes_read)));
   // NOTE [Data identity]: what --resume_allow_data_change let through, or why nothing
   // was compared.
   nlohmann::json changes = nlohmann::json::array();
@@ -106,6 +114,7 @@ absl::StatusOr<bool> StageLoop::Resume() {
   if (!loaded.data_identity_note.empty()) say_(absl::StrCat("note: ", loaded.data_identity_note));
   summary_["resumed_from"] = dir;
   summary_["resumed_step"] = loaded.step;
+  summary_["resumed_data_position"] = loaded.data_position;
   summary_["resumed_data_changes"] = changes;
   return true;
 }
@@ -224,8 +233,13 @@ void StageLoop::AddOpProfile(const std::vector<core::OpRecord>& ops) {
 absl::Status StageLoop::Evaluate(Stage stage) {
   ASSIGN_OR_RETURN(EvalResult eval,
                    stage == Stage::kTest ? runner_.Test(trained_) : runner_.Validate(trained_));
-  say_(absl::StrFormat("%s: loss %.4f over %d tokens; %s", StageName(stage), eval.loss,
-                       eval.count, WrapLine(eval.report.wrap)));
+  // NOTE [Whole-set evaluation]: token files' validate and test cover the evaluation file.
+  say_(absl::StrFormat("%s: loss %.4f over %d tokens%s; %s", StageName(stage), eval.loss,
+                       eval.count,
+                       eval.whole_set ? absl::StrFormat(" (the whole evaluation set: %d batches)",
+                                                        eval.batches)
+                                      : "",
+                       WrapLine(eval.report.wrap)));
   if (eval.report.wrap.reused) totals_.bytes_copied_on_rewrap += eval.report.wrap.param_bytes_copied;
   summary_[StageName(stage) + "_loss"] = eval.loss;
   if (stage == Stage::kTest) {
