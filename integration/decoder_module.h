@@ -155,10 +155,11 @@ class DecoderTrainModule : public TrainModule {
   // (data::TokenFile::Files() paths as given, comma-separated), "data.sizes" (each file's
   // tokens), "data.fingerprint" (TokenFile::Fingerprint(), "0x" and 16 hex digits),
   // "data.seed" (data_seed) and "data.sampling" ("epochs": NOTE [Token windows]; a
-  // checkpoint of windows drawn at random has none). The Markov language: "data.language_seed", "data.order",
-  // "data.vocab" (the language's, NOTE [Language vocabulary]), "data.likely_tokens" and
-  // "data.peakedness". The evaluation files (eval_data_path) are not in it: they change no
-  // training batch, only validate, test and predict read them.
+  // checkpoint of windows drawn at random has none). The Markov language:
+  // "data.language_seed", "data.order", "data.vocab" (the language's, NOTE [Language
+  // vocabulary]), "data.likely_tokens" and "data.peakedness". The evaluation files
+  // (eval_data_path) are not in it: they change no training batch, only validate, test and
+  // predict read them.
   std::map<std::string, std::string> DataIdentity() const override;
   // NOTE [Data position]: token files only (the language's batch is the step's):
   // "data.epoch" and "data.window", sample global_step * batch_size's epoch and its place

@@ -8,6 +8,8 @@
 //   test at world size 1 and 4 -> the same test loss within fp32 tolerance;
 //   fit 20 + resume 20         -> the same losses and weights as fit 40;
 //   resume with another --seed -> refused naming the field, unless allowed;
+//   token files                -> test covers the evaluation file, the same bits at N = 1,
+//                                 2 and 4; the resume names the data position;
 //   safetensors of the run     -> round-trips, header as published, equal to the checkpoint;
 //   a corrupted / truncated checkpoint file -> refused, naming the file and the tensor.
 //
@@ -433,6 +435,45 @@ TEST(MainJobDeviceTest, RefusesCudaWhereItCannotRunAndNcclOnTheCpu) {
   RunResult nccl = MainJob(1, TempDir() + "/nccl", {"--backend=nccl", "--steps=2"});
   EXPECT_NE(nccl.exit_code, 0);
   EXPECT_NE(nccl.output.find("--device=cpu --backend=nccl"), std::string::npos) << nccl.output;
+}
+
+// Token files (--data): test evaluates every window of the evaluation file once, the same
+// bits at N = 1, 2 and 4 under --deterministic; the checkpoint records where in the epochs
+// the fit stopped, and the resume line says so.
+TEST(MainJobTokenFilesTest, TestCoversTheWholeFileAtEveryWorldSizeAndResumesNameThePosition) {
+  // 37 windows of 16 + 1 tokens below 32 (SmallModelFlags' vocabulary), nanoGPT layout.
+  const std::string data = TempDir() + "/tokens.bin";
+  {
+    std::ofstream out(data, std::ios::binary | std::ios::trunc);
+    uint32_t x = 12345u;
+    for (int i = 0; i < 37 * 16 + 1; ++i) {
+      x = x * 1664525u + 1013904223u;
+      const uint16_t t = static_cast<uint16_t>((x >> 16) % 32);
+      out.write(reinterpret_cast<const char*>(&t), 2);
+    }
+  }
+  const std::vector<std::string> flags = {"--data=" + data, "--deterministic",
+                                          "--deterministic_micro_batches=4", "--release=false"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), flags.begin(), flags.end());
+    return extra;
+  };
+  const std::string fit_dir = TempDir() + "/tokens_fit";
+  RunResult fit = MainJob(2, fit_dir, with({"--stages=fit,test", "--steps=6"}));
+  ASSERT_EQ(fit.exit_code, 0) << fit.output;
+  // 37 x 16 target tokens in ceil(37 / 8) batches, --eval_batches=4 notwithstanding.
+  EXPECT_TRUE(
+      absl::StrContains(fit.output, "over 592 tokens (the whole evaluation set: 5 batches)"))
+      << fit.output;
+  for (int n : {1, 4}) {
+    RunResult r = MainJob(n, absl::StrCat(TempDir(), "/tokens_test", n),
+                          with({"--stages=test", "--resume_from=" + fit_dir + "/checkpoint"}));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    // 6 steps of 8 rows: the next sample is 48, window 11 of epoch 1.
+    EXPECT_TRUE(absl::StrContains(r.output, "data epoch 1 window 11")) << r.output;
+    EXPECT_EQ(r.summary["resumed_data_position"]["data.epoch"], "1");
+    EXPECT_EQ(Num(r.summary, "test_loss"), Num(fit.summary, "test_loss")) << "N = " << n;
+  }
 }
 
 }  // namespace

@@ -733,7 +733,8 @@ absl::StatusOr<LoadedCheckpoint> StageRunner::LoadCheckpoint(
           info->data_position, module.DataPosition(info->step, options_.train_batch_size));
       for (DataIdentityChange& c : position.changes) data.changes.push_back(std::move(c));
       if (!position.note.empty()) {
-        data.note = data.note.empty() ? position.note : absl::StrCat(data.note, "; ", position.note);
+        data.note =
+            data.note.empty() ? position.note : absl::StrCat(data.note, "; ", position.note);
       }
     }
     if (!data.changes.empty() && !load_options.allow_data_change) {

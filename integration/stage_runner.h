@@ -43,9 +43,9 @@
 //
 // Every call is a collective over the group: call it on every rank in the same order.
 // Losses are averaged over ranks weighted by StepOutput::count (NOTE [Whole-set
-// evaluation] in train_module.h for Validate and Test of a whole held-out set). Memory figures are of
-// each rank's current CPU allocator (core::Allocator::Current), whose peaks every stage
-// resets when it starts. Not thread-safe: a runner (and its registry, shared or not)
+// evaluation] in train_module.h for Validate and Test of a whole held-out set). Memory
+// figures are of each rank's current CPU allocator (core::Allocator::Current), whose peaks
+// every stage resets when it starts. Not thread-safe: a runner (and its registry, shared or not)
 // belongs to one rank and is used by that rank's thread.
 #ifndef INTEGRATION_STAGE_RUNNER_H_
 #define INTEGRATION_STAGE_RUNNER_H_

@@ -60,9 +60,9 @@ struct StepContext {
   // 0 .. k-1: the rows data::RankSampler(micro_batch, micro_batches) gives of the global
   // batch, of which this rank runs its RankSampler(rank, world_size) share. 0 and 1
   // otherwise. NOTE [Deterministic training] (StageOptions::deterministic_micro_batches
-  // = M): a rank runs whole micro-batches of the global batch, so the runner passes the
-  // global micro-batch's index in [0, M), M, and rank 0 of world_size 1 (the share that
-  // is all of it).
+  // = M): in Fit, Validate and Test a rank runs whole micro-batches of the global batch, so
+  // the runner passes the global micro-batch's index in [0, M), M, and rank 0 of
+  // world_size 1 (the share that is all of it).
   int micro_batch = 0;
   int micro_batches = 1;
 };

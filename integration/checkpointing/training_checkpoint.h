@@ -19,10 +19,11 @@
 // model's structure (modules with their known configuration, parameters and shapes,
 // the caller's model_config, a fingerprint), the optimizer's type, step count and
 // per-parameter steps and state names, and the training data's identity and position (NOTE
-// [Data identity] and NOTE [Data position] in integration/train_module.h). Loading checks the record in full and compares
-// the structure with the model's: nothing is dropped, reset or loaded into another
-// model silently. Everything checkpoint::Save promises holds: the directory is
-// committed atomically, and on failure the previous checkpoint stays intact.
+// [Data identity] and NOTE [Data position] in integration/train_module.h). Loading checks
+// the record in full and compares the structure with the model's: nothing is dropped,
+// reset or loaded into another model silently. Everything checkpoint::Save promises holds:
+// the directory is committed atomically, and on failure the previous checkpoint stays
+// intact.
 //
 //   // Loading only what a changed model shares with the checkpoint, explicitly:
 //   integration::TrainingLoadOptions partial;
