@@ -124,7 +124,9 @@ std::vector<std::string> NotStepCheckpoints(const std::string& dir) {
 
 TEST(ChaosTest, FaultsRestartsAndAShrinkEndOnTheUninterruptedBits) {
   uint64_t seed = std::random_device{}();
-  if (const char* s = std::getenv("FSDP_CHAOS_SEED")) ASSERT_TRUE(absl::SimpleAtoi(s, &seed));
+  if (const char* s = std::getenv("FSDP_CHAOS_SEED")) {
+    ASSERT_TRUE(absl::SimpleAtoi(s, &seed)) << "FSDP_CHAOS_SEED=" << s;
+  }
   std::mt19937_64 rng(seed);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   const int kill_rank = pick(0, 3), kill_step = pick(12, 45);
