@@ -31,7 +31,8 @@ GUIDES=(
 # A block whose first line starts with "$ " is one command and then what it prints. A comment
 # line "# [rank ...]" or "# launch: ..." after a command, and every line of an output block
 # (which belongs to the last command of the block before it), is a line the command must print:
-# each number in it stands for any number and "..." for anything. A command that exits
+# each number in it stands for any number, "..." for anything ("...\/" for any directory or
+# none), and a run of spaces for any run of spaces (columns). A command that exits
 # non-zero fails the test.
 set -u
 declare -A BIN
@@ -44,7 +45,7 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 # The regular expression that a sample output line stands for.
 pattern_of() {
   sed -E -e 's/[][\\.^$*+?(){}|/]/\\&/g' -e 's/[0-9]+(\\\.[0-9]+)?/[0-9]+(\\.[0-9]+)?/g' \
-    -e 's/\\\.\\\.\\\./.*/g' <<<"$1"
+    -e 's/\\\.\\\.\\\.\\\//(.*\\\/)?/g' -e 's/\\\.\\\.\\\./.*/g' -e 's/ {2,}/ +/g' <<<"$1"
 }
 
 # Checks that `output` holds a line matching each expected line (read from stdin).
@@ -119,7 +120,7 @@ for guide in "${GUIDES[@]}"; do
     where="$guide:$at"
     if [[ "$kind" == output ]]; then
       [[ -n "$last_output" ]] || { fail "$where: an output block with no command block before it"; continue; }
-      printf '%s\n' "${body[@]}" | expect_lines "$where" "$last_output"
+      expect_lines "$where" "$last_output" < <(printf '%s\n' "${body[@]}")
       continue
     fi
     # Join continued lines; split commands from expected lines.
@@ -148,7 +149,7 @@ for guide in "${GUIDES[@]}"; do
       status=$?
       tail -n 40 <<<"$last_output"
       [[ $status == 0 ]] || fail "$where: exit status $status: ${commands[$i]}"
-      printf '%s' "${expected[$i]}" | expect_lines "$where" "$last_output"
+      expect_lines "$where" "$last_output" < <(printf '%s' "${expected[$i]}")
     done
   done < <(awk -v g="$guide" '
       /<!-- run by: docs\/guide_commands_test.sh -->/ { want = "run"; next }
