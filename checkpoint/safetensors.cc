@@ -111,9 +111,7 @@ absl::Status ExportSafetensors(const std::string& path, const NamedTensors& tens
   for (const internal::HostBytes& t : data) {
     pieces.emplace_back(static_cast<const char*>(t.data()), static_cast<size_t>(t.nbytes()));
   }
-  absl::Status s = core::WriteFileAtomically(path, pieces);
-  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
-  return absl::OkStatus();
+  return core::Annotate(core::WriteFileAtomically(path, pieces), where);
 }
 
 std::map<std::string, core::Shape> ParameterShapes(const core::Module& module) {
@@ -211,7 +209,7 @@ absl::StatusOr<Entry> ParseEntry(const std::string& name, const Json& v, const s
   e.f16 = dtype.get<std::string>() == "F16";
   absl::StatusOr<core::DType> d =
       e.f16 ? core::DType::kFloat32 : ParseSafetensorsDType(dtype.get<std::string>());
-  if (!d.ok()) return absl::Status(d.status().code(), absl::StrCat(what, ": ", d.status().message()));
+  if (!d.ok()) return core::Annotate(d.status(), what);
   e.dtype = *d;
   const Json& shape = v["shape"];
   if (!shape.is_array()) return absl::InvalidArgumentError(absl::StrCat(what, ": \"shape\" is not an array"));
@@ -407,8 +405,7 @@ absl::StatusOr<core::Tensor> ReadEntry(const ByteSource& file, uint64_t data_sta
                                        const std::string& where, core::MemoryTag tag) {
   absl::StatusOr<core::Tensor> t = core::Tensor::Allocate(e.shape, e.dtype, tag);
   if (!t.ok()) {
-    return absl::Status(t.status().code(), absl::StrCat(where, ": tensor ", Quoted(e.name), ": ",
-                                                        t.status().message()));
+    return core::Annotate(t.status(), absl::StrCat(where, ": tensor ", Quoted(e.name)));
   }
   const size_t nbytes = static_cast<size_t>(e.end - e.begin);
   std::vector<uint16_t> halves(e.f16 ? nbytes / 2 : 0);
@@ -444,10 +441,10 @@ absl::StatusOr<SafetensorsFile> ImportSafetensors(const std::string& path, core:
   const std::string where = absl::StrCat("ImportSafetensors(", Quoted(path), ")");
   absl::StatusOr<internal::FileReader> opened = internal::FileReader::Open(path);
   if (!opened.ok()) {
-    return absl::Status(opened.status().code(), absl::StrCat(where, ": ", opened.status().message()));
+    return core::Annotate(opened.status(), where);
   }
   absl::StatusOr<int64_t> size = opened->Size();
-  if (!size.ok()) return absl::Status(size.status().code(), absl::StrCat(where, ": ", size.status().message()));
+  if (!size.ok()) return core::Annotate(size.status(), where);
   return ParseSource(FileSource(*opened), *size, where, tag);
 }
 
@@ -469,10 +466,10 @@ absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& pat
   const std::string where = absl::StrCat("SafetensorsReader(", Quoted(path), ")");
   absl::StatusOr<internal::FileReader> opened = internal::FileReader::Open(path);
   if (!opened.ok()) {
-    return absl::Status(opened.status().code(), absl::StrCat(where, ": ", opened.status().message()));
+    return core::Annotate(opened.status(), where);
   }
   absl::StatusOr<int64_t> size = opened->Size();
-  if (!size.ok()) return absl::Status(size.status().code(), absl::StrCat(where, ": ", size.status().message()));
+  if (!size.ok()) return core::Annotate(size.status(), where);
   SafetensorsReader reader;
   reader.file_ = std::make_unique<internal::FileReader>(*std::move(opened));
   ASSIGN_OR_RETURN(SafetensorsLayout layout, ParseLayout(FileSource(*reader.file_), *size, where));
@@ -545,9 +542,8 @@ absl::Status ImportSafetensorsInto(const std::string& path, core::Module& module
   }
   for (const auto& [name, p] : params) {
     // A device parameter is filled through a pinned buffer (internal/host_staging.h).
-    absl::Status s = internal::CopyHostToTensor(p->data, *by_name.at(name),
-                                                absl::StrCat(where, ": parameter ", Quoted(name)));
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(internal::CopyHostToTensor(p->data, *by_name.at(name),
+                                               absl::StrCat(where, ": parameter ", Quoted(name))));
   }
   return absl::OkStatus();
 }

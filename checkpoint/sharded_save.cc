@@ -375,8 +375,8 @@ absl::StatusOr<int> RemoveInterruptedSaves(const std::string& dir, const char* c
     for (const std::string& p : *list) {
       absl::Status s = internal::RemoveRecursively(p);
       if (!s.ok()) {
-        return absl::Status(s.code(), absl::StrCat(caller, ": cannot delete the interrupted save '",
-                                                   p, "': ", s.message()));
+        return core::Annotate(
+            s, absl::StrCat(caller, ": cannot delete the interrupted save '", p, "'"));
       }
       ++removed;
     }
@@ -397,9 +397,8 @@ absl::StatusOr<Prepared> Prepare(const std::string& dir, absl::Duration lock_wai
   RETURN_IF_ERROR(internal::MakeDirectories(internal::ParentDirectory(dir)));
   absl::StatusOr<internal::FileLock> lock = internal::FileLock::Acquire(LockPath(dir), lock_wait);
   if (!lock.ok()) {
-    return absl::Status(lock.status().code(),
-                        absl::StrCat("checkpoint::Save to '", dir, "': another save to it is "
-                                     "running: ", lock.status().message()));
+    return core::Annotate(lock.status(), absl::StrCat("checkpoint::Save to '", dir,
+                                                      "': another save to it is running"));
   }
   RETURN_IF_ERROR(RemoveInterruptedSaves(dir, "checkpoint::Save").status());
   struct stat st;

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "core/cuda/caching_allocator.h"
 #include "core/host_memory.h"
+#include "core/status_macros.h"
 
 #ifdef FSDP_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -158,8 +159,7 @@ absl::StatusOr<void*> Allocator::Allocate(int64_t nbytes, MemoryTag tag) {
     if (block.ok()) {
       ptr = *block;
     } else {
-      failed = absl::Status(block.status().code(), absl::StrCat("cannot allocate ", what(), ": ",
-                                                                block.status().message()));
+      failed = Annotate(block.status(), absl::StrCat("cannot allocate ", what()));
     }
   } else if (UsePinned()) {
 #ifdef FSDP_WITH_CUDA

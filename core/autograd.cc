@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/op_profile.h"
+#include "core/status_macros.h"
 
 #ifdef FSDP_WITH_CUDA
 #include "core/cuda/kernels.h"
@@ -55,8 +56,7 @@ class AccumulateGrad : public Node {
         return std::vector<Tensor>{};
       }
       if (absl::Status s = AddInto(p->grad, g); !s.ok()) {
-        return absl::Status(s.code(),
-                            absl::StrCat("parameter ", p->data.ToString(), ": ", s.message()));
+        return Annotate(s, absl::StrCat("parameter ", p->data.ToString()));
       }
       return std::vector<Tensor>{};
     }
@@ -167,7 +167,7 @@ absl::Status ZerosLike(const Shape& shape, Device device, Tensor* out) {
   absl::StatusOr<Tensor> z =
       Tensor::Allocate(shape, DType::kFloat32, MemoryTag::kActivation, device);
   if (!z.ok()) return z.status();
-  if (absl::Status s = z->TryZero(); !s.ok()) return s;
+  RETURN_IF_ERROR(z->TryZero());
   *out = *std::move(z);
   return absl::OkStatus();
 }
@@ -414,7 +414,7 @@ absl::Status AddTensors(const Tensor& a, const Tensor& b, const Tensor& out) {
     return absl::OkStatus();
   }
 #ifdef FSDP_WITH_CUDA
-  if (absl::Status s = cuda::SetDevice(out.device()); !s.ok()) return s;
+  RETURN_IF_ERROR(cuda::SetDevice(out.device()));
   return cuda::Add(a.data<float>(), b.data<float>(), out.data<float>(), n);
 #else
   return absl::UnavailableError(
@@ -470,7 +470,7 @@ class GraphRun {
                        "BackwardOptions::retain_graph to the first backward"));
     }
     for (size_t i = 0; i < roots.size(); ++i) {
-      if (absl::Status s = Deliver("Backward", roots[i], seeds[i]); !s.ok()) return s;
+      RETURN_IF_ERROR(Deliver("Backward", roots[i], seeds[i]));
     }
     for (Node* n : visited_) {
       if (n->dependencies_ == 0) ready_.push(n);
@@ -510,14 +510,13 @@ class GraphRun {
       ready_.pop();
       absl::StatusOr<std::vector<Tensor>> grads = RunNode(n);
       if (!grads.ok()) {
-        return absl::Status(grads.status().code(), absl::StrCat("backward of '", n->name(),
-                                                                "': ", grads.status().message()));
+        return Annotate(grads.status(), absl::StrCat("backward of '", n->name(), "'"));
       }
       for (size_t i = 0; i < n->next_edges_.size(); ++i) {
         const Edge& e = n->next_edges_[i];
         if (e.node == nullptr) continue;
         if (i < grads->size() && (*grads)[i].defined()) {
-          if (absl::Status s = Deliver(n->name(), e, (*grads)[i]); !s.ok()) return s;
+          RETURN_IF_ERROR(Deliver(n->name(), e, (*grads)[i]));
         }
         if (--e.node->dependencies_ == 0) ready_.push(e.node.get());
       }
@@ -540,7 +539,7 @@ class GraphRun {
         }
       }
       for (Node::PreHook& hook : n->pre_hooks_) {
-        if (absl::Status s = hook(grads); !s.ok()) return s;
+        RETURN_IF_ERROR(hook(grads));
       }
       {
         NoGradScope no_grad;
@@ -549,7 +548,7 @@ class GraphRun {
         out = *std::move(applied);
       }
       for (Node::PostHook& hook : n->post_hooks_) {
-        if (absl::Status s = hook(); !s.ok()) return s;
+        RETURN_IF_ERROR(hook());
       }
     }
     if (!options_.retain_graph && !n->reusable()) {
@@ -572,7 +571,7 @@ class GraphRun {
     if (!e.node->arrived_) {
       e.node->arrived_ = true;
       for (Node::PostHook& hook : e.node->arrival_hooks_) {
-        if (absl::Status s = hook(); !s.ok()) return s;
+        RETURN_IF_ERROR(hook());
       }
     }
     Tensor& slot = e.node->buffer_[e.input_nr];
@@ -598,7 +597,7 @@ class GraphRun {
     absl::StatusOr<Tensor> sum =
         Tensor::Allocate(slot.shape(), DType::kFloat32, MemoryTag::kActivation, g.device());
     if (!sum.ok()) return sum.status();
-    if (absl::Status s = AddTensors(slot, g, *sum); !s.ok()) return s;
+    RETURN_IF_ERROR(AddTensors(slot, g, *sum));
     slot = *std::move(sum);
     return absl::OkStatus();
   }
@@ -652,7 +651,7 @@ absl::Status Backward(absl::Span<const Tensor> outputs, absl::Span<const Tensor>
       absl::StatusOr<Tensor> one =
           Tensor::Allocate(out.shape(), DType::kFloat32, MemoryTag::kActivation, out.device());
       if (!one.ok()) return one.status();
-      if (absl::Status s = one->TryFill(1.0f); !s.ok()) return s;
+      RETURN_IF_ERROR(one->TryFill(1.0f));
       seed = *std::move(one);
       unit_seeds.push_back(seed.raw_data());
     }

@@ -44,7 +44,7 @@ namespace {
 
 // `error` (a module's recorded construction error) prefixed with the module.
 absl::Status OwnConstructionError(const Module& module, const absl::Status& error) {
-  return absl::Status(error.code(), absl::StrCat(module.Describe(), ": ", error.message()));
+  return Annotate(error, module.Describe());
 }
 
 // Hooks may remove themselves or others while running, so iterate over a copy.
@@ -126,8 +126,7 @@ absl::StatusOr<Tensor> Module::Forward(const Tensor& given) {
   if (!construction_error_.ok()) return OwnConstructionError(*this, construction_error_);
   Tensors inputs = {given};
   for (const auto& hook : ForwardSnapshot(hooks_->forward_pre)) {
-    absl::Status s = hook(*this, inputs);
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(hook(*this, inputs));
   }
   if (inputs.size() != 1) {
     return absl::InternalError(absl::StrCat(Describe(), ": a forward pre-hook left ", inputs.size(),
@@ -138,8 +137,7 @@ absl::StatusOr<Tensor> Module::Forward(const Tensor& given) {
   if (!impl.ok()) return impl.status();
   Tensors outputs = {*std::move(impl)};
   for (const auto& hook : ForwardSnapshot(hooks_->forward_post)) {
-    absl::Status s = hook(*this, inputs, outputs);
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(hook(*this, inputs, outputs));
   }
   if (outputs.size() != 1) {
     return absl::InternalError(absl::StrCat(Describe(), ": a forward post-hook left ",
@@ -435,9 +433,8 @@ absl::StatusOr<Tensors> Module::CheckpointedForward(const Tensors& inputs) {
     RecomputeScope recomputing;
     absl::StatusOr<Tensors> again = m.ForwardGraph(leaves);
     if (!again.ok()) {
-      return absl::Status(again.status().code(),
-                          absl::StrCat(m.Describe(), ": recomputing the checkpointed forward: ",
-                                       again.status().message()));
+      return Annotate(again.status(),
+                      absl::StrCat(m.Describe(), ": recomputing the checkpointed forward"));
     }
     std::vector<Tensor> roots, seeds;
     int k = 0;
@@ -474,8 +471,7 @@ absl::StatusOr<Tensor> Module::CallOne(const std::vector<Arg>& inputs) {
 absl::StatusOr<Tensor> Module::Backward(const Tensor& grad_output) {
   if (!construction_error_.ok()) return OwnConstructionError(*this, construction_error_);
   for (const auto& hook : Snapshot(hooks_->backward_pre)) {
-    absl::Status s = hook(*this);
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(hook(*this));
   }
   if (awaiting_recompute_) {
     // NOTE [Activation checkpointing]: rebuild the caches the Forward dropped.
@@ -488,16 +484,14 @@ absl::StatusOr<Tensor> Module::Backward(const Tensor& grad_output) {
     RecomputeScope recompute;
     absl::StatusOr<Tensor> again = ForwardImpl(input);
     if (!again.ok()) {
-      return absl::Status(again.status().code(),
-                          absl::StrCat(Describe(), ": recomputing the checkpointed forward: ",
-                                       again.status().message()));
+      return Annotate(again.status(),
+                      absl::StrCat(Describe(), ": recomputing the checkpointed forward"));
     }
   }
   absl::StatusOr<Tensor> grad_input = BackwardImpl(grad_output);
   if (!grad_input.ok()) return grad_input.status();
   for (const auto& hook : Snapshot(hooks_->backward_post)) {
-    absl::Status s = hook(*this);
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(hook(*this));
   }
   return grad_input;
 }
@@ -578,8 +572,7 @@ ParameterPtr Module::AllocateParameter(const std::string& name, const Shape& sha
   absl::StatusOr<Tensor> data = Tensor::Allocate(shape, dtype, MemoryTag::kParam);
   if (data.ok()) return RegisterParameter(name, *std::move(data), requires_grad);
   if (construction_error_.ok()) {
-    construction_error_ = absl::Status(
-        data.status().code(), absl::StrCat("parameter '", name, "': ", data.status().message()));
+    construction_error_ = Annotate(data.status(), absl::StrCat("parameter '", name, "'"));
   }
   // Zero bytes: cannot fail, whatever the allocator's limit.
   return RegisterParameter(name, Tensor::Empty(Shape(shape.size(), 0), dtype, MemoryTag::kParam),
@@ -592,8 +585,7 @@ ParameterPtr Module::AllocateParameter(const std::string& name, const Shape& sha
   // An fp32 CPU tensor or a deferred one: the fill cannot fail; kept like an allocation
   // failure all the same.
   if (absl::Status s = InitParameter(*p, init); !s.ok() && construction_error_.ok()) {
-    construction_error_ =
-        absl::Status(s.code(), absl::StrCat("parameter '", name, "': ", s.message()));
+    construction_error_ = Annotate(s, absl::StrCat("parameter '", name, "'"));
   }
   return p;
 }

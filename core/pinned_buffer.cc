@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 
 namespace core {
 
@@ -15,9 +16,8 @@ absl::StatusOr<PinnedBuffer> PinnedBuffer::Allocate(int64_t nbytes, MemoryTag ta
   absl::StatusOr<std::shared_ptr<Storage>> storage =
       Storage::AllocateFrom(Allocator::PinnedHost(), nbytes, tag);
   if (!storage.ok()) {
-    return absl::Status(storage.status().code(),
-                        absl::StrCat("cannot allocate a pinned host buffer of ", nbytes,
-                                     " bytes: ", storage.status().message()));
+    return Annotate(storage.status(),
+                    absl::StrCat("cannot allocate a pinned host buffer of ", nbytes, " bytes"));
   }
   return PinnedBuffer(*std::move(storage));
 }

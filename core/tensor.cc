@@ -10,6 +10,7 @@
 #include "core/bf16_hd.h"
 #include "core/cuda_status.h"
 #include "core/op_profile.h"
+#include "core/status_macros.h"
 #include "glog/logging.h"
 
 #ifdef FSDP_WITH_CUDA
@@ -97,9 +98,8 @@ absl::StatusOr<std::shared_ptr<Storage>> AllocateTensorStorage(
       allocator != nullptr ? Storage::AllocateFrom(std::move(allocator), numel * element, tag)
                            : Storage::Allocate(numel * element, device, tag);
   if (!storage.ok()) {
-    return absl::Status(storage.status().code(),
-                        absl::StrCat("cannot allocate ", describe(), " (", numel * element,
-                                     " bytes): ", storage.status().message()));
+    return Annotate(storage.status(),
+                    absl::StrCat("cannot allocate ", describe(), " (", numel * element, " bytes)"));
   }
   *numel_out = numel;
   return storage;
@@ -245,8 +245,7 @@ absl::StatusOr<Tensor> Tensor::ToDType(DType dtype, MemoryTag tag) const {
   }
   absl::StatusOr<Tensor> out = Allocate(shape_, dtype, tag, device());
   if (!out.ok()) return out.status();
-  absl::Status s = out->CopyFrom(*this);
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(out->CopyFrom(*this));
   return out;
 }
 
@@ -254,8 +253,7 @@ absl::StatusOr<Tensor> Tensor::To(Device device, MemoryTag tag) const {
   if (!defined()) return absl::FailedPreconditionError("To() of an undefined tensor");
   absl::StatusOr<Tensor> out = Allocate(shape_, dtype_, tag, device);
   if (!out.ok()) return out.status();
-  absl::Status s = out->CopyFrom(*this);
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(out->CopyFrom(*this));
   return out;
 }
 
@@ -282,11 +280,11 @@ absl::Status CopyBytes(void* dst, Device dst_device, const void* src, Device src
   if (dst_device.is_cpu()) {
     // Device -> host: cudaMemcpy on the source's legacy stream runs after its queued
     // work and returns when the data is on the host.
-    if (absl::Status s = cuda::SetDevice(src_device); !s.ok()) return s;
+    RETURN_IF_ERROR(cuda::SetDevice(src_device));
     return cuda::StatusFromCuda(cudaMemcpy(dst, src, nbytes, cudaMemcpyDeviceToHost),
                                 absl::StrCat("cudaMemcpy device -> host for ", what));
   }
-  if (absl::Status s = cuda::SetDevice(dst_device); !s.ok()) return s;
+  RETURN_IF_ERROR(cuda::SetDevice(dst_device));
   if (src_device.is_cpu()) {
     // Host -> device: cudaMemcpy returns once the source may be reused (staged or, from
     // pinned memory, copied); the data lands before later compute-stream work.
@@ -295,8 +293,8 @@ absl::Status CopyBytes(void* dst, Device dst_device, const void* src, Device src
   }
   if (src_device != dst_device) {
     // Another device's compute stream is not ordered with this one: let it finish.
-    if (absl::Status s = cuda::Synchronize(src_device); !s.ok()) return s;
-    if (absl::Status s = cuda::SetDevice(dst_device); !s.ok()) return s;
+    RETURN_IF_ERROR(cuda::Synchronize(src_device));
+    RETURN_IF_ERROR(cuda::SetDevice(dst_device));
   }
   return cuda::StatusFromCuda(
       cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, cuda::ComputeStream()),
@@ -316,7 +314,7 @@ absl::Status Tensor::CopyFromAsync(const Tensor& src) const {
       storage_->BumpVersion();  // CopyFrom bumps it on every other path
       ProfiledOp op(OpCategory::kConvert, "copy_async", cuda_device,
                     OpCost{0, static_cast<double>(2 * nbytes()), 1, OpEngine::kMemory});
-      if (absl::Status s = cuda::SetDevice(cuda_device); !s.ok()) return s;
+      RETURN_IF_ERROR(cuda::SetDevice(cuda_device));
       return cuda::StatusFromCuda(
           cudaMemcpyAsync(raw_data(), src.raw_data(), nbytes(), cudaMemcpyDefault,
                           cuda::ComputeStream()),
@@ -393,7 +391,7 @@ absl::Status Tensor::CopyFrom(const Tensor& src) const {
     if (!moved.ok()) return moved.status();
     input = *std::move(moved);
   }
-  if (absl::Status s = cuda::SetDevice(device()); !s.ok()) return s;
+  RETURN_IF_ERROR(cuda::SetDevice(device()));
   absl::Status launched =
       dtype_ == DType::kBFloat16
           ? cuda::ConvertFloatToBf16(input.data<float>(), static_cast<uint16_t*>(raw_data()),
@@ -401,7 +399,7 @@ absl::Status Tensor::CopyFrom(const Tensor& src) const {
           : cuda::ConvertBf16ToFloat(static_cast<const uint16_t*>(input.raw_data()),
                                      data<float>(), numel_);
   if (!launched.ok()) {
-    return absl::Status(launched.code(), absl::StrCat(what(), ": ", launched.message()));
+    return Annotate(launched, what());
   }
   return absl::OkStatus();
 #else
@@ -419,8 +417,7 @@ absl::Status Tensor::TryFill(float value) const {
     absl::Status filled = cuda::SetDevice(device());
     if (filled.ok()) filled = cuda::Fill(raw_data(), numel_, dtype_, value);
     if (!filled.ok()) {
-      return absl::Status(filled.code(),
-                          absl::StrCat("Fill of ", ToString(), ": ", filled.message()));
+      return Annotate(filled, absl::StrCat("Fill of ", ToString()));
     }
     return absl::OkStatus();
 #else

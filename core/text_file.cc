@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/errno_text.h"
+#include "core/status_macros.h"
 
 namespace core {
 namespace {
@@ -174,8 +175,7 @@ absl::Status WriteFileAtomically(const std::string& path,
   }
   absl::Status synced = SyncDirectory(dir);
   if (!synced.ok()) {
-    return absl::Status(synced.code(),
-                        absl::StrCat("WriteFileAtomically(", path, "): ", synced.message()));
+    return Annotate(synced, absl::StrCat("WriteFileAtomically(", path, ")"));
   }
   return absl::OkStatus();
 }

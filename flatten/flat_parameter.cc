@@ -11,14 +11,9 @@
 namespace flatten {
 namespace {
 
-std::string PrefixFor(absl::string_view label) {
-  return label.empty() ? "FlatParameter: " : absl::StrCat("FlatParameter ", label, ": ");
-}
-
-// The same status with `prefix` in front of its message.
-absl::Status Annotate(const absl::Status& status, absl::string_view prefix) {
-  if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
+// "FlatParameter" or "FlatParameter <label>": what this flat parameter's errors name.
+std::string ContextFor(absl::string_view label) {
+  return label.empty() ? std::string("FlatParameter") : absl::StrCat("FlatParameter ", label);
 }
 
 }  // namespace
@@ -26,8 +21,9 @@ absl::Status Annotate(const absl::Status& status, absl::string_view prefix) {
 absl::StatusOr<std::unique_ptr<FlatParameter>> FlatParameter::Flatten(
     const std::vector<core::NamedParameter>& params, int world_size, int rank,
     const FlattenOptions& options) {
-  const std::string prefix = PrefixFor(options.label);
-  RETURN_IF_ERROR(Annotate(CheckRank(rank, world_size), prefix));
+  const std::string context = ContextFor(options.label);
+  const std::string prefix = absl::StrCat(context, ": ");
+  RETURN_IF_ERROR(core::Annotate(CheckRank(rank, world_size), context));
 
   auto flat = absl::WrapUnique(new FlatParameter());
   flat->label_ = options.label;
@@ -93,11 +89,11 @@ absl::StatusOr<std::unique_ptr<FlatParameter>> FlatParameter::Flatten(
   }
 
   absl::StatusOr<std::vector<int64_t>> offsets = FlatOffsets(numels);
-  RETURN_IF_ERROR(Annotate(offsets.status(), prefix));
+  RETURN_IF_ERROR(core::Annotate(offsets.status(), context));
   flat->numel_ = 0;
   for (int64_t n : numels) flat->numel_ += n;
   absl::StatusOr<int64_t> padded = PaddedNumel(flat->numel_, world_size);
-  RETURN_IF_ERROR(Annotate(padded.status(), prefix));
+  RETURN_IF_ERROR(core::Annotate(padded.status(), context));
   flat->padded_numel_ = *padded;
   flat->shard_numel_ = flat->padded_numel_ / world_size;
   for (size_t i = 0; i < flat->records_.size(); ++i) {
@@ -118,7 +114,7 @@ absl::StatusOr<std::unique_ptr<FlatParameter>> FlatParameter::Flatten(
         }
       }
     }
-    RETURN_IF_ERROR(flat->MaterializeShard(prefix));
+    RETURN_IF_ERROR(flat->MaterializeShard(context));
     return flat;
   }
 
@@ -127,14 +123,14 @@ absl::StatusOr<std::unique_ptr<FlatParameter>> FlatParameter::Flatten(
   absl::StatusOr<core::Tensor> full =
       core::Tensor::Allocate({flat->padded_numel_}, flat->dtype_, core::MemoryTag::kParam,
                              flat->device_);
-  RETURN_IF_ERROR(Annotate(full.status(), prefix));
+  RETURN_IF_ERROR(core::Annotate(full.status(), context));
   flat->full_ = *std::move(full);
   for (size_t i = 0; i < flat->records_.size(); ++i) {
     const ParamRecord& record = flat->records_[i];
     if (record.numel == 0) continue;
     ASSIGN_OR_RETURN(core::Tensor slot, flat->full_.View(record.offset, {record.numel}));
-    RETURN_IF_ERROR(Annotate(slot.CopyFrom(flat->params_[i]->data),
-                             absl::StrCat(prefix, "copying '", record.name, "': ")));
+    RETURN_IF_ERROR(core::Annotate(slot.CopyFrom(flat->params_[i]->data),
+                                   absl::StrCat(prefix, "copying '", record.name, "'")));
     flat->bytes_copied_ += record.numel * element_size;
   }
   ASSIGN_OR_RETURN(core::Tensor padding,
@@ -143,7 +139,7 @@ absl::StatusOr<std::unique_ptr<FlatParameter>> FlatParameter::Flatten(
   flat->full_filled_ = true;
 
   absl::StatusOr<core::Tensor> shard = flat->AllocateShardBuffer(core::MemoryTag::kParam);
-  RETURN_IF_ERROR(Annotate(shard.status(), prefix));
+  RETURN_IF_ERROR(core::Annotate(shard.status(), context));
   flat->shard_ = *std::move(shard);
   RETURN_IF_ERROR(flat->CopyFullToShard());
 
@@ -157,11 +153,11 @@ absl::StatusOr<std::unique_ptr<FlatParameter>> FlatParameter::Flatten(
   return flat;
 }
 
-absl::Status FlatParameter::MaterializeShard(const std::string& prefix) {
+absl::Status FlatParameter::MaterializeShard(const std::string& context) {
   if (dtype_ != core::DType::kFloat32) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        prefix, "deferred parameters are materialized as float32; '", records_.front().name,
-        "' is ", core::DTypeName(dtype_)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(context, ": deferred parameters are materialized as float32; '",
+                     records_.front().name, "' is ", core::DTypeName(dtype_)));
   }
   // Filled on the host (the recipes run there), then copied to the device if it is one.
   const bool on_host = shard_device().is_cpu();
@@ -169,20 +165,20 @@ absl::Status FlatParameter::MaterializeShard(const std::string& prefix) {
       on_host ? AllocateShardBuffer(core::MemoryTag::kParam)
               : core::Tensor::Allocate({shard_numel_}, dtype_, core::MemoryTag::kOther,
                                        core::Device::Cpu());
-  RETURN_IF_ERROR(Annotate(shard.status(), prefix));
+  RETURN_IF_ERROR(core::Annotate(shard.status(), context));
   shard->Zero();  // the padding
   for (size_t i = 0; i < records_.size(); ++i) {
     const ParamRecord& record = records_[i];
     const ShardSlice& slice = record.shards[rank_];
     if (slice.empty()) continue;
     ASSIGN_OR_RETURN(core::Tensor part, shard->View(slice.shard_offset, {slice.numel()}));
-    RETURN_IF_ERROR(Annotate(params_[i]->init->Fill(part, slice.begin),
-                             absl::StrCat(prefix, "initialising '", record.name, "': ")));
+    RETURN_IF_ERROR(core::Annotate(params_[i]->init->Fill(part, slice.begin),
+                                   absl::StrCat(context, ": initialising '", record.name, "'")));
   }
   if (!on_host) {
     absl::StatusOr<core::Tensor> on_device = AllocateShardBuffer(core::MemoryTag::kParam);
-    RETURN_IF_ERROR(Annotate(on_device.status(), prefix));
-    RETURN_IF_ERROR(Annotate(on_device->CopyFrom(*shard), prefix));
+    RETURN_IF_ERROR(core::Annotate(on_device.status(), context));
+    RETURN_IF_ERROR(core::Annotate(on_device->CopyFrom(*shard), context));
     shard = std::move(on_device);
   }
   shard_ = *std::move(shard);
@@ -202,7 +198,9 @@ const ParamRecord* FlatParameter::FindRecord(absl::string_view name) const {
   return nullptr;
 }
 
-std::string FlatParameter::Prefix() const { return PrefixFor(label_); }
+std::string FlatParameter::Context() const { return ContextFor(label_); }
+
+std::string FlatParameter::Prefix() const { return absl::StrCat(Context(), ": "); }
 
 absl::Status FlatParameter::CheckManaged(absl::string_view op) const {
   if (unflattened_) {
@@ -231,8 +229,9 @@ absl::StatusOr<std::vector<core::Tensor>> FlatParameter::MakeViews(const core::T
     absl::StatusOr<core::Tensor> view =
         full_shape ? buffer.View(record.offset, record.shape)
                    : buffer.View(slice.shard_offset, {slice.numel()});
-    RETURN_IF_ERROR(Annotate(view.status(), absl::StrCat(Prefix(), "view of '", record.name,
-                                                         "': ")));
+    if (!view.ok()) {
+      return core::Annotate(view.status(), absl::StrCat(Prefix(), "view of '", record.name, "'"));
+    }
     views[i] = *std::move(view);
   }
   return views;
@@ -270,7 +269,7 @@ absl::Status FlatParameter::AllocateFull(core::DType dtype) {
   }
   absl::StatusOr<core::Tensor> full =
       core::Tensor::Allocate({padded_numel_}, dtype, core::MemoryTag::kParam, device_);
-  RETURN_IF_ERROR(Annotate(full.status(), Prefix()));
+  RETURN_IF_ERROR(core::Annotate(full.status(), Context()));
   full_ = *std::move(full);
   full_filled_ = false;
   return absl::OkStatus();
@@ -319,7 +318,7 @@ absl::Status FlatParameter::CopyFullToShard() {
         "; copying would overwrite the master values with rounded ones"));
   }
   ASSIGN_OR_RETURN(core::Tensor chunk, LocalChunkOfFull());
-  RETURN_IF_ERROR(Annotate(shard_.CopyFrom(chunk), Prefix()));
+  RETURN_IF_ERROR(core::Annotate(shard_.CopyFrom(chunk), Context()));
   bytes_copied_ += shard_.nbytes();
   return absl::OkStatus();
 }
@@ -331,7 +330,7 @@ absl::Status FlatParameter::CopyShardToFull() {
         absl::StrCat(Prefix(), "CopyShardToFull: the full buffer is not allocated"));
   }
   ASSIGN_OR_RETURN(core::Tensor chunk, LocalChunkOfFull());
-  RETURN_IF_ERROR(Annotate(chunk.CopyFrom(shard_), Prefix()));
+  RETURN_IF_ERROR(core::Annotate(chunk.CopyFrom(shard_), Context()));
   bytes_copied_ += chunk.nbytes();
   if (world_size_ == 1) full_filled_ = true;
   return absl::OkStatus();
@@ -372,7 +371,7 @@ absl::Status FlatParameter::AllocateFullGrad(core::DType dtype) {
   }
   absl::StatusOr<core::Tensor> grad =
       core::Tensor::Allocate({padded_numel_}, dtype, core::MemoryTag::kGrad, device_);
-  RETURN_IF_ERROR(Annotate(grad.status(), Prefix()));
+  RETURN_IF_ERROR(core::Annotate(grad.status(), Context()));
   grad->Zero();
   full_grad_ = *std::move(grad);
   return absl::OkStatus();
@@ -429,7 +428,7 @@ absl::Status FlatParameter::AllocateShardGrad() {
         absl::StrCat(Prefix(), "AllocateShardGrad: the gradient shard is already allocated"));
   }
   absl::StatusOr<core::Tensor> grad = AllocateShardBuffer(core::MemoryTag::kGrad);
-  RETURN_IF_ERROR(Annotate(grad.status(), Prefix()));
+  RETURN_IF_ERROR(core::Annotate(grad.status(), Context()));
   grad->Zero();
   shard_grad_ = *std::move(grad);
   return absl::OkStatus();
@@ -455,7 +454,7 @@ absl::Status FlatParameter::CopyFullGradToShardGrad() {
         Prefix(), "CopyFullGradToShardGrad: the gradient shard is not allocated"));
   }
   ASSIGN_OR_RETURN(core::Tensor chunk, LocalChunkOfFullGrad());
-  RETURN_IF_ERROR(Annotate(shard_grad_.CopyFrom(chunk), Prefix()));
+  RETURN_IF_ERROR(core::Annotate(shard_grad_.CopyFrom(chunk), Context()));
   bytes_copied_ += shard_grad_.nbytes();
   return absl::OkStatus();
 }
@@ -522,20 +521,20 @@ absl::Status FlatParameter::Unflatten() {
   int64_t copied = 0;
   for (size_t i = 0; i < records_.size(); ++i) {
     const ParamRecord& record = records_[i];
-    const std::string where = absl::StrCat(Prefix(), "Unflatten '", record.name, "': ");
+    const std::string where = absl::StrCat(Prefix(), "Unflatten '", record.name, "'");
     absl::StatusOr<core::Tensor> own =
         core::Tensor::Allocate(record.shape, dtype_, core::MemoryTag::kParam, device_);
-    RETURN_IF_ERROR(Annotate(own.status(), where));
+    RETURN_IF_ERROR(core::Annotate(own.status(), where));
     ASSIGN_OR_RETURN(core::Tensor view, full_.View(record.offset, {record.numel}));
-    RETURN_IF_ERROR(Annotate(own->CopyFrom(view), where));
+    RETURN_IF_ERROR(core::Annotate(own->CopyFrom(view), where));
     copied += record.numel * element_size;
     data[i] = *std::move(own);
     if (full_grad_.defined() && record.requires_grad) {
       absl::StatusOr<core::Tensor> grad =
           core::Tensor::Allocate(record.shape, dtype_, core::MemoryTag::kGrad, device_);
-      RETURN_IF_ERROR(Annotate(grad.status(), where));
+      RETURN_IF_ERROR(core::Annotate(grad.status(), where));
       ASSIGN_OR_RETURN(core::Tensor grad_view, full_grad_.View(record.offset, {record.numel}));
-      RETURN_IF_ERROR(Annotate(grad->CopyFrom(grad_view), where));
+      RETURN_IF_ERROR(core::Annotate(grad->CopyFrom(grad_view), where));
       copied += record.numel * element_size;
       grads[i] = *std::move(grad);
     }

@@ -237,7 +237,8 @@ class FlatParameter {
 
  private:
   // The deferred path of Flatten: allocates the shard and fills it from the recipes.
-  absl::Status MaterializeShard(const std::string& prefix);
+  // `context` starts its errors (core::Annotate).
+  absl::Status MaterializeShard(const std::string& context);
   // A zeroed-or-not 1-D buffer of shard_numel() elements of dtype() on shard_device(),
   // from the pinned host allocator under NOTE [Shard on the host].
   absl::StatusOr<core::Tensor> AllocateShardBuffer(core::MemoryTag tag) const;
@@ -245,7 +246,9 @@ class FlatParameter {
 
   // FailedPrecondition once unflattened.
   absl::Status CheckManaged(absl::string_view op) const;
-  // "FlatParameter <label>: " for messages.
+  // "FlatParameter <label>" for core::Annotate.
+  std::string Context() const;
+  // Context() + ": " for messages.
   std::string Prefix() const;
   // Views of `buffer` for every record: full-shape (`full_shape`) at the record's offset,
   // or 1-D at the local shard slice; `skip_frozen` leaves frozen ones undefined.

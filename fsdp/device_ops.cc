@@ -77,9 +77,7 @@ absl::Status ConvertInto(const core::Tensor& dst, const core::Tensor& src,
         absl::StrCat(what, ": cannot convert ", src.ToString(), " into ", dst.ToString()));
   }
   // Tensor::CopyFrom converts fp32 <-> bf16 on either device (on the compute stream).
-  absl::Status s = dst.CopyFrom(src);
-  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
-  return absl::OkStatus();
+  return core::Annotate(dst.CopyFrom(src), what);
 }
 
 absl::StatusOr<core::Tensor> Convert(const core::Tensor& src, core::DType dtype,

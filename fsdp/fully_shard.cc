@@ -23,13 +23,9 @@
 namespace fsdp {
 namespace {
 
-std::string Prefix(const core::Module& module) {
-  return absl::StrCat("FullyShard(", module.Describe(), "): ");
-}
-
-absl::Status Annotate(const absl::Status& s, const std::string& prefix) {
-  if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
+// "FullyShard(<module>)": what FullyShard's errors name.
+std::string Context(const core::Module& module) {
+  return absl::StrCat("FullyShard(", module.Describe(), ")");
 }
 
 // All-gathers `local` (int32, same length on every rank) over `group`.
@@ -223,11 +219,12 @@ struct LocalPlan {
 // Changes nothing, except that a reuse gets its handle (and is counted).
 absl::StatusOr<LocalPlan> CheckAndPlan(const std::shared_ptr<core::Module>& module,
                                        const std::shared_ptr<comm::ProcessGroup>& group,
-                                       const FullyShardOptions& options,
-                                       WrapperRegistry* registry, const std::string& prefix) {
+                                       const FullyShardOptions& options, WrapperRegistry* registry,
+                                       const std::string& what) {
+  const std::string prefix = absl::StrCat(what, ": ");
   if (module == nullptr) return absl::InvalidArgumentError(prefix + "the module is null");
   if (registry == nullptr) return absl::InvalidArgumentError(prefix + "the registry is null");
-  RETURN_IF_ERROR(Annotate(options.Validate(group->size()), prefix));
+  RETURN_IF_ERROR(core::Annotate(options.Validate(group->size()), what));
   RETURN_IF_ERROR(registry->runtime().CheckIdle(prefix + "cannot wrap"));
 
   LocalPlan out;
@@ -313,7 +310,7 @@ absl::StatusOr<LocalPlan> CheckAndPlan(const std::shared_ptr<core::Module>& modu
       options.policy != nullptr ? options.policy : policy::Never();
   absl::StatusOr<policy::WrapPlan> plan = policy::Plan(
       *module, *wrap_policy, ShardGroupSize(options, group->size()), plan_options);
-  RETURN_IF_ERROR(Annotate(plan.status(), prefix));
+  RETURN_IF_ERROR(core::Annotate(plan.status(), what));
   out.plan = *std::move(plan);
   return out;
 }
@@ -330,18 +327,19 @@ absl::Status CheckFault(int index, internal::WrapStep step, const std::string& l
                         const std::string& prefix) {
   absl::Status s = internal::CheckWrapFault(index, step);
   if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat(prefix, "unit ", label, " (",
-                                             internal::WrapStepName(step), "): ", s.message()));
+  return core::Annotate(
+      s, absl::StrCat(prefix, "unit ", label, " (", internal::WrapStepName(step), ")"));
 }
 
 // Phase 2 (NOTE [Wrap rollback]) on this rank, every change recorded in `undo`.
 absl::Status ShardNewUnits(const std::shared_ptr<core::Module>& module,
                            const std::shared_ptr<comm::ProcessGroup>& group,
                            const FullyShardOptions& options, const LocalPlan& local,
-                           WrapperRegistry* registry, const std::string& prefix,
-                           WrapUndo* undo, Sharded* out) {
+                           WrapperRegistry* registry, const std::string& what, WrapUndo* undo,
+                           Sharded* out) {
+  const std::string prefix = absl::StrCat(what, ": ");
   absl::StatusOr<UnitGroups> groups = registry->GroupsFor(group, options);
-  RETURN_IF_ERROR(Annotate(groups.status(), prefix));
+  RETURN_IF_ERROR(core::Annotate(groups.status(), what));
   const auto modules = ModulesByPath(*module);
   const auto params = ParametersByName(*module);
   std::map<const core::Module*, std::shared_ptr<Unit>> existing_by_module;
@@ -379,15 +377,15 @@ absl::Status ShardNewUnits(const std::shared_ptr<core::Module>& module,
     flatten_options.shard_on_host = options.cpu_offload;
     absl::StatusOr<std::unique_ptr<flatten::FlatParameter>> flat = flatten::FlatParameter::Flatten(
         unit_params, groups->shard_size, groups->shard_rank, flatten_options);
-    RETURN_IF_ERROR(Annotate(flat.status(), prefix));
+    RETURN_IF_ERROR(core::Annotate(flat.status(), what));
     RETURN_IF_ERROR(CheckFault(index, internal::WrapStep::kFlatten, label, prefix));
     const int64_t copied = (*flat)->bytes_copied();
     absl::StatusOr<std::shared_ptr<Unit>> unit =
         Unit::Create(m->second, *std::move(flat), *groups, options);
-    RETURN_IF_ERROR(Annotate(unit.status(), prefix));
+    RETURN_IF_ERROR(core::Annotate(unit.status(), what));
     undo->Created(*unit);
     RETURN_IF_ERROR(CheckFault(index, internal::WrapStep::kCreateUnit, label, prefix));
-    RETURN_IF_ERROR(Annotate(registry->shared_runtime()->Attach(*unit), prefix));
+    RETURN_IF_ERROR(core::Annotate(registry->shared_runtime()->Attach(*unit), what));
     RETURN_IF_ERROR(CheckFault(index, internal::WrapStep::kAttachHooks, label, prefix));
     registry->AddUnit(m->second, *unit);
     undo->Registered(m->second.get());
@@ -405,7 +403,7 @@ absl::Status ShardNewUnits(const std::shared_ptr<core::Module>& module,
 // parameters, so every parameter here has storage.
 absl::Status SyncModuleStates(const std::shared_ptr<core::Module>& module,
                               const policy::WrapPlan& plan, comm::ProcessGroup& group,
-                              const FullyShardOptions& options, const std::string& prefix) {
+                              const FullyShardOptions& options, const std::string& what) {
   const auto params = ParametersByName(*module);
   comm::BroadcastOptions broadcast;
   broadcast.root = 0;
@@ -415,11 +413,11 @@ absl::Status SyncModuleStates(const std::shared_ptr<core::Module>& module,
     for (const std::string& name : unit.param_names()) {
       auto p = params.find(name);
       if (p == params.end()) continue;  // the planner walked the same tree
-      const std::string what =
-          absl::StrCat(prefix, "sync_module_states: broadcasting '", name, "' from rank 0: ");
+      const std::string where =
+          absl::StrCat(what, ": sync_module_states: broadcasting '", name, "' from rank 0");
       absl::StatusOr<std::shared_ptr<comm::Work>> work = group.Broadcast(p->second->data, broadcast);
-      RETURN_IF_ERROR(Annotate(work.status(), what));
-      RETURN_IF_ERROR(Annotate((*work)->WaitHost(options.timeout), what));
+      RETURN_IF_ERROR(core::Annotate(work.status(), where));
+      RETURN_IF_ERROR(core::Annotate((*work)->WaitHost(options.timeout), where));
     }
   }
   return absl::OkStatus();
@@ -427,8 +425,9 @@ absl::Status SyncModuleStates(const std::shared_ptr<core::Module>& module,
 
 // Release's checks on this rank; the units to release.
 absl::StatusOr<std::vector<std::shared_ptr<Unit>>> CheckReleasable(core::Module& module,
-                                                                  WrapperRegistry* registry,
-                                                                  const std::string& prefix) {
+                                                                   WrapperRegistry* registry,
+                                                                   const std::string& what) {
+  const std::string prefix = absl::StrCat(what, ": ");
   ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Unit>> units,
                    registry->UnitsForOperation(module, prefix, "cannot release",
                                                "release that unit's root (or an ancestor) instead"));
@@ -440,7 +439,7 @@ absl::StatusOr<std::vector<std::shared_ptr<Unit>>> CheckReleasable(core::Module&
       return absl::FailedPreconditionError(absl::StrCat(
           prefix, "unit ", u->label(), " is inside SummonFullParams; close it first"));
     }
-    RETURN_IF_ERROR(Annotate(u->CheckUsable("release"), prefix));
+    RETURN_IF_ERROR(core::Annotate(u->CheckUsable("release"), what));
   }
   return units;
 }
@@ -450,22 +449,22 @@ absl::StatusOr<std::vector<std::shared_ptr<Unit>>> CheckReleasable(core::Module&
 absl::StatusOr<std::shared_ptr<FullyShardHandle>> FullyShard(
     const std::shared_ptr<core::Module>& module, const std::shared_ptr<comm::ProcessGroup>& group,
     const FullyShardOptions& options, WrapperRegistry* registry) {
-  const std::string prefix = module != nullptr ? Prefix(*module) : "FullyShard: ";
+  const std::string what = module != nullptr ? Context(*module) : "FullyShard";
+  const std::string prefix = absl::StrCat(what, ": ");
   if (group == nullptr) return absl::InvalidArgumentError(prefix + "the process group is null");
   // The agreements' deadline, usable even when the options are not.
   const absl::Duration timeout =
       options.timeout > absl::ZeroDuration() ? options.timeout : comm::kDefaultCollectiveTimeout;
-  const std::string what = prefix.substr(0, prefix.size() - 2);  // without ": "
 
   // Phase 1: check and plan on every rank, then agree (NOTE [Wrap rollback]).
-  absl::StatusOr<LocalPlan> local = CheckAndPlan(module, group, options, registry, prefix);
+  absl::StatusOr<LocalPlan> local = CheckAndPlan(module, group, options, registry, what);
   if (local.ok() && local->reused != nullptr) return local->reused;
   RETURN_IF_ERROR(comm::AgreeOnStatus(group.get(), local.status(),
                                       absl::StrCat(what, ", checking and planning"), timeout));
   RETURN_IF_ERROR(CheckPlansAgree(local->plan, *group, timeout, prefix));
   if (options.sync_module_states && group->size() > 1) {
     RETURN_IF_ERROR(comm::AgreeOnStatus(
-        group.get(), SyncModuleStates(module, local->plan, *group, options, prefix),
+        group.get(), SyncModuleStates(module, local->plan, *group, options, what),
         absl::StrCat(what, ", sync_module_states"), timeout));
   }
 
@@ -473,7 +472,7 @@ absl::StatusOr<std::shared_ptr<FullyShardHandle>> FullyShard(
   WrapUndo undo(registry);
   Sharded sharded;
   const absl::Status mine =
-      ShardNewUnits(module, group, options, *local, registry, prefix, &undo, &sharded);
+      ShardNewUnits(module, group, options, *local, registry, what, &undo, &sharded);
   const absl::Status agreed =
       comm::AgreeOnStatus(group.get(), mine, absl::StrCat(what, ", sharding"), timeout);
   if (!agreed.ok()) {
@@ -494,23 +493,24 @@ absl::StatusOr<std::shared_ptr<FullyShardHandle>> FullyShard(
 }
 
 absl::Status Release(core::Module& module, WrapperRegistry* registry) {
-  const std::string prefix = absl::StrCat("Release(", module.Describe(), "): ");
-  if (registry == nullptr) return absl::InvalidArgumentError(prefix + "the registry is null");
+  const std::string what = absl::StrCat("Release(", module.Describe(), ")");
+  if (registry == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": the registry is null"));
+  }
   // Checks on this rank, then every rank agrees (NOTE [Agree before acting] in
   // fsdp/internal/unit_agreement.h) before the gathers.
   absl::StatusOr<std::vector<std::shared_ptr<Unit>>> checked =
-      CheckReleasable(module, registry, prefix);
-  RETURN_IF_ERROR(internal::AgreeAcrossUnitGroups(
-      module, registry, checked.status(), absl::StrCat("Release(", module.Describe(), ")")));
+      CheckReleasable(module, registry, what);
+  RETURN_IF_ERROR(internal::AgreeAcrossUnitGroups(module, registry, checked.status(), what));
   const std::vector<std::shared_ptr<Unit>>& units = *checked;
-  RETURN_IF_ERROR(Annotate(registry->runtime().FinishAllReductions(), prefix));
+  RETURN_IF_ERROR(core::Annotate(registry->runtime().FinishAllReductions(), what));
   // Every unit gathers (a collective), even after another failed, so ranks stay in step.
   absl::Status status;
   for (const auto& u : units) {
     const core::Module* root = u->module_ptr();
     absl::Status s = u->Release();
     if (!s.ok()) {
-      if (status.ok()) status = Annotate(s, prefix);
+      if (status.ok()) status = core::Annotate(s, what);
       continue;
     }
     ++registry->mutable_counters().units_released;

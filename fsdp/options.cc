@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/status_macros.h"
 
 namespace fsdp {
 namespace {
@@ -55,8 +56,8 @@ std::string ShardingStrategyName(ShardingStrategy strategy) {
 }
 
 absl::Status FullyShardOptions::Validate(int group_size) const {
-  if (absl::Status s = ValidatePolicy("policy", policy); !s.ok()) return s;
-  if (absl::Status s = ValidatePolicy("checkpoint_policy", checkpoint_policy); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidatePolicy("policy", policy));
+  RETURN_IF_ERROR(ValidatePolicy("checkpoint_policy", checkpoint_policy));
   if (strategy == ShardingStrategy::kHybridShard) {
     if (hybrid_shard_size < 1 || group_size % hybrid_shard_size != 0) {
       return absl::InvalidArgumentError(absl::StrCat(

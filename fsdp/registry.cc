@@ -150,8 +150,7 @@ absl::StatusOr<UnitGroups> WrapperRegistry::GroupsFor(
         comm::TreeReducer::Create(group, options.timeout);
     if (!tree.ok()) {
       tree_cache_.erase(group.get());
-      return absl::Status(tree.status().code(), absl::StrCat("FullyShardOptions.deterministic: ",
-                                                             tree.status().message()));
+      return core::Annotate(tree.status(), "FullyShardOptions.deterministic");
     }
     cached = CachedTree{group, std::shared_ptr<comm::TreeReducer>(*std::move(tree))};
   }
@@ -192,8 +191,7 @@ absl::StatusOr<UnitGroups> WrapperRegistry::ShardingGroupsFor(
     if (g.ok()) {
       out.shard = *std::move(g);
     } else if (!absl::IsNotFound(g.status())) {
-      return absl::Status(g.status().code(),
-                          absl::StrCat("HYBRID_SHARD shard group ", k, ": ", g.status().message()));
+      return core::Annotate(g.status(), absl::StrCat("HYBRID_SHARD shard group ", k));
     }
   }
   for (int j = 0; j < shard_size; ++j) {
@@ -203,8 +201,7 @@ absl::StatusOr<UnitGroups> WrapperRegistry::ShardingGroupsFor(
     if (g.ok()) {
       out.replicate = *std::move(g);
     } else if (!absl::IsNotFound(g.status())) {
-      return absl::Status(g.status().code(), absl::StrCat("HYBRID_SHARD replicate group ", j,
-                                                          ": ", g.status().message()));
+      return core::Annotate(g.status(), absl::StrCat("HYBRID_SHARD replicate group ", j));
     }
   }
   group_cache_[key] = CachedGroups{group, out};

@@ -203,8 +203,7 @@ absl::StatusOr<LoadPlan> PlanFullLoad(core::Module& module, WrapperRegistry* reg
       if (slice.empty()) continue;
       absl::StatusOr<core::Tensor> part = v.Flat().View(slice.begin, {slice.numel()});
       if (!part.ok()) {
-        return absl::Status(part.status().code(),
-                            absl::StrCat(prefix, "key '", name, "': ", part.status().message()));
+        return core::Annotate(part.status(), absl::StrCat(prefix, "key '", name, "'"));
       }
       values = *std::move(part);
     }
@@ -264,12 +263,12 @@ absl::StatusOr<LoadPlan> PlanShardedLoad(core::Module& module, WrapperRegistry* 
 }
 
 // Reshards and copies every planned value into this rank's parameters and shards.
-absl::Status ApplyLoad(const LoadPlan& plan, const std::string& prefix) {
+absl::Status ApplyLoad(const LoadPlan& plan, const std::string& what) {
   RETURN_IF_ERROR(ReshardAll(plan.where));
   for (const Write& w : plan.writes) {
     absl::Status s = w.unit != nullptr ? w.unit->WriteShard(w.shard_offset, w.values)
                                        : w.param->data.CopyFrom(w.values);
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
+    if (!s.ok()) return core::Annotate(s, what);
   }
   return absl::OkStatus();
 }
@@ -278,11 +277,10 @@ absl::Status ApplyLoad(const LoadPlan& plan, const std::string& prefix) {
 // fsdp/internal/unit_agreement.h): every rank returns the same outcome, and nothing is
 // written anywhere unless every rank's dict fits.
 absl::Status Load(core::Module& module, WrapperRegistry* registry,
-                  const absl::StatusOr<LoadPlan>& plan, const std::string& what,
-                  const std::string& prefix) {
+                  const absl::StatusOr<LoadPlan>& plan, const std::string& what) {
   RETURN_IF_ERROR(internal::AgreeAcrossUnitGroups(module, registry, plan.status(),
                                                   absl::StrCat(what, ", validating")));
-  return internal::AgreeAcrossUnitGroups(module, registry, ApplyLoad(*plan, prefix),
+  return internal::AgreeAcrossUnitGroups(module, registry, ApplyLoad(*plan, what),
                                          absl::StrCat(what, ", writing"));
 }
 
@@ -292,14 +290,14 @@ absl::Status LoadFullStateDict(core::Module& module, WrapperRegistry* registry,
                                const StateDict& dict) {
   const std::string what = absl::StrCat("LoadFullStateDict(", module.Describe(), ")");
   const std::string prefix = what + ": ";
-  return Load(module, registry, PlanFullLoad(module, registry, dict, prefix), what, prefix);
+  return Load(module, registry, PlanFullLoad(module, registry, dict, prefix), what);
 }
 
 absl::Status LoadShardedStateDict(core::Module& module, WrapperRegistry* registry,
                                   const std::vector<ShardedTensor>& dict) {
   const std::string what = absl::StrCat("LoadShardedStateDict(", module.Describe(), ")");
   const std::string prefix = what + ": ";
-  return Load(module, registry, PlanShardedLoad(module, registry, dict, prefix), what, prefix);
+  return Load(module, registry, PlanShardedLoad(module, registry, dict, prefix), what);
 }
 
 }  // namespace fsdp

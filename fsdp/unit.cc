@@ -174,7 +174,7 @@ void Unit::ResetCommTiming() {
 }
 
 absl::Status Unit::Fail(const absl::Status& status) {
-  failure_ = absl::Status(status.code(), absl::StrCat("fsdp unit ", label_, ": ", status.message()));
+  failure_ = core::Annotate(status, absl::StrCat("fsdp unit ", label_));
   state_ = UnitState::kFailed;
   return failure_;
 }
@@ -415,10 +415,8 @@ absl::Status Unit::ReduceDeterministic() {
   if (no_sync_) return absl::OkStatus();
   absl::StatusOr<core::Tensor> partial = micro_batches_.Finish();
   if (!partial.ok()) {
-    return Fail(absl::Status(partial.status().code(),
-                             absl::StrCat("FullyShardOptions.deterministic: the micro-batches of "
-                                          "a step: ",
-                                          partial.status().message())));
+    return Fail(core::Annotate(partial.status(),
+                               "FullyShardOptions.deterministic: the micro-batches of a step"));
   }
   if (groups_.tree == nullptr) {
     reduce_output_ = *std::move(partial);  // one rank: the sum is the shard

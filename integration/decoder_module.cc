@@ -71,8 +71,7 @@ absl::Status DecoderTrainModule::Init(const DecoderTrainOptions& options, Decode
                               const char* option) -> absl::StatusOr<data::TokenFile> {
       absl::StatusOr<data::TokenFile> f = data::TokenFile::Open(path);
       if (!f.ok()) {
-        return absl::Status(f.status().code(),
-                            absl::StrCat(name, ".", option, ": ", f.status().message()));
+        return core::Annotate(f.status(), absl::StrCat(name, ".", option));
       }
       return f;
     };

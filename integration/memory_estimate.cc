@@ -8,6 +8,7 @@
 #include "absl/strings/strip.h"
 #include "core/format_bytes.h"
 #include "core/host_memory.h"
+#include "core/status_macros.h"
 
 namespace integration {
 namespace {
@@ -178,7 +179,7 @@ std::string MemoryEstimate::Describe() const {
 }
 
 absl::StatusOr<MemoryEstimate> EstimateMemory(const MemoryEstimateInput& input) {
-  if (absl::Status s = Validate(input); !s.ok()) return s;
+  RETURN_IF_ERROR(Validate(input));
   Checked c;
   const ModelSizes& m = input.model;
   const int64_t g = ShardGroupSize(input);

@@ -36,10 +36,6 @@ class FirstError : public google::protobuf::io::ErrorCollector {
   std::string text_;
 };
 
-absl::Status Prefixed(const absl::Status& status, absl::string_view prefix) {
-  return absl::Status(status.code(), absl::StrCat(prefix, ": ", status.message()));
-}
-
 absl::StatusOr<core::DType> ParseFloatDType(const std::string& name, absl::string_view field) {
   if (name == "float32") return core::DType::kFloat32;
   if (name == "bfloat16") return core::DType::kBFloat16;
@@ -189,7 +185,7 @@ absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config,
   StageOptions options = base;
   if (config.has_policy()) {
     absl::StatusOr<policy::ConfiguredPolicy> built = policy::BuildPolicy(config.policy());
-    if (!built.ok()) return Prefixed(built.status(), "StageConfig.policy");
+    if (!built.ok()) return core::Annotate(built.status(), "StageConfig.policy");
     options.wrap.policy = built->policy;
     options.wrap.ignored_paths = built->ignored_paths;
   }
@@ -201,12 +197,12 @@ absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config,
     }
     absl::StatusOr<policy::ConfiguredPolicy> built =
         policy::BuildPolicy(config.checkpoint_policy());
-    if (!built.ok()) return Prefixed(built.status(), "StageConfig.checkpoint_policy");
+    if (!built.ok()) return core::Annotate(built.status(), "StageConfig.checkpoint_policy");
     options.wrap.checkpoint_policy = built->policy;
   }
   if (config.has_strategy()) {
     absl::StatusOr<fsdp::ShardingStrategy> s = ParseShardingStrategy(config.strategy());
-    if (!s.ok()) return Prefixed(s.status(), "StageConfig.strategy");
+    if (!s.ok()) return core::Annotate(s.status(), "StageConfig.strategy");
     options.wrap.strategy = *s;
   }
   if (config.has_hybrid_shard_size()) options.wrap.hybrid_shard_size = config.hybrid_shard_size();
@@ -266,7 +262,7 @@ absl::StatusOr<StageOptions> ParseStageOptions(absl::string_view text,
 absl::StatusOr<StageConfig> ReadStageConfigFile(const std::string& path) {
   ASSIGN_OR_RETURN(std::string contents, core::ReadTextFile(path, "stage config"));
   absl::StatusOr<StageConfig> config = ParseStageConfig(contents);
-  if (!config.ok()) return Prefixed(config.status(), path);
+  if (!config.ok()) return core::Annotate(config.status(), path);
   return config;
 }
 
@@ -274,7 +270,7 @@ absl::StatusOr<StageOptions> ReadStageOptionsFile(const std::string& path,
                                                  const StageOptions& base) {
   ASSIGN_OR_RETURN(const StageConfig config, ReadStageConfigFile(path));
   absl::StatusOr<StageOptions> options = StageOptionsFromProto(config, base);
-  if (!options.ok()) return Prefixed(options.status(), path);
+  if (!options.ok()) return core::Annotate(options.status(), path);
   return options;
 }
 

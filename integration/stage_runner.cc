@@ -44,11 +44,6 @@ std::string RankPeaks(const RankMemory& m) {
   return absl::StrJoin(parts, " ");
 }
 
-absl::Status Annotate(const absl::Status& status, absl::string_view what) {
-  if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
-}
-
 }  // namespace
 
 std::string FormatProgress(const Progress& p) {
@@ -122,8 +117,8 @@ absl::Status StageRunner::EnsureOptimizer(TrainModule& module, ModelState& state
   absl::StatusOr<std::unique_ptr<optim::Optimizer>> made =
       module.ConfigureOptimizer(model->NamedParameters());
   if (!made.ok()) {
-    return Annotate(made.status(),
-                    absl::StrCat("TrainModule::ConfigureOptimizer for ", model->Describe()));
+    return core::Annotate(made.status(),
+                          absl::StrCat("TrainModule::ConfigureOptimizer for ", model->Describe()));
   }
   if (*made == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -179,7 +174,7 @@ absl::StatusOr<StageReport> StageRunner::BeginStage(Stage stage, TrainModule& mo
   report.stage = stage;
   if (wrap) {
     absl::StatusOr<WrapReport> wrapped = Wrap(module);
-    if (!wrapped.ok()) return Annotate(wrapped.status(), StageName(stage));
+    if (!wrapped.ok()) return core::Annotate(wrapped.status(), StageName(stage));
     report.wrap = *wrapped;
   } else {
     report.wrap.skipped = true;
@@ -227,17 +222,18 @@ absl::Status StageRunner::AccumulateMicroBatches(TrainModule& module, core::Modu
     }
     absl::StatusOr<StepOutput> out = module.TrainingStep(ctx);
     if (!out.ok()) {
-      return Annotate(out.status(),
-                      k == 1 ? absl::StrCat("fit: TrainingStep at step ", ctx.step)
-                             : absl::StrCat("fit: TrainingStep at step ", ctx.step,
-                                            ", micro-batch ", j, " of ", k));
+      return core::Annotate(
+          out.status(), k == 1 ? absl::StrCat("fit: TrainingStep at step ", ctx.step)
+                               : absl::StrCat("fit: TrainingStep at step ", ctx.step,
+                                              ", micro-batch ", j, " of ", k));
     }
     parts->push_back(*std::move(out));
   }
   if (k == 1 && deterministic == 0) return absl::OkStatus();
   const int scale = deterministic > 0 ? deterministic : k;
-  return Annotate(fsdp::ScaleGrads(model, registry_.get(), 1.0 / scale),
-                  absl::StrCat("fit: mean of the micro-batches' gradients at step ", ctx.step));
+  return core::Annotate(
+      fsdp::ScaleGrads(model, registry_.get(), 1.0 / scale),
+      absl::StrCat("fit: mean of the micro-batches' gradients at step ", ctx.step));
 }
 
 namespace {
@@ -254,8 +250,8 @@ absl::Status AppendLossPairs(std::vector<StepOutput>& parts, bool per_micro_batc
     if (part.read_loss) {
       absl::StatusOr<double> loss = part.read_loss();
       if (!loss.ok()) {
-        return Annotate(loss.status(), absl::StrCat("fit: reading the loss of global step ",
-                                                    global_step + 1, ", micro-batch ", j));
+        return core::Annotate(loss.status(), absl::StrCat("fit: reading the loss of global step ",
+                                                          global_step + 1, ", micro-batch ", j));
       }
       part.loss = *loss;
       part.read_loss = nullptr;
@@ -363,11 +359,12 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
       RETURN_IF_ERROR(
           fsdp::ClipGradNorm(*model, registry_.get(), options_.max_grad_norm).status());
     }
-    RETURN_IF_ERROR(Annotate(optimizer.Step(), absl::StrCat("fit: optimizer step ", ctx.step)));
+    RETURN_IF_ERROR(
+        core::Annotate(optimizer.Step(), absl::StrCat("fit: optimizer step ", ctx.step)));
     if (profile != nullptr) {
       profiling.reset();
-      RETURN_IF_ERROR(Annotate(profile->ResolveDeviceTimes(),
-                               absl::StrCat("fit: op profile of step ", ctx.step)));
+      RETURN_IF_ERROR(core::Annotate(profile->ResolveDeviceTimes(),
+                                     absl::StrCat("fit: op profile of step ", ctx.step)));
       result.profiled_ops = profile->records();
     }
     // Each rank's (loss x count, count) waits for the next report, where one all-gather
@@ -556,7 +553,7 @@ absl::StatusOr<EvalResult> StageRunner::Evaluate(Stage stage, TrainModule& modul
       // Forward only: checkpointed modules run plain (NOTE [Activation checkpointing]).
       core::NoGradScope no_grad;
       absl::StatusOr<StepOutput> out = module.EvaluationStep(ctx);
-      if (!out.ok()) return Annotate(out.status(), what);
+      if (!out.ok()) return core::Annotate(out.status(), what);
       if (out->count < 0) {
         return absl::InvalidArgumentError(
             absl::StrCat(what, ": StepOutput::count = ", out->count, " (must be >= 0)"));
@@ -627,7 +624,7 @@ absl::StatusOr<PredictResult> StageRunner::Predict(TrainModule& module,
     core::NoGradScope no_grad;  // forward only, as in Evaluate
     absl::StatusOr<core::Tensor> out = module.PredictStep(ctx);
     if (!out.ok()) {
-      return Annotate(out.status(), absl::StrCat("predict: PredictStep of batch ", b));
+      return core::Annotate(out.status(), absl::StrCat("predict: PredictStep of batch ", b));
     }
     result.outputs.push_back(*std::move(out));
   }
@@ -652,9 +649,9 @@ absl::Status StageRunner::SaveCheckpoint(TrainModule& module, const std::string&
   ModelState& state = StateOf(model);
   TrainingCheckpointOptions options = CheckpointOptions(module, state);
   options.simulate_crash = simulate_crash;
-  return Annotate(SaveTrainingCheckpoint(dir, *model, registry_.get(), state.optimizer.get(),
-                                         group_.get(), options),
-                  absl::StrCat("saving checkpoint '", dir, "'"));
+  return core::Annotate(SaveTrainingCheckpoint(dir, *model, registry_.get(), state.optimizer.get(),
+                                               group_.get(), options),
+                        absl::StrCat("saving checkpoint '", dir, "'"));
 }
 
 absl::Status StageRunner::SaveStepCheckpoint(TrainModule& module, int64_t step,
@@ -667,16 +664,17 @@ absl::Status StageRunner::SaveStepCheckpoint(TrainModule& module, int64_t step,
   TrainingCheckpointOptions save = CheckpointOptions(module, state);
   if (options_.testonly_write_error) save.simulate_write_error = options_.testonly_write_error(step);
   if (!options_.async_checkpoints) {
-    RETURN_IF_ERROR(Annotate(SaveTrainingCheckpoint(dir, *model, registry_.get(),
-                                                    state.optimizer.get(), group_.get(), save),
-                             absl::StrCat("saving checkpoint '", dir, "'")));
+    RETURN_IF_ERROR(
+        core::Annotate(SaveTrainingCheckpoint(dir, *model, registry_.get(), state.optimizer.get(),
+                                              group_.get(), save),
+                       absl::StrCat("saving checkpoint '", dir, "'")));
     return Committed(dir, step, result);
   }
   // This one's snapshot, then back to work.
   absl::StatusOr<std::unique_ptr<checkpoint::PendingSave>> pending = BeginTrainingCheckpoint(
       dir, *model, registry_.get(), state.optimizer.get(), group_.get(), save,
       /*background=*/true);
-  RETURN_IF_ERROR(Annotate(pending.status(), absl::StrCat("saving checkpoint '", dir, "'")));
+  RETURN_IF_ERROR(core::Annotate(pending.status(), absl::StrCat("saving checkpoint '", dir, "'")));
   pending_save_ = *std::move(pending);
   pending_step_ = step;
   return absl::OkStatus();
@@ -686,7 +684,7 @@ absl::Status StageRunner::FinishPendingSave(FitResult* result) {
   if (pending_save_ == nullptr) return absl::OkStatus();
   std::unique_ptr<checkpoint::PendingSave> pending = std::move(pending_save_);
   const std::string dir = pending->dir();
-  RETURN_IF_ERROR(Annotate(pending->Finish(), absl::StrCat("saving checkpoint '", dir, "'")));
+  RETURN_IF_ERROR(core::Annotate(pending->Finish(), absl::StrCat("saving checkpoint '", dir, "'")));
   return Committed(dir, pending_step_, result);
 }
 
@@ -704,7 +702,8 @@ absl::Status StageRunner::Committed(const std::string& dir, int64_t step, FitRes
   }
   const std::string what = absl::StrCat("fit: keeping the newest ", options_.keep_checkpoints,
                                         " checkpoints under '", options_.checkpoint_dir, "'");
-  return comm::AgreeOnStatus(group_.get(), Annotate(pruned, what), what, options_.wrap.timeout);
+  return comm::AgreeOnStatus(group_.get(), core::Annotate(pruned, what), what,
+                             options_.wrap.timeout);
 }
 
 absl::StatusOr<LoadedCheckpoint> StageRunner::LoadCheckpoint(TrainModule& module,
@@ -748,7 +747,7 @@ absl::StatusOr<LoadedCheckpoint> StageRunner::LoadCheckpoint(
           "--resume_allow_data_change, loads anyway)"));
     }
     RETURN_IF_ERROR(comm::AgreeOnStatus(
-        group_.get(), Annotate(checked, absl::StrCat("loading checkpoint '", dir, "'")),
+        group_.get(), core::Annotate(checked, absl::StrCat("loading checkpoint '", dir, "'")),
         absl::StrCat("comparing the data of checkpoint '", dir, "'"), options_.wrap.timeout));
   }
   RETURN_IF_ERROR(Wrap(module).status());
@@ -759,8 +758,7 @@ absl::StatusOr<LoadedCheckpoint> StageRunner::LoadCheckpoint(
   // A damaged file fails only the ranks that read it: every rank learns the outcome
   // before the next collective, and all return the failing rank's error.
   RETURN_IF_ERROR(comm::AgreeOnStatus(
-      group_.get(),
-      Annotate(loaded.status(), absl::StrCat("loading checkpoint '", dir, "'")),
+      group_.get(), core::Annotate(loaded.status(), absl::StrCat("loading checkpoint '", dir, "'")),
       absl::StrCat("loading checkpoint '", dir, "'"), options_.wrap.timeout));
   state.global_step = loaded->step;
   loaded->data_identity_changes = std::move(data.changes);

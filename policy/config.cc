@@ -52,10 +52,6 @@ std::string PolicyDepthHint() {
 
 namespace {
 
-absl::Status Prefixed(const absl::Status& s, absl::string_view prefix) {
-  return absl::Status(s.code(), absl::StrCat(prefix, ": ", s.message()));
-}
-
 // Builds the expression `config` found at `where`, `depth` levels below the top. The
 // recursion is bounded: deeper than kMaxPolicyDepth is an error before recursing.
 absl::StatusOr<WrapPolicyPtr> BuildExpression(const WrapPolicyConfig& config,
@@ -104,7 +100,7 @@ absl::StatusOr<WrapPolicyPtr> BuildExpression(const WrapPolicyConfig& config,
     absl::StatusOr<WrapPolicyPtr> made = registry.Create(config.name(), params);
     if (!made.ok() && (made.status().code() == absl::StatusCode::kNotFound ||
                        made.status().code() == absl::StatusCode::kFailedPrecondition)) {
-      return Prefixed(made.status(), absl::StrCat(where, ".name"));
+      return core::Annotate(made.status(), absl::StrCat(where, ".name"));
     }
     return made;
   }
@@ -149,7 +145,7 @@ absl::StatusOr<WrapPolicyConfig> ParseWrapPolicyConfig(absl::string_view text) {
 absl::StatusOr<WrapPolicyConfig> ReadWrapPolicyConfigFile(const std::string& path) {
   ASSIGN_OR_RETURN(std::string contents, core::ReadTextFile(path, "policy config"));
   absl::StatusOr<WrapPolicyConfig> config = ParseWrapPolicyConfig(contents);
-  if (!config.ok()) return Prefixed(config.status(), path);
+  if (!config.ok()) return core::Annotate(config.status(), path);
   return config;
 }
 

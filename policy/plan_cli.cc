@@ -45,8 +45,7 @@ absl::StatusOr<ConfiguredPolicy> BuildCliPolicy(const PlanCliOptions& options,
     ASSIGN_OR_RETURN(WrapPolicyConfig config, ReadWrapPolicyConfigFile(options.policy_config));
     absl::StatusOr<ConfiguredPolicy> built = BuildPolicy(config, registry);
     if (!built.ok()) {
-      return absl::Status(built.status().code(),
-                          absl::StrCat(options.policy_config, ": ", built.status().message()));
+      return core::Annotate(built.status(), options.policy_config);
     }
     return built;
   }
@@ -81,10 +80,9 @@ absl::StatusOr<std::shared_ptr<core::Module>> BuildCliModel(const PlanCliOptions
   if (options.model == "gpt") {
     absl::StatusOr<std::shared_ptr<nn::Gpt>> gpt = nn::Gpt::Create(options.gpt);
     if (!gpt.ok()) {
-      return absl::Status(gpt.status().code(),
-                          absl::StrCat("--model=gpt (sizes from --vocab_size, --block_size, "
-                                       "--n_embd, --n_layer, --n_head): ",
-                                       gpt.status().message()));
+      return core::Annotate(
+          gpt.status(),
+          "--model=gpt (sizes from --vocab_size, --block_size, --n_embd, --n_layer, --n_head)");
     }
     return std::shared_ptr<core::Module>(*std::move(gpt));
   }
@@ -106,9 +104,8 @@ absl::StatusOr<std::shared_ptr<core::Module>> BuildCliModel(const PlanCliOptions
     // Linear cannot return errors: a layer too large to allocate is recorded instead.
     absl::Status allocated = mlp->ConstructionStatus();
     if (!allocated.ok()) {
-      return absl::Status(allocated.code(),
-                          absl::StrCat("--mlp_sizes=", absl::StrJoin(options.mlp_sizes, ","),
-                                       ": ", allocated.message()));
+      return core::Annotate(allocated,
+                            absl::StrCat("--mlp_sizes=", absl::StrJoin(options.mlp_sizes, ",")));
     }
     return mlp;
   }

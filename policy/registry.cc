@@ -147,7 +147,7 @@ absl::StatusOr<WrapPolicyPtr> PolicyRegistry::Create(absl::string_view name,
   }
   absl::Status valid = (*made)->Validate();
   if (!valid.ok()) {
-    return absl::Status(valid.code(), absl::StrCat(named.context(), ": ", valid.message()));
+    return core::Annotate(valid, named.context());
   }
   return made;
 }

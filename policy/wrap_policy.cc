@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/status_macros.h"
 
 namespace policy {
 
@@ -204,7 +205,7 @@ class CombinatorPolicy : public WrapPolicy {
       }
       absl::Status s = children_[i]->Validate();
       if (!s.ok()) {
-        return absl::Status(s.code(), absl::StrCat(op_, "[", i, "]: ", s.message()));
+        return core::Annotate(s, absl::StrCat(op_, "[", i, "]"));
       }
     }
     return absl::OkStatus();
@@ -269,9 +270,7 @@ class NotPolicy : public WrapPolicy {
   }
   absl::Status Validate() const override {
     if (child_ == nullptr) return absl::InvalidArgumentError("not: the policy is null");
-    absl::Status s = child_->Validate();
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("not: ", s.message()));
-    return absl::OkStatus();
+    return core::Annotate(child_->Validate(), "not");
   }
 
  private:

@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/status_macros.h"
 #include "core/text_file.h"
 
 namespace checkpoint {
@@ -301,12 +302,8 @@ absl::Status RenameAside(const std::string& staged, const std::string& target,
     if (!aside.empty()) ::rename(aside.c_str(), target.c_str());
     return error;
   }
-  absl::Status s = SyncDirectory(parent);
-  if (!s.ok()) return s;
-  if (after_swap) {
-    s = after_swap();
-    if (!s.ok()) return s;
-  }
+  RETURN_IF_ERROR(SyncDirectory(parent));
+  if (after_swap) RETURN_IF_ERROR(after_swap());
   if (!aside.empty()) return RemoveRecursively(aside);
   return absl::OkStatus();
 }
@@ -320,12 +317,8 @@ absl::Status CommitDirectory(const std::string& staged, const std::string& targe
   for (int attempt = 0; attempt < 10; ++attempt) {
     // Swap with an existing target...
     if (::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
-      absl::Status s = SyncDirectory(parent);
-      if (!s.ok()) return s;
-      if (after_swap) {
-        s = after_swap();
-        if (!s.ok()) return s;
-      }
+      RETURN_IF_ERROR(SyncDirectory(parent));
+      if (after_swap) RETURN_IF_ERROR(after_swap());
       // `staged` now names the old directory.
       return RemoveRecursively(staged);
     }
@@ -338,8 +331,7 @@ absl::Status CommitDirectory(const std::string& staged, const std::string& targe
     // ...or, with none there, move into place without replacing one that appears
     // meanwhile (then try the exchange again).
     if (::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE) == 0) {
-      absl::Status s = SyncDirectory(parent);
-      if (!s.ok()) return s;
+      RETURN_IF_ERROR(SyncDirectory(parent));
       if (after_swap) return after_swap();
       return absl::OkStatus();
     }

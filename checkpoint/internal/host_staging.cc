@@ -12,23 +12,14 @@
 
 namespace checkpoint {
 namespace internal {
-namespace {
-
-// `s` with `what` in front of its message.
-absl::Status Named(const absl::Status& s, const std::string& what) {
-  if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
-}
-
-}  // namespace
 
 absl::StatusOr<core::Tensor> PinnedStaging(int64_t numel, core::DType dtype,
                                            const std::string& what) {
   absl::StatusOr<core::PinnedBuffer> buffer =
       core::PinnedBuffer::Allocate(numel * core::DTypeSize(dtype), kStagingTag);
-  if (!buffer.ok()) return Named(buffer.status(), what);
+  if (!buffer.ok()) return core::Annotate(buffer.status(), what);
   absl::StatusOr<core::Tensor> t = buffer->AsTensor(0, {numel}, dtype);
-  if (!t.ok()) return Named(t.status(), what);
+  if (!t.ok()) return core::Annotate(t.status(), what);
   return t;
 }
 
@@ -41,7 +32,7 @@ absl::StatusOr<HostBytes> HostBytes::Of(const core::Tensor& t, core::DType dtype
       out.cpu_ = t;
     } else {
       absl::StatusOr<core::Tensor> c = t.ToDType(dtype, core::MemoryTag::kOther);
-      if (!c.ok()) return Named(c.status(), what);
+      if (!c.ok()) return core::Annotate(c.status(), what);
       out.cpu_ = *std::move(c);
     }
     return out;
@@ -64,7 +55,7 @@ absl::StatusOr<HostBytes> HostBytes::Of(const core::Tensor& t, core::DType dtype
     return out;
   }
   ASSIGN_OR_RETURN(out.cpu_, PinnedStaging(t.numel(), dtype, what));
-  RETURN_IF_ERROR(Named(out.cpu_.CopyFrom(raw), what));
+  RETURN_IF_ERROR(core::Annotate(out.cpu_.CopyFrom(raw), what));
   return out;
 #else
   return absl::UnavailableError(absl::StrCat(what, ": ", t.ToString(),
@@ -82,10 +73,10 @@ absl::Status CopyHostToTensor(const core::Tensor& dst, const core::Tensor& src,
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", src.numel(),
                                                    " elements into ", dst.ToString()));
   }
-  if (dst.device().is_cpu()) return Named(dst.CopyFrom(src), what);
+  if (dst.device().is_cpu()) return core::Annotate(dst.CopyFrom(src), what);
 #ifdef FSDP_WITH_CUDA
   ASSIGN_OR_RETURN(core::Tensor staged, PinnedStaging(dst.numel(), dst.dtype(), what));
-  RETURN_IF_ERROR(Named(staged.CopyFrom(src), what));  // converts on the host
+  RETURN_IF_ERROR(core::Annotate(staged.CopyFrom(src), what));  // converts on the host
   cudaError_t err = cudaSetDevice(dst.device().index);
   if (err == cudaSuccess && dst.nbytes() > 0) {
     // Synchronous: the pinned buffer may be freed when this returns.

@@ -32,11 +32,6 @@ std::map<const core::Parameter*, std::string> NamesByIdentity(const core::Module
   return out;
 }
 
-absl::Status Annotate(const absl::Status& status, const std::string& what) {
-  if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
-}
-
 std::vector<std::pair<std::string, core::Shape>> FullShapes(
     const std::vector<fsdp::ShardedTensor>& parts) {
   std::vector<std::pair<std::string, core::Shape>> out;
@@ -169,7 +164,7 @@ absl::StatusOr<std::unique_ptr<checkpoint::PendingSave>> BeginTrainingCheckpoint
   save.records[kTrainingRecordKey] = record.SerializeAsString();
   absl::StatusOr<std::unique_ptr<checkpoint::PendingSave>> pending =
       checkpoint::BeginSave(dir, slices, save, group, background);
-  RETURN_IF_ERROR(Annotate(pending.status(), where));
+  RETURN_IF_ERROR(core::Annotate(pending.status(), where));
   return pending;
 }
 
@@ -181,8 +176,8 @@ absl::Status SaveTrainingCheckpoint(const std::string& dir, core::Module& model,
   ASSIGN_OR_RETURN(std::unique_ptr<checkpoint::PendingSave> pending,
                    BeginTrainingCheckpoint(dir, model, registry, optimizer, group, options,
                                            /*background=*/false));
-  return Annotate(pending->Finish(),
-                  absl::StrCat("SaveTrainingCheckpoint('", dir, "', ", model.Describe(), ")"));
+  return core::Annotate(pending->Finish(), absl::StrCat("SaveTrainingCheckpoint('", dir, "', ",
+                                                        model.Describe(), ")"));
 }
 
 namespace {
@@ -343,7 +338,7 @@ absl::StatusOr<LoadedCheckpoint> LoadTrainingCheckpoint(const std::string& dir,
   const bool strict = options.mode == LoadMode::kStrict;
   ASSIGN_OR_RETURN(checkpoint::CheckpointInfo info, checkpoint::ReadMetadata(dir));
   absl::StatusOr<TrainingRecord> read = ReadRecord(info, dir);
-  if (!read.ok()) return Annotate(read.status(), where);
+  if (!read.ok()) return core::Annotate(read.status(), where);
   const TrainingRecord& record = *read;
   LoadedCheckpoint out = InfoFrom(info, record);
   if (optimizer != nullptr) {
@@ -464,8 +459,8 @@ absl::StatusOr<LoadedCheckpoint> LoadTrainingCheckpoint(const std::string& dir,
   absl::StatusOr<checkpoint::LoadStats> stats = checkpoint::Load(dir, requests);
   RETURN_IF_ERROR(fsdp::internal::AgreeAcrossUnitGroups(model, registry, stats.status(), where));
   out.bytes_read = stats->bytes_read;
-  RETURN_IF_ERROR(Annotate(fsdp::LoadShardedStateDict(model, registry, parts), where));
-  if (optimizer != nullptr) RETURN_IF_ERROR(Annotate(optimizer->LoadState(state), where));
+  RETURN_IF_ERROR(core::Annotate(fsdp::LoadShardedStateDict(model, registry, parts), where));
+  if (optimizer != nullptr) RETURN_IF_ERROR(core::Annotate(optimizer->LoadState(state), where));
   return out;
 }
 

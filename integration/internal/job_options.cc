@@ -456,20 +456,17 @@ absl::StatusOr<JobOptions> ResolveHfDirs(const JobOptions& flags) {
   }
   if (job.hf_dir.empty()) return job;
   // Errors of config.json's readers name the file; say which flag or field named it.
-  auto named = [&](const absl::Status& s) {
-    return absl::Status(s.code(), absl::StrCat(job.hf_dir_name, ": ", s.message()));
-  };
   absl::StatusOr<checkpoint::HfModelType> type = checkpoint::ReadHfModelType(job.hf_dir);
-  if (!type.ok()) return named(type.status());
+  if (!type.ok()) return core::Annotate(type.status(), job.hf_dir_name);
   if (*type == checkpoint::HfModelType::kGpt2) {
     absl::StatusOr<nn::GptConfig> config = checkpoint::ReadHfGpt2Config(job.hf_dir);
-    if (!config.ok()) return named(config.status());
+    if (!config.ok()) return core::Annotate(config.status(), job.hf_dir_name);
     job.model_kind = "gpt";
     job.gpt = *config;
     job.gpt.seed = flags.gpt.seed;
   } else {
     absl::StatusOr<nn::LlamaConfig> config = checkpoint::ReadHfLlamaConfig(job.hf_dir);
-    if (!config.ok()) return named(config.status());
+    if (!config.ok()) return core::Annotate(config.status(), job.hf_dir_name);
     job.model_kind = "llama";
     job.llama = *config;
     job.llama.seed = flags.llama.seed;
