@@ -274,6 +274,159 @@ absl::Status AppendLossPairs(std::vector<StepOutput>& parts, bool per_micro_batc
 
 }  // namespace
 
+// The report of the fit's steps since the last one (NOTE [Deferred loss]: their losses read
+// now; one all-gather for all of them, which also carries rank 0's checkpoint_every_minutes
+// decision and every rank's NOTE [Asynchronous save] write flag), the save it lets commit, the
+// losses checked finite, and the progress line.
+absl::Status StageRunner::ReportFitSteps(TrainModule& module, const core::Module& model,
+                                         int64_t done, int64_t num_steps, int64_t global_step,
+                                         FitLoop* loop, FitResult* result) {
+  std::vector<double> pending;
+  for (size_t s = 0; s < loop->unreported.size(); ++s) {
+    RETURN_IF_ERROR(AppendLossPairs(
+        loop->unreported[s], options_.deterministic_micro_batches > 0,
+        global_step - static_cast<int64_t>(loop->unreported.size() - s), &pending));
+  }
+  loop->unreported.clear();
+  // Whether checkpoint_every_minutes have passed: rank 0's clock decides, its flag riding
+  // at the end of the report's all-gather.
+  const bool ask_time = loop->periodic && options_.checkpoint_every_minutes > 0;
+  if (ask_time) {
+    pending.push_back(NowSeconds() - loop->last_save_time >= 60 * options_.checkpoint_every_minutes);
+  }
+  // NOTE [Asynchronous save]: whether each rank's background write has ended (every rank
+  // has a save in flight or none: they begin at the same steps).
+  const bool ask_write = pending_save_ != nullptr;
+  if (ask_write) pending.push_back(pending_save_->WriteDone());
+  ASSIGN_OR_RETURN(std::vector<std::vector<double>> all, AllGatherDoubles(pending));
+  bool writes_done = true;
+  if (ask_write) {
+    for (std::vector<double>& r : all) {
+      writes_done = writes_done && r.back() != 0;
+      r.pop_back();
+    }
+    pending.pop_back();
+  }
+  if (ask_time) {
+    loop->time_due = all[0].back() != 0;
+    for (std::vector<double>& r : all) r.pop_back();
+    pending.pop_back();
+  }
+  if (ask_write && writes_done) RETURN_IF_ERROR(FinishPendingSave(result));
+  // Pairs per step on each rank: 1, or its deterministic micro-batches.
+  const size_t per_step = options_.deterministic_micro_batches > 0
+                              ? options_.deterministic_micro_batches / group_->size()
+                              : 1;
+  const int64_t first =
+      global_step - static_cast<int64_t>(pending.size() / (2 * per_step));
+  double items_since_report = 0;
+  for (size_t k = 0; k < pending.size(); k += 2 * per_step) {
+    double weighted = 0, count = 0;
+    for (const auto& r : all) {  // rank order, then micro-batch order
+      for (size_t j = 0; j < 2 * per_step; j += 2) {
+        weighted += r[k + j];
+        count += r[k + j + 1];
+      }
+    }
+    const double loss = count > 0 ? weighted / count : NAN;
+    if (!std::isfinite(loss)) {
+      return absl::InternalError(absl::StrCat(
+          "fit: the loss of ", model.Describe(), " is ", loss, " at global step ",
+          first + static_cast<int64_t>(k / (2 * per_step)) + 1,
+          " (training diverged; lower the learning rate)"));
+    }
+    result->losses.push_back(loss);
+    items_since_report += count;
+  }
+  loop->items_total += items_since_report;
+  const size_t reported_steps = pending.size() / (2 * per_step);
+  pending.clear();
+  Progress p;
+  p.step = done;
+  p.steps = num_steps;
+  p.global_step = global_step;
+  p.loss = result->losses.back();
+  p.losses.assign(result->losses.end() - static_cast<int64_t>(reported_steps),
+                  result->losses.end());
+  p.count_unit = module.CountUnit();
+  p.committed_step = committed_step_;
+  const double now = NowSeconds();
+  p.items_per_second = items_since_report / std::max(1e-9, now - loop->last_report_time);
+  ASSIGN_OR_RETURN(p.memory, GatherMemory());
+  if (group_->rank() == 0) {
+    if (progress_callback_) {
+      progress_callback_(p);
+    } else if (google::IsGoogleLoggingInitialized()) {
+      LOG(INFO) << FormatProgress(p);
+    } else {
+      std::printf("%s\n", FormatProgress(p).c_str());
+      std::fflush(stdout);
+    }
+  }
+  loop->last_report_time = NowSeconds();
+  return absl::OkStatus();
+}
+
+// NOTE [Periodic checkpoints]: Fit's one save replaces checkpoint_dir whole; refused before
+// training if that would delete an earlier run's step checkpoints (rank 0 looks; all agree).
+absl::Status StageRunner::CheckCheckpointDirFree() {
+  absl::Status free = absl::OkStatus();
+  if (group_->rank() == 0) {
+    absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> steps =
+        checkpoint::ListStepCheckpoints(options_.checkpoint_dir);
+    free = steps.status();
+    if (free.ok() && !steps->empty()) {
+      free = absl::FailedPreconditionError(absl::StrCat(
+          "fit: StageOptions.checkpoint_dir '", options_.checkpoint_dir, "' holds ",
+          steps->size(), " step checkpoints (the newest ", steps->back().second,
+          "), which the save at the end of this fit would replace; set "
+          "checkpoint_every_steps or checkpoint_every_minutes to add to them, or choose "
+          "another checkpoint_dir"));
+    }
+  }
+  return comm::AgreeOnStatus(group_.get(), free, "fit: checking checkpoint_dir",
+                             options_.wrap.timeout);
+}
+
+// Step `i` of the fit at `global_step`: its learning rate, the micro-batches' forward and
+// backward (their outputs appended to `parts`), clipping and the optimizer step, profiled when
+// it is StageOptions::profile_step.
+absl::Status StageRunner::RunFitStep(TrainModule& module, core::Module& model,
+                                     optim::Optimizer& optimizer, int64_t i, int64_t global_step,
+                                     std::vector<StepOutput>* parts, FitResult* result) {
+  // StageOptions::profile_step: this step's ops, from the TrainingStep to the optimizer.
+  std::unique_ptr<core::OpProfile> profile;
+  std::optional<core::ScopedOpProfile> profiling;
+  if (i == options_.profile_step) {
+    profile = std::make_unique<core::OpProfile>();
+    profiling.emplace(profile.get());
+  }
+  StepContext ctx;
+  ctx.stage = Stage::kFit;
+  ctx.step = global_step;
+  ctx.rank = group_->rank();
+  ctx.world_size = group_->size();
+  ctx.batch_size = options_.train_batch_size;
+  if (std::optional<double> lr = module.LearningRate(ctx.step)) optimizer.set_lr(*lr);
+  // set_to_none: the units restart the dropped gradients from zero in one memset per
+  // run of adjacent slices (NOTE [Gradient reduction] in fsdp/unit.h), not one per grad.
+  optimizer.ZeroGrad(/*set_to_none=*/true);
+  RETURN_IF_ERROR(AccumulateMicroBatches(module, model, ctx, parts));
+  if (options_.max_grad_norm > 0) {
+    RETURN_IF_ERROR(
+        fsdp::ClipGradNorm(model, registry_.get(), options_.max_grad_norm).status());
+  }
+  RETURN_IF_ERROR(
+      core::Annotate(optimizer.Step(), absl::StrCat("fit: optimizer step ", ctx.step)));
+  if (profile != nullptr) {
+    profiling.reset();
+    RETURN_IF_ERROR(core::Annotate(profile->ResolveDeviceTimes(),
+                                   absl::StrCat("fit: op profile of step ", ctx.step)));
+    result->profiled_ops = profile->records();
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
   ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, ModelOf(module));
   if ((options_.grad_accumulation > 1 ||
@@ -293,11 +446,11 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
                 : (options_.max_steps > 0 ? std::max<int64_t>(0, options_.max_steps - state.global_step)
                                           : options_.fit_steps);
   RETURN_IF_ERROR(EnsureOptimizer(module, state, model));
-  optim::Optimizer& optimizer = *state.optimizer;
 
   result.first_step = state.global_step;
   committed_step_ = -1;
-  double last_report_time = NowSeconds();
+  FitLoop loop;
+  loop.last_report_time = NowSeconds();
   // A Fit that fails with a save in flight drops it: its write awaited, its temporary
   // directory removed, nothing committed (NOTE [Asynchronous save]).
   struct DropPendingSave {
@@ -308,163 +461,32 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
   const bool periodic =
       !options_.checkpoint_dir.empty() &&
       (options_.checkpoint_every_steps > 0 || options_.checkpoint_every_minutes > 0);
-  double last_save_time = last_report_time;
+  loop.periodic = periodic;
+  loop.last_save_time = loop.last_report_time;
   int64_t last_saved_step = -1;
-  if (!options_.checkpoint_dir.empty() && !periodic) {
-    // Fit's one save replaces checkpoint_dir whole: refuse before training if that would
-    // delete an earlier run's step checkpoints.
-    absl::Status free = absl::OkStatus();
-    if (group_->rank() == 0) {
-      absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> steps =
-          checkpoint::ListStepCheckpoints(options_.checkpoint_dir);
-      free = steps.status();
-      if (free.ok() && !steps->empty()) {
-        free = absl::FailedPreconditionError(absl::StrCat(
-            "fit: StageOptions.checkpoint_dir '", options_.checkpoint_dir, "' holds ",
-            steps->size(), " step checkpoints (the newest ", steps->back().second,
-            "), which the save at the end of this fit would replace; set "
-            "checkpoint_every_steps or checkpoint_every_minutes to add to them, or choose "
-            "another checkpoint_dir"));
-      }
-    }
-    RETURN_IF_ERROR(comm::AgreeOnStatus(group_.get(), free, "fit: checking checkpoint_dir",
-                                        options_.wrap.timeout));
-  }
-  double items_total = 0;
-  // Each step's micro-batch outputs since the last report, losses possibly still on the
-  // device (NOTE [Deferred loss]).
-  std::vector<std::vector<StepOutput>> unreported;
+  if (!options_.checkpoint_dir.empty() && !periodic) RETURN_IF_ERROR(CheckCheckpointDirFree());
   for (int64_t i = 0; i < num_steps; ++i) {
-    bool time_due = false;  // NOTE [Periodic checkpoints]: set at a report
-    // StageOptions::profile_step: this step's ops, from the TrainingStep to the optimizer.
-    std::unique_ptr<core::OpProfile> profile;
-    std::optional<core::ScopedOpProfile> profiling;
-    if (i == options_.profile_step) {
-      profile = std::make_unique<core::OpProfile>();
-      profiling.emplace(profile.get());
-    }
-    StepContext ctx;
-    ctx.stage = Stage::kFit;
-    ctx.step = state.global_step;
-    ctx.rank = group_->rank();
-    ctx.world_size = group_->size();
-    ctx.batch_size = options_.train_batch_size;
-    if (std::optional<double> lr = module.LearningRate(ctx.step)) optimizer.set_lr(*lr);
-    // set_to_none: the units restart the dropped gradients from zero in one memset per
-    // run of adjacent slices (NOTE [Gradient reduction] in fsdp/unit.h), not one per grad.
-    optimizer.ZeroGrad(/*set_to_none=*/true);
+    loop.time_due = false;  // NOTE [Periodic checkpoints]: set at a report
     std::vector<StepOutput> parts;
-    RETURN_IF_ERROR(AccumulateMicroBatches(module, *model, ctx, &parts));
-    if (options_.max_grad_norm > 0) {
-      RETURN_IF_ERROR(
-          fsdp::ClipGradNorm(*model, registry_.get(), options_.max_grad_norm).status());
-    }
-    RETURN_IF_ERROR(
-        core::Annotate(optimizer.Step(), absl::StrCat("fit: optimizer step ", ctx.step)));
-    if (profile != nullptr) {
-      profiling.reset();
-      RETURN_IF_ERROR(core::Annotate(profile->ResolveDeviceTimes(),
-                                     absl::StrCat("fit: op profile of step ", ctx.step)));
-      result.profiled_ops = profile->records();
-    }
+    RETURN_IF_ERROR(RunFitStep(module, *model, *state.optimizer, i, state.global_step, &parts,
+                               &result));
     // Each rank's (loss x count, count) waits for the next report, where one all-gather
     // averages every step since the last one: no collective of its own per step, and a
     // loss left on the device is read only then (NOTE [Deferred loss]). NOTE [Deterministic
     // training]: one pair per micro-batch, added in micro-batch order.
-    unreported.push_back(std::move(parts));
+    loop.unreported.push_back(std::move(parts));
     ++state.global_step;
 
     const int64_t done = i + 1;
     if ((options_.log_every > 0 && done % options_.log_every == 0) || done == num_steps) {
-      std::vector<double> pending;
-      for (size_t s = 0; s < unreported.size(); ++s) {
-        RETURN_IF_ERROR(AppendLossPairs(
-            unreported[s], options_.deterministic_micro_batches > 0,
-            state.global_step - static_cast<int64_t>(unreported.size() - s), &pending));
-      }
-      unreported.clear();
-      // Whether checkpoint_every_minutes have passed: rank 0's clock decides, its flag riding
-      // at the end of the report's all-gather.
-      const bool ask_time = periodic && options_.checkpoint_every_minutes > 0;
-      if (ask_time) {
-        pending.push_back(NowSeconds() - last_save_time >= 60 * options_.checkpoint_every_minutes);
-      }
-      // NOTE [Asynchronous save]: whether each rank's background write has ended (every rank
-      // has a save in flight or none: they begin at the same steps).
-      const bool ask_write = pending_save_ != nullptr;
-      if (ask_write) pending.push_back(pending_save_->WriteDone());
-      ASSIGN_OR_RETURN(std::vector<std::vector<double>> all, AllGatherDoubles(pending));
-      bool writes_done = true;
-      if (ask_write) {
-        for (std::vector<double>& r : all) {
-          writes_done = writes_done && r.back() != 0;
-          r.pop_back();
-        }
-        pending.pop_back();
-      }
-      if (ask_time) {
-        time_due = all[0].back() != 0;
-        for (std::vector<double>& r : all) r.pop_back();
-        pending.pop_back();
-      }
-      if (ask_write && writes_done) RETURN_IF_ERROR(FinishPendingSave(&result));
-      // Pairs per step on each rank: 1, or its deterministic micro-batches.
-      const size_t per_step = options_.deterministic_micro_batches > 0
-                                  ? options_.deterministic_micro_batches / group_->size()
-                                  : 1;
-      const int64_t first =
-          state.global_step - static_cast<int64_t>(pending.size() / (2 * per_step));
-      double items_since_report = 0;
-      for (size_t k = 0; k < pending.size(); k += 2 * per_step) {
-        double weighted = 0, count = 0;
-        for (const auto& r : all) {  // rank order, then micro-batch order
-          for (size_t j = 0; j < 2 * per_step; j += 2) {
-            weighted += r[k + j];
-            count += r[k + j + 1];
-          }
-        }
-        const double loss = count > 0 ? weighted / count : NAN;
-        if (!std::isfinite(loss)) {
-          return absl::InternalError(absl::StrCat(
-              "fit: the loss of ", model->Describe(), " is ", loss, " at global step ",
-              first + static_cast<int64_t>(k / (2 * per_step)) + 1,
-              " (training diverged; lower the learning rate)"));
-        }
-        result.losses.push_back(loss);
-        items_since_report += count;
-      }
-      items_total += items_since_report;
-      const size_t reported_steps = pending.size() / (2 * per_step);
-      pending.clear();
-      Progress p;
-      p.step = done;
-      p.steps = num_steps;
-      p.global_step = state.global_step;
-      p.loss = result.losses.back();
-      p.losses.assign(result.losses.end() - static_cast<int64_t>(reported_steps),
-                      result.losses.end());
-      p.count_unit = module.CountUnit();
-      p.committed_step = committed_step_;
-      const double now = NowSeconds();
-      p.items_per_second = items_since_report / std::max(1e-9, now - last_report_time);
-      ASSIGN_OR_RETURN(p.memory, GatherMemory());
-      if (group_->rank() == 0) {
-        if (progress_callback_) {
-          progress_callback_(p);
-        } else if (google::IsGoogleLoggingInitialized()) {
-          LOG(INFO) << FormatProgress(p);
-        } else {
-          std::printf("%s\n", FormatProgress(p).c_str());
-          std::fflush(stdout);
-        }
-      }
-      last_report_time = NowSeconds();
+      RETURN_IF_ERROR(ReportFitSteps(module, *model, done, num_steps, state.global_step, &loop,
+                                     &result));
     }
-    if (periodic && (time_due || (options_.checkpoint_every_steps > 0 &&
+    if (periodic && (loop.time_due || (options_.checkpoint_every_steps > 0 &&
                                   state.global_step % options_.checkpoint_every_steps == 0))) {
       RETURN_IF_ERROR(SaveStepCheckpoint(module, state.global_step, &result));
       last_saved_step = state.global_step;
-      last_save_time = NowSeconds();
+      loop.last_save_time = NowSeconds();
     }
   }
   const double final_save_start = NowSeconds();
@@ -480,7 +502,7 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
   }
   result.final_loss = tail > 0 ? sum / tail : 0;
   RETURN_IF_ERROR(EndStage(model, result.report));
-  result.items_per_second = items_total / std::max(1e-9, result.report.seconds);
+  result.items_per_second = loop.items_total / std::max(1e-9, result.report.seconds);
 
   if (!options_.checkpoint_dir.empty() && !periodic) {
     RETURN_IF_ERROR(SaveCheckpoint(module, options_.checkpoint_dir));

@@ -325,6 +325,31 @@ class StageRunner {
   // and the collective timeout.
   TrainingCheckpointOptions CheckpointOptions(const TrainModule& module,
                                               const ModelState& state) const;
+  // What Fit's loop carries from one report to the next.
+  struct FitLoop {
+    // Each step's micro-batch outputs since the last report, losses possibly still on the
+    // device (NOTE [Deferred loss]).
+    std::vector<std::vector<StepOutput>> unreported;
+    double items_total = 0;       // StepOutput::count over all ranks and reported steps
+    double last_report_time = 0;  // NowSeconds() of the last report (or the fit's start)
+    double last_save_time = 0;    // ... of the last periodic save (or the fit's start)
+    bool periodic = false;        // NOTE [Periodic checkpoints] is on
+    bool time_due = false;        // checkpoint_every_minutes have passed, as of this report
+  };
+  // The report after `done` of `num_steps` steps at `global_step`: reads and averages the
+  // losses of the steps since the last one, commits a save in flight whose writes ended on
+  // every rank, sets loop->time_due, and calls the progress callback. Collective.
+  absl::Status ReportFitSteps(TrainModule& module, const core::Module& model, int64_t done,
+                              int64_t num_steps, int64_t global_step, FitLoop* loop,
+                              FitResult* result);
+  // NOTE [Periodic checkpoints]: OK unless Fit's one save at its end would replace a directory
+  // of step checkpoints (FailedPrecondition naming it). Collective.
+  absl::Status CheckCheckpointDirFree();
+  // Fit's step `i` at `global_step`: learning rate, micro-batches, clipping, optimizer step,
+  // and the op profile when i is StageOptions::profile_step.
+  absl::Status RunFitStep(TrainModule& module, core::Module& model, optim::Optimizer& optimizer,
+                          int64_t i, int64_t global_step, std::vector<StepOutput>* parts,
+                          FitResult* result);
   absl::Status AccumulateMicroBatches(TrainModule& module, core::Module& model, StepContext ctx,
                                       std::vector<StepOutput>* parts);
 
