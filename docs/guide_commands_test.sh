@@ -86,9 +86,23 @@ rewrite() {
   cmd="${cmd//\/tmp\//$TMP/tmp/}"
   cmd="${cmd//--max_steps=20000/--max_steps=40}"
   if [[ "$cmd" =~ ^srun\ (.*)$ ]]; then
-    cmd="export HOME=\"$work/home\" SLURM_JOB_ID=4242; fake_srun ${BASH_REMATCH[1]// --device=cuda/}"
+    cmd="export HOME=\"$work/home\" SLURM_JOB_ID=$(free_slurm_job_id); fake_srun ${BASH_REMATCH[1]// --device=cuda/}"
   fi
   printf '%s' "$cmd"
+}
+
+# A Slurm job id whose store port (comm/init_from_env.h: 10000 + id % 20000) nothing on this host
+# listens on, so that runs of this test side by side do not meet on one port.
+free_slurm_job_id() {
+  local id
+  for _ in $(seq 100); do
+    id=$((RANDOM % 20000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$((10000 + id))") 2>/dev/null; then
+      echo "$id"
+      return
+    fi
+  done
+  echo 4242
 }
 
 # Two tasks of one Slurm job step on this host, as srun would start them.
