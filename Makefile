@@ -17,7 +17,7 @@ setup:
 DEMO_BAZEL_FLAGS ?= $(if $(findstring --device=cuda,$(DEMO_ARGS)),--config=cuda,)
 
 demo: setup
-	$(BAZEL) run $(DEMO_BAZEL_FLAGS) //integration:main_job -- $(DEMO_ARGS)
+	$(BAZEL) run $(DEMO_BAZEL_FLAGS) //trainer:main_job -- $(DEMO_ARGS)
 
 # The CUDA build (compile and link only: no GPU here) runs when the toolkit is present. It
 # builds what --config=cuda changes: every library and binary, and the tests tagged gpu (the
@@ -39,8 +39,8 @@ test: setup
 
 # The unit tests under AddressSanitizer and UndefinedBehaviorSanitizer.
 sanitize: setup
-	$(BAZEL) test --config=asan //core/... //nn/... //optim/... //data/... //flatten/... //policy/... //comm/... //fsdp/... //checkpoint/... //integration/...
-	$(BAZEL) test --config=ubsan //core/... //nn/... //optim/... //data/... //flatten/... //policy/... //comm/... //fsdp/... //checkpoint/... //integration/...
+	$(BAZEL) test --config=asan //core/... //nn/... //optim/... //data/... //flatten/... //policy/... //comm/... //fsdp/... //checkpoint/... //integration/... //trainer/...
+	$(BAZEL) test --config=ubsan //core/... //nn/... //optim/... //data/... //flatten/... //policy/... //comm/... //fsdp/... //checkpoint/... //integration/... //trainer/...
 
 # Everything the GPU acceptance run needs, in out/gpu_bundle.tar.xz (tools/gpu_bundle.sh).
 gpu_bundle: setup

@@ -2,7 +2,7 @@
 """What a checkpoint costs the training, synchronous against asynchronous (NOTE
 [Asynchronous save] in checkpoint/sharded.h), on the main job's CPU configs b and c.
 
-    bazel build -c opt //integration:main_job
+    bazel build -c opt //trainer:main_job
     python3 bench/checkpoint_cost.py [--runs 5] [--configs bc]
 
 For each config, each run fits the same steps (the config's, times --steps_scale) three ways, in rotating order: without
@@ -59,7 +59,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--configs", default="bc")
-    p.add_argument("--binary", default=os.path.join(ROOT, "bazel-bin/integration/main_job"))
+    p.add_argument("--binary", default=os.path.join(ROOT, "bazel-bin/trainer/main_job"))
     p.add_argument("--world_size", type=int, default=2,
                    help="ranks (one intra-op thread each); fewer ranks than cores leaves the "
                         "background writer a core of its own")

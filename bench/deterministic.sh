@@ -12,7 +12,7 @@
 # Extra flags go to every run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bazel build -c opt //integration:main_job >&2
+bazel build -c opt //trainer:main_job >&2
 WORLDS=${WORLDS:-"1 2 4"}
 STEPS=${STEPS:-30}
 M=${MICRO_BATCHES:-8}
@@ -21,9 +21,9 @@ common=(--vocab_size=256 --block_size=64 --seq_len=64 --n_embd=128 --n_layer=4 -
         --batch_size=32 --steps="$STEPS" --log_every=10 --stages=fit --release=false
         --intra_op_threads=1 --backend=gloo "$@")
 for n in $WORLDS; do
-  bazel-bin/integration/main_job --world_size="$n" --output_dir="$OUT/normal$n" "${common[@]}" \
+  bazel-bin/trainer/main_job --world_size="$n" --output_dir="$OUT/normal$n" "${common[@]}" \
     >"$OUT/normal$n.log" 2>&1
-  bazel-bin/integration/main_job --world_size="$n" --output_dir="$OUT/det$n" "${common[@]}" \
+  bazel-bin/trainer/main_job --world_size="$n" --output_dir="$OUT/det$n" "${common[@]}" \
     --deterministic --deterministic_micro_batches="$M" >"$OUT/det$n.log" 2>&1
 done
 python3 - "$OUT" "$M" $WORLDS <<'PY'

@@ -2,6 +2,18 @@
 // file of one checkpoint directory, and any number of ranks (any world size) loads it
 // back, each reading only the byte ranges it asks for.
 //
+// Where each part of checkpointing lives (integration/checkpointing builds on the other two):
+// - checkpoint/ (this package): the sharded format and its Save / Load (this file), the
+//   series of step checkpoints under one root (series.h), safetensors files
+//   (safetensors.h) and Hugging Face GPT-2 and Llama directories in and out (hf_model.h,
+//   hf_gpt2.h, hf_llama.h). It knows tensors, slices and modules, not training.
+// - integration/checkpointing/: training checkpoints, a wrapped model's shards plus its
+//   optimizer's state plus the training record (model structure, optimizer counters, data
+//   identity and position) in one checkpoint of this format, loaded back at any world size
+//   or into a plain module (training_checkpoint.h, model_structure.h, data_identity.h).
+// - fsdp/state_dict.h: the state dict FSDP gives and takes, full or sharded (each rank's
+//   slices with where they sit), which the two above write and read.
+//
 //   // Saving (collective: every rank calls it, in the same order, with its slices).
 //   std::vector<checkpoint::TensorSlice> local;
 //   local.push_back({"fc.weight", {4, 5}, core::DType::kFloat32, begin, end, shard_view});

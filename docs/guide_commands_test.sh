@@ -67,9 +67,9 @@ rewrite() {
   fi
   [[ "$cmd" =~ ^bazel\ build ]] && return
   if [[ "$cmd" =~ ^make\ demo\ DEMO_ARGS=\"([^\"]*)\" ]]; then
-    cmd="bazel run //integration:main_job -- ${BASH_REMATCH[1]}"
+    cmd="bazel run //trainer:main_job -- ${BASH_REMATCH[1]}"
   elif [[ "$cmd" =~ ^make\ demo ]]; then
-    cmd="bazel run //integration:main_job --"
+    cmd="bazel run //trainer:main_job --"
   fi
   if [[ "$cmd" =~ ^bazel\ run\ ([^/]*)(//[^ ]+)(\ --)?(.*)$ ]]; then
     target="${BASH_REMATCH[2]}"

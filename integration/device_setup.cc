@@ -50,7 +50,7 @@ absl::StatusOr<DeviceChoice> ChooseDeviceAndBackend(absl::string_view device_fla
   if (!available.built_with_cuda) {
     return absl::FailedPreconditionError(
         "--device=cuda: this binary was built without CUDA; build it with "
-        "`bazel build --config=cuda //integration:main_job` (or use --device=cpu)");
+        "`bazel build --config=cuda //trainer:main_job` (or use --device=cpu)");
   }
   if (!available.gpus.ok()) {
     return absl::UnavailableError(absl::StrCat("--device=cuda: no usable GPU: ",

@@ -1,7 +1,7 @@
 // LlamaTrainModule: the Llama through the decoder module the GPT uses: its spec (what the
 // main job wraps and counts), bad options named, and one process learning the Markov
 // language with it. (FSDP parity is fsdp:llama_parity_test; the main job with
-// --model=llama is integration:llama_e2e_test.)
+// --model=llama is trainer:llama_e2e_test.)
 #include "integration/llama_module.h"
 
 #include <cmath>

@@ -205,7 +205,7 @@ TESTS=$("$BAZEL" query 'attr(tags, "(^|[ ,\[])gpu([],]|$)", tests(//...))' 2>/de
 say "gpu tests: $(echo $TESTS)"
 TEST_LIST=()
 [ -n "$TESTS" ] && mapfile -t TEST_LIST <<<"$TESTS"
-TARGETS=(//integration:main_job //bench:collectives_bench //bench:attention_bench "${TEST_LIST[@]}")
+TARGETS=(//trainer:main_job //bench:collectives_bench //bench:attention_bench "${TEST_LIST[@]}")
 if [ "$MODE" = build ]; then
   say "bazel build ${FLAGS[*]} (${#TARGETS[@]} targets)"
   "$BAZEL" build "${FLAGS[@]}" --symlink_prefix=/ "${TARGETS[@]}" 2>&1 | tail -n 5
@@ -218,7 +218,7 @@ STAGE=$ROOT/out/gpu_bundle_stage
 X=$STAGE/gpu_bundle
 rm -rf "$STAGE"
 mkdir -p "$X/bin/tests" "$X/lib/compat" "$X/bench" || die "mkdir $X"
-cp "$BIN/integration/main_job" "$BIN/bench/collectives_bench" "$BIN/bench/attention_bench" "$X/bin/" ||
+cp "$BIN/trainer/main_job" "$BIN/bench/collectives_bench" "$BIN/bench/attention_bench" "$X/bin/" ||
   die "copy binaries from $BIN"
 for t in $TESTS; do
   pkg=${t#//}

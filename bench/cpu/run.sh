@@ -10,15 +10,15 @@
 #
 # It creates the PyTorch virtual environment on first use (bench/cpu/setup.sh torch: under
 # ~/.cache/fsdp_bench, several GB: the PyPI wheel links CUDA libraries even on a CPU),
-# builds //integration:main_job with -c opt, then runs bench/cpu/run_bench.py, which prints
+# builds //trainer:main_job with -c opt, then runs bench/cpu/run_bench.py, which prints
 # the JSON on stdout (progress on stderr). Also writes it to out/bench_cpu/result.json.
 # `make test` never needs any of this.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CACHE="${FSDP_BENCH_CACHE:-$HOME/.cache/fsdp_bench}"
 bash bench/cpu/setup.sh torch
-bazel build -c opt //integration:main_job >&2
+bazel build -c opt //trainer:main_job >&2
 mkdir -p out/bench_cpu
-python3 bench/cpu/run_bench.py --main_job=bazel-bin/integration/main_job \
+python3 bench/cpu/run_bench.py --main_job=bazel-bin/trainer/main_job \
   --torch_python="$CACHE/torch-venv/bin/python" --out=out/bench_cpu "$@" \
   | tee out/bench_cpu/result.json

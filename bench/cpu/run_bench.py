@@ -1,6 +1,6 @@
 """CPU benchmark, our library against PyTorch (issue 12 item 1; bench/cpu/README.md).
 
-Run through bench/cpu/run.sh, which builds //integration:main_job with -c opt and the
+Run through bench/cpu/run.sh, which builds //trainer:main_job with -c opt and the
 PyTorch virtual environment first. For each GPT config and strategy pair it alternates runs
 (ours, theirs, ours, ...), takes the median tokens/s of each side and prints one JSON
 document (and, after every strategy pair, what is done so far in <--out>/partial.json):

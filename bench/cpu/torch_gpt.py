@@ -1,5 +1,5 @@
 """PyTorch side of the CPU benchmark (bench/cpu/README.md): trains the same GPT as
-//integration:main_job over N local ranks (gloo), one intra-op thread each, fp32 AdamW, and
+//trainer:main_job over N local ranks (gloo), one intra-op thread each, fp32 AdamW, and
 prints one JSON line: tokens/s over all ranks, parameter count, peak RSS per rank.
 
     $VENV/bin/python bench/cpu/torch_gpt.py --strategy=FSDP2 --vocab_size=64 --block_size=32 \
