@@ -1,7 +1,7 @@
 // The Llama layers' ops of nn/tensor_ops.h: silu(a) * b and the rotary packing of grouped
-// q, k, v (RMSNorm's run LayerNorm's code, in nn/tensor_ops.cc). Each checks its tensors,
+// q, k, v (RMSNorm's run LayerNorm's code, in nn/tensor_ops_norm.cc). Each checks its tensors,
 // records its op and calls the CPU launcher (kernels/cpu/kernels.h) or the CUDA one
-// (kernels/cuda/kernels.h), as tensor_ops.cc does.
+// (kernels/cuda/kernels.h), as tensor_ops*.cc do.
 #include <cstdint>
 #include <initializer_list>
 #include <tuple>

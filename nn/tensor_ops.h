@@ -231,7 +231,7 @@ absl::Status FusedAttentionBackward(absl::string_view what, const core::Tensor& 
                                     const core::Tensor& lse, const core::Tensor& delta,
                                     int64_t n_head, float scale, const core::Tensor& gqkv);
 
-// ---- The Llama layers' ops (nn/llama.h; RMSNorm's defined in nn/tensor_ops.cc beside
+// ---- The Llama layers' ops (nn/llama.h; RMSNorm's defined in nn/tensor_ops_norm.cc beside
 // LayerNorm's, the others in nn/llama_ops.cc).
 
 // RMSNorm over the last dimension C = w.numel() of x ([rows, C]): y = xhat * w with

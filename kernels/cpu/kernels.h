@@ -6,7 +6,7 @@
 // rows, columns or elements are split over IntraOpThreads() threads (kernels/cpu_runtime.h)
 // by ParallelChunks, so results are bit-identical for any thread count.
 //
-// Callers (nn/tensor_ops.cc, fsdp/device_ops.cc) check sizes, dtypes and devices first:
+// Callers (nn/tensor_ops*.cc, fsdp/device_ops.cc) check sizes, dtypes and devices first:
 // these functions validate nothing, never fail and return once the work is done.
 // `bf16` arguments say whether a `const void*` weight holds bf16 (uint16_t bits) or fp32.
 //

@@ -1,7 +1,7 @@
 // CUDA launchers of the kernels/ bodies (built only under --config=cuda, compiled by
 // nvcc in kernels.cu). Raw device pointers; every launch goes to the compute stream (the
 // legacy default stream) and returns the launch's error (cudaGetLastError), never
-// synchronising. Their CPU twins are kernels/cpu/kernels.h. Callers (nn/tensor_ops.cc)
+// synchronising. Their CPU twins are kernels/cpu/kernels.h. Callers (nn/tensor_ops*.cc)
 // validate sizes and pointers first and turn the error into an absl::Status naming the
 // tensor.
 //

@@ -1,5 +1,5 @@
 // Private to nn/: the argument checks and CUDA plumbing shared by the tensor ops
-// (nn/tensor_ops.cc, nn/matmul.cc). Messages start with the caller's `what`.
+// (nn/tensor_ops*.cc, nn/matmul.cc). Messages start with the caller's `what`.
 //
 //   RETURN_IF_ERROR(internal::CheckDevices(what, {{"input", &x}, {"output", &y}}));
 //   if (x.device().is_cuda()) NN_ON_CUDA(x.device(), what, "GELU", cuda::GeluForward(...));
