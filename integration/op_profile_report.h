@@ -9,9 +9,13 @@
 //       fit.profiled_ops, core::H200Rates(), model_flops_per_token * tokens, tokens);
 //   for (const std::string& line : report.lines) std::printf("%s\n", line.c_str());
 //   summary["op_profile"] = report.json;
+//
+// ReportOpProfile is SummarizeOpProfile (the aggregation, once), then OpProfileTable and
+// OpProfileJson of its summary; a caller that wants one of the two may call them itself.
 #ifndef INTEGRATION_OP_PROFILE_REPORT_H_
 #define INTEGRATION_OP_PROFILE_REPORT_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -31,6 +35,56 @@ struct OpProfileReport {
 OpProfileReport ReportOpProfile(const std::vector<core::OpRecord>& records,
                                 const core::DeviceRates& rates, double model_flops,
                                 double tokens);
+
+// What the table and the JSON both show, aggregated once from a step's records.
+struct OpProfileSummary {
+  // An op category with ops, and the achieved rates where it was measured (some op timed,
+  // device time > 0).
+  struct Category {
+    core::OpCategoryTotal total;
+    core::RooflineCategory estimate;
+    bool measured = false;
+    double tflops = 0, gbps = 0;  // 0 where not measured
+  };
+  // An op kind (category and op); measured where every op of the kind was timed (CUDA).
+  struct Kind {
+    std::string category, op;
+    int64_t count = 0, timed = 0;
+    double estimated_ms = 0, measured_ms = 0;
+    bool measured = false;
+  };
+  // A GEMM shape (category and batch x m x n x k); measured where every GEMM of the shape
+  // was timed and took time.
+  struct GemmShape {
+    std::string category;
+    int64_t batch = 0, m = 0, n = 0, k = 0;
+    int64_t count = 0, timed = 0;
+    double flops = 0, estimated_ms = 0, measured_ms = 0;
+    bool measured = false;
+    double tflops = 0;  // achieved; 0 where not measured
+  };
+
+  std::vector<Category> categories;    // OpCategory order
+  std::vector<Kind> kinds;             // largest estimate first
+  std::vector<GemmShape> gemm_shapes;  // the most time first (measured, else estimated)
+  core::RooflineEstimate estimate;     // the step's, on `rates`
+  double measured_total_ms = 0;        // the categories' device time
+  bool have_measured = false;          // some op timed and measured_total_ms > 0
+  double estimated_s = 0, measured_s = 0;  // the step's estimate and device time, seconds
+  double peak_flops = 0;                   // rates.peak_bf16_tflops in FLOP/s: MFU's peak
+  core::DeviceRates rates;
+  double model_flops = 0, tokens = 0;
+};
+OpProfileSummary SummarizeOpProfile(const std::vector<core::OpRecord>& records,
+                                    const core::DeviceRates& rates, double model_flops,
+                                    double tokens);
+
+// The tables of OpProfileReport::lines: per category, per op kind, per GEMM shape (when
+// there is one), then the step's line.
+std::vector<std::string> OpProfileTable(const OpProfileSummary& summary);
+
+// OpProfileReport::json: "categories", "ops", "gemm_shapes", the step's figures and "rates".
+nlohmann::json OpProfileJson(const OpProfileSummary& summary);
 
 }  // namespace integration
 

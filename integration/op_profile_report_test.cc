@@ -107,6 +107,20 @@ TEST(OpProfileReportTest, GemmShapesAreGroupedWithTheirAchievedRateMostTimeFirst
   EXPECT_TRUE(row);
 }
 
+TEST(OpProfileReportTest, TableAndJsonOfOneSummaryAreTheReport) {
+  const std::vector<core::OpRecord> records = {
+      Gemm(core::OpCategory::kGemmForward, core::GemmShape{1, 64, 64, 64}, 0.5),
+      Op(core::OpCategory::kConvert, "convert", core::OpCost::Memory(1e9), 2.0),
+      Op(core::OpCategory::kNorm, "layernorm.forward", core::OpCost::Memory(1e6), -1)};
+  const OpProfileReport r = ReportOpProfile(records, Rates(), 1e12, 1000);
+  const OpProfileSummary s = SummarizeOpProfile(records, Rates(), 1e12, 1000);
+  ASSERT_EQ(s.categories.size(), 3u);
+  ASSERT_EQ(s.kinds.size(), 3u);
+  ASSERT_EQ(s.gemm_shapes.size(), 1u);
+  EXPECT_EQ(OpProfileTable(s), r.lines);
+  EXPECT_EQ(OpProfileJson(s), r.json);
+}
+
 TEST(OpProfileReportTest, WithoutDeviceTimesTheMeasuredFiguresAreNull) {
   const std::vector<core::OpRecord> records = {
       Op(core::OpCategory::kNorm, "layernorm.forward", core::OpCost::Memory(1e6), -1)};
