@@ -49,6 +49,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "bench/flag_checks.h"
+#include "core/status_macros.h"
 #include "kernels/rowwise.h"
 #include "nlohmann/json.hpp"
 
@@ -64,7 +65,6 @@
 #include "core/cuda_status.h"
 #include "core/device.h"
 #include "core/random.h"
-#include "core/status_macros.h"
 #include "kernels/cuda/flash_attention.h"
 #endif
 
@@ -99,14 +99,12 @@ absl::StatusOr<Options> ParseFlags() {
   o.reps = absl::GetFlag(FLAGS_reps);
   o.warmup = absl::GetFlag(FLAGS_warmup);
   o.out_bf16 = absl::GetFlag(FLAGS_out_bf16);
-  const absl::Status bounds = bench::FlagsAtLeast(
-      "attention_bench", {{"batch", o.batch, 1},
-                          {"seq_len", o.seq_len, 1},
-                          {"n_head", o.n_head, 1},
-                          {"head_dim", o.head_dim, 1},
-                          {"reps", o.reps, 1},
-                          {"warmup", o.warmup, 0}});
-  if (!bounds.ok()) return bounds;
+  RETURN_IF_ERROR(bench::FlagsAtLeast("attention_bench", {{"batch", o.batch, 1},
+                                                          {"seq_len", o.seq_len, 1},
+                                                          {"n_head", o.n_head, 1},
+                                                          {"head_dim", o.head_dim, 1},
+                                                          {"reps", o.reps, 1},
+                                                          {"warmup", o.warmup, 0}}));
   if (!kernels::FlashAttentionSupports(o.head_dim)) {
     return absl::InvalidArgumentError(
         absl::StrCat("attention_bench: --head_dim=", o.head_dim,

@@ -120,14 +120,12 @@ absl::StatusOr<Flags> ParseFlags() {
         "collectives_bench: --shm_transport must be auto, slots or cma, got ", transport));
   }
   f.ops = absl::StrSplit(absl::GetFlag(FLAGS_ops), ',', absl::SkipEmpty());
-  const absl::Status bounds = bench::FlagsAtLeast(
-      "collectives_bench", {{"nproc", f.nproc, 1},
-                            {"min_bytes", f.min_bytes, 4},
-                            {"max_bytes", f.max_bytes, 4},
-                            {"step", f.step, 2},
-                            {"target_bytes", f.target_bytes, 1},
-                            {"warmup", f.warmup, 0}});
-  if (!bounds.ok()) return bounds;
+  RETURN_IF_ERROR(bench::FlagsAtLeast("collectives_bench", {{"nproc", f.nproc, 1},
+                                                            {"min_bytes", f.min_bytes, 4},
+                                                            {"max_bytes", f.max_bytes, 4},
+                                                            {"step", f.step, 2},
+                                                            {"target_bytes", f.target_bytes, 1},
+                                                            {"warmup", f.warmup, 0}}));
   if (f.backend != "gloo" && f.backend != "nccl" && f.backend != "shm") {
     return absl::InvalidArgumentError(
         absl::StrCat("collectives_bench: --backend must be gloo, shm or nccl, got ", f.backend));

@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "comm/internal/store_util.h"
 #include "core/errno_text.h"
+#include "core/status_macros.h"
 #include "core/text_file.h"
 
 namespace comm {
@@ -58,8 +59,7 @@ bool PollUntil(Fn ready, absl::Duration timeout) {
 
 absl::StatusOr<std::shared_ptr<FileStore>> FileStore::Open(const std::string& path) {
   if (path.empty()) return absl::InvalidArgumentError("FileStore: empty directory path");
-  absl::Status made = MakeDirs(path);
-  if (!made.ok()) return made;
+  RETURN_IF_ERROR(MakeDirs(path));
   return std::shared_ptr<FileStore>(new FileStore(path));
 }
 
@@ -142,8 +142,7 @@ absl::StatusOr<int64_t> FileStore::Add(absl::string_view key, int64_t delta) {
   absl::StatusOr<int64_t> value = internal::AddToCounter(
       absl::StrCat("FileStore ", path_), key, current.ok() ? &*current : nullptr, delta);
   if (!value.ok()) return value.status();
-  absl::Status written = WriteAtomically(KeyPath(key), absl::StrCat(*value));
-  if (!written.ok()) return written;
+  RETURN_IF_ERROR(WriteAtomically(KeyPath(key), absl::StrCat(*value)));
   return value;
 }
 

@@ -254,11 +254,9 @@ absl::Status GlooProcessGroup::RunOp(const internal::QueuedOp& op, const RunFn& 
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllGather(
     const core::Tensor& input, const core::Tensor& output, const AllGatherOptions& options) {
   constexpr CollectiveKind kind = CollectiveKind::kAllGather;
-  if (auto s = ValidateAllGather(*this, input, output, options); !s.ok()) return s;
-  if (auto s = ValidateDevice(*this, kind, {&input, &output}, core::Device::Cpu()); !s.ok()) {
-    return s;
-  }
-  if (auto s = worker_.CheckUsable(kind); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateAllGather(*this, input, output, options));
+  RETURN_IF_ERROR(ValidateDevice(*this, kind, {&input, &output}, core::Device::Cpu()));
+  RETURN_IF_ERROR(worker_.CheckUsable(kind));
   const bool in_place = input.SharesStorage(output) && input.numel() > 0 &&
                         input.offset() == output.offset() + rank() * input.numel();
   const int n = size();
@@ -267,7 +265,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllGather(
   return Enqueue(kind, options.timeout, ExpectedTraffic(kind, output.nbytes(), n, rank()),
                  [=](uint32_t tag, std::chrono::milliseconds left) -> absl::Status {
                    if (input.numel() == 0) return absl::OkStatus();
-                   if (auto s = StageIn(input, stage_from); !s.ok()) return s;
+                   RETURN_IF_ERROR(StageIn(input, stage_from));
                    if (n == 1 || in_place) {
                      if (!in_place) std::memcpy(Bytes(output), Bytes(input), input.nbytes());
                      if (n == 1) return absl::OkStatus();
@@ -285,18 +283,16 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllGather(
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::ReduceScatter(
     const core::Tensor& input, const core::Tensor& output, const ReduceScatterOptions& options) {
   constexpr CollectiveKind kind = CollectiveKind::kReduceScatter;
-  if (auto s = ValidateReduceScatter(*this, input, output, options); !s.ok()) return s;
-  if (auto s = ValidateDevice(*this, kind, {&input, &output}, core::Device::Cpu()); !s.ok()) {
-    return s;
-  }
-  if (auto s = worker_.CheckUsable(kind); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateReduceScatter(*this, input, output, options));
+  RETURN_IF_ERROR(ValidateDevice(*this, kind, {&input, &output}, core::Device::Cpu()));
+  RETURN_IF_ERROR(worker_.CheckUsable(kind));
   const ReduceOp op = options.reduce_op;
   return Enqueue(kind, options.timeout, ExpectedTraffic(kind, input.nbytes(), size(), rank()),
                  [this, input, output, op, unstage_to = options.unstage_to,
                   into = options.accumulate_into](uint32_t tag,
                                                   std::chrono::milliseconds left) -> absl::Status {
-                   if (auto s = RunReduceScatter(input, output, op, tag, left); !s.ok()) return s;
-                   if (auto s = StageOut(output, unstage_to); !s.ok()) return s;
+                   RETURN_IF_ERROR(RunReduceScatter(input, output, op, tag, left));
+                   RETURN_IF_ERROR(StageOut(output, unstage_to));
                    return AccumulateOut(output, into);
                  });
 }
@@ -404,9 +400,9 @@ absl::StatusOr<uint8_t*> GlooProcessGroup::ReduceScatterScratch(int64_t bytes) {
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllReduce(
     const core::Tensor& tensor, const AllReduceOptions& options) {
   constexpr CollectiveKind kind = CollectiveKind::kAllReduce;
-  if (auto s = ValidateAllReduce(*this, tensor, options); !s.ok()) return s;
-  if (auto s = ValidateDevice(*this, kind, {&tensor}, core::Device::Cpu()); !s.ok()) return s;
-  if (auto s = worker_.CheckUsable(kind); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateAllReduce(*this, tensor, options));
+  RETURN_IF_ERROR(ValidateDevice(*this, kind, {&tensor}, core::Device::Cpu()));
+  RETURN_IF_ERROR(worker_.CheckUsable(kind));
   const int n = size();
   const ReduceOp op = options.reduce_op;
   auto context = context_;
@@ -448,7 +444,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllReduce(
   return Enqueue(kind, options.timeout, ExpectedTraffic(kind, tensor.nbytes(), n, rank()),
                  [run, tensor, unstage_to = options.unstage_to](
                      uint32_t tag, std::chrono::milliseconds left) -> absl::Status {
-                   if (auto s = run(tag, left); !s.ok()) return s;
+                   RETURN_IF_ERROR(run(tag, left));
                    return StageOut(tensor, unstage_to);
                  });
 }
@@ -456,9 +452,9 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllReduce(
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Broadcast(
     const core::Tensor& tensor, const BroadcastOptions& options) {
   constexpr CollectiveKind kind = CollectiveKind::kBroadcast;
-  if (auto s = ValidateBroadcast(*this, tensor, options); !s.ok()) return s;
-  if (auto s = ValidateDevice(*this, kind, {&tensor}, core::Device::Cpu()); !s.ok()) return s;
-  if (auto s = worker_.CheckUsable(kind); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateBroadcast(*this, tensor, options));
+  RETURN_IF_ERROR(ValidateDevice(*this, kind, {&tensor}, core::Device::Cpu()));
+  RETURN_IF_ERROR(worker_.CheckUsable(kind));
   const int n = size();
   const int root = options.root;
   auto context = context_;
@@ -478,8 +474,8 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Broadcast(
 
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Barrier(const BarrierOptions& options) {
   constexpr CollectiveKind kind = CollectiveKind::kBarrier;
-  if (auto s = ValidateBarrier(*this, options); !s.ok()) return s;
-  if (auto s = worker_.CheckUsable(kind); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateBarrier(*this, options));
+  RETURN_IF_ERROR(worker_.CheckUsable(kind));
   const int n = size();
   auto context = context_;
   return Enqueue(kind, options.timeout, Traffic{},

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/status_macros.h"
 #include "kernels/cpu/kernels.h"
 
 namespace comm {
@@ -244,9 +245,9 @@ absl::Status StageOut(const core::Tensor& result, const core::Tensor& unstage_to
 absl::Status ValidateAllGather(const ProcessGroup& group, const core::Tensor& input,
                                const core::Tensor& output, const AllGatherOptions& options) {
   constexpr CollectiveKind kind = CollectiveKind::kAllGather;
-  if (auto s = CheckDefined(group, kind, input, "input"); !s.ok()) return s;
-  if (auto s = CheckDefined(group, kind, output, "output"); !s.ok()) return s;
-  if (auto s = CheckTimeout(group, kind, options.timeout); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckDefined(group, kind, input, "input"));
+  RETURN_IF_ERROR(CheckDefined(group, kind, output, "output"));
+  RETURN_IF_ERROR(CheckTimeout(group, kind, options.timeout));
   if (input.dtype() != output.dtype()) {
     return Invalid(group, kind, absl::StrCat("input has ", Desc(input), " but output has ",
                                              Desc(output), "; dtypes must match"));
@@ -270,9 +271,9 @@ absl::Status ValidateReduceScatter(const ProcessGroup& group, const core::Tensor
                                    const core::Tensor& output,
                                    const ReduceScatterOptions& options) {
   constexpr CollectiveKind kind = CollectiveKind::kReduceScatter;
-  if (auto s = CheckDefined(group, kind, input, "input"); !s.ok()) return s;
-  if (auto s = CheckDefined(group, kind, output, "output"); !s.ok()) return s;
-  if (auto s = CheckTimeout(group, kind, options.timeout); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckDefined(group, kind, input, "input"));
+  RETURN_IF_ERROR(CheckDefined(group, kind, output, "output"));
+  RETURN_IF_ERROR(CheckTimeout(group, kind, options.timeout));
   if (input.dtype() != output.dtype()) {
     return Invalid(group, kind, absl::StrCat("input has ", Desc(input), " but output has ",
                                              Desc(output), "; dtypes must match"));
@@ -289,25 +290,25 @@ absl::Status ValidateReduceScatter(const ProcessGroup& group, const core::Tensor
                                 group.rank() * output.numel(), ", ",
                                 (group.rank() + 1) * output.numel(), ") of the input)"));
   }
-  if (auto s = CheckUnstageTo(group, kind, output, options.unstage_to); !s.ok()) return s;
-  if (auto s = CheckAccumulateInto(group, kind, input, output, options); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckUnstageTo(group, kind, output, options.unstage_to));
+  RETURN_IF_ERROR(CheckAccumulateInto(group, kind, input, output, options));
   return CheckReducible(group, kind, input.dtype(), options.reduce_op);
 }
 
 absl::Status ValidateAllReduce(const ProcessGroup& group, const core::Tensor& tensor,
                                const AllReduceOptions& options) {
   constexpr CollectiveKind kind = CollectiveKind::kAllReduce;
-  if (auto s = CheckDefined(group, kind, tensor, "the"); !s.ok()) return s;
-  if (auto s = CheckTimeout(group, kind, options.timeout); !s.ok()) return s;
-  if (auto s = CheckUnstageTo(group, kind, tensor, options.unstage_to); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckDefined(group, kind, tensor, "the"));
+  RETURN_IF_ERROR(CheckTimeout(group, kind, options.timeout));
+  RETURN_IF_ERROR(CheckUnstageTo(group, kind, tensor, options.unstage_to));
   return CheckReducible(group, kind, tensor.dtype(), options.reduce_op);
 }
 
 absl::Status ValidateBroadcast(const ProcessGroup& group, const core::Tensor& tensor,
                                const BroadcastOptions& options) {
   constexpr CollectiveKind kind = CollectiveKind::kBroadcast;
-  if (auto s = CheckDefined(group, kind, tensor, "the"); !s.ok()) return s;
-  if (auto s = CheckTimeout(group, kind, options.timeout); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckDefined(group, kind, tensor, "the"));
+  RETURN_IF_ERROR(CheckTimeout(group, kind, options.timeout));
   if (options.root < 0 || options.root >= group.size()) {
     return Invalid(group, kind,
                    absl::StrCat("options.root ", options.root, " is not a rank in [0, ",
@@ -339,7 +340,7 @@ absl::Status ValidateSubgroupRanks(const ProcessGroup& group, const std::vector<
 
 absl::StatusOr<SubgroupPlacement> PlaceInSubgroup(const ProcessGroup& group,
                                                   const std::vector<int>& ranks, int index) {
-  if (absl::Status s = ValidateSubgroupRanks(group, ranks); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateSubgroupRanks(group, ranks));
   auto it = std::find(ranks.begin(), ranks.end(), group.rank());
   if (it == ranks.end()) {
     return absl::NotFoundError(absl::StrCat("NewSubgroup([", absl::StrJoin(ranks, ", "), "]) on ",

@@ -13,6 +13,7 @@
 #include "comm/internal/store_protocol.h"
 #include "comm/internal/tcp_store_server.h"
 #include "core/errno_text.h"
+#include "core/status_macros.h"
 
 namespace comm {
 
@@ -91,8 +92,7 @@ absl::StatusOr<std::shared_ptr<TcpStore>> TcpStore::Create(const TcpStoreOptions
     store->port_ = store->server_->port();
   }
   absl::MutexLock lock(&store->mu_);
-  absl::Status connected = store->Connect(options.connect_timeout);
-  if (!connected.ok()) return connected;
+  RETURN_IF_ERROR(store->Connect(options.connect_timeout));
   return store;
 }
 
@@ -220,8 +220,7 @@ absl::StatusOr<std::string> TcpStore::Call(absl::string_view request, absl::Dura
   absl::MutexLock lock(&mu_);
   if (!conn_.valid()) {
     // The last request failed mid-way; its reply cannot be trusted, so start afresh.
-    absl::Status connected = Connect(options_.connect_timeout);
-    if (!connected.ok()) return connected;
+    RETURN_IF_ERROR(Connect(options_.connect_timeout));
   }
   const std::string where = absl::StrCat(options_.host, ":", port_);
   const absl::Time deadline = absl::Now() + wait + options_.request_timeout;
@@ -256,8 +255,7 @@ absl::Status TcpStore::CheckKey(absl::string_view key) const {
 }
 
 absl::Status TcpStore::Set(absl::string_view key, absl::string_view value) {
-  absl::Status k = CheckKey(key);
-  if (!k.ok()) return k;
+  RETURN_IF_ERROR(CheckKey(key));
   if (static_cast<int64_t>(value.size()) > options_.max_value_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "TcpStore: value of ", value.size(), " bytes for key \"", key,
@@ -271,8 +269,7 @@ absl::Status TcpStore::Set(absl::string_view key, absl::string_view value) {
 }
 
 absl::StatusOr<std::string> TcpStore::Get(absl::string_view key, absl::Duration timeout) {
-  absl::Status k = CheckKey(key);
-  if (!k.ok()) return k;
+  RETURN_IF_ERROR(CheckKey(key));
   Request r;
   r.op = StoreOp::kGet;
   r.key = std::string(key);
@@ -281,8 +278,7 @@ absl::StatusOr<std::string> TcpStore::Get(absl::string_view key, absl::Duration 
 }
 
 absl::StatusOr<int64_t> TcpStore::Add(absl::string_view key, int64_t delta) {
-  absl::Status k = CheckKey(key);
-  if (!k.ok()) return k;
+  RETURN_IF_ERROR(CheckKey(key));
   Request r;
   r.op = StoreOp::kAdd;
   r.key = std::string(key);
@@ -304,8 +300,7 @@ absl::Status TcpStore::Wait(const std::vector<std::string>& keys, absl::Duration
                                                    kMaxKeysPerRequest, ")"));
   }
   for (const std::string& k : keys) {
-    absl::Status s = CheckKey(k);
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(CheckKey(k));
   }
   Request r;
   r.op = StoreOp::kWait;
@@ -321,8 +316,7 @@ absl::StatusOr<bool> TcpStore::Check(const std::vector<std::string>& keys) {
                                                    kMaxKeysPerRequest, ")"));
   }
   for (const std::string& k : keys) {
-    absl::Status s = CheckKey(k);
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(CheckKey(k));
   }
   Request r;
   r.op = StoreOp::kCheck;
@@ -338,8 +332,7 @@ absl::StatusOr<bool> TcpStore::Check(const std::vector<std::string>& keys) {
 }
 
 absl::StatusOr<bool> TcpStore::DeleteKey(absl::string_view key) {
-  absl::Status k = CheckKey(key);
-  if (!k.ok()) return k;
+  RETURN_IF_ERROR(CheckKey(key));
   Request r;
   r.op = StoreOp::kDelete;
   r.key = std::string(key);

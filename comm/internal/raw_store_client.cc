@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "comm/internal/sha256.h"
+#include "core/status_macros.h"
 
 namespace comm {
 namespace internal {
@@ -33,8 +34,7 @@ absl::Status RawStoreClient::Authenticate(absl::string_view secret, absl::Durati
   AuthProof proof;
   proof.client_nonce = std::string(kStoreNonceBytes, '\x42');
   proof.mac = ClientProof(secret, hello_.nonce, proof.client_nonce);
-  absl::Status sent = SendRaw(EncodeFrame(EncodeAuthProof(proof)), timeout);
-  if (!sent.ok()) return sent;
+  RETURN_IF_ERROR(SendRaw(EncodeFrame(EncodeAuthProof(proof)), timeout));
   absl::StatusOr<Reply> reply = Receive(timeout);
   if (!reply.ok()) return reply.status();
   if (!reply->status.ok()) return reply->status;

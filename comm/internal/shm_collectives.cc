@@ -8,6 +8,7 @@
 #include "comm/internal/reduce.h"
 #include "comm/internal/shm_copy.h"
 #include "core/dtype.h"
+#include "core/status_macros.h"
 
 // NOTE [CMA transport]: with cross-memory attach a collective's bulk data does not go
 // through the slots: a rank stores, in its control block, the address (in its own
@@ -104,7 +105,7 @@ absl::Status ShmCollectives::AllGather(const core::Tensor& input, const core::Te
     const uint64_t s = step_ + static_cast<uint64_t>(i);
     const int64_t off = i * piece;
     const size_t len = static_cast<size_t>(std::min(piece, bytes - off));
-    if (absl::Status w = st.BeginWrite(s); !w.ok()) return w;
+    RETURN_IF_ERROR(st.BeginWrite(s));
     if (in_place) {
       std::memcpy(segment_->slot(rank_, s), in + off, len);
     } else {
@@ -113,7 +114,7 @@ absl::Status ShmCollectives::AllGather(const core::Tensor& input, const core::Te
     st.Publish(s);
     for (int d = 1; d < n; ++d) {
       const int p = (rank_ + d) % n;
-      if (absl::Status w = st.WaitPublished(s, p); !w.ok()) return w;
+      RETURN_IF_ERROR(st.WaitPublished(s, p));
       CopyOut(out + p * bytes + off, segment_->slot(p, s), len, streaming);
     }
     st.Consumed(s);
@@ -150,23 +151,20 @@ absl::Status ShmCollectives::ReduceScatter(const core::Tensor& input, const core
     const uint64_t s = step_ + static_cast<uint64_t>(i);
     const int64_t off = i * piece;
     const int64_t len = std::min(piece, k - off);
-    if (absl::Status w = st.BeginWrite(s); !w.ok()) return w;
+    RETURN_IF_ERROR(st.BeginWrite(s));
     uint8_t* mine = segment_->slot(rank_, s);
     for (int q = 0; q < n; ++q) {
       if (q == rank_) continue;
       std::memcpy(mine + q * sub, in + (q * k + off) * esize, static_cast<size_t>(len * esize));
     }
     st.Publish(s);
-    if (absl::Status w = st.WaitPublished(s, -1); !w.ok()) return w;
+    RETURN_IF_ERROR(st.WaitPublished(s, -1));
     for (int j = 0; j < n; ++j) {
       chunks[j] = j == rank_ ? static_cast<const void*>(in + (rank_ * k + off) * esize)
                              : static_cast<const void*>(segment_->slot(j, s) + rank_ * sub);
     }
-    if (absl::Status r = ReducePiece(input.dtype(), op, chunks.data(), len, out + off * esize,
-                                     streaming);
-        !r.ok()) {
-      return r;
-    }
+    RETURN_IF_ERROR(
+        ReducePiece(input.dtype(), op, chunks.data(), len, out + off * esize, streaming));
     st.Consumed(s);
   }
   StreamFence();
@@ -223,7 +221,7 @@ absl::Status ShmCollectives::AllReduce(const core::Tensor& tensor, ReduceOp op,
   for (int64_t i = 0; i < pieces; ++i) {
     const uint64_t s = step_ + static_cast<uint64_t>(i);
     const int64_t off = i * piece;
-    if (absl::Status w = st.BeginWrite(s); !w.ok()) return w;
+    RETURN_IF_ERROR(st.BeginWrite(s));
     uint8_t* mine = segment_->slot(rank_, s);
     for (int q = 0; q < n; ++q) {
       if (q == rank_) continue;
@@ -231,17 +229,14 @@ absl::Status ShmCollectives::AllReduce(const core::Tensor& tensor, ReduceOp op,
       std::memcpy(mine + q * sub, t + (begin(q) + off) * esize, static_cast<size_t>(len * esize));
     }
     st.Publish(s);
-    if (absl::Status w = st.WaitPublished(s, -1); !w.ok()) return w;
+    RETURN_IF_ERROR(st.WaitPublished(s, -1));
     const int64_t len = Clip(count(rank_) - off, 0, piece);
     uint8_t* own = t + (begin(rank_) + off) * esize;
     for (int j = 0; j < n; ++j) {
       chunks[j] = j == rank_ ? static_cast<const void*>(own)
                              : static_cast<const void*>(segment_->slot(j, s) + rank_ * sub);
     }
-    if (absl::Status r = ReducePiece(tensor.dtype(), op, chunks.data(), len, own, streaming);
-        !r.ok()) {
-      return r;
-    }
+    RETURN_IF_ERROR(ReducePiece(tensor.dtype(), op, chunks.data(), len, own, streaming));
     st.Consumed(s);
   }
   step_ += static_cast<uint64_t>(pieces);
@@ -252,14 +247,14 @@ absl::Status ShmCollectives::AllReduce(const core::Tensor& tensor, ReduceOp op,
   for (int64_t i = 0; i < gpieces; ++i) {
     const uint64_t s = step_ + static_cast<uint64_t>(i);
     const int64_t off = i * gpiece;
-    if (absl::Status w = st.BeginWrite(s); !w.ok()) return w;
+    RETURN_IF_ERROR(st.BeginWrite(s));
     const int64_t len = Clip(count(rank_) - off, 0, gpiece);
     std::memcpy(segment_->slot(rank_, s), t + (begin(rank_) + off) * esize,
                 static_cast<size_t>(len * esize));
     st.Publish(s);
     for (int d = 1; d < n; ++d) {
       const int p = (rank_ + d) % n;
-      if (absl::Status w = st.WaitPublished(s, p); !w.ok()) return w;
+      RETURN_IF_ERROR(st.WaitPublished(s, p));
       const int64_t plen = Clip(count(p) - off, 0, gpiece);
       CopyOut(t + (begin(p) + off) * esize, segment_->slot(p, s),
               static_cast<size_t>(plen * esize), streaming);
@@ -285,12 +280,12 @@ absl::Status ShmCollectives::Broadcast(const core::Tensor& tensor, int root, con
     const int64_t off = i * piece;
     const size_t len = static_cast<size_t>(std::min(piece, bytes - off));
     if (rank_ == root) {
-      if (absl::Status w = st.BeginWrite(s); !w.ok()) return w;
+      RETURN_IF_ERROR(st.BeginWrite(s));
       std::memcpy(segment_->slot(root, s), t + off, len);
       st.Publish(s);
     } else {
       st.Publish(s);
-      if (absl::Status w = st.WaitPublished(s, root); !w.ok()) return w;
+      RETURN_IF_ERROR(st.WaitPublished(s, root));
       CopyOut(t + off, segment_->slot(root, s), len, streaming);
     }
     st.Consumed(s);
@@ -317,13 +312,10 @@ absl::Status ShmCollectives::ReduceFromPeersCma(ShmStepper& st, core::DType dtyp
         continue;
       }
       uint8_t* dst = scratch + (slot++) * cma_piece_bytes_;
-      if (absl::Status r = st.ReadPeer(j, buf_bytes, from, dst, len * esize); !r.ok()) return r;
+      RETURN_IF_ERROR(st.ReadPeer(j, buf_bytes, from, dst, len * esize));
       chunks[j] = dst;
     }
-    if (absl::Status r = ReducePiece(dtype, op, chunks.data(), len, out + off * esize, streaming);
-        !r.ok()) {
-      return r;
-    }
+    RETURN_IF_ERROR(ReducePiece(dtype, op, chunks.data(), len, out + off * esize, streaming));
   }
   return absl::OkStatus();
 }
@@ -343,12 +335,12 @@ absl::Status ShmCollectives::AllGatherCma(const core::Tensor& input, const core:
   if (!in_place) CopyOut(out + rank_ * bytes, in, static_cast<size_t>(bytes), streaming);
   for (int d = 1; d < n; ++d) {
     const int p = (rank_ + d) % n;
-    if (absl::Status w = st.WaitPublished(s, p); !w.ok()) return w;
-    if (absl::Status r = st.ReadPeer(p, bytes, 0, out + p * bytes, bytes); !r.ok()) return r;
+    RETURN_IF_ERROR(st.WaitPublished(s, p));
+    RETURN_IF_ERROR(st.ReadPeer(p, bytes, 0, out + p * bytes, bytes));
   }
   StreamFence();
   st.Consumed(s);
-  if (absl::Status w = st.WaitConsumed(s); !w.ok()) return w;
+  RETURN_IF_ERROR(st.WaitConsumed(s));
   step_ += 1;
   return absl::OkStatus();
 }
@@ -366,15 +358,12 @@ absl::Status ShmCollectives::ReduceScatterCma(const core::Tensor& input, const c
   ShmStepper st(*segment_, rank_, call, options_);
   const uint64_t s = step_;
   st.PublishBuffer(s, in, in_bytes);
-  if (absl::Status w = st.WaitPublished(s, -1); !w.ok()) return w;
-  if (absl::Status r = ReduceFromPeersCma(st, input.dtype(), op, in, in_bytes, rank_ * k * esize,
-                                          k, out, *scratch, streaming);
-      !r.ok()) {
-    return r;
-  }
+  RETURN_IF_ERROR(st.WaitPublished(s, -1));
+  RETURN_IF_ERROR(ReduceFromPeersCma(st, input.dtype(), op, in, in_bytes, rank_ * k * esize, k,
+                                     out, *scratch, streaming));
   StreamFence();
   st.Consumed(s);
-  if (absl::Status w = st.WaitConsumed(s); !w.ok()) return w;
+  RETURN_IF_ERROR(st.WaitConsumed(s));
   step_ += 1;
   return absl::OkStatus();
 }
@@ -396,27 +385,22 @@ absl::Status ShmCollectives::AllReduceCma(const core::Tensor& tensor, ReduceOp o
   const uint64_t s = step_;
   // Reduce-scatter of the own chunk, in place (peers read only their own chunks of it).
   st.PublishBuffer(s, t, t_bytes);
-  if (absl::Status w = st.WaitPublished(s, -1); !w.ok()) return w;
+  RETURN_IF_ERROR(st.WaitPublished(s, -1));
   const int64_t at = begin(rank_) * esize;
-  if (absl::Status r = ReduceFromPeersCma(st, tensor.dtype(), op, t, t_bytes, at, count(rank_),
-                                          t + at, *scratch, streaming);
-      !r.ok()) {
-    return r;
-  }
+  RETURN_IF_ERROR(ReduceFromPeersCma(st, tensor.dtype(), op, t, t_bytes, at, count(rank_), t + at,
+                                     *scratch, streaming));
   StreamFence();  // the reduced chunk is read by the peers next
   // All-gather: step s + 1 says this rank's chunk is final and that it has finished
   // reading the peers' chunks, so a peer may overwrite them once it sees it.
   st.Publish(s + 1);
   for (int d = 1; d < n; ++d) {
     const int p = (rank_ + d) % n;
-    if (absl::Status w = st.WaitPublished(s + 1, p); !w.ok()) return w;
+    RETURN_IF_ERROR(st.WaitPublished(s + 1, p));
     const int64_t at = begin(p) * esize;
-    if (absl::Status r = st.ReadPeer(p, t_bytes, at, t + at, count(p) * esize); !r.ok()) {
-      return r;
-    }
+    RETURN_IF_ERROR(st.ReadPeer(p, t_bytes, at, t + at, count(p) * esize));
   }
   st.Consumed(s + 1);
-  if (absl::Status w = st.WaitConsumed(s + 1); !w.ok()) return w;
+  RETURN_IF_ERROR(st.WaitConsumed(s + 1));
   step_ += 2;
   return absl::OkStatus();
 }
@@ -430,11 +414,11 @@ absl::Status ShmCollectives::BroadcastCma(const core::Tensor& tensor, int root,
   if (rank_ == root) {
     st.PublishBuffer(s, t, bytes);
     st.Consumed(s);
-    if (absl::Status w = st.WaitConsumed(s); !w.ok()) return w;
+    RETURN_IF_ERROR(st.WaitConsumed(s));
   } else {
     st.Publish(s);
-    if (absl::Status w = st.WaitPublished(s, root); !w.ok()) return w;
-    if (absl::Status r = st.ReadPeer(root, bytes, 0, t, bytes); !r.ok()) return r;
+    RETURN_IF_ERROR(st.WaitPublished(s, root));
+    RETURN_IF_ERROR(st.ReadPeer(root, bytes, 0, t, bytes));
     st.Consumed(s);
   }
   step_ += 1;
@@ -446,7 +430,7 @@ absl::Status ShmCollectives::Barrier(const QueuedOp& call) {
   ShmStepper st(*segment_, rank_, call, options_);
   const uint64_t s = step_;
   st.Publish(s);
-  if (absl::Status w = st.WaitPublished(s, -1); !w.ok()) return w;
+  RETURN_IF_ERROR(st.WaitPublished(s, -1));
   st.Consumed(s);
   step_ += 1;
   return absl::OkStatus();

@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "comm/failure.h"
 #include "core/errno_text.h"
+#include "core/status_macros.h"
 #include "glog/logging.h"
 
 namespace comm {
@@ -261,9 +262,9 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> JoinShmSegment(Store& store, int ran
   seg->size = size;
   seg->slot_bytes = options.slot_bytes;
   if (rank == 0) {
-    if (absl::Status s = CreateSegment(*seg, layout, size, options, who); !s.ok()) return s;
+    RETURN_IF_ERROR(CreateSegment(*seg, layout, size, options, who));
   } else {
-    if (absl::Status s = ReadSegmentName(store, *seg, options, who, deadline); !s.ok()) return s;
+    RETURN_IF_ERROR(ReadSegmentName(store, *seg, options, who, deadline));
     // An error is also recorded for rank 0 (NOTE [Attach errors]).
     if (absl::Status s = AttachSegment(*seg, layout, size, options, who); !s.ok()) {
       (void)store.Set(absl::StrCat("attached/", rank), absl::StrCat("error: ", s.ToString()));
@@ -271,9 +272,8 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> JoinShmSegment(Store& store, int ran
     }
   }
   InitControl(*seg, layout, rank);
-  absl::Status joined = rank == 0 ? AwaitAttached(store, *seg, size, options, who, deadline)
-                                  : AwaitReady(store, *seg, rank, options, who, deadline);
-  if (!joined.ok()) return joined;
+  RETURN_IF_ERROR(rank == 0 ? AwaitAttached(store, *seg, size, options, who, deadline)
+                            : AwaitReady(store, *seg, rank, options, who, deadline));
   return seg;
 }
 
@@ -377,15 +377,9 @@ absl::StatusOr<bool> ChooseShmTransport(Store& store, const ShmSegment& segment,
   const int err = ProbePeers(segment, rank, size, options, &bad_peer);
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(absl::StrCat("transport/", r));
-  if (absl::Status s = ExchangeProbes(store, keys, rank, options, err, bad_peer, who, deadline);
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(ExchangeProbes(store, keys, rank, options, err, bad_peer, who, deadline));
   std::string failure;
-  if (absl::Status s = ReadProbes(store, keys, segment, options, who, deadline, &failure);
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(ReadProbes(store, keys, segment, options, who, deadline, &failure));
   switch (options.transport) {
     case ShmTransport::kSlots:
       return false;

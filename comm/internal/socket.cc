@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/errno_text.h"
+#include "core/status_macros.h"
 
 namespace comm {
 namespace internal {
@@ -129,8 +130,7 @@ absl::StatusOr<Fd> ConnectOnce(absl::string_view host, int port, absl::Time dead
       return absl::UnavailableError(
           absl::StrCat("connect to ", where, ": ", core::ErrnoText(errno)));
     }
-    absl::Status ready = PollFor(fd.get(), POLLOUT, deadline, absl::StrCat("connect to ", where));
-    if (!ready.ok()) return ready;
+    RETURN_IF_ERROR(PollFor(fd.get(), POLLOUT, deadline, absl::StrCat("connect to ", where)));
     int err = 0;
     socklen_t len = sizeof(err);
     ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
@@ -153,8 +153,7 @@ absl::Status SendAll(int fd, const void* data, size_t n, absl::Time deadline) {
       continue;
     }
     if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      absl::Status ready = PollFor(fd, POLLOUT, deadline, "send");
-      if (!ready.ok()) return ready;
+      RETURN_IF_ERROR(PollFor(fd, POLLOUT, deadline, "send"));
       continue;
     }
     if (w < 0 && errno == EINTR) continue;
@@ -174,8 +173,7 @@ absl::Status RecvAll(int fd, void* data, size_t n, absl::Time deadline) {
     }
     if (r == 0) return absl::UnavailableError("connection closed by peer");
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      absl::Status ready = PollFor(fd, POLLIN, deadline, "recv");
-      if (!ready.ok()) return ready;
+      RETURN_IF_ERROR(PollFor(fd, POLLIN, deadline, "recv"));
       continue;
     }
     if (errno == EINTR) continue;
@@ -194,15 +192,13 @@ absl::Status SendFrame(int fd, absl::string_view payload, absl::Time deadline) {
                                    static_cast<unsigned char>(len >> 8),
                                    static_cast<unsigned char>(len >> 16),
                                    static_cast<unsigned char>(len >> 24)};
-  absl::Status s = SendAll(fd, header, 4, deadline);
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(SendAll(fd, header, 4, deadline));
   return SendAll(fd, payload.data(), payload.size(), deadline);
 }
 
 absl::StatusOr<std::string> RecvFrame(int fd, size_t max_bytes, absl::Time deadline) {
   unsigned char header[4];
-  absl::Status s = RecvAll(fd, header, 4, deadline);
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(RecvAll(fd, header, 4, deadline));
   const size_t len = static_cast<size_t>(header[0]) | (static_cast<size_t>(header[1]) << 8) |
                      (static_cast<size_t>(header[2]) << 16) |
                      (static_cast<size_t>(header[3]) << 24);
@@ -216,8 +212,7 @@ absl::StatusOr<std::string> RecvFrame(int fd, size_t max_bytes, absl::Time deadl
     const size_t chunk = std::min(len - out.size(), std::max<size_t>(out.size(), 64 * 1024));
     const size_t old = out.size();
     out.resize(old + chunk);
-    s = RecvAll(fd, out.data() + old, chunk, deadline);
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(RecvAll(fd, out.data() + old, chunk, deadline));
   }
   return out;
 }

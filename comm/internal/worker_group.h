@@ -11,7 +11,7 @@
 //     MyGroup(...) : BackendGroup(store, rank, size, name),
 //                    worker_(this, &stats(), internal::CollectiveWorker::Hooks{}) {}
 //     ... AllReduce(...) {
-//       if (auto s = worker_.CheckUsable(kind); !s.ok()) return s;
+//       RETURN_IF_ERROR(worker_.CheckUsable(kind));
 //       return worker_.Enqueue(kind, timeout, traffic,
 //                              [=](const internal::QueuedOp& op) { return Body(op); });
 //     }

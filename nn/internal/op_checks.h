@@ -86,13 +86,13 @@ inline absl::Status CheckNumel(absl::string_view what, const char* name, const T
 // The checks of an elementwise op: every tensor in `args` defined and on one device
 // (CheckDevices), float32, and with as many elements as the first.
 inline absl::Status CheckElementwiseF32(absl::string_view what, std::initializer_list<Arg> args) {
-  if (absl::Status s = CheckDevices(what, args); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckDevices(what, args));
   for (const Arg& a : args) {
-    if (absl::Status s = CheckDType(what, a.name, *a.tensor, DType::kFloat32); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckDType(what, a.name, *a.tensor, DType::kFloat32));
   }
   const int64_t numel = args.begin()->tensor->numel();
   for (const Arg& a : args) {
-    if (absl::Status s = CheckNumel(what, a.name, *a.tensor, numel); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckNumel(what, a.name, *a.tensor, numel));
   }
   return absl::OkStatus();
 }

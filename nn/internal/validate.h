@@ -55,8 +55,7 @@ inline absl::Status CheckDevice(const core::Module& m, const core::Tensor& t,
 inline absl::Status CheckLastDim(const core::Module& m, const core::Tensor& t, int64_t last,
                                  absl::string_view what,
                                  core::DType dtype = core::DType::kFloat32) {
-  absl::Status s = CheckTensor(m, t, dtype, what);
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(CheckTensor(m, t, dtype, what));
   if (t.dim() == 0 || t.size(-1) != last) {
     return ModuleError(m, absl::StrCat(what, " must have last dimension ", last, ", got ",
                                        core::ShapeToString(t.shape())));
@@ -84,9 +83,8 @@ inline absl::Status CheckGradOutput(const core::Module& m, bool have_cache,
   }
   const bool bf16 =
       bf16_ok && grad_output.defined() && grad_output.dtype() == core::DType::kBFloat16;
-  absl::Status s = CheckTensor(
-      m, grad_output, bf16 ? core::DType::kBFloat16 : core::DType::kFloat32, "grad_output");
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(CheckTensor(
+      m, grad_output, bf16 ? core::DType::kBFloat16 : core::DType::kFloat32, "grad_output"));
   if (grad_output.shape() != output_shape) {
     return ModuleError(
         m, absl::StrCat("grad_output shape ", core::ShapeToString(grad_output.shape()),
@@ -174,8 +172,7 @@ inline absl::StatusOr<core::Tensor> ParameterGradIn(const std::string& prefix, c
         p.data.shape(), core::DType::kFloat32, core::MemoryTag::kGrad, p.data.device());
     if (!g.ok())
       return absl::Status(g.status().code(), absl::StrCat(prefix, ": ", g.status().message()));
-    absl::Status zeroed = ZeroTensor(prefix, *g);
-    if (!zeroed.ok()) return zeroed;
+    RETURN_IF_ERROR(ZeroTensor(prefix, *g));
     p.grad = *std::move(g);
   }
   if (p.grad.dtype() != core::DType::kFloat32 || p.grad.numel() != p.data.numel()) {
