@@ -349,7 +349,7 @@ int main(int argc, char** argv) {
         if (g.ok() && s.ok()) s = Finish((*g)->Barrier(comm::BarrierOptions{}), f.timeout);
         absl::MutexLock lock(&mu);
         if (!s.ok() && first_error.ok()) {
-          first_error = absl::Status(s.code(), absl::StrCat("rank ", r, ": ", s.message()));
+          first_error = core::Annotate(s, absl::StrCat("rank ", r));
         }
       });
     }

@@ -99,9 +99,8 @@ absl::Status AgreeOnStatus(ProcessGroup* group, const absl::Status& local, absl:
   absl::StatusOr<std::vector<std::string>> all = AllGatherBytes(group, Encode(local), timeout);
   if (!all.ok()) {
     if (local.ok()) {
-      return absl::Status(all.status().code(),
-                          absl::StrCat(what, ": agreeing on the outcome across ranks: ",
-                                       all.status().message()));
+      return core::Annotate(all.status(),
+                            absl::StrCat(what, ": agreeing on the outcome across ranks"));
     }
     // Our own error is the news; the failed exchange is a consequence of it or of a peer.
     return local;
@@ -118,7 +117,7 @@ absl::Status AgreeOnStatus(ProcessGroup* group, const absl::Status& local, absl:
   }
   if (chosen < 0) return absl::OkStatus();
   const Decoded& d = decoded[chosen];
-  absl::Status out(d.status.code(), absl::StrCat("rank ", chosen, ": ", d.status.message()));
+  absl::Status out = core::Annotate(d.status, absl::StrCat("rank ", chosen));
   if (d.secondary) return MarkSecondary(out, d.culprits);
   if (chosen != rank) return MarkSecondary(out, {chosen});
   return out;

@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "core/status_macros.h"
 #include "core/text_file.h"
 #include "nlohmann/json.hpp"
 
@@ -134,8 +135,7 @@ absl::Status RecordFailure(const absl::Status& status, int rank) {
   record.culprit_ranks = CulpritRanks(status);
   const std::string text = record.ToJson() + "\n";
   if (absl::Status written = core::WriteFileAtomically(path, text); !written.ok()) {
-    return absl::Status(written.code(),
-                        absl::StrCat(kErrorFileEnv, "=", path, ": ", written.message()));
+    return core::Annotate(written, absl::StrCat(kErrorFileEnv, "=", path));
   }
   g_any_recorded = true;
   if (!secondary) g_root_recorded = true;

@@ -129,16 +129,14 @@ absl::Status GlooProcessGroup::Connect(const std::string& who, const std::string
     context_ = std::move(context);
   } catch (const internal::StoreError& e) {
     if (e.status().code() != absl::StatusCode::kDeadlineExceeded) {
-      return absl::Status(e.status().code(),
-                          absl::StrCat(who, ": rendezvous: ", e.status().message()));
+      return core::Annotate(e.status(), absl::StrCat(who, ": rendezvous"));
     }
-    return absl::Status(e.status().code(),
-                        absl::StrCat(who, ": rendezvous failed after ",
-                                     absl::FormatDuration(absl::Now() - start),
-                                     " (rendezvous_timeout ",
-                                     absl::FormatDuration(options_.rendezvous_timeout),
-                                     "); keys named below are the ranks that did not join: ",
-                                     e.status().message()));
+    return core::Annotate(e.status(),
+                          absl::StrCat(who, ": rendezvous failed after ",
+                                       absl::FormatDuration(absl::Now() - start),
+                                       " (rendezvous_timeout ",
+                                       absl::FormatDuration(options_.rendezvous_timeout),
+                                       "); keys named below are the ranks that did not join"));
   } catch (const std::exception& e) {
     std::string address;
     const int peer = adapter.listening().RankIn(e.what(), &address);
@@ -160,10 +158,7 @@ absl::Status GlooProcessGroup::Connect(const std::string& who, const std::string
   absl::StatusOr<internal::PeerDirectory> peers =
       internal::ConfirmConnections(*store(), *context_, rank, size, deadline,
                                    options_.rendezvous_timeout, key_prefix, adapter.listening());
-  if (!peers.ok()) {
-    return absl::Status(peers.status().code(),
-                        absl::StrCat(who, ": rendezvous: ", peers.status().message()));
-  }
+  if (!peers.ok()) return core::Annotate(peers.status(), absl::StrCat(who, ": rendezvous"));
   internal::BlameOptions blame;
   blame.rank = rank;
   blame.size = size;
@@ -230,9 +225,8 @@ std::shared_ptr<Work> GlooProcessGroup::Enqueue(CollectiveKind kind, absl::Durat
 absl::Status GlooProcessGroup::RunOp(const internal::QueuedOp& op, const RunFn& run) {
   const std::string& what = op.what;
   try {
-    absl::Status s = run(static_cast<uint32_t>(op.seq), ToMillis(op.deadline - absl::Now()));
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
-    return absl::OkStatus();
+    return core::Annotate(run(static_cast<uint32_t>(op.seq), ToMillis(op.deadline - absl::Now())),
+                          what);
   } catch (const gloo::IoException& e) {
     const bool timeout = IsGlooTimeout(e.what());
     if (blame_ != nullptr) {

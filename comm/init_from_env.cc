@@ -242,9 +242,7 @@ absl::StatusOr<Distributed> InitFromLaunchEnv(const LaunchEnv& env, const InitOp
   store_options.connect_timeout = options.timeout;
   store_options.secret = env.job_secret;
   absl::StatusOr<std::shared_ptr<TcpStore>> store = TcpStore::Create(store_options);
-  if (!store.ok()) {
-    return absl::Status(store.status().code(), absl::StrCat(who, ": ", store.status().message()));
-  }
+  if (!store.ok()) return core::Annotate(store.status(), who);
   dist.store = *store;
 
   if (dist.backend == Backend::kGloo) {
@@ -256,10 +254,9 @@ absl::StatusOr<Distributed> InitFromLaunchEnv(const LaunchEnv& env, const InitOp
     if (gloo.hostname.empty()) {
       absl::StatusOr<std::string> local = internal::LocalAddressFor(env.master_addr);
       if (!local.ok()) {
-        return absl::Status(local.status().code(),
-                            absl::StrCat(who, ": cannot find the local address that reaches "
-                                              "MASTER_ADDR ", env.master_addr, ": ",
-                                         local.status().message()));
+        return core::Annotate(local.status(),
+                              absl::StrCat(who, ": cannot find the local address that reaches "
+                                                "MASTER_ADDR ", env.master_addr));
       }
       gloo.hostname = *local;
     }

@@ -264,18 +264,14 @@ internal::WatchedOp WatchCollective(const std::shared_ptr<PendingCollective>& op
       // group fails every collective not yet seen to succeed.
       absl::MutexLock lock(&comm->mu);
       if (!comm->broken.ok()) {
-        return absl::Status(comm->broken.code(),
-                            absl::StrCat(op->description, ": the group broke: ",
-                                         comm->broken.message()));
+        return core::Annotate(comm->broken, absl::StrCat(op->description, ": the group broke"));
       }
     }
     const cudaError_t q = cudaEventQuery(op->event);
     if (q == cudaSuccess) return absl::OkStatus();
     if (q != cudaErrorNotReady) return CudaStatus(q, op->description);
     absl::Status async = comm->AsyncError();
-    if (!async.ok()) {
-      return absl::Status(async.code(), absl::StrCat(op->description, ": ", async.message()));
-    }
+    if (!async.ok()) return core::Annotate(async, op->description);
     return std::nullopt;
   };
   w.device_done = [op] { return cudaEventQuery(op->event) != cudaErrorNotReady; };
@@ -310,8 +306,7 @@ absl::StatusOr<ncclUniqueId> ExchangeUniqueId(Store& store, int rank, const std:
   }
   absl::StatusOr<std::string> got = store.Get("nccl_unique_id", options.init_timeout);
   if (!got.ok()) {
-    return absl::Status(got.status().code(), absl::StrCat(who, ": waiting for rank 0's NCCL id: ",
-                                                          got.status().message()));
+    return core::Annotate(got.status(), absl::StrCat(who, ": waiting for rank 0's NCCL id"));
   }
   if (got->size() != sizeof(id.internal)) {
     return absl::InternalError(absl::StrCat(who, ": NCCL id has ", got->size(), " bytes, not ",
@@ -467,7 +462,7 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Issue(CollectiveKind kin
   };
   absl::Status launched = launch(comm_->comm, stream_);
   if (!launched.ok()) {
-    return fail(absl::Status(launched.code(), absl::StrCat(what, ": ", launched.message())));
+    return fail(core::Annotate(launched, what));
   }
   (void)deadline;  // the watchdog counts the timeout from here too
   if (absl::Status s = CudaStatus(cudaEventRecord(op->event, stream_), what); !s.ok()) {

@@ -197,8 +197,7 @@ absl::Status TcpStore::Handshake(int fd, absl::Time deadline) const {
         where, ": authentication failed: the job secret (FSDP_JOB_SECRET) does not match"));
   }
   if (!reply->status.ok()) {
-    return absl::Status(reply->status.code(),
-                        absl::StrCat(where, ": authentication: ", reply->status.message()));
+    return core::Annotate(reply->status, absl::StrCat(where, ": authentication"));
   }
   if (!internal::ConstantTimeEquals(
           reply->body, internal::ServerProof(options_.secret, hello->nonce, *client_nonce))) {

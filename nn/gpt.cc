@@ -98,10 +98,7 @@ absl::StatusOr<std::shared_ptr<Gpt>> Gpt::Create(const GptConfig& config) {
   if (!core::DeferredInitScope::Active()) RETURN_IF_ERROR(CheckParametersFit(config));
   std::shared_ptr<Gpt> gpt(new Gpt(config));
   // A backstop for the check above: a parameter that still could not be allocated.
-  absl::Status allocated = gpt->ConstructionStatus();
-  if (!allocated.ok()) {
-    return absl::Status(allocated.code(), absl::StrCat("Gpt: ", allocated.message()));
-  }
+  RETURN_IF_ERROR(core::Annotate(gpt->ConstructionStatus(), "Gpt"));
   gpt->InitializeWeights();
   return gpt;
 }

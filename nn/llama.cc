@@ -148,10 +148,7 @@ absl::StatusOr<std::shared_ptr<Llama>> Llama::Create(const LlamaConfig& config) 
         "): a weight's element count overflows int64"));
   }
   std::shared_ptr<Llama> llama(new Llama(config));
-  absl::Status allocated = llama->ConstructionStatus();
-  if (!allocated.ok()) {
-    return absl::Status(allocated.code(), absl::StrCat("Llama: ", allocated.message()));
-  }
+  RETURN_IF_ERROR(core::Annotate(llama->ConstructionStatus(), "Llama"));
   llama->InitializeWeights();
   return llama;
 }

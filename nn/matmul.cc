@@ -272,8 +272,7 @@ absl::Status CpuMatMul(absl::string_view what, const GemmArgs& g, const Stored& 
         Gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, a + i * g.a.batch_stride, sa.ld,
              b + i * g.b.batch_stride, sb.ld, g.beta, c + i * g.c.batch_stride, sc.ld);
     if (!status.ok()) {
-      return absl::Status(status.code(), absl::StrCat(what, ": matrix ", i, " of ", g.batch,
-                                                      ": ", status.message()));
+      return core::Annotate(status, absl::StrCat(what, ": matrix ", i, " of ", g.batch));
     }
   }
   if (c_bf16 || g.epilogue != GemmEpilogue::kNone) {
@@ -369,8 +368,7 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
       const absl::Status rounded = core::cuda::ConvertFloatToBf16(
           static_cast<const float*>(f32.ptr), static_cast<uint16_t*>(scratch.raw_data()), span);
       if (!rounded.ok()) {
-        return absl::Status(rounded.code(), absl::StrCat(what, ": round GEMM operand to bf16: ",
-                                                         rounded.message()));
+        return core::Annotate(rounded, absl::StrCat(what, ": round GEMM operand to bf16"));
       }
       f32.ptr = scratch.raw_data();
       f32.bf16 = true;
@@ -390,8 +388,7 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
       const absl::Status widened = core::cuda::ConvertBf16ToFloat(
           static_cast<const uint16_t*>(g.bias.raw_data()), MutF32(wide_bias), g.n);
       if (!widened.ok()) {
-        return absl::Status(widened.code(), absl::StrCat(what, ": widen the bf16 bias: ",
-                                                         widened.message()));
+        return core::Annotate(widened, absl::StrCat(what, ": widen the bf16 bias"));
       }
       ep.bias = wide_bias.raw_data();
       ep.bias_bf16 = false;

@@ -148,11 +148,7 @@ absl::Status ZeroTensor(absl::string_view what, const Tensor& t) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": zeroing an undefined tensor"));
   }
   // core::Tensor::TryZero: a memset on the compute stream, recorded as the op "zero".
-  const absl::Status zeroed = t.TryZero();
-  if (!zeroed.ok()) {
-    return absl::Status(zeroed.code(), absl::StrCat(what, ": ", zeroed.message()));
-  }
-  return absl::OkStatus();
+  return core::Annotate(t.TryZero(), what);
 }
 
 }  // namespace nn

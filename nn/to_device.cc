@@ -15,13 +15,8 @@ absl::StatusOr<core::Tensor> CopyTo(const core::Tensor& t, const core::Device& d
                                     const std::string& what) {
   const core::MemoryTag tag = t.storage() ? t.storage()->tag() : core::MemoryTag::kParam;
   absl::StatusOr<core::Tensor> out = core::Tensor::Allocate(t.shape(), t.dtype(), tag, device);
-  if (!out.ok()) {
-    return absl::Status(out.status().code(), absl::StrCat(what, ": ", out.status().message()));
-  }
-  absl::Status copied = out->CopyFrom(t);
-  if (!copied.ok()) {
-    return absl::Status(copied.code(), absl::StrCat(what, ": ", copied.message()));
-  }
+  if (!out.ok()) return core::Annotate(out.status(), what);
+  RETURN_IF_ERROR(core::Annotate(out->CopyFrom(t), what));
   return out;
 }
 
@@ -74,10 +69,7 @@ absl::Status ConvertParameters(core::Module& module, core::DType dtype) {
     const core::MemoryTag tag = p->data.storage()->tag();
     ASSIGN_OR_RETURN(core::Tensor host, CopyTo(p->data, core::Device::Cpu(), what));
     absl::StatusOr<core::Tensor> converted = host.ToDType(dtype, tag);
-    if (!converted.ok()) {
-      return absl::Status(converted.status().code(),
-                          absl::StrCat(what, ": ", converted.status().message()));
-    }
+    if (!converted.ok()) return core::Annotate(converted.status(), what);
     core::Tensor data = *std::move(converted);
     if (!device.is_cpu()) {
       ASSIGN_OR_RETURN(data, CopyTo(data, device, what));

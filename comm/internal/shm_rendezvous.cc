@@ -102,11 +102,10 @@ absl::Status ReadSegmentName(Store& store, ShmSegment& seg, const ShmOptions& op
                              const std::string& who, absl::Time deadline) {
   absl::StatusOr<std::string> name = store.Get("segment", Left(deadline));
   if (!name.ok()) {
-    return absl::Status(name.status().code(),
-                        absl::StrCat(who, ": rank 0 did not publish the segment name within ",
-                                     "rendezvous_timeout ",
-                                     absl::FormatDuration(options.rendezvous_timeout), ": ",
-                                     name.status().message()));
+    return core::Annotate(name.status(),
+                          absl::StrCat(who, ": rank 0 did not publish the segment name within ",
+                                       "rendezvous_timeout ",
+                                       absl::FormatDuration(options.rendezvous_timeout)));
   }
   if (!absl::StartsWith(*name, absl::StrCat("/", kShmSegmentPrefix)) ||
       name->find('/', 1) != std::string::npos || name->size() > 200) {
@@ -177,8 +176,7 @@ absl::Status AwaitAttached(Store& store, const ShmSegment& seg, int size,
                            absl::Time deadline) {
   if (absl::Status s = store.Set("segment", seg.name); !s.ok()) {
     UnlinkQuietly(seg.name);
-    return absl::Status(s.code(), absl::StrCat(who, ": publishing the segment name: ",
-                                               s.message()));
+    return core::Annotate(s, absl::StrCat(who, ": publishing the segment name"));
   }
   std::vector<std::string> keys;
   for (int r = 1; r < size; ++r) keys.push_back(absl::StrCat("attached/", r));
@@ -210,15 +208,14 @@ absl::Status AwaitAttached(Store& store, const ShmSegment& seg, int size,
       absl::StatusOr<bool> there = store.Check({absl::StrCat("attached/", r)});
       if (there.ok() && !*there) missing.push_back(r);
     }
-    return absl::Status(
-        attached.code(),
-        absl::StrCat(who, ": ranks ", absl::StrJoin(missing, ", "),
-                     " did not attach to segment ", seg.name, " within rendezvous_timeout ",
-                     absl::FormatDuration(options.rendezvous_timeout), ": ",
-                     attached.message()));
+    return core::Annotate(attached,
+                          absl::StrCat(who, ": ranks ", absl::StrJoin(missing, ", "),
+                                       " did not attach to segment ", seg.name,
+                                       " within rendezvous_timeout ",
+                                       absl::FormatDuration(options.rendezvous_timeout)));
   }
   if (absl::Status s = store.Set("ready", "1"); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat(who, ": rendezvous: ", s.message()));
+    return core::Annotate(s, absl::StrCat(who, ": rendezvous"));
   }
   return absl::OkStatus();
 }
@@ -229,7 +226,7 @@ absl::Status AwaitReady(Store& store, const ShmSegment& seg, int rank,
                         absl::Time deadline) {
   if (absl::Status s = store.Set(absl::StrCat("attached/", rank), absl::StrCat("ok ", getpid()));
       !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat(who, ": rendezvous: ", s.message()));
+    return core::Annotate(s, absl::StrCat(who, ": rendezvous"));
   }
   absl::StatusOr<std::string> ready = store.Get("ready", Left(deadline));
   if (!ready.ok()) {
@@ -237,11 +234,10 @@ absl::Status AwaitReady(Store& store, const ShmSegment& seg, int rank,
     // rank does, so nothing stays in /dev/shm. (Ranks never unlink on their other
     // errors: a peer may still have to open it.)
     UnlinkQuietly(seg.name);
-    return absl::Status(ready.status().code(),
-                        absl::StrCat(who, ": rank 0 did not see every rank attach within ",
-                                     "rendezvous_timeout ",
-                                     absl::FormatDuration(options.rendezvous_timeout), ": ",
-                                     ready.status().message()));
+    return core::Annotate(ready.status(),
+                          absl::StrCat(who, ": rank 0 did not see every rank attach within ",
+                                       "rendezvous_timeout ",
+                                       absl::FormatDuration(options.rendezvous_timeout)));
   }
   if (absl::StartsWith(*ready, "error: ")) {
     return MarkSecondary(absl::FailedPreconditionError(absl::StrCat(
@@ -306,8 +302,7 @@ absl::Status ExchangeProbes(Store& store, const std::vector<std::string>& keys, 
   if (absl::Status s = store.Set(keys[rank], absl::StrCat(ShmTransportName(options.transport),
                                                           " ", err, " ", bad_peer));
       !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat(who, ": publishing the transport probe: ",
-                                               s.message()));
+    return core::Annotate(s, absl::StrCat(who, ": publishing the transport probe"));
   }
   if (absl::Status s = store.Wait(keys, Left(deadline)); !s.ok()) {
     std::vector<int> missing;
@@ -315,11 +310,10 @@ absl::Status ExchangeProbes(Store& store, const std::vector<std::string>& keys, 
       absl::StatusOr<bool> there = store.Check({keys[r]});
       if (there.ok() && !*there) missing.push_back(r);
     }
-    return absl::Status(s.code(), absl::StrCat(who, ": ranks ", absl::StrJoin(missing, ", "),
-                                               " did not publish their transport probe within ",
-                                               "rendezvous_timeout ",
-                                               absl::FormatDuration(options.rendezvous_timeout),
-                                               ": ", s.message()));
+    return core::Annotate(s, absl::StrCat(who, ": ranks ", absl::StrJoin(missing, ", "),
+                                          " did not publish their transport probe within ",
+                                          "rendezvous_timeout ",
+                                          absl::FormatDuration(options.rendezvous_timeout)));
   }
   return absl::OkStatus();
 }
@@ -334,9 +328,8 @@ absl::Status ReadProbes(Store& store, const std::vector<std::string>& keys,
   for (size_t r = 0; r < keys.size(); ++r) {
     absl::StatusOr<std::string> v = store.Get(keys[r], Left(deadline));
     if (!v.ok()) {
-      return absl::Status(v.status().code(),
-                          absl::StrCat(who, ": reading rank ", r, "'s transport probe: ",
-                                       v.status().message()));
+      return core::Annotate(v.status(),
+                            absl::StrCat(who, ": reading rank ", r, "'s transport probe"));
     }
     std::vector<std::string> parts = absl::StrSplit(*v, ' ');
     int r_err = 0;

@@ -21,6 +21,7 @@
 #include "comm/internal/store_util.h"
 #include "comm/internal/tcp_store_server_loop.h"
 #include "core/errno_text.h"
+#include "core/status_macros.h"
 #include "glog/logging.h"
 
 namespace comm {
@@ -233,10 +234,7 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
     const TcpStoreServerOptions& options) {
   const std::string where = absl::StrCat("TcpStore server ", options.host, ":", options.port);
   absl::StatusOr<Fd> listen = Listen(options.host, options.port);
-  if (!listen.ok()) {
-    return absl::Status(listen.status().code(),
-                        absl::StrCat("TcpStore server: ", listen.status().message()));
-  }
+  if (!listen.ok()) return core::Annotate(listen.status(), "TcpStore server");
   absl::StatusOr<int> port = BoundPort(listen->get());
   if (!port.ok()) return port.status();
   // Non-blocking, so that accepting until EAGAIN never stalls the loop.

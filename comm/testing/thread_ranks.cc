@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "core/status_macros.h"
 
 namespace comm {
 namespace testing {
@@ -43,8 +44,7 @@ void RankMain(std::shared_ptr<RunState> state, std::shared_ptr<HashStore> store,
   {
     absl::MutexLock lock(&state->mu);
     if (!status.ok() && state->first_error.ok()) {
-      state->first_error =
-          absl::Status(status.code(), absl::StrCat("rank ", rank, ": ", status.message()));
+      state->first_error = core::Annotate(status, absl::StrCat("rank ", rank));
     }
     state->done[rank] = true;
     ++state->finished;

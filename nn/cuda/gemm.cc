@@ -107,9 +107,7 @@ absl::StatusOr<DeviceContext*> Context(int device) {
       core::Tensor::Allocate({kWorkspaceBytes / 4}, core::DType::kInt32, core::MemoryTag::kOther,
                              core::Device::Cuda(device));
   if (!ws.ok()) {
-    return absl::Status(ws.status().code(),
-                        absl::StrCat("cuBLASLt workspace on cuda:", device, ": ",
-                                     ws.status().message()));
+    return core::Annotate(ws.status(), absl::StrCat("cuBLASLt workspace on cuda:", device));
   }
   cublasLtHandle_t handle = nullptr;
   RETURN_IF_ERROR(StatusFromCublas(cublasLtCreate(&handle),

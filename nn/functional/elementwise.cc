@@ -264,10 +264,7 @@ absl::StatusOr<Tensor> ToDType(core::Arg x_arg, core::DType dtype) {
   }
   if (x.dtype() == dtype) return x;
   absl::StatusOr<Tensor> converted = x.ToDType(dtype, core::MemoryTag::kActivation);
-  if (!converted.ok()) {
-    return absl::Status(converted.status().code(),
-                        absl::StrCat("ToDType: ", converted.status().message()));
-  }
+  if (!converted.ok()) return core::Annotate(converted.status(), "ToDType");
   Tensor y = *std::move(converted);
   RETURN_IF_ERROR(internal::RecordGradFn(
       "ToDType", x, &y, [](const Tensor& g) -> absl::StatusOr<Tensor> { return g; }));

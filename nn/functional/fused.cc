@@ -50,9 +50,8 @@ absl::StatusOr<Tensor> AsDType(const char* op, const char* name, const Tensor& t
   if (t.dtype() == dtype) return t;
   absl::StatusOr<Tensor> r = t.ToDType(dtype, core::MemoryTag::kActivation);
   if (!r.ok()) {
-    return absl::Status(r.status().code(),
-                        absl::StrCat(op, ": converting ", name, " to ", core::DTypeName(dtype),
-                                     ": ", r.status().message()));
+    return core::Annotate(r.status(),
+                          absl::StrCat(op, ": converting ", name, " to ", core::DTypeName(dtype)));
   }
   return r;
 }

@@ -30,10 +30,7 @@ using ::nn::internal::NewActivation;
 absl::StatusOr<Tensor> Bf16Operand(const char* op, const char* name, const Tensor& t) {
   if (IsBf16(t)) return t;
   absl::StatusOr<Tensor> r = t.ToDType(DType::kBFloat16, core::MemoryTag::kActivation);
-  if (!r.ok()) {
-    return absl::Status(r.status().code(),
-                        absl::StrCat(op, ": rounding ", name, " to bf16: ", r.status().message()));
-  }
+  if (!r.ok()) return core::Annotate(r.status(), absl::StrCat(op, ": rounding ", name, " to bf16"));
   return r;
 }
 

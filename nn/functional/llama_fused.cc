@@ -89,8 +89,7 @@ absl::StatusOr<Tensor> GemmInput(const char* op, const Projections& p) {
   if (!p.w16 || IsBf16(p.x)) return p.x;
   absl::StatusOr<Tensor> r = p.x.ToDType(DType::kBFloat16, core::MemoryTag::kActivation);
   if (!r.ok()) {
-    return absl::Status(r.status().code(),
-                        absl::StrCat(op, ": converting input to bfloat16: ", r.status().message()));
+    return core::Annotate(r.status(), absl::StrCat(op, ": converting input to bfloat16"));
   }
   return r;
 }

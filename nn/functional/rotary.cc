@@ -181,10 +181,7 @@ absl::StatusOr<Tensor> Rotary(core::Arg x_arg, int64_t offset, double theta) {
     return RotaryOp(x, RotaryTables{}, Positions{});
   }
   absl::StatusOr<RotaryTables> tables = MakeRotaryTables(offset + T, x.size(-1), theta, x.device());
-  if (!tables.ok()) {
-    return absl::Status(tables.status().code(),
-                        absl::StrCat("Rotary: ", tables.status().message()));
-  }
+  if (!tables.ok()) return core::Annotate(tables.status(), "Rotary");
   return Rotary(x, *tables, offset);
 }
 

@@ -170,8 +170,7 @@ inline absl::StatusOr<core::Tensor> ParameterGradIn(const std::string& prefix, c
   if (!p.grad.defined()) {
     absl::StatusOr<core::Tensor> g = core::Tensor::Allocate(
         p.data.shape(), core::DType::kFloat32, core::MemoryTag::kGrad, p.data.device());
-    if (!g.ok())
-      return absl::Status(g.status().code(), absl::StrCat(prefix, ": ", g.status().message()));
+    if (!g.ok()) return core::Annotate(g.status(), prefix);
     RETURN_IF_ERROR(ZeroTensor(prefix, *g));
     p.grad = *std::move(g);
   }
@@ -245,7 +244,7 @@ absl::StatusOr<T> InModule(const core::Module& m, absl::StatusOr<T> result) {
       (!path.empty() && absl::StartsWith(s.message(), path))) {
     return result;
   }
-  return absl::Status(s.code(), absl::StrCat(m.Describe(), ": ", s.message()));
+  return core::Annotate(s, m.Describe());
 }
 
 // The input gradients a norm layer's backward (LayerNorm, RmsNorm: module `m`, the input
