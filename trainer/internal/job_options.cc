@@ -10,7 +10,6 @@
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
@@ -559,8 +558,9 @@ absl::Status CheckBeforeLaunch(const JobOptions& job) {
   }
   // NOTE [Training to a global step]: a restart that resumes and then trains --steps more
   // would end past the run that never failed.
+  const std::vector<Stage> stages = ParseStages(job.stages).value_or(std::vector<Stage>());
   if (job.max_restarts > 0 && job.resume_from == kResumeLatest && job.max_steps == 0 &&
-      absl::StrContains(job.stages, "fit")) {
+      std::find(stages.begin(), stages.end(), Stage::kFit) != stages.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_restarts=", job.max_restarts, " with --resume_from=latest needs --max_steps (the "
         "global step to train to): --steps counts the steps of each start, so every restart "
