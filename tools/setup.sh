@@ -22,6 +22,8 @@ PACKAGES=(
   libdnnl-dev          # oneDNN 2.6: CPU GEMM (dnnl_sgemm); pulls libdnnl2, libgomp1, an OpenCL ICD loader
   nlohmann-json3-dev
   iproute2             # network namespaces for the multi-host test
+  clang-format-14      # the formatting check of make test (tools/format.sh)
+  python3              # tools/function_lengths.py and the bundle's run.py
 )
 
 missing=()
