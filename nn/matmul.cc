@@ -374,7 +374,7 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
       f32.bf16 = true;
     }
     cuda::GemmEpilogueArgs ep;
-    ep.kind = static_cast<int>(g.epilogue);
+    ep.kind = g.epilogue;
     if (g.bias.defined()) {
       ep.bias = g.bias.raw_data();
       ep.bias_bf16 = IsBf16(g.bias);
@@ -425,10 +425,11 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
         }
         RETURN_IF_ERROR(cuda::Gemm(device.index, g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k,
                                    g.alpha, a, b, g.beta, plain, what));
-        fused = Launched(::kernels::cuda::GemmEpilogue(
-                             static_cast<const float*>(plain.ptr), ep.kind, ep.bias,
-                             ep.bias_bf16, ep.aux, const_cast<void*>(cc.ptr), c_bf16, g.m, g.n),
-                         what, "GEMM epilogue");
+        fused =
+            Launched(::kernels::cuda::GemmEpilogue(
+                         static_cast<const float*>(plain.ptr), static_cast<int>(ep.kind), ep.bias,
+                         ep.bias_bf16, ep.aux, const_cast<void*>(cc.ptr), c_bf16, g.m, g.n),
+                     what, "GEMM epilogue");
       }
       RETURN_IF_ERROR(fused);
     }

@@ -33,6 +33,7 @@
 #include "absl/strings/string_view.h"
 #include "core/tensor.h"
 #include "kernels/cpu_runtime.h"
+#include "nn/gemm_epilogue.h"
 
 namespace nn {
 
@@ -71,14 +72,7 @@ struct MatrixRef {
 // aligned, say) MatMul runs the plain GEMM into an fp32 scratch and the same body as one
 // kernel (tested by forcing it, nn::cuda::ForceGemmFallbackForTesting; the gpu tests count
 // the fallbacks of the GPT's epilogues, nn::cuda::GemmEpilogueFallbacksForTesting).
-enum class GemmEpilogue : int {
-  kNone = 0,
-  kBias = 1,
-  kBiasGelu = 2,
-  kDGelu = 3,
-  kBiasResidual = 4,
-  kResidual = 5,
-};
+// The epilogues are nn::GemmEpilogue (nn/gemm_epilogue.h).
 
 // C_i = alpha * op(A_i) * op(B_i) + beta * C_i for i < batch, as nn::Gemm (nn/ops.h):
 // op(A) is [m, k] (A stored [k, m] when trans_a), op(B) is [k, n], C is [m, n]. A and B

@@ -214,28 +214,42 @@ std::map<GemmKey, const CachedGemm*>& GemmCache() {
   return *cache;
 }
 
-// Whether the epilogue `kind` (nn::GemmEpilogue's number) reads a residual as cuBLASLt's C,
-// with beta 1, writing D away from it: kBiasResidual (4) and kResidual (5).
-bool ResidualIsC(int kind) { return kind == 4 || kind == 5; }
+// Whether the epilogue adds a bias: kBias, kBiasGelu and kBiasResidual.
+bool AddsBias(GemmEpilogue kind) {
+  return kind == GemmEpilogue::kBias || kind == GemmEpilogue::kBiasGelu ||
+         kind == GemmEpilogue::kBiasResidual;
+}
 
-// cuBLASLt's epilogue for nn::GemmEpilogue's number `kind`, or for a bias gradient
-// (NOTE [GEMM epilogues]).
-cublasLtEpilogue_t LtEpilogue(int kind, bool bias_grad) {
+// Whether the epilogue writes (kBiasGelu) or reads (kDGelu) cuBLASLt's GELU aux matrix.
+bool GeluAux(GemmEpilogue kind) {
+  return kind == GemmEpilogue::kBiasGelu || kind == GemmEpilogue::kDGelu;
+}
+
+// Whether the epilogue reads a residual as cuBLASLt's C, with beta 1, writing D away from
+// it: kBiasResidual and kResidual.
+bool ResidualIsC(GemmEpilogue kind) {
+  return kind == GemmEpilogue::kBiasResidual || kind == GemmEpilogue::kResidual;
+}
+
+// cuBLASLt's epilogue for `kind`, or for a bias gradient (NOTE [GEMM epilogues]).
+cublasLtEpilogue_t LtEpilogue(GemmEpilogue kind, bool bias_grad) {
   // Our A is cuBLASLt's second operand, B: its bias gradient sums op(A)'s rows over k,
   // one value for each of D's m columns (D is C^T [n x m]).
   if (bias_grad) return CUBLASLT_EPILOGUE_BGRADB;
   switch (kind) {
-    case 1:
+    case GemmEpilogue::kBias:
       return CUBLASLT_EPILOGUE_BIAS;
-    case 2:
+    case GemmEpilogue::kBiasGelu:
       return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-    case 3:
+    case GemmEpilogue::kDGelu:
       return CUBLASLT_EPILOGUE_DGELU;
-    case 4:  // the residual is C, with beta 1
+    case GemmEpilogue::kBiasResidual:  // the residual is C, with beta 1
       return CUBLASLT_EPILOGUE_BIAS;
-    default:  // 0, and 5 (the residual is C, with beta 1)
-      return CUBLASLT_EPILOGUE_DEFAULT;
+    case GemmEpilogue::kNone:
+    case GemmEpilogue::kResidual:  // the residual is C, with beta 1
+      break;
   }
+  return CUBLASLT_EPILOGUE_DEFAULT;
 }
 
 // An algorithm's capability `cap` (an int32 or uint64 one) into *value; false where it
@@ -259,7 +273,7 @@ absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bo
                                             uint32_t align_first, uint32_t align_second,
                                             uint32_t align_c, bool tune,
                                             const std::string& where) {
-  // Kinds 4 and 5 write D away from their C (the residual).
+  // kBiasResidual and kResidual write D away from their C (the residual).
   const bool out_of_place = ResidualIsC(ep.kind);
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's first
   // operand is our B, its second our A, and its output C^T [n x m] with ld ldc.
@@ -287,7 +301,7 @@ absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bo
   RETURN_IF_ERROR(MakeLayout(&d.c, out_type, n, m, c.ld, batch32, c.stride, where));
   // NOTE [GEMM epilogues]. Column-major, D is C^T [n x m]: the bias runs along D's rows and
   // the aux matrix is [n x m] with leading dimension n, like D.
-  if (ep.kind != 0 || ep.bias_grad != nullptr) {
+  if (ep.kind != GemmEpilogue::kNone || ep.bias_grad != nullptr) {
     const cublasLtEpilogue_t epilogue = LtEpilogue(ep.kind, ep.bias_grad != nullptr);
     RETURN_IF_ERROR(StatusFromCublas(
         cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
@@ -307,7 +321,7 @@ absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bo
                                          sizeof(bias)),
           where));
     }
-    if (ep.aux != nullptr && (ep.kind == 2 || ep.kind == 3)) {  // kind 4's and 5's aux is C
+    if (ep.aux != nullptr && GeluAux(ep.kind)) {  // kBiasResidual's and kResidual's aux is C
       const int64_t aux_ld = n;
       RETURN_IF_ERROR(StatusFromCublas(
           cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux,
@@ -356,7 +370,7 @@ absl::StatusOr<const CachedGemm*> BuildGemm(DeviceContext* ctx, bool trans_a, bo
   // An unsupported combination (an epilogue or a type this cuBLASLt lacks; for an epilogue
   // or a bf16 output also one it calls an invalid value, as cublasLtMatmul's refusal
   // below) is "no algorithm", like an empty answer: the caller falls back.
-  const bool plain = ep.kind == 0 && !c.bf16 && ep.bias_grad == nullptr;
+  const bool plain = ep.kind == GemmEpilogue::kNone && !c.bf16 && ep.bias_grad == nullptr;
   if (queried == CUBLAS_STATUS_NOT_SUPPORTED ||
       (!plain && queried == CUBLAS_STATUS_INVALID_VALUE) ||
       (queried == CUBLAS_STATUS_SUCCESS && usable.empty())) {
@@ -481,7 +495,7 @@ struct TuneProblem {
   // Runs `algo` writing D to `d` (C's layout) and reading C from `c_in`.
   std::function<cublasStatus_t(const cublasLtMatmulAlgo_t& algo, void* d, const void* c_in)>
       run;
-  const void* c_in;  // C as the real GEMM reads it (the residual for kind 4)
+  const void* c_in;  // C as the real GEMM reads it (the residual where ResidualIsC)
   // C is D with a nonzero beta: tuned in place on a copy of C, made afresh for each check.
   bool reads_d;
   Span d, aux, bias_grad;  // what the GEMM writes (aux, bias_grad: empty when not)
@@ -643,13 +657,13 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
   if (c.bf16 && beta != 0.0f) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": a bf16 C needs beta 0"));
   }
-  if (ep.kind < 0 || ep.kind > 5 ||
-      ((ep.kind == 1 || ep.kind == 2 || ep.kind == 4) && ep.bias == nullptr) ||
-      ((ep.kind == 2 || ep.kind == 3 || ResidualIsC(ep.kind)) && ep.aux == nullptr)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": epilogue ", ep.kind, " lacks its bias or aux pointer"));
+  if (ep.kind < GemmEpilogue::kNone || ep.kind > GemmEpilogue::kResidual ||
+      (AddsBias(ep.kind) && ep.bias == nullptr) ||
+      ((GeluAux(ep.kind) || ResidualIsC(ep.kind)) && ep.aux == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": epilogue ", static_cast<int>(ep.kind), " lacks its bias or aux pointer"));
   }
-  if (ep.kind != 0 && (batch != 1 || c.ld != n)) {
+  if (ep.kind != GemmEpilogue::kNone && (batch != 1 || c.ld != n)) {
     // cuBLASLt's aux and bias vectors are set for one dense matrix (no batch strides).
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": an epilogue needs batch 1 and a dense C (ld ", c.ld, ", n ", n,
@@ -659,7 +673,8 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": a residual epilogue needs an fp32 C and beta 0"));
   }
-  if (ep.bias_grad != nullptr && (ep.kind != 0 || !a.bf16 || !trans_a || batch != 1)) {
+  if (ep.bias_grad != nullptr &&
+      (ep.kind != GemmEpilogue::kNone || !a.bf16 || !trans_a || batch != 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": a bias gradient needs no other epilogue, bf16 operands, a transposed A and "
         "batch 1"));
@@ -673,13 +688,13 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
   }
   ASSIGN_OR_RETURN(DeviceContext * ctx, Context(device));
   RETURN_IF_ERROR(StatusFromCuda(cudaSetDevice(device), where));
-  const bool plain = ep.kind == 0 && !c.bf16 && ep.bias_grad == nullptr;
+  const bool plain = ep.kind == GemmEpilogue::kNone && !c.bf16 && ep.bias_grad == nullptr;
   // cuBLASLt's epilogues, bf16 D and its aux need bf16 operands (fp32 ones take the
   // fallback), and the GELU aux matrix a leading dimension divisible by 8. The bias (or
   // bias gradient) and the GELU aux go to it 16-byte aligned only: the heuristic is told
   // their alignment, but users of its epilogues (llm.c, Marian) saw misaligned bias
   // vectors fault, and a fault would end the process's use of the device.
-  const bool gelu_aux = ep.kind == 2 || ep.kind == 3;
+  const bool gelu_aux = GeluAux(ep.kind);
   const void* bias_ptr = ep.bias_grad != nullptr ? ep.bias_grad : ep.bias;
   const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool lt_can = plain || (a.bf16 && (!gelu_aux || (n % 8 == 0 && aligned16(ep.aux))) &&
@@ -691,7 +706,8 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
   const int64_t in_bytes = a.bf16 ? 2 : 4;
   const uint32_t align_first = AlignmentOf(b.ptr, b.stride, in_bytes, batch);
   const uint32_t align_second = AlignmentOf(a.ptr, a.stride, in_bytes, batch);
-  // Kinds 4 and 5 read their residual as cuBLASLt's C: the alignment of both C and D.
+  // kBiasResidual and kResidual read their residual as cuBLASLt's C: the alignment of both
+  // C and D.
   const uint32_t align_c =
       std::min(AlignmentOf(c.ptr, c.stride, c.bf16 ? 2 : 4, batch),
                ResidualIsC(ep.kind) ? AlignmentOf(ep.aux, c.stride, 4, batch) : uint32_t{256});
@@ -703,7 +719,8 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
                        a.ld,         b.ld,            c.ld,            a.stride,
                        b.stride,     c.stride,        align_first | (int64_t{align_second} << 16),
                        align_c,      c.bf16 ? 1 : 0,
-                       ep.kind | (ep.bias_bf16 ? 16 : 0) | (ep.bias_grad != nullptr ? 32 : 0),
+                       static_cast<int64_t>(ep.kind) | (ep.bias_bf16 ? 16 : 0) |
+                           (ep.bias_grad != nullptr ? 32 : 0),
                        align_bias,   align_aux,       tune ? 1 : 0};
   // The cached problem of `problem_key`, or null.
   auto lookup = [](const GemmKey& problem_key) -> const CachedGemm* {
@@ -713,7 +730,7 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
   };
   // The cached problem of `problem_key`, built with `problem_ep` on its first use; one
   // built with a `grid` to match is refused before anyone can use it where its first
-  // answer does not run on that one's grid, or (kind 5) may add its split-K parts onto
+  // answer does not run on that one's grid, or (kResidual) may add its split-K parts onto
   // the residual.
   auto cached = [&](const GemmKey& problem_key, const GemmEpilogueArgs& problem_ep,
                     const CachedGemm* grid) -> absl::StatusOr<const CachedGemm*> {
@@ -723,7 +740,7 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
                                align_first, align_second, align_c, tune, where));
     if (grid != nullptr && fresh->has_algo &&
         (!grid->has_algo || !SameGrid(fresh->first, grid->first) ||
-         (problem_ep.kind == 5 && MayAddPartsInPlace(fresh->first)))) {
+         (problem_ep.kind == GemmEpilogue::kResidual && MayAddPartsInPlace(fresh->first)))) {
       fresh->refused.store(true);
     }
     std::lock_guard<std::mutex> lock(ContextMutex());
@@ -737,7 +754,7 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
   // NOTE [GEMM epilogues]: the bias gradient rides in the GEMM only where cuBLASLt runs it
   // on the plain GEMM's grid (tile, split-K, reduction, cluster): an epilogue that costs the
   // GEMM its split-K would lose more than the column-sums pass it saves. The residual
-  // epilogue (kind 5) runs in cuBLASLt only on the plain GEMM's grid, and not where its
+  // epilogue (kResidual) runs in cuBLASLt only on the plain GEMM's grid, and not where its
   // split-K parts may add up in its output (onto the residual): then P + residual is one
   // fp32 addition of the plain GEMM's P, the bits of the separate add. Refused, the caller's
   // fallback runs the plain GEMM and adds the residual in its epilogue kernel.
@@ -745,7 +762,7 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
   const CachedGemm* gemm = lookup(key);
   if (gemm == nullptr) {
     const CachedGemm* grid = nullptr;
-    if (ep.bias_grad != nullptr || ep.kind == 5) {
+    if (ep.bias_grad != nullptr || ep.kind == GemmEpilogue::kResidual) {
       GemmKey plain_key = key;  // no epilogue, at the same alignments
       plain_key[17] = plain_key[18] = plain_key[19] = 0;
       ASSIGN_OR_RETURN(grid, cached(plain_key, GemmEpilogueArgs(), nullptr));
@@ -754,7 +771,10 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
   }
   // The problem as GemmTuningReport names it (made only for a report line).
   auto problem = [&] {
-    return absl::StrCat(where, ep.kind != 0 ? absl::StrCat(", epilogue ", ep.kind) : "",
+    return absl::StrCat(where,
+                        ep.kind != GemmEpilogue::kNone
+                            ? absl::StrCat(", epilogue ", static_cast<int>(ep.kind))
+                            : "",
                         ep.bias_grad != nullptr ? ", bias gradient" : "",
                         c.bf16 ? ", bf16 C" : "");
   };
@@ -779,8 +799,8 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
                                        &ep.aux, sizeof(ep.aux)),
         where));
   }
-  // Kind 4: D = (P + residual) + bias, kind 5: D = P + residual, the residual as C with
-  // beta 1.
+  // kBiasResidual: D = (P + residual) + bias, kResidual: D = P + residual, the residual as
+  // C with beta 1.
   const void* c_in = ResidualIsC(ep.kind) ? ep.aux : c.ptr;
   const float beta_in = ResidualIsC(ep.kind) ? 1.0f : beta;
   auto run = [&](const cublasLtMatmulAlgo_t& algo, void* d, const void* c_read) {
@@ -806,16 +826,17 @@ absl::Status Gemm(int device, bool trans_a, bool trans_b, int64_t batch, int64_t
     const Span none{nullptr, nullptr};
     const Span bias_span =
         ep.bias != nullptr ? MatrixSpan(ep.bias, 1, n, n, ep.bias_bf16 ? 2 : 4) : none;
-    // Kind 3 reads its aux (the GELU pre-activation), kinds 4 and 5 their residual (as
-    // cuBLASLt's C).
-    const Span aux_in =
-        ep.kind == 3 || ResidualIsC(ep.kind) ? MatrixSpan(ep.aux, m, n, n, c_esize) : none;
+    // kDGelu reads its aux (the GELU pre-activation), kBiasResidual and kResidual their
+    // residual (as cuBLASLt's C).
+    const Span aux_in = ep.kind == GemmEpilogue::kDGelu || ResidualIsC(ep.kind)
+                            ? MatrixSpan(ep.aux, m, n, n, c_esize)
+                            : none;
     TuneProblem t;
     t.run = run;
     t.c_in = c_in;
     t.reads_d = beta_in != 0.0f && c_in == c.ptr;
     t.d = MatrixSpan(c.ptr, m, n, n, c_esize);
-    t.aux = ep.kind == 2 ? MatrixSpan(ep.aux, m, n, n, c_esize) : none;
+    t.aux = ep.kind == GemmEpilogue::kBiasGelu ? MatrixSpan(ep.aux, m, n, n, c_esize) : none;
     t.bias_grad = ep.bias_grad != nullptr ? MatrixSpan(ep.bias_grad, 1, m, m, 4) : none;
     bool disjoint = true;
     for (const Span& out : {t.d, t.aux, t.bias_grad}) {

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "nn/gemm_epilogue.h"
 
 namespace nn {
 namespace cuda {
@@ -26,14 +27,14 @@ struct GemmOperand {
   int64_t stride = 0;
 };
 
-// NOTE [GEMM epilogues] (nn/tensor_ops.h): `kind` is nn::GemmEpilogue's number; `bias`
-// ([n], fp32 or bf16) for kinds 1, 2 and 4, `aux` (C's dtype, [m, n] dense) for kinds 2, 3,
-// 4 and 5 (4 and 5: the residual, cuBLASLt's C with beta 1; an fp32 C and beta 0 only).
-// `bias_grad` (fp32 [m]), with kind 0, bf16 operands, trans_a and batch 1: the GEMM also
-// writes (not adds) bias_grad[i] = the sum over k of op(A)[i, :] (cuBLASLt's BGRADB: the
-// bias gradient of a weight-gradient GEMM dW = g^T x, whose A is g).
+// NOTE [GEMM epilogues] (nn/tensor_ops.h): `bias` ([n], fp32 or bf16) for kBias, kBiasGelu
+// and kBiasResidual, `aux` (C's dtype, [m, n] dense) for kBiasGelu, kDGelu, kBiasResidual
+// and kResidual (the last two: the residual, cuBLASLt's C with beta 1; an fp32 C and beta 0
+// only). `bias_grad` (fp32 [m]), with kNone, bf16 operands, trans_a and batch 1: the GEMM
+// also writes (not adds) bias_grad[i] = the sum over k of op(A)[i, :] (cuBLASLt's BGRADB:
+// the bias gradient of a weight-gradient GEMM dW = g^T x, whose A is g).
 struct GemmEpilogueArgs {
-  int kind = 0;
+  GemmEpilogue kind = GemmEpilogue::kNone;
   const void* bias = nullptr;
   bool bias_bf16 = false;
   void* aux = nullptr;
