@@ -21,9 +21,9 @@
 // (target <= 1.4), and for each model the main job's memory estimate of its activation
 // peak (integration/memory_estimate.h) over the measured one (target: within 5%).
 #include <algorithm>
-#include <cstring>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -112,9 +112,9 @@ absl::StatusOr<nlohmann::json> Run() {
 
   // A: what one block keeps for its backward; I: its input.
   auto block = std::make_shared<nn::TransformerBlock>(config.n_embd, config.n_head, 1);
-  ASSIGN_OR_RETURN(core::Tensor x, core::Tensor::Allocate({batch_rows, seq_len, config.n_embd},
-                                                          core::DType::kFloat32,
-                                                          core::MemoryTag::kActivation));
+  ASSIGN_OR_RETURN(core::Tensor x,
+                   core::Tensor::Allocate({batch_rows, seq_len, config.n_embd},
+                                          core::DType::kFloat32, core::MemoryTag::kActivation));
   core::Rng rng(7);
   for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = rng.Normal(0.0f, 1.0f);
   const int64_t before_block = Activations(cpu);
@@ -160,8 +160,8 @@ absl::StatusOr<nlohmann::json> Run() {
     const core::Tensor& b = p1[i].second->data;
     if (a.nbytes() != b.nbytes() ||
         std::memcmp(a.data<float>(), b.data<float>(), a.nbytes()) != 0) {
-      return absl::InternalError(absl::StrCat("parameter ", p0[i].first,
-                                              " differs between the two models"));
+      return absl::InternalError(
+          absl::StrCat("parameter ", p0[i].first, " differs between the two models"));
     }
   }
 
@@ -187,10 +187,14 @@ absl::StatusOr<nlohmann::json> Run() {
   const double ckpt_s = Median(ckpt.step_s);
   nlohmann::json out;
   out["benchmark"] = "activation_checkpointing";
-  out["config"] = {{"vocab_size", config.vocab_size}, {"seq_len", seq_len},
-                   {"n_embd", config.n_embd},         {"n_layer", L},
-                   {"n_head", config.n_head},         {"batch", batch_rows},
-                   {"steps", steps},                  {"dtype", "float32"},
+  out["config"] = {{"vocab_size", config.vocab_size},
+                   {"seq_len", seq_len},
+                   {"n_embd", config.n_embd},
+                   {"n_layer", L},
+                   {"n_head", config.n_head},
+                   {"batch", batch_rows},
+                   {"steps", steps},
+                   {"dtype", "float32"},
                    {"world_size", 1}};
   out["one_block_activation_bytes"] = block_bytes;
   out["one_block_input_bytes"] = input_bytes;

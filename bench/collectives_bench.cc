@@ -184,9 +184,10 @@ absl::Status RunRank(comm::ProcessGroup& g, core::Device device, const Flags& f,
       // Elements: a multiple of n so the sharded ops split evenly.
       const int64_t count = std::max<int64_t>(n, (s / 4) / n * n);
       const int64_t bytes = count * 4;
-      const int iters =
-          static_cast<int>(std::clamp<int64_t>(f.target_bytes / std::max<int64_t>(bytes, 1), 2, 100));
-      ASSIGN_OR_RETURN(core::Tensor full, core::Tensor::Allocate({count}, core::DType::kFloat32, tag, device));
+      const int iters = static_cast<int>(
+          std::clamp<int64_t>(f.target_bytes / std::max<int64_t>(bytes, 1), 2, 100));
+      ASSIGN_OR_RETURN(core::Tensor full,
+                       core::Tensor::Allocate({count}, core::DType::kFloat32, tag, device));
       ASSIGN_OR_RETURN(core::Tensor part,
                        core::Tensor::Allocate({count / n}, core::DType::kFloat32, tag, device));
       full.Fill(1.0f);
@@ -223,7 +224,8 @@ absl::Status RunRank(comm::ProcessGroup& g, core::Device device, const Flags& f,
       const double mine =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
       // The slowest rank's time, via a max all-reduce (on the group's device).
-      ASSIGN_OR_RETURN(core::Tensor t, core::Tensor::Allocate({1}, core::DType::kFloat32, tag, device));
+      ASSIGN_OR_RETURN(core::Tensor t,
+                       core::Tensor::Allocate({1}, core::DType::kFloat32, tag, device));
       t.Fill(static_cast<float>(mine));
       comm::AllReduceOptions max;
       max.reduce_op = comm::ReduceOp::kMax;
@@ -375,8 +377,9 @@ int main(int argc, char** argv) {
       "broadcast; time = mean per iteration of the slowest rank";
   out["memcpy"] = {{"bytes", memcpy_bytes},
                    {"GBps", memcpy_gbps},
-                   {"what", "host memcpy by one thread, best of 5, measured in this run: the "
-                            "CPU-side limit for a rank's busbw"}};
+                   {"what",
+                    "host memcpy by one thread, best of 5, measured in this run: the "
+                    "CPU-side limit for a rank's busbw"}};
   if (world == 1) out["note"] = "one rank: busbw is 0 by definition; algbw is a local copy";
   nlohmann::json results = nlohmann::json::array();
   for (const Row& r : rows) {

@@ -130,12 +130,12 @@ bool SameBytes(const Tensor& a, const Tensor& b) {
 }
 
 // In a rank function: records a failure and ends the rank (its peers then fail fast).
-#define EXPECT_OR_RETURN(cond, msg)                               \
-  do {                                                            \
-    if (!(cond)) {                                                \
-      ADD_FAILURE() << #cond << ": " << msg;                      \
+#define EXPECT_OR_RETURN(cond, msg)                                      \
+  do {                                                                   \
+    if (!(cond)) {                                                       \
+      ADD_FAILURE() << #cond << ": " << msg;                             \
       return absl::InternalError(absl::StrCat("check failed: ", #cond)); \
-    }                                                             \
+    }                                                                    \
   } while (0)
 
 std::string Case(const char* what, DType dtype, ReduceOp op, int64_t k, bool flag) {
@@ -195,8 +195,7 @@ absl::Status RunMatrix(int rank, int n, ProcessGroup& shm, ProcessGroup& gloo) {
           EXPECT_OR_RETURN(SameBytes(out_shm, out_gloo), c);
           std::vector<Tensor> inputs;
           for (int r = 0; r < n; ++r) {
-            inputs.push_back(
-                Filled(n * k, dtype, [&](int64_t i) { return Inexact(r, call, i); }));
+            inputs.push_back(Filled(n * k, dtype, [&](int64_t i) { return Inexact(r, call, i); }));
           }
           for (int64_t i = 0; i < k; ++i) {
             std::vector<float> values;
@@ -263,14 +262,17 @@ class ShmCollectivesTest : public ::testing::TestWithParam<std::tuple<int, ShmTr
 
 TEST_P(ShmCollectivesTest, EveryCollectiveMatchesTheReferenceAndGlooBitwise) {
   const int n = this->n();
-  absl::Status s = RunThreadRanks(n, [&](RankContext& ctx) -> absl::Status {
-    ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, ctx.rank, n, Shm()));
-    EXPECT_EQ(shm->transport_name(), want_transport());
-    EXPECT_EQ(shm->backend_name(), "shm");
-    EXPECT_EQ(shm->rank(), ctx.rank);
-    EXPECT_EQ(shm->size(), n);
-    return RunMatrix(ctx.rank, n, *shm, *ctx.group);
-  }, Options());
+  absl::Status s = RunThreadRanks(
+      n,
+      [&](RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, ctx.rank, n, Shm()));
+        EXPECT_EQ(shm->transport_name(), want_transport());
+        EXPECT_EQ(shm->backend_name(), "shm");
+        EXPECT_EQ(shm->rank(), ctx.rank);
+        EXPECT_EQ(shm->size(), n);
+        return RunMatrix(ctx.rank, n, *shm, *ctx.group);
+      },
+      Options());
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -279,74 +281,78 @@ TEST_P(ShmCollectivesTest, EveryCollectiveMatchesTheReferenceAndGlooBitwise) {
 // the default slot size.
 TEST_P(ShmCollectivesTest, LargeCollectivesStreamAndKeepTheBits) {
   const int n = this->n();
-  absl::Status s = RunThreadRanks(n, [&](RankContext& ctx) -> absl::Status {
-    const int rank = ctx.rank;
-    ShmOptions o = Shm();
-    o.slot_bytes = ShmOptions().slot_bytes;
-    ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, rank, n, o));
-    ProcessGroup& gloo = *ctx.group;
-    // Per-rank elements: a reduce-scatter output of more than 4 MiB in fp32, and an odd
-    // count so pieces end in a remainder.
-    const int64_t k = (int64_t{4} << 20) / 4 + 1027;
-    int call = 1000;
-    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
-      ++call;
-      {
-        Tensor in = Filled(k, dtype, [&](int64_t i) { return Inexact(rank, call, i); });
-        Tensor out_shm = Tensor::Zeros({n * k}, dtype);
-        Tensor out_gloo = Tensor::Zeros({n * k}, dtype);
-        RETURN_IF_ERROR(Finish(shm->AllGather(in, out_shm, AllGatherOptions{})));
-        RETURN_IF_ERROR(Finish(gloo.AllGather(in, out_gloo, AllGatherOptions{})));
-        EXPECT_OR_RETURN(SameBytes(out_shm, out_gloo),
-                         "large AllGather " << core::DTypeName(dtype));
-        Tensor own = out_shm.View(rank * k, {k}).value();
-        EXPECT_OR_RETURN(SameBytes(own, in), "large AllGather own block");
-      }
-      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
-        ++call;
-        Tensor in = Filled(n * k, dtype, [&](int64_t i) { return Inexact(rank, call, i); });
-        Tensor out_shm = Tensor::Zeros({k}, dtype);
-        Tensor out_gloo = Tensor::Zeros({k}, dtype);
-        ReduceScatterOptions rs;
-        rs.reduce_op = op;
-        RETURN_IF_ERROR(Finish(shm->ReduceScatter(in, out_shm, rs)));
-        RETURN_IF_ERROR(Finish(gloo.ReduceScatter(in, out_gloo, rs)));
-        EXPECT_OR_RETURN(SameBytes(out_shm, out_gloo),
-                         "large ReduceScatter " << core::DTypeName(dtype) << " "
-                                                << ReduceOpName(op));
-        // Spot checks against the rank-order reference.
-        for (int64_t i : {int64_t{0}, k / 3, k - 1}) {
-          std::vector<float> values;
-          for (int r = 0; r < n; ++r) {
-            values.push_back(At(Filled(1, dtype,
-                                       [&](int64_t) { return Inexact(r, call, rank * k + i); }),
-                                0));
+  absl::Status s = RunThreadRanks(
+      n,
+      [&](RankContext& ctx) -> absl::Status {
+        const int rank = ctx.rank;
+        ShmOptions o = Shm();
+        o.slot_bytes = ShmOptions().slot_bytes;
+        ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, rank, n, o));
+        ProcessGroup& gloo = *ctx.group;
+        // Per-rank elements: a reduce-scatter output of more than 4 MiB in fp32, and an odd
+        // count so pieces end in a remainder.
+        const int64_t k = (int64_t{4} << 20) / 4 + 1027;
+        int call = 1000;
+        for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+          ++call;
+          {
+            Tensor in = Filled(k, dtype, [&](int64_t i) { return Inexact(rank, call, i); });
+            Tensor out_shm = Tensor::Zeros({n * k}, dtype);
+            Tensor out_gloo = Tensor::Zeros({n * k}, dtype);
+            RETURN_IF_ERROR(Finish(shm->AllGather(in, out_shm, AllGatherOptions{})));
+            RETURN_IF_ERROR(Finish(gloo.AllGather(in, out_gloo, AllGatherOptions{})));
+            EXPECT_OR_RETURN(SameBytes(out_shm, out_gloo),
+                             "large AllGather " << core::DTypeName(dtype));
+            Tensor own = out_shm.View(rank * k, {k}).value();
+            EXPECT_OR_RETURN(SameBytes(own, in), "large AllGather own block");
           }
-          EXPECT_OR_RETURN(ElementBytes(out_shm, i) == Reduce(dtype, op, values),
-                           "large ReduceScatter element " << i);
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
+            ++call;
+            Tensor in = Filled(n * k, dtype, [&](int64_t i) { return Inexact(rank, call, i); });
+            Tensor out_shm = Tensor::Zeros({k}, dtype);
+            Tensor out_gloo = Tensor::Zeros({k}, dtype);
+            ReduceScatterOptions rs;
+            rs.reduce_op = op;
+            RETURN_IF_ERROR(Finish(shm->ReduceScatter(in, out_shm, rs)));
+            RETURN_IF_ERROR(Finish(gloo.ReduceScatter(in, out_gloo, rs)));
+            EXPECT_OR_RETURN(SameBytes(out_shm, out_gloo), "large ReduceScatter "
+                                                               << core::DTypeName(dtype) << " "
+                                                               << ReduceOpName(op));
+            // Spot checks against the rank-order reference.
+            for (int64_t i : {int64_t{0}, k / 3, k - 1}) {
+              std::vector<float> values;
+              for (int r = 0; r < n; ++r) {
+                values.push_back(At(
+                    Filled(1, dtype, [&](int64_t) { return Inexact(r, call, rank * k + i); }), 0));
+              }
+              EXPECT_OR_RETURN(ElementBytes(out_shm, i) == Reduce(dtype, op, values),
+                               "large ReduceScatter element " << i);
+            }
+            // All-reduce of the same input (integer-valued, so gloo's order gives the same
+            // bits) over a size that does not divide by n.
+            ++call;
+            Tensor t_shm =
+                Filled(n * k + 1, dtype, [&](int64_t i) { return Exact(rank, call, i); });
+            Tensor t_gloo = Copy(t_shm);
+            AllReduceOptions ar;
+            ar.reduce_op = op;
+            RETURN_IF_ERROR(Finish(shm->AllReduce(t_shm, ar)));
+            RETURN_IF_ERROR(Finish(gloo.AllReduce(t_gloo, ar)));
+            EXPECT_OR_RETURN(SameBytes(t_shm, t_gloo), "large AllReduce " << core::DTypeName(dtype)
+                                                                          << " "
+                                                                          << ReduceOpName(op));
+          }
+          ++call;
+          Tensor b_shm = Filled(n * k, dtype, [&](int64_t i) { return Inexact(rank, call, i); });
+          BroadcastOptions bo;
+          bo.root = n - 1;
+          RETURN_IF_ERROR(Finish(shm->Broadcast(b_shm, bo)));
+          Tensor want = Filled(n * k, dtype, [&](int64_t i) { return Inexact(n - 1, call, i); });
+          EXPECT_OR_RETURN(SameBytes(b_shm, want), "large Broadcast");
         }
-        // All-reduce of the same input (integer-valued, so gloo's order gives the same
-        // bits) over a size that does not divide by n.
-        ++call;
-        Tensor t_shm = Filled(n * k + 1, dtype, [&](int64_t i) { return Exact(rank, call, i); });
-        Tensor t_gloo = Copy(t_shm);
-        AllReduceOptions ar;
-        ar.reduce_op = op;
-        RETURN_IF_ERROR(Finish(shm->AllReduce(t_shm, ar)));
-        RETURN_IF_ERROR(Finish(gloo.AllReduce(t_gloo, ar)));
-        EXPECT_OR_RETURN(SameBytes(t_shm, t_gloo),
-                         "large AllReduce " << core::DTypeName(dtype) << " " << ReduceOpName(op));
-      }
-      ++call;
-      Tensor b_shm = Filled(n * k, dtype, [&](int64_t i) { return Inexact(rank, call, i); });
-      BroadcastOptions bo;
-      bo.root = n - 1;
-      RETURN_IF_ERROR(Finish(shm->Broadcast(b_shm, bo)));
-      Tensor want = Filled(n * k, dtype, [&](int64_t i) { return Inexact(n - 1, call, i); });
-      EXPECT_OR_RETURN(SameBytes(b_shm, want), "large Broadcast");
-    }
-    return absl::OkStatus();
-  }, Options());
+        return absl::OkStatus();
+      },
+      Options());
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -370,14 +376,14 @@ INSTANTIATE_TEST_SUITE_P(Cma, ProcessGroupConformanceTest,
                              ShmFactory(ShmTransport::kCrossMemoryAttach), {1, 2, 3, 4})),
                          ::comm::testing::ConformanceCaseName);
 
-INSTANTIATE_TEST_SUITE_P(
-    RanksAndTransports, ShmCollectivesTest,
-    ::testing::Combine(::testing::Values(2, 3, 4),
-                       ::testing::Values(ShmTransport::kSlots, ShmTransport::kCrossMemoryAttach)),
-    [](const ::testing::TestParamInfo<std::tuple<int, ShmTransport>>& info) {
-      return absl::StrCat("N", std::get<0>(info.param), "_",
-                          TransportParamName(std::get<1>(info.param)));
-    });
+INSTANTIATE_TEST_SUITE_P(RanksAndTransports, ShmCollectivesTest,
+                         ::testing::Combine(::testing::Values(2, 3, 4),
+                                            ::testing::Values(ShmTransport::kSlots,
+                                                              ShmTransport::kCrossMemoryAttach)),
+                         [](const ::testing::TestParamInfo<std::tuple<int, ShmTransport>>& info) {
+                           return absl::StrCat("N", std::get<0>(info.param), "_",
+                                               TransportParamName(std::get<1>(info.param)));
+                         });
 
 TEST(ShmWaitTest, AWaitingRankSleepsInsteadOfSpinning) {
   // Rank 1 issues its all-reduce 500 ms after rank 0: rank 0's worker must not burn
@@ -385,25 +391,28 @@ TEST(ShmWaitTest, AWaitingRankSleepsInsteadOfSpinning) {
   // measure it around the wait, with rank 1's thread idle (sleeping) meanwhile.
   ThreadRanksOptions opts = Options();
   opts.create_group = false;
-  absl::Status s = RunThreadRanks(2, [&](RankContext& ctx) -> absl::Status {
-    ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, ctx.rank, 2,
-                                                       ShmTestOptions("world")));
-    Tensor t = Tensor::Zeros({100});
-    RETURN_IF_ERROR(Finish(shm->Barrier(BarrierOptions{})));
-    if (ctx.rank == 1) {
-      absl::SleepFor(absl::Milliseconds(500));
-      return Finish(shm->AllReduce(t, AllReduceOptions{}));
-    }
-    const clock_t cpu0 = clock();
-    const absl::Time start = absl::Now();
-    RETURN_IF_ERROR(Finish(shm->AllReduce(t, AllReduceOptions{})));
-    const double cpu_s = static_cast<double>(clock() - cpu0) / CLOCKS_PER_SEC;
-    const absl::Duration wall = absl::Now() - start;
-    EXPECT_GE(wall, absl::Milliseconds(400));
-    // A spinning waiter would use about as much CPU as wall time.
-    EXPECT_LT(cpu_s, 0.25 * absl::ToDoubleSeconds(wall)) << "cpu " << cpu_s << " s";
-    return absl::OkStatus();
-  }, opts);
+  absl::Status s = RunThreadRanks(
+      2,
+      [&](RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(auto shm,
+                         ShmProcessGroup::Create(ctx.store, ctx.rank, 2, ShmTestOptions("world")));
+        Tensor t = Tensor::Zeros({100});
+        RETURN_IF_ERROR(Finish(shm->Barrier(BarrierOptions{})));
+        if (ctx.rank == 1) {
+          absl::SleepFor(absl::Milliseconds(500));
+          return Finish(shm->AllReduce(t, AllReduceOptions{}));
+        }
+        const clock_t cpu0 = clock();
+        const absl::Time start = absl::Now();
+        RETURN_IF_ERROR(Finish(shm->AllReduce(t, AllReduceOptions{})));
+        const double cpu_s = static_cast<double>(clock() - cpu0) / CLOCKS_PER_SEC;
+        const absl::Duration wall = absl::Now() - start;
+        EXPECT_GE(wall, absl::Milliseconds(400));
+        // A spinning waiter would use about as much CPU as wall time.
+        EXPECT_LT(cpu_s, 0.25 * absl::ToDoubleSeconds(wall)) << "cpu " << cpu_s << " s";
+        return absl::OkStatus();
+      },
+      opts);
   EXPECT_TRUE(s.ok()) << s;
 }
 

@@ -262,14 +262,27 @@ int main() {
     core::Tensor g0 = Normal(n, 9), g = core::Tensor::Empty({n});
     auto refresh = [&] { std::copy(P(s0), P(s0) + n, P(s)); };
     results.push_back(Measure(
-        "causal_softmax_forward", n, [&] { refresh(); OldSoftmax(P(s), srows, T); },
-        [&] { refresh(); kcpu::CausalSoftmaxForward(P(s), srows, T); }, Time(refresh),
-        WallTime(1, refresh)));
+        "causal_softmax_forward", n,
+        [&] {
+          refresh();
+          OldSoftmax(P(s), srows, T);
+        },
+        [&] {
+          refresh();
+          kcpu::CausalSoftmaxForward(P(s), srows, T);
+        },
+        Time(refresh), WallTime(1, refresh)));
     auto refresh_g = [&] { std::copy(P(g0), P(g0) + n, P(g)); };
     results.push_back(Measure(
         "causal_softmax_backward", n,
-        [&] { refresh_g(); OldSoftmaxBackward(P(s), P(g), srows, T, 0.125f); },
-        [&] { refresh_g(); kcpu::CausalSoftmaxBackward(P(s), false, P(g), srows, T, 0.125f); },
+        [&] {
+          refresh_g();
+          OldSoftmaxBackward(P(s), P(g), srows, T, 0.125f);
+        },
+        [&] {
+          refresh_g();
+          kcpu::CausalSoftmaxBackward(P(s), false, P(g), srows, T, 0.125f);
+        },
         Time(refresh_g), WallTime(1, refresh_g)));
   }
   {  // Cross-entropy over [rows, V].

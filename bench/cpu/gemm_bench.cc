@@ -4,7 +4,8 @@
 // thread count is set to 1 through each library's own API). Prints one JSON document.
 //
 //   bash bench/cpu/gemm.sh          # unpacks the libraries, builds the shims, runs this
-//   bazel run -c opt //bench/cpu:gemm_bench -- --lib=openblas:cblas:/usr/lib/x86_64-linux-gnu/libopenblas.so.0
+//   bazel run -c opt //bench/cpu:gemm_bench --
+//   --lib=openblas:cblas:/usr/lib/x86_64-linux-gnu/libopenblas.so.0
 //
 // Each --lib=NAME:KIND:PATH is loaded with dlopen (so libraries that are not installed, only
 // unpacked, can be measured, and several BLAS libraries exporting the same symbols do not
@@ -163,8 +164,8 @@ Library Load(const std::string& spec) {
     lib.gemm = [sgemm](const Shape& s, const float* A, const float* B, float* C) {
       const int lda = s.trans_a ? s.m : s.k, ldb = s.trans_b ? s.k : s.n;
       sgemm(kCblasRowMajor, s.trans_a ? kCblasTrans : kCblasNoTrans,
-            s.trans_b ? kCblasTrans : kCblasNoTrans, s.m, s.n, s.k, 1.0f, A, lda, B, ldb, s.beta,
-            C, s.n);
+            s.trans_b ? kCblasTrans : kCblasNoTrans, s.m, s.n, s.k, 1.0f, A, lda, B, ldb, s.beta, C,
+            s.n);
       return true;
     };
   } else if (lib.kind == "dnnl") {
@@ -190,10 +191,15 @@ Library Load(const std::string& spec) {
     if (auto isa = Sym<unsigned (*)()>(h, "dnnl_get_effective_cpu_isa")) {
       const unsigned v = isa();
       // dnnl_cpu_isa_t of oneDNN 2.6 (dnnl_types.h).
-      const char* name = v == 0x1 ? "sse41" : v == 0x3 ? "avx" : v == 0x7 ? "avx2"
-                       : v == 0x407 ? "avx2_vnni" : v == 0x27 ? "avx512_core"
-                       : v == 0x67 ? "avx512_core_vnni" : v == 0xe7 ? "avx512_core_bf16"
-                       : v == 0x3e7 ? "avx512_core_amx" : "other";
+      const char* name = v == 0x1     ? "sse41"
+                         : v == 0x3   ? "avx"
+                         : v == 0x7   ? "avx2"
+                         : v == 0x407 ? "avx2_vnni"
+                         : v == 0x27  ? "avx512_core"
+                         : v == 0x67  ? "avx512_core_vnni"
+                         : v == 0xe7  ? "avx512_core_bf16"
+                         : v == 0x3e7 ? "avx512_core_amx"
+                                      : "other";
       char hex[16];
       std::snprintf(hex, sizeof(hex), "0x%x", v);
       lib.info["dnnl_effective_isa"] = std::string(name) + " (" + hex + ")";
@@ -250,8 +256,8 @@ struct CpuFacts {
   int family = -1, model = -1;
   double mhz = 0;
   std::vector<std::string> simd_flags;
-  int fma_lanes = 0;   // fp32 lanes of the widest FMA vector
-  int fma_units = 2;   // FMA pipes per core assumed (Zen/Skylake-SP server parts: 2)
+  int fma_lanes = 0;  // fp32 lanes of the widest FMA vector
+  int fma_units = 2;  // FMA pipes per core assumed (Zen/Skylake-SP server parts: 2)
 };
 
 CpuFacts ReadCpu() {
@@ -332,14 +338,16 @@ int main(int argc, char** argv) {
     }
   }
   if (lib_specs.empty() || world < 1 || !(min_seconds > 0)) {
-    std::fprintf(stderr, "gemm_bench: need at least one --lib, --world_size >= 1, --min_seconds > 0\n");
+    std::fprintf(stderr,
+                 "gemm_bench: need at least one --lib, --world_size >= 1, --min_seconds > 0\n");
     return 2;
   }
   std::vector<Shape> shapes;
   for (const std::string& cs : Split(configs_flag, ';')) {
     std::vector<std::string> v = Split(cs, ',');
     if (v.size() != 6) {
-      std::fprintf(stderr, "gemm_bench: --configs entry '%s' needs 6 numbers V,T,C,L,H,B\n", cs.c_str());
+      std::fprintf(stderr, "gemm_bench: --configs entry '%s' needs 6 numbers V,T,C,L,H,B\n",
+                   cs.c_str());
       return 2;
     }
     Config c{std::atoll(v[0].c_str()), std::atoll(v[1].c_str()), std::atoll(v[2].c_str()),
@@ -349,8 +357,9 @@ int main(int argc, char** argv) {
 
   const CpuFacts cpu = ReadCpu();
   nlohmann::json out;
-  out["cpu"] = {{"model_name", cpu.model_name}, {"vendor", cpu.vendor}, {"family", cpu.family},
-                {"model", cpu.model}, {"mhz", cpu.mhz}, {"simd_flags", cpu.simd_flags}};
+  out["cpu"] = {
+      {"model_name", cpu.model_name}, {"vendor", cpu.vendor}, {"family", cpu.family},
+      {"model", cpu.model},           {"mhz", cpu.mhz},       {"simd_flags", cpu.simd_flags}};
   const double peak = cpu.fma_units * cpu.fma_lanes * 2.0 * cpu.mhz / 1000.0;
   out["peak_gflops_one_core"] = {
       {"gflops", peak},
@@ -358,11 +367,13 @@ int main(int argc, char** argv) {
                       " fp32 lanes x 2 flops x " + std::to_string(cpu.mhz / 1000.0) +
                       " GHz (cpu MHz of /proc/cpuinfo; the widest FMA the flags show" +
                       (cpu.fma_lanes == 16 ? ": AVX-512)" : ": AVX2/FMA, 256-bit)")},
-      {"note", "an upper bound; a core that splits 256-bit FMAs into two 128-bit halves "
-               "(AMD Zen 1) peaks at half of it"}};
+      {"note",
+       "an upper bound; a core that splits 256-bit FMAs into two 128-bit halves "
+       "(AMD Zen 1) peaks at half of it"}};
   out["threads"] = 1;
-  out["timing"] = "gflops: thread CPU time (CLOCK_THREAD_CPUTIME_ID), best of 3 batches of at "
-                  "least min_seconds/3 each; gflops_wall_clock beside it";
+  out["timing"] =
+      "gflops: thread CPU time (CLOCK_THREAD_CPUTIME_ID), best of 3 batches of at "
+      "least min_seconds/3 each; gflops_wall_clock beside it";
   out["load_average_start"] = nullptr;
   {
     double l[3];
@@ -410,9 +421,13 @@ int main(int argc, char** argv) {
     for (size_t li = 0; li < libs.size(); ++li) {
       const Library& lib = libs[li];
       if (!lib.error.empty()) continue;
-      nlohmann::json r = {{"config", s.config}, {"gemm", s.name},
+      nlohmann::json r = {{"config", s.config},
+                          {"gemm", s.name},
                           {"op", std::string(s.trans_a ? "T" : "N") + (s.trans_b ? "T" : "N")},
-                          {"m", s.m}, {"n", s.n}, {"k", s.k}, {"beta", s.beta},
+                          {"m", s.m},
+                          {"n", s.n},
+                          {"k", s.k},
+                          {"beta", s.beta},
                           {"library", lib.name}};
       // Correctness on a fresh copy of C (beta = 1 shapes accumulate into it).
       std::vector<float> C = C0;
@@ -450,7 +465,8 @@ int main(int argc, char** argv) {
             best_wall = std::min(best_wall, wall / reps);
             break;
           }
-          reps = std::max<int64_t>(reps * 2, static_cast<int64_t>(reps * (min_seconds / 3) / std::max(dt, 1e-9)));
+          reps = std::max<int64_t>(
+              reps * 2, static_cast<int64_t>(reps * (min_seconds / 3) / std::max(dt, 1e-9)));
         }
       }
       r["gflops_wall_clock"] = flops / best_wall / 1e9;
@@ -489,12 +505,13 @@ int main(int argc, char** argv) {
       per_config[config_labels[c]] = j;
     }
     geomean[li] = n > 0 ? std::exp(log_sum / n) : 0.0;
-    summary.push_back({{"library", libs[li].name},
-                       {"per_config", per_config},
-                       {"geomean_speedup_vs_" + libs[0].name, geomean[li]},
-                       {"step_weighted_gflops_all_configs", step_flops[li] / step_seconds[li] / 1e9},
-                       {"worst_max_rel_error", worst_error[li]},
-                       {"incorrect_or_failed_shapes", failures[li]}});
+    summary.push_back(
+        {{"library", libs[li].name},
+         {"per_config", per_config},
+         {"geomean_speedup_vs_" + libs[0].name, geomean[li]},
+         {"step_weighted_gflops_all_configs", step_flops[li] / step_seconds[li] / 1e9},
+         {"worst_max_rel_error", worst_error[li]},
+         {"incorrect_or_failed_shapes", failures[li]}});
   }
   std::sort(summary.begin(), summary.end(), [&](const nlohmann::json& a, const nlohmann::json& b) {
     const std::string key = "geomean_speedup_vs_" + libs[0].name;

@@ -89,17 +89,21 @@ absl::StatusOr<std::string> DecodeEntities(absl::string_view raw) {
       return absl::InvalidArgumentError(absl::StrCat("unterminated '&' at ", raw.substr(i)));
     }
     const absl::string_view ref = raw.substr(i + 1, semi - i - 1);
-    if (ref == "amp") out += '&';
-    else if (ref == "lt") out += '<';
-    else if (ref == "gt") out += '>';
-    else if (ref == "quot") out += '"';
-    else if (ref == "apos") out += '\'';
+    if (ref == "amp")
+      out += '&';
+    else if (ref == "lt")
+      out += '<';
+    else if (ref == "gt")
+      out += '>';
+    else if (ref == "quot")
+      out += '"';
+    else if (ref == "apos")
+      out += '\'';
     else if (ref.size() >= 2 && ref[0] == '#') {
       uint32_t cp = 0;
       const bool hex = ref[1] == 'x';
       const absl::string_view digits = ref.substr(hex ? 2 : 1);
-      const bool parsed =
-          hex ? absl::SimpleHexAtoi(digits, &cp) : absl::SimpleAtoi(digits, &cp);
+      const bool parsed = hex ? absl::SimpleHexAtoi(digits, &cp) : absl::SimpleAtoi(digits, &cp);
       if (digits.empty() || !parsed) {
         return absl::InvalidArgumentError(absl::StrCat("bad character reference &", ref, ";"));
       }
@@ -168,9 +172,9 @@ absl::StatusOr<std::unique_ptr<Element>> ParseXml(absl::string_view doc) {
       if (i >= n || doc[i] != '>') return absl::InvalidArgumentError("bad end tag");
       ++i;
       if (stack.empty() || stack.back()->name != *name) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("end tag </", *name, "> does not match <",
-                         stack.empty() ? "" : stack.back()->name, ">"));
+        return absl::InvalidArgumentError(absl::StrCat("end tag </", *name, "> does not match <",
+                                                       stack.empty() ? "" : stack.back()->name,
+                                                       ">"));
       }
       stack.pop_back();
       continue;
@@ -294,15 +298,14 @@ bool IsOneTwoFive(double step) {
 // ---- The checker itself ---------------------------------------------------------------
 
 TEST(XmlCheckerTest, AcceptsWellFormedAndRejectsEachDefect) {
-  EXPECT_TRUE(
-      ParseXml("<?xml version=\"1.0\"?><a x=\"1\" y='2'><b/>t &amp; &lt;<c></c></a>").ok());
-  EXPECT_FALSE(ParseXml("<a><b></a>").ok());         // b never closed
-  EXPECT_FALSE(ParseXml("<a><b></c></a>").ok());     // mismatched end tag
-  EXPECT_FALSE(ParseXml("<a>").ok());                // root never closed
-  EXPECT_FALSE(ParseXml("<a x=1></a>").ok());        // unquoted attribute
-  EXPECT_FALSE(ParseXml("<a x=\"<\"></a>").ok());    // raw '<' in an attribute
+  EXPECT_TRUE(ParseXml("<?xml version=\"1.0\"?><a x=\"1\" y='2'><b/>t &amp; &lt;<c></c></a>").ok());
+  EXPECT_FALSE(ParseXml("<a><b></a>").ok());           // b never closed
+  EXPECT_FALSE(ParseXml("<a><b></c></a>").ok());       // mismatched end tag
+  EXPECT_FALSE(ParseXml("<a>").ok());                  // root never closed
+  EXPECT_FALSE(ParseXml("<a x=1></a>").ok());          // unquoted attribute
+  EXPECT_FALSE(ParseXml("<a x=\"<\"></a>").ok());      // raw '<' in an attribute
   EXPECT_FALSE(ParseXml("<a>fish & chips</a>").ok());  // raw '&'
-  EXPECT_FALSE(ParseXml("<a></a><b></b>").ok());     // two roots
+  EXPECT_FALSE(ParseXml("<a></a><b></b>").ok());       // two roots
   EXPECT_FALSE(ParseXml("<a x=\"1\"x=\"2\"></a>").ok());
 }
 
@@ -371,7 +374,7 @@ TEST(LineChartTest, OnePointPerFinitePointInDataOrder) {
     EXPECT_EQ(dx > 0, px[i].first > px[i - 1].first) << "point " << i;
     EXPECT_EQ(dx < 0, px[i].first < px[i - 1].first) << "point " << i;
     EXPECT_EQ(dy > 0, px[i].second < px[i - 1].second) << "point " << i;
-    EXPECT_EQ(dy < 0, px[i].second > px[i - 1].second) << "point " << i;
+    EXPECT_EQ(dy<0, px[i].second> px[i - 1].second) << "point " << i;
   }
 }
 
@@ -560,8 +563,8 @@ int CountMultiples(double lo, double hi, double step) {
 
 TEST(NiceTicksTest, PicksTheOneTwoFiveStepWithTheCountClosestToTarget) {
   const std::vector<std::pair<double, double>> ranges = {
-      {1.47, 4.2}, {0, 1}, {0, 7}, {-3, 11}, {1003, 1047}, {0.000123, 0.000987},
-      {-1e6, 3e6}, {2.5, 2.50001}, {0, 123456789}};
+      {1.47, 4.2},          {0, 1},      {0, 7},         {-3, 11},      {1003, 1047},
+      {0.000123, 0.000987}, {-1e6, 3e6}, {2.5, 2.50001}, {0, 123456789}};
   for (auto [lo, hi] : ranges) {
     absl::StatusOr<Ticks> t = NiceTicks(lo, hi);
     ASSERT_TRUE(t.ok()) << t.status();
@@ -659,8 +662,7 @@ TEST(GroupedBarChartTest, BytesTickLabelsInOneBinaryUnit) {
   for (const Case& c : {Case{700, "B"}, Case{3.3 * kKiB, "KiB"}, Case{3 * kMiB, "MiB"},
                         // The axis top is 1.1x the tallest bar: 920MiB stays in MiB,
                         // 1000MiB moves to GiB.
-                        Case{920 * kMiB, "MiB"}, Case{1000 * kMiB, "GiB"},
-                        Case{2 * kGiB, "GiB"}}) {
+                        Case{920 * kMiB, "MiB"}, Case{1000 * kMiB, "GiB"}, Case{2 * kGiB, "GiB"}}) {
     BarChartOptions options;
     options.bytes = true;
     absl::StatusOr<std::string> svg =
