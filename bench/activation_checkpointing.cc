@@ -95,66 +95,91 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-absl::StatusOr<nlohmann::json> Run() {
+// The GPT and the batch shape of the flags.
+struct Setup {
   nn::GptConfig config;
-  config.vocab_size = absl::GetFlag(FLAGS_vocab_size);
-  config.block_size = absl::GetFlag(FLAGS_seq_len);
-  config.n_embd = absl::GetFlag(FLAGS_n_embd);
-  config.n_layer = absl::GetFlag(FLAGS_n_layer);
-  config.n_head = absl::GetFlag(FLAGS_n_head);
-  const int batch_rows = absl::GetFlag(FLAGS_batch);
-  const int seq_len = absl::GetFlag(FLAGS_seq_len);
-  const int steps = absl::GetFlag(FLAGS_steps);
-  if (batch_rows < 1 || steps < 1) {
+  int batch_rows = 0;
+  int seq_len = 0;
+  int steps = 0;
+};
+
+absl::StatusOr<Setup> SetupFromFlags() {
+  Setup s;
+  s.config.vocab_size = absl::GetFlag(FLAGS_vocab_size);
+  s.config.block_size = absl::GetFlag(FLAGS_seq_len);
+  s.config.n_embd = absl::GetFlag(FLAGS_n_embd);
+  s.config.n_layer = absl::GetFlag(FLAGS_n_layer);
+  s.config.n_head = absl::GetFlag(FLAGS_n_head);
+  s.batch_rows = absl::GetFlag(FLAGS_batch);
+  s.seq_len = absl::GetFlag(FLAGS_seq_len);
+  s.steps = absl::GetFlag(FLAGS_steps);
+  if (s.batch_rows < 1 || s.steps < 1) {
     return absl::InvalidArgumentError("--batch and --steps must be >= 1");
   }
-  core::Allocator& cpu = *core::Allocator::Current(core::Device::Cpu());
+  return s;
+}
 
-  // A: what one block keeps for its backward; I: its input.
+// What one block's forward keeps for its backward (A), and one block's input (I).
+struct BlockBytes {
+  int64_t activations = 0;
+  int64_t input = 0;
+};
+
+// A and I, from a fresh block run on the batch's shape; freed before it returns.
+absl::StatusOr<BlockBytes> MeasureOneBlock(const Setup& setup, core::Allocator& cpu) {
+  const nn::GptConfig& config = setup.config;
   auto block = std::make_shared<nn::TransformerBlock>(config.n_embd, config.n_head, 1);
   ASSIGN_OR_RETURN(core::Tensor x,
-                   core::Tensor::Allocate({batch_rows, seq_len, config.n_embd},
+                   core::Tensor::Allocate({setup.batch_rows, setup.seq_len, config.n_embd},
                                           core::DType::kFloat32, core::MemoryTag::kActivation));
   core::Rng rng(7);
   for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = rng.Normal(0.0f, 1.0f);
   const int64_t before_block = Activations(cpu);
   ASSIGN_OR_RETURN(core::Tensor y, block->Forward(x));
-  const int64_t block_bytes = Activations(cpu) - before_block - y.nbytes();
-  const int64_t input_bytes = x.nbytes();
-  y = core::Tensor();
-  x = core::Tensor();
-  block.reset();
+  BlockBytes bytes;
+  bytes.activations = Activations(cpu) - before_block - y.nbytes();
+  bytes.input = x.nbytes();
+  return bytes;
+}
 
-  auto store = std::make_shared<comm::HashStore>();
-  ASSIGN_OR_RETURN(std::shared_ptr<comm::GlooProcessGroup> group,
-                   comm::GlooProcessGroup::Create(store, 0, 1, comm::GlooOptions()));
-  fsdp::WrapperRegistry registry;
-  Model models[2];
+// models[0] plain, models[1] with every TransformerBlock checkpointed; the same weights.
+absl::Status BuildModels(const nn::GptConfig& config,
+                         const std::shared_ptr<comm::GlooProcessGroup>& group,
+                         fsdp::WrapperRegistry* registry, Model (&models)[2]) {
   for (int k = 0; k < 2; ++k) {
     ASSIGN_OR_RETURN(models[k].gpt, nn::Gpt::Create(config));
     fsdp::FullyShardOptions options;
     options.policy = policy::ModuleTypes({"TransformerBlock"});
     if (k == 1) options.checkpoint_policy = policy::ModuleTypes({"TransformerBlock"});
-    ASSIGN_OR_RETURN(models[k].handle, fsdp::FullyShard(models[k].gpt, group, options, &registry));
+    ASSIGN_OR_RETURN(models[k].handle, fsdp::FullyShard(models[k].gpt, group, options, registry));
     ASSIGN_OR_RETURN(models[k].adamw, optim::AdamW::Create(models[k].gpt->NamedParameters()));
   }
+  return absl::OkStatus();
+}
+
+// One warm-up step and `steps` timed ones, the two models alternating on the same batches.
+absl::Status Train(const Setup& setup, core::Allocator& cpu, Model (&models)[2]) {
   data::MarkovLanguageOptions language_options;
-  language_options.vocab_size = static_cast<int>(config.vocab_size);
+  language_options.vocab_size = static_cast<int>(setup.config.vocab_size);
   ASSIGN_OR_RETURN(data::MarkovLanguage language, data::MarkovLanguage::Create(language_options));
-  for (int s = 0; s <= steps; ++s) {
-    ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(s, batch_rows, seq_len));
+  for (int s = 0; s <= setup.steps; ++s) {
+    ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(s, setup.batch_rows, setup.seq_len));
     for (Model& m : models) RETURN_IF_ERROR(Step(m, batch, cpu));
     if (s == 0) {
       for (Model& m : models) m.step_s.clear();  // the warm-up step makes AdamW's state
     }
-    std::fprintf(stderr, "step %d/%d: %.3f s plain, %.3f s checkpointed\n", s, steps,
+    std::fprintf(stderr, "step %d/%d: %.3f s plain, %.3f s checkpointed\n", s, setup.steps,
                  models[0].step_s.empty() ? 0.0 : models[0].step_s.back(),
                  models[1].step_s.empty() ? 0.0 : models[1].step_s.back());
   }
-  // The same weights: the two models must agree to the bit (NOTE [Activation
-  // checkpointing]); a benchmark of a wrong result would be worthless.
-  const auto p0 = models[0].gpt->NamedParameters();
-  const auto p1 = models[1].gpt->NamedParameters();
+  return absl::OkStatus();
+}
+
+// The same weights: the two models must agree to the bit (NOTE [Activation
+// checkpointing]); a benchmark of a wrong result would be worthless.
+absl::Status CheckBitwiseEqual(const Model& plain, const Model& ckpt) {
+  const auto p0 = plain.gpt->NamedParameters();
+  const auto p1 = ckpt.gpt->NamedParameters();
   for (size_t i = 0; i < p0.size(); ++i) {
     const core::Tensor& a = p0[i].second->data;
     const core::Tensor& b = p1[i].second->data;
@@ -164,58 +189,65 @@ absl::StatusOr<nlohmann::json> Run() {
           absl::StrCat("parameter ", p0[i].first, " differs between the two models"));
     }
   }
+  return absl::OkStatus();
+}
 
-  const int64_t L = config.n_layer;
-  const Model& plain = models[0];
-  const Model& ckpt = models[1];
-  const int64_t rest = plain.peak - L * block_bytes;
-  const int64_t bound = rest + L * input_bytes + block_bytes;
-  // The main job's memory estimate (NOTE [Memory estimate] in integration/memory_estimate.h)
-  // of each model's activation peak.
-  int64_t estimate[2] = {0, 0};
-  for (int k = 0; k < 2; ++k) {
-    integration::MemoryEstimateInput in;
-    in.model = integration::ModelSizesOfModule(*models[k].gpt);
-    in.activations = integration::GptActivations(config, batch_rows, seq_len);
-    if (k == 1) {
-      for (int64_t i = 0; i < L; ++i) in.activations->checkpointed_blocks.push_back(i);
+// The main job's memory estimate (NOTE [Memory estimate] in integration/memory_estimate.h)
+// of a model's activation peak, with every block checkpointed or none.
+absl::StatusOr<int64_t> EstimatedActivationPeak(const nn::Gpt& gpt, const Setup& setup,
+                                                bool checkpointed) {
+  integration::MemoryEstimateInput in;
+  in.model = integration::ModelSizesOfModule(gpt);
+  in.activations = integration::GptActivations(setup.config, setup.batch_rows, setup.seq_len);
+  if (checkpointed) {
+    for (int64_t i = 0; i < setup.config.n_layer; ++i) {
+      in.activations->checkpointed_blocks.push_back(i);
     }
-    ASSIGN_OR_RETURN(integration::MemoryEstimate e, integration::EstimateMemory(in));
-    estimate[k] = e.activation_bytes;
   }
+  ASSIGN_OR_RETURN(integration::MemoryEstimate e, integration::EstimateMemory(in));
+  return e.activation_bytes;
+}
+
+nlohmann::json ModelReport(const Model& m, int64_t estimate, double step_s_median) {
+  return {{"held_after_forward_bytes", m.held_after_forward},
+          {"peak_bytes", m.peak},
+          {"estimated_peak_bytes", estimate},
+          {"estimate_over_peak", static_cast<double>(estimate) / m.peak},
+          {"step_s_median", step_s_median}};
+}
+
+// The JSON line: the measurements beside the bound of the file's header.
+nlohmann::json Report(const Setup& setup, const BlockBytes& block, const Model& plain,
+                      const Model& ckpt, const int64_t (&estimate)[2]) {
+  const nn::GptConfig& config = setup.config;
+  const int64_t L = config.n_layer;
+  const int64_t rest = plain.peak - L * block.activations;
+  const int64_t bound = rest + L * block.input + block.activations;
   const double plain_s = Median(plain.step_s);
   const double ckpt_s = Median(ckpt.step_s);
   nlohmann::json out;
   out["benchmark"] = "activation_checkpointing";
   out["config"] = {{"vocab_size", config.vocab_size},
-                   {"seq_len", seq_len},
+                   {"seq_len", setup.seq_len},
                    {"n_embd", config.n_embd},
                    {"n_layer", L},
                    {"n_head", config.n_head},
-                   {"batch", batch_rows},
-                   {"steps", steps},
+                   {"batch", setup.batch_rows},
+                   {"steps", setup.steps},
                    {"dtype", "float32"},
                    {"world_size", 1}};
-  out["one_block_activation_bytes"] = block_bytes;
-  out["one_block_input_bytes"] = input_bytes;
-  out["plain"] = {{"held_after_forward_bytes", plain.held_after_forward},
-                  {"peak_bytes", plain.peak},
-                  {"estimated_peak_bytes", estimate[0]},
-                  {"estimate_over_peak", static_cast<double>(estimate[0]) / plain.peak},
-                  {"step_s_median", plain_s}};
-  out["checkpointed"] = {{"held_after_forward_bytes", ckpt.held_after_forward},
-                         {"peak_bytes", ckpt.peak},
-                         {"estimated_peak_bytes", estimate[1]},
-                         {"estimate_over_peak", static_cast<double>(estimate[1]) / ckpt.peak},
-                         {"step_s_median", ckpt_s}};
+  out["one_block_activation_bytes"] = block.activations;
+  out["one_block_input_bytes"] = block.input;
+  out["plain"] = ModelReport(plain, estimate[0], plain_s);
+  out["checkpointed"] = ModelReport(ckpt, estimate[1], ckpt_s);
   out["estimate_over_peak_target"] = "within 5%: |ratio - 1| <= 0.05";
   out["theory"] = {
       {"rest_bytes", rest},
       {"rest_is", "plain peak - L x one block's activations"},
       {"checkpointed_peak_bound_bytes", bound},
       {"checkpointed_peak_bound_is", "rest + L x one block's input + one block's activations"},
-      {"held_blocks_plain_bytes", L * block_bytes},
-      {"held_blocks_checkpointed_bytes", L * input_bytes}};
+      {"held_blocks_plain_bytes", L * block.activations},
+      {"held_blocks_checkpointed_bytes", L * block.input}};
   out["peak_over_bound"] = bound > 0 ? static_cast<double>(ckpt.peak) / bound : 0.0;
   out["peak_over_bound_target"] = "<= 1.05";
   out["peak_ratio_checkpointed_over_plain"] =
@@ -224,6 +256,26 @@ absl::StatusOr<nlohmann::json> Run() {
   out["step_time_ratio_target"] = "<= 1.4";
   out["bitwise_equal_parameters"] = true;
   return out;
+}
+
+absl::StatusOr<nlohmann::json> Run() {
+  ASSIGN_OR_RETURN(const Setup setup, SetupFromFlags());
+  core::Allocator& cpu = *core::Allocator::Current(core::Device::Cpu());
+  ASSIGN_OR_RETURN(const BlockBytes block, MeasureOneBlock(setup, cpu));
+
+  auto store = std::make_shared<comm::HashStore>();
+  ASSIGN_OR_RETURN(std::shared_ptr<comm::GlooProcessGroup> group,
+                   comm::GlooProcessGroup::Create(store, 0, 1, comm::GlooOptions()));
+  fsdp::WrapperRegistry registry;
+  Model models[2];
+  RETURN_IF_ERROR(BuildModels(setup.config, group, &registry, models));
+  RETURN_IF_ERROR(Train(setup, cpu, models));
+  RETURN_IF_ERROR(CheckBitwiseEqual(models[0], models[1]));
+  int64_t estimate[2] = {0, 0};
+  for (int k = 0; k < 2; ++k) {
+    ASSIGN_OR_RETURN(estimate[k], EstimatedActivationPeak(*models[k].gpt, setup, k == 1));
+  }
+  return Report(setup, block, models[0], models[1], estimate);
 }
 
 }  // namespace
