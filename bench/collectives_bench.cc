@@ -238,6 +238,16 @@ absl::Status RunRank(comm::ProcessGroup& g, core::Device device, const Flags& f,
   return absl::OkStatus();
 }
 
+// The ShmOptions the --shm_* flags set.
+comm::ShmOptions ShmOptionsOf(const Flags& f) {
+  comm::ShmOptions o;
+  o.slot_bytes = f.shm_slot_bytes;
+  o.spin_time = absl::Microseconds(f.shm_spin_us);
+  o.transport = f.shm_transport;
+  o.cma_min_bytes = f.shm_cma_min_bytes;
+  return o;
+}
+
 absl::StatusOr<std::shared_ptr<comm::ProcessGroup>> MakeThreadGroup(
     const Flags& f, std::shared_ptr<comm::Store> store, int rank, core::Device* device) {
   if (f.backend == "gloo") {
@@ -247,12 +257,8 @@ absl::StatusOr<std::shared_ptr<comm::ProcessGroup>> MakeThreadGroup(
     return std::shared_ptr<comm::ProcessGroup>(g);
   }
   if (f.backend == "shm") {
-    comm::ShmOptions o;
+    comm::ShmOptions o = ShmOptionsOf(f);
     o.rendezvous_timeout = absl::Seconds(60);
-    o.slot_bytes = f.shm_slot_bytes;
-    o.spin_time = absl::Microseconds(f.shm_spin_us);
-    o.transport = f.shm_transport;
-    o.cma_min_bytes = f.shm_cma_min_bytes;
     ASSIGN_OR_RETURN(auto g, comm::ShmProcessGroup::Create(store, rank, f.nproc, o));
     return std::shared_ptr<comm::ProcessGroup>(g);
   }
@@ -273,6 +279,110 @@ absl::StatusOr<std::shared_ptr<comm::ProcessGroup>> MakeThreadGroup(
 #endif
 }
 
+// What the sweep found: rank 0's rows, and what the report says about the run.
+struct Sweep {
+  std::vector<Row> rows;
+  int world = 0;
+  int my_rank = 0;
+  std::string device_name = "cpu";
+  std::string shm_transport_name;  // what the shm groups use
+};
+
+// This process is one rank of the job a launcher describes (--from_env).
+absl::Status RunFromEnv(const Flags& f, Sweep* sweep) {
+  comm::InitOptions init;
+  init.backend = f.backend == "nccl"  ? comm::Backend::kNccl
+                 : f.backend == "shm" ? comm::Backend::kShm
+                                      : comm::Backend::kGloo;
+  ASSIGN_OR_RETURN(comm::Distributed d, comm::InitFromEnv(init));
+  sweep->world = d.group->size();
+  sweep->my_rank = d.group->rank();
+  sweep->device_name = d.device.ToString();
+  std::shared_ptr<comm::ProcessGroup> group = d.group;
+  if (f.backend == "shm") {
+    // A group with the shm flags, beside the launcher's default one.
+    comm::ShmOptions o = ShmOptionsOf(f);
+    o.name = "bench_shm";
+    ASSIGN_OR_RETURN(std::shared_ptr<comm::ShmProcessGroup> g,
+                     comm::ShmProcessGroup::Create(d.store, sweep->my_rank, sweep->world, o));
+    sweep->shm_transport_name = g->transport_name();
+    group = g;
+  }
+  RETURN_IF_ERROR(RunRank(*group, d.device, f, &sweep->rows));
+  return Finish(d.group->Barrier(comm::BarrierOptions{}), f.timeout);
+}
+
+// --nproc ranks as threads of this process, over one HashStore; the first error, with its
+// rank.
+absl::Status RunThreads(const Flags& f, Sweep* sweep) {
+  sweep->world = f.nproc;
+  absl::Mutex mu;
+  absl::Status first_error;
+  auto store = std::make_shared<comm::HashStore>();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < f.nproc; ++r) {
+    threads.emplace_back([&, r] {
+      // Each rank counts its own buffers, as separate processes would.
+      core::ScopedAllocator scope(std::make_shared<core::Allocator>(core::Device::Cpu()));
+      core::Device device = core::Device::Cpu();
+      absl::StatusOr<std::shared_ptr<comm::ProcessGroup>> g = MakeThreadGroup(f, store, r, &device);
+      absl::Status s = g.ok() ? RunRank(**g, device, f, &sweep->rows) : g.status();
+      if (s.ok() && r == 0) {
+        absl::MutexLock lock(&mu);
+        sweep->device_name = device.ToString();
+        if (auto* shm = dynamic_cast<comm::ShmProcessGroup*>(g->get())) {
+          sweep->shm_transport_name = shm->transport_name();
+        }
+      }
+      if (g.ok() && s.ok()) s = Finish((*g)->Barrier(comm::BarrierOptions{}), f.timeout);
+      absl::MutexLock lock(&mu);
+      if (!s.ok() && first_error.ok()) {
+        first_error = core::Annotate(s, absl::StrCat("rank ", r));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return first_error;
+}
+
+// The JSON document: the run, the memcpy limit, and per op and size algbw and busbw.
+nlohmann::json Report(const Flags& f, const Sweep& sweep, int64_t memcpy_bytes,
+                      double memcpy_gbps) {
+  nlohmann::json out;
+  out["benchmark"] = "collectives";
+  out["backend"] = f.backend;
+  out["nproc"] = sweep.world;
+  out["ranks_as"] = f.from_env ? "processes" : "threads";
+  out["device"] = sweep.device_name;
+  if (f.backend == "shm") out["shm_transport"] = sweep.shm_transport_name;
+  out["dtype"] = "float32";
+  out["definitions"] =
+      "nccl-tests: algbw = S/time (GB/s = 1e9 B/s); busbw = algbw*(n-1)/n for all_gather "
+      "(S = output) and reduce_scatter (S = input), algbw*2(n-1)/n for all_reduce, algbw for "
+      "broadcast; time = mean per iteration of the slowest rank";
+  out["memcpy"] = {{"bytes", memcpy_bytes},
+                   {"GBps", memcpy_gbps},
+                   {"what",
+                    "host memcpy by one thread, best of 5, measured in this run: the "
+                    "CPU-side limit for a rank's busbw"}};
+  if (sweep.world == 1) out["note"] = "one rank: busbw is 0 by definition; algbw is a local copy";
+  nlohmann::json results = nlohmann::json::array();
+  for (const Row& r : sweep.rows) {
+    const double algbw = r.bytes / r.seconds / 1e9;
+    const double busbw = algbw * BusFactor(r.op, sweep.world);
+    results.push_back({{"op", r.op},
+                       {"bytes", r.bytes},
+                       {"count", r.count},
+                       {"iters", r.iters},
+                       {"time_us", r.seconds * 1e6},
+                       {"algbw_GBps", algbw},
+                       {"busbw_GBps", busbw},
+                       {"busbw_over_memcpy", busbw / memcpy_gbps}});
+  }
+  out["results"] = results;
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -287,114 +397,13 @@ int main(int argc, char** argv) {
   const Flags& f = *flags;
   int64_t memcpy_bytes = 0;
   const double memcpy_gbps = MeasureMemcpyGBps(&memcpy_bytes);
-
-  std::vector<Row> rows;
-  absl::Mutex mu;
-  absl::Status first_error;
-  int world = f.nproc;
-  int my_rank = 0;
-  std::string device_name = "cpu";
-  std::string shm_transport_name;  // what the shm groups use
-  if (f.from_env) {
-    comm::InitOptions o;
-    o.backend = f.backend == "nccl"  ? comm::Backend::kNccl
-                : f.backend == "shm" ? comm::Backend::kShm
-                                     : comm::Backend::kGloo;
-    absl::StatusOr<comm::Distributed> d = comm::InitFromEnv(o);
-    if (!d.ok()) {
-      std::fprintf(stderr, "collectives_bench: %s\n", d.status().ToString().c_str());
-      return 1;
-    }
-    world = d->group->size();
-    my_rank = d->group->rank();
-    device_name = d->device.ToString();
-    std::shared_ptr<comm::ProcessGroup> group = d->group;
-    if (f.backend == "shm") {
-      // A group with the shm flags, beside the launcher's default one.
-      comm::ShmOptions o;
-      o.name = "bench_shm";
-      o.slot_bytes = f.shm_slot_bytes;
-      o.spin_time = absl::Microseconds(f.shm_spin_us);
-      o.transport = f.shm_transport;
-      o.cma_min_bytes = f.shm_cma_min_bytes;
-      absl::StatusOr<std::shared_ptr<comm::ShmProcessGroup>> g =
-          comm::ShmProcessGroup::Create(d->store, my_rank, world, o);
-      if (!g.ok()) {
-        std::fprintf(stderr, "collectives_bench: %s\n", g.status().ToString().c_str());
-        return 1;
-      }
-      shm_transport_name = (*g)->transport_name();
-      group = *g;
-    }
-    first_error = RunRank(*group, d->device, f, &rows);
-    if (first_error.ok()) {
-      first_error = Finish(d->group->Barrier(comm::BarrierOptions{}), f.timeout);
-    }
-  } else {
-    auto store = std::make_shared<comm::HashStore>();
-    std::vector<std::thread> threads;
-    for (int r = 0; r < f.nproc; ++r) {
-      threads.emplace_back([&, r] {
-        // Each rank counts its own buffers, as separate processes would.
-        core::ScopedAllocator scope(std::make_shared<core::Allocator>(core::Device::Cpu()));
-        core::Device device = core::Device::Cpu();
-        absl::StatusOr<std::shared_ptr<comm::ProcessGroup>> g =
-            MakeThreadGroup(f, store, r, &device);
-        absl::Status s = g.ok() ? RunRank(**g, device, f, &rows) : g.status();
-        if (s.ok() && r == 0) {
-          absl::MutexLock lock(&mu);
-          device_name = device.ToString();
-          if (auto* shm = dynamic_cast<comm::ShmProcessGroup*>(g->get())) {
-            shm_transport_name = shm->transport_name();
-          }
-        }
-        if (g.ok() && s.ok()) s = Finish((*g)->Barrier(comm::BarrierOptions{}), f.timeout);
-        absl::MutexLock lock(&mu);
-        if (!s.ok() && first_error.ok()) {
-          first_error = core::Annotate(s, absl::StrCat("rank ", r));
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-  }
-  if (!first_error.ok()) {
-    std::fprintf(stderr, "collectives_bench: %s\n", first_error.ToString().c_str());
+  Sweep sweep;
+  const absl::Status s = f.from_env ? RunFromEnv(f, &sweep) : RunThreads(f, &sweep);
+  if (!s.ok()) {
+    std::fprintf(stderr, "collectives_bench: %s\n", s.ToString().c_str());
     return 1;
   }
-  if (my_rank != 0) return 0;
-
-  nlohmann::json out;
-  out["benchmark"] = "collectives";
-  out["backend"] = f.backend;
-  out["nproc"] = world;
-  out["ranks_as"] = f.from_env ? "processes" : "threads";
-  out["device"] = device_name;
-  if (f.backend == "shm") out["shm_transport"] = shm_transport_name;
-  out["dtype"] = "float32";
-  out["definitions"] =
-      "nccl-tests: algbw = S/time (GB/s = 1e9 B/s); busbw = algbw*(n-1)/n for all_gather "
-      "(S = output) and reduce_scatter (S = input), algbw*2(n-1)/n for all_reduce, algbw for "
-      "broadcast; time = mean per iteration of the slowest rank";
-  out["memcpy"] = {{"bytes", memcpy_bytes},
-                   {"GBps", memcpy_gbps},
-                   {"what",
-                    "host memcpy by one thread, best of 5, measured in this run: the "
-                    "CPU-side limit for a rank's busbw"}};
-  if (world == 1) out["note"] = "one rank: busbw is 0 by definition; algbw is a local copy";
-  nlohmann::json results = nlohmann::json::array();
-  for (const Row& r : rows) {
-    const double algbw = r.bytes / r.seconds / 1e9;
-    const double busbw = algbw * BusFactor(r.op, world);
-    results.push_back({{"op", r.op},
-                       {"bytes", r.bytes},
-                       {"count", r.count},
-                       {"iters", r.iters},
-                       {"time_us", r.seconds * 1e6},
-                       {"algbw_GBps", algbw},
-                       {"busbw_GBps", busbw},
-                       {"busbw_over_memcpy", busbw / memcpy_gbps}});
-  }
-  out["results"] = results;
-  std::printf("%s\n", out.dump(2).c_str());
+  if (sweep.my_rank != 0) return 0;
+  std::printf("%s\n", Report(f, sweep, memcpy_bytes, memcpy_gbps).dump(2).c_str());
   return 0;
 }
