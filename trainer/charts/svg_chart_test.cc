@@ -116,128 +116,173 @@ absl::StatusOr<std::string> DecodeEntities(absl::string_view raw) {
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<Element>> ParseXml(absl::string_view doc) {
-  size_t i = 0;
-  const size_t n = doc.size();
-  auto starts = [&](absl::string_view prefix) { return doc.substr(i, prefix.size()) == prefix; };
-  auto skip_ws = [&] {
-    while (i < n && std::isspace(static_cast<unsigned char>(doc[i]))) ++i;
-  };
-  auto parse_name = [&]() -> absl::StatusOr<std::string> {
-    if (i >= n || !IsNameStart(doc[i])) {
-      return absl::InvalidArgumentError(absl::StrCat("expected a name at offset ", i));
+// ParseXml's state: the position in the document, the root and the open elements.
+class XmlParser {
+ public:
+  explicit XmlParser(absl::string_view doc) : doc_(doc), n_(doc.size()) {}
+
+  absl::StatusOr<std::unique_ptr<Element>> Parse() {
+    if (Starts("<?xml")) {
+      const size_t end = doc_.find("?>", i_);
+      if (end == absl::string_view::npos) return absl::InvalidArgumentError("unterminated <?xml");
+      i_ = end + 2;
     }
-    const size_t start = i;
-    while (i < n && IsNameChar(doc[i])) ++i;
-    return std::string(doc.substr(start, i - start));
-  };
-  if (starts("<?xml")) {
-    const size_t end = doc.find("?>", i);
-    if (end == absl::string_view::npos) return absl::InvalidArgumentError("unterminated <?xml");
-    i = end + 2;
-  }
-  std::unique_ptr<Element> root;
-  std::vector<Element*> stack;
-  while (i < n) {
-    if (doc[i] != '<') {
-      const size_t end = std::min(doc.find('<', i), n);
-      absl::StatusOr<std::string> text = DecodeEntities(doc.substr(i, end - i));
-      if (!text.ok()) return text.status();
-      if (stack.empty()) {
-        if (text->find_first_not_of(" \t\r\n") != std::string::npos) {
-          return absl::InvalidArgumentError("character data outside the root element");
-        }
+    while (i_ < n_) {
+      absl::Status s;
+      if (doc_[i_] != '<') {
+        s = ParseText();
+      } else if (Starts("<!--")) {
+        s = SkipComment();
+      } else if (Starts("<!") || Starts("<?")) {
+        return absl::InvalidArgumentError(absl::StrCat("unexpected markup at offset ", i_));
+      } else if (Starts("</")) {
+        s = ParseEndTag();
       } else {
-        stack.back()->text += *text;
+        s = ParseStartTag();
       }
-      i = end;
-      continue;
+      if (!s.ok()) return s;
     }
-    if (starts("<!--")) {
-      const size_t end = doc.find("-->", i);
-      if (end == absl::string_view::npos) {
-        return absl::InvalidArgumentError("unterminated comment");
+    if (!stack_.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("<", stack_.back()->name, "> is never closed"));
+    }
+    if (root_ == nullptr) return absl::InvalidArgumentError("no root element");
+    return std::move(root_);
+  }
+
+ private:
+  bool Starts(absl::string_view prefix) const { return doc_.substr(i_, prefix.size()) == prefix; }
+
+  void SkipSpace() {
+    while (i_ < n_ && std::isspace(static_cast<unsigned char>(doc_[i_]))) ++i_;
+  }
+
+  absl::StatusOr<std::string> ParseName() {
+    if (i_ >= n_ || !IsNameStart(doc_[i_])) {
+      return absl::InvalidArgumentError(absl::StrCat("expected a name at offset ", i_));
+    }
+    const size_t start = i_;
+    while (i_ < n_ && IsNameChar(doc_[i_])) ++i_;
+    return std::string(doc_.substr(start, i_ - start));
+  }
+
+  // Character data up to the next '<': the open element's text, or space outside the root.
+  absl::Status ParseText() {
+    const size_t end = std::min(doc_.find('<', i_), n_);
+    absl::StatusOr<std::string> text = DecodeEntities(doc_.substr(i_, end - i_));
+    if (!text.ok()) return text.status();
+    if (stack_.empty()) {
+      if (text->find_first_not_of(" \t\r\n") != std::string::npos) {
+        return absl::InvalidArgumentError("character data outside the root element");
       }
-      i = end + 3;
-      continue;
+    } else {
+      stack_.back()->text += *text;
     }
-    if (starts("<!") || starts("<?")) {
-      return absl::InvalidArgumentError(absl::StrCat("unexpected markup at offset ", i));
+    i_ = end;
+    return absl::OkStatus();
+  }
+
+  absl::Status SkipComment() {
+    const size_t end = doc_.find("-->", i_);
+    if (end == absl::string_view::npos) {
+      return absl::InvalidArgumentError("unterminated comment");
     }
-    if (starts("</")) {
-      i += 2;
-      absl::StatusOr<std::string> name = parse_name();
-      if (!name.ok()) return name.status();
-      skip_ws();
-      if (i >= n || doc[i] != '>') return absl::InvalidArgumentError("bad end tag");
-      ++i;
-      if (stack.empty() || stack.back()->name != *name) {
-        return absl::InvalidArgumentError(absl::StrCat("end tag </", *name, "> does not match <",
-                                                       stack.empty() ? "" : stack.back()->name,
-                                                       ">"));
-      }
-      stack.pop_back();
-      continue;
+    i_ = end + 3;
+    return absl::OkStatus();
+  }
+
+  // At "</": closes the innermost open element, which must have this name.
+  absl::Status ParseEndTag() {
+    i_ += 2;
+    absl::StatusOr<std::string> name = ParseName();
+    if (!name.ok()) return name.status();
+    SkipSpace();
+    if (i_ >= n_ || doc_[i_] != '>') return absl::InvalidArgumentError("bad end tag");
+    ++i_;
+    if (stack_.empty() || stack_.back()->name != *name) {
+      return absl::InvalidArgumentError(absl::StrCat("end tag </", *name, "> does not match <",
+                                                     stack_.empty() ? "" : stack_.back()->name,
+                                                     ">"));
     }
-    ++i;  // '<'
+    stack_.pop_back();
+    return absl::OkStatus();
+  }
+
+  // At '<' of a start tag: the element, with its attributes, under the open one (or as the
+  // root); it stays open unless the tag ends in "/>".
+  absl::Status ParseStartTag() {
+    ++i_;  // '<'
     auto element = std::make_unique<Element>();
-    absl::StatusOr<std::string> name = parse_name();
+    absl::StatusOr<std::string> name = ParseName();
     if (!name.ok()) return name.status();
     element->name = *name;
     bool self_closing = false;
     while (true) {
-      const size_t before = i;
-      skip_ws();
-      if (i >= n) return absl::InvalidArgumentError("unterminated start tag");
-      if (starts("/>")) {
+      const size_t before = i_;
+      SkipSpace();
+      if (i_ >= n_) return absl::InvalidArgumentError("unterminated start tag");
+      if (Starts("/>")) {
         self_closing = true;
-        i += 2;
+        i_ += 2;
         break;
       }
-      if (doc[i] == '>') {
-        ++i;
+      if (doc_[i_] == '>') {
+        ++i_;
         break;
       }
-      if (i == before) {
+      if (i_ == before) {
         return absl::InvalidArgumentError("attributes must be separated by space");
       }
-      absl::StatusOr<std::string> key = parse_name();
-      if (!key.ok()) return key.status();
-      skip_ws();
-      if (i >= n || doc[i] != '=') {
-        return absl::InvalidArgumentError(absl::StrCat("attribute ", *key, " has no '='"));
-      }
-      ++i;
-      skip_ws();
-      if (i >= n || (doc[i] != '"' && doc[i] != '\'')) {
-        return absl::InvalidArgumentError(absl::StrCat("attribute ", *key, " is not quoted"));
-      }
-      const char quote = doc[i++];
-      const size_t end = doc.find(quote, i);
-      if (end == absl::string_view::npos) {
-        return absl::InvalidArgumentError("unterminated attribute value");
-      }
-      absl::StatusOr<std::string> value = DecodeEntities(doc.substr(i, end - i));
-      if (!value.ok()) return value.status();
-      if (!element->attrs.emplace(*key, *value).second) {
-        return absl::InvalidArgumentError(absl::StrCat("duplicate attribute ", *key));
-      }
-      i = end + 1;
+      absl::Status s = ParseAttribute(*element);
+      if (!s.ok()) return s;
     }
     Element* raw = element.get();
-    if (stack.empty()) {
-      if (root != nullptr) return absl::InvalidArgumentError("more than one root element");
-      root = std::move(element);
+    if (stack_.empty()) {
+      if (root_ != nullptr) return absl::InvalidArgumentError("more than one root element");
+      root_ = std::move(element);
     } else {
-      stack.back()->children.push_back(std::move(element));
+      stack_.back()->children.push_back(std::move(element));
     }
-    if (!self_closing) stack.push_back(raw);
+    if (!self_closing) stack_.push_back(raw);
+    return absl::OkStatus();
   }
-  if (!stack.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("<", stack.back()->name, "> is never closed"));
+
+  // At an attribute's name: name="value" (or 'value') into `element`.
+  absl::Status ParseAttribute(Element& element) {
+    absl::StatusOr<std::string> key = ParseName();
+    if (!key.ok()) return key.status();
+    SkipSpace();
+    if (i_ >= n_ || doc_[i_] != '=') {
+      return absl::InvalidArgumentError(absl::StrCat("attribute ", *key, " has no '='"));
+    }
+    ++i_;
+    SkipSpace();
+    if (i_ >= n_ || (doc_[i_] != '"' && doc_[i_] != '\'')) {
+      return absl::InvalidArgumentError(absl::StrCat("attribute ", *key, " is not quoted"));
+    }
+    const char quote = doc_[i_++];
+    const size_t end = doc_.find(quote, i_);
+    if (end == absl::string_view::npos) {
+      return absl::InvalidArgumentError("unterminated attribute value");
+    }
+    absl::StatusOr<std::string> value = DecodeEntities(doc_.substr(i_, end - i_));
+    if (!value.ok()) return value.status();
+    if (!element.attrs.emplace(*key, *value).second) {
+      return absl::InvalidArgumentError(absl::StrCat("duplicate attribute ", *key));
+    }
+    i_ = end + 1;
+    return absl::OkStatus();
   }
-  if (root == nullptr) return absl::InvalidArgumentError("no root element");
-  return root;
+
+  const absl::string_view doc_;
+  const size_t n_;
+  size_t i_ = 0;
+  std::unique_ptr<Element> root_;
+  std::vector<Element*> stack_;  // the open elements, innermost last
+};
+
+absl::StatusOr<std::unique_ptr<Element>> ParseXml(absl::string_view doc) {
+  return XmlParser(doc).Parse();
 }
 
 // Every element below `root` (in document order) with this tag name and class.
