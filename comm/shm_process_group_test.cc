@@ -143,107 +143,136 @@ std::string Case(const char* what, DType dtype, ReduceOp op, int64_t k, bool fla
                       " flag=", flag);
 }
 
+// This rank of the matrix: its number, the world size and its two groups.
+struct MatrixRank {
+  int rank;
+  int n;
+  ProcessGroup& shm;
+  ProcessGroup& gloo;
+};
+
+// AllGather of k elements, out of place or in place (input: the own chunk of the output).
+absl::Status CheckAllGather(const MatrixRank& m, DType dtype, int64_t k, bool in_place, int call) {
+  const int rank = m.rank, n = m.n;
+  const std::string c = Case("AllGather", dtype, ReduceOp::kSum, k, in_place);
+  Tensor in = Filled(k, dtype, [&](int64_t i) { return Inexact(rank, call, i); });
+  Tensor out_shm = Filled(n * k, dtype, [](int64_t) { return -1.0f; });
+  Tensor out_gloo = Copy(out_shm);
+  Tensor in_shm = in;
+  Tensor in_gloo = in;
+  if (in_place) {
+    in_shm = out_shm.View(rank * k, {k}).value();
+    in_gloo = out_gloo.View(rank * k, {k}).value();
+    std::memcpy(in_shm.raw_data(), in.raw_data(), in.nbytes());
+    std::memcpy(in_gloo.raw_data(), in.raw_data(), in.nbytes());
+  }
+  RETURN_IF_ERROR(Finish(m.shm.AllGather(in_shm, out_shm, AllGatherOptions{})));
+  RETURN_IF_ERROR(Finish(m.gloo.AllGather(in_gloo, out_gloo, AllGatherOptions{})));
+  EXPECT_OR_RETURN(SameBytes(out_shm, out_gloo), c);
+  for (int r = 0; r < n; ++r) {
+    Tensor theirs = Filled(k, dtype, [&](int64_t i) { return Inexact(r, call, i); });
+    for (int64_t i = 0; i < k; ++i) {
+      EXPECT_OR_RETURN(ElementBytes(out_shm, r * k + i) == ElementBytes(theirs, i),
+                       c << " rank " << r << " element " << i);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ReduceScatter to k elements, out of place or in place (output: the own chunk of input).
+absl::Status CheckReduceScatter(const MatrixRank& m, DType dtype, ReduceOp op, int64_t k,
+                                bool in_place, int call) {
+  const int rank = m.rank, n = m.n;
+  const std::string c = Case("ReduceScatter", dtype, op, k, in_place);
+  Tensor in_shm = Filled(n * k, dtype, [&](int64_t i) { return Inexact(rank, call, i); });
+  Tensor in_gloo = Copy(in_shm);
+  Tensor out_shm = in_place ? in_shm.View(rank * k, {k}).value() : Tensor::Zeros({k}, dtype);
+  Tensor out_gloo = in_place ? in_gloo.View(rank * k, {k}).value() : Tensor::Zeros({k}, dtype);
+  ReduceScatterOptions o;
+  o.reduce_op = op;
+  RETURN_IF_ERROR(Finish(m.shm.ReduceScatter(in_shm, out_shm, o)));
+  RETURN_IF_ERROR(Finish(m.gloo.ReduceScatter(in_gloo, out_gloo, o)));
+  EXPECT_OR_RETURN(SameBytes(out_shm, out_gloo), c);
+  std::vector<Tensor> inputs;
+  for (int r = 0; r < n; ++r) {
+    inputs.push_back(Filled(n * k, dtype, [&](int64_t i) { return Inexact(r, call, i); }));
+  }
+  for (int64_t i = 0; i < k; ++i) {
+    std::vector<float> values;
+    for (int r = 0; r < n; ++r) values.push_back(At(inputs[r], rank * k + i));
+    EXPECT_OR_RETURN(ElementBytes(out_shm, i) == Reduce(dtype, op, values),
+                     c << " element " << i << " got " << At(out_shm, i));
+  }
+  return absl::OkStatus();
+}
+
+// AllReduce of k elements: inexact inputs against the rank-order value; exact ones against
+// gloo too.
+absl::Status CheckAllReduce(const MatrixRank& m, DType dtype, ReduceOp op, int64_t k, bool exact,
+                            int call) {
+  const int rank = m.rank, n = m.n;
+  const std::string c = Case("AllReduce", dtype, op, k, exact);
+  const auto f = exact ? Exact : Inexact;
+  Tensor t_shm = Filled(k, dtype, [&](int64_t i) { return f(rank, call, i); });
+  Tensor t_gloo = Copy(t_shm);
+  AllReduceOptions o;
+  o.reduce_op = op;
+  RETURN_IF_ERROR(Finish(m.shm.AllReduce(t_shm, o)));
+  if (exact) {
+    RETURN_IF_ERROR(Finish(m.gloo.AllReduce(t_gloo, o)));
+    EXPECT_OR_RETURN(SameBytes(t_shm, t_gloo), c);
+  }
+  std::vector<Tensor> inputs;
+  for (int r = 0; r < n; ++r) {
+    inputs.push_back(Filled(k, dtype, [&](int64_t i) { return f(r, call, i); }));
+  }
+  for (int64_t i = 0; i < k; ++i) {
+    std::vector<float> values;
+    for (int r = 0; r < n; ++r) values.push_back(At(inputs[r], i));
+    EXPECT_OR_RETURN(ElementBytes(t_shm, i) == Reduce(dtype, op, values),
+                     c << " element " << i << " got " << At(t_shm, i));
+  }
+  return absl::OkStatus();
+}
+
+// Broadcast of k elements from `root`.
+absl::Status CheckBroadcast(const MatrixRank& m, DType dtype, int64_t k, int root, int call) {
+  const std::string c = Case("Broadcast", dtype, ReduceOp::kSum, k, root != 0);
+  Tensor t_shm = Filled(k, dtype, [&](int64_t i) { return Inexact(m.rank, call, i); });
+  Tensor t_gloo = Copy(t_shm);
+  BroadcastOptions o;
+  o.root = root;
+  RETURN_IF_ERROR(Finish(m.shm.Broadcast(t_shm, o)));
+  RETURN_IF_ERROR(Finish(m.gloo.Broadcast(t_gloo, o)));
+  EXPECT_OR_RETURN(SameBytes(t_shm, t_gloo), c);
+  Tensor want = Filled(k, dtype, [&](int64_t i) { return Inexact(root, call, i); });
+  EXPECT_OR_RETURN(SameBytes(t_shm, want), c);
+  return absl::OkStatus();
+}
+
 // Every collective, both backends, every case; `shm` and `gloo` are this rank's groups.
+// Each case has its own `call` number, the same on every rank, which seeds its inputs.
 absl::Status RunMatrix(int rank, int n, ProcessGroup& shm, ProcessGroup& gloo) {
+  const MatrixRank m{rank, n, shm, gloo};
   const int64_t several = 3 * kSlot / 4 + 123;  // fp32 elements: 3 slots and a remainder
   const std::vector<int64_t> sizes = {0, 1, 7, several};
   int call = 0;
   for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kInt32}) {
     for (int64_t k : sizes) {
-      // AllGather: out of place and in place.
       for (bool in_place : {false, true}) {
-        ++call;
-        const std::string c = Case("AllGather", dtype, ReduceOp::kSum, k, in_place);
-        Tensor in = Filled(k, dtype, [&](int64_t i) { return Inexact(rank, call, i); });
-        Tensor out_shm = Filled(n * k, dtype, [](int64_t) { return -1.0f; });
-        Tensor out_gloo = Copy(out_shm);
-        Tensor in_shm = in;
-        Tensor in_gloo = in;
-        if (in_place) {
-          in_shm = out_shm.View(rank * k, {k}).value();
-          in_gloo = out_gloo.View(rank * k, {k}).value();
-          std::memcpy(in_shm.raw_data(), in.raw_data(), in.nbytes());
-          std::memcpy(in_gloo.raw_data(), in.raw_data(), in.nbytes());
-        }
-        RETURN_IF_ERROR(Finish(shm.AllGather(in_shm, out_shm, AllGatherOptions{})));
-        RETURN_IF_ERROR(Finish(gloo.AllGather(in_gloo, out_gloo, AllGatherOptions{})));
-        EXPECT_OR_RETURN(SameBytes(out_shm, out_gloo), c);
-        for (int r = 0; r < n; ++r) {
-          Tensor theirs = Filled(k, dtype, [&](int64_t i) { return Inexact(r, call, i); });
-          for (int64_t i = 0; i < k; ++i) {
-            EXPECT_OR_RETURN(ElementBytes(out_shm, r * k + i) == ElementBytes(theirs, i),
-                             c << " rank " << r << " element " << i);
-          }
-        }
+        RETURN_IF_ERROR(CheckAllGather(m, dtype, k, in_place, ++call));
       }
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
         if (dtype == DType::kInt32 && op == ReduceOp::kAverage) continue;
-        // ReduceScatter: out of place and in place (output is the own chunk of input).
         for (bool in_place : {false, true}) {
-          ++call;
-          const std::string c = Case("ReduceScatter", dtype, op, k, in_place);
-          Tensor in_shm = Filled(n * k, dtype, [&](int64_t i) { return Inexact(rank, call, i); });
-          Tensor in_gloo = Copy(in_shm);
-          Tensor out_shm =
-              in_place ? in_shm.View(rank * k, {k}).value() : Tensor::Zeros({k}, dtype);
-          Tensor out_gloo =
-              in_place ? in_gloo.View(rank * k, {k}).value() : Tensor::Zeros({k}, dtype);
-          ReduceScatterOptions o;
-          o.reduce_op = op;
-          RETURN_IF_ERROR(Finish(shm.ReduceScatter(in_shm, out_shm, o)));
-          RETURN_IF_ERROR(Finish(gloo.ReduceScatter(in_gloo, out_gloo, o)));
-          EXPECT_OR_RETURN(SameBytes(out_shm, out_gloo), c);
-          std::vector<Tensor> inputs;
-          for (int r = 0; r < n; ++r) {
-            inputs.push_back(Filled(n * k, dtype, [&](int64_t i) { return Inexact(r, call, i); }));
-          }
-          for (int64_t i = 0; i < k; ++i) {
-            std::vector<float> values;
-            for (int r = 0; r < n; ++r) values.push_back(At(inputs[r], rank * k + i));
-            EXPECT_OR_RETURN(ElementBytes(out_shm, i) == Reduce(dtype, op, values),
-                             c << " element " << i << " got " << At(out_shm, i));
-          }
+          RETURN_IF_ERROR(CheckReduceScatter(m, dtype, op, k, in_place, ++call));
         }
-        // AllReduce: inexact inputs against the rank-order value; exact ones against gloo.
         for (bool exact : {false, true}) {
-          ++call;
-          const std::string c = Case("AllReduce", dtype, op, k, exact);
-          const auto f = exact ? Exact : Inexact;
-          Tensor t_shm = Filled(k, dtype, [&](int64_t i) { return f(rank, call, i); });
-          Tensor t_gloo = Copy(t_shm);
-          AllReduceOptions o;
-          o.reduce_op = op;
-          RETURN_IF_ERROR(Finish(shm.AllReduce(t_shm, o)));
-          if (exact) {
-            RETURN_IF_ERROR(Finish(gloo.AllReduce(t_gloo, o)));
-            EXPECT_OR_RETURN(SameBytes(t_shm, t_gloo), c);
-          }
-          std::vector<Tensor> inputs;
-          for (int r = 0; r < n; ++r) {
-            inputs.push_back(Filled(k, dtype, [&](int64_t i) { return f(r, call, i); }));
-          }
-          for (int64_t i = 0; i < k; ++i) {
-            std::vector<float> values;
-            for (int r = 0; r < n; ++r) values.push_back(At(inputs[r], i));
-            EXPECT_OR_RETURN(ElementBytes(t_shm, i) == Reduce(dtype, op, values),
-                             c << " element " << i << " got " << At(t_shm, i));
-          }
+          RETURN_IF_ERROR(CheckAllReduce(m, dtype, op, k, exact, ++call));
         }
       }
-      // Broadcast from the first and the last rank.
-      for (int root : {0, n - 1}) {
-        ++call;
-        const std::string c = Case("Broadcast", dtype, ReduceOp::kSum, k, root != 0);
-        Tensor t_shm = Filled(k, dtype, [&](int64_t i) { return Inexact(rank, call, i); });
-        Tensor t_gloo = Copy(t_shm);
-        BroadcastOptions o;
-        o.root = root;
-        RETURN_IF_ERROR(Finish(shm.Broadcast(t_shm, o)));
-        RETURN_IF_ERROR(Finish(gloo.Broadcast(t_gloo, o)));
-        EXPECT_OR_RETURN(SameBytes(t_shm, t_gloo), c);
-        Tensor want = Filled(k, dtype, [&](int64_t i) { return Inexact(root, call, i); });
-        EXPECT_OR_RETURN(SameBytes(t_shm, want), c);
-      }
+      // From the first and the last rank.
+      for (int root : {0, n - 1}) RETURN_IF_ERROR(CheckBroadcast(m, dtype, k, root, ++call));
     }
   }
   RETURN_IF_ERROR(Finish(shm.Barrier(BarrierOptions{})));
