@@ -174,133 +174,154 @@ double OldCrossEntropy(const float* px, const int32_t* tg, float* pg, int64_t n,
   return total * inv_n;
 }
 
+// The sizes of the GPT config 512 128 256 6 8 8 (V T C L H B).
+constexpr int64_t kBatch = 8, kSeqLen = 128, kEmbd = 256, kHeads = 8, kVocab = 512;
+constexpr int64_t kRows = kBatch * kSeqLen, kHidden = 4 * kEmbd;
+
+// GELU, bias add and bias gradient over the MLP's hidden activations.
+void MeasureMlp(std::vector<Result>* results) {
+  const int64_t rows = kRows, hidden = kHidden;
+  const int64_t n = rows * hidden;
+  core::Tensor x = Normal(n, 1, 2.0f), g = Normal(n, 2), y = core::Tensor::Empty({n});
+  results->push_back(Measure(
+      "gelu_forward", n, [&] { OldGeluForward(P(x), P(y), n); },
+      [&] { kcpu::GeluForward(P(x), P(y), n); }));
+  results->push_back(Measure(
+      "gelu_backward", n, [&] { OldGeluBackward(P(x), P(g), P(y), n); },
+      [&] { kcpu::GeluBackward(P(x), P(g), P(y), n); }));
+  core::Tensor bias = Normal(hidden, 3);
+  results->push_back(Measure(
+      "bias_add", n, [&] { OldBiasAdd(P(x), P(bias), P(y), rows, hidden); },
+      [&] { kcpu::BiasAdd(P(x), P(bias), false, P(y), rows, hidden); }));
+  core::Tensor acc = core::Tensor::Zeros({hidden});
+  results->push_back(Measure(
+      "column_sums", n, [&] { OldColumnSums(P(x), P(g), P(acc), rows, hidden); },
+      [&] { kcpu::ColumnSums(P(x), P(g), P(acc), rows, hidden); }));
+}
+
+// Residual add and LayerNorm over [rows, C].
+void MeasureResidualLayerNorm(std::vector<Result>* results) {
+  const int64_t rows = kRows, C = kEmbd;
+  const int64_t n = rows * C;
+  core::Tensor x = Normal(n, 4), g = Normal(n, 5), y = core::Tensor::Empty({n});
+  core::Tensor h = core::Tensor::Empty({n}), gx = core::Tensor::Empty({n});
+  core::Tensor mean = core::Tensor::Empty({rows}), rstd = core::Tensor::Empty({rows});
+  core::Tensor w = Normal(C, 6), b = Normal(C, 7);
+  core::Tensor gw = core::Tensor::Zeros({C}), gb = core::Tensor::Zeros({C});
+  results->push_back(Measure(
+      "residual_add", n, [&] { OldAdd(P(x), P(g), P(y), n); },
+      [&] { kcpu::Add(P(x), P(g), P(y), n); }));
+  results->push_back(Measure(
+      "layer_norm_forward", n,
+      [&] { OldLayerNorm(P(x), P(w), P(b), 1e-5f, P(y), P(h), P(rstd), rows, C); },
+      [&] {
+        kcpu::LayerNormForward(P(x), P(w), P(b), false, 1e-5f, P(y), P(mean), P(rstd), rows, C);
+      }));
+  results->push_back(Measure(
+      "layer_norm_backward", n,
+      [&] { OldLayerNormBackward(P(g), P(h), P(rstd), P(w), P(gx), P(gw), P(gb), rows, C); },
+      [&] {
+        kcpu::NormParamGrads(P(g), P(x), P(mean), P(rstd), P(gw), P(gb), rows, C);
+        kcpu::LayerNormBackwardInput(P(g), P(x), P(mean), P(rstd), P(w), false, P(gx), rows, C);
+      }));
+}
+
+// The fused ops against the two ops each replaces, at the residual's size.
+void MeasureFused(std::vector<Result>* results) {
+  const int64_t rows = kRows, C = kEmbd;
+  const int64_t m = rows * C;
+  core::Tensor a = Normal(m, 16), b = Normal(m, 17), h = core::Tensor::Empty({m});
+  core::Tensor ln = core::Tensor::Empty({m});
+  core::Tensor gx = core::Tensor::Empty({m}), rstd = core::Tensor::Empty({rows});
+  core::Tensor mean = core::Tensor::Empty({rows});
+  core::Tensor w = Normal(C, 18), lb = Normal(C, 19);
+  core::Tensor gw = core::Tensor::Zeros({C}), glb = core::Tensor::Zeros({C});
+  results->push_back(Measure(
+      "fused_residual_layer_norm_forward", m,
+      [&] {
+        kcpu::Add(P(a), P(b), P(h), m);
+        kcpu::LayerNormForward(P(h), P(w), P(lb), false, 1e-5f, P(ln), P(mean), P(rstd), rows, C);
+      },
+      [&] {
+        kcpu::AddLayerNormForward(P(a), P(b), P(h), P(w), P(lb), false, 1e-5f, P(ln), P(mean),
+                                  P(rstd), rows, C);
+      }));
+  results->push_back(Measure(
+      "fused_layer_norm_backward_residual", m,
+      [&] {
+        kcpu::NormParamGrads(P(b), P(h), P(mean), P(rstd), P(gw), P(glb), rows, C);
+        kcpu::LayerNormBackwardInput(P(b), P(h), P(mean), P(rstd), P(w), false, P(gx), rows, C);
+        kcpu::Add(P(a), P(gx), P(gx), m);
+      },
+      [&] {
+        kcpu::NormParamGrads(P(b), P(h), P(mean), P(rstd), P(gw), P(glb), rows, C);
+        kcpu::LayerNormBackwardInputAdd(P(b), P(h), P(mean), P(rstd), P(w), false, P(a), P(gx),
+                                        rows, C);
+      }));
+}
+
+// Causal softmax over [B, H, T, T]. Each call overwrites its input, so every timed call
+// first restores it; the copy's own time is subtracted.
+void MeasureCausalSoftmax(std::vector<Result>* results) {
+  const int64_t T = kSeqLen;
+  const int64_t srows = kBatch * kHeads * T, n = srows * T;
+  core::Tensor s0 = Normal(n, 8, 3.0f), s = core::Tensor::Empty({n});
+  core::Tensor g0 = Normal(n, 9), g = core::Tensor::Empty({n});
+  auto refresh = [&] { std::copy(P(s0), P(s0) + n, P(s)); };
+  results->push_back(Measure(
+      "causal_softmax_forward", n,
+      [&] {
+        refresh();
+        OldSoftmax(P(s), srows, T);
+      },
+      [&] {
+        refresh();
+        kcpu::CausalSoftmaxForward(P(s), srows, T);
+      },
+      Time(refresh), WallTime(1, refresh)));
+  auto refresh_g = [&] { std::copy(P(g0), P(g0) + n, P(g)); };
+  results->push_back(Measure(
+      "causal_softmax_backward", n,
+      [&] {
+        refresh_g();
+        OldSoftmaxBackward(P(s), P(g), srows, T, 0.125f);
+      },
+      [&] {
+        refresh_g();
+        kcpu::CausalSoftmaxBackward(P(s), false, P(g), srows, T, 0.125f);
+      },
+      Time(refresh_g), WallTime(1, refresh_g)));
+}
+
+// Cross-entropy over [rows, V].
+void MeasureCrossEntropy(std::vector<Result>* results) {
+  const int64_t rows = kRows, V = kVocab;
+  const int64_t n = rows * V;
+  volatile double sink = 0;  // keeps the losses observable
+  core::Tensor logits = Normal(n, 10, 2.0f), grad = core::Tensor::Empty({n});
+  std::vector<int32_t> tg(rows);
+  for (int64_t i = 0; i < rows; ++i) tg[i] = static_cast<int32_t>((i * 37) % V);
+  std::vector<double> row_loss(static_cast<size_t>(rows));
+  results->push_back(Measure(
+      "cross_entropy", n,
+      [&] { sink = sink + OldCrossEntropy(P(logits), tg.data(), P(grad), rows, V); },
+      [&] {
+        kcpu::CrossEntropy(P(logits), tg.data(), rows, V, 1.0 / rows, P(grad), row_loss.data());
+        double total = 0.0;
+        for (double l : row_loss) total += l;
+        sink = sink + total / rows;
+      }));
+}
+
 }  // namespace
 
 int main() {
-  const int64_t B = 8, T = 128, C = 256, H = 8, V = 512, hidden = 4 * C;
-  const int64_t rows = B * T;
   std::vector<Result> results;
-  volatile double sink = 0;
-
-  {  // GELU, bias add and bias gradient over the MLP's hidden activations.
-    const int64_t n = rows * hidden;
-    core::Tensor x = Normal(n, 1, 2.0f), g = Normal(n, 2), y = core::Tensor::Empty({n});
-    results.push_back(Measure(
-        "gelu_forward", n, [&] { OldGeluForward(P(x), P(y), n); },
-        [&] { kcpu::GeluForward(P(x), P(y), n); }));
-    results.push_back(Measure(
-        "gelu_backward", n, [&] { OldGeluBackward(P(x), P(g), P(y), n); },
-        [&] { kcpu::GeluBackward(P(x), P(g), P(y), n); }));
-    core::Tensor bias = Normal(hidden, 3);
-    results.push_back(Measure(
-        "bias_add", n, [&] { OldBiasAdd(P(x), P(bias), P(y), rows, hidden); },
-        [&] { kcpu::BiasAdd(P(x), P(bias), false, P(y), rows, hidden); }));
-    core::Tensor acc = core::Tensor::Zeros({hidden});
-    results.push_back(Measure(
-        "column_sums", n, [&] { OldColumnSums(P(x), P(g), P(acc), rows, hidden); },
-        [&] { kcpu::ColumnSums(P(x), P(g), P(acc), rows, hidden); }));
-  }
-  {  // Residual add and LayerNorm over [rows, C].
-    const int64_t n = rows * C;
-    core::Tensor x = Normal(n, 4), g = Normal(n, 5), y = core::Tensor::Empty({n});
-    core::Tensor h = core::Tensor::Empty({n}), gx = core::Tensor::Empty({n});
-    core::Tensor mean = core::Tensor::Empty({rows}), rstd = core::Tensor::Empty({rows});
-    core::Tensor w = Normal(C, 6), b = Normal(C, 7);
-    core::Tensor gw = core::Tensor::Zeros({C}), gb = core::Tensor::Zeros({C});
-    results.push_back(Measure(
-        "residual_add", n, [&] { OldAdd(P(x), P(g), P(y), n); },
-        [&] { kcpu::Add(P(x), P(g), P(y), n); }));
-    results.push_back(Measure(
-        "layer_norm_forward", n,
-        [&] { OldLayerNorm(P(x), P(w), P(b), 1e-5f, P(y), P(h), P(rstd), rows, C); },
-        [&] {
-          kcpu::LayerNormForward(P(x), P(w), P(b), false, 1e-5f, P(y), P(mean), P(rstd), rows, C);
-        }));
-    results.push_back(Measure(
-        "layer_norm_backward", n,
-        [&] { OldLayerNormBackward(P(g), P(h), P(rstd), P(w), P(gx), P(gw), P(gb), rows, C); },
-        [&] {
-          kcpu::NormParamGrads(P(g), P(x), P(mean), P(rstd), P(gw), P(gb), rows, C);
-          kcpu::LayerNormBackwardInput(P(g), P(x), P(mean), P(rstd), P(w), false, P(gx), rows, C);
-        }));
-  }
-  {  // The fused ops against the two ops each replaces, at the residual's size.
-    const int64_t m = rows * C;
-    core::Tensor a = Normal(m, 16), b = Normal(m, 17), h = core::Tensor::Empty({m});
-    core::Tensor ln = core::Tensor::Empty({m});
-    core::Tensor gx = core::Tensor::Empty({m}), rstd = core::Tensor::Empty({rows});
-    core::Tensor mean = core::Tensor::Empty({rows});
-    core::Tensor w = Normal(C, 18), lb = Normal(C, 19);
-    core::Tensor gw = core::Tensor::Zeros({C}), glb = core::Tensor::Zeros({C});
-    results.push_back(Measure(
-        "fused_residual_layer_norm_forward", m,
-        [&] {
-          kcpu::Add(P(a), P(b), P(h), m);
-          kcpu::LayerNormForward(P(h), P(w), P(lb), false, 1e-5f, P(ln), P(mean), P(rstd), rows, C);
-        },
-        [&] {
-          kcpu::AddLayerNormForward(P(a), P(b), P(h), P(w), P(lb), false, 1e-5f, P(ln), P(mean),
-                                    P(rstd), rows, C);
-        }));
-    results.push_back(Measure(
-        "fused_layer_norm_backward_residual", m,
-        [&] {
-          kcpu::NormParamGrads(P(b), P(h), P(mean), P(rstd), P(gw), P(glb), rows, C);
-          kcpu::LayerNormBackwardInput(P(b), P(h), P(mean), P(rstd), P(w), false, P(gx), rows, C);
-          kcpu::Add(P(a), P(gx), P(gx), m);
-        },
-        [&] {
-          kcpu::NormParamGrads(P(b), P(h), P(mean), P(rstd), P(gw), P(glb), rows, C);
-          kcpu::LayerNormBackwardInputAdd(P(b), P(h), P(mean), P(rstd), P(w), false, P(a), P(gx),
-                                          rows, C);
-        }));
-  }
-  {  // Causal softmax over [B, H, T, T]. Each call overwrites its input, so every timed call
-     // first restores it; the copy's own time is subtracted.
-    const int64_t srows = B * H * T, n = srows * T;
-    core::Tensor s0 = Normal(n, 8, 3.0f), s = core::Tensor::Empty({n});
-    core::Tensor g0 = Normal(n, 9), g = core::Tensor::Empty({n});
-    auto refresh = [&] { std::copy(P(s0), P(s0) + n, P(s)); };
-    results.push_back(Measure(
-        "causal_softmax_forward", n,
-        [&] {
-          refresh();
-          OldSoftmax(P(s), srows, T);
-        },
-        [&] {
-          refresh();
-          kcpu::CausalSoftmaxForward(P(s), srows, T);
-        },
-        Time(refresh), WallTime(1, refresh)));
-    auto refresh_g = [&] { std::copy(P(g0), P(g0) + n, P(g)); };
-    results.push_back(Measure(
-        "causal_softmax_backward", n,
-        [&] {
-          refresh_g();
-          OldSoftmaxBackward(P(s), P(g), srows, T, 0.125f);
-        },
-        [&] {
-          refresh_g();
-          kcpu::CausalSoftmaxBackward(P(s), false, P(g), srows, T, 0.125f);
-        },
-        Time(refresh_g), WallTime(1, refresh_g)));
-  }
-  {  // Cross-entropy over [rows, V].
-    const int64_t n = rows * V;
-    core::Tensor logits = Normal(n, 10, 2.0f), grad = core::Tensor::Empty({n});
-    std::vector<int32_t> tg(rows);
-    for (int64_t i = 0; i < rows; ++i) tg[i] = static_cast<int32_t>((i * 37) % V);
-    std::vector<double> row_loss(static_cast<size_t>(rows));
-    results.push_back(Measure(
-        "cross_entropy", n,
-        [&] { sink = sink + OldCrossEntropy(P(logits), tg.data(), P(grad), rows, V); },
-        [&] {
-          kcpu::CrossEntropy(P(logits), tg.data(), rows, V, 1.0 / rows, P(grad), row_loss.data());
-          double total = 0.0;
-          for (double l : row_loss) total += l;
-          sink = sink + total / rows;
-        }));
-  }
+  MeasureMlp(&results);
+  MeasureResidualLayerNorm(&results);
+  MeasureFused(&results);
+  MeasureCausalSoftmax(&results);
+  MeasureCrossEntropy(&results);
   kernels::bench::PrintJson(results);
   return 0;
 }
