@@ -517,23 +517,7 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
   return result;
 }
 
-absl::StatusOr<EvalResult> StageRunner::Evaluate(Stage stage, TrainModule& module,
-                                                 const EvalOptions& eval_options) {
-  ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, ModelOf(module));
-  const std::string name = StageName(stage);
-  // NOTE [Deterministic training]: each batch in M micro-batches, as in Fit.
-  const int m = options_.deterministic_micro_batches;
-  if (m > group_->size() && !module.SupportsMicroBatches()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        name, ": StageOptions.deterministic_micro_batches = ", m, ", but the module evaluating ",
-        model->Describe(), " does not run micro-batches (TrainModule::SupportsMicroBatches)"));
-  }
-  EvalResult result;
-  ASSIGN_OR_RETURN(result.report, BeginStage(stage, module, eval_options.wrap));
-  // NOTE [Whole-set evaluation]: the module's batch count, or eval_batches. Every rank must
-  // run as many batches as every other, or some would wait for the others' collectives.
-  const std::optional<int64_t> whole = module.EvaluationBatches(stage, options_.eval_batch_size);
-  const int64_t batches = whole.has_value() ? *whole : options_.eval_batches;
+absl::Status StageRunner::AgreeEvaluationBatches(const std::string& name, int64_t batches) {
   ASSIGN_OR_RETURN(std::vector<std::vector<double>> counts,
                    AllGatherDoubles({static_cast<double>(batches)}));
   for (size_t r = 1; r < counts.size(); ++r) {
@@ -548,10 +532,16 @@ absl::StatusOr<EvalResult> StageRunner::Evaluate(Stage stage, TrainModule& modul
     return absl::InvalidArgumentError(absl::StrCat(
         name, ": TrainModule::EvaluationBatches returned ", batches, " (must be >= 0)"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<double>> StageRunner::RunEvaluationSteps(Stage stage,
+                                                                    TrainModule& module,
+                                                                    int64_t batches) {
+  const std::string name = StageName(stage);
+  const int m = options_.deterministic_micro_batches;
   const int rank = group_->rank();
   const int k = m > 0 ? m / group_->size() : 1;  // this rank's micro-batches of each batch
-  // (loss x count, count): under NOTE [Deterministic training] one pair per micro-batch,
-  // else this rank's sums.
   std::vector<double> pairs;
   double weighted = 0, count = 0;
   for (int64_t b = 0; b < batches; ++b) {
@@ -593,11 +583,17 @@ absl::StatusOr<EvalResult> StageRunner::Evaluate(Stage stage, TrainModule& modul
     }
   }
   if (m == 0) pairs = {weighted, count};
-  // Each rank's values travel exactly and are added in a fixed order, so the result does
-  // not depend on the reduction order of the backend: the ranks' sums in rank order, or
-  // under NOTE [Deterministic training] the micro-batches' pairs in (batch, micro-batch)
-  // order, the same at every world size.
-  ASSIGN_OR_RETURN(std::vector<std::vector<double>> all, AllGatherDoubles(pairs));
+  return pairs;
+}
+
+namespace {
+
+// The (loss x count, count) totals of every rank's pairs (`all`, in rank order), added in a
+// fixed order: the ranks' sums in rank order, or with m > 0 micro-batches a batch (NOTE
+// [Deterministic training]) the micro-batches' pairs in (batch, micro-batch) order, k of each
+// batch's on each rank, which is the same order at every world size.
+std::pair<double, double> AddEvaluationPairs(const std::vector<std::vector<double>>& all,
+                                             int64_t batches, int m, int k) {
   double total_weighted = 0, total_count = 0;
   if (m > 0) {
     for (int64_t b = 0; b < batches; ++b) {
@@ -614,6 +610,35 @@ absl::StatusOr<EvalResult> StageRunner::Evaluate(Stage stage, TrainModule& modul
       total_count += r[1];
     }
   }
+  return {total_weighted, total_count};
+}
+
+}  // namespace
+
+absl::StatusOr<EvalResult> StageRunner::Evaluate(Stage stage, TrainModule& module,
+                                                 const EvalOptions& eval_options) {
+  ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, ModelOf(module));
+  const std::string name = StageName(stage);
+  // NOTE [Deterministic training]: each batch in M micro-batches, as in Fit.
+  const int m = options_.deterministic_micro_batches;
+  if (m > group_->size() && !module.SupportsMicroBatches()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name, ": StageOptions.deterministic_micro_batches = ", m, ", but the module evaluating ",
+        model->Describe(), " does not run micro-batches (TrainModule::SupportsMicroBatches)"));
+  }
+  EvalResult result;
+  ASSIGN_OR_RETURN(result.report, BeginStage(stage, module, eval_options.wrap));
+  // NOTE [Whole-set evaluation]: the module's batch count, or eval_batches. Every rank must
+  // run as many batches as every other, or some would wait for the others' collectives.
+  const std::optional<int64_t> whole = module.EvaluationBatches(stage, options_.eval_batch_size);
+  const int64_t batches = whole.has_value() ? *whole : options_.eval_batches;
+  RETURN_IF_ERROR(AgreeEvaluationBatches(name, batches));
+  ASSIGN_OR_RETURN(std::vector<double> pairs, RunEvaluationSteps(stage, module, batches));
+  // Each rank's values travel exactly and are added in a fixed order, so the result does
+  // not depend on the reduction order of the backend.
+  ASSIGN_OR_RETURN(std::vector<std::vector<double>> all, AllGatherDoubles(pairs));
+  const int k = m > 0 ? m / group_->size() : 1;
+  const auto [total_weighted, total_count] = AddEvaluationPairs(all, batches, m, k);
   result.loss = total_count > 0 ? total_weighted / total_count : NAN;
   result.count = static_cast<int64_t>(total_count);
   result.batches = batches;

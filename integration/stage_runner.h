@@ -361,6 +361,13 @@ class StageRunner {
   // Forward-only loop of Validate and Test.
   absl::StatusOr<EvalResult> Evaluate(Stage stage, TrainModule& module,
                                       const EvalOptions& options);
+  // NOTE [Whole-set evaluation]: OK when every rank would run `batches` >= 0 batches;
+  // FailedPrecondition or InvalidArgument naming stage `name` otherwise. Collective.
+  absl::Status AgreeEvaluationBatches(const std::string& name, int64_t batches);
+  // This rank's evaluation steps of `batches` batches: its (loss x count, count) pair per
+  // micro-batch under NOTE [Deterministic training], else one pair of its sums.
+  absl::StatusOr<std::vector<double>> RunEvaluationSteps(Stage stage, TrainModule& module,
+                                                         int64_t batches);
   // Wrap (or not), reset peaks; the stage's report so far.
   absl::StatusOr<StageReport> BeginStage(Stage stage, TrainModule& module, bool wrap);
   // Reshards units an evaluation forward left unsharded, gathers memory, fills timings.
