@@ -48,9 +48,9 @@ absl::StatusOr<core::DType> ParseSafetensorsDType(absl::string_view name) {
   if (name == "F32") return core::DType::kFloat32;
   if (name == "BF16") return core::DType::kBFloat16;
   if (name == "I32") return core::DType::kInt32;
-  static const char* const kOthers[] = {"BOOL", "U8",  "I8",  "I16", "U16", "F16",
-                                        "U32",  "I64", "U64", "F64", "F8_E5M2", "F8_E4M3",
-                                        "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2", "E8M0", "C64"};
+  static const char* const kOthers[] = {
+      "BOOL", "U8",      "I8",      "I16",     "U16", "F16",     "U32",     "I64",  "U64",
+      "F64",  "F8_E5M2", "F8_E4M3", "F8_E8M0", "F4",  "F6_E2M3", "F6_E3M2", "E8M0", "C64"};
   for (const char* other : kOthers) {
     if (name == other) {
       return absl::UnimplementedError(absl::StrCat(
@@ -76,11 +76,13 @@ absl::Status ExportSafetensors(const std::string& path, const NamedTensors& tens
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
     const std::string what = absl::StrCat(where, ": tensor ", Quoted(name));
-    if (name.empty()) return absl::InvalidArgumentError(absl::StrCat(where, ": a tensor has an empty name"));
+    if (name.empty())
+      return absl::InvalidArgumentError(absl::StrCat(where, ": a tensor has an empty name"));
     if (name == kMetadataKey) {
       return absl::InvalidArgumentError(absl::StrCat(what, " uses the reserved name"));
     }
-    if (!names.insert(name).second) return absl::InvalidArgumentError(absl::StrCat(what, " is listed twice"));
+    if (!names.insert(name).second)
+      return absl::InvalidArgumentError(absl::StrCat(what, " is listed twice"));
     if (!t.defined()) return absl::InvalidArgumentError(absl::StrCat(what, " is undefined"));
     ASSIGN_OR_RETURN(internal::HostBytes cpu, internal::HostBytes::Of(t, t.dtype(), what));
     const uint64_t n = static_cast<uint64_t>(cpu.nbytes());
@@ -127,7 +129,8 @@ absl::Status ExportSafetensors(const std::string& path, const core::Module& modu
   for (const auto& [name, p] : module.NamedParameters()) {
     const std::string what = absl::StrCat("ExportSafetensors(", Quoted(path), ") of ",
                                           module.Describe(), ": parameter ", Quoted(name));
-    if (!p->data.defined()) return absl::FailedPreconditionError(absl::StrCat(what, " has no data"));
+    if (!p->data.defined())
+      return absl::FailedPreconditionError(absl::StrCat(what, " has no data"));
     if (!full_shapes.empty()) {
       auto it = full_shapes.find(name);
       if (it == full_shapes.end()) {
@@ -191,20 +194,25 @@ float HalfToFloat(uint16_t h) {
 
 absl::StatusOr<uint64_t> NonNegativeInt(const Json& v, const std::string& what) {
   if (v.is_number_unsigned()) return v.get<uint64_t>();
-  if (v.is_number_integer() && v.get<int64_t>() >= 0) return static_cast<uint64_t>(v.get<int64_t>());
-  return absl::InvalidArgumentError(absl::StrCat(what, " is ", v.dump(), ", not a non-negative integer"));
+  if (v.is_number_integer() && v.get<int64_t>() >= 0)
+    return static_cast<uint64_t>(v.get<int64_t>());
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " is ", v.dump(), ", not a non-negative integer"));
 }
 
 absl::StatusOr<Entry> ParseEntry(const std::string& name, const Json& v, const std::string& where) {
   const std::string what = absl::StrCat(where, ": tensor ", Quoted(name));
-  if (!v.is_object()) return absl::InvalidArgumentError(absl::StrCat(what, " is not a JSON object"));
+  if (!v.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(what, " is not a JSON object"));
   for (const char* key : {"dtype", "shape", "data_offsets"}) {
-    if (!v.contains(key)) return absl::InvalidArgumentError(absl::StrCat(what, " has no \"", key, "\""));
+    if (!v.contains(key))
+      return absl::InvalidArgumentError(absl::StrCat(what, " has no \"", key, "\""));
   }
   Entry e;
   e.name = name;
   const Json& dtype = v["dtype"];
-  if (!dtype.is_string()) return absl::InvalidArgumentError(absl::StrCat(what, ": \"dtype\" is not a string"));
+  if (!dtype.is_string())
+    return absl::InvalidArgumentError(absl::StrCat(what, ": \"dtype\" is not a string"));
   // F16 (many published checkpoints) is read widened to F32, exactly.
   e.f16 = dtype.get<std::string>() == "F16";
   absl::StatusOr<core::DType> d =
@@ -212,26 +220,28 @@ absl::StatusOr<Entry> ParseEntry(const std::string& name, const Json& v, const s
   if (!d.ok()) return core::Annotate(d.status(), what);
   e.dtype = *d;
   const Json& shape = v["shape"];
-  if (!shape.is_array()) return absl::InvalidArgumentError(absl::StrCat(what, ": \"shape\" is not an array"));
+  if (!shape.is_array())
+    return absl::InvalidArgumentError(absl::StrCat(what, ": \"shape\" is not an array"));
   uint64_t numel = 1;
   for (const Json& dim : shape) {
     ASSIGN_OR_RETURN(uint64_t n, NonNegativeInt(dim, absl::StrCat(what, ": a \"shape\" entry")));
     if (n != 0 && numel > kMaxNumel / n) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": shape ", shape.dump(), " has more than 2^50 elements"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": shape ", shape.dump(), " has more than 2^50 elements"));
     }
     numel *= n;
     e.shape.push_back(static_cast<int64_t>(n));
   }
   const Json& offsets = v["data_offsets"];
   if (!offsets.is_array() || offsets.size() != 2) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": \"data_offsets\" is ", offsets.dump(),
-                                                   ", not [begin, end]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": \"data_offsets\" is ", offsets.dump(), ", not [begin, end]"));
   }
   ASSIGN_OR_RETURN(e.begin, NonNegativeInt(offsets[0], absl::StrCat(what, ": data_offsets[0]")));
   ASSIGN_OR_RETURN(e.end, NonNegativeInt(offsets[1], absl::StrCat(what, ": data_offsets[1]")));
   if (e.end < e.begin) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": data_offsets [", e.begin, ", ", e.end,
-                                                   "] end before they begin"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": data_offsets [", e.begin, ", ", e.end, "] end before they begin"));
   }
   const uint64_t nbytes = numel * static_cast<uint64_t>(e.f16 ? 2 : core::DTypeSize(e.dtype));
   if (e.end - e.begin != nbytes) {
@@ -298,22 +308,24 @@ absl::StatusOr<SafetensorsLayout> ParseLayout(const ByteSource& file, const int6
   unsigned char length[8];
   ASSIGN_OR_RETURN(size_t got, file.ReadAt(0, 8, length));
   if (got < 8) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": the file has ", file_size,
-                                                   " bytes, fewer than the 8 of the header length"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": the file has ", file_size, " bytes, fewer than the 8 of the header length"));
   }
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(length[i]) << (8 * i);
   if (n > kMaxSafetensorsHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": header length ", n, " exceeds the limit of ",
+    return absl::InvalidArgumentError(absl::StrCat(where, ": header length ", n,
+                                                   " exceeds the limit of ",
                                                    kMaxSafetensorsHeaderBytes, " bytes"));
   }
   if (8 + n > static_cast<uint64_t>(file_size)) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": header length ", n, " reaches past the end of the ",
-                                                   file_size, "-byte file"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": header length ", n, " reaches past the end of the ", file_size, "-byte file"));
   }
   std::string text(static_cast<size_t>(n), '\0');
   ASSIGN_OR_RETURN(got, file.ReadAt(8, text.size(), text.data()));
-  if (got < text.size()) return absl::DataLossError(absl::StrCat(where, ": the file shrank while being read"));
+  if (got < text.size())
+    return absl::DataLossError(absl::StrCat(where, ": the file shrank while being read"));
   if (text.empty() || text[0] != '{') {
     return absl::InvalidArgumentError(absl::StrCat(where, ": the header does not start with '{'"));
   }
@@ -335,24 +347,28 @@ absl::StatusOr<SafetensorsLayout> ParseLayout(const ByteSource& file, const int6
   try {
     header = Json::parse(text, note_keys);
   } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": the header is not valid JSON: ", e.what()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": the header is not valid JSON: ", e.what()));
   }
   if (!duplicate.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": the header lists ", Quoted(duplicate), " twice"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": the header lists ", Quoted(duplicate), " twice"));
   }
-  if (!header.is_object()) return absl::InvalidArgumentError(absl::StrCat(where, ": the header is not a JSON object"));
+  if (!header.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(where, ": the header is not a JSON object"));
 
   SafetensorsLayout out;
   std::vector<Entry>& entries = out.entries;
   for (const auto& [key, value] : header.items()) {
     if (key == kMetadataKey) {
       if (!value.is_object()) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": \"__metadata__\" is not a JSON object"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": \"__metadata__\" is not a JSON object"));
       }
       for (const auto& [mk, mv] : value.items()) {
         if (!mv.is_string()) {
-          return absl::InvalidArgumentError(absl::StrCat(where, ": \"__metadata__\" entry ", Quoted(mk),
-                                                         " is not a string"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": \"__metadata__\" entry ", Quoted(mk), " is not a string"));
         }
         out.metadata[mk] = mv.get<std::string>();
       }
@@ -369,12 +385,12 @@ absl::StatusOr<SafetensorsLayout> ParseLayout(const ByteSource& file, const int6
   for (size_t i = 0; i < entries.size(); ++i) {
     const Entry& e = entries[i];
     if (e.begin != expected) {
-      const std::string prev = i == 0 ? std::string("the start of the buffer")
-                                      : absl::StrCat("tensor ", Quoted(entries[i - 1].name), " ending at ",
-                                                     expected);
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": tensor ", Quoted(e.name), " data_offsets [", e.begin, ", ", e.end, "] ",
-          e.begin < expected ? "overlap " : "leave a gap after ", prev));
+      const std::string prev =
+          i == 0 ? std::string("the start of the buffer")
+                 : absl::StrCat("tensor ", Quoted(entries[i - 1].name), " ending at ", expected);
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": tensor ", Quoted(e.name), " data_offsets [", e.begin, ", ", e.end,
+                       "] ", e.begin < expected ? "overlap " : "leave a gap after ", prev));
     }
     expected = e.end;
   }
@@ -388,13 +404,13 @@ absl::StatusOr<SafetensorsLayout> ParseLayout(const ByteSource& file, const int6
         break;
       }
     }
-    return absl::DataLossError(absl::StrCat(where, ": the file is truncated: tensor ", Quoted(tensor),
-                                            " needs buffer bytes up to ", expected, " but only ",
-                                            available, " follow the header"));
+    return absl::DataLossError(absl::StrCat(where, ": the file is truncated: tensor ",
+                                            Quoted(tensor), " needs buffer bytes up to ", expected,
+                                            " but only ", available, " follow the header"));
   }
   if (expected < available) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": ", available - expected,
-                                                   " bytes follow the last tensor's data"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", available - expected, " bytes follow the last tensor's data"));
   }
   out.data_start = data_start;
   return out;
@@ -410,9 +426,11 @@ absl::StatusOr<core::Tensor> ReadEntry(const ByteSource& file, uint64_t data_sta
   const size_t nbytes = static_cast<size_t>(e.end - e.begin);
   std::vector<uint16_t> halves(e.f16 ? nbytes / 2 : 0);
   void* into = e.f16 ? static_cast<void*>(halves.data()) : t->raw_data();
-  ASSIGN_OR_RETURN(size_t got, file.ReadAt(static_cast<int64_t>(data_start + e.begin), nbytes, into));
+  ASSIGN_OR_RETURN(size_t got,
+                   file.ReadAt(static_cast<int64_t>(data_start + e.begin), nbytes, into));
   if (got < nbytes) {
-    return absl::DataLossError(absl::StrCat(where, ": tensor ", Quoted(e.name), ": the file shrank while being read"));
+    return absl::DataLossError(
+        absl::StrCat(where, ": tensor ", Quoted(e.name), ": the file shrank while being read"));
   }
   if (e.f16) {  // little-endian, as the format and this library's hosts are
     float* out = t->data<float>();
@@ -505,7 +523,8 @@ absl::StatusOr<core::Tensor> SafetensorsReader::Read(const std::string& name,
 
 absl::Status ImportSafetensorsInto(const std::string& path, core::Module& module, bool strict) {
   ASSIGN_OR_RETURN(SafetensorsFile file, ImportSafetensors(path, core::MemoryTag::kOther));
-  const std::string where = absl::StrCat("ImportSafetensorsInto(", Quoted(path), ", ", module.Describe(), ")");
+  const std::string where =
+      absl::StrCat("ImportSafetensorsInto(", Quoted(path), ", ", module.Describe(), ")");
   std::map<std::string, const core::Tensor*> by_name;
   for (const auto& [name, t] : file.tensors) by_name[name] = &t;
   const auto params = module.NamedParameters();
@@ -514,7 +533,8 @@ absl::Status ImportSafetensorsInto(const std::string& path, core::Module& module
   for (const auto& [name, p] : params) {
     auto it = by_name.find(name);
     if (it == by_name.end()) {
-      return absl::NotFoundError(absl::StrCat(where, ": parameter ", Quoted(name), " is not in the file"));
+      return absl::NotFoundError(
+          absl::StrCat(where, ": parameter ", Quoted(name), " is not in the file"));
     }
     const core::Tensor& src = *it->second;
     if (!p->data.defined() || p->data.shape() != src.shape()) {
@@ -523,12 +543,13 @@ absl::Status ImportSafetensorsInto(const std::string& path, core::Module& module
           p->data.defined() ? core::ShapeToString(p->data.shape()) : std::string("<undefined>"),
           " but the file's tensor has ", core::ShapeToString(src.shape())));
     }
-    const bool convertible = src.dtype() == p->data.dtype() ||
-                             (src.dtype() != core::DType::kInt32 && p->data.dtype() != core::DType::kInt32);
+    const bool convertible =
+        src.dtype() == p->data.dtype() ||
+        (src.dtype() != core::DType::kInt32 && p->data.dtype() != core::DType::kInt32);
     if (!convertible) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": parameter ", Quoted(name), " is ",
-                                                     core::DTypeName(p->data.dtype()), " but the file has ",
-                                                     core::DTypeName(src.dtype())));
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": parameter ", Quoted(name), " is ", core::DTypeName(p->data.dtype()),
+          " but the file has ", core::DTypeName(src.dtype())));
     }
     used.insert(name);
   }

@@ -39,8 +39,8 @@ double Entropy(absl::Span<const double> p) {
 
 absl::Status CheckOptions(const MarkovLanguageOptions& o) {
   auto bad = [](const char* option, auto value, const char* rule) {
-    return absl::InvalidArgumentError(absl::StrCat("MarkovLanguage: MarkovLanguageOptions.",
-                                                   option, " is ", value, "; it must be ", rule));
+    return absl::InvalidArgumentError(absl::StrCat("MarkovLanguage: MarkovLanguageOptions.", option,
+                                                   " is ", value, "; it must be ", rule));
   };
   if (o.vocab_size < 2) return bad("vocab_size", o.vocab_size, ">= 2");
   if (o.order < 1) return bad("order", o.order, ">= 1");
@@ -63,9 +63,9 @@ absl::StatusOr<MarkovLanguage> MarkovLanguage::Create(const MarkovLanguageOption
   for (int i = 0; i < k; ++i) {
     contexts *= v;
     if (contexts > kMaxContexts) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "MarkovLanguage: vocab_size^order = ", v, "^", k,
-          " contexts exceeds 2^20; lower MarkovLanguageOptions.vocab_size or order"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("MarkovLanguage: vocab_size^order = ", v, "^", k,
+                       " contexts exceeds 2^20; lower MarkovLanguageOptions.vocab_size or order"));
     }
   }
   if (contexts * v > kMaxTransitions) {
@@ -125,15 +125,15 @@ absl::StatusOr<MarkovLanguage> MarkovLanguage::Create(const MarkovLanguageOption
     converged = diff < kStationaryTolerance;
   }
   if (!converged) {
-    return absl::InternalError(absl::StrCat(
-        "MarkovLanguage: the stationary distribution did not converge to ",
-        kStationaryTolerance, " within ", max_iterations, " power iterations; the chain mixes "
-        "too slowly (lower MarkovLanguageOptions.peakedness or raise likely_tokens)"));
+    return absl::InternalError(
+        absl::StrCat("MarkovLanguage: the stationary distribution did not converge to ",
+                     kStationaryTolerance, " within ", max_iterations,
+                     " power iterations; the chain mixes "
+                     "too slowly (lower MarkovLanguageOptions.peakedness or raise likely_tokens)"));
   }
   lang.stationary_ = std::move(pi);
   lang.stationary_cdf_.resize(contexts);
-  std::partial_sum(lang.stationary_.begin(), lang.stationary_.end(),
-                   lang.stationary_cdf_.begin());
+  std::partial_sum(lang.stationary_.begin(), lang.stationary_.end(), lang.stationary_cdf_.begin());
 
   double rate = 0;
   for (int64_t c = 0; c < contexts; ++c) {
@@ -155,19 +155,20 @@ absl::StatusOr<MarkovLanguage> MarkovLanguage::Create(const MarkovLanguageOption
 
   const double limit = 0.5 * std::log(static_cast<double>(v));
   if (rate > limit) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "MarkovLanguage: the entropy rate is ", rate, " nats, above half of log(vocab_size) = ",
-        limit, "; the language is too unpredictable for a useful floor. Raise "
-        "MarkovLanguageOptions.peakedness (", options.peakedness, ") or lower likely_tokens (",
-        options.likely_tokens, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("MarkovLanguage: the entropy rate is ", rate,
+                     " nats, above half of log(vocab_size) = ", limit,
+                     "; the language is too unpredictable for a useful floor. Raise "
+                     "MarkovLanguageOptions.peakedness (",
+                     options.peakedness, ") or lower likely_tokens (", options.likely_tokens, ")"));
   }
   return lang;
 }
 
 absl::StatusOr<absl::Span<const double>> MarkovLanguage::NextTokenProbs(int64_t context) const {
   if (context < 0 || context >= num_contexts_) {
-    return absl::InvalidArgumentError(absl::StrCat("MarkovLanguage: context ", context,
-                                                   " is outside [0, ", num_contexts_, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("MarkovLanguage: context ", context, " is outside [0, ", num_contexts_, ")"));
   }
   return absl::MakeConstSpan(&probs_[context * options_.vocab_size], options_.vocab_size);
 }
@@ -191,8 +192,8 @@ void MarkovLanguage::SampleSequence(int64_t index, int64_t row, int64_t n, int32
   const int k = options_.order;
   // The first k tokens: a context drawn from the stationary distribution.
   const double u = Uniform53(rng) * stationary_cdf_.back();
-  int64_t c = std::upper_bound(stationary_cdf_.begin(), stationary_cdf_.end(), u) -
-              stationary_cdf_.begin();
+  int64_t c =
+      std::upper_bound(stationary_cdf_.begin(), stationary_cdf_.end(), u) - stationary_cdf_.begin();
   c = std::min(c, num_contexts_ - 1);
   int64_t place = num_contexts_;
   for (int i = 0; i < k; ++i) {
@@ -217,12 +218,11 @@ void MarkovLanguage::SampleSequence(int64_t index, int64_t row, int64_t n, int32
   }
 }
 
-absl::StatusOr<TokenBatch> MarkovLanguage::Batch(int64_t index, int batch_size,
-                                                 int seq_len) const {
+absl::StatusOr<TokenBatch> MarkovLanguage::Batch(int64_t index, int batch_size, int seq_len) const {
   if (index < 0 || batch_size < 1 || seq_len < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "MarkovLanguage::Batch: index ", index, ", batch_size ", batch_size, ", seq_len ",
-        seq_len, "; need index >= 0, batch_size >= 1 and seq_len >= 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("MarkovLanguage::Batch: index ", index, ", batch_size ", batch_size,
+                     ", seq_len ", seq_len, "; need index >= 0, batch_size >= 1 and seq_len >= 1"));
   }
   const int64_t b = batch_size;
   const int64_t t = seq_len;

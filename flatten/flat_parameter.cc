@@ -42,8 +42,8 @@ absl::StatusOr<std::unique_ptr<FlatParameter>> FlatParameter::Flatten(
     }
     auto [it, inserted] = by_name.emplace(name, p.get());
     if (!inserted && it->second != p.get()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          prefix, "two different parameters are named '", name, "'; names must be unique"));
+      return absl::InvalidArgumentError(absl::StrCat(prefix, "two different parameters are named '",
+                                                     name, "'; names must be unique"));
     }
     if (!first_name.emplace(p.get(), name).second) continue;  // tied: listed once
     if (p->deferred()) {
@@ -69,13 +69,13 @@ absl::StatusOr<std::unique_ptr<FlatParameter>> FlatParameter::Flatten(
       const std::string& first = flat->records_.front().name;
       if (p->data.dtype() != flat->dtype_) {
         return absl::InvalidArgumentError(absl::StrCat(
-            prefix, "parameter '", name, "' is ", core::DTypeName(p->data.dtype()), " but '",
-            first, "' is ", core::DTypeName(flat->dtype_), "; a FlatParameter holds one dtype"));
+            prefix, "parameter '", name, "' is ", core::DTypeName(p->data.dtype()), " but '", first,
+            "' is ", core::DTypeName(flat->dtype_), "; a FlatParameter holds one dtype"));
       }
       if (p->data.device() != flat->device_) {
         return absl::InvalidArgumentError(absl::StrCat(
-            prefix, "parameter '", name, "' is on ", p->data.device().ToString(), " but '",
-            first, "' is on ", flat->device_.ToString(), "; a FlatParameter holds one device"));
+            prefix, "parameter '", name, "' is on ", p->data.device().ToString(), " but '", first,
+            "' is on ", flat->device_.ToString(), "; a FlatParameter holds one device"));
       }
     }
     ParamRecord record;
@@ -120,9 +120,8 @@ absl::StatusOr<std::unique_ptr<FlatParameter>> FlatParameter::Flatten(
 
   // One allocation for the full buffer, one for the shard; copy each parameter in once.
   const int64_t element_size = core::DTypeSize(flat->dtype_);
-  absl::StatusOr<core::Tensor> full =
-      core::Tensor::Allocate({flat->padded_numel_}, flat->dtype_, core::MemoryTag::kParam,
-                             flat->device_);
+  absl::StatusOr<core::Tensor> full = core::Tensor::Allocate(
+      {flat->padded_numel_}, flat->dtype_, core::MemoryTag::kParam, flat->device_);
   RETURN_IF_ERROR(core::Annotate(full.status(), context));
   flat->full_ = *std::move(full);
   for (size_t i = 0; i < flat->records_.size(); ++i) {
@@ -226,9 +225,9 @@ absl::StatusOr<std::vector<core::Tensor>> FlatParameter::MakeViews(const core::T
     const ParamRecord& record = records_[i];
     if (skip_frozen && !record.requires_grad) continue;
     const ShardSlice& slice = record.shards[rank_];
-    absl::StatusOr<core::Tensor> view =
-        full_shape ? buffer.View(record.offset, record.shape)
-                   : buffer.View(slice.shard_offset, {slice.numel()});
+    absl::StatusOr<core::Tensor> view = full_shape
+                                            ? buffer.View(record.offset, record.shape)
+                                            : buffer.View(slice.shard_offset, {slice.numel()});
     if (!view.ok()) {
       return core::Annotate(view.status(), absl::StrCat(Prefix(), "view of '", record.name, "'"));
     }
@@ -238,8 +237,7 @@ absl::StatusOr<std::vector<core::Tensor>> FlatParameter::MakeViews(const core::T
 }
 
 absl::Status FlatParameter::CheckNotViewed(const core::Tensor& buffer, bool grads,
-                                           absl::string_view what,
-                                           absl::string_view remedy) const {
+                                           absl::string_view what, absl::string_view remedy) const {
   for (size_t i = 0; i < params_.size(); ++i) {
     const core::Tensor& t = grads ? params_[i]->grad : params_[i]->data;
     if (t.SharesStorage(buffer)) {
@@ -312,10 +310,10 @@ absl::Status FlatParameter::CopyFullToShard() {
                         : "not allocated"));
   }
   if (full_.dtype() != dtype_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        Prefix(), "CopyFullToShard: the full buffer is ", core::DTypeName(full_.dtype()),
-        " but the shard is ", core::DTypeName(dtype_),
-        "; copying would overwrite the master values with rounded ones"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(Prefix(), "CopyFullToShard: the full buffer is ",
+                     core::DTypeName(full_.dtype()), " but the shard is ", core::DTypeName(dtype_),
+                     "; copying would overwrite the master values with rounded ones"));
   }
   ASSIGN_OR_RETURN(core::Tensor chunk, LocalChunkOfFull());
   RETURN_IF_ERROR(core::Annotate(shard_.CopyFrom(chunk), Context()));
@@ -341,9 +339,10 @@ absl::Status FlatParameter::CopyShardToFull() {
 absl::Status FlatParameter::FullViews() {
   RETURN_IF_ERROR(CheckManaged("FullViews"));
   if (!full_.defined()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        Prefix(), "FullViews: the full buffer is not allocated; call AllocateFull and fill it "
-                  "first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(Prefix(),
+                     "FullViews: the full buffer is not allocated; call AllocateFull and fill it "
+                     "first"));
   }
   ASSIGN_OR_RETURN(std::vector<core::Tensor> views,
                    MakeViews(full_, /*full_shape=*/true, /*skip_frozen=*/false));
@@ -365,9 +364,9 @@ absl::Status FlatParameter::AllocateFullGrad(core::DType dtype) {
   RETURN_IF_ERROR(CheckManaged("AllocateFullGrad"));
   RETURN_IF_ERROR(CheckFloatDType(dtype, "AllocateFullGrad"));
   if (full_grad_.defined()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        Prefix(), "AllocateFullGrad: the full gradient buffer is already allocated (",
-        core::DTypeName(full_grad_.dtype()), "); FreeFullGrad it first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(Prefix(), "AllocateFullGrad: the full gradient buffer is already allocated (",
+                     core::DTypeName(full_grad_.dtype()), "); FreeFullGrad it first"));
   }
   absl::StatusOr<core::Tensor> grad =
       core::Tensor::Allocate({padded_numel_}, dtype, core::MemoryTag::kGrad, device_);
@@ -384,8 +383,8 @@ absl::Status FlatParameter::UseShardGradAsFullGrad() {
         Prefix(), "UseShardGradAsFullGrad: the full gradient buffer is already allocated"));
   }
   if (world_size_ != 1 || shard_numel_ != padded_numel_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        Prefix(), "UseShardGradAsFullGrad needs world_size 1, got ", world_size_));
+    return absl::FailedPreconditionError(
+        absl::StrCat(Prefix(), "UseShardGradAsFullGrad needs world_size 1, got ", world_size_));
   }
   if (!shard_grad_.defined() || shard_grad_.dtype() != core::DType::kFloat32) {
     return absl::FailedPreconditionError(
@@ -415,8 +414,8 @@ absl::Status FlatParameter::FreeFullGrad() {
 absl::StatusOr<core::Tensor> FlatParameter::LocalChunkOfFullGrad() const {
   RETURN_IF_ERROR(CheckManaged("LocalChunkOfFullGrad"));
   if (!full_grad_.defined()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        Prefix(), "LocalChunkOfFullGrad: the full gradient buffer is not allocated"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(Prefix(), "LocalChunkOfFullGrad: the full gradient buffer is not allocated"));
   }
   return full_grad_.View(rank_ * shard_numel_, {shard_numel_});
 }
@@ -450,8 +449,8 @@ absl::Status FlatParameter::FreeShardGrad() {
 absl::Status FlatParameter::CopyFullGradToShardGrad() {
   RETURN_IF_ERROR(CheckManaged("CopyFullGradToShardGrad"));
   if (!shard_grad_.defined()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        Prefix(), "CopyFullGradToShardGrad: the gradient shard is not allocated"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(Prefix(), "CopyFullGradToShardGrad: the gradient shard is not allocated"));
   }
   ASSIGN_OR_RETURN(core::Tensor chunk, LocalChunkOfFullGrad());
   RETURN_IF_ERROR(core::Annotate(shard_grad_.CopyFrom(chunk), Context()));
@@ -462,9 +461,10 @@ absl::Status FlatParameter::CopyFullGradToShardGrad() {
 absl::Status FlatParameter::FullGradViews() {
   RETURN_IF_ERROR(CheckManaged("FullGradViews"));
   if (!full_grad_.defined()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        Prefix(), "FullGradViews: the full gradient buffer is not allocated; call "
-                  "AllocateFullGrad first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(Prefix(),
+                     "FullGradViews: the full gradient buffer is not allocated; call "
+                     "AllocateFullGrad first"));
   }
   ASSIGN_OR_RETURN(std::vector<core::Tensor> views,
                    MakeViews(full_grad_, /*full_shape=*/true, /*skip_frozen=*/true));
@@ -475,9 +475,10 @@ absl::Status FlatParameter::FullGradViews() {
 absl::Status FlatParameter::ShardGradViews() {
   RETURN_IF_ERROR(CheckManaged("ShardGradViews"));
   if (!shard_grad_.defined()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        Prefix(), "ShardGradViews: the gradient shard is not allocated; call "
-                  "AllocateShardGrad first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(Prefix(),
+                     "ShardGradViews: the gradient shard is not allocated; call "
+                     "AllocateShardGrad first"));
   }
   ASSIGN_OR_RETURN(std::vector<core::Tensor> views,
                    MakeViews(shard_grad_, /*full_shape=*/false, /*skip_frozen=*/true));
@@ -496,23 +497,26 @@ absl::Status FlatParameter::ClearGradViews() {
 absl::Status FlatParameter::Unflatten() {
   RETURN_IF_ERROR(CheckManaged("Unflatten"));
   if (!full_.defined()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        Prefix(), "Unflatten needs the full values, but the full buffer is not allocated; "
-                  "call AllocateFull(", core::DTypeName(dtype_),
-                  "), gather every rank's shard into it and call MarkFullFilled() first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(Prefix(),
+                     "Unflatten needs the full values, but the full buffer is not allocated; "
+                     "call AllocateFull(",
+                     core::DTypeName(dtype_),
+                     "), gather every rank's shard into it and call MarkFullFilled() first"));
   }
   if (!full_filled_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        Prefix(), "Unflatten needs the full values, but the full buffer was allocated and "
-                  "not marked filled; gather every rank's shard into it and call "
-                  "MarkFullFilled() first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(Prefix(),
+                     "Unflatten needs the full values, but the full buffer was allocated and "
+                     "not marked filled; gather every rank's shard into it and call "
+                     "MarkFullFilled() first"));
   }
   if (full_.dtype() != dtype_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        Prefix(), "Unflatten: the full buffer is ", core::DTypeName(full_.dtype()),
-        " but the parameters are ", core::DTypeName(dtype_),
-        "; unflattening from it would lose precision; gather the shards into a ",
-        core::DTypeName(dtype_), " full buffer instead"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(Prefix(), "Unflatten: the full buffer is ", core::DTypeName(full_.dtype()),
+                     " but the parameters are ", core::DTypeName(dtype_),
+                     "; unflattening from it would lose precision; gather the shards into a ",
+                     core::DTypeName(dtype_), " full buffer instead"));
   }
   // Allocate and fill everything first, so that an error changes nothing.
   const int64_t element_size = core::DTypeSize(dtype_);

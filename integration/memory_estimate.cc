@@ -45,14 +45,14 @@ absl::Status Validate(const MemoryEstimateInput& in) {
   }
   if (in.strategy == fsdp::ShardingStrategy::kHybridShard &&
       (in.hybrid_shard_size < 1 || in.world_size % in.hybrid_shard_size != 0)) {
-    return Bad("hybrid_shard_size", in.hybrid_shard_size,
-               absl::StrCat("HYBRID_SHARD needs a positive divisor of world_size = ",
-                            in.world_size));
+    return Bad(
+        "hybrid_shard_size", in.hybrid_shard_size,
+        absl::StrCat("HYBRID_SHARD needs a positive divisor of world_size = ", in.world_size));
   }
   if (in.param_dtype != core::DType::kFloat32 && in.param_dtype != core::DType::kBFloat16) {
-    return absl::InvalidArgumentError(absl::StrCat("MemoryEstimateInput.param_dtype = ",
-                                                   core::DTypeName(in.param_dtype),
-                                                   ": must be float32 or bfloat16"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("MemoryEstimateInput.param_dtype = ", core::DTypeName(in.param_dtype),
+                     ": must be float32 or bfloat16"));
   }
   const ModelSizes& m = in.model;
   if (m.num_params < 0) return Bad("model.num_params", m.num_params, "must be >= 0");
@@ -79,17 +79,17 @@ absl::Status Validate(const MemoryEstimateInput& in) {
   if (in.activations.has_value()) {
     const GptActivationShape& a = *in.activations;
     const std::pair<const char*, int64_t> dims[] = {
-        {"batch_rows", a.batch_rows}, {"seq_len", a.seq_len},  {"n_embd", a.n_embd},
-        {"n_layer", a.n_layer},       {"n_head", a.n_head},    {"vocab_size", a.vocab_size}};
+        {"batch_rows", a.batch_rows}, {"seq_len", a.seq_len}, {"n_embd", a.n_embd},
+        {"n_layer", a.n_layer},       {"n_head", a.n_head},   {"vocab_size", a.vocab_size}};
     for (const auto& [name, value] : dims) {
       if (value < 0) return Bad(absl::StrCat("activations.", name), value, "must be >= 0");
     }
     std::vector<bool> seen(static_cast<size_t>(a.n_layer), false);
     for (int64_t i : a.checkpointed_blocks) {
       if (i < 0 || i >= a.n_layer || seen[static_cast<size_t>(i)]) {
-        return Bad("activations.checkpointed_blocks", i,
-                   absl::StrCat("must be distinct blocks in [0, activations.n_layer = ",
-                                a.n_layer, ")"));
+        return Bad(
+            "activations.checkpointed_blocks", i,
+            absl::StrCat("must be distinct blocks in [0, activations.n_layer = ", a.n_layer, ")"));
       }
       seen[static_cast<size_t>(i)] = true;
     }
@@ -157,23 +157,25 @@ GptActivationShape GptActivations(const nn::GptConfig& config, int64_t batch_row
 
 std::string MemoryEstimate::Describe() const {
   std::string out = absl::StrCat(
-      "per rank ", core::FormatBytes(per_rank_bytes), " = max(init ",
-      core::FormatBytes(init_bytes), ", model state ", core::FormatBytes(model_state_bytes),
-      " + gathered ", core::FormatBytes(gathered_bytes), " + activations ",
-      activations_estimated ? core::FormatBytes(activation_bytes) : "not estimated",
-      " + comm ", core::FormatBytes(comm_bytes), ")");
+      "per rank ", core::FormatBytes(per_rank_bytes), " = max(init ", core::FormatBytes(init_bytes),
+      ", model state ", core::FormatBytes(model_state_bytes), " + gathered ",
+      core::FormatBytes(gathered_bytes), " + activations ",
+      activations_estimated ? core::FormatBytes(activation_bytes) : "not estimated", " + comm ",
+      core::FormatBytes(comm_bytes), ")");
   if (device.is_cuda() && offloaded_bytes > 0) {
     absl::StrAppend(&out, " on ", device.ToString(), "; offloaded to the host ",
                     core::FormatBytes(offloaded_bytes), " per rank, the host holding ",
                     core::FormatBytes(per_host_bytes), " for ", local_ranks,
                     local_ranks == 1 ? " rank" : " ranks");
   } else if (device.is_cuda()) {
-    absl::StrAppend(&out, " on ", device.ToString(), "; the host holds each rank's CPU-built "
-                    "model, ", core::FormatBytes(per_host_bytes), " for ", local_ranks,
+    absl::StrAppend(&out, " on ", device.ToString(),
+                    "; the host holds each rank's CPU-built "
+                    "model, ",
+                    core::FormatBytes(per_host_bytes), " for ", local_ranks,
                     local_ranks == 1 ? " rank" : " ranks");
   } else if (local_ranks > 1) {
-    absl::StrAppend(&out, "; x ", local_ranks, " ranks on this host = ",
-                    core::FormatBytes(per_host_bytes));
+    absl::StrAppend(&out, "; x ", local_ranks,
+                    " ranks on this host = ", core::FormatBytes(per_host_bytes));
   }
   return out;
 }
@@ -197,8 +199,8 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const MemoryEstimateInput& input) 
     e.model_state_bytes = c.Add(c.Mul(16, shard), c.Mul(16, m.ignored_params));
   }
   // The unsharded fp32 gradient held at once: one unit's, or every unit's under no_sync.
-  const int64_t full_grad = input.no_sync_accumulation ? c.Mul(4, m.num_params)
-                                                       : c.Mul(4, largest_unit);
+  const int64_t full_grad =
+      input.no_sync_accumulation ? c.Mul(4, m.num_params) : c.Mul(4, largest_unit);
   // NOTE [Memory estimate]: the root unit stays gathered through the whole pass (its
   // forward and backward enclose the others'), besides the computing unit and up to
   // limit_all_gathers prefetched ones; its full gradient lives through the backward,
@@ -264,9 +266,8 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const MemoryEstimateInput& input) 
   e.init_bytes = input.deferred_init
                      ? 0
                      : c.Mul(4, c.Add(c.Add(m.num_params, m.ignored_params), largest_unit));
-  const int64_t training = c.Add(c.Add(c.Add(e.model_state_bytes, e.gathered_bytes),
-                                       e.activation_bytes),
-                                 e.comm_bytes);
+  const int64_t training =
+      c.Add(c.Add(c.Add(e.model_state_bytes, e.gathered_bytes), e.activation_bytes), e.comm_bytes);
   e.per_rank_bytes = std::max(e.init_bytes, training);
   e.local_ranks = input.local_ranks;
   e.device = input.device;
@@ -284,12 +285,13 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const MemoryEstimateInput& input) 
     e.per_host_bytes = c.Mul(e.per_rank_bytes, input.local_ranks);
   }
   if (c.overflow()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the memory estimate overflows int64 (more than 8 EiB per host) for ", m.num_params,
-        " parameters on ", input.world_size, " ranks", input.activations.has_value()
-            ? absl::StrCat(" with activations of ", input.activations->batch_rows, " x ",
-                           input.activations->seq_len, " tokens")
-            : std::string()));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the memory estimate overflows int64 (more than 8 EiB per host) for ",
+                     m.num_params, " parameters on ", input.world_size, " ranks",
+                     input.activations.has_value()
+                         ? absl::StrCat(" with activations of ", input.activations->batch_rows,
+                                        " x ", input.activations->seq_len, " tokens")
+                         : std::string()));
   }
   return e;
 }

@@ -8,9 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "checkpoint/internal/file_io.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/format.h"
+#include "checkpoint/internal/file_io.h"
 #include "core/status_macros.h"
 
 namespace checkpoint {
@@ -43,8 +43,8 @@ absl::StatusOr<int64_t> CheckedNumel(const core::Shape& shape, const std::string
           absl::StrCat(what, " has a negative dimension in shape ", core::ShapeToString(shape)));
     }
     if (d != 0 && n > kMax / d) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " has shape ", core::ShapeToString(shape),
-                                                     ", more than 2^50 elements"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " has shape ", core::ShapeToString(shape), ", more than 2^50 elements"));
     }
     n *= d;
   }
@@ -94,7 +94,8 @@ void PutLe(uint64_t v, int bytes, std::string* out) {
 
 uint64_t GetLe(absl::string_view bytes, size_t at, int n) {
   uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[at + i])) << (8 * i);
+  for (int i = 0; i < n; ++i)
+    v |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[at + i])) << (8 * i);
   return v;
 }
 
@@ -103,7 +104,8 @@ uint64_t GetLe(absl::string_view bytes, size_t at, int n) {
 bool IsVersionOneFile(absl::string_view bytes) {
   if (bytes.size() < 2 || bytes[0] != '\x08' || bytes[1] != '\x01') return false;
   CheckpointMetadata legacy;
-  return legacy.ParseFromArray(bytes.data(), static_cast<int>(std::min<size_t>(bytes.size(), INT32_MAX))) &&
+  return legacy.ParseFromArray(bytes.data(),
+                               static_cast<int>(std::min<size_t>(bytes.size(), INT32_MAX))) &&
          legacy.format_version() == 1;
 }
 
@@ -136,10 +138,13 @@ absl::StatusOr<CheckpointMetadata> DecodeMetadataFile(absl::string_view bytes,
   if (bytes.size() < kMetadataMagicBytes ||
       std::memcmp(bytes.data(), kMetadataMagic, kMetadataMagicBytes) != 0) {
     if (IsVersionOneFile(bytes)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint metadata '", path, "' has format version 1, which has no checksums; this "
-          "build reads only version ", kFormatVersion, " and does not convert old checkpoints "
-          "(none are meant to be kept): save the checkpoint again with this build"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint metadata '", path,
+                       "' has format version 1, which has no checksums; this "
+                       "build reads only version ",
+                       kFormatVersion,
+                       " and does not convert old checkpoints "
+                       "(none are meant to be kept): save the checkpoint again with this build"));
     }
     return loss(absl::StrCat(bytes.size(), " bytes that do not start with the magic \"",
                              kMetadataMagic, "\" (damaged, or not a checkpoint's metadata)"));
@@ -154,18 +159,19 @@ absl::StatusOr<CheckpointMetadata> DecodeMetadataFile(absl::string_view bytes,
   }
   const uint32_t version = static_cast<uint32_t>(GetLe(bytes, 8, 4));
   if (version != static_cast<uint32_t>(kFormatVersion)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint metadata '", path, "' has format version ", version, "; this build reads only "
-        "version ", kFormatVersion));
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint metadata '", path,
+                                                      "' has format version ", version,
+                                                      "; this build reads only "
+                                                      "version ",
+                                                      kFormatVersion));
   }
   const uint64_t length = GetLe(bytes, 12, 8);
   const uint64_t available = bytes.size() - kMetadataHeaderBytes;
   if (length != available) {
-    return loss(length > available
-                    ? absl::StrCat("truncated: the header announces ", length, " body bytes but ",
-                                   available, " follow it")
-                    : absl::StrCat(available - length, " bytes follow the ", length,
-                                   "-byte body the header announces"));
+    return loss(length > available ? absl::StrCat("truncated: the header announces ", length,
+                                                  " body bytes but ", available, " follow it")
+                                   : absl::StrCat(available - length, " bytes follow the ", length,
+                                                  "-byte body the header announces"));
   }
   const absl::string_view body = bytes.substr(kMetadataHeaderBytes);
   if (Crc32c(body.data(), body.size()) != static_cast<uint32_t>(GetLe(bytes, 20, 4))) {
@@ -174,7 +180,8 @@ absl::StatusOr<CheckpointMetadata> DecodeMetadataFile(absl::string_view bytes,
   CheckpointMetadata proto;
   if (body.size() > static_cast<size_t>(INT32_MAX) ||
       !proto.ParseFromArray(body.data(), static_cast<int>(body.size()))) {
-    return loss(absl::StrCat("the ", body.size(), "-byte body does not parse as a CheckpointMetadata"));
+    return loss(
+        absl::StrCat("the ", body.size(), "-byte body does not parse as a CheckpointMetadata"));
   }
   if (proto.format_version() != kFormatVersion) {
     return loss(absl::StrCat("field format_version is ", proto.format_version(),
@@ -190,8 +197,8 @@ absl::StatusOr<MetadataIndex> IndexMetadata(CheckpointMetadata proto, const std:
   };
   if (proto.format_version() != kFormatVersion) {
     return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint metadata '", path, "' has format version ",
-                     proto.format_version(), "; this build reads only version ", kFormatVersion));
+        absl::StrCat("checkpoint metadata '", path, "' has format version ", proto.format_version(),
+                     "; this build reads only version ", kFormatVersion));
   }
   constexpr int kMaxWorldSize = 99999;  // DataFileName's five digits
   if (proto.world_size() < 1 || proto.world_size() > kMaxWorldSize) {
@@ -204,8 +211,8 @@ absl::StatusOr<MetadataIndex> IndexMetadata(CheckpointMetadata proto, const std:
   }
   const int world = proto.world_size();
   if (proto.files_size() != world) {
-    return loss(absl::StrCat("field files lists ", proto.files_size(), " data files for world_size ",
-                             world));
+    return loss(absl::StrCat("field files lists ", proto.files_size(),
+                             " data files for world_size ", world));
   }
   MetadataIndex index;
   index.dir = dir;
@@ -229,7 +236,8 @@ absl::StatusOr<MetadataIndex> IndexMetadata(CheckpointMetadata proto, const std:
     const TensorProto& t = proto.tensors(i);
     const std::string what = absl::StrCat("tensor '", t.name(), "'");
     if (t.name().empty()) return loss(absl::StrCat("tensor #", i, " has no name"));
-    if (!index.by_name.emplace(t.name(), i).second) return loss(absl::StrCat(what, " is listed twice"));
+    if (!index.by_name.emplace(t.name(), i).second)
+      return loss(absl::StrCat(what, " is listed twice"));
     absl::StatusOr<core::DType> dtype = core::ParseDType(t.dtype());
     if (!dtype.ok()) return loss(absl::StrCat(what, ": field dtype: ", dtype.status().message()));
     core::Shape shape(t.shape().begin(), t.shape().end());
@@ -242,7 +250,8 @@ absl::StatusOr<MetadataIndex> IndexMetadata(CheckpointMetadata proto, const std:
       const std::string cw = absl::StrCat(what, " chunk #", k, " [", c.begin(), ", ", c.end(),
                                           ") in '", c.file(), "'");
       auto f = file_index.find(c.file());
-      if (f == file_index.end()) return loss(absl::StrCat(cw, ": field file names no listed data file"));
+      if (f == file_index.end())
+        return loss(absl::StrCat(cw, ": field file names no listed data file"));
       if (c.begin() != next) {
         return loss(absl::StrCat(cw, ": field begin: chunks must tile [0, ", *numel,
                                  ") in order; expected one starting at ", next));
@@ -254,9 +263,9 @@ absl::StatusOr<MetadataIndex> IndexMetadata(CheckpointMetadata proto, const std:
       // At most 2^50 elements of at most 4 bytes: no overflow.
       const int64_t bytes = (c.end() - c.begin()) * es;
       if (c.byte_length() != bytes) {
-        return loss(absl::StrCat(cw, ": field byte_length is ", c.byte_length(), ", not the ", bytes,
-                                 " bytes of ", c.end() - c.begin(), " ", core::DTypeName(*dtype),
-                                 " elements"));
+        return loss(absl::StrCat(cw, ": field byte_length is ", c.byte_length(), ", not the ",
+                                 bytes, " bytes of ", c.end() - c.begin(), " ",
+                                 core::DTypeName(*dtype), " elements"));
       }
       const int64_t file_size = proto.files(f->second).size_bytes();
       // byte_offset + byte_length <= file_size, written so that it cannot overflow.
@@ -274,8 +283,8 @@ absl::StatusOr<MetadataIndex> IndexMetadata(CheckpointMetadata proto, const std:
       next = c.end();
     }
     if (next != *numel) {
-      return loss(absl::StrCat(what, " of shape ", core::ShapeToString(shape), ": elements [",
-                               next, ", ", *numel, ") are in no chunk"));
+      return loss(absl::StrCat(what, " of shape ", core::ShapeToString(shape), ": elements [", next,
+                               ", ", *numel, ") are in no chunk"));
     }
     index.dtypes.push_back(*dtype);
     index.shapes.push_back(std::move(shape));
@@ -304,7 +313,8 @@ absl::StatusOr<MetadataIndex> IndexMetadata(CheckpointMetadata proto, const std:
     }
     if (at != f.size_bytes()) {
       return loss(absl::StrCat("data file '", f.name(), "': bytes [", at, ", ", f.size_bytes(),
-                               ") of its field size_bytes ", f.size_bytes(), " belong to no chunk"));
+                               ") of its field size_bytes ", f.size_bytes(),
+                               " belong to no chunk"));
     }
   }
   index.proto = std::move(proto);
@@ -321,8 +331,8 @@ absl::StatusOr<MetadataIndex> ReadMetadataIndex(const std::string& dir) {
   const std::string path = JoinPath(dir, kMetadataFileName);
   absl::StatusOr<std::string> bytes = ReadFileToString(path);
   if (absl::IsNotFound(bytes.status())) {
-    return absl::NotFoundError(absl::StrCat("no checkpoint in directory '", dir, "': '", path,
-                                            "' does not exist"));
+    return absl::NotFoundError(
+        absl::StrCat("no checkpoint in directory '", dir, "': '", path, "' does not exist"));
   }
   if (!bytes.ok()) return bytes.status();
   return ParseMetadataFile(*bytes, dir, path);

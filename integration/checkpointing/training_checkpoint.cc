@@ -39,7 +39,9 @@ std::vector<std::pair<std::string, core::Shape>> FullShapes(
   return out;
 }
 
-core::Shape ShapeOf(const ParameterRecord& p) { return core::Shape(p.shape().begin(), p.shape().end()); }
+core::Shape ShapeOf(const ParameterRecord& p) {
+  return core::Shape(p.shape().begin(), p.shape().end());
+}
 
 }  // namespace
 
@@ -47,21 +49,21 @@ absl::StatusOr<std::unique_ptr<checkpoint::PendingSave>> BeginTrainingCheckpoint
     const std::string& dir, core::Module& model, fsdp::WrapperRegistry* registry,
     const optim::Optimizer* optimizer, comm::ProcessGroup* group,
     const TrainingCheckpointOptions& options, bool background) {
-  const std::string where = absl::StrCat("SaveTrainingCheckpoint('", dir, "', ", model.Describe(), ")");
+  const std::string where =
+      absl::StrCat("SaveTrainingCheckpoint('", dir, "', ", model.Describe(), ")");
   for (const auto& [key, value] : options.user_metadata) {
     if (absl::StartsWith(key, "fsdp.")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": TrainingCheckpointOptions.user_metadata key '", key,
-          "' uses the reserved prefix \"fsdp.\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": TrainingCheckpointOptions.user_metadata key '", key,
+                       "' uses the reserved prefix \"fsdp.\""));
     }
   }
   for (const auto& [field, entries] : {std::pair{"data_identity", &options.data_identity},
                                        std::pair{"data_position", &options.data_position}}) {
     for (const auto& [key, value] : *entries) {
       if (key.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": TrainingCheckpointOptions.", field, " has an empty key (value '", value,
-            "')"));
+        return absl::InvalidArgumentError(absl::StrCat(where, ": TrainingCheckpointOptions.", field,
+                                                       " has an empty key (value '", value, "')"));
       }
     }
   }
@@ -72,7 +74,8 @@ absl::StatusOr<std::unique_ptr<checkpoint::PendingSave>> BeginTrainingCheckpoint
   std::vector<checkpoint::TensorSlice> slices;
   for (const fsdp::ShardedTensor& t : parts) {
     part_of[t.name] = &t;
-    slices.push_back({ModelKey(t.name), t.full_shape, core::DType::kFloat32, t.begin, t.end, t.local});
+    slices.push_back(
+        {ModelKey(t.name), t.full_shape, core::DType::kFloat32, t.begin, t.end, t.local});
   }
   checkpoint::SaveOptions save;
   save.step = options.step;
@@ -100,9 +103,9 @@ absl::StatusOr<std::unique_ptr<checkpoint::PendingSave>> BeginTrainingCheckpoint
     for (const auto& [opt_name, p] : optimizer->named_parameters()) {
       auto it = names.find(p.get());
       if (it == names.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": the ", optimizer->TypeName(), " parameter '", opt_name, "' is not a parameter of ",
-            model.Describe()));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": the ", optimizer->TypeName(), " parameter '", opt_name,
+                         "' is not a parameter of ", model.Describe()));
       }
       model_name_of[opt_name] = it->second;
     }
@@ -170,8 +173,7 @@ absl::StatusOr<std::unique_ptr<checkpoint::PendingSave>> BeginTrainingCheckpoint
 
 absl::Status SaveTrainingCheckpoint(const std::string& dir, core::Module& model,
                                     fsdp::WrapperRegistry* registry,
-                                    const optim::Optimizer* optimizer,
-                                    comm::ProcessGroup* group,
+                                    const optim::Optimizer* optimizer, comm::ProcessGroup* group,
                                     const TrainingCheckpointOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<checkpoint::PendingSave> pending,
                    BeginTrainingCheckpoint(dir, model, registry, optimizer, group, options,
@@ -192,9 +194,9 @@ absl::StatusOr<TrainingRecord> ReadRecord(const checkpoint::CheckpointInfo& info
   };
   auto it = info.records.find(kTrainingRecordKey);
   if (it == info.records.end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        where, " has no training record (metadata record \"", kTrainingRecordKey,
-        "\"): it was not written by SaveTrainingCheckpoint"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, " has no training record (metadata record \"", kTrainingRecordKey,
+                     "\"): it was not written by SaveTrainingCheckpoint"));
   }
   TrainingRecord record;
   if (!record.ParseFromString(it->second)) return loss("does not parse as a TrainingRecord");
@@ -220,8 +222,8 @@ absl::StatusOr<TrainingRecord> ReadRecord(const checkpoint::CheckpointInfo& info
   }
   if (StructureFingerprint(record.model()) != record.model().fingerprint()) {
     return loss(absl::StrCat("the model structure's fingerprint ", record.model().fingerprint(),
-                             " does not match the structure (", StructureFingerprint(record.model()),
-                             ")"));
+                             " does not match the structure (",
+                             StructureFingerprint(record.model()), ")"));
   }
   for (const checkpoint::TensorInfo& t : info.tensors) {
     if (absl::StartsWith(t.name, kModelTensorPrefix)) {
@@ -238,17 +240,20 @@ absl::StatusOr<TrainingRecord> ReadRecord(const checkpoint::CheckpointInfo& info
   if (record.has_optimizer()) {
     const OptimizerRecord& o = record.optimizer();
     if (o.type().empty()) return loss("the optimizer has no type");
-    if (o.step_count() < 0) return loss(absl::StrCat("the optimizer's step_count is ", o.step_count()));
+    if (o.step_count() < 0)
+      return loss(absl::StrCat("the optimizer's step_count is ", o.step_count()));
     std::set<std::string> names;
     for (const std::string& s : o.state_names()) {
       if (s.empty() || s.find('/') != std::string::npos || !names.insert(s).second) {
-        return loss(absl::StrCat("the optimizer's state name '", s, "' is empty, has a '/' or is repeated"));
+        return loss(absl::StrCat("the optimizer's state name '", s,
+                                 "' is empty, has a '/' or is repeated"));
       }
     }
     std::set<std::string> entries;
     for (const ParameterOptimizerRecord& e : o.parameters()) {
       const std::string what = absl::StrCat("optimizer entry '", e.parameter(), "'");
-      if (!entries.insert(e.parameter()).second) return loss(absl::StrCat(what, " is listed twice"));
+      if (!entries.insert(e.parameter()).second)
+        return loss(absl::StrCat(what, " is listed twice"));
       auto p = params.find(e.parameter());
       if (p == params.end()) {
         return loss(absl::StrCat(what, " names no parameter of the checkpoint (no tensor ",
@@ -263,25 +268,27 @@ absl::StatusOr<TrainingRecord> ReadRecord(const checkpoint::CheckpointInfo& info
           e.steps() == 0 ? std::vector<std::string>{}
                          : std::vector<std::string>(o.state_names().begin(), o.state_names().end());
       if (state != expected) {
-        return loss(absl::StrCat(what, " (", e.steps(), " steps) lists state [", absl::StrJoin(state, ", "),
-                                 "], expected [", absl::StrJoin(expected, ", "), "]"));
+        return loss(absl::StrCat(what, " (", e.steps(), " steps) lists state [",
+                                 absl::StrJoin(state, ", "), "], expected [",
+                                 absl::StrJoin(expected, ", "), "]"));
       }
       for (const std::string& s : state) {
         const std::string key = OptimKey(e.parameter(), s);
         const checkpoint::TensorInfo* t = info.Find(key);
-        if (t == nullptr) return loss(absl::StrCat(what, ": its state tensor ", key, " is missing"));
+        if (t == nullptr)
+          return loss(absl::StrCat(what, ": its state tensor ", key, " is missing"));
         if (t->shape != ShapeOf(*p->second)) {
-          return loss(absl::StrCat(what, ": its state tensor ", key, " is ", core::ShapeToString(t->shape),
-                                   ", not the parameter's ", core::ShapeToString(ShapeOf(*p->second))));
+          return loss(absl::StrCat(what, ": its state tensor ", key, " is ",
+                                   core::ShapeToString(t->shape), ", not the parameter's ",
+                                   core::ShapeToString(ShapeOf(*p->second))));
         }
         listed.insert(key);
       }
     }
   }
   // The data identity and position: sorted, each key once, none empty.
-  for (const auto& [what, entries] :
-       {std::pair{"data identity", &record.data_identity()},
-        std::pair{"data position", &record.data_position()}}) {
+  for (const auto& [what, entries] : {std::pair{"data identity", &record.data_identity()},
+                                      std::pair{"data position", &record.data_position()}}) {
     for (int i = 0; i < entries->size(); ++i) {
       const std::string& key = entries->Get(i).key();
       if (key.empty() || (i > 0 && key <= entries->Get(i - 1).key())) {
@@ -291,8 +298,9 @@ absl::StatusOr<TrainingRecord> ReadRecord(const checkpoint::CheckpointInfo& info
   }
   for (const checkpoint::TensorInfo& t : info.tensors) {
     if (absl::StartsWith(t.name, kOptimPrefix) && !listed.count(t.name)) {
-      return loss(absl::StrCat("tensor ", t.name, " belongs to no entry of the ",
-                               record.has_optimizer() ? "optimizer record" : "record (it has no optimizer)"));
+      return loss(absl::StrCat(
+          "tensor ", t.name, " belongs to no entry of the ",
+          record.has_optimizer() ? "optimizer record" : "record (it has no optimizer)"));
     }
   }
   return record;
@@ -322,19 +330,18 @@ absl::StatusOr<LoadedCheckpoint> ReadTrainingCheckpointInfo(const std::string& d
   return InfoFrom(info, record);
 }
 
-absl::StatusOr<LoadedCheckpoint> LoadTrainingCheckpoint(const std::string& dir,
-                                                        core::Module& model,
+absl::StatusOr<LoadedCheckpoint> LoadTrainingCheckpoint(const std::string& dir, core::Module& model,
                                                         fsdp::WrapperRegistry* registry,
                                                         optim::Optimizer* optimizer) {
   return LoadTrainingCheckpoint(dir, model, registry, optimizer, TrainingLoadOptions());
 }
 
-absl::StatusOr<LoadedCheckpoint> LoadTrainingCheckpoint(const std::string& dir,
-                                                        core::Module& model,
+absl::StatusOr<LoadedCheckpoint> LoadTrainingCheckpoint(const std::string& dir, core::Module& model,
                                                         fsdp::WrapperRegistry* registry,
                                                         optim::Optimizer* optimizer,
                                                         const TrainingLoadOptions& options) {
-  const std::string where = absl::StrCat("LoadTrainingCheckpoint('", dir, "', ", model.Describe(), ")");
+  const std::string where =
+      absl::StrCat("LoadTrainingCheckpoint('", dir, "', ", model.Describe(), ")");
   const bool strict = options.mode == LoadMode::kStrict;
   ASSIGN_OR_RETURN(checkpoint::CheckpointInfo info, checkpoint::ReadMetadata(dir));
   absl::StatusOr<TrainingRecord> read = ReadRecord(info, dir);
@@ -347,16 +354,18 @@ absl::StatusOr<LoadedCheckpoint> LoadTrainingCheckpoint(const std::string& dir,
           where, ": the checkpoint has no optimizer state (it was saved without an optimizer)"));
     }
     if (out.optimizer_type != optimizer->TypeName()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          where, ": the checkpoint holds ", out.optimizer_type, " state, not ", optimizer->TypeName()));
+      return absl::FailedPreconditionError(absl::StrCat(where, ": the checkpoint holds ",
+                                                        out.optimizer_type, " state, not ",
+                                                        optimizer->TypeName()));
     }
     const std::vector<std::string> names = optimizer->StateNames();
     const std::vector<std::string> saved(record.optimizer().state_names().begin(),
                                          record.optimizer().state_names().end());
     if (names != saved) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          where, ": the checkpoint's ", out.optimizer_type, " state has tensors [",
-          absl::StrJoin(saved, ", "), "] per parameter, this one keeps [", absl::StrJoin(names, ", "), "]"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, ": the checkpoint's ", out.optimizer_type, " state has tensors [",
+                       absl::StrJoin(saved, ", "), "] per parameter, this one keeps [",
+                       absl::StrJoin(names, ", "), "]"));
     }
   }
   // The current layout and structure, compared with the checkpoint's before anything is read.
@@ -367,10 +376,12 @@ absl::StatusOr<LoadedCheckpoint> LoadTrainingCheckpoint(const std::string& dir,
   std::vector<std::string> differences =
       StructureDifferences(record.model(), current, !options.model_config.empty());
   if (strict && !differences.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        where, ": the checkpoint's model differs from this one: ", differences.front(),
-        differences.size() > 1 ? absl::StrCat(" (and ", differences.size() - 1, " more differences)") : "",
-        "; LoadMode::kPartial loads only what both have"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, ": the checkpoint's model differs from this one: ", differences.front(),
+                     differences.size() > 1
+                         ? absl::StrCat(" (and ", differences.size() - 1, " more differences)")
+                         : "",
+                     "; LoadMode::kPartial loads only what both have"));
   }
   std::map<std::string, const ParameterRecord*> saved_params;
   for (const ParameterRecord& p : record.model().parameters()) saved_params[p.name()] = &p;
@@ -404,17 +415,18 @@ absl::StatusOr<LoadedCheckpoint> LoadTrainingCheckpoint(const std::string& dir,
     for (const auto& [opt_name, p] : optimizer->named_parameters()) {
       auto it = part_by_param.find(p.get());
       if (it == part_by_param.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": the ", optimizer->TypeName(), " parameter '", opt_name,
-            "' is not a parameter of ", model.Describe()));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": the ", optimizer->TypeName(), " parameter '", opt_name,
+                         "' is not a parameter of ", model.Describe()));
       }
       const fsdp::ShardedTensor& part = *it->second;
       managed.insert(part.name);
       auto e = entries.find(part.name);
       if (e == entries.end()) {
-        const std::string message = absl::StrCat(
-            "the ", optimizer->TypeName(), " parameter '", opt_name, "' (model parameter '", part.name,
-            "') has no entry in the checkpoint's optimizer record (the saved optimizer did not manage it)");
+        const std::string message = absl::StrCat("the ", optimizer->TypeName(), " parameter '",
+                                                 opt_name, "' (model parameter '", part.name,
+                                                 "') has no entry in the checkpoint's optimizer "
+                                                 "record (the saved optimizer did not manage it)");
         if (strict) {
           return absl::FailedPreconditionError(
               absl::StrCat(where, ": ", message, "; refusing to start its state fresh"));
@@ -427,9 +439,9 @@ absl::StatusOr<LoadedCheckpoint> LoadTrainingCheckpoint(const std::string& dir,
       state.param_steps.push_back({opt_name, e->second->steps()});
       for (const std::string& state_name : e->second->state()) {
         const std::string key = OptimKey(part.name, state_name);
-        ASSIGN_OR_RETURN(core::Tensor slice, core::Tensor::Allocate({part.end - part.begin},
-                                                                    core::DType::kFloat32,
-                                                                    core::MemoryTag::kOptim));
+        ASSIGN_OR_RETURN(core::Tensor slice,
+                         core::Tensor::Allocate({part.end - part.begin}, core::DType::kFloat32,
+                                                core::MemoryTag::kOptim));
         requests.push_back({key, part.begin, part.end, slice});
         requested.insert(key);
         state.tensors.push_back({absl::StrCat(opt_name, ".", state_name), slice});
@@ -437,9 +449,9 @@ absl::StatusOr<LoadedCheckpoint> LoadTrainingCheckpoint(const std::string& dir,
     }
     for (const ParameterOptimizerRecord& e : o.parameters()) {
       if (managed.count(e.parameter())) continue;
-      const std::string message = absl::StrCat("the checkpoint has ", o.type(), " state for parameter '",
-                                               e.parameter(), "', which this ", optimizer->TypeName(),
-                                               " does not manage");
+      const std::string message =
+          absl::StrCat("the checkpoint has ", o.type(), " state for parameter '", e.parameter(),
+                       "', which this ", optimizer->TypeName(), " does not manage");
       if (strict) return absl::FailedPreconditionError(absl::StrCat(where, ": ", message));
       differences.push_back(message);
     }

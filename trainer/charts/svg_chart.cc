@@ -30,10 +30,18 @@ size_t Utf8Length(absl::string_view s, size_t i) {
   size_t n;
   uint32_t min;
   if (c < 0x80) return 1;
-  if ((c & 0xE0) == 0xC0) { n = 2; min = 0x80; }
-  else if ((c & 0xF0) == 0xE0) { n = 3; min = 0x800; }
-  else if ((c & 0xF8) == 0xF0) { n = 4; min = 0x10000; }
-  else return 0;
+  if ((c & 0xE0) == 0xC0) {
+    n = 2;
+    min = 0x80;
+  } else if ((c & 0xF0) == 0xE0) {
+    n = 3;
+    min = 0x800;
+  } else if ((c & 0xF8) == 0xF0) {
+    n = 4;
+    min = 0x10000;
+  } else {
+    return 0;
+  }
   if (i + n > s.size()) return 0;
   uint32_t cp = c & (0x7F >> n);
   for (size_t k = 1; k < n; ++k) {
@@ -79,12 +87,18 @@ std::string Escape(absl::string_view s, int max_chars = -1) {
   }
   std::string out;
   for (const std::string& cp : cps) {
-    if (cp == "&") out += "&amp;";
-    else if (cp == "<") out += "&lt;";
-    else if (cp == ">") out += "&gt;";
-    else if (cp == "\"") out += "&quot;";
-    else if (cp == "'") out += "&#39;";
-    else out += cp;
+    if (cp == "&")
+      out += "&amp;";
+    else if (cp == "<")
+      out += "&lt;";
+    else if (cp == ">")
+      out += "&gt;";
+    else if (cp == "\"")
+      out += "&quot;";
+    else if (cp == "'")
+      out += "&#39;";
+    else
+      out += cp;
   }
   return out;
 }
@@ -101,9 +115,8 @@ std::string Px(double v) {
 
 // Tableau 10, then hues spaced by the golden angle for further series.
 std::string Colour(int i) {
-  static const char* const kPalette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
-                                         "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-                                         "#bcbd22", "#17becf"};
+  static const char* const kPalette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                                         "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
   constexpr int kNumPalette = sizeof(kPalette) / sizeof(kPalette[0]);
   if (i < kNumPalette) return kPalette[i];
   const double h = std::fmod((i - kNumPalette) * 137.508 + 15.0, 360.0) / 60.0;
@@ -112,12 +125,30 @@ std::string Colour(int i) {
   const double x = c * (1 - std::fabs(std::fmod(h, 2.0) - 1));
   double r = 0, g = 0, b = 0;
   switch (static_cast<int>(h)) {
-    case 0: r = c; g = x; break;
-    case 1: r = x; g = c; break;
-    case 2: g = c; b = x; break;
-    case 3: g = x; b = c; break;
-    case 4: r = x; b = c; break;
-    default: r = c; b = x; break;
+    case 0:
+      r = c;
+      g = x;
+      break;
+    case 1:
+      r = x;
+      g = c;
+      break;
+    case 2:
+      g = c;
+      b = x;
+      break;
+    case 3:
+      g = x;
+      b = c;
+      break;
+    case 4:
+      r = x;
+      b = c;
+      break;
+    default:
+      r = c;
+      b = x;
+      break;
   }
   const double m = l - c / 2;
   auto byte = [m](double v) { return static_cast<int>(std::lround((v + m) * 255)); };
@@ -134,8 +165,7 @@ double Pow10(int e) {
 
 // k * m * 10^e computed so that short decimals come out as close as doubles allow.
 double TickValue(int64_t k, int m, int e) {
-  return e >= 0 ? static_cast<double>(k * m) * Pow10(e)
-                : static_cast<double>(k * m) / Pow10(-e);
+  return e >= 0 ? static_cast<double>(k * m) * Pow10(e) : static_cast<double>(k * m) / Pow10(-e);
 }
 
 std::string TrimZeros(std::string s) {
@@ -181,22 +211,21 @@ void WidenDegenerate(double& lo, double& hi) {
 
 absl::Status CheckSize(absl::string_view chart, int width, int height) {
   if (width < kMinWidth || width > kMaxSide) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: options.width must be in [%d, %d] pixels, got %d", chart,
-                        kMinWidth, kMaxSide, width));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: options.width must be in [%d, %d] pixels, got %d", chart, kMinWidth, kMaxSide, width));
   }
   if (height < kMinHeight || height > kMaxSide) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("%s: options.height must be in [%d, %d] pixels, got %d", chart,
-                        kMinHeight, kMaxSide, height));
+        absl::StrFormat("%s: options.height must be in [%d, %d] pixels, got %d", chart, kMinHeight,
+                        kMaxSide, height));
   }
   return absl::OkStatus();
 }
 
 void OpenDocument(std::string& svg, int width, int height, absl::string_view title) {
   absl::StrAppend(&svg, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n",
-                  "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"",
-                  width, "\" height=\"", height, "\" viewBox=\"0 0 ", width, " ", height,
+                  "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"", width,
+                  "\" height=\"", height, "\" viewBox=\"0 0 ", width, " ", height,
                   "\" font-family=\"sans-serif\" font-size=\"12\">\n");
   absl::StrAppend(&svg, "<title>", Escape(title), "</title>\n");
   absl::StrAppend(&svg, "<rect class=\"background\" x=\"0\" y=\"0\" width=\"", width,
@@ -225,8 +254,8 @@ LegendLayout PlanLegend(const std::vector<std::string>& names, int width) {
 }
 
 // Legend entries at the right of the plot area, starting at (x, y).
-void AppendLegend(std::string& svg, const std::vector<std::string>& names, double x,
-                  double y, int max_chars, bool swatch_is_line) {
+void AppendLegend(std::string& svg, const std::vector<std::string>& names, double x, double y,
+                  int max_chars, bool swatch_is_line) {
   svg += "<g class=\"legend\">\n";
   for (size_t i = 0; i < names.size(); ++i) {
     const double cy = y + 18.0 * i;
@@ -238,9 +267,9 @@ void AppendLegend(std::string& svg, const std::vector<std::string>& names, doubl
       absl::StrAppend(&svg, "<rect x=\"", Px(x + 4), "\" y=\"", Px(cy - 5),
                       "\" width=\"10\" height=\"10\" fill=\"", colour, "\"/>\n");
     }
-    absl::StrAppend(&svg, "<text class=\"legend-label\" x=\"", Px(x + 24), "\" y=\"",
-                    Px(cy + 4), "\">", Escape(names[i], max_chars), "<title>",
-                    Escape(names[i]), "</title></text>\n");
+    absl::StrAppend(&svg, "<text class=\"legend-label\" x=\"", Px(x + 24), "\" y=\"", Px(cy + 4),
+                    "\">", Escape(names[i], max_chars), "<title>", Escape(names[i]),
+                    "</title></text>\n");
   }
   svg += "</g>\n";
 }
@@ -252,24 +281,22 @@ struct PlotArea {
 };
 
 void AppendPlotArea(std::string& svg, const PlotArea& area) {
-  absl::StrAppend(&svg, "<rect class=\"plot-area\" x=\"", Px(area.left), "\" y=\"",
-                  Px(area.top), "\" width=\"", Px(area.width()), "\" height=\"",
-                  Px(area.height()), "\" fill=\"none\" stroke=\"#333333\"/>\n");
+  absl::StrAppend(&svg, "<rect class=\"plot-area\" x=\"", Px(area.left), "\" y=\"", Px(area.top),
+                  "\" width=\"", Px(area.width()), "\" height=\"", Px(area.height()),
+                  "\" fill=\"none\" stroke=\"#333333\"/>\n");
 }
 
 // Y ticks (grid line plus label) for the values in `ticks` on [lo, hi].
 // `labels[i]` is the text of tick `ticks.values[i]`.
-void AppendYTicks(std::string& svg, const PlotArea& area, const Ticks& ticks, double lo,
-                  double hi, const std::vector<std::string>& labels) {
+void AppendYTicks(std::string& svg, const PlotArea& area, const Ticks& ticks, double lo, double hi,
+                  const std::vector<std::string>& labels) {
   for (size_t i = 0; i < ticks.values.size(); ++i) {
     const double v = ticks.values[i];
     const double y = area.bottom - (v - lo) / (hi - lo) * area.height();
     absl::StrAppend(&svg, "<line class=\"y-grid\" x1=\"", Px(area.left), "\" y1=\"", Px(y),
-                    "\" x2=\"", Px(area.right), "\" y2=\"", Px(y),
-                    "\" stroke=\"#e0e0e0\"/>\n");
+                    "\" x2=\"", Px(area.right), "\" y2=\"", Px(y), "\" stroke=\"#e0e0e0\"/>\n");
     absl::StrAppend(&svg, "<text class=\"y-tick-label\" x=\"", Px(area.left - 6), "\" y=\"",
-                    Px(y + 4), "\" text-anchor=\"end\">",
-                    Escape(labels[i]), "</text>\n");
+                    Px(y + 4), "\" text-anchor=\"end\">", Escape(labels[i]), "</text>\n");
   }
 }
 
@@ -287,8 +314,8 @@ void AppendYLabel(std::string& svg, const PlotArea& area, absl::string_view labe
 
 absl::StatusOr<Ticks> NiceTicks(double lo, double hi, int target) {
   if (!std::isfinite(lo) || !std::isfinite(hi) || lo > hi) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "NiceTicks: range [%g, %g] must be finite with lo <= hi", lo, hi));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("NiceTicks: range [%g, %g] must be finite with lo <= hi", lo, hi));
   }
   if (target < 2) {
     return absl::InvalidArgumentError(
@@ -364,9 +391,9 @@ absl::StatusOr<std::string> LineChart(const std::vector<Series>& series,
   for (size_t i = 0; i < options.lines.size(); ++i) {
     const double y = options.lines[i].y;
     if (!std::isfinite(y)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "LineChart: options.lines[%d] (\"%s\") has non-finite y %g", i,
-          options.lines[i].label, y));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("LineChart: options.lines[%d] (\"%s\") has non-finite y %g", i,
+                          options.lines[i].label, y));
     }
     y_lo = std::min(y_lo, y);
     y_hi = std::max(y_hi, y);
@@ -419,8 +446,8 @@ absl::StatusOr<std::string> LineChart(const std::vector<Series>& series,
   auto dashes = [](size_t i) { return i == 0 ? "6,4" : (i == 1 ? "2,3" : "10,3,2,3"); };
   for (size_t i = 0; i < options.lines.size(); ++i) {
     const double y = py(options.lines[i].y);
-    absl::StrAppend(&svg, "<line class=\"reference-line\" x1=\"", Px(area.left), "\" y1=\"",
-                    Px(y), "\" x2=\"", Px(area.right), "\" y2=\"", Px(y),
+    absl::StrAppend(&svg, "<line class=\"reference-line\" x1=\"", Px(area.left), "\" y1=\"", Px(y),
+                    "\" x2=\"", Px(area.right), "\" y2=\"", Px(y),
                     "\" stroke=\"#555555\" stroke-width=\"1.5\" stroke-dasharray=\"", dashes(i),
                     "\"/>\n");
   }
@@ -451,13 +478,12 @@ absl::StatusOr<std::string> LineChart(const std::vector<Series>& series,
   for (size_t i = 0; i < options.lines.size(); ++i) {
     const double x = area.right + 12;
     const double cy = area.top + 8 + 18.0 * (series.size() + i);
-    absl::StrAppend(&svg, "<line x1=\"", Px(x), "\" y1=\"", Px(cy), "\" x2=\"", Px(x + 18),
-                    "\" y2=\"", Px(cy), "\" stroke=\"#555555\" stroke-width=\"1.5\" stroke-dasharray=\"",
-                    dashes(i), "\"/>\n");
-    absl::StrAppend(&svg, "<text class=\"reference-label\" x=\"", Px(x + 24), "\" y=\"",
-                    Px(cy + 4), "\" fill=\"#555555\">",
-                    Escape(options.lines[i].label, legend.max_chars), "<title>",
-                    Escape(options.lines[i].label), "</title></text>\n");
+    absl::StrAppend(
+        &svg, "<line x1=\"", Px(x), "\" y1=\"", Px(cy), "\" x2=\"", Px(x + 18), "\" y2=\"", Px(cy),
+        "\" stroke=\"#555555\" stroke-width=\"1.5\" stroke-dasharray=\"", dashes(i), "\"/>\n");
+    absl::StrAppend(&svg, "<text class=\"reference-label\" x=\"", Px(x + 24), "\" y=\"", Px(cy + 4),
+                    "\" fill=\"#555555\">", Escape(options.lines[i].label, legend.max_chars),
+                    "<title>", Escape(options.lines[i].label), "</title></text>\n");
   }
   svg += "</svg>\n";
   return svg;
@@ -467,8 +493,7 @@ absl::StatusOr<std::string> LineChart(const std::vector<Series>& series,
 
 absl::StatusOr<std::string> GroupedBarChart(const std::vector<BarGroup>& groups,
                                             const BarChartOptions& options) {
-  if (absl::Status s = CheckSize("GroupedBarChart", options.width, options.height);
-      !s.ok()) {
+  if (absl::Status s = CheckSize("GroupedBarChart", options.width, options.height); !s.ok()) {
     return s;
   }
   if (groups.empty()) return absl::InvalidArgumentError("GroupedBarChart: groups is empty");
@@ -496,8 +521,8 @@ absl::StatusOr<std::string> GroupedBarChart(const std::vector<BarGroup>& groups,
     }
   }
   if (categories.empty()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "GroupedBarChart: no group has a bar (%d groups given)", groups.size()));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("GroupedBarChart: no group has a bar (%d groups given)", groups.size()));
   }
 
   // The axis runs from 0 to the first tick at or above max_value * 1.1, leaving room for
@@ -550,30 +575,29 @@ absl::StatusOr<std::string> GroupedBarChart(const std::vector<BarGroup>& groups,
   const double bar_width = bar_slot * 0.85;
   for (size_t g = 0; g < groups.size(); ++g) {
     const double slot_left = area.left + slot * g;
-    absl::StrAppend(&svg, "<text class=\"group-label\" x=\"", Px(slot_left + slot / 2),
-                    "\" y=\"", Px(area.bottom + 18), "\" text-anchor=\"middle\">",
+    absl::StrAppend(&svg, "<text class=\"group-label\" x=\"", Px(slot_left + slot / 2), "\" y=\"",
+                    Px(area.bottom + 18), "\" text-anchor=\"middle\">",
                     Escape(groups[g].label, std::max(3, static_cast<int>(slot / kCharWidth))),
                     "</text>\n");
     for (const auto& [category, value] : groups[g].bars) {
-      const int c = static_cast<int>(
-          std::find(categories.begin(), categories.end(), category) - categories.begin());
+      const int c = static_cast<int>(std::find(categories.begin(), categories.end(), category) -
+                                     categories.begin());
       const double x = slot_left + slot * 0.1 + bar_slot * c + (bar_slot - bar_width) / 2;
       const double h = value / y_hi * area.height();
       const double y = area.bottom - h;
       const std::string label = ValueLabel(value, options.bytes);
-      absl::StrAppend(&svg, "<rect class=\"bar\" x=\"", Px(x), "\" y=\"", Px(y),
-                      "\" width=\"", Px(bar_width), "\" height=\"", Px(h), "\" fill=\"",
-                      Colour(c), "\"><title>", Escape(groups[g].label), " / ",
-                      Escape(category), ": ", Escape(label), "</title></rect>\n");
+      absl::StrAppend(&svg, "<rect class=\"bar\" x=\"", Px(x), "\" y=\"", Px(y), "\" width=\"",
+                      Px(bar_width), "\" height=\"", Px(h), "\" fill=\"", Colour(c), "\"><title>",
+                      Escape(groups[g].label), " / ", Escape(category), ": ", Escape(label),
+                      "</title></rect>\n");
       const double cx = x + bar_width / 2;
       if (bar_width >= label.size() * 6.0) {
-        absl::StrAppend(&svg, "<text class=\"value-label\" x=\"", Px(cx), "\" y=\"",
-                        Px(y - 3), "\" text-anchor=\"middle\" font-size=\"10\">",
-                        Escape(label), "</text>\n");
+        absl::StrAppend(&svg, "<text class=\"value-label\" x=\"", Px(cx), "\" y=\"", Px(y - 3),
+                        "\" text-anchor=\"middle\" font-size=\"10\">", Escape(label), "</text>\n");
       } else {  // too narrow: vertical, reading upwards from the bar's top
-        absl::StrAppend(&svg, "<text class=\"value-label\" x=\"", Px(cx + 3), "\" y=\"",
-                        Px(y - 3), "\" font-size=\"10\" transform=\"rotate(-90 ", Px(cx + 3),
-                        " ", Px(y - 3), ")\">", Escape(label), "</text>\n");
+        absl::StrAppend(&svg, "<text class=\"value-label\" x=\"", Px(cx + 3), "\" y=\"", Px(y - 3),
+                        "\" font-size=\"10\" transform=\"rotate(-90 ", Px(cx + 3), " ", Px(y - 3),
+                        ")\">", Escape(label), "</text>\n");
       }
     }
   }
