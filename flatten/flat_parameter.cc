@@ -16,26 +16,46 @@ std::string ContextFor(absl::string_view label) {
   return label.empty() ? std::string("FlatParameter") : absl::StrCat("FlatParameter ", label);
 }
 
-}  // namespace
+// The distinct parameters Flatten lays out, in order, and what it learnt checking them.
+struct CollectedParameters {
+  std::vector<ParamRecord> records;           // name, shape, numel, requires_grad; not yet laid out
+  std::vector<core::ParameterPtr> params;     // parallel to records
+  core::DType dtype = core::DType::kFloat32;  // the first parameter's, which all share
+  core::Device device = core::Device::Cpu();  // likewise
+  size_t deferred = 0;                        // how many of them are deferred
+};
 
-absl::StatusOr<std::unique_ptr<FlatParameter>> FlatParameter::Flatten(
-    const std::vector<core::NamedParameter>& params, int world_size, int rank,
-    const FlattenOptions& options) {
-  const std::string context = ContextFor(options.label);
-  const std::string prefix = absl::StrCat(context, ": ");
-  RETURN_IF_ERROR(core::Annotate(CheckRank(rank, world_size), context));
+// InvalidArgument opening with `prefix` unless `p` can be flattened on its own: a
+// deferred parameter needs its recipe, any other defined data; either needs a float dtype.
+absl::Status CheckParameterData(const std::string& name, const core::Parameter& p,
+                                const std::string& prefix) {
+  if (p.deferred()) {
+    // NOTE [Deferred initialisation] (core/param_init.h): filled from its recipe.
+    if (p.init == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, "parameter '", name, "' is deferred but has no initialiser (ParamInit)"));
+    }
+  } else if (!p.data.defined()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "parameter '", name, "' has undefined data"));
+  }
+  if (!core::IsFloat(p.data.dtype())) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, "parameter '", name, "' is ",
+                                                   core::DTypeName(p.data.dtype()),
+                                                   "; a FlatParameter holds float32 or bfloat16"));
+  }
+  return absl::OkStatus();
+}
 
-  auto flat = absl::WrapUnique(new FlatParameter());
-  flat->label_ = options.label;
-  flat->shard_on_host_ = options.shard_on_host;
-  flat->world_size_ = world_size;
-  flat->rank_ = rank;
-
-  // Validate everything and build the records before touching any parameter.
+// Checks `params` and lists each distinct parameter once, at its first position and
+// under its first name (NOTE [Flat layout]). InvalidArgument opening with `prefix` for a
+// null parameter, two different ones under one name, a failed CheckParameterData, or a
+// dtype or device other than the first parameter's.
+absl::StatusOr<CollectedParameters> CollectParameters(
+    const std::vector<core::NamedParameter>& params, const std::string& prefix) {
+  CollectedParameters out;
   absl::flat_hash_map<std::string, const core::Parameter*> by_name;
   absl::flat_hash_map<const core::Parameter*, std::string> first_name;
-  std::vector<int64_t> numels;
-  size_t deferred = 0;
   for (const auto& [name, p] : params) {
     if (p == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(prefix, "parameter '", name, "' is null"));
@@ -46,36 +66,22 @@ absl::StatusOr<std::unique_ptr<FlatParameter>> FlatParameter::Flatten(
                                                      name, "'; names must be unique"));
     }
     if (!first_name.emplace(p.get(), name).second) continue;  // tied: listed once
-    if (p->deferred()) {
-      // NOTE [Deferred initialisation] (core/param_init.h): filled from its recipe.
-      if (p->init == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            prefix, "parameter '", name, "' is deferred but has no initialiser (ParamInit)"));
-      }
-      ++deferred;
-    } else if (!p->data.defined()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(prefix, "parameter '", name, "' has undefined data"));
-    }
-    if (!core::IsFloat(p->data.dtype())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(prefix, "parameter '", name, "' is ", core::DTypeName(p->data.dtype()),
-                       "; a FlatParameter holds float32 or bfloat16"));
-    }
-    if (flat->params_.empty()) {
-      flat->dtype_ = p->data.dtype();
-      flat->device_ = p->data.device();
+    RETURN_IF_ERROR(CheckParameterData(name, *p, prefix));
+    if (p->deferred()) ++out.deferred;
+    if (out.params.empty()) {
+      out.dtype = p->data.dtype();
+      out.device = p->data.device();
     } else {
-      const std::string& first = flat->records_.front().name;
-      if (p->data.dtype() != flat->dtype_) {
+      const std::string& first = out.records.front().name;
+      if (p->data.dtype() != out.dtype) {
         return absl::InvalidArgumentError(absl::StrCat(
             prefix, "parameter '", name, "' is ", core::DTypeName(p->data.dtype()), " but '", first,
-            "' is ", core::DTypeName(flat->dtype_), "; a FlatParameter holds one dtype"));
+            "' is ", core::DTypeName(out.dtype), "; a FlatParameter holds one dtype"));
       }
-      if (p->data.device() != flat->device_) {
+      if (p->data.device() != out.device) {
         return absl::InvalidArgumentError(absl::StrCat(
             prefix, "parameter '", name, "' is on ", p->data.device().ToString(), " but '", first,
-            "' is on ", flat->device_.ToString(), "; a FlatParameter holds one device"));
+            "' is on ", out.device.ToString(), "; a FlatParameter holds one device"));
       }
     }
     ParamRecord record;
@@ -83,73 +89,126 @@ absl::StatusOr<std::unique_ptr<FlatParameter>> FlatParameter::Flatten(
     record.shape = p->data.shape();
     record.numel = p->data.numel();
     record.requires_grad = p->requires_grad;
-    numels.push_back(record.numel);
-    flat->records_.push_back(std::move(record));
-    flat->params_.push_back(p);
+    out.records.push_back(std::move(record));
+    out.params.push_back(p);
   }
+  return out;
+}
 
+// The flat buffer's size: the parameters' elements, and those rounded up to a multiple
+// of the world size.
+struct FlatSizes {
+  int64_t numel = 0;
+  int64_t padded_numel = 0;
+};
+
+// Lays `records` out back to back (NOTE [Flat layout]): sets each one's offset and its
+// slice of every rank's shard. `context` names the unit in errors.
+absl::StatusOr<FlatSizes> LayOut(std::vector<ParamRecord>& records, int world_size,
+                                 const std::string& context) {
+  std::vector<int64_t> numels;
+  for (const ParamRecord& record : records) numels.push_back(record.numel);
   absl::StatusOr<std::vector<int64_t>> offsets = FlatOffsets(numels);
   RETURN_IF_ERROR(core::Annotate(offsets.status(), context));
-  flat->numel_ = 0;
-  for (int64_t n : numels) flat->numel_ += n;
-  absl::StatusOr<int64_t> padded = PaddedNumel(flat->numel_, world_size);
+  FlatSizes sizes;
+  for (int64_t n : numels) sizes.numel += n;
+  absl::StatusOr<int64_t> padded = PaddedNumel(sizes.numel, world_size);
   RETURN_IF_ERROR(core::Annotate(padded.status(), context));
-  flat->padded_numel_ = *padded;
-  flat->shard_numel_ = flat->padded_numel_ / world_size;
-  for (size_t i = 0; i < flat->records_.size(); ++i) {
-    ParamRecord& record = flat->records_[i];
+  sizes.padded_numel = *padded;
+  for (size_t i = 0; i < records.size(); ++i) {
+    ParamRecord& record = records[i];
     record.offset = (*offsets)[i];
     ASSIGN_OR_RETURN(record.shards,
-                     ShardSlices(record.offset, record.numel, flat->numel_, world_size));
+                     ShardSlices(record.offset, record.numel, sizes.numel, world_size));
   }
+  return sizes;
+}
 
-  if (deferred > 0) {
-    if (deferred != flat->params_.size()) {
-      for (size_t i = 0; i < flat->params_.size(); ++i) {
-        if (!flat->params_[i]->deferred()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              prefix, "parameter '", flat->records_[i].name, "' is materialized but ", deferred,
-              " other parameters of this unit are deferred; a unit's parameters are either all "
-              "deferred or all materialized"));
-        }
-      }
+// InvalidArgument opening with `prefix`, naming the first materialized parameter, when
+// some but not all of the parameters are deferred.
+absl::Status CheckAllOrNoneDeferred(const CollectedParameters& collected,
+                                    const std::string& prefix) {
+  if (collected.deferred == 0 || collected.deferred == collected.params.size()) {
+    return absl::OkStatus();
+  }
+  for (size_t i = 0; i < collected.params.size(); ++i) {
+    if (!collected.params[i]->deferred()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, "parameter '", collected.records[i].name, "' is materialized but ",
+          collected.deferred,
+          " other parameters of this unit are deferred; a unit's parameters are either all "
+          "deferred or all materialized"));
     }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<FlatParameter>> FlatParameter::Flatten(
+    const std::vector<core::NamedParameter>& params, int world_size, int rank,
+    const FlattenOptions& options) {
+  const std::string context = ContextFor(options.label);
+  const std::string prefix = absl::StrCat(context, ": ");
+  RETURN_IF_ERROR(core::Annotate(CheckRank(rank, world_size), context));
+
+  // Validate everything and build the records before touching any parameter.
+  ASSIGN_OR_RETURN(CollectedParameters collected, CollectParameters(params, prefix));
+  ASSIGN_OR_RETURN(const FlatSizes sizes, LayOut(collected.records, world_size, context));
+  RETURN_IF_ERROR(CheckAllOrNoneDeferred(collected, prefix));
+
+  auto flat = absl::WrapUnique(new FlatParameter());
+  flat->label_ = options.label;
+  flat->shard_on_host_ = options.shard_on_host;
+  flat->world_size_ = world_size;
+  flat->rank_ = rank;
+  flat->dtype_ = collected.dtype;
+  flat->device_ = collected.device;
+  flat->numel_ = sizes.numel;
+  flat->padded_numel_ = sizes.padded_numel;
+  flat->shard_numel_ = sizes.padded_numel / world_size;
+  flat->records_ = std::move(collected.records);
+  flat->params_ = std::move(collected.params);
+  if (collected.deferred > 0) {
     RETURN_IF_ERROR(flat->MaterializeShard(context));
-    return flat;
+  } else {
+    RETURN_IF_ERROR(flat->CopyInParameters(context));
   }
+  return flat;
+}
 
+absl::Status FlatParameter::CopyInParameters(const std::string& context) {
   // One allocation for the full buffer, one for the shard; copy each parameter in once.
-  const int64_t element_size = core::DTypeSize(flat->dtype_);
-  absl::StatusOr<core::Tensor> full = core::Tensor::Allocate(
-      {flat->padded_numel_}, flat->dtype_, core::MemoryTag::kParam, flat->device_);
+  const int64_t element_size = core::DTypeSize(dtype_);
+  absl::StatusOr<core::Tensor> full =
+      core::Tensor::Allocate({padded_numel_}, dtype_, core::MemoryTag::kParam, device_);
   RETURN_IF_ERROR(core::Annotate(full.status(), context));
-  flat->full_ = *std::move(full);
-  for (size_t i = 0; i < flat->records_.size(); ++i) {
-    const ParamRecord& record = flat->records_[i];
+  full_ = *std::move(full);
+  for (size_t i = 0; i < records_.size(); ++i) {
+    const ParamRecord& record = records_[i];
     if (record.numel == 0) continue;
-    ASSIGN_OR_RETURN(core::Tensor slot, flat->full_.View(record.offset, {record.numel}));
-    RETURN_IF_ERROR(core::Annotate(slot.CopyFrom(flat->params_[i]->data),
-                                   absl::StrCat(prefix, "copying '", record.name, "'")));
-    flat->bytes_copied_ += record.numel * element_size;
+    ASSIGN_OR_RETURN(core::Tensor slot, full_.View(record.offset, {record.numel}));
+    RETURN_IF_ERROR(core::Annotate(slot.CopyFrom(params_[i]->data),
+                                   absl::StrCat(context, ": copying '", record.name, "'")));
+    bytes_copied_ += record.numel * element_size;
   }
-  ASSIGN_OR_RETURN(core::Tensor padding,
-                   flat->full_.View(flat->numel_, {flat->padded_numel_ - flat->numel_}));
+  ASSIGN_OR_RETURN(core::Tensor padding, full_.View(numel_, {padded_numel_ - numel_}));
   padding.Zero();
-  flat->full_filled_ = true;
+  full_filled_ = true;
 
-  absl::StatusOr<core::Tensor> shard = flat->AllocateShardBuffer(core::MemoryTag::kParam);
+  absl::StatusOr<core::Tensor> shard = AllocateShardBuffer(core::MemoryTag::kParam);
   RETURN_IF_ERROR(core::Annotate(shard.status(), context));
-  flat->shard_ = *std::move(shard);
-  RETURN_IF_ERROR(flat->CopyFullToShard());
+  shard_ = *std::move(shard);
+  RETURN_IF_ERROR(CopyFullToShard());
 
   // Re-point: data at full-shape views, gradients dropped.
   ASSIGN_OR_RETURN(std::vector<core::Tensor> views,
-                   flat->MakeViews(flat->full_, /*full_shape=*/true, /*skip_frozen=*/false));
-  for (size_t i = 0; i < flat->params_.size(); ++i) {
-    flat->params_[i]->data = std::move(views[i]);
-    flat->params_[i]->grad = core::Tensor();
+                   MakeViews(full_, /*full_shape=*/true, /*skip_frozen=*/false));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i]->data = std::move(views[i]);
+    params_[i]->grad = core::Tensor();
   }
-  return flat;
+  return absl::OkStatus();
 }
 
 absl::Status FlatParameter::MaterializeShard(const std::string& context) {

@@ -239,6 +239,11 @@ class FlatParameter {
   // The deferred path of Flatten: allocates the shard and fills it from the recipes.
   // `context` starts its errors (core::Annotate).
   absl::Status MaterializeShard(const std::string& context);
+  // The materialized path of Flatten: allocates the full buffer and copies every
+  // parameter into it (padding zeroed), allocates the shard and copies the local chunk
+  // into it, then points every parameter at its full-shape view and drops its grad.
+  // `context` starts its errors (core::Annotate).
+  absl::Status CopyInParameters(const std::string& context);
   // A zeroed-or-not 1-D buffer of shard_numel() elements of dtype() on shard_device(),
   // from the pinned host allocator under NOTE [Shard on the host].
   absl::StatusOr<core::Tensor> AllocateShardBuffer(core::MemoryTag tag) const;
@@ -252,8 +257,7 @@ class FlatParameter {
   std::string Prefix() const;
   // Views of `buffer` for every record: full-shape (`full_shape`) at the record's offset,
   // or 1-D at the local shard slice; `skip_frozen` leaves frozen ones undefined.
-  absl::StatusOr<std::vector<core::Tensor>> MakeViews(const core::Tensor& buffer,
-                                                      bool full_shape,
+  absl::StatusOr<std::vector<core::Tensor>> MakeViews(const core::Tensor& buffer, bool full_shape,
                                                       bool skip_frozen) const;
   // FailedPrecondition naming the first managed parameter whose data (or grad) shares
   // `buffer`'s storage.
