@@ -190,11 +190,20 @@ absl::StatusOr<CheckpointMetadata> DecodeMetadataFile(absl::string_view bytes,
   return proto;
 }
 
-absl::StatusOr<MetadataIndex> IndexMetadata(CheckpointMetadata proto, const std::string& dir,
-                                            const std::string& path) {
-  auto loss = [&](const std::string& what) {
-    return absl::DataLossError(absl::StrCat("checkpoint metadata '", path, "': ", what));
-  };
+namespace {
+
+// DataLoss "checkpoint metadata '<path>': <what>".
+absl::Status MetadataLoss(const std::string& path, const std::string& what) {
+  return absl::DataLossError(absl::StrCat("checkpoint metadata '", path, "': ", what));
+}
+
+// Data file name -> its rank (its index in CheckpointMetadata.files).
+using FileIndex = std::map<std::string, int>;
+
+// Checks the fields that size everything else: the format version (FailedPrecondition),
+// world_size, block_bytes and the number of data files (DataLoss).
+absl::Status CheckTopLevelFields(const CheckpointMetadata& proto, const std::string& path) {
+  auto loss = [&](const std::string& what) { return MetadataLoss(path, what); };
   if (proto.format_version() != kFormatVersion) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint metadata '", path, "' has format version ", proto.format_version(),
@@ -209,14 +218,20 @@ absl::StatusOr<MetadataIndex> IndexMetadata(CheckpointMetadata proto, const std:
   if (block <= 0 || block > kMaxBlockBytes) {
     return loss(absl::StrCat("field block_bytes is ", block, ", not in [1, ", kMaxBlockBytes, "]"));
   }
-  const int world = proto.world_size();
-  if (proto.files_size() != world) {
+  if (proto.files_size() != proto.world_size()) {
     return loss(absl::StrCat("field files lists ", proto.files_size(),
-                             " data files for world_size ", world));
+                             " data files for world_size ", proto.world_size()));
   }
-  MetadataIndex index;
-  index.dir = dir;
-  std::map<std::string, int> file_index;
+  return absl::OkStatus();
+}
+
+// Checks that files[r] is rank r's data file with a size >= 0, records the sizes in
+// `index` and returns the files' ranks by name.
+absl::StatusOr<FileIndex> IndexDataFiles(const CheckpointMetadata& proto, const std::string& path,
+                                         MetadataIndex* index) {
+  auto loss = [&](const std::string& what) { return MetadataLoss(path, what); };
+  const int world = proto.world_size();
+  FileIndex file_index;
   for (int r = 0; r < world; ++r) {
     const DataFileProto& f = proto.files(r);
     const std::string expected = DataFileName(r, world);
@@ -227,95 +242,134 @@ absl::StatusOr<MetadataIndex> IndexMetadata(CheckpointMetadata proto, const std:
     if (f.size_bytes() < 0) {
       return loss(absl::StrCat("data file '", f.name(), "': field size_bytes is ", f.size_bytes()));
     }
-    index.file_sizes[f.name()] = f.size_bytes();
+    index->file_sizes[f.name()] = f.size_bytes();
     file_index[f.name()] = r;
   }
+  return file_index;
+}
 
-  std::vector<std::vector<Extent>> extents(world);
+// Checks one chunk `c` (`cw` names it) of a tensor of `numel` `dtype` elements: it starts
+// at `next` and ends within the tensor, its byte_length matches its elements, it lies
+// within its data file of `file_size` bytes and has one checksum per `block` bytes.
+absl::Status CheckChunk(const ChunkProto& c, const std::string& cw, int64_t next, int64_t numel,
+                        core::DType dtype, int64_t file_size, int64_t block,
+                        const std::string& path) {
+  auto loss = [&](const std::string& what) { return MetadataLoss(path, what); };
+  if (c.begin() != next) {
+    return loss(absl::StrCat(cw, ": field begin: chunks must tile [0, ", numel,
+                             ") in order; expected one starting at ", next));
+  }
+  // begin == next is in [0, numel], so end - begin cannot overflow once end is too.
+  if (c.end() <= c.begin() || c.end() > numel) {
+    return loss(absl::StrCat(cw, ": field end is not in [", c.begin() + 1, ", ", numel, "]"));
+  }
+  // At most 2^50 elements of at most 4 bytes: no overflow.
+  const int64_t bytes = (c.end() - c.begin()) * core::DTypeSize(dtype);
+  if (c.byte_length() != bytes) {
+    return loss(absl::StrCat(cw, ": field byte_length is ", c.byte_length(), ", not the ", bytes,
+                             " bytes of ", c.end() - c.begin(), " ", core::DTypeName(dtype),
+                             " elements"));
+  }
+  // byte_offset + byte_length <= file_size, written so that it cannot overflow.
+  if (c.byte_offset() < 0 || c.byte_offset() > file_size - c.byte_length()) {
+    return loss(absl::StrCat(cw, ": field byte_offset ", c.byte_offset(), " with byte_length ",
+                             c.byte_length(), " does not lie within the file's ", file_size,
+                             " bytes"));
+  }
+  const int64_t blocks = c.byte_length() / block + (c.byte_length() % block != 0);
+  if (c.block_crc32c_size() != blocks) {
+    return loss(absl::StrCat(cw, ": field block_crc32c has ", c.block_crc32c_size(),
+                             " checksums for ", blocks, " blocks of ", block, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+// Checks tensor #i (a name of its own, a dtype, a shape of at most 2^50 elements, chunks
+// that tile it in order: CheckChunk) and adds it to `index`; each chunk's byte range
+// goes to its file's `extents`.
+absl::Status IndexTensor(const CheckpointMetadata& proto, int i, const FileIndex& file_index,
+                         const std::string& path, MetadataIndex* index,
+                         std::vector<std::vector<Extent>>* extents) {
+  auto loss = [&](const std::string& what) { return MetadataLoss(path, what); };
+  const TensorProto& t = proto.tensors(i);
+  const std::string what = absl::StrCat("tensor '", t.name(), "'");
+  if (t.name().empty()) return loss(absl::StrCat("tensor #", i, " has no name"));
+  if (!index->by_name.emplace(t.name(), i).second) {
+    return loss(absl::StrCat(what, " is listed twice"));
+  }
+  absl::StatusOr<core::DType> dtype = core::ParseDType(t.dtype());
+  if (!dtype.ok()) return loss(absl::StrCat(what, ": field dtype: ", dtype.status().message()));
+  core::Shape shape(t.shape().begin(), t.shape().end());
+  absl::StatusOr<int64_t> numel = CheckedNumel(shape, absl::StrCat(what, ": field shape"));
+  if (!numel.ok()) return loss(std::string(numel.status().message()));
+  int64_t next = 0;
+  for (int k = 0; k < t.chunks_size(); ++k) {
+    const ChunkProto& c = t.chunks(k);
+    const std::string cw =
+        absl::StrCat(what, " chunk #", k, " [", c.begin(), ", ", c.end(), ") in '", c.file(), "'");
+    auto f = file_index.find(c.file());
+    if (f == file_index.end()) {
+      return loss(absl::StrCat(cw, ": field file names no listed data file"));
+    }
+    RETURN_IF_ERROR(CheckChunk(c, cw, next, *numel, *dtype, proto.files(f->second).size_bytes(),
+                               proto.block_bytes(), path));
+    (*extents)[f->second].push_back({c.byte_offset(), c.byte_length(), i, k});
+    next = c.end();
+  }
+  if (next != *numel) {
+    return loss(absl::StrCat(what, " of shape ", core::ShapeToString(shape), ": elements [", next,
+                             ", ", *numel, ") are in no chunk"));
+  }
+  index->dtypes.push_back(*dtype);
+  index->shapes.push_back(std::move(shape));
+  index->numels.push_back(*numel);
+  return absl::OkStatus();
+}
+
+// Checks that data file `f` is exactly its chunks' byte ranges `e` (sorted here), back
+// to back: no overlap, no gap, nothing after the last.
+absl::Status CheckFileCoverage(const CheckpointMetadata& proto, const DataFileProto& f,
+                               std::vector<Extent>& e, const std::string& path) {
+  auto loss = [&](const std::string& what) { return MetadataLoss(path, what); };
+  std::sort(e.begin(), e.end(), [](const Extent& a, const Extent& b) {
+    return std::tie(a.offset, a.length) < std::tie(b.offset, b.length);
+  });
+  int64_t at = 0;
+  for (size_t k = 0; k < e.size(); ++k) {
+    const std::string owner =
+        absl::StrCat("chunk #", e[k].chunk, " of tensor '", proto.tensors(e[k].tensor).name(), "'");
+    if (e[k].offset < at) {
+      return loss(absl::StrCat("data file '", f.name(), "': ", owner, " at byte ", e[k].offset,
+                               " overlaps the chunk before it, which ends at ", at));
+    }
+    if (e[k].offset > at) {
+      return loss(absl::StrCat("data file '", f.name(), "': bytes [", at, ", ", e[k].offset,
+                               ") belong to no chunk (before ", owner, ")"));
+    }
+    at = e[k].offset + e[k].length;  // <= size_bytes, checked above
+  }
+  if (at != f.size_bytes()) {
+    return loss(absl::StrCat("data file '", f.name(), "': bytes [", at, ", ", f.size_bytes(),
+                             ") of its field size_bytes ", f.size_bytes(), " belong to no chunk"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<MetadataIndex> IndexMetadata(CheckpointMetadata proto, const std::string& dir,
+                                            const std::string& path) {
+  RETURN_IF_ERROR(CheckTopLevelFields(proto, path));
+  MetadataIndex index;
+  index.dir = dir;
+  ASSIGN_OR_RETURN(const FileIndex file_index, IndexDataFiles(proto, path, &index));
+  std::vector<std::vector<Extent>> extents(proto.world_size());
   for (int i = 0; i < proto.tensors_size(); ++i) {
-    const TensorProto& t = proto.tensors(i);
-    const std::string what = absl::StrCat("tensor '", t.name(), "'");
-    if (t.name().empty()) return loss(absl::StrCat("tensor #", i, " has no name"));
-    if (!index.by_name.emplace(t.name(), i).second)
-      return loss(absl::StrCat(what, " is listed twice"));
-    absl::StatusOr<core::DType> dtype = core::ParseDType(t.dtype());
-    if (!dtype.ok()) return loss(absl::StrCat(what, ": field dtype: ", dtype.status().message()));
-    core::Shape shape(t.shape().begin(), t.shape().end());
-    absl::StatusOr<int64_t> numel = CheckedNumel(shape, absl::StrCat(what, ": field shape"));
-    if (!numel.ok()) return loss(std::string(numel.status().message()));
-    const int64_t es = core::DTypeSize(*dtype);
-    int64_t next = 0;
-    for (int k = 0; k < t.chunks_size(); ++k) {
-      const ChunkProto& c = t.chunks(k);
-      const std::string cw = absl::StrCat(what, " chunk #", k, " [", c.begin(), ", ", c.end(),
-                                          ") in '", c.file(), "'");
-      auto f = file_index.find(c.file());
-      if (f == file_index.end())
-        return loss(absl::StrCat(cw, ": field file names no listed data file"));
-      if (c.begin() != next) {
-        return loss(absl::StrCat(cw, ": field begin: chunks must tile [0, ", *numel,
-                                 ") in order; expected one starting at ", next));
-      }
-      // begin == next is in [0, numel], so end - begin cannot overflow once end is too.
-      if (c.end() <= c.begin() || c.end() > *numel) {
-        return loss(absl::StrCat(cw, ": field end is not in [", c.begin() + 1, ", ", *numel, "]"));
-      }
-      // At most 2^50 elements of at most 4 bytes: no overflow.
-      const int64_t bytes = (c.end() - c.begin()) * es;
-      if (c.byte_length() != bytes) {
-        return loss(absl::StrCat(cw, ": field byte_length is ", c.byte_length(), ", not the ",
-                                 bytes, " bytes of ", c.end() - c.begin(), " ",
-                                 core::DTypeName(*dtype), " elements"));
-      }
-      const int64_t file_size = proto.files(f->second).size_bytes();
-      // byte_offset + byte_length <= file_size, written so that it cannot overflow.
-      if (c.byte_offset() < 0 || c.byte_offset() > file_size - c.byte_length()) {
-        return loss(absl::StrCat(cw, ": field byte_offset ", c.byte_offset(), " with byte_length ",
-                                 c.byte_length(), " does not lie within the file's ", file_size,
-                                 " bytes"));
-      }
-      const int64_t blocks = c.byte_length() / block + (c.byte_length() % block != 0);
-      if (c.block_crc32c_size() != blocks) {
-        return loss(absl::StrCat(cw, ": field block_crc32c has ", c.block_crc32c_size(),
-                                 " checksums for ", blocks, " blocks of ", block, " bytes"));
-      }
-      extents[f->second].push_back({c.byte_offset(), c.byte_length(), i, k});
-      next = c.end();
-    }
-    if (next != *numel) {
-      return loss(absl::StrCat(what, " of shape ", core::ShapeToString(shape), ": elements [", next,
-                               ", ", *numel, ") are in no chunk"));
-    }
-    index.dtypes.push_back(*dtype);
-    index.shapes.push_back(std::move(shape));
-    index.numels.push_back(*numel);
+    RETURN_IF_ERROR(IndexTensor(proto, i, file_index, path, &index, &extents));
   }
   // Whole-file coverage: each file is exactly its chunks, back to back.
-  for (int r = 0; r < world; ++r) {
-    std::vector<Extent>& e = extents[r];
-    std::sort(e.begin(), e.end(), [](const Extent& a, const Extent& b) {
-      return std::tie(a.offset, a.length) < std::tie(b.offset, b.length);
-    });
-    const DataFileProto& f = proto.files(r);
-    int64_t at = 0;
-    for (size_t k = 0; k < e.size(); ++k) {
-      const std::string owner = absl::StrCat("chunk #", e[k].chunk, " of tensor '",
-                                             proto.tensors(e[k].tensor).name(), "'");
-      if (e[k].offset < at) {
-        return loss(absl::StrCat("data file '", f.name(), "': ", owner, " at byte ", e[k].offset,
-                                 " overlaps the chunk before it, which ends at ", at));
-      }
-      if (e[k].offset > at) {
-        return loss(absl::StrCat("data file '", f.name(), "': bytes [", at, ", ", e[k].offset,
-                                 ") belong to no chunk (before ", owner, ")"));
-      }
-      at = e[k].offset + e[k].length;  // <= size_bytes, checked above
-    }
-    if (at != f.size_bytes()) {
-      return loss(absl::StrCat("data file '", f.name(), "': bytes [", at, ", ", f.size_bytes(),
-                               ") of its field size_bytes ", f.size_bytes(),
-                               " belong to no chunk"));
-    }
+  for (int r = 0; r < proto.world_size(); ++r) {
+    RETURN_IF_ERROR(CheckFileCoverage(proto, proto.files(r), extents[r], path));
   }
   index.proto = std::move(proto);
   return index;
