@@ -301,10 +301,10 @@ struct SafetensorsLayout {
 
 namespace {
 
-// The layout of any source of `file_size` bytes, every check of ImportSafetensors made;
-// `where` opens every message.
-absl::StatusOr<SafetensorsLayout> ParseLayout(const ByteSource& file, const int64_t file_size,
-                                              const std::string& where) {
+// The JSON header's text: the 8-byte little-endian length, then that many bytes, which
+// must lie within the `file_size` bytes and start with '{'.
+absl::StatusOr<std::string> ReadHeaderText(const ByteSource& file, const int64_t file_size,
+                                           const std::string& where) {
   unsigned char length[8];
   ASSIGN_OR_RETURN(size_t got, file.ReadAt(0, 8, length));
   if (got < 8) {
@@ -324,12 +324,18 @@ absl::StatusOr<SafetensorsLayout> ParseLayout(const ByteSource& file, const int6
   }
   std::string text(static_cast<size_t>(n), '\0');
   ASSIGN_OR_RETURN(got, file.ReadAt(8, text.size(), text.data()));
-  if (got < text.size())
+  if (got < text.size()) {
     return absl::DataLossError(absl::StrCat(where, ": the file shrank while being read"));
+  }
   if (text.empty() || text[0] != '{') {
     return absl::InvalidArgumentError(absl::StrCat(where, ": the header does not start with '{'"));
   }
+  return text;
+}
 
+// Parses the header `text` into `header`: valid JSON, a JSON object, no key twice in
+// any of its objects.
+absl::Status ParseHeaderJson(const std::string& text, const std::string& where, Json* header) {
   // Parse, noting duplicate keys in any object (the JSON library would keep just one).
   std::vector<std::set<std::string>> open_objects;
   std::string duplicate;
@@ -343,9 +349,8 @@ absl::StatusOr<SafetensorsLayout> ParseLayout(const ByteSource& file, const int6
     }
     return true;
   };
-  Json header;
   try {
-    header = Json::parse(text, note_keys);
+    *header = Json::parse(text, note_keys);
   } catch (const Json::exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": the header is not valid JSON: ", e.what()));
@@ -354,11 +359,15 @@ absl::StatusOr<SafetensorsLayout> ParseLayout(const ByteSource& file, const int6
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": the header lists ", Quoted(duplicate), " twice"));
   }
-  if (!header.is_object())
+  if (!header->is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": the header is not a JSON object"));
+  }
+  return absl::OkStatus();
+}
 
-  SafetensorsLayout out;
-  std::vector<Entry>& entries = out.entries;
+// Reads the header's items into `out`: "__metadata__" (an object of strings) into its
+// metadata, each other one (ParseEntry) into its entries, in the header's order.
+absl::Status ReadHeaderItems(const Json& header, const std::string& where, SafetensorsLayout* out) {
   for (const auto& [key, value] : header.items()) {
     if (key == kMetadataKey) {
       if (!value.is_object()) {
@@ -370,13 +379,20 @@ absl::StatusOr<SafetensorsLayout> ParseLayout(const ByteSource& file, const int6
           return absl::InvalidArgumentError(
               absl::StrCat(where, ": \"__metadata__\" entry ", Quoted(mk), " is not a string"));
         }
-        out.metadata[mk] = mv.get<std::string>();
+        out->metadata[mk] = mv.get<std::string>();
       }
       continue;
     }
     ASSIGN_OR_RETURN(Entry e, ParseEntry(key, value, where));
-    entries.push_back(std::move(e));
+    out->entries.push_back(std::move(e));
   }
+  return absl::OkStatus();
+}
+
+// Sorts `entries` by data offsets and checks that they tile the `available` bytes of
+// the byte buffer exactly: no overlap, no gap, no truncation, nothing after them.
+absl::Status SortAndCheckOffsets(std::vector<Entry>& entries, uint64_t available,
+                                 const std::string& where) {
   // The offsets must tile the byte buffer in order: no overlap, no gap.
   std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
@@ -394,8 +410,6 @@ absl::StatusOr<SafetensorsLayout> ParseLayout(const ByteSource& file, const int6
     }
     expected = e.end;
   }
-  const uint64_t data_start = 8 + n;
-  const uint64_t available = static_cast<uint64_t>(file_size) - data_start;
   if (expected > available) {
     std::string tensor;
     for (const Entry& e : entries) {
@@ -412,6 +426,21 @@ absl::StatusOr<SafetensorsLayout> ParseLayout(const ByteSource& file, const int6
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": ", available - expected, " bytes follow the last tensor's data"));
   }
+  return absl::OkStatus();
+}
+
+// The layout of any source of `file_size` bytes, every check of ImportSafetensors made;
+// `where` opens every message.
+absl::StatusOr<SafetensorsLayout> ParseLayout(const ByteSource& file, const int64_t file_size,
+                                              const std::string& where) {
+  ASSIGN_OR_RETURN(const std::string text, ReadHeaderText(file, file_size, where));
+  Json header;
+  RETURN_IF_ERROR(ParseHeaderJson(text, where, &header));
+  SafetensorsLayout out;
+  RETURN_IF_ERROR(ReadHeaderItems(header, where, &out));
+  const uint64_t data_start = 8 + text.size();
+  const uint64_t available = static_cast<uint64_t>(file_size) - data_start;
+  RETURN_IF_ERROR(SortAndCheckOffsets(out.entries, available, where));
   out.data_start = data_start;
   return out;
 }
