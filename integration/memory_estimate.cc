@@ -108,6 +108,120 @@ int ShardGroupSize(const MemoryEstimateInput& in) {
   }
 }
 
+// The quantities of NOTE [Memory estimate] that several of its terms use.
+struct Terms {
+  int64_t g = 0;             // G, the shard group size
+  int64_t compute = 0;       // c, bytes per element of the compute dtype
+  int64_t shard = 0;         // S, the shard elements
+  int64_t largest_unit = 0;  // Lu, the largest unit's elements, padded
+  int64_t root = 0;          // R, the root unit's elements, padded
+  int64_t others = 0;        // U - 1, the units besides the root
+  int64_t in_flight = 0;     // A, the other units gathered at once
+};
+
+// The Terms of `input`; `c` notes any overflow, as in every function below.
+Terms TermsOf(const MemoryEstimateInput& input, Checked& c) {
+  const ModelSizes& m = input.model;
+  Terms t;
+  t.g = ShardGroupSize(input);
+  t.compute = core::DTypeSize(input.param_dtype);
+  t.shard = c.Add((m.num_params + t.g - 1) / t.g, m.num_units);
+  t.largest_unit = m.largest_unit_params > 0 ? c.Add(m.largest_unit_params, t.g - 1) : 0;
+  // NOTE [Memory estimate]: the root unit stays gathered through the whole pass (its
+  // forward and backward enclose the others'), besides the computing unit and up to
+  // limit_all_gathers prefetched ones.
+  t.root = m.root_unit_params > 0 ? c.Add(m.root_unit_params, t.g - 1) : 0;
+  t.others = std::max<int64_t>(m.num_units - 1, 0);
+  t.in_flight = std::min<int64_t>(t.others, 1 + std::max(input.limit_all_gathers, 0));
+  return t;
+}
+
+// The gathered term: compute copies of the gathered parameters and the unsharded fp32
+// gradients held at once.
+int64_t GatheredBytes(const MemoryEstimateInput& input, const Terms& t, Checked& c) {
+  const ModelSizes& m = input.model;
+  // The unsharded fp32 gradient held at once: one unit's, or every unit's under no_sync.
+  const int64_t full_grad =
+      input.no_sync_accumulation ? c.Mul(4, m.num_params) : c.Mul(4, t.largest_unit);
+  // NOTE [Memory estimate]: the root unit's full gradient lives through the backward,
+  // besides the computing unit's and the one reduction in flight.
+  const int64_t grads_in_flight = std::min<int64_t>(t.others, 2);
+  const int64_t unit_grads = input.no_sync_accumulation
+                                 ? full_grad
+                                 : c.Mul(4, c.Add(t.root, c.Mul(grads_in_flight, t.largest_unit)));
+  switch (input.strategy) {
+    case fsdp::ShardingStrategy::kFullShard:
+    case fsdp::ShardingStrategy::kHybridShard:
+      return c.Add(c.Mul(t.compute, c.Add(t.root, c.Mul(t.in_flight, t.largest_unit))), unit_grads);
+    case fsdp::ShardingStrategy::kShardGradOp:
+      return c.Add(c.Mul(t.compute, m.num_params), unit_grads);
+    case fsdp::ShardingStrategy::kNoShard:
+      return t.compute == 4 ? 0 : c.Mul(t.compute, m.num_params);
+  }
+  return 0;
+}
+
+// The activations term of a GPT of shape `a`.
+int64_t ActivationBytes(const GptActivationShape& a, Checked& c) {
+  // NOTE [Memory estimate]: each block's share; a checkpointed one keeps its input and
+  // is recomputed in the backward.
+  const int64_t per_layer = c.Add(c.Add(c.Mul(16, a.n_embd), c.Mul(a.n_head, a.seq_len)), 4);
+  std::vector<bool> checkpointed(static_cast<size_t>(a.n_layer), false);
+  for (int64_t i : a.checkpointed_blocks) checkpointed[static_cast<size_t>(i)] = true;
+  int64_t held = 0, recompute = 0;
+  for (int64_t i = 0; i < a.n_layer; ++i) {
+    if (checkpointed[static_cast<size_t>(i)]) {
+      // Its input stays held while it is recomputed.
+      recompute = std::max(recompute, c.Add(c.Add(held, a.n_embd), per_layer));
+      held = c.Add(held, a.n_embd);
+    } else {
+      held = c.Add(held, per_layer);
+    }
+  }
+  // The head at the loss (the logits and their gradient) and in the backward (the
+  // gradient only: the training step frees the logits), NOTE [Memory estimate].
+  const int64_t at_loss = c.Add(c.Add(held, c.Mul(2, a.n_embd)), c.Mul(2, a.vocab_size));
+  const int64_t in_backward =
+      c.Add(c.Add(std::max(held, recompute), c.Mul(5, a.n_embd)), a.vocab_size);
+  const int64_t per_token = c.Add(std::max(at_loss, in_backward), 4);
+  return c.Mul(4, c.Mul(c.Mul(a.batch_rows, a.seq_len), per_token));
+}
+
+// The comm term: the collectives' staging and, under offload, the copies to the device.
+int64_t CommBytes(const MemoryEstimateInput& input, const Terms& t, Checked& c) {
+  const int64_t largest_shard = (t.largest_unit + t.g - 1) / t.g;
+  int64_t bytes = 0;
+  // The collectives' staging (fsdp/unit.cc, tag comm): the shard each all-gather in
+  // flight sends and the shard the reduction in flight receives.
+  if (t.g > 1 && input.strategy != fsdp::ShardingStrategy::kNoShard) {
+    bytes = c.Mul(c.Mul(4, largest_shard), c.Add(std::max<int64_t>(t.in_flight, 1), 1));
+  }
+  if (input.cpu_offload) {
+    // The float32 copy of each shard on its way to the device.
+    bytes = c.Add(bytes, c.Mul(c.Mul(4, largest_shard), std::max<int64_t>(t.in_flight, 1)));
+  }
+  return bytes;
+}
+
+// Sets where the per-rank bytes live: per_device_bytes and per_host_bytes.
+void SetDeviceAndHostBytes(const MemoryEstimateInput& input, const Terms& t, Checked& c,
+                           MemoryEstimate& e) {
+  const ModelSizes& m = input.model;
+  if (input.device.is_cuda()) {
+    // NOTE [Memory estimate on a device]: the model is built on the host and moved to
+    // the device whole before sharding, so the device holds max(init, training) and the
+    // host only each rank's CPU-built model (4 P + 4 I).
+    e.per_device_bytes = e.per_rank_bytes;
+    // A deferred model is never built on the host: Flatten fills one unit's shard there
+    // at a time and copies it over.
+    const int64_t built = input.deferred_init ? c.Mul(4, (t.largest_unit + t.g - 1) / t.g)
+                                              : c.Mul(4, c.Add(m.num_params, m.ignored_params));
+    e.per_host_bytes = c.Mul(std::max(built, e.offloaded_bytes), input.local_ranks);
+  } else {
+    e.per_host_bytes = c.Mul(e.per_rank_bytes, input.local_ranks);
+  }
+}
+
 }  // namespace
 
 ModelSizes ModelSizesFromPlan(const policy::WrapPlan& plan) {
@@ -184,106 +298,32 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const MemoryEstimateInput& input) 
   RETURN_IF_ERROR(Validate(input));
   Checked c;
   const ModelSizes& m = input.model;
-  const int64_t g = ShardGroupSize(input);
-  const int64_t compute = core::DTypeSize(input.param_dtype);
-  const int64_t shard = c.Add((m.num_params + g - 1) / g, m.num_units);
-  const int64_t largest_unit = m.largest_unit_params > 0 ? c.Add(m.largest_unit_params, g - 1) : 0;
+  const Terms t = TermsOf(input, c);
 
   MemoryEstimate e;
   // NOTE [Memory estimate]: offload moves the managed state (and a pinned staging shard
   // per unit) to the host.
   if (input.cpu_offload) {
     e.model_state_bytes = c.Mul(16, m.ignored_params);
-    e.offloaded_bytes = c.Mul(20, shard);
+    e.offloaded_bytes = c.Mul(20, t.shard);
   } else {
-    e.model_state_bytes = c.Add(c.Mul(16, shard), c.Mul(16, m.ignored_params));
+    e.model_state_bytes = c.Add(c.Mul(16, t.shard), c.Mul(16, m.ignored_params));
   }
-  // The unsharded fp32 gradient held at once: one unit's, or every unit's under no_sync.
-  const int64_t full_grad =
-      input.no_sync_accumulation ? c.Mul(4, m.num_params) : c.Mul(4, largest_unit);
-  // NOTE [Memory estimate]: the root unit stays gathered through the whole pass (its
-  // forward and backward enclose the others'), besides the computing unit and up to
-  // limit_all_gathers prefetched ones; its full gradient lives through the backward,
-  // besides the computing unit's and the one reduction in flight.
-  const int64_t root = m.root_unit_params > 0 ? c.Add(m.root_unit_params, g - 1) : 0;
-  const int64_t others = std::max<int64_t>(m.num_units - 1, 0);
-  const int64_t in_flight = std::min<int64_t>(others, 1 + std::max(input.limit_all_gathers, 0));
-  const int64_t grads_in_flight = std::min<int64_t>(others, 2);
-  const int64_t unit_grads = input.no_sync_accumulation
-                                 ? full_grad
-                                 : c.Mul(4, c.Add(root, c.Mul(grads_in_flight, largest_unit)));
-  switch (input.strategy) {
-    case fsdp::ShardingStrategy::kFullShard:
-    case fsdp::ShardingStrategy::kHybridShard:
-      e.gathered_bytes =
-          c.Add(c.Mul(compute, c.Add(root, c.Mul(in_flight, largest_unit))), unit_grads);
-      break;
-    case fsdp::ShardingStrategy::kShardGradOp:
-      e.gathered_bytes = c.Add(c.Mul(compute, m.num_params), unit_grads);
-      break;
-    case fsdp::ShardingStrategy::kNoShard:
-      e.gathered_bytes = compute == 4 ? 0 : c.Mul(compute, m.num_params);
-      break;
-  }
+  e.gathered_bytes = GatheredBytes(input, t, c);
   if (input.activations.has_value()) {
-    const GptActivationShape& a = *input.activations;
-    // NOTE [Memory estimate]: each block's share; a checkpointed one keeps its input and
-    // is recomputed in the backward.
-    const int64_t per_layer = c.Add(c.Add(c.Mul(16, a.n_embd), c.Mul(a.n_head, a.seq_len)), 4);
-    std::vector<bool> checkpointed(static_cast<size_t>(a.n_layer), false);
-    for (int64_t i : a.checkpointed_blocks) checkpointed[static_cast<size_t>(i)] = true;
-    int64_t held = 0, recompute = 0;
-    for (int64_t i = 0; i < a.n_layer; ++i) {
-      if (checkpointed[static_cast<size_t>(i)]) {
-        // Its input stays held while it is recomputed.
-        recompute = std::max(recompute, c.Add(c.Add(held, a.n_embd), per_layer));
-        held = c.Add(held, a.n_embd);
-      } else {
-        held = c.Add(held, per_layer);
-      }
-    }
-    // The head at the loss (the logits and their gradient) and in the backward (the
-    // gradient only: the training step frees the logits), NOTE [Memory estimate].
-    const int64_t at_loss = c.Add(c.Add(held, c.Mul(2, a.n_embd)), c.Mul(2, a.vocab_size));
-    const int64_t in_backward =
-        c.Add(c.Add(std::max(held, recompute), c.Mul(5, a.n_embd)), a.vocab_size);
-    const int64_t per_token = c.Add(std::max(at_loss, in_backward), 4);
-    e.activation_bytes = c.Mul(4, c.Mul(c.Mul(a.batch_rows, a.seq_len), per_token));
+    e.activation_bytes = ActivationBytes(*input.activations, c);
     e.activations_estimated = true;
   }
-  // The collectives' staging (fsdp/unit.cc, tag comm): the shard each all-gather in
-  // flight sends and the shard the reduction in flight receives.
-  if (g > 1 && input.strategy != fsdp::ShardingStrategy::kNoShard) {
-    const int64_t largest_shard = (largest_unit + g - 1) / g;
-    e.comm_bytes = c.Mul(c.Mul(4, largest_shard), c.Add(std::max<int64_t>(in_flight, 1), 1));
-  }
-  if (input.cpu_offload) {
-    // The float32 copy of each shard on its way to the device.
-    const int64_t largest_shard = (largest_unit + g - 1) / g;
-    e.comm_bytes =
-        c.Add(e.comm_bytes, c.Mul(c.Mul(4, largest_shard), std::max<int64_t>(in_flight, 1)));
-  }
+  e.comm_bytes = CommBytes(input, t, c);
   e.init_bytes = input.deferred_init
                      ? 0
-                     : c.Mul(4, c.Add(c.Add(m.num_params, m.ignored_params), largest_unit));
+                     : c.Mul(4, c.Add(c.Add(m.num_params, m.ignored_params), t.largest_unit));
   const int64_t training =
       c.Add(c.Add(c.Add(e.model_state_bytes, e.gathered_bytes), e.activation_bytes), e.comm_bytes);
   e.per_rank_bytes = std::max(e.init_bytes, training);
   e.local_ranks = input.local_ranks;
   e.device = input.device;
-  if (input.device.is_cuda()) {
-    // NOTE [Memory estimate on a device]: the model is built on the host and moved to
-    // the device whole before sharding, so the device holds max(init, training) and the
-    // host only each rank's CPU-built model (4 P + 4 I).
-    e.per_device_bytes = e.per_rank_bytes;
-    // A deferred model is never built on the host: Flatten fills one unit's shard there
-    // at a time and copies it over.
-    const int64_t built = input.deferred_init ? c.Mul(4, (largest_unit + g - 1) / g)
-                                              : c.Mul(4, c.Add(m.num_params, m.ignored_params));
-    e.per_host_bytes = c.Mul(std::max(built, e.offloaded_bytes), input.local_ranks);
-  } else {
-    e.per_host_bytes = c.Mul(e.per_rank_bytes, input.local_ranks);
-  }
+  SetDeviceAndHostBytes(input, t, c, e);
   if (c.overflow()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the memory estimate overflows int64 (more than 8 EiB per host) for ",
