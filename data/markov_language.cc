@@ -53,10 +53,9 @@ absl::Status CheckOptions(const MarkovLanguageOptions& o) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<MarkovLanguage> MarkovLanguage::Create(const MarkovLanguageOptions& options) {
-  RETURN_IF_ERROR(CheckOptions(options));
+// vocab_size^order, the number of contexts; InvalidArgument when it or the number of
+// transition probabilities, vocab_size^(order+1), is over its limit.
+absl::StatusOr<int64_t> CountContexts(const MarkovLanguageOptions& options) {
   const int64_t v = options.vocab_size;
   const int k = options.order;
   int64_t contexts = 1;
@@ -74,13 +73,16 @@ absl::StatusOr<MarkovLanguage> MarkovLanguage::Create(const MarkovLanguageOption
         " transition probabilities exceeds 2^24; lower MarkovLanguageOptions.vocab_size or "
         "order"));
   }
+  return contexts;
+}
 
-  MarkovLanguage lang;
-  lang.options_ = options;
-  lang.num_contexts_ = contexts;
-
+// P(x | c) for each of the `contexts` contexts, [contexts, V] row-major: likely_tokens
+// tokens of each row get `peakedness` added to their standard normal logits.
+std::vector<double> TransitionProbabilities(const MarkovLanguageOptions& options,
+                                            int64_t contexts) {
+  const int64_t v = options.vocab_size;
   // Transitions: row c from its own stream, so rows do not depend on each other.
-  lang.probs_.resize(contexts * v);
+  std::vector<double> probs(contexts * v);
   const core::Rng transitions(core::Rng(options.seed).Fork(kTransitionStream));
   std::vector<int64_t> perm(v);
   std::vector<double> logits(v);
@@ -94,11 +96,17 @@ absl::StatusOr<MarkovLanguage> MarkovLanguage::Create(const MarkovLanguageOption
     for (int64_t i = 0; i < options.likely_tokens; ++i) logits[perm[i]] += options.peakedness;
     const double max_logit = *std::max_element(logits.begin(), logits.end());
     double total = 0;
-    double* row = &lang.probs_[c * v];
+    double* row = &probs[c * v];
     for (int64_t j = 0; j < v; ++j) total += row[j] = std::exp(logits[j] - max_logit);
     for (int64_t j = 0; j < v; ++j) row[j] /= total;
   }
+  return probs;
+}
 
+// The chain's stationary distribution over the `contexts` contexts of the transitions
+// `probs` over `v` tokens. InternalError when power iteration does not converge.
+absl::StatusOr<std::vector<double>> FindStationaryDistribution(const std::vector<double>& probs,
+                                                               int64_t contexts, int64_t v) {
   // Stationary distribution over contexts by power iteration: context c = (x_1..x_k)
   // moves to (x_2..x_k, x) with probability P(x | c). Every P(x | c) > 0, so the chain is
   // irreducible and aperiodic and the iteration converges from any start.
@@ -111,7 +119,7 @@ absl::StatusOr<MarkovLanguage> MarkovLanguage::Create(const MarkovLanguageOption
     std::fill(next.begin(), next.end(), 0.0);
     for (int64_t c = 0; c < contexts; ++c) {
       const double mass = pi[c];
-      const double* row = &lang.probs_[c * v];
+      const double* row = &probs[c * v];
       double* dst = &next[(c % shift) * v];
       for (int64_t x = 0; x < v; ++x) dst[x] += mass * row[x];
     }
@@ -131,28 +139,54 @@ absl::StatusOr<MarkovLanguage> MarkovLanguage::Create(const MarkovLanguageOption
                      " power iterations; the chain mixes "
                      "too slowly (lower MarkovLanguageOptions.peakedness or raise likely_tokens)"));
   }
-  lang.stationary_ = std::move(pi);
-  lang.stationary_cdf_.resize(contexts);
-  std::partial_sum(lang.stationary_.begin(), lang.stationary_.end(), lang.stationary_cdf_.begin());
+  return pi;
+}
 
+// The entropy rate: each context's next-token entropy, weighted by `stationary`.
+double ComputeEntropyRate(const std::vector<double>& probs, const std::vector<double>& stationary,
+                          int64_t v) {
   double rate = 0;
-  for (int64_t c = 0; c < contexts; ++c) {
-    rate += lang.stationary_[c] * Entropy(absl::MakeConstSpan(&lang.probs_[c * v], v));
+  for (size_t c = 0; c < stationary.size(); ++c) {
+    rate += stationary[c] * Entropy(absl::MakeConstSpan(&probs[c * v], v));
   }
-  lang.entropy_rate_ = rate;
+  return rate;
+}
 
+// H(x_0..x_{m-1}) under `stationary` for m = 0..k, in a language of order k over `v`
+// tokens.
+std::vector<double> PrefixEntropies(const std::vector<double>& stationary, int64_t v, int k) {
+  const int64_t contexts = static_cast<int64_t>(stationary.size());
   // Entropy of the first m tokens' marginal, m = 0..k: sum the stationary distribution
   // over the last k - m tokens of each context.
-  lang.prefix_entropy_.assign(k + 1, 0.0);
+  std::vector<double> entropies(k + 1, 0.0);
   int64_t prefixes = 1;
   for (int m = 1; m <= k; ++m) {
     prefixes *= v;
     const int64_t divisor = contexts / prefixes;
     std::vector<double> marginal(prefixes, 0.0);
-    for (int64_t c = 0; c < contexts; ++c) marginal[c / divisor] += lang.stationary_[c];
-    lang.prefix_entropy_[m] = Entropy(marginal);
+    for (int64_t c = 0; c < contexts; ++c) marginal[c / divisor] += stationary[c];
+    entropies[m] = Entropy(marginal);
   }
+  return entropies;
+}
 
+}  // namespace
+
+absl::StatusOr<MarkovLanguage> MarkovLanguage::Create(const MarkovLanguageOptions& options) {
+  RETURN_IF_ERROR(CheckOptions(options));
+  ASSIGN_OR_RETURN(const int64_t contexts, CountContexts(options));
+  const int64_t v = options.vocab_size;
+  MarkovLanguage lang;
+  lang.options_ = options;
+  lang.num_contexts_ = contexts;
+  lang.probs_ = TransitionProbabilities(options, contexts);
+  ASSIGN_OR_RETURN(lang.stationary_, FindStationaryDistribution(lang.probs_, contexts, v));
+  lang.stationary_cdf_.resize(contexts);
+  std::partial_sum(lang.stationary_.begin(), lang.stationary_.end(), lang.stationary_cdf_.begin());
+  lang.entropy_rate_ = ComputeEntropyRate(lang.probs_, lang.stationary_, v);
+  lang.prefix_entropy_ = PrefixEntropies(lang.stationary_, v, options.order);
+
+  const double rate = lang.entropy_rate_;
   const double limit = 0.5 * std::log(static_cast<double>(v));
   if (rate > limit) {
     return absl::InvalidArgumentError(
