@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "core/status_macros.h"
 #include "core/text_file.h"
 
 namespace integration::charts {
@@ -366,11 +367,18 @@ absl::StatusOr<Ticks> NiceTicks(double lo, double hi, int target) {
 
 // ---- Line chart -----------------------------------------------------------------------
 
-absl::StatusOr<std::string> LineChart(const std::vector<Series>& series,
-                                      const LineChartOptions& options) {
-  if (absl::Status s = CheckSize("LineChart", options.width, options.height); !s.ok()) {
-    return s;
-  }
+namespace {
+
+// The data range a line chart shows.
+struct DataRange {
+  double x_lo, x_hi, y_lo, y_hi;
+};
+
+// The range of the series' finite points and the reference lines' y, each axis widened
+// when it is a single value. InvalidArgument when no point is finite, a reference line's
+// y is not, or a span overflows a double.
+absl::StatusOr<DataRange> LineChartRange(const std::vector<Series>& series,
+                                         const LineChartOptions& options) {
   double x_lo = std::numeric_limits<double>::infinity(), x_hi = -x_lo;
   double y_lo = x_lo, y_hi = -x_lo;
   size_t finite_points = 0;
@@ -404,62 +412,68 @@ absl::StatusOr<std::string> LineChart(const std::vector<Series>& series,
   }
   WidenDegenerate(x_lo, x_hi);
   WidenDegenerate(y_lo, y_hi);
-  absl::StatusOr<Ticks> x_ticks = NiceTicks(x_lo, x_hi);
-  if (!x_ticks.ok()) return x_ticks.status();
-  absl::StatusOr<Ticks> y_ticks = NiceTicks(y_lo, y_hi);
-  if (!y_ticks.ok()) return y_ticks.status();
+  return DataRange{x_lo, x_hi, y_lo, y_hi};
+}
 
-  std::vector<std::string> names;
-  for (const Series& s : series) names.push_back(s.name);
-  std::vector<std::string> legend_names = names;
-  for (const HorizontalLine& line : options.lines) legend_names.push_back(line.label);
-  const LegendLayout legend = PlanLegend(legend_names, options.width);
-  const PlotArea area{70, 40, options.width - 16 - legend.width, options.height - 50.0};
+// Where data coordinates land in the plot area.
+struct LineScale {
+  PlotArea area;
+  DataRange range;
+  double X(double x) const {
+    return area.left + (x - range.x_lo) / (range.x_hi - range.x_lo) * area.width();
+  }
+  double Y(double y) const {
+    return area.bottom - (y - range.y_lo) / (range.y_hi - range.y_lo) * area.height();
+  }
+};
 
-  std::string svg;
-  OpenDocument(svg, options.width, options.height, options.title);
-  std::vector<std::string> y_labels;
-  for (double v : y_ticks->values) y_labels.push_back(TickLabel(v, y_ticks->exponent));
-  AppendYTicks(svg, area, *y_ticks, y_lo, y_hi, y_labels);
-  auto px = [&](double x) { return area.left + (x - x_lo) / (x_hi - x_lo) * area.width(); };
-  auto py = [&](double y) { return area.bottom - (y - y_lo) / (y_hi - y_lo) * area.height(); };
-  for (double v : x_ticks->values) {
-    const double x = px(v);
+// X ticks (tick mark plus label) below the plot area.
+void AppendXTicks(std::string& svg, const LineScale& scale, const Ticks& ticks) {
+  const PlotArea& area = scale.area;
+  for (double v : ticks.values) {
+    const double x = scale.X(v);
     absl::StrAppend(&svg, "<line class=\"x-tick\" x1=\"", Px(x), "\" y1=\"", Px(area.bottom),
                     "\" x2=\"", Px(x), "\" y2=\"", Px(area.bottom + 5),
                     "\" stroke=\"#333333\"/>\n");
     absl::StrAppend(&svg, "<text class=\"x-tick-label\" x=\"", Px(x), "\" y=\"",
                     Px(area.bottom + 18), "\" text-anchor=\"middle\">",
-                    Escape(TickLabel(v, x_ticks->exponent)), "</text>\n");
+                    Escape(TickLabel(v, ticks.exponent)), "</text>\n");
   }
-  AppendPlotArea(svg, area);
-  if (!options.x_label.empty()) {
-    absl::StrAppend(&svg, "<text class=\"x-label\" x=\"", Px((area.left + area.right) / 2),
-                    "\" y=\"", Px(options.height - 10.0), "\" text-anchor=\"middle\">",
-                    Escape(options.x_label, static_cast<int>(area.width() / kCharWidth)),
-                    "</text>\n");
-  }
-  AppendYLabel(svg, area, options.y_label);
+}
 
-  // Reference lines are told apart by their dash pattern; their labels go in the legend
-  // column, where they cannot cover the data.
-  auto dashes = [](size_t i) { return i == 0 ? "6,4" : (i == 1 ? "2,3" : "10,3,2,3"); };
-  for (size_t i = 0; i < options.lines.size(); ++i) {
-    const double y = py(options.lines[i].y);
-    absl::StrAppend(&svg, "<line class=\"reference-line\" x1=\"", Px(area.left), "\" y1=\"", Px(y),
-                    "\" x2=\"", Px(area.right), "\" y2=\"", Px(y),
-                    "\" stroke=\"#555555\" stroke-width=\"1.5\" stroke-dasharray=\"", dashes(i),
-                    "\"/>\n");
-  }
+void AppendXLabel(std::string& svg, const PlotArea& area, absl::string_view label, int height) {
+  if (label.empty()) return;
+  absl::StrAppend(&svg, "<text class=\"x-label\" x=\"", Px((area.left + area.right) / 2), "\" y=\"",
+                  Px(height - 10.0), "\" text-anchor=\"middle\">",
+                  Escape(label, static_cast<int>(area.width() / kCharWidth)), "</text>\n");
+}
 
+// Reference lines are told apart by their dash pattern; their labels go in the legend
+// column, where they cannot cover the data.
+const char* DashPattern(size_t i) { return i == 0 ? "6,4" : (i == 1 ? "2,3" : "10,3,2,3"); }
+
+void AppendReferenceLines(std::string& svg, const LineScale& scale,
+                          const std::vector<HorizontalLine>& lines) {
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const double y = scale.Y(lines[i].y);
+    absl::StrAppend(&svg, "<line class=\"reference-line\" x1=\"", Px(scale.area.left), "\" y1=\"",
+                    Px(y), "\" x2=\"", Px(scale.area.right), "\" y2=\"", Px(y),
+                    "\" stroke=\"#555555\" stroke-width=\"1.5\" stroke-dasharray=\"",
+                    DashPattern(i), "\"/>\n");
+  }
+}
+
+// One polyline per series through its finite points (a dot too when there is only
+// one); a series without any is left out.
+void AppendSeries(std::string& svg, const std::vector<Series>& series, const LineScale& scale) {
   for (size_t i = 0; i < series.size(); ++i) {
     std::string points;
     int n = 0;
     double last_x = 0, last_y = 0;
     for (const auto& [x, y] : series[i].points) {
       if (!std::isfinite(x) || !std::isfinite(y)) continue;
-      last_x = px(x);
-      last_y = py(y);
+      last_x = scale.X(x);
+      last_y = scale.Y(y);
       absl::StrAppend(&points, n == 0 ? "" : " ", Px(last_x), ",", Px(last_y));
       ++n;
     }
@@ -473,32 +487,75 @@ absl::StatusOr<std::string> LineChart(const std::vector<Series>& series,
                       Px(last_y), "\" r=\"3\" fill=\"", colour, "\"/>\n");
     }
   }
-  AppendLegend(svg, names, area.right + 12, area.top + 8, legend.max_chars,
-               /*swatch_is_line=*/true);
-  for (size_t i = 0; i < options.lines.size(); ++i) {
+}
+
+// The reference lines' legend entries, in the legend column from row `first_row` on.
+void AppendReferenceLegend(std::string& svg, const std::vector<HorizontalLine>& lines,
+                           const PlotArea& area, size_t first_row, int max_chars) {
+  for (size_t i = 0; i < lines.size(); ++i) {
     const double x = area.right + 12;
-    const double cy = area.top + 8 + 18.0 * (series.size() + i);
+    const double cy = area.top + 8 + 18.0 * (first_row + i);
     absl::StrAppend(
         &svg, "<line x1=\"", Px(x), "\" y1=\"", Px(cy), "\" x2=\"", Px(x + 18), "\" y2=\"", Px(cy),
-        "\" stroke=\"#555555\" stroke-width=\"1.5\" stroke-dasharray=\"", dashes(i), "\"/>\n");
+        "\" stroke=\"#555555\" stroke-width=\"1.5\" stroke-dasharray=\"", DashPattern(i), "\"/>\n");
     absl::StrAppend(&svg, "<text class=\"reference-label\" x=\"", Px(x + 24), "\" y=\"", Px(cy + 4),
-                    "\" fill=\"#555555\">", Escape(options.lines[i].label, legend.max_chars),
-                    "<title>", Escape(options.lines[i].label), "</title></text>\n");
+                    "\" fill=\"#555555\">", Escape(lines[i].label, max_chars), "<title>",
+                    Escape(lines[i].label), "</title></text>\n");
   }
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> LineChart(const std::vector<Series>& series,
+                                      const LineChartOptions& options) {
+  RETURN_IF_ERROR(CheckSize("LineChart", options.width, options.height));
+  ASSIGN_OR_RETURN(const DataRange range, LineChartRange(series, options));
+  ASSIGN_OR_RETURN(const Ticks x_ticks, NiceTicks(range.x_lo, range.x_hi));
+  ASSIGN_OR_RETURN(const Ticks y_ticks, NiceTicks(range.y_lo, range.y_hi));
+
+  std::vector<std::string> names;
+  for (const Series& s : series) names.push_back(s.name);
+  std::vector<std::string> legend_names = names;
+  for (const HorizontalLine& line : options.lines) legend_names.push_back(line.label);
+  const LegendLayout legend = PlanLegend(legend_names, options.width);
+  const LineScale scale{{70, 40, options.width - 16 - legend.width, options.height - 50.0}, range};
+  const PlotArea& area = scale.area;
+
+  std::string svg;
+  OpenDocument(svg, options.width, options.height, options.title);
+  std::vector<std::string> y_labels;
+  for (double v : y_ticks.values) y_labels.push_back(TickLabel(v, y_ticks.exponent));
+  AppendYTicks(svg, area, y_ticks, range.y_lo, range.y_hi, y_labels);
+  AppendXTicks(svg, scale, x_ticks);
+  AppendPlotArea(svg, area);
+  AppendXLabel(svg, area, options.x_label, options.height);
+  AppendYLabel(svg, area, options.y_label);
+  AppendReferenceLines(svg, scale, options.lines);
+  AppendSeries(svg, series, scale);
+  AppendLegend(svg, names, area.right + 12, area.top + 8, legend.max_chars,
+               /*swatch_is_line=*/true);
+  AppendReferenceLegend(svg, options.lines, area, series.size(), legend.max_chars);
   svg += "</svg>\n";
   return svg;
 }
 
 // ---- Grouped bar chart ----------------------------------------------------------------
 
-absl::StatusOr<std::string> GroupedBarChart(const std::vector<BarGroup>& groups,
-                                            const BarChartOptions& options) {
-  if (absl::Status s = CheckSize("GroupedBarChart", options.width, options.height); !s.ok()) {
-    return s;
-  }
-  if (groups.empty()) return absl::InvalidArgumentError("GroupedBarChart: groups is empty");
-  std::vector<std::string> categories;
+namespace {
+
+// The categories of a bar chart's bars, in order of first appearance, and the largest
+// value.
+struct BarCategories {
+  std::vector<std::string> names;
   double max_value = 0;
+};
+
+// InvalidArgument for no groups, no bars, a value that is not finite and >= 0, or a
+// category twice in one group.
+absl::StatusOr<BarCategories> CollectCategories(const std::vector<BarGroup>& groups) {
+  if (groups.empty()) return absl::InvalidArgumentError("GroupedBarChart: groups is empty");
+  BarCategories out;
+  std::vector<std::string>& categories = out.names;
   for (size_t g = 0; g < groups.size(); ++g) {
     std::vector<std::string> seen;
     for (const auto& [category, value] : groups[g].bars) {
@@ -517,59 +574,85 @@ absl::StatusOr<std::string> GroupedBarChart(const std::vector<BarGroup>& groups,
       if (std::find(categories.begin(), categories.end(), category) == categories.end()) {
         categories.push_back(category);
       }
-      max_value = std::max(max_value, value);
+      out.max_value = std::max(out.max_value, value);
     }
   }
   if (categories.empty()) {
     return absl::InvalidArgumentError(
         absl::StrFormat("GroupedBarChart: no group has a bar (%d groups given)", groups.size()));
   }
+  return out;
+}
 
-  // The axis runs from 0 to the first tick at or above max_value * 1.1, leaving room for
-  // the value labels above the tallest bar. Byte axes pick their step in the unit of that
-  // top (B, KiB, MiB, ...) so the labels come out as 1.5KiB, 3MiB, ... in one unit.
+// A bar chart's y axis: from 0 to `top`, ticks in data units with their labels.
+struct BarAxis {
+  Ticks ticks;
+  std::vector<std::string> labels;
+  double top = 0;
+};
+
+// The axis for bars up to `max_value`: it runs from 0 to the first tick at or above
+// max_value * 1.1, leaving room for the value labels above the tallest bar. Byte axes
+// pick their step in the unit of that top (B, KiB, MiB, ...) so the labels come out as
+// 1.5KiB, 3MiB, ... in one unit.
+absl::StatusOr<BarAxis> PlanBarAxis(double max_value, bool bytes) {
   static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   const double wanted_top = max_value > 0 ? max_value * 1.1 : 1;
   int unit_index = 0;
   double unit = 1;
-  if (options.bytes) {
+  if (bytes) {
     while (wanted_top >= unit * 1024 && unit_index < 5) {
       unit *= 1024;
       ++unit_index;
     }
   }
   double top = wanted_top / unit;
-  absl::StatusOr<Ticks> ticks = NiceTicks(0, top);
-  if (!ticks.ok()) return ticks.status();
-  if (options.bytes && unit_index == 0 && ticks->exponent < 0) {  // no fractional bytes
+  ASSIGN_OR_RETURN(Ticks ticks, NiceTicks(0, top));
+  if (bytes && unit_index == 0 && ticks.exponent < 0) {  // no fractional bytes
     top = std::max(top, 5.0);
-    ticks = NiceTicks(0, top);
-    if (!ticks.ok()) return ticks.status();
+    ASSIGN_OR_RETURN(ticks, NiceTicks(0, top));
   }
-  const double step = ticks->step;
+  const double step = ticks.step;
   top = std::ceil(top / step - 1e-9) * step;
-  if (ticks->values.back() < top - step * 0.5) ticks->values.push_back(top);
-  std::vector<std::string> y_labels;
-  for (double v : ticks->values) {
-    const std::string number = TickLabel(v, ticks->exponent);
-    if (!options.bytes) {
-      y_labels.push_back(number);
+  if (ticks.values.back() < top - step * 0.5) ticks.values.push_back(top);
+  BarAxis axis;
+  for (double v : ticks.values) {
+    const std::string number = TickLabel(v, ticks.exponent);
+    if (!bytes) {
+      axis.labels.push_back(number);
     } else {
-      y_labels.push_back(v == 0 ? "0B" : absl::StrCat(TrimZeros(number), kUnits[unit_index]));
+      axis.labels.push_back(v == 0 ? "0B" : absl::StrCat(TrimZeros(number), kUnits[unit_index]));
     }
   }
-  Ticks scaled = *ticks;
-  for (double& v : scaled.values) v *= unit;
-  const double y_hi = top * unit;
+  axis.ticks = ticks;
+  for (double& v : axis.ticks.values) v *= unit;
+  axis.top = top * unit;
+  return axis;
+}
 
-  const LegendLayout legend = PlanLegend(categories, options.width);
-  const PlotArea area{80, 40, options.width - 16 - legend.width, options.height - 50.0};
-  std::string svg;
-  OpenDocument(svg, options.width, options.height, options.title);
-  AppendYTicks(svg, area, scaled, 0, y_hi, y_labels);
-  AppendPlotArea(svg, area);
-  AppendYLabel(svg, area, options.y_label);
+// A bar `width` wide with its top-left corner at (x, y) in colour `c`, with `title` (SVG
+// text) as its tooltip and `label` above it.
+void AppendBar(std::string& svg, double x, double y, double width, double height, int c,
+               const std::string& title, const std::string& label) {
+  absl::StrAppend(&svg, "<rect class=\"bar\" x=\"", Px(x), "\" y=\"", Px(y), "\" width=\"",
+                  Px(width), "\" height=\"", Px(height), "\" fill=\"", Colour(c), "\"><title>",
+                  title, "</title></rect>\n");
+  const double cx = x + width / 2;
+  if (width >= label.size() * 6.0) {
+    absl::StrAppend(&svg, "<text class=\"value-label\" x=\"", Px(cx), "\" y=\"", Px(y - 3),
+                    "\" text-anchor=\"middle\" font-size=\"10\">", Escape(label), "</text>\n");
+  } else {  // too narrow: vertical, reading upwards from the bar's top
+    absl::StrAppend(&svg, "<text class=\"value-label\" x=\"", Px(cx + 3), "\" y=\"", Px(y - 3),
+                    "\" font-size=\"10\" transform=\"rotate(-90 ", Px(cx + 3), " ", Px(y - 3),
+                    ")\">", Escape(label), "</text>\n");
+  }
+}
 
+// Each group in its slot of the plot area, labelled below it: one bar per category it
+// has, at that category's place, scaled to an axis from 0 to `y_hi`.
+void AppendBarGroups(std::string& svg, const std::vector<BarGroup>& groups,
+                     const std::vector<std::string>& categories, const PlotArea& area, double y_hi,
+                     bool bytes) {
   const double slot = area.width() / groups.size();
   const double bar_slot = slot * 0.8 / categories.size();
   const double bar_width = bar_slot * 0.85;
@@ -585,23 +668,31 @@ absl::StatusOr<std::string> GroupedBarChart(const std::vector<BarGroup>& groups,
       const double x = slot_left + slot * 0.1 + bar_slot * c + (bar_slot - bar_width) / 2;
       const double h = value / y_hi * area.height();
       const double y = area.bottom - h;
-      const std::string label = ValueLabel(value, options.bytes);
-      absl::StrAppend(&svg, "<rect class=\"bar\" x=\"", Px(x), "\" y=\"", Px(y), "\" width=\"",
-                      Px(bar_width), "\" height=\"", Px(h), "\" fill=\"", Colour(c), "\"><title>",
-                      Escape(groups[g].label), " / ", Escape(category), ": ", Escape(label),
-                      "</title></rect>\n");
-      const double cx = x + bar_width / 2;
-      if (bar_width >= label.size() * 6.0) {
-        absl::StrAppend(&svg, "<text class=\"value-label\" x=\"", Px(cx), "\" y=\"", Px(y - 3),
-                        "\" text-anchor=\"middle\" font-size=\"10\">", Escape(label), "</text>\n");
-      } else {  // too narrow: vertical, reading upwards from the bar's top
-        absl::StrAppend(&svg, "<text class=\"value-label\" x=\"", Px(cx + 3), "\" y=\"", Px(y - 3),
-                        "\" font-size=\"10\" transform=\"rotate(-90 ", Px(cx + 3), " ", Px(y - 3),
-                        ")\">", Escape(label), "</text>\n");
-      }
+      const std::string label = ValueLabel(value, bytes);
+      AppendBar(svg, x, y, bar_width, h, c,
+                absl::StrCat(Escape(groups[g].label), " / ", Escape(category), ": ", Escape(label)),
+                label);
     }
   }
-  AppendLegend(svg, categories, area.right + 12, area.top + 8, legend.max_chars,
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> GroupedBarChart(const std::vector<BarGroup>& groups,
+                                            const BarChartOptions& options) {
+  RETURN_IF_ERROR(CheckSize("GroupedBarChart", options.width, options.height));
+  ASSIGN_OR_RETURN(const BarCategories categories, CollectCategories(groups));
+  ASSIGN_OR_RETURN(const BarAxis axis, PlanBarAxis(categories.max_value, options.bytes));
+
+  const LegendLayout legend = PlanLegend(categories.names, options.width);
+  const PlotArea area{80, 40, options.width - 16 - legend.width, options.height - 50.0};
+  std::string svg;
+  OpenDocument(svg, options.width, options.height, options.title);
+  AppendYTicks(svg, area, axis.ticks, 0, axis.top, axis.labels);
+  AppendPlotArea(svg, area);
+  AppendYLabel(svg, area, options.y_label);
+  AppendBarGroups(svg, groups, categories.names, area, axis.top, options.bytes);
+  AppendLegend(svg, categories.names, area.right + 12, area.top + 8, legend.max_chars,
                /*swatch_is_line=*/false);
   svg += "</svg>\n";
   return svg;
