@@ -14,7 +14,14 @@ MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) under --param_dtype=bf
 The optimizer is torch.optim.AdamW(fused=True) (falls back to foreach, and says so in the
 JSON, if this PyTorch cannot run the fused kernel on sharded parameters). Data: uniform
 random tokens drawn on the device (the cost of the step does not depend on the data).
-The first --warmup steps (at least one) are not timed.
+
+Timing, as our main job's device_timed figure: the first --warmup steps (at least one) are
+not timed; then CUDA events on the current stream, one before the first timed step's work
+and one after each timed step's, time --steps steps without a host wait between them.
+step_ms_median and step_ms_mean are over those steps; tokens_per_s is the timed tokens over
+the events' total time (first to last event), which is the mean step, not the median.
+wall_tokens_per_s is the same tokens over the host clock (from the first timed step's launch
+to a synchronize after the last), for comparison.
 
   python3 bench/pytorch_fsdp2.py                        # one process, GPT-2 124M, 1 GPU
   python3 bench/pytorch_fsdp2.py --batch_size=16 --steps=20 --warmup=5
@@ -23,8 +30,8 @@ The first --warmup steps (at least one) are not timed.
 --batch_size is the global batch (sequences per step over all ranks, a multiple of the
 world size), as in our main job. Run alone, the script initialises a world-size-1 NCCL
 process group itself over a free TCP port on 127.0.0.1; under torchrun it uses torchrun's
-environment. Prints one JSON line on stdout from rank 0: tokens/s (all ranks), step times,
-peak device memory per rank, the config, versions.
+environment. Prints one JSON line on stdout from rank 0: tokens/s (all ranks), step times
+and the timing basis, peak device memory per rank, the config, versions.
 """
 
 import argparse
@@ -32,6 +39,7 @@ import json
 import math
 import os
 import socket
+import statistics
 import sys
 import time
 
@@ -68,6 +76,10 @@ def parse_args(argv=None):
         p.error(f"--n_embd={args.n_embd} is not a multiple of --n_head={args.n_head}")
     return args
 
+
+TIMING_BASIS = ("CUDA events on the current stream, one before the first timed step and one "
+                "after each, no host wait between steps; tokens_per_s = timed tokens / (last "
+                "event - first event)")
 
 # Dense bf16 peak TFLOP/s (no sparsity) by GPU name, for the MFU figure.
 PEAK_BF16_TFLOPS = [("H200", 989.0), ("H100", 989.0), ("GH200", 989.0), ("A100", 312.0),
@@ -163,6 +175,36 @@ def build_model(args, torch, nn, F):
     return Gpt()
 
 
+def time_steps(torch, step, steps):
+    """Runs `steps` calls of step() between CUDA events on the current stream: one before
+    the first call's work, one after each call's, no host wait in between. Returns each
+    step's milliseconds (in order), the milliseconds from the first event to the last, the
+    host clock's seconds from the first launch to a synchronize after the last step, and the
+    steps' losses."""
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+    losses = []
+    start = time.perf_counter()
+    events[0].record()
+    for i in range(steps):
+        losses.append(step().detach())
+        events[i + 1].record()
+    torch.cuda.synchronize()
+    wall_seconds = time.perf_counter() - start
+    step_ms = [events[i].elapsed_time(events[i + 1]) for i in range(steps)]
+    return step_ms, events[0].elapsed_time(events[-1]), wall_seconds, losses
+
+
+def timing_figures(step_ms, total_ms, wall_seconds, timed_tokens):
+    """The JSON's timing keys: tokens/s over the events' total time (the mean step), the
+    median and mean step, and the host clock's tokens/s beside them."""
+    return {"tokens_per_s": timed_tokens / (total_ms / 1e3),
+            "step_ms_median": statistics.median(step_ms),
+            "step_ms_mean": total_ms / len(step_ms),
+            "step_ms_min": min(step_ms),
+            "timing_basis": TIMING_BASIS,
+            "wall_tokens_per_s": timed_tokens / wall_seconds}
+
+
 def main(argv=None):
     args = parse_args(argv)
     import torch
@@ -234,7 +276,6 @@ def main(argv=None):
         opt.zero_grad(set_to_none=True)
         return loss
 
-    losses = []
     # The first step, untimed even with --warmup=0: a fused AdamW this PyTorch cannot run on
     # sharded parameters fails here, and the foreach one replaces it.
     try:
@@ -252,31 +293,22 @@ def main(argv=None):
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats(device)
     dist.barrier()
-    step_seconds = []
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        loss = step()
-        losses.append(loss.detach())
-        torch.cuda.synchronize()
-        step_seconds.append(time.perf_counter() - t0)
+    step_ms, total_ms, wall_seconds, losses = time_steps(torch, step, args.steps)
     dist.barrier()
-    elapsed = time.perf_counter() - start
     peak = torch.cuda.max_memory_allocated(device)
     peak_reserved = torch.cuda.max_memory_reserved(device)
 
-    tokens_per_s = args.steps * args.batch_size * args.seq_len / elapsed
+    timing = timing_figures(step_ms, total_ms, wall_seconds,
+                            args.steps * args.batch_size * args.seq_len)
+    tokens_per_s = timing["tokens_per_s"]
     gpu_name = torch.cuda.get_device_name(device)
     peak_tflops = peak_tflops_for(gpu_name, args.peak_tflops)
     achieved_tflops = flops_per_token(args, n_params) * tokens_per_s / world / 1e12
-    step_seconds.sort()
     result = {
         "ok": True,
         "framework": "pytorch_fsdp2",
-        "tokens_per_s": tokens_per_s,
+        **timing,
         "tokens_per_s_per_gpu": tokens_per_s / world,
-        "step_s_median": step_seconds[len(step_seconds) // 2],
-        "step_s_min": step_seconds[0],
         "timed_steps": args.steps,
         "warmup_steps": args.warmup,
         "peak_device_memory_bytes": peak,

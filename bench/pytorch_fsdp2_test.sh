@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # bench/pytorch_fsdp2.py without PyTorch (none here): it compiles, --help and the flag
-# checks work before torch is imported, and its parameter count and FLOPs per token for
-# GPT-2 124M are the ones run.sh uses for our MFU estimate (124475904 and 860101632).
+# checks work before torch is imported, its parameter count and FLOPs per token for
+# GPT-2 124M are the ones run.sh uses for our MFU estimate (124475904 and 860101632), and
+# its timing (on a stand-in torch.cuda whose events read a fake device clock) brackets each
+# step with CUDA events and takes tokens/s from their total time.
 set -euo pipefail
 SCRIPT=${1:-bench/pytorch_fsdp2.py}
 failures=0
@@ -39,6 +41,52 @@ assert m.flops_per_token(args, n) == 860101632.0, m.flops_per_token(args, n)
 assert m.peak_tflops_for("NVIDIA H200", 0) == 989.0
 assert m.peak_tflops_for("NVIDIA H200", 500) == 500
 assert m.peak_tflops_for("Some GPU", 0) == 0.0
+PY
+check "timing: an event before the first step and after each; tokens/s over the events' total" \
+  python3 - "$SCRIPT" <<'PY'
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("pytorch_fsdp2", sys.argv[1])
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+
+class Clock:  # the device's clock: each step takes its time from `costs`
+    now_ms, costs, recorded = 0.0, [10.0, 10.0, 40.0], []
+
+class Event:
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+        self.t = None
+    def record(self):
+        self.t = Clock.now_ms
+        Clock.recorded.append(self.t)
+    def elapsed_time(self, other):
+        return other.t - self.t
+
+class Cuda:
+    Event = Event
+    synchronize = staticmethod(lambda: None)
+
+class Torch:
+    cuda = Cuda
+
+class Loss:
+    def detach(self):
+        return self
+
+def step():
+    Clock.now_ms += Clock.costs.pop(0)
+    return Loss()
+
+# Untimed work before the timing (a warm-up) must not count.
+Clock.now_ms = 500.0
+step_ms, total_ms, wall, losses = m.time_steps(Torch, step, 3)
+assert step_ms == [10.0, 10.0, 40.0], step_ms
+assert total_ms == 60.0 and len(losses) == 3 and Clock.recorded == [500.0, 510.0, 520.0, 560.0]
+f = m.timing_figures(step_ms, total_ms, 1.0, 3 * 1000)
+# The mean step (20 ms) gives tokens/s; the median (10 ms) is reported beside it.
+assert f["tokens_per_s"] == 3000 / 0.060 and f["step_ms_mean"] == 20.0, f
+assert f["step_ms_median"] == 10.0 and f["step_ms_min"] == 10.0, f
+assert f["wall_tokens_per_s"] == 3000.0 and "CUDA events" in f["timing_basis"], f
 PY
 echo "$failures failed"
 [ "$failures" = 0 ]
