@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu_bundle.sh: builds, here, everything the GPU acceptance run needs and packs it into one
 # archive for a GPU machine that has a driver, the CUDA libraries and PyTorch but no Bazel,
-# no Debian packages and no network (tools/gpu_bundle/run.sh says what runs there).
+# no Debian packages and no network (tools/gpu_bundle/run.py says what runs there).
 #
 #   tools/gpu_bundle.sh                  # build with --config=cuda -c opt, pack, then --check
 #   tools/gpu_bundle.sh --no-build       # pack what the last build left (same flags)
@@ -10,7 +10,8 @@
 #
 # The archive (default out/gpu_bundle.tar.xz, at most 60 MiB; the size is printed) holds one
 # directory gpu_bundle/ with
-#   run.sh                    the acceptance run (tools/gpu_bundle/run.sh)
+#   run.sh                    the acceptance run's entry point (tools/gpu_bundle/run.sh)
+#   run.py, gpu_run/*.py      the run itself (tools/gpu_bundle/run.py and its package)
 #   bin/main_job, bin/collectives_bench, bin/attention_bench, bin/tests/<package>.<name>
 #                             (every test tagged gpu, found with bazel query; <name>.runfiles
 #                             beside a test with data)
@@ -27,19 +28,22 @@
 # outputs the disk cache keeps) and creates no bazel-* links, so `make test` is undisturbed.
 #
 # --check extracts the archive to a temporary directory and fails unless: it is at most the
-# size limit; it holds run.sh, the two scripts, main_job, collectives_bench,
-# attention_bench and lib/; every library each binary loads resolves
-# (LD_LIBRARY_PATH=lib:/usr/local/cuda/lib64) into the bundle's lib/, glibc, or the CUDA
-# libraries; each test lists its tests (--gtest_list_tests), main_job prints its --help,
-# collectives_bench runs one tiny gloo all_reduce, attention_bench prints its JSON line (on a
-# machine without a GPU: the CUDA runtime's error, which shows that it starts and reaches the
-# driver); run.sh finds the CUDA libraries of this machine and prints a JSON line. So a
-# missing library shows up here, not on the GPU machine.
+# size limit; it holds run.sh, run.py and gpu_run/, the two scripts, main_job,
+# collectives_bench, attention_bench and lib/; the Python files compile; every library each
+# binary loads resolves (LD_LIBRARY_PATH=lib:/usr/local/cuda/lib64) into the bundle's lib/,
+# glibc, or the CUDA libraries; each test lists its tests (--gtest_list_tests), main_job
+# prints its --help, collectives_bench runs one tiny gloo all_reduce, attention_bench prints
+# its JSON line (on a machine without a GPU: the CUDA runtime's error, which shows that it
+# starts and reaches the driver); run.sh (--call=all, every phase left out) finds the CUDA libraries of this machine
+# and prints a JSON line. So a missing library shows up here, not on the GPU machine.
 #
 # On a GPU machine lent through the device tool (only the checkout travels, plus ignored
-# paths named in carry, 64 MiB in all; out/ is ignored):
-#   run(command="tar xJf out/gpu_bundle.tar.xz -C /tmp && /tmp/gpu_bundle/run.sh",
-#       carry=["out/gpu_bundle.tar.xz"], timeout_s=600)
+# paths named in carry, 64 MiB in all; out/ is ignored), in two calls
+# (tools/gpu_bundle/README.md says what each runs and why):
+#   run(command="tar xJf out/gpu_bundle.tar.xz -C /tmp && /tmp/gpu_bundle/run.sh --call=1",
+#       carry=["out/gpu_bundle.tar.xz"], timeout_s=360)
+#   run(command="tar xJf out/gpu_bundle.tar.xz -C /tmp && /tmp/gpu_bundle/run.sh --call=2",
+#       carry=["out/gpu_bundle.tar.xz"], timeout_s=480)
 # run.sh copies its JSON summary and logs to $OUT, which the device tool brings back.
 #
 # Exit status: 0 on success, 1 on a failed build/pack/check, 2 on bad usage or when nvcc
@@ -53,6 +57,8 @@ MAX_MIB=${GPU_BUNDLE_MAX_MIB:-60}
 NVCC=/usr/local/cuda/bin/nvcc
 CUDA_LIB=/usr/local/cuda/lib64
 FLAGS=(--config=cuda -c opt --dynamic_mode=off)
+# run.py's package (tools/gpu_bundle/gpu_run): each of its files is packed and checked.
+mapfile -t RUN_PY_MODULES < <(cd tools/gpu_bundle/gpu_run && ls -- *.py)
 MODE=build
 for a in "$@"; do
   case "$a" in
@@ -100,14 +106,19 @@ check() {
   say "contents: $(find "$x" -type f | wc -l) files, $(du -sm "$x" | cut -f1) MiB unpacked:"
   (cd "$x" && find . -path ./lib -prune -o -type f -printf '  %p %s\n' | sort)
   say "  lib/: $(find "$x/lib" -type f | wc -l) files, $(du -sm "$x/lib" | cut -f1) MiB"
-  for f in run.sh bench/pytorch_fsdp2.py bench/attention_torch.py bin/main_job bin/collectives_bench \
-      bin/attention_bench lib/cuda_sonames.txt MANIFEST.txt; do
+  for f in run.sh run.py "${RUN_PY_MODULES[@]/#/gpu_run/}" bench/pytorch_fsdp2.py \
+      bench/attention_torch.py bin/main_job bin/collectives_bench bin/attention_bench \
+      lib/cuda_sonames.txt MANIFEST.txt; do
     [ -s "$x/$f" ] || { say "FAIL: $f is missing"; failed=1; }
   done
   [ -x "$x/run.sh" ] || { say "FAIL: run.sh is not executable"; failed=1; }
   bash -n "$x/run.sh" || { say "FAIL: run.sh: syntax"; failed=1; }
-  python3 -m py_compile "$x/bench/pytorch_fsdp2.py" || { say "FAIL: pytorch_fsdp2.py does not compile"; failed=1; }
-  python3 -m py_compile "$x/bench/attention_torch.py" || { say "FAIL: attention_torch.py does not compile"; failed=1; }
+  local py
+  for py in "$x/run.py" "$x"/gpu_run/*.py "$x/bench/pytorch_fsdp2.py" "$x/bench/attention_torch.py"; do
+    # compile() rather than py_compile: nothing written into the extracted bundle.
+    python3 -c 'import sys; compile(open(sys.argv[1]).read(), sys.argv[1], "exec")' "$py" ||
+      { say "FAIL: ${py#"$x/"} does not compile"; failed=1; }
+  done
   local ntests
   ntests=$(find "$x/bin/tests" -maxdepth 1 -type f 2>/dev/null | wc -l)
   say "gpu test binaries: $ntests"
@@ -173,8 +184,9 @@ sys.exit(0 if j["attention_bench"] == 1 and "built without CUDA" not in str(j["e
     say "FAIL: attention_bench: $(tail -3 <<<"$out")"
     failed=1
   fi
-  # run.sh's library discovery on this machine (no GPU: every step left out).
-  out=$(SKIP=tests,attention,bench,ours,pytorch,offload RUN_WORK=$tmp/run "$x/run.sh" 2>&1)
+  # run.sh's library discovery on this machine (no GPU: every phase left out).
+  out=$(SKIP=ours,pytorch,attention,tests,bench,llama,offload,ncu RUN_WORK=$tmp/run \
+    "$x/run.sh" --call=all 2>&1)
   if tail -1 <<<"$out" | python3 -c '
 import json, sys
 s = json.loads(sys.stdin.read())
@@ -234,7 +246,10 @@ for t in $TESTS; do
   fi
 done
 chmod -R u+w "$X/bin"
-cp tools/gpu_bundle/run.sh "$X/run.sh" && chmod +x "$X/run.sh" || die "copy run.sh"
+mkdir -p "$X/gpu_run" || die "mkdir $X/gpu_run"
+cp tools/gpu_bundle/run.sh tools/gpu_bundle/run.py "$X/" && chmod +x "$X/run.sh" "$X/run.py" ||
+  die "copy run.sh and run.py"
+cp "${RUN_PY_MODULES[@]/#/tools/gpu_bundle/gpu_run/}" "$X/gpu_run/" || die "copy gpu_run/"
 cp bench/pytorch_fsdp2.py bench/attention_torch.py "$X/bench/" || die "copy the bench/ scripts"
 
 declare -A SEEN=()
