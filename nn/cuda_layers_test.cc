@@ -44,6 +44,7 @@
 #ifdef FSDP_WITH_CUDA
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/tuning_switches.h"
 #include "nn/cuda/gemm.h"
 #endif
 
@@ -807,11 +808,42 @@ TEST(CudaLayersTest, FusedAttentionOutputsInFp32AndBf16MatchTheCpuTwin) {
   }
 }
 
+#ifdef FSDP_WITH_CUDA
+// NOTE [Flash block shapes]: the tuning report of a problem size after unpinned calls with
+// bf16 outputs (out_bf16) or after those and fp32 ones: tuned, it names each kernel's
+// candidates and one chosen shape a kernel for each output dtype called, none of which wrote
+// other bits than shape 0; with a switch in force, it says which and chose nothing.
+void ExpectFlashTuningReport(const std::string& report, bool out_bf16) {
+  for (const char* kernel : {"forward:", "dK/dV:", "dQ:"}) {
+    EXPECT_NE(report.find(kernel), std::string::npos) << report;
+  }
+  const absl::StatusOr<kernels::FlashShapePolicy>& policy =
+      kernels::FlashShapePolicyFromEnvironment();
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  int chosen = 0;
+  for (size_t at = report.find("(chosen)"); at != std::string::npos;
+       at = report.find("(chosen)", at + 1)) {
+    ++chosen;
+  }
+  if (policy->mode == kernels::FlashShapeMode::kTuned) {
+    // One forward choice for this output dtype, one of each backward kernel (earlier
+    // dtypes of this size add theirs).
+    EXPECT_EQ(chosen, out_bf16 ? 3 : 6) << report;
+    EXPECT_EQ(report.find("differs"), std::string::npos) << report;
+  } else {
+    EXPECT_TRUE(absl::StartsWith(report, "tuning off (" + policy->switch_text + "):")) << report;
+    EXPECT_EQ(chosen, 0) << report;
+  }
+}
+#endif
+
 // NOTE [Flash block shapes] in kernels/cuda/flash_attention.h: every block shape of the
 // forward, dK/dV and dQ kernels writes the same bits as shape 0 (whose results the tests
 // above compare with the CPU), at sizes where the last tile is partial and where whole
 // warps of a 128-row block are past T. Unpinned, the first call tunes (its report names
-// one chosen shape a kernel) and leaves the same bits, and so does the next call.
+// one chosen shape a kernel) and leaves the same bits, and so does the next call; with
+// FSDP_ATTENTION_SHAPES=reference or FSDP_ATTENTION_TUNING=0 in the environment, both run
+// shape 0 untuned and the report says which switch is in force.
 TEST(CudaLayersTest, FusedAttentionBlockShapesWriteTheSameBits) {
   SKIP_WITHOUT_GPU();
 #ifdef FSDP_WITH_CUDA
@@ -885,19 +917,7 @@ TEST(CudaLayersTest, FusedAttentionBlockShapesWriteTheSameBits) {
           EXPECT_TRUE(same_bits(forward({}), y0)) << "call " << call;
           EXPECT_TRUE(same_bits(backward({}), g0)) << "call " << call;
         }
-        const std::string report = kc::FlashTuningReport(B, T, H, hd);
-        for (const char* kernel : {"forward:", "dK/dV:", "dQ:"}) {
-          EXPECT_NE(report.find(kernel), std::string::npos) << report;
-        }
-        int chosen = 0;
-        for (size_t at = report.find("(chosen)"); at != std::string::npos;
-             at = report.find("(chosen)", at + 1)) {
-          ++chosen;
-        }
-        // One forward choice for this output dtype, one of each backward kernel (earlier
-        // dtypes of this size add theirs).
-        EXPECT_EQ(chosen, out_bf16 ? 3 : 6) << report;
-        EXPECT_EQ(report.find("differs"), std::string::npos) << report;
+        ExpectFlashTuningReport(kc::FlashTuningReport(B, T, H, hd), out_bf16);
         // A shape out of range is refused.
         EXPECT_EQ(kc::FlashAttentionForward(q16, y.raw_data(), out_bf16,
                                             static_cast<float*>(lse.raw_data()), B, T, H, hd,

@@ -15,6 +15,7 @@
 #ifdef FSDP_WITH_CUDA
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/tuning_switches.h"
 #endif
 
 namespace nn {
@@ -121,6 +122,17 @@ absl::StatusOr<int64_t> CheckFusedAttention(absl::string_view what, const Tensor
   return hd;
 }
 
+#ifdef FSDP_WITH_CUDA
+// NOTE [Flash block shapes] (kernels/cuda/flash_attention.h): an unknown
+// FSDP_ATTENTION_SHAPES, which the kernels can only answer with cudaErrorInvalidValue, is
+// refused here, naming the variable and its value.
+absl::Status CheckAttentionSwitches(absl::string_view what) {
+  const absl::StatusOr<::kernels::FlashShapePolicy>& policy =
+      ::kernels::FlashShapePolicyFromEnvironment();
+  return core::Annotate(policy.status(), absl::StrCat(what, ": fused attention"));
+}
+#endif
+
 // The dtype an output that may be fp32 or bf16 is checked against: its own when bf16.
 DType FloatOrBf16(const Tensor& t) {
   return t.defined() && t.dtype() == DType::kBFloat16 ? DType::kBFloat16 : DType::kFloat32;
@@ -150,6 +162,9 @@ absl::Status FusedAttentionForward(absl::string_view what, const Tensor& qkv, in
   ProfiledOp op(OpCategory::kAttention, "fused_attention.forward", qkv.device(),
                 internal::FusedAttentionForwardCost(B, T, n_head, hd, core::DTypeSize(y.dtype())));
   if (qkv.device().is_cuda()) {
+#ifdef FSDP_WITH_CUDA
+    RETURN_IF_ERROR(CheckAttentionSwitches(what));
+#endif
     NN_ON_CUDA(qkv.device(), what, "fused attention forward",
                kc::FlashAttentionForward(static_cast<const uint16_t*>(qkv.raw_data()),
                                          y.raw_data(), IsBf16(y), MutF32(lse), B, T, n_head, hd,
@@ -180,6 +195,9 @@ absl::Status FusedAttentionBackward(absl::string_view what, const Tensor& qkv, c
   const auto* q16 = static_cast<const uint16_t*>(qkv.raw_data());
   const auto* gy16 = static_cast<const uint16_t*>(gy.raw_data());
   if (qkv.device().is_cuda()) {
+#ifdef FSDP_WITH_CUDA
+    RETURN_IF_ERROR(CheckAttentionSwitches(what));
+#endif
     NN_ON_CUDA(qkv.device(), what, "fused attention backward",
                kc::FlashAttentionBackward(q16, y.raw_data(), IsBf16(y), gy16, F32(lse),
                                           MutF32(delta), gqkv.raw_data(), IsBf16(gqkv), B, T,

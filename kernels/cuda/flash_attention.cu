@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "kernels/cuda/launch.cuh"
+#include "kernels/tuning_switches.h"
 
 namespace kernels {
 namespace cuda {
@@ -797,6 +798,9 @@ constexpr BlockShape kKVShapes128[] = {{4, 1, 0}, {8, 1, 0}, {4, 1, 0, false, tr
 // (166, 3 blocks; capped for 4 it spills).
 constexpr BlockShape kQShapes64[] = {{4, 1, 0}, {4, 1, 3}, {8, 1, 2}, {4, 1, 0, true}};
 constexpr BlockShape kQShapes128[] = {{4, 1, 0}, {8, 1, 0}};
+// The shape every kernel runs with the tuner off (FSDP_ATTENTION_TUNING=0): no per-width
+// default has been measured to beat the reference everywhere, so the reference.
+constexpr int kUntunedShape = 0;
 
 struct ShapeList {
   const BlockShape* shapes;
@@ -1076,11 +1080,17 @@ cudaError_t Tune(FlashKernel kernel, const Problem& p, Choice* choice) {
   return cudaSuccess;
 }
 
-// Runs `kernel` with the pinned shape, or the tuned one (tuning on the first call).
+// Runs `kernel` with the pinned shape; unpinned, with the shape the environment's switches
+// fix, or the tuned one (tuning on the first call).
 template <int D>
 cudaError_t RunChosen(FlashKernel kernel, const Problem& p, int shape) {
   if (shape < -1 || shape >= ShapeCount(kernel, D)) return cudaErrorInvalidValue;
   if (shape >= 0) return Run<D>(kernel, p, shape);
+  // An unknown FSDP_ATTENTION_SHAPES: nn's fused attention refuses it first, naming it.
+  const absl::StatusOr<FlashShapePolicy>& policy = FlashShapePolicyFromEnvironment();
+  if (!policy.ok()) return cudaErrorInvalidValue;
+  if (policy->mode == FlashShapeMode::kReference) return Run<D>(kernel, p, 0);
+  if (policy->mode == FlashShapeMode::kUntuned) return Run<D>(kernel, p, kUntunedShape);
   TuneKey key{0, static_cast<int>(kernel), p.B, p.T, p.H, D, p.y_bf16,
               kernel != FlashKernel::kForward && p.gqkv_bf16};
   cudaError_t err = cudaGetDevice(&key.device);
@@ -1114,6 +1124,20 @@ std::string FlashShapeName(FlashKernel kernel, int64_t head_dim, int shape) {
 }
 
 std::string FlashTuningReport(int64_t B, int64_t T, int64_t H, int64_t head_dim) {
+  const absl::StatusOr<FlashShapePolicy>& policy = FlashShapePolicyFromEnvironment();
+  if (!policy.ok()) {
+    return "every unpinned call fails: " + std::string(policy.status().message());
+  }
+  if (policy->mode != FlashShapeMode::kTuned) {
+    const int shape = policy->mode == FlashShapeMode::kReference ? 0 : kUntunedShape;
+    std::string report = "tuning off (" + policy->switch_text + "):";
+    for (const FlashKernel kernel :
+         {FlashKernel::kForward, FlashKernel::kBackwardKV, FlashKernel::kBackwardQ}) {
+      report += std::string(kernel == FlashKernel::kForward ? " " : "; ") + KernelName(kernel) +
+                ": " + FlashShapeName(kernel, head_dim, shape);
+    }
+    return report;
+  }
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return "";
   std::lock_guard<std::mutex> lock(TuneMutex());

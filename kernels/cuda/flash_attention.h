@@ -36,6 +36,18 @@
 // fails to launch, is never chosen), times them with CUDA events and takes the fastest;
 // that call synchronises and copies the outputs to the host to compare them. Later calls
 // launch the chosen shapes. `FlashShapes` pins shapes instead (benchmarks, tests).
+// Two environment switches, read once per process (kernels/tuning_switches.h), route
+// around a shape that misbehaves on some machine; pinned shapes take precedence over both:
+//   FSDP_ATTENTION_SHAPES=reference  every kernel launches shape 0 and nothing is tuned (no
+//                                    extra launches, no host copies); `tuned` (or unset) is
+//                                    the default; any other value makes every unpinned call
+//                                    return cudaErrorInvalidValue, and nn's fused attention
+//                                    refuses it first with InvalidArgument naming the
+//                                    variable and its value;
+//   FSDP_ATTENTION_TUNING=0          the tuner is off: each kernel launches its untuned
+//                                    default, shape 0 (no other shape has been measured to be
+//                                    faster at every size), without timing anything.
+// FlashTuningReport says which switch is in force.
 #ifndef KERNELS_CUDA_FLASH_ATTENTION_H_
 #define KERNELS_CUDA_FLASH_ATTENTION_H_
 
@@ -65,13 +77,17 @@ struct FlashShapes {
 
 // The shapes the tuner chose for a problem size, and each candidate's time: "forward:
 // shape 0 0.231 ms, shape 1 0.198 ms (chosen), ..."; empty where that size was not tuned.
+// With a switch in force (NOTE [Flash block shapes]), the shapes every size runs: "tuning
+// off (FSDP_ATTENTION_SHAPES=reference): forward: 64 queries, 4 warps; dK/dV: ...", or
+// "every unpinned call fails: " and why the switch was refused.
 std::string FlashTuningReport(int64_t B, int64_t T, int64_t H, int64_t head_dim);
 
 // y [B, T, C] = the heads' attention outputs (before the output projection), fp32, or
 // bf16 (rounded once) when `y_bf16`; lse [B, H, T] fp32 = each row's log2-sum-exp2 of the
 // scaled scores in log2 units (scale * log2(e) * q.k), which the backward reads. Returns
 // cudaErrorInvalidValue for a head width kernels::FlashAttentionSupports rejects or sizes
-// that do not fit a launch, or a shape in `shapes` out of range.
+// that do not fit a launch, a shape in `shapes` out of range, or, for a kernel left
+// unpinned, an unknown FSDP_ATTENTION_SHAPES (NOTE [Flash block shapes]).
 cudaError_t FlashAttentionForward(const uint16_t* qkv, void* y, bool y_bf16, float* lse,
                                   int64_t B, int64_t T, int64_t H, int64_t head_dim,
                                   float scale, const FlashShapes& shapes = {});

@@ -26,6 +26,7 @@
 #include "core/status_macros.h"
 #include "core/tensor.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/tuning_switches.h"
 #include "nn/cuda/status.h"
 
 namespace nn {
@@ -54,10 +55,7 @@ std::atomic<int64_t>& EpilogueFallbacks() {
 
 // NOTE [GEMM tuning] (gemm.h): on unless FSDP_GEMM_TUNING=0 is in the environment.
 std::atomic<bool>& TuningOn() {
-  static std::atomic<bool> on{[] {
-    const char* env = std::getenv("FSDP_GEMM_TUNING");
-    return env == nullptr || std::string(env) != "0";
-  }()};
+  static std::atomic<bool> on{::kernels::TuningSwitchOn(std::getenv(::kernels::kGemmTuningEnv))};
   return on;
 }
 
