@@ -3,11 +3,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/timing_event.h"
 
 #ifdef FSDP_WITH_CUDA
 #include <cuda_runtime_api.h>
-
-#include "core/cuda_status.h"
 #endif
 
 namespace core {
@@ -24,27 +23,22 @@ OpCategory Resolve(OpCategory category) {
   return category;
 }
 
-#ifdef FSDP_WITH_CUDA
-// A timing event recorded on the compute stream of `device`, or nullptr when it cannot be
-// made (the op is then recorded without a device time).
+// A timing event recorded on the compute stream of `device` (core/timing_event.h), or
+// nullptr when it cannot be made (the op is then recorded without a device time).
 void* RecordEvent(Device device) {
-  if (cudaSetDevice(device.index) != cudaSuccess) return nullptr;
-  cudaEvent_t event = nullptr;
-  if (cudaEventCreate(&event) != cudaSuccess) return nullptr;
-  if (cudaEventRecord(event, cuda::ComputeStream()) != cudaSuccess) {
-    cudaEventDestroy(event);
-    return nullptr;
-  }
-  return event;
+  return RecordTimingEvent(device, "op profile").value_or(nullptr);
 }
 
-void DestroyEvent(void* event) {
-  if (event != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event));
-}
+// The same on the calling thread's current CUDA device (an op's end, on its start's device).
+void* RecordEventOnCurrentDevice() {
+#ifdef FSDP_WITH_CUDA
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return nullptr;
+  return RecordEvent(Device::Cuda(device));
 #else
-void* RecordEvent(Device) { return nullptr; }
-void DestroyEvent(void*) {}
+  return nullptr;
 #endif
+}
 
 }  // namespace
 
@@ -100,8 +94,8 @@ OpProfile::~OpProfile() { Clear(); }
 
 void OpProfile::Clear() {
   for (const auto& pair : events_) {
-    DestroyEvent(pair[0]);
-    DestroyEvent(pair[1]);
+    DestroyTimingEvent(pair[0]);
+    DestroyTimingEvent(pair[1]);
   }
   events_.clear();
   records_.clear();
@@ -135,21 +129,15 @@ std::vector<OpCategoryTotal> OpProfile::TotalsOf(const std::vector<OpRecord>& re
 }
 
 absl::Status OpProfile::ResolveDeviceTimes() {
-#ifdef FSDP_WITH_CUDA
   for (size_t i = 0; i < records_.size(); ++i) {
-    auto start = static_cast<cudaEvent_t>(events_[i][0]);
-    auto end = static_cast<cudaEvent_t>(events_[i][1]);
+    void* start = events_[i][0];
+    void* end = events_[i][1];
     if (start == nullptr || end == nullptr) continue;
-    const std::string what =
-        absl::StrCat("op profile: the events of op #", i, " (", records_[i].name, ")");
-    absl::Status s = cuda::StatusFromCuda(cudaEventSynchronize(end), what);
-    if (!s.ok()) return s;
-    float ms = 0;
-    s = cuda::StatusFromCuda(cudaEventElapsedTime(&ms, start, end), what);
-    if (!s.ok()) return s;
-    records_[i].device_ms = ms;
+    const absl::StatusOr<double> ms = TimingEventMs(
+        start, end, absl::StrCat("op profile: the events of op #", i, " (", records_[i].name, ")"));
+    if (!ms.ok()) return ms.status();
+    records_[i].device_ms = *ms;
   }
-#endif
   return absl::OkStatus();
 }
 
@@ -182,18 +170,9 @@ ProfiledOp::~ProfiledOp() {
   if (profile_ == nullptr) return;
   void* end = nullptr;
   if (start_ != nullptr) {
-#ifdef FSDP_WITH_CUDA
-    cudaEvent_t event = nullptr;
-    if (cudaEventCreate(&event) == cudaSuccess) {
-      if (cudaEventRecord(event, cuda::ComputeStream()) == cudaSuccess) {
-        end = event;
-      } else {
-        cudaEventDestroy(event);
-      }
-    }
-#endif
+    end = RecordEventOnCurrentDevice();
     if (end == nullptr) {
-      DestroyEvent(start_);
+      DestroyTimingEvent(start_);
       start_ = nullptr;
     }
   }

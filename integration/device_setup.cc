@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/cuda_device.h"
 #include "core/status_macros.h"
+#include "core/timing_event.h"
 #include "nn/to_device.h"
 
 #ifdef FSDP_WITH_CUDA
@@ -130,10 +131,45 @@ std::optional<double> PeakBf16FlopsFromName(absl::string_view device_name) {
   return std::nullopt;
 }
 
-ThroughputMeter::ThroughputMeter(int64_t total_steps)
-    : warmup_(std::min<int64_t>(5, std::max<int64_t>(0, total_steps) / 10)) {}
+std::optional<DeviceStepTimes> SummarizeDeviceSteps(std::vector<double> step_ms,
+                                                    int64_t tokens_per_step) {
+  if (step_ms.empty()) return std::nullopt;
+  double total = 0;
+  for (double ms : step_ms) total += ms;
+  if (!(total > 0)) return std::nullopt;
+  DeviceStepTimes t;
+  t.steps = static_cast<int64_t>(step_ms.size());
+  std::sort(step_ms.begin(), step_ms.end());
+  const size_t mid = step_ms.size() / 2;
+  t.step_ms_median = step_ms.size() % 2 == 1 ? step_ms[mid] : (step_ms[mid - 1] + step_ms[mid]) / 2;
+  t.step_ms_mean = total / static_cast<double>(t.steps);
+  t.tokens_per_second = static_cast<double>(tokens_per_step) * 1000.0 / t.step_ms_mean;
+  return t;
+}
 
-void ThroughputMeter::StepStarted(absl::Time now) { starts_.push_back(now); }
+ThroughputMeter::ThroughputMeter(int64_t total_steps, std::optional<int64_t> warmup_steps,
+                                 core::Device device)
+    : warmup_(warmup_steps.has_value()
+                  ? std::max<int64_t>(0, *warmup_steps)
+                  : std::min<int64_t>(5, std::max<int64_t>(0, total_steps) / 10)),
+      device_(device) {}
+
+ThroughputMeter::~ThroughputMeter() {
+  for (void* event : events_) core::DestroyTimingEvent(event);
+}
+
+void ThroughputMeter::StepStarted(absl::Time now) {
+  starts_.push_back(now);
+  const int64_t step = static_cast<int64_t>(starts_.size());  // 1-based
+  if (!device_.is_cuda() || step <= warmup_ || !event_error_.ok()) return;
+  absl::StatusOr<void*> event = core::RecordTimingEvent(
+      device_, absl::StrCat("throughput: the device timing event at the start of step ", step));
+  if (event.ok()) {
+    events_.push_back(*event);
+  } else {
+    event_error_ = event.status();
+  }
+}
 
 int64_t ThroughputMeter::measured_steps() const {
   // Starts of steps warmup_+1 .. n: intervals between consecutive ones.
@@ -147,6 +183,22 @@ std::optional<double> ThroughputMeter::TokensPerSecond(int64_t tokens_per_step) 
   const double seconds = absl::ToDoubleSeconds(starts_.back() - starts_[warmup_]);
   if (seconds <= 0) return std::nullopt;
   return static_cast<double>(tokens_per_step) * static_cast<double>(n) / seconds;
+}
+
+absl::StatusOr<std::optional<DeviceStepTimes>> ThroughputMeter::DeviceTimed(
+    int64_t tokens_per_step) const {
+  RETURN_IF_ERROR(event_error_);
+  if (!device_.is_cuda() || events_.size() < 2) return std::nullopt;
+  std::vector<double> step_ms;
+  for (size_t i = 0; i + 1 < events_.size(); ++i) {
+    const int64_t step = warmup_ + 1 + static_cast<int64_t>(i);
+    ASSIGN_OR_RETURN(
+        const double ms,
+        core::TimingEventMs(events_[i], events_[i + 1],
+                            absl::StrCat("throughput: the device time of step ", step)));
+    step_ms.push_back(ms);
+  }
+  return SummarizeDeviceSteps(std::move(step_ms), tokens_per_step);
 }
 
 }  // namespace integration

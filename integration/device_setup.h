@@ -86,24 +86,56 @@ double GptFlopsPerToken(int64_t num_params, int64_t n_layer, int64_t seq_len, in
 // 989e12 for an H200 or H100 SXM; nullopt when unknown.
 std::optional<double> PeakBf16FlopsFromName(absl::string_view device_name);
 
+// The timed steps of a ThroughputMeter as the device saw them (CUDA events on the compute
+// stream, one per step start).
+struct DeviceStepTimes {
+  int64_t steps = 0;
+  double step_ms_median = 0;  // the middle step (the mean of the two middle ones for an
+                              // even count)
+  double step_ms_mean = 0;
+  double tokens_per_second = 0;  // tokens_per_step x 1000 / step_ms_mean
+};
+
+// The figures of `step_ms` (each timed step's milliseconds); nullopt when there is none or
+// their sum is not positive.
+std::optional<DeviceStepTimes> SummarizeDeviceSteps(std::vector<double> step_ms,
+                                                    int64_t tokens_per_step);
+
 // Tokens per second of training after a warm-up. Call StepStarted() at the start of
 // every training step (n steps in all). The figure covers steps warmup_steps() + 1 to
 // n - 1, timed from the start of one to the start of the next (so each includes its
 // optimizer step, and whatever follows the last step, e.g. a checkpoint, is left out);
-// warmup_steps() = min(5, n / 10).
+// warmup_steps() is `warmup_steps` when given (the main job's
+// --throughput_warmup_steps), else min(5, n / 10).
+// On a CUDA `device` the same steps are also timed on the device: from the start of step
+// warmup_steps() + 1 on, each StepStarted records a CUDA event on the compute stream, after
+// all the work queued so far (the previous step's last work), so each step's device time
+// runs from its first queued work to the next step's start, as its host time does.
 class ThroughputMeter {
  public:
-  explicit ThroughputMeter(int64_t total_steps);
+  explicit ThroughputMeter(int64_t total_steps, std::optional<int64_t> warmup_steps = std::nullopt,
+                           core::Device device = core::Device::Cpu());
+  ~ThroughputMeter();
+  ThroughputMeter(const ThroughputMeter&) = delete;
+  ThroughputMeter& operator=(const ThroughputMeter&) = delete;
+
   void StepStarted(absl::Time now);
   int64_t warmup_steps() const { return warmup_; }
   // Steps measured; 0 when there were too few.
   int64_t measured_steps() const;
   // tokens_per_step x measured_steps() / their seconds; nullopt when none were measured.
   std::optional<double> TokensPerSecond(int64_t tokens_per_step) const;
+  // The measured steps' device times (SummarizeDeviceSteps); waits for the events. nullopt
+  // on the CPU or when no step was measured; the first CUDA error of recording or reading
+  // an event, naming the step.
+  absl::StatusOr<std::optional<DeviceStepTimes>> DeviceTimed(int64_t tokens_per_step) const;
 
  private:
   int64_t warmup_ = 0;
+  core::Device device_;
   std::vector<absl::Time> starts_;
+  std::vector<void*> events_;  // core/timing_event.h, one per start after the warm-up
+  absl::Status event_error_;   // the first failure to record one
 };
 
 }  // namespace integration

@@ -158,5 +158,49 @@ TEST(ThroughputTest, ExcludesTheWarmUpAndTheLastStepsTail) {
   EXPECT_EQ(few.TokensPerSecond(1000), std::nullopt);
 }
 
+TEST(ThroughputTest, AGivenWarmUpReplacesTheDefault) {
+  ThroughputMeter meter(50, /*warmup_steps=*/2);  // the default would be 5
+  EXPECT_EQ(meter.warmup_steps(), 2);
+  absl::Time t = absl::FromUnixSeconds(100);
+  for (int step = 1; step <= 50; ++step) {
+    meter.StepStarted(t);
+    t += step <= 2 ? absl::Seconds(10) : absl::Seconds(2);
+  }
+  // Steps 3 .. 49 measured: 47 steps of 2 s.
+  EXPECT_EQ(meter.measured_steps(), 47);
+  EXPECT_DOUBLE_EQ(*meter.TokensPerSecond(1000), 500.0);
+  ThroughputMeter none(50, /*warmup_steps=*/0);
+  EXPECT_EQ(none.warmup_steps(), 0);
+}
+
+// The device timing is CUDA's: a CPU meter has no device figure, however many steps it saw.
+TEST(ThroughputTest, ACpuMeterHasNoDeviceTimedFigure) {
+  ThroughputMeter meter(20, std::nullopt, core::Device::Cpu());
+  absl::Time t = absl::FromUnixSeconds(100);
+  for (int step = 1; step <= 20; ++step, t += absl::Seconds(1)) meter.StepStarted(t);
+  ASSERT_GT(meter.measured_steps(), 0);
+  const absl::StatusOr<std::optional<DeviceStepTimes>> timed = meter.DeviceTimed(1000);
+  ASSERT_TRUE(timed.ok()) << timed.status();
+  EXPECT_EQ(*timed, std::nullopt);
+}
+
+TEST(ThroughputTest, DeviceStepFiguresAreTheMedianTheMeanAndTokensFromTheMean) {
+  // Whatever the order: an even count's median is the mean of the two middle values, an
+  // odd count's the middle one.
+  std::optional<DeviceStepTimes> t = SummarizeDeviceSteps({30, 10, 20, 100}, 4000);
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->steps, 4);
+  EXPECT_DOUBLE_EQ(t->step_ms_median, 25.0);
+  EXPECT_DOUBLE_EQ(t->step_ms_mean, 40.0);
+  EXPECT_DOUBLE_EQ(t->tokens_per_second, 4000 * 1000.0 / 40.0);
+  t = SummarizeDeviceSteps({50, 10, 20}, 1000);
+  ASSERT_TRUE(t.has_value());
+  EXPECT_DOUBLE_EQ(t->step_ms_median, 20.0);
+  EXPECT_DOUBLE_EQ(t->step_ms_mean, 80.0 / 3);
+  EXPECT_DOUBLE_EQ(t->tokens_per_second, 1000 * 1000.0 / (80.0 / 3));
+  EXPECT_EQ(SummarizeDeviceSteps({}, 1000), std::nullopt);
+  EXPECT_EQ(SummarizeDeviceSteps({0, 0}, 1000), std::nullopt);
+}
+
 }  // namespace
 }  // namespace integration

@@ -120,7 +120,8 @@ absl::Status RunJob(const JobOptions& flags, comm::Distributed& dist, absl::Dura
   const JobOptions& job = setup->job;  // the flags with their Hugging Face directories settled
   ASSIGN_OR_RETURN(std::unique_ptr<integration::StageRunner> runner,
                    integration::StageRunner::Create(dist.group, setup->options));
-  integration::ThroughputMeter meter(setup->options.fit_steps);
+  integration::ThroughputMeter meter(setup->options.fit_steps, job.throughput_warmup_steps,
+                                     dist.device);
   integration::internal::TimedTrainModule trained(setup->trained(), &meter);
   for (const std::string& line : integration::internal::DescribeJob(job, *setup, dist)) say(line);
 

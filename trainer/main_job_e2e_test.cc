@@ -108,6 +108,9 @@ TEST_F(MainJobTest, FitThenTestReusesTheUnitsAndTheReleasedModuleAgrees) {
   EXPECT_TRUE(s["peak_device_memory_bytes"].is_null());
   EXPECT_EQ(s["warmup_steps_excluded"], 4);
   EXPECT_GT(Num(s, "tokens_per_second_after_warmup"), 0);
+  // The device-timed figure is CUDA events': a CPU run has none.
+  EXPECT_FALSE(s.contains("device_timed")) << s.dump();
+  EXPECT_EQ(fit_->output.find("device-timed"), std::string::npos) << fit_->output;
   EXPECT_EQ(s["mfu_inputs"]["L"], 2);
   EXPECT_GT(s["mfu_inputs"]["flops_per_token"].get<double>(), 6.0 * s["model_parameters"].get<double>());
   for (const char* key : {"world_size", "final_train_loss", "test_loss", "released_test_loss",
@@ -154,6 +157,28 @@ TEST_F(MainJobTest, ProfileOpsReportsTheLastFitStepsOpsPerCategory) {
   EXPECT_GT(Num(p, "estimated_step_ms"), 0);
   EXPECT_TRUE(p["measured_op_ms"].is_null());
   EXPECT_NE(fit_->output.find("op profile of fit step 40"), std::string::npos) << fit_->output;
+}
+
+// --throughput_warmup_steps sets the steps the throughput leaves out; a value that leaves
+// no step timed is refused by the parent, naming the flag, before any rank starts.
+TEST(MainJobThroughputTest, ThroughputWarmupStepsIsTheWarmUpExcludedOrRefusedNamingTheFlag) {
+  RunResult r =
+      MainJob(1, TempDir() + "/throughput_warmup",
+              {"--stages=fit", "--steps=8", "--throughput_warmup_steps=3", "--release=false"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.summary["warmup_steps_excluded"], 3);  // the default would be min(5, 8 / 10) = 0
+  EXPECT_GT(Num(r.summary, "tokens_per_second_after_warmup"), 0);
+  EXPECT_FALSE(r.summary.contains("device_timed")) << r.summary.dump();
+  for (const char* bad : {"-1", "7"}) {
+    RunResult refused =
+        MainJob(1, TempDir() + "/throughput_warmup_bad",
+                {"--stages=fit", "--steps=8", absl::StrCat("--throughput_warmup_steps=", bad)});
+    EXPECT_NE(refused.exit_code, 0) << refused.output;
+    EXPECT_TRUE(absl::StrContains(refused.output,
+                                  absl::StrCat("--throughput_warmup_steps=", bad, " must be in")))
+        << refused.output;
+    EXPECT_FALSE(absl::StrContains(refused.output, "starting 1 local ranks")) << refused.output;
+  }
 }
 
 TEST_F(MainJobTest, TestAloneFromTheCheckpointWrapsFreshAndGetsTheSameLoss) {

@@ -78,6 +78,11 @@ ABSL_FLAG(bool, profile_ops, false,
           "record the ops of the last fit step: a table per op category and summary.json's "
           "op_profile, with each category's device time on CUDA beside the roofline estimate "
           "on an H200 (core/op_profile.h, core/roofline.h)");
+ABSL_FLAG(std::optional<int64_t>, throughput_warmup_steps, std::nullopt,
+          "fit steps left out of tokens_per_second_after_warmup and device_timed (e.g. to "
+          "leave out as many as a PyTorch run does), in [0, --steps - 2]: the figures time "
+          "each later step from its start to the next step's start, so the last step is never "
+          "timed (default min(5, --steps / 10)); not the learning-rate warm-up, --warmup_steps");
 ABSL_FLAG(std::string, forward_prefetch, "auto",
           "issue the next unit's all-gather when a unit's forward starts (FSDP's "
           "forward_prefetch; its backward_prefetch is always on): true, false, or auto (on "
@@ -499,6 +504,7 @@ JobOptions JobOptionsFromFlags() {
   job.deterministic = absl::GetFlag(FLAGS_deterministic);
   job.deterministic_micro_batches = absl::GetFlag(FLAGS_deterministic_micro_batches);
   job.profile_ops = absl::GetFlag(FLAGS_profile_ops);
+  job.throughput_warmup_steps = absl::GetFlag(FLAGS_throughput_warmup_steps);
   job.param_dtype = absl::GetFlag(FLAGS_param_dtype);
   job.steps = absl::GetFlag(FLAGS_steps);
   job.max_steps = absl::GetFlag(FLAGS_max_steps);
@@ -556,6 +562,7 @@ absl::Status CheckBeforeLaunch(const JobOptions& job) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_steps=", job.max_steps, " must be >= 0 (0: train --steps steps)"));
   }
+  RETURN_IF_ERROR(CheckThroughputWarmup(job));
   // NOTE [Training to a global step]: a restart that resumes and then trains --steps more
   // would end past the run that never failed.
   const std::vector<Stage> stages = ParseStages(job.stages).value_or(std::vector<Stage>());
@@ -612,6 +619,16 @@ absl::Status CheckBeforeLaunch(const JobOptions& job) {
     return refuse(s);
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckThroughputWarmup(const JobOptions& job) {
+  if (!job.throughput_warmup_steps.has_value()) return absl::OkStatus();
+  const int64_t w = *job.throughput_warmup_steps;
+  if (w >= 0 && w <= job.steps - 2) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--throughput_warmup_steps=", w, " must be in [0, --steps - 2 = ", job.steps - 2,
+      "]: the throughput figures time each step after the warm-up from its start to the next "
+      "step's start, so at least two steps must follow the warm-up"));
 }
 
 absl::StatusOr<std::vector<Stage>> ParseStages(const std::string& text) {
@@ -702,6 +719,7 @@ absl::StatusOr<StageOptions> StageOptionsFor(const JobOptions& job, absl::Durati
   options.eval_batches = job.eval_batches;
   options.log_every = job.log_every;
   options.profile_step = job.profile_ops ? job.steps - 1 : -1;
+  RETURN_IF_ERROR(CheckThroughputWarmup(job));  // a rank under another launcher checks it here
   options.checkpoint_dir = job.checkpoint_dir;
   options.checkpoint_every_steps = job.checkpoint_every_steps;
   options.checkpoint_every_minutes = job.checkpoint_every_minutes;

@@ -31,6 +31,7 @@
 #define TRAINER_INTERNAL_JOB_OPTIONS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,9 @@ struct JobOptions {
   bool deterministic = false;
   int deterministic_micro_batches = 8;
   bool profile_ops = false;   // --profile_ops: StageOptions::profile_step = the last fit step
+  // --throughput_warmup_steps: the fit steps the throughput figures leave out
+  // (integration::ThroughputMeter); nullopt: its default, min(5, steps / 10).
+  std::optional<int64_t> throughput_warmup_steps;
   std::string param_dtype;
   int64_t steps = 0;
   int64_t max_steps = 0;           // --max_steps (NOTE [Training to a global step])
@@ -162,11 +166,16 @@ JobOptions JobOptionsFromFlags();
 absl::Status MakeOutputDir(const JobOptions& job);
 
 // The checks the launching parent makes before it starts any rank (world size, stages,
-// --resume_allow_data_change only with --resume_from,
+// --resume_allow_data_change only with --resume_from, --throughput_warmup_steps,
 // without --stage_config the Hugging Face directories (ResolveHfDirs), the model flags,
 // strategy, intra-op threads, timeout, device and backend), so a refusal comes once: the
 // first failure, with the message the parent prints after "main job: ".
 absl::Status CheckBeforeLaunch(const JobOptions& job);
+
+// --throughput_warmup_steps, when given, in [0, --steps - 2] (at least one step timed:
+// integration::ThroughputMeter times a step up to the next one's start); InvalidArgument
+// naming the flag otherwise. CheckBeforeLaunch and StageOptionsFor call it.
+absl::Status CheckThroughputWarmup(const JobOptions& job);
 
 // "fit,test" -> {kFit, kTest}; InvalidArgument naming --stages for an unknown stage.
 absl::StatusOr<std::vector<Stage>> ParseStages(const std::string& text);

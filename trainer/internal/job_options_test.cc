@@ -74,6 +74,28 @@ TEST(JobOptionsTest, ParsesTheStagesInOrder) {
   EXPECT_THAT(bad.message(), HasSubstr("--stages: unknown stage 'train'"));
 }
 
+// --throughput_warmup_steps leaves at least one step timed (each is timed up to the next
+// step's start), and a rank under another launcher refuses it too (StageOptionsFor).
+TEST(JobOptionsTest, ThroughputWarmupStepsLeavesATimedStepOrIsRefusedNamingTheFlag) {
+  JobOptions job = JobOptionsFromFlags();
+  job.steps = 40;
+  for (const int64_t ok : {0, 5, 38}) {
+    job.throughput_warmup_steps = ok;
+    EXPECT_TRUE(CheckBeforeLaunch(job).ok()) << ok << ": " << CheckBeforeLaunch(job);
+  }
+  for (const int64_t bad : {-1, 39, 40}) {
+    job.throughput_warmup_steps = bad;
+    const absl::Status s = CheckBeforeLaunch(job);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(s.message()),
+                StartsWith(absl::StrCat("--throughput_warmup_steps=", bad,
+                                        " must be in [0, --steps - 2 = 38]")));
+    EXPECT_EQ(StageOptionsFor(job, absl::Seconds(60)).status().message(), s.message());
+  }
+  job.throughput_warmup_steps = std::nullopt;  // the default, min(5, steps / 10)
+  EXPECT_TRUE(CheckBeforeLaunch(job).ok()) << CheckBeforeLaunch(job);
+}
+
 TEST(JobOptionsTest, TheParentRefusesNamingTheFlag) {
   JobOptions job = JobOptionsFromFlags();
   job.world_size = 0;

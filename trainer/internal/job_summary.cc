@@ -192,6 +192,21 @@ double AddMfu(const MfuModel& model, core::Device device, int world_size,
   return flops_per_token;
 }
 
+nlohmann::json DeviceTimedJson(const DeviceStepTimes& t) {
+  return {{"basis", "CUDA events on the compute stream"},
+          {"steps", t.steps},
+          {"step_ms_median", t.step_ms_median},
+          {"step_ms_mean", t.step_ms_mean},
+          {"tokens_per_second", t.tokens_per_second}};
+}
+
+std::string DeviceTimedText(const nlohmann::json& device_timed) {
+  return absl::StrFormat("%.0f tokens/s by CUDA events, median step %.2f ms over %d steps",
+                         device_timed["tokens_per_second"].get<double>(),
+                         device_timed["step_ms_median"].get<double>(),
+                         device_timed["steps"].get<int64_t>());
+}
+
 absl::Status WriteSummary(const std::string& output_dir, const RunTotals& totals,
                           double entropy_floor, nlohmann::json* summary) {
   nlohmann::json& s = *summary;
@@ -254,6 +269,9 @@ std::string SummaryTable(const nlohmann::json& s) {
                      s.contains("warmup_steps_excluded") ? s["warmup_steps_excluded"].get<int64_t>() : 0,
                      " warm-up steps"),
         number("tokens_per_second_after_warmup", "%.0f"));
+  }
+  if (s.contains("device_timed")) {
+    row("tokens/s after warm-up, device-timed", DeviceTimedText(s["device_timed"]));
   }
   if (s.contains("device")) row("device", s["device"].get<std::string>());
   if (s.contains("mfu") && !s["mfu"].is_null()) {

@@ -23,6 +23,7 @@
 #include "core/module.h"
 #include "fsdp/registry.h"
 #include "fsdp/unit.h"
+#include "integration/device_setup.h"
 #include "integration/memory_estimate.h"
 #include "integration/stage_runner.h"
 #include "nlohmann/json.hpp"
@@ -97,6 +98,15 @@ struct MfuModel {
 // "mfu_inputs"; returns the model FLOPs per token.
 double AddMfu(const MfuModel& model, core::Device device, int world_size,
               std::optional<double> tokens_per_second_after_warmup, nlohmann::json* summary);
+
+// The summary's "device_timed": the fit's steps after the warm-up timed on rank 0's device
+// (integration::ThroughputMeter::DeviceTimed): {"basis": "CUDA events on the compute
+// stream", "steps", "step_ms_median", "step_ms_mean", "tokens_per_second"}.
+nlohmann::json DeviceTimedJson(const DeviceStepTimes& t);
+
+// A "device_timed" object as text, for the throughput line and the summary table:
+// "301234 tokens/s by CUDA events, median step 54.32 ms over 26 steps".
+std::string DeviceTimedText(const nlohmann::json& device_timed);
 
 // Rank 0's last step: fills in the figures from `totals` and the test loss over
 // `entropy_floor`, writes the loss and memory charts and then the summary (with the

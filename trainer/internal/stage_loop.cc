@@ -283,6 +283,10 @@ absl::Status StageLoop::AddRunFigures(const ThroughputMeter& meter, comm::Proces
   summary_["warmup_steps_excluded"] = meter.warmup_steps();
   summary_["tokens_per_second_after_warmup"] =
       steady.has_value() ? nlohmann::json(*steady) : nlohmann::json();
+  // The same steps on a CUDA device, timed by CUDA events (absent on the CPU).
+  ASSIGN_OR_RETURN(const std::optional<DeviceStepTimes> device_timed,
+                   meter.DeviceTimed(tokens_per_step));
+  if (device_timed.has_value()) summary_["device_timed"] = DeviceTimedJson(*device_timed);
   summary_["peak_device_memory_bytes"] = nullptr;
   // The unsharded count (while wrapped, parameters are local slices).
   MfuModel mfu_model;
@@ -292,14 +296,18 @@ absl::Status StageLoop::AddRunFigures(const ThroughputMeter& meter, comm::Proces
   mfu_model.n_embd = model.hidden_size;
   const double flops_per_token = AddMfu(mfu_model, device, group->size(), steady, &summary_);
   if (device.is_cuda()) {
-    say_(absl::StrFormat("throughput: %s tokens/s after %d warm-up steps; model FLOPs per token "
-                         "6 N + 12 L T C = 6 x %d + 12 x %d x %d x %d = %.4g; MFU %s",
-                         steady.has_value() ? absl::StrFormat("%.0f", *steady) : "-",
-                         meter.warmup_steps(), mfu_model.parameters, mfu_model.n_layer,
-                         mfu_model.seq_len, mfu_model.n_embd, flops_per_token,
-                         summary_["mfu"].is_null()
-                             ? "- (unknown device peak or no steady-state steps)"
-                             : absl::StrFormat("%.1f%%", 100 * summary_["mfu"].get<double>())));
+    say_(absl::StrFormat(
+        "throughput: %s tokens/s after %d warm-up steps%s; model FLOPs per token "
+        "6 N + 12 L T C = 6 x %d + 12 x %d x %d x %d = %.4g; MFU %s",
+        steady.has_value() ? absl::StrFormat("%.0f", *steady) : "-", meter.warmup_steps(),
+        device_timed.has_value()
+            ? absl::StrCat(" (", DeviceTimedText(DeviceTimedJson(*device_timed)), ")")
+            : "",
+        mfu_model.parameters, mfu_model.n_layer, mfu_model.seq_len, mfu_model.n_embd,
+        flops_per_token,
+        summary_["mfu"].is_null()
+            ? "- (unknown device peak or no steady-state steps)"
+            : absl::StrFormat("%.1f%%", 100 * summary_["mfu"].get<double>())));
   }
   ASSIGN_OR_RETURN(std::vector<int64_t> device_peaks, GatherDevicePeaks(group, device, timeout));
   if (!device_peaks.empty()) summary_["peak_device_memory_bytes"] = device_peaks;

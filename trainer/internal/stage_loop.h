@@ -58,7 +58,8 @@ class StageLoop {
   // One stage, as StageRunner runs it.
   absl::Status Run(Stage stage);
   // After the stages: the registry's counters, the global step, the throughput after
-  // the warm-up measured by `meter`, the MFU inputs, every rank's peak device memory.
+  // the warm-up measured by `meter` (and on CUDA its device-timed figure, "device_timed"),
+  // the MFU inputs, every rank's peak device memory.
   absl::Status AddRunFigures(const ThroughputMeter& meter, comm::ProcessGroup* group,
                              core::Device device, absl::Duration timeout);
   // Releases the model, exports it as safetensors and, with an export_hf_dir, in the
