@@ -897,7 +897,9 @@ absl::StatusOr<const CachedGemm*> LookUpOrBuild(DeviceContext* ctx, const GemmCa
 // GEMM its split-K would lose more than the column-sums pass it saves. The residual
 // epilogue (kResidual) runs in cuBLASLt only on the plain GEMM's grid, and not where its
 // split-K parts may add up in its output (onto the residual): then P + residual is one
-// fp32 addition of the plain GEMM's P, the bits of the separate add. Refused, the caller's
+// fp32 addition of the plain GEMM's P, the bits of the separate add, wherever cuBLASLt's
+// kernel on that grid sums as the plain one does (cuBLASLt does not promise it; the gpu
+// test holds the result to fp32 rounding and reports the bits). Refused, the caller's
 // fallback runs the plain GEMM and adds the residual in its epilogue kernel.
 // (Looked up first: only a problem's first use needs the plain one.)
 absl::StatusOr<const CachedGemm*> CachedPlan(DeviceContext* ctx, const GemmCall& call, bool tune) {
