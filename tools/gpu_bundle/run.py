@@ -28,7 +28,7 @@ the caller's; ldd -r of every binary names each symbol or library the machine la
 
 The phases (gpu_run/phases.py):
   ours              our main job on GPT-2 124M (V=50304 T=1024 C=768 L=12 H=12) in bf16 on
-                    one GPU, --steps=STEPS --warmup_steps=PT_WARMUP --profile_ops; when it
+                    one GPU, --steps=STEPS --throughput_warmup_steps=PT_WARMUP --profile_ops; when it
                     dies, the retries of gpu_run/job.py (FSDP_ATTENTION_SHAPES=reference
                     FSDP_ATTENTION_TUNING=0, then FSDP_GEMM_TUNING=0 as well, then
                     --forward_prefetch=false with more than one process); the summary's
@@ -68,8 +68,8 @@ from outside still leaves what finished. SIGTERM or SIGINT ends the running step
 run with the summary of what ran.
 
 Settings (environment): PT_STEPS (timed steps, 20) and PT_WARMUP (untimed steps before
-them, 5) for both sides; STEPS (our job's steps in all, PT_WARMUP + PT_STEPS); BATCH
-(sequences per step, 16); LOG_EVERY (5); OURS_WORLD_SIZE (our job's ranks, 1; more need as
+them, 5) for both sides; STEPS (our job's steps in all, PT_WARMUP + PT_STEPS + 1: it times
+each step up to the next one's start); BATCH (sequences per step, 16); LOG_EVERY (5); OURS_WORLD_SIZE (our job's ranks, 1; more need as
 many GPUs, and PyTorch still runs on one); PYTHON (python3: runs this driver and PyTorch's
 scripts); CUDA_HOME (/usr/local/cuda); FSDP_CUDA_LIB_DIRS; FSDP_PREFER_WHEEL=1;
 RUN_BUDGET_S (the whole run; per call above: every step's limit is cut so that the summary

@@ -82,7 +82,7 @@ need --device=cuda --backend=nccl "--world_size=${OURS_WORLD_SIZE:-1}" --param_d
   --batch_size=4
 if [ "${FAKE_FAIL_UNLESS_REFERENCE:-0}" = 1 ] &&
     { [ "${FSDP_ATTENTION_SHAPES:-}" != reference ] || [ "${FSDP_ATTENTION_TUNING:-}" != 0 ]; }; then
-  echo "step     1/6 (global 1)  loss 9.0000  tokens/s       99  peak r0 1 MiB"
+  echo "step     1/7 (global 1)  loss 9.0000  tokens/s       99  peak r0 1 MiB"
   echo "main_job: Internal: flash attention backward: an illegal memory access"; exit 3
 fi
 if [ "${FAKE_FAIL_UNLESS_GEMM_OFF:-0}" = 1 ] && [ "${FSDP_GEMM_TUNING:-}" != 0 ]; then
@@ -106,13 +106,13 @@ case $role in
     exit 0 ;;
 esac
 # The main run and its A/B/A repeat: the same flags, PyTorch's warm-up and steps.
-need --steps=6 --warmup_steps=2 --profile_ops
+need --steps=7 --throughput_warmup_steps=2 --profile_ops
 if [ "${FAKE_HANG:-0}" = 1 ] && [ $role = main ]; then
-  echo "step     1/6 (global 1)  loss 9.0000  tokens/s       97  peak r0 1 MiB"; exec sleep 60
+  echo "step     1/7 (global 1)  loss 9.0000  tokens/s       97  peak r0 1 MiB"; exec sleep 60
 fi
-echo "step     2/6 (global 2)  loss 9.0000  tokens/s      100  peak r0 1 MiB"
-echo "step     4/6 (global 4)  loss 8.0000  tokens/s     1100  peak r0 1 MiB"
-echo "step     6/6 (global 6)  loss 7.0000  tokens/s     1200  peak r0 1 MiB"
+echo "step     2/7 (global 2)  loss 9.0000  tokens/s      100  peak r0 1 MiB"
+echo "step     4/7 (global 4)  loss 8.0000  tokens/s     1100  peak r0 1 MiB"
+echo "step     6/7 (global 6)  loss 7.0000  tokens/s     1200  peak r0 1 MiB"
 after=1250.0; [ "${FAKE_NO_AFTER_WARMUP:-0}" = 1 ] && after=null
 timed=1400.0; [ $role = again ] && timed=1200.0
 device_timed="\"device_timed\": {\"basis\": \"CUDA events on the compute stream\", \"steps\": 4, \"step_ms_median\": 11.0, \"step_ms_mean\": 11.7, \"tokens_per_second\": $timed},"
@@ -430,7 +430,7 @@ class Call1Test(unittest.TestCase):
         self.assertEqual(s["tokens_per_s_basis"]["ours"], s["ours"]["tokens_per_s_basis"])
         self.assertEqual(s["ours"]["device_timed"]["step_ms_median"], 11.0)
         self.assertEqual((s["ours"]["steps"], s["ours"]["warmup_steps"], s["ours"]["timed_steps"]),
-                         (6, 2, 4))
+                         (7, 2, 4))
         self.assertAlmostEqual(s["ours"]["mfu_estimate"],
                                s["config"]["flops_per_token"] * 1400 / 989e12)
 

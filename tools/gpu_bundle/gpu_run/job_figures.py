@@ -116,7 +116,7 @@ def ours_block(src, mfu_estimate):
         "peak_device_memory_bytes_per_rank": per_rank,
         "device": summ.get("device"),
         "final_train_loss": summ.get("final_train_loss"),
-        "steps": s.steps, "warmup_steps": s.pt_warmup, "timed_steps": s.steps - s.pt_warmup,
+        "steps": s.steps, "warmup_steps": s.pt_warmup, "timed_steps": s.steps - s.pt_warmup - 1,
         # The job's own figures on memory (its bound), throughput, FLOPs and the device.
         "summary": {k: v for k, v in summ.items()
                     if _simple(v) and any(w in k for w in SUMMARY_WORDS)},

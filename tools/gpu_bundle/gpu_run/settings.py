@@ -59,7 +59,9 @@ class Settings:
         self.pt_steps = _int(env, "PT_STEPS", 20)
         self.pt_warmup = _int(env, "PT_WARMUP", 5)
         # Our job times the steps PyTorch times, after the same warm-up.
-        self.steps = _int(env, "STEPS", self.pt_warmup + self.pt_steps)
+        # Our job times each step from its start to the next one's (its last step is not
+        # timed), so PT_STEPS timed steps take one step more.
+        self.steps = _int(env, "STEPS", self.pt_warmup + self.pt_steps + 1)
         self.batch = _int(env, "BATCH", 16)
         self.log_every = _int(env, "LOG_EVERY", 5)
         self.ours_world_size = _int(env, "OURS_WORLD_SIZE", 1)
