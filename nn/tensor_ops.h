@@ -62,10 +62,12 @@ struct MatrixRef {
 // it runs after oneDNN's sgemm; on CUDA it is cuBLASLt's BIAS, GELU_AUX_BIAS or DGELU
 // epilogue (kBiasResidual: BIAS with the residual as cuBLASLt's C and beta 1, which
 // rounds P + aux before adding the bias: within fp32 rounding of the body's order;
-// kResidual: the DEFAULT epilogue with the residual as C and beta 1, the body's bits, as
-// aux + P is one fp32 addition of the fp32 product; cuBLASLt runs it only where its
-// algorithm has the plain GEMM's grid and adds no split-K parts onto the residual, so
-// that P is the plain GEMM's, else the fallback below). Its
+// kResidual: the DEFAULT epilogue with the residual as C and beta 1, aux + P one fp32
+// addition of the fp32 product; cuBLASLt runs it only where its algorithm has the plain
+// GEMM's grid and adds no split-K parts onto the residual, else the fallback below. The
+// body's bits where cuBLASLt's kernel on that grid sums k as the plain GEMM's does, which
+// cuBLASLt does not promise: within fp32 rounding of them, and the same bits on every call
+// of the cached problem). Its
 // bias has D's type: a bf16 bias of a bf16 GEMM into an fp32 C (a projection's, under bf16
 // weights) is widened into an fp32 copy first, exactly (op "gemm.widen_bias", recorded on
 // both devices). Where cuBLASLt has no algorithm for one (a bias or GELU aux not 16-byte
