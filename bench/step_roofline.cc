@@ -128,8 +128,8 @@ nlohmann::json Run() {
   const double tokens = static_cast<double>(batch) * T;
   const double flops_per_token = integration::GptFlopsPerToken(
       parameters, absl::GetFlag(FLAGS_n_layer), T, absl::GetFlag(FLAGS_n_embd));
-  const integration::OpProfileReport report = integration::ReportOpProfile(
-      *step, core::H200Rates(), flops_per_token * tokens, tokens);
+  const integration::OpProfileReport report =
+      integration::ReportOpProfile(*step, core::H200Rates(), flops_per_token * tokens, tokens);
   for (const std::string& line : report.lines) std::printf("%s\n", line.c_str());
   out = report.json;
   out["model"] = {{"kind", absl::GetFlag(FLAGS_model)},

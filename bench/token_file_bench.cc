@@ -52,16 +52,19 @@ absl::StatusOr<nlohmann::json> Run() {
   {
     // nanoGPT layout: bare uint16 tokens (the first 4 bytes must not be llm.c's magic).
     std::vector<uint16_t> tokens(static_cast<size_t>(bytes / 2));
-    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 2654435761u) % 50257);
+    for (size_t i = 0; i < tokens.size(); ++i)
+      tokens[i] = static_cast<uint16_t>((i * 2654435761u) % 50257);
     std::ofstream out(path, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 2));
+    out.write(reinterpret_cast<const char*>(tokens.data()),
+              static_cast<std::streamsize>(tokens.size() * 2));
     if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
   }
   ASSIGN_OR_RETURN(data::TokenFile file, data::TokenFile::Open(path));
   // Warm the page cache: one pass over every token.
-  ASSIGN_OR_RETURN(data::TokenBatch warm, file.Batch(0, 1, static_cast<int>(std::min<int64_t>(
-                                                                 file.num_tokens() - 1, 1 << 20)),
-                                                     50257, 0));
+  ASSIGN_OR_RETURN(
+      data::TokenBatch warm,
+      file.Batch(0, 1, static_cast<int>(std::min<int64_t>(file.num_tokens() - 1, 1 << 20)), 50257,
+                 0));
   (void)warm;
   {
     std::ifstream in(path, std::ios::binary);

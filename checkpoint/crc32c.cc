@@ -62,7 +62,7 @@ namespace {
 // The SSE4.2 CRC32 instruction computes CRC32C (the Castagnoli polynomial) on the reflected
 // state directly: 8 bytes per instruction, then the tail byte by byte.
 __attribute__((target("sse4.2"))) uint32_t ExtendCrc32cHardware(uint32_t crc, const void* data,
-                                                                  size_t n) {
+                                                                size_t n) {
   const unsigned char* p = static_cast<const unsigned char*>(data);
   uint64_t c = ~crc;
   while (n >= 8) {

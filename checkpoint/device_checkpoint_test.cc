@@ -28,8 +28,9 @@ class DeviceCheckpointTest : public ::testing::Test {
     if (!n.ok() || *n == 0) GTEST_SKIP() << "no usable CUDA device: " << n.status();
   }
   Tensor OnGpu(const Tensor& h) {
-    Tensor d = Tensor::Allocate(h.shape(), h.dtype(), core::MemoryTag::kOther,
-                                core::Device::Cuda(0)).value();
+    Tensor d =
+        Tensor::Allocate(h.shape(), h.dtype(), core::MemoryTag::kOther, core::Device::Cuda(0))
+            .value();
     EXPECT_TRUE(d.CopyFrom(h).ok());
     return d;
   }
@@ -60,10 +61,12 @@ TEST_F(DeviceCheckpointTest, ShardedSaveFromTheDeviceLoadsOnTheCpuAndBack) {
             std::vector<float>(values.begin() + 600, values.end()));  // the view's offset
   EXPECT_EQ((*full)[2].second.dtype(), DType::kBFloat16);
   // Load into device tensors, one converting bf16 -> fp32.
-  Tensor back = Tensor::Allocate({1000}, DType::kFloat32, core::MemoryTag::kOther,
-                                 core::Device::Cuda(0)).value();
-  Tensor back16 = Tensor::Allocate({1000}, DType::kFloat32, core::MemoryTag::kOther,
-                                   core::Device::Cuda(0)).value();
+  Tensor back =
+      Tensor::Allocate({1000}, DType::kFloat32, core::MemoryTag::kOther, core::Device::Cuda(0))
+          .value();
+  Tensor back16 =
+      Tensor::Allocate({1000}, DType::kFloat32, core::MemoryTag::kOther, core::Device::Cuda(0))
+          .value();
   auto stats = Load(dir, {{"w", 0, 1000, back}, {"w16", 0, 1000, back16}});
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(FromGpu(back), values);
@@ -73,8 +76,9 @@ TEST_F(DeviceCheckpointTest, ShardedSaveFromTheDeviceLoadsOnTheCpuAndBack) {
   absl::Status cpu_saved =
       Save(cpu_dir, {TensorSlice{"w", {10, 100}, DType::kFloat32, 0, 1000, host.Flat()}});
   ASSERT_TRUE(cpu_saved.ok()) << cpu_saved;
-  Tensor again = Tensor::Allocate({1000}, DType::kFloat32, core::MemoryTag::kOther,
-                                  core::Device::Cuda(0)).value();
+  Tensor again =
+      Tensor::Allocate({1000}, DType::kFloat32, core::MemoryTag::kOther, core::Device::Cuda(0))
+          .value();
   ASSERT_TRUE(Load(cpu_dir, {{"w", 0, 1000, again}}).ok());
   EXPECT_EQ(FromGpu(again), values);
 }

@@ -93,12 +93,12 @@ absl::StatusOr<nn::GptConfig> ReadHfGpt2Config(const std::string& dir) {
   ASSIGN_OR_RETURN(const std::string activation,
                    internal::ReadString(json, path, "activation_function", "gelu_new"));
   if (activation != "gelu_new" && activation != "gelu_pytorch_tanh") {
-    return bad("activation_function",
-               absl::StrCat("is \"", activation, "\"; this GPT computes GELU's tanh form "
-                            "(gelu_new, gelu_pytorch_tanh)"));
+    return bad("activation_function", absl::StrCat("is \"", activation,
+                                                   "\"; this GPT computes GELU's tanh form "
+                                                   "(gelu_new, gelu_pytorch_tanh)"));
   }
-  if (json.contains("layer_norm_epsilon") &&
-      (!json["layer_norm_epsilon"].is_number() || json["layer_norm_epsilon"].get<double>() != 1e-5)) {
+  if (json.contains("layer_norm_epsilon") && (!json["layer_norm_epsilon"].is_number() ||
+                                              json["layer_norm_epsilon"].get<double>() != 1e-5)) {
     return bad("layer_norm_epsilon",
                absl::StrCat("is ", json["layer_norm_epsilon"].dump(), "; this GPT uses 1e-5"));
   }
@@ -107,11 +107,11 @@ absl::StatusOr<nn::GptConfig> ReadHfGpt2Config(const std::string& dir) {
     return bad("n_inner", absl::StrCat("is ", json["n_inner"].dump(),
                                        "; this GPT's MLP is 4 n_embd wide (null)"));
   }
-  for (const auto& [field, want] : std::vector<std::pair<const char*, bool>>{
-           {"tie_word_embeddings", true},
-           {"scale_attn_weights", true},
-           {"scale_attn_by_inverse_layer_idx", false},
-           {"reorder_and_upcast_attn", false}}) {
+  for (const auto& [field, want] :
+       std::vector<std::pair<const char*, bool>>{{"tie_word_embeddings", true},
+                                                 {"scale_attn_weights", true},
+                                                 {"scale_attn_by_inverse_layer_idx", false},
+                                                 {"reorder_and_upcast_attn", false}}) {
     if (json.contains(field) && json[field] != want) {
       return bad(field, absl::StrCat("is ", json[field].dump(), "; this GPT computes it as ",
                                      want ? "true" : "false"));

@@ -22,7 +22,8 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<nn::GptConfig> config = checkpoint::ReadHfGpt2Config(from);
   absl::StatusOr<std::shared_ptr<nn::Gpt>> gpt =
-      config.ok() ? nn::Gpt::Create(*config) : absl::StatusOr<std::shared_ptr<nn::Gpt>>(config.status());
+      config.ok() ? nn::Gpt::Create(*config)
+                  : absl::StatusOr<std::shared_ptr<nn::Gpt>>(config.status());
   absl::Status s = gpt.status();
   if (s.ok()) s = checkpoint::LoadHfGpt2(from, **gpt);
   if (s.ok()) s = checkpoint::ExportHfGpt2(**gpt, to);

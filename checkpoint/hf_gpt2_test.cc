@@ -4,11 +4,11 @@
 // missing, extra or misshapen tensor is an error naming it.
 #include "checkpoint/hf_gpt2.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -17,9 +17,9 @@
 #include "core/param_init.h"
 #include "core/status_macros.h"
 #include "fsdp/fully_shard.h"
-#include "policy/wrap_policy.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "policy/wrap_policy.h"
 
 namespace checkpoint {
 namespace {
@@ -52,7 +52,8 @@ TEST(HfGpt2Test, ReadsTheConfig) {
 TEST(HfGpt2Test, OurLogitsAreTransformersWithin1e5) {
   std::shared_ptr<nn::Gpt> gpt = Loaded();
   ASSERT_NE(gpt, nullptr);
-  absl::StatusOr<SafetensorsFile> expected = ImportSafetensors(absl::StrCat(kData, "/expected.safetensors"));
+  absl::StatusOr<SafetensorsFile> expected =
+      ImportSafetensors(absl::StrCat(kData, "/expected.safetensors"));
   ASSERT_TRUE(expected.ok()) << expected.status();
   const core::Tensor* ids = expected->Find("input_ids");
   const core::Tensor* want = expected->Find("logits");
@@ -62,7 +63,8 @@ TEST(HfGpt2Test, OurLogitsAreTransformersWithin1e5) {
   ASSERT_EQ(logits->shape(), want->shape());
   const std::vector<float> got = logits->ToVector(), ref = want->ToVector();
   double worst = 0;
-  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(double{got[i]} - ref[i]));
+  for (size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, std::abs(double{got[i]} - ref[i]));
   std::printf("max |our logits - transformers'| = %.3g over %zu logits\n", worst, got.size());
   EXPECT_LE(worst, 1e-5);
   EXPECT_GT(std::abs(ref[0]), 0.0f);  // a real reference, not zeros
@@ -73,7 +75,8 @@ TEST(HfGpt2Test, ImportThenExportGivesBackTheSameTensorsNamesAndLayout) {
   ASSERT_NE(gpt, nullptr);
   const std::string out = ::testing::TempDir() + "/hf_gpt2_export";
   ASSERT_TRUE(ExportHfGpt2(*gpt, out).ok());
-  absl::StatusOr<SafetensorsFile> original = ImportSafetensors(absl::StrCat(kData, "/model.safetensors"));
+  absl::StatusOr<SafetensorsFile> original =
+      ImportSafetensors(absl::StrCat(kData, "/model.safetensors"));
   absl::StatusOr<SafetensorsFile> exported = ImportSafetensors(out + "/model.safetensors");
   ASSERT_TRUE(original.ok() && exported.ok());
   ASSERT_EQ(exported->tensors.size(), original->tensors.size());
@@ -90,13 +93,13 @@ TEST(HfGpt2Test, ImportThenExportGivesBackTheSameTensorsNamesAndLayout) {
 }
 
 // A copy of the test checkpoint with `edit` applied to its tensors.
-std::string Edited(const std::string& name,
-                   const std::function<void(NamedTensors*)>& edit) {
+std::string Edited(const std::string& name, const std::function<void(NamedTensors*)>& edit) {
   const std::string dir = ::testing::TempDir() + "/" + name;
   std::filesystem::create_directories(dir);
   std::filesystem::copy_file(absl::StrCat(kData, "/config.json"), dir + "/config.json",
                              std::filesystem::copy_options::overwrite_existing);
-  absl::StatusOr<SafetensorsFile> file = ImportSafetensors(absl::StrCat(kData, "/model.safetensors"));
+  absl::StatusOr<SafetensorsFile> file =
+      ImportSafetensors(absl::StrCat(kData, "/model.safetensors"));
   EXPECT_TRUE(file.ok());
   NamedTensors tensors = file->tensors;
   edit(&tensors);
@@ -110,9 +113,10 @@ TEST(HfGpt2Test, AMissingExtraOrMisshapenTensorIsAnErrorNamingIt) {
   const std::vector<float> before = (*gpt)->NamedParameters()[0].second->data.ToVector();
 
   const std::string missing = Edited("missing", [](NamedTensors* t) {
-    t->erase(std::remove_if(t->begin(), t->end(),
-                            [](const auto& e) { return e.first == "transformer.h.1.mlp.c_fc.bias"; }),
-             t->end());
+    t->erase(
+        std::remove_if(t->begin(), t->end(),
+                       [](const auto& e) { return e.first == "transformer.h.1.mlp.c_fc.bias"; }),
+        t->end());
   });
   absl::Status s = LoadHfGpt2(missing, **gpt);
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
@@ -146,7 +150,8 @@ TEST(HfGpt2Test, AMissingExtraOrMisshapenTensorIsAnErrorNamingIt) {
 TEST(HfGpt2Test, LoadsIntoTheShardsOfADeferredWrappedModel) {
   absl::StatusOr<nn::GptConfig> config = ReadHfGpt2Config(kData);
   ASSERT_TRUE(config.ok());
-  absl::StatusOr<SafetensorsFile> expected = ImportSafetensors(absl::StrCat(kData, "/expected.safetensors"));
+  absl::StatusOr<SafetensorsFile> expected =
+      ImportSafetensors(absl::StrCat(kData, "/expected.safetensors"));
   ASSERT_TRUE(expected.ok());
   const std::vector<float> want = expected->Find("logits")->ToVector();
   int64_t full_bytes = 0;
@@ -159,31 +164,31 @@ TEST(HfGpt2Test, LoadsIntoTheShardsOfADeferredWrappedModel) {
   std::vector<double> worst(3);
   // mlp.c_fc.weight, [C, 4C]: read, then transposed into our layout.
   const int64_t largest_tensor_bytes = 4 * 4 * config->n_embd * config->n_embd;
-  absl::Status s = comm::testing::RunThreadRanks(3, [&](comm::testing::RankContext& ctx)
-                                                        -> absl::Status {
-    std::shared_ptr<nn::Gpt> gpt;
-    {
-      core::DeferredInitScope deferred;
-      ASSIGN_OR_RETURN(gpt, nn::Gpt::Create(*config));
-    }
-    ctx.allocator->ResetPeaks();
-    const int64_t before = ctx.allocator->Stats().current_total;
-    fsdp::WrapperRegistry registry;
-    fsdp::FullyShardOptions options;
-    options.policy = policy::ModuleTypes({"TransformerBlock"});
-    ASSIGN_OR_RETURN(auto handle, fsdp::FullyShard(gpt, ctx.group, options, &registry));
-    RETURN_IF_ERROR(LoadHfGpt2(kData, *gpt, &registry));
-    peaks[ctx.rank] = ctx.allocator->Stats().peak_total - before;
-    int64_t shard_bytes = 0;
-    for (const auto& unit : handle->units()) shard_bytes += 4 * unit->flat().shard_numel();
-    bounds[ctx.rank] = 2 * shard_bytes + 2 * largest_tensor_bytes + 1024;
-    ASSIGN_OR_RETURN(core::Tensor logits, gpt->Forward(*expected->Find("input_ids")));
-    const std::vector<float> got = logits.ToVector();
-    for (size_t i = 0; i < got.size(); ++i) {
-      worst[ctx.rank] = std::max(worst[ctx.rank], std::abs(double{got[i]} - want[i]));
-    }
-    return absl::OkStatus();
-  });
+  absl::Status s =
+      comm::testing::RunThreadRanks(3, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        std::shared_ptr<nn::Gpt> gpt;
+        {
+          core::DeferredInitScope deferred;
+          ASSIGN_OR_RETURN(gpt, nn::Gpt::Create(*config));
+        }
+        ctx.allocator->ResetPeaks();
+        const int64_t before = ctx.allocator->Stats().current_total;
+        fsdp::WrapperRegistry registry;
+        fsdp::FullyShardOptions options;
+        options.policy = policy::ModuleTypes({"TransformerBlock"});
+        ASSIGN_OR_RETURN(auto handle, fsdp::FullyShard(gpt, ctx.group, options, &registry));
+        RETURN_IF_ERROR(LoadHfGpt2(kData, *gpt, &registry));
+        peaks[ctx.rank] = ctx.allocator->Stats().peak_total - before;
+        int64_t shard_bytes = 0;
+        for (const auto& unit : handle->units()) shard_bytes += 4 * unit->flat().shard_numel();
+        bounds[ctx.rank] = 2 * shard_bytes + 2 * largest_tensor_bytes + 1024;
+        ASSIGN_OR_RETURN(core::Tensor logits, gpt->Forward(*expected->Find("input_ids")));
+        const std::vector<float> got = logits.ToVector();
+        for (size_t i = 0; i < got.size(); ++i) {
+          worst[ctx.rank] = std::max(worst[ctx.rank], std::abs(double{got[i]} - want[i]));
+        }
+        return absl::OkStatus();
+      });
   ASSERT_TRUE(s.ok()) << s;
   for (int r = 0; r < 3; ++r) {
     EXPECT_LE(worst[r], 1e-5) << "rank " << r;
@@ -191,10 +196,11 @@ TEST(HfGpt2Test, LoadsIntoTheShardsOfADeferredWrappedModel) {
     // as read and in our layout: never the model (at scale, far below it).
     EXPECT_LE(peaks[r], bounds[r]) << "rank " << r;
     EXPECT_LT(peaks[r], full_bytes) << "rank " << r;
-    std::printf("rank %d: max |logits - transformers'| %.3g; loading peak %lld B (bound: 2 x "
-                "shards + 2 x the largest tensor = %lld B), full model %lld B\n",
-                r, worst[r], static_cast<long long>(peaks[r]), static_cast<long long>(bounds[r]),
-                static_cast<long long>(full_bytes));
+    std::printf(
+        "rank %d: max |logits - transformers'| %.3g; loading peak %lld B (bound: 2 x "
+        "shards + 2 x the largest tensor = %lld B), full model %lld B\n",
+        r, worst[r], static_cast<long long>(peaks[r]), static_cast<long long>(bounds[r]),
+        static_cast<long long>(full_bytes));
   }
 }
 

@@ -15,7 +15,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!file.ok()) return 0;
   // Accepted: header length + header + every tensor's bytes is exactly the input.
   uint64_t header = 0;
-  for (int i = 0; i < 8; ++i) header |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  for (int i = 0; i < 8; ++i)
+    header |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
   uint64_t total = 8 + header;
   for (size_t i = 0; i < file->tensors.size(); ++i) {
     const core::Tensor& tensor = file->tensors[i].second;

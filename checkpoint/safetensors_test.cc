@@ -23,9 +23,9 @@
 namespace checkpoint {
 namespace {
 
-using ::testing::HasSubstr;
 using core::DType;
 using core::Tensor;
+using ::testing::HasSubstr;
 using Json = nlohmann::ordered_json;
 
 std::string TestDir(const std::string& name) {
@@ -95,7 +95,8 @@ TEST(SafetensorsTest, HeaderFollowsThePublishedFormat) {
   const std::string bytes = ReadAll(path);
   ASSERT_GE(bytes.size(), 8u);
   uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  for (int i = 0; i < 8; ++i)
+    n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
   ASSERT_LE(8 + n, bytes.size());
   EXPECT_EQ((8 + n) % 8, 0u) << "data must start 8-byte aligned";
   const std::string header = bytes.substr(8, n);
@@ -132,9 +133,10 @@ TEST(SafetensorsTest, HeaderFollowsThePublishedFormat) {
   EXPECT_EQ(it, j.end());
   EXPECT_EQ(8 + n + offset, bytes.size()) << "the buffer ends with the last tensor";
   // Written atomically: nothing but the file is left in the directory.
-  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(std::filesystem::path(path).parent_path()),
-                          std::filesystem::directory_iterator()),
-            1);
+  EXPECT_EQ(
+      std::distance(std::filesystem::directory_iterator(std::filesystem::path(path).parent_path()),
+                    std::filesystem::directory_iterator()),
+      1);
 }
 
 TEST(SafetensorsTest, RoundTripIsBitExact) {
@@ -142,9 +144,10 @@ TEST(SafetensorsTest, RoundTripIsBitExact) {
   NamedTensors tensors = SampleTensors();
   // Special values survive as bits.
   Tensor special = Tensor::Empty({6});
-  const float values[] = {std::numeric_limits<float>::quiet_NaN(), -0.0f,
-                          std::numeric_limits<float>::infinity(), std::numeric_limits<float>::denorm_min(),
-                          std::numeric_limits<float>::max(), -1.0f};
+  const float values[] = {
+      std::numeric_limits<float>::quiet_NaN(), -0.0f,
+      std::numeric_limits<float>::infinity(),  std::numeric_limits<float>::denorm_min(),
+      std::numeric_limits<float>::max(),       -1.0f};
   std::memcpy(special.raw_data(), values, sizeof(values));
   tensors.emplace_back("special", special);
   ASSERT_TRUE(ExportSafetensors(path, tensors, {{"a", "1"}, {"b", "two"}}).ok());
@@ -220,14 +223,14 @@ TEST(SafetensorsTest, ReadsAFileAsPyTorchWritesIt) {
       R"("steps":{"dtype":"I32","shape":[1],"data_offsets":[16,20]},)"
       R"("emb":{"dtype":"BF16","shape":[3],"data_offsets":[20,26]}})";
   const std::string buffer = std::string(
-      "\x00\x00\x80\x3f"   // 1.0f
-      "\x00\x00\x20\xc0"   // -2.5f
-      "\x00\x00\x00\x3f"   // 0.5f
-      "\x00\x00\x40\x40"   // 3.0f
-      "\x07\x00\x00\x00"   // int32 7
-      "\x80\x3f"           // bf16 1.0
-      "\x00\xbf"           // bf16 -0.5
-      "\x00\x40",          // bf16 2.0
+      "\x00\x00\x80\x3f"  // 1.0f
+      "\x00\x00\x20\xc0"  // -2.5f
+      "\x00\x00\x00\x3f"  // 0.5f
+      "\x00\x00\x40\x40"  // 3.0f
+      "\x07\x00\x00\x00"  // int32 7
+      "\x80\x3f"          // bf16 1.0
+      "\x00\xbf"          // bf16 -0.5
+      "\x00\x40",         // bf16 2.0
       26);
   ASSERT_EQ(header.size() % 8, 1u);  // so the file has 7 bytes of space padding
   const std::string bytes = File(header, buffer);
@@ -334,50 +337,90 @@ TEST(SafetensorsTest, MalformedFilesAreRefusedNamingFileAndTensor) {
                         ",\"data_offsets\":", offsets, "}");
   };
   const std::vector<BadFile> cases = {
-      {"short", std::string("\x05\x00\x00", 3), absl::StatusCode::kInvalidArgument, {"fewer than the 8"}},
-      {"huge_header", LittleEndian64(100000001) + "{}", absl::StatusCode::kInvalidArgument, {"exceeds"}},
-      {"header_past_end", LittleEndian64(64) + "{}      ", absl::StatusCode::kInvalidArgument, {"past the end"}},
+      {"short",
+       std::string("\x05\x00\x00", 3),
+       absl::StatusCode::kInvalidArgument,
+       {"fewer than the 8"}},
+      {"huge_header",
+       LittleEndian64(100000001) + "{}",
+       absl::StatusCode::kInvalidArgument,
+       {"exceeds"}},
+      {"header_past_end",
+       LittleEndian64(64) + "{}      ",
+       absl::StatusCode::kInvalidArgument,
+       {"past the end"}},
       {"not_json", File("{\"a\": ", ""), absl::StatusCode::kInvalidArgument, {"not valid JSON"}},
       {"not_object", File("[1, 2]", ""), absl::StatusCode::kInvalidArgument, {"start with '{'"}},
-      {"unknown_dtype", File("{" + entry("w", "Q7", "[2]", "[0,8]") + "}", f8),
-       absl::StatusCode::kInvalidArgument, {"'w'", "'Q7'"}},
-      {"unsupported_dtype", File("{" + entry("w", "F64", "[1]", "[0,8]") + "}", f8),
-       absl::StatusCode::kUnimplemented, {"'w'", "'F64'"}},
-      {"f16_size_mismatch", File("{" + entry("w", "F16", "[3]", "[0,8]") + "}", f8),
-       absl::StatusCode::kInvalidArgument, {"'w'", "6 bytes"}},
-      {"size_mismatch", File("{" + entry("w", "F32", "[3]", "[0,8]") + "}", f8),
-       absl::StatusCode::kInvalidArgument, {"'w'", "12 bytes"}},
+      {"unknown_dtype",
+       File("{" + entry("w", "Q7", "[2]", "[0,8]") + "}", f8),
+       absl::StatusCode::kInvalidArgument,
+       {"'w'", "'Q7'"}},
+      {"unsupported_dtype",
+       File("{" + entry("w", "F64", "[1]", "[0,8]") + "}", f8),
+       absl::StatusCode::kUnimplemented,
+       {"'w'", "'F64'"}},
+      {"f16_size_mismatch",
+       File("{" + entry("w", "F16", "[3]", "[0,8]") + "}", f8),
+       absl::StatusCode::kInvalidArgument,
+       {"'w'", "6 bytes"}},
+      {"size_mismatch",
+       File("{" + entry("w", "F32", "[3]", "[0,8]") + "}", f8),
+       absl::StatusCode::kInvalidArgument,
+       {"'w'", "12 bytes"}},
       {"overlap",
        File("{" + entry("a", "F32", "[1]", "[0,4]") + "," + entry("b", "F32", "[1]", "[2,6]") + "}",
             std::string(6, '\0')),
-       absl::StatusCode::kInvalidArgument, {"'b'", "overlap", "'a'"}},
+       absl::StatusCode::kInvalidArgument,
+       {"'b'", "overlap", "'a'"}},
       {"gap",
-       File("{" + entry("a", "F32", "[1]", "[0,4]") + "," + entry("b", "F32", "[1]", "[8,12]") + "}",
-            std::string(12, '\0')),
-       absl::StatusCode::kInvalidArgument, {"'b'", "gap"}},
-      {"not_from_zero", File("{" + entry("a", "F32", "[1]", "[4,8]") + "}", f8),
-       absl::StatusCode::kInvalidArgument, {"'a'", "gap"}},
+       File(
+           "{" + entry("a", "F32", "[1]", "[0,4]") + "," + entry("b", "F32", "[1]", "[8,12]") + "}",
+           std::string(12, '\0')),
+       absl::StatusCode::kInvalidArgument,
+       {"'b'", "gap"}},
+      {"not_from_zero",
+       File("{" + entry("a", "F32", "[1]", "[4,8]") + "}", f8),
+       absl::StatusCode::kInvalidArgument,
+       {"'a'", "gap"}},
       {"truncated",
-       File("{" + entry("a", "F32", "[1]", "[0,4]") + "," + entry("b", "F32", "[2]", "[4,12]") + "}",
-            f8),
-       absl::StatusCode::kDataLoss, {"'b'", "truncated"}},
-      {"trailing", File("{" + entry("a", "F32", "[1]", "[0,4]") + "}", f8),
-       absl::StatusCode::kInvalidArgument, {"4 bytes follow"}},
+       File(
+           "{" + entry("a", "F32", "[1]", "[0,4]") + "," + entry("b", "F32", "[2]", "[4,12]") + "}",
+           f8),
+       absl::StatusCode::kDataLoss,
+       {"'b'", "truncated"}},
+      {"trailing",
+       File("{" + entry("a", "F32", "[1]", "[0,4]") + "}", f8),
+       absl::StatusCode::kInvalidArgument,
+       {"4 bytes follow"}},
       {"duplicate",
-       File("{" + entry("a", "F32", "[1]", "[0,4]") + "," + entry("a", "F32", "[1]", "[4,8]") + "}", f8),
-       absl::StatusCode::kInvalidArgument, {"'a'", "twice"}},
-      {"negative_offset", File("{" + entry("a", "F32", "[1]", "[-4,0]") + "}", ""),
-       absl::StatusCode::kInvalidArgument, {"'a'", "non-negative"}},
-      {"float_shape", File("{" + entry("a", "F32", "[1.5]", "[0,4]") + "}", std::string(4, '\0')),
-       absl::StatusCode::kInvalidArgument, {"'a'", "shape"}},
-      {"reversed_offsets", File("{" + entry("a", "F32", "[0]", "[4,0]") + "}", ""),
-       absl::StatusCode::kInvalidArgument, {"'a'", "end before"}},
-      {"missing_key", File(R"({"a":{"dtype":"F32","shape":[1]}})", std::string(4, '\0')),
-       absl::StatusCode::kInvalidArgument, {"'a'", "data_offsets"}},
-      {"bad_metadata", File(R"({"__metadata__":{"k":1}})", ""), absl::StatusCode::kInvalidArgument,
+       File("{" + entry("a", "F32", "[1]", "[0,4]") + "," + entry("a", "F32", "[1]", "[4,8]") + "}",
+            f8),
+       absl::StatusCode::kInvalidArgument,
+       {"'a'", "twice"}},
+      {"negative_offset",
+       File("{" + entry("a", "F32", "[1]", "[-4,0]") + "}", ""),
+       absl::StatusCode::kInvalidArgument,
+       {"'a'", "non-negative"}},
+      {"float_shape",
+       File("{" + entry("a", "F32", "[1.5]", "[0,4]") + "}", std::string(4, '\0')),
+       absl::StatusCode::kInvalidArgument,
+       {"'a'", "shape"}},
+      {"reversed_offsets",
+       File("{" + entry("a", "F32", "[0]", "[4,0]") + "}", ""),
+       absl::StatusCode::kInvalidArgument,
+       {"'a'", "end before"}},
+      {"missing_key",
+       File(R"({"a":{"dtype":"F32","shape":[1]}})", std::string(4, '\0')),
+       absl::StatusCode::kInvalidArgument,
+       {"'a'", "data_offsets"}},
+      {"bad_metadata",
+       File(R"({"__metadata__":{"k":1}})", ""),
+       absl::StatusCode::kInvalidArgument,
        {"__metadata__", "'k'"}},
-      {"huge_shape", File("{" + entry("a", "F32", "[1099511627776,1099511627776]", "[0,4]") + "}", ""),
-       absl::StatusCode::kInvalidArgument, {"'a'", "2^50"}},
+      {"huge_shape",
+       File("{" + entry("a", "F32", "[1099511627776,1099511627776]", "[0,4]") + "}", ""),
+       absl::StatusCode::kInvalidArgument,
+       {"'a'", "2^50"}},
   };
   for (const BadFile& c : cases) {
     const std::string path = absl::StrCat(dir, "/", c.name, ".safetensors");
@@ -498,7 +541,8 @@ TEST(SafetensorsTest, ImportIntoChecksEverythingBeforeChangingAnything) {
   auto net = std::make_shared<Net>(1);
   // A file whose b.weight has the wrong shape.
   NamedTensors tensors;
-  for (const auto& [name, p] : net->NamedParameters()) tensors.emplace_back(name, p->data.Clone(core::MemoryTag::kOther));
+  for (const auto& [name, p] : net->NamedParameters())
+    tensors.emplace_back(name, p->data.Clone(core::MemoryTag::kOther));
   tensors[0].second.Fill(5.0f);  // "scale": would change if import went ahead
   tensors.back().second = Tensor::Zeros({3});
   ASSERT_TRUE(ExportSafetensors(dir + "/wrong.safetensors", tensors).ok());
@@ -521,7 +565,8 @@ TEST(SafetensorsTest, ImportIntoChecksEverythingBeforeChangingAnything) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("'extra'"));
   s = ImportSafetensorsInto(dir + "/extra.safetensors", *net, /*strict=*/false);
   EXPECT_TRUE(s.ok()) << s;
-  EXPECT_EQ(net->NamedParameters()[0].second->data.ToVector(), (std::vector<float>{5.0f, 5.0f, 5.0f}));
+  EXPECT_EQ(net->NamedParameters()[0].second->data.ToVector(),
+            (std::vector<float>{5.0f, 5.0f, 5.0f}));
 }
 
 }  // namespace

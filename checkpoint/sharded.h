@@ -71,8 +71,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "comm/process_group.h"
 #include "checkpoint/format.h"
+#include "comm/process_group.h"
 #include "core/allocator.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
@@ -147,8 +147,7 @@ struct SaveOptions {
 // error `dir` is untouched and this save's temporary directory is deleted (unless a
 // SimulatedCrash kept it, or rank 0 itself died).
 absl::Status Save(const std::string& dir, const std::vector<TensorSlice>& local,
-                  const SaveOptions& options = SaveOptions(),
-                  comm::ProcessGroup* group = nullptr);
+                  const SaveOptions& options = SaveOptions(), comm::ProcessGroup* group = nullptr);
 
 // NOTE [Asynchronous save]: Save in two calls, so that writing can overlap the caller's work.
 // BeginSave runs Save's first phase (the slices validated, rank 0's NOTE [Save lock] taken and
@@ -189,8 +188,7 @@ class PendingSave {
 absl::StatusOr<std::unique_ptr<PendingSave>> BeginSave(const std::string& dir,
                                                        const std::vector<TensorSlice>& local,
                                                        const SaveOptions& options,
-                                                       comm::ProcessGroup* group,
-                                                       bool background);
+                                                       comm::ProcessGroup* group, bool background);
 
 // One tensor of a checkpoint.
 struct TensorInfo {

@@ -24,10 +24,10 @@
 namespace checkpoint {
 namespace {
 
-using ::testing::HasSubstr;
 using core::DType;
 using core::Tensor;
 using testing::Entries;
+using ::testing::HasSubstr;
 using testing::LoadAndCheckAt;
 using testing::MakeFull;
 using testing::MakeModel;
@@ -49,7 +49,8 @@ std::vector<std::string> TensorsAtByte(const CheckpointMetadata& meta, const std
   std::vector<std::string> out;
   for (const auto& t : meta.tensors()) {
     for (const auto& c : t.chunks()) {
-      if (c.file() == file && offset >= c.byte_offset() && offset < c.byte_offset() + c.byte_length()) {
+      if (c.file() == file && offset >= c.byte_offset() &&
+          offset < c.byte_offset() + c.byte_length()) {
         out.push_back(t.name());
       }
     }
@@ -80,7 +81,8 @@ TEST(ShardedTest, EveryMetadataBitFlipIsRefusedAsDataLossNamingTheFile) {
       const char flipped = static_cast<char>(original[byte] ^ (1 << bit));
       ASSERT_EQ(::pwrite(fd, &flipped, 1, static_cast<off_t>(byte)), 1);
       absl::StatusOr<CheckpointInfo> info = ReadMetadata(dir);
-      absl::StatusOr<LoadStats> load = Load(dir, {{"emb", 0, 14, Tensor::Empty({14}, DType::kBFloat16)}});
+      absl::StatusOr<LoadStats> load =
+          Load(dir, {{"emb", 0, 14, Tensor::Empty({14}, DType::kBFloat16)}});
       const bool ok = absl::IsDataLoss(info.status()) && absl::IsDataLoss(load.status()) &&
                       absl::StrContains(info.status().message(), path) &&
                       absl::StrContains(load.status().message(), path);
@@ -149,8 +151,8 @@ TEST(ShardedTest, DataFileBitFlipsAreRefusedForEveryTensorTheyTouch) {
       flipped[offset] = static_cast<char>(flipped[offset] ^ (1 << bit));
       WriteBytes(path, flipped);
       const std::vector<std::string> owners = TensorsAtByte(meta, f.name(), offset);
-      ASSERT_EQ(owners.size(), 1u) << "byte " << offset << " of " << f.name()
-                                   << " must belong to exactly one chunk";
+      ASSERT_EQ(owners.size(), 1u)
+          << "byte " << offset << " of " << f.name() << " must belong to exactly one chunk";
       absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> loaded = LoadFull(dir, owners);
       ASSERT_TRUE(absl::IsDataLoss(loaded.status()))
           << f.name() << " byte " << offset << " bit " << bit << ": " << loaded.status();

@@ -93,15 +93,15 @@ absl::StatusOr<const internal::FileReader*> Loader::File(const std::string& name
   // NOTE [Checksum coverage]: the file must be exactly the size the metadata records.
   absl::StatusOr<int64_t> size = reader->Size();
   if (!size.ok()) {
-    return absl::DataLossError(absl::StrCat("data file '", path, "'", of, ": ",
-                                            size.status().message()));
+    return absl::DataLossError(
+        absl::StrCat("data file '", path, "'", of, ": ", size.status().message()));
   }
   const int64_t recorded = index_.file_sizes.at(name);
   if (*size != recorded) {
-    return absl::DataLossError(absl::StrCat(
-        "data file '", path, "'", of, " is ",
-        *size < recorded ? "truncated" : "longer than recorded", ": it has ", *size,
-        " bytes, the checkpoint metadata records ", recorded, CutAt(name, *size)));
+    return absl::DataLossError(
+        absl::StrCat("data file '", path, "'", of, " is ",
+                     *size < recorded ? "truncated" : "longer than recorded", ": it has ", *size,
+                     " bytes, the checkpoint metadata records ", recorded, CutAt(name, *size)));
   }
   auto owned = std::make_unique<internal::FileReader>(*std::move(reader));
   const internal::FileReader* raw = owned.get();
@@ -137,10 +137,10 @@ absl::Status Loader::ReadChunkPart(const TensorProto& t, core::DType dtype, cons
     const uint32_t crc = Crc32c(buffer_.data() + off, static_cast<size_t>(len));
     ++stats_.blocks_verified;
     if (crc != c.block_crc32c(static_cast<int>(k))) {
-      return absl::DataLossError(absl::StrCat(
-          "checksum mismatch in data file '", file->path(), "': tensor '", t.name(), "', bytes [",
-          file_begin + off, ", ", file_begin + off + len, ") (block ", k, " of its elements [",
-          c.begin(), ", ", c.end(), "))"));
+      return absl::DataLossError(
+          absl::StrCat("checksum mismatch in data file '", file->path(), "': tensor '", t.name(),
+                       "', bytes [", file_begin + off, ", ", file_begin + off + len, ") (block ", k,
+                       " of its elements [", c.begin(), ", ", c.end(), "))"));
     }
   }
   internal::ConvertElements(buffer_.data() + (want_begin - read_begin), dtype, out, out_dtype,
@@ -192,9 +192,9 @@ absl::Status Loader::Serve(const LoadRequest& r) {
   const TensorProto& t = index_.proto.tensors(i);
   const core::DType dtype = index_.dtypes[i];
   const int64_t numel = index_.numels[i];
-  const std::string what = absl::StrCat("checkpoint::Load from '", index_.dir, "': tensor '",
-                                        r.name, "' of shape ", core::ShapeToString(index_.shapes[i]),
-                                        " (", numel, " elements)");
+  const std::string what =
+      absl::StrCat("checkpoint::Load from '", index_.dir, "': tensor '", r.name, "' of shape ",
+                   core::ShapeToString(index_.shapes[i]), " (", numel, " elements)");
   if (r.begin < 0 || r.end < r.begin || r.end > numel) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": range [", r.begin, ", ", r.end, ") is out of bounds"));
@@ -206,10 +206,9 @@ absl::Status Loader::Serve(const LoadRequest& r) {
         absl::StrCat(what, ": range [", r.begin, ", ", r.end, ") has an undefined destination"));
   }
   if (r.destination.numel() != n) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": range [", r.begin, ", ", r.end,
-                                                   ") has ", n, " elements but the destination ",
-                                                   r.destination.ToString(), " has ",
-                                                   r.destination.numel()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": range [", r.begin, ", ", r.end, ") has ", n, " elements but the destination ",
+        r.destination.ToString(), " has ", r.destination.numel()));
   }
   const core::DType out_dtype = r.destination.dtype();
   if (!internal::Convertible(dtype, out_dtype)) {
@@ -245,7 +244,8 @@ absl::Status Loader::Serve(const LoadRequest& r) {
 
 }  // namespace
 
-absl::StatusOr<LoadStats> Load(const std::string& dir_in, const std::vector<LoadRequest>& requests) {
+absl::StatusOr<LoadStats> Load(const std::string& dir_in,
+                               const std::vector<LoadRequest>& requests) {
   ASSIGN_OR_RETURN(const std::string dir, internal::NormalizeDirectory(dir_in, "checkpoint::Load"));
   ASSIGN_OR_RETURN(internal::MetadataIndex index, internal::ReadMetadataIndex(dir));
   Loader loader(index);
@@ -255,7 +255,8 @@ absl::StatusOr<LoadStats> Load(const std::string& dir_in, const std::vector<Load
 
 absl::StatusOr<std::vector<std::pair<std::string, core::Tensor>>> LoadFull(
     const std::string& dir_in, const std::vector<std::string>& names, core::MemoryTag tag) {
-  ASSIGN_OR_RETURN(const std::string dir, internal::NormalizeDirectory(dir_in, "checkpoint::LoadFull"));
+  ASSIGN_OR_RETURN(const std::string dir,
+                   internal::NormalizeDirectory(dir_in, "checkpoint::LoadFull"));
   ASSIGN_OR_RETURN(internal::MetadataIndex index, internal::ReadMetadataIndex(dir));
   std::vector<int> which;
   if (names.empty()) {
@@ -264,7 +265,8 @@ absl::StatusOr<std::vector<std::pair<std::string, core::Tensor>>> LoadFull(
     for (const std::string& name : names) {
       const int i = index.Find(name);
       if (i < 0) {
-        return absl::NotFoundError(absl::StrCat("checkpoint '", dir, "' has no tensor '", name, "'"));
+        return absl::NotFoundError(
+            absl::StrCat("checkpoint '", dir, "' has no tensor '", name, "'"));
       }
       which.push_back(i);
     }

@@ -80,7 +80,8 @@ absl::StatusOr<std::vector<Message>> Exchange(comm::ProcessGroup* group, const M
   std::vector<Message> out(all.size());
   for (size_t r = 0; r < all.size(); ++r) {
     if (!out[r].ParseFromString(all[r])) {
-      return absl::InternalError(absl::StrCat("checkpoint::Save: rank ", r, "'s message does not parse"));
+      return absl::InternalError(
+          absl::StrCat("checkpoint::Save: rank ", r, "'s message does not parse"));
     }
   }
   return out;
@@ -92,17 +93,17 @@ absl::Status ValidateLocal(const std::string& dir, const std::vector<TensorSlice
   for (const TensorSlice& s : local) {
     const std::string what = absl::StrCat("checkpoint::Save to '", dir, "': tensor '", s.name, "'");
     if (s.name.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("checkpoint::Save to '", dir,
-                                                     "': a slice has an empty tensor name"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint::Save to '", dir, "': a slice has an empty tensor name"));
     }
     if (!names.insert(s.name).second) {
       return absl::InvalidArgumentError(absl::StrCat(what, " is listed twice by this rank"));
     }
     ASSIGN_OR_RETURN(int64_t numel, CheckedNumel(s.shape, what));
     if (s.begin < 0 || s.end < s.begin || s.end > numel) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " of shape ", core::ShapeToString(s.shape),
-                                                     " (", numel, " elements): slice [", s.begin,
-                                                     ", ", s.end, ") is out of range"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " of shape ", core::ShapeToString(s.shape), " (", numel,
+                       " elements): slice [", s.begin, ", ", s.end, ") is out of range"));
     }
     const int64_t n = s.end - s.begin;
     if (n == 0 && !s.data.defined()) continue;
@@ -116,9 +117,9 @@ absl::Status ValidateLocal(const std::string& dir, const std::vector<TensorSlice
                                                      s.data.ToString(), " has ", s.data.numel()));
     }
     if (!internal::Convertible(s.data.dtype(), s.dtype)) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": data of dtype ",
-                                                     core::DTypeName(s.data.dtype()),
-                                                     " cannot be stored as ", core::DTypeName(s.dtype)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": data of dtype ", core::DTypeName(s.data.dtype()),
+                       " cannot be stored as ", core::DTypeName(s.dtype)));
     }
   }
   return absl::OkStatus();
@@ -162,18 +163,19 @@ absl::StatusOr<Plan> MergePlans(const std::string& dir, const std::vector<PlanMe
       }
       PlannedTensor& t = plan.tensors[it->second];
       if (t.shape != shape || t.dtype != dtype) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "checkpoint::Save to '", dir, "': ranks disagree on tensor '", t.name, "': rank ",
-            t.holders.empty() ? 0 : t.holders.front().rank, " has ", core::DTypeName(t.dtype), " ",
-            core::ShapeToString(t.shape), ", rank ", r, " has ", core::DTypeName(dtype), " ",
-            core::ShapeToString(shape)));
+        return absl::InvalidArgumentError(
+            absl::StrCat("checkpoint::Save to '", dir, "': ranks disagree on tensor '", t.name,
+                         "': rank ", t.holders.empty() ? 0 : t.holders.front().rank, " has ",
+                         core::DTypeName(t.dtype), " ", core::ShapeToString(t.shape), ", rank ", r,
+                         " has ", core::DTypeName(dtype), " ", core::ShapeToString(shape)));
       }
       if (s.end() > s.begin()) t.holders.push_back({static_cast<int>(r), s.begin(), s.end()});
     }
   }
   for (const PlannedTensor& t : plan.tensors) {
     std::vector<Holder> h = t.holders;
-    std::sort(h.begin(), h.end(), [](const Holder& a, const Holder& b) { return a.begin < b.begin; });
+    std::sort(h.begin(), h.end(),
+              [](const Holder& a, const Holder& b) { return a.begin < b.begin; });
     int64_t covered = 0;
     for (const Holder& x : h) {
       if (x.begin > covered) break;
@@ -187,10 +189,10 @@ absl::StatusOr<Plan> MergePlans(const std::string& dir, const std::vector<PlanMe
           break;
         }
       }
-      return absl::InvalidArgumentError(absl::StrCat(
-          "checkpoint::Save to '", dir, "': tensor '", t.name, "' of shape ",
-          core::ShapeToString(t.shape), ": elements [", covered, ", ", gap_end,
-          ") are held by no rank"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint::Save to '", dir, "': tensor '", t.name, "' of shape ",
+                       core::ShapeToString(t.shape), ": elements [", covered, ", ", gap_end,
+                       ") are held by no rank"));
     }
   }
   return plan;
@@ -231,8 +233,8 @@ absl::StatusOr<WrittenMessage> WriteDataFile(const std::string& temp_dir, int ra
     if (pieces.empty()) continue;
     // Device tensors come through a pinned host buffer (internal/host_staging.h).
     ASSIGN_OR_RETURN(internal::HostBytes src,
-                     internal::HostBytes::Of(s.data, s.dtype,
-                                             absl::StrCat("checkpoint::Save: tensor '", s.name, "'")));
+                     internal::HostBytes::Of(
+                         s.data, s.dtype, absl::StrCat("checkpoint::Save: tensor '", s.name, "'")));
     const int64_t es = core::DTypeSize(s.dtype);
     const char* base = static_cast<const char*>(src.data());
     TensorProto* tp = out.add_tensors();
@@ -266,9 +268,9 @@ absl::Status Crash(SimulatedCrash point, const std::string& dir, const std::stri
   const char* name = point == SimulatedCrash::kBeforeMetadata ? "before writing metadata"
                      : point == SimulatedCrash::kBeforeRename ? "before renaming into place"
                                                               : "after renaming into place";
-  return absl::AbortedError(absl::StrCat("checkpoint::Save to '", dir, "': simulated crash ",
-                                         name, " (SaveOptions.simulate_crash); temporary '",
-                                         temp_dir, "' left behind"));
+  return absl::AbortedError(absl::StrCat("checkpoint::Save to '", dir, "': simulated crash ", name,
+                                         " (SaveOptions.simulate_crash); temporary '", temp_dir,
+                                         "' left behind"));
 }
 
 // Rank 0's part after every data file is written: metadata.pb, then the commit.
@@ -310,10 +312,11 @@ absl::Status Commit(const std::string& dir, const std::string& temp_dir, const P
   // The merged metadata must pass the reader's own checks before it is committed.
   const std::string meta_path = internal::JoinPath(temp_dir, kMetadataFileName);
   {
-    absl::StatusOr<internal::MetadataIndex> check = internal::IndexMetadata(meta, temp_dir, meta_path);
+    absl::StatusOr<internal::MetadataIndex> check =
+        internal::IndexMetadata(meta, temp_dir, meta_path);
     if (!check.ok()) {
-      return absl::InternalError(absl::StrCat("checkpoint::Save produced invalid metadata: ",
-                                              check.status().message()));
+      return absl::InternalError(
+          absl::StrCat("checkpoint::Save produced invalid metadata: ", check.status().message()));
     }
   }
   const std::string bytes = internal::EncodeMetadataFile(meta);
@@ -328,7 +331,8 @@ absl::Status Commit(const std::string& dir, const std::string& temp_dir, const P
   if (options.simulate_crash == SimulatedCrash::kAfterRename) {
     after_swap = [&] { return Crash(SimulatedCrash::kAfterRename, dir, temp_dir); };
   }
-  return internal::CommitDirectory(temp_dir, dir, internal::CommitMode::kAtomicExchange, after_swap);
+  return internal::CommitDirectory(temp_dir, dir, internal::CommitMode::kAtomicExchange,
+                                   after_swap);
 }
 
 std::string LockPath(const std::string& dir) { return absl::StrCat(dir, ".lock"); }
@@ -342,8 +346,8 @@ absl::StatusOr<int> RemoveInterruptedSaves(const std::string& dir, const char* c
   std::vector<std::string> temps, olds;
   DIR* d = ::opendir(parent.c_str());
   if (d == nullptr) {
-    return absl::NotFoundError(absl::StrCat(caller, ": cannot open '", parent, "': ",
-                                            core::ErrnoText(errno)));
+    return absl::NotFoundError(
+        absl::StrCat(caller, ": cannot open '", parent, "': ", core::ErrnoText(errno)));
   }
   while (dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
@@ -417,9 +421,9 @@ absl::StatusOr<Prepared> Prepare(const std::string& dir, absl::Duration lock_wai
         ::closedir(d);
       }
       if (!empty) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "checkpoint::Save: '", dir, "' exists, is not empty and has no ", kMetadataFileName,
-            ", so it is not a checkpoint; refusing to replace it"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("checkpoint::Save: '", dir, "' exists, is not empty and has no ",
+                         kMetadataFileName, ", so it is not a checkpoint; refusing to replace it"));
       }
     }
   }
@@ -476,12 +480,11 @@ absl::Status PendingSave::Finish() {
   // Phase 2: this rank's data file, written and fsynced (inline, or the background write
   // awaited); exchange the chunk lists.
   absl::StatusOr<WrittenMessage> written =
-      st.write.valid()                         ? st.write.get()
-      : !st.options.simulate_write_error.ok() ? absl::StatusOr<WrittenMessage>(
-                                                    st.options.simulate_write_error)
-                                              : WriteDataFile(st.temp_dir, st.rank, st.world,
-                                                              st.local, st.plan,
-                                                              st.options.block_bytes);
+      st.write.valid() ? st.write.get()
+      : !st.options.simulate_write_error.ok()
+          ? absl::StatusOr<WrittenMessage>(st.options.simulate_write_error)
+          : WriteDataFile(st.temp_dir, st.rank, st.world, st.local, st.plan,
+                          st.options.block_bytes);
   st.local.clear();  // the snapshot's memory goes now
   WrittenMessage written_mine;
   if (written.ok()) {
@@ -522,8 +525,7 @@ absl::Status PendingSave::Finish() {
 absl::StatusOr<std::unique_ptr<PendingSave>> BeginSave(const std::string& dir_in,
                                                        const std::vector<TensorSlice>& local,
                                                        const SaveOptions& options,
-                                                       comm::ProcessGroup* group,
-                                                       bool background) {
+                                                       comm::ProcessGroup* group, bool background) {
   auto st = std::make_unique<PendingSave::State>();
   st->rank = group == nullptr ? 0 : group->rank();
   st->world = group == nullptr ? 1 : group->size();
@@ -534,10 +536,9 @@ absl::StatusOr<std::unique_ptr<PendingSave>> BeginSave(const std::string& dir_in
   ASSIGN_OR_RETURN(st->dir, internal::NormalizeDirectory(dir_in, "checkpoint::Save"));
   const std::string& dir = st->dir;
   if (options.block_bytes <= 0 || options.block_bytes > kMaxBlockBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint::Save to '", dir,
-                                                   "': SaveOptions.block_bytes is ",
-                                                   options.block_bytes, "; it must be in [1, ",
-                                                   kMaxBlockBytes, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint::Save to '", dir, "': SaveOptions.block_bytes is ",
+                     options.block_bytes, "; it must be in [1, ", kMaxBlockBytes, "]"));
   }
 
   // Phase 1: validate locally, rank 0 takes the lock, tidies and prepares the temporary
@@ -631,15 +632,15 @@ absl::StatusOr<int> CleanUpInterruptedSaves(const std::string& dir_in) {
   ASSIGN_OR_RETURN(const std::string dir, internal::NormalizeDirectory(dir_in, kCaller));
   const std::string parent = internal::ParentDirectory(dir);
   if (!internal::PathExists(parent)) {
-    return absl::NotFoundError(absl::StrCat(kCaller, ": the parent directory '", parent,
-                                            "' of '", dir, "' does not exist"));
+    return absl::NotFoundError(absl::StrCat(kCaller, ": the parent directory '", parent, "' of '",
+                                            dir, "' does not exist"));
   }
   absl::StatusOr<internal::FileLock> lock =
       internal::FileLock::Acquire(LockPath(dir), absl::ZeroDuration());
   if (!lock.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        kCaller, "('", dir, "'): a save to it is running, so nothing is deleted: ",
-        lock.status().message()));
+        kCaller, "('", dir,
+        "'): a save to it is running, so nothing is deleted: ", lock.status().message()));
   }
   return RemoveInterruptedSaves(dir, kCaller);
 }

@@ -21,8 +21,8 @@
 #include "absl/synchronization/mutex.h"
 #include "checkpoint/checkpoint.pb.h"
 #include "checkpoint/testing/sharded_model.h"
-#include "core/status_macros.h"
 #include "comm/testing/thread_ranks.h"
+#include "core/status_macros.h"
 #include "core/tensor.h"
 #include "flatten/shard_math.h"
 #include "gmock/gmock.h"
@@ -31,10 +31,10 @@
 namespace checkpoint {
 namespace {
 
-using ::testing::HasSubstr;
 using core::DType;
 using core::Tensor;
 using testing::Entries;
+using ::testing::HasSubstr;
 using testing::LoadAndCheckAt;
 using testing::MakeFull;
 using testing::MakeModel;
@@ -119,7 +119,8 @@ TEST(ShardedTest, ReplicatedElementsAreWrittenOnceByTheLowestRank) {
   absl::Status s = comm::testing::RunThreadRanks(3, [&](comm::testing::RankContext& ctx) {
     // Rank 0 holds [0, 6), rank 1 [4, 10), rank 2 [2, 9): overlapping ranges.
     const int64_t b[] = {0, 4, 2}, e[] = {6, 10, 9};
-    Tensor mine = full.View(b[ctx.rank], {e[ctx.rank] - b[ctx.rank]}).value().Clone(core::MemoryTag::kParam);
+    Tensor mine =
+        full.View(b[ctx.rank], {e[ctx.rank] - b[ctx.rank]}).value().Clone(core::MemoryTag::kParam);
     std::vector<TensorSlice> slices = {
         {"overlap", {10}, DType::kFloat32, b[ctx.rank], e[ctx.rank], mine},
         FullSlice("step", step.Clone(core::MemoryTag::kOptim)),
@@ -163,14 +164,16 @@ TEST(ShardedTest, Bf16StorageAndConversionOnSaveAndLoad) {
   Tensor x_f32 = Tensor::Empty({9}, DType::kFloat32);
   Tensor x_bf = Tensor::Empty({3, 3}, DType::kBFloat16);  // any shape of the right numel
   Tensor y_f32 = Tensor::Empty({5}, DType::kFloat32);
-  absl::StatusOr<LoadStats> st = Load(dir, {{"x", 0, 9, x_f32}, {"x", 0, 9, x_bf}, {"y", 0, 5, y_f32}});
+  absl::StatusOr<LoadStats> st =
+      Load(dir, {{"x", 0, 9, x_f32}, {"x", 0, 9, x_bf}, {"y", 0, 5, y_f32}});
   ASSERT_TRUE(st.ok()) << st.status();
   for (int i = 0; i < 9; ++i) {
     const core::BFloat16 want = core::BFloat16::FromFloat(f32.data<float>()[i]);
     EXPECT_EQ(x_bf.data<core::BFloat16>()[i].bits, want.bits) << i;
     EXPECT_EQ(x_f32.data<float>()[i], want.ToFloat()) << i;
   }
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(y_f32.data<float>()[i], bf.data<core::BFloat16>()[i].ToFloat());
+  for (int i = 0; i < 5; ++i)
+    EXPECT_EQ(y_f32.data<float>()[i], bf.data<core::BFloat16>()[i].ToFloat());
 }
 
 TEST(ShardedTest, ZeroSizeTensorsRoundTrip) {
@@ -390,7 +393,8 @@ TEST(ShardedTest, TruncatedFileIsRefusedNamingFileAndTensor) {
   EXPECT_THAT(msg, HasSubstr("truncated"));
   // NOTE [Checksum coverage]: the file's size is checked before any of it is used, so
   // even a chunk wholly before the cut is refused, naming the file and the tensor.
-  Tensor early_dest = Tensor::Empty({early->end() - early->begin()}, m.full.at(early_tensor).dtype());
+  Tensor early_dest =
+      Tensor::Empty({early->end() - early->begin()}, m.full.at(early_tensor).dtype());
   st = Load(dir, {{early_tensor, early->begin(), early->end(), early_dest}});
   ASSERT_TRUE(absl::IsDataLoss(st.status())) << st.status();
   EXPECT_THAT(std::string(st.status().message()), HasSubstr(dir + "/" + file));
@@ -526,25 +530,31 @@ TEST(ShardedTest, InvalidSlicesFailOnEveryRankAndLeaveDirUntouched) {
       {"gap",
        [](int rank) {
          const int64_t b = rank == 0 ? 0 : 6;
-         return std::vector<TensorSlice>{{"t", {10}, DType::kFloat32, b, b + 3, Tensor::Zeros({3})}};
+         return std::vector<TensorSlice>{
+             {"t", {10}, DType::kFloat32, b, b + 3, Tensor::Zeros({3})}};
        },
        "elements [3, 6) are held by no rank"},
       {"data size",
        [](int rank) {
-         return std::vector<TensorSlice>{{"t", {10}, DType::kFloat32, 0, 10, Tensor::Zeros({rank + 9})}};
+         return std::vector<TensorSlice>{
+             {"t", {10}, DType::kFloat32, 0, 10, Tensor::Zeros({rank + 9})}};
        },
        "tensor 't'"},
       {"duplicate",
        [](int) {
-         return std::vector<TensorSlice>{FullSlice("t", Tensor::Zeros({2})), FullSlice("t", Tensor::Zeros({2}))};
+         return std::vector<TensorSlice>{FullSlice("t", Tensor::Zeros({2})),
+                                         FullSlice("t", Tensor::Zeros({2}))};
        },
        "listed twice"},
       {"out of range",
-       [](int) { return std::vector<TensorSlice>{{"t", {4}, DType::kFloat32, 2, 6, Tensor::Zeros({4})}}; },
+       [](int) {
+         return std::vector<TensorSlice>{{"t", {4}, DType::kFloat32, 2, 6, Tensor::Zeros({4})}};
+       },
        "[2, 6) is out of range"},
       {"int32 as float",
        [](int) {
-         return std::vector<TensorSlice>{{"t", {1}, DType::kFloat32, 0, 1, Tensor::FromInts({1}, {1}).value()}};
+         return std::vector<TensorSlice>{
+             {"t", {1}, DType::kFloat32, 0, 1, Tensor::FromInts({1}, {1}).value()}};
        },
        "cannot be stored as float32"},
   };

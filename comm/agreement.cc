@@ -57,8 +57,8 @@ absl::StatusOr<std::vector<std::string>> AllGatherBytes(ProcessGroup* group,
                                                         absl::Duration timeout) {
   if (group == nullptr || group->size() == 1) return std::vector<std::string>{bytes};
   if (bytes.size() > static_cast<size_t>(INT32_MAX)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "comm::AllGatherBytes: this rank's message is ", bytes.size(), " bytes, more than 2^31 - 1"));
+    return absl::InvalidArgumentError(absl::StrCat("comm::AllGatherBytes: this rank's message is ",
+                                                   bytes.size(), " bytes, more than 2^31 - 1"));
   }
   const int n = group->size();
   AllGatherOptions options;
@@ -72,7 +72,8 @@ absl::StatusOr<std::vector<std::string>> AllGatherBytes(ProcessGroup* group,
   for (int r = 0; r < n; ++r) {
     const int32_t len = lengths.data<int32_t>()[r];
     if (len < 0) {
-      return absl::InternalError(absl::StrCat("comm::AllGatherBytes: rank ", r, " sent length ", len));
+      return absl::InternalError(
+          absl::StrCat("comm::AllGatherBytes: rank ", r, " sent length ", len));
     }
     longest = std::max<int64_t>(longest, len);
   }

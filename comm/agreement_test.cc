@@ -16,7 +16,8 @@ std::vector<absl::Status> Agree(int world, std::function<absl::Status(int)> loca
   std::vector<absl::Status> results(world, absl::InternalError("not run"));
   absl::Mutex mu;
   absl::Status run = testing::RunThreadRanks(world, [&](testing::RankContext& ctx) {
-    absl::Status s = AgreeOnStatus(ctx.group.get(), local(ctx.rank), "test step", absl::Seconds(30));
+    absl::Status s =
+        AgreeOnStatus(ctx.group.get(), local(ctx.rank), "test step", absl::Seconds(30));
     absl::MutexLock lock(&mu);
     results[ctx.rank] = s;
     return absl::OkStatus();

@@ -12,9 +12,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_replace.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -40,9 +40,8 @@ absl::Status MarkSecondary(absl::Status status, const std::vector<int>& culprit_
                         : absl::StrCat(culprit_ranks.size() == 1 ? "rank " : "ranks ",
                                        absl::StrJoin(culprit_ranks, ", "));
   absl::Status out(status.code(), absl::StrCat(kSecondaryPrefix, who, "): ", status.message()));
-  status.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) {
-    out.SetPayload(url, payload);
-  });
+  status.ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
   out.SetPayload(kSecondaryPayload, absl::Cord(absl::StrJoin(culprit_ranks, ",")));
   return out;
 }

@@ -44,8 +44,8 @@ std::vector<int> CulpritRanks(const absl::Status& status);
 // One rank's recorded failure.
 struct FailureRecord {
   int rank = -1;
-  int64_t time_unix_ns = 0;   // when it was recorded
-  int code = 0;               // absl::StatusCode
+  int64_t time_unix_ns = 0;  // when it was recorded
+  int code = 0;              // absl::StatusCode
   std::string message;
   bool secondary = false;
   std::vector<int> culprit_ranks;

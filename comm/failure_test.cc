@@ -4,7 +4,6 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-
 #include "gtest/gtest.h"
 
 namespace comm {

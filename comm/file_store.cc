@@ -29,8 +29,8 @@ absl::Status MakeDirs(const std::string& path) {
     if (i == path.size() || (path[i] == '/' && i > 0)) {
       partial = path.substr(0, i);
       if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
-        return absl::InternalError(
-            absl::StrCat("FileStore: cannot create directory ", partial, ": ", core::ErrnoText(errno)));
+        return absl::InternalError(absl::StrCat("FileStore: cannot create directory ", partial,
+                                                ": ", core::ErrnoText(errno)));
       }
     }
   }
@@ -139,8 +139,8 @@ absl::StatusOr<int64_t> FileStore::Add(absl::string_view key, int64_t delta) {
   }
   absl::Cleanup unlock = [fd] { ::flock(fd, LOCK_UN); };
   absl::StatusOr<std::string> current = ReadKey(key);
-  absl::StatusOr<int64_t> value = internal::AddToCounter(
-      absl::StrCat("FileStore ", path_), key, current.ok() ? &*current : nullptr, delta);
+  absl::StatusOr<int64_t> value = internal::AddToCounter(absl::StrCat("FileStore ", path_), key,
+                                                         current.ok() ? &*current : nullptr, delta);
   if (!value.ok()) return value.status();
   RETURN_IF_ERROR(WriteAtomically(KeyPath(key), absl::StrCat(*value)));
   return value;

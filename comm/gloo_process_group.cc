@@ -77,10 +77,10 @@ absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::Join(
     std::shared_ptr<Store> store, int rank, int size, const GlooOptions& options) {
   const std::string who = internal::JoinWho("gloo", options.name, rank, size);
   RETURN_IF_ERROR(internal::CheckRankAndSize(who, rank, size));
-  RETURN_IF_ERROR(internal::CheckPositive(who, "GlooOptions.rendezvous_timeout",
-                                          options.rendezvous_timeout));
-  RETURN_IF_ERROR(internal::CheckPositive(who, "GlooOptions.store_probe_timeout",
-                                          options.store_probe_timeout));
+  RETURN_IF_ERROR(
+      internal::CheckPositive(who, "GlooOptions.rendezvous_timeout", options.rendezvous_timeout));
+  RETURN_IF_ERROR(
+      internal::CheckPositive(who, "GlooOptions.store_probe_timeout", options.store_probe_timeout));
   if (options.store_server_rank < -1 || options.store_server_rank >= size) {
     return absl::InvalidArgumentError(absl::StrCat(who, ": GlooOptions.store_server_rank ",
                                                    options.store_server_rank,
@@ -95,9 +95,9 @@ absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::Join(
   }
   const std::string ip = internal::IPv4ToString(*addr);
   if (absl::StatusOr<internal::Fd> probe = internal::Listen(ip, 0, 1); !probe.ok()) {
-    return absl::UnavailableError(absl::StrCat(who, ": GlooOptions.hostname \"", options.hostname,
-                                               "\" is not a local address: ",
-                                               probe.status().message()));
+    return absl::UnavailableError(
+        absl::StrCat(who, ": GlooOptions.hostname \"", options.hostname,
+                     "\" is not a local address: ", probe.status().message()));
   }
   // NOTE in comm/internal/sigpipe.h: gloo's threads (the device's event loop, started
   // here, and our worker, started below) inherit a mask with SIGPIPE blocked.
@@ -131,19 +131,18 @@ absl::Status GlooProcessGroup::Connect(const std::string& who, const std::string
     if (e.status().code() != absl::StatusCode::kDeadlineExceeded) {
       return core::Annotate(e.status(), absl::StrCat(who, ": rendezvous"));
     }
-    return core::Annotate(e.status(),
-                          absl::StrCat(who, ": rendezvous failed after ",
-                                       absl::FormatDuration(absl::Now() - start),
-                                       " (rendezvous_timeout ",
-                                       absl::FormatDuration(options_.rendezvous_timeout),
-                                       "); keys named below are the ranks that did not join"));
+    return core::Annotate(
+        e.status(),
+        absl::StrCat(who, ": rendezvous failed after ", absl::FormatDuration(absl::Now() - start),
+                     " (rendezvous_timeout ", absl::FormatDuration(options_.rendezvous_timeout),
+                     "); keys named below are the ranks that did not join"));
   } catch (const std::exception& e) {
     std::string address;
     const int peer = adapter.listening().RankIn(e.what(), &address);
-    const std::string target =
-        peer < 0 ? "the peers"
-                 : absl::StrCat("rank ", peer, " at ", address, " (the address in key '",
-                                key_prefix, peer, "')");
+    const std::string target = peer < 0
+                                   ? "the peers"
+                                   : absl::StrCat("rank ", peer, " at ", address,
+                                                  " (the address in key '", key_prefix, peer, "')");
     return absl::Status(
         IsGlooTimeout(e.what()) ? absl::StatusCode::kDeadlineExceeded
                                 : absl::StatusCode::kUnavailable,
@@ -216,10 +215,9 @@ internal::CollectiveWorker::Hooks GlooProcessGroup::WorkerHooks() {
 
 std::shared_ptr<Work> GlooProcessGroup::Enqueue(CollectiveKind kind, absl::Duration timeout,
                                                 Traffic traffic, RunFn run) {
-  return worker_.Enqueue(kind, timeout, traffic,
-                         [this, run = std::move(run)](const internal::QueuedOp& op) {
-                           return RunOp(op, run);
-                         });
+  return worker_.Enqueue(
+      kind, timeout, traffic,
+      [this, run = std::move(run)](const internal::QueuedOp& op) { return RunOp(op, run); });
 }
 
 absl::Status GlooProcessGroup::RunOp(const internal::QueuedOp& op, const RunFn& run) {
@@ -245,8 +243,9 @@ absl::Status GlooProcessGroup::RunOp(const internal::QueuedOp& op, const RunFn& 
   }
 }
 
-absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllGather(
-    const core::Tensor& input, const core::Tensor& output, const AllGatherOptions& options) {
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllGather(const core::Tensor& input,
+                                                                  const core::Tensor& output,
+                                                                  const AllGatherOptions& options) {
   constexpr CollectiveKind kind = CollectiveKind::kAllGather;
   RETURN_IF_ERROR(ValidateAllGather(*this, input, output, options));
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&input, &output}, core::Device::Cpu()));
@@ -281,14 +280,14 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::ReduceScatter(
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&input, &output}, core::Device::Cpu()));
   RETURN_IF_ERROR(worker_.CheckUsable(kind));
   const ReduceOp op = options.reduce_op;
-  return Enqueue(kind, options.timeout, ExpectedTraffic(kind, input.nbytes(), size(), rank()),
-                 [this, input, output, op, unstage_to = options.unstage_to,
-                  into = options.accumulate_into](uint32_t tag,
-                                                  std::chrono::milliseconds left) -> absl::Status {
-                   RETURN_IF_ERROR(RunReduceScatter(input, output, op, tag, left));
-                   RETURN_IF_ERROR(StageOut(output, unstage_to));
-                   return AccumulateOut(output, into);
-                 });
+  return Enqueue(
+      kind, options.timeout, ExpectedTraffic(kind, input.nbytes(), size(), rank()),
+      [this, input, output, op, unstage_to = options.unstage_to, into = options.accumulate_into](
+          uint32_t tag, std::chrono::milliseconds left) -> absl::Status {
+        RETURN_IF_ERROR(RunReduceScatter(input, output, op, tag, left));
+        RETURN_IF_ERROR(StageOut(output, unstage_to));
+        return AccumulateOut(output, into);
+      });
 }
 
 // NOTE [Pipelined reduce-scatter]: chunk j of every rank's input goes to rank j, in
@@ -320,7 +319,7 @@ absl::Status GlooProcessGroup::RunReduceScatter(const core::Tensor& input,
   }
   const size_t piece_bytes = static_cast<size_t>(piece) * esize;
   // Scratch: peer slot q (the q-th rank other than this one) x ring entry r.
-  ASSIGN_OR_RETURN(uint8_t* scratch,
+  ASSIGN_OR_RETURN(uint8_t * scratch,
                    ReduceScatterScratch(static_cast<int64_t>(n - 1) * 2 * piece_bytes));
   const auto peer_slot = [this](int j) { return j < rank() ? j : j - 1; };
   const uint64_t base = gloo::Slot::build(gloo::kAlltoallSlotPrefix, tag);
@@ -353,8 +352,7 @@ absl::Status GlooProcessGroup::RunReduceScatter(const core::Tensor& input,
   for (int64_t p = 0; p < pieces; ++p) {
     for (int i = 1; i < n; ++i) {
       const int j = (rank() + i) % n;
-      in->send(j, base + p, (static_cast<size_t>(j) * k + p * piece) * esize,
-               piece_len(p) * esize);
+      in->send(j, base + p, (static_cast<size_t>(j) * k + p * piece) * esize, piece_len(p) * esize);
     }
   }
   post_recv(0);
@@ -383,16 +381,16 @@ absl::Status GlooProcessGroup::RunReduceScatter(const core::Tensor& input,
 absl::StatusOr<uint8_t*> GlooProcessGroup::ReduceScatterScratch(int64_t bytes) {
   if (!reduce_scatter_scratch_.defined() || reduce_scatter_scratch_.nbytes() < bytes) {
     reduce_scatter_scratch_ = core::Tensor();
-    absl::StatusOr<core::Tensor> scratch = core::Tensor::Allocate(
-        {(bytes + 3) / 4}, core::DType::kFloat32, core::MemoryTag::kComm);
+    absl::StatusOr<core::Tensor> scratch =
+        core::Tensor::Allocate({(bytes + 3) / 4}, core::DType::kFloat32, core::MemoryTag::kComm);
     if (!scratch.ok()) return scratch.status();
     reduce_scatter_scratch_ = *std::move(scratch);
   }
   return Bytes(reduce_scatter_scratch_);
 }
 
-absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllReduce(
-    const core::Tensor& tensor, const AllReduceOptions& options) {
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllReduce(const core::Tensor& tensor,
+                                                                  const AllReduceOptions& options) {
   constexpr CollectiveKind kind = CollectiveKind::kAllReduce;
   RETURN_IF_ERROR(ValidateAllReduce(*this, tensor, options));
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&tensor}, core::Device::Cpu()));
@@ -401,40 +399,39 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllReduce(
   const ReduceOp op = options.reduce_op;
   auto context = context_;
   auto run = [=](uint32_t tag, std::chrono::milliseconds left) -> absl::Status {
-        if (tensor.numel() == 0 || n == 1) return absl::OkStatus();
-        // bf16 is reduced in an fp32 copy and rounded back once.
-        core::Tensor buf = tensor;
-        if (tensor.dtype() == core::DType::kBFloat16) {
-          absl::StatusOr<core::Tensor> wide =
-              tensor.ToDType(core::DType::kFloat32, core::MemoryTag::kComm);
-          if (!wide.ok()) return wide.status();
-          buf = *std::move(wide);
-        }
-        const core::DType dtype = buf.dtype();
-        const ReduceOp pair_op = op == ReduceOp::kMax ? ReduceOp::kMax : ReduceOp::kSum;
-        gloo::AllreduceOptions o(context);
-        if (dtype == core::DType::kInt32) {
-          o.setOutput<int32_t>(buf.data<int32_t>(), buf.numel());
-        } else {
-          o.setOutput<float>(buf.data<float>(), buf.numel());
-        }
-        if (dtype == core::DType::kFloat32 && pair_op == ReduceOp::kSum) {
-          // gloo's own fp32 sum (c = a + b, the same bits as ReducePair).
-          o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
-              &gloo::sum<float>));
-        } else {
-          o.setReduceFunction(
-              [dtype, pair_op](void* c, const void* a, const void* b, size_t count) {
-                internal::ReducePair(dtype, pair_op, c, a, b, count);
-              });
-        }
-        o.setTag(tag);
-        o.setTimeout(left);
-        gloo::allreduce(o);
-        if (op == ReduceOp::kAverage) internal::DivideInPlace(buf.data<float>(), buf.numel(), n);
-        if (!buf.SharesStorage(tensor)) return tensor.CopyFrom(buf);
-        return absl::OkStatus();
-      };
+    if (tensor.numel() == 0 || n == 1) return absl::OkStatus();
+    // bf16 is reduced in an fp32 copy and rounded back once.
+    core::Tensor buf = tensor;
+    if (tensor.dtype() == core::DType::kBFloat16) {
+      absl::StatusOr<core::Tensor> wide =
+          tensor.ToDType(core::DType::kFloat32, core::MemoryTag::kComm);
+      if (!wide.ok()) return wide.status();
+      buf = *std::move(wide);
+    }
+    const core::DType dtype = buf.dtype();
+    const ReduceOp pair_op = op == ReduceOp::kMax ? ReduceOp::kMax : ReduceOp::kSum;
+    gloo::AllreduceOptions o(context);
+    if (dtype == core::DType::kInt32) {
+      o.setOutput<int32_t>(buf.data<int32_t>(), buf.numel());
+    } else {
+      o.setOutput<float>(buf.data<float>(), buf.numel());
+    }
+    if (dtype == core::DType::kFloat32 && pair_op == ReduceOp::kSum) {
+      // gloo's own fp32 sum (c = a + b, the same bits as ReducePair).
+      o.setReduceFunction(
+          static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+    } else {
+      o.setReduceFunction([dtype, pair_op](void* c, const void* a, const void* b, size_t count) {
+        internal::ReducePair(dtype, pair_op, c, a, b, count);
+      });
+    }
+    o.setTag(tag);
+    o.setTimeout(left);
+    gloo::allreduce(o);
+    if (op == ReduceOp::kAverage) internal::DivideInPlace(buf.data<float>(), buf.numel(), n);
+    if (!buf.SharesStorage(tensor)) return tensor.CopyFrom(buf);
+    return absl::OkStatus();
+  };
   return Enqueue(kind, options.timeout, ExpectedTraffic(kind, tensor.nbytes(), n, rank()),
                  [run, tensor, unstage_to = options.unstage_to](
                      uint32_t tag, std::chrono::milliseconds left) -> absl::Status {
@@ -443,8 +440,8 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllReduce(
                  });
 }
 
-absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Broadcast(
-    const core::Tensor& tensor, const BroadcastOptions& options) {
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Broadcast(const core::Tensor& tensor,
+                                                                  const BroadcastOptions& options) {
   constexpr CollectiveKind kind = CollectiveKind::kBroadcast;
   RETURN_IF_ERROR(ValidateBroadcast(*this, tensor, options));
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&tensor}, core::Device::Cpu()));

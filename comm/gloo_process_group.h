@@ -110,9 +110,9 @@ class GlooProcessGroup : public internal::BackendGroup {
   absl::StatusOr<std::shared_ptr<Work>> AllGather(const core::Tensor& input,
                                                   const core::Tensor& output,
                                                   const AllGatherOptions& options) override;
-  absl::StatusOr<std::shared_ptr<Work>> ReduceScatter(
-      const core::Tensor& input, const core::Tensor& output,
-      const ReduceScatterOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> ReduceScatter(const core::Tensor& input,
+                                                      const core::Tensor& output,
+                                                      const ReduceScatterOptions& options) override;
   absl::StatusOr<std::shared_ptr<Work>> AllReduce(const core::Tensor& tensor,
                                                   const AllReduceOptions& options) override;
   absl::StatusOr<std::shared_ptr<Work>> Broadcast(const core::Tensor& tensor,
@@ -153,8 +153,8 @@ class GlooProcessGroup : public internal::BackendGroup {
   // Runs `run` for `op` on the worker thread; gloo's exceptions become its status.
   absl::Status RunOp(const internal::QueuedOp& op, const RunFn& run);
   // The body of ReduceScatter, on the worker thread.
-  absl::Status RunReduceScatter(const core::Tensor& input, const core::Tensor& output,
-                                ReduceOp op, uint32_t tag, std::chrono::milliseconds left);
+  absl::Status RunReduceScatter(const core::Tensor& input, const core::Tensor& output, ReduceOp op,
+                                uint32_t tag, std::chrono::milliseconds left);
   // reduce_scatter_scratch_, grown to at least `bytes` (tag kComm).
   absl::StatusOr<uint8_t*> ReduceScatterScratch(int64_t bytes);
 

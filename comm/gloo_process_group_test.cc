@@ -52,18 +52,17 @@ ThreadRanksOptions Options() {
 
 absl::Status Finish(const std::shared_ptr<Work>& work) { return work->Wait(kTimeout); }
 
-INSTANTIATE_TEST_SUITE_P(
-    Gloo, ProcessGroupConformanceTest,
-    ::testing::ValuesIn(::comm::testing::ConformanceCases(
-        {"Gloo",
-         [](std::shared_ptr<Store> store, int rank,
-            int size) -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
-           GlooOptions g;
-           g.rendezvous_timeout = absl::Seconds(20);
-           return GlooProcessGroup::Create(std::move(store), rank, size, g);
-         }},
-        {1, 2, 3, 4})),
-    ::comm::testing::ConformanceCaseName);
+INSTANTIATE_TEST_SUITE_P(Gloo, ProcessGroupConformanceTest,
+                         ::testing::ValuesIn(::comm::testing::ConformanceCases(
+                             {"Gloo",
+                              [](std::shared_ptr<Store> store, int rank,
+                                 int size) -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
+                                GlooOptions g;
+                                g.rendezvous_timeout = absl::Seconds(20);
+                                return GlooProcessGroup::Create(std::move(store), rank, size, g);
+                              }},
+                             {1, 2, 3, 4})),
+                         ::comm::testing::ConformanceCaseName);
 
 class CollectivesTest : public ::testing::TestWithParam<int> {
  protected:
@@ -74,43 +73,47 @@ class CollectivesTest : public ::testing::TestWithParam<int> {
 // combining the ranks' chunks in rank order, in place or not, and the group receives
 // into a fixed ring of 2 (n - 1) pieces instead of an n x chunk buffer per call.
 TEST_P(CollectivesTest, ReduceScatterOfSeveralPiecesInRankOrderWithABoundedRing) {
-  absl::Status s = RunThreadRanks(n(), [&](RankContext& ctx) -> absl::Status {
-    const int n = ctx.world_size;
-    const int64_t piece_f32 = GlooProcessGroup::kReduceScatterPieceBytes / 4;
-    const auto value = [](int rank, int64_t j) {
-      return static_cast<float>(std::sin(0.001 * static_cast<double>(j) + rank) * (rank + 1.3));
-    };
-    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
-      for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
-        for (bool in_place : {false, true}) {
-          const int64_t k = 2 * piece_f32 + 12345;  // 3 fp32 pieces, 2 bf16 pieces
-          Tensor in = FilledTensor(n * k, dtype, [&](int64_t j) { return value(ctx.rank, j); });
-          Tensor out = in_place ? in.View(ctx.rank * k, {k}).value() : Tensor::Zeros({k}, dtype);
-          ctx.allocator->ResetPeaks();
-          ReduceScatterOptions opts;
-          opts.reduce_op = op;
-          ASSIGN_OR_RETURN(auto work, ctx.group->ReduceScatter(in, out, opts));
-          RETURN_IF_ERROR(Finish(work));
-          const int64_t ring = 2 * (n - 1) * GlooProcessGroup::kReduceScatterPieceBytes;
-          EXPECT_LE(ctx.allocator->Stats().peak(core::MemoryTag::kComm), ring);
-          EXPECT_EQ(ctx.allocator->Stats().current(core::MemoryTag::kComm),
-                    ctx.allocator->Stats().peak(core::MemoryTag::kComm))
-              << "the ring is kept for the next call, nothing else";
-          int64_t wrong = 0;
-          for (int64_t i = 0; i < k; ++i) {
-            const int64_t j = ctx.rank * k + i;
-            float acc = StoredAs(dtype, value(0, j));
-            for (int r = 1; r < n; ++r) acc += StoredAs(dtype, value(r, j));
-            if (op == ReduceOp::kAverage) acc /= static_cast<float>(n);
-            if (ElementAt(out, i) != StoredAs(dtype, acc)) ++wrong;
+  absl::Status s = RunThreadRanks(
+      n(),
+      [&](RankContext& ctx) -> absl::Status {
+        const int n = ctx.world_size;
+        const int64_t piece_f32 = GlooProcessGroup::kReduceScatterPieceBytes / 4;
+        const auto value = [](int rank, int64_t j) {
+          return static_cast<float>(std::sin(0.001 * static_cast<double>(j) + rank) * (rank + 1.3));
+        };
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+          for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+            for (bool in_place : {false, true}) {
+              const int64_t k = 2 * piece_f32 + 12345;  // 3 fp32 pieces, 2 bf16 pieces
+              Tensor in = FilledTensor(n * k, dtype, [&](int64_t j) { return value(ctx.rank, j); });
+              Tensor out =
+                  in_place ? in.View(ctx.rank * k, {k}).value() : Tensor::Zeros({k}, dtype);
+              ctx.allocator->ResetPeaks();
+              ReduceScatterOptions opts;
+              opts.reduce_op = op;
+              ASSIGN_OR_RETURN(auto work, ctx.group->ReduceScatter(in, out, opts));
+              RETURN_IF_ERROR(Finish(work));
+              const int64_t ring = 2 * (n - 1) * GlooProcessGroup::kReduceScatterPieceBytes;
+              EXPECT_LE(ctx.allocator->Stats().peak(core::MemoryTag::kComm), ring);
+              EXPECT_EQ(ctx.allocator->Stats().current(core::MemoryTag::kComm),
+                        ctx.allocator->Stats().peak(core::MemoryTag::kComm))
+                  << "the ring is kept for the next call, nothing else";
+              int64_t wrong = 0;
+              for (int64_t i = 0; i < k; ++i) {
+                const int64_t j = ctx.rank * k + i;
+                float acc = StoredAs(dtype, value(0, j));
+                for (int r = 1; r < n; ++r) acc += StoredAs(dtype, value(r, j));
+                if (op == ReduceOp::kAverage) acc /= static_cast<float>(n);
+                if (ElementAt(out, i) != StoredAs(dtype, acc)) ++wrong;
+              }
+              EXPECT_EQ(wrong, 0) << DTypeName(dtype) << " " << ReduceOpName(op)
+                                  << " in_place=" << in_place;
+            }
           }
-          EXPECT_EQ(wrong, 0) << DTypeName(dtype) << " " << ReduceOpName(op)
-                              << " in_place=" << in_place;
         }
-      }
-    }
-    return absl::OkStatus();
-  }, Options());
+        return absl::OkStatus();
+      },
+      Options());
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -122,20 +125,23 @@ INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesTest, ::testing::Values(1, 2, 3, 4),
 TEST(GlooFaultTest, RankThatNeverJoinsGivesDeadlineExceededToTheOthers) {
   ThreadRanksOptions opts = Options();
   opts.create_group = false;
-  absl::Status s = RunThreadRanks(3, [&](RankContext& ctx) -> absl::Status {
-    if (ctx.rank == 2) return absl::OkStatus();  // never joins
-    GlooOptions g;
-    g.rendezvous_timeout = absl::Milliseconds(500);
-    const absl::Time start = absl::Now();
-    auto group = GlooProcessGroup::Create(ctx.store, ctx.rank, 3, g);
-    const absl::Duration took = absl::Now() - start;
-    EXPECT_EQ(group.status().code(), absl::StatusCode::kDeadlineExceeded) << group.status();
-    EXPECT_NE(group.status().message().find("world"), std::string::npos) << group.status();
-    EXPECT_NE(group.status().message().find("2"), std::string::npos) << group.status();
-    // Within the rendezvous timeout plus slack for a loaded machine.
-    EXPECT_LT(took, absl::Seconds(5));
-    return absl::OkStatus();
-  }, opts);
+  absl::Status s = RunThreadRanks(
+      3,
+      [&](RankContext& ctx) -> absl::Status {
+        if (ctx.rank == 2) return absl::OkStatus();  // never joins
+        GlooOptions g;
+        g.rendezvous_timeout = absl::Milliseconds(500);
+        const absl::Time start = absl::Now();
+        auto group = GlooProcessGroup::Create(ctx.store, ctx.rank, 3, g);
+        const absl::Duration took = absl::Now() - start;
+        EXPECT_EQ(group.status().code(), absl::StatusCode::kDeadlineExceeded) << group.status();
+        EXPECT_NE(group.status().message().find("world"), std::string::npos) << group.status();
+        EXPECT_NE(group.status().message().find("2"), std::string::npos) << group.status();
+        // Within the rendezvous timeout plus slack for a loaded machine.
+        EXPECT_LT(took, absl::Seconds(5));
+        return absl::OkStatus();
+      },
+      opts);
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -166,91 +172,100 @@ void AwaitCount(const std::shared_ptr<std::atomic<int>>& count, int n) {
 
 TEST(GlooBlameTest, RankThatNeverArrivesIsNamedByTheOthers) {
   auto done = std::make_shared<std::atomic<int>>(0);
-  absl::Status s = RunThreadRanks(3, [done](RankContext& ctx) -> absl::Status {
-    Tensor t = Tensor::Zeros({16});
-    for (int i = 0; i < 2; ++i) {  // collectives #0 and #1
-      RETURN_IF_ERROR(Finish(ctx.group->AllReduce(t, AllReduceOptions{}).value()));
-    }
-    if (ctx.rank == 1) {  // never issues #2; keeps its group open meanwhile
-      AwaitCount(done, 2);
-      return absl::OkStatus();
-    }
-    AllReduceOptions opts;
-    opts.timeout = absl::Seconds(1);
-    const absl::Time start = absl::Now();
-    ASSIGN_OR_RETURN(auto work, ctx.group->AllReduce(t, opts));
-    absl::Status got = work->Wait(kTimeout);
-    const absl::Duration took = absl::Now() - start;
-    ++*done;
-    EXPECT_EQ(got.code(), absl::StatusCode::kDeadlineExceeded) << got;
-    EXPECT_NE(got.message().find("AllReduce #2"), std::string::npos) << got;
-    EXPECT_NE(got.message().find("'world'"), std::string::npos) << got;
-    EXPECT_NE(got.message().find(
-                  "rank 1 did not arrive (last at collective #1); ranks 0, 2 did"),
-              std::string::npos)
-        << got;
-    EXPECT_TRUE(IsSecondary(got)) << got;
-    EXPECT_EQ(CulpritRanks(got), std::vector<int>{1}) << got;
-    EXPECT_LT(took, absl::Seconds(8)) << got;
-    return absl::OkStatus();
-  }, Options());
+  absl::Status s = RunThreadRanks(
+      3,
+      [done](RankContext& ctx) -> absl::Status {
+        Tensor t = Tensor::Zeros({16});
+        for (int i = 0; i < 2; ++i) {  // collectives #0 and #1
+          RETURN_IF_ERROR(Finish(ctx.group->AllReduce(t, AllReduceOptions{}).value()));
+        }
+        if (ctx.rank == 1) {  // never issues #2; keeps its group open meanwhile
+          AwaitCount(done, 2);
+          return absl::OkStatus();
+        }
+        AllReduceOptions opts;
+        opts.timeout = absl::Seconds(1);
+        const absl::Time start = absl::Now();
+        ASSIGN_OR_RETURN(auto work, ctx.group->AllReduce(t, opts));
+        absl::Status got = work->Wait(kTimeout);
+        const absl::Duration took = absl::Now() - start;
+        ++*done;
+        EXPECT_EQ(got.code(), absl::StatusCode::kDeadlineExceeded) << got;
+        EXPECT_NE(got.message().find("AllReduce #2"), std::string::npos) << got;
+        EXPECT_NE(got.message().find("'world'"), std::string::npos) << got;
+        EXPECT_NE(
+            got.message().find("rank 1 did not arrive (last at collective #1); ranks 0, 2 did"),
+            std::string::npos)
+            << got;
+        EXPECT_TRUE(IsSecondary(got)) << got;
+        EXPECT_EQ(CulpritRanks(got), std::vector<int>{1}) << got;
+        EXPECT_LT(took, absl::Seconds(8)) << got;
+        return absl::OkStatus();
+      },
+      Options());
   EXPECT_TRUE(s.ok()) << s;
 }
 
 TEST(GlooBlameTest, AWaitThatEndsBeforeTheCollectivesDeadlineAlsoNamesTheMissingRank) {
   auto done = std::make_shared<std::atomic<int>>(0);
-  absl::Status s = RunThreadRanks(3, [done](RankContext& ctx) -> absl::Status {
-    Tensor t = Tensor::Zeros({16});
-    RETURN_IF_ERROR(Finish(ctx.group->AllReduce(t, AllReduceOptions{}).value()));  // #0
-    if (ctx.rank == 1) {  // never issues #1
-      AwaitCount(done, 2);
-      return absl::OkStatus();
-    }
-    AllReduceOptions opts;
-    opts.timeout = absl::Seconds(30);  // the caller gives up long before the collective
-    ASSIGN_OR_RETURN(auto work, ctx.group->AllReduce(t, opts));
-    const absl::Time start = absl::Now();
-    absl::Status got = work->Wait(absl::Seconds(1));
-    const absl::Duration took = absl::Now() - start;
-    ++*done;
-    EXPECT_EQ(got.code(), absl::StatusCode::kDeadlineExceeded) << got;
-    EXPECT_NE(got.message().find("Wait(1s) on AllReduce #1"), std::string::npos) << got;
-    EXPECT_NE(got.message().find("rank 1 did not arrive (last at collective #0)"),
-              std::string::npos)
-        << got;
-    EXPECT_EQ(CulpritRanks(got), std::vector<int>{1}) << got;
-    EXPECT_LT(took, absl::Seconds(8)) << got;
-    return absl::OkStatus();
-  }, Options());
+  absl::Status s = RunThreadRanks(
+      3,
+      [done](RankContext& ctx) -> absl::Status {
+        Tensor t = Tensor::Zeros({16});
+        RETURN_IF_ERROR(Finish(ctx.group->AllReduce(t, AllReduceOptions{}).value()));  // #0
+        if (ctx.rank == 1) {  // never issues #1
+          AwaitCount(done, 2);
+          return absl::OkStatus();
+        }
+        AllReduceOptions opts;
+        opts.timeout = absl::Seconds(30);  // the caller gives up long before the collective
+        ASSIGN_OR_RETURN(auto work, ctx.group->AllReduce(t, opts));
+        const absl::Time start = absl::Now();
+        absl::Status got = work->Wait(absl::Seconds(1));
+        const absl::Duration took = absl::Now() - start;
+        ++*done;
+        EXPECT_EQ(got.code(), absl::StatusCode::kDeadlineExceeded) << got;
+        EXPECT_NE(got.message().find("Wait(1s) on AllReduce #1"), std::string::npos) << got;
+        EXPECT_NE(got.message().find("rank 1 did not arrive (last at collective #0)"),
+                  std::string::npos)
+            << got;
+        EXPECT_EQ(CulpritRanks(got), std::vector<int>{1}) << got;
+        EXPECT_LT(took, absl::Seconds(8)) << got;
+        return absl::OkStatus();
+      },
+      Options());
   EXPECT_TRUE(s.ok()) << s;
 }
 
 TEST(GlooBlameTest, PeerThatDestroysItsGroupIsNamedByRank) {
-  absl::Status s = RunThreadRanks(3, [](RankContext& ctx) -> absl::Status {
-    Tensor t = Tensor::Zeros({1000});
-    for (int i = 0; i < 2; ++i) {
-      RETURN_IF_ERROR(Finish(ctx.group->AllReduce(t, AllReduceOptions{}).value()));
-    }
-    if (ctx.rank == 1) {
-      ctx.group.reset();  // dies mid-job: its connections close
-      return absl::OkStatus();
-    }
-    AllReduceOptions opts;
-    opts.timeout = absl::Seconds(30);
-    const absl::Time start = absl::Now();
-    ASSIGN_OR_RETURN(auto work, ctx.group->AllReduce(t, opts));
-    absl::Status got = work->Wait(absl::Seconds(40));
-    EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << got;
-    EXPECT_EQ(got.code(), absl::StatusCode::kUnavailable) << got;
-    EXPECT_NE(got.message().find("AllReduce #2"), std::string::npos) << got;
-    // Named by rank, with the address gloo saw, whether this rank saw rank 1 close or
-    // the other survivor close after it.
-    EXPECT_NE(got.message().find("rank 1 (127.0.0.1:"), std::string::npos) << got;
-    EXPECT_NE(got.message().find("its group was destroyed"), std::string::npos) << got;
-    EXPECT_TRUE(IsSecondary(got)) << got;
-    EXPECT_EQ(CulpritRanks(got), std::vector<int>{1}) << got;
-    return absl::OkStatus();
-  }, Options());
+  absl::Status s = RunThreadRanks(
+      3,
+      [](RankContext& ctx) -> absl::Status {
+        Tensor t = Tensor::Zeros({1000});
+        for (int i = 0; i < 2; ++i) {
+          RETURN_IF_ERROR(Finish(ctx.group->AllReduce(t, AllReduceOptions{}).value()));
+        }
+        if (ctx.rank == 1) {
+          ctx.group.reset();  // dies mid-job: its connections close
+          return absl::OkStatus();
+        }
+        AllReduceOptions opts;
+        opts.timeout = absl::Seconds(30);
+        const absl::Time start = absl::Now();
+        ASSIGN_OR_RETURN(auto work, ctx.group->AllReduce(t, opts));
+        absl::Status got = work->Wait(absl::Seconds(40));
+        EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << got;
+        EXPECT_EQ(got.code(), absl::StatusCode::kUnavailable) << got;
+        EXPECT_NE(got.message().find("AllReduce #2"), std::string::npos) << got;
+        // Named by rank, with the address gloo saw, whether this rank saw rank 1 close or
+        // the other survivor close after it.
+        EXPECT_NE(got.message().find("rank 1 (127.0.0.1:"), std::string::npos) << got;
+        EXPECT_NE(got.message().find("its group was destroyed"), std::string::npos) << got;
+        EXPECT_TRUE(IsSecondary(got)) << got;
+        EXPECT_EQ(CulpritRanks(got), std::vector<int>{1}) << got;
+        return absl::OkStatus();
+      },
+      Options());
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -297,41 +312,44 @@ TEST(GlooBlameTest, StoreThatStopsAnsweringIsSaidToAndItsServerBlamed) {
   ThreadRanksOptions topts = Options();
   topts.create_group = false;
   auto done = std::make_shared<std::atomic<int>>(0);
-  absl::Status s = RunThreadRanks(2, [done](RankContext& ctx) -> absl::Status {
-    auto gated = std::make_shared<GatedStore>(ctx.store);
-    GlooOptions g;
-    g.rendezvous_timeout = absl::Seconds(20);
-    g.store_probe_timeout = absl::Milliseconds(300);
-    g.store_server_rank = 1;  // as if rank 1 served the store, and then hung
-    ASSIGN_OR_RETURN(auto group, GlooProcessGroup::Create(gated, ctx.rank, 2, g));
-    RETURN_IF_ERROR(Finish(group->Barrier(BarrierOptions{}).value()));
-    if (ctx.rank == 1) {
-      AwaitCount(done, 1);
-      return absl::OkStatus();
-    }
-    gated->set_open(false);
-    AllReduceOptions opts;
-    opts.timeout = absl::Milliseconds(500);
-    Tensor t = Tensor::Zeros({4});
-    const absl::Time start = absl::Now();
-    ASSIGN_OR_RETURN(auto work, group->AllReduce(t, opts));
-    absl::Status got = work->Wait(kTimeout);
-    const absl::Duration took = absl::Now() - start;
-    EXPECT_EQ(got.code(), absl::StatusCode::kDeadlineExceeded) << got;
-    EXPECT_NE(got.message().find("AllReduce #1"), std::string::npos) << got;
-    EXPECT_NE(got.message().find("cannot tell which ranks did not arrive"), std::string::npos)
-        << got;
-    EXPECT_NE(got.message().find("the store (served by rank 1) does not answer"),
-              std::string::npos)
-        << got;
-    EXPECT_NE(got.message().find("rank 1 is gone or stopped"), std::string::npos) << got;
-    EXPECT_EQ(CulpritRanks(got), std::vector<int>{1}) << got;
-    // The timeout, then at most one probe and one record write of 300 ms each.
-    EXPECT_LT(took, absl::Seconds(4)) << got;
-    gated->set_open(true);
-    ++*done;
-    return absl::OkStatus();
-  }, topts);
+  absl::Status s = RunThreadRanks(
+      2,
+      [done](RankContext& ctx) -> absl::Status {
+        auto gated = std::make_shared<GatedStore>(ctx.store);
+        GlooOptions g;
+        g.rendezvous_timeout = absl::Seconds(20);
+        g.store_probe_timeout = absl::Milliseconds(300);
+        g.store_server_rank = 1;  // as if rank 1 served the store, and then hung
+        ASSIGN_OR_RETURN(auto group, GlooProcessGroup::Create(gated, ctx.rank, 2, g));
+        RETURN_IF_ERROR(Finish(group->Barrier(BarrierOptions{}).value()));
+        if (ctx.rank == 1) {
+          AwaitCount(done, 1);
+          return absl::OkStatus();
+        }
+        gated->set_open(false);
+        AllReduceOptions opts;
+        opts.timeout = absl::Milliseconds(500);
+        Tensor t = Tensor::Zeros({4});
+        const absl::Time start = absl::Now();
+        ASSIGN_OR_RETURN(auto work, group->AllReduce(t, opts));
+        absl::Status got = work->Wait(kTimeout);
+        const absl::Duration took = absl::Now() - start;
+        EXPECT_EQ(got.code(), absl::StatusCode::kDeadlineExceeded) << got;
+        EXPECT_NE(got.message().find("AllReduce #1"), std::string::npos) << got;
+        EXPECT_NE(got.message().find("cannot tell which ranks did not arrive"), std::string::npos)
+            << got;
+        EXPECT_NE(got.message().find("the store (served by rank 1) does not answer"),
+                  std::string::npos)
+            << got;
+        EXPECT_NE(got.message().find("rank 1 is gone or stopped"), std::string::npos) << got;
+        EXPECT_EQ(CulpritRanks(got), std::vector<int>{1}) << got;
+        // The timeout, then at most one probe and one record write of 300 ms each.
+        EXPECT_LT(took, absl::Seconds(4)) << got;
+        gated->set_open(true);
+        ++*done;
+        return absl::OkStatus();
+      },
+      topts);
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -347,42 +365,45 @@ TEST(GlooBlameTest, TcpStoreThatIsGoneIsNamedByAddress) {
   topts.create_group = false;
   auto joined = std::make_shared<std::atomic<int>>(0);
   auto done = std::make_shared<std::atomic<int>>(0);
-  absl::Status s = RunThreadRanks(2, [=](RankContext& ctx) -> absl::Status {
-    TcpStoreOptions client;
-    client.port = port;
-    client.connect_timeout = absl::Milliseconds(300);
-    client.request_timeout = absl::Seconds(2);
-    ASSIGN_OR_RETURN(std::shared_ptr<TcpStore> store, TcpStore::Create(client));
-    GlooOptions g;
-    g.rendezvous_timeout = absl::Seconds(20);
-    g.store_probe_timeout = absl::Milliseconds(500);
-    ASSIGN_OR_RETURN(auto group, GlooProcessGroup::Create(store, ctx.rank, 2, g));
-    RETURN_IF_ERROR(Finish(group->Barrier(BarrierOptions{}).value()));
-    ++*joined;
-    if (ctx.rank == 1) {
-      AwaitCount(done, 1);
-      return absl::OkStatus();
-    }
-    AwaitCount(joined, 2);
-    server_holder->reset();  // the store's server goes away
-    AllReduceOptions opts;
-    opts.timeout = absl::Milliseconds(500);
-    Tensor t = Tensor::Zeros({4});
-    ASSIGN_OR_RETURN(auto work, group->AllReduce(t, opts));
-    absl::Status got = work->Wait(kTimeout);
-    ++*done;
-    EXPECT_EQ(got.code(), absl::StatusCode::kDeadlineExceeded) << got;
-    EXPECT_NE(got.message().find(absl::StrCat("the store at 127.0.0.1:", port,
-                                              " does not answer")),
-              std::string::npos)
-        << got;
-    EXPECT_NE(got.message().find("the process serving it is gone or stopped"),
-              std::string::npos)
-        << got;
-    EXPECT_TRUE(IsSecondary(got)) << got;
-    EXPECT_TRUE(CulpritRanks(got).empty()) << got;  // who serves it is not known
-    return absl::OkStatus();
-  }, topts);
+  absl::Status s = RunThreadRanks(
+      2,
+      [=](RankContext& ctx) -> absl::Status {
+        TcpStoreOptions client;
+        client.port = port;
+        client.connect_timeout = absl::Milliseconds(300);
+        client.request_timeout = absl::Seconds(2);
+        ASSIGN_OR_RETURN(std::shared_ptr<TcpStore> store, TcpStore::Create(client));
+        GlooOptions g;
+        g.rendezvous_timeout = absl::Seconds(20);
+        g.store_probe_timeout = absl::Milliseconds(500);
+        ASSIGN_OR_RETURN(auto group, GlooProcessGroup::Create(store, ctx.rank, 2, g));
+        RETURN_IF_ERROR(Finish(group->Barrier(BarrierOptions{}).value()));
+        ++*joined;
+        if (ctx.rank == 1) {
+          AwaitCount(done, 1);
+          return absl::OkStatus();
+        }
+        AwaitCount(joined, 2);
+        server_holder->reset();  // the store's server goes away
+        AllReduceOptions opts;
+        opts.timeout = absl::Milliseconds(500);
+        Tensor t = Tensor::Zeros({4});
+        ASSIGN_OR_RETURN(auto work, group->AllReduce(t, opts));
+        absl::Status got = work->Wait(kTimeout);
+        ++*done;
+        EXPECT_EQ(got.code(), absl::StatusCode::kDeadlineExceeded) << got;
+        EXPECT_NE(
+            got.message().find(absl::StrCat("the store at 127.0.0.1:", port, " does not answer")),
+            std::string::npos)
+            << got;
+        EXPECT_NE(got.message().find("the process serving it is gone or stopped"),
+                  std::string::npos)
+            << got;
+        EXPECT_TRUE(IsSecondary(got)) << got;
+        EXPECT_TRUE(CulpritRanks(got).empty()) << got;  // who serves it is not known
+        return absl::OkStatus();
+      },
+      topts);
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -431,15 +452,14 @@ TEST(GlooRendezvousTest, RandomBytesInAnAddressKeyAreDataLossNamingKeyAndRank) {
     std::string value;
     std::string says;
   };
-  for (const Case& c : {Case{RandomBytes(200, 1), "holds 200 bytes"},
-                        Case{one.substr(0, 100), "holds 100 bytes"},
-                        Case{RandomBytes(one.size(), 2), "its address for rank 0"},
-                        Case{std::string(), "holds 0 bytes"}}) {
+  for (const Case& c :
+       {Case{RandomBytes(200, 1), "holds 200 bytes"}, Case{one.substr(0, 100), "holds 100 bytes"},
+        Case{RandomBytes(one.size(), 2), "its address for rank 0"},
+        Case{std::string(), "holds 0 bytes"}}) {
     absl::Duration took;
     absl::Status s = JoinAgainstForgery(0, "1", c.value, "127.0.0.1", &took);
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-    EXPECT_NE(s.message().find("key 'world/1' (the gloo addresses of rank 1)"),
-              std::string::npos)
+    EXPECT_NE(s.message().find("key 'world/1' (the gloo addresses of rank 1)"), std::string::npos)
         << s;
     EXPECT_NE(s.message().find(c.says), std::string::npos) << s;
     EXPECT_NE(s.message().find("gloo group 'world' (rank 0 of 2)"), std::string::npos) << s;
@@ -472,8 +492,8 @@ TEST(GlooRendezvousTest, ForgedAddressOfAClosedPortFailsNamingTheRank) {
   absl::Status s =
       JoinAgainstForgery(0, "1", GlooAddressBytes("127.0.0.1", port), "127.0.0.2", &took);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-  EXPECT_NE(s.message().find(absl::StrCat("rank 1 at 127.0.0.1:", port,
-                                          " (the address in key 'world/1')")),
+  EXPECT_NE(s.message().find(
+                absl::StrCat("rank 1 at 127.0.0.1:", port, " (the address in key 'world/1')")),
             std::string::npos)
       << s;
   EXPECT_LT(took, absl::Seconds(4)) << s;
@@ -489,8 +509,7 @@ TEST(GlooRendezvousTest, ForgedAddressOfAnotherServiceFailsWithinTheTimeout) {
   absl::Status s =
       JoinAgainstForgery(0, "1", GlooAddressBytes("127.0.0.1", port), "127.0.0.2", &took);
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
-  EXPECT_NE(s.message().find("rank 1 did not confirm its connections"), std::string::npos)
-      << s;
+  EXPECT_NE(s.message().find("rank 1 did not confirm its connections"), std::string::npos) << s;
   EXPECT_NE(s.message().find("'world/1'"), std::string::npos) << s;
   // rendezvous_timeout is 1 s; the rest is slack for a loaded machine.
   EXPECT_LT(took, absl::Seconds(4)) << s;
@@ -500,8 +519,7 @@ TEST(GlooRendezvousTest, ForgedAddressWhereThisRankListensFailsWithinTheTimeout)
   // A forged address that sorts before rank 0's own makes rank 0 the listening side;
   // nobody connects, and gloo's connect wait is kept within rendezvous_timeout.
   absl::Duration took;
-  absl::Status s =
-      JoinAgainstForgery(0, "1", GlooAddressBytes("127.0.0.3", 9), "127.0.0.2", &took);
+  absl::Status s = JoinAgainstForgery(0, "1", GlooAddressBytes("127.0.0.3", 9), "127.0.0.2", &took);
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s;
   EXPECT_LT(took, absl::Seconds(4)) << s;

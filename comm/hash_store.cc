@@ -13,9 +13,8 @@ absl::Status HashStore::Set(absl::string_view key, absl::string_view value) {
 
 absl::StatusOr<std::string> HashStore::Get(absl::string_view key, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  auto present = [this, key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return map_.find(key) != map_.end();
-  };
+  auto present = [this, key]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return map_.find(key) != map_.end(); };
   if (!mu_.AwaitWithTimeout(absl::Condition(&present), timeout)) {
     return internal::WaitTimedOut("HashStore", {std::string(key)}, timeout);
   }

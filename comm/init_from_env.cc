@@ -7,9 +7,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "comm/gloo_process_group.h"
-#include "comm/shm_process_group.h"
 #include "comm/internal/slurm.h"
 #include "comm/internal/socket.h"
+#include "comm/shm_process_group.h"
 #include "comm/tcp_store.h"
 #include "core/cuda_device.h"
 #include "core/status_macros.h"
@@ -28,14 +28,15 @@ absl::StatusOr<int> ReadInt(
   std::optional<std::string> v = lookup(name);
   if (!v.has_value()) {
     if (fallback.has_value()) return *fallback;
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, " is not set; start the job with a launcher (comm:launch, torchrun) that sets "
-              "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, or under srun or mpirun"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name,
+                     " is not set; start the job with a launcher (comm:launch, torchrun) that sets "
+                     "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, or under srun or mpirun"));
   }
   int value = 0;
   if (!absl::SimpleAtoi(*v, &value) || value < lo || value > hi) {
-    return absl::InvalidArgumentError(absl::StrCat(name, "=\"", *v,
-                                                   "\" is not an integer in [", lo, ", ", hi, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, "=\"", *v, "\" is not an integer in [", lo, ", ", hi, "]"));
   }
   return value;
 }
@@ -59,8 +60,7 @@ constexpr PlaceSource kTorchrun = {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK
                                    "LOCAL_WORLD_SIZE"};
 constexpr PlaceSource kOpenMpi = {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
                                   "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"};
-constexpr PlaceSource kSlurm = {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-                                nullptr};
+constexpr PlaceSource kSlurm = {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr};
 constexpr int kMaxRanks = 1 << 20;
 
 // Slurm's tasks on this node: SLURM_NTASKS_PER_NODE, or this node's (SLURM_NODEID) entry
@@ -93,14 +93,14 @@ absl::StatusOr<LaunchEnv> ReadPlace(const Lookup& lookup, const PlaceSource& sou
   ASSIGN_OR_RETURN(env.rank, ReadInt(lookup, source.rank, std::nullopt, 0, env.world_size - 1));
   std::optional<int> local_world;
   if (source.local_world_size != nullptr) {
-    ASSIGN_OR_RETURN(local_world, ReadInt(lookup, source.local_world_size, env.world_size, 1,
-                                          env.world_size));
+    ASSIGN_OR_RETURN(local_world,
+                     ReadInt(lookup, source.local_world_size, env.world_size, 1, env.world_size));
   } else {
     ASSIGN_OR_RETURN(local_world, SlurmLocalWorldSize(lookup, env.world_size));
   }
   env.local_world_size = local_world.value_or(env.world_size);
-  ASSIGN_OR_RETURN(env.local_rank, ReadInt(lookup, source.local_rank, env.rank, 0,
-                                           env.local_world_size - 1));
+  ASSIGN_OR_RETURN(env.local_rank,
+                   ReadInt(lookup, source.local_rank, env.rank, 0, env.local_world_size - 1));
   return env;
 }
 
@@ -121,10 +121,10 @@ absl::Status CheckTorchrunAgrees(const Lookup& lookup, const LaunchEnv& env,
     const std::optional<std::string> v = lookup(p.torchrun);
     int value = 0;
     if (v.has_value() && (!absl::SimpleAtoi(*v, &value) || value != p.value)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          p.torchrun, "=\"", *v, "\" disagrees with ", p.theirs, " (", p.value, "): RANK is not ",
-          "set, so the job's ranks come from ", source.name, "; unset ", p.torchrun,
-          " or set RANK and WORLD_SIZE too"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(p.torchrun, "=\"", *v, "\" disagrees with ", p.theirs, " (", p.value,
+                       "): RANK is not ", "set, so the job's ranks come from ", source.name,
+                       "; unset ", p.torchrun, " or set RANK and WORLD_SIZE too"));
     }
   }
   return absl::OkStatus();
@@ -212,9 +212,8 @@ absl::StatusOr<Distributed> InitFromLaunchEnv(const LaunchEnv& env, const InitOp
   // The backend, before any network traffic, so a wrong request fails alike on all ranks.
   absl::StatusOr<int> gpus = core::CudaDeviceCount();
   if (options.backend == Backend::kNccl && !gpus.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(who, ": backend nccl was asked for but no GPU is usable: ",
-                     gpus.status().message()));
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, ": backend nccl was asked for but no GPU is usable: ", gpus.status().message()));
   }
   dist.backend = options.backend;
   if (dist.backend == Backend::kAuto) {
@@ -231,8 +230,7 @@ absl::StatusOr<Distributed> InitFromLaunchEnv(const LaunchEnv& env, const InitOp
   if (dist.backend == Backend::kShm && env.local_world_size != env.world_size) {
     return absl::FailedPreconditionError(absl::StrCat(
         who, ": backend shm needs every rank on one host, but LOCAL_WORLD_SIZE is ",
-        env.local_world_size, " and WORLD_SIZE is ", env.world_size,
-        "; use gloo across hosts"));
+        env.local_world_size, " and WORLD_SIZE is ", env.world_size, "; use gloo across hosts"));
   }
 
   TcpStoreOptions store_options;
@@ -255,8 +253,10 @@ absl::StatusOr<Distributed> InitFromLaunchEnv(const LaunchEnv& env, const InitOp
       absl::StatusOr<std::string> local = internal::LocalAddressFor(env.master_addr);
       if (!local.ok()) {
         return core::Annotate(local.status(),
-                              absl::StrCat(who, ": cannot find the local address that reaches "
-                                                "MASTER_ADDR ", env.master_addr));
+                              absl::StrCat(who,
+                                           ": cannot find the local address that reaches "
+                                           "MASTER_ADDR ",
+                                           env.master_addr));
       }
       gloo.hostname = *local;
     }

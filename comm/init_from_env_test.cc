@@ -26,8 +26,11 @@ std::function<std::optional<std::string>(const std::string&)> Env(
 }
 
 TEST(ParseLaunchEnvTest, ReadsTheTorchrunVariables) {
-  auto env = ParseLaunchEnv(Env({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
-                                 {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "node0"},
+  auto env = ParseLaunchEnv(Env({{"RANK", "5"},
+                                 {"WORLD_SIZE", "8"},
+                                 {"LOCAL_RANK", "1"},
+                                 {"LOCAL_WORLD_SIZE", "4"},
+                                 {"MASTER_ADDR", "node0"},
                                  {"MASTER_PORT", "29500"}}));
   ASSERT_TRUE(env.ok()) << env.status();
   EXPECT_EQ(env->rank, 5);
@@ -48,8 +51,8 @@ TEST(ParseLaunchEnvTest, ReadsTheJobSecretWhenSet) {
 }
 
 TEST(ParseLaunchEnvTest, LocalVariablesDefaultToOneHost) {
-  auto env = ParseLaunchEnv(Env({{"RANK", "2"}, {"WORLD_SIZE", "3"}, {"MASTER_ADDR", "h"},
-                                 {"MASTER_PORT", "1"}}));
+  auto env = ParseLaunchEnv(
+      Env({{"RANK", "2"}, {"WORLD_SIZE", "3"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}));
   ASSERT_TRUE(env.ok()) << env.status();
   EXPECT_EQ(env->local_rank, 2);
   EXPECT_EQ(env->local_world_size, 3);
@@ -87,9 +90,12 @@ TEST(ParseLaunchEnvTest, ErrorsNameTheVariable) {
 
 // NOTE [Launch environment]: under srun, with nothing set by hand.
 TEST(ParseLaunchEnvTest, ReadsSlurmsVariables) {
-  auto env = ParseLaunchEnv(Env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"},
-                                 {"SLURM_LOCALID", "1"}, {"SLURM_TASKS_PER_NODE", "4(x2)"},
-                                 {"SLURM_NODEID", "1"}, {"SLURM_JOB_NODELIST", "gpu[07-08]"},
+  auto env = ParseLaunchEnv(Env({{"SLURM_PROCID", "5"},
+                                 {"SLURM_NTASKS", "8"},
+                                 {"SLURM_LOCALID", "1"},
+                                 {"SLURM_TASKS_PER_NODE", "4(x2)"},
+                                 {"SLURM_NODEID", "1"},
+                                 {"SLURM_JOB_NODELIST", "gpu[07-08]"},
                                  {"SLURM_JOB_ID", "123456"}}));
   ASSERT_TRUE(env.ok()) << env.status();
   EXPECT_EQ(env->source, "Slurm");
@@ -101,9 +107,12 @@ TEST(ParseLaunchEnvTest, ReadsSlurmsVariables) {
   EXPECT_EQ(env->master_port, kSlurmPortBase + 123456 % kSlurmPortSpan);
 
   // MASTER_ADDR and MASTER_PORT override what Slurm gives; SLURM_NTASKS_PER_NODE counts.
-  auto set = ParseLaunchEnv(Env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"},
-                                 {"SLURM_NTASKS_PER_NODE", "1"}, {"SLURM_JOB_NODELIST", "a,b"},
-                                 {"SLURM_JOB_ID", "7"}, {"MASTER_ADDR", "head"},
+  auto set = ParseLaunchEnv(Env({{"SLURM_PROCID", "0"},
+                                 {"SLURM_NTASKS", "2"},
+                                 {"SLURM_NTASKS_PER_NODE", "1"},
+                                 {"SLURM_JOB_NODELIST", "a,b"},
+                                 {"SLURM_JOB_ID", "7"},
+                                 {"MASTER_ADDR", "head"},
                                  {"MASTER_PORT", "29500"}}));
   ASSERT_TRUE(set.ok()) << set.status();
   EXPECT_EQ(set->local_world_size, 1);
@@ -112,9 +121,11 @@ TEST(ParseLaunchEnvTest, ReadsSlurmsVariables) {
 }
 
 TEST(ParseLaunchEnvTest, ReadsOpenMpisVariables) {
-  auto env = ParseLaunchEnv(Env({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+  auto env = ParseLaunchEnv(Env({{"OMPI_COMM_WORLD_RANK", "3"},
+                                 {"OMPI_COMM_WORLD_SIZE", "4"},
                                  {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
-                                 {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"MASTER_ADDR", "h"},
+                                 {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                 {"MASTER_ADDR", "h"},
                                  {"MASTER_PORT", "29500"}}));
   ASSERT_TRUE(env.ok()) << env.status();
   EXPECT_EQ(env->source, "Open MPI");
@@ -123,8 +134,8 @@ TEST(ParseLaunchEnvTest, ReadsOpenMpisVariables) {
   EXPECT_EQ(env->local_rank, 1);
   EXPECT_EQ(env->local_world_size, 2);
   // mpirun gives no master host: without MASTER_ADDR (and no Slurm host list) it is named.
-  auto no_addr = ParseLaunchEnv(Env({{"OMPI_COMM_WORLD_RANK", "0"},
-                                     {"OMPI_COMM_WORLD_SIZE", "4"}, {"MASTER_PORT", "1"}}));
+  auto no_addr = ParseLaunchEnv(
+      Env({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"MASTER_PORT", "1"}}));
   EXPECT_EQ(no_addr.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StartsWith(no_addr.status().message(), "MASTER_ADDR is not set"))
       << no_addr.status();
@@ -133,9 +144,10 @@ TEST(ParseLaunchEnvTest, ReadsOpenMpisVariables) {
 // torchrun's variables beat the schedulers' (srun torchrun: SLURM_PROCID is the node's
 // task), and Open MPI's beat Slurm's (mpirun inside an allocation).
 TEST(ParseLaunchEnvTest, PrecedenceIsTorchrunThenOpenMpiThenSlurm) {
-  const std::map<std::string, std::string> slurm = {
-      {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_NODELIST", "n[1-2]"},
-      {"SLURM_JOB_ID", "99"}};
+  const std::map<std::string, std::string> slurm = {{"SLURM_PROCID", "1"},
+                                                    {"SLURM_NTASKS", "2"},
+                                                    {"SLURM_JOB_NODELIST", "n[1-2]"},
+                                                    {"SLURM_JOB_ID", "99"}};
   auto with_mpi = slurm;
   with_mpi.insert({{"OMPI_COMM_WORLD_RANK", "6"}, {"OMPI_COMM_WORLD_SIZE", "16"}});
   auto mpi = ParseLaunchEnv(Env(with_mpi));
@@ -155,24 +167,32 @@ TEST(ParseLaunchEnvTest, PrecedenceIsTorchrunThenOpenMpiThenSlurm) {
 
 // Disagreements are InvalidArgument naming both sides.
 TEST(ParseLaunchEnvTest, DisagreeingVariablesAreNamed) {
-  auto mixed = ParseLaunchEnv(Env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"},
-                                   {"WORLD_SIZE", "8"}, {"MASTER_ADDR", "h"},
+  auto mixed = ParseLaunchEnv(Env({{"SLURM_PROCID", "0"},
+                                   {"SLURM_NTASKS", "4"},
+                                   {"WORLD_SIZE", "8"},
+                                   {"MASTER_ADDR", "h"},
                                    {"MASTER_PORT", "1"}}));
   EXPECT_EQ(mixed.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StartsWith(mixed.status().message(), "WORLD_SIZE=\"8\" disagrees with "
-                                                         "SLURM_NTASKS (4)"))
+  EXPECT_TRUE(absl::StartsWith(mixed.status().message(),
+                               "WORLD_SIZE=\"8\" disagrees with "
+                               "SLURM_NTASKS (4)"))
       << mixed.status();
-  auto per_node = ParseLaunchEnv(Env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "8"},
+  auto per_node = ParseLaunchEnv(Env({{"SLURM_PROCID", "0"},
+                                      {"SLURM_NTASKS", "8"},
                                       {"SLURM_NTASKS_PER_NODE", "4"},
-                                      {"SLURM_TASKS_PER_NODE", "2(x4)"}, {"SLURM_NODEID", "0"},
-                                      {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}));
+                                      {"SLURM_TASKS_PER_NODE", "2(x4)"},
+                                      {"SLURM_NODEID", "0"},
+                                      {"MASTER_ADDR", "h"},
+                                      {"MASTER_PORT", "1"}}));
   EXPECT_EQ(per_node.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(per_node.status().message().find("SLURM_NTASKS_PER_NODE=4 disagrees with "
                                              "SLURM_TASKS_PER_NODE=\"2(x4)\""),
             std::string::npos)
       << per_node.status();
-  auto bad_list = ParseLaunchEnv(Env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"},
-                                      {"SLURM_JOB_NODELIST", "n[2-1]"}, {"MASTER_PORT", "1"}}));
+  auto bad_list = ParseLaunchEnv(Env({{"SLURM_PROCID", "0"},
+                                      {"SLURM_NTASKS", "2"},
+                                      {"SLURM_JOB_NODELIST", "n[2-1]"},
+                                      {"MASTER_PORT", "1"}}));
   EXPECT_EQ(bad_list.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad_list.status().message().find("SLURM_JOB_NODELIST"), std::string::npos);
   auto no_source = ParseLaunchEnv(Env({{"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}));
@@ -214,8 +234,7 @@ void MeetAndAllReduce(Backend backend) {
       InitOptions o;
       o.backend = backend;
       o.timeout = absl::Seconds(20);
-      absl::StatusOr<Distributed> d =
-          InitFromLaunchEnv(EnvFor(r, kWorld, port, "job secret"), o);
+      absl::StatusOr<Distributed> d = InitFromLaunchEnv(EnvFor(r, kWorld, port, "job secret"), o);
       if (!d.ok()) {
         results[r] = d.status();
         return;
@@ -240,7 +259,8 @@ void MeetAndAllReduce(Backend backend) {
     if (r == kWorld - 1) absl::SleepFor(absl::Milliseconds(200));
   }
   for (auto& t : threads) t.join();
-  for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+  for (int r = 0; r < kWorld; ++r)
+    EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
 }
 
 TEST(InitFromLaunchEnvTest, RanksMeetOverTcpStoreAndAllReduce) { MeetAndAllReduce(Backend::kGloo); }

@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,8 +21,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "comm/failure.h"
 #include "comm/internal/lost_ranks.h"
@@ -86,12 +86,19 @@ struct StartInfo {
 };
 
 std::vector<std::string> ChildEnvironment(const LaunchOptions& o, int rank,
-                                          const std::string& secret,
-                                          const std::string& error_dir, const StartInfo& start) {
-  static const char* kOurs[] = {"RANK=",        "WORLD_SIZE=",  "LOCAL_RANK=",
-                                "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=",
-                                "FSDP_JOB_SECRET=", "FSDP_ERROR_FILE=", "FSDP_RESTART_COUNT=",
-                                "FSDP_LOST_RANKS_FILE=", "FSDP_INITIAL_WORLD_SIZE="};
+                                          const std::string& secret, const std::string& error_dir,
+                                          const StartInfo& start) {
+  static const char* kOurs[] = {"RANK=",
+                                "WORLD_SIZE=",
+                                "LOCAL_RANK=",
+                                "LOCAL_WORLD_SIZE=",
+                                "MASTER_ADDR=",
+                                "MASTER_PORT=",
+                                "FSDP_JOB_SECRET=",
+                                "FSDP_ERROR_FILE=",
+                                "FSDP_RESTART_COUNT=",
+                                "FSDP_LOST_RANKS_FILE=",
+                                "FSDP_INITIAL_WORLD_SIZE="};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     bool ours = false;
@@ -108,7 +115,8 @@ std::vector<std::string> ChildEnvironment(const LaunchOptions& o, int rank,
   env.push_back(absl::StrCat(kInitialWorldSizeEnv, "=", start.initial_nproc));
   env.push_back(absl::StrCat(kLostRanksFileEnv, "=", start.lost_ranks_file));
   if (!secret.empty()) env.push_back(absl::StrCat(kJobSecretEnv, "=", secret));
-  if (!error_dir.empty()) env.push_back(absl::StrCat(kErrorFileEnv, "=", ErrorFileOf(error_dir, rank)));
+  if (!error_dir.empty())
+    env.push_back(absl::StrCat(kErrorFileEnv, "=", ErrorFileOf(error_dir, rank)));
   // Intra-op threads (OpenMP: oneDNN's GEMMs, the library's loops): the hardware threads
   // shared by the ranks, as torchrun does, unless the caller chose a count (kept above).
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {
@@ -150,7 +158,8 @@ std::vector<std::string> ReportFailures(const std::vector<FailureRecord>& record
   std::vector<const FailureRecord*> roots, secondaries;
   for (const FailureRecord& r : records) (r.secondary ? secondaries : roots).push_back(&r);
   auto by_time = [](const FailureRecord* a, const FailureRecord* b) {
-    return a->time_unix_ns != b->time_unix_ns ? a->time_unix_ns < b->time_unix_ns : a->rank < b->rank;
+    return a->time_unix_ns != b->time_unix_ns ? a->time_unix_ns < b->time_unix_ns
+                                              : a->rank < b->rank;
   };
   std::sort(roots.begin(), roots.end(), by_time);
   std::sort(secondaries.begin(), secondaries.end(), by_time);
@@ -174,7 +183,8 @@ std::vector<std::string> ReportFailures(const std::vector<FailureRecord>& record
     }
     if (best >= 0) {
       *root_rank = best;
-      const std::string how = best < static_cast<int>(silent_ranks.size()) ? silent_ranks[best] : "";
+      const std::string how =
+          best < static_cast<int>(silent_ranks.size()) ? silent_ranks[best] : "";
       lines.push_back(absl::StrCat("root cause: rank ", best, ", named by the other ranks' errors",
                                    how.empty() ? "" : absl::StrCat(": ", how)));
     }
@@ -185,10 +195,10 @@ std::vector<std::string> ReportFailures(const std::vector<FailureRecord>& record
   return lines;
 }
 
-absl::StatusOr<LaunchOptions> MakeLaunchOptions(int nproc, std::string master_addr,
-                                                int master_port, double grace_period_s,
-                                                std::vector<std::string> command,
-                                                int max_restarts, int min_nproc) {
+absl::StatusOr<LaunchOptions> MakeLaunchOptions(int nproc, std::string master_addr, int master_port,
+                                                double grace_period_s,
+                                                std::vector<std::string> command, int max_restarts,
+                                                int min_nproc) {
   LaunchOptions o;
   if (nproc < 1 || nproc > 4096) {
     return absl::InvalidArgumentError(
@@ -196,8 +206,8 @@ absl::StatusOr<LaunchOptions> MakeLaunchOptions(int nproc, std::string master_ad
   }
   o.nproc = nproc;
   if (master_port < 0 || master_port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "launch: --master_port must be an integer in [0, 65535], got ", master_port));
+    return absl::InvalidArgumentError(
+        absl::StrCat("launch: --master_port must be an integer in [0, 65535], got ", master_port));
   }
   o.master_port = master_port;
   if (master_addr.empty()) return absl::InvalidArgumentError("launch: --master_addr is empty");
@@ -228,21 +238,22 @@ absl::StatusOr<LaunchOptions> MakeLaunchOptions(int nproc, std::string master_ad
 
 bool IsLaunchedRank() {
   const auto set = [](const char* name) { return std::getenv(name) != nullptr; };
-  return set("RANK") || set("OMPI_COMM_WORLD_RANK") || (set("SLURM_PROCID") && set("SLURM_STEP_ID"));
+  return set("RANK") || set("OMPI_COMM_WORLD_RANK") ||
+         (set("SLURM_PROCID") && set("SLURM_STEP_ID"));
 }
 
 absl::StatusOr<int> RunLocalRanks(int nproc, const std::vector<std::string>& args,
                                   LaunchOptions options) {
   if (nproc < 1 || nproc > 4096) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RunLocalRanks: the number of ranks must be in [1, 4096], got ", nproc));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RunLocalRanks: the number of ranks must be in [1, 4096], got ", nproc));
   }
   char self[4096];
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) {
-    return absl::NotFoundError(absl::StrCat(
-        "RunLocalRanks: cannot read /proc/self/exe (the running program): ",
-        core::ErrnoText(errno)));
+    return absl::NotFoundError(
+        absl::StrCat("RunLocalRanks: cannot read /proc/self/exe (the running program): ",
+                     core::ErrnoText(errno)));
   }
   self[n] = '\0';
   options.nproc = nproc;
@@ -298,7 +309,8 @@ class Job {
   std::string secret_;
   std::string error_dir_;
   std::vector<LaunchedRank> ranks_;
-  struct sigaction old_int_ {}, old_term_ {}, old_chld_ {};
+  struct sigaction old_int_ {
+  }, old_term_{}, old_chld_{};
   int exit_code_ = 0;
   bool start_failed_ = false;
   int failed_rank_ = -1;
@@ -445,8 +457,8 @@ bool Job::SuperviseOnce() {
   absl::Time wake = std::min({kill_at_, drain_until_, term_at_});
   int timeout_ms = -1;
   if (wake != absl::InfiniteFuture()) {
-    timeout_ms = static_cast<int>(
-        std::max<int64_t>(0, absl::ToInt64Milliseconds(wake - absl::Now()) + 1));
+    timeout_ms =
+        static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(wake - absl::Now()) + 1));
   }
   const int ready = ::poll(fds.data(), fds.size(), timeout_ms);
   if (ready < 0 && errno != EINTR) {
@@ -570,9 +582,9 @@ int Job::Finish() {
     const int code = Failed(ranks_[root].status) && !ranks_[root].stopped_by_launcher
                          ? ExitCodeOf(ranks_[root].status)
                          : ExitCodeOf(first.status);
-    Say(absl::StrCat("job failed: root cause rank ", root, " (",
-                     DescribeExit(ranks_[root].status), "); first rank to exit: rank ",
-                     failed_rank_, " (", DescribeExit(first.status), "); exit status ", code));
+    Say(absl::StrCat("job failed: root cause rank ", root, " (", DescribeExit(ranks_[root].status),
+                     "); first rank to exit: rank ", failed_rank_, " (", DescribeExit(first.status),
+                     "); exit status ", code));
     return code;
   }
   if (interrupt_ != 0) return 128 + interrupt_;
@@ -642,8 +654,8 @@ int Launch(const LaunchOptions& options) {
                        "losses again)"));
       return code;
     }
-    say(absl::StrCat("restarting the job with ", RankCount(left), " (restart ", restart + 1,
-                     " of ", options.max_restarts, lost_text, ") after exit status ", code));
+    say(absl::StrCat("restarting the job with ", RankCount(left), " (restart ", restart + 1, " of ",
+                     options.max_restarts, lost_text, ") after exit status ", code));
     current.nproc = left;
   }
 }

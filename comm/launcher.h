@@ -36,9 +36,9 @@
 // Failure handling: the first rank to exit with a non-zero status or by a signal is
 // reported ("launch: rank 1 failed: killed by signal 9 (Killed)"); the other ranks may end
 // by themselves for up to 2 s (or the grace period, if shorter: ranks that agreed on the
-// error record it and exit), then get SIGTERM, then SIGKILL after the grace period. Once all have ended, the launcher reads
-// the error files and reports the root cause first, then the secondary errors (those
-// caused by another rank's failure):
+// error record it and exit), then get SIGTERM, then SIGKILL after the grace period. Once all have
+// ended, the launcher reads the error files and reports the root cause first, then the secondary
+// errors (those caused by another rank's failure):
 //   launch: root cause: rank 1 at 10:01:02.345678: DATA_LOSS: ... rank-00001-of-00002.bin ...
 //   launch: secondary: rank 0 at 10:01:02.346001: DATA_LOSS: secondary (caused by rank 1): ...
 //   launch: job failed: root cause rank 1 (exited with code 1); first rank to exit: ...
@@ -126,8 +126,8 @@ inline constexpr char kInitialWorldSizeEnv[] = "FSDP_INITIAL_WORLD_SIZE";
 // value out of range (--nproc outside [1, 4096], --master_port outside [0, 65535], an
 // empty --master_addr, a negative or non-finite --grace_period_s, a negative
 // --max_restarts, --min_nproc outside [0, nproc]) or naming the missing program.
-absl::StatusOr<LaunchOptions> MakeLaunchOptions(int nproc, std::string master_addr,
-                                                int master_port, double grace_period_s,
+absl::StatusOr<LaunchOptions> MakeLaunchOptions(int nproc, std::string master_addr, int master_port,
+                                                double grace_period_s,
                                                 std::vector<std::string> command,
                                                 int max_restarts = 0, int min_nproc = 0);
 
@@ -147,9 +147,9 @@ bool IsLaunchedRank();
 // launcher's exit status once every rank has ended (0 when all succeeded). Each rank
 // sees the environment Launch gives (RANK, WORLD_SIZE, ...), so IsLaunchedRank() is
 // true there. `options` supplies everything but nproc and command (output fds, master
-// address and port, grace period, restarts, min_nproc, lost-ranks file). InvalidArgument for nproc outside [1, 4096];
-// NotFound when /proc/self/exe cannot be read. Call it before starting threads that
-// must not be forked around (it forks and execs only, so this is just a precaution).
+// address and port, grace period, restarts, min_nproc, lost-ranks file). InvalidArgument for nproc
+// outside [1, 4096]; NotFound when /proc/self/exe cannot be read. Call it before starting threads
+// that must not be forked around (it forks and execs only, so this is just a precaution).
 absl::StatusOr<int> RunLocalRanks(int nproc, const std::vector<std::string>& args,
                                   LaunchOptions options = {});
 

@@ -1,8 +1,8 @@
 #include "comm/launcher.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -289,16 +289,15 @@ TEST(LaunchShrinkTest, ARestartContinuesWithoutTheRanksMarkedLost) {
       "if [ $FSDP_RESTART_COUNT = 0 ] && [ $RANK = 1 ]; then "
       "printf '1\\n1\\nrank two\\n7\\n' >> $FSDP_LOST_RANKS_FILE; exit 1; fi");
   EXPECT_EQ(c.exit_code, 0) << c.err;
-  EXPECT_TRUE(Contains(
-      c.err, "restarting the job with 2 ranks (restart 1 of 2; rank 1 lost for good) after exit "
-             "status 1"))
+  EXPECT_TRUE(
+      Contains(c.err,
+               "restarting the job with 2 ranks (restart 1 of 2; rank 1 lost for good) after exit "
+               "status 1"))
       << c.err;
   EXPECT_TRUE(Contains(c.err, "that name no rank in [0, 3): \"rank two\", \"7\"")) << c.err;
   // The restart: two ranks numbered 0 and 1, the file emptied, no third rank.
-  EXPECT_TRUE(Contains(c.out, "[rank 0] start 1 rank 0 of 2 2 initial 3 lines 0 file "))
-      << c.out;
-  EXPECT_TRUE(Contains(c.out, "[rank 1] start 1 rank 1 of 2 2 initial 3 lines 0 file "))
-      << c.out;
+  EXPECT_TRUE(Contains(c.out, "[rank 0] start 1 rank 0 of 2 2 initial 3 lines 0 file ")) << c.out;
+  EXPECT_TRUE(Contains(c.out, "[rank 1] start 1 rank 1 of 2 2 initial 3 lines 0 file ")) << c.out;
   EXPECT_FALSE(Contains(c.out, "rank 2 of 2")) << c.out;
   EXPECT_FALSE(Contains(c.out, "[rank 2] start 1")) << c.out;
   EXPECT_FALSE(Contains(c.err, "restart 2 of 2")) << c.err;
@@ -320,8 +319,9 @@ TEST(LaunchShrinkTest, FewerRanksThanMinNprocEndsTheJobWithItsFailure) {
       "if [ $RANK = 1 ]; then echo 1 >> $FSDP_LOST_RANKS_FILE; exit 3; fi";
   Captured c = RunLaunch(o, lose_rank_1);
   EXPECT_EQ(c.exit_code, 3) << c.err;
-  EXPECT_TRUE(Contains(c.err, "rank 1 lost for good; 2 ranks left, fewer than --min_nproc=3: "
-                              "not restarting; exit status 3"))
+  EXPECT_TRUE(Contains(c.err,
+                       "rank 1 lost for good; 2 ranks left, fewer than --min_nproc=3: "
+                       "not restarting; exit status 3"))
       << c.err;
   EXPECT_FALSE(Contains(c.err, "restarting the job")) << c.err;
   EXPECT_FALSE(Contains(c.out, "start 1")) << c.out;
@@ -330,8 +330,9 @@ TEST(LaunchShrinkTest, FewerRanksThanMinNprocEndsTheJobWithItsFailure) {
   o.min_nproc = 0;
   Captured never = RunLaunch(o, lose_rank_1);
   EXPECT_EQ(never.exit_code, 3) << never.err;
-  EXPECT_TRUE(Contains(never.err, "rank 1 lost for good; 2 ranks left, fewer than --nproc=3 "
-                                  "(--min_nproc=0: never fewer): not restarting"))
+  EXPECT_TRUE(Contains(never.err,
+                       "rank 1 lost for good; 2 ranks left, fewer than --nproc=3 "
+                       "(--min_nproc=0: never fewer): not restarting"))
       << never.err;
   EXPECT_FALSE(Contains(never.out, "start 1")) << never.out;
 }
@@ -349,11 +350,13 @@ TEST(LaunchShrinkTest, ARestartWithoutLostRanksKeepsTheCountAndCountsOnlyNewLoss
                          "echo 1 >> $FSDP_LOST_RANKS_FILE; exit 4; fi; "
                          "if [ $FSDP_RESTART_COUNT = 1 ] && [ $RANK = 0 ]; then exit 5; fi");
   EXPECT_EQ(c.exit_code, 0) << c.err;
-  EXPECT_TRUE(Contains(c.err, "restarting the job with 2 ranks (restart 1 of 2; rank 1 lost "
-                              "for good) after exit status 4"))
+  EXPECT_TRUE(Contains(c.err,
+                       "restarting the job with 2 ranks (restart 1 of 2; rank 1 lost "
+                       "for good) after exit status 4"))
       << c.err;
-  EXPECT_TRUE(Contains(c.err, "restarting the job with 2 ranks (restart 2 of 2) after exit "
-                              "status 5"))
+  EXPECT_TRUE(Contains(c.err,
+                       "restarting the job with 2 ranks (restart 2 of 2) after exit "
+                       "status 5"))
       << c.err;
   EXPECT_TRUE(Contains(c.out, "[rank 0] start 2 of 2")) << c.out;
   EXPECT_TRUE(Contains(c.out, "[rank 1] start 2 of 2")) << c.out;
@@ -365,8 +368,9 @@ TEST(LaunchShrinkTest, ARestartWithoutLostRanksKeepsTheCountAndCountsOnlyNewLoss
                             "$FSDP_INITIAL_WORLD_SIZE\"; "
                             "if [ $FSDP_RESTART_COUNT = 0 ] && [ $RANK = 2 ]; then exit 6; fi");
   EXPECT_EQ(same.exit_code, 0) << same.err;
-  EXPECT_TRUE(Contains(same.err, "restarting the job with 3 ranks (restart 1 of 1) after exit "
-                                 "status 6"))
+  EXPECT_TRUE(Contains(same.err,
+                       "restarting the job with 3 ranks (restart 1 of 1) after exit "
+                       "status 6"))
       << same.err;
   EXPECT_TRUE(Contains(same.out, "[rank 2] start 1 of 3 initial 3")) << same.out;
 }
@@ -402,10 +406,10 @@ TEST(LaunchShrinkTest, LaunchRefusesAMinNprocOutsideZeroToNproc) {
 // A shell snippet that writes a failure record to $FSDP_ERROR_FILE.
 std::string WriteRecord(int code, const std::string& message, bool secondary,
                         const std::string& culprits) {
-  return absl::StrCat(
-      "printf '{\"rank\":%s,\"time_unix_ns\":%s,\"code\":", code, ",\"message\":\"", message,
-      "\",\"secondary\":", secondary ? "true" : "false", ",\"culprit_ranks\":[", culprits,
-      "]}' $RANK $(date +%s%N) > $FSDP_ERROR_FILE; ");
+  return absl::StrCat("printf '{\"rank\":%s,\"time_unix_ns\":%s,\"code\":", code, ",\"message\":\"",
+                      message, "\",\"secondary\":", secondary ? "true" : "false",
+                      ",\"culprit_ranks\":[", culprits,
+                      "]}' $RANK $(date +%s%N) > $FSDP_ERROR_FILE; ");
 }
 
 TEST(LaunchTest, RootCauseIsReportedFirstEvenWhenItsRankIsTheLastToExit) {
@@ -443,8 +447,9 @@ TEST(LaunchTest, AStoppedRankNamedByTheSurvivorsIsTheRootCause) {
                       WriteRecord(4, "all_gather #3 timed out: rank 1 did not arrive", true, "1"),
                       "exit 1"));
   EXPECT_EQ(c.exit_code, 1) << c.err;
-  EXPECT_TRUE(Contains(c.err, "root cause: rank 1, named by the other ranks' errors: it was "
-                              "stopped by signal 19"))
+  EXPECT_TRUE(Contains(c.err,
+                       "root cause: rank 1, named by the other ranks' errors: it was "
+                       "stopped by signal 19"))
       << c.err;
   EXPECT_TRUE(Contains(c.err, "secondary: rank 0 at ")) << c.err;
   EXPECT_TRUE(Contains(c.err, "job failed: root cause rank 1")) << c.err;
@@ -617,9 +622,8 @@ TEST(RunLocalRanksTest, StartsNCopiesOfThisProgramAsRanks) {
   const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   options.stdout_fd = out;
   options.stderr_fd = out;
-  absl::StatusOr<int> rc =
-      RunLocalRanks(3, {"--gtest_filter=RunLocalRanksTest.StartsNCopiesOfThisProgramAsRanks"},
-                    options);
+  absl::StatusOr<int> rc = RunLocalRanks(
+      3, {"--gtest_filter=RunLocalRanksTest.StartsNCopiesOfThisProgramAsRanks"}, options);
   ::close(out);
   ::unsetenv("RUN_LOCAL_RANKS_TEST_DIR");
   ASSERT_TRUE(rc.ok()) << rc.status();

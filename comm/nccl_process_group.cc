@@ -48,8 +48,8 @@ struct NcclComm {
     ncclResult_t state = ncclSuccess;
     ncclCommGetAsyncError(comm, &state);
     if (state != ncclSuccess && state != ncclInProgress) {
-      return absl::InternalError(absl::StrCat("NCCL asynchronous error: ", ncclGetErrorString(state),
-                                              " ", ncclGetLastError(comm)));
+      return absl::InternalError(absl::StrCat(
+          "NCCL asynchronous error: ", ncclGetErrorString(state), " ", ncclGetLastError(comm)));
     }
     return absl::OkStatus();
   }
@@ -70,7 +70,8 @@ absl::Status NcclStatus(ncclResult_t r, ncclComm_t comm, absl::Time deadline,
                         absl::string_view what) {
   while (r == ncclInProgress) {
     if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(what, ": NCCL still in progress at the deadline"));
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, ": NCCL still in progress at the deadline"));
     }
     absl::SleepFor(absl::Microseconds(100));
     ncclCommGetAsyncError(comm, &r);
@@ -118,8 +119,7 @@ absl::Status StageInOnStream(const core::Tensor& input, const core::Tensor& stag
   if (stage_from.device().is_cpu()) {
     const core::Tensor& dst = stage_from.dtype() == input.dtype() ? input : staging;
     RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(dst.raw_data(), stage_from.raw_data(),
-                                               stage_from.nbytes(), cudaMemcpyHostToDevice,
-                                               stream),
+                                               stage_from.nbytes(), cudaMemcpyHostToDevice, stream),
                                "copying options.stage_from to the device"));
     src = dst;
   }
@@ -134,8 +134,9 @@ absl::Status StageInOnStream(const core::Tensor& input, const core::Tensor& stag
         cuda::FloatToBf16(src.data<float>(), input.raw_data(), input.numel(), stream),
         "options.stage_from fp32 -> bf16");
   }
-  return ConvertStatus(cuda::Bf16ToFloat(src.raw_data(), input.data<float>(), input.numel(), stream),
-                       "options.stage_from bf16 -> fp32");
+  return ConvertStatus(
+      cuda::Bf16ToFloat(src.raw_data(), input.data<float>(), input.numel(), stream),
+      "options.stage_from bf16 -> fp32");
 }
 
 // NOTE [Staged collectives]: `result` into the host tensor `unstage_to`, on the stream.
@@ -151,7 +152,8 @@ absl::Status StageOutOnStream(const core::Tensor& result, const core::Tensor& un
 // stream before and after the NCCL calls, the outcome, the tensors the device still uses,
 // and the event the first stream-ordered Wait recorded on the compute stream.
 struct PendingCollective {
-  PendingCollective(std::string what, core::Device dev) : description(std::move(what)), device(dev) {}
+  PendingCollective(std::string what, core::Device dev)
+      : description(std::move(what)), device(dev) {}
   ~PendingCollective() {
     // Destroying an event with pending waits is allowed: CUDA releases it once they end.
     if (start != nullptr) cudaEventDestroy(start);
@@ -205,7 +207,8 @@ class NcclWork : public Work {
     RETURN_IF_ERROR(
         CudaStatus(cudaSetDevice(op_->device.index), absl::StrCat(what, ": cudaSetDevice")));
     if (first) {
-      RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&op_->reached), absl::StrCat(what, ": cudaEventCreate")));
+      RETURN_IF_ERROR(
+          CudaStatus(cudaEventCreate(&op_->reached), absl::StrCat(what, ": cudaEventCreate")));
       RETURN_IF_ERROR(CudaStatus(cudaEventRecord(op_->reached, cudaStreamLegacy),
                                  absl::StrCat(what, ": cudaEventRecord(compute stream)")));
     }
@@ -309,8 +312,8 @@ absl::StatusOr<ncclUniqueId> ExchangeUniqueId(Store& store, int rank, const std:
     return core::Annotate(got.status(), absl::StrCat(who, ": waiting for rank 0's NCCL id"));
   }
   if (got->size() != sizeof(id.internal)) {
-    return absl::InternalError(absl::StrCat(who, ": NCCL id has ", got->size(), " bytes, not ",
-                                            sizeof(id.internal)));
+    return absl::InternalError(
+        absl::StrCat(who, ": NCCL id has ", got->size(), " bytes, not ", sizeof(id.internal)));
   }
   std::memcpy(id.internal, got->data(), sizeof(id.internal));
   return id;
@@ -351,9 +354,9 @@ absl::StatusOr<std::shared_ptr<NcclProcessGroup>> NcclProcessGroup::Join(
   int least = 0, greatest = 0;
   RETURN_IF_ERROR(CudaStatus(cudaDeviceGetStreamPriorityRange(&least, &greatest),
                              absl::StrCat(who, ": cudaDeviceGetStreamPriorityRange")));
-  RETURN_IF_ERROR(CudaStatus(
-      cudaStreamCreateWithPriority(&group->stream_, cudaStreamNonBlocking, greatest),
-      absl::StrCat(who, ": cudaStreamCreateWithPriority")));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaStreamCreateWithPriority(&group->stream_, cudaStreamNonBlocking, greatest),
+                 absl::StrCat(who, ": cudaStreamCreateWithPriority")));
   group->failure_rank_ = failure_rank;
   internal::Watchdog::Options dog;
   std::shared_ptr<internal::NcclComm> shared = group->comm_;
@@ -381,9 +384,9 @@ absl::Status NcclProcessGroup::InitCommunicator(const std::string& who) {
   }
   if (r == ncclInProgress) {
     ncclCommAbort(comm);
-    return absl::DeadlineExceededError(absl::StrCat(
-        who, ": the peers did not all join within init_timeout ",
-        absl::FormatDuration(options_.init_timeout)));
+    return absl::DeadlineExceededError(
+        absl::StrCat(who, ": the peers did not all join within init_timeout ",
+                     absl::FormatDuration(options_.init_timeout)));
   }
   if (r != ncclSuccess) {
     const std::string last = comm != nullptr ? ncclGetLastError(comm) : "";
@@ -487,12 +490,12 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Staged(
     const std::vector<core::Tensor>& host, absl::Duration timeout,
     const std::function<absl::StatusOr<std::shared_ptr<Work>>(const std::vector<core::Tensor>&)>&
         issue) {
-  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_.index),
-                             absl::StrCat(Describe(), ": cudaSetDevice")));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaSetDevice(device_.index), absl::StrCat(Describe(), ": cudaSetDevice")));
   std::vector<core::Tensor> dev;
   for (const core::Tensor& h : host) {
-    ASSIGN_OR_RETURN(core::Tensor d, core::Tensor::Allocate(h.shape(), h.dtype(),
-                                                            core::MemoryTag::kComm, device_));
+    ASSIGN_OR_RETURN(core::Tensor d,
+                     core::Tensor::Allocate(h.shape(), h.dtype(), core::MemoryTag::kComm, device_));
     if (h.numel() > 0) RETURN_IF_ERROR(d.CopyFrom(h));
     dev.push_back(std::move(d));
   }
@@ -513,9 +516,8 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllGather(const core::Te
     RETURN_IF_ERROR(StageIn(input, options.stage_from));
     AllGatherOptions plain = options;
     plain.stage_from = core::Tensor();
-    return Staged({input, output}, options.timeout, [&](const std::vector<core::Tensor>& d) {
-      return AllGather(d[0], d[1], plain);
-    });
+    return Staged({input, output}, options.timeout,
+                  [&](const std::vector<core::Tensor>& d) { return AllGather(d[0], d[1], plain); });
   }
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&input, &output}, device_));
   const absl::Time deadline = absl::Now() + options.timeout;
@@ -547,11 +549,10 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::ReduceScatter(
     ReduceScatterOptions plain = options;
     plain.unstage_to = core::Tensor();
     plain.accumulate_into = core::Tensor();
-    ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-                     Staged({input, output}, options.timeout,
-                            [&](const std::vector<core::Tensor>& d) {
-                              return ReduceScatter(d[0], d[1], plain);
-                            }));
+    ASSIGN_OR_RETURN(std::shared_ptr<Work> work, Staged({input, output}, options.timeout,
+                                                        [&](const std::vector<core::Tensor>& d) {
+                                                          return ReduceScatter(d[0], d[1], plain);
+                                                        }));
     RETURN_IF_ERROR(work->WaitHost(options.timeout));
     RETURN_IF_ERROR(StageOut(output, options.unstage_to));
     RETURN_IF_ERROR(AccumulateOut(output, options.accumulate_into));
@@ -581,31 +582,31 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::ReduceScatter(
     keep.push_back(wide_in);
     keep.push_back(wide_out);
   }
-  return Issue(kind, options.timeout, ExpectedTraffic(kind, input.nbytes(), size(), rank()),
-               std::move(keep), [&](ncclComm_t comm, cudaStream_t stream) -> absl::Status {
-                 if (k == 0) return absl::OkStatus();
-                 if (!bf16) {
-                   RETURN_IF_ERROR(NcclStatus(
-                       ncclReduceScatter(input.raw_data(), output.raw_data(), k,
-                                         NcclType(input.dtype()), NcclOp(options.reduce_op), comm,
-                                         stream),
+  return Issue(
+      kind, options.timeout, ExpectedTraffic(kind, input.nbytes(), size(), rank()), std::move(keep),
+      [&](ncclComm_t comm, cudaStream_t stream) -> absl::Status {
+        if (k == 0) return absl::OkStatus();
+        if (!bf16) {
+          RETURN_IF_ERROR(NcclStatus(
+              ncclReduceScatter(input.raw_data(), output.raw_data(), k, NcclType(input.dtype()),
+                                NcclOp(options.reduce_op), comm, stream),
+              comm, deadline, "ncclReduceScatter"));
+          RETURN_IF_ERROR(StageOutOnStream(output, options.unstage_to, stream));
+          return accumulate(stream);
+        }
+        RETURN_IF_ERROR(ConvertStatus(
+            cuda::Bf16ToFloat(input.raw_data(), wide_in.data<float>(), input.numel(), stream),
+            "bf16 -> fp32"));
+        RETURN_IF_ERROR(
+            NcclStatus(ncclReduceScatter(wide_in.raw_data(), wide_out.raw_data(), k, ncclFloat32,
+                                         NcclOp(options.reduce_op), comm, stream),
                        comm, deadline, "ncclReduceScatter"));
-                   RETURN_IF_ERROR(StageOutOnStream(output, options.unstage_to, stream));
-                   return accumulate(stream);
-                 }
-                 RETURN_IF_ERROR(ConvertStatus(
-                     cuda::Bf16ToFloat(input.raw_data(), wide_in.data<float>(), input.numel(), stream),
-                     "bf16 -> fp32"));
-                 RETURN_IF_ERROR(NcclStatus(
-                     ncclReduceScatter(wide_in.raw_data(), wide_out.raw_data(), k, ncclFloat32,
-                                       NcclOp(options.reduce_op), comm, stream),
-                     comm, deadline, "ncclReduceScatter"));
-                 RETURN_IF_ERROR(ConvertStatus(
-                     cuda::FloatToBf16(wide_out.data<float>(), output.raw_data(), k, stream),
-                     "fp32 -> bf16"));
-                 RETURN_IF_ERROR(StageOutOnStream(output, options.unstage_to, stream));
-                 return accumulate(stream);
-               });
+        RETURN_IF_ERROR(
+            ConvertStatus(cuda::FloatToBf16(wide_out.data<float>(), output.raw_data(), k, stream),
+                          "fp32 -> bf16"));
+        RETURN_IF_ERROR(StageOutOnStream(output, options.unstage_to, stream));
+        return accumulate(stream);
+      });
 }
 
 absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllReduce(const core::Tensor& tensor,
@@ -631,32 +632,30 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllReduce(const core::Te
   core::Tensor wide;
   const bool bf16 = tensor.dtype() == core::DType::kBFloat16;
   if (bf16 && n > 0) {
-    ASSIGN_OR_RETURN(wide, core::Tensor::Allocate({n}, core::DType::kFloat32,
-                                                  core::MemoryTag::kComm, device_));
+    ASSIGN_OR_RETURN(
+        wide, core::Tensor::Allocate({n}, core::DType::kFloat32, core::MemoryTag::kComm, device_));
     keep.push_back(wide);
   }
-  return Issue(kind, options.timeout, ExpectedTraffic(kind, tensor.nbytes(), size(), rank()),
-               std::move(keep), [&](ncclComm_t comm, cudaStream_t stream) -> absl::Status {
-                 if (n == 0) return absl::OkStatus();
-                 if (!bf16) {
-                   RETURN_IF_ERROR(NcclStatus(ncclAllReduce(tensor.raw_data(), tensor.raw_data(), n,
-                                                            NcclType(tensor.dtype()),
-                                                            NcclOp(options.reduce_op), comm, stream),
-                                              comm, deadline, "ncclAllReduce"));
-                   return StageOutOnStream(tensor, options.unstage_to, stream);
-                 }
-                 RETURN_IF_ERROR(ConvertStatus(
-                     cuda::Bf16ToFloat(tensor.raw_data(), wide.data<float>(), n, stream),
-                     "bf16 -> fp32"));
-                 RETURN_IF_ERROR(NcclStatus(ncclAllReduce(wide.raw_data(), wide.raw_data(), n,
-                                                          ncclFloat32, NcclOp(options.reduce_op),
-                                                          comm, stream),
-                                            comm, deadline, "ncclAllReduce"));
-                 RETURN_IF_ERROR(ConvertStatus(
-                     cuda::FloatToBf16(wide.data<float>(), tensor.raw_data(), n, stream),
-                     "fp32 -> bf16"));
-                 return StageOutOnStream(tensor, options.unstage_to, stream);
-               });
+  return Issue(
+      kind, options.timeout, ExpectedTraffic(kind, tensor.nbytes(), size(), rank()),
+      std::move(keep), [&](ncclComm_t comm, cudaStream_t stream) -> absl::Status {
+        if (n == 0) return absl::OkStatus();
+        if (!bf16) {
+          RETURN_IF_ERROR(NcclStatus(
+              ncclAllReduce(tensor.raw_data(), tensor.raw_data(), n, NcclType(tensor.dtype()),
+                            NcclOp(options.reduce_op), comm, stream),
+              comm, deadline, "ncclAllReduce"));
+          return StageOutOnStream(tensor, options.unstage_to, stream);
+        }
+        RETURN_IF_ERROR(ConvertStatus(
+            cuda::Bf16ToFloat(tensor.raw_data(), wide.data<float>(), n, stream), "bf16 -> fp32"));
+        RETURN_IF_ERROR(NcclStatus(ncclAllReduce(wide.raw_data(), wide.raw_data(), n, ncclFloat32,
+                                                 NcclOp(options.reduce_op), comm, stream),
+                                   comm, deadline, "ncclAllReduce"));
+        RETURN_IF_ERROR(ConvertStatus(
+            cuda::FloatToBf16(wide.data<float>(), tensor.raw_data(), n, stream), "fp32 -> bf16"));
+        return StageOutOnStream(tensor, options.unstage_to, stream);
+      });
 }
 
 absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Broadcast(const core::Tensor& tensor,
@@ -664,21 +663,19 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Broadcast(const core::Te
   constexpr CollectiveKind kind = CollectiveKind::kBroadcast;
   RETURN_IF_ERROR(ValidateBroadcast(*this, tensor, options));
   if (OnHost({&tensor})) {
-    return Staged({tensor}, options.timeout, [&](const std::vector<core::Tensor>& d) {
-      return Broadcast(d[0], options);
-    });
+    return Staged({tensor}, options.timeout,
+                  [&](const std::vector<core::Tensor>& d) { return Broadcast(d[0], options); });
   }
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&tensor}, device_));
   const absl::Time deadline = absl::Now() + options.timeout;
-  return Issue(kind, options.timeout,
-               ExpectedTraffic(kind, tensor.nbytes(), size(), rank(), options.root), {tensor},
-               [&](ncclComm_t comm, cudaStream_t stream) -> absl::Status {
-                 if (tensor.numel() == 0) return absl::OkStatus();
-                 return NcclStatus(ncclBroadcast(tensor.raw_data(), tensor.raw_data(),
-                                                 tensor.nbytes(), ncclUint8, options.root, comm,
-                                                 stream),
-                                   comm, deadline, "ncclBroadcast");
-               });
+  return Issue(
+      kind, options.timeout, ExpectedTraffic(kind, tensor.nbytes(), size(), rank(), options.root),
+      {tensor}, [&](ncclComm_t comm, cudaStream_t stream) -> absl::Status {
+        if (tensor.numel() == 0) return absl::OkStatus();
+        return NcclStatus(ncclBroadcast(tensor.raw_data(), tensor.raw_data(), tensor.nbytes(),
+                                        ncclUint8, options.root, comm, stream),
+                          comm, deadline, "ncclBroadcast");
+      });
 }
 
 absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Barrier(const BarrierOptions& options) {
@@ -701,8 +698,8 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> NcclProcessGroup::NewSubgroup(
   NcclOptions sub = options_;
   sub.name = SubgroupName(options, place);
   sub.init_timeout = options.timeout;
-  ASSIGN_OR_RETURN(auto group, Join(SubgroupStore(place), place.rank, place.size, device_, sub,
-                                    failure_rank_));
+  ASSIGN_OR_RETURN(auto group,
+                   Join(SubgroupStore(place), place.rank, place.size, device_, sub, failure_rank_));
   return std::shared_ptr<ProcessGroup>(std::move(group));
 }
 

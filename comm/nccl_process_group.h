@@ -3,7 +3,8 @@
 //
 //   comm::NcclOptions opts;
 //   ASSIGN_OR_RETURN(auto group, comm::NcclProcessGroup::Create(
-//                                    store, rank, world_size, core::Device::Cuda(local_rank), opts));
+//                                    store, rank, world_size, core::Device::Cuda(local_rank),
+//                                    opts));
 //   ASSIGN_OR_RETURN(auto work, group->AllReduce(cuda_tensor, comm::AllReduceOptions{}));
 //   RETURN_IF_ERROR(work->Wait(absl::Seconds(60)));
 //
@@ -45,8 +46,8 @@
 // All the rules in comm/process_group.h hold, in particular NOTE [Same order on all
 // ranks]: every rank issues the same collectives in the same order. Byte counters
 // follow NOTE [Byte counters] and count a collective once the watchdog has seen it
-// succeed (after WaitHost returns OK it is counted). One group per GPU: NCCL refuses two ranks of one
-// communicator on the same device.
+// succeed (after WaitHost returns OK it is counted). One group per GPU: NCCL refuses two ranks of
+// one communicator on the same device.
 #ifndef COMM_NCCL_PROCESS_GROUP_H_
 #define COMM_NCCL_PROCESS_GROUP_H_
 
@@ -102,9 +103,9 @@ class NcclProcessGroup : public internal::BackendGroup {
   absl::StatusOr<std::shared_ptr<Work>> AllGather(const core::Tensor& input,
                                                   const core::Tensor& output,
                                                   const AllGatherOptions& options) override;
-  absl::StatusOr<std::shared_ptr<Work>> ReduceScatter(
-      const core::Tensor& input, const core::Tensor& output,
-      const ReduceScatterOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> ReduceScatter(const core::Tensor& input,
+                                                      const core::Tensor& output,
+                                                      const ReduceScatterOptions& options) override;
   absl::StatusOr<std::shared_ptr<Work>> AllReduce(const core::Tensor& tensor,
                                                   const AllReduceOptions& options) override;
   absl::StatusOr<std::shared_ptr<Work>> Broadcast(const core::Tensor& tensor,
@@ -134,8 +135,8 @@ class NcclProcessGroup : public internal::BackendGroup {
   // complete.
   absl::StatusOr<std::shared_ptr<Work>> Staged(
       const std::vector<core::Tensor>& host, absl::Duration timeout,
-      const std::function<absl::StatusOr<std::shared_ptr<Work>>(
-          const std::vector<core::Tensor>&)>& issue);
+      const std::function<absl::StatusOr<std::shared_ptr<Work>>(const std::vector<core::Tensor>&)>&
+          issue);
   absl::StatusOr<std::shared_ptr<Work>> Issue(CollectiveKind kind, absl::Duration timeout,
                                               Traffic traffic, std::vector<core::Tensor> keep,
                                               const LaunchFn& launch);

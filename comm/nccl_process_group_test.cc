@@ -43,8 +43,7 @@ using ::comm::testing::ProcessGroupConformanceTest;
     return n.ok() ? "" : std::string(n.status().message());
   };
 #else
-  f.create = [](std::shared_ptr<Store>, int,
-                int) -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
+  f.create = [](std::shared_ptr<Store>, int, int) -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
     return absl::UnimplementedError("the NCCL backend needs a build with --config=cuda");
   };
   f.skip_reason = [] { return std::string("built without CUDA (--config=cuda)"); };
@@ -86,7 +85,8 @@ class NcclTest : public ::testing::Test {
   Tensor OnGpu(const std::vector<float>& values, DType dtype) {
     Tensor host = Tensor::FromVector(values, {static_cast<int64_t>(values.size())}).value();
     Tensor h = host.ToDType(dtype, core::MemoryTag::kOther).value();
-    Tensor d = Tensor::Allocate(h.shape(), dtype, core::MemoryTag::kOther, core::Device::Cuda(0)).value();
+    Tensor d =
+        Tensor::Allocate(h.shape(), dtype, core::MemoryTag::kOther, core::Device::Cuda(0)).value();
     EXPECT_TRUE(d.CopyFrom(h).ok());
     return d;
   }
@@ -138,8 +138,9 @@ TEST_F(NcclTest, ZeroLengthAndInPlaceWork) {
 
 TEST_F(NcclTest, SeesComputeStreamWritesIssuedBeforeIt) {
   // Fill runs on the legacy default stream; the collective must wait for it.
-  Tensor t = Tensor::Allocate({1 << 22}, DType::kFloat32, core::MemoryTag::kOther,
-                              core::Device::Cuda(0)).value();
+  Tensor t =
+      Tensor::Allocate({1 << 22}, DType::kFloat32, core::MemoryTag::kOther, core::Device::Cuda(0))
+          .value();
   t.Fill(3.0f);
   ASSERT_TRUE(group_->AllReduce(t, AllReduceOptions{}).value()->Wait(kTimeout).ok());
   EXPECT_EQ(ToHost(t.View((1 << 22) - 1, {1}).value())[0], 3.0f);
@@ -155,7 +156,8 @@ TEST_F(NcclTest, StagesHostTensorsAndRejectsMixedDevicesAndBadShapes) {
   EXPECT_EQ(cpu.ToVector(), (std::vector<float>{1, 2, 3, 4}));
   Tensor ints_in = Tensor::FromInts({7, 8}, {2}).value();
   Tensor ints_out = Tensor::Zeros({2}, DType::kInt32);
-  ASSERT_TRUE(group_->AllGather(ints_in, ints_out, AllGatherOptions{}).value()->Wait(kTimeout).ok());
+  ASSERT_TRUE(
+      group_->AllGather(ints_in, ints_out, AllGatherOptions{}).value()->Wait(kTimeout).ok());
   EXPECT_EQ(ints_out.ToVector(), (std::vector<float>{7, 8}));
   // A CPU tensor with a CUDA one is refused, naming the device.
   Tensor gpu = OnGpu({0, 0}, DType::kFloat32);
@@ -188,8 +190,8 @@ TEST_F(NcclTest, StagedCollectivesCopyAndCastOnTheirStream) {
     AllGatherOptions ag;
     ag.stage_from = from;
     ASSERT_TRUE(group_->AllGather(in, out, ag).value()->WaitHost(kTimeout).ok());
-    EXPECT_EQ(ToHost(out), (std::vector<float>{1.5f, 2.25f,
-                                               core::BFloat16::FromFloat(1.0f / 3).ToFloat()}))
+    EXPECT_EQ(ToHost(out),
+              (std::vector<float>{1.5f, 2.25f, core::BFloat16::FromFloat(1.0f / 3).ToFloat()}))
         << (from_host ? "host" : "device") << " source";
   }
   Tensor rs_in = OnGpu({4, 5, 6}, DType::kFloat32);
@@ -241,8 +243,9 @@ TEST_F(NcclTest, TwoRanksOnTwoGpus) {
         results[r] = g.status();
         return;
       }
-      Tensor t = Tensor::Allocate({8}, DType::kBFloat16, core::MemoryTag::kOther,
-                                  core::Device::Cuda(r)).value();
+      Tensor t =
+          Tensor::Allocate({8}, DType::kBFloat16, core::MemoryTag::kOther, core::Device::Cuda(r))
+              .value();
       t.Fill(static_cast<float>(r + 1));
       auto w = (*g)->AllReduce(t, AllReduceOptions{});
       results[r] = w.ok() ? (*w)->Wait(kTimeout) : w.status();
@@ -259,8 +262,9 @@ TEST_F(NcclTest, WaitOrdersTheComputeStreamAndWaitHostCompletesTheWork) {
   // A large reduction: Wait returns without blocking the host, and a kernel queued on
   // the compute stream after it (Fill of a slice) runs after the collective, so the
   // fill is what the host reads back, not the reduction's result.
-  Tensor t = Tensor::Allocate({1 << 24}, DType::kFloat32, core::MemoryTag::kOther,
-                              core::Device::Cuda(0)).value();
+  Tensor t =
+      Tensor::Allocate({1 << 24}, DType::kFloat32, core::MemoryTag::kOther, core::Device::Cuda(0))
+          .value();
   t.Fill(1.0f);
   auto work = group_->AllReduce(t, AllReduceOptions{}).value();
   ASSERT_TRUE(work->Wait(kTimeout).ok());
@@ -352,8 +356,9 @@ TEST_F(NcclTest, WatchdogFailsACollectiveThatNeverCompletesWithoutAnyoneWaiting)
   ASSERT_TRUE(created[0].ok()) << created[0];
   ASSERT_TRUE(created[1].ok()) << created[1];
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-  Tensor t = Tensor::Allocate({1024}, DType::kFloat32, core::MemoryTag::kOther,
-                              core::Device::Cuda(0)).value();
+  Tensor t =
+      Tensor::Allocate({1024}, DType::kFloat32, core::MemoryTag::kOther, core::Device::Cuda(0))
+          .value();
   t.Fill(1.0f);
   AllReduceOptions ar;
   ar.timeout = absl::Seconds(1);

@@ -45,8 +45,8 @@ bool IsChunk(const core::Tensor& part, const core::Tensor& whole, int index) {
          part.offset() == whole.offset() + index * part.numel();
 }
 
-absl::Status CheckDefined(const ProcessGroup& group, CollectiveKind kind,
-                          const core::Tensor& t, absl::string_view role) {
+absl::Status CheckDefined(const ProcessGroup& group, CollectiveKind kind, const core::Tensor& t,
+                          absl::string_view role) {
   if (!t.defined()) return Invalid(group, kind, absl::StrCat(role, " tensor is undefined"));
   return absl::OkStatus();
 }
@@ -112,8 +112,8 @@ std::string CommStats::ToString() const {
   for (int k = 0; k < kNumCollectiveKinds; ++k) {
     const CollectiveStats& s = by_kind[k];
     if (s.calls == 0) continue;
-    parts.push_back(absl::StrCat(CollectiveKindName(static_cast<CollectiveKind>(k)), ": ",
-                                 s.calls, " calls, ", core::FormatBytes(s.bytes_sent), " sent, ",
+    parts.push_back(absl::StrCat(CollectiveKindName(static_cast<CollectiveKind>(k)), ": ", s.calls,
+                                 " calls, ", core::FormatBytes(s.bytes_sent), " sent, ",
                                  core::FormatBytes(s.bytes_received), " received"));
   }
   return parts.empty() ? "no collectives" : absl::StrJoin(parts, "; ");
@@ -194,7 +194,8 @@ absl::Status CheckUnstageTo(const ProcessGroup& group, CollectiveKind kind,
     return Invalid(group, kind,
                    absl::StrCat("options.unstage_to ", Desc(unstage_to),
                                 " must be a host tensor of the result's numel and dtype, not "
-                                "overlapping it: ", Desc(result)));
+                                "overlapping it: ",
+                                Desc(result)));
   }
   return absl::OkStatus();
 }
@@ -249,14 +250,15 @@ absl::Status ValidateAllGather(const ProcessGroup& group, const core::Tensor& in
   RETURN_IF_ERROR(CheckDefined(group, kind, output, "output"));
   RETURN_IF_ERROR(CheckTimeout(group, kind, options.timeout));
   if (input.dtype() != output.dtype()) {
-    return Invalid(group, kind, absl::StrCat("input has ", Desc(input), " but output has ",
-                                             Desc(output), "; dtypes must match"));
+    return Invalid(group, kind,
+                   absl::StrCat("input has ", Desc(input), " but output has ", Desc(output),
+                                "; dtypes must match"));
   }
   if (output.numel() != input.numel() * group.size()) {
-    return Invalid(group, kind,
-                   absl::StrCat("output has ", Desc(output), " but needs input numel ",
-                                input.numel(), " x ", group.size(), " ranks = ",
-                                input.numel() * group.size()));
+    return Invalid(
+        group, kind,
+        absl::StrCat("output has ", Desc(output), " but needs input numel ", input.numel(), " x ",
+                     group.size(), " ranks = ", input.numel() * group.size()));
   }
   if (Overlap(input, output) && !IsChunk(input, output, group.rank())) {
     return Invalid(group, kind,
@@ -275,14 +277,15 @@ absl::Status ValidateReduceScatter(const ProcessGroup& group, const core::Tensor
   RETURN_IF_ERROR(CheckDefined(group, kind, output, "output"));
   RETURN_IF_ERROR(CheckTimeout(group, kind, options.timeout));
   if (input.dtype() != output.dtype()) {
-    return Invalid(group, kind, absl::StrCat("input has ", Desc(input), " but output has ",
-                                             Desc(output), "; dtypes must match"));
+    return Invalid(group, kind,
+                   absl::StrCat("input has ", Desc(input), " but output has ", Desc(output),
+                                "; dtypes must match"));
   }
   if (input.numel() != output.numel() * group.size()) {
-    return Invalid(group, kind,
-                   absl::StrCat("input has ", Desc(input), " but needs output numel ",
-                                output.numel(), " x ", group.size(), " ranks = ",
-                                output.numel() * group.size()));
+    return Invalid(
+        group, kind,
+        absl::StrCat("input has ", Desc(input), " but needs output numel ", output.numel(), " x ",
+                     group.size(), " ranks = ", output.numel() * group.size()));
   }
   if (Overlap(input, output) && !IsChunk(output, input, group.rank())) {
     return Invalid(group, kind,
@@ -310,9 +313,9 @@ absl::Status ValidateBroadcast(const ProcessGroup& group, const core::Tensor& te
   RETURN_IF_ERROR(CheckDefined(group, kind, tensor, "the"));
   RETURN_IF_ERROR(CheckTimeout(group, kind, options.timeout));
   if (options.root < 0 || options.root >= group.size()) {
-    return Invalid(group, kind,
-                   absl::StrCat("options.root ", options.root, " is not a rank in [0, ",
-                                group.size(), ")"));
+    return Invalid(
+        group, kind,
+        absl::StrCat("options.root ", options.root, " is not a rank in [0, ", group.size(), ")"));
   }
   return absl::OkStatus();
 }
@@ -355,8 +358,7 @@ absl::StatusOr<SubgroupPlacement> PlaceInSubgroup(const ProcessGroup& group,
 }
 
 absl::Status ValidateDevice(const ProcessGroup& group, CollectiveKind kind,
-                            const std::vector<const core::Tensor*>& tensors,
-                            core::Device device) {
+                            const std::vector<const core::Tensor*>& tensors, core::Device device) {
   for (const core::Tensor* t : tensors) {
     if (t->defined() && t->device() != device) {
       return Invalid(group, kind,

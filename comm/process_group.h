@@ -145,9 +145,7 @@ struct CollectiveStats {
 struct CommStats {
   std::array<CollectiveStats, kNumCollectiveKinds> by_kind{};
 
-  const CollectiveStats& of(CollectiveKind kind) const {
-    return by_kind[static_cast<int>(kind)];
-  }
+  const CollectiveStats& of(CollectiveKind kind) const { return by_kind[static_cast<int>(kind)]; }
   // All kinds together.
   CollectiveStats Total() const;
   // "AllGather: 3 calls, 1.50MiB sent, 1.50MiB received; ..." (kinds with calls only).
@@ -238,8 +236,7 @@ class ProcessGroup {
 absl::Status ValidateAllGather(const ProcessGroup& group, const core::Tensor& input,
                                const core::Tensor& output, const AllGatherOptions& options);
 absl::Status ValidateReduceScatter(const ProcessGroup& group, const core::Tensor& input,
-                                   const core::Tensor& output,
-                                   const ReduceScatterOptions& options);
+                                   const core::Tensor& output, const ReduceScatterOptions& options);
 absl::Status ValidateAllReduce(const ProcessGroup& group, const core::Tensor& tensor,
                                const AllReduceOptions& options);
 absl::Status ValidateBroadcast(const ProcessGroup& group, const core::Tensor& tensor,
@@ -269,8 +266,7 @@ absl::Status AccumulateOut(const core::Tensor& result, const core::Tensor& accum
 
 // InvalidArgument unless every tensor in `tensors` is on `device`.
 absl::Status ValidateDevice(const ProcessGroup& group, CollectiveKind kind,
-                            const std::vector<const core::Tensor*>& tensors,
-                            core::Device device);
+                            const std::vector<const core::Tensor*>& tensors, core::Device device);
 
 }  // namespace comm
 

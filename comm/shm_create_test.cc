@@ -27,10 +27,10 @@
 namespace comm {
 namespace {
 
+using ::comm::testing::kShmTestSlotBytes;
 using ::comm::testing::RankContext;
 using ::comm::testing::RunThreadRanks;
 using ::comm::testing::ShmTestOptions;
-using ::comm::testing::kShmTestSlotBytes;
 using ::comm::testing::ThreadRanksOptions;
 using core::Tensor;
 
@@ -64,14 +64,18 @@ std::set<std::string> ShmEntries() {
 
 TEST(ShmCreateTest, NoSegmentIsLeftInDevShmOnceCreateReturns) {
   auto names = std::make_shared<std::vector<std::string>>(3);
-  absl::Status s = RunThreadRanks(3, [names](RankContext& ctx) -> absl::Status {
-    ASSIGN_OR_RETURN(auto shm, ShmProcessGroup::Create(ctx.store, ctx.rank, 3, ShmTestOptions()));
-    (*names)[ctx.rank] = shm->segment_name();
-    // Every rank returns from Create after rank 0 unlinked the name.
-    EXPECT_EQ(ShmEntries().count(shm->segment_name().substr(1)), 0u) << shm->segment_name();
-    RETURN_IF_ERROR(Finish(shm->Barrier(BarrierOptions{})));
-    return absl::OkStatus();
-  }, Options());
+  absl::Status s = RunThreadRanks(
+      3,
+      [names](RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(auto shm,
+                         ShmProcessGroup::Create(ctx.store, ctx.rank, 3, ShmTestOptions()));
+        (*names)[ctx.rank] = shm->segment_name();
+        // Every rank returns from Create after rank 0 unlinked the name.
+        EXPECT_EQ(ShmEntries().count(shm->segment_name().substr(1)), 0u) << shm->segment_name();
+        RETURN_IF_ERROR(Finish(shm->Barrier(BarrierOptions{})));
+        return absl::OkStatus();
+      },
+      Options());
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ((*names)[0], (*names)[1]);
   EXPECT_EQ((*names)[0], (*names)[2]);
@@ -90,8 +94,7 @@ TEST(ShmCreateTest, RankThatNeverJoinsIsDeadlineExceededAndLeavesNoSegment) {
   EXPECT_EQ(g.status().code(), absl::StatusCode::kDeadlineExceeded) << g.status();
   EXPECT_NE(g.status().message().find("shm group 'shm' (rank 0 of 2)"), std::string::npos)
       << g.status();
-  EXPECT_NE(g.status().message().find("ranks 1 did not attach"), std::string::npos)
-      << g.status();
+  EXPECT_NE(g.status().message().find("ranks 1 did not attach"), std::string::npos) << g.status();
   EXPECT_EQ(ShmEntries(), before);
   // And a rank whose rank 0 never comes.
   auto lone = ShmProcessGroup::Create(std::make_shared<HashStore>(), 1, 2, o);
@@ -124,26 +127,29 @@ TEST(ShmCreateTest, BadArgumentsAreInvalidArgument) {
 }
 
 TEST(ShmCreateTest, MismatchedSlotBytesFailsEveryRankAtOnceNamingIt) {
-  absl::Status s = RunThreadRanks(3, [](RankContext& ctx) -> absl::Status {
-    ShmOptions o = ShmTestOptions();
-    o.rendezvous_timeout = absl::Seconds(30);
-    if (ctx.rank == 1) o.slot_bytes = 2 * kShmTestSlotBytes;
-    const absl::Time start = absl::Now();
-    auto g = ShmProcessGroup::Create(ctx.store, ctx.rank, 3, o);
-    // Rank 1's error reaches the others through the store, long before the 30 s timeout.
-    EXPECT_LT(absl::Now() - start, absl::Seconds(15)) << g.status();
-    EXPECT_EQ(g.status().code(), absl::StatusCode::kFailedPrecondition) << g.status();
-    EXPECT_NE(g.status().message().find("slot_bytes"), std::string::npos) << g.status();
-    if (ctx.rank == 0) {
-      EXPECT_NE(g.status().message().find("ranks 1 could not attach"), std::string::npos)
-          << g.status();
-      EXPECT_EQ(CulpritRanks(g.status()), std::vector<int>{1}) << g.status();
-    }
-    if (ctx.rank == 2) {
-      EXPECT_NE(g.status().message().find("rank 0 gave up"), std::string::npos) << g.status();
-    }
-    return absl::OkStatus();
-  }, Options());
+  absl::Status s = RunThreadRanks(
+      3,
+      [](RankContext& ctx) -> absl::Status {
+        ShmOptions o = ShmTestOptions();
+        o.rendezvous_timeout = absl::Seconds(30);
+        if (ctx.rank == 1) o.slot_bytes = 2 * kShmTestSlotBytes;
+        const absl::Time start = absl::Now();
+        auto g = ShmProcessGroup::Create(ctx.store, ctx.rank, 3, o);
+        // Rank 1's error reaches the others through the store, long before the 30 s timeout.
+        EXPECT_LT(absl::Now() - start, absl::Seconds(15)) << g.status();
+        EXPECT_EQ(g.status().code(), absl::StatusCode::kFailedPrecondition) << g.status();
+        EXPECT_NE(g.status().message().find("slot_bytes"), std::string::npos) << g.status();
+        if (ctx.rank == 0) {
+          EXPECT_NE(g.status().message().find("ranks 1 could not attach"), std::string::npos)
+              << g.status();
+          EXPECT_EQ(CulpritRanks(g.status()), std::vector<int>{1}) << g.status();
+        }
+        if (ctx.rank == 2) {
+          EXPECT_NE(g.status().message().find("rank 0 gave up"), std::string::npos) << g.status();
+        }
+        return absl::OkStatus();
+      },
+      Options());
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -157,13 +163,16 @@ CreateResults CreateOnRanks(int n, const std::function<ShmOptions(int rank)>& op
   auto out = std::make_shared<CreateResults>();
   out->status.resize(n);
   out->transport.resize(n);
-  absl::Status s = RunThreadRanks(n, [&, out](RankContext& ctx) -> absl::Status {
-    auto g = ShmProcessGroup::Create(ctx.store, ctx.rank, n, options(ctx.rank));
-    out->status[ctx.rank] = g.status();
-    if (!g.ok()) return absl::OkStatus();
-    out->transport[ctx.rank] = (*g)->transport_name();
-    return then ? then(**g) : absl::OkStatus();
-  }, Options());
+  absl::Status s = RunThreadRanks(
+      n,
+      [&, out](RankContext& ctx) -> absl::Status {
+        auto g = ShmProcessGroup::Create(ctx.store, ctx.rank, n, options(ctx.rank));
+        out->status[ctx.rank] = g.status();
+        if (!g.ok()) return absl::OkStatus();
+        out->transport[ctx.rank] = (*g)->transport_name();
+        return then ? then(**g) : absl::OkStatus();
+      },
+      Options());
   EXPECT_TRUE(s.ok()) << s;
   return *out;
 }

@@ -21,21 +21,20 @@ namespace {
 // Join's checks of the rank, the size and the options.
 absl::Status CheckJoin(const std::string& who, int rank, int size, const ShmOptions& options) {
   RETURN_IF_ERROR(internal::CheckRankAndSize(who, rank, size));
-  RETURN_IF_ERROR(internal::CheckPositive(who, "ShmOptions.rendezvous_timeout",
-                                          options.rendezvous_timeout));
-  RETURN_IF_ERROR(internal::CheckPositive(who, "ShmOptions.liveness_interval",
-                                          options.liveness_interval));
+  RETURN_IF_ERROR(
+      internal::CheckPositive(who, "ShmOptions.rendezvous_timeout", options.rendezvous_timeout));
+  RETURN_IF_ERROR(
+      internal::CheckPositive(who, "ShmOptions.liveness_interval", options.liveness_interval));
   if (options.slot_bytes < 4096 || options.slot_bytes > (int64_t{1} << 30) ||
       options.slot_bytes % 64 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(who, ": ShmOptions.slot_bytes ", options.slot_bytes,
-                     " must be a multiple of 64 in [4096, 2^30]"));
+    return absl::InvalidArgumentError(absl::StrCat(who, ": ShmOptions.slot_bytes ",
+                                                   options.slot_bytes,
+                                                   " must be a multiple of 64 in [4096, 2^30]"));
   }
   if (options.slot_bytes < 64 * static_cast<int64_t>(size)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(who, ": ShmOptions.slot_bytes ", options.slot_bytes,
-                     " must be at least 64 bytes per rank (", 64 * static_cast<int64_t>(size),
-                     ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": ShmOptions.slot_bytes ", options.slot_bytes,
+        " must be at least 64 bytes per rank (", 64 * static_cast<int64_t>(size), ")"));
   }
   return absl::OkStatus();
 }
@@ -60,9 +59,7 @@ ShmProcessGroup::~ShmProcessGroup() {
   if (collectives_ != nullptr) collectives_->segment().MarkDestroyed(rank());
 }
 
-const std::string& ShmProcessGroup::segment_name() const {
-  return collectives_->segment().name;
-}
+const std::string& ShmProcessGroup::segment_name() const { return collectives_->segment().name; }
 
 std::string ShmProcessGroup::transport_name() const {
   return collectives_->cma() ? "cma" : "slots";
@@ -75,8 +72,9 @@ absl::StatusOr<std::shared_ptr<ShmProcessGroup>> ShmProcessGroup::Create(
   return Join(std::move(scoped), rank, size, options);
 }
 
-absl::StatusOr<std::shared_ptr<ShmProcessGroup>> ShmProcessGroup::Join(
-    std::shared_ptr<Store> store, int rank, int size, const ShmOptions& options) {
+absl::StatusOr<std::shared_ptr<ShmProcessGroup>> ShmProcessGroup::Join(std::shared_ptr<Store> store,
+                                                                       int rank, int size,
+                                                                       const ShmOptions& options) {
   const std::string who = internal::JoinWho("shm", options.name, rank, size);
   RETURN_IF_ERROR(CheckJoin(who, rank, size, options));
   const absl::Time deadline = absl::Now() + options.rendezvous_timeout;
@@ -89,8 +87,8 @@ absl::StatusOr<std::shared_ptr<ShmProcessGroup>> ShmProcessGroup::Join(
     segment->MarkDestroyed(rank);  // peers already past the probe fail fast on this rank
     return cma.status();
   }
-  group->collectives_ = std::make_unique<internal::ShmCollectives>(std::move(segment), rank,
-                                                                    size, options, *cma);
+  group->collectives_ =
+      std::make_unique<internal::ShmCollectives>(std::move(segment), rank, size, options, *cma);
   group->worker_.Start();
   VLOG(1) << group->Describe() << ": attached to " << group->segment_name() << ", transport "
           << group->transport_name();
@@ -104,8 +102,9 @@ absl::StatusOr<std::shared_ptr<Work>> ShmProcessGroup::Enqueue(
   return worker_.Enqueue(kind, timeout, traffic, std::move(run));
 }
 
-absl::StatusOr<std::shared_ptr<Work>> ShmProcessGroup::AllGather(
-    const core::Tensor& input, const core::Tensor& output, const AllGatherOptions& options) {
+absl::StatusOr<std::shared_ptr<Work>> ShmProcessGroup::AllGather(const core::Tensor& input,
+                                                                 const core::Tensor& output,
+                                                                 const AllGatherOptions& options) {
   constexpr CollectiveKind kind = CollectiveKind::kAllGather;
   RETURN_IF_ERROR(ValidateAllGather(*this, input, output, options));
   RETURN_IF_ERROR(ValidateDevice(*this, kind, {&input, &output}, core::Device::Cpu()));

@@ -102,9 +102,9 @@ class ShmProcessGroup : public internal::BackendGroup {
   absl::StatusOr<std::shared_ptr<Work>> AllGather(const core::Tensor& input,
                                                   const core::Tensor& output,
                                                   const AllGatherOptions& options) override;
-  absl::StatusOr<std::shared_ptr<Work>> ReduceScatter(
-      const core::Tensor& input, const core::Tensor& output,
-      const ReduceScatterOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> ReduceScatter(const core::Tensor& input,
+                                                      const core::Tensor& output,
+                                                      const ReduceScatterOptions& options) override;
   absl::StatusOr<std::shared_ptr<Work>> AllReduce(const core::Tensor& tensor,
                                                   const AllReduceOptions& options) override;
   absl::StatusOr<std::shared_ptr<Work>> Broadcast(const core::Tensor& tensor,

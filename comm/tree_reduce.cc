@@ -109,8 +109,8 @@ absl::StatusOr<std::unique_ptr<TreeReducer>> TreeReducer::Create(
         if (pair.status().code() == absl::StatusCode::kNotFound) continue;
         if (pair.ok()) {
           return absl::InternalError(absl::StrCat(
-              "TreeReducer::Create on ", group->Describe(), ": NewSubgroup([", lower, ", ",
-              higher, "]) returned a group to rank ", rank, ", which is not in it"));
+              "TreeReducer::Create on ", group->Describe(), ": NewSubgroup([", lower, ", ", higher,
+              "]) returned a group to rank ", rank, ", which is not in it"));
         }
       }
       if (!pair.ok()) return pair.status();
@@ -128,10 +128,10 @@ absl::Status TreeReducer::ReduceScatter(const core::Tensor& input, const core::T
                                         int scatter_levels) {
   constexpr absl::string_view kOp = "ReduceScatter";
   if (scatter_levels < 0 || scatter_levels > levels()) {
-    return Invalid(kOp, *group_,
-                   absl::StrCat("scatter_levels ", scatter_levels, " is outside [0, ", levels(),
-                                "] (the tree over ", group_->size(), " ranks has ", levels(),
-                                " levels)"));
+    return Invalid(
+        kOp, *group_,
+        absl::StrCat("scatter_levels ", scatter_levels, " is outside [0, ", levels(),
+                     "] (the tree over ", group_->size(), " ranks has ", levels(), " levels)"));
   }
   if (!input.defined() || !output.defined() || input.dtype() != core::DType::kFloat32 ||
       output.dtype() != core::DType::kFloat32) {
@@ -212,15 +212,15 @@ CommStats TreeReducer::Stats() const {
 
 absl::Status TreeAccumulator::Add(const core::Tensor& term) {
   if (!term.defined() || term.dtype() != core::DType::kFloat32 || !term.device().is_cpu()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "TreeAccumulator::Add: terms must be fp32 tensors on the CPU; term ", count_, " is ",
-        Desc(term)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("TreeAccumulator::Add: terms must be fp32 tensors on the CPU; term ", count_,
+                     " is ", Desc(term)));
   }
   if (count_ > 0 && term.numel() != core::NumElements(shape_)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "TreeAccumulator::Add: term ", count_, " has ", term.numel(),
-        " elements but the first had ", core::NumElements(shape_), " ",
-        core::ShapeToString(shape_)));
+    return absl::InvalidArgumentError(absl::StrCat("TreeAccumulator::Add: term ", count_, " has ",
+                                                   term.numel(), " elements but the first had ",
+                                                   core::NumElements(shape_), " ",
+                                                   core::ShapeToString(shape_)));
   }
   if (count_ == 0) shape_ = term.shape();
   const int64_t n = term.numel();
@@ -260,9 +260,9 @@ absl::Status TreeAccumulator::Add(const core::Tensor& term) {
 
 absl::StatusOr<core::Tensor> TreeAccumulator::Finish() {
   if (count_ < 1 || (count_ & (count_ - 1)) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "TreeAccumulator::Finish: ", count_,
-        " terms were added; a binary tree needs a power-of-two count (1, 2, 4, ...)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("TreeAccumulator::Finish: ", count_,
+                     " terms were added; a binary tree needs a power-of-two count (1, 2, 4, ...)"));
   }
   core::Tensor sum = std::move(levels_.back());
   levels_.clear();

@@ -260,12 +260,15 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> World(Backend backend, RankContext
 // Runs `fn` on `n` thread ranks, each with a TreeReducer over its `backend` world.
 absl::Status RunTree(Backend backend, int n,
                      const std::function<absl::Status(RankContext&, TreeReducer&)>& fn) {
-  return RunThreadRanks(n, [&](RankContext& ctx) -> absl::Status {
-    ASSIGN_OR_RETURN(std::shared_ptr<ProcessGroup> world, World(backend, ctx));
-    ASSIGN_OR_RETURN(std::unique_ptr<TreeReducer> tree, TreeReducer::Create(world, kTimeout));
-    EXPECT_EQ(tree->levels(), TreeLevels(n).value());
-    return fn(ctx, *tree);
-  }, Options());
+  return RunThreadRanks(
+      n,
+      [&](RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(std::shared_ptr<ProcessGroup> world, World(backend, ctx));
+        ASSIGN_OR_RETURN(std::unique_ptr<TreeReducer> tree, TreeReducer::Create(world, kTimeout));
+        EXPECT_EQ(tree->levels(), TreeLevels(n).value());
+        return fn(ctx, *tree);
+      },
+      Options());
 }
 
 class TreeReducerTest : public ::testing::TestWithParam<std::tuple<Backend, int>> {
@@ -337,9 +340,11 @@ TEST_P(TreeReducerTest, HybridScattersInsideShardGroupsAndAllReducesAcross) {
           << "rank " << ctx.rank << " shard group size " << shard;
       const CommStats after = tree.Stats();
       EXPECT_EQ(after.of(CollectiveKind::kReduceScatter).calls -
-                    before.of(CollectiveKind::kReduceScatter).calls, h);
-      EXPECT_EQ(after.of(CollectiveKind::kAllReduce).calls -
-                    before.of(CollectiveKind::kAllReduce).calls, levels - h);
+                    before.of(CollectiveKind::kReduceScatter).calls,
+                h);
+      EXPECT_EQ(
+          after.of(CollectiveKind::kAllReduce).calls - before.of(CollectiveKind::kAllReduce).calls,
+          levels - h);
     }
     return absl::OkStatus();
   });
@@ -393,14 +398,13 @@ TEST_P(TreeReducerTest, MicroBatchesOnNRanksGiveTheBitsOfOneRank) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    BackendsAndSizes, TreeReducerTest,
-    ::testing::Combine(::testing::Values(Backend::kGloo, Backend::kShm),
-                       ::testing::Values(1, 2, 4, 8)),
-    [](const ::testing::TestParamInfo<std::tuple<Backend, int>>& info) {
-      return absl::StrCat(BackendName(std::get<0>(info.param)), "_N",
-                          std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(BackendsAndSizes, TreeReducerTest,
+                         ::testing::Combine(::testing::Values(Backend::kGloo, Backend::kShm),
+                                            ::testing::Values(1, 2, 4, 8)),
+                         [](const ::testing::TestParamInfo<std::tuple<Backend, int>>& info) {
+                           return absl::StrCat(BackendName(std::get<0>(info.param)), "_N",
+                                               std::get<1>(info.param));
+                         });
 
 // Bad arguments are InvalidArgument on every rank, found before anything is sent: the
 // next call still works.
@@ -439,29 +443,36 @@ TEST(TreeReducerErrorsTest, BadArgumentsAreInvalidArgumentNamingTheSizes) {
 }
 
 TEST(TreeReducerErrorsTest, CreateRefusesAGroupSizeThatIsNotAPowerOfTwo) {
-  absl::Status s = RunThreadRanks(3, [&](RankContext& ctx) -> absl::Status {
-    absl::StatusOr<std::unique_ptr<TreeReducer>> tree = TreeReducer::Create(ctx.group, kTimeout);
-    EXPECT_EQ(tree.status().code(), absl::StatusCode::kInvalidArgument) << tree.status();
-    EXPECT_NE(tree.status().message().find("group size 3 is not a power of two"),
-              std::string::npos)
-        << tree.status();
-    EXPECT_NE(tree.status().message().find("gloo group 'world'"), std::string::npos)
-        << tree.status();
-    return absl::OkStatus();
-  }, Options());
+  absl::Status s = RunThreadRanks(
+      3,
+      [&](RankContext& ctx) -> absl::Status {
+        absl::StatusOr<std::unique_ptr<TreeReducer>> tree =
+            TreeReducer::Create(ctx.group, kTimeout);
+        EXPECT_EQ(tree.status().code(), absl::StatusCode::kInvalidArgument) << tree.status();
+        EXPECT_NE(tree.status().message().find("group size 3 is not a power of two"),
+                  std::string::npos)
+            << tree.status();
+        EXPECT_NE(tree.status().message().find("gloo group 'world'"), std::string::npos)
+            << tree.status();
+        return absl::OkStatus();
+      },
+      Options());
   EXPECT_TRUE(s.ok()) << s;
 }
 
 TEST(TreeReducerErrorsTest, CreateRefusesANullGroupAndANonPositiveTimeout) {
   EXPECT_EQ(TreeReducer::Create(nullptr, kTimeout).status().code(),
             absl::StatusCode::kInvalidArgument);
-  absl::Status s = RunThreadRanks(1, [&](RankContext& ctx) -> absl::Status {
-    absl::StatusOr<std::unique_ptr<TreeReducer>> tree =
-        TreeReducer::Create(ctx.group, absl::ZeroDuration());
-    EXPECT_EQ(tree.status().code(), absl::StatusCode::kInvalidArgument) << tree.status();
-    EXPECT_NE(tree.status().message().find("timeout"), std::string::npos) << tree.status();
-    return absl::OkStatus();
-  }, Options());
+  absl::Status s = RunThreadRanks(
+      1,
+      [&](RankContext& ctx) -> absl::Status {
+        absl::StatusOr<std::unique_ptr<TreeReducer>> tree =
+            TreeReducer::Create(ctx.group, absl::ZeroDuration());
+        EXPECT_EQ(tree.status().code(), absl::StatusCode::kInvalidArgument) << tree.status();
+        EXPECT_NE(tree.status().message().find("timeout"), std::string::npos) << tree.status();
+        return absl::OkStatus();
+      },
+      Options());
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -471,21 +482,24 @@ TEST(TreeReducerErrorsTest, CreateRefusesANullGroupAndANonPositiveTimeout) {
 // on a live peer).
 TEST(TreeReducerErrorsTest, AMissingPartnerIsDeadlineExceededAfterTheTimeout) {
   auto done = std::make_shared<absl::Notification>();
-  absl::Status s = RunThreadRanks(2, [done](RankContext& ctx) -> absl::Status {
-    ASSIGN_OR_RETURN(std::unique_ptr<TreeReducer> tree,
-                     TreeReducer::Create(ctx.group, absl::Milliseconds(500)));
-    if (ctx.rank == 1) {
-      done->WaitForNotificationWithTimeout(absl::Seconds(30));
-      return absl::OkStatus();
-    }
-    const absl::Time start = absl::Now();
-    absl::Status r = tree->AllReduce(Tensor::Zeros({4}));
-    EXPECT_EQ(r.code(), absl::StatusCode::kDeadlineExceeded) << r;
-    EXPECT_NE(r.message().find("world/tree0[0,1]"), std::string::npos) << r;
-    EXPECT_LT(absl::Now() - start, absl::Seconds(10));
-    done->Notify();
-    return absl::OkStatus();
-  }, Options());
+  absl::Status s = RunThreadRanks(
+      2,
+      [done](RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(std::unique_ptr<TreeReducer> tree,
+                         TreeReducer::Create(ctx.group, absl::Milliseconds(500)));
+        if (ctx.rank == 1) {
+          done->WaitForNotificationWithTimeout(absl::Seconds(30));
+          return absl::OkStatus();
+        }
+        const absl::Time start = absl::Now();
+        absl::Status r = tree->AllReduce(Tensor::Zeros({4}));
+        EXPECT_EQ(r.code(), absl::StatusCode::kDeadlineExceeded) << r;
+        EXPECT_NE(r.message().find("world/tree0[0,1]"), std::string::npos) << r;
+        EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+        done->Notify();
+        return absl::OkStatus();
+      },
+      Options());
   EXPECT_TRUE(s.ok()) << s;
 }
 

@@ -6,8 +6,7 @@
 
 namespace comm {
 
-std::shared_ptr<CompletionWork> CompletionWork::Done(absl::Status status,
-                                                     std::string description) {
+std::shared_ptr<CompletionWork> CompletionWork::Done(absl::Status status, std::string description) {
   auto work = std::make_shared<CompletionWork>(std::move(description));
   work->Complete(std::move(status));
   return work;

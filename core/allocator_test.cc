@@ -19,8 +19,7 @@ constexpr int64_t kMiB = 1024 * 1024;
 // CUDA allocator, with the cudaMalloc calls counted by the fake source.
 class CachingAllocatorTest : public ::testing::Test {
  protected:
-  std::shared_ptr<FakeSegmentSource::Counters> c_ =
-      std::make_shared<FakeSegmentSource::Counters>();
+  std::shared_ptr<FakeSegmentSource::Counters> c_ = std::make_shared<FakeSegmentSource::Counters>();
   std::shared_ptr<Allocator> MakeAllocator(int64_t cap = 0) {
     return std::make_shared<Allocator>(Device::Cuda(0),
                                        std::make_unique<FakeSegmentSource>(c_, cap));
@@ -71,10 +70,10 @@ TEST_F(CachingAllocatorTest, TensorStepPatternCallsNoDeviceMallocAfterWarmUp) {
     std::vector<Tensor> acts;
     Tensor params = Tensor::Empty({1 << 20}, DType::kBFloat16, MemoryTag::kParam, Device::Cuda(0));
     for (int layer = 0; layer < 6; ++layer) {
-      acts.push_back(Tensor::Empty({64, 768}, DType::kFloat32, MemoryTag::kActivation,
-                                   Device::Cuda(0)));
-      acts.push_back(Tensor::Empty({64, 3072}, DType::kFloat32, MemoryTag::kActivation,
-                                   Device::Cuda(0)));
+      acts.push_back(
+          Tensor::Empty({64, 768}, DType::kFloat32, MemoryTag::kActivation, Device::Cuda(0)));
+      acts.push_back(
+          Tensor::Empty({64, 3072}, DType::kFloat32, MemoryTag::kActivation, Device::Cuda(0)));
     }
     Tensor grads = Tensor::Empty({1 << 20}, DType::kFloat32, MemoryTag::kGrad, Device::Cuda(0));
     while (!acts.empty()) acts.pop_back();
@@ -94,7 +93,7 @@ TEST_F(CachingAllocatorTest, TensorStepPatternCallsNoDeviceMallocAfterWarmUp) {
 TEST_F(CachingAllocatorTest, OutOfMemoryRetriesAfterEmptyingTheCacheAndNamesTheTag) {
   auto a = MakeAllocator(/*cap=*/32 * kMiB);
   void* x = a->Allocate(12 * kMiB, MemoryTag::kActivation).value();
-  a->Free(x, 12 * kMiB, MemoryTag::kActivation);  // cached: 12 MiB reserved, 0 in use
+  a->Free(x, 12 * kMiB, MemoryTag::kActivation);                // cached: 12 MiB reserved, 0 in use
   void* y = a->Allocate(24 * kMiB, MemoryTag::kParam).value();  // needs the retry
   MemoryStats s = a->Stats();
   EXPECT_EQ(s.num_oom_retries, 1);

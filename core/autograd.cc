@@ -676,8 +676,7 @@ absl::Status Backward(const Tensor& loss, BackwardOptions options) {
   return Backward(absl::MakeConstSpan(&loss, 1), absl::MakeConstSpan(&none, 1), options);
 }
 
-absl::Status QueueBackwardCallback(std::function<absl::Status()> callback,
-                                   CallbackOrder order) {
+absl::Status QueueBackwardCallback(std::function<absl::Status()> callback, CallbackOrder order) {
   if (running_callbacks == nullptr) {
     return absl::FailedPreconditionError(
         "QueueBackwardCallback: no Backward is running on this thread");

@@ -20,9 +20,8 @@ uint16_t ReferenceBf16Bits(float f) {
   const uint32_t up = down + 0x10000u;
   const double x = std::fabs(static_cast<double>(f));
   const double below = std::fabs(static_cast<double>(F(down)));
-  const double above = (up & 0x7fffffffu) == 0x7f800000u
-                           ? std::ldexp(1.0, 128)
-                           : std::fabs(static_cast<double>(F(up)));
+  const double above = (up & 0x7fffffffu) == 0x7f800000u ? std::ldexp(1.0, 128)
+                                                         : std::fabs(static_cast<double>(F(up)));
   const double to_below = x - below;
   const double to_above = above - x;
   if (to_below < to_above) return static_cast<uint16_t>(down >> 16);

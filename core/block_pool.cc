@@ -92,8 +92,8 @@ absl::StatusOr<void*> BlockPool::Allocate(int64_t nbytes) {
   }
   const int64_t size = RoundSize(nbytes);
   if (size < 0) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot allocate ", nbytes, " bytes on ", source_->Describe(), ": the size overflows"));
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", nbytes, " bytes on ",
+                                                     source_->Describe(), ": the size overflows"));
   }
   const bool small = size <= options_.small_size;
   absl::MutexLock lock(&mu_);

@@ -1,8 +1,8 @@
 #include "core/block_pool.h"
 
 #include <cstdlib>
-#include <map>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <random>
 #include <set>
@@ -140,9 +140,9 @@ TEST_F(BlockPoolTest, RepeatedTrainingStepAllocatesNoSegmentAfterTheFirst) {
   auto pool = MakePool();
   // A step: parameters gathered, activations of several sizes, gradients, freed in an
   // order different from allocation, some kept across steps (optimizer state).
-  const std::vector<int64_t> sizes = {37 * kMiB, 4 * kKiB,   768 * 4, 3 * kMiB,
-                                      50 * kKiB, 12 * kMiB,  1,       600 * kKiB,
-                                      2 * kMiB,  24 * kMiB,  100,     5 * kMiB + 3};
+  const std::vector<int64_t> sizes = {37 * kMiB, 4 * kKiB,  768 * 4, 3 * kMiB,
+                                      50 * kKiB, 12 * kMiB, 1,       600 * kKiB,
+                                      2 * kMiB,  24 * kMiB, 100,     5 * kMiB + 3};
   std::vector<void*> persistent = {pool->Allocate(9 * kMiB).value(),
                                    pool->Allocate(300 * kKiB).value()};
   int64_t allocs_after_first = -1;
@@ -253,8 +253,8 @@ TEST_F(BlockPoolTest, RandomSequenceKeepsInvariantsAndMergesEverythingBack) {
   for (int op = 0; op < 5000; ++op) {
     if (live.empty() || rng() % 5 < 3) {
       // Sizes from bytes to tens of MiB, small ones more often.
-      const int64_t n = static_cast<int64_t>(rng() % 4 == 0 ? rng() % (30 * kMiB)
-                                                              : rng() % (64 * kKiB));
+      const int64_t n =
+          static_cast<int64_t>(rng() % 4 == 0 ? rng() % (30 * kMiB) : rng() % (64 * kKiB));
       char* p = static_cast<char*>(pool->Allocate(n).value());
       ASSERT_GE(pool->BlockSize(p).value(), n);
       live[p] = n;

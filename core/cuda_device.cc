@@ -23,8 +23,7 @@ absl::StatusOr<int> CudaDeviceCount() {
   int n = 0;
   cudaError_t err = cudaGetDeviceCount(&n);
   if (err != cudaSuccess) {
-    return absl::UnavailableError(
-        absl::StrCat("no usable CUDA device: ", cudaGetErrorString(err)));
+    return absl::UnavailableError(absl::StrCat("no usable CUDA device: ", cudaGetErrorString(err)));
   }
   if (n == 0) return absl::UnavailableError("no CUDA device present");
   return n;

@@ -36,14 +36,20 @@ class CudaTensorTest : public ::testing::Test {
 
 // Values where a conversion can go wrong: ties, subnormals, infinities, NaN, overflow.
 std::vector<float> HardValues() {
-  std::vector<float> v = {0.0f, -0.0f, 1.0f, -2.5f, 1.0f / 3.0f,
+  std::vector<float> v = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          -2.5f,
+                          1.0f / 3.0f,
                           std::numeric_limits<float>::infinity(),
                           -std::numeric_limits<float>::infinity(),
                           std::numeric_limits<float>::quiet_NaN(),
                           std::numeric_limits<float>::max(),
                           std::numeric_limits<float>::denorm_min(),
-                          BitsToFloat(0x3f808000u), BitsToFloat(0x3f818000u),
-                          BitsToFloat(0x00018000u), BitsToFloat(0x007fffffu)};
+                          BitsToFloat(0x3f808000u),
+                          BitsToFloat(0x3f818000u),
+                          BitsToFloat(0x00018000u),
+                          BitsToFloat(0x007fffffu)};
   // And a spread of ordinary values, enough for several kernel blocks.
   for (int i = 0; i < 300000; ++i) v.push_back(std::sin(0.001f * i) * std::exp(0.0001f * i));
   return v;
@@ -108,7 +114,8 @@ TEST_F(CudaTensorTest, CopyFromBetweenHostAndDeviceWithAndWithoutConversion) {
   Tensor ints = Tensor::FromInts({1, -2, 300000}, {3}).value();
   Tensor dints = ints.To(kGpu, MemoryTag::kOther).value();
   EXPECT_EQ(dints.ToVector(), (std::vector<float>{1, -2, 300000}));
-  absl::Status refused = Tensor::Empty({3}, DType::kFloat32, MemoryTag::kOther, kGpu).CopyFrom(ints);
+  absl::Status refused =
+      Tensor::Empty({3}, DType::kFloat32, MemoryTag::kOther, kGpu).CopyFrom(ints);
   EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
   EXPECT_NE(refused.message().find("cuda:0"), std::string::npos) << refused;
 }
@@ -154,7 +161,8 @@ TEST_F(CudaTensorTest, FillAndZeroMatchTheCpu) {
 }
 
 TEST_F(CudaTensorTest, CloneOnDeviceIsAnIndependentCopy) {
-  Tensor d = Tensor::FromVector({1, 2, 3, 4, 5, 6}, {2, 3}).value().To(kGpu, MemoryTag::kParam).value();
+  Tensor d =
+      Tensor::FromVector({1, 2, 3, 4, 5, 6}, {2, 3}).value().To(kGpu, MemoryTag::kParam).value();
   const int64_t grads_before = alloc_->Stats().current(MemoryTag::kGrad);
   Tensor c = d.Clone(MemoryTag::kGrad);
   EXPECT_EQ(c.device(), kGpu);
@@ -196,8 +204,8 @@ TEST_F(CudaTensorTest, NoCudaMallocAfterWarmUpInARepeatedStep) {
 }
 
 TEST_F(CudaTensorTest, OutOfDeviceMemoryIsResourceExhaustedAndLeavesTheDeviceUsable) {
-  absl::StatusOr<Tensor> t = Tensor::Allocate({int64_t{1} << 50}, DType::kFloat32,
-                                              MemoryTag::kActivation, kGpu);
+  absl::StatusOr<Tensor> t =
+      Tensor::Allocate({int64_t{1} << 50}, DType::kFloat32, MemoryTag::kActivation, kGpu);
   ASSERT_FALSE(t.ok());
   EXPECT_TRUE(absl::IsResourceExhausted(t.status())) << t.status();
   EXPECT_NE(t.status().message().find("cuda:0"), std::string::npos) << t.status();

@@ -11,7 +11,9 @@ namespace {
 
 // The two strerror_r flavours: GNU returns the message (maybe not `buf`), XSI an int.
 [[maybe_unused]] const char* Message(char* result, const char* /*buf*/) { return result; }
-[[maybe_unused]] const char* Message(int result, const char* buf) { return result == 0 ? buf : nullptr; }
+[[maybe_unused]] const char* Message(int result, const char* buf) {
+  return result == 0 ? buf : nullptr;
+}
 
 }  // namespace
 

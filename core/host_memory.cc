@@ -44,17 +44,16 @@ std::vector<std::string> SelfAndAncestors(std::string path) {
 }
 
 // Tightens info->cgroup_limit with the limits of `dir` + each of `cgroups`' ancestors.
-void ApplyCgroupLimits(const std::string& dir, const std::string& cgroup,
-                       const char* limit_name, const char* usage_name, HostMemoryInfo* info) {
+void ApplyCgroupLimits(const std::string& dir, const std::string& cgroup, const char* limit_name,
+                       const char* usage_name, HostMemoryInfo* info) {
   for (const std::string& suffix : SelfAndAncestors(cgroup)) {
     const std::string base = dir + suffix;
     const std::optional<int64_t> limit = ReadCgroupNumber(base + "/" + limit_name);
     if (!limit.has_value() || *limit >= kNoLimit) continue;
     const int64_t usage = ReadCgroupNumber(base + "/" + usage_name).value_or(0);
     const int64_t headroom = std::max<int64_t>(0, *limit - usage);
-    const bool tighter =
-        !info->cgroup_limit.has_value() ||
-        headroom < std::max<int64_t>(0, *info->cgroup_limit - info->cgroup_usage);
+    const bool tighter = !info->cgroup_limit.has_value() ||
+                         headroom < std::max<int64_t>(0, *info->cgroup_limit - info->cgroup_usage);
     if (tighter) {
       info->cgroup_limit = *limit;
       info->cgroup_usage = usage;
@@ -112,9 +111,9 @@ absl::StatusOr<HostMemoryInfo> ParseMeminfo(absl::string_view meminfo, absl::str
       int64_t number = 0;
       if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(value), &number) || number < 0 ||
           number > (kNoLimit / multiplier)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            source, ": field ", field.name, " has a malformed value '", line.substr(colon + 1),
-            "'"));
+        return absl::InvalidArgumentError(absl::StrCat(source, ": field ", field.name,
+                                                       " has a malformed value '",
+                                                       line.substr(colon + 1), "'"));
       }
       *field.value = number * multiplier;
       field.found = true;

@@ -13,7 +13,9 @@ namespace {
 // y = w * x elementwise with a scalar weight; enough to exercise the Module machinery.
 class Scale : public Module {
  public:
-  explicit Scale(float w) { w_ = RegisterParameter("weight", Tensor::FromVector({w}, {1}).value()); }
+  explicit Scale(float w) {
+    w_ = RegisterParameter("weight", Tensor::FromVector({w}, {1}).value());
+  }
   Scale(ParameterPtr shared) { w_ = RegisterParameter("weight", std::move(shared)); }
   std::string TypeName() const override { return "Scale"; }
   const ParameterPtr& weight() const { return w_; }
@@ -27,7 +29,8 @@ class Scale : public Module {
     ++forward_impls_;
     x_ = x;
     Tensor y = Tensor::Empty(x.shape());
-    for (int64_t i = 0; i < x.numel(); ++i) y.data<float>()[i] = w_->data.data<float>()[0] * x.data<float>()[i];
+    for (int64_t i = 0; i < x.numel(); ++i)
+      y.data<float>()[i] = w_->data.data<float>()[0] * x.data<float>()[i];
     return y;
   }
   absl::StatusOr<Tensor> BackwardImpl(const Tensor& g) override {
@@ -100,8 +103,7 @@ TEST(ModuleTest, AllocateParameterRecordsFailureInsteadOfAborting) {
     // Names the module by its path and the parameter.
     EXPECT_NE(status.message().find("second (Table): parameter 'table'"), std::string::npos)
         << status;
-    EXPECT_NE(status.message().find(absl::StrCat("[", rows, ", 4]")), std::string::npos)
-        << status;
+    EXPECT_NE(status.message().find(absl::StrCat("[", rows, ", 4]")), std::string::npos) << status;
     // The placeholder has the parameter's rank and no elements.
     EXPECT_EQ(huge->table()->data.shape(), (Shape{0, 0}));
     // The module refuses to run with the same error; the parent fails through it.
@@ -168,11 +170,10 @@ TEST(ModuleTest, HooksRunInOrderAroundImplAtEveryLevel) {
   for (Module* m : {static_cast<Module*>(root.get()), static_cast<Module*>(a.get()),
                     static_cast<Module*>(b.get())}) {
     handles.push_back(m->RegisterForwardPreHook(record("fpre")));
-    handles.push_back(m->RegisterForwardPostHook(
-        [&events](Module& m, const Tensors&, Tensors&) {
-          events.push_back("fpost:" + m.Path());
-          return absl::OkStatus();
-        }));
+    handles.push_back(m->RegisterForwardPostHook([&events](Module& m, const Tensors&, Tensors&) {
+      events.push_back("fpost:" + m.Path());
+      return absl::OkStatus();
+    }));
     handles.push_back(m->RegisterBackwardPreHook(record_backward("bpre")));
     handles.push_back(m->RegisterBackwardPostHook(record_backward("bpost")));
   }
@@ -182,10 +183,10 @@ TEST(ModuleTest, HooksRunInOrderAroundImplAtEveryLevel) {
   Tensor gx = root->Backward(Tensor::FromVector({1.0f, 1.0f}, {2}).value()).value();
   EXPECT_EQ(gx.ToVector(), (std::vector<float>{6.0f, 6.0f}));
   EXPECT_EQ(a->weight()->grad.ToVector(), (std::vector<float>{3.0f * 1 + 3.0f * 2}));
-  EXPECT_EQ(events, (std::vector<std::string>{
-                        "fpre:", "fpre:first", "fpost:first", "fpre:second", "fpost:second",
-                        "fpost:", "bpre:", "bpre:second", "bpost:second", "bpre:first",
-                        "bpost:first", "bpost:"}));
+  EXPECT_EQ(events,
+            (std::vector<std::string>{"fpre:", "fpre:first", "fpost:first", "fpre:second",
+                                      "fpost:second", "fpost:", "bpre:", "bpre:second",
+                                      "bpost:second", "bpre:first", "bpost:first", "bpost:"}));
 }
 
 TEST(ModuleTest, HandleRemovesHookAndSurvivesModule) {
@@ -210,9 +211,9 @@ TEST(ModuleTest, HandleRemovesHookAndSurvivesModule) {
     moved = std::move(h);
   }
   EXPECT_TRUE(moved.active());
-  a.reset();                 // module destroyed first
+  a.reset();  // module destroyed first
   EXPECT_FALSE(moved.active());
-  moved.Remove();            // and the handle is still safe to use
+  moved.Remove();  // and the handle is still safe to use
 }
 
 TEST(ModuleTest, HookErrorStopsForwardAndIsReturned) {

@@ -107,9 +107,7 @@ int64_t OpProfile::Append(OpRecord record) {
   return static_cast<int64_t>(records_.size()) - 1;
 }
 
-void OpProfile::SetEvents(int64_t index, void* start, void* end) {
-  events_[index] = {start, end};
-}
+void OpProfile::SetEvents(int64_t index, void* start, void* end) { events_[index] = {start, end}; }
 
 std::vector<OpCategoryTotal> OpProfile::TotalsOf(const std::vector<OpRecord>& records) {
   std::vector<OpCategoryTotal> totals(kNumOpCategories);
@@ -155,8 +153,8 @@ ScopedOpCategory::ScopedOpCategory(OpCategory category) : previous_(category_ove
 
 ScopedOpCategory::~ScopedOpCategory() { category_override = previous_; }
 
-ProfiledOp::ProfiledOp(OpCategory category, const char* name, Device device,
-                       const OpCost& cost, const GemmShape& gemm)
+ProfiledOp::ProfiledOp(OpCategory category, const char* name, Device device, const OpCost& cost,
+                       const GemmShape& gemm)
     : profile_(current_profile) {
   if (profile_ == nullptr) return;
   record_.category = Resolve(category);

@@ -43,18 +43,18 @@ namespace core {
 
 // What an op is for, the rows of the profile table.
 enum class OpCategory : int {
-  kGemmForward = 0,   // a layer's forward GEMM (x W^T)
-  kGemmInputGrad,     // dL/dx of a layer's GEMM
-  kGemmWeightGrad,    // dL/dW of a layer's GEMM
-  kAttention,         // attention's score and value GEMMs, its softmax
-  kNorm,              // LayerNorm forward and backward
-  kElementwise,       // bias, GELU, residual adds, zeroing, column sums
-  kEmbedding,         // embedding gather and its gradient scatter
-  kLoss,              // cross-entropy
-  kOptimizer,         // AdamW / SGD updates
-  kConvert,           // fp32 <-> bf16 casts and copies
-  kCollective,        // all-gather, reduce-scatter, all-reduce
-  kHostSync,          // a host wait on the device (a D2H read)
+  kGemmForward = 0,  // a layer's forward GEMM (x W^T)
+  kGemmInputGrad,    // dL/dx of a layer's GEMM
+  kGemmWeightGrad,   // dL/dW of a layer's GEMM
+  kAttention,        // attention's score and value GEMMs, its softmax
+  kNorm,             // LayerNorm forward and backward
+  kElementwise,      // bias, GELU, residual adds, zeroing, column sums
+  kEmbedding,        // embedding gather and its gradient scatter
+  kLoss,             // cross-entropy
+  kOptimizer,        // AdamW / SGD updates
+  kConvert,          // fp32 <-> bf16 casts and copies
+  kCollective,       // all-gather, reduce-scatter, all-reduce
+  kHostSync,         // a host wait on the device (a D2H read)
 };
 inline constexpr int kNumOpCategories = static_cast<int>(OpCategory::kHostSync) + 1;
 

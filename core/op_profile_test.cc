@@ -126,7 +126,7 @@ TEST(RooflineTest, AnOpTakesTheLongerOfItsBoundsPlusItsLaunches) {
   DeviceRates rates;
   rates.bf16_gemm_tflops = 100;  // 1e11 FLOP per ms
   rates.fp32_simt_tflops = 10;
-  rates.memory_gbps = 1000;      // 1e9 bytes per ms
+  rates.memory_gbps = 1000;  // 1e9 bytes per ms
   rates.collective_gbps = 100;
   rates.launch_us = 5;
   rates.host_sync_us = 30;
@@ -210,8 +210,7 @@ TEST(RooflineTest, ExtrapolatesPerStepOpsAffinelyAndRepeatsPerSequenceOps) {
   // A kind missing at batch 1.
   std::vector<OpRecord> extra = two;
   extra.push_back(Op(OpCategory::kLoss, "cross_entropy", 1, 1));
-  EXPECT_EQ(ExtrapolateBatch(one, extra, 16).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ExtrapolateBatch(one, extra, 16).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -35,8 +35,10 @@ ParamInit ParamInit::Normal(uint64_t seed, int64_t skip, float mean, float stdde
 
 absl::Status ParamInit::Fill(const Tensor& out, int64_t begin) const {
   if (!out.defined() || out.dtype() != DType::kFloat32 || !out.device().is_cpu()) {
-    return absl::InvalidArgumentError(absl::StrCat("ParamInit::Fill (", ToString(), "): needs a "
-                                                   "float32 CPU tensor, got ", out.ToString()));
+    return absl::InvalidArgumentError(absl::StrCat("ParamInit::Fill (", ToString(),
+                                                   "): needs a "
+                                                   "float32 CPU tensor, got ",
+                                                   out.ToString()));
   }
   if (begin < 0 || skip < 0) {
     return absl::InvalidArgumentError(absl::StrCat("ParamInit::Fill (", ToString(), "): begin ",
@@ -67,8 +69,7 @@ std::string ParamInit::ToString() const {
     case Kind::kUniform:
       return absl::StrCat("uniform(seed=", seed, ", skip=", skip, ", [", a, ", ", b, "))");
     case Kind::kNormal:
-      return absl::StrCat("normal(seed=", seed, ", skip=", skip, ", mean=", a, ", stddev=", b,
-                          ")");
+      return absl::StrCat("normal(seed=", seed, ", skip=", skip, ", mean=", a, ", stddev=", b, ")");
   }
   return "unknown";
 }

@@ -20,10 +20,10 @@ std::vector<float> Filled(const ParamInit& init, int64_t begin, int64_t n) {
 }
 
 TEST(ParamInitTest, EverySliceIsThatSliceOfTheWhole) {
-  for (const ParamInit& init : {ParamInit::Uniform(7, 0, -0.5f, 0.5f),
-                                ParamInit::Uniform(7, 13, -0.5f, 0.5f),
-                                ParamInit::Normal(9, 0, 0.0f, 0.02f),
-                                ParamInit::Normal(9, 5, 1.0f, 2.0f), ParamInit::Constant(3.0f)}) {
+  for (const ParamInit& init :
+       {ParamInit::Uniform(7, 0, -0.5f, 0.5f), ParamInit::Uniform(7, 13, -0.5f, 0.5f),
+        ParamInit::Normal(9, 0, 0.0f, 0.02f), ParamInit::Normal(9, 5, 1.0f, 2.0f),
+        ParamInit::Constant(3.0f)}) {
     SCOPED_TRACE(init.ToString());
     const std::vector<float> whole = Filled(init, 0, 100);
     for (int64_t begin : {0, 1, 37, 99}) {

@@ -41,8 +41,8 @@ absl::StatusOr<std::vector<OpRecord>> ExtrapolateBatch(const std::vector<OpRecor
   for (const OpRecord& r : one) ++count_one[kind_of(r)];
   for (const auto& [kind, ops] : by_kind_two) {
     if (count_one.find(kind) == count_one.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ExtrapolateBatch: ", describe(kind), " runs at batch 2 but not at batch 1"));
+      return absl::InvalidArgumentError(absl::StrCat("ExtrapolateBatch: ", describe(kind),
+                                                     " runs at batch 2 but not at batch 1"));
     }
   }
   std::vector<OpRecord> out;
@@ -72,9 +72,9 @@ absl::StatusOr<std::vector<OpRecord>> ExtrapolateBatch(const std::vector<OpRecor
       e.device_ms = -1;
       for (int64_t k = 0; k < batch; ++k) out.push_back(e);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ExtrapolateBatch: ", describe(kind), " runs ", n1, " times at batch 1 and ",
-          ops2.size(), " at batch 2: neither once per step nor once per sequence"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ExtrapolateBatch: ", describe(kind), " runs ", n1, " times at batch 1 and ",
+                       ops2.size(), " at batch 2: neither once per step nor once per sequence"));
     }
   }
   return out;
@@ -113,8 +113,7 @@ RooflineCategory EstimateOp(const OpRecord& record, const DeviceRates& rates) {
   return out;
 }
 
-RooflineEstimate EstimateRoofline(const std::vector<OpRecord>& records,
-                                  const DeviceRates& rates) {
+RooflineEstimate EstimateRoofline(const std::vector<OpRecord>& records, const DeviceRates& rates) {
   RooflineEstimate e;
   e.categories.resize(kNumOpCategories);
   for (int i = 0; i < kNumOpCategories; ++i) {

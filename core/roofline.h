@@ -23,13 +23,13 @@ namespace core {
 // better figures.
 struct DeviceRates {
   std::string name;
-  double peak_bf16_tflops = 0;    // the datasheet's dense bf16 peak: MFU's denominator
-  double bf16_gemm_tflops = 0;    // bf16 GEMMs with fp32 accumulation, as measured
-  double fp32_simt_tflops = 0;    // fp32 without tensor cores (TF32 off)
-  double memory_gbps = 0;         // device memory, as a device copy achieves
-  double collective_gbps = 0;     // bytes through a collective (one rank: a device copy)
-  double launch_us = 0;           // device time between back-to-back kernels
-  double host_sync_us = 0;        // a host round trip that drains the queue
+  double peak_bf16_tflops = 0;  // the datasheet's dense bf16 peak: MFU's denominator
+  double bf16_gemm_tflops = 0;  // bf16 GEMMs with fp32 accumulation, as measured
+  double fp32_simt_tflops = 0;  // fp32 without tensor cores (TF32 off)
+  double memory_gbps = 0;       // device memory, as a device copy achieves
+  double collective_gbps = 0;   // bytes through a collective (one rank: a device copy)
+  double launch_us = 0;         // device time between back-to-back kernels
+  double host_sync_us = 0;      // a host round trip that drains the queue
 };
 
 // One H200 (SXM, 141 GB) with the rates seen on the project's GPU machine

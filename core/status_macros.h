@@ -26,10 +26,10 @@ absl::Status Annotate(const absl::Status& status, absl::string_view context);
 #define FSDP_STATUS_CONCAT_(a, b) FSDP_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` (an absl::Status) is not OK.
-#define RETURN_IF_ERROR(expr)                     \
-  do {                                            \
-    ::absl::Status fsdp_status_ = (expr);         \
-    if (!fsdp_status_.ok()) return fsdp_status_;  \
+#define RETURN_IF_ERROR(expr)                    \
+  do {                                           \
+    ::absl::Status fsdp_status_ = (expr);        \
+    if (!fsdp_status_.ok()) return fsdp_status_; \
   } while (0)
 
 // Evaluates `rexpr` (an absl::StatusOr<T>); on error returns its status, otherwise

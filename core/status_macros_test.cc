@@ -8,9 +8,7 @@
 namespace core {
 namespace {
 
-TEST(AnnotateTest, OkStaysOk) {
-  EXPECT_TRUE(Annotate(absl::OkStatus(), "loading").ok());
-}
+TEST(AnnotateTest, OkStaysOk) { EXPECT_TRUE(Annotate(absl::OkStatus(), "loading").ok()); }
 
 TEST(AnnotateTest, PrefixesTheMessageAndKeepsTheCode) {
   absl::Status s = Annotate(absl::DeadlineExceededError("no reply"), "loading 'ckpt'");

@@ -41,8 +41,8 @@ absl::StatusOr<std::shared_ptr<Storage>> Storage::Allocate(int64_t nbytes, Devic
   return AllocateFrom(Allocator::Current(device), nbytes, tag);
 }
 
-absl::StatusOr<std::shared_ptr<Storage>> Storage::AllocateFrom(
-    std::shared_ptr<Allocator> allocator, int64_t nbytes, MemoryTag tag) {
+absl::StatusOr<std::shared_ptr<Storage>> Storage::AllocateFrom(std::shared_ptr<Allocator> allocator,
+                                                               int64_t nbytes, MemoryTag tag) {
   absl::StatusOr<void*> ptr = allocator->Allocate(nbytes, tag);
   if (!ptr.ok()) return ptr.status();
   return std::shared_ptr<Storage>(new Storage(*ptr, nbytes, tag, std::move(allocator)));
@@ -60,9 +60,10 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, int64_t offset, Shape shape, DT
 namespace {
 
 // Tensor::Allocate on `allocator` (null: Allocator::Current(device)).
-absl::StatusOr<std::shared_ptr<Storage>> AllocateTensorStorage(
-    const Shape& shape, DType dtype, MemoryTag tag, Device device,
-    std::shared_ptr<Allocator> allocator, int64_t* numel_out) {
+absl::StatusOr<std::shared_ptr<Storage>> AllocateTensorStorage(const Shape& shape, DType dtype,
+                                                               MemoryTag tag, Device device,
+                                                               std::shared_ptr<Allocator> allocator,
+                                                               int64_t* numel_out) {
   const auto describe = [&] {
     return absl::StrCat("tensor ", ShapeToString(shape), " of ", DTypeName(dtype), " for tag ",
                         MemoryTagName(tag), " on ", device.ToString(),
@@ -90,9 +91,9 @@ absl::StatusOr<std::shared_ptr<Storage>> AllocateTensorStorage(
   }
   const int64_t element = DTypeSize(dtype);
   if (overflow || numel > kMax / element) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot allocate ", describe(), ": its size in bytes exceeds 2^63 (",
-        absl::StrJoin(shape, " x "), " x ", element, " bytes)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", describe(), ": its size in bytes exceeds 2^63 (",
+                     absl::StrJoin(shape, " x "), " x ", element, " bytes)"));
   }
   absl::StatusOr<std::shared_ptr<Storage>> storage =
       allocator != nullptr ? Storage::AllocateFrom(std::move(allocator), numel * element, tag)
@@ -118,8 +119,8 @@ absl::StatusOr<Tensor> Tensor::Allocate(const Shape& shape, DType dtype, MemoryT
 
 absl::StatusOr<Tensor> Tensor::AllocatePinned(const Shape& shape, DType dtype, MemoryTag tag) {
   int64_t numel = 0;
-  absl::StatusOr<std::shared_ptr<Storage>> storage = AllocateTensorStorage(
-      shape, dtype, tag, Device::Cpu(), Allocator::PinnedHost(), &numel);
+  absl::StatusOr<std::shared_ptr<Storage>> storage =
+      AllocateTensorStorage(shape, dtype, tag, Device::Cpu(), Allocator::PinnedHost(), &numel);
   if (!storage.ok()) return storage.status();
   return Tensor(*std::move(storage), 0, shape, dtype);
 }
@@ -135,8 +136,7 @@ absl::StatusOr<Tensor> Tensor::FromStorage(std::shared_ptr<Storage> storage, int
   };
   if (byte_offset < 0 || byte_offset % element != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "cannot place ", describe(), ": the offset must be a non-negative multiple of ",
-        element));
+        "cannot place ", describe(), ": the offset must be a non-negative multiple of ", element));
   }
   for (int64_t d : shape) {
     if (d < 0) {
@@ -145,7 +145,8 @@ absl::StatusOr<Tensor> Tensor::FromStorage(std::shared_ptr<Storage> storage, int
     }
   }
   const int64_t numel = NumElements(shape);  // saturates
-  const int64_t room = byte_offset > storage->nbytes() ? -1 : (storage->nbytes() - byte_offset) / element;
+  const int64_t room =
+      byte_offset > storage->nbytes() ? -1 : (storage->nbytes() - byte_offset) / element;
   if (room < 0 || numel > room) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot place ", describe(), ": it reaches past the storage"));
@@ -170,8 +171,8 @@ Tensor Tensor::Zeros(const Shape& shape, DType dtype, MemoryTag tag, Device devi
 absl::StatusOr<Tensor> Tensor::FromVector(absl::Span<const float> values, const Shape& shape,
                                           MemoryTag tag) {
   if (static_cast<int64_t>(values.size()) != NumElements(shape)) {
-    return absl::InvalidArgumentError(absl::StrCat("FromVector: ", values.size(),
-                                                   " values for shape ", ShapeToString(shape)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("FromVector: ", values.size(), " values for shape ", ShapeToString(shape)));
   }
   absl::StatusOr<Tensor> t = Allocate(shape, DType::kFloat32, tag);
   if (!t.ok()) return t.status();
@@ -182,8 +183,8 @@ absl::StatusOr<Tensor> Tensor::FromVector(absl::Span<const float> values, const 
 absl::StatusOr<Tensor> Tensor::FromInts(absl::Span<const int32_t> values, const Shape& shape,
                                         MemoryTag tag) {
   if (static_cast<int64_t>(values.size()) != NumElements(shape)) {
-    return absl::InvalidArgumentError(absl::StrCat("FromInts: ", values.size(),
-                                                   " values for shape ", ShapeToString(shape)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("FromInts: ", values.size(), " values for shape ", ShapeToString(shape)));
   }
   absl::StatusOr<Tensor> t = Allocate(shape, DType::kInt32, tag);
   if (!t.ok()) return t.status();
@@ -217,8 +218,8 @@ absl::StatusOr<Tensor> Tensor::View(int64_t offset, const Shape& shape) const {
 
 absl::StatusOr<Tensor> Tensor::Reshape(const Shape& shape) const {
   if (NumElements(shape) != numel_) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot reshape ", ShapeToString(shape_),
-                                                   " into ", ShapeToString(shape)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot reshape ", ShapeToString(shape_), " into ", ShapeToString(shape)));
   }
   return View(0, shape);
 }
@@ -240,8 +241,8 @@ Tensor Tensor::Clone(MemoryTag tag) const {
 absl::StatusOr<Tensor> Tensor::ToDType(DType dtype, MemoryTag tag) const {
   if (!defined()) return absl::FailedPreconditionError("ToDType of an undefined tensor");
   if (dtype != dtype_ && (dtype == DType::kInt32 || dtype_ == DType::kInt32)) {
-    return absl::InvalidArgumentError(absl::StrCat("ToDType cannot convert ", ToString(),
-                                                   " to ", DTypeName(dtype)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ToDType cannot convert ", ToString(), " to ", DTypeName(dtype)));
   }
   absl::StatusOr<Tensor> out = Allocate(shape_, dtype, tag, device());
   if (!out.ok()) return out.status();
@@ -306,8 +307,8 @@ absl::Status CopyBytes(void* dst, Device dst_device, const void* src, Device src
 
 absl::Status Tensor::CopyFromAsync(const Tensor& src) const {
 #ifdef FSDP_WITH_CUDA
-  if (defined() && src.defined() && src.numel() == numel_ && src.dtype() == dtype_ &&
-      numel_ > 0 && device().is_cpu() != src.device().is_cpu()) {
+  if (defined() && src.defined() && src.numel() == numel_ && src.dtype() == dtype_ && numel_ > 0 &&
+      device().is_cpu() != src.device().is_cpu()) {
     const Tensor& host = device().is_cpu() ? *this : src;
     const Device cuda_device = device().is_cpu() ? src.device() : device();
     if (host.storage()->pinned()) {
@@ -332,10 +333,9 @@ absl::Status Tensor::CopyFrom(const Tensor& src) const {
   storage_->BumpVersion();
   const auto what = [&] { return absl::StrCat(src.ToString(), " -> ", ToString()); };
   if (src.numel() != numel_) {
-    return absl::InvalidArgumentError(absl::StrCat("CopyFrom: source has ", src.numel(),
-                                                   " elements ", ShapeToString(src.shape()),
-                                                   ", destination ", numel_, " ",
-                                                   ShapeToString(shape_)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CopyFrom: source has ", src.numel(), " elements ", ShapeToString(src.shape()),
+                     ", destination ", numel_, " ", ShapeToString(shape_)));
   }
   const bool convert = src.dtype() != dtype_;
   if (convert && (src.dtype() == DType::kInt32 || dtype_ == DType::kInt32)) {
@@ -368,8 +368,8 @@ absl::Status Tensor::CopyFrom(const Tensor& src) const {
     // Device -> host with conversion: bring the source's bytes over, convert on the host.
     absl::StatusOr<Tensor> staged = Allocate({numel_}, src.dtype(), MemoryTag::kOther);
     if (!staged.ok()) return staged.status();
-    if (absl::Status s = CopyBytes(staged->raw_data(), Device::Cpu(), src.raw_data(),
-                                   src.device(), src.nbytes(), what());
+    if (absl::Status s = CopyBytes(staged->raw_data(), Device::Cpu(), src.raw_data(), src.device(),
+                                   src.nbytes(), what());
         !s.ok()) {
       return s;
     }
@@ -396,8 +396,8 @@ absl::Status Tensor::CopyFrom(const Tensor& src) const {
       dtype_ == DType::kBFloat16
           ? cuda::ConvertFloatToBf16(input.data<float>(), static_cast<uint16_t*>(raw_data()),
                                      numel_)
-          : cuda::ConvertBf16ToFloat(static_cast<const uint16_t*>(input.raw_data()),
-                                     data<float>(), numel_);
+          : cuda::ConvertBf16ToFloat(static_cast<const uint16_t*>(input.raw_data()), data<float>(),
+                                     numel_);
   if (!launched.ok()) {
     return Annotate(launched, what());
   }
@@ -460,9 +460,8 @@ absl::Status Tensor::TryZero() const {
 #ifdef FSDP_WITH_CUDA
   absl::Status zeroed = cuda::SetDevice(device());
   if (zeroed.ok()) {
-    zeroed = cuda::StatusFromCuda(
-        cudaMemsetAsync(raw_data(), 0, nbytes(), cuda::ComputeStream()),
-        absl::StrCat("Zero of ", ToString(), ": cudaMemsetAsync"));
+    zeroed = cuda::StatusFromCuda(cudaMemsetAsync(raw_data(), 0, nbytes(), cuda::ComputeStream()),
+                                  absl::StrCat("Zero of ", ToString(), ": cudaMemsetAsync"));
   }
   return zeroed;
 #else

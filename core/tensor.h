@@ -59,8 +59,8 @@ class Storage {
   static absl::StatusOr<std::shared_ptr<Storage>> Allocate(int64_t nbytes, Device device,
                                                            MemoryTag tag);
   // Allocates from `allocator` (e.g. Allocator::PinnedHost()), counted under `tag`.
-  static absl::StatusOr<std::shared_ptr<Storage>> AllocateFrom(
-      std::shared_ptr<Allocator> allocator, int64_t nbytes, MemoryTag tag);
+  static absl::StatusOr<std::shared_ptr<Storage>> AllocateFrom(std::shared_ptr<Allocator> allocator,
+                                                               int64_t nbytes, MemoryTag tag);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -119,9 +119,8 @@ class Tensor {
   // A tensor of `shape` and `dtype` over `storage`, starting `byte_offset` bytes in.
   // InvalidArgument when the offset is negative or not a multiple of the element size,
   // a dimension is negative, or the tensor would reach past the storage.
-  static absl::StatusOr<Tensor> FromStorage(std::shared_ptr<Storage> storage,
-                                            int64_t byte_offset, const Shape& shape,
-                                            DType dtype);
+  static absl::StatusOr<Tensor> FromStorage(std::shared_ptr<Storage> storage, int64_t byte_offset,
+                                            const Shape& shape, DType dtype);
 
   // CPU tensors holding a copy of `values`; InvalidArgument if the sizes differ.
   static absl::StatusOr<Tensor> FromVector(absl::Span<const float> values, const Shape& shape,

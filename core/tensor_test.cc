@@ -172,8 +172,8 @@ TEST_F(TensorTest, ZeroSizedTensors) {
 
 TEST_F(TensorTest, CudaTensorWithoutAGpuIsUnavailable) {
   if (CudaDeviceCount().ok()) GTEST_SKIP() << "a CUDA device is present";
-  absl::StatusOr<Tensor> t = Tensor::Allocate({4}, DType::kFloat32, MemoryTag::kOther,
-                                              Device::Cuda(0));
+  absl::StatusOr<Tensor> t =
+      Tensor::Allocate({4}, DType::kFloat32, MemoryTag::kOther, Device::Cuda(0));
   EXPECT_EQ(t.status().code(), absl::StatusCode::kUnavailable) << t.status();
 }
 
@@ -204,12 +204,12 @@ TEST_F(TensorTest, FromStoragePlacesTypedViewsInsideTheStorage) {
   EXPECT_TRUE(second_half.SharesStorage(a));
   Tensor as_bf16 = Tensor::FromStorage(a.storage(), 2, {7}, DType::kBFloat16).value();
   EXPECT_EQ(as_bf16.numel(), 7);
-  EXPECT_TRUE(absl::IsInvalidArgument(
-      Tensor::FromStorage(a.storage(), 2, {1}, DType::kFloat32).status()));
-  EXPECT_TRUE(absl::IsInvalidArgument(
-      Tensor::FromStorage(a.storage(), 0, {5}, DType::kFloat32).status()));
-  EXPECT_TRUE(absl::IsInvalidArgument(
-      Tensor::FromStorage(a.storage(), 20, {}, DType::kFloat32).status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(Tensor::FromStorage(a.storage(), 2, {1}, DType::kFloat32).status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(Tensor::FromStorage(a.storage(), 0, {5}, DType::kFloat32).status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(Tensor::FromStorage(a.storage(), 20, {}, DType::kFloat32).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(Tensor::FromStorage(nullptr, 0, {}, DType::kInt32).status()));
 }
 
@@ -230,8 +230,7 @@ TEST(DeviceTensorWithoutCudaTest, CopiesToADeviceTensorAreUnavailableInACpuBuild
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_NE(s.message().find("cuda:0"), std::string::npos) << s;
   EXPECT_EQ(h.CopyFrom(d).code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(d.To(Device::Cpu(), MemoryTag::kOther).status().code(),
-            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(d.To(Device::Cpu(), MemoryTag::kOther).status().code(), absl::StatusCode::kUnavailable);
   absl::Status fill = d.TryFill(1.0f);
   EXPECT_EQ(fill.code(), absl::StatusCode::kUnavailable) << fill;
   EXPECT_NE(fill.message().find("cuda:0"), std::string::npos) << fill;

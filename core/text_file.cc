@@ -74,8 +74,7 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path, absl::string_v
   }
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot read ", name, ": ", ErrnoText(errno)));
+    return absl::InvalidArgumentError(absl::StrCat("cannot read ", name, ": ", ErrnoText(errno)));
   }
   std::string contents;
   char buffer[1 << 16];
@@ -98,10 +97,10 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path, absl::string_v
   ::close(fd);
   const int64_t bad = FirstNonTextByte(contents);
   if (bad >= 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s is not a text file (byte 0x%02x at offset %d is %s)", name,
-        static_cast<unsigned char>(contents[bad]), bad,
-        contents[bad] == '\0' ? "a NUL" : "not valid UTF-8"));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s is not a text file (byte 0x%02x at offset %d is %s)", name,
+                        static_cast<unsigned char>(contents[bad]), bad,
+                        contents[bad] == '\0' ? "a NUL" : "not valid UTF-8"));
   }
   return contents;
 }
@@ -127,8 +126,8 @@ absl::Status WriteFileAtomically(const std::string& path,
                                  absl::Span<const absl::string_view> pieces) {
   if (path.empty()) return absl::InvalidArgumentError("WriteFileAtomically: the path is empty");
   auto error = [&](int err, absl::string_view what, const std::string& file) {
-    return absl::ErrnoToStatus(
-        err, absl::StrCat("WriteFileAtomically(", path, "): ", what, " ", file));
+    return absl::ErrnoToStatus(err,
+                               absl::StrCat("WriteFileAtomically(", path, "): ", what, " ", file));
   };
   // The temporary file is hidden (".<name>.tmp.<pid>.<salt>.<n>" beside `path`), so it
   // never takes a name a caller gives its files. Names differ between calls (counter),
@@ -137,10 +136,12 @@ absl::Status WriteFileAtomically(const std::string& path,
   static std::atomic<int64_t> counter{0};
   static const uint32_t process_salt = std::random_device()();
   const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  const std::string hidden = slash == std::string::npos
-                                 ? absl::StrCat(".", path)
-                                 : absl::StrCat(path.substr(0, slash + 1), ".", path.substr(slash + 1));
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
+  const std::string hidden = slash == std::string::npos ? absl::StrCat(".", path)
+                                                        : absl::StrCat(path.substr(0, slash + 1),
+                                                                       ".", path.substr(slash + 1));
   std::string tmp;
   int fd = -1;
   for (int attempt = 0; fd < 0; ++attempt) {

@@ -93,13 +93,13 @@ TEST(ReadTextFileTest, UnreadablePathsAreInvalidArgument) {
 TEST(FirstNonTextByteTest, FindsTheFirstBadByte) {
   EXPECT_EQ(FirstNonTextByte(""), -1);
   EXPECT_EQ(FirstNonTextByte("plain ascii\n\t"), -1);
-  EXPECT_EQ(FirstNonTextByte("\xc3\xa9"), -1);                 // U+00E9
-  EXPECT_EQ(FirstNonTextByte("a\xc3"), 1);                     // truncated sequence
-  EXPECT_EQ(FirstNonTextByte("ab\xc0\xaf"), 2);                // overlong '/'
-  EXPECT_EQ(FirstNonTextByte("\xe0\x80\xaf"), 0);              // overlong 3-byte
-  EXPECT_EQ(FirstNonTextByte("x\xed\xa0\x80"), 1);             // surrogate U+D800
-  EXPECT_EQ(FirstNonTextByte("\xf4\x90\x80\x80"), 0);          // above U+10FFFF
-  EXPECT_EQ(FirstNonTextByte("ok\x80"), 2);                    // stray continuation
+  EXPECT_EQ(FirstNonTextByte("\xc3\xa9"), -1);         // U+00E9
+  EXPECT_EQ(FirstNonTextByte("a\xc3"), 1);             // truncated sequence
+  EXPECT_EQ(FirstNonTextByte("ab\xc0\xaf"), 2);        // overlong '/'
+  EXPECT_EQ(FirstNonTextByte("\xe0\x80\xaf"), 0);      // overlong 3-byte
+  EXPECT_EQ(FirstNonTextByte("x\xed\xa0\x80"), 1);     // surrogate U+D800
+  EXPECT_EQ(FirstNonTextByte("\xf4\x90\x80\x80"), 0);  // above U+10FFFF
+  EXPECT_EQ(FirstNonTextByte("ok\x80"), 2);            // stray continuation
   EXPECT_EQ(FirstNonTextByte(absl::string_view("a\0b", 3)), 1);
 }
 

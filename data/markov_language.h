@@ -94,10 +94,10 @@ class MarkovLanguage {
 
   MarkovLanguageOptions options_;
   int64_t num_contexts_ = 0;
-  std::vector<double> probs_;              // [num_contexts, V], row-major
-  std::vector<double> stationary_;         // [num_contexts]
-  std::vector<double> stationary_cdf_;     // running sum of stationary_
-  std::vector<double> prefix_entropy_;     // [k + 1]: H(x_0..x_{m-1}) under stationary_
+  std::vector<double> probs_;           // [num_contexts, V], row-major
+  std::vector<double> stationary_;      // [num_contexts]
+  std::vector<double> stationary_cdf_;  // running sum of stationary_
+  std::vector<double> prefix_entropy_;  // [k + 1]: H(x_0..x_{m-1}) under stationary_
   double entropy_rate_ = 0;
 };
 

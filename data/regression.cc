@@ -18,14 +18,14 @@ constexpr uint64_t kSampleStream = 1;
 
 absl::StatusOr<RegressionTask> RegressionTask::Create(const RegressionOptions& options) {
   if (options.in_features < 1 || options.in_features > kMaxFeatures) {
-    return absl::InvalidArgumentError(absl::StrCat("RegressionTask: RegressionOptions.in_features is ",
-                                                   options.in_features, "; it must be in [1, ",
-                                                   kMaxFeatures, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RegressionTask: RegressionOptions.in_features is ", options.in_features,
+                     "; it must be in [1, ", kMaxFeatures, "]"));
   }
   if (options.out_features < 1 || options.out_features > kMaxFeatures) {
-    return absl::InvalidArgumentError(absl::StrCat("RegressionTask: RegressionOptions.out_features is ",
-                                                   options.out_features, "; it must be in [1, ",
-                                                   kMaxFeatures, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RegressionTask: RegressionOptions.out_features is ", options.out_features,
+                     "; it must be in [1, ", kMaxFeatures, "]"));
   }
   RegressionTask task;
   task.options_ = options;

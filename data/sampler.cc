@@ -9,9 +9,10 @@ namespace {
 absl::Status CheckPair(const core::Tensor& inputs, const core::Tensor& targets) {
   if (!inputs.defined() || !targets.defined() || inputs.dim() == 0 || targets.dim() == 0 ||
       inputs.size(0) != targets.size(0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a batch needs inputs and targets with the same leading (batch) "
-        "dimension; got inputs ", inputs.ToString(), " and targets ", targets.ToString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a batch needs inputs and targets with the same leading (batch) "
+                     "dimension; got inputs ",
+                     inputs.ToString(), " and targets ", targets.ToString()));
   }
   return absl::OkStatus();
 }
@@ -20,9 +21,9 @@ absl::Status CheckPair(const core::Tensor& inputs, const core::Tensor& targets) 
 
 absl::StatusOr<RankSampler> RankSampler::Create(int rank, int world_size) {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("RankSampler: rank ", rank, " of world size ",
-                                                   world_size,
-                                                   "; need world_size >= 1 and 0 <= rank < world_size"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RankSampler: rank ", rank, " of world size ", world_size,
+                     "; need world_size >= 1 and 0 <= rank < world_size"));
   }
   return RankSampler(rank, world_size);
 }

@@ -90,7 +90,8 @@ struct TokenFile::Shard {
   }
 };
 
-TokenFile::TokenFile(std::vector<std::shared_ptr<const Shard>> shards) : shards_(std::move(shards)) {
+TokenFile::TokenFile(std::vector<std::shared_ptr<const Shard>> shards)
+    : shards_(std::move(shards)) {
   for (const auto& s : shards_) {
     starts_.push_back(total_);
     total_ += s->tokens;
@@ -151,7 +152,8 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path) {
     if (shard->tokens > 0) shards.push_back(std::move(shard));
   }
   if (shards.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("TokenFile::Open: '", path, "' holds no tokens"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("TokenFile::Open: '", path, "' holds no tokens"));
   }
   return TokenFile(std::move(shards));
 }
@@ -166,15 +168,14 @@ absl::StatusOr<int64_t> TokenFile::TrainingWindow(int64_t sample, int seq_len,
   const int64_t windows = NumWindows(seq_len);
   if (sample < 0 || windows < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "TokenFile::TrainingWindow: sample ", sample, " with seq_len ", seq_len, " over ",
-        total_, " tokens (", windows, " windows); need sample >= 0 and a window"));
+        "TokenFile::TrainingWindow: sample ", sample, " with seq_len ", seq_len, " over ", total_,
+        " tokens (", windows, " windows); need sample >= 0 and a window"));
   }
   ASSIGN_OR_RETURN(const Permutation order, EpochOrder(windows, seed, sample / windows));
   return order.At(sample % windows);
 }
 
-absl::Status TokenFile::ReadWindow(int64_t w, int seq_len, int64_t vocab_size,
-                                   int32_t* out) const {
+absl::Status TokenFile::ReadWindow(int64_t w, int seq_len, int64_t vocab_size, int32_t* out) const {
   const int64_t window = int64_t{seq_len} + 1;
   const int64_t start = w * seq_len;
   // The window in runs, one per file it touches, each a tight loop over the mapping.
@@ -212,9 +213,9 @@ absl::Status TokenFile::ReadWindow(int64_t w, int seq_len, int64_t vocab_size,
     int64_t offset = 0;
     const uint32_t token = At(start + j, &shard, &offset);
     if (token >= static_cast<uint64_t>(vocab_size)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "TokenFile::Batch: token ", token, " at token offset ", offset, " of '", shard->path,
-          "' is not below the model's vocabulary size ", vocab_size));
+      return absl::InvalidArgumentError(
+          absl::StrCat("TokenFile::Batch: token ", token, " at token offset ", offset, " of '",
+                       shard->path, "' is not below the model's vocabulary size ", vocab_size));
     }
   }
   return absl::OkStatus();
@@ -233,15 +234,15 @@ absl::StatusOr<TokenBatch> TokenFile::Batch(int64_t index, int batch_size, int s
                                             int64_t vocab_size, uint64_t seed) const {
   if (index < 0 || batch_size < 1 || seq_len < 1 || vocab_size < 1 ||
       index > ((int64_t{1} << 62) - batch_size) / batch_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "TokenFile::Batch: index ", index, ", batch_size ", batch_size, ", seq_len ", seq_len,
-        ", vocab_size ", vocab_size,
-        "; need index >= 0, the others >= 1 and (index + 1) * batch_size <= 2^62"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("TokenFile::Batch: index ", index, ", batch_size ", batch_size, ", seq_len ",
+                     seq_len, ", vocab_size ", vocab_size,
+                     "; need index >= 0, the others >= 1 and (index + 1) * batch_size <= 2^62"));
   }
   const int64_t window = int64_t{seq_len} + 1;
   if (total_ < window) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "TokenFile::Batch: the stream has ", total_, " tokens, fewer than seq_len + 1 = ", window));
+    return absl::InvalidArgumentError(absl::StrCat("TokenFile::Batch: the stream has ", total_,
+                                                   " tokens, fewer than seq_len + 1 = ", window));
   }
   const int64_t b = batch_size, t = seq_len;
   ASSIGN_OR_RETURN(core::Tensor inputs, Rows(b, t));
@@ -261,8 +262,8 @@ absl::StatusOr<TokenBatch> TokenFile::Batch(int64_t index, int batch_size, int s
       ASSIGN_OR_RETURN(order, EpochOrder(windows, seed, epoch));
       order_epoch = epoch;
     }
-    RETURN_IF_ERROR(ReadWindow(order->At(sample % windows), seq_len, vocab_size,
-                               row_tokens.data()));
+    RETURN_IF_ERROR(
+        ReadWindow(order->At(sample % windows), seq_len, vocab_size, row_tokens.data()));
     std::memcpy(in + r * t, row_tokens.data(), static_cast<size_t>(t) * sizeof(int32_t));
     std::memcpy(tg + r * t, row_tokens.data() + 1, static_cast<size_t>(t) * sizeof(int32_t));
   }
@@ -273,10 +274,10 @@ absl::StatusOr<WindowBatch> TokenFile::Windows(int64_t first, int rows, int seq_
                                                int64_t vocab_size) const {
   const int64_t windows = NumWindows(seq_len);
   if (first < 0 || rows < 1 || seq_len < 1 || vocab_size < 1 || windows < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "TokenFile::Windows: first ", first, ", rows ", rows, ", seq_len ", seq_len,
-        ", vocab_size ", vocab_size, " over ", total_, " tokens (", windows,
-        " windows); need first >= 0, the others >= 1 and at least one window"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("TokenFile::Windows: first ", first, ", rows ", rows, ", seq_len ", seq_len,
+                     ", vocab_size ", vocab_size, " over ", total_, " tokens (", windows,
+                     " windows); need first >= 0, the others >= 1 and at least one window"));
   }
   const int64_t b = rows, t = seq_len;
   ASSIGN_OR_RETURN(core::Tensor inputs, Rows(b, t));
@@ -345,16 +346,16 @@ absl::StatusOr<std::shared_ptr<TokenFile::Shard>> TokenFile::MapShard(const std:
     shard->tokens = head[2];
     const int64_t body = bytes - kLlmcHeaderBytes;
     if (head[2] < 0 || body != int64_t{head[2]} * shard->width) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "TokenFile::Open: '", path, "': its header counts ", head[2], " tokens of ",
-          shard->width, " bytes but ", body, " bytes follow the header"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("TokenFile::Open: '", path, "': its header counts ", head[2], " tokens of ",
+                       shard->width, " bytes but ", body, " bytes follow the header"));
     }
     return shard;
   }
   if (bytes % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "TokenFile::Open: '", path, "' has no llm.c header and an odd size (", bytes,
-        " bytes), so it is not nanoGPT's uint16 tokens either"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("TokenFile::Open: '", path, "' has no llm.c header and an odd size (", bytes,
+                     " bytes), so it is not nanoGPT's uint16 tokens either"));
   }
   shard->tokens = bytes / 2;
   return shard;

@@ -105,8 +105,8 @@ class TokenFile {
   // stream shorter than seq_len + 1 tokens, index * batch_size past 2^62, or a token >=
   // vocab_size (naming the file, the token's offset in tokens from the file's first token,
   // and its value).
-  absl::StatusOr<TokenBatch> Batch(int64_t index, int batch_size, int seq_len,
-                                   int64_t vocab_size, uint64_t seed) const;
+  absl::StatusOr<TokenBatch> Batch(int64_t index, int batch_size, int seq_len, int64_t vocab_size,
+                                   uint64_t seed) const;
 
   // Evaluation rows [first, first + rows): windows in stream order, the rows at or past
   // NumWindows(seq_len) padding (NOTE [Token windows]). InvalidArgument as Batch's for

@@ -27,8 +27,8 @@
 namespace {
 
 const char* const kGuides[] = {
-    "README.md",          "docs/BUILDING.md", "docs/CHECKPOINTS.md", "docs/CLUSTERS.md",
-    "docs/DATA.md",       "docs/GPUS.md",     "docs/MEMORY.md",      "docs/MODELS.md",
+    "README.md",           "docs/BUILDING.md", "docs/CHECKPOINTS.md", "docs/CLUSTERS.md",
+    "docs/DATA.md",        "docs/GPUS.md",     "docs/MEMORY.md",      "docs/MODELS.md",
     "docs/PERFORMANCE.md", "docs/POLICIES.md", "docs/STAGES.md",
 };
 
@@ -130,8 +130,7 @@ void CheckLinks(const std::string& doc) {
       if (absl::StrContains(target, "://") || absl::StartsWith(target, "mailto:")) continue;
       target = target.substr(0, target.find('#'));
       if (target.empty()) continue;
-      const std::string path =
-          std::filesystem::path(Dir(doc) + target).lexically_normal().string();
+      const std::string path = std::filesystem::path(Dir(doc) + target).lexically_normal().string();
       EXPECT_TRUE(std::filesystem::exists(path))
           << doc << ":" << i + 1 << ": the link to " << target << " names " << path
           << ", which is not in //docs:guide_snippets_test's data (a missing file, or add it)";

@@ -24,7 +24,8 @@ namespace {
 std::string TokenFile(const std::string& name) {
   const std::string path = ::testing::TempDir() + "/" + name;
   std::vector<uint16_t> tokens(20000);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 5 + i / 7) % 64);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = static_cast<uint16_t>((i * 5 + i / 7) % 64);
   std::ofstream(path, std::ios::binary)
       .write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(uint16_t));
   return path;
@@ -40,11 +41,11 @@ HfStagesResult RunAndCheck(const std::string& hf_dir, const std::string& out_dir
   o.steps = 30;
   o.lr = 3e-3;
   std::vector<HfStagesResult> results(2);
-  absl::Status s = comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx)
-                                                        -> absl::Status {
-    ASSIGN_OR_RETURN(results[ctx.rank], RunHfStages(ctx.group, o));
-    return absl::OkStatus();
-  });
+  absl::Status s =
+      comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(results[ctx.rank], RunHfStages(ctx.group, o));
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(s.ok()) << s;
   const HfStagesResult& r = results[0];
   std::printf("%s: test loss %.4f as loaded; fit %.4f -> %.4f; test loss %.4f after\n",
@@ -83,9 +84,8 @@ TEST(HfStagesTest, AnotherModelTypeIsRefusedNamingIt) {
   std::ofstream(dir + "/config.json") << R"({"model_type": "bert"})";
   HfStagesOptions o;
   o.hf_dir = dir;
-  absl::Status s = comm::testing::RunThreadRanks(1, [&](comm::testing::RankContext& ctx) {
-    return RunHfStages(ctx.group, o).status();
-  });
+  absl::Status s = comm::testing::RunThreadRanks(
+      1, [&](comm::testing::RankContext& ctx) { return RunHfStages(ctx.group, o).status(); });
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "model_type \"bert\"")) << s;
 }

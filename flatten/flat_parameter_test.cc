@@ -254,7 +254,9 @@ TEST_F(FlatParameterTest, TiedParameterAppearsOnceUnderItsFirstName) {
   core::ParameterPtr shared = core::Parameter::Make(Tensor::FromVector({1, 2, 3}, {3}).value());
   core::ParameterPtr other = core::Parameter::Make(Tensor::FromVector({4}, {1}).value());
   std::vector<core::NamedParameter> params = {
-      {"wte.weight", shared}, {"ln.weight", other}, {"lm_head.weight", shared},
+      {"wte.weight", shared},
+      {"ln.weight", other},
+      {"lm_head.weight", shared},
       {"wte.weight", shared}};  // the same entry twice is harmless as well
   auto flat = FlatParameter::Flatten(params, 2, 0).value();
   ASSERT_EQ(flat->records().size(), 2u);
@@ -371,8 +373,8 @@ TEST_F(FlatParameterTest, FrozenAndZeroNumelParameters) {
   for (int r = 0; r < world; ++r) {
     copies.emplace_back();
     for (const auto& [name, p] : params) {
-      copies.back().emplace_back(name, core::Parameter::Make(p->data.Clone(MemoryTag::kParam),
-                                                             p->requires_grad));
+      copies.back().emplace_back(
+          name, core::Parameter::Make(p->data.Clone(MemoryTag::kParam), p->requires_grad));
     }
     flats.push_back(FlatParameter::Flatten(copies.back(), world, r).value());
   }
@@ -422,7 +424,8 @@ TEST_F(FlatParameterTest, Bf16FullBufferForMixedPrecision) {
         EXPECT_EQ(data.shape(), flat->records()[i].shape);
         // No tolerance: each value must be exactly the bf16 rounding of the original.
         std::vector<float> rounded;
-        for (float v : model.params[i].values) rounded.push_back(core::BFloat16::FromFloat(v).ToFloat());
+        for (float v : model.params[i].values)
+          rounded.push_back(core::BFloat16::FromFloat(v).ToFloat());
         EXPECT_EQ(data.ToVector(), rounded);
       }
       // Refused: these would replace fp32 values with rounded ones.
@@ -448,7 +451,8 @@ TEST_F(FlatParameterTest, CopyShardToFullConvertsIntoTheLocalSlot) {
   ASSERT_TRUE(flat->CopyShardToFull().ok());
   EXPECT_TRUE(flat->full_filled()) << "with one rank the local slot is the whole buffer";
   std::vector<float> expected;
-  for (float v : {1.0f, 1.00390625f, 3.0f}) expected.push_back(core::BFloat16::FromFloat(v).ToFloat());
+  for (float v : {1.0f, 1.00390625f, 3.0f})
+    expected.push_back(core::BFloat16::FromFloat(v).ToFloat());
   EXPECT_EQ(flat->LocalChunkOfFull().value().ToVector(), expected);
 }
 
@@ -483,8 +487,10 @@ TEST_F(FlatParameterTest, GradientViewsFullAndShard) {
           }
           ASSERT_TRUE(p->grad.SharesStorage(flat->full_grad()));
           EXPECT_EQ(p->grad.shape(), flat->records()[i].shape);
-          EXPECT_EQ(p->grad.raw_data(), flat->full_grad().data<float>() + flat->records()[i].offset);
-          for (int64_t k = 0; k < p->grad.numel(); ++k) p->grad.data<float>()[k] = grad_values[i][k];
+          EXPECT_EQ(p->grad.raw_data(),
+                    flat->full_grad().data<float>() + flat->records()[i].offset);
+          for (int64_t k = 0; k < p->grad.numel(); ++k)
+            p->grad.data<float>()[k] = grad_values[i][k];
         }
         EXPECT_EQ(flat->full_grad().ToVector(), expected_full);
         // Freeing a buffer still viewed is refused, naming the parameter.
@@ -643,11 +649,10 @@ TEST_F(FlatParameterTest, InvalidInputsAreRejectedAndChangeNothing) {
   expect_invalid({{"a", a}}, 2, -1, "rank");
   expect_invalid({{"a", a}, {"b", nullptr}}, 1, 0, "'b' is null");
   expect_invalid({{"a", a}, {"b", core::Parameter::Make(Tensor())}}, 1, 0, "'b' has undefined");
-  expect_invalid({{"a", a}, {"ids", core::Parameter::Make(Tensor::FromInts({1}, {1}).value())}},
-                 1, 0, "'ids' is int32");
-  expect_invalid({{"a", a},
-                  {"h", core::Parameter::Make(Tensor::Zeros({2}, DType::kBFloat16))}},
-                 1, 0, "'h' is bfloat16 but 'a' is float32");
+  expect_invalid({{"a", a}, {"ids", core::Parameter::Make(Tensor::FromInts({1}, {1}).value())}}, 1,
+                 0, "'ids' is int32");
+  expect_invalid({{"a", a}, {"h", core::Parameter::Make(Tensor::Zeros({2}, DType::kBFloat16))}}, 1,
+                 0, "'h' is bfloat16 but 'a' is float32");
   expect_invalid({{"a", a}, {"a", b}}, 1, 0, "two different parameters are named 'a'");
   // Mixed devices cannot be built in a CPU-only test (a CUDA tensor needs a GPU); the
   // check sits beside the dtype one in Flatten.

@@ -10,8 +10,8 @@ namespace {
 
 absl::Status CheckTotal(int64_t total_numel) {
   if (total_numel < 0 || total_numel > kMaxFlatNumel) {
-    return absl::InvalidArgumentError(absl::StrCat("total_numel must be in [0, 2^50], got ",
-                                                   total_numel));
+    return absl::InvalidArgumentError(
+        absl::StrCat("total_numel must be in [0, 2^50], got ", total_numel));
   }
   return absl::OkStatus();
 }
@@ -19,8 +19,7 @@ absl::Status CheckTotal(int64_t total_numel) {
 }  // namespace
 
 std::string SliceToString(const ShardSlice& slice) {
-  return absl::StrCat("[", slice.begin, ", ", slice.end, ") at shard offset ",
-                      slice.shard_offset);
+  return absl::StrCat("[", slice.begin, ", ", slice.end, ") at shard offset ", slice.shard_offset);
 }
 
 absl::Status CheckWorldSize(int world_size) {
@@ -34,8 +33,8 @@ absl::Status CheckWorldSize(int world_size) {
 absl::Status CheckRank(int rank, int world_size) {
   RETURN_IF_ERROR(CheckWorldSize(world_size));
   if (rank < 0 || rank >= world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("rank must be in [0, world_size) = [0, ",
-                                                   world_size, "), got ", rank));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank must be in [0, world_size) = [0, ", world_size, "), got ", rank));
   }
   return absl::OkStatus();
 }
@@ -81,9 +80,9 @@ absl::StatusOr<ShardSlice> IntersectRankChunk(int64_t param_offset, int64_t para
   RETURN_IF_ERROR(CheckTotal(total_numel));
   if (param_offset < 0 || param_numel < 0 || param_offset > total_numel ||
       param_numel > total_numel - param_offset) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parameter range [", param_offset, ", ", param_offset + param_numel,
-        ") does not lie inside the flat buffer [0, ", total_numel, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameter range [", param_offset, ", ", param_offset + param_numel,
+                     ") does not lie inside the flat buffer [0, ", total_numel, ")"));
   }
   ASSIGN_OR_RETURN(const FlatRange chunk, RankChunk(total_numel, world_size, rank));
   const int64_t param_end = param_offset + param_numel;

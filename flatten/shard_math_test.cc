@@ -105,15 +105,12 @@ TEST(ShardMathTest, InvalidArgumentsNameTheOption) {
   s = PaddedNumel(-1, 2).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("total_numel"), std::string::npos) << s;
-  EXPECT_EQ(PaddedNumel(kMaxFlatNumel + 1, 2).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PaddedNumel(kMaxFlatNumel + 1, 2).status().code(), absl::StatusCode::kInvalidArgument);
   s = IntersectRankChunk(3, 2, 4, 2, 0).status();  // [3, 5) is outside [0, 4)
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("[3, 5)"), std::string::npos) << s;
-  EXPECT_EQ(IntersectRankChunk(-1, 1, 4, 2, 0).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(IntersectRankChunk(0, -1, 4, 2, 0).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(IntersectRankChunk(-1, 1, 4, 2, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(IntersectRankChunk(0, -1, 4, 2, 0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ShardSlices(0, 1, 4, 0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(CheckRank(0, 1).ok());
 }

@@ -50,16 +50,17 @@ TEST_P(CheckpointParityTest, LossesAndParametersAreBitwiseThoseWithoutCheckpoint
   plain.policy = policy::ModuleTypes(c.unit_types);
   FullyShardOptions checkpointed = plain;
   checkpointed.checkpoint_policy = c.checkpoint;
-  absl::Status s = comm::testing::RunThreadRanks(c.world_size, [&](comm::testing::RankContext& ctx)
-                                                                   -> absl::Status {
-    ASSIGN_OR_RETURN(testing::TrainingRun want, testing::TrainFullyShardedRank(ctx, setup, plain));
-    ASSIGN_OR_RETURN(testing::TrainingRun got,
-                     testing::TrainFullyShardedRank(ctx, setup, checkpointed));
-    if (want.losses.back() > want.losses.front() - 0.05) {
-      return absl::InternalError("the run does not train, so matching it proves little");
-    }
-    return testing::CompareRuns(want, got, /*rtol=*/0, /*atol=*/0);
-  });
+  absl::Status s = comm::testing::RunThreadRanks(
+      c.world_size, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(testing::TrainingRun want,
+                         testing::TrainFullyShardedRank(ctx, setup, plain));
+        ASSIGN_OR_RETURN(testing::TrainingRun got,
+                         testing::TrainFullyShardedRank(ctx, setup, checkpointed));
+        if (want.losses.back() > want.losses.front() - 0.05) {
+          return absl::InternalError("the run does not train, so matching it proves little");
+        }
+        return testing::CompareRuns(want, got, /*rtol=*/0, /*atol=*/0);
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -74,18 +75,34 @@ std::vector<Case> Cases() {
     for (int n : {1, 2, 4}) {
       const int h = hybrid < 0 ? std::max(1, n / 2) : 0;
       // Every block, each a unit: the recompute uses the block's backward all-gather.
-      cases.push_back({strategy, n, h, {"TransformerBlock"},
-                       policy::ModuleTypes({"TransformerBlock"}), "EveryBlock"});
+      cases.push_back({strategy,
+                       n,
+                       h,
+                       {"TransformerBlock"},
+                       policy::ModuleTypes({"TransformerBlock"}),
+                       "EveryBlock"});
     }
     // Every second block, and blocks holding a nested unit (each Mlp): the nested unit is
     // gathered in the recompute for its backward.
-    cases.push_back({strategy, 2, hybrid < 0 ? 1 : 0, {"TransformerBlock"},
-                     policy::EveryKth({"TransformerBlock"}, 2), "EverySecondBlock"});
-    cases.push_back({strategy, 2, hybrid < 0 ? 1 : 0, {"TransformerBlock", "Mlp"},
-                     policy::ModuleTypes({"TransformerBlock"}), "NestedUnit"});
+    cases.push_back({strategy,
+                     2,
+                     hybrid < 0 ? 1 : 0,
+                     {"TransformerBlock"},
+                     policy::EveryKth({"TransformerBlock"}, 2),
+                     "EverySecondBlock"});
+    cases.push_back({strategy,
+                     2,
+                     hybrid < 0 ? 1 : 0,
+                     {"TransformerBlock", "Mlp"},
+                     policy::ModuleTypes({"TransformerBlock"}),
+                     "NestedUnit"});
     // A checkpointed module that is not a unit (inside a block's unit).
-    cases.push_back({strategy, 2, hybrid < 0 ? 1 : 0, {"TransformerBlock"},
-                     policy::ModuleTypes({"Mlp"}), "InsideAUnit"});
+    cases.push_back({strategy,
+                     2,
+                     hybrid < 0 ? 1 : 0,
+                     {"TransformerBlock"},
+                     policy::ModuleTypes({"Mlp"}),
+                     "InsideAUnit"});
   }
   return cases;
 }
@@ -104,41 +121,42 @@ absl::StatusOr<StepRecord> RecordStep(const FullyShardOptions& options) {
   testing::GptTrainingSetup setup = testing::TinySetup();
   setup.gpt.n_layer = 4;
   StepRecord out;
-  absl::Status s = comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx)
-                                                        -> absl::Status {
-    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
-    ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
-    WrapperRegistry registry;
-    ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, options, &registry));
-    int hooks = 0;
-    core::HookHandle hook = std::static_pointer_cast<nn::TransformerBlock>((*gpt->blocks())[0])->attn()->RegisterForwardPreHook(
-        [&hooks](core::Module&, core::Tensors&) {
-          ++hooks;
-          return absl::OkStatus();
-        });
-    ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(0, 4, setup.seq_len));
-    // A first step settles the recorded order; the second is the one compared.
-    RETURN_IF_ERROR(testing::ForwardBackward(*gpt, batch).status());
-    hooks = 0;
-    core::Allocator& cpu = *ctx.allocator;
-    const int64_t before = cpu.Stats().current(core::MemoryTag::kActivation);
-    cpu.ResetPeaks();
-    registry.RecordEvents(true);
-    RETURN_IF_ERROR(testing::ForwardBackward(*gpt, batch).status());
-    registry.RecordEvents(false);
-    if (ctx.rank == 0) {
-      out.events = registry.events();
-      out.block0_attn_forward_hooks = hooks;
-      out.activation_peak = cpu.Stats().peak(core::MemoryTag::kActivation) - before;
-    }
-    return absl::OkStatus();
-  });
+  absl::Status s =
+      comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
+        ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
+        WrapperRegistry registry;
+        ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, options, &registry));
+        int hooks = 0;
+        core::HookHandle hook =
+            std::static_pointer_cast<nn::TransformerBlock>((*gpt->blocks())[0])
+                ->attn()
+                ->RegisterForwardPreHook([&hooks](core::Module&, core::Tensors&) {
+                  ++hooks;
+                  return absl::OkStatus();
+                });
+        ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(0, 4, setup.seq_len));
+        // A first step settles the recorded order; the second is the one compared.
+        RETURN_IF_ERROR(testing::ForwardBackward(*gpt, batch).status());
+        hooks = 0;
+        core::Allocator& cpu = *ctx.allocator;
+        const int64_t before = cpu.Stats().current(core::MemoryTag::kActivation);
+        cpu.ResetPeaks();
+        registry.RecordEvents(true);
+        RETURN_IF_ERROR(testing::ForwardBackward(*gpt, batch).status());
+        registry.RecordEvents(false);
+        if (ctx.rank == 0) {
+          out.events = registry.events();
+          out.block0_attn_forward_hooks = hooks;
+          out.activation_peak = cpu.Stats().peak(core::MemoryTag::kActivation) - before;
+        }
+        return absl::OkStatus();
+      });
   if (!s.ok()) return s;
   return out;
 }
 
-std::map<std::string, int> Count(const std::vector<std::string>& events,
-                                 const std::string& kind) {
+std::map<std::string, int> Count(const std::vector<std::string>& events, const std::string& kind) {
   std::map<std::string, int> n;
   for (const std::string& e : events) {
     if (absl::StartsWith(e, kind + " ")) ++n[e.substr(kind.size() + 1)];
@@ -157,7 +175,8 @@ std::vector<std::string> Only(const std::vector<std::string>& events, const std:
 TEST(CheckpointRuntimeTest, RecomputeMakesNoAllGatherAndKeepsTheOrders) {
   for (const auto& [label, unit_types] :
        std::vector<std::pair<std::string, std::vector<std::string>>>{
-           {"blocks", {"TransformerBlock"}}, {"blocks and their Mlps", {"TransformerBlock", "Mlp"}}}) {
+           {"blocks", {"TransformerBlock"}},
+           {"blocks and their Mlps", {"TransformerBlock", "Mlp"}}}) {
     SCOPED_TRACE(label);
     FullyShardOptions plain = testing::PerBlockOptions(ShardingStrategy::kFullShard);
     plain.policy = policy::ModuleTypes(unit_types);
@@ -198,87 +217,90 @@ TEST(CheckpointRuntimeTest, RecomputeMakesNoAllGatherAndKeepsTheOrders) {
 
 TEST(CheckpointRuntimeTest, EvaluationNeverRecomputes) {
   testing::GptTrainingSetup setup = testing::TinySetup();
-  absl::Status s = comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx)
-                                                        -> absl::Status {
-    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
-    ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
-    FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
-    options.checkpoint_policy = policy::ModuleTypes({"TransformerBlock"});
-    WrapperRegistry registry;
-    ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, options, &registry));
-    ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(0, 4, setup.seq_len));
-    {
-      core::NoGradScope no_grad;
-      RETURN_IF_ERROR(gpt->Forward(batch.inputs).status());
-    }
-    for (const auto& block : gpt->blocks()->modules()) {
-      if (!block->checkpoint_activations() || block->awaiting_recompute()) {
-        return absl::InternalError(absl::StrCat(block->Describe(),
-                                                ": checkpointed but kept an input to recompute "
-                                                "from in an evaluation forward"));
-      }
-    }
-    // A training forward does keep it.
-    RETURN_IF_ERROR(gpt->Forward(batch.inputs).status());
-    if (!(*gpt->blocks())[0]->awaiting_recompute()) {
-      return absl::InternalError("a training forward did not checkpoint blocks.0");
-    }
-    return absl::OkStatus();
-  });
+  absl::Status s =
+      comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
+        ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
+        FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
+        options.checkpoint_policy = policy::ModuleTypes({"TransformerBlock"});
+        WrapperRegistry registry;
+        ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, options, &registry));
+        ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(0, 4, setup.seq_len));
+        {
+          core::NoGradScope no_grad;
+          RETURN_IF_ERROR(gpt->Forward(batch.inputs).status());
+        }
+        for (const auto& block : gpt->blocks()->modules()) {
+          if (!block->checkpoint_activations() || block->awaiting_recompute()) {
+            return absl::InternalError(absl::StrCat(block->Describe(),
+                                                    ": checkpointed but kept an input to recompute "
+                                                    "from in an evaluation forward"));
+          }
+        }
+        // A training forward does keep it.
+        RETURN_IF_ERROR(gpt->Forward(batch.inputs).status());
+        if (!(*gpt->blocks())[0]->awaiting_recompute()) {
+          return absl::InternalError("a training forward did not checkpoint blocks.0");
+        }
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 
 TEST(CheckpointRegistryTest, ChangedChoiceIsFailedPreconditionAndReleaseTurnsItOff) {
   testing::GptTrainingSetup setup = testing::TinySetup();
   setup.gpt.n_layer = 3;
-  absl::Status s = comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx)
-                                                        -> absl::Status {
-    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
-    FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
-    options.checkpoint_policy = policy::EveryKth({"TransformerBlock"}, 2);
-    WrapperRegistry registry;
-    ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, options, &registry));
-    const std::vector<bool> want = {true, false, true};
-    for (size_t i = 0; i < want.size(); ++i) {
-      if ((*gpt->blocks())[i]->checkpoint_activations() != want[i]) {
-        return absl::InternalError(absl::StrCat("blocks.", i, " checkpointed: ",
-                                                (*gpt->blocks())[i]->checkpoint_activations()));
-      }
-    }
-    if (gpt->checkpoint_activations()) return absl::InternalError("the root is checkpointed");
-    // The same choice made again (an equal policy built anew): the same handle.
-    FullyShardOptions same = options;
-    same.checkpoint_policy = policy::EveryKth({"TransformerBlock"}, 2);
-    ASSIGN_OR_RETURN(auto again, FullyShard(gpt, ctx.group, same, &registry));
-    if (again != handle) return absl::InternalError("an equal re-wrap made a new handle");
-    // Another choice, or none: FailedPrecondition naming the option.
-    for (const policy::WrapPolicyPtr& other :
-         {policy::WrapPolicyPtr(policy::ModuleTypes({"TransformerBlock"})), policy::WrapPolicyPtr()}) {
-      FullyShardOptions changed = options;
-      changed.checkpoint_policy = other;
-      absl::StatusOr<std::shared_ptr<FullyShardHandle>> r =
-          FullyShard(gpt, ctx.group, changed, &registry);
-      if (r.status().code() != absl::StatusCode::kFailedPrecondition ||
-          !absl::StrContains(r.status().message(), "checkpoint_policy: every_kth(TransformerBlock; k=2) vs")) {
-        return absl::InternalError(absl::StrCat("changed checkpoint choice gave: ",
-                                                r.status().ToString()));
-      }
-    }
-    RETURN_IF_ERROR(Release(*gpt, &registry));
-    for (const auto& [path, m] : gpt->NamedModules()) {
-      if (m->checkpoint_activations()) {
-        return absl::InternalError(absl::StrCat(m->Describe(), " still checkpointed after Release"));
-      }
-    }
-    // Wrapping again after Release applies the new choice.
-    FullyShardOptions every = options;
-    every.checkpoint_policy = policy::ModuleTypes({"TransformerBlock"});
-    ASSIGN_OR_RETURN(auto fresh, FullyShard(gpt, ctx.group, every, &registry));
-    if (!(*gpt->blocks())[1]->checkpoint_activations()) {
-      return absl::InternalError("the fresh wrap did not checkpoint blocks.1");
-    }
-    return Release(*gpt, &registry);
-  });
+  absl::Status s =
+      comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
+        FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
+        options.checkpoint_policy = policy::EveryKth({"TransformerBlock"}, 2);
+        WrapperRegistry registry;
+        ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, options, &registry));
+        const std::vector<bool> want = {true, false, true};
+        for (size_t i = 0; i < want.size(); ++i) {
+          if ((*gpt->blocks())[i]->checkpoint_activations() != want[i]) {
+            return absl::InternalError(absl::StrCat(
+                "blocks.", i, " checkpointed: ", (*gpt->blocks())[i]->checkpoint_activations()));
+          }
+        }
+        if (gpt->checkpoint_activations()) return absl::InternalError("the root is checkpointed");
+        // The same choice made again (an equal policy built anew): the same handle.
+        FullyShardOptions same = options;
+        same.checkpoint_policy = policy::EveryKth({"TransformerBlock"}, 2);
+        ASSIGN_OR_RETURN(auto again, FullyShard(gpt, ctx.group, same, &registry));
+        if (again != handle) return absl::InternalError("an equal re-wrap made a new handle");
+        // Another choice, or none: FailedPrecondition naming the option.
+        for (const policy::WrapPolicyPtr& other :
+             {policy::WrapPolicyPtr(policy::ModuleTypes({"TransformerBlock"})),
+              policy::WrapPolicyPtr()}) {
+          FullyShardOptions changed = options;
+          changed.checkpoint_policy = other;
+          absl::StatusOr<std::shared_ptr<FullyShardHandle>> r =
+              FullyShard(gpt, ctx.group, changed, &registry);
+          if (r.status().code() != absl::StatusCode::kFailedPrecondition ||
+              !absl::StrContains(r.status().message(),
+                                 "checkpoint_policy: every_kth(TransformerBlock; k=2) vs")) {
+            return absl::InternalError(
+                absl::StrCat("changed checkpoint choice gave: ", r.status().ToString()));
+          }
+        }
+        RETURN_IF_ERROR(Release(*gpt, &registry));
+        for (const auto& [path, m] : gpt->NamedModules()) {
+          if (m->checkpoint_activations()) {
+            return absl::InternalError(
+                absl::StrCat(m->Describe(), " still checkpointed after Release"));
+          }
+        }
+        // Wrapping again after Release applies the new choice.
+        FullyShardOptions every = options;
+        every.checkpoint_policy = policy::ModuleTypes({"TransformerBlock"});
+        ASSIGN_OR_RETURN(auto fresh, FullyShard(gpt, ctx.group, every, &registry));
+        if (!(*gpt->blocks())[1]->checkpoint_activations()) {
+          return absl::InternalError("the fresh wrap did not checkpoint blocks.1");
+        }
+        return Release(*gpt, &registry);
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 

@@ -19,10 +19,9 @@ namespace {
 constexpr int64_t kF32 = 4;  // bytes per float32 element
 
 // One training step: forward, backward, AdamW step.
-absl::Status Step(nn::Gpt& gpt, optim::AdamW& adamw, const data::MarkovLanguage& language,
-                  int step, const testing::GptTrainingSetup& setup, int world_size) {
-  ASSIGN_OR_RETURN(data::TokenBatch batch,
-                   language.Batch(step, 2 * world_size, setup.seq_len));
+absl::Status Step(nn::Gpt& gpt, optim::AdamW& adamw, const data::MarkovLanguage& language, int step,
+                  const testing::GptTrainingSetup& setup, int world_size) {
+  ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(step, 2 * world_size, setup.seq_len));
   adamw.ZeroGrad();
   RETURN_IF_ERROR(testing::ForwardBackward(gpt, batch).status());
   return adamw.Step();
@@ -46,105 +45,104 @@ class CommunicationTest : public ::testing::TestWithParam<CommCase> {};
 TEST_P(CommunicationTest, BytesPerStepMatchTheStrategysFormula) {
   const CommCase c = GetParam();
   testing::GptTrainingSetup setup = testing::TinySetup();
-  absl::Status s = comm::testing::RunThreadRanks(c.world_size, [&](comm::testing::RankContext& ctx)
-                                                                   -> absl::Status {
-    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
-    ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
-    WrapperRegistry registry;
-    ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, testing::PerBlockOptions(c.strategy),
-                                             &registry));
-    ASSIGN_OR_RETURN(auto adamw, optim::AdamW::Create(gpt->NamedParameters(), setup.adamw));
-    RETURN_IF_ERROR(Step(*gpt, *adamw, language, 0, setup, c.world_size));  // warm-up
-    const int64_t n = c.world_size;
-    int64_t padded_bytes = 0;
-    int64_t all_reduce_bytes = 0;  // NO_SHARD: per-call rounding
-    for (const auto& u : handle->units()) {
-      const int64_t bytes = u->flat().padded_numel() * kF32;
-      padded_bytes += bytes;
-      all_reduce_bytes += 2 * bytes * (n - 1) / n;
-    }
-    const int num_units = static_cast<int>(handle->units().size());
-    for (int step = 1; step <= 2; ++step) {
-      ctx.group->ResetStats();
-      RETURN_IF_ERROR(Step(*gpt, *adamw, language, step, setup, c.world_size));
-      const comm::CommStats stats = ctx.group->Stats();
-      int64_t expected = 0;
-      int ag_calls = 0, rs_calls = 0, ar_calls = 0;
-      switch (c.strategy) {
-        case ShardingStrategy::kFullShard:
-          EXPECT_EQ(padded_bytes % n, 0);
-          expected = 3 * padded_bytes * (n - 1) / n;
-          ag_calls = 2 * num_units;
-          rs_calls = num_units;
-          break;
-        case ShardingStrategy::kShardGradOp:
-          expected = 2 * padded_bytes * (n - 1) / n;
-          ag_calls = num_units;
-          rs_calls = num_units;
-          break;
-        default:  // NO_SHARD
-          expected = all_reduce_bytes;
-          ar_calls = num_units;
-          EXPECT_LE(2 * padded_bytes * (n - 1) / n - expected, num_units);  // rounding only
-          break;
-      }
-      const comm::CollectiveStats total = stats.Total();
-      EXPECT_EQ(total.bytes_sent, expected) << "rank " << ctx.rank << " step " << step << ": "
-                                            << stats.ToString();
-      EXPECT_EQ(total.bytes_received, expected) << stats.ToString();
-      EXPECT_EQ(stats.of(comm::CollectiveKind::kAllGather).calls, ag_calls) << stats.ToString();
-      EXPECT_EQ(stats.of(comm::CollectiveKind::kReduceScatter).calls, rs_calls)
-          << stats.ToString();
-      EXPECT_EQ(stats.of(comm::CollectiveKind::kAllReduce).calls, ar_calls) << stats.ToString();
-    }
-    return absl::OkStatus();
-  });
+  absl::Status s = comm::testing::RunThreadRanks(
+      c.world_size, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
+        ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
+        WrapperRegistry registry;
+        ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group,
+                                                 testing::PerBlockOptions(c.strategy), &registry));
+        ASSIGN_OR_RETURN(auto adamw, optim::AdamW::Create(gpt->NamedParameters(), setup.adamw));
+        RETURN_IF_ERROR(Step(*gpt, *adamw, language, 0, setup, c.world_size));  // warm-up
+        const int64_t n = c.world_size;
+        int64_t padded_bytes = 0;
+        int64_t all_reduce_bytes = 0;  // NO_SHARD: per-call rounding
+        for (const auto& u : handle->units()) {
+          const int64_t bytes = u->flat().padded_numel() * kF32;
+          padded_bytes += bytes;
+          all_reduce_bytes += 2 * bytes * (n - 1) / n;
+        }
+        const int num_units = static_cast<int>(handle->units().size());
+        for (int step = 1; step <= 2; ++step) {
+          ctx.group->ResetStats();
+          RETURN_IF_ERROR(Step(*gpt, *adamw, language, step, setup, c.world_size));
+          const comm::CommStats stats = ctx.group->Stats();
+          int64_t expected = 0;
+          int ag_calls = 0, rs_calls = 0, ar_calls = 0;
+          switch (c.strategy) {
+            case ShardingStrategy::kFullShard:
+              EXPECT_EQ(padded_bytes % n, 0);
+              expected = 3 * padded_bytes * (n - 1) / n;
+              ag_calls = 2 * num_units;
+              rs_calls = num_units;
+              break;
+            case ShardingStrategy::kShardGradOp:
+              expected = 2 * padded_bytes * (n - 1) / n;
+              ag_calls = num_units;
+              rs_calls = num_units;
+              break;
+            default:  // NO_SHARD
+              expected = all_reduce_bytes;
+              ar_calls = num_units;
+              EXPECT_LE(2 * padded_bytes * (n - 1) / n - expected, num_units);  // rounding only
+              break;
+          }
+          const comm::CollectiveStats total = stats.Total();
+          EXPECT_EQ(total.bytes_sent, expected)
+              << "rank " << ctx.rank << " step " << step << ": " << stats.ToString();
+          EXPECT_EQ(total.bytes_received, expected) << stats.ToString();
+          EXPECT_EQ(stats.of(comm::CollectiveKind::kAllGather).calls, ag_calls) << stats.ToString();
+          EXPECT_EQ(stats.of(comm::CollectiveKind::kReduceScatter).calls, rs_calls)
+              << stats.ToString();
+          EXPECT_EQ(stats.of(comm::CollectiveKind::kAllReduce).calls, ar_calls) << stats.ToString();
+        }
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Strategies, CommunicationTest,
-    ::testing::Values(CommCase{ShardingStrategy::kFullShard, 2},
-                      CommCase{ShardingStrategy::kFullShard, 4},
-                      CommCase{ShardingStrategy::kShardGradOp, 2},
-                      CommCase{ShardingStrategy::kShardGradOp, 4},
-                      CommCase{ShardingStrategy::kNoShard, 2},
-                      CommCase{ShardingStrategy::kNoShard, 3}),
-    [](const ::testing::TestParamInfo<CommCase>& info) {
-      std::string name = ShardingStrategyName(info.param.strategy);
-      name.erase(std::remove(name.begin(), name.end(), '_'), name.end());
-      return absl::StrCat(name, "_N", info.param.world_size);
-    });
+INSTANTIATE_TEST_SUITE_P(Strategies, CommunicationTest,
+                         ::testing::Values(CommCase{ShardingStrategy::kFullShard, 2},
+                                           CommCase{ShardingStrategy::kFullShard, 4},
+                                           CommCase{ShardingStrategy::kShardGradOp, 2},
+                                           CommCase{ShardingStrategy::kShardGradOp, 4},
+                                           CommCase{ShardingStrategy::kNoShard, 2},
+                                           CommCase{ShardingStrategy::kNoShard, 3}),
+                         [](const ::testing::TestParamInfo<CommCase>& info) {
+                           std::string name = ShardingStrategyName(info.param.strategy);
+                           name.erase(std::remove(name.begin(), name.end(), '_'), name.end());
+                           return absl::StrCat(name, "_N", info.param.world_size);
+                         });
 
 // HYBRID_SHARD 2 x 2: shard groups carry FULL_SHARD's traffic over 2 ranks; the
 // replicate groups all-reduce each rank's gradient shard, P / 2 bytes, over 2 ranks.
 TEST(CommunicationTest, HybridShardSplitsTrafficBetweenShardAndReplicateGroups) {
   testing::GptTrainingSetup setup = testing::TinySetup();
-  absl::Status s = comm::testing::RunThreadRanks(4, [&](comm::testing::RankContext& ctx)
-                                                        -> absl::Status {
-    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
-    ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
-    WrapperRegistry registry;
-    ASSIGN_OR_RETURN(auto handle,
-                     FullyShard(gpt, ctx.group,
-                                testing::PerBlockOptions(ShardingStrategy::kHybridShard, 2),
-                                &registry));
-    ASSIGN_OR_RETURN(auto adamw, optim::AdamW::Create(gpt->NamedParameters(), setup.adamw));
-    RETURN_IF_ERROR(Step(*gpt, *adamw, language, 0, setup, 4));
-    const UnitGroups& groups = handle->root_unit()->groups();
-    EXPECT_EQ(groups.shard->size(), 2);
-    EXPECT_EQ(groups.replicate->size(), 2);
-    int64_t padded_bytes = 0;
-    for (const auto& u : handle->units()) padded_bytes += u->flat().padded_numel() * kF32;
-    ctx.group->ResetStats();
-    groups.shard->ResetStats();
-    groups.replicate->ResetStats();
-    RETURN_IF_ERROR(Step(*gpt, *adamw, language, 1, setup, 4));
-    EXPECT_EQ(ctx.group->Stats().Total().bytes_sent, 0);  // everything goes over subgroups
-    EXPECT_EQ(groups.shard->Stats().Total().bytes_sent, 3 * padded_bytes * 1 / 2);
-    EXPECT_EQ(groups.replicate->Stats().Total().bytes_sent, 2 * (padded_bytes / 2) * 1 / 2);
-    return absl::OkStatus();
-  });
+  absl::Status s =
+      comm::testing::RunThreadRanks(4, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
+        ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
+        WrapperRegistry registry;
+        ASSIGN_OR_RETURN(
+            auto handle,
+            FullyShard(gpt, ctx.group, testing::PerBlockOptions(ShardingStrategy::kHybridShard, 2),
+                       &registry));
+        ASSIGN_OR_RETURN(auto adamw, optim::AdamW::Create(gpt->NamedParameters(), setup.adamw));
+        RETURN_IF_ERROR(Step(*gpt, *adamw, language, 0, setup, 4));
+        const UnitGroups& groups = handle->root_unit()->groups();
+        EXPECT_EQ(groups.shard->size(), 2);
+        EXPECT_EQ(groups.replicate->size(), 2);
+        int64_t padded_bytes = 0;
+        for (const auto& u : handle->units()) padded_bytes += u->flat().padded_numel() * kF32;
+        ctx.group->ResetStats();
+        groups.shard->ResetStats();
+        groups.replicate->ResetStats();
+        RETURN_IF_ERROR(Step(*gpt, *adamw, language, 1, setup, 4));
+        EXPECT_EQ(ctx.group->Stats().Total().bytes_sent, 0);  // everything goes over subgroups
+        EXPECT_EQ(groups.shard->Stats().Total().bytes_sent, 3 * padded_bytes * 1 / 2);
+        EXPECT_EQ(groups.replicate->Stats().Total().bytes_sent, 2 * (padded_bytes / 2) * 1 / 2);
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -171,51 +169,52 @@ TEST_P(MemoryTest, FullShardPeakMatchesTheBound) {
   const int world = GetParam();
   testing::GptTrainingSetup setup = testing::TinySetup();
   setup.gpt.n_layer = 4;
-  absl::Status s = comm::testing::RunThreadRanks(world, [&](comm::testing::RankContext& ctx)
-                                                            -> absl::Status {
-    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
-    ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
-    WrapperRegistry registry;
-    const FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
-    ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, options, &registry));
-    ASSIGN_OR_RETURN(auto adamw, optim::AdamW::Create(gpt->NamedParameters(), setup.adamw));
-    RETURN_IF_ERROR(Step(*gpt, *adamw, language, 0, setup, world));  // optimizer state exists
-    ctx.allocator->ResetPeaks();
-    for (int step = 1; step <= 2; ++step) {
-      RETURN_IF_ERROR(Step(*gpt, *adamw, language, step, setup, world));
-    }
-    const core::MemoryStats m = ctx.allocator->Stats();
-    const int64_t measured = m.peak(core::MemoryTag::kParam) + m.peak(core::MemoryTag::kGrad) +
-                             m.peak(core::MemoryTag::kOptim);
+  absl::Status s =
+      comm::testing::RunThreadRanks(world, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
+        ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
+        WrapperRegistry registry;
+        const FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
+        ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, options, &registry));
+        ASSIGN_OR_RETURN(auto adamw, optim::AdamW::Create(gpt->NamedParameters(), setup.adamw));
+        RETURN_IF_ERROR(Step(*gpt, *adamw, language, 0, setup, world));  // optimizer state exists
+        ctx.allocator->ResetPeaks();
+        for (int step = 1; step <= 2; ++step) {
+          RETURN_IF_ERROR(Step(*gpt, *adamw, language, step, setup, world));
+        }
+        const core::MemoryStats m = ctx.allocator->Stats();
+        const int64_t measured = m.peak(core::MemoryTag::kParam) + m.peak(core::MemoryTag::kGrad) +
+                                 m.peak(core::MemoryTag::kOptim);
 
-    const std::vector<std::shared_ptr<Unit>> units = handle->units();
-    EXPECT_EQ(units.size(), 5u);
-    const int64_t p_block = units[0]->flat().padded_numel();
-    int64_t numel_total = 0;  // unpadded: every parameter element once
-    for (const auto& u : units) {
-      numel_total += u->flat().numel();
-      if (u != handle->root_unit()) {
-        EXPECT_EQ(u->flat().padded_numel(), p_block);
-      }
-    }
-    const testing::MemoryBound b =
-        testing::FullShardMemoryBound(*handle, options.limit_all_gathers, world);
-    const int64_t bound = b.total();
-    EXPECT_LE(measured, bound * 105 / 100) << "rank " << ctx.rank << ": " << m.PeakSummary();
-    EXPECT_GE(measured, bound * 95 / 100) << "rank " << ctx.rank << ": " << m.PeakSummary();
-    // And, on several ranks, a saving: well below holding everything unsharded.
-    const int64_t unsharded = 16 * numel_total;
-    if (world > 1) {
-      EXPECT_LT(measured, unsharded);
-    }
-    if (ctx.rank == 0) {
-      std::printf("N=%d measured %lld bound %lld (sharded %lld + transient %lld) unsharded %lld\n",
-                  world, static_cast<long long>(measured), static_cast<long long>(bound),
-                  static_cast<long long>(b.sharded), static_cast<long long>(b.transient),
-                  static_cast<long long>(unsharded));
-    }
-    return absl::OkStatus();
-  });
+        const std::vector<std::shared_ptr<Unit>> units = handle->units();
+        EXPECT_EQ(units.size(), 5u);
+        const int64_t p_block = units[0]->flat().padded_numel();
+        int64_t numel_total = 0;  // unpadded: every parameter element once
+        for (const auto& u : units) {
+          numel_total += u->flat().numel();
+          if (u != handle->root_unit()) {
+            EXPECT_EQ(u->flat().padded_numel(), p_block);
+          }
+        }
+        const testing::MemoryBound b =
+            testing::FullShardMemoryBound(*handle, options.limit_all_gathers, world);
+        const int64_t bound = b.total();
+        EXPECT_LE(measured, bound * 105 / 100) << "rank " << ctx.rank << ": " << m.PeakSummary();
+        EXPECT_GE(measured, bound * 95 / 100) << "rank " << ctx.rank << ": " << m.PeakSummary();
+        // And, on several ranks, a saving: well below holding everything unsharded.
+        const int64_t unsharded = 16 * numel_total;
+        if (world > 1) {
+          EXPECT_LT(measured, unsharded);
+        }
+        if (ctx.rank == 0) {
+          std::printf(
+              "N=%d measured %lld bound %lld (sharded %lld + transient %lld) unsharded %lld\n",
+              world, static_cast<long long>(measured), static_cast<long long>(bound),
+              static_cast<long long>(b.sharded), static_cast<long long>(b.transient),
+              static_cast<long long>(unsharded));
+        }
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 

@@ -47,22 +47,24 @@ int64_t PinnedCurrent(core::MemoryTag tag) {
 }
 
 TEST(CpuOffloadTest, RefusedForParametersOnTheCpuNamingTheOptionAndTheParameter) {
-  absl::Status s = comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx)
-                                                        -> absl::Status {
-    ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, testing::MakeGpt(testing::TinySetup()));
-    WrapperRegistry registry;
-    absl::StatusOr<std::shared_ptr<FullyShardHandle>> handle = FullyShard(
-        gpt, ctx.group, Offloaded(testing::PerBlockOptions(ShardingStrategy::kFullShard)),
-        &registry);
-    if (handle.status().code() != absl::StatusCode::kInvalidArgument ||
-        !absl::StrContains(handle.status().message(),
-                           "FullyShardOptions.cpu_offload with parameter 'wte.weight' on the "
-                           "cpu")) {
-      return absl::InternalError(absl::StrCat("expected the refusal, got ", handle.status().ToString()));
-    }
-    if (registry.FindUnit(*gpt) != nullptr) return absl::InternalError("a unit was left behind");
-    return absl::OkStatus();
-  });
+  absl::Status s =
+      comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, testing::MakeGpt(testing::TinySetup()));
+        WrapperRegistry registry;
+        absl::StatusOr<std::shared_ptr<FullyShardHandle>> handle = FullyShard(
+            gpt, ctx.group, Offloaded(testing::PerBlockOptions(ShardingStrategy::kFullShard)),
+            &registry);
+        if (handle.status().code() != absl::StatusCode::kInvalidArgument ||
+            !absl::StrContains(handle.status().message(),
+                               "FullyShardOptions.cpu_offload with parameter 'wte.weight' on the "
+                               "cpu")) {
+          return absl::InternalError(
+              absl::StrCat("expected the refusal, got ", handle.status().ToString()));
+        }
+        if (registry.FindUnit(*gpt) != nullptr)
+          return absl::InternalError("a unit was left behind");
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -107,8 +109,8 @@ TEST_P(CpuOffloadParityTest, TrainsBitForBitAsWithoutOffloadWithTheShardsOnTheHo
         ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
         ASSIGN_OR_RETURN(data::RankSampler sampler,
                          data::RankSampler::Create(ctx.rank, ctx.world_size));
-        ASSIGN_OR_RETURN(data::TokenBatch global, language.Batch(0, setup.global_batch,
-                                                                 setup.seq_len));
+        ASSIGN_OR_RETURN(data::TokenBatch global,
+                         language.Batch(0, setup.global_batch, setup.seq_len));
         ASSIGN_OR_RETURN(data::TokenBatch local, sampler.Local(global));
         RETURN_IF_ERROR(testing::ForwardBackward(*gpt, local).status());
         int64_t shard_bytes = 0;
@@ -139,8 +141,8 @@ TEST_P(CpuOffloadParityTest, TrainsBitForBitAsWithoutOffloadWithTheShardsOnTheHo
             pinned_staging != ctx.world_size * shard_bytes) {
           return absl::InternalError(absl::StrCat(
               "pinned host memory holds ", pinned_params, " B of parameters, ", pinned_grads,
-              " B of gradients and ", pinned_staging, " B of staging; expected ",
-              ctx.world_size, " x ", shard_bytes, " B each"));
+              " B of gradients and ", pinned_staging, " B of staging; expected ", ctx.world_size,
+              " x ", shard_bytes, " B each"));
         }
         ASSIGN_OR_RETURN(barrier, ctx.group->Barrier({}));
         RETURN_IF_ERROR(barrier->Wait(absl::Seconds(30)));
@@ -158,49 +160,50 @@ std::string OffloadCaseName(const ::testing::TestParamInfo<OffloadCase>& info) {
   return testing::StrategyCaseName(info.param.strategy) + (info.param.bf16 ? "_BF16" : "");
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllStrategies, CpuOffloadParityTest,
-    ::testing::Values(OffloadCase{{ShardingStrategy::kFullShard, 1, 0}},
-                      OffloadCase{{ShardingStrategy::kFullShard, 2, 0}},
-                      OffloadCase{{ShardingStrategy::kFullShard, 4, 0}},
-                      OffloadCase{{ShardingStrategy::kFullShard, 2, 0}, /*bf16=*/true},
-                      OffloadCase{{ShardingStrategy::kShardGradOp, 2, 0}},
-                      OffloadCase{{ShardingStrategy::kNoShard, 2, 0}},
-                      OffloadCase{{ShardingStrategy::kHybridShard, 4, 2}}),
-    OffloadCaseName);
+INSTANTIATE_TEST_SUITE_P(AllStrategies, CpuOffloadParityTest,
+                         ::testing::Values(OffloadCase{{ShardingStrategy::kFullShard, 1, 0}},
+                                           OffloadCase{{ShardingStrategy::kFullShard, 2, 0}},
+                                           OffloadCase{{ShardingStrategy::kFullShard, 4, 0}},
+                                           OffloadCase{{ShardingStrategy::kFullShard, 2, 0},
+                                                       /*bf16=*/true},
+                                           OffloadCase{{ShardingStrategy::kShardGradOp, 2, 0}},
+                                           OffloadCase{{ShardingStrategy::kNoShard, 2, 0}},
+                                           OffloadCase{{ShardingStrategy::kHybridShard, 4, 2}}),
+                         OffloadCaseName);
 
 // Two backwards without a step add into the host gradient shard as they add into the
 // device one: the gradients after them are bitwise those without offload.
 TEST(CpuOffloadTest, GradientsOfTwoBackwardsAccumulateInTheHostShard) {
   testing::GptTrainingSetup setup = testing::TinySetup();
-  absl::Status s = comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx)
-                                                        -> absl::Status {
-    ScopedHostOffload offload;
-    ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
-    ASSIGN_OR_RETURN(data::RankSampler sampler, data::RankSampler::Create(ctx.rank, ctx.world_size));
-    std::vector<std::vector<float>> grads[2];
-    for (int offloaded = 0; offloaded < 2; ++offloaded) {
-      FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
-      options.cpu_offload = offloaded == 1;
-      ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, testing::MakeGpt(setup));
-      WrapperRegistry registry;
-      ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, options, &registry));
-      for (int step = 0; step < 2; ++step) {
-        ASSIGN_OR_RETURN(data::TokenBatch global,
-                         language.Batch(step, setup.global_batch, setup.seq_len));
-        ASSIGN_OR_RETURN(data::TokenBatch local, sampler.Local(global));
-        RETURN_IF_ERROR(testing::ForwardBackward(*gpt, local).status());
-      }
-      for (const auto& unit : handle->units()) {
-        grads[offloaded].push_back(unit->flat().shard_grad().ToVector());
-      }
-      RETURN_IF_ERROR(Release(*gpt, &registry));
-    }
-    if (grads[0] != grads[1]) {
-      return absl::InternalError("accumulated gradient shards differ with offload");
-    }
-    return absl::OkStatus();
-  });
+  absl::Status s =
+      comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ScopedHostOffload offload;
+        ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
+        ASSIGN_OR_RETURN(data::RankSampler sampler,
+                         data::RankSampler::Create(ctx.rank, ctx.world_size));
+        std::vector<std::vector<float>> grads[2];
+        for (int offloaded = 0; offloaded < 2; ++offloaded) {
+          FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
+          options.cpu_offload = offloaded == 1;
+          ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, testing::MakeGpt(setup));
+          WrapperRegistry registry;
+          ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, options, &registry));
+          for (int step = 0; step < 2; ++step) {
+            ASSIGN_OR_RETURN(data::TokenBatch global,
+                             language.Batch(step, setup.global_batch, setup.seq_len));
+            ASSIGN_OR_RETURN(data::TokenBatch local, sampler.Local(global));
+            RETURN_IF_ERROR(testing::ForwardBackward(*gpt, local).status());
+          }
+          for (const auto& unit : handle->units()) {
+            grads[offloaded].push_back(unit->flat().shard_grad().ToVector());
+          }
+          RETURN_IF_ERROR(Release(*gpt, &registry));
+        }
+        if (grads[0] != grads[1]) {
+          return absl::InternalError("accumulated gradient shards differ with offload");
+        }
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -211,35 +214,36 @@ TEST(CpuOffloadTest, ADeferredModelMaterializesItsShardsOnTheHost) {
   setup.steps = 4;
   const FullyShardOptions options =
       Offloaded(testing::PerBlockOptions(ShardingStrategy::kFullShard));
-  absl::Status s = comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx)
-                                                        -> absl::Status {
-    ScopedHostOffload offload;
-    ASSIGN_OR_RETURN(testing::TrainingRun want,
-                     testing::TrainFullyShardedRank(ctx, setup, options));
-    std::shared_ptr<nn::Gpt> gpt;
-    {
-      core::DeferredInitScope deferred;
-      ASSIGN_OR_RETURN(gpt, testing::MakeGpt(setup));
-    }
-    ctx.allocator->ResetPeaks();
-    WrapperRegistry registry;
-    ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, options, &registry));
-    if (const int64_t peak = ctx.allocator->Stats().peak(core::MemoryTag::kParam); peak != 0) {
-      return absl::InternalError(
-          absl::StrCat("the deferred offloaded wrap put ", peak, " B of parameters on the device"));
-    }
-    handle.reset();
-    RETURN_IF_ERROR(Release(*gpt, &registry));
-    std::shared_ptr<nn::Gpt> fresh;
-    {
-      core::DeferredInitScope deferred;
-      ASSIGN_OR_RETURN(fresh, testing::MakeGpt(setup));
-    }
-    WrapperRegistry train_registry;
-    ASSIGN_OR_RETURN(testing::TrainingRun got,
-                     testing::TrainFullyShardedModel(ctx, setup, options, fresh, &train_registry));
-    return testing::CompareRuns(want, got, 0, 0);
-  });
+  absl::Status s =
+      comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ScopedHostOffload offload;
+        ASSIGN_OR_RETURN(testing::TrainingRun want,
+                         testing::TrainFullyShardedRank(ctx, setup, options));
+        std::shared_ptr<nn::Gpt> gpt;
+        {
+          core::DeferredInitScope deferred;
+          ASSIGN_OR_RETURN(gpt, testing::MakeGpt(setup));
+        }
+        ctx.allocator->ResetPeaks();
+        WrapperRegistry registry;
+        ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, options, &registry));
+        if (const int64_t peak = ctx.allocator->Stats().peak(core::MemoryTag::kParam); peak != 0) {
+          return absl::InternalError(absl::StrCat("the deferred offloaded wrap put ", peak,
+                                                  " B of parameters on the device"));
+        }
+        handle.reset();
+        RETURN_IF_ERROR(Release(*gpt, &registry));
+        std::shared_ptr<nn::Gpt> fresh;
+        {
+          core::DeferredInitScope deferred;
+          ASSIGN_OR_RETURN(fresh, testing::MakeGpt(setup));
+        }
+        WrapperRegistry train_registry;
+        ASSIGN_OR_RETURN(
+            testing::TrainingRun got,
+            testing::TrainFullyShardedModel(ctx, setup, options, fresh, &train_registry));
+        return testing::CompareRuns(want, got, 0, 0);
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 

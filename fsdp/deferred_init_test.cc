@@ -18,8 +18,8 @@
 #include "core/format_bytes.h"
 #include "core/param_init.h"
 #include "core/status_macros.h"
-#include "fsdp/fully_shard.h"
 #include "data/sampler.h"
+#include "fsdp/fully_shard.h"
 #include "fsdp/testing/gpt_training.h"
 #include "gtest/gtest.h"
 #include "nn/to_device.h"
@@ -81,43 +81,45 @@ TEST_P(DeferredParityTest, ShardsAndTrainingAreBitwiseThoseOfAFullConstruction) 
   testing::GptTrainingSetup setup = testing::TinySetup();
   setup.steps = 8;
   const FullyShardOptions options = testing::PerBlockOptions(c.strategy, c.hybrid_shard_size);
-  absl::Status s = comm::testing::RunThreadRanks(c.world_size, [&](comm::testing::RankContext& ctx)
-                                                                   -> absl::Status {
-    // Parameters right after the wrap.
-    ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> full, testing::MakeGpt(setup));
-    const auto want = testing::ParameterValues(*full);
-    ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> deferred, MakeDeferredGpt(setup));
-    const int64_t before = ctx.allocator->Stats().current(core::MemoryTag::kParam);
-    ctx.allocator->ResetPeaks();
-    WrapperRegistry registry;
-    ASSIGN_OR_RETURN(auto handle, FullyShard(deferred, ctx.group, options, &registry));
-    // The wrap's peak is the rank's shards: no unit is ever whole.
-    int64_t shards = 0;
-    for (const auto& unit : handle->units()) shards += 4 * unit->flat().shard_numel();
-    const int64_t wrap_peak = ctx.allocator->Stats().peak(core::MemoryTag::kParam) - before;
-    if (wrap_peak > shards) {
-      return absl::InternalError(absl::StrCat("the deferred wrap's parameter peak ", wrap_peak,
-                                              " B is above the rank's shards, ", shards, " B"));
-    }
-    if (registry.counters().param_bytes_copied != 0) {
-      return absl::InternalError(absl::StrCat("a deferred wrap copied ",
-                                              registry.counters().param_bytes_copied,
-                                              " parameter bytes; it should fill shards only"));
-    }
-    RETURN_IF_ERROR(Release(*deferred, &registry));
-    testing::TrainingRun got_params, want_params;
-    got_params.params = testing::ParameterValues(*deferred);
-    want_params.params = want;
-    RETURN_IF_ERROR(testing::CompareRuns(want_params, got_params, 0, 0));
+  absl::Status s = comm::testing::RunThreadRanks(
+      c.world_size, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        // Parameters right after the wrap.
+        ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> full, testing::MakeGpt(setup));
+        const auto want = testing::ParameterValues(*full);
+        ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> deferred, MakeDeferredGpt(setup));
+        const int64_t before = ctx.allocator->Stats().current(core::MemoryTag::kParam);
+        ctx.allocator->ResetPeaks();
+        WrapperRegistry registry;
+        ASSIGN_OR_RETURN(auto handle, FullyShard(deferred, ctx.group, options, &registry));
+        // The wrap's peak is the rank's shards: no unit is ever whole.
+        int64_t shards = 0;
+        for (const auto& unit : handle->units()) shards += 4 * unit->flat().shard_numel();
+        const int64_t wrap_peak = ctx.allocator->Stats().peak(core::MemoryTag::kParam) - before;
+        if (wrap_peak > shards) {
+          return absl::InternalError(absl::StrCat("the deferred wrap's parameter peak ", wrap_peak,
+                                                  " B is above the rank's shards, ", shards, " B"));
+        }
+        if (registry.counters().param_bytes_copied != 0) {
+          return absl::InternalError(absl::StrCat("a deferred wrap copied ",
+                                                  registry.counters().param_bytes_copied,
+                                                  " parameter bytes; it should fill shards only"));
+        }
+        RETURN_IF_ERROR(Release(*deferred, &registry));
+        testing::TrainingRun got_params, want_params;
+        got_params.params = testing::ParameterValues(*deferred);
+        want_params.params = want;
+        RETURN_IF_ERROR(testing::CompareRuns(want_params, got_params, 0, 0));
 
-    // Training.
-    ASSIGN_OR_RETURN(testing::TrainingRun want_run, testing::TrainFullyShardedRank(ctx, setup, options));
-    ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> fresh, MakeDeferredGpt(setup));
-    WrapperRegistry train_registry;
-    ASSIGN_OR_RETURN(testing::TrainingRun got_run,
-                     testing::TrainFullyShardedModel(ctx, setup, options, fresh, &train_registry));
-    return testing::CompareRuns(want_run, got_run, 0, 0);
-  });
+        // Training.
+        ASSIGN_OR_RETURN(testing::TrainingRun want_run,
+                         testing::TrainFullyShardedRank(ctx, setup, options));
+        ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> fresh, MakeDeferredGpt(setup));
+        WrapperRegistry train_registry;
+        ASSIGN_OR_RETURN(
+            testing::TrainingRun got_run,
+            testing::TrainFullyShardedModel(ctx, setup, options, fresh, &train_registry));
+        return testing::CompareRuns(want_run, got_run, 0, 0);
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -125,51 +127,50 @@ std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
   return testing::StrategyCaseName(info.param);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllStrategies, DeferredParityTest,
-    ::testing::Values(Case{ShardingStrategy::kFullShard, 1, 0},
-                      Case{ShardingStrategy::kFullShard, 2, 0},
-                      Case{ShardingStrategy::kFullShard, 3, 0},
-                      Case{ShardingStrategy::kFullShard, 4, 0},
-                      Case{ShardingStrategy::kShardGradOp, 3, 0},
-                      Case{ShardingStrategy::kNoShard, 2, 0},
-                      Case{ShardingStrategy::kHybridShard, 4, 2}),
-    CaseName);
+INSTANTIATE_TEST_SUITE_P(AllStrategies, DeferredParityTest,
+                         ::testing::Values(Case{ShardingStrategy::kFullShard, 1, 0},
+                                           Case{ShardingStrategy::kFullShard, 2, 0},
+                                           Case{ShardingStrategy::kFullShard, 3, 0},
+                                           Case{ShardingStrategy::kFullShard, 4, 0},
+                                           Case{ShardingStrategy::kShardGradOp, 3, 0},
+                                           Case{ShardingStrategy::kNoShard, 2, 0},
+                                           Case{ShardingStrategy::kHybridShard, 4, 2}),
+                         CaseName);
 
 // sync_module_states: ranks that built different models (a seed per rank) all start from
 // rank 0's; with deferred parameters the option is refused on every rank.
 TEST(SyncModuleStatesTest, EveryRankStartsFromRankZerosValues) {
-  absl::Status s = comm::testing::RunThreadRanks(3, [&](comm::testing::RankContext& ctx)
-                                                        -> absl::Status {
-    testing::GptTrainingSetup setup = testing::TinySetup();
-    ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> rank0, testing::MakeGpt(setup));
-    const auto want = testing::ParameterValues(*rank0);
-    testing::GptTrainingSetup mine = setup;
-    mine.gpt.seed = setup.gpt.seed + static_cast<uint64_t>(ctx.rank);  // rank 0: setup's
-    ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, testing::MakeGpt(mine));
-    FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
-    options.sync_module_states = true;
-    WrapperRegistry registry;
-    ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, options, &registry));
-    RETURN_IF_ERROR(Release(*gpt, &registry));
-    testing::TrainingRun got_params, want_params;
-    got_params.params = testing::ParameterValues(*gpt);
-    want_params.params = want;
-    RETURN_IF_ERROR(testing::CompareRuns(want_params, got_params, 0, 0));
+  absl::Status s =
+      comm::testing::RunThreadRanks(3, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        testing::GptTrainingSetup setup = testing::TinySetup();
+        ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> rank0, testing::MakeGpt(setup));
+        const auto want = testing::ParameterValues(*rank0);
+        testing::GptTrainingSetup mine = setup;
+        mine.gpt.seed = setup.gpt.seed + static_cast<uint64_t>(ctx.rank);  // rank 0: setup's
+        ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, testing::MakeGpt(mine));
+        FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
+        options.sync_module_states = true;
+        WrapperRegistry registry;
+        ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, options, &registry));
+        RETURN_IF_ERROR(Release(*gpt, &registry));
+        testing::TrainingRun got_params, want_params;
+        got_params.params = testing::ParameterValues(*gpt);
+        want_params.params = want;
+        RETURN_IF_ERROR(testing::CompareRuns(want_params, got_params, 0, 0));
 
-    // Deferred parameters: refused, on every rank alike.
-    ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> deferred, MakeDeferredGpt(setup));
-    absl::StatusOr<std::shared_ptr<FullyShardHandle>> refused =
-        FullyShard(deferred, ctx.group, options, &registry);
-    if (refused.status().code() != absl::StatusCode::kInvalidArgument ||
-        !absl::StrContains(refused.status().message(),
-                           "FullyShardOptions.sync_module_states with deferred parameter "
-                           "'wte.weight'")) {
-      return absl::InternalError(absl::StrCat("sync_module_states over a deferred model gave ",
-                                              refused.status().ToString()));
-    }
-    return absl::OkStatus();
-  });
+        // Deferred parameters: refused, on every rank alike.
+        ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> deferred, MakeDeferredGpt(setup));
+        absl::StatusOr<std::shared_ptr<FullyShardHandle>> refused =
+            FullyShard(deferred, ctx.group, options, &registry);
+        if (refused.status().code() != absl::StatusCode::kInvalidArgument ||
+            !absl::StrContains(refused.status().message(),
+                               "FullyShardOptions.sync_module_states with deferred parameter "
+                               "'wte.weight'")) {
+          return absl::InternalError(absl::StrCat("sync_module_states over a deferred model gave ",
+                                                  refused.status().ToString()));
+        }
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -196,60 +197,60 @@ TEST(DeferredInitTest, AModelLargerThanTheCapTrainsUnderItAtEightRanks) {
   const int64_t cap = 4 * psi * 8 / 10;  // 3.2 Psi bytes
   const int world = 8;
   std::vector<int64_t> peaks(world, 0), param_peaks(world, 0);
-  absl::Status s = comm::testing::RunThreadRanks(world, [&](comm::testing::RankContext& ctx)
-                                                            -> absl::Status {
-    ctx.allocator->SetLimit(cap);
-    absl::StatusOr<std::shared_ptr<nn::Gpt>> full = testing::MakeGpt(setup);
-    if (full.status().code() != absl::StatusCode::kResourceExhausted ||
-        !absl::StrContains(full.status().message(),
-                           absl::StrCat("limit ", core::FormatBytes(cap)))) {
-      return absl::InternalError(absl::StrCat(
-          "a full construction over the cap should be ResourceExhausted naming the limit ",
-          core::FormatBytes(cap), "; got ", full.status().ToString()));
-    }
-    ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, MakeDeferredGpt(setup));
-    ctx.allocator->ResetPeaks();
-    WrapperRegistry registry;
-    // With every block's activations recomputed (48 blocks x 16 C floats per token would
-    // otherwise take as much as the rest).
-    FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
-    options.checkpoint_policy = policy::ModuleTypes({"TransformerBlock"});
-    ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, options, &registry));
-    ASSIGN_OR_RETURN(std::unique_ptr<optim::AdamW> adamw,
-                     optim::AdamW::Create(gpt->NamedParameters(), setup.adamw));
-    ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
-    ASSIGN_OR_RETURN(data::RankSampler sampler, data::RankSampler::Create(ctx.rank, world));
-    double first = 0, last = 0;
-    for (int step = 0; step < setup.steps; ++step) {
-      ASSIGN_OR_RETURN(data::TokenBatch global,
-                       language.Batch(step, setup.global_batch, setup.seq_len));
-      ASSIGN_OR_RETURN(data::TokenBatch local, sampler.Local(global));
-      adamw->ZeroGrad();
-      absl::StatusOr<double> step_loss = testing::ForwardBackward(*gpt, local);
-      if (!step_loss.ok()) {
-        const core::MemoryStats m = ctx.allocator->Stats();
-        return absl::Status(step_loss.status().code(),
-                            absl::StrCat(step_loss.status().message(), " [step ", step,
-                                         "; in use: param ", m.current(core::MemoryTag::kParam),
-                                         " grad ", m.current(core::MemoryTag::kGrad), " optim ",
-                                         m.current(core::MemoryTag::kOptim), " activation ",
-                                         m.current(core::MemoryTag::kActivation), " comm ",
-                                         m.current(core::MemoryTag::kComm), " other ",
-                                         m.current(core::MemoryTag::kOther), "]"));
-      }
-      const double loss = *step_loss;
-      RETURN_IF_ERROR(adamw->Step());
-      if (step == 0) first = loss;
-      last = loss;
-    }
-    if (!(last < first)) {
-      return absl::InternalError(absl::StrCat("rank ", ctx.rank, ": loss ", first, " -> ", last,
-                                              ": it does not train"));
-    }
-    peaks[ctx.rank] = ctx.allocator->Stats().peak_total;
-    param_peaks[ctx.rank] = ctx.allocator->Stats().peak(core::MemoryTag::kParam);
-    return absl::OkStatus();
-  });
+  absl::Status s =
+      comm::testing::RunThreadRanks(world, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ctx.allocator->SetLimit(cap);
+        absl::StatusOr<std::shared_ptr<nn::Gpt>> full = testing::MakeGpt(setup);
+        if (full.status().code() != absl::StatusCode::kResourceExhausted ||
+            !absl::StrContains(full.status().message(),
+                               absl::StrCat("limit ", core::FormatBytes(cap)))) {
+          return absl::InternalError(absl::StrCat(
+              "a full construction over the cap should be ResourceExhausted naming the limit ",
+              core::FormatBytes(cap), "; got ", full.status().ToString()));
+        }
+        ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, MakeDeferredGpt(setup));
+        ctx.allocator->ResetPeaks();
+        WrapperRegistry registry;
+        // With every block's activations recomputed (48 blocks x 16 C floats per token would
+        // otherwise take as much as the rest).
+        FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
+        options.checkpoint_policy = policy::ModuleTypes({"TransformerBlock"});
+        ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, options, &registry));
+        ASSIGN_OR_RETURN(std::unique_ptr<optim::AdamW> adamw,
+                         optim::AdamW::Create(gpt->NamedParameters(), setup.adamw));
+        ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
+        ASSIGN_OR_RETURN(data::RankSampler sampler, data::RankSampler::Create(ctx.rank, world));
+        double first = 0, last = 0;
+        for (int step = 0; step < setup.steps; ++step) {
+          ASSIGN_OR_RETURN(data::TokenBatch global,
+                           language.Batch(step, setup.global_batch, setup.seq_len));
+          ASSIGN_OR_RETURN(data::TokenBatch local, sampler.Local(global));
+          adamw->ZeroGrad();
+          absl::StatusOr<double> step_loss = testing::ForwardBackward(*gpt, local);
+          if (!step_loss.ok()) {
+            const core::MemoryStats m = ctx.allocator->Stats();
+            return absl::Status(step_loss.status().code(),
+                                absl::StrCat(step_loss.status().message(), " [step ", step,
+                                             "; in use: param ", m.current(core::MemoryTag::kParam),
+                                             " grad ", m.current(core::MemoryTag::kGrad), " optim ",
+                                             m.current(core::MemoryTag::kOptim), " activation ",
+                                             m.current(core::MemoryTag::kActivation), " comm ",
+                                             m.current(core::MemoryTag::kComm), " other ",
+                                             m.current(core::MemoryTag::kOther), "]"));
+          }
+          const double loss = *step_loss;
+          RETURN_IF_ERROR(adamw->Step());
+          if (step == 0) first = loss;
+          last = loss;
+        }
+        if (!(last < first)) {
+          return absl::InternalError(absl::StrCat("rank ", ctx.rank, ": loss ", first, " -> ", last,
+                                                  ": it does not train"));
+        }
+        peaks[ctx.rank] = ctx.allocator->Stats().peak_total;
+        param_peaks[ctx.rank] = ctx.allocator->Stats().peak(core::MemoryTag::kParam);
+        return absl::OkStatus();
+      });
   ASSERT_TRUE(s.ok()) << s;
   for (int r = 0; r < world; ++r) {
     std::printf(

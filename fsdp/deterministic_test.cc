@@ -11,8 +11,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "comm/testing/thread_ranks.h"
-#include "data/sampler.h"
 #include "core/status_macros.h"
+#include "data/sampler.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/grad_utils.h"
 #include "fsdp/testing/gpt_training.h"
@@ -114,11 +114,11 @@ absl::StatusOr<Bits> Train(comm::testing::RankContext& ctx, const testing::GptTr
 
 absl::StatusOr<Bits> TrainOn(int world, const FullyShardOptions& options) {
   std::vector<Bits> out(world);
-  RETURN_IF_ERROR(comm::testing::RunThreadRanks(world, [&](comm::testing::RankContext& ctx)
-                                                           -> absl::Status {
-    ASSIGN_OR_RETURN(out[ctx.rank], Train(ctx, Setup(), options));
-    return absl::OkStatus();
-  }));
+  RETURN_IF_ERROR(
+      comm::testing::RunThreadRanks(world, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(out[ctx.rank], Train(ctx, Setup(), options));
+        return absl::OkStatus();
+      }));
   for (int r = 1; r < world; ++r) {
     std::string where;
     if (!SameBits(out[0], out[r], &where)) {
@@ -151,19 +151,18 @@ TEST_P(DeterministicTest, NRanksGiveTheBitsOfOneRankOverTwentySteps) {
               testing::StrategyCaseName(c).c_str(), many->params.size(), many->losses.back());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllStrategies, DeterministicTest,
-    ::testing::Values(Case{ShardingStrategy::kFullShard, 1, 0},
-                      Case{ShardingStrategy::kFullShard, 2, 0},
-                      Case{ShardingStrategy::kFullShard, 4, 0},
-                      Case{ShardingStrategy::kShardGradOp, 2, 0},
-                      Case{ShardingStrategy::kShardGradOp, 4, 0},
-                      Case{ShardingStrategy::kNoShard, 2, 0},
-                      Case{ShardingStrategy::kNoShard, 4, 0},
-                      Case{ShardingStrategy::kHybridShard, 4, 2}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      return testing::StrategyCaseName(info.param);
-    });
+INSTANTIATE_TEST_SUITE_P(AllStrategies, DeterministicTest,
+                         ::testing::Values(Case{ShardingStrategy::kFullShard, 1, 0},
+                                           Case{ShardingStrategy::kFullShard, 2, 0},
+                                           Case{ShardingStrategy::kFullShard, 4, 0},
+                                           Case{ShardingStrategy::kShardGradOp, 2, 0},
+                                           Case{ShardingStrategy::kShardGradOp, 4, 0},
+                                           Case{ShardingStrategy::kNoShard, 2, 0},
+                                           Case{ShardingStrategy::kNoShard, 4, 0},
+                                           Case{ShardingStrategy::kHybridShard, 4, 2}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return testing::StrategyCaseName(info.param);
+                         });
 
 // Why the mode exists: the normal mode's reductions (and its one backward over a rank's
 // rows) give other bits at N = 4 than at N = 1.

@@ -20,26 +20,25 @@ namespace {
 
 absl::Status CheckFp32(const core::Tensor& t, const std::string& what, const char* op) {
   if (!t.defined() || t.dtype() != core::DType::kFloat32) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", op, " needs a float32 tensor, got ",
-                                                   t.ToString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", op, " needs a float32 tensor, got ", t.ToString()));
   }
   return absl::OkStatus();
 }
 
 #ifdef FSDP_WITH_CUDA
-absl::Status Cuda(cudaError_t err, const std::string& what, const char* op,
-                  const core::Tensor& t) {
+absl::Status Cuda(cudaError_t err, const std::string& what, const char* op, const core::Tensor& t) {
   if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", op, " on ", t.ToString(), " failed: ",
-                                          cudaGetErrorString(err)));
+  return absl::InternalError(
+      absl::StrCat(what, ": ", op, " on ", t.ToString(), " failed: ", cudaGetErrorString(err)));
 }
 absl::Status SetDevice(const core::Tensor& t, const std::string& what) {
   return Cuda(cudaSetDevice(t.device().index), what, "cudaSetDevice", t);
 }
 #else
 absl::Status NoCuda(const core::Tensor& t, const std::string& what, const char* op) {
-  return absl::UnavailableError(absl::StrCat(what, ": ", op, " on ", t.ToString(),
-                                             " needs a build with --config=cuda"));
+  return absl::UnavailableError(
+      absl::StrCat(what, ": ", op, " on ", t.ToString(), " needs a build with --config=cuda"));
 }
 #endif
 
@@ -49,8 +48,8 @@ absl::Status AddInto(const core::Tensor& dst, const core::Tensor& src, const std
   RETURN_IF_ERROR(CheckFp32(dst, what, "AddInto"));
   if (!src.defined() || src.numel() != dst.numel() || src.device() != dst.device() ||
       src.dtype() == core::DType::kInt32) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": AddInto of ", src.ToString(),
-                                                   " into ", dst.ToString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": AddInto of ", src.ToString(), " into ", dst.ToString()));
   }
   const int64_t n = dst.numel();
   const bool src_bf16 = src.dtype() == core::DType::kBFloat16;
@@ -93,14 +92,15 @@ absl::StatusOr<double> SumOfSquares(const core::Tensor& t, const std::string& wh
   if (t.device().is_cpu()) return kernels::cpu::SumOfSquares(t.data<float>(), t.numel());
 #ifdef FSDP_WITH_CUDA
   RETURN_IF_ERROR(SetDevice(t, what));
-  ASSIGN_OR_RETURN(core::Tensor scratch,
-                   core::Tensor::Allocate({2 * kernels::cuda::kSumScratchDoubles},
-                                          core::DType::kFloat32, core::MemoryTag::kOther,
-                                          t.device()));
+  ASSIGN_OR_RETURN(
+      core::Tensor scratch,
+      core::Tensor::Allocate({2 * kernels::cuda::kSumScratchDoubles}, core::DType::kFloat32,
+                             core::MemoryTag::kOther, t.device()));
   double result = 0;
-  RETURN_IF_ERROR(Cuda(kernels::cuda::SumOfSquares(t.data<float>(), t.numel(),
-                                          static_cast<double*>(scratch.raw_data()), &result),
-                       what, "SumOfSquares", t));
+  RETURN_IF_ERROR(
+      Cuda(kernels::cuda::SumOfSquares(t.data<float>(), t.numel(),
+                                       static_cast<double*>(scratch.raw_data()), &result),
+           what, "SumOfSquares", t));
   return result;
 #else
   return NoCuda(t, what, "SumOfSquares");

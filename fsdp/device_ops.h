@@ -33,8 +33,7 @@ absl::StatusOr<core::Tensor> Convert(const core::Tensor& src, core::DType dtype,
                                      core::MemoryTag tag, const std::string& what);
 
 // Copies src into dst (same numel, same device), converting between fp32 and bf16.
-absl::Status ConvertInto(const core::Tensor& dst, const core::Tensor& src,
-                         const std::string& what);
+absl::Status ConvertInto(const core::Tensor& dst, const core::Tensor& src, const std::string& what);
 
 // Sum of the squares of an fp32 tensor's elements, in double. Synchronises a CUDA
 // tensor's compute stream (the result is read on the host).

@@ -19,8 +19,10 @@ TEST(DeviceOpsTest, AddIntoAddsFloat32AndBfloat16Sources) {
   Tensor dst = Tensor::FromVector({1, 2, 3}, {3}).value();
   ASSERT_TRUE(AddInto(dst, Tensor::FromVector({0.5f, -2, 10}, {3}).value(), "t").ok());
   EXPECT_EQ(dst.ToVector(), (std::vector<float>{1.5f, 0, 13}));
-  Tensor bf = Tensor::FromVector({0.25f, 1, -1}, {3}).value().ToDType(DType::kBFloat16,
-                                                                      core::MemoryTag::kOther).value();
+  Tensor bf = Tensor::FromVector({0.25f, 1, -1}, {3})
+                  .value()
+                  .ToDType(DType::kBFloat16, core::MemoryTag::kOther)
+                  .value();
   ASSERT_TRUE(AddInto(dst, bf, "t").ok());
   EXPECT_EQ(dst.ToVector(), (std::vector<float>{1.75f, 1, 12}));
 }

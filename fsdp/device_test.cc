@@ -64,9 +64,9 @@ absl::StatusOr<core::Tensor> Upload(const core::Tensor& t, core::Device device) 
 }
 
 // Full parameter values read back to the host.
-absl::StatusOr<std::vector<std::pair<std::string, std::vector<float>>>> HostValues(
+absl::StatusOr<std::vector<std::pair<std::string, std::vector<float> > > > HostValues(
     const core::Module& m) {
-  std::vector<std::pair<std::string, std::vector<float>>> out;
+  std::vector<std::pair<std::string, std::vector<float> > > out;
   for (const auto& [name, p] : m.NamedParameters()) {
     core::Tensor h = core::Tensor::Zeros(p->data.shape(), p->data.dtype());
     RETURN_IF_ERROR(h.CopyFrom(p->data));
@@ -103,7 +103,8 @@ absl::StatusOr<double> DeviceStep(nn::Gpt& gpt, optim::AdamW& adamw,
                                   const data::MarkovLanguage& language, int step,
                                   const testing::GptTrainingSetup& setup, int rank, int world,
                                   comm::ProcessGroup& group, core::Device device) {
-  ASSIGN_OR_RETURN(data::TokenBatch global, language.Batch(step, setup.global_batch, setup.seq_len));
+  ASSIGN_OR_RETURN(data::TokenBatch global,
+                   language.Batch(step, setup.global_batch, setup.seq_len));
   ASSIGN_OR_RETURN(data::RankSampler sampler, data::RankSampler::Create(rank, world));
   ASSIGN_OR_RETURN(data::TokenBatch local, sampler.Local(global));
   ASSIGN_OR_RETURN(local.inputs, Upload(local.inputs, device));
@@ -135,8 +136,8 @@ absl::StatusOr<testing::TrainingRun> TrainOnDevice(
   ASSIGN_OR_RETURN(auto adamw, optim::AdamW::Create(gpt->NamedParameters(), setup.adamw));
   testing::TrainingRun run;
   for (int step = 0; step < setup.steps; ++step) {
-    ASSIGN_OR_RETURN(double loss, DeviceStep(*gpt, *adamw, language, step, setup, rank, world,
-                                             *group, device));
+    ASSIGN_OR_RETURN(double loss,
+                     DeviceStep(*gpt, *adamw, language, step, setup, rank, world, *group, device));
     run.losses.push_back(loss);
   }
   if (check_at_rest) RETURN_IF_ERROR(check_at_rest(*handle));
@@ -162,14 +163,14 @@ TEST_P(FsdpDeviceTest, FullShardOnTheDeviceMatchesTheUnwrappedCpuRun) {
   absl::StatusOr<testing::TrainingRun> reference = testing::TrainUnwrapped(setup);
   ASSERT_TRUE(reference.ok()) << reference.status();
   ASSERT_GT(reference->losses.front() - reference->losses.back(), 0.1) << "the reference learns";
-  absl::Status s = RunNcclRanks(world, [&](int rank, const std::shared_ptr<comm::ProcessGroup>& g)
-                                           -> absl::Status {
-    ASSIGN_OR_RETURN(testing::TrainingRun run, TrainOnDevice(rank, world, g, setup));
-    double worst = 0;
-    RETURN_IF_ERROR(testing::CompareRuns(*reference, run, kRtol, kAtol, &worst));
-    std::printf("rank %d of %d: worst |device - cpu| / tolerance = %.3g\n", rank, world, worst);
-    return absl::OkStatus();
-  });
+  absl::Status s = RunNcclRanks(
+      world, [&](int rank, const std::shared_ptr<comm::ProcessGroup>& g) -> absl::Status {
+        ASSIGN_OR_RETURN(testing::TrainingRun run, TrainOnDevice(rank, world, g, setup));
+        double worst = 0;
+        RETURN_IF_ERROR(testing::CompareRuns(*reference, run, kRtol, kAtol, &worst));
+        std::printf("rank %d of %d: worst |device - cpu| / tolerance = %.3g\n", rank, world, worst);
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -180,37 +181,38 @@ TEST_P(FsdpDeviceTest, FullShardPeakOnTheDeviceMatchesTheBound) {
   const int world = GetParam();
   testing::GptTrainingSetup setup = testing::TinySetup();
   setup.gpt.n_layer = 4;
-  absl::Status s = RunNcclRanks(world, [&](int rank, const std::shared_ptr<comm::ProcessGroup>& g)
-                                           -> absl::Status {
-    const core::Device device = core::Device::Cuda(rank);
-    ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
-    ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, testing::MakeGpt(setup));
-    RETURN_IF_ERROR(nn::ToDevice(*gpt, device));
-    WrapperRegistry registry;
-    const FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
-    ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, g, options, &registry));
-    ASSIGN_OR_RETURN(auto adamw, optim::AdamW::Create(gpt->NamedParameters(), setup.adamw));
-    RETURN_IF_ERROR(DeviceStep(*gpt, *adamw, language, 0, setup, rank, world, *g, device).status());
-    std::shared_ptr<core::Allocator> allocator = core::Allocator::Current(device);
-    allocator->ResetPeaks();
-    for (int step = 1; step <= 2; ++step) {
-      RETURN_IF_ERROR(
-          DeviceStep(*gpt, *adamw, language, step, setup, rank, world, *g, device).status());
-    }
-    const core::MemoryStats m = allocator->Stats();
-    const int64_t measured = m.peak(core::MemoryTag::kParam) + m.peak(core::MemoryTag::kGrad) +
-                             m.peak(core::MemoryTag::kOptim);
-    const int64_t bound =
-        testing::FullShardMemoryBound(*handle, options.limit_all_gathers, world).total();
-    std::printf("device rank %d of %d: measured %lld bound %lld (%s)\n", rank, world,
-                static_cast<long long>(measured), static_cast<long long>(bound),
-                m.PeakSummary().c_str());
-    if (measured > bound * 105 / 100 || measured < bound * 95 / 100) {
-      return absl::InternalError(absl::StrCat("measured ", measured, " bytes vs bound ", bound,
-                                              " (5% either way): ", m.PeakSummary()));
-    }
-    return absl::OkStatus();
-  });
+  absl::Status s = RunNcclRanks(
+      world, [&](int rank, const std::shared_ptr<comm::ProcessGroup>& g) -> absl::Status {
+        const core::Device device = core::Device::Cuda(rank);
+        ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
+        ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, testing::MakeGpt(setup));
+        RETURN_IF_ERROR(nn::ToDevice(*gpt, device));
+        WrapperRegistry registry;
+        const FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
+        ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, g, options, &registry));
+        ASSIGN_OR_RETURN(auto adamw, optim::AdamW::Create(gpt->NamedParameters(), setup.adamw));
+        RETURN_IF_ERROR(
+            DeviceStep(*gpt, *adamw, language, 0, setup, rank, world, *g, device).status());
+        std::shared_ptr<core::Allocator> allocator = core::Allocator::Current(device);
+        allocator->ResetPeaks();
+        for (int step = 1; step <= 2; ++step) {
+          RETURN_IF_ERROR(
+              DeviceStep(*gpt, *adamw, language, step, setup, rank, world, *g, device).status());
+        }
+        const core::MemoryStats m = allocator->Stats();
+        const int64_t measured = m.peak(core::MemoryTag::kParam) + m.peak(core::MemoryTag::kGrad) +
+                                 m.peak(core::MemoryTag::kOptim);
+        const int64_t bound =
+            testing::FullShardMemoryBound(*handle, options.limit_all_gathers, world).total();
+        std::printf("device rank %d of %d: measured %lld bound %lld (%s)\n", rank, world,
+                    static_cast<long long>(measured), static_cast<long long>(bound),
+                    m.PeakSummary().c_str());
+        if (measured > bound * 105 / 100 || measured < bound * 95 / 100) {
+          return absl::InternalError(absl::StrCat("measured ", measured, " bytes vs bound ", bound,
+                                                  " (5% either way): ", m.PeakSummary()));
+        }
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -230,37 +232,38 @@ TEST(FsdpDeviceOffloadTest, TrainsWithShardsGradientsAndOptimizerStateOnTheHost)
   ASSERT_TRUE(reference.ok()) << reference.status();
   FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
   options.cpu_offload = true;
-  absl::Status s = RunNcclRanks(1, [&](int rank, const std::shared_ptr<comm::ProcessGroup>& g)
-                                       -> absl::Status {
-    const core::Device device = core::Device::Cuda(rank);
-    auto at_rest = [&](const FullyShardHandle& handle) -> absl::Status {
-      const core::MemoryStats m = core::Allocator::Current(device)->Stats();
-      for (const core::MemoryTag tag :
-           {core::MemoryTag::kParam, core::MemoryTag::kGrad, core::MemoryTag::kOptim}) {
-        if (m.current(tag) != 0) {
-          return absl::InternalError(absl::StrCat("the device holds ", m.current(tag), " B of ",
-                                                  core::MemoryTagName(tag), " at rest"));
-        }
-      }
-      for (const auto& unit : handle.units()) {
-        const core::Tensor& shard = unit->flat().shard();
-        if (!shard.device().is_cpu() || !shard.storage()->pinned() ||
-            !unit->flat().shard_grad().device().is_cpu()) {
-          return absl::InternalError(absl::StrCat(unit->label(), ": shard ", shard.ToString(),
-                                                  " is not page-locked host memory"));
-        }
-      }
-      const core::MemoryStats host = core::Allocator::PinnedHost()->Stats();
-      std::printf("offload at rest: device %s | pinned host %s\n", m.PeakSummary().c_str(),
-                  host.PeakSummary().c_str());
-      return absl::OkStatus();
-    };
-    ASSIGN_OR_RETURN(testing::TrainingRun run, TrainOnDevice(rank, 1, g, setup, options, at_rest));
-    double worst = 0;
-    RETURN_IF_ERROR(testing::CompareRuns(*reference, run, kRtol, kAtol, &worst));
-    std::printf("offload: worst |device - cpu| / tolerance = %.3g\n", worst);
-    return absl::OkStatus();
-  });
+  absl::Status s =
+      RunNcclRanks(1, [&](int rank, const std::shared_ptr<comm::ProcessGroup>& g) -> absl::Status {
+        const core::Device device = core::Device::Cuda(rank);
+        auto at_rest = [&](const FullyShardHandle& handle) -> absl::Status {
+          const core::MemoryStats m = core::Allocator::Current(device)->Stats();
+          for (const core::MemoryTag tag :
+               {core::MemoryTag::kParam, core::MemoryTag::kGrad, core::MemoryTag::kOptim}) {
+            if (m.current(tag) != 0) {
+              return absl::InternalError(absl::StrCat("the device holds ", m.current(tag), " B of ",
+                                                      core::MemoryTagName(tag), " at rest"));
+            }
+          }
+          for (const auto& unit : handle.units()) {
+            const core::Tensor& shard = unit->flat().shard();
+            if (!shard.device().is_cpu() || !shard.storage()->pinned() ||
+                !unit->flat().shard_grad().device().is_cpu()) {
+              return absl::InternalError(absl::StrCat(unit->label(), ": shard ", shard.ToString(),
+                                                      " is not page-locked host memory"));
+            }
+          }
+          const core::MemoryStats host = core::Allocator::PinnedHost()->Stats();
+          std::printf("offload at rest: device %s | pinned host %s\n", m.PeakSummary().c_str(),
+                      host.PeakSummary().c_str());
+          return absl::OkStatus();
+        };
+        ASSIGN_OR_RETURN(testing::TrainingRun run,
+                         TrainOnDevice(rank, 1, g, setup, options, at_rest));
+        double worst = 0;
+        RETURN_IF_ERROR(testing::CompareRuns(*reference, run, kRtol, kAtol, &worst));
+        std::printf("offload: worst |device - cpu| / tolerance = %.3g\n", worst);
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -270,80 +273,81 @@ TEST(FsdpDeviceOffloadTest, TrainsWithShardsGradientsAndOptimizerStateOnTheHost)
 TEST(FsdpDeviceDeferredTest, ADeferredModelMaterializesOnTheDeviceWithTheFullConstructionsBits) {
   if (Gpus() < 1) GTEST_SKIP() << "needs a GPU: " << core::CudaDeviceCount().status();
   testing::GptTrainingSetup setup = testing::TinySetup();
-  absl::Status s = RunNcclRanks(1, [&](int rank, const std::shared_ptr<comm::ProcessGroup>& g)
-                                       -> absl::Status {
-    const core::Device device = core::Device::Cuda(rank);
-    ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> full, testing::MakeGpt(setup));
-    std::shared_ptr<nn::Gpt> gpt;
-    {
-      core::DeferredInitScope deferred;
-      ASSIGN_OR_RETURN(gpt, testing::MakeGpt(setup));
-    }
-    RETURN_IF_ERROR(nn::ToDevice(*gpt, device));
-    WrapperRegistry registry;
-    ASSIGN_OR_RETURN(auto handle,
-                     FullyShard(gpt, g, testing::PerBlockOptions(ShardingStrategy::kFullShard),
-                                &registry));
-    for (const auto& unit : handle->units()) {
-      if (!unit->flat().shard().device().is_cuda()) {
-        return absl::InternalError(absl::StrCat(unit->label(), ": shard on ",
-                                                unit->flat().shard().device().ToString()));
-      }
-    }
-    RETURN_IF_ERROR(Release(*gpt, &registry));
-    testing::TrainingRun got, want;
-    got.params = testing::ParameterValues(*gpt);
-    want.params = testing::ParameterValues(*full);
-    return testing::CompareRuns(want, got, 0, 0);
-  });
+  absl::Status s =
+      RunNcclRanks(1, [&](int rank, const std::shared_ptr<comm::ProcessGroup>& g) -> absl::Status {
+        const core::Device device = core::Device::Cuda(rank);
+        ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> full, testing::MakeGpt(setup));
+        std::shared_ptr<nn::Gpt> gpt;
+        {
+          core::DeferredInitScope deferred;
+          ASSIGN_OR_RETURN(gpt, testing::MakeGpt(setup));
+        }
+        RETURN_IF_ERROR(nn::ToDevice(*gpt, device));
+        WrapperRegistry registry;
+        ASSIGN_OR_RETURN(
+            auto handle,
+            FullyShard(gpt, g, testing::PerBlockOptions(ShardingStrategy::kFullShard), &registry));
+        for (const auto& unit : handle->units()) {
+          if (!unit->flat().shard().device().is_cuda()) {
+            return absl::InternalError(absl::StrCat(unit->label(), ": shard on ",
+                                                    unit->flat().shard().device().ToString()));
+          }
+        }
+        RETURN_IF_ERROR(Release(*gpt, &registry));
+        testing::TrainingRun got, want;
+        got.params = testing::ParameterValues(*gpt);
+        want.params = testing::ParameterValues(*full);
+        return testing::CompareRuns(want, got, 0, 0);
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 
 TEST(FsdpDeviceMixedPrecisionTest, LayersSeeBf16ViewsOfTheGatheredBufferAndGradientsStayFp32) {
   if (Gpus() < 1) GTEST_SKIP() << "needs a GPU: " << core::CudaDeviceCount().status();
   testing::GptTrainingSetup setup = testing::TinySetup();
-  absl::Status s = RunNcclRanks(1, [&](int rank, const std::shared_ptr<comm::ProcessGroup>& g)
-                                       -> absl::Status {
-    const core::Device device = core::Device::Cuda(rank);
-    ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
-    ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, testing::MakeGpt(setup));
-    RETURN_IF_ERROR(nn::ToDevice(*gpt, device));
-    WrapperRegistry registry;
-    FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
-    options.mixed_precision.param_dtype = core::DType::kBFloat16;
-    ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, g, options, &registry));
-    // A hook registered after FullyShard's runs after the unit unsharded.
-    std::shared_ptr<Unit> block = handle->units()[0];
-    std::shared_ptr<core::Module> module = block->module();
-    int checked = 0;
-    absl::Status seen;
-    core::HookHandle hook = module->RegisterForwardPreHook(
-        [&](core::Module& m, core::Tensors&) -> absl::Status {
-          for (const core::ParameterPtr& p : m.Parameters()) {
-            if (p->data.dtype() != core::DType::kBFloat16 || !p->data.device().is_cuda() ||
-                !p->data.SharesStorage(block->flat().full())) {
-              seen = absl::InternalError(absl::StrCat("during forward a parameter is ",
-                                                      p->data.ToString()));
-            }
-            ++checked;
+  absl::Status s =
+      RunNcclRanks(1, [&](int rank, const std::shared_ptr<comm::ProcessGroup>& g) -> absl::Status {
+        const core::Device device = core::Device::Cuda(rank);
+        ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
+        ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, testing::MakeGpt(setup));
+        RETURN_IF_ERROR(nn::ToDevice(*gpt, device));
+        WrapperRegistry registry;
+        FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
+        options.mixed_precision.param_dtype = core::DType::kBFloat16;
+        ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, g, options, &registry));
+        // A hook registered after FullyShard's runs after the unit unsharded.
+        std::shared_ptr<Unit> block = handle->units()[0];
+        std::shared_ptr<core::Module> module = block->module();
+        int checked = 0;
+        absl::Status seen;
+        core::HookHandle hook =
+            module->RegisterForwardPreHook([&](core::Module& m, core::Tensors&) -> absl::Status {
+              for (const core::ParameterPtr& p : m.Parameters()) {
+                if (p->data.dtype() != core::DType::kBFloat16 || !p->data.device().is_cuda() ||
+                    !p->data.SharesStorage(block->flat().full())) {
+                  seen = absl::InternalError(
+                      absl::StrCat("during forward a parameter is ", p->data.ToString()));
+                }
+                ++checked;
+              }
+              return absl::OkStatus();
+            });
+        ASSIGN_OR_RETURN(auto adamw, optim::AdamW::Create(gpt->NamedParameters(), setup.adamw));
+        RETURN_IF_ERROR(DeviceStep(*gpt, *adamw, language, 0, setup, rank, 1, *g, device).status());
+        RETURN_IF_ERROR(seen);
+        if (checked == 0) return absl::InternalError("the hook saw no parameters");
+        for (const core::ParameterPtr& p : gpt->Parameters()) {
+          // Outside forward/backward: fp32 master slices on the device.
+          if (p->data.dtype() != core::DType::kFloat32 || !p->data.device().is_cuda()) {
+            return absl::InternalError(
+                absl::StrCat("after the step a parameter is ", p->data.ToString()));
           }
-          return absl::OkStatus();
-        });
-    ASSIGN_OR_RETURN(auto adamw, optim::AdamW::Create(gpt->NamedParameters(), setup.adamw));
-    RETURN_IF_ERROR(DeviceStep(*gpt, *adamw, language, 0, setup, rank, 1, *g, device).status());
-    RETURN_IF_ERROR(seen);
-    if (checked == 0) return absl::InternalError("the hook saw no parameters");
-    for (const core::ParameterPtr& p : gpt->Parameters()) {
-      // Outside forward/backward: fp32 master slices on the device.
-      if (p->data.dtype() != core::DType::kFloat32 || !p->data.device().is_cuda()) {
-        return absl::InternalError(absl::StrCat("after the step a parameter is ", p->data.ToString()));
-      }
-      if (p->grad.defined() && p->grad.dtype() != core::DType::kFloat32) {
-        return absl::InternalError(absl::StrCat("a gradient is ", p->grad.ToString()));
-      }
-    }
-    return absl::OkStatus();
-  });
+          if (p->grad.defined() && p->grad.dtype() != core::DType::kFloat32) {
+            return absl::InternalError(absl::StrCat("a gradient is ", p->grad.ToString()));
+          }
+        }
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 

@@ -32,9 +32,9 @@ std::string Context(const core::Module& module) {
 absl::StatusOr<std::vector<int32_t>> AllGatherInts(comm::ProcessGroup& group,
                                                    const std::vector<int32_t>& local,
                                                    absl::Duration timeout) {
-  ASSIGN_OR_RETURN(core::Tensor in,
-                   core::Tensor::FromInts(local, {static_cast<int64_t>(local.size())},
-                                          core::MemoryTag::kComm));
+  ASSIGN_OR_RETURN(
+      core::Tensor in,
+      core::Tensor::FromInts(local, {static_cast<int64_t>(local.size())}, core::MemoryTag::kComm));
   ASSIGN_OR_RETURN(core::Tensor out,
                    core::Tensor::Allocate({static_cast<int64_t>(local.size()) * group.size()},
                                           core::DType::kInt32, core::MemoryTag::kComm));
@@ -236,15 +236,14 @@ absl::StatusOr<LocalPlan> CheckAndPlan(const std::shared_ptr<core::Module>& modu
         handle ? handle->group() : unit->groups().world;
     const std::string diff = FirstDifferingOption(have, options);
     if (!diff.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          prefix, "already a unit root with different options (", diff,
-          "); Release it first to wrap it differently"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(prefix, "already a unit root with different options (", diff,
+                       "); Release it first to wrap it differently"));
     }
     if (have_group != group) {
       return absl::FailedPreconditionError(absl::StrCat(
-          prefix, "already a unit root over another group (option group: ",
-          have_group->Describe(), " vs ", group->Describe(),
-          "); units keep the group object they were made with"));
+          prefix, "already a unit root over another group (option group: ", have_group->Describe(),
+          " vs ", group->Describe(), "); units keep the group object they were made with"));
     }
     if (handle == nullptr) {
       // A unit another wrap created: this call gets a handle of its own for it.
@@ -258,14 +257,15 @@ absl::StatusOr<LocalPlan> CheckAndPlan(const std::shared_ptr<core::Module>& modu
     return out;
   }
   if (std::shared_ptr<Unit> owner = registry->OwningUnit(*module)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        prefix, "the module is already inside unit ", owner->label(),
-        "; wrap that unit's root instead, or Release it first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(prefix, "the module is already inside unit ", owner->label(),
+                     "; wrap that unit's root instead, or Release it first"));
   }
   for (const auto& [name, m] : module->NamedModules()) {
     if (registry->HeldByAnotherRegistry(*m)) {
       return absl::FailedPreconditionError(absl::StrCat(
-          prefix, m->Describe(), " is already a unit root of another WrapperRegistry; wrap "
+          prefix, m->Describe(),
+          " is already a unit root of another WrapperRegistry; wrap "
           "through that registry (keep one per rank for every stage), or Release it there "
           "first"));
     }
@@ -289,10 +289,11 @@ absl::StatusOr<LocalPlan> CheckAndPlan(const std::shared_ptr<core::Module>& modu
           "offload] in fsdp/options.h); move the model to a CUDA device or leave it off"));
     }
     if (options.deterministic && !p->data.device().is_cpu()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          prefix, "FullyShardOptions.deterministic with parameter '", name, "' on ",
-          p->data.device().ToString(), ": the tree reduction runs on the CPU backends (NOTE "
-          "[Deterministic reduction] in fsdp/options.h)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, "FullyShardOptions.deterministic with parameter '", name, "' on ",
+                       p->data.device().ToString(),
+                       ": the tree reduction runs on the CPU backends (NOTE "
+                       "[Deterministic reduction] in fsdp/options.h)"));
     }
   }
   // Units already below `module` stay as they are.
@@ -308,8 +309,8 @@ absl::StatusOr<LocalPlan> CheckAndPlan(const std::shared_ptr<core::Module>& modu
   }
   const policy::WrapPolicyPtr wrap_policy =
       options.policy != nullptr ? options.policy : policy::Never();
-  absl::StatusOr<policy::WrapPlan> plan = policy::Plan(
-      *module, *wrap_policy, ShardGroupSize(options, group->size()), plan_options);
+  absl::StatusOr<policy::WrapPlan> plan =
+      policy::Plan(*module, *wrap_policy, ShardGroupSize(options, group->size()), plan_options);
   RETURN_IF_ERROR(core::Annotate(plan.status(), what));
   out.plan = *std::move(plan);
   return out;
@@ -366,8 +367,8 @@ absl::Status ShardNewUnits(const std::shared_ptr<core::Module>& module,
     for (const std::string& name : wu.param_names()) {
       auto p = params.find(name);
       if (p == params.end()) {
-        return absl::InternalError(
-            absl::StrCat(prefix, "the plan names parameter '", name, "', which is not in the tree"));
+        return absl::InternalError(absl::StrCat(prefix, "the plan names parameter '", name,
+                                                "', which is not in the tree"));
       }
       unit_params.emplace_back(name, p->second);
     }
@@ -415,7 +416,8 @@ absl::Status SyncModuleStates(const std::shared_ptr<core::Module>& module,
       if (p == params.end()) continue;  // the planner walked the same tree
       const std::string where =
           absl::StrCat(what, ": sync_module_states: broadcasting '", name, "' from rank 0");
-      absl::StatusOr<std::shared_ptr<comm::Work>> work = group.Broadcast(p->second->data, broadcast);
+      absl::StatusOr<std::shared_ptr<comm::Work>> work =
+          group.Broadcast(p->second->data, broadcast);
       RETURN_IF_ERROR(core::Annotate(work.status(), where));
       RETURN_IF_ERROR(core::Annotate((*work)->WaitHost(options.timeout), where));
     }
@@ -428,16 +430,17 @@ absl::StatusOr<std::vector<std::shared_ptr<Unit>>> CheckReleasable(core::Module&
                                                                    WrapperRegistry* registry,
                                                                    const std::string& what) {
   const std::string prefix = absl::StrCat(what, ": ");
-  ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Unit>> units,
-                   registry->UnitsForOperation(module, prefix, "cannot release",
-                                               "release that unit's root (or an ancestor) instead"));
+  ASSIGN_OR_RETURN(
+      std::vector<std::shared_ptr<Unit>> units,
+      registry->UnitsForOperation(module, prefix, "cannot release",
+                                  "release that unit's root (or an ancestor) instead"));
   if (units.empty()) {
     return absl::NotFoundError(prefix + "no FSDP unit is rooted in this module's subtree");
   }
   for (const auto& u : units) {
     if (u->summoned()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          prefix, "unit ", u->label(), " is inside SummonFullParams; close it first"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(prefix, "unit ", u->label(), " is inside SummonFullParams; close it first"));
     }
     RETURN_IF_ERROR(core::Annotate(u->CheckUsable("release"), what));
   }
@@ -484,8 +487,7 @@ absl::StatusOr<std::shared_ptr<FullyShardHandle>> FullyShard(
   RegistryCounters& c = registry->mutable_counters();
   c.units_created += sharded.created;
   c.param_bytes_copied += sharded.bytes_copied;
-  auto handle = std::make_shared<FullyShardHandle>(module, group, options,
-                                                   std::move(sharded.units),
+  auto handle = std::make_shared<FullyShardHandle>(module, group, options, std::move(sharded.units),
                                                    registry->shared_runtime());
   registry->SetHandle(module, handle);
   ++c.wraps;

@@ -45,9 +45,9 @@ struct ParamState {
 struct Snapshot {
   std::vector<ParamState> params;
   std::vector<std::shared_ptr<core::Module>> modules;
-  std::vector<int> hooks;                     // per module
-  std::vector<std::shared_ptr<Unit>> units;   // per module: registry.FindUnit
-  std::vector<bool> claimed;                  // per module: held by `registry`
+  std::vector<int> hooks;                    // per module
+  std::vector<std::shared_ptr<Unit>> units;  // per module: registry.FindUnit
+  std::vector<bool> claimed;                 // per module: held by `registry`
   int num_units = 0;
   RegistryCounters counters;
 };
@@ -172,48 +172,49 @@ TEST_P(WrapRollbackTest, AFaultOnRankOneRollsBackEveryRankAndAFreshWrapTrains) {
   absl::StatusOr<testing::TrainingRun> reference = testing::TrainUnwrapped(setup);
   ASSERT_TRUE(reference.ok()) << reference.status();
   const FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
-  absl::Status s = comm::testing::RunThreadRanks(kWorld, [&](comm::testing::RankContext& ctx)
-                                                             -> absl::Status {
-    ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, testing::MakeGpt(setup));
-    RETURN_IF_ERROR(GiveGradients(*gpt));
-    WrapperRegistry registry;
-    std::shared_ptr<FullyShardHandle> hand;
-    if (c.existing_unit) {
-      ASSIGN_OR_RETURN(hand, FullyShard(gpt->blocks()->modules()[0], ctx.group, options,
-                                        &registry));
-    }
-    const Snapshot before = Take(*gpt, registry);
-    EXPECT_EQ(before.num_units, c.existing_unit ? 1 : 0);
-    {
-      std::optional<testing::ScopedWrapFault> fault;
-      if (ctx.rank == 1) fault.emplace(c.unit_index, c.step);
-      absl::Status failed = FullyShard(gpt, ctx.group, options, &registry).status();
-      if (fault.has_value()) {
-        EXPECT_EQ(fault->hits(), 1) << "the fault never fired";
-      }
-      EXPECT_EQ(failed.code(), absl::StatusCode::kInternal) << failed;
-      EXPECT_TRUE(absl::StrContains(failed.message(), "rank 1: FullyShard(<root> (Gpt)): unit "))
-          << "rank " << ctx.rank << ": " << failed;
-      EXPECT_TRUE(absl::StrContains(failed.message(), absl::StrCat(
-                                                          "(", internal::WrapStepName(c.step),
-                                                          "): injected wrap fault")))
-          << failed;
-    }
-    ExpectUnchanged(before, *gpt, registry, absl::StrCat("rank ", ctx.rank));
-    if (hand != nullptr) {
-      EXPECT_EQ(hand->root_unit(), registry.FindUnit(*gpt->blocks()->modules()[0]));
-      EXPECT_EQ(hand->root_unit()->state(), UnitState::kSharded);
-    }
+  absl::Status s =
+      comm::testing::RunThreadRanks(kWorld, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(std::shared_ptr<nn::Gpt> gpt, testing::MakeGpt(setup));
+        RETURN_IF_ERROR(GiveGradients(*gpt));
+        WrapperRegistry registry;
+        std::shared_ptr<FullyShardHandle> hand;
+        if (c.existing_unit) {
+          ASSIGN_OR_RETURN(hand,
+                           FullyShard(gpt->blocks()->modules()[0], ctx.group, options, &registry));
+        }
+        const Snapshot before = Take(*gpt, registry);
+        EXPECT_EQ(before.num_units, c.existing_unit ? 1 : 0);
+        {
+          std::optional<testing::ScopedWrapFault> fault;
+          if (ctx.rank == 1) fault.emplace(c.unit_index, c.step);
+          absl::Status failed = FullyShard(gpt, ctx.group, options, &registry).status();
+          if (fault.has_value()) {
+            EXPECT_EQ(fault->hits(), 1) << "the fault never fired";
+          }
+          EXPECT_EQ(failed.code(), absl::StatusCode::kInternal) << failed;
+          EXPECT_TRUE(
+              absl::StrContains(failed.message(), "rank 1: FullyShard(<root> (Gpt)): unit "))
+              << "rank " << ctx.rank << ": " << failed;
+          EXPECT_TRUE(absl::StrContains(
+              failed.message(),
+              absl::StrCat("(", internal::WrapStepName(c.step), "): injected wrap fault")))
+              << failed;
+        }
+        ExpectUnchanged(before, *gpt, registry, absl::StrCat("rank ", ctx.rank));
+        if (hand != nullptr) {
+          EXPECT_EQ(hand->root_unit(), registry.FindUnit(*gpt->blocks()->modules()[0]));
+          EXPECT_EQ(hand->root_unit()->state(), UnitState::kSharded);
+        }
 
-    // The rolled-back module wraps afresh (keeping the hand-wrapped unit) and trains
-    // like the unwrapped reference.
-    ASSIGN_OR_RETURN(testing::TrainingRun run,
-                     testing::TrainFullyShardedModel(ctx, setup, options, gpt, &registry));
-    EXPECT_EQ(registry.counters().wraps, before.counters.wraps + 1);
-    EXPECT_EQ(registry.counters().units_created,
-              before.counters.units_created + (c.existing_unit ? 2 : 3));
-    return testing::CompareRuns(*reference, run, 1e-5, 1e-6);  // NOTE [Parity tolerance]
-  });
+        // The rolled-back module wraps afresh (keeping the hand-wrapped unit) and trains
+        // like the unwrapped reference.
+        ASSIGN_OR_RETURN(testing::TrainingRun run,
+                         testing::TrainFullyShardedModel(ctx, setup, options, gpt, &registry));
+        EXPECT_EQ(registry.counters().wraps, before.counters.wraps + 1);
+        EXPECT_EQ(registry.counters().units_created,
+                  before.counters.units_created + (c.existing_unit ? 2 : 3));
+        return testing::CompareRuns(*reference, run, 1e-5, 1e-6);  // NOTE [Parity tolerance]
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -228,10 +229,10 @@ void ExpectAllFailNamingRankOne(const std::vector<absl::Status>& errors, absl::D
   ASSERT_EQ(errors.size(), static_cast<size_t>(kWorld));
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_EQ(errors[r].code(), code) << "rank " << r << ": " << errors[r];
-    EXPECT_TRUE(absl::StrContains(errors[r].message(), "rank 1: ")) << "rank " << r << ": "
-                                                                    << errors[r];
-    EXPECT_TRUE(absl::StrContains(errors[r].message(), needle)) << "rank " << r << ": "
-                                                                << errors[r];
+    EXPECT_TRUE(absl::StrContains(errors[r].message(), "rank 1: "))
+        << "rank " << r << ": " << errors[r];
+    EXPECT_TRUE(absl::StrContains(errors[r].message(), needle))
+        << "rank " << r << ": " << errors[r];
   }
 }
 
@@ -239,20 +240,20 @@ void ExpectAllFailNamingRankOne(const std::vector<absl::Status>& errors, absl::D
 TEST(FullyShardAgreementTest, APlanErrorOnOneRankFailsEveryRankNamingIt) {
   std::vector<absl::Status> errors(kWorld);
   const absl::Time start = absl::Now();
-  absl::Status s = comm::testing::RunThreadRanks(kWorld, [&](comm::testing::RankContext& ctx)
-                                                             -> absl::Status {
-    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(ShortSetup()));
-    FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
-    if (ctx.rank == 1) options.ignored_paths = {"no_such_module"};
-    WrapperRegistry registry;
-    const Snapshot before = Take(*gpt, registry);
-    errors[ctx.rank] = FullyShard(gpt, ctx.group, options, &registry).status();
-    ExpectUnchanged(before, *gpt, registry, absl::StrCat("rank ", ctx.rank));
-    // The group is still in step: a collective after the failure works.
-    core::Tensor t = core::Tensor::Zeros({1});
-    ASSIGN_OR_RETURN(auto work, ctx.group->AllReduce(t, {}));
-    return work->Wait(absl::Seconds(10));
-  });
+  absl::Status s =
+      comm::testing::RunThreadRanks(kWorld, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(ShortSetup()));
+        FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
+        if (ctx.rank == 1) options.ignored_paths = {"no_such_module"};
+        WrapperRegistry registry;
+        const Snapshot before = Take(*gpt, registry);
+        errors[ctx.rank] = FullyShard(gpt, ctx.group, options, &registry).status();
+        ExpectUnchanged(before, *gpt, registry, absl::StrCat("rank ", ctx.rank));
+        // The group is still in step: a collective after the failure works.
+        core::Tensor t = core::Tensor::Zeros({1});
+        ASSIGN_OR_RETURN(auto work, ctx.group->AllReduce(t, {}));
+        return work->Wait(absl::Seconds(10));
+      });
   ASSERT_TRUE(s.ok()) << s;
   ExpectAllFailNamingRankOne(errors, absl::Now() - start, absl::StatusCode::kInvalidArgument,
                              "FullyShard(<root> (Gpt)): PlanOptions.ignored_paths: no module "
@@ -263,16 +264,16 @@ TEST(FullyShardAgreementTest, APlanErrorOnOneRankFailsEveryRankNamingIt) {
 TEST(FullyShardAgreementTest, AnOptionErrorOnOneRankFailsEveryRankNamingIt) {
   std::vector<absl::Status> errors(kWorld);
   const absl::Time start = absl::Now();
-  absl::Status s = comm::testing::RunThreadRanks(kWorld, [&](comm::testing::RankContext& ctx)
-                                                             -> absl::Status {
-    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(ShortSetup()));
-    FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
-    if (ctx.rank == 1) options.limit_all_gathers = -1;
-    WrapperRegistry registry;
-    errors[ctx.rank] = FullyShard(gpt, ctx.group, options, &registry).status();
-    EXPECT_EQ(registry.NumUnits(), 0);
-    return absl::OkStatus();
-  });
+  absl::Status s =
+      comm::testing::RunThreadRanks(kWorld, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(ShortSetup()));
+        FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
+        if (ctx.rank == 1) options.limit_all_gathers = -1;
+        WrapperRegistry registry;
+        errors[ctx.rank] = FullyShard(gpt, ctx.group, options, &registry).status();
+        EXPECT_EQ(registry.NumUnits(), 0);
+        return absl::OkStatus();
+      });
   ASSERT_TRUE(s.ok()) << s;
   ExpectAllFailNamingRankOne(errors, absl::Now() - start, absl::StatusCode::kInvalidArgument,
                              "FullyShardOptions.limit_all_gathers is -1");
@@ -283,26 +284,25 @@ TEST(FullyShardAgreementTest, AnOptionErrorOnOneRankFailsEveryRankNamingIt) {
 TEST(FullyShardAgreementTest, ARegistryConflictOnOneRankFailsEveryRankNamingIt) {
   std::vector<absl::Status> errors(kWorld);
   const absl::Time start = absl::Now();
-  absl::Status s = comm::testing::RunThreadRanks(kWorld, [&](comm::testing::RankContext& ctx)
-                                                             -> absl::Status {
-    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(ShortSetup()));
-    const FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
-    WrapperRegistry other;
-    if (ctx.rank == 1) {
-      comm::GlooOptions solo_options;
-      solo_options.name = "solo";
-      ASSIGN_OR_RETURN(std::shared_ptr<comm::GlooProcessGroup> solo,
-                       comm::GlooProcessGroup::Create(std::make_shared<comm::HashStore>(), 0, 1,
-                                                      solo_options));
-      RETURN_IF_ERROR(
-          FullyShard(gpt->blocks()->modules()[1], solo, options, &other).status());
-    }
-    WrapperRegistry registry;
-    const Snapshot before = Take(*gpt, registry);
-    errors[ctx.rank] = FullyShard(gpt, ctx.group, options, &registry).status();
-    ExpectUnchanged(before, *gpt, registry, absl::StrCat("rank ", ctx.rank));
-    return absl::OkStatus();
-  });
+  absl::Status s =
+      comm::testing::RunThreadRanks(kWorld, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(ShortSetup()));
+        const FullyShardOptions options = testing::PerBlockOptions(ShardingStrategy::kFullShard);
+        WrapperRegistry other;
+        if (ctx.rank == 1) {
+          comm::GlooOptions solo_options;
+          solo_options.name = "solo";
+          ASSIGN_OR_RETURN(std::shared_ptr<comm::GlooProcessGroup> solo,
+                           comm::GlooProcessGroup::Create(std::make_shared<comm::HashStore>(), 0, 1,
+                                                          solo_options));
+          RETURN_IF_ERROR(FullyShard(gpt->blocks()->modules()[1], solo, options, &other).status());
+        }
+        WrapperRegistry registry;
+        const Snapshot before = Take(*gpt, registry);
+        errors[ctx.rank] = FullyShard(gpt, ctx.group, options, &registry).status();
+        ExpectUnchanged(before, *gpt, registry, absl::StrCat("rank ", ctx.rank));
+        return absl::OkStatus();
+      });
   ASSERT_TRUE(s.ok()) << s;
   ExpectAllFailNamingRankOne(errors, absl::Now() - start, absl::StatusCode::kFailedPrecondition,
                              "blocks.1 (TransformerBlock) is already a unit root of another "

@@ -23,16 +23,17 @@ absl::StatusOr<std::vector<std::shared_ptr<Unit>>> UnitsFor(core::Module& module
 // ClipGradNorm's and ScaleGrads' checks on this rank (`action` names the operation); the
 // units whose gradients they change.
 absl::StatusOr<std::vector<std::shared_ptr<Unit>>> CheckClippable(core::Module& module,
-                                                                 WrapperRegistry* registry,
-                                                                 const std::string& prefix,
-                                                                 const char* action) {
+                                                                  WrapperRegistry* registry,
+                                                                  const std::string& prefix,
+                                                                  const char* action) {
   ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Unit>> units, UnitsFor(module, registry, prefix));
   for (const auto& u : units) {
     RETURN_IF_ERROR(u->CheckUsable(action));
     if (u->flat().full_grad().defined()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          prefix, "unit ", u->label(), " holds unreduced gradients (NoSync); run a backward "
-          "outside NoSync first"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(prefix, "unit ", u->label(),
+                       " holds unreduced gradients (NoSync); run a backward "
+                       "outside NoSync first"));
     }
   }
   return units;
@@ -52,7 +53,7 @@ NoSyncScope::~NoSyncScope() {
 }
 
 absl::StatusOr<std::unique_ptr<NoSyncScope>> NoSync(core::Module& module,
-                                                     WrapperRegistry* registry) {
+                                                    WrapperRegistry* registry) {
   ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Unit>> units,
                    UnitsFor(module, registry, absl::StrCat("NoSync(", module.Describe(), "): ")));
   return std::make_unique<NoSyncScope>(std::move(units));
@@ -83,7 +84,8 @@ absl::StatusOr<double> ClipGradNorm(core::Module& module, WrapperRegistry* regis
     for (const core::ParameterPtr& p : u->flat().params()) {
       managed.insert(p.get());
       if (!p->grad.defined()) continue;
-      ASSIGN_OR_RETURN(double sq, internal::SumOfSquares(p->grad, prefix + "gradient of " + u->label()));
+      ASSIGN_OR_RETURN(double sq,
+                       internal::SumOfSquares(p->grad, prefix + "gradient of " + u->label()));
       sum += sq;
       grads.push_back(p->grad);
     }
@@ -103,7 +105,8 @@ absl::StatusOr<double> ClipGradNorm(core::Module& module, WrapperRegistry* regis
   }
   for (const auto& [name, p] : module.NamedParameters()) {
     if (managed.count(p.get()) || !p->grad.defined()) continue;
-    ASSIGN_OR_RETURN(double sq, internal::SumOfSquares(p->grad, prefix + "gradient of '" + name + "'"));
+    ASSIGN_OR_RETURN(double sq,
+                     internal::SumOfSquares(p->grad, prefix + "gradient of '" + name + "'"));
     local += sq;
     grads.push_back(p->grad);
   }
@@ -114,10 +117,11 @@ absl::StatusOr<double> ClipGradNorm(core::Module& module, WrapperRegistry* regis
     // an NCCL group stages them through its device.
     const float hi = static_cast<float>(sum);
     const float lo = static_cast<float>(sum - static_cast<double>(hi));
-    ASSIGN_OR_RETURN(core::Tensor in, core::Tensor::FromVector({hi, lo}, {2}, core::MemoryTag::kComm));
-    ASSIGN_OR_RETURN(core::Tensor out, core::Tensor::Allocate({2 * group->size()},
-                                                              core::DType::kFloat32,
-                                                              core::MemoryTag::kComm));
+    ASSIGN_OR_RETURN(core::Tensor in,
+                     core::Tensor::FromVector({hi, lo}, {2}, core::MemoryTag::kComm));
+    ASSIGN_OR_RETURN(
+        core::Tensor out,
+        core::Tensor::Allocate({2 * group->size()}, core::DType::kFloat32, core::MemoryTag::kComm));
     comm::AllGatherOptions options;
     options.timeout = units.front()->options().timeout;
     ASSIGN_OR_RETURN(std::shared_ptr<comm::Work> work, group->AllGather(in, out, options));
@@ -138,8 +142,8 @@ absl::StatusOr<double> ClipGradNorm(core::Module& module, WrapperRegistry* regis
 absl::Status ScaleGrads(core::Module& module, WrapperRegistry* registry, double factor) {
   const std::string prefix = absl::StrCat("ScaleGrads(", module.Describe(), "): ");
   if (!std::isfinite(factor)) {
-    return absl::InvalidArgumentError(absl::StrCat(prefix, "factor is ", factor,
-                                                   "; it must be finite"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "factor is ", factor, "; it must be finite"));
   }
   ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Unit>> units,
                    CheckClippable(module, registry, prefix, "scale gradients"));

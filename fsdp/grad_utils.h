@@ -46,7 +46,7 @@ class NoSyncScope {
 // InvalidArgument for a null registry; FailedPrecondition while a forward or backward
 // is in progress or when `module` is inside a unit it is not the root of.
 absl::StatusOr<std::unique_ptr<NoSyncScope>> NoSync(core::Module& module,
-                                                     WrapperRegistry* registry);
+                                                    WrapperRegistry* registry);
 
 // Scales every gradient of `module` by min(1, max_norm / (total_norm + 1e-6)), as
 // torch.nn.utils.clip_grad_norm_, where total_norm is the L2 norm of all gradients of

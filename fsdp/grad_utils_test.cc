@@ -118,43 +118,44 @@ TEST_P(NoSyncTest, AccumulationEqualsOneLargeBatch) {
   data::MarkovLanguage language = testing::MakeLanguage(setup).value();
   const data::TokenBatch large = language.Batch(4, 8, setup.seq_len).value();
   const GradMap reference = ReferenceGrads(setup, large);
-  absl::Status s = comm::testing::RunThreadRanks(c.world_size, [&](comm::testing::RankContext& ctx)
-                                                                   -> absl::Status {
-    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
-    WrapperRegistry registry;
-    ASSIGN_OR_RETURN(auto handle,
-                     FullyShard(gpt, ctx.group,
-                                testing::PerBlockOptions(c.strategy, c.hybrid_shard_size),
-                                &registry));
-    ASSIGN_OR_RETURN(auto halves, data::RankSampler::Create(0, 2));
-    ASSIGN_OR_RETURN(data::TokenBatch first, halves.Local(large));
-    ASSIGN_OR_RETURN(halves, data::RankSampler::Create(1, 2));
-    ASSIGN_OR_RETURN(data::TokenBatch second, halves.Local(large));
-    ASSIGN_OR_RETURN(auto sampler, data::RankSampler::Create(ctx.rank, ctx.world_size));
-    {
-      ASSIGN_OR_RETURN(auto no_sync, NoSync(*gpt, &registry));
-      ctx.group->ResetStats();
-      ASSIGN_OR_RETURN(data::TokenBatch local, sampler.Local(first));
-      RETURN_IF_ERROR(ScaledStep(*gpt, local, 0.5f));
-      const comm::CommStats stats = ctx.group->Stats();
-      EXPECT_EQ(stats.of(comm::CollectiveKind::kReduceScatter).calls, 0) << stats.ToString();
-      EXPECT_EQ(stats.of(comm::CollectiveKind::kAllReduce).calls, 0) << stats.ToString();
-      // Unreduced and full-shape until a backward outside NoSync.
-      for (const auto& unit : handle->units()) {
-        for (size_t i = 0; i < unit->flat().records().size(); ++i) {
-          EXPECT_EQ(unit->flat().params()[i]->grad.shape(), unit->flat().records()[i].shape)
-              << unit->flat().records()[i].name;
+  absl::Status s = comm::testing::RunThreadRanks(
+      c.world_size, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
+        WrapperRegistry registry;
+        ASSIGN_OR_RETURN(
+            auto handle,
+            FullyShard(gpt, ctx.group, testing::PerBlockOptions(c.strategy, c.hybrid_shard_size),
+                       &registry));
+        ASSIGN_OR_RETURN(auto halves, data::RankSampler::Create(0, 2));
+        ASSIGN_OR_RETURN(data::TokenBatch first, halves.Local(large));
+        ASSIGN_OR_RETURN(halves, data::RankSampler::Create(1, 2));
+        ASSIGN_OR_RETURN(data::TokenBatch second, halves.Local(large));
+        ASSIGN_OR_RETURN(auto sampler, data::RankSampler::Create(ctx.rank, ctx.world_size));
+        {
+          ASSIGN_OR_RETURN(auto no_sync, NoSync(*gpt, &registry));
+          ctx.group->ResetStats();
+          ASSIGN_OR_RETURN(data::TokenBatch local, sampler.Local(first));
+          RETURN_IF_ERROR(ScaledStep(*gpt, local, 0.5f));
+          const comm::CommStats stats = ctx.group->Stats();
+          EXPECT_EQ(stats.of(comm::CollectiveKind::kReduceScatter).calls, 0) << stats.ToString();
+          EXPECT_EQ(stats.of(comm::CollectiveKind::kAllReduce).calls, 0) << stats.ToString();
+          // Unreduced and full-shape until a backward outside NoSync.
+          for (const auto& unit : handle->units()) {
+            for (size_t i = 0; i < unit->flat().records().size(); ++i) {
+              EXPECT_EQ(unit->flat().params()[i]->grad.shape(), unit->flat().records()[i].shape)
+                  << unit->flat().records()[i].name;
+            }
+          }
+          absl::StatusOr<double> clip = ClipGradNorm(*gpt, &registry, 1.0);
+          EXPECT_EQ(clip.status().code(), absl::StatusCode::kFailedPrecondition);
+          EXPECT_TRUE(absl::StrContains(clip.status().message(), "unreduced gradients"))
+              << clip.status();
         }
-      }
-      absl::StatusOr<double> clip = ClipGradNorm(*gpt, &registry, 1.0);
-      EXPECT_EQ(clip.status().code(), absl::StatusCode::kFailedPrecondition);
-      EXPECT_TRUE(absl::StrContains(clip.status().message(), "unreduced gradients")) << clip.status();
-    }
-    ASSIGN_OR_RETURN(data::TokenBatch local, sampler.Local(second));
-    RETURN_IF_ERROR(ScaledStep(*gpt, local, 0.5f));
-    ExpectLocalSlicesMatch(*handle, handle->root_unit()->groups().shard_rank, reference);
-    return absl::OkStatus();
-  });
+        ASSIGN_OR_RETURN(data::TokenBatch local, sampler.Local(second));
+        RETURN_IF_ERROR(ScaledStep(*gpt, local, 0.5f));
+        ExpectLocalSlicesMatch(*handle, handle->root_unit()->groups().shard_rank, reference);
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -176,28 +177,29 @@ TEST_P(ClipGradNormTest, GlobalNormEqualsTheUnshardedNorm) {
   const double reference_norm = Norm(reference);
   ASSERT_GT(reference_norm, 0.1);
   const double max_norm = reference_norm / 4;  // forces clipping by ~1/4
-  absl::Status s = comm::testing::RunThreadRanks(c.world_size, [&](comm::testing::RankContext& ctx)
-                                                                   -> absl::Status {
-    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
-    WrapperRegistry registry;
-    ASSIGN_OR_RETURN(auto handle,
-                     FullyShard(gpt, ctx.group,
-                                testing::PerBlockOptions(c.strategy, c.hybrid_shard_size),
-                                &registry));
-    ASSIGN_OR_RETURN(auto sampler, data::RankSampler::Create(ctx.rank, ctx.world_size));
-    ASSIGN_OR_RETURN(data::TokenBatch local, sampler.Local(global));
-    RETURN_IF_ERROR(testing::ForwardBackward(*gpt, local).status());
-    EXPECT_EQ(ClipGradNorm(*gpt, &registry, 0).status().code(), absl::StatusCode::kInvalidArgument);
-    ASSIGN_OR_RETURN(double norm, ClipGradNorm(*gpt, &registry, max_norm));
-    // The norm is a sum of float32 squares of values that agree to rtol 1e-5.
-    EXPECT_NEAR(norm, reference_norm, 1e-5 * reference_norm);
-    ExpectLocalSlicesMatch(*handle, handle->root_unit()->groups().shard_rank, reference,
-                           max_norm / (reference_norm + 1e-6));
-    // A second call sees the clipped gradients: their norm is max_norm.
-    ASSIGN_OR_RETURN(double again, ClipGradNorm(*gpt, &registry, 1e9));
-    EXPECT_NEAR(again, max_norm, 1e-5 * max_norm);
-    return absl::OkStatus();
-  });
+  absl::Status s = comm::testing::RunThreadRanks(
+      c.world_size, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
+        WrapperRegistry registry;
+        ASSIGN_OR_RETURN(
+            auto handle,
+            FullyShard(gpt, ctx.group, testing::PerBlockOptions(c.strategy, c.hybrid_shard_size),
+                       &registry));
+        ASSIGN_OR_RETURN(auto sampler, data::RankSampler::Create(ctx.rank, ctx.world_size));
+        ASSIGN_OR_RETURN(data::TokenBatch local, sampler.Local(global));
+        RETURN_IF_ERROR(testing::ForwardBackward(*gpt, local).status());
+        EXPECT_EQ(ClipGradNorm(*gpt, &registry, 0).status().code(),
+                  absl::StatusCode::kInvalidArgument);
+        ASSIGN_OR_RETURN(double norm, ClipGradNorm(*gpt, &registry, max_norm));
+        // The norm is a sum of float32 squares of values that agree to rtol 1e-5.
+        EXPECT_NEAR(norm, reference_norm, 1e-5 * reference_norm);
+        ExpectLocalSlicesMatch(*handle, handle->root_unit()->groups().shard_rank, reference,
+                               max_norm / (reference_norm + 1e-6));
+        // A second call sees the clipped gradients: their norm is max_norm.
+        ASSIGN_OR_RETURN(double again, ClipGradNorm(*gpt, &registry, 1e9));
+        EXPECT_NEAR(again, max_norm, 1e-5 * max_norm);
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -217,40 +219,41 @@ TEST(FrozenParametersTest, FrozenParametersInsideUnitsStayAndTheRestMatchesTheRe
   absl::StatusOr<testing::TrainingRun> reference = testing::TrainUnwrapped(setup);
   ASSERT_TRUE(reference.ok()) << reference.status();
   const auto initial = testing::ParameterValues(*testing::MakeGpt(setup).value());
-  absl::Status s = comm::testing::RunThreadRanks(3, [&](comm::testing::RankContext& ctx)
-                                                        -> absl::Status {
-    // One backward first: frozen parameters get no gradient view.
-    {
-      ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
-      WrapperRegistry registry;
-      ASSIGN_OR_RETURN(auto handle,
-                       FullyShard(gpt, ctx.group,
-                                  testing::PerBlockOptions(ShardingStrategy::kFullShard), &registry));
-      ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
-      ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(0, 3, setup.seq_len));
-      RETURN_IF_ERROR(testing::ForwardBackward(*gpt, batch).status());
-      for (const auto& [name, p] : gpt->NamedParameters()) {
-        const bool frozen = std::find(setup.frozen.begin(), setup.frozen.end(), name) !=
-                            setup.frozen.end();
-        EXPECT_EQ(p->grad.defined(), !frozen) << name;
-      }
-    }
-    ASSIGN_OR_RETURN(testing::TrainingRun run,
-                     testing::TrainFullyShardedRank(ctx, setup,
-                                                    testing::PerBlockOptions(ShardingStrategy::kFullShard)));
-    RETURN_IF_ERROR(testing::CompareRuns(*reference, run, 1e-5, 1e-6));
-    for (size_t i = 0; i < run.params.size(); ++i) {
-      const std::string& name = run.params[i].first;
-      const bool frozen =
-          std::find(setup.frozen.begin(), setup.frozen.end(), name) != setup.frozen.end();
-      if (frozen) {
-        EXPECT_EQ(run.params[i].second, initial[i].second) << name;
-      } else {
-        EXPECT_NE(run.params[i].second, initial[i].second) << name;
-      }
-    }
-    return absl::OkStatus();
-  });
+  absl::Status s =
+      comm::testing::RunThreadRanks(3, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        // One backward first: frozen parameters get no gradient view.
+        {
+          ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
+          WrapperRegistry registry;
+          ASSIGN_OR_RETURN(
+              auto handle,
+              FullyShard(gpt, ctx.group, testing::PerBlockOptions(ShardingStrategy::kFullShard),
+                         &registry));
+          ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
+          ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(0, 3, setup.seq_len));
+          RETURN_IF_ERROR(testing::ForwardBackward(*gpt, batch).status());
+          for (const auto& [name, p] : gpt->NamedParameters()) {
+            const bool frozen =
+                std::find(setup.frozen.begin(), setup.frozen.end(), name) != setup.frozen.end();
+            EXPECT_EQ(p->grad.defined(), !frozen) << name;
+          }
+        }
+        ASSIGN_OR_RETURN(testing::TrainingRun run,
+                         testing::TrainFullyShardedRank(
+                             ctx, setup, testing::PerBlockOptions(ShardingStrategy::kFullShard)));
+        RETURN_IF_ERROR(testing::CompareRuns(*reference, run, 1e-5, 1e-6));
+        for (size_t i = 0; i < run.params.size(); ++i) {
+          const std::string& name = run.params[i].first;
+          const bool frozen =
+              std::find(setup.frozen.begin(), setup.frozen.end(), name) != setup.frozen.end();
+          if (frozen) {
+            EXPECT_EQ(run.params[i].second, initial[i].second) << name;
+          } else {
+            EXPECT_NE(run.params[i].second, initial[i].second) << name;
+          }
+        }
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -262,34 +265,34 @@ TEST(ClipGradNormAgreementTest, ACheckFailingOnOneRankFailsEveryRankNamingIt) {
   constexpr int kWorld = 2;
   std::vector<absl::Status> errors(kWorld);
   const absl::Time start = absl::Now();
-  absl::Status s = comm::testing::RunThreadRanks(kWorld, [&](comm::testing::RankContext& ctx)
-                                                             -> absl::Status {
-    const testing::GptTrainingSetup setup = testing::TinySetup();
-    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
-    WrapperRegistry registry;
-    ASSIGN_OR_RETURN(auto handle,
-                     FullyShard(gpt, ctx.group, testing::PerBlockOptions(ShardingStrategy::kFullShard),
-                                &registry));
-    ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
-    ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(0, 2, setup.seq_len));
-    {
-      ASSIGN_OR_RETURN(auto no_sync, NoSync(*gpt, &registry));
-      RETURN_IF_ERROR(testing::ForwardBackward(*gpt, batch).status());
-    }
-    if (ctx.rank == 0) {
-      for (const auto& unit : handle->units()) RETURN_IF_ERROR(unit->DropGradients());
-    }
-    errors[ctx.rank] = ClipGradNorm(*gpt, &registry, 1.0).status();
-    return absl::OkStatus();
-  });
+  absl::Status s =
+      comm::testing::RunThreadRanks(kWorld, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        const testing::GptTrainingSetup setup = testing::TinySetup();
+        ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
+        WrapperRegistry registry;
+        ASSIGN_OR_RETURN(
+            auto handle,
+            FullyShard(gpt, ctx.group, testing::PerBlockOptions(ShardingStrategy::kFullShard),
+                       &registry));
+        ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
+        ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(0, 2, setup.seq_len));
+        {
+          ASSIGN_OR_RETURN(auto no_sync, NoSync(*gpt, &registry));
+          RETURN_IF_ERROR(testing::ForwardBackward(*gpt, batch).status());
+        }
+        if (ctx.rank == 0) {
+          for (const auto& unit : handle->units()) RETURN_IF_ERROR(unit->DropGradients());
+        }
+        errors[ctx.rank] = ClipGradNorm(*gpt, &registry, 1.0).status();
+        return absl::OkStatus();
+      });
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // the collectives' timeout is 30 s
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_EQ(errors[r].code(), absl::StatusCode::kFailedPrecondition) << errors[r];
     EXPECT_TRUE(absl::StrContains(errors[r].message(), "rank 1: ClipGradNorm(<root> (Gpt)): unit "))
         << "rank " << r << ": " << errors[r];
-    EXPECT_TRUE(absl::StrContains(errors[r].message(), "holds unreduced gradients"))
-        << errors[r];
+    EXPECT_TRUE(absl::StrContains(errors[r].message(), "holds unreduced gradients")) << errors[r];
   }
 }
 

@@ -43,25 +43,25 @@ absl::StatusOr<std::shared_ptr<nn::Gpt>> RoundedReference(const testing::GptTrai
 // same fp32 values (same input, same operations).
 TEST(MixedPrecisionTest, ForwardComputesOnBf16RoundedWeights) {
   const testing::GptTrainingSetup setup = testing::TinySetup();
-  absl::Status s = comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx)
-                                                        -> absl::Status {
-    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
-    ASSIGN_OR_RETURN(auto rounded, RoundedReference(setup));
-    ASSIGN_OR_RETURN(auto exact, testing::MakeGpt(setup));
-    WrapperRegistry registry;
-    ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, Bf16(true, false), &registry));
-    ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
-    ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(3, 4, setup.seq_len));
-    ASSIGN_OR_RETURN(core::Tensor got, gpt->Forward(batch.inputs));
-    ASSIGN_OR_RETURN(core::Tensor want, rounded->Forward(batch.inputs));
-    ASSIGN_OR_RETURN(core::Tensor fp32, exact->Forward(batch.inputs));
-    EXPECT_EQ(got.ToVector(), want.ToVector());
-    EXPECT_NE(got.ToVector(), fp32.ToVector());  // rounding really happened
-    // The master stays exact: summoning gives the unrounded fp32 values.
-    ASSIGN_OR_RETURN(auto scope, SummonFullParams(*gpt, &registry, {/*writeback=*/false}));
-    EXPECT_EQ(testing::ParameterValues(*gpt), testing::ParameterValues(*exact));
-    return scope->Close();
-  });
+  absl::Status s =
+      comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
+        ASSIGN_OR_RETURN(auto rounded, RoundedReference(setup));
+        ASSIGN_OR_RETURN(auto exact, testing::MakeGpt(setup));
+        WrapperRegistry registry;
+        ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, Bf16(true, false), &registry));
+        ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
+        ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(3, 4, setup.seq_len));
+        ASSIGN_OR_RETURN(core::Tensor got, gpt->Forward(batch.inputs));
+        ASSIGN_OR_RETURN(core::Tensor want, rounded->Forward(batch.inputs));
+        ASSIGN_OR_RETURN(core::Tensor fp32, exact->Forward(batch.inputs));
+        EXPECT_EQ(got.ToVector(), want.ToVector());
+        EXPECT_NE(got.ToVector(), fp32.ToVector());  // rounding really happened
+        // The master stays exact: summoning gives the unrounded fp32 values.
+        ASSIGN_OR_RETURN(auto scope, SummonFullParams(*gpt, &registry, {/*writeback=*/false}));
+        EXPECT_EQ(testing::ParameterValues(*gpt), testing::ParameterValues(*exact));
+        return scope->Close();
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -75,75 +75,76 @@ TEST(MixedPrecisionTest, ForwardComputesOnBf16RoundedWeights) {
 TEST(MixedPrecisionTest, GradientsAreReducedInBf16WithinItsRoundingBound) {
   const testing::GptTrainingSetup setup = testing::TinySetup();
   constexpr int kWorld = 2;
-  absl::Status s = comm::testing::RunThreadRanks(kWorld, [&](comm::testing::RankContext& ctx)
-                                                             -> absl::Status {
-    ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
-    ASSIGN_OR_RETURN(data::TokenBatch global, language.Batch(1, 4, setup.seq_len));
-    // Per-rank full gradients of the rounded model, computed unwrapped.
-    std::vector<std::map<std::string, std::vector<float>>> per_rank(kWorld);
-    for (int r = 0; r < kWorld; ++r) {
-      ASSIGN_OR_RETURN(auto ref, RoundedReference(setup));
-      ASSIGN_OR_RETURN(data::RankSampler sampler, data::RankSampler::Create(r, kWorld));
-      ASSIGN_OR_RETURN(data::TokenBatch local, sampler.Local(global));
-      RETURN_IF_ERROR(testing::ForwardBackward(*ref, local).status());
-      for (const auto& [name, p] : ref->NamedParameters()) per_rank[r][name] = p->grad.ToVector();
-    }
-    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
-    WrapperRegistry registry;
-    ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, Bf16(true, true), &registry));
-    ASSIGN_OR_RETURN(data::RankSampler sampler, data::RankSampler::Create(ctx.rank, kWorld));
-    ASSIGN_OR_RETURN(data::TokenBatch local, sampler.Local(global));
-    RETURN_IF_ERROR(testing::ForwardBackward(*gpt, local).status());
-    const double u = std::ldexp(1.0, -8);
-    int checked = 0;
-    double max_rel = 0;
-    for (const auto& unit : handle->units()) {
-      const flatten::FlatParameter& flat = unit->flat();
-      for (size_t i = 0; i < flat.records().size(); ++i) {
-        const flatten::ParamRecord& rec = flat.records()[i];
-        const flatten::ShardSlice& slice = rec.shards[ctx.rank];
-        const std::vector<float> got = flat.params()[i]->grad.ToVector();
-        EXPECT_EQ(static_cast<int64_t>(got.size()), slice.numel()) << rec.name;
-        for (int64_t k = 0; k < slice.numel(); ++k) {
-          double mean = 0, mean_abs = 0;
-          for (int r = 0; r < kWorld; ++r) {
-            const double g = per_rank[r].at(rec.name)[slice.begin + k];
-            mean += g / kWorld;
-            mean_abs += std::abs(g) / kWorld;
-          }
-          const double bound = 1.01 * u * (mean_abs + std::abs(mean)) + 1e-30;
-          const double err = std::abs(got[k] - mean);
-          EXPECT_LE(err, bound) << rec.name << "[" << slice.begin + k << "]";
-          if (mean_abs > 1e-6) max_rel = std::max(max_rel, err / mean_abs);
-          ++checked;
+  absl::Status s =
+      comm::testing::RunThreadRanks(kWorld, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
+        ASSIGN_OR_RETURN(data::TokenBatch global, language.Batch(1, 4, setup.seq_len));
+        // Per-rank full gradients of the rounded model, computed unwrapped.
+        std::vector<std::map<std::string, std::vector<float>>> per_rank(kWorld);
+        for (int r = 0; r < kWorld; ++r) {
+          ASSIGN_OR_RETURN(auto ref, RoundedReference(setup));
+          ASSIGN_OR_RETURN(data::RankSampler sampler, data::RankSampler::Create(r, kWorld));
+          ASSIGN_OR_RETURN(data::TokenBatch local, sampler.Local(global));
+          RETURN_IF_ERROR(testing::ForwardBackward(*ref, local).status());
+          for (const auto& [name, p] : ref->NamedParameters())
+            per_rank[r][name] = p->grad.ToVector();
         }
-      }
-    }
-    EXPECT_GT(checked, 1000);
-    EXPECT_GT(max_rel, 1e-4);  // the reduction really was bf16 (fp32 would be ~1e-7)
-    return absl::OkStatus();
-  });
+        ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
+        WrapperRegistry registry;
+        ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, Bf16(true, true), &registry));
+        ASSIGN_OR_RETURN(data::RankSampler sampler, data::RankSampler::Create(ctx.rank, kWorld));
+        ASSIGN_OR_RETURN(data::TokenBatch local, sampler.Local(global));
+        RETURN_IF_ERROR(testing::ForwardBackward(*gpt, local).status());
+        const double u = std::ldexp(1.0, -8);
+        int checked = 0;
+        double max_rel = 0;
+        for (const auto& unit : handle->units()) {
+          const flatten::FlatParameter& flat = unit->flat();
+          for (size_t i = 0; i < flat.records().size(); ++i) {
+            const flatten::ParamRecord& rec = flat.records()[i];
+            const flatten::ShardSlice& slice = rec.shards[ctx.rank];
+            const std::vector<float> got = flat.params()[i]->grad.ToVector();
+            EXPECT_EQ(static_cast<int64_t>(got.size()), slice.numel()) << rec.name;
+            for (int64_t k = 0; k < slice.numel(); ++k) {
+              double mean = 0, mean_abs = 0;
+              for (int r = 0; r < kWorld; ++r) {
+                const double g = per_rank[r].at(rec.name)[slice.begin + k];
+                mean += g / kWorld;
+                mean_abs += std::abs(g) / kWorld;
+              }
+              const double bound = 1.01 * u * (mean_abs + std::abs(mean)) + 1e-30;
+              const double err = std::abs(got[k] - mean);
+              EXPECT_LE(err, bound) << rec.name << "[" << slice.begin + k << "]";
+              if (mean_abs > 1e-6) max_rel = std::max(max_rel, err / mean_abs);
+              ++checked;
+            }
+          }
+        }
+        EXPECT_GT(checked, 1000);
+        EXPECT_GT(max_rel, 1e-4);  // the reduction really was bf16 (fp32 would be ~1e-7)
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 
 // bf16 all-gathers and reduce-scatters move half of FULL_SHARD's fp32 bytes.
 TEST(MixedPrecisionTest, Bf16HalvesTheBytesOnTheWire) {
   const testing::GptTrainingSetup setup = testing::TinySetup();
-  absl::Status s = comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx)
-                                                        -> absl::Status {
-    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
-    WrapperRegistry registry;
-    ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, Bf16(true, true), &registry));
-    ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
-    ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(0, 2, setup.seq_len));
-    int64_t padded = 0;
-    for (const auto& u : handle->units()) padded += u->flat().padded_numel();
-    ctx.group->ResetStats();
-    RETURN_IF_ERROR(testing::ForwardBackward(*gpt, batch).status());
-    // 3 collectives per unit of padded * 2 bytes, (N - 1) / N = 1/2 of them per rank.
-    EXPECT_EQ(ctx.group->Stats().Total().bytes_sent, 3 * padded * 2 / 2);
-    return absl::OkStatus();
-  });
+  absl::Status s =
+      comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
+        WrapperRegistry registry;
+        ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, Bf16(true, true), &registry));
+        ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
+        ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(0, 2, setup.seq_len));
+        int64_t padded = 0;
+        for (const auto& u : handle->units()) padded += u->flat().padded_numel();
+        ctx.group->ResetStats();
+        RETURN_IF_ERROR(testing::ForwardBackward(*gpt, batch).status());
+        // 3 collectives per unit of padded * 2 bytes, (N - 1) / N = 1/2 of them per rank.
+        EXPECT_EQ(ctx.group->Stats().Total().bytes_sent, 3 * padded * 2 / 2);
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -213,31 +214,33 @@ TEST_P(MixedPrecisionTrainingTest, MatchesSingleProcessBf16ArithmeticWithinFp32T
   ASSERT_TRUE(emulated.ok()) << emulated.status();
   absl::StatusOr<testing::TrainingRun> fp32 = testing::TrainUnwrapped(setup);
   ASSERT_TRUE(fp32.ok()) << fp32.status();
-  absl::Status s = comm::testing::RunThreadRanks(world, [&](comm::testing::RankContext& ctx)
-                                                            -> absl::Status {
-    ASSIGN_OR_RETURN(testing::TrainingRun run,
-                     testing::TrainFullyShardedRank(ctx, setup, Bf16(true, true)));
-    double worst = 0;
-    RETURN_IF_ERROR(testing::CompareRuns(*emulated, run, 1e-5, 1e-6, &worst));
-    double max_loss = 0, max_param = 0;
-    for (size_t i = 0; i < run.losses.size(); ++i) {
-      max_loss = std::max(max_loss, std::abs(run.losses[i] - fp32->losses[i]));
-    }
-    for (size_t i = 0; i < run.params.size(); ++i) {
-      for (size_t k = 0; k < run.params[i].second.size(); ++k) {
-        max_param = std::max(max_param, static_cast<double>(std::abs(
-                                            run.params[i].second[k] - fp32->params[i].second[k])));
-      }
-    }
-    if (ctx.rank == 0) {
-      std::printf("N=%d bf16 vs emulation: worst |error| / tolerance %.3g; bf16 vs fp32: max "
-                  "loss diff %.3g, max param diff %.3g\n",
-                  world, worst, max_loss, max_param);
-    }
-    EXPECT_GT(std::max(max_loss, max_param), 1e-5);
-    EXPECT_LT(run.losses.back(), run.losses.front() - 0.1);  // it trains
-    return absl::OkStatus();
-  });
+  absl::Status s =
+      comm::testing::RunThreadRanks(world, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(testing::TrainingRun run,
+                         testing::TrainFullyShardedRank(ctx, setup, Bf16(true, true)));
+        double worst = 0;
+        RETURN_IF_ERROR(testing::CompareRuns(*emulated, run, 1e-5, 1e-6, &worst));
+        double max_loss = 0, max_param = 0;
+        for (size_t i = 0; i < run.losses.size(); ++i) {
+          max_loss = std::max(max_loss, std::abs(run.losses[i] - fp32->losses[i]));
+        }
+        for (size_t i = 0; i < run.params.size(); ++i) {
+          for (size_t k = 0; k < run.params[i].second.size(); ++k) {
+            max_param = std::max(
+                max_param,
+                static_cast<double>(std::abs(run.params[i].second[k] - fp32->params[i].second[k])));
+          }
+        }
+        if (ctx.rank == 0) {
+          std::printf(
+              "N=%d bf16 vs emulation: worst |error| / tolerance %.3g; bf16 vs fp32: max "
+              "loss diff %.3g, max param diff %.3g\n",
+              world, worst, max_loss, max_param);
+        }
+        EXPECT_GT(std::max(max_loss, max_param), 1e-5);
+        EXPECT_LT(run.losses.back(), run.losses.front() - 0.1);  // it trains
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(s.ok()) << s;
 }
 

@@ -66,10 +66,11 @@ absl::Status FullyShardOptions::Validate(int group_size) const {
           group_size));
     }
   } else if (hybrid_shard_size != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("FullyShardOptions.hybrid_shard_size is ", hybrid_shard_size, " but the "
-                     "strategy is ", ShardingStrategyName(strategy),
-                     "; it applies to HYBRID_SHARD only (leave it 0)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FullyShardOptions.hybrid_shard_size is ", hybrid_shard_size,
+        " but the "
+        "strategy is ",
+        ShardingStrategyName(strategy), "; it applies to HYBRID_SHARD only (leave it 0)"));
   }
   for (const auto& [dtype, name] :
        {std::pair<core::DType, const char*>{mixed_precision.param_dtype, "param_dtype"},
@@ -85,9 +86,8 @@ absl::Status FullyShardOptions::Validate(int group_size) const {
                                                    limit_all_gathers, "; it must be >= 0"));
   }
   if (timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat("FullyShardOptions.timeout is ",
-                                                   absl::FormatDuration(timeout),
-                                                   "; it must be positive"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FullyShardOptions.timeout is ", absl::FormatDuration(timeout), "; it must be positive"));
   }
   if (deterministic) {
     // NOTE [Deterministic reduction]: a tree over the ranks, in fp32.
@@ -124,8 +124,8 @@ int ShardGroupSize(const FullyShardOptions& options, int group_size) {
 
 std::string FirstDifferingOption(const FullyShardOptions& a, const FullyShardOptions& b) {
   if (std::string d = PolicyDifference("policy", a.policy, b.policy); !d.empty()) return d;
-  if (std::string d = PolicyDifference("checkpoint_policy", a.checkpoint_policy,
-                                       b.checkpoint_policy);
+  if (std::string d =
+          PolicyDifference("checkpoint_policy", a.checkpoint_policy, b.checkpoint_policy);
       !d.empty()) {
     return d;
   }
@@ -137,14 +137,14 @@ std::string FirstDifferingOption(const FullyShardOptions& a, const FullyShardOpt
     return absl::StrCat("hybrid_shard_size: ", a.hybrid_shard_size, " vs ", b.hybrid_shard_size);
   }
   if (a.mixed_precision.param_dtype != b.mixed_precision.param_dtype) {
-    return absl::StrCat("mixed_precision.param_dtype: ",
-                        core::DTypeName(a.mixed_precision.param_dtype), " vs ",
-                        core::DTypeName(b.mixed_precision.param_dtype));
+    return absl::StrCat(
+        "mixed_precision.param_dtype: ", core::DTypeName(a.mixed_precision.param_dtype), " vs ",
+        core::DTypeName(b.mixed_precision.param_dtype));
   }
   if (a.mixed_precision.reduce_dtype != b.mixed_precision.reduce_dtype) {
-    return absl::StrCat("mixed_precision.reduce_dtype: ",
-                        core::DTypeName(a.mixed_precision.reduce_dtype), " vs ",
-                        core::DTypeName(b.mixed_precision.reduce_dtype));
+    return absl::StrCat(
+        "mixed_precision.reduce_dtype: ", core::DTypeName(a.mixed_precision.reduce_dtype), " vs ",
+        core::DTypeName(b.mixed_precision.reduce_dtype));
   }
   if (a.backward_prefetch != b.backward_prefetch) {
     return absl::StrCat("backward_prefetch: ", Bool(a.backward_prefetch), " vs ",

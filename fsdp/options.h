@@ -46,8 +46,8 @@ std::string ShardingStrategyName(ShardingStrategy strategy);
 // [Mixed precision on the device] in fsdp/unit.h). On the CPU each op widens the bf16
 // weights exactly to float32 (its GEMM is oneDNN's fp32 dnnl_sgemm): "bf16 compute" there
 // means bf16-rounded operands with float32 arithmetic and accumulation, which is what a
-// bf16 GEMM with an fp32 accumulator computes as well, up to the rounding of its output. With reduce_dtype
-// bf16, the float32 full gradient is rounded to bf16 and reduce-scattered in bf16 (the
+// bf16 GEMM with an fp32 accumulator computes as well, up to the rounding of its output. With
+// reduce_dtype bf16, the float32 full gradient is rounded to bf16 and reduce-scattered in bf16 (the
 // gloo backend accumulates bf16 reductions in float32 and rounds once), then widened
 // and added into the float32 gradient shard.
 struct MixedPrecision {

@@ -26,7 +26,9 @@ TEST(OptionsTest, FirstDifferingOptionNamesTheOptionAndBothValues) {
   };
   const Change changes[] = {
       {[](FullyShardOptions* o) { o->policy = policy::Always(); }, "policy: "},
-      {[](FullyShardOptions* o) { o->checkpoint_policy = policy::EveryKth({"TransformerBlock"}, 2); },
+      {[](FullyShardOptions* o) {
+         o->checkpoint_policy = policy::EveryKth({"TransformerBlock"}, 2);
+       },
        "checkpoint_policy: never vs every_kth(TransformerBlock; k=2)"},
       {[](FullyShardOptions* o) { o->strategy = ShardingStrategy::kNoShard; },
        "strategy: FULL_SHARD vs NO_SHARD"},
@@ -80,8 +82,9 @@ TEST(OptionsTest, ValidateNamesTheOption) {
   EXPECT_TRUE(absl::StrContains(o.Validate(4).message(), "FullyShardOptions.policy"));
   o.policy = nullptr;
   o.checkpoint_policy = policy::EveryKth({"TransformerBlock"}, 0);
-  EXPECT_TRUE(absl::StrContains(o.Validate(4).message(),
-                                "FullyShardOptions.checkpoint_policy (every_kth(TransformerBlock; k=0))"))
+  EXPECT_TRUE(
+      absl::StrContains(o.Validate(4).message(),
+                        "FullyShardOptions.checkpoint_policy (every_kth(TransformerBlock; k=0))"))
       << o.Validate(4);
 }
 

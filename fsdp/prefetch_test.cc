@@ -41,8 +41,8 @@ int Find(const std::vector<std::string>& events, const std::string& event, int f
 // Success when both events were recorded and the first occurrence of `first` comes
 // before that of `second`. A missing event is a failure of its own (naming it), never a
 // position of -1 that an order comparison would accept.
-::testing::AssertionResult Before(const std::vector<std::string>& events,
-                                  const std::string& first, const std::string& second) {
+::testing::AssertionResult Before(const std::vector<std::string>& events, const std::string& first,
+                                  const std::string& second) {
   const int a = Find(events, first);
   const int b = Find(events, second);
   if (a < 0 || b < 0) {
@@ -64,22 +64,22 @@ std::vector<std::string> RecordStep(const FullyShardOptions& options, int iterat
   testing::GptTrainingSetup setup = testing::TinySetup();
   setup.gpt.n_layer = 4;
   std::vector<std::string> out;
-  absl::Status s = comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx)
-                                                        -> absl::Status {
-    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
-    ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
-    WrapperRegistry registry;
-    ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, options, &registry));
-    for (int it = 0; it < iterations; ++it) {
-      registry.ClearEvents();
-      registry.RecordEvents(true);
-      ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(it, 4, setup.seq_len));
-      RETURN_IF_ERROR(testing::ForwardBackward(*gpt, batch).status());
-      registry.RecordEvents(false);
-    }
-    if (ctx.rank == 0) out = registry.events();
-    return absl::OkStatus();
-  });
+  absl::Status s =
+      comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
+        ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
+        WrapperRegistry registry;
+        ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, options, &registry));
+        for (int it = 0; it < iterations; ++it) {
+          registry.ClearEvents();
+          registry.RecordEvents(true);
+          ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(it, 4, setup.seq_len));
+          RETURN_IF_ERROR(testing::ForwardBackward(*gpt, batch).status());
+          registry.RecordEvents(false);
+        }
+        if (ctx.rank == 0) out = registry.events();
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(s.ok()) << s;
   return out;
 }
@@ -130,8 +130,8 @@ TEST(PrefetchTest, BackwardPrefetchIssuesTheNextAllGatherBeforeTheCurrentCompute
   const std::vector<std::string> bwd = BackwardPart(RecordStep(options));
   const std::vector<std::string> order = {kRoot, Block(3), Block(2), Block(1), Block(0)};
   for (size_t i = 0; i + 1 < order.size(); ++i) {
-    EXPECT_TRUE(Before(bwd, "allgather_issued " + order[i + 1],
-                       "backward_compute_begin " + order[i]))
+    EXPECT_TRUE(
+        Before(bwd, "allgather_issued " + order[i + 1], "backward_compute_begin " + order[i]))
         << order[i + 1] << " not prefetched before " << order[i] << "'s backward";
   }
   // Exactly limit_all_gathers (2) units run ahead at the busiest moment, never more.
@@ -143,8 +143,8 @@ TEST(PrefetchTest, WithoutBackwardPrefetchTheAllGatherWaitsForTheUnitsOwnBackwar
   options.backward_prefetch = false;
   const std::vector<std::string> bwd = BackwardPart(RecordStep(options));
   for (int b = 3; b >= 1; --b) {
-    EXPECT_TRUE(Before(bwd, "backward_compute_begin " + Block(b),
-                       "allgather_issued " + Block(b - 1)));
+    EXPECT_TRUE(
+        Before(bwd, "backward_compute_begin " + Block(b), "allgather_issued " + Block(b - 1)));
   }
   EXPECT_EQ(MaxAhead(bwd, "backward_compute_begin "), 0);
 }
@@ -172,7 +172,8 @@ TEST(PrefetchTest, ForwardPrefetchFollowsThePreviousForwardsOrder) {
   EXPECT_TRUE(Before(second, "allgather_issued " + Block(0), root_compute));
   EXPECT_TRUE(Before(second, "allgather_issued " + Block(1), root_compute));
   EXPECT_TRUE(Before(second, root_compute, "allgather_issued " + Block(2)));  // limit 2
-  EXPECT_EQ(MaxAhead(ForwardPart(second), "forward_compute_begin "), 2) << absl::StrJoin(second, "\n");
+  EXPECT_EQ(MaxAhead(ForwardPart(second), "forward_compute_begin "), 2)
+      << absl::StrJoin(second, "\n");
 
   options.forward_prefetch = false;
   const std::vector<std::string> plain = RecordStep(options, 2);
@@ -200,28 +201,30 @@ TEST(CommTimingTest, CountsEveryWaitedCollectiveWithItsRunTime) {
   testing::GptTrainingSetup setup = testing::TinySetup();
   setup.gpt.n_layer = 4;
   std::vector<CommTiming> timings(2);
-  absl::Status s = comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx)
-                                                        -> absl::Status {
-    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
-    ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
-    WrapperRegistry registry;
-    ASSIGN_OR_RETURN(auto handle, FullyShard(gpt, ctx.group, testing::PerBlockOptions(ShardingStrategy::kFullShard),
-                                                 &registry));
-    ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(0, 4, setup.seq_len));
-    RETURN_IF_ERROR(testing::ForwardBackward(*gpt, batch).status());
-    const CommTiming first = registry.runtime().comm_timing();
-    registry.runtime().ResetCommTiming();
-    if (registry.runtime().comm_timing().all_gathers != 0) {
-      return absl::InternalError("ResetCommTiming left counts");
-    }
-    RETURN_IF_ERROR(testing::ForwardBackward(*gpt, batch).status());
-    timings[ctx.rank] = registry.runtime().comm_timing();
-    if (first.all_gathers != timings[ctx.rank].all_gathers) {
-      return absl::InternalError(absl::StrCat("steps differ: ", first.all_gathers, " vs ",
-                                              timings[ctx.rank].all_gathers, " all-gathers"));
-    }
-    return absl::OkStatus();
-  });
+  absl::Status s =
+      comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
+        ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
+        WrapperRegistry registry;
+        ASSIGN_OR_RETURN(
+            auto handle,
+            FullyShard(gpt, ctx.group, testing::PerBlockOptions(ShardingStrategy::kFullShard),
+                       &registry));
+        ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(0, 4, setup.seq_len));
+        RETURN_IF_ERROR(testing::ForwardBackward(*gpt, batch).status());
+        const CommTiming first = registry.runtime().comm_timing();
+        registry.runtime().ResetCommTiming();
+        if (registry.runtime().comm_timing().all_gathers != 0) {
+          return absl::InternalError("ResetCommTiming left counts");
+        }
+        RETURN_IF_ERROR(testing::ForwardBackward(*gpt, batch).status());
+        timings[ctx.rank] = registry.runtime().comm_timing();
+        if (first.all_gathers != timings[ctx.rank].all_gathers) {
+          return absl::InternalError(absl::StrCat("steps differ: ", first.all_gathers, " vs ",
+                                                  timings[ctx.rank].all_gathers, " all-gathers"));
+        }
+        return absl::OkStatus();
+      });
   ASSERT_TRUE(s.ok()) << s;
   for (const CommTiming& t : timings) {
     EXPECT_EQ(t.all_gathers, 10);
@@ -301,7 +304,8 @@ class StreamOrderedGroup : public comm::ProcessGroup {
   absl::StatusOr<std::shared_ptr<comm::Work>> Wrap(
       absl::StatusOr<std::shared_ptr<comm::Work>> work) {
     if (!work.ok()) return work;
-    return std::shared_ptr<comm::Work>(std::make_shared<StreamOrderedWork>(*std::move(work), known_));
+    return std::shared_ptr<comm::Work>(
+        std::make_shared<StreamOrderedWork>(*std::move(work), known_));
   }
   const std::shared_ptr<comm::ProcessGroup> inner_;
   const std::shared_ptr<std::atomic<bool>> known_;
@@ -314,24 +318,25 @@ TEST(CommTimingTest, CountsStreamOrderedWaitsOnceTheirTimingIsKnown) {
   testing::GptTrainingSetup setup = testing::TinySetup();
   setup.gpt.n_layer = 4;
   std::vector<CommTiming> before(2), after(2), again(2);
-  absl::Status s = comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx)
-                                                        -> absl::Status {
-    auto known = std::make_shared<std::atomic<bool>>(false);
-    auto group = std::make_shared<StreamOrderedGroup>(ctx.group, known);
-    ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
-    ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
-    WrapperRegistry registry;
-    ASSIGN_OR_RETURN(auto handle,
-                     FullyShard(gpt, group, testing::PerBlockOptions(ShardingStrategy::kFullShard),
-                                &registry));
-    ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(0, 4, setup.seq_len));
-    RETURN_IF_ERROR(testing::ForwardBackward(*gpt, batch).status());
-    before[ctx.rank] = registry.runtime().comm_timing();
-    known->store(true);
-    after[ctx.rank] = registry.runtime().comm_timing();
-    again[ctx.rank] = registry.runtime().comm_timing();
-    return absl::OkStatus();
-  });
+  absl::Status s =
+      comm::testing::RunThreadRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
+        auto known = std::make_shared<std::atomic<bool>>(false);
+        auto group = std::make_shared<StreamOrderedGroup>(ctx.group, known);
+        ASSIGN_OR_RETURN(auto gpt, testing::MakeGpt(setup));
+        ASSIGN_OR_RETURN(data::MarkovLanguage language, testing::MakeLanguage(setup));
+        WrapperRegistry registry;
+        ASSIGN_OR_RETURN(
+            auto handle,
+            FullyShard(gpt, group, testing::PerBlockOptions(ShardingStrategy::kFullShard),
+                       &registry));
+        ASSIGN_OR_RETURN(data::TokenBatch batch, language.Batch(0, 4, setup.seq_len));
+        RETURN_IF_ERROR(testing::ForwardBackward(*gpt, batch).status());
+        before[ctx.rank] = registry.runtime().comm_timing();
+        known->store(true);
+        after[ctx.rank] = registry.runtime().comm_timing();
+        again[ctx.rank] = registry.runtime().comm_timing();
+        return absl::OkStatus();
+      });
   ASSERT_TRUE(s.ok()) << s;
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_EQ(before[rank].all_gathers, 0);

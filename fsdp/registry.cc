@@ -115,8 +115,7 @@ std::shared_ptr<Unit> WrapperRegistry::OwningUnit(core::Module& module) {
   std::shared_ptr<Unit> best;
   size_t best_size = 0;
   for (const auto& [ptr, entry] : entries_) {
-    if (ptr == &module || entry.unit == nullptr ||
-        entry.unit->state() == UnitState::kReleased) {
+    if (ptr == &module || entry.unit == nullptr || entry.unit->state() == UnitState::kReleased) {
       continue;
     }
     std::shared_ptr<core::Module> root = entry.module.lock();

@@ -21,8 +21,8 @@ absl::StatusOr<std::shared_ptr<Unit>> Lock(const std::weak_ptr<Unit>& weak) {
 
 absl::Status CheckNotSummoned(const Unit& unit, const char* what) {
   if (unit.summoned()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "fsdp unit ", unit.label(), ": ", what, " inside SummonFullParams; close it first"));
+    return absl::FailedPreconditionError(absl::StrCat("fsdp unit ", unit.label(), ": ", what,
+                                                      " inside SummonFullParams; close it first"));
   }
   return absl::OkStatus();
 }
@@ -37,8 +37,8 @@ absl::Status Runtime::Attach(const std::shared_ptr<Unit>& unit) {
   }
   std::weak_ptr<Unit> weak_unit = unit;
   std::weak_ptr<Runtime> weak_self = shared_from_this();
-  auto call = [weak_unit, weak_self](absl::Status (Runtime::*method)(
-                  const std::shared_ptr<Unit>&)) -> absl::Status {
+  auto call = [weak_unit, weak_self](
+                  absl::Status (Runtime::*method)(const std::shared_ptr<Unit>&)) -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Unit> u, Lock(weak_unit));
     std::shared_ptr<Runtime> self = weak_self.lock();
     if (self == nullptr) {
@@ -51,8 +51,7 @@ absl::Status Runtime::Attach(const std::shared_ptr<Unit>& unit) {
   // NOTE [Recompute] in runtime.h: the forward hooks also run in a recompute.
   const core::HookOptions in_recompute{.run_in_recompute = true};
   hooks.push_back(module->RegisterForwardPreHook(
-      [call](core::Module&, core::Tensors&) { return call(&Runtime::ForwardPre); },
-      in_recompute));
+      [call](core::Module&, core::Tensors&) { return call(&Runtime::ForwardPre); }, in_recompute));
   hooks.push_back(module->RegisterForwardPostHook(
       [call](core::Module&, const core::Tensors&, core::Tensors&) {
         return call(&Runtime::ForwardPost);
@@ -72,9 +71,9 @@ absl::Status Runtime::Attach(const std::shared_ptr<Unit>& unit) {
 
 absl::Status Runtime::CheckIdle(const std::string& what) const {
   if (active_.empty()) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      what, ": a ", in_backward_ ? "backward" : "forward", " is in progress (unit ",
-      active_.back()->label(), " is computing)"));
+  return absl::FailedPreconditionError(
+      absl::StrCat(what, ": a ", in_backward_ ? "backward" : "forward", " is in progress (unit ",
+                   active_.back()->label(), " is computing)"));
 }
 
 void Runtime::Record(const std::string& event, const Unit* unit) {
@@ -154,9 +153,9 @@ absl::Status Runtime::ForwardPre(const std::shared_ptr<Unit>& unit) {
   if (core::InRecompute()) {
     // NOTE [Recompute]: gather for the backward that follows; no forward bookkeeping.
     if (!in_backward_ || active_.empty() || IsActive(unit.get())) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "fsdp unit ", unit->label(),
-          ": a recomputed forward outside the backward of an enclosing unit"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("fsdp unit ", unit->label(),
+                       ": a recomputed forward outside the backward of an enclosing unit"));
     }
     active_.push_back(unit);
     RETURN_IF_ERROR(IssueUnshard(*unit));
@@ -223,9 +222,9 @@ absl::Status Runtime::BackwardPre(const std::shared_ptr<Unit>& unit) {
 
 absl::Status Runtime::BackwardPost(const std::shared_ptr<Unit>& unit) {
   if (active_.empty() || active_.back() != unit) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "fsdp unit ", unit->label(),
-        ": backward ended but it is not the innermost computing unit"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("fsdp unit ", unit->label(),
+                     ": backward ended but it is not the innermost computing unit"));
   }
   active_.pop_back();
   // At most one reduction in flight: it keeps a full gradient buffer alive. (Host

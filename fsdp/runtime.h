@@ -43,8 +43,8 @@
 //
 // Events (recorded only while set_record_events(true)), each "<event> <unit label>":
 //   allgather_issued, forward_compute_begin, recompute_begin, reshard,
-//   backward_compute_begin, reduce_issued, reduce_done, plus "backward_end" (no label) when a backward ends and
-//   "aborted_pass" when a pass that an error interrupted is cleaned up.
+//   backward_compute_begin, reduce_issued, reduce_done, plus "backward_end" (no label) when a
+//   backward ends and "aborted_pass" when a pass that an error interrupted is cleaned up.
 //
 // A forward or backward interrupted by an error leaves units on the computing stack.
 // The next forward or backward that reaches one of them cleans up: it waits for pending
@@ -122,7 +122,7 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   // Ends a backward: waits for reductions and reshards whatever is left unsharded.
   absl::Status EndBackward();
 
-  std::vector<std::weak_ptr<Unit>> attached_;    // every unit Attach()ed
+  std::vector<std::weak_ptr<Unit>> attached_;  // every unit Attach()ed
   std::vector<std::shared_ptr<Unit>> active_;  // computing now, outermost first
   bool in_backward_ = false;
   // Units in the order their forward pre-hooks ran this iteration and the last one.

@@ -22,11 +22,12 @@ struct Location {
 };
 
 absl::StatusOr<std::map<const core::Parameter*, Location>> Locate(core::Module& module,
-                                                                   WrapperRegistry* registry,
-                                                                   const std::string& prefix) {
+                                                                  WrapperRegistry* registry,
+                                                                  const std::string& prefix) {
   if (registry == nullptr) return absl::InvalidArgumentError(prefix + "the registry is null");
-  ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Unit>> units,
-                   registry->UnitsForOperation(module, prefix, "not allowed", "use that unit's root"));
+  ASSIGN_OR_RETURN(
+      std::vector<std::shared_ptr<Unit>> units,
+      registry->UnitsForOperation(module, prefix, "not allowed", "use that unit's root"));
   std::map<const core::Parameter*, Location> out;
   for (const auto& u : units) {
     RETURN_IF_ERROR(u->CheckUsable("use a state dict"));
@@ -46,8 +47,7 @@ absl::Status ReshardAll(const std::map<const core::Parameter*, Location>& where)
   std::set<Unit*> done;
   for (const auto& [p, loc] : where) {
     if (!done.insert(loc.unit.get()).second) continue;
-    if (loc.unit->state() == UnitState::kUnsharding ||
-        loc.unit->state() == UnitState::kUnsharded) {
+    if (loc.unit->state() == UnitState::kUnsharding || loc.unit->state() == UnitState::kUnsharded) {
       RETURN_IF_ERROR(loc.unit->Reshard());
     }
   }
@@ -57,16 +57,16 @@ absl::Status ReshardAll(const std::map<const core::Parameter*, Location>& where)
 // The entries of `dict` by name; InvalidArgument for a repeated or unexpected key.
 template <typename Entry, typename NameOf>
 absl::StatusOr<std::map<std::string, const Entry*>> Index(
-    const std::vector<Entry>& dict, const std::vector<core::NamedParameter>& params,
-    NameOf name_of, const std::string& prefix) {
+    const std::vector<Entry>& dict, const std::vector<core::NamedParameter>& params, NameOf name_of,
+    const std::string& prefix) {
   std::set<std::string> expected;
   for (const auto& [name, p] : params) expected.insert(name);
   std::map<std::string, const Entry*> out;
   for (const Entry& e : dict) {
     const std::string& name = name_of(e);
     if (!expected.count(name)) {
-      return absl::InvalidArgumentError(absl::StrCat(prefix, "unexpected key '", name,
-                                                     "': the module has no such parameter"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, "unexpected key '", name, "': the module has no such parameter"));
     }
     if (!out.emplace(name, &e).second) {
       return absl::InvalidArgumentError(absl::StrCat(prefix, "key '", name, "' appears twice"));
@@ -113,7 +113,8 @@ absl::StatusOr<std::vector<ShardedTensor>> ShardedStateDict(core::Module& module
     if (it == where.end()) {
       if (p->deferred()) {
         return absl::FailedPreconditionError(absl::StrCat(
-            prefix, "parameter '", name, "' is deferred and not materialized (NOTE [Deferred "
+            prefix, "parameter '", name,
+            "' is deferred and not materialized (NOTE [Deferred "
             "initialisation] in core/param_init.h): wrap the model with FullyShard first, then "
             "its shards are saved or loaded"));
       }
@@ -135,7 +136,8 @@ absl::StatusOr<std::vector<ShardedTensor>> ShardedStateDict(core::Module& module
       t.shard_rank = unit.groups().shard_rank;
       t.shard_size = unit.groups().shard_size;
       t.replicated = t.shard_size == 1;
-      ASSIGN_OR_RETURN(core::Tensor part, unit.flat().shard().View(slice.shard_offset, {slice.numel()}));
+      ASSIGN_OR_RETURN(core::Tensor part,
+                       unit.flat().shard().View(slice.shard_offset, {slice.numel()}));
       ASSIGN_OR_RETURN(t.local, part.ToDType(core::DType::kFloat32, core::MemoryTag::kOther));
     }
     out.push_back(std::move(t));
@@ -181,15 +183,14 @@ absl::StatusOr<LoadPlan> PlanFullLoad(core::Module& module, WrapperRegistry* reg
   ASSIGN_OR_RETURN(plan.where, Locate(module, registry, prefix));
   const std::vector<core::NamedParameter> params = module.NamedParameters();
   using Entry = std::pair<std::string, core::Tensor>;
-  ASSIGN_OR_RETURN(auto index,
-                   Index<Entry>(dict, params, [](const Entry& e) -> const std::string& {
-                     return e.first;
-                   }, prefix));
+  ASSIGN_OR_RETURN(
+      auto index,
+      Index<Entry>(
+          dict, params, [](const Entry& e) -> const std::string& { return e.first; }, prefix));
   for (const auto& [name, p] : params) {
     const core::Tensor& v = index.at(name)->second;
     auto it = plan.where.find(p.get());
-    const core::Shape& shape =
-        it == plan.where.end() ? p->data.shape() : it->second.record->shape;
+    const core::Shape& shape = it == plan.where.end() ? p->data.shape() : it->second.record->shape;
     if (!v.defined() || v.shape() != shape ||
         (v.dtype() != core::DType::kFloat32 && v.dtype() != core::DType::kBFloat16)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -219,10 +220,10 @@ absl::StatusOr<LoadPlan> PlanShardedLoad(core::Module& module, WrapperRegistry* 
   LoadPlan plan;
   ASSIGN_OR_RETURN(plan.where, Locate(module, registry, prefix));
   const std::vector<core::NamedParameter> params = module.NamedParameters();
-  ASSIGN_OR_RETURN(auto index,
-                   Index<ShardedTensor>(dict, params, [](const ShardedTensor& e)
-                                                          -> const std::string& { return e.name; },
-                                        prefix));
+  ASSIGN_OR_RETURN(
+      auto index, Index<ShardedTensor>(
+                      dict, params,
+                      [](const ShardedTensor& e) -> const std::string& { return e.name; }, prefix));
   for (const auto& [name, p] : params) {
     const ShardedTensor& t = *index.at(name);
     auto it = plan.where.find(p.get());
@@ -245,11 +246,11 @@ absl::StatusOr<LoadPlan> PlanShardedLoad(core::Module& module, WrapperRegistry* 
     }
     if (t.begin != begin || t.end != end || t.shard_rank != shard_rank ||
         t.shard_size != shard_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          prefix, "key '", name, "' was saved as elements [", t.begin, ", ", t.end,
-          ") on shard rank ", t.shard_rank, " of ", t.shard_size, ", but this rank holds [",
-          begin, ", ", end, ") on shard rank ", shard_rank, " of ", shard_size,
-          "; a different layout: load a full state dict instead"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, "key '", name, "' was saved as elements [", t.begin, ", ", t.end,
+                       ") on shard rank ", t.shard_rank, " of ", t.shard_size,
+                       ", but this rank holds [", begin, ", ", end, ") on shard rank ", shard_rank,
+                       " of ", shard_size, "; a different layout: load a full state dict instead"));
     }
     if (!t.local.defined() || t.local.numel() != end - begin ||
         (t.local.dtype() != core::DType::kFloat32 && t.local.dtype() != core::DType::kBFloat16)) {

@@ -38,11 +38,11 @@ namespace {
 
 // SummonFullParams' checks on this rank; the units to gather.
 absl::StatusOr<std::vector<std::shared_ptr<Unit>>> CheckSummonable(core::Module& module,
-                                                                  WrapperRegistry* registry,
-                                                                  const std::string& prefix) {
-  ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Unit>> units,
-                   registry->UnitsForOperation(module, prefix, "cannot summon",
-                                               "summon that unit's root"));
+                                                                   WrapperRegistry* registry,
+                                                                   const std::string& prefix) {
+  ASSIGN_OR_RETURN(
+      std::vector<std::shared_ptr<Unit>> units,
+      registry->UnitsForOperation(module, prefix, "cannot summon", "summon that unit's root"));
   for (const auto& u : units) {
     RETURN_IF_ERROR(u->CheckUsable("summon full parameters"));
     if (u->summoned()) {
@@ -62,12 +62,14 @@ absl::StatusOr<std::unique_ptr<FullParamsScope>> SummonFullParams(core::Module& 
   if (registry == nullptr) return absl::InvalidArgumentError(prefix + "the registry is null");
   if (options.writeback && options.rank0_only) {
     return absl::InvalidArgumentError(
-        prefix + "SummonOptions.writeback cannot be combined with SummonOptions.rank0_only: "
-                 "ranks other than 0 hold no full values to write back");
+        prefix +
+        "SummonOptions.writeback cannot be combined with SummonOptions.rank0_only: "
+        "ranks other than 0 hold no full values to write back");
   }
   // Checks on this rank, then every rank agrees (NOTE [Agree before acting] in
   // fsdp/internal/unit_agreement.h) before the gathers.
-  absl::StatusOr<std::vector<std::shared_ptr<Unit>>> units = CheckSummonable(module, registry, prefix);
+  absl::StatusOr<std::vector<std::shared_ptr<Unit>>> units =
+      CheckSummonable(module, registry, prefix);
   RETURN_IF_ERROR(internal::AgreeAcrossUnitGroups(
       module, registry, units.status(), absl::StrCat("SummonFullParams(", module.Describe(), ")")));
   RETURN_IF_ERROR(registry->runtime().FinishAllReductions());
@@ -75,7 +77,8 @@ absl::StatusOr<std::unique_ptr<FullParamsScope>> SummonFullParams(core::Module& 
   for (const auto& u : *units) {
     if (u->state() == UnitState::kUnsharding) RETURN_IF_ERROR(u->FinishUnshard());
     if (u->state() == UnitState::kUnsharded && !u->full_is_exact()) RETURN_IF_ERROR(u->Reshard());
-    if (u->state() == UnitState::kSharded) RETURN_IF_ERROR(u->IssueUnshard(/*full_precision=*/true));
+    if (u->state() == UnitState::kSharded)
+      RETURN_IF_ERROR(u->IssueUnshard(/*full_precision=*/true));
   }
   bool holds_full = true;
   for (const auto& u : *units) {

@@ -70,9 +70,8 @@ class FullParamsScope {
 // checks run on each rank and the ranks agree on them before gathering (NOTE [Agree
 // before acting] in fsdp/internal/unit_agreement.h): a check that fails on some ranks
 // only fails every rank with "rank <r>: <its error>", and nothing is gathered.
-absl::StatusOr<std::unique_ptr<FullParamsScope>> SummonFullParams(core::Module& module,
-                                                                  WrapperRegistry* registry,
-                                                                  const SummonOptions& options = {});
+absl::StatusOr<std::unique_ptr<FullParamsScope>> SummonFullParams(
+    core::Module& module, WrapperRegistry* registry, const SummonOptions& options = {});
 
 }  // namespace fsdp
 

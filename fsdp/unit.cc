@@ -65,10 +65,10 @@ absl::StatusOr<std::shared_ptr<Unit>> Unit::Create(const std::shared_ptr<core::M
     return absl::InvalidArgumentError("fsdp::Unit::Create: null module or FlatParameter");
   }
   if (flat->world_size() != groups.shard_size || flat->rank() != groups.shard_rank) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "fsdp unit ", module->Describe(), ": FlatParameter is rank ", flat->rank(), " of ",
-        flat->world_size(), " but the shard group is rank ", groups.shard_rank, " of ",
-        groups.shard_size));
+    return absl::FailedPreconditionError(
+        absl::StrCat("fsdp unit ", module->Describe(), ": FlatParameter is rank ", flat->rank(),
+                     " of ", flat->world_size(), " but the shard group is rank ", groups.shard_rank,
+                     " of ", groups.shard_size));
   }
   std::shared_ptr<Unit> unit(new Unit());
   unit->label_ = module->Describe();
@@ -92,9 +92,8 @@ bool Unit::reshard_after_forward() const {
 
 absl::Status Unit::CheckUsable(const std::string& what) const {
   if (state_ == UnitState::kFailed) {
-    return absl::FailedPreconditionError(absl::StrCat("fsdp unit ", label_, ": cannot ", what,
-                                                      " after an earlier error: ",
-                                                      failure_.message()));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fsdp unit ", label_, ": cannot ", what, " after an earlier error: ", failure_.message()));
   }
   if (state_ == UnitState::kReleased) {
     return absl::FailedPreconditionError(
@@ -108,8 +107,7 @@ absl::Status Unit::CheckState(UnitState expected, const std::string& what) const
   if (state_ != expected) {
     return absl::FailedPreconditionError(absl::StrCat("fsdp unit ", label_, ": ", what,
                                                       " needs state ", UnitStateName(expected),
-                                                      " but the unit is ",
-                                                      UnitStateName(state_)));
+                                                      " but the unit is ", UnitStateName(state_)));
   }
   return absl::OkStatus();
 }
@@ -121,8 +119,7 @@ namespace {
 // them (an all-reduce makes two passes: reduce-scatter, then all-gather).
 void RecordCollective(const char* name, const core::Tensor& full_buffer, int ranks,
                       int passes = 1) {
-  const double bus_bytes =
-      static_cast<double>(full_buffer.nbytes()) * passes * (ranks - 1) / ranks;
+  const double bus_bytes = static_cast<double>(full_buffer.nbytes()) * passes * (ranks - 1) / ranks;
   core::RecordOp(core::OpCategory::kCollective, name,
                  core::OpCost{0, bus_bytes, 1, core::OpEngine::kCollective});
 }
@@ -231,8 +228,7 @@ absl::Status Unit::IssueUnshard(bool full_precision) {
 absl::Status Unit::FinishUnshard() {
   RETURN_IF_ERROR(CheckState(UnitState::kUnsharding, "finish unsharding"));
   if (gather_work_ != nullptr) {
-    if (absl::Status s = WaitCounted(gather_work_, /*host=*/false, /*gather=*/true);
-        !s.ok()) {
+    if (absl::Status s = WaitCounted(gather_work_, /*host=*/false, /*gather=*/true); !s.ok()) {
       return Fail(s);
     }
   }
@@ -257,10 +253,10 @@ absl::Status Unit::Reshard() {
 absl::Status Unit::WriteBackLocalChunk() {
   RETURN_IF_ERROR(CheckState(UnitState::kUnsharded, "write back"));
   if (!full_exact_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "fsdp unit ", label_, ": cannot write back from a ",
-        core::DTypeName(options_.mixed_precision.param_dtype),
-        " unshard; it would overwrite the float32 master shard with rounded values"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("fsdp unit ", label_, ": cannot write back from a ",
+                     core::DTypeName(options_.mixed_precision.param_dtype),
+                     " unshard; it would overwrite the float32 master shard with rounded values"));
   }
   if (absl::Status s = flat_->CopyFullToShard(); !s.ok()) return Fail(s);
   return absl::OkStatus();
@@ -346,9 +342,10 @@ absl::Status Unit::PrepareGradients() {
 absl::Status Unit::ReduceGradients() {
   RETURN_IF_ERROR(CheckState(UnitState::kUnsharded, "reduce gradients"));
   if (!flat_->full_grad().defined()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "fsdp unit ", label_, ": reduce gradients without a full gradient buffer (did the "
-        "backward pre-hook run?)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("fsdp unit ", label_,
+                     ": reduce gradients without a full gradient buffer (did the "
+                     "backward pre-hook run?)"));
   }
   if (reduce_pending_) {
     return absl::FailedPreconditionError(
@@ -440,9 +437,9 @@ absl::Status Unit::ReduceDeterministic() {
 absl::StatusOr<core::Tensor> Unit::HostStaging(core::DType dtype) {
   if (!reduce_host_.defined() || reduce_host_.dtype() != dtype) {
     core::ScopedAllocator pinned(core::Allocator::PinnedHost());
-    ASSIGN_OR_RETURN(reduce_host_, core::Tensor::Allocate({flat_->shard_numel()}, dtype,
-                                                          core::MemoryTag::kComm,
-                                                          core::Device::Cpu()));
+    ASSIGN_OR_RETURN(reduce_host_,
+                     core::Tensor::Allocate({flat_->shard_numel()}, dtype, core::MemoryTag::kComm,
+                                            core::Device::Cpu()));
   }
   return reduce_host_;
 }
@@ -455,8 +452,7 @@ absl::Status Unit::FinishReduction() {
     // NOTE [CPU offload]: it copies its chunk to the host; FinishHostGradients waits.
     host_work_ = std::move(reduce_work_);
   } else if (reduce_work_ != nullptr) {
-    if (absl::Status s = WaitCounted(reduce_work_, /*host=*/false, /*gather=*/false);
-        !s.ok()) {
+    if (absl::Status s = WaitCounted(reduce_work_, /*host=*/false, /*gather=*/false); !s.ok()) {
       return Fail(s);
     }
   }
@@ -491,8 +487,8 @@ absl::Status Unit::FinishReduction() {
   } else if (reduce_accumulates_) {
     // The reduce-scatter added it (its Work is complete, or on CUDA ordered before what
     // the compute stream runs next).
-  } else if (absl::Status s = internal::AddInto(flat_->shard_grad(), reduce_output_,
-                                                "fsdp unit " + label_);
+  } else if (absl::Status s =
+                 internal::AddInto(flat_->shard_grad(), reduce_output_, "fsdp unit " + label_);
              !s.ok()) {
     return Fail(s);
   }
@@ -507,8 +503,7 @@ absl::Status Unit::FinishHostGradients() {
   if (!host_add_pending_) return absl::OkStatus();
   RETURN_IF_ERROR(CheckUsable("add a gradient into the host shard"));
   if (host_work_ != nullptr) {
-    if (absl::Status s = WaitCounted(host_work_, /*host=*/true, /*gather=*/false);
-        !s.ok()) {
+    if (absl::Status s = WaitCounted(host_work_, /*host=*/true, /*gather=*/false); !s.ok()) {
       return Fail(s);
     }
   } else if (absl::Status s = core::cuda::Synchronize(flat_->device()); !s.ok()) {

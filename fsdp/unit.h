@@ -43,8 +43,8 @@
 // device (the module's). With param_dtype bf16, the all-gather casts the float32 shard
 // itself (AllGatherOptions::stage_from: on NCCL's stream, not the compute stream; a
 // one-rank shard group, with no collective, casts on the compute stream) and writes
-// straight into a bf16 full buffer and Parameter::data are bf16 views of it during forward and backward
-// (no float32 copy; the layers take bf16 weights on every device, the CPU ones widening
+// straight into a bf16 full buffer and Parameter::data are bf16 views of it during forward and
+// backward (no float32 copy; the layers take bf16 weights on every device, the CPU ones widening
 // them exactly inside each op), while gradients stay float32 (the full gradient buffer,
 // the gradient shard) and the shard stays the float32 master. The CPU and CUDA paths
 // hold the same buffers, so an op list recorded on the CPU is the GPU's

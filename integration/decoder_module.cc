@@ -90,8 +90,8 @@ absl::Status DecoderTrainModule::Init(const DecoderTrainOptions& options, Decode
          {std::pair{&*train_tokens_, "data_path"}, std::pair{&*eval_tokens_, "eval_data_path"}}) {
       if (tokens->NumWindows(options.seq_len) < 1) {
         return absl::InvalidArgumentError(absl::StrCat(
-            name, ".", option, ": ", tokens->num_tokens(), " tokens, fewer than seq_len + 1 = ",
-            options.seq_len + 1, " (one window)"));
+            name, ".", option, ": ", tokens->num_tokens(),
+            " tokens, fewer than seq_len + 1 = ", options.seq_len + 1, " (one window)"));
       }
     }
   }

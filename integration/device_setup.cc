@@ -25,8 +25,7 @@ DeviceAvailability DeviceAvailability::Probe() {
 }
 
 absl::StatusOr<DeviceChoice> ChooseDeviceAndBackend(absl::string_view device_flag,
-                                                    absl::string_view backend_flag,
-                                                    int local_rank,
+                                                    absl::string_view backend_flag, int local_rank,
                                                     const DeviceAvailability& available) {
   absl::StatusOr<comm::Backend> backend = comm::ParseBackend(backend_flag);
   if (!backend.ok()) {
@@ -39,8 +38,7 @@ absl::StatusOr<DeviceChoice> ChooseDeviceAndBackend(absl::string_view device_fla
           "--device=cpu --backend=nccl: NCCL reduces GPU buffers and the model computes on the "
           "CPU; use --backend=gloo (or auto), or --device=cuda");
     }
-    choice.backend =
-        *backend == comm::Backend::kShm ? comm::Backend::kShm : comm::Backend::kGloo;
+    choice.backend = *backend == comm::Backend::kShm ? comm::Backend::kShm : comm::Backend::kGloo;
     return choice;
   }
   if (device_flag != "cuda") {
@@ -54,8 +52,8 @@ absl::StatusOr<DeviceChoice> ChooseDeviceAndBackend(absl::string_view device_fla
         "`bazel build --config=cuda //trainer:main_job` (or use --device=cpu)");
   }
   if (!available.gpus.ok()) {
-    return absl::UnavailableError(absl::StrCat("--device=cuda: no usable GPU: ",
-                                               available.gpus.status().message()));
+    return absl::UnavailableError(
+        absl::StrCat("--device=cuda: no usable GPU: ", available.gpus.status().message()));
   }
   if (*available.gpus <= 0) {
     return absl::UnavailableError("--device=cuda: no usable GPU: the CUDA runtime sees 0 devices");
@@ -99,8 +97,8 @@ absl::StatusOr<DeviceMemoryInfo> ReadDeviceMemoryInfo(core::Device device) {
   size_t free_bytes = 0, total_bytes = 0;
   if (err == cudaSuccess) err = cudaMemGetInfo(&free_bytes, &total_bytes);
   if (err != cudaSuccess) {
-    return absl::UnavailableError(absl::StrCat("cudaMemGetInfo on ", device.ToString(), ": ",
-                                               cudaGetErrorString(err)));
+    return absl::UnavailableError(
+        absl::StrCat("cudaMemGetInfo on ", device.ToString(), ": ", cudaGetErrorString(err)));
   }
   DeviceMemoryInfo info;
   info.free_bytes = static_cast<int64_t>(free_bytes);
@@ -113,9 +111,9 @@ absl::StatusOr<DeviceMemoryInfo> ReadDeviceMemoryInfo(core::Device device) {
 }
 
 double GptFlopsPerToken(int64_t num_params, int64_t n_layer, int64_t seq_len, int64_t n_embd) {
-  return 6.0 * static_cast<double>(num_params) +
-         12.0 * static_cast<double>(n_layer) * static_cast<double>(seq_len) *
-             static_cast<double>(n_embd);
+  return 6.0 * static_cast<double>(num_params) + 12.0 * static_cast<double>(n_layer) *
+                                                     static_cast<double>(seq_len) *
+                                                     static_cast<double>(n_embd);
 }
 
 std::optional<double> PeakBf16FlopsFromName(absl::string_view device_name) {

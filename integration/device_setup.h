@@ -55,8 +55,7 @@ struct DeviceChoice {
 // Applies the rules in the header comment to the flag values. InvalidArgument for an
 // unknown device or backend name.
 absl::StatusOr<DeviceChoice> ChooseDeviceAndBackend(absl::string_view device_flag,
-                                                    absl::string_view backend_flag,
-                                                    int local_rank,
+                                                    absl::string_view backend_flag, int local_rank,
                                                     const DeviceAvailability& available);
 
 // Moves every parameter of `module` (data and, when defined, grad) to `device`,

@@ -40,8 +40,7 @@ std::map<std::string, std::string> ForwardingTrainModule::DataPosition(int64_t g
   return inner_->DataPosition(global_step, batch_size);
 }
 
-std::optional<int64_t> ForwardingTrainModule::EvaluationBatches(Stage stage,
-                                                                int batch_size) const {
+std::optional<int64_t> ForwardingTrainModule::EvaluationBatches(Stage stage, int batch_size) const {
   return inner_->EvaluationBatches(stage, batch_size);
 }
 

@@ -51,7 +51,7 @@ TEST(LanguageVocabTest, KeepsVocabulariesTheTableAllowsAndCapsTheRest) {
   EXPECT_EQ(LanguageVocabFor(4096, 1), 4096);  // 4096^2 = 2^24 transition probabilities
   EXPECT_EQ(LanguageVocabFor(4097, 1), kCappedLanguageVocab);
   EXPECT_EQ(LanguageVocabFor(50304, 1), kCappedLanguageVocab);
-  EXPECT_EQ(LanguageVocabFor(256, 2), 256);    // 256^3 = 2^24
+  EXPECT_EQ(LanguageVocabFor(256, 2), 256);  // 256^3 = 2^24
   EXPECT_EQ(LanguageVocabFor(300, 2), kCappedLanguageVocab);
   // 100^4 > 2^24: capped, but never above the model's own vocabulary (min(V, 128)).
   EXPECT_EQ(LanguageVocabFor(100, 3), 100);

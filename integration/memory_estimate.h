@@ -58,11 +58,11 @@
 //                 against the measured peak on the CPU: at or above it and within 5%, with
 //                 none, some and every block checkpointed. On a CUDA device under bf16 the
 //                 formula is an upper bound: bf16 activations and the fused attention
-//                 (its output and row statistics, no T x T probabilities) keep less. The formula is the GPT's caches; for
-//                 another model (the main job's --model=llama: RMSNorm, rotary, GQA,
-//                 SwiGLU caches) the activations are not estimated, and the estimate says
-//                 so (MemoryEstimate::activations_estimated) rather than print a wrong
-//                 figure: it is then a lower bound.
+//                 (its output and row statistics, no T x T probabilities) keep less. The formula is
+//                 the GPT's caches; for another model (the main job's --model=llama: RMSNorm,
+//                 rotary, GQA, SwiGLU caches) the activations are not estimated, and the estimate
+//                 says so (MemoryEstimate::activations_estimated) rather than print a wrong figure:
+//                 it is then a lower bound.
 //   init          4 P + 4 I + 4 Lu   every rank builds the full fp32 model before
 //                                    sharding it, plus one unit's flat buffer; 0 for a
 //                                    deferred model (NOTE [Deferred initialisation] in
@@ -141,8 +141,7 @@ struct GptActivationShape {
 std::vector<int64_t> GptCheckpointedBlocks(const policy::WrapPlan& plan);
 
 // The activation shape of `config` for `batch_rows` rows of `seq_len` tokens.
-GptActivationShape GptActivations(const nn::GptConfig& config, int64_t batch_rows,
-                                  int64_t seq_len);
+GptActivationShape GptActivations(const nn::GptConfig& config, int64_t batch_rows, int64_t seq_len);
 
 struct MemoryEstimateInput {
   ModelSizes model;

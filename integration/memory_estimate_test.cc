@@ -42,9 +42,9 @@ TEST(MemoryEstimateTest, FullShardFollowsTheStatedFormula) {
   MemoryEstimateInput in = OneMillionParams(fsdp::ShardingStrategy::kFullShard);
   absl::StatusOr<MemoryEstimate> e = EstimateMemory(in);
   ASSERT_TRUE(e.ok()) << e.status();
-  const int64_t shard = 1000000 / 8 + 10;  // S = ceil(P / G) + U
-  const int64_t lu = 100000 + 7;           // largest unit, padded
-  const int64_t root = 50000 + 7;          // root unit, padded
+  const int64_t shard = 1000000 / 8 + 10;             // S = ceil(P / G) + U
+  const int64_t lu = 100000 + 7;                      // largest unit, padded
+  const int64_t root = 50000 + 7;                     // root unit, padded
   const int64_t comm = 4 * ((lu + 7) / 8) * (3 + 1);  // A all-gathers and one reduction
   EXPECT_EQ(e->model_state_bytes, 16 * shard);
   EXPECT_EQ(e->gathered_bytes, Gathered(4, root, lu));
@@ -105,7 +105,8 @@ TEST(MemoryEstimateTest, StrategiesDifferAsStated) {
   MemoryEstimateInput no_sync = OneMillionParams(fsdp::ShardingStrategy::kFullShard);
   no_sync.no_sync_accumulation = true;
   absl::StatusOr<MemoryEstimate> ns = EstimateMemory(no_sync);
-  absl::StatusOr<MemoryEstimate> each = EstimateMemory(OneMillionParams(fsdp::ShardingStrategy::kFullShard));
+  absl::StatusOr<MemoryEstimate> each =
+      EstimateMemory(OneMillionParams(fsdp::ShardingStrategy::kFullShard));
   ASSERT_TRUE(ns.ok() && each.ok()) << ns.status();
   EXPECT_EQ(ns->gathered_bytes - each->gathered_bytes,
             4 * 1000000 - 4 * ((50000 + 7) + 2 * (100000 + 7)));
@@ -187,8 +188,7 @@ TEST(MemoryEstimateTest, GptActivationEstimateBoundsTheMeasuredPeak) {
   ASSERT_TRUE(e.ok()) << e.status();
   // The stated formula without checkpointing, 4 B T (max(S + 2 C + 2 V, S + 5 C + V) + 4)
   // with S = L (16 C + H T + 4); here 3 C > V, so the backward's term.
-  EXPECT_EQ(e->activation_bytes,
-            4 * rows * seq * (3 * (16 * 32 + 4 * seq + 4) + 5 * 32 + 96 + 4));
+  EXPECT_EQ(e->activation_bytes, 4 * rows * seq * (3 * (16 * 32 + 4 * seq + 4) + 5 * 32 + 96 + 4));
   // An estimate, but a faithful one: never below the real peak, and not wildly above.
   EXPECT_GE(e->activation_bytes, measured) << "measured " << measured;
   EXPECT_LE(e->activation_bytes, 2 * measured) << "measured " << measured;

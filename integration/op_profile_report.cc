@@ -55,8 +55,8 @@ std::vector<OpProfileSummary::GemmShape> GemmShapesOf(const std::vector<core::Op
   std::map<ShapeKey, Shape> shapes;
   for (const core::OpRecord& r : records) {
     if (r.gemm.m == 0) continue;
-    Shape& g = shapes[{core::OpCategoryName(r.category), r.gemm.batch, r.gemm.m, r.gemm.n,
-                       r.gemm.k}];
+    Shape& g =
+        shapes[{core::OpCategoryName(r.category), r.gemm.batch, r.gemm.m, r.gemm.n, r.gemm.k}];
     ++g.count;
     g.flops += r.cost.flops;
     g.estimated_ms += core::EstimateOp(r, rates).ms;
@@ -122,17 +122,17 @@ std::vector<std::string> OpProfileTable(const OpProfileSummary& s) {
                                   "GB/s"));
   for (const OpProfileSummary::Category& c : s.categories) {
     const core::OpCategoryTotal& t = c.total;
-    lines.push_back(absl::StrFormat(
-        "%-17s %6d %8d %10.1f %9.3f %11.3f %11s %9s %8s", core::OpCategoryName(t.category),
-        t.ops, t.launches, t.flops * 1e-9, t.bytes * 1e-9, c.estimate.ms,
-        c.measured ? absl::StrFormat("%.3f", t.device_ms) : "-",
-        c.measured ? absl::StrFormat("%.1f", c.tflops) : "-",
-        c.measured ? absl::StrFormat("%.0f", c.gbps) : "-"));
+    lines.push_back(absl::StrFormat("%-17s %6d %8d %10.1f %9.3f %11.3f %11s %9s %8s",
+                                    core::OpCategoryName(t.category), t.ops, t.launches,
+                                    t.flops * 1e-9, t.bytes * 1e-9, c.estimate.ms,
+                                    c.measured ? absl::StrFormat("%.3f", t.device_ms) : "-",
+                                    c.measured ? absl::StrFormat("%.1f", c.tflops) : "-",
+                                    c.measured ? absl::StrFormat("%.0f", c.gbps) : "-"));
   }
 
   lines.push_back("");
-  lines.push_back(absl::StrFormat("%-17s %-30s %6s %10s %11s", "category", "op", "count",
-                                  "est_ms", "measured_ms"));
+  lines.push_back(absl::StrFormat("%-17s %-30s %6s %10s %11s", "category", "op", "count", "est_ms",
+                                  "measured_ms"));
   for (const OpProfileSummary::Kind& k : s.kinds) {
     lines.push_back(absl::StrFormat("%-17s %-30s %6d %10.3f %11s", k.category, k.op, k.count,
                                     k.estimated_ms,
@@ -142,15 +142,15 @@ std::vector<std::string> OpProfileTable(const OpProfileSummary& s) {
   if (!s.gemm_shapes.empty()) {
     lines.push_back("");
     lines.push_back(absl::StrFormat("%-17s %-26s %6s %10s %10s %11s %9s", "gemm",
-                                    "batch x m x n x k", "count", "GFLOP", "est_ms",
-                                    "measured_ms", "TFLOP/s"));
+                                    "batch x m x n x k", "count", "GFLOP", "est_ms", "measured_ms",
+                                    "TFLOP/s"));
   }
   for (const OpProfileSummary::GemmShape& g : s.gemm_shapes) {
-    lines.push_back(absl::StrFormat(
-        "%-17s %-26s %6d %10.1f %10.3f %11s %9s", g.category,
-        absl::StrFormat("%d x %d x %d x %d", g.batch, g.m, g.n, g.k), g.count, g.flops * 1e-9,
-        g.estimated_ms, g.measured ? absl::StrFormat("%.3f", g.measured_ms) : "-",
-        g.measured ? absl::StrFormat("%.1f", g.tflops) : "-"));
+    lines.push_back(absl::StrFormat("%-17s %-26s %6d %10.1f %10.3f %11s %9s", g.category,
+                                    absl::StrFormat("%d x %d x %d x %d", g.batch, g.m, g.n, g.k),
+                                    g.count, g.flops * 1e-9, g.estimated_ms,
+                                    g.measured ? absl::StrFormat("%.3f", g.measured_ms) : "-",
+                                    g.measured ? absl::StrFormat("%.1f", g.tflops) : "-"));
   }
 
   const core::RooflineEstimate& e = s.estimate;
@@ -160,8 +160,7 @@ std::vector<std::string> OpProfileTable(const OpProfileSummary& s) {
       s.rates.name, e.launches, e.host_syncs,
       s.have_measured
           ? absl::StrFormat("; measured %.2f ms of device time in its ops (MFU %.1f%%)",
-                            s.measured_total_ms,
-                            100 * s.model_flops / s.measured_s / s.peak_flops)
+                            s.measured_total_ms, 100 * s.model_flops / s.measured_s / s.peak_flops)
           : ""));
   return lines;
 }
@@ -230,8 +229,7 @@ nlohmann::json OpProfileJson(const OpProfileSummary& s) {
 }
 
 OpProfileReport ReportOpProfile(const std::vector<core::OpRecord>& records,
-                                const core::DeviceRates& rates, double model_flops,
-                                double tokens) {
+                                const core::DeviceRates& rates, double model_flops, double tokens) {
   const OpProfileSummary summary = SummarizeOpProfile(records, rates, model_flops, tokens);
   OpProfileReport out;
   out.lines = OpProfileTable(summary);

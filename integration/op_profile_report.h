@@ -33,8 +33,7 @@ struct OpProfileReport {
 // `model_flops` and `tokens` are the step's (MFU: model_flops / time / peak). The measured
 // columns are null where no op has a device time (the CPU).
 OpProfileReport ReportOpProfile(const std::vector<core::OpRecord>& records,
-                                const core::DeviceRates& rates, double model_flops,
-                                double tokens);
+                                const core::DeviceRates& rates, double model_flops, double tokens);
 
 // What the table and the JSON both show, aggregated once from a step's records.
 struct OpProfileSummary {
@@ -64,12 +63,12 @@ struct OpProfileSummary {
     double tflops = 0;  // achieved; 0 where not measured
   };
 
-  std::vector<Category> categories;    // OpCategory order
-  std::vector<Kind> kinds;             // largest estimate first
-  std::vector<GemmShape> gemm_shapes;  // the most time first (measured, else estimated)
-  core::RooflineEstimate estimate;     // the step's, on `rates`
-  double measured_total_ms = 0;        // the categories' device time
-  bool have_measured = false;          // some op timed and measured_total_ms > 0
+  std::vector<Category> categories;        // OpCategory order
+  std::vector<Kind> kinds;                 // largest estimate first
+  std::vector<GemmShape> gemm_shapes;      // the most time first (measured, else estimated)
+  core::RooflineEstimate estimate;         // the step's, on `rates`
+  double measured_total_ms = 0;            // the categories' device time
+  bool have_measured = false;              // some op timed and measured_total_ms > 0
   double estimated_s = 0, measured_s = 0;  // the step's estimate and device time, seconds
   double peak_flops = 0;                   // rates.peak_bf16_tflops in FLOP/s: MFU's peak
   core::DeviceRates rates;

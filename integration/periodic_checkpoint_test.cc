@@ -153,9 +153,7 @@ TEST_P(PeriodicSavesTest, ADiskThatFillsDuringASaveKeepsThePreviousCheckpoint) {
   absl::Status s = RunRanks(2, [&](comm::testing::RankContext& ctx) -> absl::Status {
     StageOptions mine = o;
     if (ctx.rank == 1) {
-      mine.testonly_write_error = [&](int64_t step) {
-        return step == 6 ? full : absl::OkStatus();
-      };
+      mine.testonly_write_error = [&](int64_t step) { return step == 6 ? full : absl::OkStatus(); };
     }
     ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(testing::TinyGpt(16, 16, 3)));
     ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, mine));

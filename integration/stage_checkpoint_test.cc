@@ -172,8 +172,8 @@ TEST(StageCheckpointTest, CrashBeforeRenameLeavesThePreviousCheckpointLoadable) 
     ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, Stages()));
     RETURN_IF_ERROR(runner->LoadCheckpoint(*module, Dir("crash"), true).status());
     RETURN_IF_ERROR(runner->Fit(*module).status());  // newer weights
-    absl::Status crashed = runner->SaveCheckpoint(*module, Dir("crash"),
-                                                  checkpoint::SimulatedCrash::kBeforeRename);
+    absl::Status crashed =
+        runner->SaveCheckpoint(*module, Dir("crash"), checkpoint::SimulatedCrash::kBeforeRename);
     EXPECT_EQ(crashed.code(), absl::StatusCode::kAborted) << crashed;
     return absl::OkStatus();
   }));
@@ -207,7 +207,8 @@ TEST(StageCheckpointTest, CorruptedDataIsRefusedNamingTheFileAndTensor) {
   }
   absl::StatusOr<std::unique_ptr<GptTrainModule>> module = GptTrainModule::Create(SmallGpt());
   ASSERT_TRUE(module.ok());
-  const std::vector<float> before = (*module)->model()->NamedParameters()[0].second->data.ToVector();
+  const std::vector<float> before =
+      (*module)->model()->NamedParameters()[0].second->data.ToVector();
   fsdp::WrapperRegistry registry;
   absl::StatusOr<LoadedCheckpoint> loaded =
       LoadTrainingCheckpoint(Dir("corrupt"), *(*module)->model(), &registry);
@@ -253,7 +254,8 @@ TEST(StageCheckpointTest, ErrorsNameTheParameterOrTheMissingState) {
   absl::StatusOr<std::unique_ptr<GptTrainModule>> m = GptTrainModule::Create(SmallGpt());
   TrainingCheckpointOptions reserved;
   reserved.user_metadata["fsdp.mine"] = "x";
-  s = SaveTrainingCheckpoint(Dir("reserved"), *(*m)->model(), &registry, nullptr, nullptr, reserved);
+  s = SaveTrainingCheckpoint(Dir("reserved"), *(*m)->model(), &registry, nullptr, nullptr,
+                             reserved);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_FALSE(std::filesystem::exists(Dir("reserved")));
 }

@@ -69,9 +69,9 @@ absl::StatusOr<fsdp::ShardingStrategy> ParseShardingStrategy(absl::string_view n
         fsdp::ShardingStrategy::kNoShard, fsdp::ShardingStrategy::kHybridShard}) {
     if (fsdp::ShardingStrategyName(s) == name) return s;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown sharding strategy '", name,
-      "'; use FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown sharding strategy '", name,
+                   "'; use FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD"));
 }
 
 absl::Status StageOptions::Validate(int world_size) const {
@@ -91,15 +91,14 @@ absl::Status StageOptions::Validate(int world_size) const {
                                                  {"eval_batch_size", eval_batch_size}};
   for (const auto& [name, value] : batches) {
     if (value <= 0 || value % world_size != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("StageOptions.", name, " = ", value,
-                       ": must be a positive multiple of the world size ", world_size,
-                       " (every rank runs an equal share of each global batch)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "StageOptions.", name, " = ", value, ": must be a positive multiple of the world size ",
+          world_size, " (every rank runs an equal share of each global batch)"));
     }
   }
   if (checkpoint_every_steps < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("StageOptions.checkpoint_every_steps = ",
-                                                   checkpoint_every_steps, ": must be >= 0"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "StageOptions.checkpoint_every_steps = ", checkpoint_every_steps, ": must be >= 0"));
   }
   if (!(checkpoint_every_minutes >= 0) || !std::isfinite(checkpoint_every_minutes)) {
     return absl::InvalidArgumentError(
@@ -107,8 +106,8 @@ absl::Status StageOptions::Validate(int world_size) const {
                      ": must be finite and >= 0"));
   }
   if (keep_checkpoints < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("StageOptions.keep_checkpoints = ",
-                                                   keep_checkpoints, ": must be >= 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("StageOptions.keep_checkpoints = ", keep_checkpoints, ": must be >= 0"));
   }
   if ((checkpoint_every_steps > 0 || checkpoint_every_minutes > 0 || keep_checkpoints > 0) &&
       checkpoint_dir.empty()) {
@@ -125,12 +124,12 @@ absl::Status StageOptions::Validate(int world_size) const {
         absl::StrCat("StageOptions.log_every = ", log_every, ": must be >= 0"));
   }
   if (profile_step < -1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "StageOptions.profile_step = ", profile_step, ": must be >= -1 (-1: no profile)"));
+    return absl::InvalidArgumentError(absl::StrCat("StageOptions.profile_step = ", profile_step,
+                                                   ": must be >= -1 (-1: no profile)"));
   }
   if (!(max_grad_norm >= 0) || !std::isfinite(max_grad_norm)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "StageOptions.max_grad_norm = ", max_grad_norm, ": must be finite and >= 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("StageOptions.max_grad_norm = ", max_grad_norm, ": must be finite and >= 0"));
   }
   if (grad_accumulation < 1 ||
       train_batch_size % (static_cast<int64_t>(grad_accumulation) * world_size) != 0) {
@@ -154,10 +153,10 @@ absl::Status StageOptions::Validate(int world_size) const {
           "train_batch_size = ", train_batch_size));
     }
     if (eval_batch_size % m != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "StageOptions.eval_batch_size = ", eval_batch_size, ": with deterministic_micro_",
-          "batches = ", m, " it must be a multiple of ", m, " (validate and test run each ",
-          "batch as its micro-batches too)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("StageOptions.eval_batch_size = ", eval_batch_size,
+                       ": with deterministic_micro_", "batches = ", m, " it must be a multiple of ",
+                       m, " (validate and test run each ", "batch as its micro-batches too)"));
     }
     if (grad_accumulation != 1) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -181,7 +180,7 @@ absl::StatusOr<StageOptions::Accumulation> ParseAccumulation(absl::string_view n
 }
 
 absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config,
-                                                  const StageOptions& base) {
+                                                   const StageOptions& base) {
   StageOptions options = base;
   if (config.has_policy()) {
     absl::StatusOr<policy::ConfiguredPolicy> built = policy::BuildPolicy(config.policy());
@@ -242,7 +241,8 @@ absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config,
   }
   if (config.has_accumulation()) {
     absl::StatusOr<StageOptions::Accumulation> a = ParseAccumulation(config.accumulation());
-    if (!a.ok()) return absl::InvalidArgumentError(absl::StrCat("StageConfig.", a.status().message()));
+    if (!a.ok())
+      return absl::InvalidArgumentError(absl::StrCat("StageConfig.", a.status().message()));
     options.accumulation = *a;
   }
   if (config.has_collective_timeout_s()) {
@@ -253,8 +253,7 @@ absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config,
   return options;
 }
 
-absl::StatusOr<StageOptions> ParseStageOptions(absl::string_view text,
-                                              const StageOptions& base) {
+absl::StatusOr<StageOptions> ParseStageOptions(absl::string_view text, const StageOptions& base) {
   ASSIGN_OR_RETURN(const StageConfig config, ParseStageConfig(text));
   return StageOptionsFromProto(config, base);
 }
@@ -267,7 +266,7 @@ absl::StatusOr<StageConfig> ReadStageConfigFile(const std::string& path) {
 }
 
 absl::StatusOr<StageOptions> ReadStageOptionsFile(const std::string& path,
-                                                 const StageOptions& base) {
+                                                  const StageOptions& base) {
   ASSIGN_OR_RETURN(const StageConfig config, ReadStageConfigFile(path));
   absl::StatusOr<StageOptions> options = StageOptionsFromProto(config, base);
   if (!options.ok()) return core::Annotate(options.status(), path);

@@ -124,18 +124,18 @@ struct StageOptions {
 // outside core::TimeoutFromSeconds's range (1 ms to 7 days; NOTE [Timeout range] in
 // core/timeout.h); NotFound for an unknown policy name.
 absl::StatusOr<StageOptions> StageOptionsFromProto(const StageConfig& config,
-                                                  const StageOptions& base = StageOptions());
+                                                   const StageOptions& base = StageOptions());
 
 // The same from text format; syntax errors say "StageConfig: line L, column C" (nesting
 // deeper than policy::kMaxPolicyDepth included). Never crashes, whatever the bytes.
 absl::StatusOr<StageOptions> ParseStageOptions(absl::string_view text,
-                                              const StageOptions& base = StageOptions());
+                                               const StageOptions& base = StageOptions());
 
 // ParseStageOptions of a file's contents; errors name the file: NotFound when it does
 // not exist, InvalidArgument when it is a directory, unreadable or not text
 // (core/text_file.h) — never silently the defaults.
 absl::StatusOr<StageOptions> ReadStageOptionsFile(const std::string& path,
-                                                 const StageOptions& base = StageOptions());
+                                                  const StageOptions& base = StageOptions());
 
 // The StageConfig of a text-format file, for the fields StageOptions does not hold (the
 // main job's hf_dir and export_hf_dir). The errors of ReadStageOptionsFile's reading and

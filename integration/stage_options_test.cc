@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
-#include "policy/config.h"
 #include "gtest/gtest.h"
+#include "policy/config.h"
 
 namespace integration {
 namespace {
@@ -30,7 +30,11 @@ TEST(StageOptionsTest, EmptyConfigKeepsTheStructDefaults) {
 
 TEST(StageOptionsTest, EveryFieldIsRead) {
   absl::StatusOr<StageOptions> parsed = ParseStageOptions(R"pb(
-    policy { name: "module_types" param { key: "types" value: "TransformerBlock" } ignored_modules: "wpe" }
+    policy {
+      name: "module_types"
+      param { key: "types" value: "TransformerBlock" }
+      ignored_modules: "wpe"
+    }
     strategy: "HYBRID_SHARD"
     hybrid_shard_size: 2
     mixed_precision { param_dtype: "bfloat16" reduce_dtype: "bfloat16" }

@@ -24,8 +24,7 @@ namespace integration {
 namespace {
 
 double NowSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 int64_t CommBytes(const comm::ProcessGroup& group) {
@@ -51,10 +50,9 @@ std::string FormatProgress(const Progress& p) {
   for (size_t r = 0; r < p.memory.size(); ++r) {
     ranks.push_back(absl::StrCat("r", r, " ", RankPeaks(p.memory[r])));
   }
-  return absl::StrFormat("step %5d/%d (global %d)  loss %.4f  %s/s %8.0f  peak %s", p.step,
-                         p.steps, p.global_step, p.loss,
-                         p.count_unit.empty() ? "items" : p.count_unit, p.items_per_second,
-                         absl::StrJoin(ranks, " | "));
+  return absl::StrFormat("step %5d/%d (global %d)  loss %.4f  %s/s %8.0f  peak %s", p.step, p.steps,
+                         p.global_step, p.loss, p.count_unit.empty() ? "items" : p.count_unit,
+                         p.items_per_second, absl::StrJoin(ranks, " | "));
 }
 
 absl::StatusOr<std::unique_ptr<StageRunner>> StageRunner::Create(
@@ -105,9 +103,9 @@ absl::StatusOr<WrapReport> StageRunner::Wrap(TrainModule& module) {
   report.units_created = static_cast<int>(after.units_created - before.units_created);
   report.units_reused = report.units - report.units_created;
   report.param_bytes_copied = after.param_bytes_copied - before.param_bytes_copied;
-  VLOG(1) << "StageRunner: " << (report.reused ? "reused" : "wrapped") << " "
-          << model->Describe() << ": " << report.units << " units (" << report.units_reused
-          << " reused), " << report.param_bytes_copied << " parameter bytes copied";
+  VLOG(1) << "StageRunner: " << (report.reused ? "reused" : "wrapped") << " " << model->Describe()
+          << ": " << report.units << " units (" << report.units_reused << " reused), "
+          << report.param_bytes_copied << " parameter bytes copied";
   return report;
 }
 
@@ -121,8 +119,8 @@ absl::Status StageRunner::EnsureOptimizer(TrainModule& module, ModelState& state
                           absl::StrCat("TrainModule::ConfigureOptimizer for ", model->Describe()));
   }
   if (*made == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "TrainModule::ConfigureOptimizer for ", model->Describe(), " returned null"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("TrainModule::ConfigureOptimizer for ", model->Describe(), " returned null"));
   }
   state.optimizer = *std::move(made);
   return absl::OkStatus();
@@ -135,8 +133,8 @@ absl::StatusOr<std::vector<std::vector<double>>> StageRunner::AllGatherDoubles(
   const int64_t n = static_cast<int64_t>(mine.size());
   ASSIGN_OR_RETURN(core::Tensor in, core::Tensor::Allocate({2 * n}, core::DType::kInt32));
   if (n > 0) std::memcpy(in.raw_data(), mine.data(), n * sizeof(double));
-  ASSIGN_OR_RETURN(core::Tensor out, core::Tensor::Allocate({2 * n * group_->size()},
-                                                            core::DType::kInt32));
+  ASSIGN_OR_RETURN(core::Tensor out,
+                   core::Tensor::Allocate({2 * n * group_->size()}, core::DType::kInt32));
   comm::AllGatherOptions gather;
   gather.timeout = options_.wrap.timeout;
   ASSIGN_OR_RETURN(std::shared_ptr<comm::Work> work, group_->AllGather(in, out, gather));
@@ -168,8 +166,7 @@ absl::StatusOr<std::vector<RankMemory>> StageRunner::GatherMemory() {
   return out;
 }
 
-absl::StatusOr<StageReport> StageRunner::BeginStage(Stage stage, TrainModule& module,
-                                                    bool wrap) {
+absl::StatusOr<StageReport> StageRunner::BeginStage(Stage stage, TrainModule& module, bool wrap) {
   StageReport report;
   report.stage = stage;
   if (wrap) {
@@ -197,14 +194,13 @@ absl::Status StageRunner::EndStage(const std::shared_ptr<core::Module>& model,
 }
 
 absl::Status StageRunner::AccumulateMicroBatches(TrainModule& module, core::Module& model,
-                                                 StepContext ctx,
-                                                 std::vector<StepOutput>* parts) {
+                                                 StepContext ctx, std::vector<StepOutput>* parts) {
   // NOTE [Gradient accumulation] (stage_options.h); NOTE [Deterministic training]: this
   // rank's share of the M micro-batches, summed by the units, scaled by 1 / M.
   const int deterministic = options_.deterministic_micro_batches;
   const int k = deterministic > 0 ? deterministic / group_->size() : options_.grad_accumulation;
-  const bool sync_last = deterministic > 0 ||
-                         options_.accumulation == StageOptions::Accumulation::kNoSync;
+  const bool sync_last =
+      deterministic > 0 || options_.accumulation == StageOptions::Accumulation::kNoSync;
   const int rank = group_->rank();
   for (int j = 0; j < k; ++j) {
     ctx.micro_batch = j;
@@ -222,10 +218,10 @@ absl::Status StageRunner::AccumulateMicroBatches(TrainModule& module, core::Modu
     }
     absl::StatusOr<StepOutput> out = module.TrainingStep(ctx);
     if (!out.ok()) {
-      return core::Annotate(
-          out.status(), k == 1 ? absl::StrCat("fit: TrainingStep at step ", ctx.step)
-                               : absl::StrCat("fit: TrainingStep at step ", ctx.step,
-                                              ", micro-batch ", j, " of ", k));
+      return core::Annotate(out.status(), k == 1
+                                              ? absl::StrCat("fit: TrainingStep at step ", ctx.step)
+                                              : absl::StrCat("fit: TrainingStep at step ", ctx.step,
+                                                             ", micro-batch ", j, " of ", k));
     }
     parts->push_back(*std::move(out));
   }
@@ -265,8 +261,7 @@ absl::Status AppendLossPairs(std::vector<StepOutput>& parts, bool per_micro_batc
     count += n;
   }
   if (per_micro_batch) return absl::OkStatus();
-  const double loss =
-      parts.size() == 1 ? parts[0].loss : (count > 0 ? weighted / count : 0);
+  const double loss = parts.size() == 1 ? parts[0].loss : (count > 0 ? weighted / count : 0);
   pairs->push_back(loss * count);
   pairs->push_back(count);
   return absl::OkStatus();
@@ -283,16 +278,17 @@ absl::Status StageRunner::ReportFitSteps(TrainModule& module, const core::Module
                                          FitLoop* loop, FitResult* result) {
   std::vector<double> pending;
   for (size_t s = 0; s < loop->unreported.size(); ++s) {
-    RETURN_IF_ERROR(AppendLossPairs(
-        loop->unreported[s], options_.deterministic_micro_batches > 0,
-        global_step - static_cast<int64_t>(loop->unreported.size() - s), &pending));
+    RETURN_IF_ERROR(AppendLossPairs(loop->unreported[s], options_.deterministic_micro_batches > 0,
+                                    global_step - static_cast<int64_t>(loop->unreported.size() - s),
+                                    &pending));
   }
   loop->unreported.clear();
   // Whether checkpoint_every_minutes have passed: rank 0's clock decides, its flag riding
   // at the end of the report's all-gather.
   const bool ask_time = loop->periodic && options_.checkpoint_every_minutes > 0;
   if (ask_time) {
-    pending.push_back(NowSeconds() - loop->last_save_time >= 60 * options_.checkpoint_every_minutes);
+    pending.push_back(NowSeconds() - loop->last_save_time >=
+                      60 * options_.checkpoint_every_minutes);
   }
   // NOTE [Asynchronous save]: whether each rank's background write has ended (every rank
   // has a save in flight or none: they begin at the same steps).
@@ -317,8 +313,7 @@ absl::Status StageRunner::ReportFitSteps(TrainModule& module, const core::Module
   const size_t per_step = options_.deterministic_micro_batches > 0
                               ? options_.deterministic_micro_batches / group_->size()
                               : 1;
-  const int64_t first =
-      global_step - static_cast<int64_t>(pending.size() / (2 * per_step));
+  const int64_t first = global_step - static_cast<int64_t>(pending.size() / (2 * per_step));
   double items_since_report = 0;
   for (size_t k = 0; k < pending.size(); k += 2 * per_step) {
     double weighted = 0, count = 0;
@@ -330,10 +325,10 @@ absl::Status StageRunner::ReportFitSteps(TrainModule& module, const core::Module
     }
     const double loss = count > 0 ? weighted / count : NAN;
     if (!std::isfinite(loss)) {
-      return absl::InternalError(absl::StrCat(
-          "fit: the loss of ", model.Describe(), " is ", loss, " at global step ",
-          first + static_cast<int64_t>(k / (2 * per_step)) + 1,
-          " (training diverged; lower the learning rate)"));
+      return absl::InternalError(absl::StrCat("fit: the loss of ", model.Describe(), " is ", loss,
+                                              " at global step ",
+                                              first + static_cast<int64_t>(k / (2 * per_step)) + 1,
+                                              " (training diverged; lower the learning rate)"));
     }
     result->losses.push_back(loss);
     items_since_report += count;
@@ -377,8 +372,8 @@ absl::Status StageRunner::CheckCheckpointDirFree() {
     free = steps.status();
     if (free.ok() && !steps->empty()) {
       free = absl::FailedPreconditionError(absl::StrCat(
-          "fit: StageOptions.checkpoint_dir '", options_.checkpoint_dir, "' holds ",
-          steps->size(), " step checkpoints (the newest ", steps->back().second,
+          "fit: StageOptions.checkpoint_dir '", options_.checkpoint_dir, "' holds ", steps->size(),
+          " step checkpoints (the newest ", steps->back().second,
           "), which the save at the end of this fit would replace; set "
           "checkpoint_every_steps or checkpoint_every_minutes to add to them, or choose "
           "another checkpoint_dir"));
@@ -413,11 +408,9 @@ absl::Status StageRunner::RunFitStep(TrainModule& module, core::Module& model,
   optimizer.ZeroGrad(/*set_to_none=*/true);
   RETURN_IF_ERROR(AccumulateMicroBatches(module, model, ctx, parts));
   if (options_.max_grad_norm > 0) {
-    RETURN_IF_ERROR(
-        fsdp::ClipGradNorm(model, registry_.get(), options_.max_grad_norm).status());
+    RETURN_IF_ERROR(fsdp::ClipGradNorm(model, registry_.get(), options_.max_grad_norm).status());
   }
-  RETURN_IF_ERROR(
-      core::Annotate(optimizer.Step(), absl::StrCat("fit: optimizer step ", ctx.step)));
+  RETURN_IF_ERROR(core::Annotate(optimizer.Step(), absl::StrCat("fit: optimizer step ", ctx.step)));
   if (profile != nullptr) {
     profiling.reset();
     RETURN_IF_ERROR(core::Annotate(profile->ResolveDeviceTimes(),
@@ -429,22 +422,23 @@ absl::Status StageRunner::RunFitStep(TrainModule& module, core::Module& model,
 
 absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
   ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, ModelOf(module));
-  if ((options_.grad_accumulation > 1 ||
-       options_.deterministic_micro_batches > group_->size()) &&
+  if ((options_.grad_accumulation > 1 || options_.deterministic_micro_batches > group_->size()) &&
       !module.SupportsMicroBatches()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "fit: StageOptions.grad_accumulation = ", options_.grad_accumulation, ", but the module ",
-        "training ", model->Describe(), " does not run micro-batches "
-        "(TrainModule::SupportsMicroBatches)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("fit: StageOptions.grad_accumulation = ", options_.grad_accumulation,
+                     ", but the module ", "training ", model->Describe(),
+                     " does not run micro-batches "
+                     "(TrainModule::SupportsMicroBatches)"));
   }
   FitResult result;
   ASSIGN_OR_RETURN(result.report, BeginStage(Stage::kFit, module, /*wrap=*/true));
   ModelState& state = StateOf(model);
   // NOTE [Training to a global step].
   const int64_t num_steps =
-      steps > 0 ? steps
-                : (options_.max_steps > 0 ? std::max<int64_t>(0, options_.max_steps - state.global_step)
-                                          : options_.fit_steps);
+      steps > 0
+          ? steps
+          : (options_.max_steps > 0 ? std::max<int64_t>(0, options_.max_steps - state.global_step)
+                                    : options_.fit_steps);
   RETURN_IF_ERROR(EnsureOptimizer(module, state, model));
 
   result.first_step = state.global_step;
@@ -458,9 +452,8 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
     ~DropPendingSave() { pending->reset(); }
   } drop_pending_save{&pending_save_};
   // NOTE [Periodic checkpoints].
-  const bool periodic =
-      !options_.checkpoint_dir.empty() &&
-      (options_.checkpoint_every_steps > 0 || options_.checkpoint_every_minutes > 0);
+  const bool periodic = !options_.checkpoint_dir.empty() && (options_.checkpoint_every_steps > 0 ||
+                                                             options_.checkpoint_every_minutes > 0);
   loop.periodic = periodic;
   loop.last_save_time = loop.last_report_time;
   int64_t last_saved_step = -1;
@@ -468,8 +461,8 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
   for (int64_t i = 0; i < num_steps; ++i) {
     loop.time_due = false;  // NOTE [Periodic checkpoints]: set at a report
     std::vector<StepOutput> parts;
-    RETURN_IF_ERROR(RunFitStep(module, *model, *state.optimizer, i, state.global_step, &parts,
-                               &result));
+    RETURN_IF_ERROR(
+        RunFitStep(module, *model, *state.optimizer, i, state.global_step, &parts, &result));
     // Each rank's (loss x count, count) waits for the next report, where one all-gather
     // averages every step since the last one: no collective of its own per step, and a
     // loss left on the device is read only then (NOTE [Deferred loss]). NOTE [Deterministic
@@ -479,11 +472,11 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
 
     const int64_t done = i + 1;
     if ((options_.log_every > 0 && done % options_.log_every == 0) || done == num_steps) {
-      RETURN_IF_ERROR(ReportFitSteps(module, *model, done, num_steps, state.global_step, &loop,
-                                     &result));
+      RETURN_IF_ERROR(
+          ReportFitSteps(module, *model, done, num_steps, state.global_step, &loop, &result));
     }
     if (periodic && (loop.time_due || (options_.checkpoint_every_steps > 0 &&
-                                  state.global_step % options_.checkpoint_every_steps == 0))) {
+                                       state.global_step % options_.checkpoint_every_steps == 0))) {
       RETURN_IF_ERROR(SaveStepCheckpoint(module, state.global_step, &result));
       last_saved_step = state.global_step;
       loop.last_save_time = NowSeconds();
@@ -558,10 +551,9 @@ absl::StatusOr<std::vector<double>> StageRunner::RunEvaluationSteps(Stage stage,
         ctx.rank = 0;
         ctx.world_size = 1;
       }
-      const std::string what =
-          m > 0 ? absl::StrCat(name, ": EvaluationStep of batch ", b, ", micro-batch ",
-                               ctx.micro_batch, " of ", m)
-                : absl::StrCat(name, ": EvaluationStep of batch ", b);
+      const std::string what = m > 0 ? absl::StrCat(name, ": EvaluationStep of batch ", b,
+                                                    ", micro-batch ", ctx.micro_batch, " of ", m)
+                                     : absl::StrCat(name, ": EvaluationStep of batch ", b);
       // Forward only: checkpointed modules run plain (NOTE [Activation checkpointing]).
       core::NoGradScope no_grad;
       absl::StatusOr<StepOutput> out = module.EvaluationStep(ctx);
@@ -647,8 +639,7 @@ absl::StatusOr<EvalResult> StageRunner::Evaluate(Stage stage, TrainModule& modul
   return result;
 }
 
-absl::StatusOr<EvalResult> StageRunner::Validate(TrainModule& module,
-                                                 const EvalOptions& options) {
+absl::StatusOr<EvalResult> StageRunner::Validate(TrainModule& module, const EvalOptions& options) {
   return Evaluate(Stage::kValidate, module, options);
 }
 
@@ -701,15 +692,15 @@ absl::Status StageRunner::SaveCheckpoint(TrainModule& module, const std::string&
                         absl::StrCat("saving checkpoint '", dir, "'"));
 }
 
-absl::Status StageRunner::SaveStepCheckpoint(TrainModule& module, int64_t step,
-                                             FitResult* result) {
+absl::Status StageRunner::SaveStepCheckpoint(TrainModule& module, int64_t step, FitResult* result) {
   const std::string dir = checkpoint::StepDirectory(options_.checkpoint_dir, step);
   // NOTE [Asynchronous save]: at most one in flight; the previous one commits first.
   RETURN_IF_ERROR(FinishPendingSave(result));
   ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, ModelOf(module));
   ModelState& state = StateOf(model);
   TrainingCheckpointOptions save = CheckpointOptions(module, state);
-  if (options_.testonly_write_error) save.simulate_write_error = options_.testonly_write_error(step);
+  if (options_.testonly_write_error)
+    save.simulate_write_error = options_.testonly_write_error(step);
   if (!options_.async_checkpoints) {
     RETURN_IF_ERROR(
         core::Annotate(SaveTrainingCheckpoint(dir, *model, registry_.get(), state.optimizer.get(),
@@ -813,8 +804,7 @@ absl::StatusOr<LoadedCheckpoint> StageRunner::LoadCheckpoint(
   return loaded;
 }
 
-absl::StatusOr<ResumeResult> StageRunner::ResumeLatest(TrainModule& module,
-                                                       const std::string& root,
+absl::StatusOr<ResumeResult> StageRunner::ResumeLatest(TrainModule& module, const std::string& root,
                                                        const LoadCheckpointOptions& options) {
   // Rank 0 looks (verifying a candidate reads all of it: once, not once per rank) and sends
   // every rank its finding: "found" or "none", the directory, then what it skipped.

@@ -15,8 +15,9 @@
 //   RETURN_IF_ERROR(runner->Release(module));  // module is the plain trained model
 //
 //   // Another process, any world size:
-//   ASSIGN_OR_RETURN(auto loaded, runner->LoadCheckpoint(module, "/ckpt/run", /*optimizer=*/false));
-//   ASSIGN_OR_RETURN(integration::EvalResult again, runner->Test(module));  // same loss
+//   ASSIGN_OR_RETURN(auto loaded, runner->LoadCheckpoint(module, "/ckpt/run",
+//   /*optimizer=*/false)); ASSIGN_OR_RETURN(integration::EvalResult again, runner->Test(module));
+//   // same loss
 //
 // Separate stage objects (Lightning's Trainer(...).fit(m), then another
 // Trainer(...).test(m)) share one registry: create each over the same
@@ -24,9 +25,9 @@
 // reuses the first one's units (0 parameter bytes copied):
 //
 //   auto registry = std::make_shared<fsdp::WrapperRegistry>();
-//   ASSIGN_OR_RETURN(auto fitter, integration::StageRunner::Create(dist.group, fit_options, registry));
-//   ASSIGN_OR_RETURN(auto tester, integration::StageRunner::Create(dist.group, test_options, registry));
-//   RETURN_IF_ERROR(fitter->Fit(module).status());
+//   ASSIGN_OR_RETURN(auto fitter, integration::StageRunner::Create(dist.group, fit_options,
+//   registry)); ASSIGN_OR_RETURN(auto tester, integration::StageRunner::Create(dist.group,
+//   test_options, registry)); RETURN_IF_ERROR(fitter->Fit(module).status());
 //   ASSIGN_OR_RETURN(integration::EvalResult test, tester->Test(module));
 //   // test.report.wrap.reused, units_reused == units, param_bytes_copied == 0
 //
@@ -245,9 +246,9 @@ class StageRunner {
   // step, the module's DataIdentity() and its DataPosition() at that step with
   // StageOptions::train_batch_size (integration/checkpointing/training_checkpoint.h).
   // The model must be wrapped or plain; a collective.
-  absl::Status SaveCheckpoint(TrainModule& module, const std::string& dir,
-                              checkpoint::SimulatedCrash simulate_crash =
-                                  checkpoint::SimulatedCrash::kNone);
+  absl::Status SaveCheckpoint(
+      TrainModule& module, const std::string& dir,
+      checkpoint::SimulatedCrash simulate_crash = checkpoint::SimulatedCrash::kNone);
 
   // Wraps the model, then loads `dir` (saved at any world size) into it and sets the
   // model's global step to the checkpoint's; with options.optimizer, also the optimizer
@@ -359,8 +360,7 @@ class StageRunner {
   absl::Status EnsureOptimizer(TrainModule& module, ModelState& state,
                                const std::shared_ptr<core::Module>& model);
   // Forward-only loop of Validate and Test.
-  absl::StatusOr<EvalResult> Evaluate(Stage stage, TrainModule& module,
-                                      const EvalOptions& options);
+  absl::StatusOr<EvalResult> Evaluate(Stage stage, TrainModule& module, const EvalOptions& options);
   // NOTE [Whole-set evaluation]: OK when every rank would run `batches` >= 0 batches;
   // FailedPrecondition or InvalidArgument naming stage `name` otherwise. Collective.
   absl::Status AgreeEvaluationBatches(const std::string& name, int64_t batches);

@@ -55,7 +55,8 @@ TEST(StageRunnerTest, TestAfterFitReusesTheUnitsAndATestAloneMatchesIt) {
     // The same trained weights in a fresh model, tested alone by a fresh runner: a
     // fresh wrap with the same policy, and the same loss. (Same world size and layout,
     // so the forwards do the same arithmetic: equality is exact.)
-    ASSIGN_OR_RETURN(fsdp::StateDict trained, fsdp::FullStateDict(*module->model(), &runner->registry()));
+    ASSIGN_OR_RETURN(fsdp::StateDict trained,
+                     fsdp::FullStateDict(*module->model(), &runner->registry()));
     ASSIGN_OR_RETURN(auto other, GptTrainModule::Create(TinyGpt()));
     ASSIGN_OR_RETURN(auto other_runner, StageRunner::Create(ctx.group, TinyStages()));
     ASSIGN_OR_RETURN(WrapReport wrapped, other_runner->Wrap(*other));
@@ -101,8 +102,8 @@ TEST(StageRunnerTest, EvaluationStagesAllocateNoGradientsOrOptimizerState) {
     ASSIGN_OR_RETURN(auto module, GptTrainModule::Create(TinyGpt()));
     ASSIGN_OR_RETURN(auto runner, StageRunner::Create(ctx.group, TinyStages()));
     for (Stage stage : {Stage::kValidate, Stage::kTest}) {
-      ASSIGN_OR_RETURN(EvalResult r, stage == Stage::kTest ? runner->Test(*module)
-                                                           : runner->Validate(*module));
+      ASSIGN_OR_RETURN(EvalResult r,
+                       stage == Stage::kTest ? runner->Test(*module) : runner->Validate(*module));
       for (const RankMemory& m : r.report.memory) {
         // The stage alone allocated no gradients or optimizer state, and its forwards
         // were measured.
@@ -170,7 +171,8 @@ TEST(StageRunnerTest, ContinuedFitEqualsOneLongerFit) {
     ASSIGN_OR_RETURN(auto runner_a, StageRunner::Create(ctx.group, TinyStages()));
     ASSIGN_OR_RETURN(FitResult first, runner_a->Fit(*a, 3));
     optim::Optimizer* optimizer = runner_a->optimizer(*a);
-    ASSIGN_OR_RETURN(fsdp::StateDict at_three, fsdp::FullStateDict(*a->model(), &runner_a->registry()));
+    ASSIGN_OR_RETURN(fsdp::StateDict at_three,
+                     fsdp::FullStateDict(*a->model(), &runner_a->registry()));
     ASSIGN_OR_RETURN(EvalResult between, runner_a->Validate(*a));  // a stage in between
     ASSIGN_OR_RETURN(FitResult second, runner_a->Fit(*a, 3));
     // The same optimizer continued.
@@ -295,7 +297,7 @@ TEST(StageRunnerTest, ProfileStepRecordsThatStepsOpsOnly) {
     EXPECT_GT(count[core::OpCategory::kGemmWeightGrad], 0);
     EXPECT_GT(count[core::OpCategory::kAttention], 0);
     EXPECT_GT(count[core::OpCategory::kCollective], 0);  // all-gathers, reduce-scatters
-    EXPECT_EQ(count[core::OpCategory::kOptimizer], 1);     // one step, one fused update
+    EXPECT_EQ(count[core::OpCategory::kOptimizer], 1);   // one step, one fused update
     EXPECT_EQ(count[core::OpCategory::kLoss], 1);
     // Outside a profiled step nothing is recorded, and a step past the Fit's is none.
     EXPECT_EQ(core::CurrentOpProfile(), nullptr);

@@ -86,9 +86,9 @@ constexpr int64_t kParallelMinWork = int64_t{1} << 16;
 // Calls f(begin, end) on contiguous chunks that cover [0, n) exactly once: one chunk per
 // thread of an OpenMP team of up to `threads` threads (IntraOpThreads(),
 // kernels/cpu_runtime.h) when `work` (elements touched) >= kParallelMinWork and the target
-// is built with -fopenmp, else f(0, n) on the caller. Chunk bounds are multiples of `align` (besides n). A caller whose units
-// (rows, columns, elements) are independent gets bit-identical results for any thread count.
-// f must not throw.
+// is built with -fopenmp, else f(0, n) on the caller. Chunk bounds are multiples of `align`
+// (besides n). A caller whose units (rows, columns, elements) are independent gets bit-identical
+// results for any thread count. f must not throw.
 template <typename F>
 inline void ParallelChunks(int threads, int64_t n, int64_t work, int64_t align, const F& f) {
 #if defined(_OPENMP)

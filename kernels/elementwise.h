@@ -1,7 +1,7 @@
 // Elementwise kernel bodies: GELU (tanh form) forward and backward, ReLU, residual add,
-// bias add, embedding gather, SwiGLU's silu(a) * b and the rotary position embedding. Each is one element's math, written once: CPU loops
-// (kernels/cpu/kernels.cc) and CUDA grid-stride kernels (kernels/cuda/kernels.cu) call the same
-// function, so the CPU tests check the math the GPU runs.
+// bias add, embedding gather, SwiGLU's silu(a) * b and the rotary position embedding. Each is one
+// element's math, written once: CPU loops (kernels/cpu/kernels.cc) and CUDA grid-stride kernels
+// (kernels/cuda/kernels.cu) call the same function, so the CPU tests check the math the GPU runs.
 //
 //   for (int64_t i = 0; i < n; ++i) y[i] = kernels::GeluTanhForward(x[i]);
 #ifndef KERNELS_ELEMENTWISE_H_
@@ -53,9 +53,9 @@ FSDP_HD inline float BiasAdd(float y, const W* bias, int64_t j) {
 // product before storing it. The numbering is nn::GemmEpilogue's.
 enum GemmEpilogueKind : int {
   kGemmEpilogueNone = 0,
-  kGemmEpilogueBias = 1,      // p + bias[j]
-  kGemmEpilogueBiasGelu = 2,  // GELU(p + bias[j]); p + bias[j] also stored (aux)
-  kGemmEpilogueDGelu = 3,     // p * GELU'(aux), aux the pre-activation as stored
+  kGemmEpilogueBias = 1,          // p + bias[j]
+  kGemmEpilogueBiasGelu = 2,      // GELU(p + bias[j]); p + bias[j] also stored (aux)
+  kGemmEpilogueDGelu = 3,         // p * GELU'(aux), aux the pre-activation as stored
   kGemmEpilogueBiasResidual = 4,  // aux + (p + bias[j]), aux the residual (read)
   kGemmEpilogueResidual = 5,      // aux + p, aux the residual (read)
 };
@@ -115,9 +115,7 @@ FSDP_HD inline float SiluMulGradUp(float a, float g) { return g * (a * Sigmoid(a
 // ---- Softplus: log(1 + e^x) (torch.nn.functional.softplus, beta 1), written as
 // max(x, 0) + log1p(e^-|x|): no overflow for large x, and for very negative x the digits of
 // e^x that log(1 + e^x) would round away. Its derivative is sigmoid(x).
-FSDP_HD inline float SoftplusForward(float x) {
-  return fmaxf(x, 0.0f) + Log1p(FastExp(-fabsf(x)));
-}
+FSDP_HD inline float SoftplusForward(float x) { return fmaxf(x, 0.0f) + Log1p(FastExp(-fabsf(x))); }
 
 // dL/dx of y = softplus(x) from g = dL/dy.
 FSDP_HD inline float SoftplusGrad(float x, float g) { return g * Sigmoid(x); }

@@ -24,8 +24,8 @@ void ExpectNear(double actual, double expected, double rel, const char* what) {
 }
 
 TEST(KernelsTest, Bf16ConversionMatchesCoreBFloat16BitForBit) {
-  const float values[] = {0.0f, -0.0f, 1.0f, 1.00390625f, 1.005859375f, -3.14159f, 65504.0f,
-                          1e-30f, 3.0e38f, INFINITY, -INFINITY, NAN};
+  const float values[] = {0.0f,     -0.0f,  1.0f,    1.00390625f, 1.005859375f, -3.14159f,
+                          65504.0f, 1e-30f, 3.0e38f, INFINITY,    -INFINITY,    NAN};
   for (float v : values) {
     const uint16_t bits = core::FloatToBf16Bits(v);
     EXPECT_EQ(bits, core::BFloat16::FromFloat(v).bits) << v;
@@ -77,8 +77,7 @@ TEST(KernelsTest, FastTanhAndGeluStayWithinTheirErrorBoundOfTheExactForm) {
     const double dinner = std::sqrt(2.0 / M_PI) * (1.0 + 3.0 * 0.044715 * x * x);
     const double grad = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner;
     worst_gelu = std::max(worst_gelu, std::abs(GeluTanhForward(x) - gelu) / (1.0 + std::abs(x)));
-    worst_grad =
-        std::max(worst_grad, std::abs(GeluTanhDerivative(x) - grad) / (1.0 + std::abs(x)));
+    worst_grad = std::max(worst_grad, std::abs(GeluTanhDerivative(x) - grad) / (1.0 + std::abs(x)));
   }
   EXPECT_LE(worst_tanh, 5e-7);
   EXPECT_LE(worst_gelu, 1e-6);
@@ -183,8 +182,8 @@ TEST(KernelsTest, LayerNormBodiesMatchTheDefinition) {
     xp[i] += 1e-6;
     xm[i] -= 1e-6;
     const double numeric = (loss(xp) - loss(xm)) / 2e-6;
-    const float gx = LayerNormBackwardInput(g[i], w.data(), i, xhat[i], rstd, sum_gh / n,
-                                            sum_gh_h / n);
+    const float gx =
+        LayerNormBackwardInput(g[i], w.data(), i, xhat[i], rstd, sum_gh / n, sum_gh_h / n);
     ExpectNear(gx, numeric, 1e-4, "layernorm dx");
   }
 }

@@ -60,7 +60,7 @@ FSDP_HD inline float FastTanh(float x) {
 // -87.3365 (where expf returns denormals), +inf above 88.3762 (expf overflows at 88.7228;
 // the row bodies only pass x <= 0); NaN stays NaN.
 FSDP_HD inline float FastExp(float x) {
-  const float kMax = 88.3762626647949f;  // 127.5 ln2: n <= 127
+  const float kMax = 88.3762626647949f;   // 127.5 ln2: n <= 127
   const float kMin = -87.3365447505531f;  // -126 ln2: n >= -126 (normal 2^n)
   // Never NaN (NaN takes kMax), so the integer conversion below is defined.
   const float xc = x < kMax ? (x > kMin ? x : kMin) : kMax;
@@ -86,8 +86,8 @@ FSDP_HD inline float FastExp(float x) {
 // (kernels/kernels_test.cc) for x in [-708.39, 709.08]; 0 below -708.3964, +inf above
 // 709.0895; NaN stays NaN.
 FSDP_HD inline double FastExp(double x) {
-  const double kMax = 709.089565712824;   // 1023.5 ln2: n <= 1023
-  const double kMin = -708.396418532264;  // -1022 ln2: n >= -1022
+  const double kMax = 709.089565712824;                       // 1023.5 ln2: n <= 1023
+  const double kMin = -708.396418532264;                      // -1022 ln2: n >= -1022
   const double xc = x < kMax ? (x > kMin ? x : kMin) : kMax;  // never NaN
   // t = round(x / ln2) + 1.5 * 2^52: its low mantissa bits hold n in two's complement.
   const double kShifter = 6755399441055744.0;

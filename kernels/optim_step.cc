@@ -154,8 +154,8 @@ absl::Status LaunchSegments(const core::Device& device, std::vector<Segment> seg
   absl::MutexLock lock(&ring.mu);
   UploadSlot& slot = ring.slots[ring.next];
   ring.next = 1 - ring.next;
-  const std::string where = absl::StrCat(what, ": upload of ", live.size(), " segments to ",
-                                         device.ToString());
+  const std::string where =
+      absl::StrCat(what, ": upload of ", live.size(), " segments to ", device.ToString());
   if (slot.copied == nullptr) {
     RETURN_IF_ERROR(core::cuda::StatusFromCuda(
         cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming), where));
@@ -170,13 +170,12 @@ absl::Status LaunchSegments(const core::Device& device, std::vector<Segment> seg
       cudaMemcpyAsync(table.raw_data(), slot.buffer.data(), static_cast<size_t>(bytes),
                       cudaMemcpyHostToDevice, core::cuda::ComputeStream()),
       where));
-  RETURN_IF_ERROR(core::cuda::StatusFromCuda(
-      cudaEventRecord(slot.copied, core::cuda::ComputeStream()), where));
+  RETURN_IF_ERROR(
+      core::cuda::StatusFromCuda(cudaEventRecord(slot.copied, core::cuda::ComputeStream()), where));
   return core::cuda::StatusFromCuda(
       launch(static_cast<const Segment*>(table.raw_data()), static_cast<int64_t>(live.size()),
              chunks),
-      absl::StrCat(what, ": fused update of ", live.size(), " parameters on ",
-                   device.ToString()));
+      absl::StrCat(what, ": fused update of ", live.size(), " parameters on ", device.ToString()));
 }
 #endif  // FSDP_WITH_CUDA
 
@@ -242,8 +241,8 @@ absl::Status OptimizerStep::Finish() {
                                    &cuda::FusedAdamW, optimizer_));
   }
   for (auto& [index, segments] : sgd_) {
-    RETURN_IF_ERROR(LaunchSegments(core::Device::Cuda(index), std::move(segments),
-                                   &cuda::FusedSgd, optimizer_));
+    RETURN_IF_ERROR(LaunchSegments(core::Device::Cuda(index), std::move(segments), &cuda::FusedSgd,
+                                   optimizer_));
   }
   adamw_.clear();
   sgd_.clear();

@@ -151,8 +151,8 @@ TEST_P(CudaGemmTest, Bf16AndMixedOperandsMatchTheCpuProductOfTheRoundedValues) {
   for (int run = 0; run < 4; ++run) {
     const bool mixed = run % 2 == 1;
     ForcedGemmFallback forced(run >= 2);  // cublasGemmStridedBatchedEx
-    const core::Tensor got = core::Tensor::Zeros({m * n}, core::DType::kFloat32,
-                                                 core::MemoryTag::kOther, kGpu);
+    const core::Tensor got =
+        core::Tensor::Zeros({m * n}, core::DType::kFloat32, core::MemoryTag::kOther, kGpu);
     args.a.tensor = To(mixed ? a : a16, kGpu);  // mixed: fp32 activation, rounded on device
     args.b.tensor = To(b16, kGpu);
     args.c.tensor = got;
@@ -188,8 +188,8 @@ GemmArgs LinearGemmOn(const core::Device& device, int64_t m, int64_t n, int64_t 
 // A Linear's weight-gradient GEMM on `device`: dW [out, in] (c0 copied there) += g^T x over
 // `rows` rows, with the bias gradient (sums0 copied there) += the column sums of g.
 GemmArgs WeightGradientGemmOn(const core::Device& device, int64_t rows, int64_t out, int64_t in,
-                              const core::Tensor& g, const core::Tensor& x,
-                              const core::Tensor& c0, const core::Tensor& sums0) {
+                              const core::Tensor& g, const core::Tensor& x, const core::Tensor& c0,
+                              const core::Tensor& sums0) {
   return WeightGradientGemm(rows, out, in, To(g, device), To(x, device), To(c0, device),
                             To(sums0, device));
 }
@@ -209,9 +209,9 @@ TEST(CudaGemmEpilogueTest, EachEpilogueMatchesTheCpuOnCublasLtAndOnTheFallbackKe
   const core::Tensor saved = Normal({m * n}, 64);
   const core::Tensor x16 = x.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
   const core::Tensor w16 = w.ToDType(core::DType::kBFloat16, core::MemoryTag::kOther).value();
-  for (GemmEpilogue e : {GemmEpilogue::kNone, GemmEpilogue::kBias, GemmEpilogue::kBiasGelu,
-                         GemmEpilogue::kDGelu, GemmEpilogue::kBiasResidual,
-                         GemmEpilogue::kResidual}) {
+  for (GemmEpilogue e :
+       {GemmEpilogue::kNone, GemmEpilogue::kBias, GemmEpilogue::kBiasGelu, GemmEpilogue::kDGelu,
+        GemmEpilogue::kBiasResidual, GemmEpilogue::kResidual}) {
     for (core::DType c_dtype : {core::DType::kFloat32, core::DType::kBFloat16}) {
       const bool residual = e == GemmEpilogue::kBiasResidual || e == GemmEpilogue::kResidual;
       if (residual && c_dtype == core::DType::kBFloat16) continue;
@@ -225,12 +225,12 @@ TEST(CudaGemmEpilogueTest, EachEpilogueMatchesTheCpuOnCublasLtAndOnTheFallbackKe
           const core::Tensor aux0 = saved.ToDType(c_dtype, core::MemoryTag::kOther).value();
           const bool has_bias = e == GemmEpilogue::kBias || e == GemmEpilogue::kBiasGelu ||
                                 e == GemmEpilogue::kBiasResidual;
-          const bool has_aux = e == GemmEpilogue::kBiasGelu || e == GemmEpilogue::kDGelu ||
-                               residual;
+          const bool has_aux =
+              e == GemmEpilogue::kBiasGelu || e == GemmEpilogue::kDGelu || residual;
           auto run = [&](const core::Device& device, const char* what) {
-            GemmArgs g = LinearGemmOn(device, m, n, k, x16, w16, c_dtype, e,
-                                      has_bias ? bias : core::Tensor(),
-                                      has_aux ? aux0 : core::Tensor());
+            GemmArgs g =
+                LinearGemmOn(device, m, n, k, x16, w16, c_dtype, e,
+                             has_bias ? bias : core::Tensor(), has_aux ? aux0 : core::Tensor());
             const absl::Status s = MatMul(what, g);
             EXPECT_TRUE(s.ok()) << s;
             return g;
@@ -409,8 +409,8 @@ TEST(CudaGemmEpilogueTest, Fp32OperandsWithAnEpilogueMatchTheCpu) {
   const int64_t m = 9, n = 13, k = 7;  // n odd: no aux leading dimension cuBLASLt takes
   const core::Tensor x = Normal({m * k}, 71), w = Normal({n * k}, 72), b = Normal({n}, 73);
   auto run = [&](const core::Device& device) {
-    GemmArgs g = LinearGemmOn(device, m, n, k, x, w, core::DType::kFloat32,
-                              GemmEpilogue::kBiasGelu, b, core::Tensor::Zeros({m * n}));
+    GemmArgs g = LinearGemmOn(device, m, n, k, x, w, core::DType::kFloat32, GemmEpilogue::kBiasGelu,
+                              b, core::Tensor::Zeros({m * n}));
     const absl::Status s = MatMul("fc", g);
     EXPECT_TRUE(s.ok()) << s;
     return g;
@@ -446,8 +446,8 @@ TEST(CudaGemmEpilogueTest, WeightGradientGemmsBiasGradientMatchesCpuAndRepeatsBi
     };
     const GemmArgs cpu = run(core::Device::Cpu());
     for (bool fallback : {false, true}) {
-      SCOPED_TRACE(absl::StrCat(sh.rows, " x ", sh.out, " x ", sh.in,
-                                fallback ? " fallback" : " cuBLASLt"));
+      SCOPED_TRACE(
+          absl::StrCat(sh.rows, " x ", sh.out, " x ", sh.in, fallback ? " fallback" : " cuBLASLt"));
       ForcedGemmFallback forced(fallback);
       const GemmArgs gpu = run(kGpu), again = run(kGpu);
       EXPECT_LE(RelErr(Host(gpu.c.tensor), cpu.c.tensor.ToVector()), kFp32Rel);
@@ -605,9 +605,12 @@ TEST(CudaGemmEpilogueTest, TunedGemmsWriteTheFirstAnswersBitsAndRepeatThem) {
     core::Tensor x, w, bias, residual, g, dw0, db0;
   };
   const auto operands = [&](uint64_t seed) {
-    return Operands{bf16(Normal({rows * in}, seed)),      bf16(Normal({out * in}, seed + 1)),
-                    bf16(Normal({out}, seed + 2)),        Normal({rows * out}, seed + 3),
-                    bf16(Normal({rows * out}, seed + 4)), Normal({out * in}, seed + 5),
+    return Operands{bf16(Normal({rows * in}, seed)),
+                    bf16(Normal({out * in}, seed + 1)),
+                    bf16(Normal({out}, seed + 2)),
+                    Normal({rows * out}, seed + 3),
+                    bf16(Normal({rows * out}, seed + 4)),
+                    Normal({out * in}, seed + 5),
                     Normal({out}, seed + 6)};
   };
   struct Case {
@@ -791,7 +794,8 @@ TEST(CudaLayersTest, CheckpointedBlocksGiveThePlainGptsGradientsBitForBit) {
   std::shared_ptr<Gpt> checkpointed = Gpt::Create(config).value();
   ASSERT_TRUE(ToDevice(*plain, kGpu).ok());
   ASSERT_TRUE(ToDevice(*checkpointed, kGpu).ok());
-  for (const auto& block : checkpointed->blocks()->modules()) block->set_checkpoint_activations(true);
+  for (const auto& block : checkpointed->blocks()->modules())
+    block->set_checkpoint_activations(true);
   const core::Tensor tokens = Ids({3, 24}, 61, 21), targets = To(Ids({3, 24}, 61, 22), kGpu);
   const LossGradients want = LanguageModelGradients(*plain, tokens, targets);
   const LossGradients got = LanguageModelGradients(*checkpointed, tokens, targets);
@@ -1020,11 +1024,10 @@ TEST(CudaLayersTest, FusedAttentionBlockShapesWriteTheSameBits) {
           return out;
         };
         const auto backward = [&](const kc::FlashShapes& shapes) {
-          EXPECT_EQ(kc::FlashAttentionBackward(q16, y.raw_data(), out_bf16, g16,
-                                               static_cast<const float*>(lse.raw_data()),
-                                               static_cast<float*>(delta.raw_data()),
-                                               gqkv.raw_data(), out_bf16, B, T, H, hd, scale,
-                                               shapes),
+          EXPECT_EQ(kc::FlashAttentionBackward(
+                        q16, y.raw_data(), out_bf16, g16, static_cast<const float*>(lse.raw_data()),
+                        static_cast<float*>(delta.raw_data()), gqkv.raw_data(), out_bf16, B, T, H,
+                        hd, scale, shapes),
                     cudaSuccess);
           return Host(gqkv);
         };
@@ -1061,8 +1064,8 @@ TEST(CudaLayersTest, FusedAttentionBlockShapesWriteTheSameBits) {
         ExpectFlashTuningReport(kc::FlashTuningReport(B, T, H, hd), out_bf16);
         // A shape out of range is refused.
         EXPECT_EQ(kc::FlashAttentionForward(q16, y.raw_data(), out_bf16,
-                                            static_cast<float*>(lse.raw_data()), B, T, H, hd,
-                                            scale, {forward_shapes, 0, 0}),
+                                            static_cast<float*>(lse.raw_data()), B, T, H, hd, scale,
+                                            {forward_shapes, 0, 0}),
                   cudaErrorInvalidValue);
       }
     }
@@ -1079,12 +1082,13 @@ TEST(CudaLayersTest, FusedAttentionRejectsUnsupportedInputsNamingThem) {
   };
   const core::Tensor y = dev({1, 8, 128}, core::DType::kFloat32);
   const core::Tensor lse = dev({1, 2, 8}, core::DType::kFloat32);
-  absl::Status s = FusedAttentionForward("attn", dev({1, 8, 384}, core::DType::kFloat32), 2,
-                                         0.125f, y, lse);
+  absl::Status s =
+      FusedAttentionForward("attn", dev({1, 8, 384}, core::DType::kFloat32), 2, 0.125f, y, lse);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("q, k and v"), std::string::npos) << s;
   s = FusedAttentionForward("attn", dev({1, 8, 384}, core::DType::kBFloat16), 4, 0.125f,
-                            dev({1, 8, 128}, core::DType::kFloat32), dev({1, 4, 8}, core::DType::kFloat32));
+                            dev({1, 8, 128}, core::DType::kFloat32),
+                            dev({1, 4, 8}, core::DType::kFloat32));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("head width 32"), std::string::npos) << s;
   s = FusedAttentionForward("attn", dev({1, 8, 384}, core::DType::kBFloat16), 2, 0.125f,
@@ -1094,8 +1098,8 @@ TEST(CudaLayersTest, FusedAttentionRejectsUnsupportedInputsNamingThem) {
   // An output view one element into its storage: the kernel's two-element stores would fault.
   const core::Tensor shifted =
       dev({1 + 8 * 128}, core::DType::kFloat32).View(1, {1, 8, 128}).value();
-  s = FusedAttentionForward("attn", dev({1, 8, 384}, core::DType::kBFloat16), 2, 0.125f,
-                            shifted, lse);
+  s = FusedAttentionForward("attn", dev({1, 8, 384}, core::DType::kBFloat16), 2, 0.125f, shifted,
+                            lse);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("attention output 8-byte aligned"), std::string::npos) << s;
 }
@@ -1105,8 +1109,8 @@ TEST(CudaLayersTest, FusedAttentionRejectsUnsupportedInputsNamingThem) {
 // every run, for one chunk and for many.
 TEST(CudaLayersTest, ColumnSumsSplitAcrossBlocksMatchCpuAndRepeatBitForBit) {
   SKIP_WITHOUT_GPU();
-  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
-           {16384, 768}, {1000, 33}, {5, 7}}) {
+  for (const auto& [rows, cols] :
+       std::vector<std::pair<int64_t, int64_t>>{{16384, 768}, {1000, 33}, {5, 7}}) {
     SCOPED_TRACE(absl::StrCat(rows, " x ", cols));
     const core::Tensor x = Normal({rows, cols}, 40), y = Normal({rows, cols}, 41);
     const core::Tensor start = Normal({cols}, 42);
@@ -1178,15 +1182,15 @@ TEST(CudaLayersTest, LayerNormBackwardWithParameterGradientsMatchesCpuAndRepeats
       core::Tensor gb = c.want_gb ? To(gb0, d) : core::Tensor();
       core::Tensor gx16;
       if (c.residual) {
-        core::Tensor wide16 = To(core::Tensor::Zeros({rows * cols + shift},
-                                                     core::DType::kBFloat16), d);
+        core::Tensor wide16 =
+            To(core::Tensor::Zeros({rows * cols + shift}, core::DType::kBFloat16), d);
         gx16 = wide16.View(shift, {rows, cols}).value();
       }
       const absl::Status s =
-          c.residual ? LayerNormBackwardAdd("ln", at(g), at(x), To(mean, d), To(rstd, d),
-                                            To(w, d), at(residual), gx, gw, gb, gx16)
-                     : LayerNormBackward("ln", at(g), at(x), To(mean, d), To(rstd, d), To(w, d),
-                                         gx, gw, gb);
+          c.residual ? LayerNormBackwardAdd("ln", at(g), at(x), To(mean, d), To(rstd, d), To(w, d),
+                                            at(residual), gx, gw, gb, gx16)
+                     : LayerNormBackward("ln", at(g), at(x), To(mean, d), To(rstd, d), To(w, d), gx,
+                                         gw, gb);
       EXPECT_TRUE(s.ok()) << s;
       return Out{Host(gx), c.want_gw ? Host(gw) : std::vector<float>(),
                  c.want_gb ? Host(gb) : std::vector<float>(),
@@ -1235,8 +1239,7 @@ TEST(CudaLayersTest, LayerNormsStoredStatisticsGiveTheForwardsXhatBitForBit) {
   for (const int64_t cols : {768, 772, 6200}) {
     const int64_t rows = 37, n = rows * cols;
     const core::Tensor x = Normal({n}, 91, 3.0f), x2 = Normal({n}, 92);
-    const core::Tensor w =
-        core::Tensor::FromVector(std::vector<float>(cols, 1.0f), {cols}).value();
+    const core::Tensor w = core::Tensor::FromVector(std::vector<float>(cols, 1.0f), {cols}).value();
     const core::Tensor b = core::Tensor::Zeros({cols});
     for (bool add : {false, true}) {
       SCOPED_TRACE(absl::StrCat(add ? "residual + LayerNorm" : "LayerNorm", ", ", cols));
@@ -1246,8 +1249,7 @@ TEST(CudaLayersTest, LayerNormsStoredStatisticsGiveTheForwardsXhatBitForBit) {
       const absl::Status s =
           add ? AddLayerNormForward("ln", To(x, kGpu), To(x2, kGpu), To(w, kGpu), To(b, kGpu),
                                     1e-5f, h, y, mean, rstd)
-              : LayerNormForward("ln", To(x, kGpu), To(w, kGpu), To(b, kGpu), 1e-5f, y, mean,
-                                 rstd);
+              : LayerNormForward("ln", To(x, kGpu), To(w, kGpu), To(b, kGpu), 1e-5f, y, mean, rstd);
       ASSERT_TRUE(s.ok()) << s;
       const std::vector<float> in = add ? Host(h) : x.ToVector(), out = Host(y);
       const std::vector<float> mu = Host(mean), rs = Host(rstd);
@@ -1313,8 +1315,8 @@ TEST(CudaLayersTest, LayerNormBf16OutputMatchesCpu) {
         core::Tensor mean = To(core::Tensor::Zeros({rows}), d);
         core::Tensor rstd = To(core::Tensor::Zeros({rows}), d);
         const absl::Status s =
-            add ? AddLayerNormForward("ln", at(x), at(x2), To(w, d), To(b, d), 1e-5f, h, y,
-                                      mean, rstd)
+            add ? AddLayerNormForward("ln", at(x), at(x2), To(w, d), To(b, d), 1e-5f, h, y, mean,
+                                      rstd)
                 : LayerNormForward("ln", at(x), To(w, d), To(b, d), 1e-5f, y, mean, rstd);
         EXPECT_TRUE(s.ok()) << s;
         return std::vector<std::vector<float>>{
@@ -1425,8 +1427,7 @@ TEST(CudaLayersTest, Bf16GptStepAtGpt2WidthRepeatsBitForBit) {
     gpt->ZeroGrad();
     absl::StatusOr<core::Tensor> logits = gpt->Forward(tokens);
     ASSERT_TRUE(logits.ok()) << logits.status();
-    absl::StatusOr<LossResult> loss =
-        CrossEntropyLoss(*logits, targets, gpt->logits_grad_dtype());
+    absl::StatusOr<LossResult> loss = CrossEntropyLoss(*logits, targets, gpt->logits_grad_dtype());
     ASSERT_TRUE(loss.ok()) << loss.status();
     *logits = core::Tensor();  // as the training step: the logits freed before the backward
     ASSERT_TRUE(gpt->Backward(loss->grad).ok());
@@ -1462,11 +1463,10 @@ TEST(CudaLossesTest, CrossEntropyAndMseMatchCpu) {
              {core::DType::kFloat32, core::DType::kFloat32},
              {core::DType::kFloat32, core::DType::kBFloat16},
              {core::DType::kBFloat16, core::DType::kBFloat16}}) {
-      SCOPED_TRACE(absl::StrCat("V ", V, ", logits ", core::DTypeName(logits_dtype),
-                                ", gradient ", core::DTypeName(dtype)));
-      const core::Tensor logits = Normal({5, rows, V}, 40, 3.0f)
-                                      .ToDType(logits_dtype, core::MemoryTag::kOther)
-                                      .value();
+      SCOPED_TRACE(absl::StrCat("V ", V, ", logits ", core::DTypeName(logits_dtype), ", gradient ",
+                                core::DTypeName(dtype)));
+      const core::Tensor logits =
+          Normal({5, rows, V}, 40, 3.0f).ToDType(logits_dtype, core::MemoryTag::kOther).value();
       const core::Tensor targets = Ids({5, rows}, V, 41);
       absl::StatusOr<LossResult> c = CrossEntropyLoss(logits, targets, dtype);
       absl::StatusOr<LossResult> g = CrossEntropyLoss(To(logits, kGpu), targets, dtype);

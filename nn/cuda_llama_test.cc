@@ -202,9 +202,7 @@ TEST(CudaLlamaTest, RmsNormBackwardAddMatchesCpu) {
                                        .ToDType(core::DType::kBFloat16, core::MemoryTag::kOther)
                                        .value();
       EXPECT_EQ(Host(d16.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value()),
-                rounded.ToDType(core::DType::kFloat32, core::MemoryTag::kOther)
-                    .value()
-                    .ToVector());
+                rounded.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value().ToVector());
       // The unfused device path: the same input gradient bits plus the residual, and the
       // same weight gradient.
       gpu.ZeroGrad(/*set_to_none=*/true);
@@ -312,8 +310,8 @@ TEST(CudaLlamaTest, SiluMulBf16OutputsMatchCpu) {
     ExpectDeviceBf16(h16, h32, hc, h_scale, "h");
     const core::Tensor da32 = Output({n}, false, kGpu), db32 = Output({n}, false, kGpu);
     ASSERT_TRUE(SiluMulBackward("cuda_llama_test", ga_d, gb_d, gh_d, da32, db32).ok());
-    for (auto [a16, b16] : {std::make_pair(true, true), std::make_pair(true, false),
-                            std::make_pair(false, true)}) {
+    for (auto [a16, b16] :
+         {std::make_pair(true, true), std::make_pair(true, false), std::make_pair(false, true)}) {
       const core::Tensor da = Output({n}, a16, kGpu), db = Output({n}, b16, kGpu);
       const core::Tensor ca = Output({n}, a16, core::Device::Cpu()),
                          cb = Output({n}, b16, core::Device::Cpu());
@@ -351,9 +349,8 @@ TEST(CudaLlamaTest, RotaryPackBf16OutputsMatchCpu) {
     const core::Tensor p32 = Output(ps, false, kGpu), p16 = Output(ps, true, kGpu),
                        pc = Output(ps, true, core::Device::Cpu());
     for (const core::Tensor* out : {&p32, &p16}) {
-      ASSERT_TRUE(RotaryPackQkv("cuda_llama_test", qd, kd, vd, gpu_t.cos, gpu_t.sin, c.H, c.KV,
-                                *out)
-                      .ok());
+      ASSERT_TRUE(
+          RotaryPackQkv("cuda_llama_test", qd, kd, vd, gpu_t.cos, gpu_t.sin, c.H, c.KV, *out).ok());
     }
     ASSERT_TRUE(
         RotaryPackQkv("cuda_llama_test", q, k, v, cpu_t.cos, cpu_t.sin, c.H, c.KV, pc).ok());
@@ -362,8 +359,8 @@ TEST(CudaLlamaTest, RotaryPackBf16OutputsMatchCpu) {
     ExpectDeviceBf16(p16, p32, pc, UniformScale({&q, &k, &v}, pc.numel(), 2.0f), "q, k and v");
     const core::Tensor gq32 = Output(qs, false, kGpu), gk32 = Output(ks, false, kGpu),
                        gv32 = Output(ks, false, kGpu);
-    ASSERT_TRUE(RotaryPackQkvBackward("cuda_llama_test", gd, gpu_t.cos, gpu_t.sin, c.H, c.KV,
-                                      gq32, gk32, gv32)
+    ASSERT_TRUE(RotaryPackQkvBackward("cuda_llama_test", gd, gpu_t.cos, gpu_t.sin, c.H, c.KV, gq32,
+                                      gk32, gv32)
                     .ok());
     for (int mask : {7, 5, 2}) {
       const bool q16 = mask & 1, k16 = mask & 2, v16 = mask & 4;
@@ -372,12 +369,12 @@ TEST(CudaLlamaTest, RotaryPackBf16OutputsMatchCpu) {
       const core::Tensor cq = Output(qs, q16, core::Device::Cpu()),
                          ck = Output(ks, k16, core::Device::Cpu()),
                          cv = Output(ks, v16, core::Device::Cpu());
-      ASSERT_TRUE(RotaryPackQkvBackward("cuda_llama_test", gd, gpu_t.cos, gpu_t.sin, c.H, c.KV,
-                                        gq, gk, gv)
-                      .ok());
-      ASSERT_TRUE(RotaryPackQkvBackward("cuda_llama_test", g, cpu_t.cos, cpu_t.sin, c.H, c.KV,
-                                        cq, ck, cv)
-                      .ok());
+      ASSERT_TRUE(
+          RotaryPackQkvBackward("cuda_llama_test", gd, gpu_t.cos, gpu_t.sin, c.H, c.KV, gq, gk, gv)
+              .ok());
+      ASSERT_TRUE(
+          RotaryPackQkvBackward("cuda_llama_test", g, cpu_t.cos, cpu_t.sin, c.H, c.KV, cq, ck, cv)
+              .ok());
       for (const auto& [got, want32, cpu, is16, name] :
            {std::make_tuple(gq, gq32, cq, q16, "q gradient"),
             std::make_tuple(gk, gk32, ck, k16, "k gradient"),
@@ -467,7 +464,8 @@ TEST(CudaLlamaTest, CheckpointedLayersGiveThePlainGradientsBitForBit) {
   std::shared_ptr<Llama> checkpointed = Llama::Create(Small()).value();
   ASSERT_TRUE(ToDevice(*plain, kGpu).ok());
   ASSERT_TRUE(ToDevice(*checkpointed, kGpu).ok());
-  for (const auto& layer : checkpointed->layers()->modules()) layer->set_checkpoint_activations(true);
+  for (const auto& layer : checkpointed->layers()->modules())
+    layer->set_checkpoint_activations(true);
   const core::Tensor tokens = Ids({3, 24}, 61, 21), targets = To(Ids({3, 24}, 61, 22), kGpu);
   const LossGradients want = LanguageModelGradients(*plain, tokens, targets);
   const LossGradients got = LanguageModelGradients(*checkpointed, tokens, targets);
@@ -495,8 +493,7 @@ TEST(CudaLlamaTest, Bf16LlamaLossWithinTheDerivedRoundingBound) {
   EXPECT_EQ(y_gpu->dtype(), core::DType::kBFloat16);
   EXPECT_LE(RelErr(Host(*y_gpu), y_cpu->ToVector()), bound);
   absl::StatusOr<LossResult> l_cpu = CrossEntropyLoss(*y_cpu, targets);
-  absl::StatusOr<LossResult> l_gpu =
-      CrossEntropyLoss(*y_gpu, targets, gpu->logits_grad_dtype());
+  absl::StatusOr<LossResult> l_gpu = CrossEntropyLoss(*y_gpu, targets, gpu->logits_grad_dtype());
   ASSERT_TRUE(l_cpu.ok() && l_gpu.ok());
   EXPECT_NEAR(l_gpu->loss, l_cpu->loss, bound * std::abs(l_cpu->loss));
   ASSERT_TRUE(gpu->Backward(l_gpu->grad).ok());

@@ -50,9 +50,9 @@ absl::StatusOr<core::Tensor> Embedding::ForwardImpl(const core::Tensor& ids) {
                               core::ShapeToString(ids.shape()), " is outside [0, ", num_, ")"));
     }
   }
-  ASSIGN_OR_RETURN(core::Tensor cached, core::Tensor::Allocate(ids.shape(), core::DType::kInt32,
-                                                               core::MemoryTag::kActivation,
-                                                               device));
+  ASSIGN_OR_RETURN(core::Tensor cached,
+                   core::Tensor::Allocate(ids.shape(), core::DType::kInt32,
+                                          core::MemoryTag::kActivation, device));
   RETURN_IF_ERROR(cached.CopyFrom(host_ids));
   core::Shape out_shape = ids.shape();
   out_shape.push_back(dim_);

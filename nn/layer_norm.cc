@@ -28,9 +28,9 @@ absl::Status LayerNorm::CheckForward(const core::Tensor& x) const {
   RETURN_IF_ERROR(internal::CheckParameter(*this, *weight_, "weight", {dim_}, device));
   RETURN_IF_ERROR(internal::CheckParameter(*this, *bias_, "bias", {dim_}, device));
   if (weight_->data.dtype() != bias_->data.dtype()) {
-    return internal::ModuleError(*this, absl::StrCat("weight ", weight_->data.ToString(),
-                                                     " and bias ", bias_->data.ToString(),
-                                                     " must have one dtype"));
+    return internal::ModuleError(*this,
+                                 absl::StrCat("weight ", weight_->data.ToString(), " and bias ",
+                                              bias_->data.ToString(), " must have one dtype"));
   }
   return absl::OkStatus();
 }
@@ -57,8 +57,8 @@ absl::StatusOr<core::Tensor> LayerNorm::RunForward(const core::Tensor& x, bool f
                    internal::NewActivation(x.shape(), device, OutputDType(for_gemm)));
   ASSIGN_OR_RETURN(core::Tensor mean, internal::NewActivation({rows}, device));
   ASSIGN_OR_RETURN(core::Tensor rstd, internal::NewActivation({rows}, device));
-  RETURN_IF_ERROR(LayerNormForward(internal::What(*this), x, weight_->data, bias_->data, eps_, y,
-                                   mean, rstd));
+  RETURN_IF_ERROR(
+      LayerNormForward(internal::What(*this), x, weight_->data, bias_->data, eps_, y, mean, rstd));
   input_ = x;
   mean_ = std::move(mean);
   rstd_ = std::move(rstd);
@@ -81,8 +81,8 @@ absl::StatusOr<core::Tensor> LayerNorm::ForwardAdd(const core::Tensor& a, const 
                    internal::NewActivation(a.shape(), device, OutputDType(for_gemm)));
   ASSIGN_OR_RETURN(core::Tensor mean, internal::NewActivation({rows}, device));
   ASSIGN_OR_RETURN(core::Tensor rstd, internal::NewActivation({rows}, device));
-  RETURN_IF_ERROR(AddLayerNormForward(internal::What(*this), a, b, weight_->data, bias_->data,
-                                      eps_, h, y, mean, rstd));
+  RETURN_IF_ERROR(AddLayerNormForward(internal::What(*this), a, b, weight_->data, bias_->data, eps_,
+                                      h, y, mean, rstd));
   input_ = h;
   mean_ = std::move(mean);
   rstd_ = std::move(rstd);

@@ -33,15 +33,14 @@ class LayerNorm : public core::Module {
 
   // The layer's fused steps, run without hooks: the reference for nn/functional's
   // F::AddLayerNorm, F::ResidualLayerNorm and F::LayerNormForGemm (fused_test), which a
-  // block's forward runs (NOTE [Block forwards] in nn/transformer.h). ForwardAdd(a, b, &sum) sets `sum` to a + b (a new activation; a and b of one shape
-  // and device, else InvalidArgument) and returns what Forward(sum) returns, with its
-  // checks and cache. BackwardAdd(g, residual) returns residual + Backward(g) (residual
-  // fp32 of g's shape on its device), adding the same parameter gradients; given `sum16`,
-  // it also sets it to that sum rounded to bf16 (a new activation, written in the same
-  // pass) for a consumer whose bf16 GEMM would round it so.
-  // With for_gemm, the output is stored bf16 when the weight is bf16 (its consumer is a
-  // bf16 GEMM that would round it anyway: NOTE [GEMM epilogues] in nn/tensor_ops.h);
-  // ForwardForGemm(x) is Forward(x) so.
+  // block's forward runs (NOTE [Block forwards] in nn/transformer.h). ForwardAdd(a, b, &sum) sets
+  // `sum` to a + b (a new activation; a and b of one shape and device, else InvalidArgument) and
+  // returns what Forward(sum) returns, with its checks and cache. BackwardAdd(g, residual) returns
+  // residual + Backward(g) (residual fp32 of g's shape on its device), adding the same parameter
+  // gradients; given `sum16`, it also sets it to that sum rounded to bf16 (a new activation,
+  // written in the same pass) for a consumer whose bf16 GEMM would round it so. With for_gemm, the
+  // output is stored bf16 when the weight is bf16 (its consumer is a bf16 GEMM that would round it
+  // anyway: NOTE [GEMM epilogues] in nn/tensor_ops.h); ForwardForGemm(x) is Forward(x) so.
   absl::StatusOr<core::Tensor> ForwardAdd(const core::Tensor& a, const core::Tensor& b,
                                           core::Tensor* sum, bool for_gemm = false);
   absl::StatusOr<core::Tensor> ForwardForGemm(const core::Tensor& x);

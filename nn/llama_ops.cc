@@ -77,21 +77,26 @@ absl::Status SiluMulForward(absl::string_view what, const Tensor& a, const Tenso
 
 absl::Status SiluMulBackward(absl::string_view what, const Tensor& a, const Tensor& b,
                              const Tensor& gh, const Tensor& ga, const Tensor& gb) {
-  RETURN_IF_ERROR(CheckDevices(what, {{"gate", &a}, {"up", &b}, {"grad_output", &gh},
-                                      {"gate gradient", &ga}, {"up gradient", &gb}}));
+  RETURN_IF_ERROR(CheckDevices(what, {{"gate", &a},
+                                      {"up", &b},
+                                      {"grad_output", &gh},
+                                      {"gate gradient", &ga},
+                                      {"up gradient", &gb}}));
   RETURN_IF_ERROR(CheckElementwiseF32(what, {{"gate", &a}, {"up", &b}, {"grad_output", &gh}}));
   for (const Arg& g : {Arg{"gate gradient", &ga}, Arg{"up gradient", &gb}}) {
     RETURN_IF_ERROR(CheckFp32OrBf16(what, g.name, *g.tensor));
     RETURN_IF_ERROR(CheckNumel(what, g.name, *g.tensor, a.numel()));
   }
-  RETURN_IF_ERROR(CheckOutputsDistinct(
-      what, {{"gate gradient", &ga}, {"up gradient", &gb}},
-      {{"gate", &a}, {"up", &b}, {"grad_output", &gh}, {"gate gradient", &ga},
-       {"up gradient", &gb}}));
+  RETURN_IF_ERROR(CheckOutputsDistinct(what, {{"gate gradient", &ga}, {"up gradient", &gb}},
+                                       {{"gate", &a},
+                                        {"up", &b},
+                                        {"grad_output", &gh},
+                                        {"gate gradient", &ga},
+                                        {"up gradient", &gb}}));
   const int64_t n = a.numel();
-  ProfiledOp op(OpCategory::kElementwise, "silu_mul.backward", a.device(),
-                internal::SiluMulBackwardCost(n, core::DTypeSize(ga.dtype()),
-                                              core::DTypeSize(gb.dtype())));
+  ProfiledOp op(
+      OpCategory::kElementwise, "silu_mul.backward", a.device(),
+      internal::SiluMulBackwardCost(n, core::DTypeSize(ga.dtype()), core::DTypeSize(gb.dtype())));
   if (a.device().is_cuda()) {
     NN_ON_CUDA(a.device(), what, "silu(gate) * up backward",
                kc::SiluMulBackward(F32(a), F32(b), F32(gh), ga.raw_data(), gb.raw_data(), n,
@@ -118,13 +123,14 @@ absl::StatusOr<PackDims> CheckPack(absl::string_view what, const char* q_name, c
                                    const Tensor& v, const Tensor& cos, const Tensor& sin,
                                    int64_t n_head, int64_t n_kv_head, const char* qkv_name,
                                    const Tensor& qkv, bool packed_is_output) {
-  RETURN_IF_ERROR(CheckDevices(what, {{q_name, &q}, {k_name, &k}, {v_name, &v}, {"cos", &cos},
-                                      {"sin", &sin}, {qkv_name, &qkv}}));
+  RETURN_IF_ERROR(CheckDevices(
+      what,
+      {{q_name, &q}, {k_name, &k}, {v_name, &v}, {"cos", &cos}, {"sin", &sin}, {qkv_name, &qkv}}));
   for (const auto& [a, output] :
        {std::make_pair(Arg{q_name, &q}, !packed_is_output),
         std::make_pair(Arg{k_name, &k}, !packed_is_output),
-        std::make_pair(Arg{v_name, &v}, !packed_is_output),
-        std::make_pair(Arg{"cos", &cos}, false), std::make_pair(Arg{"sin", &sin}, false),
+        std::make_pair(Arg{v_name, &v}, !packed_is_output), std::make_pair(Arg{"cos", &cos}, false),
+        std::make_pair(Arg{"sin", &sin}, false),
         std::make_pair(Arg{qkv_name, &qkv}, packed_is_output)}) {
     RETURN_IF_ERROR(output ? CheckFp32OrBf16(what, a.name, *a.tensor)
                            : CheckDType(what, a.name, *a.tensor, DType::kFloat32));
@@ -136,8 +142,8 @@ absl::StatusOr<PackDims> CheckPack(absl::string_view what, const char* q_name, c
   }
   if (q.dim() != 3 || q.size(2) % n_head != 0 || (q.size(2) / n_head) % 2 != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, ": ", q_name, " must be [B, T, n_head * D] with D even (n_head ",
-                     n_head, "), got ", q.ToString()));
+        absl::StrCat(what, ": ", q_name, " must be [B, T, n_head * D] with D even (n_head ", n_head,
+                     "), got ", q.ToString()));
   }
   PackDims d;
   d.T = q.size(1);
@@ -174,18 +180,18 @@ absl::Status RotaryPackQkv(absl::string_view what, const Tensor& q, const Tensor
   ASSIGN_OR_RETURN(const PackDims d,
                    CheckPack(what, "q", q, "k", k, "v", v, cos, sin, n_head, n_kv_head,
                              "q, k and v", qkv, /*packed_is_output=*/true));
-  RETURN_IF_ERROR(CheckOutputsDistinct(what, {{"q, k and v", &qkv}},
-                                       {{"q", &q}, {"k", &k}, {"v", &v}}));
-  ProfiledOp op(OpCategory::kElementwise, "rotary_pack.forward", q.device(),
-                internal::RotaryPackCost(d.rows, d.H * d.D, d.KV * d.D,
-                                         core::DTypeSize(qkv.dtype())));
+  RETURN_IF_ERROR(
+      CheckOutputsDistinct(what, {{"q, k and v", &qkv}}, {{"q", &q}, {"k", &k}, {"v", &v}}));
+  ProfiledOp op(
+      OpCategory::kElementwise, "rotary_pack.forward", q.device(),
+      internal::RotaryPackCost(d.rows, d.H * d.D, d.KV * d.D, core::DTypeSize(qkv.dtype())));
   if (q.device().is_cuda()) {
     NN_ON_CUDA(q.device(), what, "rotary packing of q, k, v",
-               kc::RotaryPackQkv(F32(q), F32(k), F32(v), F32(cos), F32(sin), qkv.raw_data(),
-                                 d.rows, d.T, d.H, d.KV, d.D, IsBf16(qkv)));
+               kc::RotaryPackQkv(F32(q), F32(k), F32(v), F32(cos), F32(sin), qkv.raw_data(), d.rows,
+                                 d.T, d.H, d.KV, d.D, IsBf16(qkv)));
   }
-  kcpu::RotaryPackQkv(F32(q), F32(k), F32(v), F32(cos), F32(sin), qkv.raw_data(), d.rows, d.T,
-                      d.H, d.KV, d.D, IsBf16(qkv));
+  kcpu::RotaryPackQkv(F32(q), F32(k), F32(v), F32(cos), F32(sin), qkv.raw_data(), d.rows, d.T, d.H,
+                      d.KV, d.D, IsBf16(qkv));
   return absl::OkStatus();
 }
 
@@ -193,23 +199,24 @@ absl::Status RotaryPackQkvBackward(absl::string_view what, const Tensor& gqkv, c
                                    const Tensor& sin, int64_t n_head, int64_t n_kv_head,
                                    const Tensor& gq, const Tensor& gk, const Tensor& gv) {
   ASSIGN_OR_RETURN(const PackDims d,
-                   CheckPack(what, "q gradient", gq, "k gradient", gk, "v gradient", gv, cos,
-                             sin, n_head, n_kv_head, "q, k and v gradient", gqkv,
+                   CheckPack(what, "q gradient", gq, "k gradient", gk, "v gradient", gv, cos, sin,
+                             n_head, n_kv_head, "q, k and v gradient", gqkv,
                              /*packed_is_output=*/false));
-  RETURN_IF_ERROR(CheckOutputsDistinct(
-      what, {{"q gradient", &gq}, {"k gradient", &gk}, {"v gradient", &gv}},
-      {{"q gradient", &gq}, {"k gradient", &gk}, {"v gradient", &gv},
-       {"q, k and v gradient", &gqkv}}));
-  ProfiledOp op(OpCategory::kElementwise, "rotary_pack.backward", gqkv.device(),
-                internal::RotaryPackBackwardCost(d.rows, d.H * d.D, d.KV * d.D,
-                                                 core::DTypeSize(gq.dtype()),
-                                                 core::DTypeSize(gk.dtype()),
-                                                 core::DTypeSize(gv.dtype())));
+  RETURN_IF_ERROR(
+      CheckOutputsDistinct(what, {{"q gradient", &gq}, {"k gradient", &gk}, {"v gradient", &gv}},
+                           {{"q gradient", &gq},
+                            {"k gradient", &gk},
+                            {"v gradient", &gv},
+                            {"q, k and v gradient", &gqkv}}));
+  ProfiledOp op(
+      OpCategory::kElementwise, "rotary_pack.backward", gqkv.device(),
+      internal::RotaryPackBackwardCost(d.rows, d.H * d.D, d.KV * d.D, core::DTypeSize(gq.dtype()),
+                                       core::DTypeSize(gk.dtype()), core::DTypeSize(gv.dtype())));
   if (gqkv.device().is_cuda()) {
     NN_ON_CUDA(gqkv.device(), what, "rotary packing backward",
                kc::RotaryPackQkvBackward(F32(gqkv), F32(cos), F32(sin), gq.raw_data(),
-                                         gk.raw_data(), gv.raw_data(), d.rows, d.T, d.H, d.KV,
-                                         d.D, IsBf16(gq), IsBf16(gk), IsBf16(gv)));
+                                         gk.raw_data(), gv.raw_data(), d.rows, d.T, d.H, d.KV, d.D,
+                                         IsBf16(gq), IsBf16(gk), IsBf16(gv)));
   }
   kcpu::RotaryPackQkvBackward(F32(gqkv), F32(cos), F32(sin), gq.raw_data(), gk.raw_data(),
                               gv.raw_data(), d.rows, d.T, d.H, d.KV, d.D, IsBf16(gq), IsBf16(gk),

@@ -25,8 +25,7 @@ absl::Status CheckType(absl::string_view loss, absl::string_view what, const cor
 }
 
 absl::StatusOr<core::Tensor> NewGrad(const core::Shape& shape, const core::Device& device) {
-  return core::Tensor::Allocate(shape, core::DType::kFloat32, core::MemoryTag::kActivation,
-                                device);
+  return core::Tensor::Allocate(shape, core::DType::kFloat32, core::MemoryTag::kActivation, device);
 }
 
 // `t` itself when on the CPU, else a host copy (synchronises with the device).
@@ -49,9 +48,8 @@ absl::StatusOr<LossResult> MseLoss(const core::Tensor& pred, const core::Tensor&
                      core::ShapeToString(target.shape()), " differ in shape"));
   }
   if (pred.device() != target.device()) {
-    return absl::InvalidArgumentError(absl::StrCat("MseLoss: pred is on ",
-                                                   pred.device().ToString(), " but target on ",
-                                                   target.device().ToString()));
+    return absl::InvalidArgumentError(absl::StrCat("MseLoss: pred is on ", pred.device().ToString(),
+                                                   " but target on ", target.device().ToString()));
   }
   const int64_t n = pred.numel();
   if (n == 0) {
@@ -83,14 +81,13 @@ absl::StatusOr<LossResult> MseLoss(const core::Tensor& pred, const core::Tensor&
   return r;
 }
 
-absl::StatusOr<LossResult> CrossEntropyLoss(const core::Tensor& logits,
-                                            const core::Tensor& targets, core::DType grad_dtype,
-                                            bool defer_read) {
-  if (!logits.defined() || (logits.dtype() != core::DType::kFloat32 &&
-                            logits.dtype() != core::DType::kBFloat16)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CrossEntropyLoss: logits must be a float32 or bfloat16 tensor, got ",
-        logits.defined() ? logits.ToString() : std::string("undefined")));
+absl::StatusOr<LossResult> CrossEntropyLoss(const core::Tensor& logits, const core::Tensor& targets,
+                                            core::DType grad_dtype, bool defer_read) {
+  if (!logits.defined() ||
+      (logits.dtype() != core::DType::kFloat32 && logits.dtype() != core::DType::kBFloat16)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CrossEntropyLoss: logits must be a float32 or bfloat16 tensor, got ",
+                     logits.defined() ? logits.ToString() : std::string("undefined")));
   }
   if (grad_dtype != core::DType::kFloat32 && grad_dtype != core::DType::kBFloat16) {
     return absl::InvalidArgumentError(absl::StrCat("CrossEntropyLoss: grad_dtype must be ",
@@ -131,14 +128,13 @@ absl::StatusOr<LossResult> CrossEntropyLoss(const core::Tensor& logits,
   }
   core::Tensor device_targets = targets;
   if (targets.device() != device) {
-    ASSIGN_OR_RETURN(device_targets,
-                     core::Tensor::Allocate(targets.shape(), core::DType::kInt32,
-                                            core::MemoryTag::kActivation, device));
+    ASSIGN_OR_RETURN(device_targets, core::Tensor::Allocate(targets.shape(), core::DType::kInt32,
+                                                            core::MemoryTag::kActivation, device));
     RETURN_IF_ERROR(device_targets.CopyFrom(targets));
   }
   LossResult r;
-  ASSIGN_OR_RETURN(r.grad, core::Tensor::Allocate(ls, grad_dtype, core::MemoryTag::kActivation,
-                                                  device));
+  ASSIGN_OR_RETURN(r.grad,
+                   core::Tensor::Allocate(ls, grad_dtype, core::MemoryTag::kActivation, device));
   std::function<absl::StatusOr<double>()> read;
   ASSIGN_OR_RETURN(double loss,
                    CrossEntropyForwardBackward("CrossEntropyLoss", logits, device_targets, r.grad,

@@ -72,7 +72,7 @@ TEST(OpAccountingTest, LinearRecordsItsThreeGemmsByRoleWithTheirFlops) {
   // column-sums op after it: NOTE [GEMM epilogues]). The bias rides in the forward GEMM's
   // epilogue: no op of its own.
   ASSERT_EQ(Names(r), (std::vector<std::string>{"matmul", "matmul", "zero", "zero", "matmul",
-                                                 "column_sums"}));
+                                                "column_sums"}));
   EXPECT_EQ(r[0].category, OpCategory::kGemmForward);
   EXPECT_EQ(r[1].category, OpCategory::kGemmInputGrad);
   EXPECT_EQ(r[4].category, OpCategory::kGemmWeightGrad);
@@ -103,7 +103,8 @@ TEST(OpAccountingTest, LinearRecordsItsThreeGemmsByRoleWithTheirFlops) {
 
 TEST(OpAccountingTest, ABf16WeightRunsOnTensorCoresAfterRoundingTheActivation) {
   const int64_t R = 4, in = 8, out = 3;
-  absl::StatusOr<core::Tensor> w = Filled({out, in}, 0.3f).ToDType(core::DType::kBFloat16, core::MemoryTag::kParam);
+  absl::StatusOr<core::Tensor> w =
+      Filled({out, in}, 0.3f).ToDType(core::DType::kBFloat16, core::MemoryTag::kParam);
   ASSERT_TRUE(w.ok()) << w.status();
   absl::StatusOr<core::Tensor> y = core::Tensor::Allocate({R, out});
   ASSERT_TRUE(y.ok());
@@ -143,14 +144,16 @@ TEST(OpAccountingTest, AttentionCountsItsScoreGemmsAndSoftmaxApartFromItsLinears
   // GEMMs and a softmax backward.
   EXPECT_EQ(a.ops, 2 * B + 1 + 5 * B);
   // Every attention GEMM is 2 T T hd FLOPs per head (masked entries computed too).
-  EXPECT_EQ(a.flops - [&] {
-              double softmax = 0;
-              for (const OpRecord& r : profile.records()) {
-                if (r.name.rfind("causal_softmax", 0) == 0) softmax += r.cost.flops;
-              }
-              return softmax;
-            }(),
-            6.0 * B * 2.0 * H * T * T * hd);
+  EXPECT_EQ(
+      a.flops -
+          [&] {
+            double softmax = 0;
+            for (const OpRecord& r : profile.records()) {
+              if (r.name.rfind("causal_softmax", 0) == 0) softmax += r.cost.flops;
+            }
+            return softmax;
+          }(),
+      6.0 * B * 2.0 * H * T * T * hd);
   // qkv and proj: one forward GEMM each, and their gradient GEMMs.
   EXPECT_EQ(totals[static_cast<int>(OpCategory::kGemmForward)].ops, 2);
   EXPECT_EQ(totals[static_cast<int>(OpCategory::kGemmInputGrad)].ops, 2);

@@ -39,11 +39,11 @@ absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
   const dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha,
                                           a, lda, b, ldb, beta, c, ldc);
   if (status != dnnl_success) {
-    return absl::InternalError(absl::StrCat(
-        "nn::Gemm: oneDNN dnnl_sgemm failed (", dnnl_status2str(status), ") on C[", m, ", ", n,
-        "] = ", alpha, " * A", trans_a ? "^T" : "", "[", m, ", ", k, "] * B", trans_b ? "^T" : "",
-        "[", k, ", ", n, "] + ", beta, " * C with row strides lda ", lda, ", ldb ", ldb, ", ldc ",
-        ldc));
+    return absl::InternalError(
+        absl::StrCat("nn::Gemm: oneDNN dnnl_sgemm failed (", dnnl_status2str(status), ") on C[", m,
+                     ", ", n, "] = ", alpha, " * A", trans_a ? "^T" : "", "[", m, ", ", k, "] * B",
+                     trans_b ? "^T" : "", "[", k, ", ", n, "] + ", beta,
+                     " * C with row strides lda ", lda, ", ldb ", ldb, ", ldc ", ldc));
   }
   return absl::OkStatus();
 }
@@ -52,8 +52,8 @@ absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
                   const float* a, const float* b, float beta, float* c) {
   const int64_t lda = trans_a ? m : k;
   const int64_t ldb = trans_b ? k : n;
-  return Gemm(trans_a, trans_b, m, n, k, alpha, a, lda > 0 ? lda : 1, b, ldb > 0 ? ldb : 1, beta,
-              c, n > 0 ? n : 1);
+  return Gemm(trans_a, trans_b, m, n, k, alpha, a, lda > 0 ? lda : 1, b, ldb > 0 ? ldb : 1, beta, c,
+              n > 0 ? n : 1);
 }
 
 std::string GemmLibrary() {

@@ -108,7 +108,9 @@ struct Shape3 {
   int64_t m, n, k;
 };
 const Shape3 kBigShapes[] = {
-    {false, true, 67, 45, 129}, {false, false, 130, 33, 70}, {true, false, 40, 52, 300},
+    {false, true, 67, 45, 129},
+    {false, false, 130, 33, 70},
+    {true, false, 40, 52, 300},
     {true, true, 17, 96, 64},
 };
 

@@ -18,8 +18,8 @@ RmsNorm::RmsNorm(int64_t dim, float eps) : dim_(dim), eps_(eps) {
   if (config_error_.empty() && !(std::isfinite(eps) && eps >= 0.0f)) {
     config_error_ = absl::StrCat("eps must be finite and >= 0, got ", eps);
   }
-  weight_ = AllocateParameter("weight", {std::max<int64_t>(dim, 0)},
-                              core::ParamInit::Constant(1.0f));
+  weight_ =
+      AllocateParameter("weight", {std::max<int64_t>(dim, 0)}, core::ParamInit::Constant(1.0f));
 }
 
 absl::StatusOr<core::Tensor> RmsNorm::ForwardImpl(const core::Tensor& x) {

@@ -34,15 +34,15 @@ class RmsNorm : public core::Module {
   // The layer's fused steps, run without hooks: the reference for nn/functional's
   // F::ResidualRmsNorm and F::RmsNormForGemm (llama_fused_test), which a decoder layer's
   // forward runs (NOTE [Block forwards] in nn/transformer.h).
-  // NOTE [GEMM epilogues] (nn/tensor_ops.h): ForwardForGemm is Forward(x) stored bf16 when the weight is bf16 (each element the fp32 output rounded
-  // once: the operand the GEMM would round it to, without the fp32 copy and the rounding
-  // pass); with an fp32 weight it is Forward(x).
+  // NOTE [GEMM epilogues] (nn/tensor_ops.h): ForwardForGemm is Forward(x) stored bf16 when the
+  // weight is bf16 (each element the fp32 output rounded once: the operand the GEMM would round it
+  // to, without the fp32 copy and the rounding pass); with an fp32 weight it is Forward(x).
   absl::StatusOr<core::Tensor> ForwardForGemm(const core::Tensor& x);
-  // BackwardAdd returns residual + Backward(grad_output) (residual fp32 of grad_output's shape on its
-  // device, else InvalidArgument naming this module), the same bits, in one pass (NOTE
-  // [Fused ops], nn::RmsNormBackwardAdd), adding the same weight gradient; given `sum16`,
-  // it also sets it to that sum rounded to bf16 (a new activation, written in the same
-  // pass) for a consumer whose bf16 GEMM would round it so.
+  // BackwardAdd returns residual + Backward(grad_output) (residual fp32 of grad_output's shape on
+  // its device, else InvalidArgument naming this module), the same bits, in one pass (NOTE [Fused
+  // ops], nn::RmsNormBackwardAdd), adding the same weight gradient; given `sum16`, it also sets it
+  // to that sum rounded to bf16 (a new activation, written in the same pass) for a consumer whose
+  // bf16 GEMM would round it so.
   absl::StatusOr<core::Tensor> BackwardAdd(const core::Tensor& grad_output,
                                            const core::Tensor& residual,
                                            core::Tensor* sum16 = nullptr);

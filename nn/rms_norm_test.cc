@@ -74,7 +74,8 @@ TEST(RmsNormTest, Bf16WeightGivesTheBitsOfItsFp32Widening) {
   ASSERT_TRUE(b.weight()->data.CopyFrom(a.weight()->data).ok());
   ASSERT_TRUE(ConvertParameters(b, core::DType::kBFloat16).ok());
   ASSERT_EQ(b.weight()->data.dtype(), core::DType::kBFloat16);
-  const core::Tensor x = gradcheck::RandomTensor({5, 16}, 8), g = gradcheck::RandomTensor({5, 16}, 9);
+  const core::Tensor x = gradcheck::RandomTensor({5, 16}, 8),
+                     g = gradcheck::RandomTensor({5, 16}, 9);
   std::vector<std::vector<float>> out;
   for (RmsNorm* m : {&a, &b}) {
     absl::StatusOr<core::Tensor> y = m->Forward(x);
@@ -155,9 +156,8 @@ TEST(RmsNormTest, BackwardAddRefusesABadResidualNamingTheModule) {
   const core::Tensor bf16 = gradcheck::RandomTensor({2, 4}, 3)
                                 .ToDType(core::DType::kBFloat16, core::MemoryTag::kOther)
                                 .value();
-  for (const core::Tensor& residual :
-       {core::Tensor(), gradcheck::RandomTensor({8}, 3), gradcheck::RandomTensor({2, 3}, 3),
-        bf16}) {
+  for (const core::Tensor& residual : {core::Tensor(), gradcheck::RandomTensor({8}, 3),
+                                       gradcheck::RandomTensor({2, 3}, 3), bf16}) {
     SCOPED_TRACE(residual.ToString());
     norm.ZeroGrad(/*set_to_none=*/true);
     ASSERT_TRUE(norm.Forward(x).ok());

@@ -17,10 +17,12 @@ absl::StatusOr<RotaryTables> MakeRotaryTables(int64_t positions, int64_t head_di
         head_dim, ") and a finite theta > 0 (got ", theta, ")"));
   }
   const int64_t half = head_dim / 2;
-  ASSIGN_OR_RETURN(core::Tensor cos, core::Tensor::Allocate({positions, half}, core::DType::kFloat32,
-                                                            core::MemoryTag::kOther));
-  ASSIGN_OR_RETURN(core::Tensor sin, core::Tensor::Allocate({positions, half}, core::DType::kFloat32,
-                                                            core::MemoryTag::kOther));
+  ASSIGN_OR_RETURN(
+      core::Tensor cos,
+      core::Tensor::Allocate({positions, half}, core::DType::kFloat32, core::MemoryTag::kOther));
+  ASSIGN_OR_RETURN(
+      core::Tensor sin,
+      core::Tensor::Allocate({positions, half}, core::DType::kFloat32, core::MemoryTag::kOther));
   float* c = cos.data<float>();
   float* s = sin.data<float>();
   for (int64_t i = 0; i < half; ++i) {

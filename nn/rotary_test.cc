@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "gmock/gmock.h"
 #include "core/op_profile.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nn/tensor_ops.h"
 #include "nn/testing/gradcheck.h"
@@ -62,8 +62,8 @@ Packed Pack(const Shape& s, uint64_t seed) {
   p.v = gradcheck::RandomTensor({s.B, s.T, s.KV * s.D}, seed + 2);
   p.qkv = core::Tensor::Zeros({s.B, s.T, 3 * s.H * s.D});
   p.tables = MakeRotaryTables(s.T + 3, s.D, 10000.0, core::Device::Cpu()).value();  // extra rows
-  const absl::Status st = RotaryPackQkv(kWhat, p.q, p.k, p.v, p.tables.cos, p.tables.sin, s.H,
-                                        s.KV, p.qkv);
+  const absl::Status st =
+      RotaryPackQkv(kWhat, p.q, p.k, p.v, p.tables.cos, p.tables.sin, s.H, s.KV, p.qkv);
   EXPECT_TRUE(st.ok()) << st;
   return p;
 }
@@ -103,8 +103,8 @@ TEST(RotaryTest, BackwardIsTheRotationByTheNegativeAngle) {
   const Packed p = Pack(s, 4);
   core::Tensor gq = core::Tensor::Zeros(p.q.shape()), gk = core::Tensor::Zeros(p.k.shape()),
                gv = core::Tensor::Zeros(p.v.shape());
-  ASSERT_TRUE(RotaryPackQkvBackward(kWhat, p.qkv, p.tables.cos, p.tables.sin, s.H, s.KV, gq, gk, gv)
-                  .ok());
+  ASSERT_TRUE(
+      RotaryPackQkvBackward(kWhat, p.qkv, p.tables.cos, p.tables.sin, s.H, s.KV, gq, gk, gv).ok());
   for (const auto& [got, want] : {std::make_pair(gq, p.q), std::make_pair(gk, p.k)}) {
     const std::vector<float> a = got.ToVector(), b = want.ToVector();
     for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-6) << i;
@@ -124,7 +124,8 @@ TEST(RotaryTest, BackwardMatchesFiniteDifferences) {
       RotaryPackQkvBackward(kWhat, R, p.tables.cos, p.tables.sin, s.H, s.KV, gq, gk, gv).ok());
   auto loss = [&](const core::Tensor&) -> absl::StatusOr<double> {
     core::Tensor out = core::Tensor::Zeros(p.qkv.shape());
-    absl::Status st = RotaryPackQkv(kWhat, p.q, p.k, p.v, p.tables.cos, p.tables.sin, s.H, s.KV, out);
+    absl::Status st =
+        RotaryPackQkv(kWhat, p.q, p.k, p.v, p.tables.cos, p.tables.sin, s.H, s.KV, out);
     if (!st.ok()) return st;
     const std::vector<float> o = out.ToVector(), r = R.ToVector();
     double l = 0.0;
@@ -156,7 +157,8 @@ TEST(RotaryTest, BadShapesAreInvalidArgument) {
        {Bad{RotaryPackQkv(kWhat, q, kv, kv, t.cos, t.sin, 2, 3, out), "n_kv_head"},
         Bad{RotaryPackQkv(kWhat, q, kv, kv, t.cos, t.sin, 4, 2, out), "D even"},
         Bad{RotaryPackQkv(kWhat, q, q, kv, t.cos, t.sin, 2, 1, out), "k must be [1, 4, 6]"},
-        Bad{RotaryPackQkv(kWhat, q, kv, kv, short_t.cos, short_t.sin, 2, 1, out), "at least 4 rows"},
+        Bad{RotaryPackQkv(kWhat, q, kv, kv, short_t.cos, short_t.sin, 2, 1, out),
+            "at least 4 rows"},
         Bad{RotaryPackQkv(kWhat, q, kv, kv, t.cos, t.sin, 2, 1, q), "q, k and v must be"}}) {
     EXPECT_EQ(b.status.code(), absl::StatusCode::kInvalidArgument) << b.status;
     EXPECT_THAT(std::string(b.status.message()), HasSubstr(b.message));
@@ -189,9 +191,9 @@ TEST(RotaryTest, OutputsAreFp32OrBf16) {
     core::ScopedOpProfile on(&profile);
     ASSERT_TRUE(
         RotaryPackQkv(kWhat, p.q, p.k, p.v, p.tables.cos, p.tables.sin, s.H, s.KV, qkv16).ok());
-    ASSERT_TRUE(RotaryPackQkvBackward(kWhat, p.qkv, p.tables.cos, p.tables.sin, s.H, s.KV, gq16,
-                                      gk2, gv16)
-                    .ok());
+    ASSERT_TRUE(
+        RotaryPackQkvBackward(kWhat, p.qkv, p.tables.cos, p.tables.sin, s.H, s.KV, gq16, gk2, gv16)
+            .ok());
   }
   ASSERT_EQ(profile.records().size(), 2u);
   EXPECT_EQ(profile.records()[0].cost.bytes, rows * (4 * (C + 2 * KW) + 2 * 3 * C));
@@ -215,8 +217,7 @@ TEST(RotaryTest, OutputsAreFp32OrBf16) {
         Bad{RotaryPackQkvBackward(kWhat, p.qkv, p.tables.cos, p.tables.sin, s.H, s.KV, gq, kints,
                                   gv),
             "k gradient must be float32 or bfloat16"},
-        Bad{RotaryPackQkvBackward(kWhat, qkv16, p.tables.cos, p.tables.sin, s.H, s.KV, gq, gk,
-                                  gv),
+        Bad{RotaryPackQkvBackward(kWhat, qkv16, p.tables.cos, p.tables.sin, s.H, s.KV, gq, gk, gv),
             "q, k and v gradient must be float32"}}) {
     EXPECT_EQ(b.status.code(), absl::StatusCode::kInvalidArgument) << b.status;
     EXPECT_THAT(std::string(b.status.message()), HasSubstr(b.message));

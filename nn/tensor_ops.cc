@@ -40,13 +40,10 @@ namespace kc = ::kernels::cuda;
 
 }  // namespace
 
-
-
 absl::Status GeluForward(absl::string_view what, const Tensor& x, const Tensor& y) {
   RETURN_IF_ERROR(CheckElementwiseF32(what, {{"input", &x}, {"output", &y}}));
   const int64_t n = x.numel();
-  ProfiledOp op(OpCategory::kElementwise, "gelu.forward", x.device(),
-                internal::GeluForwardCost(n));
+  ProfiledOp op(OpCategory::kElementwise, "gelu.forward", x.device(), internal::GeluForwardCost(n));
   if (x.device().is_cuda()) {
     NN_ON_CUDA(x.device(), what, "GELU forward", kc::GeluForward(F32(x), MutF32(y), n));
   }
@@ -56,14 +53,13 @@ absl::Status GeluForward(absl::string_view what, const Tensor& x, const Tensor& 
 
 absl::Status GeluBackward(absl::string_view what, const Tensor& x, const Tensor& gy,
                           const Tensor& gx) {
-  RETURN_IF_ERROR(CheckElementwiseF32(
-      what, {{"input", &x}, {"grad_output", &gy}, {"grad_input", &gx}}));
+  RETURN_IF_ERROR(
+      CheckElementwiseF32(what, {{"input", &x}, {"grad_output", &gy}, {"grad_input", &gx}}));
   const int64_t n = x.numel();
   ProfiledOp op(OpCategory::kElementwise, "gelu.backward", x.device(),
                 internal::GeluBackwardCost(n));
   if (x.device().is_cuda()) {
-    NN_ON_CUDA(x.device(), what, "GELU backward",
-               kc::GeluBackward(F32(x), F32(gy), MutF32(gx), n));
+    NN_ON_CUDA(x.device(), what, "GELU backward", kc::GeluBackward(F32(x), F32(gy), MutF32(gx), n));
   }
   kcpu::GeluBackward(F32(x), F32(gy), MutF32(gx), n);
   return absl::OkStatus();
@@ -83,14 +79,13 @@ absl::Status ReluForward(absl::string_view what, const Tensor& x, const Tensor& 
 
 absl::Status ReluBackward(absl::string_view what, const Tensor& y, const Tensor& gy,
                           const Tensor& gx) {
-  RETURN_IF_ERROR(CheckElementwiseF32(
-      what, {{"output", &y}, {"grad_output", &gy}, {"grad_input", &gx}}));
+  RETURN_IF_ERROR(
+      CheckElementwiseF32(what, {{"output", &y}, {"grad_output", &gy}, {"grad_input", &gx}}));
   const int64_t n = y.numel();
   ProfiledOp op(OpCategory::kElementwise, "relu.backward", y.device(),
                 internal::ElementwiseCost(n, 3, 1));
   if (y.device().is_cuda()) {
-    NN_ON_CUDA(y.device(), what, "ReLU backward",
-               kc::ReluBackward(F32(y), F32(gy), MutF32(gx), n));
+    NN_ON_CUDA(y.device(), what, "ReLU backward", kc::ReluBackward(F32(y), F32(gy), MutF32(gx), n));
   }
   kcpu::ReluBackward(F32(y), F32(gy), MutF32(gx), n);
   return absl::OkStatus();
@@ -98,8 +93,8 @@ absl::Status ReluBackward(absl::string_view what, const Tensor& y, const Tensor&
 
 absl::Status AddTensors(absl::string_view what, const Tensor& a, const Tensor& b,
                         const Tensor& out) {
-  RETURN_IF_ERROR(CheckElementwiseF32(
-      what, {{"first operand", &a}, {"second operand", &b}, {"sum", &out}}));
+  RETURN_IF_ERROR(
+      CheckElementwiseF32(what, {{"first operand", &a}, {"second operand", &b}, {"sum", &out}}));
   const int64_t n = a.numel();
   ProfiledOp op(OpCategory::kElementwise, "add", a.device(), internal::AddCost(n));
   if (a.device().is_cuda()) {
@@ -121,8 +116,8 @@ absl::StatusOr<int64_t> CheckBiasAdd(absl::string_view what, const Tensor& x, co
   RETURN_IF_ERROR(CheckNumel(what, "output", out, x.numel()));
   const int64_t cols = bias.numel();
   if (cols == 0 || x.numel() % cols != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": bias ", bias.ToString(),
-                                                   " does not tile input ", x.ToString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": bias ", bias.ToString(), " does not tile input ", x.ToString()));
   }
   return x.numel() / cols;
 }

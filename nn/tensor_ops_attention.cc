@@ -1,7 +1,5 @@
 // The attention ops of nn/tensor_ops.h: the causal softmax forward and backward, and the
 // fused attention (NOTE [Fused attention] in nn/attention.h).
-#include "nn/tensor_ops.h"
-
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +9,7 @@
 #include "nn/internal/op_checks.h"
 #include "nn/internal/op_costs.h"
 #include "nn/internal/tensor_ops_common.h"
+#include "nn/tensor_ops.h"
 
 #ifdef FSDP_WITH_CUDA
 #include "kernels/cuda/flash_attention.h"
@@ -45,8 +44,8 @@ absl::Status CausalSoftmaxForward(absl::string_view what, const Tensor& scores, 
   RETURN_IF_ERROR(CheckDevices(what, {{"attention scores", &scores}}));
   RETURN_IF_ERROR(CheckDType(what, "attention scores", scores, DType::kFloat32));
   if (T <= 0 || scores.numel() % T != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": attention scores ", scores.ToString(),
-                                                   " are not rows of ", T));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": attention scores ", scores.ToString(), " are not rows of ", T));
   }
   ASSIGN_OR_RETURN(uint16_t* const out16,
                    Bf16Out(what, "bf16 probabilities", probs16, "scores", scores));
@@ -68,11 +67,10 @@ absl::Status CausalSoftmaxBackward(absl::string_view what, const Tensor& p, cons
   RETURN_IF_ERROR(CheckDType(what, "their gradient", g, DType::kFloat32));
   RETURN_IF_ERROR(CheckNumel(what, "their gradient", g, p.numel()));
   if (T <= 0 || p.numel() % T != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": attention probabilities ",
-                                                   p.ToString(), " are not rows of ", T));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": attention probabilities ", p.ToString(), " are not rows of ", T));
   }
-  ASSIGN_OR_RETURN(uint16_t* const o16,
-                   Bf16Out(what, "bf16 score gradient", out16, "scores", g));
+  ASSIGN_OR_RETURN(uint16_t* const o16, Bf16Out(what, "bf16 score gradient", out16, "scores", g));
   const int64_t rows = p.numel() / T;
   ProfiledOp op(OpCategory::kAttention, "causal_softmax.backward", p.device(),
                 internal::SoftmaxBackwardCost(rows, T, IsBf16(p), o16 != nullptr));
@@ -98,8 +96,8 @@ namespace {
 absl::Status CheckFusedAligned(absl::string_view what, const char* name, const Tensor& t,
                                int64_t bytes) {
   if (reinterpret_cast<uintptr_t>(t.raw_data()) % bytes == 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(what, ": fused attention needs ", name, " ",
-                                                 bytes, "-byte aligned, got ", t.ToString()));
+  return absl::InvalidArgumentError(absl::StrCat(what, ": fused attention needs ", name, " ", bytes,
+                                                 "-byte aligned, got ", t.ToString()));
 }
 
 // The shapes FusedAttentionForward/Backward share: qkv [B, T, 3C] bf16 with C = n_head * hd
@@ -143,9 +141,8 @@ absl::Status CheckShape(absl::string_view what, const char* name, const Tensor& 
   RETURN_IF_ERROR(CheckDevices(what, {{name, &t}, {"q, k and v", &like}}));
   RETURN_IF_ERROR(CheckDType(what, name, t, dtype));
   if (t.shape() != shape) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", name, " must be ",
-                                                   core::ShapeToString(shape), ", got ",
-                                                   t.ToString()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": ", name, " must be ", core::ShapeToString(shape), ", got ", t.ToString()));
   }
   return absl::OkStatus();
 }
@@ -157,7 +154,8 @@ absl::Status FusedAttentionForward(absl::string_view what, const Tensor& qkv, in
   ASSIGN_OR_RETURN(const int64_t hd, CheckFusedAttention(what, qkv, n_head));
   const int64_t B = qkv.size(0), T = qkv.size(1), C = n_head * hd;
   RETURN_IF_ERROR(CheckShape(what, "attention output", y, FloatOrBf16(y), {B, T, C}, qkv));
-  RETURN_IF_ERROR(CheckShape(what, "softmax statistics", lse, DType::kFloat32, {B, n_head, T}, qkv));
+  RETURN_IF_ERROR(
+      CheckShape(what, "softmax statistics", lse, DType::kFloat32, {B, n_head, T}, qkv));
   RETURN_IF_ERROR(CheckFusedAligned(what, "attention output", y, 2 * core::DTypeSize(y.dtype())));
   ProfiledOp op(OpCategory::kAttention, "fused_attention.forward", qkv.device(),
                 internal::FusedAttentionForwardCost(B, T, n_head, hd, core::DTypeSize(y.dtype())));
@@ -166,12 +164,11 @@ absl::Status FusedAttentionForward(absl::string_view what, const Tensor& qkv, in
     RETURN_IF_ERROR(CheckAttentionSwitches(what));
 #endif
     NN_ON_CUDA(qkv.device(), what, "fused attention forward",
-               kc::FlashAttentionForward(static_cast<const uint16_t*>(qkv.raw_data()),
-                                         y.raw_data(), IsBf16(y), MutF32(lse), B, T, n_head, hd,
-                                         scale));
+               kc::FlashAttentionForward(static_cast<const uint16_t*>(qkv.raw_data()), y.raw_data(),
+                                         IsBf16(y), MutF32(lse), B, T, n_head, hd, scale));
   }
-  kcpu::FlashAttentionForward(static_cast<const uint16_t*>(qkv.raw_data()), y.raw_data(),
-                              IsBf16(y), MutF32(lse), B, T, n_head, hd, scale);
+  kcpu::FlashAttentionForward(static_cast<const uint16_t*>(qkv.raw_data()), y.raw_data(), IsBf16(y),
+                              MutF32(lse), B, T, n_head, hd, scale);
   return absl::OkStatus();
 }
 
@@ -182,7 +179,8 @@ absl::Status FusedAttentionBackward(absl::string_view what, const Tensor& qkv, c
   const int64_t B = qkv.size(0), T = qkv.size(1), C = n_head * hd;
   RETURN_IF_ERROR(CheckShape(what, "attention output", y, FloatOrBf16(y), {B, T, C}, qkv));
   RETURN_IF_ERROR(CheckShape(what, "its gradient", gy, DType::kBFloat16, {B, T, C}, qkv));
-  RETURN_IF_ERROR(CheckShape(what, "softmax statistics", lse, DType::kFloat32, {B, n_head, T}, qkv));
+  RETURN_IF_ERROR(
+      CheckShape(what, "softmax statistics", lse, DType::kFloat32, {B, n_head, T}, qkv));
   RETURN_IF_ERROR(CheckShape(what, "row scratch", delta, DType::kFloat32, {B, n_head, T}, qkv));
   RETURN_IF_ERROR(
       CheckShape(what, "q, k and v gradient", gqkv, FloatOrBf16(gqkv), qkv.shape(), qkv));
@@ -198,10 +196,10 @@ absl::Status FusedAttentionBackward(absl::string_view what, const Tensor& qkv, c
 #ifdef FSDP_WITH_CUDA
     RETURN_IF_ERROR(CheckAttentionSwitches(what));
 #endif
-    NN_ON_CUDA(qkv.device(), what, "fused attention backward",
-               kc::FlashAttentionBackward(q16, y.raw_data(), IsBf16(y), gy16, F32(lse),
-                                          MutF32(delta), gqkv.raw_data(), IsBf16(gqkv), B, T,
-                                          n_head, hd, scale));
+    NN_ON_CUDA(
+        qkv.device(), what, "fused attention backward",
+        kc::FlashAttentionBackward(q16, y.raw_data(), IsBf16(y), gy16, F32(lse), MutF32(delta),
+                                   gqkv.raw_data(), IsBf16(gqkv), B, T, n_head, hd, scale));
   }
   kcpu::FlashAttentionBackward(q16, y.raw_data(), IsBf16(y), gy16, F32(lse), MutF32(delta),
                                gqkv.raw_data(), IsBf16(gqkv), B, T, n_head, hd, scale);

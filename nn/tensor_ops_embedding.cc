@@ -1,6 +1,4 @@
 // The embedding ops of nn/tensor_ops.h: the gather forward and the scatter-add backward.
-#include "nn/tensor_ops.h"
-
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +6,7 @@
 #include "kernels/cpu/kernels.h"
 #include "nn/internal/op_checks.h"
 #include "nn/internal/op_costs.h"
+#include "nn/tensor_ops.h"
 
 #ifdef FSDP_WITH_CUDA
 #include "kernels/cuda/kernels.h"
@@ -50,8 +49,8 @@ absl::Status EmbeddingForward(absl::string_view what, const Tensor& table, const
                 internal::EmbeddingForwardCost(n, dim, core::DTypeSize(table.dtype())));
   if (table.device().is_cuda()) {
     NN_ON_CUDA(table.device(), what, "embedding gather",
-               kc::EmbeddingForward(ids.data<int32_t>(), n, table.raw_data(), IsBf16(table),
-                                      num, dim, MutF32(y)));
+               kc::EmbeddingForward(ids.data<int32_t>(), n, table.raw_data(), IsBf16(table), num,
+                                    dim, MutF32(y)));
   }
   kcpu::EmbeddingForward(ids.data<int32_t>(), n, table.raw_data(), IsBf16(table), num, dim,
                          MutF32(y));
@@ -60,8 +59,8 @@ absl::Status EmbeddingForward(absl::string_view what, const Tensor& table, const
 
 absl::Status EmbeddingBackward(absl::string_view what, const Tensor& ids, const Tensor& g,
                                const Tensor& gw) {
-  RETURN_IF_ERROR(CheckDevices(what, {{"weight gradient", &gw}, {"ids", &ids},
-                                      {"grad_output", &g}}));
+  RETURN_IF_ERROR(
+      CheckDevices(what, {{"weight gradient", &gw}, {"ids", &ids}, {"grad_output", &g}}));
   RETURN_IF_ERROR(CheckDType(what, "ids", ids, DType::kInt32));
   RETURN_IF_ERROR(CheckDType(what, "grad_output", g, DType::kFloat32));
   RETURN_IF_ERROR(CheckDType(what, "weight gradient", gw, DType::kFloat32));
@@ -78,8 +77,8 @@ absl::Status EmbeddingBackward(absl::string_view what, const Tensor& ids, const 
     // The ids sorted with their positions (kernels/cuda/kernels.h), int32 words.
     size_t scratch_bytes = 0;
     RETURN_IF_ERROR(internal::UseDevice(gw.device(), what));
-    RETURN_IF_ERROR(internal::Launched(kc::EmbeddingBackwardScratchBytes(n, &scratch_bytes),
-                                       what, "embedding gradient scratch size"));
+    RETURN_IF_ERROR(internal::Launched(kc::EmbeddingBackwardScratchBytes(n, &scratch_bytes), what,
+                                       "embedding gradient scratch size"));
     ASSIGN_OR_RETURN(Tensor scratch,
                      Tensor::Allocate({static_cast<int64_t>((scratch_bytes + 3) / 4)},
                                       DType::kInt32, core::MemoryTag::kActivation, gw.device()));

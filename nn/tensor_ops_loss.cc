@@ -1,7 +1,5 @@
 // CrossEntropyForwardBackward of nn/tensor_ops.h: the loss rows and their gradient in one
 // pass, the mean loss read on the host now or later (NOTE [Deferred loss] in nn/losses.h).
-#include "nn/tensor_ops.h"
-
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -14,6 +12,7 @@
 #include "kernels/cpu/kernels.h"
 #include "nn/internal/op_checks.h"
 #include "nn/internal/op_costs.h"
+#include "nn/tensor_ops.h"
 
 #ifdef FSDP_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -50,8 +49,8 @@ using internal::NoCuda;
 absl::StatusOr<double> CrossEntropyForwardBackward(
     absl::string_view what, const Tensor& logits, const Tensor& targets, const Tensor& grad,
     std::function<absl::StatusOr<double>()>* deferred) {
-  RETURN_IF_ERROR(CheckDevices(what, {{"logits", &logits}, {"targets", &targets},
-                                      {"gradient", &grad}}));
+  RETURN_IF_ERROR(
+      CheckDevices(what, {{"logits", &logits}, {"targets", &targets}, {"gradient", &grad}}));
   RETURN_IF_ERROR(CheckFp32OrBf16(what, "logits", logits));  // fp32 or bf16
   RETURN_IF_ERROR(CheckDType(what, "targets", targets, DType::kInt32));
   RETURN_IF_ERROR(CheckFp32OrBf16(what, "gradient", grad));  // fp32 or bf16
@@ -60,9 +59,8 @@ absl::StatusOr<double> CrossEntropyForwardBackward(
   uint16_t* const grad16 = IsBf16(grad) ? static_cast<uint16_t*>(grad.raw_data()) : nullptr;
   const int64_t n = targets.numel();
   if (n == 0 || logits.numel() % n != 0 || logits.numel() == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": logits ", logits.ToString(),
-                                                   " are not rows for targets ",
-                                                   targets.ToString()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": logits ", logits.ToString(), " are not rows for targets ", targets.ToString()));
   }
   const int64_t V = logits.numel() / n;
   const double inv_n = 1.0 / static_cast<double>(n);
@@ -82,24 +80,24 @@ absl::StatusOr<double> CrossEntropyForwardBackward(
 #ifdef FSDP_WITH_CUDA
       RETURN_IF_ERROR(UseDevice(logits.device(), what));
       // Per-row losses as doubles (8 bytes = 2 int32 elements each).
-      ASSIGN_OR_RETURN(Tensor row_loss, Tensor::Allocate({2 * n}, DType::kInt32,
-                                                         core::MemoryTag::kActivation,
-                                                         logits.device()));
+      ASSIGN_OR_RETURN(
+          Tensor row_loss,
+          Tensor::Allocate({2 * n}, DType::kInt32, core::MemoryTag::kActivation, logits.device()));
       auto* const losses = static_cast<double*>(row_loss.raw_data());
       RETURN_IF_ERROR(Launched(
-          IsBf16(logits) ? kc::CrossEntropy(static_cast<const uint16_t*>(logits.raw_data()),
-                                            targets.data<int32_t>(), n, V, inv_n, grad32,
-                                            losses, grad16)
-                         : kc::CrossEntropy(F32(logits), targets.data<int32_t>(), n, V, inv_n,
-                                            grad32, losses, grad16),
+          IsBf16(logits)
+              ? kc::CrossEntropy(static_cast<const uint16_t*>(logits.raw_data()),
+                                 targets.data<int32_t>(), n, V, inv_n, grad32, losses, grad16)
+              : kc::CrossEntropy(F32(logits), targets.data<int32_t>(), n, V, inv_n, grad32, losses,
+                                 grad16),
           what, "cross-entropy"));
       read = [row_loss, n, mean, what = std::string(what)]() -> absl::StatusOr<double> {
         RETURN_IF_ERROR(UseDevice(row_loss.device(), what));
         std::vector<double> host(static_cast<size_t>(n));
-        RETURN_IF_ERROR(Launched(cudaMemcpy(host.data(), row_loss.raw_data(),
-                                            sizeof(double) * static_cast<size_t>(n),
-                                            cudaMemcpyDeviceToHost),
-                                 what, "copy of the cross-entropy row losses to the host"));
+        RETURN_IF_ERROR(
+            Launched(cudaMemcpy(host.data(), row_loss.raw_data(),
+                                sizeof(double) * static_cast<size_t>(n), cudaMemcpyDeviceToHost),
+                     what, "copy of the cross-entropy row losses to the host"));
         return mean(host);
       };
 #else
@@ -108,8 +106,8 @@ absl::StatusOr<double> CrossEntropyForwardBackward(
     } else {
       std::vector<double> row_loss(static_cast<size_t>(n));
       if (IsBf16(logits)) {
-        kcpu::CrossEntropy(static_cast<const uint16_t*>(logits.raw_data()),
-                           targets.data<int32_t>(), n, V, inv_n, grad32, row_loss.data(), grad16);
+        kcpu::CrossEntropy(static_cast<const uint16_t*>(logits.raw_data()), targets.data<int32_t>(),
+                           n, V, inv_n, grad32, row_loss.data(), grad16);
       } else {
         kcpu::CrossEntropy(F32(logits), targets.data<int32_t>(), n, V, inv_n, grad32,
                            row_loss.data(), grad16);

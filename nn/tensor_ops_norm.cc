@@ -1,8 +1,6 @@
 // The norms of nn/tensor_ops.h: LayerNorm forward and backward, their fused residual
 // adds (NOTE [Fused ops]), and RMSNorm's, which run LayerNorm's code without the mean and
 // the bias.
-#include "nn/tensor_ops.h"
-
 #include <cstdint>
 #include <string>
 
@@ -13,6 +11,7 @@
 #include "nn/internal/op_checks.h"
 #include "nn/internal/op_costs.h"
 #include "nn/internal/tensor_ops_common.h"
+#include "nn/tensor_ops.h"
 
 #ifdef FSDP_WITH_CUDA
 #include "kernels/cuda/kernels.h"
@@ -86,8 +85,8 @@ absl::StatusOr<int64_t> CheckLayerNormForward(absl::string_view what, bool cente
     RETURN_IF_ERROR(CheckNumel(what, "bias", b, cols));
   }
   if (cols == 0 || x.numel() % cols != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": weight ", w.ToString(),
-                                                   " does not tile input ", x.ToString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": weight ", w.ToString(), " does not tile input ", x.ToString()));
   }
   const int64_t rows = x.numel() / cols;
   // NOTE [GEMM epilogues]: a bf16 output is a bf16 GEMM's operand, stored so directly.
@@ -124,8 +123,8 @@ absl::StatusOr<int64_t> CheckLayerNormBackward(absl::string_view what, bool cent
   RETURN_IF_ERROR(CheckFp32OrBf16(what, "weight", w));
   const int64_t cols = w.numel();
   if (cols == 0 || g.numel() % cols != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": weight ", w.ToString(),
-                                                   " does not tile grad_output ", g.ToString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": weight ", w.ToString(), " does not tile grad_output ", g.ToString()));
   }
   const int64_t rows = g.numel() / cols;
   RETURN_IF_ERROR(CheckNumel(what, "input", x, g.numel()));
@@ -153,10 +152,10 @@ absl::Status LayerNormForward(absl::string_view what, const Tensor& x, const Ten
                 internal::LayerNormForwardCost(rows, w.numel(), core::DTypeSize(w.dtype()),
                                                /*add=*/false, core::DTypeSize(y.dtype())));
   if (x.device().is_cuda()) {
-    NN_ON_CUDA(x.device(), what, "LayerNorm forward",
-               kc::LayerNormForward(F32(x), w.raw_data(), b.raw_data(), IsBf16(w), eps,
-                                    y.raw_data(), MutF32(mean), MutF32(rstd), rows, w.numel(),
-                                    IsBf16(y)));
+    NN_ON_CUDA(
+        x.device(), what, "LayerNorm forward",
+        kc::LayerNormForward(F32(x), w.raw_data(), b.raw_data(), IsBf16(w), eps, y.raw_data(),
+                             MutF32(mean), MutF32(rstd), rows, w.numel(), IsBf16(y)));
   }
   kcpu::LayerNormForward(F32(x), w.raw_data(), b.raw_data(), IsBf16(w), eps, y.raw_data(),
                          MutF32(mean), MutF32(rstd), rows, w.numel(), IsBf16(y));
@@ -166,8 +165,8 @@ absl::Status LayerNormForward(absl::string_view what, const Tensor& x, const Ten
 absl::Status AddLayerNormForward(absl::string_view what, const Tensor& a, const Tensor& b,
                                  const Tensor& w, const Tensor& bias, float eps, const Tensor& h,
                                  const Tensor& y, const Tensor& mean, const Tensor& rstd) {
-  RETURN_IF_ERROR(CheckElementwiseF32(
-      what, {{"first operand", &a}, {"second operand", &b}, {"sum", &h}}));
+  RETURN_IF_ERROR(
+      CheckElementwiseF32(what, {{"first operand", &a}, {"second operand", &b}, {"sum", &h}}));
   ASSIGN_OR_RETURN(const int64_t rows,
                    CheckLayerNormForward(what, /*centered=*/true, h, w, bias, y, mean, rstd));
   for (const Arg& out : {Arg{"output", &y}, Arg{"mean", &mean}, Arg{"rstd", &rstd}}) {
@@ -328,10 +327,10 @@ absl::Status LayerNormBackwardAdd(absl::string_view what, const Tensor& g, const
   ASSIGN_OR_RETURN(const int64_t rows, CheckLayerNormBackward(what, /*centered=*/true, g, x, mean,
                                                               rstd, w, gx, gw, gb));
   ASSIGN_OR_RETURN(uint16_t* const out16, CheckBackwardAdd(what, g, x, residual, gx, gx16));
-  ProfiledOp op(OpCategory::kNorm, "layernorm.backward_add", g.device(),
-                internal::LayerNormBackwardCost(rows, w.numel(), core::DTypeSize(w.dtype()),
-                                                gw.defined(), gb.defined(), /*residual=*/true,
-                                                out16 != nullptr));
+  ProfiledOp op(
+      OpCategory::kNorm, "layernorm.backward_add", g.device(),
+      internal::LayerNormBackwardCost(rows, w.numel(), core::DTypeSize(w.dtype()), gw.defined(),
+                                      gb.defined(), /*residual=*/true, out16 != nullptr));
   if (g.device().is_cuda()) {
 #ifdef FSDP_WITH_CUDA
     return LayerNormBackwardCuda(what, g, x, mean, rstd, w, residual, gx, out16, gw, gb, rows);

@@ -1,7 +1,5 @@
 // AccumulateColumnSums of nn/tensor_ops.h, and the CUDA column sums (with their partial
 // sums' scratch) that the norms' backward shares (nn/internal/tensor_ops_common.h).
-#include "nn/tensor_ops.h"
-
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +9,7 @@
 #include "nn/internal/op_checks.h"
 #include "nn/internal/op_costs.h"
 #include "nn/internal/tensor_ops_common.h"
+#include "nn/tensor_ops.h"
 
 #ifdef FSDP_WITH_CUDA
 #include "kernels/cuda/kernels.h"
@@ -85,8 +84,8 @@ absl::StatusOr<int64_t> CheckColumnSums(absl::string_view what, const Tensor& x,
   RETURN_IF_ERROR(CheckDType(what, "sums", acc, DType::kFloat32));
   const int64_t cols = acc.numel();
   if (cols == 0 || x.numel() % cols != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": sums ", acc.ToString(),
-                                                   " do not tile input ", x.ToString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": sums ", acc.ToString(), " do not tile input ", x.ToString()));
   }
   return x.numel() / cols;
 }

@@ -81,8 +81,9 @@ TEST_P(MatMulTest, BatchedStridedGemmMatchesNaiveReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTransposes, MatMulTest,
-                         ::testing::Values(std::make_pair(false, false), std::make_pair(false, true),
-                                           std::make_pair(true, false), std::make_pair(true, true)));
+                         ::testing::Values(std::make_pair(false, false),
+                                           std::make_pair(false, true), std::make_pair(true, false),
+                                           std::make_pair(true, true)));
 
 TEST(TensorOpsTest, Bf16OperandIsWidenedExactly) {
   const core::Tensor a = Normal(6, 4), b = Normal(6, 5);
@@ -176,7 +177,8 @@ absl::Status RunEpilogue(const EpilogueCase& e, int64_t m, int64_t n, int64_t k,
 }
 
 std::vector<float> Widened(const core::Tensor& t) {
-  absl::StatusOr<core::Tensor> wide = t.ToDType(core::DType::kFloat32, core::MemoryTag::kActivation);
+  absl::StatusOr<core::Tensor> wide =
+      t.ToDType(core::DType::kFloat32, core::MemoryTag::kActivation);
   EXPECT_TRUE(wide.ok());
   return wide->ToVector();
 }
@@ -224,7 +226,8 @@ TEST(GemmEpilogueTest, EachIsThePlainGemmThenTheUnfusedOpRoundedOnceForBf16) {
     ASSERT_TRUE(RunEpilogue(e, m, n, k, GemmEpilogue::kDGelu).ok());
     std::vector<float> ref = dgelu.ToVector();
     if (bf16) {
-      absl::StatusOr<core::Tensor> saved_wide = stored->ToDType(core::DType::kFloat32, core::MemoryTag::kActivation);
+      absl::StatusOr<core::Tensor> saved_wide =
+          stored->ToDType(core::DType::kFloat32, core::MemoryTag::kActivation);
       ASSERT_TRUE(saved_wide.ok());
       core::Tensor d = core::Tensor::Zeros({m * n});
       ASSERT_TRUE(GeluBackward("ref", *saved_wide, plain.c, d).ok());
@@ -419,9 +422,11 @@ TEST(TensorOpsTest, LayerNormsBf16OutputIsTheFp32OutputRoundedOnce) {
 
 TEST(TensorOpsTest, ColumnSumsOfABf16InputAreThoseOfItsWidenedValues) {
   const core::Tensor x = Normal(5 * 4, 21);
-  absl::StatusOr<core::Tensor> x16 = x.ToDType(core::DType::kBFloat16, core::MemoryTag::kActivation);
+  absl::StatusOr<core::Tensor> x16 =
+      x.ToDType(core::DType::kBFloat16, core::MemoryTag::kActivation);
   ASSERT_TRUE(x16.ok());
-  absl::StatusOr<core::Tensor> wide = x16->ToDType(core::DType::kFloat32, core::MemoryTag::kActivation);
+  absl::StatusOr<core::Tensor> wide =
+      x16->ToDType(core::DType::kFloat32, core::MemoryTag::kActivation);
   ASSERT_TRUE(wide.ok());
   core::Tensor got = core::Tensor::FromVector({1, 2, 3, 4}, {4}).value();
   core::Tensor want = core::Tensor::FromVector({1, 2, 3, 4}, {4}).value();
@@ -481,10 +486,10 @@ TEST(TensorOpsTest, CausalSoftmaxBf16OutputsAreTheRoundedResultsAndAreChecked) {
   // The backward reads the bf16 p and writes a bf16 gradient.
   const core::Tensor g = Normal(3 * T * T, 9);
   const core::Tensor g_ref = g.Clone(core::MemoryTag::kOther);
-  ASSERT_TRUE(CausalSoftmaxBackward("t", p16.ToDType(core::DType::kFloat32,
-                                                     core::MemoryTag::kOther).value(),
-                                    g_ref, T, 0.5f)
-                  .ok());
+  ASSERT_TRUE(
+      CausalSoftmaxBackward(
+          "t", p16.ToDType(core::DType::kFloat32, core::MemoryTag::kOther).value(), g_ref, T, 0.5f)
+          .ok());
   core::Tensor out16 =
       core::Tensor::Allocate({3 * T * T}, core::DType::kBFloat16, core::MemoryTag::kOther).value();
   ASSERT_TRUE(CausalSoftmaxBackward("t", p16, g, T, 0.5f, out16).ok());
@@ -567,7 +572,9 @@ TEST(FusedOpsTest, EachGivesTheBitsOfTheUnfusedOps) {
       ASSERT_TRUE(AddTensors("t", x, a, h_ref).ok());
       ASSERT_TRUE(LayerNormForward("t", h_ref, w, lb, 1e-5f, ln_ref, mean_ref, rstd_ref).ok());
       for (int where = 0; where < 3; ++where) {
-        SCOPED_TRACE(absl::StrCat("sum into ", where == 0 ? "a new tensor" : where == 1 ? "a" : "b"));
+        SCOPED_TRACE(absl::StrCat("sum into ", where == 0   ? "a new tensor"
+                                               : where == 1 ? "a"
+                                                            : "b"));
         core::Tensor ca = x.Clone(core::MemoryTag::kOther);
         core::Tensor cb = a.Clone(core::MemoryTag::kOther);
         core::Tensor h = where == 0 ? empty(n) : where == 1 ? ca : cb;
@@ -585,8 +592,7 @@ TEST(FusedOpsTest, EachGivesTheBitsOfTheUnfusedOps) {
           LayerNormBackward("t", g, h_ref, mean_ref, rstd_ref, w, lgx_ref, gw_ref, glb_ref).ok());
       ASSERT_TRUE(AddTensors("t", a, lgx_ref, lgx_ref).ok());
       core::Tensor lgx = empty(n), gw = Normal(cols, 8), glb = Normal(cols, 9);
-      ASSERT_TRUE(
-          LayerNormBackwardAdd("t", g, h_ref, mean_ref, rstd_ref, w, a, lgx, gw, glb).ok());
+      ASSERT_TRUE(LayerNormBackwardAdd("t", g, h_ref, mean_ref, rstd_ref, w, a, lgx, gw, glb).ok());
       EXPECT_EQ(Bits(lgx), Bits(lgx_ref));
       EXPECT_EQ(Bits(gw), Bits(gw_ref));
       EXPECT_EQ(Bits(glb), Bits(glb_ref));
@@ -595,9 +601,9 @@ TEST(FusedOpsTest, EachGivesTheBitsOfTheUnfusedOps) {
       // conversion).
       core::Tensor lgx2 = empty(n), gw2 = Normal(cols, 8), glb2 = Normal(cols, 9);
       core::Tensor lgx16 = core::Tensor::Empty({n}, core::DType::kBFloat16);
-      ASSERT_TRUE(LayerNormBackwardAdd("t", g, h_ref, mean_ref, rstd_ref, w, a, lgx2, gw2, glb2,
-                                       lgx16)
-                      .ok());
+      ASSERT_TRUE(
+          LayerNormBackwardAdd("t", g, h_ref, mean_ref, rstd_ref, w, a, lgx2, gw2, glb2, lgx16)
+              .ok());
       EXPECT_EQ(Bits(lgx2), Bits(lgx_ref));
       EXPECT_EQ(Bits(gw2), Bits(gw_ref));
       const core::Tensor rounded =
@@ -726,8 +732,8 @@ TEST(FusedAttentionTest, HeadWidthsShapesAndDTypesAreChecked) {
   s = FusedAttentionForward("attn", qkv, 2, 0.125f, core::Tensor::Zeros({1, 4, 64}), lse);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("attention output"));
-  s = FusedAttentionBackward("attn", qkv, y, core::Tensor::Zeros({1, 4, 128}), lse, lse, 2,
-                             0.125f, core::Tensor::Zeros({1, 4, 384}));
+  s = FusedAttentionBackward("attn", qkv, y, core::Tensor::Zeros({1, 4, 128}), lse, lse, 2, 0.125f,
+                             core::Tensor::Zeros({1, 4, 384}));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("its gradient"));
   EXPECT_TRUE(FusedAttentionForward("attn", qkv, 2, 0.125f, y, lse).ok());

@@ -30,8 +30,8 @@ absl::Status ToDevice(core::Module& module, const core::Device& device) {
   std::vector<Move> moves;
   for (const auto& [name, p] : module.NamedParameters()) {
     Move m{p, p->data, p->grad};
-    const std::string what = absl::StrCat("ToDevice(", device.ToString(), "): parameter '", name,
-                                          "'");
+    const std::string what =
+        absl::StrCat("ToDevice(", device.ToString(), "): parameter '", name, "'");
     if (p->data.is_meta()) {
       // Deferred (NOTE [Deferred initialisation]): it will be materialized there.
       m.data = core::Tensor::Meta(p->data.shape(), p->data.dtype(), device);
@@ -52,9 +52,10 @@ absl::Status ToDevice(core::Module& module, const core::Device& device) {
 
 absl::Status ConvertParameters(core::Module& module, core::DType dtype) {
   if (dtype != core::DType::kFloat32 && dtype != core::DType::kBFloat16) {
-    return absl::InvalidArgumentError(absl::StrCat("ConvertParameters: dtype must be float32 or "
-                                                   "bfloat16, got ",
-                                                   core::DTypeName(dtype)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ConvertParameters: dtype must be float32 or "
+                     "bfloat16, got ",
+                     core::DTypeName(dtype)));
   }
   struct Change {
     core::ParameterPtr p;

@@ -5,11 +5,10 @@
 // the fp32 GPT with rounded weights.
 #include "nn/to_device.h"
 
-#include <memory>
-#include <vector>
-
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <vector>
 
 #include "core/random.h"
 #include "core/status_macros.h"

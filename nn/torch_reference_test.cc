@@ -5,6 +5,8 @@
 // loss, relative, and every parameter gradient within 1e-5 of the largest magnitude of
 // that tensor's float64 gradient (max |ours - reference| / max |reference|). The figures
 // are printed.
+#include "nn/testing/torch_reference.h"
+
 #include <memory>
 #include <string>
 
@@ -13,7 +15,6 @@
 #include "nn/gpt.h"
 #include "nn/llama.h"
 #include "nn/tensor_ops.h"
-#include "nn/testing/torch_reference.h"
 
 namespace nn {
 namespace {

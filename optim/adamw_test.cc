@@ -50,8 +50,7 @@ struct ReferenceAdamW {
 };
 
 ParameterPtr MakeParam(std::vector<float> values) {
-  return Parameter::Make(
-      Tensor::FromVector(values, {static_cast<int64_t>(values.size())}).value());
+  return Parameter::Make(Tensor::FromVector(values, {static_cast<int64_t>(values.size())}).value());
 }
 
 void SetGrad(const ParameterPtr& p, std::vector<float> grad) {
@@ -85,10 +84,9 @@ TEST(AdamWTest, FirstThreeStepsMatchPyTorchsRuleWrittenOut) {
   // Values of the rule above evaluated in double (Python floats) for these gradients.
   // Step 1 by hand for the first element: theta = 1 * (1 - 0.01) = 0.99, m_hat = g,
   // v_hat = g^2, so theta = 0.99 - 0.1 * 0.1 / (0.1 + 1e-8) = 0.8900000100.
-  const std::vector<std::vector<double>> expected = {
-      {0.8900000100, -0.3950000050, 1.8800000033},
-      {0.8544663093, -0.4276603565, 1.7612000066},
-      {0.7801104912, -0.4516836606, 1.6830182147}};
+  const std::vector<std::vector<double>> expected = {{0.8900000100, -0.3950000050, 1.8800000033},
+                                                     {0.8544663093, -0.4276603565, 1.7612000066},
+                                                     {0.7801104912, -0.4516836606, 1.6830182147}};
   for (int step = 0; step < 3; ++step) {
     SetGrad(p, kGrads[step]);
     ASSERT_TRUE(opt->Step().ok());
@@ -312,9 +310,8 @@ TEST(AdamWTest, CpuLoopMatchesTheScalarBodyBitForBitOnAnyThreadCount) {
   // Scalar reference: three steps through the shared body.
   std::vector<float> w = w0, m(n, 0.0f), v(n, 0.0f);
   for (int t = 1; t <= 3; ++t) {
-    const kernels::AdamWScalars s =
-        kernels::MakeAdamWScalars(options.lr, options.beta1, options.beta2, options.eps,
-                                      options.weight_decay, t);
+    const kernels::AdamWScalars s = kernels::MakeAdamWScalars(
+        options.lr, options.beta1, options.beta2, options.eps, options.weight_decay, t);
     for (int64_t i = 0; i < n; ++i) kernels::AdamWUpdate(&w[i], &m[i], &v[i], g[i], s);
   }
   const int saved = kernels::IntraOpThreads();

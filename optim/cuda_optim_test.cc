@@ -17,10 +17,10 @@
 namespace optim {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                                      \
-  do {                                                                          \
-    absl::StatusOr<int> n = core::CudaDeviceCount();                            \
-    if (!n.ok()) GTEST_SKIP() << "no usable CUDA device: " << n.status();       \
+#define SKIP_WITHOUT_GPU()                                                        \
+  do {                                                                            \
+    absl::StatusOr<int> n = core::CudaDeviceCount();                              \
+    if (!n.ok()) GTEST_SKIP() << "no usable CUDA device: " << n.status();         \
     if (*n == 0) GTEST_SKIP() << "no usable CUDA device: CudaDeviceCount() is 0"; \
   } while (0)
 

@@ -44,8 +44,8 @@ absl::Status Optimizer::ValidateParameters(const std::string& type_name,
           absl::StrCat(type_name, ": parameter '", name, "' is null"));
     }
     if (!seen_names.insert(name).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          type_name, ": two parameters are named '", name, "'; names key the optimizer state"));
+      return absl::InvalidArgumentError(absl::StrCat(type_name, ": two parameters are named '",
+                                                     name, "'; names key the optimizer state"));
     }
     auto [it, inserted] = seen_params.emplace(p.get(), name);
     if (!inserted) {
@@ -107,7 +107,8 @@ absl::StatusOr<std::vector<size_t>> Optimizer::BeginStep() {
       return absl::FailedPreconditionError(absl::StrCat(
           type, ": parameter '", name, "' now has ", data.numel(), " elements ",
           core::ShapeToString(data.shape()), " but its optimizer state '", names[s], "' has ",
-          st.tensors[s].numel(), " elements, allocated at its first step: the optimizer was "
+          st.tensors[s].numel(),
+          " elements, allocated at its first step: the optimizer was "
           "stepped before the model was sharded (or the parameter was otherwise resized). "
           "Build the optimizer after wrapping the model, or call ResetState() to start its "
           "state afresh"));
@@ -122,8 +123,8 @@ absl::StatusOr<std::vector<size_t>> Optimizer::BeginStep() {
     if (states_[i].steps > 0) continue;
     const Tensor& data = params_[i].second->data;
     for (size_t s = 0; s < names.size(); ++s) {
-      ASSIGN_OR_RETURN(Tensor t, Tensor::Allocate(data.shape(), DType::kFloat32,
-                                                  MemoryTag::kOptim, data.device()));
+      ASSIGN_OR_RETURN(Tensor t, Tensor::Allocate(data.shape(), DType::kFloat32, MemoryTag::kOptim,
+                                                  data.device()));
       t.Zero();
       fresh[k].push_back(std::move(t));
     }
@@ -180,16 +181,16 @@ absl::Status Optimizer::LoadState(const OptimizerState& state) {
   for (const auto& [name, steps] : state.param_steps) {
     auto it = index_of.find(name);
     if (it == index_of.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          type, ": LoadState: param_steps names '", name, "', which is not one of its parameters"));
+      return absl::InvalidArgumentError(absl::StrCat(type, ": LoadState: param_steps names '", name,
+                                                     "', which is not one of its parameters"));
     }
     if (steps < 0) {
       return absl::InvalidArgumentError(absl::StrCat(type, ": LoadState: parameter '", name,
                                                      "' has a negative step count ", steps));
     }
     if (!listed.insert(it->second).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          type, ": LoadState: param_steps lists parameter '", name, "' twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(type, ": LoadState: param_steps lists parameter '", name, "' twice"));
     }
     loaded[it->second].steps = steps;
     if (steps > 0) loaded[it->second].tensors.resize(names.size());
@@ -197,17 +198,18 @@ absl::Status Optimizer::LoadState(const OptimizerState& state) {
   for (const auto& [key, src] : state.tensors) {
     auto it = key_of.find(key);
     if (it == key_of.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          type, ": LoadState: state tensor '", key,
-          "' is not '<parameter name>.<state name>' for any parameter; state names: [",
-          absl::StrJoin(names, ", "), "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(type, ": LoadState: state tensor '", key,
+                       "' is not '<parameter name>.<state name>' for any parameter; state names: [",
+                       absl::StrJoin(names, ", "), "]"));
     }
     const auto [i, s] = it->second;
     ParamState& st = loaded[i];
     if (st.steps == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          type, ": LoadState: state tensor '", key, "' is given but param_steps has no positive "
-          "step count for parameter '", params_[i].first, "'"));
+      return absl::InvalidArgumentError(absl::StrCat(type, ": LoadState: state tensor '", key,
+                                                     "' is given but param_steps has no positive "
+                                                     "step count for parameter '",
+                                                     params_[i].first, "'"));
     }
     if (st.tensors[s].defined()) {
       return absl::InvalidArgumentError(
@@ -218,7 +220,8 @@ absl::Status Optimizer::LoadState(const OptimizerState& state) {
       return absl::InvalidArgumentError(absl::StrCat(
           type, ": LoadState: state tensor '", key, "' has ", src.defined() ? src.numel() : 0,
           " elements but parameter '", params_[i].first, "' has ", data.numel(), " elements ",
-          core::ShapeToString(data.shape()), " (load state into an optimizer over parameters "
+          core::ShapeToString(data.shape()),
+          " (load state into an optimizer over parameters "
           "of the same layout, e.g. after wrapping with the same world size)"));
     }
     ASSIGN_OR_RETURN(Tensor t, Tensor::Allocate(data.shape(), DType::kFloat32, MemoryTag::kOptim,
@@ -234,15 +237,15 @@ absl::Status Optimizer::LoadState(const OptimizerState& state) {
       }
       absl::StatusOr<Tensor> wide = host.ToDType(DType::kFloat32, MemoryTag::kOptim);
       if (!wide.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(type, ": LoadState: state tensor '", key,
-                                                       "': ", wide.status().message()));
+        return absl::InvalidArgumentError(
+            absl::StrCat(type, ": LoadState: state tensor '", key, "': ", wide.status().message()));
       }
       source = *std::move(wide);
     }
     absl::Status copied = t.CopyFrom(source);
     if (!copied.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(type, ": LoadState: state tensor '", key,
-                                                     "': ", copied.message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(type, ": LoadState: state tensor '", key, "': ", copied.message()));
     }
     st.tensors[s] = std::move(t);
   }

@@ -32,8 +32,8 @@ class CountingOptimizer : public Optimizer {
     RETURN_IF_ERROR(ValidateParameters("Counting", params));
     return std::unique_ptr<CountingOptimizer>(new CountingOptimizer(std::move(params), lr));
   }
-  static absl::StatusOr<std::unique_ptr<CountingOptimizer>> Create(
-      std::vector<ParameterPtr> params, double lr) {
+  static absl::StatusOr<std::unique_ptr<CountingOptimizer>> Create(std::vector<ParameterPtr> params,
+                                                                   double lr) {
     return Create(NameByIndex(std::move(params)), lr);
   }
 
@@ -59,8 +59,8 @@ class CountingOptimizer : public Optimizer {
 };
 
 ParameterPtr MakeParam(std::vector<float> values, std::vector<float> grad) {
-  ParameterPtr p = Parameter::Make(
-      Tensor::FromVector(values, {static_cast<int64_t>(values.size())}).value());
+  ParameterPtr p =
+      Parameter::Make(Tensor::FromVector(values, {static_cast<int64_t>(values.size())}).value());
   if (!grad.empty()) {
     p->grad = Tensor::FromVector(grad, {static_cast<int64_t>(grad.size())}).value();
   }
@@ -106,9 +106,9 @@ TEST(OptimizerTest, SkipsFrozenAndGradlessParameters) {
   ParameterPtr frozen = MakeParam({5}, {1});
   frozen->requires_grad = false;
   ParameterPtr gradless = MakeParam({7}, {});
-  auto opt = CountingOptimizer::Create(
-                 {{"live", live}, {"frozen", frozen}, {"gradless", gradless}}, 1.0)
-                 .value();
+  auto opt =
+      CountingOptimizer::Create({{"live", live}, {"frozen", frozen}, {"gradless", gradless}}, 1.0)
+          .value();
   ASSERT_TRUE(opt->Step().ok());
   EXPECT_THAT(live->data.ToVector(), ElementsAre(0.0f, 1.0f));
   EXPECT_THAT(frozen->data.ToVector(), ElementsAre(5.0f));
@@ -132,8 +132,7 @@ TEST(OptimizerTest, SkipsFrozenAndGradlessParameters) {
 TEST(OptimizerTest, StateIsAllocatedLazilyUnderKOptimWithTheDataNumel) {
   auto allocator = std::make_shared<core::Allocator>(core::Device::Cpu());
   core::ScopedAllocator scope(allocator);
-  ParameterPtr p = Parameter::Make(Tensor::Zeros({3, 5}, core::DType::kFloat32,
-                                                 MemoryTag::kParam));
+  ParameterPtr p = Parameter::Make(Tensor::Zeros({3, 5}, core::DType::kFloat32, MemoryTag::kParam));
   ASSERT_TRUE(p->EnsureGrad().ok());
   auto opt = CountingOptimizer::Create({{"w", p}}, 1.0).value();
   EXPECT_EQ(allocator->Stats().current(MemoryTag::kOptim), 0);
@@ -235,8 +234,7 @@ TEST(OptimizerTest, ZeroGradZeroesOrDropsEveryGradient) {
   ParameterPtr frozen = MakeParam({1}, {5});
   frozen->requires_grad = false;
   ParameterPtr none = MakeParam({1}, {});
-  auto opt = CountingOptimizer::Create({{"a", a}, {"frozen", frozen}, {"none", none}}, 1.0)
-                 .value();
+  auto opt = CountingOptimizer::Create({{"a", a}, {"frozen", frozen}, {"none", none}}, 1.0).value();
   const Tensor a_grad = a->grad;
   opt->ZeroGrad();
   EXPECT_TRUE(a->grad.SharesStorage(a_grad)) << "zeroed in place";

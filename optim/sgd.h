@@ -34,11 +34,11 @@ namespace optim {
 
 // torch.optim.SGD's options with its defaults (lr as in PyTorch 2).
 struct SgdOptions {
-  double lr = 1e-3;            // >= 0
-  double momentum = 0.0;       // >= 0
-  double dampening = 0.0;      // any finite value, 0 with nesterov
-  double weight_decay = 0.0;   // >= 0
-  bool nesterov = false;       // needs momentum > 0 and dampening == 0
+  double lr = 1e-3;           // >= 0
+  double momentum = 0.0;      // >= 0
+  double dampening = 0.0;     // any finite value, 0 with nesterov
+  double weight_decay = 0.0;  // >= 0
+  bool nesterov = false;      // needs momentum > 0 and dampening == 0
 };
 
 class SGD : public Optimizer {

@@ -26,8 +26,7 @@ using ::testing::HasSubstr;
 constexpr float kTol = 2e-6f;
 
 ParameterPtr MakeParam(std::vector<float> values) {
-  return Parameter::Make(
-      Tensor::FromVector(values, {static_cast<int64_t>(values.size())}).value());
+  return Parameter::Make(Tensor::FromVector(values, {static_cast<int64_t>(values.size())}).value());
 }
 
 void SetGrad(const ParameterPtr& p, std::vector<float> grad) {

@@ -59,9 +59,9 @@ absl::StatusOr<WrapPolicyPtr> BuildExpression(const WrapPolicyConfig& config,
                                               const PolicyRegistry& registry) {
   const bool top_level = depth == 0;
   if (depth > kMaxPolicyDepth) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": policy expressions nest more than ", kMaxPolicyDepth,
-                     " levels deep (any_of / all_of / negate)"));
+    return absl::InvalidArgumentError(absl::StrCat(where, ": policy expressions nest more than ",
+                                                   kMaxPolicyDepth,
+                                                   " levels deep (any_of / all_of / negate)"));
   }
   std::vector<std::string> set;
   if (!config.name().empty()) set.push_back("name");
@@ -69,9 +69,9 @@ absl::StatusOr<WrapPolicyPtr> BuildExpression(const WrapPolicyConfig& config,
   if (config.all_of_size() > 0) set.push_back("all_of");
   if (config.has_negate()) set.push_back("negate");
   if (set.size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": set exactly one of name, any_of, all_of, negate; found ",
-        set.empty() ? "none" : absl::StrJoin(set, ", ")));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": set exactly one of name, any_of, all_of, negate; found ",
+                     set.empty() ? "none" : absl::StrJoin(set, ", ")));
   }
   if (!top_level && config.ignored_modules_size() > 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -134,10 +134,9 @@ absl::StatusOr<WrapPolicyConfig> ParseWrapPolicyConfig(absl::string_view text) {
   parser.SetRecursionLimit(kPolicyParseRecursionLimit);
   const bool ok = parser.ParseFromString(std::string(text), &config);
   if (!ok || errors.has_error()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("WrapPolicyConfig: ",
-                     errors.has_error() ? errors.Describe() : "text format parse failed",
-                     errors.too_deep() ? PolicyDepthHint() : ""));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "WrapPolicyConfig: ", errors.has_error() ? errors.Describe() : "text format parse failed",
+        errors.too_deep() ? PolicyDepthHint() : ""));
   }
   return config;
 }
@@ -155,8 +154,8 @@ absl::StatusOr<ConfiguredPolicy> BuildPolicy(const WrapPolicyConfig& config,
   ASSIGN_OR_RETURN(out.policy, BuildExpression(config, "WrapPolicyConfig", /*depth=*/0, registry));
   for (int i = 0; i < config.ignored_modules_size(); ++i) {
     if (config.ignored_modules(i).empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "WrapPolicyConfig.ignored_modules[", i, "]: empty path (the root cannot be ignored)"));
+      return absl::InvalidArgumentError(absl::StrCat("WrapPolicyConfig.ignored_modules[", i,
+                                                     "]: empty path (the root cannot be ignored)"));
     }
     out.ignored_paths.push_back(config.ignored_modules(i));
   }

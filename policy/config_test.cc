@@ -28,10 +28,21 @@ TEST(ConfigTest, BuildsCombinatorsAndIgnoredPaths) {
   absl::StatusOr<ConfiguredPolicy> c = BuildPolicyFromText(R"pb(
     # Blocks, or anything with >= 1000 unclaimed elements, but never a LayerNorm.
     all_of {
-      any_of { name: "module_types" param { key: "types" value: "Block" } }
-      any_of { name: "size_based" param { key: "min_num_params" value: "1000" } }
+      any_of {
+        name: "module_types"
+        param { key: "types" value: "Block" }
+      }
+      any_of {
+        name: "size_based"
+        param { key: "min_num_params" value: "1000" }
+      }
     }
-    all_of { negate { name: "module_types" param { key: "types" value: "LayerNorm" } } }
+    all_of {
+      negate {
+        name: "module_types"
+        param { key: "types" value: "LayerNorm" }
+      }
+    }
     ignored_modules: "wpe"
     ignored_modules: "blocks.0.attn"
   )pb");
@@ -79,7 +90,8 @@ TEST(ConfigTest, ExactlyOneKindPerExpression) {
 
   c = BuildPolicyFromText("any_of { name: \"always\" } any_of { }");
   ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Has(c.status().message(), "WrapPolicyConfig.any_of[1]: set exactly one of")) << c.status();
+  EXPECT_TRUE(Has(c.status().message(), "WrapPolicyConfig.any_of[1]: set exactly one of"))
+      << c.status();
   EXPECT_TRUE(Has(c.status().message(), "found none")) << c.status();
 }
 
@@ -87,14 +99,16 @@ TEST(ConfigTest, MisplacedFieldsNameTheOption) {
   absl::StatusOr<ConfiguredPolicy> c =
       BuildPolicyFromText("negate { name: \"always\" ignored_modules: \"wte\" }");
   ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Has(c.status().message(), "WrapPolicyConfig.negate.ignored_modules: only allowed "
-                                        "at the top level"))
+  EXPECT_TRUE(Has(c.status().message(),
+                  "WrapPolicyConfig.negate.ignored_modules: only allowed "
+                  "at the top level"))
       << c.status();
 
   c = BuildPolicyFromText("any_of { name: \"always\" } param { key: \"k\" value: \"v\" }");
   ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Has(c.status().message(), "WrapPolicyConfig.param: parameters belong beside a "
-                                        "policy name"))
+  EXPECT_TRUE(Has(c.status().message(),
+                  "WrapPolicyConfig.param: parameters belong beside a "
+                  "policy name"))
       << c.status();
 
   c = BuildPolicyFromText("name: \"size_based\" param { key: \"min_num_params\" }");
@@ -109,27 +123,34 @@ TEST(ConfigTest, MisplacedFieldsNameTheOption) {
 TEST(ConfigTest, BadParametersNameTheirPathInTheConfig) {
   absl::StatusOr<ConfiguredPolicy> c = BuildPolicyFromText(R"pb(
     any_of { name: "always" }
-    any_of { name: "size_based" param { key: "min_params" value: "10" } }
+    any_of {
+      name: "size_based"
+      param { key: "min_params" value: "10" }
+    }
   )pb");
   ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Has(c.status().message(), "WrapPolicyConfig.any_of[1] (size_based): unknown "
-                                        "parameter 'min_params'"))
+  EXPECT_TRUE(Has(c.status().message(),
+                  "WrapPolicyConfig.any_of[1] (size_based): unknown "
+                  "parameter 'min_params'"))
       << c.status();
 
   c = BuildPolicyFromText(
-      "all_of { negate { name: \"size_based\" param { key: \"min_num_params\" value: \"ten\" } } }");
+      "all_of { negate { name: \"size_based\" param { key: \"min_num_params\" value: \"ten\" } } "
+      "}");
   ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Has(c.status().message(), "WrapPolicyConfig.all_of[0].negate (size_based): "
-                                        "parameter 'min_num_params' must be an integer, got "
-                                        "'ten'"))
+  EXPECT_TRUE(Has(c.status().message(),
+                  "WrapPolicyConfig.all_of[0].negate (size_based): "
+                  "parameter 'min_num_params' must be an integer, got "
+                  "'ten'"))
       << c.status();
 }
 
 TEST(ConfigTest, UnknownPolicyIsNotFoundListingKnownNames) {
   absl::StatusOr<ConfiguredPolicy> c = BuildPolicyFromText("negate { name: \"sizebased\" }");
   ASSERT_EQ(c.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_TRUE(Has(c.status().message(), "WrapPolicyConfig.negate.name: unknown wrap policy "
-                                        "'sizebased'; known policies: "))
+  EXPECT_TRUE(Has(c.status().message(),
+                  "WrapPolicyConfig.negate.name: unknown wrap policy "
+                  "'sizebased'; known policies: "))
       << c.status();
   EXPECT_TRUE(Has(c.status().message(), "size_based")) << c.status();
 }
@@ -137,9 +158,9 @@ TEST(ConfigTest, UnknownPolicyIsNotFoundListingKnownNames) {
 TEST(ConfigTest, DuplicateRegistrationSurfacesThroughTheConfig) {
   PolicyRegistry registry;
   RegisterBuiltinPolicies(&registry);
-  registry.Register("always", [](const PolicyParams&) -> absl::StatusOr<WrapPolicyPtr> {
-    return Never();
-  }, "mine.cc:1");
+  registry.Register(
+      "always", [](const PolicyParams&) -> absl::StatusOr<WrapPolicyPtr> { return Never(); },
+      "mine.cc:1");
   absl::StatusOr<ConfiguredPolicy> c = BuildPolicyFromText("name: \"always\"", registry);
   ASSERT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(Has(c.status().message(), "'always' is registered 2 times")) << c.status();
@@ -154,7 +175,8 @@ TEST(ConfigTest, FilesPrefixErrorsWithTheirName) {
   }
   absl::StatusOr<WrapPolicyConfig> c = ReadWrapPolicyConfigFile(path);
   ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Has(c.status().message(), path + ": WrapPolicyConfig: line 3, column 6")) << c.status();
+  EXPECT_TRUE(Has(c.status().message(), path + ": WrapPolicyConfig: line 3, column 6"))
+      << c.status();
 
   EXPECT_EQ(ReadWrapPolicyConfigFile(path + ".missing").status().code(),
             absl::StatusCode::kNotFound);

@@ -23,10 +23,10 @@ struct Node {
   int depth = 0;
   int parent = -1;
   std::vector<int> children;
-  int ignored_root = -1;    // the ignored module this node is in (itself included), or -1
-  int existing_unit = -1;   // index into options.existing_units when this is one
-  bool managed = false;     // strictly inside an existing unit
-  std::vector<int> homed;   // parameters whose home is this node
+  int ignored_root = -1;   // the ignored module this node is in (itself included), or -1
+  int existing_unit = -1;  // index into options.existing_units when this is one
+  bool managed = false;    // strictly inside an existing unit
+  std::vector<int> homed;  // parameters whose home is this node
 };
 
 struct ParamInfo {
@@ -38,12 +38,11 @@ struct ParamInfo {
   int ignored_root = -1;           // node of the ignored module it belongs to, or -1
   int existing_unit = -1;          // existing unit that holds it, or -1
   int home = -1;
-  int unit = -1;                   // index into the plan's units
+  int unit = -1;  // index into the plan's units
 };
 
 std::string Describe(const Node& node) {
-  return absl::StrCat(node.path.empty() ? "<root>" : node.path, " (", node.module->TypeName(),
-                      ")");
+  return absl::StrCat(node.path.empty() ? "<root>" : node.path, " (", node.module->TypeName(), ")");
 }
 
 class Planner {
@@ -78,10 +77,10 @@ class Planner {
       // Only possible when the root is an existing unit that does not hold them.
       std::vector<std::string> names;
       for (int p : left) names.push_back(params_[p].name);
-      return absl::InvalidArgumentError(absl::StrCat(
-          "PlanOptions.existing_units: the root ", Describe(nodes_[0]),
-          " is an existing unit but does not hold ", absl::StrJoin(names, ", "),
-          ", and no other unit can"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("PlanOptions.existing_units: the root ", Describe(nodes_[0]),
+                       " is an existing unit but does not hold ", absl::StrJoin(names, ", "),
+                       ", and no other unit can"));
     }
     RETURN_IF_ERROR(FillUnits());
     FillIgnoredAndTied();
@@ -117,8 +116,8 @@ class Planner {
     on_stack->insert(module);
     for (const auto& [name, p] : module->OwnParameters()) {
       if (p == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            Describe(nodes_[node_of_.at(module)]), " registers a null parameter '", name, "'"));
+        return absl::InvalidArgumentError(absl::StrCat(Describe(nodes_[node_of_.at(module)]),
+                                                       " registers a null parameter '", name, "'"));
       }
       auto [it, inserted] = param_of_.emplace(p.get(), static_cast<int>(params_.size()));
       if (inserted) {
@@ -176,21 +175,21 @@ class Planner {
             "PlanOptions.ignored_paths: no module at path '", path, "' in ", Describe(nodes_[0])));
       }
       if (it->second == 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "PlanOptions.ignored_paths: the root ", Describe(nodes_[0]), " cannot be ignored"));
+        return absl::InvalidArgumentError(absl::StrCat("PlanOptions.ignored_paths: the root ",
+                                                       Describe(nodes_[0]), " cannot be ignored"));
       }
       ignored.push_back(it->second);
     }
     for (const core::Module* module : options_.ignored_modules) {
       auto it = node_of_.find(module);
       if (it == node_of_.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "PlanOptions.ignored_modules: ", module ? module->Describe() : "null",
-            " is not in the tree of ", Describe(nodes_[0])));
+        return absl::InvalidArgumentError(
+            absl::StrCat("PlanOptions.ignored_modules: ", module ? module->Describe() : "null",
+                         " is not in the tree of ", Describe(nodes_[0])));
       }
       if (it->second == 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "PlanOptions.ignored_modules: the root ", Describe(nodes_[0]), " cannot be ignored"));
+        return absl::InvalidArgumentError(absl::StrCat("PlanOptions.ignored_modules: the root ",
+                                                       Describe(nodes_[0]), " cannot be ignored"));
       }
       ignored.push_back(it->second);
     }
@@ -233,13 +232,13 @@ class Planner {
       }
       Node& node = nodes_[it->second];
       if (node.existing_unit >= 0) {
-        return absl::InvalidArgumentError(absl::StrCat("PlanOptions.existing_units[", u, "]: ",
-                                                       Describe(node), " is listed twice"));
+        return absl::InvalidArgumentError(absl::StrCat("PlanOptions.existing_units[", u,
+                                                       "]: ", Describe(node), " is listed twice"));
       }
       if (node.ignored_root >= 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("PlanOptions.existing_units[", u, "]: ", Describe(node),
-                         " is ignored (", Describe(nodes_[node.ignored_root]), ")"));
+        return absl::InvalidArgumentError(absl::StrCat("PlanOptions.existing_units[", u,
+                                                       "]: ", Describe(node), " is ignored (",
+                                                       Describe(nodes_[node.ignored_root]), ")"));
       }
       node.existing_unit = u;
       for (size_t k = 0; k < unit.params.size(); ++k) {
@@ -426,11 +425,11 @@ class Planner {
       for (const std::string& name : info.names) tied->add_names(name);
       tied->set_lca_path(nodes_[info.home].path);
       std::vector<std::string> others(info.names.begin() + 1, info.names.end());
-      const std::string what = absl::StrCat("tied parameter ", info.name, " (also ",
-                                            absl::StrJoin(others, ", "), ")");
+      const std::string what =
+          absl::StrCat("tied parameter ", info.name, " (also ", absl::StrJoin(others, ", "), ")");
       if (info.ignored_root >= 0) {
-        tied->set_note(absl::StrCat(what, " is ignored, with ",
-                                    Describe(nodes_[info.ignored_root])));
+        tied->set_note(
+            absl::StrCat(what, " is ignored, with ", Describe(nodes_[info.ignored_root])));
         continue;
       }
       const Node& unit = nodes_[unit_node_[info.unit]];
@@ -438,11 +437,13 @@ class Planner {
       if (info.existing_unit >= 0) {
         tied->set_note(absl::StrCat(what, " stays in existing unit ", Describe(unit),
                                     ", which already holds it; lowest common ancestor of its "
-                                    "uses: ", Describe(nodes_[info.home])));
+                                    "uses: ",
+                                    Describe(nodes_[info.home])));
       } else {
         tied->set_note(absl::StrCat(what, " placed in unit ", Describe(unit),
                                     ", their lowest common ancestor unit (lowest common "
-                                    "ancestor module: ", Describe(nodes_[info.home]), ")"));
+                                    "ancestor module: ",
+                                    Describe(nodes_[info.home]), ")"));
       }
     }
   }
@@ -616,8 +617,8 @@ std::string FirstDifferingUnit(const WrapPlan& local, absl::Span<const uint64_t>
     }
   }
   if (local.units_size() != static_cast<int>(remote.size())) {
-    return absl::StrCat("unit count ", local.units_size(), " vs ", remote.size(),
-                        "; the first ", common, " units agree");
+    return absl::StrCat("unit count ", local.units_size(), " vs ", remote.size(), "; the first ",
+                        common, " units agree");
   }
   return "";
 }

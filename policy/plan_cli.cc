@@ -27,10 +27,10 @@ absl::StatusOr<ConfiguredPolicy> BuildCliPolicy(const PlanCliOptions& options,
   const bool named = !options.policy.empty();
   const bool file = !options.policy_config.empty();
   if (named == file) {
-    return absl::InvalidArgumentError(
-        named ? "--policy and --policy_config are exclusive; give one"
-              : "give a policy: --policy=<name> (one of " +
-                    absl::StrJoin(registry.Names(), ", ") + ") or --policy_config=<file>");
+    return absl::InvalidArgumentError(named ? "--policy and --policy_config are exclusive; give one"
+                                            : "give a policy: --policy=<name> (one of " +
+                                                  absl::StrJoin(registry.Names(), ", ") +
+                                                  ") or --policy_config=<file>");
   }
   if (options.min_num_params.has_value() && options.policy != "size_based") {
     return absl::InvalidArgumentError("--min_num_params applies only to --policy=size_based");
@@ -55,7 +55,8 @@ absl::StatusOr<ConfiguredPolicy> BuildCliPolicy(const PlanCliOptions& options,
   }
   for (const std::string& type : options.module_types) params.Add("types", type);
   for (absl::string_view item : absl::StrSplit(options.policy_params, ';', absl::SkipEmpty())) {
-    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(item, absl::MaxSplits('=', 1));
     if (kv.first.empty() || item.find('=') == absl::string_view::npos) {
       return absl::InvalidArgumentError(
           absl::StrCat("--policy_params: expected key=value, got '", item, "'"));
@@ -70,7 +71,8 @@ absl::StatusOr<ConfiguredPolicy> BuildCliPolicy(const PlanCliOptions& options,
 }  // namespace
 
 std::string DescribeCliModel(const PlanCliOptions& options) {
-  if (options.model == "mlp") return absl::StrCat("MLP(", absl::StrJoin(options.mlp_sizes, "-"), ")");
+  if (options.model == "mlp")
+    return absl::StrCat("MLP(", absl::StrJoin(options.mlp_sizes, "-"), ")");
   const nn::GptConfig& c = options.gpt;
   return absl::StrFormat("Gpt(vocab_size=%d, block_size=%d, n_embd=%d, n_layer=%d, n_head=%d)",
                          c.vocab_size, c.block_size, c.n_embd, c.n_layer, c.n_head);
@@ -93,8 +95,9 @@ absl::StatusOr<std::shared_ptr<core::Module>> BuildCliModel(const PlanCliOptions
     std::vector<std::shared_ptr<core::Module>> layers;
     for (size_t i = 0; i + 1 < options.mlp_sizes.size(); ++i) {
       if (options.mlp_sizes[i] <= 0 || options.mlp_sizes[i + 1] <= 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--mlp_sizes: every size must be positive, got ", absl::StrJoin(options.mlp_sizes, ",")));
+        return absl::InvalidArgumentError(
+            absl::StrCat("--mlp_sizes: every size must be positive, got ",
+                         absl::StrJoin(options.mlp_sizes, ",")));
       }
       if (i > 0) layers.push_back(std::make_shared<nn::ReLU>());
       layers.push_back(std::make_shared<nn::Linear>(options.mlp_sizes[i], options.mlp_sizes[i + 1],
@@ -122,17 +125,18 @@ absl::StatusOr<std::string> RunPlanCli(const PlanCliOptions& options,
   ASSIGN_OR_RETURN(ConfiguredPolicy configured, BuildCliPolicy(options, registry));
   ASSIGN_OR_RETURN(std::shared_ptr<core::Module> model, BuildCliModel(options));
   if (options.checkpoint_every < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--checkpoint_every must be >= 0 (0: no activation checkpointing), got ",
-        options.checkpoint_every));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--checkpoint_every must be >= 0 (0: no activation checkpointing), got ",
+                     options.checkpoint_every));
   }
   PlanOptions plan_options;
   plan_options.ignored_paths = configured.ignored_paths;
-  const WrapPolicyPtr checkpoint =
-      options.checkpoint_every > 0 ? EveryKth({"TransformerBlock"}, options.checkpoint_every)
-                                   : nullptr;
+  const WrapPolicyPtr checkpoint = options.checkpoint_every > 0
+                                       ? EveryKth({"TransformerBlock"}, options.checkpoint_every)
+                                       : nullptr;
   plan_options.checkpoint_policy = checkpoint.get();
-  absl::StatusOr<WrapPlan> plan = Plan(*model, *configured.policy, options.world_size, plan_options);
+  absl::StatusOr<WrapPlan> plan =
+      Plan(*model, *configured.policy, options.world_size, plan_options);
   if (!plan.ok()) return plan.status();
 
   std::string out = absl::StrCat("Model: ", DescribeCliModel(options), ", ",

@@ -23,8 +23,9 @@ PlanCliOptions SmallGpt() {
 TEST(PlanCliTest, GptReportHasUnitsTotalsAndFingerprint) {
   absl::StatusOr<std::string> out = RunPlanCli(SmallGpt());
   ASSERT_TRUE(out.ok()) << out.status();
-  EXPECT_TRUE(Has(*out, "Model: Gpt(vocab_size=64, block_size=32, n_embd=64, n_layer=2, n_head=4), "
-                        "106,240 parameters"))
+  EXPECT_TRUE(Has(*out,
+                  "Model: Gpt(vocab_size=64, block_size=32, n_embd=64, n_layer=2, n_head=4), "
+                  "106,240 parameters"))
       << *out;
   EXPECT_TRUE(Has(*out, "Wrap plan: 3 units, world size 4, policy module_types(TransformerBlock)"))
       << *out;
@@ -43,8 +44,9 @@ TEST(PlanCliTest, CheckpointEveryListsTheCheckpointedBlocks) {
   o.checkpoint_every = 2;
   absl::StatusOr<std::string> out = RunPlanCli(o);
   ASSERT_TRUE(out.ok()) << out.status();
-  EXPECT_TRUE(Has(*out, "Activation checkpointing (every_kth(TransformerBlock; k=2)): "
-                        "blocks.0, blocks.2 (activations recomputed in the backward)"))
+  EXPECT_TRUE(Has(*out,
+                  "Activation checkpointing (every_kth(TransformerBlock; k=2)): "
+                  "blocks.0, blocks.2 (activations recomputed in the backward)"))
       << *out;
   o.checkpoint_every = -1;
   out = RunPlanCli(o);
@@ -76,7 +78,8 @@ TEST(PlanCliTest, PolicyParamsReachAnyRegisteredPolicy) {
   o.policy_params = "min_num_params=40000;force_leaf_types=TransformerBlock";
   absl::StatusOr<std::string> out = RunPlanCli(o);
   ASSERT_TRUE(out.ok()) << out.status();
-  EXPECT_TRUE(Has(*out, "policy size_based(min_num_params=40000, force_leaf_types=[TransformerBlock])"))
+  EXPECT_TRUE(
+      Has(*out, "policy size_based(min_num_params=40000, force_leaf_types=[TransformerBlock])"))
       << *out;
 }
 
@@ -93,8 +96,9 @@ TEST(PlanCliTest, ModelsTooLargeToAllocateAreResourceExhaustedNotAborts) {
   mlp.mlp_sizes = {8, int64_t{1} << 62, 4};  // Linear(8, 2^62): bytes overflow
   out = RunPlanCli(mlp);
   ASSERT_EQ(out.status().code(), absl::StatusCode::kResourceExhausted) << out.status();
-  EXPECT_TRUE(Has(out.status().message(), "--mlp_sizes=8,4611686018427387904,4: 0 (Linear): "
-                                          "parameter 'weight'"))
+  EXPECT_TRUE(Has(out.status().message(),
+                  "--mlp_sizes=8,4611686018427387904,4: 0 (Linear): "
+                  "parameter 'weight'"))
       << out.status();
 }
 
@@ -109,7 +113,10 @@ TEST(PlanCliTest, BadOptionsNameTheFlag) {
        "--world_size must be >= 1, got 0"},
       {[](PlanCliOptions* o) { o->model = "cnn"; }, absl::StatusCode::kInvalidArgument,
        "--model must be gpt or mlp, got 'cnn'"},
-      {[](PlanCliOptions* o) { o->policy.clear(); o->module_types.clear(); },
+      {[](PlanCliOptions* o) {
+         o->policy.clear();
+         o->module_types.clear();
+       },
        absl::StatusCode::kInvalidArgument, "give a policy: --policy=<name> (one of always"},
       {[](PlanCliOptions* o) { o->policy_config = "x.txt"; }, absl::StatusCode::kInvalidArgument,
        "--policy and --policy_config are exclusive"},
@@ -119,15 +126,28 @@ TEST(PlanCliTest, BadOptionsNameTheFlag) {
        "--module_types applies only to --policy=module_types"},
       {[](PlanCliOptions* o) { o->policy_params = "oops"; }, absl::StatusCode::kInvalidArgument,
        "--policy_params: expected key=value, got 'oops'"},
-      {[](PlanCliOptions* o) { o->policy = "nope"; o->module_types.clear(); },
+      {[](PlanCliOptions* o) {
+         o->policy = "nope";
+         o->module_types.clear();
+       },
        absl::StatusCode::kNotFound, "unknown wrap policy 'nope'; known policies: always"},
       {[](PlanCliOptions* o) { o->gpt.n_head = 3; }, absl::StatusCode::kInvalidArgument,
        "--model=gpt (sizes from"},
-      {[](PlanCliOptions* o) { o->model = "mlp"; o->mlp_sizes = {5}; },
+      {[](PlanCliOptions* o) {
+         o->model = "mlp";
+         o->mlp_sizes = {5};
+       },
        absl::StatusCode::kInvalidArgument, "--mlp_sizes needs at least two sizes"},
-      {[](PlanCliOptions* o) { o->model = "mlp"; o->mlp_sizes = {5, 0}; },
+      {[](PlanCliOptions* o) {
+         o->model = "mlp";
+         o->mlp_sizes = {5, 0};
+       },
        absl::StatusCode::kInvalidArgument, "--mlp_sizes: every size must be positive"},
-      {[](PlanCliOptions* o) { o->policy.clear(); o->module_types.clear(); o->policy_config = "/nonexistent"; },
+      {[](PlanCliOptions* o) {
+         o->policy.clear();
+         o->module_types.clear();
+         o->policy_config = "/nonexistent";
+       },
        absl::StatusCode::kNotFound, "cannot read policy config file '/nonexistent'"},
   };
   for (const Case& c : cases) {

@@ -44,14 +44,14 @@ Strings Params(const WrapPlan& plan, const std::string& path) {
 
 // ---- Gpt ----
 
-constexpr int64_t kC = 64;                       // n_embd
-constexpr int64_t kV = 64;                       // vocab_size
-constexpr int64_t kT = 32;                       // block_size
-constexpr int64_t kLn = 2 * kC;                  // LayerNorm weight + bias
-constexpr int64_t kQkv = kC * 3 * kC + 3 * kC;   // Linear(C, 3C)
-constexpr int64_t kAttnProj = kC * kC + kC;      // Linear(C, C)
-constexpr int64_t kFc = kC * 4 * kC + 4 * kC;    // Linear(C, 4C)
-constexpr int64_t kMlpProj = 4 * kC * kC + kC;   // Linear(4C, C)
+constexpr int64_t kC = 64;                      // n_embd
+constexpr int64_t kV = 64;                      // vocab_size
+constexpr int64_t kT = 32;                      // block_size
+constexpr int64_t kLn = 2 * kC;                 // LayerNorm weight + bias
+constexpr int64_t kQkv = kC * 3 * kC + 3 * kC;  // Linear(C, 3C)
+constexpr int64_t kAttnProj = kC * kC + kC;     // Linear(C, C)
+constexpr int64_t kFc = kC * 4 * kC + 4 * kC;   // Linear(C, 4C)
+constexpr int64_t kMlpProj = 4 * kC * kC + kC;  // Linear(4C, C)
 constexpr int64_t kBlock = 2 * kLn + kQkv + kAttnProj + kFc + kMlpProj;
 constexpr int64_t kRootRest = kV * kC + kT * kC + kLn;  // wte (tied with lm_head), wpe, ln_f
 
@@ -86,9 +86,10 @@ void ExpectWteTiedIntoRoot(const WrapPlan& plan) {
             (Strings{"wte.weight", "lm_head.weight"}));
   EXPECT_EQ(tied.lca_path(), "");
   EXPECT_EQ(tied.unit_path(), "");
-  EXPECT_EQ(tied.note(), "tied parameter wte.weight (also lm_head.weight) placed in unit <root> "
-                         "(Gpt), their lowest common ancestor unit (lowest common ancestor "
-                         "module: <root> (Gpt))");
+  EXPECT_EQ(tied.note(),
+            "tied parameter wte.weight (also lm_head.weight) placed in unit <root> "
+            "(Gpt), their lowest common ancestor unit (lowest common ancestor "
+            "module: <root> (Gpt))");
   const Strings root = Params(plan, "");
   EXPECT_NE(std::find(root.begin(), root.end(), "wte.weight"), root.end());
 }
@@ -111,11 +112,11 @@ TEST_F(GptPlanTest, TiedEmbeddingCannotLeaveTheRoot) {
   EXPECT_EQ(std::count(paths.begin(), paths.end(), "wte"), 0);
   EXPECT_EQ(std::count(paths.begin(), paths.end(), "lm_head"), 0);
   EXPECT_EQ(paths.front(), "wpe");
-  EXPECT_EQ(Params(plan, ""), (Strings{"wte.weight", "blocks.0.ln_1.weight", "blocks.0.ln_1.bias",
-                                       "blocks.0.ln_2.weight", "blocks.0.ln_2.bias",
-                                       "blocks.1.ln_1.weight", "blocks.1.ln_1.bias",
-                                       "blocks.1.ln_2.weight", "blocks.1.ln_2.bias",
-                                       "ln_f.weight", "ln_f.bias"}));
+  EXPECT_EQ(
+      Params(plan, ""),
+      (Strings{"wte.weight", "blocks.0.ln_1.weight", "blocks.0.ln_1.bias", "blocks.0.ln_2.weight",
+               "blocks.0.ln_2.bias", "blocks.1.ln_1.weight", "blocks.1.ln_1.bias",
+               "blocks.1.ln_2.weight", "blocks.1.ln_2.bias", "ln_f.weight", "ln_f.bias"}));
   ExpectWteTiedIntoRoot(plan);
 }
 
@@ -184,8 +185,8 @@ TEST_F(GptPlanTest, SizeBasedExcludedTypeGoesToItsParent) {
 }
 
 TEST_F(GptPlanTest, LambdaByDepthAndPath) {
-  WrapPlan plan = MustPlan(*Lambda(
-      [](const core::Module&, const WrapContext& c) { return c.depth == 2; }, "depth2"));
+  WrapPlan plan = MustPlan(
+      *Lambda([](const core::Module&, const WrapContext& c) { return c.depth == 2; }, "depth2"));
   EXPECT_EQ(UnitPaths(plan), (Strings{"blocks.0", "blocks.1", ""}));
   EXPECT_EQ(Unit(plan, "blocks.0").reason(), "depth2");
 }
@@ -195,10 +196,9 @@ TEST_F(GptPlanTest, OrAndNot) {
   EXPECT_EQ(UnitPaths(plan),
             (Strings{"blocks.0.attn", "blocks.0.mlp", "blocks.1.attn", "blocks.1.mlp", ""}));
 
-  plan = MustPlan(*And({ModuleTypes({"TransformerBlock"}),
-                        Lambda([](const core::Module&, const WrapContext& c) {
-                          return c.path == "blocks.1";
-                        })}));
+  plan = MustPlan(*And(
+      {ModuleTypes({"TransformerBlock"}),
+       Lambda([](const core::Module&, const WrapContext& c) { return c.path == "blocks.1"; })}));
   EXPECT_EQ(UnitPaths(plan), (Strings{"blocks.1", ""}));
 
   // Everything except the leaf layers: attn and mlp take their Linears, each block its
@@ -240,11 +240,11 @@ TEST_F(GptPlanTest, ExistingBlockUnitIsKept) {
   PlanOptions options;
   options.existing_units = {{block0.get(), block0->Parameters()}};
   Strings offered;
-  WrapPlan plan = MustPlan(*Lambda(
-      [&offered](const core::Module&, const WrapContext& c) {
-        offered.push_back(c.path);
-        return c.type_name == "TransformerBlock";
-      }), 4, options);
+  WrapPlan plan = MustPlan(*Lambda([&offered](const core::Module&, const WrapContext& c) {
+    offered.push_back(c.path);
+    return c.type_name == "TransformerBlock";
+  }),
+                           4, options);
   EXPECT_EQ(UnitPaths(plan), (Strings{"blocks.0", "blocks.1", ""}));
   EXPECT_TRUE(Unit(plan, "blocks.0").existing());
   EXPECT_EQ(Unit(plan, "blocks.0").reason(), "existing unit");
@@ -253,13 +253,20 @@ TEST_F(GptPlanTest, ExistingBlockUnitIsKept) {
   // Same units as planning from scratch, so an existing unit does not change the
   // fingerprint other than through its flag.
   WrapPlan fresh = MustPlan(*ModuleTypes({"TransformerBlock"}));
-  EXPECT_EQ(FirstDifference(fresh, plan), "unit 0 (blocks.0 (TransformerBlock)): existing false vs true");
+  EXPECT_EQ(FirstDifference(fresh, plan),
+            "unit 0 (blocks.0 (TransformerBlock)): existing false vs true");
 }
 
 TEST_F(GptPlanTest, FromATextConfigWithIgnoredModules) {
   absl::StatusOr<ConfiguredPolicy> configured = BuildPolicyFromText(R"pb(
-    any_of { name: "module_types" param { key: "types" value: "TransformerBlock" } }
-    any_of { name: "size_based" param { key: "min_num_params" value: "1000000" } }
+    any_of {
+      name: "module_types"
+      param { key: "types" value: "TransformerBlock" }
+    }
+    any_of {
+      name: "size_based"
+      param { key: "min_num_params" value: "1000000" }
+    }
     ignored_modules: "wpe"
   )pb");
   ASSERT_TRUE(configured.ok()) << configured.status();
@@ -294,8 +301,8 @@ std::shared_ptr<nn::Sequential> NestedNet() {
   using nn::Sequential;
   return Sequential::Make(
       {Sequential::Make({std::make_shared<Linear>(4, 8), std::make_shared<Linear>(8, 8)}),
-       Sequential::Make({Sequential::Make({std::make_shared<Linear>(8, 8)}),
-                         std::make_shared<Linear>(8, 2)})});
+       Sequential::Make(
+           {Sequential::Make({std::make_shared<Linear>(8, 8)}), std::make_shared<Linear>(8, 2)})});
 }
 
 TEST(NestedSequentialPlanTest, ModuleTypesSequentialWrapsEachNestedLevel) {
@@ -338,13 +345,13 @@ TEST(NestedSequentialPlanTest, ForceLeafAtTheRootTypeKeepsOneUnit) {
 TEST(NestedSequentialPlanTest, OrAndNotOnLinears) {
   auto net = NestedNet();
   // Linears with more than 64 elements that are not in the second branch.
-  WrapPolicyPtr p = And({ModuleTypes({"Linear"}),
-                         Lambda([](const core::Module&, const WrapContext& c) {
-                           return c.unwrapped_subtree_numel > 64;
-                         }),
-                         Not(Lambda([](const core::Module&, const WrapContext& c) {
-                           return c.path.rfind("1.", 0) == 0;
-                         }))});
+  WrapPolicyPtr p =
+      And({ModuleTypes({"Linear"}), Lambda([](const core::Module&, const WrapContext& c) {
+             return c.unwrapped_subtree_numel > 64;
+           }),
+           Not(Lambda([](const core::Module&, const WrapContext& c) {
+             return c.path.rfind("1.", 0) == 0;
+           }))});
   absl::StatusOr<WrapPlan> plan = Plan(*net, *Or({p, ModuleTypes({"NoSuchType"})}), 2);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(UnitPaths(*plan), (Strings{"0.1", ""}));  // 0.0 has 40, 0.1 has 72
@@ -366,9 +373,10 @@ TEST(NestedSequentialPlanTest, TiedLinearsAcrossBranchesGoToTheirCommonAncestor)
   ASSERT_EQ(plan->tied_size(), 1);
   EXPECT_EQ(plan->tied(0).lca_path(), "0");
   EXPECT_EQ(plan->tied(0).unit_path(), "0");
-  EXPECT_EQ(plan->tied(0).note(), "tied parameter 0.0.0.weight (also 0.1.0.weight) placed in "
-                                  "unit 0 (Sequential), their lowest common ancestor unit "
-                                  "(lowest common ancestor module: 0 (Sequential))");
+  EXPECT_EQ(plan->tied(0).note(),
+            "tied parameter 0.0.0.weight (also 0.1.0.weight) placed in "
+            "unit 0 (Sequential), their lowest common ancestor unit "
+            "(lowest common ancestor module: 0 (Sequential))");
 
   // Without a unit at "0", the nearest unit above the common ancestor is the root.
   plan = Plan(*net, *ModuleTypes({"Linear"}), 4);

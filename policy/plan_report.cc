@@ -8,8 +8,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace policy {
 namespace {
@@ -71,8 +71,8 @@ ZeroThreeFormula ZeroThreeFromTotals(const WrapPlan& plan) {
 
 std::string WithThousands(int64_t value) {
   const bool negative = value < 0;
-  std::string digits = absl::StrCat(negative ? -static_cast<uint64_t>(value)
-                                             : static_cast<uint64_t>(value));
+  std::string digits =
+      absl::StrCat(negative ? -static_cast<uint64_t>(value) : static_cast<uint64_t>(value));
   std::string out;
   for (size_t i = 0; i < digits.size(); ++i) {
     if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
@@ -107,8 +107,8 @@ std::string FormatPlanTable(const WrapPlan& plan) {
                   "(fp32 master, m, v).\n\n");
 
   Table units({true, false, false, true, true, true, true, true, true, true, true, false});
-  units.Row({"#", "unit", "type", "#params", "numel", "padded", "params", "grads", "AdamW",
-             "total", "bf16 mix", "reason"});
+  units.Row({"#", "unit", "type", "#params", "numel", "padded", "params", "grads", "AdamW", "total",
+             "bf16 mix", "reason"});
   for (int i = 0; i < plan.units_size(); ++i) {
     const WrapUnit& u = plan.units(i);
     units.Row({absl::StrCat(i), Label(u.path()), u.type_name(), absl::StrCat(u.param_names_size()),
@@ -128,11 +128,11 @@ std::string FormatPlanTable(const WrapPlan& plan) {
             Mib(totals.per_rank_bf16_mixed_bytes()),
             WithThousands(totals.per_rank_bf16_mixed_bytes())});
   sums.Row({"ZeRO-3 formula, Psi = padded numel", WithThousands(totals.padded_numel()),
-            Mib(f.fp32_padded_bytes), WithThousands(f.fp32_padded_bytes),
-            Mib(f.mixed_padded_bytes), WithThousands(f.mixed_padded_bytes)});
+            Mib(f.fp32_padded_bytes), WithThousands(f.fp32_padded_bytes), Mib(f.mixed_padded_bytes),
+            WithThousands(f.mixed_padded_bytes)});
   sums.Row({"ZeRO-3 formula, Psi = numel (no padding)", WithThousands(totals.numel()),
-            Mib(f.fp32_unpadded_bytes), Bytes(f.fp32_unpadded_bytes),
-            Mib(f.mixed_unpadded_bytes), Bytes(f.mixed_unpadded_bytes)});
+            Mib(f.fp32_unpadded_bytes), Bytes(f.fp32_unpadded_bytes), Mib(f.mixed_unpadded_bytes),
+            Bytes(f.mixed_unpadded_bytes)});
   sums.Row({"unsharded (one rank holds all, 16 Psi)", WithThousands(totals.numel()),
             Mib(totals.unsharded_fp32_bytes()), WithThousands(totals.unsharded_fp32_bytes()),
             Mib(totals.unsharded_bf16_mixed_bytes()),
@@ -154,8 +154,8 @@ std::string FormatPlanTable(const WrapPlan& plan) {
   if (!plan.checkpoint_policy().empty()) {
     std::vector<std::string> paths;
     for (const CheckpointedModule& m : plan.checkpointed()) paths.push_back(Label(m.path()));
-    absl::StrAppend(&out, "Activation checkpointing (", plan.checkpoint_policy(), "): ",
-                    paths.empty() ? "no module" : absl::StrJoin(paths, ", "),
+    absl::StrAppend(&out, "Activation checkpointing (", plan.checkpoint_policy(),
+                    "): ", paths.empty() ? "no module" : absl::StrJoin(paths, ", "),
                     " (activations recomputed in the backward)\n");
   }
   return out;

@@ -69,8 +69,8 @@ TEST_F(ZeroThreeTest, PerRankTotalsEqualTheFormulaWithPaddedPsi) {
   int64_t sum = 0, sum_mixed = 0;
   for (const WrapUnit& u : plan_.units()) {
     sum += u.fp32().params_bytes() + u.fp32().grads_bytes() + u.fp32().optim_bytes();
-    sum_mixed += u.bf16_mixed().params_bytes() + u.bf16_mixed().grads_bytes() +
-                 u.bf16_mixed().optim_bytes();
+    sum_mixed +=
+        u.bf16_mixed().params_bytes() + u.bf16_mixed().grads_bytes() + u.bf16_mixed().optim_bytes();
   }
   EXPECT_EQ(sum, t.per_rank_fp32_bytes());
   EXPECT_EQ(sum_mixed, t.per_rank_bf16_mixed_bytes());
@@ -99,12 +99,14 @@ std::vector<std::string> RowCells(const std::string& table, const std::string& l
 TEST_F(ZeroThreeTest, TablePrintsPlanAndFormulaSideBySide) {
   const std::string table = FormatPlanTable(plan_);
   const std::vector<std::string> plan_row = RowCells(table, "plan (sum over units)");
-  const std::vector<std::string> formula_row = RowCells(table, "ZeRO-3 formula, Psi = padded numel");
+  const std::vector<std::string> formula_row =
+      RowCells(table, "ZeRO-3 formula, Psi = padded numel");
   ASSERT_EQ(plan_row.size(), 5u) << table;
   EXPECT_EQ(plan_row, formula_row) << table;
   EXPECT_EQ(plan_row[0], WithThousands(plan_.totals().padded_numel()));
   EXPECT_EQ(plan_row[2], WithThousands(plan_.totals().per_rank_fp32_bytes()));
-  const std::vector<std::string> unpadded = RowCells(table, "ZeRO-3 formula, Psi = numel (no padding)");
+  const std::vector<std::string> unpadded =
+      RowCells(table, "ZeRO-3 formula, Psi = numel (no padding)");
   ASSERT_EQ(unpadded.size(), 5u) << table;
   EXPECT_EQ(unpadded[0], WithThousands(plan_.totals().numel()));
   EXPECT_NE(unpadded[2], plan_row[2]);  // the padding shows

@@ -170,16 +170,16 @@ TEST(PlanTest, CombinatorsOnATree) {
   o.min_num_params = 4;
   // Leaves of >= 4 elements, or Blocks not at depth 1. Both Blocks are at depth 1, so
   // only the Not keeps them out; of the leaves only c (5) is big enough, head (2) is not.
-  WrapPolicyPtr p = Or({And({ModuleTypes({"Leaf"}), SizeBased(o)}),
-                        And({ModuleTypes({"Block"}),
-                             Not(Lambda([](const core::Module&, const WrapContext& c) {
-                               return c.depth == 1;
-                             }))})});
+  WrapPolicyPtr p = Or(
+      {And({ModuleTypes({"Leaf"}), SizeBased(o)}),
+       And({ModuleTypes({"Block"}),
+            Not(Lambda([](const core::Module&, const WrapContext& c) { return c.depth == 1; }))})});
   absl::StatusOr<WrapPlan> plan = Plan(*m.net, *p, 1);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(UnitPaths(*plan), (Strings{"b.c", ""}));
-  EXPECT_EQ(plan->units(0).reason(), "and(module_types: type Leaf; size_based: 5 unwrapped >= "
-                                     "min_num_params 4)");
+  EXPECT_EQ(plan->units(0).reason(),
+            "and(module_types: type Leaf; size_based: 5 unwrapped >= "
+            "min_num_params 4)");
 }
 
 TEST(PlanTest, TiedParameterLandsInLowestCommonAncestorUnit) {
@@ -210,9 +210,10 @@ TEST(PlanTest, TiedParameterLandsInLowestCommonAncestorUnit) {
             (Strings{"enc.emb.weight", "dec.out.weight"}));
   EXPECT_EQ(tied.lca_path(), "");
   EXPECT_EQ(tied.unit_path(), "");
-  EXPECT_EQ(tied.note(), "tied parameter enc.emb.weight (also dec.out.weight) placed in unit "
-                         "<root> (Net), their lowest common ancestor unit (lowest common "
-                         "ancestor module: <root> (Net))");
+  EXPECT_EQ(tied.note(),
+            "tied parameter enc.emb.weight (also dec.out.weight) placed in unit "
+            "<root> (Net), their lowest common ancestor unit (lowest common "
+            "ancestor module: <root> (Net))");
 }
 
 TEST(PlanTest, TiedInsideOneSubtreeStaysInThatSubtreesUnit) {
@@ -318,7 +319,8 @@ TEST(PlanTest, BadIgnoredModulesAreInvalidArgument) {
   options.ignored_paths = {"b.zz"};
   absl::Status s = Plan(*m.net, *Always(), 1, options).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Has(s.message(), "PlanOptions.ignored_paths: no module at path 'b.zz' in <root> (Net)"))
+  EXPECT_TRUE(
+      Has(s.message(), "PlanOptions.ignored_paths: no module at path 'b.zz' in <root> (Net)"))
       << s;
   options.ignored_paths = {""};
   s = Plan(*m.net, *Always(), 1, options).status();
@@ -328,7 +330,8 @@ TEST(PlanTest, BadIgnoredModulesAreInvalidArgument) {
   options.ignored_modules = {stranger.get()};
   s = Plan(*m.net, *Always(), 1, options).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Has(s.message(), "PlanOptions.ignored_modules: <root> (Leaf) is not in the tree")) << s;
+  EXPECT_TRUE(Has(s.message(), "PlanOptions.ignored_modules: <root> (Leaf) is not in the tree"))
+      << s;
 }
 
 TEST(PlanTest, ExistingUnitsAreKeptAndTheirSubtreesNotOffered) {
@@ -336,8 +339,8 @@ TEST(PlanTest, ExistingUnitsAreKeptAndTheirSubtreesNotOffered) {
   Recorder r;
   PlanOptions options;
   // The user wrapped b first (it holds b.w0 and b.c.w0).
-  options.existing_units = {{m.b.get(), {m.b->OwnParameters()[0].second,
-                                         m.c->OwnParameters()[0].second}}};
+  options.existing_units = {
+      {m.b.get(), {m.b->OwnParameters()[0].second, m.c->OwnParameters()[0].second}}};
   absl::StatusOr<WrapPlan> plan =
       Plan(*m.net, *r.Policy([](const WrapContext&) { return true; }), 2, options);
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -355,7 +358,8 @@ TEST(PlanTest, CheckpointPolicyIsAskedInPreOrderOutsideIgnoredAndExistingUnits) 
   Recorder wrap, checkpoint;
   PlanOptions options;
   options.ignored_modules = {m.head.get()};
-  WrapPolicyPtr picks = checkpoint.Policy([](const WrapContext& c) { return c.type_name == "Block"; });
+  WrapPolicyPtr picks =
+      checkpoint.Policy([](const WrapContext& c) { return c.type_name == "Block"; });
   options.checkpoint_policy = picks.get();
   absl::StatusOr<WrapPlan> plan =
       Plan(*m.net, *wrap.Policy([](const WrapContext&) { return false; }), 2, options);
@@ -383,8 +387,8 @@ TEST(PlanTest, CheckpointPolicyIsAskedInPreOrderOutsideIgnoredAndExistingUnits) 
   Recorder again;
   WrapPolicyPtr all = again.Policy([](const WrapContext&) { return true; });
   PlanOptions existing;
-  existing.existing_units = {{m.b.get(), {m.b->OwnParameters()[0].second,
-                                          m.c->OwnParameters()[0].second}}};
+  existing.existing_units = {
+      {m.b.get(), {m.b->OwnParameters()[0].second, m.c->OwnParameters()[0].second}}};
   existing.checkpoint_policy = all.get();
   plan = Plan(*m.net, *Never(), 2, existing);
   ASSERT_TRUE(plan.ok()) << plan.status();

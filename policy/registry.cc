@@ -29,9 +29,9 @@ std::vector<std::string> PolicyParams::Keys() const {
 absl::Status PolicyParams::CheckKeys(const std::vector<std::string>& known) const {
   for (const auto& [key, values] : values_) {
     if (std::find(known.begin(), known.end(), key) == known.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          context_, ": unknown parameter '", key, "'; accepted: ",
-          known.empty() ? "none" : absl::StrJoin(known, ", ")));
+      return absl::InvalidArgumentError(
+          absl::StrCat(context_, ": unknown parameter '", key,
+                       "'; accepted: ", known.empty() ? "none" : absl::StrJoin(known, ", ")));
     }
   }
   return absl::OkStatus();
@@ -42,8 +42,8 @@ absl::StatusOr<std::string> PolicyParams::GetString(const std::string& key,
   auto it = values_.find(key);
   if (it == values_.end()) return default_value;
   if (it->second.size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(context_, ": parameter '", key,
-                                                   "' takes one value, got ", it->second.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(context_, ": parameter '", key, "' takes one value, got ", it->second.size()));
   }
   return it->second.front();
 }
@@ -54,8 +54,8 @@ absl::StatusOr<int64_t> PolicyParams::GetInt64(const std::string& key,
   ASSIGN_OR_RETURN(std::string text, GetString(key, ""));
   int64_t value = 0;
   if (!absl::SimpleAtoi(text, &value)) {
-    return absl::InvalidArgumentError(absl::StrCat(context_, ": parameter '", key,
-                                                   "' must be an integer, got '", text, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(context_, ": parameter '", key, "' must be an integer, got '", text, "'"));
   }
   return value;
 }
@@ -111,9 +111,8 @@ bool PolicyRegistry::Register(absl::string_view name, PolicyFactory factory,
 namespace {
 
 std::string DuplicateMessage(absl::string_view name, const std::vector<std::string>& where) {
-  return absl::StrCat("wrap policy '", name, "' is registered ", where.size(),
-                      " times (", absl::StrJoin(where, ", "),
-                      "); each name may be registered once");
+  return absl::StrCat("wrap policy '", name, "' is registered ", where.size(), " times (",
+                      absl::StrJoin(where, ", "), "); each name may be registered once");
 }
 
 }  // namespace
@@ -127,9 +126,8 @@ absl::StatusOr<WrapPolicyPtr> PolicyRegistry::Create(absl::string_view name,
     if (it == entries_.end()) {
       std::vector<std::string> names;
       for (const auto& [known, entry] : entries_) names.push_back(known);
-      return absl::NotFoundError(absl::StrCat(
-          "unknown wrap policy '", name, "'; known policies: ",
-          names.empty() ? "none" : absl::StrJoin(names, ", ")));
+      return absl::NotFoundError(absl::StrCat("unknown wrap policy '", name, "'; known policies: ",
+                                              names.empty() ? "none" : absl::StrJoin(names, ", ")));
     }
     if (it->second.where.size() > 1) {
       return absl::FailedPreconditionError(DuplicateMessage(name, it->second.where));
@@ -185,9 +183,9 @@ absl::StatusOr<WrapPolicyPtr> MakeSizeBased(const PolicyParams& params) {
   ASSIGN_OR_RETURN(options.min_num_params,
                    params.GetInt64("min_num_params", options.min_num_params));
   if (options.min_num_params < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        params.context(), ": parameter 'min_num_params' must be >= 0, got ",
-        options.min_num_params));
+    return absl::InvalidArgumentError(
+        absl::StrCat(params.context(), ": parameter 'min_num_params' must be >= 0, got ",
+                     options.min_num_params));
   }
   options.excluded_types = params.GetList("excluded_types");
   options.force_leaf_types = params.GetList("force_leaf_types");

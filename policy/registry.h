@@ -149,10 +149,9 @@ void RegisterBuiltinPolicies(PolicyRegistry* registry);
 // Registers `factory` (a PolicyFactory) under `name` in PolicyRegistry::Global() during
 // static initialisation. Use at namespace scope in a .cc file of a cc_library with
 // `alwayslink = True`.
-#define POLICY_REGISTER_WRAP_POLICY(name, factory)                                         \
-  [[maybe_unused]] static const bool POLICY_REGISTRY_CONCAT_(policy_registered_,          \
-                                                             __COUNTER__) =                \
-      ::policy::PolicyRegistry::Global().Register(                                         \
+#define POLICY_REGISTER_WRAP_POLICY(name, factory)                                              \
+  [[maybe_unused]] static const bool POLICY_REGISTRY_CONCAT_(policy_registered_, __COUNTER__) = \
+      ::policy::PolicyRegistry::Global().Register(                                              \
           name, factory, __FILE__ ":" POLICY_REGISTRY_STRINGIFY_(__LINE__))
 
 #endif  // POLICY_REGISTRY_H_

@@ -26,7 +26,8 @@ bool Has(absl::string_view haystack, const std::string& needle) {
 TEST(RegistryDuplicateTest, LookupOfDuplicateFailsWithBothSites) {
   absl::StatusOr<policy::WrapPolicyPtr> p = policy::PolicyRegistry::Global().Create("dup_rule", {});
   ASSERT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(Has(p.status().message(), "wrap policy 'dup_rule' is registered 2 times")) << p.status();
+  EXPECT_TRUE(Has(p.status().message(), "wrap policy 'dup_rule' is registered 2 times"))
+      << p.status();
   EXPECT_TRUE(Has(p.status().message(), "policy/registry_duplicate_test.cc:17")) << p.status();
   EXPECT_TRUE(Has(p.status().message(), "policy/registry_duplicate_test.cc:18")) << p.status();
 }

@@ -80,9 +80,10 @@ TEST(PolicyRegistryTest, UnknownNameIsNotFoundListingKnownNames) {
   RegisterBuiltinPolicies(&registry);
   absl::StatusOr<WrapPolicyPtr> p = registry.Create("sized_based", {});
   ASSERT_EQ(p.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_TRUE(Has(std::string(p.status().message()),
-                  "unknown wrap policy 'sized_based'; known policies: always, every_kth, module_types, "
-                  "never, size_based"))
+  EXPECT_TRUE(
+      Has(std::string(p.status().message()),
+          "unknown wrap policy 'sized_based'; known policies: always, every_kth, module_types, "
+          "never, size_based"))
       << p.status();
 }
 
@@ -161,8 +162,8 @@ TEST(PolicyParamsTest, GettersConvertAndComplain) {
   EXPECT_EQ(params.GetInt64("absent", 7).value(), 7);
   absl::StatusOr<int64_t> twice = params.GetInt64("twice", 0);
   ASSERT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Has(std::string(twice.status().message()),
-                  "ctx: parameter 'twice' takes one value, got 2"));
+  EXPECT_TRUE(
+      Has(std::string(twice.status().message()), "ctx: parameter 'twice' takes one value, got 2"));
   EXPECT_EQ(params.GetList("list"), (std::vector<std::string>{"A", "B", "C", "D"}));
   EXPECT_TRUE(params.GetList("absent").empty());
   EXPECT_EQ(params.Keys(), (std::vector<std::string>{"list", "n", "twice"}));
@@ -172,9 +173,8 @@ TEST(PolicyParamsTest, GettersConvertAndComplain) {
 
 TEST(PolicyRegistryTest, NullFromAFactoryIsAnError) {
   PolicyRegistry registry;
-  registry.Register("null", [](const PolicyParams&) -> absl::StatusOr<WrapPolicyPtr> {
-    return WrapPolicyPtr();
-  });
+  registry.Register(
+      "null", [](const PolicyParams&) -> absl::StatusOr<WrapPolicyPtr> { return WrapPolicyPtr(); });
   EXPECT_EQ(registry.Create("null", {}).status().code(), absl::StatusCode::kInternal);
 }
 

@@ -65,8 +65,8 @@ class SizeBasedPolicy : public WrapPolicy {
 
   absl::Status Validate() const override {
     if (options_.min_num_params < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "size_based: min_num_params must be >= 0, got ", options_.min_num_params));
+      return absl::InvalidArgumentError(
+          absl::StrCat("size_based: min_num_params must be >= 0, got ", options_.min_num_params));
     }
     return absl::OkStatus();
   }
@@ -108,8 +108,8 @@ class EveryKthPolicy : public WrapPolicy {
   }
   std::string Identity() const override { return Name(); }
   std::string Explain(const core::Module& /*module*/, const WrapContext& context) const override {
-    return absl::StrCat("every_kth: type ", context.type_name, ", index ",
-                        PathIndex(context.path), " % ", k_, " == 0");
+    return absl::StrCat("every_kth: type ", context.type_name, ", index ", PathIndex(context.path),
+                        " % ", k_, " == 0");
   }
   absl::Status Validate() const override {
     if (k_ < 1) {
@@ -162,8 +162,8 @@ class LambdaPolicy : public WrapPolicy {
   std::string Identity() const override { return absl::StrCat(name_, "#lambda", serial_); }
   absl::Status Validate() const override {
     if (!predicate_) {
-      return absl::InvalidArgumentError(absl::StrCat("lambda policy '", name_,
-                                                     "': the predicate is empty"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("lambda policy '", name_, "': the predicate is empty"));
     }
     return absl::OkStatus();
   }

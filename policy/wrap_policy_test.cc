@@ -113,11 +113,10 @@ TEST(ConstantPolicyTest, AlwaysAndNever) {
 
 TEST(LambdaTest, SeesModuleAndContext) {
   auto m = TestModule::Make("X");
-  WrapPolicyPtr p = Lambda(
-      [&m](const core::Module& module, const WrapContext& c) {
-        return &module == m.get() && c.depth == 2;
-      },
-      "depth_two");
+  WrapPolicyPtr p =
+      Lambda([&m](const core::Module& module,
+                  const WrapContext& c) { return &module == m.get() && c.depth == 2; },
+             "depth_two");
   EXPECT_TRUE(p->ShouldWrap(*m, Ctx("X", 1, {"A", "B"})));
   EXPECT_FALSE(p->ShouldWrap(*m, Ctx("X", 1, {"A"})));
   EXPECT_FALSE(p->ShouldWrap(*TestModule::Make("X"), Ctx("X", 1, {"A", "B"})));
@@ -147,8 +146,8 @@ TEST(CombinatorTest, ComposeOnRealPredicates) {
   SizeBasedOptions big;
   big.min_num_params = 50;
   // Blocks, or anything big, but never a LayerNorm.
-  WrapPolicyPtr p = And({Or({ModuleTypes({"Block"}), SizeBased(big)}),
-                         Not(ModuleTypes({"LayerNorm"}))});
+  WrapPolicyPtr p =
+      And({Or({ModuleTypes({"Block"}), SizeBased(big)}), Not(ModuleTypes({"LayerNorm"}))});
   EXPECT_TRUE(p->ShouldWrap(*m, Ctx("Block", 1)));
   EXPECT_TRUE(p->ShouldWrap(*m, Ctx("Linear", 50)));
   EXPECT_FALSE(p->ShouldWrap(*m, Ctx("Linear", 49)));

@@ -35,8 +35,8 @@
 #include "checkpoint/series.h"
 #include "checkpoint/sharded.h"
 #include "gtest/gtest.h"
-#include "trainer/testing/e2e_harness.h"
 #include "nlohmann/json.hpp"
+#include "trainer/testing/e2e_harness.h"
 
 namespace integration {
 namespace {

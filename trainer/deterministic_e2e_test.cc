@@ -10,16 +10,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "trainer/testing/e2e_harness.h"
 #include "nlohmann/json.hpp"
+#include "trainer/testing/e2e_harness.h"
 
 namespace integration {
 namespace {
 
 using testing::FitLosses;
 using testing::MainJob;
-using testing::SameSafetensors;
 using testing::RunResult;
+using testing::SameSafetensors;
 using testing::TempDir;
 
 // --batch_size=8 (SmallModelFlags) in 4 micro-batches of 2 rows: world sizes 1, 2, 4.
@@ -41,8 +41,8 @@ int FirstDifference(const std::vector<double>& a, const std::vector<double>& b) 
 class DeterministicE2eTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    one_ = new RunResult(MainJob(1, TempDir() + "/det1",
-                                 Deterministic({"--stages=fit", "--steps=20"})));
+    one_ = new RunResult(
+        MainJob(1, TempDir() + "/det1", Deterministic({"--stages=fit", "--steps=20"})));
   }
   static void TearDownTestSuite() { delete one_; }
   void SetUp() override { ASSERT_EQ(one_->exit_code, 0) << one_->output; }
@@ -55,13 +55,16 @@ TEST_F(DeterministicE2eTest, WorldSizesOneTwoAndFourGiveTheSameBits) {
   ASSERT_EQ(want.size(), 20u) << one_->output;
   for (const auto& [n, backend] : {std::pair<int, const char*>{2, "gloo"}, {4, "shm"}}) {
     const std::string dir = absl::StrCat(TempDir(), "/det", n);
-    RunResult r = MainJob(n, dir, Deterministic({"--stages=fit", "--steps=20",
-                                                 absl::StrCat("--backend=", backend)}));
+    RunResult r = MainJob(
+        n, dir, Deterministic({"--stages=fit", "--steps=20", absl::StrCat("--backend=", backend)}));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(FirstDifference(want, FitLosses(dir)), -1) << "N = " << n;
-    EXPECT_TRUE(SameSafetensors(TempDir() + "/det1/model.safetensors", dir + "/model.safetensors").ok());
-    std::printf("--deterministic, N = %d (%s): 20 losses and every weight bit for bit as N = 1; "
-                "final loss %.17g\n", n, backend, FitLosses(dir).back());
+    EXPECT_TRUE(
+        SameSafetensors(TempDir() + "/det1/model.safetensors", dir + "/model.safetensors").ok());
+    std::printf(
+        "--deterministic, N = %d (%s): 20 losses and every weight bit for bit as N = 1; "
+        "final loss %.17g\n",
+        n, backend, FitLosses(dir).back());
   }
 }
 
@@ -70,8 +73,9 @@ TEST_F(DeterministicE2eTest, AResumeAtAnotherWorldSizeContinuesTheUninterruptedR
   RunResult a = MainJob(2, first, Deterministic({"--stages=fit", "--steps=10", "--release=false"}));
   ASSERT_EQ(a.exit_code, 0) << a.output;
   const std::string next = TempDir() + "/det_next10";
-  RunResult b = MainJob(4, next, Deterministic({"--stages=fit", "--steps=10", "--backend=shm",
-                                                "--resume_from=" + first + "/checkpoint"}));
+  RunResult b = MainJob(4, next,
+                        Deterministic({"--stages=fit", "--steps=10", "--backend=shm",
+                                       "--resume_from=" + first + "/checkpoint"}));
   ASSERT_EQ(b.exit_code, 0) << b.output;
   const std::vector<double> straight = FitLosses(TempDir() + "/det1");
   const std::vector<double> head = FitLosses(first);
@@ -91,7 +95,8 @@ TEST_F(DeterministicE2eTest, TheNormalModeDiffersAcrossWorldSizes) {
   RunResult two = MainJob(2, TempDir() + "/normal2", {"--stages=fit", "--steps=20"});
   ASSERT_EQ(one.exit_code, 0) << one.output;
   ASSERT_EQ(two.exit_code, 0) << two.output;
-  const int at = FirstDifference(FitLosses(TempDir() + "/normal1"), FitLosses(TempDir() + "/normal2"));
+  const int at =
+      FirstDifference(FitLosses(TempDir() + "/normal1"), FitLosses(TempDir() + "/normal2"));
   EXPECT_NE(at, -1);
   std::printf("normal mode, N = 2 vs N = 1: first differing loss at step %d\n", at + 1);
 }

@@ -28,12 +28,11 @@
 
 #include <atomic>
 #include <cstdio>
-#include <random>
-#include <thread>
-
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -42,8 +41,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "trainer/testing/e2e_harness.h"
 #include "nlohmann/json.hpp"
+#include "trainer/testing/e2e_harness.h"
 
 namespace integration {
 namespace {
@@ -144,12 +143,13 @@ TEST_F(FaultInjectionTest, KilledRankIsTheRootCause) {
 }
 
 TEST_F(FaultInjectionTest, StoppedRankIsNamedByTheSurvivorsTimeouts) {
-  RunResult r = Run("stop", {"--stages=fit", "--steps=40", "--testonly_fault=stop@1:5",
-                             "--timeout_s=3"});
+  RunResult r =
+      Run("stop", {"--stages=fit", "--steps=40", "--testonly_fault=stop@1:5", "--timeout_s=3"});
   EXPECT_NE(r.exit_code, 0) << r.output;
   const std::string root = RootCauseLine(r.output);
-  EXPECT_TRUE(absl::StartsWith(root, "launch: root cause: rank 1, named by the other ranks' "
-                                     "errors: it was stopped by signal 19"))
+  EXPECT_TRUE(absl::StartsWith(root,
+                               "launch: root cause: rank 1, named by the other ranks' "
+                               "errors: it was stopped by signal 19"))
       << r.output;
   EXPECT_TRUE(Has(r.output, "launch: secondary: rank 0 at ")) << r.output;
   EXPECT_TRUE(Has(r.output, "job failed: root cause rank 1")) << r.output;
@@ -188,7 +188,8 @@ TEST_F(FaultInjectionTest, BadConfigurationIsRefusedNamingTheOptionOrFile) {
       {{"--stage_config=" + TempDir()}, "INVALID_ARGUMENT", TempDir()},
       // About 270 GB of activations per host: refused before training, naming the shortfall.
       {{"--n_embd=512", "--block_size=4096", "--seq_len=4096", "--batch_size=512"},
-       "RESOURCE_EXHAUSTED", "short by"},
+       "RESOURCE_EXHAUSTED",
+       "short by"},
   };
   int i = 0;
   for (const Case& c : cases) {
@@ -213,8 +214,11 @@ TEST_F(FaultInjectionTest, DiskFullWhileSavingNamesTheFileAndLeavesNoTemporary) 
   // does not fit.
   const std::string mnt = TempDir() + "/small-disk";
   std::filesystem::create_directories(mnt);
-  std::vector<std::string> job = {testing::Runfile("trainer/main_job"), "--world_size=2",
-                                  "--output_dir=" + mnt + "/out", "--stages=fit", "--steps=5",
+  std::vector<std::string> job = {testing::Runfile("trainer/main_job"),
+                                  "--world_size=2",
+                                  "--output_dir=" + mnt + "/out",
+                                  "--stages=fit",
+                                  "--steps=5",
                                   "--release=false"};
   for (const std::string& f : testing::SmallModelFlags()) job.push_back(f);
   std::string command = absl::StrCat("mount -t tmpfs -o size=96k tmpfs '", mnt, "' && exec");
@@ -263,12 +267,13 @@ int64_t RankRss(const std::string& marker, int rank) {
       if (c == '\0') c = '\n';
     }
     if (("\n" + env).find(absl::StrCat("\nRANK=", rank, "\n")) == std::string::npos) continue;
-    for (absl::string_view line : absl::StrSplit(ReadFile(absl::StrCat("/proc/", pid, "/status")), '\n')) {
+    for (absl::string_view line :
+         absl::StrSplit(ReadFile(absl::StrCat("/proc/", pid, "/status")), '\n')) {
       if (!absl::ConsumePrefix(&line, "VmRSS:")) continue;
       int64_t kib = 0;
-      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(absl::StripSuffix(
-                               absl::StripAsciiWhitespace(line), "kB")),
-                           &kib)) {
+      if (absl::SimpleAtoi(
+              absl::StripAsciiWhitespace(absl::StripSuffix(absl::StripAsciiWhitespace(line), "kB")),
+              &kib)) {
         return kib * 1024;
       }
     }
@@ -279,10 +284,14 @@ int64_t RankRss(const std::string& marker, int rank) {
 TEST_F(FaultInjectionTest, HostileStoreClientsDoNotDisturbTheJob) {
   const int port = FreePort();
   const std::string out = TempDir() + "/hostile";
-  std::vector<std::string> argv = {testing::Runfile("comm/launch"), "--nproc=2",
-                                   absl::StrCat("--master_port=", port), "--",
+  std::vector<std::string> argv = {testing::Runfile("comm/launch"),
+                                   "--nproc=2",
+                                   absl::StrCat("--master_port=", port),
+                                   "--",
                                    testing::Runfile("trainer/main_job"),
-                                   "--output_dir=" + out, "--stages=fit,test", "--steps=20",
+                                   "--output_dir=" + out,
+                                   "--stages=fit,test",
+                                   "--steps=20",
                                    "--release=false"};
   for (const std::string& f : testing::SmallModelFlags()) argv.push_back(f);
   // A longer test stage, for a longer attack: the attack must outlast 100 connect/close
@@ -331,12 +340,13 @@ TEST_F(FaultInjectionTest, HostileStoreClientsDoNotDisturbTheJob) {
   RunResult r = testing::RunCommand(argv);
   done = true;
   attacker.join();
-  std::printf("hostile store clients: %lld connect/close cycles, %lld idle connections announcing "
-              "64 MiB frames, %lld random-byte clients; peak RSS rank 0 (serves the store) %.1f MiB, "
-              "rank 1 %.1f MiB\n",
-              static_cast<long long>(cycles.load()), static_cast<long long>(idle.load()),
-              static_cast<long long>(garbage.load()), max_rss0.load() / 1048576.0,
-              max_rss1.load() / 1048576.0);
+  std::printf(
+      "hostile store clients: %lld connect/close cycles, %lld idle connections announcing "
+      "64 MiB frames, %lld random-byte clients; peak RSS rank 0 (serves the store) %.1f MiB, "
+      "rank 1 %.1f MiB\n",
+      static_cast<long long>(cycles.load()), static_cast<long long>(idle.load()),
+      static_cast<long long>(garbage.load()), max_rss0.load() / 1048576.0,
+      max_rss1.load() / 1048576.0);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_GT(cycles.load(), 100);  // the attack ran during the job (the count depends on its speed)
   EXPECT_EQ(idle.load(), 200);

@@ -23,8 +23,8 @@
 #include "checkpoint/hf_model.h"
 #include "checkpoint/safetensors.h"
 #include "gtest/gtest.h"
-#include "trainer/testing/e2e_harness.h"
 #include "nlohmann/json.hpp"
+#include "trainer/testing/e2e_harness.h"
 
 namespace integration {
 namespace {

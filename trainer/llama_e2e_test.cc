@@ -18,17 +18,17 @@
 #include "absl/strings/match.h"
 #include "checkpoint/safetensors.h"
 #include "gtest/gtest.h"
-#include "trainer/testing/e2e_harness.h"
 #include "nlohmann/json.hpp"
+#include "trainer/testing/e2e_harness.h"
 
 namespace integration {
 namespace {
 
 using testing::FitLosses;
 using testing::MainJob;
-using testing::SameSafetensors;
 using testing::ReadFile;
 using testing::RunResult;
+using testing::SameSafetensors;
 using testing::TempDir;
 
 constexpr int64_t kVocab = 32, kWidth = 32, kLayers = 2, kKvWidth = 16, kMlp = 88, kSeq = 16;
@@ -83,9 +83,8 @@ TEST_F(LlamaJobTest, FitThenTestLearnsAndReusesTheUnits) {
   // It learnt: the loss falls by more than 0.5 nats and the test loss is well below log V.
   const std::vector<double> losses = FitLosses(base_);
   ASSERT_EQ(losses.size(), 40u);
-  std::printf("llama fit loss %.4f -> %.4f; test loss %.4f (log V %.4f, floor %.4f)\n",
-              losses[0], losses[39], Num(s, "test_loss"), std::log(double{kVocab}),
-              Num(s, "entropy_floor"));
+  std::printf("llama fit loss %.4f -> %.4f; test loss %.4f (log V %.4f, floor %.4f)\n", losses[0],
+              losses[39], Num(s, "test_loss"), std::log(double{kVocab}), Num(s, "entropy_floor"));
   EXPECT_NEAR(losses[0], std::log(double{kVocab}), 0.2);
   EXPECT_LT(losses[39], losses[0] - 0.5);
   EXPECT_LT(Num(s, "test_loss"), std::log(double{kVocab}) - 0.5);
@@ -96,8 +95,8 @@ TEST_F(LlamaJobTest, FitThenTestLearnsAndReusesTheUnits) {
 TEST_F(LlamaJobTest, TheSummarysModelFiguresAreTheLlamas) {
   const nlohmann::json& s = fit_->summary;
   // embed_tokens + lm_head + norm; per layer q, k, v, o, the SwiGLU and two RMSNorms.
-  const int64_t per_layer = 2 * kWidth * kWidth + 2 * kWidth * kKvWidth + 3 * kWidth * kMlp +
-                            2 * kWidth;
+  const int64_t per_layer =
+      2 * kWidth * kWidth + 2 * kWidth * kKvWidth + 3 * kWidth * kMlp + 2 * kWidth;
   const int64_t n = 2 * kVocab * kWidth + kWidth + kLayers * per_layer;
   EXPECT_EQ(s["model_parameters"].get<int64_t>(), n);
   const nlohmann::json& mfu = s["mfu_inputs"];
@@ -132,8 +131,9 @@ TEST_F(LlamaJobTest, ResumedTrainingEqualsUninterruptedTraining) {
   RunResult a = MainJob(2, first, Llama({"--stages=fit", "--steps=20", "--release=false"}));
   ASSERT_EQ(a.exit_code, 0) << a.output;
   const std::string next = TempDir() + "/llama_next20";
-  RunResult b = MainJob(2, next, Llama({"--stages=fit,test", "--steps=20",
-                                        "--resume_from=" + first + "/checkpoint"}));
+  RunResult b =
+      MainJob(2, next,
+              Llama({"--stages=fit,test", "--steps=20", "--resume_from=" + first + "/checkpoint"}));
   ASSERT_EQ(b.exit_code, 0) << b.output;
   EXPECT_EQ(b.summary["global_step"], 40);
   EXPECT_EQ(b.summary["resumed_step"], 20);
@@ -144,7 +144,8 @@ TEST_F(LlamaJobTest, ResumedTrainingEqualsUninterruptedTraining) {
   ASSERT_EQ(resumed.size(), 20u);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(resumed[i], straight[20 + i]) << "step " << 21 + i;
   EXPECT_EQ(Num(b.summary, "test_loss"), Num(fit_->summary, "test_loss"));
-  const absl::Status same = SameSafetensors(base_ + "/model.safetensors", next + "/model.safetensors");
+  const absl::Status same =
+      SameSafetensors(base_ + "/model.safetensors", next + "/model.safetensors");
   EXPECT_TRUE(same.ok()) << same;
 }
 
@@ -152,8 +153,8 @@ TEST_F(LlamaJobTest, ResumedTrainingEqualsUninterruptedTraining) {
 // recomputed in the backward gives the same bits with less activation memory.
 TEST_F(LlamaJobTest, ActivationCheckpointingOfTheDecoderLayersChangesNoBit) {
   const std::string dir = TempDir() + "/llama_checkpointed";
-  RunResult r = MainJob(2, dir, Llama({"--stages=fit,test", "--steps=40",
-                                       "--activation_checkpoint_every=1"}));
+  RunResult r = MainJob(
+      2, dir, Llama({"--stages=fit,test", "--steps=40", "--activation_checkpoint_every=1"}));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(FitLosses(dir), FitLosses(base_));
   EXPECT_EQ(Num(r.summary, "test_loss"), Num(fit_->summary, "test_loss"));

@@ -44,15 +44,15 @@
 #include "core/status_macros.h"
 #include "core/timeout.h"
 #include "integration/device_setup.h"
+#include "integration/stage_runner.h"
+#include "nlohmann/json.hpp"
+#include "nn/ops.h"
 #include "trainer/internal/job_options.h"
 #include "trainer/internal/job_setup.h"
 #include "trainer/internal/job_summary.h"
 #include "trainer/internal/job_train_modules.h"
 #include "trainer/internal/run_log.h"
 #include "trainer/internal/stage_loop.h"
-#include "integration/stage_runner.h"
-#include "nlohmann/json.hpp"
-#include "nn/ops.h"
 
 #ifdef FSDP_WITH_CUDA
 #include "nn/cuda/gemm.h"
@@ -78,7 +78,8 @@ void ReportFailure(const JobOptions& job, const absl::Status& status, int rank) 
   const int delay_ms = job.testonly_failure_print_delay_ms;
   if (delay_ms > 0 && !comm::IsSecondary(status)) absl::SleepFor(absl::Milliseconds(delay_ms));
   std::fprintf(stderr, "main job (rank %d) failed: %s: %s\n", rank,
-               absl::StatusCodeToString(status.code()).c_str(), std::string(status.message()).c_str());
+               absl::StatusCodeToString(status.code()).c_str(),
+               std::string(status.message()).c_str());
   std::fflush(stderr);
 }
 
@@ -143,8 +144,8 @@ absl::Status RunJob(const JobOptions& flags, comm::Distributed& dist, absl::Dura
     say(absl::StrCat("warning: ", s.message(), "; the run log stops here"));
     run_log.reset();
   };
-  if (rank == 0 && std::find(setup->stages.begin(), setup->stages.end(), integration::Stage::kFit) !=
-                       setup->stages.end()) {
+  if (rank == 0 && std::find(setup->stages.begin(), setup->stages.end(),
+                             integration::Stage::kFit) != setup->stages.end()) {
     const int restart = integration::internal::RestartCount();
     absl::StatusOr<integration::internal::RunLog> opened = integration::internal::RunLog::Open(
         absl::StrCat(job.output_dir, "/", integration::internal::kRunLogFile), restart,
@@ -226,8 +227,8 @@ int LaunchLocalRanks(const JobOptions& job, int argc, char** argv) {
   // does not depend on each rank's working directory.
   args.push_back(absl::StrCat("--output_dir=", job.output_dir));
   ::setenv(kLaunchedByParent, "1", 1);
-  std::printf("main job: starting %d local ranks (comm/launcher.h); output in %s\n",
-              job.world_size, job.output_dir.c_str());
+  std::printf("main job: starting %d local ranks (comm/launcher.h); output in %s\n", job.world_size,
+              job.output_dir.c_str());
   std::fflush(stdout);
   comm::LaunchOptions launch;
   launch.max_restarts = job.max_restarts;  // NOTE [Restarts] in comm/launcher.h
@@ -239,7 +240,8 @@ int LaunchLocalRanks(const JobOptions& job, int argc, char** argv) {
   }
   const int rc = *launched;
   if (rc != 0) {
-    std::fprintf(stderr, "main job: the ranks failed (exit status %d); see their output above\n", rc);
+    std::fprintf(stderr, "main job: the ranks failed (exit status %d); see their output above\n",
+                 rc);
     return rc;
   }
   std::ifstream in(summary_path);

@@ -42,8 +42,8 @@
 #include "checkpoint/series.h"
 #include "checkpoint/sharded.h"
 #include "gtest/gtest.h"
-#include "trainer/testing/e2e_harness.h"
 #include "nlohmann/json.hpp"
+#include "trainer/testing/e2e_harness.h"
 
 namespace integration {
 namespace {
@@ -51,9 +51,9 @@ namespace {
 using testing::MainJob;
 using testing::ReadFile;
 using testing::RunCommand;
+using testing::Runfile;
 using testing::RunResult;
 using testing::RunRetryingPortRace;
-using testing::Runfile;
 using testing::TempDir;
 
 // |a - b| <= rtol |b|, for losses computed with other batch splits. Each rank's loss is a
@@ -112,7 +112,8 @@ TEST_F(MainJobTest, FitThenTestReusesTheUnitsAndTheReleasedModuleAgrees) {
   EXPECT_FALSE(s.contains("device_timed")) << s.dump();
   EXPECT_EQ(fit_->output.find("device-timed"), std::string::npos) << fit_->output;
   EXPECT_EQ(s["mfu_inputs"]["L"], 2);
-  EXPECT_GT(s["mfu_inputs"]["flops_per_token"].get<double>(), 6.0 * s["model_parameters"].get<double>());
+  EXPECT_GT(s["mfu_inputs"]["flops_per_token"].get<double>(),
+            6.0 * s["model_parameters"].get<double>());
   for (const char* key : {"world_size", "final_train_loss", "test_loss", "released_test_loss",
                           "entropy_floor", "units_reused", "param_bytes_copied_on_rewrap",
                           "peak_bytes_per_rank", "checkpoint_dir", "safetensors_path"}) {
@@ -144,8 +145,8 @@ TEST_F(MainJobTest, ProfileOpsReportsTheLastFitStepsOpsPerCategory) {
   ASSERT_TRUE(p.is_object()) << fit_->output;
   std::map<std::string, nlohmann::json> by_category;
   for (const nlohmann::json& c : p["categories"]) by_category[c["category"]] = c;
-  for (const char* category : {"gemm.forward", "gemm.input_grad", "gemm.weight_grad",
-                               "attention", "norm", "loss", "optimizer", "collective"}) {
+  for (const char* category : {"gemm.forward", "gemm.input_grad", "gemm.weight_grad", "attention",
+                               "norm", "loss", "optimizer", "collective"}) {
     ASSERT_TRUE(by_category.count(category)) << category << ": " << p.dump();
     EXPECT_GT(by_category[category]["ops"].get<int>(), 0) << category;
     EXPECT_GT(by_category[category]["estimated_ms"].get<double>(), 0) << category;
@@ -182,9 +183,9 @@ TEST(MainJobThroughputTest, ThroughputWarmupStepsIsTheWarmUpExcludedOrRefusedNam
 }
 
 TEST_F(MainJobTest, TestAloneFromTheCheckpointWrapsFreshAndGetsTheSameLoss) {
-  RunResult alone = MainJob(2, TempDir() + "/alone",
-                            {"--stages=test", "--resume_from=" + base_ + "/checkpoint",
-                             "--release=false"});
+  RunResult alone =
+      MainJob(2, TempDir() + "/alone",
+              {"--stages=test", "--resume_from=" + base_ + "/checkpoint", "--release=false"});
   ASSERT_EQ(alone.exit_code, 0) << alone.output;
   EXPECT_EQ(alone.summary["fresh_wraps"], 1);
   EXPECT_EQ(alone.summary["global_step"], 40);
@@ -206,14 +207,15 @@ TEST_F(MainJobTest, StageConfigFileSetsTheStagesOptions) {
   EXPECT_EQ(Num(r.summary, "test_loss"), Num(fit_->summary, "test_loss"));
   // A config with an error is refused naming the field, before any rank trains.
   std::ofstream(config) << "strategy: \"ZERO3\"\n";
-  RunResult bad = MainJob(2, TempDir() + "/configured", {"--stages=test", "--stage_config=" + config});
+  RunResult bad =
+      MainJob(2, TempDir() + "/configured", {"--stages=test", "--stage_config=" + config});
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("StageConfig.strategy"), std::string::npos) << bad.output;
 }
 
 TEST_F(MainJobTest, TestAtWorldSizesOneAndFourFromTheWorldSizeTwoCheckpoint) {
-  RunResult one = MainJob(1, TempDir() + "/ws1",
-                          {"--stages=test", "--resume_from=" + base_ + "/checkpoint"});
+  RunResult one =
+      MainJob(1, TempDir() + "/ws1", {"--stages=test", "--resume_from=" + base_ + "/checkpoint"});
   ASSERT_EQ(one.exit_code, 0) << one.output;
   EXPECT_EQ(one.summary["world_size"], 1);
   EXPECT_NEAR(Num(one.summary, "test_loss"), Num(fit_->summary, "test_loss"),
@@ -221,9 +223,12 @@ TEST_F(MainJobTest, TestAtWorldSizesOneAndFourFromTheWorldSizeTwoCheckpoint) {
 
   // World size 4 started by the stand-alone launcher: the job sees RANK and friends, and
   // rank 0 prints the summary itself.
-  std::vector<std::string> argv = {Runfile("comm/launch"), "--nproc=4", "--",
+  std::vector<std::string> argv = {Runfile("comm/launch"),
+                                   "--nproc=4",
+                                   "--",
                                    Runfile("trainer/main_job"),
-                                   "--output_dir=" + TempDir() + "/ws4", "--stages=test",
+                                   "--output_dir=" + TempDir() + "/ws4",
+                                   "--stages=test",
                                    "--resume_from=" + base_ + "/checkpoint"};
   for (const std::string& f : testing::SmallModelFlags()) argv.push_back(f);
   RunResult four = RunRetryingPortRace(argv);
@@ -252,7 +257,8 @@ TEST_F(MainJobTest, TrainingAtWorldSizesOneAndFourGivesTheWorldSizeTwoLosses) {
       EXPECT_NEAR(a, b, kCrossWorldRtol * b) << "N = " << n << ", step " << i + 1;
       worst = std::max(worst, std::abs(a - b) / b);
     }
-    std::printf("N = %d: largest relative loss difference to N = 2 over 40 steps: %.3g\n", n, worst);
+    std::printf("N = %d: largest relative loss difference to N = 2 over 40 steps: %.3g\n", n,
+                worst);
   }
 }
 
@@ -260,8 +266,9 @@ TEST_F(MainJobTest, ResumedTrainingEqualsUninterruptedTraining) {
   const std::string first = TempDir() + "/first20";
   RunResult a = MainJob(2, first, {"--stages=fit", "--steps=20", "--release=false"});
   ASSERT_EQ(a.exit_code, 0) << a.output;
-  RunResult b = MainJob(2, TempDir() + "/next20",
-                        {"--stages=fit,test", "--steps=20", "--resume_from=" + first + "/checkpoint"});
+  RunResult b =
+      MainJob(2, TempDir() + "/next20",
+              {"--stages=fit,test", "--steps=20", "--resume_from=" + first + "/checkpoint"});
   ASSERT_EQ(b.exit_code, 0) << b.output;
   EXPECT_EQ(b.summary["global_step"], 40);
   // Same batches (indexed by the global step), learning rates, optimizer state and
@@ -281,8 +288,9 @@ TEST_F(MainJobTest, ResumedTrainingEqualsUninterruptedTraining) {
 TEST_F(MainJobTest, PeriodicCheckpointsResumeFromTheLatest) {
   // 30 steps saving every 10, keeping 2; then --resume_from=latest continues at step 30.
   const std::string first = TempDir() + "/periodic30";
-  RunResult a = MainJob(2, first, {"--stages=fit", "--steps=30", "--checkpoint_every_steps=10",
-                                   "--keep_checkpoints=2", "--release=false"});
+  RunResult a = MainJob(2, first,
+                        {"--stages=fit", "--steps=30", "--checkpoint_every_steps=10",
+                         "--keep_checkpoints=2", "--release=false"});
   ASSERT_EQ(a.exit_code, 0) << a.output;
   const std::string root = first + "/checkpoint";
   absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> kept =
@@ -317,11 +325,10 @@ TEST_F(MainJobTest, AKilledRankRestartsTheJobFromTheNewestCheckpoint) {
   const std::string out = TempDir() + "/restarted";
   RunResult r = MainJob(2, out,
                         {"--stages=fit", "--max_steps=20", "--release=false", "--log_every=1",
-                         "--checkpoint_every_steps=5", "--resume_from=latest",
-                         "--max_restarts=1", "--testonly_fault=kill@1:12"});
+                         "--checkpoint_every_steps=5", "--resume_from=latest", "--max_restarts=1",
+                         "--testonly_fault=kill@1:12"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("root cause rank 1 (killed by signal 9"), std::string::npos)
-      << r.output;
+  EXPECT_NE(r.output.find("root cause rank 1 (killed by signal 9"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("restarting the job with 2 ranks (restart 1 of 1)"), std::string::npos)
       << r.output;
   EXPECT_EQ(r.summary["resumed_from"], checkpoint::StepDirectory(out + "/checkpoint", 10));
@@ -423,9 +430,9 @@ std::string DamagedCopy(const std::string& from, const std::string& to, bool tru
 TEST_F(MainJobTest, CorruptedOrTruncatedCheckpointIsRefusedNamingFileAndTensor) {
   for (bool truncate : {false, true}) {
     std::string file;
-    const std::string dir = DamagedCopy(base_ + "/checkpoint",
-                                        TempDir() + (truncate ? "/truncated" : "/corrupted"),
-                                        truncate, &file);
+    const std::string dir =
+        DamagedCopy(base_ + "/checkpoint", TempDir() + (truncate ? "/truncated" : "/corrupted"),
+                    truncate, &file);
     RunResult r = MainJob(2, TempDir() + "/damaged",
                           {"--stages=test", "--resume_from=" + dir, "--release=false"});
     EXPECT_NE(r.exit_code, 0) << r.output;

@@ -2,9 +2,8 @@
 // by bench/cpu/gemm.sh: portable x86-64 (-O2, SSE2 only) and -O2 -mavx2 -mfma; the AVX2 build
 // answers bench_supported() with a reason when the CPU lacks AVX2 or FMA, so it is never
 // called there (the run-time check a library build would need). Single-threaded (no OpenMP).
-#include <cstdint>
-
 #include <Eigen/Core>
+#include <cstdint>
 
 namespace {
 using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -26,8 +25,9 @@ const char* bench_supported() {
 
 #define BENCH_STR2(x) #x
 #define BENCH_STR(x) BENCH_STR2(x)
-#define BENCH_EIGEN_VERSION \
-  BENCH_STR(EIGEN_WORLD_VERSION) "." BENCH_STR(EIGEN_MAJOR_VERSION) "." BENCH_STR(EIGEN_MINOR_VERSION)
+#define BENCH_EIGEN_VERSION      \
+  BENCH_STR(EIGEN_WORLD_VERSION) \
+  "." BENCH_STR(EIGEN_MAJOR_VERSION) "." BENCH_STR(EIGEN_MINOR_VERSION)
 
 const char* bench_info() {
 #if defined(__AVX2__) && defined(__FMA__)

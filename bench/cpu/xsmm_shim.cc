@@ -4,10 +4,10 @@
 // larger products to the BLAS linked beside it (here the OpenBLAS gemm.sh unpacks, -lopenblas):
 // bench_info names the JIT target and that threshold so the JSON says which path each
 // shape took. Single-threaded (libxsmm.a, not libxsmmext).
+#include <libxsmm.h>
+
 #include <cstdint>
 #include <string>
-
-#include <libxsmm.h>
 
 extern "C" {
 
@@ -17,8 +17,8 @@ const char* bench_info() {
   static std::string info;
   if (info.empty()) {
     libxsmm_init();
-    info = std::string("libxsmm ") + LIBXSMM_VERSION + ", JIT target " +
-           libxsmm_get_target_arch() + ", JIT when m*n*k <= " + std::to_string(LIBXSMM_MAX_MNK) +
+    info = std::string("libxsmm ") + LIBXSMM_VERSION + ", JIT target " + libxsmm_get_target_arch() +
+           ", JIT when m*n*k <= " + std::to_string(LIBXSMM_MAX_MNK) +
            ", larger products fall back to the system OpenBLAS (sgemm_)";
   }
   return info.c_str();

@@ -116,7 +116,8 @@ FileReader::~FileReader() {
 
 absl::StatusOr<size_t> FileReader::ReadAt(int64_t offset, size_t n, void* out) const {
   if (offset < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("negative offset ", offset, " in '", path_, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("negative offset ", offset, " in '", path_, "'"));
   }
   char* p = static_cast<char*>(out);
   size_t done = 0;
@@ -217,7 +218,8 @@ absl::Status MakeDirectories(const std::string& path) {
   std::filesystem::create_directories(path, ec);
   if (ec) return ErrnoError(ec.value(), "cannot create directory", path);
   if (!std::filesystem::is_directory(path, ec)) {
-    return absl::FailedPreconditionError(absl::StrCat("'", path, "' exists and is not a directory"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", path, "' exists and is not a directory"));
   }
   return absl::OkStatus();
 }
@@ -260,13 +262,13 @@ std::string UniqueToken() {
     return (static_cast<uint64_t>(rd()) << 32) ^ rd();
   }();
   const uint64_t n = counter.fetch_add(1);
-  const uint64_t t = static_cast<uint64_t>(
-      std::chrono::steady_clock::now().time_since_epoch().count());
+  const uint64_t t =
+      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   const uint64_t tid = std::hash<std::thread::id>()(std::this_thread::get_id());
   // splitmix64 finaliser over the mixed inputs: distinct counters give distinct
   // tokens within a process (the mix is a bijection of its input for fixed others).
-  uint64_t x = process_seed ^ (static_cast<uint64_t>(::getpid()) << 40) ^ (t * 0x9E3779B97F4A7C15ull) ^
-               tid;
+  uint64_t x =
+      process_seed ^ (static_cast<uint64_t>(::getpid()) << 40) ^ (t * 0x9E3779B97F4A7C15ull) ^ tid;
   x += n * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
@@ -310,8 +312,8 @@ absl::Status RenameAside(const std::string& staged, const std::string& target,
 
 }  // namespace
 
-absl::Status CommitDirectory(const std::string& staged, const std::string& target,
-                             CommitMode mode, const std::function<absl::Status()>& after_swap) {
+absl::Status CommitDirectory(const std::string& staged, const std::string& target, CommitMode mode,
+                             const std::function<absl::Status()>& after_swap) {
   if (mode == CommitMode::kRenameAside) return RenameAside(staged, target, after_swap);
   const std::string parent = ParentDirectory(target);
   for (int attempt = 0; attempt < 10; ++attempt) {
@@ -342,8 +344,8 @@ absl::Status CommitDirectory(const std::string& staged, const std::string& targe
       return ErrnoError(errno, absl::StrCat("cannot rename '", staged, "' to"), target);
     }
   }
-  return absl::AbortedError(absl::StrCat("'", target, "' kept changing while committing '",
-                                         staged, "' (concurrent saves to one directory?)"));
+  return absl::AbortedError(absl::StrCat("'", target, "' kept changing while committing '", staged,
+                                         "' (concurrent saves to one directory?)"));
 }
 
 }  // namespace internal

@@ -146,8 +146,8 @@ TEST_P(CommitTest, FailingHookKeepsNewInPlaceAndOldUndeleted) {
   const std::string staged = dir + "/ckpt.tmp-1";
   ASSERT_TRUE(MakeDirectories(staged).ok());
   ASSERT_TRUE(WriteString(staged + "/v", "new").ok());
-  absl::Status s = CommitDirectory(staged, target, GetParam(),
-                                   [] { return absl::AbortedError("crash"); });
+  absl::Status s =
+      CommitDirectory(staged, target, GetParam(), [] { return absl::AbortedError("crash"); });
   EXPECT_TRUE(absl::IsAborted(s)) << s;
   EXPECT_EQ(ReadFileToString(target + "/v").value(), "new");
   // The old contents survive somewhere beside the target.

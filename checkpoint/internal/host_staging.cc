@@ -58,8 +58,8 @@ absl::StatusOr<HostBytes> HostBytes::Of(const core::Tensor& t, core::DType dtype
   RETURN_IF_ERROR(core::Annotate(out.cpu_.CopyFrom(raw), what));
   return out;
 #else
-  return absl::UnavailableError(absl::StrCat(what, ": ", t.ToString(),
-                                             " is on a device this build (no CUDA) cannot read"));
+  return absl::UnavailableError(
+      absl::StrCat(what, ": ", t.ToString(), " is on a device this build (no CUDA) cannot read"));
 #endif
 }
 
@@ -70,8 +70,8 @@ absl::Status CopyHostToTensor(const core::Tensor& dst, const core::Tensor& src,
         absl::StrCat(what, ": CopyHostToTensor source ", src.ToString(), " is not on the CPU"));
   }
   if (dst.numel() != src.numel()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", src.numel(),
-                                                   " elements into ", dst.ToString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", src.numel(), " elements into ", dst.ToString()));
   }
   if (dst.device().is_cpu()) return core::Annotate(dst.CopyFrom(src), what);
 #ifdef FSDP_WITH_CUDA
@@ -89,8 +89,8 @@ absl::Status CopyHostToTensor(const core::Tensor& dst, const core::Tensor& src,
   }
   return absl::OkStatus();
 #else
-  return absl::UnavailableError(
-      absl::StrCat(what, ": ", dst.ToString(), " is on a device this build (no CUDA) cannot write"));
+  return absl::UnavailableError(absl::StrCat(what, ": ", dst.ToString(),
+                                             " is on a device this build (no CUDA) cannot write"));
 #endif
 }
 

@@ -64,7 +64,8 @@ TEST(HostStagingTest, CopyHostToTensorOnTheCpuConverts) {
   Tensor dst = Tensor::Zeros({2}, DType::kBFloat16);
   ASSERT_TRUE(CopyHostToTensor(dst, Tensor::FromVector({5, 6}, {2}).value(), "t").ok());
   EXPECT_EQ(dst.ToVector(), (std::vector<float>{5, 6}));
-  EXPECT_EQ(CopyHostToTensor(dst, Tensor::Zeros({3}), "t").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CopyHostToTensor(dst, Tensor::Zeros({3}), "t").code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(HostStagingTest, PinnedPathRoundTripsThroughADevice) {
@@ -72,8 +73,9 @@ TEST(HostStagingTest, PinnedPathRoundTripsThroughADevice) {
   if (!n.ok() || *n == 0) {
     GTEST_SKIP() << "no usable CUDA device: " << n.status();
   }
-  Tensor dev = Tensor::Allocate({3}, DType::kFloat32, core::MemoryTag::kOther,
-                                core::Device::Cuda(0)).value();
+  Tensor dev =
+      Tensor::Allocate({3}, DType::kFloat32, core::MemoryTag::kOther, core::Device::Cuda(0))
+          .value();
   ASSERT_TRUE(CopyHostToTensor(dev, Tensor::FromVector({1.5f, 2.5f, 3.5f}, {3}).value(), "t").ok());
   HostBytes f32 = HostBytes::Of(dev, DType::kFloat32, "t").value();
   std::vector<float> got(3);

@@ -60,7 +60,7 @@ struct MetadataIndex {
   std::string dir;
   CheckpointMetadata proto;
   std::map<std::string, int> by_name;
-  std::vector<core::DType> dtypes;   // per proto.tensors() entry
+  std::vector<core::DType> dtypes;  // per proto.tensors() entry
   std::vector<core::Shape> shapes;
   std::vector<int64_t> numels;
   // Data file name -> its recorded size in bytes (DataFileProto.size_bytes).

@@ -22,15 +22,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!meta.ParseFromString(bytes)) return 0;
   absl::StatusOr<internal::MetadataIndex> direct =
       internal::IndexMetadata(meta, "/fuzz", "/fuzz/metadata.pb");
-  absl::StatusOr<internal::MetadataIndex> framed = internal::ParseMetadataFile(
-      internal::EncodeMetadataFile(meta), "/fuzz", "/fuzz/metadata.pb");
+  absl::StatusOr<internal::MetadataIndex> framed =
+      internal::ParseMetadataFile(internal::EncodeMetadataFile(meta), "/fuzz", "/fuzz/metadata.pb");
   // Framing with correct checksums changes nothing about validity.
   if (direct.ok() != framed.ok()) std::abort();
   if (direct.ok()) {
     // An accepted index is consistent: one dtype, shape and numel per tensor.
     const int n = direct->proto.tensors_size();
-    if (static_cast<int>(direct->dtypes.size()) != n || static_cast<int>(direct->shapes.size()) != n ||
-        static_cast<int>(direct->numels.size()) != n || static_cast<int>(direct->by_name.size()) != n) {
+    if (static_cast<int>(direct->dtypes.size()) != n ||
+        static_cast<int>(direct->shapes.size()) != n ||
+        static_cast<int>(direct->numels.size()) != n ||
+        static_cast<int>(direct->by_name.size()) != n) {
       std::abort();
     }
   }

@@ -156,8 +156,10 @@ TEST(MetadataTest, UntrustedSizesAreCheckedNamingTheField) {
          m.mutable_tensors(0)->set_shape(1, int64_t{1} << 40);
        },
        "shape"},
-      {"shape max", [](CheckpointMetadata& m) { m.mutable_tensors(0)->set_shape(0, kMax); }, "shape"},
-      {"shape negative", [](CheckpointMetadata& m) { m.mutable_tensors(0)->set_shape(0, -2); }, "shape"},
+      {"shape max", [](CheckpointMetadata& m) { m.mutable_tensors(0)->set_shape(0, kMax); },
+       "shape"},
+      {"shape negative", [](CheckpointMetadata& m) { m.mutable_tensors(0)->set_shape(0, -2); },
+       "shape"},
       {"begin negative", [&](CheckpointMetadata& m) { chunk(m, 0)->set_begin(-1); }, "begin"},
       {"end max", [&](CheckpointMetadata& m) { chunk(m, 0)->set_end(kMax); }, "end"},
       {"end before begin", [&](CheckpointMetadata& m) { chunk(m, 0)->set_end(0); }, "end"},
@@ -171,26 +173,30 @@ TEST(MetadataTest, UntrustedSizesAreCheckedNamingTheField) {
        [&](CheckpointMetadata& m) { chunk(m, 1)->set_byte_offset(kMax - 4); }, "byte_offset"},
       {"byte_offset negative", [&](CheckpointMetadata& m) { chunk(m, 1)->set_byte_offset(-8); },
        "byte_offset"},
-      {"chunks overlap", [&](CheckpointMetadata& m) { chunk(m, 1)->set_byte_offset(8); }, "overlaps"},
+      {"chunks overlap", [&](CheckpointMetadata& m) { chunk(m, 1)->set_byte_offset(8); },
+       "overlaps"},
       {"bytes in no chunk",
        [&](CheckpointMetadata& m) {
          m.mutable_files(0)->set_size_bytes(32);
          chunk(m, 1)->set_byte_offset(24);
        },
        "bytes [16, 24) belong to no chunk"},
-      {"trailing bytes in no chunk", [](CheckpointMetadata& m) { m.mutable_files(0)->set_size_bytes(25); },
-       "bytes [24, 25)"},
-      {"checksum count", [&](CheckpointMetadata& m) { chunk(m, 0)->add_block_crc32c(4); }, "block_crc32c"},
+      {"trailing bytes in no chunk",
+       [](CheckpointMetadata& m) { m.mutable_files(0)->set_size_bytes(25); }, "bytes [24, 25)"},
+      {"checksum count", [&](CheckpointMetadata& m) { chunk(m, 0)->add_block_crc32c(4); },
+       "block_crc32c"},
       {"unknown file", [&](CheckpointMetadata& m) { chunk(m, 0)->set_file("../x.bin"); }, "file"},
       {"dtype", [](CheckpointMetadata& m) { m.mutable_tensors(1)->set_dtype("float64"); }, "dtype"},
-      {"duplicate name", [](CheckpointMetadata& m) { m.mutable_tensors(1)->set_name("a"); }, "listed twice"},
+      {"duplicate name", [](CheckpointMetadata& m) { m.mutable_tensors(1)->set_name("a"); },
+       "listed twice"},
       {"elements in no chunk", [](CheckpointMetadata& m) { m.mutable_tensors(1)->set_shape(0, 3); },
        "elements [2, 3) are in no chunk"},
   };
   for (const Case& c : cases) {
     CheckpointMetadata meta = Valid();
     c.mutate(meta);
-    absl::StatusOr<MetadataIndex> index = ParseMetadataFile(EncodeMetadataFile(meta), "/ckpt", kPath);
+    absl::StatusOr<MetadataIndex> index =
+        ParseMetadataFile(EncodeMetadataFile(meta), "/ckpt", kPath);
     EXPECT_TRUE(absl::IsDataLoss(index.status())) << c.name << ": " << index.status();
     EXPECT_THAT(std::string(index.status().message()), HasSubstr(kPath)) << c.name;
     EXPECT_THAT(std::string(index.status().message()), HasSubstr(c.expect)) << c.name;

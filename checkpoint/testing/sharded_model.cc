@@ -38,7 +38,8 @@ Tensor MakeFull(const Spec& spec, int version) {
     const float v = rng.Normal(0.0f, 1.0f);
     if (spec.dtype == DType::kFloat32) t.data<float>()[i] = v;
     if (spec.dtype == DType::kBFloat16) t.data<core::BFloat16>()[i] = core::BFloat16::FromFloat(v);
-    if (spec.dtype == DType::kInt32) t.data<int32_t>()[i] = static_cast<int32_t>(rng.NextU64() % 100000);
+    if (spec.dtype == DType::kInt32)
+      t.data<int32_t>()[i] = static_cast<int32_t>(rng.NextU64() % 100000);
   }
   return t;
 }
@@ -118,8 +119,7 @@ std::vector<std::string> Entries(const std::string& dir) {
   return out;
 }
 
-absl::Status SaveAt(int world, const std::string& dir, const Model& m,
-                    const SaveOptions& options) {
+absl::Status SaveAt(int world, const std::string& dir, const Model& m, const SaveOptions& options) {
   return comm::testing::RunThreadRanks(world, [=](comm::testing::RankContext& ctx) {
     return Save(dir, RankSlices(m, world, ctx.rank), options, ctx.group.get());
   });

@@ -20,8 +20,8 @@ inline int Bf16ToFloat(const void* in, float* out, int64_t n, void* stream) {
 }
 
 inline int FloatToBf16(const float* in, void* out, int64_t n, void* stream) {
-  return static_cast<int>(core::cuda::ConvertFloatToBf16On(
-      static_cast<cudaStream_t>(stream), in, static_cast<uint16_t*>(out), n));
+  return static_cast<int>(core::cuda::ConvertFloatToBf16On(static_cast<cudaStream_t>(stream), in,
+                                                           static_cast<uint16_t*>(out), n));
 }
 
 }  // namespace cuda

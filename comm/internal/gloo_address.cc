@@ -1,8 +1,8 @@
 #include "comm/internal/gloo_address.h"
 
 #include <arpa/inet.h>
-#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/pair.h>
+#include <gloo/transport/tcp/address.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -60,18 +60,16 @@ size_t GlooAddressBytes() {
 
 absl::StatusOr<PeerAddress> ParseAddressList(absl::string_view value, int owner, int reader,
                                              int size) {
-  if (size < 2 || owner < 0 || owner >= size || reader < 0 || reader >= size ||
-      owner == reader) {
+  if (size < 2 || owner < 0 || owner >= size || reader < 0 || reader >= size || owner == reader) {
     return absl::InvalidArgumentError(absl::StrCat("ParseAddressList: no address of rank ", owner,
-                                                   " for rank ", reader, " in a group of ",
-                                                   size));
+                                                   " for rank ", reader, " in a group of ", size));
   }
   const size_t one = GlooAddressBytes();
   const size_t expected = one * static_cast<size_t>(size - 1);
   if (value.size() != expected) {
-    return absl::DataLossError(absl::StrCat(
-        "holds ", value.size(), " bytes, but rank ", owner, "'s gloo addresses in a group of ",
-        size, " take ", expected, " (", size - 1, " x ", one, ")"));
+    return absl::DataLossError(absl::StrCat("holds ", value.size(), " bytes, but rank ", owner,
+                                            "'s gloo addresses in a group of ", size, " take ",
+                                            expected, " (", size - 1, " x ", one, ")"));
   }
   const bool has_seq = one == sizeof(sockaddr_storage) + sizeof(ssize_t);
   PeerAddress mine;
@@ -82,8 +80,8 @@ absl::StatusOr<PeerAddress> ParseAddressList(absl::string_view value, int owner,
     const int peer = k < owner ? k : k + 1;  // the rank entry k is meant for
     const std::string which = absl::StrCat("its address for rank ", peer, " (entry ", k, ")");
     if (ss.ss_family != AF_INET) {
-      return absl::DataLossError(absl::StrCat(which, " has address family ", ss.ss_family,
-                                              ", not IPv4 (", AF_INET, ")"));
+      return absl::DataLossError(
+          absl::StrCat(which, " has address family ", ss.ss_family, ", not IPv4 (", AF_INET, ")"));
     }
     const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);
     if (in->sin_port == 0) return absl::DataLossError(absl::StrCat(which, " has port 0"));
@@ -108,9 +106,9 @@ absl::Status CheckHostName(absl::string_view value) {
   for (size_t i = 0; i < value.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(value[i]);
     if (c <= 0x20 || c >= 0x7f) {
-      return absl::DataLossError(absl::StrFormat(
-          "holds %d bytes that are not a host name (byte 0x%02x at offset %d)", value.size(), c,
-          i));
+      return absl::DataLossError(
+          absl::StrFormat("holds %d bytes that are not a host name (byte 0x%02x at offset %d)",
+                          value.size(), c, i));
     }
   }
   return absl::OkStatus();

@@ -44,12 +44,10 @@ TEST(GlooAddressTest, AddressSizeIsGloosSerialisedSize) {
 
 TEST(GlooAddressTest, ParseAddressListReturnsTheEntryMeantForTheReader) {
   // Rank 1 of 4 lists its addresses for ranks 0, 2, 3 in that order.
-  const std::string value = GlooBytes("127.0.0.1", 1000) + GlooBytes("127.0.0.1", 2002) +
-                            GlooBytes("10.1.2.3", 3003);
-  for (const auto& [reader, port, ip] :
-       std::vector<std::tuple<int, int, std::string>>{{0, 1000, "127.0.0.1"},
-                                                      {2, 2002, "127.0.0.1"},
-                                                      {3, 3003, "10.1.2.3"}}) {
+  const std::string value =
+      GlooBytes("127.0.0.1", 1000) + GlooBytes("127.0.0.1", 2002) + GlooBytes("10.1.2.3", 3003);
+  for (const auto& [reader, port, ip] : std::vector<std::tuple<int, int, std::string>>{
+           {0, 1000, "127.0.0.1"}, {2, 2002, "127.0.0.1"}, {3, 3003, "10.1.2.3"}}) {
     absl::StatusOr<PeerAddress> a = ParseAddressList(value, 1, reader, 4);
     ASSERT_TRUE(a.ok()) << a.status();
     EXPECT_EQ(a->display, absl::StrCat(ip, ":", port)) << "reader " << reader;
@@ -88,8 +86,7 @@ TEST(GlooAddressTest, ParseAddressListRejectsWhatGlooCouldNotHaveWritten) {
     EXPECT_EQ(a.status().code(), absl::StatusCode::kDataLoss) << c.says;
     EXPECT_NE(a.status().message().find(c.says), std::string::npos) << a.status();
     // Entry 1 of rank 2's list is its address for rank 1.
-    EXPECT_NE(a.status().message().find("for rank 1 (entry 1)"), std::string::npos)
-        << a.status();
+    EXPECT_NE(a.status().message().find("for rank 1 (entry 1)"), std::string::npos) << a.status();
   }
 }
 
@@ -105,7 +102,10 @@ TEST(GlooAddressTest, CheckHostNameAcceptsHostNamesOnly) {
   EXPECT_TRUE(CheckHostName(std::string(255, 'a')).ok());
   EXPECT_EQ(CheckHostName("").code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(CheckHostName(std::string(256, 'a')).code(), absl::StatusCode::kDataLoss);
-  absl::Status s = CheckHostName(std::string("abc\x01" "def", 7));
+  absl::Status s =
+      CheckHostName(std::string("abc\x01"
+                                "def",
+                                7));
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(s.message().find("0x01 at offset 3"), std::string::npos) << s;
   EXPECT_EQ(CheckHostName("has space").code(), absl::StatusCode::kDataLoss);
@@ -125,9 +125,8 @@ TEST(GlooAddressTest, PeerDirectoryNamesTheRankOfTheFirstKnownAddress) {
   d.Add(PeerAddress{GlooForm("127.0.0.1", 4000), "127.0.0.1:4000"}, 2);
   d.Add(PeerAddress{GlooForm("127.0.0.1", 5000), "127.0.0.1:5000"}, 3);
   std::string shown;
-  EXPECT_EQ(d.RankIn(absl::StrCat("Connection closed by peer ", GlooForm("127.0.0.1", 5000)),
-                     &shown),
-            3);
+  EXPECT_EQ(
+      d.RankIn(absl::StrCat("Connection closed by peer ", GlooForm("127.0.0.1", 5000)), &shown), 3);
   EXPECT_EQ(shown, "127.0.0.1:5000");
   EXPECT_EQ(d.RankIn(absl::StrCat("a ", GlooForm("127.0.0.1", 6000), " then ",
                                   GlooForm("127.0.0.1", 4000))),

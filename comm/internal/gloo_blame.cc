@@ -33,15 +33,12 @@ absl::StatusOr<PeerDirectory> ConfirmConnections(Store& store, gloo::Context& co
   } catch (...) {
     return absl::InternalError("reading gloo's pairs: gloo threw");
   }
-  if (absl::Status s =
-          store.Set(ConnKey(rank), EncodeConnections(local_ends));
-      !s.ok()) {
+  if (absl::Status s = store.Set(ConnKey(rank), EncodeConnections(local_ends)); !s.ok()) {
     return s;
   }
   // Peers publish right after their own connectFullMesh; allow a little past the
   // deadline if ours took all of it.
-  const absl::Duration wait =
-      std::max(deadline - absl::Now(), rendezvous_timeout / 10);
+  const absl::Duration wait = std::max(deadline - absl::Now(), rendezvous_timeout / 10);
   std::vector<std::string> keys;
   for (const auto& [r, unused] : local_ends) keys.push_back(ConnKey(r));
   if (absl::Status s = store.Wait(keys, wait); !s.ok()) {
@@ -57,21 +54,19 @@ absl::StatusOr<PeerDirectory> ConfirmConnections(Store& store, gloo::Context& co
     if (missing.empty()) return s;
     const bool one = missing.size() == 1;
     return absl::DeadlineExceededError(absl::StrCat(
-        RanksPhrase(missing), " did not confirm ",
-        one ? "its connections" : "their connections", " by the rendezvous deadline (",
-        "rendezvous_timeout ", absl::FormatDuration(rendezvous_timeout), "): ",
-        one ? "it" : "they", " failed to connect, or the address key", one ? " " : "s ",
-        absl::StrJoin(their_keys, ", "), " did not come from ", one ? "it" : "them",
-        " (forged), so a connection went elsewhere"));
+        RanksPhrase(missing), " did not confirm ", one ? "its connections" : "their connections",
+        " by the rendezvous deadline (", "rendezvous_timeout ",
+        absl::FormatDuration(rendezvous_timeout), "): ", one ? "it" : "they",
+        " failed to connect, or the address key", one ? " " : "s ", absl::StrJoin(their_keys, ", "),
+        " did not come from ", one ? "it" : "them", " (forged), so a connection went elsewhere"));
   }
   for (const auto& [r, unused] : local_ends) {
     absl::StatusOr<std::string> published = store.Get(ConnKey(r), wait);
     if (!published.ok()) return published.status();
-    absl::StatusOr<PeerAddress> theirs =
-        FindConnection(*published, r, rank);
+    absl::StatusOr<PeerAddress> theirs = FindConnection(*published, r, rank);
     if (!theirs.ok()) {
-      return absl::DataLossError(absl::StrCat("key '", key_prefix, ConnKey(r), "': ",
-                                              theirs.status().message()));
+      return absl::DataLossError(
+          absl::StrCat("key '", key_prefix, ConnKey(r), "': ", theirs.status().message()));
     }
     listening.Add(*theirs, r);
   }
@@ -110,11 +105,9 @@ void GlooBlame::RecordDestroyed() {
 }
 
 void GlooBlame::Record(std::string value, absl::Duration wait, bool failure) {
-  absl::Status s = agent_.Call(
-      [key = BrokenKey(options_.rank), value = std::move(value)](Store& store) {
-        return store.Set(key, value);
-      },
-      wait);
+  absl::Status s = agent_.Call([key = BrokenKey(options_.rank), value = std::move(value)](
+                                   Store& store) { return store.Set(key, value); },
+                               wait);
   if (s.ok()) return;
   if (failure) {
     LOG(WARNING) << options_.group << ": could not record in " << options_.store_name
@@ -172,9 +165,8 @@ GlooBlame::StoreProbe GlooBlame::ProbeStore(uint64_t seq, int peer) {
   return out;
 }
 
-absl::Status GlooBlame::Diagnose(const std::string& what, uint64_t seq,
-                                 absl::Duration timeout, bool gloo_timeout,
-                                 const std::string& gloo_error) {
+absl::Status GlooBlame::Diagnose(const std::string& what, uint64_t seq, absl::Duration timeout,
+                                 bool gloo_timeout, const std::string& gloo_error) {
   const std::string gloo_note = absl::StrCat(" [gloo: ", gloo_error, "]");
   std::string peer_address;
   const int peer = gloo_timeout ? -1 : peers_.RankIn(gloo_error, &peer_address);
@@ -200,35 +192,34 @@ absl::Status GlooBlame::Diagnose(const std::string& what, uint64_t seq,
   if (peer < 0) {
     return MarkSecondary(
         absl::UnavailableError(absl::StrCat(
-            head, "a peer closed its connection or failed, and its address is not one of the "
-                  "group's ranks",
+            head,
+            "a peer closed its connection or failed, and its address is not one of the "
+            "group's ranks",
             gloo_note)),
         {});
   }
-  return ExplainClosed(absl::StrCat(head, "rank ", peer, " (", peer_address, ")"), seq, peer,
-                       probe, gloo_note);
+  return ExplainClosed(absl::StrCat(head, "rank ", peer, " (", peer_address, ")"), seq, peer, probe,
+                       gloo_note);
 }
 
 absl::Status GlooBlame::ExplainClosed(const std::string& head_who, uint64_t seq, int peer,
                                       const StoreProbe& probe, const std::string& gloo_note) {
   if (!probe.status.ok()) {
-    return MarkSecondary(absl::UnavailableError(absl::StrCat(
-                             head_who, " closed its connection; why is unknown, as ",
-                             StoreSilent(probe.status), gloo_note)),
-                         {peer});
+    return MarkSecondary(
+        absl::UnavailableError(absl::StrCat(head_who, " closed its connection; why is unknown, as ",
+                                            StoreSilent(probe.status), gloo_note)),
+        {peer});
   }
-  const std::string peer_last =
-      probe.progress[peer].has_value()
-          ? absl::StrCat("last at collective #", *probe.progress[peer])
-          : "no collective yet";
+  const std::string peer_last = probe.progress[peer].has_value()
+                                    ? absl::StrCat("last at collective #", *probe.progress[peer])
+                                    : "no collective yet";
   const std::optional<BrokenRecord>& record = probe.record;
   if (!record.has_value()) {
-    return MarkSecondary(
-        absl::UnavailableError(absl::StrCat(
-            head_who, " closed its connection without recording why within ",
-            absl::FormatDuration(options_.probe_timeout / 2),
-            ": its process exited or was killed (", peer_last, ")", gloo_note)),
-        {peer});
+    return MarkSecondary(absl::UnavailableError(absl::StrCat(
+                             head_who, " closed its connection without recording why within ",
+                             absl::FormatDuration(options_.probe_timeout / 2),
+                             ": its process exited or was killed (", peer_last, ")", gloo_note)),
+                         {peer});
   }
   if (record->destroyed) {
     return MarkSecondary(absl::UnavailableError(absl::StrCat(
@@ -241,24 +232,23 @@ absl::Status GlooBlame::ExplainClosed(const std::string& head_who, uint64_t seq,
     ArrivalReport arrival = DescribeArrival(seq, probe.progress);
     std::vector<int> culprits = arrival.missing;
     if (culprits.empty()) culprits = record->secondary ? record->culprits : std::vector<int>{peer};
-    return MarkSecondary(
-        absl::DeadlineExceededError(absl::StrCat(
-            head_who, " timed out and closed its connection: ", arrival.text,
-            " (rank ", peer, ": ", record->message, ")", gloo_note)),
-        culprits);
+    return MarkSecondary(absl::DeadlineExceededError(absl::StrCat(
+                             head_who, " timed out and closed its connection: ", arrival.text,
+                             " (rank ", peer, ": ", record->message, ")", gloo_note)),
+                         culprits);
   }
   if (record->secondary) {
-    return MarkSecondary(absl::UnavailableError(absl::StrCat(
-                             head_who, " closed its connection after a failure caused by ",
-                             record->culprits.empty() ? "another rank"
-                                                      : RanksPhrase(record->culprits),
-                             ": ", record->message, gloo_note)),
-                         record->culprits);
+    return MarkSecondary(
+        absl::UnavailableError(
+            absl::StrCat(head_who, " closed its connection after a failure caused by ",
+                         record->culprits.empty() ? "another rank" : RanksPhrase(record->culprits),
+                         ": ", record->message, gloo_note)),
+        record->culprits);
   }
-  return MarkSecondary(absl::UnavailableError(absl::StrCat(
-                           head_who, " closed its connection after failing: ", record->message,
-                           gloo_note)),
-                       {peer});
+  return MarkSecondary(
+      absl::UnavailableError(absl::StrCat(
+          head_who, " closed its connection after failing: ", record->message, gloo_note)),
+      {peer});
 }
 
 }  // namespace internal

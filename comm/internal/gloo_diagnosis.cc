@@ -52,8 +52,7 @@ ArrivalReport DescribeArrival(uint64_t seq,
   }
   if (report.missing.size() == 1) {
     const int r = report.missing[0];
-    report.text =
-        absl::StrCat("rank ", r, " did not arrive (", LastPhrase(last_started[r]), ")");
+    report.text = absl::StrCat("rank ", r, " did not arrive (", LastPhrase(last_started[r]), ")");
   } else {
     std::vector<std::string> parts;
     for (int r : report.missing) {
@@ -77,7 +76,8 @@ std::optional<int64_t> ParseProgress(absl::string_view value) {
 
 std::string EncodeBrokenRecord(const absl::Status& status) {
   std::string kind = "root";
-  if (IsSecondary(status)) kind = absl::StrCat("secondary:", absl::StrJoin(CulpritRanks(status), ","));
+  if (IsSecondary(status))
+    kind = absl::StrCat("secondary:", absl::StrJoin(CulpritRanks(status), ","));
   return absl::StrCat(kRecordVersion, "\n", static_cast<int>(status.code()), "\n", kind, "\n",
                       WithoutSecondaryPrefix(status.message()));
 }
@@ -101,8 +101,7 @@ absl::StatusOr<BrokenRecord> DecodeBrokenRecord(absl::string_view value) {
     record.destroyed = true;
   } else if (absl::StartsWith(parts[2], "secondary:")) {
     record.secondary = true;
-    for (absl::string_view r :
-         absl::StrSplit(parts[2].substr(10), ',', absl::SkipEmpty())) {
+    for (absl::string_view r : absl::StrSplit(parts[2].substr(10), ',', absl::SkipEmpty())) {
       int rank = 0;
       if (!absl::SimpleAtoi(r, &rank) || rank < 0) {
         return absl::DataLossError("gloo group failure record: bad culprit rank");

@@ -46,7 +46,8 @@ struct ArrivalReport {
   // or "every rank arrived (ranks 0, 1, 2)".
   std::string text;
 };
-ArrivalReport DescribeArrival(uint64_t seq, const std::vector<std::optional<int64_t>>& last_started);
+ArrivalReport DescribeArrival(uint64_t seq,
+                              const std::vector<std::optional<int64_t>>& last_started);
 
 // Parses a progress value; nullopt unless it is a non-negative decimal integer.
 std::optional<int64_t> ParseProgress(absl::string_view value);

@@ -18,8 +18,9 @@ TEST(GlooDiagnosisTest, OneMissingRankIsNamedWithWhereItWas) {
 TEST(GlooDiagnosisTest, SeveralMissingRanksAndRanksWithoutProgress) {
   ArrivalReport r = DescribeArrival(3, {3, 2, std::nullopt, 3});
   EXPECT_EQ(r.missing, (std::vector<int>{1, 2}));
-  EXPECT_EQ(r.text,
-            "ranks 1 (last at collective #2), 2 (no collective yet) did not arrive; ranks 0, 3 did");
+  EXPECT_EQ(
+      r.text,
+      "ranks 1 (last at collective #2), 2 (no collective yet) did not arrive; ranks 0, 3 did");
   ArrivalReport none = DescribeArrival(0, {std::nullopt, std::nullopt});
   EXPECT_EQ(none.text, "ranks 0 (no collective yet), 1 (no collective yet) did not arrive");
 }
@@ -72,8 +73,7 @@ TEST(GlooDiagnosisTest, BrokenRecordsKeepCodeCulpritsAndMessage) {
 TEST(GlooDiagnosisTest, GarbageIsNotARecord) {
   for (const std::string& v : {std::string(), std::string("v1\n"), std::string("v1\n0\nroot\nm"),
                                std::string("v1\n99\nroot\nm"), std::string("v1\n4\nwhat\nm"),
-                               std::string("v1\n4\nsecondary:1,x\nm"),
-                               std::string(200, '\xff')}) {
+                               std::string("v1\n4\nsecondary:1,x\nm"), std::string(200, '\xff')}) {
     EXPECT_EQ(DecodeBrokenRecord(v).status().code(), absl::StatusCode::kDataLoss) << v;
   }
 }

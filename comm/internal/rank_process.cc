@@ -44,7 +44,8 @@ void Emit(int rank, RankStream& s, bool flush_partial) {
   while (true) {
     const size_t nl = s.pending.find('\n', start);
     if (nl == std::string::npos) break;
-    WriteAll(s.out_fd, absl::StrCat(prefix, absl::string_view(s.pending).substr(start, nl + 1 - start)));
+    WriteAll(s.out_fd,
+             absl::StrCat(prefix, absl::string_view(s.pending).substr(start, nl + 1 - start)));
     start = nl + 1;
   }
   s.pending.erase(0, start);

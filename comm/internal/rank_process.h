@@ -30,8 +30,8 @@ bool Failed(int status);
 
 // One output stream of one rank, split into lines.
 struct RankStream {
-  int fd = -1;       // read end; -1 once at EOF
-  int out_fd = 1;    // where prefixed lines go
+  int fd = -1;     // read end; -1 once at EOF
+  int out_fd = 1;  // where prefixed lines go
   std::string pending;
 };
 

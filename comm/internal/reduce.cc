@@ -70,9 +70,10 @@ void ReducePair(core::DType dtype, ReduceOp op, void* c, const void* a, const vo
     const int32_t* pa = static_cast<const int32_t*>(a);
     const int32_t* pb = static_cast<const int32_t*>(b);
     for (size_t i = 0; i < count; ++i) {
-      pc[i] = op == ReduceOp::kMax ? std::max(pa[i], pb[i])
-                                   : static_cast<int32_t>(static_cast<uint32_t>(pa[i]) +
-                                                          static_cast<uint32_t>(pb[i]));
+      pc[i] =
+          op == ReduceOp::kMax
+              ? std::max(pa[i], pb[i])
+              : static_cast<int32_t>(static_cast<uint32_t>(pa[i]) + static_cast<uint32_t>(pb[i]));
     }
     return;
   }

@@ -15,8 +15,8 @@ namespace internal {
 // combining the chunks in order j = 0, 1, ... (so every rank that runs it gets identical
 // bits); Average divides the sum by n. `out` may be one of the chunks (in place: element
 // i of every chunk is read before out[i] is written), but must not partly overlap one.
-void ReduceChunkList(core::DType dtype, ReduceOp op, const void* const* chunks, int n,
-                     int64_t k, void* out);
+void ReduceChunkList(core::DType dtype, ReduceOp op, const void* const* chunks, int n, int64_t k,
+                     void* out);
 
 // Elementwise c = a op b over `count` elements of `dtype` (sum or max), as gloo's
 // allreduce calls it. bf16 is not handled here (the backend reduces bf16 in fp32).

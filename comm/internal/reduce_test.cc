@@ -1,5 +1,5 @@
-// ReduceChunkList over contiguous chunks, against a plain element-by-element reference: same bits for every dtype
-// and op, including lengths that cross the bf16/int32 accumulator's block boundary.
+// ReduceChunkList over contiguous chunks, against a plain element-by-element reference: same bits
+// for every dtype and op, including lengths that cross the bf16/int32 accumulator's block boundary.
 #include "comm/internal/reduce.h"
 
 #include <algorithm>
@@ -33,8 +33,7 @@ std::vector<T> Reference(ReduceOp op, const std::vector<T>& chunks, int n, int64
 }
 
 // Chunk j of `n` contiguous chunks of k elements at chunks[j * k].
-void ReduceChunks(core::DType dtype, ReduceOp op, const void* chunks, int n, int64_t k,
-                  void* out) {
+void ReduceChunks(core::DType dtype, ReduceOp op, const void* chunks, int n, int64_t k, void* out) {
   std::vector<const void*> list(n);
   for (int j = 0; j < n; ++j) {
     list[j] = static_cast<const char*>(chunks) + j * k * core::DTypeSize(dtype);

@@ -74,14 +74,13 @@ ShmCollectives::ShmCollectives(std::unique_ptr<ShmSegment> segment, int rank, in
 absl::StatusOr<uint8_t*> ShmCollectives::CmaScratch() {
   const int64_t bytes = cma_piece_bytes_ * (size_ - 1);
   if (!cma_scratch_.defined()) {
-    absl::StatusOr<core::Tensor> scratch = core::Tensor::Allocate(
-        {(bytes + 3) / 4}, core::DType::kFloat32, core::MemoryTag::kComm);
+    absl::StatusOr<core::Tensor> scratch =
+        core::Tensor::Allocate({(bytes + 3) / 4}, core::DType::kFloat32, core::MemoryTag::kComm);
     if (!scratch.ok()) return scratch.status();
     cma_scratch_ = *std::move(scratch);
   }
   return static_cast<uint8_t*>(cma_scratch_.raw_data());
 }
-
 
 absl::Status ShmCollectives::AllGather(const core::Tensor& input, const core::Tensor& output,
                                        const QueuedOp& call) {
@@ -186,8 +185,7 @@ absl::Status ShmCollectives::ReducePiece(core::DType dtype, ReduceOp op, const v
     reduce_scratch_ = core::Tensor();
     absl::StatusOr<core::Tensor> scratch = core::Tensor::Allocate(
         {(std::max(bytes, SubSlotBytes(options_.slot_bytes, size_)) + 3) / 4},
-        core::DType::kFloat32,
-        core::MemoryTag::kComm);
+        core::DType::kFloat32, core::MemoryTag::kComm);
     if (!scratch.ok()) return scratch.status();
     reduce_scratch_ = *std::move(scratch);
   }
@@ -256,8 +254,8 @@ absl::Status ShmCollectives::AllReduce(const core::Tensor& tensor, ReduceOp op,
       const int p = (rank_ + d) % n;
       RETURN_IF_ERROR(st.WaitPublished(s, p));
       const int64_t plen = Clip(count(p) - off, 0, gpiece);
-      CopyOut(t + (begin(p) + off) * esize, segment_->slot(p, s),
-              static_cast<size_t>(plen * esize), streaming);
+      CopyOut(t + (begin(p) + off) * esize, segment_->slot(p, s), static_cast<size_t>(plen * esize),
+              streaming);
     }
     st.Consumed(s);
   }
@@ -324,8 +322,8 @@ absl::Status ShmCollectives::AllGatherCma(const core::Tensor& input, const core:
                                           const QueuedOp& call) {
   const int n = size_;
   const int64_t bytes = input.nbytes();
-  const bool in_place = input.SharesStorage(output) &&
-                        input.offset() == output.offset() + rank_ * input.numel();
+  const bool in_place =
+      input.SharesStorage(output) && input.offset() == output.offset() + rank_ * input.numel();
   const uint8_t* in = Bytes(input);
   uint8_t* out = Bytes(output);
   const bool streaming = output.nbytes() >= kStreamingBytes;
@@ -359,8 +357,8 @@ absl::Status ShmCollectives::ReduceScatterCma(const core::Tensor& input, const c
   const uint64_t s = step_;
   st.PublishBuffer(s, in, in_bytes);
   RETURN_IF_ERROR(st.WaitPublished(s, -1));
-  RETURN_IF_ERROR(ReduceFromPeersCma(st, input.dtype(), op, in, in_bytes, rank_ * k * esize, k,
-                                     out, *scratch, streaming));
+  RETURN_IF_ERROR(ReduceFromPeersCma(st, input.dtype(), op, in, in_bytes, rank_ * k * esize, k, out,
+                                     *scratch, streaming));
   StreamFence();
   st.Consumed(s);
   RETURN_IF_ERROR(st.WaitConsumed(s));

@@ -30,8 +30,8 @@ class ShmCollectives {
  public:
   // `segment` is mapped and this rank's control block initialised (JoinShmSegment);
   // `cma` is the transport every rank agreed on (ChooseShmTransport).
-  ShmCollectives(std::unique_ptr<ShmSegment> segment, int rank, int size,
-                 const ShmOptions& options, bool cma);
+  ShmCollectives(std::unique_ptr<ShmSegment> segment, int rank, int size, const ShmOptions& options,
+                 bool cma);
 
   const ShmSegment& segment() const { return *segment_; }
   // Whether bulk data goes through cross-memory attach.
@@ -51,17 +51,16 @@ class ShmCollectives {
   // The same collectives over cross-memory attach (NOTE [CMA transport]).
   absl::Status AllGatherCma(const core::Tensor& input, const core::Tensor& output,
                             const QueuedOp& call);
-  absl::Status ReduceScatterCma(const core::Tensor& input, const core::Tensor& output,
-                                ReduceOp op, const QueuedOp& call);
+  absl::Status ReduceScatterCma(const core::Tensor& input, const core::Tensor& output, ReduceOp op,
+                                const QueuedOp& call);
   absl::Status AllReduceCma(const core::Tensor& tensor, ReduceOp op, const QueuedOp& call);
   absl::Status BroadcastCma(const core::Tensor& tensor, int root, const QueuedOp& call);
   // Reduces `elems` elements at byte `at` of every rank's published buffer (`buf_bytes`
   // long; this rank's is `own`) into `out` in rank order, reading the peers' pieces into
   // `scratch` (CmaScratch); the reduce-scatter part of both CMA reductions.
   absl::Status ReduceFromPeersCma(ShmStepper& st, core::DType dtype, ReduceOp op,
-                                  const uint8_t* own, int64_t buf_bytes, int64_t at,
-                                  int64_t elems, uint8_t* out, uint8_t* scratch,
-                                  bool streaming);
+                                  const uint8_t* own, int64_t buf_bytes, int64_t at, int64_t elems,
+                                  uint8_t* out, uint8_t* scratch, bool streaming);
   // Whether a collective of `bytes` (the size ShmOptions.cma_min_bytes talks about) uses
   // cross-memory attach; the same on every rank.
   bool UseCma(int64_t bytes) const {
@@ -71,8 +70,8 @@ class ShmCollectives {
   absl::StatusOr<uint8_t*> CmaScratch();
   // Reduces `len` elements of `chunks` (rank order) into `out`; with `streaming`, through
   // reduce_scratch_ and non-temporal stores.
-  absl::Status ReducePiece(core::DType dtype, ReduceOp op, const void* const* chunks,
-                           int64_t len, uint8_t* out, bool streaming);
+  absl::Status ReducePiece(core::DType dtype, ReduceOp op, const void* const* chunks, int64_t len,
+                           uint8_t* out, bool streaming);
 
   const std::unique_ptr<ShmSegment> segment_;
   const int rank_;

@@ -60,9 +60,9 @@ absl::Status CreateSegment(ShmSegment& seg, const Layout& layout, int size,
   const auto fail = [&](absl::StatusCode code, const std::string& what, int err) {
     close(fd);
     UnlinkQuietly(seg.name);
-    return absl::Status(code, absl::StrCat(who, ": ", what, " shared-memory segment ",
-                                           seg.name, " of ", layout.total_bytes,
-                                           " bytes: ", core::ErrnoText(err)));
+    return absl::Status(code,
+                        absl::StrCat(who, ": ", what, " shared-memory segment ", seg.name, " of ",
+                                     layout.total_bytes, " bytes: ", core::ErrnoText(err)));
   };
   if (ftruncate(fd, layout.total_bytes) != 0) {
     const int err = errno;
@@ -78,7 +78,7 @@ absl::Status CreateSegment(ShmSegment& seg, const Layout& layout, int size,
                 "cannot reserve (is /dev/shm full?)", err);
   }
   seg.base = mmap(nullptr, static_cast<size_t>(layout.total_bytes), PROT_READ | PROT_WRITE,
-                   MAP_SHARED, fd, 0);
+                  MAP_SHARED, fd, 0);
   if (seg.base == MAP_FAILED) {
     const int err = errno;
     return fail(absl::StatusCode::kResourceExhausted, "cannot map", err);
@@ -102,15 +102,15 @@ absl::Status ReadSegmentName(Store& store, ShmSegment& seg, const ShmOptions& op
                              const std::string& who, absl::Time deadline) {
   absl::StatusOr<std::string> name = store.Get("segment", Left(deadline));
   if (!name.ok()) {
-    return core::Annotate(name.status(),
-                          absl::StrCat(who, ": rank 0 did not publish the segment name within ",
-                                       "rendezvous_timeout ",
-                                       absl::FormatDuration(options.rendezvous_timeout)));
+    return core::Annotate(
+        name.status(),
+        absl::StrCat(who, ": rank 0 did not publish the segment name within ",
+                     "rendezvous_timeout ", absl::FormatDuration(options.rendezvous_timeout)));
   }
   if (!absl::StartsWith(*name, absl::StrCat("/", kShmSegmentPrefix)) ||
       name->find('/', 1) != std::string::npos || name->size() > 200) {
-    return absl::DataLossError(absl::StrCat(who, ": key '", options.name,
-                                            "/segment' holds \"", absl::CEscape(*name),
+    return absl::DataLossError(absl::StrCat(who, ": key '", options.name, "/segment' holds \"",
+                                            absl::CEscape(*name),
                                             "\", not a segment name rank 0 would write"));
   }
   seg.name = *name;
@@ -123,38 +123,38 @@ absl::Status AttachSegment(ShmSegment& seg, const Layout& layout, int size,
   const int fd = shm_open(seg.name.c_str(), O_RDWR, 0);
   if (fd < 0) {
     const int err = errno;
-    return absl::UnavailableError(absl::StrCat(
-        who, ": cannot open shared-memory segment ", seg.name, " made by rank 0: ",
-        core::ErrnoText(err), " (the shm backend needs all ranks on one host)"));
+    return absl::UnavailableError(absl::StrCat(who, ": cannot open shared-memory segment ",
+                                               seg.name, " made by rank 0: ", core::ErrnoText(err),
+                                               " (the shm backend needs all ranks on one host)"));
   }
   struct stat st;
   if (fstat(fd, &st) != 0 || st.st_size != layout.total_bytes) {
     close(fd);
     return absl::FailedPreconditionError(absl::StrCat(
         who, ": segment ", seg.name, " made by rank 0 has ", st.st_size, " bytes, but ",
-        layout.total_bytes, " are expected for ", size, " ranks of slot_bytes ",
-        options.slot_bytes, "; do all ranks pass the same size and ShmOptions.slot_bytes?"));
+        layout.total_bytes, " are expected for ", size, " ranks of slot_bytes ", options.slot_bytes,
+        "; do all ranks pass the same size and ShmOptions.slot_bytes?"));
   }
   seg.base = mmap(nullptr, static_cast<size_t>(layout.total_bytes), PROT_READ | PROT_WRITE,
-                   MAP_SHARED, fd, 0);
+                  MAP_SHARED, fd, 0);
   const int err = errno;
   close(fd);
   if (seg.base == MAP_FAILED) {
-    return absl::ResourceExhaustedError(absl::StrCat(who, ": cannot map segment ", seg.name,
-                                                     " of ", layout.total_bytes,
+    return absl::ResourceExhaustedError(absl::StrCat(who, ": cannot map segment ", seg.name, " of ",
+                                                     layout.total_bytes,
                                                      " bytes: ", core::ErrnoText(err)));
   }
   seg.bytes = static_cast<size_t>(layout.total_bytes);
   const auto* header = static_cast<const SegmentHeader*>(seg.base);
   std::atomic_thread_fence(std::memory_order_acquire);
-  if (header->magic != kShmMagic || header->version != kShmVersion ||
-      header->size != size || header->slot_bytes != options.slot_bytes ||
-      header->total_bytes != layout.total_bytes || header->data_offset != layout.data_offset) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        who, ": segment ", seg.name, " has header version ", header->version, ", size ",
-        header->size, ", slot_bytes ", header->slot_bytes, " (magic ",
-        header->magic == kShmMagic ? "ok" : "wrong", "); this rank expects version ",
-        kShmVersion, ", size ", size, ", slot_bytes ", options.slot_bytes));
+  if (header->magic != kShmMagic || header->version != kShmVersion || header->size != size ||
+      header->slot_bytes != options.slot_bytes || header->total_bytes != layout.total_bytes ||
+      header->data_offset != layout.data_offset) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(who, ": segment ", seg.name, " has header version ", header->version,
+                     ", size ", header->size, ", slot_bytes ", header->slot_bytes, " (magic ",
+                     header->magic == kShmMagic ? "ok" : "wrong", "); this rank expects version ",
+                     kShmVersion, ", size ", size, ", slot_bytes ", options.slot_bytes));
   }
   return absl::OkStatus();
 }
@@ -171,9 +171,8 @@ void InitControl(ShmSegment& seg, const Layout& layout, int rank) {
 
 // Rank 0: publishes the name, waits for every rank to attach, unlinks the name and
 // says "ready" (or why not) to the others.
-absl::Status AwaitAttached(Store& store, const ShmSegment& seg, int size,
-                           const ShmOptions& options, const std::string& who,
-                           absl::Time deadline) {
+absl::Status AwaitAttached(Store& store, const ShmSegment& seg, int size, const ShmOptions& options,
+                           const std::string& who, absl::Time deadline) {
   if (absl::Status s = store.Set("segment", seg.name); !s.ok()) {
     UnlinkQuietly(seg.name);
     return core::Annotate(s, absl::StrCat(who, ": publishing the segment name"));
@@ -196,9 +195,9 @@ absl::Status AwaitAttached(Store& store, const ShmSegment& seg, int size,
     }
   }
   if (!failed.empty()) {
-    const std::string why = absl::StrCat("ranks ", absl::StrJoin(failed, ", "),
-                                         " could not attach to segment ", seg.name, ": ",
-                                         absl::StrJoin(reasons, "; "));
+    const std::string why =
+        absl::StrCat("ranks ", absl::StrJoin(failed, ", "), " could not attach to segment ",
+                     seg.name, ": ", absl::StrJoin(reasons, "; "));
     (void)store.Set("ready", absl::StrCat("error: ", why));
     return MarkSecondary(absl::FailedPreconditionError(absl::StrCat(who, ": ", why)), failed);
   }
@@ -208,11 +207,10 @@ absl::Status AwaitAttached(Store& store, const ShmSegment& seg, int size,
       absl::StatusOr<bool> there = store.Check({absl::StrCat("attached/", r)});
       if (there.ok() && !*there) missing.push_back(r);
     }
-    return core::Annotate(attached,
-                          absl::StrCat(who, ": ranks ", absl::StrJoin(missing, ", "),
-                                       " did not attach to segment ", seg.name,
-                                       " within rendezvous_timeout ",
-                                       absl::FormatDuration(options.rendezvous_timeout)));
+    return core::Annotate(attached, absl::StrCat(who, ": ranks ", absl::StrJoin(missing, ", "),
+                                                 " did not attach to segment ", seg.name,
+                                                 " within rendezvous_timeout ",
+                                                 absl::FormatDuration(options.rendezvous_timeout)));
   }
   if (absl::Status s = store.Set("ready", "1"); !s.ok()) {
     return core::Annotate(s, absl::StrCat(who, ": rendezvous"));
@@ -221,9 +219,8 @@ absl::Status AwaitAttached(Store& store, const ShmSegment& seg, int size,
 }
 
 // Ranks > 0: says this rank attached, then waits for rank 0's "ready".
-absl::Status AwaitReady(Store& store, const ShmSegment& seg, int rank,
-                        const ShmOptions& options, const std::string& who,
-                        absl::Time deadline) {
+absl::Status AwaitReady(Store& store, const ShmSegment& seg, int rank, const ShmOptions& options,
+                        const std::string& who, absl::Time deadline) {
   if (absl::Status s = store.Set(absl::StrCat("attached/", rank), absl::StrCat("ok ", getpid()));
       !s.ok()) {
     return core::Annotate(s, absl::StrCat(who, ": rendezvous"));
@@ -234,10 +231,10 @@ absl::Status AwaitReady(Store& store, const ShmSegment& seg, int rank,
     // rank does, so nothing stays in /dev/shm. (Ranks never unlink on their other
     // errors: a peer may still have to open it.)
     UnlinkQuietly(seg.name);
-    return core::Annotate(ready.status(),
-                          absl::StrCat(who, ": rank 0 did not see every rank attach within ",
-                                       "rendezvous_timeout ",
-                                       absl::FormatDuration(options.rendezvous_timeout)));
+    return core::Annotate(
+        ready.status(),
+        absl::StrCat(who, ": rank 0 did not see every rank attach within ", "rendezvous_timeout ",
+                     absl::FormatDuration(options.rendezvous_timeout)));
   }
   if (absl::StartsWith(*ready, "error: ")) {
     return MarkSecondary(absl::FailedPreconditionError(absl::StrCat(
@@ -287,8 +284,8 @@ int ProbePeers(const ShmSegment& segment, int rank, int n, const ShmOptions& opt
   for (int p = 0; p < n && err == 0; ++p) {
     if (p == rank && n > 1) continue;
     const RankControl& c = segment.ctl[p];
-    err = ProbeRead(c.pid.load(std::memory_order_seq_cst),
-                    c.buffer.load(std::memory_order_seq_cst));
+    err =
+        ProbeRead(c.pid.load(std::memory_order_seq_cst), c.buffer.load(std::memory_order_seq_cst));
     if (err != 0) *bad_peer = p;
   }
   return err;
@@ -299,8 +296,8 @@ absl::Status ExchangeProbes(Store& store, const std::vector<std::string>& keys, 
                             const ShmOptions& options, int err, int bad_peer,
                             const std::string& who, absl::Time deadline) {
   const int n = static_cast<int>(keys.size());
-  if (absl::Status s = store.Set(keys[rank], absl::StrCat(ShmTransportName(options.transport),
-                                                          " ", err, " ", bad_peer));
+  if (absl::Status s = store.Set(
+          keys[rank], absl::StrCat(ShmTransportName(options.transport), " ", err, " ", bad_peer));
       !s.ok()) {
     return core::Annotate(s, absl::StrCat(who, ": publishing the transport probe"));
   }
@@ -310,10 +307,10 @@ absl::Status ExchangeProbes(Store& store, const std::vector<std::string>& keys, 
       absl::StatusOr<bool> there = store.Check({keys[r]});
       if (there.ok() && !*there) missing.push_back(r);
     }
-    return core::Annotate(s, absl::StrCat(who, ": ranks ", absl::StrJoin(missing, ", "),
-                                          " did not publish their transport probe within ",
-                                          "rendezvous_timeout ",
-                                          absl::FormatDuration(options.rendezvous_timeout)));
+    return core::Annotate(
+        s, absl::StrCat(who, ": ranks ", absl::StrJoin(missing, ", "),
+                        " did not publish their transport probe within ", "rendezvous_timeout ",
+                        absl::FormatDuration(options.rendezvous_timeout)));
   }
   return absl::OkStatus();
 }
@@ -347,8 +344,7 @@ absl::Status ReadProbes(Store& store, const std::vector<std::string>& keys,
       *failure = absl::StrCat(
           "rank ", r, " cannot process_vm_readv ",
           r_peer >= 0 ? absl::StrCat("rank ", r_peer, " (pid ",
-                                     segment.ctl[r_peer].pid.load(std::memory_order_relaxed),
-                                     ")")
+                                     segment.ctl[r_peer].pid.load(std::memory_order_relaxed), ")")
                       : std::string("its peers"),
           ": ", core::ErrnoText(r_err), " (errno ", r_err, ")");
     }
@@ -363,9 +359,9 @@ absl::Status ReadProbes(Store& store, const std::vector<std::string>& keys,
 
 }  // namespace
 
-absl::StatusOr<bool> ChooseShmTransport(Store& store, const ShmSegment& segment, int rank,
-                                        int size, const ShmOptions& options,
-                                        const std::string& who, absl::Time deadline) {
+absl::StatusOr<bool> ChooseShmTransport(Store& store, const ShmSegment& segment, int rank, int size,
+                                        const ShmOptions& options, const std::string& who,
+                                        absl::Time deadline) {
   int bad_peer = -1;
   const int err = ProbePeers(segment, rank, size, options, &bad_peer);
   std::vector<std::string> keys;

@@ -43,9 +43,9 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> JoinShmSegment(Store& store, int ran
 // options.probe_override) and publishes the result; options.transport then decides.
 // FailedPrecondition when the ranks pass different transports, or kCrossMemoryAttach
 // when some rank cannot read some peer (naming both and the errno).
-absl::StatusOr<bool> ChooseShmTransport(Store& store, const ShmSegment& segment, int rank,
-                                        int size, const ShmOptions& options,
-                                        const std::string& who, absl::Time deadline);
+absl::StatusOr<bool> ChooseShmTransport(Store& store, const ShmSegment& segment, int rank, int size,
+                                        const ShmOptions& options, const std::string& who,
+                                        absl::Time deadline);
 
 }  // namespace internal
 }  // namespace comm

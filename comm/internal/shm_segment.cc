@@ -77,17 +77,15 @@ inline void CpuRelax() {
 #endif
 }
 
-
 }  // namespace
 
 Layout LayoutFor(int size, int64_t slot_bytes) {
   Layout l;
-  l.data_offset = RoundUp(kShmHeaderBytes + size * static_cast<int64_t>(sizeof(RankControl)),
-                          kPageBytes);
+  l.data_offset =
+      RoundUp(kShmHeaderBytes + size * static_cast<int64_t>(sizeof(RankControl)), kPageBytes);
   l.total_bytes = l.data_offset + 2 * static_cast<int64_t>(size) * slot_bytes;
   return l;
 }
-
 
 alignas(64) const uint64_t kProbeWord = 0x45424f5250414d43ull;  // "CMAPROBE"
 
@@ -161,8 +159,7 @@ ShmStepper::ShmStepper(const ShmSegment& segment, int self, const QueuedOp& op,
 
 absl::Status ShmStepper::BeginWrite(uint64_t s) {
   if (s < 2) return absl::OkStatus();
-  return WaitFor(&RankControl::consumed, s - 1, -1, "finish reading the slot of step",
-                 s - 2);
+  return WaitFor(&RankControl::consumed, s - 1, -1, "finish reading the slot of step", s - 2);
 }
 
 void ShmStepper::Publish(uint64_t s) {
@@ -186,8 +183,7 @@ void ShmStepper::PublishBuffer(uint64_t s, const void* buffer, int64_t bytes) {
 }
 
 absl::Status ShmStepper::WaitConsumed(uint64_t s) {
-  return WaitFor(&RankControl::consumed, s + 1, -1, "finish reading this rank's buffer at step",
-                 s);
+  return WaitFor(&RankControl::consumed, s + 1, -1, "finish reading this rank's buffer at step", s);
 }
 
 absl::Status ShmStepper::ReadPeer(int p, int64_t expect_bytes, int64_t off, void* dst,
@@ -214,10 +210,10 @@ absl::Status ShmStepper::ReadPeer(int p, int64_t expect_bytes, int64_t off, void
     const int err = r < 0 ? errno : EIO;
     if (err == EINTR) continue;
     if (err == ESRCH) return PeerGone(p, "exited (process_vm_readv: no such process)");
-    return absl::InternalError(absl::StrCat(
-        what_, ": process_vm_readv of ", len - done, " bytes at offset ", off + done,
-        " of the buffer of ", RankName(p), " (", bytes, " bytes at 0x",
-        absl::Hex(base), ") failed: ", r < 0 ? core::ErrnoText(err) : "no progress"));
+    return absl::InternalError(
+        absl::StrCat(what_, ": process_vm_readv of ", len - done, " bytes at offset ", off + done,
+                     " of the buffer of ", RankName(p), " (", bytes, " bytes at 0x",
+                     absl::Hex(base), ") failed: ", r < 0 ? core::ErrnoText(err) : "no progress"));
   }
   return absl::OkStatus();
 }
@@ -268,15 +264,14 @@ absl::Status ShmStepper::WaitFor(std::atomic<uint64_t> RankControl::*field, uint
       const uint32_t state = seg_.ctl[p].state.load(std::memory_order_acquire);
       if (state != kActive && lagging(nullptr)) {
         me.sleeping.store(0, std::memory_order_relaxed);
-        return PeerGone(p, state == kFailed ? "failed a collective of the group"
-                                                      : "destroyed its group");
+        return PeerGone(
+            p, state == kFailed ? "failed a collective of the group" : "destroyed its group");
       }
     }
     if (now >= next_liveness_) {
       next_liveness_ = now + liveness_interval_;
       for (int p : late) {
-        if (ProcessDead(seg_.ctl[p].pid.load(std::memory_order_acquire)) &&
-            lagging(nullptr)) {
+        if (ProcessDead(seg_.ctl[p].pid.load(std::memory_order_acquire)) && lagging(nullptr)) {
           me.sleeping.store(0, std::memory_order_relaxed);
           return PeerGone(p, "exited");
         }
@@ -292,30 +287,27 @@ absl::Status ShmStepper::WaitFor(std::atomic<uint64_t> RankControl::*field, uint
 }
 
 std::string ShmStepper::RankName(int p) const {
-  return absl::StrCat("rank ", p, " (pid ", seg_.ctl[p].pid.load(std::memory_order_relaxed),
-                      ")");
+  return absl::StrCat("rank ", p, " (pid ", seg_.ctl[p].pid.load(std::memory_order_relaxed), ")");
 }
 
 absl::Status ShmStepper::PeerGone(int p, const std::string& how) const {
-  return MarkSecondary(
-      absl::UnavailableError(absl::StrCat(what_, ": ", RankName(p), " ", how,
-                                          " while this rank waited on it")),
-      {p});
+  return MarkSecondary(absl::UnavailableError(absl::StrCat(what_, ": ", RankName(p), " ", how,
+                                                           " while this rank waited on it")),
+                       {p});
 }
 
 absl::Status ShmStepper::TimedOut(const std::vector<int>& late, const char* action,
                                   uint64_t step) const {
   std::vector<std::string> names;
   for (int p : late) {
-    names.push_back(absl::StrCat(
-        RankName(p), ", at step ", seg_.ctl[p].published.load(std::memory_order_relaxed)));
+    names.push_back(absl::StrCat(RankName(p), ", at step ",
+                                 seg_.ctl[p].published.load(std::memory_order_relaxed)));
   }
-  return MarkSecondary(
-      absl::DeadlineExceededError(absl::StrCat(
-          what_, " timed out after ", absl::FormatDuration(timeout_), ": waited for ",
-          absl::StrJoin(names, ", "), " to ", action, " ", step,
-          " (it did not arrive at this collective, or is too slow)")),
-      late);
+  return MarkSecondary(absl::DeadlineExceededError(absl::StrCat(
+                           what_, " timed out after ", absl::FormatDuration(timeout_),
+                           ": waited for ", absl::StrJoin(names, ", "), " to ", action, " ", step,
+                           " (it did not arrive at this collective, or is too slow)")),
+                       late);
 }
 
 }  // namespace internal

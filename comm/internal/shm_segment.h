@@ -76,7 +76,6 @@ struct Layout {
 };
 Layout LayoutFor(int size, int64_t slot_bytes);
 
-
 // The word every process publishes for the peers' process_vm_readv probe.
 extern const uint64_t kProbeWord;
 // Reads rank `pid`'s probe word at `addr`: 0, or the errno (EIO for a wrong value).

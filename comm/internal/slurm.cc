@@ -40,7 +40,8 @@ absl::StatusOr<std::vector<std::string>> ExpandGroup(absl::string_view list,
   for (absl::string_view part : absl::StrSplit(group, ',')) {
     const size_t dash = part.find('-');
     const absl::string_view lo_text = part.substr(0, dash);
-    const absl::string_view hi_text = dash == absl::string_view::npos ? lo_text : part.substr(dash + 1);
+    const absl::string_view hi_text =
+        dash == absl::string_view::npos ? lo_text : part.substr(dash + 1);
     int64_t lo = 0, hi = 0;
     if (lo_text.empty() || !absl::SimpleAtoi(lo_text, &lo) || !absl::SimpleAtoi(hi_text, &hi) ||
         lo < 0) {

@@ -22,7 +22,8 @@ TEST(SlurmHostListTest, ExpandsRangesListsPaddingAndSeveralGroups) {
 }
 
 TEST(SlurmHostListTest, MalformedListsAreInvalidArgumentQuotingTheList) {
-  for (const char* bad : {"", "a,,b", "node[01-", "node[]", "node[3-1]", "node[x]", "node[1-2-3]"}) {
+  for (const char* bad :
+       {"", "a,,b", "node[01-", "node[]", "node[3-1]", "node[x]", "node[1-2-3]"}) {
     absl::StatusOr<Names> r = ExpandSlurmHostList(bad);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(r.status().message().find(std::string("SLURM_JOB_NODELIST=\"") + bad + "\""),

@@ -188,10 +188,9 @@ absl::Status SendFrame(int fd, absl::string_view payload, absl::Time deadline) {
         absl::StrCat("frame of ", payload.size(), " bytes exceeds 4 GiB"));
   }
   const uint32_t len = static_cast<uint32_t>(payload.size());
-  const unsigned char header[4] = {static_cast<unsigned char>(len),
-                                   static_cast<unsigned char>(len >> 8),
-                                   static_cast<unsigned char>(len >> 16),
-                                   static_cast<unsigned char>(len >> 24)};
+  const unsigned char header[4] = {
+      static_cast<unsigned char>(len), static_cast<unsigned char>(len >> 8),
+      static_cast<unsigned char>(len >> 16), static_cast<unsigned char>(len >> 24)};
   RETURN_IF_ERROR(SendAll(fd, header, 4, deadline));
   return SendAll(fd, payload.data(), payload.size(), deadline);
 }

@@ -132,8 +132,7 @@ TEST(StoreAgentTest, CallOnAHungStoreTimesOutAndTheOwnerIsNotHeld) {
     store->Close();
     agent->Post("progress/0", "7");  // hangs the agent thread
     const absl::Time start = absl::Now();
-    absl::Status s = agent->Call([](Store&) { return absl::OkStatus(); },
-                                 absl::Milliseconds(200));
+    absl::Status s = agent->Call([](Store&) { return absl::OkStatus(); }, absl::Milliseconds(200));
     const absl::Duration took = absl::Now() - start;
     EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
     EXPECT_NE(s.message().find("no answer within 200ms"), std::string::npos) << s;

@@ -38,9 +38,9 @@ inline absl::StatusOr<int64_t> AddToCounter(absl::string_view store_name, absl::
 
 inline absl::Status WaitTimedOut(absl::string_view store_name,
                                  const std::vector<std::string>& missing, absl::Duration timeout) {
-  return absl::DeadlineExceededError(
-      absl::StrCat(store_name, ": keys [", absl::StrJoin(missing, ", "),
-                   "] not set within ", absl::FormatDuration(timeout)));
+  return absl::DeadlineExceededError(absl::StrCat(store_name, ": keys [",
+                                                  absl::StrJoin(missing, ", "), "] not set within ",
+                                                  absl::FormatDuration(timeout)));
 }
 
 }  // namespace internal

@@ -263,7 +263,8 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
     nonce_key.resize(kSha256Bytes);
     if (::getrandom(nonce_key.data(), nonce_key.size(), 0) !=
         static_cast<ssize_t>(nonce_key.size())) {
-      return absl::InternalError(absl::StrCat(where, ": getrandom failed: ", core::ErrnoText(errno)));
+      return absl::InternalError(
+          absl::StrCat(where, ": getrandom failed: ", core::ErrnoText(errno)));
     }
   } else {
     LOG_FIRST_N(WARNING, 1)

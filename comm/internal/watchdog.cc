@@ -26,9 +26,10 @@ Watchdog::~Watchdog() {
   }
   for (Entry& e : left) {
     if (!e.completed && e.op.complete) {
-      e.op.complete(absl::AbortedError(
-          absl::StrCat(e.op.description, ": the watchdog stopped (its group was destroyed) "
-                                         "before the operation finished")));
+      e.op.complete(
+          absl::AbortedError(absl::StrCat(e.op.description,
+                                          ": the watchdog stopped (its group was destroyed) "
+                                          "before the operation finished")));
     }
     if (e.op.release) e.op.release();
   }
@@ -56,10 +57,10 @@ int Watchdog::PollOnce() {
       std::optional<absl::Status> outcome;
       if (e.op.poll) outcome = e.op.poll();
       if (!outcome.has_value() && options_.now() > e.deadline) {
-        outcome = absl::DeadlineExceededError(absl::StrCat(
-            e.op.description, " did not finish within its timeout of ",
-            absl::FormatDuration(e.op.timeout),
-            "; the watchdog aborted the communicator and broke the group"));
+        outcome = absl::DeadlineExceededError(
+            absl::StrCat(e.op.description, " did not finish within its timeout of ",
+                         absl::FormatDuration(e.op.timeout),
+                         "; the watchdog aborted the communicator and broke the group"));
       }
       if (outcome.has_value()) {
         if (!outcome->ok() && options_.on_failure) options_.on_failure(*outcome);

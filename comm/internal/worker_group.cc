@@ -15,11 +15,9 @@ std::string JoinWho(absl::string_view backend, absl::string_view name, int rank,
 }
 
 absl::StatusOr<std::shared_ptr<Store>> GroupStore(std::shared_ptr<Store> store,
-                                                  absl::string_view type,
-                                                  absl::string_view name) {
+                                                  absl::string_view type, absl::string_view name) {
   if (store == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(type, "::Create('", name, "'): store is null"));
+    return absl::InvalidArgumentError(absl::StrCat(type, "::Create('", name, "'): store is null"));
   }
   return std::make_shared<PrefixStore>(std::move(store), std::string(name));
 }
@@ -32,8 +30,7 @@ absl::Status CheckRankAndSize(absl::string_view who, int rank, int size) {
   return absl::OkStatus();
 }
 
-absl::Status CheckPositive(absl::string_view who, absl::string_view option,
-                           absl::Duration value) {
+absl::Status CheckPositive(absl::string_view who, absl::string_view option, absl::Duration value) {
   if (value <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(who, ": ", option, " must be positive"));
   }
@@ -43,8 +40,7 @@ absl::Status CheckPositive(absl::string_view who, absl::string_view option,
 BackendGroup::BackendGroup(std::shared_ptr<Store> store, int rank, int size, std::string name)
     : store_(std::move(store)), rank_(rank), size_(size), name_(std::move(name)) {}
 
-absl::StatusOr<SubgroupPlacement> BackendGroup::PlaceNextSubgroup(
-    const std::vector<int>& ranks) {
+absl::StatusOr<SubgroupPlacement> BackendGroup::PlaceNextSubgroup(const std::vector<int>& ranks) {
   return PlaceInSubgroup(*this, ranks, next_subgroup_.fetch_add(1));
 }
 
@@ -123,9 +119,8 @@ void CollectiveWorker::Loop() {
     Entry entry;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !queue_.empty();
-      };
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (stopping_) {
         CancelQueued();

@@ -56,16 +56,14 @@ std::string JoinWho(absl::string_view backend, absl::string_view name, int rank,
 // The namespace a new group's keys go in: `store` under "<name>/". InvalidArgument
 // "<type>::Create('<name>'): store is null" for a null store.
 absl::StatusOr<std::shared_ptr<Store>> GroupStore(std::shared_ptr<Store> store,
-                                                  absl::string_view type,
-                                                  absl::string_view name);
+                                                  absl::string_view type, absl::string_view name);
 
 // InvalidArgument "<who>: rank must be in [0, size) and size at least 1" unless
 // 0 <= rank < size.
 absl::Status CheckRankAndSize(absl::string_view who, int rank, int size);
 
 // InvalidArgument "<who>: <option> must be positive" unless `value` > 0.
-absl::Status CheckPositive(absl::string_view who, absl::string_view option,
-                           absl::Duration value);
+absl::Status CheckPositive(absl::string_view who, absl::string_view option, absl::Duration value);
 
 // The ProcessGroup members that every backend implements the same way.
 class BackendGroup : public ProcessGroup {
@@ -88,8 +86,7 @@ class BackendGroup : public ProcessGroup {
   // (PlaceInSubgroup); every call counts, also one that fails.
   absl::StatusOr<SubgroupPlacement> PlaceNextSubgroup(const std::vector<int>& ranks);
   // SubgroupOptions.name, or "<name>/sub<k>" when it is empty.
-  std::string SubgroupName(const SubgroupOptions& options,
-                           const SubgroupPlacement& place) const;
+  std::string SubgroupName(const SubgroupOptions& options, const SubgroupPlacement& place) const;
   // The subgroup's namespace: this group's store under "sub<k>/".
   std::shared_ptr<Store> SubgroupStore(const SubgroupPlacement& place) const;
 

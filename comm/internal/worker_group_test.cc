@@ -65,8 +65,7 @@ TEST(JoinChecksTest, NameTheGroupAndTheOption) {
   EXPECT_EQ(none.status(),
             absl::InvalidArgumentError("GlooProcessGroup::Create('w'): store is null"));
   absl::Status rank = CheckRankAndSize("g", 2, 2);
-  EXPECT_EQ(rank, absl::InvalidArgumentError(
-                      "g: rank must be in [0, size) and size at least 1"));
+  EXPECT_EQ(rank, absl::InvalidArgumentError("g: rank must be in [0, size) and size at least 1"));
   EXPECT_TRUE(CheckRankAndSize("g", 1, 2).ok());
   EXPECT_EQ(CheckPositive("g", "X.timeout", absl::ZeroDuration()),
             absl::InvalidArgumentError("g: X.timeout must be positive"));
@@ -100,12 +99,11 @@ TEST(CollectiveWorkerTest, RunsInIssueOrderAndCountsWhatSucceeds) {
   std::vector<uint64_t> order;
   std::vector<std::shared_ptr<Work>> works;
   for (int i = 0; i < 3; ++i) {
-    works.push_back(group.worker().Enqueue(
-        CollectiveKind::kAllReduce, absl::Seconds(10), Traffic{8, 4},
-        [&order](const QueuedOp& op) {
-          order.push_back(op.seq);
-          return absl::OkStatus();
-        }));
+    works.push_back(group.worker().Enqueue(CollectiveKind::kAllReduce, absl::Seconds(10),
+                                           Traffic{8, 4}, [&order](const QueuedOp& op) {
+                                             order.push_back(op.seq);
+                                             return absl::OkStatus();
+                                           }));
   }
   for (auto& w : works) ASSERT_TRUE(w->WaitHost(absl::Seconds(10)).ok());
   EXPECT_EQ(order, (std::vector<uint64_t>{0, 1, 2}));
@@ -128,10 +126,9 @@ TEST(CollectiveWorkerTest, FirstFailureBreaksTheGroupOnce) {
   };
   FakeGroup group(hooks);
   group.worker().Start();
-  auto failing = group.worker().Enqueue(CollectiveKind::kBarrier, absl::Seconds(10), Traffic{},
-                                        [](const QueuedOp&) {
-                                          return absl::UnavailableError("peer gone");
-                                        });
+  auto failing =
+      group.worker().Enqueue(CollectiveKind::kBarrier, absl::Seconds(10), Traffic{},
+                             [](const QueuedOp&) { return absl::UnavailableError("peer gone"); });
   auto later = group.worker().Enqueue(CollectiveKind::kBroadcast, absl::Seconds(10), Traffic{},
                                       [](const QueuedOp&) { return absl::OkStatus(); });
   EXPECT_EQ(failing->WaitHost(absl::Seconds(10)).code(), absl::StatusCode::kUnavailable);
@@ -157,8 +154,8 @@ TEST(CollectiveWorkerTest, OneThatCannotStartInTimeIsDeadlineExceeded) {
                                        return absl::OkStatus();
                                      });
   bool ran = false;
-  auto late = group.worker().Enqueue(CollectiveKind::kAllGather, absl::Milliseconds(1),
-                                     Traffic{}, [&ran](const QueuedOp&) {
+  auto late = group.worker().Enqueue(CollectiveKind::kAllGather, absl::Milliseconds(1), Traffic{},
+                                     [&ran](const QueuedOp&) {
                                        ran = true;
                                        return absl::OkStatus();
                                      });

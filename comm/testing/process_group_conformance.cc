@@ -169,7 +169,7 @@ TEST_P(ProcessGroupConformanceTest, ReduceScatterSumAverageMax) {
                 sum += Small(r, j);
                 max = std::max(max, Small(r, j));
               }
-              const float want = op == ReduceOp::kSum ? sum
+              const float want = op == ReduceOp::kSum   ? sum
                                  : op == ReduceOp::kMax ? max
                                                         : sum / static_cast<float>(n);
               EXPECT_EQ(ElementAt(out, i), StoredAs(dtype, want))
@@ -206,7 +206,7 @@ TEST_P(ProcessGroupConformanceTest, AllReduceSumAverageMaxIdenticalOnEveryRank) 
               sum += Small(r, j);
               max = std::max(max, Small(r, j));
             }
-            const float want = op == ReduceOp::kSum ? sum
+            const float want = op == ReduceOp::kSum   ? sum
                                : op == ReduceOp::kMax ? max
                                                       : sum / static_cast<float>(n);
             if (got[j] != StoredAs(dtype, want)) {
@@ -235,7 +235,8 @@ TEST_P(ProcessGroupConformanceTest, StagedCollectivesCopyInAndOut) {
     for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
       for (int64_t k : {0, 5, 4099}) {
         // All-gather: the input starts as garbage and is staged from an fp32 source.
-        Tensor from = FilledTensor(k, DType::kFloat32, [&](int64_t i) { return Small(ctx.rank, i) + 0.25f; });
+        Tensor from =
+            FilledTensor(k, DType::kFloat32, [&](int64_t i) { return Small(ctx.rank, i) + 0.25f; });
         Tensor in = FilledTensor(k, dtype, [](int64_t) { return -7.0f; });
         Tensor out = Tensor::Zeros({n * k}, dtype);
         AllGatherOptions ag;
@@ -271,10 +272,10 @@ TEST_P(ProcessGroupConformanceTest, StagedCollectivesCopyInAndOut) {
           if (ElementAt(rs_host, i) != StoredAs(dtype, rs_sum) ||
               ElementAt(rs_host, i) != ElementAt(rs_out, i) ||
               ElementAt(ar_host, i) != StoredAs(dtype, ar_sum)) {
-            return absl::InternalError(absl::StrCat(
-                "unstaged ", DTypeName(dtype), " element ", i, ": reduce-scatter ",
-                ElementAt(rs_host, i), " (want ", rs_sum, "), all-reduce ", ElementAt(ar_host, i),
-                " (want ", ar_sum, ")"));
+            return absl::InternalError(absl::StrCat("unstaged ", DTypeName(dtype), " element ", i,
+                                                    ": reduce-scatter ", ElementAt(rs_host, i),
+                                                    " (want ", rs_sum, "), all-reduce ",
+                                                    ElementAt(ar_host, i), " (want ", ar_sum, ")"));
           }
         }
       }
@@ -352,8 +353,8 @@ TEST_P(ProcessGroupConformanceTest, ReduceScatterAccumulatesIntoATensor) {
       const absl::Status bad = ctx.group->ReduceScatter(in, out, rs).status();
       if (bad.code() != absl::StatusCode::kInvalidArgument ||
           !absl::StrContains(bad.message(), "options.accumulate_into")) {
-        return absl::InternalError(absl::StrCat("misfit accumulate_into ", misfit, ": ",
-                                                bad.ToString()));
+        return absl::InternalError(
+            absl::StrCat("misfit accumulate_into ", misfit, ": ", bad.ToString()));
       }
     }
     return absl::OkStatus();

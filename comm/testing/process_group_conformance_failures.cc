@@ -43,7 +43,8 @@ TEST_P(ProcessGroupConformanceTest, BadArgumentsAreInvalidArgumentNamingCollecti
     const std::string group = absl::StrCat(g.backend_name(), " group 'world'");
     auto expect_invalid = [&](absl::StatusOr<std::shared_ptr<Work>> w, const std::string& kind,
                               const std::string& detail) {
-      EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument) << kind << ": " << w.status();
+      EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument)
+          << kind << ": " << w.status();
       EXPECT_NE(w.status().message().find(kind), std::string::npos) << w.status();
       EXPECT_NE(w.status().message().find(group), std::string::npos) << w.status();
       EXPECT_NE(w.status().message().find(detail), std::string::npos) << w.status();
@@ -51,21 +52,21 @@ TEST_P(ProcessGroupConformanceTest, BadArgumentsAreInvalidArgumentNamingCollecti
     Tensor in = Tensor::Zeros({3});
     expect_invalid(g.AllGather(in, Tensor::Zeros({3 * ctx.world_size - 1}), AllGatherOptions{}),
                    "AllGather", absl::StrCat(3 * ctx.world_size - 1));
-    expect_invalid(g.AllGather(in, Tensor::Zeros({3 * ctx.world_size}, DType::kBFloat16),
-                               AllGatherOptions{}),
-                   "AllGather", "dtypes");
+    expect_invalid(
+        g.AllGather(in, Tensor::Zeros({3 * ctx.world_size}, DType::kBFloat16), AllGatherOptions{}),
+        "AllGather", "dtypes");
     Tensor out = Tensor::Zeros({3 * ctx.world_size});
     // Overlapping the output, but at another rank's slot.
     Tensor wrong_slot = out.View(ctx.rank == 0 ? 3 : 0, {3}).value();
     expect_invalid(g.AllGather(wrong_slot, out, AllGatherOptions{}), "AllGather", "overlaps");
     Tensor straddle = out.View(1, {3}).value();
     expect_invalid(g.AllGather(straddle, out, AllGatherOptions{}), "AllGather", "overlaps");
-    expect_invalid(g.ReduceScatter(Tensor::Zeros({3 * ctx.world_size + 1}), in,
-                                   ReduceScatterOptions{}),
-                   "ReduceScatter", absl::StrCat(3 * ctx.world_size + 1));
-    expect_invalid(g.ReduceScatter(out, out.View(ctx.rank == 0 ? 3 : 0, {3}).value(),
-                                   ReduceScatterOptions{}),
-                   "ReduceScatter", "overlaps");
+    expect_invalid(
+        g.ReduceScatter(Tensor::Zeros({3 * ctx.world_size + 1}), in, ReduceScatterOptions{}),
+        "ReduceScatter", absl::StrCat(3 * ctx.world_size + 1));
+    expect_invalid(
+        g.ReduceScatter(out, out.View(ctx.rank == 0 ? 3 : 0, {3}).value(), ReduceScatterOptions{}),
+        "ReduceScatter", "overlaps");
     ReduceScatterOptions avg;
     avg.reduce_op = ReduceOp::kAverage;
     expect_invalid(g.ReduceScatter(Tensor::Zeros({3 * ctx.world_size}, DType::kInt32),
@@ -165,7 +166,8 @@ TEST_P(ProcessGroupConformanceTest, PeerThatDestroysItsGroupMakesTheOthersFailFa
   for (const int64_t len : {1000, 3000}) {
     absl::Status s = RunRanks([len](RankContext& ctx) -> absl::Status {
       Tensor t = Tensor::Zeros({len});
-      for (int i = 0; i < 3; ++i) RETURN_IF_ERROR(Finish(ctx.group->AllReduce(t, AllReduceOptions{})));
+      for (int i = 0; i < 3; ++i)
+        RETURN_IF_ERROR(Finish(ctx.group->AllReduce(t, AllReduceOptions{})));
       if (ctx.rank == 1) {
         ctx.group.reset();  // leaves: its connections or its segment close
         return absl::OkStatus();

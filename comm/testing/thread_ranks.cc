@@ -98,9 +98,9 @@ absl::Status RunThreadRanks(int world_size, RankFunction fn, const ThreadRanksOp
     std::string first = state->first_error.ok()
                             ? ""
                             : absl::StrCat("; first error: ", state->first_error.message());
-    return absl::DeadlineExceededError(absl::StrCat(
-        "RunThreadRanks: ranks [", absl::StrJoin(stuck, ", "), "] of ", world_size,
-        " did not finish within ", absl::FormatDuration(options.timeout), first));
+    return absl::DeadlineExceededError(
+        absl::StrCat("RunThreadRanks: ranks [", absl::StrJoin(stuck, ", "), "] of ", world_size,
+                     " did not finish within ", absl::FormatDuration(options.timeout), first));
   }
   for (std::thread& t : threads) t.join();
   absl::MutexLock lock(&state->mu);

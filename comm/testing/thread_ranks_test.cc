@@ -21,8 +21,8 @@ TEST(ThreadRanksTest, EachRankHasItsOwnAllocatorAndTheGroupCountsThere) {
       allocators.insert(ctx.allocator.get());
     }
     EXPECT_EQ(core::Allocator::Current(core::Device::Cpu()), ctx.allocator);
-    core::Tensor mine = core::Tensor::Zeros({250 * (ctx.rank + 1)}, core::DType::kFloat32,
-                                            core::MemoryTag::kParam);
+    core::Tensor mine =
+        core::Tensor::Zeros({250 * (ctx.rank + 1)}, core::DType::kFloat32, core::MemoryTag::kParam);
     EXPECT_EQ(ctx.allocator->Stats().current(core::MemoryTag::kParam), 1000 * (ctx.rank + 1));
     // A bf16 all-reduce reduces in an fp32 copy made on the group's worker thread; it
     // must be counted under this rank's allocator as kComm: 1000 elements x 4 bytes.
@@ -73,10 +73,13 @@ TEST(ThreadRanksTest, OverallDeadlineNamesTheRanksStillRunning) {
   opts.timeout = absl::Milliseconds(300);
   opts.create_group = false;
   const absl::Time start = absl::Now();
-  absl::Status s = RunThreadRanks(3, [](RankContext& ctx) -> absl::Status {
-    if (ctx.rank == 1) absl::SleepFor(absl::Seconds(2));  // captures nothing: safe to outlive
-    return absl::OkStatus();
-  }, opts);
+  absl::Status s = RunThreadRanks(
+      3,
+      [](RankContext& ctx) -> absl::Status {
+        if (ctx.rank == 1) absl::SleepFor(absl::Seconds(2));  // captures nothing: safe to outlive
+        return absl::OkStatus();
+      },
+      opts);
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_NE(s.message().find("ranks [1] of 3"), std::string::npos) << s;
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));

@@ -27,15 +27,14 @@ class CudaSegmentSource : public SegmentSource {
     if (err != cudaSuccess) {
       // cudaMalloc's errors are not sticky, but they stay the thread's "last error".
       ClearLastError();
-      return StatusFromCuda(err, absl::StrCat("cudaMalloc of a ", FormatBytes(nbytes), " (",
-                                              nbytes, " bytes) segment on ",
-                                              device_.ToString()));
+      return StatusFromCuda(err, absl::StrCat("cudaMalloc of a ", FormatBytes(nbytes), " (", nbytes,
+                                              " bytes) segment on ", device_.ToString()));
     }
     return ptr;
 #else
-    return absl::UnavailableError(absl::StrCat(
-        "cannot allocate ", nbytes, " bytes on ", device_.ToString(),
-        ": this build has no CUDA support; build with --config=cuda"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot allocate ", nbytes, " bytes on ", device_.ToString(),
+                     ": this build has no CUDA support; build with --config=cuda"));
 #endif
   }
 

@@ -89,16 +89,16 @@ absl::Status Fill(void* ptr, int64_t n, DType dtype, float value) {
   const int blocks = BlocksFor(n);
   switch (dtype) {
     case DType::kFloat32:
-      FillKernel<float><<<blocks, kThreads, 0, ComputeStream()>>>(static_cast<float*>(ptr), n,
-                                                                  value);
+      FillKernel<float>
+          <<<blocks, kThreads, 0, ComputeStream()>>>(static_cast<float*>(ptr), n, value);
       break;
     case DType::kBFloat16:
-      FillKernel<uint16_t><<<blocks, kThreads, 0, ComputeStream()>>>(
-          static_cast<uint16_t*>(ptr), n, FloatToBf16Bits(value));
+      FillKernel<uint16_t><<<blocks, kThreads, 0, ComputeStream()>>>(static_cast<uint16_t*>(ptr), n,
+                                                                     FloatToBf16Bits(value));
       break;
     case DType::kInt32:
-      FillKernel<int32_t><<<blocks, kThreads, 0, ComputeStream()>>>(
-          static_cast<int32_t*>(ptr), n, static_cast<int32_t>(value));
+      FillKernel<int32_t><<<blocks, kThreads, 0, ComputeStream()>>>(static_cast<int32_t*>(ptr), n,
+                                                                    static_cast<int32_t>(value));
       break;
   }
   return LaunchStatus(absl::StrCat("launching the fill kernel (", n, " elements of ",
@@ -123,26 +123,24 @@ cudaError_t ConvertOn(cudaStream_t stream, const Src* src, Dst* dst, int64_t n,
   return cudaGetLastError();
 }
 
-cudaError_t ConvertFloatToBf16On(cudaStream_t stream, const float* src, uint16_t* dst,
-                                 int64_t n) {
+cudaError_t ConvertFloatToBf16On(cudaStream_t stream, const float* src, uint16_t* dst, int64_t n) {
   return ConvertOn(stream, src, dst, n, FloatToBf16x4Kernel, FloatToBf16Kernel);
 }
 
-cudaError_t ConvertBf16ToFloatOn(cudaStream_t stream, const uint16_t* src, float* dst,
-                                 int64_t n) {
+cudaError_t ConvertBf16ToFloatOn(cudaStream_t stream, const uint16_t* src, float* dst, int64_t n) {
   return ConvertOn(stream, src, dst, n, Bf16ToFloatx4Kernel, Bf16ToFloatKernel);
 }
 
 absl::Status ConvertFloatToBf16(const float* src, uint16_t* dst, int64_t n) {
-  return StatusFromCuda(ConvertFloatToBf16On(ComputeStream(), src, dst, n),
-                        absl::StrCat("launching the float32 -> bfloat16 kernel (", n,
-                                     " elements)"));
+  return StatusFromCuda(
+      ConvertFloatToBf16On(ComputeStream(), src, dst, n),
+      absl::StrCat("launching the float32 -> bfloat16 kernel (", n, " elements)"));
 }
 
 absl::Status ConvertBf16ToFloat(const uint16_t* src, float* dst, int64_t n) {
-  return StatusFromCuda(ConvertBf16ToFloatOn(ComputeStream(), src, dst, n),
-                        absl::StrCat("launching the bfloat16 -> float32 kernel (", n,
-                                     " elements)"));
+  return StatusFromCuda(
+      ConvertBf16ToFloatOn(ComputeStream(), src, dst, n),
+      absl::StrCat("launching the bfloat16 -> float32 kernel (", n, " elements)"));
 }
 
 }  // namespace cuda

@@ -33,10 +33,8 @@ absl::Status ConvertBf16ToFloat(const uint16_t* src, float* dst, int64_t n);
 
 // The same conversions enqueued on `stream` (another than the compute stream, e.g. a
 // communication stream), returning the launch's error (cudaSuccess for n <= 0).
-cudaError_t ConvertFloatToBf16On(cudaStream_t stream, const float* src, uint16_t* dst,
-                                 int64_t n);
-cudaError_t ConvertBf16ToFloatOn(cudaStream_t stream, const uint16_t* src, float* dst,
-                                 int64_t n);
+cudaError_t ConvertFloatToBf16On(cudaStream_t stream, const float* src, uint16_t* dst, int64_t n);
+cudaError_t ConvertBf16ToFloatOn(cudaStream_t stream, const uint16_t* src, float* dst, int64_t n);
 
 }  // namespace cuda
 }  // namespace core

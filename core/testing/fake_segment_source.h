@@ -24,10 +24,10 @@ class FakeSegmentSource : public SegmentSource {
  public:
   // Shared with the test, so they stay readable after the pool is gone.
   struct Counters {
-    int allocs = 0;    // successful Allocate calls
-    int frees = 0;     // Free calls
-    int failures = 0;  // Allocate calls refused by the cap
-    int bad_frees = 0; // Free of an unknown segment or with a wrong size
+    int allocs = 0;     // successful Allocate calls
+    int frees = 0;      // Free calls
+    int failures = 0;   // Allocate calls refused by the cap
+    int bad_frees = 0;  // Free of an unknown segment or with a wrong size
     int64_t live_bytes = 0;
     std::map<char*, int64_t> live;
   };

@@ -19,7 +19,9 @@ class MlpBlocksPolicy : public policy::WrapPolicy {
     return context.type_name == "MlpBlock" && context.unwrapped_subtree_numel >= min_params_;
   }
 
-  std::string Name() const override { return absl::StrCat("mlp_blocks(min_params=", min_params_, ")"); }
+  std::string Name() const override {
+    return absl::StrCat("mlp_blocks(min_params=", min_params_, ")");
+  }
 
   // Name() carries everything ShouldWrap reads, so two of these with the same
   // min_params decide alike: a stage that builds the policy again (from its own config)

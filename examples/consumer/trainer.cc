@@ -41,7 +41,8 @@ absl::StatusOr<integration::StageOptions> MakeOptions() {
   integration::StageOptions options;
   policy::PolicyParams params("StageOptions.wrap.policy (mlp_blocks)");
   params.Add("min_params", "100");
-  ASSIGN_OR_RETURN(options.wrap.policy, policy::PolicyRegistry::Global().Create("mlp_blocks", params));
+  ASSIGN_OR_RETURN(options.wrap.policy,
+                   policy::PolicyRegistry::Global().Create("mlp_blocks", params));
   options.fit_steps = absl::GetFlag(FLAGS_steps);
   options.train_batch_size = 16;
   options.eval_batch_size = 16;
@@ -55,8 +56,8 @@ std::string DescribeWrap(const integration::WrapReport& w) {
     return absl::StrCat("wrapped fresh: ", w.units, " units, ", w.param_bytes_copied,
                         " parameter bytes copied");
   }
-  return absl::StrCat("units reused ", w.units_reused, " of ", w.units,
-                      ", parameter bytes copied ", w.param_bytes_copied);
+  return absl::StrCat("units reused ", w.units_reused, " of ", w.units, ", parameter bytes copied ",
+                      w.param_bytes_copied);
 }
 
 absl::Status Check(bool ok, const std::string& what) {
@@ -77,20 +78,23 @@ absl::Status RunRank() {
   // Stage object 1: fit and validate.
   auto registry = std::make_shared<fsdp::WrapperRegistry>();
   ASSIGN_OR_RETURN(integration::StageOptions fit_options, MakeOptions());
-  ASSIGN_OR_RETURN(auto fitter, integration::StageRunner::Create(dist.group, fit_options, registry));
+  ASSIGN_OR_RETURN(auto fitter,
+                   integration::StageRunner::Create(dist.group, fit_options, registry));
   ASSIGN_OR_RETURN(integration::FitResult fit, fitter->Fit(*module));
   print(absl::StrFormat("fit: %d steps, loss %.4f -> %.4f; %s", fit.losses.size(),
                         fit.losses.front(), fit.final_loss, DescribeWrap(fit.report.wrap)));
   ASSIGN_OR_RETURN(integration::EvalResult validate, fitter->Validate(*module));
-  print(absl::StrFormat("validate (the fit runner): loss %.4f over %d samples; %s",
-                        validate.loss, validate.count, DescribeWrap(validate.report.wrap)));
+  print(absl::StrFormat("validate (the fit runner): loss %.4f over %d samples; %s", validate.loss,
+                        validate.count, DescribeWrap(validate.report.wrap)));
 
   // Stage object 2, created separately over the same registry: test, release.
   ASSIGN_OR_RETURN(integration::StageOptions test_options, MakeOptions());
-  ASSIGN_OR_RETURN(auto tester, integration::StageRunner::Create(dist.group, test_options, registry));
+  ASSIGN_OR_RETURN(auto tester,
+                   integration::StageRunner::Create(dist.group, test_options, registry));
   ASSIGN_OR_RETURN(integration::EvalResult test, tester->Test(*module));
-  print(absl::StrFormat("test (a second StageRunner, shared registry): loss %.4f over %d samples; %s",
-                        test.loss, test.count, DescribeWrap(test.report.wrap)));
+  print(
+      absl::StrFormat("test (a second StageRunner, shared registry): loss %.4f over %d samples; %s",
+                      test.loss, test.count, DescribeWrap(test.report.wrap)));
   RETURN_IF_ERROR(tester->Release(*module));
   integration::EvalOptions plain;
   plain.wrap = false;
@@ -107,10 +111,10 @@ absl::Status RunRank() {
   RETURN_IF_ERROR(Check(std::abs(released.loss - test.loss) <= 1e-5 * (1 + std::abs(test.loss)),
                         absl::StrCat("the released module's test loss ", released.loss,
                                      " equals the wrapped one's ", test.loss)));
-  print(absl::StrFormat("summary: units reused by the second runner %d of %d, parameter bytes "
-                        "copied %d",
-                        test.report.wrap.units_reused, test.report.wrap.units,
-                        test.report.wrap.param_bytes_copied));
+  print(absl::StrFormat(
+      "summary: units reused by the second runner %d of %d, parameter bytes "
+      "copied %d",
+      test.report.wrap.units_reused, test.report.wrap.units, test.report.wrap.param_bytes_copied));
   return absl::OkStatus();
 }
 

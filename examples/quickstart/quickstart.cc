@@ -40,8 +40,8 @@ absl::Status Train(const comm::Distributed& dist) {
   ASSIGN_OR_RETURN(auto runner, integration::StageRunner::Create(dist.group, options));
 
   // FullyShard wraps in place: the GPT and its Parameter objects stay the same objects.
-  ASSIGN_OR_RETURN(auto handle, fsdp::FullyShard(module->gpt(), dist.group, options.wrap,
-                                                 &runner->registry()));
+  ASSIGN_OR_RETURN(auto handle,
+                   fsdp::FullyShard(module->gpt(), dist.group, options.wrap, &runner->registry()));
 
   // Fit trains on those units and saves the checkpoint; Test reuses them, copying nothing.
   ASSIGN_OR_RETURN(integration::FitResult fit, runner->Fit(*module));

@@ -148,8 +148,8 @@ std::vector<std::string> StructureDifferences(const ModelStructure& saved,
       out.push_back(absl::StrCat("checkpoint has tensor ", kModelTensorPrefix, p.name(),
                                  " that the model lacks"));
     } else if (ShapeText(it->second->shape()) != ShapeText(p.shape())) {
-      out.push_back(absl::StrCat("parameter '", p.name(), "': checkpoint shape ", ShapeText(p.shape()),
-                                 ", model ", ShapeText(it->second->shape())));
+      out.push_back(absl::StrCat("parameter '", p.name(), "': checkpoint shape ",
+                                 ShapeText(p.shape()), ", model ", ShapeText(it->second->shape())));
     }
   }
   for (const ParameterRecord& p : current.parameters()) {

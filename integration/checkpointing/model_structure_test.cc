@@ -44,7 +44,8 @@ TEST(ModelStructureTest, RecordsEveryModuleWithItsKnownConfiguration) {
   EXPECT_EQ(s.modules(0).type_name(), "Gpt");
   std::vector<std::string> root;
   for (const ConfigEntry& e : s.modules(0).config()) root.push_back(e.key() + "=" + e.value());
-  EXPECT_THAT(root, ElementsAre("block_size=8", "n_embd=16", "n_head=4", "n_layer=2", "vocab_size=16"));
+  EXPECT_THAT(root,
+              ElementsAre("block_size=8", "n_embd=16", "n_head=4", "n_layer=2", "vocab_size=16"));
   bool attention = false;
   for (const ModuleRecord& m : s.modules()) {
     if (m.type_name() != "CausalSelfAttention") continue;
@@ -75,7 +76,8 @@ TEST(ModelStructureTest, FingerprintChangesWithEveryField) {
   e->set_value("v");
   for (const ModelStructure& v : variants) seen.insert(StructureFingerprint(v));
   EXPECT_EQ(seen.size(), variants.size() + 1) << "every change gives a new fingerprint";
-  EXPECT_EQ(StructureFingerprint(base), base.fingerprint()) << "the fingerprint field is not hashed";
+  EXPECT_EQ(StructureFingerprint(base), base.fingerprint())
+      << "the fingerprint field is not hashed";
 }
 
 TEST(ModelStructureTest, DifferencesComeConfigThenParametersThenModules) {
@@ -90,7 +92,8 @@ TEST(ModelStructureTest, DifferencesComeConfigThenParametersThenModules) {
   EXPECT_EQ(d[1], "checkpoint has tensor model/blocks.1.ln_1.weight that the model lacks");
   EXPECT_THAT(d, ::testing::Contains("module <root> (Gpt): n_head: checkpoint 4, model 2"));
   EXPECT_THAT(d, ::testing::Contains("module <root> (Gpt): n_layer: checkpoint 2, model 1"));
-  EXPECT_THAT(d, ::testing::Contains("checkpoint has module 'blocks.1' (TransformerBlock) that the model lacks"));
+  EXPECT_THAT(d, ::testing::Contains(
+                     "checkpoint has module 'blocks.1' (TransformerBlock) that the model lacks"));
   // Without compare_config the caller's map is ignored.
   EXPECT_NE(StructureDifferences(saved, current, false).front(), d[0]);
 }

@@ -58,12 +58,14 @@ inline constexpr int kTrainingRecordVersion = 1;
 inline constexpr char kTrainingRecordKey[] = "fsdp.training";
 
 struct TrainingCheckpointOptions {
-  int64_t step = 0;                                   // training steps taken; stored
-  std::map<std::string, std::string> user_metadata;   // stored as is (keys must not start with "fsdp.")
-  absl::Duration timeout = absl::Minutes(5);          // of each collective step
-  checkpoint::SimulatedCrash simulate_crash = checkpoint::SimulatedCrash::kNone;  // test hook, passed to Save
-  absl::Status simulate_write_error;  // test hook: SaveOptions::simulate_write_error
-  int64_t block_bytes = 0;                            // checksum block (SaveOptions::block_bytes); 0: default
+  int64_t step = 0;  // training steps taken; stored
+  std::map<std::string, std::string>
+      user_metadata;                          // stored as is (keys must not start with "fsdp.")
+  absl::Duration timeout = absl::Minutes(5);  // of each collective step
+  checkpoint::SimulatedCrash simulate_crash =
+      checkpoint::SimulatedCrash::kNone;  // test hook, passed to Save
+  absl::Status simulate_write_error;      // test hook: SaveOptions::simulate_write_error
+  int64_t block_bytes = 0;                // checksum block (SaveOptions::block_bytes); 0: default
   // The model's configuration as the caller knows it ({"n_layer", "2"}, {"n_head", "4"},
   // ...), recorded in the structure; a load given TrainingLoadOptions::model_config
   // compares the two.
@@ -96,8 +98,7 @@ struct TrainingCheckpointOptions {
 // on failure).
 absl::Status SaveTrainingCheckpoint(const std::string& dir, core::Module& model,
                                     fsdp::WrapperRegistry* registry,
-                                    const optim::Optimizer* optimizer,
-                                    comm::ProcessGroup* group,
+                                    const optim::Optimizer* optimizer, comm::ProcessGroup* group,
                                     const TrainingCheckpointOptions& options = {});
 
 // SaveTrainingCheckpoint in two calls (NOTE [Asynchronous save] in checkpoint/sharded.h): with
@@ -109,12 +110,12 @@ absl::StatusOr<std::unique_ptr<checkpoint::PendingSave>> BeginTrainingCheckpoint
     const TrainingCheckpointOptions& options, bool background);
 
 struct LoadedCheckpoint {
-  int64_t step = 0;                 // TrainingCheckpointOptions::step at save time
+  int64_t step = 0;  // TrainingCheckpointOptions::step at save time
   int saved_world_size = 0;
   bool has_optimizer_state = false;
-  std::string optimizer_type;       // "" when none saved
+  std::string optimizer_type;                        // "" when none saved
   std::map<std::string, std::string> user_metadata;  // the caller's (no "fsdp." keys)
-  int64_t bytes_read = 0;           // checkpoint::LoadStats of this rank
+  int64_t bytes_read = 0;                            // checkpoint::LoadStats of this rank
   // TrainingCheckpointOptions::model_config at save time, and the fingerprint of the
   // saved model's structure (ModelStructure.fingerprint).
   std::map<std::string, std::string> model_config;
@@ -187,15 +188,13 @@ struct TrainingLoadOptions {
 //   entry for one it does not manage); in kPartial these are reported instead;
 // - checkpoint::Load's DataLoss (naming the data file and the tensor) for truncated or
 //   corrupted files.
-absl::StatusOr<LoadedCheckpoint> LoadTrainingCheckpoint(const std::string& dir,
-                                                        core::Module& model,
+absl::StatusOr<LoadedCheckpoint> LoadTrainingCheckpoint(const std::string& dir, core::Module& model,
                                                         fsdp::WrapperRegistry* registry,
                                                         optim::Optimizer* optimizer,
                                                         const TrainingLoadOptions& options);
 
 // The same with default TrainingLoadOptions (strict, no model_config expectation).
-absl::StatusOr<LoadedCheckpoint> LoadTrainingCheckpoint(const std::string& dir,
-                                                        core::Module& model,
+absl::StatusOr<LoadedCheckpoint> LoadTrainingCheckpoint(const std::string& dir, core::Module& model,
                                                         fsdp::WrapperRegistry* registry,
                                                         optim::Optimizer* optimizer = nullptr);
 }  // namespace integration

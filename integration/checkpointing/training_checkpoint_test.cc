@@ -11,8 +11,8 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -69,21 +69,21 @@ absl::Status Expect(bool ok, const std::string& what) {
 // naming the first difference.
 absl::Status Same(const Values& expected, const Values& actual, const std::string& what) {
   if (expected.size() != actual.size()) {
-    return absl::InternalError(absl::StrCat(what, ": ", expected.size(), " tensors vs ",
-                                            actual.size()));
+    return absl::InternalError(
+        absl::StrCat(what, ": ", expected.size(), " tensors vs ", actual.size()));
   }
   for (const auto& [name, e] : expected) {
     auto it = actual.find(name);
     if (it == actual.end()) return absl::InternalError(absl::StrCat(what, ": no '", name, "'"));
     const std::vector<float>& a = it->second;
     if (a.size() != e.size()) {
-      return absl::InternalError(absl::StrCat(what, ": '", name, "' has ", a.size(),
-                                              " elements, expected ", e.size()));
+      return absl::InternalError(
+          absl::StrCat(what, ": '", name, "' has ", a.size(), " elements, expected ", e.size()));
     }
     for (size_t k = 0; k < e.size(); ++k) {
       if (!(a[k] == e[k])) {
-        return absl::InternalError(absl::StrCat(what, ": '", name, "'[", k, "] is ", a[k],
-                                                ", expected ", e[k]));
+        return absl::InternalError(
+            absl::StrCat(what, ": '", name, "'[", k, "] is ", a[k], ", expected ", e[k]));
       }
     }
   }
@@ -135,9 +135,9 @@ struct Trainer {
   int world_size = 1;
 };
 
-absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
-    const fsdp::testing::GptTrainingSetup& setup, comm::testing::RankContext* ctx,
-    const fsdp::FullyShardOptions* options) {
+absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const fsdp::testing::GptTrainingSetup& setup,
+                                                     comm::testing::RankContext* ctx,
+                                                     const fsdp::FullyShardOptions* options) {
   auto t = std::make_unique<Trainer>();
   ASSIGN_OR_RETURN(t->gpt, fsdp::testing::MakeGpt(setup));
   if (options != nullptr) {
@@ -234,8 +234,9 @@ absl::Status LoadAndCompare(const std::string& dir, const SavedRun& saved, int w
                            absl::StrCat("saved_world_size ", loaded.saved_world_size)));
     RETURN_IF_ERROR(Expect(loaded.has_optimizer_state && loaded.optimizer_type == "AdamW",
                            "optimizer_type " + loaded.optimizer_type));
-    RETURN_IF_ERROR(Expect(loaded.user_metadata == std::map<std::string, std::string>{{"run", "alpha"}},
-                           "user_metadata"));
+    RETURN_IF_ERROR(
+        Expect(loaded.user_metadata == std::map<std::string, std::string>{{"run", "alpha"}},
+               "user_metadata"));
     RETURN_IF_ERROR(Expect(loaded.bytes_read > 0, "bytes_read"));
     ASSIGN_OR_RETURN(Values full, Full(*t));
     RETURN_IF_ERROR(Same(saved.params, full, "full parameters"));
@@ -304,9 +305,9 @@ TEST(TrainingCheckpointTest, ResumedTrainingEqualsUninterrupted) {
     ASSIGN_OR_RETURN(std::vector<double> losses, Train(*first, 0, kSteps));
     RETURN_IF_ERROR(Save(dir, *first, ctx.group.get(), {kSteps}));
     ASSIGN_OR_RETURN(auto second, MakeWrapped(ctx, FullShard()));
-    ASSIGN_OR_RETURN(LoadedCheckpoint loaded,
-                     LoadTrainingCheckpoint(dir, *second->gpt, second->registry.get(),
-                                            second->adamw.get()));
+    ASSIGN_OR_RETURN(
+        LoadedCheckpoint loaded,
+        LoadTrainingCheckpoint(dir, *second->gpt, second->registry.get(), second->adamw.get()));
     ASSIGN_OR_RETURN(std::vector<double> more, Train(*second, loaded.step, 2 * kSteps));
     losses.insert(losses.end(), more.begin(), more.end());
     RETURN_IF_ERROR(Expect(losses.size() == straight_losses.size(), "number of losses"));
@@ -384,9 +385,9 @@ TEST(TrainingCheckpointTest, CrashBeforeRenameKeepsThePreviousCheckpoint) {
     absl::Status crashed = Save(dir, *t, ctx.group.get(), o);
     RETURN_IF_ERROR(Expect(absl::IsAborted(crashed), "crashed save: " + crashed.ToString()));
     ASSIGN_OR_RETURN(auto fresh, MakeWrapped(ctx, FullShard()));
-    ASSIGN_OR_RETURN(LoadedCheckpoint loaded,
-                     LoadTrainingCheckpoint(dir, *fresh->gpt, fresh->registry.get(),
-                                            fresh->adamw.get()));
+    ASSIGN_OR_RETURN(
+        LoadedCheckpoint loaded,
+        LoadTrainingCheckpoint(dir, *fresh->gpt, fresh->registry.get(), fresh->adamw.get()));
     RETURN_IF_ERROR(Expect(loaded.step == 2, absl::StrCat("loaded step ", loaded.step)));
     RETURN_IF_ERROR(Expect(fresh->adamw->step_count() == 2, "loaded optimizer step_count"));
     ASSIGN_OR_RETURN(Values got, Full(*fresh));
@@ -529,8 +530,8 @@ TEST(TrainingCheckpointTest, OptimizerStateNotSavedOrOfAnotherTypeIsFailedPrecon
   EXPECT_EQ(info->optimizer_type, "");
 
   const std::string with_adamw = Dir("with_adamw");
-  ASSERT_TRUE(SaveTrainingCheckpoint(with_adamw, *(*t)->gpt, nullptr, (*t)->adamw.get(), nullptr)
-                  .ok());
+  ASSERT_TRUE(
+      SaveTrainingCheckpoint(with_adamw, *(*t)->gpt, nullptr, (*t)->adamw.get(), nullptr).ok());
   optim::SgdOptions sgd_options;
   sgd_options.momentum = 0.9;
   absl::StatusOr<std::unique_ptr<optim::SGD>> sgd =
@@ -608,7 +609,8 @@ absl::Status CopyWithRecord(const std::string& from, const std::string& to,
   }
   edit(record);
   (*meta.mutable_records())[kTrainingRecordKey] = record.SerializeAsString();
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << checkpoint::internal::EncodeMetadataFile(meta);
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      << checkpoint::internal::EncodeMetadataFile(meta);
   return absl::OkStatus();
 }
 
@@ -627,7 +629,8 @@ TEST(TrainingCheckpointTest, TwoLayerCheckpointIntoOneLayerModelIsRefusedUnlessP
 
   absl::StatusOr<LoadedCheckpoint> loaded = LoadTrainingCheckpoint(dir, **shallow, nullptr);
   ASSERT_TRUE(absl::IsFailedPrecondition(loaded.status())) << loaded.status();
-  EXPECT_THAT(std::string(loaded.status().message()), HasSubstr("checkpoint has tensor model/blocks.1."));
+  EXPECT_THAT(std::string(loaded.status().message()),
+              HasSubstr("checkpoint has tensor model/blocks.1."));
   EXPECT_THAT(std::string(loaded.status().message()), HasSubstr("that the model lacks"));
   absl::Status unchanged = Same(before, PlainValues(**shallow), "model after a refused load");
   EXPECT_TRUE(unchanged.ok()) << unchanged;
@@ -685,7 +688,8 @@ TEST(TrainingCheckpointTest, NHeadIsRecordedAndCompared) {
   expect.model_config = {{"n_head", "4"}, {"n_layer", "2"}};
   loaded = LoadTrainingCheckpoint(dir, **other, nullptr, nullptr, expect);
   ASSERT_TRUE(absl::IsFailedPrecondition(loaded.status())) << loaded.status();
-  EXPECT_THAT(std::string(loaded.status().message()), HasSubstr("model_config n_head: checkpoint 2, model 4"));
+  EXPECT_THAT(std::string(loaded.status().message()),
+              HasSubstr("model_config n_head: checkpoint 2, model 4"));
 
   // The same structure and configuration loads, and gives the same fingerprint.
   absl::StatusOr<std::shared_ptr<nn::Gpt>> same = OtherGpt();
@@ -820,7 +824,9 @@ TEST(TrainingCheckpointTest, OptimizerRecordEntriesAreValidatedInFull) {
   };
   const std::vector<Case> cases = {
       {"renamed entry",
-       [&](TrainingRecord& r) { r.mutable_optimizer()->mutable_parameters(0)->set_parameter(first + "X"); },
+       [&](TrainingRecord& r) {
+         r.mutable_optimizer()->mutable_parameters(0)->set_parameter(first + "X");
+       },
        "optimizer entry '" + first + "X' names no parameter"},
       {"missing entry",
        [&](TrainingRecord& r) {
@@ -845,7 +851,9 @@ TEST(TrainingCheckpointTest, OptimizerRecordEntriesAreValidatedInFull) {
        },
        "tensor optim/" + first + "/exp_avg belongs to no entry"},
       {"state list",
-       [&](TrainingRecord& r) { r.mutable_optimizer()->mutable_parameters(0)->mutable_state()->RemoveLast(); },
+       [&](TrainingRecord& r) {
+         r.mutable_optimizer()->mutable_parameters(0)->mutable_state()->RemoveLast();
+       },
        "lists state [exp_avg], expected [exp_avg, exp_avg_sq]"},
       {"structure edited, fingerprint not",
        [&](TrainingRecord& r) { r.mutable_model()->mutable_modules(0)->set_type_name("NotGpt"); },
@@ -905,7 +913,8 @@ TEST(TrainingCheckpointTest, NeverSteppedIsExplicitAndNothingIsSilentlyReset) {
   loaded = LoadTrainingCheckpoint(lacking, *(*fresh)->gpt, nullptr, (*fresh)->adamw.get());
   ASSERT_TRUE(absl::IsFailedPrecondition(loaded.status())) << loaded.status();
   EXPECT_THAT(std::string(loaded.status().message()), HasSubstr("'" + frozen + "'"));
-  EXPECT_THAT(std::string(loaded.status().message()), HasSubstr("refusing to start its state fresh"));
+  EXPECT_THAT(std::string(loaded.status().message()),
+              HasSubstr("refusing to start its state fresh"));
   EXPECT_EQ((*fresh)->adamw->step_count(), 0);
   TrainingLoadOptions partial;
   partial.mode = LoadMode::kPartial;
@@ -919,7 +928,8 @@ TEST(TrainingCheckpointTest, NeverSteppedIsExplicitAndNothingIsSilentlyReset) {
   std::vector<core::NamedParameter> fewer((*t)->gpt->NamedParameters());
   const std::string dropped = fewer.front().first;
   fewer.erase(fewer.begin());
-  absl::StatusOr<std::unique_ptr<optim::AdamW>> partial_adamw = optim::AdamW::Create(fewer, TinyRun().adamw);
+  absl::StatusOr<std::unique_ptr<optim::AdamW>> partial_adamw =
+      optim::AdamW::Create(fewer, TinyRun().adamw);
   ASSERT_TRUE(partial_adamw.ok()) << partial_adamw.status();
   loaded = LoadTrainingCheckpoint(dir, *(*t)->gpt, nullptr, partial_adamw->get());
   ASSERT_TRUE(absl::IsFailedPrecondition(loaded.status())) << loaded.status();

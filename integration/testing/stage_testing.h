@@ -1,7 +1,8 @@
 // Test-only: the small GPT and stage options the integration tests share, and helpers
 // for thread-rank tests of the StageRunner.
 //
-//   ASSERT_OK(integration::testing::RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status {
+//   ASSERT_OK(integration::testing::RunRanks(2, [](comm::testing::RankContext& ctx) -> absl::Status
+//   {
 //     ASSIGN_OR_RETURN(auto module, integration::GptTrainModule::Create(
 //                                       integration::testing::TinyGpt(16, 16, 3)));
 //     ASSIGN_OR_RETURN(auto runner, integration::StageRunner::Create(
@@ -51,9 +52,9 @@ absl::Status NoFailuresYet();
 }  // namespace testing
 }  // namespace integration
 
-#define INTEGRATION_ASSERT_OK(expr)                    \
-  do {                                                 \
-    const absl::Status _status = (expr);               \
+#define INTEGRATION_ASSERT_OK(expr)                        \
+  do {                                                     \
+    const absl::Status _status = (expr);                   \
     ASSERT_TRUE(_status.ok()) << #expr << ": " << _status; \
   } while (0)
 

@@ -106,8 +106,8 @@ void FlashAttentionForward(const uint16_t* qkv, void* y, bool y_bf16, float* lse
 }
 
 void FlashAttentionBackward(const uint16_t* qkv, const void* y, bool y_bf16, const uint16_t* gy,
-                            const float* lse, float* delta, void* gqkv, bool gqkv_bf16,
-                            int64_t B, int64_t T, int64_t H, int64_t D, float scale) {
+                            const float* lse, float* delta, void* gqkv, bool gqkv_bf16, int64_t B,
+                            int64_t T, int64_t H, int64_t D, float scale) {
   const int64_t C = H * D, ld3 = 3 * C;
   const float scale_log2 = scale * kLog2e;
   ForEachHead(qkv, B, T, H, D, [&](int64_t b, int64_t h, const HeadQkv& head) {

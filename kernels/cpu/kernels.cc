@@ -121,10 +121,10 @@ FSDP_CPU_INLINE void GemmEpilogueRows(const float* acc, int kind, const W* FSDP_
     }
   }
 }
-#define FSDP_GEMM_EPILOGUE_LOOP(W, T)                                                        \
-  FSDP_CPU_CLONES void GemmEpilogueLoop(const float* acc, int kind, const W* bias, T* aux,  \
-                                        T* out, int64_t rows, int64_t cols) {               \
-    GemmEpilogueRows(acc, kind, bias, aux, out, rows, cols);                                \
+#define FSDP_GEMM_EPILOGUE_LOOP(W, T)                                                              \
+  FSDP_CPU_CLONES void GemmEpilogueLoop(const float* acc, int kind, const W* bias, T* aux, T* out, \
+                                        int64_t rows, int64_t cols) {                              \
+    GemmEpilogueRows(acc, kind, bias, aux, out, rows, cols);                                       \
   }
 FSDP_GEMM_EPILOGUE_LOOP(float, float)
 FSDP_GEMM_EPILOGUE_LOOP(float, uint16_t)
@@ -134,9 +134,8 @@ FSDP_GEMM_EPILOGUE_LOOP(uint16_t, uint16_t)
 
 // sums[j] += sum_r x[r, j] for j < cols of a bf16 x, rows `ld` apart: ColumnSumsLoop's
 // additions of the widened values.
-FSDP_CPU_CLONES void ColumnSumsBf16Loop(const uint16_t* FSDP_RESTRICT x,
-                                        double* FSDP_RESTRICT sums, int64_t rows, int64_t cols,
-                                        int64_t ld) {
+FSDP_CPU_CLONES void ColumnSumsBf16Loop(const uint16_t* FSDP_RESTRICT x, double* FSDP_RESTRICT sums,
+                                        int64_t rows, int64_t cols, int64_t ld) {
   for (int64_t r = 0; r < rows; ++r) {
     const uint16_t* xr = x + r * ld;
 #pragma omp simd
@@ -252,11 +251,11 @@ FSDP_CPU_INLINE void LayerNormRows(const float* x, const float* add, float* sum,
   }
 }
 // y fp32 or bf16 (NOTE [GEMM epilogues]: an output whose consumer is a bf16 GEMM).
-#define FSDP_LAYER_NORM_LOOP(W, Y)                                                            \
+#define FSDP_LAYER_NORM_LOOP(W, Y)                                                             \
   FSDP_CPU_CLONES void LayerNormLoop(const float* x, const float* add, float* sum, const W* w, \
-                                     const W* b, float eps, Y* y, float* mean, float* rstd,   \
-                                     int64_t rows, int64_t cols) {                            \
-    LayerNormRows(x, add, sum, w, b, eps, y, mean, rstd, rows, cols);                         \
+                                     const W* b, float eps, Y* y, float* mean, float* rstd,    \
+                                     int64_t rows, int64_t cols) {                             \
+    LayerNormRows(x, add, sum, w, b, eps, y, mean, rstd, rows, cols);                          \
   }
 FSDP_LAYER_NORM_LOOP(float, float)
 FSDP_LAYER_NORM_LOOP(uint16_t, float)
@@ -332,9 +331,8 @@ FSDP_CPU_INLINE void LayerNormBackwardRows(const float* g, const float* x, const
   }
 }
 FSDP_CPU_CLONES void LayerNormBackwardLoop(const float* g, const float* x, const float* mean,
-                                           const float* rstd, const float* w,
-                                           const float* residual, float* gx, uint16_t* gx16,
-                                           int64_t rows, int64_t cols) {
+                                           const float* rstd, const float* w, const float* residual,
+                                           float* gx, uint16_t* gx16, int64_t rows, int64_t cols) {
   LayerNormBackwardRows(g, x, mean, rstd, w, residual, gx, gx16, rows, cols);
 }
 FSDP_CPU_CLONES void LayerNormBackwardLoop(const float* g, const float* x, const float* mean,
@@ -396,8 +394,7 @@ FSDP_CPU_INLINE void CausalSoftmaxBackwardRows(const P* FSDP_RESTRICT p, float* 
     const int64_t t = r % T;
     const P* pr = p + r * T;
     float* gr = g + r * T;
-    const float dot =
-        k::LaneSum<float>(t + 1, [&](int64_t s) { return gr[s] * k::Load(pr, s); });
+    const float dot = k::LaneSum<float>(t + 1, [&](int64_t s) { return gr[s] * k::Load(pr, s); });
 #pragma omp simd
     for (int64_t s = 0; s < T; ++s) {
       gr[s] = k::CausalMasked(t, s) ? 0.0f : k::SoftmaxBackward(k::Load(pr, s), gr[s], dot, scale);
@@ -406,13 +403,11 @@ FSDP_CPU_INLINE void CausalSoftmaxBackwardRows(const P* FSDP_RESTRICT p, float* 
   }
 }
 FSDP_CPU_CLONES void CausalSoftmaxBackwardLoop(const float* p, float* g, uint16_t* out16,
-                                               int64_t first, int64_t end, int64_t T,
-                                               float scale) {
+                                               int64_t first, int64_t end, int64_t T, float scale) {
   CausalSoftmaxBackwardRows(p, g, out16, first, end, T, scale);
 }
 FSDP_CPU_CLONES void CausalSoftmaxBackwardLoop(const uint16_t* p, float* g, uint16_t* out16,
-                                               int64_t first, int64_t end, int64_t T,
-                                               float scale) {
+                                               int64_t first, int64_t end, int64_t T, float scale) {
   CausalSoftmaxBackwardRows(p, g, out16, first, end, T, scale);
 }
 
@@ -422,8 +417,8 @@ template <typename X>
 FSDP_CPU_INLINE void CrossEntropyRows(const X* FSDP_RESTRICT x,
                                       const int32_t* FSDP_RESTRICT targets,
                                       float* FSDP_RESTRICT grad, double* FSDP_RESTRICT row_loss,
-                                      uint16_t* FSDP_RESTRICT grad16, int64_t first,
-                                      int64_t end, int64_t V, double inv_n) {
+                                      uint16_t* FSDP_RESTRICT grad16, int64_t first, int64_t end,
+                                      int64_t V, double inv_n) {
   for (int64_t i = first; i < end; ++i) {
     const X* row = x + i * V;
     float maxf = k::Load(row, 0);
@@ -433,8 +428,8 @@ FSDP_CPU_INLINE void CrossEntropyRows(const X* FSDP_RESTRICT x,
       maxf = maxf > v ? maxf : v;
     }
     const double max = maxf;
-    const double sum = k::LaneSum<double>(
-        V, [&](int64_t j) { return k::CrossEntropyExp(k::Load(row, j), max); });
+    const double sum =
+        k::LaneSum<double>(V, [&](int64_t j) { return k::CrossEntropyExp(k::Load(row, j), max); });
     const double log_sum = k::Log(sum);
     const int64_t tg = targets[i];
     row_loss[i] = k::CrossEntropyRowLoss(sum, max, k::Load(row, tg));
@@ -501,8 +496,8 @@ void LayerNormRowsParallel(const float* x, const float* add, float* sum, const v
 // residual + it.
 void LayerNormBackwardRowsParallel(const float* g, const float* x, const float* mean,
                                    const float* rstd, const void* w, bool bf16,
-                                   const float* residual, float* gx, uint16_t* gx16,
-                                   int64_t rows, int64_t cols) {
+                                   const float* residual, float* gx, uint16_t* gx16, int64_t rows,
+                                   int64_t cols) {
   k::WithStored(w, bf16, [&](const auto* wp) {
     ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
       const int64_t o = s * cols;
@@ -540,8 +535,7 @@ void Add(const float* a, const float* b, float* out, int64_t n) {
                  [&](int64_t s, int64_t e) { AddLoop(a + s, b + s, out + s, e - s); });
 }
 
-void BiasAdd(const float* x, const void* bias, bool bf16, float* out, int64_t rows,
-             int64_t cols) {
+void BiasAdd(const float* x, const void* bias, bool bf16, float* out, int64_t rows, int64_t cols) {
   k::WithStored(bias, bf16, [&](const auto* b) {
     ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
       BiasAddLoop(x + s * cols, b, out + s * cols, e - s, cols);
@@ -593,9 +587,8 @@ void GemmEpilogue(const float* acc, int kind, const void* bias, bool bias_bf16, 
   });
 }
 
-void LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps,
-                      void* y, float* mean, float* rstd, int64_t rows, int64_t cols,
-                      bool y_bf16) {
+void LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps, void* y,
+                      float* mean, float* rstd, int64_t rows, int64_t cols, bool y_bf16) {
   LayerNormRowsParallel(x, nullptr, nullptr, w, b, bf16, eps, y, y_bf16, mean, rstd, rows, cols);
 }
 
@@ -604,8 +597,8 @@ void LayerNormBackwardInput(const float* g, const float* x, const float* mean, c
   LayerNormBackwardRowsParallel(g, x, mean, rstd, w, bf16, nullptr, gx, nullptr, rows, cols);
 }
 
-void LayerNormHat(const float* x, const float* mean, const float* rstd, float* xhat,
-                  int64_t rows, int64_t cols) {
+void LayerNormHat(const float* x, const float* mean, const float* rstd, float* xhat, int64_t rows,
+                  int64_t cols) {
   ParallelChunks(IntraOpThreads(), rows, rows * cols, 1, [&](int64_t s, int64_t e) {
     LayerNormHatLoop(x + s * cols, mean != nullptr ? mean + s : nullptr, rstd + s, xhat + s * cols,
                      e - s, cols);
@@ -634,8 +627,8 @@ void CausalSoftmaxBackward(const void* p, bool p_bf16, float* g, int64_t rows, i
   });
 }
 
-void EmbeddingForward(const int32_t* ids, int64_t n_ids, const void* table, bool bf16,
-                      int64_t num, int64_t dim, float* y) {
+void EmbeddingForward(const int32_t* ids, int64_t n_ids, const void* table, bool bf16, int64_t num,
+                      int64_t dim, float* y) {
   k::WithStored(table, bf16, [&](const auto* tp) {
     for (int64_t i = 0; i < n_ids; ++i) {
       float* row = y + i * dim;
@@ -648,8 +641,8 @@ void EmbeddingForward(const int32_t* ids, int64_t n_ids, const void* table, bool
   });
 }
 
-void EmbeddingBackward(const int32_t* ids, int64_t n_ids, const float* g, int64_t num,
-                       int64_t dim, float* gw) {
+void EmbeddingBackward(const int32_t* ids, int64_t n_ids, const float* g, int64_t num, int64_t dim,
+                       float* gw) {
   for (int64_t i = 0; i < n_ids; ++i) {
     if (!k::EmbeddingIdValid(ids[i], num)) continue;
     const float* gr = g + i * dim;
@@ -672,15 +665,14 @@ void CrossEntropy(const uint16_t* logits, const int32_t* targets, int64_t rows, 
 }
 
 void AddLayerNormForward(const float* a, const float* b, float* sum, const void* w,
-                         const void* bias, bool bf16, float eps, void* y, float* mean,
-                         float* rstd, int64_t rows, int64_t cols, bool y_bf16) {
+                         const void* bias, bool bf16, float eps, void* y, float* mean, float* rstd,
+                         int64_t rows, int64_t cols, bool y_bf16) {
   LayerNormRowsParallel(a, b, sum, w, bias, bf16, eps, y, y_bf16, mean, rstd, rows, cols);
 }
 
-void LayerNormBackwardInputAdd(const float* g, const float* x, const float* mean,
-                               const float* rstd, const void* w, bool bf16,
-                               const float* residual, float* gx, int64_t rows, int64_t cols,
-                               uint16_t* gx16) {
+void LayerNormBackwardInputAdd(const float* g, const float* x, const float* mean, const float* rstd,
+                               const void* w, bool bf16, const float* residual, float* gx,
+                               int64_t rows, int64_t cols, uint16_t* gx16) {
   LayerNormBackwardRowsParallel(g, x, mean, rstd, w, bf16, residual, gx, gx16, rows, cols);
 }
 

@@ -46,9 +46,8 @@ void GemmEpilogue(const float* acc, int kind, const void* bias, bool bias_bf16, 
 // LayerNorm of each row of x [rows, cols]: y [rows, cols], mean and rstd [rows]; y bf16
 // (each value rounded once) when y_bf16, else fp32. The backward takes x, mean and rstd
 // (xhat = kernels::LayerNormHat of them, the forward's bits).
-void LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps,
-                      void* y, float* mean, float* rstd, int64_t rows, int64_t cols,
-                      bool y_bf16 = false);
+void LayerNormForward(const float* x, const void* w, const void* b, bool bf16, float eps, void* y,
+                      float* mean, float* rstd, int64_t rows, int64_t cols, bool y_bf16 = false);
 // LayerNorm's input gradient gx from g, the forward's x, mean and rstd, and w (the parameter
 // gradients are NormParamGrads). This and the backward launchers below (LayerNormHat,
 // NormParamGrads, LayerNormBackwardInputAdd) take a null mean for RMSNorm's backward
@@ -57,8 +56,8 @@ void LayerNormBackwardInput(const float* g, const float* x, const float* mean, c
                             const void* w, bool bf16, float* gx, int64_t rows, int64_t cols);
 // xhat [rows, cols] of LayerNorm's input x from each row's mean and rstd (for the weight
 // gradient's ColumnSums).
-void LayerNormHat(const float* x, const float* mean, const float* rstd, float* xhat,
-                  int64_t rows, int64_t cols);
+void LayerNormHat(const float* x, const float* mean, const float* rstd, float* xhat, int64_t rows,
+                  int64_t cols);
 // A norm's parameter gradients in one pass over g and x [rows, cols] (all columns on the
 // calling thread, as ColumnSums): gw += the column sums of g * xhat, xhat made from x and
 // each row's mean and rstd (kernels::LayerNormHat; with mean null, RMSNorm's
@@ -77,11 +76,11 @@ void CausalSoftmaxForward(float* scores, int64_t rows, int64_t T, uint16_t* prob
 void CausalSoftmaxBackward(const void* p, bool p_bf16, float* g, int64_t rows, int64_t T,
                            float scale, uint16_t* out16 = nullptr);
 // y[i, :] = table[ids[i], :]; ids outside [0, num) give zero rows.
-void EmbeddingForward(const int32_t* ids, int64_t n_ids, const void* table, bool bf16,
-                      int64_t num, int64_t dim, float* y);
+void EmbeddingForward(const int32_t* ids, int64_t n_ids, const void* table, bool bf16, int64_t num,
+                      int64_t dim, float* y);
 // gw[ids[i], :] += g[i, :] in id order; ids outside [0, num) are skipped.
-void EmbeddingBackward(const int32_t* ids, int64_t n_ids, const float* g, int64_t num,
-                       int64_t dim, float* gw);
+void EmbeddingBackward(const int32_t* ids, int64_t n_ids, const float* g, int64_t num, int64_t dim,
+                       float* gw);
 // Softmax cross-entropy of each row of logits [rows, V] against targets (in [0, V)):
 // grad [rows, V] (already divided by the batch: times inv_n) and each row's loss in
 // row_loss [rows], in double. With grad16 set, the gradient goes there instead, each value
@@ -101,8 +100,8 @@ void CrossEntropy(const uint16_t* logits, const int32_t* targets, int64_t rows, 
 void FlashAttentionForward(const uint16_t* qkv, void* y, bool y_bf16, float* lse, int64_t B,
                            int64_t T, int64_t H, int64_t head_dim, float scale);
 void FlashAttentionBackward(const uint16_t* qkv, const void* y, bool y_bf16, const uint16_t* gy,
-                            const float* lse, float* delta, void* gqkv, bool gqkv_bf16,
-                            int64_t B, int64_t T, int64_t H, int64_t head_dim, float scale);
+                            const float* lse, float* delta, void* gqkv, bool gqkv_bf16, int64_t B,
+                            int64_t T, int64_t H, int64_t head_dim, float scale);
 
 // ---- The Llama layers' launchers, the twins of kernels/cuda/kernels.h's (RMSNorm in
 // kernels/cpu/kernels.cc, the others in kernels/cpu/llama.cc).
@@ -119,8 +118,8 @@ void RmsNormForward(const float* x, const void* w, bool bf16, float eps, void* y
 void SiluMulForward(const float* a, const float* b, void* h, int64_t n, bool h_bf16 = false);
 // ga = dL/da and gb = dL/db of h = silu(a) * b from gh = dL/dh; each fp32, or bf16 when its
 // flag says (rounded once, as h).
-void SiluMulBackward(const float* a, const float* b, const float* gh, void* ga, void* gb,
-                     int64_t n, bool ga_bf16 = false, bool gb_bf16 = false);
+void SiluMulBackward(const float* a, const float* b, const float* gh, void* ga, void* gb, int64_t n,
+                     bool ga_bf16 = false, bool gb_bf16 = false);
 // The causal attention's input qkv [rows, 3C] (C = H * D, rows = B * T, row r at position
 // r % T; the layout nn::FusedAttentionForward and the unfused path read) from q [rows, C]
 // and k, v [rows, KV * D] (H % KV == 0, D even): columns [0, C) are q with the rotary
@@ -146,14 +145,13 @@ void RotaryPackQkvBackward(const float* gqkv, const float* cos, const float* sin
 // sum = Add(a, b), then LayerNormForward(sum, ...); sum may be a or b; y, mean and rstd
 // must be none of a, b, sum.
 void AddLayerNormForward(const float* a, const float* b, float* sum, const void* w,
-                         const void* bias, bool bf16, float eps, void* y, float* mean,
-                         float* rstd, int64_t rows, int64_t cols, bool y_bf16 = false);
+                         const void* bias, bool bf16, float eps, void* y, float* mean, float* rstd,
+                         int64_t rows, int64_t cols, bool y_bf16 = false);
 // gx = residual + LayerNormBackwardInput(g, ...); gx must not be residual. With gx16 not
 // null, gx rounded to bf16 there too (the operand of a bf16 GEMM that takes it).
-void LayerNormBackwardInputAdd(const float* g, const float* x, const float* mean,
-                               const float* rstd, const void* w, bool bf16,
-                               const float* residual, float* gx, int64_t rows, int64_t cols,
-                               uint16_t* gx16 = nullptr);
+void LayerNormBackwardInputAdd(const float* g, const float* x, const float* mean, const float* rstd,
+                               const void* w, bool bf16, const float* residual, float* gx,
+                               int64_t rows, int64_t cols, uint16_t* gx16 = nullptr);
 
 // ---- The twins of kernels/cuda/grad.h: fsdp's gradient arithmetic, in element order on
 // the calling thread.

@@ -43,8 +43,8 @@ void LayerNormBackward(const core::Tensor& g, const core::Tensor& x, const core:
                        const core::Tensor& gx, const core::Tensor& gw, const core::Tensor& gb,
                        int64_t rows, int64_t cols) {
   kcpu::NormParamGrads(P(g), P(x), P(mean), P(rstd), P(gw), P(gb), rows, cols);
-  kcpu::LayerNormBackwardInput(P(g), P(x), P(mean), P(rstd), w.raw_data(), IsBf16(w), P(gx),
-                               rows, cols);
+  kcpu::LayerNormBackwardInput(P(g), P(x), P(mean), P(rstd), w.raw_data(), IsBf16(w), P(gx), rows,
+                               cols);
   kcpu::LayerNormHat(P(x), P(mean), P(rstd), P(h), rows, cols);
 }
 
@@ -222,9 +222,8 @@ TEST(CpuLoopsTest, LayerNormForwardAndBackwardMatchADoubleReference) {
       core::Tensor gw = core::Tensor::Zeros({cols}), gb = core::Tensor::Zeros({cols});
       LayerNormBackward(g, x, mean_out, rstd, w, h, gx, gw, gb, rows, cols);
       const std::vector<float> xv = x.ToVector(), yv = y.ToVector(), hv = h.ToVector(),
-                               mv = mean_out.ToVector(), rv = rstd.ToVector(),
-                               gv = g.ToVector(), gxv = gx.ToVector(), gwv = gw.ToVector(),
-                               gbv = gb.ToVector();
+                               mv = mean_out.ToVector(), rv = rstd.ToVector(), gv = g.ToVector(),
+                               gxv = gx.ToVector(), gwv = gw.ToVector(), gbv = gb.ToVector();
       std::vector<double> gw_ref(cols, 0.0), gb_ref(cols, 0.0);
       for (int64_t r = 0; r < rows; ++r) {
         const float* xr = &xv[r * cols];
@@ -436,8 +435,8 @@ TEST(CpuLoopsTest, ResultsAreBitIdenticalForAnyThreadCount) {
     out.push_back(sum.ToVector());
     out.push_back(ya.ToVector());
     out.push_back(rstd.ToVector());
-    kcpu::LayerNormBackwardInputAdd(P(ga), P(sum), P(mean), P(rstd), P(w), false, P(a), P(gx),
-                                    rows, cols);
+    kcpu::LayerNormBackwardInputAdd(P(ga), P(sum), P(mean), P(rstd), P(w), false, P(a), P(gx), rows,
+                                    cols);
     kcpu::LayerNormHat(P(sum), P(mean), P(rstd), P(h), rows, cols);
     kcpu::ColumnSums(P(ga), P(h), P(gw), rows, cols);
     kcpu::ColumnSums(P(ga), nullptr, P(gb), rows, cols);
@@ -466,8 +465,6 @@ TEST(CpuLoopsTest, ResultsAreBitIdenticalForAnyThreadCount) {
   }
   ASSERT_TRUE(SetIntraOpThreads(saved).ok());
 }
-
-
 
 // fsdp's gradient arithmetic: each element as its body computes it (bf16 widened
 // exactly), and the sum of squares added in index order in double.

@@ -27,9 +27,9 @@ FSDP_CPU_INLINE void SiluMulElements(const float* FSDP_RESTRICT a, const float* 
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) k::Store(h, i, k::SiluMulForward(a[i], b[i]));
 }
-#define FSDP_SILU_MUL_LOOP(H)                                                          \
+#define FSDP_SILU_MUL_LOOP(H)                                                         \
   FSDP_CPU_CLONES void SiluMulLoop(const float* a, const float* b, H* h, int64_t n) { \
-    SiluMulElements(a, b, h, n);                                                       \
+    SiluMulElements(a, b, h, n);                                                      \
   }
 FSDP_SILU_MUL_LOOP(float)
 FSDP_SILU_MUL_LOOP(uint16_t)
@@ -38,19 +38,18 @@ FSDP_SILU_MUL_LOOP(uint16_t)
 template <typename GA, typename GB>
 FSDP_CPU_INLINE void SiluMulBackwardElements(const float* FSDP_RESTRICT a,
                                              const float* FSDP_RESTRICT b,
-                                             const float* FSDP_RESTRICT gh,
-                                             GA* FSDP_RESTRICT ga, GB* FSDP_RESTRICT gb,
-                                             int64_t n) {
+                                             const float* FSDP_RESTRICT gh, GA* FSDP_RESTRICT ga,
+                                             GB* FSDP_RESTRICT gb, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     k::Store(ga, i, k::SiluMulGradGate(a[i], b[i], gh[i]));
     k::Store(gb, i, k::SiluMulGradUp(a[i], gh[i]));
   }
 }
-#define FSDP_SILU_MUL_BACKWARD_LOOP(GA, GB)                                               \
+#define FSDP_SILU_MUL_BACKWARD_LOOP(GA, GB)                                                 \
   FSDP_CPU_CLONES void SiluMulBackwardLoop(const float* a, const float* b, const float* gh, \
-                                           GA* ga, GB* gb, int64_t n) {                    \
-    SiluMulBackwardElements(a, b, gh, ga, gb, n);                                          \
+                                           GA* ga, GB* gb, int64_t n) {                     \
+    SiluMulBackwardElements(a, b, gh, ga, gb, n);                                           \
   }
 FSDP_SILU_MUL_BACKWARD_LOOP(float, float)
 FSDP_SILU_MUL_BACKWARD_LOOP(float, uint16_t)
@@ -97,12 +96,11 @@ FSDP_CPU_INLINE void RotaryPackRows(const float* FSDP_RESTRICT q, const float* F
     }
   }
 }
-#define FSDP_ROTARY_PACK_LOOP(Y)                                                             \
-  FSDP_CPU_CLONES void RotaryPackLoop(const float* q, const float* key, const float* v,       \
-                                      const float* cos, const float* sin, Y* qkv,             \
-                                      int64_t first, int64_t end, int64_t T, int64_t H,       \
-                                      int64_t KV, int64_t D) {                                \
-    RotaryPackRows(q, key, v, cos, sin, qkv, first, end, T, H, KV, D);                        \
+#define FSDP_ROTARY_PACK_LOOP(Y)                                                                  \
+  FSDP_CPU_CLONES void RotaryPackLoop(const float* q, const float* key, const float* v,           \
+                                      const float* cos, const float* sin, Y* qkv, int64_t first,  \
+                                      int64_t end, int64_t T, int64_t H, int64_t KV, int64_t D) { \
+    RotaryPackRows(q, key, v, cos, sin, qkv, first, end, T, H, KV, D);                            \
   }
 FSDP_ROTARY_PACK_LOOP(float)
 FSDP_ROTARY_PACK_LOOP(uint16_t)
@@ -152,17 +150,16 @@ FSDP_CPU_INLINE void RotaryBackKvRows(const float* FSDP_RESTRICT gqkv, const flo
     }
   }
 }
-#define FSDP_ROTARY_BACKWARD_LOOPS(G)                                                        \
-  FSDP_CPU_CLONES void RotaryBackQLoop(const float* gqkv, const float* cos, const float* sin, \
-                                       G* gq, int64_t first, int64_t end, int64_t T,          \
-                                       int64_t H, int64_t D) {                                \
-    RotaryBackQRows(gqkv, cos, sin, gq, first, end, T, H, D);                                 \
-  }                                                                                           \
-  FSDP_CPU_CLONES void RotaryBackKvLoop(const float* gqkv, const float* cos,                  \
-                                        const float* sin, int64_t offset, bool rotate, G* out, \
-                                        int64_t first, int64_t end, int64_t T, int64_t H,     \
-                                        int64_t KV, int64_t D) {                              \
-    RotaryBackKvRows(gqkv, cos, sin, offset, rotate, out, first, end, T, H, KV, D);           \
+#define FSDP_ROTARY_BACKWARD_LOOPS(G)                                                             \
+  FSDP_CPU_CLONES void RotaryBackQLoop(const float* gqkv, const float* cos, const float* sin,     \
+                                       G* gq, int64_t first, int64_t end, int64_t T, int64_t H,   \
+                                       int64_t D) {                                               \
+    RotaryBackQRows(gqkv, cos, sin, gq, first, end, T, H, D);                                     \
+  }                                                                                               \
+  FSDP_CPU_CLONES void RotaryBackKvLoop(                                                          \
+      const float* gqkv, const float* cos, const float* sin, int64_t offset, bool rotate, G* out, \
+      int64_t first, int64_t end, int64_t T, int64_t H, int64_t KV, int64_t D) {                  \
+    RotaryBackKvRows(gqkv, cos, sin, offset, rotate, out, first, end, T, H, KV, D);               \
   }
 FSDP_ROTARY_BACKWARD_LOOPS(float)
 FSDP_ROTARY_BACKWARD_LOOPS(uint16_t)
@@ -177,8 +174,8 @@ void SiluMulForward(const float* a, const float* b, void* h, int64_t n, bool h_b
   });
 }
 
-void SiluMulBackward(const float* a, const float* b, const float* gh, void* ga, void* gb,
-                     int64_t n, bool ga_bf16, bool gb_bf16) {
+void SiluMulBackward(const float* a, const float* b, const float* gh, void* ga, void* gb, int64_t n,
+                     bool ga_bf16, bool gb_bf16) {
   k::WithStored(ga, ga_bf16, [&](auto* gap) {
     k::WithStored(gb, gb_bf16, [&](auto* gbp) {
       ParallelChunks(IntraOpThreads(), n, n, kAlign, [&](int64_t s, int64_t e) {

@@ -189,8 +189,8 @@ void Tables(const PackShape& p, std::vector<double>* cos, std::vector<double>* s
 std::vector<float> ToFloat(const std::vector<double>& v) { return {v.begin(), v.end()}; }
 
 TEST(CpuLlamaKernelsTest, RotaryPackIsTheDirectFormulaAndItsBackwardItsTranspose) {
-  for (const PackShape& p : {PackShape{2, 5, 4, 2, 8}, PackShape{1, 3, 3, 3, 4},
-                             PackShape{2, 4, 6, 1, 6}}) {
+  for (const PackShape& p :
+       {PackShape{2, 5, 4, 2, 8}, PackShape{1, 3, 3, 3, 4}, PackShape{2, 4, 6, 1, 6}}) {
     const int64_t rows = p.B * p.T, C = p.H * p.D, KW = p.KV * p.D, half = p.D / 2;
     const int64_t group = p.H / p.KV;
     std::vector<double> cosd, sind;
@@ -199,10 +199,10 @@ TEST(CpuLlamaKernelsTest, RotaryPackIsTheDirectFormulaAndItsBackwardItsTranspose
     const std::vector<float> q = Normal(rows * C, 7), k = Normal(rows * KW, 8),
                              v = Normal(rows * KW, 9), g = Normal(rows * 3 * C, 10);
     std::vector<float> qkv(rows * 3 * C), gq(rows * C), gk(rows * KW), gv(rows * KW);
-    kcpu::RotaryPackQkv(q.data(), k.data(), v.data(), cos.data(), sin.data(), qkv.data(), rows,
-                        p.T, p.H, p.KV, p.D);
-    kcpu::RotaryPackQkvBackward(g.data(), cos.data(), sin.data(), gq.data(), gk.data(),
-                                gv.data(), rows, p.T, p.H, p.KV, p.D);
+    kcpu::RotaryPackQkv(q.data(), k.data(), v.data(), cos.data(), sin.data(), qkv.data(), rows, p.T,
+                        p.H, p.KV, p.D);
+    kcpu::RotaryPackQkvBackward(g.data(), cos.data(), sin.data(), gq.data(), gk.data(), gv.data(),
+                                rows, p.T, p.H, p.KV, p.D);
     // y = x cos + rotate_half(x) sin, rotate_half(x) = (-x[half:], x[:half]).
     auto rotated = [&](const float* head, int64_t t, int64_t j) {
       const int64_t i = j % half;
@@ -282,11 +282,11 @@ TEST(CpuLlamaKernelsTest, SiluMulBf16OutputsAreTheFp32OutputsRoundedOnce) {
 // grouped and multi-query heads, odd T and head widths down to 2. The fp32 backward is its
 // scalar bodies' bit for bit (the CUDA kernel's: k::RotaryGroupSum, k::RotaryRotate).
 TEST(CpuLlamaKernelsTest, RotaryPackBf16OutputsAreTheFp32OutputsRoundedOnce) {
-  for (const PackShape& p : {PackShape{2, 5, 4, 2, 8}, PackShape{1, 3, 3, 3, 4},
-                             PackShape{2, 4, 6, 1, 6}, PackShape{3, 7, 6, 2, 2},
-                             PackShape{1, 9, 3, 1, 10}}) {
-    SCOPED_TRACE(testing::Message() << p.H << " heads, " << p.KV << " kv heads, D " << p.D
-                                    << ", T " << p.T);
+  for (const PackShape& p :
+       {PackShape{2, 5, 4, 2, 8}, PackShape{1, 3, 3, 3, 4}, PackShape{2, 4, 6, 1, 6},
+        PackShape{3, 7, 6, 2, 2}, PackShape{1, 9, 3, 1, 10}}) {
+    SCOPED_TRACE(testing::Message()
+                 << p.H << " heads, " << p.KV << " kv heads, D " << p.D << ", T " << p.T);
     const int64_t rows = p.B * p.T, C = p.H * p.D, KW = p.KV * p.D, half = p.D / 2;
     const int64_t group = p.H / p.KV;
     std::vector<double> cosd, sind;
@@ -295,10 +295,10 @@ TEST(CpuLlamaKernelsTest, RotaryPackBf16OutputsAreTheFp32OutputsRoundedOnce) {
     const std::vector<float> q = Normal(rows * C, 24), k = Normal(rows * KW, 25),
                              v = Normal(rows * KW, 26), g = Normal(rows * 3 * C, 27);
     std::vector<float> qkv(rows * 3 * C), gq(rows * C), gk(rows * KW), gv(rows * KW);
-    kcpu::RotaryPackQkv(q.data(), k.data(), v.data(), cos.data(), sin.data(), qkv.data(), rows,
-                        p.T, p.H, p.KV, p.D);
-    kcpu::RotaryPackQkvBackward(g.data(), cos.data(), sin.data(), gq.data(), gk.data(),
-                                gv.data(), rows, p.T, p.H, p.KV, p.D);
+    kcpu::RotaryPackQkv(q.data(), k.data(), v.data(), cos.data(), sin.data(), qkv.data(), rows, p.T,
+                        p.H, p.KV, p.D);
+    kcpu::RotaryPackQkvBackward(g.data(), cos.data(), sin.data(), gq.data(), gk.data(), gv.data(),
+                                rows, p.T, p.H, p.KV, p.D);
     std::vector<uint16_t> qkv16(qkv.size());
     kcpu::RotaryPackQkv(q.data(), k.data(), v.data(), cos.data(), sin.data(), qkv16.data(), rows,
                         p.T, p.H, p.KV, p.D, /*qkv_bf16=*/true);
@@ -332,8 +332,8 @@ TEST(CpuLlamaKernelsTest, RotaryPackBf16OutputsAreTheFp32OutputsRoundedOnce) {
         return bf16 ? static_cast<void*>(b.data()) : static_cast<void*>(f.data());
       };
       kcpu::RotaryPackQkvBackward(g.data(), cos.data(), sin.data(), out(q16, gq16, gq32),
-                                  out(k16, gk16, gk32), out(v16, gv16, gv32), rows, p.T, p.H,
-                                  p.KV, p.D, q16, k16, v16);
+                                  out(k16, gk16, gk32), out(v16, gv16, gv32), rows, p.T, p.H, p.KV,
+                                  p.D, q16, k16, v16);
       SCOPED_TRACE(testing::Message() << "bf16 mask " << mask);
       for (const auto& [bf16, got16, got32, want] :
            {std::make_tuple(q16, &gq16, &gq32, &gq), std::make_tuple(k16, &gk16, &gk32, &gk),
@@ -379,8 +379,8 @@ TEST(CpuLlamaKernelsTest, ResultsAreBitIdenticalForAnyThreadCount) {
     const std::vector<float> q = Normal(rows * C, 14), k = Normal(rows * KW, 15),
                              v = Normal(rows * KW, 16), gqkv = Normal(rows * 3 * C, 17);
     std::vector<float> qkv(rows * 3 * C), gq(rows * C), gk(rows * KW), gv(rows * KW);
-    kcpu::RotaryPackQkv(q.data(), k.data(), v.data(), cos.data(), sin.data(), qkv.data(), rows,
-                        p.T, p.H, p.KV, p.D);
+    kcpu::RotaryPackQkv(q.data(), k.data(), v.data(), cos.data(), sin.data(), qkv.data(), rows, p.T,
+                        p.H, p.KV, p.D);
     kcpu::RotaryPackQkvBackward(gqkv.data(), cos.data(), sin.data(), gq.data(), gk.data(),
                                 gv.data(), rows, p.T, p.H, p.KV, p.D);
     out.insert(out.end(), {qkv, gq, gk, gv});

@@ -39,8 +39,6 @@
 // 2c+9; column g); C (16 x 8, fp32) c0, c1 = (g, 2c), (g, 2c+1), c2, c3 = (g+8, 2c),
 // (g+8, 2c+1). Two adjacent bf16 of a register: the lower column (or row) in the low half.
 
-#include "kernels/cuda/flash_attention.h"
-
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -52,6 +50,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/tuning_switches.h"
 
@@ -154,19 +153,17 @@ __device__ __forceinline__ void LoadA(uint32_t (&a)[4], const bf16* t, int ld, i
 // B fragments of n8 tiles n and n + 1 where B = T^T over columns [k0, k0 + 16) of a
 // row-major tile T (row j of T is column j of B; stride ld): {b0, b1} of tile n in
 // b[0], b[1], of tile n + 1 in b[2], b[3].
-__device__ __forceinline__ void LoadBtPair(uint32_t (&b)[4], const bf16* t, int ld, int n,
-                                           int k0) {
+__device__ __forceinline__ void LoadBtPair(uint32_t (&b)[4], const bf16* t, int ld, int n, int k0) {
   const int lane = threadIdx.x % 32;
   LoadMatrices(b, t + (n * 8 + (lane & 7) + (lane >> 4) * 8) * ld + k0 + ((lane >> 3) & 1) * 8);
 }
 
 // B fragments of n8 tiles n and n + 1 where B is rows [k0, k0 + 16) of a row-major tile
 // (stride ld): {b0, b1} of tile n in b[0], b[1], of tile n + 1 in b[2], b[3].
-__device__ __forceinline__ void LoadBPair(uint32_t (&b)[4], const bf16* t, int ld, int n,
-                                          int k0) {
+__device__ __forceinline__ void LoadBPair(uint32_t (&b)[4], const bf16* t, int ld, int n, int k0) {
   const int lane = threadIdx.x % 32;
-  LoadMatricesTransposed(b, t + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + n * 8 +
-                                (lane >> 4) * 8);
+  LoadMatricesTransposed(
+      b, t + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + n * 8 + (lane >> 4) * 8);
 }
 
 // s[n] (16 x 8 each, n < N) = A B^T over D columns, B's 8 N rows at `b` (a row-major bf16
@@ -276,13 +273,12 @@ __device__ __forceinline__ void CopyAsync16(unsigned to, const void* from, int s
 template <int D, int Rows, int Threads>
 __device__ __forceinline__ void LoadRowsAsync(bf16* dst, const bf16* src, int64_t ld, int r0,
                                               int T) {
-  constexpr int kChunks = D / 8;                // 8 bf16 per 16 bytes
-  constexpr int kStep = Threads / kChunks;      // rows one pass of the block copies
+  constexpr int kChunks = D / 8;            // 8 bf16 per 16 bytes
+  constexpr int kStep = Threads / kChunks;  // rows one pass of the block copies
   static_assert(Threads % kChunks == 0 && Rows % kStep == 0, "whole rows a pass");
   const int r = static_cast<int>(threadIdx.x) / kChunks;
   const int c = (static_cast<int>(threadIdx.x) % kChunks) * 8;
-  const unsigned to =
-      static_cast<unsigned>(__cvta_generic_to_shared(dst + r * Dims<D>::kLd + c));
+  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst + r * Dims<D>::kLd + c));
   const bf16* from = src + (r0 + r) * ld + c;
   const int64_t step = kStep * ld;
   if (r0 + Rows <= T) {
@@ -295,8 +291,7 @@ __device__ __forceinline__ void LoadRowsAsync(bf16* dst, const bf16* src, int64_
 #pragma unroll
   for (int j = 0; j < Rows / kStep; ++j) {
     const bool valid = r0 + r + j * kStep < T;
-    CopyAsync16(to + j * kStep * Dims<D>::kRowBytes, valid ? from + j * step : src,
-                valid ? 16 : 0);
+    CopyAsync16(to + j * kStep * Dims<D>::kRowBytes, valid ? from + j * step : src, valid ? 16 : 0);
   }
 }
 
@@ -439,8 +434,8 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   for (int kt = 0; kt <= last; ++kt) {
     const int k0 = kt * kTile;
     // The next K, V tile into the other buffer while this one is used.
-    const bf16* sK = TakePair<D, S::kThreads>(sKV, kt & 1, kt < last, base + C, ld3,
-                                              base + 2 * C, ld3, k0 + kTile, T);
+    const bf16* sK = TakePair<D, S::kThreads>(sKV, kt & 1, kt < last, base + C, ld3, base + 2 * C,
+                                              ld3, k0 + kTile, T);
     const bf16* sV = sK + kTile * kLd;
     if (!SkipsTiles<S>() || (row0 < T && kt <= diag)) {
       float s[M][kN8][4];
@@ -568,8 +563,7 @@ struct ScoreGrad {
 // a query past T).
 template <bool kDiagonal, int N = kN8>
 __device__ __forceinline__ void KeyScoreGrads(float (&p)[N][4], float (&ds)[N][4],
-                                              const float* stats, int q0, int key0,
-                                              ScoreGrad sg) {
+                                              const float* stats, int q0, int key0, ScoreGrad sg) {
   const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
 #pragma unroll
   for (int n = 0; n < N; ++n) {
@@ -597,8 +591,8 @@ __device__ __forceinline__ void KeyScoreGrads(float (&p)[N][4], float (&ds)[N][4
 // g + 8's statistics.
 template <bool kDiagonal>
 __device__ __forceinline__ void QueryScoreGrads(float (&ds)[kN8][4], const float (&dp)[kN8][4],
-                                                const float (&lq)[2], const float (&dlt)[2],
-                                                int k0, int row0, ScoreGrad sg) {
+                                                const float (&lq)[2], const float (&dlt)[2], int k0,
+                                                int row0, ScoreGrad sg) {
   const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
 #pragma unroll
   for (int n = 0; n < kN8; ++n) {
@@ -617,9 +611,10 @@ __device__ __forceinline__ void QueryScoreGrads(float (&ds)[kN8][4], const float
 // warp's 16 keys are the rows of its transposed score tiles S^T = K Q^T and dP^T = V dO^T;
 // dV += P^T dO and dK += dS^T Q stay in registers.
 template <int D, typename S, typename G>
-__global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) FlashBackwardKVKernel(
-    const bf16* __restrict__ qkv, const bf16* __restrict__ gy, const float* __restrict__ lse,
-    const float* __restrict__ delta, G* __restrict__ gqkv, int T, int H, ScoreGrad sg) {
+__global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
+    FlashBackwardKVKernel(const bf16* __restrict__ qkv, const bf16* __restrict__ gy,
+                          const float* __restrict__ lse, const float* __restrict__ delta,
+                          G* __restrict__ gqkv, int T, int H, ScoreGrad sg) {
   static_assert(S::kM == 1, "the dK/dV kernel gives each warp one m-tile");
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kLd = Dims<D>::kLd;
@@ -665,7 +660,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) FlashBackwardKVKer
     const bf16* sQ = TakePair<D, S::kThreads>(sQG, cur, qt + 1 < tiles, base, ld3, gbase, C,
                                               q0 + kTile, T, stats);
     const bf16* sG = sQ + kTile * kLd;  // dO
-    if (qt == first) {  // K and V came with the first pair
+    if (qt == first) {                  // K and V came with the first pair
       k_rows.Load();
       v_rows.Load();
     }
@@ -702,9 +697,10 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) FlashBackwardKVKer
 // dQ: grid (query blocks, B*H), the longest query blocks first; a block owns S::kRows
 // queries and walks the key tiles up to its last query's.
 template <int D, typename S, typename G>
-__global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) FlashBackwardQKernel(
-    const bf16* __restrict__ qkv, const bf16* __restrict__ gy, const float* __restrict__ lse,
-    const float* __restrict__ delta, G* __restrict__ gqkv, int T, int H, ScoreGrad sg) {
+__global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
+    FlashBackwardQKernel(const bf16* __restrict__ qkv, const bf16* __restrict__ gy,
+                         const float* __restrict__ lse, const float* __restrict__ delta,
+                         G* __restrict__ gqkv, int T, int H, ScoreGrad sg) {
   static_assert(S::kM == 1, "the dQ kernel gives each warp one m-tile");
   static_assert(!S::kHalves, "only the dK/dV kernel takes tiles in halves");
   extern __shared__ __align__(128) unsigned char smem[];
@@ -743,8 +739,8 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) FlashBackwardQKern
   RowsA<D, S::kHoldA> q_rows{sQ + warp * 16 * kLd, kLd}, g_rows{sG + warp * 16 * kLd, kLd};
   for (int kt = 0; kt <= last; ++kt) {
     const int k0 = kt * kTile;
-    const bf16* sK = TakePair<D, S::kThreads>(sKV, kt & 1, kt < last, base + C, ld3,
-                                              base + 2 * C, ld3, k0 + kTile, T);
+    const bf16* sK = TakePair<D, S::kThreads>(sKV, kt & 1, kt < last, base + C, ld3, base + 2 * C,
+                                              ld3, k0 + kTile, T);
     const bf16* sV = sK + kTile * kLd;
     if (kt == 0) {  // Q and dO came with the first pair
       q_rows.Load();
@@ -788,9 +784,14 @@ constexpr BlockShape kForwardShapes128[] = {{4, 1, 0}, {8, 1, 0}};
 // halves at 3 blocks (168, no spills), holding as well (168, 8 bytes), and 8 warps at 2
 // blocks (128, 24 bytes). Whole tiles capped for 4 blocks spill over 200 bytes, in halves
 // 56; holding whole tiles at 3 blocks over 100.
-constexpr BlockShape kKVShapes64[] = {{4, 1, 3}, {4, 1, 2}, {8, 1, 0}, {4, 1, 2, true},
-                                      {8, 1, 0, true}, {4, 1, 3, false, true},
-                                      {4, 1, 3, true, true}, {8, 1, 2, false, true}};
+constexpr BlockShape kKVShapes64[] = {{4, 1, 3},
+                                      {4, 1, 2},
+                                      {8, 1, 0},
+                                      {4, 1, 2, true},
+                                      {8, 1, 0, true},
+                                      {4, 1, 3, false, true},
+                                      {4, 1, 3, true, true},
+                                      {8, 1, 2, false, true}};
 // dK/dV at D = 128: whole tiles take 255 registers (2 blocks an SM), in halves 246.
 constexpr BlockShape kKVShapes128[] = {{4, 1, 0}, {8, 1, 0}, {4, 1, 0, false, true}};
 // dQ at D = 64: the reference takes 127 (4 blocks an SM); 3 blocks with more registers
@@ -886,11 +887,11 @@ cudaError_t LaunchDelta(const Problem& p) {
                   static_cast<unsigned>(p.B * p.H));
   const int T = static_cast<int>(p.T), H = static_cast<int>(p.H);
   if (p.y_bf16) {
-    FlashDeltaKernel<D, bf16><<<grid, 32 * kRowsPerBlock>>>(
-        p.gy, static_cast<const bf16*>(p.y), p.delta, T, H);
+    FlashDeltaKernel<D, bf16>
+        <<<grid, 32 * kRowsPerBlock>>>(p.gy, static_cast<const bf16*>(p.y), p.delta, T, H);
   } else {
-    FlashDeltaKernel<D, float><<<grid, 32 * kRowsPerBlock>>>(
-        p.gy, static_cast<const float*>(p.y), p.delta, T, H);
+    FlashDeltaKernel<D, float>
+        <<<grid, 32 * kRowsPerBlock>>>(p.gy, static_cast<const float*>(p.y), p.delta, T, H);
   }
   return cudaGetLastError();
 }
@@ -982,8 +983,8 @@ std::vector<Region> Written(FlashKernel kernel, const Problem& p, int64_t D) {
   }
   const size_t elem = p.gqkv_bf16 ? 2 : 4;
   const bool kv = kernel == FlashKernel::kBackwardKV;
-  return {{static_cast<char*>(p.gqkv) + (kv ? C : 0) * elem, 3 * C * elem,
-           (kv ? 2 : 1) * C * elem, rows}};
+  return {{static_cast<char*>(p.gqkv) + (kv ? C : 0) * elem, 3 * C * elem, (kv ? 2 : 1) * C * elem,
+           rows}};
 }
 
 // Fills what the kernel writes with 0xff bytes (NaN in bf16 and fp32), so that an element
@@ -1091,8 +1092,10 @@ cudaError_t RunChosen(FlashKernel kernel, const Problem& p, int shape) {
   if (!policy.ok()) return cudaErrorInvalidValue;
   if (policy->mode == FlashShapeMode::kReference) return Run<D>(kernel, p, 0);
   if (policy->mode == FlashShapeMode::kUntuned) return Run<D>(kernel, p, kUntunedShape);
-  TuneKey key{0, static_cast<int>(kernel), p.B, p.T, p.H, D, p.y_bf16,
-              kernel != FlashKernel::kForward && p.gqkv_bf16};
+  TuneKey key{0,        static_cast<int>(kernel),
+              p.B,      p.T,
+              p.H,      D,
+              p.y_bf16, kernel != FlashKernel::kForward && p.gqkv_bf16};
   cudaError_t err = cudaGetDevice(&key.device);
   if (err != cudaSuccess) return err;
   std::lock_guard<std::mutex> lock(TuneMutex());
@@ -1151,25 +1154,44 @@ std::string FlashTuningReport(int64_t B, int64_t T, int64_t H, int64_t head_dim)
   return report;
 }
 
-cudaError_t FlashAttentionForward(const uint16_t* qkv, void* y, bool y_bf16, float* lse,
-                                  int64_t B, int64_t T, int64_t H, int64_t head_dim,
-                                  float scale, const FlashShapes& shapes) {
+cudaError_t FlashAttentionForward(const uint16_t* qkv, void* y, bool y_bf16, float* lse, int64_t B,
+                                  int64_t T, int64_t H, int64_t head_dim, float scale,
+                                  const FlashShapes& shapes) {
   if (!LaunchFits(B, T, H)) return cudaErrorInvalidValue;
-  const Problem p{reinterpret_cast<const bf16*>(qkv), y, y_bf16, lse, nullptr, nullptr,
-                  nullptr, false, B, T, H, scale};
+  const Problem p{reinterpret_cast<const bf16*>(qkv),
+                  y,
+                  y_bf16,
+                  lse,
+                  nullptr,
+                  nullptr,
+                  nullptr,
+                  false,
+                  B,
+                  T,
+                  H,
+                  scale};
   return WithHeadDim(head_dim, [&](auto d) {
     return RunChosen<decltype(d)::value>(FlashKernel::kForward, p, shapes.forward);
   });
 }
 
 cudaError_t FlashAttentionBackward(const uint16_t* qkv, const void* y, bool y_bf16,
-                                   const uint16_t* gy, const float* lse, float* delta,
-                                   void* gqkv, bool gqkv_bf16, int64_t B, int64_t T, int64_t H,
+                                   const uint16_t* gy, const float* lse, float* delta, void* gqkv,
+                                   bool gqkv_bf16, int64_t B, int64_t T, int64_t H,
                                    int64_t head_dim, float scale, const FlashShapes& shapes) {
   if (!LaunchFits(B, T, H)) return cudaErrorInvalidValue;
-  const Problem p{reinterpret_cast<const bf16*>(qkv), const_cast<void*>(y), y_bf16,
-                  const_cast<float*>(lse), reinterpret_cast<const bf16*>(gy), delta, gqkv,
-                  gqkv_bf16, B, T, H, scale};
+  const Problem p{reinterpret_cast<const bf16*>(qkv),
+                  const_cast<void*>(y),
+                  y_bf16,
+                  const_cast<float*>(lse),
+                  reinterpret_cast<const bf16*>(gy),
+                  delta,
+                  gqkv,
+                  gqkv_bf16,
+                  B,
+                  T,
+                  H,
+                  scale};
   return WithHeadDim(head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
     cudaError_t err = LaunchDelta<D>(p);

@@ -88,19 +88,18 @@ std::string FlashTuningReport(int64_t B, int64_t T, int64_t H, int64_t head_dim)
 // cudaErrorInvalidValue for a head width kernels::FlashAttentionSupports rejects or sizes
 // that do not fit a launch, a shape in `shapes` out of range, or, for a kernel left
 // unpinned, an unknown FSDP_ATTENTION_SHAPES (NOTE [Flash block shapes]).
-cudaError_t FlashAttentionForward(const uint16_t* qkv, void* y, bool y_bf16, float* lse,
-                                  int64_t B, int64_t T, int64_t H, int64_t head_dim,
-                                  float scale, const FlashShapes& shapes = {});
+cudaError_t FlashAttentionForward(const uint16_t* qkv, void* y, bool y_bf16, float* lse, int64_t B,
+                                  int64_t T, int64_t H, int64_t head_dim, float scale,
+                                  const FlashShapes& shapes = {});
 
 // gqkv [B, T, 3C] = dL/dqkv (every element written), fp32 or, when `gqkv_bf16`, bf16, from
 // the forward's qkv, y (fp32 or bf16, as `y_bf16` says) and lse and gy = dL/dy rounded to
 // bf16; delta [B, H, T] fp32 is scratch (each row's <gy, y>). Three launches: delta, then
 // dK and dV per key tile, then dQ per query tile.
 cudaError_t FlashAttentionBackward(const uint16_t* qkv, const void* y, bool y_bf16,
-                                   const uint16_t* gy, const float* lse, float* delta,
-                                   void* gqkv, bool gqkv_bf16, int64_t B, int64_t T, int64_t H,
-                                   int64_t head_dim, float scale,
-                                   const FlashShapes& shapes = {});
+                                   const uint16_t* gy, const float* lse, float* delta, void* gqkv,
+                                   bool gqkv_bf16, int64_t B, int64_t T, int64_t H,
+                                   int64_t head_dim, float scale, const FlashShapes& shapes = {});
 
 }  // namespace cuda
 }  // namespace kernels

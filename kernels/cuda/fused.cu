@@ -1,8 +1,7 @@
 // Fused multi-tensor AdamW and SGD; see kernels/cuda/fused.h.
-#include "kernels/cuda/fused.h"
-
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/fused.h"
 #include "kernels/optim.h"
 
 namespace kernels {

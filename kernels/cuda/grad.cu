@@ -1,10 +1,9 @@
 // CUDA launchers of the gradient arithmetic; see kernels/cuda/grad.h. Grid-stride
 // kernels over the kernels/grad.h bodies; sums of squares through fixed shared-memory trees.
-#include "kernels/cuda/grad.h"
-
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "kernels/cuda/grad.h"
 #include "kernels/grad.h"
 #include "kernels/math.h"
 
@@ -78,11 +77,10 @@ __global__ void SumPartialsKernel(double* partial, int count) {
 cudaError_t AddInto(float* dst, const void* src, bool src_bf16, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   if (src_bf16) {
-    AddIntoBf16Kernel<<<Blocks(n), kThreads, 0, stream>>>(
-        dst, static_cast<const uint16_t*>(src), n);
+    AddIntoBf16Kernel<<<Blocks(n), kThreads, 0, stream>>>(dst, static_cast<const uint16_t*>(src),
+                                                          n);
   } else {
-    AddIntoKernel<<<Blocks(n), kThreads, 0, stream>>>(
-        dst, static_cast<const float*>(src), n);
+    AddIntoKernel<<<Blocks(n), kThreads, 0, stream>>>(dst, static_cast<const float*>(src), n);
   }
   return cudaGetLastError();
 }
@@ -102,8 +100,8 @@ cudaError_t SumOfSquares(const float* x, int64_t n, double* scratch, double* res
   SumPartialsKernel<<<1, kThreads, 0, cudaStreamLegacy>>>(scratch, blocks);
   cudaError_t err = cudaGetLastError();
   if (err == cudaSuccess) {
-    err = cudaMemcpyAsync(result, scratch, sizeof(double), cudaMemcpyDeviceToHost,
-                          cudaStreamLegacy);
+    err =
+        cudaMemcpyAsync(result, scratch, sizeof(double), cudaMemcpyDeviceToHost, cudaStreamLegacy);
   }
   if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamLegacy);
   return err;

@@ -1,18 +1,16 @@
 // CUDA launchers of the kernels/ bodies; see kernels/cuda/kernels.h. Elementwise bodies run
 // in grid-stride kernels, row-wise bodies with one warp (or one block) per row and
 // shuffle reductions. Indexing is int64 throughout.
-#include "kernels/cuda/kernels.h"
-
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include <cub/device/device_radix_sort.cuh>
-
 #include <algorithm>
+#include <cub/device/device_radix_sort.cuh>
 #include <initializer_list>
 #include <type_traits>
 
 #include "core/bf16_hd.h"
+#include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/elementwise.h"
 #include "kernels/math.h"
@@ -114,8 +112,8 @@ unsigned int GridForColumnRows(int64_t rows) {
   return static_cast<unsigned int>(rows < kMaxBlocks ? (rows < 1 ? 1 : rows) : kMaxBlocks);
 }
 
-__global__ void ScaleMatricesKernel(float* c, int64_t batch, int64_t rows, int64_t cols,
-                                    int64_t ld, int64_t stride, float beta) {
+__global__ void ScaleMatricesKernel(float* c, int64_t batch, int64_t rows, int64_t cols, int64_t ld,
+                                    int64_t stride, float beta) {
   const int64_t n = batch * rows * cols;
   for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) {
     const int64_t b = i / (rows * cols), r = (i / cols) % rows, j = i % cols;
@@ -244,8 +242,8 @@ __global__ void GemmEpilogueKernel(const float* acc, int kind, const W* bias, T*
 }
 
 template <typename X>
-__global__ void ColumnSumsKernel(const X* x, const float* y, float* out, int64_t rows,
-                                 int64_t cols, int64_t rows_per_chunk, bool accumulate) {
+__global__ void ColumnSumsKernel(const X* x, const float* y, float* out, int64_t rows, int64_t cols,
+                                 int64_t rows_per_chunk, bool accumulate) {
   __shared__ float partial[8][33];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   const int64_t first = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
@@ -696,8 +694,8 @@ __device__ __forceinline__ double ExpSumFour(const float4& v, float m) {
 // The gradients of logits 4 j4 .. 4 j4 + 3 of a row (values v) into the row's grad (fp32)
 // or, when grad16 is set, grad16 rounded: one 16-byte or 8-byte store.
 __device__ __forceinline__ void PutGradFour(float* grad, uint16_t* grad16, int64_t j4,
-                                            const float4& v, float m, float log_sum,
-                                            int64_t target, float inv_n) {
+                                            const float4& v, float m, float log_sum, int64_t target,
+                                            float inv_n) {
   const int64_t e = 4 * j4;
   const float4 g = make_float4(k::CrossEntropyGrad<float>(v.x, m, log_sum, e == target, inv_n),
                                k::CrossEntropyGrad<float>(v.y, m, log_sum, e + 1 == target, inv_n),
@@ -713,9 +711,8 @@ __device__ __forceinline__ void PutGradFour(float* grad, uint16_t* grad16, int64
 
 // X: fp32 or bf16 logits (kernels::Load widens them exactly).
 template <typename X>
-__global__ void CrossEntropyKernel(const X* logits, const int32_t* targets, int64_t rows,
-                                   int64_t V, double inv_n, float* grad, double* row_loss,
-                                   uint16_t* grad16) {
+__global__ void CrossEntropyKernel(const X* logits, const int32_t* targets, int64_t rows, int64_t V,
+                                   double inv_n, float* grad, double* row_loss, uint16_t* grad16) {
   __shared__ float fscratch[32];
   __shared__ double dscratch[32];
   const int64_t row = blockIdx.x;
@@ -727,8 +724,8 @@ __global__ void CrossEntropyKernel(const X* logits, const int32_t* targets, int6
   // One read for the max and the sum: each thread keeps its running max m and its sum of
   // exp(x - m), rescaled when m grows (FlashAttention's online softmax); four elements per
   // load when the rows are aligned for it (the launcher's `four`).
-  const bool four = FourLogitsALoad(logits, V, grad16 != nullptr ? static_cast<void*>(grad16)
-                                                                 : static_cast<void*>(grad));
+  const bool four = FourLogitsALoad(
+      logits, V, grad16 != nullptr ? static_cast<void*>(grad16) : static_cast<void*>(grad));
   float m = -INFINITY;
   double sum = 0.0;
   const auto take = [&](float chunk_max) {
@@ -784,9 +781,9 @@ __global__ void CrossEntropyKernel(const X* logits, const int32_t* targets, int6
 // CrossEntropyKernel re-reads its row for the gradient, and with a few hundred 200 KB rows
 // in flight that second read comes from device memory.
 template <typename X>
-__global__ void __launch_bounds__(1024) CrossEntropyStagedKernel(
-    const X* logits, const int32_t* targets, int64_t rows, int64_t V, double inv_n,
-    float* grad, double* row_loss, uint16_t* grad16) {
+__global__ void __launch_bounds__(1024)
+    CrossEntropyStagedKernel(const X* logits, const int32_t* targets, int64_t rows, int64_t V,
+                             double inv_n, float* grad, double* row_loss, uint16_t* grad16) {
   using Four = typename FourOf<X>::type;
   extern __shared__ float4 staged_storage[];  // float4: 16-byte aligned for either type
   Four* staged = reinterpret_cast<Four*>(staged_storage);
@@ -830,8 +827,8 @@ __global__ void __launch_bounds__(1024) CrossEntropyStagedKernel(
     const float log_sum_f = static_cast<float>(log(sum));
     for (int64_t j = threadIdx.x; j < n4; j += step) {
       PutGradFour(grad16 != nullptr ? nullptr : grad + row * V,
-                  grad16 != nullptr ? grad16 + row * V : nullptr, j, Widen(staged[j]), m,
-                  log_sum_f, target, inv_n_f);
+                  grad16 != nullptr ? grad16 + row * V : nullptr, j, Widen(staged[j]), m, log_sum_f,
+                  target, inv_n_f);
     }
     __syncthreads();  // every thread is done with the staged row before the next one lands
   }
@@ -873,8 +870,8 @@ cudaError_t BiasAdd(const float* x, const void* bias, bool bf16, float* out, int
                     int64_t cols) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   const auto launch = [&](auto four, const auto* b) {
-    BiasAddKernel<decltype(four)::value><<<GridForColumnRows(rows), kThreads>>>(x, b, out, rows,
-                                                                                cols);
+    BiasAddKernel<decltype(four)::value>
+        <<<GridForColumnRows(rows), kThreads>>>(x, b, out, rows, cols);
   };
   const bool four = FourWideRows(cols, {x, out});
   const void* b = bias;
@@ -990,7 +987,7 @@ cudaError_t LayerNormForwardLaunch(const float* x, const float* x2, float* sum, 
       });
     };
     if (RowFitsCache(cols, kN)) {
-      run(std::integral_constant<int, kN == 4 ? kCachedGroups : 0>());
+      run(std::integral_constant < int, kN == 4 ? kCachedGroups : 0 > ());
     } else {
       run(std::integral_constant<int, 0>());
     }
@@ -1011,12 +1008,11 @@ cudaError_t LayerNormForwardLaunch(const float* x, const float* x2, float* sum, 
 // LayerNormBackwardKernel over `grid` blocks of `warps` warps (with Sums: `shared` bytes of
 // shared memory); RMSNorm's with mean null (gb then unused).
 template <bool Sums>
-cudaError_t LayerNormBackwardLaunch(unsigned int grid, int warps, size_t shared,
-                                    const float* g, const float* x, const float* mean,
-                                    const float* rstd, const void* w, bool bf16,
-                                    const float* residual, float* gx, uint16_t* gx16,
-                                    float* gw, float* gb, float* partial, int64_t rows,
-                                    int64_t cols, int64_t rows_per_block) {
+cudaError_t LayerNormBackwardLaunch(unsigned int grid, int warps, size_t shared, const float* g,
+                                    const float* x, const float* mean, const float* rstd,
+                                    const void* w, bool bf16, const float* residual, float* gx,
+                                    uint16_t* gx16, float* gw, float* gb, float* partial,
+                                    int64_t rows, int64_t cols, int64_t rows_per_block) {
   // bf16 rows are 16-byte aligned where their start is and cols % 8 == 0 (as the forward's y).
   const bool wide_ok = gx16 == nullptr || cols % 8 == 0;
   ByColumnGroups(cols, wide_ok, {g, x, residual, gx, gx16}, [&](auto n, auto wide) {
@@ -1034,7 +1030,7 @@ cudaError_t LayerNormBackwardLaunch(unsigned int grid, int warps, size_t shared,
       });
     };
     if (RowFitsCache(cols, kN)) {
-      run(std::integral_constant<int, kN == 4 ? kCachedGroups : 0>());
+      run(std::integral_constant < int, kN == 4 ? kCachedGroups : 0 > ());
     } else {
       run(std::integral_constant<int, 0>());
     }
@@ -1047,9 +1043,9 @@ cudaError_t LayerNormBackwardInputLaunch(const float* g, const float* x, const f
                                          const float* residual, float* gx, uint16_t* gx16,
                                          int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
-  return LayerNormBackwardLaunch<false>(GridForRows(rows), kWarpsPerBlock, 0, g, x, mean, rstd,
-                                        w, bf16, residual, gx, gx16, nullptr, nullptr, nullptr,
-                                        rows, cols, kWarpsPerBlock);
+  return LayerNormBackwardLaunch<false>(GridForRows(rows), kWarpsPerBlock, 0, g, x, mean, rstd, w,
+                                        bf16, residual, gx, gx16, nullptr, nullptr, nullptr, rows,
+                                        cols, kWarpsPerBlock);
 }
 
 // xhat = kernels::LayerNormHat(x, mean[row], rstd[row]) (with mean null, RMSNorm's
@@ -1085,14 +1081,13 @@ cudaError_t AddLayerNormForward(const float* a, const float* b, float* sum, cons
 cudaError_t LayerNormBackwardInput(const float* g, const float* x, const float* mean,
                                    const float* rstd, const void* w, bool bf16, float* gx,
                                    int64_t rows, int64_t cols) {
-  return LayerNormBackwardInputLaunch(g, x, mean, rstd, w, bf16, nullptr, gx, nullptr, rows,
-                                      cols);
+  return LayerNormBackwardInputLaunch(g, x, mean, rstd, w, bf16, nullptr, gx, nullptr, rows, cols);
 }
 
 cudaError_t LayerNormBackwardInputAdd(const float* g, const float* x, const float* mean,
                                       const float* rstd, const void* w, bool bf16,
-                                      const float* residual, float* gx, int64_t rows,
-                                      int64_t cols, uint16_t* gx16) {
+                                      const float* residual, float* gx, int64_t rows, int64_t cols,
+                                      uint16_t* gx16) {
   return LayerNormBackwardInputLaunch(g, x, mean, rstd, w, bf16, residual, gx, gx16, rows, cols);
 }
 
@@ -1103,10 +1098,10 @@ cudaError_t LayerNormHat(const float* x, const float* mean, const float* rstd, f
   return cudaGetLastError();
 }
 
-cudaError_t LayerNormBackward(const float* g, const float* x, const float* mean,
-                              const float* rstd, const void* w, bool bf16,
-                              const float* residual, float* gx, float* gw, float* gb,
-                              int64_t rows, int64_t cols, float* partial, uint16_t* gx16) {
+cudaError_t LayerNormBackward(const float* g, const float* x, const float* mean, const float* rstd,
+                              const void* w, bool bf16, const float* residual, float* gx, float* gw,
+                              float* gb, int64_t rows, int64_t cols, float* partial,
+                              uint16_t* gx16) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   if (mean == nullptr && gb != nullptr) return cudaErrorInvalidValue;  // RMSNorm: no bias
   const int stats = k::NormGradStats(mean != nullptr);
@@ -1145,11 +1140,11 @@ cudaError_t CausalSoftmaxBackward(const void* p, bool p_bf16, float* g, int64_t 
                                   float scale, uint16_t* out16) {
   if (rows <= 0 || T <= 0) return cudaSuccess;
   if (p_bf16) {
-    CausalSoftmaxBackwardKernel<<<GridForRows(rows), kThreads>>>(
-        static_cast<const uint16_t*>(p), g, out16, rows, T, scale);
+    CausalSoftmaxBackwardKernel<<<GridForRows(rows), kThreads>>>(static_cast<const uint16_t*>(p), g,
+                                                                 out16, rows, T, scale);
   } else {
-    CausalSoftmaxBackwardKernel<<<GridForRows(rows), kThreads>>>(
-        static_cast<const float*>(p), g, out16, rows, T, scale);
+    CausalSoftmaxBackwardKernel<<<GridForRows(rows), kThreads>>>(static_cast<const float*>(p), g,
+                                                                 out16, rows, T, scale);
   }
   return cudaGetLastError();
 }
@@ -1162,8 +1157,8 @@ cudaError_t EmbeddingForward(const int32_t* ids, int64_t n_ids, const void* tabl
     EmbeddingForwardKernel<<<blocks, kThreads>>>(ids, n_ids, static_cast<const uint16_t*>(table),
                                                  num, dim, y);
   } else {
-    EmbeddingForwardKernel<<<blocks, kThreads>>>(ids, n_ids, static_cast<const float*>(table),
-                                                 num, dim, y);
+    EmbeddingForwardKernel<<<blocks, kThreads>>>(ids, n_ids, static_cast<const float*>(table), num,
+                                                 dim, y);
   }
   return cudaGetLastError();
 }
@@ -1220,19 +1215,18 @@ namespace {
 
 template <typename X>
 cudaError_t CrossEntropyLaunch(const X* logits, const int32_t* targets, int64_t rows, int64_t V,
-                               double inv_n, float* grad, double* row_loss,
-                               uint16_t* grad16) {
+                               double inv_n, float* grad, double* row_loss, uint16_t* grad16) {
   if (rows <= 0 || V <= 0) return cudaSuccess;
   if (rows > 0x7fffffff) return cudaErrorInvalidValue;
   // The staged kernel where a row gives each of its threads at least one four-wide load
   // and fits in a block's shared memory. Shorter rows stay in cache between their reads
   // (a few hundred in flight, a few MB); longer ones are read twice from device memory.
-  const bool four = FourLogitsALoad(logits, V, grad16 != nullptr ? static_cast<void*>(grad16)
-                                                                 : static_cast<void*>(grad));
+  const bool four = FourLogitsALoad(
+      logits, V, grad16 != nullptr ? static_cast<void*>(grad16) : static_cast<void*>(grad));
   int device = 0, shared_optin = 0, sms = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-  if (cudaError_t err = cudaDeviceGetAttribute(&shared_optin,
-                                               cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (cudaError_t err =
+          cudaDeviceGetAttribute(&shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
       err != cudaSuccess) {
     return err;
   }
@@ -1257,8 +1251,8 @@ cudaError_t CrossEntropyLaunch(const X* logits, const int32_t* targets, int64_t 
       return err;
     }
     const auto blocks_an_sm = [&](int threads, int* per_sm) {
-      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          per_sm, CrossEntropyStagedKernel<X>, threads, static_cast<size_t>(bytes));
+      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, CrossEntropyStagedKernel<X>,
+                                                           threads, static_cast<size_t>(bytes));
     };
     // 1024 threads a block, or 512 where that lets two blocks share an SM and 1024 does
     // not (a bf16 row of GPT-2's 50304 logits: 2 x 98 KB of shared memory; the registers of
@@ -1280,7 +1274,7 @@ cudaError_t CrossEntropyLaunch(const X* logits, const int32_t* targets, int64_t 
     }
   }
   CrossEntropyKernel<X><<<static_cast<unsigned int>(rows), 512>>>(logits, targets, rows, V, inv_n,
-                                                                grad, row_loss, grad16);
+                                                                  grad, row_loss, grad16);
   return cudaGetLastError();
 }
 

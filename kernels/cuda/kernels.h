@@ -65,8 +65,8 @@ cudaError_t AddLayerNormForward(const float* a, const float* b, float* sum, cons
                                 float* rstd, int64_t rows, int64_t cols, bool y_bf16 = false);
 cudaError_t LayerNormBackwardInputAdd(const float* g, const float* x, const float* mean,
                                       const float* rstd, const void* w, bool bf16,
-                                      const float* residual, float* gx, int64_t rows,
-                                      int64_t cols, uint16_t* gx16 = nullptr);
+                                      const float* residual, float* gx, int64_t rows, int64_t cols,
+                                      uint16_t* gx16 = nullptr);
 // LayerNorm's backward in one pass (for cols with kernels::LayerNormGradWarps(cols, stats)
 // > 0, stats = kernels::NormGradStats(mean != nullptr), kernels/rowwise.h;
 // cudaErrorInvalidValue otherwise): gx as LayerNormBackwardInput (plus residual when not
@@ -77,10 +77,9 @@ cudaError_t LayerNormBackwardInputAdd(const float* g, const float* x, const floa
 // each block's sums go to `partial` ([chunks, stats, cols] fp32 scratch; may be null for one
 // chunk, else cudaErrorInvalidValue) and a second kernel per gradient adds the chunks in
 // order: deterministic, run to run.
-cudaError_t LayerNormBackward(const float* g, const float* x, const float* mean,
-                              const float* rstd, const void* w, bool bf16,
-                              const float* residual, float* gx, float* gw, float* gb,
-                              int64_t rows, int64_t cols, float* partial,
+cudaError_t LayerNormBackward(const float* g, const float* x, const float* mean, const float* rstd,
+                              const void* w, bool bf16, const float* residual, float* gx, float* gw,
+                              float* gb, int64_t rows, int64_t cols, float* partial,
                               uint16_t* gx16 = nullptr);
 // One warp per row of T scores; row r is query r % T. Arguments as the CPU launchers'.
 cudaError_t CausalSoftmaxForward(float* scores, int64_t rows, int64_t T,
@@ -122,17 +121,16 @@ cudaError_t CrossEntropy(const uint16_t* logits, const int32_t* targets, int64_t
 // 257 elements, so that no thread's column passes 2^31).
 cudaError_t RmsNormForward(const float* x, const void* w, bool bf16, float eps, void* y,
                            float* rstd, int64_t rows, int64_t cols, bool y_bf16 = false);
-cudaError_t SiluMulForward(const float* a, const float* b, void* h, int64_t n,
-                           bool h_bf16 = false);
+cudaError_t SiluMulForward(const float* a, const float* b, void* h, int64_t n, bool h_bf16 = false);
 cudaError_t SiluMulBackward(const float* a, const float* b, const float* gh, void* ga, void* gb,
                             int64_t n, bool ga_bf16 = false, bool gb_bf16 = false);
 cudaError_t RotaryPackQkv(const float* q, const float* k, const float* v, const float* cos,
                           const float* sin, void* qkv, int64_t rows, int64_t T, int64_t H,
                           int64_t KV, int64_t D, bool qkv_bf16 = false);
-cudaError_t RotaryPackQkvBackward(const float* gqkv, const float* cos, const float* sin,
-                                  void* gq, void* gk, void* gv, int64_t rows, int64_t T,
-                                  int64_t H, int64_t KV, int64_t D, bool gq_bf16 = false,
-                                  bool gk_bf16 = false, bool gv_bf16 = false);
+cudaError_t RotaryPackQkvBackward(const float* gqkv, const float* cos, const float* sin, void* gq,
+                                  void* gk, void* gv, int64_t rows, int64_t T, int64_t H,
+                                  int64_t KV, int64_t D, bool gq_bf16 = false, bool gk_bf16 = false,
+                                  bool gv_bf16 = false);
 // c_i[r, j] = beta * c_i[r, j] (0 when beta == 0, even over NaN) for the `batch` row-major
 // [rows, cols] matrices at c + i * stride with row stride ld: a GEMM with k == 0.
 cudaError_t ScaleMatrices(float* c, int64_t batch, int64_t rows, int64_t cols, int64_t ld,

@@ -55,9 +55,9 @@ dim3 GridForColumns(int64_t rows, int64_t width) {
 }
 
 template <typename Y>
-__global__ void RotaryPackKernel(const float* q, const float* key, const float* v,
-                                 const float* cos, const float* sin, Y* qkv, int64_t rows,
-                                 int64_t T, int H, int KV, int D) {
+__global__ void RotaryPackKernel(const float* q, const float* key, const float* v, const float* cos,
+                                 const float* sin, Y* qkv, int64_t rows, int64_t T, int H, int KV,
+                                 int D) {
   const int C = H * D, half = D / 2, group = H / KV;
   const int col = static_cast<int>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (col >= 3 * C) return;
@@ -107,22 +107,20 @@ __global__ void RotaryPackBackwardKernel(const float* gqkv, const float* cos, co
       k::Store(gq, r * C + pc, RotatedAt(g, c, s, -1.0f, j, half));
     } else if (part == 1) {
       k::Store(gk, r * KW + pc,
-               k::RotaryRotate(k::RotaryGroupSum(g, j, group, D),
-                               k::RotaryGroupSum(g, p, group, D), c[pair], -1.0f * s[pair],
-                               first));
+               k::RotaryRotate(k::RotaryGroupSum(g, j, group, D), k::RotaryGroupSum(g, p, group, D),
+                               c[pair], -1.0f * s[pair], first));
     } else {
       k::Store(gv, r * KW + pc, k::RotaryGroupSum(g, j, group, D));
     }
   }
 }
 
-
 }  // namespace
 
 cudaError_t SiluMulForward(const float* a, const float* b, void* h, int64_t n, bool h_bf16) {
   if (n <= 0) return cudaSuccess;
   k::WithStored(h, h_bf16,
-             [&](auto* hp) { SiluMulForwardKernel<<<GridFor(n), kThreads>>>(a, b, hp, n); });
+                [&](auto* hp) { SiluMulForwardKernel<<<GridFor(n), kThreads>>>(a, b, hp, n); });
   return cudaGetLastError();
 }
 
@@ -151,10 +149,9 @@ cudaError_t RotaryPackQkv(const float* q, const float* k, const float* v, const 
   return cudaGetLastError();
 }
 
-cudaError_t RotaryPackQkvBackward(const float* gqkv, const float* cos, const float* sin,
-                                  void* gq, void* gk, void* gv, int64_t rows, int64_t T,
-                                  int64_t H, int64_t KV, int64_t D, bool gq_bf16, bool gk_bf16,
-                                  bool gv_bf16) {
+cudaError_t RotaryPackQkvBackward(const float* gqkv, const float* cos, const float* sin, void* gq,
+                                  void* gk, void* gv, int64_t rows, int64_t T, int64_t H,
+                                  int64_t KV, int64_t D, bool gq_bf16, bool gk_bf16, bool gv_bf16) {
   if (rows <= 0 || H <= 0 || D <= 0) return cudaSuccess;
   // A thread's column (int) stays below 2^31 in the last block of the row.
   if (3 * H * D > INT32_MAX - kThreads) return cudaErrorInvalidValue;

@@ -81,18 +81,20 @@ Result Measure(const std::string& name, int64_t elements, const std::function<vo
 }
 
 void PrintJson(const std::vector<Result>& results) {
-  std::printf("{\n  \"isa\": \"%s\",\n  \"config\": \"512 128 256 6 8 8\",\n"
-              "  \"before_after_unit\": \"elements/s of thread CPU time on 1 thread, best of 5\",\n"
-              "  \"wall_unit\": \"elements/s of wall time of the dispatched loops, best of 5\",\n"
-              "  \"kernels\": [\n",
-              CpuLoopIsa());
+  std::printf(
+      "{\n  \"isa\": \"%s\",\n  \"config\": \"512 128 256 6 8 8\",\n"
+      "  \"before_after_unit\": \"elements/s of thread CPU time on 1 thread, best of 5\",\n"
+      "  \"wall_unit\": \"elements/s of wall time of the dispatched loops, best of 5\",\n"
+      "  \"kernels\": [\n",
+      CpuLoopIsa());
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
-    std::printf("    {\"name\": \"%s\", \"elements\": %lld, \"before\": %.4g, \"after\": %.4g, "
-                "\"speedup\": %.2f, \"wall_1_thread\": %.4g, \"wall_2_threads\": %.4g}%s\n",
-                r.name.c_str(), static_cast<long long>(r.elements), r.elements / r.before_s,
-                r.elements / r.after_s, r.before_s / r.after_s, r.elements / r.wall1_s,
-                r.elements / r.wall2_s, i + 1 < results.size() ? "," : "");
+    std::printf(
+        "    {\"name\": \"%s\", \"elements\": %lld, \"before\": %.4g, \"after\": %.4g, "
+        "\"speedup\": %.2f, \"wall_1_thread\": %.4g, \"wall_2_threads\": %.4g}%s\n",
+        r.name.c_str(), static_cast<long long>(r.elements), r.elements / r.before_s,
+        r.elements / r.after_s, r.before_s / r.after_s, r.elements / r.wall1_s,
+        r.elements / r.wall2_s, i + 1 < results.size() ? "," : "");
   }
   std::printf("  ]\n}\n");
 }

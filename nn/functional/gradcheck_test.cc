@@ -83,8 +83,8 @@ TEST(GradCheckTest, AnInputTheOutputDoesNotDependOnHasZeroGradient) {
 }
 
 TEST(GradCheckTest, RefusesNonCpuOrUndefinedInputs) {
-  absl::StatusOr<Report> r = CheckGradients(
-      [](const std::vector<core::Tensor>& in) { return in; }, {core::Tensor()});
+  absl::StatusOr<Report> r =
+      CheckGradients([](const std::vector<core::Tensor>& in) { return in; }, {core::Tensor()});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(r.status().message(), HasSubstr("input 0"));
 }

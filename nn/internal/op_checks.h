@@ -49,18 +49,19 @@ inline absl::Status CheckDevices(absl::string_view what, std::initializer_list<A
       first = &a;
     } else if (a.tensor->device() != first->tensor->device()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": ", a.name, " ", a.tensor->ToString(), " is on ",
-          a.tensor->device().ToString(), " but ", first->name, " ", first->tensor->ToString(),
-          " is on ", first->tensor->device().ToString(), "; all operands must share a device"));
+          what, ": ", a.name, " ", a.tensor->ToString(), " is on ", a.tensor->device().ToString(),
+          " but ", first->name, " ", first->tensor->ToString(), " is on ",
+          first->tensor->device().ToString(), "; all operands must share a device"));
     }
   }
   return absl::OkStatus();
 }
 
-inline absl::Status CheckDType(absl::string_view what, const char* name, const Tensor& t, DType dtype) {
+inline absl::Status CheckDType(absl::string_view what, const char* name, const Tensor& t,
+                               DType dtype) {
   if (t.dtype() != dtype) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", name, " must be ",
-                                                   core::DTypeName(dtype), ", got ", Describe(t)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", name, " must be ", core::DTypeName(dtype), ", got ", Describe(t)));
   }
   return absl::OkStatus();
 }
@@ -75,10 +76,11 @@ inline absl::Status CheckFp32OrBf16(absl::string_view what, const char* name, co
   return absl::OkStatus();
 }
 
-inline absl::Status CheckNumel(absl::string_view what, const char* name, const Tensor& t, int64_t numel) {
+inline absl::Status CheckNumel(absl::string_view what, const char* name, const Tensor& t,
+                               int64_t numel) {
   if (t.numel() != numel) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", name, " must have ", numel,
-                                                   " elements, got ", Describe(t)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", name, " must have ", numel, " elements, got ", Describe(t)));
   }
   return absl::OkStatus();
 }
@@ -114,7 +116,7 @@ inline absl::Status CheckDistinct(absl::string_view what, const char* a_name, co
 #ifdef FSDP_WITH_CUDA
 inline absl::Status UseDevice(const core::Device& d, absl::string_view what) {
   return ::nn::cuda::StatusFromCuda(cudaSetDevice(d.index),
-                              absl::StrCat(what, ": cudaSetDevice(", d.index, ")"));
+                                    absl::StrCat(what, ": cudaSetDevice(", d.index, ")"));
 }
 inline absl::Status Launched(cudaError_t err, absl::string_view what, absl::string_view op) {
   return ::nn::cuda::StatusFromCuda(err, absl::StrCat(what, ": CUDA ", op));
@@ -128,9 +130,10 @@ inline absl::Status Launched(cudaError_t err, absl::string_view what, absl::stri
   } while (0)
 #else
 inline absl::Status NoCuda(const core::Device& d, absl::string_view what) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      what, ": tensors are on ", d.ToString(), " but this build has no CUDA support; build with "
-      "--config=cuda"));
+  return absl::FailedPreconditionError(
+      absl::StrCat(what, ": tensors are on ", d.ToString(),
+                   " but this build has no CUDA support; build with "
+                   "--config=cuda"));
 }
 #define NN_ON_CUDA(device, what, op, call) return ::nn::internal::NoCuda(device, what)
 #endif

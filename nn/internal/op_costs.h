@@ -35,7 +35,7 @@ inline core::OpCost ColumnSumsCost(int64_t rows, int64_t cols, bool two_factors,
   const int64_t chunks = ::kernels::ColumnSumChunks(rows, cols);
   core::OpCost c = core::OpCost::Memory(
       (static_cast<double>(x_bytes) + (two_factors ? 4.0 : 0.0)) * rows * cols + 8.0 * cols,
-                                        (two_factors ? 2.0 : 1.0) * rows * cols);
+      (two_factors ? 2.0 : 1.0) * rows * cols);
   if (chunks > 1) {
     c.bytes += 8.0 * chunks * cols;
     c.launches = 2;
@@ -128,11 +128,11 @@ inline core::OpCost FusedAttentionForwardCost(int64_t B, int64_t T, int64_t H, i
 inline core::OpCost FusedAttentionBackwardCost(int64_t B, int64_t T, int64_t H, int64_t hd,
                                                int64_t y_bytes, int64_t g_bytes) {
   const double bh = static_cast<double>(B) * H, tile = 2.0 * 64 * 64 * hd;
-  return core::OpCost{bh * FusedAttentionPairs(T) * 7 * tile,
-                      bh * (FusedAttentionPairs(T) * 4 * 64 * hd * 2 +
-                            static_cast<double>(T) * hd * (2 + 2 + y_bytes + 3 * g_bytes) +
-                            12.0 * T),
-                      3, core::OpEngine::kTensorCoreBf16};
+  return core::OpCost{
+      bh * FusedAttentionPairs(T) * 7 * tile,
+      bh * (FusedAttentionPairs(T) * 4 * 64 * hd * 2 +
+            static_cast<double>(T) * hd * (2 + 2 + y_bytes + 3 * g_bytes) + 12.0 * T),
+      3, core::OpEngine::kTensorCoreBf16};
 }
 
 // RMSNorm (LayerNorm's kernels without the mean and the bias): reads x, writes y
@@ -165,16 +165,16 @@ inline core::OpCost SiluMulBackwardCost(int64_t n, int64_t ga_bytes = 4, int64_t
 // 3 operations per rotated element. The backward reads [rows, 3C] and writes gq [rows, C]
 // and gk, gv [rows, KW] (their element sizes).
 inline core::OpCost RotaryPackCost(int64_t rows, int64_t C, int64_t KW, int64_t qkv_bytes = 4) {
-  return core::OpCost::Memory(
-      (4.0 * (C + 2 * KW) + static_cast<double>(qkv_bytes) * 3 * C) * rows, 6.0 * rows * C);
+  return core::OpCost::Memory((4.0 * (C + 2 * KW) + static_cast<double>(qkv_bytes) * 3 * C) * rows,
+                              6.0 * rows * C);
 }
 inline core::OpCost RotaryPackBackwardCost(int64_t rows, int64_t C, int64_t KW,
                                            int64_t gq_bytes = 4, int64_t gk_bytes = 4,
                                            int64_t gv_bytes = 4) {
-  return core::OpCost::Memory(
-      (4.0 * 3 * C + static_cast<double>(gq_bytes) * C +
-       static_cast<double>(gk_bytes + gv_bytes) * KW) * rows,
-      6.0 * rows * C);
+  return core::OpCost::Memory((4.0 * 3 * C + static_cast<double>(gq_bytes) * C +
+                               static_cast<double>(gk_bytes + gv_bytes) * KW) *
+                                  rows,
+                              6.0 * rows * C);
 }
 
 inline core::OpCost EmbeddingForwardCost(int64_t n, int64_t dim, int64_t table_bytes) {

@@ -18,9 +18,8 @@ namespace internal {
 // The optional bf16 copy of an op's fp32 result: undefined, or bf16 of `like`'s numel on
 // its device (`like_name` names it in an error). Its bits, or null.
 // Defined in nn/tensor_ops_norm.cc.
-absl::StatusOr<uint16_t*> Bf16Out(absl::string_view what, const char* name,
-                                  const core::Tensor& out, const char* like_name,
-                                  const core::Tensor& like);
+absl::StatusOr<uint16_t*> Bf16Out(absl::string_view what, const char* name, const core::Tensor& out,
+                                  const char* like_name, const core::Tensor& like);
 
 #ifdef FSDP_WITH_CUDA
 // The fp32 scratch of `chunks` partial sums of `n` values each that a split reduction

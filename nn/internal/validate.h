@@ -83,8 +83,8 @@ inline absl::Status CheckGradOutput(const core::Module& m, bool have_cache,
   }
   const bool bf16 =
       bf16_ok && grad_output.defined() && grad_output.dtype() == core::DType::kBFloat16;
-  RETURN_IF_ERROR(CheckTensor(
-      m, grad_output, bf16 ? core::DType::kBFloat16 : core::DType::kFloat32, "grad_output"));
+  RETURN_IF_ERROR(CheckTensor(m, grad_output, bf16 ? core::DType::kBFloat16 : core::DType::kFloat32,
+                              "grad_output"));
   if (grad_output.shape() != output_shape) {
     return ModuleError(
         m, absl::StrCat("grad_output shape ", core::ShapeToString(grad_output.shape()),

@@ -75,8 +75,7 @@ std::vector<std::vector<uint32_t>> ProfiledStepBits(core::Module& m, const core:
 
 }  // namespace
 
-std::map<std::string, int> StepOps(core::Module& m, const core::Tensor& x,
-                                   const core::Tensor& gy) {
+std::map<std::string, int> StepOps(core::Module& m, const core::Tensor& x, const core::Tensor& gy) {
   std::map<std::string, int> ops;
   ProfiledStepBits(m, x, gy, &ops);
   return ops;
@@ -103,8 +102,8 @@ HookComparison CompareWithHookOn(core::Module& m, core::Module& child, const cor
   return c;
 }
 
-HookComparison ExpectSameBitsWithHookOn(core::Module& m, core::Module& child,
-                                        const core::Tensor& x, const core::Tensor& gy) {
+HookComparison ExpectSameBitsWithHookOn(core::Module& m, core::Module& child, const core::Tensor& x,
+                                        const core::Tensor& gy) {
   HookComparison c = CompareWithHookOn(m, child, x, gy);
   EXPECT_EQ(c.hooked_bits, c.plain_bits) << "with a hook on " << child.Path();
   EXPECT_EQ(c.hook_calls, 2) << child.Path();

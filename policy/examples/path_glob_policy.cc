@@ -88,10 +88,9 @@ class PathGlobPolicy : public WrapPolicy {
   std::string Identity() const override { return Name(); }
 
   std::string Explain(const core::Module& /*module*/, const WrapContext& context) const override {
-    return absl::StrCat("path_glob: ", context.path, " matches ",
-                        absl::StrJoin(options_.patterns, " or "),
-                        options_.every > 1 ? absl::StrCat(", index divisible by ", options_.every)
-                                           : "");
+    return absl::StrCat(
+        "path_glob: ", context.path, " matches ", absl::StrJoin(options_.patterns, " or "),
+        options_.every > 1 ? absl::StrCat(", index divisible by ", options_.every) : "");
   }
 
   absl::Status Validate() const override {

@@ -126,8 +126,14 @@ TEST(PathGlobPolicyTest, EverySecondBlockFromATextConfig) {
 TEST(PathGlobPolicyTest, CombinesWithBuiltinsInAConfig) {
   // Every MLP, plus the attention of block 1 only.
   absl::StatusOr<ConfiguredPolicy> configured = BuildPolicyFromText(R"pb(
-    any_of { name: "path_glob" param { key: "pattern" value: "**.mlp" } }
-    any_of { name: "path_glob" param { key: "pattern" value: "blocks.1.attn" } }
+    any_of {
+      name: "path_glob"
+      param { key: "pattern" value: "**.mlp" }
+    }
+    any_of {
+      name: "path_glob"
+      param { key: "pattern" value: "blocks.1.attn" }
+    }
   )pb");
   ASSERT_TRUE(configured.ok()) << configured.status();
   std::shared_ptr<nn::Gpt> gpt = SmallGpt(2);

@@ -7,8 +7,8 @@ namespace policy {
 namespace testing {
 
 core::ParameterPtr TestModule::AddParam(const std::string& name, int64_t numel) {
-  return RegisterParameter(name, core::Tensor::Zeros({numel}, core::DType::kFloat32,
-                                                     core::MemoryTag::kParam));
+  return RegisterParameter(
+      name, core::Tensor::Zeros({numel}, core::DType::kFloat32, core::MemoryTag::kParam));
 }
 
 core::ParameterPtr TestModule::AddParam(const std::string& name, core::ParameterPtr shared) {

@@ -97,9 +97,9 @@ absl::Status RunCollectives(comm::ProcessGroup& g) {
   // One all-gather of 4000 bytes per rank moved 4000 (n-1) bytes each way.
   const comm::CommStats stats = g.Stats();
   RETURN_IF_ERROR(Expect(stats.of(comm::CollectiveKind::kAllGather).calls == 2, "calls"));
-  RETURN_IF_ERROR(Expect(stats.of(comm::CollectiveKind::kAllGather).bytes_received ==
-                             (5 + 1000) * 4 * (n - 1),
-                         "AllGather bytes"));
+  RETURN_IF_ERROR(
+      Expect(stats.of(comm::CollectiveKind::kAllGather).bytes_received == (5 + 1000) * 4 * (n - 1),
+             "AllGather bytes"));
   return absl::OkStatus();
 }
 
@@ -121,8 +121,7 @@ int main(int argc, char** argv) {
   }
   const std::string backend_name = absl::GetFlag(FLAGS_backend);
   if (backend_name != "gloo" && backend_name != "shm") {
-    std::fprintf(stderr, "comm_worker: unknown --backend=%s (gloo, shm)\n",
-                 backend_name.c_str());
+    std::fprintf(stderr, "comm_worker: unknown --backend=%s (gloo, shm)\n", backend_name.c_str());
     return 2;
   }
   if (!(timeout_s > 0)) {

@@ -76,14 +76,13 @@ Result Launch(int nproc, const std::vector<std::string>& worker_args, absl::Dura
 bool Has(const Result& r, const std::string& s) { return r.output.find(s) != std::string::npos; }
 
 // (backend, number of ranks).
-class CollectivesAcrossProcesses
-    : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+class CollectivesAcrossProcesses : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(CollectivesAcrossProcesses, EveryRankChecksEveryCollective) {
   const std::string backend = std::get<0>(GetParam());
   const int n = std::get<1>(GetParam());
-  Result r = Launch(n, {"--mode=collectives", absl::StrCat("--backend=", backend)},
-                    absl::Seconds(45));
+  Result r =
+      Launch(n, {"--mode=collectives", absl::StrCat("--backend=", backend)}, absl::Seconds(45));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   for (int rank = 0; rank < n; ++rank) {
     EXPECT_TRUE(Has(r, absl::StrCat("[rank ", rank, "] worker ", rank, ": joined ", backend,
@@ -93,12 +92,13 @@ TEST_P(CollectivesAcrossProcesses, EveryRankChecksEveryCollective) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Ranks, CollectivesAcrossProcesses,
-    ::testing::Combine(::testing::Values("gloo", "shm"), ::testing::Values(2, 4)),
-    [](const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
-      return absl::StrCat(std::get<0>(info.param), "N", std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesAcrossProcesses,
+                         ::testing::Combine(::testing::Values("gloo", "shm"),
+                                            ::testing::Values(2, 4)),
+                         [](const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
+                           return absl::StrCat(std::get<0>(info.param), "N",
+                                               std::get<1>(info.param));
+                         });
 
 TEST(FaultsAcrossProcesses, RankThatNeverJoinsGivesDeadlineExceededWithinTheTimeout) {
   // Ranks 0 and 1 wait 2 s for rank 2, which sleeps instead of joining.

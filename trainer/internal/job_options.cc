@@ -16,8 +16,8 @@
 #include "checkpoint/hf_gpt2.h"
 #include "checkpoint/hf_llama.h"
 #include "checkpoint/hf_model.h"
-#include "core/dtype.h"
 #include "comm/init_from_env.h"
+#include "core/dtype.h"
 #include "core/status_macros.h"
 #include "core/timeout.h"
 #include "integration/device_setup.h"
@@ -54,7 +54,8 @@ ABSL_FLAG(std::string, export_hf_dir, "",
 ABSL_FLAG(std::string, output_dir, "",
           "where the checkpoint, safetensors file, charts and summary go (default: out/main_job "
           "in the workspace under bazel run, else ./out/main_job)");
-ABSL_FLAG(std::string, checkpoint_dir, "", "where fit saves its checkpoint (default <output_dir>/checkpoint)");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "where fit saves its checkpoint (default <output_dir>/checkpoint)");
 ABSL_FLAG(int64_t, checkpoint_every_steps, 0,
           "save a checkpoint under --checkpoint_dir (step-<N>) every this many global steps "
           "during fit (0: only at its end, to --checkpoint_dir itself)");
@@ -70,9 +71,11 @@ ABSL_FLAG(std::string, safetensors_path, "",
           "where the released model goes (default <output_dir>/model.safetensors)");
 ABSL_FLAG(bool, release, true,
           "release the model at the end, export it as safetensors and test the plain module");
-ABSL_FLAG(std::string, stage_config, "",
-          "text-format StageConfig file (integration/stage.proto); its set fields override the flags");
-ABSL_FLAG(std::string, strategy, "FULL_SHARD", "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD");
+ABSL_FLAG(
+    std::string, stage_config, "",
+    "text-format StageConfig file (integration/stage.proto); its set fields override the flags");
+ABSL_FLAG(std::string, strategy, "FULL_SHARD",
+          "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD");
 ABSL_FLAG(int, hybrid_shard_size, 0, "HYBRID_SHARD: ranks per shard group");
 ABSL_FLAG(bool, profile_ops, false,
           "record the ops of the last fit step: a table per op category and summary.json's "
@@ -107,7 +110,8 @@ ABSL_FLAG(int64_t, max_steps, 0,
           "when > 0, fit trains up to this global step instead of --steps steps (Lightning's "
           "max_steps): a resumed or restarted run ends where the uninterrupted one does "
           "(StageOptions::max_steps, NOTE [Training to a global step])");
-ABSL_FLAG(int, batch_size, 16, "sequences per global training batch (a multiple of the world size)");
+ABSL_FLAG(int, batch_size, 16,
+          "sequences per global training batch (a multiple of the world size)");
 ABSL_FLAG(int, eval_batch_size, 16, "sequences per global evaluation batch");
 ABSL_FLAG(int, grad_accumulation, 1,
           "micro-batches per optimizer step, each --batch_size / this many sequences");
@@ -136,8 +140,7 @@ ABSL_FLAG(std::string, model, "gpt",
           "--block_size, --n_embd, --n_layer and --n_head, llama also --n_kv_head, "
           "--intermediate_size, --rope_theta, --rms_norm_eps and --tie_word_embeddings");
 ABSL_FLAG(int64_t, vocab_size, 64, "vocabulary of the language and the model");
-ABSL_FLAG(int64_t, block_size, 32,
-          "model context length (--model=llama: max_position_embeddings)");
+ABSL_FLAG(int64_t, block_size, 32, "model context length (--model=llama: max_position_embeddings)");
 ABSL_FLAG(int64_t, n_embd, 64, "model width (--model=llama: hidden_size)");
 ABSL_FLAG(int64_t, n_layer, 2,
           "transformer blocks (one FSDP unit each; --model=llama: LlamaDecoderLayers)");
@@ -150,8 +153,7 @@ ABSL_FLAG(std::optional<int64_t>, intermediate_size, std::nullopt,
           "of 8: 176 for 64)");
 ABSL_FLAG(double, rope_theta, 10000.0, "--model=llama: base of the rotary position embedding");
 ABSL_FLAG(double, rms_norm_eps, 1e-6, "--model=llama: epsilon of the RMSNorms");
-ABSL_FLAG(bool, tie_word_embeddings, false,
-          "--model=llama: lm_head shares embed_tokens' weight");
+ABSL_FLAG(bool, tie_word_embeddings, false, "--model=llama: lm_head shares embed_tokens' weight");
 ABSL_FLAG(int, order, 1, "Markov order of the language");
 ABSL_FLAG(std::string, data, "",
           "token file or directory of .bin shards to train on instead of the Markov language "
@@ -263,18 +265,17 @@ nn::LlamaConfig LlamaConfigFromFlags() {
 // NOTE [Hugging Face start]: the model flags whose value is not their default.
 std::vector<std::string> ModelFlagsSet() {
   std::vector<std::string> set;
-  for (const absl::CommandLineFlag* flag : {
-           &absl::GetFlagReflectionHandle(FLAGS_model),
-           &absl::GetFlagReflectionHandle(FLAGS_vocab_size),
-           &absl::GetFlagReflectionHandle(FLAGS_block_size),
-           &absl::GetFlagReflectionHandle(FLAGS_n_embd),
-           &absl::GetFlagReflectionHandle(FLAGS_n_layer),
-           &absl::GetFlagReflectionHandle(FLAGS_n_head),
-           &absl::GetFlagReflectionHandle(FLAGS_n_kv_head),
-           &absl::GetFlagReflectionHandle(FLAGS_intermediate_size),
-           &absl::GetFlagReflectionHandle(FLAGS_rope_theta),
-           &absl::GetFlagReflectionHandle(FLAGS_rms_norm_eps),
-           &absl::GetFlagReflectionHandle(FLAGS_tie_word_embeddings)}) {
+  for (const absl::CommandLineFlag* flag :
+       {&absl::GetFlagReflectionHandle(FLAGS_model),
+        &absl::GetFlagReflectionHandle(FLAGS_vocab_size),
+        &absl::GetFlagReflectionHandle(FLAGS_block_size),
+        &absl::GetFlagReflectionHandle(FLAGS_n_embd), &absl::GetFlagReflectionHandle(FLAGS_n_layer),
+        &absl::GetFlagReflectionHandle(FLAGS_n_head),
+        &absl::GetFlagReflectionHandle(FLAGS_n_kv_head),
+        &absl::GetFlagReflectionHandle(FLAGS_intermediate_size),
+        &absl::GetFlagReflectionHandle(FLAGS_rope_theta),
+        &absl::GetFlagReflectionHandle(FLAGS_rms_norm_eps),
+        &absl::GetFlagReflectionHandle(FLAGS_tie_word_embeddings)}) {
     if (flag->CurrentValue() != flag->DefaultValue()) set.push_back(std::string(flag->Name()));
   }
   return set;
@@ -322,12 +323,12 @@ absl::Status CheckModelFlagsAgree(const JobOptions& flags, const JobOptions& hf,
     pairs.push_back(Compare("block_size", f.max_position_embeddings, "max_position_embeddings",
                             c.max_position_embeddings));
     pairs.push_back(Compare("n_embd", f.hidden_size, "hidden_size", c.hidden_size));
-    pairs.push_back(Compare("n_layer", f.num_hidden_layers, "num_hidden_layers",
-                            c.num_hidden_layers));
-    pairs.push_back(Compare("n_head", f.num_attention_heads, "num_attention_heads",
-                            c.num_attention_heads));
-    pairs.push_back(Compare("n_kv_head", f.num_key_value_heads, "num_key_value_heads",
-                            c.num_key_value_heads));
+    pairs.push_back(
+        Compare("n_layer", f.num_hidden_layers, "num_hidden_layers", c.num_hidden_layers));
+    pairs.push_back(
+        Compare("n_head", f.num_attention_heads, "num_attention_heads", c.num_attention_heads));
+    pairs.push_back(
+        Compare("n_kv_head", f.num_key_value_heads, "num_key_value_heads", c.num_key_value_heads));
     pairs.push_back(Compare("intermediate_size", f.intermediate_size, "intermediate_size",
                             c.intermediate_size));
     pairs.push_back(Compare("rope_theta", f.rope_theta, "rope_theta", c.rope_theta));
@@ -340,8 +341,8 @@ absl::Status CheckModelFlagsAgree(const JobOptions& flags, const JobOptions& hf,
                                p.flag) != flags.model_flags_set.end();
     if (!set || p.same) continue;
     return absl::InvalidArgumentError(absl::StrCat(
-        "--", p.flag, "=", p.flag_value, " disagrees with ", hf.hf_dir, "/config.json: ",
-        p.field, " is ", p.field_value, " (", hf.hf_dir_name,
+        "--", p.flag, "=", p.flag_value, " disagrees with ", hf.hf_dir, "/config.json: ", p.field,
+        " is ", p.field_value, " (", hf.hf_dir_name,
         ": the model's family and sizes are config.json's; leave the flag out or make it "
         "agree)"));
   }
@@ -423,9 +424,9 @@ absl::Status CheckModelFlags(const JobOptions& job) {
   if (kind != ModelKind::kLlama) return absl::OkStatus();
   RETURN_IF_ERROR(WithLlamaFlagNames(job.llama.Validate()));
   if (job.train.seq_len <= 0 || job.train.seq_len > job.llama.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat("--seq_len = ", job.train.seq_len,
-                                                   ": must be in [1, --block_size = ",
-                                                   job.llama.max_position_embeddings, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--seq_len = ", job.train.seq_len,
+                     ": must be in [1, --block_size = ", job.llama.max_position_embeddings, "]"));
   }
   return absl::OkStatus();
 }
@@ -445,17 +446,17 @@ absl::StatusOr<JobOptions> ResolveHfDirs(const JobOptions& flags) {
   }
   if (!job.export_hf_dir.empty()) {
     if (!job.release) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          job.export_hf_dir_name, "=", job.export_hf_dir,
-          " needs --release: the export is of the released model"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(job.export_hf_dir_name, "=", job.export_hf_dir,
+                       " needs --release: the export is of the released model"));
     }
     std::error_code e1, e2;
     const std::filesystem::path out = std::filesystem::weakly_canonical(job.export_hf_dir, e1);
     const std::filesystem::path in = std::filesystem::weakly_canonical(job.hf_dir, e2);
     if (!job.hf_dir.empty() && !e1 && !e2 && out == in) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          job.export_hf_dir_name, "=", job.export_hf_dir, " is ", job.hf_dir_name,
-          ": the export would overwrite the checkpoint the run starts from"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(job.export_hf_dir_name, "=", job.export_hf_dir, " is ", job.hf_dir_name,
+                       ": the export would overwrite the checkpoint the run starts from"));
     }
   }
   if (job.hf_dir.empty()) return job;
@@ -569,14 +570,15 @@ absl::Status CheckBeforeLaunch(const JobOptions& job) {
   if (job.max_restarts > 0 && job.resume_from == kResumeLatest && job.max_steps == 0 &&
       std::find(stages.begin(), stages.end(), Stage::kFit) != stages.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--max_restarts=", job.max_restarts, " with --resume_from=latest needs --max_steps (the "
+        "--max_restarts=", job.max_restarts,
+        " with --resume_from=latest needs --max_steps (the "
         "global step to train to): --steps counts the steps of each start, so every restart "
         "would train --steps more than the run that never failed"));
   }
   if (job.min_world_size < 0 || job.min_world_size > job.world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--min_world_size=", job.min_world_size, " must be in [0, --world_size=",
-                     job.world_size, "] (0: never fewer ranks than --world_size)"));
+    return absl::InvalidArgumentError(absl::StrCat("--min_world_size=", job.min_world_size,
+                                                   " must be in [0, --world_size=", job.world_size,
+                                                   "] (0: never fewer ranks than --world_size)"));
   }
   if (job.resume_allow_data_change && job.resume_from.empty()) {
     return absl::InvalidArgumentError(
@@ -595,8 +597,8 @@ absl::Status CheckBeforeLaunch(const JobOptions& job) {
     return refuse(s, "--strategy: ");
   }
   if (job.intra_op_threads < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--intra_op_threads=", job.intra_op_threads, " must be >= 1, or 0 for auto"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--intra_op_threads=", job.intra_op_threads, " must be >= 1, or 0 for auto"));
   }
   if (absl::Status s = core::TimeoutFromSeconds(job.timeout_s, "--timeout_s").status(); !s.ok()) {
     return refuse(s);
@@ -642,8 +644,8 @@ absl::StatusOr<std::vector<Stage>> ParseStages(const std::string& text) {
       }
     }
     if (!found) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--stages: unknown stage '", part, "'; use fit, validate, test, predict"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--stages: unknown stage '", part, "'; use fit, validate, test, predict"));
     }
   }
   return stages;
@@ -659,8 +661,8 @@ int LocalRanks(int world) {
 
 absl::StatusOr<int> IntraOpThreads(const JobOptions& job, int world) {
   if (job.intra_op_threads < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--intra_op_threads=", job.intra_op_threads, ": must be >= 1, or 0 for auto"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--intra_op_threads=", job.intra_op_threads, ": must be >= 1, or 0 for auto"));
   }
   if (job.intra_op_threads > 0) return job.intra_op_threads;
   // NOTE [Deterministic training]: the same thread count at every world size.
@@ -687,8 +689,8 @@ absl::StatusOr<StageOptions> StageOptionsFor(const JobOptions& job, absl::Durati
   } else if (job.forward_prefetch == "true" || job.forward_prefetch == "false") {
     options.wrap.forward_prefetch = job.forward_prefetch == "true";
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--forward_prefetch=", job.forward_prefetch, ": use true, false or auto"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--forward_prefetch=", job.forward_prefetch, ": use true, false or auto"));
   }
   options.wrap.cpu_offload = job.cpu_offload;
   if (job.deterministic) {  // NOTE [Deterministic training]

@@ -53,11 +53,11 @@ namespace internal {
 inline constexpr char kResumeLatest[] = "latest";
 
 struct JobOptions {
-  int world_size = 0;         // --world_size: local ranks to start (not under a launcher)
-  std::string backend;        // --backend
-  std::string device;         // --device
-  std::string stages;         // --stages as given (ParseStages reads it)
-  std::string resume_from;    // --resume_from; "" for none, kResumeLatest, or a directory
+  int world_size = 0;       // --world_size: local ranks to start (not under a launcher)
+  std::string backend;      // --backend
+  std::string device;       // --device
+  std::string stages;       // --stages as given (ParseStages reads it)
+  std::string resume_from;  // --resume_from; "" for none, kResumeLatest, or a directory
   // --resume_allow_data_change: a resume may read other data than the checkpoint's
   // (LoadCheckpointOptions::allow_data_change, NOTE [Data identity]).
   bool resume_allow_data_change = false;
@@ -71,11 +71,11 @@ struct JobOptions {
   // The model flags (--model and the size flags, by name: "model", "n_embd", ...) set to
   // other than their defaults: with an hf_dir each must agree with config.json.
   std::vector<std::string> model_flags_set;
-  std::string output_dir;     // --output_dir, or out/main_job
+  std::string output_dir;        // --output_dir, or out/main_job
   std::string checkpoint_dir;    // --checkpoint_dir, or <output_dir>/checkpoint
   std::string safetensors_path;  // --safetensors_path, or <output_dir>/model.safetensors
-  bool release = true;        // --release
-  std::string stage_config;   // --stage_config; "" for none
+  bool release = true;           // --release
+  std::string stage_config;      // --stage_config; "" for none
   // The wrap and the stages (StageOptionsFor).
   std::string strategy;
   int hybrid_shard_size = 0;
@@ -83,18 +83,18 @@ struct JobOptions {
   bool cpu_offload = false;
   bool deterministic = false;
   int deterministic_micro_batches = 8;
-  bool profile_ops = false;   // --profile_ops: StageOptions::profile_step = the last fit step
+  bool profile_ops = false;  // --profile_ops: StageOptions::profile_step = the last fit step
   // --throughput_warmup_steps: the fit steps the throughput figures leave out
   // (integration::ThroughputMeter); nullopt: its default, min(5, steps / 10).
   std::optional<int64_t> throughput_warmup_steps;
   std::string param_dtype;
   int64_t steps = 0;
-  int64_t max_steps = 0;           // --max_steps (NOTE [Training to a global step])
+  int64_t max_steps = 0;  // --max_steps (NOTE [Training to a global step])
   int batch_size = 0;
-  int grad_accumulation = 1;       // --grad_accumulation: micro-batches per step
-  std::string accumulation;        // --accumulation: reduce_each or no_sync
+  int grad_accumulation = 1;            // --grad_accumulation: micro-batches per step
+  std::string accumulation;             // --accumulation: reduce_each or no_sync
   int activation_checkpoint_every = 0;  // --activation_checkpoint_every: 0 none, k every k-th block
-  bool memory_plan = false;        // --memory_plan: print the plan and estimate, exit
+  bool memory_plan = false;             // --memory_plan: print the plan and estimate, exit
   int eval_batch_size = 0;
   int eval_batches = 0;
   int64_t log_every = 0;
@@ -108,12 +108,12 @@ struct JobOptions {
   // The model: --model (ParseModelKind), what both models' modules take (the language or
   // token files, --seq_len, AdamW, the warm-up, deferred init; `train.device` is the CPU:
   // each rank sets its own), and each model's config from the dimension flags.
-  std::string model_kind;      // --model: gpt or llama
+  std::string model_kind;  // --model: gpt or llama
   DecoderTrainOptions train;
-  nn::GptConfig gpt;           // --model=gpt
-  nn::LlamaConfig llama;       // --model=llama
-  int intra_op_threads = 0;   // --intra_op_threads; 0 = auto (IntraOpThreads)
-  double timeout_s = 0;       // --timeout_s (core::TimeoutFromSeconds checks it)
+  nn::GptConfig gpt;         // --model=gpt
+  nn::LlamaConfig llama;     // --model=llama
+  int intra_op_threads = 0;  // --intra_op_threads; 0 = auto (IntraOpThreads)
+  double timeout_s = 0;      // --timeout_s (core::TimeoutFromSeconds checks it)
   std::string testonly_fault;
   int testonly_failure_print_delay_ms = 0;
 };

@@ -37,9 +37,9 @@ namespace internal {
 namespace {
 
 using ::testing::ElementsAre;
-using ::testing::IsEmpty;
 using ::testing::EndsWith;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 using ::testing::Not;
 using ::testing::StartsWith;
 
@@ -300,8 +300,8 @@ TEST(JobOptionsTest, LlamaFlagsSetTheConfig) {
 }
 
 TEST(JobOptionsTest, DefaultIntermediateSizeIsEightThirdsRoundedUpToEight) {
-  EXPECT_EQ(DefaultIntermediateSize(64), 176);    // 170.7 -> 176
-  EXPECT_EQ(DefaultIntermediateSize(48), 128);    // exactly 128
+  EXPECT_EQ(DefaultIntermediateSize(64), 176);  // 170.7 -> 176
+  EXPECT_EQ(DefaultIntermediateSize(48), 128);  // exactly 128
   EXPECT_EQ(DefaultIntermediateSize(4096), 10928);
   EXPECT_EQ(DefaultIntermediateSize(1), 8);
   EXPECT_EQ(DefaultIntermediateSize(0), 0);
@@ -330,7 +330,8 @@ TEST(JobOptionsTest, BadLlamaFlagsAreRefusedNamingTheFlag) {
       {[](JobOptions& j) { j.llama.vocab_size = 0; }, "--vocab_size must be positive"},
       {[](JobOptions& j) { j.llama.rope_theta = 0; }, "--rope_theta must be finite and > 0"},
       {[](JobOptions& j) { j.llama.rms_norm_eps = -1; }, "--rms_norm_eps must be finite"},
-      {[](JobOptions& j) { j.train.seq_len = 33; }, "--seq_len = 33: must be in [1, --block_size = 32]"},
+      {[](JobOptions& j) { j.train.seq_len = 33; },
+       "--seq_len = 33: must be in [1, --block_size = 32]"},
   };
   for (const Bad& c : cases) {
     job = JobOptionsFromFlags();

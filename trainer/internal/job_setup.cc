@@ -1,11 +1,8 @@
 #include "trainer/internal/job_setup.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
-
-#include "comm/launcher.h"
-
-#include <algorithm>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -54,8 +51,7 @@ absl::StatusOr<policy::WrapPlan> PlanJob(const core::Module& model, const StageO
   policy::PlanOptions plan_options;
   plan_options.ignored_paths = options.wrap.ignored_paths;
   plan_options.checkpoint_policy = options.wrap.checkpoint_policy.get();
-  return policy::Plan(model, *wrap_policy, fsdp::ShardGroupSize(options.wrap, world),
-                      plan_options);
+  return policy::Plan(model, *wrap_policy, fsdp::ShardGroupSize(options.wrap, world), plan_options);
 }
 
 absl::StatusOr<MemoryEstimate> EstimateJobMemory(const core::Module& model,
@@ -85,8 +81,8 @@ absl::StatusOr<MemoryEstimate> EstimateJobMemory(const core::Module& model,
   }
   need.deferred_init = train.deferred_init;
   need.cpu_offload = options.wrap.cpu_offload;
-  need.no_sync_accumulation = options.grad_accumulation > 1 &&
-                              options.accumulation == StageOptions::Accumulation::kNoSync;
+  need.no_sync_accumulation =
+      options.grad_accumulation > 1 && options.accumulation == StageOptions::Accumulation::kNoSync;
   return EstimateMemory(need);
 }
 
@@ -132,12 +128,14 @@ absl::StatusOr<std::string> MemoryPlanReport(const JobOptions& flags, absl::Dura
   const core::Device device = job.device == "cuda" ? core::Device::Cuda(0) : core::Device::Cpu();
   ASSIGN_OR_RETURN(policy::WrapPlan plan, PlanJob(*model, options, world));
   std::string out = policy::FormatPlanTable(plan);
-  absl::StrAppend(&out, "\nPer-rank memory estimate (NOTE [Memory estimate] in "
-                        "integration/memory_estimate.h), ", world, " ranks, ",
-                  LocalRanks(world), " on this host, ", device.ToString(), ":\n");
-  absl::StrAppend(&out, absl::StrFormat("  %-44s %12s %12s %12s %12s %12s %12s %12s\n", "mode",
-                                        "per rank", "init", "state", "gathered", "activations",
-                                        "comm", "host"));
+  absl::StrAppend(&out,
+                  "\nPer-rank memory estimate (NOTE [Memory estimate] in "
+                  "integration/memory_estimate.h), ",
+                  world, " ranks, ", LocalRanks(world), " on this host, ", device.ToString(),
+                  ":\n");
+  absl::StrAppend(
+      &out, absl::StrFormat("  %-44s %12s %12s %12s %12s %12s %12s %12s\n", "mode", "per rank",
+                            "init", "state", "gathered", "activations", "comm", "host"));
   struct Variant {
     std::string name;
     bool checkpoint_every_block;
@@ -169,16 +167,14 @@ absl::StatusOr<std::string> MemoryPlanReport(const JobOptions& flags, absl::Dura
     ASSIGN_OR_RETURN(MemoryEstimate e,
                      EstimateJobMemory(*model, m, o, world, LocalRanks(world), device));
     activations_estimated = e.activations_estimated;
-    absl::StrAppend(&out, absl::StrFormat("  %-44s %12s %12s %12s %12s %12s %12s %12s\n", v.name,
-                                          core::FormatBytes(e.per_rank_bytes),
-                                          core::FormatBytes(e.init_bytes),
-                                          core::FormatBytes(e.model_state_bytes),
-                                          core::FormatBytes(e.gathered_bytes),
-                                          e.activations_estimated
-                                              ? core::FormatBytes(e.activation_bytes)
-                                              : std::string("-"),
-                                          core::FormatBytes(e.comm_bytes),
-                                          core::FormatBytes(e.per_host_bytes)));
+    absl::StrAppend(
+        &out,
+        absl::StrFormat(
+            "  %-44s %12s %12s %12s %12s %12s %12s %12s\n", v.name,
+            core::FormatBytes(e.per_rank_bytes), core::FormatBytes(e.init_bytes),
+            core::FormatBytes(e.model_state_bytes), core::FormatBytes(e.gathered_bytes),
+            e.activations_estimated ? core::FormatBytes(e.activation_bytes) : std::string("-"),
+            core::FormatBytes(e.comm_bytes), core::FormatBytes(e.per_host_bytes)));
   }
   if (!activations_estimated) absl::StrAppend(&out, "  ", kActivationsNotEstimated, "\n");
   return out;
@@ -208,8 +204,8 @@ absl::StatusOr<JobSetup> SetUpRank(const JobOptions& flags, const comm::Distribu
   // The test hook's faults name the start they fire at (0 unless a fault says otherwise: a
   // restarted job, NOTE [Restarts] in comm/launcher.h, runs clean).
   if (!job.testonly_fault.empty()) {
-    ASSIGN_OR_RETURN(setup.fault, FaultInjector::Parse(job.testonly_fault, rank,
-                                                       setup.module.get(), RestartCount()));
+    ASSIGN_OR_RETURN(setup.fault, FaultInjector::Parse(job.testonly_fault, rank, setup.module.get(),
+                                                       RestartCount()));
   }
   setup.full_shapes = checkpoint::ParameterShapes(*setup.module->model());
   ASSIGN_OR_RETURN(setup.stages, ParseStages(job.stages));
@@ -227,7 +223,9 @@ std::vector<std::string> DescribeJob(const JobOptions& job, const JobSetup& setu
   const std::string data =
       setup.module->uses_token_files()
           ? absl::StrCat("token files ", mo.data_path,
-                         mo.eval_data_path.empty() ? "" : absl::StrCat(" (evaluation ", mo.eval_data_path, ")"))
+                         mo.eval_data_path.empty()
+                             ? ""
+                             : absl::StrCat(" (evaluation ", mo.eval_data_path, ")"))
           : absl::StrFormat("a Markov language of order %d", mo.language.order);
   std::string model;
   if (ParseModelKind(job.model_kind).value_or(ModelKind::kGpt) == ModelKind::kLlama) {
@@ -240,23 +238,24 @@ std::vector<std::string> DescribeJob(const JobOptions& job, const JobSetup& setu
         c.tie_word_embeddings ? "tied" : "untied", setup.module->model()->NumParameterElements());
   } else {
     const nn::GptConfig& c = job.gpt;
-    model = absl::StrFormat("GPT (vocab %d, context %d, width %d, %d layers, %d heads, %d "
-                            "parameters)",
-                            c.vocab_size, c.block_size, c.n_embd, c.n_layer, c.n_head,
-                            setup.module->model()->NumParameterElements());
+    model = absl::StrFormat(
+        "GPT (vocab %d, context %d, width %d, %d layers, %d heads, %d "
+        "parameters)",
+        c.vocab_size, c.block_size, c.n_embd, c.n_layer, c.n_head,
+        setup.module->model()->NumParameterElements());
   }
   lines.push_back(absl::StrFormat(
       "main job: %s on %s; %d ranks (%s, %s), %s, stages %s; %d intra-op threads per rank, "
       "GEMM %s",
       model, data, dist.group->size(), dist.group->backend_name(), dist.device.ToString(),
-      fsdp::ShardingStrategyName(setup.options.wrap.strategy), job.stages,
-      setup.intra_op_threads, nn::GemmLibrary()));
+      fsdp::ShardingStrategyName(setup.options.wrap.strategy), job.stages, setup.intra_op_threads,
+      nn::GemmLibrary()));
   if (!setup.module->uses_token_files() && setup.module->language().vocab_size() != vocab_size) {
-    lines.push_back(absl::StrFormat(
-        "main job: the Markov language uses token ids 0..%d of the model's %d "
-        "(its transition table is dense; NOTE [Language vocabulary] in "
-        "integration/decoder_module.h)",
-        setup.module->language().vocab_size() - 1, vocab_size));
+    lines.push_back(
+        absl::StrFormat("main job: the Markov language uses token ids 0..%d of the model's %d "
+                        "(its transition table is dense; NOTE [Language vocabulary] in "
+                        "integration/decoder_module.h)",
+                        setup.module->language().vocab_size() - 1, vocab_size));
   }
   if (!setup.estimate.activations_estimated) {
     lines.push_back(absl::StrCat("main job: ", kActivationsNotEstimated));
@@ -271,11 +270,11 @@ std::vector<std::string> DescribeJob(const JobOptions& job, const JobSetup& setu
         dist.group->size(), initial_world, job.batch_size));
   }
   if (!job.hf_dir.empty()) {  // NOTE [Hugging Face start] in job_options.h
-    lines.push_back(absl::StrCat(
-        "main job: the model's config is ", job.hf_dir, "/config.json's (", job.hf_dir_name,
-        "); its weights ",
-        job.resume_from.empty() ? "load into each rank's shards after the wrap"
-                                : "are --resume_from's"));
+    lines.push_back(absl::StrCat("main job: the model's config is ", job.hf_dir, "/config.json's (",
+                                 job.hf_dir_name, "); its weights ",
+                                 job.resume_from.empty()
+                                     ? "load into each rank's shards after the wrap"
+                                     : "are --resume_from's"));
   }
   return lines;
 }

@@ -1,11 +1,13 @@
 // What one rank of the main job (trainer/main_job.cc) sets up before its first
-// collective: the model's module (GPT or Llama, --model) on the rank's device, the --testonly_fault hook, the stages
-// and their options, the intra-op threads, and the check that this host can hold the run.
+// collective: the model's module (GPT or Llama, --model) on the rank's device, the --testonly_fault
+// hook, the stages and their options, the intra-op threads, and the check that this host can hold
+// the run.
 //
 //   absl::StatusOr<integration::internal::JobSetup> setup =
 //       integration::internal::SetUpRank(job, dist, timeout);
 //   // Setting up can fail on some ranks only: agree before the first collective.
-//   RETURN_IF_ERROR(comm::AgreeOnStatus(dist.group.get(), setup.status(), "main job setup", timeout));
+//   RETURN_IF_ERROR(comm::AgreeOnStatus(dist.group.get(), setup.status(), "main job setup",
+//   timeout));
 #ifndef TRAINER_INTERNAL_JOB_SETUP_H_
 #define TRAINER_INTERNAL_JOB_SETUP_H_
 
@@ -20,10 +22,10 @@
 #include "core/tensor.h"
 #include "integration/decoder_module.h"
 #include "integration/memory_estimate.h"
-#include "trainer/internal/job_options.h"
-#include "trainer/internal/job_train_modules.h"
 #include "integration/stage_options.h"
 #include "integration/train_module.h"
+#include "trainer/internal/job_options.h"
+#include "trainer/internal/job_train_modules.h"
 
 namespace integration {
 namespace internal {

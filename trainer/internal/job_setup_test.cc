@@ -32,9 +32,9 @@ TEST(MemoryPlanTest, PrintsThePlanAndEveryModesEstimate) {
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_THAT(*report, HasSubstr("Wrap plan: 49 units, world size 8"));
   EXPECT_THAT(*report, HasSubstr("Activation checkpointing (every_kth(TransformerBlock; k=2))"));
-  for (const char* mode : {"as asked", "no checkpointing, full init",
-                           "every block checkpointed, full init", "no checkpointing, deferred init",
-                           "every block checkpointed, deferred init"}) {
+  for (const char* mode :
+       {"as asked", "no checkpointing, full init", "every block checkpointed, full init",
+        "no checkpointing, deferred init", "every block checkpointed, deferred init"}) {
     EXPECT_THAT(*report, HasSubstr(mode)) << *report;
   }
   // Deferred init removes the full model each rank would build (init 0B).

@@ -13,8 +13,8 @@
 #include "core/cuda_device.h"
 #include "core/format_bytes.h"
 #include "core/status_macros.h"
-#include "trainer/charts/svg_chart.h"
 #include "integration/device_setup.h"
+#include "trainer/charts/svg_chart.h"
 
 namespace integration {
 namespace internal {
@@ -36,9 +36,9 @@ nlohmann::json LastLine(nlohmann::json summary) {
   return summary;
 }
 
-absl::Status WriteCharts(const std::string& dir, const std::vector<std::pair<double, double>>& losses,
-                         double floor, const std::vector<RankMemory>& memory,
-                         nlohmann::json* summary) {
+absl::Status WriteCharts(const std::string& dir,
+                         const std::vector<std::pair<double, double>>& losses, double floor,
+                         const std::vector<RankMemory>& memory, nlohmann::json* summary) {
   const nlohmann::json& test = (*summary)["test_loss"];
   using charts::BarGroup;
   using charts::Series;
@@ -51,7 +51,8 @@ absl::Status WriteCharts(const std::string& dir, const std::vector<std::pair<dou
       options.lines.push_back({absl::StrFormat("entropy floor %.3f", floor), floor});
     }
     if (test.is_number()) {
-      options.lines.push_back({absl::StrFormat("test loss %.3f", test.get<double>()), test.get<double>()});
+      options.lines.push_back(
+          {absl::StrFormat("test loss %.3f", test.get<double>()), test.get<double>()});
     }
     ASSIGN_OR_RETURN(std::string svg, charts::LineChart({Series{"train loss", losses}}, options));
     const std::string path = dir + "/loss.svg";
@@ -125,9 +126,9 @@ nlohmann::json NewSummary(const JobFacts& facts) {
   summary["memory_estimate_over_fit_peak"] = nullptr;
   summary["entropy_floor"] =
       std::isfinite(facts.entropy_floor) ? nlohmann::json(facts.entropy_floor) : nlohmann::json();
-  for (const char* figure : {"final_train_loss", "fit_seconds", "fit_final_save_seconds", "test_loss", "validate_loss", "released_test_loss",
-                             "checkpoint_dir", "safetensors_path", "export_hf_dir",
-                             "resumed_from"}) {
+  for (const char* figure : {"final_train_loss", "fit_seconds", "fit_final_save_seconds",
+                             "test_loss", "validate_loss", "released_test_loss", "checkpoint_dir",
+                             "safetensors_path", "export_hf_dir", "resumed_from"}) {
     summary[figure] = nullptr;
   }
   summary["checkpoints_saved"] = 0;
@@ -217,7 +218,8 @@ absl::Status WriteSummary(const std::string& output_dir, const RunTotals& totals
   nlohmann::json peaks = nlohmann::json::array();
   for (const RankMemory& m : totals.memory) peaks.push_back(MemoryJson(m));
   s["peak_bytes_per_rank"] = peaks;
-  RETURN_IF_ERROR(WriteCharts(output_dir, totals.loss_points, entropy_floor, totals.memory, summary));
+  RETURN_IF_ERROR(
+      WriteCharts(output_dir, totals.loss_points, entropy_floor, totals.memory, summary));
   s["fit_losses"] = totals.fit_losses;
   return charts::WriteTextFile(absl::StrCat(output_dir, "/", kSummaryFile), s.dump(2) + "\n");
 }
@@ -242,8 +244,8 @@ std::string SummaryTable(const nlohmann::json& s) {
       absl::StrCat(s["world_size"].get<int>(), " / ", s["backend"].get<std::string>(), " / ",
                    s["strategy"].get<std::string>()));
   if (s.contains("intra_op_threads")) {
-    row("intra-op threads per rank / GEMM",
-        absl::StrCat(s["intra_op_threads"].get<int>(), " / ", s["gemm_library"].get<std::string>()));
+    row("intra-op threads per rank / GEMM", absl::StrCat(s["intra_op_threads"].get<int>(), " / ",
+                                                         s["gemm_library"].get<std::string>()));
   }
   if (s.contains("model")) row("model", s["model"].get<std::string>());
   row("model parameters", absl::StrCat(s["model_parameters"].get<int64_t>()));
@@ -261,13 +263,15 @@ std::string SummaryTable(const nlohmann::json& s) {
   row("entropy floor", number("entropy_floor", "%.4f"));
   row("test loss over floor", number("test_loss_over_floor", "%.4f"));
   row("units reused by the test stage", absl::StrCat(s["units_reused"].get<int>()));
-  row("param bytes copied on re-wrap", absl::StrCat(s["param_bytes_copied_on_rewrap"].get<int64_t>()));
+  row("param bytes copied on re-wrap",
+      absl::StrCat(s["param_bytes_copied_on_rewrap"].get<int64_t>()));
   row("fresh wraps (registry)", absl::StrCat(s["fresh_wraps"].get<int64_t>()));
   row("tokens/s (fit, all ranks)", number("tokens_per_second", "%.0f"));
   if (s.contains("tokens_per_second_after_warmup")) {
-    row(absl::StrCat("tokens/s after ",
-                     s.contains("warmup_steps_excluded") ? s["warmup_steps_excluded"].get<int64_t>() : 0,
-                     " warm-up steps"),
+    row(absl::StrCat(
+            "tokens/s after ",
+            s.contains("warmup_steps_excluded") ? s["warmup_steps_excluded"].get<int64_t>() : 0,
+            " warm-up steps"),
         number("tokens_per_second_after_warmup", "%.0f"));
   }
   if (s.contains("device_timed")) {
@@ -295,7 +299,8 @@ std::string SummaryTable(const nlohmann::json& s) {
     row(absl::StrCat("peak memory rank ", r), line);
   }
   row("checkpoint", s["checkpoint_dir"].is_null() ? "-" : s["checkpoint_dir"].get<std::string>());
-  row("safetensors", s["safetensors_path"].is_null() ? "-" : s["safetensors_path"].get<std::string>());
+  row("safetensors",
+      s["safetensors_path"].is_null() ? "-" : s["safetensors_path"].get<std::string>());
   if (s.contains("hf_dir") && !s["hf_dir"].is_null()) {
     row("started from (Hugging Face)", s["hf_dir"].get<std::string>());
   }

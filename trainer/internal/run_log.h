@@ -9,12 +9,13 @@
 // comm/launcher.h), "reached" the highest step any earlier start logged, "recomputed" the steps
 // this start trains again (reached - from_step: the work the failure lost), a step event's
 // loss the global mean loss printed with every digit (%.17g) and its "committed" the step of
-// the newest checkpoint the fit had committed by then (Progress::committed_step; -1: none). "caught_up" is logged at this
-// start's first progress report at or past `reached`: seconds_lost is how much later the run
-// got there than the earlier start did (the failure, its detection, the restart, the resume and
-// the recomputed steps; up to one report interval more when the report falls past `reached`).
-// A first start without a resume empties the file; a restart, or a run resumed by hand, adds
-// to it. The last step event of a step is the loss the finished run trained with.
+// the newest checkpoint the fit had committed by then (Progress::committed_step; -1: none).
+// "caught_up" is logged at this start's first progress report at or past `reached`: seconds_lost is
+// how much later the run got there than the earlier start did (the failure, its detection, the
+// restart, the resume and the recomputed steps; up to one report interval more when the report
+// falls past `reached`). A first start without a resume empties the file; a restart, or a run
+// resumed by hand, adds to it. The last step event of a step is the loss the finished run trained
+// with.
 //
 //   ASSIGN_OR_RETURN(RunLog log, RunLog::Open(dir + "/run_log.jsonl", restart, fresh));
 //   log.Started(from_step, world_size, now);

@@ -50,13 +50,15 @@ absl::StatusOr<std::vector<int64_t>> GatherDevicePeaks(comm::ProcessGroup* group
 std::string WrapLine(const WrapReport& w) {
   if (w.skipped) return "not wrapped";
   if (w.reused) {
-    return absl::StrFormat("reused the existing wrap: units reused %d of %d, parameter bytes "
-                           "copied on re-wrap %d",
-                           w.units_reused, w.units, w.param_bytes_copied);
+    return absl::StrFormat(
+        "reused the existing wrap: units reused %d of %d, parameter bytes "
+        "copied on re-wrap %d",
+        w.units_reused, w.units, w.param_bytes_copied);
   }
-  return absl::StrFormat("wrapped fresh: %d units (%d kept from earlier wraps), %s of "
-                         "parameters copied into shards",
-                         w.units, w.units_reused, core::FormatBytes(w.param_bytes_copied));
+  return absl::StrFormat(
+      "wrapped fresh: %d units (%d kept from earlier wraps), %s of "
+      "parameters copied into shards",
+      w.units, w.units_reused, core::FormatBytes(w.param_bytes_copied));
 }
 
 StageLoop::StageLoop(const JobOptions& job, const JobSetup& setup, StageRunner* runner,
@@ -100,10 +102,10 @@ absl::StatusOr<bool> StageLoop::Resume() {
   if (epoch != loaded.data_position.end() && window != loaded.data_position.end()) {
     position = absl::StrCat(", data epoch ", epoch->second, " window ", window->second);
   }
-  say_(absl::StrFormat(
-      "loaded checkpoint %s (saved at step %d by %d ranks%s%s); this rank read %s", dir,
-      loaded.step, loaded.saved_world_size, fits ? ", with optimizer state" : "", position,
-      core::FormatBytes(loaded.bytes_read)));
+  say_(absl::StrFormat("loaded checkpoint %s (saved at step %d by %d ranks%s%s); this rank read %s",
+                       dir, loaded.step, loaded.saved_world_size,
+                       fits ? ", with optimizer state" : "", position,
+                       core::FormatBytes(loaded.bytes_read)));
   // NOTE [Data identity]: what --resume_allow_data_change let through, or why nothing
   // was compared.
   nlohmann::json changes = nlohmann::json::array();
@@ -137,15 +139,16 @@ absl::Status StageLoop::Run(Stage stage) {
     case Stage::kPredict:
       return Predict();
   }
-  return absl::InvalidArgumentError(absl::StrCat("--stages: unknown stage ", static_cast<int>(stage)));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--stages: unknown stage ", static_cast<int>(stage)));
 }
 
 absl::Status StageLoop::Fit() {
   const StageOptions& options = runner_.options();
   const int64_t from = runner_.GlobalStep(trained_);
   // NOTE [Training to a global step]: --max_steps counts from step 0, --steps from here.
-  const int64_t steps = options.max_steps > 0 ? std::max<int64_t>(0, options.max_steps - from)
-                                              : options.fit_steps;
+  const int64_t steps =
+      options.max_steps > 0 ? std::max<int64_t>(0, options.max_steps - from) : options.fit_steps;
   say_(absl::StrFormat("fit: %d steps of %d x %d tokens from global step %d%s", steps,
                        options.train_batch_size, setup_.module->train_options().seq_len, from,
                        options.max_steps > 0
@@ -219,9 +222,8 @@ void StageLoop::AddOpProfile(const std::vector<core::OpRecord>& ops) {
   const int64_t seq_len = setup_.module->train_options().seq_len;
   const double tokens = static_cast<double>(options.train_batch_size) / world * seq_len;
   // 6 N + 12 L T C: the dense-transformer count, for the GPT and the Llama alike.
-  const double flops_per_token =
-      GptFlopsPerToken(summary_["model_parameters"].get<int64_t>(), model.num_layers, seq_len,
-                       model.hidden_size);
+  const double flops_per_token = GptFlopsPerToken(summary_["model_parameters"].get<int64_t>(),
+                                                  model.num_layers, seq_len, model.hidden_size);
   const OpProfileReport report =
       ReportOpProfile(ops, core::H200Rates(), flops_per_token * tokens, tokens);
   say_(absl::StrFormat("op profile of fit step %d (this rank's ops; NOTE [Op accounting]):",
@@ -234,13 +236,13 @@ absl::Status StageLoop::Evaluate(Stage stage) {
   ASSIGN_OR_RETURN(EvalResult eval,
                    stage == Stage::kTest ? runner_.Test(trained_) : runner_.Validate(trained_));
   // NOTE [Whole-set evaluation]: token files' validate and test cover the evaluation file.
-  say_(absl::StrFormat("%s: loss %.4f over %d tokens%s; %s", StageName(stage), eval.loss,
-                       eval.count,
-                       eval.whole_set ? absl::StrFormat(" (the whole evaluation set: %d batches)",
-                                                        eval.batches)
-                                      : "",
-                       WrapLine(eval.report.wrap)));
-  if (eval.report.wrap.reused) totals_.bytes_copied_on_rewrap += eval.report.wrap.param_bytes_copied;
+  say_(absl::StrFormat(
+      "%s: loss %.4f over %d tokens%s; %s", StageName(stage), eval.loss, eval.count,
+      eval.whole_set ? absl::StrFormat(" (the whole evaluation set: %d batches)", eval.batches)
+                     : "",
+      WrapLine(eval.report.wrap)));
+  if (eval.report.wrap.reused)
+    totals_.bytes_copied_on_rewrap += eval.report.wrap.param_bytes_copied;
   summary_[StageName(stage) + "_loss"] = eval.loss;
   if (stage == Stage::kTest) {
     summary_["units_reused"] = eval.report.wrap.units_reused;
@@ -331,16 +333,19 @@ absl::Status StageLoop::Release() {
                                       runner_.options().wrap.timeout));
   summary_["safetensors_path"] = job_.safetensors_path;
   if (!job_.export_hf_dir.empty()) {
-    say_(absl::StrCat("release: exported the Hugging Face layout (config.json, model.safetensors) "
-                      "to ", job_.export_hf_dir));
+    say_(
+        absl::StrCat("release: exported the Hugging Face layout (config.json, model.safetensors) "
+                     "to ",
+                     job_.export_hf_dir));
     summary_["export_hf_dir"] = job_.export_hf_dir;
   }
   EvalOptions plain;
   plain.wrap = false;
   ASSIGN_OR_RETURN(EvalResult released, runner_.Test(trained_, plain));
-  say_(absl::StrFormat("released: plain module (no units, no process group needed), wrote %s; "
-                       "test loss %.4f",
-                       job_.safetensors_path, released.loss));
+  say_(
+      absl::StrFormat("released: plain module (no units, no process group needed), wrote %s; "
+                      "test loss %.4f",
+                      job_.safetensors_path, released.loss));
   summary_["released_test_loss"] = released.loss;
   totals_.AddMemory(released.report.memory);
   return absl::OkStatus();

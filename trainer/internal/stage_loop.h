@@ -28,12 +28,12 @@
 #include "core/device.h"
 #include "core/op_profile.h"
 #include "integration/device_setup.h"
-#include "trainer/internal/job_options.h"
-#include "trainer/internal/job_setup.h"
-#include "trainer/internal/job_summary.h"
 #include "integration/stage_runner.h"
 #include "integration/train_module.h"
 #include "nlohmann/json.hpp"
+#include "trainer/internal/job_options.h"
+#include "trainer/internal/job_setup.h"
+#include "trainer/internal/job_summary.h"
 
 namespace integration {
 namespace internal {
@@ -44,9 +44,8 @@ std::string WrapLine(const WrapReport& wrap);
 class StageLoop {
  public:
   // `say` prints a line (on rank 0). None of the pointers is owned; all outlive the loop.
-  StageLoop(const JobOptions& job, const JobSetup& setup, StageRunner* runner,
-            TrainModule* trained, nlohmann::json* summary,
-            std::function<void(const std::string&)> say);
+  StageLoop(const JobOptions& job, const JobSetup& setup, StageRunner* runner, TrainModule* trained,
+            nlohmann::json* summary, std::function<void(const std::string&)> say);
 
   // Loads --resume_from (with the optimizer state when the stages fit); with
   // --resume_from=latest the newest complete checkpoint under the stages' checkpoint_dir,

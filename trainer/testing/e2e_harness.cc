@@ -59,16 +59,16 @@ std::string ReadFile(const std::string& path) {
 }
 
 std::vector<std::string> SmallModelFlags() {
-  return {"--vocab_size=32", "--block_size=16", "--seq_len=16",     "--n_embd=32",
-          "--n_layer=2",     "--n_head=2",      "--batch_size=8",   "--eval_batch_size=8",
-          "--eval_batches=4", "--log_every=10", "--warmup_steps=5", "--lr=1e-2",
+  return {"--vocab_size=32",  "--block_size=16", "--seq_len=16",     "--n_embd=32",
+          "--n_layer=2",      "--n_head=2",      "--batch_size=8",   "--eval_batch_size=8",
+          "--eval_batches=4", "--log_every=10",  "--warmup_steps=5", "--lr=1e-2",
           "--timeout_s=60"};
 }
 
 RunResult RunCommand(std::vector<std::string> argv, absl::Duration timeout) {
   RunResult result;
-  const std::string log = absl::StrCat(TempDir(), "/run-", ::getpid(), "-",
-                                       absl::ToUnixNanos(absl::Now()), ".log");
+  const std::string log =
+      absl::StrCat(TempDir(), "/run-", ::getpid(), "-", absl::ToUnixNanos(absl::Now()), ".log");
   const pid_t pid = ::fork();
   if (pid == 0) {
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -145,8 +145,8 @@ absl::Status SameSafetensors(const std::string& a, const std::string& b) {
   absl::StatusOr<checkpoint::SafetensorsFile> y = checkpoint::ImportSafetensors(b);
   if (!y.ok()) return y.status();
   if (x->tensors.size() != y->tensors.size()) {
-    return absl::InternalError(absl::StrCat(a, " holds ", x->tensors.size(), " tensors, ", b,
-                                            " ", y->tensors.size()));
+    return absl::InternalError(
+        absl::StrCat(a, " holds ", x->tensors.size(), " tensors, ", b, " ", y->tensors.size()));
   }
   for (size_t i = 0; i < x->tensors.size(); ++i) {
     const core::Tensor& s = x->tensors[i].second;
@@ -154,8 +154,8 @@ absl::Status SameSafetensors(const std::string& a, const std::string& b) {
     if (x->tensors[i].first != y->tensors[i].first || s.nbytes() != t.nbytes() ||
         std::memcmp(s.raw_data(), t.raw_data(), s.nbytes()) != 0) {
       return absl::InternalError(absl::StrCat("tensor ", i, " (", x->tensors[i].first, " / ",
-                                              y->tensors[i].first, ") differs between ", a,
-                                              " and ", b));
+                                              y->tensors[i].first, ") differs between ", a, " and ",
+                                              b));
     }
   }
   return absl::OkStatus();
