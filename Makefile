@@ -1,17 +1,22 @@
 # The two set-up commands of README.md. Each installs what is missing first.
 #   make demo   the main job: fit, test, checkpoint and release a small GPT on 2 local CPU ranks
-#   make test   the whole test suite: the CUDA build where nvcc is installed, every test,
-#               then the consumer workspace examples/consumer
+#   make test   the whole test suite: the source checks (formatting, function lengths), the
+#               CUDA build where nvcc is installed, every test, then the consumer workspace
+#               examples/consumer
 #   make gpu_bundle   the archive for a GPU machine (tools/gpu_bundle.sh)
 
 BAZEL ?= bazel
 NVCC ?= /usr/local/cuda/bin/nvcc
 DEMO_ARGS ?=
 
-.PHONY: demo test setup sanitize gpu_bundle
+.PHONY: demo test setup sanitize gpu_bundle format
 
 setup:
 	@bash tools/setup.sh
+
+# Formats every C++ source in place (the style `make test` checks).
+format: setup
+	@bash tools/format.sh --fix
 
 # --device=cuda in DEMO_ARGS builds the CUDA paths (--config=cuda).
 DEMO_BAZEL_FLAGS ?= $(if $(findstring --device=cuda,$(DEMO_ARGS)),--config=cuda,)
@@ -26,7 +31,11 @@ demo: setup
 # CPU build (.bazelrc), so they are compiled once.
 CUDA_BUILD_QUERY = let all = //... in (kind("cc_library|cc_binary", $$all) + attr(tags, "\bgpu\b", tests($$all))) except attr(tags, "\bmanual\b", $$all)
 
+# Source checks first (seconds): C++ formatting (tools/format.sh; `tools/format.sh --fix`
+# fixes it) and functions over 100 lines without a comment saying why (tools/function_lengths.py).
 test: setup
+	@bash tools/format.sh
+	@python3 tools/function_lengths.py
 	@if [ -x $(NVCC) ]; then \
 	  echo "make test: bazel build --config=cuda (every library and binary and the gpu tests: the CUDA code compiles and links)"; \
 	  targets=$$($(BAZEL) query --noshow_progress '$(CUDA_BUILD_QUERY)') && \
