@@ -328,15 +328,17 @@ struct BadFile {
   std::vector<std::string> mentions;  // besides the file path
 };
 
-TEST(SafetensorsTest, MalformedFilesAreRefusedNamingFileAndTensor) {
-  const std::string dir = TestDir("bad");
-  const std::string f8(8, '\0');
-  auto entry = [](const std::string& name, const std::string& dtype, const std::string& shape,
+// A header entry of one tensor.
+std::string Entry(const std::string& name, const std::string& dtype, const std::string& shape,
                   const std::string& offsets) {
-    return absl::StrCat("\"", name, "\":{\"dtype\":\"", dtype, "\",\"shape\":", shape,
-                        ",\"data_offsets\":", offsets, "}");
-  };
-  const std::vector<BadFile> cases = {
+  return absl::StrCat("\"", name, "\":{\"dtype\":\"", dtype, "\",\"shape\":", shape,
+                      ",\"data_offsets\":", offsets, "}");
+}
+
+// Files that ImportSafetensors must refuse, each with the code and words of its error.
+std::vector<BadFile> MalformedFiles() {
+  const std::string f8(8, '\0');
+  return {
       {"short",
        std::string("\x05\x00\x00", 3),
        absl::StatusCode::kInvalidArgument,
@@ -352,61 +354,61 @@ TEST(SafetensorsTest, MalformedFilesAreRefusedNamingFileAndTensor) {
       {"not_json", File("{\"a\": ", ""), absl::StatusCode::kInvalidArgument, {"not valid JSON"}},
       {"not_object", File("[1, 2]", ""), absl::StatusCode::kInvalidArgument, {"start with '{'"}},
       {"unknown_dtype",
-       File("{" + entry("w", "Q7", "[2]", "[0,8]") + "}", f8),
+       File("{" + Entry("w", "Q7", "[2]", "[0,8]") + "}", f8),
        absl::StatusCode::kInvalidArgument,
        {"'w'", "'Q7'"}},
       {"unsupported_dtype",
-       File("{" + entry("w", "F64", "[1]", "[0,8]") + "}", f8),
+       File("{" + Entry("w", "F64", "[1]", "[0,8]") + "}", f8),
        absl::StatusCode::kUnimplemented,
        {"'w'", "'F64'"}},
       {"f16_size_mismatch",
-       File("{" + entry("w", "F16", "[3]", "[0,8]") + "}", f8),
+       File("{" + Entry("w", "F16", "[3]", "[0,8]") + "}", f8),
        absl::StatusCode::kInvalidArgument,
        {"'w'", "6 bytes"}},
       {"size_mismatch",
-       File("{" + entry("w", "F32", "[3]", "[0,8]") + "}", f8),
+       File("{" + Entry("w", "F32", "[3]", "[0,8]") + "}", f8),
        absl::StatusCode::kInvalidArgument,
        {"'w'", "12 bytes"}},
       {"overlap",
-       File("{" + entry("a", "F32", "[1]", "[0,4]") + "," + entry("b", "F32", "[1]", "[2,6]") + "}",
+       File("{" + Entry("a", "F32", "[1]", "[0,4]") + "," + Entry("b", "F32", "[1]", "[2,6]") + "}",
             std::string(6, '\0')),
        absl::StatusCode::kInvalidArgument,
        {"'b'", "overlap", "'a'"}},
       {"gap",
        File(
-           "{" + entry("a", "F32", "[1]", "[0,4]") + "," + entry("b", "F32", "[1]", "[8,12]") + "}",
+           "{" + Entry("a", "F32", "[1]", "[0,4]") + "," + Entry("b", "F32", "[1]", "[8,12]") + "}",
            std::string(12, '\0')),
        absl::StatusCode::kInvalidArgument,
        {"'b'", "gap"}},
       {"not_from_zero",
-       File("{" + entry("a", "F32", "[1]", "[4,8]") + "}", f8),
+       File("{" + Entry("a", "F32", "[1]", "[4,8]") + "}", f8),
        absl::StatusCode::kInvalidArgument,
        {"'a'", "gap"}},
       {"truncated",
        File(
-           "{" + entry("a", "F32", "[1]", "[0,4]") + "," + entry("b", "F32", "[2]", "[4,12]") + "}",
+           "{" + Entry("a", "F32", "[1]", "[0,4]") + "," + Entry("b", "F32", "[2]", "[4,12]") + "}",
            f8),
        absl::StatusCode::kDataLoss,
        {"'b'", "truncated"}},
       {"trailing",
-       File("{" + entry("a", "F32", "[1]", "[0,4]") + "}", f8),
+       File("{" + Entry("a", "F32", "[1]", "[0,4]") + "}", f8),
        absl::StatusCode::kInvalidArgument,
        {"4 bytes follow"}},
       {"duplicate",
-       File("{" + entry("a", "F32", "[1]", "[0,4]") + "," + entry("a", "F32", "[1]", "[4,8]") + "}",
+       File("{" + Entry("a", "F32", "[1]", "[0,4]") + "," + Entry("a", "F32", "[1]", "[4,8]") + "}",
             f8),
        absl::StatusCode::kInvalidArgument,
        {"'a'", "twice"}},
       {"negative_offset",
-       File("{" + entry("a", "F32", "[1]", "[-4,0]") + "}", ""),
+       File("{" + Entry("a", "F32", "[1]", "[-4,0]") + "}", ""),
        absl::StatusCode::kInvalidArgument,
        {"'a'", "non-negative"}},
       {"float_shape",
-       File("{" + entry("a", "F32", "[1.5]", "[0,4]") + "}", std::string(4, '\0')),
+       File("{" + Entry("a", "F32", "[1.5]", "[0,4]") + "}", std::string(4, '\0')),
        absl::StatusCode::kInvalidArgument,
        {"'a'", "shape"}},
       {"reversed_offsets",
-       File("{" + entry("a", "F32", "[0]", "[4,0]") + "}", ""),
+       File("{" + Entry("a", "F32", "[0]", "[4,0]") + "}", ""),
        absl::StatusCode::kInvalidArgument,
        {"'a'", "end before"}},
       {"missing_key",
@@ -418,11 +420,15 @@ TEST(SafetensorsTest, MalformedFilesAreRefusedNamingFileAndTensor) {
        absl::StatusCode::kInvalidArgument,
        {"__metadata__", "'k'"}},
       {"huge_shape",
-       File("{" + entry("a", "F32", "[1099511627776,1099511627776]", "[0,4]") + "}", ""),
+       File("{" + Entry("a", "F32", "[1099511627776,1099511627776]", "[0,4]") + "}", ""),
        absl::StatusCode::kInvalidArgument,
        {"'a'", "2^50"}},
   };
-  for (const BadFile& c : cases) {
+}
+
+TEST(SafetensorsTest, MalformedFilesAreRefusedNamingFileAndTensor) {
+  const std::string dir = TestDir("bad");
+  for (const BadFile& c : MalformedFiles()) {
     const std::string path = absl::StrCat(dir, "/", c.name, ".safetensors");
     WriteAll(path, c.bytes);
     absl::StatusOr<SafetensorsFile> file = ImportSafetensors(path);

@@ -160,6 +160,40 @@ OptimizerState Optimizer::State() const {
   return state;
 }
 
+namespace {
+
+// State tensor `key` of `type` from `src`: an fp32 tensor shaped and placed as the
+// parameter's `data`, on which the optimizer state lives (`src` widened or brought over).
+absl::StatusOr<Tensor> Fp32StateTensor(const std::string& type, const std::string& key,
+                                       const Tensor& src, const Tensor& data) {
+  ASSIGN_OR_RETURN(
+      Tensor t, Tensor::Allocate(data.shape(), DType::kFloat32, MemoryTag::kOptim, data.device()));
+  // Convert to fp32 on the host first when the state lives on a device (dtype
+  // conversion is a host operation; a device bf16 source is brought back first).
+  Tensor source = src;
+  if (src.dtype() != DType::kFloat32 && !(data.device().is_cpu() && src.device().is_cpu())) {
+    Tensor host = src;
+    if (!src.device().is_cpu()) {
+      ASSIGN_OR_RETURN(host, Tensor::Allocate(src.shape(), src.dtype(), MemoryTag::kOptim));
+      RETURN_IF_ERROR(host.CopyFrom(src));
+    }
+    absl::StatusOr<Tensor> wide = host.ToDType(DType::kFloat32, MemoryTag::kOptim);
+    if (!wide.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(type, ": LoadState: state tensor '", key, "': ", wide.status().message()));
+    }
+    source = *std::move(wide);
+  }
+  absl::Status copied = t.CopyFrom(source);
+  if (!copied.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(type, ": LoadState: state tensor '", key, "': ", copied.message()));
+  }
+  return t;
+}
+
+}  // namespace
+
 absl::Status Optimizer::LoadState(const OptimizerState& state) {
   const std::string type = TypeName();
   const std::vector<std::string> names = StateNames();
@@ -224,29 +258,7 @@ absl::Status Optimizer::LoadState(const OptimizerState& state) {
           " (load state into an optimizer over parameters "
           "of the same layout, e.g. after wrapping with the same world size)"));
     }
-    ASSIGN_OR_RETURN(Tensor t, Tensor::Allocate(data.shape(), DType::kFloat32, MemoryTag::kOptim,
-                                                data.device()));
-    // Convert to fp32 on the host first when the state lives on a device (dtype
-    // conversion is a host operation; a device bf16 source is brought back first).
-    Tensor source = src;
-    if (src.dtype() != DType::kFloat32 && !(data.device().is_cpu() && src.device().is_cpu())) {
-      Tensor host = src;
-      if (!src.device().is_cpu()) {
-        ASSIGN_OR_RETURN(host, Tensor::Allocate(src.shape(), src.dtype(), MemoryTag::kOptim));
-        RETURN_IF_ERROR(host.CopyFrom(src));
-      }
-      absl::StatusOr<Tensor> wide = host.ToDType(DType::kFloat32, MemoryTag::kOptim);
-      if (!wide.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(type, ": LoadState: state tensor '", key, "': ", wide.status().message()));
-      }
-      source = *std::move(wide);
-    }
-    absl::Status copied = t.CopyFrom(source);
-    if (!copied.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(type, ": LoadState: state tensor '", key, "': ", copied.message()));
-    }
+    ASSIGN_OR_RETURN(Tensor t, Fp32StateTensor(type, key, src, data));
     st.tensors[s] = std::move(t);
   }
   for (size_t i = 0; i < params_.size(); ++i) {
