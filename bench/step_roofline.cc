@@ -1,23 +1,31 @@
-// step_roofline: the roofline estimate, on an H200, of one training step of a GPT (or a
-// Llama) as this library runs it on a GPU, from the op list the same step records here
-// (NOTE [Op accounting] in core/op_profile.h), without a GPU.
+// step_roofline: the roofline estimate, on an H200 (or an H100), of one training step of a
+// GPT (or a Llama) as this library runs it on a GPU, from the op list the same step records
+// here (NOTE [Op accounting] in core/op_profile.h), without a GPU.
 //
 //   bazel run -c opt //bench:step_roofline                       # GPT-2 124M, batch 16, bf16
 //   bazel run -c opt //bench:step_roofline -- --param_dtype=float32 --n_layer=2
 //   bazel run -c opt //bench:step_roofline -- --model=llama      # GPT-2 small's widths,
 //                                                                # 4 kv heads, SwiGLU 2048
+//   bazel run -c opt //bench:step_roofline -- --device=H100 --dump_ops=/tmp/ops.json
 //
 // It trains the model on one rank (FullyShard over a one-rank gloo group, the main job's
 // policy: each TransformerBlock or LlamaDecoderLayer a unit) through StageRunner::Fit, one
 // step to wrap and warm
 // up, then records one step at 1 and at 2 sequences, extrapolates the op list to --batch
-// sequences (core::ExtrapolateBatch) and estimates each op on core::H200Rates(). Prints a
-// table per op category and, last, one JSON line: each category's ops, launches, FLOPs,
-// bytes and estimated time, the step's estimated time, tokens/s and MFU (model FLOPs
-// 6 N + 12 L T C per token, as nanoGPT and tools/gpu_bundle/run.sh count them), and the
-// rates the estimate used.
+// sequences (core::ExtrapolateBatch) and estimates each op on the --device's rates
+// (core::RatesForDevice). Prints the tables of the estimate on the calibrated set (NOTE
+// [Rate sets] in core/roofline.h) per op category, op kind and GEMM shape, then the
+// datasheet, attained and calibrated estimates side by side per category with the step's
+// time, tokens/s and MFU (model FLOPs 6 N + 12 L T C per token, as nanoGPT and
+// tools/gpu_bundle/run.sh count them), and, last, one JSON line: the calibrated estimate
+// (each category's ops, launches, FLOPs, bytes and time, the step's, the rates) and
+// "rate_sets", the three side by side. --dump_ops writes the op list (OpRecordsJson).
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <memory>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -25,6 +33,7 @@
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "comm/gloo_process_group.h"
 #include "comm/hash_store.h"
@@ -50,6 +59,14 @@ ABSL_FLAG(int64_t, n_kv_head, 4, "Llama: key-value heads");
 ABSL_FLAG(int64_t, intermediate_size, 2048, "Llama: the SwiGLU MLP's width");
 ABSL_FLAG(int64_t, batch, 16, "sequences per step in the estimate");
 ABSL_FLAG(std::string, param_dtype, "bfloat16", "float32 or bfloat16 (FSDP mixed precision)");
+ABSL_FLAG(std::string, device, "H200",
+          "the GPU to estimate on, by name: H200 or H100 (SXM; core::RatesForDevice)");
+ABSL_FLAG(std::string, dump_ops, "",
+          "if set, write the step's op list there as JSON (integration::OpRecordsJson)");
+ABSL_FLAG(std::string, ops, "",
+          "if set, estimate this op list (OpRecordsJson, or an object with \"records\": "
+          "bench/testdata/run9_ops.json) instead of recording a step; the model flags "
+          "describe its model");
 
 namespace {
 
@@ -111,15 +128,46 @@ absl::StatusOr<std::vector<core::OpRecord>> RecordStep(int rows, int64_t* parame
   return fit.profiled_ops;
 }
 
+// `path` as the user meant it: under `bazel run` a relative path is taken from the
+// directory bazel was run in (BUILD_WORKING_DIRECTORY), not from the runfiles.
+std::string UsersPath(const std::string& path) {
+  const char* dir = std::getenv("BUILD_WORKING_DIRECTORY");
+  if (path.empty() || path[0] == '/' || dir == nullptr || *dir == '\0') return path;
+  return absl::StrCat(dir, "/", path);
+}
+
+// The op list --ops names, and the parameters of the model the flags describe.
+absl::StatusOr<std::vector<core::OpRecord>> LoadStep(const std::string& path, int64_t* parameters) {
+  std::string block_type;
+  ASSIGN_OR_RETURN(std::unique_ptr<integration::DecoderTrainModule> module,
+                   CreateModule(&block_type));
+  *parameters = module->model()->NumParameterElements();
+  std::ifstream file(path);
+  std::stringstream text;
+  text << file.rdbuf();
+  const nlohmann::json data = nlohmann::json::parse(text.str(), nullptr, false);
+  if (!file || data.is_discarded()) {
+    return absl::InvalidArgumentError(absl::StrFormat("--ops=%s: not a readable JSON file", path));
+  }
+  absl::StatusOr<std::vector<core::OpRecord>> records = integration::OpRecordsFromJson(
+      data.is_object() && data.contains("records") ? data["records"] : data);
+  if (!records.ok()) return core::Annotate(records.status(), absl::StrCat("--ops=", path));
+  return records;
+}
+
 nlohmann::json Run() {
   nlohmann::json out;
   int64_t parameters = 0;
-  absl::StatusOr<std::vector<core::OpRecord>> one = RecordStep(1, &parameters);
-  absl::StatusOr<std::vector<core::OpRecord>> two =
-      one.ok() ? RecordStep(2, &parameters) : one.status();
   const int64_t batch = absl::GetFlag(FLAGS_batch);
-  absl::StatusOr<std::vector<core::OpRecord>> step =
-      two.ok() ? core::ExtrapolateBatch(*one, *two, batch) : two.status();
+  absl::StatusOr<std::vector<core::OpRecord>> step;
+  if (!absl::GetFlag(FLAGS_ops).empty()) {
+    step = LoadStep(UsersPath(absl::GetFlag(FLAGS_ops)), &parameters);
+  } else {
+    absl::StatusOr<std::vector<core::OpRecord>> one = RecordStep(1, &parameters);
+    absl::StatusOr<std::vector<core::OpRecord>> two =
+        one.ok() ? RecordStep(2, &parameters) : one.status();
+    step = two.ok() ? core::ExtrapolateBatch(*one, *two, batch) : two.status();
+  }
   if (!step.ok()) {
     out["error"] = step.status().ToString();
     return out;
@@ -128,10 +176,36 @@ nlohmann::json Run() {
   const double tokens = static_cast<double>(batch) * T;
   const double flops_per_token = integration::GptFlopsPerToken(
       parameters, absl::GetFlag(FLAGS_n_layer), T, absl::GetFlag(FLAGS_n_embd));
+  const std::string device = absl::GetFlag(FLAGS_device);
+  std::vector<integration::RateSetColumn> sets;
+  for (int i = 0; i < core::kNumRateSets; ++i) {
+    const core::RateSet set = static_cast<core::RateSet>(i);
+    std::optional<core::DeviceRates> rates = core::RatesForDevice(device, set);
+    if (!rates.has_value()) {
+      out["error"] = absl::StrFormat(
+          "--device=%s: core/roofline.h has rates for H200 and H100 (SXM) only", device);
+      return out;
+    }
+    sets.push_back({core::RateSetName(set), *rates});
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_dump_ops); !path.empty()) {
+    std::ofstream file(UsersPath(path));
+    file << integration::OpRecordsJson(*step).dump(1) << "\n";
+    if (!file) {
+      out["error"] = absl::StrFormat("--dump_ops=%s: cannot write it", path);
+      return out;
+    }
+  }
+  const double model_flops = flops_per_token * tokens;
   const integration::OpProfileReport report =
-      integration::ReportOpProfile(*step, core::H200Rates(), flops_per_token * tokens, tokens);
+      integration::ReportOpProfile(*step, sets.back().rates, model_flops, tokens);
   for (const std::string& line : report.lines) std::printf("%s\n", line.c_str());
+  const integration::OpProfileReport compared =
+      integration::CompareRateSets(*step, sets, model_flops, tokens);
+  std::printf("\n");
+  for (const std::string& line : compared.lines) std::printf("%s\n", line.c_str());
   out = report.json;
+  out["rate_sets"] = compared.json["sets"];
   out["model"] = {{"kind", absl::GetFlag(FLAGS_model)},
                   {"vocab_size", absl::GetFlag(FLAGS_vocab_size)},
                   {"seq_len", T},

@@ -84,8 +84,26 @@ const char* OpEngineName(OpEngine engine) {
       return "collective";
     case OpEngine::kHostSync:
       return "host_sync";
+    case OpEngine::kTensorCoreMma:
+      return "tensor_core_mma";
+    case OpEngine::kMemoryRows:
+      return "memory_rows";
   }
   return "unknown";
+}
+
+std::optional<OpCategory> OpCategoryFromName(absl::string_view name) {
+  for (int i = 0; i < kNumOpCategories; ++i) {
+    if (name == OpCategoryName(static_cast<OpCategory>(i))) return static_cast<OpCategory>(i);
+  }
+  return std::nullopt;
+}
+
+std::optional<OpEngine> OpEngineFromName(absl::string_view name) {
+  for (int i = 0; i < kNumOpEngines; ++i) {
+    if (name == OpEngineName(static_cast<OpEngine>(i))) return static_cast<OpEngine>(i);
+  }
+  return std::nullopt;
 }
 
 OpProfile::OpProfile() = default;

@@ -22,21 +22,28 @@
 //   // op's destructor records the end event (CUDA) and the record.
 //
 // NOTE [Op accounting]: FLOPs are the multiply-adds the kernel performs times 2 (masked
-// attention entries included: the unfused path computes them) plus one per other
-// arithmetic operation per element; bytes are the device-memory bytes an op must read and
-// write at least once (inputs once, outputs once; a GEMM's C also read when beta != 0).
-// `launches` is how many kernels the CUDA path launches for the op. Nothing is recorded
-// unless a profile is installed on the calling thread, so the cost when profiling is off
-// is one thread-local read per op.
+// attention entries included: the unfused path computes them, and the fused attention's
+// diagonal tiles too) plus one per other arithmetic operation per element; bytes are the
+// device-memory bytes the op's kernels read and write: each kernel's inputs once and its
+// outputs once (a GEMM's C also read when beta != 0, an epilogue's bias and aux too), and
+// what a kernel reads again only where that data cannot have stayed in cache (a 200 KB row
+// read twice); tiles a kernel re-reads from shared memory or L2 (the fused attention's K
+// and V) are not device-memory bytes. `exps` are the exponentials the kernels evaluate on
+// the special-function units (the fused attention's and the softmaxes'). `launches` is how
+// many kernels the CUDA path launches for the op. Nothing is recorded unless a profile is
+// installed on the calling thread, so the cost when profiling is off is one thread-local
+// read per op.
 #ifndef CORE_OP_PROFILE_H_
 #define CORE_OP_PROFILE_H_
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "core/device.h"
 
 namespace core {
@@ -60,26 +67,43 @@ inline constexpr int kNumOpCategories = static_cast<int>(OpCategory::kHostSync) 
 
 // "gemm.forward", "attention", ...
 const char* OpCategoryName(OpCategory category);
+// The category OpCategoryName names; nullopt for another string.
+std::optional<OpCategory> OpCategoryFromName(absl::string_view name);
 
-// What bounds an op on the device (core/roofline.h holds the rate of each).
+// What bounds an op on the device (core/roofline.h holds the rate of each). New engines
+// are added at the end, so recorded numbers keep their meaning.
 enum class OpEngine : int {
-  kTensorCoreBf16 = 0,  // bf16 x bf16 GEMM with fp32 accumulation on tensor cores
+  kTensorCoreBf16 = 0,  // a cuBLAS(Lt) bf16 x bf16 GEMM with fp32 accumulation
   kSimtFp32,            // fp32 GEMM without tensor cores (TF32 off)
-  kMemory,              // bandwidth-bound kernels and device copies
+  kMemory,              // bandwidth-bound kernels that stream elements, device copies
   kCollective,          // bytes through the collective (one rank: a device copy)
   kHostSync,            // a host round trip; no device work of its own
+  // The library's own fused tensor-core kernels (the fused attention): mma.sync tile
+  // products and, between them in the same warp, the softmax's exponentials.
+  kTensorCoreMma,
+  // Bandwidth-bound kernels that reduce each row or column between reading and writing it
+  // (LayerNorm, RMSNorm, softmax, cross-entropy, column sums): a warp or block a row, a
+  // reduction before its outputs.
+  kMemoryRows,
 };
-inline constexpr int kNumOpEngines = static_cast<int>(OpEngine::kHostSync) + 1;
+inline constexpr int kNumOpEngines = static_cast<int>(OpEngine::kMemoryRows) + 1;
 const char* OpEngineName(OpEngine engine);
+// The engine OpEngineName names; nullopt for another string.
+std::optional<OpEngine> OpEngineFromName(absl::string_view name);
 
 struct OpCost {
   double flops = 0;
   double bytes = 0;
   int launches = 1;
   OpEngine engine = OpEngine::kMemory;
+  double exps = 0;  // last, so that OpCost{flops, bytes, launches, engine} means what it did
 
   static OpCost Memory(double bytes, double flops = 0, int launches = 1) {
     return OpCost{flops, bytes, launches, OpEngine::kMemory};
+  }
+  // A row or column reduction's kernels (OpEngine::kMemoryRows).
+  static OpCost Rows(double bytes, double flops = 0, int launches = 1, double exps = 0) {
+    return OpCost{flops, bytes, launches, OpEngine::kMemoryRows, exps};
   }
 };
 

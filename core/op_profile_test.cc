@@ -186,11 +186,14 @@ TEST(RooflineTest, ExtrapolatesPerStepOpsAffinelyAndRepeatsPerSequenceOps) {
   // The weight gradient's reduction runs over the rows: 64 per sequence.
   one[0].gemm = GemmShape{1, 32, 48, 64};
   two[0].gemm = GemmShape{1, 32, 48, 128};
+  one[0].cost.exps = 3;
+  two[0].cost.exps = 6;
   absl::StatusOr<std::vector<OpRecord>> at16 = ExtrapolateBatch(one, two, 16);
   ASSERT_TRUE(at16.ok()) << at16.status();
   ASSERT_EQ(at16->size(), 1u + 16u);
   EXPECT_EQ((*at16)[0].cost.flops, 160);
   EXPECT_EQ((*at16)[0].cost.bytes, 100 + 80);
+  EXPECT_EQ((*at16)[0].cost.exps, 16 * 3);  // 3 exponentials a sequence
   // Its shape grows the same way: k = 16 x 64, m and n as they were.
   EXPECT_EQ((*at16)[0].gemm.batch, 1);
   EXPECT_EQ((*at16)[0].gemm.m, 32);
@@ -211,6 +214,154 @@ TEST(RooflineTest, ExtrapolatesPerStepOpsAffinelyAndRepeatsPerSequenceOps) {
   std::vector<OpRecord> extra = two;
   extra.push_back(Op(OpCategory::kLoss, "cross_entropy", 1, 1));
   EXPECT_EQ(ExtrapolateBatch(one, extra, 16).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(OpProfileTest, EngineAndCategoryNamesParseBack) {
+  for (int i = 0; i < kNumOpEngines; ++i) {
+    const OpEngine e = static_cast<OpEngine>(i);
+    EXPECT_EQ(OpEngineFromName(OpEngineName(e)), e) << OpEngineName(e);
+  }
+  for (int i = 0; i < kNumOpCategories; ++i) {
+    const OpCategory c = static_cast<OpCategory>(i);
+    EXPECT_EQ(OpCategoryFromName(OpCategoryName(c)), c) << OpCategoryName(c);
+  }
+  EXPECT_EQ(OpEngineFromName("warp_drive"), std::nullopt);
+  EXPECT_EQ(OpCategoryFromName("gemm"), std::nullopt);
+}
+
+// The rates the next tests use: 1e11 FLOP, 1e9 bytes (streaming), 5e8 bytes (rows) per ms.
+DeviceRates TestRates() {
+  DeviceRates r;
+  r.bf16_gemm_tflops = 100;
+  r.fp32_simt_tflops = 10;
+  r.memory_gbps = 1000;
+  r.row_memory_gbps = 500;
+  r.collective_gbps = 100;
+  return r;
+}
+
+// A GEMM's FLOPs at its shape's rate, plus the output bytes its main loop does not hide.
+TEST(RooflineTest, AGemmTakesItsShapesRateAndItsOutputBeyondItsOperands) {
+  DeviceRates rates = TestRates();
+  rates.sm_count = 100;
+  OpRecord gemm;
+  gemm.cost = Gemm(2e11, 0);                 // 2 ms at the full rate
+  gemm.gemm = GemmShape{1, 1280, 1280, 64};  // 10 x 10 blocks of 128 x 128: one full wave
+  EXPECT_DOUBLE_EQ(GemmFill(gemm.gemm, rates), 1.0);
+  EXPECT_DOUBLE_EQ(EstimateOp(gemm, rates).ms, 2.0);
+  // 5 x 10 blocks leave half the SMs idle: the same FLOPs take twice as long.
+  gemm.gemm = GemmShape{1, 640, 1280, 64};
+  EXPECT_DOUBLE_EQ(GemmFill(gemm.gemm, rates), 0.5);
+  EXPECT_DOUBLE_EQ(EstimateOp(gemm, rates).compute_ms, 4.0);
+  // A long reduction is split: k = 4096 gives 2 parts of each block.
+  gemm.gemm = GemmShape{1, 640, 1280, 4096};
+  EXPECT_DOUBLE_EQ(GemmFill(gemm.gemm, rates), 1.0);
+  // A batch of small products fills the device together.
+  EXPECT_DOUBLE_EQ(GemmFill(GemmShape{20, 128, 640, 64}, rates), 1.0);
+  // Without SMs in the rates, or a shape in the record, every GEMM fills the device.
+  EXPECT_DOUBLE_EQ(GemmFill(GemmShape{1, 128, 128, 64}, TestRates()), 1.0);
+  EXPECT_DOUBLE_EQ(GemmFill(GemmShape{}, rates), 1.0);
+
+  // Its output: bytes beyond the bf16 operands (A 1280 x 64, B 64 x 1280), at the output
+  // rate on top of the main loop.
+  gemm.gemm = GemmShape{1, 1280, 1280, 64};
+  const double operands = 2.0 * (1280 * 64 + 64 * 1280);
+  gemm.cost.bytes = operands + 4.0 * 1280 * 1280;     // an fp32 C
+  EXPECT_DOUBLE_EQ(EstimateOp(gemm, rates).ms, 2.0);  // hidden while gemm_output_gbps is 0
+  rates.gemm_output_gbps = 2000;                      // 2e9 bytes a ms
+  EXPECT_DOUBLE_EQ(EstimateOp(gemm, rates).compute_ms, 2.0 + 4.0 * 1280 * 1280 / 2e9);
+}
+
+// NOTE [Op accounting]: the fused attention's time is its tile products at the mma rate
+// and then its exponentials, in the same warps; its bytes bound it only when they take
+// longer.
+TEST(RooflineTest, FusedAttentionTakesItsProductsThenItsExponentials) {
+  DeviceRates rates = TestRates();
+  rates.mma_tflops = 50;  // 5e10 FLOP a ms
+  rates.exp_tops = 2;     // 2e9 exponentials a ms
+  OpRecord attention;
+  attention.category = OpCategory::kAttention;
+  attention.cost = OpCost{1e11, 1e8, 1, OpEngine::kTensorCoreMma, 4e9};
+  RooflineCategory t = EstimateOp(attention, rates);
+  EXPECT_DOUBLE_EQ(t.compute_ms, 2.0 + 2.0);
+  EXPECT_DOUBLE_EQ(t.memory_ms, 0.0);
+  // Without an exponential rate, only the products; without an mma rate, cuBLAS's.
+  rates.exp_tops = 0;
+  EXPECT_DOUBLE_EQ(EstimateOp(attention, rates).ms, 2.0);
+  rates.mma_tflops = 0;
+  EXPECT_DOUBLE_EQ(EstimateOp(attention, rates).ms, 1.0);
+  // A bandwidth-bound kernel's exponentials are one more bound beside its bytes.
+  rates.exp_tops = 2;
+  OpRecord softmax;
+  softmax.cost = OpCost::Rows(1e8, 0, 1, 4e9);  // bytes 0.2 ms, exponentials 2 ms
+  EXPECT_DOUBLE_EQ(EstimateOp(softmax, rates).ms, 2.0);
+}
+
+// A row kernel's bytes at the row rate, a streaming kernel's at the memory rate; a kernel
+// takes at least min_kernel_us, each launch also launch_us.
+TEST(RooflineTest, RowKernelsTakeTheRowRateAndEveryKernelItsFloor) {
+  DeviceRates rates = TestRates();
+  EXPECT_DOUBLE_EQ(
+      EstimateOp(OpRecord{OpCategory::kNorm, "layernorm.forward", OpCost::Rows(1e9)}, rates)
+          .memory_ms,
+      2.0);
+  EXPECT_DOUBLE_EQ(
+      EstimateOp(OpRecord{OpCategory::kConvert, "convert", OpCost::Memory(1e9)}, rates).memory_ms,
+      1.0);
+  rates.row_memory_gbps = 0;  // rows at the streaming rate
+  EXPECT_DOUBLE_EQ(
+      EstimateOp(OpRecord{OpCategory::kNorm, "layernorm.forward", OpCost::Rows(1e9)}, rates)
+          .memory_ms,
+      1.0);
+  rates.min_kernel_us = 4;
+  rates.launch_us = 1;
+  // Two launches of 1e6 bytes (1 us) take two floors of 4 us, plus their launches.
+  const RooflineCategory tiny =
+      EstimateOp(OpRecord{OpCategory::kElementwise, "zero", OpCost::Memory(1e6, 0, 2)}, rates);
+  EXPECT_DOUBLE_EQ(tiny.memory_ms, 1e-3);
+  EXPECT_DOUBLE_EQ(tiny.ms, 8e-3 + 2e-3);
+  // A kernel longer than its floor takes its own time.
+  EXPECT_DOUBLE_EQ(
+      EstimateOp(OpRecord{OpCategory::kConvert, "convert", OpCost::Memory(1e9)}, rates).ms,
+      1.0 + 1e-3);
+}
+
+// NOTE [Rate sets]: each device in each set; the H100 SXM's rates are the H200's with its
+// device memory, and a name picks the device.
+TEST(RooflineTest, RatesAreChosenByTheDevicesName) {
+  for (int i = 0; i < kNumRateSets; ++i) {
+    const RateSet set = static_cast<RateSet>(i);
+    const DeviceRates h200 = H200Rates(set), h100 = H100Rates(set);
+    EXPECT_EQ(h200.peak_bf16_tflops, 989) << RateSetName(set);
+    EXPECT_EQ(h100.peak_bf16_tflops, 989) << RateSetName(set);
+    EXPECT_EQ(h100.bf16_gemm_tflops, h200.bf16_gemm_tflops) << RateSetName(set);
+    EXPECT_EQ(h100.mma_tflops, h200.mma_tflops) << RateSetName(set);
+    EXPECT_DOUBLE_EQ(h100.memory_gbps, h200.memory_gbps * 3350 / 4800) << RateSetName(set);
+    EXPECT_DOUBLE_EQ(h100.row_memory_gbps, h200.row_memory_gbps * 3350 / 4800);
+    EXPECT_DOUBLE_EQ(h100.gemm_output_gbps, h200.gemm_output_gbps * 3350 / 4800);
+    // No set is faster than the datasheet.
+    const DeviceRates sheet = H200Rates(RateSet::kDatasheet);
+    EXPECT_LE(h200.bf16_gemm_tflops, sheet.bf16_gemm_tflops);
+    EXPECT_LE(h200.mma_tflops, sheet.mma_tflops);
+    EXPECT_LE(h200.memory_gbps, sheet.memory_gbps);
+    EXPECT_LE(h200.row_memory_gbps, sheet.row_memory_gbps);
+  }
+  EXPECT_EQ(H200Rates(RateSet::kDatasheet).memory_gbps, 4800);
+  EXPECT_EQ(H100Rates(RateSet::kDatasheet).memory_gbps, 3350);
+
+  const std::optional<DeviceRates> h200 = RatesForDevice("NVIDIA H200, 139.8 GiB, sm_90");
+  ASSERT_TRUE(h200.has_value());
+  EXPECT_EQ(h200->name, H200Rates(RateSet::kCalibrated).name);
+  const std::optional<DeviceRates> h100 =
+      RatesForDevice("NVIDIA H100 80GB HBM3, 79.1 GiB, sm_90", RateSet::kDatasheet);
+  ASSERT_TRUE(h100.has_value());
+  EXPECT_EQ(h100->name, H100Rates(RateSet::kDatasheet).name);
+  EXPECT_EQ(h100->memory_gbps, 3350);
+  // Other H100s have other memory and clocks; other devices have no rates here.
+  EXPECT_FALSE(RatesForDevice("NVIDIA H100 PCIe, 79.1 GiB, sm_90").has_value());
+  EXPECT_FALSE(RatesForDevice("NVIDIA H100 NVL, 93.1 GiB, sm_90").has_value());
+  EXPECT_FALSE(RatesForDevice("NVIDIA A100-SXM4-80GB, 79.1 GiB, sm_80").has_value());
+  EXPECT_FALSE(RatesForDevice("cpu").has_value());
 }
 
 }  // namespace

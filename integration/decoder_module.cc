@@ -180,8 +180,9 @@ absl::StatusOr<data::TokenBatch> DecoderTrainModule::LocalBatch(int64_t index,
   }
   ASSIGN_OR_RETURN(auto rows, StepRows(ctx));
   // Stays on the host on every device: the token embedding and the loss check their ids
-  // on the host and copy them to the device themselves, once each (an uploaded batch
-  // would be copied back to be checked: two more host syncs a step).
+  // on the host and copy them to the device themselves, once each, each copy a host sync
+  // (NOTE [Index uploads] in nn/tensor_ops.h; an uploaded batch would be copied back to be
+  // checked: two more host syncs a step).
   return data::Rows(global, rows.first, rows.second);
 }
 

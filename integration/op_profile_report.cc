@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace integration {
@@ -81,7 +83,34 @@ std::vector<OpProfileSummary::GemmShape> GemmShapesOf(const std::vector<core::Op
   return out;
 }
 
+nlohmann::json RatesJson(const core::DeviceRates& rates) {
+  return {{"device", rates.name},
+          {"peak_bf16_tflops", rates.peak_bf16_tflops},
+          {"bf16_gemm_tflops", rates.bf16_gemm_tflops},
+          {"gemm_output_gbps", rates.gemm_output_gbps},
+          {"sm_count", rates.sm_count},
+          {"mma_tflops", rates.mma_tflops},
+          {"exp_tops", rates.exp_tops},
+          {"fp32_simt_tflops", rates.fp32_simt_tflops},
+          {"memory_gbps", rates.memory_gbps},
+          {"row_memory_gbps", rates.row_memory_gbps},
+          {"collective_gbps", rates.collective_gbps},
+          {"min_kernel_us", rates.min_kernel_us},
+          {"launch_us", rates.launch_us},
+          {"host_sync_us", rates.host_sync_us}};
+}
+
 }  // namespace
+
+core::DeviceRates ReportRates(absl::string_view device_name, std::string* note) {
+  note->clear();
+  std::optional<core::DeviceRates> rates = core::RatesForDevice(device_name);
+  if (rates.has_value()) return *rates;
+  const core::DeviceRates h200 = core::H200Rates(core::RateSet::kCalibrated);
+  *note = absl::StrCat("no rates for device \"", device_name,
+                       "\" in core/roofline.h: estimated on ", h200.name);
+  return h200;
+}
 
 OpProfileSummary SummarizeOpProfile(const std::vector<core::OpRecord>& records,
                                     const core::DeviceRates& rates, double model_flops,
@@ -217,15 +246,7 @@ nlohmann::json OpProfileJson(const OpProfileSummary& s) {
           {"host_syncs", e.host_syncs},
           {"model_flops", s.model_flops},
           {"tokens", s.tokens},
-          {"rates",
-           {{"device", rates.name},
-            {"peak_bf16_tflops", rates.peak_bf16_tflops},
-            {"bf16_gemm_tflops", rates.bf16_gemm_tflops},
-            {"fp32_simt_tflops", rates.fp32_simt_tflops},
-            {"memory_gbps", rates.memory_gbps},
-            {"collective_gbps", rates.collective_gbps},
-            {"launch_us", rates.launch_us},
-            {"host_sync_us", rates.host_sync_us}}}};
+          {"rates", RatesJson(rates)}};
 }
 
 OpProfileReport ReportOpProfile(const std::vector<core::OpRecord>& records,
@@ -234,6 +255,122 @@ OpProfileReport ReportOpProfile(const std::vector<core::OpRecord>& records,
   OpProfileReport out;
   out.lines = OpProfileTable(summary);
   out.json = OpProfileJson(summary);
+  return out;
+}
+
+OpProfileReport CompareRateSets(const std::vector<core::OpRecord>& records,
+                                const std::vector<RateSetColumn>& sets, double model_flops,
+                                double tokens) {
+  OpProfileReport out;
+  std::vector<core::RooflineEstimate> estimates;
+  for (const RateSetColumn& set : sets) {
+    estimates.push_back(core::EstimateRoofline(records, set.rates));
+  }
+  const std::vector<core::OpCategoryTotal> totals = core::OpProfile::TotalsOf(records);
+  std::string header = absl::StrFormat("%-17s %6s", "category", "ops");
+  for (const RateSetColumn& set : sets)
+    absl::StrAppend(&header, absl::StrFormat(" %12s", set.label));
+  out.lines.push_back(header + "   (estimated ms)");
+  nlohmann::json columns = nlohmann::json::array();
+  for (size_t s = 0; s < sets.size(); ++s) {
+    columns.push_back({{"label", sets[s].label},
+                       {"rates", sets[s].rates.name},
+                       {"categories", nlohmann::json::object()}});
+  }
+  for (int i = 0; i < core::kNumOpCategories; ++i) {
+    if (totals[i].ops == 0) continue;
+    const char* name = core::OpCategoryName(static_cast<core::OpCategory>(i));
+    std::string line = absl::StrFormat("%-17s %6d", name, totals[i].ops);
+    for (size_t s = 0; s < sets.size(); ++s) {
+      const double ms = estimates[s].categories[i].ms;
+      absl::StrAppend(&line, absl::StrFormat(" %12.3f", ms));
+      columns[s]["categories"][name] = ms;
+    }
+    out.lines.push_back(line);
+  }
+  std::string total = absl::StrFormat("%-17s %6s", "step ms", "");
+  std::string rate = absl::StrFormat("%-17s %6s", "tokens/s", "");
+  std::string mfu = absl::StrFormat("%-17s %6s", "MFU", "");
+  for (size_t s = 0; s < sets.size(); ++s) {
+    const double seconds = estimates[s].total_ms * 1e-3;
+    const double step_mfu = model_flops / seconds / (sets[s].rates.peak_bf16_tflops * 1e12);
+    absl::StrAppend(&total, absl::StrFormat(" %12.2f", estimates[s].total_ms));
+    absl::StrAppend(&rate, absl::StrFormat(" %12.0f", tokens / seconds));
+    absl::StrAppend(&mfu, absl::StrFormat(" %11.1f%%", 100 * step_mfu));
+    columns[s]["estimated_step_ms"] = estimates[s].total_ms;
+    columns[s]["estimated_tokens_per_s"] = tokens / seconds;
+    columns[s]["estimated_mfu"] = step_mfu;
+    columns[s]["rates_used"] = RatesJson(sets[s].rates);
+  }
+  out.lines.push_back(total);
+  out.lines.push_back(rate);
+  out.lines.push_back(mfu);
+  for (const RateSetColumn& set : sets) {
+    out.lines.push_back(absl::StrFormat("  %s: %s", set.label, set.rates.name));
+  }
+  out.json = {{"sets", columns}};
+  return out;
+}
+
+nlohmann::json OpRecordsJson(const std::vector<core::OpRecord>& records) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const core::OpRecord& r : records) {
+    out.push_back({{"category", core::OpCategoryName(r.category)},
+                   {"name", r.name},
+                   {"engine", core::OpEngineName(r.cost.engine)},
+                   {"flops", r.cost.flops},
+                   {"bytes", r.cost.bytes},
+                   {"exps", r.cost.exps},
+                   {"launches", r.cost.launches},
+                   {"gemm", {r.gemm.batch, r.gemm.m, r.gemm.n, r.gemm.k}}});
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<core::OpRecord>> OpRecordsFromJson(const nlohmann::json& json) {
+  if (!json.is_array()) {
+    return absl::InvalidArgumentError("OpRecordsFromJson: an op list is a JSON array");
+  }
+  std::vector<core::OpRecord> out;
+  for (size_t i = 0; i < json.size(); ++i) {
+    const nlohmann::json& j = json[i];
+    const auto bad = [i](absl::string_view field) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("OpRecordsFromJson: record ", i, " has no valid \"", field, "\""));
+    };
+    for (const char* field : {"category", "name", "engine"}) {
+      if (!j.contains(field) || !j[field].is_string()) return bad(field);
+    }
+    for (const char* field : {"flops", "bytes", "launches"}) {
+      if (!j.contains(field) || !j[field].is_number()) return bad(field);
+    }
+    core::OpRecord r;
+    const std::optional<core::OpCategory> category =
+        core::OpCategoryFromName(j["category"].get<std::string>());
+    const std::optional<core::OpEngine> engine =
+        core::OpEngineFromName(j["engine"].get<std::string>());
+    if (!category.has_value()) return bad("category");
+    if (!engine.has_value()) return bad("engine");
+    r.category = *category;
+    r.name = j["name"].get<std::string>();
+    r.cost.engine = *engine;
+    r.cost.flops = j["flops"].get<double>();
+    r.cost.bytes = j["bytes"].get<double>();
+    r.cost.launches = j["launches"].get<int>();
+    if (j.contains("exps")) {  // older lists have none
+      if (!j["exps"].is_number()) return bad("exps");
+      r.cost.exps = j["exps"].get<double>();
+    }
+    if (j.contains("gemm")) {
+      const nlohmann::json& g = j["gemm"];
+      if (!g.is_array() || g.size() != 4) return bad("gemm");
+      for (const nlohmann::json& d : g) {
+        if (!d.is_number_integer()) return bad("gemm");
+      }
+      r.gemm = {g[0].get<int64_t>(), g[1].get<int64_t>(), g[2].get<int64_t>(), g[3].get<int64_t>()};
+    }
+    out.push_back(std::move(r));
+  }
   return out;
 }
 

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/op_profile.h"
 #include "core/roofline.h"
 #include "nlohmann/json.hpp"
@@ -29,6 +31,12 @@ struct OpProfileReport {
   std::vector<std::string> lines;  // the tables, for a terminal
   nlohmann::json json;
 };
+
+// The rates to report a step on the device `device_name` names (core::CudaDeviceName, or
+// "cpu") against: its calibrated set (core::RatesForDevice, NOTE [Rate sets] in
+// core/roofline.h), or, for a device without rates there, the H200's, with `note` set to a
+// line that says so (empty otherwise).
+core::DeviceRates ReportRates(absl::string_view device_name, std::string* note);
 
 // `model_flops` and `tokens` are the step's (MFU: model_flops / time / peak). The measured
 // columns are null where no op has a device time (the CPU).
@@ -84,6 +92,25 @@ std::vector<std::string> OpProfileTable(const OpProfileSummary& summary);
 
 // OpProfileReport::json: "categories", "ops", "gemm_shapes", the step's figures and "rates".
 nlohmann::json OpProfileJson(const OpProfileSummary& summary);
+
+// The step's estimate on several rate sets side by side (the datasheet, attained and
+// calibrated sets of one device, say): a table with a column per set, each category's
+// milliseconds, then the step's milliseconds, tokens/s and MFU, each set's name under the
+// table; and JSON: "sets" (per set its label, rates name, estimated_step_ms,
+// estimated_tokens_per_s, estimated_mfu and "categories" {name: ms}).
+struct RateSetColumn {
+  std::string label;  // the column's header: "datasheet"
+  core::DeviceRates rates;
+};
+OpProfileReport CompareRateSets(const std::vector<core::OpRecord>& records,
+                                const std::vector<RateSetColumn>& sets, double model_flops,
+                                double tokens);
+
+// An op list as JSON, one object a record: category, name, engine (their names in
+// core/op_profile.h), flops, bytes, exps, launches and gemm [batch, m, n, k]; and back
+// (InvalidArgument naming the record and the field that is missing or unknown).
+nlohmann::json OpRecordsJson(const std::vector<core::OpRecord>& records);
+absl::StatusOr<std::vector<core::OpRecord>> OpRecordsFromJson(const nlohmann::json& json);
 
 }  // namespace integration
 

@@ -133,5 +133,82 @@ TEST(OpProfileReportTest, WithoutDeviceTimesTheMeasuredFiguresAreNull) {
   EXPECT_TRUE(r.json["gemm_shapes"].empty());
 }
 
+// NOTE [Rate sets] (core/roofline.h): the main job reports against the rates of the device
+// it runs on, and says so when it has none for it.
+TEST(OpProfileReportTest, TheReportTakesTheRatesOfItsDeviceOrSaysWhoseItTook) {
+  std::string note = "stale";
+  const core::DeviceRates h100 = ReportRates("NVIDIA H100 80GB HBM3, 79.1 GiB, sm_90", &note);
+  EXPECT_EQ(h100.name, core::H100Rates(core::RateSet::kCalibrated).name);
+  EXPECT_TRUE(note.empty()) << note;
+  const core::DeviceRates h200 = ReportRates("NVIDIA H200, 139.8 GiB, sm_90", &note);
+  EXPECT_EQ(h200.name, core::H200Rates(core::RateSet::kCalibrated).name);
+  EXPECT_TRUE(note.empty()) << note;
+  const core::DeviceRates other = ReportRates("NVIDIA A100-SXM4-80GB, 79.1 GiB, sm_80", &note);
+  EXPECT_EQ(other.name, core::H200Rates(core::RateSet::kCalibrated).name);
+  EXPECT_NE(note.find("A100"), std::string::npos) << note;
+  EXPECT_NE(note.find(other.name), std::string::npos) << note;
+}
+
+TEST(OpProfileReportTest, RateSetsAreComparedSideBySide) {
+  const std::vector<core::OpRecord> records = {
+      Op(core::OpCategory::kConvert, "convert", core::OpCost::Memory(1e9), -1),
+      Op(core::OpCategory::kNorm, "layernorm.forward", core::OpCost::Rows(1e9), -1)};
+  core::DeviceRates slow = Rates();
+  slow.memory_gbps = 500;
+  slow.row_memory_gbps = 250;
+  const OpProfileReport r =
+      CompareRateSets(records, {{"fast", Rates()}, {"slow", slow}}, /*model_flops=*/1e12, 1000);
+  const nlohmann::json& sets = r.json["sets"];
+  ASSERT_EQ(sets.size(), 2u);
+  EXPECT_EQ(sets[0]["label"], "fast");
+  EXPECT_DOUBLE_EQ(sets[0]["categories"]["convert"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(sets[0]["categories"]["norm"].get<double>(), 1.0);  // rows at 1000 too
+  EXPECT_DOUBLE_EQ(sets[1]["categories"]["convert"].get<double>(), 2.0);
+  EXPECT_DOUBLE_EQ(sets[1]["categories"]["norm"].get<double>(), 4.0);
+  EXPECT_DOUBLE_EQ(sets[1]["estimated_step_ms"].get<double>(), 6.0);
+  EXPECT_DOUBLE_EQ(sets[1]["estimated_tokens_per_s"].get<double>(), 1000 / 6e-3);
+  EXPECT_DOUBLE_EQ(sets[1]["estimated_mfu"].get<double>(), 1e12 / 6e-3 / 1e15);
+  bool row = false;
+  for (const std::string& line : r.lines) {
+    row =
+        row || (line.find("norm") != std::string::npos && line.find("1.000") != std::string::npos &&
+                line.find("4.000") != std::string::npos);
+  }
+  EXPECT_TRUE(row);
+}
+
+TEST(OpProfileReportTest, AnOpListRoundTripsThroughJson) {
+  core::OpRecord gemm = Op(core::OpCategory::kGemmWeightGrad, "matmul",
+                           core::OpCost{2e9, 3e6, 1, core::OpEngine::kTensorCoreBf16}, -1);
+  gemm.gemm = core::GemmShape{1, 768, 2304, 16384};
+  const std::vector<core::OpRecord> records = {
+      gemm,
+      Op(core::OpCategory::kAttention, "fused_attention.backward",
+         core::OpCost{1e9, 2e6, 3, core::OpEngine::kTensorCoreMma, 5e6}, -1),
+      Op(core::OpCategory::kHostSync, "copy", core::OpCost{0, 8, 0, core::OpEngine::kHostSync},
+         -1)};
+  absl::StatusOr<std::vector<core::OpRecord>> back = OpRecordsFromJson(OpRecordsJson(records));
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->size(), records.size());
+  for (size_t i = 0; i < records.size(); ++i) {
+    const core::OpRecord &a = records[i], &b = (*back)[i];
+    EXPECT_EQ(b.category, a.category) << i;
+    EXPECT_EQ(b.name, a.name) << i;
+    EXPECT_EQ(b.cost.engine, a.cost.engine) << i;
+    EXPECT_EQ(b.cost.flops, a.cost.flops) << i;
+    EXPECT_EQ(b.cost.bytes, a.cost.bytes) << i;
+    EXPECT_EQ(b.cost.exps, a.cost.exps) << i;
+    EXPECT_EQ(b.cost.launches, a.cost.launches) << i;
+    EXPECT_EQ(b.gemm.k, a.gemm.k) << i;
+    EXPECT_EQ(b.gemm.n, a.gemm.n) << i;
+  }
+  nlohmann::json bad = OpRecordsJson(records);
+  bad[1]["engine"] = "warp_drive";
+  absl::StatusOr<std::vector<core::OpRecord>> refused = OpRecordsFromJson(bad);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("record 1"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("engine"), std::string::npos) << refused.status();
+}
+
 }  // namespace
 }  // namespace integration

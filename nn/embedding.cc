@@ -53,7 +53,8 @@ absl::StatusOr<core::Tensor> Embedding::ForwardImpl(const core::Tensor& ids) {
   ASSIGN_OR_RETURN(core::Tensor cached,
                    core::Tensor::Allocate(ids.shape(), core::DType::kInt32,
                                           core::MemoryTag::kActivation, device));
-  RETURN_IF_ERROR(cached.CopyFrom(host_ids));
+  // NOTE [Index uploads] (nn/tensor_ops.h).
+  RETURN_IF_ERROR(UploadIndices(internal::What(*this), cached, host_ids));
   core::Shape out_shape = ids.shape();
   out_shape.push_back(dim_);
   ASSIGN_OR_RETURN(core::Tensor y, internal::NewActivation(out_shape, device));

@@ -126,7 +126,9 @@ absl::StatusOr<LossResult> CrossEntropyLoss(const core::Tensor& logits, const co
                        core::ShapeToString(targets.shape()), " is outside [0, ", V, ")"));
     }
   }
+  // NOTE [Index uploads] (nn/tensor_ops.h).
   core::Tensor device_targets = targets;
+  if (device.is_cpu()) RecordIndexUpload(targets);
   if (targets.device() != device) {
     ASSIGN_OR_RETURN(device_targets, core::Tensor::Allocate(targets.shape(), core::DType::kInt32,
                                                             core::MemoryTag::kActivation, device));

@@ -10,6 +10,7 @@
 #include "core/tensor.h"
 #include "gtest/gtest.h"
 #include "nn/attention.h"
+#include "nn/embedding.h"
 #include "nn/linear.h"
 #include "nn/tensor_ops.h"
 #include "nn/to_device.h"
@@ -392,6 +393,115 @@ TEST(OpAccountingTest, NormBackwardsReadTheirInputsOnceForTheParameterGradients)
       }
     }
   }
+}
+
+// NOTE [GEMM epilogues]: an epilogue's operands are device-memory bytes of the GEMM that
+// runs it: its bias, and its aux (read, or written by kBiasGelu) of C's size and dtype.
+TEST(OpAccountingTest, AGemmEpilogueAddsItsBiasAndAuxBytesToTheGemm) {
+  const int64_t m = 4, n = 8, k = 16;
+  struct Case {
+    GemmEpilogue epilogue;
+    bool bias, aux;
+  };
+  for (const core::DType c_dtype : {core::DType::kFloat32, core::DType::kBFloat16}) {
+    const double c_size = core::DTypeSize(c_dtype);
+    double plain_bytes = -1;
+    for (const Case& c :
+         {Case{GemmEpilogue::kNone, false, false}, Case{GemmEpilogue::kBias, true, false},
+          Case{GemmEpilogue::kBiasGelu, true, true}, Case{GemmEpilogue::kDGelu, false, true},
+          Case{GemmEpilogue::kBiasResidual, true, true},
+          Case{GemmEpilogue::kResidual, false, true}}) {
+      // The residual epilogues take an fp32 C only.
+      if (c_dtype == core::DType::kBFloat16 &&
+          (c.epilogue == GemmEpilogue::kBiasResidual || c.epilogue == GemmEpilogue::kResidual)) {
+        continue;
+      }
+      GemmArgs g;
+      g.trans_b = true;
+      g.m = m;
+      g.n = n;
+      g.k = k;
+      g.a.tensor = Filled({m, k}, 0.1f);
+      g.b.tensor = Filled({n, k}, 0.2f);
+      g.c.tensor = core::Tensor::Zeros({m * n}, c_dtype);
+      g.epilogue = c.epilogue;
+      if (c.bias) g.bias = Filled({n}, 0.3f);
+      if (c.aux) g.aux = core::Tensor::Zeros({m * n}, c_dtype);
+      core::OpProfile profile;
+      {
+        core::ScopedOpProfile on(&profile);
+        absl::Status s = MatMul("test", g);
+        ASSERT_TRUE(s.ok()) << s;
+      }
+      ASSERT_EQ(profile.records().size(), 1u);
+      const double bytes = profile.records()[0].cost.bytes;
+      if (c.epilogue == GemmEpilogue::kNone) {
+        plain_bytes = bytes;
+        continue;
+      }
+      EXPECT_EQ(bytes - plain_bytes, (c.bias ? 4.0 * n : 0.0) + (c.aux ? c_size * m * n : 0.0))
+          << static_cast<int>(c.epilogue) << " " << core::DTypeName(c_dtype);
+    }
+  }
+}
+
+// NOTE [Op accounting]: the fused attention records what its kernels execute: each tile
+// pair's products and exponentials, the diagonal tiles whole, and its inputs and outputs
+// once each (the K and V tiles streamed again for every query tile come from shared memory
+// and L2). Doubling T from 2 to 4 tiles takes the pairs from 3 to 10 and the bytes x 2.
+TEST(OpAccountingTest, FusedAttentionCountsItsTilePairsButReadsItsInputsOnce) {
+  const int64_t B = 1, H = 1, hd = 64, C = H * hd;
+  const auto record = [&](int64_t T) {
+    core::OpProfile profile;
+    absl::StatusOr<core::Tensor> qkv =
+        Filled({B, T, 3 * C}, -0.3f).ToDType(core::DType::kBFloat16, core::MemoryTag::kActivation);
+    absl::StatusOr<core::Tensor> gy =
+        Filled({B, T, C}, 0.2f).ToDType(core::DType::kBFloat16, core::MemoryTag::kActivation);
+    EXPECT_TRUE(qkv.ok() && gy.ok());
+    const core::Tensor y = core::Tensor::Zeros({B, T, C}),
+                       gqkv = core::Tensor::Zeros({B, T, 3 * C});
+    const core::Tensor lse = core::Tensor::Zeros({B, H, T}), delta = core::Tensor::Zeros({B, H, T});
+    core::ScopedOpProfile on(&profile);
+    EXPECT_TRUE(FusedAttentionForward("test", *qkv, H, 0.125f, y, lse).ok());
+    EXPECT_TRUE(FusedAttentionBackward("test", *qkv, y, *gy, lse, delta, H, 0.125f, gqkv).ok());
+    return profile.records();
+  };
+  const std::vector<OpRecord> two = record(128), four = record(256);
+  ASSERT_EQ(Names(two),
+            (std::vector<std::string>{"fused_attention.forward", "fused_attention.backward"}));
+  ASSERT_EQ(Names(four), Names(two));
+  const double tile = 2.0 * 64 * 64 * hd;
+  EXPECT_EQ(two[0].cost.flops, 3 * 2 * tile);         // S = Q K^T and P V for each of 3 pairs
+  EXPECT_EQ(two[1].cost.flops, 3 * 7 * tile);         // S and dP twice, dV, dK, dQ
+  EXPECT_EQ(two[0].cost.exps, 3 * (64.0 * 64 + 64));  // P, and each row's rescale
+  EXPECT_EQ(two[1].cost.exps, 3 * 2 * 64.0 * 64);     // P again in both tile kernels
+  for (int i : {0, 1}) {
+    EXPECT_EQ(two[i].cost.engine, OpEngine::kTensorCoreMma) << i;
+    EXPECT_DOUBLE_EQ(four[i].cost.flops / two[i].cost.flops, 10.0 / 3.0) << i;
+    EXPECT_DOUBLE_EQ(four[i].cost.exps / two[i].cost.exps, 10.0 / 3.0) << i;
+    EXPECT_DOUBLE_EQ(four[i].cost.bytes / two[i].cost.bytes, 2.0) << i;
+  }
+  // The forward reads q, k and v and writes y (fp32) and lse, each once.
+  EXPECT_EQ(two[0].cost.bytes, 128 * (3 * C * 2 + C * 4 + 4.0 * H));
+}
+
+// NOTE [Index uploads]: the embedding's copy of its ids to the table's device is, on CUDA,
+// a synchronous upload: a host sync, recorded on the CPU too, and no device copy.
+TEST(OpAccountingTest, AnEmbeddingsIdUploadIsAHostSyncOnEveryDevice) {
+  Embedding wte(10, 4, 1);
+  absl::StatusOr<core::Tensor> ids = core::Tensor::FromInts({1, 2, 3}, {3});
+  ASSERT_TRUE(ids.ok());
+  core::OpProfile profile;
+  {
+    core::ScopedOpProfile on(&profile);
+    ASSERT_TRUE(wte.Forward(*ids).ok());
+  }
+  const std::vector<OpRecord>& r = profile.records();
+  ASSERT_EQ(Names(r), (std::vector<std::string>{"copy", "embedding.forward"}));
+  EXPECT_EQ(r[0].category, OpCategory::kHostSync);
+  EXPECT_EQ(r[0].cost.engine, OpEngine::kHostSync);
+  EXPECT_EQ(r[0].cost.bytes, 2 * 3 * 4.0);  // read on the host, written on the device
+  EXPECT_EQ(r[0].cost.launches, 0);
 }
 
 }  // namespace

@@ -286,6 +286,21 @@ absl::Status RotaryPackQkvBackward(absl::string_view what, const core::Tensor& g
                                    int64_t n_kv_head, const core::Tensor& gq,
                                    const core::Tensor& gk, const core::Tensor& gv);
 
+// NOTE [Index uploads]: the token embedding and the cross-entropy check their ids and
+// targets on the host, then copy them to the device the op runs on. On CUDA that is a
+// cudaMemcpy from pageable host memory (core::Tensor::CopyFrom), which first waits for the
+// compute stream to drain: a host sync, which CopyFrom records as one. On the CPU the copy
+// is a memcpy, or none; the same host sync is recorded there (NOTE [Op accounting]), so the
+// CPU's op list, and the estimate of the step from it, counts the drains the GPU takes.
+//
+// UploadIndices: dst (int32, host's numel, on any device) = host (int32, on the CPU),
+// recording the upload's host sync on every device, and nothing else.
+absl::Status UploadIndices(absl::string_view what, const core::Tensor& dst,
+                           const core::Tensor& host);
+// The host sync of uploading `host` (int32 indices on the CPU) where the CPU path needs no
+// copy (the CPU op reads them where they are).
+void RecordIndexUpload(const core::Tensor& host);
+
 // y[i, :] = table[ids[i], :], table [num, dim] fp32 or bf16, ids int32 (each in [0, num),
 // checked by the caller), y fp32 [ids.numel(), dim].
 absl::Status EmbeddingForward(absl::string_view what, const core::Tensor& table,

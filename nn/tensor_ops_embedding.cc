@@ -31,7 +31,32 @@ using internal::MutF32;
 namespace kc = ::kernels::cuda;
 #endif
 
+// NOTE [Index uploads]: the record a host -> device Tensor::CopyFrom makes on CUDA.
+core::OpCost UploadCost(const Tensor& host) {
+  return core::OpCost{0, 2.0 * static_cast<double>(host.nbytes()), 0, core::OpEngine::kHostSync};
+}
+
 }  // namespace
+
+void RecordIndexUpload(const Tensor& host) {
+  core::RecordOp(OpCategory::kHostSync, "copy", UploadCost(host));
+}
+
+absl::Status UploadIndices(absl::string_view what, const Tensor& dst, const Tensor& host) {
+  RETURN_IF_ERROR(CheckDType(what, "indices", host, DType::kInt32));
+  RETURN_IF_ERROR(CheckDType(what, "their copy", dst, DType::kInt32));
+  if (!host.device().is_cpu()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": indices to upload must be on the CPU, got ", host.ToString()));
+  }
+  if (!dst.device().is_cpu()) {
+    // On CUDA CopyFrom records the upload itself (a host sync).
+    return core::Annotate(dst.CopyFrom(host), what);
+  }
+  RecordIndexUpload(host);
+  core::ScopedOpProfile unrecorded(nullptr);  // a memcpy here, not the CUDA path's copy
+  return core::Annotate(dst.CopyFrom(host), what);
+}
 
 absl::Status EmbeddingForward(absl::string_view what, const Tensor& table, const Tensor& ids,
                               const Tensor& y) {

@@ -41,6 +41,7 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/series.h"
 #include "checkpoint/sharded.h"
+#include "core/roofline.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "trainer/testing/e2e_harness.h"
@@ -158,6 +159,10 @@ TEST_F(MainJobTest, ProfileOpsReportsTheLastFitStepsOpsPerCategory) {
   EXPECT_GT(Num(p, "estimated_step_ms"), 0);
   EXPECT_TRUE(p["measured_op_ms"].is_null());
   EXPECT_NE(fit_->output.find("op profile of fit step 40"), std::string::npos) << fit_->output;
+  // A CPU has no rates of its own (NOTE [Rate sets] in core/roofline.h): the H200's, said.
+  ASSERT_TRUE(p["rates_note"].is_string()) << p.dump();
+  EXPECT_NE(p["rates_note"].get<std::string>().find("\"cpu\""), std::string::npos);
+  EXPECT_EQ(p["rates"]["device"], core::H200Rates(core::RateSet::kCalibrated).name);
 }
 
 // --throughput_warmup_steps sets the steps the throughput leaves out; a value that leaves

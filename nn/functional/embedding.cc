@@ -51,10 +51,10 @@ absl::StatusOr<Tensor> Embedding(core::Arg ids_arg, core::Arg table_arg) {
                        core::ShapeToString(ids.shape()), " is outside [0, ", num, ")"));
     }
   }
-  // The private copy the lookup and the backward index with.
+  // The private copy the lookup and the backward index with (NOTE [Index uploads]).
   ASSIGN_OR_RETURN(Tensor kept, Tensor::Allocate(ids.shape(), DType::kInt32,
                                                  core::MemoryTag::kActivation, device));
-  RETURN_IF_ERROR(kept.CopyFrom(host_ids));
+  RETURN_IF_ERROR(UploadIndices("Embedding", kept, host_ids));
   core::Shape out_shape = ids.shape();
   out_shape.push_back(dim);
   ASSIGN_OR_RETURN(

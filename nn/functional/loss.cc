@@ -29,6 +29,17 @@ absl::StatusOr<Tensor> OnDevice(const Tensor& t, const core::Device& device) {
   return t.To(device, core::MemoryTag::kActivation);
 }
 
+// Indices on the host (targets, rows) on `device` (NOTE [Index uploads] in nn/tensor_ops.h):
+// `t` itself where it is there already (a CPU op reads host indices where they are, and
+// the upload the CUDA path makes is recorded), else a copy.
+absl::StatusOr<Tensor> IndicesOn(const Tensor& t, const core::Device& device) {
+  if (t.device() == device) {
+    if (device.is_cpu()) RecordIndexUpload(t);
+    return t;
+  }
+  return t.To(device, core::MemoryTag::kActivation);
+}
+
 // A one-element fp32 tensor (shape []) holding `value` on `device`.
 absl::StatusOr<Tensor> Scalar(float value, const core::Device& device) {
   ASSIGN_OR_RETURN(const Tensor host, Tensor::FromVector({value}, {}));
@@ -100,15 +111,15 @@ absl::StatusOr<double> CrossEntropyRows(const Tensor& logits, const Tensor& targ
     return 0.0;
   }
   if (static_cast<int64_t>(kept.rows.size()) == n) {
-    ASSIGN_OR_RETURN(const Tensor device_targets, OnDevice(targets, device));
+    ASSIGN_OR_RETURN(const Tensor device_targets, IndicesOn(targets, device));
     return CrossEntropyForwardBackward(op, logits, device_targets, grad, deferred);
   }
   // The kept rows and their targets, gathered as an embedding lookup gathers rows.
   const int64_t m = static_cast<int64_t>(kept.rows.size());
   ASSIGN_OR_RETURN(const Tensor host_rows, Tensor::FromInts(kept.rows, {m}));
-  ASSIGN_OR_RETURN(const Tensor rows, OnDevice(host_rows, device));
+  ASSIGN_OR_RETURN(const Tensor rows, IndicesOn(host_rows, device));
   ASSIGN_OR_RETURN(const Tensor host_picked, Tensor::FromInts(kept.targets, {m}));
-  ASSIGN_OR_RETURN(const Tensor picked_targets, OnDevice(host_picked, device));
+  ASSIGN_OR_RETURN(const Tensor picked_targets, IndicesOn(host_picked, device));
   ASSIGN_OR_RETURN(const Tensor table, logits.Reshape({n, V}));
   ASSIGN_OR_RETURN(const Tensor picked_logits, NewActivation({m, V}, device));
   RETURN_IF_ERROR(EmbeddingForward(op, table, rows, picked_logits));

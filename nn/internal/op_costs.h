@@ -33,7 +33,7 @@ inline core::OpCost BiasAddCost(int64_t rows, int64_t cols, int64_t bias_bytes) 
 inline core::OpCost ColumnSumsCost(int64_t rows, int64_t cols, bool two_factors,
                                    int64_t x_bytes = 4) {
   const int64_t chunks = ::kernels::ColumnSumChunks(rows, cols);
-  core::OpCost c = core::OpCost::Memory(
+  core::OpCost c = core::OpCost::Rows(
       (static_cast<double>(x_bytes) + (two_factors ? 4.0 : 0.0)) * rows * cols + 8.0 * cols,
       (two_factors ? 2.0 : 1.0) * rows * cols);
   if (chunks > 1) {
@@ -47,9 +47,9 @@ inline core::OpCost ColumnSumsCost(int64_t rows, int64_t cols, bool two_factors,
 // fused residual + LayerNorm also reads the second operand and writes the sum.
 inline core::OpCost LayerNormForwardCost(int64_t rows, int64_t cols, int64_t w_bytes,
                                          bool add = false, int64_t y_bytes = 4) {
-  return core::OpCost::Memory(((add ? 12.0 : 4.0) + static_cast<double>(y_bytes)) * rows * cols +
-                                  8.0 * rows + 2.0 * w_bytes * cols,
-                              (add ? 9.0 : 8.0) * rows * cols);
+  return core::OpCost::Rows(((add ? 12.0 : 4.0) + static_cast<double>(y_bytes)) * rows * cols +
+                                8.0 * rows + 2.0 * w_bytes * cols,
+                            (add ? 9.0 : 8.0) * rows * cols);
 }
 
 // The input gradient (reads g and the input x, with each row's mean and rstd to make xhat
@@ -62,9 +62,9 @@ inline core::OpCost NormBackwardCost(bool centered, int64_t rows, int64_t cols, 
                                      bool gw, bool gb, bool residual, bool bf16_copy) {
   const double row_stats = centered ? 8.0 : 4.0;  // bytes a row: mean and rstd, or rstd
   core::OpCost c =
-      core::OpCost::Memory(((residual ? 16.0 : 12.0) + (bf16_copy ? 2.0 : 0.0)) * rows * cols +
-                               row_stats * rows + static_cast<double>(w_bytes) * cols,
-                           ((centered ? 12.0 : 6.0) + (residual ? 1.0 : 0.0)) * rows * cols);
+      core::OpCost::Rows(((residual ? 16.0 : 12.0) + (bf16_copy ? 2.0 : 0.0)) * rows * cols +
+                             row_stats * rows + static_cast<double>(w_bytes) * cols,
+                         ((centered ? 12.0 : 6.0) + (residual ? 1.0 : 0.0)) * rows * cols);
   const int wanted = (gw ? 1 : 0) + (gb ? 1 : 0);
   const int stats = ::kernels::NormGradStats(centered);
   if (wanted > 0 && ::kernels::LayerNormGradWarps(cols, stats) > 0) {
@@ -83,8 +83,8 @@ inline core::OpCost NormBackwardCost(bool centered, int64_t rows, int64_t cols, 
     c.launches += sums.launches;
   };
   if (gw) {  // xhat written by its own kernel, then the sums of g * xhat
-    add(core::OpCost::Memory(8.0 * rows * cols + row_stats * rows,
-                             (centered ? 2.0 : 1.0) * rows * cols));
+    add(core::OpCost::Rows(8.0 * rows * cols + row_stats * rows,
+                           (centered ? 2.0 : 1.0) * rows * cols));
     add(ColumnSumsCost(rows, cols, /*two_factors=*/true));
   }
   if (gb) add(ColumnSumsCost(rows, cols, /*two_factors=*/false));
@@ -96,22 +96,30 @@ inline core::OpCost LayerNormBackwardCost(int64_t rows, int64_t cols, int64_t w_
 }
 
 // Reads the fp32 scores and writes the probabilities (fp32 in place, or a bf16 copy; the
-// row stays in cache between its passes); about 5 operations per entry.
+// row stays in cache between its passes); about 5 operations and an exponential per entry.
 inline core::OpCost SoftmaxForwardCost(int64_t rows, int64_t T, bool bf16_out) {
-  return core::OpCost::Memory((4.0 + (bf16_out ? 2.0 : 4.0)) * rows * T, 5.0 * rows * T);
+  return core::OpCost::Rows((4.0 + (bf16_out ? 2.0 : 4.0)) * rows * T, 5.0 * rows * T,
+                            /*launches=*/1, /*exps=*/1.0 * rows * T);
 }
 // Reads p (fp32 or bf16) and the fp32 gradient, writes the result (fp32 in place, or a bf16
 // copy); about 4 operations per entry.
 inline core::OpCost SoftmaxBackwardCost(int64_t rows, int64_t T, bool bf16_p, bool bf16_out) {
-  return core::OpCost::Memory((4.0 + (bf16_p ? 2.0 : 4.0) + (bf16_out ? 2.0 : 4.0)) * rows * T,
-                              4.0 * rows * T);
+  return core::OpCost::Rows((4.0 + (bf16_p ? 2.0 : 4.0) + (bf16_out ? 2.0 : 4.0)) * rows * T,
+                            4.0 * rows * T);
 }
 
-// The fused attention (NOTE [Fused attention] in nn/attention.h) on 64-row tiles: the
-// forward runs 2 tile products per (query tile, key tile <= it) pair, the backward 7 (dK
-// and dV: S, dP, P^T dO, dS^T Q; dQ: S, dP, dS K); each tile product is 2 * 64 * 64 * hd
-// FLOPs on the tensor cores. Bytes: q, k, v (bf16) read once per pair's key tile, the
-// outputs and statistics written once.
+// The fused attention (NOTE [Fused attention] in nn/attention.h) as its kernels execute
+// it, on 64-row tiles (kernels/cuda/flash_attention.cu): per (query tile, key tile <= it)
+// pair, the diagonal tile whole (its masked half computed and discarded), the forward runs 2
+// tile products (S = Q K^T, P V) and 64 x 64 + 64 exponentials (P, and each row's rescale);
+// the backward recomputes S and P in both of its tile kernels, 7 products (dK and dV: S,
+// dP, P^T dO, dS^T Q; dQ: S, dP, dS K) and 2 x 64 x 64 exponentials. Each tile product is
+// 2 * 64 * 64 * hd FLOPs on the tensor cores (mma.sync: OpEngine::kTensorCoreMma). Bytes:
+// each kernel reads its inputs from device memory once and writes its outputs once; the
+// tiles it streams again for every pair come from shared memory and L2. The forward reads
+// q, k, v and writes y and the row statistics; the backward's delta kernel reads y and gy
+// and writes delta, its dK/dV and dQ kernels each read q, k, v, gy, the statistics and
+// delta and write their part of gqkv.
 inline double FusedAttentionPairs(int64_t T) {
   const double tiles = static_cast<double>((T + 63) / 64);
   return tiles * (tiles + 1) / 2;
@@ -120,19 +128,21 @@ inline double FusedAttentionPairs(int64_t T) {
 inline core::OpCost FusedAttentionForwardCost(int64_t B, int64_t T, int64_t H, int64_t hd,
                                               int64_t y_bytes) {
   const double bh = static_cast<double>(B) * H, tile = 2.0 * 64 * 64 * hd;
-  return core::OpCost{bh * FusedAttentionPairs(T) * 2 * tile,
-                      bh * (FusedAttentionPairs(T) * 2 * 64 * hd * 2 +
-                            static_cast<double>(T) * hd * (2 + y_bytes) + 4.0 * T),
-                      1, core::OpEngine::kTensorCoreBf16};
+  const double pairs = FusedAttentionPairs(T);
+  return core::OpCost{bh * pairs * 2 * tile,
+                      bh * (static_cast<double>(T) * hd * (3 * 2 + y_bytes) + 4.0 * T), 1,
+                      core::OpEngine::kTensorCoreMma, bh * pairs * (64 * 64 + 64)};
 }
 inline core::OpCost FusedAttentionBackwardCost(int64_t B, int64_t T, int64_t H, int64_t hd,
                                                int64_t y_bytes, int64_t g_bytes) {
   const double bh = static_cast<double>(B) * H, tile = 2.0 * 64 * 64 * hd;
-  return core::OpCost{
-      bh * FusedAttentionPairs(T) * 7 * tile,
-      bh * (FusedAttentionPairs(T) * 4 * 64 * hd * 2 +
-            static_cast<double>(T) * hd * (2 + 2 + y_bytes + 3 * g_bytes) + 12.0 * T),
-      3, core::OpEngine::kTensorCoreBf16};
+  const double pairs = FusedAttentionPairs(T);
+  // Per row of a head: delta (y and gy read, delta written), then the two tile kernels
+  // (q, k, v and gy read by each, lse and delta read by each, gqkv written once).
+  const double per_row =
+      static_cast<double>(hd) * (y_bytes + 2 + 2 * (3 * 2 + 2) + 3 * g_bytes) + 4.0 + 2 * 8.0;
+  return core::OpCost{bh * pairs * 7 * tile, bh * static_cast<double>(T) * per_row, 3,
+                      core::OpEngine::kTensorCoreMma, bh * pairs * 2 * 64 * 64};
 }
 
 // RMSNorm (LayerNorm's kernels without the mean and the bias): reads x, writes y
@@ -140,9 +150,9 @@ inline core::OpCost FusedAttentionBackwardCost(int64_t B, int64_t T, int64_t H, 
 // the backward as NormBackwardCost.
 inline core::OpCost RmsNormForwardCost(int64_t rows, int64_t cols, int64_t w_bytes,
                                        int64_t y_bytes = 4) {
-  return core::OpCost::Memory((4.0 + static_cast<double>(y_bytes)) * rows * cols + 4.0 * rows +
-                                  static_cast<double>(w_bytes) * cols,
-                              4.0 * rows * cols);
+  return core::OpCost::Rows((4.0 + static_cast<double>(y_bytes)) * rows * cols + 4.0 * rows +
+                                static_cast<double>(w_bytes) * cols,
+                            4.0 * rows * cols);
 }
 inline core::OpCost RmsNormBackwardCost(int64_t rows, int64_t cols, int64_t w_bytes, bool gw,
                                         bool residual = false, bool bf16_copy = false) {
@@ -190,11 +200,19 @@ inline core::OpCost EmbeddingBackwardCost(int64_t n, int64_t dim) {
 }
 
 // Reads the logits (fp32 or bf16), writes their gradient (fp32 or bf16) and a loss per row;
-// about 6 operations each.
+// about 6 operations and 2 exponentials (the row's sum, the gradient) each. A row is read
+// from device memory once where the staged kernel takes it (V % 4 == 0, V / 4 >= 512 and
+// the row within a block's shared memory: 227 KB on the Hopper GPUs of core/roofline.h, less
+// the kernel's scratch; kernels/cuda/kernels.cu), and twice otherwise: the row kernel
+// reads it again for the gradient, after a few hundred rows too many for the cache.
 inline core::OpCost CrossEntropyCost(int64_t n, int64_t V, bool bf16_grad,
                                      bool bf16_logits = false) {
-  return core::OpCost::Memory(
-      ((bf16_logits ? 2.0 : 4.0) + (bf16_grad ? 2.0 : 4.0)) * n * V + 12.0 * n, 6.0 * n * V);
+  const double x_bytes = bf16_logits ? 2.0 : 4.0;
+  constexpr double kStagedRowBytes = 227 * 1024 - 384;
+  const bool staged = V % 4 == 0 && V / 4 >= 512 && x_bytes * V <= kStagedRowBytes;
+  return core::OpCost::Rows(
+      ((staged ? 1.0 : 2.0) * x_bytes + (bf16_grad ? 2.0 : 4.0)) * n * V + 12.0 * n, 6.0 * n * V,
+      /*launches=*/1, /*exps=*/2.0 * n * V);
 }
 
 }  // namespace internal

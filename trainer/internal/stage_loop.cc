@@ -14,6 +14,7 @@
 #include "checkpoint/safetensors.h"
 #include "comm/agreement.h"
 #include "core/allocator.h"
+#include "core/cuda_device.h"
 #include "core/format_bytes.h"
 #include "core/roofline.h"
 #include "core/status_macros.h"
@@ -224,12 +225,24 @@ void StageLoop::AddOpProfile(const std::vector<core::OpRecord>& ops) {
   // 6 N + 12 L T C: the dense-transformer count, for the GPT and the Llama alike.
   const double flops_per_token = GptFlopsPerToken(summary_["model_parameters"].get<int64_t>(),
                                                   model.num_layers, seq_len, model.hidden_size);
-  const OpProfileReport report =
-      ReportOpProfile(ops, core::H200Rates(), flops_per_token * tokens, tokens);
+  // The estimate on the rates of the device the step ran on (NOTE [Rate sets] in
+  // core/roofline.h).
+  const core::Device device = setup_.module->train_options().device;
+  std::string device_name = device.ToString();
+  if (device.is_cuda()) {
+    absl::StatusOr<std::string> name = core::CudaDeviceName(device.index);
+    if (name.ok()) device_name = *name;
+  }
+  std::string rates_note;
+  const core::DeviceRates rates = ReportRates(device_name, &rates_note);
+  const OpProfileReport report = ReportOpProfile(ops, rates, flops_per_token * tokens, tokens);
   say_(absl::StrFormat("op profile of fit step %d (this rank's ops; NOTE [Op accounting]):",
                        options.profile_step + 1));
+  if (!rates_note.empty()) say_(absl::StrCat("  ", rates_note));
   for (const std::string& line : report.lines) say_(absl::StrCat("  ", line));
   summary_["op_profile"] = report.json;
+  summary_["op_profile"]["rates_note"] =
+      rates_note.empty() ? nlohmann::json(nullptr) : nlohmann::json(rates_note);
 }
 
 absl::Status StageLoop::Evaluate(Stage stage) {
