@@ -59,8 +59,8 @@ attempt of `ours` that ran last.
 
 Output: lines "run.sh: ..." (also in run.log; "run.sh: phase <i>/<n>: <name>" opens each
 phase), then ONE JSON line, last: "gpu_run_summary" (gpu_run/summary.py: the call and its
-phases, gpu tests, tokens/s of each side with its basis and the ratios, our MFU, peak
-memory and op profile, the attempts of our job, both attention benchmarks, Llama, offload,
+phases, gpu tests, tokens/s of each side with its basis and the ratios, our MFU (of our
+tokens/s above; the job's host-timed one in ours.mfu), peak memory and op profile, the attempts of our job, both attention benchmarks, Llama, offload,
 ncu, each step's record, the environment). The logs and the summary go to the work
 directory ($RUN_WORK, default a new /tmp/gpu_run.*) and, when $OUT is set, after each
 phase to $OUT (gpu_run/outdir.py: at most 8 files, each cut to 16 MiB), so a run cut off
