@@ -310,9 +310,7 @@ absl::Status StageRunner::ReportFitSteps(TrainModule& module, const core::Module
   }
   if (ask_write && writes_done) RETURN_IF_ERROR(FinishPendingSave(result));
   // Pairs per step on each rank: 1, or its deterministic micro-batches.
-  const size_t per_step = options_.deterministic_micro_batches > 0
-                              ? options_.deterministic_micro_batches / group_->size()
-                              : 1;
+  const size_t per_step = static_cast<size_t>(MicroBatchesPerRank());
   const int64_t first = global_step - static_cast<int64_t>(pending.size() / (2 * per_step));
   double items_since_report = 0;
   for (size_t k = 0; k < pending.size(); k += 2 * per_step) {
@@ -510,6 +508,11 @@ absl::StatusOr<FitResult> StageRunner::Fit(TrainModule& module, int64_t steps) {
   return result;
 }
 
+int StageRunner::MicroBatchesPerRank() const {
+  const int m = options_.deterministic_micro_batches;
+  return m > 0 ? m / group_->size() : 1;
+}
+
 absl::Status StageRunner::AgreeEvaluationBatches(const std::string& name, int64_t batches) {
   ASSIGN_OR_RETURN(std::vector<std::vector<double>> counts,
                    AllGatherDoubles({static_cast<double>(batches)}));
@@ -534,7 +537,7 @@ absl::StatusOr<std::vector<double>> StageRunner::RunEvaluationSteps(Stage stage,
   const std::string name = StageName(stage);
   const int m = options_.deterministic_micro_batches;
   const int rank = group_->rank();
-  const int k = m > 0 ? m / group_->size() : 1;  // this rank's micro-batches of each batch
+  const int k = MicroBatchesPerRank();
   std::vector<double> pairs;
   double weighted = 0, count = 0;
   for (int64_t b = 0; b < batches; ++b) {
@@ -629,7 +632,7 @@ absl::StatusOr<EvalResult> StageRunner::Evaluate(Stage stage, TrainModule& modul
   // Each rank's values travel exactly and are added in a fixed order, so the result does
   // not depend on the reduction order of the backend.
   ASSIGN_OR_RETURN(std::vector<std::vector<double>> all, AllGatherDoubles(pairs));
-  const int k = m > 0 ? m / group_->size() : 1;
+  const int k = MicroBatchesPerRank();
   const auto [total_weighted, total_count] = AddEvaluationPairs(all, batches, m, k);
   result.loss = total_count > 0 ? total_weighted / total_count : NAN;
   result.count = static_cast<int64_t>(total_count);

@@ -361,6 +361,9 @@ class StageRunner {
                                const std::shared_ptr<core::Module>& model);
   // Forward-only loop of Validate and Test.
   absl::StatusOr<EvalResult> Evaluate(Stage stage, TrainModule& module, const EvalOptions& options);
+  // The micro-batches of each batch this rank runs: M / world size under NOTE
+  // [Deterministic training] (M = StageOptions.deterministic_micro_batches), else 1.
+  int MicroBatchesPerRank() const;
   // NOTE [Whole-set evaluation]: OK when every rank would run `batches` >= 0 batches;
   // FailedPrecondition or InvalidArgument naming stage `name` otherwise. Collective.
   absl::Status AgreeEvaluationBatches(const std::string& name, int64_t batches);

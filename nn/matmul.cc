@@ -308,7 +308,6 @@ namespace {
 struct MatMulPlan {
   Stored sa, sb, sc;
   int64_t span_a = 0, span_b = 0;
-  bool a_bf16 = false, b_bf16 = false;
   // Elements of the fp32 operand rounded to bf16 first (mixed fp32 x bf16 operands), or 0.
   int64_t round_span = 0;
   // NOTE [GEMM epilogues]: whether the GEMM itself sums op(A)'s rows for bias_grad (on CUDA).
@@ -490,13 +489,13 @@ absl::Status MatMul(absl::string_view what, const GemmArgs& g) {
     }
     return absl::OkStatus();
   }
-  p.a_bf16 = IsBf16(g.a.tensor);
-  p.b_bf16 = IsBf16(g.b.tensor);
-  p.round_span = p.a_bf16 == p.b_bf16 || g.k == 0 ? 0 : (p.a_bf16 ? p.span_b : p.span_a);
-  p.fused_sums = g.bias_grad.defined() && p.a_bf16 && p.b_bf16 && g.k > 0;
-  p.widen_bias = WidensBias(g, p.a_bf16 || p.b_bf16);
+  const bool a_bf16 = IsBf16(g.a.tensor);
+  const bool b_bf16 = IsBf16(g.b.tensor);
+  p.round_span = a_bf16 == b_bf16 || g.k == 0 ? 0 : (a_bf16 ? p.span_b : p.span_a);
+  p.fused_sums = g.bias_grad.defined() && a_bf16 && b_bf16 && g.k > 0;
+  p.widen_bias = WidensBias(g, a_bf16 || b_bf16);
   p.cost = g.k == 0 ? core::OpCost::Memory(8.0 * g.batch * g.m * g.n)
-                    : GemmCost(g, p.a_bf16 || p.b_bf16, p.fused_sums);
+                    : GemmCost(g, a_bf16 || b_bf16, p.fused_sums);
   const core::Device device = g.c.tensor.device();
   if (device.is_cuda()) {
 #ifdef FSDP_WITH_CUDA
